@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up and runs every test: installs the dependencies, builds twice (RelWithDebInfo
-# for the ABI gate, the install check and the header checks; Debug with
+# for the ABI gate, the install check, the header checks and the language bindings; Debug with
 # AddressSanitizer + UndefinedBehaviorSanitizer for the whole suite) and runs ctest
 # on both.
 set -euo pipefail
@@ -11,7 +11,7 @@ jobs=$(nproc)
 echo "== release build: ABI gate, install check, header checks, demo =="
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
 cmake --build build/release -j"$jobs"
-ctest --test-dir build/release --output-on-failure -R '^(abi_check|install_consumer)$'
+ctest --test-dir build/release --output-on-failure -R '^(abi_check|install_consumer|bindings_.*)$'
 build/release/samples/c/train_charlm /usr/share/common-licenses/GPL-3 100 > /dev/null
 
 echo "== ASan + UBSan build: the whole suite =="
