@@ -475,15 +475,29 @@ typedef struct sx_save_options {
 
 SX_API sx_status_t sx_save_options_init(sx_save_options_t *options, size_t size);
 
-/* Collective. Saves the group's state at this step boundary: the call returns once
- * this rank's shard is copied into staging memory (allocated once and reused), and
- * training may continue at once; the files are written, fsynced and committed in the
- * background. *out receives the future (release it with sx_future_destroy). A save
- * while an earlier one is still in flight first waits for that one. The new checkpoint
- * appears, complete, only when every rank's files are durable: a crash at any moment
- * leaves the previous checkpoint or the new one, never a torn one that loads. */
+/* Collective. Saves the group's state at this step boundary and returns at once: the
+ * copy of this rank's shard into staging memory (allocated by the first save, then
+ * reused), the writes, the fsyncs and the commit all run in the background. *out
+ * receives the future (release it with sx_future_destroy).
+ *
+ * The checkpoint holds the values of the moment of the call. sx's own calls that
+ * change them (sx_step's update, sx_broadcast_params, sx_load_optim_state) first wait
+ * until the shard has been copied out, which usually happened during the forward and
+ * backward in between. The trainer itself must not write params through their views
+ * until sx_future_wait_staged() returns SX_OK (reading them is always fine).
+ *
+ * A save while an earlier one is still in flight first waits for that one. The new
+ * checkpoint appears, complete, only when every rank's files are durable: a crash at any
+ * moment leaves the previous checkpoint or the new one, never a torn one that loads.
+ * With options->synchronous, everything happens in the call. */
 SX_API sx_status_t sx_save_optim_state(sx_shard_group_t *group, const sx_save_options_t *options,
                                        sx_future_t **out);
+
+/* Waits at most timeout_ms (< 0: forever) until the save's snapshot has been copied out
+ * of the group's memory, after which the trainer may write params through views again.
+ * Returns SX_OK once it has (also when the save has completed, successfully or not), or
+ * SX_ERR_TIMEOUT. Any thread. */
+SX_API sx_status_t sx_future_wait_staged(sx_future_t *future, int64_t timeout_ms);
 
 /* *done = 1 if the operation has completed (successfully or not). Any thread. */
 SX_API sx_status_t sx_future_poll(const sx_future_t *future, int32_t *done);

@@ -97,6 +97,16 @@ SX_API sx_status_t sx_future_wait(sx_future_t *future, int64_t timeout_ms) {
     });
 }
 
+SX_API sx_status_t sx_future_wait_staged(sx_future_t *future, int64_t timeout_ms) {
+    return guard(__func__, [&]() -> Status {
+        SX_TRY(sx::api::resolve_future(future));
+        if (!future->impl->wait_staged(std::chrono::milliseconds(timeout_ms < 0 ? -1 : timeout_ms)))
+            return SX_ERROR(SX_ERR_TIMEOUT, "the snapshot is still being copied after %lld ms",
+                            static_cast<long long>(timeout_ms));
+        return Status::Ok();
+    });
+}
+
 SX_API sx_status_t sx_future_cancel(sx_future_t *future) {
     return guard(__func__, [&]() -> Status {
         SX_TRY(sx::api::resolve_future(future));

@@ -1,9 +1,14 @@
 // Saving and loading a group's sharded state (DESIGN.md, "Checkpoint").
 //
-// Saving is split in two so that the caller waits only for the first part:
-//   snapshot  (caller's thread) copies this rank's shard of params and optimizer state
-//             into staging memory laid out exactly as its shard file will be, and
-//             records the param table; staging is allocated once, pre-faulted, reused.
+// Saving is split in three so that the caller waits only for the first part:
+//   snapshot  (caller's thread) records the param table and where every chunk of this
+//             rank's shard comes from, makes sure staging memory exists (allocated
+//             once, pre-faulted, reused), and holds the group's shard fence;
+//   stage     (any thread) copies the shard of params and optimizer state into staging,
+//             laid out exactly as its shard file will be, then releases the fence: until
+//             then the group's own writers of the shard (the step's update, a broadcast,
+//             a load) wait, so the checkpoint holds the values of the step boundary at
+//             which the save was called;
 //   persist   (any thread) writes and fsyncs the shard file into the checkpoint's
 //             temporary directory, agrees through the rendezvous store (never the
 //             training communicator) that every rank finished, and on rank 0 writes
@@ -15,6 +20,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/memory.h"
 #include "ckpt/future.h"
@@ -40,11 +46,26 @@ struct LoadOptions {
     bool allow_extra = false;       // params of the checkpoint absent from the group are ignored
 };
 
-// One save's snapshot: what persist needs, independent of the live group.
+// Holds a group's shard fence while alive.
+class FenceHold {
+  public:
+    explicit FenceHold(core::ShardFence &fence) : fence_(fence) { fence_.hold(); }
+    ~FenceHold() { fence_.release(); }
+    FenceHold(const FenceHold &) = delete;
+    FenceHold &operator=(const FenceHold &) = delete;
+
+  private:
+    core::ShardFence &fence_;
+};
+
+// One save's snapshot: what stage and persist need, independent of the live group's
+// tables (only the shard's memory is read, through `sources`, while `hold` lives).
 struct Snapshot {
     uint64_t sequence = 0;
     int rank = 0, world_size = 1;
     WritePlan plan;
+    std::vector<const float *> sources;  // per plan chunk: its first element in live memory
+    std::unique_ptr<FenceHold> hold;     // released once staged
     Manifest skeleton;  // everything but files and chunks
     SaveOptions options;
 };
@@ -57,11 +78,14 @@ class Checkpointer {
 
     // Collective in order (every rank calls it for the same save).
     Status snapshot(const SaveOptions &options, Snapshot *out);
+    // Copies the snapshot's chunks into staging and releases the shard fence.
+    void stage(Snapshot *snap);
     // Reads only the snapshot and the staging memory; talks to peers through the store.
     // progress (may be null) receives the byte counts and is asked about cancellation.
     Status persist(const Snapshot &snap, SaveFuture *progress);
-    Status save(const SaveOptions &options);  // snapshot + persist, on this thread
-    // Snapshots on this thread, then persists on the I/O loop's thread pool. A save
+    Status save(const SaveOptions &options);  // snapshot + stage + persist, on this thread
+    // Snapshots on this thread, then stages and persists on the I/O loop's thread
+    // pool (the future reports when it is staged). A save
     // still in flight is waited for first (its staging memory is reused). `callback`
     // runs on the I/O loop's thread when the save completes.
     Status save_async(const SaveOptions &options, SaveFuture::Callback callback,

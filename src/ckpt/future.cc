@@ -18,14 +18,36 @@ void SaveFuture::complete(const Status &s) {
     cv_.notify_all();
 }
 
-bool SaveFuture::wait(std::chrono::milliseconds timeout) const {
-    std::unique_lock<std::mutex> lock(mu_);
-    auto ready = [&] { return done_.load(std::memory_order_acquire); };
+void SaveFuture::set_staged() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        staged_.store(true, std::memory_order_release);
+    }
+    cv_.notify_all();
+}
+
+namespace {
+
+template <typename Ready>
+bool wait_until(std::mutex &mu, std::condition_variable &cv, std::chrono::milliseconds timeout, Ready ready) {
+    std::unique_lock<std::mutex> lock(mu);
     if (timeout.count() < 0) {
-        cv_.wait(lock, ready);
+        cv.wait(lock, ready);
         return true;
     }
-    return cv_.wait_for(lock, timeout, ready);
+    return cv.wait_for(lock, timeout, ready);
+}
+
+}  // namespace
+
+bool SaveFuture::wait(std::chrono::milliseconds timeout) const {
+    return wait_until(mu_, cv_, timeout, [&] { return done_.load(std::memory_order_acquire); });
+}
+
+bool SaveFuture::wait_staged(std::chrono::milliseconds timeout) const {
+    return wait_until(mu_, cv_, timeout, [&] {
+        return staged_.load(std::memory_order_acquire) || done_.load(std::memory_order_acquire);
+    });
 }
 
 Status SaveFuture::status() const {

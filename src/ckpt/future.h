@@ -24,6 +24,8 @@ class SaveFuture {
     void set_total(uint64_t bytes) { total_.store(bytes); }
     void add_done(uint64_t bytes) { done_bytes_.fetch_add(bytes); }
     bool cancel_requested() const { return cancel_.load(); }
+    // The snapshot has been copied out of the group's memory.
+    void set_staged();
     // Records the outcome, runs the callback on this thread, then wakes waiters.
     void complete(const Status &s);
 
@@ -31,6 +33,9 @@ class SaveFuture {
     bool done() const { return done_.load(std::memory_order_acquire); }
     // Waits at most `timeout` (negative: forever). False if still running.
     bool wait(std::chrono::milliseconds timeout) const;
+    // Waits at most `timeout` (negative: forever) until the snapshot is staged (or the
+    // save completed, which implies it). False if not yet.
+    bool wait_staged(std::chrono::milliseconds timeout) const;
     // The outcome; only meaningful once done().
     Status status() const;
     void request_cancel() { cancel_.store(true); }
@@ -42,6 +47,7 @@ class SaveFuture {
     mutable std::mutex mu_;
     mutable std::condition_variable cv_;
     std::atomic<bool> done_{false};
+    std::atomic<bool> staged_{false};
     std::atomic<bool> cancel_{false};
     std::atomic<uint64_t> done_bytes_{0}, total_{0};
     Status status_;

@@ -53,6 +53,8 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     SX_TRY(g.check_usable());
     SX_CHECK(g.finalized(), SX_ERR_INVALID_STATE, "the group is not finalized yet; call sx_finalize first");
     SX_CHECK_ARG(!options.path.empty(), "the checkpoint path is empty");
+    // A save in flight reads the shard (and owns staging) until it completes.
+    if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
     const core::Layout &layout = g.layout();
     const int rank = g.rank();
     const int32_t np = g.num_params();

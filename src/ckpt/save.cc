@@ -123,16 +123,12 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
         SX_TRY(bigger.allocate(s.plan.file_bytes, "checkpoint staging"));
         staging_ = std::move(bigger);
     }
-    char *dst = static_cast<char *>(staging_.data());
-    uint64_t cursor = 0;
+    s.sources.reserve(s.plan.chunks.size());
     for (const WriteChunk &c : s.plan.chunks) {
-        if (c.file_offset > cursor) std::memset(dst + cursor, 0, c.file_offset - cursor);
         const core::ShardGroup::UnitView v = g.unit_view(c.unit_index);
         const float *src = c.slot < 0 ? v.params + static_cast<uint64_t>(s.rank) * v.shard_numel
                                       : v.state[c.slot];
-        const uint64_t bytes = (c.end - c.begin) * sizeof(float);
-        std::memcpy(dst + c.file_offset, src + c.shard_offset, bytes);
-        cursor = c.file_offset + bytes;
+        s.sources.push_back(src + c.shard_offset);
     }
 
     Manifest &m = s.skeleton;
@@ -171,8 +167,24 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
         m.params.push_back(std::move(e));
     }
     s.sequence = g.next_checkpoint_sequence();
+    s.hold.reset(new FenceHold(g.shard_fence()));
     *out = std::move(s);
     return Status::Ok();
+}
+
+void Checkpointer::stage(Snapshot *snap) {
+    char *dst = static_cast<char *>(staging_.data());
+    uint64_t cursor = 0;
+    for (size_t i = 0; i < snap->plan.chunks.size(); ++i) {
+        const WriteChunk &c = snap->plan.chunks[i];
+        // Alignment gaps are zeroed: staging is reused, and its bytes all reach the file.
+        if (c.file_offset > cursor) std::memset(dst + cursor, 0, c.file_offset - cursor);
+        const uint64_t bytes = (c.end - c.begin) * sizeof(float);
+        std::memcpy(dst + c.file_offset, snap->sources[i], bytes);
+        cursor = c.file_offset + bytes;
+    }
+    if (snap->plan.file_bytes > cursor) std::memset(dst + cursor, 0, snap->plan.file_bytes - cursor);
+    snap->hold.reset();
 }
 
 Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress) {
@@ -335,6 +347,7 @@ Status Checkpointer::save(const SaveOptions &options) {
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
     Snapshot snap;
     SX_TRY(snapshot(options, &snap));
+    stage(&snap);
     return persist(snap, nullptr);
 }
 
@@ -347,7 +360,12 @@ Status Checkpointer::save_async(const SaveOptions &options, SaveFuture::Callback
     auto future = std::make_shared<SaveFuture>(std::move(callback));
     future->set_total(snap->plan.file_bytes);
     in_flight_ = future;
-    loop_->submit([this, snap, future] { return persist(*snap, future.get()); },
+    loop_->submit(
+        [this, snap, future] {
+            stage(snap.get());
+            future->set_staged();
+            return persist(*snap, future.get());
+        },
                   [future](Status s) { future->complete(s); });
     *out = future;
     return Status::Ok();

@@ -254,11 +254,30 @@ Status ShardGroup::broadcast_params(int root) {
     SX_TRY(check_finalized());
     SX_CHECK_ARG(root >= 0 && root < world_size_, "root rank %d is outside [0, %d)", root, world_size_);
     if (world_size_ == 1) return Status::Ok();
+    fence_.wait_readers();
     for (Unit &u : units_) {
         Status s = comm_->broadcast(u.params.data(), u.params.size(), root);
         if (!s.ok()) return fail(s);
     }
     return Status::Ok();
+}
+
+void ShardFence::hold() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++holds_;
+}
+
+void ShardFence::release() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        --holds_;
+    }
+    cv_.notify_all();
+}
+
+void ShardFence::wait_readers() const {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return holds_ == 0; });
 }
 
 // ---------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <cstdint>
 #include <memory>
@@ -52,6 +53,21 @@ struct StepResult {
 struct MemoryStats {
     uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // staging is the checkpointer's
     uint64_t unsharded_optimizer_bytes = 0;
+};
+
+// Readers of this rank's shard (a checkpoint's snapshot, copied in the background)
+// hold the fence; writers of it (the step's update, a broadcast, a load) wait until no
+// reader holds it. Any thread.
+class ShardFence {
+  public:
+    void hold();
+    void release();
+    void wait_readers() const;  // returns once nothing holds the fence
+
+  private:
+    mutable std::mutex mu_;
+    mutable std::condition_variable cv_;
+    int holds_ = 0;
 };
 
 class ShardGroup {
@@ -118,6 +134,9 @@ class ShardGroup {
     // Allocates (zeroed) optimizer state slots of unit u up to `slots`; kept ones stay.
     Status reserve_state(size_t u, int slots);
     void set_steps_taken(uint64_t steps) { steps_ = steps; }
+    // Held while a snapshot of this rank's shard (params and optimizer state) is being
+    // copied out; everything in the group that writes the shard waits for it first.
+    ShardFence &shard_fence() { return fence_; }
     // A number every rank draws in the same order: names one checkpoint's keys.
     uint64_t next_checkpoint_sequence() { return ++checkpoints_; }
 
@@ -174,6 +193,7 @@ class ShardGroup {
     uint64_t steps_ = 0;
     uint64_t checkpoints_ = 0;
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
+    ShardFence fence_;
 
     std::atomic<bool> failed_{false};
     std::atomic<bool> aborted_{false};

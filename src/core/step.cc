@@ -162,7 +162,9 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     }
 
     // 3. The fused update of this rank's shard (the norm comes out of the same pass when
-    //    there is no clipping).
+    //    there is no clipping), once a checkpoint's snapshot has been copied out of it:
+    //    the reduction above overlapped that copy.
+    fence_.wait_readers();
     double sumsq = 0.0;
     optim::fused_update(segs.data(), segs.size(), static_cast<float>(coef / world_size_), pool_.get(),
                         optim::Isa::kAuto, clip ? nullptr : &sumsq);

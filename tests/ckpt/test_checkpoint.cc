@@ -5,6 +5,8 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -540,6 +542,47 @@ void test_non_fp32_tensors_are_refused(void **) {
     remove_tree(dir);
 }
 
+// The copy into staging runs after sx_save_optim_state has returned: the group's writers
+// of the shard wait for it, so what is saved is the state at the call, even when the
+// next step (or a broadcast) comes before the copy.
+void test_step_waits_for_the_snapshot_copy(void **) {
+    const std::string dir = make_tmpdir();
+    Single a("fence-a"), b("fence-b");
+    assert_string_equal(a.error.c_str(), "");
+    assert_string_equal(b.error.c_str(), "");
+    sx::ckpt::Checkpointer ca(a.rk.g, sx::io::posix_file_ops()), cb(b.rk.g, sx::io::posix_file_ops());
+    sx::ckpt::SaveOptions so;
+    so.path = dir + "/deferred";
+    sx::ckpt::Snapshot snap;
+    assert_true(ca.snapshot(so, &snap).ok());
+
+    // A step on another thread must not update the shard before the copy.
+    std::atomic<bool> stepped{false};
+    std::string step_error;
+    std::thread stepper([&] {
+        step_error = train(a.rk, 3, 1);
+        stepped = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const bool early = stepped.load();
+    ca.stage(&snap);
+    stepper.join();
+    assert_false(early);
+    assert_string_equal(step_error.c_str(), "");
+    assert_true(ca.persist(snap, nullptr).ok());
+
+    // Equal to a synchronous save of the twin group at the same step, and the step did
+    // happen afterwards (the live state moved on).
+    so.path = dir + "/sync";
+    assert_true(cb.save(so).ok());
+    const std::string shard = "/shard-00000-of-00001.bin";
+    assert_true(read_file(dir + "/deferred" + shard) == read_file(dir + "/sync" + shard));
+    assert_false(same_state(state_of(a.rk), state_of(b.rk)));
+    assert_true(train(b.rk, 3, 1).empty());
+    assert_true(same_state(state_of(a.rk), state_of(b.rk)));
+    remove_tree(dir);
+}
+
 void test_every_world_size_pair(void **) {
     const std::string dir = make_tmpdir();
     const int sizes[] = {1, 2, 3, 4, 8};
@@ -553,6 +596,7 @@ void test_every_world_size_pair(void **) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_world_size_pair),
+        cmocka_unit_test(test_step_waits_for_the_snapshot_copy),
         cmocka_unit_test(test_params_only_and_mismatches_change_nothing),
         cmocka_unit_test(test_corrupt_chunk_is_detected_and_changes_nothing),
         cmocka_unit_test(test_crash_at_every_io_call),

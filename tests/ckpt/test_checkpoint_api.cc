@@ -159,6 +159,41 @@ void test_async_save_while_training_equals_sync_save(void **) {
     remove_tree(dir);
 }
 
+// After sx_future_wait_staged the trainer may write params through views: the
+// checkpoint keeps the values of the call.
+void test_params_written_after_staging_are_not_saved(void **) {
+    const std::string dir = make_tmpdir();
+    sx_shard_group_t *a = make_group("api-staged-a");
+    steps(a, 1, 2);
+    const std::vector<float> before = params_of(a);
+    sx_save_options_t so;
+    sx_save_options_init(&so, sizeof so);
+    const std::string path = dir + "/ck";
+    so.path = path.c_str();
+    sx_future_t *f = nullptr;
+    assert_int_equal(sx_save_optim_state(a, &so, &f), SX_OK);
+    assert_int_equal(sx_future_wait_staged(f, -1), SX_OK);
+    sx_view_t v;
+    sx_view_init(&v, sizeof v);
+    assert_int_equal(sx_param_view(a, 0, &v), SX_OK);
+    for (uint64_t i = 0; i < v.numel; ++i) static_cast<float *>(v.data)[i] = -7.0f;
+    assert_int_equal(sx_future_wait(f, -1), SX_OK);
+    // Staged implies nothing more to wait for once complete, with a zero timeout too.
+    assert_int_equal(sx_future_wait_staged(f, 0), SX_OK);
+    sx_future_destroy(f);
+    assert_int_equal(sx_future_wait_staged(nullptr, 0), SX_ERR_INVALID_HANDLE);
+
+    sx_shard_group_t *b = make_group("api-staged-b");
+    sx_load_options_t lo;
+    sx_load_optim_state_options_init(&lo, sizeof lo);
+    lo.path = path.c_str();
+    assert_int_equal(sx_load_optim_state(b, &lo), SX_OK);
+    assert_true(params_of(b) == before);
+    sx_destroy_shard_group(a);
+    sx_destroy_shard_group(b);
+    remove_tree(dir);
+}
+
 void test_retention_and_latest(void **) {
     const std::string dir = make_tmpdir();
     sx_shard_group_t *g = make_group("api-retention");
@@ -250,6 +285,7 @@ void test_bad_arguments(void **) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_save_while_training_equals_sync_save),
+        cmocka_unit_test(test_params_written_after_staging_are_not_saved),
         cmocka_unit_test(test_retention_and_latest),
         cmocka_unit_test(test_cancel_commits_nothing_or_everything),
         cmocka_unit_test(test_bad_arguments),
