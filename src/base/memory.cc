@@ -39,7 +39,7 @@ HostBuffer &HostBuffer::operator=(HostBuffer &&o) noexcept {
     return *this;
 }
 
-Status HostBuffer::allocate(size_t bytes, const char *what) {
+Status HostBuffer::allocate(size_t bytes, const char *what, Populate populate) {
     if (injected_failure())
         return SX_ERROR(SX_ERR_OUT_OF_MEMORY, "allocating %zu bytes for %s failed (injected)", bytes,
                         what);
@@ -51,8 +51,8 @@ Status HostBuffer::allocate(size_t bytes, const char *what) {
         return SX_ERROR(SX_ERR_OUT_OF_MEMORY, "allocating %zu bytes for %s: size too large", bytes,
                         what);
     size_t total = (bytes + offset + kPage - 1) / kPage * kPage;
-    void *p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-                   -1, 0);
+    const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (populate == kPopulate ? MAP_POPULATE : 0);
+    void *p = mmap(nullptr, total, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (p == MAP_FAILED)
         return SX_ERROR(SX_ERR_OUT_OF_MEMORY, "allocating %zu bytes for %s failed", bytes, what);
     reset();

@@ -23,9 +23,13 @@ class HostBuffer {
     HostBuffer(HostBuffer &&o) noexcept { *this = static_cast<HostBuffer &&>(o); }
     HostBuffer &operator=(HostBuffer &&o) noexcept;
 
-    // Allocates `bytes` (zero-filled, pre-faulted), 64-byte aligned, staggered.
+    // kPopulate: every page is faulted in at once (the first pass over fresh memory
+    // then runs at memory speed); kLazy: on first touch (for memory whose first writer
+    // is the kernel, e.g. a read(2) into it, which faults it in while the device works).
+    enum Populate { kPopulate, kLazy };
+    // Allocates `bytes` (zero-filled), 64-byte aligned, staggered.
     // Returns SX_ERR_OUT_OF_MEMORY naming `what` on failure; *this is unchanged then.
-    Status allocate(size_t bytes, const char *what);
+    Status allocate(size_t bytes, const char *what, Populate populate = kPopulate);
     void reset();
 
     void *data() const { return data_; }

@@ -3,6 +3,7 @@
 // succeeded, and only then change the group.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <unordered_map>
 
@@ -46,6 +47,45 @@ class OpenFiles {
     std::map<uint32_t, std::string> names_;
 };
 
+// How far reads are asked for ahead of the one being checked.
+constexpr uint64_t kReadAhead = 32ull << 20;
+
+// Region of `kind` in a unit's staging: want lists a param's kinds in slot order, so
+// kinds[k] lives in region k (0: values, k: state slot k - 1).
+int slot_of(const std::vector<TensorKind> &kinds, TensorKind kind) {
+    return static_cast<int>(std::find(kinds.begin(), kinds.end(), kind) - kinds.begin());
+}
+
+// Copies the live values into every part of the staging regions that no read covers
+// (params the checkpoint lacks, padding), so that staging ends up as the whole new
+// shard. region(u, k) is unit u's staging region k.
+void fill_uncovered(const core::ShardGroup &g, const std::vector<ReadOp> &ops,
+                    const std::vector<std::vector<TensorKind>> &want,
+                    const std::function<float *(int32_t, int)> &region) {
+    // Covered intervals per (unit, region).
+    std::map<std::pair<int32_t, int>, std::vector<std::pair<uint64_t, uint64_t>>> covered;
+    for (const ReadOp &op : ops)
+        covered[{op.unit_index, slot_of(want[op.param], op.kind)}].push_back(
+            {op.shard_offset, op.shard_offset + (op.copy_end - op.copy_begin)});
+    const size_t units = g.layout().units().size();
+    for (size_t u = 0; u < units; ++u) {
+        const core::ShardGroup::UnitView v = g.unit_view(u);
+        for (int k = 0; k <= v.state_slots; ++k) {
+            float *dst = region(static_cast<int32_t>(u), k);
+            if (dst == nullptr) continue;
+            const float *live = k == 0 ? v.params + static_cast<uint64_t>(g.rank()) * v.shard_numel : v.state[k - 1];
+            std::vector<std::pair<uint64_t, uint64_t>> &iv = covered[{static_cast<int32_t>(u), k}];
+            std::sort(iv.begin(), iv.end());
+            uint64_t at = 0;
+            iv.push_back({v.shard_numel, v.shard_numel});
+            for (const auto &r : iv) {
+                if (r.first > at) std::memcpy(dst + at, live + at, (r.first - at) * sizeof(float));
+                at = std::max(at, r.second);
+            }
+        }
+    }
+}
+
 }  // namespace
 
 Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
@@ -59,10 +99,14 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     const int rank = g.rank();
     const int32_t np = g.num_params();
 
-    // Staging for this rank's shard of every unit: params and state slots. Filled from
-    // the live values first, so that whatever the checkpoint does not hold stays.
+    // Staging for this rank's shard of every unit, each region shard_numel floats: the
+    // params in the checkpointer's staging memory (kept between saves and loads), copied
+    // in at the commit; each state slot in a buffer of its own, which the commit swaps
+    // with the live one (whose memory is released when the load returns). Only what the
+    // checkpoint does not cover is filled from the live values, so that it stays as it was.
     struct UnitStage {
-        HostBuffer params, state[3];
+        float *region[4] = {nullptr, nullptr, nullptr, nullptr};  // [0] params, [1..3] slots
+        HostBuffer state[3];
         int slots = 0;
     };
     std::vector<UnitStage> stage(layout.units().size());
@@ -145,41 +189,70 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         std::vector<ReadOp> ops;
         SX_TRY(plan_read(m, layout, rank, index, want, &ops));
 
+        // Sequential reads, file by file, so that the kernel's readahead keeps the device busy.
+        std::sort(ops.begin(), ops.end(), [](const ReadOp &a, const ReadOp &b) {
+            return a.chunk->file != b.chunk->file ? a.chunk->file < b.chunk->file
+                                                  : a.chunk->offset < b.chunk->offset;
+        });
+        uint64_t floats = 0;
+        for (size_t u = 0; u < stage.size(); ++u) floats += layout.units()[u].shard_numel;
+        if (staging_.size() < floats * sizeof(float)) {
+            HostBuffer bigger;
+            SX_TRY(bigger.allocate(floats * sizeof(float), "checkpoint staging", HostBuffer::kLazy));
+            staging_ = std::move(bigger);
+        }
+        float *next = staging_.as<float>();
         for (size_t u = 0; u < stage.size(); ++u) {
+            const uint64_t n = layout.units()[u].shard_numel;
             SX_TRY(g.reserve_state(u, slots_needed[u]));
-            const core::ShardGroup::UnitView v = g.unit_view(u);
-            const uint64_t bytes = v.shard_numel * sizeof(float);
             UnitStage &us = stage[u];
-            SX_TRY(us.params.allocate(bytes, "checkpoint load staging"));
-            std::memcpy(us.params.data(), v.params + static_cast<uint64_t>(rank) * v.shard_numel, bytes);
             us.slots = slots_needed[u];
+            us.region[0] = next;
+            next += n;
             for (int k = 0; k < us.slots; ++k) {
-                SX_TRY(us.state[k].allocate(bytes, "checkpoint load staging"));
-                std::memcpy(us.state[k].data(), v.state[k], bytes);
+                SX_TRY(us.state[k].allocate(n * sizeof(float), "checkpoint load staging", HostBuffer::kLazy));
+                us.region[k + 1] = us.state[k].as<float>();
             }
         }
+        fill_uncovered(g, ops, want, [&](int32_t u, int k) { return stage[u].region[k]; });
 
-        // Read whole chunks (their CRC covers them whole) and keep the part this shard owns.
+        // Whole chunks are read (their CRC covers them whole): straight into staging when
+        // this shard owns all of it, else through a buffer keeping the part it owns.
         OpenFiles files(*ops_, options.path);
         std::vector<char> buf;
-        for (const ReadOp &op : ops) {
+        size_t ahead = 0;  // ops[0, ahead) have had their readahead started
+        uint64_t ahead_bytes = 0;
+        for (size_t i = 0; i < ops.size(); ++i) {
+            const ReadOp &op = ops[i];
             const Chunk &c = *op.chunk;
+            // Keep the device kReadAhead bytes ahead of the reads, so that it works while
+            // the CRCs of what arrived are checked.
+            ahead_bytes -= std::min(ahead_bytes, c.length);
+            for (; ahead < ops.size() && (ahead <= i || ahead_bytes < kReadAhead); ++ahead) {
+                const Chunk &a = *ops[ahead].chunk;
+                int afd = -1;
+                SX_TRY(files.get(m, a.file, &afd));
+                ops_->start_readahead(afd, a.offset, a.length);
+                if (ahead > i) ahead_bytes += a.length;
+            }
             int fd = -1;
             SX_TRY(files.get(m, c.file, &fd));
-            buf.resize(c.length);
+            float *dst = stage[op.unit_index].region[slot_of(want[op.param], op.kind)] + op.shard_offset;
+            const bool whole = op.copy_begin == c.begin && op.copy_end == c.end;
+            char *into = reinterpret_cast<char *>(dst);
+            if (!whole) {
+                buf.resize(c.length);
+                into = buf.data();
+            }
             const std::string path = options.path + "/" + m.files[c.file];
-            SX_TRY(ops_->pread_all(fd, buf.data(), c.length, c.offset, path));
-            SX_CHECK(io::crc32c(buf.data(), c.length) == c.crc32c, SX_ERR_CORRUPT,
+            SX_TRY(ops_->pread_all(fd, into, c.length, c.offset, path));
+            SX_CHECK(io::crc32c(into, c.length) == c.crc32c, SX_ERR_CORRUPT,
                      "%s: the chunk of param '%s'%s at byte %llu fails its CRC32C check", path.c_str(),
                      m.params[op.manifest_param].name.c_str(), tensor_suffix(op.kind),
                      static_cast<unsigned long long>(c.offset));
-            UnitStage &us = stage[op.unit_index];
-            // want[p] lists kinds in slot order: kinds[k] lives in slot k - 1.
-            const std::vector<TensorKind> &kinds = want[op.param];
-            const size_t k = static_cast<size_t>(std::find(kinds.begin(), kinds.end(), op.kind) - kinds.begin());
-            float *dst = k == 0 ? us.params.as<float>() : us.state[k - 1].as<float>();
-            std::memcpy(dst + op.shard_offset, buf.data() + (op.copy_begin - c.begin) * sizeof(float),
-                        (op.copy_end - op.copy_begin) * sizeof(float));
+            if (!whole)
+                std::memcpy(dst, buf.data() + (op.copy_begin - c.begin) * sizeof(float),
+                            (op.copy_end - op.copy_begin) * sizeof(float));
         }
         return Status::Ok();
     }();
@@ -195,8 +268,8 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     for (size_t u = 0; u < stage.size(); ++u) {
         const core::ShardGroup::UnitView v = g.unit_view(u);
         const uint64_t bytes = v.shard_numel * sizeof(float);
-        std::memcpy(v.params + static_cast<uint64_t>(rank) * v.shard_numel, stage[u].params.data(), bytes);
-        for (int k = 0; k < stage[u].slots; ++k) std::memcpy(v.state[k], stage[u].state[k].data(), bytes);
+        std::memcpy(v.params + static_cast<uint64_t>(rank) * v.shard_numel, stage[u].region[0], bytes);
+        for (int k = 0; k < stage[u].slots; ++k) SX_TRY(g.swap_state(u, k, &stage[u].state[k]));
     }
     if (!options.params_only) {
         for (int32_t p = 0; p < np; ++p) {

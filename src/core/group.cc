@@ -371,6 +371,14 @@ Status ShardGroup::reserve_state(size_t u, int slots) {
     return Status::Ok();
 }
 
+Status ShardGroup::swap_state(size_t u, int k, HostBuffer *other) {
+    HostBuffer &mine = units_[u].state[k];
+    SX_CHECK(k < units_[u].state_slots && other->size() == mine.size(), SX_ERR_INTERNAL,
+             "swapping state slot %d of unit %zu: %zu bytes for a slot of %zu", k, u, other->size(), mine.size());
+    std::swap(mine, *other);
+    return Status::Ok();
+}
+
 MemoryStats ShardGroup::memory_stats() const {
     MemoryStats m;
     for (size_t u = 0; u < units_.size(); ++u) {

@@ -133,6 +133,8 @@ class ShardGroup {
     Status collective(const std::function<Status(comm::Communicator &)> &fn);
     // Allocates (zeroed) optimizer state slots of unit u up to `slots`; kept ones stay.
     Status reserve_state(size_t u, int slots);
+    // Exchanges state slot k (allocated) of unit u with *other, a buffer of the same size.
+    Status swap_state(size_t u, int k, HostBuffer *other);
     void set_steps_taken(uint64_t steps) { steps_ = steps; }
     // Held while a snapshot of this rank's shard (params and optimizer state) is being
     // copied out; everything in the group that writes the shard waits for it first.

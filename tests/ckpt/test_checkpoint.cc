@@ -332,8 +332,7 @@ void test_params_only_and_mismatches_change_nothing(void **) {
     assert_true(file_exists(dir + "/ck/MANIFEST"));
     assert_string_equal(read_file(dir + "/latest").c_str(), "ck\n");
 
-    // A group with one param renamed: missing and extra params are errors naming them,
-    // and nothing changes; allowed, the others load.
+    // A failed load (no such checkpoint) changes nothing; params-only loads values only.
     Single b("ck-mis-b");
     assert_true(b.error.empty());
     const FullState before = state_of(b.rk);

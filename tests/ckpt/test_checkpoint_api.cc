@@ -194,6 +194,109 @@ void test_params_written_after_staging_are_not_saved(void **) {
     remove_tree(dir);
 }
 
+// A group of the given params (name, numel), all in one unit, trained `n` steps with
+// gradients that depend on the param's name and the step only.
+sx_shard_group_t *named_group(const std::string &rv, const std::vector<std::pair<std::string, int64_t>> &params) {
+    sx_group_config_t cfg;
+    sx_group_config_init(&cfg, sizeof cfg);
+    const std::string url = "local://" + rv;
+    cfg.rendezvous = url.c_str();
+    cfg.world_size = 1;
+    cfg.num_threads = 1;
+    sx_shard_group_t *g = nullptr;
+    assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
+    sx_param_group_desc_t pg;
+    sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_ADAMW);
+    assert_int_equal(sx_add_param_group(g, &pg, nullptr), SX_OK);
+    for (const auto &p : params) {
+        sx_param_desc_t d;
+        sx_param_desc_init(&d, sizeof d);
+        d.name = p.first.c_str();
+        d.ndim = 1;
+        d.shape = &p.second;
+        assert_int_equal(sx_add_param(g, &d, nullptr), SX_OK);
+    }
+    assert_int_equal(sx_finalize(g), SX_OK);
+    return g;
+}
+
+void train_named(sx_shard_group_t *g, int first, int n) {
+    int32_t count = 0;
+    sx_get_num_params(g, &count);
+    for (int s = first; s < first + n; ++s) {
+        for (int32_t p = 0; p < count; ++p) {
+            sx_param_info_t info;
+            sx_param_info_init(&info, sizeof info);
+            sx_get_param_info(g, p, &info);
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            sx_grad_view(g, p, &v);
+            for (uint64_t i = 0; i < v.numel; ++i)
+                static_cast<float *>(v.data)[i] = static_cast<float>(static_cast<int>((i * 13 + s * 5 + info.name[0]) % 11) - 5) / 8.0f;
+        }
+        assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);
+    }
+}
+
+std::vector<float> values_of(sx_shard_group_t *g, const char *name) {
+    int32_t p = -1;
+    assert_int_equal(sx_find_param(g, name, &p), SX_OK);
+    sx_view_t v;
+    sx_view_init(&v, sizeof v);
+    sx_param_view(g, p, &v);
+    const float *d = static_cast<const float *>(v.data);
+    return std::vector<float>(d, d + v.numel);
+}
+
+// Missing and extra params are errors that name the param and change nothing; allowed,
+// the params the checkpoint has load (values and optimizer state), and the others keep
+// theirs, even in the middle of a unit.
+void test_missing_and_extra_params(void **) {
+    const std::string dir = make_tmpdir();
+    const std::string path = dir + "/ck";
+    sx_shard_group_t *a = named_group("api-miss-a", {{"a", 100}, {"b", 50}});
+    train_named(a, 1, 2);
+    sx_save_options_t so;
+    sx_save_options_init(&so, sizeof so);
+    so.path = path.c_str();
+    so.synchronous = 1;
+    sx_future_t *f = nullptr;
+    assert_int_equal(sx_save_optim_state(a, &so, &f), SX_OK);
+    assert_int_equal(sx_future_wait(f, -1), SX_OK);
+    sx_future_destroy(f);
+
+    sx_load_options_t lo;
+    sx_load_optim_state_options_init(&lo, sizeof lo);
+    lo.path = path.c_str();
+    // "c" sits between "a" and "b" in the same flat buffer.
+    sx_shard_group_t *b = named_group("api-miss-b", {{"a", 100}, {"c", 30}, {"b", 50}});
+    train_named(b, 7, 3);
+    const std::vector<float> c_before = values_of(b, "c"), a_before = values_of(b, "a");
+    assert_int_equal(sx_load_optim_state(b, &lo), SX_ERR_NOT_FOUND);
+    assert_non_null(std::strstr(sx_last_error_message(), "'c'"));
+    assert_true(values_of(b, "a") == a_before);
+    lo.flags = SX_LOAD_ALLOW_MISSING;
+    assert_int_equal(sx_load_optim_state(b, &lo), SX_OK);
+    assert_true(values_of(b, "a") == values_of(a, "a"));
+    assert_true(values_of(b, "b") == values_of(a, "b"));
+    assert_true(values_of(b, "c") == c_before);
+    // The optimizer state came too: the same steps from here give the same values.
+    train_named(a, 3, 2);
+    train_named(b, 3, 2);
+    assert_true(values_of(b, "a") == values_of(a, "a"));
+    assert_true(values_of(b, "b") == values_of(a, "b"));
+    assert_true(values_of(b, "c") != c_before);
+
+    sx_shard_group_t *c = named_group("api-miss-c", {{"a", 100}});
+    lo.flags = 0;
+    assert_int_equal(sx_load_optim_state(c, &lo), SX_ERR_MISMATCH);
+    assert_non_null(std::strstr(sx_last_error_message(), "'b'"));
+    lo.flags = SX_LOAD_ALLOW_EXTRA;
+    assert_int_equal(sx_load_optim_state(c, &lo), SX_OK);
+    for (sx_shard_group_t *g : {a, b, c}) sx_destroy_shard_group(g);
+    remove_tree(dir);
+}
+
 void test_retention_and_latest(void **) {
     const std::string dir = make_tmpdir();
     sx_shard_group_t *g = make_group("api-retention");
@@ -286,6 +389,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_save_while_training_equals_sync_save),
         cmocka_unit_test(test_params_written_after_staging_are_not_saved),
+        cmocka_unit_test(test_missing_and_extra_params),
         cmocka_unit_test(test_retention_and_latest),
         cmocka_unit_test(test_cancel_commits_nothing_or_everything),
         cmocka_unit_test(test_bad_arguments),
