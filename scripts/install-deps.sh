@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Installs what sx builds, tests and runs with, from Debian 12's packages (as root, or
-# through sudo). The CUDA toolkit and NCCL are optional and not installed here.
+# through sudo), the Go and Rust toolchains of the bindings included. The CUDA toolkit
+# and NCCL are optional and not installed here.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config git
       libuv1-dev libgloo-dev libcmocka-dev libisal-dev
       libflatbuffers-dev flatbuffers-compiler
-      abigail-tools python3)
+      abigail-tools python3
+      golang-go)
+# The Rust binding's tests need a cargo: rustup's (~/.cargo/bin) if there is one, else
+# Debian's.
+if ! command -v cargo > /dev/null && [ ! -x "${HOME:-/root}/.cargo/bin/cargo" ]; then
+  pkgs+=(cargo)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

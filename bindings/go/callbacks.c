@@ -1,0 +1,20 @@
+/* C side of the callbacks: sx calls these plain functions, which hand the call to the
+ * Go functions exported in future.go and log.go. `user` carries a runtime/cgo.Handle
+ * number (future callbacks) or nothing (the log callback), never a Go pointer. */
+#include <stdint.h>
+
+#include "sx/sx.h"
+#include "_cgo_export.h"
+
+void sxgo_future_callback(sx_future_t *future, sx_status_t status, void *user) {
+    sxgoFutureDone(future, status, (uintptr_t)user);
+}
+
+void sxgo_log_callback(int32_t level, const char *message, void *user) {
+    (void)user;
+    sxgoLog(level, (char *)message);
+}
+
+void *sxgo_handle_to_user(uintptr_t handle) {
+    return (void *)handle;
+}

@@ -1,0 +1,15 @@
+#!/bin/sh
+# The bindings_go test: `go test` of package sx, then the sample, built into the build
+# tree and compared with the C reference. No network: modules come from the tree.
+# usage: ctest.sh GO INCLUDE_DIR SX_LIB_DIR SX_LAYOUT_JSON BUILD_DIR SAMPLE_OUT C_REFERENCE
+set -eu
+go=$1 include=$2 lib_dir=$3 layout=$4 build=$5 sample_out=$6 ref=$7
+here=$(cd "$(dirname "$0")" && pwd)
+export CGO_ENABLED=1 CGO_CFLAGS="-I$include" CGO_LDFLAGS="-L$lib_dir -Wl,-rpath,$lib_dir"
+export SX_LAYOUT_JSON="$layout" GOCACHE="$build/gocache" GOPATH="$build/gopath" GOTOOLCHAIN=local \
+  GOPROXY=off GOFLAGS=-buildvcs=false GO111MODULE=on
+"$go" version
+cd "$here" && "$go" vet ./... && "$go" test -count=1 ./...
+mkdir -p "$(dirname "$sample_out")"
+cd "$here/../../samples/go" && "$go" build -o "$sample_out" .
+"$here/../compare_linreg.sh" "$ref" "$sample_out"

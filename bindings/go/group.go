@@ -1,0 +1,508 @@
+package sx
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#include "sx/sx.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"unsafe"
+)
+
+// Backend selects where buffers live and which collectives run.
+type Backend int32
+
+const (
+	BackendAuto Backend = 0
+	BackendCPU  Backend = 1
+	BackendCUDA Backend = 2
+)
+
+// Dtype of a param.
+type Dtype int32
+
+const (
+	DtypeF32  Dtype = 1
+	DtypeF16  Dtype = 2
+	DtypeBF16 Dtype = 3
+)
+
+// Where a view's data lives.
+const (
+	DeviceCPU  = 0
+	DeviceCUDA = 1
+)
+
+// GroupFlagNoTrainableAutodetect: trainability changes need RefreshTrainable.
+const GroupFlagNoTrainableAutodetect = 0x1
+
+// Limits of param descriptions.
+const (
+	MaxNdim      = 8
+	MaxNameBytes = 1024
+)
+
+// GroupConfig says how ranks meet and what the group is. Zero fields take sx's defaults.
+type GroupConfig struct {
+	Rendezvous    string // "local://NAME", "tcp://HOST:PORT", "file:///DIR" or "env://"
+	Rank          int32
+	WorldSize     int32 // 0: rank and world size from the environment (env://)
+	Stage         int32 // ZeRO stage 1 or 2; 0 = 2
+	Backend       Backend
+	NumThreads    int32
+	Alignment     int32
+	TimeoutMs     int32
+	Flags         uint32
+	BindAddress   string
+	DeviceOrdinal int32
+}
+
+// ShardGroup is this rank's handle of a shard group. Close releases it; a finalizer
+// releases a forgotten one. One goroutine uses a group at a time. The slices that
+// Param and Grad return point into the group's memory and must not be used after Close.
+type ShardGroup struct {
+	g *C.sx_shard_group_t
+}
+
+// NewShardGroup creates this rank's handle and connects to the other ranks
+// (collective: it blocks until every rank has joined or the timeout passes).
+func NewShardGroup(cfg GroupConfig) (*ShardGroup, error) {
+	if err := CheckVersion(); err != nil {
+		return nil, err
+	}
+	var c C.sx_group_config_t
+	C.sx_group_config_init(&c, C.size_t(unsafe.Sizeof(c)))
+	rdv := C.CString(cfg.Rendezvous)
+	defer C.free(unsafe.Pointer(rdv))
+	c.rendezvous = rdv
+	if cfg.BindAddress != "" {
+		bind := C.CString(cfg.BindAddress)
+		defer C.free(unsafe.Pointer(bind))
+		c.bind_address = bind
+	}
+	c.rank = C.int32_t(cfg.Rank)
+	c.world_size = C.int32_t(cfg.WorldSize)
+	c.stage = C.int32_t(cfg.Stage)
+	c.backend = C.int32_t(cfg.Backend)
+	c.num_threads = C.int32_t(cfg.NumThreads)
+	c.alignment = C.int32_t(cfg.Alignment)
+	c.timeout_ms = C.int32_t(cfg.TimeoutMs)
+	c.flags = C.uint32_t(cfg.Flags)
+	c.device_ordinal = C.int32_t(cfg.DeviceOrdinal)
+	var raw *C.sx_shard_group_t
+	if err := call(func() C.sx_status_t { return C.sx_create_shard_group(&c, &raw) }); err != nil {
+		return nil, err
+	}
+	g := &ShardGroup{g: raw}
+	runtime.SetFinalizer(g, func(g *ShardGroup) { C.sx_destroy_shard_group(g.g) })
+	return g, nil
+}
+
+// Close releases the group and everything it owns. Calling it again does nothing.
+func (g *ShardGroup) Close() error {
+	if g.g == nil {
+		return nil
+	}
+	runtime.SetFinalizer(g, nil)
+	raw := g.g
+	g.g = nil
+	return call(func() C.sx_status_t { return C.sx_destroy_shard_group(raw) })
+}
+
+// do runs a call on the group, keeping g reachable (and its finalizer away) meanwhile.
+func (g *ShardGroup) do(f func(raw *C.sx_shard_group_t) C.sx_status_t) error {
+	defer runtime.KeepAlive(g)
+	if g.g == nil {
+		return errorf(ErrInvalidHandle, "the shard group is closed")
+	}
+	return call(func() C.sx_status_t { return f(g.g) })
+}
+
+func (g *ShardGroup) queryInt(f func(*C.sx_shard_group_t, *C.int32_t) C.sx_status_t) (int32, error) {
+	var v C.int32_t
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return f(raw, &v) })
+	return int32(v), err
+}
+
+// Abort makes the group fail: later calls return ErrGroupFailed.
+func (g *ShardGroup) Abort() error {
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_abort(raw) })
+}
+
+// Optimizer kind of a param group.
+type Optimizer int32
+
+const (
+	SGD   Optimizer = 1
+	Adam  Optimizer = 2
+	AdamW Optimizer = 3
+)
+
+// ParamGroup is an optimizer and its hyperparameters. Start from NewParamGroup, which
+// fills torch.optim's defaults.
+type ParamGroup struct {
+	Optimizer                     Optimizer
+	LR, WeightDecay, Beta1, Beta2 float64
+	Eps, Momentum, Dampening      float64
+	Nesterov, Maximize, Amsgrad   bool
+}
+
+// NewParamGroup returns torch.optim's defaults for the optimizer.
+func NewParamGroup(opt Optimizer) ParamGroup {
+	var d C.sx_param_group_desc_t
+	C.sx_param_group_desc_init(&d, C.size_t(unsafe.Sizeof(d)), C.int32_t(opt))
+	return ParamGroup{Optimizer: Optimizer(d.optimizer), LR: float64(d.lr), WeightDecay: float64(d.weight_decay),
+		Beta1: float64(d.beta1), Beta2: float64(d.beta2), Eps: float64(d.eps), Momentum: float64(d.momentum),
+		Dampening: float64(d.dampening), Nesterov: d.nesterov != 0, Maximize: d.maximize != 0, Amsgrad: d.amsgrad != 0}
+}
+
+func cbool(b bool) C.int32_t {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// AddParamGroup adds a param group and returns its index. Only before Finalize.
+func (g *ShardGroup) AddParamGroup(p ParamGroup) (int32, error) {
+	var d C.sx_param_group_desc_t
+	C.sx_param_group_desc_init(&d, C.size_t(unsafe.Sizeof(d)), C.int32_t(p.Optimizer))
+	d.optimizer = C.int32_t(p.Optimizer)
+	d.lr, d.weight_decay = C.double(p.LR), C.double(p.WeightDecay)
+	d.beta1, d.beta2, d.eps = C.double(p.Beta1), C.double(p.Beta2), C.double(p.Eps)
+	d.momentum, d.dampening = C.double(p.Momentum), C.double(p.Dampening)
+	d.nesterov, d.maximize, d.amsgrad = cbool(p.Nesterov), cbool(p.Maximize), cbool(p.Amsgrad)
+	var index C.int32_t = -1
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_add_param_group(raw, &d, &index) })
+	return int32(index), err
+}
+
+// Hyperparameter keys.
+type Hyperparameter int32
+
+const (
+	HPLR          Hyperparameter = 1
+	HPWeightDecay Hyperparameter = 2
+	HPBeta1       Hyperparameter = 3
+	HPBeta2       Hyperparameter = 4
+	HPEps         Hyperparameter = 5
+	HPMomentum    Hyperparameter = 6
+	HPDampening   Hyperparameter = 7
+	HPNesterov    Hyperparameter = 8
+	HPMaximize    Hyperparameter = 9
+	HPAmsgrad     Hyperparameter = 10
+)
+
+// SetHyperparameter changes one hyperparameter of a param group from the next step on.
+func (g *ShardGroup) SetHyperparameter(paramGroup int32, key Hyperparameter, value float64) error {
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t {
+		return C.sx_set_hyperparameter(raw, C.int32_t(paramGroup), C.int32_t(key), C.double(value))
+	})
+}
+
+// GetHyperparameter reads one hyperparameter of a param group.
+func (g *ShardGroup) GetHyperparameter(paramGroup int32, key Hyperparameter) (float64, error) {
+	var v C.double
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t {
+		return C.sx_get_hyperparameter(raw, C.int32_t(paramGroup), C.int32_t(key), &v)
+	})
+	return float64(v), err
+}
+
+// SetLR sets a param group's learning rate.
+func (g *ShardGroup) SetLR(paramGroup int32, lr float64) error {
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t {
+		return C.sx_set_lr(raw, C.int32_t(paramGroup), C.double(lr))
+	})
+}
+
+// Param describes a param to register. Dtype 0 means fp32.
+type Param struct {
+	Name       string
+	Shape      []int64
+	Dtype      Dtype
+	ParamGroup int32
+	Unit       int32
+	Frozen     bool
+}
+
+// AddParam registers a param and returns its index. Only before Finalize.
+func (g *ShardGroup) AddParam(p Param) (int32, error) {
+	if len(p.Shape) > MaxNdim {
+		return -1, errorf(ErrInvalidArgument, "param %q has %d dimensions; at most %d", p.Name, len(p.Shape), MaxNdim)
+	}
+	var d C.sx_param_desc_t
+	C.sx_param_desc_init(&d, C.size_t(unsafe.Sizeof(d)))
+	name := C.CString(p.Name)
+	defer C.free(unsafe.Pointer(name))
+	d.name = name
+	d.ndim = C.int32_t(len(p.Shape))
+	d.dtype = C.int32_t(p.Dtype)
+	if len(p.Shape) > 0 {
+		// In C memory: d is Go memory passed to C and may not hold Go pointers.
+		shape := (*C.int64_t)(C.malloc(C.size_t(8 * len(p.Shape))))
+		defer C.free(unsafe.Pointer(shape))
+		for i, v := range p.Shape {
+			unsafe.Slice(shape, len(p.Shape))[i] = C.int64_t(v)
+		}
+		d.shape = shape
+	}
+	d.param_group = C.int32_t(p.ParamGroup)
+	d.unit = C.int32_t(p.Unit)
+	d.frozen = cbool(p.Frozen)
+	var index C.int32_t = -1
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_add_param(raw, &d, &index) })
+	return int32(index), err
+}
+
+// Finalize (collective) checks every rank registered the same params, lays out and allocates.
+func (g *ShardGroup) Finalize() error {
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_finalize(raw) })
+}
+
+// BroadcastParams (collective) copies every param of rank root to all ranks.
+func (g *ShardGroup) BroadcastParams(root int32) error {
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_broadcast_params(raw, C.int32_t(root)) })
+}
+
+// View is a raw window into sx's memory.
+type View struct {
+	Data   unsafe.Pointer
+	Numel  uint64
+	Dtype  Dtype
+	Device int32
+}
+
+func (g *ShardGroup) view(grad bool, param int32) (View, error) {
+	var v C.sx_view_t
+	C.sx_view_init(&v, C.size_t(unsafe.Sizeof(v)))
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t {
+		if grad {
+			return C.sx_grad_view(raw, C.int32_t(param), &v)
+		}
+		return C.sx_param_view(raw, C.int32_t(param), &v)
+	})
+	return View{Data: v.data, Numel: uint64(v.numel), Dtype: Dtype(v.dtype), Device: int32(v.device)}, err
+}
+
+// ParamView is the raw view of a param's values.
+func (g *ShardGroup) ParamView(param int32) (View, error) { return g.view(false, param) }
+
+// GradView is the raw view of a param's gradient.
+func (g *ShardGroup) GradView(param int32) (View, error) { return g.view(true, param) }
+
+func (g *ShardGroup) f32(grad bool, param int32) ([]float32, error) {
+	v, err := g.view(grad, param)
+	if err != nil {
+		return nil, err
+	}
+	if v.Dtype != DtypeF32 || v.Device != DeviceCPU {
+		what, call := "param", "ParamView"
+		if grad {
+			what, call = "grad", "GradView"
+		}
+		return nil, errorf(ErrUnsupported, "the %s of param %d is dtype %d on device %d; only fp32 host memory "+
+			"can be viewed as []float32 (use %s)", what, param, v.Dtype, v.Device, call)
+	}
+	if v.Numel == 0 {
+		return []float32{}, nil
+	}
+	return unsafe.Slice((*float32)(v.Data), int(v.Numel)), nil
+}
+
+// Param returns a param's values: a zero-copy slice of sx's flat buffer, valid until
+// Close. The trainer may write it between steps.
+func (g *ShardGroup) Param(param int32) ([]float32, error) { return g.f32(false, param) }
+
+// Grad returns a param's gradient, zero-copy; the trainer adds its gradient into it.
+func (g *ShardGroup) Grad(param int32) ([]float32, error) { return g.f32(true, param) }
+
+// FindParam returns the index of the param named name.
+func (g *ShardGroup) FindParam(name string) (int32, error) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var index C.int32_t = -1
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_find_param(raw, cname, &index) })
+	return int32(index), err
+}
+
+// SetTrainable freezes (false) or unfreezes (true) a param from the next step on.
+func (g *ShardGroup) SetTrainable(param int32, trainable bool) error {
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t {
+		return C.sx_set_trainable(raw, C.int32_t(param), cbool(trainable))
+	})
+}
+
+// Trainable reports whether a param is trainable.
+func (g *ShardGroup) Trainable(param int32) (bool, error) {
+	var t C.int32_t
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_get_trainable(raw, C.int32_t(param), &t) })
+	return t != 0, err
+}
+
+// TrainableMask is the group-owned byte per param (1 trainable, 0 frozen), zero-copy;
+// the next step picks up changes made through it.
+func (g *ShardGroup) TrainableMask() ([]byte, error) {
+	var mask *C.uint8_t
+	var count C.int32_t
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_trainable_mask(raw, &mask, &count) })
+	if err != nil || count == 0 || mask == nil {
+		return []byte{}, err
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(mask)), int(count)), nil
+}
+
+// RefreshTrainable applies the current mask now.
+func (g *ShardGroup) RefreshTrainable() error {
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_refresh_trainable(raw) })
+}
+
+// AccumulateGrads (collective) folds the current gradients into the step's accumulation.
+func (g *ShardGroup) AccumulateGrads() error {
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_accumulate_grads(raw) })
+}
+
+// StepOptions of Step. Zero values are the defaults.
+type StepOptions struct {
+	MaxGradNorm float64        // clip the global gradient norm to this; 0 = no clipping
+	KeepGrads   bool           // leave the grads as they are after the step
+	Stream      unsafe.Pointer // a cudaStream_t (C memory), or nil
+}
+
+// StepResult of Step.
+type StepResult struct {
+	GradNorm float64
+	Step     uint64
+	Skipped  bool
+}
+
+// Step (collective) averages the gradients over ranks, clips, updates and gathers.
+// opts may be nil.
+func (g *ShardGroup) Step(opts *StepOptions) (StepResult, error) {
+	var o C.sx_step_options_t
+	C.sx_step_options_init(&o, C.size_t(unsafe.Sizeof(o)))
+	op := (*C.sx_step_options_t)(nil)
+	if opts != nil {
+		o.max_grad_norm = C.double(opts.MaxGradNorm)
+		o.keep_grads = cbool(opts.KeepGrads)
+		o.stream = opts.Stream
+		op = &o
+	}
+	var r C.sx_step_result_t
+	C.sx_step_result_init(&r, C.size_t(unsafe.Sizeof(r)))
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_step(raw, op, &r) })
+	return StepResult{GradNorm: float64(r.grad_norm), Step: uint64(r.step), Skipped: r.skipped != 0}, err
+}
+
+func (g *ShardGroup) Rank() (int32, error) {
+	return g.queryInt(func(r *C.sx_shard_group_t, v *C.int32_t) C.sx_status_t { return C.sx_get_rank(r, v) })
+}
+func (g *ShardGroup) WorldSize() (int32, error) {
+	return g.queryInt(func(r *C.sx_shard_group_t, v *C.int32_t) C.sx_status_t { return C.sx_get_world_size(r, v) })
+}
+func (g *ShardGroup) Stage() (int32, error) {
+	return g.queryInt(func(r *C.sx_shard_group_t, v *C.int32_t) C.sx_status_t { return C.sx_get_stage(r, v) })
+}
+func (g *ShardGroup) NumParams() (int32, error) {
+	return g.queryInt(func(r *C.sx_shard_group_t, v *C.int32_t) C.sx_status_t { return C.sx_get_num_params(r, v) })
+}
+func (g *ShardGroup) NumUnits() (int32, error) {
+	return g.queryInt(func(r *C.sx_shard_group_t, v *C.int32_t) C.sx_status_t { return C.sx_get_num_units(r, v) })
+}
+func (g *ShardGroup) NumParamGroups() (int32, error) {
+	return g.queryInt(func(r *C.sx_shard_group_t, v *C.int32_t) C.sx_status_t { return C.sx_get_num_param_groups(r, v) })
+}
+
+// MemoryStats is what this rank holds, in bytes.
+type MemoryStats struct {
+	ParamBytes, GradBytes, OptimizerBytes, StagingBytes, UnshardedOptimizerBytes uint64
+}
+
+func (g *ShardGroup) MemoryStats() (MemoryStats, error) {
+	var s C.sx_memory_stats_t
+	C.sx_memory_stats_init(&s, C.size_t(unsafe.Sizeof(s)))
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_get_memory_stats(raw, &s) })
+	return MemoryStats{uint64(s.param_bytes), uint64(s.grad_bytes), uint64(s.optimizer_bytes), uint64(s.staging_bytes),
+		uint64(s.unsharded_optimizer_bytes)}, err
+}
+
+// ParamInfo describes a registered param and the part of it this rank's shard covers.
+type ParamInfo struct {
+	Name                 string
+	Dtype                Dtype
+	Shape                []int64
+	Numel                uint64
+	ParamGroup, Unit     int32
+	Trainable            bool
+	OffsetInUnit         uint64
+	ShardBegin, ShardEnd uint64
+}
+
+func (g *ShardGroup) ParamInfo(param int32) (ParamInfo, error) {
+	var i C.sx_param_info_t
+	C.sx_param_info_init(&i, C.size_t(unsafe.Sizeof(i)))
+	if err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_get_param_info(raw, C.int32_t(param), &i) }); err != nil {
+		return ParamInfo{}, err
+	}
+	defer runtime.KeepAlive(g)
+	info := ParamInfo{Name: C.GoString(i.name), Dtype: Dtype(i.dtype), Numel: uint64(i.numel),
+		ParamGroup: int32(i.param_group), Unit: int32(i.unit), Trainable: i.trainable != 0,
+		OffsetInUnit: uint64(i.offset_in_unit), ShardBegin: uint64(i.shard_begin), ShardEnd: uint64(i.shard_end)}
+	for d := 0; d < int(i.ndim) && d < MaxNdim; d++ {
+		info.Shape = append(info.Shape, int64(i.shape[d]))
+	}
+	return info, nil
+}
+
+// UnitInfo describes one unit's flat buffer and this rank's shard of it.
+type UnitInfo struct {
+	Unit, NumParams                            int32
+	Numel, PaddedNumel, ShardNumel, ShardBegin uint64
+	Trainable, HasOptimizerState               bool
+}
+
+// UnitInfo of the index-th unit (0..NumUnits-1, by increasing unit id).
+func (g *ShardGroup) UnitInfo(index int32) (UnitInfo, error) {
+	var u C.sx_unit_info_t
+	C.sx_unit_info_init(&u, C.size_t(unsafe.Sizeof(u)))
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_get_unit_info(raw, C.int32_t(index), &u) })
+	return UnitInfo{int32(u.unit), int32(u.num_params), uint64(u.numel), uint64(u.padded_numel), uint64(u.shard_numel),
+		uint64(u.shard_begin), u.trainable != 0, u.has_optimizer_state != 0}, err
+}
+
+// Load flags (LoadOptions sets them from its booleans).
+const (
+	LoadParamsOnly   = 0x1
+	LoadAllowMissing = 0x2
+	LoadAllowExtra   = 0x4
+)
+
+// LoadOptions of Load.
+type LoadOptions struct {
+	Path         string
+	ParamsOnly   bool // values only: no optimizer state, steps or hyperparameters
+	AllowMissing bool // group params absent from the checkpoint keep their values
+	AllowExtra   bool // checkpoint params absent from the group are ignored
+}
+
+// Load (collective) loads a checkpoint saved at any world size into this group.
+func (g *ShardGroup) Load(opts LoadOptions) error {
+	var o C.sx_load_options_t
+	C.sx_load_optim_state_options_init(&o, C.size_t(unsafe.Sizeof(o)))
+	path := C.CString(opts.Path)
+	defer C.free(unsafe.Pointer(path))
+	o.path = path
+	if opts.ParamsOnly {
+		o.flags |= LoadParamsOnly
+	}
+	if opts.AllowMissing {
+		o.flags |= LoadAllowMissing
+	}
+	if opts.AllowExtra {
+		o.flags |= LoadAllowExtra
+	}
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_load_optim_state(raw, &o) })
+}

@@ -1,0 +1,402 @@
+package sx
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func rendezvous(name string) string { return fmt.Sprintf("local://go-%d-%s", os.Getpid(), name) }
+
+func config(rdv string, rank, world int32) GroupConfig {
+	return GroupConfig{Rendezvous: rdv, Rank: rank, WorldSize: world, Stage: 2, Backend: BackendCPU, NumThreads: 1,
+		TimeoutMs: 60000}
+}
+
+// runRanks runs fn on world ranks, one goroutine each, locked to its OS thread while it
+// uses sx; it fails the test with every rank's error.
+func runRanks(t *testing.T, name string, world int32, fn func(rank int32, g *ShardGroup) error) {
+	t.Helper()
+	rdv := rendezvous(name)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := int32(0); r < world; r++ {
+		wg.Add(1)
+		go func(rank int32) {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			g, err := NewShardGroup(config(rdv, rank, world))
+			if err != nil {
+				errs[rank] = err
+				return
+			}
+			defer g.Close()
+			errs[rank] = fn(rank, g)
+		}(r)
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
+func statusOf(err error) int32 {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return -1
+}
+
+func TestErrorsCarryStatusAndMessage(t *testing.T) {
+	g, err := NewShardGroup(config(rendezvous("errors"), 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.AddParam(Param{Name: "w", Shape: []int64{4}}); statusOf(err) != ErrInvalidArgument {
+		t.Errorf("a param in a missing param group gave %v", err)
+	}
+	if _, err := g.AddParamGroup(NewParamGroup(SGD)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = g.AddParam(Param{Name: "", Shape: []int64{4}})
+	var e *Error
+	if !errors.As(err, &e) || e.Status != ErrInvalidArgument || !strings.Contains(e.Message, "name") {
+		t.Fatalf("an empty name gave %v", err)
+	}
+	if s := err.Error(); !strings.HasPrefix(s, "SX_ERR_INVALID_ARGUMENT: ") || !strings.HasSuffix(s, e.Message) {
+		t.Errorf("Error() is %q", s)
+	}
+	if _, err := g.AddParam(Param{Name: "deep", Shape: make([]int64, 9)}); statusOf(err) != ErrInvalidArgument ||
+		!strings.Contains(err.Error(), "deep") {
+		t.Errorf("9 dimensions gave %v", err)
+	}
+	if _, err := g.AddParam(Param{Name: "w", Shape: []int64{4}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.AddParam(Param{Name: "w", Shape: []int64{4}}); statusOf(err) != ErrAlreadyExists {
+		t.Errorf("a duplicate name gave %v", err)
+	}
+	if _, err := g.Param(0); statusOf(err) != ErrInvalidState {
+		t.Errorf("a view before finalize gave %v", err)
+	}
+	if err := g.Finalize(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.FindParam("nope"); statusOf(err) != ErrNotFound || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("a missing name gave %v", err)
+	}
+	if err := g.SetLR(0, -1); statusOf(err) != ErrInvalidArgument {
+		t.Errorf("a negative lr gave %v", err)
+	}
+	if _, err := NewShardGroup(config("nosuch://x", 0, 1)); statusOf(err) != ErrInvalidArgument ||
+		!strings.Contains(err.Error(), "nosuch") {
+		t.Errorf("a bad rendezvous gave %v", err)
+	}
+	if _, err := ReadUserBlob("/nonexistent/sx/ckpt"); err == nil || !strings.Contains(err.Error(), "/nonexistent/sx/ckpt") {
+		t.Errorf("a missing checkpoint gave %v", err)
+	}
+}
+
+// residentBytes is this process's resident memory (Linux).
+func residentBytes(t *testing.T) int64 {
+	data, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		t.Skipf("no /proc/self/statm: %v", err)
+	}
+	var size, resident int64
+	fmt.Sscan(string(data), &size, &resident)
+	return resident * int64(os.Getpagesize())
+}
+
+// bigGroup makes a group whose param and grad buffers hold 64 MiB, all touched.
+func bigGroup(t *testing.T, name string) *ShardGroup {
+	g, err := NewShardGroup(config(rendezvous(name), 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.AddParamGroup(NewParamGroup(SGD))
+	if _, err := g.AddParam(Param{Name: "big", Shape: []int64{8 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Finalize(); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := g.Param(0)
+	gr, _ := g.Grad(0)
+	for k := range p {
+		p[k], gr[k] = 1, 1
+	}
+	return g
+}
+
+const released = 48 << 20
+
+func TestCloseReleasesAndRejectsLaterUse(t *testing.T) {
+	g := bigGroup(t, "close")
+	before := residentBytes(t)
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if after := residentBytes(t); before-after < released {
+		t.Errorf("Close released %d bytes of a group holding 64 MiB", before-after)
+	}
+	if err := g.Close(); err != nil {
+		t.Errorf("a second Close gave %v", err)
+	}
+	if _, err := g.Rank(); statusOf(err) != ErrInvalidHandle {
+		t.Errorf("a call after Close gave %v", err)
+	}
+}
+
+func TestFinalizerReleasesAForgottenGroup(t *testing.T) {
+	bigGroup(t, "finalizer")
+	before := residentBytes(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for before-residentBytes(t) < released && time.Now().Before(deadline) {
+		runtime.GC()
+		time.Sleep(20 * time.Millisecond)
+	}
+	if freed := before - residentBytes(t); freed < released {
+		t.Errorf("the finalizer released %d bytes of a forgotten group holding 64 MiB", freed)
+	}
+}
+
+const nW = 37
+
+func target(k int) float32 { return float32(math.Sin(float64(k) * 0.37)) }
+
+// lossAndGrad: 0.5*|w-target|^2, gradient scaled per rank so only the average over
+// ranks drives w to the target.
+func lossAndGrad(rank int32, w, g []float32) float64 {
+	scale := 0.5 + float32(rank)*0.25
+	loss := 0.0
+	for k := range w {
+		d := w[k] - target(k)
+		loss += 0.5 * float64(d*d)
+		g[k] += scale * d
+	}
+	return loss
+}
+
+func setup(g *ShardGroup, lr float64) error {
+	pg := NewParamGroup(AdamW)
+	pg.LR = lr
+	if _, err := g.AddParamGroup(pg); err != nil {
+		return err
+	}
+	if _, err := g.AddParam(Param{Name: "w", Shape: []int64{nW}, Unit: 0}); err != nil {
+		return err
+	}
+	if _, err := g.AddParam(Param{Name: "frozen", Shape: []int64{3, 5}, Unit: 1, Frozen: true}); err != nil {
+		return err
+	}
+	return g.Finalize()
+}
+
+func trainStep(rank int32, g *ShardGroup) (float64, error) {
+	w, err := g.Param(0)
+	if err != nil {
+		return 0, err
+	}
+	gr, err := g.Grad(0)
+	if err != nil {
+		return 0, err
+	}
+	loss := lossAndGrad(rank, w, gr)
+	_, err = g.Step(nil)
+	return loss, err
+}
+
+func TestFourRanksTrainAndTheLossFalls(t *testing.T) {
+	finals := make([][]float32, 4)
+	var losses []float64
+	runRanks(t, "train4", 4, func(rank int32, g *ShardGroup) error {
+		if err := setup(g, 0.05); err != nil {
+			return err
+		}
+		if r, _ := g.Rank(); r != rank {
+			return fmt.Errorf("Rank() is %d", r)
+		}
+		if n, _ := g.WorldSize(); n != 4 {
+			return fmt.Errorf("WorldSize() is %d", n)
+		}
+		frozen, _ := g.Param(1)
+		frozen0 := append([]float32(nil), frozen...)
+		var mine []float64
+		for s := 0; s < 30; s++ {
+			loss, err := trainStep(rank, g)
+			if err != nil {
+				return err
+			}
+			mine = append(mine, loss)
+		}
+		if !reflect.DeepEqual(frozen, frozen0) {
+			return fmt.Errorf("the frozen param changed")
+		}
+		info, err := g.ParamInfo(0)
+		if err != nil || info.Name != "w" || !reflect.DeepEqual(info.Shape, []int64{nW}) {
+			return fmt.Errorf("ParamInfo(0) = %+v, %v", info, err)
+		}
+		m, err := g.MemoryStats()
+		if err != nil || m.OptimizerBytes >= m.UnshardedOptimizerBytes {
+			return fmt.Errorf("optimizer state not sharded: %+v %v", m, err)
+		}
+		w, _ := g.Param(0)
+		finals[rank] = append([]float32(nil), w...)
+		if rank == 0 {
+			losses = mine
+		}
+		return nil
+	})
+	if !(losses[29] < 0.1*losses[0]) {
+		t.Errorf("the loss did not fall: %v", losses)
+	}
+	for r := 1; r < 4; r++ {
+		if !reflect.DeepEqual(finals[r], finals[0]) {
+			t.Errorf("rank %d holds other params than rank 0", r)
+		}
+	}
+}
+
+func TestFreezingIsPickedUp(t *testing.T) {
+	runRanks(t, "freeze", 2, func(rank int32, g *ShardGroup) error {
+		pg := NewParamGroup(SGD)
+		pg.LR = 0.1
+		g.AddParamGroup(pg)
+		g.AddParam(Param{Name: "a", Shape: []int64{5}})
+		g.AddParam(Param{Name: "b", Shape: []int64{6}})
+		if err := g.Finalize(); err != nil {
+			return err
+		}
+		stepOnes := func() error {
+			for i := int32(0); i < 2; i++ {
+				gr, err := g.Grad(i)
+				if err != nil {
+					return err
+				}
+				for k := range gr {
+					gr[k] = 1
+				}
+			}
+			_, err := g.Step(nil)
+			return err
+		}
+		moved := func(i int32) bool {
+			p, _ := g.Param(i)
+			return math.Abs(float64(p[0])+0.1) < 1e-6
+		}
+		if err := g.SetTrainable(1, false); err != nil {
+			return err
+		}
+		if err := stepOnes(); err != nil {
+			return err
+		}
+		if !moved(0) || moved(1) {
+			return fmt.Errorf("after freezing b: a moved %v, b moved %v", moved(0), moved(1))
+		}
+		mask, err := g.TrainableMask()
+		if err != nil || !reflect.DeepEqual(mask, []byte{1, 0}) {
+			return fmt.Errorf("mask %v, %v", mask, err)
+		}
+		mask[0], mask[1] = 0, 1
+		if err := stepOnes(); err != nil {
+			return err
+		}
+		if tr, _ := g.Trainable(0); tr || !moved(0) || !moved(1) {
+			return fmt.Errorf("after flipping the mask: a trainable %v", tr)
+		}
+		return nil
+	})
+}
+
+func TestSaveAndLoadReshardFourToTwo(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ckpt-1")
+	blob := make([]byte, 300)
+	for i := range blob {
+		blob[i] = byte(i * 7 % 251)
+	}
+	saved := make([][]float32, 4)
+	var totals [4]uint64
+	runRanks(t, "save4", 4, func(rank int32, g *ShardGroup) error {
+		if err := setup(g, 0.05); err != nil {
+			return err
+		}
+		for s := 0; s < 3; s++ {
+			if _, err := trainStep(rank, g); err != nil {
+				return err
+			}
+		}
+		done := make(chan error, 1)
+		f, err := g.Save(SaveOptions{Path: path, UserBlob: blob, OnComplete: func(err error) { done <- err }})
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := f.Wait(); err != nil {
+			return err
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				return fmt.Errorf("the callback got %v", err)
+			}
+		case <-time.After(60 * time.Second):
+			return fmt.Errorf("the save callback never ran")
+		}
+		if ok, err := f.Poll(); !ok || err != nil {
+			return fmt.Errorf("Poll after Wait: %v %v", ok, err)
+		}
+		d, total, err := f.Progress()
+		if err != nil || d != total {
+			return fmt.Errorf("progress %d of %d, %v", d, total, err)
+		}
+		totals[rank] = total
+		w, _ := g.Param(0)
+		saved[rank] = append([]float32(nil), w...)
+		_, err = trainStep(rank, g) // after the save: must not reach the checkpoint
+		return err
+	})
+	if totals[0]+totals[1]+totals[2]+totals[3] == 0 {
+		t.Error("the save wrote no bytes")
+	}
+	got, err := ReadUserBlob(path)
+	if err != nil || !reflect.DeepEqual(got, blob) {
+		t.Fatalf("user blob %v, %v", len(got), err)
+	}
+	runRanks(t, "load2", 2, func(rank int32, g *ShardGroup) error {
+		if err := setup(g, 0.5); err != nil {
+			return err
+		}
+		if err := g.Load(LoadOptions{Path: path}); err != nil {
+			return err
+		}
+		w, _ := g.Param(0)
+		if !reflect.DeepEqual(w, saved[0]) {
+			return fmt.Errorf("params loaded into 2 ranks differ from those saved by 4")
+		}
+		if lr, err := g.GetHyperparameter(0, HPLR); err != nil || lr != 0.05 {
+			return fmt.Errorf("lr after load %v, %v", lr, err)
+		}
+		if err := g.Load(LoadOptions{Path: filepath.Join(dir, "nope")}); err == nil || !strings.Contains(err.Error(), "nope") {
+			return fmt.Errorf("loading a missing checkpoint gave %v", err)
+		}
+		return nil
+	})
+}

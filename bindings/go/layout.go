@@ -1,0 +1,153 @@
+package sx
+
+/*
+#include "sx/sx.h"
+*/
+import "C"
+
+import "unsafe"
+
+// The layout of every public struct as this package compiled it (cgo reads sx.h
+// through CGO_CFLAGS), for the test that compares it against sx_layout.json: a header
+// other than the library's own, or a struct the binding does not know, fails there.
+// (Test files cannot use cgo, so the table lives here.)
+
+type fieldLayout struct {
+	name         string
+	offset, size uintptr
+}
+
+type structLayout struct {
+	name        string
+	size, align uintptr
+	fields      []fieldLayout
+}
+
+func f(name string, offset, size uintptr) fieldLayout { return fieldLayout{name, offset, size} }
+
+func cLayouts() []structLayout {
+	var gc C.sx_group_config_t
+	var pg C.sx_param_group_desc_t
+	var pd C.sx_param_desc_t
+	var v C.sx_view_t
+	var so C.sx_step_options_t
+	var sr C.sx_step_result_t
+	var ms C.sx_memory_stats_t
+	var pi C.sx_param_info_t
+	var ui C.sx_unit_info_t
+	var sv C.sx_save_options_t
+	var lo C.sx_load_options_t
+	return []structLayout{
+		{"sx_group_config_t", unsafe.Sizeof(gc), unsafe.Alignof(gc), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(gc.struct_size), unsafe.Sizeof(gc.struct_size)),
+			f("rendezvous", unsafe.Offsetof(gc.rendezvous), unsafe.Sizeof(gc.rendezvous)),
+			f("rank", unsafe.Offsetof(gc.rank), unsafe.Sizeof(gc.rank)),
+			f("world_size", unsafe.Offsetof(gc.world_size), unsafe.Sizeof(gc.world_size)),
+			f("stage", unsafe.Offsetof(gc.stage), unsafe.Sizeof(gc.stage)),
+			f("backend", unsafe.Offsetof(gc.backend), unsafe.Sizeof(gc.backend)),
+			f("num_threads", unsafe.Offsetof(gc.num_threads), unsafe.Sizeof(gc.num_threads)),
+			f("alignment", unsafe.Offsetof(gc.alignment), unsafe.Sizeof(gc.alignment)),
+			f("timeout_ms", unsafe.Offsetof(gc.timeout_ms), unsafe.Sizeof(gc.timeout_ms)),
+			f("flags", unsafe.Offsetof(gc.flags), unsafe.Sizeof(gc.flags)),
+			f("bind_address", unsafe.Offsetof(gc.bind_address), unsafe.Sizeof(gc.bind_address)),
+			f("device_ordinal", unsafe.Offsetof(gc.device_ordinal), unsafe.Sizeof(gc.device_ordinal)),
+			f("reserved0", unsafe.Offsetof(gc.reserved0), unsafe.Sizeof(gc.reserved0)),
+		}},
+		{"sx_param_group_desc_t", unsafe.Sizeof(pg), unsafe.Alignof(pg), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(pg.struct_size), unsafe.Sizeof(pg.struct_size)),
+			f("optimizer", unsafe.Offsetof(pg.optimizer), unsafe.Sizeof(pg.optimizer)),
+			f("nesterov", unsafe.Offsetof(pg.nesterov), unsafe.Sizeof(pg.nesterov)),
+			f("maximize", unsafe.Offsetof(pg.maximize), unsafe.Sizeof(pg.maximize)),
+			f("amsgrad", unsafe.Offsetof(pg.amsgrad), unsafe.Sizeof(pg.amsgrad)),
+			f("lr", unsafe.Offsetof(pg.lr), unsafe.Sizeof(pg.lr)),
+			f("weight_decay", unsafe.Offsetof(pg.weight_decay), unsafe.Sizeof(pg.weight_decay)),
+			f("beta1", unsafe.Offsetof(pg.beta1), unsafe.Sizeof(pg.beta1)),
+			f("beta2", unsafe.Offsetof(pg.beta2), unsafe.Sizeof(pg.beta2)),
+			f("eps", unsafe.Offsetof(pg.eps), unsafe.Sizeof(pg.eps)),
+			f("momentum", unsafe.Offsetof(pg.momentum), unsafe.Sizeof(pg.momentum)),
+			f("dampening", unsafe.Offsetof(pg.dampening), unsafe.Sizeof(pg.dampening)),
+		}},
+		{"sx_param_desc_t", unsafe.Sizeof(pd), unsafe.Alignof(pd), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(pd.struct_size), unsafe.Sizeof(pd.struct_size)),
+			f("name", unsafe.Offsetof(pd.name), unsafe.Sizeof(pd.name)),
+			f("ndim", unsafe.Offsetof(pd.ndim), unsafe.Sizeof(pd.ndim)),
+			f("dtype", unsafe.Offsetof(pd.dtype), unsafe.Sizeof(pd.dtype)),
+			f("shape", unsafe.Offsetof(pd.shape), unsafe.Sizeof(pd.shape)),
+			f("param_group", unsafe.Offsetof(pd.param_group), unsafe.Sizeof(pd.param_group)),
+			f("unit", unsafe.Offsetof(pd.unit), unsafe.Sizeof(pd.unit)),
+			f("frozen", unsafe.Offsetof(pd.frozen), unsafe.Sizeof(pd.frozen)),
+			f("reserved0", unsafe.Offsetof(pd.reserved0), unsafe.Sizeof(pd.reserved0)),
+		}},
+		{"sx_view_t", unsafe.Sizeof(v), unsafe.Alignof(v), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(v.struct_size), unsafe.Sizeof(v.struct_size)),
+			f("data", unsafe.Offsetof(v.data), unsafe.Sizeof(v.data)),
+			f("numel", unsafe.Offsetof(v.numel), unsafe.Sizeof(v.numel)),
+			f("dtype", unsafe.Offsetof(v.dtype), unsafe.Sizeof(v.dtype)),
+			f("device", unsafe.Offsetof(v.device), unsafe.Sizeof(v.device)),
+		}},
+		{"sx_step_options_t", unsafe.Sizeof(so), unsafe.Alignof(so), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(so.struct_size), unsafe.Sizeof(so.struct_size)),
+			f("max_grad_norm", unsafe.Offsetof(so.max_grad_norm), unsafe.Sizeof(so.max_grad_norm)),
+			f("stream", unsafe.Offsetof(so.stream), unsafe.Sizeof(so.stream)),
+			f("keep_grads", unsafe.Offsetof(so.keep_grads), unsafe.Sizeof(so.keep_grads)),
+			f("reserved0", unsafe.Offsetof(so.reserved0), unsafe.Sizeof(so.reserved0)),
+		}},
+		{"sx_step_result_t", unsafe.Sizeof(sr), unsafe.Alignof(sr), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(sr.struct_size), unsafe.Sizeof(sr.struct_size)),
+			f("grad_norm", unsafe.Offsetof(sr.grad_norm), unsafe.Sizeof(sr.grad_norm)),
+			f("step", unsafe.Offsetof(sr.step), unsafe.Sizeof(sr.step)),
+			f("skipped", unsafe.Offsetof(sr.skipped), unsafe.Sizeof(sr.skipped)),
+			f("reserved0", unsafe.Offsetof(sr.reserved0), unsafe.Sizeof(sr.reserved0)),
+		}},
+		{"sx_memory_stats_t", unsafe.Sizeof(ms), unsafe.Alignof(ms), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(ms.struct_size), unsafe.Sizeof(ms.struct_size)),
+			f("param_bytes", unsafe.Offsetof(ms.param_bytes), unsafe.Sizeof(ms.param_bytes)),
+			f("grad_bytes", unsafe.Offsetof(ms.grad_bytes), unsafe.Sizeof(ms.grad_bytes)),
+			f("optimizer_bytes", unsafe.Offsetof(ms.optimizer_bytes), unsafe.Sizeof(ms.optimizer_bytes)),
+			f("staging_bytes", unsafe.Offsetof(ms.staging_bytes), unsafe.Sizeof(ms.staging_bytes)),
+			f("unsharded_optimizer_bytes", unsafe.Offsetof(ms.unsharded_optimizer_bytes), unsafe.Sizeof(ms.unsharded_optimizer_bytes)),
+		}},
+		{"sx_param_info_t", unsafe.Sizeof(pi), unsafe.Alignof(pi), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(pi.struct_size), unsafe.Sizeof(pi.struct_size)),
+			f("name", unsafe.Offsetof(pi.name), unsafe.Sizeof(pi.name)),
+			f("ndim", unsafe.Offsetof(pi.ndim), unsafe.Sizeof(pi.ndim)),
+			f("dtype", unsafe.Offsetof(pi.dtype), unsafe.Sizeof(pi.dtype)),
+			f("shape", unsafe.Offsetof(pi.shape), unsafe.Sizeof(pi.shape)),
+			f("numel", unsafe.Offsetof(pi.numel), unsafe.Sizeof(pi.numel)),
+			f("param_group", unsafe.Offsetof(pi.param_group), unsafe.Sizeof(pi.param_group)),
+			f("unit", unsafe.Offsetof(pi.unit), unsafe.Sizeof(pi.unit)),
+			f("trainable", unsafe.Offsetof(pi.trainable), unsafe.Sizeof(pi.trainable)),
+			f("reserved0", unsafe.Offsetof(pi.reserved0), unsafe.Sizeof(pi.reserved0)),
+			f("offset_in_unit", unsafe.Offsetof(pi.offset_in_unit), unsafe.Sizeof(pi.offset_in_unit)),
+			f("shard_begin", unsafe.Offsetof(pi.shard_begin), unsafe.Sizeof(pi.shard_begin)),
+			f("shard_end", unsafe.Offsetof(pi.shard_end), unsafe.Sizeof(pi.shard_end)),
+		}},
+		{"sx_unit_info_t", unsafe.Sizeof(ui), unsafe.Alignof(ui), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(ui.struct_size), unsafe.Sizeof(ui.struct_size)),
+			f("unit", unsafe.Offsetof(ui.unit), unsafe.Sizeof(ui.unit)),
+			f("num_params", unsafe.Offsetof(ui.num_params), unsafe.Sizeof(ui.num_params)),
+			f("numel", unsafe.Offsetof(ui.numel), unsafe.Sizeof(ui.numel)),
+			f("padded_numel", unsafe.Offsetof(ui.padded_numel), unsafe.Sizeof(ui.padded_numel)),
+			f("shard_numel", unsafe.Offsetof(ui.shard_numel), unsafe.Sizeof(ui.shard_numel)),
+			f("shard_begin", unsafe.Offsetof(ui.shard_begin), unsafe.Sizeof(ui.shard_begin)),
+			f("trainable", unsafe.Offsetof(ui.trainable), unsafe.Sizeof(ui.trainable)),
+			f("has_optimizer_state", unsafe.Offsetof(ui.has_optimizer_state), unsafe.Sizeof(ui.has_optimizer_state)),
+		}},
+		{"sx_save_options_t", unsafe.Sizeof(sv), unsafe.Alignof(sv), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(sv.struct_size), unsafe.Sizeof(sv.struct_size)),
+			f("path", unsafe.Offsetof(sv.path), unsafe.Sizeof(sv.path)),
+			f("user_blob", unsafe.Offsetof(sv.user_blob), unsafe.Sizeof(sv.user_blob)),
+			f("user_blob_size", unsafe.Offsetof(sv.user_blob_size), unsafe.Sizeof(sv.user_blob_size)),
+			f("keep_last", unsafe.Offsetof(sv.keep_last), unsafe.Sizeof(sv.keep_last)),
+			f("synchronous", unsafe.Offsetof(sv.synchronous), unsafe.Sizeof(sv.synchronous)),
+			f("callback", unsafe.Offsetof(sv.callback), unsafe.Sizeof(sv.callback)),
+			f("callback_user", unsafe.Offsetof(sv.callback_user), unsafe.Sizeof(sv.callback_user)),
+		}},
+		{"sx_load_options_t", unsafe.Sizeof(lo), unsafe.Alignof(lo), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(lo.struct_size), unsafe.Sizeof(lo.struct_size)),
+			f("path", unsafe.Offsetof(lo.path), unsafe.Sizeof(lo.path)),
+			f("flags", unsafe.Offsetof(lo.flags), unsafe.Sizeof(lo.flags)),
+			f("reserved0", unsafe.Offsetof(lo.reserved0), unsafe.Sizeof(lo.reserved0)),
+		}},
+	}
+}

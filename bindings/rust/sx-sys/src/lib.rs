@@ -1,0 +1,313 @@
+//! Raw declarations of libsx's C ABI, written by hand from `include/sx/sx.h`. Every
+//! `#[repr(C)]` struct here is checked field by field against the layout the C compiler
+//! reports (sx_layout.json) by `tests/layout.rs` of the `sx` crate. Use the safe `sx`
+//! crate unless you need the raw calls.
+#![allow(non_camel_case_types)]
+
+use std::os::raw::{c_char, c_void};
+
+pub const SX_VERSION_MAJOR: u32 = 1;
+pub const SX_VERSION_MINOR: u32 = 0;
+pub const SX_VERSION_PATCH: u32 = 0;
+pub const SX_VERSION_NUMBER: u32 = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH;
+
+pub type sx_status_t = i32;
+
+pub const SX_OK: sx_status_t = 0;
+pub const SX_ERR_INVALID_ARGUMENT: sx_status_t = 1;
+pub const SX_ERR_INVALID_HANDLE: sx_status_t = 2;
+pub const SX_ERR_INVALID_STATE: sx_status_t = 3;
+pub const SX_ERR_OUT_OF_MEMORY: sx_status_t = 4;
+pub const SX_ERR_NOT_FOUND: sx_status_t = 5;
+pub const SX_ERR_ALREADY_EXISTS: sx_status_t = 6;
+pub const SX_ERR_UNSUPPORTED: sx_status_t = 7;
+pub const SX_ERR_TIMEOUT: sx_status_t = 8;
+pub const SX_ERR_COMM: sx_status_t = 9;
+pub const SX_ERR_GROUP_FAILED: sx_status_t = 10;
+pub const SX_ERR_IO: sx_status_t = 11;
+pub const SX_ERR_CORRUPT: sx_status_t = 12;
+pub const SX_ERR_VERSION: sx_status_t = 13;
+pub const SX_ERR_ABORTED: sx_status_t = 14;
+pub const SX_ERR_MISMATCH: sx_status_t = 15;
+pub const SX_ERR_INTERNAL: sx_status_t = 16;
+pub const SX_ERR_CANCELLED: sx_status_t = 17;
+
+pub const SX_LOG_ERROR: i32 = 1;
+pub const SX_LOG_WARN: i32 = 2;
+pub const SX_LOG_INFO: i32 = 3;
+pub const SX_LOG_DEBUG: i32 = 4;
+
+pub const SX_DTYPE_F32: i32 = 1;
+pub const SX_DTYPE_F16: i32 = 2;
+pub const SX_DTYPE_BF16: i32 = 3;
+
+pub const SX_BACKEND_AUTO: i32 = 0;
+pub const SX_BACKEND_CPU: i32 = 1;
+pub const SX_BACKEND_CUDA: i32 = 2;
+
+pub const SX_DEVICE_CPU: i32 = 0;
+pub const SX_DEVICE_CUDA: i32 = 1;
+
+pub const SX_OPTIM_SGD: i32 = 1;
+pub const SX_OPTIM_ADAM: i32 = 2;
+pub const SX_OPTIM_ADAMW: i32 = 3;
+
+pub const SX_HP_LR: i32 = 1;
+pub const SX_HP_WEIGHT_DECAY: i32 = 2;
+pub const SX_HP_BETA1: i32 = 3;
+pub const SX_HP_BETA2: i32 = 4;
+pub const SX_HP_EPS: i32 = 5;
+pub const SX_HP_MOMENTUM: i32 = 6;
+pub const SX_HP_DAMPENING: i32 = 7;
+pub const SX_HP_NESTEROV: i32 = 8;
+pub const SX_HP_MAXIMIZE: i32 = 9;
+pub const SX_HP_AMSGRAD: i32 = 10;
+
+pub const SX_GROUP_NO_TRAINABLE_AUTODETECT: u32 = 0x1;
+
+pub const SX_MAX_NDIM: usize = 8;
+pub const SX_MAX_NAME_BYTES: usize = 1024;
+
+pub const SX_LOAD_PARAMS_ONLY: u32 = 0x1;
+pub const SX_LOAD_ALLOW_MISSING: u32 = 0x2;
+pub const SX_LOAD_ALLOW_EXTRA: u32 = 0x4;
+
+#[repr(C)]
+pub struct sx_shard_group_t {
+    _opaque: [u8; 0],
+}
+
+#[repr(C)]
+pub struct sx_future_t {
+    _opaque: [u8; 0],
+}
+
+pub type sx_log_fn = Option<unsafe extern "C" fn(level: i32, message: *const c_char, user: *mut c_void)>;
+pub type sx_future_callback =
+    Option<unsafe extern "C" fn(future: *mut sx_future_t, status: sx_status_t, user: *mut c_void)>;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_group_config_t {
+    pub struct_size: usize,
+    pub rendezvous: *const c_char,
+    pub rank: i32,
+    pub world_size: i32,
+    pub stage: i32,
+    pub backend: i32,
+    pub num_threads: i32,
+    pub alignment: i32,
+    pub timeout_ms: i32,
+    pub flags: u32,
+    pub bind_address: *const c_char,
+    pub device_ordinal: i32,
+    pub reserved0: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_param_group_desc_t {
+    pub struct_size: usize,
+    pub optimizer: i32,
+    pub nesterov: i32,
+    pub maximize: i32,
+    pub amsgrad: i32,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_param_desc_t {
+    pub struct_size: usize,
+    pub name: *const c_char,
+    pub ndim: i32,
+    pub dtype: i32,
+    pub shape: *const i64,
+    pub param_group: i32,
+    pub unit: i32,
+    pub frozen: i32,
+    pub reserved0: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_view_t {
+    pub struct_size: usize,
+    pub data: *mut c_void,
+    pub numel: u64,
+    pub dtype: i32,
+    pub device: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_step_options_t {
+    pub struct_size: usize,
+    pub max_grad_norm: f64,
+    pub stream: *mut c_void,
+    pub keep_grads: i32,
+    pub reserved0: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_step_result_t {
+    pub struct_size: usize,
+    pub grad_norm: f64,
+    pub step: u64,
+    pub skipped: i32,
+    pub reserved0: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_memory_stats_t {
+    pub struct_size: usize,
+    pub param_bytes: u64,
+    pub grad_bytes: u64,
+    pub optimizer_bytes: u64,
+    pub staging_bytes: u64,
+    pub unsharded_optimizer_bytes: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_param_info_t {
+    pub struct_size: usize,
+    pub name: *const c_char,
+    pub ndim: i32,
+    pub dtype: i32,
+    pub shape: [i64; SX_MAX_NDIM],
+    pub numel: u64,
+    pub param_group: i32,
+    pub unit: i32,
+    pub trainable: i32,
+    pub reserved0: i32,
+    pub offset_in_unit: u64,
+    pub shard_begin: u64,
+    pub shard_end: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_unit_info_t {
+    pub struct_size: usize,
+    pub unit: i32,
+    pub num_params: i32,
+    pub numel: u64,
+    pub padded_numel: u64,
+    pub shard_numel: u64,
+    pub shard_begin: u64,
+    pub trainable: i32,
+    pub has_optimizer_state: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_save_options_t {
+    pub struct_size: usize,
+    pub path: *const c_char,
+    pub user_blob: *const c_void,
+    pub user_blob_size: u64,
+    pub keep_last: i32,
+    pub synchronous: i32,
+    pub callback: sx_future_callback,
+    pub callback_user: *mut c_void,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_load_options_t {
+    pub struct_size: usize,
+    pub path: *const c_char,
+    pub flags: u32,
+    pub reserved0: i32,
+}
+
+extern "C" {
+    pub fn sx_version() -> u32;
+    pub fn sx_status_string(status: sx_status_t) -> *const c_char;
+    pub fn sx_last_error_message() -> *const c_char;
+    pub fn sx_set_log_callback(f: sx_log_fn, user: *mut c_void, max_level: i32) -> sx_status_t;
+
+    pub fn sx_group_config_init(config: *mut sx_group_config_t, size: usize) -> sx_status_t;
+    pub fn sx_create_shard_group(config: *const sx_group_config_t, out: *mut *mut sx_shard_group_t) -> sx_status_t;
+    pub fn sx_destroy_shard_group(group: *mut sx_shard_group_t) -> sx_status_t;
+    pub fn sx_abort(group: *mut sx_shard_group_t) -> sx_status_t;
+
+    pub fn sx_param_group_desc_init(desc: *mut sx_param_group_desc_t, size: usize, optimizer: i32) -> sx_status_t;
+    pub fn sx_add_param_group(
+        group: *mut sx_shard_group_t,
+        desc: *const sx_param_group_desc_t,
+        index_out: *mut i32,
+    ) -> sx_status_t;
+    pub fn sx_set_hyperparameter(group: *mut sx_shard_group_t, param_group: i32, key: i32, value: f64) -> sx_status_t;
+    pub fn sx_get_hyperparameter(
+        group: *const sx_shard_group_t,
+        param_group: i32,
+        key: i32,
+        value: *mut f64,
+    ) -> sx_status_t;
+    pub fn sx_set_lr(group: *mut sx_shard_group_t, param_group: i32, lr: f64) -> sx_status_t;
+
+    pub fn sx_param_desc_init(desc: *mut sx_param_desc_t, size: usize) -> sx_status_t;
+    pub fn sx_add_param(group: *mut sx_shard_group_t, desc: *const sx_param_desc_t, index_out: *mut i32) -> sx_status_t;
+    pub fn sx_finalize(group: *mut sx_shard_group_t) -> sx_status_t;
+    pub fn sx_broadcast_params(group: *mut sx_shard_group_t, root: i32) -> sx_status_t;
+
+    pub fn sx_view_init(view: *mut sx_view_t, size: usize) -> sx_status_t;
+    pub fn sx_param_view(group: *const sx_shard_group_t, param: i32, out: *mut sx_view_t) -> sx_status_t;
+    pub fn sx_grad_view(group: *const sx_shard_group_t, param: i32, out: *mut sx_view_t) -> sx_status_t;
+    pub fn sx_find_param(group: *const sx_shard_group_t, name: *const c_char, index: *mut i32) -> sx_status_t;
+
+    pub fn sx_set_trainable(group: *mut sx_shard_group_t, param: i32, trainable: i32) -> sx_status_t;
+    pub fn sx_get_trainable(group: *const sx_shard_group_t, param: i32, trainable: *mut i32) -> sx_status_t;
+    pub fn sx_trainable_mask(group: *mut sx_shard_group_t, mask: *mut *mut u8, count: *mut i32) -> sx_status_t;
+    pub fn sx_refresh_trainable(group: *mut sx_shard_group_t) -> sx_status_t;
+
+    pub fn sx_accumulate_grads(group: *mut sx_shard_group_t) -> sx_status_t;
+    pub fn sx_step_options_init(options: *mut sx_step_options_t, size: usize) -> sx_status_t;
+    pub fn sx_step_result_init(result: *mut sx_step_result_t, size: usize) -> sx_status_t;
+    pub fn sx_step(
+        group: *mut sx_shard_group_t,
+        options: *const sx_step_options_t,
+        result: *mut sx_step_result_t,
+    ) -> sx_status_t;
+
+    pub fn sx_get_rank(group: *const sx_shard_group_t, rank: *mut i32) -> sx_status_t;
+    pub fn sx_get_world_size(group: *const sx_shard_group_t, world_size: *mut i32) -> sx_status_t;
+    pub fn sx_get_stage(group: *const sx_shard_group_t, stage: *mut i32) -> sx_status_t;
+    pub fn sx_get_num_params(group: *const sx_shard_group_t, count: *mut i32) -> sx_status_t;
+    pub fn sx_get_num_units(group: *const sx_shard_group_t, count: *mut i32) -> sx_status_t;
+    pub fn sx_get_num_param_groups(group: *const sx_shard_group_t, count: *mut i32) -> sx_status_t;
+
+    pub fn sx_memory_stats_init(stats: *mut sx_memory_stats_t, size: usize) -> sx_status_t;
+    pub fn sx_get_memory_stats(group: *const sx_shard_group_t, out: *mut sx_memory_stats_t) -> sx_status_t;
+    pub fn sx_param_info_init(info: *mut sx_param_info_t, size: usize) -> sx_status_t;
+    pub fn sx_get_param_info(group: *const sx_shard_group_t, param: i32, out: *mut sx_param_info_t) -> sx_status_t;
+    pub fn sx_unit_info_init(info: *mut sx_unit_info_t, size: usize) -> sx_status_t;
+    pub fn sx_get_unit_info(group: *const sx_shard_group_t, index: i32, out: *mut sx_unit_info_t) -> sx_status_t;
+
+    pub fn sx_save_options_init(options: *mut sx_save_options_t, size: usize) -> sx_status_t;
+    pub fn sx_save_optim_state(
+        group: *mut sx_shard_group_t,
+        options: *const sx_save_options_t,
+        out: *mut *mut sx_future_t,
+    ) -> sx_status_t;
+    pub fn sx_future_poll(future: *const sx_future_t, done: *mut i32) -> sx_status_t;
+    pub fn sx_future_wait(future: *mut sx_future_t, timeout_ms: i64) -> sx_status_t;
+    pub fn sx_future_cancel(future: *mut sx_future_t) -> sx_status_t;
+    pub fn sx_future_error_message(future: *const sx_future_t) -> *const c_char;
+    pub fn sx_future_progress(future: *const sx_future_t, done_bytes: *mut u64, total_bytes: *mut u64) -> sx_status_t;
+    pub fn sx_future_destroy(future: *mut sx_future_t) -> sx_status_t;
+
+    pub fn sx_load_optim_state_options_init(options: *mut sx_load_options_t, size: usize) -> sx_status_t;
+    pub fn sx_load_optim_state(group: *mut sx_shard_group_t, options: *const sx_load_options_t) -> sx_status_t;
+    pub fn sx_read_user_blob(path: *const c_char, buf: *mut c_void, capacity: u64, size: *mut u64) -> sx_status_t;
+}

@@ -1,0 +1,399 @@
+use std::os::raw::c_void;
+use std::ptr;
+
+use sx_sys as sys;
+
+use crate::error::{check, cstr_lossy, invalid_argument, Error, Result};
+use crate::future::{self, SaveFuture};
+use crate::options::{c_string, init, Dtype, GroupConfig, Hyperparameter, LoadOptions, Param, ParamGroup, SaveOptions, StepOptions};
+
+/// This rank's handle of a shard group. Released when dropped (or by [`ShardGroup::close`]).
+///
+/// It may move to another thread (`Send`) but not be shared by threads (not `Sync`):
+/// sx lets one thread use a group at a time.
+///
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<sx::ShardGroup>();
+/// ```
+pub struct ShardGroup {
+    raw: *mut sys::sx_shard_group_t,
+}
+
+// One thread at a time may use a group, any thread may destroy it.
+unsafe impl Send for ShardGroup {}
+
+/// The outcome of a step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepResult {
+    /// Global L2 norm of the averaged gradients before clipping.
+    pub grad_norm: f64,
+    /// Steps taken by the group, this one included.
+    pub step: u64,
+    /// The step was skipped (non-finite gradients under fp16).
+    pub skipped: bool,
+}
+
+/// Bytes held by this rank, per category.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryStats {
+    pub param_bytes: u64,
+    pub grad_bytes: u64,
+    pub optimizer_bytes: u64,
+    pub staging_bytes: u64,
+    pub unsharded_optimizer_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamInfo {
+    pub name: String,
+    pub dtype: Option<Dtype>,
+    pub shape: Vec<i64>,
+    pub numel: u64,
+    pub param_group: i32,
+    pub unit: i32,
+    pub trainable: bool,
+    pub offset_in_unit: u64,
+    /// The part of the param, in its own index space, that this rank's shard covers.
+    pub shard: std::ops::Range<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnitInfo {
+    pub unit: i32,
+    pub num_params: i32,
+    pub numel: u64,
+    pub padded_numel: u64,
+    pub shard_numel: u64,
+    pub shard_begin: u64,
+    pub trainable: bool,
+    pub has_optimizer_state: bool,
+}
+
+/// Every param's values and gradient at once, as disjoint mutable slices (index = param index).
+pub struct Tensors<'a> {
+    pub params: Vec<&'a mut [f32]>,
+    pub grads: Vec<&'a mut [f32]>,
+}
+
+type ViewFn = unsafe extern "C" fn(*const sys::sx_shard_group_t, i32, *mut sys::sx_view_t) -> sys::sx_status_t;
+
+impl ShardGroup {
+    /// Creates this rank's handle and connects to the other ranks (collective: blocks
+    /// until every rank has joined or the timeout passes). Checks first that the loaded
+    /// libsx has a compatible version.
+    pub fn new(config: &GroupConfig) -> Result<ShardGroup> {
+        crate::check_version()?;
+        let rendezvous = c_string("rendezvous", &config.rendezvous)?;
+        let bind = match &config.bind_address {
+            Some(a) => Some(c_string("bind_address", a)?),
+            None => None,
+        };
+        let mut raw = config.raw;
+        raw.rendezvous = rendezvous.as_ptr();
+        raw.bind_address = bind.as_ref().map_or(ptr::null(), |b| b.as_ptr());
+        let mut g = ptr::null_mut();
+        check(unsafe { sys::sx_create_shard_group(&raw, &mut g) })?;
+        Ok(ShardGroup { raw: g })
+    }
+
+    /// Releases the group now, reporting the library's status.
+    pub fn close(mut self) -> Result<()> {
+        let raw = std::mem::replace(&mut self.raw, ptr::null_mut());
+        check(unsafe { sys::sx_destroy_shard_group(raw) })
+    }
+
+    /// The raw handle, valid while this group lives.
+    pub fn as_raw(&self) -> *mut sys::sx_shard_group_t {
+        self.raw
+    }
+
+    /// Makes the group fail: later calls return SX_ERR_GROUP_FAILED.
+    pub fn abort(&self) -> Result<()> {
+        check(unsafe { sys::sx_abort(self.raw) })
+    }
+
+    /// Adds a param group; returns its index. Only before [`ShardGroup::finalize`].
+    pub fn add_param_group(&mut self, desc: &ParamGroup) -> Result<i32> {
+        let mut index = -1;
+        check(unsafe { sys::sx_add_param_group(self.raw, &desc.raw, &mut index) })?;
+        Ok(index)
+    }
+
+    pub fn set_hyperparameter(&mut self, param_group: i32, key: Hyperparameter, value: f64) -> Result<()> {
+        check(unsafe { sys::sx_set_hyperparameter(self.raw, param_group, key.raw(), value) })
+    }
+
+    pub fn hyperparameter(&self, param_group: i32, key: Hyperparameter) -> Result<f64> {
+        let mut v = 0.0;
+        check(unsafe { sys::sx_get_hyperparameter(self.raw, param_group, key.raw(), &mut v) })?;
+        Ok(v)
+    }
+
+    pub fn set_lr(&mut self, param_group: i32, lr: f64) -> Result<()> {
+        check(unsafe { sys::sx_set_lr(self.raw, param_group, lr) })
+    }
+
+    /// Registers a param; returns its index. Only before [`ShardGroup::finalize`].
+    pub fn add_param(&mut self, p: &Param) -> Result<i32> {
+        let name = c_string("param name", &p.name)?;
+        let ndim = i32::try_from(p.shape.len())
+            .map_err(|_| invalid_argument(format!("param {:?} has {} dimensions", p.name, p.shape.len())))?;
+        let mut d: sys::sx_param_desc_t = init(sys::sx_param_desc_init);
+        d.name = name.as_ptr();
+        d.ndim = ndim;
+        d.dtype = p.dtype.raw();
+        d.shape = if p.shape.is_empty() { ptr::null() } else { p.shape.as_ptr() };
+        d.param_group = p.param_group;
+        d.unit = p.unit;
+        d.frozen = p.frozen as i32;
+        let mut index = -1;
+        check(unsafe { sys::sx_add_param(self.raw, &d, &mut index) })?;
+        Ok(index)
+    }
+
+    /// Collective: checks every rank registered the same params, lays out and allocates.
+    pub fn finalize(&mut self) -> Result<()> {
+        check(unsafe { sys::sx_finalize(self.raw) })
+    }
+
+    /// Collective: copies every param of rank `root` to all ranks.
+    pub fn broadcast_params(&mut self, root: i32) -> Result<()> {
+        check(unsafe { sys::sx_broadcast_params(self.raw, root) })
+    }
+
+    /// The raw view (pointer, length, dtype, device) of a param's values.
+    pub fn param_view(&self, param: i32) -> Result<sys::sx_view_t> {
+        self.view(sys::sx_param_view, param)
+    }
+
+    /// The raw view of a param's gradient.
+    pub fn grad_view(&self, param: i32) -> Result<sys::sx_view_t> {
+        self.view(sys::sx_grad_view, param)
+    }
+
+    fn view(&self, f: ViewFn, param: i32) -> Result<sys::sx_view_t> {
+        let mut v: sys::sx_view_t = init(sys::sx_view_init);
+        check(unsafe { f(self.raw, param, &mut v) })?;
+        Ok(v)
+    }
+
+    fn f32_slice(&self, f: ViewFn, what: &str, param: i32) -> Result<(*mut f32, usize)> {
+        let v = self.view(f, param)?;
+        if v.dtype != sys::SX_DTYPE_F32 || v.device != sys::SX_DEVICE_CPU {
+            return Err(Error::new(
+                sys::SX_ERR_UNSUPPORTED,
+                format!(
+                    "the {} of param {} is dtype {} on device {}; only fp32 host memory can be viewed as &[f32] \
+                     (use {}_view for the raw view)",
+                    what, param, v.dtype, v.device, what
+                ),
+            ));
+        }
+        let data = if v.numel == 0 { ptr::NonNull::<f32>::dangling().as_ptr() } else { v.data as *mut f32 };
+        Ok((data, v.numel as usize))
+    }
+
+    /// A param's values: a zero-copy slice of sx's flat buffer (fp32, host memory).
+    pub fn param(&self, param: i32) -> Result<&[f32]> {
+        let (p, n) = self.f32_slice(sys::sx_param_view, "param", param)?;
+        Ok(unsafe { std::slice::from_raw_parts(p, n) })
+    }
+
+    /// A param's values, writable (between steps: initial values, loaded weights).
+    pub fn param_mut(&mut self, param: i32) -> Result<&mut [f32]> {
+        let (p, n) = self.f32_slice(sys::sx_param_view, "param", param)?;
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, n) })
+    }
+
+    /// A param's gradient.
+    pub fn grad(&self, param: i32) -> Result<&[f32]> {
+        let (p, n) = self.f32_slice(sys::sx_grad_view, "grad", param)?;
+        Ok(unsafe { std::slice::from_raw_parts(p, n) })
+    }
+
+    /// A param's gradient, writable: the trainer adds its gradient into it.
+    pub fn grad_mut(&mut self, param: i32) -> Result<&mut [f32]> {
+        let (p, n) = self.f32_slice(sys::sx_grad_view, "grad", param)?;
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, n) })
+    }
+
+    /// Every param's values and gradient as mutable slices at once (params never
+    /// overlap each other, and values never overlap gradients).
+    pub fn tensors_mut(&mut self) -> Result<Tensors<'_>> {
+        let n = self.num_params()?;
+        let mut t = Tensors { params: Vec::with_capacity(n as usize), grads: Vec::with_capacity(n as usize) };
+        for i in 0..n {
+            let (p, len) = self.f32_slice(sys::sx_param_view, "param", i)?;
+            t.params.push(unsafe { std::slice::from_raw_parts_mut(p, len) });
+            let (g, len) = self.f32_slice(sys::sx_grad_view, "grad", i)?;
+            t.grads.push(unsafe { std::slice::from_raw_parts_mut(g, len) });
+        }
+        Ok(t)
+    }
+
+    pub fn find_param(&self, name: &str) -> Result<i32> {
+        let c = c_string("param name", name)?;
+        let mut index = -1;
+        check(unsafe { sys::sx_find_param(self.raw, c.as_ptr(), &mut index) })?;
+        Ok(index)
+    }
+
+    pub fn set_trainable(&mut self, param: i32, trainable: bool) -> Result<()> {
+        check(unsafe { sys::sx_set_trainable(self.raw, param, trainable as i32) })
+    }
+
+    pub fn trainable(&self, param: i32) -> Result<bool> {
+        let mut t = 0;
+        check(unsafe { sys::sx_get_trainable(self.raw, param, &mut t) })?;
+        Ok(t != 0)
+    }
+
+    /// The group-owned trainable byte of every param (1 = trainable, 0 = frozen); the
+    /// next step picks up changes made through it.
+    pub fn trainable_mask_mut(&mut self) -> Result<&mut [u8]> {
+        let mut mask = ptr::null_mut();
+        let mut count = 0;
+        check(unsafe { sys::sx_trainable_mask(self.raw, &mut mask, &mut count) })?;
+        if count == 0 || mask.is_null() {
+            return Ok(&mut []);
+        }
+        Ok(unsafe { std::slice::from_raw_parts_mut(mask, count as usize) })
+    }
+
+    pub fn refresh_trainable(&mut self) -> Result<()> {
+        check(unsafe { sys::sx_refresh_trainable(self.raw) })
+    }
+
+    /// Collective: folds the current gradients into the step's accumulation.
+    pub fn accumulate_grads(&mut self) -> Result<()> {
+        check(unsafe { sys::sx_accumulate_grads(self.raw) })
+    }
+
+    /// Collective: averages gradients over ranks, clips, updates, gathers.
+    pub fn step(&mut self, options: Option<&StepOptions>) -> Result<StepResult> {
+        let mut r: sys::sx_step_result_t = init(sys::sx_step_result_init);
+        let o = options.map_or(ptr::null(), |o| &o.raw as *const _);
+        check(unsafe { sys::sx_step(self.raw, o, &mut r) })?;
+        Ok(StepResult { grad_norm: r.grad_norm, step: r.step, skipped: r.skipped != 0 })
+    }
+
+    fn query(&self, f: unsafe extern "C" fn(*const sys::sx_shard_group_t, *mut i32) -> sys::sx_status_t) -> Result<i32> {
+        let mut v = 0;
+        check(unsafe { f(self.raw, &mut v) })?;
+        Ok(v)
+    }
+
+    pub fn rank(&self) -> Result<i32> {
+        self.query(sys::sx_get_rank)
+    }
+    pub fn world_size(&self) -> Result<i32> {
+        self.query(sys::sx_get_world_size)
+    }
+    pub fn stage(&self) -> Result<i32> {
+        self.query(sys::sx_get_stage)
+    }
+    pub fn num_params(&self) -> Result<i32> {
+        self.query(sys::sx_get_num_params)
+    }
+    pub fn num_units(&self) -> Result<i32> {
+        self.query(sys::sx_get_num_units)
+    }
+    pub fn num_param_groups(&self) -> Result<i32> {
+        self.query(sys::sx_get_num_param_groups)
+    }
+
+    pub fn memory_stats(&self) -> Result<MemoryStats> {
+        let mut s: sys::sx_memory_stats_t = init(sys::sx_memory_stats_init);
+        check(unsafe { sys::sx_get_memory_stats(self.raw, &mut s) })?;
+        Ok(MemoryStats {
+            param_bytes: s.param_bytes,
+            grad_bytes: s.grad_bytes,
+            optimizer_bytes: s.optimizer_bytes,
+            staging_bytes: s.staging_bytes,
+            unsharded_optimizer_bytes: s.unsharded_optimizer_bytes,
+        })
+    }
+
+    pub fn param_info(&self, param: i32) -> Result<ParamInfo> {
+        let mut i: sys::sx_param_info_t = init(sys::sx_param_info_init);
+        check(unsafe { sys::sx_get_param_info(self.raw, param, &mut i) })?;
+        let ndim = (i.ndim.max(0) as usize).min(sys::SX_MAX_NDIM);
+        Ok(ParamInfo {
+            name: cstr_lossy(i.name),
+            dtype: Dtype::from_raw(i.dtype),
+            shape: i.shape[..ndim].to_vec(),
+            numel: i.numel,
+            param_group: i.param_group,
+            unit: i.unit,
+            trainable: i.trainable != 0,
+            offset_in_unit: i.offset_in_unit,
+            shard: i.shard_begin..i.shard_end,
+        })
+    }
+
+    /// `index` is 0..num_units, in increasing order of unit id.
+    pub fn unit_info(&self, index: i32) -> Result<UnitInfo> {
+        let mut u: sys::sx_unit_info_t = init(sys::sx_unit_info_init);
+        check(unsafe { sys::sx_get_unit_info(self.raw, index, &mut u) })?;
+        Ok(UnitInfo {
+            unit: u.unit,
+            num_params: u.num_params,
+            numel: u.numel,
+            padded_numel: u.padded_numel,
+            shard_numel: u.shard_numel,
+            shard_begin: u.shard_begin,
+            trainable: u.trainable != 0,
+            has_optimizer_state: u.has_optimizer_state != 0,
+        })
+    }
+
+    /// Collective: saves the group's state at this step boundary. Returns once this
+    /// rank's shard is staged; the files are written and committed in the background.
+    pub fn save(&mut self, options: SaveOptions) -> Result<SaveFuture> {
+        let path = c_string("checkpoint path", &options.path)?;
+        let mut o: sys::sx_save_options_t = init(sys::sx_save_options_init);
+        o.path = path.as_ptr();
+        if !options.user_blob.is_empty() {
+            o.user_blob = options.user_blob.as_ptr() as *const c_void;
+            o.user_blob_size = options.user_blob.len() as u64;
+        }
+        o.keep_last = options.keep_last;
+        o.synchronous = options.synchronous as i32;
+        let callback_id = match options.callback {
+            Some(cb) => {
+                let id = future::register(cb);
+                o.callback = Some(future::trampoline);
+                o.callback_user = id as *mut c_void;
+                id
+            }
+            None => 0,
+        };
+        let mut raw = ptr::null_mut();
+        let status = unsafe { sys::sx_save_optim_state(self.raw, &o, &mut raw) };
+        if let Err(e) = check(status) {
+            if callback_id != 0 {
+                future::unregister(callback_id);
+            }
+            return Err(e);
+        }
+        Ok(SaveFuture::from_raw(raw, callback_id))
+    }
+
+    /// Collective: loads a checkpoint saved at any world size into this group.
+    pub fn load(&mut self, options: &LoadOptions) -> Result<()> {
+        let path = c_string("checkpoint path", &options.path)?;
+        let mut o: sys::sx_load_options_t = init(sys::sx_load_optim_state_options_init);
+        o.path = path.as_ptr();
+        o.flags = options.flags;
+        check(unsafe { sys::sx_load_optim_state(self.raw, &o) })
+    }
+}
+
+impl Drop for ShardGroup {
+    fn drop(&mut self) {
+        if !self.raw.is_null() {
+            unsafe { sys::sx_destroy_shard_group(self.raw) };
+        }
+    }
+}

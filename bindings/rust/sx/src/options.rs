@@ -1,0 +1,366 @@
+//! Configuration structs, builder style. Each holds the C struct filled by its
+//! `sx_*_init` function (so defaults come from the library) plus the Rust-owned data
+//! its pointers refer to.
+use std::ffi::CString;
+use std::mem::MaybeUninit;
+use std::os::raw::c_void;
+
+use sx_sys as sys;
+
+use crate::error::{invalid_argument, Result};
+
+pub(crate) fn c_string(what: &str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| invalid_argument(format!("{} {:?} contains a NUL byte", what, s)))
+}
+
+/// Calls an `sx_*_init(p, size)` function on a fresh struct. The init functions only
+/// fail on a NULL pointer or a too-small size, neither possible here.
+pub(crate) fn init<T>(f: unsafe extern "C" fn(*mut T, usize) -> sys::sx_status_t) -> T {
+    let mut v = MaybeUninit::<T>::zeroed();
+    let s = unsafe { f(v.as_mut_ptr(), std::mem::size_of::<T>()) };
+    assert_eq!(s, sys::SX_OK, "sx init function failed on a struct of its own size");
+    unsafe { v.assume_init() }
+}
+
+/// Where buffers live and which collectives run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl Backend {
+    fn raw(self) -> i32 {
+        match self {
+            Backend::Auto => sys::SX_BACKEND_AUTO,
+            Backend::Cpu => sys::SX_BACKEND_CPU,
+            Backend::Cuda => sys::SX_BACKEND_CUDA,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Dtype {
+    pub(crate) fn raw(self) -> i32 {
+        match self {
+            Dtype::F32 => sys::SX_DTYPE_F32,
+            Dtype::F16 => sys::SX_DTYPE_F16,
+            Dtype::Bf16 => sys::SX_DTYPE_BF16,
+        }
+    }
+
+    pub(crate) fn from_raw(v: i32) -> Option<Dtype> {
+        match v {
+            sys::SX_DTYPE_F32 => Some(Dtype::F32),
+            sys::SX_DTYPE_F16 => Some(Dtype::F16),
+            sys::SX_DTYPE_BF16 => Some(Dtype::Bf16),
+            _ => None,
+        }
+    }
+}
+
+/// How ranks meet and what the group is: `GroupConfig::new("local://name").rank(r).world_size(n)`.
+#[derive(Clone, Debug)]
+pub struct GroupConfig {
+    pub(crate) raw: sys::sx_group_config_t,
+    pub(crate) rendezvous: String,
+    pub(crate) bind_address: Option<String>,
+}
+
+impl GroupConfig {
+    /// `rendezvous`: "local://NAME", "tcp://HOST:PORT", "file:///DIR" or "env://".
+    pub fn new(rendezvous: &str) -> GroupConfig {
+        GroupConfig { raw: init(sys::sx_group_config_init), rendezvous: rendezvous.to_string(), bind_address: None }
+    }
+    pub fn rank(mut self, rank: i32) -> Self {
+        self.raw.rank = rank;
+        self
+    }
+    /// 0 takes rank and world size from the environment (env://).
+    pub fn world_size(mut self, world_size: i32) -> Self {
+        self.raw.world_size = world_size;
+        self
+    }
+    /// ZeRO stage 1 or 2 (0 = 2).
+    pub fn stage(mut self, stage: i32) -> Self {
+        self.raw.stage = stage;
+        self
+    }
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.raw.backend = backend.raw();
+        self
+    }
+    pub fn num_threads(mut self, n: i32) -> Self {
+        self.raw.num_threads = n;
+        self
+    }
+    pub fn alignment(mut self, bytes: i32) -> Self {
+        self.raw.alignment = bytes;
+        self
+    }
+    pub fn timeout_ms(mut self, ms: i32) -> Self {
+        self.raw.timeout_ms = ms;
+        self
+    }
+    /// `SX_GROUP_*` flags.
+    pub fn flags(mut self, flags: u32) -> Self {
+        self.raw.flags = flags;
+        self
+    }
+    pub fn bind_address(mut self, address: &str) -> Self {
+        self.bind_address = Some(address.to_string());
+        self
+    }
+    pub fn device_ordinal(mut self, ordinal: i32) -> Self {
+        self.raw.device_ordinal = ordinal;
+        self
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Optimizer {
+    Sgd,
+    Adam,
+    AdamW,
+}
+
+impl Optimizer {
+    fn raw(self) -> i32 {
+        match self {
+            Optimizer::Sgd => sys::SX_OPTIM_SGD,
+            Optimizer::Adam => sys::SX_OPTIM_ADAM,
+            Optimizer::AdamW => sys::SX_OPTIM_ADAMW,
+        }
+    }
+}
+
+/// An optimizer and its hyperparameters, starting from torch.optim's defaults.
+#[derive(Clone, Copy, Debug)]
+pub struct ParamGroup {
+    pub(crate) raw: sys::sx_param_group_desc_t,
+}
+
+impl ParamGroup {
+    pub fn new(optimizer: Optimizer) -> ParamGroup {
+        let mut raw = MaybeUninit::<sys::sx_param_group_desc_t>::zeroed();
+        let s = unsafe {
+            sys::sx_param_group_desc_init(raw.as_mut_ptr(), std::mem::size_of_val(&raw), optimizer.raw())
+        };
+        assert_eq!(s, sys::SX_OK, "sx_param_group_desc_init failed for a known optimizer");
+        ParamGroup { raw: unsafe { raw.assume_init() } }
+    }
+    pub fn lr(mut self, v: f64) -> Self {
+        self.raw.lr = v;
+        self
+    }
+    pub fn weight_decay(mut self, v: f64) -> Self {
+        self.raw.weight_decay = v;
+        self
+    }
+    pub fn betas(mut self, beta1: f64, beta2: f64) -> Self {
+        self.raw.beta1 = beta1;
+        self.raw.beta2 = beta2;
+        self
+    }
+    pub fn eps(mut self, v: f64) -> Self {
+        self.raw.eps = v;
+        self
+    }
+    pub fn momentum(mut self, v: f64) -> Self {
+        self.raw.momentum = v;
+        self
+    }
+    pub fn dampening(mut self, v: f64) -> Self {
+        self.raw.dampening = v;
+        self
+    }
+    pub fn nesterov(mut self, on: bool) -> Self {
+        self.raw.nesterov = on as i32;
+        self
+    }
+    pub fn maximize(mut self, on: bool) -> Self {
+        self.raw.maximize = on as i32;
+        self
+    }
+    pub fn amsgrad(mut self, on: bool) -> Self {
+        self.raw.amsgrad = on as i32;
+        self
+    }
+    /// The C description as filled so far.
+    pub fn raw(&self) -> &sys::sx_param_group_desc_t {
+        &self.raw
+    }
+}
+
+/// Keys of [`crate::ShardGroup::set_hyperparameter`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hyperparameter {
+    Lr,
+    WeightDecay,
+    Beta1,
+    Beta2,
+    Eps,
+    Momentum,
+    Dampening,
+    Nesterov,
+    Maximize,
+    Amsgrad,
+}
+
+impl Hyperparameter {
+    pub(crate) fn raw(self) -> i32 {
+        match self {
+            Hyperparameter::Lr => sys::SX_HP_LR,
+            Hyperparameter::WeightDecay => sys::SX_HP_WEIGHT_DECAY,
+            Hyperparameter::Beta1 => sys::SX_HP_BETA1,
+            Hyperparameter::Beta2 => sys::SX_HP_BETA2,
+            Hyperparameter::Eps => sys::SX_HP_EPS,
+            Hyperparameter::Momentum => sys::SX_HP_MOMENTUM,
+            Hyperparameter::Dampening => sys::SX_HP_DAMPENING,
+            Hyperparameter::Nesterov => sys::SX_HP_NESTEROV,
+            Hyperparameter::Maximize => sys::SX_HP_MAXIMIZE,
+            Hyperparameter::Amsgrad => sys::SX_HP_AMSGRAD,
+        }
+    }
+}
+
+/// A param to register: `Param::new("w", &[8, 16]).unit(0)`.
+#[derive(Clone, Debug)]
+pub struct Param {
+    pub(crate) name: String,
+    pub(crate) shape: Vec<i64>,
+    pub(crate) dtype: Dtype,
+    pub(crate) param_group: i32,
+    pub(crate) unit: i32,
+    pub(crate) frozen: bool,
+}
+
+impl Param {
+    pub fn new(name: &str, shape: &[i64]) -> Param {
+        Param { name: name.to_string(), shape: shape.to_vec(), dtype: Dtype::F32, param_group: 0, unit: 0, frozen: false }
+    }
+    pub fn dtype(mut self, dtype: Dtype) -> Self {
+        self.dtype = dtype;
+        self
+    }
+    pub fn param_group(mut self, index: i32) -> Self {
+        self.param_group = index;
+        self
+    }
+    pub fn unit(mut self, unit: i32) -> Self {
+        self.unit = unit;
+        self
+    }
+    pub fn frozen(mut self, frozen: bool) -> Self {
+        self.frozen = frozen;
+        self
+    }
+}
+
+/// Options of [`crate::ShardGroup::step`].
+#[derive(Clone, Copy, Debug)]
+pub struct StepOptions {
+    pub(crate) raw: sys::sx_step_options_t,
+}
+
+impl StepOptions {
+    pub fn new() -> StepOptions {
+        StepOptions { raw: init(sys::sx_step_options_init) }
+    }
+    /// Clip the global gradient norm to this value (0 = no clipping).
+    pub fn max_grad_norm(mut self, v: f64) -> Self {
+        self.raw.max_grad_norm = v;
+        self
+    }
+    /// Leave the grads as they are after the step instead of zeroing them.
+    pub fn keep_grads(mut self, keep: bool) -> Self {
+        self.raw.keep_grads = keep as i32;
+        self
+    }
+    /// A CUDA stream (cudaStream_t) to order the step on.
+    pub fn stream(mut self, stream: *mut c_void) -> Self {
+        self.raw.stream = stream;
+        self
+    }
+}
+
+impl Default for StepOptions {
+    fn default() -> Self {
+        StepOptions::new()
+    }
+}
+
+/// What to save and how: `SaveOptions::new("ckpt/step-100").user_blob(bytes)`.
+pub struct SaveOptions {
+    pub(crate) path: String,
+    pub(crate) user_blob: Vec<u8>,
+    pub(crate) keep_last: i32,
+    pub(crate) synchronous: bool,
+    pub(crate) callback: Option<Box<dyn FnOnce(crate::Result<()>) + Send + 'static>>,
+}
+
+impl SaveOptions {
+    pub fn new(path: &str) -> SaveOptions {
+        SaveOptions { path: path.to_string(), user_blob: Vec::new(), keep_last: 0, synchronous: false, callback: None }
+    }
+    /// Opaque bytes stored in the manifest (at most 64 MiB).
+    pub fn user_blob(mut self, blob: &[u8]) -> Self {
+        self.user_blob = blob.to_vec();
+        self
+    }
+    pub fn keep_last(mut self, n: i32) -> Self {
+        self.keep_last = n;
+        self
+    }
+    /// Do all the work in the call.
+    pub fn synchronous(mut self, on: bool) -> Self {
+        self.synchronous = on;
+        self
+    }
+    /// Called once when the save completes, on sx's I/O thread: it must return quickly
+    /// and must not use the group.
+    pub fn on_complete<F: FnOnce(crate::Result<()>) + Send + 'static>(mut self, f: F) -> Self {
+        self.callback = Some(Box::new(f));
+        self
+    }
+}
+
+/// Options of [`crate::ShardGroup::load`].
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub(crate) path: String,
+    pub(crate) flags: u32,
+}
+
+impl LoadOptions {
+    pub fn new(path: &str) -> LoadOptions {
+        LoadOptions { path: path.to_string(), flags: 0 }
+    }
+    /// Values only: no optimizer state, steps or hyperparameters.
+    pub fn params_only(self, on: bool) -> Self {
+        self.set(sys::SX_LOAD_PARAMS_ONLY, on)
+    }
+    /// Group params absent from the checkpoint keep their values.
+    pub fn allow_missing(self, on: bool) -> Self {
+        self.set(sys::SX_LOAD_ALLOW_MISSING, on)
+    }
+    /// Checkpoint params absent from the group are ignored.
+    pub fn allow_extra(self, on: bool) -> Self {
+        self.set(sys::SX_LOAD_ALLOW_EXTRA, on)
+    }
+    fn set(mut self, flag: u32, on: bool) -> Self {
+        if on {
+            self.flags |= flag
+        } else {
+            self.flags &= !flag
+        }
+        self
+    }
+}

@@ -1,0 +1,65 @@
+mod common;
+
+use sx::status::*;
+use sx::{Optimizer, Param, ParamGroup, ShardGroup};
+
+fn one_rank(test: &str) -> ShardGroup {
+    ShardGroup::new(&common::config(&common::rendezvous(test), 0, 1)).unwrap()
+}
+
+#[test]
+fn bad_arguments_carry_status_and_message() {
+    let mut g = one_rank("badargs");
+    let e = g.add_param(&Param::new("w", &[4])).unwrap_err();
+    // No param group 0 exists yet.
+    assert_eq!(e.status(), SX_ERR_INVALID_ARGUMENT, "{}", e);
+    assert!(!e.message().is_empty());
+    g.add_param_group(&ParamGroup::new(Optimizer::Sgd)).unwrap();
+
+    let e = g.add_param(&Param::new("", &[4])).unwrap_err();
+    assert_eq!(e.status(), SX_ERR_INVALID_ARGUMENT);
+    assert!(e.message().contains("name"), "{}", e.message());
+    let text = e.to_string();
+    assert!(text.starts_with("SX_ERR_INVALID_ARGUMENT: "), "{}", text);
+    assert!(text.ends_with(e.message()), "{}", text);
+    let boxed: Box<dyn std::error::Error> = Box::new(e);
+    assert!(boxed.to_string().contains("SX_ERR_INVALID_ARGUMENT"));
+
+    let e = g.add_param(&Param::new("a\0b", &[4])).unwrap_err();
+    assert_eq!(e.status(), SX_ERR_INVALID_ARGUMENT);
+    assert!(e.message().contains("NUL"), "{}", e.message());
+
+    let e = g.add_param(&Param::new("neg", &[4, -1])).unwrap_err();
+    assert_eq!(e.status(), SX_ERR_INVALID_ARGUMENT, "{}", e);
+
+    g.add_param(&Param::new("w", &[4])).unwrap();
+    assert_eq!(g.add_param(&Param::new("w", &[4])).unwrap_err().status(), SX_ERR_ALREADY_EXISTS);
+    // Views before finalize are a state error.
+    assert_eq!(g.param(0).unwrap_err().status(), SX_ERR_INVALID_STATE);
+    g.finalize().unwrap();
+    assert_eq!(g.add_param(&Param::new("late", &[1])).unwrap_err().status(), SX_ERR_INVALID_STATE);
+    let e = g.find_param("nope").unwrap_err();
+    assert_eq!(e.status(), SX_ERR_NOT_FOUND);
+    assert!(e.message().contains("nope"), "{}", e.message());
+    assert_eq!(g.param(7).unwrap_err().status(), SX_ERR_INVALID_ARGUMENT);
+    assert_eq!(g.set_lr(0, -1.0).unwrap_err().status(), SX_ERR_INVALID_ARGUMENT);
+    // A failed call leaves the error of another thread alone: messages are per thread.
+    let other = std::thread::spawn(|| sx::status_string(SX_ERR_TIMEOUT)).join().unwrap();
+    assert!(other.starts_with("SX_ERR_TIMEOUT"));
+}
+
+#[test]
+fn bad_rendezvous_fails_to_create() {
+    let e = ShardGroup::new(&common::config("nosuch://x", 0, 1)).err().expect("group created from a bad rendezvous");
+    assert_eq!(e.status(), SX_ERR_INVALID_ARGUMENT, "{}", e);
+    assert!(e.message().contains("nosuch"), "{}", e.message());
+    let e = ShardGroup::new(&common::config(&common::rendezvous("badrank"), 3, 2)).err().unwrap();
+    assert_eq!(e.status(), SX_ERR_INVALID_ARGUMENT, "{}", e);
+}
+
+#[test]
+fn read_user_blob_of_missing_checkpoint() {
+    let e = sx::read_user_blob("/nonexistent/sx/ckpt").unwrap_err();
+    assert_ne!(e.status(), SX_OK);
+    assert!(e.message().contains("/nonexistent/sx/ckpt"), "{}", e.message());
+}

@@ -1,0 +1,170 @@
+mod common;
+
+use sx::{Hyperparameter, LoadOptions, Optimizer, Param, ParamGroup, SaveOptions, ShardGroup, StepOptions};
+
+const N: usize = 37;
+
+fn target(k: usize) -> f32 {
+    (k as f32 * 0.37).sin()
+}
+
+/// Loss 0.5 * |w - target|^2 per rank, gradient (w - target) scaled per rank, so that the
+/// ranks' gradients differ and only their average drives w to the target.
+fn grads(rank: i32, w: &[f32], g: &mut [f32]) -> f64 {
+    let scale = 0.5 + rank as f32 * 0.25;
+    let mut loss = 0.0f64;
+    for k in 0..w.len() {
+        let d = w[k] - target(k);
+        loss += 0.5 * (d * d) as f64;
+        g[k] += scale * d;
+    }
+    loss
+}
+
+fn setup(g: &mut ShardGroup, lr: f64) -> sx::Result<()> {
+    g.add_param_group(&ParamGroup::new(Optimizer::AdamW).lr(lr))?;
+    g.add_param(&Param::new("w", &[N as i64]).unit(0))?;
+    g.add_param(&Param::new("frozen", &[3, 5]).unit(1).frozen(true))?;
+    g.finalize()
+}
+
+#[test]
+fn four_ranks_train_and_the_loss_falls() {
+    let losses = common::run_ranks("train4", 4, |rank, mut g| {
+        setup(&mut g, 0.05)?;
+        assert_eq!((g.rank()?, g.world_size()?, g.stage()?), (rank, 4, 2));
+        assert_eq!((g.num_params()?, g.num_units()?, g.num_param_groups()?), (2, 2, 1));
+        let frozen0: Vec<f32> = g.param(1)?.to_vec();
+        let mut losses = Vec::new();
+        for s in 0..30 {
+            let mut t = g.tensors_mut()?;
+            losses.push(grads(rank, t.params[0], t.grads[0]));
+            t.grads[1].iter_mut().for_each(|x| *x = 1.0);
+            let r = g.step(Some(&StepOptions::new().max_grad_norm(100.0)))?;
+            assert_eq!(r.step, s + 1);
+            assert!(r.grad_norm > 0.0 && !r.skipped);
+            // Grads are zeroed after the step.
+            assert!(g.grad(0)?.iter().all(|&x| x == 0.0));
+        }
+        assert_eq!(g.param(1)?, &frozen0[..], "a frozen param changed");
+        let info = g.param_info(0)?;
+        assert_eq!((info.name.as_str(), info.shape.clone(), info.numel), ("w", vec![N as i64], N as u64));
+        let unit = g.unit_info(0)?;
+        assert_eq!(unit.padded_numel % 4, 0);
+        assert!(unit.has_optimizer_state);
+        assert!(!g.unit_info(1)?.has_optimizer_state);
+        let m = g.memory_stats()?;
+        assert!(m.optimizer_bytes < m.unsharded_optimizer_bytes, "{:?}", m);
+        Ok((losses, g.param(0)?.to_vec()))
+    });
+    let (l0, w0) = &losses[0];
+    assert!(l0[29] < 0.1 * l0[0], "loss did not fall: {:?}", l0);
+    for (_, w) in &losses[1..] {
+        assert_eq!(w, w0, "ranks hold different params after the steps");
+    }
+}
+
+#[test]
+fn freezing_and_unfreezing_are_picked_up() {
+    common::run_ranks("freeze", 2, |rank, mut g| {
+        g.add_param_group(&ParamGroup::new(Optimizer::Sgd).lr(0.1))?;
+        g.add_param(&Param::new("a", &[5]).unit(0))?;
+        g.add_param(&Param::new("b", &[6]).unit(0))?;
+        g.finalize()?;
+        let step_with_ones = |g: &mut ShardGroup| -> sx::Result<()> {
+            let mut t = g.tensors_mut()?;
+            t.grads.into_iter().for_each(|gr| gr.iter_mut().for_each(|x| *x = 1.0));
+            g.step(None).map(|_| ())
+        };
+        g.set_trainable(1, false)?;
+        assert!(!g.trainable(1)? && g.trainable(0)?);
+        step_with_ones(&mut g)?;
+        assert!(g.param(0)?.iter().all(|&x| (x + 0.1).abs() < 1e-6), "rank {}: {:?}", rank, g.param(0)?);
+        assert!(g.param(1)?.iter().all(|&x| x == 0.0), "frozen b moved: {:?}", g.param(1)?);
+        // Through the group-owned mask: freeze a, unfreeze b.
+        {
+            let mask = g.trainable_mask_mut()?;
+            assert_eq!(mask, &[1u8, 0][..]);
+            mask[0] = 0;
+            mask[1] = 1;
+        }
+        step_with_ones(&mut g)?;
+        assert!(g.param(0)?.iter().all(|&x| (x + 0.1).abs() < 1e-6));
+        assert!(g.param(1)?.iter().all(|&x| (x + 0.1).abs() < 1e-6), "unfrozen b did not move: {:?}", g.param(1)?);
+        assert!(!g.trainable(0)?);
+        Ok(())
+    });
+}
+
+#[test]
+fn save_and_load_reshard_four_to_two_with_the_user_blob() {
+    let dir = common::TempDir::new("reshard");
+    let path = dir.join("ckpt-1");
+    let blob: Vec<u8> = (0..300u32).map(|i| (i * 7 % 251) as u8).collect();
+    let (p, b) = (path.clone(), blob.clone());
+    let saved = common::run_ranks("save4", 4, move |rank, mut g| {
+        setup(&mut g, 0.05)?;
+        for _ in 0..3 {
+            let mut t = g.tensors_mut()?;
+            grads(rank, t.params[0], t.grads[0]);
+            g.step(None)?;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let fut = g.save(SaveOptions::new(&p).user_blob(&b).on_complete(move |r| tx.send(r).unwrap()))?;
+        fut.wait()?;
+        assert!(fut.poll()?);
+        let (done, total) = fut.progress()?;
+        // A rank whose shard holds no element of a param writes no bytes.
+        assert_eq!(done, total, "progress of a completed save");
+        rx.recv_timeout(std::time::Duration::from_secs(60)).expect("save callback never ran")?;
+        // One more step after the save: the checkpoint must hold the state before it.
+        let before = g.param(0)?.to_vec();
+        let mut t = g.tensors_mut()?;
+        grads(rank, t.params[0], t.grads[0]);
+        g.step(None)?;
+        assert_ne!(g.param(0)?, &before[..]);
+        Ok((before, total))
+    });
+    assert!(saved.iter().map(|s| s.1).sum::<u64>() > 0, "the save wrote no bytes");
+    let saved: Vec<Vec<f32>> = saved.into_iter().map(|s| s.0).collect();
+    assert!(std::path::Path::new(&path).join("MANIFEST").is_file());
+    assert_eq!(sx::read_user_blob(&path).unwrap(), blob);
+
+    let p = path.clone();
+    let loaded = common::run_ranks("load2", 2, move |_rank, mut g| {
+        setup(&mut g, 0.5)?;
+        g.load(&LoadOptions::new(&p))?;
+        Ok((g.param(0)?.to_vec(), g.hyperparameter(0, Hyperparameter::Lr)?, g.unit_info(0)?.shard_numel))
+    });
+    for (w, lr, _) in &loaded {
+        assert_eq!(w, &saved[0], "params loaded into 2 ranks differ from those saved by 4");
+        assert_eq!(*lr, 0.05, "the param group's lr was not restored");
+    }
+
+    // A load that names a missing checkpoint fails on every rank with the path in the message.
+    let missing = dir.join("nope");
+    let errors = common::run_ranks("loadmissing", 2, move |_rank, mut g| {
+        setup(&mut g, 0.5)?;
+        Ok(g.load(&LoadOptions::new(&missing)).unwrap_err())
+    });
+    for e in errors {
+        assert!(e.message().contains("nope"), "{}", e);
+    }
+}
+
+#[test]
+fn saving_over_an_existing_directory_fails_in_the_call_or_the_future() {
+    let dir = common::TempDir::new("exists");
+    let path = dir.join("taken");
+    std::fs::create_dir(&path).unwrap();
+    let results = common::run_ranks("exists", 2, move |_rank, mut g| {
+        setup(&mut g, 0.05)?;
+        Ok(match g.save(SaveOptions::new(&path)) {
+            Err(e) => e,
+            Ok(f) => f.wait().expect_err("saved over an existing directory"),
+        })
+    });
+    for e in results {
+        assert!(e.message().contains("taken"), "{}", e);
+    }
+}
