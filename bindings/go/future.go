@@ -124,6 +124,18 @@ func (f *SaveFuture) WaitTimeout(d time.Duration) (bool, error) {
 	return true, f.outcome(s)
 }
 
+// WaitStaged blocks until the snapshot has been copied out of the group's memory:
+// after that, params may be written through views again without reaching this
+// checkpoint.
+func (f *SaveFuture) WaitStaged() error {
+	defer runtime.KeepAlive(f)
+	if f.f == nil {
+		return f.closed()
+	}
+	raw := f.f
+	return call(func() C.sx_status_t { return C.sx_future_wait_staged(raw, -1) })
+}
+
 // Poll reports whether the save has completed (successfully or not).
 func (f *SaveFuture) Poll() (bool, error) {
 	defer runtime.KeepAlive(f)

@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"runtime"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -97,9 +98,15 @@ func NewShardGroup(cfg GroupConfig) (*ShardGroup, error) {
 		return nil, err
 	}
 	g := &ShardGroup{g: raw}
-	runtime.SetFinalizer(g, func(g *ShardGroup) { C.sx_destroy_shard_group(g.g) })
+	runtime.SetFinalizer(g, func(g *ShardGroup) {
+		C.sx_destroy_shard_group(g.g)
+		atomic.AddInt64(&groupsFinalized, 1)
+	})
 	return g, nil
 }
+
+// groupsFinalized counts the groups released by the finalizer (for the tests).
+var groupsFinalized int64
 
 // Close releases the group and everything it owns. Calling it again does nothing.
 func (g *ShardGroup) Close() error {

@@ -302,6 +302,7 @@ extern "C" {
     ) -> sx_status_t;
     pub fn sx_future_poll(future: *const sx_future_t, done: *mut i32) -> sx_status_t;
     pub fn sx_future_wait(future: *mut sx_future_t, timeout_ms: i64) -> sx_status_t;
+    pub fn sx_future_wait_staged(future: *mut sx_future_t, timeout_ms: i64) -> sx_status_t;
     pub fn sx_future_cancel(future: *mut sx_future_t) -> sx_status_t;
     pub fn sx_future_error_message(future: *const sx_future_t) -> *const c_char;
     pub fn sx_future_progress(future: *const sx_future_t, done_bytes: *mut u64, total_bytes: *mut u64) -> sx_status_t;

@@ -80,6 +80,12 @@ impl SaveFuture {
         }
     }
 
+    /// Waits until the snapshot has been copied out of the group's memory: after that,
+    /// params may be written through views again without reaching this checkpoint.
+    pub fn wait_staged(&self) -> Result<()> {
+        check(unsafe { sys::sx_future_wait_staged(self.raw, -1) })
+    }
+
     /// Whether the save has completed (successfully or not).
     pub fn poll(&self) -> Result<bool> {
         let mut done = 0;

@@ -111,6 +111,7 @@ fn save_and_load_reshard_four_to_two_with_the_user_blob() {
         }
         let (tx, rx) = std::sync::mpsc::channel();
         let fut = g.save(SaveOptions::new(&p).user_blob(&b).on_complete(move |r| tx.send(r).unwrap()))?;
+        fut.wait_staged()?;
         fut.wait()?;
         assert!(fut.poll()?);
         let (done, total) = fut.progress()?;
