@@ -24,6 +24,7 @@ struct Options {
     int reps = 15;
     size_t ckpt_mib = 576;               // checkpoint section: values + state in the files
     std::string ckpt_dir = "/tmp";       // checkpoint section: its mkdtemp directory goes here
+    size_t gpu_elements = size_t(1) << 28;  // gpu_adamw section
 };
 
 
@@ -128,5 +129,8 @@ int section_adamw_kernel(const Options &opt);
 int section_step(const Options &opt);
 int section_comm(const Options &opt);
 int section_checkpoint(const Options &opt);
+#ifdef SX_HAVE_CUDA
+int section_gpu_adamw(const Options &opt);
+#endif
 
 }  // namespace sxbench

@@ -14,9 +14,14 @@
 //   comm          reduce-scatter + all-gather through sx vs the same traffic with Gloo directly
 //   checkpoint    saving (blocking time, persist throughput, steps meanwhile, memory) and
 //                 loading with resharding vs plain file I/O of the same bytes
+//   gpu_adamw     (CUDA builds) the fused AdamW kernel on the device vs a traffic-only kernel
+//                 with its memory pattern, and its bandwidth beside the device's peak;
+//                 prints that it was skipped, and why, where there is no device
 // A new section is a function of the Options, appended to kSections.
 //
-// usage: bench_sx [--elements N] [--comm-mib M] [--reps R] [--ckpt-mib M] [--ckpt-dir DIR] [SECTION...]
+// usage: bench_sx [--elements N] [--comm-mib M] [--reps R] [--ckpt-mib M] [--ckpt-dir DIR]
+//                 [--gpu-elements N] [SECTION...]
+//   --gpu-elements  gpu_adamw section: fp32 elements (2^28)
 //   --ckpt-mib  checkpoint section: MiB of values + optimizer state in the files (576)
 //   --ckpt-dir  checkpoint section: where its mkdtemp directory goes (/tmp); that directory
 //               is removed at the end
@@ -41,6 +46,9 @@ const Section kSections[] = {
     {"step", section_step},
     {"comm", section_comm},
     {"checkpoint", section_checkpoint},
+#ifdef SX_HAVE_CUDA
+    {"gpu_adamw", section_gpu_adamw},
+#endif
 };
 
 }  // namespace
@@ -59,18 +67,20 @@ int main(int argc, char **argv) {
             opt.ckpt_mib = std::strtoull(argv[++i], nullptr, 10);
         } else if (!std::strcmp(argv[i], "--ckpt-dir") && i + 1 < argc) {
             opt.ckpt_dir = argv[++i];
+        } else if (!std::strcmp(argv[i], "--gpu-elements") && i + 1 < argc) {
+            opt.gpu_elements = std::strtoull(argv[++i], nullptr, 10);
         } else if (argv[i][0] == '-') {
             std::fprintf(stderr,
                          "usage: %s [--elements N] [--comm-mib M] [--reps R] [--ckpt-mib M] [--ckpt-dir DIR] "
-                         "[SECTION...]\n",
+                         "[--gpu-elements N] [SECTION...]\n",
                          argv[0]);
             return 2;
         } else {
             wanted.push_back(argv[i]);
         }
     }
-    if (opt.elements == 0 || opt.comm_mib == 0 || opt.reps < 1 || opt.ckpt_mib == 0) {
-        std::fprintf(stderr, "bench_sx: --elements, --comm-mib, --reps and --ckpt-mib must be positive\n");
+    if (opt.elements == 0 || opt.comm_mib == 0 || opt.reps < 1 || opt.ckpt_mib == 0 || opt.gpu_elements == 0) {
+        std::fprintf(stderr, "bench_sx: --elements, --comm-mib, --reps, --ckpt-mib and --gpu-elements must be positive\n");
         return 2;
     }
     int rc = 0;

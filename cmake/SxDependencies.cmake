@@ -40,4 +40,23 @@ if(NOT SX_WITH_CUDA STREQUAL "OFF")
                         "set CMAKE_CUDA_COMPILER and NCCL_ROOT, or use SX_WITH_CUDA=AUTO/OFF")
   endif()
 endif()
+if(SX_HAVE_CUDA)
+  # Ampere and Hopper machine code, plus Hopper PTX that newer GPUs' drivers compile at load.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES "80-real;90-real;90-virtual")
+  endif()
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  set(CMAKE_CUDA_VISIBILITY_PRESET hidden)
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  # libsx links the CUDA runtime statically (CUDA::cudart_static): it then needs no
+  # libcudart.so where it runs, and the runtime opens the driver (libcuda.so) only at the
+  # first CUDA call, so libsx loads and runs its CPU path on machines with no driver.
+  # libcuda is never linked directly for that reason.
+  # NCCL, for the collectives: its own imported target, linked where it is used.
+  add_library(sx_nccl INTERFACE IMPORTED)
+  set_target_properties(sx_nccl PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${SX_NCCL_INCLUDE_DIR}"
+                                           INTERFACE_LINK_LIBRARIES "${SX_NCCL_LIBRARY}")
+endif()
 message(STATUS "sx: CUDA toolkit ${CMAKE_CUDA_COMPILER}, NCCL ${SX_NCCL_LIBRARY}: GPU support ${SX_HAVE_CUDA}")

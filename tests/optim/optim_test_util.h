@@ -2,6 +2,7 @@
 // cells around an unaligned window, and bitwise comparison of float arrays.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -135,6 +136,74 @@ inline double sumsq_double(const float *grad, size_t n, float scale) {
         s += g * g;
     }
     return s;
+}
+
+// Every specialisation the kernels have, and each hyperparameter that changes the maths.
+inline std::vector<Hyper> all_configs() {
+    std::vector<Hyper> v;
+    auto sgd = [&](double lr, double mom, double damp, double wd, bool nesterov, bool maximize) {
+        Hyper h;
+        h.kind = Kind::kSgd;
+        h.lr = lr;
+        h.momentum = mom;
+        h.dampening = damp;
+        h.weight_decay = wd;
+        h.nesterov = nesterov;
+        h.maximize = maximize;
+        v.push_back(h);
+    };
+    sgd(0.1, 0, 0, 0, false, false);
+    sgd(0.1, 0, 0, 0.01, false, false);
+    sgd(0.05, 0, 0, 0, false, true);
+    sgd(0.1, 0.9, 0, 0, false, false);
+    sgd(0.1, 0.9, 0.1, 0.05, false, false);
+    sgd(0.1, 0.9, 0, 0.01, true, false);
+    sgd(0.02, 0.5, 0, 0, true, true);
+    sgd(0.1, 0.8, 0.3, 0.02, false, true);
+    auto adam = [&](Kind kind, double lr, double wd, bool amsgrad, bool maximize, double beta1,
+                    double beta2, double eps) {
+        Hyper h;
+        h.kind = kind;
+        h.lr = lr;
+        h.weight_decay = wd;
+        h.amsgrad = amsgrad;
+        h.maximize = maximize;
+        h.beta1 = beta1;
+        h.beta2 = beta2;
+        h.eps = eps;
+        v.push_back(h);
+    };
+    for (Kind k : {Kind::kAdam, Kind::kAdamW}) {
+        adam(k, 1e-3, 0, false, false, 0.9, 0.999, 1e-8);
+        adam(k, 1e-2, 0.1, false, false, 0.9, 0.999, 1e-8);
+        adam(k, 1e-2, 0, true, false, 0.9, 0.999, 1e-8);
+        adam(k, 1e-2, 0.05, true, true, 0.9, 0.99, 1e-6);
+        adam(k, 3e-3, 0.01, false, true, 0.3, 0.95, 1e-8);  // lerp weight 0.7: other branch
+    }
+    return v;
+}
+
+// Fills a segment's buffers. fresh: the state torch would create (zeros), except an
+// SGD momentum buffer, which holds NaN because step 1 must overwrite it unread.
+inline void fill(SegmentBuffers &b, Rng &rng, const Hyper &h, bool fresh) {
+    const size_t n = b.param.size();
+    for (size_t i = 0; i < n; ++i) {
+        b.param.data()[i] = rng.uniform(-1.0f, 1.0f);
+        b.grad.data()[i] = rng.uniform(-1.0f, 1.0f);
+        if (fresh) {
+            b.state0.data()[i] = h.kind == Kind::kSgd ? NAN : 0.0f;
+            b.state1.data()[i] = 0.0f;
+            b.state2.data()[i] = 0.0f;
+        } else {
+            b.state0.data()[i] = rng.uniform(-0.1f, 0.1f);
+            b.state1.data()[i] = rng.uniform(0.0f, 0.01f);
+            b.state2.data()[i] = rng.uniform(0.0f, 0.02f);  // above or below the new v
+        }
+    }
+}
+
+inline void new_grads(SegmentBuffers &a, SegmentBuffers &b, Rng &rng) {
+    for (size_t i = 0; i < a.grad.size(); ++i) a.grad.data()[i] = b.grad.data()[i] = rng.uniform(-2.0f, 2.0f);
 }
 
 }  // namespace test

@@ -1,0 +1,466 @@
+// The fused optimizer kernels on a CUDA device: one launch updates every segment of a
+// step (the table and block assignment of launch_plan.h), then one block adds the
+// blocks' partial sums of squares in block order.
+//
+// Rounding: the element formulas are kernel_body.h's, operation for operation, each
+// with an explicitly rounded intrinsic (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn,
+// __fsqrt_rn), which nvcc never contracts into a fused multiply-add, and denormals are
+// kept (no -ftz); the constants are the CPU's (make_consts, in double on the host). So
+// every element equals reference_update()'s bit for bit. The bf16/fp16 outputs are
+// __float2bfloat16_rn / __float2half_rn of the updated fp32 value: round to nearest
+// even, NaN stays NaN, overflow gives inf.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+#include "optim/cuda/cuda_status.h"
+#include "optim/cuda/launch_plan.h"
+
+namespace sx {
+namespace optim {
+namespace cuda {
+
+namespace internal {
+namespace {
+
+using optim::internal::SegmentConsts;
+using optim::internal::Variant;
+
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ float div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ float sqrt_rn(float a) { return __fsqrt_rn(a); }
+
+// A thread's share of GradStats.
+struct Acc {
+    double sumsq;
+    unsigned nonfinite;
+};
+
+__device__ __forceinline__ void account(Acc &acc, float g) {
+    const double d = static_cast<double>(g);
+    acc.sumsq += d * d;  // exact square of a float in double
+    acc.nonfinite += isfinite(g) ? 0u : 1u;
+}
+
+// State slots a variant reads and writes (SGD's first momentum step writes its buffer
+// without reading it: torch creates it as clone(grad)).
+__device__ __forceinline__ int slots_read(Variant v) {
+    switch (v) {
+    case Variant::kSgd:
+    case Variant::kSgdMomentumFirst: return 0;
+    case Variant::kSgdMomentum: return 1;
+    case Variant::kAdam: return 2;
+    case Variant::kAdamAmsgrad: return 3;
+    }
+    return 0;
+}
+__device__ __forceinline__ int slots_written(Variant v) {
+    return v == Variant::kSgdMomentumFirst ? 1 : slots_read(v);
+}
+
+// One element of the update (kernel_body.h's sgd_at and adam_at, in the same order).
+__device__ __forceinline__ void update_element(const SegmentConsts &c, float &p, float grad, float &s0,
+                                               float &s1, float &s2, bool stats, Acc &acc) {
+    float g = mul(grad, c.grad_scale);  // maximize is folded into the sign of grad_scale
+    if (stats) account(acc, g);
+    if (c.variant == Variant::kAdam || c.variant == Variant::kAdamAmsgrad) {
+        const float pv = mul(p, c.decay);                      // AdamW: param.mul_(1 - lr*wd)
+        if (c.l2) g = add(g, mul(c.weight_decay, pv));         // Adam: grad.add(param, alpha=wd)
+        const float m = add(c.lerp_from_end ? g : s0, mul(c.lerp_coeff, sub(g, s0)));  // lerp_
+        s0 = m;
+        float v = add(mul(s1, c.beta2), mul(mul(c.one_minus_beta2, g), g));  // mul_, addcmul_
+        s1 = v;
+        if (c.variant == Variant::kAdamAmsgrad) {  // torch.maximum: NaN if either is NaN
+            v = s2 != s2 ? s2 : (s2 > v ? s2 : v);
+            s2 = v;
+        }
+        const float denom = add(div(sqrt_rn(v), c.bias_correction2_sqrt), c.eps);
+        p = sub(pv, div(mul(c.step_size, m), denom));  // addcdiv_(m, denom, -step_size)
+        return;
+    }
+    if (c.l2) g = add(g, mul(c.weight_decay, p));
+    if (c.variant == Variant::kSgdMomentumFirst) {
+        s0 = g;
+        if (c.nesterov) g = add(g, mul(c.momentum, g));
+    } else if (c.variant == Variant::kSgdMomentum) {
+        const float b = add(mul(s0, c.momentum), mul(c.one_minus_dampening, g));
+        s0 = b;
+        g = c.nesterov ? add(g, mul(c.momentum, b)) : b;
+    }
+    p = sub(p, mul(c.lr, g));
+}
+
+// The update's data movement without its arithmetic (benchmark ceiling): every value
+// written is one that was read, so nothing can be optimised away.
+__device__ __forceinline__ void move_element(float &p, float grad, float &s0, float &s1, float &s2) {
+    const float p0 = p, a = s0, b = s1;
+    p = grad;
+    s0 = p0;
+    s1 = a;
+    s2 = b;
+}
+
+__device__ __forceinline__ unsigned short to_compute(float x, int32_t dtype) {
+    if (dtype == static_cast<int32_t>(ComputeDtype::kBf16)) return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    return __half_as_ushort(__float2half_rn(x));
+}
+// Traffic only: the high half of the bits, no rounding.
+__device__ __forceinline__ unsigned short to_compute_moved(float x) {
+    return static_cast<unsigned short>(__float_as_uint(x) >> 16);
+}
+
+template <Mode M>
+__device__ __forceinline__ void element(const TableSegment &t, float &p, float g, float &s0, float &s1, float &s2,
+                                        bool stats, Acc &acc) {
+    if (M == Mode::kTrafficOnly)
+        move_element(p, g, s0, s1, s2);
+    else
+        update_element(t.c, p, g, s0, s1, s2, stats, acc);
+}
+
+// Element e of segment t, one at a time (segment ends and misaligned segments).
+template <Mode M>
+__device__ __forceinline__ void scalar_at(const TableSegment &t, uint64_t e, int nread, int nwritten, bool stats,
+                                          Acc &acc) {
+    const float g = t.grad[e];
+    if (M == Mode::kStats) {
+        account(acc, mul(g, t.c.grad_scale));
+        return;
+    }
+    float p = t.param[e];
+    float s[3] = {0.0f, 0.0f, 0.0f};
+    for (int k = 0; k < nread; ++k) s[k] = t.state[k][e];
+    element<M>(t, p, g, s[0], s[1], s[2], stats, acc);
+    t.param[e] = p;
+    for (int k = 0; k < nwritten; ++k) t.state[k][e] = s[k];
+    if (t.out_dtype != static_cast<int32_t>(ComputeDtype::kNone)) {
+        unsigned short *out = static_cast<unsigned short *>(t.out);
+        out[e] = M == Mode::kTrafficOnly ? to_compute_moved(p) : to_compute(p, t.out_dtype);
+    }
+}
+
+template <Mode M>
+__device__ __forceinline__ void scalar_range(const TableSegment &t, uint64_t lo, uint64_t hi, int nread,
+                                             int nwritten, bool stats, Acc &acc) {
+    for (uint64_t q = lo + threadIdx.x; q < hi; q += kThreads) scalar_at<M>(t, q - t.lead, nread, nwritten, stats, acc);
+}
+
+__device__ __forceinline__ float4 load4(const float *base, uint64_t e) {
+    return *reinterpret_cast<const float4 *>(base + e);
+}
+__device__ __forceinline__ void store4(float *base, uint64_t e, float4 v) {
+    *reinterpret_cast<float4 *>(base + e) = v;
+}
+
+// Groups [g0, g1) of 4 positions (16-byte aligned in every buffer), kIlp groups per
+// thread in flight: all loads first, then the arithmetic, then the stores.
+template <Mode M>
+__device__ __forceinline__ void vector_range(const TableSegment &t, uint64_t g0, uint64_t g1, int nread,
+                                             int nwritten, bool stats, Acc &acc) {
+    for (uint64_t base = g0 + threadIdx.x; base < g1; base += uint64_t(kThreads) * kIlp) {
+        float4 g[kIlp], p[kIlp], s[3][kIlp];
+        bool live[kIlp];
+#pragma unroll
+        for (unsigned k = 0; k < kIlp; ++k) {
+            const uint64_t grp = base + uint64_t(k) * kThreads;
+            live[k] = grp < g1;
+            if (!live[k]) continue;
+            const uint64_t e = grp * 4 - t.lead;
+            g[k] = load4(t.grad, e);
+            if (M == Mode::kStats) continue;
+            p[k] = load4(t.param, e);
+#pragma unroll
+            for (int j = 0; j < 3; ++j) s[j][k] = j < nread ? load4(t.state[j], e) : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (unsigned k = 0; k < kIlp; ++k) {
+            if (!live[k]) continue;
+            if (M == Mode::kStats) {
+                const float sc = t.c.grad_scale;
+                account(acc, mul(g[k].x, sc));
+                account(acc, mul(g[k].y, sc));
+                account(acc, mul(g[k].z, sc));
+                account(acc, mul(g[k].w, sc));
+                continue;
+            }
+            element<M>(t, p[k].x, g[k].x, s[0][k].x, s[1][k].x, s[2][k].x, stats, acc);
+            element<M>(t, p[k].y, g[k].y, s[0][k].y, s[1][k].y, s[2][k].y, stats, acc);
+            element<M>(t, p[k].z, g[k].z, s[0][k].z, s[1][k].z, s[2][k].z, stats, acc);
+            element<M>(t, p[k].w, g[k].w, s[0][k].w, s[1][k].w, s[2][k].w, stats, acc);
+            const uint64_t e = (base + uint64_t(k) * kThreads) * 4 - t.lead;
+            store4(t.param, e, p[k]);
+#pragma unroll
+            for (int j = 0; j < 3; ++j)
+                if (j < nwritten) store4(t.state[j], e, s[j][k]);
+            if (t.out_dtype != static_cast<int32_t>(ComputeDtype::kNone)) {
+                const float4 v = p[k];
+                unsigned short h[4];
+                if (M == Mode::kTrafficOnly) {
+                    h[0] = to_compute_moved(v.x), h[1] = to_compute_moved(v.y);
+                    h[2] = to_compute_moved(v.z), h[3] = to_compute_moved(v.w);
+                } else {
+                    h[0] = to_compute(v.x, t.out_dtype), h[1] = to_compute(v.y, t.out_dtype);
+                    h[2] = to_compute(v.z, t.out_dtype), h[3] = to_compute(v.w, t.out_dtype);
+                }
+                const uint2 packed = make_uint2(h[0] | (unsigned(h[1]) << 16), h[2] | (unsigned(h[3]) << 16));
+                *reinterpret_cast<uint2 *>(static_cast<unsigned short *>(t.out) + e) = packed;
+            }
+        }
+    }
+}
+
+// Chunk `local` of segment t: positions [local*kChunk, (local+1)*kChunk) that hold
+// elements, i.e. within [lead, lead + n).
+template <Mode M>
+__device__ __forceinline__ void run_chunk(const TableSegment &t, uint64_t local, bool stats, Acc &acc) {
+    const uint64_t first = local * kChunk;
+    const uint64_t lo = first > t.lead ? first : t.lead;
+    const uint64_t end = t.lead + t.n;
+    const uint64_t hi = first + kChunk < end ? first + kChunk : end;
+    const int nread = M == Mode::kStats ? 0 : slots_read(t.c.variant);
+    const int nwritten = M == Mode::kStats ? 0 : slots_written(t.c.variant);
+    const uint64_t vlo = (lo + 3) & ~uint64_t(3), vhi = hi & ~uint64_t(3);
+    if (!t.vector || vlo >= vhi) {
+        scalar_range<M>(t, lo, hi, nread, nwritten, stats, acc);
+        return;
+    }
+    scalar_range<M>(t, lo, vlo, nread, nwritten, stats, acc);
+    vector_range<M>(t, vlo / 4, vhi / 4, nread, nwritten, stats, acc);
+    scalar_range<M>(t, vhi, hi, nread, nwritten, stats, acc);
+}
+
+// Adds each thread's (sumsq, nonfinite) over the block in a fixed order; thread 0 gets it.
+__device__ __forceinline__ void block_sum(double &sumsq, double &nonfinite) {
+    __shared__ double warp_sums[kThreads / 32][2];
+    for (int offset = 16; offset > 0; offset /= 2) {
+        sumsq += __shfl_down_sync(0xffffffffu, sumsq, offset);
+        nonfinite += __shfl_down_sync(0xffffffffu, nonfinite, offset);
+    }
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+        warp_sums[warp][0] = sumsq;
+        warp_sums[warp][1] = nonfinite;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        sumsq = 0.0;
+        nonfinite = 0.0;
+        for (unsigned w = 0; w < kThreads / 32; ++w) {
+            sumsq += warp_sums[w][0];
+            nonfinite += warp_sums[w][1];
+        }
+    }
+}
+
+// Block b runs chunks [b*T/G, (b+1)*T/G), walking the table from first_segment[b];
+// with stats it leaves its (sumsq, nonfinite) in partials[2b], partials[2b+1].
+template <Mode M>
+__global__ void __launch_bounds__(kThreads) segments_kernel(const TableSegment *segs, const uint32_t *first_segment,
+                                                            uint64_t total_chunks, int stats, double *partials) {
+    const uint64_t grid = gridDim.x;
+    uint64_t c = block_chunk_begin(blockIdx.x, total_chunks, grid);
+    const uint64_t c_end = block_chunk_begin(blockIdx.x + 1, total_chunks, grid);
+    uint32_t s = first_segment[blockIdx.x];
+    Acc acc = {0.0, 0u};
+    const bool want = M == Mode::kStats || (M == Mode::kUpdate && stats != 0);
+    while (c < c_end) {
+        const TableSegment t = segs[s];
+        const uint64_t stop = t.chunk_end < c_end ? t.chunk_end : c_end;
+        for (; c < stop; ++c) run_chunk<M>(t, c - t.chunk_begin, want, acc);
+        ++s;
+    }
+    if (!want) return;
+    double sumsq = acc.sumsq, nonfinite = static_cast<double>(acc.nonfinite);
+    block_sum(sumsq, nonfinite);
+    if (threadIdx.x == 0) {
+        partials[2 * blockIdx.x] = sumsq;
+        partials[2 * blockIdx.x + 1] = nonfinite;
+    }
+}
+
+// One block: the blocks' partials, each thread a fixed strided subset, then block_sum.
+__global__ void __launch_bounds__(kThreads) finish_stats(const double *partials, unsigned blocks, double *stats) {
+    double sumsq = 0.0, nonfinite = 0.0;
+    for (unsigned b = threadIdx.x; b < blocks; b += kThreads) {
+        sumsq += partials[2 * b];
+        nonfinite += partials[2 * b + 1];
+    }
+    block_sum(sumsq, nonfinite);
+    if (threadIdx.x == 0) {
+        stats[0] = sumsq;
+        stats[1] = nonfinite;
+    }
+}
+
+}  // namespace
+}  // namespace internal
+
+using internal::LaunchPlan;
+using internal::Mode;
+using internal::TableSegment;
+
+struct Workspace::Impl {
+    // The table in pinned host memory and on the device, twice: launch k uses slot
+    // k % 2, and refilling a slot waits for the launch that used it two launches ago.
+    struct Slot {
+        char *host = nullptr;
+        char *device = nullptr;
+        size_t capacity = 0;
+        cudaEvent_t done = nullptr;
+        bool in_flight = false;
+    };
+    int device = -1;
+    unsigned max_grid = 0;
+    unsigned last_grid = 0;
+    Slot slots[2];
+    int next = 0;
+    double *partials = nullptr;  // 2 per block, max_grid blocks
+    double *stats = nullptr;     // sumsq, nonfinite
+    bool stats_written = false;
+    LaunchPlan plan;
+
+    ~Impl() {
+        for (Slot &s : slots) {
+            if (s.in_flight) cudaEventSynchronize(s.done);
+            if (s.done) cudaEventDestroy(s.done);
+            if (s.host) cudaFreeHost(s.host);
+            if (s.device) cudaFree(s.device);
+        }
+        if (partials) cudaFree(partials);
+        if (stats) cudaFree(stats);
+    }
+
+    Status init() {
+        int current = -1;
+        SX_CUDA_TRY(cudaGetDevice(&current), "finding the current CUDA device");
+        if (device >= 0) {
+            SX_CHECK(current == device, SX_ERR_INVALID_STATE,
+                     "this optimizer workspace belongs to CUDA device %d but device %d is current", device,
+                     current);
+            return Status::Ok();
+        }
+        int sms = 0, per_sm = 0;
+        SX_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current), "counting SMs");
+        SX_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                        &per_sm, internal::segments_kernel<Mode::kUpdate>, kThreadsInt(), 0),
+                    "sizing the optimizer grid");
+        if (per_sm < 1) per_sm = 1;
+        const unsigned grid = static_cast<unsigned>(sms) * static_cast<unsigned>(per_sm);
+        SX_CUDA_TRY(cudaMalloc(&partials, sizeof(double) * 2 * grid), "allocating the optimizer's partial sums");
+        SX_CUDA_TRY(cudaMalloc(&stats, sizeof(double) * 2), "allocating the optimizer's gradient statistics");
+        for (Slot &s : slots)
+            SX_CUDA_TRY(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), "creating a CUDA event");
+        max_grid = grid;
+        device = current;
+        return Status::Ok();
+    }
+    static int kThreadsInt() { return static_cast<int>(internal::kThreads); }
+
+    Status reserve(Slot &s, size_t bytes) {
+        if (bytes <= s.capacity) return Status::Ok();
+        if (s.host) cudaFreeHost(s.host);
+        if (s.device) cudaFree(s.device);
+        s.host = nullptr;
+        s.device = nullptr;
+        s.capacity = 0;
+        const size_t want = bytes + bytes / 2;
+        SX_CUDA_TRY(cudaMallocHost(&s.host, want), "allocating the pinned segment table");
+        SX_CUDA_TRY(cudaMalloc(&s.device, want), "allocating the device segment table");
+        s.capacity = want;
+        return Status::Ok();
+    }
+
+    Status launch(Mode mode, const CudaSegment *segs, size_t num_segs, float grad_scale, void *stream_ptr,
+                  bool want_stats) {
+        SX_TRY(init());
+        // Everything is checked before anything is enqueued.
+        SX_TRY(internal::build_plan(segs, num_segs, grad_scale, mode, max_grid, &plan));
+        const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+        if (plan.grid == 0 && !want_stats) return Status::Ok();
+        Slot &slot = slots[next];
+        if (slot.in_flight) SX_CUDA_TRY(cudaEventSynchronize(slot.done), "waiting for an earlier optimizer launch");
+        slot.in_flight = false;
+        const size_t table_bytes = plan.segments.size() * sizeof(TableSegment);
+        const size_t total = table_bytes + plan.first_segment.size() * sizeof(uint32_t);
+        SX_TRY(reserve(slot, total));
+        if (plan.grid > 0) {
+            std::memcpy(slot.host, plan.segments.data(), table_bytes);
+            std::memcpy(slot.host + table_bytes, plan.first_segment.data(), total - table_bytes);
+            SX_CUDA_TRY(cudaMemcpyAsync(slot.device, slot.host, total, cudaMemcpyHostToDevice, stream),
+                        "copying the segment table to the device");
+            const TableSegment *table = reinterpret_cast<const TableSegment *>(slot.device);
+            const uint32_t *first = reinterpret_cast<const uint32_t *>(slot.device + table_bytes);
+            const int stats_flag = want_stats ? 1 : 0;
+            switch (mode) {
+            case Mode::kUpdate:
+                internal::segments_kernel<Mode::kUpdate><<<plan.grid, internal::kThreads, 0, stream>>>(
+                    table, first, plan.total_chunks, stats_flag, partials);
+                break;
+            case Mode::kStats:
+                internal::segments_kernel<Mode::kStats><<<plan.grid, internal::kThreads, 0, stream>>>(
+                    table, first, plan.total_chunks, stats_flag, partials);
+                break;
+            case Mode::kTrafficOnly:
+                internal::segments_kernel<Mode::kTrafficOnly><<<plan.grid, internal::kThreads, 0, stream>>>(
+                    table, first, plan.total_chunks, 0, partials);
+                break;
+            }
+            SX_CUDA_TRY(cudaGetLastError(), "launching the optimizer kernel");
+        }
+        if (want_stats) {
+            internal::finish_stats<<<1, internal::kThreads, 0, stream>>>(partials, plan.grid, stats);
+            SX_CUDA_TRY(cudaGetLastError(), "launching the gradient statistics reduction");
+            stats_written = true;
+        }
+        SX_CUDA_TRY(cudaEventRecord(slot.done, stream), "recording an optimizer event");
+        slot.in_flight = true;
+        next ^= 1;
+        last_grid = plan.grid;
+        return Status::Ok();
+    }
+};
+
+Workspace::Workspace() : impl_(new Impl) {}
+Workspace::~Workspace() { delete impl_; }
+
+Status Workspace::fused_update(const CudaSegment *segs, size_t num_segs, float grad_scale, void *stream,
+                               bool want_stats) {
+    return impl_->launch(Mode::kUpdate, segs, num_segs, grad_scale, stream, want_stats);
+}
+
+Status Workspace::grad_stats(const CudaSegment *segs, size_t num_segs, float grad_scale, void *stream) {
+    return impl_->launch(Mode::kStats, segs, num_segs, grad_scale, stream, true);
+}
+
+const double *Workspace::stats_device() const { return impl_->stats_written ? impl_->stats : nullptr; }
+
+Status Workspace::read_stats(void *stream_ptr, GradStats *out) {
+    SX_CHECK_ARG(out != nullptr, "out is null");
+    SX_CHECK(impl_->stats_written, SX_ERR_INVALID_STATE, "no launch has computed gradient statistics yet");
+    double host[2];
+    const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+    SX_CUDA_TRY(cudaMemcpyAsync(host, impl_->stats, sizeof host, cudaMemcpyDeviceToHost, stream),
+                "copying the gradient statistics");
+    SX_CUDA_TRY(cudaStreamSynchronize(stream), "waiting for the optimizer stream");
+    out->sumsq = host[0];
+    out->nonfinite = host[1];
+    return Status::Ok();
+}
+
+unsigned Workspace::grid_size() const { return impl_->last_grid; }
+
+namespace internal {
+
+Status traffic_only(Workspace *ws, const CudaSegment *segs, size_t num_segs, void *stream) {
+    return ws->impl()->launch(Mode::kTrafficOnly, segs, num_segs, 1.0f, stream, false);
+}
+
+}  // namespace internal
+
+}  // namespace cuda
+}  // namespace optim
+}  // namespace sx

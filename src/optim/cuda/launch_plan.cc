@@ -1,0 +1,102 @@
+// Builds the segment table and the blocks' starting points (see launch_plan.h).
+#include "optim/cuda/launch_plan.h"
+
+namespace sx {
+namespace optim {
+namespace cuda {
+namespace internal {
+
+namespace {
+
+// Element index within a 16-byte group of floats, or -1 if not float-aligned.
+int lead_of(const void *p) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    if (a % sizeof(float) != 0) return -1;
+    return static_cast<int>((a / sizeof(float)) % 4);
+}
+
+}  // namespace
+
+Status build_plan(const CudaSegment *segs, size_t num_segs, float grad_scale, Mode mode,
+                  uint32_t max_grid, LaunchPlan *plan) {
+    SX_CHECK_ARG(segs != nullptr || num_segs == 0, "segments is null but num_segs is %zu", num_segs);
+    SX_CHECK_ARG(max_grid >= 1, "max_grid must be at least 1");
+    plan->segments.clear();
+    plan->first_segment.clear();
+    plan->total_chunks = 0;
+    plan->grid = 0;
+    const bool stats_only = mode == Mode::kStats;
+    uint64_t chunks = 0;
+    for (size_t i = 0; i < num_segs; ++i) {
+        const CudaSegment &cs = segs[i];
+        const Segment &s = cs.seg;
+        if (s.n == 0) continue;
+        const int lead = lead_of(s.grad);
+        SX_CHECK_ARG(s.grad != nullptr && lead >= 0,
+                     "segment %zu: grad must be a device address aligned to 4 bytes (got %p)", i,
+                     static_cast<const void *>(s.grad));
+        TableSegment t{};
+        t.grad = s.grad;
+        t.n = s.n;
+        t.out_dtype = static_cast<int32_t>(ComputeDtype::kNone);
+        bool vector = true;
+        if (!stats_only) {
+            SX_CHECK_ARG(s.hyper != nullptr, "segment %zu: hyper is null", i);
+            SX_CHECK_ARG(s.step >= 1, "segment %zu: step must be at least 1 (got %lld)", i,
+                         static_cast<long long>(s.step));
+            SX_CHECK_ARG(s.param != nullptr && lead_of(s.param) >= 0,
+                         "segment %zu: param must be a device address aligned to 4 bytes (got %p)", i,
+                         static_cast<void *>(s.param));
+            vector = lead_of(s.param) == lead;
+            t.param = s.param;
+            const int slots = state_slots(*s.hyper);
+            for (int k = 0; k < slots; ++k) {
+                SX_CHECK_ARG(s.state[k] != nullptr && lead_of(s.state[k]) >= 0,
+                             "segment %zu: state[%d] must be a device address aligned to 4 bytes "
+                             "(this optimizer keeps %d state slots; got %p)",
+                             i, k, slots, static_cast<void *>(s.state[k]));
+                vector = vector && lead_of(s.state[k]) == lead;
+                t.state[k] = s.state[k];
+            }
+            SX_CHECK_ARG(cs.compute_dtype == ComputeDtype::kNone || cs.compute_dtype == ComputeDtype::kBf16 ||
+                             cs.compute_dtype == ComputeDtype::kFp16,
+                         "segment %zu: compute_dtype %d is not kNone, kBf16 or kFp16", i,
+                         static_cast<int>(cs.compute_dtype));
+            if (cs.compute_dtype != ComputeDtype::kNone) {
+                const uintptr_t a = reinterpret_cast<uintptr_t>(cs.compute_out);
+                SX_CHECK_ARG(cs.compute_out != nullptr && a % 2 == 0,
+                             "segment %zu: compute_out must be a device address aligned to 2 bytes "
+                             "(got %p)", i, cs.compute_out);
+                // 4 outputs (8 bytes) per float4: the same lead within 8-byte groups.
+                vector = vector && static_cast<int>((a / 2) % 4) == lead;
+                t.out = cs.compute_out;
+                t.out_dtype = static_cast<int32_t>(cs.compute_dtype);
+            }
+            t.c = optim::internal::make_consts(s, grad_scale);
+        } else {
+            t.c.grad_scale = grad_scale;
+        }
+        t.vector = vector ? 1 : 0;
+        t.lead = vector ? static_cast<uint32_t>(lead) : 0;
+        t.chunk_begin = chunks;
+        chunks += (t.lead + t.n + kChunk - 1) / kChunk;
+        t.chunk_end = chunks;
+        plan->segments.push_back(t);
+    }
+    plan->total_chunks = chunks;
+    if (chunks == 0) return Status::Ok();
+    plan->grid = chunks < max_grid ? static_cast<uint32_t>(chunks) : max_grid;
+    plan->first_segment.resize(plan->grid);
+    uint32_t s = 0;
+    for (uint32_t b = 0; b < plan->grid; ++b) {
+        const uint64_t c = block_chunk_begin(b, chunks, plan->grid);
+        while (plan->segments[s].chunk_end <= c) ++s;  // chunk begins are non-decreasing
+        plan->first_segment[b] = s;
+    }
+    return Status::Ok();
+}
+
+}  // namespace internal
+}  // namespace cuda
+}  // namespace optim
+}  // namespace sx

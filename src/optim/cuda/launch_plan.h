@@ -1,0 +1,95 @@
+// How one launch covers all segments of a step: the segment table the kernel reads
+// from device memory, and how blocks are assigned to its elements. Plain C++ (the
+// kernel in fused_update.cu reads the same structs), built on the host, and tested
+// without a device (tests/optim/test_cuda_plan.cc).
+//
+// Every segment is cut into chunks of kChunk positions. Position q of a segment is
+// element q - lead, where lead (0..3) is how far element 0 lies past a 16-byte boundary
+// (its grad pointer's), so every chunk but a segment's first and last starts and ends
+// on 16-byte boundaries: the kernel reads and writes its inside as float4 and only up
+// to 3 elements at each end of a segment one by one. A segment whose other buffers do
+// not share grad's alignment (or whose compute output is not 2-byte aligned alike)
+// runs one element at a time (vector = 0, lead = 0).
+//
+// The chunks of all segments are numbered one after another (chunk_begin/chunk_end);
+// block b of a grid of G runs chunks [b*T/G, (b+1)*T/G) of the T in all, in order:
+// contiguous runs, so that a block walks the table forward from first_segment[b]
+// (computed here) instead of searching it for every chunk, and so that the blocks'
+// partial sums, added in block order, always add the same numbers in the same order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "base/status.h"
+#include "optim/cuda_kernels.h"
+#include "optim/kernels.h"
+
+// Functions both the host (planning) and the kernel call.
+#ifdef __CUDACC__
+#define SX_HOST_DEVICE __host__ __device__
+#else
+#define SX_HOST_DEVICE
+#endif
+
+namespace sx {
+namespace optim {
+namespace cuda {
+namespace internal {
+
+constexpr unsigned kThreads = 256;  // per block
+constexpr unsigned kIlp = 2;        // float4 per thread per stream in flight
+constexpr uint64_t kChunk = uint64_t(kThreads) * 4 * kIlp;  // positions per chunk
+
+// What a launch computes.
+enum class Mode : int32_t {
+    kUpdate = 0,       // the optimizer step (+ GradStats if stats)
+    kStats = 1,        // GradStats of the gradients alone
+    kTrafficOnly = 2,  // the update's loads and stores with no arithmetic (benchmark ceiling)
+};
+
+// One segment as the kernel reads it (trivially copyable; the same layout on host and
+// device).
+struct TableSegment {
+    float *param;
+    const float *grad;
+    float *state[3];
+    void *out;
+    uint64_t n;
+    uint64_t chunk_begin, chunk_end;  // this segment's chunks in the launch's numbering
+    uint32_t lead;                    // see above; 0 when vector == 0
+    int32_t vector;                   // 1: float4 inside the chunks
+    int32_t out_dtype;                // ComputeDtype
+    int32_t pad_;
+    optim::internal::SegmentConsts c;  // from make_consts(), as the CPU kernels use them
+};
+
+struct LaunchPlan {
+    std::vector<TableSegment> segments;     // the non-empty ones, in the caller's order
+    std::vector<uint32_t> first_segment;    // per block: the segment holding its first chunk
+    uint64_t total_chunks = 0;
+    uint32_t grid = 0;                      // min(total_chunks, max_grid); 0: nothing to do
+};
+
+// Fills *plan for segs with at most max_grid blocks (max_grid >= 1). Checks every
+// segment (see Workspace::fused_update) and returns SX_ERR_INVALID_ARGUMENT naming the
+// segment and what is wrong; *plan is unspecified then. In kStats mode only grad is
+// needed and checked.
+Status build_plan(const CudaSegment *segs, size_t num_segs, float grad_scale, Mode mode,
+                  uint32_t max_grid, LaunchPlan *plan);
+
+// Block b's chunk range [begin, end), as the kernel computes it.
+SX_HOST_DEVICE inline uint64_t block_chunk_begin(uint64_t b, uint64_t total_chunks, uint64_t grid) {
+    return b * total_chunks / grid;
+}
+
+// The update's memory traffic with no arithmetic, through the same table and kernel
+// structure as Workspace::fused_update (benchmark ceiling; parameters are overwritten
+// with other streams' values).
+Status traffic_only(Workspace *ws, const CudaSegment *segs, size_t num_segs, void *stream);
+
+}  // namespace internal
+}  // namespace cuda
+}  // namespace optim
+}  // namespace sx

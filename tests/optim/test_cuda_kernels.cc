@@ -1,0 +1,349 @@
+// The CUDA optimizer kernels against the scalar reference (reference_update), on a
+// device. Tolerances: the fp32 update must equal the reference bit for bit (the kernels
+// round where it rounds and never fuse a multiply-add, see cuda_kernels.h); the bf16 and
+// fp16 outputs must equal round-to-nearest-even of the reference's fp32 param, bit for
+// bit; sums of squares (exact squares added in double, in another order than the
+// reference's double sum) within a relative 1e-12; non-finite counts exactly.
+//
+// Without a device every test but one reports itself skipped with the runtime's reason,
+// and the program exits with 77, which ctest shows as "Skipped" (SKIP_RETURN_CODE).
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sx_cmocka.h"
+
+#include "optim/cuda_kernels.h"
+#include "optim/cuda_test_util.h"
+
+using sx::optim::Hyper;
+using sx::optim::Kind;
+using sx::optim::Segment;
+using sx::optim::cuda::ComputeDtype;
+using sx::optim::cuda::CudaSegment;
+using sx::optim::cuda::GradStats;
+using sx::optim::cuda::Workspace;
+using namespace sx::optim::test;
+
+namespace {
+
+bool g_have_device = false;
+std::string g_no_device_reason;
+
+#define REQUIRE_DEVICE()                                                           \
+    do {                                                                           \
+        if (!g_have_device) {                                                      \
+            print_message("no CUDA device: %s\n", g_no_device_reason.c_str());     \
+            skip();                                                                \
+        }                                                                          \
+    } while (0)
+
+void check_ok(const sx::Status &s, const char *what) {
+    if (!s.ok()) fail_msg("%s: %s", what, s.message().c_str());
+}
+
+constexpr double kSumsqTolerance = 1e-12;
+
+void assert_close_rel(double got, double want, const char *what) {
+    const double err = std::fabs(got - want);
+    if (err > kSumsqTolerance * std::fabs(want))
+        fail_msg("%s: got %.17g, want %.17g", what, got, want);
+}
+
+// A segment's host buffers (reference and result) and their device copies.
+struct DeviceSegment {
+    SegmentBuffers host;
+    DeviceMirror param, grad, state[3];
+    sx::optim::cuda::DeviceBuffer out;
+    std::vector<uint16_t> out_host;
+    size_t out_lead;
+    DeviceSegment(size_t n, size_t offset, size_t out_lead_halves) : host(n, offset), out_lead(out_lead_halves) {}
+
+    void upload(size_t offset) {
+        check_ok(param.upload(host.param, offset), "upload param");
+        check_ok(grad.upload(host.grad, offset), "upload grad");
+        for (int k = 0; k < 3; ++k) check_ok(state[k].upload(host.state(k), offset), "upload state");
+        check_ok(out.allocate((host.param.size() + out_lead + 8) * 2, "out"), "allocate out");
+        check_ok(out.fill_bytes(0xA5), "poison out");
+    }
+    void download() {
+        check_ok(param.download(host.param), "download param");
+        check_ok(grad.download(host.grad), "download grad");
+        for (int k = 0; k < 3; ++k) check_ok(state[k].download(host.state(k)), "download state");
+        out_host.assign(host.param.size() + out_lead + 8, 0);
+        check_ok(out.download(out_host.data(), out_host.size() * 2), "download out");
+    }
+    CudaSegment segment(const Hyper *h, int64_t step, ComputeDtype dtype) {
+        CudaSegment cs;
+        cs.seg.param = param.data();
+        cs.seg.grad = grad.data();
+        const int slots = sx::optim::state_slots(*h);
+        for (int k = 0; k < 3; ++k) cs.seg.state[k] = k < slots ? state[k].data() : nullptr;
+        cs.seg.n = host.param.size();
+        cs.seg.hyper = h;
+        cs.seg.step = step;
+        cs.compute_dtype = dtype;
+        if (dtype != ComputeDtype::kNone) cs.compute_out = out.as<uint16_t>() + out_lead;
+        return cs;
+    }
+};
+
+// The device output against RNE of the reference params; the halves around it untouched.
+size_t out_mismatches(const DeviceSegment &d, const float *want_param, ComputeDtype dtype) {
+    const size_t n = d.host.param.size();
+    const bool bf16 = dtype == ComputeDtype::kBf16;
+    size_t bad = 0;
+    for (size_t i = 0; i < d.out_host.size(); ++i) {
+        const uint16_t got = d.out_host[i];
+        const bool inside = dtype != ComputeDtype::kNone && i >= d.out_lead && i < d.out_lead + n;
+        if (!inside) {
+            if (got != 0xA5A5) ++bad;
+            continue;
+        }
+        const float p = want_param[i - d.out_lead];
+        const uint16_t want = bf16 ? bf16_rne(p) : fp16_rne(p);
+        const bool same = std::isnan(p) ? half_is_nan(got, bf16) : got == want;
+        if (!same && bad++ == 0)
+            std::fprintf(stderr, "out[%zu]: got 0x%04x, want 0x%04x (param %.9g)\n", i - d.out_lead, got, want,
+                         static_cast<double>(p));
+    }
+    return bad;
+}
+
+// One segment through fused_update and through reference_update, from fresh state
+// (steps 1-3) and from random state (steps 10, 11); every bit compared.
+void check_single(Workspace &ws, const Hyper &h, size_t n, size_t offset, ComputeDtype dtype, size_t out_lead,
+                  float scale) {
+    DeviceSegment dev(n, offset, out_lead);
+    SegmentBuffers ref(n, offset);
+    Rng rng(n * 31 + offset * 7 + static_cast<uint64_t>(dtype));
+    const int64_t starts[2] = {1, 10};
+    const int counts[2] = {3, 2};
+    for (int phase = 0; phase < 2; ++phase) {
+        fill(ref, rng, h, phase == 0);
+        dev.host.copy_from(ref);
+        dev.upload(offset);
+        for (int k = 0; k < counts[phase]; ++k) {
+            const int64_t step = starts[phase] + k;
+            if (k > 0) {
+                new_grads(ref, dev.host, rng);
+                check_ok(dev.grad.upload(dev.host.grad, offset), "upload grad");
+            }
+            const double want_sumsq = sumsq_double(ref.grad.data(), n, scale);
+            Segment rs = ref.segment(&h, step);
+            sx::optim::reference_update(rs, scale);
+            const CudaSegment cs = dev.segment(&h, step, dtype);
+            check_ok(ws.fused_update(&cs, 1, scale, nullptr, true), "fused_update");
+            GradStats st;
+            check_ok(ws.read_stats(nullptr, &st), "read_stats");
+            dev.download();
+            const size_t bad = dev.host.mismatches_with(ref) + out_mismatches(dev, ref.param.data(), dtype);
+            if (bad != 0 || !dev.host.guards_intact())
+                fail_msg("kind %d mom %g nesterov %d wd %g amsgrad %d maximize %d beta1 %g dtype %d: n %zu "
+                         "offset %zu out_lead %zu step %lld: %zu mismatches, guards %s",
+                         static_cast<int>(h.kind), h.momentum, h.nesterov, h.weight_decay, h.amsgrad, h.maximize,
+                         h.beta1, static_cast<int>(dtype), n, offset, out_lead, static_cast<long long>(step), bad,
+                         dev.host.guards_intact() ? "intact" : "overwritten");
+            if (n == 0)
+                assert_true(st.sumsq == 0.0);
+            else
+                assert_close_rel(st.sumsq, want_sumsq, "fused sum of squares");
+            assert_true(st.nonfinite == 0.0);
+        }
+    }
+}
+
+void test_update_matches_reference(void **) {
+    REQUIRE_DEVICE();
+    Workspace ws;
+    const size_t lengths[] = {0, 1, 3, 4, 5, 1023, 1025, 2048, 4099, 9000};
+    const ComputeDtype dtypes[] = {ComputeDtype::kNone, ComputeDtype::kBf16, ComputeDtype::kFp16};
+    const std::vector<Hyper> configs = all_configs();
+    for (size_t c = 0; c < configs.size(); ++c) {
+        const float scale = c % 2 ? 0.37f : 1.0f;
+        for (size_t n : lengths)
+            for (size_t offset = 0; offset < 4; ++offset) {
+                const ComputeDtype dtype = dtypes[(c + n + offset) % 3];
+                // The output at the matching position (vector path), and for some one
+                // half off (element by element).
+                check_single(ws, configs[c], n, offset, dtype, offset % 4, scale);
+                if (offset == 1) check_single(ws, configs[c], n, offset, dtype, 2, scale);
+            }
+    }
+}
+
+// Buffers of one segment at different positions within 16 bytes: no float4 path.
+void test_mixed_alignment(void **) {
+    REQUIRE_DEVICE();
+    Workspace ws;
+    Hyper h;
+    h.kind = Kind::kAdamW;
+    h.weight_decay = 0.01;
+    const size_t n = 5001;
+    SegmentBuffers ref(n, 0);
+    DeviceSegment dev(n, 0, 0);
+    Rng rng(77);
+    fill(ref, rng, h, false);
+    dev.host.copy_from(ref);
+    // Device copies at offsets 1 (param), 2 (grad), 3 (states).
+    check_ok(dev.param.upload(dev.host.param, 1), "upload");
+    check_ok(dev.grad.upload(dev.host.grad, 2), "upload");
+    for (int k = 0; k < 3; ++k) check_ok(dev.state[k].upload(dev.host.state(k), 3), "upload");
+    check_ok(dev.out.allocate((n + 8) * 2, "out"), "allocate");
+    check_ok(dev.out.fill_bytes(0xA5), "poison");
+    Segment rs = ref.segment(&h, 3);
+    sx::optim::reference_update(rs, 1.0f);
+    const CudaSegment cs = dev.segment(&h, 3, ComputeDtype::kBf16);
+    check_ok(ws.fused_update(&cs, 1, 1.0f, nullptr, false), "fused_update");
+    dev.download();
+    assert_int_equal(dev.host.mismatches_with(ref) + out_mismatches(dev, ref.param.data(), ComputeDtype::kBf16), 0);
+    assert_true(dev.host.guards_intact());
+}
+
+// Many segments with their own hyperparameters, steps and outputs, in one launch.
+void test_multi_segment_one_launch(void **) {
+    REQUIRE_DEVICE();
+    const size_t lengths[] = {33, 0, 4099, 1, 1000, 17, 2049, 16, 15, 20000, 3, 1023};
+    const size_t count = sizeof lengths / sizeof lengths[0];
+    const std::vector<Hyper> configs = all_configs();
+    std::vector<Hyper> hypers;
+    std::vector<std::unique_ptr<DeviceSegment>> devs;
+    std::vector<std::unique_ptr<SegmentBuffers>> refs;
+    std::vector<int64_t> steps;
+    Rng rng(123);
+    for (size_t i = 0; i < count; ++i) {
+        hypers.push_back(configs[(i * 7 + 3) % configs.size()]);
+        steps.push_back(1 + static_cast<int64_t>(i % 4));
+    }
+    for (size_t i = 0; i < count; ++i) {
+        refs.emplace_back(new SegmentBuffers(lengths[i], i % 4));
+        devs.emplace_back(new DeviceSegment(lengths[i], i % 4, i % 4));
+        fill(*refs[i], rng, hypers[i], false);
+        devs[i]->host.copy_from(*refs[i]);
+        devs[i]->upload(i % 4);
+    }
+    Workspace ws;
+    const float scale = 0.5f;
+    for (int round = 0; round < 3; ++round) {
+        std::vector<CudaSegment> segs;
+        double want = 0.0;
+        for (size_t i = 0; i < count; ++i) {
+            if (round > 0) {
+                new_grads(*refs[i], devs[i]->host, rng);
+                check_ok(devs[i]->grad.upload(devs[i]->host.grad, i % 4), "upload grad");
+            }
+            want += sumsq_double(refs[i]->grad.data(), lengths[i], scale);
+            Segment rs = refs[i]->segment(&hypers[i], steps[i]);
+            sx::optim::reference_update(rs, scale);
+            segs.push_back(devs[i]->segment(&hypers[i], steps[i], static_cast<ComputeDtype>(i % 3)));
+        }
+        check_ok(ws.fused_update(segs.data(), segs.size(), scale, nullptr, true), "fused_update");
+        GradStats st;
+        check_ok(ws.read_stats(nullptr, &st), "read_stats");
+        assert_close_rel(st.sumsq, want, "multi-segment sum of squares");
+        for (size_t i = 0; i < count; ++i) {
+            devs[i]->download();
+            const size_t bad = devs[i]->host.mismatches_with(*refs[i]) +
+                               out_mismatches(*devs[i], refs[i]->param.data(), static_cast<ComputeDtype>(i % 3));
+            if (bad != 0 || !devs[i]->host.guards_intact())
+                fail_msg("round %d segment %zu (n %zu): %zu mismatches", round, i, lengths[i], bad);
+        }
+        for (int64_t &s : steps) ++s;
+    }
+    std::printf("# grid of %u blocks\n", ws.grid_size());
+}
+
+// grad_stats alone: awkward lengths and starts, big values, inf and NaN counted, the
+// same bits on every run.
+void test_grad_stats(void **) {
+    REQUIRE_DEVICE();
+    Workspace ws;
+    const size_t lengths[] = {0, 1, 3, 4, 5, 1023, 1025, 100003};
+    for (size_t n : lengths) {
+        for (size_t offset = 0; offset < 4; ++offset) {
+            Guarded g(n, offset);
+            Rng rng(n + offset);
+            for (size_t i = 0; i < n; ++i) g.data()[i] = rng.uniform(-3.0f, 3.0f) * (i % 3 ? 1.0f : 1e6f);
+            DeviceMirror d;
+            check_ok(d.upload(g, offset), "upload");
+            CudaSegment cs;
+            cs.seg.grad = d.data();
+            cs.seg.n = n;
+            check_ok(ws.grad_stats(&cs, 1, 0.25f, nullptr), "grad_stats");
+            GradStats a, b;
+            check_ok(ws.read_stats(nullptr, &a), "read_stats");
+            check_ok(ws.grad_stats(&cs, 1, 0.25f, nullptr), "grad_stats again");
+            check_ok(ws.read_stats(nullptr, &b), "read_stats");
+            const double want = sumsq_double(g.data(), n, 0.25f);
+            if (n == 0) assert_true(a.sumsq == 0.0);
+            else assert_close_rel(a.sumsq, want, "grad_stats sum of squares");
+            assert_memory_equal(&a.sumsq, &b.sumsq, sizeof(double));  // reproducible
+            assert_true(a.nonfinite == 0.0);
+            if (n < 5) continue;
+            g.data()[0] = INFINITY;
+            g.data()[n / 2] = NAN;
+            g.data()[n - 1] = -INFINITY;
+            check_ok(d.upload(g, offset), "upload");
+            check_ok(ws.grad_stats(&cs, 1, 0.25f, nullptr), "grad_stats");
+            check_ok(ws.read_stats(nullptr, &a), "read_stats");
+            assert_true(a.nonfinite == 3.0);
+            assert_true(std::isnan(a.sumsq));
+        }
+    }
+    // A finite gradient that overflows once scaled counts as non-finite.
+    Guarded big(10, 0);
+    for (size_t i = 0; i < 10; ++i) big.data()[i] = 1.0f;
+    big.data()[4] = 3e38f;
+    DeviceMirror d;
+    check_ok(d.upload(big, 0), "upload");
+    CudaSegment cs;
+    cs.seg.grad = d.data();
+    cs.seg.n = 10;
+    check_ok(ws.grad_stats(&cs, 1, 4.0f, nullptr), "grad_stats");
+    GradStats st;
+    check_ok(ws.read_stats(nullptr, &st), "read_stats");
+    assert_true(st.nonfinite == 1.0);
+    assert_true(std::isinf(st.sumsq));
+    assert_non_null(ws.stats_device());
+}
+
+// Where there is no device, a launch fails with SX_ERR_UNSUPPORTED and the runtime's
+// reason instead of crashing; the library was loaded and ran without a driver.
+void test_without_device_launch_fails_cleanly(void **) {
+    if (g_have_device) {
+        print_message("a CUDA device is present: nothing to check here\n");
+        skip();
+    }
+    Workspace ws;
+    float dummy[4] = {0, 0, 0, 0};
+    CudaSegment cs;
+    cs.seg.grad = dummy;
+    cs.seg.n = 4;
+    const sx::Status s = ws.grad_stats(&cs, 1, 1.0f, nullptr);
+    assert_int_equal(s.code(), SX_ERR_UNSUPPORTED);
+    std::printf("# %s\n", s.message().c_str());
+    sx::optim::cuda::DeviceBuffer b;
+    assert_int_equal(b.allocate(64, "probe").code(), SX_ERR_UNSUPPORTED);
+    assert_null(b.data());
+    GradStats st;
+    assert_int_equal(ws.read_stats(nullptr, &st).code(), SX_ERR_INVALID_STATE);
+}
+
+}  // namespace
+
+int main(void) {
+    g_have_device = sx::optim::cuda::device_available(&g_no_device_reason);
+    if (!g_have_device) std::printf("# no CUDA device: %s\n", g_no_device_reason.c_str());
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_update_matches_reference),
+        cmocka_unit_test(test_mixed_alignment),
+        cmocka_unit_test(test_multi_segment_one_launch),
+        cmocka_unit_test(test_grad_stats),
+        cmocka_unit_test(test_without_device_launch_fails_cleanly),
+    };
+    const int failed = cmocka_run_group_tests(tests, nullptr, nullptr);
+    if (failed == 0 && !g_have_device) return 77;  // ctest: Skipped
+    return failed;
+}
