@@ -21,6 +21,7 @@
 #include "ckpt/checkpointer.h"
 #include "io/crc32c.h"
 #include "io/fault_file_ops.h"
+#include "process_ranks.h"
 #include "sx/sx.h"
 // Last: CMocka defines a fail() macro.
 #include "sx_cmocka.h"
@@ -592,9 +593,74 @@ void test_every_world_size_pair(void **) {
 
 }  // namespace
 
-int main(void) {
+// Ranks as processes over tcp://: 3 save asynchronously while they train on, 2 load
+// (another unit split) and train the same steps; their params must equal those of the
+// run that never stopped, which rank 0 of the savers writes to DIR/reference.
+void test_processes_over_tcp(void **) {
+    const std::string dir = make_tmpdir();
+    std::string err = sxtest::run_process_ranks(3, {"--role", "save", "--dir", dir}, 120);
+    if (!err.empty()) fail_msg("saving on 3 processes: %s", err.c_str());
+    assert_true(file_exists(dir + "/ck/MANIFEST"));
+    err = sxtest::run_process_ranks(2, {"--role", "load", "--dir", dir}, 120);
+    if (!err.empty()) fail_msg("loading on 2 processes: %s", err.c_str());
+    remove_tree(dir);
+}
+
+std::string flatten(const std::vector<std::vector<float>> &params) {
+    std::string out;
+    for (const auto &p : params) out.append(reinterpret_cast<const char *>(p.data()), p.size() * sizeof(float));
+    return out;
+}
+
+// Child process role of test_processes_over_tcp.
+std::string child_role(const sxtest::ChildArgs &args) {
+    const std::string role = args.get("--role", ""), dir = args.get("--dir", "");
+    Rank rk;
+    std::string e = setup(args.rendezvous, args.rank, args.world, role == "load", &rk);
+    if (!e.empty()) return e;
+    const std::string path = dir + "/ck";
+    if (role == "save") {
+        init_params(rk);
+        e = train(rk, 1, 3);
+        sx_future_t *f = nullptr;
+        if (e.empty()) {
+            sx_save_options_t so;
+            sx_save_options_init(&so, sizeof so);
+            so.path = path.c_str();
+            if (sx_save_optim_state(rk.h, &so, &f) != SX_OK) e = err_text("save");
+        }
+        if (e.empty()) e = train(rk, 4, 3);
+        if (e.empty() && sx_future_wait(f, -1) != SX_OK) e = std::string("save: ") + sx_future_error_message(f);
+        sx_future_destroy(f);
+        if (e.empty() && args.rank == 0 && !sxtest::write_file(dir + "/reference", flatten(params_of(rk))))
+            e = "cannot write the reference";
+    } else {
+        sx_load_options_t lo;
+        sx_load_optim_state_options_init(&lo, sizeof lo);
+        lo.path = path.c_str();
+        if (sx_load_optim_state(rk.h, &lo) != SX_OK) e = err_text("load");
+        if (e.empty()) e = train(rk, 4, 3);
+        if (e.empty() && flatten(params_of(rk)) != read_file(dir + "/reference"))
+            e = "the params after loading and training on differ from the run that never stopped";
+    }
+    sx_destroy_shard_group(rk.h);
+    return e;
+}
+
+int child_main(int argc, char **argv) {
+    sxtest::ChildArgs args;
+    if (!sxtest::parse_child_args(argc, argv, &args)) return 2;
+    const std::string e = child_role(args);
+    if (e.empty()) return 0;
+    std::fprintf(stderr, "rank %d: %s\n", args.rank, e.c_str());
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (sxtest::is_child(argc, argv)) return child_main(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_world_size_pair),
+        cmocka_unit_test(test_processes_over_tcp),
         cmocka_unit_test(test_step_waits_for_the_snapshot_copy),
         cmocka_unit_test(test_params_only_and_mismatches_change_nothing),
         cmocka_unit_test(test_corrupt_chunk_is_detected_and_changes_nothing),
