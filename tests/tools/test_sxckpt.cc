@@ -720,14 +720,13 @@ void test_export_refuses_colliding_names(void **) {
     }
 }
 
-// A tensor larger than one chunk (4 MiB): one rank, one param of 2^20 + 3 elements
-// under SGD without momentum (no state), so its single file holds two chunks of it.
-// verify reads both; export puts them back to back, value for value.
-void test_tensor_of_two_chunks(void **) {
-    const int64_t shape[1] = {(int64_t{1} << 20) + 3};
+// One rank over local://, one SGD param group with `momentum`, and 1-D params of
+// `numel` elements each, finalized.
+sx_shard_group_t *one_rank_sgd(const std::string &tag, const std::vector<const char *> &names, int64_t numel,
+                               double momentum) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
-    const std::string rv = "local://sxckpt-big-" + std::to_string(getpid());
+    const std::string rv = "local://sxckpt-" + tag + "-" + std::to_string(getpid());
     cfg.rendezvous = rv.c_str();
     cfg.world_size = 1;
     cfg.num_threads = 1;
@@ -735,23 +734,24 @@ void test_tensor_of_two_chunks(void **) {
     assert_int_equal(sx_create_shard_group(&cfg, &h), SX_OK);
     sx_param_group_desc_t sgd;
     sx_param_group_desc_init(&sgd, sizeof sgd, SX_OPTIM_SGD);
+    sgd.momentum = momentum;
     assert_int_equal(sx_add_param_group(h, &sgd, nullptr), SX_OK);
-    sx_param_desc_t d;
-    sx_param_desc_init(&d, sizeof d);
-    d.name = "big";
-    d.ndim = 1;
-    d.shape = shape;
-    assert_int_equal(sx_add_param(h, &d, nullptr), SX_OK);
+    for (const char *name : names) {
+        sx_param_desc_t d;
+        sx_param_desc_init(&d, sizeof d);
+        d.name = name;
+        d.ndim = 1;
+        d.shape = &numel;
+        assert_int_equal(sx_add_param(h, &d, nullptr), SX_OK);
+    }
     assert_int_equal(sx_finalize(h), SX_OK);
-    sx_view_t v;
-    sx_view_init(&v, sizeof v);
-    assert_int_equal(sx_param_view(h, 0, &v), SX_OK);
-    float *data = static_cast<float *>(v.data);
-    for (uint64_t i = 0; i < v.numel; ++i) data[i] = init_value(7, i) * static_cast<float>(i % 1000);
-    const std::vector<float> values(data, data + v.numel);
-    const std::string parent = fx->dir + "/big";
+    return h;
+}
+
+// Saves h synchronously into ck, a new directory of `parent` (created here), then
+// destroys h.
+void save_and_destroy(sx_shard_group_t *h, const std::string &parent, const std::string &ck) {
     assert_int_equal(mkdir(parent.c_str(), 0755), 0);
-    const std::string ck = parent + "/ck";
     sx_save_options_t so;
     sx_save_options_init(&so, sizeof so);
     so.path = ck.c_str();
@@ -761,6 +761,21 @@ void test_tensor_of_two_chunks(void **) {
     assert_int_equal(sx_future_wait(f, -1), SX_OK);
     sx_future_destroy(f);
     sx_destroy_shard_group(h);
+}
+
+// A tensor larger than one chunk (4 MiB): one rank, one param of 2^20 + 3 elements
+// under SGD without momentum (no state), so its single file holds two chunks of it.
+// verify reads both; export puts them back to back, value for value.
+void test_tensor_of_two_chunks(void **) {
+    sx_shard_group_t *h = one_rank_sgd("big", {"big"}, (int64_t{1} << 20) + 3, 0.0);
+    sx_view_t v;
+    sx_view_init(&v, sizeof v);
+    assert_int_equal(sx_param_view(h, 0, &v), SX_OK);
+    float *data = static_cast<float *>(v.data);
+    for (uint64_t i = 0; i < v.numel; ++i) data[i] = init_value(7, i) * static_cast<float>(i % 1000);
+    const std::vector<float> values(data, data + v.numel);
+    const std::string parent = fx->dir + "/big", ck = parent + "/ck";
+    save_and_destroy(h, parent, ck);
 
     const sx::ckpt::Manifest m = manifest_of(ck);
     assert_int_equal(m.params[0].tensors.size(), 1);
@@ -777,7 +792,7 @@ void test_tensor_of_two_chunks(void **) {
     std::map<std::string, std::string> meta;
     read_values(text, &got, &meta);
     assert_int_equal(got.size(), 1);
-    assert_true(got["big"].shape == std::vector<int64_t>{shape[0]});
+    assert_true(got["big"].shape == std::vector<int64_t>{(int64_t{1} << 20) + 3});
     assert_int_equal(got["big"].values.size(), values.size());
     assert_memory_equal(got["big"].values.data(), values.data(), values.size() * sizeof(float));
     assert_string_equal(meta["step"].c_str(), "0");
@@ -787,28 +802,7 @@ void test_tensor_of_two_chunks(void **) {
 // of tensors (two params of 8 Mi elements and their SGD momentum) takes less than 32 MiB
 // more than exporting the small fixture checkpoint.
 void test_export_memory_is_bounded(void **) {
-    const int64_t shape[1] = {int64_t{8} << 20};
-    sx_group_config_t cfg;
-    sx_group_config_init(&cfg, sizeof cfg);
-    const std::string rv = "local://sxckpt-mem-" + std::to_string(getpid());
-    cfg.rendezvous = rv.c_str();
-    cfg.world_size = 1;
-    cfg.num_threads = 1;
-    sx_shard_group_t *h = nullptr;
-    assert_int_equal(sx_create_shard_group(&cfg, &h), SX_OK);
-    sx_param_group_desc_t sgd;
-    sx_param_group_desc_init(&sgd, sizeof sgd, SX_OPTIM_SGD);
-    sgd.momentum = 0.9;
-    assert_int_equal(sx_add_param_group(h, &sgd, nullptr), SX_OK);
-    for (const char *name : {"a", "b"}) {
-        sx_param_desc_t d;
-        sx_param_desc_init(&d, sizeof d);
-        d.name = name;
-        d.ndim = 1;
-        d.shape = shape;
-        assert_int_equal(sx_add_param(h, &d, nullptr), SX_OK);
-    }
-    assert_int_equal(sx_finalize(h), SX_OK);
+    sx_shard_group_t *h = one_rank_sgd("mem", {"a", "b"}, int64_t{8} << 20, 0.9);
     for (int32_t p = 0; p < 2; ++p) {
         sx_view_t v;
         sx_view_init(&v, sizeof v);
@@ -816,18 +810,8 @@ void test_export_memory_is_bounded(void **) {
         for (uint64_t i = 0; i < v.numel; ++i) static_cast<float *>(v.data)[i] = init_value(p, i);
     }
     assert_int_equal(sx_step(h, nullptr, nullptr), SX_OK);
-    const std::string parent = fx->dir + "/mem";
-    assert_int_equal(mkdir(parent.c_str(), 0755), 0);
-    const std::string ck = parent + "/ck";
-    sx_save_options_t so;
-    sx_save_options_init(&so, sizeof so);
-    so.path = ck.c_str();
-    so.synchronous = 1;
-    sx_future_t *f = nullptr;
-    assert_int_equal(sx_save_optim_state(h, &so, &f), SX_OK);
-    assert_int_equal(sx_future_wait(f, -1), SX_OK);
-    sx_future_destroy(f);
-    sx_destroy_shard_group(h);
+    const std::string parent = fx->dir + "/mem", ck = parent + "/ck";
+    save_and_destroy(h, parent, ck);
 
     const Run small = sxckpt({"export", "--safetensors", parent + "/small.safetensors", fx->ck});
     expect_status(small, 0);
