@@ -47,7 +47,7 @@ def samples(args):
     script = os.path.join(ROOT, "samples", "julia", "train_linreg.jl")
     julia = shutil.which("julia")
     if julia and os.path.exists(script):
-        found["julia"] = [julia, "--project=" + os.path.join(ROOT, "bindings", "julia"), script]
+        found["julia"] = [julia, "--threads=4", "--project=" + os.path.join(ROOT, "bindings", "julia"), script]
     else:
         skipped.append("julia: " + ("julia is not on PATH" if not julia else f"{script} is absent"))
     return found, skipped
