@@ -6,7 +6,8 @@ import traceback
 import weakref
 
 from . import _lib
-from .errors import InvalidArgumentError, InvalidHandleError, check, error
+from ._handle import Handle
+from .errors import InvalidArgumentError, check, error
 from ._lib import lib
 
 
@@ -17,12 +18,9 @@ def _path(what, path):
     return os.fsencode(path)
 
 
-class Future:
+class Future(Handle):
     """A save in progress. Release it with :meth:`close` or a ``with`` block (close
     waits for the save to finish); a finalizer closes a forgotten one."""
-
-    _handle = None
-    _finalizer = None
 
     def __init__(self, c_callback=None):
         self._callback_error = None
@@ -31,14 +29,7 @@ class Future:
         self._c_callback = c_callback
 
     def _attach(self, handle):
-        self._handle = handle
-        self._finalizer = weakref.finalize(self, _destroy, handle, self._c_callback)
-
-    @property
-    def handle(self):
-        if self._handle is None:
-            raise InvalidHandleError(_lib.SX_ERR_INVALID_HANDLE, "the Future is closed")
-        return self._handle
+        self._own(handle, _destroy, self._c_callback)
 
     def poll(self):
         """True once the save has completed (successfully or not). Any thread."""
@@ -80,20 +71,8 @@ class Future:
 
     def close(self):
         """Releases the future, waiting for the save if it still runs. Idempotent."""
-        if self._handle is not None:
-            self._handle = None
-            self._finalizer()
-            self._c_callback = None
-
-    @property
-    def closed(self):
-        return self._handle is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().close()
+        self._c_callback = None  # sx can no longer call it
 
 
 def _destroy(handle, _c_callback):

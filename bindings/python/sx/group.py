@@ -1,10 +1,10 @@
 """ShardGroup: one rank's handle of a group of ranks that train one model together."""
 import ctypes
 import dataclasses
-import weakref
 
 from . import _lib, _views
-from .errors import InvalidArgumentError, InvalidHandleError, UnsupportedError, check
+from .errors import InvalidArgumentError, UnsupportedError, check
+from ._handle import Handle
 from ._lib import lib
 
 _OPTIMIZERS = {"sgd": _lib.SX_OPTIM_SGD, "adam": _lib.SX_OPTIM_ADAM, "adamw": _lib.SX_OPTIM_ADAMW}
@@ -91,7 +91,7 @@ class UnitInfo:
     has_optimizer_state: bool
 
 
-class ShardGroup:
+class ShardGroup(Handle):
     """This rank's handle of a shard group.
 
     Creating one is collective: it blocks until every rank of ``world_size`` has joined
@@ -104,8 +104,6 @@ class ShardGroup:
     one as a safety net. Views returned by the group point into memory it owns and must
     not be used after close. One thread uses a group at a time.
     """
-
-    _handle = None  # set last in __init__, so a failed __init__ leaves nothing to close
 
     def __init__(self, rendezvous, rank=0, world_size=1, *, stage=0, backend="auto",
                  num_threads=0, alignment=0, timeout_ms=0, trainable_autodetect=True,
@@ -121,38 +119,18 @@ class ShardGroup:
         cfg.device_ordinal = device_ordinal
         handle = _lib.sx_shard_group_p()
         check(lib.sx_create_shard_group(ctypes.byref(cfg), ctypes.byref(handle)))
-        self._handle = handle
-        self._finalizer = weakref.finalize(self, lib.sx_destroy_shard_group, handle)
+        self._own(handle, lib.sx_destroy_shard_group)
 
-    # -- lifetime ---------------------------------------------------------------------
+    # -- lifetime (close, closed, handle, with: see Handle) ------------------------------
     def close(self):
         """Releases the group and everything it owns. Idempotent. Every view obtained
         from the group is invalid afterwards."""
-        if self._handle is not None:
-            self._handle = None
-            self._finalizer()  # runs sx_destroy_shard_group once, and detaches
-
-    @property
-    def closed(self):
-        return self._handle is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().close()
 
     def __repr__(self):
         if self.closed:
             return "<sx.ShardGroup closed>"
         return f"<sx.ShardGroup rank {self.rank} of {self.world_size}>"
-
-    @property
-    def handle(self):
-        """The raw sx_shard_group_t* (for calls this binding does not wrap)."""
-        if self._handle is None:
-            raise InvalidHandleError(_lib.SX_ERR_INVALID_HANDLE, "the ShardGroup is closed")
-        return self._handle
 
     def abort(self):
         """Makes the group fail: collectives in flight on other threads return
