@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config git
       libuv1-dev libgloo-dev libcmocka-dev libisal-dev
       libflatbuffers-dev flatbuffers-compiler
-      abigail-tools python3
+      abigail-tools python3 python3-numpy
       golang-go)
 # The Rust binding's tests need a cargo: rustup's (~/.cargo/bin) if there is one, else
 # Debian's.
@@ -23,4 +23,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update
   $sudo apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+# The Python binding's tests run under the python3 on PATH (scripts/test.sh hands it to
+# CMake). Debian's gets numpy from python3-numpy above; another interpreter (pyenv, a
+# venv) gets it from PyPI.
+if ! python3 -c 'import numpy' 2>/dev/null; then
+  python3 -m pip install --quiet numpy \
+    || python3 -m pip install --quiet --break-system-packages numpy
 fi

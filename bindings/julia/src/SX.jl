@@ -1,0 +1,686 @@
+"""
+    SX
+
+Julia bindings of sx, a training runtime with ZeRO-sharded optimizer state, flat
+parameter/gradient buffers, fused optimizers and resharding checkpoints, over the C ABI
+of `include/sx/sx.h` (`@ccall` into `libsx`; set `SX_LIBRARY` to the library's path).
+
+Layout note: sx stores params row-major (C order). A view of a param of shape
+`[8, 16]` is a Julia `Array` of size `(16, 8)` (the dims reversed), so that
+`w[j, i]` is the C element `w[i][j]`; no data is copied or transposed.
+"""
+module SX
+
+using Libdl
+
+export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, param_view,
+       grad_view, step!, save, load!, read_user_blob, set_trainable!, is_trainable,
+       trainable_mask, param_info, unit_info, memory_stats, with_group
+
+# The ABI version this binding was written against: the runtime's major must match and
+# its minor must not be older.
+const BINDING_VERSION = (1, 0)
+
+# The library name every @ccall uses; __init__ makes it resolve to $SX_LIBRARY.
+const libsx = "libsx"
+
+# ----------------------------------------------------------------------------------
+# Constants (sx.h #defines)
+# ----------------------------------------------------------------------------------
+const SX_OK = Int32(0)
+const SX_ERR_INVALID_ARGUMENT = Int32(1)
+const SX_ERR_INVALID_HANDLE = Int32(2)
+const SX_ERR_INVALID_STATE = Int32(3)
+const SX_ERR_NOT_FOUND = Int32(5)
+const SX_ERR_TIMEOUT = Int32(8)
+const SX_ERR_MISMATCH = Int32(15)
+const SX_LOG_ERROR, SX_LOG_WARN, SX_LOG_INFO, SX_LOG_DEBUG = Int32.(1:4)
+const SX_DTYPE_F32, SX_DTYPE_F16, SX_DTYPE_BF16 = Int32.(1:3)
+const SX_BACKEND_AUTO, SX_BACKEND_CPU, SX_BACKEND_CUDA = Int32.(0:2)
+const SX_DEVICE_CPU, SX_DEVICE_CUDA = Int32.(0:1)
+const SX_OPTIM_SGD, SX_OPTIM_ADAM, SX_OPTIM_ADAMW = Int32.(1:3)
+const SX_HP_LR, SX_HP_WEIGHT_DECAY, SX_HP_BETA1, SX_HP_BETA2, SX_HP_EPS, SX_HP_MOMENTUM,
+      SX_HP_DAMPENING, SX_HP_NESTEROV, SX_HP_MAXIMIZE, SX_HP_AMSGRAD = Int32.(1:10)
+const SX_GROUP_NO_TRAINABLE_AUTODETECT = UInt32(0x1)
+const SX_MAX_NDIM = 8
+const SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA = UInt32.((0x1, 0x2, 0x4))
+
+# ----------------------------------------------------------------------------------
+# Struct mirrors. Mutable, so that a `Ref{T}` argument passes a pointer to the object
+# itself and sx fills it in place. bindings/julia/check_static.py checks every field's
+# offset and size against sx_layout.json, using the C-compatible layout Julia gives
+# structs of isbits fields.
+# ----------------------------------------------------------------------------------
+mutable struct GroupConfig  # sx_group_config_t
+    struct_size::Csize_t
+    rendezvous::Ptr{UInt8}
+    rank::Int32
+    world_size::Int32
+    stage::Int32
+    backend::Int32
+    num_threads::Int32
+    alignment::Int32
+    timeout_ms::Int32
+    flags::UInt32
+    bind_address::Ptr{UInt8}
+    device_ordinal::Int32
+    reserved0::Int32
+end
+
+mutable struct ParamGroupDesc  # sx_param_group_desc_t
+    struct_size::Csize_t
+    optimizer::Int32
+    nesterov::Int32
+    maximize::Int32
+    amsgrad::Int32
+    lr::Float64
+    weight_decay::Float64
+    beta1::Float64
+    beta2::Float64
+    eps::Float64
+    momentum::Float64
+    dampening::Float64
+end
+
+mutable struct ParamDesc  # sx_param_desc_t
+    struct_size::Csize_t
+    name::Ptr{UInt8}
+    ndim::Int32
+    dtype::Int32
+    shape::Ptr{Int64}
+    param_group::Int32
+    unit::Int32
+    frozen::Int32
+    reserved0::Int32
+end
+
+mutable struct View  # sx_view_t
+    struct_size::Csize_t
+    data::Ptr{Cvoid}
+    numel::UInt64
+    dtype::Int32
+    device::Int32
+end
+
+mutable struct StepOptions  # sx_step_options_t
+    struct_size::Csize_t
+    max_grad_norm::Float64
+    stream::Ptr{Cvoid}
+    keep_grads::Int32
+    reserved0::Int32
+end
+
+mutable struct StepResult  # sx_step_result_t
+    struct_size::Csize_t
+    grad_norm::Float64
+    step::UInt64
+    skipped::Int32
+    reserved0::Int32
+end
+
+mutable struct MemoryStats  # sx_memory_stats_t
+    struct_size::Csize_t
+    param_bytes::UInt64
+    grad_bytes::UInt64
+    optimizer_bytes::UInt64
+    staging_bytes::UInt64
+    unsharded_optimizer_bytes::UInt64
+end
+
+mutable struct ParamInfo  # sx_param_info_t
+    struct_size::Csize_t
+    name::Ptr{UInt8}
+    ndim::Int32
+    dtype::Int32
+    shape::NTuple{8,Int64}
+    numel::UInt64
+    param_group::Int32
+    unit::Int32
+    trainable::Int32
+    reserved0::Int32
+    offset_in_unit::UInt64
+    shard_begin::UInt64
+    shard_end::UInt64
+end
+
+mutable struct UnitInfo  # sx_unit_info_t
+    struct_size::Csize_t
+    unit::Int32
+    num_params::Int32
+    numel::UInt64
+    padded_numel::UInt64
+    shard_numel::UInt64
+    shard_begin::UInt64
+    trainable::Int32
+    has_optimizer_state::Int32
+end
+
+mutable struct SaveOptions  # sx_save_options_t
+    struct_size::Csize_t
+    path::Ptr{UInt8}
+    user_blob::Ptr{Cvoid}
+    user_blob_size::UInt64
+    keep_last::Int32
+    synchronous::Int32
+    callback::Ptr{Cvoid}
+    callback_user::Ptr{Cvoid}
+end
+
+mutable struct LoadOptions  # sx_load_options_t
+    struct_size::Csize_t
+    path::Ptr{UInt8}
+    flags::UInt32
+    reserved0::Int32
+end
+
+_zero(::Type{T}) where {T<:Number} = zero(T)
+_zero(::Type{Ptr{T}}) where {T} = Ptr{T}(C_NULL)
+_zero(::Type{NTuple{N,T}}) where {N,T} = ntuple(_ -> zero(T), N)
+_blank(::Type{T}) where {T} = T((_zero(fieldtype(T, i)) for i in 1:fieldcount(T))...)
+# The address of a mirror's fields, for calls made GC-safe (see @blocking); the caller
+# holds the object under GC.@preserve.
+_ptr(x::T) where {T} = Ptr{T}(pointer_from_objref(x))
+
+# ----------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------
+"""
+    SXError(status, message)
+
+A failed sx call: `status` (an SX_ERR_* value), `name` ("SX_ERR_TIMEOUT") and sx's
+`message`, which names the function, the argument and the value.
+"""
+struct SXError <: Exception
+    status::Int32
+    name::String
+    message::String
+end
+SXError(status::Integer, message::AbstractString) =
+    SXError(Int32(status), first(split(status_string(status), ':')), String(message))
+Base.showerror(io::IO, e::SXError) = print(io, "SXError ", e.name, ": ", e.message)
+
+"""Static text naming a status ("SX_ERR_TIMEOUT: ...")."""
+status_string(status::Integer) = unsafe_string(@ccall libsx.sx_status_string(status::Int32)::Cstring)
+
+last_error_message() = unsafe_string(@ccall libsx.sx_last_error_message()::Cstring)
+
+# Must run on the thread (task) that made the call, before any other sx call: the
+# message is thread-local. Calls are not interrupted by task switches (no yield point).
+check(status::Int32) = status == SX_OK ? nothing : throw(SXError(status, last_error_message()))
+
+# A call that may block for long (a collective, a wait): the thread is marked GC-safe
+# for its duration, so that other threads (the other ranks of a local:// group) can
+# collect garbage meanwhile instead of waiting for this one. Its arguments must be
+# plain values and pointers computed beforehand (under GC.@preserve): nothing may
+# allocate or touch Julia objects between enter and leave.
+macro blocking(call)
+    quote
+        local gc_state = @ccall jl_gc_safe_enter()::Int8
+        local status = $(esc(call))
+        @ccall jl_gc_safe_leave(gc_state::Int8)::Cvoid
+        status
+    end
+end
+
+"""The runtime's version as a `VersionNumber`."""
+function version()
+    n = @ccall libsx.sx_version()::UInt32
+    VersionNumber(n ÷ 10000, n ÷ 100 % 100, n % 100)
+end
+
+function check_version(v::VersionNumber, binding=BINDING_VERSION)
+    if v.major != binding[1] || v.minor < binding[2]
+        error("libsx $v does not fit this binding, which needs $(binding[1]).x with x >= " *
+              "$(binding[2]) (set SX_LIBRARY to a matching libsx.so)")
+    end
+end
+
+function __init__()
+    path = get(ENV, "SX_LIBRARY", "")
+    if !isempty(path)
+        pushfirst!(Libdl.DL_LOAD_PATH, dirname(abspath(path)))
+        Libdl.dlopen(abspath(path))
+    end
+    check_version(version())
+end
+
+# ----------------------------------------------------------------------------------
+# Logging
+# ----------------------------------------------------------------------------------
+const _log_callback = Ref{Any}(nothing)
+
+function _log_trampoline(level::Int32, message::Cstring, ::Ptr{Cvoid})::Cvoid
+    f = _log_callback[]
+    f === nothing || try
+        f(Int(level), unsafe_string(message))
+    catch e
+        @error "sx log callback failed" exception = e
+    end
+    nothing
+end
+
+"""
+    set_log_callback(f; max_level=SX_LOG_INFO)
+
+Routes sx's messages to `f(level, message)`; `nothing` turns logging off. `f` may run
+on sx's own threads (this needs Julia >= 1.9, which adopts foreign threads).
+"""
+function set_log_callback(f; max_level::Integer=SX_LOG_INFO)
+    _log_callback[] = f
+    fn = f === nothing ? C_NULL : @cfunction(_log_trampoline, Cvoid, (Int32, Cstring, Ptr{Cvoid}))
+    check(@ccall libsx.sx_set_log_callback(fn::Ptr{Cvoid}, C_NULL::Ptr{Cvoid}, max_level::Int32)::Int32)
+end
+
+# ----------------------------------------------------------------------------------
+# Shard groups
+# ----------------------------------------------------------------------------------
+"""
+    ShardGroup(rendezvous, rank, world_size; stage=0, backend=SX_BACKEND_AUTO, ...)
+
+This rank's handle of a shard group (collective: blocks until every rank joined).
+Release it with `close(g)` or the `with_group` do-block; a finalizer closes a forgotten
+one as a safety net. Views into it are invalid after `close`.
+"""
+mutable struct ShardGroup
+    handle::Ptr{Cvoid}
+    function ShardGroup(rendezvous::AbstractString, rank::Integer, world_size::Integer;
+                        stage::Integer=0, backend::Integer=SX_BACKEND_AUTO,
+                        num_threads::Integer=0, alignment::Integer=0, timeout_ms::Integer=0,
+                        trainable_autodetect::Bool=true,
+                        bind_address::Union{Nothing,AbstractString}=nothing,
+                        device_ordinal::Integer=0)
+        cfg = _blank(GroupConfig)
+        check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
+        rdv = String(rendezvous)
+        bind = bind_address === nothing ? nothing : String(bind_address)
+        out = Ref{Ptr{Cvoid}}(C_NULL)
+        GC.@preserve rdv bind cfg out begin
+            cfg.rendezvous = pointer(rdv)
+            cfg.bind_address = bind === nothing ? C_NULL : pointer(bind)
+            cfg.rank, cfg.world_size, cfg.stage, cfg.backend = rank, world_size, stage, backend
+            cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
+            cfg.flags = trainable_autodetect ? 0 : SX_GROUP_NO_TRAINABLE_AUTODETECT
+            cfg.device_ordinal = device_ordinal
+            cp, op = _ptr(cfg), Base.unsafe_convert(Ptr{Ptr{Cvoid}}, out)
+            check(@blocking @ccall libsx.sx_create_shard_group(cp::Ptr{GroupConfig}, op::Ptr{Ptr{Cvoid}})::Int32)
+        end
+        g = new(out[])
+        finalizer(_finalize_group, g)
+    end
+end
+
+"""Releases the group (idempotent). Views obtained from it are invalid afterwards."""
+function Base.close(g::ShardGroup)
+    h, g.handle = g.handle, C_NULL
+    h == C_NULL || @blocking @ccall libsx.sx_destroy_shard_group(h::Ptr{Cvoid})::Int32
+    nothing
+end
+
+# The safety net run by the GC: a plain call, since a finalizer must not change the
+# thread's GC state.
+function _finalize_group(g::ShardGroup)
+    h, g.handle = g.handle, C_NULL
+    h == C_NULL || @ccall libsx.sx_destroy_shard_group(h::Ptr{Cvoid})::Int32
+    nothing
+end
+
+Base.isopen(g::ShardGroup) = g.handle != C_NULL
+
+function _handle(g::ShardGroup)
+    g.handle == C_NULL && throw(SXError(SX_ERR_INVALID_HANDLE, "the ShardGroup is closed"))
+    g.handle
+end
+
+"""`with_group(f, args...; kw...)`: `f(g)` with a new group, closed afterwards."""
+function with_group(f, args...; kw...)
+    g = ShardGroup(args...; kw...)
+    try
+        f(g)
+    finally
+        close(g)
+    end
+end
+
+abort!(g::ShardGroup) = check(@ccall libsx.sx_abort(_handle(g)::Ptr{Cvoid})::Int32)
+
+const _OPTIMIZERS = Dict(:sgd => SX_OPTIM_SGD, :adam => SX_OPTIM_ADAM, :adamw => SX_OPTIM_ADAMW)
+
+"""
+    add_param_group!(g, optimizer=:adamw; lr, weight_decay, betas, eps, momentum, ...)
+
+Adds a param group (torch.optim's defaults for what is not given); returns its 0-based index.
+"""
+function add_param_group!(g::ShardGroup, optimizer::Symbol=:adamw; betas=nothing, kw...)
+    haskey(_OPTIMIZERS, optimizer) ||
+        throw(SXError(SX_ERR_INVALID_ARGUMENT, "optimizer must be one of $(keys(_OPTIMIZERS)), not $optimizer"))
+    desc = _blank(ParamGroupDesc)
+    check(@ccall libsx.sx_param_group_desc_init(desc::Ref{ParamGroupDesc}, sizeof(ParamGroupDesc)::Csize_t, _OPTIMIZERS[optimizer]::Int32)::Int32)
+    betas === nothing || ((desc.beta1, desc.beta2) = betas)
+    for (k, v) in kw
+        k in (:nesterov, :maximize, :amsgrad) ? setfield!(desc, k, Int32(v)) :
+        k in (:lr, :weight_decay, :beta1, :beta2, :eps, :momentum, :dampening) ? setfield!(desc, k, Float64(v)) :
+        throw(SXError(SX_ERR_INVALID_ARGUMENT, "add_param_group!: unknown hyperparameter $k"))
+    end
+    index = Ref{Int32}(0)
+    check(@ccall libsx.sx_add_param_group(_handle(g)::Ptr{Cvoid}, desc::Ref{ParamGroupDesc}, index::Ref{Int32})::Int32)
+    Int(index[])
+end
+
+set_hyperparameter!(g::ShardGroup, group::Integer, key::Integer, value::Real) =
+    check(@ccall libsx.sx_set_hyperparameter(_handle(g)::Ptr{Cvoid}, group::Int32, key::Int32, value::Float64)::Int32)
+
+function get_hyperparameter(g::ShardGroup, group::Integer, key::Integer)
+    value = Ref{Float64}(0)
+    check(@ccall libsx.sx_get_hyperparameter(_handle(g)::Ptr{Cvoid}, group::Int32, key::Int32, value::Ref{Float64})::Int32)
+    value[]
+end
+
+set_lr!(g::ShardGroup, group::Integer, lr::Real) =
+    check(@ccall libsx.sx_set_lr(_handle(g)::Ptr{Cvoid}, group::Int32, lr::Float64)::Int32)
+
+"""
+    add_param!(g, name, shape; param_group=0, unit=0, dtype=SX_DTYPE_F32, frozen=false)
+
+Registers a param; `shape` is in sx's (row-major) order, e.g. `(8, 16)`. Returns its
+0-based index.
+"""
+function add_param!(g::ShardGroup, name::AbstractString, shape; param_group::Integer=0,
+                    unit::Integer=0, dtype::Integer=SX_DTYPE_F32, frozen::Bool=false)
+    desc = _blank(ParamDesc)
+    check(@ccall libsx.sx_param_desc_init(desc::Ref{ParamDesc}, sizeof(ParamDesc)::Csize_t)::Int32)
+    s, dims = String(name), Int64[d for d in shape]
+    index = Ref{Int32}(0)
+    GC.@preserve s dims begin  # borrowed for the call; sx copies both
+        desc.name, desc.shape, desc.ndim = pointer(s), pointer(dims), length(dims)
+        desc.dtype, desc.param_group, desc.unit, desc.frozen = dtype, param_group, unit, frozen
+        check(@ccall libsx.sx_add_param(_handle(g)::Ptr{Cvoid}, desc::Ref{ParamDesc}, index::Ref{Int32})::Int32)
+    end
+    Int(index[])
+end
+
+"""Collective: checks every rank agrees, lays out and allocates the flat buffers."""
+function finalize!(g::ShardGroup)
+    h = _handle(g)
+    check(@blocking @ccall libsx.sx_finalize(h::Ptr{Cvoid})::Int32)
+end
+
+function broadcast_params!(g::ShardGroup, root::Integer=0)
+    h, r = _handle(g), Int32(root)
+    check(@blocking @ccall libsx.sx_broadcast_params(h::Ptr{Cvoid}, r::Int32)::Int32)
+end
+
+"""0-based index of the param called `name`."""
+function param_index(g::ShardGroup, name::AbstractString)
+    index = Ref{Int32}(0)
+    check(@ccall libsx.sx_find_param(_handle(g)::Ptr{Cvoid}, name::Cstring, index::Ref{Int32})::Int32)
+    Int(index[])
+end
+_index(g::ShardGroup, p::Integer) = Int(p)
+_index(g::ShardGroup, p::AbstractString) = param_index(g, p)
+
+"""A param's description and (after finalize) layout, as a NamedTuple; shape in sx's order."""
+function param_info(g::ShardGroup, p)
+    i = _index(g, p)
+    info = _blank(ParamInfo)
+    check(@ccall libsx.sx_param_info_init(info::Ref{ParamInfo}, sizeof(ParamInfo)::Csize_t)::Int32)
+    check(@ccall libsx.sx_get_param_info(_handle(g)::Ptr{Cvoid}, i::Int32, info::Ref{ParamInfo})::Int32)
+    (index=i, name=unsafe_string(info.name), shape=Tuple(info.shape[1:info.ndim]),
+     dtype=info.dtype, numel=Int(info.numel), param_group=Int(info.param_group),
+     unit=Int(info.unit), trainable=info.trainable != 0, offset_in_unit=Int(info.offset_in_unit),
+     shard_begin=Int(info.shard_begin), shard_end=Int(info.shard_end))
+end
+
+"""Unit number `index` (0-based, by unit id): its flat buffer and this rank's shard."""
+function unit_info(g::ShardGroup, index::Integer)
+    info = _blank(UnitInfo)
+    check(@ccall libsx.sx_unit_info_init(info::Ref{UnitInfo}, sizeof(UnitInfo)::Csize_t)::Int32)
+    check(@ccall libsx.sx_get_unit_info(_handle(g)::Ptr{Cvoid}, index::Int32, info::Ref{UnitInfo})::Int32)
+    (unit=Int(info.unit), num_params=Int(info.num_params), numel=Int(info.numel),
+     padded_numel=Int(info.padded_numel), shard_numel=Int(info.shard_numel),
+     shard_begin=Int(info.shard_begin), trainable=info.trainable != 0,
+     has_optimizer_state=info.has_optimizer_state != 0)
+end
+
+const _ELTYPES = Dict(SX_DTYPE_F32 => Float32, SX_DTYPE_F16 => Float16, SX_DTYPE_BF16 => UInt16)
+
+function _view(g::ShardGroup, p, grad::Bool)
+    i = _index(g, p)
+    v = _blank(View)
+    check(@ccall libsx.sx_view_init(v::Ref{View}, sizeof(View)::Csize_t)::Int32)
+    h = _handle(g)
+    check(grad ? @ccall(libsx.sx_grad_view(h::Ptr{Cvoid}, i::Int32, v::Ref{View})::Int32) :
+                 @ccall(libsx.sx_param_view(h::Ptr{Cvoid}, i::Int32, v::Ref{View})::Int32))
+    v.device == SX_DEVICE_CPU ||
+        throw(SXError(Int32(7), "param $i lives in device memory, which cannot be wrapped as an Array"))
+    dims = reverse(param_info(g, i).shape)  # row-major in sx, column-major here
+    unsafe_wrap(Array, Ptr{_ELTYPES[v.dtype]}(v.data), dims; own=false)
+end
+
+"""
+    param_view(g, p)
+
+The values of param `p` (name or 0-based index) as a zero-copy `Array` over sx's memory,
+dims reversed (see the module docs). Invalid after `close(g)`.
+"""
+param_view(g::ShardGroup, p) = _view(g, p, false)
+
+"""The gradient of param `p`, zero-copy: backward adds into it; sx zeroes it after a step."""
+grad_view(g::ShardGroup, p) = _view(g, p, true)
+
+set_trainable!(g::ShardGroup, p, trainable::Bool) =
+    check(@ccall libsx.sx_set_trainable(_handle(g)::Ptr{Cvoid}, _index(g, p)::Int32, trainable::Int32)::Int32)
+
+function is_trainable(g::ShardGroup, p)
+    t = Ref{Int32}(0)
+    check(@ccall libsx.sx_get_trainable(_handle(g)::Ptr{Cvoid}, _index(g, p)::Int32, t::Ref{Int32})::Int32)
+    t[] != 0
+end
+
+"""The group-owned mask (one UInt8 per param, 1 = trainable), zero-copy."""
+function trainable_mask(g::ShardGroup)
+    mask, count = Ref{Ptr{UInt8}}(C_NULL), Ref{Int32}(0)
+    check(@ccall libsx.sx_trainable_mask(_handle(g)::Ptr{Cvoid}, mask::Ref{Ptr{UInt8}}, count::Ref{Int32})::Int32)
+    unsafe_wrap(Array, mask[], Int(count[]); own=false)
+end
+
+refresh_trainable!(g::ShardGroup) = check(@ccall libsx.sx_refresh_trainable(_handle(g)::Ptr{Cvoid})::Int32)
+
+"""Collective: folds this micro-batch's gradients into the step's accumulation."""
+function accumulate_grads!(g::ShardGroup)
+    h = _handle(g)
+    check(@blocking @ccall libsx.sx_accumulate_grads(h::Ptr{Cvoid})::Int32)
+end
+
+"""
+    step!(g; max_grad_norm=0.0, keep_grads=false)
+
+Collective: averages gradients over ranks, clips, updates, gathers. Returns
+`(grad_norm, step, skipped)`.
+"""
+function step!(g::ShardGroup; max_grad_norm::Real=0.0, keep_grads::Bool=false)
+    o, r = _blank(StepOptions), _blank(StepResult)
+    check(@ccall libsx.sx_step_options_init(o::Ref{StepOptions}, sizeof(StepOptions)::Csize_t)::Int32)
+    check(@ccall libsx.sx_step_result_init(r::Ref{StepResult}, sizeof(StepResult)::Csize_t)::Int32)
+    o.max_grad_norm, o.keep_grads = max_grad_norm, keep_grads
+    h = _handle(g)
+    GC.@preserve o r begin
+        op, rp = _ptr(o), _ptr(r)
+        check(@blocking @ccall libsx.sx_step(h::Ptr{Cvoid}, op::Ptr{StepOptions}, rp::Ptr{StepResult})::Int32)
+    end
+    (grad_norm=r.grad_norm, step=Int(r.step), skipped=r.skipped != 0)
+end
+
+function _query(f::Function, g::ShardGroup)
+    v = Ref{Int32}(0)
+    check(f(_handle(g), v))
+    Int(v[])
+end
+rank(g::ShardGroup) = _query((h, v) -> @ccall(libsx.sx_get_rank(h::Ptr{Cvoid}, v::Ref{Int32})::Int32), g)
+world_size(g::ShardGroup) = _query((h, v) -> @ccall(libsx.sx_get_world_size(h::Ptr{Cvoid}, v::Ref{Int32})::Int32), g)
+stage(g::ShardGroup) = _query((h, v) -> @ccall(libsx.sx_get_stage(h::Ptr{Cvoid}, v::Ref{Int32})::Int32), g)
+num_params(g::ShardGroup) = _query((h, v) -> @ccall(libsx.sx_get_num_params(h::Ptr{Cvoid}, v::Ref{Int32})::Int32), g)
+num_units(g::ShardGroup) = _query((h, v) -> @ccall(libsx.sx_get_num_units(h::Ptr{Cvoid}, v::Ref{Int32})::Int32), g)
+num_param_groups(g::ShardGroup) = _query((h, v) -> @ccall(libsx.sx_get_num_param_groups(h::Ptr{Cvoid}, v::Ref{Int32})::Int32), g)
+
+"""Bytes this rank holds per category, as a NamedTuple."""
+function memory_stats(g::ShardGroup)
+    s = _blank(MemoryStats)
+    check(@ccall libsx.sx_memory_stats_init(s::Ref{MemoryStats}, sizeof(MemoryStats)::Csize_t)::Int32)
+    check(@ccall libsx.sx_get_memory_stats(_handle(g)::Ptr{Cvoid}, s::Ref{MemoryStats})::Int32)
+    (param_bytes=Int(s.param_bytes), grad_bytes=Int(s.grad_bytes),
+     optimizer_bytes=Int(s.optimizer_bytes), staging_bytes=Int(s.staging_bytes),
+     unsharded_optimizer_bytes=Int(s.unsharded_optimizer_bytes))
+end
+
+# ----------------------------------------------------------------------------------
+# Checkpoints
+# ----------------------------------------------------------------------------------
+"""
+A save in progress. `wait(f; timeout)`, `poll(f)`, `cancel(f)`, `progress(f)`; release
+it with `close(f)` (waits for the save) or a do-block; a finalizer is the safety net.
+"""
+mutable struct Future
+    handle::Ptr{Cvoid}
+    callback::Any
+    status::Int32
+end
+
+# Futures whose callback sx may still call; the C side holds a pointer to them.
+const _pending = Set{Future}()
+const _pending_lock = ReentrantLock()
+
+function _future_trampoline(::Ptr{Cvoid}, status::Int32, user::Ptr{Cvoid})::Cvoid
+    f = unsafe_pointer_to_objref(user)::Future
+    f.status = status
+    try
+        f.callback(f, Int(status))
+    catch e
+        @error "sx save callback failed" exception = e
+    end
+    nothing
+end
+
+function Base.close(f::Future)
+    h, f.handle = f.handle, C_NULL
+    h == C_NULL || @blocking @ccall libsx.sx_future_destroy(h::Ptr{Cvoid})::Int32
+    lock(() -> delete!(_pending, f), _pending_lock)  # no callback can come any more
+    nothing
+end
+
+function _finalize_future(f::Future)  # see _finalize_group
+    h, f.handle = f.handle, C_NULL
+    h == C_NULL || @ccall libsx.sx_future_destroy(h::Ptr{Cvoid})::Int32
+    nothing
+end
+
+function _fhandle(f::Future)
+    f.handle == C_NULL && throw(SXError(SX_ERR_INVALID_HANDLE, "the Future is closed"))
+    f.handle
+end
+
+"""Waits for the save (`timeout` in seconds, `nothing` = forever); throws SXError on failure."""
+function Base.wait(f::Future; timeout::Union{Nothing,Real}=nothing)
+    ms = timeout === nothing ? Int64(-1) : Int64(round(timeout * 1000))
+    h = _fhandle(f)
+    status = @blocking @ccall libsx.sx_future_wait(h::Ptr{Cvoid}, ms::Int64)::Int32
+    status == SX_OK && return nothing
+    msg = unsafe_string(@ccall libsx.sx_future_error_message(h::Ptr{Cvoid})::Cstring)
+    throw(SXError(status, isempty(msg) ? last_error_message() : msg))
+end
+
+"""True once the save has completed."""
+function poll(f::Future)
+    done = Ref{Int32}(0)
+    check(@ccall libsx.sx_future_poll(_fhandle(f)::Ptr{Cvoid}, done::Ref{Int32})::Int32)
+    done[] != 0
+end
+
+cancel(f::Future) = check(@ccall libsx.sx_future_cancel(_fhandle(f)::Ptr{Cvoid})::Int32)
+
+"""(bytes written so far, bytes in all) of this rank's files."""
+function progress(f::Future)
+    done, total = Ref{UInt64}(0), Ref{UInt64}(0)
+    check(@ccall libsx.sx_future_progress(_fhandle(f)::Ptr{Cvoid}, done::Ref{UInt64}, total::Ref{UInt64})::Int32)
+    (Int(done[]), Int(total[]))
+end
+
+"""
+    save(g, path; user_blob=UInt8[], keep_last=0, synchronous=false, callback=nothing)
+
+Collective: saves this step boundary to the new directory `path`; returns a `Future`.
+`callback(future, status)` runs once on sx's I/O thread when the save completes.
+With a do-block, `save(g, path) do f ... end` closes the future afterwards.
+"""
+function save(g::ShardGroup, path::AbstractString; user_blob::AbstractVector{UInt8}=UInt8[],
+              keep_last::Integer=0, synchronous::Bool=false, callback=nothing)
+    o = _blank(SaveOptions)
+    check(@ccall libsx.sx_save_options_init(o::Ref{SaveOptions}, sizeof(SaveOptions)::Csize_t)::Int32)
+    p, blob = String(path), Vector{UInt8}(user_blob)
+    f = Future(C_NULL, callback, Int32(-1))
+    out = Ref{Ptr{Cvoid}}(C_NULL)
+    h = _handle(g)
+    if callback !== nothing
+        lock(() -> push!(_pending, f), _pending_lock)  # keeps f alive while sx holds it
+        o.callback = @cfunction(_future_trampoline, Cvoid, (Ptr{Cvoid}, Int32, Ptr{Cvoid}))
+        o.callback_user = pointer_from_objref(f)
+    end
+    status = GC.@preserve p blob f o out begin  # path and blob are copied during the call
+        o.path, o.user_blob, o.user_blob_size = pointer(p), pointer(blob), length(blob)
+        o.keep_last, o.synchronous = keep_last, synchronous
+        sp, op = _ptr(o), Base.unsafe_convert(Ptr{Ptr{Cvoid}}, out)
+        @blocking @ccall libsx.sx_save_optim_state(h::Ptr{Cvoid}, sp::Ptr{SaveOptions}, op::Ptr{Ptr{Cvoid}})::Int32
+    end
+    if status != SX_OK
+        err = SXError(status, last_error_message())
+        lock(() -> delete!(_pending, f), _pending_lock)
+        throw(err)
+    end
+    f.handle = out[]
+    finalizer(_finalize_future, f)
+end
+
+function save(body::Function, g::ShardGroup, path::AbstractString; kw...)
+    f = save(g, path; kw...)
+    try
+        body(f)
+    finally
+        close(f)
+    end
+end
+
+"""
+    load!(g, path; params_only=false, allow_missing=false, allow_extra=false)
+
+Collective: loads a checkpoint saved at any world size into `g`.
+"""
+function load!(g::ShardGroup, path::AbstractString; params_only::Bool=false,
+               allow_missing::Bool=false, allow_extra::Bool=false)
+    o = _blank(LoadOptions)
+    check(@ccall libsx.sx_load_optim_state_options_init(o::Ref{LoadOptions}, sizeof(LoadOptions)::Csize_t)::Int32)
+    o.flags = (params_only ? SX_LOAD_PARAMS_ONLY : 0x0) | (allow_missing ? SX_LOAD_ALLOW_MISSING : 0x0) |
+              (allow_extra ? SX_LOAD_ALLOW_EXTRA : 0x0)
+    p = String(path)
+    h = _handle(g)
+    GC.@preserve p o begin
+        o.path = pointer(p)
+        lp = _ptr(o)
+        check(@blocking @ccall libsx.sx_load_optim_state(h::Ptr{Cvoid}, lp::Ptr{LoadOptions})::Int32)
+    end
+end
+
+"""The user blob stored in the checkpoint at `path`, as a `Vector{UInt8}`."""
+function read_user_blob(path::AbstractString)
+    size = Ref{UInt64}(0)
+    buf = Vector{UInt8}(undef, 4096)
+    while true
+        status = GC.@preserve buf @ccall libsx.sx_read_user_blob(path::Cstring, buf::Ptr{UInt8}, length(buf)::UInt64, size::Ref{UInt64})::Int32
+        if status == SX_ERR_INVALID_ARGUMENT && size[] > length(buf)
+            resize!(buf, Int(size[]))  # too small: sx said how much is needed
+            continue
+        end
+        check(status)
+        return resize!(buf, Int(size[]))
+    end
+end
+
+end # module

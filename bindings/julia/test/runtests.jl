@@ -1,0 +1,88 @@
+# Tests of the Julia binding: the struct mirrors against sx_layout.json (SX_LAYOUT_JSON),
+# errors, and a 4-rank training over local:// with threads (run with julia --threads=4).
+using Test
+using SX
+
+const MIRRORS = Dict("sx_group_config_t" => SX.GroupConfig, "sx_param_group_desc_t" => SX.ParamGroupDesc,
+                     "sx_param_desc_t" => SX.ParamDesc, "sx_view_t" => SX.View,
+                     "sx_step_options_t" => SX.StepOptions, "sx_step_result_t" => SX.StepResult,
+                     "sx_memory_stats_t" => SX.MemoryStats, "sx_param_info_t" => SX.ParamInfo,
+                     "sx_unit_info_t" => SX.UnitInfo, "sx_save_options_t" => SX.SaveOptions,
+                     "sx_load_options_t" => SX.LoadOptions)
+
+# sx_layout.json is written by a C program in a fixed shape: one struct header line and
+# one line per field; reading it with regexes avoids a JSON dependency.
+function layout_of(json::String, cname::String)
+    m = match(Regex("\"$cname\": \\{\"size\": (\\d+), \"align\": (\\d+), \"fields\": \\[(.*?)\\]\\}", "s"), json)
+    m === nothing && error("$cname is not in sx_layout.json")
+    fields = [(f[1], parse(Int, f[2]), parse(Int, f[3])) for f in
+              eachmatch(r"\"name\": \"(\w+)\", \"offset\": (\d+), \"size\": (\d+)", m[3])]
+    parse(Int, m[1]), parse(Int, m[2]), fields
+end
+
+@testset "layout" begin
+    path = get(ENV, "SX_LAYOUT_JSON", "")
+    if isempty(path)
+        @warn "SX_LAYOUT_JSON is not set: layout test skipped"
+    else
+        json = read(path, String)
+        for (cname, T) in MIRRORS
+            size, align, fields = layout_of(json, cname)
+            @test sizeof(T) == size
+            @test Base.datatype_alignment(T) == align
+            @test [String(n) for n in fieldnames(T)] == [f[1] for f in fields]
+            for (i, (name, offset, fsize)) in enumerate(fields)
+                @test fieldoffset(T, i) == offset
+                @test sizeof(fieldtype(T, i)) == fsize
+            end
+        end
+    end
+    @test SX.version() >= v"1.0.0"
+end
+
+@testset "errors" begin
+    err = try
+        ShardGroup("local://jl-bad-$(getpid())", 5, 4)
+    catch e
+        e
+    end
+    @test err isa SXError
+    @test err.status == SX.SX_ERR_INVALID_ARGUMENT
+    @test occursin("rank", err.message)
+    g = ShardGroup("local://jl-one-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1)
+    close(g)
+    close(g)  # double close is fine
+    @test_throws SXError add_param!(g, "w", (4,))
+end
+
+function train_rank(rank, name, steps)
+    losses = Float64[]
+    with_group(name, rank, 4; stage=2, backend=SX.SX_BACKEND_CPU, num_threads=1, timeout_ms=60000) do g
+        add_param_group!(g, :adam; lr=0.1)
+        add_param!(g, "w", (3, 5))
+        finalize!(g)
+        w, dw = param_view(g, "w"), grad_view(g, "w")
+        @assert size(w) == (5, 3)  # row-major [3, 5] seen column-major
+        target = [Float64((rank + k) % 7) / 7 for k in 0:14]
+        for _ in 1:steps
+            diff = Float64.(vec(w)) .- target
+            push!(losses, sum(diff .^ 2) / 15)
+            vec(dw) .= Float32.(2 .* diff ./ 15)  # written straight into sx's buffer
+            step!(g)
+        end
+    end
+    losses
+end
+
+@testset "training over 4 ranks" begin
+    if Threads.nthreads() < 4
+        @warn "run with julia --threads=4 for the training test; skipped"
+    else
+        name = "local://jl-train-$(getpid())"
+        tasks = [Threads.@spawn train_rank(r, name, 20) for r in 0:3]
+        losses = fetch.(tasks)
+        for l in losses
+            @test l[end] < 0.5 * l[1]
+        end
+    end
+end

@@ -1,0 +1,321 @@
+"""The C ABI of libsx as ctypes sees it: loading, the version check, the struct
+mirrors, the constants and the prototype of every function in include/sx/sx.h.
+
+Everything here is a one-to-one transcription of sx.h; the Pythonic layer lives in
+the other modules. The library is opened with ``ctypes.CDLL`` (never ``PyDLL``), so
+the GIL is released during every call: collective calls of several ranks that are
+threads of one process run concurrently, and sx's I/O thread can run Python
+callbacks while a caller waits.
+"""
+import ctypes
+import ctypes.util
+import os
+
+# The ABI version this binding was written against. The runtime's major must match
+# and its minor must not be older (CONVENTIONS.md, "The C ABI", rule 11).
+BINDING_VERSION = (1, 0)
+
+# ----------------------------------------------------------------------------------
+# Constants (sx.h #defines); tests/test_layout.py checks each against sx_layout.json.
+# ----------------------------------------------------------------------------------
+SX_VERSION_MAJOR = 1
+SX_VERSION_MINOR = 0
+SX_VERSION_PATCH = 0
+SX_VERSION_NUMBER = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH
+
+SX_OK = 0
+SX_ERR_INVALID_ARGUMENT = 1
+SX_ERR_INVALID_HANDLE = 2
+SX_ERR_INVALID_STATE = 3
+SX_ERR_OUT_OF_MEMORY = 4
+SX_ERR_NOT_FOUND = 5
+SX_ERR_ALREADY_EXISTS = 6
+SX_ERR_UNSUPPORTED = 7
+SX_ERR_TIMEOUT = 8
+SX_ERR_COMM = 9
+SX_ERR_GROUP_FAILED = 10
+SX_ERR_IO = 11
+SX_ERR_CORRUPT = 12
+SX_ERR_VERSION = 13
+SX_ERR_ABORTED = 14
+SX_ERR_MISMATCH = 15
+SX_ERR_INTERNAL = 16
+SX_ERR_CANCELLED = 17
+
+SX_LOG_ERROR = 1
+SX_LOG_WARN = 2
+SX_LOG_INFO = 3
+SX_LOG_DEBUG = 4
+
+SX_DTYPE_F32 = 1
+SX_DTYPE_F16 = 2
+SX_DTYPE_BF16 = 3
+
+SX_BACKEND_AUTO = 0
+SX_BACKEND_CPU = 1
+SX_BACKEND_CUDA = 2
+
+SX_DEVICE_CPU = 0
+SX_DEVICE_CUDA = 1
+
+SX_OPTIM_SGD = 1
+SX_OPTIM_ADAM = 2
+SX_OPTIM_ADAMW = 3
+
+SX_HP_LR = 1
+SX_HP_WEIGHT_DECAY = 2
+SX_HP_BETA1 = 3
+SX_HP_BETA2 = 4
+SX_HP_EPS = 5
+SX_HP_MOMENTUM = 6
+SX_HP_DAMPENING = 7
+SX_HP_NESTEROV = 8
+SX_HP_MAXIMIZE = 9
+SX_HP_AMSGRAD = 10
+
+SX_GROUP_NO_TRAINABLE_AUTODETECT = 0x1
+
+SX_MAX_NDIM = 8
+SX_MAX_NAME_BYTES = 1024
+
+SX_LOAD_PARAMS_ONLY = 0x1
+SX_LOAD_ALLOW_MISSING = 0x2
+SX_LOAD_ALLOW_EXTRA = 0x4
+
+# ----------------------------------------------------------------------------------
+# Struct mirrors
+# ----------------------------------------------------------------------------------
+c_status = ctypes.c_int32
+
+
+class sx_group_config_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("rendezvous", ctypes.c_char_p),
+                ("rank", ctypes.c_int32), ("world_size", ctypes.c_int32),
+                ("stage", ctypes.c_int32), ("backend", ctypes.c_int32),
+                ("num_threads", ctypes.c_int32), ("alignment", ctypes.c_int32),
+                ("timeout_ms", ctypes.c_int32), ("flags", ctypes.c_uint32),
+                ("bind_address", ctypes.c_char_p), ("device_ordinal", ctypes.c_int32),
+                ("reserved0", ctypes.c_int32)]
+
+
+class sx_param_group_desc_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("optimizer", ctypes.c_int32),
+                ("nesterov", ctypes.c_int32), ("maximize", ctypes.c_int32),
+                ("amsgrad", ctypes.c_int32), ("lr", ctypes.c_double),
+                ("weight_decay", ctypes.c_double), ("beta1", ctypes.c_double),
+                ("beta2", ctypes.c_double), ("eps", ctypes.c_double),
+                ("momentum", ctypes.c_double), ("dampening", ctypes.c_double)]
+
+
+class sx_param_desc_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p),
+                ("ndim", ctypes.c_int32), ("dtype", ctypes.c_int32),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("param_group", ctypes.c_int32),
+                ("unit", ctypes.c_int32), ("frozen", ctypes.c_int32),
+                ("reserved0", ctypes.c_int32)]
+
+
+class sx_view_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("data", ctypes.c_void_p),
+                ("numel", ctypes.c_uint64), ("dtype", ctypes.c_int32),
+                ("device", ctypes.c_int32)]
+
+
+class sx_step_options_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("max_grad_norm", ctypes.c_double),
+                ("stream", ctypes.c_void_p), ("keep_grads", ctypes.c_int32),
+                ("reserved0", ctypes.c_int32)]
+
+
+class sx_step_result_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("grad_norm", ctypes.c_double),
+                ("step", ctypes.c_uint64), ("skipped", ctypes.c_int32),
+                ("reserved0", ctypes.c_int32)]
+
+
+class sx_memory_stats_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("param_bytes", ctypes.c_uint64),
+                ("grad_bytes", ctypes.c_uint64), ("optimizer_bytes", ctypes.c_uint64),
+                ("staging_bytes", ctypes.c_uint64),
+                ("unsharded_optimizer_bytes", ctypes.c_uint64)]
+
+
+class sx_param_info_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p),
+                ("ndim", ctypes.c_int32), ("dtype", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * SX_MAX_NDIM), ("numel", ctypes.c_uint64),
+                ("param_group", ctypes.c_int32), ("unit", ctypes.c_int32),
+                ("trainable", ctypes.c_int32), ("reserved0", ctypes.c_int32),
+                ("offset_in_unit", ctypes.c_uint64), ("shard_begin", ctypes.c_uint64),
+                ("shard_end", ctypes.c_uint64)]
+
+
+class sx_unit_info_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("unit", ctypes.c_int32),
+                ("num_params", ctypes.c_int32), ("numel", ctypes.c_uint64),
+                ("padded_numel", ctypes.c_uint64), ("shard_numel", ctypes.c_uint64),
+                ("shard_begin", ctypes.c_uint64), ("trainable", ctypes.c_int32),
+                ("has_optimizer_state", ctypes.c_int32)]
+
+
+# The future is opaque; a distinct pointer type keeps it from being mixed up with others.
+class sx_future(ctypes.Structure):
+    pass
+
+
+class sx_shard_group(ctypes.Structure):
+    pass
+
+
+sx_future_p = ctypes.POINTER(sx_future)
+sx_shard_group_p = ctypes.POINTER(sx_shard_group)
+
+sx_log_fn = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_char_p, ctypes.c_void_p)
+sx_future_callback = ctypes.CFUNCTYPE(None, sx_future_p, c_status, ctypes.c_void_p)
+
+
+class sx_save_options_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("path", ctypes.c_char_p),
+                ("user_blob", ctypes.c_void_p), ("user_blob_size", ctypes.c_uint64),
+                ("keep_last", ctypes.c_int32), ("synchronous", ctypes.c_int32),
+                ("callback", sx_future_callback), ("callback_user", ctypes.c_void_p)]
+
+
+class sx_load_options_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("path", ctypes.c_char_p),
+                ("flags", ctypes.c_uint32), ("reserved0", ctypes.c_int32)]
+
+
+# Every public struct, by its C typedef name (the keys of sx_layout.json's "structs").
+STRUCTS = {cls.__name__: cls for cls in (
+    sx_group_config_t, sx_param_group_desc_t, sx_param_desc_t, sx_view_t, sx_step_options_t,
+    sx_step_result_t, sx_memory_stats_t, sx_param_info_t, sx_unit_info_t, sx_save_options_t,
+    sx_load_options_t)}
+
+# ----------------------------------------------------------------------------------
+# Prototypes: name -> (restype, argtypes)
+# ----------------------------------------------------------------------------------
+_P = ctypes.POINTER
+_c = ctypes
+PROTOTYPES = {
+    "sx_version": (_c.c_uint32, []),
+    "sx_status_string": (_c.c_char_p, [c_status]),
+    "sx_last_error_message": (_c.c_char_p, []),
+    "sx_set_log_callback": (c_status, [sx_log_fn, _c.c_void_p, _c.c_int32]),
+    "sx_group_config_init": (c_status, [_P(sx_group_config_t), _c.c_size_t]),
+    "sx_create_shard_group": (c_status, [_P(sx_group_config_t), _P(sx_shard_group_p)]),
+    "sx_destroy_shard_group": (c_status, [sx_shard_group_p]),
+    "sx_abort": (c_status, [sx_shard_group_p]),
+    "sx_param_group_desc_init": (c_status, [_P(sx_param_group_desc_t), _c.c_size_t, _c.c_int32]),
+    "sx_add_param_group": (c_status, [sx_shard_group_p, _P(sx_param_group_desc_t), _P(_c.c_int32)]),
+    "sx_set_hyperparameter": (c_status, [sx_shard_group_p, _c.c_int32, _c.c_int32, _c.c_double]),
+    "sx_get_hyperparameter": (c_status, [sx_shard_group_p, _c.c_int32, _c.c_int32, _P(_c.c_double)]),
+    "sx_set_lr": (c_status, [sx_shard_group_p, _c.c_int32, _c.c_double]),
+    "sx_param_desc_init": (c_status, [_P(sx_param_desc_t), _c.c_size_t]),
+    "sx_add_param": (c_status, [sx_shard_group_p, _P(sx_param_desc_t), _P(_c.c_int32)]),
+    "sx_finalize": (c_status, [sx_shard_group_p]),
+    "sx_broadcast_params": (c_status, [sx_shard_group_p, _c.c_int32]),
+    "sx_view_init": (c_status, [_P(sx_view_t), _c.c_size_t]),
+    "sx_param_view": (c_status, [sx_shard_group_p, _c.c_int32, _P(sx_view_t)]),
+    "sx_grad_view": (c_status, [sx_shard_group_p, _c.c_int32, _P(sx_view_t)]),
+    "sx_find_param": (c_status, [sx_shard_group_p, _c.c_char_p, _P(_c.c_int32)]),
+    "sx_set_trainable": (c_status, [sx_shard_group_p, _c.c_int32, _c.c_int32]),
+    "sx_get_trainable": (c_status, [sx_shard_group_p, _c.c_int32, _P(_c.c_int32)]),
+    "sx_trainable_mask": (c_status, [sx_shard_group_p, _P(_P(_c.c_uint8)), _P(_c.c_int32)]),
+    "sx_refresh_trainable": (c_status, [sx_shard_group_p]),
+    "sx_accumulate_grads": (c_status, [sx_shard_group_p]),
+    "sx_step_options_init": (c_status, [_P(sx_step_options_t), _c.c_size_t]),
+    "sx_step_result_init": (c_status, [_P(sx_step_result_t), _c.c_size_t]),
+    "sx_step": (c_status, [sx_shard_group_p, _P(sx_step_options_t), _P(sx_step_result_t)]),
+    "sx_get_rank": (c_status, [sx_shard_group_p, _P(_c.c_int32)]),
+    "sx_get_world_size": (c_status, [sx_shard_group_p, _P(_c.c_int32)]),
+    "sx_get_stage": (c_status, [sx_shard_group_p, _P(_c.c_int32)]),
+    "sx_get_num_params": (c_status, [sx_shard_group_p, _P(_c.c_int32)]),
+    "sx_get_num_units": (c_status, [sx_shard_group_p, _P(_c.c_int32)]),
+    "sx_get_num_param_groups": (c_status, [sx_shard_group_p, _P(_c.c_int32)]),
+    "sx_memory_stats_init": (c_status, [_P(sx_memory_stats_t), _c.c_size_t]),
+    "sx_get_memory_stats": (c_status, [sx_shard_group_p, _P(sx_memory_stats_t)]),
+    "sx_param_info_init": (c_status, [_P(sx_param_info_t), _c.c_size_t]),
+    "sx_get_param_info": (c_status, [sx_shard_group_p, _c.c_int32, _P(sx_param_info_t)]),
+    "sx_unit_info_init": (c_status, [_P(sx_unit_info_t), _c.c_size_t]),
+    "sx_get_unit_info": (c_status, [sx_shard_group_p, _c.c_int32, _P(sx_unit_info_t)]),
+    "sx_save_options_init": (c_status, [_P(sx_save_options_t), _c.c_size_t]),
+    "sx_save_optim_state": (c_status, [sx_shard_group_p, _P(sx_save_options_t), _P(sx_future_p)]),
+    "sx_future_poll": (c_status, [sx_future_p, _P(_c.c_int32)]),
+    "sx_future_wait": (c_status, [sx_future_p, _c.c_int64]),
+    "sx_future_cancel": (c_status, [sx_future_p]),
+    "sx_future_error_message": (_c.c_char_p, [sx_future_p]),
+    "sx_future_progress": (c_status, [sx_future_p, _P(_c.c_uint64), _P(_c.c_uint64)]),
+    "sx_future_destroy": (c_status, [sx_future_p]),
+    "sx_load_optim_state_options_init": (c_status, [_P(sx_load_options_t), _c.c_size_t]),
+    "sx_load_optim_state": (c_status, [sx_shard_group_p, _P(sx_load_options_t)]),
+    "sx_read_user_blob": (c_status, [_c.c_char_p, _c.c_void_p, _c.c_uint64, _P(_c.c_uint64)]),
+}
+
+
+class LibraryError(ImportError):
+    """libsx could not be found or opened, or its version does not fit this binding."""
+
+
+def _candidates():
+    path = os.environ.get("SX_LIBRARY")
+    if path:
+        return [path]  # an explicit choice: no silent fallback to another copy
+    found = ctypes.util.find_library("sx")
+    return ([found] if found else []) + ["libsx.so.1", "libsx.so"]
+
+
+def _open():
+    tried = []
+    for name in _candidates():
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError as e:
+            tried.append(f"{name}: {e}")
+    else:
+        raise LibraryError("cannot load libsx (set SX_LIBRARY to the path of libsx.so): "
+                           + "; ".join(tried))
+    for name, (restype, argtypes) in PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def check_version(number, binding=BINDING_VERSION):
+    """Raises LibraryError unless runtime version `number` (MAJOR*10000+MINOR*100+PATCH)
+    has the binding's major and a minor at least the binding's."""
+    major, minor = number // 10000, number // 100 % 100
+    if major != binding[0] or minor < binding[1]:
+        raise LibraryError(
+            f"libsx {major}.{minor}.{number % 100} does not fit this binding, which needs "
+            f"{binding[0]}.x with x >= {binding[1]} (set SX_LIBRARY to a matching libsx.so)")
+
+
+lib = _open()
+check_version(lib.sx_version())
+
+
+def init_struct(cls, *extra):
+    """A `cls` filled by its sx_*_init function (struct_size and every default)."""
+    obj = cls()
+    status = getattr(lib, INIT_FUNCTIONS[cls.__name__])(ctypes.byref(obj), ctypes.sizeof(cls), *extra)
+    if status != SX_OK:  # only a binding bug gets here: the arguments are the binding's own
+        raise RuntimeError(f"{INIT_FUNCTIONS[cls.__name__]} failed with status {status}: "
+                           f"{lib.sx_last_error_message().decode('utf-8', 'replace')}")
+    return obj
+
+
+INIT_FUNCTIONS = {
+    "sx_group_config_t": "sx_group_config_init",
+    "sx_param_group_desc_t": "sx_param_group_desc_init",
+    "sx_param_desc_t": "sx_param_desc_init",
+    "sx_view_t": "sx_view_init",
+    "sx_step_options_t": "sx_step_options_init",
+    "sx_step_result_t": "sx_step_result_init",
+    "sx_memory_stats_t": "sx_memory_stats_init",
+    "sx_param_info_t": "sx_param_info_init",
+    "sx_unit_info_t": "sx_unit_info_init",
+    "sx_save_options_t": "sx_save_options_init",
+    "sx_load_options_t": "sx_load_optim_state_options_init",
+}

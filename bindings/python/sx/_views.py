@@ -1,0 +1,40 @@
+"""Zero-copy arrays over memory that sx owns.
+
+With numpy (and unless SX_PYTHON_NO_NUMPY is set to a non-empty value), a view is a
+numpy array; without it, a memoryview with the same shape and item format. Either
+way it reads and writes sx's buffer directly, and keeps the owning Python object
+(the ShardGroup) alive, so garbage collection cannot free the memory under it. An
+explicit close() of the group still invalidates every view: do not use them after.
+"""
+import ctypes
+import os
+
+from . import _lib
+
+if os.environ.get("SX_PYTHON_NO_NUMPY"):
+    np = None
+else:
+    try:
+        import numpy as np
+    except ImportError:  # the memoryview fallback below
+        np = None
+
+HAVE_NUMPY = np is not None
+
+# SX_DTYPE_* -> (bytes per element, memoryview format, numpy dtype name). numpy has no
+# bfloat16: bf16 elements appear as their raw uint16 bits.
+DTYPES = {
+    _lib.SX_DTYPE_F32: (4, "f", "float32"),
+    _lib.SX_DTYPE_F16: (2, "e", "float16"),
+    _lib.SX_DTYPE_BF16: (2, "H", "uint16"),
+}
+
+
+def wrap(address, count, itemsize, fmt, npdtype, shape, owner):
+    """An array of `count` elements at `address`, shaped `shape`, kept alive by `owner`."""
+    shape = tuple(int(d) for d in shape)
+    raw = (ctypes.c_char * (count * itemsize)).from_address(address)
+    raw._sx_owner = owner  # the buffer (and so every array over it) keeps the owner alive
+    if np is not None:
+        return np.frombuffer(raw, dtype=npdtype, count=count).reshape(shape)
+    return memoryview(raw).cast("B").cast(fmt, list(shape))

@@ -1,0 +1,356 @@
+"""ShardGroup: one rank's handle of a group of ranks that train one model together."""
+import ctypes
+import dataclasses
+
+from . import _lib, _views
+from .errors import InvalidArgumentError, UnsupportedError, check
+from ._handle import Handle
+from ._lib import lib
+
+_OPTIMIZERS = {"sgd": _lib.SX_OPTIM_SGD, "adam": _lib.SX_OPTIM_ADAM, "adamw": _lib.SX_OPTIM_ADAMW}
+_BACKENDS = {"auto": _lib.SX_BACKEND_AUTO, "cpu": _lib.SX_BACKEND_CPU, "cuda": _lib.SX_BACKEND_CUDA}
+_DTYPES = {"f32": _lib.SX_DTYPE_F32, "float32": _lib.SX_DTYPE_F32, "f16": _lib.SX_DTYPE_F16,
+           "float16": _lib.SX_DTYPE_F16, "bf16": _lib.SX_DTYPE_BF16, "bfloat16": _lib.SX_DTYPE_BF16}
+_HYPERPARAMETERS = {"lr": _lib.SX_HP_LR, "weight_decay": _lib.SX_HP_WEIGHT_DECAY,
+                    "beta1": _lib.SX_HP_BETA1, "beta2": _lib.SX_HP_BETA2, "eps": _lib.SX_HP_EPS,
+                    "momentum": _lib.SX_HP_MOMENTUM, "dampening": _lib.SX_HP_DAMPENING,
+                    "nesterov": _lib.SX_HP_NESTEROV, "maximize": _lib.SX_HP_MAXIMIZE,
+                    "amsgrad": _lib.SX_HP_AMSGRAD}
+# Keyword arguments of add_param_group that are flags (int fields of the descriptor).
+_FLAG_FIELDS = ("nesterov", "maximize", "amsgrad")
+_FLOAT_FIELDS = ("lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening")
+
+
+def _choice(what, value, table):
+    """`value` as an sx enum: one of `table`'s names, or one of its integer values."""
+    if isinstance(value, str):
+        key = value.lower()
+        if key in table:
+            return table[key]
+    elif isinstance(value, int) and value in table.values():
+        return value
+    raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                               f"{what} must be one of {sorted(table)} (or their SX_* values), "
+                               f"not {value!r}")
+
+
+def _encode(what, text):
+    if not isinstance(text, str):
+        raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                   f"{what} must be a str, not {type(text).__name__}")
+    return text.encode("utf-8")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What one step reports: the global gradient norm before clipping, the number of
+    steps the group has taken (this one included), and whether it was skipped."""
+    grad_norm: float
+    step: int
+    skipped: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryStats:
+    """Bytes this rank holds, per category (sx_memory_stats_t)."""
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    staging_bytes: int
+    unsharded_optimizer_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamInfo:
+    """A registered param, and (after finalize) where it lies: ``offset_in_unit`` in its
+    unit's flat buffer, and ``[shard_begin, shard_end)`` of its own elements that this
+    rank's shard covers."""
+    index: int
+    name: str
+    shape: tuple
+    dtype: int
+    numel: int
+    param_group: int
+    unit: int
+    trainable: bool
+    offset_in_unit: int
+    shard_begin: int
+    shard_end: int
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitInfo:
+    """A unit's flat buffer: its length with and without padding, and this rank's shard."""
+    unit: int
+    num_params: int
+    numel: int
+    padded_numel: int
+    shard_numel: int
+    shard_begin: int
+    trainable: bool
+    has_optimizer_state: bool
+
+
+class ShardGroup(Handle):
+    """This rank's handle of a shard group.
+
+    Creating one is collective: it blocks until every rank of ``world_size`` has joined
+    through ``rendezvous`` ("local://NAME" for ranks that are threads of this process,
+    "tcp://HOST:PORT", "file:///DIR" or "env://"). Then register param groups and
+    params (the same on every rank, in the same order), call :meth:`finalize`, and
+    train: write gradients into :meth:`grad_view` arrays and call :meth:`step`.
+
+    Release it with :meth:`close` or a ``with`` block; a finalizer closes a forgotten
+    one as a safety net. Views returned by the group point into memory it owns and must
+    not be used after close. One thread uses a group at a time.
+    """
+
+    def __init__(self, rendezvous, rank=0, world_size=1, *, stage=0, backend="auto",
+                 num_threads=0, alignment=0, timeout_ms=0, trainable_autodetect=True,
+                 bind_address=None, device_ordinal=0):
+        cfg = _lib.init_struct(_lib.sx_group_config_t)
+        cfg.rendezvous = _encode("rendezvous", rendezvous)
+        cfg.rank, cfg.world_size, cfg.stage = rank, world_size, stage
+        cfg.backend = _choice("backend", backend, _BACKENDS)
+        cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
+        cfg.flags = 0 if trainable_autodetect else _lib.SX_GROUP_NO_TRAINABLE_AUTODETECT
+        if bind_address is not None:
+            cfg.bind_address = _encode("bind_address", bind_address)
+        cfg.device_ordinal = device_ordinal
+        handle = _lib.sx_shard_group_p()
+        check(lib.sx_create_shard_group(ctypes.byref(cfg), ctypes.byref(handle)))
+        self._own(handle, lib.sx_destroy_shard_group)
+
+    # -- lifetime (close, closed, handle, with: see Handle) ------------------------------
+    def close(self):
+        """Releases the group and everything it owns. Idempotent. Every view obtained
+        from the group is invalid afterwards."""
+        super().close()
+
+    def __repr__(self):
+        if self.closed:
+            return "<sx.ShardGroup closed>"
+        return f"<sx.ShardGroup rank {self.rank} of {self.world_size}>"
+
+    def abort(self):
+        """Makes the group fail: collectives in flight on other threads return
+        AbortedError, later calls GroupFailedError. Any thread."""
+        check(lib.sx_abort(self.handle))
+
+    # -- registration -----------------------------------------------------------------
+    def add_param_group(self, optimizer="adamw", *, betas=None, **hyperparameters):
+        """Adds a param group and returns its index. ``optimizer`` is "sgd", "adam" or
+        "adamw"; unspecified hyperparameters take torch.optim's defaults. Keywords:
+        lr, weight_decay, betas=(beta1, beta2) or beta1/beta2, eps, momentum,
+        dampening, nesterov, maximize, amsgrad."""
+        kind = _choice("optimizer", optimizer, _OPTIMIZERS)
+        desc = _lib.init_struct(_lib.sx_param_group_desc_t, kind)
+        if betas is not None:
+            hyperparameters["beta1"], hyperparameters["beta2"] = betas
+        for key, value in hyperparameters.items():
+            if key in _FLOAT_FIELDS:
+                setattr(desc, key, float(value))
+            elif key in _FLAG_FIELDS:
+                setattr(desc, key, 1 if value else 0)
+            else:
+                raise InvalidArgumentError(
+                    _lib.SX_ERR_INVALID_ARGUMENT,
+                    f"add_param_group: unknown hyperparameter {key!r}; expected one of "
+                    f"{sorted(_FLOAT_FIELDS + _FLAG_FIELDS + ('betas',))}")
+        index = ctypes.c_int32()
+        check(lib.sx_add_param_group(self.handle, ctypes.byref(desc), ctypes.byref(index)))
+        return index.value
+
+    def add_param(self, name, shape, *, param_group=0, unit=0, dtype="f32", frozen=False):
+        """Registers a param (same on every rank, same order) and returns its index."""
+        try:
+            dims = [int(d) for d in shape]
+        except TypeError:
+            raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                       f"add_param: shape of {name!r} must be a sequence of "
+                                       f"ints, not {shape!r}") from None
+        desc = _lib.init_struct(_lib.sx_param_desc_t)
+        desc.name = _encode("name", name)
+        desc.ndim = len(dims)
+        c_shape = (ctypes.c_int64 * max(len(dims), 1))(*dims)  # borrowed for the call: sx copies it
+        desc.shape = ctypes.cast(c_shape, ctypes.POINTER(ctypes.c_int64))
+        desc.dtype = _choice("dtype", dtype, _DTYPES)
+        desc.param_group, desc.unit, desc.frozen = param_group, unit, 1 if frozen else 0
+        index = ctypes.c_int32()
+        check(lib.sx_add_param(self.handle, ctypes.byref(desc), ctypes.byref(index)))
+        return index.value
+
+    def finalize(self):
+        """Collective: checks every rank registered the same table, lays out and
+        allocates the flat buffers (params and grads start at zero)."""
+        check(lib.sx_finalize(self.handle))
+
+    def broadcast_params(self, root=0):
+        """Collective: copies every param of rank `root` to all ranks."""
+        check(lib.sx_broadcast_params(self.handle, root))
+
+    # -- hyperparameters --------------------------------------------------------------
+    def set_hyperparameter(self, param_group, key, value):
+        """Sets one hyperparameter ("lr", "beta1", ... or an SX_HP_* value) of a param
+        group, from the next step on."""
+        k = _choice("hyperparameter", key, _HYPERPARAMETERS)
+        check(lib.sx_set_hyperparameter(self.handle, param_group, k, float(value)))
+
+    def get_hyperparameter(self, param_group, key):
+        k = _choice("hyperparameter", key, _HYPERPARAMETERS)
+        value = ctypes.c_double()
+        check(lib.sx_get_hyperparameter(self.handle, param_group, k, ctypes.byref(value)))
+        return value.value
+
+    def set_lr(self, param_group, lr):
+        check(lib.sx_set_lr(self.handle, param_group, float(lr)))
+
+    # -- params and views -------------------------------------------------------------
+    def param_index(self, name):
+        """The index of the param called `name` (NotFoundError if none)."""
+        index = ctypes.c_int32()
+        check(lib.sx_find_param(self.handle, _encode("name", name), ctypes.byref(index)))
+        return index.value
+
+    def _index(self, param):
+        if isinstance(param, str):
+            return self.param_index(param)
+        if isinstance(param, int) and not isinstance(param, bool):
+            return param
+        raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                   f"param must be a name (str) or an index (int), not {param!r}")
+
+    def raw_view(self, param, grad=False):
+        """The sx_view_t of a param's values (or gradient): data pointer, numel, dtype,
+        device. Use it for device memory, which param_view cannot wrap."""
+        view = _lib.init_struct(_lib.sx_view_t)
+        fn = lib.sx_grad_view if grad else lib.sx_param_view
+        check(fn(self.handle, self._index(param), ctypes.byref(view)))
+        return view
+
+    def _array(self, param, grad):
+        index = self._index(param)
+        view = self.raw_view(index, grad)
+        if view.device != _lib.SX_DEVICE_CPU:
+            raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
+                                   f"param {index} lives in device memory, which cannot be "
+                                   "wrapped as a host array; use raw_view()")
+        itemsize, fmt, npdtype = _views.DTYPES[view.dtype]
+        return _views.wrap(view.data, view.numel, itemsize, fmt, npdtype,
+                           self.param_info(index).shape, self)
+
+    def param_view(self, param):
+        """The param's values (by name or index) as a zero-copy array shaped like the
+        param: a numpy array when numpy is available, else a memoryview. Read in
+        forward; write only between steps. Invalid after close()."""
+        return self._array(param, grad=False)
+
+    def grad_view(self, param):
+        """The param's gradient as a zero-copy array: backward ADDS into it; sx zeroes
+        it after each step (unless keep_grads). Invalid after close()."""
+        return self._array(param, grad=True)
+
+    def param_info(self, param):
+        """A :class:`ParamInfo` for a param (by name or index)."""
+        index = self._index(param)
+        info = _lib.init_struct(_lib.sx_param_info_t)
+        check(lib.sx_get_param_info(self.handle, index, ctypes.byref(info)))
+        return ParamInfo(index=index, name=info.name.decode("utf-8"),
+                         shape=tuple(info.shape[:info.ndim]), dtype=info.dtype,
+                         numel=info.numel, param_group=info.param_group, unit=info.unit,
+                         trainable=bool(info.trainable), offset_in_unit=info.offset_in_unit,
+                         shard_begin=info.shard_begin, shard_end=info.shard_end)
+
+    def params(self):
+        """ParamInfo of every param, in registration order."""
+        return [self.param_info(i) for i in range(self.num_params)]
+
+    def unit_info(self, index):
+        """A :class:`UnitInfo` for unit number `index` (0..num_units-1, by unit id)."""
+        info = _lib.init_struct(_lib.sx_unit_info_t)
+        check(lib.sx_get_unit_info(self.handle, index, ctypes.byref(info)))
+        return UnitInfo(unit=info.unit, num_params=info.num_params, numel=info.numel,
+                        padded_numel=info.padded_numel, shard_numel=info.shard_numel,
+                        shard_begin=info.shard_begin, trainable=bool(info.trainable),
+                        has_optimizer_state=bool(info.has_optimizer_state))
+
+    # -- trainability -----------------------------------------------------------------
+    def set_trainable(self, param, trainable=True):
+        check(lib.sx_set_trainable(self.handle, self._index(param), 1 if trainable else 0))
+
+    def is_trainable(self, param):
+        value = ctypes.c_int32()
+        check(lib.sx_get_trainable(self.handle, self._index(param), ctypes.byref(value)))
+        return bool(value.value)
+
+    def trainable_mask(self):
+        """The group-owned mask (one uint8 per param, 1 = trainable) as a zero-copy
+        array; flipping its bytes freezes or unfreezes params from the next step."""
+        mask, count = ctypes.POINTER(ctypes.c_uint8)(), ctypes.c_int32()
+        check(lib.sx_trainable_mask(self.handle, ctypes.byref(mask), ctypes.byref(count)))
+        address = ctypes.cast(mask, ctypes.c_void_p).value
+        return _views.wrap(address, count.value, 1, "B", "uint8", (count.value,), self)
+
+    def refresh_trainable(self):
+        """Applies the mask now (needed only with trainable_autodetect=False)."""
+        check(lib.sx_refresh_trainable(self.handle))
+
+    # -- the step ---------------------------------------------------------------------
+    def accumulate_grads(self):
+        """Collective: folds this micro-batch's gradients into the step's accumulation."""
+        check(lib.sx_accumulate_grads(self.handle))
+
+    def step(self, max_grad_norm=0.0, keep_grads=False, stream=None):
+        """Collective: averages gradients over ranks, clips the global norm to
+        `max_grad_norm` (0: no clipping), updates this rank's shard and gathers the
+        params. Grads are zeroed afterwards unless `keep_grads`. `stream` is a CUDA
+        stream as an int address (None: the group's own). Returns a StepResult."""
+        options = _lib.init_struct(_lib.sx_step_options_t)
+        options.max_grad_norm = float(max_grad_norm)
+        options.keep_grads = 1 if keep_grads else 0
+        options.stream = stream
+        result = _lib.init_struct(_lib.sx_step_result_t)
+        check(lib.sx_step(self.handle, ctypes.byref(options), ctypes.byref(result)))
+        return StepResult(grad_norm=result.grad_norm, step=result.step,
+                          skipped=bool(result.skipped))
+
+    # -- queries ----------------------------------------------------------------------
+    def _int_query(self, fn):
+        value = ctypes.c_int32()
+        check(fn(self.handle, ctypes.byref(value)))
+        return value.value
+
+    rank = property(lambda self: self._int_query(lib.sx_get_rank), doc="This rank.")
+    world_size = property(lambda self: self._int_query(lib.sx_get_world_size),
+                          doc="Number of ranks.")
+    stage = property(lambda self: self._int_query(lib.sx_get_stage), doc="ZeRO stage.")
+    num_params = property(lambda self: self._int_query(lib.sx_get_num_params),
+                          doc="Registered params.")
+    num_units = property(lambda self: self._int_query(lib.sx_get_num_units), doc="Units.")
+    num_param_groups = property(lambda self: self._int_query(lib.sx_get_num_param_groups),
+                                doc="Param groups.")
+
+    def memory_stats(self):
+        """A :class:`MemoryStats` of this rank (after finalize)."""
+        stats = _lib.init_struct(_lib.sx_memory_stats_t)
+        check(lib.sx_get_memory_stats(self.handle, ctypes.byref(stats)))
+        return MemoryStats(**{name: getattr(stats, name)
+                              for name, _ in stats._fields_ if name != "struct_size"})
+
+    # -- checkpoints (see checkpoint.py) ----------------------------------------------
+    def save(self, path, user_blob=b"", *, keep_last=0, synchronous=False, callback=None):
+        """Collective: saves this step boundary's state to the new directory `path`.
+        Returns a :class:`sx.Future` once this rank's shard is snapshotted; training
+        may go on while files are written. `callback(future, status)` runs once on
+        sx's I/O thread when the save completes; it must be quick and must not call
+        the group."""
+        from .checkpoint import save
+        return save(self, path, user_blob, keep_last=keep_last, synchronous=synchronous,
+                    callback=callback)
+
+    def load(self, path, *, params_only=False, allow_missing=False, allow_extra=False):
+        """Collective: loads a checkpoint saved at any world size (params matched by
+        name). Unless params_only, optimizer state, steps and hyperparameters too."""
+        from .checkpoint import load
+        load(self, path, params_only=params_only, allow_missing=allow_missing,
+             allow_extra=allow_extra)

@@ -1,0 +1,125 @@
+"""sx's statuses become Python exceptions carrying the status and sx's message."""
+import os
+import tempfile
+import unittest
+
+import sx
+from _ranks import rendezvous
+
+
+def single_rank_group(**kwargs):
+    return sx.ShardGroup(rendezvous(), 0, 1, backend="cpu", num_threads=1, **kwargs)
+
+
+class ErrorTest(unittest.TestCase):
+    def test_bad_rank_names_the_argument(self):
+        with self.assertRaises(sx.InvalidArgumentError) as cm:
+            sx.ShardGroup(rendezvous(), 5, 4)
+        e = cm.exception
+        self.assertIsInstance(e, sx.SxError)
+        self.assertIsInstance(e, ValueError)
+        self.assertEqual(e.status, sx.SX_ERR_INVALID_ARGUMENT)
+        self.assertEqual(e.status_name, "SX_ERR_INVALID_ARGUMENT")
+        self.assertIn("rank", e.message)
+        self.assertIn("5", e.message)
+
+    def test_bad_stage_and_malformed_rendezvous(self):
+        with self.assertRaises(sx.SxError) as cm:
+            sx.ShardGroup(rendezvous(), 0, 1, stage=7)
+        self.assertEqual(cm.exception.status, sx.SX_ERR_INVALID_ARGUMENT)
+        self.assertIn("stage", cm.exception.message)
+        with self.assertRaises(sx.SxError) as cm:
+            sx.ShardGroup("nonsense", 0, 1)
+        self.assertEqual(cm.exception.status, sx.SX_ERR_INVALID_ARGUMENT)
+        self.assertIn("rendezvous", cm.exception.message)
+
+    def test_binding_side_checks(self):
+        with self.assertRaisesRegex(sx.InvalidArgumentError, "backend.*'tpu'"):
+            sx.ShardGroup(rendezvous(), 0, 1, backend="tpu")
+        with single_rank_group() as g:
+            with self.assertRaisesRegex(sx.InvalidArgumentError, "optimizer.*'lamb'"):
+                g.add_param_group("lamb")
+            with self.assertRaisesRegex(sx.InvalidArgumentError, "unknown hyperparameter 'lrate'"):
+                g.add_param_group("adam", lrate=0.1)
+            with self.assertRaisesRegex(sx.InvalidArgumentError, "shape of 'w'"):
+                g.add_param("w", 8)
+
+    def test_library_side_checks(self):
+        with single_rank_group() as g:
+            g.add_param_group("sgd", lr=0.1)
+            with self.assertRaises(sx.InvalidArgumentError) as cm:
+                g.add_param("w", [4, -2])
+            self.assertIn("shape", cm.exception.message)
+            with self.assertRaises(sx.SxError) as cm:
+                g.add_param("w", [4], param_group=3)
+            self.assertIn("param group 3", cm.exception.message)
+            g.add_param("w", [4])
+            with self.assertRaises(sx.AlreadyExistsError) as cm:
+                g.add_param("w", [4])
+            self.assertEqual(cm.exception.status, sx.SX_ERR_ALREADY_EXISTS)
+            with self.assertRaises(sx.SxError) as cm:
+                g.param_view("w")  # before finalize
+            self.assertEqual(cm.exception.status, sx.SX_ERR_INVALID_STATE)
+            g.finalize()
+            with self.assertRaises(sx.NotFoundError) as cm:
+                g.param_view("nope")
+            self.assertIn("nope", cm.exception.message)
+            with self.assertRaises(sx.SxError) as cm:
+                g.set_lr(0, -1.0)
+            self.assertEqual(cm.exception.status, sx.SX_ERR_INVALID_ARGUMENT)
+            self.assertIn("lr", cm.exception.message)
+            with self.assertRaises(sx.SxError):
+                g.param_view(9)
+
+    def test_load_of_a_missing_checkpoint(self):
+        with tempfile.TemporaryDirectory() as d, single_rank_group() as g:
+            g.add_param_group()
+            g.add_param("w", [4])
+            g.finalize()
+            missing = os.path.join(d, "none")
+            with self.assertRaises(sx.SxError) as cm:
+                g.load(missing)
+            self.assertIn(cm.exception.status, (sx.SX_ERR_IO, sx.SX_ERR_NOT_FOUND))
+            self.assertIn("none", cm.exception.message)
+            with self.assertRaises(sx.SxError):
+                sx.read_user_blob(missing)
+
+    def test_status_strings(self):
+        self.assertTrue(sx.status_string(sx.SX_ERR_TIMEOUT).startswith("SX_ERR_TIMEOUT"))
+        e = sx.errors.error(sx.SX_ERR_MISMATCH, "ranks disagree")
+        self.assertIsInstance(e, sx.MismatchError)
+        self.assertEqual(str(e), "SX_ERR_MISMATCH: ranks disagree")
+
+
+class LifetimeTest(unittest.TestCase):
+    def test_use_after_close_raises_and_double_close_is_fine(self):
+        g = single_rank_group()
+        g.add_param_group()
+        g.close()
+        self.assertTrue(g.closed)
+        with self.assertRaises(sx.InvalidHandleError) as cm:
+            g.add_param("w", [4])
+        self.assertEqual(cm.exception.status, sx.SX_ERR_INVALID_HANDLE)
+        with self.assertRaises(sx.InvalidHandleError):
+            _ = g.rank
+        g.close()
+
+    def test_with_block_closes_even_on_an_exception(self):
+        with self.assertRaises(KeyError):
+            with single_rank_group() as g:
+                raise KeyError("boom")
+        self.assertTrue(g.closed)
+
+    def test_finalizer_releases_a_forgotten_group(self):
+        name = rendezvous()
+        g = sx.ShardGroup(name, 0, 1, backend="cpu", num_threads=1)
+        finalizer = g._finalizer
+        self.assertTrue(finalizer.alive)
+        del g
+        import gc
+        gc.collect()
+        self.assertFalse(finalizer.alive)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,301 @@
+"""Real training over local:// with ranks as threads: views, steps, freezing,
+checkpoints (with resharding), futures and their callbacks."""
+import ctypes
+import math
+import os
+import struct
+import tempfile
+import threading
+import unittest
+
+import sx
+from _ranks import fill, run_ranks, tolist
+
+WORLD = 4
+
+
+def make_group(rank, name, world=WORLD, optimizer="sgd", **hyper):
+    # A short timeout: a test that goes wrong fails in a minute instead of five.
+    g = sx.ShardGroup(name, rank, world, stage=2, backend="cpu", num_threads=1, timeout_ms=60000)
+    g.add_param_group(optimizer, **hyper)
+    g.add_param("w", [3, 5], unit=0)
+    g.add_param("b", [5], unit=1)
+    g.finalize()
+    return g
+
+
+class ViewTest(unittest.TestCase):
+    def test_views_are_shaped_zero_copy_and_seen_by_sx(self):
+        def rank_main(rank, name):
+            with make_group(rank, name, lr=1.0) as g:
+                w, dw = g.param_view("w"), g.grad_view(0)
+                self.assertEqual(tuple(w.shape), (3, 5))
+                self.assertEqual(tuple(g.param_view(1).shape), (5,))
+                if sx.HAVE_NUMPY:
+                    import numpy
+                    self.assertIsInstance(w, numpy.ndarray)
+                    self.assertEqual(w.dtype, numpy.float32)
+                    self.assertEqual(w.ctypes.data, g.raw_view("w").data)
+                else:
+                    self.assertIsInstance(w, memoryview)
+                    self.assertEqual(w.format, "f")
+                self.assertEqual(tolist(w), [0.0] * 15)
+                # Every rank adds (rank + 1) to every gradient; sx averages over ranks.
+                fill(dw, [rank + 1.0] * 15)
+                result = g.step()  # SGD, lr 1: w -= mean gradient = 2.5
+                self.assertEqual(result.step, 1)
+                self.assertFalse(result.skipped)
+                # The grads written through the view reached sx: the norm is of them.
+                self.assertAlmostEqual(result.grad_norm, math.sqrt(15 * 2.5 ** 2), places=5)
+                # The update is visible through the array taken before the step.
+                self.assertEqual(tolist(w), [-2.5] * 15)
+                self.assertEqual(tolist(dw), [0.0] * 15)  # zeroed after the step
+                # Writing through the param view is seen by sx too.
+                fill(w, [1.0] * 15)
+                fill(dw, [2.0] * 15)
+                g.step(keep_grads=True)
+                self.assertEqual(tolist(g.param_view("w")), [-1.0] * 15)
+                self.assertNotIn(0.0, tolist(dw))  # keep_grads: not zeroed
+                return g.rank, g.world_size, g.stage, g.num_params, g.num_units
+        results = run_ranks(WORLD, rank_main)
+        self.assertEqual(results, [(r, WORLD, 2, 2, 2) for r in range(WORLD)])
+
+
+def quadratic_loss_run(rank, name, steps):
+    """Each rank pulls the params towards its own target; returns the losses."""
+    losses = []
+    with make_group(rank, name, optimizer="adam", lr=0.1) as g:
+        w, dw = g.param_view("w"), g.grad_view("w")
+        target = [(rank + k) % 7 / 7.0 for k in range(15)]
+        for _ in range(steps):
+            values = tolist(w)
+            diff = [v - t for v, t in zip(values, target)]
+            losses.append(sum(d * d for d in diff) / len(diff))
+            fill(dw, [2.0 * d / len(diff) for d in diff])
+            g.step(max_grad_norm=10.0)
+    return losses
+
+
+class TrainingTest(unittest.TestCase):
+    def test_loss_falls(self):
+        losses = run_ranks(WORLD, quadratic_loss_run, 25)
+        for rank, rank_losses in enumerate(losses):
+            self.assertLess(rank_losses[-1], 0.5 * rank_losses[0], f"rank {rank}: {rank_losses}")
+
+    def test_queries_and_info(self):
+        def rank_main(rank, name):
+            with make_group(rank, name, optimizer="adamw", lr=0.01, betas=(0.8, 0.9)) as g:
+                self.assertEqual(g.get_hyperparameter(0, "beta1"), 0.8)
+                g.set_hyperparameter(0, "lr", 0.25)
+                self.assertEqual(g.get_hyperparameter(0, sx.SX_HP_LR), 0.25)
+                g.set_lr(0, 0.5)
+                self.assertEqual(g.get_hyperparameter(0, "lr"), 0.5)
+                self.assertEqual(g.num_param_groups, 1)
+                info = g.param_info("w")
+                self.assertEqual((info.index, info.name, info.shape, info.numel), (0, "w", (3, 5), 15))
+                self.assertEqual(g.param_index("b"), 1)
+                self.assertEqual([p.name for p in g.params()], ["w", "b"])
+                unit = g.unit_info(0)
+                self.assertEqual(unit.numel, 15)
+                self.assertEqual(unit.padded_numel, unit.shard_numel * WORLD)
+                self.assertEqual(unit.shard_begin, rank * unit.shard_numel)
+                g.step()
+                stats = g.memory_stats()
+                self.assertGreater(stats.param_bytes, 0)
+                self.assertGreater(stats.optimizer_bytes, 0)
+                # AdamW keeps two fp32 states per element of the 20 elements.
+                self.assertEqual(stats.unsharded_optimizer_bytes, 2 * 4 * 20)
+                return info.shard_end - info.shard_begin
+        covered = run_ranks(WORLD, rank_main)
+        self.assertEqual(sum(covered), 15)  # the shards split w exactly
+
+    def test_freezing(self):
+        def rank_main(rank, name):
+            with make_group(rank, name, lr=1.0) as g:
+                w, b = g.param_view("w"), g.param_view("b")
+                dw, db = g.grad_view("w"), g.grad_view("b")
+                mask = g.trainable_mask()
+                self.assertEqual(list(mask), [1, 1])
+                g.set_trainable("b", False)
+                self.assertFalse(g.is_trainable("b"))
+                self.assertEqual(list(mask), [1, 0])  # the same bytes sx reads
+                fill(dw, [1.0] * 15)
+                fill(db, [1.0] * 5)
+                g.step()
+                self.assertEqual(tolist(w), [-1.0] * 15)
+                self.assertEqual(tolist(b), [0.0] * 5)  # frozen: no update
+                mask[1] = 1  # unfreeze through the mask; the step notices by itself
+                self.assertTrue(g.is_trainable(1))
+                fill(dw, [1.0] * 15)
+                fill(db, [1.0] * 5)
+                g.step()
+                self.assertEqual(tolist(b), [-1.0] * 5)
+                self.assertEqual(tolist(w), [-2.0] * 15)
+        run_ranks(WORLD, rank_main)
+
+    def test_disagreeing_masks_fail_on_every_rank(self):
+        def rank_main(rank, name):
+            with make_group(rank, name, lr=1.0) as g:
+                g.set_trainable("b", rank != 1)
+                with self.assertRaises(sx.MismatchError):
+                    g.step()
+        run_ranks(WORLD, rank_main)
+
+
+def train_steps(g, rank, steps, first_step):
+    """Deterministic gradients that are equal on every rank, so that the average over
+    any world size is the same."""
+    dw, db = g.grad_view("w"), g.grad_view("b")
+    for s in range(first_step, first_step + steps):
+        fill(dw, [math.sin(0.3 * k + s) for k in range(15)])
+        fill(db, [math.cos(0.7 * k - s) for k in range(5)])
+        g.step()
+
+
+class CheckpointTest(unittest.TestCase):
+    def setUp(self):
+        self._dir = tempfile.TemporaryDirectory()
+        self.dir = self._dir.name
+
+    def tearDown(self):
+        self._dir.cleanup()
+
+    def test_save_then_load_at_another_world_size(self):
+        path = os.path.join(self.dir, "step-3")
+        blob = struct.pack("<Q", 3) + bytes(range(256)) * 20  # longer than one read
+
+        def save_at_4(rank, name):
+            with make_group(rank, name, optimizer="adamw", lr=0.05) as g:
+                train_steps(g, rank, 3, 0)
+                with g.save(path, user_blob=blob) as future:
+                    future.wait(timeout=60)
+                    self.assertTrue(future.poll())
+                    done, total = future.progress()
+                    self.assertEqual(done, total)
+                    self.assertEqual(future.error_message, "")
+                snapshot = (tolist(g.param_view("w")), tolist(g.param_view("b")))
+                train_steps(g, rank, 1, 3)  # the reference: the 4th step at 4 ranks
+                return snapshot, tolist(g.param_view("w")), tolist(g.param_view("b")), total
+
+        def load_at_2(rank, name):
+            with make_group(rank, name, world=2, optimizer="adamw", lr=0.5) as g:
+                g.load(path)
+                self.assertEqual(g.get_hyperparameter(0, "lr"), 0.05)  # restored
+                loaded = (tolist(g.param_view("w")), tolist(g.param_view("b")))
+                train_steps(g, rank, 1, 3)
+                return loaded, tolist(g.param_view("w")), tolist(g.param_view("b"))
+
+        at4 = run_ranks(4, save_at_4)
+        # Ranks whose shards hold only padding write nothing; some rank wrote the data.
+        self.assertGreater(sum(r[3] for r in at4), 15 * 4)
+        self.assertEqual(sx.read_user_blob(path), blob)
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "latest")))
+        at2 = run_ranks(2, load_at_2)
+        saved = at4[0][0]
+        for rank in range(2):
+            self.assertEqual(at2[rank][0], saved, "params after load differ from those saved")
+            for got, want in zip(at2[rank][1] + at2[rank][2], at4[0][1] + at4[0][2]):
+                # Optimizer state came along: the next step matches the 4-rank run.
+                self.assertAlmostEqual(got, want, delta=1e-6 * max(1.0, abs(want)))
+        self.assertNotEqual(at4[0][1], saved[0], "the reference step changed nothing")
+
+    def test_params_only_load(self):
+        path = os.path.join(self.dir, "ck")
+
+        def rank_main(rank, name):
+            with make_group(rank, name, optimizer="adamw", lr=0.05) as g:
+                train_steps(g, rank, 2, 0)
+                g.save(path, synchronous=True).close()
+                return tolist(g.param_view("w"))
+
+        def reload(rank, name):
+            with make_group(rank, name, optimizer="adamw", lr=0.5) as g:
+                g.load(path, params_only=True)
+                self.assertEqual(g.get_hyperparameter(0, "lr"), 0.5)  # not restored
+                return tolist(g.param_view("w"))
+
+        saved = run_ranks(WORLD, rank_main)[0]
+        self.assertEqual(run_ranks(WORLD, reload), [saved] * WORLD)
+
+    def test_callbacks_run_once_with_the_future(self):
+        calls = []
+        lock = threading.Lock()
+
+        def callback(future, status):
+            with lock:
+                calls.append((threading.current_thread() is threading.main_thread(),
+                              future, status))
+
+        def rank_main(rank, name):
+            with make_group(rank, name) as g:
+                train_steps(g, rank, 1, 0)
+                future = g.save(os.path.join(self.dir, "cb"), callback=callback)
+                future.wait()
+                future.close()
+                future.close()  # double close is fine
+                with self.assertRaises(sx.InvalidHandleError):
+                    future.poll()
+                return future
+
+        futures = run_ranks(WORLD, rank_main)
+        self.assertEqual(len(calls), WORLD)
+        for on_main, future, status in calls:
+            self.assertFalse(on_main)
+            self.assertEqual(status, sx.SX_OK)
+            self.assertIn(future, futures)
+            self.assertIsNone(future.callback_error)
+
+    def test_a_failing_callback_is_reported_not_raised(self):
+        def callback(future, status):
+            raise RuntimeError("from the callback")
+
+        def rank_main(rank, name):
+            with make_group(rank, name) as g:
+                with g.save(os.path.join(self.dir, "bad-cb"), callback=callback) as future:
+                    future.wait()
+                    return future.callback_error
+        import contextlib
+        import io
+        with contextlib.redirect_stderr(io.StringIO()):
+            errors = run_ranks(WORLD, rank_main)
+        self.assertTrue(all(isinstance(e, RuntimeError) for e in errors), errors)
+
+    def test_save_into_an_existing_directory_fails(self):
+        path = os.path.join(self.dir, "exists")
+        os.mkdir(path)
+
+        def rank_main(rank, name):
+            with make_group(rank, name) as g:
+                with self.assertRaises(sx.SxError) as cm:
+                    g.save(path).wait()
+                self.assertIn("exists", str(cm.exception))
+        run_ranks(WORLD, rank_main)
+
+    def test_keep_last(self):
+        def rank_main(rank, name):
+            with make_group(rank, name) as g:
+                for k in range(3):
+                    train_steps(g, rank, 1, k)
+                    g.save(os.path.join(self.dir, f"step-{k}"), keep_last=2).wait()
+        run_ranks(WORLD, rank_main)
+        kept = sorted(d for d in os.listdir(self.dir) if d.startswith("step-"))
+        self.assertEqual(kept, ["step-1", "step-2"])
+
+
+class LogTest(unittest.TestCase):
+    def test_set_and_clear(self):
+        messages = []
+        sx.set_log_callback(lambda level, text: messages.append((level, text)), "debug")
+        try:
+            with self.assertRaisesRegex(sx.InvalidArgumentError, "max_level"):
+                sx.set_log_callback(print, "loud")
+            run_ranks(2, lambda rank, name: make_group(rank, name, world=2).close())
+            for level, text in messages:
+                self.assertIn(level, range(sx.SX_LOG_ERROR, sx.SX_LOG_DEBUG + 1))
+                self.assertIsInstance(text, str)
+        finally:
+            sx.set_log_callback(None)
+
+
+if __name__ == "__main__":
+    unittest.main()
