@@ -41,9 +41,11 @@ def samples(args):
         path = getattr(args, lang) or os.environ.get(f"SX_SAMPLE_{lang.upper()}")
         if path and os.access(path, os.X_OK):
             found[lang] = [path]
+        elif path:
+            # A sample that was meant to be built and is not is a failure, not a skip.
+            sys.exit(f"the {lang} sample {path} is not an executable (did bindings_{lang} build it?)")
         else:
-            skipped.append(f"{lang}: no built sample given (--{lang} or SX_SAMPLE_{lang.upper()})"
-                           + (f"; {path} is not an executable" if path else ""))
+            skipped.append(f"{lang}: no built sample given (--{lang} or SX_SAMPLE_{lang.upper()})")
     script = os.path.join(ROOT, "samples", "julia", "train_linreg.jl")
     julia = shutil.which("julia")
     if julia and os.path.exists(script):

@@ -344,8 +344,9 @@ typedef struct sx_step_options {
     /* CUDA stream (cudaStream_t) to order the step on; NULL = the group's own. */
     void *stream;
     /* 0 (default): zero the grad views after the step, so the next backward can add
-     * into them. 1: leave them as they are (a trainer whose backward overwrites its
-     * gradients, or zeroes them itself, saves a pass over memory). */
+     * into them. 1: do not zero them (a trainer whose backward overwrites its
+     * gradients, or zeroes them itself, saves a pass over memory); their contents after
+     * the step are then unspecified, as the reduction may use them as scratch. */
     int32_t keep_grads;
     int32_t reserved0;
 } sx_step_options_t;

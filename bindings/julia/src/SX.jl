@@ -15,7 +15,7 @@ using Libdl
 
 export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, param_view,
        grad_view, step!, save, load!, read_user_blob, set_trainable!, is_trainable,
-       trainable_mask, param_info, unit_info, memory_stats, with_group
+       trainable_mask, param_info, unit_info, memory_stats, with_group, wait_staged
 
 # The ABI version this binding was written against: the runtime's major must match and
 # its minor must not be older.
@@ -586,6 +586,14 @@ function Base.wait(f::Future; timeout::Union{Nothing,Real}=nothing)
     status == SX_OK && return nothing
     msg = unsafe_string(@ccall libsx.sx_future_error_message(h::Ptr{Cvoid})::Cstring)
     throw(SXError(status, isempty(msg) ? last_error_message() : msg))
+end
+
+"""Waits until the snapshot has been copied out of the group's memory (after that,
+params may be written through views without reaching this checkpoint)."""
+function wait_staged(f::Future; timeout::Union{Nothing,Real}=nothing)
+    ms = timeout === nothing ? Int64(-1) : Int64(round(timeout * 1000))
+    h = _fhandle(f)
+    check(@blocking @ccall libsx.sx_future_wait_staged(h::Ptr{Cvoid}, ms::Int64)::Int32)
 end
 
 """True once the save has completed."""

@@ -243,6 +243,7 @@ PROTOTYPES = {
     "sx_save_optim_state": (c_status, [sx_shard_group_p, _P(sx_save_options_t), _P(sx_future_p)]),
     "sx_future_poll": (c_status, [sx_future_p, _P(_c.c_int32)]),
     "sx_future_wait": (c_status, [sx_future_p, _c.c_int64]),
+    "sx_future_wait_staged": (c_status, [sx_future_p, _c.c_int64]),
     "sx_future_cancel": (c_status, [sx_future_p]),
     "sx_future_error_message": (_c.c_char_p, [sx_future_p]),
     "sx_future_progress": (c_status, [sx_future_p, _P(_c.c_uint64), _P(_c.c_uint64)]),

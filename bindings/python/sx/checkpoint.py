@@ -48,6 +48,13 @@ class Future(Handle):
             message = lib.sx_future_error_message(self.handle).decode("utf-8", "replace")
             raise error(status, message or lib.sx_last_error_message().decode("utf-8", "replace"))
 
+    def wait_staged(self, timeout=None):
+        """Waits until the snapshot has been copied out of the group's memory; after
+        that, params may be written through views without reaching this checkpoint.
+        `timeout` in seconds (None: forever); raises SxTimeoutError if not staged by then."""
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        check(lib.sx_future_wait_staged(self.handle, ms))
+
     def cancel(self):
         """Asks a running save to stop (it then fails with CancelledError and commits
         nothing). No effect on a completed one. Any thread."""

@@ -230,6 +230,7 @@ class CheckpointTest(unittest.TestCase):
             with make_group(rank, name) as g:
                 train_steps(g, rank, 1, 0)
                 future = g.save(os.path.join(self.dir, "cb"), callback=callback)
+                future.wait_staged()
                 future.wait()
                 future.close()
                 future.close()  # double close is fine
