@@ -16,6 +16,7 @@
 // Last: CMocka defines a fail() macro.
 #include "sx_cmocka.h"
 #include "test_files.h"
+#include "test_groups.h"
 
 namespace {
 
@@ -26,24 +27,7 @@ using sxtest::read_file;
 using sxtest::remove_tree;
 
 sx_shard_group_t *make_group(const std::string &name) {
-    sx_group_config_t cfg;
-    sx_group_config_init(&cfg, sizeof cfg);
-    const std::string rv = "local://" + name;
-    cfg.rendezvous = rv.c_str();
-    cfg.world_size = 1;
-    cfg.num_threads = 1;
-    sx_shard_group_t *g = nullptr;
-    assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
-    sx_param_group_desc_t pg;
-    sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_ADAMW);
-    assert_int_equal(sx_add_param_group(g, &pg, nullptr), SX_OK);
-    sx_param_desc_t d;
-    sx_param_desc_init(&d, sizeof d);
-    d.name = "w";
-    d.ndim = 2;
-    d.shape = kShape;
-    assert_int_equal(sx_add_param(g, &d, nullptr), SX_OK);
-    assert_int_equal(sx_finalize(g), SX_OK);
+    sx_shard_group_t *g = sxtest::one_rank_group(name, {{"w", {kShape[0], kShape[1]}}});
     sx_view_t v;
     sx_view_init(&v, sizeof v);
     sx_param_view(g, 0, &v);
@@ -194,32 +178,7 @@ void test_params_written_after_staging_are_not_saved(void **) {
     remove_tree(dir);
 }
 
-// A group of the given params (name, numel), all in one unit, trained `n` steps with
-// gradients that depend on the param's name and the step only.
-sx_shard_group_t *named_group(const std::string &rv, const std::vector<std::pair<std::string, int64_t>> &params) {
-    sx_group_config_t cfg;
-    sx_group_config_init(&cfg, sizeof cfg);
-    const std::string url = "local://" + rv;
-    cfg.rendezvous = url.c_str();
-    cfg.world_size = 1;
-    cfg.num_threads = 1;
-    sx_shard_group_t *g = nullptr;
-    assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
-    sx_param_group_desc_t pg;
-    sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_ADAMW);
-    assert_int_equal(sx_add_param_group(g, &pg, nullptr), SX_OK);
-    for (const auto &p : params) {
-        sx_param_desc_t d;
-        sx_param_desc_init(&d, sizeof d);
-        d.name = p.first.c_str();
-        d.ndim = 1;
-        d.shape = &p.second;
-        assert_int_equal(sx_add_param(g, &d, nullptr), SX_OK);
-    }
-    assert_int_equal(sx_finalize(g), SX_OK);
-    return g;
-}
-
+// Every param's gradient depends on its name's first letter and the step only.
 void train_named(sx_shard_group_t *g, int first, int n) {
     int32_t count = 0;
     sx_get_num_params(g, &count);
@@ -254,22 +213,15 @@ std::vector<float> values_of(sx_shard_group_t *g, const char *name) {
 void test_missing_and_extra_params(void **) {
     const std::string dir = make_tmpdir();
     const std::string path = dir + "/ck";
-    sx_shard_group_t *a = named_group("api-miss-a", {{"a", 100}, {"b", 50}});
+    sx_shard_group_t *a = sxtest::one_rank_group("api-miss-a", {{"a", {100}}, {"b", {50}}});
     train_named(a, 1, 2);
-    sx_save_options_t so;
-    sx_save_options_init(&so, sizeof so);
-    so.path = path.c_str();
-    so.synchronous = 1;
-    sx_future_t *f = nullptr;
-    assert_int_equal(sx_save_optim_state(a, &so, &f), SX_OK);
-    assert_int_equal(sx_future_wait(f, -1), SX_OK);
-    sx_future_destroy(f);
+    sxtest::save_sync(a, path);
 
     sx_load_options_t lo;
     sx_load_optim_state_options_init(&lo, sizeof lo);
     lo.path = path.c_str();
     // "c" sits between "a" and "b" in the same flat buffer.
-    sx_shard_group_t *b = named_group("api-miss-b", {{"a", 100}, {"c", 30}, {"b", 50}});
+    sx_shard_group_t *b = sxtest::one_rank_group("api-miss-b", {{"a", {100}}, {"c", {30}}, {"b", {50}}});
     train_named(b, 7, 3);
     const std::vector<float> c_before = values_of(b, "c"), a_before = values_of(b, "a");
     assert_int_equal(sx_load_optim_state(b, &lo), SX_ERR_NOT_FOUND);
@@ -287,7 +239,7 @@ void test_missing_and_extra_params(void **) {
     assert_true(values_of(b, "b") == values_of(a, "b"));
     assert_true(values_of(b, "c") != c_before);
 
-    sx_shard_group_t *c = named_group("api-miss-c", {{"a", 100}});
+    sx_shard_group_t *c = sxtest::one_rank_group("api-miss-c", {{"a", {100}}});
     lo.flags = 0;
     assert_int_equal(sx_load_optim_state(c, &lo), SX_ERR_MISMATCH);
     assert_non_null(std::strstr(sx_last_error_message(), "'b'"));

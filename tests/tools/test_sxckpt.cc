@@ -33,6 +33,7 @@
 #include "sx/sx.h"
 // Last: CMocka defines a fail() macro.
 #include "sx_cmocka.h"
+#include "test_groups.h"
 #include "test_files.h"
 
 extern char **environ;
@@ -657,41 +658,16 @@ void test_export_safetensors(void **) {
 
 // A one-rank checkpoint of the given params (one AdamW step), saved at dir/small/name.
 std::string small_checkpoint(const std::string &name, const std::vector<const char *> &params) {
-    sx_group_config_t cfg;
-    sx_group_config_init(&cfg, sizeof cfg);
-    const std::string rv = "local://sxckpt-" + name + "-" + std::to_string(getpid());
-    cfg.rendezvous = rv.c_str();
-    cfg.world_size = 1;
-    cfg.num_threads = 1;
-    sx_shard_group_t *h = nullptr;
-    assert_int_equal(sx_create_shard_group(&cfg, &h), SX_OK);
-    sx_param_group_desc_t a;
-    sx_param_group_desc_init(&a, sizeof a, SX_OPTIM_ADAMW);
-    assert_int_equal(sx_add_param_group(h, &a, nullptr), SX_OK);
-    const int64_t shape[1] = {4};
-    for (const char *p : params) {
-        sx_param_desc_t d;
-        sx_param_desc_init(&d, sizeof d);
-        d.name = p;
-        d.ndim = 1;
-        d.shape = shape;
-        assert_int_equal(sx_add_param(h, &d, nullptr), SX_OK);
-    }
-    assert_int_equal(sx_finalize(h), SX_OK);
+    std::vector<sxtest::ParamDef> defs;
+    for (const char *p : params) defs.push_back({p, {4}});
+    sx_shard_group_t *h = sxtest::one_rank_group("sxckpt-" + name, defs);
     assert_int_equal(sx_step(h, nullptr, nullptr), SX_OK);
     // Beside the others would move their parent's `latest`, which a test reads.
     const std::string parent = fx->dir + "/small";
     if (mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST)
         fail_msg("mkdir %s: %s", parent.c_str(), std::strerror(errno));
     const std::string path = parent + "/" + name;
-    sx_save_options_t so;
-    sx_save_options_init(&so, sizeof so);
-    so.path = path.c_str();
-    so.synchronous = 1;
-    sx_future_t *f = nullptr;
-    assert_int_equal(sx_save_optim_state(h, &so, &f), SX_OK);
-    assert_int_equal(sx_future_wait(f, -1), SX_OK);
-    sx_future_destroy(f);
+    sxtest::save_sync(h, path);
     sx_destroy_shard_group(h);
     return path;
 }
@@ -720,46 +696,22 @@ void test_export_refuses_colliding_names(void **) {
     }
 }
 
-// One rank over local://, one SGD param group with `momentum`, and 1-D params of
-// `numel` elements each, finalized.
+// One rank, one SGD param group with `momentum`, and 1-D params of `numel` elements each.
 sx_shard_group_t *one_rank_sgd(const std::string &tag, const std::vector<const char *> &names, int64_t numel,
                                double momentum) {
-    sx_group_config_t cfg;
-    sx_group_config_init(&cfg, sizeof cfg);
-    const std::string rv = "local://sxckpt-" + tag + "-" + std::to_string(getpid());
-    cfg.rendezvous = rv.c_str();
-    cfg.world_size = 1;
-    cfg.num_threads = 1;
-    sx_shard_group_t *h = nullptr;
-    assert_int_equal(sx_create_shard_group(&cfg, &h), SX_OK);
     sx_param_group_desc_t sgd;
     sx_param_group_desc_init(&sgd, sizeof sgd, SX_OPTIM_SGD);
     sgd.momentum = momentum;
-    assert_int_equal(sx_add_param_group(h, &sgd, nullptr), SX_OK);
-    for (const char *name : names) {
-        sx_param_desc_t d;
-        sx_param_desc_init(&d, sizeof d);
-        d.name = name;
-        d.ndim = 1;
-        d.shape = &numel;
-        assert_int_equal(sx_add_param(h, &d, nullptr), SX_OK);
-    }
-    assert_int_equal(sx_finalize(h), SX_OK);
-    return h;
+    std::vector<sxtest::ParamDef> defs;
+    for (const char *name : names) defs.push_back({name, {numel}});
+    return sxtest::one_rank_group("sxckpt-" + tag, defs, &sgd);
 }
 
 // Saves h synchronously into ck, a new directory of `parent` (created here), then
 // destroys h.
 void save_and_destroy(sx_shard_group_t *h, const std::string &parent, const std::string &ck) {
     assert_int_equal(mkdir(parent.c_str(), 0755), 0);
-    sx_save_options_t so;
-    sx_save_options_init(&so, sizeof so);
-    so.path = ck.c_str();
-    so.synchronous = 1;
-    sx_future_t *f = nullptr;
-    assert_int_equal(sx_save_optim_state(h, &so, &f), SX_OK);
-    assert_int_equal(sx_future_wait(f, -1), SX_OK);
-    sx_future_destroy(f);
+    sxtest::save_sync(h, ck);
     sx_destroy_shard_group(h);
 }
 
