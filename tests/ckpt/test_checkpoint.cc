@@ -26,6 +26,7 @@
 // Last: CMocka defines a fail() macro.
 #include "sx_cmocka.h"
 #include "test_files.h"
+#include "test_groups.h"
 
 namespace {
 
@@ -282,24 +283,7 @@ void write_file(const std::string &path, const std::string &bytes) { assert_true
 struct Tiny {
     sx_shard_group_t *h = nullptr;
     explicit Tiny(const std::string &name) {
-        sx_group_config_t cfg;
-        sx_group_config_init(&cfg, sizeof cfg);
-        const std::string rv = "local://" + name;
-        cfg.rendezvous = rv.c_str();
-        cfg.world_size = 1;
-        cfg.num_threads = 1;
-        assert_int_equal(sx_create_shard_group(&cfg, &h), SX_OK);
-        sx_param_group_desc_t pg;
-        sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_ADAMW);
-        assert_int_equal(sx_add_param_group(h, &pg, nullptr), SX_OK);
-        const int64_t shape[1] = {8};
-        sx_param_desc_t d;
-        sx_param_desc_init(&d, sizeof d);
-        d.name = "tiny";
-        d.ndim = 1;
-        d.shape = shape;
-        assert_int_equal(sx_add_param(h, &d, nullptr), SX_OK);
-        assert_int_equal(sx_finalize(h), SX_OK);
+        h = sxtest::one_rank_group(name, {{"tiny", {8}}});
         sx_view_t v;
         sx_view_init(&v, sizeof v);
         for (int s = 0; s < 2; ++s) {
