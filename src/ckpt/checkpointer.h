@@ -46,18 +46,6 @@ struct LoadOptions {
     bool allow_extra = false;       // params of the checkpoint absent from the group are ignored
 };
 
-// Holds a group's shard fence while alive.
-class FenceHold {
-  public:
-    explicit FenceHold(core::ShardFence &fence) : fence_(fence) { fence_.hold(); }
-    ~FenceHold() { fence_.release(); }
-    FenceHold(const FenceHold &) = delete;
-    FenceHold &operator=(const FenceHold &) = delete;
-
-  private:
-    core::ShardFence &fence_;
-};
-
 // One save's snapshot: what stage and persist need, independent of the live group's
 // tables (only the shard's memory is read, through `sources`, while `hold` lives).
 struct Snapshot {
@@ -65,7 +53,7 @@ struct Snapshot {
     int rank = 0, world_size = 1;
     WritePlan plan;
     std::vector<const float *> sources;  // per plan chunk: its first element in live memory
-    std::unique_ptr<FenceHold> hold;     // released once staged
+    std::unique_ptr<core::ShardFence::Hold> hold;     // released once staged
     Manifest skeleton;  // everything but files and chunks
     SaveOptions options;
 };

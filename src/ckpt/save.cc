@@ -167,7 +167,7 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
         m.params.push_back(std::move(e));
     }
     s.sequence = g.next_checkpoint_sequence();
-    s.hold.reset(new FenceHold(g.shard_fence()));
+    s.hold.reset(new core::ShardFence::Hold(g.shard_fence()));
     *out = std::move(s);
     return Status::Ok();
 }

@@ -64,6 +64,18 @@ class ShardFence {
     void release();
     void wait_readers() const;  // returns once nothing holds the fence
 
+    // Holds the fence while alive.
+    class Hold {
+      public:
+        explicit Hold(ShardFence &fence) : fence_(fence) { fence_.hold(); }
+        ~Hold() { fence_.release(); }
+        Hold(const Hold &) = delete;
+        Hold &operator=(const Hold &) = delete;
+
+      private:
+        ShardFence &fence_;
+    };
+
   private:
     mutable std::mutex mu_;
     mutable std::condition_variable cv_;
