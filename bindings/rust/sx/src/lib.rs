@@ -100,8 +100,10 @@ mod tests {
         let e = check_runtime_version((sys::SX_VERSION_MAJOR + 1, 0, 0)).unwrap_err();
         assert_eq!(e.status(), sys::SX_ERR_VERSION);
         assert!(e.message().contains("needs"), "{}", e);
-        if sys::SX_VERSION_MINOR > 0 {
-            assert!(check_runtime_version((sys::SX_VERSION_MAJOR, sys::SX_VERSION_MINOR - 1, 0)).is_err());
+        // checked_sub, not `MINOR > 0 && MINOR - 1`: rustc 1.63 rejects the constant
+        // `0 - 1` (deny(arithmetic_overflow)) even in a branch that cannot run.
+        if let Some(older) = sys::SX_VERSION_MINOR.checked_sub(1) {
+            assert!(check_runtime_version((sys::SX_VERSION_MAJOR, older, 0)).is_err());
         }
         assert!(check_version().is_ok());
     }
