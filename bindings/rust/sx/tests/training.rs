@@ -72,7 +72,7 @@ fn freezing_and_unfreezing_are_picked_up() {
         g.add_param(&Param::new("b", &[6]).unit(0))?;
         g.finalize()?;
         let step_with_ones = |g: &mut ShardGroup| -> sx::Result<()> {
-            let mut t = g.tensors_mut()?;
+            let t = g.tensors_mut()?;
             t.grads.into_iter().for_each(|gr| gr.iter_mut().for_each(|x| *x = 1.0));
             g.step(None).map(|_| ())
         };
