@@ -6,7 +6,13 @@ set -eu
 cargo=$1 lib_dir=$2 layout=$3 build=$4 sample_out=$5 ref=$6
 here=$(cd "$(dirname "$0")" && pwd)
 export SX_LIB_DIR="$lib_dir" SX_LAYOUT_JSON="$layout"
+# The rustc beside the configured cargo, not whichever is first on PATH (Debian's cargo
+# with rustup's rustc, or the reverse, is a pairing nobody tested); RUSTC set wins.
+if [ -z "${RUSTC:-}" ] && [ -x "$(dirname "$cargo")/rustc" ]; then
+  export RUSTC="$(dirname "$cargo")/rustc"
+fi
 "$cargo" --version
+"${RUSTC:-rustc}" --version
 CARGO_TARGET_DIR="$build/target" "$cargo" test --offline -j 2 --manifest-path "$here/Cargo.toml"
 CARGO_TARGET_DIR="$build/sample-target" "$cargo" build --offline -j 2 --release \
   --manifest-path "$here/../../samples/rust/Cargo.toml"
