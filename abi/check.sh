@@ -14,7 +14,9 @@ lib=${1:?usage: abi/check.sh path/to/libsx.so [--update]}
 baseline="$here/libsx.abi.xml"
 fail() { echo "ABI check FAILED: $*" >&2; exit 1; }
 
-readelf -S --wide "$lib" | grep -q '\.debug_info' ||
+# grep without -q reads all of readelf's output: with -q it may exit first, and under
+# pipefail readelf's SIGPIPE (exit 141) would fail the check on a library that has it.
+readelf -S --wide "$lib" | grep '\.debug_info' >/dev/null ||
   fail "$lib has no .debug_info; build it with -g (RelWithDebInfo) so types can be compared"
 
 # Exported symbols: defined, dynamic, global; ignore the version node (type A).

@@ -8,7 +8,9 @@ package sx
 import "C"
 
 import (
+	"fmt"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"unsafe"
 )
@@ -22,7 +24,7 @@ const (
 	BackendCUDA Backend = 2
 )
 
-// Dtype of a param.
+// Dtype of a param or a view.
 type Dtype int32
 
 const (
@@ -30,6 +32,18 @@ const (
 	DtypeF16  Dtype = 2
 	DtypeBF16 Dtype = 3
 )
+
+func (d Dtype) String() string {
+	switch d {
+	case DtypeF32:
+		return "f32"
+	case DtypeF16:
+		return "f16"
+	case DtypeBF16:
+		return "bf16"
+	}
+	return fmt.Sprintf("Dtype(%d)", int32(d))
+}
 
 // Where a view's data lives.
 const (
@@ -59,6 +73,11 @@ type GroupConfig struct {
 	Flags         uint32
 	BindAddress   string
 	DeviceOrdinal int32
+	// Mixed precision. GradDtype DtypeF32: fp32 gradients for every param, whatever its
+	// dtype (0: each param's own dtype). ReduceDtype DtypeF32: 16-bit gradients are
+	// summed over ranks in fp32 (0: in their own dtype).
+	GradDtype   Dtype
+	ReduceDtype Dtype
 }
 
 // ShardGroup is this rank's handle of a shard group. Close releases it; a finalizer
@@ -93,6 +112,8 @@ func NewShardGroup(cfg GroupConfig) (*ShardGroup, error) {
 	c.timeout_ms = C.int32_t(cfg.TimeoutMs)
 	c.flags = C.uint32_t(cfg.Flags)
 	c.device_ordinal = C.int32_t(cfg.DeviceOrdinal)
+	c.grad_dtype = C.int32_t(cfg.GradDtype)
+	c.reduce_dtype = C.int32_t(cfg.ReduceDtype)
 	var raw *C.sx_shard_group_t
 	if err := call(func() C.sx_status_t { return C.sx_create_shard_group(&c, &raw) }); err != nil {
 		return nil, err
@@ -226,7 +247,8 @@ func (g *ShardGroup) SetLR(paramGroup int32, lr float64) error {
 	})
 }
 
-// Param describes a param to register. Dtype 0 means fp32.
+// Param describes a param to register. Dtype 0 means fp32; DtypeF16 and DtypeBF16 params
+// (all params of one unit share a dtype) get fp32 master weights and optimizer state.
 type Param struct {
 	Name       string
 	Shape      []int64
@@ -275,12 +297,53 @@ func (g *ShardGroup) BroadcastParams(root int32) error {
 	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_broadcast_params(raw, C.int32_t(root)) })
 }
 
-// View is a raw window into sx's memory.
+// View is a raw window into sx's memory, valid until the group is closed.
 type View struct {
 	Data   unsafe.Pointer
 	Numel  uint64
 	Dtype  Dtype
 	Device int32
+}
+
+// hostOf checks that the view is host memory of one of dtypes, which hold goType.
+func (v View) hostOf(goType string, dtypes ...Dtype) error {
+	for _, d := range dtypes {
+		if v.Dtype == d && v.Device == DeviceCPU {
+			return nil
+		}
+	}
+	where := "host"
+	if v.Device != DeviceCPU {
+		where = "device"
+	}
+	names := make([]string, len(dtypes))
+	for i, d := range dtypes {
+		names[i] = d.String()
+	}
+	return errorf(ErrUnsupported, "%v data in %s memory cannot be viewed as []%s (only %s host memory can)",
+		v.Dtype, where, goType, strings.Join(names, " or "))
+}
+
+// Float32s is the view's fp32 host memory as a zero-copy slice.
+func (v View) Float32s() ([]float32, error) {
+	if err := v.hostOf("float32", DtypeF32); err != nil {
+		return nil, err
+	}
+	if v.Numel == 0 {
+		return []float32{}, nil
+	}
+	return unsafe.Slice((*float32)(v.Data), int(v.Numel)), nil
+}
+
+// Uint16s is the view's fp16 or bf16 host memory as a zero-copy slice of the raw bits.
+func (v View) Uint16s() ([]uint16, error) {
+	if err := v.hostOf("uint16", DtypeF16, DtypeBF16); err != nil {
+		return nil, err
+	}
+	if v.Numel == 0 {
+		return []uint16{}, nil
+	}
+	return unsafe.Slice((*uint16)(v.Data), int(v.Numel)), nil
 }
 
 func (g *ShardGroup) view(grad bool, param int32) (View, error) {
@@ -295,10 +358,12 @@ func (g *ShardGroup) view(grad bool, param int32) (View, error) {
 	return View{Data: v.data, Numel: uint64(v.numel), Dtype: Dtype(v.dtype), Device: int32(v.device)}, err
 }
 
-// ParamView is the raw view of a param's values.
+// ParamView is the raw view of a param's values (16-bit for an fp16 or bf16 param:
+// see View.Uint16s).
 func (g *ShardGroup) ParamView(param int32) (View, error) { return g.view(false, param) }
 
-// GradView is the raw view of a param's gradient.
+// GradView is the raw view of a param's gradient (16-bit for an fp16 or bf16 param,
+// unless GroupConfig.GradDtype is DtypeF32).
 func (g *ShardGroup) GradView(param int32) (View, error) { return g.view(true, param) }
 
 func (g *ShardGroup) f32(grad bool, param int32) ([]float32, error) {
@@ -306,18 +371,15 @@ func (g *ShardGroup) f32(grad bool, param int32) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
-	if v.Dtype != DtypeF32 || v.Device != DeviceCPU {
+	s, err := v.Float32s()
+	if err != nil {
 		what, call := "param", "ParamView"
 		if grad {
 			what, call = "grad", "GradView"
 		}
-		return nil, errorf(ErrUnsupported, "the %s of param %d is dtype %d on device %d; only fp32 host memory "+
-			"can be viewed as []float32 (use %s)", what, param, v.Dtype, v.Device, call)
+		return nil, errorf(ErrUnsupported, "the %s of param %d: %s; use %s", what, param, err.(*Error).Message, call)
 	}
-	if v.Numel == 0 {
-		return []float32{}, nil
-	}
-	return unsafe.Slice((*float32)(v.Data), int(v.Numel)), nil
+	return s, nil
 }
 
 // Param returns a param's values: a zero-copy slice of sx's flat buffer, valid until
@@ -381,9 +443,10 @@ type StepOptions struct {
 
 // StepResult of Step.
 type StepResult struct {
-	GradNorm float64
-	Step     uint64
-	Skipped  bool
+	GradNorm  float64
+	Step      uint64
+	Skipped   bool    // dynamic loss scaling found inf/NaN gradients and skipped the step
+	LossScale float64 // what to multiply the next losses by (1 without loss scaling)
 }
 
 // Step (collective) averages the gradients over ranks, clips, updates and gathers.
@@ -401,7 +464,46 @@ func (g *ShardGroup) Step(opts *StepOptions) (StepResult, error) {
 	var r C.sx_step_result_t
 	C.sx_step_result_init(&r, C.size_t(unsafe.Sizeof(r)))
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_step(raw, op, &r) })
-	return StepResult{GradNorm: float64(r.grad_norm), Step: uint64(r.step), Skipped: r.skipped != 0}, err
+	return StepResult{GradNorm: float64(r.grad_norm), Step: uint64(r.step), Skipped: r.skipped != 0,
+		LossScale: float64(r.loss_scale)}, err
+}
+
+// LossScalingMode says how LossScaling treats the gradients.
+type LossScalingMode int32
+
+const (
+	LossScalingNone    LossScalingMode = 0 // gradients are used as they are (the default)
+	LossScalingDynamic LossScalingMode = 1 // skip steps with inf/NaN gradients, back off and grow
+	LossScalingStatic  LossScalingMode = 2 // divide by InitScale, never skip
+)
+
+// LossScaling has torch.cuda.amp.GradScaler's semantics; zero fields take its defaults
+// (InitScale 65536, GrowthFactor 2, BackoffFactor 0.5, GrowthInterval 2000).
+type LossScaling struct {
+	Mode           LossScalingMode
+	InitScale      float64 // finite, > 0
+	GrowthFactor   float64 // > 1
+	BackoffFactor  float64 // in (0, 1)
+	GrowthInterval int32   // steps in a row without inf/NaN before the scale grows; > 0
+}
+
+// SetLossScaling sets loss scaling (between steps; every rank the same) and resets the
+// scale to InitScale.
+func (g *ShardGroup) SetLossScaling(s LossScaling) error {
+	var c C.sx_loss_scaling_t
+	C.sx_loss_scaling_init(&c, C.size_t(unsafe.Sizeof(c)))
+	c.mode = C.int32_t(s.Mode)
+	c.init_scale, c.growth_factor, c.backoff_factor = C.double(s.InitScale), C.double(s.GrowthFactor), C.double(s.BackoffFactor)
+	c.growth_interval = C.int32_t(s.GrowthInterval)
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_set_loss_scaling(raw, &c) })
+}
+
+// LossScale is what the next losses are to be multiplied by before backward (1 without
+// loss scaling); Step divides the gradients by it.
+func (g *ShardGroup) LossScale() (float64, error) {
+	var v C.double
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_get_loss_scale(raw, &v) })
+	return float64(v), err
 }
 
 func (g *ShardGroup) Rank() (int32, error) {

@@ -404,3 +404,88 @@ func TestSaveAndLoadReshardFourToTwo(t *testing.T) {
 		return nil
 	})
 }
+
+func TestBF16ParamsWithFP32GradsAndLossScaling(t *testing.T) {
+	cfg := config(rendezvous("bf16"), 0, 1)
+	cfg.GradDtype = DtypeF32
+	g, err := NewShardGroup(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	pg := NewParamGroup(SGD)
+	pg.LR = 0.5
+	if _, err := g.AddParamGroup(pg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.AddParam(Param{Name: "w", Shape: []int64{2, 3}, Dtype: DtypeBF16}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Finalize(); err != nil {
+		t.Fatal(err)
+	}
+	pv, err := g.ParamView(0)
+	if err != nil || pv.Dtype != DtypeBF16 || pv.Numel != 6 {
+		t.Fatalf("ParamView(0) = %+v, %v", pv, err)
+	}
+	// A view of the wrong element type is refused, saying what the memory holds.
+	if _, err := g.Param(0); statusOf(err) != ErrUnsupported || !strings.Contains(err.Error(), "bf16") {
+		t.Errorf("Param of a bf16 param gave %v", err)
+	}
+	gv, err := g.GradView(0)
+	if err != nil || gv.Dtype != DtypeF32 {
+		t.Fatalf("GradView(0) = %+v, %v", gv, err)
+	}
+	if _, err := gv.Uint16s(); statusOf(err) != ErrUnsupported || !strings.Contains(err.Error(), "[]uint16") {
+		t.Errorf("Uint16s of an fp32 grad gave %v", err)
+	}
+	w, err := pv.Uint16s()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range w {
+		w[k] = 0x3f80 // bf16 1.0, the top half of fp32 1.0's bits; the masters start from it
+	}
+	gr, err := g.Grad(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := g.LossScale(); err != nil || s != 1 {
+		t.Errorf("the loss scale without loss scaling is %v, %v", s, err)
+	}
+	if err := g.SetLossScaling(LossScaling{Mode: LossScalingDynamic, InitScale: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := g.LossScale(); err != nil || s != 1024 {
+		t.Errorf("the loss scale after SetLossScaling is %v, %v", s, err)
+	}
+	// Gradients of the loss times 1024; the step divides them by it: SGD, lr 0.5 takes
+	// 1.0 to 0.5 (bf16 0x3f00).
+	for k := range gr {
+		gr[k] = 1024
+	}
+	r, err := g.Step(nil)
+	if err != nil || r.Skipped || r.Step != 1 || r.LossScale != 1024 {
+		t.Fatalf("Step = %+v, %v", r, err)
+	}
+	for k := range w {
+		if w[k] != 0x3f00 {
+			t.Fatalf("bf16 params after the step: %#x", w)
+		}
+	}
+	// An inf gradient: the step is skipped and the scale backs off by half.
+	gr[4] = float32(math.Inf(1))
+	r, err = g.Step(nil)
+	if err != nil || !r.Skipped || r.Step != 1 || r.LossScale != 512 || w[4] != 0x3f00 {
+		t.Fatalf("Step with an inf gradient = %+v, %v; params %#x", r, err, w)
+	}
+	// A refused setting changes nothing.
+	err = g.SetLossScaling(LossScaling{Mode: LossScalingDynamic, BackoffFactor: 1.5})
+	var e *Error
+	if !errors.As(err, &e) || e.Status != ErrInvalidArgument || !strings.Contains(e.Message, "backoff_factor") {
+		t.Errorf("backoff_factor 1.5 gave %v", err)
+	}
+	if s, err := g.LossScale(); err != nil || s != 512 {
+		t.Errorf("the loss scale after a refused setting is %v, %v", s, err)
+	}
+}

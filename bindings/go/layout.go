@@ -32,6 +32,7 @@ func cLayouts() []structLayout {
 	var v C.sx_view_t
 	var so C.sx_step_options_t
 	var sr C.sx_step_result_t
+	var ls C.sx_loss_scaling_t
 	var ms C.sx_memory_stats_t
 	var pi C.sx_param_info_t
 	var ui C.sx_unit_info_t
@@ -52,6 +53,8 @@ func cLayouts() []structLayout {
 			f("bind_address", unsafe.Offsetof(gc.bind_address), unsafe.Sizeof(gc.bind_address)),
 			f("device_ordinal", unsafe.Offsetof(gc.device_ordinal), unsafe.Sizeof(gc.device_ordinal)),
 			f("reserved0", unsafe.Offsetof(gc.reserved0), unsafe.Sizeof(gc.reserved0)),
+			f("grad_dtype", unsafe.Offsetof(gc.grad_dtype), unsafe.Sizeof(gc.grad_dtype)),
+			f("reduce_dtype", unsafe.Offsetof(gc.reduce_dtype), unsafe.Sizeof(gc.reduce_dtype)),
 		}},
 		{"sx_param_group_desc_t", unsafe.Sizeof(pg), unsafe.Alignof(pg), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pg.struct_size), unsafe.Sizeof(pg.struct_size)),
@@ -98,6 +101,15 @@ func cLayouts() []structLayout {
 			f("step", unsafe.Offsetof(sr.step), unsafe.Sizeof(sr.step)),
 			f("skipped", unsafe.Offsetof(sr.skipped), unsafe.Sizeof(sr.skipped)),
 			f("reserved0", unsafe.Offsetof(sr.reserved0), unsafe.Sizeof(sr.reserved0)),
+			f("loss_scale", unsafe.Offsetof(sr.loss_scale), unsafe.Sizeof(sr.loss_scale)),
+		}},
+		{"sx_loss_scaling_t", unsafe.Sizeof(ls), unsafe.Alignof(ls), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(ls.struct_size), unsafe.Sizeof(ls.struct_size)),
+			f("mode", unsafe.Offsetof(ls.mode), unsafe.Sizeof(ls.mode)),
+			f("growth_interval", unsafe.Offsetof(ls.growth_interval), unsafe.Sizeof(ls.growth_interval)),
+			f("init_scale", unsafe.Offsetof(ls.init_scale), unsafe.Sizeof(ls.init_scale)),
+			f("growth_factor", unsafe.Offsetof(ls.growth_factor), unsafe.Sizeof(ls.growth_factor)),
+			f("backoff_factor", unsafe.Offsetof(ls.backoff_factor), unsafe.Sizeof(ls.backoff_factor)),
 		}},
 		{"sx_memory_stats_t", unsafe.Sizeof(ms), unsafe.Alignof(ms), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(ms.struct_size), unsafe.Sizeof(ms.struct_size)),

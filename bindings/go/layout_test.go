@@ -93,6 +93,8 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_GROUP_NO_TRAINABLE_AUTODETECT": GroupFlagNoTrainableAutodetect,
 		"SX_MAX_NDIM":                      MaxNdim, "SX_MAX_NAME_BYTES": MaxNameBytes,
 		"SX_LOAD_PARAMS_ONLY": LoadParamsOnly, "SX_LOAD_ALLOW_MISSING": LoadAllowMissing, "SX_LOAD_ALLOW_EXTRA": LoadAllowExtra,
+		"SX_LOSS_SCALING_NONE": int64(LossScalingNone), "SX_LOSS_SCALING_DYNAMIC": int64(LossScalingDynamic),
+		"SX_LOSS_SCALING_STATIC": int64(LossScalingStatic),
 	}
 	for name, v := range ours {
 		w, ok := l.Constants[name]

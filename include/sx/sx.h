@@ -44,7 +44,7 @@ extern "C" {
  * ------------------------------------------------------------------------------- */
 
 #define SX_VERSION_MAJOR 1
-#define SX_VERSION_MINOR 0
+#define SX_VERSION_MINOR 1
 #define SX_VERSION_PATCH 0
 #define SX_VERSION_NUMBER (SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH)
 
@@ -183,6 +183,13 @@ typedef struct sx_group_config {
     /* CUDA device ordinal for SX_BACKEND_CUDA. */
     int32_t device_ordinal;
     int32_t reserved0;
+    /* Mixed precision (see "Mixed precision" below). Gradient dtype: 0 = each param's
+     * own dtype; SX_DTYPE_F32 = fp32 gradients for every param, whatever its dtype. */
+    int32_t grad_dtype;
+    /* Dtype the gradients are summed over ranks in: 0 = their own dtype (fp16 and bf16
+     * sums are pre- and post-divided by sqrt(world_size) so that they neither overflow
+     * nor underflow); SX_DTYPE_F32 = converted to fp32 first. */
+    int32_t reduce_dtype;
 } sx_group_config_t;
 
 /* Fills *config with defaults and sets struct_size = size. size must be at least
@@ -254,7 +261,7 @@ typedef struct sx_param_desc {
     size_t struct_size;
     const char *name;      /* unique, non-empty UTF-8, at most SX_MAX_NAME_BYTES; copied */
     int32_t ndim;          /* 0..SX_MAX_NDIM (0 = scalar) */
-    int32_t dtype;         /* SX_DTYPE_*; 0 = SX_DTYPE_F32 */
+    int32_t dtype;         /* SX_DTYPE_*; 0 = SX_DTYPE_F32 (F16, BF16: see Mixed precision) */
     const int64_t *shape;  /* ndim positive extents; copied */
     int32_t param_group;   /* index from sx_add_param_group */
     int32_t unit;          /* >= 0; params of one unit share one flat buffer */
@@ -357,8 +364,10 @@ typedef struct sx_step_result {
     size_t struct_size;
     double grad_norm;  /* global L2 norm of the averaged gradients before clipping */
     uint64_t step;     /* number of steps taken by the group, this one included */
-    int32_t skipped;   /* 1 if the step was skipped (non-finite gradients under fp16) */
+    int32_t skipped;   /* 1 if dynamic loss scaling found non-finite gradients and skipped the step */
     int32_t reserved0;
+    /* The loss scale to multiply the next losses by (1 without loss scaling). */
+    double loss_scale;
 } sx_step_result_t;
 
 SX_API sx_status_t sx_step_result_init(sx_step_result_t *result, size_t size);
@@ -373,6 +382,52 @@ SX_API sx_status_t sx_step_result_init(sx_step_result_t *result, size_t size);
  * is marked failed and the call returns within the configured timeout. */
 SX_API sx_status_t sx_step(sx_shard_group_t *group, const sx_step_options_t *options,
                            sx_step_result_t *result);
+
+/* ---------------------------------------------------------------------------------
+ * Mixed precision
+ *
+ * A param registered with dtype SX_DTYPE_BF16 or SX_DTYPE_F16 has a 16-bit param view
+ * (the trainer's compute copy) and, on the rank whose shard covers it, fp32 master
+ * weights; its optimizer state is fp32. All params of one unit share a dtype. The step
+ * updates the fp32 masters and writes them, rounded to nearest even, into the 16-bit
+ * params of every rank. The masters start from the param views at the first step, and
+ * again at the first step after sx_broadcast_params; a checkpoint stores and loads
+ * them. Values written into a 16-bit param view at other times are overwritten by
+ * the next step. Gradients are in the param's dtype, or fp32 with config->grad_dtype;
+ * reduction in their dtype or fp32 (config->reduce_dtype). Checkpoints hold the fp32
+ * masters, so they load into a group of any dtype.
+ *
+ * Loss scaling (torch.cuda.amp.GradScaler's semantics): the trainer multiplies its
+ * loss by the scale (sx_get_loss_scale, or sx_step_result_t.loss_scale) before
+ * backward; sx_step divides the gradients by it. Dynamic scaling checks the reduced
+ * gradients of every rank for inf/NaN first: if any, the step is skipped (no param,
+ * state or step count changes; the gradients are dropped; result->skipped = 1) and
+ * the scale is multiplied by backoff_factor; after growth_interval steps in a row
+ * without one, it is multiplied by growth_factor.
+ * ------------------------------------------------------------------------------- */
+
+#define SX_LOSS_SCALING_NONE 0    /* gradients are used as they are (the default) */
+#define SX_LOSS_SCALING_DYNAMIC 1 /* skip steps with inf/NaN, back off and grow */
+#define SX_LOSS_SCALING_STATIC 2  /* divide by init_scale, never skip */
+
+typedef struct sx_loss_scaling {
+    size_t struct_size;
+    int32_t mode;            /* SX_LOSS_SCALING_* */
+    int32_t growth_interval; /* > 0; 0 = 2000 */
+    double init_scale;       /* finite, > 0; 0 = 65536 */
+    double growth_factor;    /* > 1; 0 = 2 */
+    double backoff_factor;   /* in (0, 1); 0 = 0.5 */
+} sx_loss_scaling_t;
+
+SX_API sx_status_t sx_loss_scaling_init(sx_loss_scaling_t *scaling, size_t size);
+
+/* Sets loss scaling (scaling borrowed for the call) and resets the scale to
+ * init_scale. Between steps; every rank must set the same (sx_step checks). */
+SX_API sx_status_t sx_set_loss_scaling(sx_shard_group_t *group, const sx_loss_scaling_t *scaling);
+
+/* The current loss scale: what the next losses are to be multiplied by (1 without
+ * loss scaling). */
+SX_API sx_status_t sx_get_loss_scale(const sx_shard_group_t *group, double *scale);
 
 /* ---------------------------------------------------------------------------------
  * Queries

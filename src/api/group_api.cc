@@ -89,6 +89,8 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         g.flags = c.flags;
         g.bind_address = c.bind_address ? c.bind_address : "";
         g.device_ordinal = c.device_ordinal;
+        g.grad_dtype = c.grad_dtype;
+        g.reduce_dtype = c.reduce_dtype;
         std::unique_ptr<sx::core::ShardGroup> impl;
         SX_TRY(sx::core::ShardGroup::create(g, &impl));
         std::unique_ptr<sx_shard_group> h(new sx_shard_group());

@@ -22,7 +22,7 @@ sx_status_t view(const char *fn, const sx_shard_group_t *group, int32_t param, s
         v.struct_size = sizeof v;
         v.data = grad ? g->grad_data(param) : g->param_data(param);
         v.numel = g->param(param).numel;
-        v.dtype = g->param(param).dtype;
+        v.dtype = grad ? g->grad_dtype(param) : g->param(param).dtype;
         v.device = SX_DEVICE_CPU;
         sx::api::write_output(out, v);
         return Status::Ok();
@@ -150,8 +150,46 @@ SX_API sx_status_t sx_step(sx_shard_group_t *group, const sx_step_options_t *opt
             out.grad_norm = r.grad_norm;
             out.step = r.step;
             out.skipped = r.skipped ? 1 : 0;
+            out.loss_scale = r.loss_scale;
             sx::api::write_output(result, out);
         }
+        return Status::Ok();
+    });
+}
+
+SX_API sx_status_t sx_loss_scaling_init(sx_loss_scaling_t *scaling, size_t size) {
+    return guard(__func__, [&] {
+        sx_loss_scaling_t d;
+        std::memset(&d, 0, sizeof d);
+        return sx::api::init_struct(scaling, size, d, "scaling");
+    });
+}
+
+SX_API sx_status_t sx_set_loss_scaling(sx_shard_group_t *group, const sx_loss_scaling_t *scaling) {
+    return guard(__func__, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        SX_CHECK_ARG(scaling != nullptr, "scaling is NULL");
+        sx_loss_scaling_t in;
+        std::memset(&in, 0, sizeof in);
+        SX_TRY(sx::api::read_input(scaling, "scaling", sizeof(size_t), &in));
+        // Zero means torch.cuda.amp.GradScaler's default.
+        sx::core::LossScaling ls;
+        ls.mode = in.mode;
+        if (in.init_scale != 0) ls.init_scale = in.init_scale;
+        if (in.growth_factor != 0) ls.growth_factor = in.growth_factor;
+        if (in.backoff_factor != 0) ls.backoff_factor = in.backoff_factor;
+        if (in.growth_interval != 0) ls.growth_interval = in.growth_interval;
+        return g->set_loss_scaling(ls);
+    });
+}
+
+SX_API sx_status_t sx_get_loss_scale(const sx_shard_group_t *group, double *scale) {
+    return guard(__func__, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        SX_CHECK_ARG(scale != nullptr, "scale is NULL");
+        *scale = g->loss_scaler().scale;
         return Status::Ok();
     });
 }

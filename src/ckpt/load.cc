@@ -73,7 +73,7 @@ void fill_uncovered(const core::ShardGroup &g, const std::vector<ReadOp> &ops,
         for (int k = 0; k <= v.state_slots; ++k) {
             float *dst = region(static_cast<int32_t>(u), k);
             if (dst == nullptr) continue;
-            const float *live = k == 0 ? v.params + static_cast<uint64_t>(g.rank()) * v.shard_numel : v.state[k - 1];
+            const float *live = k == 0 ? v.values : v.state[k - 1];
             std::vector<std::pair<uint64_t, uint64_t>> &iv = covered[{static_cast<int32_t>(u), k}];
             std::sort(iv.begin(), iv.end());
             uint64_t at = 0;
@@ -95,6 +95,7 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     SX_CHECK_ARG(!options.path.empty(), "the checkpoint path is empty");
     // A save in flight reads the shard (and owns staging) until it completes.
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
+    g.ensure_masters();  // what a 16-bit param the checkpoint lacks keeps
     const core::Layout &layout = g.layout();
     const int rank = g.rank();
     const int32_t np = g.num_params();
@@ -136,8 +137,7 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
             SX_CHECK(e.shape == spec.shape, SX_ERR_MISMATCH,
                      "param '%s' has shape %s here but %s in the checkpoint", spec.name.c_str(),
                      shape_text(spec.shape).c_str(), shape_text(e.shape).c_str());
-            SX_CHECK(e.dtype == spec.dtype, SX_ERR_MISMATCH, "param '%s' has dtype %d here but %d in the checkpoint",
-                     spec.name.c_str(), spec.dtype, e.dtype);
+            // The dtypes may differ: the stored values are fp32 (the masters of 16-bit params).
             if (!options.params_only) {
                 const int32_t here = static_cast<int32_t>(g.param_groups()[spec.group].hyper.kind);
                 const int32_t there = m.param_groups[e.param_group].optimizer;
@@ -268,9 +268,10 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     for (size_t u = 0; u < stage.size(); ++u) {
         const core::ShardGroup::UnitView v = g.unit_view(u);
         const uint64_t bytes = v.shard_numel * sizeof(float);
-        std::memcpy(v.params + static_cast<uint64_t>(rank) * v.shard_numel, stage[u].region[0], bytes);
+        std::memcpy(v.values, stage[u].region[0], bytes);
         for (int k = 0; k < stage[u].slots; ++k) SX_TRY(g.swap_state(u, k, &stage[u].state[k]));
     }
+    g.masters_to_params();
     if (!options.params_only) {
         for (int32_t p = 0; p < np; ++p) {
             if (index[p] < 0) continue;
@@ -286,12 +287,20 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
             h.nesterov = e.nesterov, h.maximize = e.maximize, h.amsgrad = e.amsgrad;
         }
         g.set_steps_taken(m.step);
+        // The scale carries on where it was, if this group scales dynamically and the
+        // checkpoint's group scaled too (growth_interval 0 marks none).
+        if (g.loss_scaling().mode == SX_LOSS_SCALING_DYNAMIC && m.loss_scaler.growth_interval > 0) {
+            core::LossScalerState st;
+            st.scale = m.loss_scaler.scale;
+            st.growth_tracker = m.loss_scaler.growth_tracker;
+            g.set_loss_scaler(st);
+        }
     }
     if (g.world_size() > 1) {
         for (size_t u = 0; u < stage.size(); ++u) {
             const core::ShardGroup::UnitView v = g.unit_view(u);
             SX_TRY(g.collective([&](comm::Communicator &c) {
-                return c.all_gather(v.params, v.shard_numel * sizeof(float));
+                return c.all_gather(v.params, v.shard_numel * core::dtype_size(v.dtype));
             }));
         }
     }

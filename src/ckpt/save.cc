@@ -99,6 +99,7 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     SX_CHECK_ARG(options.user_blob.size() <= kMaxUserBlobBytes, "the user blob has %zu bytes; at most %llu",
                  options.user_blob.size(), static_cast<unsigned long long>(kMaxUserBlobBytes));
     SX_CHECK_ARG(options.keep_last >= 0, "keep_last is %d; it must be >= 0", options.keep_last);
+    g.ensure_masters();  // 16-bit params: their fp32 masters are what is stored
 
     const core::Layout &layout = g.layout();
     const int32_t np = g.num_params();
@@ -126,8 +127,7 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     s.sources.reserve(s.plan.chunks.size());
     for (const WriteChunk &c : s.plan.chunks) {
         const core::ShardGroup::UnitView v = g.unit_view(c.unit_index);
-        const float *src = c.slot < 0 ? v.params + static_cast<uint64_t>(s.rank) * v.shard_numel
-                                      : v.state[c.slot];
+        const float *src = c.slot < 0 ? v.values : v.state[c.slot];
         s.sources.push_back(src + c.shard_offset);
     }
 
@@ -139,6 +139,14 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     m.alignment = g.config().alignment;
     m.user_blob = options.user_blob;
     m.created_unix_ms = now_unix_ms();
+    const core::LossScaling &ls = g.loss_scaling();
+    if (ls.mode != SX_LOSS_SCALING_NONE) {
+        m.loss_scaler.scale = g.loss_scaler().scale;
+        m.loss_scaler.growth_tracker = g.loss_scaler().growth_tracker;
+        m.loss_scaler.growth_interval = ls.growth_interval;
+        m.loss_scaler.growth_factor = ls.growth_factor;
+        m.loss_scaler.backoff_factor = ls.backoff_factor;
+    }
     for (const core::ParamGroup &pg : g.param_groups()) {
         ParamGroupEntry e;
         const optim::Hyper &h = pg.hyper;

@@ -27,6 +27,12 @@ class Communicator {
     // buf + rank*shard_elems (in place, without accumulate) or does not overlap buf.
     virtual Status reduce_scatter_sum(float *buf, size_t shard_elems, float *out,
                                       bool accumulate) = 0;
+    // The same over 16-bit values of dtype (SX_DTYPE_F16 or SX_DTYPE_BF16), summed in that
+    // dtype (every addition rounds to it, as NCCL sums fp16): on return out[0, shard_elems)
+    // = (accumulate ? out + : ) out_scale * (the sum, widened to fp32). out is separate
+    // from buf; buf's contents afterwards are unspecified.
+    virtual Status reduce_scatter_sum_16(uint16_t *buf, int32_t dtype, size_t shard_elems, float *out,
+                                         float out_scale, bool accumulate) = 0;
     // buf holds world_size * shard_bytes; this rank's part at rank*shard_bytes is given,
     // on return every part holds its rank's bytes.
     virtual Status all_gather(void *buf, size_t shard_bytes) = 0;

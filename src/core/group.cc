@@ -1,9 +1,11 @@
 #include "core/group.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
+#include "base/half.h"
 #include "base/log.h"
 #include "comm/rendezvous.h"
 
@@ -13,7 +15,9 @@ namespace {
 
 bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
-size_t dtype_size(int32_t dtype) { return dtype == SX_DTYPE_F32 ? 4 : 2; }
+const char *dtype_name(int32_t dtype) {
+    return dtype == SX_DTYPE_F32 ? "fp32" : dtype == SX_DTYPE_F16 ? "fp16" : "bf16";
+}
 
 }  // namespace
 
@@ -31,6 +35,10 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
                  cfg.num_threads);
     SX_CHECK_ARG(cfg.world_size >= 0, "world_size %d must be >= 0 (0 = from the environment)",
                  cfg.world_size);
+    SX_CHECK_ARG(cfg.grad_dtype == 0 || cfg.grad_dtype == SX_DTYPE_F32,
+                 "grad_dtype %d is not 0 (each param's dtype) or SX_DTYPE_F32", cfg.grad_dtype);
+    SX_CHECK_ARG(cfg.reduce_dtype == 0 || cfg.reduce_dtype == SX_DTYPE_F32,
+                 "reduce_dtype %d is not 0 (the gradients' dtype) or SX_DTYPE_F32", cfg.reduce_dtype);
 
     comm::Rendezvous rv;
     SX_TRY(comm::parse_rendezvous(cfg.rendezvous.c_str(), cfg.rank, cfg.world_size, &rv));
@@ -126,8 +134,6 @@ Status ShardGroup::add_param(const char *name, int32_t ndim, const int64_t *shap
     if (dtype == 0) dtype = SX_DTYPE_F32;
     SX_CHECK_ARG(dtype == SX_DTYPE_F32 || dtype == SX_DTYPE_F16 || dtype == SX_DTYPE_BF16,
                  "dtype %d of param '%s' is not an SX_DTYPE_*", dtype, name);
-    SX_CHECK(dtype == SX_DTYPE_F32, SX_ERR_UNSUPPORTED,
-             "param '%s': only SX_DTYPE_F32 params are supported on the CPU backend", name);
     SX_CHECK_ARG(param_group >= 0 && param_group < num_param_groups(),
                  "param '%s': param group %d does not exist (%d added)", name, param_group,
                  num_param_groups());
@@ -152,7 +158,8 @@ Status ShardGroup::finalize() {
     SX_CHECK(!params_.empty(), SX_ERR_INVALID_STATE, "no params were added before sx_finalize");
 
     // Every rank must have registered the same table; compare fingerprints.
-    uint64_t h = fnv1a(&config_.stage, sizeof config_.stage);
+    const int32_t config_fields[3] = {config_.stage, config_.grad_dtype, config_.reduce_dtype};
+    uint64_t h = fnv1a(config_fields, sizeof config_fields);
     for (const ParamGroup &g : groups_) h = fnv1a(&g.hyper.kind, sizeof g.hyper.kind, h);
     for (size_t i = 0; i < params_.size(); ++i) {
         const ParamSpec &p = params_[i];
@@ -168,26 +175,41 @@ Status ShardGroup::finalize() {
         if (!s.ok()) return fail(s);
         SX_CHECK(v[0] == h && v[1] == ~h, SX_ERR_MISMATCH,
                  "ranks registered different param tables (names, shapes, dtypes, param groups, "
-                 "units, frozen flags or optimizer kinds differ)");
+                 "units, frozen flags, optimizer kinds, stage, grad_dtype or reduce_dtype differ)");
     }
 
+    // One flat buffer holds one dtype.
+    std::unordered_map<int32_t, int32_t> first_of_unit;
+    for (size_t i = 0; i < params_.size(); ++i) {
+        auto it = first_of_unit.emplace(params_[i].unit, static_cast<int32_t>(i)).first;
+        const ParamSpec &first = params_[it->second];
+        SX_CHECK_ARG(first.dtype == params_[i].dtype,
+                     "unit %d mixes dtypes: param '%s' is %s but param '%s' is %s; the params of a unit "
+                     "share one flat buffer and so one dtype",
+                     params_[i].unit, first.name.c_str(), dtype_name(first.dtype), params_[i].name.c_str(),
+                     dtype_name(params_[i].dtype));
+    }
     std::vector<ParamShape> shapes(params_.size());
-    for (size_t i = 0; i < params_.size(); ++i) shapes[i] = {params_[i].unit, params_[i].numel};
+    for (size_t i = 0; i < params_.size(); ++i)
+        shapes[i] = {params_[i].unit, params_[i].numel, static_cast<uint32_t>(dtype_size(params_[i].dtype))};
     Layout layout;
-    const uint64_t align_elems = static_cast<uint64_t>(config_.alignment) / dtype_size(SX_DTYPE_F32);
-    SX_TRY(Layout::build(shapes, world_size_, align_elems, &layout));
+    SX_TRY(Layout::build(shapes, world_size_, static_cast<uint64_t>(config_.alignment), &layout));
 
     std::vector<Unit> units(layout.units().size());
     for (size_t u = 0; u < units.size(); ++u) {
+        Unit &unit = units[u];
+        unit.dtype = params_[layout.units()[u].params[0]].dtype;
+        unit.grad_dtype = config_.grad_dtype ? config_.grad_dtype : unit.dtype;
         // Elements are bounded (2^62 per param) but a unit's byte size may still not fit
         // in 64 bits; wrapped around, it would allocate a tiny buffer behind a huge view.
         const uint64_t numel = layout.units()[u].padded_numel;
         SX_CHECK(numel <= SIZE_MAX / sizeof(float), SX_ERR_OUT_OF_MEMORY,
                  "unit %d holds %llu elements, more bytes than this machine can address",
                  layout.units()[u].unit_id, static_cast<unsigned long long>(numel));
-        const uint64_t bytes = numel * sizeof(float);
-        SX_TRY(units[u].params.allocate(bytes, "a flat param buffer"));
-        SX_TRY(units[u].grads.allocate(bytes, "a flat grad buffer"));
+        SX_TRY(unit.params.allocate(numel * dtype_size(unit.dtype), "a flat param buffer"));
+        SX_TRY(unit.grads.allocate(numel * dtype_size(unit.grad_dtype), "a flat grad buffer"));
+        if (unit.dtype != SX_DTYPE_F32)
+            SX_TRY(unit.master.allocate(layout.units()[u].shard_numel * sizeof(float), "fp32 master weights"));
     }
     // Commit, then allocate optimizer state for the trainable units; on failure undo.
     layout_ = std::move(layout);
@@ -239,23 +261,33 @@ Status ShardGroup::find_param(const char *name, int32_t *index) const {
     return Status::Ok();
 }
 
-float *ShardGroup::param_data(int32_t param) const {
+void *ShardGroup::param_data(int32_t param) const {
     const ParamPlacement &pl = layout_.placement(param);
-    return units_[pl.unit_index].params.as<float>() + pl.offset;
+    const Unit &u = units_[pl.unit_index];
+    return u.params.as<char>() + pl.offset * dtype_size(u.dtype);
 }
 
-float *ShardGroup::grad_data(int32_t param) const {
+void *ShardGroup::grad_data(int32_t param) const {
     const ParamPlacement &pl = layout_.placement(param);
-    return units_[pl.unit_index].grads.as<float>() + pl.offset;
+    const Unit &u = units_[pl.unit_index];
+    return u.grads.as<char>() + pl.offset * dtype_size(u.grad_dtype);
+}
+
+int32_t ShardGroup::grad_dtype(int32_t param) const {
+    return units_[layout_.placement(param).unit_index].grad_dtype;
 }
 
 Status ShardGroup::broadcast_params(int root) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
     SX_CHECK_ARG(root >= 0 && root < world_size_, "root rank %d is outside [0, %d)", root, world_size_);
-    if (world_size_ == 1) return Status::Ok();
     fence_.wait_readers();
+    if (world_size_ == 1) {
+        for (Unit &u : units_) u.master_valid = false;
+        return Status::Ok();
+    }
     for (Unit &u : units_) {
+        u.master_valid = false;  // the next step takes the masters from the new values
         Status s = comm_->broadcast(u.params.data(), u.params.size(), root);
         if (!s.ok()) return fail(s);
     }
@@ -318,7 +350,7 @@ Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
         for (int32_t p : layout_.units()[u].params) trainable |= mask[p] != 0;
         if (!trainable) continue;
         const int need = required_slots(u, mask);
-        const bool need_accum = config_.stage == 2 && units_[u].accum.empty();
+        const bool need_accum = needs_accum(u) && units_[u].accum.empty();
         if (need <= units_[u].state_slots && !need_accum) continue;
         pending.emplace_back();
         Pending &pd = pending.back();
@@ -329,6 +361,18 @@ Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
             SX_TRY(pd.state[k].allocate(bytes, "optimizer state"));
         if (need_accum) SX_TRY(pd.accum.allocate(bytes, "the sharded gradient accumulator"));
     }
+    // An fp32 reduction of 16-bit gradients widens one unit at a time into one scratch.
+    uint64_t scratch_bytes = 0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+        bool trainable = false;
+        for (int32_t p : layout_.units()[u].params) trainable |= mask[p] != 0;
+        if (trainable && world_size_ > 1 && units_[u].grad_dtype != SX_DTYPE_F32 && !reduces_in_16bit(u))
+            scratch_bytes = std::max<uint64_t>(scratch_bytes, layout_.units()[u].padded_numel * sizeof(float));
+    }
+    HostBuffer scratch;
+    if (scratch_bytes > reduce_scratch_.size())
+        SX_TRY(scratch.allocate(scratch_bytes, "the fp32 gradient reduction buffer"));
+    if (!scratch.empty()) reduce_scratch_ = std::move(scratch);
     for (Pending &pd : pending) {
         Unit &unit = units_[pd.unit];
         for (int k = unit.state_slots; k < pd.slots; ++k) unit.state[k] = std::move(pd.state[k]);
@@ -347,7 +391,10 @@ Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
 ShardGroup::UnitView ShardGroup::unit_view(size_t u) const {
     const Unit &unit = units_[u];
     UnitView v;
-    v.params = unit.params.as<float>();
+    v.params = unit.params.data();
+    v.dtype = unit.dtype;
+    v.values = unit.master.empty() ? unit.params.as<float>() + static_cast<uint64_t>(rank_) * layout_.units()[u].shard_numel
+                                   : unit.master.as<float>();
     for (int k = 0; k < 3; ++k) v.state[k] = k < unit.state_slots ? unit.state[k].as<float>() : nullptr;
     v.state_slots = unit.state_slots;
     v.shard_numel = layout_.units()[u].shard_numel;
@@ -385,11 +432,85 @@ MemoryStats ShardGroup::memory_stats() const {
         const Unit &unit = units_[u];
         m.param_bytes += unit.params.size();
         m.grad_bytes += unit.grads.size() + unit.accum.size();
+        // fp32 master weights count as optimizer state, as in ZeRO's accounting.
+        m.optimizer_bytes += unit.master.size();
         for (int k = 0; k < unit.state_slots; ++k) m.optimizer_bytes += unit.state[k].size();
-        m.unsharded_optimizer_bytes +=
-            static_cast<uint64_t>(unit.state_slots) * layout_.units()[u].numel * sizeof(float);
+        const int slots = unit.state_slots + (unit.master.empty() ? 0 : 1);
+        m.unsharded_optimizer_bytes += static_cast<uint64_t>(slots) * layout_.units()[u].numel * sizeof(float);
     }
+    m.grad_bytes += reduce_scratch_.size();
     return m;
+}
+
+bool ShardGroup::needs_accum(size_t u) const {
+    return config_.stage == 2 || units_[u].grad_dtype != SX_DTYPE_F32;
+}
+
+bool ShardGroup::reduces_in_16bit(size_t u) const {
+    return units_[u].grad_dtype != SX_DTYPE_F32 && config_.reduce_dtype != SX_DTYPE_F32;
+}
+
+void ShardGroup::parallel_for(size_t n, const std::function<void(size_t, size_t)> &fn) {
+    const int threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(pool_->size()), n / 16384 + 1));
+    if (threads <= 1) {
+        if (n) fn(0, n);
+        return;
+    }
+    const size_t per = (n / static_cast<size_t>(threads) + 63) / 64 * 64;
+    pool_->run([&](int t) {
+        if (t >= threads) return;
+        const size_t b = std::min(n, per * static_cast<size_t>(t)), e = std::min(n, b + per);
+        if (e > b) fn(b, e);
+    });
+}
+
+void ShardGroup::ensure_masters() {
+    for (size_t u = 0; u < units_.size(); ++u) {
+        Unit &unit = units_[u];
+        if (unit.master.empty() || unit.master_valid) continue;
+        const uint64_t S = layout_.units()[u].shard_numel;
+        const uint16_t *own = unit.params.as<uint16_t>() + static_cast<uint64_t>(rank_) * S;
+        float *master = unit.master.as<float>();
+        parallel_for(S, [&](size_t b, size_t e) { half::to_f32(unit.dtype, own + b, master + b, e - b); });
+        unit.master_valid = true;
+    }
+}
+
+void ShardGroup::round_masters(size_t u) {
+    Unit &unit = units_[u];
+    if (unit.master.empty()) return;
+    const uint64_t S = layout_.units()[u].shard_numel;
+    uint16_t *own = unit.params.as<uint16_t>() + static_cast<uint64_t>(rank_) * S;
+    const float *master = unit.master.as<float>();
+    parallel_for(S, [&](size_t b, size_t e) { half::from_f32(unit.dtype, master + b, own + b, e - b); });
+    unit.master_valid = true;
+}
+
+void ShardGroup::masters_to_params() {
+    for (size_t u = 0; u < units_.size(); ++u) round_masters(u);
+}
+
+Status ShardGroup::validate_loss_scaling(const LossScaling &s) {
+    SX_CHECK_ARG(s.mode == SX_LOSS_SCALING_NONE || s.mode == SX_LOSS_SCALING_DYNAMIC || s.mode == SX_LOSS_SCALING_STATIC,
+                 "loss scaling mode %d is not SX_LOSS_SCALING_NONE, _DYNAMIC or _STATIC", s.mode);
+    SX_CHECK_ARG(std::isfinite(s.init_scale) && s.init_scale > 0, "init_scale = %g; it must be finite and > 0",
+                 s.init_scale);
+    SX_CHECK_ARG(std::isfinite(s.growth_factor) && s.growth_factor > 1, "growth_factor = %g; it must be finite and > 1",
+                 s.growth_factor);
+    SX_CHECK_ARG(s.backoff_factor > 0 && s.backoff_factor < 1, "backoff_factor = %g; it must be in (0, 1)",
+                 s.backoff_factor);
+    SX_CHECK_ARG(s.growth_interval > 0, "growth_interval = %lld; it must be > 0",
+                 static_cast<long long>(s.growth_interval));
+    return Status::Ok();
+}
+
+Status ShardGroup::set_loss_scaling(const LossScaling &s) {
+    SX_TRY(check_usable());
+    SX_TRY(validate_loss_scaling(s));
+    scaling_ = s;
+    scaler_ = LossScalerState();
+    scaler_.scale = s.mode == SX_LOSS_SCALING_NONE ? 1.0 : s.init_scale;
+    return Status::Ok();
 }
 
 }  // namespace core

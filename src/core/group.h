@@ -37,6 +37,23 @@ struct GroupConfig {
     uint32_t flags = 0;
     std::string bind_address;
     int device_ordinal = 0;
+    int grad_dtype = 0;    // 0 = each param's dtype, or SX_DTYPE_F32
+    int reduce_dtype = 0;  // 0 = the grad dtype, or SX_DTYPE_F32
+};
+
+// torch.cuda.amp.GradScaler's parameters.
+struct LossScaling {
+    int mode = SX_LOSS_SCALING_NONE;
+    double init_scale = 65536.0;
+    double growth_factor = 2.0;
+    double backoff_factor = 0.5;
+    int64_t growth_interval = 2000;
+};
+
+// Its state: the scale, and the steps in a row without inf/NaN since the last change.
+struct LossScalerState {
+    double scale = 1.0;
+    int64_t growth_tracker = 0;
 };
 
 struct StepOptions {
@@ -48,6 +65,7 @@ struct StepResult {
     double grad_norm = 0.0;
     uint64_t step = 0;
     bool skipped = false;
+    double loss_scale = 1.0;  // for the next losses
 };
 
 struct MemoryStats {
@@ -108,8 +126,9 @@ class ShardGroup {
     int32_t num_params() const { return static_cast<int32_t>(params_.size()); }
     Status check_param(int32_t param) const;
     Status find_param(const char *name, int32_t *index) const;
-    float *param_data(int32_t param) const;
-    float *grad_data(int32_t param) const;
+    void *param_data(int32_t param) const;  // of the param's dtype
+    void *grad_data(int32_t param) const;   // of grad_dtype(param)
+    int32_t grad_dtype(int32_t param) const;
     const ParamSpec &param(int32_t index) const { return params_[index]; }
     const Layout &layout() const { return layout_; }
     Status broadcast_params(int root);  // collective
@@ -127,16 +146,32 @@ class ShardGroup {
     Status step(const StepOptions &options, StepResult *result);  // collective
     uint64_t steps_taken() const { return steps_; }
 
+    // --- loss scaling ---
+    static Status validate_loss_scaling(const LossScaling &s);
+    Status set_loss_scaling(const LossScaling &s);  // resets the scale to s.init_scale
+    const LossScaling &loss_scaling() const { return scaling_; }
+    const LossScalerState &loss_scaler() const { return scaler_; }
+    void set_loss_scaler(const LossScalerState &st) { scaler_ = st; }
+
     MemoryStats memory_stats() const;
 
     // --- for checkpoints (ckpt/, one layer up) ---
     struct UnitView {
-        float *params;    // the full flat param buffer
-        float *state[3];  // this rank's shard of each allocated optimizer state slot
+        // This rank's shard of the fp32 values: the fp32 master weights of a 16-bit unit,
+        // else the own shard of the flat param buffer.
+        float *values;
+        void *params;      // the full flat param buffer, of `dtype`
+        int32_t dtype;     // of the params
+        float *state[3];   // this rank's shard of each allocated optimizer state slot
         int state_slots;
         uint64_t shard_numel;
     };
     UnitView unit_view(size_t u) const;
+    // 16-bit units: derives the fp32 masters from the params where they are not yet.
+    void ensure_masters();
+    // 16-bit units: rounds the masters into this rank's shard of the params (after
+    // someone wrote the masters, e.g. a load).
+    void masters_to_params();
     const GroupConfig &config() const { return config_; }
     std::vector<ParamGroup> &param_groups() { return groups_; }
     ParamSpec &mutable_param(int32_t index) { return params_[index]; }
@@ -163,8 +198,14 @@ class ShardGroup {
 
   private:
     struct Unit {
+        int32_t dtype = SX_DTYPE_F32;       // of the params
+        int32_t grad_dtype = SX_DTYPE_F32;  // of the grads
         HostBuffer params, grads;
-        HostBuffer accum;          // stage 2: this rank's shard of accumulated gradients
+        HostBuffer master;         // 16-bit params: this rank's shard in fp32
+        bool master_valid = false; // master holds the current values
+        // Stage 2, or 16-bit grads: this rank's shard of the reduced (and accumulated)
+        // gradients in fp32.
+        HostBuffer accum;
         HostBuffer state[3];       // this rank's shard of each optimizer state slot
         int state_slots = 0;       // slots allocated
         bool trainable = false;    // any param trainable (as applied)
@@ -185,9 +226,18 @@ class ShardGroup {
     // The current mask with every byte 0 or 1 (autodetection reads the trainer's bytes).
     std::vector<uint8_t> candidate_mask() const;
     // Collective: reduces unit u's gradients into this rank's shard; returns where the
-    // reduced (summed, not averaged) shard lives.
-    Status reduce_unit(size_t u, float **shard_grad);
+    // reduced (summed, not averaged) fp32 shard lives. into_accum: always into (or added
+    // to) the accumulator, never left in place.
+    Status reduce_unit(size_t u, bool into_accum, float **shard_grad);
+    bool needs_accum(size_t u) const;
+    bool reduces_in_16bit(size_t u) const;
     void zero_grads();
+    // Runs fn(begin, end) over [0, n) split across the pool in cache-line multiples.
+    void parallel_for(size_t n, const std::function<void(size_t, size_t)> &fn);
+    // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.
+    void finish_step(bool keep_grads);
+    // 16-bit unit u: rounds its fp32 masters into this rank's shard of its params.
+    void round_masters(size_t u);
 
     GroupConfig config_;
     int rank_ = 0, world_size_ = 1;
@@ -206,6 +256,9 @@ class ShardGroup {
     std::vector<Unit> units_;
     uint64_t steps_ = 0;
     uint64_t checkpoints_ = 0;
+    LossScaling scaling_;
+    LossScalerState scaler_;
+    HostBuffer reduce_scratch_;  // fp32 copy of one unit's 16-bit grads, for an fp32 reduction
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;
 

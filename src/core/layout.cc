@@ -21,14 +21,14 @@ bool round_up(uint64_t a, uint64_t m, uint64_t *out) {
 
 }  // namespace
 
-Status Layout::build(const std::vector<ParamShape> &params, int world_size, uint64_t align_elems,
+Status Layout::build(const std::vector<ParamShape> &params, int world_size, uint64_t align_bytes,
                      Layout *out) {
     SX_CHECK_ARG(world_size >= 1, "world size %d must be >= 1", world_size);
-    SX_CHECK_ARG(align_elems >= 1, "alignment of %llu elements must be >= 1",
-                 static_cast<unsigned long long>(align_elems));
+    SX_CHECK_ARG(align_bytes >= 4 && (align_bytes & (align_bytes - 1)) == 0,
+                 "alignment of %llu bytes must be a power of two >= 4",
+                 static_cast<unsigned long long>(align_bytes));
     Layout l;
     l.world_size_ = world_size;
-    l.align_elems_ = align_elems;
     l.placement_.resize(params.size());
     l.numel_.resize(params.size());
 
@@ -37,16 +37,24 @@ Status Layout::build(const std::vector<ParamShape> &params, int world_size, uint
     for (size_t i = 0; i < params.size(); ++i) {
         SX_CHECK_ARG(params[i].numel >= 1, "param %zu has no elements", i);
         SX_CHECK_ARG(params[i].unit >= 0, "param %zu has negative unit %d", i, params[i].unit);
+        SX_CHECK_ARG(params[i].elem_bytes == 2 || params[i].elem_bytes == 4,
+                     "param %zu has elements of %u bytes (2 or 4)", i, params[i].elem_bytes);
         by_unit[params[i].unit].push_back(static_cast<int32_t>(i));
         l.numel_[i] = params[i].numel;
     }
-    const uint64_t granule = align_elems * static_cast<uint64_t>(world_size);
     for (auto &entry : by_unit) {
         UnitLayout u;
         u.unit_id = entry.first;
         u.params = std::move(entry.second);
+        u.elem_bytes = params[u.params[0]].elem_bytes;
+        const uint64_t align_elems = align_bytes / u.elem_bytes;
+        u.align_elems = align_elems;
+        const uint64_t granule = align_elems * static_cast<uint64_t>(world_size);
         uint64_t cursor = 0;
         for (int32_t p : u.params) {
+            SX_CHECK_ARG(params[p].elem_bytes == u.elem_bytes,
+                         "unit %d mixes element sizes (param %d has %u bytes, param %d has %u)", u.unit_id,
+                         u.params[0], u.elem_bytes, p, params[p].elem_bytes);
             uint64_t start;
             if (!round_up(cursor, align_elems, &start) || start > UINT64_MAX - params[p].numel)
                 return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "unit %d is too large to lay out", u.unit_id);

@@ -16,8 +16,9 @@ namespace sx {
 namespace core {
 
 struct ParamShape {
-    int32_t unit = 0;    // the trainer's unit id
-    uint64_t numel = 0;  // >= 1
+    int32_t unit = 0;        // the trainer's unit id
+    uint64_t numel = 0;      // >= 1
+    uint32_t elem_bytes = 4; // 4 (fp32) or 2 (fp16, bf16); the same for every param of a unit
 };
 
 struct UnitLayout {
@@ -26,6 +27,8 @@ struct UnitLayout {
     uint64_t numel = 0;           // end of the last param (unpadded extent)
     uint64_t padded_numel = 0;    // multiple of world_size * align_elems
     uint64_t shard_numel = 0;     // padded_numel / world_size
+    uint32_t elem_bytes = 4;      // of every param in the unit
+    uint64_t align_elems = 1;     // param starts are multiples of this
 };
 
 // Where one param lives.
@@ -42,12 +45,12 @@ struct ShardPiece {
 
 class Layout {
   public:
-    // Builds the layout. align_elems >= 1 elements; world_size >= 1.
-    static Status build(const std::vector<ParamShape> &params, int world_size, uint64_t align_elems,
+    // Builds the layout. Param starts are aligned to align_bytes (a power of two >= 4):
+    // align_bytes / elem_bytes elements of their unit. world_size >= 1.
+    static Status build(const std::vector<ParamShape> &params, int world_size, uint64_t align_bytes,
                         Layout *out);
 
     int world_size() const { return world_size_; }
-    uint64_t align_elems() const { return align_elems_; }
     const std::vector<UnitLayout> &units() const { return units_; }
     const ParamPlacement &placement(int32_t param) const { return placement_[param]; }
     uint64_t numel(int32_t param) const { return numel_[param]; }
@@ -58,7 +61,6 @@ class Layout {
 
   private:
     int world_size_ = 1;
-    uint64_t align_elems_ = 1;
     std::vector<UnitLayout> units_;
     std::vector<ParamPlacement> placement_;
     std::vector<uint64_t> numel_;

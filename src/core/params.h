@@ -28,6 +28,9 @@ struct ParamGroup {
     optim::Hyper hyper;
 };
 
+// Bytes per element of an SX_DTYPE_*.
+inline size_t dtype_size(int32_t dtype) { return dtype == SX_DTYPE_F32 ? 4 : 2; }
+
 // Checks a param name: non-empty, at most SX_MAX_NAME_BYTES, valid UTF-8 without NUL.
 Status validate_param_name(const char *name);
 

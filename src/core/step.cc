@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/half.h"
 #include "core/group.h"
 
 namespace sx {
@@ -40,36 +41,60 @@ Status ShardGroup::check_ranks_agree(const char *what, const std::vector<uint8_t
         h = fnv1a(f, sizeof f, h);
     }
     h = fnv1a(&max_grad_norm, sizeof max_grad_norm, h);
+    const double scaling[5] = {static_cast<double>(scaling_.mode), scaler_.scale, scaling_.growth_factor,
+                               scaling_.backoff_factor, static_cast<double>(scaling_.growth_interval)};
+    h = fnv1a(scaling, sizeof scaling, h);
     h = fnv1a(&micro_batches_, sizeof micro_batches_, h);
     uint64_t v[2] = {h, ~h};
     Status s = comm_->all_reduce_max(v, 2);
     if (!s.ok()) return fail(s);
     SX_CHECK(v[0] == h && v[1] == ~h, SX_ERR_MISMATCH,
-             "ranks disagree: the trainable masks, hyperparameters, max_grad_norm, the number of "
+             "ranks disagree: the trainable masks, hyperparameters, max_grad_norm, loss scaling, the number of "
              "sx_accumulate_grads calls, or the call itself (sx_step or sx_accumulate_grads) differ "
              "between ranks");
     return Status::Ok();
 }
 
-Status ShardGroup::reduce_unit(size_t u, float **shard_grad) {
+Status ShardGroup::reduce_unit(size_t u, bool into_accum, float **shard_grad) {
     Unit &unit = units_[u];
     const uint64_t S = layout_.units()[u].shard_numel;
-    float *grads = unit.grads.as<float>();
-    // One rank with nothing accumulated: the gradients are already the reduced shard.
-    // (Otherwise one rank goes through the communicator too, which then copies or adds.)
-    if (world_size_ == 1 && !(config_.stage == 2 && unit.accum_live)) {
-        *shard_grad = grads;
+    if (unit.grad_dtype == SX_DTYPE_F32) {
+        float *grads = unit.grads.as<float>();
+        // One rank with nothing accumulated: the gradients are already the reduced shard.
+        // (Otherwise one rank goes through the communicator too, which then copies or adds.)
+        if (world_size_ == 1 && !into_accum && !unit.accum_live) {
+            *shard_grad = grads;
+        } else if (config_.stage == 1 && !into_accum) {
+            // In place: this rank's shard of the grad buffer receives the sum.
+            float *own = grads + static_cast<uint64_t>(rank_) * S;
+            SX_TRY(comm_->reduce_scatter_sum(grads, S, own, false));
+            *shard_grad = own;
+        } else {
+            SX_TRY(comm_->reduce_scatter_sum(grads, S, unit.accum.as<float>(), unit.accum_live));
+            *shard_grad = unit.accum.as<float>();
+        }
         return Status::Ok();
     }
-    if (config_.stage == 1) {
-        // In place: this rank's shard of the grad buffer receives the sum.
-        float *own = grads + static_cast<uint64_t>(rank_) * S;
-        SX_TRY(comm_->reduce_scatter_sum(grads, S, own, false));
-        *shard_grad = own;
+    // 16-bit gradients: the reduced shard is always fp32, in the accumulator.
+    uint16_t *grads = unit.grads.as<uint16_t>();
+    float *out = unit.accum.as<float>();
+    const uint64_t total = layout_.units()[u].padded_numel;
+    if (reduces_in_16bit(u) || world_size_ == 1) {
+        // Summed in the 16-bit dtype: divided by sqrt(world_size) before, so that the sum
+        // does not overflow, and multiplied back by it in fp32 after (the average's 1/N
+        // comes with the update's gradient scale), so that small values do not underflow.
+        const float root = std::sqrt(static_cast<float>(world_size_));
+        if (world_size_ > 1) {
+            const float inv_root = 1.0f / root;
+            parallel_for(total, [&](size_t b, size_t e) { half::scale(unit.grad_dtype, grads + b, inv_root, e - b); });
+        }
+        SX_TRY(comm_->reduce_scatter_sum_16(grads, unit.grad_dtype, S, out, root, unit.accum_live));
     } else {
-        SX_TRY(comm_->reduce_scatter_sum(grads, S, unit.accum.as<float>(), unit.accum_live));
-        *shard_grad = unit.accum.as<float>();
+        float *wide = reduce_scratch_.as<float>();
+        parallel_for(total, [&](size_t b, size_t e) { half::to_f32(unit.grad_dtype, grads + b, wide + b, e - b); });
+        SX_TRY(comm_->reduce_scatter_sum(wide, S, out, unit.accum_live));
     }
+    *shard_grad = out;
     return Status::Ok();
 }
 
@@ -100,14 +125,19 @@ Status ShardGroup::accumulate_grads() {
     for (size_t u = 0; u < units_.size(); ++u) {
         Unit &unit = units_[u];
         if (!unit.trainable) continue;
-        const uint64_t S = layout_.units()[u].shard_numel;
-        Status s = comm_->reduce_scatter_sum(unit.grads.as<float>(), S, unit.accum.as<float>(),
-                                             unit.accum_live);
+        float *reduced = nullptr;
+        Status s = reduce_unit(u, true, &reduced);
         if (!s.ok()) return fail(s);
         unit.accum_live = true;
     }
     zero_grads();
     return Status::Ok();
+}
+
+void ShardGroup::finish_step(bool keep_grads) {
+    for (Unit &unit : units_) unit.accum_live = false;
+    micro_batches_ = 0;
+    if (!keep_grads) zero_grads();
 }
 
 Status ShardGroup::step(const StepOptions &options, StepResult *result) {
@@ -121,22 +151,25 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     SX_TRY(prepare(mask));
 
     // 1. Reduce every trainable unit's gradients into this rank's shard.
+    std::vector<float *> reduced(units_.size(), nullptr);
+    for (size_t u = 0; u < units_.size(); ++u) {
+        if (!units_[u].trainable) continue;
+        Status s = reduce_unit(u, false, &reduced[u]);
+        if (!s.ok()) return fail(s);
+    }
     std::vector<optim::Segment> segs;
     for (size_t u = 0; u < units_.size(); ++u) {
         Unit &unit = units_[u];
         if (!unit.trainable) continue;
-        float *shard_grad = nullptr;
-        Status s = reduce_unit(u, &shard_grad);
-        if (!s.ok()) return fail(s);
-        const uint64_t shard_begin = static_cast<uint64_t>(rank_) * layout_.units()[u].shard_numel;
+        const UnitView v = unit_view(u);
         for (int32_t p : layout_.units()[u].params) {
             if (!applied_mask_[p]) continue;
             const ShardPiece piece = layout_.piece(p, rank_);
             if (piece.begin == piece.end) continue;
             const ParamSpec &spec = params_[p];
             optim::Segment seg;
-            seg.param = unit.params.as<float>() + shard_begin + piece.shard_offset;
-            seg.grad = shard_grad + piece.shard_offset;
+            seg.param = v.values + piece.shard_offset;  // fp32: the params, or the masters
+            seg.grad = reduced[u] + piece.shard_offset;
             for (int k = 0; k < unit.state_slots; ++k)
                 seg.state[k] = unit.state[k].as<float>() + piece.shard_offset;
             seg.n = piece.end - piece.begin;
@@ -146,11 +179,17 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
         }
     }
 
-    // 2. Global norm of the rank-averaged gradients, and the clipping coefficient.
-    const float average = 1.0f / static_cast<float>(world_size_);
+    // 2. Global norm of the rank-averaged, unscaled gradients, and the clipping
+    //    coefficient. Dynamic loss scaling needs it (for its inf/NaN check) before the
+    //    update, clipping too; otherwise it comes out of the update's own pass.
+    const bool scaled = scaling_.mode != SX_LOSS_SCALING_NONE;
+    const bool dynamic = scaling_.mode == SX_LOSS_SCALING_DYNAMIC;
+    const double divisor = static_cast<double>(world_size_) * (scaled ? scaler_.scale : 1.0);
+    const float average = scaled ? static_cast<float>(1.0 / divisor) : 1.0f / static_cast<float>(world_size_);
     double norm = 0.0, coef = 1.0;
     const bool clip = options.max_grad_norm > 0;
-    if (clip) {
+    const bool norm_first = clip || dynamic;
+    if (norm_first) {
         double sumsq = optim::sum_of_squares(segs.data(), segs.size(), average, pool_.get(),
                                              optim::Isa::kAuto);
         if (world_size_ > 1) {
@@ -158,35 +197,54 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
             if (!s.ok()) return fail(s);
         }
         norm = std::sqrt(sumsq);
+        if (dynamic && !std::isfinite(sumsq)) {
+            // torch.cuda.amp.GradScaler: skip the step, back off, restart the growth count.
+            // Every rank saw the same all-reduced sum, so every rank skips.
+            scaler_.scale *= scaling_.backoff_factor;
+            scaler_.growth_tracker = 0;
+            finish_step(options.keep_grads);
+            if (result) {
+                result->grad_norm = norm;
+                result->step = steps_;
+                result->skipped = true;
+                result->loss_scale = scaler_.scale;
+            }
+            return Status::Ok();
+        }
         coef = clip_coefficient(norm, options.max_grad_norm);
     }
 
     // 3. The fused update of this rank's shard (the norm comes out of the same pass when
-    //    there is no clipping), once a checkpoint's snapshot has been copied out of it:
-    //    the reduction above overlapped that copy.
+    //    it was not needed first), once a checkpoint's snapshot has been copied out of
+    //    it: the reduction above overlapped that copy. 16-bit units update their fp32
+    //    masters, which are then rounded into the params.
     fence_.wait_readers();
+    ensure_masters();
     double sumsq = 0.0;
-    optim::fused_update(segs.data(), segs.size(), static_cast<float>(coef / world_size_), pool_.get(),
-                        optim::Isa::kAuto, clip ? nullptr : &sumsq);
-    if (!clip) {
+    optim::fused_update(segs.data(), segs.size(), static_cast<float>(coef / divisor), pool_.get(),
+                        optim::Isa::kAuto, norm_first ? nullptr : &sumsq);
+    if (!norm_first) {
         if (world_size_ > 1) {
             Status s = comm_->all_reduce_sum(&sumsq, 1);
             if (!s.ok()) return fail(s);
         }
         norm = std::sqrt(sumsq);
     }
+    for (size_t u = 0; u < units_.size(); ++u)
+        if (units_[u].trainable) round_masters(u);
 
     // 4. Gather the updated params of every trainable unit.
     if (world_size_ > 1) {
         for (size_t u = 0; u < units_.size(); ++u) {
             if (!units_[u].trainable) continue;
             const uint64_t S = layout_.units()[u].shard_numel;
-            Status s = comm_->all_gather(units_[u].params.data(), S * sizeof(float));
+            Status s = comm_->all_gather(units_[u].params.data(), S * dtype_size(units_[u].dtype));
             if (!s.ok()) return fail(s);
         }
     }
 
-    // 5. Per-param step counts (torch keeps them per param), and a clean slate.
+    // 5. Per-param step counts (torch keeps them per param), the loss scale's growth,
+    //    and a clean slate.
     for (size_t p = 0; p < params_.size(); ++p) {
         if (!applied_mask_[p]) continue;
         ParamSpec &spec = params_[p];
@@ -194,14 +252,17 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
         const optim::Hyper &h = groups_[spec.group].hyper;
         if (h.kind == optim::Kind::kSgd && h.momentum != 0) ++spec.momentum_steps;
     }
-    for (Unit &unit : units_) unit.accum_live = false;
-    micro_batches_ = 0;
-    if (!options.keep_grads) zero_grads();
+    if (dynamic && ++scaler_.growth_tracker >= scaling_.growth_interval) {
+        scaler_.scale *= scaling_.growth_factor;
+        scaler_.growth_tracker = 0;
+    }
+    finish_step(options.keep_grads);
     ++steps_;
     if (result) {
         result->grad_norm = norm;
         result->step = steps_;
         result->skipped = false;
+        result->loss_scale = scaler_.scale;
     }
     return Status::Ok();
 }

@@ -72,16 +72,7 @@ std::string make_tmpdir() { return sxtest::make_tmpdir("ckpt-test"); }
 using sxtest::read_file;
 using sxtest::remove_tree;
 
-// Runs fn(rank) on `world` threads; returns the first error text.
-std::string run_ranks(int world, const std::function<std::string(int)> &fn) {
-    std::vector<std::string> errs(world);
-    std::vector<std::thread> ts;
-    for (int r = 0; r < world; ++r) ts.emplace_back([&, r] { errs[r] = fn(r); });
-    for (auto &t : ts) t.join();
-    for (int r = 0; r < world; ++r)
-        if (!errs[r].empty()) return "rank " + std::to_string(r) + ": " + errs[r];
-    return "";
-}
+using sxtest::run_ranks;
 
 std::string err_text(const char *what) { return std::string(what) + ": " + sx_last_error_message(); }
 
@@ -156,7 +147,7 @@ void collect(Rank &rk, FullState *full, std::mutex *mu) {
         const sx::core::ShardGroup::UnitView v = g.unit_view(g.layout().placement(static_cast<int32_t>(p)).unit_index);
         const uint64_t len = piece.end - piece.begin;
         std::memcpy(&full->tensors[0][p][piece.begin],
-                    v.params + static_cast<uint64_t>(g.rank()) * v.shard_numel + piece.shard_offset, len * 4);
+                    v.values + piece.shard_offset, len * 4);
         for (int k = 0; k < v.state_slots; ++k)
             std::memcpy(&full->tensors[k + 1][p][piece.begin], v.state[k] + piece.shard_offset, len * 4);
     }

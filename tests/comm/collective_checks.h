@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/half.h"
 #include "base/status.h"
 #include "comm/communicator.h"
 
@@ -36,6 +37,31 @@ inline std::string check_reduce_scatter(sx::comm::Communicator &c, size_t shard,
             return "reduce_scatter_sum(shard " + std::to_string(shard) + ", accumulate " +
                    std::to_string(accumulate) + "): out[" + std::to_string(i) + "] = " + std::to_string(out[i]) +
                    ", expected " + std::to_string(want);
+        }
+    }
+    return "";
+}
+
+// The 16-bit reduce-scatter: inputs are small integers (exact in fp16 and bf16, and so
+// are their sums over up to 5 ranks), the result widened and times 2.
+inline std::string check_reduce_scatter_16(sx::comm::Communicator &c, int32_t dtype, size_t shard, bool accumulate) {
+    const int p = c.world_size(), r = c.rank();
+    std::vector<uint16_t> buf(shard * static_cast<size_t>(p));
+    for (size_t i = 0; i < buf.size(); ++i) {
+        const float x = rs_input(r, i);
+        buf[i] = dtype == SX_DTYPE_F16 ? sx::half::f32_to_f16(x) : sx::half::f32_to_bf16(x);
+    }
+    std::vector<float> out(shard, accumulate ? 5.0f : -1.0f);
+    sx::Status s = c.reduce_scatter_sum_16(buf.data(), dtype, shard, out.data(), 2.0f, accumulate);
+    if (!s.ok()) return "reduce_scatter_sum_16: " + s.message();
+    for (size_t i = 0; i < shard; ++i) {
+        float sum = 0.0f;
+        for (int q = 0; q < p; ++q) sum += rs_input(q, static_cast<size_t>(r) * shard + i);
+        const float want = (accumulate ? 5.0f : 0.0f) + 2.0f * sum;
+        if (out[i] != want) {
+            return "reduce_scatter_sum_16(dtype " + std::to_string(dtype) + ", shard " + std::to_string(shard) +
+                   ", accumulate " + std::to_string(accumulate) + "): out[" + std::to_string(i) +
+                   "] = " + std::to_string(out[i]) + ", expected " + std::to_string(want);
         }
     }
     return "";
@@ -106,6 +132,8 @@ inline std::string check_all_collectives(sx::comm::Communicator &c) {
     for (size_t shard : rs_sizes) {
         for (bool acc : {false, true}) {
             if (!(e = check_reduce_scatter(c, shard, acc)).empty()) return e;
+            for (int32_t dtype : {SX_DTYPE_F16, SX_DTYPE_BF16})
+                if (!(e = check_reduce_scatter_16(c, dtype, shard, acc)).empty()) return e;
         }
         if (!(e = check_all_gather(c, shard * 4 + 1, static_cast<int>(shard))).empty()) return e;
     }

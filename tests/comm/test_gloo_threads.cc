@@ -239,6 +239,10 @@ void test_argument_errors(void **) {
     ASSERT_CODE(c->broadcast(buf, 4, 1), SX_ERR_INVALID_ARGUMENT);
     ASSERT_CODE(c->broadcast(buf, 4, -1), SX_ERR_INVALID_ARGUMENT);
     ASSERT_CODE(c->all_gather(nullptr, 4), SX_ERR_INVALID_ARGUMENT);
+    uint16_t h16[8] = {0};
+    ASSERT_CODE(c->reduce_scatter_sum_16(h16, SX_DTYPE_F32, 4, buf, 1.0f, false), SX_ERR_INVALID_ARGUMENT);  // dtype
+    ASSERT_CODE(c->reduce_scatter_sum_16(h16, SX_DTYPE_F16, 4, reinterpret_cast<float *>(h16 + 2), 1.0f, false),
+                SX_ERR_INVALID_ARGUMENT);  // overlap
     // Empty calls do nothing, and an invalid call leaves the communicator usable.
     ASSERT_OK(c->reduce_scatter_sum(nullptr, 0, nullptr, false));
     ASSERT_OK(c->all_gather(nullptr, 0));

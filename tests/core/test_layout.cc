@@ -2,6 +2,7 @@
 // sizes 1..8.
 #include "sx_cmocka.h"
 
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -16,7 +17,7 @@ namespace {
 // Checks every invariant of a layout against the params it was built from.
 void check_layout(const std::vector<ParamShape> &params, int world, uint64_t align) {
     Layout l;
-    sx::Status s = Layout::build(params, world, align, &l);
+    sx::Status s = Layout::build(params, world, align * 4, &l);
     assert_true(s.ok());
     assert_int_equal(l.num_params(), params.size());
     int last_unit = -1;
@@ -85,7 +86,7 @@ void test_small_params_smaller_than_world(void **) {
     std::vector<ParamShape> params = {{0, 1}, {0, 1}, {0, 1}};
     check_layout(params, 8, 16);
     Layout l;
-    assert_true(Layout::build(params, 8, 16, &l).ok());
+    assert_true(Layout::build(params, 8, 64, &l).ok());
     assert_int_equal(l.units()[0].padded_numel, 128);
     assert_int_equal(l.units()[0].shard_numel, 16);
     assert_int_equal(l.placement(1).offset, 16);
@@ -102,7 +103,7 @@ void test_one_huge_param(void **) {
     std::vector<ParamShape> params = {{0, 1ull << 40}};
     check_layout(params, 7, 16);
     Layout l;
-    assert_true(Layout::build(params, 7, 16, &l).ok());
+    assert_true(Layout::build(params, 7, 64, &l).ok());
     const uint64_t granule = 7 * 16;
     assert_int_equal(l.units()[0].padded_numel, ((1ull << 40) + granule - 1) / granule * granule);
 }
@@ -110,7 +111,7 @@ void test_one_huge_param(void **) {
 void test_unit_too_large_is_rejected(void **) {
     std::vector<ParamShape> params = {{0, UINT64_MAX - 10}, {0, 100}};
     Layout l;
-    sx::Status s = Layout::build(params, 3, 16, &l);
+    sx::Status s = Layout::build(params, 3, 64, &l);
     assert_int_equal(s.code(), SX_ERR_INVALID_ARGUMENT);
 }
 
@@ -120,7 +121,7 @@ void test_exact_boundaries(void **) {
     // param 1 spans shards 1, 2 and 3.
     std::vector<ParamShape> params = {{5, 24}, {5, 40}};
     Layout l;
-    assert_true(Layout::build(params, 4, 8, &l).ok());
+    assert_true(Layout::build(params, 4, 32, &l).ok());
     assert_int_equal(l.units()[0].padded_numel, 64);
     assert_int_equal(l.units()[0].shard_numel, 16);
     ShardPiece a = l.piece(0, 1);
@@ -137,6 +138,28 @@ void test_exact_boundaries(void **) {
     assert_int_equal(c.shard_offset, 0);
 }
 
+void test_two_byte_units_align_in_bytes(void **) {
+    // 64-byte alignment is 16 fp32 or 32 bf16 elements; every unit pads to its own granule.
+    std::vector<ParamShape> params = {{0, 3, 2}, {0, 5, 2}, {1, 3, 4}, {1, 5, 4}};
+    Layout l;
+    assert_true(Layout::build(params, 2, 64, &l).ok());
+    assert_int_equal(l.units()[0].elem_bytes, 2);
+    assert_int_equal(l.units()[0].align_elems, 32);
+    assert_int_equal(l.placement(1).offset, 32);
+    assert_int_equal(l.units()[0].padded_numel, 64);
+    assert_int_equal(l.units()[1].align_elems, 16);
+    assert_int_equal(l.placement(3).offset, 16);
+    assert_int_equal(l.units()[1].padded_numel, 32);
+}
+
+void test_mixed_element_sizes_in_a_unit_are_rejected(void **) {
+    std::vector<ParamShape> params = {{0, 3, 2}, {0, 5, 4}};
+    Layout l;
+    sx::Status s = Layout::build(params, 2, 64, &l);
+    assert_int_equal(s.code(), SX_ERR_INVALID_ARGUMENT);
+    assert_non_null(std::strstr(s.message().c_str(), "mixes element sizes"));
+}
+
 }  // namespace
 
 int main(void) {
@@ -146,6 +169,8 @@ int main(void) {
         cmocka_unit_test(test_one_huge_param),
         cmocka_unit_test(test_unit_too_large_is_rejected),
         cmocka_unit_test(test_exact_boundaries),
+        cmocka_unit_test(test_two_byte_units_align_in_bytes),
+        cmocka_unit_test(test_mixed_element_sizes_in_a_unit_are_rejected),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -154,7 +154,7 @@ std::string save_rank(const std::string &rv, int r, int world, const std::string
         for (int32_t p = 0; p < static_cast<int32_t>(kParams.size()); ++p) {
             const uint64_t numel = g.layout().numel(p);
             if (r == 0) {
-                const float *d = g.param_data(p);
+                const float *d = static_cast<const float *>(g.param_data(p));
                 fx->known[kParams[p].name] = {kParams[p].shape, std::vector<float>(d, d + numel)};
             }
             const auto kinds = sx::ckpt::stored_kinds(g.param_groups()[kParams[p].group].hyper);
@@ -372,7 +372,10 @@ void test_reload_matches_known(void **) {
 void test_inspect_text(void **) {
     const Run r = sxckpt({"inspect", fx->ck});
     expect_status(r, 0);
-    for (const char *s : {"format      1.0 (written by sx 1.0.0)", "step        3",
+    const std::string written_by = "format      1.0 (written by sx " + std::to_string(SX_VERSION_MAJOR) + "." +
+                                   std::to_string(SX_VERSION_MINOR) + "." + std::to_string(SX_VERSION_PATCH) + ")";
+    expect_has(r.out, written_by);
+    for (const char *s : {"step        3",
                           "world size  2 (ZeRO stage 2, alignment 64 bytes)", "user blob   5 bytes",
                           "created     20",
                           "params (6, ", "param groups (2)", "AdamW", "amsgrad=true", "betas=(0.9, 0.999)",

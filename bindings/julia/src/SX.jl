@@ -15,11 +15,12 @@ using Libdl
 
 export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, param_view,
        grad_view, step!, save, load!, read_user_blob, set_trainable!, is_trainable,
-       trainable_mask, param_info, unit_info, memory_stats, with_group, wait_staged
+       trainable_mask, param_info, unit_info, memory_stats, with_group, wait_staged,
+       set_loss_scaling!, loss_scale
 
 # The ABI version this binding was written against: the runtime's major must match and
 # its minor must not be older.
-const BINDING_VERSION = (1, 0)
+const BINDING_VERSION = (1, 1)
 
 # The library name every @ccall uses; __init__ makes it resolve to $SX_LIBRARY.
 const libsx = "libsx"
@@ -44,6 +45,7 @@ const SX_HP_LR, SX_HP_WEIGHT_DECAY, SX_HP_BETA1, SX_HP_BETA2, SX_HP_EPS, SX_HP_M
 const SX_GROUP_NO_TRAINABLE_AUTODETECT = UInt32(0x1)
 const SX_MAX_NDIM = 8
 const SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA = UInt32.((0x1, 0x2, 0x4))
+const SX_LOSS_SCALING_NONE, SX_LOSS_SCALING_DYNAMIC, SX_LOSS_SCALING_STATIC = Int32.(0:2)
 
 # ----------------------------------------------------------------------------------
 # Struct mirrors. Mutable, so that a `Ref{T}` argument passes a pointer to the object
@@ -65,6 +67,8 @@ mutable struct GroupConfig  # sx_group_config_t
     bind_address::Ptr{UInt8}
     device_ordinal::Int32
     reserved0::Int32
+    grad_dtype::Int32
+    reduce_dtype::Int32
 end
 
 mutable struct ParamGroupDesc  # sx_param_group_desc_t
@@ -116,6 +120,16 @@ mutable struct StepResult  # sx_step_result_t
     step::UInt64
     skipped::Int32
     reserved0::Int32
+    loss_scale::Float64
+end
+
+mutable struct LossScaling  # sx_loss_scaling_t
+    struct_size::Csize_t
+    mode::Int32
+    growth_interval::Int32
+    init_scale::Float64
+    growth_factor::Float64
+    backoff_factor::Float64
 end
 
 mutable struct MemoryStats  # sx_memory_stats_t
@@ -280,6 +294,10 @@ end
 This rank's handle of a shard group (collective: blocks until every rank joined).
 Release it with `close(g)` or the `with_group` do-block; a finalizer closes a forgotten
 one as a safety net. Views into it are invalid after `close`.
+
+Mixed precision: `grad_dtype=SX_DTYPE_F32` gives every param an fp32 gradient (default
+0: the param's own dtype); `reduce_dtype=SX_DTYPE_F32` sums 16-bit gradients over ranks
+in fp32 (default 0: in their own dtype).
 """
 mutable struct ShardGroup
     handle::Ptr{Cvoid}
@@ -288,7 +306,7 @@ mutable struct ShardGroup
                         num_threads::Integer=0, alignment::Integer=0, timeout_ms::Integer=0,
                         trainable_autodetect::Bool=true,
                         bind_address::Union{Nothing,AbstractString}=nothing,
-                        device_ordinal::Integer=0)
+                        device_ordinal::Integer=0, grad_dtype::Integer=0, reduce_dtype::Integer=0)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
         rdv = String(rendezvous)
@@ -301,6 +319,7 @@ mutable struct ShardGroup
             cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
             cfg.flags = trainable_autodetect ? 0 : SX_GROUP_NO_TRAINABLE_AUTODETECT
             cfg.device_ordinal = device_ordinal
+            cfg.grad_dtype, cfg.reduce_dtype = grad_dtype, reduce_dtype
             cp, op = _ptr(cfg), Base.unsafe_convert(Ptr{Ptr{Cvoid}}, out)
             check(@blocking @ccall libsx.sx_create_shard_group(cp::Ptr{GroupConfig}, op::Ptr{Ptr{Cvoid}})::Int32)
         end
@@ -382,7 +401,8 @@ set_lr!(g::ShardGroup, group::Integer, lr::Real) =
     add_param!(g, name, shape; param_group=0, unit=0, dtype=SX_DTYPE_F32, frozen=false)
 
 Registers a param; `shape` is in sx's (row-major) order, e.g. `(8, 16)`. Returns its
-0-based index.
+0-based index. `SX_DTYPE_BF16` and `SX_DTYPE_F16` params (all params of a unit share a
+dtype) get fp32 master weights and optimizer state.
 """
 function add_param!(g::ShardGroup, name::AbstractString, shape; param_group::Integer=0,
                     unit::Integer=0, dtype::Integer=SX_DTYPE_F32, frozen::Bool=false)
@@ -460,7 +480,9 @@ end
     param_view(g, p)
 
 The values of param `p` (name or 0-based index) as a zero-copy `Array` over sx's memory,
-dims reversed (see the module docs). Invalid after `close(g)`.
+dims reversed (see the module docs). Invalid after `close(g)`. The element type follows
+the view's dtype: `Float32`, `Float16`, or `UInt16` (the raw bits of bf16), for
+gradients too. A 16-bit param is overwritten by each step with its fp32 masters rounded.
 """
 param_view(g::ShardGroup, p) = _view(g, p, false)
 
@@ -495,7 +517,8 @@ end
     step!(g; max_grad_norm=0.0, keep_grads=false)
 
 Collective: averages gradients over ranks, clips, updates, gathers. Returns
-`(grad_norm, step, skipped)`.
+`(grad_norm, step, skipped, loss_scale)`: `skipped` when dynamic loss scaling found
+inf/NaN gradients, `loss_scale` what to multiply the next losses by.
 """
 function step!(g::ShardGroup; max_grad_norm::Real=0.0, keep_grads::Bool=false)
     o, r = _blank(StepOptions), _blank(StepResult)
@@ -507,7 +530,39 @@ function step!(g::ShardGroup; max_grad_norm::Real=0.0, keep_grads::Bool=false)
         op, rp = _ptr(o), _ptr(r)
         check(@blocking @ccall libsx.sx_step(h::Ptr{Cvoid}, op::Ptr{StepOptions}, rp::Ptr{StepResult})::Int32)
     end
-    (grad_norm=r.grad_norm, step=Int(r.step), skipped=r.skipped != 0)
+    (grad_norm=r.grad_norm, step=Int(r.step), skipped=r.skipped != 0, loss_scale=r.loss_scale)
+end
+
+const _LOSS_SCALING_MODES = Dict(:none => SX_LOSS_SCALING_NONE, :dynamic => SX_LOSS_SCALING_DYNAMIC,
+                                 :static => SX_LOSS_SCALING_STATIC)
+
+"""
+    set_loss_scaling!(g, mode=:dynamic; init_scale, growth_factor, backoff_factor, growth_interval)
+
+Loss scaling with torch.cuda.amp.GradScaler's semantics: `:dynamic` skips steps with
+inf/NaN gradients and multiplies the scale by `backoff_factor` then, and by
+`growth_factor` after `growth_interval` good steps in a row; `:static` divides by
+`init_scale` and never skips; `:none`. Options left 0 take GradScaler's defaults
+(init_scale 65536, growth_factor 2, backoff_factor 0.5, growth_interval 2000). Resets the
+scale to `init_scale`. Between steps; every rank the same.
+"""
+function set_loss_scaling!(g::ShardGroup, mode::Symbol=:dynamic; init_scale::Real=0, growth_factor::Real=0,
+                           backoff_factor::Real=0, growth_interval::Integer=0)
+    haskey(_LOSS_SCALING_MODES, mode) ||
+        throw(SXError(SX_ERR_INVALID_ARGUMENT, "loss scaling mode must be one of $(keys(_LOSS_SCALING_MODES)), not $mode"))
+    s = _blank(LossScaling)
+    check(@ccall libsx.sx_loss_scaling_init(s::Ref{LossScaling}, sizeof(LossScaling)::Csize_t)::Int32)
+    s.mode, s.growth_interval = _LOSS_SCALING_MODES[mode], growth_interval
+    s.init_scale, s.growth_factor, s.backoff_factor = init_scale, growth_factor, backoff_factor
+    check(@ccall libsx.sx_set_loss_scaling(_handle(g)::Ptr{Cvoid}, s::Ref{LossScaling})::Int32)
+end
+
+"""What the next losses are to be multiplied by before backward (1.0 without loss
+scaling); `step!` divides the gradients by it."""
+function loss_scale(g::ShardGroup)
+    v = Ref{Float64}(0)
+    check(@ccall libsx.sx_get_loss_scale(_handle(g)::Ptr{Cvoid}, v::Ref{Float64})::Int32)
+    v[]
 end
 
 function _query(f::Function, g::ShardGroup)

@@ -6,6 +6,7 @@ using SX
 const MIRRORS = Dict("sx_group_config_t" => SX.GroupConfig, "sx_param_group_desc_t" => SX.ParamGroupDesc,
                      "sx_param_desc_t" => SX.ParamDesc, "sx_view_t" => SX.View,
                      "sx_step_options_t" => SX.StepOptions, "sx_step_result_t" => SX.StepResult,
+                     "sx_loss_scaling_t" => SX.LossScaling,
                      "sx_memory_stats_t" => SX.MemoryStats, "sx_param_info_t" => SX.ParamInfo,
                      "sx_unit_info_t" => SX.UnitInfo, "sx_save_options_t" => SX.SaveOptions,
                      "sx_load_options_t" => SX.LoadOptions)
@@ -53,6 +54,52 @@ end
     close(g)
     close(g)  # double close is fine
     @test_throws SXError add_param!(g, "w", (4,))
+end
+
+@testset "mixed precision" begin
+    with_group("local://jl-bf16-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1,
+               grad_dtype=SX.SX_DTYPE_F32) do g
+        add_param_group!(g, :sgd; lr=0.5)
+        add_param!(g, "w", (2, 3); dtype=SX.SX_DTYPE_BF16)
+        finalize!(g)
+        w, dw = param_view(g, "w"), grad_view(g, "w")
+        @test w isa Matrix{UInt16} && size(w) == (3, 2)  # bf16 as its raw bits
+        @test dw isa Matrix{Float32}
+        w .= 0x3f80  # bf16 1.0, the top half of fp32 1.0's bits; the masters start from it
+        @test loss_scale(g) == 1.0
+        set_loss_scaling!(g, :dynamic; init_scale=1024)
+        @test loss_scale(g) == 1024.0
+        # Gradients of the loss times 1024; the step divides them by it: SGD, lr 0.5
+        # takes 1.0 to 0.5 (bf16 0x3f00).
+        dw .= 1024.0f0
+        r = step!(g)
+        @test (r.step, r.skipped, r.loss_scale) == (1, false, 1024.0)
+        @test all(==(0x3f00), w)
+        dw[5] = Inf32  # skipped, and the scale backs off by half
+        r = step!(g)
+        @test (r.step, r.skipped, r.loss_scale) == (1, true, 512.0)
+        @test all(==(0x3f00), w)
+        err = try
+            set_loss_scaling!(g, :dynamic; backoff_factor=1.5)
+        catch e
+            e
+        end
+        @test err isa SXError
+        @test err.status == SX.SX_ERR_INVALID_ARGUMENT
+        @test occursin("backoff_factor", err.message)
+        @test loss_scale(g) == 512.0  # a refused call changes nothing
+    end
+    with_group("local://jl-f16-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1) do g
+        add_param_group!(g, :sgd; lr=0.5)
+        add_param!(g, "w", (4,); dtype=SX.SX_DTYPE_F16)
+        finalize!(g)
+        w, dw = param_view(g, "w"), grad_view(g, "w")
+        @test w isa Vector{Float16} && dw isa Vector{Float16}
+        w .= Float16(1)
+        dw .= Float16(1)
+        @test !step!(g).skipped
+        @test all(==(Float16(0.5)), w)
+    end
 end
 
 function train_rank(rank, name, steps)

@@ -19,7 +19,7 @@ BINDING_VERSION = (1, 0)
 # Constants (sx.h #defines); tests/test_layout.py checks each against sx_layout.json.
 # ----------------------------------------------------------------------------------
 SX_VERSION_MAJOR = 1
-SX_VERSION_MINOR = 0
+SX_VERSION_MINOR = 1
 SX_VERSION_PATCH = 0
 SX_VERSION_NUMBER = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH
 
@@ -82,6 +82,10 @@ SX_LOAD_PARAMS_ONLY = 0x1
 SX_LOAD_ALLOW_MISSING = 0x2
 SX_LOAD_ALLOW_EXTRA = 0x4
 
+SX_LOSS_SCALING_NONE = 0
+SX_LOSS_SCALING_DYNAMIC = 1
+SX_LOSS_SCALING_STATIC = 2
+
 # ----------------------------------------------------------------------------------
 # Struct mirrors
 # ----------------------------------------------------------------------------------
@@ -95,7 +99,8 @@ class sx_group_config_t(ctypes.Structure):
                 ("num_threads", ctypes.c_int32), ("alignment", ctypes.c_int32),
                 ("timeout_ms", ctypes.c_int32), ("flags", ctypes.c_uint32),
                 ("bind_address", ctypes.c_char_p), ("device_ordinal", ctypes.c_int32),
-                ("reserved0", ctypes.c_int32)]
+                ("reserved0", ctypes.c_int32), ("grad_dtype", ctypes.c_int32),
+                ("reduce_dtype", ctypes.c_int32)]
 
 
 class sx_param_group_desc_t(ctypes.Structure):
@@ -130,7 +135,13 @@ class sx_step_options_t(ctypes.Structure):
 class sx_step_result_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("grad_norm", ctypes.c_double),
                 ("step", ctypes.c_uint64), ("skipped", ctypes.c_int32),
-                ("reserved0", ctypes.c_int32)]
+                ("reserved0", ctypes.c_int32), ("loss_scale", ctypes.c_double)]
+
+
+class sx_loss_scaling_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("mode", ctypes.c_int32),
+                ("growth_interval", ctypes.c_int32), ("init_scale", ctypes.c_double),
+                ("growth_factor", ctypes.c_double), ("backoff_factor", ctypes.c_double)]
 
 
 class sx_memory_stats_t(ctypes.Structure):
@@ -189,8 +200,8 @@ class sx_load_options_t(ctypes.Structure):
 # Every public struct, by its C typedef name (the keys of sx_layout.json's "structs").
 STRUCTS = {cls.__name__: cls for cls in (
     sx_group_config_t, sx_param_group_desc_t, sx_param_desc_t, sx_view_t, sx_step_options_t,
-    sx_step_result_t, sx_memory_stats_t, sx_param_info_t, sx_unit_info_t, sx_save_options_t,
-    sx_load_options_t)}
+    sx_step_result_t, sx_loss_scaling_t, sx_memory_stats_t, sx_param_info_t, sx_unit_info_t,
+    sx_save_options_t, sx_load_options_t)}
 
 # ----------------------------------------------------------------------------------
 # Prototypes: name -> (restype, argtypes)
@@ -227,6 +238,9 @@ PROTOTYPES = {
     "sx_step_options_init": (c_status, [_P(sx_step_options_t), _c.c_size_t]),
     "sx_step_result_init": (c_status, [_P(sx_step_result_t), _c.c_size_t]),
     "sx_step": (c_status, [sx_shard_group_p, _P(sx_step_options_t), _P(sx_step_result_t)]),
+    "sx_loss_scaling_init": (c_status, [_P(sx_loss_scaling_t), _c.c_size_t]),
+    "sx_set_loss_scaling": (c_status, [sx_shard_group_p, _P(sx_loss_scaling_t)]),
+    "sx_get_loss_scale": (c_status, [sx_shard_group_p, _P(_c.c_double)]),
     "sx_get_rank": (c_status, [sx_shard_group_p, _P(_c.c_int32)]),
     "sx_get_world_size": (c_status, [sx_shard_group_p, _P(_c.c_int32)]),
     "sx_get_stage": (c_status, [sx_shard_group_p, _P(_c.c_int32)]),
@@ -314,6 +328,7 @@ INIT_FUNCTIONS = {
     "sx_view_t": "sx_view_init",
     "sx_step_options_t": "sx_step_options_init",
     "sx_step_result_t": "sx_step_result_init",
+    "sx_loss_scaling_t": "sx_loss_scaling_init",
     "sx_memory_stats_t": "sx_memory_stats_init",
     "sx_param_info_t": "sx_param_info_init",
     "sx_unit_info_t": "sx_unit_info_init",

@@ -22,10 +22,12 @@ else:
 HAVE_NUMPY = np is not None
 
 # SX_DTYPE_* -> (bytes per element, memoryview format, numpy dtype name). numpy has no
-# bfloat16: bf16 elements appear as their raw uint16 bits.
+# bfloat16: bf16 elements appear as their raw uint16 bits. memoryview casts to fp16
+# ("e") only from Python 3.12 on, so without numpy fp16 elements are raw bits too (the
+# struct module's "e" converts them).
 DTYPES = {
     _lib.SX_DTYPE_F32: (4, "f", "float32"),
-    _lib.SX_DTYPE_F16: (2, "e", "float16"),
+    _lib.SX_DTYPE_F16: (2, "H", "float16"),
     _lib.SX_DTYPE_BF16: (2, "H", "uint16"),
 }
 

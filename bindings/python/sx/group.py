@@ -16,6 +16,8 @@ _HYPERPARAMETERS = {"lr": _lib.SX_HP_LR, "weight_decay": _lib.SX_HP_WEIGHT_DECAY
                     "momentum": _lib.SX_HP_MOMENTUM, "dampening": _lib.SX_HP_DAMPENING,
                     "nesterov": _lib.SX_HP_NESTEROV, "maximize": _lib.SX_HP_MAXIMIZE,
                     "amsgrad": _lib.SX_HP_AMSGRAD}
+_LOSS_SCALING_MODES = {"none": _lib.SX_LOSS_SCALING_NONE, "dynamic": _lib.SX_LOSS_SCALING_DYNAMIC,
+                       "static": _lib.SX_LOSS_SCALING_STATIC}
 # Keyword arguments of add_param_group that are flags (int fields of the descriptor).
 _FLAG_FIELDS = ("nesterov", "maximize", "amsgrad")
 _FLOAT_FIELDS = ("lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening")
@@ -44,10 +46,13 @@ def _encode(what, text):
 @dataclasses.dataclass(frozen=True)
 class StepResult:
     """What one step reports: the global gradient norm before clipping, the number of
-    steps the group has taken (this one included), and whether it was skipped."""
+    steps the group has taken (this one included), whether it was skipped (dynamic loss
+    scaling found inf/NaN gradients), and the loss scale to multiply the next losses by
+    (1 without loss scaling)."""
     grad_norm: float
     step: int
     skipped: bool
+    loss_scale: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,11 +108,16 @@ class ShardGroup(Handle):
     Release it with :meth:`close` or a ``with`` block; a finalizer closes a forgotten
     one as a safety net. Views returned by the group point into memory it owns and must
     not be used after close. One thread uses a group at a time.
+
+    Mixed precision: params added with dtype "bf16" or "f16" get fp32 master weights.
+    ``grad_dtype="f32"`` gives every param an fp32 gradient (default: the param's own
+    dtype); ``reduce_dtype="f32"`` sums 16-bit gradients over ranks in fp32 (default: in
+    their own dtype).
     """
 
     def __init__(self, rendezvous, rank=0, world_size=1, *, stage=0, backend="auto",
                  num_threads=0, alignment=0, timeout_ms=0, trainable_autodetect=True,
-                 bind_address=None, device_ordinal=0):
+                 bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None):
         cfg = _lib.init_struct(_lib.sx_group_config_t)
         cfg.rendezvous = _encode("rendezvous", rendezvous)
         cfg.rank, cfg.world_size, cfg.stage = rank, world_size, stage
@@ -117,6 +127,10 @@ class ShardGroup(Handle):
         if bind_address is not None:
             cfg.bind_address = _encode("bind_address", bind_address)
         cfg.device_ordinal = device_ordinal
+        if grad_dtype is not None:
+            cfg.grad_dtype = _choice("grad_dtype", grad_dtype, _DTYPES)
+        if reduce_dtype is not None:
+            cfg.reduce_dtype = _choice("reduce_dtype", reduce_dtype, _DTYPES)
         handle = _lib.sx_shard_group_p()
         check(lib.sx_create_shard_group(ctypes.byref(cfg), ctypes.byref(handle)))
         self._own(handle, lib.sx_destroy_shard_group)
@@ -242,7 +256,9 @@ class ShardGroup(Handle):
     def param_view(self, param):
         """The param's values (by name or index) as a zero-copy array shaped like the
         param: a numpy array when numpy is available, else a memoryview. Read in
-        forward; write only between steps. Invalid after close()."""
+        forward; write only between steps. Invalid after close(). A bf16 param's
+        elements are their raw uint16 bits (fp16: numpy float16, or raw bits without
+        numpy); the step overwrites them with its fp32 masters rounded."""
         return self._array(param, grad=False)
 
     def grad_view(self, param):
@@ -312,7 +328,34 @@ class ShardGroup(Handle):
         result = _lib.init_struct(_lib.sx_step_result_t)
         check(lib.sx_step(self.handle, ctypes.byref(options), ctypes.byref(result)))
         return StepResult(grad_norm=result.grad_norm, step=result.step,
-                          skipped=bool(result.skipped))
+                          skipped=bool(result.skipped), loss_scale=result.loss_scale)
+
+    def set_loss_scaling(self, mode="dynamic", *, init_scale=None, growth_factor=None,
+                         backoff_factor=None, growth_interval=None):
+        """Sets loss scaling, with torch.cuda.amp.GradScaler's semantics, and resets the
+        scale to `init_scale`. `mode` is "dynamic" (skip steps with inf/NaN gradients,
+        multiply the scale by `backoff_factor` then, and by `growth_factor` after
+        `growth_interval` good steps in a row), "static" (divide by `init_scale`, never
+        skip) or "none". Options left None take GradScaler's defaults: init_scale 65536,
+        growth_factor 2, backoff_factor 0.5, growth_interval 2000. Between steps; every
+        rank the same."""
+        scaling = _lib.init_struct(_lib.sx_loss_scaling_t)
+        scaling.mode = _choice("loss scaling mode", mode, _LOSS_SCALING_MODES)
+        for name, value in (("init_scale", init_scale), ("growth_factor", growth_factor),
+                            ("backoff_factor", backoff_factor)):
+            if value is not None:
+                setattr(scaling, name, float(value))
+        if growth_interval is not None:
+            scaling.growth_interval = growth_interval
+        check(lib.sx_set_loss_scaling(self.handle, ctypes.byref(scaling)))
+
+    @property
+    def loss_scale(self):
+        """What the next losses are to be multiplied by before backward (1.0 without loss
+        scaling); step() divides the gradients by it."""
+        value = ctypes.c_double()
+        check(lib.sx_get_loss_scale(self.handle, ctypes.byref(value)))
+        return value.value
 
     # -- queries ----------------------------------------------------------------------
     def _int_query(self, fn):

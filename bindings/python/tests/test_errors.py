@@ -71,6 +71,23 @@ class ErrorTest(unittest.TestCase):
             with self.assertRaises(sx.SxError):
                 g.param_view(9)
 
+    def test_bad_loss_scaling_and_grad_dtype(self):
+        with single_rank_group() as g:
+            g.add_param_group()
+            g.add_param("w", [4], dtype="bf16")
+            g.finalize()
+            with self.assertRaises(sx.InvalidArgumentError) as cm:
+                g.set_loss_scaling("dynamic", backoff_factor=1.5)
+            self.assertEqual(cm.exception.status, sx.SX_ERR_INVALID_ARGUMENT)
+            self.assertIn("backoff_factor", cm.exception.message)
+            self.assertIn("1.5", cm.exception.message)
+            self.assertEqual(g.loss_scale, 1.0)  # a refused call changes nothing
+            with self.assertRaisesRegex(sx.InvalidArgumentError, "mode.*'adaptive'"):
+                g.set_loss_scaling("adaptive")
+        with self.assertRaises(sx.InvalidArgumentError) as cm:
+            single_rank_group(grad_dtype="bf16")
+        self.assertIn("grad_dtype", cm.exception.message)
+
     def test_load_of_a_missing_checkpoint(self):
         with tempfile.TemporaryDirectory() as d, single_rank_group() as g:
             g.add_param_group()

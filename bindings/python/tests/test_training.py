@@ -9,7 +9,7 @@ import threading
 import unittest
 
 import sx
-from _ranks import fill, run_ranks, tolist
+from _ranks import fill, rendezvous, run_ranks, tolist
 
 WORLD = 4
 
@@ -281,6 +281,67 @@ class CheckpointTest(unittest.TestCase):
         run_ranks(WORLD, rank_main)
         kept = sorted(d for d in os.listdir(self.dir) if d.startswith("step-"))
         self.assertEqual(kept, ["step-1", "step-2"])
+
+
+def bits(view):
+    """A 16-bit view's elements as their raw uint16 bits (numpy shows fp16 as float16)."""
+    return view.view("uint16") if sx.HAVE_NUMPY else view
+
+
+def element_type(view):
+    return str(view.dtype) if sx.HAVE_NUMPY else view.format
+
+
+# Raw bits of 1.0 and 0.5: bf16 is the top half of fp32.
+BF16_ONE, BF16_HALF, F16_ONE, F16_HALF = 0x3F80, 0x3F00, 0x3C00, 0x3800
+
+
+class MixedPrecisionTest(unittest.TestCase):
+    def test_bf16_params_with_fp32_grads_and_dynamic_loss_scaling(self):
+        with sx.ShardGroup(rendezvous(), 0, 1, backend="cpu", num_threads=1,
+                           grad_dtype="f32") as g:
+            g.add_param_group("sgd", lr=0.5)
+            g.add_param("w", [2, 3], dtype="bf16")
+            g.finalize()
+            self.assertEqual(g.param_info("w").dtype, sx.SX_DTYPE_BF16)
+            self.assertEqual(g.raw_view("w").dtype, sx.SX_DTYPE_BF16)
+            self.assertEqual(g.raw_view("w", grad=True).dtype, sx.SX_DTYPE_F32)
+            w, dw = g.param_view("w"), g.grad_view("w")
+            self.assertEqual(tuple(w.shape), (2, 3))
+            self.assertEqual(element_type(w), "uint16" if sx.HAVE_NUMPY else "H")
+            self.assertEqual(element_type(dw), "float32" if sx.HAVE_NUMPY else "f")
+            fill(w, [BF16_ONE] * 6)  # the masters start from the 16-bit params
+            self.assertEqual(g.loss_scale, 1.0)
+            g.set_loss_scaling("dynamic", init_scale=1024)
+            self.assertEqual(g.loss_scale, 1024.0)
+            # Gradients of the loss times 1024; the step divides them by it: SGD, lr 0.5
+            # takes 1.0 to 0.5.
+            fill(dw, [1024.0] * 6)
+            result = g.step()
+            self.assertEqual((result.step, result.skipped, result.loss_scale), (1, False, 1024.0))
+            self.assertEqual(tolist(w), [BF16_HALF] * 6)
+            # An inf gradient: the step is skipped and the scale backs off by half.
+            fill(dw, [1.0] * 4 + [math.inf, 1.0])
+            result = g.step()
+            self.assertEqual((result.step, result.skipped, result.loss_scale), (1, True, 512.0))
+            self.assertEqual(g.loss_scale, 512.0)
+            self.assertEqual(tolist(w), [BF16_HALF] * 6)
+
+    def test_fp16_params_with_fp16_grads(self):
+        with sx.ShardGroup(rendezvous(), 0, 1, backend="cpu", num_threads=1) as g:
+            g.add_param_group("sgd", lr=0.5)
+            g.add_param("w", [4], dtype="f16")
+            g.finalize()
+            w, dw = g.param_view("w"), g.grad_view("w")
+            self.assertEqual(g.raw_view("w", grad=True).dtype, sx.SX_DTYPE_F16)
+            for view in (w, dw):
+                self.assertEqual(element_type(view), "float16" if sx.HAVE_NUMPY else "H")
+            fill(bits(w), [F16_ONE] * 4)
+            fill(bits(dw), [F16_ONE] * 4)
+            result = g.step()
+            self.assertEqual((result.skipped, result.loss_scale), (False, 1.0))
+            self.assertEqual(tolist(bits(w)), [F16_HALF] * 4)
+            self.assertEqual(tolist(bits(dw)), [0] * 4)  # zeroed after the step
 
 
 class LogTest(unittest.TestCase):

@@ -142,6 +142,23 @@ class GlooCommunicator final : public Communicator {
         });
     }
 
+    Status reduce_scatter_sum_16(uint16_t *buf, int32_t dtype, size_t shard_elems, float *out, float out_scale,
+                                 bool accumulate) override {
+        if (shard_elems == 0) return usable("reduce_scatter_sum_16");
+        SX_CHECK_ARG(buf != nullptr && out != nullptr, "reduce_scatter_sum_16: buf and out must not be NULL");
+        SX_CHECK_ARG(dtype == SX_DTYPE_F16 || dtype == SX_DTYPE_BF16,
+                     "reduce_scatter_sum_16: dtype %d is not SX_DTYPE_F16 or SX_DTYPE_BF16", dtype);
+        const size_t total = shard_elems * static_cast<size_t>(world_size());
+        const uintptr_t o = reinterpret_cast<uintptr_t>(out), b = reinterpret_cast<uintptr_t>(buf);
+        SX_CHECK_ARG(o + shard_elems * sizeof(float) <= b || o >= b + total * sizeof(uint16_t),
+                     "reduce_scatter_sum_16: out must not overlap buf");
+        return run("reduce_scatter_sum_16", [&](const Call &call) {
+            OpScope op = scope(call);
+            return ring_reduce_scatter_16(op, dtype, buf, shard_elems, out, out_scale, accumulate,
+                                          rs_segment_bytes_ / sizeof(uint16_t));
+        });
+    }
+
     Status all_gather(void *buf, size_t shard_bytes) override {
         if (shard_bytes == 0) return usable("all_gather");
         SX_CHECK_ARG(buf != nullptr, "all_gather: buf must not be NULL");

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <memory>
 
+#include "base/half.h"
+
 namespace sx {
 namespace comm {
 namespace {
@@ -21,21 +23,49 @@ struct Ring {
     const int rank, size, right, left;
 };
 
-void add_into(float *__restrict dst, const float *__restrict src, size_t n) {
-    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
-}
-
-// The final step of reduce-scatter: out = (accumulate ? out : 0) + partial + received.
-void finish(float *__restrict out, const float *__restrict partial, const float *__restrict received, size_t n,
-            bool accumulate) {
-    if (accumulate) {
-        for (size_t i = 0; i < n; ++i) out[i] += partial[i] + received[i];
-    } else {
-        for (size_t i = 0; i < n; ++i) out[i] = partial[i] + received[i];
+// The sums a ring reduce-scatter needs, over element type T, the result in OutT.
+struct FloatSum {
+    using T = float;
+    void add_into(float *__restrict dst, const float *__restrict src, size_t n) const {
+        for (size_t i = 0; i < n; ++i) dst[i] += src[i];
     }
-}
+    // The final step: out = (accumulate ? out : 0) + partial + received.
+    void finish(float *__restrict out, const float *__restrict partial, const float *__restrict received,
+                size_t n, bool accumulate) const {
+        if (accumulate) {
+            for (size_t i = 0; i < n; ++i) out[i] += partial[i] + received[i];
+        } else {
+            for (size_t i = 0; i < n; ++i) out[i] = partial[i] + received[i];
+        }
+    }
+    bool in_place(const float *partial, const float *out) const { return partial == out; }
+};
 
-}  // namespace
+// fp16 / bf16: every addition rounds to the dtype, as a reduction in that dtype does;
+// the final sum is widened to fp32 (times out_scale, exact for a power of two) into out.
+struct HalfSum {
+    using T = uint16_t;
+    int32_t dtype;
+    float out_scale;
+    void add_into(uint16_t *dst, const uint16_t *src, size_t n) const { half::add_into(dtype, dst, src, n); }
+    void finish(float *out, const uint16_t *partial, const uint16_t *received, size_t n, bool accumulate) const {
+        constexpr size_t kPiece = 1024;
+        uint16_t sum[kPiece];
+        float wide[kPiece];
+        for (size_t i = 0; i < n; i += kPiece) {
+            const size_t m = std::min(kPiece, n - i);
+            std::copy(partial + i, partial + i + m, sum);
+            half::add_into(dtype, sum, received + i, m);
+            half::to_f32(dtype, sum, wide, m);
+            if (accumulate) {
+                for (size_t k = 0; k < m; ++k) out[i + k] += wide[k] * out_scale;
+            } else {
+                for (size_t k = 0; k < m; ++k) out[i + k] = wide[k] * out_scale;
+            }
+        }
+    }
+    bool in_place(const uint16_t *, const float *) const { return false; }
+};
 
 // Unit u = s * nseg + k is segment k of step s. At step s rank r sends chunk r-s-1
 // (its own data at s = 0, afterwards the partial sum it completed at step s-1) and
@@ -43,37 +73,28 @@ void finish(float *__restrict out, const float *__restrict partial, const float 
 // s = P-2, the received chunk is r itself and the sum goes to out. A chunk is thus
 // first received into (step s-1), then sent (step s), and never written after it
 // was sent, so a posted send always reads final data.
-Status ring_reduce_scatter(OpScope &op, float *buf, size_t shard, float *out, bool accumulate,
-                           size_t segment_elems) {
+template <class Sum>
+Status ring_reduce_scatter_with(OpScope &op, const Sum &sum, typename Sum::T *buf, size_t shard, float *out,
+                                bool accumulate, size_t segment_elems) {
+    using T = typename Sum::T;
     const Ring ring(op.context());
-    if (ring.size == 1 || shard == 0) {
-        if (shard != 0 && out != buf) {
-            if (accumulate) {
-                add_into(out, buf, shard);
-            } else {
-                std::copy(buf, buf + shard, out);
-            }
-        }
-        op.done();
-        return Status::Ok();
-    }
     const size_t seg = std::min(segment_elems, shard);
     const size_t nseg = (shard + seg - 1) / seg;
     const size_t steps = static_cast<size_t>(ring.size - 1);
     const size_t units = steps * nseg;
     const size_t depth = std::min(kRecvDepth, units);
-    std::unique_ptr<float[]> scratch(new float[depth * seg]);  // not zeroed: always written before read
+    std::unique_ptr<T[]> scratch(new T[depth * seg]);  // not zeroed: always written before read
 
-    UnboundBuffer *send = op.buffer(buf, static_cast<size_t>(ring.size) * shard * sizeof(float));
-    UnboundBuffer *recv = op.buffer(scratch.get(), depth * seg * sizeof(float));
+    UnboundBuffer *send = op.buffer(buf, static_cast<size_t>(ring.size) * shard * sizeof(T));
+    UnboundBuffer *recv = op.buffer(scratch.get(), depth * seg * sizeof(T));
     auto seg_len = [&](size_t k) { return std::min(seg, shard - k * seg); };
     auto post_send = [&](size_t u) {
         const size_t s = u / nseg, k = u % nseg;
         const size_t c = ring.chunk_behind(s + 1);
-        send->send(ring.right, op.slot(), (c * shard + k * seg) * sizeof(float), seg_len(k) * sizeof(float));
+        send->send(ring.right, op.slot(), (c * shard + k * seg) * sizeof(T), seg_len(k) * sizeof(T));
     };
     auto post_recv = [&](size_t u) {
-        recv->recv(ring.left, op.slot(), (u % depth) * seg * sizeof(float), seg_len(u % nseg) * sizeof(float));
+        recv->recv(ring.left, op.slot(), (u % depth) * seg * sizeof(T), seg_len(u % nseg) * sizeof(T));
     };
 
     size_t sends = 0;
@@ -82,16 +103,16 @@ Status ring_reduce_scatter(OpScope &op, float *buf, size_t shard, float *out, bo
     for (size_t u = 0; u < units; ++u) {
         if (!op.wait_recv(recv)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
         const size_t s = u / nseg, k = u % nseg, n = seg_len(k);
-        const float *received = scratch.get() + (u % depth) * seg;
-        float *partial = buf + ring.chunk_behind(s + 2) * shard + k * seg;
+        const T *received = scratch.get() + (u % depth) * seg;
+        T *partial = buf + ring.chunk_behind(s + 2) * shard + k * seg;
         if (s + 1 < steps) {
-            add_into(partial, received, n);
+            sum.add_into(partial, received, n);
             post_send(u + nseg);
             ++sends;
-        } else if (partial == out + k * seg) {
-            add_into(partial, received, n);  // in place: out is this rank's own chunk of buf
+        } else if (sum.in_place(partial, out + k * seg)) {
+            sum.add_into(partial, received, n);  // in place: out is this rank's own chunk of buf
         } else {
-            finish(out + k * seg, partial, received, n, accumulate);
+            sum.finish(out + k * seg, partial, received, n, accumulate);
         }
         if (u + depth < units) post_recv(u + depth);  // reuses the scratch slot just consumed
     }
@@ -99,6 +120,42 @@ Status ring_reduce_scatter(OpScope &op, float *buf, size_t shard, float *out, bo
         if (!op.wait_send(send)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
     op.done();
     return Status::Ok();
+}
+
+}  // namespace
+
+Status ring_reduce_scatter(OpScope &op, float *buf, size_t shard, float *out, bool accumulate,
+                           size_t segment_elems) {
+    const FloatSum sum;
+    if (op.context().size == 1 || shard == 0) {
+        if (shard != 0 && out != buf) {
+            if (accumulate) {
+                sum.add_into(out, buf, shard);
+            } else {
+                std::copy(buf, buf + shard, out);
+            }
+        }
+        op.done();
+        return Status::Ok();
+    }
+    return ring_reduce_scatter_with(op, sum, buf, shard, out, accumulate, segment_elems);
+}
+
+Status ring_reduce_scatter_16(OpScope &op, int32_t dtype, uint16_t *buf, size_t shard, float *out,
+                              float out_scale, bool accumulate, size_t segment_elems) {
+    const HalfSum sum{dtype, out_scale};
+    if (op.context().size == 1 || shard == 0) {
+        // One rank: the sum is its own chunk, widened.
+        float wide[1024];
+        for (size_t i = 0; i < shard; i += 1024) {
+            const size_t m = std::min<size_t>(1024, shard - i);
+            half::to_f32(dtype, buf + i, wide, m);
+            for (size_t k = 0; k < m; ++k) out[i + k] = (accumulate ? out[i + k] : 0.0f) + wide[k] * out_scale;
+        }
+        op.done();
+        return Status::Ok();
+    }
+    return ring_reduce_scatter_with(op, sum, buf, shard, out, accumulate, segment_elems);
 }
 
 // At step s rank r sends chunk r-s (its own at s = 0, afterwards the one received at

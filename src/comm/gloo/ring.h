@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "comm/gloo/op_scope.h"
 
@@ -25,6 +26,12 @@ namespace comm {
 // wait; Gloo's exceptions (timeout, failed peer) propagate.
 Status ring_reduce_scatter(OpScope &op, float *buf, size_t shard, float *out, bool accumulate,
                            size_t segment_elems);
+
+// The same over 16-bit values of dtype (SX_DTYPE_F16 or SX_DTYPE_BF16): every addition
+// rounds to the dtype; on return out[0, shard) = (accumulate ? out + : ) out_scale *
+// (the sum, widened to fp32). out never overlaps buf.
+Status ring_reduce_scatter_16(OpScope &op, int32_t dtype, uint16_t *buf, size_t shard, float *out,
+                              float out_scale, bool accumulate, size_t segment_elems);
 
 // buf holds P parts of shard_bytes; this rank's part is sent around the ring until
 // every part holds its rank's bytes. Errors as above.

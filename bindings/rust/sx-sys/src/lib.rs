@@ -7,7 +7,7 @@
 use std::os::raw::{c_char, c_void};
 
 pub const SX_VERSION_MAJOR: u32 = 1;
-pub const SX_VERSION_MINOR: u32 = 0;
+pub const SX_VERSION_MINOR: u32 = 1;
 pub const SX_VERSION_PATCH: u32 = 0;
 pub const SX_VERSION_NUMBER: u32 = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH;
 
@@ -72,6 +72,10 @@ pub const SX_LOAD_PARAMS_ONLY: u32 = 0x1;
 pub const SX_LOAD_ALLOW_MISSING: u32 = 0x2;
 pub const SX_LOAD_ALLOW_EXTRA: u32 = 0x4;
 
+pub const SX_LOSS_SCALING_NONE: i32 = 0;
+pub const SX_LOSS_SCALING_DYNAMIC: i32 = 1;
+pub const SX_LOSS_SCALING_STATIC: i32 = 2;
+
 #[repr(C)]
 pub struct sx_shard_group_t {
     _opaque: [u8; 0],
@@ -102,6 +106,8 @@ pub struct sx_group_config_t {
     pub bind_address: *const c_char,
     pub device_ordinal: i32,
     pub reserved0: i32,
+    pub grad_dtype: i32,
+    pub reduce_dtype: i32,
 }
 
 #[repr(C)]
@@ -163,6 +169,18 @@ pub struct sx_step_result_t {
     pub step: u64,
     pub skipped: i32,
     pub reserved0: i32,
+    pub loss_scale: f64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_loss_scaling_t {
+    pub struct_size: usize,
+    pub mode: i32,
+    pub growth_interval: i32,
+    pub init_scale: f64,
+    pub growth_factor: f64,
+    pub backoff_factor: f64,
 }
 
 #[repr(C)]
@@ -279,6 +297,10 @@ extern "C" {
         options: *const sx_step_options_t,
         result: *mut sx_step_result_t,
     ) -> sx_status_t;
+
+    pub fn sx_loss_scaling_init(scaling: *mut sx_loss_scaling_t, size: usize) -> sx_status_t;
+    pub fn sx_set_loss_scaling(group: *mut sx_shard_group_t, scaling: *const sx_loss_scaling_t) -> sx_status_t;
+    pub fn sx_get_loss_scale(group: *const sx_shard_group_t, scale: *mut f64) -> sx_status_t;
 
     pub fn sx_get_rank(group: *const sx_shard_group_t, rank: *mut i32) -> sx_status_t;
     pub fn sx_get_world_size(group: *const sx_shard_group_t, world_size: *mut i32) -> sx_status_t;

@@ -5,7 +5,10 @@ use sx_sys as sys;
 
 use crate::error::{check, cstr_lossy, invalid_argument, Error, Result};
 use crate::future::{self, SaveFuture};
-use crate::options::{c_string, init, Dtype, GroupConfig, Hyperparameter, LoadOptions, Param, ParamGroup, SaveOptions, StepOptions};
+use crate::options::{
+    c_string, init, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, Param, ParamGroup, SaveOptions,
+    StepOptions,
+};
 
 /// This rank's handle of a shard group. Released when dropped (or by [`ShardGroup::close`]).
 ///
@@ -30,8 +33,10 @@ pub struct StepResult {
     pub grad_norm: f64,
     /// Steps taken by the group, this one included.
     pub step: u64,
-    /// The step was skipped (non-finite gradients under fp16).
+    /// Dynamic loss scaling found inf/NaN gradients and skipped the step.
     pub skipped: bool,
+    /// The loss scale to multiply the next losses by (1 without loss scaling).
+    pub loss_scale: f64,
 }
 
 /// Bytes held by this rank, per category.
@@ -77,6 +82,36 @@ pub struct Tensors<'a> {
 }
 
 type ViewFn = unsafe extern "C" fn(*const sys::sx_shard_group_t, i32, *mut sys::sx_view_t) -> sys::sx_status_t;
+
+/// An element type a view can be seen as, and the dtypes whose elements it holds.
+trait Element {
+    const DTYPES: &'static [i32];
+    /// For error messages: the Rust type, and the dtypes it holds in words.
+    const NAME: &'static str;
+    const HOLDS: &'static str;
+}
+
+impl Element for f32 {
+    const DTYPES: &'static [i32] = &[sys::SX_DTYPE_F32];
+    const NAME: &'static str = "f32";
+    const HOLDS: &'static str = "fp32";
+}
+
+/// fp16 and bf16 elements as their raw bits.
+impl Element for u16 {
+    const DTYPES: &'static [i32] = &[sys::SX_DTYPE_F16, sys::SX_DTYPE_BF16];
+    const NAME: &'static str = "u16";
+    const HOLDS: &'static str = "fp16 or bf16";
+}
+
+fn dtype_name(dtype: i32) -> String {
+    match Dtype::from_raw(dtype) {
+        Some(Dtype::F32) => "fp32".to_string(),
+        Some(Dtype::F16) => "fp16".to_string(),
+        Some(Dtype::Bf16) => "bf16".to_string(),
+        None => format!("dtype {}", dtype),
+    }
+}
 
 impl ShardGroup {
     /// Creates this rank's handle and connects to the other ranks (collective: blocks
@@ -178,44 +213,83 @@ impl ShardGroup {
         Ok(v)
     }
 
-    fn f32_slice(&self, f: ViewFn, what: &str, param: i32) -> Result<(*mut f32, usize)> {
+    fn typed_slice<T: Element>(&self, f: ViewFn, what: &str, param: i32) -> Result<(*mut T, usize)> {
         let v = self.view(f, param)?;
-        if v.dtype != sys::SX_DTYPE_F32 || v.device != sys::SX_DEVICE_CPU {
+        if !T::DTYPES.contains(&v.dtype) || v.device != sys::SX_DEVICE_CPU {
+            let host = v.device == sys::SX_DEVICE_CPU;
+            let instead = match Dtype::from_raw(v.dtype) {
+                Some(Dtype::F32) if host => format!("{0} or {0}_mut", what),
+                Some(Dtype::F16) | Some(Dtype::Bf16) if host => format!("{0}_u16 or {0}_u16_mut", what),
+                _ => format!("{}_view for the raw view", what),
+            };
             return Err(Error::new(
                 sys::SX_ERR_UNSUPPORTED,
                 format!(
-                    "the {} of param {} is dtype {} on device {}; only fp32 host memory can be viewed as &[f32] \
-                     (use {}_view for the raw view)",
-                    what, param, v.dtype, v.device, what
+                    "the {} of param {} is {} in {} memory; only {} host memory can be viewed as &[{}] (use {})",
+                    what,
+                    param,
+                    dtype_name(v.dtype),
+                    if host { "host" } else { "device" },
+                    T::HOLDS,
+                    T::NAME,
+                    instead
                 ),
             ));
         }
-        let data = if v.numel == 0 { ptr::NonNull::<f32>::dangling().as_ptr() } else { v.data as *mut f32 };
+        let data = if v.numel == 0 { ptr::NonNull::<T>::dangling().as_ptr() } else { v.data as *mut T };
         Ok((data, v.numel as usize))
+    }
+
+    fn slice<T: Element>(&self, f: ViewFn, what: &str, param: i32) -> Result<&[T]> {
+        let (p, n) = self.typed_slice::<T>(f, what, param)?;
+        Ok(unsafe { std::slice::from_raw_parts(p, n) })
+    }
+
+    fn slice_mut<T: Element>(&mut self, f: ViewFn, what: &str, param: i32) -> Result<&mut [T]> {
+        let (p, n) = self.typed_slice::<T>(f, what, param)?;
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, n) })
     }
 
     /// A param's values: a zero-copy slice of sx's flat buffer (fp32, host memory).
     pub fn param(&self, param: i32) -> Result<&[f32]> {
-        let (p, n) = self.f32_slice(sys::sx_param_view, "param", param)?;
-        Ok(unsafe { std::slice::from_raw_parts(p, n) })
+        self.slice(sys::sx_param_view, "param", param)
     }
 
     /// A param's values, writable (between steps: initial values, loaded weights).
     pub fn param_mut(&mut self, param: i32) -> Result<&mut [f32]> {
-        let (p, n) = self.f32_slice(sys::sx_param_view, "param", param)?;
-        Ok(unsafe { std::slice::from_raw_parts_mut(p, n) })
+        self.slice_mut(sys::sx_param_view, "param", param)
     }
 
     /// A param's gradient.
     pub fn grad(&self, param: i32) -> Result<&[f32]> {
-        let (p, n) = self.f32_slice(sys::sx_grad_view, "grad", param)?;
-        Ok(unsafe { std::slice::from_raw_parts(p, n) })
+        self.slice(sys::sx_grad_view, "grad", param)
     }
 
     /// A param's gradient, writable: the trainer adds its gradient into it.
     pub fn grad_mut(&mut self, param: i32) -> Result<&mut [f32]> {
-        let (p, n) = self.f32_slice(sys::sx_grad_view, "grad", param)?;
-        Ok(unsafe { std::slice::from_raw_parts_mut(p, n) })
+        self.slice_mut(sys::sx_grad_view, "grad", param)
+    }
+
+    /// A 16-bit (fp16 or bf16) param's values as their raw bits, zero-copy; its dtype
+    /// is in [`ShardGroup::param_info`]. The step overwrites them with the fp32 masters
+    /// rounded, so write them only before the first step or before a broadcast.
+    pub fn param_u16(&self, param: i32) -> Result<&[u16]> {
+        self.slice(sys::sx_param_view, "param", param)
+    }
+
+    /// A 16-bit param's values as raw bits, writable.
+    pub fn param_u16_mut(&mut self, param: i32) -> Result<&mut [u16]> {
+        self.slice_mut(sys::sx_param_view, "param", param)
+    }
+
+    /// A 16-bit gradient (a 16-bit param's, unless the group has fp32 grads) as raw bits.
+    pub fn grad_u16(&self, param: i32) -> Result<&[u16]> {
+        self.slice(sys::sx_grad_view, "grad", param)
+    }
+
+    /// A 16-bit gradient as raw bits, writable: the trainer adds its gradient into it.
+    pub fn grad_u16_mut(&mut self, param: i32) -> Result<&mut [u16]> {
+        self.slice_mut(sys::sx_grad_view, "grad", param)
     }
 
     /// Every param's values and gradient as mutable slices at once (params never
@@ -224,9 +298,9 @@ impl ShardGroup {
         let n = self.num_params()?;
         let mut t = Tensors { params: Vec::with_capacity(n as usize), grads: Vec::with_capacity(n as usize) };
         for i in 0..n {
-            let (p, len) = self.f32_slice(sys::sx_param_view, "param", i)?;
+            let (p, len) = self.typed_slice::<f32>(sys::sx_param_view, "param", i)?;
             t.params.push(unsafe { std::slice::from_raw_parts_mut(p, len) });
-            let (g, len) = self.f32_slice(sys::sx_grad_view, "grad", i)?;
+            let (g, len) = self.typed_slice::<f32>(sys::sx_grad_view, "grad", i)?;
             t.grads.push(unsafe { std::slice::from_raw_parts_mut(g, len) });
         }
         Ok(t)
@@ -275,7 +349,21 @@ impl ShardGroup {
         let mut r: sys::sx_step_result_t = init(sys::sx_step_result_init);
         let o = options.map_or(ptr::null(), |o| &o.raw as *const _);
         check(unsafe { sys::sx_step(self.raw, o, &mut r) })?;
-        Ok(StepResult { grad_norm: r.grad_norm, step: r.step, skipped: r.skipped != 0 })
+        Ok(StepResult { grad_norm: r.grad_norm, step: r.step, skipped: r.skipped != 0, loss_scale: r.loss_scale })
+    }
+
+    /// Sets loss scaling (between steps; every rank the same) and resets the scale to
+    /// its init_scale.
+    pub fn set_loss_scaling(&mut self, scaling: &LossScaling) -> Result<()> {
+        check(unsafe { sys::sx_set_loss_scaling(self.raw, &scaling.raw) })
+    }
+
+    /// The current loss scale: what the next losses are to be multiplied by before
+    /// backward (1 without loss scaling); the step divides the gradients by it.
+    pub fn loss_scale(&self) -> Result<f64> {
+        let mut v = 0.0;
+        check(unsafe { sys::sx_get_loss_scale(self.raw, &mut v) })?;
+        Ok(v)
     }
 
     fn query(&self, f: unsafe extern "C" fn(*const sys::sx_shard_group_t, *mut i32) -> sys::sx_status_t) -> Result<i32> {

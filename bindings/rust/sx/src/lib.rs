@@ -22,8 +22,8 @@ pub use future::SaveFuture;
 pub use group::{MemoryStats, ParamInfo, ShardGroup, StepResult, Tensors, UnitInfo};
 pub use log::{clear_log_callback, set_log_callback, LogLevel};
 pub use options::{
-    Backend, Dtype, GroupConfig, Hyperparameter, LoadOptions, Optimizer, Param, ParamGroup, SaveOptions,
-    StepOptions,
+    Backend, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, LossScalingMode, Optimizer, Param,
+    ParamGroup, SaveOptions, StepOptions,
 };
 
 pub use sx_sys as sys;

@@ -122,6 +122,18 @@ impl GroupConfig {
         self.raw.device_ordinal = ordinal;
         self
     }
+    /// Mixed precision: `Dtype::F32` gives every param an fp32 gradient whatever its
+    /// dtype (default: each param's own dtype).
+    pub fn grad_dtype(mut self, dtype: Dtype) -> Self {
+        self.raw.grad_dtype = dtype.raw();
+        self
+    }
+    /// Mixed precision: `Dtype::F32` sums 16-bit gradients over ranks in fp32 (default:
+    /// in the gradients' own dtype, pre- and post-divided by sqrt(world size)).
+    pub fn reduce_dtype(mut self, dtype: Dtype) -> Self {
+        self.raw.reduce_dtype = dtype.raw();
+        self
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -294,6 +306,72 @@ impl StepOptions {
 impl Default for StepOptions {
     fn default() -> Self {
         StepOptions::new()
+    }
+}
+
+/// How [`LossScaling`] treats the gradients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossScalingMode {
+    /// Gradients are used as they are (the default).
+    None,
+    /// Skip steps whose gradients hold inf/NaN and back the scale off; grow it after
+    /// `growth_interval` good steps in a row.
+    Dynamic,
+    /// Divide the gradients by `init_scale`, never skip.
+    Static,
+}
+
+impl LossScalingMode {
+    fn raw(self) -> i32 {
+        match self {
+            LossScalingMode::None => sys::SX_LOSS_SCALING_NONE,
+            LossScalingMode::Dynamic => sys::SX_LOSS_SCALING_DYNAMIC,
+            LossScalingMode::Static => sys::SX_LOSS_SCALING_STATIC,
+        }
+    }
+}
+
+/// Loss scaling for [`crate::ShardGroup::set_loss_scaling`], with
+/// torch.cuda.amp.GradScaler's semantics and defaults (init_scale 65536, growth_factor 2,
+/// backoff_factor 0.5, growth_interval 2000): `LossScaling::dynamic().init_scale(1024.0)`.
+#[derive(Clone, Copy, Debug)]
+pub struct LossScaling {
+    pub(crate) raw: sys::sx_loss_scaling_t,
+}
+
+impl LossScaling {
+    /// Fields not set take the library's defaults.
+    pub fn new(mode: LossScalingMode) -> LossScaling {
+        let mut raw: sys::sx_loss_scaling_t = init(sys::sx_loss_scaling_init);
+        raw.mode = mode.raw();
+        LossScaling { raw }
+    }
+    pub fn dynamic() -> LossScaling {
+        LossScaling::new(LossScalingMode::Dynamic)
+    }
+    /// The first scale (finite, > 0), and the only one under `LossScalingMode::Static`.
+    pub fn init_scale(mut self, v: f64) -> Self {
+        self.raw.init_scale = v;
+        self
+    }
+    /// > 1.
+    pub fn growth_factor(mut self, v: f64) -> Self {
+        self.raw.growth_factor = v;
+        self
+    }
+    /// In (0, 1).
+    pub fn backoff_factor(mut self, v: f64) -> Self {
+        self.raw.backoff_factor = v;
+        self
+    }
+    /// Steps in a row without inf/NaN before the scale grows (> 0).
+    pub fn growth_interval(mut self, steps: i32) -> Self {
+        self.raw.growth_interval = steps;
+        self
+    }
+    /// The C struct as filled so far.
+    pub fn raw(&self) -> &sys::sx_loss_scaling_t {
+        &self.raw
     }
 }
 

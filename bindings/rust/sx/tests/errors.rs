@@ -1,7 +1,7 @@
 mod common;
 
 use sx::status::*;
-use sx::{Optimizer, Param, ParamGroup, ShardGroup};
+use sx::{LossScaling, Optimizer, Param, ParamGroup, ShardGroup};
 
 fn one_rank(test: &str) -> ShardGroup {
     ShardGroup::new(&common::config(&common::rendezvous(test), 0, 1)).unwrap()
@@ -46,6 +46,18 @@ fn bad_arguments_carry_status_and_message() {
     // A failed call leaves the error of another thread alone: messages are per thread.
     let other = std::thread::spawn(|| sx::status_string(SX_ERR_TIMEOUT)).join().unwrap();
     assert!(other.starts_with("SX_ERR_TIMEOUT"));
+}
+
+#[test]
+fn bad_loss_scaling_is_refused_and_changes_nothing() {
+    let mut g = one_rank("badscaling");
+    g.add_param_group(&ParamGroup::new(Optimizer::Sgd)).unwrap();
+    g.add_param(&Param::new("w", &[4])).unwrap();
+    g.finalize().unwrap();
+    let e = g.set_loss_scaling(&LossScaling::dynamic().backoff_factor(1.5)).unwrap_err();
+    assert_eq!(e.status(), SX_ERR_INVALID_ARGUMENT, "{}", e);
+    assert!(e.message().contains("backoff_factor") && e.message().contains("1.5"), "{}", e.message());
+    assert_eq!(g.loss_scale().unwrap(), 1.0);
 }
 
 #[test]

@@ -160,13 +160,15 @@ fn structs_match_the_c_layout() {
     let structs = json.get("structs").obj();
     let mirrors = vec![
         mirror!(sys::sx_group_config_t, [struct_size, rendezvous, rank, world_size, stage, backend, num_threads,
-            alignment, timeout_ms, flags, bind_address, device_ordinal, reserved0]),
+            alignment, timeout_ms, flags, bind_address, device_ordinal, reserved0, grad_dtype, reduce_dtype]),
         mirror!(sys::sx_param_group_desc_t, [struct_size, optimizer, nesterov, maximize, amsgrad, lr, weight_decay,
             beta1, beta2, eps, momentum, dampening]),
         mirror!(sys::sx_param_desc_t, [struct_size, name, ndim, dtype, shape, param_group, unit, frozen, reserved0]),
         mirror!(sys::sx_view_t, [struct_size, data, numel, dtype, device]),
         mirror!(sys::sx_step_options_t, [struct_size, max_grad_norm, stream, keep_grads, reserved0]),
-        mirror!(sys::sx_step_result_t, [struct_size, grad_norm, step, skipped, reserved0]),
+        mirror!(sys::sx_step_result_t, [struct_size, grad_norm, step, skipped, reserved0, loss_scale]),
+        mirror!(sys::sx_loss_scaling_t, [struct_size, mode, growth_interval, init_scale, growth_factor,
+            backoff_factor]),
         mirror!(sys::sx_memory_stats_t, [struct_size, param_bytes, grad_bytes, optimizer_bytes, staging_bytes,
             unsharded_optimizer_bytes]),
         mirror!(sys::sx_param_info_t, [struct_size, name, ndim, dtype, shape, numel, param_group, unit, trainable,
@@ -236,6 +238,7 @@ fn constants_match_the_header() {
         SX_HP_NESTEROV, SX_HP_MAXIMIZE, SX_HP_AMSGRAD,
         SX_GROUP_NO_TRAINABLE_AUTODETECT, SX_MAX_NDIM, SX_MAX_NAME_BYTES,
         SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA,
+        SX_LOSS_SCALING_NONE, SX_LOSS_SCALING_DYNAMIC, SX_LOSS_SCALING_STATIC,
     );
     let mut problems = Vec::new();
     for (name, value) in &ours {

@@ -1,6 +1,10 @@
 mod common;
 
-use sx::{Hyperparameter, LoadOptions, Optimizer, Param, ParamGroup, SaveOptions, ShardGroup, StepOptions};
+use sx::status::SX_ERR_UNSUPPORTED;
+use sx::{
+    Dtype, Hyperparameter, LoadOptions, LossScaling, Optimizer, Param, ParamGroup, SaveOptions, ShardGroup,
+    StepOptions,
+};
 
 const N: usize = 37;
 
@@ -168,4 +172,40 @@ fn saving_over_an_existing_directory_fails_in_the_call_or_the_future() {
     for e in results {
         assert!(e.message().contains("taken"), "{}", e);
     }
+}
+
+#[test]
+fn bf16_params_step_with_fp32_grads_under_dynamic_loss_scaling() {
+    let config = common::config(&common::rendezvous("bf16"), 0, 1).grad_dtype(Dtype::F32);
+    let mut g = ShardGroup::new(&config).unwrap();
+    g.add_param_group(&ParamGroup::new(Optimizer::Sgd).lr(0.5)).unwrap();
+    g.add_param(&Param::new("w", &[2, 3]).dtype(Dtype::Bf16)).unwrap();
+    g.finalize().unwrap();
+    assert_eq!(g.param_info(0).unwrap().dtype, Some(Dtype::Bf16));
+    let (pv, gv) = (g.param_view(0).unwrap(), g.grad_view(0).unwrap());
+    assert_eq!((pv.dtype, pv.numel, gv.dtype), (sx::sys::SX_DTYPE_BF16, 6, sx::sys::SX_DTYPE_F32));
+    // A view of the wrong element type is refused, saying what the memory holds.
+    let e = g.param(0).unwrap_err();
+    assert_eq!(e.status(), SX_ERR_UNSUPPORTED);
+    assert!(e.message().contains("bf16") && e.message().contains("&[f32]"), "{}", e);
+    let e = g.grad_u16(0).unwrap_err();
+    assert!(e.message().contains("fp32") && e.message().contains("&[u16]"), "{}", e);
+
+    // bf16 1.0 is 0x3f80, the top half of fp32 1.0's bits. The masters start from it.
+    g.param_u16_mut(0).unwrap().iter_mut().for_each(|x| *x = 0x3f80);
+    assert_eq!(g.loss_scale().unwrap(), 1.0);
+    g.set_loss_scaling(&LossScaling::dynamic().init_scale(1024.0)).unwrap();
+    assert_eq!(g.loss_scale().unwrap(), 1024.0);
+    // Gradients of the loss times 1024; the step divides them by it: SGD, lr 0.5 takes
+    // 1.0 to 0.5 (bf16 0x3f00).
+    g.grad_mut(0).unwrap().iter_mut().for_each(|x| *x = 1024.0);
+    let r = g.step(None).unwrap();
+    assert!(!r.skipped && r.step == 1 && r.loss_scale == 1024.0, "{:?}", r);
+    assert_eq!(g.param_u16(0).unwrap(), &[0x3f00u16; 6][..]);
+    // An inf gradient: the step is skipped and the scale backs off by half.
+    g.grad_mut(0).unwrap()[4] = f32::INFINITY;
+    let r = g.step(None).unwrap();
+    assert!(r.skipped && r.step == 1 && r.loss_scale == 512.0, "{:?}", r);
+    assert_eq!(g.loss_scale().unwrap(), 512.0);
+    assert_eq!(g.param_u16(0).unwrap(), &[0x3f00u16; 6][..]);
 }
