@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tests=(tests/optim/test_cuda_kernels tests/optim/test_cuda_plan tests/optim/test_optim_kernels)
+tests=(tests/optim/test_cuda_kernels tests/optim/test_cuda_plan tests/optim/test_optim_kernels tests/comm/test_nccl)
 bench=bench/bench_sx
 
 pack() {
@@ -56,6 +56,20 @@ run() {
     [[ -d $bundle/bin ]] || { echo "gpu-test: no bundle at $bundle (run '$0 pack' on the build machine)" >&2; exit 1; }
     bundle=$(cd "$bundle" && pwd)
     command -v nvidia-smi > /dev/null && nvidia-smi -L || echo "gpu-test: no nvidia-smi here"
+    # libsx opens NCCL at run time (libnccl.so.2 on the loader's path, or NCCL_LIBRARY):
+    # point it at this machine's NCCL where the loader would not find it by itself.
+    if [[ -z ${NCCL_LIBRARY:-} ]] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 '; then
+        local found pip_nccl
+        pip_nccl=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null || true)
+        for found in /usr/local/cuda/lib64/libnccl.so.2 /usr/local/cuda/lib/libnccl.so.2 \
+                     /usr/local/cuda/targets/*/lib/libnccl.so.2 "$pip_nccl/lib/libnccl.so.2"; do
+            if [[ -e $found ]]; then
+                export NCCL_LIBRARY=$found
+                break
+            fi
+        done
+    fi
+    echo "gpu-test: NCCL: ${NCCL_LIBRARY:-libnccl.so.2 as the dynamic loader finds it}"
     local summary=() failed=0
     for t in "${tests[@]}"; do
         local name rc=0
@@ -64,7 +78,7 @@ run() {
         LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/$name" || rc=$?
         case $rc in
             0) summary+=("$name: passed") ;;
-            77) summary+=("$name: skipped (no CUDA device)") ;;
+            77) summary+=("$name: skipped (see its output for why)") ;;
             *) summary+=("$name: FAILED (exit $rc)"); failed=1 ;;
         esac
     done

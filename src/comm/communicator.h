@@ -1,5 +1,5 @@
 // The collectives a shard group needs, behind one small interface; gloo/ implements
-// it for CPUs (nccl/ for GPUs in the GPU path). Every call either completes, or
+// it for CPUs, nccl/ for GPUs. Every call either completes, or
 // returns within the timeout given at creation: SX_ERR_TIMEOUT when a peer stalls,
 // SX_ERR_COMM when a peer dies or a socket fails, SX_ERR_ABORTED after abort().
 // After any error the communicator is unusable (every later call fails fast).
@@ -45,6 +45,13 @@ class Communicator {
     virtual void abort() = 0;
 };
 
+// The argument checks of reduce_scatter_sum and reduce_scatter_sum_16 (for non-empty
+// calls), with the same words in every backend.
+Status check_reduce_scatter_args(const Communicator &c, const float *buf, size_t shard_elems, const float *out,
+                                 bool accumulate);
+Status check_reduce_scatter_16_args(const Communicator &c, const uint16_t *buf, int32_t dtype, size_t shard_elems,
+                                    const float *out);
+
 struct GlooOptions {
     std::string bind_address;  // empty = this host's name
     Millis timeout{300000};
@@ -57,6 +64,21 @@ struct GlooOptions {
 // own key space) with Gloo's TCP transport.
 Status create_gloo_communicator(std::shared_ptr<Store> store, int rank, int world_size,
                                 const GlooOptions &options, std::unique_ptr<Communicator> *out);
+
+struct NcclOptions {
+    int device = 0;  // CUDA device ordinal of this rank
+    Millis timeout{300000};
+};
+
+// Connects `world_size` ranks, one GPU each, through NCCL (opened at run time: libsx
+// does not link it), the unique id exchanged through `store`. Its reduce_scatter_sum,
+// reduce_scatter_sum_16, all_gather and broadcast take device memory (of `device`);
+// all_reduce_sum and all_reduce_max take host arrays (a few control values: norms,
+// fingerprints). Every call returns once its work on the device has finished, or
+// within the timeout (the communicator is then aborted: SX_ERR_TIMEOUT). SX_ERR_UNSUPPORTED
+// in a build without CUDA, or where NCCL or the device cannot be used.
+Status create_nccl_communicator(std::shared_ptr<Store> store, int rank, int world_size, const NcclOptions &options,
+                                std::unique_ptr<Communicator> *out);
 
 }  // namespace comm
 }  // namespace sx

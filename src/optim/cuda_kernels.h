@@ -27,6 +27,9 @@ namespace cuda {
 // version" where no driver is installed. Any thread.
 bool device_available(std::string *reason);
 
+// Number of CUDA devices the runtime finds (0 where there is none, or no driver).
+int device_count();
+
 // Where the updated fp32 master weights also go, cast, for the forward pass.
 enum class ComputeDtype : int32_t { kNone = 0, kBf16 = 1, kFp16 = 2 };
 

@@ -128,13 +128,7 @@ class GlooCommunicator final : public Communicator {
 
     Status reduce_scatter_sum(float *buf, size_t shard_elems, float *out, bool accumulate) override {
         if (shard_elems == 0) return usable("reduce_scatter_sum");
-        SX_CHECK_ARG(buf != nullptr && out != nullptr, "reduce_scatter_sum: buf and out must not be NULL");
-        const size_t total = shard_elems * static_cast<size_t>(world_size());
-        const uintptr_t o = reinterpret_cast<uintptr_t>(out), b = reinterpret_cast<uintptr_t>(buf);
-        const bool in_place = out == buf + static_cast<size_t>(rank()) * shard_elems;
-        SX_CHECK_ARG(!(in_place && accumulate), "reduce_scatter_sum: accumulate cannot be in place");
-        SX_CHECK_ARG(in_place || o + shard_elems * sizeof(float) <= b || o >= b + total * sizeof(float),
-                     "reduce_scatter_sum: out must be this rank's chunk of buf or not overlap buf");
+        SX_TRY(check_reduce_scatter_args(*this, buf, shard_elems, out, accumulate));
         return run("reduce_scatter_sum", [&](const Call &call) {
             OpScope op = scope(call);
             return ring_reduce_scatter(op, buf, shard_elems, out, accumulate,
@@ -145,13 +139,7 @@ class GlooCommunicator final : public Communicator {
     Status reduce_scatter_sum_16(uint16_t *buf, int32_t dtype, size_t shard_elems, float *out, float out_scale,
                                  bool accumulate) override {
         if (shard_elems == 0) return usable("reduce_scatter_sum_16");
-        SX_CHECK_ARG(buf != nullptr && out != nullptr, "reduce_scatter_sum_16: buf and out must not be NULL");
-        SX_CHECK_ARG(dtype == SX_DTYPE_F16 || dtype == SX_DTYPE_BF16,
-                     "reduce_scatter_sum_16: dtype %d is not SX_DTYPE_F16 or SX_DTYPE_BF16", dtype);
-        const size_t total = shard_elems * static_cast<size_t>(world_size());
-        const uintptr_t o = reinterpret_cast<uintptr_t>(out), b = reinterpret_cast<uintptr_t>(buf);
-        SX_CHECK_ARG(o + shard_elems * sizeof(float) <= b || o >= b + total * sizeof(uint16_t),
-                     "reduce_scatter_sum_16: out must not overlap buf");
+        SX_TRY(check_reduce_scatter_16_args(*this, buf, dtype, shard_elems, out));
         return run("reduce_scatter_sum_16", [&](const Call &call) {
             OpScope op = scope(call);
             return ring_reduce_scatter_16(op, dtype, buf, shard_elems, out, out_scale, accumulate,

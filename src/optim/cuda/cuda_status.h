@@ -1,4 +1,4 @@
-// CUDA runtime errors as sx Statuses. Included by the .cu files of this folder only.
+// CUDA runtime errors as sx Statuses, for the CUDA code of optim/cuda/ and comm/nccl/.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -34,6 +34,15 @@ bool device_available(std::string *reason) {
     return false;
 }
 
+int device_count() {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky error, as above
+        return 0;
+    }
+    return count;
+}
+
 Status DeviceBuffer::allocate(size_t bytes, const char *what) {
     void *p = nullptr;
     SX_CUDA_TRY(cudaMalloc(&p, bytes == 0 ? 1 : bytes), what);

@@ -1,0 +1,33 @@
+#include "comm/communicator.h"
+
+#include <cstdint>
+
+namespace sx {
+namespace comm {
+
+Status check_reduce_scatter_args(const Communicator &c, const float *buf, size_t shard_elems, const float *out,
+                                 bool accumulate) {
+    SX_CHECK_ARG(buf != nullptr && out != nullptr, "reduce_scatter_sum: buf and out must not be NULL");
+    const size_t total = shard_elems * static_cast<size_t>(c.world_size());
+    const uintptr_t o = reinterpret_cast<uintptr_t>(out), b = reinterpret_cast<uintptr_t>(buf);
+    const bool in_place = out == buf + static_cast<size_t>(c.rank()) * shard_elems;
+    SX_CHECK_ARG(!(in_place && accumulate), "reduce_scatter_sum: accumulate cannot be in place");
+    SX_CHECK_ARG(in_place || o + shard_elems * sizeof(float) <= b || o >= b + total * sizeof(float),
+                 "reduce_scatter_sum: out must be this rank's chunk of buf or not overlap buf");
+    return Status::Ok();
+}
+
+Status check_reduce_scatter_16_args(const Communicator &c, const uint16_t *buf, int32_t dtype, size_t shard_elems,
+                                    const float *out) {
+    SX_CHECK_ARG(buf != nullptr && out != nullptr, "reduce_scatter_sum_16: buf and out must not be NULL");
+    SX_CHECK_ARG(dtype == SX_DTYPE_F16 || dtype == SX_DTYPE_BF16,
+                 "reduce_scatter_sum_16: dtype %d is not SX_DTYPE_F16 or SX_DTYPE_BF16", dtype);
+    const size_t total = shard_elems * static_cast<size_t>(c.world_size());
+    const uintptr_t o = reinterpret_cast<uintptr_t>(out), b = reinterpret_cast<uintptr_t>(buf);
+    SX_CHECK_ARG(o + shard_elems * sizeof(float) <= b || o >= b + total * sizeof(uint16_t),
+                 "reduce_scatter_sum_16: out must not overlap buf");
+    return Status::Ok();
+}
+
+}  // namespace comm
+}  // namespace sx
