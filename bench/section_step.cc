@@ -1,6 +1,11 @@
-// bench_sx section step: sx_step with one rank against the fused kernel alone.
+// bench_sx section step: sx_step with one rank against the fused kernel alone, in fp32
+// and with bf16 params (mixed precision).
 #include <cstring>
 
+#include <algorithm>
+#include <vector>
+
+#include "base/half.h"
 #include "bench_util.h"
 #include "optim/kernels.h"
 #include "optim/optimizer.h"
@@ -29,26 +34,54 @@ using sx::optim::ThreadPool;
         }                                                                                     \
     } while (0)
 
-int section_step(const Options &opt) {
-    const int threads = 2;
+// One rank, one AdamW param of n elements of `dtype`, gradients of grad_dtype (0 = the
+// param's); views filled from the streams (rounded for 16-bit ones). Null on failure.
+sx_shard_group_t *make_group(const char *url, size_t n, int threads, int32_t dtype, int32_t grad_dtype) {
     sx_shard_group_t *g = nullptr;
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
-    cfg.rendezvous = "local://bench-step";
+    cfg.rendezvous = url;
     cfg.world_size = 1;
     cfg.num_threads = threads;
-    STEP_CHECK(sx_create_shard_group(&cfg, &g));
+    cfg.grad_dtype = grad_dtype;
     sx_param_group_desc_t pg;
     sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_ADAMW);
-    STEP_CHECK(sx_add_param_group(g, &pg, nullptr));
     sx_param_desc_t d;
     sx_param_desc_init(&d, sizeof d);
-    const int64_t shape[1] = {static_cast<int64_t>(opt.elements)};
+    const int64_t shape[1] = {static_cast<int64_t>(n)};
     d.name = "w";
     d.ndim = 1;
     d.shape = shape;
-    STEP_CHECK(sx_add_param(g, &d, nullptr));
-    STEP_CHECK(sx_finalize(g));
+    d.dtype = dtype;
+    if (sx_create_shard_group(&cfg, &g) != SX_OK || sx_add_param_group(g, &pg, nullptr) != SX_OK ||
+        sx_add_param(g, &d, nullptr) != SX_OK || sx_finalize(g) != SX_OK) {
+        std::fprintf(stderr, "bench step: making a group failed: %s\n", sx_last_error_message());
+        sx_destroy_shard_group(g);
+        return nullptr;
+    }
+    return g;
+}
+
+// Fills a view with values of about the streams' magnitude, in its dtype.
+void fill(const sx_view_t &v, float scale) {
+    std::vector<float> chunk(4096);
+    for (uint64_t i = 0; i < v.numel; i += chunk.size()) {
+        const size_t m = static_cast<size_t>(std::min<uint64_t>(chunk.size(), v.numel - i));
+        for (size_t k = 0; k < m; ++k) chunk[k] = scale * static_cast<float>(static_cast<int>((i + k) % 2001) - 1000) / 1000.0f;
+        if (v.dtype == SX_DTYPE_F32) {
+            std::memcpy(static_cast<float *>(v.data) + i, chunk.data(), m * sizeof(float));
+        } else {
+            sx::half::from_f32(v.dtype, chunk.data(), static_cast<uint16_t *>(v.data) + i, m);
+        }
+    }
+}
+
+int section_step(const Options &opt) {
+    const int threads = 2;
+    sx_shard_group_t *g = make_group("local://bench-step", opt.elements, threads, SX_DTYPE_F32, 0);
+    if (g == nullptr) return 1;
+    sx_param_group_desc_t pg;
+    sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_ADAMW);
     sx_view_t pv, gv;
     sx_view_init(&pv, sizeof pv);
     sx_view_init(&gv, sizeof gv);
@@ -86,15 +119,36 @@ int section_step(const Options &opt) {
     STEP_CHECK(st);
     sx_destroy_shard_group(g);
 
-    std::printf("step: sx_step (1 rank, AdamW, %zu fp32 elements, %d threads) vs the fused kernel alone "
-                "on the same sizes; ratio = median over reps of step time / kernel time\n",
+    // Mixed precision: bf16 params with fp32 masters, bf16 or fp32 gradients, against the
+    // same fp32 kernel. The step also widens bf16 gradients into fp32 (a pass) and rounds
+    // the masters into the bf16 params (another): the figure is what those passes cost.
+    PairTimes mixed[2];
+    const int32_t grad_dtypes[2] = {0, SX_DTYPE_F32};
+    for (int k = 0; k < 2; ++k) {
+        g = make_group(k ? "local://bench-step-bf16-f32" : "local://bench-step-bf16", opt.elements, threads,
+                       SX_DTYPE_BF16, grad_dtypes[k]);
+        if (g == nullptr) return 1;
+        STEP_CHECK(sx_param_view(g, 0, &pv));
+        STEP_CHECK(sx_grad_view(g, 0, &gv));
+        fill(pv, 1.0f);
+        fill(gv, 0.01f);
+        mixed[k] = time_pair(kernel, step_keep, opt.reps);
+        STEP_CHECK(st);
+        sx_destroy_shard_group(g);
+    }
+
+    std::printf("step: sx_step (1 rank, AdamW, %zu elements, %d threads, fp32 unless said) vs the fp32 fused "
+                "kernel alone on the same sizes; ratio = median over reps of step time / kernel time\n",
                 opt.elements, threads);
     std::printf("%-22s %10s %9s %7s %13s\n", "variant", "kernel_ms", "step_ms", "ratio", "ratio_of_mins");
     std::vector<std::string> json;
     const struct {
         const char *name;
         const PairTimes *t;
-    } rows[] = {{"keep_grads", &a}, {"zero_grads (default)", &b}};
+    } rows[] = {{"keep_grads", &a},
+                {"zero_grads (default)", &b},
+                {"bf16 params+grads", &mixed[0]},
+                {"bf16 params, fp32 grads", &mixed[1]}};
     for (const auto &r : rows) {
         const double ratio = r.t->paired_ratio(), mins = r.t->min_b() / r.t->min_a();
         std::printf("%-22s %10.2f %9.2f %7.3f %13.3f\n", r.name, r.t->min_a() * 1e3, r.t->min_b() * 1e3,
@@ -104,7 +158,9 @@ int section_step(const Options &opt) {
                       "{\"bench\":\"step_vs_kernel\",\"variant\":\"%s\",\"threads\":%d,\"elements\":%zu,"
                       "\"reps\":%d,\"kernel_ms\":%.3f,\"step_ms\":%.3f,\"ratio_step_over_kernel\":%.4f,"
                       "\"ratio_of_mins\":%.4f}",
-                      r.t == &a ? "keep_grads" : "zero_grads", threads, opt.elements, opt.reps,
+                      r.t == &a ? "keep_grads" : r.t == &b ? "zero_grads" : r.t == &mixed[0] ? "bf16_params_grads_keep"
+                                                                                  : "bf16_params_fp32_grads_keep",
+                      threads, opt.elements, opt.reps,
                       r.t->min_a() * 1e3, r.t->min_b() * 1e3, ratio, mins);
         json.push_back(line);
     }

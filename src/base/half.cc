@@ -129,6 +129,16 @@ void add_into(int32_t dtype, uint16_t *dst, const uint16_t *src, size_t n) {
     }
 }
 
+void add_to_f32(int32_t dtype, const uint16_t *src, float *dst, size_t n) {
+    float a[kPiece];
+    const internal::Table &t = table();
+    for (size_t i = 0; i < n; i += kPiece) {
+        const size_t m = n - i < kPiece ? n - i : kPiece;
+        t.to_f32(dtype, src + i, a, m);
+        for (size_t k = 0; k < m; ++k) dst[i + k] += a[k];
+    }
+}
+
 void scale(int32_t dtype, uint16_t *data, float factor, size_t n) {
     float a[kPiece];
     const internal::Table &t = table();

@@ -24,6 +24,8 @@ float bf16_to_f32(uint16_t h);
 // dtype is SX_DTYPE_F16 or SX_DTYPE_BF16. src and dst must not overlap.
 void to_f32(int32_t dtype, const uint16_t *src, float *dst, size_t n);
 void from_f32(int32_t dtype, const float *src, uint16_t *dst, size_t n);
+// dst[i] += float(src[i]) (fp32 dst).
+void add_to_f32(int32_t dtype, const uint16_t *src, float *dst, size_t n);
 // dst[i] = round(float(dst[i]) + float(src[i])): one 16-bit sum, as a reduction in
 // that dtype computes it.
 void add_into(int32_t dtype, uint16_t *dst, const uint16_t *src, size_t n);

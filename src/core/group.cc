@@ -476,18 +476,16 @@ void ShardGroup::ensure_masters() {
     }
 }
 
-void ShardGroup::round_masters(size_t u) {
-    Unit &unit = units_[u];
-    if (unit.master.empty()) return;
-    const uint64_t S = layout_.units()[u].shard_numel;
-    uint16_t *own = unit.params.as<uint16_t>() + static_cast<uint64_t>(rank_) * S;
-    const float *master = unit.master.as<float>();
-    parallel_for(S, [&](size_t b, size_t e) { half::from_f32(unit.dtype, master + b, own + b, e - b); });
-    unit.master_valid = true;
-}
-
 void ShardGroup::masters_to_params() {
-    for (size_t u = 0; u < units_.size(); ++u) round_masters(u);
+    for (size_t u = 0; u < units_.size(); ++u) {
+        Unit &unit = units_[u];
+        if (unit.master.empty()) continue;
+        const uint64_t S = layout_.units()[u].shard_numel;
+        uint16_t *own = unit.params.as<uint16_t>() + static_cast<uint64_t>(rank_) * S;
+        const float *master = unit.master.as<float>();
+        parallel_for(S, [&](size_t b, size_t e) { half::from_f32(unit.dtype, master + b, own + b, e - b); });
+        unit.master_valid = true;
+    }
 }
 
 Status ShardGroup::validate_loss_scaling(const LossScaling &s) {

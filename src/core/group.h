@@ -236,8 +236,6 @@ class ShardGroup {
     void parallel_for(size_t n, const std::function<void(size_t, size_t)> &fn);
     // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.
     void finish_step(bool keep_grads);
-    // 16-bit unit u: rounds its fp32 masters into this rank's shard of its params.
-    void round_masters(size_t u);
 
     GroupConfig config_;
     int rank_ = 0, world_size_ = 1;

@@ -79,15 +79,23 @@ Status ShardGroup::reduce_unit(size_t u, bool into_accum, float **shard_grad) {
     uint16_t *grads = unit.grads.as<uint16_t>();
     float *out = unit.accum.as<float>();
     const uint64_t total = layout_.units()[u].padded_numel;
-    if (reduces_in_16bit(u) || world_size_ == 1) {
+    if (world_size_ == 1) {
+        // Nothing to sum: widen (or add) this rank's gradients into the fp32 shard.
+        const bool acc = unit.accum_live;
+        parallel_for(S, [&](size_t b, size_t e) {
+            if (acc) {
+                half::add_to_f32(unit.grad_dtype, grads + b, out + b, e - b);
+            } else {
+                half::to_f32(unit.grad_dtype, grads + b, out + b, e - b);
+            }
+        });
+    } else if (reduces_in_16bit(u)) {
         // Summed in the 16-bit dtype: divided by sqrt(world_size) before, so that the sum
         // does not overflow, and multiplied back by it in fp32 after (the average's 1/N
         // comes with the update's gradient scale), so that small values do not underflow.
         const float root = std::sqrt(static_cast<float>(world_size_));
-        if (world_size_ > 1) {
-            const float inv_root = 1.0f / root;
-            parallel_for(total, [&](size_t b, size_t e) { half::scale(unit.grad_dtype, grads + b, inv_root, e - b); });
-        }
+        const float inv_root = 1.0f / root;
+        parallel_for(total, [&](size_t b, size_t e) { half::scale(unit.grad_dtype, grads + b, inv_root, e - b); });
         SX_TRY(comm_->reduce_scatter_sum_16(grads, unit.grad_dtype, S, out, root, unit.accum_live));
     } else {
         float *wide = reduce_scratch_.as<float>();
@@ -169,6 +177,11 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
             const ParamSpec &spec = params_[p];
             optim::Segment seg;
             seg.param = v.values + piece.shard_offset;  // fp32: the params, or the masters
+            if (!unit.master.empty()) {  // ... rounded into the 16-bit params in the same pass
+                seg.compute_out = unit.params.as<uint16_t>() +
+                                  static_cast<uint64_t>(rank_) * layout_.units()[u].shard_numel + piece.shard_offset;
+                seg.compute_dtype = unit.dtype;
+            }
             seg.grad = reduced[u] + piece.shard_offset;
             for (int k = 0; k < unit.state_slots; ++k)
                 seg.state[k] = unit.state[k].as<float>() + piece.shard_offset;
@@ -217,7 +230,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     // 3. The fused update of this rank's shard (the norm comes out of the same pass when
     //    it was not needed first), once a checkpoint's snapshot has been copied out of
     //    it: the reduction above overlapped that copy. 16-bit units update their fp32
-    //    masters, which are then rounded into the params.
+    //    masters, which the same pass rounds into the params.
     fence_.wait_readers();
     ensure_masters();
     double sumsq = 0.0;
@@ -230,8 +243,6 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
         }
         norm = std::sqrt(sumsq);
     }
-    for (size_t u = 0; u < units_.size(); ++u)
-        if (units_[u].trainable) round_masters(u);
 
     // 4. Gather the updated params of every trainable unit.
     if (world_size_ > 1) {

@@ -1,9 +1,11 @@
 // Chooses a kernel flavour for this CPU, derives each segment's constants, splits the
 // segments' elements across the pool's threads and adds up the sums of squares.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <vector>
 
+#include "base/half.h"
 #include "optim/kernels.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
@@ -172,7 +174,18 @@ void fused_update_with(const KernelTable &k, const Segment *segs, size_t num_seg
         if (segs[s].n > 0) consts[s] = make_consts(segs[s], grad_scale);
     const double sum = run_split(segs, num_segs, pool, min_elements_per_thread,
                                  [&](size_t s, size_t begin, size_t end) {
-                                     return k.update(segs[s], consts[s], begin, end);
+                                     const Segment &seg = segs[s];
+                                     if (seg.compute_out == nullptr) return k.update(seg, consts[s], begin, end);
+                                     // The compute copy, a cache-sized block at a time: the rounding
+                                     // reads the params the update has just written, not memory.
+                                     double total = 0.0;
+                                     for (size_t b = begin; b < end; b += kCastBlock) {
+                                         const size_t e = std::min(end, b + kCastBlock);
+                                         total += k.update(seg, consts[s], b, e);
+                                         half::from_f32(seg.compute_dtype, seg.param + b, seg.compute_out + b,
+                                                        e - b);
+                                     }
+                                     return total;
                                  });
     if (sumsq) *sumsq = sum;
 }

@@ -65,6 +65,9 @@ struct KernelTable {
     double (*sum_of_squares)(const float *grad, size_t n, float grad_scale);
 };
 constexpr size_t kSumBlock = 1024;  // a multiple of every flavour's vector width
+// Elements updated between two roundings into a segment's compute copy (16 KiB of
+// fp32 params: they are still in L1/L2 when the rounding reads them).
+constexpr size_t kCastBlock = 4 * kSumBlock;
 
 extern const KernelTable kScalarKernels;
 #if SX_OPTIM_X86

@@ -44,6 +44,11 @@ struct Segment {
     // bias corrections use it; SGD initialises its momentum buffer to the gradient
     // when it is 1, as torch does when the buffer does not exist yet.
     int64_t step = 1;
+    // Mixed precision: if set, the updated fp32 values (param, the master weights) are
+    // also written here rounded to compute_dtype (SX_DTYPE_BF16 or SX_DTYPE_F16), n
+    // of them, block by block while they are still in cache.
+    uint16_t *compute_out = nullptr;
+    int32_t compute_dtype = 0;
 };
 
 // Every element's gradient is used as grad[i] * grad_scale (the scale folds the average

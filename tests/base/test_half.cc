@@ -183,6 +183,9 @@ void test_add_and_scale_round_once(void **) {
         s = a;
         h::add_into(dtype, s.data(), b.data(), n);
         for (size_t i = 0; i < n; ++i) assert_int_equal(s[i], narrow(dtype, widen(dtype, a[i]) + widen(dtype, b[i])));
+        std::vector<float> acc(n, 0.25f);
+        h::add_to_f32(dtype, a.data(), acc.data(), n);
+        for (size_t i = 0; i < n; ++i) assert_true(acc[i] == 0.25f + widen(dtype, a[i]));
         s = a;
         h::scale(dtype, s.data(), 0.3f, n);
         for (size_t i = 0; i < n; ++i) assert_int_equal(s[i], narrow(dtype, widen(dtype, a[i]) * 0.3f));

@@ -17,6 +17,7 @@ extern "C" {
 #include <cmocka.h>
 }
 
+#include "base/half.h"
 #include "optim/kernels.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
@@ -346,6 +347,51 @@ void test_multi_segment_threads(void **) {
     }
 }
 
+// Segments with a 16-bit compute copy (mixed precision): the fp32 values are exactly the
+// reference's, the copy is each of them rounded to nearest even, block by block across
+// thread splits that fall anywhere, and nothing outside the segments is written.
+void test_compute_copy(void **) {
+    const Layout layout({1, 4095, 4097, 9000, 33});
+    Hyper h;
+    h.kind = sx::optim::Kind::kAdamW;
+    h.weight_decay = 0.01;
+    const std::vector<Hyper> hypers(layout.lengths.size(), h);
+    for (int32_t dtype : {SX_DTYPE_BF16, SX_DTYPE_F16}) {
+        for (Isa isa : runnable_isas()) {
+            const in::KernelTable &k = in::kernels_for(isa);
+            SegmentBuffers ref(layout.total, 1), got(layout.total, 1);
+            Rng rng(layout.total + static_cast<uint64_t>(dtype));
+            fill(ref, rng, h, true);
+            got.copy_from(ref);
+            constexpr uint16_t kGuard16 = 0xdead;
+            std::vector<uint16_t> copy(layout.total + 2, kGuard16);
+            std::vector<Segment> rs = layout.segments(ref, hypers, {1, 1, 1, 1, 1});
+            std::vector<Segment> gs = layout.segments(got, hypers, {1, 1, 1, 1, 1});
+            for (size_t i = 0; i < gs.size(); ++i) {
+                gs[i].compute_out = copy.data() + 1 + layout.starts[i];
+                gs[i].compute_dtype = dtype;
+            }
+            for (const Segment &seg : rs) sx::optim::reference_update(seg, 0.5f);
+            in::fused_update_with(k, gs.data(), gs.size(), 0.5f, g_three, 1, nullptr);
+            assert_int_equal(got.mismatches_with(ref), 0);
+            assert_true(got.guards_intact());
+            size_t written = 0;
+            for (size_t i = 0; i < gs.size(); ++i) {
+                for (size_t e = 0; e < gs[i].n; ++e, ++written) {
+                    const float p = gs[i].param[e];
+                    const uint16_t want = dtype == SX_DTYPE_BF16 ? sx::half::f32_to_bf16(p) : sx::half::f32_to_f16(p);
+                    if (gs[i].compute_out[e] != want)
+                        fail_msg("%s dtype %d: segment %zu element %zu: copy 0x%04x, expected 0x%04x", k.name, dtype, i,
+                                 e, gs[i].compute_out[e], want);
+                }
+            }
+            size_t untouched = 0;
+            for (uint16_t c : copy) untouched += c == kGuard16;
+            assert_int_equal(untouched, copy.size() - written);  // gaps between segments and both ends
+        }
+    }
+}
+
 // The public entry points with a pool: large enough that they split across 3 threads.
 void test_public_entry_points_split(void **) {
     const Layout layout({70001, 3, 50007, 40000});
@@ -518,6 +564,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_match_reference),
         cmocka_unit_test(test_amsgrad_nan_propagates),
         cmocka_unit_test(test_multi_segment_threads),
+        cmocka_unit_test(test_compute_copy),
         cmocka_unit_test(test_public_entry_points_split),
         cmocka_unit_test(test_sum_of_squares),
         cmocka_unit_test(test_sum_of_squares_restarts_float_lanes),
