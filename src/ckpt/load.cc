@@ -47,9 +47,6 @@ class OpenFiles {
     std::map<uint32_t, std::string> names_;
 };
 
-// How far reads are asked for ahead of the one being checked.
-constexpr uint64_t kReadAhead = 32ull << 20;
-
 // Region of `kind` in a unit's staging: want lists a param's kinds in slot order, so
 // kinds[k] lives in region k (0: values, k: state slot k - 1).
 int slot_of(const std::vector<TensorKind> &kinds, TensorKind kind) {
@@ -189,7 +186,11 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         std::vector<ReadOp> ops;
         SX_TRY(plan_read(m, layout, rank, index, want, &ops));
 
-        // Sequential reads, file by file, so that the kernel's readahead keeps the device busy.
+        // Sequential reads, file by file, so that the kernel's readahead keeps the device
+        // busy while the CRCs of what arrived are checked. Its own readahead, not one asked
+        // for with POSIX_FADV_WILLNEED: that path fills the page cache with 4 KiB pages,
+        // where sequential readahead allocates large folios; here it cost more CPU than
+        // the copy out of the page cache itself (perf), the plain reader none of it.
         std::sort(ops.begin(), ops.end(), [](const ReadOp &a, const ReadOp &b) {
             return a.chunk->file != b.chunk->file ? a.chunk->file < b.chunk->file
                                                   : a.chunk->offset < b.chunk->offset;
@@ -220,21 +221,8 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         // this shard owns all of it, else through a buffer keeping the part it owns.
         OpenFiles files(*ops_, options.path);
         std::vector<char> buf;
-        size_t ahead = 0;  // ops[0, ahead) have had their readahead started
-        uint64_t ahead_bytes = 0;
-        for (size_t i = 0; i < ops.size(); ++i) {
-            const ReadOp &op = ops[i];
+        for (const ReadOp &op : ops) {
             const Chunk &c = *op.chunk;
-            // Keep the device kReadAhead bytes ahead of the reads, so that it works while
-            // the CRCs of what arrived are checked.
-            ahead_bytes -= std::min(ahead_bytes, c.length);
-            for (; ahead < ops.size() && (ahead <= i || ahead_bytes < kReadAhead); ++ahead) {
-                const Chunk &a = *ops[ahead].chunk;
-                int afd = -1;
-                SX_TRY(files.get(m, a.file, &afd));
-                ops_->start_readahead(afd, a.offset, a.length);
-                if (ahead > i) ahead_bytes += a.length;
-            }
             int fd = -1;
             SX_TRY(files.get(m, c.file, &fd));
             float *dst = stage[op.unit_index].region[slot_of(want[op.param], op.kind)] + op.shard_offset;

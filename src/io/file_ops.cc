@@ -126,12 +126,6 @@ class PosixFileOps final : public FileOps {
         return Status::Ok();
     }
 
-    void start_readahead(int fd, uint64_t offset, uint64_t n) override {
-        // POSIX_FADV_WILLNEED queues the reads of the range and returns.
-        if (range_fits(offset, static_cast<size_t>(n)))
-            (void)::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
-    }
-
     void start_writeback(int fd, uint64_t offset, uint64_t n) override {
 #if defined(__linux__)
         // SYNC_FILE_RANGE_WRITE alone only submits the dirty pages of the range for

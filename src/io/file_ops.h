@@ -43,12 +43,6 @@ class FileOps {
     virtual void start_writeback(int fd, uint64_t offset, uint64_t n) {
         (void)fd, (void)offset, (void)n;
     }
-    // A hint: asks the kernel to start reading bytes [offset, offset + n) of the file
-    // into the page cache now, without waiting, so that the device works while the
-    // caller checks what it read before. The default does nothing.
-    virtual void start_readahead(int fd, uint64_t offset, uint64_t n) {
-        (void)fd, (void)offset, (void)n;
-    }
     // The fd is released even when an error is returned (as Linux's close does).
     virtual Status close(int fd, const std::string &path) = 0;
     virtual Status mkdir(const std::string &path) = 0;       // SX_ERR_ALREADY_EXISTS if it exists
