@@ -17,6 +17,7 @@ namespace sxtest {
 struct ParamDef {
     std::string name;
     std::vector<int64_t> shape;
+    bool frozen = false;
 };
 
 // Rank 0 of 1 over local://TAG-PID with one thread: one param group `desc` (NULL: AdamW
@@ -40,6 +41,7 @@ inline sx_shard_group_t *one_rank_group(const std::string &tag, const std::vecto
         d.name = p.name.c_str();
         d.ndim = static_cast<int32_t>(p.shape.size());
         d.shape = p.shape.data();
+        d.frozen = p.frozen ? 1 : 0;
         assert_int_equal(sx_add_param(g, &d, nullptr), SX_OK);
     }
     assert_int_equal(sx_finalize(g), SX_OK);

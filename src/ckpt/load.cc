@@ -55,7 +55,8 @@ int slot_of(const std::vector<TensorKind> &kinds, TensorKind kind) {
 
 // Copies the live values into every part of the staging regions that no read covers
 // (params the checkpoint lacks, padding), so that staging ends up as the whole new
-// shard. region(u, k) is unit u's staging region k.
+// shard; a state slot the unit does not have yet gets zeros, as a new slot holds.
+// region(u, k) is unit u's staging region k.
 void fill_uncovered(const core::ShardGroup &g, const std::vector<ReadOp> &ops,
                     const std::vector<std::vector<TensorKind>> &want,
                     const std::function<float *(int32_t, int)> &region) {
@@ -76,7 +77,8 @@ void fill_uncovered(const core::ShardGroup &g, const std::vector<ReadOp> &ops,
             uint64_t at = 0;
             iv.push_back({v.shard_numel, v.shard_numel});
             for (const auto &r : iv) {
-                if (r.first > at) std::memcpy(dst + at, live + at, (r.first - at) * sizeof(float));
+                if (r.first > at && live) std::memcpy(dst + at, live + at, (r.first - at) * sizeof(float));
+                if (r.first > at && !live) std::memset(dst + at, 0, (r.first - at) * sizeof(float));
                 at = std::max(at, r.second);
             }
         }
@@ -100,8 +102,10 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     // Staging for this rank's shard of every unit, each region shard_numel floats: the
     // params in the checkpointer's staging memory (kept between saves and loads), copied
     // in at the commit; each state slot in a buffer of its own, which the commit swaps
-    // with the live one (whose memory is released when the load returns). Only what the
-    // checkpoint does not cover is filled from the live values, so that it stays as it was.
+    // with the live one (whose memory is released when the load returns), or adds as a
+    // slot the unit did not have (a frozen unit has none): a failed load leaves even the
+    // slot count as it was. Only what the checkpoint does not cover is filled from the
+    // live values, so that it stays as it was.
     struct UnitStage {
         float *region[4] = {nullptr, nullptr, nullptr, nullptr};  // [0] params, [1..3] slots
         HostBuffer state[3];
@@ -205,7 +209,6 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         float *next = staging_.as<float>();
         for (size_t u = 0; u < stage.size(); ++u) {
             const uint64_t n = layout.units()[u].shard_numel;
-            SX_TRY(g.reserve_state(u, slots_needed[u]));
             UnitStage &us = stage[u];
             us.slots = slots_needed[u];
             us.region[0] = next;

@@ -407,22 +407,14 @@ Status ShardGroup::collective(const std::function<Status(comm::Communicator &)> 
     return s.ok() ? s : fail(s);
 }
 
-Status ShardGroup::reserve_state(size_t u, int slots) {
-    Unit &unit = units_[u];
-    if (slots <= unit.state_slots) return Status::Ok();
-    HostBuffer fresh[3];
-    const uint64_t bytes = layout_.units()[u].shard_numel * sizeof(float);
-    for (int k = unit.state_slots; k < slots; ++k) SX_TRY(fresh[k].allocate(bytes, "optimizer state"));
-    for (int k = unit.state_slots; k < slots; ++k) unit.state[k] = std::move(fresh[k]);
-    unit.state_slots = slots;
-    return Status::Ok();
-}
-
 Status ShardGroup::swap_state(size_t u, int k, HostBuffer *other) {
-    HostBuffer &mine = units_[u].state[k];
-    SX_CHECK(k < units_[u].state_slots && other->size() == mine.size(), SX_ERR_INTERNAL,
-             "swapping state slot %d of unit %zu: %zu bytes for a slot of %zu", k, u, other->size(), mine.size());
-    std::swap(mine, *other);
+    Unit &unit = units_[u];
+    const uint64_t bytes = layout_.units()[u].shard_numel * sizeof(float);
+    SX_CHECK(k >= 0 && k <= unit.state_slots && k < 3 && other->size() == bytes, SX_ERR_INTERNAL,
+             "swapping state slot %d of unit %zu (%d slots): %zu bytes for a slot of %llu", k, u, unit.state_slots,
+             other->size(), static_cast<unsigned long long>(bytes));
+    std::swap(unit.state[k], *other);
+    if (k == unit.state_slots) ++unit.state_slots;
     return Status::Ok();
 }
 

@@ -178,9 +178,8 @@ class ShardGroup {
     comm::Store &store() { return *store_; }
     // Runs a collective through the group's communicator; a failure fails the group.
     Status collective(const std::function<Status(comm::Communicator &)> &fn);
-    // Allocates (zeroed) optimizer state slots of unit u up to `slots`; kept ones stay.
-    Status reserve_state(size_t u, int slots);
-    // Exchanges state slot k (allocated) of unit u with *other, a buffer of the same size.
+    // Exchanges state slot k of unit u with *other, a buffer of the slot's size (one
+    // shard). k == the unit's slot count adds slot k: *other moves in and is left empty.
     Status swap_state(size_t u, int k, HostBuffer *other);
     void set_steps_taken(uint64_t steps) { steps_ = steps; }
     // Held while a snapshot of this rank's shard (params and optimizer state) is being

@@ -207,15 +207,21 @@ std::vector<float> values_of(sx_shard_group_t *g, const char *name) {
     return std::vector<float>(d, d + v.numel);
 }
 
+// A group of params "a" (100) and "b" (50), trained 2 steps, saved into `path`.
+sx_shard_group_t *saved_ab(const std::string &tag, const std::string &path) {
+    sx_shard_group_t *g = sxtest::one_rank_group(tag, {{"a", {100}}, {"b", {50}}});
+    train_named(g, 1, 2);
+    sxtest::save_sync(g, path);
+    return g;
+}
+
 // Missing and extra params are errors that name the param and change nothing; allowed,
 // the params the checkpoint has load (values and optimizer state), and the others keep
 // theirs, even in the middle of a unit.
 void test_missing_and_extra_params(void **) {
     const std::string dir = make_tmpdir();
     const std::string path = dir + "/ck";
-    sx_shard_group_t *a = sxtest::one_rank_group("api-miss-a", {{"a", {100}}, {"b", {50}}});
-    train_named(a, 1, 2);
-    sxtest::save_sync(a, path);
+    sx_shard_group_t *a = saved_ab("api-miss-a", path);
 
     sx_load_options_t lo;
     sx_load_optim_state_options_init(&lo, sizeof lo);
@@ -245,6 +251,55 @@ void test_missing_and_extra_params(void **) {
     assert_non_null(std::strstr(sx_last_error_message(), "'b'"));
     lo.flags = SX_LOAD_ALLOW_EXTRA;
     assert_int_equal(sx_load_optim_state(c, &lo), SX_OK);
+    for (sx_shard_group_t *g : {a, b, c}) sx_destroy_shard_group(g);
+    remove_tree(dir);
+}
+
+uint64_t optimizer_bytes(sx_shard_group_t *g) {
+    sx_memory_stats_t ms;
+    sx_memory_stats_init(&ms, sizeof ms);
+    assert_int_equal(sx_get_memory_stats(g, &ms), SX_OK);
+    return ms.optimizer_bytes;
+}
+
+// Frozen params have no optimizer state. A load that fails after reading leaves them
+// without (not even zeroed slots are allocated); one that succeeds brings the
+// checkpoint's state, and a param of the same unit that the checkpoint lacks gets the
+// zero state a new slot holds: trained on, each follows a group that never stopped.
+void test_load_into_a_frozen_unit(void **) {
+    const std::string dir = make_tmpdir();
+    const std::string path = dir + "/ck";
+    sx_shard_group_t *a = saved_ab("api-frozen-a", path);
+    sx_shard_group_t *b =
+        sxtest::one_rank_group("api-frozen-b", {{"a", {100}, true}, {"c", {30}, true}, {"b", {50}, true}});
+    assert_int_equal(optimizer_bytes(b), 0);
+
+    const std::string shard = path + "/shard-00000-of-00001.bin";
+    const std::string original = read_file(shard);
+    std::string damaged = original;
+    damaged[damaged.size() - 1] = static_cast<char>(damaged[damaged.size() - 1] ^ 1);
+    assert_true(sxtest::write_file(shard, damaged));
+    sx_load_options_t lo;
+    sx_load_optim_state_options_init(&lo, sizeof lo);
+    lo.path = path.c_str();
+    lo.flags = SX_LOAD_ALLOW_MISSING;
+    const std::vector<float> a_before = values_of(b, "a");
+    assert_int_equal(sx_load_optim_state(b, &lo), SX_ERR_CORRUPT);
+    assert_int_equal(optimizer_bytes(b), 0);
+    assert_true(values_of(b, "a") == a_before);
+
+    assert_true(sxtest::write_file(shard, original));
+    assert_int_equal(sx_load_optim_state(b, &lo), SX_OK);
+    assert_true(optimizer_bytes(b) > 0);
+    assert_true(values_of(b, "a") == values_of(a, "a"));
+    for (int32_t p = 0; p < 3; ++p) assert_int_equal(sx_set_trainable(b, p, 1), SX_OK);
+    sx_shard_group_t *c = sxtest::one_rank_group("api-frozen-c", {{"c", {30}}});
+    train_named(a, 3, 2);
+    train_named(b, 3, 2);
+    train_named(c, 3, 2);
+    assert_true(values_of(b, "a") == values_of(a, "a"));
+    assert_true(values_of(b, "b") == values_of(a, "b"));
+    assert_true(values_of(b, "c") == values_of(c, "c"));
     for (sx_shard_group_t *g : {a, b, c}) sx_destroy_shard_group(g);
     remove_tree(dir);
 }
@@ -342,6 +397,7 @@ int main(void) {
         cmocka_unit_test(test_async_save_while_training_equals_sync_save),
         cmocka_unit_test(test_params_written_after_staging_are_not_saved),
         cmocka_unit_test(test_missing_and_extra_params),
+        cmocka_unit_test(test_load_into_a_frozen_unit),
         cmocka_unit_test(test_retention_and_latest),
         cmocka_unit_test(test_cancel_commits_nothing_or_everything),
         cmocka_unit_test(test_bad_arguments),
