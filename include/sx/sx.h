@@ -445,7 +445,9 @@ typedef struct sx_memory_stats {
     uint64_t param_bytes;     /* full flat param buffers on this rank */
     uint64_t grad_bytes;      /* full flat grad buffers + sharded grad accumulators */
     uint64_t optimizer_bytes; /* this rank's shard of optimizer state */
-    uint64_t staging_bytes;   /* checkpoint staging (one shard, kept for the next save) */
+    /* Checkpoint staging: one shard, kept for the next save; after a load that replaced
+     * optimizer state, the replaced state, kept for the next load until a save. */
+    uint64_t staging_bytes;
     /* Optimizer state that one unsharded process would hold for the same params. */
     uint64_t unsharded_optimizer_bytes;
 } sx_memory_stats_t;

@@ -18,6 +18,7 @@
 // that loads: MANIFEST exists only inside a directory that is complete.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,12 +83,19 @@ class Checkpointer {
     // Collective. All ranks succeed or all fail; a failed load changes no value.
     Status load(const LoadOptions &options, std::string *user_blob);
 
-    uint64_t staging_bytes() const { return staging_.size(); }
+    // The staging memory kept: staging_ and the spare state buffers.
+    uint64_t staging_bytes() const;
 
   private:
     core::ShardGroup *group_;
     std::shared_ptr<io::FileOps> ops_;
     HostBuffer staging_;
+    // Per unit and state slot: the buffer the last load staged that slot in, which the
+    // commit swapped with the group's (so it now holds the state that load replaced).
+    // The next load stages into it again: fresh memory would have to be faulted in page
+    // by page, which cost more here than reading the same bytes from disk. A save
+    // releases them, so that a trainer that saves keeps the save's staging alone.
+    std::vector<std::array<HostBuffer, 3>> spare_state_;
     std::unique_ptr<io::IoLoop> loop_;        // started by the first asynchronous save
     std::shared_ptr<SaveFuture> in_flight_;   // the last asynchronous save
 };

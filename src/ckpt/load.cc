@@ -101,14 +101,13 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
 
     // Staging for this rank's shard of every unit, each region shard_numel floats: the
     // params in the checkpointer's staging memory (kept between saves and loads), copied
-    // in at the commit; each state slot in a buffer of its own, which the commit swaps
-    // with the live one (whose memory is released when the load returns), or adds as a
-    // slot the unit did not have (a frozen unit has none): a failed load leaves even the
-    // slot count as it was. Only what the checkpoint does not cover is filled from the
-    // live values, so that it stays as it was.
+    // in at the commit; each state slot in its spare buffer (spare_state_), which the
+    // commit swaps with the live one (so the spare then holds the replaced state, for the
+    // next load to stage into), or adds as a slot the unit did not have (a frozen unit
+    // has none): a failed load leaves even the slot count as it was. Only what the
+    // checkpoint does not cover is filled from the live values, so that it stays as it was.
     struct UnitStage {
         float *region[4] = {nullptr, nullptr, nullptr, nullptr};  // [0] params, [1..3] slots
-        HostBuffer state[3];
         int slots = 0;
     };
     std::vector<UnitStage> stage(layout.units().size());
@@ -207,6 +206,7 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
             staging_ = std::move(bigger);
         }
         float *next = staging_.as<float>();
+        spare_state_.resize(stage.size());
         for (size_t u = 0; u < stage.size(); ++u) {
             const uint64_t n = layout.units()[u].shard_numel;
             UnitStage &us = stage[u];
@@ -214,8 +214,10 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
             us.region[0] = next;
             next += n;
             for (int k = 0; k < us.slots; ++k) {
-                SX_TRY(us.state[k].allocate(n * sizeof(float), "checkpoint load staging", HostBuffer::kLazy));
-                us.region[k + 1] = us.state[k].as<float>();
+                HostBuffer &spare = spare_state_[u][k];
+                if (spare.size() != n * sizeof(float))
+                    SX_TRY(spare.allocate(n * sizeof(float), "checkpoint load staging", HostBuffer::kLazy));
+                us.region[k + 1] = spare.as<float>();
             }
         }
         fill_uncovered(g, ops, want, [&](int32_t u, int k) { return stage[u].region[k]; });
@@ -260,7 +262,7 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         const core::ShardGroup::UnitView v = g.unit_view(u);
         const uint64_t bytes = v.shard_numel * sizeof(float);
         std::memcpy(v.values, stage[u].region[0], bytes);
-        for (int k = 0; k < stage[u].slots; ++k) SX_TRY(g.swap_state(u, k, &stage[u].state[k]));
+        for (int k = 0; k < stage[u].slots; ++k) SX_TRY(g.swap_state(u, k, &spare_state_[u][k]));
     }
     g.masters_to_params();
     if (!options.params_only) {

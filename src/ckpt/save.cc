@@ -91,6 +91,13 @@ std::string shard_file_name(int rank, int world) {
 Checkpointer::Checkpointer(core::ShardGroup *group, std::shared_ptr<io::FileOps> ops)
     : group_(group), ops_(std::move(ops)) {}
 
+uint64_t Checkpointer::staging_bytes() const {
+    uint64_t bytes = staging_.size();
+    for (const auto &slots : spare_state_)
+        for (const HostBuffer &b : slots) bytes += b.size();
+    return bytes;
+}
+
 Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     core::ShardGroup &g = *group_;
     SX_TRY(g.check_usable());
@@ -119,6 +126,8 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     s.options = options;
 
     // Staging: allocated once, grown when needed, pre-faulted (HostBuffer populates it).
+    // A load's spare state buffers go first (see spare_state_).
+    spare_state_.clear();
     if (staging_.size() < s.plan.file_bytes) {
         HostBuffer bigger;
         SX_TRY(bigger.allocate(s.plan.file_bytes, "checkpoint staging"));
