@@ -445,8 +445,8 @@ typedef struct sx_memory_stats {
     uint64_t param_bytes;     /* full flat param buffers on this rank */
     uint64_t grad_bytes;      /* full flat grad buffers + sharded grad accumulators */
     uint64_t optimizer_bytes; /* this rank's shard of optimizer state */
-    /* Checkpoint staging: one shard, kept for the next save; after a load that replaced
-     * optimizer state, the replaced state, kept for the next load until a save. */
+    /* Checkpoint staging: one shard, kept for the next save; after a second load in a
+     * row, the optimizer state it replaced, kept for the next load until a save. */
     uint64_t staging_bytes;
     /* Optimizer state that one unsharded process would hold for the same params. */
     uint64_t unsharded_optimizer_bytes;

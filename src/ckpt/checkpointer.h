@@ -93,9 +93,13 @@ class Checkpointer {
     // Per unit and state slot: the buffer the last load staged that slot in, which the
     // commit swapped with the group's (so it now holds the state that load replaced).
     // The next load stages into it again: fresh memory would have to be faulted in page
-    // by page, which cost more here than reading the same bytes from disk. A save
-    // releases them, so that a trainer that saves keeps the save's staging alone.
+    // by page, which cost more here than reading the same bytes from disk. Kept only
+    // after a load that follows an earlier successful one (loads in a row, as when an
+    // evaluation goes through checkpoints): a trainer loads once, then trains, and would
+    // carry a shard of unused memory into training. A save releases them too, so that a
+    // trainer that saves keeps the save's staging alone.
     std::vector<std::array<HostBuffer, 3>> spare_state_;
+    bool loaded_ = false;  // a load has succeeded
     std::unique_ptr<io::IoLoop> loop_;        // started by the first asynchronous save
     std::shared_ptr<SaveFuture> in_flight_;   // the last asynchronous save
 };

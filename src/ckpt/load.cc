@@ -110,6 +110,14 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         float *region[4] = {nullptr, nullptr, nullptr, nullptr};  // [0] params, [1..3] slots
         int slots = 0;
     };
+    // However this load ends, its spares stay only if an earlier load succeeded.
+    struct KeepSpares {
+        std::vector<std::array<HostBuffer, 3>> &spares;
+        const bool keep;
+        ~KeepSpares() {
+            if (!keep) spares.clear();
+        }
+    } keep_spares{spare_state_, loaded_};
     std::vector<UnitStage> stage(layout.units().size());
     Manifest m;
     std::vector<int32_t> index(np, -1);
@@ -297,6 +305,7 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
             }));
         }
     }
+    loaded_ = true;
     if (user_blob) *user_blob = m.user_blob;
     return Status::Ok();
 }
