@@ -15,6 +15,20 @@ namespace {
 
 bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
+Status validate_loss_scaling(const LossScaling &s) {
+    SX_CHECK_ARG(s.mode == SX_LOSS_SCALING_NONE || s.mode == SX_LOSS_SCALING_DYNAMIC || s.mode == SX_LOSS_SCALING_STATIC,
+                 "loss scaling mode %d is not SX_LOSS_SCALING_NONE, _DYNAMIC or _STATIC", s.mode);
+    SX_CHECK_ARG(std::isfinite(s.init_scale) && s.init_scale > 0, "init_scale = %g; it must be finite and > 0",
+                 s.init_scale);
+    SX_CHECK_ARG(std::isfinite(s.growth_factor) && s.growth_factor > 1, "growth_factor = %g; it must be finite and > 1",
+                 s.growth_factor);
+    SX_CHECK_ARG(s.backoff_factor > 0 && s.backoff_factor < 1, "backoff_factor = %g; it must be in (0, 1)",
+                 s.backoff_factor);
+    SX_CHECK_ARG(s.growth_interval > 0, "growth_interval = %lld; it must be > 0",
+                 static_cast<long long>(s.growth_interval));
+    return Status::Ok();
+}
+
 const char *dtype_name(int32_t dtype) {
     return dtype == SX_DTYPE_F32 ? "fp32" : dtype == SX_DTYPE_F16 ? "fp16" : "bf16";
 }
@@ -345,10 +359,11 @@ Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
         HostBuffer accum;
     };
     std::vector<Pending> pending;
+    std::vector<char> trainable(units_.size(), 0);  // under `mask`
+    for (size_t u = 0; u < units_.size(); ++u)
+        for (int32_t p : layout_.units()[u].params) trainable[u] |= mask[p] != 0;
     for (size_t u = 0; u < units_.size(); ++u) {
-        bool trainable = false;
-        for (int32_t p : layout_.units()[u].params) trainable |= mask[p] != 0;
-        if (!trainable) continue;
+        if (!trainable[u]) continue;
         const int need = required_slots(u, mask);
         const bool need_accum = needs_accum(u) && units_[u].accum.empty();
         if (need <= units_[u].state_slots && !need_accum) continue;
@@ -364,9 +379,7 @@ Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
     // An fp32 reduction of 16-bit gradients widens one unit at a time into one scratch.
     uint64_t scratch_bytes = 0;
     for (size_t u = 0; u < units_.size(); ++u) {
-        bool trainable = false;
-        for (int32_t p : layout_.units()[u].params) trainable |= mask[p] != 0;
-        if (trainable && world_size_ > 1 && units_[u].grad_dtype != SX_DTYPE_F32 && !reduces_in_16bit(u))
+        if (trainable[u] && world_size_ > 1 && units_[u].grad_dtype != SX_DTYPE_F32 && !reduces_in_16bit(u))
             scratch_bytes = std::max<uint64_t>(scratch_bytes, layout_.units()[u].padded_numel * sizeof(float));
     }
     HostBuffer scratch;
@@ -379,11 +392,7 @@ Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
         unit.state_slots = pd.slots;
         if (!pd.accum.empty()) unit.accum = std::move(pd.accum);
     }
-    for (size_t u = 0; u < units_.size(); ++u) {
-        bool trainable = false;
-        for (int32_t p : layout_.units()[u].params) trainable |= mask[p] != 0;
-        units_[u].trainable = trainable;
-    }
+    for (size_t u = 0; u < units_.size(); ++u) units_[u].trainable = trainable[u] != 0;
     for (size_t i = 0; i < mask.size(); ++i) applied_mask_[i] = mask[i] ? 1 : 0;
     return Status::Ok();
 }
@@ -456,14 +465,18 @@ void ShardGroup::parallel_for(size_t n, const std::function<void(size_t, size_t)
     });
 }
 
+uint16_t *ShardGroup::own_params16(size_t u) const {
+    return units_[u].params.as<uint16_t>() + static_cast<uint64_t>(rank_) * layout_.units()[u].shard_numel;
+}
+
 void ShardGroup::ensure_masters() {
     for (size_t u = 0; u < units_.size(); ++u) {
         Unit &unit = units_[u];
         if (unit.master.empty() || unit.master_valid) continue;
-        const uint64_t S = layout_.units()[u].shard_numel;
-        const uint16_t *own = unit.params.as<uint16_t>() + static_cast<uint64_t>(rank_) * S;
+        const uint16_t *own = own_params16(u);
         float *master = unit.master.as<float>();
-        parallel_for(S, [&](size_t b, size_t e) { half::to_f32(unit.dtype, own + b, master + b, e - b); });
+        parallel_for(layout_.units()[u].shard_numel,
+                     [&](size_t b, size_t e) { half::to_f32(unit.dtype, own + b, master + b, e - b); });
         unit.master_valid = true;
     }
 }
@@ -472,26 +485,12 @@ void ShardGroup::masters_to_params() {
     for (size_t u = 0; u < units_.size(); ++u) {
         Unit &unit = units_[u];
         if (unit.master.empty()) continue;
-        const uint64_t S = layout_.units()[u].shard_numel;
-        uint16_t *own = unit.params.as<uint16_t>() + static_cast<uint64_t>(rank_) * S;
+        uint16_t *own = own_params16(u);
         const float *master = unit.master.as<float>();
-        parallel_for(S, [&](size_t b, size_t e) { half::from_f32(unit.dtype, master + b, own + b, e - b); });
+        parallel_for(layout_.units()[u].shard_numel,
+                     [&](size_t b, size_t e) { half::from_f32(unit.dtype, master + b, own + b, e - b); });
         unit.master_valid = true;
     }
-}
-
-Status ShardGroup::validate_loss_scaling(const LossScaling &s) {
-    SX_CHECK_ARG(s.mode == SX_LOSS_SCALING_NONE || s.mode == SX_LOSS_SCALING_DYNAMIC || s.mode == SX_LOSS_SCALING_STATIC,
-                 "loss scaling mode %d is not SX_LOSS_SCALING_NONE, _DYNAMIC or _STATIC", s.mode);
-    SX_CHECK_ARG(std::isfinite(s.init_scale) && s.init_scale > 0, "init_scale = %g; it must be finite and > 0",
-                 s.init_scale);
-    SX_CHECK_ARG(std::isfinite(s.growth_factor) && s.growth_factor > 1, "growth_factor = %g; it must be finite and > 1",
-                 s.growth_factor);
-    SX_CHECK_ARG(s.backoff_factor > 0 && s.backoff_factor < 1, "backoff_factor = %g; it must be in (0, 1)",
-                 s.backoff_factor);
-    SX_CHECK_ARG(s.growth_interval > 0, "growth_interval = %lld; it must be > 0",
-                 static_cast<long long>(s.growth_interval));
-    return Status::Ok();
 }
 
 Status ShardGroup::set_loss_scaling(const LossScaling &s) {

@@ -147,7 +147,6 @@ class ShardGroup {
     uint64_t steps_taken() const { return steps_; }
 
     // --- loss scaling ---
-    static Status validate_loss_scaling(const LossScaling &s);
     Status set_loss_scaling(const LossScaling &s);  // resets the scale to s.init_scale
     const LossScaling &loss_scaling() const { return scaling_; }
     const LossScalerState &loss_scaler() const { return scaler_; }
@@ -235,6 +234,8 @@ class ShardGroup {
     void parallel_for(size_t n, const std::function<void(size_t, size_t)> &fn);
     // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.
     void finish_step(bool keep_grads);
+    // A 16-bit unit's own shard of its flat param buffer.
+    uint16_t *own_params16(size_t u) const;
 
     GroupConfig config_;
     int rank_ = 0, world_size_ = 1;

@@ -109,15 +109,7 @@ Status ShardGroup::reduce_unit(size_t u, bool into_accum, float **shard_grad) {
 void ShardGroup::zero_grads() {
     for (Unit &unit : units_) {
         char *p = static_cast<char *>(unit.grads.data());
-        const size_t bytes = unit.grads.size();
-        const int n = pool_->size();
-        pool_->run([&](int t) {
-            // 4 KiB-aligned pieces so threads never share a cache line.
-            const size_t per = (bytes / static_cast<size_t>(n) + 4095) / 4096 * 4096;
-            const size_t b = std::min(bytes, per * static_cast<size_t>(t));
-            const size_t e = std::min(bytes, b + per);
-            if (e > b) std::memset(p + b, 0, e - b);
-        });
+        parallel_for(unit.grads.size(), [&](size_t b, size_t e) { std::memset(p + b, 0, e - b); });
     }
 }
 
@@ -178,8 +170,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
             optim::Segment seg;
             seg.param = v.values + piece.shard_offset;  // fp32: the params, or the masters
             if (!unit.master.empty()) {  // ... rounded into the 16-bit params in the same pass
-                seg.compute_out = unit.params.as<uint16_t>() +
-                                  static_cast<uint64_t>(rank_) * layout_.units()[u].shard_numel + piece.shard_offset;
+                seg.compute_out = own_params16(u) + piece.shard_offset;
                 seg.compute_dtype = unit.dtype;
             }
             seg.grad = reduced[u] + piece.shard_offset;
@@ -195,11 +186,17 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     // 2. Global norm of the rank-averaged, unscaled gradients, and the clipping
     //    coefficient. Dynamic loss scaling needs it (for its inf/NaN check) before the
     //    update, clipping too; otherwise it comes out of the update's own pass.
-    const bool scaled = scaling_.mode != SX_LOSS_SCALING_NONE;
     const bool dynamic = scaling_.mode == SX_LOSS_SCALING_DYNAMIC;
-    const double divisor = static_cast<double>(world_size_) * (scaled ? scaler_.scale : 1.0);
-    const float average = scaled ? static_cast<float>(1.0 / divisor) : 1.0f / static_cast<float>(world_size_);
+    const double divisor = static_cast<double>(world_size_) * scaler_.scale;  // the scale is 1 without scaling
+    const float average = static_cast<float>(1.0 / divisor);
     double norm = 0.0, coef = 1.0;
+    auto report = [&](double grad_norm, bool skipped) {
+        if (!result) return;
+        result->grad_norm = grad_norm;
+        result->step = steps_;
+        result->skipped = skipped;
+        result->loss_scale = scaler_.scale;
+    };
     const bool clip = options.max_grad_norm > 0;
     const bool norm_first = clip || dynamic;
     if (norm_first) {
@@ -216,12 +213,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
             scaler_.scale *= scaling_.backoff_factor;
             scaler_.growth_tracker = 0;
             finish_step(options.keep_grads);
-            if (result) {
-                result->grad_norm = norm;
-                result->step = steps_;
-                result->skipped = true;
-                result->loss_scale = scaler_.scale;
-            }
+            report(norm, true);
             return Status::Ok();
         }
         coef = clip_coefficient(norm, options.max_grad_norm);
@@ -269,12 +261,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     }
     finish_step(options.keep_grads);
     ++steps_;
-    if (result) {
-        result->grad_norm = norm;
-        result->step = steps_;
-        result->skipped = false;
-        result->loss_scale = scaler_.scale;
-    }
+    report(norm, false);
     return Status::Ok();
 }
 
