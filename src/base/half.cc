@@ -52,8 +52,15 @@ const internal::Table &table() {
     return t;
 }
 
-// Bulk work through a stack buffer of fp32, so that the SIMD conversions do the work.
+// Bulk work through a stack buffer of fp32, so that the SIMD conversions do the work:
+// fn(first element, count, buffer) for each piece of [0, n).
 constexpr size_t kPiece = 1024;
+
+template <typename Fn>
+void in_pieces(size_t n, Fn &&fn) {
+    float a[kPiece];
+    for (size_t i = 0; i < n; i += kPiece) fn(i, n - i < kPiece ? n - i : kPiece, a);
+}
 
 }  // namespace
 
@@ -118,36 +125,28 @@ void to_f32(int32_t dtype, const uint16_t *src, float *dst, size_t n) { table().
 void from_f32(int32_t dtype, const float *src, uint16_t *dst, size_t n) { table().from_f32(dtype, src, dst, n); }
 
 void add_into(int32_t dtype, uint16_t *dst, const uint16_t *src, size_t n) {
-    float a[kPiece], b[kPiece];
-    const internal::Table &t = table();
-    for (size_t i = 0; i < n; i += kPiece) {
-        const size_t m = n - i < kPiece ? n - i : kPiece;
-        t.to_f32(dtype, dst + i, a, m);
-        t.to_f32(dtype, src + i, b, m);
+    in_pieces(n, [&](size_t i, size_t m, float *a) {
+        float b[kPiece];
+        table().to_f32(dtype, dst + i, a, m);
+        table().to_f32(dtype, src + i, b, m);
         for (size_t k = 0; k < m; ++k) a[k] += b[k];
-        t.from_f32(dtype, a, dst + i, m);
-    }
+        table().from_f32(dtype, a, dst + i, m);
+    });
 }
 
 void add_to_f32(int32_t dtype, const uint16_t *src, float *dst, size_t n) {
-    float a[kPiece];
-    const internal::Table &t = table();
-    for (size_t i = 0; i < n; i += kPiece) {
-        const size_t m = n - i < kPiece ? n - i : kPiece;
-        t.to_f32(dtype, src + i, a, m);
+    in_pieces(n, [&](size_t i, size_t m, float *a) {
+        table().to_f32(dtype, src + i, a, m);
         for (size_t k = 0; k < m; ++k) dst[i + k] += a[k];
-    }
+    });
 }
 
 void scale(int32_t dtype, uint16_t *data, float factor, size_t n) {
-    float a[kPiece];
-    const internal::Table &t = table();
-    for (size_t i = 0; i < n; i += kPiece) {
-        const size_t m = n - i < kPiece ? n - i : kPiece;
-        t.to_f32(dtype, data + i, a, m);
+    in_pieces(n, [&](size_t i, size_t m, float *a) {
+        table().to_f32(dtype, data + i, a, m);
         for (size_t k = 0; k < m; ++k) a[k] *= factor;
-        t.from_f32(dtype, a, data + i, m);
-    }
+        table().from_f32(dtype, a, data + i, m);
+    });
 }
 
 }  // namespace half

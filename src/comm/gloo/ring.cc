@@ -12,6 +12,9 @@ namespace {
 // Receives in flight per call: one being summed while the others arrive.
 constexpr size_t kRecvDepth = 4;
 
+// Elements converted at a time through a stack buffer (16-bit sums).
+constexpr size_t kPiece = 1024;
+
 // The ring position of a call: rank, size, neighbours, and the chunk index helper.
 struct Ring {
     explicit Ring(const gloo::Context &c)
@@ -23,7 +26,7 @@ struct Ring {
     const int rank, size, right, left;
 };
 
-// The sums a ring reduce-scatter needs, over element type T, the result in OutT.
+// The sums a ring reduce-scatter needs, over element type T; the result is fp32.
 struct FloatSum {
     using T = float;
     void add_into(float *__restrict dst, const float *__restrict src, size_t n) const {
@@ -48,20 +51,22 @@ struct HalfSum {
     int32_t dtype;
     float out_scale;
     void add_into(uint16_t *dst, const uint16_t *src, size_t n) const { half::add_into(dtype, dst, src, n); }
-    void finish(float *out, const uint16_t *partial, const uint16_t *received, size_t n, bool accumulate) const {
-        constexpr size_t kPiece = 1024;
-        uint16_t sum[kPiece];
+    // out = (accumulate ? out : 0) + out_scale * float(sum[0, n)).
+    void widen_into(float *out, const uint16_t *sum, size_t n, bool accumulate) const {
         float wide[kPiece];
+        for (size_t i = 0; i < n; i += kPiece) {
+            const size_t m = std::min(kPiece, n - i);
+            half::to_f32(dtype, sum + i, wide, m);
+            for (size_t k = 0; k < m; ++k) out[i + k] = (accumulate ? out[i + k] : 0.0f) + wide[k] * out_scale;
+        }
+    }
+    void finish(float *out, const uint16_t *partial, const uint16_t *received, size_t n, bool accumulate) const {
+        uint16_t sum[kPiece];
         for (size_t i = 0; i < n; i += kPiece) {
             const size_t m = std::min(kPiece, n - i);
             std::copy(partial + i, partial + i + m, sum);
             half::add_into(dtype, sum, received + i, m);
-            half::to_f32(dtype, sum, wide, m);
-            if (accumulate) {
-                for (size_t k = 0; k < m; ++k) out[i + k] += wide[k] * out_scale;
-            } else {
-                for (size_t k = 0; k < m; ++k) out[i + k] = wide[k] * out_scale;
-            }
+            widen_into(out + i, sum, m, accumulate);
         }
     }
     bool in_place(const uint16_t *, const float *) const { return false; }
@@ -145,13 +150,7 @@ Status ring_reduce_scatter_16(OpScope &op, int32_t dtype, uint16_t *buf, size_t 
                               float out_scale, bool accumulate, size_t segment_elems) {
     const HalfSum sum{dtype, out_scale};
     if (op.context().size == 1 || shard == 0) {
-        // One rank: the sum is its own chunk, widened.
-        float wide[1024];
-        for (size_t i = 0; i < shard; i += 1024) {
-            const size_t m = std::min<size_t>(1024, shard - i);
-            half::to_f32(dtype, buf + i, wide, m);
-            for (size_t k = 0; k < m; ++k) out[i + k] = (accumulate ? out[i + k] : 0.0f) + wide[k] * out_scale;
-        }
+        sum.widen_into(out, buf, shard, accumulate);  // one rank: the sum is its own chunk
         op.done();
         return Status::Ok();
     }
