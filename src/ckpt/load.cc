@@ -2,6 +2,9 @@
 // chunks this rank's shard needs (each verified by its CRC32C), agree that every rank
 // succeeded, and only then change the group.
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -45,6 +48,93 @@ class OpenFiles {
     std::string dir_;
     std::map<uint32_t, int> fds_;
     std::map<uint32_t, std::string> names_;
+};
+
+// Reads a load's chunks, in order, on its own thread: chunk i whole into dst(i) when
+// direct(i), else into one of kAhead buffers of its own. It keeps at most kAhead chunks
+// ahead of the caller, which waits for chunk i, checks it, and releases it. Destroying
+// the reader stops it (after the read under way) and joins its thread.
+class ChunkReader {
+  public:
+    static constexpr size_t kAhead = 4;
+
+    ChunkReader(io::FileOps &ops, const std::string &dir, const Manifest &m, const std::vector<ReadOp> &reads,
+                std::function<char *(size_t)> dst, std::function<bool(size_t)> direct)
+        : files_(ops, dir), ops_(ops), dir_(dir), m_(m), reads_(reads), dst_(std::move(dst)),
+          direct_(std::move(direct)), thread_([this] { run(); }) {}
+    ~ChunkReader() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+
+    // Waits until chunk i has been read; *data is where its bytes are. The reader's
+    // error if reading it failed.
+    Status wait(size_t i, const char **data) {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return read_ > i || !error_.ok(); });
+        if (read_ <= i) return error_;
+        *data = direct_(i) ? dst_(i) : bufs_[i % kAhead].data();
+        return Status::Ok();
+    }
+    // The caller is done with chunk i (its buffer may be reused).
+    void release(size_t i) {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            released_ = i + 1;
+        }
+        cv_.notify_all();
+    }
+
+  private:
+    void run() {
+        for (size_t i = 0; i < reads_.size(); ++i) {
+            {
+                std::unique_lock<std::mutex> lock(mu_);
+                cv_.wait(lock, [&] { return stop_ || i < released_ + kAhead; });
+                if (stop_) return;
+            }
+            const Chunk &c = *reads_[i].chunk;
+            char *into = nullptr;
+            if (direct_(i)) {
+                into = dst_(i);
+            } else {
+                bufs_[i % kAhead].resize(c.length);
+                into = bufs_[i % kAhead].data();
+            }
+            int fd = -1;
+            Status s = files_.get(m_, c.file, &fd);
+            if (s.ok()) s = ops_.pread_all(fd, into, c.length, c.offset, dir_ + "/" + m_.files[c.file]);
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                if (s.ok()) {
+                    read_ = i + 1;
+                } else {
+                    error_ = s;
+                }
+            }
+            cv_.notify_all();
+            if (!s.ok()) return;
+        }
+    }
+
+    OpenFiles files_;  // used by the thread alone, closed after it ended
+    io::FileOps &ops_;
+    const std::string dir_;
+    const Manifest &m_;
+    const std::vector<ReadOp> &reads_;
+    const std::function<char *(size_t)> dst_;
+    const std::function<bool(size_t)> direct_;
+    std::vector<char> bufs_[kAhead];
+    std::mutex mu_;
+    std::condition_variable cv_;
+    size_t read_ = 0, released_ = 0;
+    bool stop_ = false;
+    Status error_;
+    std::thread thread_;  // last: starts once everything above is constructed
 };
 
 // Region of `kind` in a unit's staging: want lists a param's kinds in slot order, so
@@ -231,29 +321,31 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         fill_uncovered(g, ops, want, [&](int32_t u, int k) { return stage[u].region[k]; });
 
         // Whole chunks are read (their CRC covers them whole): straight into staging when
-        // this shard owns all of it, else through a buffer keeping the part it owns.
-        OpenFiles files(*ops_, options.path);
-        std::vector<char> buf;
-        for (const ReadOp &op : ops) {
+        // this shard owns all of it, else through a buffer keeping the part it owns. A
+        // reader thread runs ahead so that the device keeps working while this thread
+        // checks the CRCs of what arrived.
+        auto target = [&](const ReadOp &op) {
+            return stage[op.unit_index].region[slot_of(want[op.param], op.kind)] + op.shard_offset;
+        };
+        auto whole = [](const ReadOp &op) {
+            return op.copy_begin == op.chunk->begin && op.copy_end == op.chunk->end;
+        };
+        ChunkReader reader(*ops_, options.path, m, ops, [&](size_t i) { return reinterpret_cast<char *>(target(ops[i])); },
+                           [&](size_t i) { return whole(ops[i]); });
+        for (size_t i = 0; i < ops.size(); ++i) {
+            const ReadOp &op = ops[i];
             const Chunk &c = *op.chunk;
-            int fd = -1;
-            SX_TRY(files.get(m, c.file, &fd));
-            float *dst = stage[op.unit_index].region[slot_of(want[op.param], op.kind)] + op.shard_offset;
-            const bool whole = op.copy_begin == c.begin && op.copy_end == c.end;
-            char *into = reinterpret_cast<char *>(dst);
-            if (!whole) {
-                buf.resize(c.length);
-                into = buf.data();
-            }
+            const char *data = nullptr;
+            SX_TRY(reader.wait(i, &data));
             const std::string path = options.path + "/" + m.files[c.file];
-            SX_TRY(ops_->pread_all(fd, into, c.length, c.offset, path));
-            SX_CHECK(io::crc32c(into, c.length) == c.crc32c, SX_ERR_CORRUPT,
+            SX_CHECK(io::crc32c(data, c.length) == c.crc32c, SX_ERR_CORRUPT,
                      "%s: the chunk of param '%s'%s at byte %llu fails its CRC32C check", path.c_str(),
                      m.params[op.manifest_param].name.c_str(), tensor_suffix(op.kind),
                      static_cast<unsigned long long>(c.offset));
-            if (!whole)
-                std::memcpy(dst, buf.data() + (op.copy_begin - c.begin) * sizeof(float),
+            if (!whole(op))
+                std::memcpy(target(op), data + (op.copy_begin - c.begin) * sizeof(float),
                             (op.copy_end - op.copy_begin) * sizeof(float));
+            reader.release(i);
         }
         return Status::Ok();
     }();

@@ -10,7 +10,7 @@
 // now, intersects each with the manifest's chunks of that tensor, and reads exactly
 // those chunks (a chunk's CRC32C covers it whole, so a chunk that is only partly needed
 // is read whole and verified, then the needed part is copied). No rank ever holds more
-// than its own shard plus one chunk.
+// than its own shard plus a few chunks (the reader keeps 4 ahead of the CRC checks).
 #pragma once
 
 #include <cstdint>
