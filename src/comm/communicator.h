@@ -58,6 +58,10 @@ struct GlooOptions {
     // Pipeline segment of the ring reduce-scatter and all-gather, in bytes; 0 = tuned
     // defaults (1 MiB and 4 MiB). Tests make it small to run many segments cheaply.
     size_t segment_bytes = 0;
+    // Where every rank turns out to be a thread of this process, all_gather and
+    // broadcast copy straight from the peers' buffers instead of going through TCP
+    // (the other collectives always use Gloo). Tests turn it off to run the TCP ring.
+    bool in_process = true;
 };
 
 // Connects a full mesh of `world_size` ranks through `store` (keys under the store's

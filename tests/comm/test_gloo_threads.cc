@@ -1,8 +1,10 @@
 // The Gloo communicator with ranks as threads over local://: every collective at
-// world sizes 1, 2, 3 and 5; a stalled rank; abort() from another thread; argument
-// and creation errors.
+// world sizes 1, 2, 3 and 5, with all_gather and broadcast met in-process (the default
+// for threads) and through TCP; a stalled rank; a destroyed peer; abort() from another
+// thread; argument and creation errors.
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "collective_checks.h"
 #include "comm/communicator.h"
@@ -22,7 +24,7 @@ constexpr long long kSlackMs = 2500;
 
 // Opens rank r's store on `url` and connects its communicator.
 Status join(const std::string &url, int r, int p, Millis timeout, std::unique_ptr<Communicator> *out,
-            const char *bind = "127.0.0.1", size_t segment_bytes = 0) {
+            const char *bind = "127.0.0.1", size_t segment_bytes = 0, bool in_process = true) {
     sx::comm::Rendezvous rv;
     SX_TRY(sx::comm::parse_rendezvous(url.c_str(), r, p, &rv));
     std::shared_ptr<sx::comm::Store> store;
@@ -31,6 +33,7 @@ Status join(const std::string &url, int r, int p, Millis timeout, std::unique_pt
     opts.bind_address = bind;
     opts.timeout = timeout;
     opts.segment_bytes = segment_bytes;
+    opts.in_process = in_process;
     return sx::comm::create_gloo_communicator(store, r, p, opts, out);
 }
 
@@ -53,12 +56,14 @@ class Event {
     bool set_ = false;
 };
 
-void check_world(int p, size_t segment_bytes = 0) {
+// in_process: all_gather and broadcast copy from the peers' buffers (the default for
+// threads of one process); otherwise every collective goes through Gloo's TCP pairs.
+void check_world(int p, size_t segment_bytes = 0, bool in_process = true) {
     const std::string url = "local://" + sxtest::unique_name("collectives");
     std::atomic<int> arrived{0};
     sxtest::run_ranks(p, [&](int r) -> std::string {
         std::unique_ptr<Communicator> c;
-        Status s = join(url, r, p, Millis(30000), &c, "127.0.0.1", segment_bytes);
+        Status s = join(url, r, p, Millis(30000), &c, "127.0.0.1", segment_bytes, in_process);
         if (!s.ok()) return "join: " + s.message();
         if (c->rank() != r || c->world_size() != p) return "wrong rank or world size";
         std::string e = sxtest::check_all_collectives(*c);
@@ -76,9 +81,10 @@ void test_world_1(void **) { check_world(1); }
 void test_world_2(void **) { check_world(2); }
 void test_world_3(void **) { check_world(3); }
 void test_world_5(void **) { check_world(5); }
+void test_world_3_tcp(void **) { check_world(3, 0, false); }
 // Segments of 4 KiB: hundreds per call, so the receive window wraps many times.
-void test_world_2_small_segments(void **) { check_world(2, 4096); }
-void test_world_3_small_segments(void **) { check_world(3, 4096); }
+void test_world_2_small_segments(void **) { check_world(2, 4096, false); }
+void test_world_3_small_segments(void **) { check_world(3, 4096, false); }
 
 // Rank 2 of 3 never calls: the others time out within the timeout, every later call
 // fails at once with the same error, and destruction returns.
@@ -130,7 +136,7 @@ void test_stalled_rank_seen_through_a_peer(void **) {
     sxtest::run_ranks(3, [&](int r) -> std::string {
         const int timeout_ms = r == 0 ? 1500 : 1800;
         std::unique_ptr<Communicator> c;
-        Status s = join(url, r, 3, Millis(timeout_ms), &c);
+        Status s = join(url, r, 3, Millis(timeout_ms), &c, "127.0.0.1", 0, false);
         if (!s.ok()) return "join: " + s.message();
         if (r == 2) {
             survivors_done.wait();
@@ -148,6 +154,61 @@ void test_stalled_rank_seen_through_a_peer(void **) {
             e = "rank 1 should have seen rank 0 close first: " + s.message();
         if (finished.fetch_add(1) == 1) survivors_done.set();
         return e;
+    });
+}
+
+// The same between threads meeting in-process: rank 0's timeout fails the meeting, and
+// rank 1 hears of it at once, long before its own deadline.
+void test_stalled_rank_in_process(void **) {
+    const std::string url = "local://" + sxtest::unique_name("stalled-meeting");
+    Event survivors_done;
+    std::atomic<int> finished{0};
+    sxtest::run_ranks(3, [&](int r) -> std::string {
+        const int timeout_ms = r == 0 ? 1500 : 6000;
+        std::unique_ptr<Communicator> c;
+        Status s = join(url, r, 3, Millis(timeout_ms), &c);
+        if (!s.ok()) return "join: " + s.message();
+        if (r == 2) {
+            survivors_done.wait();
+            return "";
+        }
+        std::vector<char> buf(3 * 1000);
+        auto start = sxtest::Clock::now();
+        s = r == 0 ? c->all_gather(buf.data(), 1000) : c->broadcast(buf.data(), 1000, 0);
+        long long took = ms_since(start);
+        std::string e;
+        if (s.code() != SX_ERR_TIMEOUT || took < 1100 || took > 1500 + kSlackMs)
+            e = "expected SX_ERR_TIMEOUT after about 1500 ms, got (" + std::to_string(took) + " ms): " + s.message();
+        const char *says = r == 0 ? "did not come" : "rank 0 timed out";
+        if (e.empty() && (!contains(s.message(), says) || !contains(s.message(), "threads of one process")))
+            e = "the message should say '" + std::string(says) + "': " + s.message();
+        if (finished.fetch_add(1) == 1) survivors_done.set();
+        return e;
+    });
+}
+
+// A rank destroys its communicator while its peer waits in an in-process all_gather:
+// the peer fails at once with SX_ERR_COMM, and so does its next call.
+void test_peer_destroyed_in_process(void **) {
+    const std::string url = "local://" + sxtest::unique_name("destroyed-meeting");
+    sxtest::run_ranks(2, [&](int r) -> std::string {
+        std::unique_ptr<Communicator> c;
+        Status s = join(url, r, 2, Millis(60000), &c);
+        if (!s.ok()) return "join: " + s.message();
+        if (r == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            c.reset();
+            return "";
+        }
+        std::vector<char> buf(2 * 1000);
+        auto start = sxtest::Clock::now();
+        s = c->all_gather(buf.data(), 1000);
+        if (s.code() != SX_ERR_COMM || ms_since(start) > 5000 || !contains(s.message(), "destroyed"))
+            return "expected SX_ERR_COMM naming the destroyed peer soon, got (" + std::to_string(ms_since(start)) +
+                   " ms): " + s.message();
+        s = c->broadcast(buf.data(), 10, 0);
+        if (s.code() != SX_ERR_COMM) return "the next call: " + s.message();
+        return "";
     });
 }
 
@@ -291,10 +352,13 @@ int main() {
         cmocka_unit_test(test_world_2),
         cmocka_unit_test(test_world_3),
         cmocka_unit_test(test_world_5),
+        cmocka_unit_test(test_world_3_tcp),
         cmocka_unit_test(test_world_2_small_segments),
         cmocka_unit_test(test_world_3_small_segments),
         cmocka_unit_test(test_stalled_rank),
         cmocka_unit_test(test_stalled_rank_seen_through_a_peer),
+        cmocka_unit_test(test_stalled_rank_in_process),
+        cmocka_unit_test(test_peer_destroyed_in_process),
         cmocka_unit_test(test_abort_reduce_scatter),
         cmocka_unit_test(test_abort_all_gather),
         cmocka_unit_test(test_abort_all_reduce),

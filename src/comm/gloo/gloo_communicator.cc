@@ -30,10 +30,12 @@
 #include <atomic>
 #include <cctype>
 #include <cstring>
+#include <functional>
 #include <mutex>
 
 #include "base/log.h"
 #include "comm/communicator.h"
+#include "comm/gloo/in_process.h"
 #include "comm/gloo/op_scope.h"
 #include "comm/gloo/ring.h"
 #include "comm/gloo/store_adapter.h"
@@ -112,16 +114,21 @@ std::string default_bind_address() {
 
 class GlooCommunicator final : public Communicator {
   public:
-    GlooCommunicator(std::shared_ptr<gloo::rendezvous::Context> context, const GlooOptions &options)
+    GlooCommunicator(std::shared_ptr<gloo::rendezvous::Context> context, const GlooOptions &options,
+                     std::shared_ptr<Meeting> meeting)
         : context_(std::move(context)),
+          meeting_(std::move(meeting)),
           timeout_(options.timeout),
           rs_segment_bytes_(std::max(options.segment_bytes ? options.segment_bytes : kReduceScatterSegmentBytes,
                                      sizeof(float))),
           ag_segment_bytes_(options.segment_bytes ? options.segment_bytes : kAllGatherSegmentBytes) {}
 
     // Destroying the context closes every pair (no I/O, so peers that are dead or
-    // stalled cannot hold it up) and joins Gloo's event-loop thread.
-    ~GlooCommunicator() override = default;
+    // stalled cannot hold it up) and joins Gloo's event-loop thread. Peers waiting at
+    // the meeting learn that this rank has gone.
+    ~GlooCommunicator() override {
+        if (meeting_) meeting_->fail(rank(), SX_ERR_COMM, "its communicator was destroyed");
+    }
 
     int rank() const override { return context_->rank; }
     int world_size() const override { return context_->size; }
@@ -150,6 +157,18 @@ class GlooCommunicator final : public Communicator {
     Status all_gather(void *buf, size_t shard_bytes) override {
         if (shard_bytes == 0) return usable("all_gather");
         SX_CHECK_ARG(buf != nullptr, "all_gather: buf must not be NULL");
+        if (meeting_) {
+            // Threads of one process: each copies the others' parts straight from their buffers.
+            return run("all_gather", [&](const Call &call) {
+                return meet("all_gather", call, buf, [&](void *const *bufs) {
+                    for (int r = 0; r < world_size(); ++r) {
+                        if (r == rank()) continue;
+                        const size_t at = static_cast<size_t>(r) * shard_bytes;
+                        std::memcpy(static_cast<char *>(buf) + at, static_cast<const char *>(bufs[r]) + at, shard_bytes);
+                    }
+                });
+            });
+        }
         return run("all_gather", [&](const Call &call) {
             OpScope op = scope(call);
             return ring_all_gather(op, static_cast<char *>(buf), shard_bytes, ag_segment_bytes_);
@@ -168,6 +187,13 @@ class GlooCommunicator final : public Communicator {
         SX_CHECK_ARG(root >= 0 && root < world_size(), "broadcast: root %d is not in [0, %d)", root, world_size());
         if (bytes == 0) return usable("broadcast");
         SX_CHECK_ARG(data != nullptr, "broadcast: data must not be NULL");
+        if (meeting_) {
+            return run("broadcast", [&](const Call &call) {
+                return meet("broadcast", call, data, [&](void *const *bufs) {
+                    if (rank() != root) std::memcpy(data, bufs[root], bytes);
+                });
+            });
+        }
         return run("broadcast", [&](const Call &call) {
             BroadcastOptions opts(context_);
             opts.setOutput(static_cast<char *>(data), bytes);
@@ -185,6 +211,10 @@ class GlooCommunicator final : public Communicator {
 
     void abort() override {
         if (aborted_.exchange(true)) return;
+        if (meeting_) {
+            meeting_->fail(rank(), SX_ERR_COMM, "its communicator was aborted");
+            meeting_->wake();
+        }
         SigpipeBlock no_sigpipe;
         poison();
         in_flight_.abort_waits();
@@ -252,6 +282,12 @@ class GlooCommunicator final : public Communicator {
         return s;
     }
 
+    Status meet(const char *what, const Call &call, void *mine, const std::function<void(void *const *)> &fn) {
+        Status s = meeting_->meet(rank(), mine, call.deadline, aborted_, fn);
+        if (!s.ok()) s.prefix(format("%s on rank %d of %d (threads of one process): ", what, rank(), world_size()));
+        return s;
+    }
+
     Status classify(const char *what, const std::string &text, Millis elapsed) const {
         const long long t = static_cast<long long>(timeout_.count());
         if (mentions_timeout(text)) {
@@ -282,6 +318,7 @@ class GlooCommunicator final : public Communicator {
         if (failed_.load()) return;
         failure_ = s;
         failed_.store(true);
+        if (meeting_) meeting_->fail(rank(), s.code(), s.message());
         try {
             context_->closeConnections();  // peers fail fast instead of waiting for their timeout
         } catch (...) {
@@ -310,6 +347,7 @@ class GlooCommunicator final : public Communicator {
     }
 
     std::shared_ptr<gloo::rendezvous::Context> context_;
+    std::shared_ptr<Meeting> meeting_;  // when every rank is a thread of this process
     const Millis timeout_;
     const size_t rs_segment_bytes_, ag_segment_bytes_;
     InFlight in_flight_;
@@ -320,6 +358,25 @@ class GlooCommunicator final : public Communicator {
     std::atomic<bool> failed_{false};
     std::atomic<bool> aborted_{false};
 };
+
+// Whether every rank runs in this process (each tells its process_token through the
+// store); if so, *meeting is the one they share, named by rank 0.
+Status meet_in_process(const std::shared_ptr<Store> &store, int rank, int world_size, Clock::time_point deadline,
+                       std::shared_ptr<Meeting> *meeting) {
+    static std::atomic<uint64_t> made{0};
+    const std::string token = process_token();
+    SX_TRY(store->set("process/" + std::to_string(rank), token));
+    for (int r = 0; r < world_size; ++r) {
+        std::string theirs;
+        SX_TRY(store->get("process/" + std::to_string(r), &theirs, time_left(deadline)));
+        if (theirs != token) return Status::Ok();
+    }
+    if (rank == 0) SX_TRY(store->set("meeting", token + "#" + std::to_string(++made)));
+    std::string id;
+    SX_TRY(store->get("meeting", &id, time_left(deadline)));
+    *meeting = Meeting::join(id, world_size);
+    return Status::Ok();
+}
 
 }  // namespace
 
@@ -362,7 +419,11 @@ Status create_gloo_communicator(std::shared_ptr<Store> store, int rank, int worl
                         static_cast<long long>(options.timeout.count()), e.what());
     }
     context->setTimeout(options.timeout);
-    out->reset(new GlooCommunicator(std::move(context), options));
+    std::shared_ptr<Meeting> meeting;
+    if (world_size > 1 && options.in_process)
+        SX_TRY(meet_in_process(make_prefix_store(store, "inproc/"), rank, world_size, deadline, &meeting)
+                   .prefix(format("rank %d of %d: ", rank, world_size)));
+    out->reset(new GlooCommunicator(std::move(context), options, std::move(meeting)));
     log(SX_LOG_DEBUG, "sx: rank %d of %d: Gloo connected on %s", rank, world_size, address.c_str());
     return Status::Ok();
 }
