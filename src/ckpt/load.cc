@@ -50,18 +50,19 @@ class OpenFiles {
     std::map<uint32_t, std::string> names_;
 };
 
-// Reads a load's chunks, in order, on its own thread: chunk i whole into dst(i) when
-// direct(i), else into one of kAhead buffers of its own. It keeps at most kAhead chunks
-// ahead of the caller, which waits for chunk i, checks it, and releases it. Destroying
-// the reader stops it (after the read under way) and joins its thread.
+// Reads a load's chunks, in order, on its own thread: chunk i whole into direct(i),
+// called on that thread just before the read, or where it returns null into one of
+// kAhead buffers of the reader's own. It keeps at most kAhead chunks ahead of the
+// caller, which waits for chunk i, checks it, and releases it. Destroying the reader
+// stops it (after the read under way) and joins its thread.
 class ChunkReader {
   public:
     static constexpr size_t kAhead = 4;
 
     ChunkReader(io::FileOps &ops, const std::string &dir, const Manifest &m, const std::vector<ReadOp> &reads,
-                std::function<char *(size_t)> dst, std::function<bool(size_t)> direct)
-        : files_(ops, dir), ops_(ops), dir_(dir), m_(m), reads_(reads), dst_(std::move(dst)),
-          direct_(std::move(direct)), thread_([this] { run(); }) {}
+                std::function<char *(size_t)> direct)
+        : files_(ops, dir), ops_(ops), dir_(dir), m_(m), reads_(reads), direct_(std::move(direct)),
+          where_(reads.size(), nullptr), thread_([this] { run(); }) {}
     ~ChunkReader() {
         {
             std::lock_guard<std::mutex> lock(mu_);
@@ -77,7 +78,7 @@ class ChunkReader {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return read_ > i || !error_.ok(); });
         if (read_ <= i) return error_;
-        *data = direct_(i) ? dst_(i) : bufs_[i % kAhead].data();
+        *data = where_[i];
         return Status::Ok();
     }
     // The caller is done with chunk i (its buffer may be reused).
@@ -98,10 +99,8 @@ class ChunkReader {
                 if (stop_) return;
             }
             const Chunk &c = *reads_[i].chunk;
-            char *into = nullptr;
-            if (direct_(i)) {
-                into = dst_(i);
-            } else {
+            char *into = direct_(i);
+            if (!into) {
                 bufs_[i % kAhead].resize(c.length);
                 into = bufs_[i % kAhead].data();
             }
@@ -111,6 +110,7 @@ class ChunkReader {
             {
                 std::lock_guard<std::mutex> lock(mu_);
                 if (s.ok()) {
+                    where_[i] = into;
                     read_ = i + 1;
                 } else {
                     error_ = s;
@@ -126,8 +126,8 @@ class ChunkReader {
     const std::string dir_;
     const Manifest &m_;
     const std::vector<ReadOp> &reads_;
-    const std::function<char *(size_t)> dst_;
-    const std::function<bool(size_t)> direct_;
+    const std::function<char *(size_t)> direct_;
+    std::vector<char *> where_;  // chunk i's bytes, once read
     std::vector<char> bufs_[kAhead];
     std::mutex mu_;
     std::condition_variable cv_;
@@ -146,7 +146,7 @@ int slot_of(const std::vector<TensorKind> &kinds, TensorKind kind) {
 // Copies the live values into every part of the staging regions that no read covers
 // (params the checkpoint lacks, padding), so that staging ends up as the whole new
 // shard; a state slot the unit does not have yet gets zeros, as a new slot holds.
-// region(u, k) is unit u's staging region k.
+// region(u, k) is unit u's staging region k (or the live buffer itself, left alone).
 void fill_uncovered(const core::ShardGroup &g, const std::vector<ReadOp> &ops,
                     const std::vector<std::vector<TensorKind>> &want,
                     const std::function<float *(int32_t, int)> &region) {
@@ -162,6 +162,7 @@ void fill_uncovered(const core::ShardGroup &g, const std::vector<ReadOp> &ops,
             float *dst = region(static_cast<int32_t>(u), k);
             if (dst == nullptr) continue;
             const float *live = k == 0 ? v.values : v.state[k - 1];
+            if (dst == live) continue;  // read in place: what no read covers stays as it is
             std::vector<std::pair<uint64_t, uint64_t>> &iv = covered[{static_cast<int32_t>(u), k}];
             std::sort(iv.begin(), iv.end());
             uint64_t at = 0;
@@ -189,15 +190,19 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     const int rank = g.rank();
     const int32_t np = g.num_params();
 
-    // Staging for this rank's shard of every unit, each region shard_numel floats: the
-    // params in the checkpointer's staging memory (kept between saves and loads), copied
-    // in at the commit; each state slot in its spare buffer (spare_state_), which the
-    // commit swaps with the live one (so the spare then holds the replaced state, for the
-    // next load to stage into), or adds as a slot the unit did not have (a frozen unit
-    // has none): a failed load leaves even the slot count as it was. Only what the
-    // checkpoint does not cover is filled from the live values, so that it stays as it was.
+    // Where this rank's shard of every unit is read, each region shard_numel floats.
+    // The fp32 values (the params' own shard, or the masters) are read in place, each
+    // range copied first into the checkpointer's staging memory (kept between saves and
+    // loads), from which a failed load puts it back: those copies are made while the
+    // device reads, where the commit would have had to copy after every read finished.
+    // Each state slot is read into its spare buffer (spare_state_), which the commit swaps
+    // with the live one (so the spare then holds the replaced state, for the next load to
+    // stage into), or adds as a slot the unit did not have (a frozen unit has none): a
+    // failed load leaves even the slot count as it was. Only what the checkpoint does not
+    // cover is filled from the live values, so that it stays as it was.
     struct UnitStage {
-        float *region[4] = {nullptr, nullptr, nullptr, nullptr};  // [0] params, [1..3] slots
+        float *region[4] = {nullptr, nullptr, nullptr, nullptr};  // [0] values (live), [1..3] slots
+        float *kept = nullptr;  // staging: the values as they were before the load
         int slots = 0;
     };
     // However this load ends, its spares stay only if an earlier load succeeded.
@@ -211,6 +216,27 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     std::vector<UnitStage> stage(layout.units().size());
     Manifest m;
     std::vector<int32_t> index(np, -1);
+    std::vector<std::vector<TensorKind>> want(np);
+    std::vector<ReadOp> ops;
+    std::vector<uint8_t> kept(0);  // kept[i]: read i overwrote values, saved in staging first
+    auto target = [&](const ReadOp &op) {
+        return stage[op.unit_index].region[slot_of(want[op.param], op.kind)] + op.shard_offset;
+    };
+    auto in_place = [&](const ReadOp &op) { return slot_of(want[op.param], op.kind) == 0; };
+    // Unless the load commits, the values go back to what they were.
+    bool committed = false;
+    struct PutBack {
+        const std::function<void()> fn;
+        ~PutBack() { fn(); }
+    } put_back{[&] {
+        if (committed) return;
+        for (size_t i = 0; i < kept.size(); ++i) {
+            if (!kept[i]) continue;
+            const ReadOp &op = ops[i];
+            std::memcpy(target(op), stage[op.unit_index].kept + op.shard_offset,
+                        (op.copy_end - op.copy_begin) * sizeof(float));
+        }
+    }};
 
     Status local = [&]() -> Status {
         std::string bytes;
@@ -265,7 +291,6 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
 
         // What to read: values always; the optimizer state the checkpoint holds, which
         // must be all the current optimizer keeps (or none: a param never trained).
-        std::vector<std::vector<TensorKind>> want(np);
         std::vector<int> slots_needed(layout.units().size(), 0);
         for (int32_t p = 0; p < np; ++p) {
             if (index[p] < 0) continue;
@@ -284,7 +309,6 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
             int &need = slots_needed[layout.placement(p).unit_index];
             need = std::max(need, static_cast<int>(kinds.size()) - 1);
         }
-        std::vector<ReadOp> ops;
         SX_TRY(plan_read(m, layout, rank, index, want, &ops));
 
         // Sequential reads, file by file, so that the kernel's readahead keeps the device
@@ -309,7 +333,8 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
             const uint64_t n = layout.units()[u].shard_numel;
             UnitStage &us = stage[u];
             us.slots = slots_needed[u];
-            us.region[0] = next;
+            us.region[0] = g.unit_view(u).values;
+            us.kept = next;
             next += n;
             for (int k = 0; k < us.slots; ++k) {
                 HostBuffer &spare = spare_state_[u][k];
@@ -320,18 +345,26 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         }
         fill_uncovered(g, ops, want, [&](int32_t u, int k) { return stage[u].region[k]; });
 
-        // Whole chunks are read (their CRC covers them whole): straight into staging when
+        // Whole chunks are read (their CRC covers them whole): straight to their place when
         // this shard owns all of it, else through a buffer keeping the part it owns. A
         // reader thread runs ahead so that the device keeps working while this thread
         // checks the CRCs of what arrived.
-        auto target = [&](const ReadOp &op) {
-            return stage[op.unit_index].region[slot_of(want[op.param], op.kind)] + op.shard_offset;
-        };
         auto whole = [](const ReadOp &op) {
             return op.copy_begin == op.chunk->begin && op.copy_end == op.chunk->end;
         };
-        ChunkReader reader(*ops_, options.path, m, ops, [&](size_t i) { return reinterpret_cast<char *>(target(ops[i])); },
-                           [&](size_t i) { return whole(ops[i]); });
+        kept.assign(ops.size(), 0);
+        auto keep = [&](size_t i) {  // before read i overwrites values
+            const ReadOp &op = ops[i];
+            if (!in_place(op)) return;
+            std::memcpy(stage[op.unit_index].kept + op.shard_offset, target(op),
+                        (op.copy_end - op.copy_begin) * sizeof(float));
+            kept[i] = 1;
+        };
+        ChunkReader reader(*ops_, options.path, m, ops, [&](size_t i) -> char * {
+            if (!whole(ops[i])) return nullptr;
+            keep(i);
+            return reinterpret_cast<char *>(target(ops[i]));
+        });
         for (size_t i = 0; i < ops.size(); ++i) {
             const ReadOp &op = ops[i];
             const Chunk &c = *op.chunk;
@@ -342,9 +375,11 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
                      "%s: the chunk of param '%s'%s at byte %llu fails its CRC32C check", path.c_str(),
                      m.params[op.manifest_param].name.c_str(), tensor_suffix(op.kind),
                      static_cast<unsigned long long>(c.offset));
-            if (!whole(op))
+            if (!whole(op)) {
+                keep(i);
                 std::memcpy(target(op), data + (op.copy_begin - c.begin) * sizeof(float),
                             (op.copy_end - op.copy_begin) * sizeof(float));
+            }
             reader.release(i);
         }
         return Status::Ok();
@@ -357,11 +392,10 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     SX_CHECK(verdict[0] == 0, static_cast<sx_status_t>(verdict[0]),
              "loading %s failed on another rank (see that rank's error)", options.path.c_str());
 
-    // Commit: the staged shard replaces the live one, then the params are gathered.
+    // Commit: the values are in place; the staged state replaces the live one; then the
+    // params are gathered.
+    committed = true;
     for (size_t u = 0; u < stage.size(); ++u) {
-        const core::ShardGroup::UnitView v = g.unit_view(u);
-        const uint64_t bytes = v.shard_numel * sizeof(float);
-        std::memcpy(v.values, stage[u].region[0], bytes);
         for (int k = 0; k < stage[u].slots; ++k) SX_TRY(g.swap_state(u, k, &spare_state_[u][k]));
     }
     g.masters_to_params();

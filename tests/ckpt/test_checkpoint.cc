@@ -359,6 +359,63 @@ void test_corrupt_chunk_is_detected_and_changes_nothing(void **) {
     remove_tree(dir);
 }
 
+// A load that fails on one rank only (the last chunk of the file rank 1 reads is
+// damaged, so rank 1 has read its values in place by then, and rank 0 all of its own)
+// fails on both, and leaves every rank's params, whole, and state as they were.
+void test_a_failure_on_one_rank_changes_nothing_on_any(void **) {
+    const std::string dir = make_tmpdir();
+    const std::string path = dir + "/ck";
+    std::string err = run_ranks(2, [&](int r) -> std::string {
+        Rank rk;
+        std::string e = setup("local://ck-onefails-a", r, 2, false, &rk);
+        if (e.empty()) {
+            init_params(rk);
+            e = train(rk, 1, 2);
+        }
+        if (e.empty()) {
+            sx::ckpt::Checkpointer ck(rk.g, sx::io::posix_file_ops());
+            sx::ckpt::SaveOptions so;
+            so.path = path;
+            sx::Status s = ck.save(so);
+            if (!s.ok()) e = "save: " + s.message();
+        }
+        sx_destroy_shard_group(rk.h);
+        return e;
+    });
+    if (!err.empty()) fail_msg("save: %s", err.c_str());
+    const std::string shard = path + "/" + sx::ckpt::shard_file_name(1, 2);
+    std::string bytes = read_file(shard);
+    assert_true(bytes.size() > 0);
+    bytes[bytes.size() - 1] = static_cast<char>(bytes[bytes.size() - 1] ^ 0x40);
+    write_file(shard, bytes);
+    err = run_ranks(2, [&](int r) -> std::string {
+        Rank rk;
+        std::string e = setup("local://ck-onefails-b", r, 2, false, &rk);
+        if (e.empty()) {
+            init_params(rk);
+            e = train(rk, 1, 1);
+        }
+        if (!e.empty()) {
+            sx_destroy_shard_group(rk.h);
+            return e;
+        }
+        const FullState before = state_of(rk);
+        const std::vector<std::vector<float>> params = params_of(rk);
+        sx::ckpt::Checkpointer ck(rk.g, sx::io::posix_file_ops());
+        sx::ckpt::LoadOptions lo;
+        lo.path = path;
+        sx::Status s = ck.load(lo, nullptr);
+        if (s.code() != SX_ERR_CORRUPT) e = "expected SX_ERR_CORRUPT, got: " + s.message();
+        else if (r == 0 && !std::strstr(s.message().c_str(), "another rank")) e = "rank 0 says: " + s.message();
+        else if (!same_state(before, state_of(rk))) e = "the failed load changed this rank's shard";
+        else if (params_of(rk) != params) e = "the failed load changed this rank's params";
+        sx_destroy_shard_group(rk.h);
+        return e;
+    });
+    if (!err.empty()) fail_msg("load: %s", err.c_str());
+    remove_tree(dir);
+}
+
 void test_crash_at_every_io_call(void **) {
     // Checkpoint "a" is good. Then a save of "b" crashes at its n-th file operation, for
     // every n: "a" still loads and equals what was saved; "b" either does not exist as a
@@ -639,6 +696,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_step_waits_for_the_snapshot_copy),
         cmocka_unit_test(test_params_only_and_mismatches_change_nothing),
         cmocka_unit_test(test_corrupt_chunk_is_detected_and_changes_nothing),
+        cmocka_unit_test(test_a_failure_on_one_rank_changes_nothing_on_any),
         cmocka_unit_test(test_crash_at_every_io_call),
         cmocka_unit_test(test_damaged_shard_files_never_load_wrong),
         cmocka_unit_test(test_non_fp32_tensors_are_refused),
