@@ -8,6 +8,9 @@
 //   rs+ag  sx reduce_scatter_sum + all_gather of N MiB   vs  gloo::allreduce (ring)
 //          of the same N MiB, which is a reduce-scatter and an all-gather inside
 //   ag     sx all_gather of N MiB                         vs  gloo::allgather
+// Each twice: "tcp", every collective of sx through Gloo's TCP pairs, as between
+// processes; "in-process", sx's default for threads of one process, where all_gather
+// copies straight from the peers' buffers (GlooOptions::in_process).
 // The ceiling is 1.10: sx may cost at most 10% more than Gloo doing the same work.
 //
 #include <unistd.h>
@@ -59,23 +62,28 @@ int section_comm(const Options &opt) {
     const size_t floats = bytes / sizeof(float);
     const size_t shard = floats / kRanks;
 
-    Figure figs[2] = {{"rs+ag", {}, {}}, {"ag", {}, {}}};
+    Figure figs[4] = {{"rs+ag tcp", {}, {}}, {"ag tcp", {}, {}}, {"rs+ag in-process", {}, {}}, {"ag in-process", {}, {}}};
     std::vector<double> rank_ms(kRanks);
     Barrier barrier(kRanks);
     auto hash_store = std::make_shared<gloo::rendezvous::HashStore>();
     const std::string url = "local://bench-comm-" + std::to_string(::getpid());
 
     auto rank_main = [&](int r) {
-        sx::comm::Rendezvous rv;
-        std::shared_ptr<sx::comm::Store> store;
-        std::unique_ptr<sx::comm::Communicator> c;
         sx::comm::GlooOptions opts;
         opts.bind_address = "127.0.0.1";
         opts.timeout = std::chrono::milliseconds(120000);
-        sx::Status s = sx::comm::parse_rendezvous(url.c_str(), r, kRanks, &rv);
-        if (s.ok()) s = sx::comm::open_store(rv, opts.timeout, &store);
-        if (s.ok()) s = sx::comm::create_gloo_communicator(store, r, kRanks, opts, &c);
-        if (!s.ok()) die(s.message());
+        auto connect = [&](const std::string &where, bool in_process) {
+            sx::comm::Rendezvous rv;
+            std::shared_ptr<sx::comm::Store> store;
+            std::unique_ptr<sx::comm::Communicator> c;
+            opts.in_process = in_process;
+            sx::Status s = sx::comm::parse_rendezvous(where.c_str(), r, kRanks, &rv);
+            if (s.ok()) s = sx::comm::open_store(rv, opts.timeout, &store);
+            if (s.ok()) s = sx::comm::create_gloo_communicator(store, r, kRanks, opts, &c);
+            if (!s.ok()) die(s.message());
+            return c;
+        };
+        std::unique_ptr<sx::comm::Communicator> comms[2] = {connect(url + "-tcp", false), connect(url, true)};
 
         gloo::transport::tcp::attr attr;
         attr.hostname = "127.0.0.1";
@@ -101,6 +109,7 @@ int section_comm(const Options &opt) {
             if (!st.ok()) die(st.message());
         };
 
+        sx::comm::Communicator *c = nullptr;  // the one being measured
         auto sx_rs_ag = [&] {
             check(c->reduce_scatter_sum(buf.data(), shard, out.data(), false));
             check(c->all_gather(buf.data(), shard * sizeof(float)));
@@ -124,19 +133,23 @@ int section_comm(const Options &opt) {
         for (int it = 0; it <= iters; ++it) {
             std::vector<double> dropped;
             const bool keep = it > 0, gloo_first = it % 2 == 1;
-            for (int side = 0; side < 2; ++side) {
-                if ((side == 0) == gloo_first) {
-                    timed(keep ? figs[0].gloo_ms : dropped, gloo_allreduce);
-                } else {
-                    timed(keep ? figs[0].sx_ms : dropped, sx_rs_ag);
+            for (int k = 0; k < 2; ++k) {
+                c = comms[k].get();
+                Figure &rs_ag = figs[2 * k], &ag = figs[2 * k + 1];
+                for (int side = 0; side < 2; ++side) {
+                    if ((side == 0) == gloo_first) {
+                        timed(keep ? rs_ag.gloo_ms : dropped, gloo_allreduce);
+                    } else {
+                        timed(keep ? rs_ag.sx_ms : dropped, sx_rs_ag);
+                    }
+                    std::fill(buf.begin(), buf.end(), 1.0f);  // keep the sums finite
                 }
-                std::fill(buf.begin(), buf.end(), 1.0f);  // keep the sums finite
-            }
-            for (int side = 0; side < 2; ++side) {
-                if ((side == 0) == gloo_first) {
-                    timed(keep ? figs[1].gloo_ms : dropped, gloo_ag);
-                } else {
-                    timed(keep ? figs[1].sx_ms : dropped, sx_ag);
+                for (int side = 0; side < 2; ++side) {
+                    if ((side == 0) == gloo_first) {
+                        timed(keep ? ag.gloo_ms : dropped, gloo_ag);
+                    } else {
+                        timed(keep ? ag.sx_ms : dropped, sx_ag);
+                    }
                 }
             }
         }
@@ -149,10 +162,10 @@ int section_comm(const Options &opt) {
     std::printf("comm: %d ranks (threads, 127.0.0.1), %zu MiB per collective, median of %d interleaved "
                 "iterations of the slower rank; ratio = sx time / Gloo time (goal <= %.2f)\n",
                 kRanks, mib, iters, kCeiling);
-    std::printf("%-8s %8s %10s %10s %8s %8s\n", "figure", "MiB", "sx ms", "gloo ms", "ratio", "ceiling");
+    std::printf("%-17s %8s %10s %10s %8s %8s\n", "figure", "MiB", "sx ms", "gloo ms", "ratio", "ceiling");
     for (const Figure &f : figs) {
         const double sx = median(f.sx_ms), gl = median(f.gloo_ms);
-        std::printf("%-8s %8zu %10.2f %10.2f %8.3f %8.2f\n", f.name, mib, sx, gl, sx / gl, kCeiling);
+        std::printf("%-17s %8zu %10.2f %10.2f %8.3f %8.2f\n", f.name, mib, sx, gl, sx / gl, kCeiling);
     }
     for (const Figure &f : figs) {
         const double sx = median(f.sx_ms), gl = median(f.gloo_ms);
