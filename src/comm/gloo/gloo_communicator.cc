@@ -366,6 +366,7 @@ Status meet_in_process(const std::shared_ptr<Store> &store, int rank, int world_
     static std::atomic<uint64_t> made{0};
     const std::string token = process_token();
     SX_TRY(store->set("process/" + std::to_string(rank), token));
+    // Rank 0's first: a rank in another process than rank 0's reads one key, not all.
     for (int r = 0; r < world_size; ++r) {
         std::string theirs;
         SX_TRY(store->get("process/" + std::to_string(r), &theirs, time_left(deadline)));
