@@ -67,8 +67,9 @@ class Checkpointer {
 
     // Collective in order (every rank calls it for the same save).
     Status snapshot(const SaveOptions &options, Snapshot *out);
-    // Copies the snapshot's chunks into staging and releases the shard fence.
-    void stage(Snapshot *snap);
+    // Copies the snapshot's chunks into staging and releases the shard fence. A failed
+    // copy (a device's) fails this rank's save; its peers then time out waiting for it.
+    Status stage(Snapshot *snap);
     // Reads only the snapshot and the staging memory; talks to peers through the store.
     // progress (may be null) receives the byte counts and is asked about cancellation.
     Status persist(const Snapshot &snap, SaveFuture *progress);
@@ -98,7 +99,7 @@ class Checkpointer {
     // evaluation goes through checkpoints): a trainer loads once, then trains, and would
     // carry a shard of unused memory into training. A save releases them too, so that a
     // trainer that saves keeps the save's staging alone.
-    std::vector<std::array<HostBuffer, 3>> spare_state_;
+    std::vector<std::array<core::Buffer, 3>> spare_state_;  // where the group keeps its state
     bool loaded_ = false;  // a load has succeeded
     std::unique_ptr<io::IoLoop> loop_;        // started by the first asynchronous save
     std::shared_ptr<SaveFuture> in_flight_;   // the last asynchronous save

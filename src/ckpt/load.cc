@@ -146,10 +146,11 @@ int slot_of(const std::vector<TensorKind> &kinds, TensorKind kind) {
 // Copies the live values into every part of the staging regions that no read covers
 // (params the checkpoint lacks, padding), so that staging ends up as the whole new
 // shard; a state slot the unit does not have yet gets zeros, as a new slot holds.
-// region(u, k) is unit u's staging region k (or the live buffer itself, left alone).
-void fill_uncovered(const core::ShardGroup &g, const std::vector<ReadOp> &ops,
-                    const std::vector<std::vector<TensorKind>> &want,
-                    const std::function<float *(int32_t, int)> &region) {
+// region(u, k) is unit u's staging region k (or the live buffer itself, left alone),
+// in the group's memory.
+Status fill_uncovered(core::ShardGroup &g, const std::vector<ReadOp> &ops,
+                      const std::vector<std::vector<TensorKind>> &want,
+                      const std::function<float *(int32_t, int)> &region) {
     // Covered intervals per (unit, region).
     std::map<std::pair<int32_t, int>, std::vector<std::pair<uint64_t, uint64_t>>> covered;
     for (const ReadOp &op : ops)
@@ -168,12 +169,14 @@ void fill_uncovered(const core::ShardGroup &g, const std::vector<ReadOp> &ops,
             uint64_t at = 0;
             iv.push_back({v.shard_numel, v.shard_numel});
             for (const auto &r : iv) {
-                if (r.first > at && live) std::memcpy(dst + at, live + at, (r.first - at) * sizeof(float));
-                if (r.first > at && !live) std::memset(dst + at, 0, (r.first - at) * sizeof(float));
+                const size_t bytes = (r.first - at) * sizeof(float);
+                if (r.first > at && live) SX_TRY(g.ops().copy(dst + at, live + at, bytes));
+                if (r.first > at && !live) SX_TRY(g.ops().zero(dst + at, bytes));
                 at = std::max(at, r.second);
             }
         }
     }
+    return Status::Ok();
 }
 
 }  // namespace
@@ -185,7 +188,9 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     SX_CHECK_ARG(!options.path.empty(), "the checkpoint path is empty");
     // A save in flight reads the shard (and owns staging) until it completes.
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
-    g.ensure_masters();  // what a 16-bit param the checkpoint lacks keeps
+    SX_TRY(g.ensure_masters());  // what a 16-bit param the checkpoint lacks keeps
+    core::DeviceOps &dev = g.ops();
+    const bool on_host = dev.device() == SX_DEVICE_CPU;
     const core::Layout &layout = g.layout();
     const int rank = g.rank();
     const int32_t np = g.num_params();
@@ -207,7 +212,7 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     };
     // However this load ends, its spares stay only if an earlier load succeeded.
     struct KeepSpares {
-        std::vector<std::array<HostBuffer, 3>> &spares;
+        std::vector<std::array<core::Buffer, 3>> &spares;
         const bool keep;
         ~KeepSpares() {
             if (!keep) spares.clear();
@@ -223,7 +228,8 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         return stage[op.unit_index].region[slot_of(want[op.param], op.kind)] + op.shard_offset;
     };
     auto in_place = [&](const ReadOp &op) { return slot_of(want[op.param], op.kind) == 0; };
-    // Unless the load commits, the values go back to what they were.
+    // Unless the load commits, the values go back to what they were (a device that fails
+    // the copy back has failed for good, and the group with it).
     bool committed = false;
     struct PutBack {
         const std::function<void()> fn;
@@ -233,8 +239,8 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         for (size_t i = 0; i < kept.size(); ++i) {
             if (!kept[i]) continue;
             const ReadOp &op = ops[i];
-            std::memcpy(target(op), stage[op.unit_index].kept + op.shard_offset,
-                        (op.copy_end - op.copy_begin) * sizeof(float));
+            dev.from_host(target(op), stage[op.unit_index].kept + op.shard_offset,
+                          (op.copy_end - op.copy_begin) * sizeof(float));
         }
     }};
 
@@ -337,32 +343,34 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
             us.kept = next;
             next += n;
             for (int k = 0; k < us.slots; ++k) {
-                HostBuffer &spare = spare_state_[u][k];
+                core::Buffer &spare = spare_state_[u][k];
                 if (spare.size() != n * sizeof(float))
-                    SX_TRY(spare.allocate(n * sizeof(float), "checkpoint load staging", HostBuffer::kLazy));
+                    SX_TRY(dev.allocate(n * sizeof(float), "checkpoint load staging", &spare, true));
                 us.region[k + 1] = spare.as<float>();
             }
         }
-        fill_uncovered(g, ops, want, [&](int32_t u, int k) { return stage[u].region[k]; });
+        SX_TRY(fill_uncovered(g, ops, want, [&](int32_t u, int k) { return stage[u].region[k]; }));
 
         // Whole chunks are read (their CRC covers them whole): straight to their place when
-        // this shard owns all of it, else through a buffer keeping the part it owns. A
-        // reader thread runs ahead so that the device keeps working while this thread
-        // checks the CRCs of what arrived.
+        // this shard owns all of it and the group keeps it in host memory, else through a
+        // buffer keeping the part it owns. A reader thread runs ahead so that the device
+        // keeps working while this thread checks the CRCs of what arrived.
         auto whole = [](const ReadOp &op) {
             return op.copy_begin == op.chunk->begin && op.copy_end == op.chunk->end;
         };
         kept.assign(ops.size(), 0);
-        auto keep = [&](size_t i) {  // before read i overwrites values
+        auto direct = [&](size_t i) { return on_host && whole(ops[i]); };
+        auto keep = [&](size_t i) -> Status {  // before read i overwrites values
             const ReadOp &op = ops[i];
-            if (!in_place(op)) return;
-            std::memcpy(stage[op.unit_index].kept + op.shard_offset, target(op),
-                        (op.copy_end - op.copy_begin) * sizeof(float));
+            if (!in_place(op)) return Status::Ok();
+            SX_TRY(dev.to_host(stage[op.unit_index].kept + op.shard_offset, target(op),
+                               (op.copy_end - op.copy_begin) * sizeof(float)));
             kept[i] = 1;
+            return Status::Ok();
         };
+        // Host memory: the copy aside cannot fail.
         ChunkReader reader(*ops_, options.path, m, ops, [&](size_t i) -> char * {
-            if (!whole(ops[i])) return nullptr;
-            keep(i);
+            if (!direct(i) || !keep(i).ok()) return nullptr;
             return reinterpret_cast<char *>(target(ops[i]));
         });
         for (size_t i = 0; i < ops.size(); ++i) {
@@ -375,10 +383,10 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
                      "%s: the chunk of param '%s'%s at byte %llu fails its CRC32C check", path.c_str(),
                      m.params[op.manifest_param].name.c_str(), tensor_suffix(op.kind),
                      static_cast<unsigned long long>(c.offset));
-            if (!whole(op)) {
-                keep(i);
-                std::memcpy(target(op), data + (op.copy_begin - c.begin) * sizeof(float),
-                            (op.copy_end - op.copy_begin) * sizeof(float));
+            if (!direct(i)) {
+                SX_TRY(keep(i));
+                SX_TRY(dev.from_host(target(op), data + (op.copy_begin - c.begin) * sizeof(float),
+                                     (op.copy_end - op.copy_begin) * sizeof(float)));
             }
             reader.release(i);
         }
@@ -398,7 +406,7 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     for (size_t u = 0; u < stage.size(); ++u) {
         for (int k = 0; k < stage[u].slots; ++k) SX_TRY(g.swap_state(u, k, &spare_state_[u][k]));
     }
-    g.masters_to_params();
+    SX_TRY(g.masters_to_params());
     if (!options.params_only) {
         for (int32_t p = 0; p < np; ++p) {
             if (index[p] < 0) continue;

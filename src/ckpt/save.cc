@@ -94,7 +94,7 @@ Checkpointer::Checkpointer(core::ShardGroup *group, std::shared_ptr<io::FileOps>
 uint64_t Checkpointer::staging_bytes() const {
     uint64_t bytes = staging_.size();
     for (const auto &slots : spare_state_)
-        for (const HostBuffer &b : slots) bytes += b.size();
+        for (const core::Buffer &b : slots) bytes += b.size();
     return bytes;
 }
 
@@ -106,7 +106,7 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     SX_CHECK_ARG(options.user_blob.size() <= kMaxUserBlobBytes, "the user blob has %zu bytes; at most %llu",
                  options.user_blob.size(), static_cast<unsigned long long>(kMaxUserBlobBytes));
     SX_CHECK_ARG(options.keep_last >= 0, "keep_last is %d; it must be >= 0", options.keep_last);
-    g.ensure_masters();  // 16-bit params: their fp32 masters are what is stored
+    SX_TRY(g.ensure_masters());  // 16-bit params: their fp32 masters are what is stored
 
     const core::Layout &layout = g.layout();
     const int32_t np = g.num_params();
@@ -189,7 +189,8 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     return Status::Ok();
 }
 
-void Checkpointer::stage(Snapshot *snap) {
+Status Checkpointer::stage(Snapshot *snap) {
+    core::DeviceOps &dev = group_->ops();
     char *dst = static_cast<char *>(staging_.data());
     uint64_t cursor = 0;
     for (size_t i = 0; i < snap->plan.chunks.size(); ++i) {
@@ -197,11 +198,16 @@ void Checkpointer::stage(Snapshot *snap) {
         // Alignment gaps are zeroed: staging is reused, and its bytes all reach the file.
         if (c.file_offset > cursor) std::memset(dst + cursor, 0, c.file_offset - cursor);
         const uint64_t bytes = (c.end - c.begin) * sizeof(float);
-        std::memcpy(dst + c.file_offset, snap->sources[i], bytes);
+        Status s = dev.to_host(dst + c.file_offset, snap->sources[i], bytes);
+        if (!s.ok()) {
+            snap->hold.reset();
+            return s.prefix("checkpoint staging: ");
+        }
         cursor = c.file_offset + bytes;
     }
     if (snap->plan.file_bytes > cursor) std::memset(dst + cursor, 0, snap->plan.file_bytes - cursor);
     snap->hold.reset();
+    return Status::Ok();
 }
 
 Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress) {
@@ -364,7 +370,7 @@ Status Checkpointer::save(const SaveOptions &options) {
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
     Snapshot snap;
     SX_TRY(snapshot(options, &snap));
-    stage(&snap);
+    SX_TRY(stage(&snap));
     return persist(snap, nullptr);
 }
 
@@ -379,8 +385,9 @@ Status Checkpointer::save_async(const SaveOptions &options, SaveFuture::Callback
     in_flight_ = future;
     loop_->submit(
         [this, snap, future] {
-            stage(snap.get());
+            Status staged = stage(snap.get());
             future->set_staged();
+            if (!staged.ok()) return staged;
             return persist(*snap, future.get());
         },
                   [future](Status s) { future->complete(s); });

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <thread>
 
-#include "base/half.h"
 #include "base/log.h"
 #include "comm/rendezvous.h"
 
@@ -83,6 +82,7 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
         threads = rv.scheme == comm::Rendezvous::Scheme::kLocal ? std::max(1, hw / rv.world_size) : hw;
     }
     g->pool_.reset(new optim::ThreadPool(threads));
+    g->ops_ = make_host_ops(g->pool_.get());
     g->config_.num_threads = threads;
     log(SX_LOG_INFO, "sx: rank %d of %d joined %s (stage %d, %d threads)", g->rank_, g->world_size_,
         cfg.rendezvous.c_str(), cfg.stage, threads);
@@ -220,10 +220,10 @@ Status ShardGroup::finalize() {
         SX_CHECK(numel <= SIZE_MAX / sizeof(float), SX_ERR_OUT_OF_MEMORY,
                  "unit %d holds %llu elements, more bytes than this machine can address",
                  layout.units()[u].unit_id, static_cast<unsigned long long>(numel));
-        SX_TRY(unit.params.allocate(numel * dtype_size(unit.dtype), "a flat param buffer"));
-        SX_TRY(unit.grads.allocate(numel * dtype_size(unit.grad_dtype), "a flat grad buffer"));
+        SX_TRY(ops_->allocate(numel * dtype_size(unit.dtype), "a flat param buffer", &unit.params));
+        SX_TRY(ops_->allocate(numel * dtype_size(unit.grad_dtype), "a flat grad buffer", &unit.grads));
         if (unit.dtype != SX_DTYPE_F32)
-            SX_TRY(unit.master.allocate(layout.units()[u].shard_numel * sizeof(float), "fp32 master weights"));
+            SX_TRY(ops_->allocate(layout.units()[u].shard_numel * sizeof(float), "fp32 master weights", &unit.master));
     }
     // Commit, then allocate optimizer state for the trainable units; on failure undo.
     layout_ = std::move(layout);
@@ -355,8 +355,8 @@ Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
     struct Pending {
         size_t unit;
         int slots;
-        HostBuffer state[3];
-        HostBuffer accum;
+        Buffer state[3];
+        Buffer accum;
     };
     std::vector<Pending> pending;
     std::vector<char> trainable(units_.size(), 0);  // under `mask`
@@ -372,9 +372,8 @@ Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
         pd.unit = u;
         pd.slots = std::max(need, units_[u].state_slots);
         const uint64_t bytes = layout_.units()[u].shard_numel * sizeof(float);
-        for (int k = units_[u].state_slots; k < need; ++k)
-            SX_TRY(pd.state[k].allocate(bytes, "optimizer state"));
-        if (need_accum) SX_TRY(pd.accum.allocate(bytes, "the sharded gradient accumulator"));
+        for (int k = units_[u].state_slots; k < need; ++k) SX_TRY(ops_->allocate(bytes, "optimizer state", &pd.state[k]));
+        if (need_accum) SX_TRY(ops_->allocate(bytes, "the sharded gradient accumulator", &pd.accum));
     }
     // An fp32 reduction of 16-bit gradients widens one unit at a time into one scratch.
     uint64_t scratch_bytes = 0;
@@ -382,9 +381,9 @@ Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
         if (trainable[u] && world_size_ > 1 && units_[u].grad_dtype != SX_DTYPE_F32 && !reduces_in_16bit(u))
             scratch_bytes = std::max<uint64_t>(scratch_bytes, layout_.units()[u].padded_numel * sizeof(float));
     }
-    HostBuffer scratch;
+    Buffer scratch;
     if (scratch_bytes > reduce_scratch_.size())
-        SX_TRY(scratch.allocate(scratch_bytes, "the fp32 gradient reduction buffer"));
+        SX_TRY(ops_->allocate(scratch_bytes, "the fp32 gradient reduction buffer", &scratch));
     if (!scratch.empty()) reduce_scratch_ = std::move(scratch);
     for (Pending &pd : pending) {
         Unit &unit = units_[pd.unit];
@@ -416,7 +415,7 @@ Status ShardGroup::collective(const std::function<Status(comm::Communicator &)> 
     return s.ok() ? s : fail(s);
 }
 
-Status ShardGroup::swap_state(size_t u, int k, HostBuffer *other) {
+Status ShardGroup::swap_state(size_t u, int k, Buffer *other) {
     Unit &unit = units_[u];
     const uint64_t bytes = layout_.units()[u].shard_numel * sizeof(float);
     SX_CHECK(k >= 0 && k <= unit.state_slots && k < 3 && other->size() == bytes, SX_ERR_INTERNAL,
@@ -451,46 +450,29 @@ bool ShardGroup::reduces_in_16bit(size_t u) const {
     return units_[u].grad_dtype != SX_DTYPE_F32 && config_.reduce_dtype != SX_DTYPE_F32;
 }
 
-void ShardGroup::parallel_for(size_t n, const std::function<void(size_t, size_t)> &fn) {
-    const int threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(pool_->size()), n / 16384 + 1));
-    if (threads <= 1) {
-        if (n) fn(0, n);
-        return;
-    }
-    const size_t per = (n / static_cast<size_t>(threads) + 63) / 64 * 64;
-    pool_->run([&](int t) {
-        if (t >= threads) return;
-        const size_t b = std::min(n, per * static_cast<size_t>(t)), e = std::min(n, b + per);
-        if (e > b) fn(b, e);
-    });
-}
-
 uint16_t *ShardGroup::own_params16(size_t u) const {
     return units_[u].params.as<uint16_t>() + static_cast<uint64_t>(rank_) * layout_.units()[u].shard_numel;
 }
 
-void ShardGroup::ensure_masters() {
+Status ShardGroup::ensure_masters() {
     for (size_t u = 0; u < units_.size(); ++u) {
         Unit &unit = units_[u];
         if (unit.master.empty() || unit.master_valid) continue;
-        const uint16_t *own = own_params16(u);
-        float *master = unit.master.as<float>();
-        parallel_for(layout_.units()[u].shard_numel,
-                     [&](size_t b, size_t e) { half::to_f32(unit.dtype, own + b, master + b, e - b); });
+        SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), layout_.units()[u].shard_numel,
+                           false));
         unit.master_valid = true;
     }
+    return Status::Ok();
 }
 
-void ShardGroup::masters_to_params() {
+Status ShardGroup::masters_to_params() {
     for (size_t u = 0; u < units_.size(); ++u) {
         Unit &unit = units_[u];
         if (unit.master.empty()) continue;
-        uint16_t *own = own_params16(u);
-        const float *master = unit.master.as<float>();
-        parallel_for(layout_.units()[u].shard_numel,
-                     [&](size_t b, size_t e) { half::from_f32(unit.dtype, master + b, own + b, e - b); });
+        SX_TRY(ops_->narrow(unit.dtype, unit.master.as<float>(), own_params16(u), layout_.units()[u].shard_numel));
         unit.master_valid = true;
     }
+    return Status::Ok();
 }
 
 Status ShardGroup::set_loss_scaling(const LossScaling &s) {

@@ -17,6 +17,7 @@
 #include "base/status.h"
 #include "comm/communicator.h"
 #include "comm/store.h"
+#include "core/device.h"
 #include "core/layout.h"
 #include "core/params.h"
 #include "optim/optimizer.h"
@@ -167,10 +168,10 @@ class ShardGroup {
     };
     UnitView unit_view(size_t u) const;
     // 16-bit units: derives the fp32 masters from the params where they are not yet.
-    void ensure_masters();
+    Status ensure_masters();
     // 16-bit units: rounds the masters into this rank's shard of the params (after
     // someone wrote the masters, e.g. a load).
-    void masters_to_params();
+    Status masters_to_params();
     const GroupConfig &config() const { return config_; }
     std::vector<ParamGroup> &param_groups() { return groups_; }
     ParamSpec &mutable_param(int32_t index) { return params_[index]; }
@@ -179,7 +180,9 @@ class ShardGroup {
     Status collective(const std::function<Status(comm::Communicator &)> &fn);
     // Exchanges state slot k of unit u with *other, a buffer of the slot's size (one
     // shard). k == the unit's slot count adds slot k: *other moves in and is left empty.
-    Status swap_state(size_t u, int k, HostBuffer *other);
+    Status swap_state(size_t u, int k, Buffer *other);
+    // Where the group's buffers live, and the work on them.
+    DeviceOps &ops() { return *ops_; }
     void set_steps_taken(uint64_t steps) { steps_ = steps; }
     // Held while a snapshot of this rank's shard (params and optimizer state) is being
     // copied out; everything in the group that writes the shard waits for it first.
@@ -198,13 +201,13 @@ class ShardGroup {
     struct Unit {
         int32_t dtype = SX_DTYPE_F32;       // of the params
         int32_t grad_dtype = SX_DTYPE_F32;  // of the grads
-        HostBuffer params, grads;
-        HostBuffer master;         // 16-bit params: this rank's shard in fp32
+        Buffer params, grads;
+        Buffer master;             // 16-bit params: this rank's shard in fp32
         bool master_valid = false; // master holds the current values
         // Stage 2, or 16-bit grads: this rank's shard of the reduced (and accumulated)
         // gradients in fp32.
-        HostBuffer accum;
-        HostBuffer state[3];       // this rank's shard of each optimizer state slot
+        Buffer accum;
+        Buffer state[3];           // this rank's shard of each optimizer state slot
         int state_slots = 0;       // slots allocated
         bool trainable = false;    // any param trainable (as applied)
         bool accum_live = false;   // accum holds gradients of earlier micro-batches
@@ -229,11 +232,9 @@ class ShardGroup {
     Status reduce_unit(size_t u, bool into_accum, float **shard_grad);
     bool needs_accum(size_t u) const;
     bool reduces_in_16bit(size_t u) const;
-    void zero_grads();
-    // Runs fn(begin, end) over [0, n) split across the pool in cache-line multiples.
-    void parallel_for(size_t n, const std::function<void(size_t, size_t)> &fn);
+    Status zero_grads();
     // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.
-    void finish_step(bool keep_grads);
+    Status finish_step(bool keep_grads);
     // A 16-bit unit's own shard of its flat param buffer.
     uint16_t *own_params16(size_t u) const;
 
@@ -242,6 +243,7 @@ class ShardGroup {
     std::shared_ptr<comm::Store> store_;
     std::unique_ptr<comm::Communicator> comm_;
     std::unique_ptr<optim::ThreadPool> pool_;
+    std::unique_ptr<DeviceOps> ops_;
 
     std::vector<ParamGroup> groups_;
     std::vector<ParamSpec> params_;
@@ -256,7 +258,7 @@ class ShardGroup {
     uint64_t checkpoints_ = 0;
     LossScaling scaling_;
     LossScalerState scaler_;
-    HostBuffer reduce_scratch_;  // fp32 copy of one unit's 16-bit grads, for an fp32 reduction
+    Buffer reduce_scratch_;  // fp32 copy of one unit's 16-bit grads, for an fp32 reduction
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;
 

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "base/half.h"
 #include "core/group.h"
 
 namespace sx {
@@ -81,36 +80,27 @@ Status ShardGroup::reduce_unit(size_t u, bool into_accum, float **shard_grad) {
     const uint64_t total = layout_.units()[u].padded_numel;
     if (world_size_ == 1) {
         // Nothing to sum: widen (or add) this rank's gradients into the fp32 shard.
-        const bool acc = unit.accum_live;
-        parallel_for(S, [&](size_t b, size_t e) {
-            if (acc) {
-                half::add_to_f32(unit.grad_dtype, grads + b, out + b, e - b);
-            } else {
-                half::to_f32(unit.grad_dtype, grads + b, out + b, e - b);
-            }
-        });
+        SX_TRY(ops_->widen(unit.grad_dtype, grads, out, S, unit.accum_live));
     } else if (reduces_in_16bit(u)) {
         // Summed in the 16-bit dtype: divided by sqrt(world_size) before, so that the sum
         // does not overflow, and multiplied back by it in fp32 after (the average's 1/N
         // comes with the update's gradient scale), so that small values do not underflow.
         const float root = std::sqrt(static_cast<float>(world_size_));
         const float inv_root = 1.0f / root;
-        parallel_for(total, [&](size_t b, size_t e) { half::scale(unit.grad_dtype, grads + b, inv_root, e - b); });
+        SX_TRY(ops_->scale16(unit.grad_dtype, grads, inv_root, total));
         SX_TRY(comm_->reduce_scatter_sum_16(grads, unit.grad_dtype, S, out, root, unit.accum_live));
     } else {
         float *wide = reduce_scratch_.as<float>();
-        parallel_for(total, [&](size_t b, size_t e) { half::to_f32(unit.grad_dtype, grads + b, wide + b, e - b); });
+        SX_TRY(ops_->widen(unit.grad_dtype, grads, wide, total, false));
         SX_TRY(comm_->reduce_scatter_sum(wide, S, out, unit.accum_live));
     }
     *shard_grad = out;
     return Status::Ok();
 }
 
-void ShardGroup::zero_grads() {
-    for (Unit &unit : units_) {
-        char *p = static_cast<char *>(unit.grads.data());
-        parallel_for(unit.grads.size(), [&](size_t b, size_t e) { std::memset(p + b, 0, e - b); });
-    }
+Status ShardGroup::zero_grads() {
+    for (Unit &unit : units_) SX_TRY(ops_->zero(unit.grads.data(), unit.grads.size()));
+    return Status::Ok();
 }
 
 Status ShardGroup::accumulate_grads() {
@@ -130,14 +120,15 @@ Status ShardGroup::accumulate_grads() {
         if (!s.ok()) return fail(s);
         unit.accum_live = true;
     }
-    zero_grads();
-    return Status::Ok();
+    Status s = zero_grads();
+    return s.ok() ? s : fail(s);
 }
 
-void ShardGroup::finish_step(bool keep_grads) {
+Status ShardGroup::finish_step(bool keep_grads) {
     for (Unit &unit : units_) unit.accum_live = false;
     micro_batches_ = 0;
-    if (!keep_grads) zero_grads();
+    Status s = keep_grads ? Status::Ok() : zero_grads();
+    return s.ok() ? s : fail(s);
 }
 
 Status ShardGroup::step(const StepOptions &options, StepResult *result) {
@@ -200,19 +191,17 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     const bool clip = options.max_grad_norm > 0;
     const bool norm_first = clip || dynamic;
     if (norm_first) {
-        double sumsq = optim::sum_of_squares(segs.data(), segs.size(), average, pool_.get(),
-                                             optim::Isa::kAuto);
-        if (world_size_ > 1) {
-            Status s = comm_->all_reduce_sum(&sumsq, 1);
-            if (!s.ok()) return fail(s);
-        }
+        double sumsq = 0.0;
+        Status s = ops_->sum_of_squares(segs.data(), segs.size(), average, &sumsq);
+        if (s.ok() && world_size_ > 1) s = comm_->all_reduce_sum(&sumsq, 1);
+        if (!s.ok()) return fail(s);
         norm = std::sqrt(sumsq);
         if (dynamic && !std::isfinite(sumsq)) {
             // torch.cuda.amp.GradScaler: skip the step, back off, restart the growth count.
             // Every rank saw the same all-reduced sum, so every rank skips.
             scaler_.scale *= scaling_.backoff_factor;
             scaler_.growth_tracker = 0;
-            finish_step(options.keep_grads);
+            SX_TRY(finish_step(options.keep_grads));
             report(norm, true);
             return Status::Ok();
         }
@@ -224,24 +213,21 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     //    it: the reduction above overlapped that copy. 16-bit units update their fp32
     //    masters, which the same pass rounds into the params.
     fence_.wait_readers();
-    ensure_masters();
     double sumsq = 0.0;
-    optim::fused_update(segs.data(), segs.size(), static_cast<float>(coef / divisor), pool_.get(),
-                        optim::Isa::kAuto, norm_first ? nullptr : &sumsq);
-    if (!norm_first) {
-        if (world_size_ > 1) {
-            Status s = comm_->all_reduce_sum(&sumsq, 1);
-            if (!s.ok()) return fail(s);
-        }
-        norm = std::sqrt(sumsq);
-    }
+    Status s = ensure_masters();
+    if (s.ok())
+        s = ops_->fused_update(segs.data(), segs.size(), static_cast<float>(coef / divisor),
+                               norm_first ? nullptr : &sumsq);
+    if (s.ok() && !norm_first && world_size_ > 1) s = comm_->all_reduce_sum(&sumsq, 1);
+    if (!s.ok()) return fail(s);
+    if (!norm_first) norm = std::sqrt(sumsq);
 
     // 4. Gather the updated params of every trainable unit.
     if (world_size_ > 1) {
         for (size_t u = 0; u < units_.size(); ++u) {
             if (!units_[u].trainable) continue;
             const uint64_t S = layout_.units()[u].shard_numel;
-            Status s = comm_->all_gather(units_[u].params.data(), S * dtype_size(units_[u].dtype));
+            s = comm_->all_gather(units_[u].params.data(), S * dtype_size(units_[u].dtype));
             if (!s.ok()) return fail(s);
         }
     }
@@ -259,7 +245,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
         scaler_.scale *= scaling_.growth_factor;
         scaler_.growth_tracker = 0;
     }
-    finish_step(options.keep_grads);
+    SX_TRY(finish_step(options.keep_grads));
     ++steps_;
     report(norm, false);
     return Status::Ok();

@@ -1,0 +1,98 @@
+// DeviceOps on the host: memcpy and memset, base/half.h's conversions and optim's CPU
+// kernels, each split across the group's thread pool.
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "base/half.h"
+#include "core/device.h"
+
+namespace sx {
+namespace core {
+namespace {
+
+class HostOps final : public DeviceOps {
+  public:
+    explicit HostOps(optim::ThreadPool *pool) : pool_(pool) {}
+
+    int32_t device() const override { return SX_DEVICE_CPU; }
+
+    Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy) override {
+        HostBuffer b;
+        SX_TRY(b.allocate(bytes, what, lazy ? HostBuffer::kLazy : HostBuffer::kPopulate));
+        out->device_.reset();
+        out->host_ = std::move(b);
+        return Status::Ok();
+    }
+
+    Status zero(void *p, size_t bytes) override {
+        char *c = static_cast<char *>(p);
+        parallel_for(bytes, [&](size_t b, size_t e) { std::memset(c + b, 0, e - b); });
+        return Status::Ok();
+    }
+    // Copies run on the calling thread alone: a checkpoint's load copies on two threads
+    // at once, and the pool serves one caller at a time.
+    Status copy(void *dst, const void *src, size_t bytes) override { return copy_bytes(dst, src, bytes); }
+    Status to_host(void *dst, const void *src, size_t bytes) override { return copy_bytes(dst, src, bytes); }
+    Status from_host(void *dst, const void *src, size_t bytes) override { return copy_bytes(dst, src, bytes); }
+
+    Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, bool accumulate) override {
+        parallel_for(n, [&](size_t b, size_t e) {
+            if (accumulate) {
+                half::add_to_f32(dtype, in + b, out + b, e - b);
+            } else {
+                half::to_f32(dtype, in + b, out + b, e - b);
+            }
+        });
+        return Status::Ok();
+    }
+    Status narrow(int32_t dtype, const float *in, uint16_t *out, size_t n) override {
+        parallel_for(n, [&](size_t b, size_t e) { half::from_f32(dtype, in + b, out + b, e - b); });
+        return Status::Ok();
+    }
+    Status scale16(int32_t dtype, uint16_t *p, float s, size_t n) override {
+        parallel_for(n, [&](size_t b, size_t e) { half::scale(dtype, p + b, s, e - b); });
+        return Status::Ok();
+    }
+
+    Status sum_of_squares(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
+        *sumsq = optim::sum_of_squares(segs, n, grad_scale, pool_, optim::Isa::kAuto);
+        return Status::Ok();
+    }
+    Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
+        optim::fused_update(segs, n, grad_scale, pool_, optim::Isa::kAuto, sumsq);
+        return Status::Ok();
+    }
+
+  private:
+    static Status copy_bytes(void *dst, const void *src, size_t bytes) {
+        if (bytes) std::memcpy(dst, src, bytes);
+        return Status::Ok();
+    }
+
+    // Runs fn(begin, end) over [0, n) split across the pool in cache-line multiples.
+    void parallel_for(size_t n, const std::function<void(size_t, size_t)> &fn) {
+        const int threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(pool_->size()), n / 16384 + 1));
+        if (threads <= 1) {
+            if (n) fn(0, n);
+            return;
+        }
+        const size_t per = (n / static_cast<size_t>(threads) + 63) / 64 * 64;
+        pool_->run([&](int t) {
+            if (t >= threads) return;
+            const size_t b = std::min(n, per * static_cast<size_t>(t)), e = std::min(n, b + per);
+            if (e > b) fn(b, e);
+        });
+    }
+
+    optim::ThreadPool *pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceOps> make_host_ops(optim::ThreadPool *pool) {
+    return std::unique_ptr<DeviceOps>(new HostOps(pool));
+}
+
+}  // namespace core
+}  // namespace sx
