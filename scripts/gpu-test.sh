@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tests=(tests/optim/test_cuda_kernels tests/optim/test_cuda_plan tests/optim/test_optim_kernels tests/comm/test_nccl)
+tests=(tests/optim/test_cuda_kernels tests/optim/test_cuda_plan tests/optim/test_optim_kernels tests/comm/test_nccl tests/core/test_cuda_group)
 bench=bench/bench_sx
 
 pack() {

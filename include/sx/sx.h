@@ -109,7 +109,7 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
 #define SX_DTYPE_F16 2
 #define SX_DTYPE_BF16 3
 
-#define SX_BACKEND_AUTO 0 /* CUDA + NCCL where built and a device exists, else CPU + Gloo */
+#define SX_BACKEND_AUTO 0 /* SX_BACKEND_CPU in this version: SX_BACKEND_CUDA is asked for by name */
 #define SX_BACKEND_CPU 1  /* host memory, Gloo collectives */
 #define SX_BACKEND_CUDA 2 /* device memory, NCCL collectives */
 
@@ -199,7 +199,9 @@ SX_API sx_status_t sx_group_config_init(sx_group_config_t *config, size_t size);
 /* Creates this rank's handle of a shard group and connects to the other ranks.
  * Collective: blocks until every rank has joined or config->timeout_ms passes.
  * config is borrowed for the call. On success *out owns the group; release it with
- * sx_destroy_shard_group. On failure *out is set to NULL. */
+ * sx_destroy_shard_group. On failure *out is set to NULL. SX_BACKEND_CUDA without a
+ * CUDA device or driver, or in a build without CUDA: SX_ERR_UNSUPPORTED saying which;
+ * a device_ordinal that names no device: SX_ERR_INVALID_ARGUMENT. */
 SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_shard_group_t **out);
 
 /* Releases the group and everything it owns (buffers, views, threads, connections).
@@ -348,7 +350,9 @@ typedef struct sx_step_options {
     /* Clip the global L2 norm of the (rank-averaged) gradients of trainable params to
      * this value, as torch.nn.utils.clip_grad_norm_; 0 = no clipping. */
     double max_grad_norm;
-    /* CUDA stream (cudaStream_t) to order the step on; NULL = the group's own. */
+    /* SX_BACKEND_CUDA: the trainer's CUDA stream (cudaStream_t); the step follows the
+     * work enqueued on it so far (NULL = the legacy default stream), and its own device
+     * work has finished when sx_step returns. Must be NULL on the CPU backend. */
     void *stream;
     /* 0 (default): zero the grad views after the step, so the next backward can add
      * into them. 1: do not zero them (a trainer whose backward overwrites its

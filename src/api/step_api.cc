@@ -23,7 +23,7 @@ sx_status_t view(const char *fn, const sx_shard_group_t *group, int32_t param, s
         v.data = grad ? g->grad_data(param) : g->param_data(param);
         v.numel = g->param(param).numel;
         v.dtype = grad ? g->grad_dtype(param) : g->param(param).dtype;
-        v.device = SX_DEVICE_CPU;
+        v.device = g->ops().device();
         sx::api::write_output(out, v);
         return Status::Ok();
     });
@@ -136,9 +136,10 @@ SX_API sx_status_t sx_step(sx_shard_group_t *group, const sx_step_options_t *opt
         if (result) SX_TRY(sx::api::check_output(result, "result"));
         SX_CHECK_ARG(o.keep_grads == 0 || o.keep_grads == 1, "options->keep_grads is %d; it must be 0 or 1",
                      o.keep_grads);
-        SX_CHECK(o.stream == nullptr, SX_ERR_INVALID_ARGUMENT,
+        SX_CHECK(o.stream == nullptr || g->ops().device() == SX_DEVICE_CUDA, SX_ERR_INVALID_ARGUMENT,
                  "options->stream is set but the group runs on the CPU backend");
         sx::core::StepOptions so;
+        so.stream = o.stream;
         so.max_grad_norm = o.max_grad_norm;
         so.keep_grads = o.keep_grads != 0;
         sx::core::StepResult r;

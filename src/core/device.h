@@ -76,10 +76,21 @@ class DeviceOps {
     // (a segment's compute_out, if any, gets the updated value in compute_dtype).
     virtual Status sum_of_squares(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) = 0;
     virtual Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) = 0;
+
+    // What follows is ordered after the work enqueued so far on the trainer's `stream`
+    // (a cudaStream_t; null: the legacy default stream). The host has nothing to wait for.
+    virtual Status wait_for(void *stream) {
+        (void)stream;
+        return Status::Ok();
+    }
 };
 
 // The host: the CPU kernels over `pool` (borrowed; it outlives the DeviceOps).
 std::unique_ptr<DeviceOps> make_host_ops(optim::ThreadPool *pool);
+
+// CUDA device `device`, with a stream of its own: SX_ERR_UNSUPPORTED in a build without
+// CUDA or where there is no device, SX_ERR_INVALID_ARGUMENT for an ordinal out of range.
+Status make_cuda_ops(int device, std::unique_ptr<DeviceOps> *out);
 
 }  // namespace core
 }  // namespace sx

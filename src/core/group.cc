@@ -39,8 +39,6 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     SX_CHECK_ARG(cfg.backend == SX_BACKEND_AUTO || cfg.backend == SX_BACKEND_CPU ||
                      cfg.backend == SX_BACKEND_CUDA,
                  "backend %d is not SX_BACKEND_AUTO, SX_BACKEND_CPU or SX_BACKEND_CUDA", cfg.backend);
-    SX_CHECK(cfg.backend != SX_BACKEND_CUDA, SX_ERR_UNSUPPORTED,
-             "backend SX_BACKEND_CUDA is not available in this build");
     SX_CHECK_ARG(is_power_of_two(cfg.alignment) && cfg.alignment >= 64 && cfg.alignment <= (1 << 20),
                  "alignment %d is not a power of two in [64, 2^20] bytes", cfg.alignment);
     SX_CHECK_ARG(cfg.timeout_ms > 0, "timeout_ms %d must be > 0", cfg.timeout_ms);
@@ -57,15 +55,26 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     SX_TRY(comm::parse_rendezvous(cfg.rendezvous.c_str(), cfg.rank, cfg.world_size, &rv));
     const comm::Millis timeout(cfg.timeout_ms);
 
+    // SX_BACKEND_AUTO stays on the CPU: the CUDA backend is chosen by name.
+    const bool cuda = cfg.backend == SX_BACKEND_CUDA;
     std::unique_ptr<ShardGroup> g(new ShardGroup());
     g->config_ = cfg;
-    g->config_.backend = SX_BACKEND_CPU;
+    g->config_.backend = cuda ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
     g->rank_ = rv.rank;
     g->world_size_ = rv.world_size;
     g->config_.rank = rv.rank;
     g->config_.world_size = rv.world_size;
 
+    // The device first: a group that cannot have it fails before it connects.
+    std::unique_ptr<DeviceOps> device_ops;
+    if (cuda) SX_TRY(make_cuda_ops(cfg.device_ordinal, &device_ops));
     SX_TRY(comm::open_store(rv, timeout, &g->store_));
+    if (cuda) {
+        comm::NcclOptions nopt;
+        nopt.device = cfg.device_ordinal;
+        nopt.timeout = timeout;
+        SX_TRY(comm::create_nccl_communicator(g->store_, rv.rank, rv.world_size, nopt, &g->comm_));
+    }
     comm::GlooOptions gopt;
     gopt.timeout = timeout;
     gopt.bind_address = cfg.bind_address;
@@ -74,7 +83,7 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
                               rv.host.compare(0, 4, "127.") == 0;
         if (loopback) gopt.bind_address = "127.0.0.1";
     }
-    SX_TRY(comm::create_gloo_communicator(g->store_, rv.rank, rv.world_size, gopt, &g->comm_));
+    if (!cuda) SX_TRY(comm::create_gloo_communicator(g->store_, rv.rank, rv.world_size, gopt, &g->comm_));
 
     int threads = cfg.num_threads;
     if (threads == 0) {
@@ -82,10 +91,11 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
         threads = rv.scheme == comm::Rendezvous::Scheme::kLocal ? std::max(1, hw / rv.world_size) : hw;
     }
     g->pool_.reset(new optim::ThreadPool(threads));
-    g->ops_ = make_host_ops(g->pool_.get());
+    g->ops_ = cuda ? std::move(device_ops) : make_host_ops(g->pool_.get());
     g->config_.num_threads = threads;
-    log(SX_LOG_INFO, "sx: rank %d of %d joined %s (stage %d, %d threads)", g->rank_, g->world_size_,
-        cfg.rendezvous.c_str(), cfg.stage, threads);
+    log(SX_LOG_INFO, "sx: rank %d of %d joined %s (stage %d, %s)", g->rank_, g->world_size_,
+        cfg.rendezvous.c_str(), cfg.stage,
+        cuda ? format("CUDA device %d, NCCL", cfg.device_ordinal).c_str() : format("%d threads", threads).c_str());
     *out = std::move(g);
     return Status::Ok();
 }

@@ -60,6 +60,7 @@ struct LossScalerState {
 struct StepOptions {
     double max_grad_norm = 0.0;
     bool keep_grads = false;
+    void *stream = nullptr;  // CUDA: the trainer's stream, whose work the step follows
 };
 
 struct StepResult {

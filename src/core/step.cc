@@ -109,6 +109,10 @@ Status ShardGroup::accumulate_grads() {
     std::vector<uint8_t> mask = candidate_mask();
     SX_TRY(check_ranks_agree("sx_accumulate_grads", mask, 0.0));
     SX_TRY(prepare(mask));
+    {
+        Status s = ops_->wait_for(nullptr);
+        if (!s.ok()) return fail(s);
+    }
     ++micro_batches_;
     // Stage 1 keeps full gradients until the step: the next micro-batch adds to them.
     if (config_.stage == 1) return Status::Ok();
@@ -140,6 +144,10 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     std::vector<uint8_t> mask = candidate_mask();
     SX_TRY(check_ranks_agree("sx_step", mask, options.max_grad_norm));
     SX_TRY(prepare(mask));
+    {
+        Status s = ops_->wait_for(options.stream);  // the trainer's backward wrote the gradients
+        if (!s.ok()) return fail(s);
+    }
 
     // 1. Reduce every trainable unit's gradients into this rank's shard.
     std::vector<float *> reduced(units_.size(), nullptr);

@@ -348,6 +348,22 @@ static void test_create_errors(void **state) {
         b.backend = bad_backend[i];
         EXPECT_CREATE_FAILS(&b, SX_ERR_INVALID_ARGUMENT, "backend");
     }
+    /* SX_BACKEND_CUDA: a group on the device where there is one, else SX_ERR_UNSUPPORTED
+     * saying why (no CUDA device or driver, or a build without CUDA), and nothing made. */
+    {
+        sx_shard_group_t *cg = NULL;
+        b = c;
+        b.backend = SX_BACKEND_CUDA;
+        const sx_status_t st = sx_create_shard_group(&b, &cg);
+        if (st == SX_OK) {
+            assert_non_null(cg);
+            EXPECT_OK(sx_destroy_shard_group(cg));
+        } else {
+            assert_int_equal(st, SX_ERR_UNSUPPORTED);
+            assert_null(cg);
+            assert_non_null(strstr(sx_last_error_message(), "SX_BACKEND_CUDA"));
+        }
+    }
     const int32_t bad_alignment[] = {-64, 1, 32, 63, 96, 100, 1 << 21, INT32_MIN};
     for (size_t i = 0; i < sizeof bad_alignment / sizeof bad_alignment[0]; ++i) {
         b = c;

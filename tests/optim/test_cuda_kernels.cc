@@ -8,6 +8,7 @@
 // Without a device every test but one reports itself skipped with the runtime's reason,
 // and the program exits with 77, which ctest shows as "Skipped" (SKIP_RETURN_CODE).
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "sx_cmocka.h"
 
+#include "base/half.h"
 #include "optim/cuda_kernels.h"
 #include "optim/cuda_test_util.h"
 
@@ -331,6 +333,73 @@ void test_without_device_launch_fails_cleanly(void **) {
     assert_int_equal(ws.read_stats(nullptr, &st).code(), SX_ERR_INVALID_STATE);
 }
 
+// The 16-bit conversions against base/half.h, bit for bit: every 16-bit pattern widened
+// (NaNs stay NaN), and added into an accumulator; fp32 values of every kind narrowed
+// (ties to even, subnormals, overflow to inf; NaN stays NaN, its payload aside); and a
+// scaling of every pattern. Lengths that leave a partial block.
+void test_conversions_match_half(void **) {
+    REQUIRE_DEVICE();
+    for (int32_t dtype : {SX_DTYPE_BF16, SX_DTYPE_F16}) {
+        const size_t n = 65536 + 37;
+        std::vector<uint16_t> bits(n);
+        for (size_t i = 0; i < n; ++i) bits[i] = static_cast<uint16_t>(i * 40503u);
+        std::vector<float> acc(n);
+        for (size_t i = 0; i < n; ++i) acc[i] = 0.25f * static_cast<float>(i % 13) - 1.0f;
+        sx::optim::cuda::DeviceBuffer d16, d32;
+        check_ok(d16.allocate(n * 2, "16-bit"), "allocate");
+        check_ok(d32.allocate(n * 4, "fp32"), "allocate");
+        auto same = [](float a, float b) { return std::isnan(a) ? std::isnan(b) : std::memcmp(&a, &b, 4) == 0; };
+        for (bool accumulate : {false, true}) {
+            check_ok(d16.upload(bits.data(), n * 2), "upload");
+            check_ok(d32.upload(acc.data(), n * 4), "upload");
+            check_ok(sx::optim::cuda::widen(dtype, d16.as<uint16_t>(), d32.as<float>(), n, accumulate, nullptr),
+                     "widen");
+            std::vector<float> got(n), want = acc;
+            check_ok(d32.download(got.data(), n * 4), "download");
+            if (accumulate) {
+                sx::half::add_to_f32(dtype, bits.data(), want.data(), n);
+            } else {
+                sx::half::to_f32(dtype, bits.data(), want.data(), n);
+            }
+            for (size_t i = 0; i < n; ++i)
+                if (!same(got[i], want[i])) fail_msg("widen dtype %d element %zu: %a, want %a", dtype, i, got[i], want[i]);
+        }
+        // Narrowing: fp32 values near every 16-bit pattern (exact, halfway, just off) and a spread.
+        std::vector<float> wide(n);
+        sx::half::to_f32(dtype, bits.data(), wide.data(), n);
+        for (size_t i = 0; i < n; ++i) {
+            uint32_t u;
+            std::memcpy(&u, &wide[i], 4);
+            u += static_cast<uint32_t>((i % 3) * (dtype == SX_DTYPE_BF16 ? 0x8000u : 0x1000u)) - (i % 5 == 0 ? 1u : 0u);
+            std::memcpy(&wide[i], &u, 4);
+        }
+        check_ok(d32.upload(wide.data(), n * 4), "upload");
+        check_ok(sx::optim::cuda::narrow(dtype, d32.as<float>(), d16.as<uint16_t>(), n, nullptr), "narrow");
+        std::vector<uint16_t> got16(n), want16(n);
+        check_ok(d16.download(got16.data(), n * 2), "download");
+        sx::half::from_f32(dtype, wide.data(), want16.data(), n);
+        auto same16 = [&](uint16_t a, uint16_t b) {
+            float fa, fb;
+            sx::half::to_f32(dtype, &a, &fa, 1);
+            sx::half::to_f32(dtype, &b, &fb, 1);
+            return std::isnan(fa) ? std::isnan(fb) : a == b;
+        };
+        for (size_t i = 0; i < n; ++i)
+            if (!same16(got16[i], want16[i]))
+                fail_msg("narrow dtype %d element %zu (%a): 0x%04x, want 0x%04x", dtype, i, wide[i], got16[i], want16[i]);
+        // Scaling every pattern by 1/sqrt(3), rounded back.
+        const float factor = 1.0f / std::sqrt(3.0f);
+        check_ok(d16.upload(bits.data(), n * 2), "upload");
+        check_ok(sx::optim::cuda::scale16(dtype, d16.as<uint16_t>(), factor, n, nullptr), "scale16");
+        check_ok(d16.download(got16.data(), n * 2), "download");
+        want16 = bits;
+        sx::half::scale(dtype, want16.data(), factor, n);
+        for (size_t i = 0; i < n; ++i)
+            if (!same16(got16[i], want16[i]))
+                fail_msg("scale16 dtype %d element %zu: 0x%04x, want 0x%04x", dtype, i, got16[i], want16[i]);
+    }
+}
+
 }  // namespace
 
 int main(void) {
@@ -341,6 +410,7 @@ int main(void) {
         cmocka_unit_test(test_mixed_alignment),
         cmocka_unit_test(test_multi_segment_one_launch),
         cmocka_unit_test(test_grad_stats),
+        cmocka_unit_test(test_conversions_match_half),
         cmocka_unit_test(test_without_device_launch_fails_cleanly),
     };
     const int failed = cmocka_run_group_tests(tests, nullptr, nullptr);

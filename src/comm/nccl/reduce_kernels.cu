@@ -3,18 +3,15 @@
 #include <cuda_runtime.h>
 
 #include "comm/nccl/reduce_kernels.h"
+#include "optim/cuda/elementwise.h"
 
 namespace sx {
 namespace comm {
 namespace nccl {
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned blocks_for(size_t n) {
-    const size_t b = (n + kThreads - 1) / kThreads;
-    return static_cast<unsigned>(b < 4096 ? (b ? b : 1) : 4096);  // grid-stride beyond
-}
+using optim::cuda::elementwise_blocks;
+constexpr int kThreads = optim::cuda::kElementwiseThreads;
 
 __global__ void add_kernel(float *__restrict__ out, const float *__restrict__ in, size_t n) {
     for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -49,7 +46,7 @@ Status launched(const char *what) {
 
 Status add_into(float *out, const float *in, size_t n, void *stream) {
     if (n == 0) return Status::Ok();
-    add_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(out, in, n);
+    add_kernel<<<elementwise_blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(out, in, n);
     return launched("adding a reduced shard into the accumulator");
 }
 
@@ -58,9 +55,9 @@ Status widen_into(float *out, const uint16_t *in, int32_t dtype, float scale, bo
     if (n == 0) return Status::Ok();
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (dtype == SX_DTYPE_BF16) {
-        widen_kernel<true><<<blocks_for(n), kThreads, 0, s>>>(out, in, scale, accumulate, n);
+        widen_kernel<true><<<elementwise_blocks(n), kThreads, 0, s>>>(out, in, scale, accumulate, n);
     } else {
-        widen_kernel<false><<<blocks_for(n), kThreads, 0, s>>>(out, in, scale, accumulate, n);
+        widen_kernel<false><<<elementwise_blocks(n), kThreads, 0, s>>>(out, in, scale, accumulate, n);
     }
     return launched("widening a 16-bit reduced shard");
 }

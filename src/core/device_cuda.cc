@@ -1,0 +1,197 @@
+// DeviceOps on a CUDA device: buffers from cudaMalloc, work on the group's own stream
+// (optim/cuda_kernels.h's kernels), every call finished before it returns.
+//
+// Why each call waits for its stream: the collectives (NCCL, on its own stream) read
+// what these calls write, and return only once their own work has finished, so a step
+// is ordered on the host, call after call. Waiting on a stream, never on the device.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/device.h"
+#include "optim/cuda/cuda_status.h"
+#include "optim/cuda_kernels.h"
+
+namespace sx {
+namespace core {
+namespace {
+
+namespace cuda = optim::cuda;
+
+class CudaMemory final : public DeviceMemory {
+  public:
+    CudaMemory(void *p, size_t n) : p_(p), n_(n) {}
+    ~CudaMemory() override { cudaFree(p_); }
+    void *data() const override { return p_; }
+    size_t size() const override { return n_; }
+
+  private:
+    void *p_;
+    size_t n_;
+};
+
+class CudaOps final : public DeviceOps {
+  public:
+    explicit CudaOps(int device) : device_(device) {}
+    ~CudaOps() override {
+        if (stream_) {
+            cudaSetDevice(device_);
+            cudaStreamSynchronize(stream_);
+            cudaStreamDestroy(stream_);
+        }
+    }
+
+    Status init() {
+        SX_CUDA_TRY(cudaSetDevice(device_), "selecting the group's CUDA device");
+        SX_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the group's stream");
+        return Status::Ok();
+    }
+
+    int32_t device() const override { return SX_DEVICE_CUDA; }
+
+    Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy) override {
+        (void)lazy;
+        SX_TRY(use());
+        void *p = nullptr;
+        const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            size_t free_bytes = 0, total = 0;
+            cudaMemGetInfo(&free_bytes, &total);
+            return SX_ERROR(e == cudaErrorMemoryAllocation ? SX_ERR_OUT_OF_MEMORY : SX_ERR_INTERNAL,
+                            "cannot allocate %zu bytes of device memory for %s on CUDA device %d (%zu of %zu bytes "
+                            "free): %s",
+                            bytes, what, device_, free_bytes, total, cudaGetErrorString(e));
+        }
+        std::unique_ptr<CudaMemory> m(new CudaMemory(p, bytes));
+        if (bytes) {
+            const cudaError_t z = cudaMemsetAsync(p, 0, bytes, stream_);
+            if (z != cudaSuccess || cudaStreamSynchronize(stream_) != cudaSuccess)
+                return SX_ERROR(SX_ERR_INTERNAL, "zeroing new device memory for %s: %s", what,
+                                cudaGetErrorString(cudaGetLastError()));
+        }
+        out->host_.reset();
+        out->device_ = std::move(m);
+        return Status::Ok();
+    }
+
+    Status zero(void *p, size_t bytes) override {
+        SX_TRY(use());
+        if (bytes) SX_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, stream_), "zeroing device memory");
+        return finish("zeroing device memory");
+    }
+    Status copy(void *dst, const void *src, size_t bytes) override {
+        return copy_kind(dst, src, bytes, cudaMemcpyDeviceToDevice, "copying within the device");
+    }
+    Status to_host(void *dst, const void *src, size_t bytes) override {
+        return copy_kind(dst, src, bytes, cudaMemcpyDeviceToHost, "copying from the device");
+    }
+    Status from_host(void *dst, const void *src, size_t bytes) override {
+        return copy_kind(dst, src, bytes, cudaMemcpyHostToDevice, "copying to the device");
+    }
+
+    Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, bool accumulate) override {
+        SX_TRY(use());
+        SX_TRY(cuda::widen(dtype, in, out, n, accumulate, stream_));
+        return finish("widening 16-bit values");
+    }
+    Status narrow(int32_t dtype, const float *in, uint16_t *out, size_t n) override {
+        SX_TRY(use());
+        SX_TRY(cuda::narrow(dtype, in, out, n, stream_));
+        return finish("rounding to 16 bits");
+    }
+    Status scale16(int32_t dtype, uint16_t *p, float s, size_t n) override {
+        SX_TRY(use());
+        SX_TRY(cuda::scale16(dtype, p, s, n, stream_));
+        return finish("scaling 16-bit values");
+    }
+
+    Status sum_of_squares(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
+        SX_TRY(use());
+        const std::vector<cuda::CudaSegment> cs = convert(segs, n);
+        SX_TRY(workspace_.grad_stats(cs.data(), cs.size(), grad_scale, stream_));
+        return read(sumsq);
+    }
+    Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
+        SX_TRY(use());
+        const std::vector<cuda::CudaSegment> cs = convert(segs, n);
+        SX_TRY(workspace_.fused_update(cs.data(), cs.size(), grad_scale, stream_, sumsq != nullptr));
+        if (sumsq) return read(sumsq);
+        return finish("the optimizer update");
+    }
+
+    Status wait_for(void *stream) override {
+        SX_TRY(use());
+        // The trainer's work on its stream (the legacy default stream if none is given)
+        // comes first: an event on it that this group's stream waits for.
+        cudaStream_t theirs = stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+        cudaEvent_t ev = nullptr;
+        SX_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "creating an event");
+        cudaError_t e = cudaEventRecord(ev, theirs);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(stream_, ev, 0);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
+        cudaEventDestroy(ev);
+        SX_CUDA_TRY(e, "waiting for the trainer's stream");
+        return Status::Ok();
+    }
+
+  private:
+    // The calling thread's current device is the group's (threads may change it).
+    Status use() {
+        SX_CUDA_TRY(cudaSetDevice(device_), "selecting the group's CUDA device");
+        return Status::Ok();
+    }
+    Status finish(const char *what) {
+        SX_CUDA_TRY(cudaStreamSynchronize(stream_), what);
+        return Status::Ok();
+    }
+    Status copy_kind(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *what) {
+        SX_TRY(use());
+        if (bytes) SX_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, stream_), what);
+        return finish(what);
+    }
+    // The sum of squares, inf where any gradient was not finite (as on the host, where
+    // such a value makes the sum inf or NaN).
+    Status read(double *sumsq) {
+        cuda::GradStats st;
+        SX_TRY(workspace_.read_stats(stream_, &st));
+        *sumsq = st.nonfinite > 0 && std::isfinite(st.sumsq) ? INFINITY : st.sumsq;
+        return Status::Ok();
+    }
+    static std::vector<cuda::CudaSegment> convert(const optim::Segment *segs, size_t n) {
+        std::vector<cuda::CudaSegment> out(n);
+        for (size_t i = 0; i < n; ++i) {
+            out[i].seg = segs[i];
+            out[i].compute_out = segs[i].compute_out;
+            out[i].compute_dtype = segs[i].compute_dtype == SX_DTYPE_BF16  ? cuda::ComputeDtype::kBf16
+                                   : segs[i].compute_dtype == SX_DTYPE_F16 ? cuda::ComputeDtype::kFp16
+                                                                           : cuda::ComputeDtype::kNone;
+            out[i].seg.compute_out = nullptr;  // the CUDA kernel takes it from the CudaSegment
+            out[i].seg.compute_dtype = 0;
+        }
+        return out;
+    }
+
+    const int device_;
+    cudaStream_t stream_ = nullptr;
+    cuda::Workspace workspace_;
+};
+
+}  // namespace
+
+Status make_cuda_ops(int device, std::unique_ptr<DeviceOps> *out) {
+    std::string why;
+    SX_CHECK(cuda::device_available(&why), SX_ERR_UNSUPPORTED, "SX_BACKEND_CUDA needs a CUDA device: %s",
+             why.c_str());
+    const int count = cuda::device_count();
+    SX_CHECK_ARG(device >= 0 && device < count, "device_ordinal %d is not a CUDA device here (%d found)", device,
+                 count);
+    std::unique_ptr<CudaOps> ops(new CudaOps(device));
+    SX_TRY(ops->init());
+    *out = std::move(ops);
+    return Status::Ok();
+}
+
+}  // namespace core
+}  // namespace sx

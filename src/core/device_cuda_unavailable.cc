@@ -1,0 +1,15 @@
+// make_cuda_ops in a build without CUDA.
+#include "core/device.h"
+
+namespace sx {
+namespace core {
+
+Status make_cuda_ops(int device, std::unique_ptr<DeviceOps> *out) {
+    (void)device, (void)out;
+    return SX_ERROR(SX_ERR_UNSUPPORTED,
+                    "SX_BACKEND_CUDA is not available: this build of sx has no CUDA support (configure with "
+                    "SX_WITH_CUDA=ON where the CUDA toolkit and NCCL are installed)");
+}
+
+}  // namespace core
+}  // namespace sx

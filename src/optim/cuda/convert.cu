@@ -1,0 +1,102 @@
+// 16-bit conversions on the device (cuda_kernels.h), with base/half.h's results: round
+// to nearest even, overflow to inf, denormals kept.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "optim/cuda/cuda_status.h"
+#include "optim/cuda/elementwise.h"
+#include "optim/cuda_kernels.h"
+
+namespace sx {
+namespace optim {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = kElementwiseThreads;
+
+template <bool kBf16>
+__device__ __forceinline__ float widen1(uint16_t h) {
+    if (kBf16) return __uint_as_float(static_cast<unsigned>(h) << 16);
+    return __half2float(__ushort_as_half(h));
+}
+
+template <bool kBf16>
+__device__ __forceinline__ uint16_t narrow1(float x) {
+    if (kBf16) return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    return __half_as_ushort(__float2half_rn(x));
+}
+
+template <bool kBf16>
+__global__ void widen_kernel(const uint16_t *__restrict__ in, float *__restrict__ out, size_t n, bool accumulate) {
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+        const float x = widen1<kBf16>(in[i]);
+        out[i] = accumulate ? __fadd_rn(out[i], x) : x;
+    }
+}
+
+template <bool kBf16>
+__global__ void narrow_kernel(const float *__restrict__ in, uint16_t *__restrict__ out, size_t n) {
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x)
+        out[i] = narrow1<kBf16>(in[i]);
+}
+
+template <bool kBf16>
+__global__ void scale_kernel(uint16_t *__restrict__ p, float s, size_t n) {
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x)
+        p[i] = narrow1<kBf16>(__fmul_rn(widen1<kBf16>(p[i]), s));
+}
+
+Status check_dtype(int32_t dtype, const char *what) {
+    SX_CHECK_ARG(dtype == SX_DTYPE_F16 || dtype == SX_DTYPE_BF16, "%s: dtype %d is not SX_DTYPE_F16 or SX_DTYPE_BF16",
+                 what, dtype);
+    return Status::Ok();
+}
+
+}  // namespace
+
+Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, bool accumulate, void *stream) {
+    SX_TRY(check_dtype(dtype, "widen"));
+    if (n == 0) return Status::Ok();
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (dtype == SX_DTYPE_BF16) {
+        widen_kernel<true><<<elementwise_blocks(n), kThreads, 0, s>>>(in, out, n, accumulate);
+    } else {
+        widen_kernel<false><<<elementwise_blocks(n), kThreads, 0, s>>>(in, out, n, accumulate);
+    }
+    SX_CUDA_TRY(cudaGetLastError(), "launching the 16-bit widening kernel");
+    return Status::Ok();
+}
+
+Status narrow(int32_t dtype, const float *in, uint16_t *out, size_t n, void *stream) {
+    SX_TRY(check_dtype(dtype, "narrow"));
+    if (n == 0) return Status::Ok();
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (dtype == SX_DTYPE_BF16) {
+        narrow_kernel<true><<<elementwise_blocks(n), kThreads, 0, s>>>(in, out, n);
+    } else {
+        narrow_kernel<false><<<elementwise_blocks(n), kThreads, 0, s>>>(in, out, n);
+    }
+    SX_CUDA_TRY(cudaGetLastError(), "launching the 16-bit narrowing kernel");
+    return Status::Ok();
+}
+
+Status scale16(int32_t dtype, uint16_t *p, float factor, size_t n, void *stream) {
+    SX_TRY(check_dtype(dtype, "scale16"));
+    if (n == 0) return Status::Ok();
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (dtype == SX_DTYPE_BF16) {
+        scale_kernel<true><<<elementwise_blocks(n), kThreads, 0, s>>>(p, factor, n);
+    } else {
+        scale_kernel<false><<<elementwise_blocks(n), kThreads, 0, s>>>(p, factor, n);
+    }
+    SX_CUDA_TRY(cudaGetLastError(), "launching the 16-bit scaling kernel");
+    return Status::Ok();
+}
+
+}  // namespace cuda
+}  // namespace optim
+}  // namespace sx

@@ -1,0 +1,296 @@
+// A group on the CUDA backend (one rank, NCCL) against the same group on the CPU, through
+// the public API: every param after every step equal bit for bit (fp32, and bf16 with
+// fp32 masters, loss scaling and an injected overflow), clipping, the trainer's stream,
+// views on the device, and a checkpoint saved from the device and loaded on the CPU.
+//
+// Without a CUDA device each test reports why and the program exits with 77, which
+// ctest shows as "Skipped" (SKIP_RETURN_CODE).
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "optim/cuda_kernels.h"
+#include "sx/sx.h"
+#include "sx_cmocka.h"
+#include "test_files.h"
+
+namespace {
+
+bool g_have_device = false;
+std::string g_no_device_reason;
+
+bool skip_without_device() {
+    if (g_have_device) return false;
+    std::printf("skipped: no CUDA device (%s)\n", g_no_device_reason.c_str());
+    return true;
+}
+
+std::string unique(const char *stem) {
+    static std::atomic<int> n{0};
+    return std::string("local://") + stem + "-" + std::to_string(::getpid()) + "-" + std::to_string(n.fetch_add(1));
+}
+
+void ok(sx_status_t s, const char *what) {
+    if (s != SX_OK) fail_msg("%s: %s", what, sx_last_error_message());
+}
+
+// Awkward sizes across two units and two param groups.
+struct P {
+    const char *name;
+    int64_t n;
+    int32_t group, unit;
+};
+const P kParams[] = {{"w1", 4099, 0, 0}, {"b1", 37, 0, 0}, {"w2", 1000, 1, 1}, {"b2", 3, 0, 1}};
+constexpr int kNp = 4;
+
+sx_shard_group_t *make(int32_t backend, int32_t dtype, int32_t grad_dtype) {
+    sx_group_config_t cfg;
+    sx_group_config_init(&cfg, sizeof cfg);
+    const std::string url = unique(backend == SX_BACKEND_CUDA ? "cuda-group" : "cpu-group");
+    cfg.rendezvous = url.c_str();
+    cfg.rank = 0;
+    cfg.world_size = 1;
+    cfg.backend = backend;
+    cfg.num_threads = 1;
+    cfg.grad_dtype = grad_dtype;
+    sx_shard_group_t *g = nullptr;
+    ok(sx_create_shard_group(&cfg, &g), "sx_create_shard_group");
+    sx_param_group_desc_t a, b;
+    sx_param_group_desc_init(&a, sizeof a, SX_OPTIM_ADAMW);
+    a.lr = 0.01, a.weight_decay = 0.1;
+    sx_param_group_desc_init(&b, sizeof b, SX_OPTIM_SGD);
+    b.lr = 0.05, b.momentum = 0.9, b.nesterov = 1;
+    ok(sx_add_param_group(g, &a, nullptr), "add_param_group");
+    ok(sx_add_param_group(g, &b, nullptr), "add_param_group");
+    for (const P &p : kParams) {
+        sx_param_desc_t d;
+        sx_param_desc_init(&d, sizeof d);
+        d.name = p.name;
+        d.ndim = 1;
+        d.shape = &p.n;
+        d.dtype = dtype;
+        d.param_group = p.group;
+        d.unit = p.unit;
+        ok(sx_add_param(g, &d, nullptr), "add_param");
+    }
+    ok(sx_finalize(g), "finalize");
+    return g;
+}
+
+sx_view_t view(sx_shard_group_t *g, int32_t p, bool grad) {
+    sx_view_t v;
+    sx_view_init(&v, sizeof v);
+    ok(grad ? sx_grad_view(g, p, &v) : sx_param_view(g, p, &v), "view");
+    return v;
+}
+
+size_t elem_bytes(int32_t dtype) { return dtype == SX_DTYPE_F32 || dtype == 0 ? 4 : 2; }
+
+// The view's bytes, wherever they live.
+std::vector<char> get(const sx_view_t &v) {
+    std::vector<char> out(static_cast<size_t>(v.numel) * elem_bytes(v.dtype));
+    if (v.device == SX_DEVICE_CUDA) {
+        if (cudaMemcpy(out.data(), v.data, out.size(), cudaMemcpyDeviceToHost) != cudaSuccess) fail_msg("download");
+    } else {
+        std::memcpy(out.data(), v.data, out.size());
+    }
+    return out;
+}
+
+void put(const sx_view_t &v, const std::vector<char> &bytes) {
+    if (v.device == SX_DEVICE_CUDA) {
+        if (cudaMemcpy(v.data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice) != cudaSuccess) fail_msg("upload");
+    } else {
+        std::memcpy(v.data, bytes.data(), bytes.size());
+    }
+}
+
+// Deterministic values in the view's dtype: fp32 bits, or the top half of them (bf16).
+std::vector<char> values(const sx_view_t &v, int seed, float scale) {
+    std::vector<char> out(static_cast<size_t>(v.numel) * elem_bytes(v.dtype));
+    for (uint64_t i = 0; i < v.numel; ++i) {
+        const float x = scale * std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(seed));
+        if (elem_bytes(v.dtype) == 4) {
+            std::memcpy(out.data() + 4 * i, &x, 4);
+        } else {
+            uint32_t bits;
+            std::memcpy(&bits, &x, 4);
+            const uint16_t h = static_cast<uint16_t>(bits >> 16);
+            std::memcpy(out.data() + 2 * i, &h, 2);
+        }
+    }
+    return out;
+}
+
+void same_params(sx_shard_group_t *a, sx_shard_group_t *b, const char *when) {
+    for (int32_t p = 0; p < kNp; ++p)
+        if (get(view(a, p, false)) != get(view(b, p, false)))
+            fail_msg("%s: param %s differs between the CUDA and the CPU group", when, kParams[p].name);
+}
+
+void init_both(sx_shard_group_t *cuda, sx_shard_group_t *cpu) {
+    for (int32_t p = 0; p < kNp; ++p) {
+        const std::vector<char> v = values(view(cpu, p, false), p, 0.5f);
+        put(view(cpu, p, false), v);
+        put(view(cuda, p, false), v);
+    }
+}
+
+void grads_both(sx_shard_group_t *cuda, sx_shard_group_t *cpu, int step, float scale) {
+    for (int32_t p = 0; p < kNp; ++p) {
+        const std::vector<char> v = values(view(cpu, p, true), 100 * step + p, scale);
+        put(view(cpu, p, true), v);
+        put(view(cuda, p, true), v);
+    }
+}
+
+sx_step_result_t step(sx_shard_group_t *g, double max_norm, void *stream) {
+    sx_step_options_t o;
+    sx_step_options_init(&o, sizeof o);
+    o.max_grad_norm = max_norm;
+    o.stream = stream;
+    sx_step_result_t r;
+    sx_step_result_init(&r, sizeof r);
+    ok(sx_step(g, &o, &r), "sx_step");
+    return r;
+}
+
+void test_fp32_steps_match_the_cpu(void **) {
+    if (skip_without_device()) return;
+    sx_shard_group_t *cuda = make(SX_BACKEND_CUDA, SX_DTYPE_F32, 0), *cpu = make(SX_BACKEND_CPU, SX_DTYPE_F32, 0);
+    assert_int_equal(view(cuda, 0, false).device, SX_DEVICE_CUDA);
+    assert_int_equal(view(cuda, 0, true).device, SX_DEVICE_CUDA);
+    init_both(cuda, cpu);
+    cudaStream_t trainer = nullptr;
+    assert_int_equal(cudaStreamCreate(&trainer), cudaSuccess);
+    for (int s = 1; s <= 5; ++s) {
+        grads_both(cuda, cpu, s, 1.0f);
+        const double max_norm = s % 2 ? 0.5 : 0.0;  // clipped on odd steps
+        const sx_step_result_t rc = step(cuda, max_norm, s == 3 ? trainer : nullptr), rh = step(cpu, max_norm, nullptr);
+        assert_true(std::fabs(rc.grad_norm - rh.grad_norm) <= 1e-12 * rh.grad_norm);
+        assert_int_equal(rc.step, rh.step);
+        same_params(cuda, cpu, ("step " + std::to_string(s)).c_str());
+        // The default step zeroes the gradients on the device too.
+        for (int32_t p = 0; p < kNp; ++p) {
+            const std::vector<char> g = get(view(cuda, p, true));
+            for (char c : g)
+                if (c != 0) fail_msg("step %d: the gradients of %s were not zeroed", s, kParams[p].name);
+        }
+    }
+    cudaStreamDestroy(trainer);
+    sx_destroy_shard_group(cuda);
+    sx_destroy_shard_group(cpu);
+}
+
+void test_bf16_with_loss_scaling_matches_the_cpu(void **) {
+    if (skip_without_device()) return;
+    sx_shard_group_t *cuda = make(SX_BACKEND_CUDA, SX_DTYPE_BF16, 0), *cpu = make(SX_BACKEND_CPU, SX_DTYPE_BF16, 0);
+    for (sx_shard_group_t *g : {cuda, cpu}) {
+        sx_loss_scaling_t ls;
+        sx_loss_scaling_init(&ls, sizeof ls);
+        ls.mode = SX_LOSS_SCALING_DYNAMIC;
+        ls.init_scale = 1024;
+        ls.growth_interval = 2;
+        ok(sx_set_loss_scaling(g, &ls), "sx_set_loss_scaling");
+    }
+    init_both(cuda, cpu);
+    for (int s = 1; s <= 6; ++s) {
+        grads_both(cuda, cpu, s, 1024.0f);
+        if (s == 3) {  // an overflow in one gradient: skipped on both, the scale backs off
+            const sx_view_t gv = view(cpu, 2, true);
+            std::vector<char> bytes = get(gv);
+            const uint16_t inf = 0x7f80;
+            std::memcpy(bytes.data() + 2 * 17, &inf, 2);
+            put(gv, bytes);
+            put(view(cuda, 2, true), bytes);
+        }
+        const sx_step_result_t rc = step(cuda, 0.0, nullptr), rh = step(cpu, 0.0, nullptr);
+        assert_int_equal(rc.skipped, rh.skipped);
+        assert_int_equal(rc.skipped, s == 3 ? 1 : 0);
+        assert_true(rc.loss_scale == rh.loss_scale);
+        same_params(cuda, cpu, ("bf16 step " + std::to_string(s)).c_str());
+    }
+    sx_destroy_shard_group(cuda);
+    sx_destroy_shard_group(cpu);
+}
+
+void test_saved_on_the_device_loads_on_the_cpu(void **) {
+    if (skip_without_device()) return;
+    const std::string dir = sxtest::make_tmpdir("cuda-group");
+    const std::string path = dir + "/ck";
+    sx_shard_group_t *cuda = make(SX_BACKEND_CUDA, SX_DTYPE_F32, 0), *cpu = make(SX_BACKEND_CPU, SX_DTYPE_F32, 0);
+    init_both(cuda, cpu);
+    for (int s = 1; s <= 2; ++s) {
+        grads_both(cuda, cpu, s, 1.0f);
+        step(cuda, 0.0, nullptr);
+    }
+    sx_save_options_t so;
+    sx_save_options_init(&so, sizeof so);
+    so.path = path.c_str();
+    so.synchronous = 1;
+    sx_future_t *f = nullptr;
+    ok(sx_save_optim_state(cuda, &so, &f), "sx_save_optim_state");
+    ok(sx_future_wait(f, -1), "sx_future_wait");
+    sx_future_destroy(f);
+    sx_load_options_t lo;
+    sx_load_optim_state_options_init(&lo, sizeof lo);
+    lo.path = path.c_str();
+    ok(sx_load_optim_state(cpu, &lo), "sx_load_optim_state on the CPU");
+    same_params(cuda, cpu, "after the load");
+    for (int s = 3; s <= 4; ++s) {
+        grads_both(cuda, cpu, s, 1.0f);
+        step(cuda, 0.0, nullptr);
+        step(cpu, 0.0, nullptr);
+        same_params(cuda, cpu, ("trained on, step " + std::to_string(s)).c_str());
+    }
+    // And back: the CPU's checkpoint into the device group.
+    const std::string back = dir + "/back";
+    so.path = back.c_str();
+    ok(sx_save_optim_state(cpu, &so, &f), "sx_save_optim_state");
+    ok(sx_future_wait(f, -1), "sx_future_wait");
+    sx_future_destroy(f);
+    lo.path = back.c_str();
+    ok(sx_load_optim_state(cuda, &lo), "sx_load_optim_state on the device");
+    grads_both(cuda, cpu, 5, 1.0f);
+    step(cuda, 0.0, nullptr);
+    step(cpu, 0.0, nullptr);
+    same_params(cuda, cpu, "after loading back");
+    sx_destroy_shard_group(cuda);
+    sx_destroy_shard_group(cpu);
+    sxtest::remove_tree(dir);
+}
+
+void test_bad_device_ordinal(void **) {
+    if (skip_without_device()) return;
+    sx_group_config_t cfg;
+    sx_group_config_init(&cfg, sizeof cfg);
+    const std::string url = unique("cuda-bad");
+    cfg.rendezvous = url.c_str();
+    cfg.world_size = 1;
+    cfg.backend = SX_BACKEND_CUDA;
+    cfg.device_ordinal = 1 << 20;
+    sx_shard_group_t *g = nullptr;
+    assert_int_equal(sx_create_shard_group(&cfg, &g), SX_ERR_INVALID_ARGUMENT);
+    assert_null(g);
+    assert_non_null(std::strstr(sx_last_error_message(), "device_ordinal"));
+}
+
+}  // namespace
+
+int main() {
+    g_have_device = sx::optim::cuda::device_available(&g_no_device_reason);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp32_steps_match_the_cpu),
+        cmocka_unit_test(test_bf16_with_loss_scaling_matches_the_cpu),
+        cmocka_unit_test(test_saved_on_the_device_loads_on_the_cpu),
+        cmocka_unit_test(test_bad_device_ordinal),
+    };
+    const int failed = cmocka_run_group_tests(tests, nullptr, nullptr);
+    if (failed == 0 && !g_have_device) return 77;  // ctest: Skipped
+    return failed;
+}
