@@ -67,12 +67,14 @@ class Checkpointer {
 
     // Collective in order (every rank calls it for the same save).
     Status snapshot(const SaveOptions &options, Snapshot *out);
-    // Copies the snapshot's chunks into staging and releases the shard fence. A failed
-    // copy (a device's) fails this rank's save; its peers then time out waiting for it.
+    // Copies the snapshot's chunks into staging and releases the shard fence. A copy
+    // can fail only on a device; persist() then tells the peers.
     Status stage(Snapshot *snap);
     // Reads only the snapshot and the staging memory; talks to peers through the store.
     // progress (may be null) receives the byte counts and is asked about cancellation.
-    Status persist(const Snapshot &snap, SaveFuture *progress);
+    // `staged` is stage()'s result: a failure is reported to the peers through the
+    // store, as a failed write is, so that every rank's save fails at once.
+    Status persist(const Snapshot &snap, SaveFuture *progress, const Status &staged = Status::Ok());
     Status save(const SaveOptions &options);  // snapshot + stage + persist, on this thread
     // Snapshots on this thread, then stages and persists on the I/O loop's thread
     // pool (the future reports when it is staged). A save

@@ -188,7 +188,8 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     SX_CHECK_ARG(!options.path.empty(), "the checkpoint path is empty");
     // A save in flight reads the shard (and owns staging) until it completes.
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
-    SX_TRY(g.ensure_masters());  // what a 16-bit param the checkpoint lacks keeps
+    SX_TRY(g.ops().wait_for(nullptr));  // a device: the trainer's writes into the views first
+    SX_TRY(g.ensure_masters());         // what a 16-bit param the checkpoint lacks keeps
     core::DeviceOps &dev = g.ops();
     const bool on_host = dev.device() == SX_DEVICE_CPU;
     const core::Layout &layout = g.layout();
@@ -229,7 +230,7 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     };
     auto in_place = [&](const ReadOp &op) { return slot_of(want[op.param], op.kind) == 0; };
     // Unless the load commits, the values go back to what they were (a device that fails
-    // the copy back has failed for good, and the group with it).
+    // the copy back fails the group: its values are then neither the old nor the new).
     bool committed = false;
     struct PutBack {
         const std::function<void()> fn;
@@ -239,8 +240,12 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         for (size_t i = 0; i < kept.size(); ++i) {
             if (!kept[i]) continue;
             const ReadOp &op = ops[i];
-            dev.from_host(target(op), stage[op.unit_index].kept + op.shard_offset,
-                          (op.copy_end - op.copy_begin) * sizeof(float));
+            Status s = dev.from_host(target(op), stage[op.unit_index].kept + op.shard_offset,
+                                     (op.copy_end - op.copy_begin) * sizeof(float));
+            if (!s.ok()) {
+                g.fail_with(s.prefix("putting the values back after a failed load: "));
+                return;
+            }
         }
     }};
 
@@ -402,11 +407,18 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
 
     // Commit: the values are in place; the staged state replaces the live one; then the
     // params are gathered.
+    // Nothing below can be undone: a failure fails the group.
     committed = true;
     for (size_t u = 0; u < stage.size(); ++u) {
-        for (int k = 0; k < stage[u].slots; ++k) SX_TRY(g.swap_state(u, k, &spare_state_[u][k]));
+        for (int k = 0; k < stage[u].slots; ++k) {
+            Status s = g.swap_state(u, k, &spare_state_[u][k]);
+            if (!s.ok()) return g.fail_with(s);
+        }
     }
-    SX_TRY(g.masters_to_params());
+    {
+        Status s = g.masters_to_params();
+        if (!s.ok()) return g.fail_with(s);
+    }
     if (!options.params_only) {
         for (int32_t p = 0; p < np; ++p) {
             if (index[p] < 0) continue;

@@ -106,7 +106,8 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     SX_CHECK_ARG(options.user_blob.size() <= kMaxUserBlobBytes, "the user blob has %zu bytes; at most %llu",
                  options.user_blob.size(), static_cast<unsigned long long>(kMaxUserBlobBytes));
     SX_CHECK_ARG(options.keep_last >= 0, "keep_last is %d; it must be >= 0", options.keep_last);
-    SX_TRY(g.ensure_masters());  // 16-bit params: their fp32 masters are what is stored
+    SX_TRY(g.ops().wait_for(nullptr));  // a device: the trainer's writes into the views first
+    SX_TRY(g.ensure_masters());         // 16-bit params: their fp32 masters are what is stored
 
     const core::Layout &layout = g.layout();
     const int32_t np = g.num_params();
@@ -210,7 +211,7 @@ Status Checkpointer::stage(Snapshot *snap) {
     return Status::Ok();
 }
 
-Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress) {
+Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, const Status &staged) {
     io::FileOps &ops = *ops_;
     comm::Store &store = group_->store();
     const comm::Millis timeout(group_->config().timeout_ms);
@@ -224,6 +225,7 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress) {
     // 1. Rank 0 prepares the temporary directory (clearing leftovers of crashed saves).
     if (snap.rank == 0) {
         Status st = [&]() -> Status {
+            SX_TRY(staged);
             bool exists = false;
             SX_TRY(ops.exists(final_dir, &exists));
             SX_CHECK(!exists, SX_ERR_ALREADY_EXISTS, "the checkpoint directory %s already exists",
@@ -247,6 +249,7 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress) {
     // 2. Every rank writes and fsyncs its shard file, then reports its chunks.
     std::vector<ChunkRecord> records;
     Status st = [&]() -> Status {
+        SX_TRY(staged);
         const std::string file = tmp_dir + "/" + shard_file_name(snap.rank, snap.world_size);
         int fd = -1;
         SX_TRY(ops.open_write(file, &fd));
@@ -370,8 +373,8 @@ Status Checkpointer::save(const SaveOptions &options) {
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
     Snapshot snap;
     SX_TRY(snapshot(options, &snap));
-    SX_TRY(stage(&snap));
-    return persist(snap, nullptr);
+    const Status staged = stage(&snap);
+    return persist(snap, nullptr, staged);
 }
 
 Status Checkpointer::save_async(const SaveOptions &options, SaveFuture::Callback callback,
@@ -385,10 +388,9 @@ Status Checkpointer::save_async(const SaveOptions &options, SaveFuture::Callback
     in_flight_ = future;
     loop_->submit(
         [this, snap, future] {
-            Status staged = stage(snap.get());
+            const Status staged = stage(snap.get());
             future->set_staged();
-            if (!staged.ok()) return staged;
-            return persist(*snap, future.get());
+            return persist(*snap, future.get(), staged);
         },
                   [future](Status s) { future->complete(s); });
     *out = future;

@@ -50,7 +50,8 @@ class Buffer {
 // Every call is ordered after the calls before it on the same DeviceOps; a call that
 // returns host data (to_host, sum_of_squares, fused_update's sumsq) waits for its result.
 // Pointers are into buffers of this DeviceOps unless named host. One thread at a time,
-// except that the copies (copy, to_host, from_host) of host buffers may run on several.
+// except that the copies (copy, to_host, from_host) may run on several: a load copies on
+// two threads, and a save copies into staging on the I/O thread while the trainer steps.
 class DeviceOps {
   public:
     virtual ~DeviceOps() = default;

@@ -1,5 +1,7 @@
 // DeviceOps on a CUDA device: buffers from cudaMalloc, work on the group's own stream
-// (optim/cuda_kernels.h's kernels), every call finished before it returns.
+// (optim/cuda_kernels.h's kernels), every call finished before it returns, and the
+// calling thread's current device as it was. Calls may come from several threads (a
+// save's copy into staging runs on the I/O thread): the runtime orders them on the stream.
 //
 // Why each call waits for its stream: the collectives (NCCL, on its own stream) read
 // what these calls write, and return only once their own work has finished, so a step
@@ -11,6 +13,7 @@
 
 #include "core/device.h"
 #include "optim/cuda/cuda_status.h"
+#include "optim/cuda/device_scope.h"
 #include "optim/cuda_kernels.h"
 
 namespace sx {
@@ -36,14 +39,15 @@ class CudaOps final : public DeviceOps {
     explicit CudaOps(int device) : device_(device) {}
     ~CudaOps() override {
         if (stream_) {
-            cudaSetDevice(device_);
+            const cuda::DeviceScope scope(device_);
             cudaStreamSynchronize(stream_);
             cudaStreamDestroy(stream_);
         }
     }
 
     Status init() {
-        SX_CUDA_TRY(cudaSetDevice(device_), "selecting the group's CUDA device");
+        const cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
         SX_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the group's stream");
         return Status::Ok();
     }
@@ -52,7 +56,8 @@ class CudaOps final : public DeviceOps {
 
     Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy) override {
         (void)lazy;
-        SX_TRY(use());
+        const cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
         void *p = nullptr;
         const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
         if (e != cudaSuccess) {
@@ -66,10 +71,10 @@ class CudaOps final : public DeviceOps {
         }
         std::unique_ptr<CudaMemory> m(new CudaMemory(p, bytes));
         if (bytes) {
-            const cudaError_t z = cudaMemsetAsync(p, 0, bytes, stream_);
-            if (z != cudaSuccess || cudaStreamSynchronize(stream_) != cudaSuccess)
-                return SX_ERROR(SX_ERR_INTERNAL, "zeroing new device memory for %s: %s", what,
-                                cudaGetErrorString(cudaGetLastError()));
+            cudaError_t z = cudaMemsetAsync(p, 0, bytes, stream_);
+            if (z == cudaSuccess) z = cudaStreamSynchronize(stream_);
+            if (z != cudaSuccess)
+                return SX_ERROR(SX_ERR_INTERNAL, "zeroing new device memory for %s: %s", what, cudaGetErrorString(z));
         }
         out->host_.reset();
         out->device_ = std::move(m);
@@ -77,7 +82,8 @@ class CudaOps final : public DeviceOps {
     }
 
     Status zero(void *p, size_t bytes) override {
-        SX_TRY(use());
+        const cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
         if (bytes) SX_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, stream_), "zeroing device memory");
         return finish("zeroing device memory");
     }
@@ -92,29 +98,34 @@ class CudaOps final : public DeviceOps {
     }
 
     Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, bool accumulate) override {
-        SX_TRY(use());
+        const cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
         SX_TRY(cuda::widen(dtype, in, out, n, accumulate, stream_));
         return finish("widening 16-bit values");
     }
     Status narrow(int32_t dtype, const float *in, uint16_t *out, size_t n) override {
-        SX_TRY(use());
+        const cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
         SX_TRY(cuda::narrow(dtype, in, out, n, stream_));
         return finish("rounding to 16 bits");
     }
     Status scale16(int32_t dtype, uint16_t *p, float s, size_t n) override {
-        SX_TRY(use());
+        const cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
         SX_TRY(cuda::scale16(dtype, p, s, n, stream_));
         return finish("scaling 16-bit values");
     }
 
     Status sum_of_squares(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
-        SX_TRY(use());
+        const cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
         const std::vector<cuda::CudaSegment> cs = convert(segs, n);
         SX_TRY(workspace_.grad_stats(cs.data(), cs.size(), grad_scale, stream_));
         return read(sumsq);
     }
     Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
-        SX_TRY(use());
+        const cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
         const std::vector<cuda::CudaSegment> cs = convert(segs, n);
         SX_TRY(workspace_.fused_update(cs.data(), cs.size(), grad_scale, stream_, sumsq != nullptr));
         if (sumsq) return read(sumsq);
@@ -122,7 +133,8 @@ class CudaOps final : public DeviceOps {
     }
 
     Status wait_for(void *stream) override {
-        SX_TRY(use());
+        const cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
         // The trainer's work on its stream (the legacy default stream if none is given)
         // comes first: an event on it that this group's stream waits for.
         cudaStream_t theirs = stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
@@ -137,17 +149,13 @@ class CudaOps final : public DeviceOps {
     }
 
   private:
-    // The calling thread's current device is the group's (threads may change it).
-    Status use() {
-        SX_CUDA_TRY(cudaSetDevice(device_), "selecting the group's CUDA device");
-        return Status::Ok();
-    }
     Status finish(const char *what) {
         SX_CUDA_TRY(cudaStreamSynchronize(stream_), what);
         return Status::Ok();
     }
     Status copy_kind(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *what) {
-        SX_TRY(use());
+        const cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
         if (bytes) SX_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, stream_), what);
         return finish(what);
     }

@@ -85,7 +85,7 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     }
     if (!cuda) SX_TRY(comm::create_gloo_communicator(g->store_, rv.rank, rv.world_size, gopt, &g->comm_));
 
-    int threads = cfg.num_threads;
+    int threads = cuda ? 1 : cfg.num_threads;  // a CUDA group's work runs on its device
     if (threads == 0) {
         int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
         threads = rv.scheme == comm::Rendezvous::Scheme::kLocal ? std::max(1, hw / rv.world_size) : hw;
@@ -306,6 +306,10 @@ Status ShardGroup::broadcast_params(int root) {
     SX_TRY(check_finalized());
     SX_CHECK_ARG(root >= 0 && root < world_size_, "root rank %d is outside [0, %d)", root, world_size_);
     fence_.wait_readers();
+    {
+        Status s = ops_->wait_for(nullptr);  // the trainer's writes into the param views
+        if (!s.ok()) return fail(s);
+    }
     if (world_size_ == 1) {
         for (Unit &u : units_) u.master_valid = false;
         return Status::Ok();

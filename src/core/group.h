@@ -177,6 +177,8 @@ class ShardGroup {
     std::vector<ParamGroup> &param_groups() { return groups_; }
     ParamSpec &mutable_param(int32_t index) { return params_[index]; }
     comm::Store &store() { return *store_; }
+    // Marks the group failed with s (a device or a load that cannot be undone) and returns s.
+    Status fail_with(Status s) { return fail(std::move(s)); }
     // Runs a collective through the group's communicator; a failure fails the group.
     Status collective(const std::function<Status(comm::Communicator &)> &fn);
     // Exchanges state slot k of unit u with *other, a buffer of the slot's size (one

@@ -101,7 +101,8 @@ class Workspace {
     Impl *impl_;
 };
 
-// 16-bit conversions on `stream` (a cudaStream_t), the same as base/half.h's: widen
+// 16-bit conversions on `stream` (a cudaStream_t), the same as base/half.h's (except a
+// NaN's payload: a NaN narrows to the canonical NaN, where the host keeps its top bits): widen
 // sets out[i] = (accumulate ? out[i] : 0) + float(in[i]); narrow rounds each in[i] to
 // dtype (nearest even); scale16 sets p[i] = dtype(float(p[i]) * factor). dtype is
 // SX_DTYPE_F16 or SX_DTYPE_BF16 (else SX_ERR_INVALID_ARGUMENT); pointers are device

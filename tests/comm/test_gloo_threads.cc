@@ -174,7 +174,7 @@ void test_stalled_rank_in_process(void **) {
         }
         std::vector<char> buf(3 * 1000);
         auto start = sxtest::Clock::now();
-        s = r == 0 ? c->all_gather(buf.data(), 1000) : c->broadcast(buf.data(), 1000, 0);
+        s = c->all_gather(buf.data(), 1000);
         long long took = ms_since(start);
         std::string e;
         if (s.code() != SX_ERR_TIMEOUT || took < 1100 || took > 1500 + kSlackMs)
@@ -184,6 +184,26 @@ void test_stalled_rank_in_process(void **) {
             e = "the message should say '" + std::string(says) + "': " + s.message();
         if (finished.fetch_add(1) == 1) survivors_done.set();
         return e;
+    });
+}
+
+// Ranks in different collectives, or the same one with other sizes, fail at once with
+// SX_ERR_MISMATCH (between threads each would copy with its own sizes out of the
+// other's buffer), and the communicator fails for good.
+void test_mismatch_in_process(void **) {
+    const std::string url = "local://" + sxtest::unique_name("mismatch-meeting");
+    sxtest::run_ranks(2, [&](int r) -> std::string {
+        std::unique_ptr<Communicator> c;
+        Status s = join(url, r, 2, Millis(60000), &c);
+        if (!s.ok()) return "join: " + s.message();
+        std::vector<char> buf(2 * 2000);
+        auto start = sxtest::Clock::now();
+        s = c->all_gather(buf.data(), r == 0 ? 1000 : 2000);
+        if (s.code() != SX_ERR_MISMATCH || ms_since(start) > 5000 || !contains(s.message(), "different collectives"))
+            return "expected SX_ERR_MISMATCH at once, got (" + std::to_string(ms_since(start)) + " ms): " + s.message();
+        s = c->broadcast(buf.data(), 10, 0);
+        if (s.code() != SX_ERR_MISMATCH) return "the next call: " + s.message();
+        return "";
     });
 }
 
@@ -359,6 +379,7 @@ int main() {
         cmocka_unit_test(test_stalled_rank_seen_through_a_peer),
         cmocka_unit_test(test_stalled_rank_in_process),
         cmocka_unit_test(test_peer_destroyed_in_process),
+        cmocka_unit_test(test_mismatch_in_process),
         cmocka_unit_test(test_abort_reduce_scatter),
         cmocka_unit_test(test_abort_all_gather),
         cmocka_unit_test(test_abort_all_reduce),

@@ -160,7 +160,8 @@ class GlooCommunicator final : public Communicator {
         if (meeting_) {
             // Threads of one process: each copies the others' parts straight from their buffers.
             return run("all_gather", [&](const Call &call) {
-                return meet("all_gather", call, buf, [&](void *const *bufs) {
+                return meet("all_gather", format("all_gather of %zu bytes per rank", shard_bytes), call, buf,
+                            [&](void *const *bufs) {
                     for (int r = 0; r < world_size(); ++r) {
                         if (r == rank()) continue;
                         const size_t at = static_cast<size_t>(r) * shard_bytes;
@@ -189,7 +190,8 @@ class GlooCommunicator final : public Communicator {
         SX_CHECK_ARG(data != nullptr, "broadcast: data must not be NULL");
         if (meeting_) {
             return run("broadcast", [&](const Call &call) {
-                return meet("broadcast", call, data, [&](void *const *bufs) {
+                return meet("broadcast", format("broadcast of %zu bytes from rank %d", bytes, root), call, data,
+                            [&](void *const *bufs) {
                     if (rank() != root) std::memcpy(data, bufs[root], bytes);
                 });
             });
@@ -282,8 +284,9 @@ class GlooCommunicator final : public Communicator {
         return s;
     }
 
-    Status meet(const char *what, const Call &call, void *mine, const std::function<void(void *const *)> &fn) {
-        Status s = meeting_->meet(rank(), mine, call.deadline, aborted_, fn);
+    Status meet(const char *what, const std::string &call_text, const Call &call, void *mine,
+                const std::function<void(void *const *)> &fn) {
+        Status s = meeting_->meet(rank(), call_text, mine, call.deadline, aborted_, fn);
         if (!s.ok()) s.prefix(format("%s on rank %d of %d (threads of one process): ", what, rank(), world_size()));
         return s;
     }

@@ -33,14 +33,26 @@ std::shared_ptr<Meeting> Meeting::join(const std::string &id, int world_size) {
 
 Meeting::Meeting(int world_size) : world_size_(world_size), buffers_(static_cast<size_t>(world_size), nullptr) {}
 
-Status Meeting::meet(int rank, void *mine, Clock::time_point deadline, const std::atomic<bool> &aborted,
-                     const std::function<void(void *const *buffers)> &fn) {
+Status Meeting::meet(int rank, const std::string &what, void *mine, Clock::time_point deadline,
+                     const std::atomic<bool> &aborted, const std::function<void(void *const *buffers)> &fn) {
     std::unique_lock<std::mutex> lock(mu_);
     auto refuse = [&]() -> Status {
         if (aborted.load()) return SX_ERROR(SX_ERR_ABORTED, "rank %d: aborted", rank);
         return SX_ERROR(failure_code_, "%s", failure_.c_str());
     };
     if (failed_ || aborted.load()) return refuse();
+    if (arrived_ == 0) {
+        what_ = what;
+    } else if (what != what_) {
+        // The ranks already waiting read their buffers' sizes from their own call: none
+        // may copy. The meeting fails for all.
+        failed_ = true;
+        failure_code_ = SX_ERR_MISMATCH;
+        failure_ = format("ranks called different collectives: rank %d %s, another rank %s", rank, what.c_str(),
+                          what_.c_str());
+        cv_.notify_all();
+        return SX_ERROR(SX_ERR_MISMATCH, "%s", failure_.c_str());
+    }
     buffers_[static_cast<size_t>(rank)] = mine;
     const uint64_t round = arrive_round_;
     if (++arrived_ == world_size_) {

@@ -30,15 +30,17 @@ class Meeting {
 
     explicit Meeting(int world_size);
 
-    // One collective: leaves `mine` as this rank's buffer, waits until every rank has
-    // left its own, runs fn(buffers) (buffers[r] is rank r's), then waits until every
-    // rank has run its fn, so that no buffer changes or goes while a peer reads it (that
-    // wait ends whatever happens: every rank it waits for is copying). Errors, with
-    // nothing run: SX_ERR_TIMEOUT at the deadline, SX_ERR_ABORTED once *aborted is set
-    // (and wake() called), or the code of the failure another rank reported with fail().
-    // After any of them the meeting stays failed. One call at a time per rank.
-    Status meet(int rank, void *mine, Clock::time_point deadline, const std::atomic<bool> &aborted,
-                const std::function<void(void *const *buffers)> &fn);
+    // One collective, `what` (its name and sizes: every rank must pass the same):
+    // leaves `mine` as this rank's buffer, waits until every rank has left its own, runs
+    // fn(buffers) (buffers[r] is rank r's), then waits until every rank has run its fn,
+    // so that no buffer changes or goes while a peer reads it (that wait ends whatever
+    // happens: every rank it waits for is copying). Errors, with nothing run:
+    // SX_ERR_MISMATCH on every rank when ranks pass different `what`s, SX_ERR_TIMEOUT at
+    // the deadline, SX_ERR_ABORTED once *aborted is set (and wake() called), or the code
+    // of the failure another rank reported with fail(). After any of them the meeting
+    // stays failed. One call at a time per rank.
+    Status meet(int rank, const std::string &what, void *mine, Clock::time_point deadline,
+                const std::atomic<bool> &aborted, const std::function<void(void *const *buffers)> &fn);
 
     // Fails every wait, present and later, of every rank: the others get `code` and
     // words naming `rank` and `why`. The first failure stays.
@@ -51,6 +53,7 @@ class Meeting {
     std::mutex mu_;
     std::condition_variable cv_;
     std::vector<void *> buffers_;
+    std::string what_;  // of the round's first rank
     int arrived_ = 0, finished_ = 0;
     uint64_t arrive_round_ = 0, finish_round_ = 0;  // completed rounds of each barrier
     bool failed_ = false;

@@ -22,6 +22,7 @@
 #include "comm/nccl/nccl_api.h"
 #include "comm/nccl/reduce_kernels.h"
 #include "optim/cuda/cuda_status.h"
+#include "optim/cuda/device_scope.h"
 
 namespace sx {
 namespace comm {
@@ -42,7 +43,7 @@ class NcclCommunicator final : public Communicator {
         : api_(api), rank_(rank), world_(world), device_(device), timeout_(timeout) {}
 
     ~NcclCommunicator() override {
-        cudaSetDevice(device_);
+        const optim::cuda::DeviceScope scope(device_);
         if (comm_ != nullptr) {
             // A healthy communicator flushes and is destroyed; one that does not finish
             // flushing in time (a dead peer) is aborted, so destruction always returns.
@@ -65,10 +66,12 @@ class NcclCommunicator final : public Communicator {
         if (done_) cudaEventDestroy(done_);
         if (stream_) cudaStreamDestroy(stream_);
         if (scratch_) cudaFree(scratch_);
+        if (pinned_) cudaFreeHost(pinned_);
     }
 
     Status init(Store &store) {
-        SX_CUDA_TRY(cudaSetDevice(device_), "selecting the CUDA device");
+        const optim::cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
         SX_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the NCCL stream");
         SX_CUDA_TRY(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "creating the NCCL event");
         // Rank 0 makes the unique id; every other rank reads it from the store.
@@ -218,7 +221,8 @@ class NcclCommunicator final : public Communicator {
     Status run(const char *what, const std::function<ncclResult_t()> &enqueue,
                const std::function<Status()> &after = [] { return Status::Ok(); }) {
         SX_TRY(usable(what));
-        SX_CUDA_TRY(cudaSetDevice(device_), "selecting the CUDA device");
+        const optim::cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
         const auto deadline = Clock::now() + timeout_;
         Status s = nccl_call(what, enqueue());
         if (s.ok()) s = wait_state(what, deadline);
@@ -234,6 +238,9 @@ class NcclCommunicator final : public Communicator {
                 s = cuda_error(q, what);
                 break;
             }
+            // "Not ready" is kept as the thread's last error by some runtimes, where the
+            // next kernel launch's check would take it for its own failure.
+            (void)cudaGetLastError();
             ncclResult_t st = ncclSuccess;
             if (api_->CommGetAsyncError(comm_, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
                 s = nccl_error(what, st);
@@ -249,32 +256,52 @@ class NcclCommunicator final : public Communicator {
         return fail(s);
     }
 
-    // A few host values through the device: copied in, reduced, copied back.
+    // A few host values through the device: copied in, reduced, copied back, through
+    // pinned host memory. A copy from or to pageable memory would return only once the
+    // stream reached it, behind an all-reduce that a stalled peer never lets finish:
+    // through pinned memory the copies are queued too, and run() keeps the deadline.
     Status small_all_reduce(const char *what, void *data, size_t bytes, size_t n, ncclDataType_t type, ncclRedOp_t op) {
         if (n == 0) return usable(what);
         SX_CHECK_ARG(data != nullptr, "%s: data must not be NULL", what);
         SX_TRY(usable(what));
         SX_TRY(reserve_scratch(bytes));
-        SX_CUDA_TRY(cudaSetDevice(device_), "selecting the CUDA device");
-        SX_CUDA_TRY(cudaMemcpyAsync(scratch_, data, bytes, cudaMemcpyHostToDevice, stream_), what);
-        return run(
+        SX_TRY(reserve_pinned(bytes));
+        const optim::cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
+        std::memcpy(pinned_, data, bytes);
+        SX_CUDA_TRY(cudaMemcpyAsync(scratch_, pinned_, bytes, cudaMemcpyHostToDevice, stream_), what);
+        SX_TRY(run(
             what, [&] { return api_->AllReduce(scratch_, scratch_, n, type, op, comm_, stream_); },
             [&]() -> Status {
-                SX_CUDA_TRY(cudaMemcpyAsync(data, scratch_, bytes, cudaMemcpyDeviceToHost, stream_), what);
+                SX_CUDA_TRY(cudaMemcpyAsync(pinned_, scratch_, bytes, cudaMemcpyDeviceToHost, stream_), what);
                 return Status::Ok();
-            });
+            }));
+        std::memcpy(data, pinned_, bytes);
+        return Status::Ok();
     }
 
     // Device scratch of at least `bytes`, kept for later calls (after the stream has
     // finished with the old one: every call waits for its work before returning).
     Status reserve_scratch(size_t bytes) {
         if (bytes <= scratch_bytes_) return Status::Ok();
-        SX_CUDA_TRY(cudaSetDevice(device_), "selecting the CUDA device");
+        const optim::cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
         void *p = nullptr;
         SX_CUDA_TRY(cudaMalloc(&p, bytes), "allocating the NCCL scratch buffer");
         if (scratch_) cudaFree(scratch_);
         scratch_ = p;
         scratch_bytes_ = bytes;
+        return Status::Ok();
+    }
+
+    // Pinned host memory of at least `bytes`, kept (small: control values only).
+    Status reserve_pinned(size_t bytes) {
+        if (bytes <= pinned_bytes_) return Status::Ok();
+        void *h = nullptr;
+        SX_CUDA_TRY(cudaMallocHost(&h, bytes), "allocating the NCCL pinned host buffer");
+        if (pinned_) cudaFreeHost(pinned_);
+        pinned_ = h;
+        pinned_bytes_ = bytes;
         return Status::Ok();
     }
 
@@ -286,6 +313,8 @@ class NcclCommunicator final : public Communicator {
     cudaEvent_t done_ = nullptr;
     void *scratch_ = nullptr;
     size_t scratch_bytes_ = 0;
+    void *pinned_ = nullptr;  // pinned host memory for small_all_reduce
+    size_t pinned_bytes_ = 0;
     std::atomic<bool> aborted_{false};
     std::string failure_;
 };
