@@ -110,7 +110,7 @@ Status ShardGroup::accumulate_grads() {
     SX_TRY(check_ranks_agree("sx_accumulate_grads", mask, 0.0));
     SX_TRY(prepare(mask));
     {
-        Status s = ops_->wait_for(nullptr);
+        Status s = ops_->wait_for(nullptr);  // the legacy default stream
         if (!s.ok()) return fail(s);
     }
     ++micro_batches_;
@@ -141,13 +141,12 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     SX_CHECK_ARG(std::isfinite(options.max_grad_norm) && options.max_grad_norm >= 0,
                  "max_grad_norm = %g; it must be finite and >= 0 (0 = no clipping)",
                  options.max_grad_norm);
+    // The trainer's backward wrote the gradients on its stream. Waited for before anything
+    // collective, so that a bad stream is this call's error alone and the group stays usable.
+    SX_TRY(ops_->wait_for(options.stream));
     std::vector<uint8_t> mask = candidate_mask();
     SX_TRY(check_ranks_agree("sx_step", mask, options.max_grad_norm));
     SX_TRY(prepare(mask));
-    {
-        Status s = ops_->wait_for(options.stream);  // the trainer's backward wrote the gradients
-        if (!s.ok()) return fail(s);
-    }
 
     // 1. Reduce every trainable unit's gradients into this rank's shard.
     std::vector<float *> reduced(units_.size(), nullptr);
