@@ -84,5 +84,11 @@ struct NcclOptions {
 Status create_nccl_communicator(std::shared_ptr<Store> store, int rank, int world_size, const NcclOptions &options,
                                 std::unique_ptr<Communicator> *out);
 
+// The communicator of a one-rank group on CUDA device `device`, without NCCL: its
+// reduce-scatters copy (or add, or widen) the one rank's buffer into `out` on the
+// device, and its other collectives have nothing to do. Same contracts as NCCL's.
+// SX_ERR_UNSUPPORTED in a build without CUDA.
+Status create_one_device_communicator(int device, std::unique_ptr<Communicator> *out);
+
 }  // namespace comm
 }  // namespace sx

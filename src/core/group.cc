@@ -69,7 +69,10 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     std::unique_ptr<DeviceOps> device_ops;
     if (cuda) SX_TRY(make_cuda_ops(cfg.device_ordinal, &device_ops));
     SX_TRY(comm::open_store(rv, timeout, &g->store_));
-    if (cuda) {
+    if (cuda && rv.world_size == 1) {
+        // One GPU: nothing to exchange, and no NCCL needed.
+        SX_TRY(comm::create_one_device_communicator(cfg.device_ordinal, &g->comm_));
+    } else if (cuda) {
         comm::NcclOptions nopt;
         nopt.device = cfg.device_ordinal;
         nopt.timeout = timeout;

@@ -1,7 +1,8 @@
 // The NCCL communicator on a GPU: every collective against exact expectations (device
 // buffers filled and read back through DeviceBuffer), a rank that never joins (the
 // communicator does not form: SX_ERR_TIMEOUT within the timeout, no hang), abort().
-// World size 1 runs on one device; 2 ranks (threads) need two devices.
+// World size 1 runs on one device; 2 ranks (threads) need two devices. Also the one-rank
+// communicator of CUDA groups, which needs a device but no NCCL.
 //
 // Without a CUDA device (or driver, or NCCL) every test reports itself skipped with
 // the reason and the program exits 77, which ctest shows as Skipped.
@@ -24,7 +25,8 @@ using sx::optim::cuda::DeviceBuffer;
 
 namespace {
 
-std::string g_skip;  // why the tests cannot run here ("" = they can)
+std::string g_skip;       // why the NCCL tests cannot run here ("" = they can)
+std::string g_no_device;  // why nothing here can run ("" = there is a device)
 int g_devices = 0;
 
 #define SKIP_WITHOUT_GPU()                                     \
@@ -150,6 +152,22 @@ void test_one_rank_collectives(void **) {
     if (!e.empty()) fail_msg("%s", e.c_str());
 }
 
+// The one-rank communicator of a CUDA group, without NCCL: the same expectations at
+// world size 1, then abort().
+void test_one_device_communicator(void **) {
+    if (!g_no_device.empty()) {
+        print_message("skipped: %s\n", g_no_device.c_str());
+        skip();
+    }
+    std::unique_ptr<Communicator> c;
+    ASSERT_OK(sx::comm::create_one_device_communicator(0, &c));
+    const std::string e = check_collectives(*c);
+    if (!e.empty()) fail_msg("%s", e.c_str());
+    c->abort();
+    double d = 1;
+    ASSERT_CODE(c->all_reduce_sum(&d, 1), SX_ERR_ABORTED);
+}
+
 void test_two_ranks_on_two_devices(void **) {
     SKIP_WITHOUT_GPU();
     if (g_devices < 2) {
@@ -191,6 +209,7 @@ void test_abort_fails_later_calls(void **) {
 int main() {
     if (!sx::optim::cuda::device_available(&g_skip)) {
         g_skip = "no CUDA device: " + g_skip;
+        g_no_device = g_skip;
     } else {
         // A device exists; NCCL must open too.
         std::unique_ptr<Communicator> probe;
@@ -200,6 +219,7 @@ int main() {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_rank_collectives),
+        cmocka_unit_test(test_one_device_communicator),
         cmocka_unit_test(test_two_ranks_on_two_devices),
         cmocka_unit_test(test_missing_rank_times_out),
         cmocka_unit_test(test_abort_fails_later_calls),

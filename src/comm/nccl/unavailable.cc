@@ -9,5 +9,10 @@ Status create_nccl_communicator(std::shared_ptr<Store>, int, int, const NcclOpti
                                         "toolkit or NCCL was not found at build time)");
 }
 
+Status create_one_device_communicator(int, std::unique_ptr<Communicator> *) {
+    return SX_ERROR(SX_ERR_UNSUPPORTED, "this libsx was built without CUDA (SX_WITH_CUDA=OFF, or the CUDA toolkit "
+                                        "was not found at build time)");
+}
+
 }  // namespace comm
 }  // namespace sx
