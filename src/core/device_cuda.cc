@@ -24,14 +24,10 @@ namespace cuda = optim::cuda;
 
 class CudaMemory final : public DeviceMemory {
   public:
-    CudaMemory(void *p, size_t n) : p_(p), n_(n) {}
-    ~CudaMemory() override { cudaFree(p_); }
-    void *data() const override { return p_; }
-    size_t size() const override { return n_; }
+    void *data() const override { return buffer.data(); }
+    size_t size() const override { return buffer.size(); }
 
-  private:
-    void *p_;
-    size_t n_;
+    cuda::DeviceBuffer buffer;
 };
 
 class CudaOps final : public DeviceOps {
@@ -58,20 +54,10 @@ class CudaOps final : public DeviceOps {
         (void)lazy;
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
-        void *p = nullptr;
-        const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
-        if (e != cudaSuccess) {
-            cudaGetLastError();
-            size_t free_bytes = 0, total = 0;
-            cudaMemGetInfo(&free_bytes, &total);
-            return SX_ERROR(e == cudaErrorMemoryAllocation ? SX_ERR_OUT_OF_MEMORY : SX_ERR_INTERNAL,
-                            "cannot allocate %zu bytes of device memory for %s on CUDA device %d (%zu of %zu bytes "
-                            "free): %s",
-                            bytes, what, device_, free_bytes, total, cudaGetErrorString(e));
-        }
-        std::unique_ptr<CudaMemory> m(new CudaMemory(p, bytes));
+        std::unique_ptr<CudaMemory> m(new CudaMemory());
+        SX_TRY(m->buffer.allocate(bytes, what));
         if (bytes) {
-            cudaError_t z = cudaMemsetAsync(p, 0, bytes, stream_);
+            cudaError_t z = cudaMemsetAsync(m->buffer.data(), 0, bytes, stream_);
             if (z == cudaSuccess) z = cudaStreamSynchronize(stream_);
             if (z != cudaSuccess)
                 return SX_ERROR(SX_ERR_INTERNAL, "zeroing new device memory for %s: %s", what, cudaGetErrorString(z));
@@ -100,7 +86,7 @@ class CudaOps final : public DeviceOps {
     Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, bool accumulate) override {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
-        SX_TRY(cuda::widen(dtype, in, out, n, accumulate, stream_));
+        SX_TRY(cuda::widen(dtype, in, out, n, 1.0f, accumulate, stream_));
         return finish("widening 16-bit values");
     }
     Status narrow(int32_t dtype, const float *in, uint16_t *out, size_t n) override {

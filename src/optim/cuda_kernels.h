@@ -101,13 +101,15 @@ class Workspace {
     Impl *impl_;
 };
 
-// 16-bit conversions on `stream` (a cudaStream_t), the same as base/half.h's (except a
-// NaN's payload: a NaN narrows to the canonical NaN, where the host keeps its top bits): widen
-// sets out[i] = (accumulate ? out[i] : 0) + float(in[i]); narrow rounds each in[i] to
-// dtype (nearest even); scale16 sets p[i] = dtype(float(p[i]) * factor). dtype is
+// Element-wise kernels on `stream` (a cudaStream_t), the same as base/half.h's (except a
+// NaN's payload: a NaN narrows to the canonical NaN, where the host keeps its top bits):
+// widen sets out[i] = (accumulate ? out[i] : 0) + scale * float(in[i]) (scale 1: the
+// exact widening); narrow rounds each in[i] to dtype (nearest even); scale16 sets
+// p[i] = dtype(float(p[i]) * factor); add sets out[i] += in[i] (fp32). dtype is
 // SX_DTYPE_F16 or SX_DTYPE_BF16 (else SX_ERR_INVALID_ARGUMENT); pointers are device
 // addresses. Enqueued only; SX_ERR_INTERNAL naming a failed launch.
-Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, bool accumulate, void *stream);
+Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, float scale, bool accumulate, void *stream);
+Status add(float *out, const float *in, size_t n, void *stream);
 Status narrow(int32_t dtype, const float *in, uint16_t *out, size_t n, void *stream);
 Status scale16(int32_t dtype, uint16_t *p, float factor, size_t n, void *stream);
 

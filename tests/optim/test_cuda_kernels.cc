@@ -352,7 +352,7 @@ void test_conversions_match_half(void **) {
         for (bool accumulate : {false, true}) {
             check_ok(d16.upload(bits.data(), n * 2), "upload");
             check_ok(d32.upload(acc.data(), n * 4), "upload");
-            check_ok(sx::optim::cuda::widen(dtype, d16.as<uint16_t>(), d32.as<float>(), n, accumulate, nullptr),
+            check_ok(sx::optim::cuda::widen(dtype, d16.as<uint16_t>(), d32.as<float>(), n, 1.0f, accumulate, nullptr),
                      "widen");
             std::vector<float> got(n), want = acc;
             check_ok(d32.download(got.data(), n * 4), "download");

@@ -20,7 +20,7 @@
 #include "base/log.h"
 #include "comm/communicator.h"
 #include "comm/nccl/nccl_api.h"
-#include "comm/nccl/reduce_kernels.h"
+#include "optim/cuda_kernels.h"
 #include "optim/cuda/cuda_status.h"
 #include "optim/cuda/device_scope.h"
 
@@ -122,7 +122,7 @@ class NcclCommunicator final : public Communicator {
         return run(
             "reduce_scatter_sum",
             [&] { return api_->ReduceScatter(buf, recv, shard_elems, ncclFloat32, ncclSum, comm_, stream_); },
-            [&] { return accumulate ? nccl::add_into(out, recv, shard_elems, stream_) : Status::Ok(); });
+            [&] { return accumulate ? optim::cuda::add(out, recv, shard_elems, stream_) : Status::Ok(); });
     }
 
     Status reduce_scatter_sum_16(uint16_t *buf, int32_t dtype, size_t shard_elems, float *out, float out_scale,
@@ -135,7 +135,7 @@ class NcclCommunicator final : public Communicator {
         return run(
             "reduce_scatter_sum_16",
             [&] { return api_->ReduceScatter(buf, recv, shard_elems, type, ncclSum, comm_, stream_); },
-            [&] { return nccl::widen_into(out, recv, dtype, out_scale, accumulate, shard_elems, stream_); });
+            [&] { return optim::cuda::widen(dtype, recv, out, shard_elems, out_scale, accumulate, stream_); });
     }
 
     Status all_gather(void *buf, size_t shard_bytes) override {

@@ -6,7 +6,7 @@
 #include <atomic>
 
 #include "comm/communicator.h"
-#include "comm/nccl/reduce_kernels.h"
+#include "optim/cuda_kernels.h"
 #include "optim/cuda/cuda_status.h"
 #include "optim/cuda/device_scope.h"
 
@@ -41,7 +41,7 @@ class OneDeviceCommunicator final : public Communicator {
         SX_TRY(check_reduce_scatter_args(*this, buf, shard_elems, out, accumulate));
         if (out == buf && !accumulate) return Status::Ok();
         return on_device("reduce_scatter_sum", [&]() -> Status {
-            if (accumulate) return nccl::add_into(out, buf, shard_elems, stream_);
+            if (accumulate) return optim::cuda::add(out, buf, shard_elems, stream_);
             SX_CUDA_TRY(cudaMemcpyAsync(out, buf, shard_elems * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
                         "reduce_scatter_sum: copying the one rank's shard");
             return Status::Ok();
@@ -54,7 +54,7 @@ class OneDeviceCommunicator final : public Communicator {
         if (shard_elems == 0) return Status::Ok();
         SX_TRY(check_reduce_scatter_16_args(*this, buf, dtype, shard_elems, out));
         return on_device("reduce_scatter_sum_16", [&] {
-            return nccl::widen_into(out, buf, dtype, out_scale, accumulate, shard_elems, stream_);
+            return optim::cuda::widen(dtype, buf, out, shard_elems, out_scale, accumulate, stream_);
         });
     }
 

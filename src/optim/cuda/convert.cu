@@ -1,11 +1,11 @@
-// 16-bit conversions on the device (cuda_kernels.h), with base/half.h's results: round
-// to nearest even, overflow to inf, denormals kept.
+// Element-wise kernels on the device (cuda_kernels.h): the 16-bit conversions, with
+// base/half.h's results (round to nearest even, overflow to inf, denormals kept), and the
+// fp32 add that the reduce-scatters' accumulation needs.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "optim/cuda/cuda_status.h"
-#include "optim/cuda/elementwise.h"
 #include "optim/cuda_kernels.h"
 
 namespace sx {
@@ -13,7 +13,14 @@ namespace optim {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = kElementwiseThreads;
+// One element per thread up to kMaxBlocks blocks, grid-stride beyond.
+constexpr int kThreads = 256;
+constexpr size_t kMaxBlocks = 8192;
+
+unsigned elementwise_blocks(size_t n) {
+    const size_t b = (n + kThreads - 1) / kThreads;
+    return static_cast<unsigned>(b < kMaxBlocks ? (b ? b : 1) : kMaxBlocks);
+}
 
 template <bool kBf16>
 __device__ __forceinline__ float widen1(uint16_t h) {
@@ -28,12 +35,19 @@ __device__ __forceinline__ uint16_t narrow1(float x) {
 }
 
 template <bool kBf16>
-__global__ void widen_kernel(const uint16_t *__restrict__ in, float *__restrict__ out, size_t n, bool accumulate) {
+__global__ void widen_kernel(const uint16_t *__restrict__ in, float *__restrict__ out, size_t n, float scale,
+                             bool accumulate) {
     for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-        const float x = widen1<kBf16>(in[i]);
+        const float x = __fmul_rn(widen1<kBf16>(in[i]), scale);
         out[i] = accumulate ? __fadd_rn(out[i], x) : x;
     }
+}
+
+__global__ void add_kernel(float *__restrict__ out, const float *__restrict__ in, size_t n) {
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x)
+        out[i] = __fadd_rn(out[i], in[i]);
 }
 
 template <bool kBf16>
@@ -58,14 +72,14 @@ Status check_dtype(int32_t dtype, const char *what) {
 
 }  // namespace
 
-Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, bool accumulate, void *stream) {
+Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, float scale, bool accumulate, void *stream) {
     SX_TRY(check_dtype(dtype, "widen"));
     if (n == 0) return Status::Ok();
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (dtype == SX_DTYPE_BF16) {
-        widen_kernel<true><<<elementwise_blocks(n), kThreads, 0, s>>>(in, out, n, accumulate);
+        widen_kernel<true><<<elementwise_blocks(n), kThreads, 0, s>>>(in, out, n, scale, accumulate);
     } else {
-        widen_kernel<false><<<elementwise_blocks(n), kThreads, 0, s>>>(in, out, n, accumulate);
+        widen_kernel<false><<<elementwise_blocks(n), kThreads, 0, s>>>(in, out, n, scale, accumulate);
     }
     SX_CUDA_TRY(cudaGetLastError(), "launching the 16-bit widening kernel");
     return Status::Ok();
@@ -94,6 +108,13 @@ Status scale16(int32_t dtype, uint16_t *p, float factor, size_t n, void *stream)
         scale_kernel<false><<<elementwise_blocks(n), kThreads, 0, s>>>(p, factor, n);
     }
     SX_CUDA_TRY(cudaGetLastError(), "launching the 16-bit scaling kernel");
+    return Status::Ok();
+}
+
+Status add(float *out, const float *in, size_t n, void *stream) {
+    if (n == 0) return Status::Ok();
+    add_kernel<<<elementwise_blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(out, in, n);
+    SX_CUDA_TRY(cudaGetLastError(), "launching the fp32 adding kernel");
     return Status::Ok();
 }
 

@@ -45,7 +45,18 @@ int device_count() {
 
 Status DeviceBuffer::allocate(size_t bytes, const char *what) {
     void *p = nullptr;
-    SX_CUDA_TRY(cudaMalloc(&p, bytes == 0 ? 1 : bytes), what);
+    const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();  // not sticky: clear it, so that it is not a later call's error
+        size_t free_bytes = 0, total = 0;
+        int device = -1;
+        cudaMemGetInfo(&free_bytes, &total);
+        cudaGetDevice(&device);
+        const std::string context = format("allocating %zu bytes of device memory for %s on CUDA device %d (%zu of "
+                                           "%zu bytes free)",
+                                           bytes, what, device, free_bytes, total);
+        return internal::cuda_status(e, context.c_str(), __FILE__, __LINE__);
+    }
     reset();
     data_ = p;
     size_ = bytes;
