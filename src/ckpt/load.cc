@@ -76,8 +76,8 @@ class ChunkReader {
     // error if reading it failed.
     Status wait(size_t i, const char **data) {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return read_ > i || !error_.ok(); });
-        if (read_ <= i) return error_;
+        cv_.wait(lock, [&] { return where_[i] != nullptr || !error_.ok(); });
+        if (!where_[i]) return error_;
         *data = where_[i];
         return Status::Ok();
     }
@@ -111,7 +111,6 @@ class ChunkReader {
                 std::lock_guard<std::mutex> lock(mu_);
                 if (s.ok()) {
                     where_[i] = into;
-                    read_ = i + 1;
                 } else {
                     error_ = s;
                 }
@@ -131,7 +130,7 @@ class ChunkReader {
     std::vector<char> bufs_[kAhead];
     std::mutex mu_;
     std::condition_variable cv_;
-    size_t read_ = 0, released_ = 0;
+    size_t released_ = 0;
     bool stop_ = false;
     Status error_;
     std::thread thread_;  // last: starts once everything above is constructed
@@ -243,7 +242,7 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
             Status s = dev.from_host(target(op), stage[op.unit_index].kept + op.shard_offset,
                                      (op.copy_end - op.copy_begin) * sizeof(float));
             if (!s.ok()) {
-                g.fail_with(s.prefix("putting the values back after a failed load: "));
+                g.fail(s.prefix("putting the values back after a failed load: "));
                 return;
             }
         }
@@ -412,12 +411,12 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     for (size_t u = 0; u < stage.size(); ++u) {
         for (int k = 0; k < stage[u].slots; ++k) {
             Status s = g.swap_state(u, k, &spare_state_[u][k]);
-            if (!s.ok()) return g.fail_with(s);
+            if (!s.ok()) return g.fail(s);
         }
     }
     {
         Status s = g.masters_to_params();
-        if (!s.ok()) return g.fail_with(s);
+        if (!s.ok()) return g.fail(s);
     }
     if (!options.params_only) {
         for (int32_t p = 0; p < np; ++p) {

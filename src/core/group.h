@@ -177,8 +177,9 @@ class ShardGroup {
     std::vector<ParamGroup> &param_groups() { return groups_; }
     ParamSpec &mutable_param(int32_t index) { return params_[index]; }
     comm::Store &store() { return *store_; }
-    // Marks the group failed with s (a device or a load that cannot be undone) and returns s.
-    Status fail_with(Status s) { return fail(std::move(s)); }
+    // Marks the group failed with s (a failed collective or device, a load that cannot
+    // be undone): every later call fails with its words. Returns s.
+    Status fail(Status s);
     // Runs a collective through the group's communicator; a failure fails the group.
     Status collective(const std::function<Status(comm::Communicator &)> &fn);
     // Exchanges state slot k of unit u with *other, a buffer of the slot's size (one
@@ -217,7 +218,6 @@ class ShardGroup {
     };
 
     ShardGroup() = default;
-    Status fail(Status s);  // marks the group failed (comm errors) and returns s
     Status check_finalized() const;
     // Applies a trainable mask: unit flags, and optimizer state (and stage 2's gradient
     // accumulator) allocated for every unit that needs it under the current
