@@ -595,7 +595,10 @@ SX_API sx_status_t sx_load_optim_state_options_init(sx_load_options_t *options, 
  * matched by name, and each rank reads only the chunks its own shard needs, verifying
  * each by its CRC32C. Unless SX_LOAD_PARAMS_ONLY, the optimizer state, per-param step
  * counts, the step count and the param groups' hyperparameters are restored too. All
- * ranks succeed or all fail, and a failed load changes no value of the group. Errors
+ * ranks succeed or all fail. A failed load leaves every rank's shard (values, masters,
+ * optimizer state) as it was; if it failed after the ranks exchanged their new values,
+ * the params are gathered again from those shards, as the next step would do (a value
+ * written into another rank's part of a param view is then gone). Errors
  * name the param (missing, extra, shape or optimizer mismatch) or the file and chunk
  * (SX_ERR_CORRUPT), or both format versions (SX_ERR_VERSION). */
 SX_API sx_status_t sx_load_optim_state(sx_shard_group_t *group, const sx_load_options_t *options);

@@ -1,13 +1,15 @@
 // Loading into any layout: verify the manifest, match params by name, read exactly the
 // chunks this rank's shard needs (each verified by its CRC32C), agree that every rank
-// succeeded, and only then change the group.
+// succeeded, and only then keep the change (or put everything back).
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <unordered_map>
 
 #include "ckpt/checkpointer.h"
@@ -230,23 +232,86 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     auto in_place = [&](const ReadOp &op) { return slot_of(want[op.param], op.kind) == 0; };
     // Unless the load commits, the values go back to what they were (a device that fails
     // the copy back fails the group: its values are then neither the old nor the new).
-    bool committed = false;
-    struct PutBack {
-        const std::function<void()> fn;
-        ~PutBack() { fn(); }
-    } put_back{[&] {
-        if (committed) return;
+    auto put_back = [&]() -> Status {
         for (size_t i = 0; i < kept.size(); ++i) {
             if (!kept[i]) continue;
             const ReadOp &op = ops[i];
-            Status s = dev.from_host(target(op), stage[op.unit_index].kept + op.shard_offset,
-                                     (op.copy_end - op.copy_begin) * sizeof(float));
-            if (!s.ok()) {
-                g.fail(s.prefix("putting the values back after a failed load: "));
-                return;
-            }
+            SX_TRY(dev.from_host(target(op), stage[op.unit_index].kept + op.shard_offset,
+                                 (op.copy_end - op.copy_begin) * sizeof(float)));
         }
+        kept.clear();
+        return Status::Ok();
+    };
+    bool committed = false;
+    struct OnExit {
+        const std::function<void()> fn;
+        ~OnExit() { fn(); }
+    } put_back_unless_committed{[&] {
+        if (committed) return;
+        Status s = put_back();
+        if (!s.ok()) g.fail(s.prefix("putting the values back after a failed load: "));
     }};
+    // The params hold the values of every rank's shard: each narrows its masters (if any)
+    // into its own shard of the params, and the ranks gather the rest.
+    auto gather_params = [&]() -> Status {
+        SX_TRY(g.masters_to_params());
+        if (g.world_size() == 1) return Status::Ok();
+        for (size_t u = 0; u < stage.size(); ++u) {
+            const core::ShardGroup::UnitView v = g.unit_view(u);
+            SX_TRY(g.collective([&](comm::Communicator &c) {
+                return c.all_gather(v.params, v.shard_numel * core::dtype_size(v.dtype));
+            }));
+        }
+        return Status::Ok();
+    };
+    // Every rank votes; the highest failing status code wins everywhere.
+    auto agree = [&](const Status &mine) -> Status {
+        uint64_t verdict[1] = {mine.ok() ? 0u : static_cast<uint64_t>(mine.code())};
+        SX_TRY(g.collective([&](comm::Communicator &c) { return c.all_reduce_max(verdict, 1); }));
+        if (!mine.ok()) return mine;
+        SX_CHECK(verdict[0] == 0, static_cast<sx_status_t>(verdict[0]),
+                 "loading %s failed on another rank (see that rank's error)", options.path.c_str());
+        return Status::Ok();
+    };
+    std::unique_ptr<ChunkReader> reader;
+    size_t values_reads = 0;  // ops[0, values_reads) read values, the rest state
+
+    // Whole chunks are read (their CRC covers them whole): straight to their place when
+    // this shard owns all of it and the group keeps it in host memory, else through a
+    // buffer keeping the part it owns. A reader thread runs ahead so that the device
+    // keeps working while this thread checks the CRCs of what arrived.
+    auto whole = [](const ReadOp &op) { return op.copy_begin == op.chunk->begin && op.copy_end == op.chunk->end; };
+    auto direct = [&](size_t i) { return on_host && whole(ops[i]); };
+    auto keep = [&](size_t i) -> Status {  // before read i overwrites values
+        const ReadOp &op = ops[i];
+        if (!in_place(op)) return Status::Ok();
+        SX_TRY(dev.to_host(stage[op.unit_index].kept + op.shard_offset, target(op),
+                           (op.copy_end - op.copy_begin) * sizeof(float)));
+        kept[i] = 1;
+        return Status::Ok();
+    };
+    // Waits for reads [begin, end), checks their CRCs and puts them in place; stops early
+    // (the result then does not matter) once *abandon is set.
+    auto check_reads = [&](size_t begin, size_t end, const std::atomic<bool> *abandon) -> Status {
+        for (size_t i = begin; i < end && !(abandon && abandon->load()); ++i) {
+            const ReadOp &op = ops[i];
+            const Chunk &c = *op.chunk;
+            const char *data = nullptr;
+            SX_TRY(reader->wait(i, &data));
+            const std::string path = options.path + "/" + m.files[c.file];
+            SX_CHECK(io::crc32c(data, c.length) == c.crc32c, SX_ERR_CORRUPT,
+                     "%s: the chunk of param '%s'%s at byte %llu fails its CRC32C check", path.c_str(),
+                     m.params[op.manifest_param].name.c_str(), tensor_suffix(op.kind),
+                     static_cast<unsigned long long>(c.offset));
+            if (!direct(i)) {
+                SX_TRY(keep(i));
+                SX_TRY(dev.from_host(target(op), data + (op.copy_begin - c.begin) * sizeof(float),
+                                     (op.copy_end - op.copy_begin) * sizeof(float)));
+            }
+            reader->release(i);
+        }
+        return Status::Ok();
+    };
 
     Status local = [&]() -> Status {
         std::string bytes;
@@ -326,10 +391,16 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         // for with POSIX_FADV_WILLNEED: that path fills the page cache with 4 KiB pages,
         // where sequential readahead allocates large folios; here it cost more CPU than
         // the copy out of the page cache itself (perf), the plain reader none of it.
+        // The values come first (a save puts them first in each file), so that the ranks
+        // can gather them while the states are read.
         std::sort(ops.begin(), ops.end(), [](const ReadOp &a, const ReadOp &b) {
+            const bool av = a.kind == TensorKind::kParam, bv = b.kind == TensorKind::kParam;
+            if (av != bv) return av;
             return a.chunk->file != b.chunk->file ? a.chunk->file < b.chunk->file
                                                   : a.chunk->offset < b.chunk->offset;
         });
+        values_reads = static_cast<size_t>(std::count_if(
+            ops.begin(), ops.end(), [](const ReadOp &op) { return op.kind == TensorKind::kParam; }));
         uint64_t floats = 0;
         for (size_t u = 0; u < stage.size(); ++u) floats += layout.units()[u].shard_numel;
         if (staging_.size() < floats * sizeof(float)) {
@@ -355,68 +426,60 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         }
         SX_TRY(fill_uncovered(g, ops, want, [&](int32_t u, int k) { return stage[u].region[k]; }));
 
-        // Whole chunks are read (their CRC covers them whole): straight to their place when
-        // this shard owns all of it and the group keeps it in host memory, else through a
-        // buffer keeping the part it owns. A reader thread runs ahead so that the device
-        // keeps working while this thread checks the CRCs of what arrived.
-        auto whole = [](const ReadOp &op) {
-            return op.copy_begin == op.chunk->begin && op.copy_end == op.chunk->end;
-        };
         kept.assign(ops.size(), 0);
-        auto direct = [&](size_t i) { return on_host && whole(ops[i]); };
-        auto keep = [&](size_t i) -> Status {  // before read i overwrites values
-            const ReadOp &op = ops[i];
-            if (!in_place(op)) return Status::Ok();
-            SX_TRY(dev.to_host(stage[op.unit_index].kept + op.shard_offset, target(op),
-                               (op.copy_end - op.copy_begin) * sizeof(float)));
-            kept[i] = 1;
-            return Status::Ok();
-        };
         // Host memory: the copy aside cannot fail.
-        ChunkReader reader(*ops_, options.path, m, ops, [&](size_t i) -> char * {
+        reader.reset(new ChunkReader(*ops_, options.path, m, ops, [&](size_t i) -> char * {
             if (!direct(i) || !keep(i).ok()) return nullptr;
             return reinterpret_cast<char *>(target(ops[i]));
-        });
-        for (size_t i = 0; i < ops.size(); ++i) {
-            const ReadOp &op = ops[i];
-            const Chunk &c = *op.chunk;
-            const char *data = nullptr;
-            SX_TRY(reader.wait(i, &data));
-            const std::string path = options.path + "/" + m.files[c.file];
-            SX_CHECK(io::crc32c(data, c.length) == c.crc32c, SX_ERR_CORRUPT,
-                     "%s: the chunk of param '%s'%s at byte %llu fails its CRC32C check", path.c_str(),
-                     m.params[op.manifest_param].name.c_str(), tensor_suffix(op.kind),
-                     static_cast<unsigned long long>(c.offset));
-            if (!direct(i)) {
-                SX_TRY(keep(i));
-                SX_TRY(dev.from_host(target(op), data + (op.copy_begin - c.begin) * sizeof(float),
-                                     (op.copy_end - op.copy_begin) * sizeof(float)));
-            }
-            reader.release(i);
-        }
+        }));
         return Status::Ok();
     }();
+    if (local.ok()) local = check_reads(0, values_reads, nullptr);
 
-    // All ranks agree: the highest failing status code wins everywhere.
-    uint64_t verdict[1] = {local.ok() ? 0u : static_cast<uint64_t>(local.code())};
-    SX_TRY(g.collective([&](comm::Communicator &c) { return c.all_reduce_max(verdict, 1); }));
-    if (!local.ok()) return local;
-    SX_CHECK(verdict[0] == 0, static_cast<sx_status_t>(verdict[0]),
-             "loading %s failed on another rank (see that rank's error)", options.path.c_str());
+    // The ranks agree on the values and gather the params on a thread of their own (on a
+    // device: on this one, first), while this one reads the states: a rank that read its
+    // values first does not wait for the others. If the load fails from here on, each
+    // rank puts its values back and the params are gathered again, which leaves them as
+    // the ranks' shards were: what the next step would gather.
+    Status values_agreed, gathered;
+    std::atomic<bool> abandon{false};  // another rank failed: stop reading
+    auto agree_and_gather = [&, values_read = local] {
+        values_agreed = agree(values_read);
+        if (values_agreed.ok()) {
+            gathered = gather_params();
+        } else {
+            abandon = true;
+        }
+    };
+    std::thread gatherer;
+    if (on_host) {
+        gatherer = std::thread(agree_and_gather);
+    } else {
+        agree_and_gather();
+    }
+    if (local.ok()) local = check_reads(values_reads, ops.size(), &abandon);
+    if (gatherer.joinable()) gatherer.join();
+    reader.reset();
+    if (!values_agreed.ok()) return values_agreed;
+    if (!gathered.ok()) return g.fail(gathered);  // the params are neither old nor new
+    Status verdict = agree(local);
+    if (!verdict.ok()) {
+        if (!g.check_usable().ok()) return verdict;  // the vote failed: the values only go back
+        committed = true;                            // the values go back here, then the params
+        Status s = put_back();
+        if (s.ok()) s = gather_params();
+        if (!s.ok()) g.fail(s.prefix("restoring the params after a failed load: "));
+        return verdict;
+    }
 
-    // Commit: the values are in place; the staged state replaces the live one; then the
-    // params are gathered.
-    // Nothing below can be undone: a failure fails the group.
+    // Commit: the values and the params are in place; the staged state replaces the live
+    // one. Nothing below can be undone: a failure fails the group.
     committed = true;
     for (size_t u = 0; u < stage.size(); ++u) {
         for (int k = 0; k < stage[u].slots; ++k) {
             Status s = g.swap_state(u, k, &spare_state_[u][k]);
             if (!s.ok()) return g.fail(s);
         }
-    }
-    {
-        Status s = g.masters_to_params();
-        if (!s.ok()) return g.fail(s);
     }
     if (!options.params_only) {
         for (int32_t p = 0; p < np; ++p) {
@@ -440,14 +503,6 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
             st.scale = m.loss_scaler.scale;
             st.growth_tracker = m.loss_scaler.growth_tracker;
             g.set_loss_scaler(st);
-        }
-    }
-    if (g.world_size() > 1) {
-        for (size_t u = 0; u < stage.size(); ++u) {
-            const core::ShardGroup::UnitView v = g.unit_view(u);
-            SX_TRY(g.collective([&](comm::Communicator &c) {
-                return c.all_gather(v.params, v.shard_numel * core::dtype_size(v.dtype));
-            }));
         }
     }
     loaded_ = true;

@@ -23,12 +23,14 @@ WritePlan plan_write(const core::Layout &layout, int rank,
     const uint64_t max_elems = kMaxChunkBytes / sizeof(float);
     uint64_t cursor = 0;
     const auto &units = layout.units();
-    for (size_t u = 0; u < units.size(); ++u) {
-        for (int32_t p : units[u].params) {
-            const core::ShardPiece piece = layout.piece(p, rank);
-            if (piece.begin == piece.end) continue;
-            const std::vector<TensorKind> &kinds = kinds_of[p];
-            for (size_t k = 0; k < kinds.size(); ++k) {
+    size_t most_kinds = 0;
+    for (const std::vector<TensorKind> &kinds : kinds_of) most_kinds = std::max(most_kinds, kinds.size());
+    for (size_t k = 0; k < most_kinds; ++k) {
+        for (size_t u = 0; u < units.size(); ++u) {
+            for (int32_t p : units[u].params) {
+                const core::ShardPiece piece = layout.piece(p, rank);
+                const std::vector<TensorKind> &kinds = kinds_of[p];
+                if (piece.begin == piece.end || k >= kinds.size()) continue;
                 for (uint64_t b = piece.begin; b < piece.end; b += max_elems) {
                     WriteChunk c;
                     c.param = p;

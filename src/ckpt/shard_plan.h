@@ -47,7 +47,11 @@ struct WritePlan {
 };
 
 // What rank `rank` writes. kinds_of[p] lists the kinds stored for param p (from
-// stored_kinds of its group, restricted to what its unit has allocated).
+// stored_kinds of its group, restricted to what its unit has allocated). The file holds
+// every param's values first, then every param's first state, and so on: a load of the
+// params alone reads one contiguous range of each file, and a whole load reads the values
+// (which it gathers across ranks while the states are read) and then the rest, each
+// sequentially.
 WritePlan plan_write(const core::Layout &layout, int rank,
                      const std::vector<std::vector<TensorKind>> &kinds_of);
 

@@ -362,7 +362,10 @@ void test_corrupt_chunk_is_detected_and_changes_nothing(void **) {
 // A load that fails on one rank only (the last chunk of the file rank 1 reads is
 // damaged, so rank 1 has read its values in place by then, and rank 0 all of its own)
 // fails on both, and leaves every rank's params, whole, and state as they were.
-void test_a_failure_on_one_rank_changes_nothing_on_any(void **) {
+// A load fails on rank 1 of 2 at a chunk of its file: a file holds the values first,
+// then the states, so a flip in its first byte fails the load before the ranks gather
+// the values, and one in its last byte after (they then restore the params).
+void a_failure_on_one_rank_changes_nothing_on_any(bool in_a_value) {
     const std::string dir = make_tmpdir();
     const std::string path = dir + "/ck";
     std::string err = run_ranks(2, [&](int r) -> std::string {
@@ -386,11 +389,12 @@ void test_a_failure_on_one_rank_changes_nothing_on_any(void **) {
     const std::string shard = path + "/" + sx::ckpt::shard_file_name(1, 2);
     std::string bytes = read_file(shard);
     assert_true(bytes.size() > 0);
-    bytes[bytes.size() - 1] = static_cast<char>(bytes[bytes.size() - 1] ^ 0x40);
+    const size_t at = in_a_value ? 0 : bytes.size() - 1;
+    bytes[at] = static_cast<char>(bytes[at] ^ 0x40);
     write_file(shard, bytes);
     err = run_ranks(2, [&](int r) -> std::string {
         Rank rk;
-        std::string e = setup("local://ck-onefails-b", r, 2, false, &rk);
+        std::string e = setup(in_a_value ? "local://ck-onefails-v" : "local://ck-onefails-s", r, 2, false, &rk);
         if (e.empty()) {
             init_params(rk);
             e = train(rk, 1, 1);
@@ -407,13 +411,20 @@ void test_a_failure_on_one_rank_changes_nothing_on_any(void **) {
         sx::Status s = ck.load(lo, nullptr);
         if (s.code() != SX_ERR_CORRUPT) e = "expected SX_ERR_CORRUPT, got: " + s.message();
         else if (r == 0 && !std::strstr(s.message().c_str(), "another rank")) e = "rank 0 says: " + s.message();
+        else if (r == 1 && !std::strstr(s.message().c_str(), in_a_value ? "' at byte" : "'.max_exp_avg_sq at byte"))
+            e = "rank 1 names another chunk: " + s.message();
         else if (!same_state(before, state_of(rk))) e = "the failed load changed this rank's shard";
         else if (params_of(rk) != params) e = "the failed load changed this rank's params";
         sx_destroy_shard_group(rk.h);
         return e;
     });
-    if (!err.empty()) fail_msg("load: %s", err.c_str());
+    if (!err.empty()) fail_msg("load (%s): %s", in_a_value ? "a value" : "a state", err.c_str());
     remove_tree(dir);
+}
+
+void test_a_failure_on_one_rank_changes_nothing_on_any(void **) {
+    a_failure_on_one_rank_changes_nothing_on_any(true);
+    a_failure_on_one_rank_changes_nothing_on_any(false);
 }
 
 void test_crash_at_every_io_call(void **) {

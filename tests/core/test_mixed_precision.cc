@@ -437,6 +437,32 @@ void test_memory_of_16bit_params(void **) {
 
 // A checkpoint of a bf16 group holds its fp32 masters: loaded at another world size
 // it continues exactly; loaded into an fp32 group it gives the masters as params.
+// A group of c.world ranks (this one r) from the initial values, trained `steps` steps.
+std::string trained_group(const std::string &rv, int r, const Config &c, int steps, Group *grp) {
+    std::string m = make_group(rv, r, c, grp);
+    if (m.empty()) m = set_initial_values(grp->g, r);
+    for (int s = 0; s < steps && m.empty(); ++s) {
+        m = write_grads(grp->g, s, 0, r);
+        if (m.empty() && sx_step(grp->g, nullptr, nullptr) != SX_OK) m = err_text("step");
+    }
+    return m;
+}
+
+// Loads the checkpoint at `path` into grp (rank r), which must give `want`; then the params must
+// equal `now`, and after step s (of the expected run on c.world ranks) `next`.
+std::string load_then_step(Group &grp, int r, const std::string &path, sx_status_t want, const Config &c,
+                           const Expected &now, int s, const Expected &next, const std::string &what) {
+    sx_load_options_t lo;
+    sx_load_optim_state_options_init(&lo, sizeof lo);
+    lo.path = path.c_str();
+    if (sx_load_optim_state(grp.g, &lo) != want) return what + ": " + err_text("load");
+    std::string m = compare_params(grp.g, c, now, ("after " + what).c_str());
+    if (m.empty()) m = write_grads(grp.g, s, 0, r);
+    if (m.empty() && sx_step(grp.g, nullptr, nullptr) != SX_OK) m = err_text("step");
+    if (m.empty()) m = compare_params(grp.g, c, next, ("the step after " + what).c_str());
+    return m;
+}
+
 void test_checkpoint_of_16bit_group(void **) {
     const std::string dir = sxtest::make_tmpdir("mp-ckpt");
     const std::string path = dir + "/ck";
@@ -448,12 +474,7 @@ void test_checkpoint_of_16bit_group(void **) {
     const std::string rv = "local://mp-ck-" + std::to_string(getpid());
     std::string err = sxtest::run_ranks(2, [&](int r) -> std::string {
         Group grp;
-        std::string m = make_group(rv + "-save", r, c2, &grp);
-        if (m.empty()) m = set_initial_values(grp.g, r);
-        for (int s = 0; s < 2 && m.empty(); ++s) {
-            m = write_grads(grp.g, s, 0, r);
-            if (m.empty() && sx_step(grp.g, nullptr, nullptr) != SX_OK) m = err_text("step");
-        }
+        const std::string m = trained_group(rv + "-save", r, c2, 2, &grp);
         if (!m.empty()) return m;
         sx_save_options_t so;
         sx_save_options_init(&so, sizeof so);
@@ -477,15 +498,7 @@ void test_checkpoint_of_16bit_group(void **) {
         Group grp;
         std::string m = make_group(rv + "-load3", r, c3, &grp);
         if (!m.empty()) return m;
-        sx_load_options_t lo;
-        sx_load_optim_state_options_init(&lo, sizeof lo);
-        lo.path = path.c_str();
-        if (sx_load_optim_state(grp.g, &lo) != SX_OK) return err_text("load");
-        m = compare_params(grp.g, c3, e, "after the load");
-        if (m.empty()) m = write_grads(grp.g, 2, 0, r);
-        if (m.empty() && sx_step(grp.g, nullptr, nullptr) != SX_OK) m = err_text("step");
-        if (m.empty()) m = compare_params(grp.g, c3, e3, "the step after the load");
-        return m;
+        return load_then_step(grp, r, path, SX_OK, c3, e, 2, e3, "the load");
     });
     if (!err.empty()) std::fprintf(stderr, "ERROR: %s\n", err.c_str());
     assert_string_equal(err.c_str(), "");
@@ -506,6 +519,27 @@ void test_checkpoint_of_16bit_group(void **) {
         assert_int_equal(pv.dtype, SX_DTYPE_F32);
         assert_memory_equal(pv.data, e.master[p].data(), e.master[p].size() * sizeof(float));
     }
+
+    // A load that fails on rank 1 of 2 bf16 ranks, at a state (the last chunk of its file,
+    // read after the ranks gathered the new values), leaves both as they were: their
+    // params, and their masters, which the step after shows.
+    const std::string shard = path + "/shard-00001-of-00002.bin";
+    std::string bytes = sxtest::read_file(shard);
+    assert_true(bytes.size() > 0);
+    bytes.back() = static_cast<char>(bytes.back() ^ 0x10);
+    assert_true(sxtest::write_file(shard, bytes));
+    Expected ahead = e;  // the group trains one step past the checkpoint
+    ahead.step(c2, 2);
+    Expected after = ahead;
+    after.step(c2, 3);
+    err = sxtest::run_ranks(2, [&](int r) -> std::string {
+        Group g2;
+        std::string m = trained_group(rv + "-fail", r, c2, 3, &g2);
+        if (!m.empty()) return m;
+        return load_then_step(g2, r, path, SX_ERR_CORRUPT, c2, ahead, 3, after, "a failed load");
+    });
+    if (!err.empty()) std::fprintf(stderr, "ERROR: %s\n", err.c_str());
+    assert_string_equal(err.c_str(), "");
     sxtest::remove_tree(dir);
 }
 
