@@ -19,7 +19,9 @@
 #pragma once
 
 #include <array>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -59,6 +61,26 @@ struct Snapshot {
     SaveOptions options;
 };
 
+// How much of a snapshot's file stage() has copied into staging, in file order: persist()
+// writes each piece once it is there, so that the device starts writing while the rest
+// is still being copied. Thread-safe.
+class StagedBytes {
+  public:
+    // [0, end) of the file is staged.
+    void advance(uint64_t end);
+    // Staging ended: all of it, or with this failure.
+    void finish(const Status &s);
+    // Waits until [0, end) is staged; the failure if staging failed first.
+    Status wait(uint64_t end);
+
+  private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    uint64_t end_ = 0;
+    bool finished_ = false;
+    Status status_;
+};
+
 class Checkpointer {
   public:
     Checkpointer(core::ShardGroup *group, std::shared_ptr<io::FileOps> ops);
@@ -67,15 +89,17 @@ class Checkpointer {
 
     // Collective in order (every rank calls it for the same save).
     Status snapshot(const SaveOptions &options, Snapshot *out);
-    // Copies the snapshot's chunks into staging and releases the shard fence. A copy
-    // can fail only on a device; persist() then tells the peers.
-    Status stage(Snapshot *snap);
+    // Copies the snapshot's chunks into staging and releases the shard fence, telling
+    // `staged` (may be null) how far it got, and how it ended. A copy can fail only on a
+    // device; persist() then tells the peers.
+    Status stage(Snapshot *snap, StagedBytes *staged = nullptr);
     // Reads only the snapshot and the staging memory; talks to peers through the store.
     // progress (may be null) receives the byte counts and is asked about cancellation.
-    // `staged` is stage()'s result: a failure is reported to the peers through the
+    // Each piece of the file is written once `staged` says it is there (null: stage()
+    // has already succeeded); a failed staging is reported to the peers through the
     // store, as a failed write is, so that every rank's save fails at once.
-    Status persist(const Snapshot &snap, SaveFuture *progress, const Status &staged = Status::Ok());
-    Status save(const SaveOptions &options);  // snapshot + stage + persist, on this thread
+    Status persist(const Snapshot &snap, SaveFuture *progress, StagedBytes *staged = nullptr);
+    Status save(const SaveOptions &options);  // snapshot, then stage and persist at once
     // Snapshots on this thread, then stages and persists on the I/O loop's thread
     // pool (the future reports when it is staged). A save
     // still in flight is waited for first (its staging memory is reused). `callback`
@@ -90,6 +114,10 @@ class Checkpointer {
     uint64_t staging_bytes() const;
 
   private:
+    // stage() on a thread of its own while persist() runs on this one; `future` (may be
+    // null) is told when the snapshot is staged.
+    Status stage_and_persist(Snapshot *snap, SaveFuture *future);
+
     core::ShardGroup *group_;
     std::shared_ptr<io::FileOps> ops_;
     HostBuffer staging_;

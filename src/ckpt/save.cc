@@ -1,5 +1,6 @@
 // Saving: snapshot into staging, then persist and commit (see checkpointer.h).
 #include <algorithm>
+#include <thread>
 #include <chrono>
 #include <cstring>
 
@@ -190,28 +191,68 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     return Status::Ok();
 }
 
-Status Checkpointer::stage(Snapshot *snap) {
+void StagedBytes::advance(uint64_t end) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        end_ = end;
+    }
+    cv_.notify_all();
+}
+
+void StagedBytes::finish(const Status &s) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        finished_ = true;
+        status_ = s;
+    }
+    cv_.notify_all();
+}
+
+Status StagedBytes::wait(uint64_t end) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return end_ >= end || finished_; });
+    if (end_ >= end) return Status::Ok();
+    return status_.ok() ? SX_ERROR(SX_ERR_INTERNAL, "checkpoint staging ended at byte %llu of %llu",
+                                   static_cast<unsigned long long>(end_), static_cast<unsigned long long>(end))
+                        : status_;
+}
+
+Status Checkpointer::stage(Snapshot *snap, StagedBytes *staged) {
     core::DeviceOps &dev = group_->ops();
     char *dst = static_cast<char *>(staging_.data());
     uint64_t cursor = 0;
-    for (size_t i = 0; i < snap->plan.chunks.size(); ++i) {
+    Status s;
+    for (size_t i = 0; i < snap->plan.chunks.size() && s.ok(); ++i) {
         const WriteChunk &c = snap->plan.chunks[i];
         // Alignment gaps are zeroed: staging is reused, and its bytes all reach the file.
         if (c.file_offset > cursor) std::memset(dst + cursor, 0, c.file_offset - cursor);
         const uint64_t bytes = (c.end - c.begin) * sizeof(float);
-        Status s = dev.to_host(dst + c.file_offset, snap->sources[i], bytes);
-        if (!s.ok()) {
-            snap->hold.reset();
-            return s.prefix("checkpoint staging: ");
-        }
+        s = dev.to_host(dst + c.file_offset, snap->sources[i], bytes);
+        if (!s.ok()) s = s.prefix("checkpoint staging: ");
         cursor = c.file_offset + bytes;
+        if (s.ok() && staged) staged->advance(cursor);
     }
-    if (snap->plan.file_bytes > cursor) std::memset(dst + cursor, 0, snap->plan.file_bytes - cursor);
+    if (s.ok() && snap->plan.file_bytes > cursor) std::memset(dst + cursor, 0, snap->plan.file_bytes - cursor);
     snap->hold.reset();
-    return Status::Ok();
+    if (staged) {
+        if (s.ok()) staged->advance(snap->plan.file_bytes);
+        staged->finish(s);
+    }
+    return s;
 }
 
-Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, const Status &staged) {
+Status Checkpointer::stage_and_persist(Snapshot *snap, SaveFuture *future) {
+    StagedBytes staged;
+    std::thread stager([&] {
+        stage(snap, &staged);
+        if (future) future->set_staged();
+    });
+    const Status s = persist(*snap, future, &staged);
+    stager.join();
+    return s;
+}
+
+Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedBytes *staged) {
     io::FileOps &ops = *ops_;
     comm::Store &store = group_->store();
     const comm::Millis timeout(group_->config().timeout_ms);
@@ -225,7 +266,6 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, const S
     // 1. Rank 0 prepares the temporary directory (clearing leftovers of crashed saves).
     if (snap.rank == 0) {
         Status st = [&]() -> Status {
-            SX_TRY(staged);
             bool exists = false;
             SX_TRY(ops.exists(final_dir, &exists));
             SX_CHECK(!exists, SX_ERR_ALREADY_EXISTS, "the checkpoint directory %s already exists",
@@ -249,7 +289,6 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, const S
     // 2. Every rank writes and fsyncs its shard file, then reports its chunks.
     std::vector<ChunkRecord> records;
     Status st = [&]() -> Status {
-        SX_TRY(staged);
         const std::string file = tmp_dir + "/" + shard_file_name(snap.rank, snap.world_size);
         int fd = -1;
         SX_TRY(ops.open_write(file, &fd));
@@ -267,7 +306,8 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, const S
                 break;
             }
             const uint64_t n = std::min(piece, snap.plan.file_bytes - off);
-            w = ops.pwrite_all(fd, data + off, n, off, file);
+            if (staged) w = staged->wait(off + n);
+            if (w.ok()) w = ops.pwrite_all(fd, data + off, n, off, file);
             if (w.ok()) ops.start_writeback(fd, off, n);
             if (w.ok() && progress) progress->add_done(n);
         }
@@ -373,8 +413,7 @@ Status Checkpointer::save(const SaveOptions &options) {
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
     Snapshot snap;
     SX_TRY(snapshot(options, &snap));
-    const Status staged = stage(&snap);
-    return persist(snap, nullptr, staged);
+    return stage_and_persist(&snap, nullptr);
 }
 
 Status Checkpointer::save_async(const SaveOptions &options, SaveFuture::Callback callback,
@@ -387,11 +426,7 @@ Status Checkpointer::save_async(const SaveOptions &options, SaveFuture::Callback
     future->set_total(snap->plan.file_bytes);
     in_flight_ = future;
     loop_->submit(
-        [this, snap, future] {
-            const Status staged = stage(snap.get());
-            future->set_staged();
-            return persist(*snap, future.get(), staged);
-        },
+        [this, snap, future] { return stage_and_persist(snap.get(), future.get()); },
                   [future](Status s) { future->complete(s); });
     *out = future;
     return Status::Ok();

@@ -606,13 +606,22 @@ void test_step_waits_for_the_snapshot_copy(void **) {
         step_error = train(a.rk, 3, 1);
         stepped = true;
     });
+    // The file is written as the copy goes: nothing of it before.
+    sx::ckpt::StagedBytes staged;
+    sx::ckpt::SaveFuture progress;
+    sx::Status persisted;
+    std::thread persister([&] { persisted = ca.persist(snap, &progress, &staged); });
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     const bool early = stepped.load();
-    ca.stage(&snap);
+    const uint64_t written_early = progress.done_bytes();
+    ca.stage(&snap, &staged);
     stepper.join();
+    persister.join();
     assert_false(early);
+    assert_int_equal(written_early, 0);
     assert_string_equal(step_error.c_str(), "");
-    assert_true(ca.persist(snap, nullptr).ok());
+    assert_true(persisted.ok());
+    assert_int_equal(progress.done_bytes(), progress.total_bytes());
 
     // Equal to a synchronous save of the twin group at the same step, and the step did
     // happen afterwards (the live state moved on).
@@ -623,6 +632,19 @@ void test_step_waits_for_the_snapshot_copy(void **) {
     assert_false(same_state(state_of(a.rk), state_of(b.rk)));
     assert_true(train(b.rk, 3, 1).empty());
     assert_true(same_state(state_of(a.rk), state_of(b.rk)));
+
+    // A copy that fails (on a device) fails the save, which leaves no checkpoint.
+    so.path = dir + "/unstaged";
+    sx::ckpt::Snapshot never;
+    assert_true(ca.snapshot(so, &never).ok());
+    sx::ckpt::StagedBytes failed;
+    failed.advance(4096);
+    failed.finish(SX_ERROR(SX_ERR_IO, "the copy out of the device failed"));
+    const sx::Status s = ca.persist(never, nullptr, &failed);
+    assert_int_equal(s.code(), SX_ERR_IO);
+    assert_non_null(std::strstr(s.message().c_str(), "the copy out of the device failed"));
+    assert_int_not_equal(access(so.path.c_str(), F_OK), 0);
+    assert_int_not_equal(access((so.path + ".sx-partial").c_str(), F_OK), 0);
     remove_tree(dir);
 }
 
