@@ -46,12 +46,9 @@ Status Meeting::meet(int rank, const std::string &what, void *mine, Clock::time_
     } else if (what != what_) {
         // The ranks already waiting read their buffers' sizes from their own call: none
         // may copy. The meeting fails for all.
-        failed_ = true;
-        failure_code_ = SX_ERR_MISMATCH;
-        failure_ = format("ranks called different collectives: rank %d %s, another rank %s", rank, what.c_str(),
-                          what_.c_str());
-        cv_.notify_all();
-        return SX_ERROR(SX_ERR_MISMATCH, "%s", failure_.c_str());
+        fail_locked(SX_ERR_MISMATCH, format("ranks called different collectives: rank %d %s, another rank %s",
+                                            rank, what.c_str(), what_.c_str()));
+        return refuse();
     }
     buffers_[static_cast<size_t>(rank)] = mine;
     const uint64_t round = arrive_round_;
@@ -67,18 +64,10 @@ Status Meeting::meet(int rank, const std::string &what, void *mine, Clock::time_
             // Not everyone came: nobody will read this rank's buffer, and this round can
             // never complete (failed_ is set before the lock is released).
             if (!met && !failed_ && !aborted.load()) {
-                failed_ = true;
-                failure_code_ = SX_ERR_TIMEOUT;
-                failure_ = format("rank %d timed out waiting for its peers", rank);
-                cv_.notify_all();
+                fail_locked(SX_ERR_TIMEOUT, format("rank %d timed out waiting for its peers", rank));
                 return SX_ERROR(SX_ERR_TIMEOUT, "rank %d: a peer did not come before the deadline", rank);
             }
-            if (!failed_) {
-                failed_ = true;
-                failure_code_ = SX_ERR_COMM;
-                failure_ = format("rank %d was aborted", rank);
-                cv_.notify_all();
-            }
+            fail_locked(SX_ERR_COMM, format("rank %d was aborted", rank));
             return refuse();
         }
     }
@@ -99,13 +88,15 @@ Status Meeting::meet(int rank, const std::string &what, void *mine, Clock::time_
 }
 
 void Meeting::fail(int rank, sx_status_t code, const std::string &why) {
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!failed_) {
-            failed_ = true;
-            failure_code_ = code;
-            failure_ = format("rank %d failed: %s", rank, why.c_str());
-        }
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_locked(code, format("rank %d failed: %s", rank, why.c_str()));
+}
+
+void Meeting::fail_locked(sx_status_t code, std::string text) {
+    if (!failed_) {
+        failed_ = true;
+        failure_code_ = code;
+        failure_ = std::move(text);
     }
     cv_.notify_all();
 }

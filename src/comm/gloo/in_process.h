@@ -49,6 +49,10 @@ class Meeting {
     void wake();
 
   private:
+    // Under mu_: the meeting fails with `code` and `text`, unless it already failed (the
+    // first failure stays); the waits wake.
+    void fail_locked(sx_status_t code, std::string text);
+
     const int world_size_;
     std::mutex mu_;
     std::condition_variable cv_;
