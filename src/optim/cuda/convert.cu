@@ -5,6 +5,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <string>
+#include <type_traits>
+
 #include "optim/cuda/cuda_status.h"
 #include "optim/cuda_kernels.h"
 
@@ -64,51 +67,43 @@ __global__ void scale_kernel(uint16_t *__restrict__ p, float s, size_t n) {
         p[i] = narrow1<kBf16>(__fmul_rn(widen1<kBf16>(p[i]), s));
 }
 
-Status check_dtype(int32_t dtype, const char *what) {
+// Runs launch(kBf16) for n > 0 elements of a 16-bit `dtype`, kBf16 a std::bool_constant,
+// and reports a failed launch of the kernel `what` names.
+template <typename Launch>
+Status launch16(int32_t dtype, const char *what, size_t n, Launch launch) {
     SX_CHECK_ARG(dtype == SX_DTYPE_F16 || dtype == SX_DTYPE_BF16, "%s: dtype %d is not SX_DTYPE_F16 or SX_DTYPE_BF16",
                  what, dtype);
+    if (n == 0) return Status::Ok();
+    if (dtype == SX_DTYPE_BF16) {
+        launch(std::true_type());
+    } else {
+        launch(std::false_type());
+    }
+    SX_CUDA_TRY(cudaGetLastError(), (std::string("launching the kernel of ") + what).c_str());
     return Status::Ok();
 }
 
 }  // namespace
 
 Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, float scale, bool accumulate, void *stream) {
-    SX_TRY(check_dtype(dtype, "widen"));
-    if (n == 0) return Status::Ok();
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (dtype == SX_DTYPE_BF16) {
-        widen_kernel<true><<<elementwise_blocks(n), kThreads, 0, s>>>(in, out, n, scale, accumulate);
-    } else {
-        widen_kernel<false><<<elementwise_blocks(n), kThreads, 0, s>>>(in, out, n, scale, accumulate);
-    }
-    SX_CUDA_TRY(cudaGetLastError(), "launching the 16-bit widening kernel");
-    return Status::Ok();
+    return launch16(dtype, "16-bit widening", n, [&](auto bf16) {
+        widen_kernel<decltype(bf16)::value>
+            <<<elementwise_blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(in, out, n, scale, accumulate);
+    });
 }
 
 Status narrow(int32_t dtype, const float *in, uint16_t *out, size_t n, void *stream) {
-    SX_TRY(check_dtype(dtype, "narrow"));
-    if (n == 0) return Status::Ok();
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (dtype == SX_DTYPE_BF16) {
-        narrow_kernel<true><<<elementwise_blocks(n), kThreads, 0, s>>>(in, out, n);
-    } else {
-        narrow_kernel<false><<<elementwise_blocks(n), kThreads, 0, s>>>(in, out, n);
-    }
-    SX_CUDA_TRY(cudaGetLastError(), "launching the 16-bit narrowing kernel");
-    return Status::Ok();
+    return launch16(dtype, "16-bit narrowing", n, [&](auto bf16) {
+        narrow_kernel<decltype(bf16)::value>
+            <<<elementwise_blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(in, out, n);
+    });
 }
 
 Status scale16(int32_t dtype, uint16_t *p, float factor, size_t n, void *stream) {
-    SX_TRY(check_dtype(dtype, "scale16"));
-    if (n == 0) return Status::Ok();
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (dtype == SX_DTYPE_BF16) {
-        scale_kernel<true><<<elementwise_blocks(n), kThreads, 0, s>>>(p, factor, n);
-    } else {
-        scale_kernel<false><<<elementwise_blocks(n), kThreads, 0, s>>>(p, factor, n);
-    }
-    SX_CUDA_TRY(cudaGetLastError(), "launching the 16-bit scaling kernel");
-    return Status::Ok();
+    return launch16(dtype, "16-bit scaling", n, [&](auto bf16) {
+        scale_kernel<decltype(bf16)::value>
+            <<<elementwise_blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p, factor, n);
+    });
 }
 
 Status add(float *out, const float *in, size_t n, void *stream) {
