@@ -3,6 +3,7 @@
 // for threads) and through TCP; a stalled rank; a destroyed peer; abort() from another
 // thread; argument and creation errors.
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -126,17 +127,17 @@ void test_stalled_rank(void **) {
     });
 }
 
-// As above, but rank 0 has a shorter timeout than rank 1: rank 0 times out and closes
-// its connections; rank 1 sees a closed connection near its own deadline, which is
-// what a peer's timeout looks like, and reports SX_ERR_TIMEOUT too.
-void test_stalled_rank_seen_through_a_peer(void **) {
-    const std::string url = "local://" + sxtest::unique_name("stalled-peer");
+// Ranks 0 and 1 of 3 call all_gather, with timeouts of timeout_ms[0] and [1] (rank 2's
+// is [1]), while rank 2 stays away until both returned; check(r, status, ms taken) says
+// what is wrong with rank r's result ("" if nothing).
+void all_gather_with_rank_2_away(const char *name, bool in_process, const int timeout_ms[2],
+                                 const std::function<std::string(int, const Status &, long long)> &check) {
+    const std::string url = "local://" + sxtest::unique_name(name);
     Event survivors_done;
     std::atomic<int> finished{0};
     sxtest::run_ranks(3, [&](int r) -> std::string {
-        const int timeout_ms = r == 0 ? 1500 : 1800;
         std::unique_ptr<Communicator> c;
-        Status s = join(url, r, 3, Millis(timeout_ms), &c, "127.0.0.1", 0, false);
+        Status s = join(url, r, 3, Millis(timeout_ms[r == 0 ? 0 : 1]), &c, "127.0.0.1", 0, in_process);
         if (!s.ok()) return "join: " + s.message();
         if (r == 2) {
             survivors_done.wait();
@@ -145,45 +146,39 @@ void test_stalled_rank_seen_through_a_peer(void **) {
         std::vector<char> buf(3 * 1000);
         auto start = sxtest::Clock::now();
         s = c->all_gather(buf.data(), 1000);
-        long long took = ms_since(start);
-        std::string e;
-        if (s.code() != SX_ERR_TIMEOUT || took > timeout_ms + kSlackMs)
-            e = "expected SX_ERR_TIMEOUT after about " + std::to_string(timeout_ms) + " ms, got (" +
-                std::to_string(took) + " ms): " + s.message();
-        if (e.empty() && r == 1 && took < 1700 && !contains(s.message(), "peer closed its connection"))
-            e = "rank 1 should have seen rank 0 close first: " + s.message();
+        const std::string e = check(r, s, ms_since(start));
         if (finished.fetch_add(1) == 1) survivors_done.set();
         return e;
+    });
+}
+
+// As above, but rank 0 has a shorter timeout than rank 1: rank 0 times out and closes
+// its connections; rank 1 sees a closed connection near its own deadline, which is
+// what a peer's timeout looks like, and reports SX_ERR_TIMEOUT too.
+void test_stalled_rank_seen_through_a_peer(void **) {
+    const int timeout_ms[2] = {1500, 1800};
+    all_gather_with_rank_2_away("stalled-peer", false, timeout_ms, [&](int r, const Status &s, long long took) {
+        if (s.code() != SX_ERR_TIMEOUT || took > timeout_ms[r] + kSlackMs)
+            return "expected SX_ERR_TIMEOUT after about " + std::to_string(timeout_ms[r]) + " ms, got (" +
+                   std::to_string(took) + " ms): " + s.message();
+        if (r == 1 && took < 1700 && !contains(s.message(), "peer closed its connection"))
+            return "rank 1 should have seen rank 0 close first: " + s.message();
+        return std::string();
     });
 }
 
 // The same between threads meeting in-process: rank 0's timeout fails the meeting, and
 // rank 1 hears of it at once, long before its own deadline.
 void test_stalled_rank_in_process(void **) {
-    const std::string url = "local://" + sxtest::unique_name("stalled-meeting");
-    Event survivors_done;
-    std::atomic<int> finished{0};
-    sxtest::run_ranks(3, [&](int r) -> std::string {
-        const int timeout_ms = r == 0 ? 1500 : 6000;
-        std::unique_ptr<Communicator> c;
-        Status s = join(url, r, 3, Millis(timeout_ms), &c);
-        if (!s.ok()) return "join: " + s.message();
-        if (r == 2) {
-            survivors_done.wait();
-            return "";
-        }
-        std::vector<char> buf(3 * 1000);
-        auto start = sxtest::Clock::now();
-        s = c->all_gather(buf.data(), 1000);
-        long long took = ms_since(start);
-        std::string e;
+    const int timeout_ms[2] = {1500, 6000};
+    all_gather_with_rank_2_away("stalled-meeting", true, timeout_ms, [](int r, const Status &s, long long took) {
         if (s.code() != SX_ERR_TIMEOUT || took < 1100 || took > 1500 + kSlackMs)
-            e = "expected SX_ERR_TIMEOUT after about 1500 ms, got (" + std::to_string(took) + " ms): " + s.message();
+            return "expected SX_ERR_TIMEOUT after about 1500 ms, got (" + std::to_string(took) + " ms): " +
+                   s.message();
         const char *says = r == 0 ? "did not come" : "rank 0 timed out";
-        if (e.empty() && (!contains(s.message(), says) || !contains(s.message(), "threads of one process")))
-            e = "the message should say '" + std::string(says) + "': " + s.message();
-        if (finished.fetch_add(1) == 1) survivors_done.set();
-        return e;
+        if (!contains(s.message(), says) || !contains(s.message(), "threads of one process"))
+            return "the message should say '" + std::string(says) + "': " + s.message();
+        return std::string();
     });
 }
 
