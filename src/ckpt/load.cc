@@ -138,6 +138,9 @@ class ChunkReader {
     std::thread thread_;  // last: starts once everything above is constructed
 };
 
+// The read goes to the fp32 values (region 0), in place, rather than to a state slot.
+bool reads_values(const ReadOp &op) { return op.kind == TensorKind::kParam; }
+
 // Region of `kind` in a unit's staging: want lists a param's kinds in slot order, so
 // kinds[k] lives in region k (0: values, k: state slot k - 1).
 int slot_of(const std::vector<TensorKind> &kinds, TensorKind kind) {
@@ -229,7 +232,6 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     auto target = [&](const ReadOp &op) {
         return stage[op.unit_index].region[slot_of(want[op.param], op.kind)] + op.shard_offset;
     };
-    auto in_place = [&](const ReadOp &op) { return slot_of(want[op.param], op.kind) == 0; };
     // Unless the load commits, the values go back to what they were (a device that fails
     // the copy back fails the group: its values are then neither the old nor the new).
     auto put_back = [&]() -> Status {
@@ -284,7 +286,7 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     auto direct = [&](size_t i) { return on_host && whole(ops[i]); };
     auto keep = [&](size_t i) -> Status {  // before read i overwrites values
         const ReadOp &op = ops[i];
-        if (!in_place(op)) return Status::Ok();
+        if (!reads_values(op)) return Status::Ok();
         SX_TRY(dev.to_host(stage[op.unit_index].kept + op.shard_offset, target(op),
                            (op.copy_end - op.copy_begin) * sizeof(float)));
         kept[i] = 1;
@@ -394,13 +396,11 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         // The values come first (a save puts them first in each file), so that the ranks
         // can gather them while the states are read.
         std::sort(ops.begin(), ops.end(), [](const ReadOp &a, const ReadOp &b) {
-            const bool av = a.kind == TensorKind::kParam, bv = b.kind == TensorKind::kParam;
-            if (av != bv) return av;
+            if (reads_values(a) != reads_values(b)) return reads_values(a);
             return a.chunk->file != b.chunk->file ? a.chunk->file < b.chunk->file
                                                   : a.chunk->offset < b.chunk->offset;
         });
-        values_reads = static_cast<size_t>(std::count_if(
-            ops.begin(), ops.end(), [](const ReadOp &op) { return op.kind == TensorKind::kParam; }));
+        values_reads = static_cast<size_t>(std::count_if(ops.begin(), ops.end(), reads_values));
         uint64_t floats = 0;
         for (size_t u = 0; u < stage.size(); ++u) floats += layout.units()[u].shard_numel;
         if (staging_.size() < floats * sizeof(float)) {
