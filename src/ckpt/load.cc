@@ -2,10 +2,12 @@
 // chunks this rank's shard needs (each verified by its CRC32C), agree that every rank
 // succeeded, and only then keep the change (or put everything back).
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -52,30 +54,46 @@ class OpenFiles {
     std::map<uint32_t, std::string> names_;
 };
 
-// Reads a load's chunks, in order, on its own thread: chunk i whole into direct(i),
-// called on that thread just before the read, or where it returns null into one of
-// kAhead buffers of the reader's own. It keeps at most kAhead chunks ahead of the
-// caller, which waits for chunk i, checks it, and releases it. Destroying the reader
-// stops it (after the read under way) and joins its thread.
+// Reads a load's chunks: chunk i whole into the place that place(i) gives (its final
+// one), or where that is null into a buffer of the reader's own, reused once the caller
+// has released the chunk that used it before. Each file is read by one thread, in the
+// order of the chunks, up to kMaxStreams threads (files beyond that share them): every
+// file is a sequential stream with its own readahead, and a stream whose thread is late
+// (copying, or waiting for a processor) leaves the device the other streams' requests.
+// place(i) runs on a thread of its own, in order, ahead of the reads (it may copy aside
+// what chunk i will overwrite, which then costs the reads nothing). Only buffered chunks
+// wait for the caller, which waits for chunk i, checks it and releases it. Destroying
+// the reader stops its threads (after the call under way) and joins them.
 class ChunkReader {
   public:
-    static constexpr size_t kAhead = 4;
+    static constexpr size_t kMaxStreams = 4;
+    static constexpr size_t kBuffers = 4;  // per stream
+    // Sets *into to chunk i's place, or to null for a buffer; an error stops the reads.
+    using Place = std::function<Status(size_t i, char **into)>;
 
     ChunkReader(io::FileOps &ops, const std::string &dir, const Manifest &m, const std::vector<ReadOp> &reads,
-                std::function<char *(size_t)> direct)
-        : files_(ops, dir), ops_(ops), dir_(dir), m_(m), reads_(reads), direct_(std::move(direct)),
-          where_(reads.size(), nullptr), thread_([this] { run(); }) {}
-    ~ChunkReader() {
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            stop_ = true;
+                Place place)
+        : ops_(ops), dir_(dir), m_(m), reads_(reads), place_(std::move(place)), placed_(reads.size(), nullptr),
+          where_(reads.size(), nullptr) {
+        std::map<uint32_t, size_t> stream_of;  // file -> stream
+        for (const ReadOp &r : reads) stream_of.emplace(r.chunk->file, 0);
+        size_t next = 0;
+        for (auto &f : stream_of) f.second = next++ % kMaxStreams;
+        for (size_t k = 0; k < std::min(stream_of.size(), kMaxStreams); ++k)
+            streams_.emplace_back(new Stream(ops, dir));
+        for (size_t i = 0; i < reads.size(); ++i) streams_[stream_of[reads[i].chunk->file]]->chunks.push_back(i);
+        try {
+            placer_ = std::thread([this] { place_all(); });
+            for (auto &st : streams_) st->thread = std::thread([this, s = st.get()] { read_stream(*s); });
+        } catch (...) {
+            stop_and_join();
+            throw;
         }
-        cv_.notify_all();
-        thread_.join();
     }
+    ~ChunkReader() { stop_and_join(); }
 
-    // Waits until chunk i has been read; *data is where its bytes are. The reader's
-    // error if reading it failed.
+    // Waits until chunk i has been read; *data is where its bytes are. The error that
+    // stopped the reads before chunk i was read, if one did.
     Status wait(size_t i, const char **data) {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return where_[i] != nullptr || !error_.ok(); });
@@ -83,7 +101,7 @@ class ChunkReader {
         *data = where_[i];
         return Status::Ok();
     }
-    // The caller is done with chunk i (its buffer may be reused).
+    // The caller is done with chunks [0, i] (their buffers may be reused).
     void release(size_t i) {
         {
             std::lock_guard<std::mutex> lock(mu_);
@@ -93,49 +111,100 @@ class ChunkReader {
     }
 
   private:
-    void run() {
+    struct Stream {
+        Stream(io::FileOps &ops, const std::string &dir) : files(ops, dir) {}
+        OpenFiles files;             // used by the stream's thread alone, closed after it ended
+        std::vector<size_t> chunks;  // the chunks it reads, in order
+        std::vector<char> bufs[kBuffers];
+        std::thread thread;
+    };
+
+    void stop_and_join() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        for (auto &st : streams_)
+            if (st->thread.joinable()) st->thread.join();
+        if (placer_.joinable()) placer_.join();
+    }
+
+    // The first error stops every thread.
+    void fail(const Status &s) {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (error_.ok()) error_ = s;
+        }
+        cv_.notify_all();
+    }
+
+    void place_all() {
         for (size_t i = 0; i < reads_.size(); ++i) {
             {
-                std::unique_lock<std::mutex> lock(mu_);
-                cv_.wait(lock, [&] { return stop_ || i < released_ + kAhead; });
-                if (stop_) return;
+                std::lock_guard<std::mutex> lock(mu_);
+                if (stop_ || !error_.ok()) return;
             }
-            const Chunk &c = *reads_[i].chunk;
-            char *into = direct_(i);
-            if (!into) {
-                bufs_[i % kAhead].resize(c.length);
-                into = bufs_[i % kAhead].data();
-            }
-            int fd = -1;
-            Status s = files_.get(m_, c.file, &fd);
-            if (s.ok()) s = ops_.pread_all(fd, into, c.length, c.offset, dir_ + "/" + m_.files[c.file]);
+            char *into = nullptr;
+            Status s = place_(i, &into);
+            if (!s.ok()) return fail(s);
             {
                 std::lock_guard<std::mutex> lock(mu_);
-                if (s.ok()) {
-                    where_[i] = into;
-                } else {
-                    error_ = s;
-                }
+                placed_[i] = into;
+                num_placed_ = i + 1;
             }
             cv_.notify_all();
-            if (!s.ok()) return;
         }
     }
 
-    OpenFiles files_;  // used by the thread alone, closed after it ended
+    void read_stream(Stream &st) {
+        std::array<size_t, kBuffers> user;  // the last chunk read into each buffer
+        user.fill(SIZE_MAX);
+        size_t buffered = 0;
+        for (const size_t i : st.chunks) {
+            const Chunk &c = *reads_[i].chunk;
+            char *into = nullptr;
+            {
+                std::unique_lock<std::mutex> lock(mu_);
+                cv_.wait(lock, [&] { return stop_ || !error_.ok() || num_placed_ > i; });
+                if (stop_ || !error_.ok()) return;
+                into = placed_[i];
+                if (!into) {
+                    const size_t b = buffered++ % kBuffers;
+                    cv_.wait(lock, [&] { return stop_ || user[b] == SIZE_MAX || released_ > user[b]; });
+                    if (stop_) return;
+                    user[b] = i;
+                    st.bufs[b].resize(c.length);
+                    into = st.bufs[b].data();
+                }
+            }
+            int fd = -1;
+            Status s = st.files.get(m_, c.file, &fd);
+            if (s.ok()) s = ops_.pread_all(fd, into, c.length, c.offset, dir_ + "/" + m_.files[c.file]);
+            if (!s.ok()) return fail(s);
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                where_[i] = into;
+            }
+            cv_.notify_all();
+        }
+    }
+
     io::FileOps &ops_;
     const std::string dir_;
     const Manifest &m_;
     const std::vector<ReadOp> &reads_;
-    const std::function<char *(size_t)> direct_;
-    std::vector<char *> where_;  // chunk i's bytes, once read
-    std::vector<char> bufs_[kAhead];
+    const Place place_;
+    std::vector<char *> placed_;  // chunk i's place (null: a buffer), once num_placed_ > i
+    std::vector<char *> where_;   // chunk i's bytes, once read
+    std::vector<std::unique_ptr<Stream>> streams_;
     std::mutex mu_;
     std::condition_variable cv_;
+    size_t num_placed_ = 0;
     size_t released_ = 0;
     bool stop_ = false;
     Status error_;
-    std::thread thread_;  // last: starts once everything above is constructed
+    std::thread placer_;
 };
 
 // The read goes to the fp32 values (region 0), in place, rather than to a state slot.
@@ -280,8 +349,10 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
 
     // Whole chunks are read (their CRC covers them whole): straight to their place when
     // this shard owns all of it and the group keeps it in host memory, else through a
-    // buffer keeping the part it owns. A reader thread runs ahead so that the device
-    // keeps working while this thread checks the CRCs of what arrived.
+    // buffer keeping the part it owns. The reader's threads run ahead so that the device
+    // keeps working while this thread checks the CRCs of what arrived; the copies aside
+    // of the values read in place are made by its placing thread, ahead of the reads,
+    // rather than between them.
     auto whole = [](const ReadOp &op) { return op.copy_begin == op.chunk->begin && op.copy_end == op.chunk->end; };
     auto direct = [&](size_t i) { return on_host && whole(ops[i]); };
     auto keep = [&](size_t i) -> Status {  // before read i overwrites values
@@ -427,10 +498,11 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         SX_TRY(fill_uncovered(g, ops, want, [&](int32_t u, int k) { return stage[u].region[k]; }));
 
         kept.assign(ops.size(), 0);
-        // Host memory: the copy aside cannot fail.
-        reader.reset(new ChunkReader(*ops_, options.path, m, ops, [&](size_t i) -> char * {
-            if (!direct(i) || !keep(i).ok()) return nullptr;
-            return reinterpret_cast<char *>(target(ops[i]));
+        reader.reset(new ChunkReader(*ops_, options.path, m, ops, [&](size_t i, char **into) -> Status {
+            if (!direct(i)) return Status::Ok();
+            SX_TRY(keep(i));
+            *into = reinterpret_cast<char *>(target(ops[i]));
+            return Status::Ok();
         }));
         return Status::Ok();
     }();

@@ -359,18 +359,11 @@ void test_corrupt_chunk_is_detected_and_changes_nothing(void **) {
     remove_tree(dir);
 }
 
-// A load that fails on one rank only (the last chunk of the file rank 1 reads is
-// damaged, so rank 1 has read its values in place by then, and rank 0 all of its own)
-// fails on both, and leaves every rank's params, whole, and state as they were.
-// A load fails on rank 1 of 2 at a chunk of its file: a file holds the values first,
-// then the states, so a flip in its first byte fails the load before the ranks gather
-// the values, and one in its last byte after (they then restore the params).
-void a_failure_on_one_rank_changes_nothing_on_any(bool in_a_value) {
-    const std::string dir = make_tmpdir();
-    const std::string path = dir + "/ck";
-    std::string err = run_ranks(2, [&](int r) -> std::string {
+// Ranks of a fresh group of `world` train 2 steps and save to path; an error or "".
+std::string save_trained(const std::string &name, int world, const std::string &path) {
+    return run_ranks(world, [&](int r) -> std::string {
         Rank rk;
-        std::string e = setup("local://ck-onefails-a", r, 2, false, &rk);
+        std::string e = setup("local://" + name, r, world, false, &rk);
         if (e.empty()) {
             init_params(rk);
             e = train(rk, 1, 2);
@@ -385,6 +378,26 @@ void a_failure_on_one_rank_changes_nothing_on_any(bool in_a_value) {
         sx_destroy_shard_group(rk.h);
         return e;
     });
+}
+
+// Rank r of a fresh group of `world`, trained 1 step; an error (and no group) or "".
+std::string trained_one_step(const std::string &name, int r, int world, Rank *rk) {
+    std::string e = setup("local://" + name, r, world, false, rk);
+    if (e.empty()) {
+        init_params(*rk);
+        e = train(*rk, 1, 1);
+    }
+    if (!e.empty()) sx_destroy_shard_group(rk->h);
+    return e;
+}
+
+// A load fails on rank 1 of 2 at a chunk of its file: a file holds the values first,
+// then the states, so a flip in its first byte fails the load before the ranks gather
+// the values, and one in its last byte after (they then restore the params).
+void a_failure_on_one_rank_changes_nothing_on_any(bool in_a_value) {
+    const std::string dir = make_tmpdir();
+    const std::string path = dir + "/ck";
+    std::string err = save_trained("ck-onefails-a", 2, path);
     if (!err.empty()) fail_msg("save: %s", err.c_str());
     const std::string shard = path + "/" + sx::ckpt::shard_file_name(1, 2);
     std::string bytes = read_file(shard);
@@ -394,15 +407,8 @@ void a_failure_on_one_rank_changes_nothing_on_any(bool in_a_value) {
     write_file(shard, bytes);
     err = run_ranks(2, [&](int r) -> std::string {
         Rank rk;
-        std::string e = setup(in_a_value ? "local://ck-onefails-v" : "local://ck-onefails-s", r, 2, false, &rk);
-        if (e.empty()) {
-            init_params(rk);
-            e = train(rk, 1, 1);
-        }
-        if (!e.empty()) {
-            sx_destroy_shard_group(rk.h);
-            return e;
-        }
+        std::string e = trained_one_step(in_a_value ? "ck-onefails-v" : "ck-onefails-s", r, 2, &rk);
+        if (!e.empty()) return e;
         const FullState before = state_of(rk);
         const std::vector<std::vector<float>> params = params_of(rk);
         sx::ckpt::Checkpointer ck(rk.g, sx::io::posix_file_ops());
@@ -425,6 +431,66 @@ void a_failure_on_one_rank_changes_nothing_on_any(bool in_a_value) {
 void test_a_failure_on_one_rank_changes_nothing_on_any(void **) {
     a_failure_on_one_rank_changes_nothing_on_any(true);
     a_failure_on_one_rank_changes_nothing_on_any(false);
+}
+
+// Two ranks load what three saved: each reads two files, one stream each, whole chunks
+// in place and split ones through buffers. Rank 1's n-th file operation fails, for every
+// n: the load fails on both ranks with SX_ERR_IO and changes nothing on either, or (a
+// call it can do without) it succeeds and the state is the one a clean load gives.
+void test_a_failed_file_call_at_every_point_of_a_load(void **) {
+    const std::string dir = make_tmpdir();
+    const std::string path = dir + "/ck";
+    std::string err = save_trained("ck-iofail-save", 3, path);
+    if (!err.empty()) fail_msg("save: %s", err.c_str());
+    auto posix = sx::io::posix_file_ops();
+    std::mutex mu;
+    // Loads into 2 fresh ranks, rank 1 through `ops1`; ok[r]: rank r's load succeeded, and
+    // then `loaded` gets its state.
+    auto load_by_two = [&](const std::string &name, const std::shared_ptr<sx::io::FileOps> &ops1,
+                           FullState *loaded, bool ok[2]) {
+        return run_ranks(2, [&](int r) -> std::string {
+            Rank rk;
+            std::string e = trained_one_step(name, r, 2, &rk);
+            if (!e.empty()) return e;
+            const FullState before = state_of(rk);
+            const std::vector<std::vector<float>> params = params_of(rk);
+            sx::ckpt::Checkpointer ck(rk.g, r == 1 ? ops1 : posix);
+            sx::ckpt::LoadOptions lo;
+            lo.path = path;
+            const sx::Status s = ck.load(lo, nullptr);
+            ok[r] = s.ok();
+            if (s.ok()) {
+                collect(rk, loaded, &mu);
+            } else if (s.code() != SX_ERR_IO) {
+                e = "expected SX_ERR_IO, got: " + s.message();
+            } else if (!same_state(before, state_of(rk)) || params_of(rk) != params) {
+                e = "the failed load changed this rank's state (" + s.message() + ")";
+            }
+            sx_destroy_shard_group(rk.h);
+            return e;
+        });
+    };
+    FullState clean;
+    bool ok[2] = {false, false};
+    auto counting = std::make_shared<sx::io::FaultFileOps>(posix);
+    err = load_by_two("ck-iofail-count", counting, &clean, ok);
+    if (!err.empty() || !ok[0] || !ok[1]) fail_msg("clean load: %s", err.c_str());
+    const int64_t calls = counting->count(sx::io::OpKind::kAny);
+    assert_true(counting->count(sx::io::OpKind::kRead) >= 4);
+    int failed = 0;
+    for (int64_t n = 1; n <= calls; ++n) {
+        auto faulty = std::make_shared<sx::io::FaultFileOps>(posix);
+        faulty->arm(sx::io::OpKind::kAny, n, false);
+        FullState loaded;
+        err = load_by_two("ck-iofail-" + std::to_string(n), faulty, &loaded, ok);
+        if (!err.empty()) fail_msg("call %lld of %lld failing: %s", (long long)n, (long long)calls, err.c_str());
+        if (ok[0] != ok[1]) fail_msg("call %lld failing: one rank loaded, the other did not", (long long)n);
+        if (ok[0] && !same_state(loaded, clean)) fail_msg("call %lld failing: the load succeeded, wrong", (long long)n);
+        failed += ok[0] ? 0 : 1;
+    }
+    // Every call but the closes of the shard files is needed.
+    assert_true(failed >= calls - counting->count(sx::io::OpKind::kClose));
+    remove_tree(dir);
 }
 
 void test_crash_at_every_io_call(void **) {
@@ -730,6 +796,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_params_only_and_mismatches_change_nothing),
         cmocka_unit_test(test_corrupt_chunk_is_detected_and_changes_nothing),
         cmocka_unit_test(test_a_failure_on_one_rank_changes_nothing_on_any),
+        cmocka_unit_test(test_a_failed_file_call_at_every_point_of_a_load),
         cmocka_unit_test(test_crash_at_every_io_call),
         cmocka_unit_test(test_damaged_shard_files_never_load_wrong),
         cmocka_unit_test(test_non_fp32_tensors_are_refused),
