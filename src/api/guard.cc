@@ -11,8 +11,12 @@ thread_local std::string t_last_error;
 const char *last_error() { return t_last_error.c_str(); }
 
 sx_status_t report(const char *function, const Status &s) {
-    t_last_error = std::string(function) + ": " + s.message();
-    log(SX_LOG_DEBUG, "%s [%s:%d]", t_last_error.c_str(), s.file(), s.line());
+    try {
+        t_last_error = std::string(function) + ": " + s.message();
+        log(SX_LOG_DEBUG, "%s [%s:%d]", t_last_error.c_str(), s.file(), s.line());
+    } catch (...) {
+        t_last_error.clear();  // no memory for the text: the code still tells what failed
+    }
     return s.code();
 }
 

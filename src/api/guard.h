@@ -5,8 +5,7 @@
 
 #include <cstddef>
 #include <cstring>
-#include <exception>
-#include <new>
+#include <utility>
 
 #include "base/log.h"
 #include "base/status.h"
@@ -15,22 +14,14 @@ namespace sx {
 namespace api {
 
 // Records `s` as this thread's last error (prefixed with the entry point's name) and
-// returns its code.
+// returns its code. Never throws: without memory for the text the last error is empty.
 sx_status_t report(const char *function, const Status &s);
 
 // Runs fn (returning Status) so that nothing unwinds across the C boundary.
 template <typename F>
 sx_status_t guard(const char *function, F &&fn) {
-    try {
-        Status s = fn();
-        return s.ok() ? SX_OK : report(function, s);
-    } catch (const std::bad_alloc &) {
-        return report(function, SX_ERROR(SX_ERR_OUT_OF_MEMORY, "out of memory"));
-    } catch (const std::exception &e) {
-        return report(function, SX_ERROR(SX_ERR_INTERNAL, "unexpected exception: %s", e.what()));
-    } catch (...) {
-        return report(function, SX_ERROR(SX_ERR_INTERNAL, "unexpected exception"));
-    }
+    const Status s = catching(std::forward<F>(fn));
+    return s.ok() ? SX_OK : report(function, s);
 }
 
 // Structs larger than this are taken as garbage in struct_size.

@@ -2,6 +2,8 @@
 // message a user can act on and the file:line where it was made.
 #pragma once
 
+#include <exception>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -37,6 +39,24 @@ class Status {
 
 // printf-style formatting into a std::string.
 std::string format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+Status status_of_exception(const std::exception *e, bool out_of_memory);
+
+// Runs fn (returning Status) and returns its Status, or an exception it threw turned
+// into one: SX_ERR_OUT_OF_MEMORY for std::bad_alloc, SX_ERR_INTERNAL for anything else.
+// For the C entry points and the bodies of threads, where an exception must not go on.
+template <typename F>
+Status catching(F &&fn) {
+    try {
+        return fn();
+    } catch (const std::bad_alloc &e) {
+        return status_of_exception(&e, true);
+    } catch (const std::exception &e) {
+        return status_of_exception(&e, false);
+    } catch (...) {
+        return status_of_exception(nullptr, false);
+    }
+}
 
 }  // namespace sx
 

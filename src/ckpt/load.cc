@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <cstdint>
 #include <cstring>
@@ -83,8 +84,9 @@ class ChunkReader {
             streams_.emplace_back(new Stream(ops, dir));
         for (size_t i = 0; i < reads.size(); ++i) streams_[stream_of[reads[i].chunk->file]]->chunks.push_back(i);
         try {
-            placer_ = std::thread([this] { place_all(); });
-            for (auto &st : streams_) st->thread = std::thread([this, s = st.get()] { read_stream(*s); });
+            placer_ = std::thread([this] { run([this] { return place_all(); }); });
+            for (auto &st : streams_)
+                st->thread = std::thread([this, s = st.get()] { run([this, s] { return read_stream(*s); }); });
         } catch (...) {
             stop_and_join();
             throw;
@@ -130,6 +132,13 @@ class ChunkReader {
         if (placer_.joinable()) placer_.join();
     }
 
+    // A thread's body; its error (an exception too) stops every thread.
+    template <typename F>
+    void run(F body) {
+        const Status s = catching(body);
+        if (!s.ok()) fail(s);
+    }
+
     // The first error stops every thread.
     void fail(const Status &s) {
         {
@@ -139,15 +148,15 @@ class ChunkReader {
         cv_.notify_all();
     }
 
-    void place_all() {
+    // The threads' bodies: an error, or ok once done or stopped.
+    Status place_all() {
         for (size_t i = 0; i < reads_.size(); ++i) {
             {
                 std::lock_guard<std::mutex> lock(mu_);
-                if (stop_ || !error_.ok()) return;
+                if (stop_ || !error_.ok()) return Status::Ok();
             }
             char *into = nullptr;
-            Status s = place_(i, &into);
-            if (!s.ok()) return fail(s);
+            SX_TRY(place_(i, &into));
             {
                 std::lock_guard<std::mutex> lock(mu_);
                 placed_[i] = into;
@@ -155,9 +164,10 @@ class ChunkReader {
             }
             cv_.notify_all();
         }
+        return Status::Ok();
     }
 
-    void read_stream(Stream &st) {
+    Status read_stream(Stream &st) {
         std::array<size_t, kBuffers> user;  // the last chunk read into each buffer
         user.fill(SIZE_MAX);
         size_t buffered = 0;
@@ -167,27 +177,27 @@ class ChunkReader {
             {
                 std::unique_lock<std::mutex> lock(mu_);
                 cv_.wait(lock, [&] { return stop_ || !error_.ok() || num_placed_ > i; });
-                if (stop_ || !error_.ok()) return;
+                if (stop_ || !error_.ok()) return Status::Ok();
                 into = placed_[i];
                 if (!into) {
                     const size_t b = buffered++ % kBuffers;
                     cv_.wait(lock, [&] { return stop_ || user[b] == SIZE_MAX || released_ > user[b]; });
-                    if (stop_) return;
+                    if (stop_) return Status::Ok();
                     user[b] = i;
                     st.bufs[b].resize(c.length);
                     into = st.bufs[b].data();
                 }
             }
             int fd = -1;
-            Status s = st.files.get(m_, c.file, &fd);
-            if (s.ok()) s = ops_.pread_all(fd, into, c.length, c.offset, dir_ + "/" + m_.files[c.file]);
-            if (!s.ok()) return fail(s);
+            SX_TRY(st.files.get(m_, c.file, &fd));
+            SX_TRY(ops_.pread_all(fd, into, c.length, c.offset, dir_ + "/" + m_.files[c.file]));
             {
                 std::lock_guard<std::mutex> lock(mu_);
                 where_[i] = into;
             }
             cv_.notify_all();
         }
+        return Status::Ok();
     }
 
     io::FileOps &ops_;
@@ -386,7 +396,8 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         return Status::Ok();
     };
 
-    Status local = [&]() -> Status {
+    // Whatever fails here (an exception too) is this rank's vote, so that no peer waits.
+    Status local = catching([&]() -> Status {
         std::string bytes;
         SX_TRY(io::read_file(*ops_, options.path + "/MANIFEST", kMaxManifestBytes, &bytes));
         Status d = decode_manifest(bytes.data(), bytes.size(), &m);
@@ -505,8 +516,8 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
             return Status::Ok();
         }));
         return Status::Ok();
-    }();
-    if (local.ok()) local = check_reads(0, values_reads, nullptr);
+    });
+    if (local.ok()) local = catching([&] { return check_reads(0, values_reads, nullptr); });
 
     // The ranks agree on the values and gather the params on a thread of their own (on a
     // device: on this one, first), while this one reads the states: a rank that read its
@@ -516,20 +527,24 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     Status values_agreed, gathered;
     std::atomic<bool> abandon{false};  // another rank failed: stop reading
     auto agree_and_gather = [&, values_read = local] {
-        values_agreed = agree(values_read);
+        values_agreed = catching([&] { return agree(values_read); });
         if (values_agreed.ok()) {
-            gathered = gather_params();
+            gathered = catching(gather_params);
         } else {
             abandon = true;
         }
     };
     std::thread gatherer;
     if (on_host) {
-        gatherer = std::thread(agree_and_gather);
+        try {
+            gatherer = std::thread(agree_and_gather);
+        } catch (const std::system_error &) {
+            agree_and_gather();  // no thread to be had: the gather goes first, as on a device
+        }
     } else {
         agree_and_gather();
     }
-    if (local.ok()) local = check_reads(values_reads, ops.size(), &abandon);
+    if (local.ok()) local = catching([&] { return check_reads(values_reads, ops.size(), &abandon); });
     if (gatherer.joinable()) gatherer.join();
     reader.reset();
     if (!values_agreed.ok()) return values_agreed;

@@ -1,5 +1,6 @@
 // Saving: snapshot into staging, then persist and commit (see checkpointer.h).
 #include <algorithm>
+#include <system_error>
 #include <thread>
 #include <chrono>
 #include <cstring>
@@ -220,19 +221,22 @@ Status StagedBytes::wait(uint64_t end) {
 Status Checkpointer::stage(Snapshot *snap, StagedBytes *staged) {
     core::DeviceOps &dev = group_->ops();
     char *dst = static_cast<char *>(staging_.data());
-    uint64_t cursor = 0;
-    Status s;
-    for (size_t i = 0; i < snap->plan.chunks.size() && s.ok(); ++i) {
-        const WriteChunk &c = snap->plan.chunks[i];
-        // Alignment gaps are zeroed: staging is reused, and its bytes all reach the file.
-        if (c.file_offset > cursor) std::memset(dst + cursor, 0, c.file_offset - cursor);
-        const uint64_t bytes = (c.end - c.begin) * sizeof(float);
-        s = dev.to_host(dst + c.file_offset, snap->sources[i], bytes);
-        if (!s.ok()) s = s.prefix("checkpoint staging: ");
-        cursor = c.file_offset + bytes;
-        if (s.ok() && staged) staged->advance(cursor);
-    }
-    if (s.ok() && snap->plan.file_bytes > cursor) std::memset(dst + cursor, 0, snap->plan.file_bytes - cursor);
+    // Whatever happens (an exception too), `staged` hears how it ended: persist() waits on it.
+    const Status s = catching([&]() -> Status {
+        uint64_t cursor = 0;
+        for (size_t i = 0; i < snap->plan.chunks.size(); ++i) {
+            const WriteChunk &c = snap->plan.chunks[i];
+            // Alignment gaps are zeroed: staging is reused, and its bytes all reach the file.
+            if (c.file_offset > cursor) std::memset(dst + cursor, 0, c.file_offset - cursor);
+            const uint64_t bytes = (c.end - c.begin) * sizeof(float);
+            Status st = dev.to_host(dst + c.file_offset, snap->sources[i], bytes);
+            if (!st.ok()) return st.prefix("checkpoint staging: ");
+            cursor = c.file_offset + bytes;
+            if (staged) staged->advance(cursor);
+        }
+        if (snap->plan.file_bytes > cursor) std::memset(dst + cursor, 0, snap->plan.file_bytes - cursor);
+        return Status::Ok();
+    });
     snap->hold.reset();
     if (staged) {
         if (s.ok()) staged->advance(snap->plan.file_bytes);
@@ -243,12 +247,18 @@ Status Checkpointer::stage(Snapshot *snap, StagedBytes *staged) {
 
 Status Checkpointer::stage_and_persist(Snapshot *snap, SaveFuture *future) {
     StagedBytes staged;
-    std::thread stager([&] {
+    auto stage_all = [&] {
         stage(snap, &staged);
         if (future) future->set_staged();
-    });
+    };
+    std::thread stager;
+    try {
+        stager = std::thread(stage_all);
+    } catch (const std::system_error &) {
+        stage_all();  // no thread to be had: the file is written after the whole copy
+    }
     const Status s = persist(*snap, future, &staged);
-    stager.join();
+    if (stager.joinable()) stager.join();
     return s;
 }
 

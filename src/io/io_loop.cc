@@ -70,13 +70,7 @@ struct IoLoop::Impl {
     // On a pool thread. Nothing may unwind into libuv's C frames.
     static void run_work(uv_work_t *req) {
         Item *item = static_cast<Item *>(req->data);
-        try {
-            item->result = item->work();
-        } catch (const std::exception &e) {
-            item->result = SX_ERROR(SX_ERR_INTERNAL, "checkpoint I/O work threw an exception: %s", e.what());
-        } catch (...) {
-            item->result = SX_ERROR(SX_ERR_INTERNAL, "checkpoint I/O work threw a non-standard exception");
-        }
+        item->result = catching(item->work);
     }
 
     // On the loop thread. status is UV_ECANCELED only for a cancelled request, and

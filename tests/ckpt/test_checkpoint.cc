@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -433,6 +434,36 @@ void test_a_failure_on_one_rank_changes_nothing_on_any(void **) {
     a_failure_on_one_rank_changes_nothing_on_any(false);
 }
 
+// Two fresh ranks, trained 1 step, load `path`, rank 1 through ops1. ok[r]: rank r's
+// load succeeded, and then `loaded` gets its state; a failed load must fail with `code`
+// and change nothing on its rank. An error or "".
+std::string load_by_two(const std::string &name, const std::string &path,
+                        const std::shared_ptr<sx::io::FileOps> &ops1, sx_status_t code, FullState *loaded,
+                        bool ok[2]) {
+    std::mutex mu;
+    return run_ranks(2, [&](int r) -> std::string {
+        Rank rk;
+        std::string e = trained_one_step(name, r, 2, &rk);
+        if (!e.empty()) return e;
+        const FullState before = state_of(rk);
+        const std::vector<std::vector<float>> params = params_of(rk);
+        sx::ckpt::Checkpointer ck(rk.g, r == 1 ? ops1 : sx::io::posix_file_ops());
+        sx::ckpt::LoadOptions lo;
+        lo.path = path;
+        const sx::Status s = ck.load(lo, nullptr);
+        ok[r] = s.ok();
+        if (s.ok()) {
+            collect(rk, loaded, &mu);
+        } else if (s.code() != code) {
+            e = "expected " + std::string(sx_status_string(code)) + ", got: " + s.message();
+        } else if (!same_state(before, state_of(rk)) || params_of(rk) != params) {
+            e = "the failed load changed this rank's state (" + s.message() + ")";
+        }
+        sx_destroy_shard_group(rk.h);
+        return e;
+    });
+}
+
 // Two ranks load what three saved: each reads two files, one stream each, whole chunks
 // in place and split ones through buffers. Rank 1's n-th file operation fails, for every
 // n: the load fails on both ranks with SX_ERR_IO and changes nothing on either, or (a
@@ -443,37 +474,10 @@ void test_a_failed_file_call_at_every_point_of_a_load(void **) {
     std::string err = save_trained("ck-iofail-save", 3, path);
     if (!err.empty()) fail_msg("save: %s", err.c_str());
     auto posix = sx::io::posix_file_ops();
-    std::mutex mu;
-    // Loads into 2 fresh ranks, rank 1 through `ops1`; ok[r]: rank r's load succeeded, and
-    // then `loaded` gets its state.
-    auto load_by_two = [&](const std::string &name, const std::shared_ptr<sx::io::FileOps> &ops1,
-                           FullState *loaded, bool ok[2]) {
-        return run_ranks(2, [&](int r) -> std::string {
-            Rank rk;
-            std::string e = trained_one_step(name, r, 2, &rk);
-            if (!e.empty()) return e;
-            const FullState before = state_of(rk);
-            const std::vector<std::vector<float>> params = params_of(rk);
-            sx::ckpt::Checkpointer ck(rk.g, r == 1 ? ops1 : posix);
-            sx::ckpt::LoadOptions lo;
-            lo.path = path;
-            const sx::Status s = ck.load(lo, nullptr);
-            ok[r] = s.ok();
-            if (s.ok()) {
-                collect(rk, loaded, &mu);
-            } else if (s.code() != SX_ERR_IO) {
-                e = "expected SX_ERR_IO, got: " + s.message();
-            } else if (!same_state(before, state_of(rk)) || params_of(rk) != params) {
-                e = "the failed load changed this rank's state (" + s.message() + ")";
-            }
-            sx_destroy_shard_group(rk.h);
-            return e;
-        });
-    };
     FullState clean;
     bool ok[2] = {false, false};
     auto counting = std::make_shared<sx::io::FaultFileOps>(posix);
-    err = load_by_two("ck-iofail-count", counting, &clean, ok);
+    err = load_by_two("ck-iofail-count", path, counting, SX_ERR_IO, &clean, ok);
     if (!err.empty() || !ok[0] || !ok[1]) fail_msg("clean load: %s", err.c_str());
     const int64_t calls = counting->count(sx::io::OpKind::kAny);
     assert_true(counting->count(sx::io::OpKind::kRead) >= 4);
@@ -482,7 +486,7 @@ void test_a_failed_file_call_at_every_point_of_a_load(void **) {
         auto faulty = std::make_shared<sx::io::FaultFileOps>(posix);
         faulty->arm(sx::io::OpKind::kAny, n, false);
         FullState loaded;
-        err = load_by_two("ck-iofail-" + std::to_string(n), faulty, &loaded, ok);
+        err = load_by_two("ck-iofail-" + std::to_string(n), path, faulty, SX_ERR_IO, &loaded, ok);
         if (!err.empty()) fail_msg("call %lld of %lld failing: %s", (long long)n, (long long)calls, err.c_str());
         if (ok[0] != ok[1]) fail_msg("call %lld failing: one rank loaded, the other did not", (long long)n);
         if (ok[0] && !same_state(loaded, clean)) fail_msg("call %lld failing: the load succeeded, wrong", (long long)n);
@@ -490,6 +494,46 @@ void test_a_failed_file_call_at_every_point_of_a_load(void **) {
     }
     // Every call but the closes of the shard files is needed.
     assert_true(failed >= calls - counting->count(sx::io::OpKind::kClose));
+    remove_tree(dir);
+}
+
+// File operations whose n-th read throws std::bad_alloc, as a read into memory that
+// cannot be had would.
+class ThrowingReads : public sx::io::FaultFileOps {
+  public:
+    ThrowingReads(int64_t n) : FaultFileOps(sx::io::posix_file_ops()), n_(n) {}
+    sx::Status pread_all(int fd, void *data, size_t n, uint64_t offset, const std::string &path) override {
+        if (++reads_ == n_) throw std::bad_alloc();
+        return FaultFileOps::pread_all(fd, data, n, offset, path);
+    }
+
+  private:
+    const int64_t n_;
+    std::atomic<int64_t> reads_{0};
+};
+
+// The same load, rank 1's n-th read throwing, for every n: the MANIFEST's read on the
+// calling thread, each chunk's on a reading thread. The load fails on both ranks with
+// SX_ERR_OUT_OF_MEMORY, changes nothing, and the process goes on.
+void test_an_exception_while_reading_fails_the_load(void **) {
+    const std::string dir = make_tmpdir();
+    const std::string path = dir + "/ck";
+    std::string err = save_trained("ck-throw-save", 3, path);
+    if (!err.empty()) fail_msg("save: %s", err.c_str());
+    FullState clean;
+    bool ok[2] = {false, false};
+    auto counting = std::make_shared<sx::io::FaultFileOps>(sx::io::posix_file_ops());
+    err = load_by_two("ck-throw-count", path, counting, SX_ERR_OUT_OF_MEMORY, &clean, ok);
+    if (!err.empty() || !ok[0] || !ok[1]) fail_msg("clean load: %s", err.c_str());
+    const int64_t reads = counting->count(sx::io::OpKind::kRead);
+    assert_true(reads >= 4);
+    for (int64_t n = 1; n <= reads; ++n) {
+        FullState loaded;
+        err = load_by_two("ck-throw-" + std::to_string(n), path, std::make_shared<ThrowingReads>(n),
+                          SX_ERR_OUT_OF_MEMORY, &loaded, ok);
+        if (!err.empty()) fail_msg("read %lld of %lld throwing: %s", (long long)n, (long long)reads, err.c_str());
+        if (ok[0] || ok[1]) fail_msg("read %lld throwing: a rank loaded", (long long)n);
+    }
     remove_tree(dir);
 }
 
@@ -797,6 +841,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_corrupt_chunk_is_detected_and_changes_nothing),
         cmocka_unit_test(test_a_failure_on_one_rank_changes_nothing_on_any),
         cmocka_unit_test(test_a_failed_file_call_at_every_point_of_a_load),
+        cmocka_unit_test(test_an_exception_while_reading_fails_the_load),
         cmocka_unit_test(test_crash_at_every_io_call),
         cmocka_unit_test(test_damaged_shard_files_never_load_wrong),
         cmocka_unit_test(test_non_fp32_tensors_are_refused),
