@@ -601,8 +601,8 @@ SX_API sx_status_t sx_load_optim_state_options_init(sx_load_options_t *options, 
  * written into another rank's part of a param view is then gone). Errors
  * name the param (missing, extra, shape or optimizer mismatch) or the file and chunk
  * (SX_ERR_CORRUPT), or both format versions (SX_ERR_VERSION). While it runs it uses
- * threads of its own (one per file it reads, up to 4, and two more on the host), all
- * ended before it returns. */
+ * threads of its own (one per file it reads, up to 4, one that places the chunks and, on
+ * the host, one that gathers the params), all ended before it returns. */
 SX_API sx_status_t sx_load_optim_state(sx_shard_group_t *group, const sx_load_options_t *options);
 
 /* Reads the user blob of the checkpoint at `path` (after verifying its manifest).

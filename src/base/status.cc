@@ -24,8 +24,12 @@ std::string format(const char *fmt, ...) {
 Status status_of_exception(const std::exception *e, bool out_of_memory) {
     // "out of memory" fits std::string's inline buffer: no allocation where none is left.
     if (out_of_memory) return SX_ERROR(SX_ERR_OUT_OF_MEMORY, "out of memory");
-    if (e) return SX_ERROR(SX_ERR_INTERNAL, "unexpected exception: %s", e->what());
-    return SX_ERROR(SX_ERR_INTERNAL, "unexpected exception");
+    try {
+        if (e) return SX_ERROR(SX_ERR_INTERNAL, "unexpected exception: %s", e->what());
+        return SX_ERROR(SX_ERR_INTERNAL, "unexpected exception");
+    } catch (...) {  // no memory for the text: this must not throw
+        return SX_ERROR(SX_ERR_OUT_OF_MEMORY, "out of memory");
+    }
 }
 
 }  // namespace sx

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
-#include <system_error>
 #include <thread>
 #include <cstdint>
 #include <cstring>
@@ -181,8 +180,10 @@ class ChunkReader {
                 into = placed_[i];
                 if (!into) {
                     const size_t b = buffered++ % kBuffers;
-                    cv_.wait(lock, [&] { return stop_ || user[b] == SIZE_MAX || released_ > user[b]; });
-                    if (stop_) return Status::Ok();
+                    cv_.wait(lock, [&] {
+                        return stop_ || !error_.ok() || user[b] == SIZE_MAX || released_ > user[b];
+                    });
+                    if (stop_ || !error_.ok()) return Status::Ok();
                     user[b] = i;
                     st.bufs[b].resize(c.length);
                     into = st.bufs[b].data();
@@ -518,6 +519,7 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         return Status::Ok();
     });
     if (local.ok()) local = catching([&] { return check_reads(0, values_reads, nullptr); });
+    if (!local.ok()) reader.reset();  // nothing more to read
 
     // The ranks agree on the values and gather the params on a thread of their own (on a
     // device: on this one, first), while this one reads the states: a rank that read its
@@ -538,13 +540,14 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     if (on_host) {
         try {
             gatherer = std::thread(agree_and_gather);
-        } catch (const std::system_error &) {
+        } catch (...) {
             agree_and_gather();  // no thread to be had: the gather goes first, as on a device
         }
     } else {
         agree_and_gather();
     }
     if (local.ok()) local = catching([&] { return check_reads(values_reads, ops.size(), &abandon); });
+    if (!local.ok()) reader.reset();
     if (gatherer.joinable()) gatherer.join();
     reader.reset();
     if (!values_agreed.ok()) return values_agreed;

@@ -1,6 +1,5 @@
 // Saving: snapshot into staging, then persist and commit (see checkpointer.h).
 #include <algorithm>
-#include <system_error>
 #include <thread>
 #include <chrono>
 #include <cstring>
@@ -254,10 +253,11 @@ Status Checkpointer::stage_and_persist(Snapshot *snap, SaveFuture *future) {
     std::thread stager;
     try {
         stager = std::thread(stage_all);
-    } catch (const std::system_error &) {
+    } catch (...) {
         stage_all();  // no thread to be had: the file is written after the whole copy
     }
-    const Status s = persist(*snap, future, &staged);
+    // Caught here, so that the stager is joined whatever persist() does.
+    const Status s = catching([&] { return persist(*snap, future, &staged); });
     if (stager.joinable()) stager.join();
     return s;
 }

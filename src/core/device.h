@@ -51,7 +51,8 @@ class Buffer {
 // returns host data (to_host, sum_of_squares, fused_update's sumsq) waits for its result.
 // Pointers are into buffers of this DeviceOps unless named host. One thread at a time,
 // except that the copies (copy, to_host, from_host) may run on several: a load copies on
-// two threads, and a save copies into staging on the I/O thread while the trainer steps.
+// up to three threads (the caller's, one that copies values aside on the host, and one
+// that gathers), and a save copies into staging on its own thread while the trainer steps.
 class DeviceOps {
   public:
     virtual ~DeviceOps() = default;
