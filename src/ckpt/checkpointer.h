@@ -90,15 +90,15 @@ class Checkpointer {
     // Collective in order (every rank calls it for the same save).
     Status snapshot(const SaveOptions &options, Snapshot *out);
     // Copies the snapshot's chunks into staging and releases the shard fence, telling
-    // `staged` (may be null) how far it got, and how it ended. A copy can fail only on a
-    // device; persist() then tells the peers.
-    Status stage(Snapshot *snap, StagedBytes *staged = nullptr);
+    // `staged` how far it got, and how it ended. A copy can fail only on a device;
+    // persist() then tells the peers.
+    Status stage(Snapshot *snap, StagedBytes *staged);
     // Reads only the snapshot and the staging memory; talks to peers through the store.
     // progress (may be null) receives the byte counts and is asked about cancellation.
-    // Each piece of the file is written once `staged` says it is there (null: stage()
-    // has already succeeded); a failed staging is reported to the peers through the
-    // store, as a failed write is, so that every rank's save fails at once.
-    Status persist(const Snapshot &snap, SaveFuture *progress, StagedBytes *staged = nullptr);
+    // Each piece of the file is written once `staged` says it is there; a failed
+    // staging is reported to the peers through the store, as a failed write is, so that
+    // every rank's save fails at once.
+    Status persist(const Snapshot &snap, SaveFuture *progress, StagedBytes *staged);
     Status save(const SaveOptions &options);  // snapshot, then stage and persist at once
     // Snapshots on this thread, then stages and persists on the I/O loop's thread
     // pool (the future reports when it is staged). A save

@@ -231,16 +231,14 @@ Status Checkpointer::stage(Snapshot *snap, StagedBytes *staged) {
             Status st = dev.to_host(dst + c.file_offset, snap->sources[i], bytes);
             if (!st.ok()) return st.prefix("checkpoint staging: ");
             cursor = c.file_offset + bytes;
-            if (staged) staged->advance(cursor);
+            staged->advance(cursor);
         }
         if (snap->plan.file_bytes > cursor) std::memset(dst + cursor, 0, snap->plan.file_bytes - cursor);
         return Status::Ok();
     });
     snap->hold.reset();
-    if (staged) {
-        if (s.ok()) staged->advance(snap->plan.file_bytes);
-        staged->finish(s);
-    }
+    if (s.ok()) staged->advance(snap->plan.file_bytes);
+    staged->finish(s);
     return s;
 }
 
@@ -316,7 +314,7 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
                 break;
             }
             const uint64_t n = std::min(piece, snap.plan.file_bytes - off);
-            if (staged) w = staged->wait(off + n);
+            w = staged->wait(off + n);
             if (w.ok()) w = ops.pwrite_all(fd, data + off, n, off, file);
             if (w.ok()) ops.start_writeback(fd, off, n);
             if (w.ok() && progress) progress->add_done(n);
