@@ -375,30 +375,36 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         return Status::Ok();
     };
     // Waits for reads [begin, end), checks their CRCs and puts them in place; stops early
-    // (the result then does not matter) once *abandon is set.
-    auto check_reads = [&](size_t begin, size_t end, const std::atomic<bool> *abandon) -> Status {
-        for (size_t i = begin; i < end && !(abandon && abandon->load()); ++i) {
-            const ReadOp &op = ops[i];
-            const Chunk &c = *op.chunk;
-            const char *data = nullptr;
-            SX_TRY(reader->wait(i, &data));
-            const std::string path = options.path + "/" + m.files[c.file];
-            SX_CHECK(io::crc32c(data, c.length) == c.crc32c, SX_ERR_CORRUPT,
-                     "%s: the chunk of param '%s'%s at byte %llu fails its CRC32C check", path.c_str(),
-                     m.params[op.manifest_param].name.c_str(), tensor_suffix(op.kind),
-                     static_cast<unsigned long long>(c.offset));
-            if (!direct(i)) {
-                SX_TRY(keep(i));
-                SX_TRY(dev.from_host(target(op), data + (op.copy_begin - c.begin) * sizeof(float),
-                                     (op.copy_end - op.copy_begin) * sizeof(float)));
+    // (the result then does not matter) once *abandon is set. Its failure (an exception
+    // too) becomes this rank's, and stops the reads at once.
+    Status local;
+    auto check_reads = [&](size_t begin, size_t end, const std::atomic<bool> *abandon) {
+        if (!local.ok()) return;
+        local = catching([&]() -> Status {
+            for (size_t i = begin; i < end && !(abandon && abandon->load()); ++i) {
+                const ReadOp &op = ops[i];
+                const Chunk &c = *op.chunk;
+                const char *data = nullptr;
+                SX_TRY(reader->wait(i, &data));
+                const std::string path = options.path + "/" + m.files[c.file];
+                SX_CHECK(io::crc32c(data, c.length) == c.crc32c, SX_ERR_CORRUPT,
+                         "%s: the chunk of param '%s'%s at byte %llu fails its CRC32C check", path.c_str(),
+                         m.params[op.manifest_param].name.c_str(), tensor_suffix(op.kind),
+                         static_cast<unsigned long long>(c.offset));
+                if (!direct(i)) {
+                    SX_TRY(keep(i));
+                    SX_TRY(dev.from_host(target(op), data + (op.copy_begin - c.begin) * sizeof(float),
+                                         (op.copy_end - op.copy_begin) * sizeof(float)));
+                }
+                reader->release(i);
             }
-            reader->release(i);
-        }
-        return Status::Ok();
+            return Status::Ok();
+        });
+        if (!local.ok()) reader.reset();
     };
 
     // Whatever fails here (an exception too) is this rank's vote, so that no peer waits.
-    Status local = catching([&]() -> Status {
+    local = catching([&]() -> Status {
         std::string bytes;
         SX_TRY(io::read_file(*ops_, options.path + "/MANIFEST", kMaxManifestBytes, &bytes));
         Status d = decode_manifest(bytes.data(), bytes.size(), &m);
@@ -518,8 +524,7 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         }));
         return Status::Ok();
     });
-    if (local.ok()) local = catching([&] { return check_reads(0, values_reads, nullptr); });
-    if (!local.ok()) reader.reset();  // nothing more to read
+    check_reads(0, values_reads, nullptr);
 
     // The ranks agree on the values and gather the params on a thread of their own (on a
     // device: on this one, first), while this one reads the states: a rank that read its
@@ -546,8 +551,7 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     } else {
         agree_and_gather();
     }
-    if (local.ok()) local = catching([&] { return check_reads(values_reads, ops.size(), &abandon); });
-    if (!local.ok()) reader.reset();
+    check_reads(values_reads, ops.size(), &abandon);
     if (gatherer.joinable()) gatherer.join();
     reader.reset();
     if (!values_agreed.ok()) return values_agreed;
