@@ -17,27 +17,11 @@ sx_group_config_t default_config() {
     return c;
 }
 
-sx::optim::Hyper hyper_defaults(int32_t optimizer) {
-    sx::optim::Hyper h;
-    h.kind = static_cast<sx::optim::Kind>(optimizer == 0 ? SX_OPTIM_ADAMW : optimizer);
-    h.lr = 1e-3;
-    h.weight_decay = h.kind == sx::optim::Kind::kAdamW ? 1e-2 : 0.0;
-    return h;
-}
-
 sx_param_group_desc_t desc_defaults(int32_t optimizer) {
-    const sx::optim::Hyper h = hyper_defaults(optimizer);
     sx_param_group_desc_t d;
     std::memset(&d, 0, sizeof d);
     d.struct_size = sizeof d;
-    d.optimizer = static_cast<int32_t>(h.kind);
-    d.lr = h.lr;
-    d.weight_decay = h.weight_decay;
-    d.beta1 = h.beta1;
-    d.beta2 = h.beta2;
-    d.eps = h.eps;
-    d.momentum = h.momentum;
-    d.dampening = h.dampening;
+    sx::core::hyper_to_desc(sx::core::default_hyper(optimizer), &d);
     return d;
 }
 
@@ -144,9 +128,7 @@ SX_API sx_status_t sx_add_param_group(sx_shard_group_t *group, const sx_param_gr
         // Fields an older caller's struct lacks take the defaults of its optimizer.
         sx_param_group_desc_t d = desc_defaults(desc->optimizer);
         SX_TRY(sx::api::read_input(desc, "desc", min_size, &d));
-        SX_TRY(check_flag(d.nesterov, "desc->nesterov"));
-        SX_TRY(check_flag(d.maximize, "desc->maximize"));
-        SX_TRY(check_flag(d.amsgrad, "desc->amsgrad"));
+        SX_TRY(sx::core::check_desc_flags(d));
         if (d.optimizer == 0) d.optimizer = SX_OPTIM_ADAMW;
         return g->add_param_group(sx::core::hyper_from_desc(d), index_out);
     });

@@ -584,10 +584,9 @@ Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
         }
         for (size_t i = 0; i < m.param_groups.size(); ++i) {
             optim::Hyper &h = g.param_groups()[i].hyper;
-            const ParamGroupEntry &e = m.param_groups[i];
-            h.lr = e.lr, h.weight_decay = e.weight_decay, h.beta1 = e.beta1, h.beta2 = e.beta2, h.eps = e.eps;
-            h.momentum = e.momentum, h.dampening = e.dampening;
-            h.nesterov = e.nesterov, h.maximize = e.maximize, h.amsgrad = e.amsgrad;
+            const optim::Kind kind = h.kind;  // the same for every param the checkpoint holds
+            h = hyper_of(m.param_groups[i]);
+            h.kind = kind;
         }
         g.set_steps_taken(m.step);
         // The scale carries on where it was, if this group scales dynamically and the

@@ -176,16 +176,9 @@ class Reader {
     static ParamGroupEntry group(const fb::ParamGroup &g) {
         ParamGroupEntry e;
         e.optimizer = static_cast<int32_t>(g.optimizer());
-        e.lr = g.lr();
-        e.weight_decay = g.weight_decay();
-        e.beta1 = g.beta1();
-        e.beta2 = g.beta2();
-        e.eps = g.eps();
-        e.momentum = g.momentum();
-        e.dampening = g.dampening();
-        e.nesterov = g.nesterov();
-        e.maximize = g.maximize();
-        e.amsgrad = g.amsgrad();
+#define SX_DECODE(name, type, dflt, key, applies) e.name = g.name();
+        SX_HYPERPARAMETERS(SX_DECODE)
+#undef SX_DECODE
         return e;
     }
 
@@ -235,6 +228,24 @@ class Reader {
 
 }  // namespace
 
+ParamGroupEntry param_group_entry(const optim::Hyper &h) {
+    ParamGroupEntry e;
+    e.optimizer = static_cast<int32_t>(h.kind);
+#define SX_TO_ENTRY(name, type, dflt, key, applies) e.name = h.name;
+    SX_HYPERPARAMETERS(SX_TO_ENTRY)
+#undef SX_TO_ENTRY
+    return e;
+}
+
+optim::Hyper hyper_of(const ParamGroupEntry &e) {
+    optim::Hyper h;
+    h.kind = static_cast<optim::Kind>(e.optimizer);
+#define SX_FROM_ENTRY(name, type, dflt, key, applies) h.name = e.name;
+    SX_HYPERPARAMETERS(SX_FROM_ENTRY)
+#undef SX_FROM_ENTRY
+    return h;
+}
+
 uint64_t dtype_bytes(int32_t dtype) {
     switch (dtype) {
         case SX_DTYPE_F32: return 4;
@@ -273,10 +284,14 @@ Status encode_manifest(const Manifest &m, std::string *bytes) {
     FlatBufferBuilder fbb(bound < (1u << 20) ? static_cast<size_t>(bound) : (1u << 20));
     std::vector<Offset<fb::ParamGroup>> groups;
     groups.reserve(m.param_groups.size());
-    for (const ParamGroupEntry &g : m.param_groups)
-        groups.push_back(fb::CreateParamGroup(fbb, static_cast<fb::Optimizer>(g.optimizer), g.lr, g.weight_decay,
-                                              g.beta1, g.beta2, g.eps, g.momentum, g.dampening, g.nesterov,
-                                              g.maximize, g.amsgrad));
+    for (const ParamGroupEntry &g : m.param_groups) {
+        fb::ParamGroupBuilder b(fbb);
+#define SX_ENCODE(name, type, dflt, key, applies) b.add_##name(g.name);
+        SX_HYPERPARAMETERS(SX_ENCODE)
+#undef SX_ENCODE
+        b.add_optimizer(static_cast<fb::Optimizer>(g.optimizer));
+        groups.push_back(b.Finish());
+    }
     std::vector<Offset<fb::Param>> params;
     params.reserve(m.params.size());
     for (const ParamEntry &p : m.params) params.push_back(build_param(fbb, p));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "optim/optimizer.h"
 
 namespace sx {
 namespace ckpt {
@@ -52,11 +53,18 @@ struct ParamEntry {
     uint64_t numel() const;
 };
 
+// A param group: its optimizer and every hyperparameter of optim/optimizer.h's table
+// (zero where a manifest does not hold it).
 struct ParamGroupEntry {
     int32_t optimizer = SX_OPTIM_ADAMW;
-    double lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0, momentum = 0, dampening = 0;
-    bool nesterov = false, maximize = false, amsgrad = false;
+#define SX_ENTRY_MEMBER(name, type, dflt, key, applies) type name = type();
+    SX_HYPERPARAMETERS(SX_ENTRY_MEMBER)
+#undef SX_ENTRY_MEMBER
 };
+
+// A param group's optimizer and hyperparameters as the manifest holds them, and back.
+ParamGroupEntry param_group_entry(const optim::Hyper &h);
+optim::Hyper hyper_of(const ParamGroupEntry &e);
 
 struct LossScalerEntry {
     double scale = 1.0;

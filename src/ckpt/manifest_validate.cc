@@ -76,19 +76,7 @@ Status validate_header(const Manifest &m) {
              static_cast<long long>(ls.growth_tracker), static_cast<long long>(ls.growth_interval));
     for (size_t g = 0; g < m.param_groups.size(); ++g) {
         const ParamGroupEntry &e = m.param_groups[g];
-        optim::Hyper h;
-        h.kind = static_cast<optim::Kind>(e.optimizer);
-        h.lr = e.lr;
-        h.weight_decay = e.weight_decay;
-        h.beta1 = e.beta1;
-        h.beta2 = e.beta2;
-        h.eps = e.eps;
-        h.momentum = e.momentum;
-        h.dampening = e.dampening;
-        h.nesterov = e.nesterov;
-        h.maximize = e.maximize;
-        h.amsgrad = e.amsgrad;
-        SX_TRY(as_corrupt(core::validate_hyper(h), format("param group %zu", g)));
+        SX_TRY(as_corrupt(core::validate_hyper(hyper_of(e)), format("param group %zu", g)));
     }
     std::unordered_set<std::string> files;
     for (size_t f = 0; f < m.files.size(); ++f) {

@@ -158,15 +158,7 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
         m.loss_scaler.growth_factor = ls.growth_factor;
         m.loss_scaler.backoff_factor = ls.backoff_factor;
     }
-    for (const core::ParamGroup &pg : g.param_groups()) {
-        ParamGroupEntry e;
-        const optim::Hyper &h = pg.hyper;
-        e.optimizer = static_cast<int32_t>(h.kind);
-        e.lr = h.lr, e.weight_decay = h.weight_decay, e.beta1 = h.beta1, e.beta2 = h.beta2, e.eps = h.eps;
-        e.momentum = h.momentum, e.dampening = h.dampening;
-        e.nesterov = h.nesterov, e.maximize = h.maximize, e.amsgrad = h.amsgrad;
-        m.param_groups.push_back(e);
-    }
+    for (const core::ParamGroup &pg : g.param_groups()) m.param_groups.push_back(param_group_entry(pg.hyper));
     for (int32_t p = 0; p < np; ++p) {
         const core::ParamSpec &spec = g.param(p);
         ParamEntry e;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace sx {
 namespace core {
@@ -62,9 +63,20 @@ Status validate_shape(int32_t ndim, const int64_t *shape, uint64_t *numel) {
     return Status::Ok();
 }
 
+namespace {
+
+// A hyperparameter's value as a double (flags are 0 or 1), and the other way round.
+double as_double(double v) { return v; }
+double as_double(bool v) { return v ? 1.0 : 0.0; }
+
+}  // namespace
+
 Status validate_hyper(const optim::Hyper &h) {
-    const double values[] = {h.lr, h.weight_decay, h.beta1, h.beta2, h.eps, h.momentum, h.dampening};
-    for (double v : values) SX_CHECK_ARG(std::isfinite(v), "hyperparameters must be finite");
+#define SX_CHECK_FINITE(name, type, dflt, key, applies)                                     \
+    SX_CHECK_ARG(std::isfinite(as_double(h.name)), "%s = %g; hyperparameters must be finite", #name, \
+                 as_double(h.name));
+    SX_HYPERPARAMETERS(SX_CHECK_FINITE)
+#undef SX_CHECK_FINITE
     SX_CHECK_ARG(h.kind == optim::Kind::kSgd || h.kind == optim::Kind::kAdam ||
                      h.kind == optim::Kind::kAdamW,
                  "optimizer %d is not SX_OPTIM_SGD, SX_OPTIM_ADAM or SX_OPTIM_ADAMW",
@@ -91,40 +103,65 @@ Status validate_hyper(const optim::Hyper &h) {
 optim::Hyper hyper_from_desc(const sx_param_group_desc_t &d) {
     optim::Hyper h;
     h.kind = static_cast<optim::Kind>(d.optimizer);
-    h.lr = d.lr;
-    h.weight_decay = d.weight_decay;
-    h.beta1 = d.beta1;
-    h.beta2 = d.beta2;
-    h.eps = d.eps;
-    h.momentum = d.momentum;
-    h.dampening = d.dampening;
-    h.nesterov = d.nesterov != 0;
-    h.maximize = d.maximize != 0;
-    h.amsgrad = d.amsgrad != 0;
+#define SX_FROM_DESC(name, type, dflt, key, applies) h.name = static_cast<type>(d.name);
+    SX_HYPERPARAMETERS(SX_FROM_DESC)
+#undef SX_FROM_DESC
     return h;
 }
 
-const char *hyperparameter_name(int32_t key) {
-    switch (key) {
-        case SX_HP_LR: return "lr";
-        case SX_HP_WEIGHT_DECAY: return "weight_decay";
-        case SX_HP_BETA1: return "beta1";
-        case SX_HP_BETA2: return "beta2";
-        case SX_HP_EPS: return "eps";
-        case SX_HP_MOMENTUM: return "momentum";
-        case SX_HP_DAMPENING: return "dampening";
-        case SX_HP_NESTEROV: return "nesterov";
-        case SX_HP_MAXIMIZE: return "maximize";
-        case SX_HP_AMSGRAD: return "amsgrad";
-        default: return nullptr;
+void hyper_to_desc(const optim::Hyper &h, sx_param_group_desc_t *d) {
+    d->optimizer = static_cast<int32_t>(h.kind);
+#define SX_TO_DESC(name, type, dflt, key, applies) d->name = h.name;
+    SX_HYPERPARAMETERS(SX_TO_DESC)
+#undef SX_TO_DESC
+}
+
+Status check_desc_flags(const sx_param_group_desc_t &d) {
+#define SX_CHECK_FLAG(name, type, dflt, key, applies)                                           \
+    if (std::is_same<type, bool>::value)                                                        \
+        SX_CHECK_ARG(d.name == 0 || d.name == 1, "desc->%s is %g; it must be 0 or 1", #name, \
+                     static_cast<double>(d.name));
+    SX_HYPERPARAMETERS(SX_CHECK_FLAG)
+#undef SX_CHECK_FLAG
+    return Status::Ok();
+}
+
+optim::Hyper default_hyper(int32_t optimizer) {
+    optim::Hyper h;
+    h.kind = static_cast<optim::Kind>(optimizer == 0 ? SX_OPTIM_ADAMW : optimizer);
+    if (h.kind == optim::Kind::kAdamW) h.weight_decay = 1e-2;
+    return h;
+}
+
+uint64_t hyper_fingerprint(const optim::Hyper &h, uint64_t seed) {
+    uint64_t f = fnv1a(&h.kind, sizeof h.kind, seed);
+#define SX_FINGERPRINT(name, type, dflt, key, applies) \
+    {                                                  \
+        const type v = h.name;                         \
+        f = fnv1a(&v, sizeof v, f);                    \
     }
+    SX_HYPERPARAMETERS(SX_FINGERPRINT)
+#undef SX_FINGERPRINT
+    return f;
+}
+
+const char *hyperparameter_name(int32_t key) {
+#define SX_NAME_OF(name, type, dflt, k, applies) \
+    if (key == k) return #name;
+    SX_HYPERPARAMETERS(SX_NAME_OF)
+#undef SX_NAME_OF
+    return nullptr;
 }
 
 namespace {
 
-bool is_adam(const optim::Hyper &h) { return h.kind != optim::Kind::kSgd; }
+Status assign(int32_t key, double value, double *out) {
+    (void)key;
+    *out = value;
+    return Status::Ok();
+}
 
-Status flag_value(int32_t key, double value, bool *out) {
+Status assign(int32_t key, double value, bool *out) {
     SX_CHECK_ARG(value == 0.0 || value == 1.0, "%s must be 0 or 1, not %g", hyperparameter_name(key),
                  value);
     *out = value == 1.0;
@@ -136,26 +173,16 @@ Status flag_value(int32_t key, double value, bool *out) {
 Status set_hyperparameter(optim::Hyper *h, int32_t key, double value) {
     const char *name = hyperparameter_name(key);
     SX_CHECK_ARG(name != nullptr, "unknown hyperparameter key %d (expected SX_HP_*)", key);
-    const bool adam = is_adam(*h);
-    const bool applies = key == SX_HP_LR || key == SX_HP_WEIGHT_DECAY || key == SX_HP_MAXIMIZE ||
-                         (adam && (key == SX_HP_BETA1 || key == SX_HP_BETA2 || key == SX_HP_EPS ||
-                                   key == SX_HP_AMSGRAD)) ||
-                         (!adam && (key == SX_HP_MOMENTUM || key == SX_HP_DAMPENING ||
-                                    key == SX_HP_NESTEROV));
-    SX_CHECK_ARG(applies, "%s does not apply to %s", name, adam ? "Adam/AdamW" : "SGD");
+    const bool adam = h->kind != optim::Kind::kSgd;
     optim::Hyper n = *h;
-    switch (key) {
-        case SX_HP_LR: n.lr = value; break;
-        case SX_HP_WEIGHT_DECAY: n.weight_decay = value; break;
-        case SX_HP_BETA1: n.beta1 = value; break;
-        case SX_HP_BETA2: n.beta2 = value; break;
-        case SX_HP_EPS: n.eps = value; break;
-        case SX_HP_MOMENTUM: n.momentum = value; break;
-        case SX_HP_DAMPENING: n.dampening = value; break;
-        case SX_HP_NESTEROV: SX_TRY(flag_value(key, value, &n.nesterov)); break;
-        case SX_HP_MAXIMIZE: SX_TRY(flag_value(key, value, &n.maximize)); break;
-        case SX_HP_AMSGRAD: SX_TRY(flag_value(key, value, &n.amsgrad)); break;
+#define SX_SET(field, type, dflt, k, applies)                                                      \
+    if (key == k) {                                                                                \
+        SX_CHECK_ARG(optim::applies_to(optim::Applies::applies, h->kind), "%s does not apply to %s", \
+                     name, adam ? "Adam/AdamW" : "SGD");                                           \
+        SX_TRY(assign(key, value, &n.field));                                                      \
     }
+    SX_HYPERPARAMETERS(SX_SET)
+#undef SX_SET
     Status s = validate_hyper(n);
     if (!s.ok()) return s.prefix(format("setting %s = %g: ", name, value));
     *h = n;
@@ -165,18 +192,10 @@ Status set_hyperparameter(optim::Hyper *h, int32_t key, double value) {
 Status get_hyperparameter(const optim::Hyper &h, int32_t key, double *value) {
     const char *name = hyperparameter_name(key);
     SX_CHECK_ARG(name != nullptr, "unknown hyperparameter key %d (expected SX_HP_*)", key);
-    switch (key) {
-        case SX_HP_LR: *value = h.lr; break;
-        case SX_HP_WEIGHT_DECAY: *value = h.weight_decay; break;
-        case SX_HP_BETA1: *value = h.beta1; break;
-        case SX_HP_BETA2: *value = h.beta2; break;
-        case SX_HP_EPS: *value = h.eps; break;
-        case SX_HP_MOMENTUM: *value = h.momentum; break;
-        case SX_HP_DAMPENING: *value = h.dampening; break;
-        case SX_HP_NESTEROV: *value = h.nesterov ? 1 : 0; break;
-        case SX_HP_MAXIMIZE: *value = h.maximize ? 1 : 0; break;
-        case SX_HP_AMSGRAD: *value = h.amsgrad ? 1 : 0; break;
-    }
+#define SX_GET(field, type, dflt, k, applies) \
+    if (key == k) *value = as_double(h.field);
+    SX_HYPERPARAMETERS(SX_GET)
+#undef SX_GET
     return Status::Ok();
 }
 

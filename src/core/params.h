@@ -43,8 +43,18 @@ Status validate_shape(int32_t ndim, const int64_t *shape, uint64_t *numel);
 // all finite.
 Status validate_hyper(const optim::Hyper &h);
 
-// The hyperparameters a public param group descriptor states (not validated).
+// The hyperparameters a public param group descriptor states (not validated), and the
+// descriptor's optimizer and hyperparameters from h (its other fields untouched).
 optim::Hyper hyper_from_desc(const sx_param_group_desc_t &d);
+void hyper_to_desc(const optim::Hyper &h, sx_param_group_desc_t *d);
+// Every flag of the descriptor (a bool hyperparameter) is 0 or 1; the error names it.
+Status check_desc_flags(const sx_param_group_desc_t &d);
+// torch.optim's defaults for SX_OPTIM_<optimizer> (0: AdamW), lr 1e-3 and AdamW's
+// weight_decay 1e-2 among them.
+optim::Hyper default_hyper(int32_t optimizer);
+
+// A fingerprint of the optimizer and every hyperparameter, for ranks to compare.
+uint64_t hyper_fingerprint(const optim::Hyper &h, uint64_t seed);
 
 // Applies SX_HP_<key> = value to a copy of h; errors name the key and value.
 Status set_hyperparameter(optim::Hyper *h, int32_t key, double value);

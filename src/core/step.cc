@@ -32,13 +32,7 @@ Status ShardGroup::check_ranks_agree(const char *what, const std::vector<uint8_t
     if (world_size_ == 1) return Status::Ok();
     uint64_t h = fnv1a(what, std::strlen(what));
     h = fnv1a(mask.data(), mask.size(), h);
-    for (const ParamGroup &g : groups_) {
-        const optim::Hyper &p = g.hyper;
-        const double v[] = {p.lr, p.weight_decay, p.beta1, p.beta2, p.eps, p.momentum, p.dampening};
-        const uint8_t f[] = {p.nesterov, p.maximize, p.amsgrad};
-        h = fnv1a(v, sizeof v, h);
-        h = fnv1a(f, sizeof f, h);
-    }
+    for (const ParamGroup &g : groups_) h = hyper_fingerprint(g.hyper, h);
     h = fnv1a(&max_grad_norm, sizeof max_grad_norm, h);
     const double scaling[5] = {static_cast<double>(scaling_.mode), scaler_.scale, scaling_.growth_factor,
                                scaling_.backoff_factor, static_cast<double>(scaling_.growth_interval)};

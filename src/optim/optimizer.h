@@ -15,17 +15,39 @@ class ThreadPool;
 
 enum class Kind : int32_t { kSgd = SX_OPTIM_SGD, kAdam = SX_OPTIM_ADAM, kAdamW = SX_OPTIM_ADAMW };
 
-// Hyperparameters with torch.optim's names and meanings.
+// Which optimizers a hyperparameter applies to.
+enum class Applies : int32_t { kAll, kSgd, kAdam /* Adam and AdamW */ };
+
+// Every hyperparameter, with torch.optim's names and meanings: the one table from which
+// the param group descriptor's reading, the public keys (SX_HP_*), the ranks'
+// agreement, the checkpoint's MANIFEST (writing, reading, validation) and `sxckpt`
+// derive theirs. X(name, type, default, key, applies); `name` is also the member of
+// sx_param_group_desc_t and of the MANIFEST's ParamGroup table. A new hyperparameter is
+// a line here, its members there, and its use in the kernels.
+#define SX_HYPERPARAMETERS(X)                                      \
+    X(lr, double, 1e-3, SX_HP_LR, kAll)                            \
+    X(weight_decay, double, 0.0, SX_HP_WEIGHT_DECAY, kAll)         \
+    X(beta1, double, 0.9, SX_HP_BETA1, kAdam)                      \
+    X(beta2, double, 0.999, SX_HP_BETA2, kAdam)                    \
+    X(eps, double, 1e-8, SX_HP_EPS, kAdam)                         \
+    X(momentum, double, 0.0, SX_HP_MOMENTUM, kSgd)                 \
+    X(dampening, double, 0.0, SX_HP_DAMPENING, kSgd)               \
+    X(nesterov, bool, false, SX_HP_NESTEROV, kSgd)                 \
+    X(maximize, bool, false, SX_HP_MAXIMIZE, kAll)                 \
+    X(amsgrad, bool, false, SX_HP_AMSGRAD, kAdam)
+
+// An optimizer and its hyperparameters (one member per line of the table above).
 struct Hyper {
     Kind kind = Kind::kAdamW;
-    double lr = 1e-3;
-    double weight_decay = 0.0;
-    double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Adam, AdamW
-    double momentum = 0.0, dampening = 0.0;         // SGD
-    bool nesterov = false;                          // SGD
-    bool maximize = false;
-    bool amsgrad = false;                           // Adam, AdamW
+#define SX_HYPER_MEMBER(name, type, dflt, key, applies) type name = dflt;
+    SX_HYPERPARAMETERS(SX_HYPER_MEMBER)
+#undef SX_HYPER_MEMBER
 };
+
+// Whether hyperparameter `applies` (a column of the table) applies to optimizer `kind`.
+inline bool applies_to(Applies applies, Kind kind) {
+    return applies == Applies::kAll || (applies == Applies::kSgd) == (kind == Kind::kSgd);
+}
 
 // Number of fp32 state slots the optimizer keeps per element:
 // SGD: 1 if momentum != 0 (momentum_buffer) else 0; Adam/AdamW: 2 (exp_avg,

@@ -198,16 +198,9 @@ void print_json(const CheckpointDir &c, const std::vector<FileInfo> &files) {
     for (const ckpt::ParamGroupEntry &g : m.param_groups) {
         j.begin_object();
         j.key("optimizer"), j.string(optimizer_name(g.optimizer));
-        j.key("lr"), j.number(g.lr);
-        j.key("weight_decay"), j.number(g.weight_decay);
-        j.key("beta1"), j.number(g.beta1);
-        j.key("beta2"), j.number(g.beta2);
-        j.key("eps"), j.number(g.eps);
-        j.key("momentum"), j.number(g.momentum);
-        j.key("dampening"), j.number(g.dampening);
-        j.key("nesterov"), j.boolean(g.nesterov);
-        j.key("maximize"), j.boolean(g.maximize);
-        j.key("amsgrad"), j.boolean(g.amsgrad);
+#define SX_JSON_FIELD(name, type, dflt, hp_key, applies) j.key(#name), j.value(g.name);
+        SX_HYPERPARAMETERS(SX_JSON_FIELD)
+#undef SX_JSON_FIELD
         j.end_object();
     }
     j.end_array();

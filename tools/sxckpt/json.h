@@ -38,6 +38,9 @@ class JsonWriter {
     // which JSON cannot represent.
     void number(double v);
     void boolean(bool v);
+    // A hyperparameter's value: a number, or a flag as true/false.
+    void value(double v) { number(v); }
+    void value(bool v) { boolean(v); }
     void null();
 
     const std::string &text() const { return out_; }

@@ -1,0 +1,218 @@
+// Every hyperparameter of optim/optimizer.h's table (SX_HYPERPARAMETERS) reaches every
+// place that derives from it: the param group descriptor (sx_add_param_group, and its
+// defaults), the public keys (sx_set/get_hyperparameter), the ranks' agreement
+// (sx_step refuses ranks that differ in it) and the MANIFEST (written by a save, encoded,
+// decoded, validated, and put back by a load). Each hyperparameter
+// gets a value of its own, different from its default, and must come back where it
+// went in; a place that leaves one out fails here.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ckpt/manifest.h"
+#include "core/params.h"
+#include "optim/optimizer.h"
+#include "sx/sx.h"
+// Last: CMocka defines a fail() macro.
+#include "sx_cmocka.h"
+#include "manifest_testing.h"
+#include "test_files.h"
+#include "test_groups.h"
+
+namespace {
+
+using sx::optim::Applies;
+
+struct Field {
+    const char *name;
+    int32_t key;
+    Applies applies;
+    bool flag;
+    double value;  // valid for its optimizer (see optimizer_for), not the default
+    double dflt;
+};
+
+// A value of each hyperparameter that no default and no other field has.
+double distinct_value(const char *name, bool flag) {
+    if (flag) return 1.0;
+    const char *names[] = {"lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening"};
+    const double values[] = {0.0123, 0.0456, 0.789, 0.9876, 3.5e-7, 0.65, 0.25};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
+        if (std::strcmp(names[i], name) == 0) return values[i];
+    return 0.375;  // a new double hyperparameter: give it its own value above
+}
+
+std::vector<Field> table() {
+    std::vector<Field> fields;
+#define SX_FIELD(name, type, dflt, hp_key, applies)                                                      \
+    fields.push_back({#name, hp_key, Applies::applies, std::is_same<type, bool>::value,                  \
+                      distinct_value(#name, std::is_same<type, bool>::value), static_cast<double>(dflt)});
+    SX_HYPERPARAMETERS(SX_FIELD)
+#undef SX_FIELD
+    return fields;
+}
+
+int32_t optimizer_for(const Field &f) { return f.applies == Applies::kSgd ? SX_OPTIM_SGD : SX_OPTIM_ADAMW; }
+
+// The descriptor of f's optimizer with f set to its value (SGD gets momentum, which
+// nesterov needs).
+sx_param_group_desc_t desc_with(const Field &f, bool set) {
+    sx_param_group_desc_t d;
+    assert_int_equal(sx_param_group_desc_init(&d, sizeof d, optimizer_for(f)), SX_OK);
+    if (optimizer_for(f) == SX_OPTIM_SGD && std::strcmp(f.name, "momentum") != 0) d.momentum = 0.5;
+    if (!set) return d;
+#define SX_SET_DESC(NAME, TYPE, DFLT, KEY, APPLIES) \
+    if (std::strcmp(#NAME, f.name) == 0) d.NAME = static_cast<decltype(d.NAME)>(f.value);
+    SX_HYPERPARAMETERS(SX_SET_DESC)
+#undef SX_SET_DESC
+    return d;
+}
+
+double get(sx_shard_group_t *g, const Field &f) {
+    double v = NAN;
+    assert_int_equal(sx_get_hyperparameter(g, 0, f.key, &v), SX_OK);
+    return v;
+}
+
+void fail_with(const Field &f, const char *where) {
+    print_error("hyperparameter %s is missing from %s\n", f.name, where);
+    fail();
+}
+
+std::string tag_of(const Field &f, const char *what) { return std::string("hyper-") + what + "-" + f.name; }
+
+// The descriptor's defaults, and what sx_add_param_group makes of a descriptor.
+void test_descriptor(void **) {
+    for (const Field &f : table()) {
+        // sx_param_group_desc_init states torch's default of every hyperparameter.
+        {
+            sx_param_group_desc_t d = desc_with(f, false);
+            sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "default"), {{"w", {4}}}, &d);
+            // AdamW's weight decay defaults to 1e-2, as torch.optim.AdamW's does.
+            const bool adamw_decay = f.key == SX_HP_WEIGHT_DECAY && optimizer_for(f) == SX_OPTIM_ADAMW;
+            const double expected = adamw_decay ? 1e-2 : f.dflt;
+            if (get(g, f) != expected) fail_with(f, "sx_param_group_desc_init's defaults");
+            sx_destroy_shard_group(g);
+        }
+        sx_param_group_desc_t d = desc_with(f, true);
+        sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "desc"), {{"w", {4}}}, &d);
+        if (get(g, f) != f.value) fail_with(f, "the descriptor's reading (sx_add_param_group)");
+        sx_destroy_shard_group(g);
+    }
+}
+
+// sx_set_hyperparameter and sx_get_hyperparameter by key.
+void test_keys(void **) {
+    for (const Field &f : table()) {
+        assert_non_null(sx::core::hyperparameter_name(f.key));
+        assert_string_equal(sx::core::hyperparameter_name(f.key), f.name);
+        sx_param_group_desc_t d = desc_with(f, false);
+        sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "key"), {{"w", {4}}}, &d);
+        assert_int_equal(sx_set_hyperparameter(g, 0, f.key, f.value), SX_OK);
+        if (get(g, f) != f.value) fail_with(f, "sx_set_hyperparameter / sx_get_hyperparameter");
+        sx_destroy_shard_group(g);
+    }
+}
+
+// Two ranks that differ in one hyperparameter alone are refused by the step.
+void test_agreement(void **) {
+    for (const Field &f : table()) {
+        const std::string rv = "local://" + tag_of(f, "agree") + "-" + std::to_string(getpid());
+        const std::string err = sxtest::run_ranks(2, [&](int rank) -> std::string {
+            sx_group_config_t cfg;
+            sx_group_config_init(&cfg, sizeof cfg);
+            cfg.rendezvous = rv.c_str();
+            cfg.rank = rank;
+            cfg.world_size = 2;
+            cfg.num_threads = 1;
+            cfg.timeout_ms = 20000;
+            sx_shard_group_t *g = nullptr;
+            if (sx_create_shard_group(&cfg, &g) != SX_OK) return "create failed";
+            sx_param_group_desc_t d = desc_with(f, rank == 1);
+            sx_param_desc_t p;
+            sx_param_desc_init(&p, sizeof p);
+            const int64_t shape[1] = {8};
+            p.name = "w";
+            p.ndim = 1;
+            p.shape = shape;
+            std::string out;
+            if (sx_add_param_group(g, &d, nullptr) != SX_OK || sx_add_param(g, &p, nullptr) != SX_OK ||
+                sx_finalize(g) != SX_OK)
+                out = "registration failed";
+            else if (sx_step(g, nullptr, nullptr) != SX_ERR_MISMATCH)
+                out = std::string("the ranks' agreement accepted ranks that differ in ") + f.name;
+            sx_destroy_shard_group(g);
+            return out;
+        });
+        if (!err.empty()) {
+            print_error("%s\n", err.c_str());
+            fail();
+        }
+    }
+}
+
+// A save writes it into the MANIFEST and a load puts it back.
+void test_save_and_load(void **) {
+    const std::string dir = sxtest::make_tmpdir("hyper-table");
+    for (const Field &f : table()) {
+        const std::string path = dir + "/" + f.name;
+        sx_param_group_desc_t d = desc_with(f, true);
+        sx_shard_group_t *saved = sxtest::one_rank_group(tag_of(f, "save"), {{"w", {4}}}, &d);
+        sxtest::save_sync(saved, path);
+        sx_destroy_shard_group(saved);
+        sx_param_group_desc_t plain = desc_with(f, false);
+        sx_shard_group_t *loaded = sxtest::one_rank_group(tag_of(f, "load"), {{"w", {4}}}, &plain);
+        assert_true(get(loaded, f) != f.value);
+        sx_load_options_t lo;
+        sx_load_optim_state_options_init(&lo, sizeof lo);
+        lo.path = path.c_str();
+        assert_int_equal(sx_load_optim_state(loaded, &lo), SX_OK);
+        if (get(loaded, f) != f.value) fail_with(f, "the MANIFEST (save, encoding, decoding or load)");
+        sx_destroy_shard_group(loaded);
+    }
+    sxtest::remove_tree(dir);
+}
+
+// The MANIFEST's encoding and decoding on their own, and its validation: a value that
+// sx_add_param_group refuses is refused in a manifest too.
+void test_manifest_fields(void **) {
+    using namespace sx::ckpt;
+    for (const Field &f : table()) {
+        Manifest m = testing::small_manifest();
+        sx_param_group_desc_t d = desc_with(f, true);
+        m.param_groups[0] = param_group_entry(sx::core::hyper_from_desc(d));
+        std::string bytes;
+        assert_int_equal(encode_manifest(m, &bytes).code(), SX_OK);
+        Manifest back;
+        assert_int_equal(decode_manifest(bytes.data(), bytes.size(), &back).code(), SX_OK);
+        const sx::optim::Hyper h = hyper_of(back.param_groups[0]);
+        double got = NAN;
+        assert_int_equal(sx::core::get_hyperparameter(h, f.key, &got).code(), SX_OK);
+        if (got != f.value) fail_with(f, "the MANIFEST's encoding or decoding");
+        if (f.flag) continue;
+        // A non-finite value is refused, naming the param group.
+#define SX_POISON(NAME, TYPE, DFLT, KEY, APPLIES) \
+    if (std::strcmp(#NAME, f.name) == 0) m.param_groups[0].NAME = static_cast<TYPE>(NAN);
+        SX_HYPERPARAMETERS(SX_POISON)
+#undef SX_POISON
+        const sx::Status s = validate(m);
+        if (s.code() != SX_ERR_CORRUPT) fail_with(f, "the MANIFEST's validation");
+    }
+}
+
+}  // namespace
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_descriptor),
+        cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_agreement),
+        cmocka_unit_test(test_save_and_load),
+        cmocka_unit_test(test_manifest_fields),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
