@@ -3,7 +3,7 @@
 
 #include "api/guard.h"
 #include "api/handles.h"
-#include "ckpt/manifest.h"
+#include "ckpt/directory.h"
 #include "io/file_ops.h"
 
 using sx::Status;
@@ -180,17 +180,12 @@ SX_API sx_status_t sx_read_user_blob(const char *path, void *buf, uint64_t capac
         SX_CHECK_ARG(size != nullptr, "size is NULL");
         SX_CHECK_ARG(buf != nullptr || capacity == 0, "buf is NULL but capacity is %llu",
                      static_cast<unsigned long long>(capacity));
-        auto ops = sx::io::posix_file_ops();
-        std::string bytes;
-        const std::string manifest = std::string(path) + "/MANIFEST";
-        SX_TRY(sx::io::read_file(*ops, manifest, sx::ckpt::kMaxManifestBytes, &bytes));
-        sx::ckpt::Manifest m;
-        Status d = sx::ckpt::decode_manifest(bytes.data(), bytes.size(), &m);
-        if (!d.ok()) return d.prefix(manifest + ": ");
-        *size = m.user_blob.size();
-        SX_CHECK_ARG(capacity >= m.user_blob.size(), "the user blob has %zu bytes; capacity is %llu",
-                     m.user_blob.size(), static_cast<unsigned long long>(capacity));
-        if (!m.user_blob.empty()) std::memcpy(buf, m.user_blob.data(), m.user_blob.size());
+        std::string blob;
+        SX_TRY(sx::ckpt::read_user_blob(*sx::io::posix_file_ops(), path, &blob));
+        *size = blob.size();
+        SX_CHECK_ARG(capacity >= blob.size(), "the user blob has %zu bytes; capacity is %llu", blob.size(),
+                     static_cast<unsigned long long>(capacity));
+        if (!blob.empty()) std::memcpy(buf, blob.data(), blob.size());
         return Status::Ok();
     });
 }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "base/memory.h"
+#include "ckpt/directory.h"
 #include "ckpt/future.h"
 #include "ckpt/manifest.h"
 #include "ckpt/shard_plan.h"
@@ -114,6 +115,8 @@ class Checkpointer {
     uint64_t staging_bytes() const;
 
   private:
+    class Load;  // one load's phases (load.cc)
+
     // stage() on a thread of its own while persist() runs on this one; `future` (may be
     // null) is told when the snapshot is staged.
     Status stage_and_persist(Snapshot *snap, SaveFuture *future);
@@ -134,9 +137,6 @@ class Checkpointer {
     std::unique_ptr<io::IoLoop> loop_;        // started by the first asynchronous save
     std::shared_ptr<SaveFuture> in_flight_;   // the last asynchronous save
 };
-
-// The shard file name of `rank` of `world`: shard-RRRRR-of-WWWWW.bin.
-std::string shard_file_name(int rank, int world);
 
 }  // namespace ckpt
 }  // namespace sx

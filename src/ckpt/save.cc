@@ -6,15 +6,12 @@
 
 #include "base/log.h"
 #include "ckpt/checkpointer.h"
+#include "ckpt/directory.h"
 #include "io/crc32c.h"
 
 namespace sx {
 namespace ckpt {
 namespace {
-
-constexpr const char *kPartialSuffix = ".sx-partial";
-constexpr const char *kManifestName = "MANIFEST";
-constexpr const char *kLatestName = "latest";
 
 // What a rank tells rank 0 through the store: its status, then its chunks.
 struct ChunkRecord {
@@ -68,11 +65,9 @@ Status apply_retention(io::FileOps &ops, const std::string &parent, const std::s
         bool has = false;
         const std::string manifest = parent + "/" + name + "/" + kManifestName;
         if (!ops.exists(manifest, &has).ok() || !has) continue;
-        std::string bytes;
         Manifest m;
         // A directory whose manifest does not verify is not ours to judge: leave it.
-        if (!io::read_file(ops, manifest, kMaxManifestBytes, &bytes).ok()) continue;
-        if (!decode_manifest(bytes.data(), bytes.size(), &m).ok()) continue;
+        if (!read_manifest(ops, parent + "/" + name, &m).ok()) continue;
         found.push_back({m.step, m.created_unix_ms, name});
     }
     std::sort(found.begin(), found.end(), [](const Entry &a, const Entry &b) {
@@ -83,11 +78,195 @@ Status apply_retention(io::FileOps &ops, const std::string &parent, const std::s
     return Status::Ok();
 }
 
-}  // namespace
-
-std::string shard_file_name(int rank, int world) {
-    return format("shard-%05d-of-%05d.bin", rank, world);
+// The manifest of a save but for its files and chunks (the tensors' kinds only).
+Manifest skeleton_of(const core::ShardGroup &g, const core::ShardState &shard,
+                     const std::vector<std::vector<TensorKind>> &kinds, const SaveOptions &options) {
+    Manifest m;
+    m.library_version = SX_VERSION_NUMBER;
+    m.step = shard.progress.steps_taken;
+    m.world_size = g.world_size();
+    m.stage = g.stage();
+    m.alignment = g.config().alignment;
+    m.user_blob = options.user_blob;
+    m.created_unix_ms = now_unix_ms();
+    const core::LossScaling &ls = g.loss_scaling();
+    if (ls.mode != SX_LOSS_SCALING_NONE) {
+        m.loss_scaler.scale = shard.progress.scaler.scale;
+        m.loss_scaler.growth_tracker = shard.progress.scaler.growth_tracker;
+        m.loss_scaler.growth_interval = ls.growth_interval;
+        m.loss_scaler.growth_factor = ls.growth_factor;
+        m.loss_scaler.backoff_factor = ls.backoff_factor;
+    }
+    for (const optim::Hyper &h : shard.progress.hypers) m.param_groups.push_back(param_group_entry(h));
+    for (int32_t p = 0; p < g.num_params(); ++p) {
+        const core::ParamSpec &spec = g.param(p);
+        ParamEntry e;
+        e.name = spec.name;
+        e.shape = spec.shape;
+        e.dtype = spec.dtype;
+        e.unit = spec.unit;
+        e.param_group = spec.group;
+        e.trainable = shard.trainable[p] != 0;
+        e.step = shard.progress.params[p].step;
+        e.momentum_steps = shard.progress.params[p].momentum_steps;
+        for (TensorKind k : kinds[p]) {
+            Tensor t;
+            t.kind = k;
+            e.tensors.push_back(t);
+        }
+        m.params.push_back(std::move(e));
+    }
+    return m;
 }
+
+
+// Where a save writes: its final directory, and the temporary one renamed into it.
+struct SavePaths {
+    std::string parent, base, final_dir, tmp_dir;
+    explicit SavePaths(const std::string &path) {
+        split_path(path, &parent, &base);
+        final_dir = parent + "/" + base;
+        tmp_dir = final_dir + kPartialSuffix;
+    }
+};
+
+// Step 1 of persist: rank 0 prepares the temporary directory (clearing leftovers of
+// crashed saves) and tells the others how that went.
+Status open_save(io::FileOps &ops, comm::Store &store, const std::string &prefix, const SavePaths &at, int rank,
+                 comm::Millis timeout) {
+    if (rank != 0) {
+        std::string v;
+        SX_TRY(store.get(prefix + "start", &v, timeout));
+        return decode_status(v, "rank 0");
+    }
+    Status st = [&]() -> Status {
+        bool exists = false;
+        SX_TRY(ops.exists(at.final_dir, &exists));
+        SX_CHECK(!exists, SX_ERR_ALREADY_EXISTS, "the checkpoint directory %s already exists", at.final_dir.c_str());
+        std::vector<std::string> names;
+        SX_TRY(ops.list_dir(at.parent, &names));
+        const size_t n = std::strlen(kPartialSuffix);
+        for (const std::string &name : names)
+            if (name.size() > n && name.compare(name.size() - n, n, kPartialSuffix) == 0)
+                SX_TRY(ops.remove_tree(at.parent + "/" + name));
+        return ops.mkdir(at.tmp_dir);
+    }();
+    SX_TRY(store.set(prefix + "start", encode_status(st)));
+    return st;
+}
+
+// Step 2: writes and fsyncs this rank's shard file from staging (`data`), each piece
+// once `staged` says it is there, and lists its chunks with their CRCs.
+Status write_shard(io::FileOps &ops, const Snapshot &snap, const char *data, const std::string &file,
+                   SaveFuture *progress, StagedBytes *staged, std::vector<ChunkRecord> *records) {
+    int fd = -1;
+    SX_TRY(ops.open_write(file, &fd));
+    // In pieces, so that progress moves and a cancellation is noticed. The kernel is
+    // asked to start writing each piece back at once: otherwise nothing reaches the
+    // device before the fsync (a shard is far below the dirty-page thresholds), and
+    // copying into the page cache, the CRCs and the device's work run one after the
+    // other instead of together.
+    const uint64_t piece = 64ull << 20;
+    Status w;
+    for (uint64_t off = 0; off < snap.plan.file_bytes && w.ok(); off += piece) {
+        if (progress && progress->cancel_requested()) {
+            w = SX_ERROR(SX_ERR_CANCELLED, "the save was cancelled");
+            break;
+        }
+        const uint64_t n = std::min(piece, snap.plan.file_bytes - off);
+        w = staged->wait(off + n);
+        if (w.ok()) w = ops.pwrite_all(fd, data + off, n, off, file);
+        if (w.ok()) ops.start_writeback(fd, off, n);
+        if (w.ok() && progress) progress->add_done(n);
+    }
+    // The CRCs read staging, not the file: computed while the device writes, before
+    // the fsync, they cost the save no time of their own.
+    for (size_t i = 0; w.ok() && i < snap.plan.chunks.size(); ++i) {
+        const WriteChunk &ch = snap.plan.chunks[i];
+        ChunkRecord r;
+        std::memset(&r, 0, sizeof r);
+        r.param = ch.param;
+        r.kind = static_cast<int32_t>(ch.kind);
+        r.begin = ch.begin;
+        r.end = ch.end;
+        r.offset = ch.file_offset;
+        r.length = (ch.end - ch.begin) * sizeof(float);
+        r.crc32c = io::crc32c(data + ch.file_offset, r.length);
+        records->push_back(r);
+    }
+    if (w.ok()) w = ops.fsync(fd, file);
+    Status c = ops.close(fd, file);
+    SX_TRY(w);
+    return c;
+}
+
+// What a rank tells rank 0 after step 2: its status, and on success its chunks.
+std::string encode_report(const Status &st, const std::vector<ChunkRecord> &records) {
+    std::string report = encode_status(st);
+    if (!st.ok()) return report;
+    std::string payload(records.size() * sizeof(ChunkRecord), '\0');
+    if (!records.empty()) std::memcpy(&payload[0], records.data(), payload.size());
+    return report + '\0' + payload;
+}
+
+// Step 3, on rank 0: every rank's report; its chunks go into *m (whose params hold
+// their tensors' kinds), each tensor's sorted by element.
+Status gather_chunks(comm::Store &store, const std::string &prefix, int world_size, comm::Millis timeout,
+                     Manifest *m) {
+    for (int r = 0; r < world_size; ++r) {
+        std::string v;
+        SX_TRY(store.get(prefix + format("rank/%d", r), &v, timeout));
+        const std::string who = format("rank %d", r);
+        SX_TRY(decode_status(v, who.c_str()));
+        const size_t head = sizeof(int32_t) + std::strlen(v.c_str() + sizeof(int32_t)) + 1;
+        SX_CHECK(head <= v.size() && (v.size() - head) % sizeof(ChunkRecord) == 0, SX_ERR_INTERNAL,
+                 "rank %d sent a malformed chunk table", r);
+        m->files.push_back(shard_file_name(r, world_size));
+        const size_t n = (v.size() - head) / sizeof(ChunkRecord);
+        for (size_t i = 0; i < n; ++i) {
+            ChunkRecord rec;
+            std::memcpy(&rec, v.data() + head + i * sizeof rec, sizeof rec);
+            SX_CHECK(rec.param >= 0 && static_cast<size_t>(rec.param) < m->params.size(), SX_ERR_INTERNAL,
+                     "rank %d reported a chunk of unknown param %d", r, rec.param);
+            for (Tensor &t : m->params[rec.param].tensors) {
+                if (static_cast<int32_t>(t.kind) != rec.kind) continue;
+                Chunk c;
+                c.begin = rec.begin, c.end = rec.end, c.file = static_cast<uint32_t>(r);
+                c.offset = rec.offset, c.length = rec.length, c.crc32c = rec.crc32c;
+                t.chunks.push_back(c);
+            }
+        }
+    }
+    for (ParamEntry &p : m->params)
+        for (Tensor &t : p.tensors)
+            std::sort(t.chunks.begin(), t.chunks.end(), [](const Chunk &a, const Chunk &b) { return a.begin < b.begin; });
+    return Status::Ok();
+}
+
+// The commit, on rank 0: MANIFEST written and fsynced into the complete temporary
+// directory, which is fsynced and renamed into place, and the parent fsynced; only then,
+// with the checkpoint durable, does `latest` move, and retention run.
+Status commit_directory(io::FileOps &ops, const Manifest &m, const SavePaths &at, int keep_last) {
+    std::string bytes;
+    SX_TRY(encode_manifest(m, &bytes));
+    const std::string manifest = at.tmp_dir + "/" + kManifestName;
+    int fd = -1;
+    SX_TRY(ops.open_write(manifest, &fd));
+    Status w = ops.pwrite_all(fd, bytes.data(), bytes.size(), 0, manifest);
+    if (w.ok()) w = ops.fsync(fd, manifest);
+    Status c = ops.close(fd, manifest);
+    SX_TRY(w);
+    SX_TRY(c);
+    SX_TRY(ops.fsync_dir(at.tmp_dir));
+    SX_TRY(ops.rename(at.tmp_dir, at.final_dir));
+    SX_TRY(ops.fsync_dir(at.parent));
+    const std::string latest = at.base + "\n";
+    SX_TRY(io::write_file_atomic(ops, at.parent, kLatestName, latest.data(), latest.size()));
+    if (keep_last > 0) SX_TRY(apply_retention(ops, at.parent, at.base, keep_last));
+    return Status::Ok();
+}
+
+}  // namespace
 
 Checkpointer::Checkpointer(core::ShardGroup *group, std::shared_ptr<io::FileOps> ops)
     : group_(group), ops_(std::move(ops)) {}
@@ -107,18 +286,19 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     SX_CHECK_ARG(options.user_blob.size() <= kMaxUserBlobBytes, "the user blob has %zu bytes; at most %llu",
                  options.user_blob.size(), static_cast<unsigned long long>(kMaxUserBlobBytes));
     SX_CHECK_ARG(options.keep_last >= 0, "keep_last is %d; it must be >= 0", options.keep_last);
-    SX_TRY(g.ops().wait_for(nullptr));  // a device: the trainer's writes into the views first
-    SX_TRY(g.ensure_masters());         // 16-bit params: their fp32 masters are what is stored
+    // The trainer's writes into the views first; 16-bit params: their fp32 masters are
+    // what is stored.
+    core::ShardState shard;
+    SX_TRY(g.export_shard(&shard));
 
     const core::Layout &layout = g.layout();
     const int32_t np = g.num_params();
     std::vector<std::vector<TensorKind>> kinds(np);
     for (int32_t p = 0; p < np; ++p) {
-        const core::ParamSpec &spec = g.param(p);
         const int u = layout.placement(p).unit_index;
-        std::vector<TensorKind> k = stored_kinds(g.param_groups()[spec.group].hyper);
+        std::vector<TensorKind> k = stored_kinds(shard.progress.hypers[g.param(p).group]);
         // State exists only once the unit has been trainable; before that only values.
-        k.resize(std::min(k.size(), static_cast<size_t>(g.unit_view(u).state_slots) + 1));
+        k.resize(std::min(k.size(), static_cast<size_t>(shard.units[u].state_slots) + 1));
         kinds[p] = std::move(k);
     }
     Snapshot s;
@@ -137,47 +317,12 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     }
     s.sources.reserve(s.plan.chunks.size());
     for (const WriteChunk &c : s.plan.chunks) {
-        const core::ShardGroup::UnitView v = g.unit_view(c.unit_index);
+        const core::UnitShard &v = shard.units[c.unit_index];
         const float *src = c.slot < 0 ? v.values : v.state[c.slot];
         s.sources.push_back(src + c.shard_offset);
     }
-
-    Manifest &m = s.skeleton;
-    m.library_version = SX_VERSION_NUMBER;
-    m.step = g.steps_taken();
-    m.world_size = s.world_size;
-    m.stage = g.stage();
-    m.alignment = g.config().alignment;
-    m.user_blob = options.user_blob;
-    m.created_unix_ms = now_unix_ms();
-    const core::LossScaling &ls = g.loss_scaling();
-    if (ls.mode != SX_LOSS_SCALING_NONE) {
-        m.loss_scaler.scale = g.loss_scaler().scale;
-        m.loss_scaler.growth_tracker = g.loss_scaler().growth_tracker;
-        m.loss_scaler.growth_interval = ls.growth_interval;
-        m.loss_scaler.growth_factor = ls.growth_factor;
-        m.loss_scaler.backoff_factor = ls.backoff_factor;
-    }
-    for (const core::ParamGroup &pg : g.param_groups()) m.param_groups.push_back(param_group_entry(pg.hyper));
-    for (int32_t p = 0; p < np; ++p) {
-        const core::ParamSpec &spec = g.param(p);
-        ParamEntry e;
-        e.name = spec.name;
-        e.shape = spec.shape;
-        e.dtype = spec.dtype;
-        e.unit = spec.unit;
-        e.param_group = spec.group;
-        e.trainable = g.trainable(p);
-        e.step = spec.step;
-        e.momentum_steps = spec.momentum_steps;
-        for (TensorKind k : kinds[p]) {
-            Tensor t;
-            t.kind = k;
-            e.tensors.push_back(t);
-        }
-        m.params.push_back(std::move(e));
-    }
-    s.sequence = g.next_checkpoint_sequence();
+    s.skeleton = skeleton_of(g, shard, kinds, options);
+    s.sequence = shard.sequence;
     s.hold.reset(new core::ShardFence::Hold(g.shard_fence()));
     *out = std::move(s);
     return Status::Ok();
@@ -257,90 +402,18 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
     comm::Store &store = group_->store();
     const comm::Millis timeout(group_->config().timeout_ms);
     const std::string prefix = format("ckpt/%llu/", static_cast<unsigned long long>(snap.sequence));
-    std::string parent, base;
-    split_path(snap.options.path, &parent, &base);
-    const std::string final_dir = parent + "/" + base;
-    const std::string tmp_dir = final_dir + kPartialSuffix;
+    const SavePaths at(snap.options.path);
     if (progress) progress->set_total(snap.plan.file_bytes);
 
-    // 1. Rank 0 prepares the temporary directory (clearing leftovers of crashed saves).
-    if (snap.rank == 0) {
-        Status st = [&]() -> Status {
-            bool exists = false;
-            SX_TRY(ops.exists(final_dir, &exists));
-            SX_CHECK(!exists, SX_ERR_ALREADY_EXISTS, "the checkpoint directory %s already exists",
-                     final_dir.c_str());
-            std::vector<std::string> names;
-            SX_TRY(ops.list_dir(parent, &names));
-            const size_t n = std::strlen(kPartialSuffix);
-            for (const std::string &name : names)
-                if (name.size() > n && name.compare(name.size() - n, n, kPartialSuffix) == 0)
-                    SX_TRY(ops.remove_tree(parent + "/" + name));
-            return ops.mkdir(tmp_dir);
-        }();
-        SX_TRY(store.set(prefix + "start", encode_status(st)));
-        SX_TRY(st);
-    } else {
-        std::string v;
-        SX_TRY(store.get(prefix + "start", &v, timeout));
-        SX_TRY(decode_status(v, "rank 0"));
-    }
-
-    // 2. Every rank writes and fsyncs its shard file, then reports its chunks.
+    SX_TRY(open_save(ops, store, prefix, at, snap.rank, timeout));
     std::vector<ChunkRecord> records;
-    Status st = [&]() -> Status {
-        const std::string file = tmp_dir + "/" + shard_file_name(snap.rank, snap.world_size);
-        int fd = -1;
-        SX_TRY(ops.open_write(file, &fd));
-        // In pieces, so that progress moves and a cancellation is noticed. The kernel is
-        // asked to start writing each piece back at once: otherwise nothing reaches the
-        // device before the fsync (a shard is far below the dirty-page thresholds), and
-        // copying into the page cache, the CRCs and the device's work run one after the
-        // other instead of together.
-        const uint64_t piece = 64ull << 20;
-        const char *data = static_cast<const char *>(staging_.data());
-        Status w;
-        for (uint64_t off = 0; off < snap.plan.file_bytes && w.ok(); off += piece) {
-            if (progress && progress->cancel_requested()) {
-                w = SX_ERROR(SX_ERR_CANCELLED, "the save was cancelled");
-                break;
-            }
-            const uint64_t n = std::min(piece, snap.plan.file_bytes - off);
-            w = staged->wait(off + n);
-            if (w.ok()) w = ops.pwrite_all(fd, data + off, n, off, file);
-            if (w.ok()) ops.start_writeback(fd, off, n);
-            if (w.ok() && progress) progress->add_done(n);
-        }
-        // The CRCs read staging, not the file: computed while the device writes, before
-        // the fsync, they cost the save no time of their own.
-        for (size_t i = 0; w.ok() && i < snap.plan.chunks.size(); ++i) {
-            const WriteChunk &ch = snap.plan.chunks[i];
-            ChunkRecord r;
-            std::memset(&r, 0, sizeof r);
-            r.param = ch.param;
-            r.kind = static_cast<int32_t>(ch.kind);
-            r.begin = ch.begin;
-            r.end = ch.end;
-            r.offset = ch.file_offset;
-            r.length = (ch.end - ch.begin) * sizeof(float);
-            r.crc32c = io::crc32c(data + ch.file_offset, r.length);
-            records.push_back(r);
-        }
-        if (w.ok()) w = ops.fsync(fd, file);
-        Status c = ops.close(fd, file);
-        SX_TRY(w);
-        SX_TRY(c);
-        return Status::Ok();
-    }();
-    std::string report = encode_status(st);
-    if (st.ok()) {
-        std::string payload(records.size() * sizeof(ChunkRecord), '\0');
-        if (!records.empty()) std::memcpy(&payload[0], records.data(), payload.size());
-        report += '\0' + payload;
-    }
-    SX_TRY(store.set(prefix + format("rank/%d", snap.rank), report));
+    const std::string file = at.tmp_dir + "/" + shard_file_name(snap.rank, snap.world_size);
+    const Status written =
+        write_shard(ops, snap, static_cast<const char *>(staging_.data()), file, progress, staged, &records);
+    SX_TRY(store.set(prefix + format("rank/%d", snap.rank), encode_report(written, records)));
 
-    // 3. Rank 0 gathers every rank's chunks, writes MANIFEST and commits.
+    // Rank 0 gathers every rank's chunks, writes MANIFEST and commits; the others wait
+    // for its word.
     if (snap.rank != 0) {
         std::string v;
         SX_TRY(store.get(prefix + "result", &v, timeout));
@@ -348,57 +421,13 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
     }
     Status result = [&]() -> Status {
         Manifest m = snap.skeleton;
-        for (int r = 0; r < snap.world_size; ++r) {
-            std::string v;
-            SX_TRY(store.get(prefix + format("rank/%d", r), &v, timeout));
-            const std::string who = format("rank %d", r);
-            SX_TRY(decode_status(v, who.c_str()));
-            const size_t head = sizeof(int32_t) + std::strlen(v.c_str() + sizeof(int32_t)) + 1;
-            SX_CHECK(head <= v.size() && (v.size() - head) % sizeof(ChunkRecord) == 0, SX_ERR_INTERNAL,
-                     "rank %d sent a malformed chunk table", r);
-            m.files.push_back(shard_file_name(r, snap.world_size));
-            const size_t n = (v.size() - head) / sizeof(ChunkRecord);
-            for (size_t i = 0; i < n; ++i) {
-                ChunkRecord rec;
-                std::memcpy(&rec, v.data() + head + i * sizeof rec, sizeof rec);
-                SX_CHECK(rec.param >= 0 && static_cast<size_t>(rec.param) < m.params.size(), SX_ERR_INTERNAL,
-                         "rank %d reported a chunk of unknown param %d", r, rec.param);
-                for (Tensor &t : m.params[rec.param].tensors) {
-                    if (static_cast<int32_t>(t.kind) != rec.kind) continue;
-                    Chunk c;
-                    c.begin = rec.begin, c.end = rec.end, c.file = static_cast<uint32_t>(r);
-                    c.offset = rec.offset, c.length = rec.length, c.crc32c = rec.crc32c;
-                    t.chunks.push_back(c);
-                }
-            }
-        }
-        for (ParamEntry &p : m.params)
-            for (Tensor &t : p.tensors)
-                std::sort(t.chunks.begin(), t.chunks.end(),
-                          [](const Chunk &a, const Chunk &b) { return a.begin < b.begin; });
-        std::string bytes;
-        SX_TRY(encode_manifest(m, &bytes));
-        const std::string manifest = tmp_dir + "/" + kManifestName;
-        int fd = -1;
-        SX_TRY(ops.open_write(manifest, &fd));
-        Status w = ops.pwrite_all(fd, bytes.data(), bytes.size(), 0, manifest);
-        if (w.ok()) w = ops.fsync(fd, manifest);
-        Status c = ops.close(fd, manifest);
-        SX_TRY(w);
-        SX_TRY(c);
-        SX_TRY(ops.fsync_dir(tmp_dir));
-        SX_TRY(ops.rename(tmp_dir, final_dir));
-        SX_TRY(ops.fsync_dir(parent));
-        // Only now, with the checkpoint durable, does `latest` move.
-        const std::string latest = base + "\n";
-        SX_TRY(io::write_file_atomic(ops, parent, kLatestName, latest.data(), latest.size()));
-        if (snap.options.keep_last > 0) SX_TRY(apply_retention(ops, parent, base, snap.options.keep_last));
-        return Status::Ok();
+        SX_TRY(gather_chunks(store, prefix, snap.world_size, timeout, &m));
+        return commit_directory(ops, m, at, snap.options.keep_last);
     }();
     if (!result.ok()) {
         bool exists = false;
-        if (ops.exists(tmp_dir, &exists).ok() && exists) ops.remove_tree(tmp_dir);
-        log(SX_LOG_ERROR, "sx: checkpoint %s failed: %s", final_dir.c_str(), result.message().c_str());
+        if (ops.exists(at.tmp_dir, &exists).ok() && exists) ops.remove_tree(at.tmp_dir);
+        log(SX_LOG_ERROR, "sx: checkpoint %s failed: %s", at.final_dir.c_str(), result.message().c_str());
     }
     SX_TRY(store.set(prefix + "result", encode_status(result)));
     return result;

@@ -413,14 +413,12 @@ Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
     return Status::Ok();
 }
 
-ShardGroup::UnitView ShardGroup::unit_view(size_t u) const {
+UnitShard ShardGroup::unit_shard(size_t u) const {
     const Unit &unit = units_[u];
-    UnitView v;
-    v.params = unit.params.data();
-    v.dtype = unit.dtype;
+    UnitShard v;
     v.values = unit.master.empty() ? unit.params.as<float>() + static_cast<uint64_t>(rank_) * layout_.units()[u].shard_numel
                                    : unit.master.as<float>();
-    for (int k = 0; k < 3; ++k) v.state[k] = k < unit.state_slots ? unit.state[k].as<float>() : nullptr;
+    for (int k = 0; k < unit.state_slots; ++k) v.state[k] = unit.state[k].as<float>();
     v.state_slots = unit.state_slots;
     v.shard_numel = layout_.units()[u].shard_numel;
     return v;
@@ -432,14 +430,67 @@ Status ShardGroup::collective(const std::function<Status(comm::Communicator &)> 
     return s.ok() ? s : fail(s);
 }
 
-Status ShardGroup::swap_state(size_t u, int k, Buffer *other) {
-    Unit &unit = units_[u];
-    const uint64_t bytes = layout_.units()[u].shard_numel * sizeof(float);
-    SX_CHECK(k >= 0 && k <= unit.state_slots && k < 3 && other->size() == bytes, SX_ERR_INTERNAL,
-             "swapping state slot %d of unit %zu (%d slots): %zu bytes for a slot of %llu", k, u, unit.state_slots,
-             other->size(), static_cast<unsigned long long>(bytes));
-    std::swap(unit.state[k], *other);
-    if (k == unit.state_slots) ++unit.state_slots;
+// ---------------------------------------------------------------------------------
+// The shard as checkpoints see it
+
+Status ShardGroup::export_shard(ShardState *out) {
+    ShardState st;
+    st.sequence = ++checkpoints_;  // first: every rank draws it, whatever fails below
+    SX_TRY(ops_->wait_for(nullptr));
+    SX_TRY(ensure_masters());
+    for (size_t u = 0; u < units_.size(); ++u) st.units.push_back(unit_shard(u));
+    st.trainable.resize(params_.size());
+    for (size_t p = 0; p < params_.size(); ++p) st.trainable[p] = mask_[p] ? 1 : 0;
+    ShardProgress &pr = st.progress;
+    pr.steps_taken = steps_;
+    for (const ParamSpec &spec : params_) pr.params.push_back({spec.step, spec.momentum_steps});
+    for (const ParamGroup &g : groups_) pr.hypers.push_back(g.hyper);
+    pr.scaler = scaler_;
+    *out = std::move(st);
+    return Status::Ok();
+}
+
+Status ShardGroup::restore_shard(const ShardRestore &r) {
+    // Everything is checked before anything changes.
+    SX_CHECK(r.state && r.state->size() == units_.size() && r.slots.size() == units_.size(), SX_ERR_INTERNAL,
+             "restoring the shard: state for %zu units, the group has %zu", r.slots.size(), units_.size());
+    for (size_t u = 0; u < units_.size(); ++u) {
+        const uint64_t bytes = layout_.units()[u].shard_numel * sizeof(float);
+        SX_CHECK(r.slots[u] >= 0 && r.slots[u] <= 3, SX_ERR_INTERNAL, "restoring %d state slots of unit %zu",
+                 r.slots[u], u);
+        for (int k = 0; k < r.slots[u]; ++k)
+            SX_CHECK((*r.state)[u][k].size() == bytes, SX_ERR_INTERNAL,
+                     "restoring state slot %d of unit %zu: %zu bytes for a slot of %llu", k, u,
+                     (*r.state)[u][k].size(), static_cast<unsigned long long>(bytes));
+    }
+    if (r.progress)
+        SX_CHECK(r.progress->params.size() == params_.size() && r.progress->hypers.size() == groups_.size(),
+                 SX_ERR_INTERNAL, "restoring the progress of %zu params and %zu param groups into %zu and %zu",
+                 r.progress->params.size(), r.progress->hypers.size(), params_.size(), groups_.size());
+    for (size_t u = 0; u < units_.size(); ++u) {
+        Unit &unit = units_[u];
+        for (int k = 0; k < r.slots[u]; ++k) std::swap(unit.state[k], (*r.state)[u][k]);
+        unit.state_slots = std::max(unit.state_slots, r.slots[u]);
+    }
+    if (!r.progress) return Status::Ok();
+    const ShardProgress &pr = *r.progress;
+    for (size_t p = 0; p < params_.size(); ++p) {
+        params_[p].step = pr.params[p].step;
+        params_[p].momentum_steps = pr.params[p].momentum_steps;
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyper = pr.hypers[g];
+    steps_ = pr.steps_taken;
+    scaler_ = pr.scaler;
+    return Status::Ok();
+}
+
+Status ShardGroup::gather_params() {
+    SX_TRY(masters_to_params());
+    if (world_size_ == 1) return Status::Ok();
+    for (size_t u = 0; u < units_.size(); ++u) {
+        const uint64_t bytes = layout_.units()[u].shard_numel * dtype_size(units_[u].dtype);
+        SX_TRY(collective([&](comm::Communicator &c) { return c.all_gather(units_[u].params.data(), bytes); }));
+    }
     return Status::Ok();
 }
 

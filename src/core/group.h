@@ -20,6 +20,7 @@
 #include "core/device.h"
 #include "core/layout.h"
 #include "core/params.h"
+#include "core/shard_state.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
 
@@ -49,12 +50,6 @@ struct LossScaling {
     double growth_factor = 2.0;
     double backoff_factor = 0.5;
     int64_t growth_interval = 2000;
-};
-
-// Its state: the scale, and the steps in a row without inf/NaN since the last change.
-struct LossScalerState {
-    double scale = 1.0;
-    int64_t growth_tracker = 0;
 };
 
 struct StepOptions {
@@ -112,6 +107,7 @@ class ShardGroup {
     int world_size() const { return world_size_; }
     int stage() const { return config_.stage; }
     bool finalized() const { return finalized_; }
+    const GroupConfig &config() const { return config_; }
 
     // --- registration (before finalize) ---
     Status add_param_group(const optim::Hyper &hyper, int32_t *index);
@@ -123,6 +119,7 @@ class ShardGroup {
     Status set_hyperparameter(int32_t group, int32_t key, double value);
     Status get_hyperparameter(int32_t group, int32_t key, double *value) const;
     int32_t num_param_groups() const { return static_cast<int32_t>(groups_.size()); }
+    const optim::Hyper &hyper(int32_t group) const { return groups_[group].hyper; }
 
     // --- params, views ---
     int32_t num_params() const { return static_cast<int32_t>(params_.size()); }
@@ -152,47 +149,37 @@ class ShardGroup {
     Status set_loss_scaling(const LossScaling &s);  // resets the scale to s.init_scale
     const LossScaling &loss_scaling() const { return scaling_; }
     const LossScalerState &loss_scaler() const { return scaler_; }
-    void set_loss_scaler(const LossScalerState &st) { scaler_ = st; }
 
     MemoryStats memory_stats() const;
 
     // --- for checkpoints (ckpt/, one layer up) ---
-    struct UnitView {
-        // This rank's shard of the fp32 values: the fp32 master weights of a 16-bit unit,
-        // else the own shard of the flat param buffer.
-        float *values;
-        void *params;      // the full flat param buffer, of `dtype`
-        int32_t dtype;     // of the params
-        float *state[3];   // this rank's shard of each allocated optimizer state slot
-        int state_slots;
-        uint64_t shard_numel;
-    };
-    UnitView unit_view(size_t u) const;
-    // 16-bit units: derives the fp32 masters from the params where they are not yet.
-    Status ensure_masters();
-    // 16-bit units: rounds the masters into this rank's shard of the params (after
-    // someone wrote the masters, e.g. a load).
-    Status masters_to_params();
-    const GroupConfig &config() const { return config_; }
-    std::vector<ParamGroup> &param_groups() { return groups_; }
-    ParamSpec &mutable_param(int32_t index) { return params_[index]; }
+    // Collective in order (every rank exports for the same save or load). Waits for the
+    // trainer's writes into the views (the legacy default stream), derives the fp32
+    // masters of 16-bit units where they are not yet (they are what a checkpoint
+    // stores), and describes the shard (see shard_state.h).
+    Status export_shard(ShardState *out);
+    // Unit u's shard as export_shard describes it, without its waits or its sequence
+    // (for tests and tools that look at the memory).
+    UnitShard unit_shard(size_t u) const;
+    // A load's commit: checks everything first (SX_ERR_INTERNAL, and nothing changes, if
+    // r does not fit the group), then swaps the state buffers in and replaces the
+    // progress. Cannot fail half-way.
+    Status restore_shard(const ShardRestore &r);
+    // Collective: every rank rounds its masters (if any) into its own shard of the
+    // params, and the ranks all-gather the rest, so that the params hold the values of
+    // every rank's shard (after a load wrote them). A failed collective fails the group.
+    Status gather_params();
     comm::Store &store() { return *store_; }
     // Marks the group failed with s (a failed collective or device, a load that cannot
     // be undone): every later call fails with its words. Returns s.
     Status fail(Status s);
     // Runs a collective through the group's communicator; a failure fails the group.
     Status collective(const std::function<Status(comm::Communicator &)> &fn);
-    // Exchanges state slot k of unit u with *other, a buffer of the slot's size (one
-    // shard). k == the unit's slot count adds slot k: *other moves in and is left empty.
-    Status swap_state(size_t u, int k, Buffer *other);
     // Where the group's buffers live, and the work on them.
     DeviceOps &ops() { return *ops_; }
-    void set_steps_taken(uint64_t steps) { steps_ = steps; }
     // Held while a snapshot of this rank's shard (params and optimizer state) is being
     // copied out; everything in the group that writes the shard waits for it first.
     ShardFence &shard_fence() { return fence_; }
-    // A number every rank draws in the same order: names one checkpoint's keys.
-    uint64_t next_checkpoint_sequence() { return ++checkpoints_; }
 
     // --- failure ---
     // Any thread: fails collectives in flight, and every later call.
@@ -238,8 +225,24 @@ class ShardGroup {
     Status zero_grads();
     // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.
     Status finish_step(bool keep_grads);
+    // The step's segments: every trainable param's piece of this rank's shard, with its
+    // reduced gradient (reduced[u]: unit u's), state and hyperparameters.
+    std::vector<optim::Segment> segments(const std::vector<float *> &reduced) const;
+    // Collective: the norm of the gradients (times grad_scale) over every rank's segments
+    // (inf or NaN where one is).
+    Status global_norm(const std::vector<optim::Segment> &segs, float grad_scale, double *norm);
+    // Collective: all-gathers the params of every trainable unit.
+    Status gather_trainable_units();
+    // A step was taken: per-param step counts, and the dynamic loss scale's growth.
+    void count_step(bool dynamic);
+    void report_step(double grad_norm, bool skipped, StepResult *result) const;
     // A 16-bit unit's own shard of its flat param buffer.
     uint16_t *own_params16(size_t u) const;
+    // 16-bit units: derives the fp32 masters from the params where they are not yet.
+    Status ensure_masters();
+    // 16-bit units: rounds the masters into this rank's shard of the params (after
+    // someone wrote the masters, e.g. a load).
+    Status masters_to_params();
 
     GroupConfig config_;
     int rank_ = 0, world_size_ = 1;

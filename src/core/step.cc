@@ -149,61 +149,24 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
         Status s = reduce_unit(u, false, &reduced[u]);
         if (!s.ok()) return fail(s);
     }
-    std::vector<optim::Segment> segs;
-    for (size_t u = 0; u < units_.size(); ++u) {
-        Unit &unit = units_[u];
-        if (!unit.trainable) continue;
-        const UnitView v = unit_view(u);
-        for (int32_t p : layout_.units()[u].params) {
-            if (!applied_mask_[p]) continue;
-            const ShardPiece piece = layout_.piece(p, rank_);
-            if (piece.begin == piece.end) continue;
-            const ParamSpec &spec = params_[p];
-            optim::Segment seg;
-            seg.param = v.values + piece.shard_offset;  // fp32: the params, or the masters
-            if (!unit.master.empty()) {  // ... rounded into the 16-bit params in the same pass
-                seg.compute_out = own_params16(u) + piece.shard_offset;
-                seg.compute_dtype = unit.dtype;
-            }
-            seg.grad = reduced[u] + piece.shard_offset;
-            for (int k = 0; k < unit.state_slots; ++k)
-                seg.state[k] = unit.state[k].as<float>() + piece.shard_offset;
-            seg.n = piece.end - piece.begin;
-            seg.hyper = &groups_[spec.group].hyper;
-            seg.step = (seg.hyper->kind == optim::Kind::kSgd ? spec.momentum_steps : spec.step) + 1;
-            segs.push_back(seg);
-        }
-    }
+    const std::vector<optim::Segment> segs = segments(reduced);
 
     // 2. Global norm of the rank-averaged, unscaled gradients, and the clipping
     //    coefficient. Dynamic loss scaling needs it (for its inf/NaN check) before the
     //    update, clipping too; otherwise it comes out of the update's own pass.
     const bool dynamic = scaling_.mode == SX_LOSS_SCALING_DYNAMIC;
     const double divisor = static_cast<double>(world_size_) * scaler_.scale;  // the scale is 1 without scaling
-    const float average = static_cast<float>(1.0 / divisor);
+    const bool norm_first = options.max_grad_norm > 0 || dynamic;
     double norm = 0.0, coef = 1.0;
-    auto report = [&](double grad_norm, bool skipped) {
-        if (!result) return;
-        result->grad_norm = grad_norm;
-        result->step = steps_;
-        result->skipped = skipped;
-        result->loss_scale = scaler_.scale;
-    };
-    const bool clip = options.max_grad_norm > 0;
-    const bool norm_first = clip || dynamic;
     if (norm_first) {
-        double sumsq = 0.0;
-        Status s = ops_->sum_of_squares(segs.data(), segs.size(), average, &sumsq);
-        if (s.ok() && world_size_ > 1) s = comm_->all_reduce_sum(&sumsq, 1);
-        if (!s.ok()) return fail(s);
-        norm = std::sqrt(sumsq);
-        if (dynamic && !std::isfinite(sumsq)) {
+        SX_TRY(global_norm(segs, static_cast<float>(1.0 / divisor), &norm));
+        if (dynamic && !std::isfinite(norm)) {
             // torch.cuda.amp.GradScaler: skip the step, back off, restart the growth count.
             // Every rank saw the same all-reduced sum, so every rank skips.
             scaler_.scale *= scaling_.backoff_factor;
             scaler_.growth_tracker = 0;
             SX_TRY(finish_step(options.keep_grads));
-            report(norm, true);
+            report_step(norm, true, result);
             return Status::Ok();
         }
         coef = clip_coefficient(norm, options.max_grad_norm);
@@ -224,17 +187,66 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     if (!norm_first) norm = std::sqrt(sumsq);
 
     // 4. Gather the updated params of every trainable unit.
-    if (world_size_ > 1) {
-        for (size_t u = 0; u < units_.size(); ++u) {
-            if (!units_[u].trainable) continue;
-            const uint64_t S = layout_.units()[u].shard_numel;
-            s = comm_->all_gather(units_[u].params.data(), S * dtype_size(units_[u].dtype));
-            if (!s.ok()) return fail(s);
+    SX_TRY(gather_trainable_units());
+
+    // 5. Per-param step counts, the loss scale's growth, and a clean slate.
+    count_step(dynamic);
+    SX_TRY(finish_step(options.keep_grads));
+    ++steps_;
+    report_step(norm, false, result);
+    return Status::Ok();
+}
+
+std::vector<optim::Segment> ShardGroup::segments(const std::vector<float *> &reduced) const {
+    std::vector<optim::Segment> segs;
+    for (size_t u = 0; u < units_.size(); ++u) {
+        const Unit &unit = units_[u];
+        if (!unit.trainable) continue;
+        const UnitShard v = unit_shard(u);
+        for (int32_t p : layout_.units()[u].params) {
+            if (!applied_mask_[p]) continue;
+            const ShardPiece piece = layout_.piece(p, rank_);
+            if (piece.begin == piece.end) continue;
+            const ParamSpec &spec = params_[p];
+            optim::Segment seg;
+            seg.param = v.values + piece.shard_offset;  // fp32: the params, or the masters
+            if (!unit.master.empty()) {  // ... rounded into the 16-bit params in the same pass
+                seg.compute_out = own_params16(u) + piece.shard_offset;
+                seg.compute_dtype = unit.dtype;
+            }
+            seg.grad = reduced[u] + piece.shard_offset;
+            for (int k = 0; k < unit.state_slots; ++k) seg.state[k] = v.state[k] + piece.shard_offset;
+            seg.n = piece.end - piece.begin;
+            seg.hyper = &groups_[spec.group].hyper;
+            seg.step = (seg.hyper->kind == optim::Kind::kSgd ? spec.momentum_steps : spec.step) + 1;
+            segs.push_back(seg);
         }
     }
+    return segs;
+}
 
-    // 5. Per-param step counts (torch keeps them per param), the loss scale's growth,
-    //    and a clean slate.
+Status ShardGroup::global_norm(const std::vector<optim::Segment> &segs, float grad_scale, double *norm) {
+    double sumsq = 0.0;
+    Status s = ops_->sum_of_squares(segs.data(), segs.size(), grad_scale, &sumsq);
+    if (s.ok() && world_size_ > 1) s = comm_->all_reduce_sum(&sumsq, 1);
+    if (!s.ok()) return fail(s);
+    *norm = std::sqrt(sumsq);
+    return Status::Ok();
+}
+
+Status ShardGroup::gather_trainable_units() {
+    if (world_size_ == 1) return Status::Ok();
+    for (size_t u = 0; u < units_.size(); ++u) {
+        if (!units_[u].trainable) continue;
+        const uint64_t S = layout_.units()[u].shard_numel;
+        Status s = comm_->all_gather(units_[u].params.data(), S * dtype_size(units_[u].dtype));
+        if (!s.ok()) return fail(s);
+    }
+    return Status::Ok();
+}
+
+void ShardGroup::count_step(bool dynamic) {
+    // torch keeps the step count per param; SGD's momentum buffer has its own.
     for (size_t p = 0; p < params_.size(); ++p) {
         if (!applied_mask_[p]) continue;
         ParamSpec &spec = params_[p];
@@ -246,10 +258,14 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
         scaler_.scale *= scaling_.growth_factor;
         scaler_.growth_tracker = 0;
     }
-    SX_TRY(finish_step(options.keep_grads));
-    ++steps_;
-    report(norm, false);
-    return Status::Ok();
+}
+
+void ShardGroup::report_step(double grad_norm, bool skipped, StepResult *result) const {
+    if (!result) return;
+    result->grad_norm = grad_norm;
+    result->step = steps_;
+    result->skipped = skipped;
+    result->loss_scale = scaler_.scale;
 }
 
 }  // namespace core

@@ -60,8 +60,8 @@ struct World {
     static std::string state(sx_shard_group_t *g) {
         std::string out;
         for (size_t u = 0; u < 2; ++u) {
-            const auto v = g->impl->unit_view(u);
-            out.append(reinterpret_cast<const char *>(v.params), v.shard_numel * 4);
+            const auto v = g->impl->unit_shard(u);
+            out.append(reinterpret_cast<const char *>(v.values), v.shard_numel * 4);
             for (int k = 0; k < v.state_slots; ++k)
                 out.append(reinterpret_cast<const char *>(v.state[k]), v.shard_numel * 4);
         }

@@ -145,7 +145,7 @@ void collect(Rank &rk, FullState *full, std::mutex *mu) {
         full->steps[p] = g.param(static_cast<int32_t>(p)).step;
         const sx::core::ShardPiece piece = g.layout().piece(static_cast<int32_t>(p), g.rank());
         if (piece.begin == piece.end) continue;
-        const sx::core::ShardGroup::UnitView v = g.unit_view(g.layout().placement(static_cast<int32_t>(p)).unit_index);
+        const sx::core::UnitShard v = g.unit_shard(g.layout().placement(static_cast<int32_t>(p)).unit_index);
         const uint64_t len = piece.end - piece.begin;
         std::memcpy(&full->tensors[0][p][piece.begin],
                     v.values + piece.shard_offset, len * 4);
@@ -287,8 +287,8 @@ struct Tiny {
     ~Tiny() { sx_destroy_shard_group(h); }
     // Params and both moments, as raw bytes.
     std::string state() const {
-        const sx::core::ShardGroup::UnitView v = h->impl->unit_view(0);
-        std::string out(reinterpret_cast<const char *>(v.params), 32);
+        const sx::core::UnitShard v = h->impl->unit_shard(0);
+        std::string out(reinterpret_cast<const char *>(v.values), 32);
         for (int k = 0; k < v.state_slots; ++k) out.append(reinterpret_cast<const char *>(v.state[k]), 32);
         return out;
     }

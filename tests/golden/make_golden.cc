@@ -1,6 +1,7 @@
 // Writes a golden checkpoint of format 1.0 (tests/golden/README.md says when to run it:
 // only when a new format version adds new goldens; the committed ones are never
 // rewritten). usage: make_golden OUT_DIR WORLD_SIZE
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -45,7 +46,7 @@ int rank_main(const std::string &out, int rank, int world) {
     for (size_t p = 0; p < defs.size(); ++p) {
         const sx::core::ShardPiece piece = sg.layout().piece(static_cast<int32_t>(p), rank);
         const int u = sg.layout().placement(static_cast<int32_t>(p)).unit_index;
-        const auto v = sg.unit_view(u);
+        const auto v = sg.unit_shard(u);
         sx_view_t pv;
         sx_view_init(&pv, sizeof pv);
         sx_param_view(g, static_cast<int32_t>(p), &pv);
@@ -53,10 +54,22 @@ int rank_main(const std::string &out, int rank, int world) {
         for (uint64_t i = piece.begin; i < piece.end; ++i)
             for (int k = 0; k < v.state_slots; ++k)
                 v.state[k][piece.shard_offset + (i - piece.begin)] = sxgolden::value(static_cast<int>(p), k + 1, i);
-        sg.mutable_param(static_cast<int32_t>(p)).step = sxgolden::step_of(static_cast<int>(p));
-        sg.mutable_param(static_cast<int32_t>(p)).momentum_steps = defs[p].group == 1 ? sxgolden::step_of(static_cast<int>(p)) : 0;
     }
-    sg.set_steps_taken(sxgolden::kGroupSteps);
+    // The step counts a trained group would have, put in place as a load does.
+    sx::core::ShardState shard;
+    if (!sg.export_shard(&shard).ok()) return 1;
+    sx::core::ShardProgress progress = shard.progress;
+    for (size_t p = 0; p < defs.size(); ++p) {
+        progress.params[p].step = sxgolden::step_of(static_cast<int>(p));
+        progress.params[p].momentum_steps = defs[p].group == 1 ? sxgolden::step_of(static_cast<int>(p)) : 0;
+    }
+    progress.steps_taken = sxgolden::kGroupSteps;
+    std::vector<std::array<sx::core::Buffer, 3>> no_state(shard.units.size());
+    sx::core::ShardRestore restore;
+    restore.state = &no_state;
+    restore.slots.assign(shard.units.size(), 0);
+    restore.progress = &progress;
+    if (!sg.restore_shard(restore).ok()) return 1;
     sx_save_options_t so;
     sx_save_options_init(&so, sizeof so);
     so.path = out.c_str();

@@ -68,7 +68,7 @@ std::string load_and_check(const std::string &dir, int world, bool split_units) 
                     if (static_cast<float *>(v.data)[i] != sxgolden::value(static_cast<int>(p), 0, i))
                         e = std::string("value of ") + defs[p].name + " differs";
                 const sx::core::ShardPiece piece = sg.layout().piece(static_cast<int32_t>(p), r);
-                const auto uv = sg.unit_view(sg.layout().placement(static_cast<int32_t>(p)).unit_index);
+                const auto uv = sg.unit_shard(sg.layout().placement(static_cast<int32_t>(p)).unit_index);
                 const int slots = defs[p].group == 0 ? 3 : 1;
                 for (int k = 0; k < slots && e.empty(); ++k)
                     for (uint64_t i = piece.begin; i < piece.end; ++i)

@@ -157,8 +157,8 @@ std::string save_rank(const std::string &rv, int r, int world, const std::string
                 const float *d = static_cast<const float *>(g.param_data(p));
                 fx->known[kParams[p].name] = {kParams[p].shape, std::vector<float>(d, d + numel)};
             }
-            const auto kinds = sx::ckpt::stored_kinds(g.param_groups()[kParams[p].group].hyper);
-            const auto v = g.unit_view(g.layout().placement(p).unit_index);
+            const auto kinds = sx::ckpt::stored_kinds(g.hyper(kParams[p].group));
+            const auto v = g.unit_shard(g.layout().placement(p).unit_index);
             const sx::core::ShardPiece piece = g.layout().piece(p, r);
             for (size_t k = 1; k < kinds.size() && static_cast<int>(k) <= v.state_slots; ++k) {
                 Known &kn = fx->known[std::string(kParams[p].name) + sx::ckpt::tensor_suffix(kinds[k])];
@@ -353,8 +353,8 @@ void test_reload_matches_known(void **) {
         const Known &kp = fx->known.at(kParams[p].name);
         assert_memory_equal(g.param_data(p), kp.values.data(), numel * sizeof(float));
         ++compared;
-        const auto kinds = sx::ckpt::stored_kinds(g.param_groups()[kParams[p].group].hyper);
-        const auto v = g.unit_view(g.layout().placement(p).unit_index);
+        const auto kinds = sx::ckpt::stored_kinds(g.hyper(kParams[p].group));
+        const auto v = g.unit_shard(g.layout().placement(p).unit_index);
         // With one rank the shard is the whole unit: the param sits at its offset.
         const uint64_t offset = g.layout().placement(p).offset;
         for (size_t k = 1; k < kinds.size() && static_cast<int>(k) <= v.state_slots; ++k) {
