@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "cuda/runtime.h"
 #include "optim/cuda/launch_plan.h"
 #include "optim/cuda_kernels.h"
 
@@ -59,7 +60,7 @@ struct EventTimer {
 
 int section_gpu_adamw(const Options &opt) {
     std::string reason;
-    if (!oc::device_available(&reason)) {
+    if (!sx::cuda::device_available(&reason)) {
         std::printf("gpu_adamw: skipped: no CUDA device: %s\n", reason.c_str());
         std::printf("{\"bench\":\"gpu_adamw\",\"skipped\":\"no CUDA device: %s\"}\n", reason.c_str());
         return 0;
@@ -73,7 +74,7 @@ int section_gpu_adamw(const Options &opt) {
     const double peak = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0);  // bytes/s
 
     const size_t n = opt.gpu_elements;
-    oc::DeviceBuffer param, grad, m, v, out;
+    sx::cuda::DeviceBuffer param, grad, m, v, out;
     const size_t bytes = n * sizeof(float);
     if (!status_ok(param.allocate(bytes, "param")) || !status_ok(grad.allocate(bytes, "grad")) ||
         !status_ok(m.allocate(bytes, "exp_avg")) || !status_ok(v.allocate(bytes, "exp_avg_sq")) ||

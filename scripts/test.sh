@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Sets up and runs every test: installs the dependencies, builds twice (RelWithDebInfo
-# for the ABI gate, the install check, the header checks and the language bindings; Debug with
-# AddressSanitizer + UndefinedBehaviorSanitizer for the whole suite) and runs ctest
-# on both.
+# for the module layer check, the ABI gate, the install check, the header checks and the
+# language bindings; Debug with AddressSanitizer + UndefinedBehaviorSanitizer for the whole
+# suite, the layer check included) and runs ctest on both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 jobs=$(nproc)
 
-echo "== release build: ABI gate, install check, header checks, demo =="
+echo "== release build: layer check, ABI gate, install check, header checks, demo =="
 # The binding tests run under the python3 on PATH, the one install-deps.sh gave numpy.
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DPython3_EXECUTABLE="$(command -v python3)" > /dev/null
 cmake --build build/release -j"$jobs"
-ctest --test-dir build/release --output-on-failure -R '^(abi_check|install_consumer|bindings_.*)$'
+ctest --test-dir build/release --output-on-failure -R '^(layer_check|abi_check|install_consumer|bindings_.*)$'
 build/release/samples/c/train_charlm /usr/share/common-licenses/GPL-3 100 > /dev/null
 
 echo "== ASan + UBSan build: the whole suite =="

@@ -1,7 +1,8 @@
 // DeviceOps on a CUDA device: buffers from cudaMalloc, work on the group's own stream
-// (optim/cuda_kernels.h's kernels), every call finished before it returns, and the
-// calling thread's current device as it was. Calls may come from several threads (a
-// save's copy into staging runs on the I/O thread): the runtime orders them on the stream.
+// (cuda/elementwise.h's and optim/cuda_kernels.h's kernels), every call finished before
+// it returns, and the calling thread's current device as it was. Calls may come from
+// several threads (a save's copy into staging runs on the I/O thread): the runtime orders
+// them on the stream.
 //
 // Why each call waits for its stream: the collectives (NCCL, on its own stream) read
 // what these calls write, and return only once their own work has finished, so a step
@@ -12,15 +13,15 @@
 #include <vector>
 
 #include "core/device.h"
-#include "optim/cuda/cuda_status.h"
-#include "optim/cuda/device_scope.h"
+#include "cuda/device_scope.h"
+#include "cuda/elementwise.h"
+#include "cuda/runtime.h"
+#include "cuda/status.h"
 #include "optim/cuda_kernels.h"
 
 namespace sx {
 namespace core {
 namespace {
-
-namespace cuda = optim::cuda;
 
 class CudaMemory final : public DeviceMemory {
   public:
@@ -105,14 +106,14 @@ class CudaOps final : public DeviceOps {
     Status sum_of_squares(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
-        const std::vector<cuda::CudaSegment> cs = convert(segs, n);
+        const std::vector<optim::cuda::CudaSegment> cs = convert(segs, n);
         SX_TRY(workspace_.grad_stats(cs.data(), cs.size(), grad_scale, stream_));
         return read(sumsq);
     }
     Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
-        const std::vector<cuda::CudaSegment> cs = convert(segs, n);
+        const std::vector<optim::cuda::CudaSegment> cs = convert(segs, n);
         SX_TRY(workspace_.fused_update(cs.data(), cs.size(), grad_scale, stream_, sumsq != nullptr));
         if (sumsq) return read(sumsq);
         return finish("the optimizer update");
@@ -148,19 +149,20 @@ class CudaOps final : public DeviceOps {
     // The sum of squares, inf where any gradient was not finite (as on the host, where
     // such a value makes the sum inf or NaN).
     Status read(double *sumsq) {
-        cuda::GradStats st;
+        optim::cuda::GradStats st;
         SX_TRY(workspace_.read_stats(stream_, &st));
         *sumsq = st.nonfinite > 0 && std::isfinite(st.sumsq) ? INFINITY : st.sumsq;
         return Status::Ok();
     }
-    static std::vector<cuda::CudaSegment> convert(const optim::Segment *segs, size_t n) {
-        std::vector<cuda::CudaSegment> out(n);
+    static std::vector<optim::cuda::CudaSegment> convert(const optim::Segment *segs, size_t n) {
+        using optim::cuda::ComputeDtype;
+        std::vector<optim::cuda::CudaSegment> out(n);
         for (size_t i = 0; i < n; ++i) {
             out[i].seg = segs[i];
             out[i].compute_out = segs[i].compute_out;
-            out[i].compute_dtype = segs[i].compute_dtype == SX_DTYPE_BF16  ? cuda::ComputeDtype::kBf16
-                                   : segs[i].compute_dtype == SX_DTYPE_F16 ? cuda::ComputeDtype::kFp16
-                                                                           : cuda::ComputeDtype::kNone;
+            out[i].compute_dtype = segs[i].compute_dtype == SX_DTYPE_BF16  ? ComputeDtype::kBf16
+                                   : segs[i].compute_dtype == SX_DTYPE_F16 ? ComputeDtype::kFp16
+                                                                           : ComputeDtype::kNone;
             out[i].seg.compute_out = nullptr;  // the CUDA kernel takes it from the CudaSegment
             out[i].seg.compute_dtype = 0;
         }
@@ -169,7 +171,7 @@ class CudaOps final : public DeviceOps {
 
     const int device_;
     cudaStream_t stream_ = nullptr;
-    cuda::Workspace workspace_;
+    optim::cuda::Workspace workspace_;
 };
 
 }  // namespace

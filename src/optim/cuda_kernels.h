@@ -9,11 +9,13 @@
 // intrinsics __fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn, never a fused multiply-add,
 // and the per-segment constants come from the CPU's make_consts()). The optional cast
 // of the updated fp32 master weight to bf16 or fp16 rounds to nearest even.
+//
+// Device discovery, device memory and the element-wise kernels are the cuda module's
+// (cuda/runtime.h, cuda/elementwise.h).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
 #include "base/status.h"
 #include "optim/optimizer.h"
@@ -21,14 +23,6 @@
 namespace sx {
 namespace optim {
 namespace cuda {
-
-// True if the CUDA runtime finds at least one device. Otherwise *reason (if not null)
-// gets the runtime's words, e.g. "CUDA driver version is insufficient for CUDA runtime
-// version" where no driver is installed. Any thread.
-bool device_available(std::string *reason);
-
-// Number of CUDA devices the runtime finds (0 where there is none, or no driver).
-int device_count();
 
 // Where the updated fp32 master weights also go, cast, for the forward pass.
 enum class ComputeDtype : int32_t { kNone = 0, kBf16 = 1, kFp16 = 2 };
@@ -99,43 +93,6 @@ class Workspace {
 
   private:
     Impl *impl_;
-};
-
-// Element-wise kernels on `stream` (a cudaStream_t), the same as base/half.h's (except a
-// NaN's payload: a NaN narrows to the canonical NaN, where the host keeps its top bits):
-// widen sets out[i] = (accumulate ? out[i] : 0) + scale * float(in[i]) (scale 1: the
-// exact widening); narrow rounds each in[i] to dtype (nearest even); scale16 sets
-// p[i] = dtype(float(p[i]) * factor); add sets out[i] += in[i] (fp32). dtype is
-// SX_DTYPE_F16 or SX_DTYPE_BF16 (else SX_ERR_INVALID_ARGUMENT); pointers are device
-// addresses. Enqueued only; SX_ERR_INTERNAL naming a failed launch.
-Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, float scale, bool accumulate, void *stream);
-Status add(float *out, const float *in, size_t n, void *stream);
-Status narrow(int32_t dtype, const float *in, uint16_t *out, size_t n, void *stream);
-Status scale16(int32_t dtype, uint16_t *p, float factor, size_t n, void *stream);
-
-// Device memory that frees itself. allocate() returns SX_ERR_OUT_OF_MEMORY or
-// SX_ERR_UNSUPPORTED (no device) with the runtime's words; the copies are synchronous.
-class DeviceBuffer {
-  public:
-    DeviceBuffer() = default;
-    ~DeviceBuffer() { reset(); }
-    DeviceBuffer(const DeviceBuffer &) = delete;
-    DeviceBuffer &operator=(const DeviceBuffer &) = delete;
-
-    Status allocate(size_t bytes, const char *what);
-    void reset();
-    Status upload(const void *host, size_t bytes, size_t offset = 0);
-    Status download(void *host, size_t bytes, size_t offset = 0) const;
-    Status fill_bytes(int value);  // every byte of the buffer
-
-    void *data() const { return data_; }
-    template <typename T>
-    T *as() const { return static_cast<T *>(data_); }
-    size_t size() const { return size_; }
-
-  private:
-    void *data_ = nullptr;
-    size_t size_ = 0;
 };
 
 }  // namespace cuda

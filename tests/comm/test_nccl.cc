@@ -16,12 +16,12 @@
 #include "comm/communicator.h"
 #include "comm/rendezvous.h"
 #include "comm_test_util.h"
-#include "optim/cuda_kernels.h"
+#include "cuda/runtime.h"
 
 using sx::Status;
 using sx::comm::Communicator;
 using sx::comm::Millis;
-using sx::optim::cuda::DeviceBuffer;
+using sx::cuda::DeviceBuffer;
 
 namespace {
 
@@ -207,7 +207,7 @@ void test_abort_fails_later_calls(void **) {
 }  // namespace
 
 int main() {
-    if (!sx::optim::cuda::device_available(&g_skip)) {
+    if (!sx::cuda::device_available(&g_skip)) {
         g_skip = "no CUDA device: " + g_skip;
         g_no_device = g_skip;
     } else {
@@ -215,7 +215,7 @@ int main() {
         std::unique_ptr<Communicator> probe;
         Status s = join("local://" + sxtest::unique_name("nccl-probe"), 0, 1, Millis(60000), &probe);
         if (s.code() == SX_ERR_UNSUPPORTED) g_skip = s.message();
-        g_devices = sx::optim::cuda::device_count();
+        g_devices = sx::cuda::device_count();
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_rank_collectives),

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "optim/cuda_kernels.h"
+#include "cuda/runtime.h"
 #include "sx/sx.h"
 #include "sx_cmocka.h"
 #include "test_files.h"
@@ -283,7 +283,7 @@ void test_bad_device_ordinal(void **) {
 }  // namespace
 
 int main() {
-    g_have_device = sx::optim::cuda::device_available(&g_no_device_reason);
+    g_have_device = sx::cuda::device_available(&g_no_device_reason);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp32_steps_match_the_cpu),
         cmocka_unit_test(test_bf16_with_loss_scaling_matches_the_cpu),

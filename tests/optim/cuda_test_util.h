@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "optim/cuda_kernels.h"
+#include "cuda/runtime.h"
 #include "optim/optim_test_util.h"
 
 namespace sx {
@@ -69,7 +69,7 @@ class DeviceMirror {
     float *data() const { return buf_.as<float>() + offset_ + Guarded::kGuard; }
 
   private:
-    cuda::DeviceBuffer buf_;
+    sx::cuda::DeviceBuffer buf_;
     size_t offset_ = 0;
 };
 

@@ -3,7 +3,8 @@
 // round where it rounds and never fuse a multiply-add, see cuda_kernels.h); the bf16 and
 // fp16 outputs must equal round-to-nearest-even of the reference's fp32 param, bit for
 // bit; sums of squares (exact squares added in double, in another order than the
-// reference's double sum) within a relative 1e-12; non-finite counts exactly.
+// reference's double sum) within a relative 1e-12; non-finite counts exactly. Also the
+// cuda module's 16-bit conversions (cuda/elementwise.h) against base/half.h, bit for bit.
 //
 // Without a device every test but one reports itself skipped with the runtime's reason,
 // and the program exits with 77, which ctest shows as "Skipped" (SKIP_RETURN_CODE).
@@ -17,6 +18,8 @@
 #include "sx_cmocka.h"
 
 #include "base/half.h"
+#include "cuda/elementwise.h"
+#include "cuda/runtime.h"
 #include "optim/cuda_kernels.h"
 #include "optim/cuda_test_util.h"
 
@@ -58,7 +61,7 @@ void assert_close_rel(double got, double want, const char *what) {
 struct DeviceSegment {
     SegmentBuffers host;
     DeviceMirror param, grad, state[3];
-    sx::optim::cuda::DeviceBuffer out;
+    sx::cuda::DeviceBuffer out;
     std::vector<uint16_t> out_host;
     size_t out_lead;
     DeviceSegment(size_t n, size_t offset, size_t out_lead_halves) : host(n, offset), out_lead(out_lead_halves) {}
@@ -326,7 +329,7 @@ void test_without_device_launch_fails_cleanly(void **) {
     const sx::Status s = ws.grad_stats(&cs, 1, 1.0f, nullptr);
     assert_int_equal(s.code(), SX_ERR_UNSUPPORTED);
     std::printf("# %s\n", s.message().c_str());
-    sx::optim::cuda::DeviceBuffer b;
+    sx::cuda::DeviceBuffer b;
     assert_int_equal(b.allocate(64, "probe").code(), SX_ERR_UNSUPPORTED);
     assert_null(b.data());
     GradStats st;
@@ -345,14 +348,14 @@ void test_conversions_match_half(void **) {
         for (size_t i = 0; i < n; ++i) bits[i] = static_cast<uint16_t>(i * 40503u);
         std::vector<float> acc(n);
         for (size_t i = 0; i < n; ++i) acc[i] = 0.25f * static_cast<float>(i % 13) - 1.0f;
-        sx::optim::cuda::DeviceBuffer d16, d32;
+        sx::cuda::DeviceBuffer d16, d32;
         check_ok(d16.allocate(n * 2, "16-bit"), "allocate");
         check_ok(d32.allocate(n * 4, "fp32"), "allocate");
         auto same = [](float a, float b) { return std::isnan(a) ? std::isnan(b) : std::memcmp(&a, &b, 4) == 0; };
         for (bool accumulate : {false, true}) {
             check_ok(d16.upload(bits.data(), n * 2), "upload");
             check_ok(d32.upload(acc.data(), n * 4), "upload");
-            check_ok(sx::optim::cuda::widen(dtype, d16.as<uint16_t>(), d32.as<float>(), n, 1.0f, accumulate, nullptr),
+            check_ok(sx::cuda::widen(dtype, d16.as<uint16_t>(), d32.as<float>(), n, 1.0f, accumulate, nullptr),
                      "widen");
             std::vector<float> got(n), want = acc;
             check_ok(d32.download(got.data(), n * 4), "download");
@@ -374,7 +377,7 @@ void test_conversions_match_half(void **) {
             std::memcpy(&wide[i], &u, 4);
         }
         check_ok(d32.upload(wide.data(), n * 4), "upload");
-        check_ok(sx::optim::cuda::narrow(dtype, d32.as<float>(), d16.as<uint16_t>(), n, nullptr), "narrow");
+        check_ok(sx::cuda::narrow(dtype, d32.as<float>(), d16.as<uint16_t>(), n, nullptr), "narrow");
         std::vector<uint16_t> got16(n), want16(n);
         check_ok(d16.download(got16.data(), n * 2), "download");
         sx::half::from_f32(dtype, wide.data(), want16.data(), n);
@@ -390,7 +393,7 @@ void test_conversions_match_half(void **) {
         // Scaling every pattern by 1/sqrt(3), rounded back.
         const float factor = 1.0f / std::sqrt(3.0f);
         check_ok(d16.upload(bits.data(), n * 2), "upload");
-        check_ok(sx::optim::cuda::scale16(dtype, d16.as<uint16_t>(), factor, n, nullptr), "scale16");
+        check_ok(sx::cuda::scale16(dtype, d16.as<uint16_t>(), factor, n, nullptr), "scale16");
         check_ok(d16.download(got16.data(), n * 2), "download");
         want16 = bits;
         sx::half::scale(dtype, want16.data(), factor, n);
@@ -403,7 +406,7 @@ void test_conversions_match_half(void **) {
 }  // namespace
 
 int main(void) {
-    g_have_device = sx::optim::cuda::device_available(&g_no_device_reason);
+    g_have_device = sx::cuda::device_available(&g_no_device_reason);
     if (!g_have_device) std::printf("# no CUDA device: %s\n", g_no_device_reason.c_str());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_update_matches_reference),

@@ -20,9 +20,9 @@
 #include "base/log.h"
 #include "comm/communicator.h"
 #include "comm/nccl/nccl_api.h"
-#include "optim/cuda_kernels.h"
-#include "optim/cuda/cuda_status.h"
-#include "optim/cuda/device_scope.h"
+#include "cuda/device_scope.h"
+#include "cuda/elementwise.h"
+#include "cuda/status.h"
 
 namespace sx {
 namespace comm {
@@ -34,7 +34,7 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kPoll = std::chrono::microseconds(20);
 
 Status cuda_error(cudaError_t err, const char *what) {
-    return optim::cuda::internal::cuda_status(err, what, __FILE__, __LINE__);
+    return cuda::cuda_status(err, what, __FILE__, __LINE__);
 }
 
 class NcclCommunicator final : public Communicator {
@@ -43,7 +43,7 @@ class NcclCommunicator final : public Communicator {
         : api_(api), rank_(rank), world_(world), device_(device), timeout_(timeout) {}
 
     ~NcclCommunicator() override {
-        const optim::cuda::DeviceScope scope(device_);
+        const cuda::DeviceScope scope(device_);
         if (comm_ != nullptr) {
             // A healthy communicator flushes and is destroyed; one that does not finish
             // flushing in time (a dead peer) is aborted, so destruction always returns.
@@ -70,7 +70,7 @@ class NcclCommunicator final : public Communicator {
     }
 
     Status init(Store &store) {
-        const optim::cuda::DeviceScope scope(device_);
+        const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
         SX_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the NCCL stream");
         SX_CUDA_TRY(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "creating the NCCL event");
@@ -122,7 +122,7 @@ class NcclCommunicator final : public Communicator {
         return run(
             "reduce_scatter_sum",
             [&] { return api_->ReduceScatter(buf, recv, shard_elems, ncclFloat32, ncclSum, comm_, stream_); },
-            [&] { return accumulate ? optim::cuda::add(out, recv, shard_elems, stream_) : Status::Ok(); });
+            [&] { return accumulate ? cuda::add(out, recv, shard_elems, stream_) : Status::Ok(); });
     }
 
     Status reduce_scatter_sum_16(uint16_t *buf, int32_t dtype, size_t shard_elems, float *out, float out_scale,
@@ -135,7 +135,7 @@ class NcclCommunicator final : public Communicator {
         return run(
             "reduce_scatter_sum_16",
             [&] { return api_->ReduceScatter(buf, recv, shard_elems, type, ncclSum, comm_, stream_); },
-            [&] { return optim::cuda::widen(dtype, recv, out, shard_elems, out_scale, accumulate, stream_); });
+            [&] { return cuda::widen(dtype, recv, out, shard_elems, out_scale, accumulate, stream_); });
     }
 
     Status all_gather(void *buf, size_t shard_bytes) override {
@@ -221,7 +221,7 @@ class NcclCommunicator final : public Communicator {
     Status run(const char *what, const std::function<ncclResult_t()> &enqueue,
                const std::function<Status()> &after = [] { return Status::Ok(); }) {
         SX_TRY(usable(what));
-        const optim::cuda::DeviceScope scope(device_);
+        const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
         const auto deadline = Clock::now() + timeout_;
         Status s = nccl_call(what, enqueue());
@@ -266,7 +266,7 @@ class NcclCommunicator final : public Communicator {
         SX_TRY(usable(what));
         SX_TRY(reserve_scratch(bytes));
         SX_TRY(reserve_pinned(bytes));
-        const optim::cuda::DeviceScope scope(device_);
+        const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
         std::memcpy(pinned_, data, bytes);
         SX_CUDA_TRY(cudaMemcpyAsync(scratch_, pinned_, bytes, cudaMemcpyHostToDevice, stream_), what);
@@ -284,7 +284,7 @@ class NcclCommunicator final : public Communicator {
     // finished with the old one: every call waits for its work before returning).
     Status reserve_scratch(size_t bytes) {
         if (bytes <= scratch_bytes_) return Status::Ok();
-        const optim::cuda::DeviceScope scope(device_);
+        const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
         void *p = nullptr;
         SX_CUDA_TRY(cudaMalloc(&p, bytes), "allocating the NCCL scratch buffer");

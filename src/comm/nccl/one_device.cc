@@ -6,9 +6,9 @@
 #include <atomic>
 
 #include "comm/communicator.h"
-#include "optim/cuda_kernels.h"
-#include "optim/cuda/cuda_status.h"
-#include "optim/cuda/device_scope.h"
+#include "cuda/device_scope.h"
+#include "cuda/elementwise.h"
+#include "cuda/status.h"
 
 namespace sx {
 namespace comm {
@@ -19,14 +19,14 @@ class OneDeviceCommunicator final : public Communicator {
     explicit OneDeviceCommunicator(int device) : device_(device) {}
     ~OneDeviceCommunicator() override {
         if (stream_) {
-            const optim::cuda::DeviceScope scope(device_);
+            const cuda::DeviceScope scope(device_);
             cudaStreamSynchronize(stream_);
             cudaStreamDestroy(stream_);
         }
     }
 
     Status init() {
-        const optim::cuda::DeviceScope scope(device_);
+        const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
         SX_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
         return Status::Ok();
@@ -41,7 +41,7 @@ class OneDeviceCommunicator final : public Communicator {
         SX_TRY(check_reduce_scatter_args(*this, buf, shard_elems, out, accumulate));
         if (out == buf && !accumulate) return Status::Ok();
         return on_device("reduce_scatter_sum", [&]() -> Status {
-            if (accumulate) return optim::cuda::add(out, buf, shard_elems, stream_);
+            if (accumulate) return cuda::add(out, buf, shard_elems, stream_);
             SX_CUDA_TRY(cudaMemcpyAsync(out, buf, shard_elems * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
                         "reduce_scatter_sum: copying the one rank's shard");
             return Status::Ok();
@@ -54,7 +54,7 @@ class OneDeviceCommunicator final : public Communicator {
         if (shard_elems == 0) return Status::Ok();
         SX_TRY(check_reduce_scatter_16_args(*this, buf, dtype, shard_elems, out));
         return on_device("reduce_scatter_sum_16", [&] {
-            return optim::cuda::widen(dtype, buf, out, shard_elems, out_scale, accumulate, stream_);
+            return cuda::widen(dtype, buf, out, shard_elems, out_scale, accumulate, stream_);
         });
     }
 
@@ -77,7 +77,7 @@ class OneDeviceCommunicator final : public Communicator {
     // communicator's calls return once their work is done.
     template <class Enqueue>
     Status on_device(const char *what, Enqueue enqueue) {
-        const optim::cuda::DeviceScope scope(device_);
+        const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
         SX_TRY(enqueue());
         SX_CUDA_TRY(cudaStreamSynchronize(stream_), what);

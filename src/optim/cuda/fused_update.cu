@@ -15,7 +15,7 @@
 
 #include <cstring>
 
-#include "optim/cuda/cuda_status.h"
+#include "cuda/status.h"
 #include "optim/cuda/launch_plan.h"
 
 namespace sx {

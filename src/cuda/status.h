@@ -1,4 +1,5 @@
-// CUDA runtime errors as sx Statuses, for the CUDA code of optim/cuda/ and comm/nccl/.
+// CUDA runtime errors as sx Statuses, for the CUDA code of cuda/, optim/cuda/,
+// comm/nccl/ and core/device_cuda.cc.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -6,18 +7,14 @@
 #include "base/status.h"
 
 namespace sx {
-namespace optim {
 namespace cuda {
-namespace internal {
 
 // SX_OK for cudaSuccess; otherwise a Status naming `what` and the runtime's words:
 // SX_ERR_OUT_OF_MEMORY for an allocation failure, SX_ERR_UNSUPPORTED where there is
 // no usable device or driver, SX_ERR_INTERNAL for anything else.
 Status cuda_status(cudaError_t err, const char *what, const char *file, int line);
 
-}  // namespace internal
 }  // namespace cuda
-}  // namespace optim
 }  // namespace sx
 
 // Returns from the enclosing function if the CUDA call `expr` failed.
@@ -25,5 +22,5 @@ Status cuda_status(cudaError_t err, const char *what, const char *file, int line
     do {                                                                                       \
         const cudaError_t sx_cuda_err_ = (expr);                                               \
         if (sx_cuda_err_ != cudaSuccess)                                                       \
-            return ::sx::optim::cuda::internal::cuda_status(sx_cuda_err_, (what), __FILE__, __LINE__); \
+            return ::sx::cuda::cuda_status(sx_cuda_err_, (what), __FILE__, __LINE__);          \
     } while (0)

@@ -1,12 +1,9 @@
-// Device discovery, device buffers and the CUDA error mapping.
-#include "optim/cuda/cuda_status.h"
-#include "optim/cuda_kernels.h"
+// Device discovery, device buffers (runtime.h) and the CUDA error mapping (status.h).
+#include "cuda/runtime.h"
+#include "cuda/status.h"
 
 namespace sx {
-namespace optim {
 namespace cuda {
-
-namespace internal {
 
 Status cuda_status(cudaError_t err, const char *what, const char *file, int line) {
     if (err == cudaSuccess) return Status::Ok();
@@ -20,8 +17,6 @@ Status cuda_status(cudaError_t err, const char *what, const char *file, int line
                                cudaGetErrorString(err)),
                   file, line);
 }
-
-}  // namespace internal
 
 bool device_available(std::string *reason) {
     int count = 0;
@@ -55,7 +50,7 @@ Status DeviceBuffer::allocate(size_t bytes, const char *what) {
         const std::string context = format("allocating %zu bytes of device memory for %s on CUDA device %d (%zu of "
                                            "%zu bytes free)",
                                            bytes, what, device, free_bytes, total);
-        return internal::cuda_status(e, context.c_str(), __FILE__, __LINE__);
+        return cuda_status(e, context.c_str(), __FILE__, __LINE__);
     }
     reset();
     data_ = p;
@@ -91,5 +86,4 @@ Status DeviceBuffer::fill_bytes(int value) {
 }
 
 }  // namespace cuda
-}  // namespace optim
 }  // namespace sx

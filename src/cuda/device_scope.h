@@ -4,10 +4,9 @@
 
 #include <cuda_runtime.h>
 
-#include "optim/cuda/cuda_status.h"
+#include "cuda/status.h"
 
 namespace sx {
-namespace optim {
 namespace cuda {
 
 class DeviceScope {
@@ -18,7 +17,7 @@ class DeviceScope {
             previous_ = -1;
         }
         const cudaError_t e = previous_ == device ? cudaSuccess : cudaSetDevice(device);
-        status_ = internal::cuda_status(e, "selecting the group's CUDA device", __FILE__, __LINE__);
+        status_ = cuda_status(e, "selecting the group's CUDA device", __FILE__, __LINE__);
     }
     ~DeviceScope() {
         int now = -1;
@@ -35,5 +34,4 @@ class DeviceScope {
 };
 
 }  // namespace cuda
-}  // namespace optim
 }  // namespace sx

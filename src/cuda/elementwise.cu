@@ -1,4 +1,4 @@
-// Element-wise kernels on the device (cuda_kernels.h): the 16-bit conversions, with
+// Element-wise kernels on the device (elementwise.h): the 16-bit conversions, with
 // base/half.h's results (round to nearest even, overflow to inf, denormals kept), and the
 // fp32 add that the reduce-scatters' accumulation needs.
 #include <cuda_bf16.h>
@@ -8,11 +8,10 @@
 #include <string>
 #include <type_traits>
 
-#include "optim/cuda/cuda_status.h"
-#include "optim/cuda_kernels.h"
+#include "cuda/elementwise.h"
+#include "cuda/status.h"
 
 namespace sx {
-namespace optim {
 namespace cuda {
 namespace {
 
@@ -114,5 +113,4 @@ Status add(float *out, const float *in, size_t n, void *stream) {
 }
 
 }  // namespace cuda
-}  // namespace optim
 }  // namespace sx
