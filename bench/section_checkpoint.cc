@@ -1,5 +1,5 @@
 // bench_sx section checkpoint: saving and loading through the public API, each figure
-// against a peer measured in the same run (CONVENTIONS.md, "Tests and measurements").
+// against a peer measured in the same run (docs/conventions.md, "Tests and measurements").
 //
 //   save_blocking     how long sx_save_optim_state blocks its caller when asynchronous,
 //                     against a synchronous save of the same state (goal <= 0.05)

@@ -1,5 +1,5 @@
 // bench_sx section comm: sx's Gloo communicator against the same traffic done with Gloo directly,
-// measured in the same run (CONVENTIONS.md, "Tests and measurements").
+// measured in the same run (docs/conventions.md, "Tests and measurements").
 //
 // Two ranks are threads of this process; each holds an sx communicator (local://
 // rendezvous) and a plain Gloo context (Gloo's in-process HashStore), both on

@@ -1,6 +1,6 @@
 // What every extern "C" entry point shares: catching everything at the boundary,
 // recording the thread-local error text, and versioned struct handling
-// (CONVENTIONS.md, "The C ABI").
+// (docs/conventions.md, "The C ABI").
 #pragma once
 
 #include <cstddef>

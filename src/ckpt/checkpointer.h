@@ -1,4 +1,4 @@
-// Saving and loading a group's sharded state (DESIGN.md, "Checkpoint").
+// Saving and loading a group's sharded state (docs/design.md, "Checkpoint").
 //
 // Saving is split in three so that the caller waits only for the first part:
 //   snapshot  (caller's thread) records the param table and where every chunk of this

@@ -1,4 +1,4 @@
-// Rendezvous strings (DESIGN.md, "Rendezvous and launch") and the store behind each.
+// Rendezvous strings (docs/design.md, "Rendezvous") and the store behind each.
 #pragma once
 
 #include <memory>

@@ -1,7 +1,7 @@
 // Writing to a socket whose peer is gone raises SIGPIPE, whose default action ends the
 // process. Gloo writes with writev() and libuv with write(), neither with MSG_NOSIGNAL,
 // and a library must not change the process's signal dispositions (sx never calls
-// exit/abort, CONVENTIONS.md). So every thread that may write to such a socket runs
+// exit/abort, docs/conventions.md). So every thread that may write to such a socket runs
 // with SIGPIPE blocked: the write then fails with EPIPE, which both libraries handle.
 #pragma once
 

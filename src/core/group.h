@@ -1,6 +1,6 @@
 // A shard group: this rank's view of the ranks training one model together, its
 // param table and param groups, the flat buffers, the optimizer state of its shard,
-// and the step (DESIGN.md, "One step, per unit").
+// and the step (docs/design.md, "The step").
 #pragma once
 
 #include <atomic>

@@ -1,4 +1,4 @@
-// The flat-buffer layout (DESIGN.md, "Concepts"): params of a unit in registration
+// The flat-buffer layout (docs/design.md, "Concepts"): params of a unit in registration
 // order, every start aligned, each unit padded to a multiple of world_size x alignment
 // so that it splits into world_size equal shards; rank r owns [r*S, (r+1)*S).
 //

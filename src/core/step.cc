@@ -1,4 +1,4 @@
-// The step (DESIGN.md, "One step, per unit"): reduce-scatter the gradients, clip by the
+// The step (docs/design.md, "The step"): reduce-scatter the gradients, clip by the
 // global norm, update this rank's shard segment by segment, all-gather the params.
 #include <cmath>
 #include <cstring>

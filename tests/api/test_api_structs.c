@@ -1,4 +1,4 @@
-/* Versioned structs of the public C API (include/sx/sx.h, CONVENTIONS.md "The C ABI"
+/* Versioned structs of the public C API (include/sx/sx.h, docs/conventions.md "The C ABI"
  * rule 4): struct_size out of range is rejected; an older caller's smaller struct gets
  * the defaults for the fields it lacks (whatever bytes follow it in memory); a newer
  * caller's larger struct is accepted only with an all-zero tail; output structs are

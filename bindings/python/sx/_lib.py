@@ -12,7 +12,7 @@ import ctypes.util
 import os
 
 # The ABI version this binding was written against. The runtime's major must match
-# and its minor must not be older (CONVENTIONS.md, "The C ABI", rule 11).
+# and its minor must not be older (docs/conventions.md, "The C ABI", rule 11).
 BINDING_VERSION = (1, 0)
 
 # ----------------------------------------------------------------------------------
