@@ -129,6 +129,7 @@ int section_adamw_kernel(const Options &opt);
 int section_step(const Options &opt);
 int section_comm(const Options &opt);
 int section_checkpoint(const Options &opt);
+int section_pipeline(const Options &opt);
 #ifdef SX_HAVE_CUDA
 int section_gpu_adamw(const Options &opt);
 #endif

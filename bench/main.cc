@@ -14,6 +14,8 @@
 //   comm          reduce-scatter + all-gather through sx vs the same traffic with Gloo directly
 //   checkpoint    saving (blocking time, persist throughput, steps meanwhile, memory) and
 //                 loading with resharding vs plain file I/O of the same bytes
+//   pipeline      units as a pipeline on a simulated trainer (2 ranks, 8 units, compute as
+//                 sleeps): overlapped vs plain step time, and stage 3's peak param bytes
 //   gpu_adamw     (CUDA builds) the fused AdamW kernel on the device vs a traffic-only kernel
 //                 with its memory pattern, and its bandwidth beside the device's peak;
 //                 prints that it was skipped, and why, where there is no device
@@ -46,6 +48,7 @@ const Section kSections[] = {
     {"step", section_step},
     {"comm", section_comm},
     {"checkpoint", section_checkpoint},
+    {"pipeline", section_pipeline},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
 #endif

@@ -15,6 +15,7 @@ cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 cmake --build build/release -j"$jobs"
 ctest --test-dir build/release --output-on-failure -R '^(layer_check|abi_check|install_consumer|bindings_.*)$'
 build/release/samples/c/train_charlm /usr/share/common-licenses/GPL-3 100 > /dev/null
+build/release/samples/c/train_charlm --stage 3 --overlap /usr/share/common-licenses/GPL-3 30 > /dev/null
 
 echo "== ASan + UBSan build: the whole suite =="
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DSX_SANITIZE=ON -DSX_BUILD_BENCH=OFF > /dev/null

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "run_ranks.h"
 #include "sx/sx.h"
 
 namespace sxtest {
@@ -58,18 +59,6 @@ inline void save_sync(sx_shard_group_t *g, const std::string &path) {
     assert_int_equal(sx_save_optim_state(g, &so, &f), SX_OK);
     assert_int_equal(sx_future_wait(f, -1), SX_OK);
     sx_future_destroy(f);
-}
-
-// Runs fn(rank) on `world` threads (CMocka's assertions belong to the main thread, so
-// fn reports a failure as text); returns the first rank's error, or "".
-inline std::string run_ranks(int world, const std::function<std::string(int)> &fn) {
-    std::vector<std::string> errs(static_cast<size_t>(world));
-    std::vector<std::thread> ts;
-    for (int r = 0; r < world; ++r) ts.emplace_back([&, r] { errs[static_cast<size_t>(r)] = fn(r); });
-    for (auto &t : ts) t.join();
-    for (int r = 0; r < world; ++r)
-        if (!errs[static_cast<size_t>(r)].empty()) return "rank " + std::to_string(r) + ": " + errs[static_cast<size_t>(r)];
-    return "";
 }
 
 }  // namespace sxtest

@@ -78,7 +78,13 @@ type GroupConfig struct {
 	// summed over ranks in fp32 (0: in their own dtype).
 	GradDtype   Dtype
 	ReduceDtype Dtype
+	// Stage 3: how many units sx gathers ahead of GatherUnit calls, in the previous
+	// step's order (0: 1; PrefetchNone: none).
+	PrefetchDepth int32
 }
+
+// PrefetchNone as GroupConfig.PrefetchDepth: no units are gathered ahead.
+const PrefetchNone = -1
 
 // ShardGroup is this rank's handle of a shard group. Close releases it; a finalizer
 // releases a forgotten one. One goroutine uses a group at a time. The slices that
@@ -114,6 +120,7 @@ func NewShardGroup(cfg GroupConfig) (*ShardGroup, error) {
 	c.device_ordinal = C.int32_t(cfg.DeviceOrdinal)
 	c.grad_dtype = C.int32_t(cfg.GradDtype)
 	c.reduce_dtype = C.int32_t(cfg.ReduceDtype)
+	c.prefetch_depth = C.int32_t(cfg.PrefetchDepth)
 	var raw *C.sx_shard_group_t
 	if err := call(func() C.sx_status_t { return C.sx_create_shard_group(&c, &raw) }); err != nil {
 		return nil, err
@@ -439,6 +446,40 @@ type StepOptions struct {
 	MaxGradNorm float64        // clip the global gradient norm to this; 0 = no clipping
 	KeepGrads   bool           // leave the grads as they are after the step
 	Stream      unsafe.Pointer // a cudaStream_t (C memory), or nil
+	// Stages 1 and 2: return after the update and gather the params in the background;
+	// GatherUnit waits for a unit's.
+	DeferGather bool
+}
+
+// UnitReadyOptions of UnitGradsReady. Zero values are the defaults.
+type UnitReadyOptions struct {
+	Accumulate bool           // an intermediate micro-batch (AccumulateGrads ends it)
+	Stream     unsafe.Pointer // the cudaStream_t the gradients were written on, or nil
+}
+
+// UnitGradsReady says that unit's gradients are complete for this micro-batch; sx
+// reduces them on its own thread while the backward goes on. Any unit order. opts may
+// be nil.
+func (g *ShardGroup) UnitGradsReady(unit int32, opts *UnitReadyOptions) error {
+	var o C.sx_unit_ready_options_t
+	C.sx_unit_ready_options_init(&o, C.size_t(unsafe.Sizeof(o)))
+	if opts != nil {
+		o.accumulate = cbool(opts.Accumulate)
+		o.stream = opts.Stream
+	}
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_unit_grads_ready(raw, C.int32_t(unit), &o) })
+}
+
+// GatherUnit at stage 3 (collective) makes the unit's params present until
+// ReleaseUnit; the slices Param returns for them are valid until then. At stages 1 and 2
+// it waits for the unit's gather after a step with DeferGather.
+func (g *ShardGroup) GatherUnit(unit int32) error {
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_unit_gather(raw, C.int32_t(unit)) })
+}
+
+// ReleaseUnit ends a GatherUnit at stage 3 (this rank keeps only its shard); else nothing.
+func (g *ShardGroup) ReleaseUnit(unit int32) error {
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_unit_release(raw, C.int32_t(unit)) })
 }
 
 // StepResult of Step.
@@ -459,6 +500,7 @@ func (g *ShardGroup) Step(opts *StepOptions) (StepResult, error) {
 		o.max_grad_norm = C.double(opts.MaxGradNorm)
 		o.keep_grads = cbool(opts.KeepGrads)
 		o.stream = opts.Stream
+		o.defer_gather = cbool(opts.DeferGather)
 		op = &o
 	}
 	var r C.sx_step_result_t
@@ -528,6 +570,8 @@ func (g *ShardGroup) NumParamGroups() (int32, error) {
 // MemoryStats is what this rank holds, in bytes.
 type MemoryStats struct {
 	ParamBytes, GradBytes, OptimizerBytes, StagingBytes, UnshardedOptimizerBytes uint64
+	// The most param bytes held at once (stage 3: shards plus gathered units).
+	PeakParamBytes uint64
 }
 
 func (g *ShardGroup) MemoryStats() (MemoryStats, error) {
@@ -535,7 +579,7 @@ func (g *ShardGroup) MemoryStats() (MemoryStats, error) {
 	C.sx_memory_stats_init(&s, C.size_t(unsafe.Sizeof(s)))
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_get_memory_stats(raw, &s) })
 	return MemoryStats{uint64(s.param_bytes), uint64(s.grad_bytes), uint64(s.optimizer_bytes), uint64(s.staging_bytes),
-		uint64(s.unsharded_optimizer_bytes)}, err
+		uint64(s.unsharded_optimizer_bytes), uint64(s.peak_param_bytes)}, err
 }
 
 // ParamInfo describes a registered param and the part of it this rank's shard covers.

@@ -489,3 +489,179 @@ func TestBF16ParamsWithFP32GradsAndLossScaling(t *testing.T) {
 		t.Errorf("the loss scale after a refused setting is %v, %v", s, err)
 	}
 }
+
+// pipelineRun trains three units for three steps on two ranks at `stage`; with overlap
+// each unit's gradients are signalled ready in the backward and the gather is deferred.
+// Every unit is gathered around its use (which stage 3 needs). Returns each rank's params
+// and rank 0's peak param bytes.
+func pipelineRun(t *testing.T, name string, stage int32, overlap bool) ([2][][]float32, uint64) {
+	var out [2][][]float32
+	var peak uint64
+	rdv := rendezvous(name)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := int32(0); r < 2; r++ {
+		wg.Add(1)
+		go func(rank int32) {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			cfg := config(rdv, rank, 2)
+			cfg.Stage = stage
+			cfg.PrefetchDepth = 1
+			g, err := NewShardGroup(cfg)
+			if err != nil {
+				errs[rank] = err
+				return
+			}
+			defer g.Close()
+			errs[rank] = func() error {
+				pg := NewParamGroup(AdamW)
+				pg.LR = 0.01
+				if _, err := g.AddParamGroup(pg); err != nil {
+					return err
+				}
+				for u := int32(0); u < 3; u++ {
+					if _, err := g.AddParam(Param{Name: fmt.Sprintf("p%d", u), Shape: []int64{int64(40 + 13*u)}, Unit: u}); err != nil {
+						return err
+					}
+				}
+				if err := g.Finalize(); err != nil {
+					return err
+				}
+				use := func(u int32, fn func() error) error {
+					if err := g.GatherUnit(u); err != nil {
+						return err
+					}
+					if err := fn(); err != nil {
+						return err
+					}
+					return g.ReleaseUnit(u)
+				}
+				for u := int32(0); u < 3; u++ {
+					if err := use(u, func() error {
+						p, err := g.Param(u)
+						for k := range p {
+							p[k] = float32(k) * 0.01
+						}
+						return err
+					}); err != nil {
+						return err
+					}
+				}
+				for s := 0; s < 3; s++ {
+					for u := int32(2); u >= 0; u-- {
+						if err := use(u, func() error {
+							gr, err := g.Grad(u)
+							for k := range gr {
+								gr[k] += float32((k*7+s+int(rank))%11)/8 - 0.625
+							}
+							return err
+						}); err != nil {
+							return err
+						}
+						if overlap {
+							if err := g.UnitGradsReady(u, nil); err != nil {
+								return err
+							}
+						}
+					}
+					if _, err := g.Step(&StepOptions{DeferGather: overlap}); err != nil {
+						return err
+					}
+				}
+				for u := int32(0); u < 3; u++ {
+					if err := use(u, func() error {
+						p, err := g.Param(u)
+						out[rank] = append(out[rank], append([]float32(nil), p...))
+						return err
+					}); err != nil {
+						return err
+					}
+				}
+				m, err := g.MemoryStats()
+				if rank == 0 {
+					peak = m.PeakParamBytes
+				}
+				return err
+			}()
+		}(r)
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("stage %d overlap %v rank %d: %v", stage, overlap, r, err)
+		}
+	}
+	return out, peak
+}
+
+func TestOverlapAndStage3GiveThePlainParams(t *testing.T) {
+	plain, plainPeak := pipelineRun(t, "pipe-plain", 2, false)
+	for _, c := range []struct {
+		stage   int32
+		overlap bool
+	}{{2, true}, {1, true}, {3, false}, {3, true}} {
+		got, peak := pipelineRun(t, fmt.Sprintf("pipe-%d-%v", c.stage, c.overlap), c.stage, c.overlap)
+		for r := 0; r < 2; r++ {
+			for u := range plain[r] {
+				for k := range plain[r][u] {
+					if got[r][u][k] != plain[r][u][k] {
+						t.Fatalf("stage %d overlap %v rank %d unit %d [%d]: %v, plain %v", c.stage, c.overlap, r, u, k,
+							got[r][u][k], plain[r][u][k])
+					}
+				}
+			}
+		}
+		if c.stage == 3 && (peak == 0 || peak >= 2*plainPeak) {
+			t.Errorf("stage 3 peak param bytes %d, stage 2's %d", peak, plainPeak)
+		}
+	}
+}
+
+func TestStage3ViewsNeedAGather(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cfg := config(rendezvous("pipe-views"), 0, 1)
+	cfg.Stage = 3
+	g, err := NewShardGroup(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	pg := NewParamGroup(SGD)
+	pg.LR = 0.1
+	if _, err := g.AddParamGroup(pg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.AddParam(Param{Name: "w", Shape: []int64{4}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Finalize(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Param(0); statusOf(err) != ErrInvalidState {
+		t.Errorf("a view of an ungathered unit: %v", err)
+	}
+	if err := g.GatherUnit(0); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := g.Param(0); err != nil || len(p) != 4 {
+		t.Errorf("a view of a gathered unit: %v %v", p, err)
+	}
+	if err := g.ReleaseUnit(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.ReleaseUnit(0); statusOf(err) != ErrInvalidState {
+		t.Errorf("a release without a gather: %v", err)
+	}
+	if err := g.UnitGradsReady(0, &UnitReadyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.UnitGradsReady(0, nil); statusOf(err) != ErrInvalidState {
+		t.Errorf("a unit signalled twice: %v", err)
+	}
+	if _, err := g.Step(nil); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -31,6 +31,7 @@ func cLayouts() []structLayout {
 	var pd C.sx_param_desc_t
 	var v C.sx_view_t
 	var so C.sx_step_options_t
+	var ur C.sx_unit_ready_options_t
 	var sr C.sx_step_result_t
 	var ls C.sx_loss_scaling_t
 	var ms C.sx_memory_stats_t
@@ -55,6 +56,8 @@ func cLayouts() []structLayout {
 			f("reserved0", unsafe.Offsetof(gc.reserved0), unsafe.Sizeof(gc.reserved0)),
 			f("grad_dtype", unsafe.Offsetof(gc.grad_dtype), unsafe.Sizeof(gc.grad_dtype)),
 			f("reduce_dtype", unsafe.Offsetof(gc.reduce_dtype), unsafe.Sizeof(gc.reduce_dtype)),
+			f("prefetch_depth", unsafe.Offsetof(gc.prefetch_depth), unsafe.Sizeof(gc.prefetch_depth)),
+			f("reserved1", unsafe.Offsetof(gc.reserved1), unsafe.Sizeof(gc.reserved1)),
 		}},
 		{"sx_param_group_desc_t", unsafe.Sizeof(pg), unsafe.Alignof(pg), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pg.struct_size), unsafe.Sizeof(pg.struct_size)),
@@ -93,7 +96,13 @@ func cLayouts() []structLayout {
 			f("max_grad_norm", unsafe.Offsetof(so.max_grad_norm), unsafe.Sizeof(so.max_grad_norm)),
 			f("stream", unsafe.Offsetof(so.stream), unsafe.Sizeof(so.stream)),
 			f("keep_grads", unsafe.Offsetof(so.keep_grads), unsafe.Sizeof(so.keep_grads)),
-			f("reserved0", unsafe.Offsetof(so.reserved0), unsafe.Sizeof(so.reserved0)),
+			f("defer_gather", unsafe.Offsetof(so.defer_gather), unsafe.Sizeof(so.defer_gather)),
+		}},
+		{"sx_unit_ready_options_t", unsafe.Sizeof(ur), unsafe.Alignof(ur), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(ur.struct_size), unsafe.Sizeof(ur.struct_size)),
+			f("accumulate", unsafe.Offsetof(ur.accumulate), unsafe.Sizeof(ur.accumulate)),
+			f("reserved0", unsafe.Offsetof(ur.reserved0), unsafe.Sizeof(ur.reserved0)),
+			f("stream", unsafe.Offsetof(ur.stream), unsafe.Sizeof(ur.stream)),
 		}},
 		{"sx_step_result_t", unsafe.Sizeof(sr), unsafe.Alignof(sr), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(sr.struct_size), unsafe.Sizeof(sr.struct_size)),
@@ -118,6 +127,7 @@ func cLayouts() []structLayout {
 			f("optimizer_bytes", unsafe.Offsetof(ms.optimizer_bytes), unsafe.Sizeof(ms.optimizer_bytes)),
 			f("staging_bytes", unsafe.Offsetof(ms.staging_bytes), unsafe.Sizeof(ms.staging_bytes)),
 			f("unsharded_optimizer_bytes", unsafe.Offsetof(ms.unsharded_optimizer_bytes), unsafe.Sizeof(ms.unsharded_optimizer_bytes)),
+			f("peak_param_bytes", unsafe.Offsetof(ms.peak_param_bytes), unsafe.Sizeof(ms.peak_param_bytes)),
 		}},
 		{"sx_param_info_t", unsafe.Sizeof(pi), unsafe.Alignof(pi), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pi.struct_size), unsafe.Sizeof(pi.struct_size)),

@@ -95,6 +95,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_LOAD_PARAMS_ONLY": LoadParamsOnly, "SX_LOAD_ALLOW_MISSING": LoadAllowMissing, "SX_LOAD_ALLOW_EXTRA": LoadAllowExtra,
 		"SX_LOSS_SCALING_NONE": int64(LossScalingNone), "SX_LOSS_SCALING_DYNAMIC": int64(LossScalingDynamic),
 		"SX_LOSS_SCALING_STATIC": int64(LossScalingStatic),
+		"SX_PREFETCH_NONE":       int64(PrefetchNone),
 	}
 	for name, v := range ours {
 		w, ok := l.Constants[name]

@@ -44,7 +44,7 @@ extern "C" {
  * ------------------------------------------------------------------------------- */
 
 #define SX_VERSION_MAJOR 1
-#define SX_VERSION_MINOR 1
+#define SX_VERSION_MINOR 2
 #define SX_VERSION_PATCH 0
 #define SX_VERSION_NUMBER (SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH)
 
@@ -162,7 +162,8 @@ typedef struct sx_group_config {
     int32_t rank;
     /* Number of ranks; 0 = take rank and world size from the environment (env://). */
     int32_t world_size;
-    /* ZeRO stage: 1 (optimizer state sharded) or 2 (gradients sharded too). 0 = 2. */
+    /* ZeRO stage: 1 (optimizer state sharded), 2 (gradients sharded too) or 3 (params
+     * sharded too: see "Units as a pipeline"). 0 = 2. */
     int32_t stage;
     /* SX_BACKEND_*; 0 = SX_BACKEND_AUTO. */
     int32_t backend;
@@ -190,7 +191,14 @@ typedef struct sx_group_config {
      * sums are pre- and post-divided by sqrt(world_size) so that they neither overflow
      * nor underflow); SX_DTYPE_F32 = converted to fp32 first. */
     int32_t reduce_dtype;
+    /* Stage 3: how many units sx gathers ahead of the trainer's sx_unit_gather calls, in
+     * the order of the previous step's calls (registration order during the first
+     * forward). 0 = 1; SX_PREFETCH_NONE = none; at most 64. */
+    int32_t prefetch_depth;
+    int32_t reserved1;
 } sx_group_config_t;
+
+#define SX_PREFETCH_NONE (-1)
 
 /* Fills *config with defaults and sets struct_size = size. size must be at least
  * offsetof(rendezvous) + sizeof(char*). */
@@ -303,7 +311,9 @@ typedef struct sx_view {
 SX_API sx_status_t sx_view_init(sx_view_t *view, size_t size);
 
 /* The param's values. The trainer reads them in forward and may write them only
- * between steps (initial values, loading its own weights). After sx_finalize. */
+ * between steps (initial values, loading its own weights). After sx_finalize. Stage 3:
+ * only while the param's unit is gathered (SX_ERR_INVALID_STATE otherwise), and valid
+ * until it is released. */
 SX_API sx_status_t sx_param_view(const sx_shard_group_t *group, int32_t param, sx_view_t *out);
 
 /* The param's gradient. The trainer ADDS its gradient into it (as torch accumulates
@@ -359,7 +369,12 @@ typedef struct sx_step_options {
      * gradients, or zeroes them itself, saves a pass over memory); their contents after
      * the step are then unspecified, as the reduction may use them as scratch. */
     int32_t keep_grads;
-    int32_t reserved0;
+    /* Stages 1 and 2: 0 (default): every param is gathered before sx_step returns. 1:
+     * sx_step returns after the update and the updated params are all-gathered in the
+     * background, unit by unit in increasing unit index, while the trainer goes on; the
+     * trainer calls sx_unit_gather(u) before it reads unit u's params (see "Units as a
+     * pipeline"). Every rank passes the same value. Stage 3 ignores it. */
+    int32_t defer_gather;
 } sx_step_options_t;
 
 SX_API sx_status_t sx_step_options_init(sx_step_options_t *options, size_t size);
@@ -376,16 +391,96 @@ typedef struct sx_step_result {
 
 SX_API sx_status_t sx_step_result_init(sx_step_result_t *result, size_t size);
 
-/* Collective. Reduces the gradients over ranks (average), clips, updates this rank's
- * shard of every trainable param with its param group's optimizer, and gathers the
- * updated params into every rank's param views; then zeroes the grads (unless
- * options->keep_grads). The first thing it does is check that every rank is in
+/* Collective. Reduces the gradients over ranks (average) (waiting for the reductions of
+ * units signalled ready with sx_unit_grads_ready), clips, updates this rank's shard of
+ * every trainable param with its param group's optimizer, and gathers the updated params
+ * into every rank's param views (in the background with options->defer_gather; at stage
+ * 3 only into the units gathered now); then zeroes the grads (unless options->keep_grads). The first thing it does is check that every rank is in
  * sx_step with the same trainable mask, hyperparameters and options (else
  * SX_ERR_MISMATCH on every rank, and nothing changes). options may be
  * NULL (defaults); result may be NULL. On a communication error or timeout the group
  * is marked failed and the call returns within the configured timeout. */
 SX_API sx_status_t sx_step(sx_shard_group_t *group, const sx_step_options_t *options,
                            sx_step_result_t *result);
+
+/* ---------------------------------------------------------------------------------
+ * Units as a pipeline
+ *
+ * A unit (the params registered with one unit id; the units are numbered by index,
+ * 0 .. sx_get_num_units() - 1, in increasing unit id, as sx_get_unit_info) is the grain
+ * of communication. Its gradients can be reduced while the trainer's backward goes on
+ * with the units before it, and its params gathered while its forward goes on with the
+ * units before it:
+ *
+ *   backward:  ... unit u's gradients written -> sx_unit_grads_ready(group, u, NULL) ...
+ *   sx_step:   waits only for the reductions still in flight, then updates
+ *   forward:   sx_unit_gather(group, u) -> unit u's forward -> sx_unit_release(group, u)
+ *
+ * Reductions run on a thread of sx's own, gathers on another (each with its own
+ * connections), so that a rank may interleave them differently from its peers; on each,
+ * every rank runs the same collectives in the same order. A trainer that calls none of
+ * these functions gets today's behaviour: sx_step reduces and gathers everything.
+ *
+ * Stage 3 shards the params themselves: between steps a rank holds its 1/world_size
+ * shard of every unit, and a unit's full params exist only between sx_unit_gather and
+ * sx_unit_release (around its forward, and again around its backward). A rank then holds
+ * param bytes of its shards plus at most (the units the trainer holds gathered at once +
+ * config->prefetch_depth) gathered units (sx_memory_stats_t.peak_param_bytes shows it).
+ * Gradient buffers stay whole at every stage. sx_param_view of a param whose unit is not
+ * gathered fails with SX_ERR_INVALID_STATE; a view taken earlier is invalid once its unit
+ * is released. sx_broadcast_params at stage 3 sends the units that root holds gathered
+ * (each rank keeps its shard of them). Checkpoints hold the same values at every stage
+ * and load into any stage.
+ * ------------------------------------------------------------------------------- */
+
+typedef struct sx_unit_ready_options {
+    size_t struct_size;
+    /* 1: an intermediate micro-batch (sx_accumulate_grads ends it); 0 (default): the
+     * last one (sx_step ends it). Every signal of one micro-batch says the same. */
+    int32_t accumulate;
+    int32_t reserved0;
+    /* SX_BACKEND_CUDA: the trainer's CUDA stream (cudaStream_t) the gradients were
+     * written on; the reduction follows the work enqueued on it so far (NULL = the legacy
+     * default stream). Must be NULL on the CPU backend. */
+    void *stream;
+} sx_unit_ready_options_t;
+
+SX_API sx_status_t sx_unit_ready_options_init(sx_unit_ready_options_t *options, size_t size);
+
+/* Says that unit `unit`'s gradients are complete for this micro-batch: the trainer writes
+ * them no more until the sx_step (or sx_accumulate_grads) that ends the micro-batch
+ * returns. Returns at once; sx reduces them on its own thread. Units may be signalled in
+ * any order, and ranks may signal in different orders: the reductions run in one order
+ * that every rank keeps (the order rank 0 signalled in at the previous step; before that,
+ * decreasing unit index). Units not signalled are reduced by the call that ends the
+ * micro-batch, as without these signals. options may be NULL (defaults).
+ *
+ * The trainable mask in force at the first signal of a micro-batch holds for the whole
+ * micro-batch; the first signal also checks (on sx's thread) that every rank agrees on
+ * it. Every rank must signal the same units in a micro-batch: otherwise the call that
+ * ends it fails with SX_ERR_MISMATCH on every rank, and the step's gradients are dropped
+ * (params, optimizer state and step counts do not change). Errors here: a unit signalled
+ * twice in one micro-batch (SX_ERR_INVALID_STATE), an accumulate flag unlike the
+ * micro-batch's first (SX_ERR_INVALID_ARGUMENT); a reduction that fails on sx's thread
+ * (a dead peer, a timeout) fails the group, and the next call says so. */
+SX_API sx_status_t sx_unit_grads_ready(sx_shard_group_t *group, int32_t unit,
+                                       const sx_unit_ready_options_t *options);
+
+/* Stage 3, collective (every rank gathers the same units in the same order): makes unit
+ * `unit`'s full params present on this rank and returns once they are: it waits for the
+ * unit's prefetched gather, or gathers it now. Then it prefetches the next
+ * config->prefetch_depth units of the order of the previous step's calls. Calls nest:
+ * each needs its sx_unit_release.
+ * Stages 1 and 2: waits for the unit's all-gather after a step with defer_gather, and
+ * returns at once otherwise (local). */
+SX_API sx_status_t sx_unit_gather(sx_shard_group_t *group, int32_t unit);
+
+/* Stage 3 (local): ends an sx_unit_gather. When the last one ends, this rank keeps its
+ * shard of what the unit's params hold (values the trainer wrote into them, such as
+ * initial values, are kept: written on every rank, or broadcast) and frees the rest,
+ * unless the prefetch order needs the unit again soon. SX_ERR_INVALID_STATE without a
+ * gather to end. Stages 1 and 2: nothing. */
+SX_API sx_status_t sx_unit_release(sx_shard_group_t *group, int32_t unit);
 
 /* ---------------------------------------------------------------------------------
  * Mixed precision
@@ -446,7 +541,8 @@ SX_API sx_status_t sx_get_num_param_groups(const sx_shard_group_t *group, int32_
 
 typedef struct sx_memory_stats {
     size_t struct_size;
-    uint64_t param_bytes;     /* full flat param buffers on this rank */
+    uint64_t param_bytes;     /* full flat param buffers on this rank (stage 3: its shard of
+                               * every unit, plus the units gathered now) */
     uint64_t grad_bytes;      /* full flat grad buffers + sharded grad accumulators */
     uint64_t optimizer_bytes; /* this rank's shard of optimizer state */
     /* Checkpoint staging: one shard, kept for the next save; after a second load in a
@@ -454,6 +550,9 @@ typedef struct sx_memory_stats {
     uint64_t staging_bytes;
     /* Optimizer state that one unsharded process would hold for the same params. */
     uint64_t unsharded_optimizer_bytes;
+    /* The most param_bytes this rank held at once since sx_finalize (stage 3: its shards
+     * plus the units gathered at that moment). */
+    uint64_t peak_param_bytes;
 } sx_memory_stats_t;
 
 SX_API sx_status_t sx_memory_stats_init(sx_memory_stats_t *stats, size_t size);

@@ -1,7 +1,7 @@
 /*
  * sx demo: a character-level language model trained by 4 ranks (threads of this
- * process) with ZeRO-2 sharded AdamW, a warmup + cosine learning-rate schedule and
- * gradient clipping.
+ * process) with ZeRO sharded AdamW (stage 2 by default), a warmup + cosine
+ * learning-rate schedule and gradient clipping.
  *
  * Model: the embeddings of the previous CONTEXT characters, concatenated, one tanh
  * hidden layer, and a softmax over the characters of the text. Forward and backward
@@ -9,7 +9,16 @@
  * computes straight into views of sx's flat buffers) and does everything between
  * "gradients are ready" and "new parameters are ready".
  *
- * usage: train_charlm [TEXT_FILE] [STEPS]     (default: Debian's GPL-3 text, 400 steps)
+ * Each layer is a unit, and forward and backward go layer by layer over a micro-batch,
+ * so that sx can work unit by unit: with --overlap, backward signals each layer's
+ * gradients ready as soon as they are complete (sx_unit_grads_ready), so that their
+ * reduction runs while the layers below are differentiated, and the step's all-gather
+ * is deferred (stages 1 and 2): forward waits for each layer's params (sx_unit_gather)
+ * just before it needs them. With --stage 3 a rank holds only its shard of every layer
+ * between uses, and each layer is gathered around its forward and its backward.
+ *
+ * usage: train_charlm [--stage 1|2|3] [--overlap] [TEXT_FILE] [STEPS]
+ *        (default: stage 2, Debian's GPL-3 text, 400 steps)
  */
 #include <math.h>
 #include <pthread.h>
@@ -32,6 +41,8 @@ enum { P_EMBED, P_W1, P_B1, P_W2, P_B2, NUM_PARAMS };
 
 static const char *g_path = "/usr/share/common-licenses/GPL-3";
 static int g_steps = 400;
+static int g_stage = 2;
+static int g_overlap = 0;
 static unsigned char *g_text; /* the text as vocabulary indices */
 static long g_len, g_train_len;
 static int g_vocab;
@@ -98,61 +109,149 @@ static int load_text(void) {
 }
 
 typedef struct {
-    float *p[NUM_PARAMS]; /* param views */
+    float *p[NUM_PARAMS]; /* param views (at stage 3, valid only while the unit is gathered) */
     float *g[NUM_PARAMS]; /* grad views */
 } model_t;
 
-/* Forward for one example ending before position t: fills x (CONTEXT*EMBED), h
- * (HIDDEN), probs (vocab); returns -log p(text[t]). */
-static float forward(const model_t *m, long t, float *x, float *h, float *probs) {
-    for (int c = 0; c < CONTEXT; ++c)
-        memcpy(x + c * EMBED, m->p[P_EMBED] + g_text[t - CONTEXT + c] * EMBED, EMBED * sizeof(float));
-    for (int j = 0; j < HIDDEN; ++j) {
-        float a = m->p[P_B1][j];
-        for (int i = 0; i < CONTEXT * EMBED; ++i) a += x[i] * m->p[P_W1][i * HIDDEN + j];
-        h[j] = tanhf(a);
-    }
-    float maxlogit = -1e30f;
-    for (int v = 0; v < g_vocab; ++v) {
-        float a = m->p[P_B2][v];
-        for (int j = 0; j < HIDDEN; ++j) a += h[j] * m->p[P_W2][j * g_vocab + v];
-        probs[v] = a;
-        if (a > maxlogit) maxlogit = a;
-    }
-    float sum = 0;
-    for (int v = 0; v < g_vocab; ++v) sum += (probs[v] = expf(probs[v] - maxlogit));
-    for (int v = 0; v < g_vocab; ++v) probs[v] /= sum;
-    return -logf(probs[g_text[t]] + 1e-12f);
+/* The units: one per layer. */
+enum { U_EMBED, U_HIDDEN, U_OUT, NUM_UNITS };
+static const int k_unit_of[NUM_PARAMS] = {U_EMBED, U_HIDDEN, U_HIDDEN, U_OUT, U_OUT};
+
+/* One micro-batch's activations, layer by layer. */
+typedef struct {
+    int n;
+    long t[BATCH];
+    float x[BATCH][CONTEXT * EMBED], h[BATCH][HIDDEN], probs[BATCH][MAX_VOCAB];
+    float dh[BATCH][HIDDEN], dx[BATCH][CONTEXT * EMBED];
+} batch_t;
+
+static void embed_forward(const model_t *m, batch_t *b) {
+    for (int k = 0; k < b->n; ++k)
+        for (int c = 0; c < CONTEXT; ++c)
+            memcpy(b->x[k] + c * EMBED, m->p[P_EMBED] + g_text[b->t[k] - CONTEXT + c] * EMBED,
+                   EMBED * sizeof(float));
 }
 
-/* Backward for the same example, adding scale * dloss/dparam into the grad views. */
-static void backward(model_t *m, long t, const float *x, const float *h, float *probs, float scale) {
-    float dh[HIDDEN], dx[CONTEXT * EMBED];
-    probs[g_text[t]] -= 1.0f; /* dloss/dlogits = probs - onehot */
-    for (int j = 0; j < HIDDEN; ++j) dh[j] = 0;
-    for (int j = 0; j < HIDDEN; ++j) {
-        float *gw = m->g[P_W2] + j * g_vocab;
-        const float *w = m->p[P_W2] + j * g_vocab;
-        float acc = 0;
-        for (int v = 0; v < g_vocab; ++v) {
-            gw[v] += scale * h[j] * probs[v];
-            acc += w[v] * probs[v];
-        }
-        dh[j] = acc * (1.0f - h[j] * h[j]); /* through tanh */
-    }
-    for (int v = 0; v < g_vocab; ++v) m->g[P_B2][v] += scale * probs[v];
-    for (int i = 0; i < CONTEXT * EMBED; ++i) {
-        float acc = 0;
+static void hidden_forward(const model_t *m, batch_t *b) {
+    for (int k = 0; k < b->n; ++k)
         for (int j = 0; j < HIDDEN; ++j) {
-            m->g[P_W1][i * HIDDEN + j] += scale * x[i] * dh[j];
-            acc += m->p[P_W1][i * HIDDEN + j] * dh[j];
+            float a = m->p[P_B1][j];
+            for (int i = 0; i < CONTEXT * EMBED; ++i) a += b->x[k][i] * m->p[P_W1][i * HIDDEN + j];
+            b->h[k][j] = tanhf(a);
         }
-        dx[i] = acc;
+}
+
+/* Softmax over the characters; returns the sum of -log p(text[t]) over the batch. */
+static double out_forward(const model_t *m, batch_t *b) {
+    double loss = 0;
+    for (int k = 0; k < b->n; ++k) {
+        float *probs = b->probs[k], maxlogit = -1e30f, sum = 0;
+        for (int v = 0; v < g_vocab; ++v) {
+            float a = m->p[P_B2][v];
+            for (int j = 0; j < HIDDEN; ++j) a += b->h[k][j] * m->p[P_W2][j * g_vocab + v];
+            probs[v] = a;
+            if (a > maxlogit) maxlogit = a;
+        }
+        for (int v = 0; v < g_vocab; ++v) sum += (probs[v] = expf(probs[v] - maxlogit));
+        for (int v = 0; v < g_vocab; ++v) probs[v] /= sum;
+        loss += -logf(probs[g_text[b->t[k]]] + 1e-12f);
     }
-    for (int j = 0; j < HIDDEN; ++j) m->g[P_B1][j] += scale * dh[j];
-    for (int c = 0; c < CONTEXT; ++c)
-        for (int e = 0; e < EMBED; ++e)
-            m->g[P_EMBED][g_text[t - CONTEXT + c] * EMBED + e] += scale * dx[c * EMBED + e];
+    return loss;
+}
+
+/* The backward of each layer adds scale * dloss/dparam into its grad views and passes
+ * the gradient of its input down. */
+static void out_backward(model_t *m, batch_t *b, float scale) {
+    for (int k = 0; k < b->n; ++k) {
+        float *probs = b->probs[k];
+        const float *h = b->h[k];
+        probs[g_text[b->t[k]]] -= 1.0f; /* dloss/dlogits = probs - onehot */
+        for (int j = 0; j < HIDDEN; ++j) {
+            float *gw = m->g[P_W2] + j * g_vocab;
+            const float *w = m->p[P_W2] + j * g_vocab;
+            float acc = 0;
+            for (int v = 0; v < g_vocab; ++v) {
+                gw[v] += scale * h[j] * probs[v];
+                acc += w[v] * probs[v];
+            }
+            b->dh[k][j] = acc * (1.0f - h[j] * h[j]); /* through tanh */
+        }
+        for (int v = 0; v < g_vocab; ++v) m->g[P_B2][v] += scale * probs[v];
+    }
+}
+
+static void hidden_backward(model_t *m, batch_t *b, float scale) {
+    for (int k = 0; k < b->n; ++k) {
+        for (int i = 0; i < CONTEXT * EMBED; ++i) {
+            float acc = 0;
+            for (int j = 0; j < HIDDEN; ++j) {
+                m->g[P_W1][i * HIDDEN + j] += scale * b->x[k][i] * b->dh[k][j];
+                acc += m->p[P_W1][i * HIDDEN + j] * b->dh[k][j];
+            }
+            b->dx[k][i] = acc;
+        }
+        for (int j = 0; j < HIDDEN; ++j) m->g[P_B1][j] += scale * b->dh[k][j];
+    }
+}
+
+static void embed_backward(model_t *m, batch_t *b, float scale) {
+    for (int k = 0; k < b->n; ++k)
+        for (int c = 0; c < CONTEXT; ++c)
+            for (int e = 0; e < EMBED; ++e)
+                m->g[P_EMBED][g_text[b->t[k] - CONTEXT + c] * EMBED + e] += scale * b->dx[k][c * EMBED + e];
+}
+
+/* Makes unit u's params readable and points the model at them: at stage 3 this gathers
+ * the unit (collective; sx prefetches the next one meanwhile), after a deferred step it
+ * waits for the unit's all-gather, and otherwise it returns at once. */
+static sx_status_t use_unit(sx_shard_group_t *g, model_t *m, int u) {
+    sx_status_t s = sx_unit_gather(g, u);
+    for (int p = 0; p < NUM_PARAMS && s == SX_OK; ++p) {
+        if (k_unit_of[p] != u) continue;
+        sx_view_t v;
+        sx_view_init(&v, sizeof v);
+        s = sx_param_view(g, p, &v);
+        m->p[p] = v.data;
+    }
+    return s;
+}
+
+/* Ends use_unit (at stage 3 the rank drops all but its shard; otherwise nothing). */
+static sx_status_t done_unit(sx_shard_group_t *g, model_t *m, int u) {
+    for (int p = 0; p < NUM_PARAMS; ++p)
+        if (k_unit_of[p] == u) m->p[p] = NULL;
+    return sx_unit_release(g, u);
+}
+
+/* Forward of a micro-batch, layer by layer; returns its summed loss in *loss. */
+static sx_status_t forward(sx_shard_group_t *g, model_t *m, batch_t *b, double *loss) {
+    sx_status_t s;
+    if ((s = use_unit(g, m, U_EMBED)) != SX_OK) return s;
+    embed_forward(m, b);
+    if ((s = done_unit(g, m, U_EMBED)) != SX_OK || (s = use_unit(g, m, U_HIDDEN)) != SX_OK) return s;
+    hidden_forward(m, b);
+    if ((s = done_unit(g, m, U_HIDDEN)) != SX_OK || (s = use_unit(g, m, U_OUT)) != SX_OK) return s;
+    *loss = out_forward(m, b);
+    return done_unit(g, m, U_OUT);
+}
+
+/* Backward of a micro-batch, top layer first. With overlap, each layer's gradients are
+ * signalled ready once complete: their reduction runs while the layers below go on.
+ * accumulate: this micro-batch ends with sx_accumulate_grads (not the last one). */
+static sx_status_t backward(sx_shard_group_t *g, model_t *m, batch_t *b, float scale, int accumulate) {
+    sx_unit_ready_options_t ro;
+    sx_unit_ready_options_init(&ro, sizeof ro);
+    ro.accumulate = accumulate;
+    for (int u = NUM_UNITS - 1; u >= 0; --u) {
+        sx_status_t s = use_unit(g, m, u);
+        if (s != SX_OK) return s;
+        if (u == U_OUT) out_backward(m, b, scale);
+        if (u == U_HIDDEN) hidden_backward(m, b, scale);
+        if (u == U_EMBED) embed_backward(m, b, scale);
+        if ((s = done_unit(g, m, u)) != SX_OK) return s;
+        if (g_overlap && (s = sx_unit_grads_ready(g, u, &ro)) != SX_OK) return s;
+    }
+    return SX_OK;
 }
 
 /* Linear warmup for the first 5% of steps, then cosine decay to 10% of the peak. */
@@ -167,18 +266,22 @@ static void *rank_main(void *arg) {
     rank_result_t *res = arg;
     sx_shard_group_t *g = NULL;
     model_t m;
-    float x[CONTEXT * EMBED], h[HIDDEN], probs[MAX_VOCAB];
+    batch_t *b = calloc(1, sizeof *b);
     uint64_t rng = 1234 + (uint64_t)res->rank * 7919;
     const double peak_lr = 1e-2;
     double loss_window = 0;
-    int window = 0;
+    long window = 0;
+    if (!b) {
+        res->failed = 1;
+        return NULL;
+    }
 
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     cfg.rendezvous = res->resume ? "local://charlm-resume" : "local://charlm";
     cfg.rank = res->rank;
     cfg.world_size = res->world;
-    cfg.stage = 2;
+    cfg.stage = g_stage;
     cfg.timeout_ms = 60000;
     CHECK(sx_create_shard_group(&cfg, &g));
 
@@ -217,12 +320,13 @@ static void *rank_main(void *arg) {
     }
     CHECK(sx_finalize(g));
 
+    /* Rank 0 initialises (uniform, scaled by fan-in); the broadcast below copies it. At
+     * stage 3 every rank holds every unit gathered for it. */
+    for (int u = 0; u < NUM_UNITS; ++u) CHECK(use_unit(g, &m, u));
     for (int p = 0; p < NUM_PARAMS; ++p) {
         sx_view_t v;
         sx_view_init(&v, sizeof v);
         CHECK(sx_param_view(g, p, &v));
-        m.p[p] = v.data;
-        /* Rank 0 initialises (uniform, scaled by fan-in); the broadcast below copies it. */
         if (res->rank == 0 && (p == P_EMBED || p == P_W1 || p == P_W2)) {
             float bound = p == P_EMBED ? 1.0f : 1.0f / sqrtf((float)defs[p].shape[0]);
             for (uint64_t i = 0; i < v.numel; ++i) m.p[p][i] = (2 * rng_uniform(&rng) - 1) * bound;
@@ -231,6 +335,7 @@ static void *rank_main(void *arg) {
         m.g[p] = v.data;
     }
     CHECK(sx_broadcast_params(g, 0));
+    for (int u = 0; u < NUM_UNITS; ++u) CHECK(done_unit(g, &m, u));
     if (res->resume) {
         /* Resume from the checkpoint the 4 ranks wrote: each of these 2 ranks reads only
          * the chunks of its own shard. */
@@ -244,17 +349,21 @@ static void *rank_main(void *arg) {
     sx_step_options_t opt;
     sx_step_options_init(&opt, sizeof opt);
     opt.max_grad_norm = 0.5;
+    opt.defer_gather = g_overlap; /* forward's use_unit waits for each unit */
     for (int step = 0; step < g_steps; ++step) {
         CHECK(sx_set_lr(g, g_decay, lr_at(step, peak_lr)));
         CHECK(sx_set_lr(g, g_no_decay, lr_at(step, peak_lr)));
         for (int mb = 0; mb < MICRO_BATCHES; ++mb) {
-            for (int b = 0; b < BATCH; ++b) {
-                long t = CONTEXT + (long)(rng_next(&rng) % (uint64_t)(g_train_len - CONTEXT));
-                loss_window += forward(&m, t, x, h, probs);
-                ++window;
-                backward(&m, t, x, h, probs, 1.0f / (BATCH * MICRO_BATCHES));
-            }
-            if (mb + 1 < MICRO_BATCHES) CHECK(sx_accumulate_grads(g));
+            b->n = BATCH;
+            for (int k = 0; k < BATCH; ++k)
+                b->t[k] = CONTEXT + (long)(rng_next(&rng) % (uint64_t)(g_train_len - CONTEXT));
+            double loss = 0;
+            CHECK(forward(g, &m, b, &loss));
+            loss_window += loss;
+            window += BATCH;
+            const int last = mb + 1 == MICRO_BATCHES;
+            CHECK(backward(g, &m, b, 1.0f / (BATCH * MICRO_BATCHES), !last));
+            if (!last) CHECK(sx_accumulate_grads(g));
         }
         sx_step_result_t r;
         sx_step_result_init(&r, sizeof r);
@@ -286,7 +395,14 @@ evaluate:;
     /* Held-out loss (every rank has the same params after the all-gather). */
     double eval = 0;
     long n = 0;
-    for (long t = g_train_len; t < g_len; t += 7, ++n) eval += forward(&m, t, x, h, probs);
+    for (long t = g_train_len; t < g_len;) {
+        b->n = 0;
+        for (; t < g_len && b->n < BATCH; t += 7) b->t[b->n++] = t;
+        double loss = 0;
+        CHECK(forward(g, &m, b, &loss));
+        eval += loss;
+        n += b->n;
+    }
     res->final_eval_loss = eval / (double)n;
 
     sx_memory_stats_init(&res->mem, sizeof res->mem);
@@ -294,6 +410,7 @@ evaluate:;
 
 out:
     sx_destroy_shard_group(g);
+    free(b);
     return NULL;
 }
 
@@ -316,10 +433,23 @@ static int run_ranks(rank_result_t *results, int world, int resume) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1) g_path = argv[1];
-    if (argc > 2) g_steps = atoi(argv[2]);
-    if (g_steps < 1 || load_text() != 0) {
-        fprintf(stderr, "usage: %s [TEXT_FILE] [STEPS]\n", argv[0]);
+    int positional = 0, bad = 0;
+    for (int i = 1; i < argc; ++i) {
+        if (strcmp(argv[i], "--stage") == 0 && i + 1 < argc) {
+            g_stage = atoi(argv[++i]);
+            bad |= g_stage < 1 || g_stage > 3;
+        } else if (strcmp(argv[i], "--overlap") == 0) {
+            g_overlap = 1;
+        } else if (argv[i][0] == '-' && argv[i][1] == '-') {
+            bad = 1;
+        } else if (positional++ == 0) {
+            g_path = argv[i];
+        } else {
+            g_steps = atoi(argv[i]);
+        }
+    }
+    if (bad || positional > 2 || g_steps < 1 || load_text() != 0) {
+        fprintf(stderr, "usage: %s [--stage 1|2|3] [--overlap] [TEXT_FILE] [STEPS]\n", argv[0]);
         return 2;
     }
     if (sx_version() / 10000 != SX_VERSION_MAJOR) {
@@ -327,9 +457,9 @@ int main(int argc, char **argv) {
                 SX_VERSION_MAJOR);
         return 2;
     }
-    printf("sx %u.%u.%u: %d ranks, ZeRO-2 AdamW, text %s (%ld bytes, %d distinct)\n",
-           sx_version() / 10000, sx_version() / 100 % 100, sx_version() % 100, RANKS, g_path, g_len,
-           g_vocab);
+    printf("sx %u.%u.%u: %d ranks, ZeRO-%d AdamW%s, text %s (%ld bytes, %d distinct)\n",
+           sx_version() / 10000, sx_version() / 100 % 100, sx_version() % 100, RANKS, g_stage,
+           g_overlap ? ", communication overlapped unit by unit" : "", g_path, g_len, g_vocab);
     printf("uniform guess loss: %.4f\n", log((double)g_vocab));
     snprintf(g_ckpt_dir, sizeof g_ckpt_dir, "/tmp/sx-charlm-XXXXXX");
     if (!mkdtemp(g_ckpt_dir)) {
@@ -340,12 +470,19 @@ int main(int argc, char **argv) {
     rank_result_t results[RANKS], resumed[2];
     if (run_ranks(results, RANKS, 0) != 0) return 1;
     printf("held-out loss after %d steps: %.4f\n", g_steps, results[0].final_eval_loss);
-    printf("optimizer state per rank (ZeRO-2 over %d ranks) vs one unsharded process:\n", RANKS);
+    printf("optimizer state per rank (ZeRO-%d over %d ranks) vs one unsharded process:\n", g_stage, RANKS);
     for (int r = 0; r < RANKS; ++r)
         printf("  rank %d: %8llu bytes  (unsharded: %llu bytes, %.2fx less)\n", r,
                (unsigned long long)results[r].mem.optimizer_bytes,
                (unsigned long long)results[r].mem.unsharded_optimizer_bytes,
                (double)results[r].mem.unsharded_optimizer_bytes / (double)results[r].mem.optimizer_bytes);
+    {
+        const double model = 4.0 * ((double)g_vocab * EMBED + CONTEXT * EMBED * HIDDEN + HIDDEN +
+                                    (double)HIDDEN * g_vocab + g_vocab);
+        printf("param bytes on rank 0: %llu between steps, at most %llu (the whole model: %.0f)\n",
+               (unsigned long long)results[0].mem.param_bytes, (unsigned long long)results[0].mem.peak_param_bytes,
+               model);
+    }
     printf("saved a checkpoint at %s\n", g_ckpt_dir);
     /* Resume on a different number of ranks: the model must be exactly the same. */
     if (run_ranks(resumed, 2, 1) != 0) return 1;

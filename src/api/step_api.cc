@@ -17,6 +17,7 @@ sx_status_t view(const char *fn, const sx_shard_group_t *group, int32_t param, s
         SX_TRY(g->check_param(param));
         SX_CHECK(g->finalized(), SX_ERR_INVALID_STATE,
                  "views exist only after sx_finalize (the flat buffers are laid out there)");
+        if (!grad) SX_TRY(g->check_param_present(param));
         sx_view_t v;
         std::memset(&v, 0, sizeof v);
         v.struct_size = sizeof v;
@@ -136,12 +137,15 @@ SX_API sx_status_t sx_step(sx_shard_group_t *group, const sx_step_options_t *opt
         if (result) SX_TRY(sx::api::check_output(result, "result"));
         SX_CHECK_ARG(o.keep_grads == 0 || o.keep_grads == 1, "options->keep_grads is %d; it must be 0 or 1",
                      o.keep_grads);
+        SX_CHECK_ARG(o.defer_gather == 0 || o.defer_gather == 1, "options->defer_gather is %d; it must be 0 or 1",
+                     o.defer_gather);
         SX_CHECK(o.stream == nullptr || g->ops().device() == SX_DEVICE_CUDA, SX_ERR_INVALID_ARGUMENT,
                  "options->stream is set but the group runs on the CPU backend");
         sx::core::StepOptions so;
         so.stream = o.stream;
         so.max_grad_norm = o.max_grad_norm;
         so.keep_grads = o.keep_grads != 0;
+        so.defer_gather = o.defer_gather != 0;
         sx::core::StepResult r;
         SX_TRY(g->step(so, &r));
         if (result) {
@@ -192,6 +196,45 @@ SX_API sx_status_t sx_get_loss_scale(const sx_shard_group_t *group, double *scal
         SX_CHECK_ARG(scale != nullptr, "scale is NULL");
         *scale = g->loss_scaler().scale;
         return Status::Ok();
+    });
+}
+
+SX_API sx_status_t sx_unit_ready_options_init(sx_unit_ready_options_t *options, size_t size) {
+    return guard(__func__, [&] {
+        sx_unit_ready_options_t o;
+        std::memset(&o, 0, sizeof o);
+        return sx::api::init_struct(options, size, o, "options");
+    });
+}
+
+SX_API sx_status_t sx_unit_grads_ready(sx_shard_group_t *group, int32_t unit, const sx_unit_ready_options_t *options) {
+    return guard(__func__, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        sx_unit_ready_options_t o;
+        std::memset(&o, 0, sizeof o);
+        if (options) SX_TRY(sx::api::read_input(options, "options", sizeof(size_t), &o));
+        SX_CHECK_ARG(o.accumulate == 0 || o.accumulate == 1, "options->accumulate is %d; it must be 0 or 1",
+                     o.accumulate);
+        SX_CHECK(o.stream == nullptr || g->ops().device() == SX_DEVICE_CUDA, SX_ERR_INVALID_ARGUMENT,
+                 "options->stream is set but the group runs on the CPU backend");
+        return g->unit_grads_ready(unit, o.accumulate != 0, o.stream);
+    });
+}
+
+SX_API sx_status_t sx_unit_gather(sx_shard_group_t *group, int32_t unit) {
+    return guard(__func__, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        return g->unit_gather(unit);
+    });
+}
+
+SX_API sx_status_t sx_unit_release(sx_shard_group_t *group, int32_t unit) {
+    return guard(__func__, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        return g->unit_release(unit);
     });
 }
 

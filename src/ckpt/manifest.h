@@ -13,7 +13,8 @@ namespace sx {
 namespace ckpt {
 
 constexpr uint16_t kFormatMajor = 1;
-constexpr uint16_t kFormatMinor = 0;
+// 1.1: the stage may be 3 (format 1.0 readers refuse such a manifest as corrupt).
+constexpr uint16_t kFormatMinor = 1;
 constexpr uint64_t kChunkAlignment = 4096;     // every chunk starts on a 4 KiB boundary
 constexpr uint64_t kMaxManifestBytes = 1ull << 30;  // refuse larger manifests unread
 constexpr uint64_t kMaxUserBlobBytes = 64ull << 20;
@@ -108,7 +109,7 @@ Status decode_manifest(const void *data, size_t size, Manifest *out);
 // hyperparameters as sx_add_param_group accepts them, optimizer state kinds that
 // belong to the param's optimizer, momentum_steps in [0, step], chunks of one file
 // not overlapping, shard file names plain (no '/', not "." or "..") and unique,
-// world_size >= 1, stage 1 or 2, alignment a power of two in [64, 2^20], a positive
+// world_size >= 1, stage 1 to 3, alignment a power of two in [64, 2^20], a positive
 // finite loss scale, user_blob at most kMaxUserBlobBytes. SX_ERR_CORRUPT naming the
 // param (and tensor and chunk), the param group, the file or the field. Any thread.
 Status validate(const Manifest &m);

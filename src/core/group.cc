@@ -35,7 +35,9 @@ const char *dtype_name(int32_t dtype) {
 }  // namespace
 
 Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *out) {
-    SX_CHECK_ARG(cfg.stage == 1 || cfg.stage == 2, "stage %d is not 1 or 2", cfg.stage);
+    SX_CHECK_ARG(cfg.stage >= 1 && cfg.stage <= 3, "stage %d is not 1, 2 or 3", cfg.stage);
+    SX_CHECK_ARG(cfg.prefetch_depth >= 0 && cfg.prefetch_depth <= 64, "prefetch_depth %d is not in [0, 64]",
+                 cfg.prefetch_depth);
     SX_CHECK_ARG(cfg.backend == SX_BACKEND_AUTO || cfg.backend == SX_BACKEND_CPU ||
                      cfg.backend == SX_BACKEND_CUDA,
                  "backend %d is not SX_BACKEND_AUTO, SX_BACKEND_CPU or SX_BACKEND_CUDA", cfg.backend);
@@ -69,24 +71,12 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     std::unique_ptr<DeviceOps> device_ops;
     if (cuda) SX_TRY(make_cuda_ops(cfg.device_ordinal, &device_ops));
     SX_TRY(comm::open_store(rv, timeout, &g->store_));
-    if (cuda && rv.world_size == 1) {
-        // One GPU: nothing to exchange, and no NCCL needed.
-        SX_TRY(comm::create_one_device_communicator(cfg.device_ordinal, &g->comm_));
-    } else if (cuda) {
-        comm::NcclOptions nopt;
-        nopt.device = cfg.device_ordinal;
-        nopt.timeout = timeout;
-        SX_TRY(comm::create_nccl_communicator(g->store_, rv.rank, rv.world_size, nopt, &g->comm_));
-    }
-    comm::GlooOptions gopt;
-    gopt.timeout = timeout;
-    gopt.bind_address = cfg.bind_address;
-    if (gopt.bind_address.empty()) {
+    if (g->config_.bind_address.empty()) {
         const bool loopback = rv.scheme == comm::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
                               rv.host.compare(0, 4, "127.") == 0;
-        if (loopback) gopt.bind_address = "127.0.0.1";
+        if (loopback) g->config_.bind_address = "127.0.0.1";
     }
-    if (!cuda) SX_TRY(comm::create_gloo_communicator(g->store_, rv.rank, rv.world_size, gopt, &g->comm_));
+    SX_TRY(g->connect(g->store_, &g->comm_));
 
     int threads = cuda ? 1 : cfg.num_threads;  // a CUDA group's work runs on its device
     if (threads == 0) {
@@ -103,12 +93,40 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     return Status::Ok();
 }
 
+Status ShardGroup::connect(std::shared_ptr<comm::Store> store, std::unique_ptr<comm::Communicator> *out) const {
+    const comm::Millis timeout(config_.timeout_ms);
+    if (config_.backend == SX_BACKEND_CUDA && world_size_ == 1) {
+        // One GPU: nothing to exchange, and no NCCL needed.
+        return comm::create_one_device_communicator(config_.device_ordinal, out);
+    }
+    if (config_.backend == SX_BACKEND_CUDA) {
+        comm::NcclOptions nopt;
+        nopt.device = config_.device_ordinal;
+        nopt.timeout = timeout;
+        return comm::create_nccl_communicator(std::move(store), rank_, world_size_, nopt, out);
+    }
+    comm::GlooOptions gopt;
+    gopt.timeout = timeout;
+    gopt.bind_address = config_.bind_address;
+    return comm::create_gloo_communicator(std::move(store), rank_, world_size_, gopt, out);
+}
+
 ShardGroup::~ShardGroup() {
     // Wait for an abort() in progress on another thread (see abort_mu_).
     std::lock_guard<std::mutex> lock(abort_mu_);
+    // Collectives still in flight on the channels would wait for peers that may never
+    // join them: they are cut short, so that the channels' threads end at once.
+    const bool busy = (reduce_channel_ && reduce_channel_->busy()) || (gather_channel_ && gather_channel_->busy());
+    if (busy) {
+        if (comm_) comm_->abort();
+        if (gather_comm_) gather_comm_->abort();
+    }
+    reduce_channel_.reset();
+    gather_channel_.reset();
 }
 
 Status ShardGroup::fail(Status s) {
+    std::lock_guard<std::mutex> lock(failure_mu_);
     if (!failed_.exchange(true)) failure_ = s.message();
     return s;
 }
@@ -117,6 +135,7 @@ void ShardGroup::abort() {
     std::lock_guard<std::mutex> lock(abort_mu_);
     aborted_.store(true);
     if (comm_) comm_->abort();
+    if (gather_comm_) gather_comm_->abort();
 }
 
 Status ShardGroup::check_usable() const {
@@ -125,10 +144,12 @@ Status ShardGroup::check_usable() const {
     if (aborted_.load())
         return SX_ERROR(SX_ERR_GROUP_FAILED,
                         "the group was aborted with sx_abort() and can only be destroyed");
-    if (failed_.load())
+    if (failed_.load()) {
+        std::lock_guard<std::mutex> lock(failure_mu_);
         return SX_ERROR(SX_ERR_GROUP_FAILED,
                         "the group failed earlier and can only be destroyed; the first error was: %s",
                         failure_.c_str());
+    }
     return Status::Ok();
 }
 
@@ -233,7 +254,11 @@ Status ShardGroup::finalize() {
         SX_CHECK(numel <= SIZE_MAX / sizeof(float), SX_ERR_OUT_OF_MEMORY,
                  "unit %d holds %llu elements, more bytes than this machine can address",
                  layout.units()[u].unit_id, static_cast<unsigned long long>(numel));
-        SX_TRY(ops_->allocate(numel * dtype_size(unit.dtype), "a flat param buffer", &unit.params));
+        // Stage 3 keeps this rank's shard of the params; the whole exists only while gathered.
+        if (config_.stage == 3)
+            SX_TRY(ops_->allocate(layout.units()[u].shard_numel * dtype_size(unit.dtype), "a param shard", &unit.own));
+        else
+            SX_TRY(ops_->allocate(numel * dtype_size(unit.dtype), "a flat param buffer", &unit.params));
         SX_TRY(ops_->allocate(numel * dtype_size(unit.grad_dtype), "a flat grad buffer", &unit.grads));
         if (unit.dtype != SX_DTYPE_F32)
             SX_TRY(ops_->allocate(layout.units()[u].shard_numel * sizeof(float), "fp32 master weights", &unit.master));
@@ -244,12 +269,20 @@ Status ShardGroup::finalize() {
     applied_mask_.assign(mask_.size(), 0);
     finalized_ = true;
     Status s = prepare(mask_);
+    // Stage 3 gathers on a channel of its own from the start.
+    if (s.ok() && config_.stage == 3) s = open_gather_channel();
     if (!s.ok()) {
         finalized_ = false;
         units_.clear();
         layout_ = Layout();
         return s;
     }
+    // Reductions go last unit first (a backward's order) until the ranks learn better.
+    for (size_t u = units_.size(); u-- > 0;) reduce_order_.push_back(static_cast<int32_t>(u));
+    reduced_.assign(units_.size(), nullptr);
+    uint64_t bytes = 0;
+    for (const Unit &unit : units_) bytes += unit.params.size() + unit.own.size();
+    count_param_bytes(static_cast<int64_t>(bytes));
     return Status::Ok();
 }
 
@@ -308,11 +341,13 @@ Status ShardGroup::broadcast_params(int root) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
     SX_CHECK_ARG(root >= 0 && root < world_size_, "root rank %d is outside [0, %d)", root, world_size_);
+    SX_TRY(settle());
     fence_.wait_readers();
     {
         Status s = ops_->wait_for(nullptr);  // the trainer's writes into the param views
         if (!s.ok()) return fail(s);
     }
+    if (config_.stage == 3) return broadcast_gathered(root);
     if (world_size_ == 1) {
         for (Unit &u : units_) u.master_valid = false;
         return Status::Ok();
@@ -416,8 +451,7 @@ Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
 UnitShard ShardGroup::unit_shard(size_t u) const {
     const Unit &unit = units_[u];
     UnitShard v;
-    v.values = unit.master.empty() ? unit.params.as<float>() + static_cast<uint64_t>(rank_) * layout_.units()[u].shard_numel
-                                   : unit.master.as<float>();
+    v.values = unit.master.empty() ? static_cast<float *>(own_params(u)) : unit.master.as<float>();
     for (int k = 0; k < unit.state_slots; ++k) v.state[k] = unit.state[k].as<float>();
     v.state_slots = unit.state_slots;
     v.shard_numel = layout_.units()[u].shard_numel;
@@ -436,6 +470,7 @@ Status ShardGroup::collective(const std::function<Status(comm::Communicator &)> 
 Status ShardGroup::export_shard(ShardState *out) {
     ShardState st;
     st.sequence = ++checkpoints_;  // first: every rank draws it, whatever fails below
+    SX_TRY(settle());  // deferred or prefetched gathers read the shard
     SX_TRY(ops_->wait_for(nullptr));
     SX_TRY(ensure_masters());
     for (size_t u = 0; u < units_.size(); ++u) st.units.push_back(unit_shard(u));
@@ -484,8 +519,32 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
     return Status::Ok();
 }
 
+Status ShardGroup::broadcast_gathered(int root) {
+    // Which units root holds gathered: only those have values of root's to send.
+    std::vector<uint64_t> on_root(units_.size(), 0);
+    for (size_t u = 0; u < units_.size(); ++u) on_root[u] = rank_ == root && units_[u].pins > 0 ? 1 : 0;
+    if (world_size_ > 1) SX_TRY(collective([&](comm::Communicator &c) { return c.all_reduce_max(on_root.data(), on_root.size()); }));
+    for (size_t u = 0; u < units_.size(); ++u) {
+        if (!on_root[u]) continue;
+        Unit &unit = units_[u];
+        const uint64_t S = layout_.units()[u].shard_numel;
+        const size_t es = dtype_size(unit.dtype);
+        // Into the unit's own buffer where this rank holds it gathered too, else a scratch one.
+        Buffer scratch;
+        if (unit.pins == 0) SX_TRY(ops_->allocate(layout_.units()[u].padded_numel * es, "a broadcast unit", &scratch, true));
+        void *full = unit.pins > 0 ? unit.params.data() : scratch.data();
+        if (world_size_ > 1)
+            SX_TRY(collective([&](comm::Communicator &c) { return c.broadcast(full, layout_.units()[u].padded_numel * es, root); }));
+        Status s = ops_->copy(unit.own.data(), static_cast<char *>(full) + static_cast<uint64_t>(rank_) * S * es, S * es);
+        if (!s.ok()) return fail(s);
+        unit.master_valid = false;  // the next step takes the masters from the new values
+    }
+    return Status::Ok();
+}
+
 Status ShardGroup::gather_params() {
     SX_TRY(masters_to_params());
+    if (config_.stage == 3) return gather_after_update(false);  // the gathered units, again
     if (world_size_ == 1) return Status::Ok();
     for (size_t u = 0; u < units_.size(); ++u) {
         const uint64_t bytes = layout_.units()[u].shard_numel * dtype_size(units_[u].dtype);
@@ -498,7 +557,7 @@ MemoryStats ShardGroup::memory_stats() const {
     MemoryStats m;
     for (size_t u = 0; u < units_.size(); ++u) {
         const Unit &unit = units_[u];
-        m.param_bytes += unit.params.size();
+        m.param_bytes += unit.params.size() + unit.own.size();
         m.grad_bytes += unit.grads.size() + unit.accum.size();
         // fp32 master weights count as optimizer state, as in ZeRO's accounting.
         m.optimizer_bytes += unit.master.size();
@@ -507,19 +566,22 @@ MemoryStats ShardGroup::memory_stats() const {
         m.unsharded_optimizer_bytes += static_cast<uint64_t>(slots) * layout_.units()[u].numel * sizeof(float);
     }
     m.grad_bytes += reduce_scratch_.size();
+    m.peak_param_bytes = peak_param_bytes_;
     return m;
 }
 
 bool ShardGroup::needs_accum(size_t u) const {
-    return config_.stage == 2 || units_[u].grad_dtype != SX_DTYPE_F32;
+    return config_.stage >= 2 || units_[u].grad_dtype != SX_DTYPE_F32;
 }
 
 bool ShardGroup::reduces_in_16bit(size_t u) const {
     return units_[u].grad_dtype != SX_DTYPE_F32 && config_.reduce_dtype != SX_DTYPE_F32;
 }
 
-uint16_t *ShardGroup::own_params16(size_t u) const {
-    return units_[u].params.as<uint16_t>() + static_cast<uint64_t>(rank_) * layout_.units()[u].shard_numel;
+void *ShardGroup::own_params(size_t u) const {
+    const Unit &unit = units_[u];
+    if (config_.stage == 3) return unit.own.data();
+    return unit.params.as<char>() + static_cast<uint64_t>(rank_) * layout_.units()[u].shard_numel * dtype_size(unit.dtype);
 }
 
 Status ShardGroup::ensure_masters() {

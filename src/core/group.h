@@ -17,6 +17,7 @@
 #include "base/status.h"
 #include "comm/communicator.h"
 #include "comm/store.h"
+#include "core/channel.h"
 #include "core/device.h"
 #include "core/layout.h"
 #include "core/params.h"
@@ -41,6 +42,7 @@ struct GroupConfig {
     int device_ordinal = 0;
     int grad_dtype = 0;    // 0 = each param's dtype, or SX_DTYPE_F32
     int reduce_dtype = 0;  // 0 = the grad dtype, or SX_DTYPE_F32
+    int prefetch_depth = 1;  // stage 3: units gathered ahead of the trainer's calls (0: none)
 };
 
 // torch.cuda.amp.GradScaler's parameters.
@@ -56,6 +58,9 @@ struct StepOptions {
     double max_grad_norm = 0.0;
     bool keep_grads = false;
     void *stream = nullptr;  // CUDA: the trainer's stream, whose work the step follows
+    // Stages 1 and 2: return after the update; the params are all-gathered in the
+    // background, unit by unit (unit_gather waits for one).
+    bool defer_gather = false;
 };
 
 struct StepResult {
@@ -68,6 +73,7 @@ struct StepResult {
 struct MemoryStats {
     uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // staging is the checkpointer's
     uint64_t unsharded_optimizer_bytes = 0;
+    uint64_t peak_param_bytes = 0;  // the most param_bytes held at once since finalize
 };
 
 // Readers of this rank's shard (a checkpoint's snapshot, copied in the background)
@@ -152,6 +158,23 @@ class ShardGroup {
 
     MemoryStats memory_stats() const;
 
+    // --- units as a pipeline (pipeline.cc) ---
+    // Unit `unit`'s gradients are complete for this micro-batch: its reduction starts on
+    // the reduction channel, in the order all ranks agreed on. accumulate: the
+    // micro-batch ends with accumulate_grads (else with step). stream: the trainer's,
+    // whose work the reduction follows (CUDA).
+    Status unit_grads_ready(int32_t unit, bool accumulate, void *stream);
+    // Stage 3 (collective): makes the unit's full params present, and prefetches the next
+    // units of the last step's order. Stages 1 and 2: waits for its deferred gather.
+    Status unit_gather(int32_t unit);
+    // Stage 3: ends a unit_gather (this rank keeps its shard of the buffer). Else nothing.
+    Status unit_release(int32_t unit);
+    // Whether param `param`'s values may be viewed now: at stage 3 only while its unit is
+    // gathered (SX_ERR_INVALID_STATE naming it otherwise).
+    Status check_param_present(int32_t param) const;
+    // Reductions run on the reduction channel since the group was made (any thread).
+    uint64_t reductions_run() const { return reductions_run_.load(); }
+
     // --- for checkpoints (ckpt/, one layer up) ---
     // Collective in order (every rank exports for the same save or load). Waits for the
     // trainer's writes into the views (the legacy default stream), derives the fp32
@@ -202,9 +225,28 @@ class ShardGroup {
         int state_slots = 0;       // slots allocated
         bool trainable = false;    // any param trainable (as applied)
         bool accum_live = false;   // accum holds gradients of earlier micro-batches
+        // Stage 3: this rank's shard of the params, in their dtype; `params` exists only
+        // while the unit is gathered (resident).
+        Buffer own;
+        bool resident = false;     // stage 3: params holds (or a gather job fills) the full values
+        int pins = 0;              // stage 3: unit_gather calls not yet released
+        uint64_t gather_ticket = 0;  // the gather job that fills params, if not yet waited for
+    };
+
+    // One micro-batch's gradients, from the first unit_grads_ready to the step or
+    // accumulate_grads that ends it (pipeline.cc).
+    struct Round {
+        bool open = false;
+        bool accumulate = false;
+        std::vector<uint8_t> mask;          // the trainable mask of the whole micro-batch
+        std::vector<uint8_t> signalled;     // per unit
+        std::vector<int32_t> order;         // units in the order this rank signalled them
+        size_t next = 0;                    // reduce_order_[next] is the next to submit
     };
 
     ShardGroup() = default;
+    // A communicator of the group's backend among its ranks, through `store`.
+    Status connect(std::shared_ptr<comm::Store> store, std::unique_ptr<comm::Communicator> *out) const;
     Status check_finalized() const;
     // Applies a trainable mask: unit flags, and optimizer state (and stage 2's gradient
     // accumulator) allocated for every unit that needs it under the current
@@ -213,7 +255,9 @@ class ShardGroup {
     int required_slots(size_t u, const std::vector<uint8_t> &mask) const;
     // Collective: every rank must be in the same call (`what`) with the same mask,
     // hyperparameters and options; SX_ERR_MISMATCH otherwise, on every rank.
-    Status check_ranks_agree(const char *what, const std::vector<uint8_t> &mask, double max_grad_norm);
+    // `extra` (may be empty) is hashed too.
+    Status check_ranks_agree(const char *what, const std::vector<uint8_t> &mask, double max_grad_norm,
+                             const std::vector<uint8_t> &extra = {});
     // The current mask with every byte 0 or 1 (autodetection reads the trainer's bytes).
     std::vector<uint8_t> candidate_mask() const;
     // Collective: reduces unit u's gradients into this rank's shard; returns where the
@@ -236,8 +280,54 @@ class ShardGroup {
     // A step was taken: per-param step counts, and the dynamic loss scale's growth.
     void count_step(bool dynamic);
     void report_step(double grad_norm, bool skipped, StepResult *result) const;
-    // A 16-bit unit's own shard of its flat param buffer.
-    uint16_t *own_params16(size_t u) const;
+    // This rank's shard of unit u's params, in their dtype (stage 3: `own`).
+    void *own_params(size_t u) const;
+    // A 16-bit unit's own shard of its params.
+    uint16_t *own_params16(size_t u) const { return static_cast<uint16_t *>(own_params(u)); }
+    // Stage 3's broadcast: the units gathered on `root` go to every rank, each keeping its
+    // shard of them.
+    Status broadcast_gathered(int root);
+    // --- pipeline.cc ---
+    // Opens a round: the mask it uses, its allocations, and the ranks' agreement, which
+    // runs on the reduction channel ahead of the reductions.
+    Status open_round(bool accumulate);
+    // Submits, in reduce_order_, every unit signalled (all: every unit) up to the first
+    // that is not.
+    void submit_reductions(bool all);
+    // Ends the round (for step, or accumulate_grads): reduces what was not signalled,
+    // waits for every reduction, and checks that the ranks signalled the same units
+    // (SX_ERR_MISMATCH on every rank otherwise, the step's gradients then dropped).
+    // reduced_[u] then holds unit u's reduced shard (step rounds).
+    Status close_round(const char *what, double max_grad_norm, const std::vector<uint8_t> &facts);
+    // What else the ranks must agree on at a step or accumulate_grads: defer_gather and,
+    // at stage 3, the units gathered.
+    std::vector<uint8_t> step_facts(bool defer_gather) const;
+    // Without a round: the ranks agree (on `what`), the mask is applied, and every
+    // trainable unit is reduced here (accumulate: into the accumulator; reduced_ gets
+    // where each reduced shard lives).
+    Status reduce_here(const char *what, double max_grad_norm, bool accumulate, bool defer_gather);
+    // Rank 0's order of the round's signals (then the units it did not signal) becomes
+    // the order of the next rounds' reductions. Collective.
+    Status learn_reduce_order(const Round &round);
+    // Waits for every collective in flight on both channels; their failure.
+    Status settle();
+    CommChannel &reduce_channel();
+    // The gather channel and its communicator, opened by every rank at the same call.
+    Status open_gather_channel();
+    // Queues unit u's all-gather on the gather channel (stage 3: into a buffer allocated
+    // here, from this rank's shard).
+    Status submit_gather(size_t u);
+    // Waits for unit u's gather job, if it has one.
+    Status wait_gather(size_t u);
+    // After the update: the params of every trainable unit gathered (stages 1 and 2,
+    // now or deferred), or (stage 3) the gathered units gathered again.
+    Status gather_after_update(bool defer);
+    // Stage 3: frees unit u's full params.
+    void evict(size_t u);
+    // Stage 3: the units the last step's order gathers next, after position gather_pos_.
+    std::vector<int32_t> prefetch_window() const;
+    void prefetch();
+    void count_param_bytes(int64_t delta);
     // 16-bit units: derives the fp32 masters from the params where they are not yet.
     Status ensure_masters();
     // 16-bit units: rounds the masters into this rank's shard of the params (after
@@ -268,12 +358,29 @@ class ShardGroup {
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;
 
+    // Units as a pipeline (pipeline.cc). Reductions run on reduce_channel_ (over comm_),
+    // gathers on gather_channel_ (over gather_comm_, a communicator of their own), each in
+    // one order that every rank keeps: a rank's reductions and gathers may then
+    // interleave differently from its peers'.
+    Round round_;
+    std::vector<int32_t> reduce_order_;  // the agreed order of reductions
+    std::vector<float *> reduced_;       // per unit: its reduced shard, after a step round
+    std::vector<int32_t> gather_log_;    // stage 3: unit_gather calls since the last step
+    std::vector<int32_t> gather_order_;  // stage 3: those of the step before (the prefetch order)
+    size_t gather_pos_ = 0;              // stage 3: how far this step has come in gather_order_
+    uint64_t param_bytes_ = 0, peak_param_bytes_ = 0;
+    std::atomic<uint64_t> reductions_run_{0};
+    std::unique_ptr<comm::Communicator> gather_comm_;
+    std::unique_ptr<CommChannel> reduce_channel_;  // after the communicators: destroyed first
+    std::unique_ptr<CommChannel> gather_channel_;
+
     std::atomic<bool> failed_{false};
     std::atomic<bool> aborted_{false};
     // Held by abort() while it wakes the collectives in flight, and taken by the
     // destructor: the owner's thread, woken by an sx_abort() from another thread, may
     // destroy the group at once, while abort() still runs in the communicator.
     std::mutex abort_mu_;
+    mutable std::mutex failure_mu_;  // fail() may run on a channel's thread
     std::string failure_;
 };
 

@@ -27,8 +27,8 @@ std::vector<uint8_t> ShardGroup::candidate_mask() const {
     return m;
 }
 
-Status ShardGroup::check_ranks_agree(const char *what, const std::vector<uint8_t> &mask,
-                                     double max_grad_norm) {
+Status ShardGroup::check_ranks_agree(const char *what, const std::vector<uint8_t> &mask, double max_grad_norm,
+                                     const std::vector<uint8_t> &extra) {
     if (world_size_ == 1) return Status::Ok();
     uint64_t h = fnv1a(what, std::strlen(what));
     h = fnv1a(mask.data(), mask.size(), h);
@@ -38,13 +38,14 @@ Status ShardGroup::check_ranks_agree(const char *what, const std::vector<uint8_t
                                scaling_.backoff_factor, static_cast<double>(scaling_.growth_interval)};
     h = fnv1a(scaling, sizeof scaling, h);
     h = fnv1a(&micro_batches_, sizeof micro_batches_, h);
+    h = fnv1a(extra.data(), extra.size(), h);
     uint64_t v[2] = {h, ~h};
     Status s = comm_->all_reduce_max(v, 2);
     if (!s.ok()) return fail(s);
     SX_CHECK(v[0] == h && v[1] == ~h, SX_ERR_MISMATCH,
              "ranks disagree: the trainable masks, hyperparameters, max_grad_norm, loss scaling, the number of "
-             "sx_accumulate_grads calls, or the call itself (sx_step or sx_accumulate_grads) differ "
-             "between ranks");
+             "sx_accumulate_grads calls, the units signalled ready or gathered, defer_gather, or the call itself "
+             "(sx_step, sx_accumulate_grads or sx_unit_grads_ready) differ between ranks");
     return Status::Ok();
 }
 
@@ -97,34 +98,62 @@ Status ShardGroup::zero_grads() {
     return Status::Ok();
 }
 
-Status ShardGroup::accumulate_grads() {
-    SX_TRY(check_usable());
-    SX_TRY(check_finalized());
+std::vector<uint8_t> ShardGroup::step_facts(bool defer_gather) const {
+    std::vector<uint8_t> facts(1, defer_gather ? 1 : 0);
+    if (config_.stage == 3)
+        for (const Unit &unit : units_) facts.push_back(unit.pins > 0 ? 1 : 0);
+    return facts;
+}
+
+Status ShardGroup::reduce_here(const char *what, double max_grad_norm, bool accumulate, bool defer_gather) {
     std::vector<uint8_t> mask = candidate_mask();
-    SX_TRY(check_ranks_agree("sx_accumulate_grads", mask, 0.0));
+    SX_TRY(check_ranks_agree(what, mask, max_grad_norm, step_facts(defer_gather)));
     SX_TRY(prepare(mask));
-    {
-        Status s = ops_->wait_for(nullptr);  // the legacy default stream
-        if (!s.ok()) return fail(s);
-    }
-    ++micro_batches_;
-    // Stage 1 keeps full gradients until the step: the next micro-batch adds to them.
-    if (config_.stage == 1) return Status::Ok();
+    // Stage 1 keeps a micro-batch's gradients in place until the step.
+    if (accumulate && config_.stage == 1) return Status::Ok();
     for (size_t u = 0; u < units_.size(); ++u) {
         Unit &unit = units_[u];
         if (!unit.trainable) continue;
-        float *reduced = nullptr;
-        Status s = reduce_unit(u, true, &reduced);
+        Status s = reduce_unit(u, accumulate, &reduced_[u]);
         if (!s.ok()) return fail(s);
-        unit.accum_live = true;
+        if (accumulate) unit.accum_live = true;
     }
-    Status s = zero_grads();
-    return s.ok() ? s : fail(s);
+    return Status::Ok();
+}
+
+Status ShardGroup::accumulate_grads() {
+    SX_TRY(check_usable());
+    SX_TRY(check_finalized());
+    const bool overlapped = round_.open;  // the reductions zeroed their units' gradients
+    if (overlapped) {
+        SX_CHECK(round_.accumulate, SX_ERR_INVALID_STATE,
+                 "the units signalled ready in this micro-batch said that sx_step ends it (accumulate = 0), "
+                 "not sx_accumulate_grads");
+        SX_TRY(close_round("sx_accumulate_grads", 0.0, step_facts(false)));
+    } else {
+        {
+            Status s = ops_->wait_for(nullptr);  // the legacy default stream
+            if (!s.ok()) return fail(s);
+        }
+        SX_TRY(reduce_here("sx_accumulate_grads", 0.0, true, false));
+    }
+    ++micro_batches_;
+    if (config_.stage == 1) return Status::Ok();  // the next micro-batch adds to the gradients
+    for (Unit &unit : units_) {
+        if (overlapped && unit.trainable) continue;
+        Status s = ops_->zero(unit.grads.data(), unit.grads.size());
+        if (!s.ok()) return fail(s);
+    }
+    return Status::Ok();
 }
 
 Status ShardGroup::finish_step(bool keep_grads) {
     for (Unit &unit : units_) unit.accum_live = false;
     micro_batches_ = 0;
+    // Stage 3: this step's gathers are the order the next one prefetches in.
+    if (!gather_log_.empty()) gather_order_ = std::move(gather_log_);
+    gather_log_.clear();
+    gather_pos_ = 0;
     Status s = keep_grads ? Status::Ok() : zero_grads();
     return s.ok() ? s : fail(s);
 }
@@ -138,18 +167,21 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     // The trainer's backward wrote the gradients on its stream. Waited for before anything
     // collective, so that a bad stream is this call's error alone and the group stays usable.
     SX_TRY(ops_->wait_for(options.stream));
-    std::vector<uint8_t> mask = candidate_mask();
-    SX_TRY(check_ranks_agree("sx_step", mask, options.max_grad_norm));
-    SX_TRY(prepare(mask));
 
-    // 1. Reduce every trainable unit's gradients into this rank's shard.
-    std::vector<float *> reduced(units_.size(), nullptr);
-    for (size_t u = 0; u < units_.size(); ++u) {
-        if (!units_[u].trainable) continue;
-        Status s = reduce_unit(u, false, &reduced[u]);
-        if (!s.ok()) return fail(s);
+    // 1. Every trainable unit's gradients reduced into this rank's shard: those signalled
+    //    ready are on their way (or done), the rest go now.
+    if (round_.open) {
+        SX_CHECK(!round_.accumulate, SX_ERR_INVALID_STATE,
+                 "the units signalled ready in this micro-batch said that sx_accumulate_grads ends it "
+                 "(accumulate = 1), not sx_step");
+        SX_TRY(close_round("sx_step", options.max_grad_norm, step_facts(options.defer_gather)));
+    } else {
+        SX_TRY(reduce_here("sx_step", options.max_grad_norm, false, options.defer_gather));
     }
-    const std::vector<optim::Segment> segs = segments(reduced);
+    // The gathers still in flight (deferred, or prefetched) end before the update
+    // writes the shards they read.
+    SX_TRY(settle());
+    const std::vector<optim::Segment> segs = segments(reduced_);
 
     // 2. Global norm of the rank-averaged, unscaled gradients, and the clipping
     //    coefficient. Dynamic loss scaling needs it (for its inf/NaN check) before the
@@ -186,8 +218,9 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     if (!s.ok()) return fail(s);
     if (!norm_first) norm = std::sqrt(sumsq);
 
-    // 4. Gather the updated params of every trainable unit.
-    SX_TRY(gather_trainable_units());
+    // 4. The updated params: gathered now, or in the background (defer_gather), or at
+    //    stage 3 only where a unit is gathered.
+    SX_TRY(gather_after_update(options.defer_gather));
 
     // 5. Per-param step counts, the loss scale's growth, and a clean slate.
     count_step(dynamic);

@@ -23,6 +23,7 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::run(const std::function<void(int)> &fn) {
+    std::lock_guard<std::mutex> one_at_a_time(run_mu_);
     if (num_threads_ == 1) {
         fn(0);
         return;

@@ -24,7 +24,8 @@ class ThreadPool {
     int size() const { return num_threads_; }
 
     // Calls fn(i) for i in [0, size()) concurrently, one per thread, and returns when
-    // all have returned. fn must not throw. Not reentrant.
+    // all have returned. fn must not throw. Not reentrant; calls from several threads
+    // run one after the other.
     void run(const std::function<void(int)> &fn);
 
   private:
@@ -32,6 +33,7 @@ class ThreadPool {
 
     int num_threads_;
     std::vector<std::thread> threads_;
+    std::mutex run_mu_;  // one run() at a time
     std::mutex mu_;
     std::condition_variable start_cv_, done_cv_;
     const std::function<void(int)> *job_ = nullptr;

@@ -336,7 +336,7 @@ static void test_create_errors(void **state) {
     b.world_size = -2;
     EXPECT_CREATE_FAILS(&b, SX_ERR_INVALID_ARGUMENT, "world_size");
 
-    const int32_t bad_stage[] = {-1, 3, 100};
+    const int32_t bad_stage[] = {-1, 4, 100};
     for (size_t i = 0; i < 3; ++i) {
         b = c;
         b.stage = bad_stage[i];

@@ -275,7 +275,7 @@ std::vector<Rule> rules() {
          },
          kBias},
         {"world_size 0", [](Manifest *m) { m->world_size = 0; }, "world_size"},
-        {"stage 3", [](Manifest *m) { m->stage = 3; }, "stage"},
+        {"stage 4", [](Manifest *m) { m->stage = 4; }, "stage"},
         {"alignment 96", [](Manifest *m) { m->alignment = 96; }, "alignment"},
         {"alignment 32", [](Manifest *m) { m->alignment = 32; }, "alignment"},
         {"zero loss scale", [](Manifest *m) { m->loss_scaler.scale = 0; }, "loss_scaler.scale"},
@@ -369,7 +369,7 @@ void test_newer_major_is_a_version_error(void **) {
     Manifest out;
     Status s = decode_manifest(raw.data(), raw.size(), &out);
     assert_int_equal(s.code(), SX_ERR_VERSION);
-    assert_contains(s.message(), "checkpoint format 2.0 is newer than this library's 1.0");
+    assert_contains(s.message(), "checkpoint format 2.0 is newer than this library's 1." + std::to_string(kFormatMinor));
 }
 
 void test_newer_major_with_retyped_fields(void **) {
@@ -379,7 +379,7 @@ void test_newer_major_with_retyped_fields(void **) {
     const std::string v2 = retyped_manifest(2);
     Status s = decode_manifest(v2.data(), v2.size(), &out);
     assert_int_equal(s.code(), SX_ERR_VERSION);
-    assert_contains(s.message(), "checkpoint format 2.0 is newer than this library's 1.0");
+    assert_contains(s.message(), "checkpoint format 2.0 is newer than this library's 1." + std::to_string(kFormatMinor));
     // The same bytes stating 1.0 are corrupt: the test above means something.
     const std::string v1 = retyped_manifest(1);
     s = decode_manifest(v1.data(), v1.size(), &out);

@@ -1,5 +1,6 @@
 #include "step_scenario.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -50,6 +51,45 @@ sx_param_group_desc_t group_desc(int32_t optimizer, double lr) {
     return d;
 }
 
+Scenario two_group_scenario(int32_t optimizer) {
+    Scenario sc;
+    sx_param_group_desc_t a = group_desc(optimizer, 0.01);
+    sx_param_group_desc_t b = group_desc(optimizer, 0.003);
+    switch (optimizer) {
+        case SX_OPTIM_SGD:
+            a.momentum = 0.5, a.dampening = 0.1, a.weight_decay = 0.01;
+            b.momentum = 0.9, b.nesterov = 1, b.maximize = 1;
+            break;
+        case SX_OPTIM_ADAM:
+            a.weight_decay = 0.01, a.amsgrad = 1;
+            b.beta1 = 0.8, b.beta2 = 0.99, b.eps = 1e-6;
+            break;
+        default:
+            a.weight_decay = 0.1;
+            b.amsgrad = 1, b.weight_decay = 0.0, b.maximize = 1;
+            break;
+    }
+    sc.groups = {a, b};
+    sc.params = {
+        {"embed.weight", {13, 7}, 0, 0},
+        {"embed.bias", {3}, 1, 0},
+        {"block.w", {33, 5}, 1, 1},
+        {"block.scale", {}, 0, 1},
+        {"head.weight", {1000}, 0, 4},
+    };
+    sc.max_grad_norm = 5.0;
+    return sc;
+}
+
+// Freeze "block.w" after step 3 and unfreeze it after step 6; the whole unit 4 is frozen
+// for steps 2-5; "embed.bias" starts frozen and is unfrozen at step 5.
+bool freeze_schedule(int step, int p) {
+    if (p == 2) return !(step >= 4 && step <= 6);
+    if (p == 4) return !(step >= 2 && step <= 5);
+    if (p == 1) return step >= 5;
+    return true;
+}
+
 std::vector<std::vector<float>> reference_run(const Scenario &sc) {
     const size_t np = sc.params.size();
     std::vector<std::vector<float>> w(np), g(np);
@@ -73,7 +113,7 @@ std::vector<std::vector<float>> reference_run(const Scenario &sc) {
                 float sum = 0.0f;
                 for (int r = 0; r < sc.world; ++r)
                     for (int m = 0; m < sc.micro_batches; ++m)
-                        sum += gradient(r, s, m, static_cast<int>(p), i);
+                        sum += gradient(sc.same_grads_on_every_rank ? 0 : r, s, m, static_cast<int>(p), i);
                 g[p][i] = sum;
             }
         }
@@ -108,109 +148,241 @@ std::vector<std::vector<float>> reference_run(const Scenario &sc) {
     return w;
 }
 
-#define RANK_CHECK(call)                                                                      \
-    do {                                                                                      \
-        sx_status_t st_ = (call);                                                             \
-        if (st_ != SX_OK) {                                                                   \
-            char buf_[1024];                                                                  \
-            std::snprintf(buf_, sizeof buf_, "rank %d: %s failed: %s (%s)", rank, #call,      \
-                          sx_status_string(st_), sx_last_error_message());                    \
-            err = buf_;                                                                       \
-            goto done;                                                                        \
-        }                                                                                     \
-    } while (0)
+namespace {
+
+// One rank's group and the trainer's side of it.
+class Trainer {
+  public:
+    Trainer(const Scenario &sc, int rank) : sc_(sc), rank_(rank) {}
+    ~Trainer() { sx_destroy_shard_group(g_); }
+
+    std::string run(const std::string &rendezvous, int timeout_ms, std::vector<std::vector<float>> *final_params) {
+        std::string err = setup(rendezvous, timeout_ms);
+        if (err.empty() && !sc_.load_from.empty()) {
+            sx_load_options_t lo;
+            sx_load_optim_state_options_init(&lo, sizeof lo);
+            lo.path = sc_.load_from.c_str();
+            err = check(sx_load_optim_state(g_, &lo), "sx_load_optim_state");
+        }
+        for (int s = sc_.first_step; s <= sc_.steps && err.empty(); ++s) err = step(s);
+        if (err.empty() && !sc_.save_to.empty()) {
+            sx_save_options_t so;
+            sx_save_options_init(&so, sizeof so);
+            so.path = sc_.save_to.c_str();
+            so.synchronous = 1;
+            sx_future_t *f = nullptr;
+            err = check(sx_save_optim_state(g_, &so, &f), "sx_save_optim_state");
+            if (err.empty()) err = check(sx_future_wait(f, -1), "sx_future_wait");
+            sx_future_destroy(f);
+        }
+        if (err.empty() && final_params) err = read_params(final_params);
+        return err;
+    }
+
+  private:
+    bool gathers() const { return sc_.stage == 3 || sc_.gather_units; }
+
+    // "" or what failed, naming the rank.
+    std::string check(sx_status_t st, const char *what) const {
+        if (st == SX_OK) return "";
+        char buf[1024];
+        std::snprintf(buf, sizeof buf, "rank %d: %s failed: %s (%s)", rank_, what, sx_status_string(st),
+                      sx_last_error_message());
+        return buf;
+    }
+
+    std::string setup(const std::string &rendezvous, int timeout_ms) {
+        sx_group_config_t cfg;
+        sx_group_config_init(&cfg, sizeof cfg);
+        cfg.rendezvous = rendezvous.c_str();
+        cfg.rank = rank_;
+        cfg.world_size = sc_.world;
+        cfg.stage = sc_.stage;
+        cfg.num_threads = 1;
+        cfg.timeout_ms = timeout_ms;
+        cfg.prefetch_depth = sc_.prefetch_depth;
+        std::string err = check(sx_create_shard_group(&cfg, &g_), "sx_create_shard_group");
+        for (size_t i = 0; i < sc_.groups.size() && err.empty(); ++i)
+            err = check(sx_add_param_group(g_, &sc_.groups[i], nullptr), "sx_add_param_group");
+        const size_t np = sc_.params.size();
+        for (size_t p = 0; p < np && err.empty(); ++p) {
+            sx_param_desc_t d;
+            sx_param_desc_init(&d, sizeof d);
+            d.name = sc_.params[p].name.c_str();
+            d.ndim = static_cast<int32_t>(sc_.params[p].shape.size());
+            d.shape = sc_.params[p].shape.data();
+            d.param_group = sc_.params[p].group;
+            d.unit = sc_.params[p].unit;
+            d.frozen = is_trainable(sc_, 1, static_cast<int>(p)) ? 0 : 1;
+            int32_t idx = -1;
+            err = check(sx_add_param(g_, &d, &idx), "sx_add_param");
+            if (err.empty() && idx != static_cast<int32_t>(p)) err = "param index out of order";
+        }
+        if (err.empty()) err = check(sx_finalize(g_), "sx_finalize");
+        if (err.empty()) err = check(sx_trainable_mask(g_, &mask_, &count_), "sx_trainable_mask");
+        if (err.empty()) err = check(sx_get_num_units(g_, &units_), "sx_get_num_units");
+        // Unit index of every param: units are numbered in increasing unit id.
+        std::vector<int32_t> ids;
+        for (int32_t u = 0; u < units_ && err.empty(); ++u) {
+            sx_unit_info_t info;
+            sx_unit_info_init(&info, sizeof info);
+            err = check(sx_get_unit_info(g_, u, &info), "sx_get_unit_info");
+            ids.push_back(info.unit);
+        }
+        unit_of_.assign(np, -1);
+        for (size_t p = 0; p < np; ++p)
+            for (int32_t u = 0; u < units_; ++u)
+                if (ids.size() == static_cast<size_t>(units_) && ids[u] == sc_.params[p].unit) unit_of_[p] = u;
+        gdata_.assign(np, nullptr);
+        for (size_t p = 0; p < np && err.empty(); ++p) {
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            err = check(sx_grad_view(g_, static_cast<int32_t>(p), &v), "sx_grad_view");
+            gdata_[p] = static_cast<float *>(v.data);
+        }
+        if (err.empty()) err = write_initial_values();
+        return err;
+    }
+
+    // The params of unit u (every param where u < 0), with their views, through fn.
+    std::string with_params(int32_t u, const std::function<void(size_t p, float *data, uint64_t n)> &fn) {
+        for (size_t p = 0; p < sc_.params.size(); ++p) {
+            if (u >= 0 && unit_of_[p] != u) continue;
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            std::string err = check(sx_param_view(g_, static_cast<int32_t>(p), &v), "sx_param_view");
+            if (!err.empty()) return err;
+            if (v.numel != numel(sc_.params[p])) return "view numel mismatch";
+            fn(p, static_cast<float *>(v.data), v.numel);
+        }
+        return "";
+    }
+
+    // Each unit's params through fn, gathered around it where the scenario gathers.
+    std::string each_unit(const std::function<void(size_t p, float *data, uint64_t n)> &fn) {
+        if (!gathers()) return with_params(-1, fn);
+        for (int32_t u = 0; u < units_; ++u) {
+            std::string err = check(sx_unit_gather(g_, u), "sx_unit_gather");
+            if (err.empty()) err = with_params(u, fn);
+            if (err.empty()) err = check(sx_unit_release(g_, u), "sx_unit_release");
+            if (!err.empty()) return err;
+        }
+        return "";
+    }
+
+    std::string write_initial_values() {
+        return each_unit([](size_t p, float *d, uint64_t n) {
+            for (uint64_t i = 0; i < n; ++i) d[i] = initial_value(static_cast<int>(p), i);
+        });
+    }
+
+    std::string read_params(std::vector<std::vector<float>> *out) {
+        out->assign(sc_.params.size(), {});
+        return each_unit([&](size_t p, float *d, uint64_t n) { (*out)[p].assign(d, d + n); });
+    }
+
+    void add_gradients(int s, int m, int32_t unit) {
+        for (size_t p = 0; p < sc_.params.size(); ++p) {
+            if (unit >= 0 && unit_of_[p] != unit) continue;
+            const uint64_t n = numel(sc_.params[p]);
+            const int r = sc_.same_grads_on_every_rank ? 0 : rank_;
+            for (uint64_t i = 0; i < n; ++i) gdata_[p][i] += gradient(r, s, m, static_cast<int>(p), i);
+        }
+    }
+
+    // A forward's gathers: every unit in increasing index, its params read, released.
+    std::string forward() {
+        for (int32_t u = 0; u < units_; ++u) {
+            std::string err = check(sx_unit_gather(g_, u), "sx_unit_gather");
+            if (err.empty()) err = with_params(u, [](size_t, float *, uint64_t) {});
+            if (err.empty()) err = check(sx_unit_release(g_, u), "sx_unit_release");
+            if (!err.empty()) return err;
+        }
+        return "";
+    }
+
+    // One micro-batch's backward: the trainer adds into the grad views (frozen params
+    // included, which sx ignores). Overlapped or at stage 3, unit by unit: gathered (stage
+    // 3), its gradients added, signalled ready (overlap), released.
+    std::string backward(int s, int m) {
+        if (!sc_.overlap && sc_.stage != 3) {
+            add_gradients(s, m, -1);
+            return "";
+        }
+        std::vector<int32_t> order;
+        if (sc_.signal_order) {
+            order = sc_.signal_order(rank_, s, m, units_);
+        } else {
+            for (int32_t u = units_ - 1; u >= 0; --u) order.push_back(u);
+        }
+        // The units the order leaves out get their gradients last, unsignalled.
+        const size_t signalled = order.size();
+        for (int32_t u = units_ - 1; u >= 0; --u)
+            if (std::find(order.begin(), order.end(), u) == order.end()) order.push_back(u);
+        sx_unit_ready_options_t ro;
+        sx_unit_ready_options_init(&ro, sizeof ro);
+        ro.accumulate = m + 1 < sc_.micro_batches ? 1 : 0;
+        for (size_t k = 0; k < order.size(); ++k) {
+            const int32_t u = order[k];
+            std::string err;
+            if (sc_.stage == 3) err = check(sx_unit_gather(g_, u), "sx_unit_gather");
+            if (err.empty()) add_gradients(s, m, u);
+            if (err.empty() && sc_.overlap && k < signalled)
+                err = check(sx_unit_grads_ready(g_, u, &ro), "sx_unit_grads_ready");
+            if (err.empty() && sc_.stage == 3) err = check(sx_unit_release(g_, u), "sx_unit_release");
+            if (!err.empty()) return err;
+        }
+        return "";
+    }
+
+    std::string step(int s) {
+        const size_t np = sc_.params.size();
+        std::string err;
+        for (size_t p = 0; p < np && err.empty(); ++p) {
+            const bool t = is_trainable(sc_, s, static_cast<int>(p));
+            if (sc_.mask_through_pointer)
+                mask_[p] = t ? 1 : 0;
+            else
+                err = check(sx_set_trainable(g_, static_cast<int32_t>(p), t ? 1 : 0), "sx_set_trainable");
+        }
+        for (int m = 0; m < sc_.micro_batches && err.empty(); ++m) {
+            if (gathers()) err = forward();
+            if (err.empty()) err = backward(s, m);
+            if (err.empty() && m + 1 < sc_.micro_batches) err = check(sx_accumulate_grads(g_), "sx_accumulate_grads");
+        }
+        if (!err.empty()) return err;
+        sx_step_options_t opt;
+        sx_step_options_init(&opt, sizeof opt);
+        opt.max_grad_norm = sc_.max_grad_norm;
+        opt.defer_gather = sc_.defer_gather ? 1 : 0;
+        sx_step_result_t res;
+        sx_step_result_init(&res, sizeof res);
+        err = check(sx_step(g_, &opt, &res), "sx_step");
+        if (!err.empty()) return err;
+        if (res.step != static_cast<uint64_t>(s)) return "step count in the result is wrong";
+        for (size_t p = 0; p < np; ++p)
+            for (uint64_t i = 0; i < numel(sc_.params[p]); ++i)
+                if (gdata_[p][i] != 0.0f) return "gradients were not zeroed after the step";
+        if (sc_.after_step) err = sc_.after_step(g_, rank_, s);
+        return err;
+    }
+
+    const Scenario &sc_;
+    const int rank_;
+    sx_shard_group_t *g_ = nullptr;
+    uint8_t *mask_ = nullptr;
+    int32_t count_ = 0;
+    int32_t units_ = 0;
+    std::vector<int32_t> unit_of_;  // per param: its unit's index
+    std::vector<float *> gdata_;
+};
+
+}  // namespace
 
 std::string rank_run(const Scenario &sc, const std::string &rendezvous, int rank, int timeout_ms,
                      std::vector<std::vector<float>> *final_params) {
-    std::string err;
-    sx_shard_group_t *g = nullptr;
-    sx_group_config_t cfg;
-    sx_group_config_init(&cfg, sizeof cfg);
-    cfg.rendezvous = rendezvous.c_str();
-    cfg.rank = rank;
-    cfg.world_size = sc.world;
-    cfg.stage = sc.stage;
-    cfg.num_threads = 1;
-    cfg.timeout_ms = timeout_ms;
-    const size_t np = sc.params.size();
-    std::vector<float *> pdata(np), gdata(np);
-    uint8_t *mask = nullptr;
-    int32_t count = 0;
-    sx_step_options_t opt;
-    sx_step_options_init(&opt, sizeof opt);
-    opt.max_grad_norm = sc.max_grad_norm;
-    RANK_CHECK(sx_create_shard_group(&cfg, &g));
-    for (const auto &d : sc.groups) RANK_CHECK(sx_add_param_group(g, &d, nullptr));
-    for (size_t p = 0; p < np; ++p) {
-        sx_param_desc_t d;
-        sx_param_desc_init(&d, sizeof d);
-        d.name = sc.params[p].name.c_str();
-        d.ndim = static_cast<int32_t>(sc.params[p].shape.size());
-        d.shape = sc.params[p].shape.data();
-        d.param_group = sc.params[p].group;
-        d.unit = sc.params[p].unit;
-        d.frozen = is_trainable(sc, 1, static_cast<int>(p)) ? 0 : 1;
-        int32_t idx = -1;
-        RANK_CHECK(sx_add_param(g, &d, &idx));
-        if (idx != static_cast<int32_t>(p)) {
-            err = "param index out of order";
-            goto done;
-        }
-    }
-    RANK_CHECK(sx_finalize(g));
-    RANK_CHECK(sx_trainable_mask(g, &mask, &count));
-    for (size_t p = 0; p < np; ++p) {
-        sx_view_t v;
-        sx_view_init(&v, sizeof v);
-        RANK_CHECK(sx_param_view(g, static_cast<int32_t>(p), &v));
-        pdata[p] = static_cast<float *>(v.data);
-        if (v.numel != numel(sc.params[p])) {
-            err = "view numel mismatch";
-            goto done;
-        }
-        RANK_CHECK(sx_grad_view(g, static_cast<int32_t>(p), &v));
-        gdata[p] = static_cast<float *>(v.data);
-        for (uint64_t i = 0; i < v.numel; ++i) pdata[p][i] = initial_value(static_cast<int>(p), i);
-    }
-    for (int s = 1; s <= sc.steps; ++s) {
-        for (size_t p = 0; p < np; ++p) {
-            const bool t = is_trainable(sc, s, static_cast<int>(p));
-            if (sc.mask_through_pointer)
-                mask[p] = t ? 1 : 0;
-            else
-                RANK_CHECK(sx_set_trainable(g, static_cast<int32_t>(p), t ? 1 : 0));
-        }
-        for (int m = 0; m < sc.micro_batches; ++m) {
-            // The trainer adds into the grad views, frozen params included (ignored by sx).
-            for (size_t p = 0; p < np; ++p) {
-                const uint64_t n = numel(sc.params[p]);
-                for (uint64_t i = 0; i < n; ++i)
-                    gdata[p][i] += gradient(rank, s, m, static_cast<int>(p), i);
-            }
-            if (m + 1 < sc.micro_batches) RANK_CHECK(sx_accumulate_grads(g));
-        }
-        sx_step_result_t res;
-        sx_step_result_init(&res, sizeof res);
-        RANK_CHECK(sx_step(g, &opt, &res));
-        if (res.step != static_cast<uint64_t>(s)) {
-            err = "step count in the result is wrong";
-            goto done;
-        }
-        for (size_t p = 0; p < np; ++p)
-            for (uint64_t i = 0; i < numel(sc.params[p]); ++i)
-                if (gdata[p][i] != 0.0f) {
-                    err = "gradients were not zeroed after the step";
-                    goto done;
-                }
-    }
-    if (final_params) {
-        final_params->assign(np, {});
-        for (size_t p = 0; p < np; ++p)
-            (*final_params)[p].assign(pdata[p], pdata[p] + numel(sc.params[p]));
-    }
-done:
-    sx_destroy_shard_group(g);
-    return err;
+    Trainer t(sc, rank);
+    return t.run(rendezvous, timeout_ms, final_params);
 }
 
 std::string compare(const std::vector<std::vector<float>> &got,

@@ -32,6 +32,30 @@ struct Scenario {
     std::function<bool(int step, int param)> trainable;
     // Whether to flip the trainable bytes through sx_trainable_mask (else sx_set_trainable).
     bool mask_through_pointer = true;
+
+    // Units as a pipeline. overlap: each unit's gradients are written and signalled ready
+    // (sx_unit_grads_ready) one unit after the other, in the order signal_order gives
+    // (unit indices; null: decreasing index). defer_gather: steps defer their all-gather
+    // and the trainer waits for each unit with sx_unit_gather. At stage 3, and with
+    // gather_units, every step gathers and releases every unit around a forward (in
+    // increasing index) and a backward (decreasing), and initial and final values go
+    // through gathered units.
+    bool overlap = false;
+    std::function<std::vector<int32_t>(int rank, int step, int micro, int32_t units)> signal_order;
+    bool defer_gather = false;
+    bool gather_units = false;
+    int prefetch_depth = 0;  // sx_group_config_t's (0: its default)
+    // Checked after every step: "" or what is wrong (e.g. memory bounds).
+    std::function<std::string(sx_shard_group_t *g, int rank, int step)> after_step;
+
+    // Checkpoints: the run loads load_from (if set) after writing the initial values,
+    // trains steps first_step..steps, and saves to save_to (if set) synchronously.
+    int first_step = 1;
+    std::string load_from;
+    std::string save_to;
+    // Every rank adds rank 0's gradients, so that the trajectory does not depend on the
+    // world size (up to the rounding of the average).
+    bool same_grads_on_every_rank = false;
 };
 
 uint64_t numel(const ParamDef &p);
@@ -61,5 +85,13 @@ std::string compare(const std::vector<std::vector<float>> &got,
 
 // Common param groups.
 sx_param_group_desc_t group_desc(int32_t optimizer, double lr);
+
+// Two param groups of `optimizer` with unlike hyperparameters over five params of awkward
+// sizes in three units (ids 0, 1 and 4), clipping at 5.
+Scenario two_group_scenario(int32_t optimizer);
+
+// Freezes "block.w" (param 2) for steps 4-6, the whole unit of "head.weight" (param 4) for
+// steps 2-5, and "embed.bias" (param 1) until step 4.
+bool freeze_schedule(int step, int p);
 
 }  // namespace sxtest

@@ -163,7 +163,18 @@ std::string write_grads(sx_shard_group_t *g, int s, int mb, int r, float scale =
     return "";
 }
 
+// Stage 3: gathers (or releases) both units, so that every param view exists; else nothing.
+std::string gather_units(sx_shard_group_t *g, bool release) {
+    int32_t stage = 0;
+    if (sx_get_stage(g, &stage) != SX_OK) return err_text("get_stage");
+    for (int32_t u = 0; u < 2 && stage == 3; ++u)
+        if ((release ? sx_unit_release(g, u) : sx_unit_gather(g, u)) != SX_OK) return err_text("unit gather/release");
+    return "";
+}
+
 std::string set_initial_values(sx_shard_group_t *g, int rank) {
+    std::string e = gather_units(g, false);
+    if (!e.empty()) return e;
     if (rank == 0) {
         for (size_t p = 0; p < kParams.size(); ++p) {
             sx_view_t pv;
@@ -172,10 +183,13 @@ std::string set_initial_values(sx_shard_group_t *g, int rank) {
             for (uint64_t i = 0; i < pv.numel; ++i) put(pv, i, initial_value(p, i));
         }
     }
-    return sx_broadcast_params(g, 0) == SX_OK ? "" : err_text("broadcast_params");
+    if (sx_broadcast_params(g, 0) != SX_OK) return err_text("broadcast_params");
+    return gather_units(g, true);
 }
 
 std::string compare_params(sx_shard_group_t *g, const Config &c, const Expected &e, const char *when) {
+    std::string gathered = gather_units(g, false);
+    if (!gathered.empty()) return gathered;
     for (size_t p = 0; p < kParams.size(); ++p) {
         sx_view_t pv;
         sx_view_init(&pv, sizeof pv);
@@ -191,7 +205,7 @@ std::string compare_params(sx_shard_group_t *g, const Config &c, const Expected 
             }
         }
     }
-    return "";
+    return gather_units(g, true);
 }
 
 std::string config_name(const Config &c) {
@@ -240,16 +254,16 @@ void test_masters_updated_exactly(void **) {
     for (int32_t dtype : {SX_DTYPE_BF16, SX_DTYPE_F16})
         for (int world : {1, 4})
             for (int32_t reduce : {0, SX_DTYPE_F32})
-                for (int32_t stage : {1, 2}) {
+                for (int32_t stage : {1, 2, 3}) {
                     Config c;
                     c.dtype = dtype, c.world = world, c.reduce_dtype = reduce, c.stage = stage;
-                    c.micro_batches = stage == 2 && world == 4 ? 2 : 1;
+                    c.micro_batches = stage >= 2 && world == 4 ? 2 : 1;
                     run_exact(c);
                 }
 }
 
 void test_fp32_grads_for_16bit_params(void **) {
-    for (int32_t stage : {1, 2}) {
+    for (int32_t stage : {1, 2, 3}) {
         Config c;
         c.world = 3;
         c.grad_dtype = SX_DTYPE_F32;
@@ -289,9 +303,11 @@ void test_fp16_sum_is_pre_and_post_divided(void **) {
 // Dynamic loss scaling on 2 ranks with fp16 gradients: an inf on one rank skips the
 // step on both (nothing changes), halves the scale; growth_interval good steps double it.
 void test_dynamic_loss_scaling_skips_and_recovers(void **) {
-    const std::string rv = "local://mp-scale-" + std::to_string(getpid());
+  for (int32_t stage : {2, 3}) {
+    const std::string rv = "local://mp-scale-" + std::to_string(stage) + "-" + std::to_string(getpid());
     Config c;
     c.world = 2;
+    c.stage = stage;
     c.dtype = SX_DTYPE_F16;
     // The run of the expected model: steps 0, 2, 3 are taken (1 is skipped).
     Expected e(c);
@@ -342,8 +358,9 @@ void test_dynamic_loss_scaling_skips_and_recovers(void **) {
         }
         return "";
     });
-    if (!err.empty()) std::fprintf(stderr, "ERROR: %s\n", err.c_str());
+    if (!err.empty()) std::fprintf(stderr, "ERROR: stage %d: %s\n", stage, err.c_str());
     assert_string_equal(err.c_str(), "");
+  }
 }
 
 // Static scaling divides by the scale and never skips; a bad setting is refused and

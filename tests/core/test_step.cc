@@ -15,36 +15,6 @@ using sxtest::Scenario;
 
 namespace {
 
-Scenario base_scenario(int32_t optimizer) {
-    Scenario sc;
-    sx_param_group_desc_t a = sxtest::group_desc(optimizer, 0.01);
-    sx_param_group_desc_t b = sxtest::group_desc(optimizer, 0.003);
-    switch (optimizer) {
-        case SX_OPTIM_SGD:
-            a.momentum = 0.5, a.dampening = 0.1, a.weight_decay = 0.01;
-            b.momentum = 0.9, b.nesterov = 1, b.maximize = 1;
-            break;
-        case SX_OPTIM_ADAM:
-            a.weight_decay = 0.01, a.amsgrad = 1;
-            b.beta1 = 0.8, b.beta2 = 0.99, b.eps = 1e-6;
-            break;
-        default:
-            a.weight_decay = 0.1;
-            b.amsgrad = 1, b.weight_decay = 0.0, b.maximize = 1;
-            break;
-    }
-    sc.groups = {a, b};
-    sc.params = {
-        {"embed.weight", {13, 7}, 0, 0},
-        {"embed.bias", {3}, 1, 0},
-        {"block.w", {33, 5}, 1, 1},
-        {"block.scale", {}, 0, 1},
-        {"head.weight", {1000}, 0, 4},
-    };
-    sc.max_grad_norm = 5.0;
-    return sc;
-}
-
 void expect_ok(const std::string &err) {
     if (!err.empty()) fail_msg("%s", err.c_str());
 }
@@ -52,7 +22,7 @@ void expect_ok(const std::string &err) {
 void run_matrix(int32_t optimizer, const char *tag) {
     for (int world = 1; world <= 4; ++world) {
         for (int stage = 1; stage <= 2; ++stage) {
-            Scenario sc = base_scenario(optimizer);
+            Scenario sc = sxtest::two_group_scenario(optimizer);
             sc.world = world;
             sc.stage = stage;
             std::string name = std::string(tag) + "-w" + std::to_string(world) + "-s" + std::to_string(stage);
@@ -68,7 +38,7 @@ void test_adamw_matches_reference(void **) { run_matrix(SX_OPTIM_ADAMW, "adamw")
 
 void test_without_clipping_and_single_micro_batch(void **) {
     for (int world : {1, 3}) {
-        Scenario sc = base_scenario(SX_OPTIM_ADAMW);
+        Scenario sc = sxtest::two_group_scenario(SX_OPTIM_ADAMW);
         sc.world = world;
         sc.max_grad_norm = 0.0;
         sc.micro_batches = 1;
@@ -76,23 +46,14 @@ void test_without_clipping_and_single_micro_batch(void **) {
     }
 }
 
-// Freeze "block.w" after step 3 and unfreeze it after step 6; the whole unit 4 is frozen
-// for steps 2-5; "embed.bias" starts frozen and is unfrozen at step 5.
-bool freeze_schedule(int step, int p) {
-    if (p == 2) return !(step >= 4 && step <= 6);
-    if (p == 4) return !(step >= 2 && step <= 5);
-    if (p == 1) return step >= 5;
-    return true;
-}
-
 void test_freeze_and_unfreeze(void **) {
     for (int world : {1, 2, 3}) {
         for (int stage = 1; stage <= 2; ++stage) {
             for (int32_t opt : {SX_OPTIM_ADAMW, SX_OPTIM_SGD}) {
-                Scenario sc = base_scenario(opt);
+                Scenario sc = sxtest::two_group_scenario(opt);
                 sc.world = world;
                 sc.stage = stage;
-                sc.trainable = freeze_schedule;
+                sc.trainable = sxtest::freeze_schedule;
                 sc.mask_through_pointer = (world + stage) % 2 == 0;
                 std::string name = "freeze-" + std::to_string(world) + "-" + std::to_string(stage) +
                                    "-" + std::to_string(opt);
@@ -107,8 +68,8 @@ void test_freeze_and_unfreeze(void **) {
 void test_freezing_changes_the_trajectory(void **) {
     // Guard against a schedule that has no effect: the reference with and without
     // freezing must differ for the frozen params.
-    Scenario a = base_scenario(SX_OPTIM_ADAMW), b = a;
-    b.trainable = freeze_schedule;
+    Scenario a = sxtest::two_group_scenario(SX_OPTIM_ADAMW), b = a;
+    b.trainable = sxtest::freeze_schedule;
     auto ra = sxtest::reference_run(a), rb = sxtest::reference_run(b);
     assert_true(ra[2] != rb[2]);
     assert_true(ra[4] != rb[4]);
@@ -127,7 +88,7 @@ void test_processes_over_tcp(void **) {
 int child_main(int argc, char **argv) {
     sxtest::ChildArgs args;
     if (!sxtest::parse_child_args(argc, argv, &args)) return 2;
-    Scenario sc = base_scenario(SX_OPTIM_ADAMW);
+    Scenario sc = sxtest::two_group_scenario(SX_OPTIM_ADAMW);
     sc.world = args.world;
     sc.stage = std::atoi(args.get("--stage", "2").c_str());
     std::vector<std::vector<float>> got;

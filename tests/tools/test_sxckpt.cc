@@ -40,6 +40,11 @@ extern char **environ;
 
 namespace {
 
+// The checkpoint format this library writes, "MAJOR.MINOR".
+std::string format_version() {
+    return std::to_string(sx::ckpt::kFormatMajor) + "." + std::to_string(sx::ckpt::kFormatMinor);
+}
+
 struct PDef {
     const char *name;
     std::vector<int64_t> shape;
@@ -372,7 +377,7 @@ void test_reload_matches_known(void **) {
 void test_inspect_text(void **) {
     const Run r = sxckpt({"inspect", fx->ck});
     expect_status(r, 0);
-    const std::string written_by = "format      1.0 (written by sx " + std::to_string(SX_VERSION_MAJOR) + "." +
+    const std::string written_by = "format      " + format_version() + " (written by sx " + std::to_string(SX_VERSION_MAJOR) + "." +
                                    std::to_string(SX_VERSION_MINOR) + "." + std::to_string(SX_VERSION_PATCH) + ")";
     expect_has(r.out, written_by);
     for (const char *s : {"step        3",
@@ -404,11 +409,12 @@ void test_inspect_text(void **) {
 }
 
 void test_inspect_json(void **) {
+    const std::string format_json = "\"format_version\":\"" + format_version() + "\"";
     const Run r = sxckpt({"inspect", "--json", fx->ck});
     expect_status(r, 0);
     assert_true(r.out.size() > 2 && r.out[0] == '{' && r.out.compare(r.out.size() - 2, 2, "}\n") == 0);
     for (const char *s : {"\"name\":\"layer.\\\"q\\\"\\\\k\"", "\"name\":\"ctl\\tname\\u0001\xc3\xa9\"",
-                          "\"format_version\":\"1.0\"", "\"step\":3,", "\"world_size\":2,", "\"stage\":2,",
+                          format_json.c_str(), "\"step\":3,", "\"world_size\":2,", "\"stage\":2,",
                           "\"user_blob_bytes\":5,", "\"amsgrad\":true", "\"shape\":[]", "\"shape\":[300,17]",
                           "\"momentum\":0.9,", "\"total_bytes\":"})
         expect_has(r.out, s);
@@ -619,7 +625,8 @@ void test_export_safetensors(void **) {
     const size_t last = header.find_last_not_of(' ');
     assert_int_equal(header[last], '}');
     assert_true(last + 8 > header.size());
-    for (const char *s : {"\"__metadata__\":{", "\"step\":\"3\"", "\"sx_format_version\":\"1.0\"",
+    const std::string format_meta = "\"sx_format_version\":\"" + format_version() + "\"";
+    for (const char *s : {"\"__metadata__\":{", "\"step\":\"3\"", format_meta.c_str(),
                           "\"layer.\\\"q\\\"\\\\k\":{\"dtype\":\"F32\",\"shape\":[33],",
                           "\"ctl\\tname\\u0001\xc3\xa9.momentum_buffer\":{",
                           "\"scale\":{\"dtype\":\"F32\",\"shape\":[],",
@@ -636,7 +643,7 @@ void test_export_safetensors(void **) {
     std::map<std::string, std::string> meta;
     read_values(values, &got, &meta);
     assert_string_equal(meta["step"].c_str(), "3");
-    assert_string_equal(meta["sx_format_version"].c_str(), "1.0");
+    assert_string_equal(meta["sx_format_version"].c_str(), format_version().c_str());
     assert_int_equal(got.size(), fx->known.size());
     for (const auto &k : fx->known) {
         const auto it = got.find(k.first);

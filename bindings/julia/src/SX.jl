@@ -16,11 +16,11 @@ using Libdl
 export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, param_view,
        grad_view, step!, save, load!, read_user_blob, set_trainable!, is_trainable,
        trainable_mask, param_info, unit_info, memory_stats, with_group, wait_staged,
-       set_loss_scaling!, loss_scale
+       set_loss_scaling!, loss_scale, unit_grads_ready!, gather_unit!, release_unit!, with_unit
 
 # The ABI version this binding was written against: the runtime's major must match and
 # its minor must not be older.
-const BINDING_VERSION = (1, 1)
+const BINDING_VERSION = (1, 2)
 
 # The library name every @ccall uses; __init__ makes it resolve to $SX_LIBRARY.
 const libsx = "libsx"
@@ -46,6 +46,7 @@ const SX_GROUP_NO_TRAINABLE_AUTODETECT = UInt32(0x1)
 const SX_MAX_NDIM = 8
 const SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA = UInt32.((0x1, 0x2, 0x4))
 const SX_LOSS_SCALING_NONE, SX_LOSS_SCALING_DYNAMIC, SX_LOSS_SCALING_STATIC = Int32.(0:2)
+const SX_PREFETCH_NONE = Int32(-1)
 
 # ----------------------------------------------------------------------------------
 # Struct mirrors. Mutable, so that a `Ref{T}` argument passes a pointer to the object
@@ -69,6 +70,8 @@ mutable struct GroupConfig  # sx_group_config_t
     reserved0::Int32
     grad_dtype::Int32
     reduce_dtype::Int32
+    prefetch_depth::Int32
+    reserved1::Int32
 end
 
 mutable struct ParamGroupDesc  # sx_param_group_desc_t
@@ -111,7 +114,14 @@ mutable struct StepOptions  # sx_step_options_t
     max_grad_norm::Float64
     stream::Ptr{Cvoid}
     keep_grads::Int32
+    defer_gather::Int32
+end
+
+mutable struct UnitReadyOptions  # sx_unit_ready_options_t
+    struct_size::Csize_t
+    accumulate::Int32
     reserved0::Int32
+    stream::Ptr{Cvoid}
 end
 
 mutable struct StepResult  # sx_step_result_t
@@ -139,6 +149,7 @@ mutable struct MemoryStats  # sx_memory_stats_t
     optimizer_bytes::UInt64
     staging_bytes::UInt64
     unsharded_optimizer_bytes::UInt64
+    peak_param_bytes::UInt64
 end
 
 mutable struct ParamInfo  # sx_param_info_t
@@ -298,6 +309,10 @@ one as a safety net. Views into it are invalid after `close`.
 Mixed precision: `grad_dtype=SX_DTYPE_F32` gives every param an fp32 gradient (default
 0: the param's own dtype); `reduce_dtype=SX_DTYPE_F32` sums 16-bit gradients over ranks
 in fp32 (default 0: in their own dtype).
+
+Stage 3 shards the params too: a unit's params exist only between `gather_unit!` and
+`release_unit!`; `prefetch_depth` units are gathered ahead (0: 1; `SX_PREFETCH_NONE`:
+none).
 """
 mutable struct ShardGroup
     handle::Ptr{Cvoid}
@@ -306,7 +321,8 @@ mutable struct ShardGroup
                         num_threads::Integer=0, alignment::Integer=0, timeout_ms::Integer=0,
                         trainable_autodetect::Bool=true,
                         bind_address::Union{Nothing,AbstractString}=nothing,
-                        device_ordinal::Integer=0, grad_dtype::Integer=0, reduce_dtype::Integer=0)
+                        device_ordinal::Integer=0, grad_dtype::Integer=0, reduce_dtype::Integer=0,
+                        prefetch_depth::Integer=0)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
         rdv = String(rendezvous)
@@ -320,6 +336,7 @@ mutable struct ShardGroup
             cfg.flags = trainable_autodetect ? 0 : SX_GROUP_NO_TRAINABLE_AUTODETECT
             cfg.device_ordinal = device_ordinal
             cfg.grad_dtype, cfg.reduce_dtype = grad_dtype, reduce_dtype
+            cfg.prefetch_depth = prefetch_depth
             cp, op = _ptr(cfg), Base.unsafe_convert(Ptr{Ptr{Cvoid}}, out)
             check(@blocking @ccall libsx.sx_create_shard_group(cp::Ptr{GroupConfig}, op::Ptr{Ptr{Cvoid}})::Int32)
         end
@@ -483,6 +500,7 @@ The values of param `p` (name or 0-based index) as a zero-copy `Array` over sx's
 dims reversed (see the module docs). Invalid after `close(g)`. The element type follows
 the view's dtype: `Float32`, `Float16`, or `UInt16` (the raw bits of bf16), for
 gradients too. A 16-bit param is overwritten by each step with its fp32 masters rounded.
+At stage 3 only while the param's unit is gathered, and invalid after its release.
 """
 param_view(g::ShardGroup, p) = _view(g, p, false)
 
@@ -507,6 +525,45 @@ end
 
 refresh_trainable!(g::ShardGroup) = check(@ccall libsx.sx_refresh_trainable(_handle(g)::Ptr{Cvoid})::Int32)
 
+"""
+    unit_grads_ready!(g, unit; accumulate=false)
+
+Says that unit `unit`'s (0-based index) gradients are complete for this micro-batch; sx
+reduces them on its own thread while the backward goes on. `accumulate`: an intermediate
+micro-batch (`accumulate_grads!` ends it).
+"""
+function unit_grads_ready!(g::ShardGroup, unit::Integer; accumulate::Bool=false)
+    o = _blank(UnitReadyOptions)
+    check(@ccall libsx.sx_unit_ready_options_init(o::Ref{UnitReadyOptions}, sizeof(UnitReadyOptions)::Csize_t)::Int32)
+    o.accumulate = accumulate
+    h = _handle(g)
+    GC.@preserve o begin
+        op = _ptr(o)
+        check(@blocking @ccall libsx.sx_unit_grads_ready(h::Ptr{Cvoid}, unit::Int32, op::Ptr{UnitReadyOptions})::Int32)
+    end
+end
+
+"""Stage 3 (collective): makes unit `unit`'s params present until `release_unit!`.
+Stages 1 and 2: waits for its gather after a step with `defer_gather`."""
+function gather_unit!(g::ShardGroup, unit::Integer)
+    h = _handle(g)
+    check(@blocking @ccall libsx.sx_unit_gather(h::Ptr{Cvoid}, unit::Int32)::Int32)
+end
+
+"""Stage 3: ends a `gather_unit!` (this rank keeps only its shard). Else nothing."""
+release_unit!(g::ShardGroup, unit::Integer) =
+    check(@ccall libsx.sx_unit_release(_handle(g)::Ptr{Cvoid}, unit::Int32)::Int32)
+
+"""`with_unit(f, g, unit)`: `f()` with unit `unit` gathered, released afterwards."""
+function with_unit(f, g::ShardGroup, unit::Integer)
+    gather_unit!(g, unit)
+    try
+        f()
+    finally
+        release_unit!(g, unit)
+    end
+end
+
 """Collective: folds this micro-batch's gradients into the step's accumulation."""
 function accumulate_grads!(g::ShardGroup)
     h = _handle(g)
@@ -514,17 +571,18 @@ function accumulate_grads!(g::ShardGroup)
 end
 
 """
-    step!(g; max_grad_norm=0.0, keep_grads=false)
+    step!(g; max_grad_norm=0.0, keep_grads=false, defer_gather=false)
 
-Collective: averages gradients over ranks, clips, updates, gathers. Returns
+Collective: averages gradients over ranks, clips, updates, gathers (with `defer_gather`,
+at stages 1 and 2, in the background: `gather_unit!` waits for a unit's). Returns
 `(grad_norm, step, skipped, loss_scale)`: `skipped` when dynamic loss scaling found
 inf/NaN gradients, `loss_scale` what to multiply the next losses by.
 """
-function step!(g::ShardGroup; max_grad_norm::Real=0.0, keep_grads::Bool=false)
+function step!(g::ShardGroup; max_grad_norm::Real=0.0, keep_grads::Bool=false, defer_gather::Bool=false)
     o, r = _blank(StepOptions), _blank(StepResult)
     check(@ccall libsx.sx_step_options_init(o::Ref{StepOptions}, sizeof(StepOptions)::Csize_t)::Int32)
     check(@ccall libsx.sx_step_result_init(r::Ref{StepResult}, sizeof(StepResult)::Csize_t)::Int32)
-    o.max_grad_norm, o.keep_grads = max_grad_norm, keep_grads
+    o.max_grad_norm, o.keep_grads, o.defer_gather = max_grad_norm, keep_grads, defer_gather
     h = _handle(g)
     GC.@preserve o r begin
         op, rp = _ptr(o), _ptr(r)
@@ -584,7 +642,8 @@ function memory_stats(g::ShardGroup)
     check(@ccall libsx.sx_get_memory_stats(_handle(g)::Ptr{Cvoid}, s::Ref{MemoryStats})::Int32)
     (param_bytes=Int(s.param_bytes), grad_bytes=Int(s.grad_bytes),
      optimizer_bytes=Int(s.optimizer_bytes), staging_bytes=Int(s.staging_bytes),
-     unsharded_optimizer_bytes=Int(s.unsharded_optimizer_bytes))
+     unsharded_optimizer_bytes=Int(s.unsharded_optimizer_bytes),
+     peak_param_bytes=Int(s.peak_param_bytes))
 end
 
 # ----------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ const MIRRORS = Dict("sx_group_config_t" => SX.GroupConfig, "sx_param_group_desc
                      "sx_loss_scaling_t" => SX.LossScaling,
                      "sx_memory_stats_t" => SX.MemoryStats, "sx_param_info_t" => SX.ParamInfo,
                      "sx_unit_info_t" => SX.UnitInfo, "sx_save_options_t" => SX.SaveOptions,
-                     "sx_load_options_t" => SX.LoadOptions)
+                     "sx_load_options_t" => SX.LoadOptions,
+                     "sx_unit_ready_options_t" => SX.UnitReadyOptions)
 
 # sx_layout.json is written by a C program in a fixed shape: one struct header line and
 # one line per field; reading it with regexes avoids a JSON dependency.
@@ -131,5 +132,52 @@ end
         for l in losses
             @test l[end] < 0.5 * l[1]
         end
+    end
+end
+
+@testset "units as a pipeline" begin
+    # Stage 3 on one rank: views exist only while their unit is gathered; a unit signalled
+    # twice is refused; the signalled step gives the plain step's params.
+    function run(stage, overlap)
+        g = ShardGroup("local://jl-pipe-$(getpid())-$stage-$overlap", 0, 1; stage=stage,
+                       backend=SX.SX_BACKEND_CPU, num_threads=1)
+        try
+            add_param_group!(g, :adamw; lr=0.01)
+            add_param!(g, "w", (6,); unit=0)
+            add_param!(g, "b", (3,); unit=1)
+            finalize!(g)
+            for u in 0:1
+                with_unit(g, u) do
+                    param_view(g, u) .= 0.25f0
+                end
+            end
+            for u in (1, 0)
+                grad_view(g, u) .= Float32(u + 1)
+                overlap && unit_grads_ready!(g, u)
+            end
+            step!(g)
+            [with_unit(() -> copy(param_view(g, u)), g, u) for u in 0:1]
+        finally
+            close(g)
+        end
+    end
+    plain = run(2, false)
+    @test run(2, true) == plain
+    @test run(3, true) == plain
+    g = ShardGroup("local://jl-pipe-views-$(getpid())", 0, 1; stage=3, backend=SX.SX_BACKEND_CPU)
+    try
+        add_param_group!(g, :sgd; lr=0.1)
+        add_param!(g, "w", (4,))
+        finalize!(g)
+        @test_throws SXError param_view(g, 0)
+        gather_unit!(g, 0)
+        @test length(param_view(g, 0)) == 4
+        release_unit!(g, 0)
+        @test_throws SXError release_unit!(g, 0)
+        unit_grads_ready!(g, 0)
+        @test_throws SXError unit_grads_ready!(g, 0)
+        @test memory_stats(g).peak_param_bytes > 0
+    finally
+        close(g)
     end
 end

@@ -13,13 +13,13 @@ import os
 
 # The ABI version this binding was written against. The runtime's major must match
 # and its minor must not be older (docs/conventions.md, "The C ABI", rule 11).
-BINDING_VERSION = (1, 0)
+BINDING_VERSION = (1, 2)
 
 # ----------------------------------------------------------------------------------
 # Constants (sx.h #defines); tests/test_layout.py checks each against sx_layout.json.
 # ----------------------------------------------------------------------------------
 SX_VERSION_MAJOR = 1
-SX_VERSION_MINOR = 1
+SX_VERSION_MINOR = 2
 SX_VERSION_PATCH = 0
 SX_VERSION_NUMBER = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH
 
@@ -50,6 +50,8 @@ SX_LOG_DEBUG = 4
 SX_DTYPE_F32 = 1
 SX_DTYPE_F16 = 2
 SX_DTYPE_BF16 = 3
+
+SX_PREFETCH_NONE = -1
 
 SX_BACKEND_AUTO = 0
 SX_BACKEND_CPU = 1
@@ -100,7 +102,8 @@ class sx_group_config_t(ctypes.Structure):
                 ("timeout_ms", ctypes.c_int32), ("flags", ctypes.c_uint32),
                 ("bind_address", ctypes.c_char_p), ("device_ordinal", ctypes.c_int32),
                 ("reserved0", ctypes.c_int32), ("grad_dtype", ctypes.c_int32),
-                ("reduce_dtype", ctypes.c_int32)]
+                ("reduce_dtype", ctypes.c_int32), ("prefetch_depth", ctypes.c_int32),
+                ("reserved1", ctypes.c_int32)]
 
 
 class sx_param_group_desc_t(ctypes.Structure):
@@ -129,7 +132,7 @@ class sx_view_t(ctypes.Structure):
 class sx_step_options_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("max_grad_norm", ctypes.c_double),
                 ("stream", ctypes.c_void_p), ("keep_grads", ctypes.c_int32),
-                ("reserved0", ctypes.c_int32)]
+                ("defer_gather", ctypes.c_int32)]
 
 
 class sx_step_result_t(ctypes.Structure):
@@ -148,7 +151,13 @@ class sx_memory_stats_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("param_bytes", ctypes.c_uint64),
                 ("grad_bytes", ctypes.c_uint64), ("optimizer_bytes", ctypes.c_uint64),
                 ("staging_bytes", ctypes.c_uint64),
-                ("unsharded_optimizer_bytes", ctypes.c_uint64)]
+                ("unsharded_optimizer_bytes", ctypes.c_uint64),
+                ("peak_param_bytes", ctypes.c_uint64)]
+
+
+class sx_unit_ready_options_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("accumulate", ctypes.c_int32),
+                ("reserved0", ctypes.c_int32), ("stream", ctypes.c_void_p)]
 
 
 class sx_param_info_t(ctypes.Structure):
@@ -201,7 +210,7 @@ class sx_load_options_t(ctypes.Structure):
 STRUCTS = {cls.__name__: cls for cls in (
     sx_group_config_t, sx_param_group_desc_t, sx_param_desc_t, sx_view_t, sx_step_options_t,
     sx_step_result_t, sx_loss_scaling_t, sx_memory_stats_t, sx_param_info_t, sx_unit_info_t,
-    sx_save_options_t, sx_load_options_t)}
+    sx_save_options_t, sx_load_options_t, sx_unit_ready_options_t)}
 
 # ----------------------------------------------------------------------------------
 # Prototypes: name -> (restype, argtypes)
@@ -238,6 +247,10 @@ PROTOTYPES = {
     "sx_step_options_init": (c_status, [_P(sx_step_options_t), _c.c_size_t]),
     "sx_step_result_init": (c_status, [_P(sx_step_result_t), _c.c_size_t]),
     "sx_step": (c_status, [sx_shard_group_p, _P(sx_step_options_t), _P(sx_step_result_t)]),
+    "sx_unit_ready_options_init": (c_status, [_P(sx_unit_ready_options_t), _c.c_size_t]),
+    "sx_unit_grads_ready": (c_status, [sx_shard_group_p, _c.c_int32, _P(sx_unit_ready_options_t)]),
+    "sx_unit_gather": (c_status, [sx_shard_group_p, _c.c_int32]),
+    "sx_unit_release": (c_status, [sx_shard_group_p, _c.c_int32]),
     "sx_loss_scaling_init": (c_status, [_P(sx_loss_scaling_t), _c.c_size_t]),
     "sx_set_loss_scaling": (c_status, [sx_shard_group_p, _P(sx_loss_scaling_t)]),
     "sx_get_loss_scale": (c_status, [sx_shard_group_p, _P(_c.c_double)]),
@@ -328,6 +341,7 @@ INIT_FUNCTIONS = {
     "sx_view_t": "sx_view_init",
     "sx_step_options_t": "sx_step_options_init",
     "sx_step_result_t": "sx_step_result_init",
+    "sx_unit_ready_options_t": "sx_unit_ready_options_init",
     "sx_loss_scaling_t": "sx_loss_scaling_init",
     "sx_memory_stats_t": "sx_memory_stats_init",
     "sx_param_info_t": "sx_param_info_init",

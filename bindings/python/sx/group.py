@@ -1,4 +1,5 @@
 """ShardGroup: one rank's handle of a group of ranks that train one model together."""
+import contextlib
 import ctypes
 import dataclasses
 
@@ -63,6 +64,7 @@ class MemoryStats:
     optimizer_bytes: int
     staging_bytes: int
     unsharded_optimizer_bytes: int
+    peak_param_bytes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,11 +115,16 @@ class ShardGroup(Handle):
     ``grad_dtype="f32"`` gives every param an fp32 gradient (default: the param's own
     dtype); ``reduce_dtype="f32"`` sums 16-bit gradients over ranks in fp32 (default: in
     their own dtype).
+
+    Stage 3 shards the params too: a unit's params exist only between gather_unit() and
+    release_unit(). ``prefetch_depth`` is how many units sx gathers ahead (0: 1; None:
+    none).
     """
 
     def __init__(self, rendezvous, rank=0, world_size=1, *, stage=0, backend="auto",
                  num_threads=0, alignment=0, timeout_ms=0, trainable_autodetect=True,
-                 bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None):
+                 bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None,
+                 prefetch_depth=0):
         cfg = _lib.init_struct(_lib.sx_group_config_t)
         cfg.rendezvous = _encode("rendezvous", rendezvous)
         cfg.rank, cfg.world_size, cfg.stage = rank, world_size, stage
@@ -131,6 +138,7 @@ class ShardGroup(Handle):
             cfg.grad_dtype = _choice("grad_dtype", grad_dtype, _DTYPES)
         if reduce_dtype is not None:
             cfg.reduce_dtype = _choice("reduce_dtype", reduce_dtype, _DTYPES)
+        cfg.prefetch_depth = -1 if prefetch_depth is None else prefetch_depth
         handle = _lib.sx_shard_group_p()
         check(lib.sx_create_shard_group(ctypes.byref(cfg), ctypes.byref(handle)))
         self._own(handle, lib.sx_destroy_shard_group)
@@ -316,19 +324,52 @@ class ShardGroup(Handle):
         """Collective: folds this micro-batch's gradients into the step's accumulation."""
         check(lib.sx_accumulate_grads(self.handle))
 
-    def step(self, max_grad_norm=0.0, keep_grads=False, stream=None):
+    def step(self, max_grad_norm=0.0, keep_grads=False, stream=None, defer_gather=False):
         """Collective: averages gradients over ranks, clips the global norm to
         `max_grad_norm` (0: no clipping), updates this rank's shard and gathers the
         params. Grads are zeroed afterwards unless `keep_grads`. `stream` is a CUDA
-        stream as an int address (None: the group's own). Returns a StepResult."""
+        stream as an int address (None: the group's own). `defer_gather` (stages 1 and
+        2): the params are gathered in the background, and gather_unit(u) waits for
+        unit u's. Returns a StepResult."""
         options = _lib.init_struct(_lib.sx_step_options_t)
         options.max_grad_norm = float(max_grad_norm)
         options.keep_grads = 1 if keep_grads else 0
+        options.defer_gather = 1 if defer_gather else 0
         options.stream = stream
         result = _lib.init_struct(_lib.sx_step_result_t)
         check(lib.sx_step(self.handle, ctypes.byref(options), ctypes.byref(result)))
         return StepResult(grad_norm=result.grad_norm, step=result.step,
                           skipped=bool(result.skipped), loss_scale=result.loss_scale)
+
+    # -- units as a pipeline -------------------------------------------------------------
+    def unit_grads_ready(self, unit, *, accumulate=False, stream=None):
+        """Says that unit `unit`'s gradients are complete for this micro-batch (from the
+        backward, in any unit order); sx reduces them on its own thread while the
+        backward goes on. `accumulate`: an intermediate micro-batch (accumulate_grads
+        ends it). `stream`: the CUDA stream the gradients were written on."""
+        options = _lib.init_struct(_lib.sx_unit_ready_options_t)
+        options.accumulate = 1 if accumulate else 0
+        options.stream = stream
+        check(lib.sx_unit_grads_ready(self.handle, unit, ctypes.byref(options)))
+
+    def gather_unit(self, unit):
+        """Stage 3 (collective): makes unit `unit`'s params present until release_unit.
+        Stages 1 and 2: waits for the unit's gather after a step with defer_gather."""
+        check(lib.sx_unit_gather(self.handle, unit))
+
+    def release_unit(self, unit):
+        """Stage 3: ends a gather_unit; this rank keeps only its shard. Else nothing."""
+        check(lib.sx_unit_release(self.handle, unit))
+
+    @contextlib.contextmanager
+    def unit(self, unit):
+        """``with group.unit(u):`` gathers unit u around the block and releases it."""
+        self.gather_unit(unit)
+        try:
+            yield
+        finally:
+            if not self.closed:
+                self.release_unit(unit)
 
     def set_loss_scaling(self, mode="dynamic", *, init_scale=None, growth_factor=None,
                          backoff_factor=None, growth_interval=None):

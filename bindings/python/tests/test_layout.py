@@ -58,8 +58,10 @@ class LayoutTest(unittest.TestCase):
                 self.assertEqual(_lib.init_struct(cls, *extra).struct_size, ctypes.sizeof(cls))
 
     def test_version_check(self):
-        _lib.check_version(10000)   # 1.0.0
+        _lib.check_version(10200)   # 1.2.0
         _lib.check_version(10305)   # a newer minor is fine
+        with self.assertRaisesRegex(sx.LibraryError, r"1\.1\.0 does not fit .* x >= 2"):
+            _lib.check_version(10100)  # an older minor lacks this binding's calls
         with self.assertRaisesRegex(sx.LibraryError, "2.0.0"):
             _lib.check_version(20000)
         with self.assertRaisesRegex(sx.LibraryError, r"0\.9"):

@@ -344,6 +344,69 @@ class MixedPrecisionTest(unittest.TestCase):
             self.assertEqual(tolist(bits(dw)), [0] * 4)  # zeroed after the step
 
 
+class PipelineTest(unittest.TestCase):
+    """Units as a pipeline: signalled reductions, deferred gathers and stage 3 give the
+    params of the plain step, bit for bit."""
+
+    def run_steps(self, stage, overlap):
+        def rank_main(rank, name):
+            g = sx.ShardGroup(name, rank, 2, stage=stage, backend="cpu", num_threads=1,
+                              timeout_ms=60000, prefetch_depth=1)
+            with g:
+                g.add_param_group("adamw", lr=0.01)
+                g.add_param("w", [7, 9], unit=0)
+                g.add_param("b", [9], unit=1)
+                g.add_param("head", [9, 3], unit=2)
+                g.finalize()
+                for u in range(3):
+                    with g.unit(u):
+                        for p in range(3):
+                            if g.param_info(p).unit == u:
+                                fill(g.param_view(p), [0.01 * k for k in range(g.param_info(p).numel)])
+                for step in range(3):
+                    for u in (2, 1, 0):  # backward, last unit first
+                        with g.unit(u):
+                            for p in range(3):
+                                if g.param_info(p).unit == u:
+                                    n = g.param_info(p).numel
+                                    fill(g.grad_view(p), [((k * 7 + step + rank) % 11 - 5) / 8.0 for k in range(n)])
+                        if overlap:
+                            g.unit_grads_ready(u)
+                    g.step(defer_gather=overlap)
+                out = []
+                for u in range(3):
+                    with g.unit(u):
+                        out += [tolist(g.param_view(p)) for p in range(3) if g.param_info(p).unit == u]
+                return out, g.memory_stats()
+        return run_ranks(2, rank_main)
+
+    def test_overlap_and_stage3_equal_the_plain_step(self):
+        plain = self.run_steps(2, False)
+        self.assertEqual(plain[0][0], plain[1][0])
+        for stage, overlap in ((2, True), (1, True), (3, False), (3, True)):
+            got = self.run_steps(stage, overlap)
+            for rank in range(2):
+                self.assertEqual(got[rank][0], plain[rank][0], "stage %d overlap %s" % (stage, overlap))
+        stats = self.run_steps(3, True)[0][1]
+        self.assertGreater(stats.peak_param_bytes, stats.param_bytes)
+
+    def test_stage3_views_need_a_gather(self):
+        with sx.ShardGroup(rendezvous(), 0, 1, stage=3, backend="cpu", num_threads=1) as g:
+            g.add_param_group("sgd", lr=0.1)
+            g.add_param("w", [4], unit=0)
+            g.finalize()
+            with self.assertRaises(sx.InvalidStateError):
+                g.param_view("w")
+            with g.unit(0):
+                self.assertEqual(len(tolist(g.param_view("w"))), 4)
+            with self.assertRaises(sx.InvalidStateError):
+                g.release_unit(0)
+            g.unit_grads_ready(0)
+            with self.assertRaises(sx.InvalidStateError):
+                g.unit_grads_ready(0)
+            g.step()
+
+
 class LogTest(unittest.TestCase):
     def test_set_and_clear(self):
         messages = []

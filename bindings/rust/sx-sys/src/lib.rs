@@ -7,7 +7,7 @@
 use std::os::raw::{c_char, c_void};
 
 pub const SX_VERSION_MAJOR: u32 = 1;
-pub const SX_VERSION_MINOR: u32 = 1;
+pub const SX_VERSION_MINOR: u32 = 2;
 pub const SX_VERSION_PATCH: u32 = 0;
 pub const SX_VERSION_NUMBER: u32 = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH;
 
@@ -108,7 +108,11 @@ pub struct sx_group_config_t {
     pub reserved0: i32,
     pub grad_dtype: i32,
     pub reduce_dtype: i32,
+    pub prefetch_depth: i32,
+    pub reserved1: i32,
 }
+
+pub const SX_PREFETCH_NONE: i32 = -1;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -158,7 +162,16 @@ pub struct sx_step_options_t {
     pub max_grad_norm: f64,
     pub stream: *mut c_void,
     pub keep_grads: i32,
+    pub defer_gather: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_unit_ready_options_t {
+    pub struct_size: usize,
+    pub accumulate: i32,
     pub reserved0: i32,
+    pub stream: *mut c_void,
 }
 
 #[repr(C)]
@@ -192,6 +205,7 @@ pub struct sx_memory_stats_t {
     pub optimizer_bytes: u64,
     pub staging_bytes: u64,
     pub unsharded_optimizer_bytes: u64,
+    pub peak_param_bytes: u64,
 }
 
 #[repr(C)]
@@ -297,6 +311,15 @@ extern "C" {
         options: *const sx_step_options_t,
         result: *mut sx_step_result_t,
     ) -> sx_status_t;
+
+    pub fn sx_unit_ready_options_init(options: *mut sx_unit_ready_options_t, size: usize) -> sx_status_t;
+    pub fn sx_unit_grads_ready(
+        group: *mut sx_shard_group_t,
+        unit: i32,
+        options: *const sx_unit_ready_options_t,
+    ) -> sx_status_t;
+    pub fn sx_unit_gather(group: *mut sx_shard_group_t, unit: i32) -> sx_status_t;
+    pub fn sx_unit_release(group: *mut sx_shard_group_t, unit: i32) -> sx_status_t;
 
     pub fn sx_loss_scaling_init(scaling: *mut sx_loss_scaling_t, size: usize) -> sx_status_t;
     pub fn sx_set_loss_scaling(group: *mut sx_shard_group_t, scaling: *const sx_loss_scaling_t) -> sx_status_t;

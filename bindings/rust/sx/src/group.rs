@@ -7,7 +7,7 @@ use crate::error::{check, cstr_lossy, invalid_argument, Error, Result};
 use crate::future::{self, SaveFuture};
 use crate::options::{
     c_string, init, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, Param, ParamGroup, SaveOptions,
-    StepOptions,
+    StepOptions, UnitReadyOptions,
 };
 
 /// This rank's handle of a shard group. Released when dropped (or by [`ShardGroup::close`]).
@@ -47,6 +47,8 @@ pub struct MemoryStats {
     pub optimizer_bytes: u64,
     pub staging_bytes: u64,
     pub unsharded_optimizer_bytes: u64,
+    /// The most param bytes held at once (stage 3: shards plus gathered units).
+    pub peak_param_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -352,6 +354,24 @@ impl ShardGroup {
         Ok(StepResult { grad_norm: r.grad_norm, step: r.step, skipped: r.skipped != 0, loss_scale: r.loss_scale })
     }
 
+    /// Says that unit `unit`'s gradients are complete for this micro-batch; sx reduces
+    /// them on its own thread while the backward goes on. Any unit order.
+    pub fn unit_grads_ready(&mut self, unit: i32, options: Option<&UnitReadyOptions>) -> Result<()> {
+        let o = options.map_or(ptr::null(), |o| &o.raw as *const _);
+        check(unsafe { sys::sx_unit_grads_ready(self.raw, unit, o) })
+    }
+
+    /// Stage 3 (collective): makes unit `unit`'s params present until `release_unit`.
+    /// Stages 1 and 2: waits for the unit's gather after a step with `defer_gather`.
+    pub fn gather_unit(&mut self, unit: i32) -> Result<()> {
+        check(unsafe { sys::sx_unit_gather(self.raw, unit) })
+    }
+
+    /// Stage 3: ends a `gather_unit` (this rank keeps only its shard). Else nothing.
+    pub fn release_unit(&mut self, unit: i32) -> Result<()> {
+        check(unsafe { sys::sx_unit_release(self.raw, unit) })
+    }
+
     /// Sets loss scaling (between steps; every rank the same) and resets the scale to
     /// its init_scale.
     pub fn set_loss_scaling(&mut self, scaling: &LossScaling) -> Result<()> {
@@ -400,6 +420,7 @@ impl ShardGroup {
             optimizer_bytes: s.optimizer_bytes,
             staging_bytes: s.staging_bytes,
             unsharded_optimizer_bytes: s.unsharded_optimizer_bytes,
+            peak_param_bytes: s.peak_param_bytes,
         })
     }
 

@@ -23,7 +23,7 @@ pub use group::{MemoryStats, ParamInfo, ShardGroup, StepResult, Tensors, UnitInf
 pub use log::{clear_log_callback, set_log_callback, LogLevel};
 pub use options::{
     Backend, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, LossScalingMode, Optimizer, Param,
-    ParamGroup, SaveOptions, StepOptions,
+    ParamGroup, SaveOptions, StepOptions, UnitReadyOptions,
 };
 
 pub use sx_sys as sys;

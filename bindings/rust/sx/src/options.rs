@@ -134,6 +134,12 @@ impl GroupConfig {
         self.raw.reduce_dtype = dtype.raw();
         self
     }
+    /// Stage 3: how many units sx gathers ahead of the trainer's `gather_unit` calls, in
+    /// the previous step's order (`None`: none; default 1).
+    pub fn prefetch_depth(mut self, depth: Option<i32>) -> Self {
+        self.raw.prefetch_depth = depth.unwrap_or(sys::SX_PREFETCH_NONE);
+        self
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -300,6 +306,40 @@ impl StepOptions {
     pub fn stream(mut self, stream: *mut c_void) -> Self {
         self.raw.stream = stream;
         self
+    }
+    /// Stages 1 and 2: return after the update and gather the params in the background;
+    /// [`crate::ShardGroup::gather_unit`] waits for a unit's.
+    pub fn defer_gather(mut self, defer: bool) -> Self {
+        self.raw.defer_gather = defer as i32;
+        self
+    }
+}
+
+/// Options of [`crate::ShardGroup::unit_grads_ready`].
+#[derive(Clone, Copy, Debug)]
+pub struct UnitReadyOptions {
+    pub(crate) raw: sys::sx_unit_ready_options_t,
+}
+
+impl UnitReadyOptions {
+    pub fn new() -> UnitReadyOptions {
+        UnitReadyOptions { raw: init(sys::sx_unit_ready_options_init) }
+    }
+    /// An intermediate micro-batch (`accumulate_grads` ends it); default: the last.
+    pub fn accumulate(mut self, accumulate: bool) -> Self {
+        self.raw.accumulate = accumulate as i32;
+        self
+    }
+    /// The CUDA stream (cudaStream_t) the gradients were written on.
+    pub fn stream(mut self, stream: *mut c_void) -> Self {
+        self.raw.stream = stream;
+        self
+    }
+}
+
+impl Default for UnitReadyOptions {
+    fn default() -> Self {
+        UnitReadyOptions::new()
     }
 }
 

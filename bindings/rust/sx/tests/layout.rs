@@ -160,17 +160,19 @@ fn structs_match_the_c_layout() {
     let structs = json.get("structs").obj();
     let mirrors = vec![
         mirror!(sys::sx_group_config_t, [struct_size, rendezvous, rank, world_size, stage, backend, num_threads,
-            alignment, timeout_ms, flags, bind_address, device_ordinal, reserved0, grad_dtype, reduce_dtype]),
+            alignment, timeout_ms, flags, bind_address, device_ordinal, reserved0, grad_dtype, reduce_dtype,
+            prefetch_depth, reserved1]),
         mirror!(sys::sx_param_group_desc_t, [struct_size, optimizer, nesterov, maximize, amsgrad, lr, weight_decay,
             beta1, beta2, eps, momentum, dampening]),
         mirror!(sys::sx_param_desc_t, [struct_size, name, ndim, dtype, shape, param_group, unit, frozen, reserved0]),
         mirror!(sys::sx_view_t, [struct_size, data, numel, dtype, device]),
-        mirror!(sys::sx_step_options_t, [struct_size, max_grad_norm, stream, keep_grads, reserved0]),
+        mirror!(sys::sx_step_options_t, [struct_size, max_grad_norm, stream, keep_grads, defer_gather]),
+        mirror!(sys::sx_unit_ready_options_t, [struct_size, accumulate, reserved0, stream]),
         mirror!(sys::sx_step_result_t, [struct_size, grad_norm, step, skipped, reserved0, loss_scale]),
         mirror!(sys::sx_loss_scaling_t, [struct_size, mode, growth_interval, init_scale, growth_factor,
             backoff_factor]),
         mirror!(sys::sx_memory_stats_t, [struct_size, param_bytes, grad_bytes, optimizer_bytes, staging_bytes,
-            unsharded_optimizer_bytes]),
+            unsharded_optimizer_bytes, peak_param_bytes]),
         mirror!(sys::sx_param_info_t, [struct_size, name, ndim, dtype, shape, numel, param_group, unit, trainable,
             reserved0, offset_in_unit, shard_begin, shard_end]),
         mirror!(sys::sx_unit_info_t, [struct_size, unit, num_params, numel, padded_numel, shard_numel, shard_begin,
@@ -239,6 +241,7 @@ fn constants_match_the_header() {
         SX_GROUP_NO_TRAINABLE_AUTODETECT, SX_MAX_NDIM, SX_MAX_NAME_BYTES,
         SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA,
         SX_LOSS_SCALING_NONE, SX_LOSS_SCALING_DYNAMIC, SX_LOSS_SCALING_STATIC,
+        SX_PREFETCH_NONE,
     );
     let mut problems = Vec::new();
     for (name, value) in &ours {

@@ -3,7 +3,7 @@ mod common;
 use sx::status::SX_ERR_UNSUPPORTED;
 use sx::{
     Dtype, Hyperparameter, LoadOptions, LossScaling, Optimizer, Param, ParamGroup, SaveOptions, ShardGroup,
-    StepOptions,
+    StepOptions, UnitReadyOptions,
 };
 
 const N: usize = 37;
@@ -208,4 +208,82 @@ fn bf16_params_step_with_fp32_grads_under_dynamic_loss_scaling() {
     assert!(r.skipped && r.step == 1 && r.loss_scale == 512.0, "{:?}", r);
     assert_eq!(g.loss_scale().unwrap(), 512.0);
     assert_eq!(g.param_u16(0).unwrap(), &[0x3f00u16; 6][..]);
+}
+
+/// Three units trained for three steps on two ranks; overlap: each unit's gradients are
+/// signalled ready in the backward and the step's gather is deferred; at stage 3 every
+/// unit is gathered around its use. Returns each rank's params and its peak param bytes.
+fn pipeline_run(test: &str, stage: i32, overlap: bool) -> Vec<(Vec<Vec<f32>>, u64)> {
+    let name = common::rendezvous(test);
+    let handles: Vec<_> = (0..2)
+        .map(|rank| {
+            let name = name.clone();
+            std::thread::spawn(move || -> sx::Result<(Vec<Vec<f32>>, u64)> {
+                let cfg = common::config(&name, rank, 2).stage(stage).prefetch_depth(Some(1));
+                let mut g = ShardGroup::new(&cfg)?;
+                g.add_param_group(&ParamGroup::new(Optimizer::AdamW).lr(0.01))?;
+                for u in 0..3 {
+                    g.add_param(&Param::new(&format!("p{}", u), &[40 + 13 * u as i64]).unit(u))?;
+                }
+                g.finalize()?;
+                for u in 0..3 {
+                    g.gather_unit(u)?;
+                    g.param_mut(u)?.iter_mut().enumerate().for_each(|(k, x)| *x = k as f32 * 0.01);
+                    g.release_unit(u)?;
+                }
+                for s in 0..3 {
+                    for u in (0..3).rev() {
+                        g.gather_unit(u)?;
+                        let grad = g.grad_mut(u)?;
+                        grad.iter_mut().enumerate().for_each(|(k, x)| *x += ((k * 7 + s + rank as usize) % 11) as f32 / 8.0 - 0.625);
+                        g.release_unit(u)?;
+                        if overlap {
+                            g.unit_grads_ready(u, Some(&UnitReadyOptions::new()))?;
+                        }
+                    }
+                    g.step(Some(&StepOptions::new().defer_gather(overlap)))?;
+                }
+                let mut out = Vec::new();
+                for u in 0..3 {
+                    g.gather_unit(u)?;
+                    out.push(g.param(u)?.to_vec());
+                    g.release_unit(u)?;
+                }
+                Ok((out, g.memory_stats()?.peak_param_bytes))
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("rank thread panicked").expect("rank failed")).collect()
+}
+
+#[test]
+fn overlap_and_stage3_give_the_params_of_the_plain_step() {
+    let plain = pipeline_run("pipe-plain", 2, false);
+    for (stage, overlap) in [(2, true), (1, true), (3, false), (3, true)] {
+        let got = pipeline_run(&format!("pipe-{}-{}", stage, overlap), stage, overlap);
+        for r in 0..2 {
+            assert_eq!(got[r].0, plain[r].0, "stage {} overlap {}: rank {} differs", stage, overlap, r);
+        }
+        if stage == 3 {
+            // Shards of 3 units plus at most 2 gathered (one held, one prefetched).
+            assert!(got[0].1 > 0 && got[0].1 < plain[0].1 * 2, "peak {}", got[0].1);
+        }
+    }
+}
+
+#[test]
+fn stage3_views_need_a_gather_and_signals_are_checked() {
+    let mut g = ShardGroup::new(&common::config(&common::rendezvous("pipe-misuse"), 0, 1).stage(3)).unwrap();
+    g.add_param_group(&ParamGroup::new(Optimizer::Sgd).lr(0.1)).unwrap();
+    g.add_param(&Param::new("w", &[4]).unit(0)).unwrap();
+    g.finalize().unwrap();
+    let invalid_state = sx::status::SX_ERR_INVALID_STATE;
+    assert_eq!(g.param(0).unwrap_err().status(), invalid_state);
+    g.gather_unit(0).unwrap();
+    assert_eq!(g.param(0).unwrap().len(), 4);
+    g.release_unit(0).unwrap();
+    assert_eq!(g.release_unit(0).unwrap_err().status(), invalid_state);
+    g.unit_grads_ready(0, None).unwrap();
+    assert_eq!(g.unit_grads_ready(0, None).unwrap_err().status(), invalid_state);
+    g.step(None).unwrap();
 }

@@ -1,0 +1,107 @@
+#include "core/channel.h"
+
+namespace sx {
+namespace core {
+
+CommChannel::~CommChannel() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+}
+
+uint64_t CommChannel::submit(Job job) {
+    uint64_t ticket;
+    bool run_here = false;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        ticket = ++submitted_;
+        if (!started_) {
+            started_ = true;
+            try {
+                thread_ = std::thread([this] { run(); });
+            } catch (...) {
+                inline_ = true;
+            }
+        }
+        if (inline_) {
+            run_here = true;
+        } else {
+            queue_.emplace_back(ticket, std::move(job));
+        }
+    }
+    if (run_here) {
+        // No thread: the job runs now, in order (every earlier one ran the same way).
+        Status s;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (failed_at_) s = failure_;
+        }
+        if (s.ok()) s = catching(job);
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!s.ok() && !failed_at_) {
+            failed_at_ = ticket;
+            failure_ = s.prefix(name_ + ": ");
+        }
+        finished_ = ticket;
+        return ticket;
+    }
+    cv_.notify_all();
+    return ticket;
+}
+
+void CommChannel::run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        std::pair<uint64_t, Job> next = std::move(queue_.front());
+        queue_.pop_front();
+        const bool skip = failed_at_ != 0;
+        lock.unlock();
+        Status s = skip ? Status::Ok() : catching(next.second);
+        next.second = nullptr;  // whatever the job holds goes before it is reported done
+        lock.lock();
+        if (!s.ok() && !failed_at_) {
+            failed_at_ = next.first;
+            failure_ = s.prefix(name_ + ": ");
+        }
+        finished_ = next.first;
+        cv_.notify_all();
+    }
+}
+
+Status CommChannel::wait(uint64_t ticket) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return finished_ >= ticket || stop_; });
+    if (failed_at_ && failed_at_ <= ticket) return failure_;
+    if (finished_ < ticket)
+        return SX_ERROR(SX_ERR_INTERNAL, "%s: the channel stopped before job %llu ran", name_.c_str(),
+                        static_cast<unsigned long long>(ticket));
+    return Status::Ok();
+}
+
+Status CommChannel::drain() {
+    uint64_t last;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        last = submitted_;
+    }
+    return wait(last);
+}
+
+void CommChannel::clear_failure() {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_at_ = 0;
+    failure_ = Status::Ok();
+}
+
+bool CommChannel::busy() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finished_ < submitted_;
+}
+
+}  // namespace core
+}  // namespace sx
