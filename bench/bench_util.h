@@ -130,6 +130,8 @@ int section_step(const Options &opt);
 int section_comm(const Options &opt);
 int section_checkpoint(const Options &opt);
 int section_pipeline(const Options &opt);
+// One rank of the pipeline section (bench_sx runs itself once per rank with --pipeline-rank).
+int pipeline_rank_main(int argc, char **argv);
 #ifdef SX_HAVE_CUDA
 int section_gpu_adamw(const Options &opt);
 #endif

@@ -14,8 +14,10 @@
 //   comm          reduce-scatter + all-gather through sx vs the same traffic with Gloo directly
 //   checkpoint    saving (blocking time, persist throughput, steps meanwhile, memory) and
 //                 loading with resharding vs plain file I/O of the same bytes
-//   pipeline      units as a pipeline on a simulated trainer (2 ranks, 8 units, compute as
-//                 sleeps): overlapped vs plain step time, and stage 3's peak param bytes
+//   pipeline      units as a pipeline on a simulated trainer (2 and 4 ranks as processes, 8
+//                 units, compute calibrated to equal the communication, as a busy loop and as
+//                 sleeps): overlapped and plain step time against compute + communication,
+//                 and stage 3's peak param bytes against 1/W of the model
 //   gpu_adamw     (CUDA builds) the fused AdamW kernel on the device vs a traffic-only kernel
 //                 with its memory pattern, and its bandwidth beside the device's peak;
 //                 prints that it was skipped, and why, where there is no device
@@ -57,6 +59,7 @@ const Section kSections[] = {
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !std::strcmp(argv[1], "--pipeline-rank")) return pipeline_rank_main(argc, argv);
     Options opt;
     std::vector<std::string> wanted;
     for (int i = 1; i < argc; ++i) {

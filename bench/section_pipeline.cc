@@ -1,15 +1,42 @@
-// bench_sx section pipeline: units as a pipeline on a simulated trainer. Two ranks
-// (threads, local://) train 8 units of 1 Mi fp32 each with SGD; each unit's forward and
-// backward is a sleep of a fixed time (compute that does not take a CPU core, as a
-// device's would). A plain step (backward, then sx_step reduces, updates and gathers
-// everything) is timed against an overlapped one (each unit signalled ready in the
-// backward, the all-gather deferred and waited for unit by unit in the next forward), in
-// alternation on the same group; stage 3 (every unit gathered around its forward and
-// backward, prefetch depth 1) is timed against stage 3 without signals or prefetch.
-// Figures: the overlapped step time over the plain one, and how much of the plain step's
-// communication (its time beyond the compute) the overlap hides; stage 3's peak param
-// bytes over stage 2's.
+// bench_sx section pipeline: units as a pipeline on a simulated trainer.
+//
+// Ranks are processes (this program started again once per rank) over tcp://127.0.0.1,
+// at 2 and at 4 ranks. The model is 8 units of 1 Mi fp32 each, trained with SGD; each
+// unit's forward and backward is a fixed amount of compute, calibrated in the run so
+// that the step's total compute equals its total communication (the setting:
+// the most an overlap can hide). Two kinds of compute:
+//   busy   a dependent chain of integer arithmetic on the rank's thread (a CPU trainer;
+//          on this machine the ranks and sx's communication share 2 cores)
+//   sleep  the thread sleeps (compute that takes no CPU core, as a device's would)
+//
+// Per rank count, stage and kind of compute, each timed in the same run, in rotation
+// over the repetitions, with every rank starting each variant together; each variant is 4
+// steps in a row, each from its backward to the end of the next forward (so that a step's
+// background work, deferred gathers and prefetches, is paid for in the block):
+//   compute   the trainer's forward and backward alone, no sx call
+//   comm+upd  the sx calls of a plain step without compute: the step's communication and
+//             the update (stage 3: the gathers around forward and backward too)
+//   update    the update alone: sx_step of a 1-rank group holding one rank's shard
+//   plain     compute, then sx_step (stage 3: gathers without prefetch, no signals)
+//   overl     compute with every unit signalled ready in the backward and the gathers
+//             deferred (stages 1-2) or prefetched one unit ahead (stage 3)
+// comm = (comm+upd) - update. Goal: overl <= compute + 0.25 comm + update (>= 75% of the
+// communication hidden); "hidden" = 1 - (overl - compute - update) / comm. "cpu_floor" is
+// the least an overlapped step can take here: compute + update, or the CPU time (user and
+// kernel, every thread) that all ranks' compute and sx calls take, over the cores,
+// whichever is more; with busy compute on a machine with fewer cores than ranks'
+// threads, it is about compute + comm, and nothing can be hidden. Stage 3's peak
+// param bytes per rank are reported against 1/W of the model.
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,146 +44,346 @@
 #include "bench_util.h"
 #include "sx/sx.h"
 
+extern char **environ;
+
 namespace sxbench {
 
 namespace {
 
 constexpr int kUnits = 8;
 constexpr int64_t kUnitNumel = int64_t(1) << 20;
-constexpr int kComputeMs = 4;  // per unit, forward and backward each
+constexpr int kCalibrationReps = 5;
+constexpr int kBlock = 4;  // steps timed in a row
 
-void compute() { std::this_thread::sleep_for(std::chrono::milliseconds(kComputeMs)); }
+void die(const char *what) {
+    std::fprintf(stderr, "bench_sx pipeline: %s: %s\n", what, sx_last_error_message());
+    std::exit(1);
+}
 
-struct Rank {
-    sx_shard_group_t *g = nullptr;
-    ~Rank() { sx_destroy_shard_group(g); }
+void check(sx_status_t st, const char *what) {
+    if (st != SX_OK) die(what);
+}
+
+// A dependent chain: one multiply-add and a shift per iteration, nothing the compiler
+// can vectorise or drop.
+uint64_t spin(uint64_t iters) {
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (uint64_t i = 0; i < iters; ++i) x = (x * 6364136223846793005ull + 1442695040888963407ull) ^ (x >> 29);
+    return x;
+}
+volatile uint64_t g_sink;
+
+struct Compute {
+    bool busy = true;
+    uint64_t iters = 0;   // busy: per unit per pass
+    double seconds = 0;   // sleep: per unit per pass
+    void operator()() const {
+        if (busy)
+            g_sink = spin(iters);
+        else
+            std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    }
 };
 
-bool make(const std::string &url, int rank, int stage, int prefetch, Rank *out) {
+sx_shard_group_t *make_group(const std::string &url, int rank, int world, int stage, int prefetch,
+                             int64_t unit_numel) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     cfg.rendezvous = url.c_str();
     cfg.rank = rank;
-    cfg.world_size = 2;
+    cfg.world_size = world;
     cfg.stage = stage;
     cfg.num_threads = 1;
     cfg.prefetch_depth = prefetch;
+    cfg.timeout_ms = 120000;
+    sx_shard_group_t *g = nullptr;
+    check(sx_create_shard_group(&cfg, &g), "sx_create_shard_group");
     sx_param_group_desc_t pg;
     sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_SGD);
     pg.lr = 1e-3;
-    if (sx_create_shard_group(&cfg, &out->g) != SX_OK || sx_add_param_group(out->g, &pg, nullptr) != SX_OK) return false;
-    for (int u = 0; u < kUnits; ++u) {
+    check(sx_add_param_group(g, &pg, nullptr), "sx_add_param_group");
+    const int units = unit_numel == 1 ? 1 : kUnits;
+    for (int u = 0; u < units; ++u) {
         const std::string name = "layer" + std::to_string(u);
         sx_param_desc_t d;
         sx_param_desc_init(&d, sizeof d);
         d.name = name.c_str();
         d.ndim = 1;
-        d.shape = &kUnitNumel;
+        d.shape = &unit_numel;
         d.unit = u;
-        if (sx_add_param(out->g, &d, nullptr) != SX_OK) return false;
+        check(sx_add_param(g, &d, nullptr), "sx_add_param");
     }
-    return sx_finalize(out->g) == SX_OK;
+    check(sx_finalize(g), "sx_finalize");
+    return g;
 }
 
-// One training step of the simulated trainer; overlap: signals and deferred gathers.
-sx_status_t train_step(sx_shard_group_t *g, bool overlap) {
-    sx_status_t st = SX_OK;
-    for (int u = 0; u < kUnits && st == SX_OK; ++u) {
-        st = sx_unit_gather(g, u);  // stage 3: gathers; after a deferred step: waits
-        compute();
-        if (st == SX_OK) st = sx_unit_release(g, u);
+// The trainer's forward: each unit gathered (stage 3; after a deferred step: waited
+// for), its compute, released. g null: compute only.
+void forward(sx_shard_group_t *g, const Compute *compute) {
+    for (int u = 0; u < kUnits; ++u) {
+        if (g) check(sx_unit_gather(g, u), "sx_unit_gather");
+        if (compute) (*compute)();
+        if (g) check(sx_unit_release(g, u), "sx_unit_release");
     }
-    for (int u = kUnits - 1; u >= 0 && st == SX_OK; --u) {
-        st = sx_unit_gather(g, u);
-        compute();
-        if (st == SX_OK) st = sx_unit_release(g, u);
-        if (st == SX_OK && overlap) st = sx_unit_grads_ready(g, u, nullptr);
+}
+
+// The trainer's backward, then sx_step. overlap: units signalled ready as their
+// gradients are done, and the gather deferred.
+void backward_and_step(sx_shard_group_t *g, const Compute *compute, bool overlap) {
+    for (int u = kUnits - 1; u >= 0; --u) {
+        if (g) check(sx_unit_gather(g, u), "sx_unit_gather");
+        if (compute) (*compute)();
+        if (g) check(sx_unit_release(g, u), "sx_unit_release");
+        if (g && overlap) check(sx_unit_grads_ready(g, u, nullptr), "sx_unit_grads_ready");
     }
+    if (!g) return;
     sx_step_options_t o;
     sx_step_options_init(&o, sizeof o);
     o.keep_grads = 1;
     o.defer_gather = overlap ? 1 : 0;
-    return st == SX_OK ? sx_step(g, &o, nullptr) : st;
+    check(sx_step(g, &o, nullptr), "sx_step");
+}
+
+// kBlock training steps in a row, each timed from its backward to the end of the next
+// forward: a step's background work (deferred gathers, prefetches) ends within the block,
+// and its cost is the trainer's as in a run that never stops.
+void block(sx_shard_group_t *g, const Compute *compute, bool overlap) {
+    for (int k = 0; k < kBlock; ++k) {
+        backward_and_step(g, compute, overlap);
+        forward(g, compute);
+    }
+}
+
+// A barrier and a way to hand rank 0's numbers to every rank: a group of one small param.
+struct Control {
+    sx_shard_group_t *g = nullptr;
+    void barrier() const { check(sx_step(g, nullptr, nullptr), "barrier"); }
+    // Every rank gets rank 0's `v`.
+    double share(double v, int rank) const {
+        sx_view_t view;
+        sx_view_init(&view, sizeof view);
+        check(sx_param_view(g, 0, &view), "sx_param_view");
+        float *p = static_cast<float *>(view.data);
+        if (rank == 0) p[0] = static_cast<float>(v);
+        check(sx_broadcast_params(g, 0), "sx_broadcast_params");
+        return p[0];
+    }
+};
+
+// Median seconds of fn over reps, every rank starting each repetition together.
+double timed(const Control &c, int reps, const std::function<void()> &fn) {
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+        c.barrier();
+        const double t0 = now_seconds();
+        fn();
+        t.push_back(now_seconds() - t0);
+    }
+    return median(t);
+}
+
+// CPU seconds this process has used (every thread, user and kernel).
+double cpu_seconds() {
+    rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+struct Row {
+    double compute = 0, comm_upd = 0, update = 0, plain = 0, overl = 0;
+    // CPU seconds per step of this rank's compute alone and of its sx calls alone.
+    double cpu_compute = 0, cpu_comm_upd = 0;
+    uint64_t peak = 0;
+};
+
+// One stage, one kind of compute: calibrate, then time the variants in rotation.
+Row run_stage(const Control &c, int rank, bool busy, int reps, double busy_rate,
+              sx_shard_group_t *plain_g, sx_shard_group_t *overl_g, sx_shard_group_t *update_g) {
+    Row row;
+    const double comm_upd = timed(c, kCalibrationReps, [&] { block(plain_g, nullptr, false); }) / kBlock;
+    const double update = timed(c, kCalibrationReps, [&] { block(update_g, nullptr, false); }) / kBlock;
+    // Total compute (2 passes of 8 units) = the communication, as rank 0 measured it.
+    const double per_unit = c.share((comm_upd - update) / (2.0 * kUnits), rank);
+    Compute compute;
+    compute.busy = busy;
+    compute.seconds = per_unit;
+    compute.iters = static_cast<uint64_t>(per_unit * busy_rate);
+    std::vector<double> t[5], cpu[5];
+    const std::function<void()> variants[5] = {
+        [&] { block(nullptr, &compute, false); },
+        [&] { block(plain_g, nullptr, false); },
+        [&] { block(update_g, nullptr, false); },
+        [&] { block(plain_g, &compute, false); },
+        [&] { block(overl_g, &compute, true); },
+    };
+    for (int v = 0; v < 5; ++v) variants[v]();  // once untimed
+    for (int r = 0; r < reps; ++r) {
+        for (int k = 0; k < 5; ++k) {
+            const int v = (r + k) % 5;
+            c.barrier();
+            const double t0 = now_seconds(), c0 = cpu_seconds();
+            variants[v]();
+            t[v].push_back((now_seconds() - t0) / kBlock);
+            cpu[v].push_back((cpu_seconds() - c0) / kBlock);
+        }
+    }
+    row.cpu_compute = median(cpu[0]);
+    row.cpu_comm_upd = median(cpu[1]);
+    row.compute = median(t[0]);
+    row.comm_upd = median(t[1]);
+    row.update = median(t[2]);
+    row.plain = median(t[3]);
+    row.overl = median(t[4]);
+    sx_memory_stats_t m;
+    sx_memory_stats_init(&m, sizeof m);
+    check(sx_get_memory_stats(overl_g, &m), "sx_get_memory_stats");
+    row.peak = m.peak_param_bytes;
+    return row;
+}
+
+void report(const Row &r, int world, int stage, bool busy, int reps, std::vector<std::string> *json) {
+    const double comm = r.comm_upd - r.update;
+    const double goal = r.compute + 0.25 * comm + r.update;
+    const double hidden = comm > 0 ? 1.0 - (r.overl - r.compute - r.update) / comm : 0.0;
+    // The least an overlapped step can take on this machine: its compute and update, or
+    // the CPU time every rank's compute and sx calls need, spread over the cores
+    // (the ranks are alike, so every rank's is this rank's).
+    const double cores = static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    const double floor = std::max(r.compute + r.update, (r.cpu_compute + r.cpu_comm_upd) * world / cores);
+    const char *kind = busy ? "busy" : "sleep";
+    std::printf("%5d %5d %-6s %9.1f %9.1f %8.1f %9.1f %9.1f %9.1f %9.1f %10.3f %7.3f\n", world, stage, kind,
+                r.compute * 1e3, comm * 1e3, r.update * 1e3, r.plain * 1e3, r.overl * 1e3, goal * 1e3, floor * 1e3,
+                r.overl / goal, hidden);
+    char line[1024];
+    std::snprintf(line, sizeof line,
+                  "{\"bench\":\"pipeline\",\"ranks\":%d,\"stage\":%d,\"compute\":\"%s\",\"units\":%d,\"unit_numel\":%lld,"
+                  "\"reps\":%d,\"compute_ms\":%.3f,\"comm_ms\":%.3f,\"update_ms\":%.3f,\"plain_ms\":%.3f,"
+                  "\"overlapped_ms\":%.3f,\"goal_ms\":%.3f,\"cpu_floor_ms\":%.3f,\"ratio_overlapped_over_goal\":%.4f,"
+                  "\"ratio_overlapped_over_cpu_floor\":%.4f,\"ratio_plain_over_compute_comm_update\":%.4f,"
+                  "\"comm_hidden\":%.4f}",
+                  world, stage, kind, kUnits, static_cast<long long>(kUnitNumel), reps, r.compute * 1e3, comm * 1e3,
+                  r.update * 1e3, r.plain * 1e3, r.overl * 1e3, goal * 1e3, floor * 1e3, r.overl / goal,
+                  r.overl / floor, r.plain / (r.compute + comm + r.update), hidden);
+    json->push_back(line);
+}
+
+}  // namespace
+
+// One rank of the pipeline section: bench_sx --pipeline-rank R WORLD PORT0 REPS BUSY
+int pipeline_rank_main(int argc, char **argv) {
+    if (argc != 7) return 2;
+    const int rank = std::atoi(argv[2]), world = std::atoi(argv[3]), port0 = std::atoi(argv[4]);
+    const int reps = std::atoi(argv[5]);
+    const bool busy = std::atoi(argv[6]) != 0;
+    auto url = [&](int k) { return "tcp://127.0.0.1:" + std::to_string(port0 + k); };
+    Control c;
+    c.g = make_group(url(0), rank, world, 2, 0, 1);
+    sx_shard_group_t *s2 = make_group(url(1), rank, world, 2, 0, kUnitNumel);
+    sx_shard_group_t *s3plain = make_group(url(2), rank, world, 3, SX_PREFETCH_NONE, kUnitNumel);
+    sx_shard_group_t *s3 = make_group(url(3), rank, world, 3, 1, kUnitNumel);
+    // The update alone: one rank's shard of every unit, in a group of its own.
+    const std::string local = "local://bench-pipeline-update-" + std::to_string(::getpid());
+    sx_shard_group_t *upd = make_group(local, 0, 1, 2, 0, kUnitNumel / world);
+
+    // The busy loop's speed with every rank spinning at once (the ranks share the cores).
+    double rate = 0;
+    if (busy) {
+        const uint64_t n = 50000000;
+        c.barrier();
+        const double t0 = now_seconds();
+        g_sink = spin(n);
+        rate = c.share(static_cast<double>(n) / (now_seconds() - t0), rank);
+    }
+    const Row r2 = run_stage(c, rank, busy, reps, rate, s2, s2, upd);
+    const Row r3 = run_stage(c, rank, busy, reps, rate, s3plain, s3, upd);
+    if (rank == 0) {
+        std::vector<std::string> json;
+        report(r2, world, 2, busy, reps, &json);
+        report(r3, world, 3, busy, reps, &json);
+        const double model = static_cast<double>(kUnits) * kUnitNumel * sizeof(float);
+        const double bound = model / world + 2.0 * kUnitNumel * sizeof(float);  // shards + 1 held + 1 prefetched
+        std::printf("%5d     3 %-6s stage 3 peak param bytes %llu = %.3f of the model / %d (bound: shards + 1 unit held"
+                    " + 1 prefetched = %.3f)\n",
+                    world, busy ? "busy" : "sleep", static_cast<unsigned long long>(r3.peak), r3.peak / (model / world),
+                    world, bound / (model / world));
+        char line[512];
+        std::snprintf(line, sizeof line,
+                      "{\"bench\":\"pipeline_memory\",\"ranks\":%d,\"stage3_peak_param_bytes\":%llu,"
+                      "\"model_bytes_over_ranks\":%.0f,\"ratio\":%.4f,\"bound_ratio\":%.4f}",
+                      world, static_cast<unsigned long long>(r3.peak), model / world, r3.peak / (model / world),
+                      bound / (model / world));
+        json.push_back(line);
+        for (const std::string &l : json) std::printf("%s\n", l.c_str());
+        std::fflush(stdout);
+    }
+    c.barrier();
+    for (sx_shard_group_t *g : {upd, s3, s3plain, s2, c.g}) sx_destroy_shard_group(g);
+    return 0;
+}
+
+namespace {
+
+// The first of n consecutive TCP ports on 127.0.0.1 that were free a moment ago (a group
+// each), or 0.
+int free_ports(int n) {
+    auto bindable = [](int port) {
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a;
+        std::memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons(static_cast<uint16_t>(port));
+        const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0;
+        if (fd >= 0) close(fd);
+        return ok;
+    };
+    for (int attempt = 0; attempt < 100; ++attempt) {
+        const int base = 20000 + static_cast<int>((static_cast<unsigned>(::getpid()) * 7919u + attempt * 104729u) % 30000u);
+        int k = 0;
+        while (k < n && bindable(base + k)) ++k;
+        if (k == n) return base;
+    }
+    return 0;
+}
+
+bool run_ranks(int world, int reps, bool busy) {
+    const int port0 = free_ports(4);
+    if (port0 == 0) return false;
+    std::vector<pid_t> pids;
+    for (int r = 0; r < world; ++r) {
+        const std::string args[] = {"/proc/self/exe", "--pipeline-rank", std::to_string(r), std::to_string(world),
+                                    std::to_string(port0), std::to_string(reps), busy ? "1" : "0"};
+        std::vector<char *> argv;
+        for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+        argv.push_back(nullptr);
+        pid_t pid;
+        if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) return false;
+        pids.push_back(pid);
+    }
+    bool ok = true;
+    for (pid_t p : pids) {
+        int status = 0;
+        if (waitpid(p, &status, 0) != p || !WIFEXITED(status) || WEXITSTATUS(status) != 0) ok = false;
+    }
+    return ok;
 }
 
 }  // namespace
 
 int section_pipeline(const Options &opt) {
-    PairTimes t12, t3;
-    uint64_t peak[2] = {0, 0};
-    bool ok[2] = {true, true};
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < 2; ++r) {
-        ranks.emplace_back([&, r] {
-            Rank s2, s3plain, s3;
-            if (!make("local://bench-pipe-s2", r, 2, 0, &s2) ||
-                !make("local://bench-pipe-s3p", r, 3, SX_PREFETCH_NONE, &s3plain) ||
-                !make("local://bench-pipe-s3", r, 3, 1, &s3)) {
-                ok[r] = false;
-                return;
-            }
-            sx_status_t st = SX_OK;
-            PairTimes a = time_pair([&] { st |= train_step(s2.g, false); }, [&] { st |= train_step(s2.g, true); }, opt.reps);
-            PairTimes b = time_pair([&] { st |= train_step(s3plain.g, false); }, [&] { st |= train_step(s3.g, true); }, opt.reps);
-            sx_memory_stats_t m2, m3;
-            sx_memory_stats_init(&m2, sizeof m2);
-            sx_memory_stats_init(&m3, sizeof m3);
-            sx_get_memory_stats(s2.g, &m2);
-            sx_get_memory_stats(s3.g, &m3);
-            if (st != SX_OK) {
-                std::fprintf(stderr, "bench pipeline: a step failed: %s\n", sx_last_error_message());
-                ok[r] = false;
-            }
-            if (r == 0) {
-                t12 = a;
-                t3 = b;
-                peak[0] = m2.peak_param_bytes;
-                peak[1] = m3.peak_param_bytes;
-            }
-        });
-    }
-    for (auto &t : ranks) t.join();
-    if (!ok[0] || !ok[1]) return 1;
-    const double compute_s = 2.0 * kUnits * kComputeMs * 1e-3;
-    std::printf("pipeline: 2 ranks (threads), %d units of %lld fp32, SGD; compute %d ms per unit per pass "
-                "(a sleep), %.0f ms per step; ratio = median over reps of overlapped / plain step time\n",
-                kUnits, static_cast<long long>(kUnitNumel), kComputeMs, compute_s * 1e3);
-    std::printf("%-34s %9s %9s %7s %13s %14s\n", "variant", "plain_ms", "overl_ms", "ratio", "ratio_of_mins",
-                "comm_hidden");
-    const struct {
-        const char *name, *key;
-        const PairTimes *t;
-    } rows[] = {{"stage 2: signals + deferred gather", "stage2", &t12},
-                {"stage 3: + prefetch 1 (vs none)", "stage3", &t3}};
-    std::vector<std::string> json;
-    for (const auto &row : rows) {
-        const double ratio = row.t->paired_ratio(), mins = row.t->min_b() / row.t->min_a();
-        // The plain step's time beyond its compute is exposed communication and update;
-        // the share of it the overlapped step no longer shows.
-        const double hidden = 1.0 - (row.t->min_b() - compute_s) / (row.t->min_a() - compute_s);
-        std::printf("%-34s %9.1f %9.1f %7.3f %13.3f %14.3f\n", row.name, row.t->min_a() * 1e3, row.t->min_b() * 1e3,
-                    ratio, mins, hidden);
-        char line[512];
-        std::snprintf(line, sizeof line,
-                      "{\"bench\":\"pipeline\",\"variant\":\"%s\",\"units\":%d,\"unit_numel\":%lld,\"reps\":%d,"
-                      "\"compute_ms\":%.1f,\"plain_ms\":%.3f,\"overlapped_ms\":%.3f,\"ratio_overlapped_over_plain\":%.4f,"
-                      "\"ratio_of_mins\":%.4f,\"comm_hidden\":%.4f}",
-                      row.key, kUnits, static_cast<long long>(kUnitNumel), opt.reps, compute_s * 1e3,
-                      row.t->min_a() * 1e3, row.t->min_b() * 1e3, ratio, mins, hidden);
-        json.push_back(line);
-    }
-    std::printf("peak param bytes on rank 0: stage 2 %llu, stage 3 %llu (%.3f of stage 2's)\n",
-                static_cast<unsigned long long>(peak[0]), static_cast<unsigned long long>(peak[1]),
-                static_cast<double>(peak[1]) / static_cast<double>(peak[0]));
-    char line[256];
-    std::snprintf(line, sizeof line,
-                  "{\"bench\":\"pipeline_memory\",\"stage2_peak_param_bytes\":%llu,\"stage3_peak_param_bytes\":%llu,"
-                  "\"ratio\":%.4f}",
-                  static_cast<unsigned long long>(peak[0]), static_cast<unsigned long long>(peak[1]),
-                  static_cast<double>(peak[1]) / static_cast<double>(peak[0]));
-    json.push_back(line);
-    for (const std::string &l : json) std::printf("%s\n", l.c_str());
-    return 0;
+    std::printf("pipeline: ranks as processes over tcp://127.0.0.1, %d units of %lld fp32, SGD, 1 thread per rank; "
+                "compute per unit per pass calibrated so that total compute = total communication; medians of %d "
+                "repetitions (ms)\n",
+                kUnits, static_cast<long long>(kUnitNumel), opt.reps);
+    std::printf("%5s %5s %-6s %9s %9s %8s %9s %9s %9s %9s %10s %7s\n", "ranks", "stage", "comp", "compute", "comm",
+                "update", "plain", "overl", "goal", "cpu_floor", "overl/goal", "hidden");
+    std::fflush(stdout);
+    bool ok = true;
+    for (bool busy : {true, false})
+        for (int world : {2, 4}) ok = run_ranks(world, opt.reps, busy) && ok;
+    if (!ok) std::fprintf(stderr, "bench_sx pipeline: a rank failed\n");
+    return ok ? 0 : 1;
 }
 
 }  // namespace sxbench

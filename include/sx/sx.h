@@ -371,9 +371,12 @@ typedef struct sx_step_options {
     int32_t keep_grads;
     /* Stages 1 and 2: 0 (default): every param is gathered before sx_step returns. 1:
      * sx_step returns after the update and the updated params are all-gathered in the
-     * background, unit by unit in increasing unit index, while the trainer goes on; the
-     * trainer calls sx_unit_gather(u) before it reads unit u's params (see "Units as a
-     * pipeline"). Every rank passes the same value. Stage 3 ignores it. */
+     * background, unit by unit, while the trainer goes on; the trainer calls
+     * sx_unit_gather(u) before it reads unit u's params (see "Units as a pipeline"). The
+     * units are gathered in the reverse of the reductions' order (with units signalled
+     * ready, the reverse of rank 0's backward at the previous step, so the forward's
+     * order; without, increasing unit index). Every rank passes the same value. Stage 3
+     * ignores it. */
     int32_t defer_gather;
 } sx_step_options_t;
 
@@ -421,11 +424,14 @@ SX_API sx_status_t sx_step(sx_shard_group_t *group, const sx_step_options_t *opt
  * every rank runs the same collectives in the same order. A trainer that calls none of
  * these functions gets today's behaviour: sx_step reduces and gathers everything.
  *
- * Stage 3 shards the params themselves: between steps a rank holds its 1/world_size
- * shard of every unit, and a unit's full params exist only between sx_unit_gather and
- * sx_unit_release (around its forward, and again around its backward). A rank then holds
- * param bytes of its shards plus at most (the units the trainer holds gathered at once +
- * config->prefetch_depth) gathered units (sx_memory_stats_t.peak_param_bytes shows it).
+ * Stage 3 shards the params themselves: a rank keeps its 1/world_size shard of every
+ * unit, and a unit's full params are present for the trainer only between sx_unit_gather
+ * and sx_unit_release (around its forward, and again around its backward). sx gathers
+ * config->prefetch_depth units ahead of the trainer's calls, in the previous step's order
+ * (sx_step itself starts the next forward's first ones). A rank so holds param bytes of
+ * its shards plus at most (the units the trainer holds gathered at once +
+ * config->prefetch_depth) gathered units (sx_memory_stats_t.peak_param_bytes shows it);
+ * between steps, its shards and the units prefetched for the next forward.
  * Gradient buffers stay whole at every stage. sx_param_view of a param whose unit is not
  * gathered fails with SX_ERR_INVALID_STATE; a view taken earlier is invalid once its unit
  * is released. sx_broadcast_params at stage 3 sends the units that root holds gathered

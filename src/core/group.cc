@@ -123,6 +123,7 @@ ShardGroup::~ShardGroup() {
     }
     reduce_channel_.reset();
     gather_channel_.reset();
+    unmark_spares();
 }
 
 Status ShardGroup::fail(Status s) {
@@ -544,7 +545,10 @@ Status ShardGroup::broadcast_gathered(int root) {
 
 Status ShardGroup::gather_params() {
     SX_TRY(masters_to_params());
-    if (config_.stage == 3) return gather_after_update(false);  // the gathered units, again
+    if (config_.stage == 3) {  // the gathered units, again
+        SX_TRY(gather_after_update(false));
+        return drop_spares();
+    }
     if (world_size_ == 1) return Status::Ok();
     for (size_t u = 0; u < units_.size(); ++u) {
         const uint64_t bytes = layout_.units()[u].shard_numel * dtype_size(units_[u].dtype);

@@ -174,6 +174,8 @@ class ShardGroup {
     Status check_param_present(int32_t param) const;
     // Reductions run on the reduction channel since the group was made (any thread).
     uint64_t reductions_run() const { return reductions_run_.load(); }
+    // The units whose gathers the last deferred step queued, in the order queued.
+    const std::vector<int32_t> &deferred_gather_order() const { return deferred_order_; }
 
     // --- for checkpoints (ckpt/, one layer up) ---
     // Collective in order (every rank exports for the same save or load). Waits for the
@@ -231,6 +233,7 @@ class ShardGroup {
         bool resident = false;     // stage 3: params holds (or a gather job fills) the full values
         int pins = 0;              // stage 3: unit_gather calls not yet released
         uint64_t gather_ticket = 0;  // the gather job that fills params, if not yet waited for
+        uint64_t copy_back_ticket = 0;  // the last release's copy of params into `own` (reads params)
     };
 
     // One micro-batch's gradients, from the first unit_grads_ready to the step or
@@ -258,6 +261,15 @@ class ShardGroup {
     // `extra` (may be empty) is hashed too.
     Status check_ranks_agree(const char *what, const std::vector<uint8_t> &mask, double max_grad_norm,
                              const std::vector<uint8_t> &extra = {});
+    // The fingerprint the ranks compare: the call, the mask, the hyperparameters,
+    // max_grad_norm, the loss scaling, the micro-batch count and `extra`.
+    uint64_t agreement_hash(const char *what, const std::vector<uint8_t> &mask, double max_grad_norm,
+                            const std::vector<uint8_t> &extra) const;
+    // SX_ERR_MISMATCH saying what ranks may disagree on.
+    static Status disagreement();
+    // Collective: the sum of every rank's `local`, added in rank order (the same bits on
+    // every rank, whatever the collective's own order of additions).
+    Status sum_over_ranks(double local, double *total);
     // The current mask with every byte 0 or 1 (autodetection reads the trainer's bytes).
     std::vector<uint8_t> candidate_mask() const;
     // Collective: reduces unit u's gradients into this rank's shard; returns where the
@@ -270,11 +282,15 @@ class ShardGroup {
     // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.
     Status finish_step(bool keep_grads);
     // The step's segments: every trainable param's piece of this rank's shard, with its
-    // reduced gradient (reduced[u]: unit u's), state and hyperparameters.
-    std::vector<optim::Segment> segments(const std::vector<float *> &reduced) const;
-    // Collective: the norm of the gradients (times grad_scale) over every rank's segments
-    // (inf or NaN where one is).
-    Status global_norm(const std::vector<optim::Segment> &segs, float grad_scale, double *norm);
+    // reduced gradient (reduced[u]: unit u's), state and hyperparameters; but unit `except`'s.
+    std::vector<optim::Segment> segments(const std::vector<float *> &reduced, int32_t except = -1) const;
+    // Unit u's segments (none if it is frozen), its reduced gradient at `reduced`.
+    void append_unit_segments(size_t u, float *reduced, std::vector<optim::Segment> *out) const;
+    // The sum of squares of unit u's reduced gradients (reduced_[u]) times grad_scale.
+    Status unit_sumsq(size_t u, float grad_scale, double *out);
+    // Collective: the sum of squares of the gradients (times grad_scale) over every rank's
+    // segments (inf or NaN where one is), unit by unit as an overlapped step sums them.
+    Status global_norm(float grad_scale, double *sumsq);
     // Collective: all-gathers the params of every trainable unit.
     Status gather_trainable_units();
     // A step was taken: per-param step counts, and the dynamic loss scale's growth.
@@ -296,9 +312,12 @@ class ShardGroup {
     void submit_reductions(bool all);
     // Ends the round (for step, or accumulate_grads): reduces what was not signalled,
     // waits for every reduction, and checks that the ranks signalled the same units
-    // (SX_ERR_MISMATCH on every rank otherwise, the step's gradients then dropped).
-    // reduced_[u] then holds unit u's reduced shard (step rounds).
-    Status close_round(const char *what, double max_grad_norm, const std::vector<uint8_t> &facts);
+    // (SX_ERR_MISMATCH on every rank otherwise, the step's gradients then dropped); rank
+    // 0's order of signals becomes the order of the next rounds' reductions. reduced_[u]
+    // then holds unit u's reduced shard, and *sumsq (step rounds; null for accumulate)
+    // the sum of squares of the scaled gradients over every rank, as global_norm gives it.
+    Status close_round(const char *what, double max_grad_norm, const std::vector<uint8_t> &facts,
+                       double *sumsq = nullptr);
     // What else the ranks must agree on at a step or accumulate_grads: defer_gather and,
     // at stage 3, the units gathered.
     std::vector<uint8_t> step_facts(bool defer_gather) const;
@@ -306,9 +325,6 @@ class ShardGroup {
     // trainable unit is reduced here (accumulate: into the accumulator; reduced_ gets
     // where each reduced shard lives).
     Status reduce_here(const char *what, double max_grad_norm, bool accumulate, bool defer_gather);
-    // Rank 0's order of the round's signals (then the units it did not signal) becomes
-    // the order of the next rounds' reductions. Collective.
-    Status learn_reduce_order(const Round &round);
     // Waits for every collective in flight on both channels; their failure.
     Status settle();
     CommChannel &reduce_channel();
@@ -320,10 +336,19 @@ class ShardGroup {
     // Waits for unit u's gather job, if it has one.
     Status wait_gather(size_t u);
     // After the update: the params of every trainable unit gathered (stages 1 and 2,
-    // now or deferred), or (stage 3) the gathered units gathered again.
-    Status gather_after_update(bool defer);
-    // Stage 3: frees unit u's full params.
+    // now or deferred; `submitted`: a unit whose deferred gather is queued already), or
+    // (stage 3) the gathered units gathered again.
+    Status gather_after_update(bool defer, int32_t submitted = -1);
+    // Stages 1 and 2, world > 1: the unit a deferred step gathers first (the next
+    // forward's first), or -1.
+    int32_t first_deferred_gather() const;
+    // Stage 3: unit u's full params go (to the spares, until the step ends).
     void evict(size_t u);
+    // Stage 3: frees the spare unit buffers, once nothing reads them.
+    Status drop_spares();
+    // Debug builds: clears the marks of released memory from the spares (the destructor,
+    // once the gather channel has stopped), before their memory goes back to the system.
+    void unmark_spares();
     // Stage 3: the units the last step's order gathers next, after position gather_pos_.
     std::vector<int32_t> prefetch_window() const;
     void prefetch();
@@ -365,9 +390,18 @@ class ShardGroup {
     Round round_;
     std::vector<int32_t> reduce_order_;  // the agreed order of reductions
     std::vector<float *> reduced_;       // per unit: its reduced shard, after a step round
+    std::vector<double> unit_sumsq_;     // per unit: its part of the step's norm (a step round)
     std::vector<int32_t> gather_log_;    // stage 3: unit_gather calls since the last step
     std::vector<int32_t> gather_order_;  // stage 3: those of the step before (the prefetch order)
     size_t gather_pos_ = 0;              // stage 3: how far this step has come in gather_order_
+    std::vector<int32_t> deferred_order_;  // stages 1-2: the last deferred step's gathers, in order
+    // Stage 3: unit buffers evicted this step, for its next gathers, each with the gather
+    // channel's job that still reads it (a release's copy back into the shard; 0: none).
+    struct Spare {
+        Buffer buffer;
+        uint64_t pending = 0;
+    };
+    std::vector<Spare> spare_params_;
     uint64_t param_bytes_ = 0, peak_param_bytes_ = 0;
     std::atomic<uint64_t> reductions_run_{0};
     std::unique_ptr<comm::Communicator> gather_comm_;

@@ -7,14 +7,47 @@
 // reductions differently; what every rank keeps the same is the order of the
 // collectives on each channel: reductions in reduce_order_ (agreed by all ranks),
 // gathers in the order of the trainer's calls (collective, so the same everywhere) or,
-// for the deferred gathers of stages 1 and 2, in increasing unit index.
+// for the deferred gathers of stages 1 and 2, in the reverse of the reductions' order
+// (the backward's order reversed: the forward's).
 #include <algorithm>
 #include <cstring>
 
 #include "core/group.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace sx {
 namespace core {
+namespace {
+
+// Debug builds mark the memory of a released stage-3 unit, so that a view kept past
+// sx_unit_release fails loudly: filled with 0xff bytes (NaN in every float dtype) and,
+// under AddressSanitizer, poisoned (a read or write is reported where it happens).
+#if defined(__SANITIZE_ADDRESS__) || !defined(NDEBUG)
+constexpr bool kMarkReleased = true;
+#else
+constexpr bool kMarkReleased = false;
+#endif
+
+void mark_released(void *p, size_t bytes) {
+    std::memset(p, 0xff, bytes);
+#if defined(__SANITIZE_ADDRESS__)
+    ASAN_POISON_MEMORY_REGION(p, bytes);
+#endif
+}
+
+void unmark_released(void *p, size_t bytes) {
+#if defined(__SANITIZE_ADDRESS__)
+    ASAN_UNPOISON_MEMORY_REGION(p, bytes);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+}  // namespace
 
 CommChannel &ShardGroup::reduce_channel() {
     if (!reduce_channel_) reduce_channel_.reset(new CommChannel("the gradient reductions"));
@@ -41,6 +74,7 @@ Status ShardGroup::settle() {
 Status ShardGroup::open_round(bool accumulate) {
     std::vector<uint8_t> mask = candidate_mask();
     SX_TRY(prepare(mask));
+    unit_sumsq_.assign(units_.size(), 0.0);
     Round r;
     r.open = true;
     r.accumulate = accumulate;
@@ -64,15 +98,19 @@ void ShardGroup::submit_reductions(bool all) {
         // place until the step.
         if (!units_[u].trainable || (round_.accumulate && config_.stage == 1)) continue;
         const bool accumulate = round_.accumulate;
-        reduce_channel().submit([this, u, accumulate]() -> Status {
+        // The step's gradient scale (the average's 1/N and the loss scale), as its norm uses it.
+        const float grad_scale = static_cast<float>(1.0 / (static_cast<double>(world_size_) * scaler_.scale));
+        reduce_channel().submit([this, u, accumulate, grad_scale]() -> Status {
             float *shard = nullptr;
             Status s = reduce_unit(static_cast<size_t>(u), accumulate, &shard);
             if (s.ok() && accumulate) {
                 units_[u].accum_live = true;
                 s = ops_->zero(units_[u].grads.data(), units_[u].grads.size());
             }
+            if (s.ok()) reduced_[u] = shard;
+            // The last micro-batch: the unit's part of the step's norm, while the backward goes on.
+            if (s.ok() && !accumulate) s = unit_sumsq(static_cast<size_t>(u), grad_scale, &unit_sumsq_[u]);
             if (!s.ok()) return fail(s);
-            reduced_[u] = shard;
             ++reductions_run_;
             return Status::Ok();
         });
@@ -100,7 +138,8 @@ Status ShardGroup::unit_grads_ready(int32_t unit, bool accumulate, void *stream)
     return Status::Ok();
 }
 
-Status ShardGroup::close_round(const char *what, double max_grad_norm, const std::vector<uint8_t> &facts) {
+Status ShardGroup::close_round(const char *what, double max_grad_norm, const std::vector<uint8_t> &facts,
+                               double *sumsq) {
     submit_reductions(true);
     Round round = std::move(round_);
     round_ = Round();
@@ -111,44 +150,60 @@ Status ShardGroup::close_round(const char *what, double max_grad_norm, const std
         if (s.code() == SX_ERR_MISMATCH && check_usable().ok()) reduce_channel().clear_failure();
         return s;
     }
-    // The units signalled are part of the agreement: a unit signalled on some ranks only
-    // is a trainer's mistake that every rank reports. Its gradients are reduced by now
-    // (the ranks reduced every unit, in one order), so the step's gradients are dropped.
+    // One exchange ends the round. Each rank sends the fingerprint of what it agrees on
+    // (the units signalled are part of it: a unit signalled on some ranks only is a
+    // trainer's mistake that every rank reports; its gradients are reduced by now, as the
+    // ranks reduced every unit in one order, so the step's gradients are dropped), its
+    // sum of squares (the units' parts added in unit order), and, from rank 0, the order
+    // of the next rounds' reductions: its signals in its order, then the units it did not
+    // signal in the old order.
     std::vector<uint8_t> extra = round.signalled;
     extra.insert(extra.end(), facts.begin(), facts.end());
-    s = check_ranks_agree(what, round.mask, max_grad_norm, extra);
-    if (!s.ok()) {
+    const size_t n = units_.size(), words = 2 + n;
+    std::vector<uint64_t> all(static_cast<size_t>(world_size_) * words, 0);
+    uint64_t *mine = all.data() + static_cast<size_t>(rank_) * words;
+    mine[0] = agreement_hash(what, round.mask, max_grad_norm, extra);
+    double local = 0.0;
+    for (size_t u = 0; u < n && sumsq; ++u) local += unit_sumsq_[u];
+    std::memcpy(&mine[1], &local, sizeof local);
+    if (rank_ == 0) {
+        std::vector<uint8_t> seen(n, 0);
+        size_t k = 0;
+        for (int32_t u : round.order) mine[2 + k++] = static_cast<uint64_t>(u), seen[u] = 1;
+        for (int32_t u : reduce_order_)
+            if (!seen[u]) mine[2 + k++] = static_cast<uint64_t>(u);
+    }
+    if (world_size_ > 1) {
+        s = comm_->all_gather(all.data(), words * sizeof(uint64_t));
+        if (!s.ok()) return fail(s);
+    }
+    for (int r = 0; r < world_size_; ++r) {
+        if (all[static_cast<size_t>(r) * words] == mine[0]) continue;
         if (check_usable().ok()) {
             Status d = finish_step(false);
             if (!d.ok()) return d;
         }
-        return s;
+        return disagreement();
     }
-    return learn_reduce_order(round);
-}
-
-Status ShardGroup::learn_reduce_order(const Round &round) {
-    if (round.order.empty()) return Status::Ok();  // on every rank: the ranks agreed on the units signalled
-    // Rank 0's signals in its order, then the units it did not signal in the old order.
-    std::vector<int32_t> next(units_.size(), -1);
-    if (rank_ == 0) {
-        std::vector<uint8_t> seen(units_.size(), 0);
-        size_t k = 0;
-        for (int32_t u : round.order) next[k++] = u, seen[u] = 1;
-        for (int32_t u : reduce_order_)
-            if (!seen[u]) next[k++] = u;
-    }
-    if (world_size_ > 1) {
-        Status s = comm_->broadcast(next.data(), next.size() * sizeof(int32_t), 0);
-        if (!s.ok()) return fail(s);
-    }
-    std::vector<uint8_t> seen(units_.size(), 0);
-    for (int32_t u : next) {
-        SX_CHECK(u >= 0 && static_cast<size_t>(u) < units_.size() && !seen[u], SX_ERR_INTERNAL,
+    std::vector<int32_t> next(n);
+    std::vector<uint8_t> seen(n, 0);
+    for (size_t k = 0; k < n; ++k) {
+        const uint64_t u = all[2 + k];  // rank 0's
+        SX_CHECK(u < n && !seen[u], SX_ERR_INTERNAL,
                  "rank 0 sent a reduction order that is not a permutation of the units");
         seen[u] = 1;
+        next[k] = static_cast<int32_t>(u);
     }
     reduce_order_ = std::move(next);
+    if (sumsq) {
+        double total = 0.0;
+        for (int r = 0; r < world_size_; ++r) {  // in rank order: the same bits on every rank
+            double v;
+            std::memcpy(&v, &all[static_cast<size_t>(r) * words + 1], sizeof v);
+            total += v;
+        }
+        *sumsq = total;
+    }
     return Status::Ok();
 }
 
@@ -177,18 +232,36 @@ Status ShardGroup::submit_gather(size_t u) {
     const uint64_t S = layout_.units()[u].shard_numel;
     const size_t es = dtype_size(unit.dtype);
     if (config_.stage == 3 && !unit.resident) {
-        Buffer full;
-        SX_TRY(ops_->allocate(layout_.units()[u].padded_numel * es, "a gathered unit's params", &full, true));
-        unit.params = std::move(full);
+        const size_t bytes = layout_.units()[u].padded_numel * es;
+        // A buffer this step freed, of the same size, if there is one: the gather writes
+        // every byte of it. Otherwise the spares go before a new buffer comes, so that
+        // the buffers held never outnumber the most units resident at once.
+        auto spare = std::find_if(spare_params_.begin(), spare_params_.end(),
+                                  [&](const Spare &b) { return b.buffer.size() == bytes; });
+        if (spare != spare_params_.end()) {
+            // Its copy back into the shard it came from (if still queued) runs before this
+            // gather, on the same channel.
+            unit.params = std::move(spare->buffer);
+            spare_params_.erase(spare);
+        } else {
+            SX_TRY(drop_spares());
+            Buffer full;
+            SX_TRY(ops_->allocate(bytes, "a gathered unit's params", &full, true));
+            unit.params = std::move(full);
+            count_param_bytes(static_cast<int64_t>(unit.params.size()));
+        }
         unit.resident = true;
-        count_param_bytes(static_cast<int64_t>(unit.params.size()));
     }
     if (world_size_ == 1 && config_.stage != 3) return Status::Ok();  // the params are whole already
-    unit.gather_ticket = gather_channel_->submit([this, u, S, es]() -> Status {
-        Unit &un = units_[u];
-        char *mine = un.params.as<char>() + static_cast<uint64_t>(rank_) * S * es;
-        Status s = config_.stage == 3 ? ops_->copy(mine, un.own.data(), S * es) : Status::Ok();
-        if (s.ok() && world_size_ > 1) s = gather_comm_->all_gather(un.params.data(), S * es);
+    char *full = unit.params.as<char>();
+    const void *own = unit.own.data();
+    const bool unmark = kMarkReleased && config_.stage == 3 && ops_->device() == SX_DEVICE_CPU;
+    const size_t bytes = unit.params.size();
+    unit.gather_ticket = gather_channel_->submit([this, full, own, S, es, unmark, bytes]() -> Status {
+        if (unmark) unmark_released(full, bytes);  // a spare's, marked when its unit was released
+        char *mine = full + static_cast<uint64_t>(rank_) * S * es;
+        Status s = config_.stage == 3 ? ops_->copy(mine, own, S * es) : Status::Ok();
+        if (s.ok() && world_size_ > 1) s = gather_comm_->all_gather(full, S * es);
         return s.ok() ? s : fail(s);
     });
     return Status::Ok();
@@ -206,18 +279,68 @@ Status ShardGroup::wait_gather(size_t u) {
 void ShardGroup::evict(size_t u) {
     Unit &unit = units_[u];
     if (!unit.resident) return;
-    count_param_bytes(-static_cast<int64_t>(unit.params.size()));
-    unit.params.reset();
+    // Kept for the step's next gathers (fresh memory faults in slower than a gather
+    // fills it), with the copy back of its last release, which may still be queued;
+    // param_bytes still counts it.
+    uint64_t pending = unit.copy_back_ticket;
+    if (kMarkReleased && ops_->device() == SX_DEVICE_CPU) {
+        // After the copy back, on the same channel; a later gather into the buffer unmarks it.
+        void *p = unit.params.data();
+        const size_t bytes = unit.params.size();
+        pending = gather_channel_->submit([p, bytes]() -> Status {
+            mark_released(p, bytes);
+            return Status::Ok();
+        });
+    }
+    spare_params_.push_back({std::move(unit.params), pending});
+    unit.copy_back_ticket = 0;
+    unit.params = Buffer();
     unit.resident = false;
 }
 
-Status ShardGroup::gather_after_update(bool defer) {
+void ShardGroup::unmark_spares() {
+    if (!kMarkReleased || !ops_ || ops_->device() != SX_DEVICE_CPU) return;
+    for (Spare &b : spare_params_) unmark_released(b.buffer.data(), b.buffer.size());
+}
+
+Status ShardGroup::drop_spares() {
+    Status s;
+    for (Spare &b : spare_params_) {
+        // A copy back still reading the buffer ends first.
+        if (b.pending) {
+            Status w = gather_channel_->wait(b.pending);
+            if (s.ok() && !w.ok()) s = fail(w);
+        }
+        if (kMarkReleased && ops_->device() == SX_DEVICE_CPU) unmark_released(b.buffer.data(), b.buffer.size());
+        count_param_bytes(-static_cast<int64_t>(b.buffer.size()));
+    }
+    spare_params_.clear();
+    return s;
+}
+
+int32_t ShardGroup::first_deferred_gather() const {
+    if (config_.stage == 3 || world_size_ == 1) return -1;
+    for (size_t k = reduce_order_.size(); k-- > 0;)
+        if (units_[reduce_order_[k]].trainable) return reduce_order_[k];
+    return -1;
+}
+
+Status ShardGroup::gather_after_update(bool defer, int32_t submitted) {
     if (config_.stage != 3) {
         if (!defer) return gather_trainable_units();
         if (world_size_ == 1) return Status::Ok();
         SX_TRY(open_gather_channel());
-        for (size_t u = 0; u < units_.size(); ++u)
-            if (units_[u].trainable) SX_TRY(submit_gather(u));
+        // The forward reads the units in the reverse of the backward's order, which the
+        // ranks agreed on for the reductions: gathered in that order, the unit the next
+        // forward reads first is gathered first (first_deferred_gather(), which the step
+        // may have submitted already).
+        deferred_order_.clear();
+        for (size_t k = reduce_order_.size(); k-- > 0;) {
+            const int32_t u = reduce_order_[k];
+            if (!units_[u].trainable) continue;
+            if (u != submitted) SX_TRY(submit_gather(static_cast<size_t>(u)));
+            deferred_order_.push_back(u);
+        }
         return Status::Ok();
     }
     // Stage 3: the units the trainer holds gathered get the new values; prefetched ones
@@ -230,7 +353,7 @@ Status ShardGroup::gather_after_update(bool defer) {
         }
     }
     for (size_t u = 0; u < units_.size(); ++u) SX_TRY(wait_gather(u));
-    return Status::Ok();
+    return Status::Ok();  // the spares go at the step's end (or the load's), after its prefetch
 }
 
 std::vector<int32_t> ShardGroup::prefetch_window() const {
@@ -299,10 +422,17 @@ Status ShardGroup::unit_release(int32_t unit) {
              unit);
     if (--u.pins > 0) return Status::Ok();
     // This rank keeps its shard of what the buffer holds: values the trainer wrote into
-    // it (initial values) are kept.
+    // it (initial values) are kept. The copy runs on the gather channel, ahead of any
+    // later gather of this unit or reuse of its buffer (both queued behind it there), and
+    // of the update, which drains the channel first.
     const uint64_t S = layout_.units()[unit].shard_numel;
     const size_t es = dtype_size(u.dtype);
-    SX_TRY(ops_->copy(u.own.data(), u.params.as<char>() + static_cast<uint64_t>(rank_) * S * es, S * es));
+    void *own = u.own.data();
+    const void *mine = u.params.as<char>() + static_cast<uint64_t>(rank_) * S * es;
+    u.copy_back_ticket = gather_channel_->submit([this, own, mine, S, es]() -> Status {
+        Status s = ops_->copy(own, mine, S * es);
+        return s.ok() ? s : fail(s);
+    });
     const std::vector<int32_t> window = prefetch_window();
     if (std::find(window.begin(), window.end(), unit) == window.end()) evict(static_cast<size_t>(unit));
     return Status::Ok();

@@ -27,9 +27,8 @@ std::vector<uint8_t> ShardGroup::candidate_mask() const {
     return m;
 }
 
-Status ShardGroup::check_ranks_agree(const char *what, const std::vector<uint8_t> &mask, double max_grad_norm,
-                                     const std::vector<uint8_t> &extra) {
-    if (world_size_ == 1) return Status::Ok();
+uint64_t ShardGroup::agreement_hash(const char *what, const std::vector<uint8_t> &mask, double max_grad_norm,
+                                    const std::vector<uint8_t> &extra) const {
     uint64_t h = fnv1a(what, std::strlen(what));
     h = fnv1a(mask.data(), mask.size(), h);
     for (const ParamGroup &g : groups_) h = hyper_fingerprint(g.hyper, h);
@@ -38,14 +37,39 @@ Status ShardGroup::check_ranks_agree(const char *what, const std::vector<uint8_t
                                scaling_.backoff_factor, static_cast<double>(scaling_.growth_interval)};
     h = fnv1a(scaling, sizeof scaling, h);
     h = fnv1a(&micro_batches_, sizeof micro_batches_, h);
-    h = fnv1a(extra.data(), extra.size(), h);
+    return fnv1a(extra.data(), extra.size(), h);
+}
+
+Status ShardGroup::disagreement() {
+    return SX_ERROR(SX_ERR_MISMATCH,
+                    "ranks disagree: the trainable masks, hyperparameters, max_grad_norm, loss scaling, the number of "
+                    "sx_accumulate_grads calls, the units signalled ready or gathered, defer_gather, or the call itself "
+                    "(sx_step, sx_accumulate_grads or sx_unit_grads_ready) differ between ranks");
+}
+
+Status ShardGroup::check_ranks_agree(const char *what, const std::vector<uint8_t> &mask, double max_grad_norm,
+                                     const std::vector<uint8_t> &extra) {
+    if (world_size_ == 1) return Status::Ok();
+    const uint64_t h = agreement_hash(what, mask, max_grad_norm, extra);
     uint64_t v[2] = {h, ~h};
     Status s = comm_->all_reduce_max(v, 2);
     if (!s.ok()) return fail(s);
-    SX_CHECK(v[0] == h && v[1] == ~h, SX_ERR_MISMATCH,
-             "ranks disagree: the trainable masks, hyperparameters, max_grad_norm, loss scaling, the number of "
-             "sx_accumulate_grads calls, the units signalled ready or gathered, defer_gather, or the call itself "
-             "(sx_step, sx_accumulate_grads or sx_unit_grads_ready) differ between ranks");
+    if (v[0] != h || v[1] != ~h) return disagreement();
+    return Status::Ok();
+}
+
+Status ShardGroup::sum_over_ranks(double local, double *total) {
+    if (world_size_ == 1) {
+        *total = local;
+        return Status::Ok();
+    }
+    std::vector<double> all(static_cast<size_t>(world_size_), 0.0);
+    all[static_cast<size_t>(rank_)] = local;
+    Status s = comm_->all_gather(all.data(), sizeof(double));
+    if (!s.ok()) return fail(s);
+    double sum = 0.0;
+    for (double v : all) sum += v;  // in rank order: the same bits on every rank
+    *total = sum;
     return Status::Ok();
 }
 
@@ -155,7 +179,12 @@ Status ShardGroup::finish_step(bool keep_grads) {
     gather_log_.clear();
     gather_pos_ = 0;
     Status s = keep_grads ? Status::Ok() : zero_grads();
-    return s.ok() ? s : fail(s);
+    if (!s.ok()) return fail(s);
+    if (config_.stage != 3) return s;
+    // The next forward's first units are gathered while the trainer goes on (in the
+    // buffers this step freed, if they fit); the other spares go.
+    if (!gather_order_.empty()) prefetch();
+    return drop_spares();
 }
 
 Status ShardGroup::step(const StepOptions &options, StepResult *result) {
@@ -169,32 +198,37 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     SX_TRY(ops_->wait_for(options.stream));
 
     // 1. Every trainable unit's gradients reduced into this rank's shard: those signalled
-    //    ready are on their way (or done), the rest go now.
+    //    ready are on their way (or done), the rest go now. With signals, the reduction
+    //    channel also summed each unit's squares, and the ranks exchanged them with their
+    //    agreement, so the norm is known here.
+    bool have_sumsq = false;
+    double sumsq = 0.0;
     if (round_.open) {
         SX_CHECK(!round_.accumulate, SX_ERR_INVALID_STATE,
                  "the units signalled ready in this micro-batch said that sx_accumulate_grads ends it "
                  "(accumulate = 1), not sx_step");
-        SX_TRY(close_round("sx_step", options.max_grad_norm, step_facts(options.defer_gather)));
+        SX_TRY(close_round("sx_step", options.max_grad_norm, step_facts(options.defer_gather), &sumsq));
+        have_sumsq = true;
     } else {
         SX_TRY(reduce_here("sx_step", options.max_grad_norm, false, options.defer_gather));
     }
     // The gathers still in flight (deferred, or prefetched) end before the update
     // writes the shards they read.
     SX_TRY(settle());
-    const std::vector<optim::Segment> segs = segments(reduced_);
 
     // 2. Global norm of the rank-averaged, unscaled gradients, and the clipping
     //    coefficient. Dynamic loss scaling needs it (for its inf/NaN check) before the
     //    update, clipping too; otherwise it comes out of the update's own pass.
     const bool dynamic = scaling_.mode == SX_LOSS_SCALING_DYNAMIC;
     const double divisor = static_cast<double>(world_size_) * scaler_.scale;  // the scale is 1 without scaling
-    const bool norm_first = options.max_grad_norm > 0 || dynamic;
+    const bool norm_first = have_sumsq || options.max_grad_norm > 0 || dynamic;
     double norm = 0.0, coef = 1.0;
     if (norm_first) {
-        SX_TRY(global_norm(segs, static_cast<float>(1.0 / divisor), &norm));
+        if (!have_sumsq) SX_TRY(global_norm(static_cast<float>(1.0 / divisor), &sumsq));
+        norm = std::sqrt(sumsq);
         if (dynamic && !std::isfinite(norm)) {
             // torch.cuda.amp.GradScaler: skip the step, back off, restart the growth count.
-            // Every rank saw the same all-reduced sum, so every rank skips.
+            // Every rank saw the same sum, so every rank skips.
             scaler_.scale *= scaling_.backoff_factor;
             scaler_.growth_tracker = 0;
             SX_TRY(finish_step(options.keep_grads));
@@ -207,20 +241,34 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     // 3. The fused update of this rank's shard (the norm comes out of the same pass when
     //    it was not needed first), once a checkpoint's snapshot has been copied out of
     //    it: the reduction above overlapped that copy. 16-bit units update their fp32
-    //    masters, which the same pass rounds into the params.
+    //    masters, which the same pass rounds into the params. With defer_gather, the
+    //    unit the next forward reads first is updated first, and its gather starts while
+    //    the others are updated.
     fence_.wait_readers();
-    double sumsq = 0.0;
+    const float grad_scale = static_cast<float>(coef / divisor);
+    double update_sumsq = 0.0;
     Status s = ensure_masters();
-    if (s.ok())
-        s = ops_->fused_update(segs.data(), segs.size(), static_cast<float>(coef / divisor),
-                               norm_first ? nullptr : &sumsq);
-    if (s.ok() && !norm_first && world_size_ > 1) s = comm_->all_reduce_sum(&sumsq, 1);
+    const int32_t head = options.defer_gather ? first_deferred_gather() : -1;
+    if (s.ok() && head >= 0) {
+        std::vector<optim::Segment> first;
+        append_unit_segments(static_cast<size_t>(head), reduced_[head], &first);
+        s = ops_->fused_update(first.data(), first.size(), grad_scale, norm_first ? nullptr : &update_sumsq);
+        if (s.ok()) s = open_gather_channel();
+        if (s.ok()) s = submit_gather(static_cast<size_t>(head));
+    }
+    if (s.ok()) {
+        const std::vector<optim::Segment> segs = segments(reduced_, head);
+        double rest = 0.0;
+        s = ops_->fused_update(segs.data(), segs.size(), grad_scale, norm_first ? nullptr : &rest);
+        update_sumsq += rest;
+    }
+    if (s.ok() && !norm_first) s = sum_over_ranks(update_sumsq, &sumsq);
     if (!s.ok()) return fail(s);
     if (!norm_first) norm = std::sqrt(sumsq);
 
     // 4. The updated params: gathered now, or in the background (defer_gather), or at
     //    stage 3 only where a unit is gathered.
-    SX_TRY(gather_after_update(options.defer_gather));
+    SX_TRY(gather_after_update(options.defer_gather, head));
 
     // 5. Per-param step counts, the loss scale's growth, and a clean slate.
     count_step(dynamic);
@@ -230,41 +278,55 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     return Status::Ok();
 }
 
-std::vector<optim::Segment> ShardGroup::segments(const std::vector<float *> &reduced) const {
-    std::vector<optim::Segment> segs;
-    for (size_t u = 0; u < units_.size(); ++u) {
-        const Unit &unit = units_[u];
-        if (!unit.trainable) continue;
-        const UnitShard v = unit_shard(u);
-        for (int32_t p : layout_.units()[u].params) {
-            if (!applied_mask_[p]) continue;
-            const ShardPiece piece = layout_.piece(p, rank_);
-            if (piece.begin == piece.end) continue;
-            const ParamSpec &spec = params_[p];
-            optim::Segment seg;
-            seg.param = v.values + piece.shard_offset;  // fp32: the params, or the masters
-            if (!unit.master.empty()) {  // ... rounded into the 16-bit params in the same pass
-                seg.compute_out = own_params16(u) + piece.shard_offset;
-                seg.compute_dtype = unit.dtype;
-            }
-            seg.grad = reduced[u] + piece.shard_offset;
-            for (int k = 0; k < unit.state_slots; ++k) seg.state[k] = v.state[k] + piece.shard_offset;
-            seg.n = piece.end - piece.begin;
-            seg.hyper = &groups_[spec.group].hyper;
-            seg.step = (seg.hyper->kind == optim::Kind::kSgd ? spec.momentum_steps : spec.step) + 1;
-            segs.push_back(seg);
+void ShardGroup::append_unit_segments(size_t u, float *reduced, std::vector<optim::Segment> *out) const {
+    const Unit &unit = units_[u];
+    if (!unit.trainable) return;
+    const UnitShard v = unit_shard(u);
+    for (int32_t p : layout_.units()[u].params) {
+        if (!applied_mask_[p]) continue;
+        const ShardPiece piece = layout_.piece(p, rank_);
+        if (piece.begin == piece.end) continue;
+        const ParamSpec &spec = params_[p];
+        optim::Segment seg;
+        seg.param = v.values + piece.shard_offset;  // fp32: the params, or the masters
+        if (!unit.master.empty()) {  // ... rounded into the 16-bit params in the same pass
+            seg.compute_out = own_params16(u) + piece.shard_offset;
+            seg.compute_dtype = unit.dtype;
         }
+        seg.grad = reduced + piece.shard_offset;
+        for (int k = 0; k < unit.state_slots; ++k) seg.state[k] = v.state[k] + piece.shard_offset;
+        seg.n = piece.end - piece.begin;
+        seg.hyper = &groups_[spec.group].hyper;
+        seg.step = (seg.hyper->kind == optim::Kind::kSgd ? spec.momentum_steps : spec.step) + 1;
+        out->push_back(seg);
     }
+}
+
+std::vector<optim::Segment> ShardGroup::segments(const std::vector<float *> &reduced, int32_t except) const {
+    std::vector<optim::Segment> segs;
+    for (size_t u = 0; u < units_.size(); ++u)
+        if (static_cast<int32_t>(u) != except) append_unit_segments(u, reduced[u], &segs);
     return segs;
 }
 
-Status ShardGroup::global_norm(const std::vector<optim::Segment> &segs, float grad_scale, double *norm) {
-    double sumsq = 0.0;
-    Status s = ops_->sum_of_squares(segs.data(), segs.size(), grad_scale, &sumsq);
-    if (s.ok() && world_size_ > 1) s = comm_->all_reduce_sum(&sumsq, 1);
-    if (!s.ok()) return fail(s);
-    *norm = std::sqrt(sumsq);
-    return Status::Ok();
+Status ShardGroup::unit_sumsq(size_t u, float grad_scale, double *out) {
+    std::vector<optim::Segment> segs;
+    append_unit_segments(u, reduced_[u], &segs);
+    *out = 0.0;
+    return segs.empty() ? Status::Ok() : ops_->sum_of_squares(segs.data(), segs.size(), grad_scale, out);
+}
+
+Status ShardGroup::global_norm(float grad_scale, double *sumsq) {
+    // Unit by unit, added in unit order, then over the ranks in rank order: the same sum,
+    // bit for bit, as the reduction channel's per-unit sums give an overlapped step.
+    double local = 0.0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+        double part = 0.0;
+        Status s = unit_sumsq(u, grad_scale, &part);
+        if (!s.ok()) return fail(s);
+        local += part;
+    }
+    return sum_over_ranks(local, sumsq);
 }
 
 Status ShardGroup::gather_trainable_units() {

@@ -19,6 +19,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 #include "api/handles.h"
 #include "core/group.h"
 #include "process_ranks.h"
@@ -300,9 +304,32 @@ void test_views_exist_only_while_gathered(void **) {
     assert_int_equal(sx_param_view(grp.g, 0, &v), SX_ERR_INVALID_STATE);  // unit 0 is not gathered
     assert_int_equal(sx_unit_release(grp.g, 1), SX_OK);
     assert_int_equal(sx_param_view(grp.g, 3, &v), SX_OK);  // one gather still holds it
+    const sx_view_t kept = v;
     assert_int_equal(sx_unit_release(grp.g, 1), SX_OK);
     assert_int_equal(sx_param_view(grp.g, 3, &v), SX_ERR_INVALID_STATE);
     assert_int_equal(sx_unit_release(grp.g, 1), SX_ERR_INVALID_STATE);
+#if defined(__SANITIZE_ADDRESS__) || !defined(NDEBUG)
+    // Debug builds mark the memory of a released unit (on the gather channel, after its
+    // copy back into the shard): a view kept past the release is poisoned under
+    // AddressSanitizer, and reads NaN (all bits set) otherwise.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    const float *stale = static_cast<const float *>(kept.data);
+    auto marked = [&] {
+#if defined(__SANITIZE_ADDRESS__)
+        return __asan_address_is_poisoned(stale) && __asan_address_is_poisoned(stale + kept.numel - 1);
+#else
+        const volatile uint32_t *w = reinterpret_cast<const volatile uint32_t *>(stale);
+        for (uint64_t i = 0; i < kept.numel; ++i)
+            if (w[i] != 0xffffffffu) return false;
+        return true;
+#endif
+    };
+    while (!marked() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    assert_true(marked());
+#else
+    (void)kept;  // release builds leave released memory as it is
+#endif
     // Grad views are whole at every stage.
     assert_int_equal(sx_grad_view(grp.g, 3, &v), SX_OK);
 }
@@ -379,9 +406,13 @@ void test_prefetch_follows_the_last_order(void **) {
                 if (sx_unit_gather(grp.g, u) != SX_OK || sx_unit_release(grp.g, u) != SX_OK) return "forward";
             }
             if (sx_step(grp.g, nullptr, nullptr) != SX_OK) return std::string("step: ") + sx_last_error_message();
-            if (bytes() != shards) return "units stayed gathered after the step";
-            if (sx_unit_gather(grp.g, 3) != SX_OK) return "gather";
+            // The step prefetched the first `depth` units of the next forward, and kept
+            // nothing else.
             const uint64_t ahead = depth < 0 ? 0 : static_cast<uint64_t>(depth);
+            if (bytes() != shards + ahead * unit)
+                return "after the step: " + std::to_string(bytes()) + " param bytes, expected " +
+                       std::to_string(shards + ahead * unit);
+            if (sx_unit_gather(grp.g, 3) != SX_OK) return "gather";
             if (bytes() != shards + (1 + ahead) * unit)
                 return "holding unit 3: " + std::to_string(bytes()) + " param bytes, expected " +
                        std::to_string(shards + (1 + ahead) * unit);
@@ -392,6 +423,42 @@ void test_prefetch_follows_the_last_order(void **) {
             return sx_unit_release(grp.g, 1) == SX_OK ? "" : "release 1";
         });
         if (!err.empty()) fail_msg("prefetch depth %d: %s", depth, err.c_str());
+    }
+}
+
+// Stages 1 and 2: a deferred step gathers the units in the reverse of the agreed order of
+// reductions, which rank 0's signals at the step set: a backward that went 1, 0, 2
+// (rank 1 signalling in another order) has its next forward's units gathered 2, 0, 1;
+// without signals, in increasing unit index.
+void test_deferred_gathers_follow_the_forward(void **) {
+    for (int stage = 1; stage <= 2; ++stage) {
+        const std::string rv = "local://deferred-order-" + std::to_string(stage) + "-" + std::to_string(getpid());
+        std::string err = sxtest::run_ranks(2, [&](int r) -> std::string {
+            Group grp;
+            std::string e = make_group(rv, r, 2, stage, 20000, &grp);
+            if (!e.empty()) return e;
+            const sx::core::ShardGroup &impl = *grp.g->impl;
+            sx_step_options_t o;
+            sx_step_options_init(&o, sizeof o);
+            o.defer_gather = 1;
+            if (sx_step(grp.g, &o, nullptr) != SX_OK) return std::string("step: ") + sx_last_error_message();
+            if (impl.deferred_gather_order() != std::vector<int32_t>({0, 1, 2}))
+                return "without signals the deferred gathers did not go in increasing unit index";
+            for (int32_t u = 0; u < 3; ++u)
+                if (sx_unit_gather(grp.g, u) != SX_OK) return "wait";
+            const int32_t order[2][3] = {{1, 0, 2}, {2, 1, 0}};
+            for (int32_t u : order[r]) {
+                add_grads(grp.g, u, 0.25f);
+                if (sx_unit_grads_ready(grp.g, u, nullptr) != SX_OK) return "signal";
+            }
+            if (sx_step(grp.g, &o, nullptr) != SX_OK) return std::string("step: ") + sx_last_error_message();
+            if (impl.deferred_gather_order() != std::vector<int32_t>({2, 0, 1}))
+                return "the deferred gathers did not follow the reverse of rank 0's backward";
+            for (int32_t u = 0; u < 3; ++u)
+                if (sx_unit_gather(grp.g, u) != SX_OK) return "wait";
+            return "";
+        });
+        if (!err.empty()) fail_msg("stage %d: %s", stage, err.c_str());
     }
 }
 
@@ -545,21 +612,24 @@ void test_stage3_memory_bound(void **) {
         sc.after_step = [depth](sx_shard_group_t *g, int, int) -> std::string {
             int32_t units = 0;
             sx_get_num_units(g, &units);
-            uint64_t shards = 0, largest = 0;
+            // Between steps: the shards, and the next forward's first `depth` units (the
+            // forward goes 0, 1, ...), prefetched by the step.
+            uint64_t shards = 0, largest = 0, ahead = 0;
             for (int32_t u = 0; u < units; ++u) {
                 sx_unit_info_t info;
                 sx_unit_info_init(&info, sizeof info);
                 sx_get_unit_info(g, u, &info);
                 shards += info.shard_numel * sizeof(float);
                 largest = std::max<uint64_t>(largest, info.padded_numel * sizeof(float));
+                if (u < depth) ahead += info.padded_numel * sizeof(float);
             }
             sx_memory_stats_t ms;
             sx_memory_stats_init(&ms, sizeof ms);
             if (sx_get_memory_stats(g, &ms) != SX_OK) return "memory stats";
             const uint64_t in_flight = 1 + static_cast<uint64_t>(depth < 0 ? 0 : depth);
-            if (ms.param_bytes != shards)
-                return "between steps the rank holds " + std::to_string(ms.param_bytes) + " param bytes, its shards are " +
-                       std::to_string(shards);
+            if (ms.param_bytes != shards + ahead)
+                return "between steps the rank holds " + std::to_string(ms.param_bytes) + " param bytes, its shards " +
+                       std::to_string(shards) + " and the units prefetched " + std::to_string(ahead);
             if (ms.peak_param_bytes > shards + in_flight * largest)
                 return "peak " + std::to_string(ms.peak_param_bytes) + " > bound " + std::to_string(shards + in_flight * largest);
             if (ms.peak_param_bytes <= shards) return "the peak never counted a gathered unit";
@@ -650,6 +720,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_views_exist_only_while_gathered),
         cmocka_unit_test(test_reductions_run_before_the_step),
         cmocka_unit_test(test_prefetch_follows_the_last_order),
+        cmocka_unit_test(test_deferred_gathers_follow_the_forward),
         cmocka_unit_test(test_ranks_signalling_different_units),
         cmocka_unit_test(test_abort_during_inflight_reductions),
         cmocka_unit_test(test_dead_rank_over_tcp),

@@ -1,6 +1,6 @@
-// Writes a golden checkpoint of format 1.0 (tests/golden/README.md says when to run it:
-// only when a new format version adds new goldens; the committed ones are never
-// rewritten). usage: make_golden OUT_DIR WORLD_SIZE
+// Writes a golden checkpoint in the format this sx writes (tests/golden/README.md says
+// when to run it: only when a new format version adds new goldens; the committed ones are
+// never rewritten). usage: make_golden OUT_DIR WORLD_SIZE [STAGE]
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -14,12 +14,13 @@
 
 namespace {
 
-int rank_main(const std::string &out, int rank, int world) {
+int rank_main(const std::string &out, int rank, int world, int stage) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     cfg.rendezvous = "local://golden";
     cfg.rank = rank;
     cfg.world_size = world;
+    cfg.stage = stage;
     cfg.num_threads = 1;
     sx_shard_group_t *g = nullptr;
     if (sx_create_shard_group(&cfg, &g) != SX_OK) return 1;
@@ -43,6 +44,12 @@ int rank_main(const std::string &out, int rank, int world) {
     }
     if (sx_finalize(g) != SX_OK) return 1;
     sx::core::ShardGroup &sg = *g->impl;
+    // Stage 3: the params' views exist while their units are gathered; each rank keeps its
+    // shard of what was written when they are released.
+    int32_t units = 0;
+    sx_get_num_units(g, &units);
+    for (int32_t u = 0; u < units && stage == 3; ++u)
+        if (sx_unit_gather(g, u) != SX_OK) return 1;
     for (size_t p = 0; p < defs.size(); ++p) {
         const sx::core::ShardPiece piece = sg.layout().piece(static_cast<int32_t>(p), rank);
         const int u = sg.layout().placement(static_cast<int32_t>(p)).unit_index;
@@ -55,6 +62,8 @@ int rank_main(const std::string &out, int rank, int world) {
             for (int k = 0; k < v.state_slots; ++k)
                 v.state[k][piece.shard_offset + (i - piece.begin)] = sxgolden::value(static_cast<int>(p), k + 1, i);
     }
+    for (int32_t u = 0; u < units && stage == 3; ++u)
+        if (sx_unit_release(g, u) != SX_OK) return 1;
     // The step counts a trained group would have, put in place as a load does.
     sx::core::ShardState shard;
     if (!sg.export_shard(&shard).ok()) return 1;
@@ -87,14 +96,15 @@ int rank_main(const std::string &out, int rank, int world) {
 }  // namespace
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        std::fprintf(stderr, "usage: %s OUT_DIR WORLD_SIZE\n", argv[0]);
+    if (argc != 3 && argc != 4) {
+        std::fprintf(stderr, "usage: %s OUT_DIR WORLD_SIZE [STAGE]\n", argv[0]);
         return 2;
     }
     const int world = std::atoi(argv[2]);
+    const int stage = argc == 4 ? std::atoi(argv[3]) : 2;
     std::vector<int> rc(world, 1);
     std::vector<std::thread> ts;
-    for (int r = 0; r < world; ++r) ts.emplace_back([&, r] { rc[r] = rank_main(argv[1], r, world); });
+    for (int r = 0; r < world; ++r) ts.emplace_back([&, r] { rc[r] = rank_main(argv[1], r, world, stage); });
     for (auto &t : ts) t.join();
     for (int r : rc)
         if (r) return 1;

@@ -1,5 +1,5 @@
-// Golden checkpoints of format 1.0, committed under tests/golden/v1.0/: every later
-// version of sx must keep loading them, at any world size, bit for bit.
+// Golden checkpoints, committed under tests/golden/vX.Y/: every later version of sx must
+// keep loading them, at any world size and stage, bit for bit.
 #include <cstring>
 #include <string>
 #include <thread>
@@ -15,10 +15,11 @@ namespace {
 
 // Loads `dir` into `world` ranks (threads) and checks every value, state, step count,
 // hyperparameter and the user blob. Returns "" or the first difference.
-std::string load_and_check(const std::string &dir, int world, bool split_units) {
+std::string load_and_check(const std::string &dir, int world, bool split_units, int stage) {
     std::vector<std::string> errs(world);
     std::vector<std::thread> ts;
-    const std::string rv = "local://golden-" + std::to_string(world) + (split_units ? "s" : "");
+    const std::string rv = "local://golden-" + std::to_string(world) + (split_units ? "s" : "") + "-" +
+                           std::to_string(stage);
     for (int r = 0; r < world; ++r) {
         ts.emplace_back([&, r] {
             std::string &e = errs[r];
@@ -27,6 +28,7 @@ std::string load_and_check(const std::string &dir, int world, bool split_units) 
             cfg.rendezvous = rv.c_str();
             cfg.rank = r;
             cfg.world_size = world;
+            cfg.stage = stage;
             cfg.num_threads = 1;
             sx_shard_group_t *g = nullptr;
             if (sx_create_shard_group(&cfg, &g) != SX_OK) {
@@ -60,10 +62,17 @@ std::string load_and_check(const std::string &dir, int world, bool split_units) 
                 return;
             }
             sx::core::ShardGroup &sg = *g->impl;
+            int32_t units = 0;
+            sx_get_num_units(g, &units);
+            for (int32_t u = 0; u < units && stage == 3; ++u)
+                if (sx_unit_gather(g, u) != SX_OK) e = std::string("gather: ") + sx_last_error_message();
             for (size_t p = 0; p < defs.size() && e.empty(); ++p) {
                 sx_view_t v;
                 sx_view_init(&v, sizeof v);
-                sx_param_view(g, static_cast<int32_t>(p), &v);
+                if (sx_param_view(g, static_cast<int32_t>(p), &v) != SX_OK) {
+                    e = std::string("param view: ") + sx_last_error_message();
+                    break;
+                }
                 for (uint64_t i = 0; i < v.numel; ++i)
                     if (static_cast<float *>(v.data)[i] != sxgolden::value(static_cast<int>(p), 0, i))
                         e = std::string("value of ") + defs[p].name + " differs";
@@ -92,12 +101,15 @@ std::string load_and_check(const std::string &dir, int world, bool split_units) 
     return "";
 }
 
-void test_golden_v1_0_loads_bit_for_bit(void **) {
-    const std::string dir = std::string(SX_GOLDEN_DIR) + "/v1.0/adamw-sgd-w2";
-    for (int world : {1, 2, 3}) {
-        for (bool split : {false, true}) {
-            const std::string err = load_and_check(dir, world, split);
-            if (!err.empty()) fail_msg("world %d%s: %s", world, split ? " (units split)" : "", err.c_str());
+void expect_golden(const std::string &dir, const std::vector<int> &worlds) {
+    for (int stage = 1; stage <= 3; ++stage) {
+        for (int world : worlds) {
+            for (bool split : {false, true}) {
+                const std::string err = load_and_check(dir, world, split, stage);
+                if (!err.empty())
+                    fail_msg("%s into stage %d, world %d%s: %s", dir.c_str(), stage, world, split ? " (units split)" : "",
+                             err.c_str());
+            }
         }
     }
     char blob[64];
@@ -107,11 +119,22 @@ void test_golden_v1_0_loads_bit_for_bit(void **) {
     assert_memory_equal(blob, sxgolden::kUserBlob, size);
 }
 
+// Format 1.0, saved by sx 1.0.0 on 2 ranks at stage 2.
+void test_golden_v1_0_loads_bit_for_bit(void **) {
+    expect_golden(std::string(SX_GOLDEN_DIR) + "/v1.0/adamw-sgd-w2", {1, 2, 3});
+}
+
+// Format 1.1, saved by sx 1.2.0 on 3 ranks at stage 3 (each rank held a shard of the params).
+void test_golden_v1_1_stage3_loads_bit_for_bit(void **) {
+    expect_golden(std::string(SX_GOLDEN_DIR) + "/v1.1/adamw-sgd-w3-stage3", {1, 2, 4});
+}
+
 }  // namespace
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_v1_0_loads_bit_for_bit),
+        cmocka_unit_test(test_golden_v1_1_stage3_loads_bit_for_bit),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
