@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config git
       libuv1-dev libgloo-dev libcmocka-dev libisal-dev
       libflatbuffers-dev flatbuffers-compiler
-      abigail-tools python3 python3-numpy
+      abigail-tools python3 python3-numpy python3-venv
       golang-go)
 # The Rust binding's tests need a cargo: rustup's (~/.cargo/bin) if there is one, else
 # Debian's.

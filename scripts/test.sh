@@ -8,10 +8,21 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 jobs=$(nproc)
 
+echo "== a Python environment with PyTorch, the peer of the tests that compare with it =="
+# torch from PyPI (with its CUDA libraries: PyPI has no CPU-only wheel), pinned so that
+# the comparisons stay reproducible; made once, then reused.
+torch_py=build/venv-torch/bin/python
+if ! "$torch_py" -c 'import torch, numpy' 2>/dev/null; then
+  rm -rf build/venv-torch
+  python3 -m venv build/venv-torch
+  "$torch_py" -m pip install --quiet --upgrade pip
+  "$torch_py" -m pip install --quiet 'torch==2.15.0' numpy
+fi
+
 echo "== release build: layer check, ABI gate, install check, header checks, demo =="
 # The binding tests run under the python3 on PATH, the one install-deps.sh gave numpy.
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DPython3_EXECUTABLE="$(command -v python3)" > /dev/null
+  -DPython3_EXECUTABLE="$(command -v python3)" -DSX_TORCH_PYTHON="$PWD/$torch_py" > /dev/null
 cmake --build build/release -j"$jobs"
 ctest --test-dir build/release --output-on-failure -R '^(layer_check|abi_check|install_consumer|bindings_.*)$'
 build/release/samples/c/train_charlm /usr/share/common-licenses/GPL-3 100 > /dev/null
