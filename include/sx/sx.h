@@ -145,7 +145,14 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
  *   sx_finalize                    (collective: checks all ranks agree, allocates)
  *   views, set initial values, sx_broadcast_params (optional)
  *   loop: write grads; sx_accumulate_grads per extra micro-batch; sx_step
+ *         (between steps, more param groups and params may be added, and laid out by
+ *         another sx_finalize: torch's add_param_group)
  *   sx_destroy_shard_group
+ *
+ * Ranks that disagree at a collective call (the param tables at sx_finalize; masks,
+ * hyperparameters, options or the call itself at a step) all get SX_ERR_MISMATCH with a
+ * message naming the first thing that differs and each rank's value, e.g.
+ * "param 'w' shape: [4, 4] on rank 0, [4, 5] on rank 1".
  * ------------------------------------------------------------------------------- */
 
 typedef struct sx_shard_group sx_shard_group_t;
@@ -245,8 +252,10 @@ typedef struct sx_param_group_desc {
 SX_API sx_status_t sx_param_group_desc_init(sx_param_group_desc_t *desc, size_t size,
                                             int32_t optimizer);
 
-/* Adds a param group; *index_out (may be NULL) receives its index (0, 1, ...).
- * Only before sx_finalize. */
+/* Adds a param group; *index_out (may be NULL) receives its index (0, 1, ...). Before
+ * sx_finalize, or between steps after it: then the group (and the params added with it)
+ * wait for the next sx_finalize, which every rank calls after adding the same groups and
+ * params in the same order. */
 SX_API sx_status_t sx_add_param_group(sx_shard_group_t *group, const sx_param_group_desc_t *desc,
                                       int32_t *index_out);
 
@@ -281,15 +290,23 @@ typedef struct sx_param_desc {
 
 SX_API sx_status_t sx_param_desc_init(sx_param_desc_t *desc, size_t size);
 
-/* Registers a param; *index_out (may be NULL) receives its index (0, 1, ...).
- * Only before sx_finalize. Errors: empty, overlong, non-UTF-8 or duplicate name,
- * bad shape, unknown param group, negative unit. */
+/* Registers a param; *index_out (may be NULL) receives its index (0, 1, ...). After
+ * sx_finalize (between steps), a param goes in a new unit, whose id is above every unit
+ * laid out so far, and has no views until the next sx_finalize lays it out. Errors:
+ * empty, overlong, non-UTF-8 or duplicate name, bad shape, unknown param group, negative
+ * unit, after sx_finalize a unit id not above every laid-out one. */
 SX_API sx_status_t sx_add_param(sx_shard_group_t *group, const sx_param_desc_t *desc,
                                 int32_t *index_out);
 
 /* Collective. Checks that every rank registered the same param groups and params,
  * lays out the flat buffers and allocates them. Params and gradients start at zero.
- * After it, params can no longer be added. */
+ * Called again after params or param groups were added (between steps, with no
+ * micro-batch accumulated), it lays out and allocates what was added, in new units after
+ * the others: the params laid out before, their views, units, unit indices, optimizer
+ * state and step counts are untouched, and the next step updates the new params too
+ * (from step count 0, with fresh optimizer state, as torch's add_param_group). Until then
+ * every collective call of the group fails with SX_ERR_INVALID_STATE saying so. A failed
+ * sx_finalize changes nothing. */
 SX_API sx_status_t sx_finalize(sx_shard_group_t *group);
 
 /* Collective. Copies every param of rank `root` to all ranks (for initial values
@@ -339,7 +356,8 @@ SX_API sx_status_t sx_find_param(const sx_shard_group_t *group, const char *name
 SX_API sx_status_t sx_set_trainable(sx_shard_group_t *group, int32_t param, int32_t trainable);
 SX_API sx_status_t sx_get_trainable(const sx_shard_group_t *group, int32_t param,
                                     int32_t *trainable);
-/* *mask receives the group-owned byte array of *count entries. After sx_finalize. */
+/* *mask receives the group-owned byte array of *count entries. After sx_finalize.
+ * Adding params after sx_finalize may move it: take it again after sx_add_param. */
 SX_API sx_status_t sx_trainable_mask(sx_shard_group_t *group, uint8_t **mask, int32_t *count);
 /* Applies the current mask now (local; the next step checks ranks agree). */
 SX_API sx_status_t sx_refresh_trainable(sx_shard_group_t *group);

@@ -157,7 +157,7 @@ SX_API sx_status_t sx_get_param_info(const sx_shard_group_t *group, int32_t para
         i.param_group = p.group;
         i.unit = p.unit;
         i.trainable = g->trainable(param) ? 1 : 0;
-        if (g->finalized()) {
+        if (g->check_laid_out(param).ok()) {
             i.offset_in_unit = g->layout().placement(param).offset;
             const sx::core::ShardPiece piece = g->layout().piece(param, g->rank());
             i.shard_begin = piece.begin;

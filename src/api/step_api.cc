@@ -14,9 +14,7 @@ sx_status_t view(const char *fn, const sx_shard_group_t *group, int32_t param, s
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         SX_TRY(sx::api::check_output(out, "out"));
-        SX_TRY(g->check_param(param));
-        SX_CHECK(g->finalized(), SX_ERR_INVALID_STATE,
-                 "views exist only after sx_finalize (the flat buffers are laid out there)");
+        SX_TRY(g->check_laid_out(param));
         if (!grad) SX_TRY(g->check_param_present(param));
         sx_view_t v;
         std::memset(&v, 0, sizeof v);

@@ -184,10 +184,16 @@ class Checkpointer::Load {
                          "the checkpoint has param '%s', which this group does not (allow extra params to "
                          "ignore it)",
                          m_.params[i].name.c_str());
+        // Param groups match by index. A group the checkpoint lacks (added after it was
+        // saved) keeps its hyperparameters where missing params are allowed; one this
+        // group lacks is ignored where extra params are.
+        const size_t saved = m_.param_groups.size(), here = shard_.progress.hypers.size();
         if (!options_.params_only)
-            SX_CHECK(m_.param_groups.size() == shard_.progress.hypers.size(), SX_ERR_MISMATCH,
-                     "the checkpoint has %zu param groups, this group %zu", m_.param_groups.size(),
-                     shard_.progress.hypers.size());
+            SX_CHECK(saved == here || (saved < here && options_.allow_missing) || (saved > here && options_.allow_extra),
+                     SX_ERR_MISMATCH,
+                     "the checkpoint has %zu param groups, this group %zu (allow %s params to load it anyway: "
+                     "param groups match by index)",
+                     saved, here, saved < here ? "missing" : "extra");
         return Status::Ok();
     }
 
@@ -445,7 +451,7 @@ class Checkpointer::Load {
             const ParamEntry &e = m_.params[index_[p]];
             pr.params[p] = {e.step, e.momentum_steps};
         }
-        for (size_t i = 0; i < m_.param_groups.size(); ++i) {
+        for (size_t i = 0; i < m_.param_groups.size() && i < pr.hypers.size(); ++i) {
             const optim::Kind kind = pr.hypers[i].kind;
             pr.hypers[i] = hyper_of(m_.param_groups[i]);
             pr.hypers[i].kind = kind;
@@ -479,7 +485,7 @@ class Checkpointer::Load {
 
 Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     SX_TRY(group_->check_usable());
-    SX_CHECK(group_->finalized(), SX_ERR_INVALID_STATE, "the group is not finalized yet; call sx_finalize first");
+    SX_TRY(group_->check_finalized());
     SX_CHECK_ARG(!options.path.empty(), "the checkpoint path is empty");
     // A save in flight reads the shard (and owns staging) until it completes.
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));

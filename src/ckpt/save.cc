@@ -281,7 +281,7 @@ uint64_t Checkpointer::staging_bytes() const {
 Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     core::ShardGroup &g = *group_;
     SX_TRY(g.check_usable());
-    SX_CHECK(g.finalized(), SX_ERR_INVALID_STATE, "the group is not finalized yet; call sx_finalize first");
+    SX_TRY(g.check_finalized());
     SX_CHECK_ARG(!options.path.empty(), "the checkpoint path is empty");
     SX_CHECK_ARG(options.user_blob.size() <= kMaxUserBlobBytes, "the user blob has %zu bytes; at most %llu",
                  options.user_blob.size(), static_cast<unsigned long long>(kMaxUserBlobBytes));

@@ -156,6 +156,20 @@ Status ShardGroup::check_usable() const {
 
 Status ShardGroup::check_finalized() const {
     SX_CHECK(finalized_, SX_ERR_INVALID_STATE, "the group is not finalized yet; call sx_finalize first");
+    SX_CHECK(!pending(), SX_ERR_INVALID_STATE,
+             "%zu param(s) and %zu param group(s) were added after sx_finalize: call sx_finalize again (on every "
+             "rank) to lay them out before the group goes on",
+             params_.size() - laid_out_params_, groups_.size() - laid_out_groups_);
+    return Status::Ok();
+}
+
+Status ShardGroup::check_laid_out(int32_t param) const {
+    SX_TRY(check_param(param));
+    SX_CHECK(finalized_, SX_ERR_INVALID_STATE,
+             "the group is not finalized yet: params are laid out in the flat buffers by sx_finalize");
+    SX_CHECK(static_cast<size_t>(param) < laid_out_params_, SX_ERR_INVALID_STATE,
+             "param '%s' was added after sx_finalize; it is laid out by the next sx_finalize",
+             params_[param].name.c_str());
     return Status::Ok();
 }
 
@@ -164,7 +178,6 @@ Status ShardGroup::check_finalized() const {
 
 Status ShardGroup::add_param_group(const optim::Hyper &hyper, int32_t *index) {
     SX_TRY(check_usable());
-    SX_CHECK(!finalized_, SX_ERR_INVALID_STATE, "param groups must be added before sx_finalize");
     SX_TRY(validate_hyper(hyper));
     ParamGroup g;
     g.hyper = hyper;
@@ -176,7 +189,6 @@ Status ShardGroup::add_param_group(const optim::Hyper &hyper, int32_t *index) {
 Status ShardGroup::add_param(const char *name, int32_t ndim, const int64_t *shape, int32_t dtype,
                              int32_t param_group, int32_t unit, bool frozen, int32_t *index) {
     SX_TRY(check_usable());
-    SX_CHECK(!finalized_, SX_ERR_INVALID_STATE, "params must be added before sx_finalize");
     SX_TRY(validate_param_name(name));
     ParamSpec p;
     SX_TRY(validate_shape(ndim, shape, &p.numel));
@@ -189,6 +201,15 @@ Status ShardGroup::add_param(const char *name, int32_t ndim, const int64_t *shap
     SX_CHECK_ARG(unit >= 0, "param '%s': unit %d must be >= 0", name, unit);
     SX_CHECK(by_name_.find(name) == by_name_.end(), SX_ERR_ALREADY_EXISTS,
              "a param named '%s' is already registered", name);
+    // After sx_finalize, new params go in new units after every laid-out one, so that the
+    // laid-out units keep their buffers and their indices.
+    if (finalized_) {
+        const int32_t last = layout_.units().back().unit_id;
+        SX_CHECK_ARG(unit > last,
+                     "param '%s': unit %d is laid out already, or precedes one that is; params added after "
+                     "sx_finalize go in new units, with ids above %d (the largest laid out)",
+                     name, unit, last);
+    }
     p.name = name;
     p.shape.assign(shape, shape + ndim);
     p.dtype = dtype;
@@ -203,28 +224,24 @@ Status ShardGroup::add_param(const char *name, int32_t ndim, const int64_t *shap
 
 Status ShardGroup::finalize() {
     SX_TRY(check_usable());
-    SX_CHECK(!finalized_, SX_ERR_INVALID_STATE, "the group is already finalized");
+    SX_CHECK(!finalized_ || pending(), SX_ERR_INVALID_STATE,
+             "the group is already finalized, and nothing was added since");
     SX_CHECK(!params_.empty(), SX_ERR_INVALID_STATE, "no params were added before sx_finalize");
-
-    // Every rank must have registered the same table; compare fingerprints.
-    const int32_t config_fields[3] = {config_.stage, config_.grad_dtype, config_.reduce_dtype};
-    uint64_t h = fnv1a(config_fields, sizeof config_fields);
-    for (const ParamGroup &g : groups_) h = fnv1a(&g.hyper.kind, sizeof g.hyper.kind, h);
-    for (size_t i = 0; i < params_.size(); ++i) {
-        const ParamSpec &p = params_[i];
-        h = fnv1a(p.name.data(), p.name.size() + 1, h);
-        h = fnv1a(p.shape.data(), p.shape.size() * sizeof(int64_t), h);
-        int32_t fields[4] = {static_cast<int32_t>(p.shape.size()), p.dtype, p.group, p.unit};
-        h = fnv1a(fields, sizeof fields, h);
-        h = fnv1a(&mask_[i], 1, h);
+    if (finalized_) {
+        // Units laid out before stay where they are; nothing of theirs may be in flight.
+        SX_TRY(settle());
+        SX_CHECK(!round_.open && micro_batches_ == 0, SX_ERR_INVALID_STATE,
+                 "params and param groups added after sx_finalize are laid out between steps, not while "
+                 "gradients are being reduced or accumulated");
     }
+
+    // Every rank must have registered the same table.
     if (world_size_ > 1) {
+        const uint64_t h = table_fingerprint();
         uint64_t v[2] = {h, ~h};
         Status s = comm_->all_reduce_max(v, 2);
         if (!s.ok()) return fail(s);
-        SX_CHECK(v[0] == h && v[1] == ~h, SX_ERR_MISMATCH,
-                 "ranks registered different param tables (names, shapes, dtypes, param groups, "
-                 "units, frozen flags, optimizer kinds, stage, grad_dtype or reduce_dtype differ)");
+        if (v[0] != h || v[1] != ~h) return explain("ranks registered different param tables", table_facts(), *comm_);
     }
 
     // One flat buffer holds one dtype.
@@ -243,47 +260,69 @@ Status ShardGroup::finalize() {
         shapes[i] = {params_[i].unit, params_[i].numel, static_cast<uint32_t>(dtype_size(params_[i].dtype))};
     Layout layout;
     SX_TRY(Layout::build(shapes, world_size_, static_cast<uint64_t>(config_.alignment), &layout));
+    // The units laid out before come first, unchanged (new params are in new units with
+    // larger ids).
+    const size_t old_units = units_.size();
+    for (size_t u = 0; u < old_units; ++u) {
+        const UnitLayout &a = layout_.units()[u], &b = layout.units()[u];
+        SX_CHECK(a.unit_id == b.unit_id && a.params == b.params && a.padded_numel == b.padded_numel, SX_ERR_INTERNAL,
+                 "laying out added params moved unit %d", a.unit_id);
+    }
 
-    std::vector<Unit> units(layout.units().size());
-    for (size_t u = 0; u < units.size(); ++u) {
-        Unit &unit = units[u];
-        unit.dtype = params_[layout.units()[u].params[0]].dtype;
+    std::vector<Unit> added(layout.units().size() - old_units);
+    for (size_t k = 0; k < added.size(); ++k) {
+        const UnitLayout &ul = layout.units()[old_units + k];
+        Unit &unit = added[k];
+        unit.dtype = params_[ul.params[0]].dtype;
         unit.grad_dtype = config_.grad_dtype ? config_.grad_dtype : unit.dtype;
         // Elements are bounded (2^62 per param) but a unit's byte size may still not fit
         // in 64 bits; wrapped around, it would allocate a tiny buffer behind a huge view.
-        const uint64_t numel = layout.units()[u].padded_numel;
-        SX_CHECK(numel <= SIZE_MAX / sizeof(float), SX_ERR_OUT_OF_MEMORY,
-                 "unit %d holds %llu elements, more bytes than this machine can address",
-                 layout.units()[u].unit_id, static_cast<unsigned long long>(numel));
+        SX_CHECK(ul.padded_numel <= SIZE_MAX / sizeof(float), SX_ERR_OUT_OF_MEMORY,
+                 "unit %d holds %llu elements, more bytes than this machine can address", ul.unit_id,
+                 static_cast<unsigned long long>(ul.padded_numel));
         // Stage 3 keeps this rank's shard of the params; the whole exists only while gathered.
         if (config_.stage == 3)
-            SX_TRY(ops_->allocate(layout.units()[u].shard_numel * dtype_size(unit.dtype), "a param shard", &unit.own));
+            SX_TRY(ops_->allocate(ul.shard_numel * dtype_size(unit.dtype), "a param shard", &unit.own));
         else
-            SX_TRY(ops_->allocate(numel * dtype_size(unit.dtype), "a flat param buffer", &unit.params));
-        SX_TRY(ops_->allocate(numel * dtype_size(unit.grad_dtype), "a flat grad buffer", &unit.grads));
+            SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.dtype), "a flat param buffer", &unit.params));
+        SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.grad_dtype), "a flat grad buffer", &unit.grads));
         if (unit.dtype != SX_DTYPE_F32)
-            SX_TRY(ops_->allocate(layout.units()[u].shard_numel * sizeof(float), "fp32 master weights", &unit.master));
+            SX_TRY(ops_->allocate(ul.shard_numel * sizeof(float), "fp32 master weights", &unit.master));
     }
-    // Commit, then allocate optimizer state for the trainable units; on failure undo.
+    // Commit, then allocate optimizer state for the trainable new units (the laid-out ones
+    // keep the mask they were stepped with); on failure undo.
+    Layout old_layout = std::move(layout_);
     layout_ = std::move(layout);
-    units_ = std::move(units);
-    applied_mask_.assign(mask_.size(), 0);
+    for (Unit &unit : added) units_.push_back(std::move(unit));
+    const size_t old_params = applied_mask_.size();
+    std::vector<uint8_t> mask = applied_mask_;
+    for (size_t i = old_params; i < mask_.size(); ++i) mask.push_back(mask_[i] ? 1 : 0);
+    applied_mask_.resize(mask_.size(), 0);
+    const bool first = !finalized_;
     finalized_ = true;
-    Status s = prepare(mask_);
+    Status s = prepare(mask);
     // Stage 3 gathers on a channel of its own from the start.
     if (s.ok() && config_.stage == 3) s = open_gather_channel();
     if (!s.ok()) {
-        finalized_ = false;
-        units_.clear();
-        layout_ = Layout();
+        finalized_ = !first;
+        units_.resize(old_units);
+        layout_ = std::move(old_layout);
+        applied_mask_.resize(old_params);
         return s;
     }
-    // Reductions go last unit first (a backward's order) until the ranks learn better.
-    for (size_t u = units_.size(); u-- > 0;) reduce_order_.push_back(static_cast<int32_t>(u));
-    reduced_.assign(units_.size(), nullptr);
+    // Reductions go last unit first (a backward's order) until the ranks learn better;
+    // added units come first, being last.
+    std::vector<int32_t> order;
+    for (size_t u = units_.size(); u-- > old_units;) order.push_back(static_cast<int32_t>(u));
+    order.insert(order.end(), reduce_order_.begin(), reduce_order_.end());
+    reduce_order_ = std::move(order);
+    reduced_.resize(units_.size(), nullptr);
+    unit_sumsq_.resize(units_.size(), 0.0);
     uint64_t bytes = 0;
-    for (const Unit &unit : units_) bytes += unit.params.size() + unit.own.size();
+    for (size_t u = old_units; u < units_.size(); ++u) bytes += units_[u].params.size() + units_[u].own.size();
     count_param_bytes(static_cast<int64_t>(bytes));
+    laid_out_params_ = params_.size();
+    laid_out_groups_ = groups_.size();
     return Status::Ok();
 }
 

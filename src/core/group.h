@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <functional>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,6 +57,10 @@ struct LossScaling {
 
 struct StepOptions {
     double max_grad_norm = 0.0;
+    // Uneven inputs: the gradients are sums over this rank's `weight` samples, and the
+    // step divides their sum over the ranks by the sum of the weights.
+    bool weighted = false;
+    double weight = 0.0;
     bool keep_grads = false;
     void *stream = nullptr;  // CUDA: the trainer's stream, whose work the step follows
     // Stages 1 and 2: return after the update; the params are all-gathered in the
@@ -74,6 +79,25 @@ struct MemoryStats {
     uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // staging is the checkpointer's
     uint64_t unsharded_optimizer_bytes = 0;
     uint64_t peak_param_bytes = 0;  // the most param_bytes held at once since finalize
+};
+
+// One thing ranks must agree on, in words: what it is ("param 'w' shape") and this
+// rank's value ("[4, 4]").
+struct Fact {
+    std::string what;
+    std::string value;
+};
+
+// What the ranks must agree on at a call of the step's family (agreement.cc): compared
+// as one fingerprint, and put in words as facts when the fingerprints differ.
+struct Agreement {
+    const char *call = "";
+    std::vector<uint8_t> mask;       // the trainable mask in force
+    double max_grad_norm = 0.0;
+    std::vector<uint8_t> signalled;  // per unit: signalled ready (a round's end; else empty)
+    int defer_gather = -1;           // 0 or 1 at a step or accumulate_grads; -1: not part
+    std::vector<uint8_t> gathered;   // stage 3, at a step or accumulate_grads: per unit, held gathered
+    bool weighted = false;           // the step's reduction is weighted (uneven inputs)
 };
 
 // Readers of this rank's shard (a checkpoint's snapshot, copied in the background)
@@ -113,13 +137,25 @@ class ShardGroup {
     int world_size() const { return world_size_; }
     int stage() const { return config_.stage; }
     bool finalized() const { return finalized_; }
+    // Params or param groups were added after sx_finalize and wait for the next one.
+    bool pending() const {
+        return finalized_ && (params_.size() > laid_out_params_ || groups_.size() > laid_out_groups_);
+    }
+    // The param exists and is laid out (SX_ERR_INVALID_STATE naming it otherwise).
+    Status check_laid_out(int32_t param) const;
+    // Finalized, with nothing added since (SX_ERR_INVALID_STATE saying which otherwise).
+    Status check_finalized() const;
     const GroupConfig &config() const { return config_; }
 
-    // --- registration (before finalize) ---
+    // --- registration ---
+    // Before finalize, or after it: then the params go in new units (ids above every
+    // laid-out unit's), and they and the groups wait for the next finalize.
     Status add_param_group(const optim::Hyper &hyper, int32_t *index);
     Status add_param(const char *name, int32_t ndim, const int64_t *shape, int32_t dtype,
                      int32_t param_group, int32_t unit, bool frozen, int32_t *index);
-    Status finalize();  // collective
+    // Collective: lays out (and allocates) what was added since the last finalize; units
+    // laid out before keep their buffers, optimizer state and indices.
+    Status finalize();
 
     // --- hyperparameters ---
     Status set_hyperparameter(int32_t group, int32_t key, double value);
@@ -250,23 +286,33 @@ class ShardGroup {
     ShardGroup() = default;
     // A communicator of the group's backend among its ranks, through `store`.
     Status connect(std::shared_ptr<comm::Store> store, std::unique_ptr<comm::Communicator> *out) const;
-    Status check_finalized() const;
     // Applies a trainable mask: unit flags, and optimizer state (and stage 2's gradient
     // accumulator) allocated for every unit that needs it under the current
     // hyperparameters. All allocations happen before anything changes.
     Status prepare(const std::vector<uint8_t> &mask);
     int required_slots(size_t u, const std::vector<uint8_t> &mask) const;
-    // Collective: every rank must be in the same call (`what`) with the same mask,
-    // hyperparameters and options; SX_ERR_MISMATCH otherwise, on every rank.
-    // `extra` (may be empty) is hashed too.
-    Status check_ranks_agree(const char *what, const std::vector<uint8_t> &mask, double max_grad_norm,
-                             const std::vector<uint8_t> &extra = {});
-    // The fingerprint the ranks compare: the call, the mask, the hyperparameters,
-    // max_grad_norm, the loss scaling, the micro-batch count and `extra`.
-    uint64_t agreement_hash(const char *what, const std::vector<uint8_t> &mask, double max_grad_norm,
-                            const std::vector<uint8_t> &extra) const;
-    // SX_ERR_MISMATCH saying what ranks may disagree on.
-    static Status disagreement();
+    // --- agreement.cc ---
+    // The agreement of a call of the step's family (`call`, as the error names it), with
+    // the units gathered at stage 3 where defer_gather >= 0 (a step or accumulate_grads).
+    Agreement step_agreement(const char *call, std::vector<uint8_t> mask, double max_grad_norm, int defer_gather,
+                             bool weighted) const;
+    // The fingerprint ranks compare: a's fields, every group's hyperparameters, the loss
+    // scaling and the number of accumulate_grads calls since the last step.
+    uint64_t fingerprint(const Agreement &a) const;
+    // The same, as facts in words.
+    std::vector<Fact> facts(const Agreement &a) const;
+    // The param table as facts (sx_finalize's agreement), and their fingerprint.
+    std::vector<Fact> table_facts() const;
+    uint64_t table_fingerprint() const;
+    // Collective, after every rank found that the ranks disagree: they exchange their
+    // facts' hashes, and each returns SX_ERR_MISMATCH naming the first fact that differs
+    // and every rank's value of it ("<intro>: <fact>: <value> on rank 0, <value> on rank
+    // 1"). A failed exchange fails the group.
+    Status explain(const char *intro, const std::vector<Fact> &mine, comm::Communicator &c);
+    // Collective: every rank must be in the same call with the same agreement
+    // (SX_ERR_MISMATCH naming what differs otherwise, on every rank); *weight_sum (may be
+    // null) receives the sum of every rank's `weight`, added in rank order.
+    Status agree(const Agreement &a, double weight, double *weight_sum);
     // Collective: the sum of every rank's `local`, added in rank order (the same bits on
     // every rank, whatever the collective's own order of additions).
     Status sum_over_ranks(double local, double *total);
@@ -288,9 +334,16 @@ class ShardGroup {
     void append_unit_segments(size_t u, float *reduced, std::vector<optim::Segment> *out) const;
     // The sum of squares of unit u's reduced gradients (reduced_[u]) times grad_scale.
     Status unit_sumsq(size_t u, float grad_scale, double *out);
-    // Collective: the sum of squares of the gradients (times grad_scale) over every rank's
-    // segments (inf or NaN where one is), unit by unit as an overlapped step sums them.
-    Status global_norm(float grad_scale, double *sumsq);
+    // The gradient scale of the norm: the average over the ranks and the loss scale
+    // (1 / (world_size x scale)), as torch takes the norm of the averaged gradients.
+    float norm_scale() const;
+    // Collective: the sum of squares of the reduced gradients times norm_scale() over
+    // every rank's segments (inf or NaN where one is), unit by unit as an overlapped step
+    // sums them.
+    Status global_norm(double *sumsq);
+    // Logs a warning when a step found every trainable gradient zero on every rank (the
+    // first such step in a row, then the 10th, 100th, ...).
+    void warn_if_no_gradient(double norm);
     // Collective: all-gathers the params of every trainable unit.
     Status gather_trainable_units();
     // A step was taken: per-param step counts, and the dynamic loss scale's growth.
@@ -315,16 +368,14 @@ class ShardGroup {
     // (SX_ERR_MISMATCH on every rank otherwise, the step's gradients then dropped); rank
     // 0's order of signals becomes the order of the next rounds' reductions. reduced_[u]
     // then holds unit u's reduced shard, and *sumsq (step rounds; null for accumulate)
-    // the sum of squares of the scaled gradients over every rank, as global_norm gives it.
-    Status close_round(const char *what, double max_grad_norm, const std::vector<uint8_t> &facts,
-                       double *sumsq = nullptr);
-    // What else the ranks must agree on at a step or accumulate_grads: defer_gather and,
-    // at stage 3, the units gathered.
-    std::vector<uint8_t> step_facts(bool defer_gather) const;
-    // Without a round: the ranks agree (on `what`), the mask is applied, and every
-    // trainable unit is reduced here (accumulate: into the accumulator; reduced_ gets
-    // where each reduced shard lives).
-    Status reduce_here(const char *what, double max_grad_norm, bool accumulate, bool defer_gather);
+    // the sum of squares of the reduced gradients over every rank, as global_norm gives it.
+    // a: what the ranks agree on (its mask and signals come from the round); weight: this
+    // rank's, summed over the ranks into *weight_sum (step rounds).
+    Status close_round(Agreement a, double weight, double *sumsq, double *weight_sum);
+    // Without a round: the ranks agree (on a, with their weights: *weight_sum), the mask
+    // is applied, and every trainable unit is reduced here (accumulate: into the
+    // accumulator; reduced_ gets where each reduced shard lives).
+    Status reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum);
     // Waits for every collective in flight on both channels; their failure.
     Status settle();
     CommChannel &reduce_channel();
@@ -367,12 +418,13 @@ class ShardGroup {
     std::unique_ptr<DeviceOps> ops_;
 
     std::vector<ParamGroup> groups_;
-    std::vector<ParamSpec> params_;
+    std::deque<ParamSpec> params_;  // a deque: names handed out stay where they are as params are added
     std::unordered_map<std::string, int32_t> by_name_;
     std::vector<uint8_t> mask_;          // the trainer's (may be written through a pointer)
     std::vector<uint8_t> applied_mask_;  // what the last step used
 
     bool finalized_ = false;
+    size_t laid_out_params_ = 0, laid_out_groups_ = 0;  // by the last finalize
     Layout layout_;
     std::vector<Unit> units_;
     uint64_t steps_ = 0;
@@ -391,6 +443,7 @@ class ShardGroup {
     std::vector<int32_t> reduce_order_;  // the agreed order of reductions
     std::vector<float *> reduced_;       // per unit: its reduced shard, after a step round
     std::vector<double> unit_sumsq_;     // per unit: its part of the step's norm (a step round)
+    uint64_t zero_grad_steps_ = 0;       // steps in a row whose gradients were all zero
     std::vector<int32_t> gather_log_;    // stage 3: unit_gather calls since the last step
     std::vector<int32_t> gather_order_;  // stage 3: those of the step before (the prefetch order)
     size_t gather_pos_ = 0;              // stage 3: how far this step has come in gather_order_

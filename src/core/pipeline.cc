@@ -85,7 +85,7 @@ Status ShardGroup::open_round(bool accumulate) {
     // reduction: a disagreement then changes nothing. It runs on the channel, ahead of
     // the reductions, so that this call does not wait for the other ranks.
     const char *what = accumulate ? "sx_unit_grads_ready (accumulate)" : "sx_unit_grads_ready";
-    reduce_channel().submit([this, what, mask] { return check_ranks_agree(what, mask, 0.0); });
+    reduce_channel().submit([this, what, mask] { return agree(step_agreement(what, mask, 0.0, -1, false), 0.0, nullptr); });
     return Status::Ok();
 }
 
@@ -98,8 +98,7 @@ void ShardGroup::submit_reductions(bool all) {
         // place until the step.
         if (!units_[u].trainable || (round_.accumulate && config_.stage == 1)) continue;
         const bool accumulate = round_.accumulate;
-        // The step's gradient scale (the average's 1/N and the loss scale), as its norm uses it.
-        const float grad_scale = static_cast<float>(1.0 / (static_cast<double>(world_size_) * scaler_.scale));
+        const float grad_scale = norm_scale();
         reduce_channel().submit([this, u, accumulate, grad_scale]() -> Status {
             float *shard = nullptr;
             Status s = reduce_unit(static_cast<size_t>(u), accumulate, &shard);
@@ -138,8 +137,7 @@ Status ShardGroup::unit_grads_ready(int32_t unit, bool accumulate, void *stream)
     return Status::Ok();
 }
 
-Status ShardGroup::close_round(const char *what, double max_grad_norm, const std::vector<uint8_t> &facts,
-                               double *sumsq) {
+Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double *weight_sum) {
     submit_reductions(true);
     Round round = std::move(round_);
     round_ = Round();
@@ -154,24 +152,25 @@ Status ShardGroup::close_round(const char *what, double max_grad_norm, const std
     // (the units signalled are part of it: a unit signalled on some ranks only is a
     // trainer's mistake that every rank reports; its gradients are reduced by now, as the
     // ranks reduced every unit in one order, so the step's gradients are dropped), its
-    // sum of squares (the units' parts added in unit order), and, from rank 0, the order
-    // of the next rounds' reductions: its signals in its order, then the units it did not
-    // signal in the old order.
-    std::vector<uint8_t> extra = round.signalled;
-    extra.insert(extra.end(), facts.begin(), facts.end());
-    const size_t n = units_.size(), words = 2 + n;
+    // sum of squares (the units' parts added in unit order), its weight, and, from rank
+    // 0, the order of the next rounds' reductions: its signals in its order, then the
+    // units it did not signal in the old order.
+    a.mask = round.mask;
+    a.signalled = round.signalled;
+    const size_t n = units_.size(), words = 3 + n;
     std::vector<uint64_t> all(static_cast<size_t>(world_size_) * words, 0);
     uint64_t *mine = all.data() + static_cast<size_t>(rank_) * words;
-    mine[0] = agreement_hash(what, round.mask, max_grad_norm, extra);
+    mine[0] = fingerprint(a);
     double local = 0.0;
     for (size_t u = 0; u < n && sumsq; ++u) local += unit_sumsq_[u];
     std::memcpy(&mine[1], &local, sizeof local);
+    std::memcpy(&mine[2], &weight, sizeof weight);
     if (rank_ == 0) {
         std::vector<uint8_t> seen(n, 0);
         size_t k = 0;
-        for (int32_t u : round.order) mine[2 + k++] = static_cast<uint64_t>(u), seen[u] = 1;
+        for (int32_t u : round.order) mine[3 + k++] = static_cast<uint64_t>(u), seen[u] = 1;
         for (int32_t u : reduce_order_)
-            if (!seen[u]) mine[2 + k++] = static_cast<uint64_t>(u);
+            if (!seen[u]) mine[3 + k++] = static_cast<uint64_t>(u);
     }
     if (world_size_ > 1) {
         s = comm_->all_gather(all.data(), words * sizeof(uint64_t));
@@ -183,27 +182,29 @@ Status ShardGroup::close_round(const char *what, double max_grad_norm, const std
             Status d = finish_step(false);
             if (!d.ok()) return d;
         }
-        return disagreement();
+        return explain("ranks disagree", facts(a), *comm_);
     }
     std::vector<int32_t> next(n);
     std::vector<uint8_t> seen(n, 0);
     for (size_t k = 0; k < n; ++k) {
-        const uint64_t u = all[2 + k];  // rank 0's
+        const uint64_t u = all[3 + k];  // rank 0's
         SX_CHECK(u < n && !seen[u], SX_ERR_INTERNAL,
                  "rank 0 sent a reduction order that is not a permutation of the units");
         seen[u] = 1;
         next[k] = static_cast<int32_t>(u);
     }
     reduce_order_ = std::move(next);
-    if (sumsq) {
-        double total = 0.0;
-        for (int r = 0; r < world_size_; ++r) {  // in rank order: the same bits on every rank
-            double v;
-            std::memcpy(&v, &all[static_cast<size_t>(r) * words + 1], sizeof v);
-            total += v;
-        }
-        *sumsq = total;
+    // Sums in rank order: the same bits on every rank.
+    double total = 0.0, weights = 0.0;
+    for (int r = 0; r < world_size_; ++r) {
+        double v, w;
+        std::memcpy(&v, &all[static_cast<size_t>(r) * words + 1], sizeof v);
+        std::memcpy(&w, &all[static_cast<size_t>(r) * words + 2], sizeof w);
+        total += v;
+        weights += w;
     }
+    if (sumsq) *sumsq = total;
+    if (weight_sum) *weight_sum = weights;
     return Status::Ok();
 }
 

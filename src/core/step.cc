@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/log.h"
 #include "core/group.h"
 
 namespace sx {
@@ -25,52 +26,6 @@ std::vector<uint8_t> ShardGroup::candidate_mask() const {
     std::vector<uint8_t> m(src.size());
     for (size_t i = 0; i < src.size(); ++i) m[i] = src[i] ? 1 : 0;
     return m;
-}
-
-uint64_t ShardGroup::agreement_hash(const char *what, const std::vector<uint8_t> &mask, double max_grad_norm,
-                                    const std::vector<uint8_t> &extra) const {
-    uint64_t h = fnv1a(what, std::strlen(what));
-    h = fnv1a(mask.data(), mask.size(), h);
-    for (const ParamGroup &g : groups_) h = hyper_fingerprint(g.hyper, h);
-    h = fnv1a(&max_grad_norm, sizeof max_grad_norm, h);
-    const double scaling[5] = {static_cast<double>(scaling_.mode), scaler_.scale, scaling_.growth_factor,
-                               scaling_.backoff_factor, static_cast<double>(scaling_.growth_interval)};
-    h = fnv1a(scaling, sizeof scaling, h);
-    h = fnv1a(&micro_batches_, sizeof micro_batches_, h);
-    return fnv1a(extra.data(), extra.size(), h);
-}
-
-Status ShardGroup::disagreement() {
-    return SX_ERROR(SX_ERR_MISMATCH,
-                    "ranks disagree: the trainable masks, hyperparameters, max_grad_norm, loss scaling, the number of "
-                    "sx_accumulate_grads calls, the units signalled ready or gathered, defer_gather, or the call itself "
-                    "(sx_step, sx_accumulate_grads or sx_unit_grads_ready) differ between ranks");
-}
-
-Status ShardGroup::check_ranks_agree(const char *what, const std::vector<uint8_t> &mask, double max_grad_norm,
-                                     const std::vector<uint8_t> &extra) {
-    if (world_size_ == 1) return Status::Ok();
-    const uint64_t h = agreement_hash(what, mask, max_grad_norm, extra);
-    uint64_t v[2] = {h, ~h};
-    Status s = comm_->all_reduce_max(v, 2);
-    if (!s.ok()) return fail(s);
-    if (v[0] != h || v[1] != ~h) return disagreement();
-    return Status::Ok();
-}
-
-Status ShardGroup::sum_over_ranks(double local, double *total) {
-    if (world_size_ == 1) {
-        *total = local;
-        return Status::Ok();
-    }
-    std::vector<double> all(static_cast<size_t>(world_size_), 0.0);
-    all[static_cast<size_t>(rank_)] = local;
-    Status s = comm_->all_gather(all.data(), sizeof(double));
-    if (!s.ok()) return fail(s);
-    double sum = 0.0;
-    for (double v : all) sum += v;  // in rank order: the same bits on every rank
-    *total = sum;
-    return Status::Ok();
 }
 
 Status ShardGroup::reduce_unit(size_t u, bool into_accum, float **shard_grad) {
@@ -122,17 +77,9 @@ Status ShardGroup::zero_grads() {
     return Status::Ok();
 }
 
-std::vector<uint8_t> ShardGroup::step_facts(bool defer_gather) const {
-    std::vector<uint8_t> facts(1, defer_gather ? 1 : 0);
-    if (config_.stage == 3)
-        for (const Unit &unit : units_) facts.push_back(unit.pins > 0 ? 1 : 0);
-    return facts;
-}
-
-Status ShardGroup::reduce_here(const char *what, double max_grad_norm, bool accumulate, bool defer_gather) {
-    std::vector<uint8_t> mask = candidate_mask();
-    SX_TRY(check_ranks_agree(what, mask, max_grad_norm, step_facts(defer_gather)));
-    SX_TRY(prepare(mask));
+Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum) {
+    SX_TRY(agree(a, weight, weight_sum));
+    SX_TRY(prepare(a.mask));
     // Stage 1 keeps a micro-batch's gradients in place until the step.
     if (accumulate && config_.stage == 1) return Status::Ok();
     for (size_t u = 0; u < units_.size(); ++u) {
@@ -153,13 +100,13 @@ Status ShardGroup::accumulate_grads() {
         SX_CHECK(round_.accumulate, SX_ERR_INVALID_STATE,
                  "the units signalled ready in this micro-batch said that sx_step ends it (accumulate = 0), "
                  "not sx_accumulate_grads");
-        SX_TRY(close_round("sx_accumulate_grads", 0.0, step_facts(false)));
+        SX_TRY(close_round(step_agreement("sx_accumulate_grads", {}, 0.0, 0, false), 0.0, nullptr, nullptr));
     } else {
         {
             Status s = ops_->wait_for(nullptr);  // the legacy default stream
             if (!s.ok()) return fail(s);
         }
-        SX_TRY(reduce_here("sx_accumulate_grads", 0.0, true, false));
+        SX_TRY(reduce_here(step_agreement("sx_accumulate_grads", candidate_mask(), 0.0, 0, false), true, 0.0, nullptr));
     }
     ++micro_batches_;
     if (config_.stage == 1) return Status::Ok();  // the next micro-batch adds to the gradients
@@ -193,6 +140,8 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     SX_CHECK_ARG(std::isfinite(options.max_grad_norm) && options.max_grad_norm >= 0,
                  "max_grad_norm = %g; it must be finite and >= 0 (0 = no clipping)",
                  options.max_grad_norm);
+    SX_CHECK_ARG(!options.weighted || (std::isfinite(options.weight) && options.weight >= 0),
+                 "weight = %g; it must be finite and >= 0 (0: this rank had no data)", options.weight);
     // The trainer's backward wrote the gradients on its stream. Waited for before anything
     // collective, so that a bad stream is this call's error alone and the group stays usable.
     SX_TRY(ops_->wait_for(options.stream));
@@ -200,32 +149,49 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     // 1. Every trainable unit's gradients reduced into this rank's shard: those signalled
     //    ready are on their way (or done), the rest go now. With signals, the reduction
     //    channel also summed each unit's squares, and the ranks exchanged them with their
-    //    agreement, so the norm is known here.
+    //    agreement, so the norm is known here. The ranks' weights are summed either way.
+    const double weight = options.weighted ? options.weight : 1.0;
+    double weight_sum = static_cast<double>(world_size_);
     bool have_sumsq = false;
     double sumsq = 0.0;
     if (round_.open) {
         SX_CHECK(!round_.accumulate, SX_ERR_INVALID_STATE,
                  "the units signalled ready in this micro-batch said that sx_accumulate_grads ends it "
                  "(accumulate = 1), not sx_step");
-        SX_TRY(close_round("sx_step", options.max_grad_norm, step_facts(options.defer_gather), &sumsq));
+        SX_TRY(close_round(step_agreement("sx_step", {}, options.max_grad_norm, options.defer_gather ? 1 : 0,
+                                          options.weighted),
+                           weight, &sumsq, &weight_sum));
         have_sumsq = true;
     } else {
-        SX_TRY(reduce_here("sx_step", options.max_grad_norm, false, options.defer_gather));
+        SX_TRY(reduce_here(step_agreement("sx_step", candidate_mask(), options.max_grad_norm,
+                                          options.defer_gather ? 1 : 0, options.weighted),
+                           false, weight, &weight_sum));
     }
     // The gathers still in flight (deferred, or prefetched) end before the update
     // writes the shards they read.
     SX_TRY(settle());
+    // Uneven inputs: no rank had data, so there is nothing to average; the step is
+    // skipped as a dynamic loss scaling skip is (nothing changes, the gradients go).
+    if (options.weighted && !(weight_sum > 0)) {
+        SX_TRY(finish_step(options.keep_grads));
+        report_step(0.0, true, result);
+        return Status::Ok();
+    }
 
-    // 2. Global norm of the rank-averaged, unscaled gradients, and the clipping
-    //    coefficient. Dynamic loss scaling needs it (for its inf/NaN check) before the
-    //    update, clipping too; otherwise it comes out of the update's own pass.
+    // 2. Global norm of the averaged, unscaled gradients, and the clipping coefficient.
+    //    Dynamic loss scaling needs it (for its inf/NaN check) before the update,
+    //    clipping too; otherwise it comes out of the update's own pass. The average is
+    //    over the ranks, or over the ranks' weights (the gradients are then sums).
     const bool dynamic = scaling_.mode == SX_LOSS_SCALING_DYNAMIC;
-    const double divisor = static_cast<double>(world_size_) * scaler_.scale;  // the scale is 1 without scaling
+    const double divisor = weight_sum * scaler_.scale;  // the scale is 1 without scaling
     const bool norm_first = have_sumsq || options.max_grad_norm > 0 || dynamic;
     double norm = 0.0, coef = 1.0;
     if (norm_first) {
-        if (!have_sumsq) SX_TRY(global_norm(static_cast<float>(1.0 / divisor), &sumsq));
+        if (!have_sumsq) SX_TRY(global_norm(&sumsq));
+        // The sums are of the gradients times norm_scale(), as torch's norm of the averaged
+        // gradients; a weighted step's average has the weights' sum for the rank count.
         norm = std::sqrt(sumsq);
+        if (options.weighted) norm *= static_cast<double>(world_size_) / weight_sum;
         if (dynamic && !std::isfinite(norm)) {
             // torch.cuda.amp.GradScaler: skip the step, back off, restart the growth count.
             // Every rank saw the same sum, so every rank skips.
@@ -265,6 +231,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     if (s.ok() && !norm_first) s = sum_over_ranks(update_sumsq, &sumsq);
     if (!s.ok()) return fail(s);
     if (!norm_first) norm = std::sqrt(sumsq);
+    warn_if_no_gradient(norm);
 
     // 4. The updated params: gathered now, or in the background (defer_gather), or at
     //    stage 3 only where a unit is gathered.
@@ -316,17 +283,40 @@ Status ShardGroup::unit_sumsq(size_t u, float grad_scale, double *out) {
     return segs.empty() ? Status::Ok() : ops_->sum_of_squares(segs.data(), segs.size(), grad_scale, out);
 }
 
-Status ShardGroup::global_norm(float grad_scale, double *sumsq) {
+float ShardGroup::norm_scale() const {
+    return static_cast<float>(1.0 / (static_cast<double>(world_size_) * scaler_.scale));
+}
+
+Status ShardGroup::global_norm(double *sumsq) {
     // Unit by unit, added in unit order, then over the ranks in rank order: the same sum,
     // bit for bit, as the reduction channel's per-unit sums give an overlapped step.
     double local = 0.0;
     for (size_t u = 0; u < units_.size(); ++u) {
         double part = 0.0;
-        Status s = unit_sumsq(u, grad_scale, &part);
+        Status s = unit_sumsq(u, norm_scale(), &part);
         if (!s.ok()) return fail(s);
         local += part;
     }
     return sum_over_ranks(local, sumsq);
+}
+
+void ShardGroup::warn_if_no_gradient(double norm) {
+    bool any_trainable = false;
+    for (const Unit &unit : units_) any_trainable |= unit.trainable;
+    if (norm != 0.0 || !any_trainable) {
+        zero_grad_steps_ = 0;
+        return;
+    }
+    // The first step, then the 10th, 100th... in a row: enough to be seen, not a flood.
+    const uint64_t n = ++zero_grad_steps_;
+    uint64_t p = 1;
+    while (p < n) p *= 10;
+    if (p != n) return;
+    log(SX_LOG_WARN,
+        "sx_step: the gradients of every trainable param are zero on every rank (%llu step%s in a row): the "
+        "optimizer applied weight decay and momentum alone. Is the backward writing into sx's grad views? (A "
+        "torch user whose zero_grad() set .grad to None, or who replaced .grad, no longer writes there.)",
+        static_cast<unsigned long long>(n), n == 1 ? "" : "s");
 }
 
 Status ShardGroup::gather_trainable_units() {

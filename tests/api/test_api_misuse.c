@@ -844,21 +844,42 @@ static void test_before_finalize(void **state) {
 static void test_after_finalize(void **state) {
     (void)state;
     sx_shard_group_t *g = api_small_group(1);
-    EXPECT_STATUS(sx_finalize(g), SX_ERR_INVALID_STATE, "finalized");
+    EXPECT_STATUS(sx_finalize(g), SX_ERR_INVALID_STATE, "nothing was added");
 
-    sx_param_group_desc_t pgd;
-    EXPECT_OK(sx_param_group_desc_init(&pgd, sizeof pgd, SX_OPTIM_SGD));
-    int32_t index = 99;
-    EXPECT_STATUS(sx_add_param_group(g, &pgd, &index), SX_ERR_INVALID_STATE, "sx_finalize");
+    /* Params added after sx_finalize go in new units, after every laid-out one (units 0
+     * and 1 are): an old unit id is refused by name and changes nothing. */
     sx_param_desc_t d;
     const int64_t shape[1] = {3};
+    int32_t index = 99;
     base_param(&d, "late", shape, 1);
-    EXPECT_STATUS(sx_add_param(g, &d, &index), SX_ERR_INVALID_STATE, "sx_finalize");
+    d.unit = 1;
+    EXPECT_STATUS(sx_add_param(g, &d, &index), SX_ERR_INVALID_ARGUMENT, "ids above 1");
     assert_int_equal(index, 99);
     assert_int_equal(api_num_params(g), 2);
-    assert_int_equal(api_num_param_groups(g), 1);
     int32_t found = -1;
     EXPECT_STATUS(sx_find_param(g, "late", &found), SX_ERR_NOT_FOUND, "late");
+
+    /* A param group and a param in a new unit wait for the next sx_finalize: until then
+     * the new param has no views, and the group does not step. */
+    sx_param_group_desc_t pgd;
+    EXPECT_OK(sx_param_group_desc_init(&pgd, sizeof pgd, SX_OPTIM_SGD));
+    EXPECT_OK(sx_add_param_group(g, &pgd, &index));
+    assert_int_equal(index, 1);
+    d.unit = 2;
+    d.param_group = 1;
+    EXPECT_OK(sx_add_param(g, &d, &index));
+    assert_int_equal(index, 2);
+    sx_view_t v;
+    EXPECT_OK(sx_view_init(&v, sizeof v));
+    EXPECT_STATUS(sx_param_view(g, 2, &v), SX_ERR_INVALID_STATE, "next sx_finalize");
+    EXPECT_OK(sx_param_view(g, 0, &v)); /* laid-out params keep their views */
+    EXPECT_STATUS(sx_step(g, NULL, NULL), SX_ERR_INVALID_STATE, "call sx_finalize again");
+    EXPECT_OK(sx_finalize(g));
+    EXPECT_OK(sx_param_view(g, 2, &v));
+    assert_int_equal(v.numel, 3);
+    EXPECT_OK(sx_step(g, NULL, NULL));
+    assert_int_equal(api_num_params(g), 3);
+    assert_int_equal(api_num_param_groups(g), 2);
 
     /* Hyperparameters may still change after finalize. */
     EXPECT_OK(sx_set_lr(g, 0, 0.125));

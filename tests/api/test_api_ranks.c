@@ -39,6 +39,17 @@ enum {
 
 static const char *const kVariantNames[kVariants] = {
     "same", "name", "shape", "extra", "order", "frozen", "unit", "optimizer", "param group"};
+/* What sx_finalize's message says, on every rank, for each variant. */
+static const char *const kVariantWords[kVariants] = {
+    "",
+    "param 1 name: 'b' on rank 0, 'b2' on rank 1",
+    "param 'b' shape: [5] on rank 0, [6] on rank 1",
+    "the number of params: 3 on rank 0, 4 on rank 1",
+    "param 0 name: 'a' on rank 0, 'b' on rank 1",
+    "param 'c' frozen: no on rank 0, yes on rank 1",
+    "param 'c' unit: 1 on rank 0, 2 on rank 1",
+    "param group 0 optimizer: SGD on rank 0, AdamW on rank 1",
+    "param 'c' param group: 0 on rank 0, 1 on rank 1"};
 
 static void note(char *failure, size_t size, const char *fmt, const char *a, int b) {
     if (failure[0] == '\0') snprintf(failure, size, fmt, a, b);
@@ -147,6 +158,10 @@ static void test_finalize_mismatch(void **state) {
                 strstr(c->finalize_msg, "param tables") == NULL)
                 fail_msg("variant %s, rank %d: message \"%s\" does not say the param tables differ",
                          kVariantNames[variant], r, c->finalize_msg);
+            /* Every rank names the first thing that differs, and each rank's value. */
+            if (strstr(c->finalize_msg, kVariantWords[variant]) == NULL)
+                fail_msg("variant %s, rank %d: message \"%s\" does not say \"%s\"", kVariantNames[variant], r,
+                         c->finalize_msg, kVariantWords[variant]);
             /* Nothing was finalized, nothing was lost. */
             assert_int_equal(c->view_after, SX_ERR_INVALID_STATE);
             const int32_t expect_params = variant == kExtra && r == 1 ? 4 : 3;
@@ -163,6 +178,15 @@ enum { kPhaseNorm, kPhaseMask, kPhaseMaskApi, kPhaseLr, kPhaseCall, kPhaseAccum,
 static const char *const kPhaseNames[kPhases] = {
     "max_grad_norm", "mask (pointer)", "mask (sx_set_trainable)", "lr", "call (accumulate vs step)",
     "max_grad_norm after a micro-batch"};
+/* What each rejected step's message says, on both ranks: the first difference and each
+ * rank's value. */
+static const char *const kPhaseWords[kPhases] = {
+    "max_grad_norm: 1 on rank 0, 2 on rank 1",
+    "param 'v' trainable: no on rank 0, yes on rank 1",
+    "param 'w' trainable: yes on rank 0, no on rank 1",
+    "param group 0 lr: 0.5 on rank 0, 0.25 on rank 1",
+    "the call: sx_accumulate_grads on rank 0, sx_step on rank 1",
+    "max_grad_norm: 0 on rank 0, 0.001 on rank 1"};
 
 typedef struct {
     char rv[128];
@@ -339,6 +363,9 @@ static void test_step_mismatch(void **state) {
             if (strncmp(c->phase_msg[p], fn, strlen(fn)) != 0 || strstr(c->phase_msg[p], "disagree") == NULL)
                 fail_msg("rank %d, different %s: message \"%s\" does not say ranks disagree", r,
                          kPhaseNames[p], c->phase_msg[p]);
+            if (strstr(c->phase_msg[p], kPhaseWords[p]) == NULL)
+                fail_msg("rank %d, different %s: message \"%s\" does not say \"%s\"", r, kPhaseNames[p],
+                         c->phase_msg[p], kPhaseWords[p]);
         }
         assert_int_equal(c->bad_root, SX_ERR_INVALID_ARGUMENT);
         if (c->final_step != SX_OK) fail_msg("rank %d: the agreed step returned %d", r, c->final_step);

@@ -28,8 +28,12 @@ uint64_t mix(uint64_t x) {
     return x;
 }
 
+bool added_later(const Scenario &sc, int step, int p) {
+    return sc.add_after_step > 0 && static_cast<size_t>(p) >= sc.added_params_from && step <= sc.add_after_step;
+}
+
 bool is_trainable(const Scenario &sc, int step, int p) {
-    return !sc.trainable || sc.trainable(step, p);
+    return !added_later(sc, step, p) && (!sc.trainable || sc.trainable(step, p));
 }
 
 }  // namespace
@@ -83,6 +87,24 @@ Scenario two_group_scenario(int32_t optimizer) {
 
 // Freeze "block.w" after step 3 and unfreeze it after step 6; the whole unit 4 is frozen
 // for steps 2-5; "embed.bias" starts frozen and is unfrozen at step 5.
+Scenario late_group_scenario(int32_t optimizer, int after) {
+    Scenario sc = two_group_scenario(optimizer);
+    sx_param_group_desc_t c = group_desc(optimizer == SX_OPTIM_SGD ? SX_OPTIM_ADAMW : SX_OPTIM_SGD, 0.02);
+    if (optimizer == SX_OPTIM_SGD) {
+        c.amsgrad = 1;
+    } else {
+        c.momentum = 0.7;
+    }
+    sc.added_groups_from = sc.groups.size();
+    sc.added_params_from = sc.params.size();
+    sc.groups.push_back(c);
+    sc.params.push_back({"late.w", {17, 3}, 2, 5});
+    sc.params.push_back({"late.b", {5}, 2, 5});
+    sc.params.push_back({"late.extra", {40}, 0, 7});
+    sc.add_after_step = after;
+    return sc;
+}
+
 bool freeze_schedule(int step, int p) {
     if (p == 2) return !(step >= 4 && step <= 6);
     if (p == 4) return !(step >= 2 && step <= 5);
@@ -162,6 +184,7 @@ class Trainer {
             sx_load_options_t lo;
             sx_load_optim_state_options_init(&lo, sizeof lo);
             lo.path = sc_.load_from.c_str();
+            lo.flags = sc_.load_flags;
             err = check(sx_load_optim_state(g_, &lo), "sx_load_optim_state");
         }
         for (int s = sc_.first_step; s <= sc_.steps && err.empty(); ++s) err = step(s);
@@ -202,10 +225,22 @@ class Trainer {
         cfg.timeout_ms = timeout_ms;
         cfg.prefetch_depth = sc_.prefetch_depth;
         std::string err = check(sx_create_shard_group(&cfg, &g_), "sx_create_shard_group");
-        for (size_t i = 0; i < sc_.groups.size() && err.empty(); ++i)
+        const bool later = sc_.add_after_step > 0 && sc_.first_step <= sc_.add_after_step;
+        if (err.empty())
+            err = add_and_finalize(later ? sc_.added_groups_from : sc_.groups.size(),
+                                   later ? sc_.added_params_from : sc_.params.size(), sc_.first_step);
+        return err;
+    }
+
+    // Registers the param groups and params up to (not including) these counts, beyond
+    // those registered already (frozen as at `step`), finalizes, and writes the new
+    // params' initial values.
+    std::string add_and_finalize(size_t groups, size_t params, int step) {
+        std::string err;
+        for (size_t i = groups_; i < groups && err.empty(); ++i)
             err = check(sx_add_param_group(g_, &sc_.groups[i], nullptr), "sx_add_param_group");
-        const size_t np = sc_.params.size();
-        for (size_t p = 0; p < np && err.empty(); ++p) {
+        const size_t first = np_;
+        for (size_t p = first; p < params && err.empty(); ++p) {
             sx_param_desc_t d;
             sx_param_desc_init(&d, sizeof d);
             d.name = sc_.params[p].name.c_str();
@@ -213,12 +248,17 @@ class Trainer {
             d.shape = sc_.params[p].shape.data();
             d.param_group = sc_.params[p].group;
             d.unit = sc_.params[p].unit;
-            d.frozen = is_trainable(sc_, 1, static_cast<int>(p)) ? 0 : 1;
+            d.frozen = is_trainable(sc_, step, static_cast<int>(p)) ? 0 : 1;
             int32_t idx = -1;
             err = check(sx_add_param(g_, &d, &idx), "sx_add_param");
             if (err.empty() && idx != static_cast<int32_t>(p)) err = "param index out of order";
         }
-        if (err.empty()) err = check(sx_finalize(g_), "sx_finalize");
+        if (!err.empty()) return err;
+        groups_ = groups;
+        np_ = params;
+        const size_t np = np_;
+        err = check(sx_finalize(g_), "sx_finalize");
+        // The mask may have moved with the params added: fetched again.
         if (err.empty()) err = check(sx_trainable_mask(g_, &mask_, &count_), "sx_trainable_mask");
         if (err.empty()) err = check(sx_get_num_units(g_, &units_), "sx_get_num_units");
         // Unit index of every param: units are numbered in increasing unit id.
@@ -233,20 +273,21 @@ class Trainer {
         for (size_t p = 0; p < np; ++p)
             for (int32_t u = 0; u < units_; ++u)
                 if (ids.size() == static_cast<size_t>(units_) && ids[u] == sc_.params[p].unit) unit_of_[p] = u;
-        gdata_.assign(np, nullptr);
-        for (size_t p = 0; p < np && err.empty(); ++p) {
+        gdata_.resize(np, nullptr);
+        for (size_t p = first; p < np && err.empty(); ++p) {
             sx_view_t v;
             sx_view_init(&v, sizeof v);
             err = check(sx_grad_view(g_, static_cast<int32_t>(p), &v), "sx_grad_view");
             gdata_[p] = static_cast<float *>(v.data);
         }
-        if (err.empty()) err = write_initial_values();
+        if (err.empty()) err = write_initial_values(first);
         return err;
     }
 
     // The params of unit u (every param where u < 0), with their views, through fn.
-    std::string with_params(int32_t u, const std::function<void(size_t p, float *data, uint64_t n)> &fn) {
-        for (size_t p = 0; p < sc_.params.size(); ++p) {
+    std::string with_params(int32_t u, const std::function<void(size_t p, float *data, uint64_t n)> &fn,
+                            size_t from = 0) {
+        for (size_t p = from; p < np_; ++p) {
             if (u >= 0 && unit_of_[p] != u) continue;
             sx_view_t v;
             sx_view_init(&v, sizeof v);
@@ -259,21 +300,23 @@ class Trainer {
     }
 
     // Each unit's params through fn, gathered around it where the scenario gathers.
-    std::string each_unit(const std::function<void(size_t p, float *data, uint64_t n)> &fn) {
-        if (!gathers()) return with_params(-1, fn);
+    std::string each_unit(const std::function<void(size_t p, float *data, uint64_t n)> &fn, size_t from = 0) {
+        if (!gathers()) return with_params(-1, fn, from);
         for (int32_t u = 0; u < units_; ++u) {
             std::string err = check(sx_unit_gather(g_, u), "sx_unit_gather");
-            if (err.empty()) err = with_params(u, fn);
+            if (err.empty()) err = with_params(u, fn, from);
             if (err.empty()) err = check(sx_unit_release(g_, u), "sx_unit_release");
             if (!err.empty()) return err;
         }
         return "";
     }
 
-    std::string write_initial_values() {
-        return each_unit([](size_t p, float *d, uint64_t n) {
-            for (uint64_t i = 0; i < n; ++i) d[i] = initial_value(static_cast<int>(p), i);
-        });
+    std::string write_initial_values(size_t from) {
+        return each_unit(
+            [](size_t p, float *d, uint64_t n) {
+                for (uint64_t i = 0; i < n; ++i) d[i] = initial_value(static_cast<int>(p), i);
+            },
+            from);
     }
 
     std::string read_params(std::vector<std::vector<float>> *out) {
@@ -282,7 +325,7 @@ class Trainer {
     }
 
     void add_gradients(int s, int m, int32_t unit) {
-        for (size_t p = 0; p < sc_.params.size(); ++p) {
+        for (size_t p = 0; p < np_; ++p) {
             if (unit >= 0 && unit_of_[p] != unit) continue;
             const uint64_t n = numel(sc_.params[p]);
             const int r = sc_.same_grads_on_every_rank ? 0 : rank_;
@@ -336,8 +379,10 @@ class Trainer {
     }
 
     std::string step(int s) {
-        const size_t np = sc_.params.size();
         std::string err;
+        if (sc_.add_after_step > 0 && s == sc_.add_after_step + 1 && np_ < sc_.params.size())
+            err = add_and_finalize(sc_.groups.size(), sc_.params.size(), s);
+        const size_t np = np_;
         for (size_t p = 0; p < np && err.empty(); ++p) {
             const bool t = is_trainable(sc_, s, static_cast<int>(p));
             if (sc_.mask_through_pointer)
@@ -373,6 +418,7 @@ class Trainer {
     uint8_t *mask_ = nullptr;
     int32_t count_ = 0;
     int32_t units_ = 0;
+    size_t groups_ = 0, np_ = 0;    // param groups and params registered
     std::vector<int32_t> unit_of_;  // per param: its unit's index
     std::vector<float *> gdata_;
 };

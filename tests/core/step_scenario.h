@@ -52,10 +52,19 @@ struct Scenario {
     // trains steps first_step..steps, and saves to save_to (if set) synchronously.
     int first_step = 1;
     std::string load_from;
+    uint32_t load_flags = 0;  // SX_LOAD_*
     std::string save_to;
     // Every rank adds rank 0's gradients, so that the trajectory does not depend on the
     // world size (up to the rounding of the average).
     bool same_grads_on_every_rank = false;
+
+    // Runtime param groups: params from index added_params_from on, and param groups from
+    // added_groups_from on, are registered after step add_after_step (0: never), after
+    // sx_finalize, and laid out by a second sx_finalize; the reference starts updating
+    // them at step add_after_step + 1, as torch's add_param_group would.
+    int add_after_step = 0;
+    size_t added_params_from = 0;
+    size_t added_groups_from = 0;
 };
 
 uint64_t numel(const ParamDef &p);
@@ -89,6 +98,11 @@ sx_param_group_desc_t group_desc(int32_t optimizer, double lr);
 // Two param groups of `optimizer` with unlike hyperparameters over five params of awkward
 // sizes in three units (ids 0, 1 and 4), clipping at 5.
 Scenario two_group_scenario(int32_t optimizer);
+
+// two_group_scenario with a third param group (SGD with momentum, or AdamW with
+// amsgrad for SGD scenarios) and three more params in new units 5 and 7 (one of them in
+// group 0), all added after step `after`.
+Scenario late_group_scenario(int32_t optimizer, int after);
 
 // Freezes "block.w" (param 2) for steps 4-6, the whole unit of "head.weight" (param 4) for
 // steps 2-5, and "embed.bias" (param 1) until step 4.

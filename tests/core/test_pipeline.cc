@@ -480,7 +480,9 @@ void test_ranks_signalling_different_units(void **) {
             const sx_status_t st = sx_step(g, nullptr, nullptr);
             const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             if (st != SX_ERR_MISMATCH) return std::string("sx_step returned ") + sx_status_string(st);
-            if (!std::strstr(sx_last_error_message(), "sx_step")) return std::string("message: ") + sx_last_error_message();
+            if (!std::strstr(sx_last_error_message(), "sx_step") ||
+                !std::strstr(sx_last_error_message(), "the units signalled ready: {0} on rank 0, {1} on rank 1"))
+                return std::string("message: ") + sx_last_error_message();
             if (secs > 10.0) return "the mismatch took " + std::to_string(secs) + " s";
             if (all_values(g, stage) != before) return "a failed step changed the params";
             // The group goes on: a step where both signal every unit.

@@ -8,8 +8,11 @@
 #include <cstring>
 #include <string>
 
+#include <unistd.h>
+
 #include "process_ranks.h"
 #include "step_scenario.h"
+#include "test_files.h"
 
 using sxtest::Scenario;
 
@@ -65,6 +68,80 @@ void test_freeze_and_unfreeze(void **) {
     }
 }
 
+// A param group (and params in new units, one of them in an old group) added after
+// sx_finalize, at step 5, at world sizes 1-4 and stages 1-3: equal to the reference
+// that starts updating them at step 6 with fresh state, as torch's add_param_group does.
+void test_param_groups_added_at_run_time(void **) {
+    for (int32_t opt : {SX_OPTIM_ADAMW, SX_OPTIM_SGD}) {
+        for (int world = 1; world <= 4; ++world) {
+            for (int stage = 1; stage <= 3; ++stage) {
+                Scenario sc = sxtest::late_group_scenario(opt, 5);
+                sc.world = world;
+                sc.stage = stage;
+                sc.steps = 9;
+                const std::string name = "late-" + std::to_string(opt) + "-" + std::to_string(world) + "-" +
+                                         std::to_string(stage);
+                std::string err = sxtest::run_threads_and_compare(sc, name, 1e-6);
+                if (!err.empty()) fail_msg("optimizer %d world %d stage %d: %s", opt, world, stage, err.c_str());
+            }
+        }
+    }
+    // The added group changes the trajectory of what it holds (the test could fail).
+    Scenario a = sxtest::late_group_scenario(SX_OPTIM_ADAMW, 5), b = a;
+    a.steps = b.steps = 9;
+    b.add_after_step = 0;
+    assert_true(sxtest::reference_run(a)[5] != sxtest::reference_run(b)[5]);
+}
+
+// Checkpoints around a param group added at run time (after step 5, by 2 ranks): the one
+// saved before it lacks the new params and loads into the grown group (4 ranks, every
+// param registered at once) only with SX_LOAD_ALLOW_MISSING; both it and the one saved
+// after continue the uninterrupted run exactly. (Every rank adds the same gradients and
+// the world sizes are powers of two, so the averages are exact at every size.)
+void test_checkpoints_around_an_added_param_group(void **) {
+    const std::string dir = sxtest::make_tmpdir("late-group");
+    sxtest::Scenario full = sxtest::late_group_scenario(SX_OPTIM_ADAMW, 5);
+    full.same_grads_on_every_rank = true;  // the trajectory does not depend on the world size
+    full.steps = 11;
+    sxtest::Scenario save = full;
+    save.world = 2;
+    save.steps = 8;
+    save.after_step = [&](sx_shard_group_t *g, int, int step) -> std::string {
+        if (step != 5 && step != 8) return "";
+        const std::string path = dir + "/step" + std::to_string(step);
+        sx_save_options_t so;
+        sx_save_options_init(&so, sizeof so);
+        so.path = path.c_str();
+        so.synchronous = 1;
+        sx_future_t *f = nullptr;
+        sx_status_t st = sx_save_optim_state(g, &so, &f);
+        if (st == SX_OK) st = sx_future_wait(f, -1);
+        sx_future_destroy(f);
+        return st == SX_OK ? "" : std::string("save: ") + sx_last_error_message();
+    };
+    std::string err = sxtest::run_threads_and_compare(save, "late-save-" + std::to_string(::getpid()), 1e-6);
+    if (!err.empty()) fail_msg("the run that saves: %s", err.c_str());
+
+    sxtest::Scenario after = full;
+    after.world = 4;
+    after.first_step = 9;
+    after.load_from = dir + "/step8";
+    err = sxtest::run_threads_and_compare(after, "late-after-" + std::to_string(::getpid()), 1e-6);
+    if (!err.empty()) fail_msg("continued from the checkpoint saved after the group was added: %s", err.c_str());
+
+    sxtest::Scenario before = full;
+    before.world = 4;
+    before.first_step = 6;
+    before.load_from = dir + "/step5";
+    err = sxtest::run_threads_and_compare(before, "late-strict-" + std::to_string(::getpid()), 1e-6);
+    if (err.find("late.w") == std::string::npos || err.find("allow missing") == std::string::npos)
+        fail_msg("a checkpoint without the added params loaded without SX_LOAD_ALLOW_MISSING: %s", err.c_str());
+    before.load_flags = SX_LOAD_ALLOW_MISSING;
+    err = sxtest::run_threads_and_compare(before, "late-before-" + std::to_string(::getpid()), 1e-6);
+    if (!err.empty()) fail_msg("continued from the checkpoint saved before the group was added: %s", err.c_str());
+    sxtest::remove_tree(dir);
+}
+
 void test_freezing_changes_the_trajectory(void **) {
     // Guard against a schedule that has no effect: the reference with and without
     // freezing must differ for the frozen params.
@@ -112,6 +189,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_without_clipping_and_single_micro_batch),
         cmocka_unit_test(test_freeze_and_unfreeze),
         cmocka_unit_test(test_freezing_changes_the_trajectory),
+        cmocka_unit_test(test_param_groups_added_at_run_time),
+        cmocka_unit_test(test_checkpoints_around_an_added_param_group),
         cmocka_unit_test(test_processes_over_tcp),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);

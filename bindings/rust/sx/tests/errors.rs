@@ -37,7 +37,8 @@ fn bad_arguments_carry_status_and_message() {
     // Views before finalize are a state error.
     assert_eq!(g.param(0).unwrap_err().status(), SX_ERR_INVALID_STATE);
     g.finalize().unwrap();
-    assert_eq!(g.add_param(&Param::new("late", &[1])).unwrap_err().status(), SX_ERR_INVALID_STATE);
+    // After finalize, params go in new units: unit 0 is laid out already.
+    assert_eq!(g.add_param(&Param::new("late", &[1])).unwrap_err().status(), SX_ERR_INVALID_ARGUMENT);
     let e = g.find_param("nope").unwrap_err();
     assert_eq!(e.status(), SX_ERR_NOT_FOUND);
     assert!(e.message().contains("nope"), "{}", e.message());

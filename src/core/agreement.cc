@@ -1,0 +1,256 @@
+// What ranks must agree on, and what they are told when they do not: every collective
+// call of the step's family (sx_step, sx_accumulate_grads, the first sx_unit_grads_ready
+// of a micro-batch) and sx_finalize compare one fingerprint across ranks; when the
+// fingerprints differ, the ranks exchange the facts behind them and every rank reports
+// the first fact that differs with each rank's value ("param 'w' shape: [4, 4] on rank
+// 0, [4, 5] on rank 1"). The fingerprint costs one small collective per call; the facts
+// are put in words only after a disagreement.
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/group.h"
+
+namespace sx {
+namespace core {
+namespace {
+
+// The bytes of one rank's fact in the exchange that explains a disagreement.
+constexpr size_t kFactBytes = 512;
+// Ranks named in an explanation, per value; the rest are counted.
+constexpr size_t kRanksNamed = 8;
+
+const char *dtype_text(int32_t dtype) {
+    return dtype == SX_DTYPE_F32 ? "fp32" : dtype == SX_DTYPE_F16 ? "fp16" : dtype == SX_DTYPE_BF16 ? "bf16" : "0";
+}
+
+const char *optimizer_text(optim::Kind kind) {
+    return kind == optim::Kind::kSgd ? "SGD" : kind == optim::Kind::kAdam ? "Adam" : "AdamW";
+}
+
+std::string shape_text(const std::vector<int64_t> &shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
+// The shortest of %.15g and %.17g that reads back as v.
+std::string number_text(double v) {
+    std::string s = format("%.15g", v);
+    return std::strtod(s.c_str(), nullptr) == v ? s : format("%.17g", v);
+}
+
+// The units whose byte is set, as "{0, 3}".
+std::string unit_set_text(const std::vector<uint8_t> &bytes) {
+    std::string s = "{";
+    bool first = true;
+    for (size_t u = 0; u < bytes.size(); ++u) {
+        if (!bytes[u]) continue;
+        s += (first ? "" : ", ") + std::to_string(u);
+        first = false;
+    }
+    return s + "}";
+}
+
+uint64_t fact_hash(const Fact &f) {
+    uint64_t h = fnv1a(f.what.data(), f.what.size());
+    h = fnv1a("", 1, h);
+    return fnv1a(f.value.data(), f.value.size(), h);
+}
+
+// "ranks 0, 2" / "rank 1" / "ranks 0, 1, ... (12 ranks)".
+std::string rank_list(const std::vector<int> &ranks) {
+    std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < ranks.size() && i < kRanksNamed; ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+    if (ranks.size() > kRanksNamed) s += format(", ... (%zu ranks)", ranks.size());
+    return s;
+}
+
+}  // namespace
+
+Agreement ShardGroup::step_agreement(const char *call, std::vector<uint8_t> mask, double max_grad_norm,
+                                     int defer_gather, bool weighted) const {
+    Agreement a;
+    a.call = call;
+    a.mask = std::move(mask);
+    a.max_grad_norm = max_grad_norm;
+    a.defer_gather = defer_gather;
+    a.weighted = weighted;
+    if (config_.stage == 3 && defer_gather >= 0)
+        for (const Unit &unit : units_) a.gathered.push_back(unit.pins > 0 ? 1 : 0);
+    return a;
+}
+
+uint64_t ShardGroup::fingerprint(const Agreement &a) const {
+    uint64_t h = fnv1a(a.call, std::strlen(a.call));
+    h = fnv1a(a.mask.data(), a.mask.size(), h);
+    for (const ParamGroup &g : groups_) h = hyper_fingerprint(g.hyper, h);
+    h = fnv1a(&a.max_grad_norm, sizeof a.max_grad_norm, h);
+    const double scaling[5] = {static_cast<double>(scaling_.mode), scaler_.scale, scaling_.growth_factor,
+                               scaling_.backoff_factor, static_cast<double>(scaling_.growth_interval)};
+    h = fnv1a(scaling, sizeof scaling, h);
+    h = fnv1a(&micro_batches_, sizeof micro_batches_, h);
+    h = fnv1a(a.signalled.data(), a.signalled.size(), h);
+    h = fnv1a(&a.defer_gather, sizeof a.defer_gather, h);
+    h = fnv1a(a.gathered.data(), a.gathered.size(), h);
+    const uint8_t weighted = a.weighted ? 1 : 0;
+    return fnv1a(&weighted, 1, h);
+}
+
+std::vector<Fact> ShardGroup::facts(const Agreement &a) const {
+    std::vector<Fact> f;
+    f.push_back({"the call", a.call});
+    for (size_t p = 0; p < a.mask.size() && p < params_.size(); ++p)
+        f.push_back({"param '" + params_[p].name + "' trainable", a.mask[p] ? "yes" : "no"});
+    for (size_t g = 0; g < groups_.size(); ++g) {
+        const optim::Hyper &h = groups_[g].hyper;
+        f.push_back({format("param group %zu optimizer", g), optimizer_text(h.kind)});
+#define SX_HYPER_FACT(name, type, dflt, key, applies) \
+    f.push_back({format("param group %zu %s", g, #name), number_text(static_cast<double>(h.name))});
+        SX_HYPERPARAMETERS(SX_HYPER_FACT)
+#undef SX_HYPER_FACT
+    }
+    f.push_back({"max_grad_norm", number_text(a.max_grad_norm)});
+    f.push_back({"loss scaling mode", std::to_string(scaling_.mode)});
+    f.push_back({"loss scale", number_text(scaler_.scale)});
+    f.push_back({"loss scaling growth_factor", number_text(scaling_.growth_factor)});
+    f.push_back({"loss scaling backoff_factor", number_text(scaling_.backoff_factor)});
+    f.push_back({"loss scaling growth_interval", std::to_string(scaling_.growth_interval)});
+    f.push_back({"sx_accumulate_grads calls since the last step", std::to_string(micro_batches_)});
+    if (!a.signalled.empty()) f.push_back({"the units signalled ready", unit_set_text(a.signalled)});
+    if (a.defer_gather >= 0) f.push_back({"defer_gather", std::to_string(a.defer_gather)});
+    if (!a.gathered.empty()) f.push_back({"the units gathered (stage 3)", unit_set_text(a.gathered)});
+    f.push_back({"weighted", a.weighted ? "1" : "0"});
+    return f;
+}
+
+std::vector<Fact> ShardGroup::table_facts() const {
+    std::vector<Fact> f;
+    f.push_back({"stage", std::to_string(config_.stage)});
+    f.push_back({"grad_dtype", std::to_string(config_.grad_dtype)});
+    f.push_back({"reduce_dtype", std::to_string(config_.reduce_dtype)});
+    f.push_back({"the number of param groups", std::to_string(groups_.size())});
+    for (size_t g = 0; g < groups_.size(); ++g)
+        f.push_back({format("param group %zu optimizer", g), optimizer_text(groups_[g].hyper.kind)});
+    f.push_back({"the number of params", std::to_string(params_.size())});
+    for (size_t i = 0; i < params_.size(); ++i) {
+        const ParamSpec &p = params_[i];
+        const std::string name = "param '" + p.name + "'";
+        f.push_back({format("param %zu name", i), "'" + p.name + "'"});
+        f.push_back({name + " shape", shape_text(p.shape)});
+        f.push_back({name + " dtype", dtype_text(p.dtype)});
+        f.push_back({name + " param group", std::to_string(p.group)});
+        f.push_back({name + " unit", std::to_string(p.unit)});
+        f.push_back({name + " frozen", mask_[i] ? "no" : "yes"});
+    }
+    return f;
+}
+
+uint64_t ShardGroup::table_fingerprint() const {
+    uint64_t h = fnv1a("table", 5);
+    for (const Fact &f : table_facts()) {
+        const uint64_t fh = fact_hash(f);
+        h = fnv1a(&fh, sizeof fh, h);
+    }
+    return h;
+}
+
+Status ShardGroup::explain(const char *intro, const std::vector<Fact> &mine, comm::Communicator &c) {
+    const size_t W = static_cast<size_t>(world_size_);
+    const size_t me = static_cast<size_t>(rank_);
+    // How many facts each rank has, and each fact's hash up to the fewest.
+    std::vector<uint64_t> counts(W, 0);
+    counts[me] = mine.size();
+    Status s = c.all_gather(counts.data(), sizeof(uint64_t));
+    if (!s.ok()) return fail(s);
+    const size_t common = static_cast<size_t>(*std::min_element(counts.begin(), counts.end()));
+    size_t first = common;  // the first fact that differs (common: the lists differ in length)
+    if (common > 0) {
+        std::vector<uint64_t> hashes(W * common, 0);
+        for (size_t i = 0; i < common; ++i) hashes[me * common + i] = fact_hash(mine[i]);
+        s = c.all_gather(hashes.data(), common * sizeof(uint64_t));
+        if (!s.ok()) return fail(s);
+        for (size_t i = 0; i < common && first == common; ++i)
+            for (size_t r = 1; r < W; ++r)
+                if (hashes[r * common + i] != hashes[i]) {
+                    first = i;
+                    break;
+                }
+    }
+    // Every rank's words for that fact ("(none)" where its list has ended).
+    std::vector<char> text(W * kFactBytes, 0);
+    const std::string what = first < mine.size() ? mine[first].what : "";
+    const std::string value = first < mine.size() ? mine[first].value : "(none)";
+    std::snprintf(text.data() + me * kFactBytes, kFactBytes, "%.300s%c%s", what.c_str(), '\0', value.c_str());
+    text[me * kFactBytes + kFactBytes - 1] = '\0';
+    s = c.all_gather(text.data(), kFactBytes);
+    if (!s.ok()) return fail(s);
+    std::vector<std::string> whats(W), values(W);
+    for (size_t r = 0; r < W; ++r) {
+        const char *t = text.data() + r * kFactBytes;
+        whats[r].assign(t, strnlen(t, kFactBytes - 1));
+        const size_t at = whats[r].size() + 1;
+        if (at < kFactBytes) values[r].assign(t + at, strnlen(t + at, kFactBytes - at));
+    }
+    std::string named;
+    for (size_t r = 0; r < W && named.empty(); ++r) named = whats[r];
+    if (first == common && named.empty()) named = "the number of facts compared";
+    // Ranks grouped by value, in the order of their first rank.
+    std::vector<std::pair<std::string, std::vector<int>>> groups;
+    for (size_t r = 0; r < W; ++r) {
+        auto it = std::find_if(groups.begin(), groups.end(), [&](const auto &g) { return g.first == values[r]; });
+        if (it == groups.end()) {
+            groups.push_back({values[r], {static_cast<int>(r)}});
+        } else {
+            it->second.push_back(static_cast<int>(r));
+        }
+    }
+    std::string detail;
+    for (size_t k = 0; k < groups.size() && k < kRanksNamed; ++k)
+        detail += (k ? ", " : "") + groups[k].first + " on " + rank_list(groups[k].second);
+    if (groups.size() > kRanksNamed) detail += format(" (and %zu other values)", groups.size() - kRanksNamed);
+    return SX_ERROR(SX_ERR_MISMATCH, "%s: %s: %s", intro, named.c_str(), detail.c_str());
+}
+
+Status ShardGroup::agree(const Agreement &a, double weight, double *weight_sum) {
+    if (world_size_ == 1) {
+        if (weight_sum) *weight_sum = weight;
+        return Status::Ok();
+    }
+    const uint64_t h = fingerprint(a);
+    const size_t W = static_cast<size_t>(world_size_);
+    std::vector<uint64_t> all(2 * W, 0);
+    all[2 * static_cast<size_t>(rank_)] = h;
+    std::memcpy(&all[2 * static_cast<size_t>(rank_) + 1], &weight, sizeof weight);
+    Status s = comm_->all_gather(all.data(), 2 * sizeof(uint64_t));
+    if (!s.ok()) return fail(s);
+    double sum = 0.0;
+    for (size_t r = 0; r < W; ++r) {
+        if (all[2 * r] != h) return explain("ranks disagree", facts(a), *comm_);
+        double w;
+        std::memcpy(&w, &all[2 * r + 1], sizeof w);
+        sum += w;  // in rank order: the same bits on every rank
+    }
+    if (weight_sum) *weight_sum = sum;
+    return Status::Ok();
+}
+
+Status ShardGroup::sum_over_ranks(double local, double *total) {
+    if (world_size_ == 1) {
+        *total = local;
+        return Status::Ok();
+    }
+    std::vector<double> all(static_cast<size_t>(world_size_), 0.0);
+    all[static_cast<size_t>(rank_)] = local;
+    Status s = comm_->all_gather(all.data(), sizeof(double));
+    if (!s.ok()) return fail(s);
+    double sum = 0.0;
+    for (double v : all) sum += v;  // in rank order: the same bits on every rank
+    *total = sum;
+    return Status::Ok();
+}
+
+}  // namespace core
+}  // namespace sx
