@@ -11,8 +11,9 @@ usage:
   run_launchers.py torchrun TORCHRUN EXE [SCRIPT]
       torchrun --nproc-per-node=2 (static rendezvous on a free port, and --standalone),
       workers joining the agent's store; with a worker killed in the first attempt and
-      restarted by the agent; SCRIPT (env_train.py) run as torchrun's Python workers,
-      with SX_LIBRARY and PYTHONPATH from the environment
+      restarted by the agent; --standalone with the agent's store not shared (rank 0
+      serves); SCRIPT (env_train.py) run as torchrun's Python workers, with SX_LIBRARY
+      and PYTHONPATH from the environment
 """
 import os
 import shutil
@@ -27,7 +28,8 @@ STEPS = "5"
 # Variables of one launcher must not leak into another's run.
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
                       "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SX_ENV_STORE",
-                      "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+                      "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                      "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 
 
 def free_port():
@@ -125,6 +127,14 @@ def torchrun(launcher, exe, script, scratch):
     out = new_dir(scratch, "standalone")
     run("torchrun --standalone", base + ["--standalone", "--no-python", exe, out, STEPS], clean_env())
     results["torchrun --standalone"] = read_params(out, 2, "torchrun --standalone")
+
+    # An agent that keeps its store to itself sets TORCHELASTIC_USE_AGENT_STORE=False and
+    # a free MASTER_PORT: rank 0 serves sx's store there.
+    label = "torchrun --standalone, the agent's store not shared"
+    out = new_dir(scratch, "not-shared")
+    run(label, base + ["--standalone", "--no-python", exe, out, STEPS],
+        clean_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"))
+    results[label] = read_params(out, 2, label)
 
     # Rank 1 fails after its first step in the first attempt; the agent restarts both
     # workers, whose groups must not meet the keys the first attempt left in its store.
