@@ -149,7 +149,7 @@ Status parse_rendezvous(const char *url, int rank, int world_size, Rendezvous *o
         const char *addr = std::getenv("MASTER_ADDR");
         const char *port = std::getenv("MASTER_PORT");
         SX_CHECK_ARG(addr != nullptr && *addr != '\0',
-                     "env:// needs MASTER_ADDR, the host of rank 0's rendezvous server, and it is not set");
+                     "env:// needs MASTER_ADDR, the host of the rendezvous store, and it is not set");
         SX_CHECK_ARG(port != nullptr && *port != '\0', "env:// needs MASTER_PORT, and it is not set");
         rv.host = addr;
         // MASTER_ADDR is a bare address; accept an IPv6 one with or without brackets.
