@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up and runs every test: installs the dependencies, builds twice (RelWithDebInfo
-# for the module layer check, the ABI gate, the install check, the header checks and the
-# language bindings; Debug with AddressSanitizer + UndefinedBehaviorSanitizer for the whole
-# suite, the layer check included) and runs ctest on both.
+# for the module layer check, the ABI gate, the install check, the header checks, the
+# language bindings and the launchers; Debug with AddressSanitizer +
+# UndefinedBehaviorSanitizer for the whole suite, the layer check included) and runs ctest
+# on both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -19,17 +20,18 @@ if ! "$torch_py" -c 'import torch, numpy' 2>/dev/null; then
   "$torch_py" -m pip install --quiet 'torch==2.15.0' numpy
 fi
 
-echo "== release build: layer check, ABI gate, install check, header checks, demo =="
+echo "== release build: layer check, ABI gate, install check, header checks, launchers, demo =="
 # The binding tests run under the python3 on PATH, the one install-deps.sh gave numpy.
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DPython3_EXECUTABLE="$(command -v python3)" -DSX_TORCH_PYTHON="$PWD/$torch_py" > /dev/null
 cmake --build build/release -j"$jobs"
-ctest --test-dir build/release --output-on-failure -R '^(layer_check|abi_check|install_consumer|bindings_.*)$'
+ctest --test-dir build/release --output-on-failure -R '^(layer_check|abi_check|install_consumer|bindings_.*|launch_.*)$'
 build/release/samples/c/train_charlm /usr/share/common-licenses/GPL-3 100 > /dev/null
 build/release/samples/c/train_charlm --stage 3 --overlap /usr/share/common-licenses/GPL-3 30 > /dev/null
 
 echo "== ASan + UBSan build: the whole suite =="
-cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DSX_SANITIZE=ON -DSX_BUILD_BENCH=OFF > /dev/null
+cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DSX_SANITIZE=ON -DSX_BUILD_BENCH=OFF \
+  -DSX_TORCH_PYTHON="$PWD/$torch_py" > /dev/null
 cmake --build build/asan -j"$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

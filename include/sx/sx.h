@@ -163,7 +163,11 @@ typedef struct sx_group_config {
      * process), "tcp://HOST:PORT" (rank 0 serves a store there), "file:///DIR"
      * (a directory every rank can reach), "env://" (RANK, WORLD_SIZE, MASTER_ADDR,
      * MASTER_PORT as torchrun sets them; or OMPI_COMM_WORLD_RANK/SIZE, or
-     * SLURM_PROCID/SLURM_NTASKS, with MASTER_ADDR/MASTER_PORT). Required. */
+     * SLURM_PROCID/SLURM_NTASKS, with MASTER_ADDR/MASTER_PORT). With env://, every
+     * rank joins the torch TCPStore at MASTER_ADDR:MASTER_PORT when
+     * TORCHELASTIC_USE_AGENT_STORE is "True" (torchrun's agent serves it there);
+     * otherwise rank 0 serves sx's own store on MASTER_PORT (mpirun, srun).
+     * SX_ENV_STORE=join or SX_ENV_STORE=serve decides instead. Required. */
     const char *rendezvous;
     /* This process's rank in [0, world_size). Ignored when world_size is 0. */
     int32_t rank;

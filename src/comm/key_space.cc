@@ -7,15 +7,20 @@
 // shares "g<N>/", and no group ever reads keys an earlier group left behind. This holds
 // whether or not the store outlived the earlier groups: the in-process store of
 // local:// dies with its last group, the TCP server with rank 0's last group on its
-// port, a file:// directory lives on.
+// port, a file:// directory and torchrun's agent store live on. In the agent's store,
+// which torch and other sx groups share, the prefix is "sx/RUN/ATTEMPT/g<N>/"
+// (rendezvous.cc): workers the agent restarts count their groups from 1 again.
 //
-// Leaving. Where the store outlives its groups (file://, and local:// while other
-// groups on the same name live), each rank counts itself out under "g<N>/__sx/left"
-// when it releases the store, and the last of world_size ranks removes the group's keys:
-// nobody reads them any more. A rank that dies never counts itself out, so its group's
-// keys stay (a file:// directory must be fresh per job for this reason too). The TCP
-// store does not do this: releasing must not wait on a network round trip to a server
-// that may be gone or stalled, and its keys die with the server anyway.
+// Leaving. Where the store outlives its groups (file://, torchrun's agent store, and
+// local:// while other groups on the same name live), each rank counts itself out under
+// "g<N>/__sx/left" when it releases the store, and the last of world_size ranks removes
+// the group's keys: nobody reads them any more. A rank that dies never counts itself
+// out, so its group's keys stay (a file:// directory must be fresh per job for this
+// reason too). For the agent's store this costs each rank one round trip when it leaves
+// (bounded by the group's timeout; at once an error if the agent is gone), worth it as
+// the store lives for the whole job. sx's own TCP store does not do this: releasing
+// must not wait on a network round trip to a server that may be gone or stalled, and
+// its keys die with the server anyway.
 #include <map>
 #include <mutex>
 
@@ -64,6 +69,16 @@ Status open_store(const Rendezvous &rv, Millis timeout, std::shared_ptr<Store> *
         SX_TRY(open_file_store(rv.path, timeout, &store));
         int64_t n = next_group_number("file://" + rv.path, rv.rank);
         *out = leaving_key_space(std::move(store), "g" + std::to_string(n) + "/", rv.world_size);
+        return Status::Ok();
+    }
+    case Rendezvous::Scheme::kC10d: {
+        // torchrun's agent store outlives the group, as a file:// directory does: the
+        // last rank out removes the group's keys.
+        int64_t n = next_group_number("c10d://" + rv.host + ":" + std::to_string(rv.port) + "/" + rv.key_prefix,
+                                      rv.rank);
+        std::shared_ptr<Store> store;
+        SX_TRY(open_c10d_store(rv.host, rv.port, timeout, &store));
+        *out = leaving_key_space(std::move(store), rv.key_prefix + "g" + std::to_string(n) + "/", rv.world_size);
         return Status::Ok();
     }
     case Rendezvous::Scheme::kTcp: {

@@ -62,6 +62,37 @@ Status rank_from_environment(int *rank, int *world_size) {
                     "OMPI_COMM_WORLD_SIZE) or srun (SLURM_PROCID/SLURM_NTASKS)");
 }
 
+// Whether env:// joins the store torchrun's agent serves on MASTER_PORT rather than
+// serving sx's own there: SX_ENV_STORE says so, or else TORCHELASTIC_USE_AGENT_STORE,
+// which torchrun sets to "True" when its agent serves a c10d TCPStore at
+// MASTER_ADDR:MASTER_PORT for the workers (torch.distributed compares it the same way).
+// mpirun and srun serve nothing: rank 0 serves there.
+Status env_joins_store(bool *join) {
+    const char *choice = std::getenv("SX_ENV_STORE");
+    if (choice != nullptr && *choice != '\0') {
+        const std::string c = choice;
+        SX_CHECK_ARG(c == "serve" || c == "join",
+                     "SX_ENV_STORE='%s' is neither 'serve' (rank 0 serves sx's store on MASTER_PORT) nor 'join' "
+                     "(every rank joins the torch TCPStore served there)",
+                     choice);
+        *join = c == "join";
+        return Status::Ok();
+    }
+    const char *agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    *join = agent != nullptr && std::strcmp(agent, "True") == 0;
+    return Status::Ok();
+}
+
+// sx's part of a joined store, which lives as long as torchrun's agent: one part per
+// run (TORCHELASTIC_RUN_ID) and per attempt (TORCHELASTIC_RESTART_COUNT), so that the
+// workers the agent restarts after a failure never read the keys of the ones before.
+std::string joined_key_prefix() {
+    const char *run = std::getenv("TORCHELASTIC_RUN_ID");
+    const char *attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    return std::string("sx/") + (run != nullptr && *run != '\0' ? run : "none") + "/" +
+           (attempt != nullptr && *attempt != '\0' ? attempt : "0") + "/";
+}
+
 Status parse_port(const std::string &text, const std::string &what, int *port) {
     long p = 0;
     SX_CHECK_ARG(parse_int(text.c_str(), 1, 65535, &p), "port '%s' in %s is not a number in [1, 65535]",
@@ -109,13 +140,16 @@ Status parse_rendezvous(const char *url, int rank, int world_size, Rendezvous *o
     if (starts_with(u, "env://")) {
         SX_CHECK_ARG(u.size() == 6, "'%s': env:// takes no address (it comes from MASTER_ADDR and MASTER_PORT)",
                      url);
-        rv.scheme = Rendezvous::Scheme::kTcp;
         SX_TRY(rank_from_environment(&rv.rank, &rv.world_size));
         rank_read = true;
+        bool join = false;
+        SX_TRY(env_joins_store(&join));
+        rv.scheme = join ? Rendezvous::Scheme::kC10d : Rendezvous::Scheme::kTcp;
+        if (join) rv.key_prefix = joined_key_prefix();
         const char *addr = std::getenv("MASTER_ADDR");
         const char *port = std::getenv("MASTER_PORT");
         SX_CHECK_ARG(addr != nullptr && *addr != '\0',
-                     "env:// needs MASTER_ADDR, the host of rank 0's rendezvous server, and it is not set");
+                     "env:// needs MASTER_ADDR, the host of the rendezvous store, and it is not set");
         SX_CHECK_ARG(port != nullptr && *port != '\0', "env:// needs MASTER_PORT, and it is not set");
         rv.host = addr;
         // MASTER_ADDR is a bare address; accept an IPv6 one with or without brackets.

@@ -43,5 +43,14 @@ Status open_file_store(const std::string &dir, Millis lock_timeout, std::shared_
 Status open_tcp_store(const std::string &host, int port, bool serve, int64_t group, Millis timeout,
                       std::shared_ptr<Store> *out);
 
+// A client of torch's c10d TCPStore at host:port (c10d_store_client.cc): env:// under
+// torchrun joins the store torchrun's agent serves there. Connects, retrying until
+// `timeout` while nothing listens, and checks that the server answers as a c10d store
+// does (SX_ERR_COMM or SX_ERR_TIMEOUT naming the address if not). `timeout` bounds every
+// request without a timeout of its own. Keys are at most 8191 bytes, values at most
+// 8 MiB (SX_ERR_INVALID_ARGUMENT beyond: torch's libuv server refuses them).
+// erase_prefix lists every key of the server and removes those under the prefix.
+Status open_c10d_store(const std::string &host, int port, Millis timeout, std::shared_ptr<Store> *out);
+
 }  // namespace comm
 }  // namespace sx

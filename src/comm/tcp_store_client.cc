@@ -1,5 +1,5 @@
 // The TCP rendezvous client: a blocking socket with a poll()-bounded wait on every
-// read and write, so that every request returns by its deadline.
+// read and write (deadline_socket.h), so that every request returns by its deadline.
 //
 // Invariants:
 //  - one request at a time per client (mu_), at most one outstanding on the socket;
@@ -8,21 +8,16 @@
 //  - once pinned, the client talks only to the server instance it attached to: a new
 //    connection that reaches a different instance (rank 0 restarted its server, so the
 //    keys written so far are gone) fails with SX_ERR_COMM.
-#include <fcntl.h>
 #include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <thread>
 
 #include "base/log.h"
+#include "comm/deadline_socket.h"
 #include "comm/stores.h"
 #include "comm/tcp_store_protocol.h"
 #include "comm/tcp_store_server.h"
@@ -31,15 +26,14 @@ namespace sx {
 namespace comm {
 namespace {
 
-// Why a request failed, when it did not get an answer.
-enum class Failure { kNone, kTimeout, kConnection };
-
 class TcpStoreClient final : public Store {
   public:
     TcpStoreClient(std::string host, int port, Millis timeout, std::shared_ptr<TcpStoreServer> server)
-        : host_(std::move(host)), port_(port), timeout_(timeout), server_(std::move(server)) {}
-
-    ~TcpStoreClient() override { drop(); }
+        : host_(std::move(host)),
+          port_(port),
+          timeout_(timeout),
+          server_(std::move(server)),
+          sock_("the rendezvous server at " + where()) {}
 
     Status set(const std::string &key, const std::string &value) override {
         std::string reply;
@@ -178,11 +172,11 @@ class TcpStoreClient final : public Store {
 
     // Connects if not connected: retries refused/unreachable connects until `dl`.
     Status ensure_connected(Clock::time_point dl, Failure *why) {
-        if (fd_ >= 0) return Status::Ok();
+        if (sock_.connected()) return Status::Ok();
         Millis backoff(10);
         std::string last_error;
         for (;;) {
-            Status s = connect_once(dl, why);
+            Status s = sock_.connect(host_, port_, dl, why);
             if (s.ok()) {
                 s = hello(dl, why);
                 if (s.ok()) return Status::Ok();
@@ -200,56 +194,6 @@ class TcpStoreClient final : public Store {
             std::this_thread::sleep_for(std::min(backoff, left));
             backoff = std::min(backoff * 2, Millis(250));
         }
-    }
-
-    Status connect_once(Clock::time_point dl, Failure *why) {
-        struct addrinfo hints;
-        std::memset(&hints, 0, sizeof hints);
-        hints.ai_family = AF_UNSPEC;
-        hints.ai_socktype = SOCK_STREAM;
-        struct addrinfo *res = nullptr;
-        const std::string port = std::to_string(port_);
-        int rc = ::getaddrinfo(host_.c_str(), port.c_str(), &hints, &res);
-        if (rc != 0) {
-            *why = Failure::kConnection;
-            // A name that does not exist will not start to; a failing resolver may recover.
-            return SX_ERROR(rc == EAI_NONAME ? SX_ERR_INVALID_ARGUMENT : SX_ERR_COMM,
-                            "cannot resolve the rendezvous host '%s': %s", host_.c_str(), ::gai_strerror(rc));
-        }
-        std::string error = "no address";
-        for (struct addrinfo *ai = res; ai != nullptr; ai = ai->ai_next) {
-            int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-            if (fd < 0) {
-                error = std::strerror(errno);
-                continue;
-            }
-            int err = 0;
-            if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-                err = errno;
-                if (err == EINPROGRESS) {
-                    struct pollfd p = {fd, POLLOUT, 0};
-                    int n = ::poll(&p, 1, static_cast<int>(time_left(dl).count()));
-                    socklen_t len = sizeof err;
-                    if (n <= 0) {
-                        err = ETIMEDOUT;
-                    } else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
-                        err = errno;
-                    }
-                }
-            }
-            if (err == 0) {
-                int one = 1;
-                ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                fd_ = fd;
-                ::freeaddrinfo(res);
-                return Status::Ok();
-            }
-            error = std::strerror(err);
-            ::close(fd);
-        }
-        ::freeaddrinfo(res);
-        *why = Failure::kConnection;
-        return SX_ERROR(SX_ERR_COMM, "connect: %s", error.c_str());
     }
 
     // HELLO on a fresh connection: learns the server instance and checks the pin.
@@ -282,55 +226,20 @@ class TcpStoreClient final : public Store {
     Status exchange(const std::string &request, Clock::time_point dl, bool *sent, std::string *body,
                     Failure *why) {
         *sent = false;
-        SX_TRY(io(const_cast<char *>(request.data()), request.size(), true, dl, why));
+        SX_TRY(sock_.send_all(request.data(), request.size(), dl, why));
         *sent = true;
         char header[4];
-        SX_TRY(io(header, 4, false, dl, why));
+        SX_TRY(sock_.recv_all(header, 4, dl, why));
         uint32_t n = wire::frame_length(header);
         if (n == 0 || n > wire::kMaxFrame) {
             *why = Failure::kConnection;
             return SX_ERROR(SX_ERR_COMM, "bad frame of %u bytes from %s", n, where().c_str());
         }
         body->resize(n);
-        return io(&(*body)[0], n, false, dl, why);
+        return sock_.recv_all(&(*body)[0], n, dl, why);
     }
 
-    // Sends or receives exactly `n` bytes, polling for readiness until `dl`.
-    Status io(char *data, size_t n, bool write, Clock::time_point dl, Failure *why) {
-        size_t done = 0;
-        while (done < n) {
-            ssize_t k = write ? ::send(fd_, data + done, n - done, MSG_NOSIGNAL)
-                              : ::recv(fd_, data + done, n - done, 0);
-            if (k > 0) {
-                done += static_cast<size_t>(k);
-                continue;
-            }
-            if (k == 0 && !write) {
-                *why = Failure::kConnection;
-                return SX_ERROR(SX_ERR_COMM, "the rendezvous server at %s closed the connection", where().c_str());
-            }
-            if (k < 0 && errno == EINTR) continue;
-            if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-                *why = Failure::kConnection;
-                return SX_ERROR(SX_ERR_COMM, "%s %s: %s", write ? "send to" : "receive from", where().c_str(),
-                                std::strerror(errno));
-            }
-            struct pollfd p = {fd_, static_cast<short>(write ? POLLOUT : POLLIN), 0};
-            int left = static_cast<int>(time_left(dl).count());
-            int r = ::poll(&p, 1, left);
-            if (r < 0 && errno == EINTR) continue;
-            if (r == 0) {
-                *why = Failure::kTimeout;
-                return SX_ERROR(SX_ERR_TIMEOUT, "timed out talking to %s", where().c_str());
-            }
-        }
-        return Status::Ok();
-    }
-
-    void drop() {
-        if (fd_ >= 0) ::close(fd_);
-        fd_ = -1;
-    }
+    void drop() { sock_.close(); }
 
     const std::string host_;
     const int port_;
@@ -339,7 +248,7 @@ class TcpStoreClient final : public Store {
     const std::shared_ptr<TcpStoreServer> server_;
 
     std::mutex mu_;
-    int fd_ = -1;
+    DeadlineSocket sock_;
     uint64_t conn_id_ = 0;    // server instance of the current connection
     uint64_t pinned_id_ = 0;  // 0 = not pinned yet
 };

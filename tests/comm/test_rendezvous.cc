@@ -1,5 +1,5 @@
-// parse_rendezvous: every scheme, env:// with each launcher's variables, and the
-// errors, which must name what is wrong.
+// parse_rendezvous: every scheme, env:// with each launcher's variables (serving sx's
+// store or joining torchrun's), and the errors, which must name what is wrong.
 #include "comm/rendezvous.h"
 #include "comm_test_util.h"
 
@@ -9,8 +9,18 @@ using sxtest::contains;
 
 namespace {
 
-const char *const kVariables[] = {"RANK",         "WORLD_SIZE",   "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                  "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR",          "MASTER_PORT"};
+const char *const kVariables[] = {"RANK",
+                                  "WORLD_SIZE",
+                                  "OMPI_COMM_WORLD_RANK",
+                                  "OMPI_COMM_WORLD_SIZE",
+                                  "SLURM_PROCID",
+                                  "SLURM_NTASKS",
+                                  "MASTER_ADDR",
+                                  "MASTER_PORT",
+                                  "SX_ENV_STORE",
+                                  "TORCHELASTIC_USE_AGENT_STORE",
+                                  "TORCHELASTIC_RUN_ID",
+                                  "TORCHELASTIC_RESTART_COUNT"};
 
 int clear_environment(void **) {
     for (const char *v : kVariables) unsetenv(v);
@@ -130,6 +140,54 @@ void test_env_srun(void **) {
     assert_int_equal(rv.port, 5000);
 }
 
+// env:// serves sx's store on MASTER_PORT, or joins the one torchrun's agent serves
+// there when TORCHELASTIC_USE_AGENT_STORE says so; SX_ENV_STORE decides either way.
+void test_env_serve_or_join(void **) {
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "10.0.0.1", 1);
+    setenv("MASTER_PORT", "29500", 1);
+    Rendezvous rv;
+    ASSERT_OK(parse_rendezvous("env://", 0, 0, &rv));  // no agent store: serve
+    assert_true(rv.scheme == Rendezvous::Scheme::kTcp);
+
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);  // as torchrun sets them
+    setenv("TORCHELASTIC_RUN_ID", "job-7", 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
+    ASSERT_OK(parse_rendezvous("env://", 0, 0, &rv));
+    assert_true(rv.scheme == Rendezvous::Scheme::kC10d);
+    assert_string_equal(rv.host.c_str(), "10.0.0.1");
+    assert_int_equal(rv.port, 29500);
+    assert_int_equal(rv.rank, 1);
+    assert_string_equal(rv.key_prefix.c_str(), "sx/job-7/2/");
+
+    setenv("SX_ENV_STORE", "serve", 1);
+    ASSERT_OK(parse_rendezvous("env://", 0, 0, &rv));
+    assert_true(rv.scheme == Rendezvous::Scheme::kTcp);
+
+    // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the agent serves nothing at MASTER_PORT.
+    unsetenv("SX_ENV_STORE");
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "False", 1);
+    ASSERT_OK(parse_rendezvous("env://", 0, 0, &rv));
+    assert_true(rv.scheme == Rendezvous::Scheme::kTcp);
+
+    // Joining outside torchrun: a store served by other means.
+    unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+    unsetenv("TORCHELASTIC_RUN_ID");
+    unsetenv("TORCHELASTIC_RESTART_COUNT");
+    setenv("SX_ENV_STORE", "join", 1);
+    ASSERT_OK(parse_rendezvous("env://", 0, 0, &rv));
+    assert_true(rv.scheme == Rendezvous::Scheme::kC10d);
+    assert_string_equal(rv.key_prefix.c_str(), "sx/none/0/");
+
+    setenv("SX_ENV_STORE", "c10d", 1);
+    expect_error("env://", 0, 0, "SX_ENV_STORE='c10d'");
+    // Only env:// reads it.
+    Rendezvous tcp;
+    ASSERT_OK(parse_rendezvous("tcp://127.0.0.1:4000", 0, 2, &tcp));
+    assert_true(tcp.scheme == Rendezvous::Scheme::kTcp);
+}
+
 void test_world_size_zero_reads_environment(void **) {
     setenv("RANK", "1", 1);
     setenv("WORLD_SIZE", "2", 1);
@@ -179,6 +237,7 @@ int main() {
         cmocka_unit_test_setup(test_env_torchrun, clear_environment),
         cmocka_unit_test_setup(test_env_mpirun, clear_environment),
         cmocka_unit_test_setup(test_env_srun, clear_environment),
+        cmocka_unit_test_setup(test_env_serve_or_join, clear_environment),
         cmocka_unit_test_setup(test_world_size_zero_reads_environment, clear_environment),
         cmocka_unit_test_setup(test_env_errors, clear_environment),
     };

@@ -8,6 +8,7 @@
 #include "comm/rendezvous.h"
 #include "comm/stores.h"
 #include "comm_test_util.h"
+#include "store_checks.h"
 
 using sx::Status;
 using sx::comm::Millis;
@@ -20,9 +21,8 @@ using sxtest::ms_since;
 
 namespace {
 
-constexpr Millis kLong(20000);
-// How late a timeout may come back on a loaded 2-core machine under sanitizers.
-constexpr long long kSlackMs = 1500;
+constexpr Millis kLong = sxtest::kStoreWait;
+using sxtest::kSlackMs;
 
 enum class Kind { kLocal, kFile, kTcp };
 
@@ -58,153 +58,28 @@ std::vector<std::shared_ptr<Store>> open_group(const std::string &url, int world
     return stores;
 }
 
-void check_contract(Kind kind) {
-    Url url(kind);
-    auto g = open_group(url.text, 2);
-    Store &a = *g[0];
-    Store &b = *g[1];
-    std::string v;
-
-    ASSERT_OK(a.set("k", "v1"));
-    ASSERT_OK(b.get("k", &v, kLong));
-    assert_string_equal(v.c_str(), "v1");
-    ASSERT_OK(b.set("k", std::string("v2\0bin", 6)));  // replaces; values are bytes
-    ASSERT_OK(a.get("k", &v, Millis(10)));
-    assert_int_equal(v.size(), 6);
-    assert_memory_equal(v.data(), "v2\0bin", 6);
-
-    bool present = false;
-    ASSERT_OK(a.check({"k"}, &present));
-    assert_true(present);
-    ASSERT_OK(a.check({"k", "other"}, &present));
-    assert_false(present);
-    ASSERT_OK(a.wait({"k"}, Millis(10)));
-
-    int64_t n = 0;
-    ASSERT_OK(a.add("count", 5, &n));
-    assert_int_equal(n, 5);
-    ASSERT_OK(b.add("count", -2, &n));
-    assert_int_equal(n, 3);
-    ASSERT_OK(b.add("count", 0, nullptr));
-    ASSERT_OK(a.get("count", &v, kLong));
-    assert_string_equal(v.c_str(), "3");
-    ASSERT_CODE(a.add("k", 1, &n), SX_ERR_INVALID_STATE);  // not a counter
-
-    ASSERT_OK(b.erase("k"));
-    ASSERT_OK(a.check({"k"}, &present));
-    assert_false(present);
-    ASSERT_OK(b.erase("k"));  // absent: fine
-
-    // A get blocks until another rank sets the key.
-    std::thread setter([&] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(150));
-        b.set("late", "here");
-    });
-    auto start = sxtest::Clock::now();
-    ASSERT_OK(a.get("late", &v, kLong));
-    setter.join();
-    assert_string_equal(v.c_str(), "here");
-    assert_true(ms_since(start) < 5000);
-
-    // So does a wait for several keys.
-    std::thread setter2([&] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        b.set("w1", "");
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        b.set("w2", "");
-    });
-    ASSERT_OK(a.wait({"w1", "w2"}, kLong));
-    setter2.join();
+// Ranks of the next group on `url` each time it is called.
+sxtest::OpenGroup group_on(const std::string &url) {
+    return [url](int world) { return open_group(url, world); };
 }
 
-void test_contract_local(void **) { check_contract(Kind::kLocal); }
-void test_contract_file(void **) { check_contract(Kind::kFile); }
-void test_contract_tcp(void **) { check_contract(Kind::kTcp); }
-
-void check_timeouts(Kind kind) {
+void check(void (*checker)(const sxtest::OpenGroup &), Kind kind) {
     Url url(kind);
-    auto g = open_group(url.text, 1);
-    Store &s = *g[0];
-    ASSERT_OK(s.set("there", "1"));
-    std::string v;
-    for (int round = 0; round < 2; ++round) {  // the store stays usable after a timeout
-        auto start = sxtest::Clock::now();
-        Status st = s.get("missing-key", &v, Millis(300));
-        long long took = ms_since(start);
-        ASSERT_CODE(st, SX_ERR_TIMEOUT);
-        assert_true(contains(st.message(), "missing-key"));
-        assert_true(took >= 290 && took <= 300 + kSlackMs);
-
-        start = sxtest::Clock::now();
-        st = s.wait({"there", "absent-key"}, Millis(300));
-        took = ms_since(start);
-        ASSERT_CODE(st, SX_ERR_TIMEOUT);
-        assert_true(contains(st.message(), "absent-key"));
-        assert_true(took >= 290 && took <= 300 + kSlackMs);
-
-        ASSERT_OK(s.get("there", &v, Millis(1000)));
-        assert_string_equal(v.c_str(), "1");
-    }
+    checker(group_on(url.text));
 }
 
-void test_timeouts_local(void **) { check_timeouts(Kind::kLocal); }
-void test_timeouts_file(void **) { check_timeouts(Kind::kFile); }
-void test_timeouts_tcp(void **) { check_timeouts(Kind::kTcp); }
-
-// Threads adding through two ranks' stores at once: no add is lost.
-void check_concurrent_adds(Kind kind) {
-    Url url(kind);
-    auto g = open_group(url.text, 2);
-    constexpr int kThreads = 4, kAdds = 50;
-    sxtest::run_ranks(kThreads, [&](int t) -> std::string {
-        Store &s = *g[static_cast<size_t>(t % 2)];
-        for (int i = 0; i < kAdds; ++i) {
-            Status st = s.add("sum", t + 1, nullptr);
-            if (!st.ok()) return st.message();
-        }
-        return "";
-    });
-    int64_t total = 0;
-    ASSERT_OK(g[0]->add("sum", 0, &total));
-    assert_int_equal(total, kAdds * (1 + 2 + 3 + 4));
-}
-
-void test_concurrent_adds_local(void **) { check_concurrent_adds(Kind::kLocal); }
-void test_concurrent_adds_file(void **) { check_concurrent_adds(Kind::kFile); }
-void test_concurrent_adds_tcp(void **) { check_concurrent_adds(Kind::kTcp); }
-
-// Successive groups on one rendezvous each start from an empty key space, also while
-// an earlier group is still alive.
-void check_fresh_key_spaces(Kind kind) {
-    Url url(kind);
-    auto first = open_group(url.text, 2);
-    ASSERT_OK(first[0]->set("addr", "old"));
-    int64_t n = 0;
-    ASSERT_OK(first[1]->add("joined", 1, &n));
-
-    auto second = open_group(url.text, 2);  // `first` still alive
-    bool present = true;
-    ASSERT_OK(second[1]->check({"addr"}, &present));
-    assert_false(present);
-    ASSERT_OK(second[0]->add("joined", 1, &n));
-    assert_int_equal(n, 1);
-    ASSERT_OK(second[0]->set("addr", "new"));
-    std::string v;
-    ASSERT_OK(first[1]->get("addr", &v, kLong));
-    assert_string_equal(v.c_str(), "old");
-
-    second.clear();
-    first.clear();
-    auto third = open_group(url.text, 2);
-    ASSERT_OK(third[0]->check({"addr"}, &present));
-    assert_false(present);
-    ASSERT_OK(third[1]->check({"joined"}, &present));
-    assert_false(present);
-}
-
-void test_fresh_key_spaces_local(void **) { check_fresh_key_spaces(Kind::kLocal); }
-void test_fresh_key_spaces_file(void **) { check_fresh_key_spaces(Kind::kFile); }
-void test_fresh_key_spaces_tcp(void **) { check_fresh_key_spaces(Kind::kTcp); }
+void test_contract_local(void **) { check(sxtest::check_contract, Kind::kLocal); }
+void test_contract_file(void **) { check(sxtest::check_contract, Kind::kFile); }
+void test_contract_tcp(void **) { check(sxtest::check_contract, Kind::kTcp); }
+void test_timeouts_local(void **) { check(sxtest::check_timeouts, Kind::kLocal); }
+void test_timeouts_file(void **) { check(sxtest::check_timeouts, Kind::kFile); }
+void test_timeouts_tcp(void **) { check(sxtest::check_timeouts, Kind::kTcp); }
+void test_concurrent_adds_local(void **) { check(sxtest::check_concurrent_adds, Kind::kLocal); }
+void test_concurrent_adds_file(void **) { check(sxtest::check_concurrent_adds, Kind::kFile); }
+void test_concurrent_adds_tcp(void **) { check(sxtest::check_concurrent_adds, Kind::kTcp); }
+void test_fresh_key_spaces_local(void **) { check(sxtest::check_fresh_key_spaces, Kind::kLocal); }
+void test_fresh_key_spaces_file(void **) { check(sxtest::check_fresh_key_spaces, Kind::kFile); }
+void test_fresh_key_spaces_tcp(void **) { check(sxtest::check_fresh_key_spaces, Kind::kTcp); }
 
 // file://: a group's keys are removed when its last rank leaves, not before.
 void test_file_cleanup_when_last_rank_leaves(void **) {
