@@ -1,14 +1,14 @@
-// sxckpt against a real checkpoint (sxckpt_fixture.h): two ranks (threads over
-// local://) save one with an AdamW group (amsgrad) and an SGD group (momentum), a scalar
-// param, a frozen param without optimizer state, and names that need escaping (quote,
-// backslash, control characters, non-ASCII). The built tool then inspects it (text and
-// JSON), verifies it (intact; flipped bytes in three chunks of two files; a truncated
-// and a missing shard file; a damaged MANIFEST) and exports it; an independent reader
-// (read_safetensors.py, Python's standard library only) parses the export, and every
-// tensor's values are compared with the ranks' own: params from the views, optimizer
-// state from each rank's shard, cross-checked against the state a world-size-1 group
-// loads from the checkpoint. Also: names export must refuse, and a tensor larger than
-// one 4 MiB chunk.
+// sxckpt against a real checkpoint (sxckpt_fixture.h: two ranks, threads over local://,
+// save one with an AdamW group (amsgrad) and an SGD group (momentum), a scalar param, a
+// frozen param without optimizer state, and names that need escaping). The built tool
+// inspects it (text and JSON), verifies it (intact; flipped bytes in three chunks of two
+// files; a truncated and a missing shard file; a damaged MANIFEST) and exports it; an
+// independent reader (read_safetensors.py, Python's standard library only) parses the
+// exports, and every tensor's values are compared with the ranks' own: params from the
+// views (the default export: one tensor per param), optimizer state from each rank's
+// shard (--optimizer), cross-checked against the state a world-size-1 group loads from
+// the checkpoint. Also: names export must refuse, a tensor larger than one 4 MiB chunk,
+// and export's memory, which does not grow with the checkpoint.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -263,6 +263,10 @@ void test_usage_and_bad_input(void **) {
     expect_status(sxckpt({"export", fx->ck}), 2);
     expect_has(sxckpt({"export", fx->ck}).err, "--safetensors");
     expect_status(sxckpt({"export", fx->ck, "--safetensors"}), 2);
+    expect_status(sxckpt({"export", "--safetensors", "o", fx->ck, "--optimizer"}), 2);
+    r = sxckpt({"export", "--safetensors", "p.safetensors", "--optimizer", "p", fx->ck});
+    expect_status(r, 2);
+    expect_has(r.err, "must differ");
     r = sxckpt({"--help"});
     expect_status(r, 0);
     expect_has(r.out, "usage: sxckpt inspect");
@@ -280,11 +284,45 @@ void test_usage_and_bad_input(void **) {
     expect_has(r.err, "has no MANIFEST; its `latest` names 'ck': try " + fx->dir + "/ck");
 }
 
-void test_export_safetensors(void **) {
+// The names of fx->known that are params (no state suffix), or that are state.
+std::vector<std::string> known_names(bool state) {
+    std::vector<std::string> out;
+    for (const auto &k : fx->known) {
+        bool is_param = false;
+        for (const PDef &p : kParams) is_param |= k.first == p.name;
+        if (is_param != state) out.push_back(k.first);
+    }
+    return out;
+}
+
+// read_safetensors.py parses `file`, which must hold exactly the tensors `names` of
+// fx->known, each with the ranks' shape and values; its metadata goes to *meta.
+void expect_known_tensors(const std::string &file, const std::vector<std::string> &names,
+                          std::map<std::string, std::string> *meta) {
+    const std::string values = file + ".values.txt";
+    const Run py = run({SX_PYTHON3, READ_SAFETENSORS_PY, file, "--values", values});
+    expect_status(py, 0);
+    expect_has(py.out, std::to_string(names.size()) + " tensors; metadata ");
+    std::map<std::string, Known> got;
+    read_values(values, &got, meta);
+    assert_int_equal(got.size(), names.size());
+    for (const std::string &name : names) {
+        const Known &k = fx->known.at(name);
+        const auto it = got.find(name);
+        if (it == got.end()) fail_msg("%s has no tensor '%s'", file.c_str(), name.c_str());
+        assert_true(it->second.shape == k.shape);
+        assert_int_equal(it->second.values.size(), k.values.size());
+        assert_memory_equal(it->second.values.data(), k.values.data(), k.values.size() * sizeof(float));
+    }
+}
+
+// By default export writes the params alone: one tensor per param, named by the param,
+// in its shape, holding the ranks' values.
+void test_export_weights_only(void **) {
     const std::string out = fx->dir + "/model.safetensors";
     const Run r = sxckpt({"export", "--safetensors", out, fx->ck});
     expect_status(r, 0);
-    expect_has(r.out, "wrote " + out + ": 17 tensors of 6 params");
+    expect_has(r.out, "wrote " + out + ": 6 params");
     assert_false(exists(out + ".tmp"));
 
     // The layout, checked here without any JSON parser.
@@ -294,52 +332,73 @@ void test_export_safetensors(void **) {
     for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(bytes[i]);
     assert_int_equal(n % 8, 0);
     uint64_t data = 0;
-    for (const auto &k : fx->known) data += k.second.values.size() * sizeof(float);
+    for (const std::string &name : known_names(false)) data += fx->known.at(name).values.size() * sizeof(float);
     assert_int_equal(bytes.size(), 8 + n + data);
     const std::string header = bytes.substr(8, n);
     assert_int_equal(header[0], '{');
     const size_t last = header.find_last_not_of(' ');
     assert_int_equal(header[last], '}');
-    assert_true(last + 8 > header.size());
+    assert_true(header.size() - (last + 1) < 8);  // padded with at most 7 spaces
     const std::string format_meta = "\"sx_format_version\":\"" + format_version() + "\"";
     for (const char *s : {"\"__metadata__\":{", "\"step\":\"3\"", format_meta.c_str(),
                           "\"layer.\\\"q\\\"\\\\k\":{\"dtype\":\"F32\",\"shape\":[33],",
-                          "\"ctl\\tname\\u0001\xc3\xa9.momentum_buffer\":{",
                           "\"scale\":{\"dtype\":\"F32\",\"shape\":[],",
-                          "\"embed.weight.max_exp_avg_sq\":{\"dtype\":\"F32\",\"shape\":[300,17],"})
+                          "\"embed.weight\":{\"dtype\":\"F32\",\"shape\":[300,17],"})
         expect_has(header, s);
-    assert_true(header.find("frozen.table.exp_avg") == std::string::npos);
+    for (const char *state : {".exp_avg", ".momentum_buffer"}) assert_true(header.find(state) == std::string::npos);
 
     if (!have_python()) return;
-    const std::string values = fx->dir + "/values.txt";
-    const Run py = run({SX_PYTHON3, READ_SAFETENSORS_PY, out, "--values", values});
-    expect_status(py, 0);
-    expect_has(py.out, "17 tensors; metadata ");
-    std::map<std::string, Known> got;
     std::map<std::string, std::string> meta;
-    read_values(values, &got, &meta);
+    expect_known_tensors(out, known_names(false), &meta);
+    assert_int_equal(known_names(false).size(), kParams.size());
     assert_string_equal(meta["step"].c_str(), "3");
     assert_string_equal(meta["sx_format_version"].c_str(), format_version().c_str());
-    assert_int_equal(got.size(), fx->known.size());
-    for (const auto &k : fx->known) {
-        const auto it = got.find(k.first);
-        if (it == got.end()) fail_msg("the export has no tensor '%s'", k.first.c_str());
-        assert_true(it->second.shape == k.second.shape);
-        assert_int_equal(it->second.values.size(), k.second.values.size());
-        assert_memory_equal(it->second.values.data(), k.second.values.data(),
-                            k.second.values.size() * sizeof(float));
-    }
 
     // The reader is not a rubber stamp: a file whose offsets leave a gap fails it.
     std::string damaged = bytes;
     damaged.push_back('\0');
     const std::string bad = fx->dir + "/gap.safetensors";
-    FILE *f = std::fopen(bad.c_str(), "wb");
-    std::fwrite(damaged.data(), 1, damaged.size(), f);
-    std::fclose(f);
+    assert_true(sxtest::write_file(bad, damaged));
     const Run rejected = run({SX_PYTHON3, READ_SAFETENSORS_PY, bad});
     expect_status(rejected, 1);
     expect_has(rejected.err, "the tensors cover");
+}
+
+// With --optimizer, PREFIX.safetensors holds every state tensor the checkpoint has (in
+// torch's names, the ranks' values) and PREFIX.json the param groups in torch's keys
+// and every param's steps, read back here by Python's json module.
+void test_export_optimizer(void **) {
+    const std::string out = fx->dir + "/weights.safetensors", prefix = fx->dir + "/optim";
+    const Run r = sxckpt({"export", "--safetensors", out, "--optimizer", prefix, fx->ck});
+    expect_status(r, 0);
+    expect_has(r.out, "wrote " + prefix + ".safetensors: 11 optimizer state tensors");
+    expect_has(r.out, "wrote " + prefix + ".json: 2 param groups");
+    for (const std::string &f : {out, prefix + ".safetensors", prefix + ".json"}) assert_false(exists(f + ".tmp"));
+    const std::string json = read_file(prefix + ".json");
+    for (const char *s : {"\"schema_version\":1,", "\"step\":3,",
+                          "{\"optimizer\":\"AdamW\",\"lr\":0.01,\"weight_decay\":0.02,\"betas\":[0.9,0.999],"
+                          "\"eps\":1e-08,\"maximize\":false,\"amsgrad\":true,\"params\":[\"embed.weight\","
+                          "\"layer.\\\"q\\\"\\\\k\",\"head.bias\",\"frozen.table\"]}",
+                          "{\"optimizer\":\"SGD\",\"lr\":0.05,\"weight_decay\":0.001,\"momentum\":0.9,"
+                          "\"dampening\":0.1,\"nesterov\":false,\"maximize\":false,\"params\":[\"ctl\\tname\\u0001"
+                          "\xc3\xa9\",\"scale\"]}",
+                          "\"scale\":{\"step\":3,\"momentum_steps\":3,\"unit\":1,\"trainable\":true}",
+                          "\"frozen.table\":{\"step\":0,\"unit\":2,\"trainable\":false}"})
+        expect_has(json, s);
+    if (!have_python()) return;
+    std::map<std::string, std::string> meta;
+    expect_known_tensors(prefix + ".safetensors", known_names(true), &meta);
+    assert_int_equal(known_names(true).size(), 11);
+    const Run py = run({SX_PYTHON3, "-c",
+                        "import json, sys\n"
+                        "d = json.load(open(sys.argv[1], encoding='utf-8'))\n"
+                        "print(d['schema_version'], d['format_version'], d['step'])\n"
+                        "for g in d['param_groups']: print(g['optimizer'], len(g['params']))\n"
+                        "print(sorted((n, s['step']) for n, s in d['state'].items()))\n",
+                        prefix + ".json"});
+    expect_status(py, 0);
+    expect_has(py.out, "1 " + format_version() + " 3\nAdamW 4\nSGD 2\n");
+    expect_has(py.out, "('frozen.table', 0), ('head.bias', 3)");
 }
 
 // A one-rank checkpoint of the given params (one AdamW step), saved at dir/small/name.
@@ -358,28 +417,27 @@ std::string small_checkpoint(const std::string &name, const std::vector<const ch
     return path;
 }
 
-// Names that safetensors cannot hold apart: a param named like another's state, or
-// like the metadata key. Export refuses them rather than drop a tensor.
-void test_export_refuses_colliding_names(void **) {
-    struct Case {
-        const char *dir;
-        std::vector<const char *> params;
-        const char *message;
-    };
-    const std::vector<Case> cases = {
-        {"collide-state", {"w", "w.exp_avg"}, "two tensors the name 'w.exp_avg'"},
-        {"collide-meta", {"__metadata__"}, "two tensors the name '__metadata__'"},
-    };
-    for (const Case &c : cases) {
-        const std::string ck = small_checkpoint(c.dir, c.params);
-        expect_status(sxckpt({"verify", ck}), 0);
-        const std::string out = ck + ".safetensors";
-        const Run r = sxckpt({"export", "--safetensors", out, ck});
-        expect_status(r, 1);
-        expect_has(r.err, c.message);
-        assert_false(exists(out));
-        assert_false(exists(out + ".tmp"));
+// A param named like the metadata key would give two entries one name: export refuses
+// it rather than drop a tensor, and leaves nothing behind. A param named like another's
+// state ("w" and "w.exp_avg") no longer collides: the state goes to a file of its own.
+void test_export_names(void **) {
+    const std::string meta = small_checkpoint("collide-meta", {"__metadata__"});
+    expect_status(sxckpt({"verify", meta}), 0);
+    const std::string out = meta + ".safetensors", prefix = meta + "-optim";
+    const Run r = sxckpt({"export", "--safetensors", out, "--optimizer", prefix, meta});
+    expect_status(r, 1);
+    expect_has(r.err, "two tensors of " + out + " the name '__metadata__'");
+    for (const std::string &f : {out, prefix + ".safetensors", prefix + ".json"}) {
+        assert_false(exists(f));
+        assert_false(exists(f + ".tmp"));
     }
+
+    const std::string state = small_checkpoint("like-state", {"w", "w.exp_avg"});
+    const Run ok = sxckpt({"export", "--safetensors", state + ".safetensors", "--optimizer", state + "-optim", state});
+    expect_status(ok, 0);
+    const std::string header = read_file(state + "-optim.safetensors");
+    for (const char *name : {"\"w.exp_avg\":", "\"w.exp_avg.exp_avg\":", "\"w.exp_avg.exp_avg_sq\":"})
+        expect_has(header, name);
 }
 
 // A tensor larger than one chunk (4 MiB): one rank, one param of 2^20 + 3 elements
@@ -418,9 +476,9 @@ void test_tensor_of_two_chunks(void **) {
 }
 
 // export streams: its peak memory does not grow with the checkpoint. Exporting 128 MiB
-// of tensors (two params of 8 Mi elements and their SGD momentum) takes less than 32 MiB
-// more than exporting the small fixture checkpoint.
-void test_export_memory_is_bounded(void **) {
+// of tensors (two params of 8 Mi elements and their SGD momentum) with --optimizer takes
+// less than 32 MiB more than exporting the small fixture checkpoint.
+void test_memory_is_bounded(void **) {
     sx_shard_group_t *h = one_rank_sgd("mem", {"a", "b"}, int64_t{8} << 20, 0.9);
     for (int32_t p = 0; p < 2; ++p) {
         sx_view_t v;
@@ -432,21 +490,25 @@ void test_export_memory_is_bounded(void **) {
     const std::string parent = fx->dir + "/mem", ck = parent + "/ck";
     save_and_destroy(h, parent, ck);
 
-    const Run small = sxckpt({"export", "--safetensors", parent + "/small.safetensors", fx->ck});
-    expect_status(small, 0);
-    const std::string out = parent + "/big.safetensors";
-    const Run big = sxckpt({"export", "--safetensors", out, ck});
-    expect_status(big, 0);
-    struct stat st;
-    assert_int_equal(stat(out.c_str(), &st), 0);
-    assert_true(st.st_size > (int64_t{128} << 20));
+    const auto export_all = [&](const std::string &tag, const std::string &from) {
+        const std::string w = parent + "/" + tag + ".safetensors", o = parent + "/" + tag + "-optim";
+        const Run r = sxckpt({"export", "--safetensors", w, "--optimizer", o, from});
+        expect_status(r, 0);
+        return r;
+    };
+    const Run small = export_all("small", fx->ck), big = export_all("big", ck);
+    for (const std::string &out : {parent + "/big.safetensors", parent + "/big-optim.safetensors"}) {
+        struct stat st;
+        assert_int_equal(stat(out.c_str(), &st), 0);
+        assert_true(st.st_size > (int64_t{64} << 20));
+    }
     assert_true(small.peak_kib > 0);
     assert_true(big.peak_kib > 0);
-    const long growth_kib = big.peak_kib - small.peak_kib;
     std::printf("export peak RSS: %ld KiB for the fixture, %ld KiB for 128 MiB of tensors\n", small.peak_kib,
                 big.peak_kib);
-    if (growth_kib > 32 * 1024) fail_msg("export's peak RSS grew by %ld KiB for 128 MiB of tensors", growth_kib);
-    std::remove(out.c_str());
+    if (big.peak_kib - small.peak_kib > 32 * 1024)
+        fail_msg("export's peak RSS grew by %ld KiB for 128 MiB of tensors", big.peak_kib - small.peak_kib);
+    sxtest::remove_tree(parent);
 }
 
 }  // namespace
@@ -461,9 +523,10 @@ int main(void) {
         cmocka_unit_test(test_verify_truncated_and_missing_files),
         cmocka_unit_test(test_damaged_manifest),
         cmocka_unit_test(test_usage_and_bad_input),
-        cmocka_unit_test(test_export_safetensors),
-        cmocka_unit_test(test_export_memory_is_bounded),
-        cmocka_unit_test(test_export_refuses_colliding_names),
+        cmocka_unit_test(test_export_weights_only),
+        cmocka_unit_test(test_export_optimizer),
+        cmocka_unit_test(test_memory_is_bounded),
+        cmocka_unit_test(test_export_names),
         cmocka_unit_test(test_tensor_of_two_chunks),
     };
     return cmocka_run_group_tests(tests, setup, fixture_teardown);
