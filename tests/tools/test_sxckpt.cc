@@ -8,7 +8,7 @@
 // views (the default export: one tensor per param), optimizer state from each rank's
 // shard (--optimizer), cross-checked against the state a world-size-1 group loads from
 // the checkpoint. Also: names export must refuse, a tensor larger than one 4 MiB chunk,
-// and export's memory, which does not grow with the checkpoint.
+// and export's and import's memory, which does not grow with the checkpoint.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -475,9 +475,9 @@ void test_tensor_of_two_chunks(void **) {
     assert_string_equal(meta["step"].c_str(), "0");
 }
 
-// export streams: its peak memory does not grow with the checkpoint. Exporting 128 MiB
-// of tensors (two params of 8 Mi elements and their SGD momentum) with --optimizer takes
-// less than 32 MiB more than exporting the small fixture checkpoint.
+// export and import stream: their peak memory does not grow with the checkpoint.
+// Exporting 128 MiB of tensors (two params of 8 Mi elements and their SGD momentum) and
+// importing them again each take less than 32 MiB more than the small fixture does.
 void test_memory_is_bounded(void **) {
     sx_shard_group_t *h = one_rank_sgd("mem", {"a", "b"}, int64_t{8} << 20, 0.9);
     for (int32_t p = 0; p < 2; ++p) {
@@ -490,24 +490,32 @@ void test_memory_is_bounded(void **) {
     const std::string parent = fx->dir + "/mem", ck = parent + "/ck";
     save_and_destroy(h, parent, ck);
 
-    const auto export_all = [&](const std::string &tag, const std::string &from) {
+    // The fixture and the big checkpoint, each exported with its state and imported
+    // back: the peaks of the big ones against the small ones'.
+    const auto export_import = [&](const std::string &tag, const std::string &from, Run *ex, Run *im) {
         const std::string w = parent + "/" + tag + ".safetensors", o = parent + "/" + tag + "-optim";
-        const Run r = sxckpt({"export", "--safetensors", w, "--optimizer", o, from});
-        expect_status(r, 0);
-        return r;
+        *ex = sxckpt({"export", "--safetensors", w, "--optimizer", o, from});
+        expect_status(*ex, 0);
+        *im = sxckpt({"import", "--safetensors", w, "--optimizer", o, "--world-size", "2", parent + "/" + tag + "-ck"});
+        expect_status(*im, 0);
+        return std::vector<std::string>{w, o + ".safetensors"};
     };
-    const Run small = export_all("small", fx->ck), big = export_all("big", ck);
-    for (const std::string &out : {parent + "/big.safetensors", parent + "/big-optim.safetensors"}) {
+    Run small_ex, small_im, big_ex, big_im;
+    export_import("small", fx->ck, &small_ex, &small_im);
+    const std::vector<std::string> outs = export_import("big", ck, &big_ex, &big_im);
+    for (const std::string &out : outs) {
         struct stat st;
         assert_int_equal(stat(out.c_str(), &st), 0);
         assert_true(st.st_size > (int64_t{64} << 20));
     }
-    assert_true(small.peak_kib > 0);
-    assert_true(big.peak_kib > 0);
-    std::printf("export peak RSS: %ld KiB for the fixture, %ld KiB for 128 MiB of tensors\n", small.peak_kib,
-                big.peak_kib);
-    if (big.peak_kib - small.peak_kib > 32 * 1024)
-        fail_msg("export's peak RSS grew by %ld KiB for 128 MiB of tensors", big.peak_kib - small.peak_kib);
+    for (const Run *r : {&small_ex, &small_im, &big_ex, &big_im}) assert_true(r->peak_kib > 0);
+    std::printf("peak RSS: export %ld KiB for the fixture, %ld KiB for 128 MiB of tensors; import %ld KiB and "
+                "%ld KiB\n",
+                small_ex.peak_kib, big_ex.peak_kib, small_im.peak_kib, big_im.peak_kib);
+    if (big_ex.peak_kib - small_ex.peak_kib > 32 * 1024)
+        fail_msg("export's peak RSS grew by %ld KiB for 128 MiB of tensors", big_ex.peak_kib - small_ex.peak_kib);
+    if (big_im.peak_kib - small_im.peak_kib > 32 * 1024)
+        fail_msg("import's peak RSS grew by %ld KiB for 128 MiB of tensors", big_im.peak_kib - small_im.peak_kib);
     sxtest::remove_tree(parent);
 }
 

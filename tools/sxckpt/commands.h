@@ -19,6 +19,7 @@ constexpr int kExitUsage = 2;
 int inspect_command(const std::vector<std::string> &args);
 int verify_command(const std::vector<std::string> &args);
 int export_command(const std::vector<std::string> &args);
+int import_command(const std::vector<std::string> &args);
 
 // The usage text of every command.
 extern const char *const kUsage;

@@ -1,9 +1,11 @@
-// sxckpt: looks into sx checkpoints without the program that wrote them, and writes
-// them out as torch's tensors.
+// sxckpt: looks into sx checkpoints without the program that wrote them, and moves
+// them to and from torch's tensors.
 //   sxckpt inspect [--json] DIR             what the checkpoint holds
 //   sxckpt verify DIR                       every byte checked against its CRC32C
 //   sxckpt export --safetensors OUT [--optimizer PREFIX] DIR
 //                                           the unsharded params; their optimizer state
+//   sxckpt import --safetensors IN [--optimizer PREFIX] [--world-size N] DIR
+//                                           a new checkpoint from such files
 #include <algorithm>
 #include <cstdio>
 #include <exception>
@@ -18,6 +20,7 @@ const char *const kUsage =
     "usage: sxckpt inspect [--json] DIR\n"
     "       sxckpt verify DIR\n"
     "       sxckpt export --safetensors OUT [--optimizer PREFIX] DIR\n"
+    "       sxckpt import --safetensors IN [--optimizer PREFIX] [--world-size N] DIR\n"
     "       sxckpt --help | --version\n"
     "\n"
     "DIR is an sx checkpoint directory (MANIFEST and shard-RRRRR-of-WWWWW.bin files).\n"
@@ -32,6 +35,9 @@ const char *const kUsage =
     "           NAME.max_exp_avg_sq, NAME.momentum_buffer) and PREFIX.json (the param\n"
     "           groups in torch's names, every param's step). Streams chunk by chunk;\n"
     "           the files appear only whole.\n"
+    "  import   makes the new checkpoint DIR from such files, as if saved by N ranks\n"
+    "           (default 1). Without --optimizer it holds the values only: load it with\n"
+    "           SX_LOAD_PARAMS_ONLY. DIR must not exist; it appears only whole.\n"
     "\n"
     "exit status: 0 success (verify: intact), 1 failure (verify: broken), 2 usage error\n";
 
@@ -98,6 +104,7 @@ int main(int argc, char **argv) {
         if (command == "inspect") return inspect_command(args);
         if (command == "verify") return verify_command(args);
         if (command == "export") return export_command(args);
+        if (command == "import") return import_command(args);
         return usage_error("unknown command '" + command + "'");
     } catch (const std::exception &e) {
         // Allocation failures and the like: say so rather than abort.

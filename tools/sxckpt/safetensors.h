@@ -1,5 +1,5 @@
 // The safetensors format (https://github.com/huggingface/safetensors, "Format"), as
-// sxckpt writes it:
+// sxckpt writes and reads it:
 //
 //   8 bytes   N, little-endian uint64
 //   N bytes   JSON: {"__metadata__": {str: str}, NAME: {"dtype": "F32", "shape": [...],
@@ -11,10 +11,12 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "base/status.h"
+#include "io/file_ops.h"
 
 namespace sx {
 namespace tool {
@@ -37,6 +39,33 @@ struct StTensor {
 // kMaxSafetensorsHeaderBytes.
 Status safetensors_header(const std::vector<std::pair<std::string, std::string>> &metadata,
                           const std::vector<StTensor> &tensors, std::string *out);
+
+// A safetensors file opened for reading: its header, checked.
+struct StFile {
+    std::string path;
+    uint64_t data_start = 0;  // 8 + N
+    std::vector<StTensor> tensors;  // in the order of their data
+    std::unordered_map<std::string, size_t> index;  // name -> position in `tensors`
+
+    const StTensor *find(const std::string &name) const;
+};
+
+// Reads and checks the header of `path`: the length field and the file's size, JSON
+// (parse_json's rules: no duplicate names), every entry exactly {dtype, shape,
+// data_offsets}, dtypes F32, F16 or BF16 (others are refused, naming the tensor),
+// extents >= 0, each tensor's bytes = its element count x element size, and the
+// tensors' bytes back to back from 0 to the end of the file (so a truncated file is
+// caught here). __metadata__, if there, must be an object of strings; it is not kept.
+// Errors: SX_ERR_NOT_FOUND / SX_ERR_IO from the file, SX_ERR_CORRUPT for a file that is
+// not a well-formed safetensors file, SX_ERR_UNSUPPORTED for another dtype, each
+// prefixed with the path and naming the tensor.
+Status read_safetensors(io::FileOps &ops, const std::string &path, StFile *out);
+
+// Reads elements [first, first + n) of tensor `t` of the file open as `fd` into `dst`
+// as fp32, widening F16 and BF16 exactly. `scratch` holds the 16-bit bytes meanwhile.
+// SX_ERR_CORRUPT if the file ends early (it changed since it was read).
+Status read_f32(io::FileOps &ops, int fd, const StFile &file, const StTensor &t, uint64_t first, uint64_t n,
+                float *dst, std::vector<char> *scratch);
 
 }  // namespace tool
 }  // namespace sx
