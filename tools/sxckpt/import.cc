@@ -1,7 +1,7 @@
 // sxckpt import --safetensors WEIGHTS [--optimizer PREFIX] [--world-size N] DIR: a new
 // sx checkpoint from the files `export` writes (or torch's tensors written the same
-// way), saved as if by a group of N ranks, so that it loads into any world size, stage
-// and unit split like any other.
+// way, tools/sxckpt/sx_torch.py), saved as if by a group of N ranks, so that it loads
+// into any world size, stage and unit split like any other.
 //
 // The checkpoint is laid out by the library's own code: a core::Layout of the params
 // over N ranks (their units as PREFIX.json gives them, else one unit), ckpt::plan_write
