@@ -20,12 +20,12 @@ if ! "$torch_py" -c 'import torch, numpy' 2>/dev/null; then
   "$torch_py" -m pip install --quiet 'torch==2.15.0' numpy
 fi
 
-echo "== release build: layer check, ABI gate, install check, header checks, launchers, demo =="
+echo "== release build: layer check, ABI gate, install check, header checks, launchers, sxckpt against PyTorch, demo =="
 # The binding tests run under the python3 on PATH, the one install-deps.sh gave numpy.
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DPython3_EXECUTABLE="$(command -v python3)" -DSX_TORCH_PYTHON="$PWD/$torch_py" > /dev/null
 cmake --build build/release -j"$jobs"
-ctest --test-dir build/release --output-on-failure -R '^(layer_check|abi_check|install_consumer|bindings_.*|launch_.*)$'
+ctest --test-dir build/release --output-on-failure -R '^(layer_check|abi_check|install_consumer|bindings_.*|launch_.*|test_sxckpt_torch)$'
 build/release/samples/c/train_charlm /usr/share/common-licenses/GPL-3 100 > /dev/null
 build/release/samples/c/train_charlm --stage 3 --overlap /usr/share/common-licenses/GPL-3 30 > /dev/null
 

@@ -20,6 +20,19 @@ std::string shard_file_name(int rank, int world);
 // Reads and decodes (verifies) dir/MANIFEST; errors name the file. Any thread.
 Status read_manifest(io::FileOps &ops, const std::string &dir, Manifest *out);
 
+// Creates (or truncates) `path` holding `bytes`, fsynced and closed. A failure leaves
+// what was written for the caller to remove. Any thread.
+Status write_durable_file(io::FileOps &ops, const std::string &path, const std::string &bytes);
+
+// Commits a checkpoint whose shard files are complete and durable in `tmp_dir`: encodes
+// `m` (so validate() runs first: SX_ERR_INVALID_ARGUMENT for a manifest sx would refuse),
+// writes tmp_dir/MANIFEST and fsyncs it, fsyncs tmp_dir, renames it to `final_dir`
+// and fsyncs `parent`, the directory holding both. Until the rename no directory
+// without the kPartialSuffix holds the checkpoint; after it, the checkpoint is whole.
+// On failure tmp_dir is left as it is, for the caller to remove. Any thread.
+Status commit_checkpoint(io::FileOps &ops, const Manifest &m, const std::string &tmp_dir,
+                         const std::string &final_dir, const std::string &parent);
+
 // The user blob of the checkpoint in `dir`, from its verified MANIFEST.
 Status read_user_blob(io::FileOps &ops, const std::string &dir, std::string *out);
 

@@ -247,19 +247,7 @@ Status gather_chunks(comm::Store &store, const std::string &prefix, int world_si
 // directory, which is fsynced and renamed into place, and the parent fsynced; only then,
 // with the checkpoint durable, does `latest` move, and retention run.
 Status commit_directory(io::FileOps &ops, const Manifest &m, const SavePaths &at, int keep_last) {
-    std::string bytes;
-    SX_TRY(encode_manifest(m, &bytes));
-    const std::string manifest = at.tmp_dir + "/" + kManifestName;
-    int fd = -1;
-    SX_TRY(ops.open_write(manifest, &fd));
-    Status w = ops.pwrite_all(fd, bytes.data(), bytes.size(), 0, manifest);
-    if (w.ok()) w = ops.fsync(fd, manifest);
-    Status c = ops.close(fd, manifest);
-    SX_TRY(w);
-    SX_TRY(c);
-    SX_TRY(ops.fsync_dir(at.tmp_dir));
-    SX_TRY(ops.rename(at.tmp_dir, at.final_dir));
-    SX_TRY(ops.fsync_dir(at.parent));
+    SX_TRY(commit_checkpoint(ops, m, at.tmp_dir, at.final_dir, at.parent));
     const std::string latest = at.base + "\n";
     SX_TRY(io::write_file_atomic(ops, at.parent, kLatestName, latest.data(), latest.size()));
     if (keep_last > 0) SX_TRY(apply_retention(ops, at.parent, at.base, keep_last));

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the build into a temporary prefix and builds a consumer against it twice:
-# with find_package(sx) and with pkg-config; runs the installed sxckpt. Usage: check.sh BUILD_DIR
+# with find_package(sx) and with pkg-config; runs the installed sxckpt and finds sx_torch.py.
+# Usage: check.sh BUILD_DIR
 set -euo pipefail
 build=${1:?usage: check.sh BUILD_DIR}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,4 +20,5 @@ export PKG_CONFIG_PATH="$libdir/pkgconfig"
 cc -std=c99 -o "$tmp/pc_consumer" "$here/consumer/main.c" $(pkg-config --cflags --libs sx)
 LD_LIBRARY_PATH="$libdir" "$tmp/pc_consumer"
 "$tmp/prefix/bin/sxckpt" --version > /dev/null || { echo "bin/sxckpt was not installed, or does not run"; exit 1; }
-echo "install check passed (SONAME $soname, find_package and pkg-config, bin/sxckpt)"
+[ -f "$tmp/prefix/share/sx/sx_torch.py" ] || { echo "share/sx/sx_torch.py was not installed"; exit 1; }
+echo "install check passed (SONAME $soname, find_package and pkg-config, bin/sxckpt, share/sx/sx_torch.py)"

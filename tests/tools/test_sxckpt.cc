@@ -1,306 +1,38 @@
-// sxckpt against a real checkpoint: two ranks (threads over local://) save one with an
-// AdamW group (amsgrad) and an SGD group (momentum), a scalar param, a frozen param
-// without optimizer state, and names that need escaping (quote, backslash, control
-// characters, non-ASCII). The built tool then inspects it (text and JSON), verifies it
-// (intact; flipped bytes in three chunks of two files; a truncated and a missing shard
-// file; a damaged MANIFEST) and exports it; an independent reader
-// (read_safetensors.py, Python's standard library only) parses the export, and every
-// tensor's values are compared with the ranks' own: params from the views, optimizer
-// state from each rank's shard, cross-checked against the state a world-size-1 group
-// loads from the checkpoint. Also: names export must refuse, and a tensor larger than
-// one 4 MiB chunk.
-#include <fcntl.h>
-#include <spawn.h>
-#include <climits>
+// sxckpt against a real checkpoint (sxckpt_fixture.h: two ranks, threads over local://,
+// save one with an AdamW group (amsgrad) and an SGD group (momentum), a scalar param, a
+// frozen param without optimizer state, and names that need escaping). The built tool
+// inspects it (text and JSON), verifies it (intact; flipped bytes in three chunks of two
+// files; a truncated and a missing shard file; a damaged MANIFEST) and exports it; an
+// independent reader (read_safetensors.py, Python's standard library only) parses the
+// exports, and every tensor's values are compared with the ranks' own: params from the
+// views (the default export: one tensor per param), optimizer state from each rank's
+// shard (--optimizer), cross-checked against the state a world-size-1 group loads from
+// the checkpoint. Also: names export must refuse, a tensor larger than one 4 MiB chunk,
+// and export's and import's memory, which does not grow with the checkpoint.
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "api/handles.h"
 #include "ckpt/manifest.h"
 #include "ckpt/shard_plan.h"
 #include "sx/sx.h"
-// Last: CMocka defines a fail() macro.
-#include "sx_cmocka.h"
-#include "test_groups.h"
-#include "test_files.h"
-
-extern char **environ;
+// Last: it includes CMocka, which defines a fail() macro.
+#include "sxckpt_fixture.h"
 
 namespace {
 
-// The checkpoint format this library writes, "MAJOR.MINOR".
-std::string format_version() {
-    return std::to_string(sx::ckpt::kFormatMajor) + "." + std::to_string(sx::ckpt::kFormatMinor);
-}
+using namespace sxckpt_test;
 
-struct PDef {
-    const char *name;
-    std::vector<int64_t> shape;
-    int group;  // 0: AdamW with amsgrad, 1: SGD with momentum
-    int unit;
-    bool frozen;
-};
-
-// Unit 0 is split between the two ranks inside "embed.weight"; unit 1 mixes both
-// optimizers; unit 2 is never trainable, so it has no optimizer state at all.
-const std::vector<PDef> kParams = {
-    {"embed.weight", {300, 17}, 0, 0, false},
-    {"layer.\"q\"\\k", {33}, 0, 0, false},
-    {"ctl\tname\x01\xc3\xa9", {4, 5}, 1, 1, false},
-    {"scale", {}, 1, 1, false},
-    {"head.bias", {5}, 0, 1, false},
-    {"frozen.table", {7, 3}, 0, 2, true},
-};
-constexpr int kSteps = 3;
-const char kBlob[] = "blob!";
-
-// One exported tensor as the ranks know it.
-struct Known {
-    std::vector<int64_t> shape;
-    std::vector<float> values;
-};
-
-struct Fixture {
-    std::string dir, ck;
-    std::map<std::string, Known> known;  // by exported name: NAME, NAME.exp_avg, ...
-    std::mutex mu;
-};
-Fixture *fx = nullptr;
-
-float init_value(size_t p, uint64_t i) { return static_cast<float>((i * 37 + p * 11) % 101) / 100.0f - 0.5f; }
-
-float grad_value(int step, size_t p, uint64_t i) {
-    uint64_t h = (static_cast<uint64_t>(step) * 1000003ull + p * 7919ull + i) * 2654435761ull;
-    h ^= h >> 29;
-    return static_cast<float>(static_cast<int64_t>(h % 65) - 32) / 64.0f;
-}
-
-std::string err_text(const char *what) { return std::string(what) + ": " + sx_last_error_message(); }
-
-// Creates, registers and finalizes rank r's group.
-std::string make_group(const std::string &rv, int r, int world, sx_shard_group_t **out) {
-    sx_group_config_t cfg;
-    sx_group_config_init(&cfg, sizeof cfg);
-    cfg.rendezvous = rv.c_str();
-    cfg.rank = r;
-    cfg.world_size = world;
-    cfg.num_threads = 1;
-    cfg.timeout_ms = 30000;
-    if (sx_create_shard_group(&cfg, out) != SX_OK) return err_text("create");
-    sx_param_group_desc_t a, b;
-    sx_param_group_desc_init(&a, sizeof a, SX_OPTIM_ADAMW);
-    a.lr = 0.01, a.amsgrad = 1, a.weight_decay = 0.02;
-    sx_param_group_desc_init(&b, sizeof b, SX_OPTIM_SGD);
-    b.lr = 0.05, b.momentum = 0.9, b.dampening = 0.1, b.weight_decay = 0.001;
-    if (sx_add_param_group(*out, &a, nullptr) != SX_OK || sx_add_param_group(*out, &b, nullptr) != SX_OK)
-        return err_text("add_param_group");
-    for (const PDef &p : kParams) {
-        sx_param_desc_t d;
-        sx_param_desc_init(&d, sizeof d);
-        d.name = p.name;
-        d.ndim = static_cast<int32_t>(p.shape.size());
-        d.shape = p.shape.data();
-        d.param_group = p.group;
-        d.unit = p.unit;
-        d.frozen = p.frozen;
-        if (sx_add_param(*out, &d, nullptr) != SX_OK) return err_text("add_param");
-    }
-    if (sx_finalize(*out) != SX_OK) return err_text("finalize");
-    return "";
-}
-
-// Rank r of `world`: trains kSteps steps, saves to `path`, and records what it knows
-// into fx->known (rank 0 the params, every rank its shard of each optimizer state).
-std::string save_rank(const std::string &rv, int r, int world, const std::string &path) {
-    sx_shard_group_t *h = nullptr;
-    std::string e = make_group(rv, r, world, &h);
-    if (!e.empty()) return e;
-    for (size_t p = 0; p < kParams.size(); ++p) {
-        sx_view_t v;
-        sx_view_init(&v, sizeof v);
-        sx_param_view(h, static_cast<int32_t>(p), &v);
-        for (uint64_t i = 0; i < v.numel; ++i) static_cast<float *>(v.data)[i] = init_value(p, i);
-    }
-    for (int s = 1; s <= kSteps && e.empty(); ++s) {
-        for (size_t p = 0; p < kParams.size(); ++p) {
-            sx_view_t v;
-            sx_view_init(&v, sizeof v);
-            sx_grad_view(h, static_cast<int32_t>(p), &v);
-            for (uint64_t i = 0; i < v.numel; ++i) static_cast<float *>(v.data)[i] += grad_value(s, p, i);
-        }
-        if (sx_step(h, nullptr, nullptr) != SX_OK) e = err_text("step");
-    }
-    if (e.empty()) {
-        sx_save_options_t so;
-        sx_save_options_init(&so, sizeof so);
-        so.path = path.c_str();
-        so.user_blob = kBlob;
-        so.user_blob_size = std::strlen(kBlob);
-        so.synchronous = 1;
-        sx_future_t *f = nullptr;
-        if (sx_save_optim_state(h, &so, &f) != SX_OK || sx_future_wait(f, -1) != SX_OK) e = err_text("save");
-        sx_future_destroy(f);
-    }
-    if (e.empty()) {
-        sx::core::ShardGroup &g = *h->impl;
-        std::lock_guard<std::mutex> lock(fx->mu);
-        for (int32_t p = 0; p < static_cast<int32_t>(kParams.size()); ++p) {
-            const uint64_t numel = g.layout().numel(p);
-            if (r == 0) {
-                const float *d = static_cast<const float *>(g.param_data(p));
-                fx->known[kParams[p].name] = {kParams[p].shape, std::vector<float>(d, d + numel)};
-            }
-            const auto kinds = sx::ckpt::stored_kinds(g.hyper(kParams[p].group));
-            const auto v = g.unit_shard(g.layout().placement(p).unit_index);
-            const sx::core::ShardPiece piece = g.layout().piece(p, r);
-            for (size_t k = 1; k < kinds.size() && static_cast<int>(k) <= v.state_slots; ++k) {
-                Known &kn = fx->known[std::string(kParams[p].name) + sx::ckpt::tensor_suffix(kinds[k])];
-                kn.shape = kParams[p].shape;
-                kn.values.resize(numel);
-                for (uint64_t j = 0; j < piece.end - piece.begin; ++j)
-                    kn.values[piece.begin + j] = v.state[k - 1][piece.shard_offset + j];
-            }
-        }
-    }
-    sx_destroy_shard_group(h);
-    return e;
-}
-
-int setup(void **) {
-    fx = new Fixture;
-    fx->dir = sxtest::make_tmpdir("sxckpt");
-    if (fx->dir.empty()) return -1;
-    fx->ck = fx->dir + "/ck";
-    const std::string rv = "local://sxckpt-" + std::to_string(getpid());
-    std::vector<std::string> errs(2);
-    std::vector<std::thread> ts;
-    for (int r = 0; r < 2; ++r) ts.emplace_back([&, r] { errs[r] = save_rank(rv, r, 2, fx->ck); });
-    for (auto &t : ts) t.join();
-    for (int r = 0; r < 2; ++r)
-        if (!errs[r].empty()) {
-            std::fprintf(stderr, "rank %d: %s\n", r, errs[r].c_str());
-            return -1;
-        }
-    return 0;
-}
-
-int teardown(void **) {
-    if (std::getenv("SX_TEST_KEEP_TMP")) {  // to look at what the tool saw
-        std::printf("kept %s\n", fx->dir.c_str());
-        delete fx;
-        return 0;
-    }
-    sxtest::remove_tree(fx->dir);
-    delete fx;
-    return 0;
-}
-
-// --- running programs ---
-
-using sxtest::read_file;
-
-struct Run {
-    int status = -1;  // exit status; 128 + signal if killed
-    std::string out, err;
-    long peak_kib = 0;  // the program's peak resident memory (VmHWM), sampled while it ran
-};
-
-// Runs argv[0] (a path) with stdout and stderr captured.
-Run run(const std::vector<std::string> &args) {
-    const std::string out = fx->dir + "/stdout.txt", err = fx->dir + "/stderr.txt";
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<char *> argv;
-    for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
-    argv.push_back(nullptr);
-    Run r;
-    pid_t pid;
-    const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-        r.err = "posix_spawn " + args[0] + ": " + std::strerror(rc);
-        return r;
-    }
-    // Peak memory: the program's own VmHWM, read every millisecond until it exits, once
-    // /proc says it runs argv[0] (before its exec, the child shares this process's memory,
-    // which getrusage would count too).
-    int ws = 0;
-    char exe_want[PATH_MAX];
-    const bool have_exe = realpath(argv[0], exe_want) != nullptr;
-    const std::string proc = "/proc/" + std::to_string(pid);
-    for (;;) {
-        const pid_t w = waitpid(pid, &ws, WNOHANG);
-        if (w == pid || (w < 0 && errno != EINTR)) break;
-        char exe[PATH_MAX];
-        const ssize_t n = readlink((proc + "/exe").c_str(), exe, sizeof exe - 1);
-        if (have_exe && n > 0 && std::string(exe, static_cast<size_t>(n)) == exe_want) {
-            const std::string status = read_file(proc + "/status");
-            const size_t at = status.find("VmHWM:");
-            if (at != std::string::npos) r.peak_kib = std::max(r.peak_kib, std::atol(status.c_str() + at + 6));
-        }
-        usleep(1000);
-    }
-    r.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-    r.out = read_file(out);
-    r.err = read_file(err);
-    return r;
-}
-
-Run sxckpt(const std::vector<std::string> &args) {
-    std::vector<std::string> all = {SXCKPT_PATH};
-    all.insert(all.end(), args.begin(), args.end());
-    return run(all);
-}
-
-void expect_status(const Run &r, int status) {
-    if (r.status != status)
-        fail_msg("exit status %d, expected %d\nstdout:\n%s\nstderr:\n%s", r.status, status, r.out.c_str(),
-                 r.err.c_str());
-}
-
-void expect_has(const std::string &text, const std::string &needle) {
-    if (text.find(needle) == std::string::npos)
-        fail_msg("expected to find [%s] in:\n%s", needle.c_str(), text.c_str());
-}
-
-bool have_python() {
-    if (SX_PYTHON3[0] != '\0' && access(SX_PYTHON3, X_OK) == 0) return true;
-    std::printf("NOTE: no python3 to run (configured as '%s'); skipping the independent Python checks "
-                "(scripts/install-deps.sh installs python3)\n",
-                SX_PYTHON3);
-    return false;
-}
+int setup(void **) { return fixture_setup("sxckpt"); }
 
 // --- checkpoints ---
-
-std::string copy_checkpoint(const std::string &name) {
-    const std::string dst = fx->dir + "/" + name;
-    const Run r = run({"/bin/cp", "-a", fx->ck, dst});
-    if (r.status != 0) fail_msg("cp: %s", r.err.c_str());
-    return dst;
-}
-
-sx::ckpt::Manifest manifest_of(const std::string &ck) {
-    const std::string bytes = read_file(ck + "/MANIFEST");
-    sx::ckpt::Manifest m;
-    const sx::Status s = sx::ckpt::decode_manifest(bytes.data(), bytes.size(), &m);
-    if (!s.ok()) fail_msg("%s", s.message().c_str());
-    return m;
-}
 
 // The first chunk of `param`'s tensor `kind` stored in file `file`.
 const sx::ckpt::Chunk &find_chunk(const sx::ckpt::Manifest &m, const char *param, sx::ckpt::TensorKind kind,
@@ -326,14 +58,6 @@ void flip_byte(const std::string &path, uint64_t offset) {
     std::fputc(c ^ 0x5A, f);
     std::fclose(f);
 }
-
-uint64_t file_size(const std::string &path) {
-    struct stat st;
-    assert_int_equal(stat(path.c_str(), &st), 0);
-    return static_cast<uint64_t>(st.st_size);
-}
-
-bool exists(const std::string &path) { return access(path.c_str(), F_OK) == 0; }
 
 std::string at_byte(const std::string &file, uint64_t offset) {
     return file + " at byte " + std::to_string(offset) + " ";
@@ -539,6 +263,10 @@ void test_usage_and_bad_input(void **) {
     expect_status(sxckpt({"export", fx->ck}), 2);
     expect_has(sxckpt({"export", fx->ck}).err, "--safetensors");
     expect_status(sxckpt({"export", fx->ck, "--safetensors"}), 2);
+    expect_status(sxckpt({"export", "--safetensors", "o", fx->ck, "--optimizer"}), 2);
+    r = sxckpt({"export", "--safetensors", "p.safetensors", "--optimizer", "p", fx->ck});
+    expect_status(r, 2);
+    expect_has(r.err, "must differ");
     r = sxckpt({"--help"});
     expect_status(r, 0);
     expect_has(r.out, "usage: sxckpt inspect");
@@ -556,59 +284,45 @@ void test_usage_and_bad_input(void **) {
     expect_has(r.err, "has no MANIFEST; its `latest` names 'ck': try " + fx->dir + "/ck");
 }
 
-// Reads `path` (from read_safetensors.py --values) into tensors and metadata.
-void read_values(const std::string &path, std::map<std::string, Known> *tensors,
-                 std::map<std::string, std::string> *meta) {
-    const auto unhex = [](const std::string &h) {
-        std::string s;
-        for (size_t i = 0; i + 1 < h.size(); i += 2)
-            s.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
-        return s;
-    };
-    const std::string text = read_file(path);
-    size_t pos = 0;
-    while (pos < text.size()) {
-        const size_t nl = text.find('\n', pos);
-        const std::string line = text.substr(pos, nl - pos);
-        pos = nl == std::string::npos ? text.size() : nl + 1;
-        std::vector<std::string> f;
-        for (size_t b = 0;;) {
-            const size_t sp = line.find(' ', b);
-            f.push_back(line.substr(b, sp - b));
-            if (sp == std::string::npos) break;
-            b = sp + 1;
-        }
-        if (f[0] == "meta") {
-            assert_int_equal(f.size(), 3);
-            (*meta)[unhex(f[1])] = unhex(f[2]);
-            continue;
-        }
-        assert_string_equal(f[0].c_str(), "tensor");
-        assert_true(f.size() >= 5);
-        assert_string_equal(f[2].c_str(), "F32");
-        Known k;
-        if (f[3] != "-")
-            for (size_t b = 0;;) {
-                const size_t comma = f[3].find(',', b);
-                k.shape.push_back(std::stoll(f[3].substr(b, comma - b)));
-                if (comma == std::string::npos) break;
-                b = comma + 1;
-            }
-        // Python's repr of a float read back by strtod is the exact double, and the
-        // double is the exact float the file held.
-        for (size_t i = 4; i < f.size(); ++i)
-            k.values.push_back(static_cast<float>(std::strtod(f[i].c_str(), nullptr)));
-        const std::string name = unhex(f[1]);
-        assert_true(tensors->count(name) == 0);
-        (*tensors)[name] = std::move(k);
+// The names of fx->known that are params (no state suffix), or that are state.
+std::vector<std::string> known_names(bool state) {
+    std::vector<std::string> out;
+    for (const auto &k : fx->known) {
+        bool is_param = false;
+        for (const PDef &p : kParams) is_param |= k.first == p.name;
+        if (is_param != state) out.push_back(k.first);
+    }
+    return out;
+}
+
+// read_safetensors.py parses `file`, which must hold exactly the tensors `names` of
+// fx->known, each with the ranks' shape and values; its metadata goes to *meta.
+void expect_known_tensors(const std::string &file, const std::vector<std::string> &names,
+                          std::map<std::string, std::string> *meta) {
+    const std::string values = file + ".values.txt";
+    const Run py = run({SX_PYTHON3, READ_SAFETENSORS_PY, file, "--values", values});
+    expect_status(py, 0);
+    expect_has(py.out, std::to_string(names.size()) + " tensors; metadata ");
+    std::map<std::string, Known> got;
+    read_values(values, &got, meta);
+    assert_int_equal(got.size(), names.size());
+    for (const std::string &name : names) {
+        const Known &k = fx->known.at(name);
+        const auto it = got.find(name);
+        if (it == got.end()) fail_msg("%s has no tensor '%s'", file.c_str(), name.c_str());
+        assert_true(it->second.shape == k.shape);
+        assert_int_equal(it->second.values.size(), k.values.size());
+        assert_memory_equal(it->second.values.data(), k.values.data(), k.values.size() * sizeof(float));
     }
 }
 
-void test_export_safetensors(void **) {
+// By default export writes the params alone: one tensor per param, named by the param,
+// in its shape, holding the ranks' values.
+void test_export_weights_only(void **) {
     const std::string out = fx->dir + "/model.safetensors";
     const Run r = sxckpt({"export", "--safetensors", out, fx->ck});
     expect_status(r, 0);
-    expect_has(r.out, "wrote " + out + ": 17 tensors of 6 params");
+    expect_has(r.out, "wrote " + out + ": 6 params");
     assert_false(exists(out + ".tmp"));
 
     // The layout, checked here without any JSON parser.
@@ -618,52 +332,73 @@ void test_export_safetensors(void **) {
     for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(bytes[i]);
     assert_int_equal(n % 8, 0);
     uint64_t data = 0;
-    for (const auto &k : fx->known) data += k.second.values.size() * sizeof(float);
+    for (const std::string &name : known_names(false)) data += fx->known.at(name).values.size() * sizeof(float);
     assert_int_equal(bytes.size(), 8 + n + data);
     const std::string header = bytes.substr(8, n);
     assert_int_equal(header[0], '{');
     const size_t last = header.find_last_not_of(' ');
     assert_int_equal(header[last], '}');
-    assert_true(last + 8 > header.size());
+    assert_true(header.size() - (last + 1) < 8);  // padded with at most 7 spaces
     const std::string format_meta = "\"sx_format_version\":\"" + format_version() + "\"";
     for (const char *s : {"\"__metadata__\":{", "\"step\":\"3\"", format_meta.c_str(),
                           "\"layer.\\\"q\\\"\\\\k\":{\"dtype\":\"F32\",\"shape\":[33],",
-                          "\"ctl\\tname\\u0001\xc3\xa9.momentum_buffer\":{",
                           "\"scale\":{\"dtype\":\"F32\",\"shape\":[],",
-                          "\"embed.weight.max_exp_avg_sq\":{\"dtype\":\"F32\",\"shape\":[300,17],"})
+                          "\"embed.weight\":{\"dtype\":\"F32\",\"shape\":[300,17],"})
         expect_has(header, s);
-    assert_true(header.find("frozen.table.exp_avg") == std::string::npos);
+    for (const char *state : {".exp_avg", ".momentum_buffer"}) assert_true(header.find(state) == std::string::npos);
 
     if (!have_python()) return;
-    const std::string values = fx->dir + "/values.txt";
-    const Run py = run({SX_PYTHON3, READ_SAFETENSORS_PY, out, "--values", values});
-    expect_status(py, 0);
-    expect_has(py.out, "17 tensors; metadata ");
-    std::map<std::string, Known> got;
     std::map<std::string, std::string> meta;
-    read_values(values, &got, &meta);
+    expect_known_tensors(out, known_names(false), &meta);
+    assert_int_equal(known_names(false).size(), kParams.size());
     assert_string_equal(meta["step"].c_str(), "3");
     assert_string_equal(meta["sx_format_version"].c_str(), format_version().c_str());
-    assert_int_equal(got.size(), fx->known.size());
-    for (const auto &k : fx->known) {
-        const auto it = got.find(k.first);
-        if (it == got.end()) fail_msg("the export has no tensor '%s'", k.first.c_str());
-        assert_true(it->second.shape == k.second.shape);
-        assert_int_equal(it->second.values.size(), k.second.values.size());
-        assert_memory_equal(it->second.values.data(), k.second.values.data(),
-                            k.second.values.size() * sizeof(float));
-    }
 
     // The reader is not a rubber stamp: a file whose offsets leave a gap fails it.
     std::string damaged = bytes;
     damaged.push_back('\0');
     const std::string bad = fx->dir + "/gap.safetensors";
-    FILE *f = std::fopen(bad.c_str(), "wb");
-    std::fwrite(damaged.data(), 1, damaged.size(), f);
-    std::fclose(f);
+    assert_true(sxtest::write_file(bad, damaged));
     const Run rejected = run({SX_PYTHON3, READ_SAFETENSORS_PY, bad});
     expect_status(rejected, 1);
     expect_has(rejected.err, "the tensors cover");
+}
+
+// With --optimizer, PREFIX.safetensors holds every state tensor the checkpoint has (in
+// torch's names, the ranks' values) and PREFIX.json the param groups in torch's keys
+// and every param's steps, read back here by Python's json module.
+void test_export_optimizer(void **) {
+    const std::string out = fx->dir + "/weights.safetensors", prefix = fx->dir + "/optim";
+    const Run r = sxckpt({"export", "--safetensors", out, "--optimizer", prefix, fx->ck});
+    expect_status(r, 0);
+    expect_has(r.out, "wrote " + prefix + ".safetensors: 11 optimizer state tensors");
+    expect_has(r.out, "wrote " + prefix + ".json: 2 param groups");
+    for (const std::string &f : {out, prefix + ".safetensors", prefix + ".json"}) assert_false(exists(f + ".tmp"));
+    const std::string json = read_file(prefix + ".json");
+    for (const char *s : {"\"schema_version\":1,", "\"step\":3,",
+                          "{\"optimizer\":\"AdamW\",\"lr\":0.01,\"weight_decay\":0.02,\"betas\":[0.9,0.999],"
+                          "\"eps\":1e-08,\"maximize\":false,\"amsgrad\":true,\"params\":[\"embed.weight\","
+                          "\"layer.\\\"q\\\"\\\\k\",\"head.bias\",\"frozen.table\"]}",
+                          "{\"optimizer\":\"SGD\",\"lr\":0.05,\"weight_decay\":0.001,\"momentum\":0.9,"
+                          "\"dampening\":0.1,\"nesterov\":false,\"maximize\":false,\"params\":[\"ctl\\tname\\u0001"
+                          "\xc3\xa9\",\"scale\"]}",
+                          "\"scale\":{\"step\":3,\"momentum_steps\":3,\"unit\":1,\"trainable\":true}",
+                          "\"frozen.table\":{\"step\":0,\"unit\":2,\"trainable\":false}"})
+        expect_has(json, s);
+    if (!have_python()) return;
+    std::map<std::string, std::string> meta;
+    expect_known_tensors(prefix + ".safetensors", known_names(true), &meta);
+    assert_int_equal(known_names(true).size(), 11);
+    const Run py = run({SX_PYTHON3, "-c",
+                        "import json, sys\n"
+                        "d = json.load(open(sys.argv[1], encoding='utf-8'))\n"
+                        "print(d['schema_version'], d['format_version'], d['step'])\n"
+                        "for g in d['param_groups']: print(g['optimizer'], len(g['params']))\n"
+                        "print(sorted((n, s['step']) for n, s in d['state'].items()))\n",
+                        prefix + ".json"});
+    expect_status(py, 0);
+    expect_has(py.out, "1 " + format_version() + " 3\nAdamW 4\nSGD 2\n");
+    expect_has(py.out, "('frozen.table', 0), ('head.bias', 3)");
 }
 
 // A one-rank checkpoint of the given params (one AdamW step), saved at dir/small/name.
@@ -682,47 +417,27 @@ std::string small_checkpoint(const std::string &name, const std::vector<const ch
     return path;
 }
 
-// Names that safetensors cannot hold apart: a param named like another's state, or
-// like the metadata key. Export refuses them rather than drop a tensor.
-void test_export_refuses_colliding_names(void **) {
-    struct Case {
-        const char *dir;
-        std::vector<const char *> params;
-        const char *message;
-    };
-    const std::vector<Case> cases = {
-        {"collide-state", {"w", "w.exp_avg"}, "two tensors the name 'w.exp_avg'"},
-        {"collide-meta", {"__metadata__"}, "two tensors the name '__metadata__'"},
-    };
-    for (const Case &c : cases) {
-        const std::string ck = small_checkpoint(c.dir, c.params);
-        expect_status(sxckpt({"verify", ck}), 0);
-        const std::string out = ck + ".safetensors";
-        const Run r = sxckpt({"export", "--safetensors", out, ck});
-        expect_status(r, 1);
-        expect_has(r.err, c.message);
-        assert_false(exists(out));
-        assert_false(exists(out + ".tmp"));
+// A param named like the metadata key would give two entries one name: export refuses
+// it rather than drop a tensor, and leaves nothing behind. A param named like another's
+// state ("w" and "w.exp_avg") no longer collides: the state goes to a file of its own.
+void test_export_names(void **) {
+    const std::string meta = small_checkpoint("collide-meta", {"__metadata__"});
+    expect_status(sxckpt({"verify", meta}), 0);
+    const std::string out = meta + ".safetensors", prefix = meta + "-optim";
+    const Run r = sxckpt({"export", "--safetensors", out, "--optimizer", prefix, meta});
+    expect_status(r, 1);
+    expect_has(r.err, "two tensors of " + out + " the name '__metadata__'");
+    for (const std::string &f : {out, prefix + ".safetensors", prefix + ".json"}) {
+        assert_false(exists(f));
+        assert_false(exists(f + ".tmp"));
     }
-}
 
-// One rank, one SGD param group with `momentum`, and 1-D params of `numel` elements each.
-sx_shard_group_t *one_rank_sgd(const std::string &tag, const std::vector<const char *> &names, int64_t numel,
-                               double momentum) {
-    sx_param_group_desc_t sgd;
-    sx_param_group_desc_init(&sgd, sizeof sgd, SX_OPTIM_SGD);
-    sgd.momentum = momentum;
-    std::vector<sxtest::ParamDef> defs;
-    for (const char *name : names) defs.push_back({name, {numel}});
-    return sxtest::one_rank_group("sxckpt-" + tag, defs, &sgd);
-}
-
-// Saves h synchronously into ck, a new directory of `parent` (created here), then
-// destroys h.
-void save_and_destroy(sx_shard_group_t *h, const std::string &parent, const std::string &ck) {
-    assert_int_equal(mkdir(parent.c_str(), 0755), 0);
-    sxtest::save_sync(h, ck);
-    sx_destroy_shard_group(h);
+    const std::string state = small_checkpoint("like-state", {"w", "w.exp_avg"});
+    const Run ok = sxckpt({"export", "--safetensors", state + ".safetensors", "--optimizer", state + "-optim", state});
+    expect_status(ok, 0);
+    const std::string header = read_file(state + "-optim.safetensors");
+    for (const char *name : {"\"w.exp_avg\":", "\"w.exp_avg.exp_avg\":", "\"w.exp_avg.exp_avg_sq\":"})
+        expect_has(header, name);
 }
 
 // A tensor larger than one chunk (4 MiB): one rank, one param of 2^20 + 3 elements
@@ -760,10 +475,10 @@ void test_tensor_of_two_chunks(void **) {
     assert_string_equal(meta["step"].c_str(), "0");
 }
 
-// export streams: its peak memory does not grow with the checkpoint. Exporting 128 MiB
-// of tensors (two params of 8 Mi elements and their SGD momentum) takes less than 32 MiB
-// more than exporting the small fixture checkpoint.
-void test_export_memory_is_bounded(void **) {
+// export and import stream: their peak memory does not grow with the checkpoint.
+// Exporting 128 MiB of tensors (two params of 8 Mi elements and their SGD momentum) and
+// importing them again each take less than 32 MiB more than the small fixture does.
+void test_memory_is_bounded(void **) {
     sx_shard_group_t *h = one_rank_sgd("mem", {"a", "b"}, int64_t{8} << 20, 0.9);
     for (int32_t p = 0; p < 2; ++p) {
         sx_view_t v;
@@ -775,21 +490,33 @@ void test_export_memory_is_bounded(void **) {
     const std::string parent = fx->dir + "/mem", ck = parent + "/ck";
     save_and_destroy(h, parent, ck);
 
-    const Run small = sxckpt({"export", "--safetensors", parent + "/small.safetensors", fx->ck});
-    expect_status(small, 0);
-    const std::string out = parent + "/big.safetensors";
-    const Run big = sxckpt({"export", "--safetensors", out, ck});
-    expect_status(big, 0);
-    struct stat st;
-    assert_int_equal(stat(out.c_str(), &st), 0);
-    assert_true(st.st_size > (int64_t{128} << 20));
-    assert_true(small.peak_kib > 0);
-    assert_true(big.peak_kib > 0);
-    const long growth_kib = big.peak_kib - small.peak_kib;
-    std::printf("export peak RSS: %ld KiB for the fixture, %ld KiB for 128 MiB of tensors\n", small.peak_kib,
-                big.peak_kib);
-    if (growth_kib > 32 * 1024) fail_msg("export's peak RSS grew by %ld KiB for 128 MiB of tensors", growth_kib);
-    std::remove(out.c_str());
+    // The fixture and the big checkpoint, each exported with its state and imported
+    // back: the peaks of the big ones against the small ones'.
+    const auto export_import = [&](const std::string &tag, const std::string &from, Run *ex, Run *im) {
+        const std::string w = parent + "/" + tag + ".safetensors", o = parent + "/" + tag + "-optim";
+        *ex = sxckpt({"export", "--safetensors", w, "--optimizer", o, from});
+        expect_status(*ex, 0);
+        *im = sxckpt({"import", "--safetensors", w, "--optimizer", o, "--world-size", "2", parent + "/" + tag + "-ck"});
+        expect_status(*im, 0);
+        return std::vector<std::string>{w, o + ".safetensors"};
+    };
+    Run small_ex, small_im, big_ex, big_im;
+    export_import("small", fx->ck, &small_ex, &small_im);
+    const std::vector<std::string> outs = export_import("big", ck, &big_ex, &big_im);
+    for (const std::string &out : outs) {
+        struct stat st;
+        assert_int_equal(stat(out.c_str(), &st), 0);
+        assert_true(st.st_size > (int64_t{64} << 20));
+    }
+    for (const Run *r : {&small_ex, &small_im, &big_ex, &big_im}) assert_true(r->peak_kib > 0);
+    std::printf("peak RSS: export %ld KiB for the fixture, %ld KiB for 128 MiB of tensors; import %ld KiB and "
+                "%ld KiB\n",
+                small_ex.peak_kib, big_ex.peak_kib, small_im.peak_kib, big_im.peak_kib);
+    if (big_ex.peak_kib - small_ex.peak_kib > 32 * 1024)
+        fail_msg("export's peak RSS grew by %ld KiB for 128 MiB of tensors", big_ex.peak_kib - small_ex.peak_kib);
+    if (big_im.peak_kib - small_im.peak_kib > 32 * 1024)
+        fail_msg("import's peak RSS grew by %ld KiB for 128 MiB of tensors", big_im.peak_kib - small_im.peak_kib);
+    sxtest::remove_tree(parent);
 }
 
 }  // namespace
@@ -804,10 +531,11 @@ int main(void) {
         cmocka_unit_test(test_verify_truncated_and_missing_files),
         cmocka_unit_test(test_damaged_manifest),
         cmocka_unit_test(test_usage_and_bad_input),
-        cmocka_unit_test(test_export_safetensors),
-        cmocka_unit_test(test_export_memory_is_bounded),
-        cmocka_unit_test(test_export_refuses_colliding_names),
+        cmocka_unit_test(test_export_weights_only),
+        cmocka_unit_test(test_export_optimizer),
+        cmocka_unit_test(test_memory_is_bounded),
+        cmocka_unit_test(test_export_names),
         cmocka_unit_test(test_tensor_of_two_chunks),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, fixture_teardown);
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -18,6 +19,7 @@ constexpr int kExitUsage = 2;
 int inspect_command(const std::vector<std::string> &args);
 int verify_command(const std::vector<std::string> &args);
 int export_command(const std::vector<std::string> &args);
+int import_command(const std::vector<std::string> &args);
 
 // The usage text of every command.
 extern const char *const kUsage;
@@ -28,6 +30,14 @@ int usage_error(const std::string &message);
 int failure(const Status &s);
 // Whether `a` asks for help ("-h", "--help").
 bool is_help(const std::string &a);
+// Reads a command's arguments: each of `options` (its name, "--name", and where its
+// value goes) as "--name VALUE" or "--name=VALUE"; every argument that is no option into
+// *positional. Returns -1 to go on, else the exit status: kExitOk once it printed the
+// usage for -h or --help, kExitUsage (having said why) for an unknown option or one
+// without its value.
+int parse_args(const std::string &command, const std::vector<std::string> &args,
+               const std::vector<std::pair<std::string, std::string *>> &options,
+               std::vector<std::string> *positional);
 
 }  // namespace tool
 }  // namespace sx

@@ -1,130 +1,134 @@
-// sxckpt export --safetensors OUT DIR: the full, unsharded params and optimizer states
-// as one safetensors file (https://github.com/huggingface/safetensors, "Format"):
+// sxckpt export --safetensors OUT [--optimizer PREFIX] DIR: the full, unsharded params
+// as one safetensors file (safetensors.h), and on request the optimizer state as
+// PREFIX.safetensors and PREFIX.json (optimizer_json.h), in torch's names:
 //
-//   8 bytes   N, little-endian uint64
-//   N bytes   JSON: {"__metadata__": {str: str}, NAME: {"dtype": "F32", "shape": [...],
-//             "data_offsets": [begin, end]}, ...}, padded with spaces to a multiple of 8
-//   the data  every tensor's bytes, little-endian, row-major, at its data_offsets
-//             (relative to the end of the header), back to back
+//   OUT                  NAME for every param, in its shape ([] for a scalar): what
+//                        torch's Module.load_state_dict(strict=True) takes
+//   PREFIX.safetensors   NAME.exp_avg, NAME.exp_avg_sq, NAME.max_exp_avg_sq,
+//                        NAME.momentum_buffer: the state tensors each param has
+//   PREFIX.json          the param groups in torch's key names, each param's steps
 //
 // Each tensor keeps the dtype its chunks are stored in ("F32": sx stores fp32 master
-// weights and state; the format's F16 and BF16 would keep their names), in its param's
-// shape ([] for a scalar), named NAME + tensor_suffix(kind).
+// weights and state).
 //
-// Streaming: the header comes from the MANIFEST alone (every tensor's size is known
+// Streaming: the headers come from the MANIFEST alone (every tensor's size is known
 // from its shape), then the shard files are read one at a time, chunk by chunk in
 // file order, each chunk's CRC32C checked while its bytes go straight to their place
-// in the output. Memory: the manifest, the header and one buffer of at most
-// kPieceBytes, whatever the size of the checkpoint. The output is written as OUT.tmp,
-// fsynced, renamed to OUT and the directory fsynced: OUT is never seen half written,
-// and a failure leaves no OUT.tmp behind.
+// in their output. Memory: the manifest, the headers and one buffer of at most
+// kPieceBytes, whatever the size of the checkpoint. Every output is written as
+// NAME.tmp and fsynced; only once all are complete are they renamed into place, and
+// their directories fsynced. A failure leaves no .tmp behind and none of the outputs
+// this run renamed.
 #include <cinttypes>
 #include <cstdio>
 #include <unordered_set>
 
 #include "checkpoint_dir.h"
+#include "ckpt/directory.h"
 #include "commands.h"
-#include "json.h"
+#include "optimizer_json.h"
+#include "safetensors.h"
 
 namespace sx {
 namespace tool {
 
 namespace {
 
-// safetensors' reference reader refuses larger headers (MAX_HEADER_SIZE).
-constexpr uint64_t kMaxHeaderBytes = 100000000;
-constexpr const char *kMetadataKey = "__metadata__";
+// One safetensors output.
+struct OutFile {
+    std::string path;
+    std::vector<StTensor> tensors;
+    std::string head;  // the length field and the header
+    uint64_t data_bytes = 0;
+    int fd = -1;
+};
 
-struct OutTensor {
-    std::string name;
-    uint64_t begin = 0, end = 0;  // data_offsets
-    uint64_t elem_bytes = 0;
+// Where a stored tensor goes: file index into ExportPlan::files (-1: not exported) and
+// the tensor's index there.
+struct Route {
+    int file = -1;
+    size_t tensor = 0;
 };
 
 struct ExportPlan {
-    std::string header;                       // N bytes, padded
-    std::vector<std::vector<OutTensor>> of;   // [param][tensor], as in the manifest
-    size_t count = 0;
-    uint64_t data_bytes = 0;
+    std::vector<OutFile> files;               // [0] the params, [1] the optimizer state
+    std::vector<std::vector<Route>> route;    // [param][tensor], as in the manifest
+    std::string optimizer_json;               // "" unless asked for
 };
 
-// Names, offsets and the header, from the manifest alone.
-Status plan_export(const ckpt::Manifest &m, ExportPlan *out) {
-    ExportPlan plan;
-    std::unordered_set<std::string> names = {kMetadataKey};
-    JsonWriter j;
-    j.begin_object();
-    j.key(kMetadataKey);
-    j.begin_object();
-    j.key("writer"), j.string("sxckpt");
-    j.key("sx_format_version"), j.string(format("%u.%u", m.format_major, m.format_minor));
-    j.key("sx_library_version"), j.string(library_version_text(m.library_version));
-    j.key("step"), j.string(format("%" PRIu64, m.step));
-    j.key("world_size"), j.string(format("%d", m.world_size));
-    j.end_object();
-    uint64_t cursor = 0;
+// Names, offsets and headers, from the manifest alone. The params go to file 0; their
+// optimizer state to file 1 if there is one, else nowhere.
+Status plan_export(const ckpt::Manifest &m, ExportPlan *plan) {
+    const std::vector<std::pair<std::string, std::string>> metadata = {
+        {"writer", "sxckpt"},
+        {"sx_format_version", format("%u.%u", m.format_major, m.format_minor)},
+        {"sx_library_version", library_version_text(m.library_version)},
+        {"step", format("%" PRIu64, m.step)},
+        {"world_size", format("%d", m.world_size)},
+    };
+    std::vector<std::unordered_set<std::string>> names(plan->files.size(), {kMetadataKey});
+    std::vector<uint64_t> cursor(plan->files.size(), 0);
+    plan->route.clear();
     for (const ckpt::ParamEntry &p : m.params) {
-        std::vector<OutTensor> tensors;
+        std::vector<Route> routes;
         for (const ckpt::Tensor &t : p.tensors) {
-            OutTensor o;
+            Route r;
+            r.file = t.kind == ckpt::TensorKind::kParam ? 0 : 1;
+            if (static_cast<size_t>(r.file) >= plan->files.size()) {
+                routes.push_back(Route());
+                continue;
+            }
+            OutFile &f = plan->files[r.file];
+            StTensor o;
             o.name = p.name + ckpt::tensor_suffix(t.kind);
-            // A param named like another's state ("w.exp_avg" beside "w"), or like the
-            // metadata key, would give two tensors one name: refuse rather than lose one.
-            SX_CHECK(names.insert(o.name).second, SX_ERR_INVALID_ARGUMENT,
-                     "the checkpoint would give two tensors the name '%s' (param '%s' %s); safetensors "
+            // A param named like the metadata key would give two entries one name:
+            // refuse rather than lose one. (State names cannot collide: every suffix
+            // begins with the only '.' it holds.)
+            SX_CHECK(names[r.file].insert(o.name).second, SX_ERR_INVALID_ARGUMENT,
+                     "the checkpoint would give two tensors of %s the name '%s' (param '%s' %s); safetensors "
                      "names must be unique",
-                     printable(o.name).c_str(), printable(p.name).c_str(), kind_name(t.kind).c_str());
-            o.elem_bytes = ckpt::dtype_bytes(t.dtype);
+                     printable(f.path).c_str(), printable(o.name).c_str(), printable(p.name).c_str(),
+                     kind_name(t.kind).c_str());
+            o.dtype = t.dtype;
+            o.shape = p.shape;
             // numel < 2^62 (validate), so bytes fit; the running total is checked.
-            const uint64_t bytes = p.numel() * o.elem_bytes;
-            SX_CHECK(cursor + bytes >= cursor, SX_ERR_INVALID_ARGUMENT, "the tensors exceed 2^64 bytes");
-            o.begin = cursor;
-            o.end = cursor + bytes;
-            cursor = o.end;
-            j.key(o.name);
-            j.begin_object();
-            j.key("dtype"), j.string(dtype_name(t.dtype));
-            j.key("shape");
-            j.begin_array();
-            for (int64_t e : p.shape) j.number(e);
-            j.end_array();
-            j.key("data_offsets");
-            j.begin_array();
-            j.number(o.begin);
-            j.number(o.end);
-            j.end_array();
-            j.end_object();
-            tensors.push_back(std::move(o));
-            plan.count++;
+            const uint64_t bytes = p.numel() * ckpt::dtype_bytes(t.dtype);
+            SX_CHECK(cursor[r.file] + bytes >= cursor[r.file], SX_ERR_INVALID_ARGUMENT,
+                     "the tensors exceed 2^64 bytes");
+            o.begin = cursor[r.file];
+            o.end = cursor[r.file] = o.begin + bytes;
+            r.tensor = f.tensors.size();
+            f.tensors.push_back(std::move(o));
+            routes.push_back(r);
         }
-        plan.of.push_back(std::move(tensors));
+        plan->route.push_back(std::move(routes));
     }
-    j.end_object();
-    plan.header = j.text();
-    plan.header.append((8 - plan.header.size() % 8) % 8, ' ');
-    SX_CHECK(plan.header.size() <= kMaxHeaderBytes, SX_ERR_INVALID_ARGUMENT,
-             "the safetensors header would be %zu bytes; safetensors readers refuse headers over %" PRIu64
-             " bytes",
-             plan.header.size(), kMaxHeaderBytes);
-    plan.data_bytes = cursor;
-    *out = std::move(plan);
+    for (size_t i = 0; i < plan->files.size(); ++i) {
+        SX_TRY(safetensors_header(metadata, plan->files[i].tensors, &plan->files[i].head));
+        plan->files[i].data_bytes = cursor[i];
+    }
     return Status::Ok();
 }
 
-// Writes every chunk of file f at its place in the output (data section at `base`).
+// Writes every exported chunk of shard file f at its place in its output.
 Status copy_file(io::FileOps &ops, const CheckpointDir &c, uint32_t f, const std::vector<ChunkRef> &chunks,
-                 const ExportPlan &plan, int out_fd, const std::string &out_path, uint64_t base,
-                 std::vector<char> *buffer) {
-    if (chunks.empty()) return Status::Ok();
+                 const ExportPlan &plan, std::vector<char> *buffer) {
+    bool any = false;
+    for (const ChunkRef &ref : chunks) any |= plan.route[ref.param][ref.tensor].file >= 0;
+    if (!any) return Status::Ok();
     const std::string path = c.file_path(f);
     int fd = -1;
     SX_TRY(ops.open_read(path, &fd));
     Status s;
     for (const ChunkRef &ref : chunks) {
-        const OutTensor &t = plan.of[ref.param][ref.tensor];
-        const uint64_t at = base + t.begin + ref.chunk->begin * t.elem_bytes;
+        const Route &r = plan.route[ref.param][ref.tensor];
+        if (r.file < 0) continue;
+        const OutFile &out = plan.files[r.file];
+        const StTensor &t = out.tensors[r.tensor];
+        const uint64_t at = out.head.size() + t.begin + ref.chunk->begin * ckpt::dtype_bytes(t.dtype);
+        const std::string out_tmp = out.path + ".tmp";
         s = read_chunk(ops, fd, path, *ref.chunk, buffer, [&](const char *data, size_t n, uint64_t off) {
-            return ops.pwrite_all(out_fd, data, n, at + off, out_path);
+            return ops.pwrite_all(out.fd, data, n, at + off, out_tmp);
         });
         if (!s.ok()) {
             s.prefix(format("%s at byte %" PRIu64 " (%" PRIu64 " bytes): %s: ",
@@ -143,68 +147,92 @@ std::string parent_of(const std::string &path) {
     return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-Status export_safetensors(io::FileOps &ops, const CheckpointDir &c, const std::string &out, ExportPlan *plan) {
-    SX_TRY(plan_export(c.manifest, plan));
-    const std::string tmp = out + ".tmp";
-    int fd = -1;
-    SX_TRY(ops.open_write(tmp, &fd));
-    Status s = [&]() -> Status {
-        std::string head(8, '\0');
-        const uint64_t n = plan->header.size();
-        for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
-        head += plan->header;
-        SX_TRY(ops.pwrite_all(fd, head.data(), head.size(), 0, tmp));
+// Writes every output as PATH.tmp: the safetensors files streamed from the shard files,
+// then the JSON.
+Status write_temporaries(io::FileOps &ops, const CheckpointDir &c, ExportPlan *plan,
+                         const std::string &json_path) {
+    Status s;
+    for (OutFile &f : plan->files) {
+        const std::string tmp = f.path + ".tmp";
+        s = ops.open_write(tmp, &f.fd);
+        if (s.ok()) s = ops.pwrite_all(f.fd, f.head.data(), f.head.size(), 0, tmp);
+        if (!s.ok()) break;
+    }
+    if (s.ok()) {
         const auto by_file = chunks_by_file(c.manifest);
         std::vector<char> buffer(piece_buffer_bytes(c.manifest));
-        for (uint32_t f = 0; f < c.manifest.files.size(); ++f)
-            SX_TRY(copy_file(ops, c, f, by_file[f], *plan, fd, tmp, head.size(), &buffer));
-        return ops.fsync(fd, tmp);
-    }();
-    Status closed = ops.close(fd, tmp);
-    if (s.ok()) s = closed;
-    if (s.ok()) s = ops.rename(tmp, out);
+        for (uint32_t f = 0; f < c.manifest.files.size() && s.ok(); ++f)
+            s = copy_file(ops, c, f, by_file[f], *plan, &buffer);
+    }
+    for (OutFile &f : plan->files) {
+        if (f.fd < 0) continue;
+        const std::string tmp = f.path + ".tmp";
+        if (s.ok()) s = ops.fsync(f.fd, tmp);
+        Status closed = ops.close(f.fd, tmp);
+        if (s.ok()) s = closed;
+        f.fd = -1;
+    }
+    if (s.ok() && !json_path.empty()) s = ckpt::write_durable_file(ops, json_path + ".tmp", plan->optimizer_json);
+    return s;
+}
+
+Status export_files(io::FileOps &ops, const CheckpointDir &c, const std::string &out, const std::string &prefix,
+                    ExportPlan *plan) {
+    plan->files.resize(prefix.empty() ? 1 : 2);
+    plan->files[0].path = out;
+    std::vector<std::string> finals = {out};
+    std::string json_path;
+    if (!prefix.empty()) {
+        plan->files[1].path = prefix + ".safetensors";
+        json_path = prefix + ".json";
+        plan->optimizer_json = optimizer_json(c.manifest);
+        finals.push_back(plan->files[1].path);
+        finals.push_back(json_path);
+    }
+    SX_TRY(plan_export(c.manifest, plan));
+    Status s = write_temporaries(ops, c, plan, json_path);
+    size_t renamed = 0;
+    for (; s.ok() && renamed < finals.size(); ++renamed) s = ops.rename(finals[renamed] + ".tmp", finals[renamed]);
     if (!s.ok()) {
-        ops.unlink(tmp);  // best effort: the error that matters is s
+        // Best effort: the error that matters is s.
+        for (size_t i = 0; i < finals.size(); ++i) ops.unlink(finals[i] + (i < renamed ? "" : ".tmp"));
         return s;
     }
-    return ops.fsync_dir(parent_of(out));
+    std::unordered_set<std::string> dirs;
+    for (const std::string &f : finals)
+        if (dirs.insert(parent_of(f)).second) SX_TRY(ops.fsync_dir(parent_of(f)));
+    return Status::Ok();
 }
 
 }  // namespace
 
 int export_command(const std::vector<std::string> &args) {
-    std::string out;
+    std::string out, prefix;
     std::vector<std::string> dirs;
-    for (size_t i = 0; i < args.size(); ++i) {
-        const std::string &a = args[i];
-        if (is_help(a)) {
-            std::fputs(kUsage, stdout);
-            return kExitOk;
-        }
-        if (a == "--safetensors") {
-            if (i + 1 == args.size()) return usage_error("export: --safetensors needs an output file");
-            out = args[++i];
-        } else if (a.compare(0, 14, "--safetensors=") == 0) {
-            out = a.substr(14);
-        } else if (a.size() > 1 && a[0] == '-') {
-            return usage_error("export: unknown option '" + a + "'");
-        } else {
-            dirs.push_back(a);
-        }
-    }
+    const int parsed = parse_args("export", args, {{"--safetensors", &out}, {"--optimizer", &prefix}}, &dirs);
+    if (parsed >= 0) return parsed;
     if (out.empty()) return usage_error("export needs --safetensors OUT");
     if (dirs.size() != 1) return usage_error("export takes one checkpoint directory");
+    if (!prefix.empty() && (out == prefix + ".safetensors" || out == prefix + ".json"))
+        return usage_error("export: OUT and the files of --optimizer " + prefix + " must differ");
     auto ops = io::posix_file_ops();
     CheckpointDir c;
     Status s = open_checkpoint(*ops, dirs[0], &c);
     if (!s.ok()) return failure(s);
     ExportPlan plan;
-    s = export_safetensors(*ops, c, out, &plan);
+    s = export_files(*ops, c, out, prefix, &plan);
     if (!s.ok()) return failure(s.prefix("export to " + printable(out) + " failed: "));
-    std::printf("wrote %s: %zu tensors of %zu params, %s; step %" PRIu64 ", format %u.%u\n",
-                printable(out).c_str(), plan.count, c.manifest.params.size(),
-                bytes_text(8 + plan.header.size() + plan.data_bytes).c_str(), c.manifest.step,
-                c.manifest.format_major, c.manifest.format_minor);
+    std::printf("wrote %s: %zu params, %s\n", printable(out).c_str(), plan.files[0].tensors.size(),
+                bytes_text(plan.files[0].head.size() + plan.files[0].data_bytes).c_str());
+    if (!prefix.empty()) {
+        std::printf("wrote %s: %zu optimizer state tensors, %s\n", printable(plan.files[1].path).c_str(),
+                    plan.files[1].tensors.size(),
+                    bytes_text(plan.files[1].head.size() + plan.files[1].data_bytes).c_str());
+        std::printf("wrote %s: %zu param groups\n", printable(prefix + ".json").c_str(),
+                    c.manifest.param_groups.size());
+    }
+    std::printf("step %" PRIu64 ", format %u.%u\n", c.manifest.step, c.manifest.format_major,
+                c.manifest.format_minor);
     return kExitOk;
 }
 

@@ -8,10 +8,6 @@
 namespace sx {
 namespace tool {
 
-namespace {
-
-// Length of the valid UTF-8 sequence at s[i] (RFC 3629: no overlong forms, no
-// surrogates, nothing above U+10FFFF), or 0 if the bytes there are not one.
 size_t utf8_sequence(const std::string &s, size_t i) {
     const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
     const unsigned char c = byte(i);
@@ -27,8 +23,6 @@ size_t utf8_sequence(const std::string &s, size_t i) {
         if ((byte(i + k) & 0xC0) != 0x80) return 0;
     return n;
 }
-
-}  // namespace
 
 void append_json_string(std::string *out, const std::string &s) {
     out->push_back('"');
@@ -65,6 +59,12 @@ void append_json_string(std::string *out, const std::string &s) {
         ++i;
     }
     out->push_back('"');
+}
+
+std::string json_quoted(const std::string &s) {
+    std::string out;
+    append_json_string(&out, s);
+    return out;
 }
 
 std::string shortest_double(double v) {

@@ -9,12 +9,18 @@
 namespace sx {
 namespace tool {
 
+// Length of the valid UTF-8 sequence at s[i] (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or 0 if the bytes there are not one. i < s.size().
+size_t utf8_sequence(const std::string &s, size_t i);
+
 // Appends s as a quoted JSON string. '"', '\\' and the control characters U+0000..U+001F
 // are escaped (\" \\ \b \f \n \r \t, else \u00XX); valid UTF-8 is copied as it is.
 // A byte that is not part of valid UTF-8 becomes \ufffd, so the text is always valid
 // JSON; that never happens to a param name (sx_add_param and the MANIFEST's decoder
 // accept only UTF-8), only to odd paths.
 void append_json_string(std::string *out, const std::string &s);
+// s as a quoted JSON string (append_json_string's), for messages about JSON text.
+std::string json_quoted(const std::string &s);
 
 // The shortest decimal text that reads back (strtod) as exactly v: 0.01, not
 // 0.010000000000000000208. Infinities and NaN are "inf", "-inf", "nan".

@@ -1,7 +1,12 @@
-// sxckpt: looks into sx checkpoints without the program that wrote them.
+// sxckpt: looks into sx checkpoints without the program that wrote them, and moves
+// them to and from torch's tensors.
 //   sxckpt inspect [--json] DIR             what the checkpoint holds
 //   sxckpt verify DIR                       every byte checked against its CRC32C
-//   sxckpt export --safetensors OUT DIR     the unsharded params and optimizer state
+//   sxckpt export --safetensors OUT [--optimizer PREFIX] DIR
+//                                           the unsharded params; their optimizer state
+//   sxckpt import --safetensors IN [--optimizer PREFIX] [--world-size N] DIR
+//                                           a new checkpoint from such files
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 
@@ -14,7 +19,8 @@ namespace tool {
 const char *const kUsage =
     "usage: sxckpt inspect [--json] DIR\n"
     "       sxckpt verify DIR\n"
-    "       sxckpt export --safetensors OUT DIR\n"
+    "       sxckpt export --safetensors OUT [--optimizer PREFIX] DIR\n"
+    "       sxckpt import --safetensors IN [--optimizer PREFIX] [--world-size N] DIR\n"
     "       sxckpt --help | --version\n"
     "\n"
     "DIR is an sx checkpoint directory (MANIFEST and shard-RRRRR-of-WWWWW.bin files).\n"
@@ -23,10 +29,15 @@ const char *const kUsage =
     "           hyperparameters, and the files; --json prints one JSON object instead.\n"
     "  verify   checks the MANIFEST, that every shard file holds the bytes its chunks\n"
     "           need, and every chunk's CRC32C; names every broken file and chunk.\n"
-    "  export   writes the full (unsharded) params and optimizer states as a\n"
-    "           safetensors file: NAME, NAME.exp_avg, NAME.exp_avg_sq,\n"
-    "           NAME.max_exp_avg_sq, NAME.momentum_buffer; the step and the format\n"
-    "           version in __metadata__. Streams chunk by chunk; OUT appears only whole.\n"
+    "  export   writes the full (unsharded) params as a safetensors file OUT, one tensor\n"
+    "           NAME per param (what torch's load_state_dict(strict=True) takes). With\n"
+    "           --optimizer, also PREFIX.safetensors (NAME.exp_avg, NAME.exp_avg_sq,\n"
+    "           NAME.max_exp_avg_sq, NAME.momentum_buffer) and PREFIX.json (the param\n"
+    "           groups in torch's names, every param's step). Streams chunk by chunk;\n"
+    "           the files appear only whole.\n"
+    "  import   makes the new checkpoint DIR from such files, as if saved by N ranks\n"
+    "           (default 1). Without --optimizer it holds the values only: load it with\n"
+    "           SX_LOAD_PARAMS_ONLY. DIR must not exist; it appears only whole.\n"
     "\n"
     "exit status: 0 success (verify: intact), 1 failure (verify: broken), 2 usage error\n";
 
@@ -41,6 +52,35 @@ int failure(const Status &s) {
 }
 
 bool is_help(const std::string &a) { return a == "-h" || a == "--help"; }
+
+int parse_args(const std::string &command, const std::vector<std::string> &args,
+               const std::vector<std::pair<std::string, std::string *>> &options,
+               std::vector<std::string> *positional) {
+    for (size_t i = 0; i < args.size(); ++i) {
+        const std::string &a = args[i];
+        if (is_help(a)) {
+            std::fputs(kUsage, stdout);
+            return kExitOk;
+        }
+        const auto option = std::find_if(options.begin(), options.end(), [&](const auto &o) {
+            return a == o.first || a.compare(0, o.first.size() + 1, o.first + "=") == 0;
+        });
+        if (option != options.end()) {
+            const std::string &name = option->first;
+            std::string value;
+            if (a != name)
+                value = a.substr(name.size() + 1);
+            else if (i + 1 < args.size())
+                value = args[++i];
+            if (value.empty()) return usage_error(command + ": " + name + " needs a value");
+            *option->second = value;
+            continue;
+        }
+        if (a.size() > 1 && a[0] == '-') return usage_error(command + ": unknown option '" + a + "'");
+        positional->push_back(a);
+    }
+    return -1;
+}
 
 }  // namespace tool
 }  // namespace sx
@@ -64,6 +104,7 @@ int main(int argc, char **argv) {
         if (command == "inspect") return inspect_command(args);
         if (command == "verify") return verify_command(args);
         if (command == "export") return export_command(args);
+        if (command == "import") return import_command(args);
         return usage_error("unknown command '" + command + "'");
     } catch (const std::exception &e) {
         // Allocation failures and the like: say so rather than abort.

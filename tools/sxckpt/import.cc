@@ -1,0 +1,341 @@
+// sxckpt import --safetensors WEIGHTS [--optimizer PREFIX] [--world-size N] DIR: a new
+// sx checkpoint from the files `export` writes (or torch's tensors written the same
+// way, tools/sxckpt/sx_torch.py), saved as if by a group of N ranks, so that it loads
+// into any world size, stage and unit split like any other.
+//
+// The checkpoint is laid out by the library's own code: a core::Layout of the params
+// over N ranks (their units as PREFIX.json gives them, else one unit), ckpt::plan_write
+// for each rank's chunks, the MANIFEST checked by ckpt::validate() as it is encoded,
+// and the commit of ckpt::commit_checkpoint: every shard file is written into
+// DIR.sx-partial and fsynced, MANIFEST last, then the directory is renamed to DIR. A
+// failure removes DIR.sx-partial; nothing that loads is left behind.
+//
+// Streaming: the headers and PREFIX.json are read whole; the tensors are read chunk by
+// chunk (at most ckpt::kMaxChunkBytes) while each rank's file is written, so memory
+// stays bounded whatever the size of the model.
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <unordered_map>
+
+#include "checkpoint_dir.h"
+#include "ckpt/directory.h"
+#include "ckpt/shard_plan.h"
+#include "commands.h"
+#include "core/layout.h"
+#include "core/params.h"
+#include "io/crc32c.h"
+#include "optimizer_json.h"
+#include "safetensors.h"
+
+namespace sx {
+namespace tool {
+
+namespace {
+
+constexpr uint64_t kMaxOptimizerJsonBytes = 1ull << 30;
+constexpr int kMaxWorldSize = 99999;  // the width of the shard files' rank numbers
+constexpr uint64_t kAlignmentBytes = 64;  // sx's default; informational in the MANIFEST
+constexpr int32_t kStage = 2;             // sx's default; informational in the MANIFEST
+
+// Where a stored tensor's elements come from.
+struct Source {
+    int file = 0;  // 0: the weights, 1: the optimizer state
+    const StTensor *tensor = nullptr;
+};
+
+struct Inputs {
+    StFile files[2];            // the weights, and the optimizer state if given
+    bool has_optimizer = false;
+    OptimizerDoc doc;
+    std::string json_path;
+};
+
+struct ImportPlan {
+    ckpt::Manifest manifest;                 // but for files and chunks
+    std::vector<std::vector<Source>> source; // [param][tensor]
+    size_t state_tensors = 0;
+};
+
+std::string quoted(const std::string &s) { return "'" + printable(s) + "'"; }
+
+// A weight becomes a param: its name and shape as sx_add_param accepts them.
+Status param_of(const StFile &w, const StTensor &t, ckpt::ParamEntry *e) {
+    Status s = core::validate_param_name(t.name.c_str());
+    uint64_t numel = 0;
+    if (s.ok() && t.name.find('\0') != std::string::npos)
+        s = SX_ERROR(SX_ERR_INVALID_ARGUMENT, "the name holds a NUL byte");
+    if (s.ok()) s = core::validate_shape(static_cast<int32_t>(t.shape.size()), t.shape.data(), &numel);
+    if (!s.ok()) return s.prefix(printable(w.path) + ": tensor " + quoted(t.name) + ": ");
+    e->name = t.name;
+    e->shape = t.shape;
+    e->dtype = t.dtype;
+    ckpt::Tensor values;
+    values.kind = ckpt::TensorKind::kParam;
+    e->tensors.push_back(values);
+    return Status::Ok();
+}
+
+// Why a tensor of the optimizer file is no param's state, in words.
+std::string stray_reason(const ImportPlan &plan, const std::string &name) {
+    for (const ckpt::TensorKind kind : {ckpt::TensorKind::kExpAvg, ckpt::TensorKind::kExpAvgSq,
+                                        ckpt::TensorKind::kMaxExpAvgSq, ckpt::TensorKind::kMomentumBuffer}) {
+        const std::string suffix = ckpt::tensor_suffix(kind);
+        if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+            continue;
+        const std::string param = name.substr(0, name.size() - suffix.size());
+        for (const ckpt::ParamEntry &p : plan.manifest.params)
+            if (p.name == param) {
+                const ckpt::ParamGroupEntry &g = plan.manifest.param_groups[p.param_group];
+                return format("param %s is in param group %d (%s%s), which keeps no %s", quoted(param).c_str(),
+                              p.param_group, optimizer_name(g.optimizer).c_str(),
+                              g.optimizer == SX_OPTIM_SGD ? (g.momentum != 0 ? " with momentum" : " without momentum")
+                                                          : (g.amsgrad ? " with amsgrad" : " without amsgrad"),
+                              suffix.c_str() + 1);
+            }
+        return "there is no param " + quoted(param);
+    }
+    return "its name is no param's NAME.exp_avg, NAME.exp_avg_sq, NAME.max_exp_avg_sq or NAME.momentum_buffer";
+}
+
+// Param p's optimizer state from the optimizer file: all the tensors its optimizer
+// keeps, or none (a param never updated, or never trainable, as sx writes it).
+Status add_state(const Inputs &in, size_t p, std::vector<bool> *used, ImportPlan *plan) {
+    ckpt::ParamEntry &e = plan->manifest.params[p];
+    const StFile &s = in.files[1];
+    const ckpt::ParamGroupEntry &g = plan->manifest.param_groups[e.param_group];
+    const std::vector<ckpt::TensorKind> kinds = ckpt::stored_kinds(ckpt::hyper_of(g));
+    std::vector<const StTensor *> found;  // per state kind
+    std::string present;                  // their names, for messages
+    for (size_t k = 1; k < kinds.size(); ++k) {
+        const std::string name = e.name + ckpt::tensor_suffix(kinds[k]);
+        const StTensor *t = s.find(name);
+        found.push_back(t);
+        if (!t) continue;
+        SX_CHECK(t->shape == e.shape, SX_ERR_INVALID_ARGUMENT, "%s: tensor %s has shape %s, but param %s has %s",
+                 printable(s.path).c_str(), quoted(name).c_str(), shape_text(t->shape).c_str(),
+                 quoted(e.name).c_str(), shape_text(e.shape).c_str());
+        (*used)[s.index.at(name)] = true;
+        present += (present.empty() ? "" : ", ") + quoted(name);
+    }
+    if (present.empty()) return Status::Ok();  // no state at all
+    for (size_t k = 1; k < kinds.size(); ++k)
+        SX_CHECK(found[k - 1] != nullptr, SX_ERR_INVALID_ARGUMENT,
+                 "%s: param %s (param group %d, %s) has %s but no tensor %s; a param's state is every tensor "
+                 "its optimizer keeps, or none",
+                 printable(s.path).c_str(), quoted(e.name).c_str(), e.param_group,
+                 optimizer_name(g.optimizer).c_str(), present.c_str(),
+                 quoted(e.name + ckpt::tensor_suffix(kinds[k])).c_str());
+    for (size_t k = 1; k < kinds.size(); ++k) {
+        ckpt::Tensor t;
+        t.kind = kinds[k];
+        e.tensors.push_back(t);
+        plan->source[p].push_back({1, found[k - 1]});
+        plan->state_tensors++;
+    }
+    return Status::Ok();
+}
+
+// The MANIFEST but for files and chunks, and where every tensor's elements come from.
+Status plan_import(const Inputs &in, int world_size, ImportPlan *plan) {
+    const StFile &w = in.files[0];
+    ckpt::Manifest &m = plan->manifest;
+    m.library_version = SX_VERSION_NUMBER;
+    m.world_size = world_size;
+    m.stage = kStage;
+    m.alignment = static_cast<int32_t>(kAlignmentBytes);
+    m.created_unix_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                  std::chrono::system_clock::now().time_since_epoch())
+                                                  .count());
+    SX_CHECK(!w.tensors.empty(), SX_ERR_INVALID_ARGUMENT, "%s holds no tensors", printable(w.path).c_str());
+    // The params in the order of their data: the order export writes them in, which is
+    // the checkpoint's registration order.
+    for (const StTensor &t : w.tensors) {
+        ckpt::ParamEntry e;
+        SX_TRY(param_of(w, t, &e));
+        m.params.push_back(std::move(e));
+        plan->source.push_back({{0, &t}});
+    }
+    if (!in.has_optimizer) {
+        // Values only: one group with torch.optim.AdamW's defaults, every step 0, no
+        // state. Load it with SX_LOAD_PARAMS_ONLY (docs/format.md).
+        m.param_groups.push_back(ckpt::param_group_entry(core::default_hyper(SX_OPTIM_ADAMW)));
+        return Status::Ok();
+    }
+    const OptimizerDoc &doc = in.doc;
+    m.step = doc.step;
+    for (const OptimizerGroup &g : doc.groups) m.param_groups.push_back(g.hyper);
+    std::unordered_map<std::string, const OptimizerParam *> listed;
+    for (const OptimizerParam &p : doc.params) listed.emplace(p.name, &p);
+    for (size_t g = 0; g < doc.groups.size(); ++g)
+        for (const std::string &name : doc.groups[g].params)
+            SX_CHECK(w.find(name) != nullptr, SX_ERR_INVALID_ARGUMENT,
+                     "%s: param %s of param group %zu is not in %s", printable(in.json_path).c_str(),
+                     quoted(name).c_str(), g, printable(w.path).c_str());
+    std::vector<bool> used(in.files[1].tensors.size(), false);
+    for (size_t p = 0; p < m.params.size(); ++p) {
+        ckpt::ParamEntry &e = m.params[p];
+        const auto it = listed.find(e.name);
+        SX_CHECK(it != listed.end(), SX_ERR_INVALID_ARGUMENT,
+                 "%s has param %s, which no param group of %s lists (every param is in one group)",
+                 printable(w.path).c_str(), quoted(e.name).c_str(), printable(in.json_path).c_str());
+        const OptimizerParam &op = *it->second;
+        e.param_group = op.group;
+        e.unit = op.unit;
+        e.trainable = op.trainable;
+        e.step = op.step;
+        e.momentum_steps = op.momentum_steps;
+        SX_TRY(add_state(in, p, &used, plan));
+    }
+    for (size_t i = 0; i < used.size(); ++i)
+        SX_CHECK(used[i], SX_ERR_INVALID_ARGUMENT, "%s: tensor %s is no param's state: %s",
+                 printable(in.files[1].path).c_str(), quoted(in.files[1].tensors[i].name).c_str(),
+                 stray_reason(*plan, in.files[1].tensors[i].name).c_str());
+    return Status::Ok();
+}
+
+// Rank `rank`'s shard file, written from the inputs chunk by chunk; its chunks go into
+// the manifest.
+Status write_shard(io::FileOps &ops, const Inputs &in, const int fds[2], const core::Layout &layout,
+                   const std::vector<std::vector<ckpt::TensorKind>> &kinds_of, int rank, const std::string &path,
+                   ImportPlan *plan, std::vector<float> *buffer, std::vector<char> *scratch) {
+    const ckpt::WritePlan wp = ckpt::plan_write(layout, rank, kinds_of);
+    int fd = -1;
+    SX_TRY(ops.open_write(path, &fd));
+    Status s;
+    for (const ckpt::WriteChunk &c : wp.chunks) {
+        ckpt::ParamEntry &e = plan->manifest.params[c.param];
+        const size_t k = static_cast<size_t>(
+            std::find(kinds_of[c.param].begin(), kinds_of[c.param].end(), c.kind) - kinds_of[c.param].begin());
+        const Source &src = plan->source[c.param][k];
+        const uint64_t n = c.end - c.begin;
+        buffer->resize(n);
+        s = read_f32(ops, fds[src.file], in.files[src.file], *src.tensor, c.begin, n, buffer->data(), scratch);
+        const uint64_t bytes = n * sizeof(float);
+        if (s.ok()) s = ops.pwrite_all(fd, buffer->data(), bytes, c.file_offset, path);
+        if (!s.ok()) break;
+        ckpt::Chunk chunk;
+        chunk.begin = c.begin;
+        chunk.end = c.end;
+        chunk.file = static_cast<uint32_t>(rank);
+        chunk.offset = c.file_offset;
+        chunk.length = bytes;
+        chunk.crc32c = io::crc32c(buffer->data(), bytes);
+        e.tensors[k].chunks.push_back(chunk);
+    }
+    if (s.ok()) s = ops.fsync(fd, path);
+    Status closed = ops.close(fd, path);
+    SX_TRY(s);
+    return closed;
+}
+
+// Every rank's file into tmp_dir, then the MANIFEST, and the commit.
+Status write_checkpoint(io::FileOps &ops, const Inputs &in, int world_size, ImportPlan *plan,
+                        const std::string &tmp_dir, const std::string &final_dir, const std::string &parent) {
+    std::vector<core::ParamShape> shapes;
+    std::vector<std::vector<ckpt::TensorKind>> kinds_of;  // per param, what it stores
+    for (const ckpt::ParamEntry &e : plan->manifest.params) {
+        core::ParamShape s;
+        s.unit = e.unit;
+        s.numel = e.numel();
+        s.elem_bytes = sizeof(float);
+        shapes.push_back(s);
+        std::vector<ckpt::TensorKind> kinds;
+        for (const ckpt::Tensor &t : e.tensors) kinds.push_back(t.kind);
+        kinds_of.push_back(std::move(kinds));
+    }
+    core::Layout layout;
+    SX_TRY(core::Layout::build(shapes, world_size, kAlignmentBytes, &layout));
+    int fds[2] = {-1, -1};
+    Status s;
+    for (int f = 0; f < (in.has_optimizer ? 2 : 1) && s.ok(); ++f) s = ops.open_read(in.files[f].path, &fds[f]);
+    std::vector<float> buffer;
+    std::vector<char> scratch;
+    for (int r = 0; r < world_size && s.ok(); ++r) {
+        const std::string name = ckpt::shard_file_name(r, world_size);
+        plan->manifest.files.push_back(name);
+        s = write_shard(ops, in, fds, layout, kinds_of, r, tmp_dir + "/" + name, plan, &buffer, &scratch);
+    }
+    for (int f = 0; f < 2; ++f)
+        if (fds[f] >= 0) ops.close(fds[f], in.files[f].path);
+    SX_TRY(s);
+    for (ckpt::ParamEntry &e : plan->manifest.params)
+        for (ckpt::Tensor &t : e.tensors)
+            std::sort(t.chunks.begin(), t.chunks.end(),
+                      [](const ckpt::Chunk &a, const ckpt::Chunk &b) { return a.begin < b.begin; });
+    return ckpt::commit_checkpoint(ops, plan->manifest, tmp_dir, final_dir, parent);
+}
+
+Status read_inputs(io::FileOps &ops, const std::string &weights, const std::string &prefix, Inputs *in) {
+    SX_TRY(read_safetensors(ops, weights, &in->files[0]));
+    if (prefix.empty()) return Status::Ok();
+    in->has_optimizer = true;
+    in->json_path = prefix + ".json";
+    std::string text;
+    SX_TRY(io::read_file(ops, in->json_path, kMaxOptimizerJsonBytes, &text));
+    SX_TRY(parse_optimizer_json(text, printable(in->json_path), &in->doc));
+    return read_safetensors(ops, prefix + ".safetensors", &in->files[1]);
+}
+
+Status import_checkpoint(io::FileOps &ops, const std::string &weights, const std::string &prefix, int world_size,
+                         const std::string &dir, ImportPlan *plan) {
+    std::string trimmed = dir;
+    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+    const size_t slash = trimmed.rfind('/');
+    const std::string parent =
+        slash == std::string::npos ? "." : (slash == 0 ? "/" : trimmed.substr(0, slash));
+    const std::string tmp_dir = trimmed + ckpt::kPartialSuffix;
+    bool exists = false;
+    SX_TRY(ops.exists(trimmed, &exists));
+    SX_CHECK(!exists, SX_ERR_ALREADY_EXISTS, "%s already exists; import makes a new checkpoint directory",
+             printable(trimmed).c_str());
+
+    Inputs in;
+    SX_TRY(read_inputs(ops, weights, prefix, &in));
+    SX_TRY(plan_import(in, world_size, plan));
+    SX_TRY(ops.exists(tmp_dir, &exists));
+    // A directory with this suffix never holds a checkpoint: it is what an import or
+    // a save left when it did not commit (sx's own saves remove such directories too).
+    if (exists) SX_TRY(ops.remove_tree(tmp_dir));
+    SX_TRY(ops.mkdir(tmp_dir));
+    Status s = write_checkpoint(ops, in, world_size, plan, tmp_dir, trimmed, parent);
+    if (!s.ok()) {
+        bool left = false;
+        if (ops.exists(tmp_dir, &left).ok() && left) ops.remove_tree(tmp_dir);  // best effort: s matters
+    }
+    return s;
+}
+
+}  // namespace
+
+int import_command(const std::vector<std::string> &args) {
+    std::string weights, prefix, world = "1";
+    std::vector<std::string> dirs;
+    const int parsed = parse_args(
+        "import", args, {{"--safetensors", &weights}, {"--optimizer", &prefix}, {"--world-size", &world}}, &dirs);
+    if (parsed >= 0) return parsed;
+    if (weights.empty()) return usage_error("import needs --safetensors WEIGHTS");
+    if (dirs.size() != 1) return usage_error("import takes one checkpoint directory to create");
+    char *end = nullptr;
+    const long n = std::strtol(world.c_str(), &end, 10);
+    if (*end != '\0' || n < 1 || n > kMaxWorldSize)
+        return usage_error(format("import: --world-size is '%s'; it must be a number from 1 to %d", world.c_str(),
+                                  kMaxWorldSize));
+    auto ops = io::posix_file_ops();
+    ImportPlan plan;
+    Status s = import_checkpoint(*ops, weights, prefix, static_cast<int>(n), dirs[0], &plan);
+    if (!s.ok()) return failure(s.prefix("import into " + printable(dirs[0]) + " failed: "));
+    const ckpt::Manifest &m = plan.manifest;
+    std::printf("wrote %s: %zu params, %zu optimizer state tensors, %zu param groups, as %d ranks' shards; step "
+                "%" PRIu64 ", format %u.%u\n",
+                printable(dirs[0]).c_str(), m.params.size(), plan.state_tensors, m.param_groups.size(),
+                m.world_size, m.step, ckpt::kFormatMajor, ckpt::kFormatMinor);
+    if (prefix.empty())
+        std::printf("values only (no optimizer state): load it with SX_LOAD_PARAMS_ONLY\n");
+    return kExitOk;
+}
+
+}  // namespace tool
+}  // namespace sx

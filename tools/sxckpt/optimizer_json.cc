@@ -1,0 +1,246 @@
+#include "optimizer_json.h"
+
+#include <cinttypes>
+#include <cstring>
+#include <unordered_map>
+
+#include "checkpoint_dir.h"
+#include "core/params.h"
+#include "json.h"
+#include "json_value.h"
+
+namespace sx {
+namespace tool {
+
+namespace {
+
+// Every key of a param group of `kind`, as torch names them: the hyperparameters of
+// optim/optimizer.h's table that apply to it, with beta1 and beta2 as one "betas".
+std::vector<std::string> hyper_keys(optim::Kind kind) {
+    std::vector<std::string> keys;
+#define SX_KEY(name, type, dflt, hp_key, applies)                                          \
+    if (optim::applies_to(optim::Applies::applies, kind) && std::strcmp(#name, "beta2") != 0) \
+        keys.push_back(std::strcmp(#name, "beta1") == 0 ? "betas" : #name);
+    SX_HYPERPARAMETERS(SX_KEY)
+#undef SX_KEY
+    return keys;
+}
+
+void write_group(JsonWriter &j, const ckpt::ParamGroupEntry &g, const ckpt::Manifest &m, int32_t index) {
+    const optim::Kind kind = static_cast<optim::Kind>(g.optimizer);
+    j.begin_object();
+    j.key("optimizer"), j.string(optimizer_name(g.optimizer));
+#define SX_WRITE(name, type, dflt, hp_key, applies)                                   \
+    if (optim::applies_to(optim::Applies::applies, kind)) {                           \
+        if (std::strcmp(#name, "beta1") == 0) {                                       \
+            j.key("betas"), j.begin_array(), j.number(g.beta1), j.number(g.beta2);     \
+            j.end_array();                                                            \
+        } else if (std::strcmp(#name, "beta2") != 0) {                                \
+            j.key(#name), j.value(g.name);                                            \
+        }                                                                             \
+    }
+    SX_HYPERPARAMETERS(SX_WRITE)
+#undef SX_WRITE
+    j.key("params");
+    j.begin_array();
+    for (const ckpt::ParamEntry &p : m.params)
+        if (p.param_group == index) j.string(p.name);
+    j.end_array();
+    j.end_object();
+}
+
+Status read_value(const JsonValue &v, const std::string &what, double *out) { return json_double(v, what, out); }
+Status read_value(const JsonValue &v, const std::string &what, bool *out) { return json_bool(v, what, out); }
+
+// The optimizer named by torch's class name.
+Status optimizer_of(const JsonValue *v, const std::string &what, int32_t *out) {
+    SX_CHECK(v != nullptr, SX_ERR_INVALID_ARGUMENT, "%s has no \"optimizer\"", what.c_str());
+    std::string name;
+    SX_TRY(json_string(*v, what + ": \"optimizer\"", &name));
+    for (int32_t k : {SX_OPTIM_SGD, SX_OPTIM_ADAM, SX_OPTIM_ADAMW})
+        if (name == optimizer_name(k)) {
+            *out = k;
+            return Status::Ok();
+        }
+    return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: optimizer %s is not one sx has (SGD, Adam, AdamW)", what.c_str(),
+                    json_quoted(name).c_str());
+}
+
+Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
+    std::string what = format("param group %zu", index);
+    SX_TRY(json_expect(v, JsonValue::Kind::kObject, what));
+    int32_t optimizer = 0;
+    SX_TRY(optimizer_of(v.find("optimizer"), what, &optimizer));
+    // The hyperparameters that do not apply to the optimizer keep sx's defaults, as in a
+    // group sx_param_group_desc_init made.
+    g->hyper = ckpt::param_group_entry(core::default_hyper(optimizer));
+    const optim::Kind kind = static_cast<optim::Kind>(g->hyper.optimizer);
+    what += " (" + optimizer_name(g->hyper.optimizer) + ")";
+    const std::vector<std::string> keys = hyper_keys(kind);
+    for (const auto &m : v.members) {
+        bool known = m.first == "optimizer" || m.first == "params";
+        for (const std::string &k : keys) known |= m.first == k;
+        if (known) continue;
+        std::string expected;
+        for (const std::string &k : keys) expected += k + ", ";
+        return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: unknown key %s; its keys are optimizer, %sparams",
+                        what.c_str(), json_quoted(m.first).c_str(), expected.c_str());
+    }
+    for (const std::string &k : keys)
+        SX_CHECK(v.find(k) != nullptr, SX_ERR_INVALID_ARGUMENT, "%s has no %s", what.c_str(), json_quoted(k).c_str());
+    if (const JsonValue *betas = v.find("betas")) {
+        SX_CHECK(betas->is_array() && betas->items.size() == 2, SX_ERR_INVALID_ARGUMENT,
+                 "%s: \"betas\" is not [beta1, beta2]", what.c_str());
+        SX_TRY(json_double(betas->items[0], what + ": betas[0]", &g->hyper.beta1));
+        SX_TRY(json_double(betas->items[1], what + ": betas[1]", &g->hyper.beta2));
+    }
+#define SX_READ(name, type, dflt, hp_key, applies)                                                        \
+    if (optim::applies_to(optim::Applies::applies, kind) && std::strcmp(#name, "beta1") != 0 &&           \
+        std::strcmp(#name, "beta2") != 0)                                                                 \
+        SX_TRY(read_value(*v.find(#name), what + ": \"" #name "\"", &g->hyper.name));
+    SX_HYPERPARAMETERS(SX_READ)
+#undef SX_READ
+    Status valid = core::validate_hyper(ckpt::hyper_of(g->hyper));
+    if (!valid.ok()) return valid.prefix(what + ": ");
+    const JsonValue *params = v.find("params");
+    SX_CHECK(params != nullptr, SX_ERR_INVALID_ARGUMENT, "%s has no \"params\"", what.c_str());
+    SX_TRY(json_expect(*params, JsonValue::Kind::kArray, what + ": \"params\""));
+    for (size_t i = 0; i < params->items.size(); ++i) {
+        std::string name;
+        SX_TRY(json_string(params->items[i], what + format(": params[%zu]", i), &name));
+        g->params.push_back(std::move(name));
+    }
+    return Status::Ok();
+}
+
+Status read_state(const std::string &name, const JsonValue &v, const OptimizerGroup &g, OptimizerParam *p) {
+    const std::string what = "state of param " + json_quoted(name);
+    SX_TRY(json_expect(v, JsonValue::Kind::kObject, what));
+    const bool sgd = g.hyper.optimizer == SX_OPTIM_SGD;
+    for (const auto &m : v.members) {
+        const bool known = m.first == "step" || m.first == "unit" || m.first == "trainable" ||
+                           (sgd && m.first == "momentum_steps");
+        SX_CHECK(known, SX_ERR_INVALID_ARGUMENT, "%s: unknown key %s; its keys are step, %sunit, trainable",
+                 what.c_str(), json_quoted(m.first).c_str(), sgd ? "momentum_steps, " : "");
+    }
+    const JsonValue *step = v.find("step");
+    SX_CHECK(step != nullptr, SX_ERR_INVALID_ARGUMENT, "%s has no \"step\"", what.c_str());
+    SX_TRY(json_int64(*step, what + ": \"step\"", &p->step));
+    if (const JsonValue *ms = v.find("momentum_steps"))
+        SX_TRY(json_int64(*ms, what + ": \"momentum_steps\"", &p->momentum_steps));
+    SX_CHECK(p->step >= 0 && p->momentum_steps >= 0 && p->momentum_steps <= p->step, SX_ERR_INVALID_ARGUMENT,
+             "%s: step %" PRId64 " and momentum_steps %" PRId64 "; they must satisfy 0 <= momentum_steps <= step",
+             what.c_str(), p->step, p->momentum_steps);
+    if (const JsonValue *unit = v.find("unit")) {
+        int64_t u = 0;
+        SX_TRY(json_int64(*unit, what + ": \"unit\"", &u));
+        SX_CHECK(u >= 0 && u <= INT32_MAX, SX_ERR_INVALID_ARGUMENT, "%s: unit is %" PRId64 "; it must be in [0, 2^31)",
+                 what.c_str(), u);
+        p->unit = static_cast<int32_t>(u);
+    }
+    if (const JsonValue *trainable = v.find("trainable"))
+        SX_TRY(json_bool(*trainable, what + ": \"trainable\"", &p->trainable));
+    p->name = name;
+    return Status::Ok();
+}
+
+Status read_doc(const JsonValue &root, OptimizerDoc *doc) {
+    SX_TRY(json_expect(root, JsonValue::Kind::kObject, "the document"));
+    for (const auto &m : root.members)
+        SX_CHECK(m.first == "schema_version" || m.first == "format_version" || m.first == "step" ||
+                     m.first == "param_groups" || m.first == "state",
+                 SX_ERR_INVALID_ARGUMENT,
+                 "unknown key %s; the keys are schema_version, format_version, step, param_groups, state",
+                 json_quoted(m.first).c_str());
+    const JsonValue *version = root.find("schema_version");
+    SX_CHECK(version != nullptr, SX_ERR_INVALID_ARGUMENT, "there is no \"schema_version\"");
+    int64_t v = 0;
+    SX_TRY(json_int64(*version, "\"schema_version\"", &v));
+    SX_CHECK(v <= kOptimizerSchemaVersion, SX_ERR_VERSION,
+             "schema_version is %" PRId64 ", newer than this sxckpt's %" PRId64 "; import it with a newer sxckpt", v,
+             kOptimizerSchemaVersion);
+    SX_CHECK(v >= 1, SX_ERR_INVALID_ARGUMENT, "schema_version is %" PRId64 "; it must be >= 1", v);
+    if (const JsonValue *fv = root.find("format_version"))
+        SX_TRY(json_string(*fv, "\"format_version\"", &doc->format_version));
+    const JsonValue *step = root.find("step");
+    SX_CHECK(step != nullptr, SX_ERR_INVALID_ARGUMENT, "there is no \"step\"");
+    int64_t s = 0;
+    SX_TRY(json_int64(*step, "\"step\"", &s));
+    SX_CHECK(s >= 0, SX_ERR_INVALID_ARGUMENT, "\"step\" is %" PRId64 "; it must be >= 0", s);
+    doc->step = static_cast<uint64_t>(s);
+
+    const JsonValue *groups = root.find("param_groups");
+    SX_CHECK(groups != nullptr, SX_ERR_INVALID_ARGUMENT, "there is no \"param_groups\"");
+    SX_TRY(json_expect(*groups, JsonValue::Kind::kArray, "\"param_groups\""));
+    std::unordered_map<std::string, int32_t> group_of;
+    for (size_t g = 0; g < groups->items.size(); ++g) {
+        OptimizerGroup group;
+        SX_TRY(read_group(groups->items[g], g, &group));
+        for (const std::string &name : group.params) {
+            const auto placed = group_of.emplace(name, static_cast<int32_t>(g));
+            SX_CHECK(placed.second, SX_ERR_INVALID_ARGUMENT,
+                     "param %s is in param group %d and again in param group %zu; a param is in one group",
+                     json_quoted(name).c_str(), placed.first->second, g);
+        }
+        doc->groups.push_back(std::move(group));
+    }
+
+    const JsonValue *state = root.find("state");
+    SX_CHECK(state != nullptr, SX_ERR_INVALID_ARGUMENT, "there is no \"state\"");
+    SX_TRY(json_expect(*state, JsonValue::Kind::kObject, "\"state\""));
+    for (const auto &m : state->members) {
+        const auto it = group_of.find(m.first);
+        SX_CHECK(it != group_of.end(), SX_ERR_INVALID_ARGUMENT,
+                 "\"state\" has an entry for param %s, which no param group lists", json_quoted(m.first).c_str());
+        OptimizerParam p;
+        p.group = it->second;
+        SX_TRY(read_state(m.first, m.second, doc->groups[it->second], &p));
+        doc->params.push_back(std::move(p));
+    }
+    SX_CHECK(doc->params.size() == group_of.size(), SX_ERR_INVALID_ARGUMENT,
+             "\"state\" has %zu entries, but the param groups list %zu params: every param needs one",
+             doc->params.size(), group_of.size());
+    return Status::Ok();
+}
+
+}  // namespace
+
+std::string optimizer_json(const ckpt::Manifest &m) {
+    JsonWriter j;
+    j.begin_object();
+    j.key("schema_version"), j.number(kOptimizerSchemaVersion);
+    j.key("format_version"), j.string(format("%u.%u", m.format_major, m.format_minor));
+    j.key("step"), j.number(m.step);
+    j.key("param_groups");
+    j.begin_array();
+    for (size_t g = 0; g < m.param_groups.size(); ++g) write_group(j, m.param_groups[g], m, static_cast<int32_t>(g));
+    j.end_array();
+    j.key("state");
+    j.begin_object();
+    for (const ckpt::ParamEntry &p : m.params) {
+        j.key(p.name);
+        j.begin_object();
+        j.key("step"), j.number(p.step);
+        if (m.param_groups[p.param_group].optimizer == SX_OPTIM_SGD)
+            j.key("momentum_steps"), j.number(p.momentum_steps);
+        j.key("unit"), j.number(p.unit);
+        j.key("trainable"), j.boolean(p.trainable);
+        j.end_object();
+    }
+    j.end_object();
+    j.end_object();
+    return j.text() + "\n";
+}
+
+Status parse_optimizer_json(const std::string &text, const std::string &what, OptimizerDoc *out) {
+    JsonValue root;
+    Status s = parse_json(text, &root);
+    OptimizerDoc doc;
+    if (s.ok()) s = read_doc(root, &doc);
+    if (!s.ok()) return s.prefix(what + ": ");
+    *out = std::move(doc);
+    return Status::Ok();
+}
+
+}  // namespace tool
+}  // namespace sx

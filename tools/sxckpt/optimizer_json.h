@@ -1,0 +1,56 @@
+// The optimizer JSON that `sxckpt export --optimizer PREFIX` writes as PREFIX.json and
+// `sxckpt import --optimizer PREFIX` reads (docs/format.md, "The optimizer files"):
+// the param groups in torch.optim's key names and value forms, each with the names of
+// its params in registration order, and each param's step counts. The state tensors
+// themselves are in PREFIX.safetensors. Both directions are here, so that the schema
+// lives in one place.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "ckpt/manifest.h"
+
+namespace sx {
+namespace tool {
+
+// The schema's own version; a reader refuses a newer one.
+constexpr int64_t kOptimizerSchemaVersion = 1;
+
+struct OptimizerParam {
+    std::string name;
+    int64_t step = 0;            // updates applied (torch's state[i]['step'] for Adam, AdamW)
+    int64_t momentum_steps = 0;  // SGD: updates that used the momentum buffer
+    int32_t unit = 0;            // sx's unit (0 unless given)
+    bool trainable = true;
+    int32_t group = 0;           // index into OptimizerDoc::groups
+};
+
+struct OptimizerGroup {
+    ckpt::ParamGroupEntry hyper;     // the optimizer and its hyperparameters
+    std::vector<std::string> params; // names, in registration order
+};
+
+struct OptimizerDoc {
+    uint64_t step = 0;               // the checkpoint's global step
+    std::string format_version;      // the checkpoint format it came from ("" if not given)
+    std::vector<OptimizerGroup> groups;
+    std::vector<OptimizerParam> params;  // every param of every group, in the order of "state"
+};
+
+// PREFIX.json for the checkpoint `m`: every param group, every param's step counts,
+// unit and trainable flag, the step and the format version. One line, UTF-8.
+std::string optimizer_json(const ckpt::Manifest &m);
+
+// Reads PREFIX.json's text, checking the schema: the schema version; every key known
+// and every required one there; optimizers SGD, Adam, AdamW with exactly their
+// hyperparameters, as sx_add_param_group accepts them; each param in exactly one
+// group and with exactly one "state" entry; 0 <= momentum_steps <= step, and
+// momentum_steps only for SGD. SX_ERR_INVALID_ARGUMENT naming the group, the param and
+// the field; SX_ERR_VERSION for a newer schema. `what` names the file in messages.
+Status parse_optimizer_json(const std::string &text, const std::string &what, OptimizerDoc *out);
+
+}  // namespace tool
+}  // namespace sx

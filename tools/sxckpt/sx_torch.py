@@ -1,0 +1,258 @@
+"""Moving training state between PyTorch and sx, through the files that
+`sxckpt export` writes and `sxckpt import` reads (docs/format.md, "The sxckpt tool").
+
+Needs torch and Python's standard library only (the safetensors files are read and
+written here, without the `safetensors` package).
+
+From sx to torch:
+
+    sxckpt export --safetensors model.safetensors --optimizer optim CKPT
+
+    model.load_state_dict(sx_torch.load_weights("model.safetensors"), strict=True)
+    doc, state = sx_torch.read_optimizer("optim")
+    opt = torch.optim.AdamW(sx_torch.param_groups(doc, model, "AdamW"))
+    opt.load_state_dict(sx_torch.optimizer_state_dict(doc, state, "AdamW"))
+
+From torch to sx:
+
+    sx_torch.write(model, [opt], "model.safetensors", "optim")
+
+    sxckpt import --safetensors model.safetensors --optimizer optim --world-size 8 CKPT
+
+A checkpoint whose param groups use several optimizers (AdamW and SGD) becomes one
+torch optimizer per kind: pass the kind ("AdamW", "Adam", "SGD") to param_groups and
+optimizer_state_dict; a torch index counts the params of that kind's groups only.
+"""
+import ctypes
+import json
+import os
+import struct
+
+import torch
+
+__all__ = ["read_safetensors", "write_safetensors", "load_weights", "read_optimizer",
+           "param_groups", "optimizer_state_dict", "write"]
+
+SCHEMA_VERSION = 1
+
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_STATE_KEYS = {  # torch's per-param state keys, as the tensors' name suffixes
+    "AdamW": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+    "Adam": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+    "SGD": ("momentum_buffer",),
+}
+_HYPER_KEYS = {  # torch's param group keys, as PREFIX.json holds them
+    "AdamW": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
+    "Adam": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
+    "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"),
+}
+
+
+def read_safetensors(path):
+    """(metadata, {name: tensor}) of a safetensors file, the tensors in the order of
+    their data, each a new CPU tensor of its dtype (F32, F16 or BF16)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8:
+        raise ValueError(f"{path}: {len(data)} bytes, too few for a safetensors file")
+    (n,) = struct.unpack_from("<Q", data, 0)
+    if 8 + n > len(data):
+        raise ValueError(f"{path}: the header length {n} runs past the end of the file (truncated?)")
+    header = json.loads(data[8:8 + n].decode("utf-8"))
+    metadata = header.pop("__metadata__", {})
+    start, tensors = 8 + n, []
+    for name, info in header.items():
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}; F32, F16 or BF16 expected")
+        begin, end = info["data_offsets"]
+        if not 0 <= begin <= end <= len(data) - start:
+            raise ValueError(f"{path}: tensor {name!r} lies outside the file (truncated?)")
+        tensors.append((begin, end, name, dtype, info["shape"]))
+    out = {}
+    for begin, end, name, dtype, shape in sorted(tensors):
+        raw = bytearray(data[start + begin:start + end])
+        t = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        out[name] = t.reshape(shape)
+    return metadata, out
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Writes {name: tensor} as a safetensors file of F32 tensors (sx keeps fp32 values
+    and state), in the given order, with `metadata` ({str: str}). The file appears whole:
+    it is written as PATH.tmp, fsynced and renamed."""
+    header, blobs, offset = {"__metadata__": dict(metadata or {})}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        blob = ctypes.string_at(t.data_ptr(), t.numel() * 4)  # little-endian, as sx is
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text)
+            for blob in blobs:
+                f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_weights(path):
+    """The params of a file `sxckpt export --safetensors` wrote, as a state dict for
+    torch.nn.Module.load_state_dict (fp32 tensors)."""
+    return read_safetensors(path)[1]
+
+
+def read_optimizer(prefix):
+    """(doc, tensors): PREFIX.json as a dict, and the state tensors of PREFIX.safetensors."""
+    with open(prefix + ".json", encoding="utf-8") as f:
+        doc = json.load(f)
+    if doc.get("schema_version", 0) > SCHEMA_VERSION:
+        raise ValueError(f"{prefix}.json: schema_version {doc['schema_version']} is newer than this "
+                         f"script's {SCHEMA_VERSION}")
+    return doc, read_safetensors(prefix + ".safetensors")[1]
+
+
+def _named(params):
+    if isinstance(params, torch.nn.Module):
+        return dict(params.named_parameters())
+    return dict(params)
+
+
+def _groups_of(doc, optimizer):
+    kinds = sorted({g["optimizer"] for g in doc["param_groups"]})
+    if optimizer is None:
+        if len(kinds) > 1:
+            raise ValueError(f"the param groups use {kinds}: name the optimizer whose groups you want")
+        optimizer = kinds[0] if kinds else None
+    return [g for g in doc["param_groups"] if g["optimizer"] == optimizer]
+
+
+def _hyper(group):
+    out = {key: group[key] for key in _HYPER_KEYS[group["optimizer"]]}
+    if "betas" in out:
+        out["betas"] = tuple(out["betas"])
+    return out
+
+
+def param_groups(doc, params, optimizer=None):
+    """The param groups of `optimizer` ("AdamW", "Adam", "SGD"; may be omitted when the
+    checkpoint uses one) as a torch optimizer's constructor takes them: each group's
+    params, looked up by name in `params` (a Module or {name: param}), and its
+    hyperparameters."""
+    named = _named(params)
+    out = []
+    for g in _groups_of(doc, optimizer):
+        missing = [n for n in g["params"] if n not in named]
+        if missing:
+            raise KeyError(f"the checkpoint's params {missing} are not among the given params")
+        out.append({"params": [named[n] for n in g["params"]], **_hyper(g)})
+    return out
+
+
+def optimizer_state_dict(doc, tensors, optimizer=None):
+    """A state dict of the torch optimizer made from param_groups(doc, ..., optimizer):
+    state and params by integer index, in the order of the groups' params. A param gets
+    state where the checkpoint has it: Adam and AdamW their moments and `step`; SGD its
+    momentum buffer once an update has used it (momentum_steps > 0)."""
+    state, groups, index = {}, [], 0
+    scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    for g in _groups_of(doc, optimizer):
+        kind, indices = g["optimizer"], []
+        for name in g["params"]:
+            entry = doc["state"][name]
+            found = {k: tensors[f"{name}.{k}"] for k in _STATE_KEYS[kind] if f"{name}.{k}" in tensors}
+            if kind == "SGD":
+                if found and entry.get("momentum_steps", 0) > 0:
+                    state[index] = {"momentum_buffer": found["momentum_buffer"].clone()}
+            elif found:
+                state[index] = {"step": torch.tensor(float(entry["step"]), dtype=scalar),
+                                **{k: t.clone() for k, t in found.items()}}
+            indices.append(index)
+            index += 1
+        groups.append({**_hyper(g), "params": indices})
+    return {"state": state, "param_groups": groups}
+
+
+def _kind(opt, group):
+    name = type(opt).__name__
+    if name == "Adam" and group.get("decoupled_weight_decay", False):
+        return "AdamW"
+    if name not in _HYPER_KEYS:
+        raise ValueError(f"{name} is not an optimizer sx has (SGD, Adam, AdamW)")
+    return name
+
+
+def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
+    """Writes `params` (a Module or {name: param}, in registration order) as
+    WEIGHTS_PATH, and, given an OPTIMIZER_PREFIX, the param groups and state of
+    `optimizers` (torch SGD, Adam, AdamW) as PREFIX.safetensors and PREFIX.json, for
+    `sxckpt import`. Every param must be in one group of one optimizer. `step` is the
+    checkpoint's step (default: the largest Adam/AdamW step). torch's SGD counts no
+    steps: its params get `step` as their step, and as their momentum_steps where a
+    momentum buffer exists (at least 1), else momentum_steps 0. Everything is checked
+    before any file is written."""
+    named = _named(params)
+    if optimizer_prefix is None:
+        write_safetensors(weights_path, named, {"writer": "sx_torch.py"})
+        return
+    name_of = {id(p): n for n, p in named.items()}
+    groups, entries = [], {}
+    for opt in optimizers:
+        for group in opt.param_groups:
+            kind = _kind(opt, group)
+            hyper = {}
+            for key in _HYPER_KEYS[kind]:
+                v = group[key]
+                if key == "betas":
+                    hyper[key] = [float(b) for b in v]
+                else:  # floats (or 0-d tensors), and the flags as they are
+                    hyper[key] = v if isinstance(v, bool) else float(v)
+            names = []
+            for p in group["params"]:
+                if id(p) not in name_of:
+                    raise KeyError(f"a param of {type(opt).__name__}'s group {len(groups)} is not among "
+                                   "the given params")
+                name = name_of[id(p)]
+                if name in entries:
+                    raise ValueError(f"param {name!r} is in two param groups")
+                names.append(name)
+                st = opt.state.get(p, {})
+                entries[name] = {"kind": kind, "step": int(st["step"]) if "step" in st else 0,
+                                 "trainable": bool(p.requires_grad),
+                                 "tensors": {k: st[k] for k in _STATE_KEYS[kind] if st.get(k) is not None}}
+            groups.append({"optimizer": kind, **hyper, "params": names})
+    unplaced = [n for n in named if n not in entries]
+    if unplaced:
+        raise ValueError(f"params {unplaced} are in no optimizer's param groups; sx keeps every "
+                         "param in one (add the frozen ones to a group)")
+    if step is None:
+        step = max([e["step"] for e in entries.values() if e["kind"] != "SGD"], default=0)
+    state, tensors = {}, {}
+    for name in named:  # registration order
+        e = entries[name]
+        if e["kind"] == "SGD":
+            buffer = bool(e["tensors"])
+            s = max(step, 1) if buffer else step
+            state[name] = {"step": s, "momentum_steps": s if buffer else 0, "trainable": e["trainable"]}
+        else:
+            state[name] = {"step": e["step"], "trainable": e["trainable"]}
+        tensors.update({f"{name}.{k}": t for k, t in e["tensors"].items()})
+    doc = {"schema_version": SCHEMA_VERSION, "step": step, "param_groups": groups, "state": state}
+    text = json.dumps(doc, ensure_ascii=False, allow_nan=False)
+    write_safetensors(weights_path, named, {"writer": "sx_torch.py"})
+    write_safetensors(optimizer_prefix + ".safetensors", tensors, {"writer": "sx_torch.py"})
+    tmp = optimizer_prefix + ".json.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, optimizer_prefix + ".json")
