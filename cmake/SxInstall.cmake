@@ -1,4 +1,9 @@
 # cmake --install: libsx.so.<major> with its SONAME, headers, find_package(sx) and sx.pc.
+# Built by `pip install .` (scikit-build-core sets SKBUILD), the component "python" holds
+# the library alone, installed inside the Python package `sx`.
+if(SKBUILD)
+  install(TARGETS sx LIBRARY DESTINATION sx COMPONENT python NAMELINK_SKIP)
+endif()
 include(CMakePackageConfigHelpers)
 install(TARGETS sx EXPORT sxTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -20,14 +20,35 @@ if ! "$torch_py" -c 'import torch, numpy' 2>/dev/null; then
   "$torch_py" -m pip install --quiet 'torch==2.15.0' numpy
 fi
 
-echo "== release build: layer check, ABI gate, install check, header checks, launchers, sxckpt against PyTorch, demo =="
+echo "== release build: layer check, ABI gate, install check, header checks, launchers, sxckpt and sx.torch against PyTorch, demo =="
 # The binding tests run under the python3 on PATH, the one install-deps.sh gave numpy.
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DPython3_EXECUTABLE="$(command -v python3)" -DSX_TORCH_PYTHON="$PWD/$torch_py" > /dev/null
 cmake --build build/release -j"$jobs"
-ctest --test-dir build/release --output-on-failure -R '^(layer_check|abi_check|install_consumer|bindings_.*|launch_.*|test_sxckpt_torch)$'
+ctest --test-dir build/release --output-on-failure -R '^(layer_check|abi_check|install_consumer|bindings_.*|launch_.*|sample_.*|test_sxckpt_torch)$'
 build/release/samples/c/train_charlm /usr/share/common-licenses/GPL-3 100 > /dev/null
 build/release/samples/c/train_charlm --stage 3 --overlap /usr/share/common-licenses/GPL-3 30 > /dev/null
+
+echo "== pip install . into a fresh virtual environment: import sx with no environment variable =="
+# The package builds its own libsx (CMake, through scikit-build-core from PyPI) and
+# carries it; nothing points it at this tree's build.
+rm -rf build/venv-pip
+python3 -m venv build/venv-pip
+build/venv-pip/bin/pip install --quiet ".[numpy]"
+pip_py="$PWD/build/venv-pip/bin/python"
+(cd /tmp && env -u SX_LIBRARY -u PYTHONPATH -u LD_LIBRARY_PATH "$pip_py" -c '
+import os, sx
+assert os.path.exists(os.path.join(os.path.dirname(sx.__file__), "libsx.so.1")), "libsx is not in the package"
+assert sx.version() == tuple(int(v) for v in sx.__version__.split(".")), (sx.version(), sx.__version__)
+with sx.ShardGroup("local://pip-check", 0, 1) as g:
+    g.add_param_group("sgd", lr=1.0)
+    g.add_param("w", [3])
+    g.finalize()
+    g.grad_view("w")[...] = 2.0
+    g.step()
+    assert list(g.param_view("w")) == [-2.0] * 3
+print("sx", sx.__version__, "imported from", os.path.dirname(sx.__file__), "and trained")
+')
 
 echo "== ASan + UBSan build: the whole suite =="
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DSX_SANITIZE=ON -DSX_BUILD_BENCH=OFF \

@@ -1,6 +1,7 @@
 /* C side of the callbacks: sx calls these plain functions, which hand the call to the
- * Go functions exported in future.go and log.go. `user` carries a runtime/cgo.Handle
- * number (future callbacks) or nothing (the log callback), never a Go pointer. */
+ * Go functions exported in future.go, log.go and state.go. `user` carries a
+ * runtime/cgo.Handle number (future and param state callbacks) or nothing (the log
+ * callback), never a Go pointer. */
 #include <stdint.h>
 
 #include "sx/sx.h"
@@ -13,6 +14,10 @@ void sxgo_future_callback(sx_future_t *future, sx_status_t status, void *user) {
 void sxgo_log_callback(int32_t level, const char *message, void *user) {
     (void)user;
     sxgoLog(level, (char *)message);
+}
+
+sx_status_t sxgo_param_state(sx_param_state_t *state, void *user) {
+    return sxgoParamState(state, (uintptr_t)user);
 }
 
 void *sxgo_handle_to_user(uintptr_t handle) {

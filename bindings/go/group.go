@@ -88,7 +88,9 @@ const PrefetchNone = -1
 
 // ShardGroup is this rank's handle of a shard group. Close releases it; a finalizer
 // releases a forgotten one. One goroutine uses a group at a time. The slices that
-// Param and Grad return point into the group's memory and must not be used after Close.
+// Param, Grad, State and TrainableMask return, and View.Data, point into the group's
+// memory and must not be used after Close (Go cannot check it: keep the group open, and
+// reachable, while they are in use).
 type ShardGroup struct {
 	g *C.sx_shard_group_t
 }
@@ -201,7 +203,9 @@ func cbool(b bool) C.int32_t {
 	return 0
 }
 
-// AddParamGroup adds a param group and returns its index. Only before Finalize.
+// AddParamGroup adds a param group and returns its index. Before Finalize, or between
+// steps after it (torch's add_param_group): the group and the params added with it then
+// wait for the next Finalize, which every rank calls after adding the same.
 func (g *ShardGroup) AddParamGroup(p ParamGroup) (int32, error) {
 	var d C.sx_param_group_desc_t
 	C.sx_param_group_desc_init(&d, C.size_t(unsafe.Sizeof(d)), C.int32_t(p.Optimizer))
@@ -265,7 +269,9 @@ type Param struct {
 	Frozen     bool
 }
 
-// AddParam registers a param and returns its index. Only before Finalize.
+// AddParam registers a param and returns its index. After Finalize (between steps), a
+// param goes in a new unit, whose id is above every unit laid out so far, and has no
+// views until the next Finalize lays it out.
 func (g *ShardGroup) AddParam(p Param) (int32, error) {
 	if len(p.Shape) > MaxNdim {
 		return -1, errorf(ErrInvalidArgument, "param %q has %d dimensions; at most %d", p.Name, len(p.Shape), MaxNdim)
@@ -294,7 +300,10 @@ func (g *ShardGroup) AddParam(p Param) (int32, error) {
 	return int32(index), err
 }
 
-// Finalize (collective) checks every rank registered the same params, lays out and allocates.
+// Finalize (collective) checks every rank registered the same params, lays out and
+// allocates. Called again after params were added, it lays out only those, in new units;
+// the params laid out before keep their values, state and step counts. Ranks that
+// disagree get ErrMismatch naming the first differing fact.
 func (g *ShardGroup) Finalize() error {
 	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_finalize(raw) })
 }
@@ -449,6 +458,14 @@ type StepOptions struct {
 	// Stages 1 and 2: return after the update and gather the params in the background;
 	// GatherUnit waits for a unit's.
 	DeferGather bool
+	// Uneven inputs: the gradients are sums over this rank's *Weight samples (or tokens),
+	// and the step divides their sum over the ranks by the sum of every rank's weight, so
+	// that the update is the one a single process would make over the union of the data.
+	// A rank whose data ran out passes 0 and leaves its gradients at zero; if every rank
+	// passes 0, the step is skipped (StepResult.Skipped) and nothing changes. Either every
+	// rank sets a Weight (finite, >= 0) or none does (nil: each rank's gradients are its
+	// mean, averaged over the ranks).
+	Weight *float64
 }
 
 // UnitReadyOptions of UnitGradsReady. Zero values are the defaults.
@@ -501,6 +518,9 @@ func (g *ShardGroup) Step(opts *StepOptions) (StepResult, error) {
 		o.keep_grads = cbool(opts.KeepGrads)
 		o.stream = opts.Stream
 		o.defer_gather = cbool(opts.DeferGather)
+		if opts.Weight != nil {
+			o.weighted, o.weight = 1, C.double(*opts.Weight)
+		}
 		op = &o
 	}
 	var r C.sx_step_result_t

@@ -39,6 +39,7 @@ func cLayouts() []structLayout {
 	var ui C.sx_unit_info_t
 	var sv C.sx_save_options_t
 	var lo C.sx_load_options_t
+	var ps C.sx_param_state_t
 	return []structLayout{
 		{"sx_group_config_t", unsafe.Sizeof(gc), unsafe.Alignof(gc), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(gc.struct_size), unsafe.Sizeof(gc.struct_size)),
@@ -97,6 +98,9 @@ func cLayouts() []structLayout {
 			f("stream", unsafe.Offsetof(so.stream), unsafe.Sizeof(so.stream)),
 			f("keep_grads", unsafe.Offsetof(so.keep_grads), unsafe.Sizeof(so.keep_grads)),
 			f("defer_gather", unsafe.Offsetof(so.defer_gather), unsafe.Sizeof(so.defer_gather)),
+			f("weighted", unsafe.Offsetof(so.weighted), unsafe.Sizeof(so.weighted)),
+			f("reserved0", unsafe.Offsetof(so.reserved0), unsafe.Sizeof(so.reserved0)),
+			f("weight", unsafe.Offsetof(so.weight), unsafe.Sizeof(so.weight)),
 		}},
 		{"sx_unit_ready_options_t", unsafe.Sizeof(ur), unsafe.Alignof(ur), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(ur.struct_size), unsafe.Sizeof(ur.struct_size)),
@@ -170,6 +174,19 @@ func cLayouts() []structLayout {
 			f("path", unsafe.Offsetof(lo.path), unsafe.Sizeof(lo.path)),
 			f("flags", unsafe.Offsetof(lo.flags), unsafe.Sizeof(lo.flags)),
 			f("reserved0", unsafe.Offsetof(lo.reserved0), unsafe.Sizeof(lo.reserved0)),
+		}},
+		{"sx_param_state_t", unsafe.Sizeof(ps), unsafe.Alignof(ps), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(ps.struct_size), unsafe.Sizeof(ps.struct_size)),
+			f("param", unsafe.Offsetof(ps.param), unsafe.Sizeof(ps.param)),
+			f("param_group", unsafe.Offsetof(ps.param_group), unsafe.Sizeof(ps.param_group)),
+			f("name", unsafe.Offsetof(ps.name), unsafe.Sizeof(ps.name)),
+			f("numel", unsafe.Offsetof(ps.numel), unsafe.Sizeof(ps.numel)),
+			f("step", unsafe.Offsetof(ps.step), unsafe.Sizeof(ps.step)),
+			f("momentum_steps", unsafe.Offsetof(ps.momentum_steps), unsafe.Sizeof(ps.momentum_steps)),
+			f("num_tensors", unsafe.Offsetof(ps.num_tensors), unsafe.Sizeof(ps.num_tensors)),
+			f("reserved0", unsafe.Offsetof(ps.reserved0), unsafe.Sizeof(ps.reserved0)),
+			f("tensor_names", unsafe.Offsetof(ps.tensor_names), unsafe.Sizeof(ps.tensor_names)),
+			f("tensors", unsafe.Offsetof(ps.tensors), unsafe.Sizeof(ps.tensors)),
 		}},
 	}
 }

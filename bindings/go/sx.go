@@ -29,7 +29,7 @@ import (
 // Versions this binding was written against.
 const (
 	VersionMajor  = 1
-	VersionMinor  = 2
+	VersionMinor  = 3
 	VersionPatch  = 0
 	VersionNumber = VersionMajor*10000 + VersionMinor*100 + VersionPatch
 )

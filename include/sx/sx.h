@@ -44,7 +44,7 @@ extern "C" {
  * ------------------------------------------------------------------------------- */
 
 #define SX_VERSION_MAJOR 1
-#define SX_VERSION_MINOR 2
+#define SX_VERSION_MINOR 3
 #define SX_VERSION_PATCH 0
 #define SX_VERSION_NUMBER (SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH)
 
@@ -400,6 +400,19 @@ typedef struct sx_step_options {
      * order; without, increasing unit index). Every rank passes the same value. Stage 3
      * ignores it. */
     int32_t defer_gather;
+    /* Uneven inputs (ZeroRedundancyOptimizer's Join, in one call): 1 = this step's
+     * gradients are sums over this rank's `weight` samples (or tokens), and the step
+     * divides their sum over the ranks by the sum of every rank's weight, so that the
+     * update equals one process over the union of the data. A rank whose data ran out
+     * passes weight 0 and leaves its gradients at zero (as sx left them): it only takes
+     * part in the collectives. If every rank's weight is 0 there is nothing to average:
+     * the step is skipped (result->skipped = 1, nothing changes). 0 (default): the
+     * gradients are each rank's mean, averaged over the ranks. Every rank passes the same
+     * `weighted`. */
+    int32_t weighted;
+    int32_t reserved0;
+    /* With weighted: this rank's weight, finite and >= 0. */
+    double weight;
 } sx_step_options_t;
 
 SX_API sx_status_t sx_step_options_init(sx_step_options_t *options, size_t size);
@@ -555,6 +568,81 @@ SX_API sx_status_t sx_set_loss_scaling(sx_shard_group_t *group, const sx_loss_sc
 /* The current loss scale: what the next losses are to be multiplied by (1 without
  * loss scaling). */
 SX_API sx_status_t sx_get_loss_scale(const sx_shard_group_t *group, double *scale);
+
+/* ---------------------------------------------------------------------------------
+ * Whole optimizer state
+ *
+ * ZeroRedundancyOptimizer's consolidate_state_dict and load_state_dict, without a
+ * checkpoint directory: the whole, unsharded, unpadded optimizer state of every param
+ * gathered onto one rank, param by param, or scattered from one rank into every rank's
+ * shard, at any world size and stage. A param's state tensors carry torch's names:
+ * "exp_avg", "exp_avg_sq" and (amsgrad) "max_exp_avg_sq" for Adam and AdamW,
+ * "momentum_buffer" for SGD with momentum, and "master" (the fp32 master weights) for
+ * 16-bit params. Hyperparameters are read and set as always (sx_get_hyperparameter,
+ * sx_set_hyperparameter).
+ * ------------------------------------------------------------------------------- */
+
+typedef struct sx_param_state {
+    size_t struct_size;
+    int32_t param;       /* its index */
+    int32_t param_group;
+    const char *name;    /* owned by the group */
+    uint64_t numel;      /* elements of each tensor: the param's, in its own index space */
+    /* Updates applied to the param (torch's state["step"] of Adam and AdamW). */
+    int64_t step;
+    /* SGD with momentum: updates that used momentum_buffer; 0 means it was never
+     * initialised (torch: no momentum_buffer), and the next update starts it from the
+     * gradient. */
+    int64_t momentum_steps;
+    int32_t num_tensors;
+    int32_t reserved0;
+    const char *const *tensor_names; /* num_tensors names, owned by sx */
+    float *const *tensors;           /* num_tensors arrays of numel fp32 in host memory, owned
+                                      * by sx, valid for the call */
+} sx_param_state_t;
+
+/* Called once per param, in index order, on the root of a gather (the tensors hold the
+ * param's state) or of a scatter (the tensors are zero; the callback fills them and sets
+ * step and momentum_steps), on the calling thread. A status other than SX_OK ends the
+ * operation with that status (no more calls; a scatter then changes nothing). It must not
+ * call sx functions on the group. */
+typedef sx_status_t (*sx_param_state_fn)(sx_param_state_t *state, void *user);
+
+/* Collective (every rank, the same root). Gathers every param's whole optimizer state
+ * onto `root`, whose fn (user passed back) sees one param at a time; fn may be NULL on
+ * the other ranks (NULL on the root fails the call on every rank, with
+ * SX_ERR_INVALID_ARGUMENT). Every param is delivered: one without optimizer state yet (never
+ * trainable at a step) has only its "master" (16-bit) or no tensor. Memory: the root
+ * holds, besides its shard, one buffer for the largest param's state (its tensors x
+ * numel x 4 bytes; on a CUDA group one in device and one in host memory); no rank holds
+ * more than its shard otherwise. If fn fails, every rank returns the failure (the root
+ * fn's status and words). */
+SX_API sx_status_t sx_gather_optim_state(sx_shard_group_t *group, int32_t root, sx_param_state_fn fn,
+                                         void *user);
+
+/* Collective (every rank, the same root). The reverse: root's fn fills each param's whole
+ * state (every tensor its optimizer keeps, and "master" for 16-bit params; a tensor left
+ * zero is zero state, as torch's when it has none) and its step counts, and every rank's
+ * shard takes its part; 16-bit params then take their values from the new masters on
+ * every rank. Nothing changes unless every rank and every call of fn succeeded: each rank
+ * receives into a copy of its shard's state, which replaces the shard at the end (so a
+ * rank holds its optimizer state twice meanwhile). Views from sx_state_view are invalid
+ * afterwards. fn may be NULL on the ranks that are not root (NULL on the root fails the
+ * call on every rank, with SX_ERR_INVALID_ARGUMENT). */
+SX_API sx_status_t sx_scatter_optim_state(sx_shard_group_t *group, int32_t root, sx_param_state_fn fn,
+                                          void *user);
+
+/* This rank's own part of one of a param's optimizer-state tensors (`tensor`, a name as
+ * above, borrowed), in place: zero copy, fp32, out->numel elements, which are the param's
+ * elements [shard_begin, shard_end) of sx_param_info_t (numel 0 and data NULL where this
+ * rank's shard holds none of it). An embedding service may read it, or write it between
+ * steps to seed the state. Valid until the next sx_load_optim_state or
+ * sx_scatter_optim_state, which replace the state. Errors: a name the param's optimizer
+ * does not keep (SX_ERR_INVALID_ARGUMENT, listing those it keeps), a param without
+ * optimizer state yet (SX_ERR_INVALID_STATE: a unit gets its state, zero, at sx_finalize
+ * if one of its params is trainable then, else at the first step at which one is). */
+SX_API sx_status_t sx_state_view(const sx_shard_group_t *group, int32_t param, const char *tensor,
+                                 sx_view_t *out);
 
 /* ---------------------------------------------------------------------------------
  * Queries

@@ -139,7 +139,12 @@ SX_API sx_status_t sx_step(sx_shard_group_t *group, const sx_step_options_t *opt
                      o.defer_gather);
         SX_CHECK(o.stream == nullptr || g->ops().device() == SX_DEVICE_CUDA, SX_ERR_INVALID_ARGUMENT,
                  "options->stream is set but the group runs on the CPU backend");
+        SX_CHECK_ARG(o.weighted == 0 || o.weighted == 1, "options->weighted is %d; it must be 0 or 1", o.weighted);
+        SX_CHECK_ARG(o.reserved0 == 0, "options->reserved0 is %d; it must be 0", o.reserved0);
+        SX_CHECK_ARG(o.weighted || o.weight == 0.0, "options->weight is %g but options->weighted is 0", o.weight);
         sx::core::StepOptions so;
+        so.weighted = o.weighted != 0;
+        so.weight = o.weight;
         so.stream = o.stream;
         so.max_grad_norm = o.max_grad_norm;
         so.keep_grads = o.keep_grads != 0;

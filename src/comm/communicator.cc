@@ -29,5 +29,14 @@ Status check_reduce_scatter_16_args(const Communicator &c, const uint16_t *buf, 
     return Status::Ok();
 }
 
+Status check_pieces_args(const Communicator &c, const char *what, const std::vector<std::vector<Piece>> &theirs,
+                         int root) {
+    SX_CHECK_ARG(root >= 0 && root < c.world_size(), "%s: root %d is not in [0, %d)", what, root, c.world_size());
+    if (c.rank() == root)
+        SX_CHECK_ARG(theirs.size() == static_cast<size_t>(c.world_size()),
+                     "%s: root has pieces for %zu ranks, not %d", what, theirs.size(), c.world_size());
+    return Status::Ok();
+}
+
 }  // namespace comm
 }  // namespace sx

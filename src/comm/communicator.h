@@ -9,11 +9,18 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/store.h"
 
 namespace sx {
 namespace comm {
+
+// A contiguous piece of memory a collective sends or receives.
+struct Piece {
+    void *data = nullptr;
+    size_t bytes = 0;
+};
 
 class Communicator {
   public:
@@ -39,11 +46,26 @@ class Communicator {
     virtual Status all_reduce_sum(double *data, size_t n) = 0;
     virtual Status all_reduce_max(uint64_t *data, size_t n) = 0;
     virtual Status broadcast(void *data, size_t bytes, int root) = 0;
+    // Every rank calls them, as every other collective (non-root ranks with nothing to
+    // send or receive pass empty lists). gather_pieces: each rank but root sends its
+    // `mine` pieces, in order, to root, which receives rank r's into theirs[r] (the same
+    // count and sizes, in order); theirs is root's alone (size world_size; its own entry
+    // is ignored: root's own pieces stay where they are). scatter_pieces: the reverse,
+    // root's theirs[r] go to rank r's `mine`. Pieces of 0 bytes are skipped.
+    virtual Status gather_pieces(const std::vector<Piece> &mine, const std::vector<std::vector<Piece>> &theirs,
+                                 int root) = 0;
+    virtual Status scatter_pieces(const std::vector<std::vector<Piece>> &theirs, const std::vector<Piece> &mine,
+                                  int root) = 0;
     virtual Status barrier() = 0;
     // Makes calls in flight on other threads fail with SX_ERR_ABORTED soon, and every
     // later call fail. Thread-safe; may be called any number of times.
     virtual void abort() = 0;
 };
+
+// The argument checks of gather_pieces and scatter_pieces: root in range, and on root one
+// list of pieces per rank.
+Status check_pieces_args(const Communicator &c, const char *what, const std::vector<std::vector<Piece>> &theirs,
+                         int root);
 
 // The argument checks of reduce_scatter_sum and reduce_scatter_sum_16 (for non-empty
 // calls), with the same words in every backend.

@@ -80,18 +80,25 @@ Agreement ShardGroup::step_agreement(const char *call, std::vector<uint8_t> mask
     a.weighted = weighted;
     if (config_.stage == 3 && defer_gather >= 0)
         for (const Unit &unit : units_) a.gathered.push_back(unit.pins > 0 ? 1 : 0);
+    for (const ParamGroup &g : groups_) a.hypers.push_back(g.hyper);
+    a.loss_scaling_mode = scaling_.mode;
+    a.loss_scale = scaler_.scale;
+    a.growth_factor = scaling_.growth_factor;
+    a.backoff_factor = scaling_.backoff_factor;
+    a.growth_interval = scaling_.growth_interval;
+    a.micro_batches = micro_batches_;
     return a;
 }
 
 uint64_t ShardGroup::fingerprint(const Agreement &a) const {
     uint64_t h = fnv1a(a.call, std::strlen(a.call));
     h = fnv1a(a.mask.data(), a.mask.size(), h);
-    for (const ParamGroup &g : groups_) h = hyper_fingerprint(g.hyper, h);
+    for (const optim::Hyper &hyper : a.hypers) h = hyper_fingerprint(hyper, h);
     h = fnv1a(&a.max_grad_norm, sizeof a.max_grad_norm, h);
-    const double scaling[5] = {static_cast<double>(scaling_.mode), scaler_.scale, scaling_.growth_factor,
-                               scaling_.backoff_factor, static_cast<double>(scaling_.growth_interval)};
+    const double scaling[5] = {static_cast<double>(a.loss_scaling_mode), a.loss_scale, a.growth_factor,
+                               a.backoff_factor, static_cast<double>(a.growth_interval)};
     h = fnv1a(scaling, sizeof scaling, h);
-    h = fnv1a(&micro_batches_, sizeof micro_batches_, h);
+    h = fnv1a(&a.micro_batches, sizeof a.micro_batches, h);
     h = fnv1a(a.signalled.data(), a.signalled.size(), h);
     h = fnv1a(&a.defer_gather, sizeof a.defer_gather, h);
     h = fnv1a(a.gathered.data(), a.gathered.size(), h);
@@ -104,8 +111,8 @@ std::vector<Fact> ShardGroup::facts(const Agreement &a) const {
     f.push_back({"the call", a.call});
     for (size_t p = 0; p < a.mask.size() && p < params_.size(); ++p)
         f.push_back({"param '" + params_[p].name + "' trainable", a.mask[p] ? "yes" : "no"});
-    for (size_t g = 0; g < groups_.size(); ++g) {
-        const optim::Hyper &h = groups_[g].hyper;
+    for (size_t g = 0; g < a.hypers.size(); ++g) {
+        const optim::Hyper &h = a.hypers[g];
         f.push_back({format("param group %zu optimizer", g), optimizer_text(h.kind)});
 #define SX_HYPER_FACT(name, type, dflt, key, applies) \
     f.push_back({format("param group %zu %s", g, #name), number_text(static_cast<double>(h.name))});
@@ -113,12 +120,12 @@ std::vector<Fact> ShardGroup::facts(const Agreement &a) const {
 #undef SX_HYPER_FACT
     }
     f.push_back({"max_grad_norm", number_text(a.max_grad_norm)});
-    f.push_back({"loss scaling mode", std::to_string(scaling_.mode)});
-    f.push_back({"loss scale", number_text(scaler_.scale)});
-    f.push_back({"loss scaling growth_factor", number_text(scaling_.growth_factor)});
-    f.push_back({"loss scaling backoff_factor", number_text(scaling_.backoff_factor)});
-    f.push_back({"loss scaling growth_interval", std::to_string(scaling_.growth_interval)});
-    f.push_back({"sx_accumulate_grads calls since the last step", std::to_string(micro_batches_)});
+    f.push_back({"loss scaling mode", std::to_string(a.loss_scaling_mode)});
+    f.push_back({"loss scale", number_text(a.loss_scale)});
+    f.push_back({"loss scaling growth_factor", number_text(a.growth_factor)});
+    f.push_back({"loss scaling backoff_factor", number_text(a.backoff_factor)});
+    f.push_back({"loss scaling growth_interval", std::to_string(a.growth_interval)});
+    f.push_back({"sx_accumulate_grads calls since the last step", std::to_string(a.micro_batches)});
     if (!a.signalled.empty()) f.push_back({"the units signalled ready", unit_set_text(a.signalled)});
     if (a.defer_gather >= 0) f.push_back({"defer_gather", std::to_string(a.defer_gather)});
     if (!a.gathered.empty()) f.push_back({"the units gathered (stage 3)", unit_set_text(a.gathered)});

@@ -98,7 +98,29 @@ struct Agreement {
     int defer_gather = -1;           // 0 or 1 at a step or accumulate_grads; -1: not part
     std::vector<uint8_t> gathered;   // stage 3, at a step or accumulate_grads: per unit, held gathered
     bool weighted = false;           // the step's reduction is weighted (uneven inputs)
+    // The group's settings when the agreement was made (a reduction channel compares them
+    // later, while the trainer may already be changing a learning rate for the step).
+    std::vector<optim::Hyper> hypers;  // per param group
+    int loss_scaling_mode = 0;
+    double loss_scale = 1.0, growth_factor = 0.0, backoff_factor = 0.0;
+    int64_t growth_interval = 0;
+    int micro_batches = 0;
 };
+
+// One param's whole, unpadded optimizer state, on the root of sx_gather_optim_state (or
+// to fill, on the root of sx_scatter_optim_state): its step counts and its tensors by
+// torch's names, numel fp32 each in host memory (valid for the callback).
+struct ParamState {
+    int32_t param = 0;
+    int32_t group = 0;
+    const char *name = nullptr;
+    uint64_t numel = 0;
+    int64_t step = 0;
+    int64_t momentum_steps = 0;
+    std::vector<const char *> names;
+    std::vector<float *> tensors;
+};
+using StateFn = std::function<Status(ParamState &)>;
 
 // Readers of this rank's shard (a checkpoint's snapshot, copied in the background)
 // hold the fence; writers of it (the step's update, a broadcast, a load) wait until no
@@ -193,6 +215,19 @@ class ShardGroup {
     const LossScalerState &loss_scaler() const { return scaler_; }
 
     MemoryStats memory_stats() const;
+
+    // --- whole params' optimizer state (full_state.cc) ---
+    // Collective: root's fn gets every param's whole state, in index order (fn's first
+    // failure ends the calls; every rank then fails with it). Root holds one param's
+    // state at a time beyond its shard.
+    Status gather_state(int root, const StateFn &fn);
+    // Collective: root's fn fills every param's whole state, in index order, and every
+    // rank's shard takes its part; nothing changes unless every rank and every call of fn
+    // succeeded. Each rank holds a second copy of its shard's state meanwhile.
+    Status scatter_state(int root, const StateFn &fn);
+    // This rank's part of param `param`'s state tensor `tensor` ("exp_avg", ...,
+    // "master"), in place: *data (null where the part is empty) and *numel.
+    Status state_view(int32_t param, const char *tensor, void **data, uint64_t *numel) const;
 
     // --- units as a pipeline (pipeline.cc) ---
     // Unit `unit`'s gradients are complete for this micro-batch: its reduction starts on
@@ -395,6 +430,21 @@ class ShardGroup {
     int32_t first_deferred_gather() const;
     // Stage 3: unit u's full params go (to the spares, until the step ends).
     void evict(size_t u);
+    // A param's state tensors in gather/scatter order: its optimizer's slots (where its
+    // unit has them, or always with as_if_allocated), then "master" for 16-bit params.
+    struct StateTensor {
+        const char *name;
+        int slot;  // -1: the master weights
+    };
+    std::vector<StateTensor> state_tensors(int32_t p, bool as_if_allocated) const;
+    // Unit u's shard of state slot `slot` (-1: the masters).
+    float *state_pointer(size_t u, int slot) const;
+    // Root: a buffer (where the group's memory is) for the largest param's whole state,
+    // and on a device a host one beside it.
+    Status root_buffers(int root, bool as_if_allocated, Buffer *staging, std::vector<float> *host);
+    // Collective: the worst status of every rank's `mine`, with root's message; a rank
+    // whose own failed returns its own.
+    Status share_outcome(int root, Status mine, const char *what);
     // Stage 3: frees the spare unit buffers, once nothing reads them.
     Status drop_spares();
     // Debug builds: clears the marks of released memory from the spares (the destructor,

@@ -85,7 +85,9 @@ Status ShardGroup::open_round(bool accumulate) {
     // reduction: a disagreement then changes nothing. It runs on the channel, ahead of
     // the reductions, so that this call does not wait for the other ranks.
     const char *what = accumulate ? "sx_unit_grads_ready (accumulate)" : "sx_unit_grads_ready";
-    reduce_channel().submit([this, what, mask] { return agree(step_agreement(what, mask, 0.0, -1, false), 0.0, nullptr); });
+    // What the ranks agree on is taken now, on the trainer's thread: by the time the job
+    // runs, the trainer may be changing a hyperparameter for the step.
+    reduce_channel().submit([this, a = step_agreement(what, mask, 0.0, -1, false)] { return agree(a, 0.0, nullptr); });
     return Status::Ok();
 }
 

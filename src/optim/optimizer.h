@@ -54,6 +54,10 @@ inline bool applies_to(Applies applies, Kind kind) {
 // exp_avg_sq), 3 with amsgrad (max_exp_avg_sq).
 int state_slots(const Hyper &h);
 
+// torch's name of state slot `slot` (< state_slots(h)): "momentum_buffer" (SGD);
+// "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (Adam, AdamW).
+const char *state_slot_name(const Hyper &h, int slot);
+
 // A contiguous run of elements of one param inside this rank's shard, updated with
 // that param's hyperparameters. state[i] points at slot i (nullptr where unused).
 struct Segment {

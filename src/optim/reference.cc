@@ -29,6 +29,12 @@ int state_slots(const Hyper &h) {
     return h.amsgrad ? 3 : 2;
 }
 
+const char *state_slot_name(const Hyper &h, int slot) {
+    if (h.kind == Kind::kSgd) return "momentum_buffer";
+    static const char *const kAdam[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    return kAdam[slot];
+}
+
 namespace {
 
 void reference_sgd(const Segment &seg, float grad_scale) {

@@ -126,6 +126,56 @@ inline std::string check_broadcast(sx::comm::Communicator &c, size_t bytes, int 
 // several pipeline segments (at the default segment sizes, 1 MiB and 4 MiB; more with
 // a small GlooOptions::segment_bytes), interleaved so that consecutive calls must
 // keep apart.
+// gather_pieces to `root`, then scatter_pieces back from it: rank q sends (q + k) % 3
+// pieces of q * 100 + k * 7 bytes (some ranks none, some pieces empty, one large), the
+// root receives each into place; then the root sends every rank other bytes back.
+inline std::string check_pieces(sx::comm::Communicator &c, int root) {
+    const int p = c.world_size(), r = c.rank();
+    auto count = [](int q) { return static_cast<size_t>(q % 3); };
+    auto bytes = [](int q, size_t k) { return k == 1 && q == 1 ? size_t(3u << 20) : static_cast<size_t>(q) * 100 + k * 7; };
+    std::vector<std::vector<uint8_t>> store(count(r));
+    std::vector<sx::comm::Piece> mine;
+    for (size_t k = 0; k < count(r); ++k) {
+        store[k].resize(bytes(r, k));
+        for (size_t i = 0; i < store[k].size(); ++i) store[k][i] = pattern_byte(r, i + k, 40);
+        mine.push_back({store[k].data(), store[k].size()});
+    }
+    std::vector<std::vector<std::vector<uint8_t>>> got(static_cast<size_t>(p));
+    std::vector<std::vector<sx::comm::Piece>> theirs;
+    if (r == root) {
+        theirs.resize(static_cast<size_t>(p));
+        for (int q = 0; q < p; ++q) {
+            if (q == root) continue;
+            got[q].resize(count(q));
+            for (size_t k = 0; k < count(q); ++k) {
+                got[q][k].assign(bytes(q, k), 0xEE);
+                theirs[q].push_back({got[q][k].data(), got[q][k].size()});
+            }
+        }
+    }
+    sx::Status s = c.gather_pieces(mine, theirs, root);
+    if (!s.ok()) return "gather_pieces: " + s.message();
+    for (int q = 0; q < p && r == root; ++q)
+        for (size_t k = 0; k < got[q].size(); ++k)
+            for (size_t i = 0; i < got[q][k].size(); ++i)
+                if (got[q][k][i] != pattern_byte(q, i + k, 40))
+                    return "gather_pieces: rank " + std::to_string(q) + "'s piece " + std::to_string(k) +
+                           " differs at byte " + std::to_string(i);
+    // Back: the root fills the same pieces with new bytes, each rank receives its own.
+    for (int q = 0; q < p && r == root; ++q)
+        for (size_t k = 0; k < got[q].size(); ++k)
+            for (size_t i = 0; i < got[q][k].size(); ++i) got[q][k][i] = pattern_byte(q, i + k, 41);
+    for (auto &piece : store) std::fill(piece.begin(), piece.end(), 0xEE);
+    s = c.scatter_pieces(theirs, mine, root);
+    if (!s.ok()) return "scatter_pieces: " + s.message();
+    for (size_t k = 0; k < store.size() && r != root; ++k)
+        for (size_t i = 0; i < store[k].size(); ++i)
+            if (store[k][i] != pattern_byte(r, i + k, 41))
+                return "scatter_pieces: rank " + std::to_string(r) + "'s piece " + std::to_string(k) +
+                       " differs at byte " + std::to_string(i);
+    return "";
+}
+
 inline std::string check_all_collectives(sx::comm::Communicator &c) {
     std::string e;
     const size_t rs_sizes[] = {1, 3, 1000, 300001};  // 300001 floats: 2 segments of 1 MiB, ragged
@@ -142,6 +192,8 @@ inline std::string check_all_collectives(sx::comm::Communicator &c) {
         if (!(e = check_all_reduce(c, n)).empty()) return e;
     for (int root = 0; root < c.world_size(); ++root)
         if (!(e = check_broadcast(c, root == 0 ? 300000 : 17, root)).empty()) return e;
+    for (int root = 0; root < c.world_size(); ++root)
+        if (!(e = check_pieces(c, root)).empty()) return e;
     sx::Status s = c.barrier();
     if (!s.ok()) return "barrier: " + s.message();
     // Many small calls back to back.

@@ -112,7 +112,7 @@ bool freeze_schedule(int step, int p) {
     return true;
 }
 
-std::vector<std::vector<float>> reference_run(const Scenario &sc) {
+std::vector<std::vector<float>> reference_run(const Scenario &sc, ReferenceState *out_state) {
     const size_t np = sc.params.size();
     std::vector<std::vector<float>> w(np), g(np);
     std::vector<std::vector<float>> state[3];
@@ -127,13 +127,14 @@ std::vector<std::vector<float>> reference_run(const Scenario &sc) {
         g[p].resize(n);
         for (auto &s : state) s[p].assign(n, 0.0f);
     }
-    const float average = 1.0f / static_cast<float>(sc.world);
     for (int s = 1; s <= sc.steps; ++s) {
+        const int world = s < sc.first_step && sc.world_before > 0 ? sc.world_before : sc.world;
+        const float average = 1.0f / static_cast<float>(world);
         for (size_t p = 0; p < np; ++p) {
             const uint64_t n = w[p].size();
             for (uint64_t i = 0; i < n; ++i) {
                 float sum = 0.0f;
-                for (int r = 0; r < sc.world; ++r)
+                for (int r = 0; r < world; ++r)
                     for (int m = 0; m < sc.micro_batches; ++m)
                         sum += gradient(sc.same_grads_on_every_rank ? 0 : r, s, m, static_cast<int>(p), i);
                 g[p][i] = sum;
@@ -162,10 +163,15 @@ std::vector<std::vector<float>> reference_run(const Scenario &sc) {
             seg.n = w[p].size();
             seg.hyper = &h;
             seg.step = (h.kind == sx::optim::Kind::kSgd ? momentum_steps[p] : steps[p]) + 1;
-            sx::optim::reference_update(seg, static_cast<float>(coef / sc.world));
+            sx::optim::reference_update(seg, static_cast<float>(coef / world));
             ++steps[p];
             if (h.kind == sx::optim::Kind::kSgd && h.momentum != 0) ++momentum_steps[p];
         }
+    }
+    if (out_state) {
+        for (int k = 0; k < 3; ++k) out_state->slots[k] = state[k];
+        out_state->steps = steps;
+        out_state->momentum_steps = momentum_steps;
     }
     return w;
 }
@@ -180,6 +186,7 @@ class Trainer {
 
     std::string run(const std::string &rendezvous, int timeout_ms, std::vector<std::vector<float>> *final_params) {
         std::string err = setup(rendezvous, timeout_ms);
+        if (err.empty() && sc_.after_setup) err = sc_.after_setup(g_, rank_);
         if (err.empty() && !sc_.load_from.empty()) {
             sx_load_options_t lo;
             sx_load_optim_state_options_init(&lo, sizeof lo);
@@ -404,7 +411,11 @@ class Trainer {
         sx_step_result_init(&res, sizeof res);
         err = check(sx_step(g_, &opt, &res), "sx_step");
         if (!err.empty()) return err;
-        if (res.step != static_cast<uint64_t>(s)) return "step count in the result is wrong";
+        // One more than the last step's (a load sets it; a scatter of whole state does not).
+        if (last_step_ && res.step != last_step_ + 1) return "step count in the result is wrong";
+        if (!last_step_ && sc_.load_from.empty() && !sc_.after_setup && res.step != static_cast<uint64_t>(s))
+            return "step count in the result is wrong";
+        last_step_ = res.step;
         for (size_t p = 0; p < np; ++p)
             for (uint64_t i = 0; i < numel(sc_.params[p]); ++i)
                 if (gdata_[p][i] != 0.0f) return "gradients were not zeroed after the step";
@@ -419,6 +430,7 @@ class Trainer {
     int32_t count_ = 0;
     int32_t units_ = 0;
     size_t groups_ = 0, np_ = 0;    // param groups and params registered
+    uint64_t last_step_ = 0;        // the step count the last step reported
     std::vector<int32_t> unit_of_;  // per param: its unit's index
     std::vector<float *> gdata_;
 };

@@ -65,6 +65,19 @@ struct Scenario {
     int add_after_step = 0;
     size_t added_params_from = 0;
     size_t added_groups_from = 0;
+
+    // Called once the group is set up and the initial values are written (before the
+    // load of load_from): "" or what is wrong.
+    std::function<std::string(sx_shard_group_t *g, int rank)> after_setup;
+    // The reference only: the world size of the steps before first_step (0: world), for a
+    // run that continues what another world size began.
+    int world_before = 0;
+};
+
+// The unsharded reference's optimizer state after its last step.
+struct ReferenceState {
+    std::vector<std::vector<float>> slots[3];  // per slot, per param
+    std::vector<int64_t> steps, momentum_steps;  // per param
 };
 
 uint64_t numel(const ParamDef &p);
@@ -74,8 +87,9 @@ float initial_value(int p, uint64_t i);
 // The gradient rank r adds for micro-batch m of step s, element i of param p.
 float gradient(int rank, int step, int micro, int p, uint64_t i);
 
-// The unsharded reference: final values of every param.
-std::vector<std::vector<float>> reference_run(const Scenario &sc);
+// The unsharded reference: final values of every param (and, if `state` is not null, its
+// optimizer state).
+std::vector<std::vector<float>> reference_run(const Scenario &sc, ReferenceState *state = nullptr);
 
 // One rank's run through the public API. `rendezvous` is local://NAME, tcp://HOST:PORT
 // or file:///DIR. Returns "" on success, else what went wrong. `final_params` (may be

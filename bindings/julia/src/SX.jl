@@ -16,11 +16,12 @@ using Libdl
 export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, param_view,
        grad_view, step!, save, load!, read_user_blob, set_trainable!, is_trainable,
        trainable_mask, param_info, unit_info, memory_stats, with_group, wait_staged,
-       set_loss_scaling!, loss_scale, unit_grads_ready!, gather_unit!, release_unit!, with_unit
+       set_loss_scaling!, loss_scale, unit_grads_ready!, gather_unit!, release_unit!, with_unit,
+       ParamState, gather_optim_state, scatter_optim_state!, state_view
 
 # The ABI version this binding was written against: the runtime's major must match and
 # its minor must not be older.
-const BINDING_VERSION = (1, 2)
+const BINDING_VERSION = (1, 3)
 
 # The library name every @ccall uses; __init__ makes it resolve to $SX_LIBRARY.
 const libsx = "libsx"
@@ -33,8 +34,10 @@ const SX_ERR_INVALID_ARGUMENT = Int32(1)
 const SX_ERR_INVALID_HANDLE = Int32(2)
 const SX_ERR_INVALID_STATE = Int32(3)
 const SX_ERR_NOT_FOUND = Int32(5)
+const SX_ERR_UNSUPPORTED = Int32(7)
 const SX_ERR_TIMEOUT = Int32(8)
 const SX_ERR_MISMATCH = Int32(15)
+const SX_ERR_CANCELLED = Int32(17)
 const SX_LOG_ERROR, SX_LOG_WARN, SX_LOG_INFO, SX_LOG_DEBUG = Int32.(1:4)
 const SX_DTYPE_F32, SX_DTYPE_F16, SX_DTYPE_BF16 = Int32.(1:3)
 const SX_BACKEND_AUTO, SX_BACKEND_CPU, SX_BACKEND_CUDA = Int32.(0:2)
@@ -115,6 +118,9 @@ mutable struct StepOptions  # sx_step_options_t
     stream::Ptr{Cvoid}
     keep_grads::Int32
     defer_gather::Int32
+    weighted::Int32
+    reserved0::Int32
+    weight::Float64
 end
 
 mutable struct UnitReadyOptions  # sx_unit_ready_options_t
@@ -196,6 +202,21 @@ mutable struct LoadOptions  # sx_load_options_t
     path::Ptr{UInt8}
     flags::UInt32
     reserved0::Int32
+end
+
+# Filled by sx only, for a gather's or a scatter's callback (read with unsafe_load).
+struct RawParamState  # sx_param_state_t
+    struct_size::Csize_t
+    param::Int32
+    param_group::Int32
+    name::Ptr{UInt8}
+    numel::UInt64
+    step::Int64
+    momentum_steps::Int64
+    num_tensors::Int32
+    reserved0::Int32
+    tensor_names::Ptr{Ptr{UInt8}}
+    tensors::Ptr{Ptr{Float32}}
 end
 
 _zero(::Type{T}) where {T<:Number} = zero(T)
@@ -304,7 +325,10 @@ end
 
 This rank's handle of a shard group (collective: blocks until every rank joined).
 Release it with `close(g)` or the `with_group` do-block; a finalizer closes a forgotten
-one as a safety net. Views into it are invalid after `close`.
+one as a safety net. Views into it are invalid after `close`. Every view keeps the group
+from its finalizer while the view is alive (the group is only destroyed by the garbage
+collector once no view over its memory is left), but an explicit `close` releases the
+memory at once: do not use a view after it.
 
 Mixed precision: `grad_dtype=SX_DTYPE_F32` gives every param an fp32 gradient (default
 0: the param's own dtype); `reduce_dtype=SX_DTYPE_F32` sums 16-bit gradients over ranks
@@ -316,6 +340,8 @@ none).
 """
 mutable struct ShardGroup
     handle::Ptr{Cvoid}
+    # Arrays over the group's memory that are still alive (see _lend).
+    loans::Threads.Atomic{Int}
     function ShardGroup(rendezvous::AbstractString, rank::Integer, world_size::Integer;
                         stage::Integer=0, backend::Integer=SX_BACKEND_AUTO,
                         num_threads::Integer=0, alignment::Integer=0, timeout_ms::Integer=0,
@@ -340,7 +366,7 @@ mutable struct ShardGroup
             cp, op = _ptr(cfg), Base.unsafe_convert(Ptr{Ptr{Cvoid}}, out)
             check(@blocking @ccall libsx.sx_create_shard_group(cp::Ptr{GroupConfig}, op::Ptr{Ptr{Cvoid}})::Int32)
         end
-        g = new(out[])
+        g = new(out[], Threads.Atomic{Int}(0))
         finalizer(_finalize_group, g)
     end
 end
@@ -353,14 +379,36 @@ function Base.close(g::ShardGroup)
 end
 
 # The safety net run by the GC: a plain call, since a finalizer must not change the
-# thread's GC state.
+# thread's GC state. While arrays over the group's memory are alive, it waits for a
+# later collection: a finalizer that refers to the group (the arrays' own, see _lend)
+# does not keep the GC from scheduling the group's finalizer, so the group is kept by
+# registering this finalizer again.
 function _finalize_group(g::ShardGroup)
+    if g.loans[] > 0
+        finalizer(_finalize_group, g)
+        return nothing
+    end
     h, g.handle = g.handle, C_NULL
     h == C_NULL || @ccall libsx.sx_destroy_shard_group(h::Ptr{Cvoid})::Int32
     nothing
 end
 
 Base.isopen(g::ShardGroup) = g.handle != C_NULL
+
+# An array over the group's memory (a view) keeps the group from its finalizer: the
+# array's own finalizer holds the group and counts the loan back.
+struct _Loan
+    group::ShardGroup
+end
+(loan::_Loan)(_) = (Threads.atomic_sub!(loan.group.loans, 1); nothing)
+
+function _lend(g::ShardGroup, a::Array)
+    Threads.atomic_add!(g.loans, 1)
+    finalizer(_Loan(g), a)
+end
+
+"""How many arrays over the group's memory (views) are alive."""
+loans(g::ShardGroup) = g.loans[]
 
 function _handle(g::ShardGroup)
     g.handle == C_NULL && throw(SXError(SX_ERR_INVALID_HANDLE, "the ShardGroup is closed"))
@@ -385,6 +433,9 @@ const _OPTIMIZERS = Dict(:sgd => SX_OPTIM_SGD, :adam => SX_OPTIM_ADAM, :adamw =>
     add_param_group!(g, optimizer=:adamw; lr, weight_decay, betas, eps, momentum, ...)
 
 Adds a param group (torch.optim's defaults for what is not given); returns its 0-based index.
+Before `finalize!`, or between steps after it (torch's add_param_group): the group and the
+params added with it then wait for the next `finalize!`, which every rank calls after
+adding the same.
 """
 function add_param_group!(g::ShardGroup, optimizer::Symbol=:adamw; betas=nothing, kw...)
     haskey(_OPTIMIZERS, optimizer) ||
@@ -419,7 +470,9 @@ set_lr!(g::ShardGroup, group::Integer, lr::Real) =
 
 Registers a param; `shape` is in sx's (row-major) order, e.g. `(8, 16)`. Returns its
 0-based index. `SX_DTYPE_BF16` and `SX_DTYPE_F16` params (all params of a unit share a
-dtype) get fp32 master weights and optimizer state.
+dtype) get fp32 master weights and optimizer state. After `finalize!` (between steps), a
+param goes in a new unit, whose id is above every unit laid out so far, and has no views
+until the next `finalize!` lays it out.
 """
 function add_param!(g::ShardGroup, name::AbstractString, shape; param_group::Integer=0,
                     unit::Integer=0, dtype::Integer=SX_DTYPE_F32, frozen::Bool=false)
@@ -435,7 +488,10 @@ function add_param!(g::ShardGroup, name::AbstractString, shape; param_group::Int
     Int(index[])
 end
 
-"""Collective: checks every rank agrees, lays out and allocates the flat buffers."""
+"""Collective: checks every rank agrees, lays out and allocates the flat buffers. Called
+again after params were added, it lays out only those, in new units; the params laid out
+before keep their values, state and step counts. Ranks that disagree get
+`SX_ERR_MISMATCH` naming the first differing fact."""
 function finalize!(g::ShardGroup)
     h = _handle(g)
     check(@blocking @ccall libsx.sx_finalize(h::Ptr{Cvoid})::Int32)
@@ -488,9 +544,9 @@ function _view(g::ShardGroup, p, grad::Bool)
     check(grad ? @ccall(libsx.sx_grad_view(h::Ptr{Cvoid}, i::Int32, v::Ref{View})::Int32) :
                  @ccall(libsx.sx_param_view(h::Ptr{Cvoid}, i::Int32, v::Ref{View})::Int32))
     v.device == SX_DEVICE_CPU ||
-        throw(SXError(Int32(7), "param $i lives in device memory, which cannot be wrapped as an Array"))
+        throw(SXError(SX_ERR_UNSUPPORTED, "param $i lives in device memory, which cannot be wrapped as an Array"))
     dims = reverse(param_info(g, i).shape)  # row-major in sx, column-major here
-    unsafe_wrap(Array, Ptr{_ELTYPES[v.dtype]}(v.data), dims; own=false)
+    _lend(g, unsafe_wrap(Array, Ptr{_ELTYPES[v.dtype]}(v.data), dims; own=false))
 end
 
 """
@@ -516,11 +572,12 @@ function is_trainable(g::ShardGroup, p)
     t[] != 0
 end
 
-"""The group-owned mask (one UInt8 per param, 1 = trainable), zero-copy."""
+"""The group-owned mask (one UInt8 per param, 1 = trainable), zero-copy. Adding params
+after `finalize!` may move it: take it again then."""
 function trainable_mask(g::ShardGroup)
     mask, count = Ref{Ptr{UInt8}}(C_NULL), Ref{Int32}(0)
     check(@ccall libsx.sx_trainable_mask(_handle(g)::Ptr{Cvoid}, mask::Ref{Ptr{UInt8}}, count::Ref{Int32})::Int32)
-    unsafe_wrap(Array, mask[], Int(count[]); own=false)
+    _lend(g, unsafe_wrap(Array, mask[], Int(count[]); own=false))
 end
 
 refresh_trainable!(g::ShardGroup) = check(@ccall libsx.sx_refresh_trainable(_handle(g)::Ptr{Cvoid})::Int32)
@@ -571,18 +628,31 @@ function accumulate_grads!(g::ShardGroup)
 end
 
 """
-    step!(g; max_grad_norm=0.0, keep_grads=false, defer_gather=false)
+    step!(g; max_grad_norm=0.0, keep_grads=false, defer_gather=false, weight=nothing)
 
 Collective: averages gradients over ranks, clips, updates, gathers (with `defer_gather`,
 at stages 1 and 2, in the background: `gather_unit!` waits for a unit's). Returns
 `(grad_norm, step, skipped, loss_scale)`: `skipped` when dynamic loss scaling found
-inf/NaN gradients, `loss_scale` what to multiply the next losses by.
+inf/NaN gradients (or every rank weighed 0), `loss_scale` what to multiply the next
+losses by.
+
+Uneven inputs: with `weight`, the gradients are sums over this rank's `weight` samples
+(or tokens), and the step divides their sum over the ranks by the sum of every rank's
+weight, so that the update is the one a single process would make over the union of the
+data. A rank whose data ran out passes 0 and leaves its gradients at zero; if every rank
+passes 0 the step is skipped and nothing changes. Either every rank passes a weight
+(finite, >= 0) or none does (`nothing`: each rank's gradients are its mean, averaged over
+the ranks).
 """
-function step!(g::ShardGroup; max_grad_norm::Real=0.0, keep_grads::Bool=false, defer_gather::Bool=false)
+function step!(g::ShardGroup; max_grad_norm::Real=0.0, keep_grads::Bool=false, defer_gather::Bool=false,
+               weight::Union{Nothing,Real}=nothing)
     o, r = _blank(StepOptions), _blank(StepResult)
     check(@ccall libsx.sx_step_options_init(o::Ref{StepOptions}, sizeof(StepOptions)::Csize_t)::Int32)
     check(@ccall libsx.sx_step_result_init(r::Ref{StepResult}, sizeof(StepResult)::Csize_t)::Int32)
     o.max_grad_norm, o.keep_grads, o.defer_gather = max_grad_norm, keep_grads, defer_gather
+    if weight !== nothing
+        o.weighted, o.weight = 1, weight
+    end
     h = _handle(g)
     GC.@preserve o r begin
         op, rp = _ptr(o), _ptr(r)
@@ -644,6 +714,184 @@ function memory_stats(g::ShardGroup)
      optimizer_bytes=Int(s.optimizer_bytes), staging_bytes=Int(s.staging_bytes),
      unsharded_optimizer_bytes=Int(s.unsharded_optimizer_bytes),
      peak_param_bytes=Int(s.peak_param_bytes))
+end
+
+# ----------------------------------------------------------------------------------
+# Whole optimizer state
+# ----------------------------------------------------------------------------------
+"""
+    ParamState
+
+One param's whole optimizer state (ZeroRedundancyOptimizer's consolidated state): its
+0-based `index`, `name`, `param_group`, `numel`, step counts (`step`: torch's
+state["step"] of Adam and AdamW; `momentum_steps`: SGD's updates that used
+momentum_buffer, 0 = never initialised) and `tensors`, a `Dict` from torch's names
+("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"; "master" for 16-bit
+params) to `Vector{Float32}`s of the param's `numel` values in sx's (row-major) order.
+One handed to a callback of `gather_optim_state` or `scatter_optim_state!` lends sx's
+memory: its vectors are valid only during that call (`copy` what you keep).
+"""
+mutable struct ParamState
+    index::Int
+    name::String
+    param_group::Int
+    numel::Int
+    step::Int
+    momentum_steps::Int
+    tensors::Dict{String,Vector{Float32}}
+end
+
+_field_offset(T, name) = fieldoffset(T, findfirst(==(name), fieldnames(T)))
+const _STEP_OFFSET = _field_offset(RawParamState, :step)
+const _MOMENTUM_STEPS_OFFSET = _field_offset(RawParamState, :momentum_steps)
+
+# What a gather's or a scatter's callback reaches through its `user` pointer: the Julia
+# function, and the exception it threw, for the caller once sx has returned.
+mutable struct _StateCall
+    f::Any
+    scatter::Bool
+    failure::Any
+end
+
+# sx calls this on the calling thread, during the gather or scatter. Nothing may unwind
+# into C: an exception is kept, ends the call on every rank (with an SXError's own
+# status, else SX_ERR_CANCELLED) and is thrown again once sx has returned.
+function _state_trampoline(raw::Ptr{RawParamState}, user::Ptr{Cvoid})::Int32
+    call = unsafe_pointer_to_objref(user)::_StateCall
+    try
+        st = unsafe_load(raw)
+        n = Int(st.numel)
+        tensors = Dict{String,Vector{Float32}}()
+        for t in 1:Int(st.num_tensors)
+            name = unsafe_string(unsafe_load(st.tensor_names, t))
+            tensors[name] = n == 0 ? Float32[] : unsafe_wrap(Array, unsafe_load(st.tensors, t), n; own=false)
+        end
+        state = ParamState(Int(st.param), unsafe_string(st.name), Int(st.param_group), n, Int(st.step),
+                           Int(st.momentum_steps), tensors)
+        call.f(state)
+        if call.scatter  # the step counts the callback set go back into sx's struct
+            unsafe_store!(Ptr{Int64}(raw + _STEP_OFFSET), Int64(state.step))
+            unsafe_store!(Ptr{Int64}(raw + _MOMENTUM_STEPS_OFFSET), Int64(state.momentum_steps))
+        end
+        return SX_OK
+    catch e
+        call.failure = e
+        return e isa SXError && e.status != SX_OK ? e.status : SX_ERR_CANCELLED
+    end
+end
+
+# A missing `f` on the root fails through a callback, so that every rank learns of it (sx
+# alone would refuse it on the root only, before the other ranks could know).
+function _whole_state(g::ShardGroup, f, root::Integer, scatter::Bool)
+    if f === nothing && rank(g) == root
+        f = _ -> throw(SXError(SX_ERR_INVALID_ARGUMENT, "no callback or states were given on the root (rank $root)"))
+    end
+    call = _StateCall(f, scatter, nothing)
+    fn = f === nothing ? C_NULL : @cfunction(_state_trampoline, Int32, (Ptr{RawParamState}, Ptr{Cvoid}))
+    h, r = _handle(g), Int32(root)
+    # GC-safe while sx waits for the other ranks; the callback's @cfunction wrapper makes
+    # the thread GC-unsafe again for as long as Julia code runs in it.
+    status = GC.@preserve call begin
+        user = f === nothing ? C_NULL : pointer_from_objref(call)
+        if scatter
+            @blocking @ccall libsx.sx_scatter_optim_state(h::Ptr{Cvoid}, r::Int32, fn::Ptr{Cvoid}, user::Ptr{Cvoid})::Int32
+        else
+            @blocking @ccall libsx.sx_gather_optim_state(h::Ptr{Cvoid}, r::Int32, fn::Ptr{Cvoid}, user::Ptr{Cvoid})::Int32
+        end
+    end
+    err = status == SX_OK ? nothing : SXError(status, last_error_message())  # read before any other sx call
+    call.failure === nothing || throw(call.failure)
+    err === nothing || throw(err)
+    nothing
+end
+
+"""
+    gather_optim_state(f, g; root=0)
+    gather_optim_state(g; root=0)
+
+Collective (every rank, the same `root`): every param's whole optimizer state onto rank
+`root`, one param at a time, in index order; no rank holds more than its shard, and the
+root one param's state besides. With `f` (a do-block), the root calls `f(state)` with a
+[`ParamState`](@ref) whose vectors are sx's memory, valid only during the call; other
+ranks never call it (they may pass `nothing`, which on the root is an error on every
+rank). Without, the root returns a
+`Vector{ParamState}` of copies; the other ranks return `nothing`. Every param is
+delivered: one without optimizer state yet (never trainable) has only its "master"
+(16-bit) or no tensor. An exception in `f` ends the gather on every rank: the root throws
+it, the others an `SXError` with its status (an SXError's own, else SX_ERR_CANCELLED).
+"""
+gather_optim_state(f, g::ShardGroup; root::Integer=0) = _whole_state(g, f, root, false)
+
+function gather_optim_state(g::ShardGroup; root::Integer=0)
+    states = ParamState[]
+    gather_optim_state(g; root=root) do st
+        push!(states, ParamState(st.index, st.name, st.param_group, st.numel, st.step, st.momentum_steps,
+                                 Dict{String,Vector{Float32}}(k => copy(v) for (k, v) in st.tensors)))
+    end
+    rank(g) == root ? states : nothing
+end
+
+"""
+    scatter_optim_state!(f, g; root=0)
+    scatter_optim_state!(g, states; root=0)
+
+Collective (every rank, the same `root`), the reverse of `gather_optim_state`: on rank
+`root`, `f(state)` fills each param's whole state (its `tensors`, zero on entry, to write
+into in place, and `state.step`, `state.momentum_steps` to set), in index order, and
+every rank's shard takes its part, at any world size and stage; 16-bit params then take
+their values from the new masters on every rank. A tensor left zero is zero state, as
+torch's when it has none. `f` runs only on the root (`nothing` is fine elsewhere).
+Nothing changes unless every rank and every call of `f` succeeded; an exception in `f`
+ends the scatter as for a gather. Views from `state_view` are invalid afterwards.
+
+`states` (on the root; `nothing` elsewhere, and on the root an error on every rank) maps
+param names to `ParamState`s, as `gather_optim_state` returns them, or to anything with
+`step`, `momentum_steps` and `tensors` properties. A param absent from it gets zero state
+and step counts; tensors its optimizer does not keep are ignored; a tensor of another
+length is an error, and then nothing changes.
+"""
+scatter_optim_state!(f, g::ShardGroup; root::Integer=0) = _whole_state(g, f, root, true)
+
+function scatter_optim_state!(g::ShardGroup, states::Union{Nothing,AbstractDict}; root::Integer=0)
+    states === nothing && return _whole_state(g, nothing, root, true)
+    scatter_optim_state!(g; root=root) do st
+        given = get(states, st.name, nothing)
+        given === nothing && return nothing
+        for (name, values) in given.tensors
+            if haskey(st.tensors, name) && length(values) != st.numel
+                throw(SXError(SX_ERR_INVALID_ARGUMENT, "param '$(st.name)': tensor '$name' has " *
+                                                       "$(length(values)) values; the param has $(st.numel)"))
+            end
+        end
+        st.step, st.momentum_steps = given.step, given.momentum_steps
+        for (name, values) in given.tensors
+            haskey(st.tensors, name) && copyto!(st.tensors[name], values)
+        end
+        nothing
+    end
+end
+
+"""
+    state_view(g, p, tensor)
+
+This rank's own part of a param's optimizer-state tensor (`tensor`: "exp_avg", ...,
+"master"; `p` a name or 0-based index) as a zero-copy `Vector{Float32}` over sx's memory:
+the param's elements `shard_begin+1:shard_end` of `param_info` (empty where this rank
+holds none of it). Read it, or write it between steps to seed the state. Invalid after
+`close(g)`, `load!` or `scatter_optim_state!`. Errors: a tensor the param's optimizer
+does not keep (SX_ERR_INVALID_ARGUMENT, listing those it keeps), a param without
+optimizer state yet (SX_ERR_INVALID_STATE: its unit gets it once one of its params is
+trainable).
+"""
+function state_view(g::ShardGroup, p, tensor::AbstractString)
+    i = _index(g, p)
+    v = _blank(View)
+    check(@ccall libsx.sx_view_init(v::Ref{View}, sizeof(View)::Csize_t)::Int32)
+    check(@ccall libsx.sx_state_view(_handle(g)::Ptr{Cvoid}, i::Int32, tensor::Cstring, v::Ref{View})::Int32)
+    v.device == SX_DEVICE_CPU ||
+        throw(SXError(SX_ERR_UNSUPPORTED, "the state of param $i lives in device memory, which cannot be wrapped as an Array"))
+    v.numel == 0 && return Float32[]
+    _lend(g, unsafe_wrap(Array, Ptr{Float32}(v.data), Int(v.numel); own=false))
 end
 
 # ----------------------------------------------------------------------------------

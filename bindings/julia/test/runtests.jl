@@ -1,5 +1,6 @@
 # Tests of the Julia binding: the struct mirrors against sx_layout.json (SX_LAYOUT_JSON),
-# errors, and a 4-rank training over local:// with threads (run with julia --threads=4).
+# errors, a 4-rank training over local:// with threads (run with julia --threads=4), and
+# the whole optimizer state, weighted steps and params added after finalize.
 using Test
 using SX
 
@@ -10,7 +11,8 @@ const MIRRORS = Dict("sx_group_config_t" => SX.GroupConfig, "sx_param_group_desc
                      "sx_memory_stats_t" => SX.MemoryStats, "sx_param_info_t" => SX.ParamInfo,
                      "sx_unit_info_t" => SX.UnitInfo, "sx_save_options_t" => SX.SaveOptions,
                      "sx_load_options_t" => SX.LoadOptions,
-                     "sx_unit_ready_options_t" => SX.UnitReadyOptions)
+                     "sx_unit_ready_options_t" => SX.UnitReadyOptions,
+                     "sx_param_state_t" => SX.RawParamState)
 
 # sx_layout.json is written by a C program in a fixed shape: one struct header line and
 # one line per field; reading it with regexes avoids a JSON dependency.
@@ -179,5 +181,292 @@ end
         @test memory_stats(g).peak_param_bytes > 0
     finally
         close(g)
+    end
+end
+
+# ----------------------------------------------------------------------------------
+# Whole optimizer state, weighted steps, params added after finalize, views and the
+# group's finalizer. Ranks are tasks on threads of their own over local://.
+# ----------------------------------------------------------------------------------
+
+"""`f(rank, g)` on `world` ranks, each a task with a group of its own; their results in
+rank order."""
+function run_ranks(f, name, world)
+    rdv = "local://jl-$name-$(getpid())"
+    tasks = [Threads.@spawn with_group(g -> f(rank, g), rdv, rank, world; stage=2, backend=SX.SX_BACKEND_CPU,
+                                       num_threads=1, timeout_ms=60000) for rank in 0:world-1]
+    fetch.(tasks)
+end
+
+enough_threads(world) = Threads.nthreads() >= world ||
+    (@warn "run with julia --threads=$world for the tests of $world ranks; skipped"; false)
+
+# AdamW with amsgrad (w and the scalar s) and SGD with momentum (b), in two units.
+function whole_setup!(g)
+    add_param_group!(g, :adamw; lr=0.01, amsgrad=true)
+    add_param_group!(g, :sgd; lr=0.1, momentum=0.9)
+    add_param!(g, "w", (7, 11); param_group=0, unit=0)
+    add_param!(g, "b", (13,); param_group=1, unit=1)
+    add_param!(g, "s", (); param_group=0, unit=1)
+    finalize!(g)
+end
+
+# `steps` steps with gradients that differ per rank (`seed`), step and param; the flat
+# (row-major) order is sx's.
+function whole_train!(g, steps, seed)
+    for s in 0:steps-1
+        for i in 0:2
+            grad = vec(grad_view(g, i))
+            for k in eachindex(grad)
+                grad[k] = Float32(((k - 1) * 7 + s * 3 + seed + i) % 11 - 5) / 8
+            end
+        end
+        step!(g; max_grad_norm=2.0)
+    end
+end
+
+same_state(a, b) = (a.index, a.name, a.step, a.momentum_steps, a.tensors) ==
+                   (b.index, b.name, b.step, b.momentum_steps, b.tensors)
+
+caught(f) = try
+    f()
+    nothing
+catch e
+    e
+end
+
+@testset "whole optimizer state: gathered from 3 ranks, scattered into 2" begin
+    if enough_threads(3)
+        saved = run_ranks("whole-save3", 3) do rank, g
+            whole_setup!(g)
+            whole_train!(g, 3, rank)
+            (gather_optim_state(g; root=0), [copy(vec(param_view(g, i))) for i in 0:2])
+        end
+        @test saved[2][1] === nothing && saved[3][1] === nothing
+        states, param_values = saved[1]
+        @test [s.name for s in states] == ["w", "b", "s"]
+        @test [s.index for s in states] == [0, 1, 2]
+        @test sort(collect(keys(states[1].tensors))) == ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]
+        @test collect(keys(states[2].tensors)) == ["momentum_buffer"]
+        @test (states[1].step, states[2].momentum_steps, states[2].param_group) == (3, 3, 1)
+        @test length(states[1].tensors["exp_avg"]) == 77 && length(states[3].tensors["exp_avg"]) == 1
+        @test any(!=(0f0), states[1].tensors["exp_avg"])
+
+        by_name = Dict(s.name => s for s in states)
+        back = run_ranks("whole-load2", 2) do rank, g
+            whole_setup!(g)
+            for (i, v) in enumerate(param_values)
+                vec(param_view(g, i - 1)) .= v
+            end
+            scatter_optim_state!(g, rank == 1 ? by_name : nothing; root=1)
+            info = param_info(g, "w")
+            part = copy(state_view(g, "w", "exp_avg"))
+            whole = gather_optim_state(g; root=0)
+            whole_train!(g, 1, rank)  # the scattered state steps on
+            (part, info.shard_begin, info.shard_end, whole)
+        end
+        # Each rank's part in place is the slice of the whole its shard covers.
+        for (part, b, e, _) in back
+            @test part == states[1].tensors["exp_avg"][b+1:e]
+        end
+        @test back[2][4] === nothing
+        @test all(same_state(x, y) for (x, y) in zip(states, back[1][4]))
+    end
+end
+
+@testset "whole optimizer state: callbacks and their exceptions" begin
+    if enough_threads(2)
+        results = run_ranks("whole-callback", 2) do rank, g
+            whole_setup!(g)
+            whole_train!(g, 2, rank)
+            seen = Tuple{String,Int,Vector{String}}[]
+            gather_optim_state(g; root=1) do st
+                @assert all(length(t) == st.numel for t in values(st.tensors))
+                push!(seen, (st.name, st.param_group, sort(collect(keys(st.tensors)))))
+            end
+            before = gather_optim_state(g; root=0)
+            # A Julia exception: thrown on the root, SX_ERR_CANCELLED elsewhere.
+            err = caught() do
+                scatter_optim_state!(g; root=0) do st
+                    st.name == "b" && throw(KeyError("no state for b here"))
+                    fill!(st.tensors["exp_avg"], 1f0)
+                    st.step = 99
+                end
+            end
+            after = gather_optim_state(g; root=0)
+            # An SXError: its own status everywhere.
+            err2 = caught() do
+                scatter_optim_state!(g; root=0) do st
+                    throw(SXError(SX.SX_ERR_NOT_FOUND, "nothing for $(st.name)"))
+                end
+            end
+            after2 = gather_optim_state(g; root=0)
+            whole_train!(g, 1, rank)  # the group goes on
+            (seen, before, err, after, err2, after2)
+        end
+        three = ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]
+        @test results[2][1] == [("w", 0, three), ("b", 1, ["momentum_buffer"]), ("s", 0, three)]
+        @test isempty(results[1][1])  # the callback ran on the root only
+        @test results[1][3] isa KeyError
+        @test results[2][3] isa SXError && results[2][3].status == SX.SX_ERR_CANCELLED
+        @test occursin("'b'", results[2][3].message)
+        before = results[1][2]
+        @test all(same_state(x, y) for (x, y) in zip(before, results[1][4]))  # nothing changed
+        @test results[1][5] isa SXError && results[1][5].status == SX.SX_ERR_NOT_FOUND
+        @test occursin("nothing for w", results[1][5].message)
+        @test results[2][5] isa SXError && results[2][5].status == SX.SX_ERR_NOT_FOUND
+        @test all(same_state(x, y) for (x, y) in zip(before, results[1][6]))
+    end
+end
+
+@testset "whole optimizer state: a map that does not fit, state views" begin
+    if enough_threads(2)
+        results = run_ranks("whole-views", 2) do rank, g
+            whole_setup!(g)
+            # A trainable param's unit has its state from finalize on: zero until a step.
+            zero_before = all(==(0f0), state_view(g, "b", "momentum_buffer"))
+            whole_train!(g, 1, rank)
+            wrong = caught(() -> state_view(g, "b", "exp_avg"))
+            # A tensor of the wrong length changes nothing, on every rank.
+            given = gather_optim_state(g; root=0)
+            short = nothing
+            if rank == 0
+                short = Dict(s.name => s for s in given)
+                short["w"].tensors["exp_avg"] = short["w"].tensors["exp_avg"][1:76]
+            end
+            misfit = caught(() -> scatter_optim_state!(g, short; root=0))
+            # Nothing on the root: every rank is told, none waits for the others in vain.
+            nothing_on_root = caught(() -> scatter_optim_state!(g, nothing; root=0))
+            # Seeds written through each rank's part show in the whole.
+            state_view(g, "w", "exp_avg") .= Float32(rank + 1)
+            info = param_info(g, "w")
+            (zero_before, wrong, misfit, info, gather_optim_state(g; root=0), nothing_on_root)
+        end
+        @test all(r[6] isa SXError && r[6].status == SX.SX_ERR_INVALID_ARGUMENT for r in results)
+        @test occursin("no callback or states were given on the root", results[1][6].message)
+        @test all(r[1] for r in results)
+        wrong = results[1][2]
+        @test wrong isa SXError && wrong.status == SX.SX_ERR_INVALID_ARGUMENT && occursin("momentum_buffer", wrong.message)
+        @test all(r[3] isa SXError && r[3].status == SX.SX_ERR_INVALID_ARGUMENT for r in results)
+        @test occursin("'exp_avg' has 76 values; the param has 77", results[1][3].message)
+        info, whole = results[1][4], results[1][5]
+        m = whole[1].tensors["exp_avg"]
+        @test 0 < info.shard_end < 77
+        @test all(==(1f0), m[info.shard_begin+1:info.shard_end])
+        @test all(==(2f0), m[info.shard_end+1:end])
+    end
+    # A param never trainable has no state yet, but is delivered.
+    with_group("local://jl-whole-frozen-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1) do g
+        add_param_group!(g, :adam)
+        add_param!(g, "w", (5,); unit=0)
+        add_param!(g, "f", (3,); unit=1, frozen=true)
+        finalize!(g)
+        err = caught(() -> state_view(g, "f", "exp_avg"))
+        @test err isa SXError && err.status == SX.SX_ERR_INVALID_STATE
+        whole = gather_optim_state(g)
+        @test length(whole) == 2 && length(whole[1].tensors) == 2 && isempty(whole[2].tensors)
+    end
+end
+
+# In functions of their own, so that no view outlives them in a slot of the test's frame.
+@noinline function seed_through_a_view!(g)
+    param_view(g, "w") .= 3f0
+    nothing
+end
+
+function views_keep_the_group()
+    g = ShardGroup("local://jl-loans-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1)
+    add_param_group!(g, :sgd)
+    add_param!(g, "w", (4,))
+    finalize!(g)
+    w = param_view(g, "w")
+    @test SX.loans(g) == 1
+    SX._finalize_group(g)  # as the GC would run it while the view is alive
+    @test isopen(g)
+    w .= 2f0
+    w = nothing
+    seed_through_a_view!(g)
+    for _ in 1:10
+        SX.loans(g) == 0 && break
+        GC.gc()
+    end
+    @test SX.loans(g) == 0  # the views were collected and gave the group back
+    @test all(==(3f0), copy(param_view(g, "w")))
+    close(g)
+    @test !isopen(g)
+    @test_throws SXError state_view(g, "w", "exp_avg")  # a closed group refuses new views
+end
+
+@testset "views keep the group from its finalizer" begin
+    views_keep_the_group()
+end
+
+@testset "weighted steps (uneven inputs)" begin
+    if enough_threads(3)
+        # Ranks hold 3, 2 and 0 samples; each adds the sum of its samples' gradients. SGD
+        # with lr 1 from zero: the params become minus the mean over the 5 samples.
+        got = run_ranks("weighted", 3) do rank, g
+            samples = (Float32[1, 2, 3], Float32[10, 20], Float32[])[rank + 1]
+            add_param_group!(g, :sgd; lr=1.0)
+            add_param!(g, "w", (4,))
+            finalize!(g)
+            grad_view(g, "w") .= sum(samples; init=0f0)
+            r = step!(g; weight=length(samples))
+            w = copy(param_view(g, "w"))
+            r2 = step!(g; weight=0)  # nobody has data: skipped, nothing changes
+            (r.skipped, w, r2.skipped, copy(param_view(g, "w")))
+        end
+        for (skipped, w, skipped2, w2) in got
+            @test !skipped && skipped2
+            @test all(x -> isapprox(x, -36f0 / 5; rtol=1e-6), w)
+            @test w2 == w
+        end
+        errs = run_ranks("weighted-mismatch", 2) do rank, g
+            add_param_group!(g, :sgd)
+            add_param!(g, "w", (4,))
+            finalize!(g)
+            caught(() -> step!(g; weight=rank == 0 ? 1.0 : nothing))
+        end
+        for e in errs
+            @test e isa SXError && e.status == SX.SX_ERR_MISMATCH
+            @test occursin("weighted: 1 on rank 0, 0 on rank 1", e.message)
+        end
+    end
+end
+
+@testset "params added after finalize" begin
+    if enough_threads(2)
+        got = run_ranks("late-params", 2) do rank, g
+            add_param_group!(g, :sgd; lr=1.0)
+            add_param!(g, "w", (4,); unit=0)
+            finalize!(g)
+            grad_view(g, "w") .= 1f0
+            step!(g)
+            late = add_param_group!(g, :sgd; lr=0.5)
+            add_param!(g, "v", (3,); param_group=late, unit=1)
+            early = caught(() -> param_view(g, "v"))
+            err = caught(() -> step!(g))
+            finalize!(g)
+            grad_view(g, "v") .= 2f0
+            step!(g)
+            (early, err, copy(param_view(g, "w")), copy(param_view(g, "v")))
+        end
+        for (early, err, w, v) in got
+            @test early isa SXError && early.status == SX.SX_ERR_INVALID_STATE
+            @test err isa SXError && err.status == SX.SX_ERR_INVALID_STATE
+            @test occursin("call sx_finalize again", err.message)
+            @test w == fill(-1f0, 4) && v == fill(-1f0, 3)
+        end
+        errs = run_ranks("late-mismatch", 2) do rank, g
+            add_param_group!(g, :sgd)
+            add_param!(g, "w", (4,); unit=0)
+            finalize!(g)
+            add_param!(g, "v", (4, 4 + rank); unit=1)
+            caught(() -> finalize!(g))
+        end
+        for e in errs
+            @test e isa SXError && e.status == SX.SX_ERR_MISMATCH
+            @test occursin("param 'v' shape: [4, 4] on rank 0, [4, 5] on rank 1", e.message)
+        end
     end
 end

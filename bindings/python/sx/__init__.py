@@ -23,10 +23,10 @@ from ._lib import *  # noqa: F401,F403  the SX_* constants
 from ._views import HAVE_NUMPY
 from .errors import *  # noqa: F401,F403  SxError and its subclasses
 from .errors import SxError, check, status_string
-from .group import MemoryStats, ParamInfo, ShardGroup, StepResult, UnitInfo
+from .group import MemoryStats, ParamInfo, ParamState, ShardGroup, StepResult, UnitInfo
 from .checkpoint import Future, read_user_blob
 
-__version__ = "%d.%d.0" % BINDING_VERSION
+from ._version import __version__  # noqa: E402
 
 
 def version():

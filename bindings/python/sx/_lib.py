@@ -13,13 +13,13 @@ import os
 
 # The ABI version this binding was written against. The runtime's major must match
 # and its minor must not be older (docs/conventions.md, "The C ABI", rule 11).
-BINDING_VERSION = (1, 2)
+BINDING_VERSION = (1, 3)
 
 # ----------------------------------------------------------------------------------
 # Constants (sx.h #defines); tests/test_layout.py checks each against sx_layout.json.
 # ----------------------------------------------------------------------------------
 SX_VERSION_MAJOR = 1
-SX_VERSION_MINOR = 2
+SX_VERSION_MINOR = 3
 SX_VERSION_PATCH = 0
 SX_VERSION_NUMBER = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH
 
@@ -132,7 +132,18 @@ class sx_view_t(ctypes.Structure):
 class sx_step_options_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("max_grad_norm", ctypes.c_double),
                 ("stream", ctypes.c_void_p), ("keep_grads", ctypes.c_int32),
-                ("defer_gather", ctypes.c_int32)]
+                ("defer_gather", ctypes.c_int32), ("weighted", ctypes.c_int32),
+                ("reserved0", ctypes.c_int32), ("weight", ctypes.c_double)]
+
+
+class sx_param_state_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("param", ctypes.c_int32),
+                ("param_group", ctypes.c_int32), ("name", ctypes.c_char_p),
+                ("numel", ctypes.c_uint64), ("step", ctypes.c_int64),
+                ("momentum_steps", ctypes.c_int64), ("num_tensors", ctypes.c_int32),
+                ("reserved0", ctypes.c_int32),
+                ("tensor_names", ctypes.POINTER(ctypes.c_char_p)),
+                ("tensors", ctypes.POINTER(ctypes.POINTER(ctypes.c_float)))]
 
 
 class sx_step_result_t(ctypes.Structure):
@@ -192,6 +203,7 @@ sx_shard_group_p = ctypes.POINTER(sx_shard_group)
 
 sx_log_fn = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_char_p, ctypes.c_void_p)
 sx_future_callback = ctypes.CFUNCTYPE(None, sx_future_p, c_status, ctypes.c_void_p)
+sx_param_state_fn = ctypes.CFUNCTYPE(c_status, ctypes.POINTER(sx_param_state_t), ctypes.c_void_p)
 
 
 class sx_save_options_t(ctypes.Structure):
@@ -210,7 +222,7 @@ class sx_load_options_t(ctypes.Structure):
 STRUCTS = {cls.__name__: cls for cls in (
     sx_group_config_t, sx_param_group_desc_t, sx_param_desc_t, sx_view_t, sx_step_options_t,
     sx_step_result_t, sx_loss_scaling_t, sx_memory_stats_t, sx_param_info_t, sx_unit_info_t,
-    sx_save_options_t, sx_load_options_t, sx_unit_ready_options_t)}
+    sx_save_options_t, sx_load_options_t, sx_unit_ready_options_t, sx_param_state_t)}
 
 # ----------------------------------------------------------------------------------
 # Prototypes: name -> (restype, argtypes)
@@ -278,6 +290,9 @@ PROTOTYPES = {
     "sx_load_optim_state_options_init": (c_status, [_P(sx_load_options_t), _c.c_size_t]),
     "sx_load_optim_state": (c_status, [sx_shard_group_p, _P(sx_load_options_t)]),
     "sx_read_user_blob": (c_status, [_c.c_char_p, _c.c_void_p, _c.c_uint64, _P(_c.c_uint64)]),
+    "sx_gather_optim_state": (c_status, [sx_shard_group_p, _c.c_int32, sx_param_state_fn, _c.c_void_p]),
+    "sx_scatter_optim_state": (c_status, [sx_shard_group_p, _c.c_int32, sx_param_state_fn, _c.c_void_p]),
+    "sx_state_view": (c_status, [sx_shard_group_p, _c.c_int32, _c.c_char_p, _P(sx_view_t)]),
 }
 
 
@@ -289,8 +304,11 @@ def _candidates():
     path = os.environ.get("SX_LIBRARY")
     if path:
         return [path]  # an explicit choice: no silent fallback to another copy
+    # `pip install .` puts the library it built inside the package.
+    here = os.path.dirname(os.path.abspath(__file__))
+    bundled = [os.path.join(here, name) for name in ("libsx.so.1", "libsx.so")]
     found = ctypes.util.find_library("sx")
-    return ([found] if found else []) + ["libsx.so.1", "libsx.so"]
+    return [p for p in bundled if os.path.exists(p)] + ([found] if found else []) + ["libsx.so.1", "libsx.so"]
 
 
 def _open():
@@ -302,7 +320,8 @@ def _open():
         except OSError as e:
             tried.append(f"{name}: {e}")
     else:
-        raise LibraryError("cannot load libsx (set SX_LIBRARY to the path of libsx.so): "
+        raise LibraryError("cannot load libsx (install the package with `pip install .` from sx's "
+                           "source tree, which builds it, or set SX_LIBRARY to the path of libsx.so): "
                            + "; ".join(tried))
     for name, (restype, argtypes) in PROTOTYPES.items():
         fn = getattr(lib, name)
@@ -334,6 +353,8 @@ def init_struct(cls, *extra):
     return obj
 
 
+# The structs callers fill, each with its init function (sx_param_state_t is only ever
+# filled by the library, for a callback).
 INIT_FUNCTIONS = {
     "sx_group_config_t": "sx_group_config_init",
     "sx_param_group_desc_t": "sx_param_group_desc_init",

@@ -3,8 +3,9 @@
 With numpy (and unless SX_PYTHON_NO_NUMPY is set to a non-empty value), a view is a
 numpy array; without it, a memoryview with the same shape and item format. Either
 way it reads and writes sx's buffer directly, and keeps the owning Python object
-(the ShardGroup) alive, so garbage collection cannot free the memory under it. An
-explicit close() of the group still invalidates every view: do not use them after.
+(the ShardGroup) alive, so garbage collection cannot free the memory under it; an
+explicit close() of the group releases the group only once every view (and every
+array or tensor sharing its memory) is gone.
 """
 import ctypes
 import os
@@ -37,6 +38,7 @@ def wrap(address, count, itemsize, fmt, npdtype, shape, owner):
     shape = tuple(int(d) for d in shape)
     raw = (ctypes.c_char * (count * itemsize)).from_address(address)
     raw._sx_owner = owner  # the buffer (and so every array over it) keeps the owner alive
+    owner._lend(raw)       # ... and its memory, past an explicit close()
     if np is not None:
         return np.frombuffer(raw, dtype=npdtype, count=count).reshape(shape)
     return memoryview(raw).cast("B").cast(fmt, list(shape))

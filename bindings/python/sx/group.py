@@ -85,6 +85,22 @@ class ParamInfo:
     shard_end: int
 
 
+@dataclasses.dataclass
+class ParamState:
+    """One param's whole optimizer state (see gather_optim_state): its index, name, param
+    group and step counts (``step``: torch's state["step"] of Adam/AdamW;
+    ``momentum_steps``: SGD's updates that used momentum_buffer, 0 = never initialised),
+    and its tensors by torch's names ("exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+    "momentum_buffer"; "master" for 16-bit params), each a 1-D float32 array of the
+    param's numel elements."""
+    index: int
+    name: str
+    param_group: int
+    step: int
+    momentum_steps: int
+    tensors: dict
+
+
 @dataclasses.dataclass(frozen=True)
 class UnitInfo:
     """A unit's flat buffer: its length with and without padding, and this rank's shard."""
@@ -324,22 +340,130 @@ class ShardGroup(Handle):
         """Collective: folds this micro-batch's gradients into the step's accumulation."""
         check(lib.sx_accumulate_grads(self.handle))
 
-    def step(self, max_grad_norm=0.0, keep_grads=False, stream=None, defer_gather=False):
+    def step(self, max_grad_norm=0.0, keep_grads=False, stream=None, defer_gather=False, weight=None):
         """Collective: averages gradients over ranks, clips the global norm to
         `max_grad_norm` (0: no clipping), updates this rank's shard and gathers the
         params. Grads are zeroed afterwards unless `keep_grads`. `stream` is a CUDA
         stream as an int address (None: the group's own). `defer_gather` (stages 1 and
         2): the params are gathered in the background, and gather_unit(u) waits for
-        unit u's. Returns a StepResult."""
+        unit u's. `weight` (uneven inputs; every rank passes one or none): the gradients
+        are sums over this rank's `weight` samples, and the step divides their sum over
+        the ranks by the sum of the weights; 0 = this rank had no data (its gradients
+        stay zero). Returns a StepResult."""
         options = _lib.init_struct(_lib.sx_step_options_t)
         options.max_grad_norm = float(max_grad_norm)
         options.keep_grads = 1 if keep_grads else 0
         options.defer_gather = 1 if defer_gather else 0
         options.stream = stream
+        if weight is not None:
+            options.weighted, options.weight = 1, float(weight)
         result = _lib.init_struct(_lib.sx_step_result_t)
         check(lib.sx_step(self.handle, ctypes.byref(options), ctypes.byref(result)))
         return StepResult(grad_norm=result.grad_norm, step=result.step,
                           skipped=bool(result.skipped), loss_scale=result.loss_scale)
+
+    # -- whole optimizer state ------------------------------------------------------------
+    def gather_optim_state(self, root=0, fn=None):
+        """Collective: every param's whole optimizer state onto rank `root`, one param at a
+        time (ZeroRedundancyOptimizer.consolidate_state_dict). With `fn`, root calls
+        ``fn(state)`` with a :class:`ParamState` whose arrays are zero-copy and valid only
+        during the call (the root never holds more than one param's state); without,
+        root returns the list of every param's ParamState, copied. Other ranks return
+        None. An exception in fn ends the gather on every rank, and is raised on root."""
+        if root == self.rank:
+            kept, callback = [], fn
+            if callback is None:
+                def callback(state):
+                    state.tensors = {k: v.copy() for k, v in state.tensors.items()}
+                    kept.append(state)
+            trampoline, failure = self._state_trampoline(callback, fill=False)
+        else:
+            kept, trampoline, failure = None, ctypes.cast(None, _lib.sx_param_state_fn), [None]
+        status = lib.sx_gather_optim_state(self.handle, root, trampoline, None)
+        if failure[0] is not None:
+            raise failure[0]
+        check(status)
+        return kept if fn is None else None
+
+    def scatter_optim_state(self, states, root=0):
+        """Collective, the reverse of gather_optim_state: rank `root` gives every param's
+        whole state and every rank's shard takes its part (any world size and stage);
+        nothing changes unless it all succeeds. On root, `states` is either a callable
+        ``fn(state)`` that fills a :class:`ParamState` (zero tensors of the param's
+        optimizer, to write in place, and its step counts) or a mapping from param name
+        (or index) to a ParamState-like object or a dict with "step", "momentum_steps"
+        and "tensors" (missing tensors and params are zero state). Other ranks pass
+        None."""
+        if root == self.rank:
+            if states is None:
+                def fill(_state):  # the others are in the collective already: fail it for all
+                    raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                               "scatter_optim_state: the root gave no states")
+            else:
+                fill = states if callable(states) else self._filler(states)
+            trampoline, failure = self._state_trampoline(fill, fill=True)
+        else:
+            trampoline, failure = ctypes.cast(None, _lib.sx_param_state_fn), [None]
+        status = lib.sx_scatter_optim_state(self.handle, root, trampoline, None)
+        if failure[0] is not None:
+            raise failure[0]
+        check(status)
+
+    @staticmethod
+    def _filler(states):
+        def fill(state):
+            given = states.get(state.name, states.get(state.index)) if hasattr(states, "get") else None
+            if given is None:
+                return
+            get = given.get if isinstance(given, dict) else lambda k, d=None: getattr(given, k, d)
+            state.step = int(get("step", 0))
+            state.momentum_steps = int(get("momentum_steps", 0))
+            for name, values in (get("tensors", None) or {}).items():
+                if name in state.tensors:
+                    state.tensors[name][...] = _views.np.asarray(values, dtype="float32").reshape(-1)
+        return fill
+
+    def _state_trampoline(self, fn, fill):
+        """A C callback over fn(ParamState); a Python exception is kept and ends the
+        operation (its type and words are raised once sx returns)."""
+        if not _views.HAVE_NUMPY:
+            raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, "whole optimizer state needs numpy")
+        np = _views.np
+        failure = [None]
+
+        def trampoline(raw, _user):
+            try:
+                st = raw.contents
+                tensors = {}
+                for t in range(st.num_tensors):
+                    address = ctypes.cast(st.tensors[t], ctypes.c_void_p).value
+                    buf = (ctypes.c_float * st.numel).from_address(address)
+                    tensors[st.tensor_names[t].decode("utf-8")] = np.frombuffer(buf, dtype=np.float32)
+                state = ParamState(index=st.param, name=st.name.decode("utf-8"), param_group=st.param_group,
+                                   step=st.step, momentum_steps=st.momentum_steps, tensors=tensors)
+                fn(state)
+                if fill:
+                    st.step, st.momentum_steps = int(state.step), int(state.momentum_steps)
+                return _lib.SX_OK
+            except BaseException as e:  # noqa: B036  (nothing may unwind into C)
+                failure[0] = e
+                return _lib.SX_ERR_CANCELLED
+
+        c_fn = _lib.sx_param_state_fn(trampoline)
+        return c_fn, failure
+
+    def state_view(self, param, tensor):
+        """This rank's own part of a param's optimizer-state tensor ("exp_avg", ...,
+        "master") as a zero-copy 1-D float32 array: the param's elements [shard_begin,
+        shard_end) of param_info(). Read it, or write it between steps to seed state.
+        Invalid after a load or scatter_optim_state."""
+        view = _lib.init_struct(_lib.sx_view_t)
+        check(lib.sx_state_view(self.handle, self._index(param), _encode("tensor", tensor), ctypes.byref(view)))
+        if view.device != _lib.SX_DEVICE_CPU:
+            raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, "the state lives in device memory; use raw views")
+        if view.numel == 0:
+            return _views.np.zeros(0, dtype="float32") if _views.HAVE_NUMPY else memoryview(b"").cast("f")
+        return _views.wrap(view.data, view.numel, 4, "f", "float32", (view.numel,), self)
 
     # -- units as a pipeline -------------------------------------------------------------
     def unit_grads_ready(self, unit, *, accumulate=False, stream=None):

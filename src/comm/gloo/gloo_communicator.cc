@@ -204,6 +204,18 @@ class GlooCommunicator final : public Communicator {
         });
     }
 
+    Status gather_pieces(const std::vector<Piece> &mine, const std::vector<std::vector<Piece>> &theirs,
+                         int root) override {
+        SX_TRY(check_pieces_args(*this, "gather_pieces", theirs, root));
+        return run("gather_pieces", [&](const Call &call) { return point_to_point(call, root, mine, theirs, true); });
+    }
+
+    Status scatter_pieces(const std::vector<std::vector<Piece>> &theirs, const std::vector<Piece> &mine,
+                          int root) override {
+        SX_TRY(check_pieces_args(*this, "scatter_pieces", theirs, root));
+        return run("scatter_pieces", [&](const Call &call) { return point_to_point(call, root, mine, theirs, false); });
+    }
+
     Status barrier() override {
         return run("barrier", [&](const Call &call) {
             BarrierOptions opts(context_);
@@ -282,6 +294,37 @@ class GlooCommunicator final : public Communicator {
         if (aborted_.load()) s = SX_ERROR(SX_ERR_ABORTED, "%s was aborted (abort() was called)", what);
         if (!s.ok()) record_failure(s);
         return s;
+    }
+
+    // Root exchanges pieces with every other rank on the call's slot: to root (`gather`)
+    // or from it. Each piece has a buffer of its own, whose one send or receive is waited
+    // for; pieces between one pair on one slot match in the order they are posted.
+    Status point_to_point(const Call &call, int root, const std::vector<Piece> &mine,
+                          const std::vector<std::vector<Piece>> &theirs, bool gather) {
+        OpScope op = scope(call);
+        std::vector<std::pair<UnboundBuffer *, bool>> posted;  // (buffer, is a send)
+        auto post = [&](const Piece &p, int peer, bool send) {
+            if (p.bytes == 0) return;
+            UnboundBuffer *b = op.buffer(p.data, p.bytes);
+            if (send) {
+                b->send(peer, op.slot(), 0, p.bytes);
+            } else {
+                b->recv(peer, op.slot(), 0, p.bytes);
+            }
+            posted.emplace_back(b, send);
+        };
+        if (rank() == root) {
+            for (int r = 0; r < world_size(); ++r)
+                if (r != root)
+                    for (const Piece &p : theirs[static_cast<size_t>(r)]) post(p, r, !gather);
+        } else {
+            for (const Piece &p : mine) post(p, root, gather);
+        }
+        for (const auto &b : posted)
+            if (!(b.second ? op.wait_send(b.first) : op.wait_recv(b.first)))
+                return SX_ERROR(SX_ERR_ABORTED, "aborted");
+        op.done();
+        return Status::Ok();
     }
 
     Status meet(const char *what, const std::string &call_text, const Call &call, void *mine,

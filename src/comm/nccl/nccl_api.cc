@@ -43,6 +43,8 @@ Status open_library(Api *api) {
     resolve(lib, "ncclAllGather", &api->AllGather, &missing);
     resolve(lib, "ncclAllReduce", &api->AllReduce, &missing);
     resolve(lib, "ncclBroadcast", &api->Broadcast, &missing);
+    resolve(lib, "ncclSend", &api->Send, &missing);
+    resolve(lib, "ncclRecv", &api->Recv, &missing);
     resolve(lib, "ncclGroupStart", &api->GroupStart, &missing);
     resolve(lib, "ncclGroupEnd", &api->GroupEnd, &missing);
     if (!missing.empty()) {

@@ -31,6 +31,10 @@ struct Api {
                               ncclComm_t comm, cudaStream_t stream);
     ncclResult_t (*Broadcast)(const void *send, void *recv, size_t count, ncclDataType_t type, int root,
                               ncclComm_t comm, cudaStream_t stream);
+    ncclResult_t (*Send)(const void *send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                         cudaStream_t stream);
+    ncclResult_t (*Recv)(void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                         cudaStream_t stream);
     ncclResult_t (*GroupStart)();
     ncclResult_t (*GroupEnd)();
     int version = 0;  // NCCL_VERSION_CODE of the library, e.g. 22805

@@ -164,6 +164,19 @@ class NcclCommunicator final : public Communicator {
                    [&] { return api_->Broadcast(data, data, bytes, ncclUint8, root, comm_, stream_); });
     }
 
+    // Device memory pieces, point to point within one NCCL group call.
+    Status gather_pieces(const std::vector<Piece> &mine, const std::vector<std::vector<Piece>> &theirs,
+                         int root) override {
+        SX_TRY(check_pieces_args(*this, "gather_pieces", theirs, root));
+        return run("gather_pieces", [&] { return point_to_point(root, mine, theirs, true); });
+    }
+
+    Status scatter_pieces(const std::vector<std::vector<Piece>> &theirs, const std::vector<Piece> &mine,
+                          int root) override {
+        SX_TRY(check_pieces_args(*this, "scatter_pieces", theirs, root));
+        return run("scatter_pieces", [&] { return point_to_point(root, mine, theirs, false); });
+    }
+
     Status barrier() override {
         uint64_t one = 1;
         return all_reduce_max(&one, 1);
@@ -172,6 +185,27 @@ class NcclCommunicator final : public Communicator {
     void abort() override { aborted_.store(true); }
 
   private:
+    // The sends and receives of gather_pieces (to root) or scatter_pieces, as one group.
+    ncclResult_t point_to_point(int root, const std::vector<Piece> &mine, const std::vector<std::vector<Piece>> &theirs,
+                                bool gather) {
+        ncclResult_t r = api_->GroupStart();
+        auto post = [&](const Piece &p, int peer, bool send) {
+            if (r != ncclSuccess && r != ncclInProgress) return;
+            if (p.bytes == 0) return;
+            r = send ? api_->Send(p.data, p.bytes, ncclUint8, peer, comm_, stream_)
+                     : api_->Recv(p.data, p.bytes, ncclUint8, peer, comm_, stream_);
+        };
+        if (rank_ == root) {
+            for (int peer = 0; peer < world_; ++peer)
+                if (peer != root)
+                    for (const Piece &p : theirs[static_cast<size_t>(peer)]) post(p, peer, !gather);
+        } else {
+            for (const Piece &p : mine) post(p, root, gather);
+        }
+        const ncclResult_t end = api_->GroupEnd();
+        return r == ncclSuccess || r == ncclInProgress ? end : r;
+    }
+
     Status nccl_call(const char *what, ncclResult_t r) {
         return r == ncclSuccess || r == ncclInProgress ? Status::Ok() : nccl_error(what, r);
     }

@@ -65,6 +65,16 @@ class OneDeviceCommunicator final : public Communicator {
         SX_CHECK_ARG(root == 0, "broadcast: root %d is not in [0, 1)", root);
         return usable("broadcast");
     }
+    // One rank: root, with no peer to send to or receive from.
+    Status gather_pieces(const std::vector<Piece> &, const std::vector<std::vector<Piece>> &theirs,
+                         int root) override {
+        return check_pieces_args(*this, "gather_pieces", theirs, root);
+    }
+    Status scatter_pieces(const std::vector<std::vector<Piece>> &theirs, const std::vector<Piece> &,
+                          int root) override {
+        return check_pieces_args(*this, "scatter_pieces", theirs, root);
+    }
+
     Status barrier() override { return usable("barrier"); }
     void abort() override { aborted_.store(true); }
 

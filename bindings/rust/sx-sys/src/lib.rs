@@ -7,7 +7,7 @@
 use std::os::raw::{c_char, c_void};
 
 pub const SX_VERSION_MAJOR: u32 = 1;
-pub const SX_VERSION_MINOR: u32 = 2;
+pub const SX_VERSION_MINOR: u32 = 3;
 pub const SX_VERSION_PATCH: u32 = 0;
 pub const SX_VERSION_NUMBER: u32 = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH;
 
@@ -163,6 +163,9 @@ pub struct sx_step_options_t {
     pub stream: *mut c_void,
     pub keep_grads: i32,
     pub defer_gather: i32,
+    pub weighted: i32,
+    pub reserved0: i32,
+    pub weight: f64,
 }
 
 #[repr(C)]
@@ -195,6 +198,25 @@ pub struct sx_loss_scaling_t {
     pub growth_factor: f64,
     pub backoff_factor: f64,
 }
+
+/// Filled by the library only, for a [`sx_param_state_fn`] (no init function).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_param_state_t {
+    pub struct_size: usize,
+    pub param: i32,
+    pub param_group: i32,
+    pub name: *const c_char,
+    pub numel: u64,
+    pub step: i64,
+    pub momentum_steps: i64,
+    pub num_tensors: i32,
+    pub reserved0: i32,
+    pub tensor_names: *const *const c_char,
+    pub tensors: *const *mut f32,
+}
+
+pub type sx_param_state_fn = Option<unsafe extern "C" fn(state: *mut sx_param_state_t, user: *mut c_void) -> sx_status_t>;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -324,6 +346,25 @@ extern "C" {
     pub fn sx_loss_scaling_init(scaling: *mut sx_loss_scaling_t, size: usize) -> sx_status_t;
     pub fn sx_set_loss_scaling(group: *mut sx_shard_group_t, scaling: *const sx_loss_scaling_t) -> sx_status_t;
     pub fn sx_get_loss_scale(group: *const sx_shard_group_t, scale: *mut f64) -> sx_status_t;
+
+    pub fn sx_gather_optim_state(
+        group: *mut sx_shard_group_t,
+        root: i32,
+        f: sx_param_state_fn,
+        user: *mut c_void,
+    ) -> sx_status_t;
+    pub fn sx_scatter_optim_state(
+        group: *mut sx_shard_group_t,
+        root: i32,
+        f: sx_param_state_fn,
+        user: *mut c_void,
+    ) -> sx_status_t;
+    pub fn sx_state_view(
+        group: *const sx_shard_group_t,
+        param: i32,
+        tensor: *const c_char,
+        out: *mut sx_view_t,
+    ) -> sx_status_t;
 
     pub fn sx_get_rank(group: *const sx_shard_group_t, rank: *mut i32) -> sx_status_t;
     pub fn sx_get_world_size(group: *const sx_shard_group_t, world_size: *mut i32) -> sx_status_t;

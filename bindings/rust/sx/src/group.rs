@@ -19,8 +19,29 @@ use crate::options::{
 /// fn shared<T: Sync>() {}
 /// shared::<sx::ShardGroup>();
 /// ```
+///
+/// Every slice it hands out (params, grads, optimizer state, the trainable mask)
+/// borrows it, so none outlives the group, and none is held across a call that may move
+/// or replace what it shows (those take `&mut self`: a step, a load, a scatter, adding
+/// params) or across [`ShardGroup::close`] (which takes `self`):
+///
+/// ```compile_fail
+/// # fn f(mut g: sx::ShardGroup) -> sx::Result<()> {
+/// let w = g.param(0)?;
+/// g.step(None)?;
+/// let _ = w[0];
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail
+/// # fn f(g: sx::ShardGroup) -> sx::Result<()> {
+/// let m = g.state(0, "exp_avg")?;
+/// g.close()?;
+/// let _ = m[0];
+/// # Ok(()) }
+/// ```
 pub struct ShardGroup {
-    raw: *mut sys::sx_shard_group_t,
+    pub(crate) raw: *mut sys::sx_shard_group_t,
 }
 
 // One thread at a time may use a group, any thread may destroy it.
@@ -86,7 +107,7 @@ pub struct Tensors<'a> {
 type ViewFn = unsafe extern "C" fn(*const sys::sx_shard_group_t, i32, *mut sys::sx_view_t) -> sys::sx_status_t;
 
 /// An element type a view can be seen as, and the dtypes whose elements it holds.
-trait Element {
+pub(crate) trait Element {
     const DTYPES: &'static [i32];
     /// For error messages: the Rust type, and the dtypes it holds in words.
     const NAME: &'static str;
@@ -113,6 +134,35 @@ fn dtype_name(dtype: i32) -> String {
         Some(Dtype::Bf16) => "bf16".to_string(),
         None => format!("dtype {}", dtype),
     }
+}
+
+/// The pointer and length of a view seen as `&[T]`, if it is host memory of a dtype `T`
+/// holds; else an error naming `what` of `param` ("param", "grad", "state": the calls
+/// so named) and the call to use instead.
+pub(crate) fn host_slice<T: Element>(v: sys::sx_view_t, what: &str, param: i32) -> Result<(*mut T, usize)> {
+    if !T::DTYPES.contains(&v.dtype) || v.device != sys::SX_DEVICE_CPU {
+        let host = v.device == sys::SX_DEVICE_CPU;
+        let instead = match Dtype::from_raw(v.dtype) {
+            Some(Dtype::F32) if host => format!("{0} or {0}_mut", what),
+            Some(Dtype::F16) | Some(Dtype::Bf16) if host => format!("{0}_u16 or {0}_u16_mut", what),
+            _ => format!("{}_view for the raw view", what),
+        };
+        return Err(Error::new(
+            sys::SX_ERR_UNSUPPORTED,
+            format!(
+                "the {} of param {} is {} in {} memory; only {} host memory can be viewed as &[{}] (use {})",
+                what,
+                param,
+                dtype_name(v.dtype),
+                if host { "host" } else { "device" },
+                T::HOLDS,
+                T::NAME,
+                instead
+            ),
+        ));
+    }
+    let data = if v.numel == 0 { ptr::NonNull::<T>::dangling().as_ptr() } else { v.data as *mut T };
+    Ok((data, v.numel as usize))
 }
 
 impl ShardGroup {
@@ -150,7 +200,9 @@ impl ShardGroup {
         check(unsafe { sys::sx_abort(self.raw) })
     }
 
-    /// Adds a param group; returns its index. Only before [`ShardGroup::finalize`].
+    /// Adds a param group; returns its index. Before [`ShardGroup::finalize`], or between
+    /// steps after it (torch's add_param_group): the group and the params added with it
+    /// then wait for the next `finalize`, which every rank calls after adding the same.
     pub fn add_param_group(&mut self, desc: &ParamGroup) -> Result<i32> {
         let mut index = -1;
         check(unsafe { sys::sx_add_param_group(self.raw, &desc.raw, &mut index) })?;
@@ -171,7 +223,9 @@ impl ShardGroup {
         check(unsafe { sys::sx_set_lr(self.raw, param_group, lr) })
     }
 
-    /// Registers a param; returns its index. Only before [`ShardGroup::finalize`].
+    /// Registers a param; returns its index. After [`ShardGroup::finalize`] (between
+    /// steps), a param goes in a new unit, whose id is above every unit laid out so far,
+    /// and has no views until the next `finalize` lays it out.
     pub fn add_param(&mut self, p: &Param) -> Result<i32> {
         let name = c_string("param name", &p.name)?;
         let ndim = i32::try_from(p.shape.len())
@@ -190,6 +244,9 @@ impl ShardGroup {
     }
 
     /// Collective: checks every rank registered the same params, lays out and allocates.
+    /// Called again after params were added, it lays out only those, in new units; the
+    /// params laid out before keep their values, state and step counts. Ranks that
+    /// disagree get [`crate::status::SX_ERR_MISMATCH`] naming the first differing fact.
     pub fn finalize(&mut self) -> Result<()> {
         check(unsafe { sys::sx_finalize(self.raw) })
     }
@@ -216,30 +273,7 @@ impl ShardGroup {
     }
 
     fn typed_slice<T: Element>(&self, f: ViewFn, what: &str, param: i32) -> Result<(*mut T, usize)> {
-        let v = self.view(f, param)?;
-        if !T::DTYPES.contains(&v.dtype) || v.device != sys::SX_DEVICE_CPU {
-            let host = v.device == sys::SX_DEVICE_CPU;
-            let instead = match Dtype::from_raw(v.dtype) {
-                Some(Dtype::F32) if host => format!("{0} or {0}_mut", what),
-                Some(Dtype::F16) | Some(Dtype::Bf16) if host => format!("{0}_u16 or {0}_u16_mut", what),
-                _ => format!("{}_view for the raw view", what),
-            };
-            return Err(Error::new(
-                sys::SX_ERR_UNSUPPORTED,
-                format!(
-                    "the {} of param {} is {} in {} memory; only {} host memory can be viewed as &[{}] (use {})",
-                    what,
-                    param,
-                    dtype_name(v.dtype),
-                    if host { "host" } else { "device" },
-                    T::HOLDS,
-                    T::NAME,
-                    instead
-                ),
-            ));
-        }
-        let data = if v.numel == 0 { ptr::NonNull::<T>::dangling().as_ptr() } else { v.data as *mut T };
-        Ok((data, v.numel as usize))
+        host_slice::<T>(self.view(f, param)?, what, param)
     }
 
     fn slice<T: Element>(&self, f: ViewFn, what: &str, param: i32) -> Result<&[T]> {

@@ -16,6 +16,7 @@ mod future;
 mod group;
 mod log;
 mod options;
+mod state;
 
 pub use error::{status_string, Error, Result};
 pub use future::SaveFuture;
@@ -25,6 +26,7 @@ pub use options::{
     Backend, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, LossScalingMode, Optimizer, Param,
     ParamGroup, SaveOptions, StepOptions, UnitReadyOptions,
 };
+pub use state::{ParamState, ParamStateMut, ParamStateRef};
 
 pub use sx_sys as sys;
 

@@ -313,6 +313,18 @@ impl StepOptions {
         self.raw.defer_gather = defer as i32;
         self
     }
+    /// Uneven inputs: this step's gradients are sums over this rank's `weight` samples
+    /// (or tokens), and the step divides their sum over the ranks by the sum of every
+    /// rank's weight, so that the update is the one a single process would make over the
+    /// union of the data. A rank whose data ran out passes 0 and leaves its gradients at
+    /// zero; if every rank passes 0, the step is skipped ([`crate::StepResult::skipped`])
+    /// and nothing changes. Either every rank sets a weight (finite, >= 0) or none does
+    /// (the default: each rank's gradients are its mean, averaged over the ranks).
+    pub fn weight(mut self, weight: f64) -> Self {
+        self.raw.weighted = 1;
+        self.raw.weight = weight;
+        self
+    }
 }
 
 /// Options of [`crate::ShardGroup::unit_grads_ready`].

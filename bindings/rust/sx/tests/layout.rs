@@ -166,7 +166,8 @@ fn structs_match_the_c_layout() {
             beta1, beta2, eps, momentum, dampening]),
         mirror!(sys::sx_param_desc_t, [struct_size, name, ndim, dtype, shape, param_group, unit, frozen, reserved0]),
         mirror!(sys::sx_view_t, [struct_size, data, numel, dtype, device]),
-        mirror!(sys::sx_step_options_t, [struct_size, max_grad_norm, stream, keep_grads, defer_gather]),
+        mirror!(sys::sx_step_options_t, [struct_size, max_grad_norm, stream, keep_grads, defer_gather, weighted,
+            reserved0, weight]),
         mirror!(sys::sx_unit_ready_options_t, [struct_size, accumulate, reserved0, stream]),
         mirror!(sys::sx_step_result_t, [struct_size, grad_norm, step, skipped, reserved0, loss_scale]),
         mirror!(sys::sx_loss_scaling_t, [struct_size, mode, growth_interval, init_scale, growth_factor,
@@ -180,6 +181,8 @@ fn structs_match_the_c_layout() {
         mirror!(sys::sx_save_options_t, [struct_size, path, user_blob, user_blob_size, keep_last, synchronous,
             callback, callback_user]),
         mirror!(sys::sx_load_options_t, [struct_size, path, flags, reserved0]),
+        mirror!(sys::sx_param_state_t, [struct_size, param, param_group, name, numel, step, momentum_steps,
+            num_tensors, reserved0, tensor_names, tensors]),
     ];
     let mut problems = Vec::new();
     for (name, size, align, fields) in &mirrors {

@@ -1,0 +1,402 @@
+"""sx for PyTorch: a sharded optimizer for an existing ``torch.nn.Module``.
+
+``ShardedOptimizer`` is a ``torch.optim.Optimizer`` whose params live in sx's flat
+buffers: each ``param.data`` and ``param.grad`` becomes a zero-copy torch view of sx's
+memory, so the model's forward and backward read and write sx's buffers directly. A
+step averages the gradients over the ranks, clips them, updates this rank's shard of
+the optimizer state (ZeRO stage 1 or 2) and gathers the params, as
+``DistributedDataParallel`` with ``ZeroRedundancyOptimizer`` do together; the model
+itself is not wrapped. Launch it under ``torchrun`` (the default rendezvous "env://"
+joins torchrun's store)::
+
+    import torch, sx.torch
+    model = Net()
+    opt = sx.torch.ShardedOptimizer(model, torch.optim.AdamW, lr=1e-3, max_grad_norm=1.0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 10, 0.5)
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        sched.step()
+
+Importing this module imports torch; ``import sx`` does not. CPU tensors only (fp32, and
+bf16/fp16 with fp32 master weights); stage 3 is not offered here (its params exist only
+while gathered).
+"""
+import inspect
+import warnings
+
+import numpy as np
+import torch
+
+from . import _lib
+from .errors import InvalidArgumentError, UnsupportedError
+from .group import ShardGroup
+
+__all__ = ["ShardedOptimizer"]
+
+# torch's optimizer classes sx runs, by the name sx gives them.
+_KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw"}
+_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+# Group keys torch keeps that change nothing in sx (kernels and execution choices).
+_IGNORED = ("foreach", "capturable", "differentiable", "fused", "param_names", "initial_lr")
+
+
+def _hyper(kind, group):
+    """sx's hyperparameters of a torch param group."""
+    h = {"lr": float(group["lr"]), "weight_decay": float(group.get("weight_decay", 0.0)),
+         "maximize": bool(group.get("maximize", False))}
+    if kind == "sgd":
+        h.update(momentum=float(group.get("momentum", 0.0)), dampening=float(group.get("dampening", 0.0)),
+                 nesterov=bool(group.get("nesterov", False)))
+    else:
+        b1, b2 = group.get("betas", (0.9, 0.999))
+        h.update(beta1=float(b1), beta2=float(b2), eps=float(group.get("eps", 1e-8)),
+                 amsgrad=bool(group.get("amsgrad", False)))
+    return h
+
+
+def _kind_of(optimizer_class, defaults):
+    if optimizer_class not in _KINDS:
+        raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
+                               f"optimizer_class {optimizer_class!r} is not one sx runs: "
+                               f"torch.optim.SGD, torch.optim.Adam or torch.optim.AdamW")
+    kind = _KINDS[optimizer_class]
+    if kind == "adam" and defaults.get("decoupled_weight_decay"):
+        kind = "adamw"  # torch's Adam with decoupled weight decay is AdamW
+    return kind
+
+
+def _as_array(t):
+    """A contiguous float32 numpy array of a tensor (or number) of any float dtype."""
+    if isinstance(t, torch.Tensor):
+        return t.detach().to(torch.float32).reshape(-1).cpu().numpy()
+    return np.asarray(t, dtype=np.float32).reshape(-1)
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    """A torch optimizer whose params, gradients and sharded state live in sx.
+
+    ``params``: an ``nn.Module`` (its named parameters), an iterable of tensors, of
+    ``(name, tensor)`` pairs, or of param group dicts, as torch's optimizers take them.
+    Names key sx's checkpoints; unnamed params are called "param.<i>". Every rank must
+    give the same params in the same order. ``optimizer_class``: torch.optim.SGD, Adam or
+    AdamW; ``defaults``: its keyword arguments (lr, betas, eps, weight_decay, momentum,
+    ...), with the class's own defaults for the rest.
+
+    sx options: ``rendezvous`` ("env://": torchrun's, mpirun's or srun's environment),
+    ``rank`` and ``world_size`` (taken from the environment when None), ``stage`` (1 or
+    2), ``max_grad_norm`` (clip the global norm of the averaged gradients; 0: none),
+    ``bucket_mb`` (params are laid out in units of about this many MiB, in order: the
+    grain of communication), ``overlap`` (each unit's gradients are reduced as soon as the
+    backward has accumulated them, while the backward goes on with earlier layers; then
+    every step must follow exactly one backward: accumulate micro-batches in the loss,
+    not in .grad), ``timeout_ms``, ``num_threads``.
+
+    Differences from torch worth knowing: ``zero_grad()`` zeroes the gradients in place
+    whatever ``set_to_none`` says (a ``.grad`` set to None would no longer be sx's
+    memory); a param whose ``.grad`` is None at a step (requires_grad False, or set to
+    None by hand) is frozen for that step, as torch skips it; one whose ``.grad`` was
+    replaced by another tensor has it copied into sx's memory (with a warning).
+    Clip with ``max_grad_norm`` (or :meth:`clip_grad_norm_`), not with
+    ``torch.nn.utils.clip_grad_norm_``: before the step a rank holds its own gradients,
+    not yet averaged. The norm is ``grad_norm`` after the step.
+    """
+
+    def __init__(self, params, optimizer_class=torch.optim.AdamW, *, rendezvous="env://", rank=None,
+                 world_size=None, stage=2, max_grad_norm=0.0, bucket_mb=25.0, overlap=False, timeout_ms=0,
+                 num_threads=0, **defaults):
+        if stage not in (1, 2):
+            raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                       f"stage {stage}: sx.torch runs stages 1 and 2 (at stage 3 params "
+                                       "exist only while gathered, which a plain nn.Module does not do)")
+        signature = inspect.signature(optimizer_class.__init__)
+        full = {k: p.default for k, p in signature.parameters.items()
+                if k not in ("self", "params") and p.default is not inspect.Parameter.empty}
+        unknown = sorted(set(defaults) - set(full))
+        if unknown:
+            raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                       f"{optimizer_class.__name__} has no argument(s) {unknown}")
+        full.update(defaults)
+        self._kind = _kind_of(optimizer_class, full)
+        self.optimizer_class = optimizer_class
+        self.max_grad_norm = float(max_grad_norm)
+        self.grad_norm = None
+        self._bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
+        self._unit, self._unit_bytes = -1, self._bucket_bytes
+        self._params = []      # every param, in sx's order (torch's flattening of the groups)
+        self._names = []
+        self._grads = []       # per param: the grad tensor over sx's memory
+        self._pushed = []      # per group: the hyperparameters sx has
+        self._consolidated = None
+        self._clean = False    # the grads are known to be zero (after a step or zero_grad)
+        self._finalized = False
+        self._overlap = bool(overlap)
+        self._units = []       # per param: its unit's index
+        self._waiting = {}     # overlap: per unit, its params whose gradients are still to come
+        kw = {"stage": stage, "backend": "cpu", "timeout_ms": timeout_ms, "num_threads": num_threads}
+        if rendezvous == "env://" and rank is None and world_size is None:
+            self.group = ShardGroup(rendezvous, 0, 0, **kw)
+        else:
+            self.group = ShardGroup(rendezvous, rank or 0, world_size or 1, **kw)
+        if isinstance(params, torch.nn.Module):
+            params = list(params.named_parameters())
+        super().__init__(params, full)
+        self.group.finalize()
+        self._finalized = True
+        self._bind(0)
+
+    # -- torch's Optimizer interface -------------------------------------------------
+    def add_param_group(self, param_group):
+        """Adds a param group, as torch's; after construction it is a collective (every
+        rank adds the same group), and the new params join sx's buffers while the others
+        keep theirs, their state and their step counts."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, not {type(param_group).__name__}")
+        params = param_group["params"]
+        params = [params] if isinstance(params, (torch.Tensor, tuple)) else list(params)
+        names = []
+        plain = []
+        for p in params:
+            if isinstance(p, tuple):
+                names.append(str(p[0]))
+                plain.append(p[1])
+            else:
+                names.append(None)
+                plain.append(p)
+        group = dict(param_group)
+        group["params"] = plain
+        first = len(self._params)
+        super().add_param_group(group)  # torch's checks and defaults
+        group = self.param_groups[-1]
+        for p in group["params"]:
+            if p.device.type != "cpu" or p.dtype not in _DTYPES:
+                raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
+                                       f"param of dtype {p.dtype} on {p.device}: sx.torch takes CPU tensors of "
+                                       f"dtype {sorted(str(d) for d in _DTYPES)}")
+        for key in group:
+            if key not in _IGNORED and key != "params" and key not in self.defaults:
+                raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"unknown param group key {key!r}")
+        index = self.group.add_param_group(self._kind, **_hyper(self._kind, group))
+        self._pushed.append(_hyper(self._kind, group))
+        for k, p in enumerate(group["params"]):
+            name = names[k] if names[k] is not None else f"param.{first + k}"
+            nbytes = p.numel() * p.element_size()
+            if self._unit_bytes + nbytes > self._bucket_bytes and self._unit_bytes > 0:
+                self._unit, self._unit_bytes = self._unit + 1, 0
+            self._unit_bytes += nbytes
+            self.group.add_param(name, tuple(p.shape), param_group=index, unit=self._unit,
+                                 dtype=_DTYPES[p.dtype], frozen=not p.requires_grad)
+            self._params.append(p)
+            self._names.append(name)
+            self._units.append(self._unit)  # units are numbered in order, from 0: index = id
+        if self._finalized:
+            self.group.finalize()
+            self._bind(first)
+
+    def _bind(self, first):
+        """Params `first`.. take sx's memory: their values are copied in, then .data and
+        .grad become views of sx's buffers."""
+        for i in range(first, len(self._params)):
+            p = self._params[i]
+            with torch.no_grad():
+                values = self._tensor(self.group.param_view(i), p)
+                values.copy_(p.data)
+                p.data = values
+                grad = self._tensor(self.group.grad_view(i), p)
+                grad.zero_()
+            p.grad = grad
+            self._grads.append(grad)
+            if hasattr(p, "register_post_accumulate_grad_hook") and p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda _p, i=i: self._accumulated(i))
+            elif self._overlap:
+                raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, "overlap needs torch's post-accumulate-grad hooks "
+                                       "(torch 2.1 or newer)")
+        self._expect()
+
+    def _expect(self):
+        """Overlap: the params whose gradients each unit waits for in the next backward."""
+        self._waiting = {}
+        for i, p in enumerate(self._params):
+            if p.requires_grad:
+                self._waiting.setdefault(self._units[i], set()).add(i)
+
+    def _accumulated(self, i):
+        self._clean = False
+        if not self._overlap:
+            return
+        unit = self._units[i]
+        waiting = self._waiting.get(unit)
+        if waiting is None or i not in waiting:
+            # sx is reducing this unit already: a second backward would race with it.
+            raise RuntimeError(f"sx.torch: a second gradient of {self._names[i]} before step(); with overlap=True "
+                               "every step follows exactly one backward")
+        waiting.discard(i)
+        if not waiting:
+            del self._waiting[unit]
+            self.group.unit_grads_ready(unit)
+
+    @staticmethod
+    def _tensor(array, like):
+        t = torch.from_numpy(array)  # shares the memory, and keeps the array (and sx's) alive
+        if like.dtype == torch.bfloat16:
+            t = t.view(torch.bfloat16)  # numpy has no bf16: the view holds its raw bits
+        return t.view(like.shape)
+
+    def zero_grad(self, set_to_none=True):
+        """Zeroes every gradient in sx's memory (``set_to_none`` is accepted and ignored:
+        a .grad of None would no longer be sx's memory). Cheap right after a step, which
+        zeroes them already."""
+        for p, grad in zip(self._params, self._grads):
+            if p.grad is not grad:
+                p.grad = grad
+                self._clean = False
+        if not self._clean:
+            with torch.no_grad():
+                for grad in self._grads:
+                    grad.zero_()
+        self._clean = True
+
+    @torch.no_grad()
+    def step(self, closure=None, *, weight=None):
+        """Collective: averages the gradients over the ranks (or, with ``weight``, divides
+        their sum by the sum of every rank's weight: gradients of summed losses, for
+        uneven inputs), clips them to ``max_grad_norm``, updates this rank's shard and
+        gathers every param. Returns the closure's loss, if a closure was given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for gi, group in enumerate(self.param_groups):
+            wanted = _hyper(self._kind, group)
+            for key, value in wanted.items():
+                if self._pushed[gi].get(key) != value:
+                    self.group.set_hyperparameter(gi, key, value)
+                    self._pushed[gi][key] = value
+        mask = self.group.trainable_mask()
+        for i, (p, grad) in enumerate(zip(self._params, self._grads)):
+            mask[i] = 1 if (p.requires_grad and p.grad is not None) else 0
+            if p.grad is not None and p.grad is not grad:
+                if p.grad.data_ptr() != grad.data_ptr():
+                    warnings.warn(f"sx.torch: the .grad of {self._names[i]} was replaced by another tensor; it is "
+                                  "copied into sx's memory (zero_grad keeps .grad in place)", stacklevel=2)
+                    grad.copy_(p.grad)
+                p.grad = grad
+        result = self.group.step(max_grad_norm=self.max_grad_norm, weight=weight)
+        self.grad_norm = result.grad_norm
+        self._clean = True
+        self._expect()
+        return loss
+
+    def clip_grad_norm_(self, max_norm):
+        """Clips at the next step(s) to ``max_norm`` (the averaged gradients' global norm,
+        which exists only once the step has reduced them); the norm is ``grad_norm``
+        after the step. Returns None."""
+        self.max_grad_norm = float(max_norm)
+
+    # -- whole state, in torch's format ------------------------------------------------
+    def consolidate_state_dict(self, to=0):
+        """Collective: gathers the whole optimizer state onto rank ``to``, one param at a
+        time, as ZeroRedundancyOptimizer.consolidate_state_dict; that rank's
+        :meth:`state_dict` then returns it in torch's format."""
+        states = self.group.gather_optim_state(root=to)
+        self._consolidated = None if states is None else self._torch_state_dict(states)
+
+    def state_dict(self):
+        """The consolidated optimizer state in torch's format (a dict that
+        ``torch.optim.<class>.load_state_dict`` accepts), on the rank it was consolidated
+        to (with one rank, consolidated here if needed)."""
+        if self._consolidated is None and self.group.world_size == 1:
+            self.consolidate_state_dict(to=0)
+        if self._consolidated is None:
+            raise RuntimeError("the optimizer state has not been consolidated on this rank: call "
+                               "consolidate_state_dict(to=rank) on every rank first")
+        return self._consolidated
+
+    def _torch_state_dict(self, states):
+        state = {}
+        for i, st in enumerate(states):
+            p = self._params[i]
+            entry = {}
+            if self._kind == "sgd":
+                if "momentum_buffer" in st.tensors and st.momentum_steps > 0:
+                    entry["momentum_buffer"] = torch.from_numpy(st.tensors["momentum_buffer"]).view(p.shape).clone()
+            elif st.step > 0:
+                entry["step"] = torch.tensor(float(st.step), dtype=torch.float32)
+                for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+                    if name in st.tensors:
+                        entry[name] = torch.from_numpy(st.tensors[name]).view(p.shape).clone()
+            if entry:
+                state[i] = entry
+        groups, index = [], 0
+        for group in self.param_groups:
+            g = {k: v for k, v in group.items() if k != "params"}
+            g["params"] = list(range(index, index + len(group["params"])))
+            index += len(group["params"])
+            groups.append(g)
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Collective (every rank passes the same dict, as to ZeroRedundancyOptimizer):
+        loads a torch-format optimizer state dict, e.g. one saved by
+        ``torch.optim.AdamW``, into every rank's shard. Hyperparameters come from its
+        param groups; the params' values stay (16-bit params keep theirs as masters)."""
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"the state dict has {len(groups)} param groups, this optimizer "
+                             f"{len(self.param_groups)}")
+        for mine, theirs in zip(self.param_groups, groups):
+            if len(mine["params"]) != len(theirs["params"]):
+                raise ValueError("a param group of the state dict has another number of params")
+        # torch's indices in the dict's groups, in our order
+        order = [i for g in groups for i in g["params"]]
+        for mine, theirs in zip(self.param_groups, groups):
+            for key, value in theirs.items():
+                if key != "params":
+                    mine[key] = value
+        saved = state_dict["state"]
+        kind = self._kind
+
+        def fill(st):
+            entry = saved.get(order[st.index], {})
+            p = self._params[st.index]
+            for name in st.tensors:
+                if name == "master":
+                    st.tensors[name][...] = _as_array(p.data)  # the current values
+                elif name in entry and entry[name] is not None:
+                    st.tensors[name][...] = _as_array(entry[name])
+            if kind == "sgd":
+                st.momentum_steps = 1 if entry.get("momentum_buffer") is not None else 0
+                st.step = st.momentum_steps
+            else:
+                step = entry.get("step", 0)
+                st.step = int(step.item() if isinstance(step, torch.Tensor) else step)
+
+        self.group.scatter_optim_state(fill if self.group.rank == 0 else None, root=0)
+        self._consolidated = None
+
+    # -- sx checkpoints -------------------------------------------------------------
+    def save(self, path, user_blob=b"", **options):
+        """Collective: an sx checkpoint of the params and the optimizer state (see
+        ShardGroup.save; returns its Future)."""
+        return self.group.save(path, user_blob, **options)
+
+    def load(self, path, **options):
+        """Collective: loads an sx checkpoint saved at any world size into the params and
+        the state; the param groups' hyperparameters follow it."""
+        self.group.load(path, **options)
+        names = {"lr": "lr", "weight_decay": "weight_decay", "eps": "eps", "momentum": "momentum",
+                 "dampening": "dampening"}
+        for gi, group in enumerate(self.param_groups):
+            for key, sx_key in names.items():
+                if key in group:
+                    group[key] = self.group.get_hyperparameter(gi, sx_key)
+            if "betas" in group:
+                group["betas"] = (self.group.get_hyperparameter(gi, "beta1"),
+                                  self.group.get_hyperparameter(gi, "beta2"))
+            self._pushed[gi] = _hyper(self._kind, group)
+
+    def close(self):
+        """Releases the sx group (once no tensor over its memory is alive: the model's
+        params keep it)."""
+        self.group.close()

@@ -1,0 +1,169 @@
+"""sx.torch under a real torchrun (run by run_torch_tests.py): 2 processes train a small
+MLP with AdamW, gradient clipping and an LR scheduler through sx.torch.ShardedOptimizer,
+beside the same MLP under DistributedDataParallel + ZeroRedundancyOptimizer, and the
+losses and params must agree to 1e-5 relative at every one of 20 steps. Then sx's
+consolidated state dict equals ZeroRedundancyOptimizer's, loads into a plain
+torch.optim.AdamW that continues exactly as sx does, and the reverse; zero_grad keeps
+.grad in sx's memory; with overlap=True (units reduced from autograd hooks during the
+backward) the run is the same, and a second backward before a step is refused. Exits non-zero on the first difference."""
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
+
+import sx.torch
+
+RTOL = 1e-5
+LR, WD, MAX_NORM = 1e-2, 0.05, 0.25
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 4))
+
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)
+
+
+def loss_of(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def close(a, b, what):
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    if not torch.allclose(a, b, rtol=RTOL, atol=1e-7):
+        worst = ((a - b).abs() / b.abs().clamp_min(1e-7)).max().item()
+        raise AssertionError(f"rank {dist.get_rank()}: {what} differs (worst relative {worst:.3g})")
+
+
+def compare_params(m1, m2, what):
+    for (name, p), q in zip(m1.named_parameters(), m2.parameters()):
+        close(p.detach(), q.detach(), f"{what}: param {name}")
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    # The peer: DDP averages the gradients, clip_grad_norm_ clips them, ZeRO steps.
+    a = mlp()
+    ddp = DistributedDataParallel(a)
+    zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=LR, weight_decay=WD)
+    a_sched = torch.optim.lr_scheduler.StepLR(zero, step_size=5, gamma=0.5)
+    # sx: the model is not wrapped; the optimizer owns its params' memory.
+    b = mlp()
+    opt = sx.torch.ShardedOptimizer(b, torch.optim.AdamW, lr=LR, weight_decay=WD, max_grad_norm=MAX_NORM)
+    b_sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+    grad_ptrs = [opt.group.raw_view(i, grad=True).data for i in range(len(list(b.parameters())))]
+    # The same with each unit (a 1 KiB bucket: about a layer) reduced during the backward.
+    e = mlp()
+    overlapped = sx.torch.ShardedOptimizer(e, torch.optim.AdamW, lr=LR, weight_decay=WD, max_grad_norm=MAX_NORM,
+                                           bucket_mb=1.0 / 1024, overlap=True)
+    e_sched = torch.optim.lr_scheduler.StepLR(overlapped, step_size=5, gamma=0.5)
+    if overlapped.group.num_units < 3:
+        raise AssertionError(f"the overlapped model has {overlapped.group.num_units} units")
+    reductions = 0
+    for step in range(20):
+        x, y = batch(step, rank)
+        zero.zero_grad()
+        la = loss_of(ddp, x, y)
+        la.backward()
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), MAX_NORM)
+        zero.step()
+        a_sched.step()
+        opt.zero_grad()  # torch's default set_to_none=True: the grads stay sx's memory
+        lb = loss_of(b, x, y)
+        lb.backward()
+        if [p.grad.data_ptr() for p in b.parameters()] != grad_ptrs:
+            raise AssertionError("zero_grad detached .grad from sx's memory")
+        opt.step()
+        b_sched.step()
+        close(lb.detach(), la.detach(), f"step {step}: loss")
+        compare_params(b, a, f"step {step}")
+        overlapped.zero_grad()
+        loss_of(e, x, y).backward()  # the hooks signal every unit ready: reductions start here
+        reductions += 0 if overlapped._waiting else 1
+        overlapped.step()
+        e_sched.step()
+        compare_params(e, a, f"step {step} (overlapped)")
+    if reductions != 20:
+        raise AssertionError(f"the backward signalled every unit in {reductions} of 20 steps")
+    overlapped.zero_grad()
+    loss_of(e, *batch(0, rank)).backward()
+    try:
+        loss_of(e, *batch(1, rank)).backward()
+        raise AssertionError("a second backward before the step was not refused")
+    except RuntimeError as err:
+        if "second gradient" not in str(err):
+            raise
+    if opt.param_groups[0]["lr"] != zero.param_groups[0]["lr"]:
+        raise AssertionError("the schedulers disagree on the learning rate")
+
+    # sx's consolidated state equals ZeroRedundancyOptimizer's.
+    opt.consolidate_state_dict(to=0)
+    zero.consolidate_state_dict(to=0)
+    if rank == 0:
+        mine, theirs = opt.state_dict(), zero.state_dict()
+        for i, entry in theirs["state"].items():
+            for key, value in entry.items():
+                close(mine["state"][i][key], value, f"state {i} {key}")
+        for key in ("lr", "betas", "eps", "weight_decay", "amsgrad"):
+            if mine["param_groups"][0][key] != theirs["param_groups"][0][key]:
+                raise AssertionError(f"param group {key}: {mine['param_groups'][0][key]} vs "
+                                     f"{theirs['param_groups'][0][key]}")
+    elif opt._consolidated is not None:
+        raise AssertionError("a rank that is not the root holds the consolidated state")
+
+    # sx -> torch: a plain AdamW takes sx's state dict and one process over the union of
+    # the ranks' batches continues exactly as sx does.
+    sd = [opt.state_dict() if rank == 0 else None]
+    dist.broadcast_object_list(sd, src=0)
+    sd = sd[0]
+    c = mlp()
+    c.load_state_dict(b.state_dict())
+    plain = torch.optim.AdamW(c.parameters(), lr=LR, weight_decay=WD)
+    plain.load_state_dict(sd)
+    for step in range(20, 24):
+        batches = [batch(step, r) for r in range(world)]
+        opt.zero_grad()
+        loss_of(b, *batches[rank]).backward()
+        opt.step()
+        plain.zero_grad()
+        loss_of(c, torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])).backward()
+        torch.nn.utils.clip_grad_norm_(c.parameters(), MAX_NORM)
+        plain.step()
+        compare_params(b, c, f"sx and torch.optim.AdamW from sx's state, step {step}")
+
+    # torch -> sx: a fresh sx optimizer takes the plain AdamW's state dict (every rank the
+    # same, as ZeroRedundancyOptimizer's load_state_dict) and continues as it does.
+    d = mlp()
+    d.load_state_dict(c.state_dict())
+    opt2 = sx.torch.ShardedOptimizer(d, torch.optim.AdamW, lr=0.5, weight_decay=0.0, max_grad_norm=MAX_NORM)
+    opt2.load_state_dict(plain.state_dict())
+    if opt2.param_groups[0]["lr"] != plain.param_groups[0]["lr"]:
+        raise AssertionError("load_state_dict did not take the learning rate")
+    for step in range(24, 28):
+        batches = [batch(step, r) for r in range(world)]
+        opt2.zero_grad()
+        loss_of(d, *batches[rank]).backward()
+        opt2.step()
+        plain.zero_grad()
+        loss_of(c, torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])).backward()
+        torch.nn.utils.clip_grad_norm_(c.parameters(), MAX_NORM)
+        plain.step()
+        compare_params(d, c, f"sx from torch.optim.AdamW's state, step {step}")
+    print(f"rank {rank}: sx.torch matches DDP + ZeroRedundancyOptimizer and torch.optim.AdamW", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # one line that names the rank, then a non-zero exit
+        print(f"FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        raise

@@ -1,0 +1,22 @@
+"""Runs sx.torch's checks under a real torchrun: check_sx_torch.py on 2 processes and
+check_uneven.py on 3. Run with the Python of a torch environment, SX_LIBRARY pointing at
+libsx and PYTHONPATH at the binding (ctest's bindings_torch does)."""
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main():
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    for script, procs in (("check_sx_torch.py", 2), ("check_uneven.py", 3)):
+        cmd = [torchrun, "--standalone", f"--nproc-per-node={procs}", os.path.join(HERE, script)]
+        print("$", " ".join(cmd), flush=True)
+        done = subprocess.run(cmd, timeout=600)
+        if done.returncode != 0:
+            sys.exit(f"{script} under torchrun failed with exit code {done.returncode}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""sx for PyTorch users: a small torch model trained by sx.torch.ShardedOptimizer on the
+processes torchrun starts (docs/torch.md walks through it).
+
+    torchrun --standalone --nproc-per-node=2 samples/python/train_torch_mlp.py [STEPS] [CKPT_DIR]
+
+Each process keeps the whole model and its own batches; sx averages the gradients over
+the processes, clips them, updates this process's shard of the AdamW state (ZeRO stage 2)
+and gathers the params. The model is not wrapped: only the optimizer changes. With
+CKPT_DIR, the run saves an sx checkpoint there at the end (loadable into any number of
+processes), and writes the consolidated optimizer state in torch's format beside it.
+"""
+import os
+import sys
+
+import torch
+
+import sx.torch
+
+
+def main():
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+    ckpt = sys.argv[2] if len(sys.argv) > 2 else None
+    torch.manual_seed(0)  # every process starts from the same weights
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
+    opt = sx.torch.ShardedOptimizer(model, torch.optim.AdamW, lr=1e-2, weight_decay=0.01, max_grad_norm=1.0)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+    rank, world = opt.group.rank, opt.group.world_size
+    teacher = torch.Generator().manual_seed(123)
+    w_true = torch.randn(16, 1, generator=teacher)
+    data = torch.Generator().manual_seed(1000 + rank)  # each process its own batches
+    losses = []
+    for step in range(steps):
+        x = torch.randn(32, 16, generator=data)
+        y = torch.tanh(x @ w_true)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    # Mean losses of the first and the last few steps (one batch's loss is noisy).
+    k = max(1, min(5, steps // 4))
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    print(f"rank {rank} of {world}: loss {first:.4f} -> {last:.4f} after {steps} steps "
+          f"(grad norm {opt.grad_norm:.4f}, lr {sched.get_last_lr()[0]:.2e})", flush=True)
+    if ckpt:
+        opt.save(os.path.join(ckpt, f"step-{steps}"), synchronous=True).wait()
+        opt.consolidate_state_dict(to=0)
+        if rank == 0:
+            torch.save(opt.state_dict(), os.path.join(ckpt, f"optimizer-step-{steps}.pt"))
+    if not last < first:
+        sys.exit("the loss did not fall")
+
+
+if __name__ == "__main__":
+    main()

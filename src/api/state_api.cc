@@ -1,0 +1,84 @@
+// Entry points: whole optimizer state gathered and scattered, and in-place views of this
+// rank's part of it.
+#include "api/guard.h"
+#include "api/handles.h"
+
+using sx::Status;
+using sx::api::guard;
+using sx::api::resolve;
+
+namespace {
+
+// The trainer's callback over sx_param_state_t; its status becomes a Status naming it.
+sx::core::StateFn state_fn(const char *what, sx_param_state_fn fn, void *user) {
+    return [what, fn, user](sx::core::ParamState &st) -> Status {
+        sx_param_state_t out;
+        std::memset(&out, 0, sizeof out);
+        out.struct_size = sizeof out;
+        out.param = st.param;
+        out.param_group = st.group;
+        out.name = st.name;
+        out.numel = st.numel;
+        out.step = st.step;
+        out.momentum_steps = st.momentum_steps;
+        out.num_tensors = static_cast<int32_t>(st.tensors.size());
+        out.tensor_names = st.names.data();
+        out.tensors = st.tensors.data();
+        const sx_status_t code = fn(&out, user);
+        st.step = out.step;
+        st.momentum_steps = out.momentum_steps;
+        if (code == SX_OK) return Status::Ok();
+        return SX_ERROR(code, "%s: the callback returned %s for param '%s'", what, sx_status_string(code), st.name);
+    };
+}
+
+sx_status_t whole_state(const char *function, sx_shard_group_t *group, int32_t root, sx_param_state_fn fn,
+                        void *user, bool gather) {
+    return guard(function, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        SX_CHECK_ARG(root >= 0 && root < g->world_size(), "root rank %d is outside [0, %d)", root, g->world_size());
+        // A root without fn still takes part (the others are already in the collective):
+        // its first call fails, and every rank gets that failure.
+        const sx::core::StateFn f =
+            fn != nullptr ? state_fn(function, fn, user) : [function](sx::core::ParamState &) -> Status {
+                return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: fn is NULL on the root", function);
+            };
+        return gather ? g->gather_state(root, f) : g->scatter_state(root, f);
+    });
+}
+
+}  // namespace
+
+extern "C" {
+
+SX_API sx_status_t sx_gather_optim_state(sx_shard_group_t *group, int32_t root, sx_param_state_fn fn, void *user) {
+    return whole_state(__func__, group, root, fn, user, true);
+}
+
+SX_API sx_status_t sx_scatter_optim_state(sx_shard_group_t *group, int32_t root, sx_param_state_fn fn,
+                                          void *user) {
+    return whole_state(__func__, group, root, fn, user, false);
+}
+
+SX_API sx_status_t sx_state_view(const sx_shard_group_t *group, int32_t param, const char *tensor, sx_view_t *out) {
+    return guard(__func__, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        SX_TRY(sx::api::check_output(out, "out"));
+        void *data = nullptr;
+        uint64_t numel = 0;
+        SX_TRY(g->state_view(param, tensor, &data, &numel));
+        sx_view_t v;
+        std::memset(&v, 0, sizeof v);
+        v.struct_size = sizeof v;
+        v.data = data;
+        v.numel = numel;
+        v.dtype = SX_DTYPE_F32;
+        v.device = g->ops().device();
+        sx::api::write_output(out, v);
+        return Status::Ok();
+    });
+}
+
+}  // extern "C"
