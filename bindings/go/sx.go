@@ -2,9 +2,11 @@
 // parameter and gradient buffers and fused optimizer steps, through its C ABI
 // (include/sx/sx.h).
 //
-// The build finds the header and the library through the environment, e.g.
-//
-//	CGO_CFLAGS="-I$SX/include" CGO_LDFLAGS="-L$SX/build/release/src -Wl,-rpath,$SX/build/release/src"
+// The build finds the header and the library through pkg-config (`#cgo pkg-config: sx`):
+// after `cmake --install`, sx.pc is in the install's lib/pkgconfig, which the default
+// search path holds for /usr/local (else PKG_CONFIG_PATH names it). A library outside
+// the loader's directories is found at run time through LD_LIBRARY_PATH or an rpath
+// (CGO_LDFLAGS="-Wl,-rpath,$PREFIX/lib").
 //
 // A ShardGroup is used by one goroutine at a time; sx reports a failed call's message
 // through thread-local state, so every call here runs with its goroutine locked to its
@@ -12,7 +14,7 @@
 package sx
 
 /*
-#cgo LDFLAGS: -lsx
+#cgo pkg-config: sx
 #include <stdlib.h>
 #include "sx/sx.h"
 */

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the build into a temporary prefix and builds a consumer against it twice:
-# with find_package(sx) and with pkg-config; runs the installed sxckpt and finds sx_torch.py.
+# with find_package(sx) and with pkg-config, a Go program through the Go binding's
+# `#cgo pkg-config: sx` and a Rust one through sx-sys's pkg-config search; runs the
+# installed sxckpt and finds sx_torch.py.
 # Usage: check.sh BUILD_DIR
 set -euo pipefail
 build=${1:?usage: check.sh BUILD_DIR}
@@ -19,6 +21,22 @@ LD_LIBRARY_PATH="$libdir" "$tmp/cmake/consumer"
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 cc -std=c99 -o "$tmp/pc_consumer" "$here/consumer/main.c" $(pkg-config --cflags --libs sx)
 LD_LIBRARY_PATH="$libdir" "$tmp/pc_consumer"
+# The Go binding through `#cgo pkg-config: sx` (no CGO_CFLAGS/CGO_LDFLAGS), and the Rust
+# one through sx-sys's pkg-config search (no SX_LIB_DIR), its binary running without
+# LD_LIBRARY_PATH. Both build offline from the tree's bindings.
+go=$(command -v go || true)
+if [ -n "$go" ]; then
+  (cd "$here/go_consumer" && env -u CGO_CFLAGS -u CGO_LDFLAGS CGO_ENABLED=1 GOPROXY=off GOTOOLCHAIN=local \
+     GOFLAGS=-mod=mod GOCACHE="$tmp/gocache" GOPATH="$tmp/gopath" "$go" build -o "$tmp/go_consumer" .)
+  LD_LIBRARY_PATH="$libdir" "$tmp/go_consumer"
+else
+  echo "install check: no go on PATH (scripts/install-deps.sh installs golang-go)"; exit 1
+fi
+cargo=$(command -v cargo || echo "${HOME:-/root}/.cargo/bin/cargo")
+[ -x "$cargo" ] || { echo "install check: no cargo (scripts/install-deps.sh installs one)"; exit 1; }
+env -u SX_LIB_DIR -u SX_LIBRARY CARGO_TARGET_DIR="$tmp/cargo" "$cargo" build --offline --quiet \
+  --manifest-path "$here/rust_consumer/Cargo.toml"
+env -u LD_LIBRARY_PATH "$tmp/cargo/debug/sx-install-check"
 "$tmp/prefix/bin/sxckpt" --version > /dev/null || { echo "bin/sxckpt was not installed, or does not run"; exit 1; }
 [ -f "$tmp/prefix/share/sx/sx_torch.py" ] || { echo "share/sx/sx_torch.py was not installed"; exit 1; }
-echo "install check passed (SONAME $soname, find_package and pkg-config, bin/sxckpt, share/sx/sx_torch.py)"
+echo "install check passed (SONAME $soname, find_package and pkg-config, Go and Rust through pkg-config, bin/sxckpt, share/sx/sx_torch.py)"
