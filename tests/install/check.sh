@@ -2,7 +2,7 @@
 # Installs the build into a temporary prefix and builds a consumer against it twice:
 # with find_package(sx) and with pkg-config, a Go program through the Go binding's
 # `#cgo pkg-config: sx` and a Rust one through sx-sys's pkg-config search; runs the
-# installed sxckpt and finds sx_torch.py.
+# installed sxckpt and finds sxckpt_torch.py.
 # Usage: check.sh BUILD_DIR
 set -euo pipefail
 build=${1:?usage: check.sh BUILD_DIR}
@@ -38,5 +38,5 @@ env -u SX_LIB_DIR -u SX_LIBRARY CARGO_TARGET_DIR="$tmp/cargo" "$cargo" build --o
   --manifest-path "$here/rust_consumer/Cargo.toml"
 env -u LD_LIBRARY_PATH "$tmp/cargo/debug/sx-install-check"
 "$tmp/prefix/bin/sxckpt" --version > /dev/null || { echo "bin/sxckpt was not installed, or does not run"; exit 1; }
-[ -f "$tmp/prefix/share/sx/sx_torch.py" ] || { echo "share/sx/sx_torch.py was not installed"; exit 1; }
-echo "install check passed (SONAME $soname, find_package and pkg-config, Go and Rust through pkg-config, bin/sxckpt, share/sx/sx_torch.py)"
+[ -f "$tmp/prefix/share/sx/sxckpt_torch.py" ] || { echo "share/sx/sxckpt_torch.py was not installed"; exit 1; }
+echo "install check passed (SONAME $soname, find_package and pkg-config, Go and Rust through pkg-config, bin/sxckpt, share/sx/sxckpt_torch.py)"

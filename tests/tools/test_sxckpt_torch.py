@@ -4,10 +4,10 @@ sx to torch: two sx ranks (threads, through the Python binding) train a model wh
 param names are a torch module's (AdamW with amsgrad for some params, SGD with momentum
 for the others) and save; `sxckpt export --optimizer` writes the files; torch loads the
 weights with load_state_dict(strict=True) and the optimizer files into torch.optim.AdamW
-and torch.optim.SGD through tools/sxckpt/sx_torch.py. Every tensor, step and
+and torch.optim.SGD through tools/sxckpt/sxckpt_torch.py. Every tensor, step and
 hyperparameter equals sx's, and one more step in torch gives what sx's next step gave.
 
-torch to sx: torch trains the module with AdamW and SGD; sx_torch.write writes the
+torch to sx: torch trains the module with AdamW and SGD; sxckpt_torch.write writes the
 files; `sxckpt import --world-size 3` makes a checkpoint, which `sxckpt verify` passes
 and a group of 2 sx ranks loads with hyperparameters other than torch's: the values
 and hyperparameters equal torch's; the group saves again, and the export of that save
@@ -27,7 +27,7 @@ import unittest
 import torch
 
 import sx
-import sx_torch
+import sxckpt_torch
 
 SXCKPT = os.environ["SXCKPT"]
 STEPS = 3
@@ -164,18 +164,18 @@ class TorchRoundTrip(unittest.TestCase):
         sxckpt("export", "--safetensors", weights, "--optimizer", prefix, ck)
 
         net = make_net(2)  # other values: the load must replace them all
-        state = sx_torch.load_weights(weights)
+        state = sxckpt_torch.load_weights(weights)
         self.assertEqual(list(state), [n for n, _ in net.named_parameters()])
         net.load_state_dict(state, strict=True)
         for name, p in net.named_parameters():
             self.expect_equal(p.detach(), saved[name], name)
 
-        doc, tensors = sx_torch.read_optimizer(prefix)
+        doc, tensors = sxckpt_torch.read_optimizer(prefix)
         self.assertEqual(doc["step"], STEPS)
-        adamw = torch.optim.AdamW(sx_torch.param_groups(doc, net, "AdamW"))
-        sgd = torch.optim.SGD(sx_torch.param_groups(doc, net, "SGD"))
-        adamw.load_state_dict(sx_torch.optimizer_state_dict(doc, tensors, "AdamW"))
-        sgd.load_state_dict(sx_torch.optimizer_state_dict(doc, tensors, "SGD"))
+        adamw = torch.optim.AdamW(sxckpt_torch.param_groups(doc, net, "AdamW"))
+        sgd = torch.optim.SGD(sxckpt_torch.param_groups(doc, net, "SGD"))
+        adamw.load_state_dict(sxckpt_torch.optimizer_state_dict(doc, tensors, "AdamW"))
+        sgd.load_state_dict(sxckpt_torch.optimizer_state_dict(doc, tensors, "SGD"))
         for key, value in ADAMW.items():
             self.assertEqual(adamw.param_groups[0][key], value, key)
         for key, value in SGD.items():
@@ -202,7 +202,7 @@ class TorchRoundTrip(unittest.TestCase):
         for s in range(1, STEPS + 1):
             torch_step(net, optimizers, s)
         weights, prefix, ck = self.path("t.safetensors"), self.path("t-optim"), self.path("ck")
-        sx_torch.write(net, optimizers, weights, prefix)
+        sxckpt_torch.write(net, optimizers, weights, prefix)
         sxckpt("import", "--safetensors", weights, "--optimizer", prefix, "--world-size", "3", ck)
         self.assertIn("OK: MANIFEST, 3 files", sxckpt("verify", ck))
 
@@ -231,7 +231,7 @@ class TorchRoundTrip(unittest.TestCase):
         # The state sx loaded, as its own save holds it, is torch's.
         w2, p2 = self.path("r.safetensors"), self.path("r-optim")
         sxckpt("export", "--safetensors", w2, "--optimizer", p2, resaved)
-        doc, tensors = sx_torch.read_optimizer(p2)
+        doc, tensors = sxckpt_torch.read_optimizer(p2)
         adamw, sgd = optimizers
         named = dict(net.named_parameters())
         self.assertEqual(doc["step"], STEPS)
@@ -256,10 +256,10 @@ class TorchRoundTrip(unittest.TestCase):
         opt = torch.optim.AdamW([named[n] for n in ADAMW_PARAMS])  # the SGD params in no group
         weights, prefix = self.path("x.safetensors"), self.path("x-optim")
         with self.assertRaisesRegex(ValueError, "in no optimizer's param groups"):
-            sx_torch.write(net, [opt], weights, prefix)
+            sxckpt_torch.write(net, [opt], weights, prefix)
         self.assertFalse(os.path.exists(weights))
         with self.assertRaisesRegex(ValueError, "not an optimizer sx has"):
-            sx_torch.write(net, [torch.optim.Adagrad(net.parameters())], weights, prefix)
+            sxckpt_torch.write(net, [torch.optim.Adagrad(net.parameters())], weights, prefix)
 
 
 if __name__ == "__main__":

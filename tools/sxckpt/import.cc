@@ -1,6 +1,6 @@
 // sxckpt import --safetensors WEIGHTS [--optimizer PREFIX] [--world-size N] DIR: a new
 // sx checkpoint from the files `export` writes (or torch's tensors written the same
-// way, tools/sxckpt/sx_torch.py), saved as if by a group of N ranks, so that it loads
+// way, tools/sxckpt/sxckpt_torch.py), saved as if by a group of N ranks, so that it loads
 // into any world size, stage and unit split like any other.
 //
 // The checkpoint is laid out by the library's own code: a core::Layout of the params

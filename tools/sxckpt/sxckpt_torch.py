@@ -8,14 +8,14 @@ From sx to torch:
 
     sxckpt export --safetensors model.safetensors --optimizer optim CKPT
 
-    model.load_state_dict(sx_torch.load_weights("model.safetensors"), strict=True)
-    doc, state = sx_torch.read_optimizer("optim")
-    opt = torch.optim.AdamW(sx_torch.param_groups(doc, model, "AdamW"))
-    opt.load_state_dict(sx_torch.optimizer_state_dict(doc, state, "AdamW"))
+    model.load_state_dict(sxckpt_torch.load_weights("model.safetensors"), strict=True)
+    doc, state = sxckpt_torch.read_optimizer("optim")
+    opt = torch.optim.AdamW(sxckpt_torch.param_groups(doc, model, "AdamW"))
+    opt.load_state_dict(sxckpt_torch.optimizer_state_dict(doc, state, "AdamW"))
 
 From torch to sx:
 
-    sx_torch.write(model, [opt], "model.safetensors", "optim")
+    sxckpt_torch.write(model, [opt], "model.safetensors", "optim")
 
     sxckpt import --safetensors model.safetensors --optimizer optim --world-size 8 CKPT
 
@@ -202,7 +202,7 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
     before any file is written."""
     named = _named(params)
     if optimizer_prefix is None:
-        write_safetensors(weights_path, named, {"writer": "sx_torch.py"})
+        write_safetensors(weights_path, named, {"writer": "sxckpt_torch.py"})
         return
     name_of = {id(p): n for n, p in named.items()}
     groups, entries = [], {}
@@ -248,8 +248,8 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
         tensors.update({f"{name}.{k}": t for k, t in e["tensors"].items()})
     doc = {"schema_version": SCHEMA_VERSION, "step": step, "param_groups": groups, "state": state}
     text = json.dumps(doc, ensure_ascii=False, allow_nan=False)
-    write_safetensors(weights_path, named, {"writer": "sx_torch.py"})
-    write_safetensors(optimizer_prefix + ".safetensors", tensors, {"writer": "sx_torch.py"})
+    write_safetensors(weights_path, named, {"writer": "sxckpt_torch.py"})
+    write_safetensors(optimizer_prefix + ".safetensors", tensors, {"writer": "sxckpt_torch.py"})
     tmp = optimizer_prefix + ".json.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
