@@ -13,6 +13,7 @@
 
 #include "base/memory.h"
 #include "optim/optimizer.h"
+#include "sx/sx.h"
 
 namespace sxbench {
 
@@ -132,6 +133,19 @@ int section_checkpoint(const Options &opt);
 int section_pipeline(const Options &opt);
 // One rank of the pipeline section (bench_sx runs itself once per rank with --pipeline-rank).
 int pipeline_rank_main(int argc, char **argv);
+
+// The first of n consecutive TCP ports on 127.0.0.1 that were free a moment ago, or 0.
+int free_ports(int n);
+// Starts this program once per rank with args(rank) (its argv after argv[0]) and waits
+// for all of them; true if every one exited 0.
+bool run_self(int world, const std::function<std::vector<std::string>(int rank)> &args);
+// A group over `url` with one SGD param group (lr 1e-3) and `units` params of
+// `unit_numel` fp32, one per unit, finalized; one thread per rank. Exits the program,
+// naming `section`, on any error.
+sx_shard_group_t *make_sgd_group(const char *section, const std::string &url, int rank, int world, int stage,
+                                 int prefetch, int shard_size, int units, int64_t unit_numel);
+int section_mesh(const Options &opt);
+int mesh_rank_main(int argc, char **argv);
 #ifdef SX_HAVE_CUDA
 int section_gpu_adamw(const Options &opt);
 #endif

@@ -18,6 +18,8 @@
 //                 units, compute calibrated to equal the communication, as a busy loop and as
 //                 sleeps): overlapped and plain step time against compute + communication,
 //                 and stage 3's peak param bytes against 1/W of the model
+//   mesh          HSDP: bytes per rank per step on shard-group and replica links (the
+//                 kernel's TCP counts) and step time, flat ZeRO vs a 2 x 2 mesh, 4 ranks
 //   gpu_adamw     (CUDA builds) the fused AdamW kernel on the device vs a traffic-only kernel
 //                 with its memory pattern, and its bandwidth beside the device's peak;
 //                 prints that it was skipped, and why, where there is no device
@@ -51,6 +53,7 @@ const Section kSections[] = {
     {"comm", section_comm},
     {"checkpoint", section_checkpoint},
     {"pipeline", section_pipeline},
+    {"mesh", section_mesh},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
 #endif
@@ -60,6 +63,7 @@ const Section kSections[] = {
 
 int main(int argc, char **argv) {
     if (argc > 1 && !std::strcmp(argv[1], "--pipeline-rank")) return pipeline_rank_main(argc, argv);
+    if (argc > 1 && !std::strcmp(argv[1], "--mesh-rank")) return mesh_rank_main(argc, argv);
     Options opt;
     std::vector<std::string> wanted;
     for (int i = 1; i < argc; ++i) {

@@ -27,12 +27,7 @@
 // whichever is more; with busy compute on a machine with fewer cores than ranks'
 // threads, it is about compute + comm, and nothing can be hidden. Stage 3's peak
 // param bytes per rank are reported against 1/W of the model.
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -43,8 +38,6 @@
 
 #include "bench_util.h"
 #include "sx/sx.h"
-
-extern char **environ;
 
 namespace sxbench {
 
@@ -87,34 +80,7 @@ struct Compute {
 
 sx_shard_group_t *make_group(const std::string &url, int rank, int world, int stage, int prefetch,
                              int64_t unit_numel) {
-    sx_group_config_t cfg;
-    sx_group_config_init(&cfg, sizeof cfg);
-    cfg.rendezvous = url.c_str();
-    cfg.rank = rank;
-    cfg.world_size = world;
-    cfg.stage = stage;
-    cfg.num_threads = 1;
-    cfg.prefetch_depth = prefetch;
-    cfg.timeout_ms = 120000;
-    sx_shard_group_t *g = nullptr;
-    check(sx_create_shard_group(&cfg, &g), "sx_create_shard_group");
-    sx_param_group_desc_t pg;
-    sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_SGD);
-    pg.lr = 1e-3;
-    check(sx_add_param_group(g, &pg, nullptr), "sx_add_param_group");
-    const int units = unit_numel == 1 ? 1 : kUnits;
-    for (int u = 0; u < units; ++u) {
-        const std::string name = "layer" + std::to_string(u);
-        sx_param_desc_t d;
-        sx_param_desc_init(&d, sizeof d);
-        d.name = name.c_str();
-        d.ndim = 1;
-        d.shape = &unit_numel;
-        d.unit = u;
-        check(sx_add_param(g, &d, nullptr), "sx_add_param");
-    }
-    check(sx_finalize(g), "sx_finalize");
-    return g;
+    return make_sgd_group("pipeline", url, rank, world, stage, prefetch, 0, unit_numel == 1 ? 1 : kUnits, unit_numel);
 }
 
 // The trainer's forward: each unit gathered (stage 3; after a deferred step: waited
@@ -324,49 +290,13 @@ int pipeline_rank_main(int argc, char **argv) {
 
 namespace {
 
-// The first of n consecutive TCP ports on 127.0.0.1 that were free a moment ago (a group
-// each), or 0.
-int free_ports(int n) {
-    auto bindable = [](int port) {
-        const int fd = socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in a;
-        std::memset(&a, 0, sizeof a);
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        a.sin_port = htons(static_cast<uint16_t>(port));
-        const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0;
-        if (fd >= 0) close(fd);
-        return ok;
-    };
-    for (int attempt = 0; attempt < 100; ++attempt) {
-        const int base = 20000 + static_cast<int>((static_cast<unsigned>(::getpid()) * 7919u + attempt * 104729u) % 30000u);
-        int k = 0;
-        while (k < n && bindable(base + k)) ++k;
-        if (k == n) return base;
-    }
-    return 0;
-}
-
 bool run_ranks(int world, int reps, bool busy) {
     const int port0 = free_ports(4);
     if (port0 == 0) return false;
-    std::vector<pid_t> pids;
-    for (int r = 0; r < world; ++r) {
-        const std::string args[] = {"/proc/self/exe", "--pipeline-rank", std::to_string(r), std::to_string(world),
-                                    std::to_string(port0), std::to_string(reps), busy ? "1" : "0"};
-        std::vector<char *> argv;
-        for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
-        argv.push_back(nullptr);
-        pid_t pid;
-        if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) return false;
-        pids.push_back(pid);
-    }
-    bool ok = true;
-    for (pid_t p : pids) {
-        int status = 0;
-        if (waitpid(p, &status, 0) != p || !WIFEXITED(status) || WEXITSTATUS(status) != 0) ok = false;
-    }
-    return ok;
+    return run_self(world, [&](int r) {
+        return std::vector<std::string>{"--pipeline-rank", std::to_string(r), std::to_string(world),
+                                        std::to_string(port0), std::to_string(reps), busy ? "1" : "0"};
+    });
 }
 
 }  // namespace

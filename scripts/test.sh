@@ -28,6 +28,7 @@ cmake --build build/release -j"$jobs"
 ctest --test-dir build/release --output-on-failure -R '^(layer_check|abi_check|install_consumer|bindings_.*|launch_.*|sample_.*|test_sxckpt_torch)$'
 build/release/samples/c/train_charlm /usr/share/common-licenses/GPL-3 100 > /dev/null
 build/release/samples/c/train_charlm --stage 3 --overlap /usr/share/common-licenses/GPL-3 30 > /dev/null
+build/release/samples/c/train_charlm --shard-size 2 --overlap /usr/share/common-licenses/GPL-3 30 > /dev/null
 
 echo "== pip install . into a fresh virtual environment: import sx with no environment variable =="
 # The package builds its own libsx (CMake, through scikit-build-core from PyPI) and

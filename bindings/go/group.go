@@ -81,6 +81,11 @@ type GroupConfig struct {
 	// Stage 3: how many units sx gathers ahead of GatherUnit calls, in the previous
 	// step's order (0: 1; PrefetchNone: none).
 	PrefetchDepth int32
+	// HSDP: ShardSize ranks (a divisor of WorldSize; 0: all of them) shard the model, and
+	// the WorldSize / ShardSize groups of them replicate it. GradPredivideFactor divides
+	// 16-bit gradients before their sum (0: FSDP's factor for the shard group).
+	ShardSize           int32
+	GradPredivideFactor float64
 }
 
 // PrefetchNone as GroupConfig.PrefetchDepth: no units are gathered ahead.
@@ -123,6 +128,8 @@ func NewShardGroup(cfg GroupConfig) (*ShardGroup, error) {
 	c.grad_dtype = C.int32_t(cfg.GradDtype)
 	c.reduce_dtype = C.int32_t(cfg.ReduceDtype)
 	c.prefetch_depth = C.int32_t(cfg.PrefetchDepth)
+	c.shard_size = C.int32_t(cfg.ShardSize)
+	c.grad_predivide_factor = C.double(cfg.GradPredivideFactor)
 	var raw *C.sx_shard_group_t
 	if err := call(func() C.sx_status_t { return C.sx_create_shard_group(&c, &raw) }); err != nil {
 		return nil, err
@@ -630,11 +637,14 @@ func (g *ShardGroup) ParamInfo(param int32) (ParamInfo, error) {
 	return info, nil
 }
 
-// UnitInfo describes one unit's flat buffer and this rank's shard of it.
+// UnitInfo describes one unit's flat buffer and this rank's shard of it, and the mesh:
+// this rank is ShardRank of its shard group's ShardSize ranks and ReplicaRank of the
+// Replicas groups that hold the same shards.
 type UnitInfo struct {
-	Unit, NumParams                            int32
-	Numel, PaddedNumel, ShardNumel, ShardBegin uint64
-	Trainable, HasOptimizerState               bool
+	Unit, NumParams                             int32
+	Numel, PaddedNumel, ShardNumel, ShardBegin  uint64
+	Trainable, HasOptimizerState                bool
+	ShardSize, ShardRank, Replicas, ReplicaRank int32
 }
 
 // UnitInfo of the index-th unit (0..NumUnits-1, by increasing unit id).
@@ -643,7 +653,8 @@ func (g *ShardGroup) UnitInfo(index int32) (UnitInfo, error) {
 	C.sx_unit_info_init(&u, C.size_t(unsafe.Sizeof(u)))
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_get_unit_info(raw, C.int32_t(index), &u) })
 	return UnitInfo{int32(u.unit), int32(u.num_params), uint64(u.numel), uint64(u.padded_numel), uint64(u.shard_numel),
-		uint64(u.shard_begin), u.trainable != 0, u.has_optimizer_state != 0}, err
+		uint64(u.shard_begin), u.trainable != 0, u.has_optimizer_state != 0, int32(u.shard_size), int32(u.shard_rank),
+		int32(u.replicas), int32(u.replica_rank)}, err
 }
 
 // Load flags (LoadOptions sets them from its booleans).

@@ -490,25 +490,26 @@ func TestBF16ParamsWithFP32GradsAndLossScaling(t *testing.T) {
 	}
 }
 
-// pipelineRun trains three units for three steps on two ranks at `stage`; with overlap
-// each unit's gradients are signalled ready in the backward and the gather is deferred.
-// Every unit is gathered around its use (which stage 3 needs). Returns each rank's params
-// and rank 0's peak param bytes.
-func pipelineRun(t *testing.T, name string, stage int32, overlap bool) ([2][][]float32, uint64) {
-	var out [2][][]float32
+// pipelineRun trains three units for three steps on `world` ranks (shard groups of
+// shardSize; 0: flat) at `stage`; with overlap each unit's gradients are signalled ready
+// in the backward and the gather is deferred. Every unit is gathered around its use
+// (which stage 3 needs). Returns each rank's params and rank 0's peak param bytes.
+func pipelineRun(t *testing.T, name string, world, shardSize, stage int32, overlap bool) ([][][]float32, uint64) {
+	out := make([][][]float32, world)
 	var peak uint64
 	rdv := rendezvous(name)
-	errs := make([]error, 2)
+	errs := make([]error, world)
 	var wg sync.WaitGroup
-	for r := int32(0); r < 2; r++ {
+	for r := int32(0); r < world; r++ {
 		wg.Add(1)
 		go func(rank int32) {
 			defer wg.Done()
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
-			cfg := config(rdv, rank, 2)
+			cfg := config(rdv, rank, world)
 			cfg.Stage = stage
 			cfg.PrefetchDepth = 1
+			cfg.ShardSize = shardSize
 			g, err := NewShardGroup(cfg)
 			if err != nil {
 				errs[rank] = err
@@ -528,6 +529,17 @@ func pipelineRun(t *testing.T, name string, stage int32, overlap bool) ([2][][]f
 				}
 				if err := g.Finalize(); err != nil {
 					return err
+				}
+				s := shardSize
+				if s == 0 {
+					s = world
+				}
+				info, err := g.UnitInfo(0)
+				if err != nil {
+					return err
+				}
+				if info.ShardSize != s || info.ShardRank != rank%s || info.Replicas != world/s || info.ReplicaRank != rank/s {
+					return fmt.Errorf("unit info %+v: not shard %d of %d, replica %d of %d", info, rank%s, s, rank/s, world/s)
 				}
 				use := func(u int32, fn func() error) error {
 					if err := g.GatherUnit(u); err != nil {
@@ -596,26 +608,50 @@ func pipelineRun(t *testing.T, name string, stage int32, overlap bool) ([2][][]f
 	return out, peak
 }
 
+// sameParams fails the test where got and want differ anywhere.
+func sameParams(t *testing.T, what string, got, want [][][]float32) {
+	t.Helper()
+	for r := range want {
+		for u := range want[r] {
+			for k := range want[r][u] {
+				if got[r][u][k] != want[r][u][k] {
+					t.Fatalf("%s rank %d unit %d [%d]: %v, want %v", what, r, u, k, got[r][u][k], want[r][u][k])
+				}
+			}
+		}
+	}
+}
+
 func TestOverlapAndStage3GiveThePlainParams(t *testing.T) {
-	plain, plainPeak := pipelineRun(t, "pipe-plain", 2, false)
+	plain, plainPeak := pipelineRun(t, "pipe-plain", 2, 0, 2, false)
 	for _, c := range []struct {
 		stage   int32
 		overlap bool
 	}{{2, true}, {1, true}, {3, false}, {3, true}} {
-		got, peak := pipelineRun(t, fmt.Sprintf("pipe-%d-%v", c.stage, c.overlap), c.stage, c.overlap)
-		for r := 0; r < 2; r++ {
-			for u := range plain[r] {
-				for k := range plain[r][u] {
-					if got[r][u][k] != plain[r][u][k] {
-						t.Fatalf("stage %d overlap %v rank %d unit %d [%d]: %v, plain %v", c.stage, c.overlap, r, u, k,
-							got[r][u][k], plain[r][u][k])
-					}
-				}
-			}
-		}
+		got, peak := pipelineRun(t, fmt.Sprintf("pipe-%d-%v", c.stage, c.overlap), 2, 0, c.stage, c.overlap)
+		sameParams(t, fmt.Sprintf("stage %d overlap %v", c.stage, c.overlap), got, plain)
 		if c.stage == 3 && (peak == 0 || peak >= 2*plainPeak) {
 			t.Errorf("stage 3 peak param bytes %d, stage 2's %d", peak, plainPeak)
 		}
+	}
+}
+
+// HSDP: 4 ranks as 2 shard groups of 2 (and 4 of 1) train as the flat group of 4, bit
+// for bit; a shard size that does not divide the world size is refused.
+func TestAMeshTrainsAsTheFlatGroup(t *testing.T) {
+	flat, _ := pipelineRun(t, "mesh-flat", 4, 0, 2, false)
+	for _, c := range []struct {
+		shard, stage int32
+		overlap      bool
+	}{{2, 2, true}, {2, 3, true}, {1, 1, false}} {
+		got, _ := pipelineRun(t, fmt.Sprintf("mesh-%d-%d", c.shard, c.stage), 4, c.shard, c.stage, c.overlap)
+		sameParams(t, fmt.Sprintf("shard size %d stage %d", c.shard, c.stage), got, flat)
+	}
+	cfg := config(rendezvous("mesh-bad"), 0, 1)
+	cfg.ShardSize = 2
+	_, err := NewShardGroup(cfg)
+	if err == nil || !strings.Contains(err.Error(), "shard_size 2 does not divide the world size 1") {
+		t.Fatalf("a shard size of 2 at world size 1: %v", err)
 	}
 }
 

@@ -58,7 +58,8 @@ func cLayouts() []structLayout {
 			f("grad_dtype", unsafe.Offsetof(gc.grad_dtype), unsafe.Sizeof(gc.grad_dtype)),
 			f("reduce_dtype", unsafe.Offsetof(gc.reduce_dtype), unsafe.Sizeof(gc.reduce_dtype)),
 			f("prefetch_depth", unsafe.Offsetof(gc.prefetch_depth), unsafe.Sizeof(gc.prefetch_depth)),
-			f("reserved1", unsafe.Offsetof(gc.reserved1), unsafe.Sizeof(gc.reserved1)),
+			f("shard_size", unsafe.Offsetof(gc.shard_size), unsafe.Sizeof(gc.shard_size)),
+			f("grad_predivide_factor", unsafe.Offsetof(gc.grad_predivide_factor), unsafe.Sizeof(gc.grad_predivide_factor)),
 		}},
 		{"sx_param_group_desc_t", unsafe.Sizeof(pg), unsafe.Alignof(pg), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pg.struct_size), unsafe.Sizeof(pg.struct_size)),
@@ -158,6 +159,10 @@ func cLayouts() []structLayout {
 			f("shard_begin", unsafe.Offsetof(ui.shard_begin), unsafe.Sizeof(ui.shard_begin)),
 			f("trainable", unsafe.Offsetof(ui.trainable), unsafe.Sizeof(ui.trainable)),
 			f("has_optimizer_state", unsafe.Offsetof(ui.has_optimizer_state), unsafe.Sizeof(ui.has_optimizer_state)),
+			f("shard_size", unsafe.Offsetof(ui.shard_size), unsafe.Sizeof(ui.shard_size)),
+			f("shard_rank", unsafe.Offsetof(ui.shard_rank), unsafe.Sizeof(ui.shard_rank)),
+			f("replicas", unsafe.Offsetof(ui.replicas), unsafe.Sizeof(ui.replicas)),
+			f("replica_rank", unsafe.Offsetof(ui.replica_rank), unsafe.Sizeof(ui.replica_rank)),
 		}},
 		{"sx_save_options_t", unsafe.Sizeof(sv), unsafe.Alignof(sv), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(sv.struct_size), unsafe.Sizeof(sv.struct_size)),

@@ -44,7 +44,7 @@ extern "C" {
  * ------------------------------------------------------------------------------- */
 
 #define SX_VERSION_MAJOR 1
-#define SX_VERSION_MINOR 3
+#define SX_VERSION_MINOR 4
 #define SX_VERSION_PATCH 0
 #define SX_VERSION_NUMBER (SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH)
 
@@ -199,14 +199,26 @@ typedef struct sx_group_config {
      * own dtype; SX_DTYPE_F32 = fp32 gradients for every param, whatever its dtype. */
     int32_t grad_dtype;
     /* Dtype the gradients are summed over ranks in: 0 = their own dtype (fp16 and bf16
-     * sums are pre- and post-divided by sqrt(world_size) so that they neither overflow
-     * nor underflow); SX_DTYPE_F32 = converted to fp32 first. */
+     * gradients are divided by grad_predivide_factor before the sum and the sum
+     * multiplied back in fp32, so that it neither overflows nor underflows);
+     * SX_DTYPE_F32 = converted to fp32 first. */
     int32_t reduce_dtype;
     /* Stage 3: how many units sx gathers ahead of the trainer's sx_unit_gather calls, in
      * the order of the previous step's calls (registration order during the first
      * forward). 0 = 1; SX_PREFETCH_NONE = none; at most 64. */
     int32_t prefetch_depth;
-    int32_t reserved1;
+    /* HSDP (a 2-D mesh, see "Meshes" below): ranks per shard group, a divisor of the
+     * world size; ranks [k * shard_size, (k + 1) * shard_size) shard the model among
+     * themselves, and the world_size / shard_size groups replicate it. 0 = the world size
+     * (one shard group: plain ZeRO). Every rank passes the same. */
+    int32_t shard_size;
+    /* 16-bit gradient reductions divide the gradients by this before their sum and
+     * multiply the sum back by it in fp32 after, so that the sum neither overflows nor the
+     * divided gradients underflow: >= 1; 0 = FSDP's factor for the n ranks summed in 16
+     * bits (a shard group's): f doubled from 1 while it divides n and n / f > f, so 2 for
+     * 4 ranks, 4 for 8 or 16, 32 for 1024. The other 1 / (world size) of the average is
+     * applied in fp32 with the update. */
+    double grad_predivide_factor;
 } sx_group_config_t;
 
 #define SX_PREFETCH_NONE (-1)
@@ -570,6 +582,23 @@ SX_API sx_status_t sx_set_loss_scaling(sx_shard_group_t *group, const sx_loss_sc
 SX_API sx_status_t sx_get_loss_scale(const sx_shard_group_t *group, double *scale);
 
 /* ---------------------------------------------------------------------------------
+ * Meshes (HSDP: FSDP's HYBRID_SHARD, DeepSpeed's hpZ)
+ *
+ * With config->shard_size s < world size W, a group is a 2-D mesh: each shard group of s
+ * ranks shards every unit s ways (its params, gradients and optimizer state: the layout
+ * has s shards), and the W / s shard groups hold the same shards, as replicas. A step
+ * reduce-scatters each unit's gradients inside the shard group (fast links), all-reduces
+ * the reduced 1/s shard among the replicas (slow links: 1/s of the bytes a flat
+ * all-reduce would send), updates, and all-gathers inside the shard group. With units
+ * signalled ready, the replicas' all-reduce of one unit runs on a thread of its own while
+ * the next unit is reduce-scattered. A checkpoint is written by the first replica group
+ * alone (s files; no byte written twice), committed by every rank, and records the mesh;
+ * it loads into any mesh, stage and world size. Every rank must pass the same
+ * shard_size: a size that does not divide the world size, or ranks that disagree, fail
+ * sx_create_shard_group on every rank.
+ * ------------------------------------------------------------------------------- */
+
+/* ---------------------------------------------------------------------------------
  * Whole optimizer state
  *
  * ZeroRedundancyOptimizer's consolidate_state_dict and load_state_dict, without a
@@ -704,10 +733,17 @@ typedef struct sx_unit_info {
     int32_t num_params;
     uint64_t numel;      /* elements of its params, without padding */
     uint64_t padded_numel; /* flat buffer length: a multiple of world_size * alignment */
-    uint64_t shard_numel;  /* S = padded_numel / world_size */
-    uint64_t shard_begin;  /* this rank's shard: [rank*S, (rank+1)*S) */
+    uint64_t shard_numel;  /* S = padded_numel / shard_size */
+    uint64_t shard_begin;  /* this rank's shard: [shard_rank*S, (shard_rank+1)*S) */
     int32_t trainable;     /* 1 if any of its params is trainable */
     int32_t has_optimizer_state;
+    /* The mesh: this rank is shard_rank of its shard group's shard_size ranks, and
+     * replica_rank of the replicas groups that hold the same shards (flat: shard_size =
+     * world size, shard_rank = rank, replicas = 1, replica_rank = 0). */
+    int32_t shard_size;
+    int32_t shard_rank;
+    int32_t replicas;
+    int32_t replica_rank;
 } sx_unit_info_t;
 
 SX_API sx_status_t sx_unit_info_init(sx_unit_info_t *info, size_t size);

@@ -16,9 +16,12 @@
  * is deferred (stages 1 and 2): forward waits for each layer's params (sx_unit_gather)
  * just before it needs them. With --stage 3 a rank holds only its shard of every layer
  * between uses, and each layer is gathered around its forward and its backward.
+ * With --shard-size 2 the 4 ranks are a 2 x 2 mesh (HSDP): ranks {0, 1} and {2, 3} each
+ * shard the model, and the two pairs replicate it (only the reduced half of the
+ * gradients crosses between the pairs).
  *
- * usage: train_charlm [--stage 1|2|3] [--overlap] [TEXT_FILE] [STEPS]
- *        (default: stage 2, Debian's GPL-3 text, 400 steps)
+ * usage: train_charlm [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [TEXT_FILE] [STEPS]
+ *        (default: stage 2, flat, Debian's GPL-3 text, 400 steps)
  */
 #include <math.h>
 #include <pthread.h>
@@ -43,6 +46,7 @@ static const char *g_path = "/usr/share/common-licenses/GPL-3";
 static int g_steps = 400;
 static int g_stage = 2;
 static int g_overlap = 0;
+static int g_shard_size = 0; /* 0: every rank shards (flat) */
 static unsigned char *g_text; /* the text as vocabulary indices */
 static long g_len, g_train_len;
 static int g_vocab;
@@ -282,6 +286,7 @@ static void *rank_main(void *arg) {
     cfg.rank = res->rank;
     cfg.world_size = res->world;
     cfg.stage = g_stage;
+    cfg.shard_size = res->resume ? 0 : g_shard_size; /* the checkpoint resumes on a flat group */
     cfg.timeout_ms = 60000;
     CHECK(sx_create_shard_group(&cfg, &g));
 
@@ -438,6 +443,9 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--stage") == 0 && i + 1 < argc) {
             g_stage = atoi(argv[++i]);
             bad |= g_stage < 1 || g_stage > 3;
+        } else if (strcmp(argv[i], "--shard-size") == 0 && i + 1 < argc) {
+            g_shard_size = atoi(argv[++i]);
+            bad |= g_shard_size < 0 || g_shard_size > RANKS || (g_shard_size > 0 && RANKS % g_shard_size != 0);
         } else if (strcmp(argv[i], "--overlap") == 0) {
             g_overlap = 1;
         } else if (argv[i][0] == '-' && argv[i][1] == '-') {
@@ -449,7 +457,7 @@ int main(int argc, char **argv) {
         }
     }
     if (bad || positional > 2 || g_steps < 1 || load_text() != 0) {
-        fprintf(stderr, "usage: %s [--stage 1|2|3] [--overlap] [TEXT_FILE] [STEPS]\n", argv[0]);
+        fprintf(stderr, "usage: %s [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [TEXT_FILE] [STEPS]\n", argv[0]);
         return 2;
     }
     if (sx_version() / 10000 != SX_VERSION_MAJOR) {
@@ -457,9 +465,10 @@ int main(int argc, char **argv) {
                 SX_VERSION_MAJOR);
         return 2;
     }
-    printf("sx %u.%u.%u: %d ranks, ZeRO-%d AdamW%s, text %s (%ld bytes, %d distinct)\n",
-           sx_version() / 10000, sx_version() / 100 % 100, sx_version() % 100, RANKS, g_stage,
-           g_overlap ? ", communication overlapped unit by unit" : "", g_path, g_len, g_vocab);
+    const int shards = g_shard_size ? g_shard_size : RANKS;
+    printf("sx %u.%u.%u: %d ranks (%d shards x %d replicas), ZeRO-%d AdamW%s, text %s (%ld bytes, %d distinct)\n",
+           sx_version() / 10000, sx_version() / 100 % 100, sx_version() % 100, RANKS, shards, RANKS / shards,
+           g_stage, g_overlap ? ", communication overlapped unit by unit" : "", g_path, g_len, g_vocab);
     printf("uniform guess loss: %.4f\n", log((double)g_vocab));
     snprintf(g_ckpt_dir, sizeof g_ckpt_dir, "/tmp/sx-charlm-XXXXXX");
     if (!mkdtemp(g_ckpt_dir)) {
@@ -470,7 +479,7 @@ int main(int argc, char **argv) {
     rank_result_t results[RANKS], resumed[2];
     if (run_ranks(results, RANKS, 0) != 0) return 1;
     printf("held-out loss after %d steps: %.4f\n", g_steps, results[0].final_eval_loss);
-    printf("optimizer state per rank (ZeRO-%d over %d ranks) vs one unsharded process:\n", g_stage, RANKS);
+    printf("optimizer state per rank (ZeRO-%d over %d shards) vs one unsharded process:\n", g_stage, shards);
     for (int r = 0; r < RANKS; ++r)
         printf("  rank %d: %8llu bytes  (unsharded: %llu bytes, %.2fx less)\n", r,
                (unsigned long long)results[r].mem.optimizer_bytes,

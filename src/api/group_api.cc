@@ -78,6 +78,8 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         SX_CHECK_ARG(c.prefetch_depth >= SX_PREFETCH_NONE, "config->prefetch_depth is %d; it must be >= 0 or "
                      "SX_PREFETCH_NONE", c.prefetch_depth);
         g.prefetch_depth = c.prefetch_depth == 0 ? 1 : c.prefetch_depth == SX_PREFETCH_NONE ? 0 : c.prefetch_depth;
+        g.shard_size = c.shard_size;
+        g.grad_predivide_factor = c.grad_predivide_factor;
         std::unique_ptr<sx::core::ShardGroup> impl;
         SX_TRY(sx::core::ShardGroup::create(g, &impl));
         std::unique_ptr<sx_shard_group> h(new sx_shard_group());

@@ -159,7 +159,7 @@ SX_API sx_status_t sx_get_param_info(const sx_shard_group_t *group, int32_t para
         i.trainable = g->trainable(param) ? 1 : 0;
         if (g->check_laid_out(param).ok()) {
             i.offset_in_unit = g->layout().placement(param).offset;
-            const sx::core::ShardPiece piece = g->layout().piece(param, g->rank());
+            const sx::core::ShardPiece piece = g->layout().piece(param, g->shard_rank());
             i.shard_begin = piece.begin;
             i.shard_end = piece.end;
         }
@@ -194,9 +194,13 @@ SX_API sx_status_t sx_get_unit_info(const sx_shard_group_t *group, int32_t index
         i.numel = u.numel;
         i.padded_numel = u.padded_numel;
         i.shard_numel = u.shard_numel;
-        i.shard_begin = static_cast<uint64_t>(g->rank()) * u.shard_numel;
+        i.shard_begin = static_cast<uint64_t>(g->shard_rank()) * u.shard_numel;
         i.trainable = g->unit_trainable(index) ? 1 : 0;
         i.has_optimizer_state = g->unit_has_state(index) ? 1 : 0;
+        i.shard_size = g->shard_size();
+        i.shard_rank = g->shard_rank();
+        i.replicas = g->replicas();
+        i.replica_rank = g->replica_rank();
         sx::api::write_output(out, i);
         return Status::Ok();
     });

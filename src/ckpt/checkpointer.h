@@ -2,7 +2,8 @@
 //
 // Saving is split in three so that the caller waits only for the first part:
 //   snapshot  (caller's thread) records the param table and where every chunk of this
-//             rank's shard comes from, makes sure staging memory exists (allocated
+//             rank's shard comes from (a mesh's first replica group alone writes; the
+//             other replicas hold the same shards), makes sure staging memory exists (allocated
 //             once, pre-faulted, reused), and holds the group's shard fence;
 //   stage     (any thread) copies the shard of params and optimizer state into staging,
 //             laid out exactly as its shard file will be, then releases the fence: until
@@ -55,6 +56,11 @@ struct LoadOptions {
 struct Snapshot {
     uint64_t sequence = 0;
     int rank = 0, world_size = 1;
+    // The mesh: the first replica group's ranks (replica_rank 0) write shard file
+    // shard_rank of shard_size; the other ranks write nothing (their plan is empty) but
+    // report and wait for the commit like the writers.
+    int shard_rank = 0, shard_size = 1;
+    bool writer = true;
     WritePlan plan;
     std::vector<const float *> sources;  // per plan chunk: its first element in live memory
     std::unique_ptr<core::ShardFence::Hold> hold;     // released once staged

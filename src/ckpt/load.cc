@@ -250,7 +250,7 @@ class Checkpointer::Load {
             int &need = slots_[layout.placement(p).unit_index];
             need = std::max(need, static_cast<int>(kinds.size()) - 1);
         }
-        SX_TRY(plan_read(m_, layout, g_.rank(), index_, want_, &reads_));
+        SX_TRY(plan_read(m_, layout, g_.shard_rank(), index_, want_, &reads_));
         std::sort(reads_.begin(), reads_.end(), [](const ReadOp &a, const ReadOp &b) {
             if (reads_values(a) != reads_values(b)) return reads_values(a);
             return a.chunk->file != b.chunk->file ? a.chunk->file < b.chunk->file : a.chunk->offset < b.chunk->offset;

@@ -127,6 +127,7 @@ class Reader {
         m->library_version = in.library_version();
         m->step = in.step();
         m->world_size = in.world_size();
+        m->shard_size = in.shard_size();
         m->stage = in.stage();
         m->alignment = in.alignment();
         m->created_unix_ms = in.created_unix_ms();
@@ -307,7 +308,7 @@ Status encode_manifest(const Manifest &m, std::string *bytes) {
     fb::FinishManifestBuffer(
         fbb, fb::CreateManifest(fbb, format_version, m.library_version, m.step, m.world_size, m.stage,
                                 m.alignment, group_vector, param_vector, loss_scaler, user_blob, files,
-                                m.created_unix_ms));
+                                m.created_unix_ms, m.shard_size));
 
     const size_t fb_size = fbb.GetSize();
     SX_CHECK_ARG(fb_size + kTrailerBytes <= kMaxManifestBytes,

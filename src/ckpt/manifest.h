@@ -14,7 +14,8 @@ namespace ckpt {
 
 constexpr uint16_t kFormatMajor = 1;
 // 1.1: the stage may be 3 (format 1.0 readers refuse such a manifest as corrupt).
-constexpr uint16_t kFormatMinor = 1;
+// 1.2: the mesh's shard_size (older readers ignore it: the files and chunks say all).
+constexpr uint16_t kFormatMinor = 2;
 constexpr uint64_t kChunkAlignment = 4096;     // every chunk starts on a 4 KiB boundary
 constexpr uint64_t kMaxManifestBytes = 1ull << 30;  // refuse larger manifests unread
 constexpr uint64_t kMaxUserBlobBytes = 64ull << 20;
@@ -80,6 +81,9 @@ struct Manifest {
     uint32_t library_version = 0;
     uint64_t step = 0;
     int32_t world_size = 1, stage = 2, alignment = 64;
+    // 1.2: the saving group's ranks per shard group (its files: one per shard); 0 (every
+    // manifest before 1.2) = world_size, a flat group. Informational, as the stage is.
+    int32_t shard_size = 0;
     std::vector<ParamGroupEntry> param_groups;
     std::vector<ParamEntry> params;
     LossScalerEntry loss_scaler;
@@ -109,7 +113,7 @@ Status decode_manifest(const void *data, size_t size, Manifest *out);
 // hyperparameters as sx_add_param_group accepts them, optimizer state kinds that
 // belong to the param's optimizer, momentum_steps in [0, step], chunks of one file
 // not overlapping, shard file names plain (no '/', not "." or "..") and unique,
-// world_size >= 1, stage 1 to 3, alignment a power of two in [64, 2^20], a positive
+// world_size >= 1, shard_size 0 or a divisor of world_size, stage 1 to 3, alignment a power of two in [64, 2^20], a positive
 // finite loss scale, user_blob at most kMaxUserBlobBytes. SX_ERR_CORRUPT naming the
 // param (and tensor and chunk), the param group, the file or the field. Any thread.
 Status validate(const Manifest &m);

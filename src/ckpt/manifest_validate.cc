@@ -57,6 +57,9 @@ Status as_corrupt(const Status &s, const std::string &where) {
 
 Status validate_header(const Manifest &m) {
     SX_CHECK(m.world_size >= 1, SX_ERR_CORRUPT, "manifest: world_size is %d; it must be >= 1", m.world_size);
+    SX_CHECK(m.shard_size == 0 || (m.shard_size >= 1 && m.shard_size <= m.world_size && m.world_size % m.shard_size == 0),
+             SX_ERR_CORRUPT, "manifest: shard_size is %d; it must be 0 or a divisor of world_size %d", m.shard_size,
+             m.world_size);
     SX_CHECK(m.stage >= 1 && m.stage <= 3, SX_ERR_CORRUPT, "manifest: stage is %d; it must be 1, 2 or 3", m.stage);
     SX_CHECK(m.alignment >= 64 && m.alignment <= (1 << 20) && (m.alignment & (m.alignment - 1)) == 0,
              SX_ERR_CORRUPT, "manifest: alignment is %d; it must be a power of two in [64, 2^20] bytes",

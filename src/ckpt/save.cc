@@ -85,6 +85,7 @@ Manifest skeleton_of(const core::ShardGroup &g, const core::ShardState &shard,
     m.library_version = SX_VERSION_NUMBER;
     m.step = shard.progress.steps_taken;
     m.world_size = g.world_size();
+    m.shard_size = g.shard_size();
     m.stage = g.stage();
     m.alignment = g.config().alignment;
     m.user_blob = options.user_blob;
@@ -209,10 +210,11 @@ std::string encode_report(const Status &st, const std::vector<ChunkRecord> &reco
     return report + '\0' + payload;
 }
 
-// Step 3, on rank 0: every rank's report; its chunks go into *m (whose params hold
-// their tensors' kinds), each tensor's sorted by element.
-Status gather_chunks(comm::Store &store, const std::string &prefix, int world_size, comm::Millis timeout,
-                     Manifest *m) {
+// Step 3, on rank 0: every rank's report; the chunks of the writers (ranks [0,
+// shard_size), which wrote file r) go into *m (whose params hold their tensors' kinds),
+// each tensor's sorted by element.
+Status gather_chunks(comm::Store &store, const std::string &prefix, int world_size, int shard_size,
+                     comm::Millis timeout, Manifest *m) {
     for (int r = 0; r < world_size; ++r) {
         std::string v;
         SX_TRY(store.get(prefix + format("rank/%d", r), &v, timeout));
@@ -221,7 +223,11 @@ Status gather_chunks(comm::Store &store, const std::string &prefix, int world_si
         const size_t head = sizeof(int32_t) + std::strlen(v.c_str() + sizeof(int32_t)) + 1;
         SX_CHECK(head <= v.size() && (v.size() - head) % sizeof(ChunkRecord) == 0, SX_ERR_INTERNAL,
                  "rank %d sent a malformed chunk table", r);
-        m->files.push_back(shard_file_name(r, world_size));
+        if (r >= shard_size) {
+            SX_CHECK(v.size() == head, SX_ERR_INTERNAL, "rank %d, not a writer, reported chunks", r);
+            continue;
+        }
+        m->files.push_back(shard_file_name(r, shard_size));
         const size_t n = (v.size() - head) / sizeof(ChunkRecord);
         for (size_t i = 0; i < n; ++i) {
             ChunkRecord rec;
@@ -292,7 +298,10 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     Snapshot s;
     s.rank = g.rank();
     s.world_size = g.world_size();
-    s.plan = plan_write(layout, s.rank, kinds);
+    s.shard_rank = g.shard_rank();
+    s.shard_size = g.shard_size();
+    s.writer = g.replica_rank() == 0;
+    if (s.writer) s.plan = plan_write(layout, s.shard_rank, kinds);
     s.options = options;
 
     // Staging: allocated once, grown when needed, pre-faulted (HostBuffer populates it).
@@ -395,9 +404,13 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
 
     SX_TRY(open_save(ops, store, prefix, at, snap.rank, timeout));
     std::vector<ChunkRecord> records;
-    const std::string file = at.tmp_dir + "/" + shard_file_name(snap.rank, snap.world_size);
-    const Status written =
-        write_shard(ops, snap, static_cast<const char *>(staging_.data()), file, progress, staged, &records);
+    Status written;
+    if (snap.writer) {
+        const std::string file = at.tmp_dir + "/" + shard_file_name(snap.shard_rank, snap.shard_size);
+        written = write_shard(ops, snap, static_cast<const char *>(staging_.data()), file, progress, staged, &records);
+    } else {
+        written = Status::Ok();  // another replica group's rank writes this shard
+    }
     SX_TRY(store.set(prefix + format("rank/%d", snap.rank), encode_report(written, records)));
 
     // Rank 0 gathers every rank's chunks, writes MANIFEST and commits; the others wait
@@ -409,7 +422,7 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
     }
     Status result = [&]() -> Status {
         Manifest m = snap.skeleton;
-        SX_TRY(gather_chunks(store, prefix, snap.world_size, timeout, &m));
+        SX_TRY(gather_chunks(store, prefix, snap.world_size, snap.shard_size, timeout, &m));
         return commit_directory(ops, m, at, snap.options.keep_last);
     }();
     if (!result.ok()) {

@@ -44,6 +44,9 @@ class Communicator {
     // on return every part holds its rank's bytes.
     virtual Status all_gather(void *buf, size_t shard_bytes) = 0;
     virtual Status all_reduce_sum(double *data, size_t n) = 0;
+    // data[0, n) = the sum over ranks of their data, the same bits on every rank (NCCL:
+    // device memory; the others host). A mesh's replicas sum their gradient shards so.
+    virtual Status all_reduce_sum_f32(float *data, size_t n) = 0;
     virtual Status all_reduce_max(uint64_t *data, size_t n) = 0;
     virtual Status broadcast(void *data, size_t bytes, int root) = 0;
     // Every rank calls them, as every other collective (non-root ranks with nothing to

@@ -138,6 +138,7 @@ std::vector<Fact> ShardGroup::table_facts() const {
     f.push_back({"stage", std::to_string(config_.stage)});
     f.push_back({"grad_dtype", std::to_string(config_.grad_dtype)});
     f.push_back({"reduce_dtype", std::to_string(config_.reduce_dtype)});
+    f.push_back({"grad_predivide_factor", number_text(config_.grad_predivide_factor)});
     f.push_back({"the number of param groups", std::to_string(groups_.size())});
     for (size_t g = 0; g < groups_.size(); ++g)
         f.push_back({format("param group %zu optimizer", g), optimizer_text(groups_[g].hyper.kind)});
@@ -245,13 +246,14 @@ Status ShardGroup::agree(const Agreement &a, double weight, double *weight_sum) 
 }
 
 Status ShardGroup::sum_over_ranks(double local, double *total) {
-    if (world_size_ == 1) {
+    // Every replica group holds the same shards: the sum is over the shard group's ranks.
+    if (shard_size_ == 1) {
         *total = local;
         return Status::Ok();
     }
-    std::vector<double> all(static_cast<size_t>(world_size_), 0.0);
-    all[static_cast<size_t>(rank_)] = local;
-    Status s = comm_->all_gather(all.data(), sizeof(double));
+    std::vector<double> all(static_cast<size_t>(shard_size_), 0.0);
+    all[static_cast<size_t>(shard_rank_)] = local;
+    Status s = shard_comm_->all_gather(all.data(), sizeof(double));
     if (!s.ok()) return fail(s);
     double sum = 0.0;
     for (double v : all) sum += v;  // in rank order: the same bits on every rank

@@ -61,7 +61,7 @@ Status ShardGroup::state_view(int32_t param, const char *tensor, void **data, ui
                  spec.name.c_str());
         base = unit.state[it->slot].as<float>();
     }
-    const ShardPiece piece = layout_.piece(param, rank_);
+    const ShardPiece piece = layout_.piece(param, shard_rank_);
     *numel = piece.end - piece.begin;
     *data = *numel ? const_cast<float *>(base) + piece.shard_offset : nullptr;
     return Status::Ok();
@@ -120,30 +120,34 @@ Status ShardGroup::gather_state(int root, const StateFn &fn) {
     if (local.ok()) local = root_buffers(root, false, &staging, &host);
     SX_TRY(share_outcome(root, local, "sx_gather_optim_state"));
 
+    // The root's shard group holds every shard: its ranks alone send (the other replica
+    // groups have nothing to do but the outcome's exchange).
+    const bool in_root_group = replica_rank_ == root / shard_size_;
+    const int root_shard = root % shard_size_;
     Status outcome;  // the root's callback's, once it fails no more calls are made
-    for (int32_t p = 0; p < num_params(); ++p) {
+    for (int32_t p = 0; p < num_params() && in_root_group; ++p) {
         const std::vector<StateTensor> tensors = state_tensors(p, false);
         const uint64_t n = params_[p].numel;
         const size_t u = static_cast<size_t>(layout_.placement(p).unit_index);
         float *full = staging.as<float>();
         std::vector<comm::Piece> mine;
-        std::vector<std::vector<comm::Piece>> theirs(rank_ == root ? static_cast<size_t>(world_size_) : 0);
-        for (int q = 0; q < world_size_ && !tensors.empty(); ++q) {
+        std::vector<std::vector<comm::Piece>> theirs(rank_ == root ? static_cast<size_t>(shard_size_) : 0);
+        for (int q = 0; q < shard_size_ && !tensors.empty(); ++q) {
             const ShardPiece piece = layout_.piece(p, q);
             const size_t bytes = (piece.end - piece.begin) * sizeof(float);
             for (size_t t = 0; t < tensors.size(); ++t) {
-                if (q == rank_ && rank_ != root)
+                if (q == shard_rank_ && rank_ != root)
                     mine.push_back({state_pointer(u, tensors[t].slot) + piece.shard_offset, bytes});
-                if (rank_ == root && q != root) theirs[q].push_back({full + t * n + piece.begin, bytes});
-                if (rank_ == root && q == root && bytes) {
+                if (rank_ == root && q != root_shard) theirs[q].push_back({full + t * n + piece.begin, bytes});
+                if (rank_ == root && q == root_shard && bytes) {
                     Status s = ops_->copy(full + t * n + piece.begin, state_pointer(u, tensors[t].slot) + piece.shard_offset,
                                           bytes);
                     if (!s.ok()) return fail(s);
                 }
             }
         }
-        if (world_size_ > 1 && !tensors.empty()) {
-            Status s = comm_->gather_pieces(mine, theirs, root);
+        if (shard_size_ > 1 && !tensors.empty()) {
+            Status s = shard_comm_->gather_pieces(mine, theirs, root_shard);
             if (!s.ok()) return fail(s);
         }
         if (rank_ != root || !outcome.ok()) continue;
@@ -203,6 +207,10 @@ Status ShardGroup::scatter_state(int root, const StateFn &fn) {
     };
     SX_TRY(share_outcome(root, catching(allocate), "sx_scatter_optim_state"));
 
+    // The root's shard group takes its pieces from the root; every other replica group's
+    // rank then takes its shard's from the rank of the root's group with its shard index.
+    const bool in_root_group = replica_rank_ == root / shard_size_;
+    const int root_shard = root % shard_size_, root_replica = root / shard_size_;
     Status outcome;  // the root's callback's, once it fails the root sends zeros
     std::vector<int64_t> steps(2 * params_.size(), 0);
     for (int32_t p = 0; p < num_params(); ++p) {
@@ -237,22 +245,28 @@ Status ShardGroup::scatter_state(int root, const StateFn &fn) {
         }
         if (tensors.empty()) continue;
         std::vector<comm::Piece> mine;
-        std::vector<std::vector<comm::Piece>> theirs(rank_ == root ? static_cast<size_t>(world_size_) : 0);
-        for (int q = 0; q < world_size_; ++q) {
+        std::vector<std::vector<comm::Piece>> theirs(rank_ == root ? static_cast<size_t>(shard_size_) : 0);
+        for (int q = 0; q < shard_size_; ++q) {
             const ShardPiece piece = layout_.piece(p, q);
             const size_t bytes = (piece.end - piece.begin) * sizeof(float);
             for (size_t t = 0; t < tensors.size(); ++t) {
                 float *dst = tensors[t].slot < 0 ? masters[u].as<float>() : state[u][tensors[t].slot].as<float>();
-                if (q == rank_ && rank_ != root) mine.push_back({dst + piece.shard_offset, bytes});
-                if (rank_ == root && q != root) theirs[q].push_back({full + t * n + piece.begin, bytes});
-                if (rank_ == root && q == root && bytes) {
+                if (q == shard_rank_) mine.push_back({dst + piece.shard_offset, bytes});
+                if (rank_ == root && q != root_shard) theirs[q].push_back({full + t * n + piece.begin, bytes});
+                if (rank_ == root && q == root_shard && bytes) {
                     Status s = ops_->copy(dst + piece.shard_offset, full + t * n + piece.begin, bytes);
                     if (!s.ok()) return fail(s);
                 }
             }
         }
-        if (world_size_ > 1) {
-            Status s = comm_->scatter_pieces(theirs, mine, root);
+        if (shard_size_ > 1 && in_root_group) {
+            const std::vector<comm::Piece> receive = rank_ == root ? std::vector<comm::Piece>() : mine;
+            Status s = shard_comm_->scatter_pieces(theirs, receive, root_shard);
+            if (!s.ok()) return fail(s);
+        }
+        for (const comm::Piece &piece : mine) {
+            if (replicas_ == 1 || piece.bytes == 0) continue;
+            Status s = replica_comm_->broadcast(piece.data, piece.bytes, root_replica);
             if (!s.ok()) return fail(s);
         }
     }

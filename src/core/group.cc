@@ -52,6 +52,10 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
                  "grad_dtype %d is not 0 (each param's dtype) or SX_DTYPE_F32", cfg.grad_dtype);
     SX_CHECK_ARG(cfg.reduce_dtype == 0 || cfg.reduce_dtype == SX_DTYPE_F32,
                  "reduce_dtype %d is not 0 (the gradients' dtype) or SX_DTYPE_F32", cfg.reduce_dtype);
+    SX_CHECK_ARG(cfg.shard_size >= 0, "shard_size %d must be >= 0 (0 = the world size)", cfg.shard_size);
+    SX_CHECK_ARG(std::isfinite(cfg.grad_predivide_factor) && cfg.grad_predivide_factor >= 0 &&
+                     (cfg.grad_predivide_factor == 0 || cfg.grad_predivide_factor >= 1),
+                 "grad_predivide_factor %g must be finite and >= 1 (0 = FSDP's factor)", cfg.grad_predivide_factor);
 
     comm::Rendezvous rv;
     SX_TRY(comm::parse_rendezvous(cfg.rendezvous.c_str(), cfg.rank, cfg.world_size, &rv));
@@ -66,6 +70,7 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     g->world_size_ = rv.world_size;
     g->config_.rank = rv.rank;
     g->config_.world_size = rv.world_size;
+    g->config_.shard_size = cfg.shard_size ? cfg.shard_size : rv.world_size;  // checked by form_mesh
 
     // The device first: a group that cannot have it fails before it connects.
     std::unique_ptr<DeviceOps> device_ops;
@@ -76,7 +81,8 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
                               rv.host.compare(0, 4, "127.") == 0;
         if (loopback) g->config_.bind_address = "127.0.0.1";
     }
-    SX_TRY(g->connect(g->store_, &g->comm_));
+    SX_TRY(g->connect(g->store_, g->rank_, g->world_size_, &g->comm_));
+    SX_TRY(g->form_mesh());
 
     int threads = cuda ? 1 : cfg.num_threads;  // a CUDA group's work runs on its device
     if (threads == 0) {
@@ -86,16 +92,68 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     g->pool_.reset(new optim::ThreadPool(threads));
     g->ops_ = cuda ? std::move(device_ops) : make_host_ops(g->pool_.get());
     g->config_.num_threads = threads;
-    log(SX_LOG_INFO, "sx: rank %d of %d joined %s (stage %d, %s)", g->rank_, g->world_size_,
-        cfg.rendezvous.c_str(), cfg.stage,
+    log(SX_LOG_INFO, "sx: rank %d of %d joined %s (stage %d, mesh %d x %d, %s)", g->rank_, g->world_size_,
+        cfg.rendezvous.c_str(), cfg.stage, g->shard_size_, g->replicas_,
         cuda ? format("CUDA device %d, NCCL", cfg.device_ordinal).c_str() : format("%d threads", threads).c_str());
     *out = std::move(g);
     return Status::Ok();
 }
 
-Status ShardGroup::connect(std::shared_ptr<comm::Store> store, std::unique_ptr<comm::Communicator> *out) const {
+Status ShardGroup::form_mesh() {
+    const int s = config_.shard_size;
+    if (world_size_ > 1) {
+        // Every rank must have asked for the same mesh (else each is told how they differ),
+        // so that a bad size fails every rank alike below.
+        const uint64_t h = static_cast<uint64_t>(s);
+        uint64_t v[2] = {h, ~h};
+        SX_TRY(comm_->all_reduce_max(v, 2));
+        if (v[0] != h || v[1] != ~h)
+            return explain("ranks disagree on the mesh", {{"shard_size", std::to_string(s)}}, *comm_);
+    }
+    SX_CHECK_ARG(s <= world_size_ && world_size_ % s == 0,
+                 "shard_size %d does not divide the world size %d (the mesh is shard_size ranks per shard group "
+                 "times world_size / shard_size replicas)",
+                 s, world_size_);
+    shard_size_ = s;
+    shard_rank_ = rank_ % s;
+    replicas_ = world_size_ / s;
+    replica_rank_ = rank_ / s;
+    if (shard_size_ == world_size_) {
+        shard_comm_ = comm_.get();
+    } else {
+        // Shard group k and replica group i connect through key spaces of their own.
+        SX_TRY(connect(comm::make_prefix_store(store_, format("shard/%d/", replica_rank_)), shard_rank_, shard_size_,
+                       &shard_comm_own_));
+        shard_comm_ = shard_comm_own_.get();
+    }
+    if (replicas_ > 1) {
+        SX_TRY(connect(comm::make_prefix_store(store_, format("replica/%d/", shard_rank_)), replica_rank_, replicas_,
+                       &replica_comm_));
+        replica_channel_.reset(new CommChannel("the replicas' gradient all-reduces"));
+    }
+    return Status::Ok();
+}
+
+int fsdp_predivide_factor(int n) {
+    // FSDP's rule (torch.distributed.algorithms._comm_hooks.default_hooks, DefaultState.
+    // _get_gradient_predivide_factor): double f while it divides
+    // n and n / f > f (32 for 1024 ranks), so that neither the divided gradients
+    // underflow nor their sum overflows.
+    int factor = 1;
+    while (n % factor == 0 && n / factor > factor) factor *= 2;
+    return factor;
+}
+
+double ShardGroup::predivide_factor() const {
+    if (config_.grad_predivide_factor > 0) return config_.grad_predivide_factor;
+    // The ranks whose gradients are summed in 16 bits are a shard group's.
+    return fsdp_predivide_factor(shard_size_);
+}
+
+Status ShardGroup::connect(std::shared_ptr<comm::Store> store, int rank, int size,
+                           std::unique_ptr<comm::Communicator> *out) const {
     const comm::Millis timeout(config_.timeout_ms);
-    if (config_.backend == SX_BACKEND_CUDA && world_size_ == 1) {
+    if (config_.backend == SX_BACKEND_CUDA && size == 1) {
         // One GPU: nothing to exchange, and no NCCL needed.
         return comm::create_one_device_communicator(config_.device_ordinal, out);
     }
@@ -103,12 +161,12 @@ Status ShardGroup::connect(std::shared_ptr<comm::Store> store, std::unique_ptr<c
         comm::NcclOptions nopt;
         nopt.device = config_.device_ordinal;
         nopt.timeout = timeout;
-        return comm::create_nccl_communicator(std::move(store), rank_, world_size_, nopt, out);
+        return comm::create_nccl_communicator(std::move(store), rank, size, nopt, out);
     }
     comm::GlooOptions gopt;
     gopt.timeout = timeout;
     gopt.bind_address = config_.bind_address;
-    return comm::create_gloo_communicator(std::move(store), rank_, world_size_, gopt, out);
+    return comm::create_gloo_communicator(std::move(store), rank, size, gopt, out);
 }
 
 ShardGroup::~ShardGroup() {
@@ -116,12 +174,11 @@ ShardGroup::~ShardGroup() {
     std::lock_guard<std::mutex> lock(abort_mu_);
     // Collectives still in flight on the channels would wait for peers that may never
     // join them: they are cut short, so that the channels' threads end at once.
-    const bool busy = (reduce_channel_ && reduce_channel_->busy()) || (gather_channel_ && gather_channel_->busy());
-    if (busy) {
-        if (comm_) comm_->abort();
-        if (gather_comm_) gather_comm_->abort();
-    }
+    const bool busy = (reduce_channel_ && reduce_channel_->busy()) || (gather_channel_ && gather_channel_->busy()) ||
+                      (replica_channel_ && replica_channel_->busy());
+    if (busy) abort_communicators();
     reduce_channel_.reset();
+    replica_channel_.reset();
     gather_channel_.reset();
     unmark_spares();
 }
@@ -135,8 +192,12 @@ Status ShardGroup::fail(Status s) {
 void ShardGroup::abort() {
     std::lock_guard<std::mutex> lock(abort_mu_);
     aborted_.store(true);
-    if (comm_) comm_->abort();
-    if (gather_comm_) gather_comm_->abort();
+    abort_communicators();
+}
+
+void ShardGroup::abort_communicators() {
+    for (comm::Communicator *c : {comm_.get(), shard_comm_own_.get(), replica_comm_.get(), gather_comm_.get()})
+        if (c) c->abort();
 }
 
 Status ShardGroup::check_usable() const {
@@ -259,7 +320,7 @@ Status ShardGroup::finalize() {
     for (size_t i = 0; i < params_.size(); ++i)
         shapes[i] = {params_[i].unit, params_[i].numel, static_cast<uint32_t>(dtype_size(params_[i].dtype))};
     Layout layout;
-    SX_TRY(Layout::build(shapes, world_size_, static_cast<uint64_t>(config_.alignment), &layout));
+    SX_TRY(Layout::build(shapes, shard_size_, static_cast<uint64_t>(config_.alignment), &layout));
     // The units laid out before come first, unchanged (new params are in new units with
     // larger ids).
     const size_t old_units = units_.size();
@@ -470,7 +531,7 @@ Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
     // An fp32 reduction of 16-bit gradients widens one unit at a time into one scratch.
     uint64_t scratch_bytes = 0;
     for (size_t u = 0; u < units_.size(); ++u) {
-        if (trainable[u] && world_size_ > 1 && units_[u].grad_dtype != SX_DTYPE_F32 && !reduces_in_16bit(u))
+        if (trainable[u] && shard_size_ > 1 && units_[u].grad_dtype != SX_DTYPE_F32 && !reduces_in_16bit(u))
             scratch_bytes = std::max<uint64_t>(scratch_bytes, layout_.units()[u].padded_numel * sizeof(float));
     }
     Buffer scratch;
@@ -575,7 +636,8 @@ Status ShardGroup::broadcast_gathered(int root) {
         void *full = unit.pins > 0 ? unit.params.data() : scratch.data();
         if (world_size_ > 1)
             SX_TRY(collective([&](comm::Communicator &c) { return c.broadcast(full, layout_.units()[u].padded_numel * es, root); }));
-        Status s = ops_->copy(unit.own.data(), static_cast<char *>(full) + static_cast<uint64_t>(rank_) * S * es, S * es);
+        Status s =
+            ops_->copy(unit.own.data(), static_cast<char *>(full) + static_cast<uint64_t>(shard_rank_) * S * es, S * es);
         if (!s.ok()) return fail(s);
         unit.master_valid = false;  // the next step takes the masters from the new values
     }
@@ -588,10 +650,12 @@ Status ShardGroup::gather_params() {
         SX_TRY(gather_after_update(false));
         return drop_spares();
     }
-    if (world_size_ == 1) return Status::Ok();
+    if (shard_size_ == 1) return Status::Ok();
     for (size_t u = 0; u < units_.size(); ++u) {
         const uint64_t bytes = layout_.units()[u].shard_numel * dtype_size(units_[u].dtype);
-        SX_TRY(collective([&](comm::Communicator &c) { return c.all_gather(units_[u].params.data(), bytes); }));
+        SX_TRY(check_usable());
+        Status s = shard_comm_->all_gather(units_[u].params.data(), bytes);
+        if (!s.ok()) return fail(s);
     }
     return Status::Ok();
 }
@@ -624,7 +688,8 @@ bool ShardGroup::reduces_in_16bit(size_t u) const {
 void *ShardGroup::own_params(size_t u) const {
     const Unit &unit = units_[u];
     if (config_.stage == 3) return unit.own.data();
-    return unit.params.as<char>() + static_cast<uint64_t>(rank_) * layout_.units()[u].shard_numel * dtype_size(unit.dtype);
+    return unit.params.as<char>() +
+           static_cast<uint64_t>(shard_rank_) * layout_.units()[u].shard_numel * dtype_size(unit.dtype);
 }
 
 Status ShardGroup::ensure_masters() {

@@ -44,7 +44,17 @@ struct GroupConfig {
     int grad_dtype = 0;    // 0 = each param's dtype, or SX_DTYPE_F32
     int reduce_dtype = 0;  // 0 = the grad dtype, or SX_DTYPE_F32
     int prefetch_depth = 1;  // stage 3: units gathered ahead of the trainer's calls (0: none)
+    // HSDP: ranks per shard group (a divisor of the world size; 0 = the world size). The
+    // layout has shard_size shards; each is replicated world_size / shard_size times.
+    int shard_size = 0;
+    // 16-bit reductions divide the gradients by this before their sum and multiply the
+    // sum back by it in fp32 after; 0 = FSDP's factor for the ranks summed in 16 bits.
+    double grad_predivide_factor = 0.0;
 };
+
+// FSDP's gradient pre-divide factor for a 16-bit sum over n ranks: f doubled from 1
+// while it divides n and n / f > f (2 for 4 ranks, 4 for 8 or 16, 32 for 1024).
+int fsdp_predivide_factor(int n);
 
 // torch.cuda.amp.GradScaler's parameters.
 struct LossScaling {
@@ -157,6 +167,15 @@ class ShardGroup {
 
     int rank() const { return rank_; }
     int world_size() const { return world_size_; }
+    // The mesh: this rank's shard group holds ranks [replica_rank * shard_size, +shard_size)
+    // and owns shard shard_rank (= rank % shard_size) of every unit; the ranks with the
+    // same shard_rank form its replica group, replicas of them in all.
+    int shard_size() const { return shard_size_; }
+    int shard_rank() const { return shard_rank_; }
+    int replicas() const { return replicas_; }
+    int replica_rank() const { return replica_rank_; }
+    // The factor 16-bit gradients are divided by before their sum (see GroupConfig).
+    double predivide_factor() const;
     int stage() const { return config_.stage; }
     bool finalized() const { return finalized_; }
     // Params or param groups were added after sx_finalize and wait for the next one.
@@ -280,6 +299,8 @@ class ShardGroup {
     // --- failure ---
     // Any thread: fails collectives in flight, and every later call.
     void abort();
+    // Every communicator of the group aborted (collectives in flight return at once).
+    void abort_communicators();
     // SX_ERR_GROUP_FAILED with the first failure's message (or saying sx_abort() was
     // called), or ok.
     Status check_usable() const;
@@ -320,7 +341,16 @@ class ShardGroup {
 
     ShardGroup() = default;
     // A communicator of the group's backend among its ranks, through `store`.
-    Status connect(std::shared_ptr<comm::Store> store, std::unique_ptr<comm::Communicator> *out) const;
+    Status connect(std::shared_ptr<comm::Store> store, int rank, int size,
+                   std::unique_ptr<comm::Communicator> *out) const;
+    // After the world's communicator: the ranks agree on the mesh, and the shard group's
+    // and the replica group's communicators are connected.
+    Status form_mesh();
+    // The communicator of this rank's shard group (the world's where the mesh is flat).
+    comm::Communicator &shard_comm() { return *shard_comm_; }
+    // The replicas' all-reduce of unit u's reduced fp32 shard `shard` (a step's last
+    // micro-batch), where the mesh has more than one replica. A failure fails the group.
+    Status reduce_replicas(size_t u, float *shard);
     // Applies a trainable mask: unit flags, and optimizer state (and stage 2's gradient
     // accumulator) allocated for every unit that needs it under the current
     // hyperparameters. All allocations happen before anything changes.
@@ -348,8 +378,9 @@ class ShardGroup {
     // (SX_ERR_MISMATCH naming what differs otherwise, on every rank); *weight_sum (may be
     // null) receives the sum of every rank's `weight`, added in rank order.
     Status agree(const Agreement &a, double weight, double *weight_sum);
-    // Collective: the sum of every rank's `local`, added in rank order (the same bits on
-    // every rank, whatever the collective's own order of additions).
+    // Collective: the sum of every shard's `local` (over the shard group's ranks: every
+    // replica group holds the same shards), added in shard order (the same bits on every
+    // rank, whatever the collective's own order of additions).
     Status sum_over_ranks(double local, double *total);
     // The current mask with every byte 0 or 1 (autodetection reads the trainer's bytes).
     std::vector<uint8_t> candidate_mask() const;
@@ -463,7 +494,11 @@ class ShardGroup {
     GroupConfig config_;
     int rank_ = 0, world_size_ = 1;
     std::shared_ptr<comm::Store> store_;
-    std::unique_ptr<comm::Communicator> comm_;
+    std::unique_ptr<comm::Communicator> comm_;  // every rank of the group
+    int shard_size_ = 1, shard_rank_ = 0, replicas_ = 1, replica_rank_ = 0;
+    comm::Communicator *shard_comm_ = nullptr;             // comm_, or shard_comm_own_
+    std::unique_ptr<comm::Communicator> shard_comm_own_;  // a mesh's shard group
+    std::unique_ptr<comm::Communicator> replica_comm_;    // a mesh's replica group (replicas > 1)
     std::unique_ptr<optim::ThreadPool> pool_;
     std::unique_ptr<DeviceOps> ops_;
 
@@ -509,6 +544,7 @@ class ShardGroup {
     std::atomic<uint64_t> reductions_run_{0};
     std::unique_ptr<comm::Communicator> gather_comm_;
     std::unique_ptr<CommChannel> reduce_channel_;  // after the communicators: destroyed first
+    std::unique_ptr<CommChannel> replica_channel_;  // a mesh's replica all-reduces (replicas > 1)
     std::unique_ptr<CommChannel> gather_channel_;
 
     std::atomic<bool> failed_{false};

@@ -57,6 +57,10 @@ CommChannel &ShardGroup::reduce_channel() {
 Status ShardGroup::settle() {
     Status s;
     if (reduce_channel_) s = reduce_channel_->drain();
+    if (replica_channel_) {
+        Status r = replica_channel_->drain();
+        if (s.ok()) s = r;
+    }
     if (gather_channel_) {
         Status g = gather_channel_->drain();
         if (s.ok()) s = g;
@@ -108,11 +112,20 @@ void ShardGroup::submit_reductions(bool all) {
                 units_[u].accum_live = true;
                 s = ops_->zero(units_[u].grads.data(), units_[u].grads.size());
             }
-            if (s.ok()) reduced_[u] = shard;
-            // The last micro-batch: the unit's part of the step's norm, while the backward goes on.
-            if (s.ok() && !accumulate) s = unit_sumsq(static_cast<size_t>(u), grad_scale, &unit_sumsq_[u]);
             if (!s.ok()) return fail(s);
-            ++reductions_run_;
+            reduced_[u] = shard;
+            // The last micro-batch: the replicas' all-reduce of the shard (on a channel of
+            // its own, so that it overlaps the next unit's reduce-scatter), then the
+            // unit's part of the step's norm, while the backward goes on.
+            auto finish = [this, u, shard, grad_scale, accumulate]() -> Status {
+                Status f = accumulate ? Status::Ok() : reduce_replicas(static_cast<size_t>(u), shard);
+                if (f.ok() && !accumulate) f = unit_sumsq(static_cast<size_t>(u), grad_scale, &unit_sumsq_[u]);
+                if (!f.ok()) return fail(f);
+                ++reductions_run_;
+                return Status::Ok();
+            };
+            if (accumulate || replicas_ == 1) return finish();
+            replica_channel_->submit(finish);
             return Status::Ok();
         });
     }
@@ -144,6 +157,8 @@ Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double
     Round round = std::move(round_);
     round_ = Round();
     Status s = reduce_channel().drain();
+    // Every replica all-reduce was queued by a reduction, all of which have ended.
+    if (s.ok() && replica_channel_) s = replica_channel_->drain();
     if (!s.ok()) {
         // The ranks disagreed before anything was reduced: the channel ran nothing
         // after its agreement, on every rank. Anything else failed the group.
@@ -196,13 +211,14 @@ Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double
         next[k] = static_cast<int32_t>(u);
     }
     reduce_order_ = std::move(next);
-    // Sums in rank order: the same bits on every rank.
+    // Sums in rank order: the same bits on every rank. Every replica group holds the same
+    // reduced shards, so the squares are those of one: the first's (ranks [0, shard_size)).
     double total = 0.0, weights = 0.0;
     for (int r = 0; r < world_size_; ++r) {
         double v, w;
         std::memcpy(&v, &all[static_cast<size_t>(r) * words + 1], sizeof v);
         std::memcpy(&w, &all[static_cast<size_t>(r) * words + 2], sizeof w);
-        total += v;
+        if (r < shard_size_) total += v;
         weights += w;
     }
     if (sumsq) *sumsq = total;
@@ -216,7 +232,10 @@ Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double
 Status ShardGroup::open_gather_channel() {
     if (gather_channel_) return Status::Ok();
     std::unique_ptr<comm::Communicator> c;
-    if (world_size_ > 1) SX_TRY(connect(comm::make_prefix_store(store_, "gather/"), &c));
+    // Gathers run inside the shard group.
+    if (shard_size_ > 1)
+        SX_TRY(connect(comm::make_prefix_store(store_, format("gather/%d/", replica_rank_)), shard_rank_, shard_size_,
+                       &c));
     {
         std::lock_guard<std::mutex> lock(abort_mu_);  // abort() may read it from another thread
         gather_comm_ = std::move(c);
@@ -255,16 +274,16 @@ Status ShardGroup::submit_gather(size_t u) {
         }
         unit.resident = true;
     }
-    if (world_size_ == 1 && config_.stage != 3) return Status::Ok();  // the params are whole already
+    if (shard_size_ == 1 && config_.stage != 3) return Status::Ok();  // the params are whole already
     char *full = unit.params.as<char>();
     const void *own = unit.own.data();
     const bool unmark = kMarkReleased && config_.stage == 3 && ops_->device() == SX_DEVICE_CPU;
     const size_t bytes = unit.params.size();
     unit.gather_ticket = gather_channel_->submit([this, full, own, S, es, unmark, bytes]() -> Status {
         if (unmark) unmark_released(full, bytes);  // a spare's, marked when its unit was released
-        char *mine = full + static_cast<uint64_t>(rank_) * S * es;
+        char *mine = full + static_cast<uint64_t>(shard_rank_) * S * es;
         Status s = config_.stage == 3 ? ops_->copy(mine, own, S * es) : Status::Ok();
-        if (s.ok() && world_size_ > 1) s = gather_comm_->all_gather(full, S * es);
+        if (s.ok() && shard_size_ > 1) s = gather_comm_->all_gather(full, S * es);
         return s.ok() ? s : fail(s);
     });
     return Status::Ok();
@@ -322,7 +341,7 @@ Status ShardGroup::drop_spares() {
 }
 
 int32_t ShardGroup::first_deferred_gather() const {
-    if (config_.stage == 3 || world_size_ == 1) return -1;
+    if (config_.stage == 3 || shard_size_ == 1) return -1;
     for (size_t k = reduce_order_.size(); k-- > 0;)
         if (units_[reduce_order_[k]].trainable) return reduce_order_[k];
     return -1;
@@ -331,7 +350,7 @@ int32_t ShardGroup::first_deferred_gather() const {
 Status ShardGroup::gather_after_update(bool defer, int32_t submitted) {
     if (config_.stage != 3) {
         if (!defer) return gather_trainable_units();
-        if (world_size_ == 1) return Status::Ok();
+        if (shard_size_ == 1) return Status::Ok();
         SX_TRY(open_gather_channel());
         // The forward reads the units in the reverse of the backward's order, which the
         // ranks agreed on for the reductions: gathered in that order, the unit the next
@@ -431,7 +450,7 @@ Status ShardGroup::unit_release(int32_t unit) {
     const uint64_t S = layout_.units()[unit].shard_numel;
     const size_t es = dtype_size(u.dtype);
     void *own = u.own.data();
-    const void *mine = u.params.as<char>() + static_cast<uint64_t>(rank_) * S * es;
+    const void *mine = u.params.as<char>() + static_cast<uint64_t>(shard_rank_) * S * es;
     u.copy_back_ticket = gather_channel_->submit([this, own, mine, S, es]() -> Status {
         Status s = ops_->copy(own, mine, S * es);
         return s.ok() ? s : fail(s);

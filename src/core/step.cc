@@ -31,19 +31,21 @@ std::vector<uint8_t> ShardGroup::candidate_mask() const {
 Status ShardGroup::reduce_unit(size_t u, bool into_accum, float **shard_grad) {
     Unit &unit = units_[u];
     const uint64_t S = layout_.units()[u].shard_numel;
+    comm::Communicator &c = *shard_comm_;  // the shard group sums; the replicas after it
     if (unit.grad_dtype == SX_DTYPE_F32) {
         float *grads = unit.grads.as<float>();
-        // One rank with nothing accumulated: the gradients are already the reduced shard.
-        // (Otherwise one rank goes through the communicator too, which then copies or adds.)
-        if (world_size_ == 1 && !into_accum && !unit.accum_live) {
+        // One rank per shard group with nothing accumulated: the gradients are already its
+        // shard's sum. (Otherwise one rank goes through the communicator too, which then
+        // copies or adds.)
+        if (shard_size_ == 1 && !into_accum && !unit.accum_live) {
             *shard_grad = grads;
         } else if (config_.stage == 1 && !into_accum) {
             // In place: this rank's shard of the grad buffer receives the sum.
-            float *own = grads + static_cast<uint64_t>(rank_) * S;
-            SX_TRY(comm_->reduce_scatter_sum(grads, S, own, false));
+            float *own = grads + static_cast<uint64_t>(shard_rank_) * S;
+            SX_TRY(c.reduce_scatter_sum(grads, S, own, false));
             *shard_grad = own;
         } else {
-            SX_TRY(comm_->reduce_scatter_sum(grads, S, unit.accum.as<float>(), unit.accum_live));
+            SX_TRY(c.reduce_scatter_sum(grads, S, unit.accum.as<float>(), unit.accum_live));
             *shard_grad = unit.accum.as<float>();
         }
         return Status::Ok();
@@ -52,24 +54,30 @@ Status ShardGroup::reduce_unit(size_t u, bool into_accum, float **shard_grad) {
     uint16_t *grads = unit.grads.as<uint16_t>();
     float *out = unit.accum.as<float>();
     const uint64_t total = layout_.units()[u].padded_numel;
-    if (world_size_ == 1) {
+    if (shard_size_ == 1) {
         // Nothing to sum: widen (or add) this rank's gradients into the fp32 shard.
         SX_TRY(ops_->widen(unit.grad_dtype, grads, out, S, unit.accum_live));
     } else if (reduces_in_16bit(u)) {
-        // Summed in the 16-bit dtype: divided by sqrt(world_size) before, so that the sum
-        // does not overflow, and multiplied back by it in fp32 after (the average's 1/N
-        // comes with the update's gradient scale), so that small values do not underflow.
-        const float root = std::sqrt(static_cast<float>(world_size_));
-        const float inv_root = 1.0f / root;
-        SX_TRY(ops_->scale16(unit.grad_dtype, grads, inv_root, total));
-        SX_TRY(comm_->reduce_scatter_sum_16(grads, unit.grad_dtype, S, out, root, unit.accum_live));
+        // Summed in the 16-bit dtype: divided by the pre-divide factor f before, so that
+        // the sum does not overflow, and multiplied back by f in fp32 after (the average's
+        // 1/N comes with the update's gradient scale), so that small values do not
+        // underflow. f is a power of two by default, so neither scaling rounds.
+        const float f = static_cast<float>(predivide_factor());
+        SX_TRY(ops_->scale16(unit.grad_dtype, grads, 1.0f / f, total));
+        SX_TRY(c.reduce_scatter_sum_16(grads, unit.grad_dtype, S, out, f, unit.accum_live));
     } else {
         float *wide = reduce_scratch_.as<float>();
         SX_TRY(ops_->widen(unit.grad_dtype, grads, wide, total, false));
-        SX_TRY(comm_->reduce_scatter_sum(wide, S, out, unit.accum_live));
+        SX_TRY(c.reduce_scatter_sum(wide, S, out, unit.accum_live));
     }
     *shard_grad = out;
     return Status::Ok();
+}
+
+Status ShardGroup::reduce_replicas(size_t u, float *shard) {
+    if (replicas_ == 1) return Status::Ok();
+    Status s = replica_comm_->all_reduce_sum_f32(shard, layout_.units()[u].shard_numel);
+    return s.ok() ? s : fail(s);
 }
 
 Status ShardGroup::zero_grads() {
@@ -88,6 +96,9 @@ Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weigh
         Status s = reduce_unit(u, accumulate, &reduced_[u]);
         if (!s.ok()) return fail(s);
         if (accumulate) unit.accum_live = true;
+        // A mesh's replicas sum their shard groups' sums once, at the step: the
+        // accumulator holds this shard group's micro-batches until then.
+        if (!accumulate) SX_TRY(reduce_replicas(u, reduced_[u]));
     }
     return Status::Ok();
 }
@@ -251,7 +262,7 @@ void ShardGroup::append_unit_segments(size_t u, float *reduced, std::vector<opti
     const UnitShard v = unit_shard(u);
     for (int32_t p : layout_.units()[u].params) {
         if (!applied_mask_[p]) continue;
-        const ShardPiece piece = layout_.piece(p, rank_);
+        const ShardPiece piece = layout_.piece(p, shard_rank_);
         if (piece.begin == piece.end) continue;
         const ParamSpec &spec = params_[p];
         optim::Segment seg;
@@ -320,11 +331,11 @@ void ShardGroup::warn_if_no_gradient(double norm) {
 }
 
 Status ShardGroup::gather_trainable_units() {
-    if (world_size_ == 1) return Status::Ok();
+    if (shard_size_ == 1) return Status::Ok();
     for (size_t u = 0; u < units_.size(); ++u) {
         if (!units_[u].trainable) continue;
         const uint64_t S = layout_.units()[u].shard_numel;
-        Status s = comm_->all_gather(units_[u].params.data(), S * dtype_size(units_[u].dtype));
+        Status s = shard_comm_->all_gather(units_[u].params.data(), S * dtype_size(units_[u].dtype));
         if (!s.ok()) return fail(s);
     }
     return Status::Ok();

@@ -263,7 +263,10 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
     b.add_user_blob(blob);
     b.add_files(files);
     b.add_created_unix_ms(m.created_unix_ms);
-    extras(fb::Manifest::VT_CREATED_UNIX_MS);
+    // 1.2 appended shard_size: later minors write it, and append after it.
+    const bool has_shard_size = major > 1 || minor >= 2;
+    if (has_shard_size) b.add_shard_size(m.shard_size);
+    extras(has_shard_size ? fb::Manifest::VT_SHARD_SIZE : fb::Manifest::VT_CREATED_UNIX_MS);
     fb::FinishManifestBuffer(fbb, b.Finish());
     return with_trailer(std::string(reinterpret_cast<const char *>(fbb.GetBufferPointer()), fbb.GetSize()));
 }
@@ -315,6 +318,7 @@ bool manifest_equal(const Manifest &a, const Manifest &b, bool compare_format, s
     if (a.library_version != b.library_version) return differ("library_version");
     if (a.step != b.step) return differ("step");
     if (a.world_size != b.world_size) return differ("world_size");
+    if (a.shard_size != b.shard_size) return differ("shard_size");
     if (a.stage != b.stage) return differ("stage");
     if (a.alignment != b.alignment) return differ("alignment");
     if (a.created_unix_ms != b.created_unix_ms) return differ("created_unix_ms");

@@ -54,9 +54,11 @@ Manifest decode(const std::string &bytes) {
 }
 
 void test_round_trip_field_by_field(void **) {
-    const Manifest m = rich_manifest();
+    Manifest m = rich_manifest();
+    m.shard_size = 1;  // 1.2: a mesh of 1 x 3
     const std::string bytes = encode(m);
     const Manifest d = decode(bytes);
+    assert_int_equal(d.shard_size, 1);
     assert_int_equal(d.format_major, kFormatMajor);
     assert_int_equal(d.format_minor, kFormatMinor);
     assert_int_equal(d.library_version, 10000);
@@ -275,6 +277,9 @@ std::vector<Rule> rules() {
          },
          kBias},
         {"world_size 0", [](Manifest *m) { m->world_size = 0; }, "world_size"},
+        {"shard_size not dividing world_size", [](Manifest *m) { m->shard_size = 2; }, "shard_size"},
+        {"shard_size above world_size", [](Manifest *m) { m->shard_size = 6; }, "shard_size"},
+        {"shard_size negative", [](Manifest *m) { m->shard_size = -3; }, "shard_size"},
         {"stage 4", [](Manifest *m) { m->stage = 4; }, "stage"},
         {"alignment 96", [](Manifest *m) { m->alignment = 96; }, "alignment"},
         {"alignment 32", [](Manifest *m) { m->alignment = 32; }, "alignment"},

@@ -1,5 +1,7 @@
 #include "step_scenario.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -128,7 +130,9 @@ std::vector<std::vector<float>> reference_run(const Scenario &sc, ReferenceState
         for (auto &s : state) s[p].assign(n, 0.0f);
     }
     for (int s = 1; s <= sc.steps; ++s) {
-        const int world = s < sc.first_step && sc.world_before > 0 ? sc.world_before : sc.world;
+        const int world = sc.world_of_step ? sc.world_of_step(s)
+                          : s < sc.first_step && sc.world_before > 0 ? sc.world_before
+                                                                     : sc.world;
         const float average = 1.0f / static_cast<float>(world);
         for (size_t p = 0; p < np; ++p) {
             const uint64_t n = w[p].size();
@@ -231,6 +235,8 @@ class Trainer {
         cfg.num_threads = 1;
         cfg.timeout_ms = timeout_ms;
         cfg.prefetch_depth = sc_.prefetch_depth;
+        cfg.shard_size = sc_.shard_size;
+        cfg.grad_predivide_factor = sc_.grad_predivide_factor;
         std::string err = check(sx_create_shard_group(&cfg, &g_), "sx_create_shard_group");
         const bool later = sc_.add_after_step > 0 && sc_.first_step <= sc_.add_after_step;
         if (err.empty())
@@ -462,6 +468,19 @@ std::string compare(const std::vector<std::vector<float>> &got,
     return "";
 }
 
+std::string run_threads(const Scenario &sc, const std::string &name, std::vector<std::vector<std::vector<float>>> *out) {
+    out->assign(static_cast<size_t>(sc.world), {});
+    std::vector<std::string> errs(static_cast<size_t>(sc.world));
+    std::vector<std::thread> threads;
+    const std::string rv = "local://" + name + "-" + std::to_string(getpid());
+    for (int r = 0; r < sc.world; ++r)
+        threads.emplace_back([&, r] { errs[r] = rank_run(sc, rv, r, 60000, &(*out)[static_cast<size_t>(r)]); });
+    for (auto &t : threads) t.join();
+    for (int r = 0; r < sc.world; ++r)
+        if (!errs[r].empty()) return "rank " + std::to_string(r) + ": " + errs[r];
+    return "";
+}
+
 std::string run_threads_and_compare(const Scenario &sc, const std::string &name, double rel_tol) {
     const std::vector<std::vector<float>> want = reference_run(sc);
     std::vector<std::string> errs(sc.world);
@@ -481,6 +500,37 @@ std::string run_threads_and_compare(const Scenario &sc, const std::string &name,
     for (size_t p = 0; p < want.size(); ++p)
         for (size_t i = 0; i < want[p].size(); ++i) moved |= want[p][i] != initial_value(static_cast<int>(p), i);
     if (!moved) return "the reference did not move any param";
+    return "";
+}
+
+std::string run_legs(const Scenario &sc, const std::vector<Leg> &legs, const std::string &dir,
+                     const std::string &name, const std::vector<std::vector<float>> &want, double rel_tol) {
+    std::vector<std::vector<std::vector<float>>> got;
+    for (size_t k = 0; k < legs.size(); ++k) {
+        Scenario leg = sc;
+        leg.world = legs[k].world;
+        leg.shard_size = legs[k].shard_size;
+        leg.stage = legs[k].stage;
+        leg.overlap = legs[k].stage == 3;
+        leg.gather_units = leg.overlap;
+        leg.first_step = legs[k].first;
+        leg.steps = legs[k].last;
+        if (k > 0) leg.load_from = dir + "/leg" + std::to_string(k - 1);
+        if (k + 1 < legs.size()) leg.save_to = dir + "/leg" + std::to_string(k);
+        got.assign(static_cast<size_t>(leg.world), {});
+        std::vector<std::string> errs(static_cast<size_t>(leg.world));
+        std::vector<std::thread> threads;
+        const std::string rv = "local://" + name + "-" + std::to_string(k);
+        for (int r = 0; r < leg.world; ++r)
+            threads.emplace_back([&, r] { errs[r] = rank_run(leg, rv, r, 60000, &got[r]); });
+        for (auto &t : threads) t.join();
+        for (const std::string &e : errs)
+            if (!e.empty()) return "leg " + std::to_string(k) + ": " + e;
+    }
+    for (size_t r = 0; r < got.size(); ++r) {
+        const std::string c = compare(got[r], want, rel_tol);
+        if (!c.empty()) return "rank " + std::to_string(r) + " after the last leg: " + c;
+    }
     return "";
 }
 

@@ -45,6 +45,10 @@ struct Scenario {
     bool defer_gather = false;
     bool gather_units = false;
     int prefetch_depth = 0;  // sx_group_config_t's (0: its default)
+    // HSDP: sx_group_config_t's shard_size (0: the world size, a flat group) and
+    // grad_predivide_factor.
+    int shard_size = 0;
+    double grad_predivide_factor = 0.0;
     // Checked after every step: "" or what is wrong (e.g. memory bounds).
     std::function<std::string(sx_shard_group_t *g, int rank, int step)> after_step;
 
@@ -72,6 +76,9 @@ struct Scenario {
     // The reference only: the world size of the steps before first_step (0: world), for a
     // run that continues what another world size began.
     int world_before = 0;
+    // The reference only: the world size of each step (null: world_before, then world),
+    // for runs that change world sizes several times through checkpoints.
+    std::function<int(int step)> world_of_step;
 };
 
 // The unsharded reference's optimizer state after its last step.
@@ -97,9 +104,26 @@ std::vector<std::vector<float>> reference_run(const Scenario &sc, ReferenceState
 std::string rank_run(const Scenario &sc, const std::string &rendezvous, int rank, int timeout_ms,
                      std::vector<std::vector<float>> *final_params);
 
+// Runs all ranks as threads over local://NAME-PID; each rank's final params into *out.
+// Returns "" or the first rank's failure.
+std::string run_threads(const Scenario &sc, const std::string &name, std::vector<std::vector<std::vector<float>>> *out);
+
 // Runs all ranks as threads over local://NAME and compares each rank's params with the
 // reference to `rel_tol` relative. Returns "" or the first failure.
 std::string run_threads_and_compare(const Scenario &sc, const std::string &name, double rel_tol);
+
+// One leg of a run continued through checkpoints: its ranks, mesh (0: flat), stage and
+// steps [first, last].
+struct Leg {
+    int world, shard_size, stage, first, last;
+};
+
+// Runs sc's legs in order, each as threads over local://NAME-K: leg k loads leg k-1's
+// checkpoint and saves its own into DIR/legK (all but the last), pipelined at stage 3.
+// Every rank's params after the last leg are compared with `want` to rel_tol. Returns ""
+// or the first failure.
+std::string run_legs(const Scenario &sc, const std::vector<Leg> &legs, const std::string &dir,
+                     const std::string &name, const std::vector<std::vector<float>> &want, double rel_tol);
 
 // Compares two sets of params; "" if every element agrees to rel_tol relative
 // (absolute below 1e-3 in magnitude).

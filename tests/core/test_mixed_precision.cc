@@ -1,10 +1,10 @@
 // Mixed precision through the public API, on real ranks (threads over local://):
 // 16-bit params with fp32 masters, 16-bit or fp32 gradients, reduction in the gradients'
-// dtype (pre/post division by sqrt(world)) or in fp32, dynamic and static loss scaling,
+// dtype (divided by FSDP's pre-divide factor before, multiplied back after) or in fp32, dynamic and static loss scaling,
 // and checkpoints of 16-bit groups loaded at other world sizes and dtypes.
 //
 // Exactness: gradients are small multiples of 1/64, so every sum any reduction forms
-// (in fp32, fp16 or bf16, in any order, divided by 2 = sqrt(4)) is exact. The expected
+// (in fp32, fp16 or bf16, in any order, divided by the factor 2 of 4 ranks) is exact. The expected
 // params then follow from the scalar optimizer reference alone, bit for bit.
 #include <unistd.h>
 
@@ -274,8 +274,9 @@ void test_fp32_grads_for_16bit_params(void **) {
 }
 
 // 4 ranks each add 20000 to one fp16 gradient: their sum, 80000, is past fp16's
-// largest value (65504), but each is divided by sqrt(4) before the fp16 sum and the
-// sum multiplied back in fp32, so the average is exact and the step is not lost.
+// largest value (65504), but each is divided by 2 (FSDP's factor for 4 ranks) before the
+// fp16 sum and the sum multiplied back in fp32, so the average is exact and the step is
+// not lost.
 void test_fp16_sum_is_pre_and_post_divided(void **) {
     const std::string rv = "local://mp-div-" + std::to_string(getpid());
     Config c;
@@ -312,7 +313,7 @@ void test_dynamic_loss_scaling_skips_and_recovers(void **) {
     // The run of the expected model: steps 0, 2, 3 are taken (1 is skipped).
     Expected e(c);
     std::vector<Expected> after;
-    c.reduce_dtype = SX_DTYPE_F32;  // exact sums of 2 ranks (sqrt(2) would round)
+    c.reduce_dtype = SX_DTYPE_F32;  // the fp32 reduction of 16-bit gradients
     int64_t t = 0;
     for (int s : {0, 2, 3}) {
         e.step(c, s, ++t);
@@ -485,7 +486,7 @@ void test_checkpoint_of_16bit_group(void **) {
     const std::string path = dir + "/ck";
     Config c2;
     c2.world = 2;
-    c2.reduce_dtype = SX_DTYPE_F32;  // exact sums of 2 and 3 ranks (sqrt(2), sqrt(3) would round)
+    c2.reduce_dtype = SX_DTYPE_F32;  // the fp32 reduction of 16-bit gradients
     Expected e(c2);
     for (int s = 0; s < 2; ++s) e.step(c2, s);
     const std::string rv = "local://mp-ck-" + std::to_string(getpid());

@@ -37,15 +37,7 @@ using sxtest::Scenario;
 namespace {
 
 using Params = std::vector<std::vector<float>>;
-
-// Every rank as a thread over local://NAME; each rank's final params into *out.
-std::string run_threads(const Scenario &sc, const std::string &name, std::vector<Params> *out) {
-    out->assign(static_cast<size_t>(sc.world), {});
-    return sxtest::run_ranks(sc.world, [&](int r) {
-        return sxtest::rank_run(sc, "local://" + name + "-" + std::to_string(getpid()), r, 60000,
-                                &(*out)[static_cast<size_t>(r)]);
-    });
-}
+using sxtest::run_threads;
 
 // Runs sc and checks that every rank's params equal `want` bit for bit (want empty: rank
 // 0's become it) and the unsharded reference to 1e-6.
@@ -685,27 +677,9 @@ void test_checkpoints_between_stages(void **) {
         whole.world = 1;
         expect_run(whole, "ckpt-whole", &want);
     }
-    struct Leg {
-        int world, stage, first, last;
-    };
-    const Leg legs[] = {{3, 3, 1, 4}, {2, 1, 5, 8}, {4, 3, 9, 12}};
-    std::vector<Params> got;
-    for (int k = 0; k < 3; ++k) {
-        Scenario leg = sc;
-        leg.world = legs[k].world;
-        leg.stage = legs[k].stage;
-        leg.overlap = legs[k].stage == 3;
-        leg.first_step = legs[k].first;
-        leg.steps = legs[k].last;
-        if (k > 0) leg.load_from = dir + "/ck" + std::to_string(k - 1);
-        if (k < 2) leg.save_to = dir + "/ck" + std::to_string(k);
-        std::string err = run_threads(leg, "ckpt-leg" + std::to_string(k), &got);
-        if (!err.empty()) fail_msg("leg %d: %s", k, err.c_str());
-    }
-    for (size_t r = 0; r < got.size(); ++r) {
-        std::string err = sxtest::compare(got[r], want, 1e-6);
-        if (!err.empty()) fail_msg("rank %zu after three legs: %s", r, err.c_str());
-    }
+    const std::string err = sxtest::run_legs(sc, {{3, 0, 3, 1, 4}, {2, 0, 1, 5, 8}, {4, 0, 3, 9, 12}}, dir,
+                                             "ckpt-legs-" + std::to_string(getpid()), want, 1e-6);
+    if (!err.empty()) fail_msg("%s", err.c_str());
     sxtest::remove_tree(dir);
 }
 

@@ -1,6 +1,6 @@
 // Writes a golden checkpoint in the format this sx writes (tests/golden/README.md says
 // when to run it: only when a new format version adds new goldens; the committed ones are
-// never rewritten). usage: make_golden OUT_DIR WORLD_SIZE [STAGE]
+// never rewritten). usage: make_golden OUT_DIR WORLD_SIZE [STAGE [SHARD_SIZE]]
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -14,13 +14,14 @@
 
 namespace {
 
-int rank_main(const std::string &out, int rank, int world, int stage) {
+int rank_main(const std::string &out, int rank, int world, int stage, int shard_size) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     cfg.rendezvous = "local://golden";
     cfg.rank = rank;
     cfg.world_size = world;
     cfg.stage = stage;
+    cfg.shard_size = shard_size;
     cfg.num_threads = 1;
     sx_shard_group_t *g = nullptr;
     if (sx_create_shard_group(&cfg, &g) != SX_OK) return 1;
@@ -51,7 +52,7 @@ int rank_main(const std::string &out, int rank, int world, int stage) {
     for (int32_t u = 0; u < units && stage == 3; ++u)
         if (sx_unit_gather(g, u) != SX_OK) return 1;
     for (size_t p = 0; p < defs.size(); ++p) {
-        const sx::core::ShardPiece piece = sg.layout().piece(static_cast<int32_t>(p), rank);
+        const sx::core::ShardPiece piece = sg.layout().piece(static_cast<int32_t>(p), sg.shard_rank());
         const int u = sg.layout().placement(static_cast<int32_t>(p)).unit_index;
         const auto v = sg.unit_shard(u);
         sx_view_t pv;
@@ -96,15 +97,16 @@ int rank_main(const std::string &out, int rank, int world, int stage) {
 }  // namespace
 
 int main(int argc, char **argv) {
-    if (argc != 3 && argc != 4) {
-        std::fprintf(stderr, "usage: %s OUT_DIR WORLD_SIZE [STAGE]\n", argv[0]);
+    if (argc < 3 || argc > 5) {
+        std::fprintf(stderr, "usage: %s OUT_DIR WORLD_SIZE [STAGE [SHARD_SIZE]]\n", argv[0]);
         return 2;
     }
     const int world = std::atoi(argv[2]);
-    const int stage = argc == 4 ? std::atoi(argv[3]) : 2;
+    const int stage = argc >= 4 ? std::atoi(argv[3]) : 2;
+    const int shard = argc == 5 ? std::atoi(argv[4]) : 0;
     std::vector<int> rc(world, 1);
     std::vector<std::thread> ts;
-    for (int r = 0; r < world; ++r) ts.emplace_back([&, r] { rc[r] = rank_main(argv[1], r, world, stage); });
+    for (int r = 0; r < world; ++r) ts.emplace_back([&, r] { rc[r] = rank_main(argv[1], r, world, stage, shard); });
     for (auto &t : ts) t.join();
     for (int r : rc)
         if (r) return 1;

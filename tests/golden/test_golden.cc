@@ -13,13 +13,19 @@
 
 namespace {
 
-// Loads `dir` into `world` ranks (threads) and checks every value, state, step count,
+// A group's ranks: world, as shard groups of `shard` ranks (0: one, flat).
+struct Mesh {
+    int world, shard;
+};
+
+// Loads `dir` into mesh.world ranks (threads) and checks every value, state, step count,
 // hyperparameter and the user blob. Returns "" or the first difference.
-std::string load_and_check(const std::string &dir, int world, bool split_units, int stage) {
+std::string load_and_check(const std::string &dir, Mesh mesh, bool split_units, int stage) {
+    const int world = mesh.world;
     std::vector<std::string> errs(world);
     std::vector<std::thread> ts;
-    const std::string rv = "local://golden-" + std::to_string(world) + (split_units ? "s" : "") + "-" +
-                           std::to_string(stage);
+    const std::string rv = "local://golden-" + std::to_string(world) + "x" + std::to_string(mesh.shard) +
+                           (split_units ? "s" : "") + "-" + std::to_string(stage);
     for (int r = 0; r < world; ++r) {
         ts.emplace_back([&, r] {
             std::string &e = errs[r];
@@ -28,6 +34,7 @@ std::string load_and_check(const std::string &dir, int world, bool split_units, 
             cfg.rendezvous = rv.c_str();
             cfg.rank = r;
             cfg.world_size = world;
+            cfg.shard_size = mesh.shard;
             cfg.stage = stage;
             cfg.num_threads = 1;
             sx_shard_group_t *g = nullptr;
@@ -101,14 +108,14 @@ std::string load_and_check(const std::string &dir, int world, bool split_units, 
     return "";
 }
 
-void expect_golden(const std::string &dir, const std::vector<int> &worlds) {
+void expect_golden(const std::string &dir, const std::vector<Mesh> &meshes) {
     for (int stage = 1; stage <= 3; ++stage) {
-        for (int world : worlds) {
+        for (Mesh mesh : meshes) {
             for (bool split : {false, true}) {
-                const std::string err = load_and_check(dir, world, split, stage);
+                const std::string err = load_and_check(dir, mesh, split, stage);
                 if (!err.empty())
-                    fail_msg("%s into stage %d, world %d%s: %s", dir.c_str(), stage, world, split ? " (units split)" : "",
-                             err.c_str());
+                    fail_msg("%s into stage %d, world %d (shard size %d)%s: %s", dir.c_str(), stage, mesh.world,
+                             mesh.shard, split ? " (units split)" : "", err.c_str());
             }
         }
     }
@@ -121,12 +128,18 @@ void expect_golden(const std::string &dir, const std::vector<int> &worlds) {
 
 // Format 1.0, saved by sx 1.0.0 on 2 ranks at stage 2.
 void test_golden_v1_0_loads_bit_for_bit(void **) {
-    expect_golden(std::string(SX_GOLDEN_DIR) + "/v1.0/adamw-sgd-w2", {1, 2, 3});
+    expect_golden(std::string(SX_GOLDEN_DIR) + "/v1.0/adamw-sgd-w2", {{1, 0}, {2, 0}, {3, 0}, {4, 2}});
 }
 
 // Format 1.1, saved by sx 1.2.0 on 3 ranks at stage 3 (each rank held a shard of the params).
 void test_golden_v1_1_stage3_loads_bit_for_bit(void **) {
-    expect_golden(std::string(SX_GOLDEN_DIR) + "/v1.1/adamw-sgd-w3-stage3", {1, 2, 4});
+    expect_golden(std::string(SX_GOLDEN_DIR) + "/v1.1/adamw-sgd-w3-stage3", {{1, 0}, {2, 0}, {4, 0}, {4, 1}});
+}
+
+// Format 1.2, saved by sx 1.4.0 on 4 ranks as a 2 x 2 mesh at stage 2 (the first replica
+// group wrote 2 files).
+void test_golden_v1_2_mesh_loads_bit_for_bit(void **) {
+    expect_golden(std::string(SX_GOLDEN_DIR) + "/v1.2/adamw-sgd-w4-mesh2x2", {{1, 0}, {3, 0}, {4, 2}, {6, 2}});
 }
 
 }  // namespace
@@ -135,6 +148,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_v1_0_loads_bit_for_bit),
         cmocka_unit_test(test_golden_v1_1_stage3_loads_bit_for_bit),
+        cmocka_unit_test(test_golden_v1_2_mesh_loads_bit_for_bit),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

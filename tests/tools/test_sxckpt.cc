@@ -126,6 +126,8 @@ void test_inspect_text(void **) {
         const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
         expect_has(line, row.second);
     }
+    // A flat group's checkpoint shows no mesh.
+    assert_true(r.out.find("mesh ") == std::string::npos);
     const size_t frozen = r.out.find("  frozen.table ");
     const std::string frozen_row = r.out.substr(frozen, r.out.find('\n', frozen) - frozen);
     assert_true(frozen_row.size() > 6 && frozen_row.compare(frozen_row.size() - 6, 6, " param") == 0);
@@ -138,7 +140,8 @@ void test_inspect_json(void **) {
     expect_status(r, 0);
     assert_true(r.out.size() > 2 && r.out[0] == '{' && r.out.compare(r.out.size() - 2, 2, "}\n") == 0);
     for (const char *s : {"\"name\":\"layer.\\\"q\\\"\\\\k\"", "\"name\":\"ctl\\tname\\u0001\xc3\xa9\"",
-                          format_json.c_str(), "\"step\":3,", "\"world_size\":2,", "\"stage\":2,",
+                          format_json.c_str(), "\"step\":3,", "\"world_size\":2,", "\"shard_size\":2,",
+                          "\"stage\":2,",
                           "\"user_blob_bytes\":5,", "\"amsgrad\":true", "\"shape\":[]", "\"shape\":[300,17]",
                           "\"momentum\":0.9,", "\"total_bytes\":"})
         expect_has(r.out, s);
@@ -165,6 +168,19 @@ void test_inspect_json(void **) {
         want += "\n";
     }
     assert_string_equal(py.out.c_str(), want.c_str());
+}
+
+// The golden checkpoint of a 2 x 2 mesh: the mesh in words and in JSON, its 2 files.
+void test_inspect_a_mesh(void **) {
+    const std::string ck = std::string(SX_GOLDEN_DIR) + "/v1.2/adamw-sgd-w4-mesh2x2";
+    const Run r = sxckpt({"inspect", ck});
+    expect_status(r, 0);
+    expect_has(r.out, "world size  4 (ZeRO stage 2, alignment 64 bytes)");
+    expect_has(r.out, "mesh        2 shards x 2 replicas");
+    expect_has(r.out, "shard-00001-of-00002.bin");
+    const Run j = sxckpt({"inspect", "--json", ck});
+    expect_status(j, 0);
+    expect_has(j.out, "\"world_size\":4,\"shard_size\":2,");
 }
 
 void test_verify_intact(void **) {
@@ -526,6 +542,7 @@ int main(void) {
         cmocka_unit_test(test_reload_matches_known),
         cmocka_unit_test(test_inspect_text),
         cmocka_unit_test(test_inspect_json),
+        cmocka_unit_test(test_inspect_a_mesh),
         cmocka_unit_test(test_verify_intact),
         cmocka_unit_test(test_verify_names_every_broken_chunk),
         cmocka_unit_test(test_verify_truncated_and_missing_files),

@@ -144,6 +144,7 @@ Status plan_import(const Inputs &in, int world_size, ImportPlan *plan) {
     ckpt::Manifest &m = plan->manifest;
     m.library_version = SX_VERSION_NUMBER;
     m.world_size = world_size;
+    m.shard_size = world_size;
     m.stage = kStage;
     m.alignment = static_cast<int32_t>(kAlignmentBytes);
     m.created_unix_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(

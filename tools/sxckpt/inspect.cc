@@ -82,6 +82,10 @@ void print_text(const CheckpointDir &c, const std::vector<FileInfo> &files) {
                 library_version_text(m.library_version).c_str());
     std::printf("step        %" PRIu64 "\n", m.step);
     std::printf("world size  %d (ZeRO stage %d, alignment %d bytes)\n", m.world_size, m.stage, m.alignment);
+    const int32_t shard_size = m.shard_size ? m.shard_size : m.world_size;
+    if (shard_size != m.world_size)
+        std::printf("mesh        %d shards x %d replicas (HSDP; the first replica group wrote the files)\n", shard_size,
+                    m.world_size / shard_size);
     std::printf("created     %s\n", utc_time_text(m.created_unix_ms).c_str());
     std::printf("user blob   %s\n", bytes_text(m.user_blob.size()).c_str());
     std::printf("loss scale  %s (growth_tracker=%" PRId64 " growth_interval=%" PRId64 " growth_factor=%s "
@@ -149,6 +153,7 @@ void print_json(const CheckpointDir &c, const std::vector<FileInfo> &files) {
     j.key("library_version"), j.string(library_version_text(m.library_version));
     j.key("step"), j.number(m.step);
     j.key("world_size"), j.number(m.world_size);
+    j.key("shard_size"), j.number(m.shard_size ? m.shard_size : m.world_size);
     j.key("stage"), j.number(m.stage);
     j.key("alignment"), j.number(m.alignment);
     j.key("created_unix_ms"), j.number(m.created_unix_ms);

@@ -21,7 +21,7 @@ export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, par
 
 # The ABI version this binding was written against: the runtime's major must match and
 # its minor must not be older.
-const BINDING_VERSION = (1, 3)
+const BINDING_VERSION = (1, 4)
 
 # The library name every @ccall uses; __init__ makes it resolve to $SX_LIBRARY.
 const libsx = "libsx"
@@ -74,7 +74,8 @@ mutable struct GroupConfig  # sx_group_config_t
     grad_dtype::Int32
     reduce_dtype::Int32
     prefetch_depth::Int32
-    reserved1::Int32
+    shard_size::Int32
+    grad_predivide_factor::Float64
 end
 
 mutable struct ParamGroupDesc  # sx_param_group_desc_t
@@ -184,6 +185,10 @@ mutable struct UnitInfo  # sx_unit_info_t
     shard_begin::UInt64
     trainable::Int32
     has_optimizer_state::Int32
+    shard_size::Int32
+    shard_rank::Int32
+    replicas::Int32
+    replica_rank::Int32
 end
 
 mutable struct SaveOptions  # sx_save_options_t
@@ -337,6 +342,10 @@ in fp32 (default 0: in their own dtype).
 Stage 3 shards the params too: a unit's params exist only between `gather_unit!` and
 `release_unit!`; `prefetch_depth` units are gathered ahead (0: 1; `SX_PREFETCH_NONE`:
 none).
+
+HSDP: `shard_size` ranks (a divisor of `world_size`; 0: all of them) shard the model, and
+the `world_size ÷ shard_size` groups of them replicate it; `grad_predivide_factor`
+divides 16-bit gradients before their sum (0: FSDP's factor).
 """
 mutable struct ShardGroup
     handle::Ptr{Cvoid}
@@ -348,7 +357,8 @@ mutable struct ShardGroup
                         trainable_autodetect::Bool=true,
                         bind_address::Union{Nothing,AbstractString}=nothing,
                         device_ordinal::Integer=0, grad_dtype::Integer=0, reduce_dtype::Integer=0,
-                        prefetch_depth::Integer=0)
+                        prefetch_depth::Integer=0, shard_size::Integer=0,
+                        grad_predivide_factor::Real=0.0)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
         rdv = String(rendezvous)
@@ -363,6 +373,7 @@ mutable struct ShardGroup
             cfg.device_ordinal = device_ordinal
             cfg.grad_dtype, cfg.reduce_dtype = grad_dtype, reduce_dtype
             cfg.prefetch_depth = prefetch_depth
+            cfg.shard_size, cfg.grad_predivide_factor = shard_size, grad_predivide_factor
             cp, op = _ptr(cfg), Base.unsafe_convert(Ptr{Ptr{Cvoid}}, out)
             check(@blocking @ccall libsx.sx_create_shard_group(cp::Ptr{GroupConfig}, op::Ptr{Ptr{Cvoid}})::Int32)
         end
@@ -531,7 +542,9 @@ function unit_info(g::ShardGroup, index::Integer)
     (unit=Int(info.unit), num_params=Int(info.num_params), numel=Int(info.numel),
      padded_numel=Int(info.padded_numel), shard_numel=Int(info.shard_numel),
      shard_begin=Int(info.shard_begin), trainable=info.trainable != 0,
-     has_optimizer_state=info.has_optimizer_state != 0)
+     has_optimizer_state=info.has_optimizer_state != 0, shard_size=Int(info.shard_size),
+     shard_rank=Int(info.shard_rank), replicas=Int(info.replicas),
+     replica_rank=Int(info.replica_rank))
 end
 
 const _ELTYPES = Dict(SX_DTYPE_F32 => Float32, SX_DTYPE_F16 => Float16, SX_DTYPE_BF16 => UInt16)

@@ -235,6 +235,34 @@ catch e
     e
 end
 
+@testset "a 2 x 2 mesh (HSDP) trains as the flat group of 4" begin
+    if enough_threads(4)
+        function mesh_run(name, shard_size)
+            rdv = "local://jl-$name-$(getpid())"
+            tasks = [Threads.@spawn with_group(rdv, rank, 4; stage=2, backend=SX.SX_BACKEND_CPU, num_threads=1,
+                                               timeout_ms=60000, shard_size=shard_size) do g
+                         whole_setup!(g)
+                         whole_train!(g, 3, rank)
+                         ([copy(vec(param_view(g, i))) for i in 0:2], unit_info(g, 0))
+                     end for rank in 0:3]
+            fetch.(tasks)
+        end
+        flat = mesh_run("mesh-flat", 0)
+        mesh = mesh_run("mesh-2x2", 2)
+        for rank in 0:3
+            # Clipping's norm is summed over other pieces: equal to fp32 rounding.
+            @test all(isapprox.(mesh[rank+1][1], flat[rank+1][1]; rtol=1e-6))
+            info = mesh[rank+1][2]
+            @test (info.shard_size, info.shard_rank, info.replicas, info.replica_rank) ==
+                  (2, rank % 2, 2, rank ÷ 2)
+            @test flat[rank+1][2].shard_size == 4
+        end
+        err = caught(() -> ShardGroup("local://jl-mesh-bad-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU,
+                                      shard_size=2))
+        @test err isa SXError && occursin("shard_size 2 does not divide the world size 1", err.message)
+    end
+end
+
 @testset "whole optimizer state: gathered from 3 ranks, scattered into 2" begin
     if enough_threads(3)
         saved = run_ranks("whole-save3", 3) do rank, g

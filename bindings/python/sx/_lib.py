@@ -13,13 +13,13 @@ import os
 
 # The ABI version this binding was written against. The runtime's major must match
 # and its minor must not be older (docs/conventions.md, "The C ABI", rule 11).
-BINDING_VERSION = (1, 3)
+BINDING_VERSION = (1, 4)
 
 # ----------------------------------------------------------------------------------
 # Constants (sx.h #defines); tests/test_layout.py checks each against sx_layout.json.
 # ----------------------------------------------------------------------------------
 SX_VERSION_MAJOR = 1
-SX_VERSION_MINOR = 3
+SX_VERSION_MINOR = 4
 SX_VERSION_PATCH = 0
 SX_VERSION_NUMBER = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH
 
@@ -103,7 +103,7 @@ class sx_group_config_t(ctypes.Structure):
                 ("bind_address", ctypes.c_char_p), ("device_ordinal", ctypes.c_int32),
                 ("reserved0", ctypes.c_int32), ("grad_dtype", ctypes.c_int32),
                 ("reduce_dtype", ctypes.c_int32), ("prefetch_depth", ctypes.c_int32),
-                ("reserved1", ctypes.c_int32)]
+                ("shard_size", ctypes.c_int32), ("grad_predivide_factor", ctypes.c_double)]
 
 
 class sx_param_group_desc_t(ctypes.Structure):
@@ -186,7 +186,9 @@ class sx_unit_info_t(ctypes.Structure):
                 ("num_params", ctypes.c_int32), ("numel", ctypes.c_uint64),
                 ("padded_numel", ctypes.c_uint64), ("shard_numel", ctypes.c_uint64),
                 ("shard_begin", ctypes.c_uint64), ("trainable", ctypes.c_int32),
-                ("has_optimizer_state", ctypes.c_int32)]
+                ("has_optimizer_state", ctypes.c_int32), ("shard_size", ctypes.c_int32),
+                ("shard_rank", ctypes.c_int32), ("replicas", ctypes.c_int32),
+                ("replica_rank", ctypes.c_int32)]
 
 
 # The future is opaque; a distinct pointer type keeps it from being mixed up with others.

@@ -112,6 +112,10 @@ class UnitInfo:
     shard_begin: int
     trainable: bool
     has_optimizer_state: bool
+    shard_size: int = 0
+    shard_rank: int = 0
+    replicas: int = 1
+    replica_rank: int = 0
 
 
 class ShardGroup(Handle):
@@ -135,12 +139,17 @@ class ShardGroup(Handle):
     Stage 3 shards the params too: a unit's params exist only between gather_unit() and
     release_unit(). ``prefetch_depth`` is how many units sx gathers ahead (0: 1; None:
     none).
+
+    HSDP: ``shard_size`` ranks (a divisor of ``world_size``; 0: all of them) shard the
+    model, and the ``world_size // shard_size`` groups of them replicate it;
+    ``grad_predivide_factor`` divides 16-bit gradients before their sum (0: FSDP's
+    factor for the shard group).
     """
 
     def __init__(self, rendezvous, rank=0, world_size=1, *, stage=0, backend="auto",
                  num_threads=0, alignment=0, timeout_ms=0, trainable_autodetect=True,
                  bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None,
-                 prefetch_depth=0):
+                 prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0):
         cfg = _lib.init_struct(_lib.sx_group_config_t)
         cfg.rendezvous = _encode("rendezvous", rendezvous)
         cfg.rank, cfg.world_size, cfg.stage = rank, world_size, stage
@@ -155,6 +164,7 @@ class ShardGroup(Handle):
         if reduce_dtype is not None:
             cfg.reduce_dtype = _choice("reduce_dtype", reduce_dtype, _DTYPES)
         cfg.prefetch_depth = -1 if prefetch_depth is None else prefetch_depth
+        cfg.shard_size, cfg.grad_predivide_factor = shard_size, grad_predivide_factor
         handle = _lib.sx_shard_group_p()
         check(lib.sx_create_shard_group(ctypes.byref(cfg), ctypes.byref(handle)))
         self._own(handle, lib.sx_destroy_shard_group)
@@ -312,7 +322,9 @@ class ShardGroup(Handle):
         return UnitInfo(unit=info.unit, num_params=info.num_params, numel=info.numel,
                         padded_numel=info.padded_numel, shard_numel=info.shard_numel,
                         shard_begin=info.shard_begin, trainable=bool(info.trainable),
-                        has_optimizer_state=bool(info.has_optimizer_state))
+                        has_optimizer_state=bool(info.has_optimizer_state),
+                        shard_size=info.shard_size, shard_rank=info.shard_rank,
+                        replicas=info.replicas, replica_rank=info.replica_rank)
 
     # -- trainability -----------------------------------------------------------------
     def set_trainable(self, param, trainable=True):

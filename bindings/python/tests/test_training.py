@@ -407,6 +407,60 @@ class PipelineTest(unittest.TestCase):
             g.step()
 
 
+class MeshTest(unittest.TestCase):
+    """HSDP: 4 ranks as 2 shard groups of 2 train as the flat group of 4, bit for bit,
+    and report the mesh."""
+
+    def run_steps(self, shard_size, stage=2):
+        def rank_main(rank, name):
+            g = sx.ShardGroup(name, rank, 4, stage=stage, backend="cpu", num_threads=1,
+                              timeout_ms=60000, shard_size=shard_size)
+            with g:
+                g.add_param_group("adamw", lr=0.01)
+                g.add_param("w", [7, 9], unit=0)
+                g.add_param("b", [9], unit=1)
+                g.finalize()
+                info = g.unit_info(0)
+                for step in range(3):
+                    for u in (1, 0):
+                        with g.unit(u):
+                            p = u
+                            n = g.param_info(p).numel
+                            fill(g.grad_view(p), [((k * 5 + step + rank) % 9 - 4) / 8.0 for k in range(n)])
+                        g.unit_grads_ready(u)
+                    g.step()
+                out = []
+                for u in range(2):
+                    with g.unit(u):
+                        out.append(tolist(g.param_view(u)))
+                return out, info
+        return run_ranks(4, rank_main)
+
+    def test_a_2x2_mesh_equals_the_flat_group(self):
+        flat = self.run_steps(0)
+        for stage in (2, 3):
+            mesh = self.run_steps(2, stage)
+            for rank in range(4):
+                self.assertEqual(mesh[rank][0], flat[rank][0], "stage %d rank %d" % (stage, rank))
+                info = mesh[rank][1]
+                self.assertEqual((info.shard_size, info.shard_rank, info.replicas, info.replica_rank),
+                                 (2, rank % 2, 2, rank // 2))
+                self.assertEqual(info.shard_begin, (rank % 2) * info.shard_numel)
+        self.assertEqual((flat[3][1].shard_size, flat[3][1].shard_rank, flat[3][1].replicas), (4, 3, 1))
+
+    def test_a_size_that_does_not_divide_fails_every_rank(self):
+        def rank_main(rank, name):
+            try:
+                sx.ShardGroup(name, rank, 4, backend="cpu", timeout_ms=60000, shard_size=3).close()
+            except sx.InvalidArgumentError as e:
+                return str(e)
+            return None
+        errors = run_ranks(4, rank_main)
+        for e in errors:
+            self.assertIsNotNone(e)
+            self.assertIn("shard_size 3 does not divide the world size 4", e)
+
+
 class LogTest(unittest.TestCase):
     def test_set_and_clear(self):
         messages = []

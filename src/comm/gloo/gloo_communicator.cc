@@ -184,6 +184,12 @@ class GlooCommunicator final : public Communicator {
         return all_reduce("all_reduce_max", data, n, &gloo::max<uint64_t>);
     }
 
+    // Gloo's ring all-reduce: each element is summed by one rank and sent to the others,
+    // so every rank ends with the same bits.
+    Status all_reduce_sum_f32(float *data, size_t n) override {
+        return all_reduce("all_reduce_sum_f32", data, n, &gloo::sum<float>);
+    }
+
     Status broadcast(void *data, size_t bytes, int root) override {
         SX_CHECK_ARG(root >= 0 && root < world_size(), "broadcast: root %d is not in [0, %d)", root, world_size());
         if (bytes == 0) return usable("broadcast");

@@ -156,6 +156,13 @@ class NcclCommunicator final : public Communicator {
         return small_all_reduce("all_reduce_max", data, n * sizeof(uint64_t), n, ncclUint64, ncclMax);
     }
 
+    Status all_reduce_sum_f32(float *data, size_t n) override {
+        if (n == 0) return usable("all_reduce_sum_f32");
+        SX_CHECK_ARG(data != nullptr, "all_reduce_sum_f32: data must not be NULL");
+        return run("all_reduce_sum_f32",
+                   [&] { return api_->AllReduce(data, data, n, ncclFloat32, ncclSum, comm_, stream_); });
+    }
+
     Status broadcast(void *data, size_t bytes, int root) override {
         SX_CHECK_ARG(root >= 0 && root < world_, "broadcast: root %d is not in [0, %d)", root, world_);
         if (bytes == 0) return usable("broadcast");

@@ -65,6 +65,9 @@ class OneDeviceCommunicator final : public Communicator {
         SX_CHECK_ARG(root == 0, "broadcast: root %d is not in [0, 1)", root);
         return usable("broadcast");
     }
+    // One rank: the sum is its own data.
+    Status all_reduce_sum_f32(float *, size_t) override { return Status::Ok(); }
+
     // One rank: root, with no peer to send to or receive from.
     Status gather_pieces(const std::vector<Piece> &, const std::vector<std::vector<Piece>> &theirs,
                          int root) override {

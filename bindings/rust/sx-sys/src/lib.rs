@@ -7,7 +7,7 @@
 use std::os::raw::{c_char, c_void};
 
 pub const SX_VERSION_MAJOR: u32 = 1;
-pub const SX_VERSION_MINOR: u32 = 3;
+pub const SX_VERSION_MINOR: u32 = 4;
 pub const SX_VERSION_PATCH: u32 = 0;
 pub const SX_VERSION_NUMBER: u32 = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH;
 
@@ -109,7 +109,8 @@ pub struct sx_group_config_t {
     pub grad_dtype: i32,
     pub reduce_dtype: i32,
     pub prefetch_depth: i32,
-    pub reserved1: i32,
+    pub shard_size: i32,
+    pub grad_predivide_factor: f64,
 }
 
 pub const SX_PREFETCH_NONE: i32 = -1;
@@ -260,6 +261,10 @@ pub struct sx_unit_info_t {
     pub shard_begin: u64,
     pub trainable: i32,
     pub has_optimizer_state: i32,
+    pub shard_size: i32,
+    pub shard_rank: i32,
+    pub replicas: i32,
+    pub replica_rank: i32,
 }
 
 #[repr(C)]

@@ -96,6 +96,12 @@ pub struct UnitInfo {
     pub shard_begin: u64,
     pub trainable: bool,
     pub has_optimizer_state: bool,
+    /// The mesh: this rank is `shard_rank` of its shard group's `shard_size` ranks, and
+    /// `replica_rank` of the `replicas` groups that hold the same shards.
+    pub shard_size: i32,
+    pub shard_rank: i32,
+    pub replicas: i32,
+    pub replica_rank: i32,
 }
 
 /// Every param's values and gradient at once, as disjoint mutable slices (index = param index).
@@ -488,6 +494,10 @@ impl ShardGroup {
             shard_begin: u.shard_begin,
             trainable: u.trainable != 0,
             has_optimizer_state: u.has_optimizer_state != 0,
+            shard_size: u.shard_size,
+            shard_rank: u.shard_rank,
+            replicas: u.replicas,
+            replica_rank: u.replica_rank,
         })
     }
 

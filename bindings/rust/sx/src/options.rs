@@ -129,7 +129,7 @@ impl GroupConfig {
         self
     }
     /// Mixed precision: `Dtype::F32` sums 16-bit gradients over ranks in fp32 (default:
-    /// in the gradients' own dtype, pre- and post-divided by sqrt(world size)).
+    /// in the gradients' own dtype, divided by the pre-divide factor before the sum).
     pub fn reduce_dtype(mut self, dtype: Dtype) -> Self {
         self.raw.reduce_dtype = dtype.raw();
         self
@@ -138,6 +138,18 @@ impl GroupConfig {
     /// the previous step's order (`None`: none; default 1).
     pub fn prefetch_depth(mut self, depth: Option<i32>) -> Self {
         self.raw.prefetch_depth = depth.unwrap_or(sys::SX_PREFETCH_NONE);
+        self
+    }
+    /// HSDP: `size` ranks (a divisor of the world size; 0: all of them) shard the model,
+    /// and the world size / `size` groups of them replicate it.
+    pub fn shard_size(mut self, size: i32) -> Self {
+        self.raw.shard_size = size;
+        self
+    }
+    /// 16-bit gradients are divided by `factor` (>= 1) before their sum and multiplied
+    /// back in fp32 after (0: FSDP's factor for the shard group).
+    pub fn grad_predivide_factor(mut self, factor: f64) -> Self {
+        self.raw.grad_predivide_factor = factor;
         self
     }
 }

@@ -161,7 +161,7 @@ fn structs_match_the_c_layout() {
     let mirrors = vec![
         mirror!(sys::sx_group_config_t, [struct_size, rendezvous, rank, world_size, stage, backend, num_threads,
             alignment, timeout_ms, flags, bind_address, device_ordinal, reserved0, grad_dtype, reduce_dtype,
-            prefetch_depth, reserved1]),
+            prefetch_depth, shard_size, grad_predivide_factor]),
         mirror!(sys::sx_param_group_desc_t, [struct_size, optimizer, nesterov, maximize, amsgrad, lr, weight_decay,
             beta1, beta2, eps, momentum, dampening]),
         mirror!(sys::sx_param_desc_t, [struct_size, name, ndim, dtype, shape, param_group, unit, frozen, reserved0]),
@@ -177,7 +177,7 @@ fn structs_match_the_c_layout() {
         mirror!(sys::sx_param_info_t, [struct_size, name, ndim, dtype, shape, numel, param_group, unit, trainable,
             reserved0, offset_in_unit, shard_begin, shard_end]),
         mirror!(sys::sx_unit_info_t, [struct_size, unit, num_params, numel, padded_numel, shard_numel, shard_begin,
-            trainable, has_optimizer_state]),
+            trainable, has_optimizer_state, shard_size, shard_rank, replicas, replica_rank]),
         mirror!(sys::sx_save_options_t, [struct_size, path, user_blob, user_blob_size, keep_last, synchronous,
             callback, callback_user]),
         mirror!(sys::sx_load_options_t, [struct_size, path, flags, reserved0]),

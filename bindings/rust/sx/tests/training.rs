@@ -210,22 +210,29 @@ fn bf16_params_step_with_fp32_grads_under_dynamic_loss_scaling() {
     assert_eq!(g.param_u16(0).unwrap(), &[0x3f00u16; 6][..]);
 }
 
-/// Three units trained for three steps on two ranks; overlap: each unit's gradients are
-/// signalled ready in the backward and the step's gather is deferred; at stage 3 every
-/// unit is gathered around its use. Returns each rank's params and its peak param bytes.
-fn pipeline_run(test: &str, stage: i32, overlap: bool) -> Vec<(Vec<Vec<f32>>, u64)> {
+/// Three units trained for three steps on `world` ranks (shard groups of `shard_size`; 0:
+/// flat); overlap: each unit's gradients are signalled ready in the backward and the
+/// step's gather is deferred; at stage 3 every unit is gathered around its use. Returns
+/// each rank's params and its peak param bytes.
+fn pipeline_run(test: &str, world: i32, shard_size: i32, stage: i32, overlap: bool) -> Vec<(Vec<Vec<f32>>, u64)> {
     let name = common::rendezvous(test);
-    let handles: Vec<_> = (0..2)
+    let handles: Vec<_> = (0..world)
         .map(|rank| {
             let name = name.clone();
             std::thread::spawn(move || -> sx::Result<(Vec<Vec<f32>>, u64)> {
-                let cfg = common::config(&name, rank, 2).stage(stage).prefetch_depth(Some(1));
+                let cfg = common::config(&name, rank, world).stage(stage).prefetch_depth(Some(1)).shard_size(shard_size);
                 let mut g = ShardGroup::new(&cfg)?;
                 g.add_param_group(&ParamGroup::new(Optimizer::AdamW).lr(0.01))?;
                 for u in 0..3 {
                     g.add_param(&Param::new(&format!("p{}", u), &[40 + 13 * u as i64]).unit(u))?;
                 }
                 g.finalize()?;
+                let s = if shard_size == 0 { world } else { shard_size };
+                let info = g.unit_info(0)?;
+                assert_eq!(
+                    (info.shard_size, info.shard_rank, info.replicas, info.replica_rank),
+                    (s, rank % s, world / s, rank / s)
+                );
                 for u in 0..3 {
                     g.gather_unit(u)?;
                     g.param_mut(u)?.iter_mut().enumerate().for_each(|(k, x)| *x = k as f32 * 0.01);
@@ -258,9 +265,9 @@ fn pipeline_run(test: &str, stage: i32, overlap: bool) -> Vec<(Vec<Vec<f32>>, u6
 
 #[test]
 fn overlap_and_stage3_give_the_params_of_the_plain_step() {
-    let plain = pipeline_run("pipe-plain", 2, false);
+    let plain = pipeline_run("pipe-plain", 2, 0, 2, false);
     for (stage, overlap) in [(2, true), (1, true), (3, false), (3, true)] {
-        let got = pipeline_run(&format!("pipe-{}-{}", stage, overlap), stage, overlap);
+        let got = pipeline_run(&format!("pipe-{}-{}", stage, overlap), 2, 0, stage, overlap);
         for r in 0..2 {
             assert_eq!(got[r].0, plain[r].0, "stage {} overlap {}: rank {} differs", stage, overlap, r);
         }
@@ -268,6 +275,23 @@ fn overlap_and_stage3_give_the_params_of_the_plain_step() {
             // Shards of 3 units plus at most 2 gathered (one held, one prefetched).
             assert!(got[0].1 > 0 && got[0].1 < plain[0].1 * 2, "peak {}", got[0].1);
         }
+    }
+}
+
+/// HSDP: 4 ranks as 2 shard groups of 2 (and as 4 of 1) train as the flat group of 4,
+/// bit for bit; a shard size that does not divide the world size is refused.
+#[test]
+fn a_mesh_trains_as_the_flat_group() {
+    let flat = pipeline_run("mesh-flat", 4, 0, 2, false);
+    for (shard, stage, overlap) in [(2, 2, true), (2, 3, true), (1, 1, false)] {
+        let got = pipeline_run(&format!("mesh-{}-{}", shard, stage), 4, shard, stage, overlap);
+        for r in 0..4 {
+            assert_eq!(got[r].0, flat[r].0, "shard size {} stage {}: rank {} differs", shard, stage, r);
+        }
+    }
+    match ShardGroup::new(&common::config(&common::rendezvous("mesh-bad"), 0, 1).shard_size(2)) {
+        Ok(_) => panic!("a shard size of 2 at world size 1 was accepted"),
+        Err(e) => assert!(e.to_string().contains("shard_size 2 does not divide the world size 1"), "{}", e),
     }
 }
 
