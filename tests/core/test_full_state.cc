@@ -108,62 +108,85 @@ std::string compare_state(const WholeState &ws, const sxtest::ReferenceState &re
     return "";
 }
 
+// Where a consolidation happens or a scattered state continues: the ranks, the mesh
+// (shard_size; 0: flat) and the root.
+struct Place {
+    int world, shard_size, root;
+};
+
+// Trained at `at` for 6 steps, the state gathered onto its root equals the reference's;
+// scattered from each of `into`'s roots with the params' values, training goes on as the
+// reference that changed its world size at that step.
+void consolidate_and_continue(int32_t opt, int stage, Place at, const std::vector<Place> &into) {
+    Scenario a = sxtest::two_group_scenario(opt);
+    a.world = at.world;
+    a.shard_size = at.shard_size;
+    a.stage = stage;
+    a.steps = 6;
+    WholeState whole;
+    a.after_step = [&](sx_shard_group_t *g, int rank, int step) -> std::string {
+        if (step != a.steps) return "";
+        const sx_status_t st = sx_gather_optim_state(g, at.root, rank == at.root ? collect : nullptr, &whole);
+        return st == SX_OK ? "" : text("sx_gather_optim_state", st);
+    };
+    const std::string tag = std::to_string(opt) + "-" + std::to_string(stage) + "-" + std::to_string(at.world) + "x" +
+                            std::to_string(at.shard_size);
+    const std::vector<std::vector<float>> values = run(a, "whole-save-" + tag);
+    sxtest::ReferenceState ref;
+    const std::vector<std::vector<float>> want = sxtest::reference_run(a, &ref);
+    std::string err = sxtest::compare(values, want, 1e-6);
+    if (err.empty()) err = compare_state(whole, ref, a);
+    if (!err.empty()) fail_msg("optimizer %d stage %d, the state gathered at %s: %s", opt, stage, tag.c_str(), err.c_str());
+    assert_int_equal(whole.calls, static_cast<int>(a.params.size()));
+
+    for (const Place &p : into) {
+        Scenario b = a;
+        b.after_step = nullptr;
+        b.world = p.world;
+        b.shard_size = p.shard_size;
+        b.world_before = at.world;
+        b.first_step = 7;
+        b.steps = 10;
+        WholeState given = whole;
+        b.after_setup = [&](sx_shard_group_t *g, int rank) -> std::string {
+            // The values of step 6, through gathered units at stage 3.
+            int32_t units = 0;
+            sx_get_num_units(g, &units);
+            for (int32_t u = 0; u < units && stage == 3; ++u) sx_unit_gather(g, u);
+            for (size_t q = 0; q < values.size(); ++q) {
+                sx_view_t v;
+                sx_view_init(&v, sizeof v);
+                if (sx_param_view(g, static_cast<int32_t>(q), &v) != SX_OK) return text("view", SX_ERR_INTERNAL);
+                std::memcpy(v.data, values[q].data(), values[q].size() * sizeof(float));
+            }
+            for (int32_t u = 0; u < units && stage == 3; ++u) sx_unit_release(g, u);
+            const sx_status_t st = sx_scatter_optim_state(g, p.root, rank == p.root ? provide : nullptr, &given);
+            return st == SX_OK ? "" : text("sx_scatter_optim_state", st);
+        };
+        const std::string where = std::to_string(p.world) + "x" + std::to_string(p.shard_size) + "-" +
+                                  std::to_string(p.root);
+        err = sxtest::run_threads_and_compare(b, "whole-load-" + tag + "-" + where + "-" + std::to_string(getpid()),
+                                              1e-6);
+        if (!err.empty())
+            fail_msg("optimizer %d stage %d, gathered at %s, continued at %s: %s", opt, stage, tag.c_str(),
+                     where.c_str(), err.c_str());
+    }
+}
+
 // Consolidated at world size 3 after 6 steps, the state equals the reference's; scattered
 // into 2 ranks and into 1, with the params' values, training goes on as the reference
 // that changed its world size at that step.
 void test_consolidate_at_3_and_continue_at_2_and_1(void **) {
-    for (int32_t opt : {SX_OPTIM_ADAMW, SX_OPTIM_SGD, SX_OPTIM_ADAM}) {
-        for (int stage = 1; stage <= 3; ++stage) {
-            Scenario a = sxtest::two_group_scenario(opt);
-            a.world = 3;
-            a.stage = stage;
-            a.steps = 6;
-            WholeState whole;
-            a.after_step = [&](sx_shard_group_t *g, int rank, int step) -> std::string {
-                if (step != a.steps) return "";
-                const sx_status_t st = sx_gather_optim_state(g, 1, rank == 1 ? collect : nullptr, &whole);
-                return st == SX_OK ? "" : text("sx_gather_optim_state", st);
-            };
-            const std::string tag = std::to_string(opt) + "-" + std::to_string(stage);
-            const std::vector<std::vector<float>> values = run(a, "whole-save-" + tag);
-            sxtest::ReferenceState ref;
-            const std::vector<std::vector<float>> want = sxtest::reference_run(a, &ref);
-            std::string err = sxtest::compare(values, want, 1e-6);
-            if (err.empty()) err = compare_state(whole, ref, a);
-            if (!err.empty()) fail_msg("optimizer %d stage %d, the gathered state: %s", opt, stage, err.c_str());
-            assert_int_equal(whole.calls, static_cast<int>(a.params.size()));
+    for (int32_t opt : {SX_OPTIM_ADAMW, SX_OPTIM_SGD, SX_OPTIM_ADAM})
+        for (int stage = 1; stage <= 3; ++stage) consolidate_and_continue(opt, stage, {3, 0, 1}, {{2, 0, 0}, {1, 0, 0}});
+}
 
-            for (int world : {2, 1}) {
-                Scenario b = a;
-                b.after_step = nullptr;
-                b.world = world;
-                b.world_before = 3;
-                b.first_step = 7;
-                b.steps = 10;
-                WholeState given = whole;
-                b.after_setup = [&](sx_shard_group_t *g, int rank) -> std::string {
-                    // The values of step 6, through gathered units at stage 3.
-                    int32_t units = 0;
-                    sx_get_num_units(g, &units);
-                    for (int32_t u = 0; u < units && stage == 3; ++u) sx_unit_gather(g, u);
-                    for (size_t p = 0; p < values.size(); ++p) {
-                        sx_view_t v;
-                        sx_view_init(&v, sizeof v);
-                        if (sx_param_view(g, static_cast<int32_t>(p), &v) != SX_OK) return text("view", SX_ERR_INTERNAL);
-                        std::memcpy(v.data, values[p].data(), values[p].size() * sizeof(float));
-                    }
-                    for (int32_t u = 0; u < units && stage == 3; ++u) sx_unit_release(g, u);
-                    const sx_status_t st = sx_scatter_optim_state(g, 0, rank == 0 ? provide : nullptr, &given);
-                    return st == SX_OK ? "" : text("sx_scatter_optim_state", st);
-                };
-                err = sxtest::run_threads_and_compare(b, "whole-load-" + tag + "-" + std::to_string(world) + "-" +
-                                                              std::to_string(getpid()),
-                                                      1e-6);
-                if (!err.empty())
-                    fail_msg("optimizer %d stage %d, continued at world %d: %s", opt, stage, world, err.c_str());
-            }
-        }
-    }
+// On meshes: gathered onto rank 3 of a 2 x 2 mesh (the second replica group), scattered
+// from rank 4 of a 3 x 2 mesh (6 ranks) and from rank 1 of 2 flat ranks.
+void test_consolidate_and_scatter_on_meshes(void **) {
+    for (int stage = 1; stage <= 3; ++stage)
+        consolidate_and_continue(SX_OPTIM_ADAMW, stage, {4, 2, 3}, {{6, 3, 4}, {2, 0, 1}});
+    consolidate_and_continue(SX_OPTIM_SGD, 2, {4, 1, 2}, {{4, 2, 1}});
 }
 
 // A group of two ranks with one bf16 param (AdamW) and one fp32 param (SGD with
@@ -444,6 +467,7 @@ int main(int argc, char **argv) {
     if (sxtest::is_child(argc, argv)) return child_main(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_consolidate_at_3_and_continue_at_2_and_1),
+        cmocka_unit_test(test_consolidate_and_scatter_on_meshes),
         cmocka_unit_test(test_masters_and_views),
         cmocka_unit_test(test_a_failing_callback_changes_nothing),
         cmocka_unit_test(test_the_roots_memory_stays_within_one_param),
