@@ -29,7 +29,8 @@ void *allocate(size_t n) {
     block[0] = n;
     block[1] = t_uncounted == 0;
     if (block[1]) {
-        const int64_t now = g_live.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) + static_cast<int64_t>(n);
+        const int64_t bytes = static_cast<int64_t>(n);
+        const int64_t now = g_live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
         int64_t peak = g_peak.load(std::memory_order_relaxed);
         while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
         }

@@ -382,7 +382,8 @@ LoadFigures simulate_load(const Model &model, const SaveFigures &save, Topology 
         const int candidates = std::min(into.shards, 64);
         size_t most = 0;
         for (int i = 0; i < candidates; ++i) {
-            const int shard = static_cast<int>(static_cast<int64_t>(i) * (into.shards - 1) / std::max(candidates - 1, 1));
+            const int64_t spread = static_cast<int64_t>(i) * (into.shards - 1) / std::max(candidates - 1, 1);
+            const int shard = static_cast<int>(spread);
             std::vector<ckpt::ReadOp> ops;
             plan_for(m, layout, shard, model, &ops);
             if (ops.size() >= most) most = ops.size(), f.rank = shard;
@@ -509,16 +510,20 @@ void print_saves(const std::vector<SaveFigures> &saves, const Model &model, cons
                 "ms", "KiB", "chunks", "GiB", "ms", "KiB", "chunks", "MiB", "gather ms", "encode ms", "peak MiB",
                 "max KiB", "total MiB");
     for (const SaveFigures &s : saves) {
-        std::printf("%-11s %6d %6d %6d | %7.3f %7.1f | %7zu %7.2f %6.3f %6.1f | %9zu %7.2f | %8.1f %8.1f %10.1f | "
+        char manifest[16] = "refused";
+        if (s.manifest_bytes > 0)
+            std::snprintf(manifest, sizeof manifest, "%.2f", mib(static_cast<int64_t>(s.manifest_bytes)));
+        std::printf("%-11s %6d %6d %6d | %7.3f %7.1f | %7zu %7.2f %6.3f %6.1f | %9zu %7s | %8.1f %8.1f %10.1f | "
                     "%9.1f %9.2f\n",
                     s.topo.name().c_str(), s.topo.world, s.topo.shards, s.topo.shards, s.layout.ms, kib(s.layout.peak),
                     s.plan_chunks, static_cast<double>(s.plan_file_bytes) / (kMiB * 1024), s.plan.ms,
-                    kib(s.plan.peak), s.manifest_chunks, mib(static_cast<int64_t>(s.manifest_bytes)), s.gather.ms,
+                    kib(s.plan.peak), s.manifest_chunks, manifest, s.gather.ms,
                     s.encode.ms, mib(s.commit_peak), kib(static_cast<int64_t>(s.report_bytes_max)),
                     mib(static_cast<int64_t>(s.report_bytes_total)));
     }
     for (const SaveFigures &s : saves) {
-        std::printf("{\"bench\":\"scale\",\"figure\":\"save\",\"model_params\":%zu,\"model_elements\":%llu,\"units\":%d,"
+        std::printf("{\"bench\":\"scale\",\"figure\":\"save\",\"model_params\":%zu,\"model_elements\":%llu,"
+                    "\"units\":%d,"
                     "\"topology\":\"%s\",\"ranks\":%d,\"shards\":%d,\"files\":%d,\"reps\":%d,"
                     "\"layout_ms\":%.4f,\"layout_peak_bytes\":%lld,\"plan_ms\":%.4f,\"plan_peak_bytes\":%lld,"
                     "\"plan_chunks\":%zu,\"plan_file_bytes\":%llu,\"manifest_chunks\":%zu,\"manifest_bytes\":%zu,"
