@@ -26,6 +26,9 @@
 //               by name and plans its reads (ckpt::plan_read), for a whole load (values
 //               and both states). The rank shown is the one with the most reads among
 //               up to 64 shard indices spread evenly.
+// Unlike the other sections' figures, these are absolute, not ratios to a peer: the goal
+// they are held to is absolute (under a second and a few MiB per rank), and what they
+// show is how each grows from one world size to the next.
 // Time: the median of --scale-reps runs. Memory: the most heap bytes live at once
 // during a run beyond those live before it (a counting global operator new,
 // bench/heap_counter.cc): what the rank holds for that step and nothing else.
