@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -26,6 +27,26 @@ struct Options {
     size_t ckpt_mib = 576;               // checkpoint section: values + state in the files
     std::string ckpt_dir = "/tmp";       // checkpoint section: its mkdtemp directory goes here
     size_t gpu_elements = size_t(1) << 28;  // gpu_adamw section
+    std::vector<int> scale_worlds = {1024, 4096, 16384};  // scale section: the saving jobs' ranks
+    int scale_load_from = 4096, scale_load_into = 3072;   // scale section: the resharding load
+    bool scale_unit_per_param = false;                    // scale section: one unit per param
+    int scale_reps = 3;                                   // scale section: timed runs per figure
+};
+
+// Heap bytes of this process allocated through operator new and not yet freed
+// (bench/heap_counter.cc replaces the global operator new and delete), and the most of
+// them live at once since the last reset_peak(). Any thread.
+struct HeapCounter {
+    static int64_t live();
+    static int64_t peak();
+    static void reset_peak();  // peak = live
+    // While one exists, what this thread allocates is not counted, now or when freed.
+    struct Uncounted {
+        Uncounted();
+        ~Uncounted();
+        Uncounted(const Uncounted &) = delete;
+        Uncounted &operator=(const Uncounted &) = delete;
+    };
 };
 
 
@@ -131,6 +152,7 @@ int section_step(const Options &opt);
 int section_comm(const Options &opt);
 int section_checkpoint(const Options &opt);
 int section_pipeline(const Options &opt);
+int section_scale(const Options &opt);
 // One rank of the pipeline section (bench_sx runs itself once per rank with --pipeline-rank).
 int pipeline_rank_main(int argc, char **argv);
 

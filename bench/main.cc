@@ -20,17 +20,27 @@
 //                 and stage 3's peak param bytes against 1/W of the model
 //   mesh          HSDP: bytes per rank per step on shard-group and replica links (the
 //                 kernel's TCP counts) and step time, flat ZeRO vs a 2 x 2 mesh, 4 ranks
+//   scale         one rank of a 1024-, 4096- and 16384-rank job of a 70-billion-param model,
+//                 simulated: layout, checkpoint write plan, MANIFEST (rank 0's commit) and
+//                 read plans, flat and as 8-rank shard groups, with each step's time and
+//                 heap bytes, and the store traffic of Gloo's rendezvous (docs/scale.md)
 //   gpu_adamw     (CUDA builds) the fused AdamW kernel on the device vs a traffic-only kernel
 //                 with its memory pattern, and its bandwidth beside the device's peak;
 //                 prints that it was skipped, and why, where there is no device
 // A new section is a function of the Options, appended to kSections.
 //
 // usage: bench_sx [--elements N] [--comm-mib M] [--reps R] [--ckpt-mib M] [--ckpt-dir DIR]
-//                 [--gpu-elements N] [SECTION...]
+//                 [--gpu-elements N] [--scale-worlds W,...] [--scale-load FROM:INTO]
+//                 [--scale-reps R] [--scale-unit-per-param] [SECTION...]
 //   --gpu-elements  gpu_adamw section: fp32 elements (2^28)
 //   --ckpt-mib  checkpoint section: MiB of values + optimizer state in the files (576)
 //   --ckpt-dir  checkpoint section: where its mkdtemp directory goes (/tmp); that directory
 //               is removed at the end
+//   --scale-worlds  scale section: the saving jobs' ranks (1024,4096,16384), each flat and as
+//                   shard groups of 8 (multiples of 8)
+//   --scale-load    scale section: the resharding load, FROM one of the worlds (4096:3072)
+//   --scale-reps    scale section: timed runs per figure (3)
+//   --scale-unit-per-param  scale section: one unit per param instead of one per layer
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -54,10 +64,32 @@ const Section kSections[] = {
     {"checkpoint", section_checkpoint},
     {"pipeline", section_pipeline},
     {"mesh", section_mesh},
+    {"scale", section_scale},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
 #endif
 };
+
+// "1024,4096": positive numbers separated by commas, into *out; false if malformed.
+bool parse_list(const char *text, std::vector<int> *out) {
+    std::vector<int> v;
+    for (const char *p = text;;) {
+        char *end = nullptr;
+        const long n = std::strtol(p, &end, 10);
+        if (end == p || n < 1 || n > (1 << 24)) return false;
+        v.push_back(static_cast<int>(n));
+        if (*end == '\0') break;
+        if (*end != ',') return false;
+        p = end + 1;
+    }
+    *out = std::move(v);
+    return true;
+}
+
+const char kUsage[] =
+    "usage: %s [--elements N] [--comm-mib M] [--reps R] [--ckpt-mib M] [--ckpt-dir DIR] [--gpu-elements N]\n"
+    "          [--scale-worlds W,...] [--scale-load FROM:INTO] [--scale-reps R] [--scale-unit-per-param]\n"
+    "          [SECTION...]\n";
 
 }  // namespace
 
@@ -79,18 +111,32 @@ int main(int argc, char **argv) {
             opt.ckpt_dir = argv[++i];
         } else if (!std::strcmp(argv[i], "--gpu-elements") && i + 1 < argc) {
             opt.gpu_elements = std::strtoull(argv[++i], nullptr, 10);
+        } else if (!std::strcmp(argv[i], "--scale-worlds") && i + 1 < argc) {
+            if (!parse_list(argv[++i], &opt.scale_worlds)) {
+                std::fprintf(stderr, "bench_sx: --scale-worlds takes positive numbers separated by commas\n");
+                return 2;
+            }
+        } else if (!std::strcmp(argv[i], "--scale-load") && i + 1 < argc) {
+            if (std::sscanf(argv[++i], "%d:%d", &opt.scale_load_from, &opt.scale_load_into) != 2) {
+                std::fprintf(stderr, "bench_sx: --scale-load takes FROM:INTO, two world sizes\n");
+                return 2;
+            }
+        } else if (!std::strcmp(argv[i], "--scale-reps") && i + 1 < argc) {
+            opt.scale_reps = std::atoi(argv[++i]);
+        } else if (!std::strcmp(argv[i], "--scale-unit-per-param")) {
+            opt.scale_unit_per_param = true;
         } else if (argv[i][0] == '-') {
-            std::fprintf(stderr,
-                         "usage: %s [--elements N] [--comm-mib M] [--reps R] [--ckpt-mib M] [--ckpt-dir DIR] "
-                         "[--gpu-elements N] [SECTION...]\n",
-                         argv[0]);
+            std::fprintf(stderr, kUsage, argv[0]);
             return 2;
         } else {
             wanted.push_back(argv[i]);
         }
     }
-    if (opt.elements == 0 || opt.comm_mib == 0 || opt.reps < 1 || opt.ckpt_mib == 0 || opt.gpu_elements == 0) {
-        std::fprintf(stderr, "bench_sx: --elements, --comm-mib, --reps, --ckpt-mib and --gpu-elements must be positive\n");
+    if (opt.elements == 0 || opt.comm_mib == 0 || opt.reps < 1 || opt.ckpt_mib == 0 || opt.gpu_elements == 0 ||
+        opt.scale_reps < 1 || opt.scale_load_from < 1 || opt.scale_load_into < 1) {
+        std::fprintf(stderr,
+                     "bench_sx: --elements, --comm-mib, --reps, --ckpt-mib, --gpu-elements, --scale-reps and "
+                     "--scale-load must be positive\n");
         return 2;
     }
     int rc = 0;

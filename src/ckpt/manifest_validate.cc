@@ -133,33 +133,35 @@ Status validate_chunks(const Manifest &m, size_t pi, size_t ti, uint64_t numel, 
     uint64_t covered = 0;  // chunks so far cover [0, covered)
     for (size_t ci = 0; ci < t.chunks.size(); ++ci) {
         const Chunk &c = t.chunks[ci];
-        const std::string where =
-            format("%s, tensor %s, chunk %zu", param_label(pi, p).c_str(), kind_name(t.kind), ci);
+        // Only a failed check puts the chunk in words: a manifest holds millions of chunks.
+        auto where = [&] {
+            return format("%s, tensor %s, chunk %zu", param_label(pi, p).c_str(), kind_name(t.kind), ci);
+        };
         SX_CHECK(c.begin == covered, SX_ERR_CORRUPT, "manifest: %s begins at element %llu; expected %llu (%s)",
-                 where.c_str(), static_cast<unsigned long long>(c.begin), static_cast<unsigned long long>(covered),
+                 where().c_str(), static_cast<unsigned long long>(c.begin), static_cast<unsigned long long>(covered),
                  c.begin < covered ? "chunks overlap or are out of order" : "elements left uncovered");
         SX_CHECK(c.end > c.begin && c.end <= numel, SX_ERR_CORRUPT,
                  "manifest: %s is elements [%llu, %llu); it must be non-empty and end by %llu (the "
                  "param's element count)",
-                 where.c_str(), static_cast<unsigned long long>(c.begin), static_cast<unsigned long long>(c.end),
+                 where().c_str(), static_cast<unsigned long long>(c.begin), static_cast<unsigned long long>(c.end),
                  static_cast<unsigned long long>(numel));
         uint64_t length = 0;
         SX_CHECK(!__builtin_mul_overflow(c.end - c.begin, elem, &length), SX_ERR_CORRUPT,
-                 "manifest: %s: %llu elements of %llu bytes are more than 2^64 bytes", where.c_str(),
+                 "manifest: %s: %llu elements of %llu bytes are more than 2^64 bytes", where().c_str(),
                  static_cast<unsigned long long>(c.end - c.begin), static_cast<unsigned long long>(elem));
         SX_CHECK(c.length == length, SX_ERR_CORRUPT,
-                 "manifest: %s is %llu bytes long; %llu elements of %llu bytes make %llu", where.c_str(),
+                 "manifest: %s is %llu bytes long; %llu elements of %llu bytes make %llu", where().c_str(),
                  static_cast<unsigned long long>(c.length),
                  static_cast<unsigned long long>(c.end - c.begin), static_cast<unsigned long long>(elem),
                  static_cast<unsigned long long>(length));
         SX_CHECK(c.offset % kChunkAlignment == 0, SX_ERR_CORRUPT,
-                 "manifest: %s starts at byte %llu of its file, not a multiple of %llu", where.c_str(),
+                 "manifest: %s starts at byte %llu of its file, not a multiple of %llu", where().c_str(),
                  static_cast<unsigned long long>(c.offset), static_cast<unsigned long long>(kChunkAlignment));
         SX_CHECK(c.file < m.files.size(), SX_ERR_CORRUPT, "manifest: %s is in file #%u, but %zu files are listed",
-                 where.c_str(), c.file, m.files.size());
+                 where().c_str(), c.file, m.files.size());
         uint64_t end = 0;
         SX_CHECK(!__builtin_add_overflow(c.offset, c.length, &end), SX_ERR_CORRUPT,
-                 "manifest: %s ends past byte 2^64 of its file", where.c_str());
+                 "manifest: %s ends past byte 2^64 of its file", where().c_str());
         extents->push_back(Extent{c.file, c.offset, end, pi, ti, ci});
         covered = c.end;
     }
