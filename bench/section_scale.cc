@@ -15,17 +15,20 @@
 // topology and commits:
 //   layout      core::Layout::build with S shards
 //   write plan  ckpt::plan_write for its shard index
-//   commit      what rank 0 does at a commit: the manifest's skeleton, every writer's
-//               report received (a string as long as the report, as from the store)
-//               and its chunks filed under their tensors, each tensor's chunks sorted,
-//               then ckpt::encode_manifest (validate() and the FlatBuffer). The writers'
-//               plans are made by ckpt::plan_write, outside the time and the count.
+//   commit      what rank 0 does at a commit: the manifest's skeleton (each param's place
+//               in its unit), every writer's report received (a string as long as the
+//               report, as from the store: where its file's index is) and filed, then
+//               ckpt::encode_manifest (validate() and the FlatBuffer). The writers' plans
+//               and indexes are made by ckpt::plan_write, outside the time and the count.
 //   load        a rank of the loading job reads the MANIFEST (a copy of the encoded
 //               bytes, as read_manifest reads the file into a string), decodes it
 //               (ckpt::decode_manifest: CRC, verifier, copy, validate()), matches params
-//               by name and plans its reads (ckpt::plan_read), for a whole load (values
-//               and both states). The rank shown is the one with the most reads among
-//               up to 64 shard indices spread evenly.
+//               by name, reads the indexes of the files its shard lies in
+//               (ckpt::read_file_indexes, through a FileOps that serves each index, made
+//               beforehand outside the time and the count) and plans its reads
+//               (ckpt::plan_read), for a whole load (values and both states). The rank
+//               shown is the one with the most files to read among up to 64 shard indices
+//               spread evenly.
 // Unlike the other sections' figures, these are absolute, not ratios to a peer: the goal
 // they are held to is absolute (under a second and a few MiB per rank), and what they
 // show is how each grows from one world size to the next.
@@ -37,7 +40,9 @@
 // connects), measured at small world sizes through a counting store around the
 // in-process one, the ranks as threads.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 #include <thread>
@@ -46,10 +51,13 @@
 #include "bench_util.h"
 #include "ckpt/directory.h"
 #include "ckpt/manifest.h"
+#include "ckpt/shard_index.h"
 #include "ckpt/shard_plan.h"
 #include "comm/communicator.h"
 #include "comm/stores.h"
 #include "core/layout.h"
+#include "io/crc32c.h"
+#include "io/file_ops.h"
 #include "sx/sx.h"
 
 namespace sxbench {
@@ -183,14 +191,7 @@ core::Layout build_layout(const Model &model, Topology topo, Cost *cost, int rep
 
 // ---------------------------------------------------------------------- saving
 
-// What a writer tells rank 0 after its file is durable (save.cc's report): a status
-// code, an empty message and its NUL, then per chunk: param, kind, begin, end, offset,
-// length, CRC32C and 4 bytes of padding (48 bytes).
-constexpr size_t kRecordBytes = 48;
-constexpr size_t kReportHead = sizeof(int32_t) + 1;
-
-// A stand-in for a chunk's CRC32C: any non-zero value (FlatBuffers leaves out a field
-// equal to its default, so a zero would make the manifest smaller than a real one).
+// A stand-in for a chunk's CRC32C: any non-zero value.
 uint32_t fake_crc(int writer, uint64_t offset) {
     uint64_t x = (static_cast<uint64_t>(writer) << 40) ^ offset ^ 0x9E3779B97F4A7C15ull;
     x ^= x >> 29;
@@ -198,45 +199,47 @@ uint32_t fake_crc(int writer, uint64_t offset) {
     return static_cast<uint32_t>(x >> 32) | 1u;
 }
 
-std::string report_of(const ckpt::WritePlan &plan, int writer) {
-    std::string out(kReportHead + plan.chunks.size() * kRecordBytes, '\0');
-    char *p = &out[kReportHead];
+// Writer w's file index: the chunk table at the end of its file (save.cc, write_shard).
+std::string index_of(const ckpt::WritePlan &plan, int writer) {
+    std::vector<ckpt::IndexRecord> records;
+    records.reserve(plan.chunks.size());
     for (const ckpt::WriteChunk &c : plan.chunks) {
-        const int32_t head[2] = {c.param, static_cast<int32_t>(c.kind)};
-        const uint64_t range[4] = {c.begin, c.end, c.file_offset, (c.end - c.begin) * sizeof(float)};
-        const uint32_t crc = fake_crc(writer, c.file_offset);
-        std::memcpy(p, head, sizeof head);
-        std::memcpy(p + 8, range, sizeof range);
-        std::memcpy(p + 40, &crc, sizeof crc);
-        p += kRecordBytes;
+        ckpt::IndexRecord r;
+        r.param = c.param;
+        r.kind = static_cast<int32_t>(c.kind);
+        r.begin = c.begin, r.end = c.end, r.offset = c.file_offset;
+        r.length = (c.end - c.begin) * sizeof(float);
+        r.crc32c = fake_crc(writer, c.file_offset);
+        records.push_back(r);
     }
+    return ckpt::encode_index(records);
+}
+
+// What a writer tells rank 0 after its file is durable (save.cc's report): a status
+// code, an empty message and its NUL, then where its index is (a FileIndex).
+constexpr size_t kReportHead = sizeof(int32_t) + 1;
+
+std::string report_of(const ckpt::WritePlan &plan, const std::string &index) {
+    ckpt::FileIndex fi;
+    fi.offset = plan.file_bytes;
+    fi.length = index.size();
+    fi.crc32c = sx::io::crc32c(index.data(), index.size());
+    fi.chunks = static_cast<uint32_t>(plan.chunks.size());
+    std::string out(kReportHead + sizeof fi, '\0');
+    std::memcpy(&out[kReportHead], &fi, sizeof fi);
     return out;
 }
 
-// Files writer w's report into *m, as rank 0's commit does (save.cc, gather_chunks).
+// Files writer w's report into *m, as rank 0's commit does (save.cc, gather_file_indexes).
 void file_report(const std::string &report, int writer, int files, ckpt::Manifest *m) {
+    ckpt::FileIndex fi;
+    std::memcpy(&fi, report.data() + kReportHead, sizeof fi);
     m->files.push_back(ckpt::shard_file_name(writer, files));
-    const size_t n = (report.size() - kReportHead) / kRecordBytes;
-    for (size_t i = 0; i < n; ++i) {
-        const char *p = report.data() + kReportHead + i * kRecordBytes;
-        int32_t head[2];
-        uint64_t range[4];
-        uint32_t crc;
-        std::memcpy(head, p, sizeof head);
-        std::memcpy(range, p + 8, sizeof range);
-        std::memcpy(&crc, p + 40, sizeof crc);
-        for (ckpt::Tensor &t : m->params[head[0]].tensors) {
-            if (static_cast<int32_t>(t.kind) != head[1]) continue;
-            ckpt::Chunk c;
-            c.begin = range[0], c.end = range[1], c.file = static_cast<uint32_t>(writer);
-            c.offset = range[2], c.length = range[3], c.crc32c = crc;
-            t.chunks.push_back(c);
-        }
-    }
+    m->file_indexes.push_back(fi);
 }
 
-// The manifest of a save but for its files and chunks (save.cc, skeleton_of).
-ckpt::Manifest skeleton_of(const Model &model, Topology topo) {
+// The manifest of a save but for its files (save.cc, skeleton_of).
+ckpt::Manifest skeleton_of(const Model &model, Topology topo, const core::Layout &layout) {
     ckpt::Manifest m;
     m.library_version = SX_VERSION_NUMBER;
     m.step = 100000;
@@ -253,6 +256,9 @@ ckpt::Manifest skeleton_of(const Model &model, Topology topo) {
         e.dtype = SX_DTYPE_BF16;
         e.unit = model.layout_params[p].unit;
         e.step = 100000;
+        const core::ParamPlacement &at = layout.placement(static_cast<int32_t>(p));
+        e.unit_offset = at.offset;
+        e.unit_shard_numel = layout.units()[at.unit_index].shard_numel;
         for (ckpt::TensorKind k : model.kinds[p]) {
             ckpt::Tensor t;
             t.kind = k;
@@ -268,12 +274,14 @@ struct SaveFigures {
     Cost layout, plan, gather, encode;
     size_t plan_chunks = 0;       // rank 0's
     uint64_t plan_file_bytes = 0;
-    size_t manifest_chunks = 0;
+    size_t manifest_chunks = 0;   // every file's, in their indexes
     size_t manifest_bytes = 0;    // 0: encode_manifest refused it
     size_t max_writer_chunks = 0;
+    uint64_t index_bytes_max = 0; // the largest file index
     uint64_t report_bytes_max = 0, report_bytes_total = 0;
     int64_t commit_peak = 0;      // rank 0: the manifest while gathering, then while encoding
     std::string encoded;          // the MANIFEST's bytes, for the loads
+    core::Layout saved_layout;    // for the loads: the files' indexes are made again from it
 };
 
 SaveFigures simulate_save(const Model &model, Topology topo, int reps) {
@@ -285,47 +293,32 @@ SaveFigures simulate_save(const Model &model, Topology topo, int reps) {
     s.plan_chunks = plan.chunks.size();
     s.plan_file_bytes = plan.file_bytes;
 
-    // The commit on rank 0: from the skeleton, every writer's report in turn.
-    const ckpt::Manifest skeleton = skeleton_of(model, topo);
-    ckpt::Manifest m;
-    std::vector<double> times;
-    for (int r = 0; r < reps; ++r) {
-        const int64_t before = HeapCounter::live();
-        HeapCounter::reset_peak();
-        double t0 = now_seconds(), spent = 0;
-        ckpt::Manifest got = skeleton;
-        spent += now_seconds() - t0;
+    // The writers' reports, made outside the time and the count (each writer's own work).
+    std::vector<std::string> reports(static_cast<size_t>(topo.shards));
+    {
+        HeapCounter::Uncounted writer_side;
         for (int w = 0; w < topo.shards; ++w) {
-            std::string sent;
-            {
-                HeapCounter::Uncounted writer_side;
-                sent = report_of(ckpt::plan_write(layout, w, model.kinds), w);
-            }
-            if (r == 0) {
-                const size_t n = (sent.size() - kReportHead) / kRecordBytes;
-                s.max_writer_chunks = std::max(s.max_writer_chunks, n);
-                s.report_bytes_max = std::max<uint64_t>(s.report_bytes_max, sent.size());
-                s.report_bytes_total += sent.size();
-            }
-            t0 = now_seconds();
-            const std::string received = sent;  // the store's answer to rank 0's get
-            file_report(received, w, topo.shards, &got);
-            spent += now_seconds() - t0;
+            const ckpt::WritePlan wp = ckpt::plan_write(layout, w, model.kinds);
+            const std::string index = index_of(wp, w);
+            reports[w] = report_of(wp, index);
+            s.max_writer_chunks = std::max(s.max_writer_chunks, wp.chunks.size());
+            s.index_bytes_max = std::max<uint64_t>(s.index_bytes_max, index.size());
+            s.manifest_chunks += wp.chunks.size();
+            s.report_bytes_max = std::max<uint64_t>(s.report_bytes_max, reports[w].size());
+            s.report_bytes_total += reports[w].size();
         }
-        t0 = now_seconds();
-        for (ckpt::ParamEntry &p : got.params)
-            for (ckpt::Tensor &t : p.tensors)
-                std::sort(t.chunks.begin(), t.chunks.end(),
-                          [](const ckpt::Chunk &a, const ckpt::Chunk &b) { return a.begin < b.begin; });
-        m = std::move(got);
-        spent += now_seconds() - t0;
-        times.push_back(spent);
-        s.gather.peak = std::max(s.gather.peak, HeapCounter::peak() - before);
-        if (r == 0) s.gather.kept = HeapCounter::live() - before;
     }
-    s.gather.ms = median(times) * 1e3;
-    for (const ckpt::ParamEntry &p : m.params)
-        for (const ckpt::Tensor &t : p.tensors) s.manifest_chunks += t.chunks.size();
+
+    // The commit on rank 0: from the skeleton, every writer's report in turn.
+    ckpt::Manifest m;
+    s.gather = measure(reps, [&] {
+        ckpt::Manifest got = skeleton_of(model, topo, layout);
+        for (int w = 0; w < topo.shards; ++w) {
+            const std::string received = reports[w];  // the store's answer to rank 0's get
+            file_report(received, w, topo.shards, &got);
+        }
+        m = std::move(got);
+    });
 
     Status encoded;
     s.encode = measure(reps, [&] {
@@ -339,6 +332,7 @@ SaveFigures simulate_save(const Model &model, Topology topo, int reps) {
         s.encoded.clear();
     }
     s.manifest_bytes = s.encoded.size();
+    s.saved_layout = layout;
     return s;
 }
 
@@ -349,21 +343,85 @@ struct LoadFigures {
     Topology into;
     int rank = 0;             // the loading rank shown (its shard index)
     uint64_t manifest_bytes = 0;
-    Cost decode, layout, plan;
+    Cost decode, layout, plan;  // decode: the MANIFEST and the indexes of the files it reads
+    size_t index_files = 0;    // indexes read
+    uint64_t index_bytes = 0;
     size_t reads = 0;
     size_t files = 0;          // files it reads from
     uint64_t bytes_read = 0;   // whole chunks
     uint64_t bytes_needed = 0; // the parts it keeps
 };
 
-void plan_for(const ckpt::Manifest &m, const core::Layout &layout, int shard, const Model &model,
-              std::vector<ckpt::ReadOp> *ops) {
-    // Params matched by name, as a load does (load.cc, match_params).
+// The checkpoint's shard files as far as a load reads them before planning: each file's
+// index, at the offset its FileIndex gives, made (outside the time and the count) from
+// the saved layout for the files one rank reads. Nothing else can be opened.
+class IndexFiles final : public sx::io::FileOps {
+  public:
+    IndexFiles(const Model &model, const SaveFigures &save, const std::vector<uint32_t> &files) {
+        HeapCounter::Uncounted writer_side;
+        for (uint32_t f : files)
+            index_[f] = index_of(ckpt::plan_write(save.saved_layout, static_cast<int>(f), model.kinds),
+                                 static_cast<int>(f));
+    }
+    Status open_read(const std::string &path, int *fd) override {
+        int rank = 0, world = 0;
+        if (std::sscanf(path.c_str() + path.rfind('/') + 1, "shard-%d-of-%d.bin", &rank, &world) != 2 ||
+            index_.count(static_cast<uint32_t>(rank)) == 0)
+            return SX_ERROR(SX_ERR_NOT_FOUND, "%s is not simulated", path.c_str());
+        *fd = rank;
+        return Status::Ok();
+    }
+    Status pread_all(int fd, void *data, size_t n, uint64_t offset, const std::string &path) override {
+        const std::string &index = index_.at(static_cast<uint32_t>(fd));
+        (void)offset;  // the index is all a simulated file holds
+        if (n != index.size()) return SX_ERROR(SX_ERR_CORRUPT, "%s: %zu bytes asked of its index", path.c_str(), n);
+        std::memcpy(data, index.data(), n);
+        return Status::Ok();
+    }
+    Status close(int, const std::string &) override { return Status::Ok(); }
+    Status open_write(const std::string &path, int *) override { return refused(path); }
+    Status pwrite_all(int, const void *, size_t, uint64_t, const std::string &path) override { return refused(path); }
+    Status file_size(int, uint64_t *, const std::string &path) override { return refused(path); }
+    Status fsync(int, const std::string &path) override { return refused(path); }
+    Status mkdir(const std::string &path) override { return refused(path); }
+    Status rename(const std::string &from, const std::string &) override { return refused(from); }
+    Status fsync_dir(const std::string &path) override { return refused(path); }
+    Status unlink(const std::string &path) override { return refused(path); }
+    Status remove_tree(const std::string &path) override { return refused(path); }
+    Status list_dir(const std::string &path, std::vector<std::string> *) override { return refused(path); }
+    Status exists(const std::string &path, bool *) override { return refused(path); }
+
+  private:
+    static Status refused(const std::string &path) {
+        return SX_ERROR(SX_ERR_UNSUPPORTED, "%s: a simulated checkpoint is only read", path.c_str());
+    }
+    std::map<uint32_t, std::string> index_;
+};
+
+// Params matched by name, as a load does (load.cc, match_params).
+std::vector<int32_t> match(const ckpt::Manifest &m, const Model &model) {
     std::unordered_map<std::string, int32_t> by_name;
     for (size_t i = 0; i < m.params.size(); ++i) by_name.emplace(m.params[i].name, static_cast<int32_t>(i));
     std::vector<int32_t> index(model.names.size(), -1);
     for (size_t p = 0; p < model.names.size(); ++p) index[p] = by_name.at(model.names[p]);
-    check(ckpt::plan_read(m, layout, shard, index, model.kinds, ops), "plan_read");
+    return index;
+}
+
+// The files holding shard `shard`'s pieces (load.cc, read_indexes).
+std::vector<uint32_t> files_to_read(const ckpt::Manifest &m, const core::Layout &layout, int shard,
+                                    const std::vector<int32_t> &index) {
+    std::vector<bool> needed(m.files.size(), false);
+    for (size_t p = 0; p < index.size(); ++p) {
+        const core::ShardPiece piece = layout.piece(static_cast<int32_t>(p), shard);
+        if (piece.begin == piece.end) continue;
+        uint32_t first = 0, last = 0;
+        ckpt::files_for_range(m.params[index[p]], piece.begin, piece.end, &first, &last);
+        for (uint32_t f = first; f <= last; ++f) needed[f] = true;
+    }
+    std::vector<uint32_t> files;
+    for (uint32_t f = 0; f < needed.size(); ++f)
+        if (needed[f]) files.push_back(f);
+    return files;
 }
 
 LoadFigures simulate_load(const Model &model, const SaveFigures &save, Topology into, int reps) {
@@ -371,42 +429,56 @@ LoadFigures simulate_load(const Model &model, const SaveFigures &save, Topology 
     f.from = save.topo.name();
     f.into = into;
     f.manifest_bytes = save.encoded.size();
+    const core::Layout layout = build_layout(model, into, &f.layout, reps);
+
+    // The rank with the most files to read among up to 64 shard indices spread evenly.
+    std::vector<uint32_t> files;
+    {
+        HeapCounter::Uncounted choosing;
+        ckpt::Manifest m0;
+        check(ckpt::decode_manifest(save.encoded.data(), save.encoded.size(), &m0), "decode_manifest");
+        const std::vector<int32_t> index = match(m0, model);
+        const int candidates = std::min(into.shards, 64);
+        for (int i = 0; i < candidates; ++i) {
+            const int64_t spread = static_cast<int64_t>(i) * (into.shards - 1) / std::max(candidates - 1, 1);
+            const int shard = static_cast<int>(spread);
+            std::vector<uint32_t> need = files_to_read(m0, layout, shard, index);
+            if (need.size() >= files.size()) files = std::move(need), f.rank = shard;
+        }
+    }
+    IndexFiles disk(model, save, files);
+
+    // What a load does before it plans: read and decode the MANIFEST, match the params,
+    // and read the indexes of the files its shard lies in.
     ckpt::Manifest m;
+    std::vector<int32_t> index;
     f.decode = measure(reps, [&] {
         const std::string file = save.encoded;  // read_manifest reads the whole file into a string
         ckpt::Manifest decoded;
         check(ckpt::decode_manifest(file.data(), file.size(), &decoded), "decode_manifest");
+        std::vector<int32_t> matched = match(decoded, model);
+        check(ckpt::read_file_indexes(disk, "simulated", files_to_read(decoded, layout, f.rank, matched), &decoded),
+              "read_file_indexes");
         m = std::move(decoded);
+        index = std::move(matched);
     });
-    const core::Layout layout = build_layout(model, into, &f.layout, reps);
+    f.index_files = files.size();
+    for (uint32_t file : files) f.index_bytes += m.file_indexes[file].length;
 
-    // The rank with the most reads among up to 64 shard indices spread evenly.
-    {
-        HeapCounter::Uncounted choosing;
-        const int candidates = std::min(into.shards, 64);
-        size_t most = 0;
-        for (int i = 0; i < candidates; ++i) {
-            const int64_t spread = static_cast<int64_t>(i) * (into.shards - 1) / std::max(candidates - 1, 1);
-            const int shard = static_cast<int>(spread);
-            std::vector<ckpt::ReadOp> ops;
-            plan_for(m, layout, shard, model, &ops);
-            if (ops.size() >= most) most = ops.size(), f.rank = shard;
-        }
-    }
     std::vector<ckpt::ReadOp> ops;
     f.plan = measure(reps, [&] {
         std::vector<ckpt::ReadOp> planned;
-        plan_for(m, layout, f.rank, model, &planned);
+        check(ckpt::plan_read(m, layout, f.rank, index, model.kinds, &planned), "plan_read");
         ops = std::move(planned);
     });
-    std::set<uint32_t> files;
+    std::set<uint32_t> read_from;
     for (const ckpt::ReadOp &op : ops) {
-        files.insert(op.chunk->file);
+        read_from.insert(op.chunk->file);
         f.bytes_read += op.chunk->length;
         f.bytes_needed += (op.copy_end - op.copy_begin) * sizeof(float);
     }
     f.reads = ops.size();
-    f.files = files.size();
+    f.files = read_from.size();
     return f;
 }
 
@@ -508,20 +580,21 @@ RendezvousFigures gloo_rendezvous(int world) {
 
 void print_saves(const std::vector<SaveFigures> &saves, const Model &model, const Options &opt) {
     std::printf("\nsave: rank 0 (shard index 0: a writer in every topology, and the rank that commits)\n");
-    std::printf("%-11s %6s %6s %6s | %-15s | %-28s | %-17s | %-30s | %s\n", "topology", "ranks", "shards", "files",
-                "layout", "write plan (rank 0)", "MANIFEST", "commit on rank 0", "writers' reports");
-    std::printf("%-11s %6s %6s %6s | %7s %7s | %7s %7s %6s %6s | %9s %7s | %8s %8s %10s | %9s %9s\n", "", "", "", "",
-                "ms", "KiB", "chunks", "GiB", "ms", "KiB", "chunks", "MiB", "gather ms", "encode ms", "peak MiB",
-                "max KiB", "total MiB");
+    std::printf("%-11s %6s %6s %6s | %-15s | %-28s | %-27s | %-30s | %s\n", "topology", "ranks", "shards", "files",
+                "layout", "write plan (rank 0)", "chunks, indexes, MANIFEST", "commit on rank 0", "writers' reports");
+    std::printf("%-11s %6s %6s %6s | %7s %7s | %7s %7s %6s %6s | %9s %8s %8s | %8s %8s %10s | %9s %9s\n", "", "", "",
+                "", "ms", "KiB", "chunks", "GiB", "ms", "KiB", "chunks", "index KiB", "MiB", "gather ms",
+                "encode ms", "peak MiB", "max KiB", "total MiB");
     for (const SaveFigures &s : saves) {
         char manifest[16] = "refused";
         if (s.manifest_bytes > 0)
             std::snprintf(manifest, sizeof manifest, "%.2f", mib(static_cast<int64_t>(s.manifest_bytes)));
-        std::printf("%-11s %6d %6d %6d | %7.3f %7.1f | %7zu %7.2f %6.3f %6.1f | %9zu %7s | %8.1f %8.1f %10.1f | "
-                    "%9.1f %9.2f\n",
+        std::printf("%-11s %6d %6d %6d | %7.3f %7.1f | %7zu %7.2f %6.3f %6.1f | %9zu %8.1f %8s | %8.1f %8.1f %10.1f | "
+                    "%9.2f %9.2f\n",
                     s.topo.name().c_str(), s.topo.world, s.topo.shards, s.topo.shards, s.layout.ms, kib(s.layout.peak),
                     s.plan_chunks, static_cast<double>(s.plan_file_bytes) / (kMiB * 1024), s.plan.ms,
-                    kib(s.plan.peak), s.manifest_chunks, manifest, s.gather.ms,
+                    kib(s.plan.peak), s.manifest_chunks, kib(static_cast<int64_t>(s.index_bytes_max)), manifest,
+                    s.gather.ms,
                     s.encode.ms, mib(s.commit_peak), kib(static_cast<int64_t>(s.report_bytes_max)),
                     mib(static_cast<int64_t>(s.report_bytes_total)));
     }
@@ -530,7 +603,8 @@ void print_saves(const std::vector<SaveFigures> &saves, const Model &model, cons
                     "\"units\":%d,"
                     "\"topology\":\"%s\",\"ranks\":%d,\"shards\":%d,\"files\":%d,\"reps\":%d,"
                     "\"layout_ms\":%.4f,\"layout_peak_bytes\":%lld,\"plan_ms\":%.4f,\"plan_peak_bytes\":%lld,"
-                    "\"plan_chunks\":%zu,\"plan_file_bytes\":%llu,\"manifest_chunks\":%zu,\"manifest_bytes\":%zu,"
+                    "\"plan_chunks\":%zu,\"plan_file_bytes\":%llu,\"checkpoint_chunks\":%zu,\"index_bytes_max\":%llu,"
+                    "\"manifest_bytes\":%zu,"
                     "\"gather_ms\":%.3f,\"gather_peak_bytes\":%lld,\"encode_ms\":%.3f,\"encode_peak_bytes\":%lld,"
                     "\"commit_peak_bytes\":%lld,\"max_writer_chunks\":%zu,\"report_bytes_max\":%llu,"
                     "\"report_bytes_total\":%llu}\n",
@@ -538,7 +612,7 @@ void print_saves(const std::vector<SaveFigures> &saves, const Model &model, cons
                     s.topo.name().c_str(), s.topo.world, s.topo.shards, s.topo.shards, opt.scale_reps, s.layout.ms,
                     static_cast<long long>(s.layout.peak), s.plan.ms, static_cast<long long>(s.plan.peak),
                     s.plan_chunks, static_cast<unsigned long long>(s.plan_file_bytes), s.manifest_chunks,
-                    s.manifest_bytes, s.gather.ms, static_cast<long long>(s.gather.peak), s.encode.ms,
+                    static_cast<unsigned long long>(s.index_bytes_max), s.manifest_bytes, s.gather.ms, static_cast<long long>(s.gather.peak), s.encode.ms,
                     static_cast<long long>(s.encode.peak), static_cast<long long>(s.commit_peak),
                     s.max_writer_chunks, static_cast<unsigned long long>(s.report_bytes_max),
                     static_cast<unsigned long long>(s.report_bytes_total));
@@ -546,28 +620,32 @@ void print_saves(const std::vector<SaveFigures> &saves, const Model &model, cons
 }
 
 void print_loads(const std::vector<LoadFigures> &loads, const Options &opt) {
-    std::printf("\nload: a whole load (values and states) by the rank with the most reads of up to 64 shard "
-                "indices (index: its shard index)\n");
-    std::printf("%-11s   %-11s %6s | %8s | %-20s | %-15s | %-16s | %7s %6s %9s %9s\n", "saved by", "loaded by",
-                "index", "MANIFEST", "read + decode", "layout", "plan_read", "reads", "files", "read GiB",
-                "kept GiB");
-    std::printf("%-11s   %-11s %6s | %8s | %9s %10s | %7s %7s | %7s %8s |\n", "", "", "", "MiB", "ms", "peak MiB", "ms",
-                "KiB", "ms", "KiB");
+    std::printf("\nload: a whole load (values and states) by the rank with the most files to read of up to 64 "
+                "shard indices (shard: its shard index)\n");
+    std::printf("%-11s   %-11s %6s | %8s | %-36s | %-15s | %-16s | %7s %6s %9s %9s\n", "saved by", "loaded by",
+                "shard", "MANIFEST", "MANIFEST and indexes: read + decode", "layout", "plan_read", "reads", "files",
+                "read GiB", "kept GiB");
+    std::printf("%-11s   %-11s %6s | %8s | %7s %9s %8s %8s | %7s %7s | %7s %8s |\n", "", "", "", "MiB", "indexes",
+                "index KiB", "ms", "peak MiB", "ms", "KiB", "ms", "KiB");
     for (const LoadFigures &f : loads) {
-        std::printf("%-11s-> %-11s %6d | %8.2f | %9.1f %10.1f | %7.3f %7.1f | %7.3f %8.1f | %7zu %6zu %9.2f %9.2f\n",
+        std::printf("%-11s-> %-11s %6d | %8.2f | %7zu %9.1f %8.1f %8.2f | %7.3f %7.1f | %7.3f %8.1f | %7zu %6zu %9.2f "
+                    "%9.2f\n",
                     f.from.c_str(), f.into.name().c_str(), f.rank, mib(static_cast<int64_t>(f.manifest_bytes)),
-                    f.decode.ms, mib(f.decode.peak), f.layout.ms, kib(f.layout.peak), f.plan.ms, kib(f.plan.peak),
+                    f.index_files, kib(static_cast<int64_t>(f.index_bytes)), f.decode.ms, mib(f.decode.peak),
+                    f.layout.ms, kib(f.layout.peak), f.plan.ms, kib(f.plan.peak),
                     f.reads, f.files, static_cast<double>(f.bytes_read) / (kMiB * 1024),
                     static_cast<double>(f.bytes_needed) / (kMiB * 1024));
     }
     for (const LoadFigures &f : loads) {
         std::printf("{\"bench\":\"scale\",\"figure\":\"load\",\"saved_by\":\"%s\",\"loaded_by\":\"%s\",\"ranks\":%d,"
-                    "\"shards\":%d,\"shard\":%d,\"reps\":%d,\"manifest_bytes\":%llu,\"decode_ms\":%.3f,"
+                    "\"shards\":%d,\"shard\":%d,\"reps\":%d,\"manifest_bytes\":%llu,\"indexes_read\":%zu,"
+                    "\"index_bytes_read\":%llu,\"decode_ms\":%.3f,"
                     "\"decode_peak_bytes\":%lld,\"manifest_kept_bytes\":%lld,\"layout_ms\":%.4f,"
                     "\"layout_peak_bytes\":%lld,\"plan_ms\":%.4f,\"plan_peak_bytes\":%lld,\"reads\":%zu,"
                     "\"files\":%zu,\"bytes_read\":%llu,\"bytes_needed\":%llu}\n",
                     f.from.c_str(), f.into.name().c_str(), f.into.world, f.into.shards, f.rank, opt.scale_reps,
-                    static_cast<unsigned long long>(f.manifest_bytes), f.decode.ms,
+                    static_cast<unsigned long long>(f.manifest_bytes), f.index_files,
+                    static_cast<unsigned long long>(f.index_bytes), f.decode.ms,
                     static_cast<long long>(f.decode.peak), static_cast<long long>(f.decode.kept), f.layout.ms,
                     static_cast<long long>(f.layout.peak), f.plan.ms, static_cast<long long>(f.plan.peak), f.reads,
                     f.files, static_cast<unsigned long long>(f.bytes_read),

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "ckpt/directory.h"
 #include "io/file_ops.h"
 
 namespace sxtest {
@@ -40,6 +41,14 @@ inline bool write_file(const std::string &path, const std::string &bytes) {
     if (!f) return false;
     const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
     return std::fclose(f) == 0 && ok;
+}
+
+// The bytes of tensor data in file `file` of the checkpoint in `dir`: where its index
+// begins (format 2.0), which follows its last chunk; 0 if the MANIFEST cannot be read.
+inline uint64_t shard_data_bytes(const std::string &dir, uint32_t file) {
+    sx::ckpt::Manifest m;
+    if (!sx::ckpt::read_manifest(*sx::io::posix_file_ops(), dir, &m).ok() || file >= m.file_indexes.size()) return 0;
+    return m.file_indexes[file].offset;
 }
 
 }  // namespace sxtest

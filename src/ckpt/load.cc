@@ -15,6 +15,7 @@
 #include "ckpt/checkpointer.h"
 #include "ckpt/chunk_reader.h"
 #include "ckpt/directory.h"
+#include "ckpt/shard_index.h"
 #include "io/crc32c.h"
 
 namespace sx {
@@ -152,6 +153,7 @@ class Checkpointer::Load {
     Status prepare() {
         SX_TRY(read_manifest(*ck_.ops_, options_.path, &m_));
         SX_TRY(match_params());
+        SX_TRY(read_indexes());
         SX_TRY(plan_reads());
         SX_TRY(stage_regions());
         return start_reads();
@@ -195,6 +197,26 @@ class Checkpointer::Load {
                      "param groups match by index)",
                      saved, here, saved < here ? "missing" : "extra");
         return Status::Ok();
+    }
+
+    // Format 2.0: the chunk tables of the files that hold what this rank reads, and of no
+    // other file: what a rank reads grows with its own shard, not with the checkpoint's
+    // number of files.
+    Status read_indexes() {
+        if (!m_.chunks_in_files()) return Status::Ok();
+        std::vector<bool> needed(m_.files.size(), false);
+        for (int32_t p = 0; p < g_.num_params(); ++p) {
+            if (index_[p] < 0) continue;
+            const core::ShardPiece piece = g_.layout().piece(p, g_.shard_rank());
+            if (piece.begin == piece.end) continue;
+            uint32_t first = 0, last = 0;
+            files_for_range(m_.params[index_[p]], piece.begin, piece.end, &first, &last);
+            for (uint32_t f = first; f <= last; ++f) needed[f] = true;
+        }
+        std::vector<uint32_t> files;
+        for (uint32_t f = 0; f < needed.size(); ++f)
+            if (needed[f]) files.push_back(f);
+        return read_file_indexes(*ck_.ops_, options_.path, files, &m_);
     }
 
     // A param and its entry in the manifest can be loaded into each other.

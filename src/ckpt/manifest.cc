@@ -62,11 +62,12 @@ uint64_t encoded_size_bound(const Manifest &m) {
     auto table = [](uint64_t fields) { return 32 + 17 * fields; };
     auto vector = [](uint64_t n, uint64_t elem) { return 16 + n * elem; };  // length, padding, offset
     auto string = [](uint64_t n) { return 16 + n; };                        // ... and the NUL
-    uint64_t bound = 64 + table(12) + table(2) + table(5);                 // root, Manifest, Version, LossScaler
+    uint64_t bound = 64 + table(14) + table(2) + table(5);                 // root, Manifest, Version, LossScaler
     bound += vector(m.param_groups.size(), 4) + m.param_groups.size() * table(11);
     bound += vector(m.params.size(), 4);
+    bound += vector(m.file_indexes.size(), 4) + m.file_indexes.size() * table(4);
     for (const ParamEntry &p : m.params) {
-        bound += table(9) + string(p.name.size()) + vector(p.shape.size(), 8) + vector(p.tensors.size(), 4);
+        bound += table(11) + string(p.name.size()) + vector(p.shape.size(), 8) + vector(p.tensors.size(), 4);
         for (const Tensor &t : p.tensors)
             bound += table(3) + vector(t.chunks.size(), 4) + t.chunks.size() * table(6);
     }
@@ -90,7 +91,7 @@ Offset<fb::Param> build_param(FlatBufferBuilder &fbb, const ParamEntry &p) {
     const auto shape = fbb.CreateVector(p.shape);
     const auto tensor_vector = fbb.CreateVector(tensors);
     return fb::CreateParam(fbb, name, shape, static_cast<fb::DType>(p.dtype), p.unit, p.param_group,
-                           p.trainable, p.step, p.momentum_steps, tensor_vector);
+                           p.trainable, p.step, p.momentum_steps, tensor_vector, p.unit_offset, p.unit_shard_numel);
 }
 
 // Reads the format version before anything else is verified: a later major may
@@ -161,6 +162,13 @@ class Reader {
                 m->files.emplace_back(f->data(), f->size());
             }
         }
+        // A 1.x reader would not know the field: nor does this one in a 1.x manifest.
+        const auto *indexes = m->chunks_in_files() ? in.file_indexes() : nullptr;
+        if (indexes) {
+            m->file_indexes.reserve(indexes->size());
+            for (const fb::FileIndex *f : *indexes)
+                m->file_indexes.push_back(FileIndex{f->offset(), f->length(), f->crc32c(), f->chunks()});
+        }
         return Status::Ok();
     }
 
@@ -205,6 +213,8 @@ class Reader {
         p->trainable = in.trainable();
         p->step = in.step();
         p->momentum_steps = in.momentum_steps();
+        p->unit_offset = in.unit_offset();
+        p->unit_shard_numel = in.unit_shard_numel();
         if (const auto *tensors = in.tensors()) {
             p->tensors.resize(tensors->size());
             for (flatbuffers::uoffset_t t = 0; t < tensors->size(); ++t) {
@@ -275,6 +285,8 @@ uint64_t ParamEntry::numel() const {
 
 Status encode_manifest(const Manifest &m, std::string *bytes) {
     SX_CHECK_ARG(bytes != nullptr, "bytes is NULL");
+    SX_CHECK_ARG(m.format_major == kFormatMajor, "the manifest says format %u.%u; this library writes only %u.%u",
+                 m.format_major, m.format_minor, kFormatMajor, kFormatMinor);
     Status valid = validate(m);
     if (!valid.ok()) return Status(SX_ERR_INVALID_ARGUMENT, valid.message(), valid.file(), valid.line());
     const uint64_t bound = encoded_size_bound(m);
@@ -305,10 +317,15 @@ Status encode_manifest(const Manifest &m, std::string *bytes) {
     const auto user_blob =
         fbb.CreateVector(reinterpret_cast<const uint8_t *>(m.user_blob.data()), m.user_blob.size());
     const auto files = fbb.CreateVectorOfStrings(m.files);
+    std::vector<Offset<fb::FileIndex>> indexes;
+    indexes.reserve(m.file_indexes.size());
+    for (const FileIndex &f : m.file_indexes)
+        indexes.push_back(fb::CreateFileIndex(fbb, f.offset, f.length, f.crc32c, f.chunks));
+    const auto index_vector = fbb.CreateVector(indexes);
     fb::FinishManifestBuffer(
         fbb, fb::CreateManifest(fbb, format_version, m.library_version, m.step, m.world_size, m.stage,
                                 m.alignment, group_vector, param_vector, loss_scaler, user_blob, files,
-                                m.created_unix_ms, m.shard_size));
+                                m.created_unix_ms, m.shard_size, index_vector));
 
     const size_t fb_size = fbb.GetSize();
     SX_CHECK_ARG(fb_size + kTrailerBytes <= kMaxManifestBytes,
@@ -370,8 +387,9 @@ Status decode_manifest(const void *data, size_t size, Manifest *out) {
     SX_CHECK(major <= kFormatMajor, SX_ERR_VERSION,
              "checkpoint format %u.%u is newer than this library's %u.%u; load it with a newer sx", major,
              minor, kFormatMajor, kFormatMinor);
-    SX_CHECK(major == kFormatMajor, SX_ERR_VERSION,
-             "checkpoint format %u.%u is older than any this library reads (%u.x)", major, minor, kFormatMajor);
+    SX_CHECK(major >= kOldestMajor, SX_ERR_VERSION,
+             "checkpoint format %u.%u is older than any this library reads (%u.x to %u.x)", major, minor,
+             kOldestMajor, kFormatMajor);
 
     // A legitimate table takes at least 8 bytes with the offset that refers to it.
     const uint64_t max_tables = fb_size / 8 + 64;
@@ -383,6 +401,8 @@ Status decode_manifest(const void *data, size_t size, Manifest *out) {
              major, minor, fb_size, kMaxDepth, static_cast<unsigned long long>(max_tables));
 
     Manifest m;
+    m.format_major = major;
+    m.format_minor = minor;
     SX_TRY(Reader(fb_size).read(*fb::GetManifest(buf), &m));
     SX_TRY(validate(m));
     *out = std::move(m);

@@ -12,10 +12,12 @@
 namespace sx {
 namespace ckpt {
 
-constexpr uint16_t kFormatMajor = 1;
 // 1.1: the stage may be 3 (format 1.0 readers refuse such a manifest as corrupt).
 // 1.2: the mesh's shard_size (older readers ignore it: the files and chunks say all).
-constexpr uint16_t kFormatMinor = 2;
+// 2.0: the chunks are in an index at the end of each shard file, not in the MANIFEST.
+constexpr uint16_t kFormatMajor = 2;
+constexpr uint16_t kFormatMinor = 0;
+constexpr uint16_t kOldestMajor = 1;  // the oldest major this library reads
 constexpr uint64_t kChunkAlignment = 4096;     // every chunk starts on a 4 KiB boundary
 constexpr uint64_t kMaxManifestBytes = 1ull << 30;  // refuse larger manifests unread
 constexpr uint64_t kMaxUserBlobBytes = 64ull << 20;
@@ -50,7 +52,13 @@ struct ParamEntry {
     int32_t unit = 0, param_group = 0;
     bool trainable = true;
     int64_t step = 0, momentum_steps = 0;
+    // The tensors' kinds and dtypes; their chunks as far as they are known (format 1.x:
+    // all, from the MANIFEST; 2.0: those of the files whose indexes were read).
     std::vector<Tensor> tensors;
+    // 2.0: where the param lay in the saving layout: its first element at unit_offset of
+    // its unit, whose shards were unit_shard_numel elements each; shard file q holds (at
+    // most) its elements [q * S - unit_offset, (q + 1) * S - unit_offset). 0 in 1.x.
+    uint64_t unit_offset = 0, unit_shard_numel = 0;
     // Product of the extents (1 for a scalar); meaningful once validate() accepted it.
     uint64_t numel() const;
 };
@@ -67,6 +75,13 @@ struct ParamGroupEntry {
 // A param group's optimizer and hyperparameters as the manifest holds them, and back.
 ParamGroupEntry param_group_entry(const optim::Hyper &h);
 optim::Hyper hyper_of(const ParamGroupEntry &e);
+
+// 2.0: where a shard file's index is (its last `length` bytes, at `offset`), its CRC32C,
+// and how many chunk records it holds.
+struct FileIndex {
+    uint64_t offset = 0, length = 0;
+    uint32_t crc32c = 0, chunks = 0;
+};
 
 struct LossScalerEntry {
     double scale = 1.0;
@@ -90,12 +105,17 @@ struct Manifest {
     std::string user_blob;
     std::vector<std::string> files;
     uint64_t created_unix_ms = 0;
+    // 2.0: one per file (file q holds shard q of the saving layout); empty in 1.x.
+    std::vector<FileIndex> file_indexes;
+    // Whether the chunks are in the files' indexes (2.0) rather than in the MANIFEST.
+    bool chunks_in_files() const { return format_major >= 2; }
 };
 
-// Serialises (FlatBuffer + trailer) into *bytes (replaced). SX_ERR_INVALID_ARGUMENT if
-// the manifest is not self-consistent (see validate()) or would exceed
-// kMaxManifestBytes; *bytes is then unchanged. Deterministic: equal manifests give
-// equal bytes. Any thread.
+// Serialises (FlatBuffer + trailer) into *bytes (replaced), as format
+// kFormatMajor.kFormatMinor (so `m` must be a 2.0 manifest: no chunks, one FileIndex per
+// file; see validate()). SX_ERR_INVALID_ARGUMENT if the manifest is not self-consistent
+// or would exceed kMaxManifestBytes; *bytes is then unchanged. Deterministic: equal
+// manifests give equal bytes. Any thread.
 Status encode_manifest(const Manifest &m, std::string *bytes);
 
 // Verifies and decodes, trusting nothing: size limits, the trailer's magic, length
@@ -106,7 +126,11 @@ Status encode_manifest(const Manifest &m, std::string *bytes);
 // is borrowed for the call and needs no particular alignment. Any thread.
 Status decode_manifest(const void *data, size_t size, Manifest *out);
 
-// Structural checks shared by both directions: names unique and non-empty, shapes
+// Structural checks shared by both directions. Format 1.x (m.format_major 1): the
+// chunks are in the manifest and every tensor's cover [0, numel) exactly once. 2.0: no
+// chunk in the manifest, one FileIndex per file, as many files as shards (shard_size, or
+// world_size), and every param within the files' range (unit_shard_numel >= 1,
+// unit_offset + numel <= files * unit_shard_numel). Always: names unique and non-empty, shapes
 // positive, dtypes and kinds known, param_group indices valid, each tensor's chunks
 // sorted and covering [0, numel) exactly once, lengths = elements * element size,
 // offsets 4 KiB-aligned, file indices valid. Also: names as sx_add_param accepts them,

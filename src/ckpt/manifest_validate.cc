@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "ckpt/manifest.h"
+#include "ckpt/shard_index.h"
 #include "core/params.h"
 
 namespace sx {
@@ -92,6 +93,28 @@ Status validate_header(const Manifest &m) {
                  f, printable(name).c_str(), static_cast<unsigned long long>(kMaxFileNameBytes));
         SX_CHECK(files.insert(name).second, SX_ERR_CORRUPT, "manifest: file #%zu, %s, is listed twice", f,
                  printable(name).c_str());
+    }
+    if (!m.chunks_in_files()) {
+        SX_CHECK(m.file_indexes.empty(), SX_ERR_CORRUPT, "manifest: format %u.%u lists %zu file indexes; it has none",
+                 m.format_major, m.format_minor, m.file_indexes.size());
+        return Status::Ok();
+    }
+    // 2.0: one file per shard of the saving layout, each with its index at its end.
+    const int32_t shards = m.shard_size ? m.shard_size : m.world_size;
+    SX_CHECK(m.files.size() == static_cast<size_t>(shards) && m.file_indexes.size() == m.files.size(),
+             SX_ERR_CORRUPT,
+             "manifest: %zu files and %zu file indexes are listed; a checkpoint of %d shards has one of each per "
+             "shard",
+             m.files.size(), m.file_indexes.size(), shards);
+    for (size_t f = 0; f < m.file_indexes.size(); ++f) {
+        const FileIndex &fi = m.file_indexes[f];
+        SX_CHECK(fi.length == kIndexHeaderBytes + uint64_t{fi.chunks} * kIndexRecordBytes &&
+                     fi.offset <= UINT64_MAX - fi.length,
+                 SX_ERR_CORRUPT,
+                 "manifest: the index of file %s is %llu bytes at byte %llu; %u records take %llu bytes",
+                 printable(m.files[f]).c_str(), static_cast<unsigned long long>(fi.length),
+                 static_cast<unsigned long long>(fi.offset), fi.chunks,
+                 static_cast<unsigned long long>(kIndexHeaderBytes + uint64_t{fi.chunks} * kIndexRecordBytes));
     }
     return Status::Ok();
 }
@@ -206,7 +229,24 @@ Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents
         SX_CHECK(kind_fits(t.kind, group), SX_ERR_CORRUPT,
                  "manifest: %s: tensor %s does not belong to its param group %d (%s)", label.c_str(), kind,
                  p.param_group, optimizer_text(group).c_str());
-        SX_TRY(validate_chunks(m, pi, ti, numel, extents));
+        if (m.chunks_in_files())
+            SX_CHECK(t.chunks.empty(), SX_ERR_CORRUPT,
+                     "manifest: %s, tensor %s lists chunks; from format 2.0 they are in the files' indexes",
+                     label.c_str(), kind);
+        else
+            SX_TRY(validate_chunks(m, pi, ti, numel, extents));
+    }
+    if (m.chunks_in_files()) {
+        // The param lay in the saving layout within the files: file q holds the part
+        // [q * S, (q + 1) * S) of its unit's flat buffer.
+        uint64_t end = 0, span = 0;
+        SX_CHECK(p.unit_shard_numel >= 1 && !__builtin_add_overflow(p.unit_offset, numel, &end) &&
+                     !__builtin_mul_overflow(p.unit_shard_numel, static_cast<uint64_t>(m.files.size()), &span) &&
+                     end <= span,
+                 SX_ERR_CORRUPT,
+                 "manifest: %s lies at elements [%llu, +%llu) of its unit, whose %zu shards are %llu elements each",
+                 label.c_str(), static_cast<unsigned long long>(p.unit_offset), static_cast<unsigned long long>(numel),
+                 m.files.size(), static_cast<unsigned long long>(p.unit_shard_numel));
     }
     return Status::Ok();
 }

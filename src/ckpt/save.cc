@@ -7,20 +7,12 @@
 #include "base/log.h"
 #include "ckpt/checkpointer.h"
 #include "ckpt/directory.h"
+#include "ckpt/shard_index.h"
 #include "io/crc32c.h"
 
 namespace sx {
 namespace ckpt {
 namespace {
-
-// What a rank tells rank 0 through the store: its status, then its chunks.
-struct ChunkRecord {
-    int32_t param;
-    int32_t kind;
-    uint64_t begin, end, offset, length;
-    uint32_t crc32c;
-    uint32_t pad;
-};
 
 std::string encode_status(const Status &s) {
     std::string out(sizeof(int32_t), '\0');
@@ -78,7 +70,7 @@ Status apply_retention(io::FileOps &ops, const std::string &parent, const std::s
     return Status::Ok();
 }
 
-// The manifest of a save but for its files and chunks (the tensors' kinds only).
+// The manifest of a save but for its files and their indexes.
 Manifest skeleton_of(const core::ShardGroup &g, const core::ShardState &shard,
                      const std::vector<std::vector<TensorKind>> &kinds, const SaveOptions &options) {
     Manifest m;
@@ -110,6 +102,9 @@ Manifest skeleton_of(const core::ShardGroup &g, const core::ShardState &shard,
         e.trainable = shard.trainable[p] != 0;
         e.step = shard.progress.params[p].step;
         e.momentum_steps = shard.progress.params[p].momentum_steps;
+        const core::ParamPlacement &at = g.layout().placement(p);
+        e.unit_offset = at.offset;
+        e.unit_shard_numel = g.layout().units()[at.unit_index].shard_numel;
         for (TensorKind k : kinds[p]) {
             Tensor t;
             t.kind = k;
@@ -156,10 +151,10 @@ Status open_save(io::FileOps &ops, comm::Store &store, const std::string &prefix
     return st;
 }
 
-// Step 2: writes and fsyncs this rank's shard file from staging (`data`), each piece
-// once `staged` says it is there, and lists its chunks with their CRCs.
+// Step 2: writes this rank's shard file from staging (`data`), each piece once `staged`
+// says it is there, then its index (its chunks with their CRCs), and fsyncs it.
 Status write_shard(io::FileOps &ops, const Snapshot &snap, const char *data, const std::string &file,
-                   SaveFuture *progress, StagedBytes *staged, std::vector<ChunkRecord> *records) {
+                   SaveFuture *progress, StagedBytes *staged, FileIndex *index) {
     int fd = -1;
     SX_TRY(ops.open_write(file, &fd));
     // In pieces, so that progress moves and a cancellation is noticed. The kernel is
@@ -182,10 +177,11 @@ Status write_shard(io::FileOps &ops, const Snapshot &snap, const char *data, con
     }
     // The CRCs read staging, not the file: computed while the device writes, before
     // the fsync, they cost the save no time of their own.
+    std::vector<IndexRecord> records;
+    records.reserve(snap.plan.chunks.size());
     for (size_t i = 0; w.ok() && i < snap.plan.chunks.size(); ++i) {
         const WriteChunk &ch = snap.plan.chunks[i];
-        ChunkRecord r;
-        std::memset(&r, 0, sizeof r);
+        IndexRecord r;
         r.param = ch.param;
         r.kind = static_cast<int32_t>(ch.kind);
         r.begin = ch.begin;
@@ -193,59 +189,45 @@ Status write_shard(io::FileOps &ops, const Snapshot &snap, const char *data, con
         r.offset = ch.file_offset;
         r.length = (ch.end - ch.begin) * sizeof(float);
         r.crc32c = io::crc32c(data + ch.file_offset, r.length);
-        records->push_back(r);
+        records.push_back(r);
     }
+    if (w.ok()) w = append_index(ops, fd, file, snap.plan.file_bytes, records, index);
     if (w.ok()) w = ops.fsync(fd, file);
     Status c = ops.close(fd, file);
     SX_TRY(w);
     return c;
 }
 
-// What a rank tells rank 0 after step 2: its status, and on success its chunks.
-std::string encode_report(const Status &st, const std::vector<ChunkRecord> &records) {
+// What a rank tells rank 0 after step 2: its status, and on success where its file's
+// index is (a rank that wrote no file: nothing more).
+std::string encode_report(const Status &st, const FileIndex *index) {
     std::string report = encode_status(st);
     if (!st.ok()) return report;
-    std::string payload(records.size() * sizeof(ChunkRecord), '\0');
-    if (!records.empty()) std::memcpy(&payload[0], records.data(), payload.size());
+    std::string payload(index ? sizeof *index : 0, '\0');
+    if (index) std::memcpy(&payload[0], index, sizeof *index);
     return report + '\0' + payload;
 }
 
-// Step 3, on rank 0: every rank's report; the chunks of the writers (ranks [0,
-// shard_size), which wrote file r) go into *m (whose params hold their tensors' kinds),
-// each tensor's sorted by element.
-Status gather_chunks(comm::Store &store, const std::string &prefix, int world_size, int shard_size,
-                     comm::Millis timeout, Manifest *m) {
+// Step 3, on rank 0: every rank's report; the writers' (ranks [0, shard_size), which
+// wrote file r) file names and indexes go into *m.
+Status gather_file_indexes(comm::Store &store, const std::string &prefix, int world_size, int shard_size,
+                           comm::Millis timeout, Manifest *m) {
     for (int r = 0; r < world_size; ++r) {
         std::string v;
         SX_TRY(store.get(prefix + format("rank/%d", r), &v, timeout));
         const std::string who = format("rank %d", r);
         SX_TRY(decode_status(v, who.c_str()));
         const size_t head = sizeof(int32_t) + std::strlen(v.c_str() + sizeof(int32_t)) + 1;
-        SX_CHECK(head <= v.size() && (v.size() - head) % sizeof(ChunkRecord) == 0, SX_ERR_INTERNAL,
-                 "rank %d sent a malformed chunk table", r);
-        if (r >= shard_size) {
-            SX_CHECK(v.size() == head, SX_ERR_INTERNAL, "rank %d, not a writer, reported chunks", r);
-            continue;
-        }
+        const size_t expected = r < shard_size ? sizeof(FileIndex) : 0;
+        SX_CHECK(head <= v.size() && v.size() - head == expected, SX_ERR_INTERNAL,
+                 "rank %d sent a malformed report (%zu bytes after its status; %zu expected)", r,
+                 v.size() - std::min(head, v.size()), expected);
+        if (r >= shard_size) continue;
+        FileIndex index;
+        std::memcpy(&index, v.data() + head, sizeof index);
         m->files.push_back(shard_file_name(r, shard_size));
-        const size_t n = (v.size() - head) / sizeof(ChunkRecord);
-        for (size_t i = 0; i < n; ++i) {
-            ChunkRecord rec;
-            std::memcpy(&rec, v.data() + head + i * sizeof rec, sizeof rec);
-            SX_CHECK(rec.param >= 0 && static_cast<size_t>(rec.param) < m->params.size(), SX_ERR_INTERNAL,
-                     "rank %d reported a chunk of unknown param %d", r, rec.param);
-            for (Tensor &t : m->params[rec.param].tensors) {
-                if (static_cast<int32_t>(t.kind) != rec.kind) continue;
-                Chunk c;
-                c.begin = rec.begin, c.end = rec.end, c.file = static_cast<uint32_t>(r);
-                c.offset = rec.offset, c.length = rec.length, c.crc32c = rec.crc32c;
-                t.chunks.push_back(c);
-            }
-        }
+        m->file_indexes.push_back(index);
     }
-    for (ParamEntry &p : m->params)
-        for (Tensor &t : p.tensors)
-            std::sort(t.chunks.begin(), t.chunks.end(), [](const Chunk &a, const Chunk &b) { return a.begin < b.begin; });
     return Status::Ok();
 }
 
@@ -403,18 +385,18 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
     if (progress) progress->set_total(snap.plan.file_bytes);
 
     SX_TRY(open_save(ops, store, prefix, at, snap.rank, timeout));
-    std::vector<ChunkRecord> records;
+    FileIndex index;
     Status written;
     if (snap.writer) {
         const std::string file = at.tmp_dir + "/" + shard_file_name(snap.shard_rank, snap.shard_size);
-        written = write_shard(ops, snap, static_cast<const char *>(staging_.data()), file, progress, staged, &records);
+        written = write_shard(ops, snap, static_cast<const char *>(staging_.data()), file, progress, staged, &index);
     } else {
         written = Status::Ok();  // another replica group's rank writes this shard
     }
-    SX_TRY(store.set(prefix + format("rank/%d", snap.rank), encode_report(written, records)));
+    SX_TRY(store.set(prefix + format("rank/%d", snap.rank), encode_report(written, snap.writer ? &index : nullptr)));
 
-    // Rank 0 gathers every rank's chunks, writes MANIFEST and commits; the others wait
-    // for its word.
+    // Rank 0 gathers every rank's file index, writes MANIFEST and commits; the others
+    // wait for its word.
     if (snap.rank != 0) {
         std::string v;
         SX_TRY(store.get(prefix + "result", &v, timeout));
@@ -422,7 +404,7 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
     }
     Status result = [&]() -> Status {
         Manifest m = snap.skeleton;
-        SX_TRY(gather_chunks(store, prefix, snap.world_size, snap.shard_size, timeout, &m));
+        SX_TRY(gather_file_indexes(store, prefix, snap.world_size, snap.shard_size, timeout, &m));
         return commit_directory(ops, m, at, snap.options.keep_last);
     }();
     if (!result.ok()) {

@@ -2,6 +2,8 @@
 
 #include <flatbuffers/flatbuffers.h>
 
+#include <algorithm>
+#include <map>
 #include <vector>
 
 #include "ckpt/manifest_generated.h"
@@ -49,8 +51,46 @@ bool same_double(double a, double b) { return a == b; }
 
 }  // namespace
 
-Manifest rich_manifest() {
+Manifest rich_manifest() { return as_v2(rich_manifest_v1()); }
+
+Manifest small_manifest() { return as_v2(small_manifest_v1()); }
+
+Manifest as_v2(const Manifest &v1) {
+    Manifest m = v1;
+    m.format_major = kFormatMajor;
+    m.format_minor = kFormatMinor;
+    const uint64_t files = m.files.size();
+    m.file_indexes.assign(files, FileIndex());
+    std::vector<uint64_t> data_end(files, 0);
+    for (const ParamEntry &p : v1.params)
+        for (const Tensor &t : p.tensors)
+            for (const Chunk &c : t.chunks) {
+                m.file_indexes[c.file].chunks++;
+                data_end[c.file] = std::max(data_end[c.file], c.offset + c.length);
+            }
+    for (uint64_t f = 0; f < files; ++f) {
+        FileIndex &fi = m.file_indexes[f];
+        fi.offset = data_end[f];
+        fi.length = 8 + 48 * uint64_t{fi.chunks};
+        fi.crc32c = static_cast<uint32_t>(0x2545F491u * (f + 1));
+    }
+    // Units: params in order, each start a multiple of 16 elements, split into `files`
+    // equal shards.
+    std::map<int32_t, uint64_t> unit_end;
+    for (ParamEntry &p : m.params) {
+        for (Tensor &t : p.tensors) t.chunks.clear();
+        uint64_t &end = unit_end[p.unit];
+        p.unit_offset = (end + 15) / 16 * 16;
+        end = p.unit_offset + p.numel();
+    }
+    for (ParamEntry &p : m.params) p.unit_shard_numel = (unit_end[p.unit] + files - 1) / (files ? files : 1);
+    return m;
+}
+
+Manifest rich_manifest_v1() {
     Manifest m;
+    m.format_major = 1;
+    m.format_minor = 2;
     m.library_version = 10000;
     m.step = 12;
     m.world_size = 3;
@@ -130,8 +170,10 @@ Manifest rich_manifest() {
     return m;
 }
 
-Manifest small_manifest() {
+Manifest small_manifest_v1() {
     Manifest m;
+    m.format_major = 1;
+    m.format_minor = 2;
     m.step = 3;
     m.param_groups.resize(1);
     m.files = {"shard-00000-of-00001.bin"};
@@ -231,7 +273,11 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
         b.add_step(p.step);
         b.add_momentum_steps(p.momentum_steps);
         b.add_tensors(tensor_vector);
-        extras(fb::Param::VT_TENSORS);
+        if (major >= 2) {
+            b.add_unit_offset(p.unit_offset);
+            b.add_unit_shard_numel(p.unit_shard_numel);
+        }
+        extras(major >= 2 ? fb::Param::VT_UNIT_SHARD_NUMEL : fb::Param::VT_TENSORS);
         params.push_back(b.Finish());
     }
     fb::VersionBuilder vb(fbb);
@@ -250,6 +296,17 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
     const auto param_vector = fbb.CreateVector(params);
     const auto blob = fbb.CreateVector(reinterpret_cast<const uint8_t *>(m.user_blob.data()), m.user_blob.size());
     const auto files = fbb.CreateVectorOfStrings(m.files);
+    std::vector<Offset<fb::FileIndex>> indexes;
+    for (const FileIndex &f : m.file_indexes) {
+        fb::FileIndexBuilder ib(fbb);
+        ib.add_offset(f.offset);
+        ib.add_length(f.length);
+        ib.add_crc32c(f.crc32c);
+        ib.add_chunks(f.chunks);
+        extras(fb::FileIndex::VT_CHUNKS);
+        indexes.push_back(ib.Finish());
+    }
+    const auto index_vector = fbb.CreateVector(indexes);
     fb::ManifestBuilder b(fbb);
     b.add_format(version);
     b.add_library_version(m.library_version);
@@ -266,7 +323,10 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
     // 1.2 appended shard_size: later minors write it, and append after it.
     const bool has_shard_size = major > 1 || minor >= 2;
     if (has_shard_size) b.add_shard_size(m.shard_size);
-    extras(has_shard_size ? fb::Manifest::VT_SHARD_SIZE : fb::Manifest::VT_CREATED_UNIX_MS);
+    // 2.0 appended file_indexes.
+    if (major >= 2) b.add_file_indexes(index_vector);
+    extras(major >= 2 ? fb::Manifest::VT_FILE_INDEXES
+                      : has_shard_size ? fb::Manifest::VT_SHARD_SIZE : fb::Manifest::VT_CREATED_UNIX_MS);
     fb::FinishManifestBuffer(fbb, b.Finish());
     return with_trailer(std::string(reinterpret_cast<const char *>(fbb.GetBufferPointer()), fbb.GetSize()));
 }
@@ -324,6 +384,12 @@ bool manifest_equal(const Manifest &a, const Manifest &b, bool compare_format, s
     if (a.created_unix_ms != b.created_unix_ms) return differ("created_unix_ms");
     if (a.user_blob != b.user_blob) return differ("user_blob");
     if (a.files != b.files) return differ("files");
+    if (a.file_indexes.size() != b.file_indexes.size()) return differ("file_indexes (count)");
+    for (size_t f = 0; f < a.file_indexes.size(); ++f) {
+        const FileIndex &x = a.file_indexes[f], &y = b.file_indexes[f];
+        if (x.offset != y.offset || x.length != y.length || x.crc32c != y.crc32c || x.chunks != y.chunks)
+            return differ("file index " + std::to_string(f));
+    }
     const LossScalerEntry &la = a.loss_scaler, &lb = b.loss_scaler;
     if (!same_double(la.scale, lb.scale) || la.growth_tracker != lb.growth_tracker ||
         la.growth_interval != lb.growth_interval || !same_double(la.growth_factor, lb.growth_factor) ||
@@ -345,7 +411,8 @@ bool manifest_equal(const Manifest &a, const Manifest &b, bool compare_format, s
         if (x.name != y.name) return differ(p + " name");
         if (x.shape != y.shape) return differ(p + " shape");
         if (x.dtype != y.dtype || x.unit != y.unit || x.param_group != y.param_group || x.trainable != y.trainable ||
-            x.step != y.step || x.momentum_steps != y.momentum_steps)
+            x.step != y.step || x.momentum_steps != y.momentum_steps || x.unit_offset != y.unit_offset ||
+            x.unit_shard_numel != y.unit_shard_numel)
             return differ(p + " scalars");
         if (x.tensors.size() != y.tensors.size()) return differ(p + " tensors (count)");
         for (size_t t = 0; t < x.tensors.size(); ++t) {

@@ -14,16 +14,27 @@ namespace testing {
 
 // Three param groups (AdamW with amsgrad, SGD with nesterov momentum, Adam), four
 // params (F32 matrix, BF16 vector, F16 scalar, a UTF-8 name) with their optimizer
-// states split over three shard files, a loss scaler, a user blob holding NUL bytes.
+// states split over three shard files, a loss scaler, a user blob holding NUL bytes:
+// as format 2.0 (where each param lies in its unit, and each file's index) ...
 Manifest rich_manifest();
+// ... and as format 1.2 (the chunks themselves in the manifest).
+Manifest rich_manifest_v1();
 
-// One param with one tensor in one chunk: the smallest manifest that holds everything.
+// One param with one tensor in one file: the smallest manifest that holds everything
+// (format 2.0, and 1.2 with its one chunk).
 Manifest small_manifest();
+Manifest small_manifest_v1();
+
+// The format 2.0 manifest of the same checkpoint as the 1.x manifest `m`: no chunks;
+// units laid out as the library would (params in order, each unit split evenly over the
+// files); per file an index of as many records as the file's chunks in `m`.
+Manifest as_v2(const Manifest &m);
 
 // The FlatBuffer and trailer of `m`, built without validate() and stating format
-// major.minor. With `unknown_fields`, every table also carries fields after the last
-// one format 1.0 defines (a scalar, a string, a table of a type 1.0 lacks), as a
-// writer of a later minor might.
+// major.minor (the fields of 1.2 and before, and from major 2 those of 2.0). With
+// `unknown_fields`, every table also carries fields after the last one that format
+// defines (a scalar, a string, a table of a type it lacks), as a writer of a later minor
+// might.
 std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool unknown_fields = false);
 
 // A manifest stating format major.0 whose other fields a later major retyped:

@@ -14,6 +14,7 @@
 #include <functional>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -381,6 +382,67 @@ std::string save_trained(const std::string &name, int world, const std::string &
     });
 }
 
+// A FileOps that records the names of the files opened for reading.
+class RecordingOps : public sx::io::FaultFileOps {
+  public:
+    RecordingOps() : FaultFileOps(sx::io::posix_file_ops()) {}
+    sx::Status open_read(const std::string &path, int *fd) override {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            opened_.insert(path.substr(path.rfind('/') + 1));
+        }
+        return FaultFileOps::open_read(path, fd);
+    }
+    std::set<std::string> opened() {
+        std::lock_guard<std::mutex> lock(mu_);
+        return opened_;
+    }
+
+  private:
+    std::mutex mu_;
+    std::set<std::string> opened_;
+};
+
+// Format 2.0 keeps each file's chunk table in the file: a load opens the MANIFEST and the
+// files holding its own shard, and no other (with the chunks in the MANIFEST, every rank
+// decoded every file's chunks). Saved by 4 ranks, loaded into 4 (each its own file) and
+// into 2. There, unit 0 (embed, scalar, w1: 512 elements padded either way) splits at
+// the border of files 1 and 2, but unit 1 (b1, then w2 from element 16: 160 elements
+// padded in 2 shards of 80, 192 in 4 of 48) puts rank 1's half, [80, 160), in files 1
+// to 3: rank 0 opens files 0 and 1, rank 1 files 1, 2 and 3.
+void test_a_load_opens_only_the_files_it_reads(void **) {
+    const std::string dir = make_tmpdir();
+    const std::string path = dir + "/ck";
+    std::string err = save_trained("ck-files-a", 4, path);
+    if (!err.empty()) fail_msg("save: %s", err.c_str());
+    for (int world : {4, 2}) {
+        err = run_ranks(world, [&](int r) -> std::string {
+            Rank rk;
+            std::string e = setup("local://ck-files-" + std::to_string(world), r, world, false, &rk);
+            if (!e.empty()) return e;
+            auto ops = std::make_shared<RecordingOps>();
+            sx::ckpt::Checkpointer ck(rk.g, ops);
+            sx::ckpt::LoadOptions lo;
+            lo.path = path;
+            sx::Status s = ck.load(lo, nullptr);
+            std::set<std::string> expected = {"MANIFEST"};
+            const std::vector<int> files = world == 4 ? std::vector<int>{r} : r == 0 ? std::vector<int>{0, 1}
+                                                                                     : std::vector<int>{1, 2, 3};
+            for (int q : files) expected.insert(sx::ckpt::shard_file_name(q, 4));
+            if (!s.ok()) {
+                e = "load: " + s.message();
+            } else if (ops->opened() != expected) {
+                e = "opened:";
+                for (const std::string &n : ops->opened()) e += " " + n;
+            }
+            sx_destroy_shard_group(rk.h);
+            return e;
+        });
+        if (!err.empty()) fail_msg("into %d ranks: %s", world, err.c_str());
+    }
+    remove_tree(dir);
+}
+
 // Rank r of a fresh group of `world`, trained 1 step; an error (and no group) or "".
 std::string trained_one_step(const std::string &name, int r, int world, Rank *rk) {
     std::string e = setup("local://" + name, r, world, false, rk);
@@ -402,8 +464,9 @@ void a_failure_on_one_rank_changes_nothing_on_any(bool in_a_value) {
     if (!err.empty()) fail_msg("save: %s", err.c_str());
     const std::string shard = path + "/" + sx::ckpt::shard_file_name(1, 2);
     std::string bytes = read_file(shard);
-    assert_true(bytes.size() > 0);
-    const size_t at = in_a_value ? 0 : bytes.size() - 1;
+    const uint64_t data = sxtest::shard_data_bytes(path, 1);  // the index follows the last chunk
+    assert_true(data > 0 && bytes.size() > data);
+    const size_t at = in_a_value ? 0 : data - 1;
     bytes[at] = static_cast<char>(bytes[at] ^ 0x40);
     write_file(shard, bytes);
     err = run_ranks(2, [&](int r) -> std::string {
@@ -647,6 +710,19 @@ void test_damaged_shard_files_never_load_wrong(void **) {
         }
     }
     assert_true(detected >= 96);
+    // Every byte of the file's index (its chunk table, after the last chunk): the
+    // MANIFEST's CRC32C of it refuses each flip.
+    const uint64_t index = sxtest::shard_data_bytes(dir + "/ck", 0);
+    assert_true(index > 0 && index < original.size());
+    for (size_t i = index; i < original.size(); ++i) {
+        std::string bytes = original;
+        bytes[i] = static_cast<char>(bytes[i] ^ (1 << (i % 8)));
+        write_file(shard, bytes);
+        sx::Status s = loader.load(lo, nullptr);
+        if (s.code() != SX_ERR_CORRUPT || !std::strstr(s.message().c_str(), "its index fails its CRC32C check"))
+            fail_msg("index byte %zu flipped: %s", i - index, s.ok() ? "loaded" : s.message().c_str());
+        if (b.state() != before) fail_msg("index byte %zu flipped: the failed load changed the group", i - index);
+    }
     for (size_t cut = 0; cut < original.size(); cut += 97) {
         write_file(shard, original.substr(0, cut));
         sx::Status s = loader.load(lo, nullptr);
@@ -839,6 +915,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_step_waits_for_the_snapshot_copy),
         cmocka_unit_test(test_params_only_and_mismatches_change_nothing),
         cmocka_unit_test(test_corrupt_chunk_is_detected_and_changes_nothing),
+        cmocka_unit_test(test_a_load_opens_only_the_files_it_reads),
         cmocka_unit_test(test_a_failure_on_one_rank_changes_nothing_on_any),
         cmocka_unit_test(test_a_failed_file_call_at_every_point_of_a_load),
         cmocka_unit_test(test_an_exception_while_reading_fails_the_load),

@@ -28,6 +28,7 @@
 #include "ckpt/manifest.h"
 #include "ckpt/shard_plan.h"
 #include "sx/sx.h"
+#include "ckpt/shard_index.h"
 #include "test_files.h"
 // Last: CMocka defines a fail() macro.
 #include "sx_cmocka.h"
@@ -298,7 +299,9 @@ inline std::string copy_checkpoint(const std::string &name) {
 inline sx::ckpt::Manifest manifest_of(const std::string &ck) {
     const std::string bytes = read_file(ck + "/MANIFEST");
     sx::ckpt::Manifest m;
-    const sx::Status s = sx::ckpt::decode_manifest(bytes.data(), bytes.size(), &m);
+    sx::Status s = sx::ckpt::decode_manifest(bytes.data(), bytes.size(), &m);
+    // From format 2.0 the chunks are in the files' indexes.
+    if (s.ok() && m.chunks_in_files()) s = sx::ckpt::read_all_file_indexes(*sx::io::posix_file_ops(), ck, &m);
     if (!s.ok()) fail_msg("%s", s.message().c_str());
     return m;
 }

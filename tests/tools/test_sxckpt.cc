@@ -226,6 +226,32 @@ void test_verify_names_every_broken_chunk(void **) {
     assert_false(exists(out + ".tmp"));
 }
 
+// Format 2.0: a file's chunk table is the index at its end, which the MANIFEST checksums.
+// A flip there loses every chunk of that file (their places are unknown): verify says so
+// and goes on with the other file; export refuses.
+void test_verify_names_a_damaged_index(void **) {
+    const std::string ck = copy_checkpoint("index");
+    const sx::ckpt::Manifest m = manifest_of(ck);
+    const std::string f0 = "shard-00000-of-00002.bin", f1 = "shard-00001-of-00002.bin";
+    assert_true(m.chunks_in_files());
+    const sx::ckpt::FileIndex index = m.file_indexes[1];
+    assert_int_equal(file_size(ck + "/" + f1), index.offset + index.length);
+    flip_byte(ck + "/" + f1, index.offset + index.length - 5);
+    const Run r = sxckpt({"verify", ck});
+    expect_status(r, 1);
+    expect_has(r.out, "BROKEN " + f1 + ": ");
+    expect_has(r.out, "its index fails its CRC32C check");
+    expect_has(r.out, "(its " + std::to_string(index.chunks) + " chunks are lost)");
+    expect_has(r.out, "FAILED: " + std::to_string(index.chunks) + " of ");
+    expect_has(r.out, " chunks broken, 1 of 2 files broken");
+    assert_true(r.out.find("BROKEN " + f0) == std::string::npos);
+    const std::string out = fx->dir + "/index.safetensors";
+    const Run e = sxckpt({"export", "--safetensors", out, ck});
+    expect_status(e, 1);
+    expect_has(e.err, "its index fails its CRC32C check");
+    assert_false(exists(out));
+}
+
 void test_verify_truncated_and_missing_files(void **) {
     const std::string ck = copy_checkpoint("truncated");
     const std::string f0 = "shard-00000-of-00002.bin", f1 = "shard-00001-of-00002.bin";
@@ -236,7 +262,8 @@ void test_verify_truncated_and_missing_files(void **) {
     expect_status(r, 1);
     expect_has(r.out, "BROKEN " + f1 + ": " + std::to_string(half) + " bytes, but its chunks need " +
                           std::to_string(size) + " (truncated)");
-    expect_has(r.out, "the file ends before the chunk does (truncated)");
+    // Its index, at its end, is gone with the bytes: every one of its chunks is lost.
+    expect_has(r.out, "the file ends before its index does (truncated) (its ");
     expect_has(r.out, "1 of 2 files broken");
 
     assert_int_equal(unlink((ck + "/" + f0).c_str()), 0);
@@ -546,6 +573,7 @@ int main(void) {
         cmocka_unit_test(test_verify_intact),
         cmocka_unit_test(test_verify_names_every_broken_chunk),
         cmocka_unit_test(test_verify_truncated_and_missing_files),
+        cmocka_unit_test(test_verify_names_a_damaged_index),
         cmocka_unit_test(test_damaged_manifest),
         cmocka_unit_test(test_usage_and_bad_input),
         cmocka_unit_test(test_export_weights_only),

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "ckpt/shard_index.h"
 #include "io/crc32c.h"
 
 namespace sx {
@@ -58,8 +59,22 @@ Status open_checkpoint(io::FileOps &ops, const std::string &dir, CheckpointDir *
     s = ckpt::decode_manifest(bytes.data(), bytes.size(), &c.manifest);
     if (!s.ok()) return s.prefix(c.manifest_path() + ": ");
     c.manifest_bytes = bytes.size();
+    c.indexes.assign(c.manifest.files.size(), Status::Ok());
+    if (c.manifest.chunks_in_files()) ckpt::read_all_file_indexes(ops, c.path, &c.manifest, &c.indexes);
     *out = std::move(c);
     return Status::Ok();
+}
+
+Status CheckpointDir::indexes_ok() const {
+    for (const Status &s : indexes)
+        if (!s.ok()) return s;
+    return Status::Ok();
+}
+
+uint64_t CheckpointDir::bytes_needed(uint32_t file, uint64_t chunks_end) const {
+    if (!manifest.chunks_in_files()) return chunks_end;
+    const ckpt::FileIndex &fi = manifest.file_indexes[file];
+    return std::max(chunks_end, fi.offset + fi.length);
 }
 
 std::vector<std::vector<ChunkRef>> chunks_by_file(const ckpt::Manifest &m) {

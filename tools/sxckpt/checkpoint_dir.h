@@ -25,11 +25,20 @@ struct CheckpointDir {
     ckpt::Manifest manifest;
     uint64_t manifest_bytes = 0;
 
+    // Format 2.0: each file's index read (its chunks are then in `manifest`), or why not:
+    // one status per file (all ok for a 1.x checkpoint, whose MANIFEST lists the chunks).
+    std::vector<Status> indexes;
+
     std::string manifest_path() const { return path + "/MANIFEST"; }
     std::string file_path(uint32_t file) const { return path + "/" + manifest.files[file]; }
+    // The first file whose index could not be read, or ok.
+    Status indexes_ok() const;
+    // The bytes file `file` must hold: the end of its last chunk, or of its index (2.0).
+    uint64_t bytes_needed(uint32_t file, uint64_t chunks_end) const;
 };
 
-// Reads DIR/MANIFEST and decodes it, which verifies its checksum and structure.
+// Reads DIR/MANIFEST and decodes it, which verifies its checksum and structure, and
+// (format 2.0) every shard file's index, each file's outcome in out->indexes.
 // Errors say what the user got wrong: DIR missing or not a directory; DIR without a
 // MANIFEST (pointing to the checkpoint named by DIR/latest when DIR is the parent, and
 // saying so when DIR is a save that never committed); otherwise the library's message,

@@ -158,6 +158,7 @@ Status write_temporaries(io::FileOps &ops, const CheckpointDir &c, ExportPlan *p
         if (s.ok()) s = ops.pwrite_all(f.fd, f.head.data(), f.head.size(), 0, tmp);
         if (!s.ok()) break;
     }
+    if (s.ok()) s = c.indexes_ok();  // a file whose chunks are unknown cannot be exported
     if (s.ok()) {
         const auto by_file = chunks_by_file(c.manifest);
         std::vector<char> buffer(piece_buffer_bytes(c.manifest));

@@ -22,6 +22,7 @@
 
 #include "checkpoint_dir.h"
 #include "ckpt/directory.h"
+#include "ckpt/shard_index.h"
 #include "ckpt/shard_plan.h"
 #include "commands.h"
 #include "core/layout.h"
@@ -197,8 +198,8 @@ Status plan_import(const Inputs &in, int world_size, ImportPlan *plan) {
     return Status::Ok();
 }
 
-// Rank `rank`'s shard file, written from the inputs chunk by chunk; its chunks go into
-// the manifest.
+// Rank `rank`'s shard file, written from the inputs chunk by chunk, then its index;
+// where that is goes into the manifest.
 Status write_shard(io::FileOps &ops, const Inputs &in, const int fds[2], const core::Layout &layout,
                    const std::vector<std::vector<ckpt::TensorKind>> &kinds_of, int rank, const std::string &path,
                    ImportPlan *plan, std::vector<float> *buffer, std::vector<char> *scratch) {
@@ -206,8 +207,8 @@ Status write_shard(io::FileOps &ops, const Inputs &in, const int fds[2], const c
     int fd = -1;
     SX_TRY(ops.open_write(path, &fd));
     Status s;
+    std::vector<ckpt::IndexRecord> records;
     for (const ckpt::WriteChunk &c : wp.chunks) {
-        ckpt::ParamEntry &e = plan->manifest.params[c.param];
         const size_t k = static_cast<size_t>(
             std::find(kinds_of[c.param].begin(), kinds_of[c.param].end(), c.kind) - kinds_of[c.param].begin());
         const Source &src = plan->source[c.param][k];
@@ -217,15 +218,19 @@ Status write_shard(io::FileOps &ops, const Inputs &in, const int fds[2], const c
         const uint64_t bytes = n * sizeof(float);
         if (s.ok()) s = ops.pwrite_all(fd, buffer->data(), bytes, c.file_offset, path);
         if (!s.ok()) break;
-        ckpt::Chunk chunk;
-        chunk.begin = c.begin;
-        chunk.end = c.end;
-        chunk.file = static_cast<uint32_t>(rank);
-        chunk.offset = c.file_offset;
-        chunk.length = bytes;
-        chunk.crc32c = io::crc32c(buffer->data(), bytes);
-        e.tensors[k].chunks.push_back(chunk);
+        ckpt::IndexRecord r;
+        r.param = c.param;
+        r.kind = static_cast<int32_t>(c.kind);
+        r.begin = c.begin;
+        r.end = c.end;
+        r.offset = c.file_offset;
+        r.length = bytes;
+        r.crc32c = io::crc32c(buffer->data(), bytes);
+        records.push_back(r);
     }
+    ckpt::FileIndex index;
+    if (s.ok()) s = ckpt::append_index(ops, fd, path, wp.file_bytes, records, &index);
+    if (s.ok()) plan->manifest.file_indexes.push_back(index);
     if (s.ok()) s = ops.fsync(fd, path);
     Status closed = ops.close(fd, path);
     SX_TRY(s);
@@ -249,6 +254,11 @@ Status write_checkpoint(io::FileOps &ops, const Inputs &in, int world_size, Impo
     }
     core::Layout layout;
     SX_TRY(core::Layout::build(shapes, world_size, kAlignmentBytes, &layout));
+    for (size_t p = 0; p < plan->manifest.params.size(); ++p) {
+        const core::ParamPlacement &at = layout.placement(static_cast<int32_t>(p));
+        plan->manifest.params[p].unit_offset = at.offset;
+        plan->manifest.params[p].unit_shard_numel = layout.units()[at.unit_index].shard_numel;
+    }
     int fds[2] = {-1, -1};
     Status s;
     for (int f = 0; f < (in.has_optimizer ? 2 : 1) && s.ok(); ++f) s = ops.open_read(in.files[f].path, &fds[f]);
@@ -262,10 +272,6 @@ Status write_checkpoint(io::FileOps &ops, const Inputs &in, int world_size, Impo
     for (int f = 0; f < 2; ++f)
         if (fds[f] >= 0) ops.close(fds[f], in.files[f].path);
     SX_TRY(s);
-    for (ckpt::ParamEntry &e : plan->manifest.params)
-        for (ckpt::Tensor &t : e.tensors)
-            std::sort(t.chunks.begin(), t.chunks.end(),
-                      [](const ckpt::Chunk &a, const ckpt::Chunk &b) { return a.begin < b.begin; });
     return ckpt::commit_checkpoint(ops, plan->manifest, tmp_dir, final_dir, parent);
 }
 

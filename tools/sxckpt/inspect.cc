@@ -20,6 +20,7 @@ struct FileInfo {
     uint64_t bytes = 0;    // actual size, when present
     uint64_t needed = 0;   // what its chunks need
     size_t chunks = 0;
+    std::string index_error;  // 2.0: why its index could not be read
 };
 
 std::vector<FileInfo> file_infos(io::FileOps &ops, const CheckpointDir &c) {
@@ -28,8 +29,10 @@ std::vector<FileInfo> file_infos(io::FileOps &ops, const CheckpointDir &c) {
     for (size_t f = 0; f < c.manifest.files.size(); ++f) {
         FileInfo info;
         info.name = c.manifest.files[f];
-        info.needed = bytes_needed(by_file[f]);
-        info.chunks = by_file[f].size();
+        info.needed = c.bytes_needed(static_cast<uint32_t>(f), bytes_needed(by_file[f]));
+        // From format 2.0 the MANIFEST knows each file's chunk count, read or not.
+        info.chunks = c.manifest.chunks_in_files() ? c.manifest.file_indexes[f].chunks : by_file[f].size();
+        if (!c.indexes[f].ok()) info.index_error = c.indexes[f].message();
         const std::string path = c.file_path(static_cast<uint32_t>(f));
         int fd = -1;
         Status s = ops.open_read(path, &fd);
@@ -138,6 +141,7 @@ void print_text(const CheckpointDir &c, const std::vector<FileInfo> &files) {
             total += f.bytes;
             what = bytes_text(f.bytes) + format(", %zu chunks", f.chunks);
             if (f.bytes != f.needed) what += format("; its chunks need %" PRIu64 " bytes", f.needed);
+            if (!f.index_error.empty()) what += "; " + f.index_error;
         }
         std::printf("  %s  %s\n", pad(printable(f.name), name_w).c_str(), what.c_str());
     }

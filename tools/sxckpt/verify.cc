@@ -24,27 +24,37 @@ void verify_file(io::FileOps &ops, const CheckpointDir &c, uint32_t f, const std
     const ckpt::Manifest &m = c.manifest;
     const std::string name = printable(m.files[f]);
     const std::string path = c.file_path(f);
-    const uint64_t needed = bytes_needed(chunks);
-    tally->chunks += chunks.size();
+    const uint64_t needed = c.bytes_needed(f, bytes_needed(chunks));
+    // From format 2.0 the MANIFEST counts a file's chunks, whether its index reads or not.
+    const size_t count = m.chunks_in_files() ? m.file_indexes[f].chunks : chunks.size();
+    tally->chunks += count;
     int fd = -1;
     Status s = ops.open_read(path, &fd);
     uint64_t size = 0;
     if (s.ok()) s = ops.file_size(fd, &size, path);
     if (!s.ok()) {
         std::printf("BROKEN %s: %s (its %zu chunks are lost)\n", name.c_str(),
-                    s.code() == SX_ERR_NOT_FOUND ? "missing" : s.message().c_str(), chunks.size());
+                    s.code() == SX_ERR_NOT_FOUND ? "missing" : s.message().c_str(), count);
         tally->broken_files++;
-        tally->broken_chunks += chunks.size();
+        tally->broken_chunks += count;
         if (fd >= 0) ops.close(fd, path);
         return;
     }
-    if (size < needed) {
+    if (size < needed)
         std::printf("BROKEN %s: %" PRIu64 " bytes, but its chunks need %" PRIu64 " (truncated)\n", name.c_str(),
                     size, needed);
-        tally->broken_files++;
-    } else if (size > needed) {
-        std::printf("note: %s has %" PRIu64 " bytes after its last chunk (the writer leaves none)\n", name.c_str(),
-                    size - needed);
+    else if (size > needed)
+        std::printf("note: %s has %" PRIu64 " bytes after its last chunk or index (the writer leaves none)\n",
+                    name.c_str(), size - needed);
+    if (size < needed || !c.indexes[f].ok()) tally->broken_files++;
+    if (!c.indexes[f].ok()) {
+        // Its chunks are unknown: the MANIFEST vouches for the index, and only the index
+        // for them.
+        std::printf("BROKEN %s: %s (its %zu chunks are lost)\n", name.c_str(), c.indexes[f].message().c_str(),
+                    count);
+        tally->broken_chunks += count;
+        ops.close(fd, path);
+        return;
     }
     const auto ignore = [](const char *, size_t, uint64_t) { return Status::Ok(); };
     for (const ChunkRef &ref : chunks) {
