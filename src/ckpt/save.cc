@@ -43,6 +43,23 @@ uint64_t now_unix_ms() {
                                      .count());
 }
 
+// Removes the checkpoint parent/name so that no directory holding a MANIFEST is ever
+// incomplete, whenever the process stops: the directory is renamed out of the way first
+// (to name.sx-partial, what a save that never committed is called, and what the next
+// save in `parent` removes), then its MANIFEST is removed and that made durable, and only
+// then the rest.
+Status remove_checkpoint(io::FileOps &ops, const std::string &parent, const std::string &name) {
+    const std::string dir = parent + "/" + name, doomed = dir + kPartialSuffix;
+    bool exists = false;
+    SX_TRY(ops.exists(doomed, &exists));
+    if (exists) SX_TRY(ops.remove_tree(doomed));
+    SX_TRY(ops.rename(dir, doomed));
+    SX_TRY(ops.fsync_dir(parent));
+    SX_TRY(ops.unlink(doomed + "/" + kManifestName));
+    SX_TRY(ops.fsync_dir(doomed));
+    return ops.remove_tree(doomed);
+}
+
 // Keeps the newest `keep` checkpoints (by step, then creation time) among the
 // directories of `parent` that hold a MANIFEST; `current` is never removed.
 Status apply_retention(io::FileOps &ops, const std::string &parent, const std::string &current, int keep) {
@@ -53,7 +70,10 @@ Status apply_retention(io::FileOps &ops, const std::string &parent, const std::s
     std::vector<Entry> found;
     std::vector<std::string> names;
     SX_TRY(ops.list_dir(parent, &names));
+    const size_t n = std::strlen(kPartialSuffix);
     for (const std::string &name : names) {
+        // A save that never committed, or a removal cut short: the next save's to clear.
+        if (name.size() > n && name.compare(name.size() - n, n, kPartialSuffix) == 0) continue;
         bool has = false;
         const std::string manifest = parent + "/" + name + "/" + kManifestName;
         if (!ops.exists(manifest, &has).ok() || !has) continue;
@@ -66,7 +86,7 @@ Status apply_retention(io::FileOps &ops, const std::string &parent, const std::s
         return a.step != b.step ? a.step > b.step : a.created > b.created;
     });
     for (size_t i = static_cast<size_t>(keep); i < found.size(); ++i)
-        if (found[i].name != current) SX_TRY(ops.remove_tree(parent + "/" + found[i].name));
+        if (found[i].name != current) SX_TRY(remove_checkpoint(ops, parent, found[i].name));
     return Status::Ok();
 }
 

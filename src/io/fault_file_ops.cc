@@ -78,6 +78,11 @@ Status FaultFileOps::open_read(const std::string &path, int *fd) {
     return inner_->open_read(path, fd);
 }
 
+Status FaultFileOps::open_read_named(const std::string &path, int *fd) {
+    SX_TRY(check(OpKind::kOpen, "open for reading", path));
+    return inner_->open_read_named(path, fd);
+}
+
 Status FaultFileOps::pwrite_all(int fd, const void *data, size_t n, uint64_t offset, const std::string &path) {
     Status st = check(OpKind::kWrite, "write", path);
     if (!st.ok() && torn_writes_.load() && n / 2 > 0) {

@@ -40,6 +40,7 @@ class FaultFileOps : public FileOps {
     // crashed process's descriptors are closed by the kernel), so tests leak none.
     Status open_write(const std::string &path, int *fd) override;
     Status open_read(const std::string &path, int *fd) override;
+    Status open_read_named(const std::string &path, int *fd) override;
     Status pwrite_all(int fd, const void *data, size_t n, uint64_t offset, const std::string &path) override;
     Status pread_all(int fd, void *data, size_t n, uint64_t offset, const std::string &path) override;
     Status file_size(int fd, uint64_t *size, const std::string &path) override;

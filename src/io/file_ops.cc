@@ -56,9 +56,9 @@ class PosixFileOps final : public FileOps {
         return open_path(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, "open for writing", fd);
     }
 
-    Status open_read(const std::string &path, int *fd) override {
-        return open_path(path, O_RDONLY | O_CLOEXEC, "open for reading", fd);
-    }
+    Status open_read(const std::string &path, int *fd) override { return open_regular(path, O_NOFOLLOW, fd); }
+
+    Status open_read_named(const std::string &path, int *fd) override { return open_regular(path, 0, fd); }
 
     Status pwrite_all(int fd, const void *data, size_t n, uint64_t offset, const std::string &path) override {
         SX_CHECK_ARG(range_fits(offset, n), "write to '%s': %zu bytes at offset %llu pass the largest file offset",
@@ -232,6 +232,50 @@ class PosixFileOps final : public FileOps {
     }
 
   private:
+    // Opens for reading what is a regular file; O_NONBLOCK so that a FIFO does not wait
+    // for a writer before fstat can refuse it (it changes nothing for a regular file).
+    static Status open_regular(const std::string &path, int extra_flags, int *fd) {
+        int rc;
+        do {
+            rc = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | extra_flags);
+        } while (rc < 0 && errno == EINTR);
+        if (rc < 0) {
+            const int err = errno;
+            if (err == ELOOP && (extra_flags & O_NOFOLLOW))
+                return SX_ERROR(SX_ERR_CORRUPT,
+                                "open for reading '%s': it is a symbolic link; sx reads its own files only as "
+                                "regular files in their directory, never through a link",
+                                path.c_str());
+            struct stat st;  // a socket cannot be opened at all (ENXIO): say what it is
+            if (err == ENXIO && ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+                return not_regular(path, st.st_mode);
+            return SX_IO_ERROR(err, "open for reading", path);
+        }
+        struct stat st;
+        if (::fstat(rc, &st) != 0) {
+            const int err = errno;
+            ::close(rc);
+            return SX_IO_ERROR(err, "stat", path);
+        }
+        if (!S_ISREG(st.st_mode)) {
+            ::close(rc);
+            return not_regular(path, st.st_mode);
+        }
+        *fd = rc;
+        return Status::Ok();
+    }
+
+    static Status not_regular(const std::string &path, mode_t mode) {
+        const char *kind = S_ISDIR(mode)    ? "a directory"
+                           : S_ISFIFO(mode) ? "a FIFO"
+                           : S_ISSOCK(mode) ? "a socket"
+                           : S_ISCHR(mode)  ? "a character device"
+                           : S_ISBLK(mode)  ? "a block device"
+                                            : "not a regular file";
+        return SX_ERROR(SX_ERR_CORRUPT, "open for reading '%s': it is %s; only a regular file is read", path.c_str(),
+                        kind);
+    }
+
     static Status open_path(const std::string &path, int flags, const char *what, int *fd) {
         int rc;
         do {
@@ -342,9 +386,9 @@ Status write_file_atomic(FileOps &ops, const std::string &dir, const std::string
     return st;
 }
 
-Status read_file(FileOps &ops, const std::string &path, size_t max_bytes, std::string *out) {
+Status read_file(FileOps &ops, const std::string &path, size_t max_bytes, std::string *out, bool named) {
     int fd = -1;
-    SX_TRY(ops.open_read(path, &fd));
+    SX_TRY(named ? ops.open_read_named(path, &fd) : ops.open_read(path, &fd));
     std::string bytes;
     auto steps = [&]() -> Status {
         uint64_t size = 0;

@@ -25,7 +25,15 @@ class FileOps {
     virtual ~FileOps() = default;
     // Opens for writing: created (mode 0644) or truncated. *fd is set only on success.
     virtual Status open_write(const std::string &path, int *fd) = 0;
+    // Opens a file sx itself wrote (a checkpoint's MANIFEST and shard files, `latest`)
+    // for reading: only a regular file, and never through a symbolic link as its last
+    // component (a link in a checkpoint could make a load read any file on the machine).
+    // A FIFO, device, socket or directory is SX_ERR_CORRUPT at once (without blocking: a
+    // FIFO would wait for a writer forever), a link SX_ERR_CORRUPT saying so.
     virtual Status open_read(const std::string &path, int *fd) = 0;
+    // Opens a file the user named for reading (sxckpt import's inputs): as open_read, but
+    // a symbolic link is followed. The default is open_read.
+    virtual Status open_read_named(const std::string &path, int *fd) { return open_read(path, fd); }
     // Writes all n bytes at offset (retrying short writes and EINTR).
     virtual Status pwrite_all(int fd, const void *data, size_t n, uint64_t offset,
                               const std::string &path) = 0;
@@ -71,9 +79,9 @@ std::shared_ptr<FileOps> posix_file_ops();
 // One writer per dir/name at a time.
 Status write_file_atomic(FileOps &ops, const std::string &dir, const std::string &name,
                          const void *data, size_t n);
-// Reads a whole small file (at most max_bytes, else SX_ERR_CORRUPT). *out is replaced
-// only on success.
-Status read_file(FileOps &ops, const std::string &path, size_t max_bytes, std::string *out);
+// Reads a whole small file (at most max_bytes, else SX_ERR_CORRUPT), opened with
+// open_read, or with `named` by open_read_named. *out is replaced only on success.
+Status read_file(FileOps &ops, const std::string &path, size_t max_bytes, std::string *out, bool named = false);
 
 }  // namespace io
 }  // namespace sx

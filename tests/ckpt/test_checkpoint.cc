@@ -3,6 +3,7 @@
 // follows the run that never stopped. Also: params only, mismatches, a save refused
 // over an existing directory, `latest` and retention.
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -672,6 +673,157 @@ void test_crash_at_every_io_call(void **) {
     remove_tree(dir);
 }
 
+// Retention under crashes: checkpoints a (step 2) and b (step 3) exist; a save of c (step
+// 4) with keep_last 1, which removes a and b after it commits, crashes at its n-th file
+// call, for every n up to the last call of its retention. Whatever is left, every
+// directory holding a MANIFEST loads, whole and as saved, and `latest` names one that
+// loads. Then a good save clears what the crashes left.
+void test_crash_at_every_call_of_a_retention(void **) {
+    const std::string dir = make_tmpdir();
+    Single g("ck-retain");
+    assert_true(g.error.empty());
+    auto posix = sx::io::posix_file_ops();
+    sx::ckpt::Checkpointer good(g.rk.g, posix);
+    // The states of a, b and c: the group after 2, 3 and 4 steps.
+    std::vector<FullState> states;
+    for (int k = 0; k < 3; ++k) {
+        if (k > 0) assert_true(train(g.rk, 2 + k, 1).empty());
+        states.push_back(state_of(g.rk));
+    }
+    auto save_ab = [&] {
+        Single s("ck-retain-ab");
+        assert_true(s.error.empty());
+        sx::ckpt::Checkpointer ck(s.rk.g, posix);
+        sx::ckpt::SaveOptions so;
+        so.path = dir + "/a";
+        assert_true(ck.save(so).ok());
+        assert_true(train(s.rk, 3, 1).empty());
+        so.path = dir + "/b";
+        assert_true(ck.save(so).ok());
+    };
+    // Count the calls of a whole save of c with its retention.
+    save_ab();
+    sx::ckpt::SaveOptions so;
+    so.path = dir + "/c";
+    so.keep_last = 1;
+    auto counting = std::make_shared<sx::io::FaultFileOps>(posix);
+    {
+        sx::ckpt::Checkpointer ck(g.rk.g, counting);
+        assert_true(ck.save(so).ok());
+    }
+    const int64_t calls = counting->count(sx::io::OpKind::kAny);
+    assert_false(file_exists(dir + "/a/MANIFEST") || file_exists(dir + "/b/MANIFEST"));
+    int64_t removals_cut = 0;
+    for (int64_t n = 1; n <= calls; ++n) {
+        for (const char *name : {"a", "b", "c", "a.sx-partial", "b.sx-partial", "c.sx-partial"})
+            if (file_exists(dir + "/" + name)) remove_tree(dir + "/" + name);
+        save_ab();
+        auto faulty = std::make_shared<sx::io::FaultFileOps>(posix);
+        faulty->arm(sx::io::OpKind::kAny, n, true);
+        {
+            sx::ckpt::Checkpointer ck(g.rk.g, faulty);
+            sx::Status st = ck.save(so);
+            if (!st.ok()) assert_int_equal(st.code(), SX_ERR_IO);
+        }
+        int manifests = 0;
+        for (int k = 0; k < 3; ++k) {
+            const std::string name = std::string(1, static_cast<char>('a' + k));
+            // c.sx-partial is c's save before its commit, whose MANIFEST may be cut short;
+            // a.sx-partial and b.sx-partial are a and b being removed.
+            for (const std::string &at : {dir + "/" + name, dir + "/" + name + ".sx-partial"}) {
+                if (!file_exists(at + "/MANIFEST") || at == dir + "/c.sx-partial") continue;
+                ++manifests;
+                Single fresh("ck-retain-check");
+                sx::ckpt::Checkpointer loader(fresh.rk.g, posix);
+                sx::ckpt::LoadOptions lo;
+                lo.path = at;
+                sx::Status ls = loader.load(lo, nullptr);
+                if (!ls.ok()) fail_msg("crash at call %lld: %s has a MANIFEST but does not load: %s", (long long)n,
+                                       at.c_str(), ls.message().c_str());
+                if (!same_state(states[k], state_of(fresh.rk)))
+                    fail_msg("crash at call %lld: %s loads another state", (long long)n, at.c_str());
+            }
+            if (file_exists(dir + "/" + name) && !file_exists(dir + "/" + name + "/MANIFEST") && k < 2)
+                fail_msg("crash at call %lld: %s lost its MANIFEST but kept its name", (long long)n, name.c_str());
+        }
+        if (manifests < 3 && file_exists(dir + "/c/MANIFEST")) ++removals_cut;
+        const std::string latest = read_file(dir + "/latest");
+        if (latest.size() < 2 || !file_exists(dir + "/" + latest.substr(0, latest.size() - 1) + "/MANIFEST"))
+            fail_msg("crash at call %lld: latest is '%s', which names no checkpoint", (long long)n, latest.c_str());
+    }
+    assert_true(removals_cut >= 4);  // crashes inside the retention itself were among them
+    // The next good save clears what the crashes left: no .sx-partial directory stays.
+    so.path = dir + "/d";
+    so.keep_last = 0;
+    assert_true(good.save(so).ok());
+    DIR *d = opendir(dir.c_str());
+    assert_non_null(d);
+    while (dirent *e = readdir(d))
+        if (std::strstr(e->d_name, ".sx-partial")) fail_msg("left over: %s", e->d_name);
+    closedir(d);
+    remove_tree(dir);
+}
+
+// A shard file or MANIFEST that is not a regular file in the checkpoint's directory (a
+// FIFO, which would block a reader forever; a symbolic link, which could point anywhere;
+// a directory) is refused at once, naming what it is.
+void test_only_regular_files_are_read(void **) {
+    const std::string dir = make_tmpdir();
+    Single a("ck-kinds-a");
+    assert_true(a.error.empty());
+    auto posix = sx::io::posix_file_ops();
+    sx::ckpt::Checkpointer ck(a.rk.g, posix);
+    sx::ckpt::SaveOptions so;
+    so.path = dir + "/ck";
+    assert_true(ck.save(so).ok());
+    const std::string shard = dir + "/ck/" + sx::ckpt::shard_file_name(0, 1), moved = dir + "/elsewhere.bin";
+    assert_int_equal(::rename(shard.c_str(), moved.c_str()), 0);
+    Single b("ck-kinds-b");
+    const FullState before = state_of(b.rk);
+    sx::ckpt::Checkpointer loader(b.rk.g, posix);
+    sx::ckpt::LoadOptions lo;
+    lo.path = dir + "/ck";
+    struct Kind {
+        const char *what;
+        std::function<int()> plant;
+    };
+    const std::vector<Kind> kinds = {
+        {"a FIFO", [&] { return ::mkfifo(shard.c_str(), 0644); }},
+        {"a symbolic link", [&] { return ::symlink(moved.c_str(), shard.c_str()); }},
+        {"a directory", [&] { return ::mkdir(shard.c_str(), 0755); }},
+    };
+    for (const Kind &k : kinds) {
+        assert_int_equal(k.plant(), 0);
+        const auto t0 = std::chrono::steady_clock::now();
+        sx::Status s = loader.load(lo, nullptr);
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (s.code() != SX_ERR_CORRUPT || !std::strstr(s.message().c_str(), k.what))
+            fail_msg("%s as the shard file: %s", k.what, s.ok() ? "loaded" : s.message().c_str());
+        assert_true(secs < 5.0);
+        assert_true(same_state(before, state_of(b.rk)));
+        std::string user_blob;
+        assert_int_equal(::remove(shard.c_str()), 0);
+    }
+    // The MANIFEST as a link to a good one elsewhere: refused too, by the load and by
+    // sx_read_user_blob.
+    assert_int_equal(::rename(moved.c_str(), shard.c_str()), 0);
+    const std::string manifest = dir + "/ck/MANIFEST", other = dir + "/MANIFEST.elsewhere";
+    assert_int_equal(::rename(manifest.c_str(), other.c_str()), 0);
+    assert_int_equal(::symlink(other.c_str(), manifest.c_str()), 0);
+    sx::Status s = loader.load(lo, nullptr);
+    assert_int_equal(s.code(), SX_ERR_CORRUPT);
+    assert_non_null(std::strstr(s.message().c_str(), "symbolic link"));
+    char blob[16];
+    uint64_t size = 0;
+    assert_int_equal(sx_read_user_blob(lo.path.c_str(), blob, sizeof blob, &size), SX_ERR_CORRUPT);
+    assert_non_null(std::strstr(sx_last_error_message(), "symbolic link"));
+    // Put back as a regular file, it loads.
+    assert_int_equal(::remove(manifest.c_str()), 0);
+    assert_int_equal(::rename(other.c_str(), manifest.c_str()), 0);
+    assert_true(loader.load(lo, nullptr).ok());
+    remove_tree(dir);
+}
+
 void test_damaged_shard_files_never_load_wrong(void **) {
     // A flipped bit in every byte of a tiny checkpoint's shard file, and truncation at
     // many offsets: each load either fails with SX_ERR_CORRUPT and changes nothing or,
@@ -916,6 +1068,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_params_only_and_mismatches_change_nothing),
         cmocka_unit_test(test_corrupt_chunk_is_detected_and_changes_nothing),
         cmocka_unit_test(test_a_load_opens_only_the_files_it_reads),
+        cmocka_unit_test(test_crash_at_every_call_of_a_retention),
+        cmocka_unit_test(test_only_regular_files_are_read),
         cmocka_unit_test(test_a_failure_on_one_rank_changes_nothing_on_any),
         cmocka_unit_test(test_a_failed_file_call_at_every_point_of_a_load),
         cmocka_unit_test(test_an_exception_while_reading_fails_the_load),

@@ -2,10 +2,14 @@
 // test: each operation's effect on disk, and each error's code and message (which must
 // name the path).
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/fault_file_ops.h"
@@ -320,6 +324,47 @@ void test_read_file(void **state) {
     assert_int_equal(faults.count(OpKind::kClose), 1);
 }
 
+// open_read opens regular files only, and never through a link: a FIFO (which would
+// block a reader until a writer came), a socket, a directory and a symbolic link are each
+// refused at once, saying what they are. open_read_named (a file the user named) follows
+// a link to a regular file, and refuses the rest alike.
+void test_open_read_takes_regular_files_only(void **state) {
+    const std::string dir = dir_of(state);
+    auto ops = posix_file_ops();
+    write_whole(dir + "/regular", "bytes");
+    assert_int_equal(::mkfifo((dir + "/fifo").c_str(), 0644), 0);
+    assert_int_equal(::mkdir((dir + "/dir").c_str(), 0755), 0);
+    assert_int_equal(::symlink((dir + "/regular").c_str(), (dir + "/link").c_str()), 0);
+    assert_int_equal(::symlink((dir + "/fifo").c_str(), (dir + "/link-to-fifo").c_str()), 0);
+    const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(sock >= 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string sock_path = dir + "/sock";
+    assert_true(sock_path.size() < sizeof addr.sun_path);
+    std::memcpy(addr.sun_path, sock_path.c_str(), sock_path.size() + 1);
+    assert_int_equal(::bind(sock, reinterpret_cast<sockaddr *>(&addr), sizeof addr), 0);
+    int fd = -1;
+    ASSERT_OK(ops->open_read(dir + "/regular", &fd));
+    ASSERT_OK(ops->close(fd, "regular"));
+    const std::pair<const char *, const char *> refused[] = {
+        {"fifo", "it is a FIFO"}, {"dir", "it is a directory"}, {"sock", "it is a socket"},
+        {"link", "it is a symbolic link"}, {"link-to-fifo", "it is a symbolic link"}};
+    for (const auto &r : refused) {
+        fd = -1;
+        ASSERT_STATUS(ops->open_read(dir + "/" + r.first, &fd), SX_ERR_CORRUPT, r.second);
+        assert_int_equal(fd, -1);
+    }
+    ASSERT_OK(ops->open_read_named(dir + "/link", &fd));
+    ASSERT_OK(ops->close(fd, "link"));
+    ASSERT_STATUS(ops->open_read_named(dir + "/link-to-fifo", &fd), SX_ERR_CORRUPT, "it is a FIFO");
+    std::string out;
+    ASSERT_STATUS(read_file(*ops, dir + "/link", 100, &out), SX_ERR_CORRUPT, "symbolic link");
+    ASSERT_OK(read_file(*ops, dir + "/link", 100, &out, /*named=*/true));
+    assert_string_equal(out.c_str(), "bytes");
+    ::close(sock);
+}
+
 // start_writeback is a hint: the bytes, the fsync that follows and the file's size are
 // as without it, for a range inside the file, one past its end and an empty one; on a
 // descriptor that is not open it does nothing at all.
@@ -372,6 +417,7 @@ int main() {
         T(test_write_file_atomic_failures),
         T(test_read_file),
         T(test_start_writeback_is_only_a_hint),
+        T(test_open_read_takes_regular_files_only),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -252,6 +252,26 @@ void test_verify_names_a_damaged_index(void **) {
     assert_false(exists(out));
 }
 
+// A shard file that is a FIFO (reading it would wait for a writer forever) or a link to a
+// file elsewhere is reported at once, by kind; inspect says the same.
+void test_verify_refuses_what_is_not_a_regular_file(void **) {
+    const std::string ck = copy_checkpoint("kinds");
+    const std::string f0 = "shard-00000-of-00002.bin", f1 = "shard-00001-of-00002.bin";
+    const std::string outside = fx->dir + "/kinds-outside.bin";
+    assert_int_equal(std::rename((ck + "/" + f1).c_str(), outside.c_str()), 0);
+    assert_int_equal(::symlink(outside.c_str(), (ck + "/" + f1).c_str()), 0);
+    assert_int_equal(std::rename((ck + "/" + f0).c_str(), (fx->dir + "/kinds-f0.bin").c_str()), 0);
+    assert_int_equal(::mkfifo((ck + "/" + f0).c_str(), 0644), 0);
+    const Run r = sxckpt({"verify", ck});
+    expect_status(r, 1);
+    expect_has(r.out, "BROKEN " + f0 + ": open for reading '" + ck + "/" + f0 + "': it is a FIFO");
+    expect_has(r.out, "BROKEN " + f1 + ": open for reading '" + ck + "/" + f1 + "': it is a symbolic link");
+    expect_has(r.out, "2 of 2 files broken");
+    const Run i = sxckpt({"inspect", ck});
+    expect_status(i, 0);
+    expect_has(i.out, "it is a FIFO");
+}
+
 void test_verify_truncated_and_missing_files(void **) {
     const std::string ck = copy_checkpoint("truncated");
     const std::string f0 = "shard-00000-of-00002.bin", f1 = "shard-00001-of-00002.bin";
@@ -574,6 +594,7 @@ int main(void) {
         cmocka_unit_test(test_verify_names_every_broken_chunk),
         cmocka_unit_test(test_verify_truncated_and_missing_files),
         cmocka_unit_test(test_verify_names_a_damaged_index),
+        cmocka_unit_test(test_verify_refuses_what_is_not_a_regular_file),
         cmocka_unit_test(test_damaged_manifest),
         cmocka_unit_test(test_usage_and_bad_input),
         cmocka_unit_test(test_export_weights_only),

@@ -261,7 +261,7 @@ Status write_checkpoint(io::FileOps &ops, const Inputs &in, int world_size, Impo
     }
     int fds[2] = {-1, -1};
     Status s;
-    for (int f = 0; f < (in.has_optimizer ? 2 : 1) && s.ok(); ++f) s = ops.open_read(in.files[f].path, &fds[f]);
+    for (int f = 0; f < (in.has_optimizer ? 2 : 1) && s.ok(); ++f) s = ops.open_read_named(in.files[f].path, &fds[f]);
     std::vector<float> buffer;
     std::vector<char> scratch;
     for (int r = 0; r < world_size && s.ok(); ++r) {
@@ -281,7 +281,7 @@ Status read_inputs(io::FileOps &ops, const std::string &weights, const std::stri
     in->has_optimizer = true;
     in->json_path = prefix + ".json";
     std::string text;
-    SX_TRY(io::read_file(ops, in->json_path, kMaxOptimizerJsonBytes, &text));
+    SX_TRY(io::read_file(ops, in->json_path, kMaxOptimizerJsonBytes, &text, /*named=*/true));
     SX_TRY(parse_optimizer_json(text, printable(in->json_path), &in->doc));
     return read_safetensors(ops, prefix + ".safetensors", &in->files[1]);
 }

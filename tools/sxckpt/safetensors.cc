@@ -187,7 +187,7 @@ const StTensor *StFile::find(const std::string &name) const {
 
 Status read_safetensors(io::FileOps &ops, const std::string &path, StFile *out) {
     int fd = -1;
-    SX_TRY(ops.open_read(path, &fd));
+    SX_TRY(ops.open_read_named(path, &fd));
     StFile f;
     f.path = path;
     Status s = read_header(ops, fd, path, &f);
