@@ -601,6 +601,15 @@ void test_an_exception_while_reading_fails_the_load(void **) {
     remove_tree(dir);
 }
 
+// No save or removal left a .sx-partial directory in `dir`.
+void expect_nothing_left_over(const std::string &dir) {
+    DIR *d = opendir(dir.c_str());
+    assert_non_null(d);
+    while (dirent *e = readdir(d))
+        if (std::strstr(e->d_name, ".sx-partial")) fail_msg("left over: %s", e->d_name);
+    closedir(d);
+}
+
 void test_crash_at_every_io_call(void **) {
     // Checkpoint "a" is good. Then a save of "b" crashes at its n-th file operation, for
     // every n: "a" still loads and equals what was saved; "b" either does not exist as a
@@ -665,11 +674,7 @@ void test_crash_at_every_io_call(void **) {
     // The next good save cleans up what crashed saves left.
     so.path = dir + "/c";
     assert_true(good.save(so).ok());
-    DIR *d = opendir(dir.c_str());
-    assert_non_null(d);
-    while (dirent *e = readdir(d))
-        if (std::strstr(e->d_name, ".sx-partial")) fail_msg("left over: %s", e->d_name);
-    closedir(d);
+    expect_nothing_left_over(dir);
     remove_tree(dir);
 }
 
@@ -756,11 +761,7 @@ void test_crash_at_every_call_of_a_retention(void **) {
     so.path = dir + "/d";
     so.keep_last = 0;
     assert_true(good.save(so).ok());
-    DIR *d = opendir(dir.c_str());
-    assert_non_null(d);
-    while (dirent *e = readdir(d))
-        if (std::strstr(e->d_name, ".sx-partial")) fail_msg("left over: %s", e->d_name);
-    closedir(d);
+    expect_nothing_left_over(dir);
     remove_tree(dir);
 }
 
