@@ -22,6 +22,10 @@ constexpr uint64_t kChunkAlignment = 4096;     // every chunk starts on a 4 KiB 
 constexpr uint64_t kMaxManifestBytes = 1ull << 30;  // refuse larger manifests unread
 constexpr uint64_t kMaxUserBlobBytes = 64ull << 20;
 constexpr uint64_t kMaxFileNameBytes = 255;       // a shard file name (NAME_MAX)
+// The most steps a manifest may count: 2^53, the last count a double holds exactly (the
+// optimizers' bias corrections raise betas to the step in double); a step a microsecond
+// would take 285 years to reach it.
+constexpr uint64_t kMaxSteps = 1ull << 53;
 constexpr size_t kTrailerBytes = 16;               // magic "SXCT", crc32c, FlatBuffer size
 
 // Bytes per element of SX_DTYPE_*; 0 for a value that is not one.
@@ -135,7 +139,8 @@ Status decode_manifest(const void *data, size_t size, Manifest *out);
 // sorted and covering [0, numel) exactly once, lengths = elements * element size,
 // offsets 4 KiB-aligned, file indices valid. Also: names as sx_add_param accepts them,
 // hyperparameters as sx_add_param_group accepts them, optimizer state kinds that
-// belong to the param's optimizer, momentum_steps in [0, step], chunks of one file
+// belong to the param's optimizer, momentum_steps in [0, step], each param's step at
+// most the manifest's step, which is at most kMaxSteps, chunks of one file
 // not overlapping, shard file names plain (no '/', not "." or "..") and unique,
 // world_size >= 1, shard_size 0 or a divisor of world_size, stage 1 to 3, alignment a power of two in [64, 2^20], a positive
 // finite loss scale, user_blob at most kMaxUserBlobBytes. SX_ERR_CORRUPT naming the

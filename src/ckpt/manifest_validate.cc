@@ -58,6 +58,8 @@ Status as_corrupt(const Status &s, const std::string &where) {
 
 Status validate_header(const Manifest &m) {
     SX_CHECK(m.world_size >= 1, SX_ERR_CORRUPT, "manifest: world_size is %d; it must be >= 1", m.world_size);
+    SX_CHECK(m.step <= kMaxSteps, SX_ERR_CORRUPT, "manifest: step is %llu, more than the %llu steps a count may hold",
+             static_cast<unsigned long long>(m.step), static_cast<unsigned long long>(kMaxSteps));
     SX_CHECK(m.shard_size == 0 || (m.shard_size >= 1 && m.shard_size <= m.world_size && m.world_size % m.shard_size == 0),
              SX_ERR_CORRUPT, "manifest: shard_size is %d; it must be 0 or a divisor of world_size %d", m.shard_size,
              m.world_size);
@@ -213,6 +215,10 @@ Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents
     SX_CHECK(p.step >= 0 && p.momentum_steps >= 0 && p.momentum_steps <= p.step, SX_ERR_CORRUPT,
              "manifest: %s: step %lld and momentum_steps %lld; they must satisfy 0 <= momentum_steps <= step",
              label.c_str(), static_cast<long long>(p.step), static_cast<long long>(p.momentum_steps));
+    // No param is updated more often than the group steps.
+    SX_CHECK(static_cast<uint64_t>(p.step) <= m.step, SX_ERR_CORRUPT,
+             "manifest: %s: step %lld is more than the checkpoint's %llu steps", label.c_str(),
+             static_cast<long long>(p.step), static_cast<unsigned long long>(m.step));
     const ParamGroupEntry &group = m.param_groups[static_cast<size_t>(p.param_group)];
     unsigned seen_kinds = 0;
     for (size_t ti = 0; ti < p.tensors.size(); ++ti) {

@@ -615,7 +615,11 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
         params_[p].momentum_steps = pr.params[p].momentum_steps;
     }
     for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyper = pr.hypers[g];
+    // The group has taken at least as many steps as any param has had updates (what a
+    // checkpoint records and checks): params a load left as they were, or counts
+    // scattered from another optimizer, may bring more than the steps restored.
     steps_ = pr.steps_taken;
+    for (const ParamSpec &ps : params_) steps_ = std::max(steps_, static_cast<uint64_t>(std::max<int64_t>(ps.step, 0)));
     scaler_ = pr.scaler;
     return Status::Ok();
 }

@@ -333,6 +333,50 @@ void test_params_only_and_mismatches_change_nothing(void **) {
     remove_tree(dir);
 }
 
+// A checkpoint's params never count more updates than the checkpoint counts steps (a
+// manifest that says otherwise is refused). A load that leaves a param as it was (allowed
+// missing) may keep a count above the steps it restores: the group then counts at least
+// that many, and its next save is valid. Here b trained 5 steps, then loads a's 2-step
+// checkpoint in which 'b1' is named 'b1.old'.
+void test_a_partial_load_keeps_the_step_counts_consistent(void **) {
+    const std::string dir = make_tmpdir();
+    Single a("ck-steps-a");
+    assert_true(a.error.empty());
+    auto posix = sx::io::posix_file_ops();
+    sx::ckpt::Checkpointer ck(a.rk.g, posix);
+    sx::ckpt::SaveOptions so;
+    so.path = dir + "/ck";
+    assert_true(ck.save(so).ok());
+    sx::ckpt::Manifest m;
+    assert_true(sx::ckpt::read_manifest(*posix, so.path, &m).ok());
+    assert_int_equal(m.step, 2);
+    for (auto &p : m.params)
+        if (p.name == "b1") p.name = "b1.old";
+    std::string bytes;
+    assert_true(sx::ckpt::encode_manifest(m, &bytes).ok());
+    write_file(so.path + "/MANIFEST", bytes);
+
+    Single b("ck-steps-b");
+    assert_true(b.error.empty() && train(b.rk, 3, 3).empty());
+    assert_int_equal(b.rk.g->steps_taken(), 5);
+    sx::ckpt::Checkpointer loader(b.rk.g, posix);
+    sx::ckpt::LoadOptions lo;
+    lo.path = so.path;
+    lo.allow_missing = true;
+    lo.allow_extra = true;
+    assert_true(loader.load(lo, nullptr).ok());
+    assert_int_equal(b.rk.g->steps_taken(), 5);  // 'b1' still counts 5 updates
+    sx::ckpt::SaveOptions again;
+    again.path = dir + "/after";
+    sx::Status saved = loader.save(again);
+    if (!saved.ok()) fail_msg("save after a partial load: %s", saved.message().c_str());
+    sx::ckpt::Manifest after;
+    assert_true(sx::ckpt::read_manifest(*posix, again.path, &after).ok());
+    assert_int_equal(after.step, 5);
+    for (const auto &p : after.params) assert_true(p.step == (p.name == "b1" ? 5 : 2) || p.step == 0);
+    remove_tree(dir);
+}
+
 void test_corrupt_chunk_is_detected_and_changes_nothing(void **) {
     const std::string dir = make_tmpdir();
     Single a("ck-corrupt-a");
@@ -1069,6 +1113,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_params_only_and_mismatches_change_nothing),
         cmocka_unit_test(test_corrupt_chunk_is_detected_and_changes_nothing),
         cmocka_unit_test(test_a_load_opens_only_the_files_it_reads),
+        cmocka_unit_test(test_a_partial_load_keeps_the_step_counts_consistent),
         cmocka_unit_test(test_crash_at_every_call_of_a_retention),
         cmocka_unit_test(test_only_regular_files_are_read),
         cmocka_unit_test(test_a_failure_on_one_rank_changes_nothing_on_any),

@@ -256,6 +256,14 @@ std::vector<Rule> rules() {
         {"negative param group", [](Manifest *m) { m->params[1].param_group = -1; }, kBias},
         {"negative step", [](Manifest *m) { m->params[2].step = -1; }, kScale},
         {"momentum_steps > step", [](Manifest *m) { m->params[1].momentum_steps = 13; }, kBias},
+        {"param step past the checkpoint's", [](Manifest *m) { m->params[3].step = 13; },
+         "step 13 is more than the checkpoint's 12 steps"},
+        {"step past 2^53",
+         [](Manifest *m) {
+             m->step = 1ull << 59;
+             for (ParamEntry &p : m->params) p.step = 1ll << 59;
+         },
+         "step is 576460752303423488, more than the 9007199254740992"},
         {"unknown tensor kind", [](Manifest *m) { m->params[2].tensors[1].kind = static_cast<TensorKind>(9); }, kScale},
         {"unknown tensor dtype", [](Manifest *m) { m->params[2].tensors[1].dtype = 0; }, kScale},
         {"tensor kind twice", [](Manifest *m) { m->params[2].tensors[2].kind = TensorKind::kExpAvg; }, kScale},
