@@ -98,6 +98,10 @@ typedef void (*sx_log_fn)(int32_t level, const char *message, void *user);
 
 /* Sets the process-wide log callback and the most verbose level passed to it
  * (SX_LOG_ERROR..SX_LOG_DEBUG). fn NULL turns logging off (max_level is then ignored).
+ * Until a program calls this, the environment variable SX_LOG_LEVEL (OFF, ERROR, WARN,
+ * INFO, DEBUG or TRACE in any case, or 0-4; read once) sends messages up to that level to
+ * stderr; a call replaces that, whatever its level. A bad SX_LOG_LEVEL is reported at
+ * SX_LOG_ERROR to the first sink there is (stderr, or the callback set first).
  * Any thread. */
 SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_level);
 
