@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "ckpt/checkpointer.h"
 #include "ckpt/directory.h"
+#include "ckpt/progress.h"
 #include "io/crc32c.h"
 
 namespace sx {
@@ -159,7 +160,9 @@ Status open_save(io::FileOps &ops, comm::Store &store, const std::string &prefix
 // Step 2: writes and fsyncs this rank's shard file from staging (`data`), each piece
 // once `staged` says it is there, and lists its chunks with their CRCs.
 Status write_shard(io::FileOps &ops, const Snapshot &snap, const char *data, const std::string &file,
-                   SaveFuture *progress, StagedBytes *staged, std::vector<ChunkRecord> *records) {
+                   SaveFuture *progress, ProgressLog *progress_log, StagedBytes *staged,
+                   std::vector<ChunkRecord> *records, trace::Tracer *tracer) {
+    SX_TRACE_SPAN(tracer, "ckpt", "save.write", trace::kNoUnit, snap.plan.file_bytes, file.c_str());
     int fd = -1;
     SX_TRY(ops.open_write(file, &fd));
     // In pieces, so that progress moves and a cancellation is noticed. The kernel is
@@ -179,6 +182,7 @@ Status write_shard(io::FileOps &ops, const Snapshot &snap, const char *data, con
         if (w.ok()) w = ops.pwrite_all(fd, data + off, n, off, file);
         if (w.ok()) ops.start_writeback(fd, off, n);
         if (w.ok() && progress) progress->add_done(n);
+        if (w.ok()) progress_log->add(n);
     }
     // The CRCs read staging, not the file: computed while the device writes, before
     // the fsync, they cost the save no time of their own.
@@ -277,6 +281,7 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     SX_TRY(g.check_usable());
     SX_TRY(g.check_finalized());
     SX_CHECK_ARG(!options.path.empty(), "the checkpoint path is empty");
+    SX_TRACE_SPAN(g.tracer(), "ckpt", "save.snapshot", trace::kNoUnit, trace::kNoBytes, options.path.c_str());
     SX_CHECK_ARG(options.user_blob.size() <= kMaxUserBlobBytes, "the user blob has %zu bytes; at most %llu",
                  options.user_blob.size(), static_cast<unsigned long long>(kMaxUserBlobBytes));
     SX_CHECK_ARG(options.keep_last >= 0, "keep_last is %d; it must be >= 0", options.keep_last);
@@ -354,6 +359,7 @@ Status StagedBytes::wait(uint64_t end) {
 Status Checkpointer::stage(Snapshot *snap, StagedBytes *staged) {
     core::DeviceOps &dev = group_->ops();
     char *dst = static_cast<char *>(staging_.data());
+    SX_TRACE_SPAN(group_->tracer(), "ckpt", "save.stage", trace::kNoUnit, snap->plan.file_bytes);
     // Whatever happens (an exception too), `staged` hears how it ended: persist() waits on it.
     const Status s = catching([&]() -> Status {
         uint64_t cursor = 0;
@@ -378,7 +384,9 @@ Status Checkpointer::stage(Snapshot *snap, StagedBytes *staged) {
 
 Status Checkpointer::stage_and_persist(Snapshot *snap, SaveFuture *future) {
     StagedBytes staged;
+    const std::thread::id caller = std::this_thread::get_id();
     auto stage_all = [&] {
+        if (std::this_thread::get_id() != caller) trace::name_this_thread("sx checkpoint stager");
         stage(snap, &staged);
         if (future) future->set_staged();
     };
@@ -401,13 +409,24 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
     const std::string prefix = format("ckpt/%llu/", static_cast<unsigned long long>(snap.sequence));
     const SavePaths at(snap.options.path);
     if (progress) progress->set_total(snap.plan.file_bytes);
+    trace::Tracer *tracer = group_->tracer();
+    SX_TRACE_SPAN(tracer, "ckpt", "save.persist", trace::kNoUnit, snap.plan.file_bytes, snap.options.path.c_str());
+    ProgressLog progress_log("saving", at.final_dir, snap.rank, snap.plan.file_bytes,
+                             format("step %llu, %s", static_cast<unsigned long long>(snap.skeleton.step),
+                                    snap.writer ? format("shard file %d of %d", snap.shard_rank, snap.shard_size).c_str()
+                                                : "a replica: no file of its own"));
 
-    SX_TRY(open_save(ops, store, prefix, at, snap.rank, timeout));
+    {
+        // Rank 0 clears what crashed saves left and makes the directory; the others wait for it.
+        SX_TRACE_SPAN(tracer, "ckpt", "save.open");
+        SX_TRY(open_save(ops, store, prefix, at, snap.rank, timeout));
+    }
     std::vector<ChunkRecord> records;
     Status written;
     if (snap.writer) {
         const std::string file = at.tmp_dir + "/" + shard_file_name(snap.shard_rank, snap.shard_size);
-        written = write_shard(ops, snap, static_cast<const char *>(staging_.data()), file, progress, staged, &records);
+        written = write_shard(ops, snap, static_cast<const char *>(staging_.data()), file, progress, &progress_log,
+                              staged, &records, tracer);
     } else {
         written = Status::Ok();  // another replica group's rank writes this shard
     }
@@ -417,10 +436,16 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
     // for its word.
     if (snap.rank != 0) {
         std::string v;
-        SX_TRY(store.get(prefix + "result", &v, timeout));
-        return decode_status(v, "rank 0");
+        {
+            SX_TRACE_SPAN(tracer, "ckpt", "save.wait_commit");
+            SX_TRY(store.get(prefix + "result", &v, timeout));
+        }
+        SX_TRY(decode_status(v, "rank 0"));
+        progress_log.finish("committed by rank 0");
+        return Status::Ok();
     }
     Status result = [&]() -> Status {
+        SX_TRACE_SPAN(tracer, "ckpt", "save.commit");
         Manifest m = snap.skeleton;
         SX_TRY(gather_chunks(store, prefix, snap.world_size, snap.shard_size, timeout, &m));
         return commit_directory(ops, m, at, snap.options.keep_last);
@@ -431,6 +456,7 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
         log(SX_LOG_ERROR, "sx: checkpoint %s failed: %s", at.final_dir.c_str(), result.message().c_str());
     }
     SX_TRY(store.set(prefix + "result", encode_status(result)));
+    if (result.ok()) progress_log.finish(format("committed (MANIFEST, %s)", kLatestName).c_str());
     return result;
 }
 
@@ -456,7 +482,10 @@ Status Checkpointer::save_async(const SaveOptions &options, SaveFuture::Callback
     future->set_total(snap->plan.file_bytes);
     in_flight_ = future;
     loop_->submit(
-        [this, snap, future] { return stage_and_persist(snap.get(), future.get()); },
+        [this, snap, future] {
+            trace::name_this_thread("sx checkpoint I/O");
+            return stage_and_persist(snap.get(), future.get());
+        },
                   [future](Status s) { future->complete(s); });
     *out = future;
     return Status::Ok();
