@@ -456,7 +456,7 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
         log(SX_LOG_ERROR, "sx: checkpoint %s failed: %s", at.final_dir.c_str(), result.message().c_str());
     }
     SX_TRY(store.set(prefix + "result", encode_status(result)));
-    if (result.ok()) progress_log.finish(format("committed (MANIFEST, %s)", kLatestName).c_str());
+    if (result.ok()) progress_log.finish(format("committed: MANIFEST written, %s moved", kLatestName).c_str());
     return result;
 }
 
