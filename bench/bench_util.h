@@ -153,6 +153,7 @@ int section_comm(const Options &opt);
 int section_checkpoint(const Options &opt);
 int section_pipeline(const Options &opt);
 int section_scale(const Options &opt);
+int section_trace(const Options &opt);
 // One rank of the pipeline section (bench_sx runs itself once per rank with --pipeline-rank).
 int pipeline_rank_main(int argc, char **argv);
 

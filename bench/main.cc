@@ -24,6 +24,7 @@
 //                 simulated: layout, checkpoint write plan, MANIFEST (rank 0's commit) and
 //                 read plans, flat and as 8-rank shard groups, with each step's time and
 //                 heap bytes, and the store traffic of Gloo's rendezvous (docs/scale.md)
+//   trace         the step timeline's cost: steps of 2 ranks traced vs not (docs/tracing.md)
 //   gpu_adamw     (CUDA builds) the fused AdamW kernel on the device vs a traffic-only kernel
 //                 with its memory pattern, and its bandwidth beside the device's peak;
 //                 prints that it was skipped, and why, where there is no device
@@ -65,6 +66,7 @@ const Section kSections[] = {
     {"pipeline", section_pipeline},
     {"mesh", section_mesh},
     {"scale", section_scale},
+    {"trace", section_trace},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
 #endif

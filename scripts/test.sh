@@ -27,7 +27,12 @@ cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 cmake --build build/release -j"$jobs"
 ctest --test-dir build/release --output-on-failure -R '^(layer_check|abi_check|install_consumer|bindings_.*|launch_.*|sample_.*|test_sxckpt_torch)$'
 build/release/samples/c/train_charlm /usr/share/common-licenses/GPL-3 100 > /dev/null
-build/release/samples/c/train_charlm --stage 3 --overlap /usr/share/common-licenses/GPL-3 30 > /dev/null
+# With its timeline: each rank's file must be a trace Perfetto can draw (trace_summary.py
+# reads it as JSON and checks its spans nest).
+rm -f build/charlm-trace*.json
+build/release/samples/c/train_charlm --stage 3 --overlap --trace build/charlm-trace.json /usr/share/common-licenses/GPL-3 30 > /dev/null
+for r in 0 1 2 3; do python3 tests/core/trace_summary.py build/charlm-trace.rank$r.json > /dev/null; done
+for r in 0 1; do python3 tests/core/trace_summary.py build/charlm-trace-resume.rank$r.json > /dev/null; done
 build/release/samples/c/train_charlm --shard-size 2 --overlap /usr/share/common-licenses/GPL-3 30 > /dev/null
 
 echo "== pip install . into a fresh virtual environment: import sx with no environment variable =="

@@ -86,6 +86,12 @@ type GroupConfig struct {
 	// 16-bit gradients before their sum (0: FSDP's factor for the shard group).
 	ShardSize           int32
 	GradPredivideFactor float64
+	// The step timeline (docs/tracing.md): TracePath names the Chrome trace-event JSON
+	// file this rank writes ("%r" becomes the rank; without one, ".rank<N>" goes before
+	// ".json"); "": the SX_TRACE environment variable's, if set. TraceEvents is the most
+	// events kept (0: 65536). The file is written by FlushTrace and by Close.
+	TracePath   string
+	TraceEvents int32
 }
 
 // PrefetchNone as GroupConfig.PrefetchDepth: no units are gathered ahead.
@@ -130,6 +136,12 @@ func NewShardGroup(cfg GroupConfig) (*ShardGroup, error) {
 	c.prefetch_depth = C.int32_t(cfg.PrefetchDepth)
 	c.shard_size = C.int32_t(cfg.ShardSize)
 	c.grad_predivide_factor = C.double(cfg.GradPredivideFactor)
+	if cfg.TracePath != "" {
+		trace := C.CString(cfg.TracePath)
+		defer C.free(unsafe.Pointer(trace))
+		c.trace_path = trace
+	}
+	c.trace_events = C.int32_t(cfg.TraceEvents)
 	var raw *C.sx_shard_group_t
 	if err := call(func() C.sx_status_t { return C.sx_create_shard_group(&c, &raw) }); err != nil {
 		return nil, err
@@ -169,6 +181,12 @@ func (g *ShardGroup) queryInt(f func(*C.sx_shard_group_t, *C.int32_t) C.sx_statu
 	var v C.int32_t
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return f(raw, &v) })
 	return int32(v), err
+}
+
+// FlushTrace writes this rank's trace file now (replaced atomically) with every event
+// the ring holds; nothing without a trace. ErrIO naming the file if it cannot be written.
+func (g *ShardGroup) FlushTrace() error {
+	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_trace_flush(raw) })
 }
 
 // Abort makes the group fail: later calls return ErrGroupFailed.

@@ -1,6 +1,7 @@
 package sx
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -652,6 +653,122 @@ func TestAMeshTrainsAsTheFlatGroup(t *testing.T) {
 	_, err := NewShardGroup(cfg)
 	if err == nil || !strings.Contains(err.Error(), "shard_size 2 does not divide the world size 1") {
 		t.Fatalf("a shard size of 2 at world size 1: %v", err)
+	}
+}
+
+// Each rank's trace file, written by FlushTrace and by Close, names every step and each
+// reduce-scatter by unit id with its bytes; an unwritable one is ErrIO naming the file.
+func TestRanksWriteTheirTraces(t *testing.T) {
+	dir := t.TempDir()
+	template := filepath.Join(dir, "t-%r.json")
+	rdv := rendezvous("trace")
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := int32(0); r < 2; r++ {
+		wg.Add(1)
+		go func(rank int32) {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			errs[rank] = func() error {
+				cfg := config(rdv, rank, 2)
+				cfg.TracePath, cfg.TraceEvents = template, 1000
+				g, err := NewShardGroup(cfg)
+				if err != nil {
+					return err
+				}
+				defer g.Close()
+				pg := NewParamGroup(SGD)
+				pg.LR = 0.1
+				if _, err := g.AddParamGroup(pg); err != nil {
+					return err
+				}
+				if _, err := g.AddParam(Param{Name: "w", Shape: []int64{3, 5}, Unit: 4}); err != nil {
+					return err
+				}
+				if err := g.Finalize(); err != nil {
+					return err
+				}
+				if _, err := g.Step(nil); err != nil {
+					return err
+				}
+				if err := g.FlushTrace(); err != nil {
+					return err
+				}
+				if _, err := os.Stat(filepath.Join(dir, fmt.Sprintf("t-%d.json", rank))); err != nil {
+					return fmt.Errorf("FlushTrace wrote no file: %v", err)
+				}
+				_, err = g.Step(nil)
+				return err
+			}()
+		}(r)
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for r := 0; r < 2; r++ {
+		data, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("t-%d.json", r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			OtherData struct {
+				Rank     int `json:"rank"`
+				Capacity int `json:"capacity"`
+			} `json:"otherData"`
+			TraceEvents []struct {
+				Ph   string         `json:"ph"`
+				Name string         `json:"name"`
+				Pid  int            `json:"pid"`
+				Args map[string]any `json:"args"`
+			} `json:"traceEvents"`
+		}
+		if err := json.Unmarshal(data, &doc); err != nil {
+			t.Fatalf("rank %d's trace is not JSON: %v", r, err)
+		}
+		if doc.OtherData.Rank != r || doc.OtherData.Capacity != 1000 {
+			t.Errorf("rank %d's trace: otherData %+v", r, doc.OtherData)
+		}
+		steps, reductions := 0, 0
+		for _, e := range doc.TraceEvents {
+			if e.Ph != "X" {
+				continue
+			}
+			if e.Pid != r {
+				t.Errorf("rank %d's trace has an event of pid %d", r, e.Pid)
+			}
+			if e.Name == "sx_step" {
+				steps++
+			}
+			if e.Name == "reduce_scatter" {
+				reductions++
+				// 15 floats padded to 2 x 16.
+				if e.Args["unit"] != 4.0 || e.Args["bytes"] != 128.0 {
+					t.Errorf("rank %d: reduce_scatter args %v", r, e.Args)
+				}
+			}
+		}
+		if steps != 2 || reductions != 2 {
+			t.Errorf("rank %d's trace: %d steps and %d reduce-scatters, 2 of each expected", r, steps, reductions)
+		}
+	}
+	cfg := config(rendezvous("trace-bad"), 0, 1)
+	cfg.TracePath = "/nonexistent-sx-dir/t.json"
+	g, err := NewShardGroup(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.FlushTrace(); statusOf(err) != ErrIO || !strings.Contains(err.Error(), "/nonexistent-sx-dir/t.rank0.json") {
+		t.Errorf("an unwritable trace: %v", err)
+	}
+	cfg = config(rendezvous("trace-neg"), 0, 1)
+	cfg.TraceEvents = -1
+	if _, err := NewShardGroup(cfg); statusOf(err) != ErrInvalidArgument || !strings.Contains(err.Error(), "trace_events") {
+		t.Errorf("TraceEvents -1: %v", err)
 	}
 }
 

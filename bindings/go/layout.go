@@ -60,6 +60,9 @@ func cLayouts() []structLayout {
 			f("prefetch_depth", unsafe.Offsetof(gc.prefetch_depth), unsafe.Sizeof(gc.prefetch_depth)),
 			f("shard_size", unsafe.Offsetof(gc.shard_size), unsafe.Sizeof(gc.shard_size)),
 			f("grad_predivide_factor", unsafe.Offsetof(gc.grad_predivide_factor), unsafe.Sizeof(gc.grad_predivide_factor)),
+			f("trace_path", unsafe.Offsetof(gc.trace_path), unsafe.Sizeof(gc.trace_path)),
+			f("trace_events", unsafe.Offsetof(gc.trace_events), unsafe.Sizeof(gc.trace_events)),
+			f("reserved2", unsafe.Offsetof(gc.reserved2), unsafe.Sizeof(gc.reserved2)),
 		}},
 		{"sx_param_group_desc_t", unsafe.Sizeof(pg), unsafe.Alignof(pg), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pg.struct_size), unsafe.Sizeof(pg.struct_size)),

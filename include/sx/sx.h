@@ -44,7 +44,7 @@ extern "C" {
  * ------------------------------------------------------------------------------- */
 
 #define SX_VERSION_MAJOR 1
-#define SX_VERSION_MINOR 4
+#define SX_VERSION_MINOR 5
 #define SX_VERSION_PATCH 0
 #define SX_VERSION_NUMBER (SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH)
 
@@ -98,6 +98,10 @@ typedef void (*sx_log_fn)(int32_t level, const char *message, void *user);
 
 /* Sets the process-wide log callback and the most verbose level passed to it
  * (SX_LOG_ERROR..SX_LOG_DEBUG). fn NULL turns logging off (max_level is then ignored).
+ * Until a program calls this, the environment variable SX_LOG_LEVEL (OFF, ERROR, WARN,
+ * INFO, DEBUG or TRACE in any case, or 0-4; read once) sends messages up to that level to
+ * stderr; a call replaces that, whatever its level. A bad SX_LOG_LEVEL is reported at
+ * SX_LOG_ERROR to the first sink there is (stderr, or the callback set first).
  * Any thread. */
 SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_level);
 
@@ -219,6 +223,18 @@ typedef struct sx_group_config {
      * 4 ranks, 4 for 8 or 16, 32 for 1024. The other 1 / (world size) of the average is
      * applied in fp32 with the update. */
     double grad_predivide_factor;
+    /* The step timeline (docs/tracing.md): the file this rank writes its Chrome
+     * trace-event JSON to (ui.perfetto.dev, chrome://tracing), copied. Every "%r" becomes
+     * the rank; without one, ".rank<N>" goes before a trailing ".json", or ".rank<N>.json"
+     * is appended. NULL or "" = the environment variable SX_TRACE's value, and no trace
+     * where that is unset or empty. The file is written (atomically, replaced) by
+     * sx_trace_flush and by sx_destroy_shard_group; a failure to write it is logged and
+     * fails nothing else. */
+    const char *trace_path;
+    /* The most events the trace keeps: a ring, whose oldest events go first (the file
+     * says how many went). 0 = 65536; at most 16777216 (2^24). */
+    int32_t trace_events;
+    int32_t reserved2; /* 0 */
 } sx_group_config_t;
 
 #define SX_PREFETCH_NONE (-1)
@@ -238,6 +254,13 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
 /* Releases the group and everything it owns (buffers, views, threads, connections).
  * Accepts NULL. Returns even when peers are dead or stalled. */
 SX_API sx_status_t sx_destroy_shard_group(sx_shard_group_t *group);
+
+/* Writes this rank's trace file now (see sx_group_config_t.trace_path): every event the
+ * ring holds, replacing the file atomically (a reader never sees half of one). The ring
+ * keeps its events, so a later flush, and the one at destroy, write them again with
+ * whatever came since. SX_OK doing nothing when the group has no trace; SX_ERR_IO naming
+ * the file if it cannot be written. Any thread. */
+SX_API sx_status_t sx_trace_flush(sx_shard_group_t *group);
 
 /* Makes the group fail: collectives in flight on other threads return SX_ERR_ABORTED
  * as soon as they notice, later calls return SX_ERR_GROUP_FAILED. Any thread. */

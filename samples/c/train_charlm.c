@@ -20,8 +20,15 @@
  * shard the model, and the two pairs replicate it (only the reduced half of the
  * gradients crosses between the pairs).
  *
- * usage: train_charlm [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [TEXT_FILE] [STEPS]
- *        (default: stage 2, flat, Debian's GPL-3 text, 400 steps)
+ * With --trace FILE each rank writes its timeline (every step's agreement, each unit's
+ * reduce-scatter and all-gather, the norm, the update, the waits on peers, the save's and
+ * the resume's phases) as a Chrome trace-event JSON file: FILE with ".rank<N>" before
+ * ".json", or with "%r" replaced by the rank. Open the ranks' files together in
+ * https://ui.perfetto.dev ("Open multiple trace files"), or one at a time in
+ * chrome://tracing. The 2 resuming ranks write theirs with "-resume" in the name.
+ *
+ * usage: train_charlm [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE] [TEXT_FILE] [STEPS]
+ *        (default: stage 2, flat, Debian's GPL-3 text, 400 steps, no trace)
  */
 #include <math.h>
 #include <pthread.h>
@@ -47,6 +54,8 @@ static int g_steps = 400;
 static int g_stage = 2;
 static int g_overlap = 0;
 static int g_shard_size = 0; /* 0: every rank shards (flat) */
+static const char *g_trace = NULL; /* --trace: the trace file template */
+static char g_resume_trace[512];   /* the resuming ranks' template */
 static unsigned char *g_text; /* the text as vocabulary indices */
 static long g_len, g_train_len;
 static int g_vocab;
@@ -288,6 +297,7 @@ static void *rank_main(void *arg) {
     cfg.stage = g_stage;
     cfg.shard_size = res->resume ? 0 : g_shard_size; /* the checkpoint resumes on a flat group */
     cfg.timeout_ms = 60000;
+    cfg.trace_path = res->resume ? (g_trace ? g_resume_trace : NULL) : g_trace; /* written at destroy */
     CHECK(sx_create_shard_group(&cfg, &g));
 
     /* Two param groups, as in GPT training: weight decay on matrices, none on biases. */
@@ -446,6 +456,8 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--shard-size") == 0 && i + 1 < argc) {
             g_shard_size = atoi(argv[++i]);
             bad |= g_shard_size < 0 || g_shard_size > RANKS || (g_shard_size > 0 && RANKS % g_shard_size != 0);
+        } else if (strcmp(argv[i], "--trace") == 0 && i + 1 < argc) {
+            g_trace = argv[++i];
         } else if (strcmp(argv[i], "--overlap") == 0) {
             g_overlap = 1;
         } else if (argv[i][0] == '-' && argv[i][1] == '-') {
@@ -457,13 +469,22 @@ int main(int argc, char **argv) {
         }
     }
     if (bad || positional > 2 || g_steps < 1 || load_text() != 0) {
-        fprintf(stderr, "usage: %s [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [TEXT_FILE] [STEPS]\n", argv[0]);
+        fprintf(stderr, "usage: %s [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE] [TEXT_FILE] [STEPS]\n",
+                argv[0]);
         return 2;
     }
     if (sx_version() / 10000 != SX_VERSION_MAJOR) {
         fprintf(stderr, "libsx major version %u does not match the header's %d\n", sx_version() / 10000,
                 SX_VERSION_MAJOR);
         return 2;
+    }
+    if (g_trace) {
+        /* The resuming ranks' files beside the training ranks': "-resume" before ".json" (or
+         * at the end). */
+        size_t n = strlen(g_trace);
+        const int json = n > 5 && strcmp(g_trace + n - 5, ".json") == 0;
+        snprintf(g_resume_trace, sizeof g_resume_trace, "%.*s-resume%s", (int)(json ? n - 5 : n), g_trace,
+                 json ? ".json" : "");
     }
     const int shards = g_shard_size ? g_shard_size : RANKS;
     printf("sx %u.%u.%u: %d ranks (%d shards x %d replicas), ZeRO-%d AdamW%s, text %s (%ld bytes, %d distinct)\n",
@@ -501,6 +522,11 @@ int main(int argc, char **argv) {
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%.*s'", (int)(strlen(g_ckpt_dir) - strlen("/checkpoint")), g_ckpt_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_ckpt_dir);
+    if (g_trace)
+        printf("traces: %s and %s, one file per rank (\"%%r\" replaced by the rank, or \".rank<N>\" before \".json\");\n"
+               "  open them together in https://ui.perfetto.dev (Open multiple trace files), or one at a time in\n"
+               "  chrome://tracing: a row per rank, a track per thread, a span per phase (hover for unit and bytes)\n",
+               g_trace, g_resume_trace);
     if (resumed[0].final_eval_loss != results[0].final_eval_loss) return 1;
     free(g_text);
     return results[0].final_eval_loss < log((double)g_vocab) ? 0 : 1;

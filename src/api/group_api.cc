@@ -1,5 +1,6 @@
 // Entry points: creating and destroying groups, param groups, params, finalize.
 #include <cstddef>
+#include <cstdlib>
 
 #include "api/guard.h"
 #include "api/handles.h"
@@ -80,6 +81,17 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         g.prefetch_depth = c.prefetch_depth == 0 ? 1 : c.prefetch_depth == SX_PREFETCH_NONE ? 0 : c.prefetch_depth;
         g.shard_size = c.shard_size;
         g.grad_predivide_factor = c.grad_predivide_factor;
+        SX_CHECK_ARG(c.trace_events >= 0, "config->trace_events is %d; it must be >= 0 (0 = %zu)", c.trace_events,
+                     sx::trace::kDefaultCapacity);
+        SX_CHECK_ARG(c.reserved2 == 0, "config->reserved2 is %d; it must be 0", c.reserved2);
+        // The config's path wins over the environment's.
+        const char *env_trace = std::getenv("SX_TRACE");
+        if (c.trace_path && c.trace_path[0]) {
+            g.trace_path = c.trace_path;
+        } else if (env_trace && env_trace[0]) {
+            g.trace_path = env_trace;
+        }
+        g.trace_capacity = static_cast<size_t>(c.trace_events);
         std::unique_ptr<sx::core::ShardGroup> impl;
         SX_TRY(sx::core::ShardGroup::create(g, &impl));
         std::unique_ptr<sx_shard_group> h(new sx_shard_group());
@@ -101,6 +113,14 @@ SX_API sx_status_t sx_destroy_shard_group(sx_shard_group_t *group) {
         group->checkpointer.reset();
         delete group;
         return Status::Ok();
+    });
+}
+
+SX_API sx_status_t sx_trace_flush(sx_shard_group_t *group) {
+    return guard(__func__, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        return g->flush_trace();
     });
 }
 

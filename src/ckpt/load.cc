@@ -15,6 +15,7 @@
 #include "ckpt/checkpointer.h"
 #include "ckpt/chunk_reader.h"
 #include "ckpt/directory.h"
+#include "ckpt/progress.h"
 #include "ckpt/shard_index.h"
 #include "io/crc32c.h"
 
@@ -131,7 +132,7 @@ class Checkpointer::Load {
   public:
     Load(Checkpointer &ck, const LoadOptions &options)
         : ck_(ck), g_(*ck.group_), dev_(g_.ops()), options_(options), on_host_(dev_.device() == SX_DEVICE_CPU),
-          keep_spares_(ck.loaded_), rollback_(g_) {}
+          keep_spares_(ck.loaded_), tracer_(g_.tracer()), rollback_(g_) {}
     // However the load ends, the spare state buffers stay only if an earlier load
     // succeeded (see Checkpointer::spare_state_).
     ~Load() {
@@ -140,13 +141,32 @@ class Checkpointer::Load {
     }
 
     Status run(std::string *user_blob) {
+        SX_TRACE_SPAN(tracer_, "ckpt", "load", trace::kNoUnit, trace::kNoBytes, options_.path.c_str());
         SX_TRY(g_.export_shard(&shard_));  // the trainer's writes first; the masters are the values
         // Whatever fails while planning and starting the reads (an exception too) is this
         // rank's vote, so that no peer waits.
-        local_ = catching([&] { return prepare(); });
-        check_reads(0, values_reads_, nullptr);
-        SX_TRY(agree_on_values_while_reading_states());
-        return finish(user_blob);
+        {
+            SX_TRACE_SPAN(tracer_, "ckpt", "load.plan");
+            local_ = catching([&] { return prepare(); });
+        }
+        uint64_t total = 0, values = 0;
+        for (size_t i = 0; i < reads_.size(); ++i) {
+            total += reads_[i].chunk->length;
+            if (i < values_reads_) values += reads_[i].chunk->length;
+        }
+        progress_.reset(new ProgressLog(
+            "loading", options_.path, g_.rank(), total,
+            local_.ok() ? format("step %llu, saved by %d ranks, %zu chunks", static_cast<unsigned long long>(m_.step),
+                                 m_.world_size, reads_.size())
+                        : "failed before its reads: " + local_.message()));
+        {
+            SX_TRACE_SPAN(tracer_, "ckpt", "load.read_values", trace::kNoUnit, values);
+            check_reads(0, values_reads_, nullptr);
+        }
+        SX_TRY(agree_on_values_while_reading_states(total - values));
+        SX_TRY(finish(user_blob));
+        progress_->finish(format("loaded, step %llu", static_cast<unsigned long long>(m_.step)).c_str());
+        return Status::Ok();
     }
 
   private:
@@ -370,6 +390,7 @@ class Checkpointer::Load {
         const char *data = nullptr;
         SX_TRY(reader_->wait(i, &data));
         const std::string path = options_.path + "/" + m_.files[c.file];
+        progress_->add(c.length);
         SX_CHECK(io::crc32c(data, c.length) == c.crc32c, SX_ERR_CORRUPT,
                  "%s: the chunk of param '%s'%s at byte %llu fails its CRC32C check", path.c_str(),
                  m_.params[op.manifest_param].name.c_str(), tensor_suffix(op.kind),
@@ -398,11 +419,16 @@ class Checkpointer::Load {
     // that read its values first does not wait for the others. If the load fails from
     // here on, each rank puts its values back and the params are gathered again, which
     // leaves them as the ranks' shards were: what the next step would gather.
-    Status agree_on_values_while_reading_states() {
+    Status agree_on_values_while_reading_states(uint64_t state_bytes) {
         Status values_agreed, gathered;
         std::atomic<bool> abandon{false};  // another rank failed: stop reading
+        const std::thread::id caller = std::this_thread::get_id();
         auto agree_and_gather = [&, values_read = local_] {
-            values_agreed = catching([&] { return agree(values_read); });
+            if (std::this_thread::get_id() != caller) trace::name_this_thread("sx checkpoint load: gather");
+            values_agreed = catching([&] {
+                SX_TRACE_SPAN(tracer_, "ckpt", "load.agree_values");
+                return agree(values_read);
+            });
             if (values_agreed.ok()) {
                 gathered = catching([&] { return g_.gather_params(); });
             } else {
@@ -419,7 +445,10 @@ class Checkpointer::Load {
         } else {
             agree_and_gather();
         }
-        check_reads(values_reads_, reads_.size(), &abandon);
+        {
+            SX_TRACE_SPAN(tracer_, "ckpt", "load.read_states", trace::kNoUnit, state_bytes);
+            check_reads(values_reads_, reads_.size(), &abandon);
+        }
         if (gatherer.joinable()) gatherer.join();
         reader_.reset();
         SX_TRY(values_agreed);
@@ -430,7 +459,11 @@ class Checkpointer::Load {
     // Phase 7: the ranks agree on the whole load; it commits, or every rank puts its
     // values back and gathers the params again.
     Status finish(std::string *user_blob) {
-        Status verdict = agree(local_);
+        Status verdict;
+        {
+            SX_TRACE_SPAN(tracer_, "ckpt", "load.agree");
+            verdict = agree(local_);
+        }
         if (!verdict.ok()) {
             if (!g_.check_usable().ok()) return verdict;  // the vote failed: the values only go back
             Status s = rollback_.restore();
@@ -439,6 +472,7 @@ class Checkpointer::Load {
             return verdict;
         }
         rollback_.commit();
+        SX_TRACE_SPAN(tracer_, "ckpt", "load.commit");
         return commit(user_blob);
     }
 
@@ -492,6 +526,8 @@ class Checkpointer::Load {
     const LoadOptions &options_;
     const bool on_host_;
     const bool keep_spares_;
+    trace::Tracer *const tracer_;                  // null: no timeline
+    std::unique_ptr<ProgressLog> progress_;        // from the end of the plan
     core::ShardState shard_;                       // the group's, at the start
     Manifest m_;
     std::vector<int32_t> index_;                   // per param: its entry in m_, or -1

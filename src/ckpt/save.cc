@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "ckpt/checkpointer.h"
 #include "ckpt/directory.h"
+#include "ckpt/progress.h"
 #include "ckpt/shard_index.h"
 #include "io/crc32c.h"
 
@@ -174,7 +175,9 @@ Status open_save(io::FileOps &ops, comm::Store &store, const std::string &prefix
 // Step 2: writes this rank's shard file from staging (`data`), each piece once `staged`
 // says it is there, then its index (its chunks with their CRCs), and fsyncs it.
 Status write_shard(io::FileOps &ops, const Snapshot &snap, const char *data, const std::string &file,
-                   SaveFuture *progress, StagedBytes *staged, FileIndex *index) {
+                   SaveFuture *progress, ProgressLog *progress_log, StagedBytes *staged, FileIndex *index,
+                   trace::Tracer *tracer) {
+    SX_TRACE_SPAN(tracer, "ckpt", "save.write", trace::kNoUnit, snap.plan.file_bytes, file.c_str());
     int fd = -1;
     SX_TRY(ops.open_write(file, &fd));
     // In pieces, so that progress moves and a cancellation is noticed. The kernel is
@@ -194,6 +197,7 @@ Status write_shard(io::FileOps &ops, const Snapshot &snap, const char *data, con
         if (w.ok()) w = ops.pwrite_all(fd, data + off, n, off, file);
         if (w.ok()) ops.start_writeback(fd, off, n);
         if (w.ok() && progress) progress->add_done(n);
+        if (w.ok()) progress_log->add(n);
     }
     // The CRCs read staging, not the file: computed while the device writes, before
     // the fsync, they cost the save no time of their own.
@@ -279,6 +283,7 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     SX_TRY(g.check_usable());
     SX_TRY(g.check_finalized());
     SX_CHECK_ARG(!options.path.empty(), "the checkpoint path is empty");
+    SX_TRACE_SPAN(g.tracer(), "ckpt", "save.snapshot", trace::kNoUnit, trace::kNoBytes, options.path.c_str());
     SX_CHECK_ARG(options.user_blob.size() <= kMaxUserBlobBytes, "the user blob has %zu bytes; at most %llu",
                  options.user_blob.size(), static_cast<unsigned long long>(kMaxUserBlobBytes));
     SX_CHECK_ARG(options.keep_last >= 0, "keep_last is %d; it must be >= 0", options.keep_last);
@@ -356,6 +361,7 @@ Status StagedBytes::wait(uint64_t end) {
 Status Checkpointer::stage(Snapshot *snap, StagedBytes *staged) {
     core::DeviceOps &dev = group_->ops();
     char *dst = static_cast<char *>(staging_.data());
+    SX_TRACE_SPAN(group_->tracer(), "ckpt", "save.stage", trace::kNoUnit, snap->plan.file_bytes);
     // Whatever happens (an exception too), `staged` hears how it ended: persist() waits on it.
     const Status s = catching([&]() -> Status {
         uint64_t cursor = 0;
@@ -380,7 +386,9 @@ Status Checkpointer::stage(Snapshot *snap, StagedBytes *staged) {
 
 Status Checkpointer::stage_and_persist(Snapshot *snap, SaveFuture *future) {
     StagedBytes staged;
+    const std::thread::id caller = std::this_thread::get_id();
     auto stage_all = [&] {
+        if (std::this_thread::get_id() != caller) trace::name_this_thread("sx checkpoint stager");
         stage(snap, &staged);
         if (future) future->set_staged();
     };
@@ -403,13 +411,24 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
     const std::string prefix = format("ckpt/%llu/", static_cast<unsigned long long>(snap.sequence));
     const SavePaths at(snap.options.path);
     if (progress) progress->set_total(snap.plan.file_bytes);
+    trace::Tracer *tracer = group_->tracer();
+    SX_TRACE_SPAN(tracer, "ckpt", "save.persist", trace::kNoUnit, snap.plan.file_bytes, snap.options.path.c_str());
+    ProgressLog progress_log("saving", at.final_dir, snap.rank, snap.plan.file_bytes,
+                             format("step %llu, %s", static_cast<unsigned long long>(snap.skeleton.step),
+                                    snap.writer ? format("shard file %d of %d", snap.shard_rank, snap.shard_size).c_str()
+                                                : "a replica: no file of its own"));
 
-    SX_TRY(open_save(ops, store, prefix, at, snap.rank, timeout));
+    {
+        // Rank 0 clears what crashed saves left and makes the directory; the others wait for it.
+        SX_TRACE_SPAN(tracer, "ckpt", "save.open");
+        SX_TRY(open_save(ops, store, prefix, at, snap.rank, timeout));
+    }
     FileIndex index;
     Status written;
     if (snap.writer) {
         const std::string file = at.tmp_dir + "/" + shard_file_name(snap.shard_rank, snap.shard_size);
-        written = write_shard(ops, snap, static_cast<const char *>(staging_.data()), file, progress, staged, &index);
+        written = write_shard(ops, snap, static_cast<const char *>(staging_.data()), file, progress, &progress_log,
+                              staged, &index, tracer);
     } else {
         written = Status::Ok();  // another replica group's rank writes this shard
     }
@@ -419,10 +438,16 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
     // wait for its word.
     if (snap.rank != 0) {
         std::string v;
-        SX_TRY(store.get(prefix + "result", &v, timeout));
-        return decode_status(v, "rank 0");
+        {
+            SX_TRACE_SPAN(tracer, "ckpt", "save.wait_commit");
+            SX_TRY(store.get(prefix + "result", &v, timeout));
+        }
+        SX_TRY(decode_status(v, "rank 0"));
+        progress_log.finish("committed by rank 0");
+        return Status::Ok();
     }
     Status result = [&]() -> Status {
+        SX_TRACE_SPAN(tracer, "ckpt", "save.commit");
         Manifest m = snap.skeleton;
         SX_TRY(gather_file_indexes(store, prefix, snap.world_size, snap.shard_size, timeout, &m));
         return commit_directory(ops, m, at, snap.options.keep_last);
@@ -433,6 +458,7 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
         log(SX_LOG_ERROR, "sx: checkpoint %s failed: %s", at.final_dir.c_str(), result.message().c_str());
     }
     SX_TRY(store.set(prefix + "result", encode_status(result)));
+    if (result.ok()) progress_log.finish(format("committed: MANIFEST written, %s moved", kLatestName).c_str());
     return result;
 }
 
@@ -458,7 +484,10 @@ Status Checkpointer::save_async(const SaveOptions &options, SaveFuture::Callback
     future->set_total(snap->plan.file_bytes);
     in_flight_ = future;
     loop_->submit(
-        [this, snap, future] { return stage_and_persist(snap.get(), future.get()); },
+        [this, snap, future] {
+            trace::name_this_thread("sx checkpoint I/O");
+            return stage_and_persist(snap.get(), future.get());
+        },
                   [future](Status s) { future->complete(s); });
     *out = future;
     return Status::Ok();

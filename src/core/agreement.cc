@@ -227,6 +227,8 @@ Status ShardGroup::agree(const Agreement &a, double weight, double *weight_sum) 
         if (weight_sum) *weight_sum = weight;
         return Status::Ok();
     }
+    // The first collective of a step: a rank that arrives early waits here for its peers.
+    SX_TRACE_SPAN(tracer(), "step", "agreement");
     const uint64_t h = fingerprint(a);
     const size_t W = static_cast<size_t>(world_size_);
     std::vector<uint64_t> all(2 * W, 0);

@@ -1,5 +1,7 @@
 #include "core/channel.h"
 
+#include "base/trace.h"
+
 namespace sx {
 namespace core {
 
@@ -53,6 +55,7 @@ uint64_t CommChannel::submit(Job job) {
 }
 
 void CommChannel::run() {
+    trace::name_this_thread("sx channel: " + name_);
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
         cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });

@@ -56,6 +56,8 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     SX_CHECK_ARG(std::isfinite(cfg.grad_predivide_factor) && cfg.grad_predivide_factor >= 0 &&
                      (cfg.grad_predivide_factor == 0 || cfg.grad_predivide_factor >= 1),
                  "grad_predivide_factor %g must be finite and >= 1 (0 = FSDP's factor)", cfg.grad_predivide_factor);
+    SX_CHECK_ARG(cfg.trace_capacity <= trace::kMaxCapacity, "trace_events %zu is above the most a trace keeps, %zu",
+                 cfg.trace_capacity, trace::kMaxCapacity);
 
     comm::Rendezvous rv;
     SX_TRY(comm::parse_rendezvous(cfg.rendezvous.c_str(), cfg.rank, cfg.world_size, &rv));
@@ -71,6 +73,13 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     g->config_.rank = rv.rank;
     g->config_.world_size = rv.world_size;
     g->config_.shard_size = cfg.shard_size ? cfg.shard_size : rv.world_size;  // checked by form_mesh
+    if (!cfg.trace_path.empty()) {
+        // From the start, so that the connections and the mesh's agreement are on it too.
+        g->config_.trace_capacity = cfg.trace_capacity ? cfg.trace_capacity : trace::kDefaultCapacity;
+        g->tracer_.reset(new trace::Tracer(trace::rank_path(cfg.trace_path, rv.rank), rv.rank, rv.world_size,
+                                           g->config_.trace_capacity));
+    }
+    SX_TRACE_SPAN(g->tracer(), "group", "sx_create_shard_group");
 
     // The device first: a group that cannot have it fails before it connects.
     std::unique_ptr<DeviceOps> device_ops;
@@ -95,8 +104,16 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     log(SX_LOG_INFO, "sx: rank %d of %d joined %s (stage %d, mesh %d x %d, %s)", g->rank_, g->world_size_,
         cfg.rendezvous.c_str(), cfg.stage, g->shard_size_, g->replicas_,
         cuda ? format("CUDA device %d, NCCL", cfg.device_ordinal).c_str() : format("%d threads", threads).c_str());
+    if (g->tracer_)
+        log(SX_LOG_INFO, "sx: rank %d traces its timeline into %s (written at sx_trace_flush and when the group is "
+            "destroyed; open it in https://ui.perfetto.dev)", g->rank_, g->tracer_->path().c_str());
     *out = std::move(g);
     return Status::Ok();
+}
+
+Status ShardGroup::flush_trace() {
+    if (!tracer_) return Status::Ok();
+    return tracer_->flush();
 }
 
 Status ShardGroup::form_mesh() {
@@ -181,6 +198,12 @@ ShardGroup::~ShardGroup() {
     replica_channel_.reset();
     gather_channel_.reset();
     unmark_spares();
+    // Every thread that records has ended: the file holds everything the ring kept. A
+    // trace that cannot be written fails nothing.
+    if (tracer_) {
+        Status s = tracer_->flush();
+        if (!s.ok()) log(SX_LOG_WARN, "sx: rank %d: %s", rank_, s.message().c_str());
+    }
 }
 
 Status ShardGroup::fail(Status s) {
@@ -285,6 +308,7 @@ Status ShardGroup::add_param(const char *name, int32_t ndim, const int64_t *shap
 
 Status ShardGroup::finalize() {
     SX_TRY(check_usable());
+    SX_TRACE_SPAN(tracer(), "group", "sx_finalize");
     SX_CHECK(!finalized_ || pending(), SX_ERR_INVALID_STATE,
              "the group is already finalized, and nothing was added since");
     SX_CHECK(!params_.empty(), SX_ERR_INVALID_STATE, "no params were added before sx_finalize");
@@ -442,6 +466,7 @@ Status ShardGroup::broadcast_params(int root) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
     SX_CHECK_ARG(root >= 0 && root < world_size_, "root rank %d is outside [0, %d)", root, world_size_);
+    SX_TRACE_SPAN(tracer(), "group", "sx_broadcast_params");
     SX_TRY(settle());
     fence_.wait_readers();
     {
@@ -649,6 +674,7 @@ Status ShardGroup::broadcast_gathered(int root) {
 }
 
 Status ShardGroup::gather_params() {
+    SX_TRACE_SPAN(tracer(), "ckpt", "load.gather_params");
     SX_TRY(masters_to_params());
     if (config_.stage == 3) {  // the gathered units, again
         SX_TRY(gather_after_update(false));
@@ -658,6 +684,7 @@ Status ShardGroup::gather_params() {
     for (size_t u = 0; u < units_.size(); ++u) {
         const uint64_t bytes = layout_.units()[u].shard_numel * dtype_size(units_[u].dtype);
         SX_TRY(check_usable());
+        SX_TRACE_SPAN(tracer(), "step", "all_gather", layout_.units()[u].unit_id, units_[u].params.size());
         Status s = shard_comm_->all_gather(units_[u].params.data(), bytes);
         if (!s.ok()) return fail(s);
     }

@@ -16,6 +16,7 @@
 
 #include "base/memory.h"
 #include "base/status.h"
+#include "base/trace.h"
 #include "comm/communicator.h"
 #include "comm/store.h"
 #include "core/channel.h"
@@ -50,6 +51,10 @@ struct GroupConfig {
     // 16-bit reductions divide the gradients by this before their sum and multiply the
     // sum back by it in fp32 after; 0 = FSDP's factor for the ranks summed in 16 bits.
     double grad_predivide_factor = 0.0;
+    // The step timeline (docs/tracing.md): a file name template ("%r": the rank; empty: no
+    // trace) and the most events kept (0: trace::kDefaultCapacity).
+    std::string trace_path;
+    size_t trace_capacity = 0;
 };
 
 // FSDP's gradient pre-divide factor for a 16-bit sum over n ranks: f doubled from 1
@@ -234,6 +239,13 @@ class ShardGroup {
     const LossScalerState &loss_scaler() const { return scaler_; }
 
     MemoryStats memory_stats() const;
+
+    // --- the step timeline (docs/tracing.md) ---
+    // The group's tracer, or null when tracing is off (spans then cost a branch). Any thread.
+    trace::Tracer *tracer() const { return tracer_.get(); }
+    // Writes the trace file now (SX_ERR_IO naming it on failure); ok when tracing is off.
+    // Any thread. The destructor writes it too, logging a failure.
+    Status flush_trace();
 
     // --- whole params' optimizer state (full_state.cc) ---
     // Collective: root's fn gets every param's whole state, in index order (fn's first
@@ -492,6 +504,8 @@ class ShardGroup {
     Status masters_to_params();
 
     GroupConfig config_;
+    // First in, last out: every thread of the group (channels, pools) has ended before it goes.
+    std::unique_ptr<trace::Tracer> tracer_;
     int rank_ = 0, world_size_ = 1;
     std::shared_ptr<comm::Store> store_;
     std::unique_ptr<comm::Communicator> comm_;  // every rank of the group

@@ -119,7 +119,10 @@ void ShardGroup::submit_reductions(bool all) {
             // unit's part of the step's norm, while the backward goes on.
             auto finish = [this, u, shard, grad_scale, accumulate]() -> Status {
                 Status f = accumulate ? Status::Ok() : reduce_replicas(static_cast<size_t>(u), shard);
-                if (f.ok() && !accumulate) f = unit_sumsq(static_cast<size_t>(u), grad_scale, &unit_sumsq_[u]);
+                if (f.ok() && !accumulate) {
+                    SX_TRACE_SPAN(tracer(), "step", "grad_norm", layout_.units()[u].unit_id);
+                    f = unit_sumsq(static_cast<size_t>(u), grad_scale, &unit_sumsq_[u]);
+                }
                 if (!f.ok()) return fail(f);
                 ++reductions_run_;
                 return Status::Ok();
@@ -156,9 +159,14 @@ Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double
     submit_reductions(true);
     Round round = std::move(round_);
     round_ = Round();
-    Status s = reduce_channel().drain();
-    // Every replica all-reduce was queued by a reduction, all of which have ended.
-    if (s.ok() && replica_channel_) s = replica_channel_->drain();
+    Status s;
+    {
+        // What the backward did not hide: the reductions still running when it ended.
+        SX_TRACE_SPAN(tracer(), "step", "wait_reductions");
+        s = reduce_channel().drain();
+        // Every replica all-reduce was queued by a reduction, all of which have ended.
+        if (s.ok() && replica_channel_) s = replica_channel_->drain();
+    }
     if (!s.ok()) {
         // The ranks disagreed before anything was reduced: the channel ran nothing
         // after its agreement, on every rank. Anything else failed the group.
@@ -190,6 +198,7 @@ Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double
             if (!seen[u]) mine[3 + k++] = static_cast<uint64_t>(u);
     }
     if (world_size_ > 1) {
+        SX_TRACE_SPAN(tracer(), "step", "agreement");
         s = comm_->all_gather(all.data(), words * sizeof(uint64_t));
         if (!s.ok()) return fail(s);
     }
@@ -279,7 +288,9 @@ Status ShardGroup::submit_gather(size_t u) {
     const void *own = unit.own.data();
     const bool unmark = kMarkReleased && config_.stage == 3 && ops_->device() == SX_DEVICE_CPU;
     const size_t bytes = unit.params.size();
-    unit.gather_ticket = gather_channel_->submit([this, full, own, S, es, unmark, bytes]() -> Status {
+    const int32_t id = layout_.units()[u].unit_id;
+    unit.gather_ticket = gather_channel_->submit([this, full, own, S, es, unmark, bytes, id]() -> Status {
+        SX_TRACE_SPAN(tracer(), "step", "all_gather", id, bytes);
         if (unmark) unmark_released(full, bytes);  // a spare's, marked when its unit was released
         char *mine = full + static_cast<uint64_t>(shard_rank_) * S * es;
         Status s = config_.stage == 3 ? ops_->copy(mine, own, S * es) : Status::Ok();
@@ -292,6 +303,7 @@ Status ShardGroup::submit_gather(size_t u) {
 Status ShardGroup::wait_gather(size_t u) {
     Unit &unit = units_[u];
     if (!unit.gather_ticket) return Status::Ok();
+    SX_TRACE_SPAN(tracer(), "step", "wait_gather", layout_.units()[u].unit_id);
     Status s = gather_channel_->wait(unit.gather_ticket);
     if (!s.ok()) return fail(s);
     unit.gather_ticket = 0;
@@ -417,6 +429,7 @@ Status ShardGroup::unit_gather(int32_t unit) {
     const int32_t n = static_cast<int32_t>(units_.size());
     SX_CHECK_ARG(unit >= 0 && unit < n, "unit index %d is out of range (%d units)", unit, n);
     Unit &u = units_[unit];
+    SX_TRACE_SPAN(tracer(), "step", "sx_unit_gather", layout_.units()[unit].unit_id);
     if (config_.stage != 3) return wait_gather(static_cast<size_t>(unit));
     if (!u.resident) SX_TRY(submit_gather(static_cast<size_t>(unit)));
     ++u.pins;

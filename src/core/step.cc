@@ -18,6 +18,12 @@ double clip_coefficient(double norm, double max_norm) {
     return coef < 1.0 ? coef : 1.0;
 }
 
+uint64_t segment_elements(const std::vector<optim::Segment> &segs) {
+    uint64_t n = 0;
+    for (const optim::Segment &seg : segs) n += seg.n;
+    return n;
+}
+
 }  // namespace
 
 std::vector<uint8_t> ShardGroup::candidate_mask() const {
@@ -30,6 +36,8 @@ std::vector<uint8_t> ShardGroup::candidate_mask() const {
 
 Status ShardGroup::reduce_unit(size_t u, bool into_accum, float **shard_grad) {
     Unit &unit = units_[u];
+    // The bytes of gradients the unit puts into the sum (its whole flat buffer).
+    SX_TRACE_SPAN(tracer(), "step", "reduce_scatter", layout_.units()[u].unit_id, unit.grads.size());
     const uint64_t S = layout_.units()[u].shard_numel;
     comm::Communicator &c = *shard_comm_;  // the shard group sums; the replicas after it
     if (unit.grad_dtype == SX_DTYPE_F32) {
@@ -76,6 +84,8 @@ Status ShardGroup::reduce_unit(size_t u, bool into_accum, float **shard_grad) {
 
 Status ShardGroup::reduce_replicas(size_t u, float *shard) {
     if (replicas_ == 1) return Status::Ok();
+    SX_TRACE_SPAN(tracer(), "step", "replica_all_reduce", layout_.units()[u].unit_id,
+                  layout_.units()[u].shard_numel * sizeof(float));
     Status s = replica_comm_->all_reduce_sum_f32(shard, layout_.units()[u].shard_numel);
     return s.ok() ? s : fail(s);
 }
@@ -106,6 +116,7 @@ Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weigh
 Status ShardGroup::accumulate_grads() {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
+    SX_TRACE_SPAN(tracer(), "step", "sx_accumulate_grads");
     const bool overlapped = round_.open;  // the reductions zeroed their units' gradients
     if (overlapped) {
         SX_CHECK(round_.accumulate, SX_ERR_INVALID_STATE,
@@ -153,6 +164,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
                  options.max_grad_norm);
     SX_CHECK_ARG(!options.weighted || (std::isfinite(options.weight) && options.weight >= 0),
                  "weight = %g; it must be finite and >= 0 (0: this rank had no data)", options.weight);
+    SX_TRACE_SPAN(tracer(), "step", "sx_step");
     // The trainer's backward wrote the gradients on its stream. Waited for before anything
     // collective, so that a bad stream is this call's error alone and the group stays usable.
     SX_TRY(ops_->wait_for(options.stream));
@@ -180,7 +192,10 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     }
     // The gathers still in flight (deferred, or prefetched) end before the update
     // writes the shards they read.
-    SX_TRY(settle());
+    {
+        SX_TRACE_SPAN(tracer(), "step", "wait_gathers");
+        SX_TRY(settle());
+    }
     // Uneven inputs: no rank had data, so there is nothing to average; the step is
     // skipped as a dynamic loss scaling skip is (nothing changes, the gradients go).
     if (options.weighted && !(weight_sum > 0)) {
@@ -221,25 +236,40 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     //    masters, which the same pass rounds into the params. With defer_gather, the
     //    unit the next forward reads first is updated first, and its gather starts while
     //    the others are updated.
-    fence_.wait_readers();
+    {
+        SX_TRACE_SPAN(tracer(), "step", "wait_checkpoint_staging");
+        fence_.wait_readers();
+    }
     const float grad_scale = static_cast<float>(coef / divisor);
     double update_sumsq = 0.0;
-    Status s = ensure_masters();
+    Status s;
     const int32_t head = options.defer_gather ? first_deferred_gather() : -1;
-    if (s.ok() && head >= 0) {
-        std::vector<optim::Segment> first;
-        append_unit_segments(static_cast<size_t>(head), reduced_[head], &first);
-        s = ops_->fused_update(first.data(), first.size(), grad_scale, norm_first ? nullptr : &update_sumsq);
-        if (s.ok()) s = open_gather_channel();
-        if (s.ok()) s = submit_gather(static_cast<size_t>(head));
+    {
+        // Its bytes: the fp32 elements of this rank's shard that the pass updated, x 4.
+        trace::Span span(tracer(), "step", "update");
+        uint64_t updated = 0;
+        s = ensure_masters();
+        if (s.ok() && head >= 0) {
+            std::vector<optim::Segment> first;
+            append_unit_segments(static_cast<size_t>(head), reduced_[head], &first);
+            s = ops_->fused_update(first.data(), first.size(), grad_scale, norm_first ? nullptr : &update_sumsq);
+            if (span.on()) updated += segment_elements(first);
+            if (s.ok()) s = open_gather_channel();
+            if (s.ok()) s = submit_gather(static_cast<size_t>(head));
+        }
+        if (s.ok()) {
+            const std::vector<optim::Segment> segs = segments(reduced_, head);
+            double rest = 0.0;
+            s = ops_->fused_update(segs.data(), segs.size(), grad_scale, norm_first ? nullptr : &rest);
+            update_sumsq += rest;
+            if (span.on()) updated += segment_elements(segs);
+        }
+        span.set_bytes(updated * sizeof(float));
     }
-    if (s.ok()) {
-        const std::vector<optim::Segment> segs = segments(reduced_, head);
-        double rest = 0.0;
-        s = ops_->fused_update(segs.data(), segs.size(), grad_scale, norm_first ? nullptr : &rest);
-        update_sumsq += rest;
+    if (s.ok() && !norm_first) {
+        SX_TRACE_SPAN(tracer(), "step", "grad_norm");
+        s = sum_over_ranks(update_sumsq, &sumsq);
     }
-    if (s.ok() && !norm_first) s = sum_over_ranks(update_sumsq, &sumsq);
     if (!s.ok()) return fail(s);
     if (!norm_first) norm = std::sqrt(sumsq);
     warn_if_no_gradient(norm);
@@ -299,6 +329,7 @@ float ShardGroup::norm_scale() const {
 }
 
 Status ShardGroup::global_norm(double *sumsq) {
+    SX_TRACE_SPAN(tracer(), "step", "grad_norm");
     // Unit by unit, added in unit order, then over the ranks in rank order: the same sum,
     // bit for bit, as the reduction channel's per-unit sums give an overlapped step.
     double local = 0.0;
@@ -334,6 +365,7 @@ Status ShardGroup::gather_trainable_units() {
     if (shard_size_ == 1) return Status::Ok();
     for (size_t u = 0; u < units_.size(); ++u) {
         if (!units_[u].trainable) continue;
+        SX_TRACE_SPAN(tracer(), "step", "all_gather", layout_.units()[u].unit_id, units_[u].params.size());
         const uint64_t S = layout_.units()[u].shard_numel;
         Status s = shard_comm_->all_gather(units_[u].params.data(), S * dtype_size(units_[u].dtype));
         if (!s.ok()) return fail(s);

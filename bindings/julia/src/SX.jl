@@ -17,11 +17,11 @@ export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, par
        grad_view, step!, save, load!, read_user_blob, set_trainable!, is_trainable,
        trainable_mask, param_info, unit_info, memory_stats, with_group, wait_staged,
        set_loss_scaling!, loss_scale, unit_grads_ready!, gather_unit!, release_unit!, with_unit,
-       ParamState, gather_optim_state, scatter_optim_state!, state_view
+       ParamState, gather_optim_state, scatter_optim_state!, state_view, flush_trace
 
 # The ABI version this binding was written against: the runtime's major must match and
 # its minor must not be older.
-const BINDING_VERSION = (1, 4)
+const BINDING_VERSION = (1, 5)
 
 # The library name every @ccall uses; __init__ makes it resolve to $SX_LIBRARY.
 const libsx = "libsx"
@@ -76,6 +76,9 @@ mutable struct GroupConfig  # sx_group_config_t
     prefetch_depth::Int32
     shard_size::Int32
     grad_predivide_factor::Float64
+    trace_path::Ptr{UInt8}
+    trace_events::Int32
+    reserved2::Int32
 end
 
 mutable struct ParamGroupDesc  # sx_param_group_desc_t
@@ -346,6 +349,11 @@ none).
 HSDP: `shard_size` ranks (a divisor of `world_size`; 0: all of them) shard the model, and
 the `world_size ÷ shard_size` groups of them replicate it; `grad_predivide_factor`
 divides 16-bit gradients before their sum (0: FSDP's factor).
+
+The step timeline (docs/tracing.md): `trace_path` names the Chrome trace-event JSON file
+this rank writes ("%r" becomes the rank; without one, ".rank<N>" goes before ".json");
+`nothing`: the SX_TRACE environment variable's, if set. `trace_events` is the most events
+kept (0: 65536). The file is written by `flush_trace` and by `close`.
 """
 mutable struct ShardGroup
     handle::Ptr{Cvoid}
@@ -358,15 +366,19 @@ mutable struct ShardGroup
                         bind_address::Union{Nothing,AbstractString}=nothing,
                         device_ordinal::Integer=0, grad_dtype::Integer=0, reduce_dtype::Integer=0,
                         prefetch_depth::Integer=0, shard_size::Integer=0,
-                        grad_predivide_factor::Real=0.0)
+                        grad_predivide_factor::Real=0.0,
+                        trace_path::Union{Nothing,AbstractString}=nothing, trace_events::Integer=0)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
         rdv = String(rendezvous)
         bind = bind_address === nothing ? nothing : String(bind_address)
+        trace = trace_path === nothing ? nothing : String(trace_path)
         out = Ref{Ptr{Cvoid}}(C_NULL)
-        GC.@preserve rdv bind cfg out begin
+        GC.@preserve rdv bind trace cfg out begin
             cfg.rendezvous = pointer(rdv)
             cfg.bind_address = bind === nothing ? C_NULL : pointer(bind)
+            cfg.trace_path = trace === nothing ? C_NULL : pointer(trace)
+            cfg.trace_events = trace_events
             cfg.rank, cfg.world_size, cfg.stage, cfg.backend = rank, world_size, stage, backend
             cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
             cfg.flags = trainable_autodetect ? 0 : SX_GROUP_NO_TRAINABLE_AUTODETECT
@@ -437,6 +449,14 @@ function with_group(f, args...; kw...)
 end
 
 abort!(g::ShardGroup) = check(@ccall libsx.sx_abort(_handle(g)::Ptr{Cvoid})::Int32)
+
+"""
+    flush_trace(g)
+
+Writes this rank's trace file now (replaced atomically) with every event the ring holds;
+nothing without a trace. An `SXError` (SX_ERR_IO) naming the file if it cannot be written.
+"""
+flush_trace(g::ShardGroup) = check(@ccall libsx.sx_trace_flush(_handle(g)::Ptr{Cvoid})::Int32)
 
 const _OPTIMIZERS = Dict(:sgd => SX_OPTIM_SGD, :adam => SX_OPTIM_ADAM, :adamw => SX_OPTIM_ADAMW)
 

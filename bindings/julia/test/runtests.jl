@@ -263,6 +263,43 @@ end
     end
 end
 
+@testset "each rank writes its trace" begin
+    if enough_threads(2)
+        dir = mktempdir()
+        template = joinpath(dir, "t-%r.json")
+        rdv = "local://jl-trace-$(getpid())"
+        tasks = [Threads.@spawn with_group(rdv, rank, 2; backend=SX.SX_BACKEND_CPU, num_threads=1,
+                                           timeout_ms=60000, trace_path=template, trace_events=1000) do g
+                     add_param_group!(g, :sgd; lr=0.1)
+                     add_param!(g, "w", (3, 5); unit=4)
+                     finalize!(g)
+                     step!(g)
+                     flush_trace(g)
+                     flushed = isfile(joinpath(dir, "t-$rank.json"))
+                     step!(g)
+                     flushed
+                 end for rank in 0:1]
+        @test all(fetch.(tasks))
+        for rank in 0:1
+            text = read(joinpath(dir, "t-$rank.json"), String)
+            @test occursin("\"rank\":$rank,", text)
+            @test occursin("\"capacity\":1000,", text)
+            @test count("\"name\":\"sx_step\"", text) == 2
+            # Each reduce-scatter and all-gather by unit id, with the buffer's bytes (15
+            # floats padded to 2 x 16).
+            @test count("\"unit\":4,\"bytes\":128}", text) == 4
+        end
+        g = ShardGroup("local://jl-trace-bad-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU,
+                       trace_path="/nonexistent-sx-dir/t.json")
+        err = caught(() -> flush_trace(g))
+        @test err isa SXError && occursin("/nonexistent-sx-dir/t.rank0.json", err.message)
+        close(g)
+        err = caught(() -> ShardGroup("local://jl-trace-neg-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU,
+                                      trace_events=-1))
+        @test err isa SXError && occursin("trace_events", err.message)
+    end
+end
+
 @testset "whole optimizer state: gathered from 3 ranks, scattered into 2" begin
     if enough_threads(3)
         saved = run_ranks("whole-save3", 3) do rank, g

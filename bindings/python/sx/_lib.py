@@ -13,13 +13,13 @@ import os
 
 # The ABI version this binding was written against. The runtime's major must match
 # and its minor must not be older (docs/conventions.md, "The C ABI", rule 11).
-BINDING_VERSION = (1, 4)
+BINDING_VERSION = (1, 5)
 
 # ----------------------------------------------------------------------------------
 # Constants (sx.h #defines); tests/test_layout.py checks each against sx_layout.json.
 # ----------------------------------------------------------------------------------
 SX_VERSION_MAJOR = 1
-SX_VERSION_MINOR = 4
+SX_VERSION_MINOR = 5
 SX_VERSION_PATCH = 0
 SX_VERSION_NUMBER = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH
 
@@ -103,7 +103,9 @@ class sx_group_config_t(ctypes.Structure):
                 ("bind_address", ctypes.c_char_p), ("device_ordinal", ctypes.c_int32),
                 ("reserved0", ctypes.c_int32), ("grad_dtype", ctypes.c_int32),
                 ("reduce_dtype", ctypes.c_int32), ("prefetch_depth", ctypes.c_int32),
-                ("shard_size", ctypes.c_int32), ("grad_predivide_factor", ctypes.c_double)]
+                ("shard_size", ctypes.c_int32), ("grad_predivide_factor", ctypes.c_double),
+                ("trace_path", ctypes.c_char_p), ("trace_events", ctypes.c_int32),
+                ("reserved2", ctypes.c_int32)]
 
 
 class sx_param_group_desc_t(ctypes.Structure):
@@ -240,6 +242,7 @@ PROTOTYPES = {
     "sx_create_shard_group": (c_status, [_P(sx_group_config_t), _P(sx_shard_group_p)]),
     "sx_destroy_shard_group": (c_status, [sx_shard_group_p]),
     "sx_abort": (c_status, [sx_shard_group_p]),
+    "sx_trace_flush": (c_status, [sx_shard_group_p]),
     "sx_param_group_desc_init": (c_status, [_P(sx_param_group_desc_t), _c.c_size_t, _c.c_int32]),
     "sx_add_param_group": (c_status, [sx_shard_group_p, _P(sx_param_group_desc_t), _P(_c.c_int32)]),
     "sx_set_hyperparameter": (c_status, [sx_shard_group_p, _c.c_int32, _c.c_int32, _c.c_double]),

@@ -2,6 +2,7 @@
 import contextlib
 import ctypes
 import dataclasses
+import os
 
 from . import _lib, _views
 from .errors import InvalidArgumentError, UnsupportedError, check
@@ -144,12 +145,19 @@ class ShardGroup(Handle):
     model, and the ``world_size // shard_size`` groups of them replicate it;
     ``grad_predivide_factor`` divides 16-bit gradients before their sum (0: FSDP's
     factor for the shard group).
+
+    The step timeline (docs/tracing.md): ``trace_path`` names the Chrome trace-event
+    JSON file this rank writes ("%r" becomes the rank; without one, ".rank<N>" goes
+    before ".json"); None: the SX_TRACE environment variable's, if set. ``trace_events``
+    is the most events kept (0: 65536). The file is written by :meth:`flush_trace` and
+    by close.
     """
 
     def __init__(self, rendezvous, rank=0, world_size=1, *, stage=0, backend="auto",
                  num_threads=0, alignment=0, timeout_ms=0, trainable_autodetect=True,
                  bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None,
-                 prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0):
+                 prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0, trace_path=None,
+                 trace_events=0):
         cfg = _lib.init_struct(_lib.sx_group_config_t)
         cfg.rendezvous = _encode("rendezvous", rendezvous)
         cfg.rank, cfg.world_size, cfg.stage = rank, world_size, stage
@@ -165,6 +173,9 @@ class ShardGroup(Handle):
             cfg.reduce_dtype = _choice("reduce_dtype", reduce_dtype, _DTYPES)
         cfg.prefetch_depth = -1 if prefetch_depth is None else prefetch_depth
         cfg.shard_size, cfg.grad_predivide_factor = shard_size, grad_predivide_factor
+        if trace_path is not None:
+            cfg.trace_path = _encode("trace_path", os.fspath(trace_path))
+        cfg.trace_events = trace_events
         handle = _lib.sx_shard_group_p()
         check(lib.sx_create_shard_group(ctypes.byref(cfg), ctypes.byref(handle)))
         self._own(handle, lib.sx_destroy_shard_group)
@@ -179,6 +190,12 @@ class ShardGroup(Handle):
         if self.closed:
             return "<sx.ShardGroup closed>"
         return f"<sx.ShardGroup rank {self.rank} of {self.world_size}>"
+
+    def flush_trace(self):
+        """Writes this rank's trace file now (replacing it atomically) with every event
+        the ring holds; nothing without a trace. SxIOError naming the file
+        if it cannot be written. Any thread."""
+        check(lib.sx_trace_flush(self.handle))
 
     def abort(self):
         """Makes the group fail: collectives in flight on other threads return

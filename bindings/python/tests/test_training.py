@@ -2,6 +2,7 @@
 checkpoints (with resharding), futures and their callbacks."""
 import ctypes
 import math
+import json
 import os
 import struct
 import tempfile
@@ -459,6 +460,57 @@ class MeshTest(unittest.TestCase):
         for e in errors:
             self.assertIsNotNone(e)
             self.assertIn("shard_size 3 does not divide the world size 4", e)
+
+
+class TraceTest(unittest.TestCase):
+    """The step timeline: each rank's file, written by flush_trace and by close, is JSON
+    with a span per unit's reduce-scatter, named by unit id, with its bytes."""
+
+    def test_ranks_write_their_traces(self):
+        with tempfile.TemporaryDirectory() as d:
+            template = os.path.join(d, "t-%r.json")
+
+            def rank_main(rank, name):
+                g = sx.ShardGroup(name, rank, 2, backend="cpu", num_threads=1, timeout_ms=60000,
+                                  trace_path=template, trace_events=1000)
+                with g:
+                    g.add_param_group("sgd", lr=0.1)
+                    g.add_param("w", [3, 5], unit=4)
+                    g.finalize()
+                    g.step()
+                    g.flush_trace()
+                    flushed = os.path.exists(os.path.join(d, "t-%d.json" % rank))
+                    g.step()
+                return flushed
+
+            self.assertEqual(run_ranks(2, rank_main), [True, True])
+            for rank in range(2):
+                with open(os.path.join(d, "t-%d.json" % rank)) as f:
+                    doc = json.load(f)
+                self.assertEqual(doc["otherData"]["capacity"], 1000)
+                spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+                self.assertEqual(sum(e["name"] == "sx_step" for e in spans), 2)
+                rs = [e for e in spans if e["name"] == "reduce_scatter"]
+                self.assertEqual(len(rs), 2)
+                self.assertTrue(all(e["pid"] == rank and e["args"]["unit"] == 4 for e in rs))
+                self.assertTrue(all(e["args"]["bytes"] == 32 * 4 for e in rs))  # 15 padded to 2 x 16
+
+    def test_no_trace_and_unwritable_trace(self):
+        with sx.ShardGroup(rendezvous(), 0, 1, backend="cpu") as g:
+            g.add_param_group("sgd")
+            g.add_param("w", [2])
+            g.finalize()
+            g.flush_trace()  # nothing to write: no error
+        with sx.ShardGroup(rendezvous(), 0, 1, backend="cpu",
+                           trace_path="/nonexistent-sx-dir/t.json") as g:
+            g.add_param_group("sgd")
+            g.add_param("w", [2])
+            g.finalize()
+            g.step()
+            with self.assertRaisesRegex(sx.SxIOError, "/nonexistent-sx-dir/t.rank0.json"):
+                g.flush_trace()
+        with self.assertRaisesRegex(sx.InvalidArgumentError, "trace_events"):
+            sx.ShardGroup(rendezvous(), 0, 1, backend="cpu", trace_events=-1)
 
 
 class LogTest(unittest.TestCase):

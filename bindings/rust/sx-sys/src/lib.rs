@@ -7,7 +7,7 @@
 use std::os::raw::{c_char, c_void};
 
 pub const SX_VERSION_MAJOR: u32 = 1;
-pub const SX_VERSION_MINOR: u32 = 4;
+pub const SX_VERSION_MINOR: u32 = 5;
 pub const SX_VERSION_PATCH: u32 = 0;
 pub const SX_VERSION_NUMBER: u32 = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH;
 
@@ -111,6 +111,9 @@ pub struct sx_group_config_t {
     pub prefetch_depth: i32,
     pub shard_size: i32,
     pub grad_predivide_factor: f64,
+    pub trace_path: *const c_char,
+    pub trace_events: i32,
+    pub reserved2: i32,
 }
 
 pub const SX_PREFETCH_NONE: i32 = -1;
@@ -299,6 +302,7 @@ extern "C" {
     pub fn sx_create_shard_group(config: *const sx_group_config_t, out: *mut *mut sx_shard_group_t) -> sx_status_t;
     pub fn sx_destroy_shard_group(group: *mut sx_shard_group_t) -> sx_status_t;
     pub fn sx_abort(group: *mut sx_shard_group_t) -> sx_status_t;
+    pub fn sx_trace_flush(group: *mut sx_shard_group_t) -> sx_status_t;
 
     pub fn sx_param_group_desc_init(desc: *mut sx_param_group_desc_t, size: usize, optimizer: i32) -> sx_status_t;
     pub fn sx_add_param_group(

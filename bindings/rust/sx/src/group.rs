@@ -182,9 +182,14 @@ impl ShardGroup {
             Some(a) => Some(c_string("bind_address", a)?),
             None => None,
         };
+        let trace = match &config.trace_path {
+            Some(p) => Some(c_string("trace_path", p)?),
+            None => None,
+        };
         let mut raw = config.raw;
         raw.rendezvous = rendezvous.as_ptr();
         raw.bind_address = bind.as_ref().map_or(ptr::null(), |b| b.as_ptr());
+        raw.trace_path = trace.as_ref().map_or(ptr::null(), |t| t.as_ptr());
         let mut g = ptr::null_mut();
         check(unsafe { sys::sx_create_shard_group(&raw, &mut g) })?;
         Ok(ShardGroup { raw: g })
@@ -199,6 +204,12 @@ impl ShardGroup {
     /// The raw handle, valid while this group lives.
     pub fn as_raw(&self) -> *mut sys::sx_shard_group_t {
         self.raw
+    }
+
+    /// Writes this rank's trace file now (replaced atomically) with every event the ring
+    /// holds; nothing without a trace. SX_ERR_IO naming the file if it cannot be written.
+    pub fn flush_trace(&self) -> Result<()> {
+        check(unsafe { sys::sx_trace_flush(self.raw) })
     }
 
     /// Makes the group fail: later calls return SX_ERR_GROUP_FAILED.

@@ -72,12 +72,18 @@ pub struct GroupConfig {
     pub(crate) raw: sys::sx_group_config_t,
     pub(crate) rendezvous: String,
     pub(crate) bind_address: Option<String>,
+    pub(crate) trace_path: Option<String>,
 }
 
 impl GroupConfig {
     /// `rendezvous`: "local://NAME", "tcp://HOST:PORT", "file:///DIR" or "env://".
     pub fn new(rendezvous: &str) -> GroupConfig {
-        GroupConfig { raw: init(sys::sx_group_config_init), rendezvous: rendezvous.to_string(), bind_address: None }
+        GroupConfig {
+            raw: init(sys::sx_group_config_init),
+            rendezvous: rendezvous.to_string(),
+            bind_address: None,
+            trace_path: None,
+        }
     }
     pub fn rank(mut self, rank: i32) -> Self {
         self.raw.rank = rank;
@@ -150,6 +156,19 @@ impl GroupConfig {
     /// back in fp32 after (0: FSDP's factor for the shard group).
     pub fn grad_predivide_factor(mut self, factor: f64) -> Self {
         self.raw.grad_predivide_factor = factor;
+        self
+    }
+    /// The step timeline (docs/tracing.md): the Chrome trace-event JSON file this rank
+    /// writes ("%r" becomes the rank; without one, ".rank<N>" goes before ".json").
+    /// Default: the SX_TRACE environment variable's, if set. Written by
+    /// [`ShardGroup::flush_trace`](crate::ShardGroup::flush_trace) and when the group is dropped.
+    pub fn trace_path(mut self, path: &str) -> Self {
+        self.trace_path = Some(path.to_string());
+        self
+    }
+    /// The most events the trace keeps (the oldest go first; 0: 65536).
+    pub fn trace_events(mut self, events: i32) -> Self {
+        self.raw.trace_events = events;
         self
     }
 }

@@ -161,7 +161,7 @@ fn structs_match_the_c_layout() {
     let mirrors = vec![
         mirror!(sys::sx_group_config_t, [struct_size, rendezvous, rank, world_size, stage, backend, num_threads,
             alignment, timeout_ms, flags, bind_address, device_ordinal, reserved0, grad_dtype, reduce_dtype,
-            prefetch_depth, shard_size, grad_predivide_factor]),
+            prefetch_depth, shard_size, grad_predivide_factor, trace_path, trace_events, reserved2]),
         mirror!(sys::sx_param_group_desc_t, [struct_size, optimizer, nesterov, maximize, amsgrad, lr, weight_decay,
             beta1, beta2, eps, momentum, dampening]),
         mirror!(sys::sx_param_desc_t, [struct_size, name, ndim, dtype, shape, param_group, unit, frozen, reserved0]),

@@ -296,6 +296,55 @@ fn a_mesh_trains_as_the_flat_group() {
 }
 
 #[test]
+fn ranks_write_their_traces() {
+    let dir = common::TempDir::new("trace");
+    let template = dir.join("t-%r.json");
+    let name = common::rendezvous("trace");
+    let handles: Vec<_> = (0..2)
+        .map(|rank| {
+            let (name, template) = (name.clone(), template.clone());
+            std::thread::spawn(move || -> sx::Result<bool> {
+                let mut g = ShardGroup::new(&common::config(&name, rank, 2).trace_path(&template).trace_events(1000))?;
+                g.add_param_group(&ParamGroup::new(Optimizer::Sgd).lr(0.1))?;
+                g.add_param(&Param::new("w", &[3, 5]).unit(4))?;
+                g.finalize()?;
+                g.step(None)?;
+                g.flush_trace()?;
+                let flushed = std::path::Path::new(&template.replace("%r", &rank.to_string())).exists();
+                g.step(None)?;
+                Ok(flushed)
+            })
+        })
+        .collect();
+    for h in handles {
+        assert!(h.join().unwrap().unwrap(), "flush_trace wrote no file");
+    }
+    for rank in 0..2 {
+        let text = std::fs::read_to_string(dir.join(&format!("t-{}.json", rank))).unwrap();
+        assert!(text.starts_with('{') && text.trim_end().ends_with('}'), "{}", text);
+        assert!(text.contains(&format!("\"rank\":{},", rank)), "{}", text);
+        assert!(text.contains("\"capacity\":1000,"), "{}", text);
+        assert_eq!(text.matches("\"name\":\"sx_step\"").count(), 2, "{}", text);
+        // Each step's reduce-scatter, named by the unit's id, with its buffer's bytes
+        // (15 floats padded to 2 x 16).
+        assert_eq!(text.matches("\"name\":\"reduce_scatter\"").count(), 2, "{}", text);
+        assert_eq!(text.matches("\"unit\":4,\"bytes\":128}").count(), 4, "{}", text);
+    }
+    let mut g = ShardGroup::new(&common::config(&common::rendezvous("trace-bad"), 0, 1).trace_path("/nonexistent-sx-dir/t.json"))
+        .unwrap();
+    g.add_param_group(&ParamGroup::new(Optimizer::Sgd)).unwrap();
+    g.add_param(&Param::new("w", &[2])).unwrap();
+    g.finalize().unwrap();
+    let e = g.flush_trace().unwrap_err();
+    assert_eq!(e.status(), sx::status::SX_ERR_IO);
+    assert!(e.message().contains("/nonexistent-sx-dir/t.rank0.json"), "{}", e);
+    match ShardGroup::new(&common::config(&common::rendezvous("trace-neg"), 0, 1).trace_events(-1)) {
+        Ok(_) => panic!("trace_events -1 was accepted"),
+        Err(e) => assert!(e.to_string().contains("trace_events"), "{}", e),
+    }
+}
+
+#[test]
 fn stage3_views_need_a_gather_and_signals_are_checked() {
     let mut g = ShardGroup::new(&common::config(&common::rendezvous("pipe-misuse"), 0, 1).stage(3)).unwrap();
     g.add_param_group(&ParamGroup::new(Optimizer::Sgd).lr(0.1)).unwrap();
