@@ -142,6 +142,12 @@ void test_golden_v1_2_mesh_loads_bit_for_bit(void **) {
     expect_golden(std::string(SX_GOLDEN_DIR) + "/v1.2/adamw-sgd-w4-mesh2x2", {{1, 0}, {3, 0}, {4, 2}, {6, 2}});
 }
 
+// Format 2.0, saved by sx 1.5.0 on 6 ranks as a 3 x 2 mesh at stage 3 (the first replica
+// group wrote 3 files, each ending with its chunk index).
+void test_golden_v2_0_mesh_stage3_loads_bit_for_bit(void **) {
+    expect_golden(std::string(SX_GOLDEN_DIR) + "/v2.0/adamw-sgd-w6-mesh3x2-stage3", {{1, 0}, {2, 0}, {4, 2}, {6, 3}});
+}
+
 }  // namespace
 
 int main(void) {
@@ -149,6 +155,7 @@ int main(void) {
         cmocka_unit_test(test_golden_v1_0_loads_bit_for_bit),
         cmocka_unit_test(test_golden_v1_1_stage3_loads_bit_for_bit),
         cmocka_unit_test(test_golden_v1_2_mesh_loads_bit_for_bit),
+        cmocka_unit_test(test_golden_v2_0_mesh_stage3_loads_bit_for_bit),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
