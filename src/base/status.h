@@ -3,6 +3,7 @@
 #pragma once
 
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 #include <utility>
@@ -11,34 +12,37 @@
 
 namespace sx {
 
+// Copying, moving and destroying a Status never allocate nor throw (its message is
+// shared), and neither does making one or prefixing it: where no memory is left for the
+// words, they become "out of memory while describing the error" and the code stays. So a
+// Status may be kept, copied or handed on anywhere, in destructors and on threads
+// outside catching() too.
 class Status {
   public:
-    Status() = default;
-    Status(sx_status_t code, std::string message, const char *file, int line)
-        : code_(code), message_(std::move(message)), file_(file), line_(line) {}
+    Status() noexcept = default;
+    Status(sx_status_t code, std::string message, const char *file, int line) noexcept;
 
-    static Status Ok() { return Status(); }
-    bool ok() const { return code_ == SX_OK; }
-    sx_status_t code() const { return code_; }
-    const std::string &message() const { return message_; }
-    const char *file() const { return file_; }
-    int line() const { return line_; }
+    static Status Ok() noexcept { return Status(); }
+    bool ok() const noexcept { return code_ == SX_OK; }
+    sx_status_t code() const noexcept { return code_; }
+    const std::string &message() const noexcept { return message_ ? *message_ : no_message(); }
+    const char *file() const noexcept { return file_; }
+    int line() const noexcept { return line_; }
 
     // Prepends context ("loading unit 3: ") to the message, keeping code and place.
-    Status &prefix(const std::string &context) {
-        message_ = context + message_;
-        return *this;
-    }
+    Status &prefix(const std::string &context) noexcept;
 
   private:
+    static const std::string &no_message() noexcept;
     sx_status_t code_ = SX_OK;
-    std::string message_;
+    std::shared_ptr<const std::string> message_;
     const char *file_ = "";
     int line_ = 0;
 };
 
 // printf-style formatting into a std::string.
-std::string format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// printf into a std::string; an empty one where no memory is left (it never throws).
+std::string format(const char *fmt, ...) noexcept __attribute__((format(printf, 1, 2)));
 
 Status status_of_exception(const std::exception *e, bool out_of_memory);
 

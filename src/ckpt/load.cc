@@ -431,6 +431,13 @@ class Checkpointer::Load {
             });
             if (values_agreed.ok()) {
                 gathered = catching([&] { return g_.gather_params(); });
+                // The params are neither old nor new: the group fails now, which also
+                // fails the peers' gathers with this rank at once, and this rank stops
+                // reading.
+                if (!gathered.ok()) {
+                    g_.fail(gathered);
+                    abandon = true;
+                }
             } else {
                 abandon = true;
             }

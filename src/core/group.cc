@@ -207,8 +207,19 @@ ShardGroup::~ShardGroup() {
 }
 
 Status ShardGroup::fail(Status s) {
-    std::lock_guard<std::mutex> lock(failure_mu_);
-    if (!failed_.exchange(true)) failure_ = s.message();
+    bool first = false;
+    {
+        std::lock_guard<std::mutex> lock(failure_mu_);
+        if (!failed_.exchange(true)) {
+            failure_ = s;  // a Status copy never allocates
+            first = true;
+        }
+    }
+    // A failed group can only be destroyed, so its peers would wait for this rank in their
+    // next collective until their timeout: closing its connections fails those at once.
+    // Not under abort_mu_: a channel's thread may fail the group while the destructor,
+    // holding it, joins that thread (the communicators outlive the channels).
+    if (first) abort_communicators();
     return s;
 }
 
@@ -233,7 +244,7 @@ Status ShardGroup::check_usable() const {
         std::lock_guard<std::mutex> lock(failure_mu_);
         return SX_ERROR(SX_ERR_GROUP_FAILED,
                         "the group failed earlier and can only be destroyed; the first error was: %s",
-                        failure_.c_str());
+                        failure_.message().c_str());
     }
     return Status::Ok();
 }

@@ -298,7 +298,9 @@ class ShardGroup {
     Status gather_params();
     comm::Store &store() { return *store_; }
     // Marks the group failed with s (a failed collective or device, a load that cannot
-    // be undone): every later call fails with its words. Returns s.
+    // be undone): every later call fails with its words, and the communicators are
+    // aborted, so that the peers' collectives with this rank fail at once rather than at
+    // their timeout. Returns s. Never throws; any thread.
     Status fail(Status s);
     // Runs a collective through the group's communicator; a failure fails the group.
     Status collective(const std::function<Status(comm::Communicator &)> &fn);
@@ -568,7 +570,7 @@ class ShardGroup {
     // destroy the group at once, while abort() still runs in the communicator.
     std::mutex abort_mu_;
     mutable std::mutex failure_mu_;  // fail() may run on a channel's thread
-    std::string failure_;
+    Status failure_;                 // the first failure
 };
 
 }  // namespace core

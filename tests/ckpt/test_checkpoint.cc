@@ -377,6 +377,35 @@ void test_a_partial_load_keeps_the_step_counts_consistent(void **) {
     remove_tree(dir);
 }
 
+// A rank whose group fails (as a load whose params' gather failed there fails it) closes
+// its connections, so that a peer's collective with it fails at once rather than at the
+// peer's timeout (30 s here): rank 1 fails its group and stays (its process lives on),
+// rank 0 steps.
+void test_a_failed_rank_fails_its_peers_at_once(void **) {
+    double seconds = 0;
+    std::atomic<bool> stepped{false};
+    const std::string err = run_ranks(2, [&](int r) -> std::string {
+        Rank rk;
+        std::string e = setup("local://ck-fails-peers", r, 2, false, &rk);
+        if (!e.empty()) return e;
+        init_params(rk);
+        if (r == 1) {
+            (rk.g->fail)(SX_ERROR(SX_ERR_INTERNAL, "injected: the params' gather failed here"));
+            for (int i = 0; i < 400 && !stepped; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        } else {
+            const auto t0 = std::chrono::steady_clock::now();
+            e = train(rk, 1, 1);
+            seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            e = e.empty() ? "rank 0 stepped with a failed peer" : "";
+            stepped = true;
+        }
+        sx_destroy_shard_group(rk.h);
+        return e;
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    if (seconds > 10) fail_msg("rank 0's step failed after %.1f s, not at once", seconds);
+}
+
 void test_corrupt_chunk_is_detected_and_changes_nothing(void **) {
     const std::string dir = make_tmpdir();
     Single a("ck-corrupt-a");
@@ -1113,6 +1142,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_params_only_and_mismatches_change_nothing),
         cmocka_unit_test(test_corrupt_chunk_is_detected_and_changes_nothing),
         cmocka_unit_test(test_a_load_opens_only_the_files_it_reads),
+        cmocka_unit_test(test_a_failed_rank_fails_its_peers_at_once),
         cmocka_unit_test(test_a_partial_load_keeps_the_step_counts_consistent),
         cmocka_unit_test(test_crash_at_every_call_of_a_retention),
         cmocka_unit_test(test_only_regular_files_are_read),
