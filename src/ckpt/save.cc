@@ -227,6 +227,9 @@ Status gather_chunks(comm::Store &store, const std::string &prefix, int world_si
             SX_CHECK(v.size() == head, SX_ERR_INTERNAL, "rank %d, not a writer, reported chunks", r);
             continue;
         }
+        // A writer's report (48 bytes a chunk) is read once, here: erased, so that the
+        // rendezvous store, which caps what it holds, does not keep every save's.
+        SX_TRY(store.erase(prefix + format("rank/%d", r)));
         m->files.push_back(shard_file_name(r, shard_size));
         const size_t n = (v.size() - head) / sizeof(ChunkRecord);
         for (size_t i = 0; i < n; ++i) {
