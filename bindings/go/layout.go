@@ -60,6 +60,8 @@ func cLayouts() []structLayout {
 			f("prefetch_depth", unsafe.Offsetof(gc.prefetch_depth), unsafe.Sizeof(gc.prefetch_depth)),
 			f("shard_size", unsafe.Offsetof(gc.shard_size), unsafe.Sizeof(gc.shard_size)),
 			f("grad_predivide_factor", unsafe.Offsetof(gc.grad_predivide_factor), unsafe.Sizeof(gc.grad_predivide_factor)),
+			f("rendezvous_token", unsafe.Offsetof(gc.rendezvous_token), unsafe.Sizeof(gc.rendezvous_token)),
+			f("rendezvous_bind", unsafe.Offsetof(gc.rendezvous_bind), unsafe.Sizeof(gc.rendezvous_bind)),
 		}},
 		{"sx_param_group_desc_t", unsafe.Sizeof(pg), unsafe.Alignof(pg), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pg.struct_size), unsafe.Sizeof(pg.struct_size)),

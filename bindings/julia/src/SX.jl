@@ -21,7 +21,7 @@ export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, par
 
 # The ABI version this binding was written against: the runtime's major must match and
 # its minor must not be older.
-const BINDING_VERSION = (1, 4)
+const BINDING_VERSION = (1, 5)
 
 # The library name every @ccall uses; __init__ makes it resolve to $SX_LIBRARY.
 const libsx = "libsx"
@@ -47,6 +47,7 @@ const SX_HP_LR, SX_HP_WEIGHT_DECAY, SX_HP_BETA1, SX_HP_BETA2, SX_HP_EPS, SX_HP_M
       SX_HP_DAMPENING, SX_HP_NESTEROV, SX_HP_MAXIMIZE, SX_HP_AMSGRAD = Int32.(1:10)
 const SX_GROUP_NO_TRAINABLE_AUTODETECT = UInt32(0x1)
 const SX_MAX_NDIM = 8
+const SX_MAX_WORLD_SIZE = Int32(65536)
 const SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA = UInt32.((0x1, 0x2, 0x4))
 const SX_LOSS_SCALING_NONE, SX_LOSS_SCALING_DYNAMIC, SX_LOSS_SCALING_STATIC = Int32.(0:2)
 const SX_PREFETCH_NONE = Int32(-1)
@@ -76,6 +77,8 @@ mutable struct GroupConfig  # sx_group_config_t
     prefetch_depth::Int32
     shard_size::Int32
     grad_predivide_factor::Float64
+    rendezvous_token::Ptr{UInt8}
+    rendezvous_bind::Ptr{UInt8}
 end
 
 mutable struct ParamGroupDesc  # sx_param_group_desc_t
@@ -346,6 +349,13 @@ none).
 HSDP: `shard_size` ranks (a divisor of `world_size`; 0: all of them) shard the model, and
 the `world_size ÷ shard_size` groups of them replicate it; `grad_predivide_factor`
 divides 16-bit gradients before their sum (0: FSDP's factor).
+
+Rendezvous security (tcp://, and env:// where rank 0 serves sx's store):
+`rendezvous_token` is the secret every rank proves it holds before the store serves it
+(`nothing`: the SX_RENDEZVOUS_TOKEN environment variable); a wrong or missing one throws
+an `SXError` with `SX_ERR_INVALID_ARGUMENT`. `rendezvous_bind` is where rank 0's server
+listens (`nothing`: SX_RENDEZVOUS_BIND, or the rendezvous host's address; "*": every
+interface).
 """
 mutable struct ShardGroup
     handle::Ptr{Cvoid}
@@ -358,15 +368,21 @@ mutable struct ShardGroup
                         bind_address::Union{Nothing,AbstractString}=nothing,
                         device_ordinal::Integer=0, grad_dtype::Integer=0, reduce_dtype::Integer=0,
                         prefetch_depth::Integer=0, shard_size::Integer=0,
-                        grad_predivide_factor::Real=0.0)
+                        grad_predivide_factor::Real=0.0,
+                        rendezvous_token::Union{Nothing,AbstractString}=nothing,
+                        rendezvous_bind::Union{Nothing,AbstractString}=nothing)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
         rdv = String(rendezvous)
         bind = bind_address === nothing ? nothing : String(bind_address)
+        token = rendezvous_token === nothing ? nothing : String(rendezvous_token)
+        rbind = rendezvous_bind === nothing ? nothing : String(rendezvous_bind)
         out = Ref{Ptr{Cvoid}}(C_NULL)
-        GC.@preserve rdv bind cfg out begin
+        GC.@preserve rdv bind token rbind cfg out begin
             cfg.rendezvous = pointer(rdv)
             cfg.bind_address = bind === nothing ? C_NULL : pointer(bind)
+            cfg.rendezvous_token = token === nothing ? C_NULL : pointer(token)
+            cfg.rendezvous_bind = rbind === nothing ? C_NULL : pointer(rbind)
             cfg.rank, cfg.world_size, cfg.stage, cfg.backend = rank, world_size, stage, backend
             cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
             cfg.flags = trainable_autodetect ? 0 : SX_GROUP_NO_TRAINABLE_AUTODETECT

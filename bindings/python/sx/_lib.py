@@ -13,13 +13,13 @@ import os
 
 # The ABI version this binding was written against. The runtime's major must match
 # and its minor must not be older (docs/conventions.md, "The C ABI", rule 11).
-BINDING_VERSION = (1, 4)
+BINDING_VERSION = (1, 5)
 
 # ----------------------------------------------------------------------------------
 # Constants (sx.h #defines); tests/test_layout.py checks each against sx_layout.json.
 # ----------------------------------------------------------------------------------
 SX_VERSION_MAJOR = 1
-SX_VERSION_MINOR = 4
+SX_VERSION_MINOR = 5
 SX_VERSION_PATCH = 0
 SX_VERSION_NUMBER = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH
 
@@ -78,6 +78,7 @@ SX_HP_AMSGRAD = 10
 SX_GROUP_NO_TRAINABLE_AUTODETECT = 0x1
 
 SX_MAX_NDIM = 8
+SX_MAX_WORLD_SIZE = 65536
 SX_MAX_NAME_BYTES = 1024
 
 SX_LOAD_PARAMS_ONLY = 0x1
@@ -103,7 +104,8 @@ class sx_group_config_t(ctypes.Structure):
                 ("bind_address", ctypes.c_char_p), ("device_ordinal", ctypes.c_int32),
                 ("reserved0", ctypes.c_int32), ("grad_dtype", ctypes.c_int32),
                 ("reduce_dtype", ctypes.c_int32), ("prefetch_depth", ctypes.c_int32),
-                ("shard_size", ctypes.c_int32), ("grad_predivide_factor", ctypes.c_double)]
+                ("shard_size", ctypes.c_int32), ("grad_predivide_factor", ctypes.c_double),
+                ("rendezvous_token", ctypes.c_char_p), ("rendezvous_bind", ctypes.c_char_p)]
 
 
 class sx_param_group_desc_t(ctypes.Structure):

@@ -144,12 +144,19 @@ class ShardGroup(Handle):
     model, and the ``world_size // shard_size`` groups of them replicate it;
     ``grad_predivide_factor`` divides 16-bit gradients before their sum (0: FSDP's
     factor for the shard group).
+
+    Rendezvous security (tcp://, and env:// where rank 0 serves): ``rendezvous_token``
+    is the secret every rank proves it holds before the store serves it (None: the
+    SX_RENDEZVOUS_TOKEN environment variable); a wrong or missing one raises
+    InvalidArgumentError. ``rendezvous_bind`` is where rank 0's server listens (None:
+    SX_RENDEZVOUS_BIND, or the rendezvous host's address; "*": every interface).
     """
 
     def __init__(self, rendezvous, rank=0, world_size=1, *, stage=0, backend="auto",
                  num_threads=0, alignment=0, timeout_ms=0, trainable_autodetect=True,
                  bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None,
-                 prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0):
+                 prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0,
+                 rendezvous_token=None, rendezvous_bind=None):
         cfg = _lib.init_struct(_lib.sx_group_config_t)
         cfg.rendezvous = _encode("rendezvous", rendezvous)
         cfg.rank, cfg.world_size, cfg.stage = rank, world_size, stage
@@ -165,6 +172,10 @@ class ShardGroup(Handle):
             cfg.reduce_dtype = _choice("reduce_dtype", reduce_dtype, _DTYPES)
         cfg.prefetch_depth = -1 if prefetch_depth is None else prefetch_depth
         cfg.shard_size, cfg.grad_predivide_factor = shard_size, grad_predivide_factor
+        if rendezvous_token is not None:
+            cfg.rendezvous_token = _encode("rendezvous_token", rendezvous_token)
+        if rendezvous_bind is not None:
+            cfg.rendezvous_bind = _encode("rendezvous_bind", rendezvous_bind)
         handle = _lib.sx_shard_group_p()
         check(lib.sx_create_shard_group(ctypes.byref(cfg), ctypes.byref(handle)))
         self._own(handle, lib.sx_destroy_shard_group)

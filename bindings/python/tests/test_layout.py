@@ -62,10 +62,10 @@ class LayoutTest(unittest.TestCase):
                 self.assertEqual(_lib.init_struct(cls, *extra).struct_size, ctypes.sizeof(cls))
 
     def test_version_check(self):
-        _lib.check_version(10400)   # 1.4.0
-        _lib.check_version(10505)   # a newer minor is fine
-        with self.assertRaisesRegex(sx.LibraryError, r"1\.3\.0 does not fit .* x >= 4"):
-            _lib.check_version(10300)  # an older minor lacks this binding's calls
+        _lib.check_version(10500)   # 1.5.0
+        _lib.check_version(10605)   # a newer minor is fine
+        with self.assertRaisesRegex(sx.LibraryError, r"1\.4\.0 does not fit .* x >= 5"):
+            _lib.check_version(10400)  # an older minor lacks this binding's calls
         with self.assertRaisesRegex(sx.LibraryError, "2.0.0"):
             _lib.check_version(20000)
         with self.assertRaisesRegex(sx.LibraryError, r"0\.9"):

@@ -7,7 +7,7 @@
 use std::os::raw::{c_char, c_void};
 
 pub const SX_VERSION_MAJOR: u32 = 1;
-pub const SX_VERSION_MINOR: u32 = 4;
+pub const SX_VERSION_MINOR: u32 = 5;
 pub const SX_VERSION_PATCH: u32 = 0;
 pub const SX_VERSION_NUMBER: u32 = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH;
 
@@ -66,6 +66,7 @@ pub const SX_HP_AMSGRAD: i32 = 10;
 pub const SX_GROUP_NO_TRAINABLE_AUTODETECT: u32 = 0x1;
 
 pub const SX_MAX_NDIM: usize = 8;
+pub const SX_MAX_WORLD_SIZE: i32 = 65536;
 pub const SX_MAX_NAME_BYTES: usize = 1024;
 
 pub const SX_LOAD_PARAMS_ONLY: u32 = 0x1;
@@ -111,6 +112,8 @@ pub struct sx_group_config_t {
     pub prefetch_depth: i32,
     pub shard_size: i32,
     pub grad_predivide_factor: f64,
+    pub rendezvous_token: *const c_char,
+    pub rendezvous_bind: *const c_char,
 }
 
 pub const SX_PREFETCH_NONE: i32 = -1;

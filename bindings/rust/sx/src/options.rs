@@ -72,12 +72,30 @@ pub struct GroupConfig {
     pub(crate) raw: sys::sx_group_config_t,
     pub(crate) rendezvous: String,
     pub(crate) bind_address: Option<String>,
+    pub(crate) rendezvous_token: Option<Secret>,
+    pub(crate) rendezvous_bind: Option<String>,
+}
+
+/// A rendezvous token: its Debug shows that there is one, never what it is.
+#[derive(Clone)]
+pub(crate) struct Secret(pub(crate) String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 impl GroupConfig {
     /// `rendezvous`: "local://NAME", "tcp://HOST:PORT", "file:///DIR" or "env://".
     pub fn new(rendezvous: &str) -> GroupConfig {
-        GroupConfig { raw: init(sys::sx_group_config_init), rendezvous: rendezvous.to_string(), bind_address: None }
+        GroupConfig {
+            raw: init(sys::sx_group_config_init),
+            rendezvous: rendezvous.to_string(),
+            bind_address: None,
+            rendezvous_token: None,
+            rendezvous_bind: None,
+        }
     }
     pub fn rank(mut self, rank: i32) -> Self {
         self.raw.rank = rank;
@@ -150,6 +168,19 @@ impl GroupConfig {
     /// back in fp32 after (0: FSDP's factor for the shard group).
     pub fn grad_predivide_factor(mut self, factor: f64) -> Self {
         self.raw.grad_predivide_factor = factor;
+        self
+    }
+    /// The secret every rank proves it holds to sx's TCP rendezvous server (tcp://, and
+    /// env:// where rank 0 serves); unset, SX_RENDEZVOUS_TOKEN. A wrong or missing one
+    /// fails `ShardGroup::new` with SX_ERR_INVALID_ARGUMENT.
+    pub fn rendezvous_token(mut self, token: &str) -> Self {
+        self.rendezvous_token = Some(Secret(token.to_string()));
+        self
+    }
+    /// Where rank 0's rendezvous server listens: unset, SX_RENDEZVOUS_BIND or the
+    /// rendezvous host's address; "*" = every interface.
+    pub fn rendezvous_bind(mut self, address: &str) -> Self {
+        self.rendezvous_bind = Some(address.to_string());
         self
     }
 }
