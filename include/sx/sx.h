@@ -192,9 +192,10 @@ typedef struct sx_group_config {
     /* Start of every param in the flat buffers is aligned to this many bytes: a power
      * of two >= 64; 0 = 64. */
     int32_t alignment;
-    /* Every collective and rendezvous wait fails after this many milliseconds, and
-     * sx_create_shard_group returns within it, all its phases (store, the ranks' arrival,
-     * the transport, a mesh's communicators) counted together; 0 = 300000 (5 minutes). */
+    /* Every collective and rendezvous wait fails after this many milliseconds. The phases
+     * of sx_create_shard_group (the store, the ranks' arrival, the transport, a mesh's
+     * communicators) share one such deadline, so a missing rank fails the others within
+     * it; 0 = 300000 (5 minutes). */
     int32_t timeout_ms;
     /* SX_GROUP_* flags. */
     uint32_t flags;

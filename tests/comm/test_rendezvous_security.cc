@@ -345,6 +345,42 @@ void test_unadmitted_sets_hold_nothing(void **) {
     assert_true(st.peak_buffered_bytes <= 8 * (wire::kPreAdmissionFrame + 8));
 }
 
+// Connections beyond 2 x world size + 128 are closed on arrival; those within stay, and
+// once they leave a rank is served again.
+void test_connection_cap(void **) {
+    const int port = sxtest::free_port();
+    auto server = serve(port, kToken, 1);
+    const size_t cap = 2 * 1 + TcpStoreServer::kSpareConnections;
+    std::vector<int> fds;
+    for (size_t i = 0; i < cap + 12; ++i) {
+        int fd = connect_to("127.0.0.1", port);  // the kernel accepts; the server decides
+        assert_true(fd >= 0);
+        fds.push_back(fd);
+    }
+    // Well within the 10 s handshake time: a closed connection reads EOF, an open one has
+    // nothing to read.
+    size_t closed = 0;
+    const auto settle = sxtest::Clock::now() + std::chrono::seconds(5);
+    do {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        closed = 0;
+        for (int fd : fds) {
+            char c;
+            if (::recv(fd, &c, 1, MSG_DONTWAIT) == 0) ++closed;
+        }
+    } while ((closed < 12 || server->connections() > cap) && sxtest::Clock::now() < settle);
+    std::fprintf(stderr, "connection cap %zu: %zu of %zu connections closed on arrival, %zu open\n", cap, closed,
+                 fds.size(), server->connections());
+    assert_int_equal(closed, 12);
+    assert_int_equal(server->connections(), cap);
+    for (int fd : fds) ::close(fd);
+    // A rank is served once the strangers are gone.
+    const auto until = sxtest::Clock::now() + std::chrono::seconds(10);
+    while (server->connections() > 0 && sxtest::Clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    expect_ok(join("127.0.0.1", port, 0, 1, kToken, 5000), "a rank after the strangers left");
+}
+
 // A real server with small caps: a rank's set beyond them fails with a clear error.
 void test_store_caps(void **) {
     const int port = sxtest::free_port();
@@ -455,6 +491,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_token_processes, setup),
         cmocka_unit_test_setup(test_hostile_connections, setup),
         cmocka_unit_test_setup(test_unadmitted_sets_hold_nothing, setup),
+        cmocka_unit_test_setup(test_connection_cap, setup),
         cmocka_unit_test_setup(test_store_caps, setup),
         cmocka_unit_test_setup(test_bind_address, setup),
         cmocka_unit_test_setup(test_world_size_and_deadline, setup),
