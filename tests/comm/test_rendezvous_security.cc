@@ -345,6 +345,39 @@ void test_unadmitted_sets_hold_nothing(void **) {
     assert_true(st.peak_buffered_bytes <= 8 * (wire::kPreAdmissionFrame + 8));
 }
 
+// The attack as it was reported: ten connections, on a server without a token, each say
+// HELLO (and are admitted) and then send 8 MiB of a frame that claims 64 MiB. Each is
+// closed when the length arrives, over the 16 MiB frame limit, with at most one read
+// (64 KiB) of it buffered (the server grew by 88 MB before the limits).
+void test_reported_attack(void **) {
+    const int port = sxtest::free_port();
+    auto server = serve(port, "", 2);
+    const std::string hello = wire::Writer().u8(wire::kHello).frame();
+    const std::string frame = header(64u << 20) + std::string(8u << 20, 'a');
+    const long long before = resident_kib();
+    std::vector<int> fds;
+    for (int i = 0; i < 10; ++i) {
+        int fd = connect_to("127.0.0.1", port);
+        assert_true(fd >= 0);
+        send_some(fd, hello);
+        char reply[64];
+        struct timeval tv = {5, 0};
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        assert_true(::recv(fd, reply, sizeof reply, 0) > 4);  // admitted: id, no token, no nonce
+        send_some(fd, frame);
+        fds.push_back(fd);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const long long after = resident_kib();
+    const auto st = server->stats();
+    std::fprintf(stderr, "reported attack: peak buffered %zu bytes, %llu refused, VmRSS %lld -> %lld KiB\n",
+                 st.peak_buffered_bytes, static_cast<unsigned long long>(st.refused), before, after);
+    assert_int_equal(st.refused, 10);
+    assert_true(st.peak_buffered_bytes <= 10 * (64u << 10));
+    assert_true(after - before < 16 * 1024);
+    for (int fd : fds) ::close(fd);
+}
+
 // Connections beyond 2 x world size + 128 are closed on arrival; those within stay, and
 // once they leave a rank is served again.
 void test_connection_cap(void **) {
@@ -491,6 +524,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_token_processes, setup),
         cmocka_unit_test_setup(test_hostile_connections, setup),
         cmocka_unit_test_setup(test_unadmitted_sets_hold_nothing, setup),
+        cmocka_unit_test_setup(test_reported_attack, setup),
         cmocka_unit_test_setup(test_connection_cap, setup),
         cmocka_unit_test_setup(test_store_caps, setup),
         cmocka_unit_test_setup(test_bind_address, setup),
