@@ -99,8 +99,6 @@ struct Fake final : StoreCore::Transport {
     std::string last(StorePeer *p) { return sent[p].empty() ? std::string() : sent[p].back(); }
 };
 
-std::string frame(wire::Writer &w) { return w.frame(); }
-
 struct Core {
     explicit Core(const std::string &token = "", StoreLimits limits = StoreLimits())
         : core(7, token, limits, &fake) {}
@@ -221,7 +219,6 @@ void test_frame_limits(void **) {
     // Before admission, a frame longer than pre_admission_frame is dropped as soon as
     // its header arrives, before its body is buffered.
     StorePeer *p = c.open();
-    wire::Writer w;
     c.send(p, std::string("\x00\x10\x00\x00", 4));  // 4096 bytes announced
     assert_true(c.fake.closed.count(p));
     assert_int_equal(c.core.stats().buffered_bytes, 0);
