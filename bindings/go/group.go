@@ -58,6 +58,8 @@ const GroupFlagNoTrainableAutodetect = 0x1
 const (
 	MaxNdim      = 8
 	MaxNameBytes = 1024
+	// The most ranks a group may have (GroupConfig.WorldSize and the launchers' variables).
+	MaxWorldSize = 65536
 )
 
 // GroupConfig says how ranks meet and what the group is. Zero fields take sx's defaults.
@@ -92,7 +94,28 @@ type GroupConfig struct {
 	// events kept (0: 65536). The file is written by FlushTrace and by Close.
 	TracePath   string
 	TraceEvents int32
+	// Rendezvous security (tcp://, and env:// where rank 0 serves sx's store):
+	// RendezvousToken is the secret every rank proves it holds before the store serves
+	// it ("": SX_RENDEZVOUS_TOKEN); a wrong or missing one fails NewShardGroup with
+	// ErrInvalidArgument. RendezvousBind is where rank 0's server listens ("":
+	// SX_RENDEZVOUS_BIND, or the rendezvous host's address; "*": every interface).
+	RendezvousToken Secret
+	RendezvousBind  string
 }
+
+// Secret is a rendezvous token. Printed with fmt, it shows that it is set, never what
+// it is.
+type Secret string
+
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return "Secret(..)"
+}
+
+// GoString keeps %#v from printing it too.
+func (s Secret) GoString() string { return s.String() }
 
 // PrefetchNone as GroupConfig.PrefetchDepth: no units are gathered ahead.
 const PrefetchNone = -1
@@ -142,6 +165,19 @@ func NewShardGroup(cfg GroupConfig) (*ShardGroup, error) {
 		c.trace_path = trace
 	}
 	c.trace_events = C.int32_t(cfg.TraceEvents)
+	if cfg.RendezvousToken != "" {
+		if strings.IndexByte(string(cfg.RendezvousToken), 0) >= 0 {
+			return nil, &Error{Status: ErrInvalidArgument, Message: "RendezvousToken contains a NUL byte"}
+		}
+		token := C.CString(string(cfg.RendezvousToken))
+		defer C.free(unsafe.Pointer(token))
+		c.rendezvous_token = token
+	}
+	if cfg.RendezvousBind != "" {
+		rbind := C.CString(cfg.RendezvousBind)
+		defer C.free(unsafe.Pointer(rbind))
+		c.rendezvous_bind = rbind
+	}
 	var raw *C.sx_shard_group_t
 	if err := call(func() C.sx_status_t { return C.sx_create_shard_group(&c, &raw) }); err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -816,5 +817,66 @@ func TestStage3ViewsNeedAGather(t *testing.T) {
 	}
 	if _, err := g.Step(nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// freePort is a TCP port on 127.0.0.1 that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func TestRendezvousTokenRefusesAWrongOneAndAdmitsTheRightOne(t *testing.T) {
+	port := freePort(t)
+	url := fmt.Sprintf("tcp://127.0.0.1:%d", port)
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		cfg := config(url, 0, 2)
+		cfg.RendezvousToken, cfg.RendezvousBind = "go-secret", "*"
+		g, err := NewShardGroup(cfg)
+		if err == nil {
+			g.Close()
+		}
+		done <- err
+	}()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	// "localhost": another spelling of the address, so that this refused attempt does
+	// not count as one of this process's groups on the others' URL (key_space.cc).
+	wrong := config(fmt.Sprintf("tcp://localhost:%d", port), 1, 2)
+	wrong.RendezvousToken = "not-it"
+	_, err := NewShardGroup(wrong)
+	var e *Error
+	if !errors.As(err, &e) || e.Status != ErrInvalidArgument || !strings.Contains(e.Message, "does not match") ||
+		strings.Contains(e.Message, "go-secret") || strings.Contains(e.Message, "not-it") {
+		t.Fatalf("a wrong token gave %v", err)
+	}
+	right := config(url, 1, 2)
+	right.RendezvousToken = "go-secret"
+	g, err := NewShardGroup(right)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("rank 0: %v", err)
+	}
+	if s := fmt.Sprintf("%v %#v", right, right); strings.Contains(s, "go-secret") {
+		t.Errorf("the token shows in %s", s)
+	}
+}
+
+func TestWorldSizeBeyondTheMaximumIsRefused(t *testing.T) {
+	_, err := NewShardGroup(config(rendezvous("maxworld"), 0, MaxWorldSize+1))
+	var e *Error
+	if !errors.As(err, &e) || e.Status != ErrInvalidArgument || !strings.Contains(e.Message, "SX_MAX_WORLD_SIZE") {
+		t.Fatalf("world size %d gave %v", MaxWorldSize+1, err)
 	}
 }

@@ -63,6 +63,8 @@ func cLayouts() []structLayout {
 			f("trace_path", unsafe.Offsetof(gc.trace_path), unsafe.Sizeof(gc.trace_path)),
 			f("trace_events", unsafe.Offsetof(gc.trace_events), unsafe.Sizeof(gc.trace_events)),
 			f("reserved2", unsafe.Offsetof(gc.reserved2), unsafe.Sizeof(gc.reserved2)),
+			f("rendezvous_token", unsafe.Offsetof(gc.rendezvous_token), unsafe.Sizeof(gc.rendezvous_token)),
+			f("rendezvous_bind", unsafe.Offsetof(gc.rendezvous_bind), unsafe.Sizeof(gc.rendezvous_bind)),
 		}},
 		{"sx_param_group_desc_t", unsafe.Sizeof(pg), unsafe.Alignof(pg), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pg.struct_size), unsafe.Sizeof(pg.struct_size)),

@@ -91,7 +91,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_HP_DAMPENING": int64(HPDampening), "SX_HP_NESTEROV": int64(HPNesterov), "SX_HP_MAXIMIZE": int64(HPMaximize),
 		"SX_HP_AMSGRAD":                    int64(HPAmsgrad),
 		"SX_GROUP_NO_TRAINABLE_AUTODETECT": GroupFlagNoTrainableAutodetect,
-		"SX_MAX_NDIM":                      MaxNdim, "SX_MAX_NAME_BYTES": MaxNameBytes,
+		"SX_MAX_NDIM":                      MaxNdim, "SX_MAX_NAME_BYTES": MaxNameBytes, "SX_MAX_WORLD_SIZE": MaxWorldSize,
 		"SX_LOAD_PARAMS_ONLY": LoadParamsOnly, "SX_LOAD_ALLOW_MISSING": LoadAllowMissing, "SX_LOAD_ALLOW_EXTRA": LoadAllowExtra,
 		"SX_LOSS_SCALING_NONE": int64(LossScalingNone), "SX_LOSS_SCALING_DYNAMIC": int64(LossScalingDynamic),
 		"SX_LOSS_SCALING_STATIC": int64(LossScalingStatic),

@@ -136,6 +136,13 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
 #define SX_HP_MAXIMIZE 9 /* 0 or 1 */
 #define SX_HP_AMSGRAD 10 /* 0 or 1; may only change before the first step */
 
+/* The most ranks a group may have (sx_group_config_t.world_size, and the launchers'
+ * WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS); more is SX_ERR_INVALID_ARGUMENT at once.
+ * A CPU group's rendezvous is quadratic in the world size (Gloo's full mesh: each rank
+ * stores 136 bytes per peer) and meets the TCP store's 1 GiB limit near 2,800 ranks, where
+ * it fails naming that limit (docs/rendezvous.md). */
+#define SX_MAX_WORLD_SIZE 65536
+
 /* Group flags (sx_group_config_t.flags). */
 #define SX_GROUP_NO_TRAINABLE_AUTODETECT 0x1 /* trainability changes need sx_refresh_trainable() */
 
@@ -175,7 +182,8 @@ typedef struct sx_group_config {
     const char *rendezvous;
     /* This process's rank in [0, world_size). Ignored when world_size is 0. */
     int32_t rank;
-    /* Number of ranks; 0 = take rank and world size from the environment (env://). */
+    /* Number of ranks, at most SX_MAX_WORLD_SIZE; 0 = take rank and world size from the
+     * environment (env://). */
     int32_t world_size;
     /* ZeRO stage: 1 (optimizer state sharded), 2 (gradients sharded too) or 3 (params
      * sharded too: see "Units as a pipeline"). 0 = 2. */
@@ -188,8 +196,10 @@ typedef struct sx_group_config {
     /* Start of every param in the flat buffers is aligned to this many bytes: a power
      * of two >= 64; 0 = 64. */
     int32_t alignment;
-    /* Every collective and rendezvous wait fails after this many milliseconds;
-     * 0 = 300000 (5 minutes). */
+    /* Every collective and rendezvous wait fails after this many milliseconds. The phases
+     * of sx_create_shard_group (the store, the ranks' arrival, the transport, a mesh's
+     * communicators) share one such deadline, so a missing rank fails the others within
+     * it; 0 = 300000 (5 minutes). */
     int32_t timeout_ms;
     /* SX_GROUP_* flags. */
     uint32_t flags;
@@ -235,6 +245,22 @@ typedef struct sx_group_config {
      * says how many went). 0 = 65536; at most 16777216 (2^24). */
     int32_t trace_events;
     int32_t reserved2; /* 0 */
+    /* The shared secret of sx's own TCP rendezvous server (tcp://, and env:// where rank 0
+     * serves sx's store), copied; at most 4096 bytes; NULL or "" = SX_RENDEZVOUS_TOKEN from
+     * the environment, and none if that is unset or empty. With a token, every rank proves
+     * it holds it (challenge-response with HMAC-SHA256; the token never crosses the wire and
+     * is never logged) before it may read or write a key, and rank 0's server proves it
+     * back. A rank with a wrong token, or none, fails with SX_ERR_INVALID_ARGUMENT saying so,
+     * and the server goes on serving the others. Every rank passes the same. local:// and
+     * file:// ignore it; env:// joining torchrun's store cannot use it (torch's store asks
+     * for none: a warning is logged). See docs/rendezvous.md. (1.5) */
+    const char *rendezvous_token;
+    /* Where rank 0's rendezvous server listens, copied: NULL or "" = SX_RENDEZVOUS_BIND
+     * from the environment, or else the address that the host of tcp://HOST:PORT (env://:
+     * MASTER_ADDR) resolves to on rank 0; "*" = every interface; otherwise an address or
+     * name of rank 0's host. Other ranks ignore it. (bind_address is the CPU transport's,
+     * not this.) (1.5) */
+    const char *rendezvous_bind;
 } sx_group_config_t;
 
 #define SX_PREFETCH_NONE (-1)

@@ -73,6 +73,8 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         g.timeout_ms = c.timeout_ms == 0 ? 300000 : c.timeout_ms;
         g.flags = c.flags;
         g.bind_address = c.bind_address ? c.bind_address : "";
+        g.rendezvous_token = c.rendezvous_token ? c.rendezvous_token : "";
+        g.rendezvous_bind = c.rendezvous_bind ? c.rendezvous_bind : "";
         g.device_ordinal = c.device_ordinal;
         g.grad_dtype = c.grad_dtype;
         g.reduce_dtype = c.reduce_dtype;

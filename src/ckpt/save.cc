@@ -249,6 +249,9 @@ Status gather_file_indexes(comm::Store &store, const std::string &prefix, int wo
         if (r >= shard_size) continue;
         FileIndex index;
         std::memcpy(&index, v.data() + head, sizeof index);
+        // A writer's report is read once, here: erased, so that the rendezvous store,
+        // which caps what it holds, does not keep every save's.
+        SX_TRY(store.erase(prefix + format("rank/%d", r)));
         m->files.push_back(shard_file_name(r, shard_size));
         m->file_indexes.push_back(index);
     }

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,6 +81,9 @@ Status check_reduce_scatter_16_args(const Communicator &c, const uint16_t *buf, 
 struct GlooOptions {
     std::string bind_address;  // empty = this host's name
     Millis timeout{300000};
+    // When connecting must be done (a group's creation counts every phase against one
+    // timeout); the zero time point = timeout from the call.
+    std::chrono::steady_clock::time_point deadline{};
     // Pipeline segment of the ring reduce-scatter and all-gather, in bytes; 0 = tuned
     // defaults (1 MiB and 4 MiB). Tests make it small to run many segments cheaply.
     size_t segment_bytes = 0;
@@ -97,6 +101,7 @@ Status create_gloo_communicator(std::shared_ptr<Store> store, int rank, int worl
 struct NcclOptions {
     int device = 0;  // CUDA device ordinal of this rank
     Millis timeout{300000};
+    std::chrono::steady_clock::time_point deadline{};  // as GlooOptions::deadline
 };
 
 // Connects `world_size` ranks, one GPU each, through NCCL (opened at run time: libsx

@@ -26,6 +26,7 @@
 
 #include "comm/rendezvous.h"
 #include "comm/stores.h"
+#include "comm/tcp_store_server.h"
 
 namespace sx {
 namespace comm {
@@ -84,7 +85,13 @@ Status open_store(const Rendezvous &rv, Millis timeout, std::shared_ptr<Store> *
     case Rendezvous::Scheme::kTcp: {
         int64_t n = next_group_number("tcp://" + rv.host + ":" + std::to_string(rv.port), rv.rank);
         std::shared_ptr<Store> store;
-        SX_TRY(open_tcp_store(rv.host, rv.port, rv.rank == 0, n, timeout, &store));
+        ServerOptions server;
+        server.host = rv.host;
+        server.port = rv.port;
+        server.bind = rv.bind;
+        server.token = rv.token;
+        server.world_size = rv.world_size;
+        SX_TRY(open_tcp_store(server, rv.rank == 0, n, timeout, &store));
         *out = make_prefix_store(std::move(store), "g" + std::to_string(n) + "/");
         return Status::Ok();
     }

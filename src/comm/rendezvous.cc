@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/log.h"
+
 namespace sx {
 namespace comm {
 namespace {
@@ -49,7 +51,8 @@ Status rank_from_environment(int *rank, int *world_size) {
         SX_CHECK_ARG(n != nullptr, "%s is set but %s is not (both come from %s)", v.rank, v.size,
                      v.launcher);
         long world = 0, me = 0;
-        SX_CHECK_ARG(parse_int(n, 1, 1 << 24, &world), "%s='%s' is not a world size in [1, 2^24]", v.size, n);
+        SX_CHECK_ARG(parse_int(n, 1, SX_MAX_WORLD_SIZE, &world), "%s='%s' is not a world size in [1, SX_MAX_WORLD_SIZE = %d]",
+                     v.size, n, SX_MAX_WORLD_SIZE);
         SX_CHECK_ARG(parse_int(r, 0, world - 1, &me), "%s='%s' is not a rank in [0, %s-1 = %ld]", v.rank, r,
                      v.size, world - 1);
         *rank = static_cast<int>(me);
@@ -184,6 +187,34 @@ Status parse_rendezvous(const char *url, int rank, int world_size, Rendezvous *o
         rv.world_size = world_size;
     }
     *out = rv;
+    return Status::Ok();
+}
+
+Status apply_rendezvous_guard(const char *token, const char *bind, Rendezvous *rv) {
+    const char *t = token != nullptr && *token != '\0' ? token : std::getenv("SX_RENDEZVOUS_TOKEN");
+    const char *b = bind != nullptr && *bind != '\0' ? bind : std::getenv("SX_RENDEZVOUS_BIND");
+    const bool from_config = token != nullptr && *token != '\0';
+    const std::string secret = t != nullptr ? t : "";
+    SX_CHECK_ARG(secret.size() <= kMaxTokenBytes, "the rendezvous token (%s) has %zu bytes; at most %zu are taken",
+                 from_config ? "config->rendezvous_token" : "SX_RENDEZVOUS_TOKEN", secret.size(), kMaxTokenBytes);
+    rv->bind = b != nullptr ? b : "";
+    rv->token.clear();
+    if (secret.empty()) return Status::Ok();
+    switch (rv->scheme) {
+    case Rendezvous::Scheme::kTcp:
+        rv->token = secret;
+        break;
+    case Rendezvous::Scheme::kC10d:
+        log(SX_LOG_WARN,
+            "sx: a rendezvous token is set, but env:// joins the store torchrun's agent serves at %s:%d, which "
+            "cannot ask for one: the token is not used (keep that port off untrusted networks, or serve sx's own "
+            "store with SX_ENV_STORE=serve)",
+            rv->host.c_str(), rv->port);
+        break;
+    case Rendezvous::Scheme::kLocal:
+    case Rendezvous::Scheme::kFile:
+        break;  // no server: the process or the directory's permissions are the boundary
+    }
     return Status::Ok();
 }
 

@@ -20,7 +20,22 @@ struct Rendezvous {
     int port = 0;
     int rank = 0;
     int world_size = 0;
+    // kTcp: the secret every client proves it holds ("" = none), and where rank 0's
+    // server listens ("" = the address `host` resolves to; "*" = every interface).
+    std::string token;
+    std::string bind;
 };
+
+// The largest token accepted, in bytes.
+constexpr size_t kMaxTokenBytes = 4096;
+
+// Sets rv->token and rv->bind from the group's config (`token`, `bind`: NULL or "" =
+// unset), or else from SX_RENDEZVOUS_TOKEN and SX_RENDEZVOUS_BIND. They apply to sx's
+// own TCP server (tcp://, and env:// where rank 0 serves); local:// and file:// need
+// none, and torch's store (env:// joining torchrun's agent) cannot ask for one: the token
+// is then ignored, with a warning in the log. A token longer than kMaxTokenBytes is
+// SX_ERR_INVALID_ARGUMENT (the message never shows the token).
+Status apply_rendezvous_guard(const char *token, const char *bind, Rendezvous *rv);
 
 // Parses `url`. For env:// (or world_size == 0) rank and world size come from the
 // environment: RANK/WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE

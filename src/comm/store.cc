@@ -42,6 +42,24 @@ Status apply_add(const std::string &key, const std::string *old, int64_t delta, 
     return Status::Ok();
 }
 
+Status await_ranks(Store &store, int rank, int world_size, Clock::time_point deadline) {
+    if (world_size <= 1) return Status::Ok();
+    const Clock::time_point start = Clock::now();
+    int64_t arrived = 0;
+    SX_TRY(store.add("__sx/arrived", 1, &arrived).prefix(format("rank %d of %d: ", rank, world_size)));
+    if (arrived == world_size) SX_TRY(store.set("__sx/all-arrived", "1"));
+    Status s = store.wait({"__sx/all-arrived"}, time_left(deadline));
+    if (s.code() == SX_ERR_TIMEOUT) {
+        return SX_ERROR(SX_ERR_TIMEOUT,
+                        "rank %d of %d: not every rank joined the group within the timeout (%lld ms left when this "
+                        "rank arrived, as rank number %lld to do so)",
+                        rank, world_size,
+                        static_cast<long long>(std::chrono::duration_cast<Millis>(deadline - start).count()),
+                        static_cast<long long>(arrived));
+    }
+    return s.prefix(format("rank %d of %d: ", rank, world_size));
+}
+
 namespace {
 
 class PrefixStore final : public Store {

@@ -40,6 +40,12 @@ class Store {
     virtual Status erase_prefix(const std::string &prefix);
 };
 
+// Returns once all `world_size` ranks of a group have called it on the group's store
+// (each adds itself to a counter; the last to arrive says so), or at `deadline` with
+// SX_ERR_TIMEOUT saying how many had arrived with this rank. Costs each rank two
+// requests and a wait. World size 1 returns at once.
+Status await_ranks(Store &store, int rank, int world_size, std::chrono::steady_clock::time_point deadline);
+
 // A view of `inner` whose keys all begin with `prefix` (groups and purposes sharing
 // one store keep apart this way).
 std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> inner, const std::string &prefix);

@@ -18,6 +18,7 @@
 
 #include "base/log.h"
 #include "comm/deadline_socket.h"
+#include "comm/hmac_sha256.h"
 #include "comm/stores.h"
 #include "comm/tcp_store_protocol.h"
 #include "comm/tcp_store_server.h"
@@ -28,14 +29,20 @@ namespace {
 
 class TcpStoreClient final : public Store {
   public:
-    TcpStoreClient(std::string host, int port, Millis timeout, std::shared_ptr<TcpStoreServer> server)
+    TcpStoreClient(std::string host, int port, std::string token, Millis timeout,
+                   std::shared_ptr<TcpStoreServer> server)
         : host_(std::move(host)),
           port_(port),
+          token_(std::move(token)),
           timeout_(timeout),
           server_(std::move(server)),
           sock_("the rendezvous server at " + where()) {}
 
     Status set(const std::string &key, const std::string &value) override {
+        // 9 bytes: the op and the two lengths.
+        SX_CHECK_ARG(key.size() + value.size() + 9 <= wire::kMaxFrame,
+                     "rendezvous key '%s': a value of %zu bytes is more than the store takes (%u bytes a request)",
+                     key.c_str(), value.size(), wire::kMaxFrame);
         std::string reply;
         return call(wire::Writer().u8(wire::kSet).str(key).str(value).frame(), deadline(timeout_), true,
                     &reply, "set", key);
@@ -196,7 +203,10 @@ class TcpStoreClient final : public Store {
         }
     }
 
-    // HELLO on a fresh connection: learns the server instance and checks the pin.
+    // HELLO on a fresh connection: learns the server instance and checks the pin; with a
+    // token, answers the server's challenge and checks the server's proof in turn
+    // (tcp_store_protocol.h). A token refused or missing is SX_ERR_INVALID_ARGUMENT, with
+    // *why kNone: connecting again cannot help.
     Status hello(Clock::time_point dl, Failure *why) {
         bool sent = false;
         std::string body;
@@ -204,11 +214,28 @@ class TcpStoreClient final : public Store {
         wire::Reader r(body.data(), body.size());
         uint8_t status = r.u8();
         uint64_t id = r.u64();
+        uint8_t wants_token = r.u8();
+        std::string nonce = r.str();
         if (status != wire::kOk || !r.done()) {
             *why = Failure::kNone;
-            return SX_ERROR(SX_ERR_COMM, "%s answered HELLO with something else: not an sx rendezvous server?",
+            return SX_ERROR(SX_ERR_COMM, "%s answered HELLO with something else: not an sx %d.%d rendezvous server?",
+                            where().c_str(), SX_VERSION_MAJOR, SX_VERSION_MINOR);
+        }
+        if (wants_token != 0 && token_.empty()) {
+            *why = Failure::kNone;
+            return SX_ERROR(SX_ERR_INVALID_ARGUMENT,
+                            "the rendezvous server at %s requires a token, and this rank has none: set "
+                            "sx_group_config_t.rendezvous_token or SX_RENDEZVOUS_TOKEN to rank 0's token",
                             where().c_str());
         }
+        if (wants_token == 0 && !token_.empty()) {
+            *why = Failure::kNone;
+            return SX_ERROR(SX_ERR_INVALID_ARGUMENT,
+                            "the rendezvous server at %s asks for no token, but this rank has one: give rank 0 the "
+                            "same sx_group_config_t.rendezvous_token or SX_RENDEZVOUS_TOKEN",
+                            where().c_str());
+        }
+        if (wants_token != 0) SX_TRY(authenticate(nonce, dl, why));
         if (pinned_id_ != 0 && id != pinned_id_) {
             *why = Failure::kNone;
             return SX_ERROR(SX_ERR_COMM,
@@ -217,6 +244,35 @@ class TcpStoreClient final : public Store {
                             where().c_str());
         }
         conn_id_ = id;
+        return Status::Ok();
+    }
+
+    Status authenticate(const std::string &server_nonce, Clock::time_point dl, Failure *why) {
+        const std::string client_nonce = wire::random_nonce();
+        SX_CHECK(!client_nonce.empty(), SX_ERR_COMM, "cannot draw a random nonce for the rendezvous handshake");
+        bool sent = false;
+        std::string body;
+        SX_TRY(exchange(wire::Writer()
+                            .u8(wire::kAuth)
+                            .str(client_nonce)
+                            .str(wire::client_proof(token_, server_nonce, client_nonce))
+                            .frame(),
+                        dl, &sent, &body, why));
+        wire::Reader r(body.data(), body.size());
+        uint8_t status = r.u8();
+        std::string text = r.str();
+        *why = Failure::kNone;
+        if (status == wire::kError && r.done()) {
+            return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "the rendezvous server at %s refused this rank: %s",
+                            where().c_str(), text.c_str());
+        }
+        SX_CHECK(status == wire::kOk && r.done(), SX_ERR_COMM, "malformed answer to AUTH from the rendezvous server at %s",
+                 where().c_str());
+        SX_CHECK(equal_in_constant_time(text, wire::server_proof(token_, server_nonce, client_nonce)),
+                 SX_ERR_INVALID_ARGUMENT,
+                 "the rendezvous server at %s could not prove that it holds this rank's token: rank 0 has another "
+                 "token, or something else answers at that address",
+                 where().c_str());
         return Status::Ok();
     }
 
@@ -243,6 +299,7 @@ class TcpStoreClient final : public Store {
 
     const std::string host_;
     const int port_;
+    const std::string token_;  // "" = none; never logged nor put in an error
     const Millis timeout_;
     // Rank 0 only: keeps this process's server up while the client lives.
     const std::shared_ptr<TcpStoreServer> server_;
@@ -253,28 +310,15 @@ class TcpStoreClient final : public Store {
     uint64_t pinned_id_ = 0;  // 0 = not pinned yet
 };
 
-// The address family rank 0 serves: that of the first address `host` resolves to.
-int family_of(const std::string &host) {
-    struct addrinfo hints;
-    std::memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    struct addrinfo *res = nullptr;
-    int family = AF_INET;
-    if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) == 0 && res != nullptr) family = res->ai_family;
-    if (res != nullptr) ::freeaddrinfo(res);
-    return family;
-}
-
 }  // namespace
 
-Status open_tcp_store(const std::string &host, int port, bool serve, int64_t group, Millis timeout,
+Status open_tcp_store(const ServerOptions &options, bool serve, int64_t group, Millis timeout,
                       std::shared_ptr<Store> *out) {
     const Clock::time_point dl = Clock::now() + timeout;
     std::shared_ptr<TcpStoreServer> server;
-    if (serve) SX_TRY(TcpStoreServer::acquire(port, family_of(host), &server));
+    if (serve) SX_TRY(TcpStoreServer::acquire(options, &server));
     const uint64_t served = server ? server->id() : 0;
-    auto client = std::make_shared<TcpStoreClient>(host, port, timeout, std::move(server));
+    auto client = std::make_shared<TcpStoreClient>(options.host, options.port, options.token, timeout, std::move(server));
 
     // Attach: rank 0 announces group `group` on its server; every rank waits for that
     // announcement on the server it reached, so that nobody writes this group's keys

@@ -4,7 +4,9 @@
 // Every message is a frame: u32 body length, then the body. Integers are
 // little-endian; a string is u32 length + bytes.
 //   request body: u8 op, then per op
-//     HELLO                      -> u64 server instance id
+//     HELLO                      -> u64 server instance id, u8 token required, string nonce
+//     AUTH   string client nonce, string client proof
+//                                -> string server proof   (then the server closes on error)
 //     SET    key value           -> (nothing)
 //     GET    key                 -> value        (held until the key exists)
 //     WAIT   u32 n, n keys       -> (nothing)    (held until all keys exist)
@@ -14,6 +16,14 @@
 //   reply body: u8 status (0 ok, 1 error), then the op's result, or a string message.
 // A client has at most one request outstanding per connection; the server holds GET and
 // WAIT without a deadline: the client enforces timeouts by closing the connection.
+//
+// Admission. A connection starts unadmitted: it may send HELLO and AUTH only, in frames
+// of at most kPreAdmissionFrame bytes, and must be admitted within kHandshakeMs. HELLO
+// admits it when the server has no token; otherwise HELLO's nonce (kNonceBytes random
+// bytes, empty without a token) is the challenge, and AUTH admits it when its client
+// proof is client_proof(token, server nonce, client nonce). The server's answer proves in
+// turn that it holds the token (server_proof), so a client with a token never writes to a
+// server without it. The token itself never crosses the wire.
 #pragma once
 
 #include <cstdint>
@@ -24,11 +34,15 @@ namespace sx {
 namespace comm {
 namespace wire {
 
-enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kWait = 4, kAdd = 5, kCheck = 6, kErase = 7 };
+enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kWait = 4, kAdd = 5, kCheck = 6, kErase = 7, kAuth = 8 };
 enum Reply : uint8_t { kOk = 0, kError = 1 };
 
-// Frames larger than this are refused (a rendezvous value is an address or a counter).
-constexpr uint32_t kMaxFrame = 64u << 20;
+// Frames larger than this are refused. The largest value sx writes is Gloo's list of a
+// rank's addresses for its full mesh, 136 bytes per peer: 8.5 MiB at SX_MAX_WORLD_SIZE.
+constexpr uint32_t kMaxFrame = 16u << 20;
+// Until a connection is admitted its frames are HELLO and AUTH: a few dozen bytes.
+constexpr uint32_t kPreAdmissionFrame = 256;
+constexpr size_t kNonceBytes = 32;
 
 class Writer {
   public:
@@ -103,6 +117,13 @@ inline uint32_t frame_length(const char *header) {
     for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<unsigned char>(header[i])) << (8 * i);
     return n;
 }
+
+// The proofs of the challenge-response: HMAC-SHA256 under the token of the two nonces,
+// with a label per direction so that one can never be replayed as the other.
+std::string client_proof(const std::string &token, const std::string &server_nonce, const std::string &client_nonce);
+std::string server_proof(const std::string &token, const std::string &server_nonce, const std::string &client_nonce);
+// kNonceBytes from the kernel's random source, or "" if it fails.
+std::string random_nonce();
 
 }  // namespace wire
 }  // namespace comm

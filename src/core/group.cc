@@ -7,6 +7,7 @@
 
 #include "base/log.h"
 #include "comm/rendezvous.h"
+#include "comm/stores.h"
 
 namespace sx {
 namespace core {
@@ -46,8 +47,9 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     SX_CHECK_ARG(cfg.timeout_ms > 0, "timeout_ms %d must be > 0", cfg.timeout_ms);
     SX_CHECK_ARG(cfg.num_threads >= 0 && cfg.num_threads <= 1024, "num_threads %d is not in [0, 1024]",
                  cfg.num_threads);
-    SX_CHECK_ARG(cfg.world_size >= 0, "world_size %d must be >= 0 (0 = from the environment)",
-                 cfg.world_size);
+    SX_CHECK_ARG(cfg.world_size >= 0 && cfg.world_size <= SX_MAX_WORLD_SIZE,
+                 "world_size %d is not in [0, SX_MAX_WORLD_SIZE = %d] (0 = from the environment)", cfg.world_size,
+                 SX_MAX_WORLD_SIZE);
     SX_CHECK_ARG(cfg.grad_dtype == 0 || cfg.grad_dtype == SX_DTYPE_F32,
                  "grad_dtype %d is not 0 (each param's dtype) or SX_DTYPE_F32", cfg.grad_dtype);
     SX_CHECK_ARG(cfg.reduce_dtype == 0 || cfg.reduce_dtype == SX_DTYPE_F32,
@@ -59,14 +61,19 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     SX_CHECK_ARG(cfg.trace_capacity <= trace::kMaxCapacity, "trace_events %zu is above the most a trace keeps, %zu",
                  cfg.trace_capacity, trace::kMaxCapacity);
 
+    // Every phase below (the store, the ranks' arrival, the transport, the mesh's
+    // communicators) counts against this one deadline.
+    const comm::Millis timeout(cfg.timeout_ms);
+    const comm::Clock::time_point deadline = comm::Clock::now() + timeout;
     comm::Rendezvous rv;
     SX_TRY(comm::parse_rendezvous(cfg.rendezvous.c_str(), cfg.rank, cfg.world_size, &rv));
-    const comm::Millis timeout(cfg.timeout_ms);
+    SX_TRY(comm::apply_rendezvous_guard(cfg.rendezvous_token.c_str(), cfg.rendezvous_bind.c_str(), &rv));
 
     // SX_BACKEND_AUTO stays on the CPU: the CUDA backend is chosen by name.
     const bool cuda = cfg.backend == SX_BACKEND_CUDA;
     std::unique_ptr<ShardGroup> g(new ShardGroup());
     g->config_ = cfg;
+    g->config_.rendezvous_token.clear();  // the store's client keeps it; nothing else needs it
     g->config_.backend = cuda ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
     g->rank_ = rv.rank;
     g->world_size_ = rv.world_size;
@@ -85,13 +92,17 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     std::unique_ptr<DeviceOps> device_ops;
     if (cuda) SX_TRY(make_cuda_ops(cfg.device_ordinal, &device_ops));
     SX_TRY(comm::open_store(rv, timeout, &g->store_));
+    // Every rank must be there before any binds a socket per peer (Gloo's full mesh),
+    // which for a large world takes longer than the wait: a missing rank then fails the
+    // group at its deadline, not after the binding.
+    SX_TRY(comm::await_ranks(*g->store_, g->rank_, g->world_size_, deadline));
     if (g->config_.bind_address.empty()) {
         const bool loopback = rv.scheme == comm::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
                               rv.host.compare(0, 4, "127.") == 0;
         if (loopback) g->config_.bind_address = "127.0.0.1";
     }
-    SX_TRY(g->connect(g->store_, g->rank_, g->world_size_, &g->comm_));
-    SX_TRY(g->form_mesh());
+    SX_TRY(g->connect(g->store_, g->rank_, g->world_size_, &g->comm_, deadline));
+    SX_TRY(g->form_mesh(deadline));
 
     int threads = cuda ? 1 : cfg.num_threads;  // a CUDA group's work runs on its device
     if (threads == 0) {
@@ -116,7 +127,7 @@ Status ShardGroup::flush_trace() {
     return tracer_->flush();
 }
 
-Status ShardGroup::form_mesh() {
+Status ShardGroup::form_mesh(std::chrono::steady_clock::time_point deadline) {
     const int s = config_.shard_size;
     if (world_size_ > 1) {
         // Every rank must have asked for the same mesh (else each is told how they differ),
@@ -140,12 +151,12 @@ Status ShardGroup::form_mesh() {
     } else {
         // Shard group k and replica group i connect through key spaces of their own.
         SX_TRY(connect(comm::make_prefix_store(store_, format("shard/%d/", replica_rank_)), shard_rank_, shard_size_,
-                       &shard_comm_own_));
+                       &shard_comm_own_, deadline));
         shard_comm_ = shard_comm_own_.get();
     }
     if (replicas_ > 1) {
         SX_TRY(connect(comm::make_prefix_store(store_, format("replica/%d/", shard_rank_)), replica_rank_, replicas_,
-                       &replica_comm_));
+                       &replica_comm_, deadline));
         replica_channel_.reset(new CommChannel("the replicas' gradient all-reduces"));
     }
     return Status::Ok();
@@ -168,7 +179,7 @@ double ShardGroup::predivide_factor() const {
 }
 
 Status ShardGroup::connect(std::shared_ptr<comm::Store> store, int rank, int size,
-                           std::unique_ptr<comm::Communicator> *out) const {
+                           std::unique_ptr<comm::Communicator> *out, std::chrono::steady_clock::time_point deadline) const {
     const comm::Millis timeout(config_.timeout_ms);
     if (config_.backend == SX_BACKEND_CUDA && size == 1) {
         // One GPU: nothing to exchange, and no NCCL needed.
@@ -178,10 +189,12 @@ Status ShardGroup::connect(std::shared_ptr<comm::Store> store, int rank, int siz
         comm::NcclOptions nopt;
         nopt.device = config_.device_ordinal;
         nopt.timeout = timeout;
+        nopt.deadline = deadline;
         return comm::create_nccl_communicator(std::move(store), rank, size, nopt, out);
     }
     comm::GlooOptions gopt;
     gopt.timeout = timeout;
+    gopt.deadline = deadline;
     gopt.bind_address = config_.bind_address;
     return comm::create_gloo_communicator(std::move(store), rank, size, gopt, out);
 }

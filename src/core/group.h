@@ -41,6 +41,9 @@ struct GroupConfig {
     int timeout_ms = 300000;
     uint32_t flags = 0;
     std::string bind_address;
+    // The rendezvous server's guard (sx_group_config_t; "" = from the environment).
+    std::string rendezvous_token;
+    std::string rendezvous_bind;
     int device_ordinal = 0;
     int grad_dtype = 0;    // 0 = each param's dtype, or SX_DTYPE_F32
     int reduce_dtype = 0;  // 0 = the grad dtype, or SX_DTYPE_F32
@@ -354,12 +357,13 @@ class ShardGroup {
     };
 
     ShardGroup() = default;
-    // A communicator of the group's backend among its ranks, through `store`.
-    Status connect(std::shared_ptr<comm::Store> store, int rank, int size,
-                   std::unique_ptr<comm::Communicator> *out) const;
+    // A communicator of the group's backend among its ranks, through `store`, connected
+    // by `deadline` (the zero time point: the group's timeout from now).
+    Status connect(std::shared_ptr<comm::Store> store, int rank, int size, std::unique_ptr<comm::Communicator> *out,
+                   std::chrono::steady_clock::time_point deadline = {}) const;
     // After the world's communicator: the ranks agree on the mesh, and the shard group's
-    // and the replica group's communicators are connected.
-    Status form_mesh();
+    // and the replica group's communicators are connected, by `deadline`.
+    Status form_mesh(std::chrono::steady_clock::time_point deadline);
     // The communicator of this rank's shard group (the world's where the mesh is flat).
     comm::Communicator &shard_comm() { return *shard_comm_; }
     // The replicas' all-reduce of unit u's reduced fp32 shard `shard` (a step's last

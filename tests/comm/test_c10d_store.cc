@@ -318,7 +318,10 @@ void test_wrong_address(void **) {
 
     const int ours = sxtest::free_port();
     std::shared_ptr<sx::comm::TcpStoreServer> server;
-    ASSERT_OK(sx::comm::TcpStoreServer::acquire(ours, AF_INET, &server));
+    sx::comm::ServerOptions so;
+    so.host = "127.0.0.1";
+    so.port = ours;
+    ASSERT_OK(sx::comm::TcpStoreServer::acquire(so, &server));
     st = open_c10d_store("127.0.0.1", ours, Millis(5000), &s);
     ASSERT_CODE(st, SX_ERR_COMM);
     assert_true(contains(st.message(), "handshake") && contains(st.message(), std::to_string(ours).c_str()));

@@ -47,6 +47,7 @@ const SX_HP_LR, SX_HP_WEIGHT_DECAY, SX_HP_BETA1, SX_HP_BETA2, SX_HP_EPS, SX_HP_M
       SX_HP_DAMPENING, SX_HP_NESTEROV, SX_HP_MAXIMIZE, SX_HP_AMSGRAD = Int32.(1:10)
 const SX_GROUP_NO_TRAINABLE_AUTODETECT = UInt32(0x1)
 const SX_MAX_NDIM = 8
+const SX_MAX_WORLD_SIZE = Int32(65536)
 const SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA = UInt32.((0x1, 0x2, 0x4))
 const SX_LOSS_SCALING_NONE, SX_LOSS_SCALING_DYNAMIC, SX_LOSS_SCALING_STATIC = Int32.(0:2)
 const SX_PREFETCH_NONE = Int32(-1)
@@ -79,6 +80,8 @@ mutable struct GroupConfig  # sx_group_config_t
     trace_path::Ptr{UInt8}
     trace_events::Int32
     reserved2::Int32
+    rendezvous_token::Ptr{UInt8}
+    rendezvous_bind::Ptr{UInt8}
 end
 
 mutable struct ParamGroupDesc  # sx_param_group_desc_t
@@ -354,6 +357,13 @@ The step timeline (docs/tracing.md): `trace_path` names the Chrome trace-event J
 this rank writes ("%r" becomes the rank; without one, ".rank<N>" goes before ".json");
 `nothing`: the SX_TRACE environment variable's, if set. `trace_events` is the most events
 kept (0: 65536). The file is written by `flush_trace` and by `close`.
+
+Rendezvous security (tcp://, and env:// where rank 0 serves sx's store):
+`rendezvous_token` is the secret every rank proves it holds before the store serves it
+(`nothing`: the SX_RENDEZVOUS_TOKEN environment variable); a wrong or missing one throws
+an `SXError` with `SX_ERR_INVALID_ARGUMENT`. `rendezvous_bind` is where rank 0's server
+listens (`nothing`: SX_RENDEZVOUS_BIND, or the rendezvous host's address; "*": every
+interface).
 """
 mutable struct ShardGroup
     handle::Ptr{Cvoid}
@@ -367,18 +377,24 @@ mutable struct ShardGroup
                         device_ordinal::Integer=0, grad_dtype::Integer=0, reduce_dtype::Integer=0,
                         prefetch_depth::Integer=0, shard_size::Integer=0,
                         grad_predivide_factor::Real=0.0,
-                        trace_path::Union{Nothing,AbstractString}=nothing, trace_events::Integer=0)
+                        trace_path::Union{Nothing,AbstractString}=nothing, trace_events::Integer=0,
+                        rendezvous_token::Union{Nothing,AbstractString}=nothing,
+                        rendezvous_bind::Union{Nothing,AbstractString}=nothing)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
         rdv = String(rendezvous)
         bind = bind_address === nothing ? nothing : String(bind_address)
         trace = trace_path === nothing ? nothing : String(trace_path)
+        token = rendezvous_token === nothing ? nothing : String(rendezvous_token)
+        rbind = rendezvous_bind === nothing ? nothing : String(rendezvous_bind)
         out = Ref{Ptr{Cvoid}}(C_NULL)
-        GC.@preserve rdv bind trace cfg out begin
+        GC.@preserve rdv bind trace token rbind cfg out begin
             cfg.rendezvous = pointer(rdv)
             cfg.bind_address = bind === nothing ? C_NULL : pointer(bind)
             cfg.trace_path = trace === nothing ? C_NULL : pointer(trace)
             cfg.trace_events = trace_events
+            cfg.rendezvous_token = token === nothing ? C_NULL : pointer(token)
+            cfg.rendezvous_bind = rbind === nothing ? C_NULL : pointer(rbind)
             cfg.rank, cfg.world_size, cfg.stage, cfg.backend = rank, world_size, stage, backend
             cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
             cfg.flags = trainable_autodetect ? 0 : SX_GROUP_NO_TRAINABLE_AUTODETECT

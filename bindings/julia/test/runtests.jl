@@ -1,6 +1,7 @@
 # Tests of the Julia binding: the struct mirrors against sx_layout.json (SX_LAYOUT_JSON),
 # errors, a 4-rank training over local:// with threads (run with julia --threads=4), and
 # the whole optimizer state, weighted steps and params added after finalize.
+using Sockets
 using Test
 using SX
 
@@ -298,6 +299,28 @@ end
                                       trace_events=-1))
         @test err isa SXError && occursin("trace_events", err.message)
     end
+end
+
+@testset "rendezvous token: a wrong one refused, the right one admitted" begin
+    port = let s = Sockets.listen(Sockets.IPv4(127, 0, 0, 1), 0)
+        p = Int(Sockets.getsockname(s)[2]); close(s); p
+    end
+    url = "tcp://127.0.0.1:$port"
+    rank0 = Threads.@spawn ShardGroup(url, 0, 2; backend=SX.SX_BACKEND_CPU, num_threads=1, timeout_ms=30000,
+                                      rendezvous_token="jl-secret", rendezvous_bind="*")
+    # "localhost": another spelling of the address, so that this refused attempt does not
+    # count as one of this process's groups on the others' URL (key_space.cc).
+    err = caught(() -> ShardGroup("tcp://localhost:$port", 1, 2; backend=SX.SX_BACKEND_CPU, num_threads=1,
+                                  timeout_ms=30000, rendezvous_token="not-it"))
+    @test err isa SXError && err.status == SX.SX_ERR_INVALID_ARGUMENT && occursin("does not match", err.message)
+    @test !occursin("jl-secret", err.message) && !occursin("not-it", err.message)
+    g1 = ShardGroup(url, 1, 2; backend=SX.SX_BACKEND_CPU, num_threads=1, timeout_ms=30000,
+                    rendezvous_token="jl-secret")
+    g0 = fetch(rank0)
+    @test SX.world_size(g0) == 2 && SX.world_size(g1) == 2
+    close(g1); close(g0)
+    err = caught(() -> ShardGroup("local://jl-max-$(getpid())", 0, SX.SX_MAX_WORLD_SIZE + 1))
+    @test err isa SXError && occursin("SX_MAX_WORLD_SIZE", err.message)
 end
 
 @testset "whole optimizer state: gathered from 3 ranks, scattered into 2" begin

@@ -78,6 +78,7 @@ SX_HP_AMSGRAD = 10
 SX_GROUP_NO_TRAINABLE_AUTODETECT = 0x1
 
 SX_MAX_NDIM = 8
+SX_MAX_WORLD_SIZE = 65536
 SX_MAX_NAME_BYTES = 1024
 
 SX_LOAD_PARAMS_ONLY = 0x1
@@ -105,7 +106,8 @@ class sx_group_config_t(ctypes.Structure):
                 ("reduce_dtype", ctypes.c_int32), ("prefetch_depth", ctypes.c_int32),
                 ("shard_size", ctypes.c_int32), ("grad_predivide_factor", ctypes.c_double),
                 ("trace_path", ctypes.c_char_p), ("trace_events", ctypes.c_int32),
-                ("reserved2", ctypes.c_int32)]
+                ("reserved2", ctypes.c_int32), ("rendezvous_token", ctypes.c_char_p),
+                ("rendezvous_bind", ctypes.c_char_p)]
 
 
 class sx_param_group_desc_t(ctypes.Structure):

@@ -151,13 +151,19 @@ class ShardGroup(Handle):
     before ".json"); None: the SX_TRACE environment variable's, if set. ``trace_events``
     is the most events kept (0: 65536). The file is written by :meth:`flush_trace` and
     by close.
+
+    Rendezvous security (tcp://, and env:// where rank 0 serves): ``rendezvous_token``
+    is the secret every rank proves it holds before the store serves it (None: the
+    SX_RENDEZVOUS_TOKEN environment variable); a wrong or missing one raises
+    InvalidArgumentError. ``rendezvous_bind`` is where rank 0's server listens (None:
+    SX_RENDEZVOUS_BIND, or the rendezvous host's address; "*": every interface).
     """
 
     def __init__(self, rendezvous, rank=0, world_size=1, *, stage=0, backend="auto",
                  num_threads=0, alignment=0, timeout_ms=0, trainable_autodetect=True,
                  bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None,
                  prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0, trace_path=None,
-                 trace_events=0):
+                 trace_events=0, rendezvous_token=None, rendezvous_bind=None):
         cfg = _lib.init_struct(_lib.sx_group_config_t)
         cfg.rendezvous = _encode("rendezvous", rendezvous)
         cfg.rank, cfg.world_size, cfg.stage = rank, world_size, stage
@@ -176,6 +182,10 @@ class ShardGroup(Handle):
         if trace_path is not None:
             cfg.trace_path = _encode("trace_path", os.fspath(trace_path))
         cfg.trace_events = trace_events
+        if rendezvous_token is not None:
+            cfg.rendezvous_token = _encode("rendezvous_token", rendezvous_token)
+        if rendezvous_bind is not None:
+            cfg.rendezvous_bind = _encode("rendezvous_bind", rendezvous_bind)
         handle = _lib.sx_shard_group_p()
         check(lib.sx_create_shard_group(ctypes.byref(cfg), ctypes.byref(handle)))
         self._own(handle, lib.sx_destroy_shard_group)

@@ -138,5 +138,50 @@ class LifetimeTest(unittest.TestCase):
         self.assertFalse(finalizer.alive)
 
 
+class RendezvousSecurityTest(unittest.TestCase):
+    def test_rendezvous_token(self):
+        """Over tcp://, a rank with a wrong token is refused at once; with the right one
+        (and rank 0's server on every interface) the group forms."""
+        import socket
+        import threading
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        result = {}
+
+        def rank0():
+            try:
+                with sx.ShardGroup(f"tcp://127.0.0.1:{port}", 0, 2, backend="cpu", num_threads=1,
+                                   timeout_ms=30000, rendezvous_token="py-secret",
+                                   rendezvous_bind="*") as g:
+                    result["world"] = g.world_size
+            except BaseException as e:
+                result["error"] = e
+
+        t = threading.Thread(target=rank0)
+        t.start()
+        try:
+            # "localhost": another spelling of the address, so that this refused attempt
+            # does not count as this process's group on tcp://127.0.0.1 (see key_space.cc).
+            with self.assertRaisesRegex(sx.InvalidArgumentError, "does not match") as cm:
+                sx.ShardGroup(f"tcp://localhost:{port}", 1, 2, backend="cpu", num_threads=1,
+                              timeout_ms=30000, rendezvous_token="not-it")
+            self.assertNotIn("py-secret", cm.exception.message)
+            self.assertNotIn("not-it", cm.exception.message)
+            with sx.ShardGroup(f"tcp://127.0.0.1:{port}", 1, 2, backend="cpu", num_threads=1,
+                               timeout_ms=30000, rendezvous_token="py-secret") as g:
+                self.assertEqual(g.world_size, 2)
+        finally:
+            t.join()
+        self.assertNotIn("error", result)
+        self.assertEqual(result["world"], 2)
+        with self.assertRaisesRegex(sx.InvalidArgumentError, "rendezvous_token must be a str"):
+            sx.ShardGroup(f"tcp://127.0.0.1:{port}", 0, 1, rendezvous_token=b"bytes")
+
+    def test_world_size_bound(self):
+        with self.assertRaisesRegex(sx.InvalidArgumentError, "SX_MAX_WORLD_SIZE"):
+            sx.ShardGroup(rendezvous(), 0, sx._lib.SX_MAX_WORLD_SIZE + 1)
+
+
 if __name__ == "__main__":
     unittest.main()

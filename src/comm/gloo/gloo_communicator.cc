@@ -440,7 +440,8 @@ Status create_gloo_communicator(std::shared_ptr<Store> store, int rank, int worl
                  world_size);
     SX_CHECK_ARG(options.timeout.count() > 0, "timeout %lld ms must be > 0",
                  static_cast<long long>(options.timeout.count()));
-    const Clock::time_point deadline = Clock::now() + options.timeout;
+    const Clock::time_point deadline =
+        options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
     const std::string address = options.bind_address.empty() ? default_bind_address() : options.bind_address;
 
     SX_TRY(check_bind_address(address));
@@ -460,7 +461,7 @@ Status create_gloo_communicator(std::shared_ptr<Store> store, int rank, int worl
     // Gloo waits up to 5x its timeout for a TCP connection to a peer to come up; give
     // it a fifth, so that creation stays within the timeout. The store waits (the long
     // part: ranks start at different times) use the full deadline (store_adapter.h).
-    context->setTimeout(std::max(options.timeout / 5, Millis(1)));
+    context->setTimeout(std::max(time_left(deadline) / 5, Millis(1)));
     GlooStoreAdapter adapter(make_prefix_store(store, "gloo/"), deadline);
     try {
         context->connectFullMesh(adapter, device);

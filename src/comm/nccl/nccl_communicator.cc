@@ -20,6 +20,7 @@
 #include "base/log.h"
 #include "comm/communicator.h"
 #include "comm/nccl/nccl_api.h"
+#include "comm/stores.h"
 #include "cuda/device_scope.h"
 #include "cuda/elementwise.h"
 #include "cuda/status.h"
@@ -27,8 +28,6 @@
 namespace sx {
 namespace comm {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // How often a wait looks at the event, the communicator's state and the deadline.
 constexpr auto kPoll = std::chrono::microseconds(20);
@@ -69,7 +68,8 @@ class NcclCommunicator final : public Communicator {
         if (pinned_) cudaFreeHost(pinned_);
     }
 
-    Status init(Store &store) {
+    // Forms the communicator by `deadline` (the group's creation deadline).
+    Status init(Store &store, Clock::time_point deadline) {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
         SX_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the NCCL stream");
@@ -82,14 +82,13 @@ class NcclCommunicator final : public Communicator {
             SX_TRY(store.set(key, std::string(id.internal, sizeof id.internal)));
         } else {
             std::string v;
-            SX_TRY(store.get(key, &v, timeout_));
+            SX_TRY(store.get(key, &v, time_left(deadline)));
             SX_CHECK(v.size() == sizeof id.internal, SX_ERR_COMM, "the NCCL unique id in the store has %zu bytes, not %zu",
                      v.size(), sizeof id.internal);
             std::memcpy(id.internal, v.data(), v.size());
         }
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         config.blocking = 0;
-        const auto deadline = Clock::now() + timeout_;
         const ncclResult_t r = api_->CommInitRankConfig(&comm_, world_, id, rank_, &config);
         if (r != ncclSuccess && r != ncclInProgress) {
             Status s = nccl_error("ncclCommInitRankConfig", r);
@@ -369,7 +368,9 @@ Status create_nccl_communicator(std::shared_ptr<Store> store, int rank, int worl
     const nccl::Api *api = nullptr;
     SX_TRY(nccl::load(&api));
     std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(api, rank, world_size, options.device, options.timeout));
-    SX_TRY(c->init(*make_prefix_store(std::move(store), "nccl/")));
+    const Clock::time_point deadline =
+        options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
+    SX_TRY(c->init(*make_prefix_store(std::move(store), "nccl/"), deadline));
     *out = std::move(c);
     return Status::Ok();
 }

@@ -66,6 +66,7 @@ pub const SX_HP_AMSGRAD: i32 = 10;
 pub const SX_GROUP_NO_TRAINABLE_AUTODETECT: u32 = 0x1;
 
 pub const SX_MAX_NDIM: usize = 8;
+pub const SX_MAX_WORLD_SIZE: i32 = 65536;
 pub const SX_MAX_NAME_BYTES: usize = 1024;
 
 pub const SX_LOAD_PARAMS_ONLY: u32 = 0x1;
@@ -114,6 +115,8 @@ pub struct sx_group_config_t {
     pub trace_path: *const c_char,
     pub trace_events: i32,
     pub reserved2: i32,
+    pub rendezvous_token: *const c_char,
+    pub rendezvous_bind: *const c_char,
 }
 
 pub const SX_PREFETCH_NONE: i32 = -1;

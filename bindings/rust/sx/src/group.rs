@@ -186,10 +186,23 @@ impl ShardGroup {
             Some(p) => Some(c_string("trace_path", p)?),
             None => None,
         };
+        // The token's own text stays out of the error (c_string would show it).
+        let token = match &config.rendezvous_token {
+            Some(t) => Some(std::ffi::CString::new(t.0.as_str()).map_err(|_| {
+                crate::error::invalid_argument("rendezvous_token contains a NUL byte".to_string())
+            })?),
+            None => None,
+        };
+        let rendezvous_bind = match &config.rendezvous_bind {
+            Some(a) => Some(c_string("rendezvous_bind", a)?),
+            None => None,
+        };
         let mut raw = config.raw;
         raw.rendezvous = rendezvous.as_ptr();
         raw.bind_address = bind.as_ref().map_or(ptr::null(), |b| b.as_ptr());
         raw.trace_path = trace.as_ref().map_or(ptr::null(), |t| t.as_ptr());
+        raw.rendezvous_token = token.as_ref().map_or(ptr::null(), |t| t.as_ptr());
+        raw.rendezvous_bind = rendezvous_bind.as_ref().map_or(ptr::null(), |b| b.as_ptr());
         let mut g = ptr::null_mut();
         check(unsafe { sys::sx_create_shard_group(&raw, &mut g) })?;
         Ok(ShardGroup { raw: g })

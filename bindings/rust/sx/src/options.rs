@@ -73,6 +73,18 @@ pub struct GroupConfig {
     pub(crate) rendezvous: String,
     pub(crate) bind_address: Option<String>,
     pub(crate) trace_path: Option<String>,
+    pub(crate) rendezvous_token: Option<Secret>,
+    pub(crate) rendezvous_bind: Option<String>,
+}
+
+/// A rendezvous token: its Debug shows that there is one, never what it is.
+#[derive(Clone)]
+pub(crate) struct Secret(pub(crate) String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 impl GroupConfig {
@@ -83,6 +95,8 @@ impl GroupConfig {
             rendezvous: rendezvous.to_string(),
             bind_address: None,
             trace_path: None,
+            rendezvous_token: None,
+            rendezvous_bind: None,
         }
     }
     pub fn rank(mut self, rank: i32) -> Self {
@@ -169,6 +183,19 @@ impl GroupConfig {
     /// The most events the trace keeps (the oldest go first; 0: 65536).
     pub fn trace_events(mut self, events: i32) -> Self {
         self.raw.trace_events = events;
+        self
+    }
+    /// The secret every rank proves it holds to sx's TCP rendezvous server (tcp://, and
+    /// env:// where rank 0 serves); unset, SX_RENDEZVOUS_TOKEN. A wrong or missing one
+    /// fails `ShardGroup::new` with SX_ERR_INVALID_ARGUMENT.
+    pub fn rendezvous_token(mut self, token: &str) -> Self {
+        self.rendezvous_token = Some(Secret(token.to_string()));
+        self
+    }
+    /// Where rank 0's rendezvous server listens: unset, SX_RENDEZVOUS_BIND or the
+    /// rendezvous host's address; "*" = every interface.
+    pub fn rendezvous_bind(mut self, address: &str) -> Self {
+        self.rendezvous_bind = Some(address.to_string());
         self
     }
 }

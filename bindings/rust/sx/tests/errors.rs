@@ -76,3 +76,47 @@ fn read_user_blob_of_missing_checkpoint() {
     assert_ne!(e.status(), SX_OK);
     assert!(e.message().contains("/nonexistent/sx/ckpt"), "{}", e.message());
 }
+
+/// A free TCP port on 127.0.0.1 (bound to port 0, read back, released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn rendezvous_token_refuses_a_wrong_one_and_admits_the_right_one() {
+    let port = free_port();
+    let url = format!("tcp://127.0.0.1:{}", port);
+    let rank0 = {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            ShardGroup::new(&common::config(&url, 0, 2).rendezvous_token("rust-secret").rendezvous_bind("*"))
+                .and_then(|g| g.world_size())
+        })
+    };
+    // "localhost": another spelling of the address, so that this refused attempt does not
+    // count as one of this process's groups on the URL of the others (key_space.cc).
+    let wrong = format!("tcp://localhost:{}", port);
+    let e = ShardGroup::new(&common::config(&wrong, 1, 2).rendezvous_token("not-it")).err().expect("refused");
+    assert_eq!(e.status(), SX_ERR_INVALID_ARGUMENT, "{}", e);
+    assert!(e.message().contains("does not match"), "{}", e.message());
+    assert!(!e.message().contains("rust-secret") && !e.message().contains("not-it"));
+    let g = ShardGroup::new(&common::config(&url, 1, 2).rendezvous_token("rust-secret")).unwrap();
+    assert_eq!(g.world_size().unwrap(), 2);
+    assert_eq!(rank0.join().unwrap().unwrap(), 2);
+    // A token never shows in the config's Debug text, and one with a NUL is refused
+    // without being shown.
+    let c = common::config(&url, 0, 1).rendezvous_token("rust-secret");
+    assert!(!format!("{:?}", c).contains("rust-secret"));
+    let e = ShardGroup::new(&common::config(&url, 0, 1).rendezvous_token("a\0secret")).err().expect("refused");
+    assert_eq!(e.status(), SX_ERR_INVALID_ARGUMENT);
+    assert!(!e.message().contains("secret"), "{}", e.message());
+}
+
+#[test]
+fn world_size_beyond_the_maximum_is_refused() {
+    let e = ShardGroup::new(&common::config(&common::rendezvous("maxworld"), 0, sx::sys::SX_MAX_WORLD_SIZE + 1))
+        .err()
+        .expect("refused");
+    assert_eq!(e.status(), SX_ERR_INVALID_ARGUMENT);
+    assert!(e.message().contains("SX_MAX_WORLD_SIZE"), "{}", e.message());
+}

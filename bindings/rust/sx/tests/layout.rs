@@ -161,7 +161,8 @@ fn structs_match_the_c_layout() {
     let mirrors = vec![
         mirror!(sys::sx_group_config_t, [struct_size, rendezvous, rank, world_size, stage, backend, num_threads,
             alignment, timeout_ms, flags, bind_address, device_ordinal, reserved0, grad_dtype, reduce_dtype,
-            prefetch_depth, shard_size, grad_predivide_factor, trace_path, trace_events, reserved2]),
+            prefetch_depth, shard_size, grad_predivide_factor, trace_path, trace_events, reserved2,
+            rendezvous_token, rendezvous_bind]),
         mirror!(sys::sx_param_group_desc_t, [struct_size, optimizer, nesterov, maximize, amsgrad, lr, weight_decay,
             beta1, beta2, eps, momentum, dampening]),
         mirror!(sys::sx_param_desc_t, [struct_size, name, ndim, dtype, shape, param_group, unit, frozen, reserved0]),
@@ -241,7 +242,7 @@ fn constants_match_the_header() {
         SX_OPTIM_SGD, SX_OPTIM_ADAM, SX_OPTIM_ADAMW,
         SX_HP_LR, SX_HP_WEIGHT_DECAY, SX_HP_BETA1, SX_HP_BETA2, SX_HP_EPS, SX_HP_MOMENTUM, SX_HP_DAMPENING,
         SX_HP_NESTEROV, SX_HP_MAXIMIZE, SX_HP_AMSGRAD,
-        SX_GROUP_NO_TRAINABLE_AUTODETECT, SX_MAX_NDIM, SX_MAX_NAME_BYTES,
+        SX_GROUP_NO_TRAINABLE_AUTODETECT, SX_MAX_NDIM, SX_MAX_NAME_BYTES, SX_MAX_WORLD_SIZE,
         SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA,
         SX_LOSS_SCALING_NONE, SX_LOSS_SCALING_DYNAMIC, SX_LOSS_SCALING_STATIC,
         SX_PREFETCH_NONE,
