@@ -551,7 +551,7 @@ int ShardGroup::required_slots(size_t u, const std::vector<uint8_t> &mask) const
     return slots;
 }
 
-Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
+Status ShardGroup::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
     // Allocate everything first into temporaries, so that a failed allocation
     // changes nothing.
     struct Pending {
@@ -567,7 +567,7 @@ Status ShardGroup::prepare(const std::vector<uint8_t> &mask) {
     for (size_t u = 0; u < units_.size(); ++u) {
         if (!trainable[u]) continue;
         const int need = required_slots(u, mask);
-        const bool need_accum = needs_accum(u) && units_[u].accum.empty();
+        const bool need_accum = needs_accum(u, accumulate) && units_[u].accum.empty();
         if (need <= units_[u].state_slots && !need_accum) continue;
         pending.emplace_back();
         Pending &pd = pending.back();
@@ -732,8 +732,13 @@ MemoryStats ShardGroup::memory_stats() const {
     return m;
 }
 
-bool ShardGroup::needs_accum(size_t u) const {
-    return config_.stage >= 2 || units_[u].grad_dtype != SX_DTYPE_F32;
+bool ShardGroup::needs_accum(size_t u, bool accumulate) const {
+    // The reduced shard goes in place into the unit's own part of its gradient buffer at
+    // stages 1 and 2; an fp32 accumulator beside it holds it for 16-bit gradients (the
+    // sum is fp32), at stage 3, and for a stage-2 unit's accumulated micro-batches
+    // (allocated at the first sx_accumulate_grads, then kept). Stage 1 keeps
+    // micro-batches in place.
+    return units_[u].grad_dtype != SX_DTYPE_F32 || config_.stage == 3 || (config_.stage == 2 && accumulate);
 }
 
 bool ShardGroup::reduces_in_16bit(size_t u) const {

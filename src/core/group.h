@@ -372,7 +372,7 @@ class ShardGroup {
     // Applies a trainable mask: unit flags, and optimizer state (and stage 2's gradient
     // accumulator) allocated for every unit that needs it under the current
     // hyperparameters. All allocations happen before anything changes.
-    Status prepare(const std::vector<uint8_t> &mask);
+    Status prepare(const std::vector<uint8_t> &mask, bool accumulate = false);
     int required_slots(size_t u, const std::vector<uint8_t> &mask) const;
     // --- agreement.cc ---
     // The agreement of a call of the step's family (`call`, as the error names it), with
@@ -406,7 +406,7 @@ class ShardGroup {
     // reduced (summed, not averaged) fp32 shard lives. into_accum: always into (or added
     // to) the accumulator, never left in place.
     Status reduce_unit(size_t u, bool into_accum, float **shard_grad);
-    bool needs_accum(size_t u) const;
+    bool needs_accum(size_t u, bool accumulate) const;
     bool reduces_in_16bit(size_t u) const;
     Status zero_grads();
     // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.

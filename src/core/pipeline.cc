@@ -77,7 +77,7 @@ Status ShardGroup::settle() {
 
 Status ShardGroup::open_round(bool accumulate) {
     std::vector<uint8_t> mask = candidate_mask();
-    SX_TRY(prepare(mask));
+    SX_TRY(prepare(mask, accumulate));
     unit_sumsq_.assign(units_.size(), 0.0);
     Round r;
     r.open = true;

@@ -47,8 +47,9 @@ Status ShardGroup::reduce_unit(size_t u, bool into_accum, float **shard_grad) {
         // copies or adds.)
         if (shard_size_ == 1 && !into_accum && !unit.accum_live) {
             *shard_grad = grads;
-        } else if (config_.stage == 1 && !into_accum) {
-            // In place: this rank's shard of the grad buffer receives the sum.
+        } else if (config_.stage <= 2 && !into_accum && !unit.accum_live) {
+            // In place: this rank's shard of the grad buffer receives the sum (a stage-2
+            // unit has an fp32 accumulator only once micro-batches were accumulated).
             float *own = grads + static_cast<uint64_t>(shard_rank_) * S;
             SX_TRY(c.reduce_scatter_sum(grads, S, own, false));
             *shard_grad = own;
@@ -97,7 +98,7 @@ Status ShardGroup::zero_grads() {
 
 Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum) {
     SX_TRY(agree(a, weight, weight_sum));
-    SX_TRY(prepare(a.mask));
+    SX_TRY(prepare(a.mask, accumulate));
     // Stage 1 keeps a micro-batch's gradients in place until the step.
     if (accumulate && config_.stage == 1) return Status::Ok();
     for (size_t u = 0; u < units_.size(); ++u) {

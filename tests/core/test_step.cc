@@ -12,6 +12,7 @@
 
 #include "process_ranks.h"
 #include "step_scenario.h"
+#include "run_ranks.h"
 #include "test_files.h"
 
 using sxtest::Scenario;
@@ -46,6 +47,59 @@ void test_without_clipping_and_single_micro_batch(void **) {
         sc.max_grad_norm = 0.0;
         sc.micro_batches = 1;
         expect_ok(sxtest::run_threads_and_compare(sc, "noclip-" + std::to_string(world), 1e-6));
+    }
+}
+
+// Gradient memory per rank at 2 ranks, one fp32 param of 4096 elements (16 KiB of
+// gradients; an 8 KiB shard): stages 1 and 2 reduce into the gradient buffer itself, so
+// grad_bytes is the buffer alone; a stage-2 group gets its 8 KiB fp32 accumulator at its
+// first sx_accumulate_grads (and keeps it); stage 3, and 16-bit gradients at any stage,
+// have it from the start.
+void test_the_accumulator_exists_only_where_needed(void **) {
+    struct Case {
+        int stage;
+        int32_t dtype;
+        uint64_t before, after;  // grad_bytes after sx_finalize and after an accumulation
+    };
+    const Case cases[] = {{1, SX_DTYPE_F32, 16384, 16384},
+                          {2, SX_DTYPE_F32, 16384, 16384 + 8192},
+                          {3, SX_DTYPE_F32, 16384 + 8192, 16384 + 8192},
+                          {2, SX_DTYPE_BF16, 8192 + 8192, 8192 + 8192}};
+    for (const Case &c : cases) {
+        const std::string err = sxtest::run_ranks(2, [&](int r) -> std::string {
+            sx_group_config_t cfg;
+            sx_group_config_init(&cfg, sizeof cfg);
+            const std::string rv = "local://accum-" + std::to_string(c.stage) + "-" + std::to_string(c.dtype) + "-" +
+                                   std::to_string(getpid());
+            cfg.rendezvous = rv.c_str();
+            cfg.rank = r;
+            cfg.world_size = 2;
+            cfg.stage = c.stage;
+            cfg.num_threads = 1;
+            sx_shard_group_t *g = nullptr;
+            if (sx_create_shard_group(&cfg, &g) != SX_OK) return sx_last_error_message();
+            std::string e;
+            sx_param_group_desc_t sgd;
+            sx_param_group_desc_init(&sgd, sizeof sgd, SX_OPTIM_SGD);
+            const int64_t shape[1] = {4096};
+            sx_param_desc_t d;
+            sx_param_desc_init(&d, sizeof d);
+            d.name = "w", d.ndim = 1, d.shape = shape, d.dtype = c.dtype;
+            sx_memory_stats_t before, after;
+            sx_memory_stats_init(&before, sizeof before);
+            sx_memory_stats_init(&after, sizeof after);
+            if (sx_add_param_group(g, &sgd, nullptr) != SX_OK || sx_add_param(g, &d, nullptr) != SX_OK ||
+                sx_finalize(g) != SX_OK || sx_get_memory_stats(g, &before) != SX_OK ||
+                sx_accumulate_grads(g) != SX_OK || sx_step(g, nullptr, nullptr) != SX_OK ||
+                sx_get_memory_stats(g, &after) != SX_OK)
+                e = sx_last_error_message();
+            else if (before.grad_bytes != c.before || after.grad_bytes != c.after)
+                e = "grad_bytes " + std::to_string(before.grad_bytes) + " then " + std::to_string(after.grad_bytes) +
+                    "; expected " + std::to_string(c.before) + " then " + std::to_string(c.after);
+            sx_destroy_shard_group(g);
+            return e;
+        });
+        if (!err.empty()) fail_msg("stage %d, dtype %d: %s", c.stage, c.dtype, err.c_str());
     }
 }
 
@@ -187,6 +241,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_adam_matches_reference),
         cmocka_unit_test(test_adamw_matches_reference),
         cmocka_unit_test(test_without_clipping_and_single_micro_batch),
+        cmocka_unit_test(test_the_accumulator_exists_only_where_needed),
         cmocka_unit_test(test_freeze_and_unfreeze),
         cmocka_unit_test(test_freezing_changes_the_trajectory),
         cmocka_unit_test(test_param_groups_added_at_run_time),
