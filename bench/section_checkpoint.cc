@@ -11,6 +11,9 @@
 //                     sequentially, page cache dropped before both (goal >= 0.85)
 //   step_during_save  time per sx_step while a save persists, against without
 //   save_memory       peak RSS growth during a save, against the state's size
+//   first_save        a fresh group's first asynchronous save's blocking time, against its
+//                     second's, with the staging reserved at sx_finalize and without (goal
+//                     <= 1.2 reserved)
 //
 // The state is one AdamW param of E fp32 elements: its values and two optimizer states,
 // 12 bytes an element in the files; --ckpt-mib sets 12*E. Figures 1, 2, 4 and 5 use
@@ -73,10 +76,12 @@ void remove_tree(const std::string &path) {
 // Rank `rank` of a `world`-rank group (rendezvous `url`) holding one AdamW param "w" of
 // n fp32 elements with values and gradients set; take_step: one step, so that the
 // optimizer state exists and is saved. Collective over the world's threads.
-sx_shard_group_t *make_group(const std::string &url, int rank, int world, int threads, size_t n, bool take_step) {
+sx_shard_group_t *make_group(const std::string &url, int rank, int world, int threads, size_t n, bool take_step,
+                             uint32_t flags = 0) {
     sx_shard_group_t *g = nullptr;
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.flags = flags;
     cfg.rendezvous = url.c_str();
     cfg.rank = rank;
     cfg.world_size = world;
@@ -322,6 +327,27 @@ int section_checkpoint(const Options &opt) {
     source.reset();
     PairTimes f1{synced, blocked}, f2{synced, plain};
 
+    // 6. A fresh group's first asynchronous save against its second, with the staging
+    // reserved at sx_finalize (SX_GROUP_RESERVE_CHECKPOINT_STAGING) and without: the
+    // first save of a group without it allocates and faults in its staging.
+    PairTimes first_plain, first_reserved;
+    for (int r = 0; r < reps; ++r) {
+        for (bool reserve : {false, true}) {
+            const std::string u = url + "-first-" + std::to_string(r) + (reserve ? "-reserved" : "-plain");
+            sx_shard_group_t *f = make_group(u, 0, 1, 2, n, true, reserve ? SX_GROUP_RESERVE_CHECKPOINT_STAGING : 0);
+            double blocked_s[2];
+            for (int k = 0; k < 2; ++k) {
+                dir = fresh(k ? "second" : "first");
+                blocked_s[k] = save(f, dir, false, nullptr);
+                remove_tree(dir);
+            }
+            PairTimes &into = reserve ? first_reserved : first_plain;
+            into.a.push_back(blocked_s[1]);  // later
+            into.b.push_back(blocked_s[0]);  // first
+            sx_destroy_shard_group(f);
+        }
+    }
+
     // 4. Steps with a save in flight vs without: "with" runs steps from the return of an
     // asynchronous save until it completes; "without" as many steps with nothing else.
     sx_step_options_t keep;
@@ -451,6 +477,12 @@ int section_checkpoint(const Options &opt) {
     std::snprintf(a, sizeof a, "step %.2f ms, save in flight", median(step_with) * 1e3);
     std::snprintf(b, sizeof b, "step %.2f ms, alone", median(step_alone) * 1e3);
     std::printf("%-17s %-34s %-38s %8.3f %8s\n", "step_during_save", a, b, r4, "");
+    std::snprintf(a, sizeof a, "first blocks %.1f ms, reserved", median(first_reserved.b) * 1e3);
+    std::snprintf(b, sizeof b, "second blocks %.1f ms", median(first_reserved.a) * 1e3);
+    std::printf("%-17s %-34s %-38s %8.3f %8s\n", "first_save", a, b, first_reserved.paired_ratio(), "<= 1.2");
+    std::snprintf(a, sizeof a, "first blocks %.1f ms, not reserved", median(first_plain.b) * 1e3);
+    std::snprintf(b, sizeof b, "second blocks %.1f ms", median(first_plain.a) * 1e3);
+    std::printf("%-17s %-34s %-38s %8.3f %8s\n", "", a, b, first_plain.paired_ratio(), "");
     std::snprintf(a, sizeof a, "first save +%.1f MiB", extra_first);
     std::snprintf(b, sizeof b, "state %.1f MiB", state_mib);
     std::printf("%-17s %-34s %-38s %8.3f %8s\n", "save_memory", a, b, extra_first / state_mib, "");
@@ -464,6 +496,11 @@ int section_checkpoint(const Options &opt) {
     std::printf("  save_memory: peak from %s; RSS after the first save +%.1f MiB (staging kept for reuse)\n", peak_how,
                 mem_first.after_mib - mem_first.before_mib);
 
+    std::printf("{\"bench\":\"checkpoint\",\"figure\":\"first_save\",\"reps\":%d,\"reserved_first_ms\":%.3f,"
+                "\"reserved_second_ms\":%.3f,\"reserved_ratio\":%.4f,\"plain_first_ms\":%.3f,\"plain_second_ms\":%.3f,"
+                "\"plain_ratio\":%.4f,\"goal_max\":1.2}\n",
+                reps, median(first_reserved.b) * 1e3, median(first_reserved.a) * 1e3, first_reserved.paired_ratio(),
+                median(first_plain.b) * 1e3, median(first_plain.a) * 1e3, first_plain.paired_ratio());
     std::printf("{\"bench\":\"checkpoint\",\"figure\":\"save_blocking\",\"elements\":%zu,\"file_bytes\":%llu,"
                 "\"reps\":%d,\"async_blocked_ms\":%.3f,\"sync_save_ms\":%.3f,\"ratio\":%.4f,\"ratio_of_mins\":%.4f,"
                 "\"goal_max\":0.05}\n",

@@ -54,6 +54,10 @@ const (
 // GroupFlagNoTrainableAutodetect: trainability changes need RefreshTrainable.
 const GroupFlagNoTrainableAutodetect = 0x1
 
+// GroupFlagReserveCheckpointStaging: Finalize reserves the memory the checkpoint saves
+// stage this rank's shard in, so that the first save blocks no longer than later ones.
+const GroupFlagReserveCheckpointStaging = 0x2
+
 // Limits of param descriptions.
 const (
 	MaxNdim      = 8

@@ -880,3 +880,35 @@ func TestWorldSizeBeyondTheMaximumIsRefused(t *testing.T) {
 		t.Fatalf("world size %d gave %v", MaxWorldSize+1, err)
 	}
 }
+
+func TestFinalizeReservesTheCheckpointStagingWhenAsked(t *testing.T) {
+	for _, reserve := range []bool{false, true} {
+		cfg := config(rendezvous(fmt.Sprintf("reserve-%v", reserve)), 0, 1)
+		if reserve {
+			cfg.Flags |= GroupFlagReserveCheckpointStaging
+		}
+		g, err := NewShardGroup(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := g.AddParamGroup(NewParamGroup(Adam)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := g.AddParam(Param{Name: "w", Shape: []int64{1000}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Finalize(); err != nil {
+			t.Fatal(err)
+		}
+		m, err := g.MemoryStats()
+		// Adam's values and two states, 4000 bytes each, each on a 4 KiB boundary.
+		want := uint64(0)
+		if reserve {
+			want = 2*4096 + 4000
+		}
+		if err != nil || m.StagingBytes != want {
+			t.Errorf("reserve %v: staging %d bytes, want %d (%v)", reserve, m.StagingBytes, want, err)
+		}
+		g.Close()
+	}
+}

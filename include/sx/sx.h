@@ -145,6 +145,11 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
 
 /* Group flags (sx_group_config_t.flags). */
 #define SX_GROUP_NO_TRAINABLE_AUTODETECT 0x1 /* trainability changes need sx_refresh_trainable() */
+/* sx_finalize reserves (allocates and faults in) the checkpoint staging of this rank's
+ * shard file, as if the group were saved with every optimizer state it may keep, so that
+ * the first sx_save_optim_state blocks no longer than the later ones, which reuse it. The
+ * memory is then held from sx_finalize on (sx_get_memory_stats: staging_bytes). (1.5) */
+#define SX_GROUP_RESERVE_CHECKPOINT_STAGING 0x2
 
 /* ---------------------------------------------------------------------------------
  * Creating a shard group

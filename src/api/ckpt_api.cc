@@ -10,7 +10,8 @@ using sx::Status;
 using sx::api::guard;
 using sx::api::resolve;
 
-namespace {
+namespace sx {
+namespace api {
 
 sx::ckpt::Checkpointer &checkpointer_of(sx_shard_group_t *group) {
     if (!group->checkpointer)
@@ -18,7 +19,10 @@ sx::ckpt::Checkpointer &checkpointer_of(sx_shard_group_t *group) {
     return *group->checkpointer;
 }
 
-}  // namespace
+}  // namespace api
+}  // namespace sx
+
+using sx::api::checkpointer_of;
 
 extern "C" {
 

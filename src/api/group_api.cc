@@ -60,8 +60,8 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         SX_CHECK_ARG(c.rendezvous != nullptr && c.rendezvous[0] != '\0',
                      "config->rendezvous is empty; expected local://NAME, tcp://HOST:PORT, "
                      "file:///DIR or env://");
-        SX_CHECK_ARG((c.flags & ~static_cast<uint32_t>(SX_GROUP_NO_TRAINABLE_AUTODETECT)) == 0,
-                     "config->flags has unknown bits 0x%x", c.flags);
+        const uint32_t known = SX_GROUP_NO_TRAINABLE_AUTODETECT | SX_GROUP_RESERVE_CHECKPOINT_STAGING;
+        SX_CHECK_ARG((c.flags & ~known) == 0, "config->flags has unknown bits 0x%x", c.flags & ~known);
         sx::core::GroupConfig g;
         g.rendezvous = c.rendezvous;
         g.rank = c.rank;
@@ -213,7 +213,9 @@ SX_API sx_status_t sx_finalize(sx_shard_group_t *group) {
     return guard(__func__, [&]() -> Status {
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
-        return g->finalize();
+        SX_TRY(g->finalize());
+        if (g->config().flags & SX_GROUP_RESERVE_CHECKPOINT_STAGING) return sx::api::checkpointer_of(group).reserve_staging();
+        return Status::Ok();
     });
 }
 

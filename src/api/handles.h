@@ -37,5 +37,8 @@ bool handle_live(const void *h);
 Status resolve(const sx_shard_group *h, core::ShardGroup **out);
 Status resolve_future(const sx_future *f);
 
+// The group's checkpointer, made at its first use (ckpt_api.cc).
+sx::ckpt::Checkpointer &checkpointer_of(sx_shard_group_t *group);
+
 }  // namespace api
 }  // namespace sx

@@ -119,6 +119,12 @@ class Checkpointer {
 
     // The staging memory kept: staging_ and the spare state buffers.
     uint64_t staging_bytes() const;
+    // Allocates (and faults in) the staging of this rank's shard file ahead of the first
+    // save, sized for every optimizer state the params' groups may keep
+    // (SX_GROUP_RESERVE_CHECKPOINT_STAGING), and starts the thread that persists
+    // asynchronous saves. A rank that writes no file (a mesh's other
+    // replicas) reserves nothing. Owner's thread.
+    Status reserve_staging();
 
   private:
     class Load;  // one load's phases (load.cc)

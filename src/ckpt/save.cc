@@ -3,6 +3,7 @@
 #include <thread>
 #include <chrono>
 #include <cstring>
+#include <future>
 
 #include "base/log.h"
 #include "ckpt/checkpointer.h"
@@ -279,6 +280,31 @@ uint64_t Checkpointer::staging_bytes() const {
     for (const auto &slots : spare_state_)
         for (const core::Buffer &b : slots) bytes += b.size();
     return bytes;
+}
+
+Status Checkpointer::reserve_staging() {
+    core::ShardGroup &g = *group_;
+    SX_TRY(g.check_usable());
+    SX_TRY(g.check_finalized());
+    // The threads that persist asynchronous saves, started as the first save would start
+    // them: the loop's, and (by one empty job, waited for) libuv's pool's.
+    if (!loop_) {
+        SX_TRY(io::IoLoop::create(&loop_));
+        auto ran = std::make_shared<std::promise<void>>();
+        std::future<void> done = ran->get_future();
+        loop_->submit([] { return Status::Ok(); }, [ran](Status) { ran->set_value(); });
+        done.wait();
+    }
+    if (g.replica_rank() != 0) return Status::Ok();
+    if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
+    std::vector<std::vector<TensorKind>> kinds(static_cast<size_t>(g.num_params()));
+    for (int32_t p = 0; p < g.num_params(); ++p) kinds[p] = stored_kinds(g.hyper(g.param(p).group));
+    const uint64_t bytes = plan_write(g.layout(), g.shard_rank(), kinds).file_bytes;
+    if (staging_.size() >= bytes) return Status::Ok();
+    HostBuffer bigger;
+    SX_TRY(bigger.allocate(bytes, "checkpoint staging"));
+    staging_ = std::move(bigger);
+    return Status::Ok();
 }
 
 Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {

@@ -378,7 +378,7 @@ static void test_create_errors(void **state) {
     EXPECT_CREATE_FAILS(&b, SX_ERR_INVALID_ARGUMENT, "num_threads");
     b.num_threads = 1 << 20;
     EXPECT_CREATE_FAILS(&b, SX_ERR_INVALID_ARGUMENT, "num_threads");
-    const uint32_t bad_flags[] = {0x2, 0x80000000u, 0xffffffffu};
+    const uint32_t bad_flags[] = {0x4, 0x80000000u, 0xffffffffu};
     for (size_t i = 0; i < 3; ++i) {
         b = c;
         b.flags = bad_flags[i];
@@ -386,12 +386,12 @@ static void test_create_errors(void **state) {
     }
 
     /* The same config, unbroken, works (so the failures above were the fields'), and the
-     * documented values are taken: stage 1, alignment 4096, the flag. */
+     * documented values are taken: stage 1, alignment 4096, the flags. */
     b = c;
     b.stage = 1;
     b.alignment = 4096;
     b.backend = SX_BACKEND_CPU;
-    b.flags = SX_GROUP_NO_TRAINABLE_AUTODETECT;
+    b.flags = SX_GROUP_NO_TRAINABLE_AUTODETECT | SX_GROUP_RESERVE_CHECKPOINT_STAGING;
     sx_shard_group_t *g = NULL;
     EXPECT_OK(sx_create_shard_group(&b, &g));
     assert_non_null(g);

@@ -317,6 +317,49 @@ sx_status_t load(sx_shard_group_t *g, const std::string &path) {
 // next load in: counted in staging_bytes, reused rather than grown. The first load keeps
 // nothing of the kind (a trainer loads once, then trains). Loads in a row through them
 // (one failing in between) are exact: trained on, the group follows the one that saved.
+// SX_GROUP_RESERVE_CHECKPOINT_STAGING: sx_finalize holds the staging of this rank's
+// file, sized for AdamW's two states though none exists yet, and the saves that follow
+// (before and after the first step) use it without growing it; without the flag the
+// staging appears with the first save.
+void test_finalize_reserves_the_staging(void **) {
+    const std::string dir = make_tmpdir();
+    for (bool reserve : {false, true}) {
+        sx_group_config_t cfg;
+        sx_group_config_init(&cfg, sizeof cfg);
+        const std::string rv = "local://api-reserve-" + std::to_string(reserve) + "-" + std::to_string(getpid());
+        cfg.rendezvous = rv.c_str();
+        cfg.world_size = 1;
+        cfg.num_threads = 1;
+        cfg.flags = reserve ? SX_GROUP_RESERVE_CHECKPOINT_STAGING : 0;
+        sx_shard_group_t *g = nullptr;
+        assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
+        sx_param_group_desc_t adamw;
+        sx_param_group_desc_init(&adamw, sizeof adamw, SX_OPTIM_ADAMW);
+        assert_int_equal(sx_add_param_group(g, &adamw, nullptr), SX_OK);
+        sx_param_desc_t d;
+        sx_param_desc_init(&d, sizeof d);
+        d.name = "w", d.ndim = 2, d.shape = kShape;
+        assert_int_equal(sx_add_param(g, &d, nullptr), SX_OK);
+        assert_int_equal(sx_finalize(g), SX_OK);
+        const uint64_t reserved = memory_stats(g).staging_bytes;
+        const std::string first = dir + "/first-" + std::to_string(reserve), later = dir + "/later-" + std::to_string(reserve);
+        sxtest::save_sync(g, first);
+        steps(g, 1, 1);
+        sxtest::save_sync(g, later);
+        const uint64_t needed = sxtest::shard_data_bytes(later, 0);  // values and both states
+        assert_true(needed > 0);
+        if (reserve) {
+            assert_int_equal(reserved, needed);
+            assert_int_equal(memory_stats(g).staging_bytes, reserved);
+        } else {
+            assert_int_equal(reserved, 0);
+            assert_int_equal(memory_stats(g).staging_bytes, needed);
+        }
+        sx_destroy_shard_group(g);
+    }
+    remove_tree(dir);
+}
+
 // A save releases them and keeps its own staging alone.
 void test_loads_in_a_row_reuse_their_staging(void **) {
     const std::string dir = make_tmpdir();
@@ -448,6 +491,7 @@ int main(void) {
         cmocka_unit_test(test_missing_and_extra_params),
         cmocka_unit_test(test_load_into_a_frozen_unit),
         cmocka_unit_test(test_loads_in_a_row_reuse_their_staging),
+        cmocka_unit_test(test_finalize_reserves_the_staging),
         cmocka_unit_test(test_retention_and_latest),
         cmocka_unit_test(test_cancel_commits_nothing_or_everything),
         cmocka_unit_test(test_bad_arguments),

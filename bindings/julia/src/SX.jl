@@ -46,6 +46,7 @@ const SX_OPTIM_SGD, SX_OPTIM_ADAM, SX_OPTIM_ADAMW = Int32.(1:3)
 const SX_HP_LR, SX_HP_WEIGHT_DECAY, SX_HP_BETA1, SX_HP_BETA2, SX_HP_EPS, SX_HP_MOMENTUM,
       SX_HP_DAMPENING, SX_HP_NESTEROV, SX_HP_MAXIMIZE, SX_HP_AMSGRAD = Int32.(1:10)
 const SX_GROUP_NO_TRAINABLE_AUTODETECT = UInt32(0x1)
+const SX_GROUP_RESERVE_CHECKPOINT_STAGING = UInt32(0x2)
 const SX_MAX_NDIM = 8
 const SX_MAX_WORLD_SIZE = Int32(65536)
 const SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA = UInt32.((0x1, 0x2, 0x4))
@@ -372,7 +373,7 @@ mutable struct ShardGroup
     function ShardGroup(rendezvous::AbstractString, rank::Integer, world_size::Integer;
                         stage::Integer=0, backend::Integer=SX_BACKEND_AUTO,
                         num_threads::Integer=0, alignment::Integer=0, timeout_ms::Integer=0,
-                        trainable_autodetect::Bool=true,
+                        trainable_autodetect::Bool=true, reserve_checkpoint_staging::Bool=false,
                         bind_address::Union{Nothing,AbstractString}=nothing,
                         device_ordinal::Integer=0, grad_dtype::Integer=0, reduce_dtype::Integer=0,
                         prefetch_depth::Integer=0, shard_size::Integer=0,
@@ -397,7 +398,8 @@ mutable struct ShardGroup
             cfg.rendezvous_bind = rbind === nothing ? C_NULL : pointer(rbind)
             cfg.rank, cfg.world_size, cfg.stage, cfg.backend = rank, world_size, stage, backend
             cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
-            cfg.flags = trainable_autodetect ? 0 : SX_GROUP_NO_TRAINABLE_AUTODETECT
+            cfg.flags = (trainable_autodetect ? UInt32(0) : SX_GROUP_NO_TRAINABLE_AUTODETECT) |
+                        (reserve_checkpoint_staging ? SX_GROUP_RESERVE_CHECKPOINT_STAGING : UInt32(0))
             cfg.device_ordinal = device_ordinal
             cfg.grad_dtype, cfg.reduce_dtype = grad_dtype, reduce_dtype
             cfg.prefetch_depth = prefetch_depth

@@ -301,6 +301,22 @@ end
     end
 end
 
+@testset "finalize reserves the checkpoint staging when asked" begin
+    for reserve in (false, true)
+        g = ShardGroup("local://jl-reserve-$(reserve)-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU,
+                       reserve_checkpoint_staging=reserve)
+        try
+            add_param_group!(g, :adam)
+            add_param!(g, "w", (1000,))
+            finalize!(g)
+            # Adam's values and two states, 4000 bytes each, each on a 4 KiB boundary.
+            @test memory_stats(g).staging_bytes == (reserve ? 2 * 4096 + 4000 : 0)
+        finally
+            close(g)
+        end
+    end
+end
+
 @testset "rendezvous token: a wrong one refused, the right one admitted" begin
     port = let s = Sockets.listen(Sockets.IPv4(127, 0, 0, 1), 0)
         p = Int(Sockets.getsockname(s)[2]); close(s); p

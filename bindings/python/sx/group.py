@@ -157,10 +157,15 @@ class ShardGroup(Handle):
     SX_RENDEZVOUS_TOKEN environment variable); a wrong or missing one raises
     InvalidArgumentError. ``rendezvous_bind`` is where rank 0's server listens (None:
     SX_RENDEZVOUS_BIND, or the rendezvous host's address; "*": every interface).
+
+    ``reserve_checkpoint_staging=True``: finalize reserves the memory the checkpoint
+    saves stage this rank's shard in, so that the first save blocks no longer than the
+    later ones (SX_GROUP_RESERVE_CHECKPOINT_STAGING).
     """
 
     def __init__(self, rendezvous, rank=0, world_size=1, *, stage=0, backend="auto",
                  num_threads=0, alignment=0, timeout_ms=0, trainable_autodetect=True,
+                 reserve_checkpoint_staging=False,
                  bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None,
                  prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0, trace_path=None,
                  trace_events=0, rendezvous_token=None, rendezvous_bind=None):
@@ -170,6 +175,8 @@ class ShardGroup(Handle):
         cfg.backend = _choice("backend", backend, _BACKENDS)
         cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
         cfg.flags = 0 if trainable_autodetect else _lib.SX_GROUP_NO_TRAINABLE_AUTODETECT
+        if reserve_checkpoint_staging:
+            cfg.flags |= _lib.SX_GROUP_RESERVE_CHECKPOINT_STAGING
         if bind_address is not None:
             cfg.bind_address = _encode("bind_address", bind_address)
         cfg.device_ordinal = device_ordinal

@@ -102,6 +102,7 @@ class TrainingTest(unittest.TestCase):
                 self.assertEqual(unit.shard_begin, rank * unit.shard_numel)
                 g.step()
                 stats = g.memory_stats()
+                self.assertEqual(stats.staging_bytes, 0)  # nothing saved, nothing reserved
                 self.assertGreater(stats.param_bytes, 0)
                 self.assertGreater(stats.optimizer_bytes, 0)
                 # AdamW keeps two fp32 states per element of the 20 elements.
@@ -526,6 +527,18 @@ class LogTest(unittest.TestCase):
                 self.assertIsInstance(text, str)
         finally:
             sx.set_log_callback(None)
+
+
+class ReserveStagingTest(unittest.TestCase):
+    def test_finalize_reserves_the_checkpoint_staging_when_asked(self):
+        for reserve in (False, True):
+            with sx.ShardGroup(f"local://py-reserve-{reserve}-{os.getpid()}", 0, 1, num_threads=1,
+                               reserve_checkpoint_staging=reserve) as g:
+                g.add_param_group("adam")
+                g.add_param("w", [1000])
+                g.finalize()
+                # Adam's values and two states, 4000 bytes each, each on a 4 KiB boundary.
+                self.assertEqual(g.memory_stats().staging_bytes, 2 * 4096 + 4000 if reserve else 0)
 
 
 if __name__ == "__main__":

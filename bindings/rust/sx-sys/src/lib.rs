@@ -64,6 +64,7 @@ pub const SX_HP_MAXIMIZE: i32 = 9;
 pub const SX_HP_AMSGRAD: i32 = 10;
 
 pub const SX_GROUP_NO_TRAINABLE_AUTODETECT: u32 = 0x1;
+pub const SX_GROUP_RESERVE_CHECKPOINT_STAGING: u32 = 0x2;
 
 pub const SX_MAX_NDIM: usize = 8;
 pub const SX_MAX_WORLD_SIZE: i32 = 65536;

@@ -134,6 +134,16 @@ impl GroupConfig {
         self.raw.flags = flags;
         self
     }
+    /// Finalize reserves the memory checkpoint saves stage this rank's shard in, so that
+    /// the first save blocks no longer than later ones (SX_GROUP_RESERVE_CHECKPOINT_STAGING).
+    pub fn reserve_checkpoint_staging(mut self, on: bool) -> Self {
+        if on {
+            self.raw.flags |= sys::SX_GROUP_RESERVE_CHECKPOINT_STAGING;
+        } else {
+            self.raw.flags &= !sys::SX_GROUP_RESERVE_CHECKPOINT_STAGING;
+        }
+        self
+    }
     pub fn bind_address(mut self, address: &str) -> Self {
         self.bind_address = Some(address.to_string());
         self

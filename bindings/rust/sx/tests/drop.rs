@@ -57,3 +57,18 @@ fn drop_and_close_release_the_group() {
     g.close().unwrap();
     assert_eq!(wait_for_threads(baseline), baseline, "threads left after closing the group");
 }
+
+#[test]
+fn finalize_reserves_the_checkpoint_staging_when_asked() {
+    for reserve in [false, true] {
+        let name = if reserve { "reserve" } else { "no-reserve" };
+        let cfg = common::config(&common::rendezvous(name), 0, 1).reserve_checkpoint_staging(reserve);
+        let mut g = ShardGroup::new(&cfg).unwrap();
+        g.add_param_group(&ParamGroup::new(Optimizer::Adam)).unwrap();
+        g.add_param(&Param::new("w", &[1000])).unwrap();
+        g.finalize().unwrap();
+        // Adam's values and two states, 4000 bytes each, each on a 4 KiB boundary.
+        let staged = g.memory_stats().unwrap().staging_bytes;
+        assert_eq!(staged, if reserve { 2 * 4096 + 4000 } else { 0 }, "reserve {}", reserve);
+    }
+}
