@@ -111,6 +111,9 @@ class CudaOps final : public DeviceOps {
         return read(sumsq);
     }
     Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
+        for (size_t i = 0; i < n; ++i)
+            SX_CHECK(segs[i].zero_grad == nullptr, SX_ERR_INTERNAL,
+                     "the CUDA update does not zero gradients; the step zeroes them itself");
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
         const std::vector<optim::cuda::CudaSegment> cs = convert(segs, n);

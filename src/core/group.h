@@ -407,6 +407,9 @@ class ShardGroup {
     // to) the accumulator, never left in place.
     Status reduce_unit(size_t u, bool into_accum, float **shard_grad);
     bool needs_accum(size_t u, bool accumulate) const;
+    // Decides, before the update, which units' gradient buffers it zeroes (zero: the step
+    // zeroes the gradients at all, that is without keep_grads).
+    void mark_zeroed_by_update(bool zero);
     bool reduces_in_16bit(size_t u) const;
     Status zero_grads();
     // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.
@@ -547,6 +550,9 @@ class ShardGroup {
     Round round_;
     std::vector<int32_t> reduce_order_;  // the agreed order of reductions
     std::vector<float *> reduced_;       // per unit: its reduced shard, after a step round
+    // Per unit: its gradient buffer is zeroed by this step's update (mark_zeroed_by_update),
+    // so that zero_grads() leaves it alone; cleared by zero_grads().
+    std::vector<char> zeroed_by_update_;
     std::vector<double> unit_sumsq_;     // per unit: its part of the step's norm (a step round)
     uint64_t zero_grad_steps_ = 0;       // steps in a row whose gradients were all zero
     std::vector<int32_t> gather_log_;    // stage 3: unit_gather calls since the last step

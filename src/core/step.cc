@@ -92,8 +92,27 @@ Status ShardGroup::reduce_replicas(size_t u, float *shard) {
 }
 
 Status ShardGroup::zero_grads() {
-    for (Unit &unit : units_) SX_TRY(ops_->zero(unit.grads.data(), unit.grads.size()));
+    for (size_t u = 0; u < units_.size(); ++u)
+        if (u >= zeroed_by_update_.size() || !zeroed_by_update_[u])
+            SX_TRY(ops_->zero(units_[u].grads.data(), units_[u].grads.size()));
+    zeroed_by_update_.clear();
     return Status::Ok();
+}
+
+void ShardGroup::mark_zeroed_by_update(bool zero) {
+    // A unit whose update reads its gradient buffer itself (one rank per shard group, fp32
+    // gradients, nothing accumulated, every param trainable, on the host) has it zeroed by
+    // the update as it reads each gradient: one more stream of stores in a pass that
+    // already streams the gradients, rather than a pass of its own after the step.
+    zeroed_by_update_.assign(units_.size(), 0);
+    if (!zero || shard_size_ != 1 || ops_->device() != SX_DEVICE_CPU) return;
+    for (size_t u = 0; u < units_.size(); ++u) {
+        const Unit &unit = units_[u];
+        if (!unit.trainable || unit.grad_dtype != SX_DTYPE_F32 || reduced_[u] != unit.grads.as<float>()) continue;
+        bool all = true;
+        for (int32_t p : layout_.units()[u].params) all = all && applied_mask_[p] != 0;
+        zeroed_by_update_[u] = all ? 1 : 0;
+    }
 }
 
 Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum) {
@@ -245,6 +264,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     double update_sumsq = 0.0;
     Status s;
     const int32_t head = options.defer_gather ? first_deferred_gather() : -1;
+    mark_zeroed_by_update(!options.keep_grads);
     {
         // Its bytes: the fp32 elements of this rank's shard that the pass updated, x 4.
         trace::Span span(tracer(), "step", "update");
@@ -303,6 +323,7 @@ void ShardGroup::append_unit_segments(size_t u, float *reduced, std::vector<opti
             seg.compute_dtype = unit.dtype;
         }
         seg.grad = reduced + piece.shard_offset;
+        if (u < zeroed_by_update_.size() && zeroed_by_update_[u]) seg.zero_grad = reduced + piece.shard_offset;
         for (int k = 0; k < unit.state_slots; ++k) seg.state[k] = v.state[k] + piece.shard_offset;
         seg.n = piece.end - piece.begin;
         seg.hyper = &groups_[spec.group].hyper;

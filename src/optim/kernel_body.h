@@ -96,10 +96,11 @@ struct SgdConsts {
 
 // torch.optim.SGD (_single_tensor_sgd), element i.
 template <class O, bool kL2, int kMomentum, bool kNesterov>
-inline void sgd_at(const SgdConsts<O> &k, size_t i, float *p, const float *grad, float *buf,
+inline void sgd_at(const SgdConsts<O> &k, size_t i, float *p, const float *grad, float *buf, float *zero_grad,
                    typename O::V &acc) {
     using V = typename O::V;
     V g = O::mul(O::load(grad + i), k.grad_scale);  // maximize is folded into the sign
+    if (zero_grad) O::store(zero_grad + i, O::set1(0.0f));  // the next backward's clean slate
     acc = O::sq_acc(acc, g);
     V pv = O::load(p + i);
     if (kL2) g = O::add(g, O::mul(k.weight_decay, pv));  // grad.add(param, alpha=wd)
@@ -120,6 +121,7 @@ double sgd_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_
     float *p = seg.param + begin;
     const float *g = seg.grad + begin;
     float *buf = kMomentum != kNoMomentum ? seg.state[0] + begin : nullptr;
+    float *gz = seg.zero_grad ? seg.zero_grad + begin : nullptr;
     const SgdConsts<O> kv(c);
     const SgdConsts<ScalarOps> ks(c);
     return blocked_loop<O>(
@@ -128,10 +130,10 @@ double sgd_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_
             prefetch<O>(p, i);
             prefetch<O>(g, i);
             if (kMomentum != kNoMomentum) prefetch<O>(buf, i);
-            sgd_at<O, kL2, kMomentum, kNesterov>(kv, i, p, g, buf, acc);
+            sgd_at<O, kL2, kMomentum, kNesterov>(kv, i, p, g, buf, gz, acc);
         },
         [&](size_t i, float &acc) {
-            sgd_at<ScalarOps, kL2, kMomentum, kNesterov>(ks, i, p, g, buf, acc);
+            sgd_at<ScalarOps, kL2, kMomentum, kNesterov>(ks, i, p, g, buf, gz, acc);
         });
 }
 
@@ -162,9 +164,10 @@ struct AdamConsts {
 // torch.optim.Adam / AdamW (_single_tensor_adam), element i.
 template <class O, bool kL2, bool kAmsgrad>
 inline void adam_at(const AdamConsts<O> &k, size_t i, float *p, const float *grad, float *m,
-                    float *v, float *vmax, typename O::V &acc) {
+                    float *v, float *vmax, float *zero_grad, typename O::V &acc) {
     using V = typename O::V;
     V g = O::mul(O::load(grad + i), k.grad_scale);
+    if (zero_grad) O::store(zero_grad + i, O::set1(0.0f));  // the next backward's clean slate
     acc = O::sq_acc(acc, g);
     V pv = O::mul(O::load(p + i), k.decay);              // AdamW: param.mul_(1 - lr*wd)
     if (kL2) g = O::add(g, O::mul(k.weight_decay, pv));  // Adam: grad.add(param, alpha=wd)
@@ -192,6 +195,7 @@ double adam_range(const Segment &seg, const SegmentConsts &c, size_t begin, size
     float *m = seg.state[0] + begin;
     float *v = seg.state[1] + begin;
     float *vmax = kAmsgrad ? seg.state[2] + begin : nullptr;
+    float *gz = seg.zero_grad ? seg.zero_grad + begin : nullptr;
     const AdamConsts<O> kv(c);
     const AdamConsts<ScalarOps> ks(c);
     return blocked_loop<O>(
@@ -202,9 +206,9 @@ double adam_range(const Segment &seg, const SegmentConsts &c, size_t begin, size
             prefetch<O>(m, i);
             prefetch<O>(v, i);
             if (kAmsgrad) prefetch<O>(vmax, i);
-            adam_at<O, kL2, kAmsgrad>(kv, i, p, g, m, v, vmax, acc);
+            adam_at<O, kL2, kAmsgrad>(kv, i, p, g, m, v, vmax, gz, acc);
         },
-        [&](size_t i, float &acc) { adam_at<ScalarOps, kL2, kAmsgrad>(ks, i, p, g, m, v, vmax, acc); });
+        [&](size_t i, float &acc) { adam_at<ScalarOps, kL2, kAmsgrad>(ks, i, p, g, m, v, vmax, gz, acc); });
 }
 
 // ------------------------------------------------------------------- entry points

@@ -75,6 +75,10 @@ struct Segment {
     // of them, block by block while they are still in cache.
     uint16_t *compute_out = nullptr;
     int32_t compute_dtype = 0;
+    // If set (host kernels only), the update zeroes these n floats as it reads each
+    // gradient: `grad` itself, when the next backward adds into the same buffer, so that
+    // the step needs no pass of its own to zero it.
+    float *zero_grad = nullptr;
 };
 
 // Every element's gradient is used as grad[i] * grad_scale (the scale folds the average

@@ -103,6 +103,62 @@ void test_the_accumulator_exists_only_where_needed(void **) {
     }
 }
 
+// The default step leaves every gradient at zero, at one rank too, where the update
+// zeroes the gradients it reads (an fp32 unit whose params are all trainable) and a pass
+// of its own zeroes the others (a bf16 unit, a unit with a frozen param).
+void test_the_default_step_leaves_zero_gradients(void **) {
+    sx_group_config_t cfg;
+    sx_group_config_init(&cfg, sizeof cfg);
+    const std::string rv = "local://zero-grads-" + std::to_string(getpid());
+    cfg.rendezvous = rv.c_str();
+    cfg.world_size = 1;
+    cfg.num_threads = 2;
+    sx_shard_group_t *g = nullptr;
+    assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
+    sx_param_group_desc_t adamw;
+    sx_param_group_desc_init(&adamw, sizeof adamw, SX_OPTIM_ADAMW);
+    assert_int_equal(sx_add_param_group(g, &adamw, nullptr), SX_OK);
+    struct P {
+        const char *name;
+        int64_t n;
+        int32_t dtype, unit, frozen;
+    };
+    const P ps[] = {{"a", 70000, SX_DTYPE_F32, 0, 0}, {"b", 333, SX_DTYPE_BF16, 1, 0},
+                    {"c", 500, SX_DTYPE_F32, 2, 0}, {"d", 64, SX_DTYPE_F32, 2, 1}};
+    for (const P &p : ps) {
+        sx_param_desc_t d;
+        sx_param_desc_init(&d, sizeof d);
+        d.name = p.name, d.ndim = 1, d.shape = &p.n, d.dtype = p.dtype, d.unit = p.unit, d.frozen = p.frozen;
+        assert_int_equal(sx_add_param(g, &d, nullptr), SX_OK);
+    }
+    assert_int_equal(sx_finalize(g), SX_OK);
+    auto fill_and_step = [&](float value) {
+        for (int32_t i = 0; i < 4; ++i) {
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            assert_int_equal(sx_grad_view(g, i, &v), SX_OK);
+            for (uint64_t e = 0; e < v.numel; ++e) {
+                if (ps[i].dtype == SX_DTYPE_F32) static_cast<float *>(v.data)[e] = value;
+                else static_cast<uint16_t *>(v.data)[e] = 0x3f80;  // bf16 1.0
+            }
+        }
+        assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);
+        for (int32_t i = 0; i < 4; ++i) {
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            assert_int_equal(sx_grad_view(g, i, &v), SX_OK);
+            const size_t bytes = v.numel * (ps[i].dtype == SX_DTYPE_F32 ? 4 : 2);
+            for (size_t b = 0; b < bytes; ++b)
+                if (static_cast<const unsigned char *>(v.data)[b] != 0)
+                    fail_msg("param '%s' (value %g): byte %zu of its gradient is not zero after the step", ps[i].name,
+                             value, b);
+        }
+    };
+    fill_and_step(1.0f);
+    fill_and_step(0.25f);
+    sx_destroy_shard_group(g);
+}
+
 void test_freeze_and_unfreeze(void **) {
     for (int world : {1, 2, 3}) {
         for (int stage = 1; stage <= 2; ++stage) {
@@ -242,6 +298,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_adamw_matches_reference),
         cmocka_unit_test(test_without_clipping_and_single_micro_batch),
         cmocka_unit_test(test_the_accumulator_exists_only_where_needed),
+        cmocka_unit_test(test_the_default_step_leaves_zero_gradients),
         cmocka_unit_test(test_freeze_and_unfreeze),
         cmocka_unit_test(test_freezing_changes_the_trajectory),
         cmocka_unit_test(test_param_groups_added_at_run_time),

@@ -392,6 +392,40 @@ void test_compute_copy(void **) {
     }
 }
 
+// Segment.zero_grad: the update zeroes each gradient as it reads it, every flavour and
+// optimizer, on awkward lengths split over threads, and updates exactly as without it
+// (params, states and the sum of squares); the gradient buffers' guards stay intact.
+void test_update_zeroes_the_gradients_it_reads(void **) {
+    const Layout layout({1, 17, 4095, 4097, 33});
+    for (const Hyper &h : all_configs()) {
+        const std::vector<Hyper> hypers(layout.lengths.size(), h);
+        for (Isa isa : runnable_isas()) {
+            const in::KernelTable &k = in::kernels_for(isa);
+            SegmentBuffers ref(layout.total, 1), got(layout.total, 1);
+            Rng rng(layout.total + 7);
+            fill(ref, rng, h, false);
+            got.copy_from(ref);
+            std::vector<Segment> rs = layout.segments(ref, hypers, {3, 3, 3, 3, 3});
+            std::vector<Segment> gs = layout.segments(got, hypers, {3, 3, 3, 3, 3});
+            for (Segment &seg : gs) seg.zero_grad = const_cast<float *>(seg.grad);
+            double want = 0, have = 0;
+            in::fused_update_with(k, rs.data(), rs.size(), 0.5f, g_three, 1, &want);
+            in::fused_update_with(k, gs.data(), gs.size(), 0.5f, g_three, 1, &have);
+            assert_int_equal(got.mismatches_with(ref), 0);
+            assert_true(have == want);
+            assert_true(got.guards_intact());
+            size_t nonzero = 0, was_nonzero = 0;
+            for (size_t i = 0; i < gs.size(); ++i)
+                for (size_t e = 0; e < gs[i].n; ++e) {
+                    nonzero += gs[i].grad[e] != 0.0f;
+                    was_nonzero += rs[i].grad[e] != 0.0f;
+                }
+            if (nonzero != 0) fail_msg("%s: %zu gradients left unzeroed", k.name, nonzero);
+            assert_true(was_nonzero > 0);  // the reference's gradients were not zero to begin with
+        }
+    }
+}
+
 // The public entry points with a pool: large enough that they split across 3 threads.
 void test_public_entry_points_split(void **) {
     const Layout layout({70001, 3, 50007, 40000});
@@ -565,6 +599,7 @@ int main(void) {
         cmocka_unit_test(test_amsgrad_nan_propagates),
         cmocka_unit_test(test_multi_segment_threads),
         cmocka_unit_test(test_compute_copy),
+        cmocka_unit_test(test_update_zeroes_the_gradients_it_reads),
         cmocka_unit_test(test_public_entry_points_split),
         cmocka_unit_test(test_sum_of_squares),
         cmocka_unit_test(test_sum_of_squares_restarts_float_lanes),
