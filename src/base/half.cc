@@ -2,6 +2,10 @@
 
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "sx/sx.h"
 
 namespace sx {
@@ -39,7 +43,11 @@ void scalar_from_f32(int32_t dtype, const float *src, uint16_t *dst, size_t n) {
 #if defined(__x86_64__)
 bool cpu_has_f16c_avx2() {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    if (!__builtin_cpu_supports("avx2")) return false;  // also: the OS saves AVX state
+    // F16C is CPUID leaf 1, ECX bit 29, read directly: clang's __builtin_cpu_supports does
+    // not know the name "f16c".
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
 }
 #endif
 
