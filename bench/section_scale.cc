@@ -407,23 +407,6 @@ std::vector<int32_t> match(const ckpt::Manifest &m, const Model &model) {
     return index;
 }
 
-// The files holding shard `shard`'s pieces (load.cc, read_indexes).
-std::vector<uint32_t> files_to_read(const ckpt::Manifest &m, const core::Layout &layout, int shard,
-                                    const std::vector<int32_t> &index) {
-    std::vector<bool> needed(m.files.size(), false);
-    for (size_t p = 0; p < index.size(); ++p) {
-        const core::ShardPiece piece = layout.piece(static_cast<int32_t>(p), shard);
-        if (piece.begin == piece.end) continue;
-        uint32_t first = 0, last = 0;
-        ckpt::files_for_range(m.params[index[p]], piece.begin, piece.end, &first, &last);
-        for (uint32_t f = first; f <= last; ++f) needed[f] = true;
-    }
-    std::vector<uint32_t> files;
-    for (uint32_t f = 0; f < needed.size(); ++f)
-        if (needed[f]) files.push_back(f);
-    return files;
-}
-
 LoadFigures simulate_load(const Model &model, const SaveFigures &save, Topology into, int reps) {
     LoadFigures f;
     f.from = save.topo.name();
@@ -442,7 +425,7 @@ LoadFigures simulate_load(const Model &model, const SaveFigures &save, Topology 
         for (int i = 0; i < candidates; ++i) {
             const int64_t spread = static_cast<int64_t>(i) * (into.shards - 1) / std::max(candidates - 1, 1);
             const int shard = static_cast<int>(spread);
-            std::vector<uint32_t> need = files_to_read(m0, layout, shard, index);
+            std::vector<uint32_t> need = ckpt::files_for_shard(m0, layout, shard, index);
             if (need.size() >= files.size()) files = std::move(need), f.rank = shard;
         }
     }
@@ -457,7 +440,7 @@ LoadFigures simulate_load(const Model &model, const SaveFigures &save, Topology 
         ckpt::Manifest decoded;
         check(ckpt::decode_manifest(file.data(), file.size(), &decoded), "decode_manifest");
         std::vector<int32_t> matched = match(decoded, model);
-        check(ckpt::read_file_indexes(disk, "simulated", files_to_read(decoded, layout, f.rank, matched), &decoded),
+        check(ckpt::read_file_indexes(disk, "simulated", ckpt::files_for_shard(decoded, layout, f.rank, matched), &decoded),
               "read_file_indexes");
         m = std::move(decoded);
         index = std::move(matched);

@@ -129,6 +129,9 @@ class Checkpointer {
   private:
     class Load;  // one load's phases (load.cc)
 
+    // staging_ holds at least `bytes` (a new buffer, populated as `populate` says, where
+    // it held fewer; its contents are not kept).
+    Status grow_staging(uint64_t bytes, HostBuffer::Populate populate);
     // stage() on a thread of its own while persist() runs on this one; `future` (may be
     // null) is told when the snapshot is staged.
     Status stage_and_persist(Snapshot *snap, SaveFuture *future);

@@ -224,19 +224,8 @@ class Checkpointer::Load {
     // number of files.
     Status read_indexes() {
         if (!m_.chunks_in_files()) return Status::Ok();
-        std::vector<bool> needed(m_.files.size(), false);
-        for (int32_t p = 0; p < g_.num_params(); ++p) {
-            if (index_[p] < 0) continue;
-            const core::ShardPiece piece = g_.layout().piece(p, g_.shard_rank());
-            if (piece.begin == piece.end) continue;
-            uint32_t first = 0, last = 0;
-            files_for_range(m_.params[index_[p]], piece.begin, piece.end, &first, &last);
-            for (uint32_t f = first; f <= last; ++f) needed[f] = true;
-        }
-        std::vector<uint32_t> files;
-        for (uint32_t f = 0; f < needed.size(); ++f)
-            if (needed[f]) files.push_back(f);
-        return read_file_indexes(*ck_.ops_, options_.path, files, &m_);
+        return read_file_indexes(*ck_.ops_, options_.path, files_for_shard(m_, g_.layout(), g_.shard_rank(), index_),
+                                 &m_);
     }
 
     // A param and its entry in the manifest can be loaded into each other.
@@ -315,11 +304,7 @@ class Checkpointer::Load {
         const size_t units = shard_.units.size();
         uint64_t floats = 0;
         for (const core::UnitShard &v : shard_.units) floats += v.shard_numel;
-        if (ck_.staging_.size() < floats * sizeof(float)) {
-            HostBuffer bigger;
-            SX_TRY(bigger.allocate(floats * sizeof(float), "checkpoint staging", HostBuffer::kLazy));
-            ck_.staging_ = std::move(bigger);
-        }
+        SX_TRY(ck_.grow_staging(floats * sizeof(float), HostBuffer::kLazy));
         float *next = ck_.staging_.as<float>();
         ck_.spare_state_.resize(units);
         stage_.assign(units, UnitStage());
@@ -434,13 +419,9 @@ class Checkpointer::Load {
                 // The params are neither old nor new: the group fails now, which also
                 // fails the peers' gathers with this rank at once, and this rank stops
                 // reading.
-                if (!gathered.ok()) {
-                    g_.fail(gathered);
-                    abandon = true;
-                }
-            } else {
-                abandon = true;
+                if (!gathered.ok()) g_.fail(gathered);
             }
+            if (!values_agreed.ok() || !gathered.ok()) abandon = true;
         };
         std::thread gatherer;
         if (on_host_) {
@@ -459,8 +440,7 @@ class Checkpointer::Load {
         if (gatherer.joinable()) gatherer.join();
         reader_.reset();
         SX_TRY(values_agreed);
-        if (!gathered.ok()) return g_.fail(gathered);  // the params are neither old nor new
-        return Status::Ok();
+        return gathered;  // a failed gather failed the group above
     }
 
     // Phase 7: the ranks agree on the whole load; it commits, or every rank puts its

@@ -299,10 +299,13 @@ Status Checkpointer::reserve_staging() {
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
     std::vector<std::vector<TensorKind>> kinds(static_cast<size_t>(g.num_params()));
     for (int32_t p = 0; p < g.num_params(); ++p) kinds[p] = stored_kinds(g.hyper(g.param(p).group));
-    const uint64_t bytes = plan_write(g.layout(), g.shard_rank(), kinds).file_bytes;
+    return grow_staging(plan_write(g.layout(), g.shard_rank(), kinds).file_bytes, HostBuffer::kPopulate);
+}
+
+Status Checkpointer::grow_staging(uint64_t bytes, HostBuffer::Populate populate) {
     if (staging_.size() >= bytes) return Status::Ok();
     HostBuffer bigger;
-    SX_TRY(bigger.allocate(bytes, "checkpoint staging"));
+    SX_TRY(bigger.allocate(bytes, "checkpoint staging", populate));
     staging_ = std::move(bigger);
     return Status::Ok();
 }
@@ -343,11 +346,7 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     // Staging: allocated once, grown when needed, pre-faulted (HostBuffer populates it).
     // A load's spare state buffers go first (see spare_state_).
     spare_state_.clear();
-    if (staging_.size() < s.plan.file_bytes) {
-        HostBuffer bigger;
-        SX_TRY(bigger.allocate(s.plan.file_bytes, "checkpoint staging"));
-        staging_ = std::move(bigger);
-    }
+    SX_TRY(grow_staging(s.plan.file_bytes, HostBuffer::kPopulate));
     s.sources.reserve(s.plan.chunks.size());
     for (const WriteChunk &c : s.plan.chunks) {
         const core::UnitShard &v = shard.units[c.unit_index];

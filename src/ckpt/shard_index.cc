@@ -52,9 +52,23 @@ void piece_in_file(const ParamEntry &p, uint32_t file, uint64_t *begin, uint64_t
     *end = b < e ? e - off : 0;
 }
 
-void files_for_range(const ParamEntry &p, uint64_t begin, uint64_t end, uint32_t *first, uint32_t *last) {
-    *first = static_cast<uint32_t>((p.unit_offset + begin) / p.unit_shard_numel);
-    *last = static_cast<uint32_t>((p.unit_offset + end - 1) / p.unit_shard_numel);
+std::vector<uint32_t> files_for_shard(const Manifest &m, const core::Layout &layout, int shard,
+                                      const std::vector<int32_t> &manifest_index) {
+    std::vector<bool> needed(m.files.size(), false);
+    for (size_t p = 0; p < manifest_index.size(); ++p) {
+        if (manifest_index[p] < 0) continue;
+        const core::ShardPiece piece = layout.piece(static_cast<int32_t>(p), shard);
+        if (piece.begin == piece.end) continue;
+        // File q holds the entry's elements [q * S - unit_offset, (q + 1) * S - unit_offset).
+        const ParamEntry &e = m.params[manifest_index[p]];
+        const uint64_t first = (e.unit_offset + piece.begin) / e.unit_shard_numel;
+        const uint64_t last = (e.unit_offset + piece.end - 1) / e.unit_shard_numel;
+        for (uint64_t f = first; f <= last && f < needed.size(); ++f) needed[f] = true;
+    }
+    std::vector<uint32_t> files;
+    for (uint32_t f = 0; f < needed.size(); ++f)
+        if (needed[f]) files.push_back(f);
+    return files;
 }
 
 Status decode_index(const Manifest &m, uint32_t file, const void *data, size_t size, std::vector<IndexRecord> *out) {

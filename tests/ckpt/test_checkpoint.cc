@@ -875,7 +875,6 @@ void test_only_regular_files_are_read(void **) {
             fail_msg("%s as the shard file: %s", k.what, s.ok() ? "loaded" : s.message().c_str());
         assert_true(secs < 5.0);
         assert_true(same_state(before, state_of(b.rk)));
-        std::string user_blob;
         assert_int_equal(::remove(shard.c_str()), 0);
     }
     // The MANIFEST as a link to a good one elsewhere: refused too, by the load and by
