@@ -410,6 +410,10 @@ class ShardGroup {
     // Decides, before the update, which units' gradient buffers it zeroes (zero: the step
     // zeroes the gradients at all, that is without keep_grads).
     void mark_zeroed_by_update(bool zero);
+    // The step's fused update of this rank's shard of every trainable unit, unit `head`
+    // (>= 0) first with its gather started right after it; *sumsq (if not null) gets the
+    // sum of squares of the scaled gradients, which the same pass computes.
+    Status update_shard(float grad_scale, int32_t head, double *sumsq);
     bool reduces_in_16bit(size_t u) const;
     Status zero_grads();
     // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.

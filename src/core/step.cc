@@ -262,31 +262,9 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     }
     const float grad_scale = static_cast<float>(coef / divisor);
     double update_sumsq = 0.0;
-    Status s;
     const int32_t head = options.defer_gather ? first_deferred_gather() : -1;
     mark_zeroed_by_update(!options.keep_grads);
-    {
-        // Its bytes: the fp32 elements of this rank's shard that the pass updated, x 4.
-        trace::Span span(tracer(), "step", "update");
-        uint64_t updated = 0;
-        s = ensure_masters();
-        if (s.ok() && head >= 0) {
-            std::vector<optim::Segment> first;
-            append_unit_segments(static_cast<size_t>(head), reduced_[head], &first);
-            s = ops_->fused_update(first.data(), first.size(), grad_scale, norm_first ? nullptr : &update_sumsq);
-            if (span.on()) updated += segment_elements(first);
-            if (s.ok()) s = open_gather_channel();
-            if (s.ok()) s = submit_gather(static_cast<size_t>(head));
-        }
-        if (s.ok()) {
-            const std::vector<optim::Segment> segs = segments(reduced_, head);
-            double rest = 0.0;
-            s = ops_->fused_update(segs.data(), segs.size(), grad_scale, norm_first ? nullptr : &rest);
-            update_sumsq += rest;
-            if (span.on()) updated += segment_elements(segs);
-        }
-        span.set_bytes(updated * sizeof(float));
-    }
+    Status s = update_shard(grad_scale, head, norm_first ? nullptr : &update_sumsq);
     if (s.ok() && !norm_first) {
         SX_TRACE_SPAN(tracer(), "step", "grad_norm");
         s = sum_over_ranks(update_sumsq, &sumsq);
@@ -304,6 +282,28 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     SX_TRY(finish_step(options.keep_grads));
     ++steps_;
     report_step(norm, false, result);
+    return Status::Ok();
+}
+
+Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
+    // Its bytes: the fp32 elements of this rank's shard that the pass updated, x 4.
+    trace::Span span(tracer(), "step", "update");
+    uint64_t updated = 0;
+    double head_sumsq = 0.0, rest = 0.0;
+    SX_TRY(ensure_masters());
+    if (head >= 0) {
+        std::vector<optim::Segment> first;
+        append_unit_segments(static_cast<size_t>(head), reduced_[head], &first);
+        SX_TRY(ops_->fused_update(first.data(), first.size(), grad_scale, sumsq ? &head_sumsq : nullptr));
+        if (span.on()) updated += segment_elements(first);
+        SX_TRY(open_gather_channel());
+        SX_TRY(submit_gather(static_cast<size_t>(head)));
+    }
+    const std::vector<optim::Segment> segs = segments(reduced_, head);
+    SX_TRY(ops_->fused_update(segs.data(), segs.size(), grad_scale, sumsq ? &rest : nullptr));
+    if (span.on()) updated += segment_elements(segs);
+    span.set_bytes(updated * sizeof(float));
+    if (sumsq) *sumsq = head_sumsq + rest;
     return Status::Ok();
 }
 
