@@ -104,19 +104,40 @@ Status ChunkReader::place_all() {
     return Status::Ok();
 }
 
+bool ChunkReader::follows(size_t prev, size_t next) const {
+    const Chunk &a = *reads_[prev].chunk, &b = *reads_[next].chunk;
+    return placed_[next] != nullptr && a.file == b.file && a.offset + a.length == b.offset &&
+           placed_[prev] + a.length == placed_[next];
+}
+
 Status ChunkReader::read_stream(Stream &st) {
     std::array<size_t, kBuffers> user;  // the last chunk read into each buffer
     user.fill(SIZE_MAX);
     size_t buffered = 0;
-    for (const size_t i : st.chunks) {
+    uint64_t run_limit = kFirstRunBytes;
+    for (size_t k = 0; k < st.chunks.size();) {
+        const size_t i = st.chunks[k];
         const Chunk &c = *reads_[i].chunk;
         char *into = nullptr;
+        size_t end = k + 1;  // the read covers st.chunks[k, end)
+        uint64_t bytes = c.length;
         {
             std::unique_lock<std::mutex> lock(mu_);
             cv_.wait(lock, [&] { return stop_ || !error_.ok() || num_placed_ > i; });
             if (stop_ || !error_.ok()) return Status::Ok();
             into = placed_[i];
-            if (!into) {
+            if (into) {
+                // Chunks in place that follow each other in the file and in memory: one
+                // read, so that the kernel reads ahead as far as the run goes.
+                while (end < st.chunks.size() && bytes + reads_[st.chunks[end]].chunk->length <= run_limit) {
+                    const size_t j = st.chunks[end];
+                    cv_.wait(lock, [&] { return stop_ || !error_.ok() || num_placed_ > j; });
+                    if (stop_ || !error_.ok()) return Status::Ok();
+                    if (!follows(st.chunks[end - 1], j)) break;
+                    bytes += reads_[j].chunk->length;
+                    ++end;
+                }
+            } else {
                 const size_t b = buffered++ % kBuffers;
                 cv_.wait(lock,
                          [&] { return stop_ || !error_.ok() || user[b] == SIZE_MAX || released_ > user[b]; });
@@ -128,12 +149,17 @@ Status ChunkReader::read_stream(Stream &st) {
         }
         int fd = -1;
         SX_TRY(st.files.get(m_, c.file, &fd));
-        SX_TRY(ops_.pread_all(fd, into, c.length, c.offset, dir_ + "/" + m_.files[c.file]));
+        SX_TRY(ops_.pread_all(fd, into, bytes, c.offset, dir_ + "/" + m_.files[c.file]));
         {
             std::lock_guard<std::mutex> lock(mu_);
-            where_[i] = into;
+            for (size_t q = k; q < end; ++q) {
+                where_[st.chunks[q]] = into;
+                into += reads_[st.chunks[q]].chunk->length;
+            }
         }
         cv_.notify_all();
+        k = end;
+        run_limit = std::min(run_limit * 2, kMaxRunBytes);
     }
     return Status::Ok();
 }

@@ -22,6 +22,7 @@
 
 #include "api/handles.h"
 #include "ckpt/checkpointer.h"
+#include "ckpt/chunk_reader.h"
 #include "io/crc32c.h"
 #include "io/fault_file_ops.h"
 #include "process_ranks.h"
@@ -432,6 +433,135 @@ void test_corrupt_chunk_is_detected_and_changes_nothing(void **) {
     assert_int_equal(s.code(), SX_ERR_CORRUPT);
     assert_non_null(std::strstr(s.message().c_str(), "CRC32C"));
     assert_true(same_state(before, state_of(b.rk)));
+    remove_tree(dir);
+}
+
+// A FileOps that records the length of every pread.
+class PreadSizes : public sx::io::FaultFileOps {
+  public:
+    PreadSizes() : FaultFileOps(sx::io::posix_file_ops()) {}
+    sx::Status pread_all(int fd, void *data, size_t n, uint64_t offset, const std::string &path) override {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            sizes_.push_back(n);
+        }
+        return FaultFileOps::pread_all(fd, data, n, offset, path);
+    }
+    std::vector<size_t> sizes() {
+        std::lock_guard<std::mutex> lock(mu_);
+        return sizes_;
+    }
+
+  private:
+    std::mutex mu_;
+    std::vector<size_t> sizes_;
+};
+
+// A 1-rank group with one AdamW param "w" of n elements, values i/n, stepped once with
+// gradient 1 - 2i/n (keep_grads), so that both states are non-zero.
+sx_shard_group_t *one_param_group(const std::string &rv, uint64_t n, bool step) {
+    sx_group_config_t cfg;
+    sx_group_config_init(&cfg, sizeof cfg);
+    cfg.rendezvous = rv.c_str();
+    cfg.rank = 0, cfg.world_size = 1, cfg.num_threads = 1;
+    sx_shard_group_t *h = nullptr;
+    if (sx_create_shard_group(&cfg, &h) != SX_OK) return nullptr;
+    sx_param_group_desc_t pg;
+    sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_ADAMW);
+    sx_param_desc_t d;
+    sx_param_desc_init(&d, sizeof d);
+    const int64_t shape[1] = {static_cast<int64_t>(n)};
+    d.name = "w", d.ndim = 1, d.shape = shape;
+    sx_view_t pv, gv;
+    sx_view_init(&pv, sizeof pv);
+    sx_view_init(&gv, sizeof gv);
+    sx_step_options_t so;
+    sx_step_options_init(&so, sizeof so);
+    so.keep_grads = 1;
+    if (sx_add_param_group(h, &pg, nullptr) != SX_OK || sx_add_param(h, &d, nullptr) != SX_OK ||
+        sx_finalize(h) != SX_OK || sx_param_view(h, 0, &pv) != SX_OK || sx_grad_view(h, 0, &gv) != SX_OK) {
+        sx_destroy_shard_group(h);
+        return nullptr;
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+        static_cast<float *>(pv.data)[i] = static_cast<float>(i) / static_cast<float>(n);
+        static_cast<float *>(gv.data)[i] = 1.0f - 2.0f * static_cast<float>(i) / static_cast<float>(n);
+    }
+    if (step && sx_step(h, &so, nullptr) != SX_OK) {
+        sx_destroy_shard_group(h);
+        return nullptr;
+    }
+    return h;
+}
+
+// Chunks that follow each other in the file and in their place are read by one call of
+// more than one chunk and at most kMaxRunBytes; the load is exact, and a damaged chunk in
+// the middle of such a run is still found by its own CRC, naming it, with nothing changed.
+void test_chunks_in_a_row_are_read_by_one_call(void **) {
+    const std::string dir = make_tmpdir(), path = dir + "/ck";
+    const uint64_t chunk = sx::ckpt::kMaxChunkBytes / 4, n = 13 * chunk + 123;  // 14 chunks a tensor
+    sx_shard_group_t *a = one_param_group("local://ck-runs-a", n, true);
+    if (!a) fail_msg("group a: %s", sx_last_error_message());
+    {
+        sx::ckpt::Checkpointer ck(a->impl.get(), sx::io::posix_file_ops());
+        sx::ckpt::SaveOptions so;
+        so.path = path;
+        assert_true(ck.save(so).ok());
+    }
+    Rank ra;
+    ra.h = a, ra.g = a->impl.get();
+    sx_shard_group_t *b = one_param_group("local://ck-runs-b", n, false);
+    if (!b) fail_msg("group b: %s", sx_last_error_message());
+    Rank rb;
+    rb.h = b, rb.g = b->impl.get();
+    auto ops = std::make_shared<PreadSizes>();
+    sx::ckpt::LoadOptions lo;
+    lo.path = path;
+    {
+        sx::ckpt::Checkpointer ck(rb.g, ops);
+        sx::Status s = ck.load(lo, nullptr);
+        if (!s.ok()) fail_msg("load: %s", s.message().c_str());
+    }
+    const sx::core::UnitShard va = ra.g->unit_shard(0), vb = rb.g->unit_shard(0);
+    assert_int_equal(vb.state_slots, 2);
+    assert_memory_equal(va.values, vb.values, n * 4);
+    for (int k = 0; k < 2; ++k) assert_memory_equal(va.state[k], vb.state[k], n * 4);
+    size_t biggest = 0, data_reads = 0;
+    for (size_t sz : ops->sizes()) {
+        biggest = std::max(biggest, sz);
+        if (sz >= sx::ckpt::kMaxChunkBytes) ++data_reads;
+        assert_true(sz <= sx::ckpt::ChunkReader::kMaxRunBytes);
+    }
+    assert_true(biggest > sx::ckpt::kMaxChunkBytes);
+    assert_true(data_reads < 3 * 13);  // 13 whole chunks in each of 3 tensors, fewer calls
+    // Damage the 6th chunk of the values (inside a run of them), and load again.
+    const std::string shard = path + "/" + sx::ckpt::shard_file_name(0, 1);
+    FILE *f = std::fopen(shard.c_str(), "r+b");
+    assert_non_null(f);
+    const long at = static_cast<long>(5 * sx::ckpt::kMaxChunkBytes + 777);
+    std::fseek(f, at, SEEK_SET);
+    const int c = std::fgetc(f);
+    std::fseek(f, at, SEEK_SET);
+    std::fputc(c ^ 0x01, f);
+    std::fclose(f);
+    auto snapshot = [&] {
+        const sx::core::UnitShard v = rb.g->unit_shard(0);
+        std::vector<float> all(v.values, v.values + n);
+        for (int k = 0; k < v.state_slots; ++k) all.insert(all.end(), v.state[k], v.state[k] + n);
+        return all;
+    };
+    const std::vector<float> before = snapshot();
+    {
+        sx::ckpt::Checkpointer ck(rb.g, sx::io::posix_file_ops());
+        sx::Status s = ck.load(lo, nullptr);
+        assert_int_equal(s.code(), SX_ERR_CORRUPT);
+        if (!std::strstr(s.message().c_str(), "CRC32C") ||
+            !std::strstr(s.message().c_str(), std::to_string(5 * sx::ckpt::kMaxChunkBytes).c_str()))
+            fail_msg("the error names neither the check nor the chunk: %s", s.message().c_str());
+    }
+    assert_true(before == snapshot());
+    sx_destroy_shard_group(a);
+    sx_destroy_shard_group(b);
     remove_tree(dir);
 }
 
@@ -1140,6 +1270,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_step_waits_for_the_snapshot_copy),
         cmocka_unit_test(test_params_only_and_mismatches_change_nothing),
         cmocka_unit_test(test_corrupt_chunk_is_detected_and_changes_nothing),
+        cmocka_unit_test(test_chunks_in_a_row_are_read_by_one_call),
         cmocka_unit_test(test_a_load_opens_only_the_files_it_reads),
         cmocka_unit_test(test_a_failed_rank_fails_its_peers_at_once),
         cmocka_unit_test(test_a_partial_load_keeps_the_step_counts_consistent),
