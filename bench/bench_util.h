@@ -151,6 +151,7 @@ int section_adamw_kernel(const Options &opt);
 int section_step(const Options &opt);
 int section_comm(const Options &opt);
 int section_checkpoint(const Options &opt);
+int section_load(const Options &opt);
 int section_pipeline(const Options &opt);
 int section_scale(const Options &opt);
 int section_trace(const Options &opt);

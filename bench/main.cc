@@ -14,6 +14,8 @@
 //   comm          reduce-scatter + all-gather through sx vs the same traffic with Gloo directly
 //   checkpoint    saving (blocking time, persist throughput, steps meanwhile, memory) and
 //                 loading with resharding vs plain file I/O of the same bytes
+//   load          2->1 and 4->2 resharding loads, page cache cold and warm, vs each loading
+//                 rank reading the same bytes from one plain file
 //   pipeline      units as a pipeline on a simulated trainer (2 and 4 ranks as processes, 8
 //                 units, compute calibrated to equal the communication, as a busy loop and as
 //                 sleeps): overlapped and plain step time against compute + communication,
@@ -34,8 +36,8 @@
 //                 [--gpu-elements N] [--scale-worlds W,...] [--scale-load FROM:INTO]
 //                 [--scale-reps R] [--scale-unit-per-param] [SECTION...]
 //   --gpu-elements  gpu_adamw section: fp32 elements (2^28)
-//   --ckpt-mib  checkpoint section: MiB of values + optimizer state in the files (576)
-//   --ckpt-dir  checkpoint section: where its mkdtemp directory goes (/tmp); that directory
+//   --ckpt-mib  checkpoint and load sections: MiB of values + optimizer state in the files (576)
+//   --ckpt-dir  checkpoint and load sections: where its mkdtemp directory goes (/tmp); that directory
 //               is removed at the end
 //   --scale-worlds  scale section: the saving jobs' ranks (1024,4096,16384), each flat and as
 //                   shard groups of 8 (multiples of 8)
@@ -63,6 +65,7 @@ const Section kSections[] = {
     {"step", section_step},
     {"comm", section_comm},
     {"checkpoint", section_checkpoint},
+    {"load", section_load},
     {"pipeline", section_pipeline},
     {"mesh", section_mesh},
     {"scale", section_scale},
