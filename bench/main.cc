@@ -48,6 +48,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <unistd.h>
+
 #include "bench_util.h"
 
 using namespace sxbench;
@@ -99,6 +101,15 @@ const char kUsage[] =
 }  // namespace
 
 int main(int argc, char **argv) {
+#ifdef SX_BENCH_OPENMP
+    // OpenMP reads its wait policy when it loads: the adamw_kernel section compares the
+    // pool with OpenMP threads that sleep between regions, as the pool's do (see
+    // section_kernel.cc), unless the caller chose a policy.
+    if (!std::getenv("OMP_WAIT_POLICY")) {
+        ::setenv("OMP_WAIT_POLICY", "passive", 1);
+        ::execv("/proc/self/exe", argv);  // returns only if it failed: go on as we are
+    }
+#endif
     if (argc > 1 && !std::strcmp(argv[1], "--pipeline-rank")) return pipeline_rank_main(argc, argv);
     if (argc > 1 && !std::strcmp(argv[1], "--mesh-rank")) return mesh_rank_main(argc, argv);
     Options opt;

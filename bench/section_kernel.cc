@@ -10,6 +10,9 @@
 #if SX_OPTIM_X86
 #include <immintrin.h>
 #endif
+#ifdef SX_BENCH_OPENMP
+#include <omp.h>
+#endif
 
 namespace sxbench {
 namespace {
@@ -95,6 +98,25 @@ void run_ceiling(CeilingFn fn, const Segment &seg, ThreadPool &pool) {
     });
 }
 
+#ifdef SX_BENCH_OPENMP
+// The same ceiling, the same cuts, on OpenMP's threads instead of sx's pool: the pool's
+// hand-off against OpenMP's. bench_sx runs with OMP_WAIT_POLICY=passive unless it is
+// set (main.cc): OpenMP's threads then sleep between regions as the pool's sleep between
+// jobs. Active, they spin for milliseconds after each region, and on a machine with as
+// many processors as threads they take the processors from the pool's run that follows.
+void run_ceiling_openmp(CeilingFn fn, const Segment &seg, const ThreadPool &pool) {
+    const int threads = in::threads_for(seg.n, &pool, in::kMinElementsPerThread);  // as many as the pool runs
+    const std::vector<in::Cut> cuts = in::partition(&seg, 1, threads);
+#pragma omp parallel num_threads(threads)
+    {
+        const int t = omp_get_thread_num();
+        in::for_each_piece(&seg, cuts[t], cuts[t + 1], [&](size_t, size_t b, size_t e) {
+            fn(seg.param + b, seg.grad + b, seg.state[0] + b, seg.state[1] + b, e - b);
+        });
+    }
+}
+#endif
+
 }  // namespace
 
 int section_adamw_kernel(const Options &opt) {
@@ -112,10 +134,12 @@ int section_adamw_kernel(const Options &opt) {
 
     std::printf("adamw_kernel: fused AdamW on %zu fp32 elements vs a ceiling with the same memory "
                 "pattern (4 streams read, 3 written), %d reps of the pair; times are each one's "
-                "fastest rep; ratio = median over reps of ceiling time / kernel time\n",
+                "fastest rep; ratio = median over reps of ceiling time / kernel time; vs_openmp: the same "
+                "with the ceiling run on OpenMP's threads (OMP_WAIT_POLICY passive unless set: they sleep between "
+                "regions, as the pool's threads sleep between jobs; 0: built without OpenMP)\n",
                 opt.elements, opt.reps);
-    std::printf("%-8s %7s %10s %11s %12s %13s %7s %13s\n", "isa", "threads", "kernel_ms",
-                "ceiling_ms", "kernel_GB/s", "ceiling_GB/s", "ratio", "ratio_of_mins");
+    std::printf("%-8s %7s %10s %11s %12s %13s %7s %13s %10s\n", "isa", "threads", "kernel_ms",
+                "ceiling_ms", "kernel_GB/s", "ceiling_GB/s", "ratio", "ratio_of_mins", "vs_openmp");
     std::vector<std::string> json;
     for (Isa isa : isas) {
         const in::KernelTable &k = in::kernels_for(in::resolve_isa(isa));
@@ -130,16 +154,23 @@ int section_adamw_kernel(const Options &opt) {
             const PairTimes t = time_pair(kernel, ceiling, opt.reps);
             const double tk = t.min_a(), tc = t.min_b();
             const double ratio = t.paired_ratio(), ratio_of_mins = tc / tk;
-            std::printf("%-8s %7d %10.2f %11.2f %12.2f %13.2f %7.3f %13.3f\n", sx::optim::isa_name(isa),
+            // The ceiling on OpenMP's threads, against the kernel on the pool.
+            double omp_ratio = 0;
+#ifdef SX_BENCH_OPENMP
+            auto ceiling_omp = [&] { run_ceiling_openmp(ceiling_for(isa), seg, pool); };
+            omp_ratio = time_pair(kernel, ceiling_omp, opt.reps).paired_ratio();
+#endif
+            std::printf("%-8s %7d %10.2f %11.2f %12.2f %13.2f %7.3f %13.3f %10.3f\n", sx::optim::isa_name(isa),
                         threads, tk * 1e3, tc * 1e3, bytes / tk * 1e-9, bytes / tc * 1e-9, ratio,
-                        ratio_of_mins);
+                        ratio_of_mins, omp_ratio);
             char line[512];
             std::snprintf(line, sizeof line,
                           "{\"bench\":\"adamw_kernel\",\"isa\":\"%s\",\"threads\":%d,\"elements\":%zu,"
                           "\"reps\":%d,\"kernel_ms\":%.3f,\"ceiling_ms\":%.3f,\"kernel_gbps\":%.2f,"
-                          "\"ceiling_gbps\":%.2f,\"ratio_vs_ceiling\":%.4f,\"ratio_of_mins\":%.4f}",
+                          "\"ceiling_gbps\":%.2f,\"ratio_vs_ceiling\":%.4f,\"ratio_of_mins\":%.4f,"
+                          "\"ratio_vs_openmp_ceiling\":%.4f}",
                           sx::optim::isa_name(isa), threads, opt.elements, opt.reps, tk * 1e3, tc * 1e3,
-                          bytes / tk * 1e-9, bytes / tc * 1e-9, ratio, ratio_of_mins);
+                          bytes / tk * 1e-9, bytes / tc * 1e-9, ratio, ratio_of_mins, omp_ratio);
             json.push_back(line);
         }
     }

@@ -1,5 +1,9 @@
 // A small fork-join pool owned by a group (never a process-global runtime such as
-// OpenMP's, which would impose itself on the host program).
+// OpenMP's, which would impose itself on the host program). Idle workers sleep at once:
+// polling before sleeping hands jobs out faster back to back, but a poller delays the
+// thread it waits for whenever the scheduler puts both on one processor (seen often on
+// small virtual machines), and takes processors from the host program's other threads
+// and processes. bench_sx adamw_kernel compares the pool with OpenMP (bench/README.md).
 #pragma once
 
 #include <condition_variable>
