@@ -1,12 +1,17 @@
 // bench_sx section step: sx_step with one rank against the fused kernel alone, in fp32
-// and with bf16 params (mixed precision).
+// and with bf16 params (mixed precision); and at two ranks, the default step (which
+// zeroes the gradients) against keep_grads.
+#include <unistd.h>
+
 #include <cstring>
 
 #include <algorithm>
+#include <thread>
 #include <vector>
 
 #include "base/half.h"
 #include "bench_util.h"
+#include "checkpoint_files.h"
 #include "optim/kernels.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
@@ -74,6 +79,38 @@ void fill(const sx_view_t &v, float scale) {
             sx::half::from_f32(v.dtype, chunk.data(), static_cast<uint16_t *>(v.data) + i, m);
         }
     }
+}
+
+// Two ranks (threads of this process over local://, one pool thread each), one AdamW
+// param of n elements: the slower rank's time of the default step (which zeroes the
+// gradients) and of a keep_grads step, alternating; a = keep_grads, b = default.
+PairTimes two_rank_zeroing(size_t n, int reps) {
+    PairTimes t;
+    Barrier barrier(2);
+    double rank_s[2] = {0, 0};
+    const std::string url = "local://bench-step-2-" + std::to_string(::getpid());
+    auto rank_main = [&](int r) {
+        sx_shard_group_t *g = make_group(url, r, 2, 1, n, false);
+        sx_step_options_t keep;
+        sx_step_options_init(&keep, sizeof keep);
+        keep.keep_grads = 1;
+        for (int it = 0; it <= reps; ++it) {
+            for (int k = 0; k < 2; ++k) {
+                const bool keep_side = (k == 0) == (it % 2 == 0);
+                barrier.wait();
+                const double t0 = now_seconds();
+                check(sx_step(g, keep_side ? &keep : nullptr, nullptr), "sx_step");
+                rank_s[r] = now_seconds() - t0;
+                barrier.wait();
+                if (r == 0 && it > 0) (keep_side ? t.a : t.b).push_back(max_of(rank_s, 2));
+            }
+        }
+        sx_destroy_shard_group(g);
+    };
+    std::thread other(rank_main, 1);
+    rank_main(0);
+    other.join();
+    return t;
 }
 
 int section_step(const Options &opt) {
@@ -164,6 +201,18 @@ int section_step(const Options &opt) {
                       r.t->min_a() * 1e3, r.t->min_b() * 1e3, ratio, mins);
         json.push_back(line);
     }
+    // Two ranks: the default step's zeroing against keep_grads. Each rank's update zeroes
+    // its own shard of the gradient buffer as it reads it; a pass zeroes the peer's half.
+    const PairTimes z = two_rank_zeroing(opt.elements, opt.reps);
+    std::printf("two ranks (threads over local://, 1 pool thread each): the default step %.2f ms, keep_grads "
+                "%.2f ms: %.3fx (ratio of mins %.3f)\n",
+                median(z.b) * 1e3, median(z.a) * 1e3, z.paired_ratio(), z.min_b() / z.min_a());
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "{\"bench\":\"step_vs_kernel\",\"variant\":\"two_ranks_zero_grads_vs_keep_grads\",\"elements\":%zu,"
+                  "\"reps\":%d,\"keep_grads_ms\":%.3f,\"zero_grads_ms\":%.3f,\"ratio\":%.4f,\"ratio_of_mins\":%.4f}",
+                  opt.elements, opt.reps, median(z.a) * 1e3, median(z.b) * 1e3, z.paired_ratio(), z.min_b() / z.min_a());
+    json.push_back(line);
     for (const std::string &l : json) std::printf("%s\n", l.c_str());
     return 0;
 }

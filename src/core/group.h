@@ -554,8 +554,9 @@ class ShardGroup {
     Round round_;
     std::vector<int32_t> reduce_order_;  // the agreed order of reductions
     std::vector<float *> reduced_;       // per unit: its reduced shard, after a step round
-    // Per unit: its gradient buffer is zeroed by this step's update (mark_zeroed_by_update),
-    // so that zero_grads() leaves it alone; cleared by zero_grads().
+    // Per unit: this rank's shard of its gradient buffer is zeroed by this step's update
+    // (mark_zeroed_by_update), so that zero_grads() zeroes only the rest; cleared by
+    // zero_grads().
     std::vector<char> zeroed_by_update_;
     std::vector<double> unit_sumsq_;     // per unit: its part of the step's norm (a step round)
     uint64_t zero_grad_steps_ = 0;       // steps in a row whose gradients were all zero

@@ -92,23 +92,39 @@ Status ShardGroup::reduce_replicas(size_t u, float *shard) {
 }
 
 Status ShardGroup::zero_grads() {
-    for (size_t u = 0; u < units_.size(); ++u)
-        if (u >= zeroed_by_update_.size() || !zeroed_by_update_[u])
-            SX_TRY(ops_->zero(units_[u].grads.data(), units_[u].grads.size()));
+    for (size_t u = 0; u < units_.size(); ++u) {
+        Buffer &grads = units_[u].grads;
+        if (u >= zeroed_by_update_.size() || !zeroed_by_update_[u]) {
+            SX_TRY(ops_->zero(grads.data(), grads.size()));
+            continue;
+        }
+        // The update zeroed this rank's shard of the buffer (reduced in place); the rest
+        // held the partial sums it sent its peers.
+        const size_t begin = static_cast<size_t>(reduced_[u] - grads.as<float>()) * sizeof(float);
+        const size_t end = begin + layout_.units()[u].shard_numel * sizeof(float);
+        SX_TRY(ops_->zero(grads.data(), begin));
+        SX_TRY(ops_->zero(grads.as<char>() + end, grads.size() - end));
+    }
     zeroed_by_update_.clear();
     return Status::Ok();
 }
 
 void ShardGroup::mark_zeroed_by_update(bool zero) {
-    // A unit whose update reads its gradient buffer itself (one rank per shard group, fp32
-    // gradients, nothing accumulated, every param trainable, on the host) has it zeroed by
-    // the update as it reads each gradient: one more stream of stores in a pass that
-    // already streams the gradients, rather than a pass of its own after the step.
+    // A unit whose update reads its gradients where they were reduced, in the unit's own
+    // gradient buffer (fp32 gradients reduced in place at stage 1 or 2, or one rank per
+    // shard group; nothing accumulated; every param trainable; on the host), has this
+    // rank's shard of that buffer zeroed by the update as it reads each gradient: one
+    // more stream of stores in a pass that already streams them, rather than a pass of
+    // its own after the step. The rest of the buffer (the peers' shards) is zeroed after.
     zeroed_by_update_.assign(units_.size(), 0);
-    if (!zero || shard_size_ != 1 || ops_->device() != SX_DEVICE_CPU) return;
+    if (!zero || ops_->device() != SX_DEVICE_CPU || config_.stage == 3) return;
     for (size_t u = 0; u < units_.size(); ++u) {
         const Unit &unit = units_[u];
-        if (!unit.trainable || unit.grad_dtype != SX_DTYPE_F32 || reduced_[u] != unit.grads.as<float>()) continue;
+        if (!unit.trainable || unit.grad_dtype != SX_DTYPE_F32) continue;
+        const float *base = unit.grads.as<float>();
+        const uint64_t own = layout_.units()[u].shard_numel;
+        const bool in_place = reduced_[u] >= base && reduced_[u] + own <= base + unit.grads.size() / sizeof(float);
+        if (!in_place) continue;
         bool all = true;
         for (int32_t p : layout_.units()[u].params) all = all && applied_mask_[p] != 0;
         zeroed_by_update_[u] = all ? 1 : 0;

@@ -103,60 +103,70 @@ void test_the_accumulator_exists_only_where_needed(void **) {
     }
 }
 
-// The default step leaves every gradient at zero, at one rank too, where the update
-// zeroes the gradients it reads (an fp32 unit whose params are all trainable) and a pass
-// of its own zeroes the others (a bf16 unit, a unit with a frozen param).
+// The default step leaves every gradient at zero, at 1, 2 and 3 ranks (stages 1 and 2),
+// where the update zeroes the gradients it reads (an fp32 unit whose params are all
+// trainable: at one rank its whole buffer, at more its own shard, reduced in place, and
+// a pass the peers' shards) and a pass of its own zeroes the others (a bf16 unit, a unit
+// with a frozen param). Every byte of every gradient view is checked, twice.
 void test_the_default_step_leaves_zero_gradients(void **) {
-    sx_group_config_t cfg;
-    sx_group_config_init(&cfg, sizeof cfg);
-    const std::string rv = "local://zero-grads-" + std::to_string(getpid());
-    cfg.rendezvous = rv.c_str();
-    cfg.world_size = 1;
-    cfg.num_threads = 2;
-    sx_shard_group_t *g = nullptr;
-    assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
-    sx_param_group_desc_t adamw;
-    sx_param_group_desc_init(&adamw, sizeof adamw, SX_OPTIM_ADAMW);
-    assert_int_equal(sx_add_param_group(g, &adamw, nullptr), SX_OK);
     struct P {
         const char *name;
         int64_t n;
         int32_t dtype, unit, frozen;
     };
-    const P ps[] = {{"a", 70000, SX_DTYPE_F32, 0, 0}, {"b", 333, SX_DTYPE_BF16, 1, 0},
+    const P ps[] = {{"a", 70001, SX_DTYPE_F32, 0, 0}, {"b", 333, SX_DTYPE_BF16, 1, 0},
                     {"c", 500, SX_DTYPE_F32, 2, 0}, {"d", 64, SX_DTYPE_F32, 2, 1}};
-    for (const P &p : ps) {
-        sx_param_desc_t d;
-        sx_param_desc_init(&d, sizeof d);
-        d.name = p.name, d.ndim = 1, d.shape = &p.n, d.dtype = p.dtype, d.unit = p.unit, d.frozen = p.frozen;
-        assert_int_equal(sx_add_param(g, &d, nullptr), SX_OK);
+    for (int world : {1, 2, 3}) {
+        for (int stage : {1, 2}) {
+            const std::string rv = "local://zero-grads-" + std::to_string(getpid()) + "-" + std::to_string(world) +
+                                   "-" + std::to_string(stage);
+            const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
+                sx_group_config_t cfg;
+                sx_group_config_init(&cfg, sizeof cfg);
+                cfg.rendezvous = rv.c_str();
+                cfg.rank = rank, cfg.world_size = world, cfg.stage = stage, cfg.num_threads = 2;
+                sx_shard_group_t *g = nullptr;
+                if (sx_create_shard_group(&cfg, &g) != SX_OK) return sx_last_error_message();
+                std::string e;
+                sx_param_group_desc_t adamw;
+                sx_param_group_desc_init(&adamw, sizeof adamw, SX_OPTIM_ADAMW);
+                if (sx_add_param_group(g, &adamw, nullptr) != SX_OK) e = sx_last_error_message();
+                for (const P &p : ps) {
+                    sx_param_desc_t d;
+                    sx_param_desc_init(&d, sizeof d);
+                    d.name = p.name, d.ndim = 1, d.shape = &p.n, d.dtype = p.dtype, d.unit = p.unit;
+                    d.frozen = p.frozen;
+                    if (e.empty() && sx_add_param(g, &d, nullptr) != SX_OK) e = sx_last_error_message();
+                }
+                if (e.empty() && sx_finalize(g) != SX_OK) e = sx_last_error_message();
+                for (float value : {1.0f, 0.25f}) {
+                    for (int32_t i = 0; i < 4 && e.empty(); ++i) {
+                        sx_view_t v;
+                        sx_view_init(&v, sizeof v);
+                        if (sx_grad_view(g, i, &v) != SX_OK) e = sx_last_error_message();
+                        for (uint64_t k = 0; k < v.numel && e.empty(); ++k) {
+                            if (ps[i].dtype == SX_DTYPE_F32) static_cast<float *>(v.data)[k] = value;
+                            else static_cast<uint16_t *>(v.data)[k] = 0x3f80;  // bf16 1.0
+                        }
+                    }
+                    if (e.empty() && sx_step(g, nullptr, nullptr) != SX_OK) e = sx_last_error_message();
+                    for (int32_t i = 0; i < 4 && e.empty(); ++i) {
+                        sx_view_t v;
+                        sx_view_init(&v, sizeof v);
+                        if (sx_grad_view(g, i, &v) != SX_OK) e = sx_last_error_message();
+                        const size_t bytes = v.numel * (ps[i].dtype == SX_DTYPE_F32 ? 4 : 2);
+                        for (size_t b = 0; b < bytes && e.empty(); ++b)
+                            if (static_cast<const unsigned char *>(v.data)[b] != 0)
+                                e = std::string("param '") + ps[i].name + "' (value " + std::to_string(value) +
+                                    "): byte " + std::to_string(b) + " of its gradient is not zero after the step";
+                    }
+                }
+                sx_destroy_shard_group(g);
+                return e;
+            });
+            if (!err.empty()) fail_msg("world %d, stage %d: %s", world, stage, err.c_str());
+        }
     }
-    assert_int_equal(sx_finalize(g), SX_OK);
-    auto fill_and_step = [&](float value) {
-        for (int32_t i = 0; i < 4; ++i) {
-            sx_view_t v;
-            sx_view_init(&v, sizeof v);
-            assert_int_equal(sx_grad_view(g, i, &v), SX_OK);
-            for (uint64_t e = 0; e < v.numel; ++e) {
-                if (ps[i].dtype == SX_DTYPE_F32) static_cast<float *>(v.data)[e] = value;
-                else static_cast<uint16_t *>(v.data)[e] = 0x3f80;  // bf16 1.0
-            }
-        }
-        assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);
-        for (int32_t i = 0; i < 4; ++i) {
-            sx_view_t v;
-            sx_view_init(&v, sizeof v);
-            assert_int_equal(sx_grad_view(g, i, &v), SX_OK);
-            const size_t bytes = v.numel * (ps[i].dtype == SX_DTYPE_F32 ? 4 : 2);
-            for (size_t b = 0; b < bytes; ++b)
-                if (static_cast<const unsigned char *>(v.data)[b] != 0)
-                    fail_msg("param '%s' (value %g): byte %zu of its gradient is not zero after the step", ps[i].name,
-                             value, b);
-        }
-    };
-    fill_and_step(1.0f);
-    fill_and_step(0.25f);
-    sx_destroy_shard_group(g);
 }
 
 void test_freeze_and_unfreeze(void **) {
