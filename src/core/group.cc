@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "base/log.h"
+#include "comm/abort_at_deadline.h"
 #include "comm/rendezvous.h"
 #include "comm/stores.h"
 
@@ -134,7 +135,19 @@ Status ShardGroup::form_mesh(std::chrono::steady_clock::time_point deadline) {
         // so that a bad size fails every rank alike below.
         const uint64_t h = static_cast<uint64_t>(s);
         uint64_t v[2] = {h, ~h};
-        SX_TRY(comm_->all_reduce_max(v, 2));
+        Status agreed;
+        bool late = false;
+        {
+            // Within the creation's deadline, not a collective timeout after it.
+            comm::AbortAtDeadline guard(comm_.get(), deadline);
+            agreed = comm_->all_reduce_max(v, 2);
+            late = guard.fired();
+        }
+        SX_CHECK(!late, SX_ERR_TIMEOUT,
+                 "the ranks did not all agree on the mesh before the group's creation timed out (timeout_ms "
+                 "%lld): a rank stopped after connecting",
+                 static_cast<long long>(config_.timeout_ms));
+        SX_TRY(agreed);
         if (v[0] != h || v[1] != ~h)
             return explain("ranks disagree on the mesh", {{"shard_size", std::to_string(s)}}, *comm_);
     }

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "collective_checks.h"
+#include "comm/abort_at_deadline.h"
 #include "comm/communicator.h"
 #include "comm/rendezvous.h"
 #include "comm/stores.h"
@@ -282,6 +283,42 @@ void check_abort(Op op) {
     });
 }
 
+// AbortAtDeadline: a collective that a peer never joins ends at the guard's deadline, long
+// before the communicator's own timeout, and the guard says it fired; one that completes
+// in time is left alone, and the guard does not fire.
+void test_abort_at_deadline(void **) {
+    const std::string url = "local://" + sxtest::unique_name("deadline");
+    Event rank0_done;
+    sxtest::run_ranks(2, [&](int r) -> std::string {
+        std::unique_ptr<Communicator> c;
+        Status s = join(url, r, 2, Millis(60000), &c);
+        if (!s.ok()) return "join: " + s.message();
+        uint64_t v[2] = {static_cast<uint64_t>(r), 7};
+        {
+            sx::comm::AbortAtDeadline guard(c.get(), sxtest::Clock::now() + std::chrono::seconds(30));
+            s = c->all_reduce_max(v, 2);
+            if (!s.ok() || v[0] != 1 || guard.fired()) return "in time: " + s.message();
+        }
+        if (r == 1) {
+            rank0_done.wait();
+            return "";
+        }
+        auto start = sxtest::Clock::now();
+        bool fired = false;
+        {
+            sx::comm::AbortAtDeadline guard(c.get(), start + std::chrono::milliseconds(300));
+            s = c->all_reduce_max(v, 2);
+            fired = guard.fired();
+        }
+        const long long took = ms_since(start);
+        rank0_done.set();
+        if (s.code() != SX_ERR_ABORTED || !fired || took < 250 || took > kSlackMs)
+            return "expected SX_ERR_ABORTED at the deadline (300 ms), got (" + std::to_string(took) + " ms, fired " +
+                   std::to_string(fired) + "): " + s.message();
+        return "";
+    });
+}
+
 void test_abort_reduce_scatter(void **) { check_abort(Op::kReduceScatter); }
 void test_abort_all_gather(void **) { check_abort(Op::kAllGather); }
 void test_abort_all_reduce(void **) { check_abort(Op::kAllReduce); }
@@ -380,6 +417,7 @@ int main() {
         cmocka_unit_test(test_abort_all_reduce),
         cmocka_unit_test(test_abort_barrier),
         cmocka_unit_test(test_abort_before_any_call),
+        cmocka_unit_test(test_abort_at_deadline),
         cmocka_unit_test(test_argument_errors),
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_default_bind_address),
