@@ -199,7 +199,7 @@ int section_load(const Options &opt) {
     }
     double worst = 0;
     for (const Case &c : cases) worst = std::max(worst, c.worst_resident);
-    std::printf("  cold: page cache dropped before every run of both sides; at most %.1f%% of the pages stayed "
+    std::printf("  cold: page cache dropped before every run of each side; at most %.1f%% of the pages stayed "
                 "resident (mincore)\n",
                 worst * 100);
     for (const Case &c : cases)
