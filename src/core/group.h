@@ -414,6 +414,10 @@ class ShardGroup {
     // (>= 0) first with its gather started right after it; *sumsq (if not null) gets the
     // sum of squares of the scaled gradients, which the same pass computes.
     Status update_shard(float grad_scale, int32_t head, double *sumsq);
+    // sx_step's reduction: the gradients into this rank's shards (closing a round of units
+    // signalled ready, or reducing them all now); the ranks' weights summed into
+    // *weight_sum; where the round summed the squares too, *sumsq and *have_sumsq = true.
+    Status reduce_for_step(const StepOptions &options, double *weight_sum, bool *have_sumsq, double *sumsq);
     bool reduces_in_16bit(size_t u) const;
     Status zero_grads();
     // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.

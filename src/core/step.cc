@@ -192,6 +192,26 @@ Status ShardGroup::finish_step(bool keep_grads) {
     return drop_spares();
 }
 
+Status ShardGroup::reduce_for_step(const StepOptions &options, double *weight_sum, bool *have_sumsq,
+                                   double *sumsq) {
+    // Units signalled ready are on their way (or done), the rest go now. With signals, the
+    // reduction channel also summed each unit's squares, and the ranks exchanged them with
+    // their agreement, so the norm is known here. The ranks' weights are summed either way.
+    const double weight = options.weighted ? options.weight : 1.0;
+    const int defer = options.defer_gather ? 1 : 0;
+    if (!round_.open)
+        return reduce_here(
+            step_agreement("sx_step", candidate_mask(), options.max_grad_norm, defer, options.weighted), false,
+            weight, weight_sum);
+    SX_CHECK(!round_.accumulate, SX_ERR_INVALID_STATE,
+             "the units signalled ready in this micro-batch said that sx_accumulate_grads ends it "
+             "(accumulate = 1), not sx_step");
+    SX_TRY(close_round(step_agreement("sx_step", {}, options.max_grad_norm, defer, options.weighted), weight, sumsq,
+                       weight_sum));
+    *have_sumsq = true;
+    return Status::Ok();
+}
+
 Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
@@ -205,27 +225,11 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     // collective, so that a bad stream is this call's error alone and the group stays usable.
     SX_TRY(ops_->wait_for(options.stream));
 
-    // 1. Every trainable unit's gradients reduced into this rank's shard: those signalled
-    //    ready are on their way (or done), the rest go now. With signals, the reduction
-    //    channel also summed each unit's squares, and the ranks exchanged them with their
-    //    agreement, so the norm is known here. The ranks' weights are summed either way.
-    const double weight = options.weighted ? options.weight : 1.0;
+    // 1. Every trainable unit's gradients reduced into this rank's shard.
     double weight_sum = static_cast<double>(world_size_);
     bool have_sumsq = false;
     double sumsq = 0.0;
-    if (round_.open) {
-        SX_CHECK(!round_.accumulate, SX_ERR_INVALID_STATE,
-                 "the units signalled ready in this micro-batch said that sx_accumulate_grads ends it "
-                 "(accumulate = 1), not sx_step");
-        SX_TRY(close_round(step_agreement("sx_step", {}, options.max_grad_norm, options.defer_gather ? 1 : 0,
-                                          options.weighted),
-                           weight, &sumsq, &weight_sum));
-        have_sumsq = true;
-    } else {
-        SX_TRY(reduce_here(step_agreement("sx_step", candidate_mask(), options.max_grad_norm,
-                                          options.defer_gather ? 1 : 0, options.weighted),
-                           false, weight, &weight_sum));
-    }
+    SX_TRY(reduce_for_step(options, &weight_sum, &have_sumsq, &sumsq));
     // The gathers still in flight (deferred, or prefetched) end before the update
     // writes the shards they read.
     {
