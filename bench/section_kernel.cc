@@ -131,43 +131,32 @@ FloorFn floor_for(Isa isa) {
     return floor_scalar;
 }
 
-void run_ceiling(CeilingFn fn, const Segment &seg, ThreadPool &pool) {
+// Calls piece(b, e) over seg's elements, cut among threads exactly as the kernel cuts
+// them, on the pool's threads, or on OpenMP's (as many as the pool would run).
+template <typename Piece>
+void on_pool(const Segment &seg, ThreadPool &pool, const Piece &piece) {
     const int threads = in::threads_for(seg.n, &pool, in::kMinElementsPerThread);
     const std::vector<in::Cut> cuts = in::partition(&seg, 1, threads);
     pool.run([&](int t) {
-        if (t >= threads) return;
-        in::for_each_piece(&seg, cuts[t], cuts[t + 1], [&](size_t, size_t b, size_t e) {
-            fn(seg.param + b, seg.grad + b, seg.state[0] + b, seg.state[1] + b, e - b);
-        });
-    });
-}
-
-void run_floor(FloorFn fn, const Segment &seg, float *out, ThreadPool &pool) {
-    const int threads = in::threads_for(seg.n, &pool, in::kMinElementsPerThread);
-    const std::vector<in::Cut> cuts = in::partition(&seg, 1, threads);
-    pool.run([&](int t) {
-        if (t >= threads) return;
-        in::for_each_piece(&seg, cuts[t], cuts[t + 1], [&](size_t, size_t b, size_t e) {
-            fn(seg.state[0] + b, seg.state[1] + b, out + b, e - b);
-        });
+        if (t < threads)
+            in::for_each_piece(&seg, cuts[t], cuts[t + 1], [&](size_t, size_t b, size_t e) { piece(b, e); });
     });
 }
 
 #ifdef SX_BENCH_OPENMP
-// The same ceiling, the same cuts, on OpenMP's threads instead of sx's pool: the pool's
-// hand-off against OpenMP's. bench_sx runs with OMP_WAIT_POLICY=passive unless it is
-// set (main.cc): OpenMP's threads then sleep between regions as the pool's sleep between
-// jobs. Active, they spin for milliseconds after each region, and on a machine with as
-// many processors as threads they take the processors from the pool's run that follows.
-void run_ceiling_openmp(CeilingFn fn, const Segment &seg, const ThreadPool &pool) {
-    const int threads = in::threads_for(seg.n, &pool, in::kMinElementsPerThread);  // as many as the pool runs
+// The pool's hand-off against OpenMP's. bench_sx runs with OMP_WAIT_POLICY=passive unless
+// it is set (main.cc): OpenMP's threads then sleep between regions as the pool's sleep
+// between jobs. Active, they spin for milliseconds after each region, and on a machine
+// with as many processors as threads they take the processors from the pool's run that
+// follows.
+template <typename Piece>
+void on_openmp(const Segment &seg, const ThreadPool &pool, const Piece &piece) {
+    const int threads = in::threads_for(seg.n, &pool, in::kMinElementsPerThread);
     const std::vector<in::Cut> cuts = in::partition(&seg, 1, threads);
 #pragma omp parallel num_threads(threads)
     {
         const int t = omp_get_thread_num();
-        in::for_each_piece(&seg, cuts[t], cuts[t + 1], [&](size_t, size_t b, size_t e) {
-            fn(seg.param + b, seg.grad + b, seg.state[0] + b, seg.state[1] + b, e - b);
-        });
+        in::for_each_piece(&seg, cuts[t], cuts[t + 1], [&](size_t, size_t b, size_t e) { piece(b, e); });
     }
 }
 #endif
@@ -208,17 +197,26 @@ int section_adamw_kernel(const Options &opt) {
                 double sumsq = 0.0;
                 in::fused_update_with(k, &seg, 1, 1.0f, &pool, in::kMinElementsPerThread, &sumsq);
             };
-            auto ceiling = [&] { run_ceiling(ceiling_for(isa), seg, pool); };
+            const CeilingFn ceiling_fn = ceiling_for(isa);
+            auto ceiling_piece = [&](size_t b, size_t e) {
+                ceiling_fn(seg.param + b, seg.grad + b, seg.state[0] + b, seg.state[1] + b, e - b);
+            };
+            auto ceiling = [&] { on_pool(seg, pool, ceiling_piece); };
             const PairTimes t = time_pair(kernel, ceiling, opt.reps);
             const double tk = t.min_a(), tc = t.min_b();
             const double ratio = t.paired_ratio(), ratio_of_mins = tc / tk;
             // The arithmetic floor, against the kernel, both on the pool.
-            auto floor = [&] { run_floor(floor_for(isa), seg, scratch.as<float>(), pool); };
+            const FloorFn floor_fn = floor_for(isa);
+            auto floor = [&] {
+                on_pool(seg, pool, [&](size_t b, size_t e) {
+                    floor_fn(seg.state[0] + b, seg.state[1] + b, scratch.as<float>() + b, e - b);
+                });
+            };
             const double floor_ratio = time_pair(kernel, floor, opt.reps).paired_ratio();
             // The ceiling on OpenMP's threads, against the kernel on the pool.
             double omp_ratio = 0;
 #ifdef SX_BENCH_OPENMP
-            auto ceiling_omp = [&] { run_ceiling_openmp(ceiling_for(isa), seg, pool); };
+            auto ceiling_omp = [&] { on_openmp(seg, pool, ceiling_piece); };
             omp_ratio = time_pair(kernel, ceiling_omp, opt.reps).paired_ratio();
 #endif
             std::printf("%-8s %7d %10.2f %11.2f %12.2f %13.2f %7.3f %13.3f %10.3f %9.3f\n",
