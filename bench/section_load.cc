@@ -27,7 +27,7 @@
 #include <thread>
 
 #include "bench_util.h"
-#include "checkpoint_files.h"
+#include "fixtures.h"
 #include "sx/sx.h"
 
 namespace sxbench {

@@ -11,7 +11,7 @@
 
 #include "base/half.h"
 #include "bench_util.h"
-#include "checkpoint_files.h"
+#include "fixtures.h"
 #include "optim/kernels.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
@@ -38,48 +38,6 @@ using sx::optim::ThreadPool;
             return 1;                                                                         \
         }                                                                                     \
     } while (0)
-
-// One rank, one AdamW param of n elements of `dtype`, gradients of grad_dtype (0 = the
-// param's); views filled from the streams (rounded for 16-bit ones). Null on failure.
-sx_shard_group_t *make_group(const char *url, size_t n, int threads, int32_t dtype, int32_t grad_dtype) {
-    sx_shard_group_t *g = nullptr;
-    sx_group_config_t cfg;
-    sx_group_config_init(&cfg, sizeof cfg);
-    cfg.rendezvous = url;
-    cfg.world_size = 1;
-    cfg.num_threads = threads;
-    cfg.grad_dtype = grad_dtype;
-    sx_param_group_desc_t pg;
-    sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_ADAMW);
-    sx_param_desc_t d;
-    sx_param_desc_init(&d, sizeof d);
-    const int64_t shape[1] = {static_cast<int64_t>(n)};
-    d.name = "w";
-    d.ndim = 1;
-    d.shape = shape;
-    d.dtype = dtype;
-    if (sx_create_shard_group(&cfg, &g) != SX_OK || sx_add_param_group(g, &pg, nullptr) != SX_OK ||
-        sx_add_param(g, &d, nullptr) != SX_OK || sx_finalize(g) != SX_OK) {
-        std::fprintf(stderr, "bench step: making a group failed: %s\n", sx_last_error_message());
-        sx_destroy_shard_group(g);
-        return nullptr;
-    }
-    return g;
-}
-
-// Fills a view with values of about the streams' magnitude, in its dtype.
-void fill(const sx_view_t &v, float scale) {
-    std::vector<float> chunk(4096);
-    for (uint64_t i = 0; i < v.numel; i += chunk.size()) {
-        const size_t m = static_cast<size_t>(std::min<uint64_t>(chunk.size(), v.numel - i));
-        for (size_t k = 0; k < m; ++k) chunk[k] = scale * static_cast<float>(static_cast<int>((i + k) % 2001) - 1000) / 1000.0f;
-        if (v.dtype == SX_DTYPE_F32) {
-            std::memcpy(static_cast<float *>(v.data) + i, chunk.data(), m * sizeof(float));
-        } else {
-            sx::half::from_f32(v.dtype, chunk.data(), static_cast<uint16_t *>(v.data) + i, m);
-        }
-    }
-}
 
 // Two ranks (threads of this process over local://, one pool thread each), one AdamW
 // param of n elements: the slower rank's time of the default step (which zeroes the
@@ -115,8 +73,7 @@ PairTimes two_rank_zeroing(size_t n, int reps) {
 
 int section_step(const Options &opt) {
     const int threads = 2;
-    sx_shard_group_t *g = make_group("local://bench-step", opt.elements, threads, SX_DTYPE_F32, 0);
-    if (g == nullptr) return 1;
+    sx_shard_group_t *g = make_group("local://bench-step", 0, 1, threads, opt.elements, false);
     sx_param_group_desc_t pg;
     sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_ADAMW);
     sx_view_t pv, gv;
@@ -162,13 +119,8 @@ int section_step(const Options &opt) {
     PairTimes mixed[2];
     const int32_t grad_dtypes[2] = {0, SX_DTYPE_F32};
     for (int k = 0; k < 2; ++k) {
-        g = make_group(k ? "local://bench-step-bf16-f32" : "local://bench-step-bf16", opt.elements, threads,
-                       SX_DTYPE_BF16, grad_dtypes[k]);
-        if (g == nullptr) return 1;
-        STEP_CHECK(sx_param_view(g, 0, &pv));
-        STEP_CHECK(sx_grad_view(g, 0, &gv));
-        fill(pv, 1.0f);
-        fill(gv, 0.01f);
+        g = make_group(k ? "local://bench-step-bf16-f32" : "local://bench-step-bf16", 0, 1, threads, opt.elements,
+                       false, 0, SX_DTYPE_BF16, grad_dtypes[k]);
         mixed[k] = time_pair(kernel, step_keep, opt.reps);
         STEP_CHECK(st);
         sx_destroy_shard_group(g);

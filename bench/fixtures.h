@@ -1,6 +1,6 @@
-// Helpers of the bench_sx sections that write and read checkpoints (checkpoint, load):
-// groups holding one AdamW param, saves, plain reads of the same files, and the page
-// cache dropped between runs. Every failure ends the program (after removing g_root).
+// Fixtures of the bench_sx sections that time steps and checkpoints (step, checkpoint,
+// load): groups holding one AdamW param, saves, plain reads of the same files, and the
+// page cache dropped between runs. Every failure ends the program (after removing g_root).
 #pragma once
 
 #include <cstdint>
@@ -25,11 +25,15 @@ void check_sys(bool ok, const std::string &what);
 // does not meet the discard of the freed extents.
 void remove_tree(const std::string &path);
 
-// Rank `rank` of a `world`-rank group (rendezvous `url`, `threads` threads) holding one
-// AdamW param "w" of n fp32 elements with values and gradients set; take_step: one step,
-// so that the optimizer state exists and is saved. Collective over the world's threads.
+// Rank `rank` of a `world`-rank group (rendezvous `url`, `threads` threads, config flags
+// `flags`) holding one AdamW param "w" of n elements of `dtype`, its gradients of
+// grad_dtype (0: the param's), values and gradients set; take_step: one step, so that the
+// optimizer state exists and is saved. Collective over the world's threads.
 sx_shard_group_t *make_group(const std::string &url, int rank, int world, int threads, size_t n, bool take_step,
-                             uint32_t flags = 0);
+                             uint32_t flags = 0, int32_t dtype = SX_DTYPE_F32, int32_t grad_dtype = 0);
+
+// Fills a view with values in [-scale, scale], in its dtype (fp32 or 16-bit).
+void fill(const sx_view_t &v, float scale);
 
 // Saves g's state into `path`; returns the seconds the call blocked the caller, and in
 // *total_s (if not null) the seconds until the save completed, from the call.

@@ -1,5 +1,5 @@
-// Helpers of the sections that write and read checkpoints (checkpoint_files.h).
-#include "checkpoint_files.h"
+// Helpers of the sections that write and read checkpoints (fixtures.h).
+#include "fixtures.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "base/half.h"
 #include "bench_util.h"
 
 namespace sxbench {
@@ -48,11 +49,8 @@ void remove_tree(const std::string &path) {
     ::close(fd);
 }
 
-// Rank `rank` of a `world`-rank group (rendezvous `url`) holding one AdamW param "w" of
-// n fp32 elements with values and gradients set; take_step: one step, so that the
-// optimizer state exists and is saved. Collective over the world's threads.
 sx_shard_group_t *make_group(const std::string &url, int rank, int world, int threads, size_t n, bool take_step,
-                             uint32_t flags) {
+                             uint32_t flags, int32_t dtype, int32_t grad_dtype) {
     sx_shard_group_t *g = nullptr;
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
@@ -62,6 +60,7 @@ sx_shard_group_t *make_group(const std::string &url, int rank, int world, int th
     cfg.world_size = world;
     cfg.num_threads = threads;
     cfg.timeout_ms = 600000;
+    cfg.grad_dtype = grad_dtype;
     check(sx_create_shard_group(&cfg, &g), "sx_create_shard_group");
     sx_param_group_desc_t pg;
     sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_ADAMW);
@@ -72,6 +71,7 @@ sx_shard_group_t *make_group(const std::string &url, int rank, int world, int th
     d.name = "w";
     d.ndim = 1;
     d.shape = shape;
+    d.dtype = dtype;
     check(sx_add_param(g, &d, nullptr), "sx_add_param");
     check(sx_finalize(g), "sx_finalize");
     sx_view_t pv, gv;
@@ -79,11 +79,8 @@ sx_shard_group_t *make_group(const std::string &url, int rank, int world, int th
     sx_view_init(&gv, sizeof gv);
     check(sx_param_view(g, 0, &pv), "sx_param_view");
     check(sx_grad_view(g, 0, &gv), "sx_grad_view");
-    float *p = static_cast<float *>(pv.data), *gr = static_cast<float *>(gv.data);
-    for (size_t i = 0; i < n; ++i) {
-        p[i] = static_cast<float>(i % 1000) * 1e-3f;
-        gr[i] = static_cast<float>(static_cast<int>((i * 7) % 1000) - 500) * 1e-4f;
-    }
+    fill(pv, 1.0f);
+    fill(gv, 0.01f);
     if (take_step) {
         sx_step_options_t so;
         sx_step_options_init(&so, sizeof so);
@@ -91,6 +88,20 @@ sx_shard_group_t *make_group(const std::string &url, int rank, int world, int th
         check(sx_step(g, &so, nullptr), "sx_step");
     }
     return g;
+}
+
+void fill(const sx_view_t &v, float scale) {
+    std::vector<float> chunk(4096);
+    for (uint64_t i = 0; i < v.numel; i += chunk.size()) {
+        const size_t m = static_cast<size_t>(std::min<uint64_t>(chunk.size(), v.numel - i));
+        for (size_t k = 0; k < m; ++k)
+            chunk[k] = scale * static_cast<float>(static_cast<int>((i + k) % 2001) - 1000) / 1000.0f;
+        if (v.dtype == SX_DTYPE_F32) {
+            std::memcpy(static_cast<float *>(v.data) + i, chunk.data(), m * sizeof(float));
+        } else {
+            sx::half::from_f32(v.dtype, chunk.data(), static_cast<uint16_t *>(v.data) + i, m);
+        }
+    }
 }
 
 // Saves g's state into `path`; returns the seconds the call blocked the caller, and in
