@@ -343,6 +343,45 @@ Status ShardGroup::add_param(const char *name, int32_t ndim, const int64_t *shap
     return Status::Ok();
 }
 
+Status ShardGroup::check_unit_dtypes() const {
+    // One flat buffer holds one dtype.
+    std::unordered_map<int32_t, int32_t> first_of_unit;
+    for (size_t i = 0; i < params_.size(); ++i) {
+        auto it = first_of_unit.emplace(params_[i].unit, static_cast<int32_t>(i)).first;
+        const ParamSpec &first = params_[it->second];
+        SX_CHECK_ARG(first.dtype == params_[i].dtype,
+                     "unit %d mixes dtypes: param '%s' is %s but param '%s' is %s; the params of a unit "
+                     "share one flat buffer and so one dtype",
+                     params_[i].unit, first.name.c_str(), dtype_name(first.dtype), params_[i].name.c_str(),
+                     dtype_name(params_[i].dtype));
+    }
+    return Status::Ok();
+}
+
+Status ShardGroup::allocate_units(const Layout &layout, size_t first, std::vector<Unit> *added) const {
+    added->resize(layout.units().size() - first);
+    for (size_t k = 0; k < added->size(); ++k) {
+        const UnitLayout &ul = layout.units()[first + k];
+        Unit &unit = (*added)[k];
+        unit.dtype = params_[ul.params[0]].dtype;
+        unit.grad_dtype = config_.grad_dtype ? config_.grad_dtype : unit.dtype;
+        // Elements are bounded (2^62 per param) but a unit's byte size may still not fit
+        // in 64 bits; wrapped around, it would allocate a tiny buffer behind a huge view.
+        SX_CHECK(ul.padded_numel <= SIZE_MAX / sizeof(float), SX_ERR_OUT_OF_MEMORY,
+                 "unit %d holds %llu elements, more bytes than this machine can address", ul.unit_id,
+                 static_cast<unsigned long long>(ul.padded_numel));
+        // Stage 3 keeps this rank's shard of the params; the whole exists only while gathered.
+        if (config_.stage == 3)
+            SX_TRY(ops_->allocate(ul.shard_numel * dtype_size(unit.dtype), "a param shard", &unit.own));
+        else
+            SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.dtype), "a flat param buffer", &unit.params));
+        SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.grad_dtype), "a flat grad buffer", &unit.grads));
+        if (unit.dtype != SX_DTYPE_F32)
+            SX_TRY(ops_->allocate(ul.shard_numel * sizeof(float), "fp32 master weights", &unit.master));
+    }
+    return Status::Ok();
+}
+
 Status ShardGroup::finalize() {
     SX_TRY(check_usable());
     SX_TRACE_SPAN(tracer(), "group", "sx_finalize");
@@ -366,17 +405,7 @@ Status ShardGroup::finalize() {
         if (v[0] != h || v[1] != ~h) return explain("ranks registered different param tables", table_facts(), *comm_);
     }
 
-    // One flat buffer holds one dtype.
-    std::unordered_map<int32_t, int32_t> first_of_unit;
-    for (size_t i = 0; i < params_.size(); ++i) {
-        auto it = first_of_unit.emplace(params_[i].unit, static_cast<int32_t>(i)).first;
-        const ParamSpec &first = params_[it->second];
-        SX_CHECK_ARG(first.dtype == params_[i].dtype,
-                     "unit %d mixes dtypes: param '%s' is %s but param '%s' is %s; the params of a unit "
-                     "share one flat buffer and so one dtype",
-                     params_[i].unit, first.name.c_str(), dtype_name(first.dtype), params_[i].name.c_str(),
-                     dtype_name(params_[i].dtype));
-    }
+    SX_TRY(check_unit_dtypes());
     std::vector<ParamShape> shapes(params_.size());
     for (size_t i = 0; i < params_.size(); ++i)
         shapes[i] = {params_[i].unit, params_[i].numel, static_cast<uint32_t>(dtype_size(params_[i].dtype))};
@@ -391,26 +420,8 @@ Status ShardGroup::finalize() {
                  "laying out added params moved unit %d", a.unit_id);
     }
 
-    std::vector<Unit> added(layout.units().size() - old_units);
-    for (size_t k = 0; k < added.size(); ++k) {
-        const UnitLayout &ul = layout.units()[old_units + k];
-        Unit &unit = added[k];
-        unit.dtype = params_[ul.params[0]].dtype;
-        unit.grad_dtype = config_.grad_dtype ? config_.grad_dtype : unit.dtype;
-        // Elements are bounded (2^62 per param) but a unit's byte size may still not fit
-        // in 64 bits; wrapped around, it would allocate a tiny buffer behind a huge view.
-        SX_CHECK(ul.padded_numel <= SIZE_MAX / sizeof(float), SX_ERR_OUT_OF_MEMORY,
-                 "unit %d holds %llu elements, more bytes than this machine can address", ul.unit_id,
-                 static_cast<unsigned long long>(ul.padded_numel));
-        // Stage 3 keeps this rank's shard of the params; the whole exists only while gathered.
-        if (config_.stage == 3)
-            SX_TRY(ops_->allocate(ul.shard_numel * dtype_size(unit.dtype), "a param shard", &unit.own));
-        else
-            SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.dtype), "a flat param buffer", &unit.params));
-        SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.grad_dtype), "a flat grad buffer", &unit.grads));
-        if (unit.dtype != SX_DTYPE_F32)
-            SX_TRY(ops_->allocate(ul.shard_numel * sizeof(float), "fp32 master weights", &unit.master));
-    }
+    std::vector<Unit> added;
+    SX_TRY(allocate_units(layout, old_units, &added));
     // Commit, then allocate optimizer state for the trainable new units (the laid-out ones
     // keep the mask they were stepped with); on failure undo.
     Layout old_layout = std::move(layout_);

@@ -414,6 +414,10 @@ class ShardGroup {
     // (>= 0) first with its gather started right after it; *sumsq (if not null) gets the
     // sum of squares of the scaled gradients, which the same pass computes.
     Status update_shard(float grad_scale, int32_t head, double *sumsq);
+    // finalize's steps: every unit's params share one dtype; the buffers of the units of
+    // `layout` from index `first` on, into *added (nothing of the group changes).
+    Status check_unit_dtypes() const;
+    Status allocate_units(const Layout &layout, size_t first, std::vector<Unit> *added) const;
     // sx_step's reduction: the gradients into this rank's shards (closing a round of units
     // signalled ready, or reducing them all now); the ranks' weights summed into
     // *weight_sum; where the round summed the squares too, *sumsq and *have_sumsq = true.
