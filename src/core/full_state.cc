@@ -207,10 +207,6 @@ Status ShardGroup::scatter_state(int root, const StateFn &fn) {
     };
     SX_TRY(share_outcome(root, catching(allocate), "sx_scatter_optim_state"));
 
-    // The root's shard group takes its pieces from the root; every other replica group's
-    // rank then takes its shard's from the rank of the root's group with its shard index.
-    const bool in_root_group = replica_rank_ == root / shard_size_;
-    const int root_shard = root % shard_size_, root_replica = root / shard_size_;
     Status outcome;  // the root's callback's, once it fails the root sends zeros
     std::vector<int64_t> steps(2 * params_.size(), 0);
     for (int32_t p = 0; p < num_params(); ++p) {
@@ -244,31 +240,10 @@ Status ShardGroup::scatter_state(int root, const StateFn &fn) {
             }
         }
         if (tensors.empty()) continue;
-        std::vector<comm::Piece> mine;
-        std::vector<std::vector<comm::Piece>> theirs(rank_ == root ? static_cast<size_t>(shard_size_) : 0);
-        for (int q = 0; q < shard_size_; ++q) {
-            const ShardPiece piece = layout_.piece(p, q);
-            const size_t bytes = (piece.end - piece.begin) * sizeof(float);
-            for (size_t t = 0; t < tensors.size(); ++t) {
-                float *dst = tensors[t].slot < 0 ? masters[u].as<float>() : state[u][tensors[t].slot].as<float>();
-                if (q == shard_rank_) mine.push_back({dst + piece.shard_offset, bytes});
-                if (rank_ == root && q != root_shard) theirs[q].push_back({full + t * n + piece.begin, bytes});
-                if (rank_ == root && q == root_shard && bytes) {
-                    Status s = ops_->copy(dst + piece.shard_offset, full + t * n + piece.begin, bytes);
-                    if (!s.ok()) return fail(s);
-                }
-            }
-        }
-        if (shard_size_ > 1 && in_root_group) {
-            const std::vector<comm::Piece> receive = rank_ == root ? std::vector<comm::Piece>() : mine;
-            Status s = shard_comm_->scatter_pieces(theirs, receive, root_shard);
-            if (!s.ok()) return fail(s);
-        }
-        for (const comm::Piece &piece : mine) {
-            if (replicas_ == 1 || piece.bytes == 0) continue;
-            Status s = replica_comm_->broadcast(piece.data, piece.bytes, root_replica);
-            if (!s.ok()) return fail(s);
-        }
+        std::vector<float *> into;  // where each tensor's shard goes: a state slot's copy, or the masters'
+        for (const StateTensor &t : tensors)
+            into.push_back(t.slot < 0 ? masters[u].as<float>() : state[u][t.slot].as<float>());
+        SX_TRY(scatter_param(root, p, full, into));
     }
     SX_TRY(share_outcome(root, outcome, "sx_scatter_optim_state"));
     if (world_size_ > 1) {
@@ -276,6 +251,45 @@ Status ShardGroup::scatter_state(int root, const StateFn &fn) {
         if (!s.ok()) return fail(s);
     }
 
+    return install_scattered(&state, slots, &masters, steps);
+}
+
+Status ShardGroup::scatter_param(int root, int32_t p, float *full, const std::vector<float *> &into) {
+    // The root's shard group takes its pieces from the root; every other replica group's
+    // rank then takes its shard's from the rank of the root's group with its shard index.
+    const bool in_root_group = replica_rank_ == root / shard_size_;
+    const int root_shard = root % shard_size_, root_replica = root / shard_size_;
+    const uint64_t n = params_[p].numel;
+    std::vector<comm::Piece> mine;
+    std::vector<std::vector<comm::Piece>> theirs(rank_ == root ? static_cast<size_t>(shard_size_) : 0);
+    for (int q = 0; q < shard_size_; ++q) {
+        const ShardPiece piece = layout_.piece(p, q);
+        const size_t bytes = (piece.end - piece.begin) * sizeof(float);
+        for (size_t t = 0; t < into.size(); ++t) {
+            float *dst = into[t] + piece.shard_offset;
+            if (q == shard_rank_) mine.push_back({dst, bytes});
+            if (rank_ == root && q != root_shard) theirs[q].push_back({full + t * n + piece.begin, bytes});
+            if (rank_ == root && q == root_shard && bytes) {
+                Status s = ops_->copy(dst, full + t * n + piece.begin, bytes);
+                if (!s.ok()) return fail(s);
+            }
+        }
+    }
+    if (shard_size_ > 1 && in_root_group) {
+        const std::vector<comm::Piece> receive = rank_ == root ? std::vector<comm::Piece>() : mine;
+        Status s = shard_comm_->scatter_pieces(theirs, receive, root_shard);
+        if (!s.ok()) return fail(s);
+    }
+    for (const comm::Piece &piece : mine) {
+        if (replicas_ == 1 || piece.bytes == 0) continue;
+        Status s = replica_comm_->broadcast(piece.data, piece.bytes, root_replica);
+        if (!s.ok()) return fail(s);
+    }
+    return Status::Ok();
+}
+
+Status ShardGroup::install_scattered(std::vector<std::array<Buffer, 3>> *state, const std::vector<int> &slots,
+                                     std::vector<Buffer> *masters, const std::vector<int64_t> &steps) {
     // Every rank has its pieces: they replace the shard (once a checkpoint's snapshot has
     // been copied out of it).
     fence_.wait_readers();
@@ -285,14 +299,14 @@ Status ShardGroup::scatter_state(int root, const StateFn &fn) {
     for (const ParamGroup &g : groups_) progress.hypers.push_back(g.hyper);
     progress.scaler = scaler_;
     ShardRestore restore;
-    restore.state = &state;
+    restore.state = state;
     restore.slots = slots;
     restore.progress = &progress;
     SX_TRY(restore_shard(restore));
     bool sixteen = false;
-    for (size_t u = 0; u < nu; ++u) {
+    for (size_t u = 0; u < units_.size(); ++u) {
         if (units_[u].master.empty()) continue;
-        std::swap(units_[u].master, masters[u]);
+        std::swap(units_[u].master, (*masters)[u]);
         sixteen = true;
     }
     // 16-bit params take their values from the new masters, on every rank.

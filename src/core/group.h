@@ -509,6 +509,13 @@ class ShardGroup {
     // Collective: the worst status of every rank's `mine`, with root's message; a rank
     // whose own failed returns its own.
     Status share_outcome(int root, Status mine, const char *what);
+    // scatter_state's steps. Param p's state tensors, whole at the root in `full` (one
+    // after the other), to every rank's shard of them at into[t] (a tensor's unit shard);
+    // a failure fails the group. Then the scattered copies replace the shard, with each
+    // param's step counts from `steps` (two a param), and 16-bit params are gathered anew.
+    Status scatter_param(int root, int32_t p, float *full, const std::vector<float *> &into);
+    Status install_scattered(std::vector<std::array<Buffer, 3>> *state, const std::vector<int> &slots,
+                             std::vector<Buffer> *masters, const std::vector<int64_t> &steps);
     // Stage 3: frees the spare unit buffers, once nothing reads them.
     Status drop_spares();
     // Debug builds: clears the marks of released memory from the spares (the destructor,
