@@ -183,10 +183,13 @@ int section_adamw_kernel(const Options &opt) {
                 "fastest rep; ratio = median over reps of ceiling time / kernel time; vs_openmp: the same "
                 "with the ceiling run on OpenMP's threads (OMP_WAIT_POLICY passive unless set: they sleep between "
                 "regions, as the pool's threads sleep between jobs; 0: built without OpenMP); vs_floor: floor time / "
-                "kernel time, the floor being the update's two divisions and square root alone\n",
+                "kernel time, the floor being the update's two divisions and square root alone; floor_ms: its fastest "
+                "rep; best_ratio: ceiling_ms / floor_ms, the most any kernel doing those operations could reach "
+                "against the ceiling\n",
                 opt.elements, opt.reps);
-    std::printf("%-8s %7s %10s %11s %12s %13s %7s %13s %10s %9s\n", "isa", "threads", "kernel_ms",
-                "ceiling_ms", "kernel_GB/s", "ceiling_GB/s", "ratio", "ratio_of_mins", "vs_openmp", "vs_floor");
+    std::printf("%-8s %7s %10s %11s %12s %13s %7s %13s %10s %9s %9s %10s\n", "isa", "threads", "kernel_ms",
+                "ceiling_ms", "kernel_GB/s", "ceiling_GB/s", "ratio", "ratio_of_mins", "vs_openmp", "vs_floor",
+                "floor_ms", "best_ratio");
     std::vector<std::string> json;
     for (Isa isa : isas) {
         const in::KernelTable &k = in::kernels_for(in::resolve_isa(isa));
@@ -212,24 +215,27 @@ int section_adamw_kernel(const Options &opt) {
                     floor_fn(seg.state[0] + b, seg.state[1] + b, scratch.as<float>() + b, e - b);
                 });
             };
-            const double floor_ratio = time_pair(kernel, floor, opt.reps).paired_ratio();
+            const PairTimes tf = time_pair(kernel, floor, opt.reps);
+            const double floor_ratio = tf.paired_ratio(), tfloor = tf.min_b();
             // The ceiling on OpenMP's threads, against the kernel on the pool.
             double omp_ratio = 0;
 #ifdef SX_BENCH_OPENMP
             auto ceiling_omp = [&] { on_openmp(seg, pool, ceiling_piece); };
             omp_ratio = time_pair(kernel, ceiling_omp, opt.reps).paired_ratio();
 #endif
-            std::printf("%-8s %7d %10.2f %11.2f %12.2f %13.2f %7.3f %13.3f %10.3f %9.3f\n",
+            std::printf("%-8s %7d %10.2f %11.2f %12.2f %13.2f %7.3f %13.3f %10.3f %9.3f %9.2f %10.3f\n",
                         sx::optim::isa_name(isa), threads, tk * 1e3, tc * 1e3, bytes / tk * 1e-9, bytes / tc * 1e-9,
-                        ratio, ratio_of_mins, omp_ratio, floor_ratio);
+                        ratio, ratio_of_mins, omp_ratio, floor_ratio, tfloor * 1e3, tc / tfloor);
             char line[512];
             std::snprintf(line, sizeof line,
                           "{\"bench\":\"adamw_kernel\",\"isa\":\"%s\",\"threads\":%d,\"elements\":%zu,"
                           "\"reps\":%d,\"kernel_ms\":%.3f,\"ceiling_ms\":%.3f,\"kernel_gbps\":%.2f,"
                           "\"ceiling_gbps\":%.2f,\"ratio_vs_ceiling\":%.4f,\"ratio_of_mins\":%.4f,"
-                          "\"ratio_vs_openmp_ceiling\":%.4f,\"ratio_vs_arithmetic_floor\":%.4f}",
+                          "\"ratio_vs_openmp_ceiling\":%.4f,\"ratio_vs_arithmetic_floor\":%.4f,"
+                          "\"floor_ms\":%.3f,\"best_ratio_vs_ceiling\":%.4f}",
                           sx::optim::isa_name(isa), threads, opt.elements, opt.reps, tk * 1e3, tc * 1e3,
-                          bytes / tk * 1e-9, bytes / tc * 1e-9, ratio, ratio_of_mins, omp_ratio, floor_ratio);
+                          bytes / tk * 1e-9, bytes / tc * 1e-9, ratio, ratio_of_mins, omp_ratio, floor_ratio,
+                          tfloor * 1e3, tc / tfloor);
             json.push_back(line);
         }
     }
