@@ -817,15 +817,18 @@ SX_API sx_status_t sx_get_unit_info(const sx_shard_group_t *group, int32_t index
 
 typedef struct sx_future sx_future_t;
 
-/* Called once when a save completes, with its status, on sx's I/O thread (never the
- * caller's). It must return quickly and must not call sx functions on the group. */
+/* Called once when a save completes, with its status: on sx's I/O thread for an
+ * asynchronous save, on the caller's thread before sx_save_optim_state returns for a
+ * synchronous one. It must return quickly and must not call sx functions on the group. */
 typedef void (*sx_future_callback)(sx_future_t *future, sx_status_t status, void *user);
 
 typedef struct sx_save_options {
     size_t struct_size;
     /* The checkpoint directory to create, copied. It must not exist; its parent must.
      * The parent also receives `latest` (the name of the newest committed checkpoint)
-     * and holds the ones keep_last considers. Required. */
+     * and holds the ones keep_last considers. Its last component may not be `latest`,
+     * `latest.tmp` or end in `.sx-partial` (an unfinished save's directory, which the
+     * next save removes). Every rank passes the same path. Required. */
     const char *path;
     /* Opaque bytes stored in the manifest (a data-loader position, RNG state), copied
      * during the call; at most 64 MiB. May be NULL with size 0. */

@@ -70,9 +70,13 @@ SX_API sx_status_t sx_save_optim_state(sx_shard_group_t *group, const sx_save_op
         }
         sx::ckpt::Checkpointer &ck = checkpointer_of(group);
         if (o.synchronous) {
+            // An invalid call fails here, as an asynchronous one does; the save's own
+            // outcome is the future's.
+            Status outcome;
+            SX_TRY(ck.save_checked(so, &outcome));
             f->impl = std::make_shared<sx::ckpt::SaveFuture>(std::move(cb));
             sx::api::register_handle(handle);
-            f->impl->complete(ck.save(so));
+            f->impl->complete(outcome);
         } else {
             SX_TRY(ck.save_async(so, std::move(cb), &f->impl));
             sx::api::register_handle(handle);
@@ -169,6 +173,7 @@ SX_API sx_status_t sx_load_optim_state(sx_shard_group_t *group, const sx_load_op
         SX_CHECK_ARG(o.path != nullptr && o.path[0] != '\0', "options->path is empty");
         const uint32_t known = SX_LOAD_PARAMS_ONLY | SX_LOAD_ALLOW_MISSING | SX_LOAD_ALLOW_EXTRA;
         SX_CHECK_ARG((o.flags & ~known) == 0, "options->flags has unknown bits 0x%x", o.flags & ~known);
+        SX_CHECK_ARG(o.reserved0 == 0, "options->reserved0 is %d; it must be 0", o.reserved0);
         sx::ckpt::LoadOptions lo;
         lo.path = o.path;
         lo.params_only = (o.flags & SX_LOAD_PARAMS_ONLY) != 0;

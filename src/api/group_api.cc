@@ -85,6 +85,7 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         g.grad_predivide_factor = c.grad_predivide_factor;
         SX_CHECK_ARG(c.trace_events >= 0, "config->trace_events is %d; it must be >= 0 (0 = %zu)", c.trace_events,
                      sx::trace::kDefaultCapacity);
+        SX_CHECK_ARG(c.reserved0 == 0, "config->reserved0 is %d; it must be 0", c.reserved0);
         SX_CHECK_ARG(c.reserved2 == 0, "config->reserved2 is %d; it must be 0", c.reserved2);
         // The config's path wins over the environment's.
         const char *env_trace = std::getenv("SX_TRACE");
@@ -204,6 +205,7 @@ SX_API sx_status_t sx_add_param(sx_shard_group_t *group, const sx_param_desc_t *
         std::memset(&d, 0, sizeof d);
         SX_TRY(sx::api::read_input(desc, "desc", offsetof(sx_param_desc_t, unit) + sizeof(int32_t), &d));
         SX_TRY(check_flag(d.frozen, "desc->frozen"));
+        SX_CHECK_ARG(d.reserved0 == 0, "desc->reserved0 is %d; it must be 0", d.reserved0);
         return g->add_param(d.name, d.ndim, d.shape, d.dtype, d.param_group, d.unit, d.frozen != 0,
                             index_out);
     });

@@ -10,8 +10,8 @@ using sx::api::resolve;
 namespace {
 
 // The trainer's callback over sx_param_state_t; its status becomes a Status naming it.
-sx::core::StateFn state_fn(const char *what, sx_param_state_fn fn, void *user) {
-    return [what, fn, user](sx::core::ParamState &st) -> Status {
+sx::core::StateFn state_fn(sx_param_state_fn fn, void *user) {
+    return [fn, user](sx::core::ParamState &st) -> Status {
         sx_param_state_t out;
         std::memset(&out, 0, sizeof out);
         out.struct_size = sizeof out;
@@ -28,7 +28,7 @@ sx::core::StateFn state_fn(const char *what, sx_param_state_fn fn, void *user) {
         st.step = out.step;
         st.momentum_steps = out.momentum_steps;
         if (code == SX_OK) return Status::Ok();
-        return SX_ERROR(code, "%s: the callback returned %s for param '%s'", what, sx_status_string(code), st.name);
+        return SX_ERROR(code, "the callback returned %s for param '%s'", sx_status_string(code), st.name);
     };
 }
 
@@ -41,8 +41,8 @@ sx_status_t whole_state(const char *function, sx_shard_group_t *group, int32_t r
         // A root without fn still takes part (the others are already in the collective):
         // its first call fails, and every rank gets that failure.
         const sx::core::StateFn f =
-            fn != nullptr ? state_fn(function, fn, user) : [function](sx::core::ParamState &) -> Status {
-                return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: fn is NULL on the root", function);
+            fn != nullptr ? state_fn(fn, user) : [](sx::core::ParamState &) -> Status {
+                return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "fn is NULL on the root");
             };
         return gather ? g->gather_state(root, f) : g->scatter_state(root, f);
     });

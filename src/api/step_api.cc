@@ -219,6 +219,7 @@ SX_API sx_status_t sx_unit_grads_ready(sx_shard_group_t *group, int32_t unit, co
         if (options) SX_TRY(sx::api::read_input(options, "options", sizeof(size_t), &o));
         SX_CHECK_ARG(o.accumulate == 0 || o.accumulate == 1, "options->accumulate is %d; it must be 0 or 1",
                      o.accumulate);
+        SX_CHECK_ARG(o.reserved0 == 0, "options->reserved0 is %d; it must be 0", o.reserved0);
         SX_CHECK(o.stream == nullptr || g->ops().device() == SX_DEVICE_CUDA, SX_ERR_INVALID_ARGUMENT,
                  "options->stream is set but the group runs on the CPU backend");
         return g->unit_grads_ready(unit, o.accumulate != 0, o.stream);

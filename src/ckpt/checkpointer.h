@@ -107,6 +107,10 @@ class Checkpointer {
     // every rank's save fails at once.
     Status persist(const Snapshot &snap, SaveFuture *progress, StagedBytes *staged);
     Status save(const SaveOptions &options);  // snapshot, then stage and persist at once
+    // As save(), but what makes the call invalid (the snapshot's checks: the group's
+    // state, the options) is returned, as save_async returns it, and how the save itself
+    // went is put in *outcome.
+    Status save_checked(const SaveOptions &options, Status *outcome);
     // Snapshots on this thread, then stages and persists on the I/O loop's thread
     // pool (the future reports when it is staged). A save
     // still in flight is waited for first (its staging memory is reused). `callback`

@@ -31,7 +31,10 @@ namespace {
 template <typename Ready>
 bool wait_until(std::mutex &mu, std::condition_variable &cv, std::chrono::milliseconds timeout, Ready ready) {
     std::unique_lock<std::mutex> lock(mu);
-    if (timeout.count() < 0) {
+    // Beyond a century is forever: a larger timeout would overflow the clock's arithmetic
+    // (nanoseconds since its epoch) and wait not at all.
+    constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365 * 100);
+    if (timeout.count() < 0 || timeout >= kForever) {
         cv.wait(lock, ready);
         return true;
     }

@@ -237,9 +237,8 @@ class Checkpointer::Load {
             const int32_t here = static_cast<int32_t>(shard_.progress.hypers[spec.group].kind);
             const int32_t there = m_.param_groups[e.param_group].optimizer;
             SX_CHECK(here == there, SX_ERR_MISMATCH,
-                     "param '%s' uses optimizer %d here but %d in the checkpoint (load params only "
-                     "to start afresh)",
-                     spec.name.c_str(), here, there);
+                     "param '%s' uses %s here but %s in the checkpoint (load params only to start afresh)",
+                     spec.name.c_str(), optim::kind_name(here), optim::kind_name(there));
         }
         // This build reads fp32 tensors only; anything else is refused, not misread.
         for (const Tensor &t : e.tensors)

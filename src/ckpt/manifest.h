@@ -22,10 +22,7 @@ constexpr uint64_t kChunkAlignment = 4096;     // every chunk starts on a 4 KiB 
 constexpr uint64_t kMaxManifestBytes = 1ull << 30;  // refuse larger manifests unread
 constexpr uint64_t kMaxUserBlobBytes = 64ull << 20;
 constexpr uint64_t kMaxFileNameBytes = 255;       // a shard file name (NAME_MAX)
-// The most steps a manifest may count: 2^53, the last count a double holds exactly (the
-// optimizers' bias corrections raise betas to the step in double); a step a microsecond
-// would take 285 years to reach it.
-constexpr uint64_t kMaxSteps = 1ull << 53;
+constexpr uint64_t kMaxSteps = optim::kMaxSteps;  // the most steps a manifest may count
 constexpr size_t kTrailerBytes = 16;               // magic "SXCT", crc32c, FlatBuffer size
 
 // Bytes per element of SX_DTYPE_*; 0 for a value that is not one.

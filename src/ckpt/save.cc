@@ -39,6 +39,25 @@ void split_path(const std::string &path, std::string *parent, std::string *base)
     *base = slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
+// A save's final name may be none of the names sx gives other things in the parent: the
+// pointer to the newest checkpoint and its temporary copy, or a directory that the next
+// save removes as a crashed save's leftover.
+Status check_checkpoint_name(const std::string &path) {
+    std::string parent, base;
+    split_path(path, &parent, &base);
+    const std::string latest_tmp = std::string(kLatestName) + ".tmp";
+    const size_t n = std::strlen(kPartialSuffix);
+    SX_CHECK_ARG(!base.empty() && base != "/" && base != "." && base != "..",
+                 "the checkpoint path '%s' names no directory of its own", path.c_str());
+    SX_CHECK_ARG(base != kLatestName && base != latest_tmp,
+                 "the checkpoint path '%s' ends in '%s', the name sx keeps for the file naming the newest checkpoint",
+                 path.c_str(), base.c_str());
+    SX_CHECK_ARG(!(base.size() >= n && base.compare(base.size() - n, n, kPartialSuffix) == 0),
+                 "the checkpoint path '%s' ends in '%s', the suffix of unfinished saves (the next save removes them)",
+                 path.c_str(), kPartialSuffix);
+    return Status::Ok();
+}
+
 uint64_t now_unix_ms() {
     return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                      std::chrono::system_clock::now().time_since_epoch())
@@ -315,6 +334,7 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     SX_TRY(g.check_usable());
     SX_TRY(g.check_finalized());
     SX_CHECK_ARG(!options.path.empty(), "the checkpoint path is empty");
+    SX_TRY(check_checkpoint_name(options.path));
     SX_TRACE_SPAN(g.tracer(), "ckpt", "save.snapshot", trace::kNoUnit, trace::kNoBytes, options.path.c_str());
     SX_CHECK_ARG(options.user_blob.size() <= kMaxUserBlobBytes, "the user blob has %zu bytes; at most %llu",
                  options.user_blob.size(), static_cast<unsigned long long>(kMaxUserBlobBytes));
@@ -496,10 +516,17 @@ Checkpointer::~Checkpointer() {
 }
 
 Status Checkpointer::save(const SaveOptions &options) {
+    Status outcome;
+    SX_TRY(save_checked(options, &outcome));
+    return outcome;
+}
+
+Status Checkpointer::save_checked(const SaveOptions &options, Status *outcome) {
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
     Snapshot snap;
     SX_TRY(snapshot(options, &snap));
-    return stage_and_persist(&snap, nullptr);
+    *outcome = stage_and_persist(&snap, nullptr);
+    return Status::Ok();
 }
 
 Status Checkpointer::save_async(const SaveOptions &options, SaveFuture::Callback callback,

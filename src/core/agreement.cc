@@ -26,10 +26,6 @@ const char *dtype_text(int32_t dtype) {
     return dtype == SX_DTYPE_F32 ? "fp32" : dtype == SX_DTYPE_F16 ? "fp16" : dtype == SX_DTYPE_BF16 ? "bf16" : "0";
 }
 
-const char *optimizer_text(optim::Kind kind) {
-    return kind == optim::Kind::kSgd ? "SGD" : kind == optim::Kind::kAdam ? "Adam" : "AdamW";
-}
-
 std::string shape_text(const std::vector<int64_t> &shape) {
     std::string s = "[";
     for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -113,7 +109,7 @@ std::vector<Fact> ShardGroup::facts(const Agreement &a) const {
         f.push_back({"param '" + params_[p].name + "' trainable", a.mask[p] ? "yes" : "no"});
     for (size_t g = 0; g < a.hypers.size(); ++g) {
         const optim::Hyper &h = a.hypers[g];
-        f.push_back({format("param group %zu optimizer", g), optimizer_text(h.kind)});
+        f.push_back({format("param group %zu optimizer", g), optim::kind_name(h.kind)});
 #define SX_HYPER_FACT(name, type, dflt, key, applies) \
     f.push_back({format("param group %zu %s", g, #name), number_text(static_cast<double>(h.name))});
         SX_HYPERPARAMETERS(SX_HYPER_FACT)
@@ -141,7 +137,7 @@ std::vector<Fact> ShardGroup::table_facts() const {
     f.push_back({"grad_predivide_factor", number_text(config_.grad_predivide_factor)});
     f.push_back({"the number of param groups", std::to_string(groups_.size())});
     for (size_t g = 0; g < groups_.size(); ++g)
-        f.push_back({format("param group %zu optimizer", g), optimizer_text(groups_[g].hyper.kind)});
+        f.push_back({format("param group %zu optimizer", g), optim::kind_name(groups_[g].hyper.kind)});
     f.push_back({"the number of params", std::to_string(params_.size())});
     for (size_t i = 0; i < params_.size(); ++i) {
         const ParamSpec &p = params_[i];

@@ -229,9 +229,15 @@ Status ShardGroup::scatter_state(int root, const StateFn &fn) {
                 st.tensors.push_back(data + t * n);
             }
             if (outcome.ok()) outcome = catching([&] { return fn(st); });
-            if (outcome.ok() && (st.step < 0 || st.momentum_steps < 0))
-                outcome = SX_ERROR(SX_ERR_INVALID_ARGUMENT, "param '%s': step %lld and momentum_steps %lld must be >= 0",
-                                   st.name, static_cast<long long>(st.step), static_cast<long long>(st.momentum_steps));
+            // The rules a checkpoint's manifest is held to, so that what is scattered in
+            // can be saved and stepped on.
+            if (outcome.ok() && !(st.step >= 0 && st.momentum_steps >= 0 && st.momentum_steps <= st.step &&
+                                  static_cast<uint64_t>(st.step) <= optim::kMaxSteps))
+                outcome = SX_ERROR(SX_ERR_INVALID_ARGUMENT,
+                                   "param '%s': step %lld and momentum_steps %lld; they must satisfy 0 <= "
+                                   "momentum_steps <= step <= %llu",
+                                   st.name, static_cast<long long>(st.step), static_cast<long long>(st.momentum_steps),
+                                   static_cast<unsigned long long>(optim::kMaxSteps));
             steps[2 * p] = st.step;
             steps[2 * p + 1] = st.momentum_steps;
             if (!host.empty() && !tensors.empty()) {

@@ -15,6 +15,12 @@ class ThreadPool;
 
 enum class Kind : int32_t { kSgd = SX_OPTIM_SGD, kAdam = SX_OPTIM_ADAM, kAdamW = SX_OPTIM_ADAMW };
 
+// An SX_OPTIM_* value as torch names the optimizer ("SGD", "Adam", "AdamW"), for messages.
+inline const char *kind_name(int32_t kind) {
+    return kind == SX_OPTIM_SGD ? "SGD" : kind == SX_OPTIM_ADAM ? "Adam" : kind == SX_OPTIM_ADAMW ? "AdamW" : "unknown";
+}
+inline const char *kind_name(Kind kind) { return kind_name(static_cast<int32_t>(kind)); }
+
 // Which optimizers a hyperparameter applies to.
 enum class Applies : int32_t { kAll, kSgd, kAdam /* Adam and AdamW */ };
 
@@ -35,6 +41,11 @@ enum class Applies : int32_t { kAll, kSgd, kAdam /* Adam and AdamW */ };
     X(nesterov, bool, false, SX_HP_NESTEROV, kSgd)                 \
     X(maximize, bool, false, SX_HP_MAXIMIZE, kAll)                 \
     X(amsgrad, bool, false, SX_HP_AMSGRAD, kAdam)
+
+// The most steps a param (or a group) may count: 2^53, the last count a double holds
+// exactly (the bias corrections raise betas to the step in double); a step a
+// microsecond would take 285 years to reach it.
+constexpr uint64_t kMaxSteps = 1ull << 53;
 
 // An optimizer and its hyperparameters (one member per line of the table above).
 struct Hyper {

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include "api_test_util.h"
 
@@ -1143,6 +1144,137 @@ static void test_abort(void **state) {
     EXPECT_OK(sx_destroy_shard_group(g));
 }
 
+/* ---------------------------------------------------------------------------------
+ * Checkpoints and whole state: names sx keeps for itself, synchronous saves that are
+ * invalid calls, unbounded waits, step counts a checkpoint could not hold
+ * ------------------------------------------------------------------------------- */
+
+static int path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static void save_to(sx_shard_group_t *g, const char *path, int synchronous, sx_status_t want, const char *needle) {
+    sx_save_options_t o;
+    EXPECT_OK(sx_save_options_init(&o, sizeof o));
+    o.path = path;
+    o.synchronous = synchronous;
+    sx_future_t *f = NULL;
+    EXPECT_STATUS(sx_save_optim_state(g, &o, &f), want, needle);
+    if (want != SX_OK) {
+        assert_null(f);
+        return;
+    }
+    /* Far past what the clock can add to now: this must wait, not time out at once. */
+    EXPECT_OK(sx_future_wait_staged(f, INT64_MAX));
+    EXPECT_OK(sx_future_wait(f, INT64_MAX));
+    EXPECT_OK(sx_future_destroy(f));
+}
+
+static void test_checkpoint_names_and_calls(void **state) {
+    (void)state;
+    char dir[] = "/tmp/sx-api-misuse-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+
+    /* A synchronous save before sx_finalize is an invalid call, as an asynchronous one is. */
+    sx_shard_group_t *g = api_small_group(0);
+    snprintf(path, sizeof path, "%s/early", dir);
+    save_to(g, path, 1, SX_ERR_INVALID_STATE, "sx_finalize");
+    save_to(g, path, 0, SX_ERR_INVALID_STATE, "sx_finalize");
+    assert_false(path_exists(path));
+    EXPECT_OK(sx_finalize(g));
+
+    /* The names sx gives other things beside a checkpoint are refused, and nothing is made. */
+    const char *reserved[] = {"latest", "latest.tmp", "good.sx-partial", ".sx-partial", "..", "."};
+    for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; ++i) {
+        snprintf(path, sizeof path, "%s/%s", dir, reserved[i]);
+        save_to(g, path, 1, SX_ERR_INVALID_ARGUMENT, "checkpoint path");
+        save_to(g, path, 0, SX_ERR_INVALID_ARGUMENT, "checkpoint path");
+    }
+    snprintf(path, sizeof path, "%s/latest", dir);
+    assert_false(path_exists(path));
+
+    /* Saves that keep to the rules still work, and the next one keeps the first. */
+    snprintf(path, sizeof path, "%s/first", dir);
+    save_to(g, path, 0, SX_OK, NULL);
+    snprintf(path, sizeof path, "%s/second", dir);
+    save_to(g, path, 1, SX_OK, NULL);
+    snprintf(path, sizeof path, "%s/first/MANIFEST", dir);
+    assert_true(path_exists(path));
+
+    sx_load_options_t lo;
+    EXPECT_OK(sx_load_optim_state_options_init(&lo, sizeof lo));
+    snprintf(path, sizeof path, "%s/first", dir);
+    lo.path = path;
+    lo.reserved0 = 1;
+    EXPECT_STATUS(sx_load_optim_state(g, &lo), SX_ERR_INVALID_ARGUMENT, "reserved0");
+    lo.reserved0 = 0;
+    EXPECT_OK(sx_load_optim_state(g, &lo));
+    EXPECT_OK(sx_destroy_shard_group(g));
+
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static sx_status_t set_steps(sx_param_state_t *st, void *user) {
+    const int64_t *steps = (const int64_t *)user;
+    st->step = steps[0];
+    st->momentum_steps = steps[1];
+    return SX_OK;
+}
+
+static sx_status_t no_state(sx_param_state_t *st, void *user) {
+    (void)st;
+    (void)user;
+    return SX_OK;
+}
+
+static void test_scattered_steps_are_checked(void **state) {
+    (void)state;
+    sx_shard_group_t *g = api_small_group(1);
+    /* momentum_steps above step, a step past 2^53, negative counts: all refused. */
+    const int64_t bad[][2] = {{1, 10}, {INT64_MAX, 0}, {((int64_t)1 << 53) + 1, 0}, {-1, 0}, {3, -1}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i)
+        EXPECT_STATUS(sx_scatter_optim_state(g, 0, set_steps, (void *)bad[i]), SX_ERR_INVALID_ARGUMENT,
+                      "momentum_steps <= step");
+    const int64_t good[2] = {(int64_t)1 << 53, 5};
+    EXPECT_OK(sx_scatter_optim_state(g, 0, set_steps, (void *)good));
+    /* A NULL fn on the root is named once, after the entry point. */
+    EXPECT_STATUS(sx_gather_optim_state(g, 0, NULL, NULL), SX_ERR_INVALID_ARGUMENT, "fn is NULL on the root");
+    assert_null(strstr(sx_last_error_message(), "sx_gather_optim_state: sx_gather_optim_state"));
+    EXPECT_OK(sx_gather_optim_state(g, 0, no_state, NULL));
+    EXPECT_OK(sx_destroy_shard_group(g));
+}
+
+static void test_reserved_fields_must_be_zero(void **state) {
+    (void)state;
+    char rv[128];
+    sx_group_config_t c;
+    api_config(&c, rv, sizeof rv, 0, 1);
+    c.reserved0 = 7;
+    sx_shard_group_t *out = NULL;
+    EXPECT_STATUS(sx_create_shard_group(&c, &out), SX_ERR_INVALID_ARGUMENT, "reserved0");
+    assert_null(out);
+
+    sx_shard_group_t *g = api_group();
+    api_add_group(g, SX_OPTIM_ADAMW);
+    const int64_t shape[1] = {4};
+    sx_param_desc_t d;
+    EXPECT_OK(sx_param_desc_init(&d, sizeof d));
+    d.name = "p";
+    d.ndim = 1;
+    d.shape = shape;
+    d.reserved0 = 5;
+    int32_t index = -1;
+    EXPECT_STATUS(sx_add_param(g, &d, &index), SX_ERR_INVALID_ARGUMENT, "reserved0");
+    assert_int_equal(api_num_params(g), 0);
+    d.reserved0 = 0;
+    EXPECT_OK(sx_add_param(g, &d, &index));
+    EXPECT_OK(sx_destroy_shard_group(g));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version),
@@ -1164,6 +1296,9 @@ int main(void) {
         cmocka_unit_test(test_amsgrad_after_first_step),
         cmocka_unit_test(test_unit_too_large_to_allocate),
         cmocka_unit_test(test_abort),
+        cmocka_unit_test(test_checkpoint_names_and_calls),
+        cmocka_unit_test(test_scattered_steps_are_checked),
+        cmocka_unit_test(test_reserved_fields_must_be_zero),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
