@@ -94,10 +94,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
     not in .grad), ``timeout_ms``, ``num_threads``.
 
     Differences from torch worth knowing: ``zero_grad()`` zeroes the gradients in place
-    whatever ``set_to_none`` says (a ``.grad`` set to None would no longer be sx's
-    memory); a param whose ``.grad`` is None at a step (requires_grad False, or set to
-    None by hand) is frozen for that step, as torch skips it; one whose ``.grad`` was
-    replaced by another tensor has it copied into sx's memory (with a warning).
+    (a ``.grad`` set to None would no longer be sx's memory); a param whose ``.grad`` is
+    None at a step (requires_grad False, or set to None by hand) is frozen for that step,
+    as torch skips it, and so is, with one process, a param no backward reached since
+    ``zero_grad(set_to_none=True)``; one whose ``.grad`` was replaced by another tensor
+    has it copied into sx's memory (with a warning). Params without elements are refused;
+    the optimizer cannot be pickled or copied.
     Clip with ``max_grad_norm`` (or :meth:`clip_grad_norm_`), not with
     ``torch.nn.utils.clip_grad_norm_``: before the step a rank holds its own gradients,
     not yet averaged. The norm is ``grad_norm`` after the step.
@@ -134,11 +136,24 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._overlap = bool(overlap)
         self._units = []       # per param: its unit's index
         self._waiting = {}     # overlap: per unit, its params whose gradients are still to come
+        # Per param: a backward has written its gradient since zero_grad(set_to_none=True)
+        # (torch's .grad would be a tensor, not None), known through the hooks.
+        self._touched = []
+        self._hooked = set()   # params with a post-accumulate-grad hook
+        self._hooks = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+        if self._overlap and not self._hooks:
+            raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, "overlap needs torch's post-accumulate-grad hooks "
+                                   "(torch 2.1 or newer)")
         kw = {"stage": stage, "backend": "cpu", "timeout_ms": timeout_ms, "num_threads": num_threads}
         if rendezvous == "env://" and rank is None and world_size is None:
             self.group = ShardGroup(rendezvous, 0, 0, **kw)
         else:
             self.group = ShardGroup(rendezvous, rank or 0, world_size or 1, **kw)
+        # A param no backward reached since zero_grad() is skipped, as torch skips a .grad
+        # of None, where this process alone decides it: with one process. Across several,
+        # the ranks must agree on the params a step updates, and a param that one rank's
+        # batch did not reach is still averaged with the others' gradients.
+        self._skip_unreached = self._hooks and self.group.world_size == 1
         if isinstance(params, torch.nn.Module):
             params = list(params.named_parameters())
         super().__init__(params, full)
@@ -167,18 +182,37 @@ class ShardedOptimizer(torch.optim.Optimizer):
         group = dict(param_group)
         group["params"] = plain
         first = len(self._params)
-        super().add_param_group(group)  # torch's checks and defaults
-        group = self.param_groups[-1]
-        for p in group["params"]:
+        # What sx would refuse, refused before anything changes.
+        for k, p in enumerate(plain):
+            what = names[k] if names[k] is not None else f"param.{first + k}"
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"{what} is a {type(p).__name__}, not a tensor")
             if p.device.type != "cpu" or p.dtype not in _DTYPES:
                 raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
-                                       f"param of dtype {p.dtype} on {p.device}: sx.torch takes CPU tensors of "
+                                       f"{what} has dtype {p.dtype} on {p.device}: sx.torch takes CPU tensors of "
                                        f"dtype {sorted(str(d) for d in _DTYPES)}")
+            if p.numel() == 0:
+                raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
+                                       f"{what} has shape {tuple(p.shape)}: sx holds no param without elements "
+                                       "(leave it out of the optimizer)")
         for key in group:
             if key not in _IGNORED and key != "params" and key not in self.defaults:
                 raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"unknown param group key {key!r}")
+        super().add_param_group(group)  # torch's checks and defaults
+        try:
+            self._add_to_sx(self.param_groups[-1], names, first)
+        except BaseException:
+            if len(self._pushed) < len(self.param_groups):
+                self.param_groups.pop()  # sx did not take the group: torch's view of it goes too
+            raise
+        self._consolidated = None
+
+    def _add_to_sx(self, group, names, first):
         index = self.group.add_param_group(self._kind, **_hyper(self._kind, group))
         self._pushed.append(_hyper(self._kind, group))
+        if self._finalized:
+            # The units laid out already are closed: the new params start a unit of their own.
+            self._unit, self._unit_bytes = self._unit + 1, 0
         for k, p in enumerate(group["params"]):
             name = names[k] if names[k] is not None else f"param.{first + k}"
             nbytes = p.numel() * p.element_size()
@@ -207,12 +241,22 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 grad.zero_()
             p.grad = grad
             self._grads.append(grad)
-            if hasattr(p, "register_post_accumulate_grad_hook") and p.requires_grad:
-                p.register_post_accumulate_grad_hook(lambda _p, i=i: self._accumulated(i))
-            elif self._overlap:
-                raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, "overlap needs torch's post-accumulate-grad hooks "
-                                       "(torch 2.1 or newer)")
+            self._touched.append(not self._skip_unreached)
+        self._hook_new()
         self._expect()
+
+    def _hook_new(self):
+        """Hooks the params that require a gradient and have no hook yet (a param frozen
+        when it was bound has none until it is unfrozen: torch refuses hooks on tensors that
+        do not require gradients). True if there was one."""
+        added = False
+        if self._hooks:
+            for i, p in enumerate(self._params):
+                if i not in self._hooked and p.requires_grad:
+                    p.register_post_accumulate_grad_hook(lambda _p, i=i: self._accumulated(i))
+                    self._hooked.add(i)
+                    added = True
+        return added
 
     def _expect(self):
         """Overlap: the params whose gradients each unit waits for in the next backward."""
@@ -223,6 +267,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _accumulated(self, i):
         self._clean = False
+        self._touched[i] = True
         if not self._overlap:
             return
         unit = self._units[i]
@@ -230,7 +275,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if waiting is None or i not in waiting:
             # sx is reducing this unit already: a second backward would race with it.
             raise RuntimeError(f"sx.torch: a second gradient of {self._names[i]} before step(); with overlap=True "
-                               "every step follows exactly one backward")
+                               "every backward must be followed by step() (a step skipped, as GradScaler skips "
+                               "one after an overflow, leaves the reduction of the first backward open)")
         waiting.discard(i)
         if not waiting:
             del self._waiting[unit]
@@ -244,13 +290,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return t.view(like.shape)
 
     def zero_grad(self, set_to_none=True):
-        """Zeroes every gradient in sx's memory (``set_to_none`` is accepted and ignored:
-        a .grad of None would no longer be sx's memory). Cheap right after a step, which
-        zeroes them already."""
-        for p, grad in zip(self._params, self._grads):
+        """Zeroes every gradient in sx's memory. ``.grad`` stays a view of it; with
+        ``set_to_none`` (torch's default) and one process, a param that no backward then
+        reaches is skipped by the next step, as torch skips a param whose .grad is None.
+        Cheap right after a step, which zeroes them already."""
+        if self._hook_new():
+            self._clean = False  # a param unfrozen since: its gradient may hold a backward's
+        for i, (p, grad) in enumerate(zip(self._params, self._grads)):
             if p.grad is not grad:
                 p.grad = grad
                 self._clean = False
+            self._touched[i] = not (set_to_none and self._skip_unreached)
         if not self._clean:
             with torch.no_grad():
                 for grad in self._grads:
@@ -267,16 +317,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for gi, group in enumerate(self.param_groups):
-            wanted = _hyper(self._kind, group)
-            for key, value in wanted.items():
-                if self._pushed[gi].get(key) != value:
-                    self.group.set_hyperparameter(gi, key, value)
-                    self._pushed[gi][key] = value
+        self._push_hyperparameters()
+        self._hook_new()
         mask = self.group.trainable_mask()
         for i, (p, grad) in enumerate(zip(self._params, self._grads)):
-            mask[i] = 1 if (p.requires_grad and p.grad is not None) else 0
-            if p.grad is not None and p.grad is not grad:
+            replaced = p.grad is not None and p.grad is not grad
+            mask[i] = 1 if (p.requires_grad and p.grad is not None and (self._touched[i] or replaced)) else 0
+            if replaced:
                 if p.grad.data_ptr() != grad.data_ptr():
                     warnings.warn(f"sx.torch: the .grad of {self._names[i]} was replaced by another tensor; it is "
                                   "copied into sx's memory (zero_grad keeps .grad in place)", stacklevel=2)
@@ -285,8 +332,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
         result = self.group.step(max_grad_norm=self.max_grad_norm, weight=weight)
         self.grad_norm = result.grad_norm
         self._clean = True
+        self._consolidated = None  # the state moved on
         self._expect()
         return loss
+
+    def _push_hyperparameters(self):
+        """Tells sx the hyperparameters of the param groups that changed since."""
+        for gi, group in enumerate(self.param_groups):
+            wanted = _hyper(self._kind, group)
+            for key, value in wanted.items():
+                if self._pushed[gi].get(key) != value:
+                    self.group.set_hyperparameter(gi, key, value)
+                    self._pushed[gi][key] = value
 
     def clip_grad_norm_(self, max_norm):
         """Clips at the next step(s) to ``max_norm`` (the averaged gradients' global norm,
@@ -309,8 +366,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self._consolidated is None and self.group.world_size == 1:
             self.consolidate_state_dict(to=0)
         if self._consolidated is None:
-            raise RuntimeError("the optimizer state has not been consolidated on this rank: call "
-                               "consolidate_state_dict(to=rank) on every rank first")
+            raise RuntimeError("the optimizer state has not been consolidated on this rank since the last step: "
+                               "call consolidate_state_dict(to=rank) on every rank first")
         return self._consolidated
 
     def _torch_state_dict(self, states):
@@ -354,6 +411,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for key, value in theirs.items():
                 if key != "params":
                     mine[key] = value
+        # sx keeps the state tensors its hyperparameters need (a momentum buffer, the
+        # running max of amsgrad): they take the dict's before its state is scattered.
+        self._push_hyperparameters()
         saved = state_dict["state"]
         kind = self._kind
 
@@ -374,6 +434,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
         self.group.scatter_optim_state(fill if self.group.rank == 0 else None, root=0)
         self._consolidated = None
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a ShardedOptimizer cannot be pickled or copied: its params and state live in sx's "
+                        "memory, shared by every process of the group; save it with state_dict() after "
+                        "consolidate_state_dict(), or with save()")
+
+    def __deepcopy__(self, memo):
+        self.__reduce_ex__(None)
 
     # -- sx checkpoints -------------------------------------------------------------
     def save(self, path, user_blob=b"", **options):

@@ -5,7 +5,9 @@ losses and params must agree to 1e-5 relative at every one of 20 steps. Then sx'
 consolidated state dict equals ZeroRedundancyOptimizer's, loads into a plain
 torch.optim.AdamW that continues exactly as sx does, and the reverse; zero_grad keeps
 .grad in sx's memory; with overlap=True (units reduced from autograd hooks during the
-backward) the run is the same, and a second backward before a step is refused. Exits non-zero on the first difference."""
+backward) the run is the same, and a second backward before a step is refused; sx's
+dynamic loss scaling skips a step that overflowed on one rank on every rank. Exits
+non-zero on the first difference."""
 import sys
 
 import torch
@@ -44,6 +46,35 @@ def close(a, b, what):
 def compare_params(m1, m2, what):
     for (name, p), q in zip(m1.named_parameters(), m2.parameters()):
         close(p.detach(), q.detach(), f"{what}: param {name}")
+
+
+def check_loss_scaling(rank, world):
+    """sx's dynamic loss scaling through sx.torch, with an overflow on rank 0 only: every
+    rank skips that step and halves the scale, and the run matches DDP + AdamW fed the
+    same (unscaled) batches with that step left out."""
+    e, f = mlp(), mlp()
+    ddp = DistributedDataParallel(f)
+    peer = torch.optim.AdamW(ddp.parameters(), lr=LR, weight_decay=WD)
+    opt = sx.torch.ShardedOptimizer(e, torch.optim.AdamW, lr=LR, weight_decay=WD)
+    opt.group.set_loss_scaling("dynamic", init_scale=1024.0)
+    for step in range(30, 36):
+        x, y = batch(step, rank)
+        opt.zero_grad()
+        loss = loss_of(e, x, y) * opt.group.loss_scale
+        if step == 32 and rank == 0:
+            loss = loss * float("inf")
+        loss.backward()
+        opt.step()
+        if step != 32:
+            peer.zero_grad()
+            loss_of(ddp, x, y).backward()
+            peer.step()
+        compare_params(e, f, f"sx with dynamic loss scaling against DDP, step {step}")
+    scales = [None] * world
+    dist.all_gather_object(scales, opt.group.loss_scale)
+    if scales != [512.0] * world:
+        raise AssertionError(f"rank {rank}: loss scales after one overflow: {scales}; 512 on every rank expected")
+    opt.close()
 
 
 def main():
@@ -157,6 +188,7 @@ def main():
         torch.nn.utils.clip_grad_norm_(c.parameters(), MAX_NORM)
         plain.step()
         compare_params(d, c, f"sx from torch.optim.AdamW's state, step {step}")
+    check_loss_scaling(rank, world)
     print(f"rank {rank}: sx.torch matches DDP + ZeroRedundancyOptimizer and torch.optim.AdamW", flush=True)
     dist.destroy_process_group()
 

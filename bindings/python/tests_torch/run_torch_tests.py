@@ -1,6 +1,7 @@
-"""Runs sx.torch's checks under a real torchrun: check_sx_torch.py on 2 processes and
-check_uneven.py on 3. Run with the Python of a torch environment, SX_LIBRARY pointing at
-libsx and PYTHONPATH at the binding (ctest's bindings_torch does)."""
+"""Runs sx.torch's checks: check_single.py in one process, then, under a real torchrun,
+check_sx_torch.py on 2 processes and check_uneven.py on 3. Run with the Python of a
+torch environment, SX_LIBRARY pointing at libsx and PYTHONPATH at the binding (ctest's
+bindings_torch does)."""
 import os
 import subprocess
 import sys
@@ -9,6 +10,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main():
+    single = [sys.executable, os.path.join(HERE, "check_single.py")]
+    print("$", " ".join(single), flush=True)
+    if subprocess.run(single, timeout=600).returncode != 0:
+        sys.exit("check_single.py failed")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     for script, procs in (("check_sx_torch.py", 2), ("check_uneven.py", 3)):
         cmd = [torchrun, "--standalone", f"--nproc-per-node={procs}", os.path.join(HERE, script)]

@@ -1,0 +1,200 @@
+"""sx.torch in one process, against torch.optim on a copy of the same model: what a
+trainer migrating from torch does besides the plain loop (param groups added while
+training, params frozen and unfrozen, params a step does not reach, state dicts taken
+again after more steps or loaded with other hyperparameters) and what it must be told
+clearly (params sx cannot hold, copies of the optimizer). Run directly, not under
+torchrun; exits non-zero on the first difference."""
+import copy
+import itertools
+import pickle
+
+import torch
+
+import sx.torch
+from sx.errors import UnsupportedError
+
+_names = itertools.count()
+TOL = 1e-6
+
+
+def sx_opt(params, cls=torch.optim.AdamW, **kw):
+    return sx.torch.ShardedOptimizer(params, cls, rendezvous=f"local://single-{next(_names)}", rank=0,
+                                     world_size=1, **kw)
+
+
+def net(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+
+
+def data(i):
+    g = torch.Generator().manual_seed(100 + i)
+    return torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
+
+
+def loss_of(model, i):
+    x, y = data(i)
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def max_diff(a, b):
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+def expect_close(a, b, what):
+    d = max_diff(a, b)
+    if not d <= TOL:
+        raise SystemExit(f"FAIL {what}: params differ from torch's by {d}")
+    print(f"ok   {what} (max difference {d:.2e})")
+
+
+def expect_raises(kind, needle, fn, what):
+    try:
+        fn()
+    except kind as e:
+        if needle not in str(e):
+            raise SystemExit(f"FAIL {what}: {kind.__name__} without '{needle}': {e}")
+        print(f"ok   {what}: {e}")
+        return
+    raise SystemExit(f"FAIL {what}: no {kind.__name__}")
+
+
+def train(model, opt, steps, first=0, every=None):
+    for i in range(first, first + steps):
+        opt.zero_grad()
+        (every(model, i) if every else loss_of(model, i)).backward()
+        opt.step()
+
+
+def check_param_group_added_while_training():
+    a, b = net(), net()
+    ta = torch.optim.AdamW(list(a[0].parameters()), lr=1e-2)
+    sa = sx_opt(list(b[0].parameters()), lr=1e-2)  # the default bucket: one unit for all
+    train(a, ta, 3)
+    train(b, sa, 3)
+    ta.add_param_group({"params": list(a[2].parameters()), "lr": 5e-3, "weight_decay": 0.3})
+    sa.add_param_group({"params": list(b[2].parameters()), "lr": 5e-3, "weight_decay": 0.3})
+    train(a, ta, 3, first=3)
+    train(b, sa, 3, first=3)
+    expect_close(a, b, "a param group added after 3 steps, then 3 more")
+
+
+def check_failed_param_group_changes_nothing():
+    a, b = net(), net()
+    ta = torch.optim.AdamW(list(a[0].parameters()), lr=1e-2)
+    sa = sx_opt(list(b[0].parameters()), lr=1e-2)
+    bad = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    expect_raises(UnsupportedError, "float64", lambda: sa.add_param_group({"params": [bad]}), "a float64 param")
+    expect_raises(Exception, "lrr", lambda: sa.add_param_group({"params": list(b[2].parameters()), "lrr": 1}),
+                  "a misspelt key")
+    empty = torch.nn.Parameter(torch.zeros(0, 5))
+    expect_raises(UnsupportedError, "(0, 5)", lambda: sa.add_param_group({"params": [empty]}), "a param of 0 elements")
+    assert len(sa.param_groups) == 1, sa.param_groups
+    train(a, ta, 3)
+    train(b, sa, 3)
+    expect_close(a, b, "steps after three refused param groups")
+
+
+def check_unfrozen_later():
+    a, b = net(), net()
+    for m in (a, b):
+        for p in m.parameters():
+            p.requires_grad_(False)
+    ta = torch.optim.SGD(a.parameters(), lr=0.1)
+    sa = sx_opt(b, torch.optim.SGD, lr=0.1)
+    for m in (a, b):
+        m[2].weight.requires_grad_(True)
+    for i in range(3):  # a discarded backward each time: zero_grad must clear it
+        for m, o in ((a, ta), (b, sa)):
+            o.zero_grad()
+            loss_of(m, 50 + i).backward()
+            o.zero_grad()
+            loss_of(m, i).backward()
+            o.step()
+    expect_close(a, b, "params frozen at construction, one unfrozen later, a backward discarded")
+
+
+def check_unreached_params_are_skipped():
+    def branchy(m, i):
+        x, y = data(i)
+        h = m[0](x)
+        if i < 2:
+            h = h + 0.5 * m[1](h)  # the extra branch takes part only in the first two steps
+        return torch.nn.functional.mse_loss(m[2](torch.tanh(h)), y)
+
+    def build():
+        torch.manual_seed(1)
+        return torch.nn.ModuleList([torch.nn.Linear(8, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 2)])
+
+    a, b = build(), build()
+    ta = torch.optim.AdamW(a.parameters(), lr=1e-2, weight_decay=0.1)
+    sa = sx_opt(b, lr=1e-2, weight_decay=0.1)
+    train(a, ta, 6, every=branchy)
+    train(b, sa, 6, every=branchy)
+    expect_close(a, b, "a branch the backward stops reaching (torch skips its params)")
+    ta.zero_grad()
+    sa.zero_grad()
+    ta.step()
+    sa.step()
+    expect_close(a, b, "a step with no backward since zero_grad (nothing moves)")
+
+
+def check_state_dict_follows_steps():
+    b = net()
+    sa = sx_opt(b, lr=1e-2)
+    train(b, sa, 3)
+    first = sa.state_dict()
+    train(b, sa, 4, first=3)
+    sa.param_groups[0]["lr"] = 0.5
+    again = sa.state_dict()
+    step = again["state"][0]["step"].item()
+    if step != 7 or again["param_groups"][0]["lr"] != 0.5 or first["state"][0]["step"].item() != 3:
+        raise SystemExit(f"FAIL state_dict after more steps: step {step}, lr {again['param_groups'][0]['lr']}")
+    print("ok   state_dict() taken again after more steps has their step count and lr")
+
+
+def check_loaded_hyperparameters():
+    for cls, theirs, mine in ((torch.optim.SGD, dict(lr=1e-2, momentum=0.9), dict(lr=0.5)),
+                              (torch.optim.SGD, dict(lr=1e-2, momentum=0.9, nesterov=True), dict(lr=0.5)),
+                              (torch.optim.Adam, dict(lr=1e-2, amsgrad=True), dict(lr=1e-3))):
+        a, b = net(), net()
+        ta = cls(a.parameters(), **theirs)
+        train(a, ta, 4)
+        b.load_state_dict(a.state_dict())
+        sa = sx_opt(b, cls, **mine)  # other hyperparameters: the dict's must win
+        sa.load_state_dict(ta.state_dict())
+        train(a, ta, 3, first=4)
+        train(b, sa, 3, first=4)
+        expect_close(a, b, f"{cls.__name__}{theirs} loaded into one made with {mine}")
+
+
+def check_no_copies():
+    sa = sx_opt(net(), lr=1e-2)
+    expect_raises(TypeError, "cannot be pickled or copied", lambda: pickle.dumps(sa), "pickle")
+    expect_raises(TypeError, "cannot be pickled or copied", lambda: copy.deepcopy(sa), "deepcopy")
+
+
+def check_overlap_with_frozen_param():
+    a, b = net(), net()
+    for m in (a, b):
+        m[0].weight.requires_grad_(False)
+    ta = torch.optim.AdamW([p for p in a.parameters() if p.requires_grad], lr=1e-2)
+    sa = sx_opt(b, lr=1e-2, overlap=True, bucket_mb=1 / 4096)
+    train(a, ta, 3)
+    train(b, sa, 3)
+    expect_close(a, b, "overlap with a frozen param")
+
+
+def main():
+    check_param_group_added_while_training()
+    check_failed_param_group_changes_nothing()
+    check_unfrozen_later()
+    check_unreached_params_are_skipped()
+    check_state_dict_follows_steps()
+    check_loaded_hyperparameters()
+    check_no_copies()
+    check_overlap_with_frozen_param()
+
+
+if __name__ == "__main__":
+    main()
