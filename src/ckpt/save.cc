@@ -281,6 +281,21 @@ Status gather_file_indexes(comm::Store &store, const std::string &prefix, int wo
 // The commit, on rank 0: MANIFEST written and fsynced into the complete temporary
 // directory, which is fsynced and renamed into place, and the parent fsynced; only then,
 // with the checkpoint durable, does `latest` move, and retention run.
+// Every file the writers reported is in the directory rank 0 commits. A rank that was
+// given another path wrote its file elsewhere and reported success: committing then
+// would make a checkpoint that lacks its shard.
+Status check_files_present(io::FileOps &ops, const std::string &dir, const Manifest &m) {
+    std::vector<std::string> names;
+    SX_TRY(ops.list_dir(dir, &names));
+    std::sort(names.begin(), names.end());
+    for (size_t r = 0; r < m.files.size(); ++r)
+        SX_CHECK(std::binary_search(names.begin(), names.end(), m.files[r]), SX_ERR_MISMATCH,
+                 "rank %zu wrote its shard file %s, but not into %s: every rank must pass the same checkpoint "
+                 "path, on a file system they share",
+                 r, m.files[r].c_str(), dir.c_str());
+    return Status::Ok();
+}
+
 Status commit_directory(io::FileOps &ops, const Manifest &m, const SavePaths &at, int keep_last) {
     SX_TRY(commit_checkpoint(ops, m, at.tmp_dir, at.final_dir, at.parent));
     const std::string latest = at.base + "\n";
@@ -498,6 +513,7 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
         SX_TRACE_SPAN(tracer, "ckpt", "save.commit");
         Manifest m = snap.skeleton;
         SX_TRY(gather_file_indexes(store, prefix, snap.world_size, snap.shard_size, timeout, &m));
+        SX_TRY(check_files_present(ops, at.tmp_dir, m));
         return commit_directory(ops, m, at, snap.options.keep_last);
     }();
     if (!result.ok()) {

@@ -701,6 +701,42 @@ void test_a_failure_on_one_rank_changes_nothing_on_any(void **) {
     a_failure_on_one_rank_changes_nothing_on_any(false);
 }
 
+// Two ranks given different parent directories for one save: rank 1's file lands in
+// its own parent (in a crashed save's leftover directory), so rank 0 must not commit a checkpoint without it. Both fail, naming
+// the cause, and neither parent gets a checkpoint or a `latest`.
+void test_ranks_saving_to_different_paths_commit_nothing(void **) {
+    const std::string dir = make_tmpdir();
+    const std::string parents[2] = {dir + "/p0", dir + "/p1"};
+    for (const std::string &p : parents) assert_int_equal(::mkdir(p.c_str(), 0755), 0);
+    // What a crashed save left in rank 1's parent: rank 1 writes into it and succeeds.
+    assert_int_equal(::mkdir((parents[1] + "/C" + sx::ckpt::kPartialSuffix).c_str(), 0755), 0);
+    sx::Status got[2];
+    std::string err = run_ranks(2, [&](int r) -> std::string {
+        Rank rk;
+        std::string e = trained_one_step("ck-two-paths", r, 2, &rk);
+        if (!e.empty()) return e;
+        sx::ckpt::Checkpointer ck(rk.g, sx::io::posix_file_ops());
+        sx::ckpt::SaveOptions so;
+        so.path = parents[r] + "/C";
+        got[r] = ck.save(so);
+        sx_destroy_shard_group(rk.h);
+        return "";
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    for (int r = 0; r < 2; ++r) {
+        if (got[r].ok()) fail_msg("rank %d's save succeeded", r);
+        assert_int_equal(got[r].code(), SX_ERR_MISMATCH);
+        if (got[r].message().find("same checkpoint path") == std::string::npos)
+            fail_msg("rank %d: %s", r, got[r].message().c_str());
+    }
+    for (const std::string &p : parents) {
+        struct stat st;
+        assert_int_not_equal(::stat((p + "/C/" + sx::ckpt::kManifestName).c_str(), &st), 0);
+        assert_int_not_equal(::stat((p + "/" + sx::ckpt::kLatestName).c_str(), &st), 0);
+    }
+    remove_tree(dir);
+}
+
 // Two fresh ranks, trained 1 step, load `path`, rank 1 through ops1. ok[r]: rank r's
 // load succeeded, and then `loaded` gets its state; a failed load must fail with `code`
 // and change nothing on its rank. An error or "".
@@ -1277,6 +1313,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_crash_at_every_call_of_a_retention),
         cmocka_unit_test(test_only_regular_files_are_read),
         cmocka_unit_test(test_a_failure_on_one_rank_changes_nothing_on_any),
+        cmocka_unit_test(test_ranks_saving_to_different_paths_commit_nothing),
         cmocka_unit_test(test_a_failed_file_call_at_every_point_of_a_load),
         cmocka_unit_test(test_an_exception_while_reading_fails_the_load),
         cmocka_unit_test(test_crash_at_every_io_call),
