@@ -14,6 +14,13 @@ constexpr const char *kManifestName = "MANIFEST";        // written last: the co
 constexpr const char *kLatestName = "latest";            // beside the checkpoints: the newest one's name
 constexpr const char *kPartialSuffix = ".sx-partial";    // a save's directory until it commits
 
+// Whether `name` ends in kPartialSuffix: a save that never committed, or a removal cut
+// short, which the next save in that directory clears.
+inline bool is_partial_name(const std::string &name) {
+    const std::string suffix = kPartialSuffix;
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 // The shard file name of `rank` of `world`: shard-RRRRR-of-WWWWW.bin.
 std::string shard_file_name(int rank, int world);
 

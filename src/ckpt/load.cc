@@ -238,7 +238,7 @@ class Checkpointer::Load {
             const int32_t there = m_.param_groups[e.param_group].optimizer;
             SX_CHECK(here == there, SX_ERR_MISMATCH,
                      "param '%s' uses %s here but %s in the checkpoint (load params only to start afresh)",
-                     spec.name.c_str(), optim::kind_name(here), optim::kind_name(there));
+                     spec.name.c_str(), optim::optimizer_name(here).c_str(), optim::optimizer_name(there).c_str());
         }
         // This build reads fp32 tensors only; anything else is refused, not misread.
         for (const Tensor &t : e.tensors)

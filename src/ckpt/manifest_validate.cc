@@ -123,12 +123,9 @@ Status validate_header(const Manifest &m) {
 
 // "SGD", "Adam with amsgrad", ... for messages.
 std::string optimizer_text(const ParamGroupEntry &g) {
-    switch (g.optimizer) {
-        case SX_OPTIM_SGD: return "SGD";
-        case SX_OPTIM_ADAM: return g.amsgrad ? "Adam with amsgrad" : "Adam without amsgrad";
-        case SX_OPTIM_ADAMW: return g.amsgrad ? "AdamW with amsgrad" : "AdamW without amsgrad";
-        default: return format("optimizer %d", g.optimizer);
-    }
+    const std::string name = optim::optimizer_name(g.optimizer);
+    if (g.optimizer != SX_OPTIM_ADAM && g.optimizer != SX_OPTIM_ADAMW) return name;
+    return name + (g.amsgrad ? " with amsgrad" : " without amsgrad");
 }
 
 // Whether a tensor of `kind` belongs to a param updated with optimizer `g`.
@@ -212,8 +209,8 @@ Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents
     SX_CHECK(p.param_group >= 0 && static_cast<size_t>(p.param_group) < m.param_groups.size(), SX_ERR_CORRUPT,
              "manifest: %s: param group %d does not exist (%zu are listed)", label.c_str(), p.param_group,
              m.param_groups.size());
-    SX_CHECK(p.step >= 0 && p.momentum_steps >= 0 && p.momentum_steps <= p.step, SX_ERR_CORRUPT,
-             "manifest: %s: step %lld and momentum_steps %lld; they must satisfy 0 <= momentum_steps <= step",
+    SX_CHECK(optim::valid_steps(p.step, p.momentum_steps), SX_ERR_CORRUPT,
+             "manifest: %s: step %lld and momentum_steps %lld; they must satisfy 0 <= momentum_steps <= step <= 2^53",
              label.c_str(), static_cast<long long>(p.step), static_cast<long long>(p.momentum_steps));
     // No param is updated more often than the group steps.
     SX_CHECK(static_cast<uint64_t>(p.step) <= m.step, SX_ERR_CORRUPT,

@@ -46,13 +46,12 @@ Status check_checkpoint_name(const std::string &path) {
     std::string parent, base;
     split_path(path, &parent, &base);
     const std::string latest_tmp = std::string(kLatestName) + ".tmp";
-    const size_t n = std::strlen(kPartialSuffix);
     SX_CHECK_ARG(!base.empty() && base != "/" && base != "." && base != "..",
                  "the checkpoint path '%s' names no directory of its own", path.c_str());
     SX_CHECK_ARG(base != kLatestName && base != latest_tmp,
                  "the checkpoint path '%s' ends in '%s', the name sx keeps for the file naming the newest checkpoint",
                  path.c_str(), base.c_str());
-    SX_CHECK_ARG(!(base.size() >= n && base.compare(base.size() - n, n, kPartialSuffix) == 0),
+    SX_CHECK_ARG(!is_partial_name(base),
                  "the checkpoint path '%s' ends in '%s', the suffix of unfinished saves (the next save removes them)",
                  path.c_str(), kPartialSuffix);
     return Status::Ok();
@@ -91,10 +90,8 @@ Status apply_retention(io::FileOps &ops, const std::string &parent, const std::s
     std::vector<Entry> found;
     std::vector<std::string> names;
     SX_TRY(ops.list_dir(parent, &names));
-    const size_t n = std::strlen(kPartialSuffix);
     for (const std::string &name : names) {
-        // A save that never committed, or a removal cut short: the next save's to clear.
-        if (name.size() > n && name.compare(name.size() - n, n, kPartialSuffix) == 0) continue;
+        if (is_partial_name(name)) continue;  // the next save's to clear
         bool has = false;
         const std::string manifest = parent + "/" + name + "/" + kManifestName;
         if (!ops.exists(manifest, &has).ok() || !has) continue;
@@ -182,10 +179,8 @@ Status open_save(io::FileOps &ops, comm::Store &store, const std::string &prefix
         SX_CHECK(!exists, SX_ERR_ALREADY_EXISTS, "the checkpoint directory %s already exists", at.final_dir.c_str());
         std::vector<std::string> names;
         SX_TRY(ops.list_dir(at.parent, &names));
-        const size_t n = std::strlen(kPartialSuffix);
         for (const std::string &name : names)
-            if (name.size() > n && name.compare(name.size() - n, n, kPartialSuffix) == 0)
-                SX_TRY(ops.remove_tree(at.parent + "/" + name));
+            if (is_partial_name(name)) SX_TRY(ops.remove_tree(at.parent + "/" + name));
         return ops.mkdir(at.tmp_dir);
     }();
     SX_TRY(store.set(prefix + "start", encode_status(st)));
@@ -278,9 +273,6 @@ Status gather_file_indexes(comm::Store &store, const std::string &prefix, int wo
     return Status::Ok();
 }
 
-// The commit, on rank 0: MANIFEST written and fsynced into the complete temporary
-// directory, which is fsynced and renamed into place, and the parent fsynced; only then,
-// with the checkpoint durable, does `latest` move, and retention run.
 // Every file the writers reported is in the directory rank 0 commits. A rank that was
 // given another path wrote its file elsewhere and reported success: committing then
 // would make a checkpoint that lacks its shard.
@@ -296,6 +288,9 @@ Status check_files_present(io::FileOps &ops, const std::string &dir, const Manif
     return Status::Ok();
 }
 
+// The commit, on rank 0: MANIFEST written and fsynced into the complete temporary
+// directory, which is fsynced and renamed into place, and the parent fsynced; only then,
+// with the checkpoint durable, does `latest` move, and retention run.
 Status commit_directory(io::FileOps &ops, const Manifest &m, const SavePaths &at, int keep_last) {
     SX_TRY(commit_checkpoint(ops, m, at.tmp_dir, at.final_dir, at.parent));
     const std::string latest = at.base + "\n";

@@ -109,7 +109,7 @@ std::vector<Fact> ShardGroup::facts(const Agreement &a) const {
         f.push_back({"param '" + params_[p].name + "' trainable", a.mask[p] ? "yes" : "no"});
     for (size_t g = 0; g < a.hypers.size(); ++g) {
         const optim::Hyper &h = a.hypers[g];
-        f.push_back({format("param group %zu optimizer", g), optim::kind_name(h.kind)});
+        f.push_back({format("param group %zu optimizer", g), optim::optimizer_name(h.kind)});
 #define SX_HYPER_FACT(name, type, dflt, key, applies) \
     f.push_back({format("param group %zu %s", g, #name), number_text(static_cast<double>(h.name))});
         SX_HYPERPARAMETERS(SX_HYPER_FACT)
@@ -137,7 +137,7 @@ std::vector<Fact> ShardGroup::table_facts() const {
     f.push_back({"grad_predivide_factor", number_text(config_.grad_predivide_factor)});
     f.push_back({"the number of param groups", std::to_string(groups_.size())});
     for (size_t g = 0; g < groups_.size(); ++g)
-        f.push_back({format("param group %zu optimizer", g), optim::kind_name(groups_[g].hyper.kind)});
+        f.push_back({format("param group %zu optimizer", g), optim::optimizer_name(groups_[g].hyper.kind)});
     f.push_back({"the number of params", std::to_string(params_.size())});
     for (size_t i = 0; i < params_.size(); ++i) {
         const ParamSpec &p = params_[i];

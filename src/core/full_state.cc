@@ -231,8 +231,7 @@ Status ShardGroup::scatter_state(int root, const StateFn &fn) {
             if (outcome.ok()) outcome = catching([&] { return fn(st); });
             // The rules a checkpoint's manifest is held to, so that what is scattered in
             // can be saved and stepped on.
-            if (outcome.ok() && !(st.step >= 0 && st.momentum_steps >= 0 && st.momentum_steps <= st.step &&
-                                  static_cast<uint64_t>(st.step) <= optim::kMaxSteps))
+            if (outcome.ok() && !optim::valid_steps(st.step, st.momentum_steps))
                 outcome = SX_ERROR(SX_ERR_INVALID_ARGUMENT,
                                    "param '%s': step %lld and momentum_steps %lld; they must satisfy 0 <= "
                                    "momentum_steps <= step <= %llu",

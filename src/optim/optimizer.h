@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "base/status.h"
 
@@ -15,11 +16,17 @@ class ThreadPool;
 
 enum class Kind : int32_t { kSgd = SX_OPTIM_SGD, kAdam = SX_OPTIM_ADAM, kAdamW = SX_OPTIM_ADAMW };
 
-// An SX_OPTIM_* value as torch names the optimizer ("SGD", "Adam", "AdamW"), for messages.
-inline const char *kind_name(int32_t kind) {
-    return kind == SX_OPTIM_SGD ? "SGD" : kind == SX_OPTIM_ADAM ? "Adam" : kind == SX_OPTIM_ADAMW ? "AdamW" : "unknown";
+// An SX_OPTIM_* value as torch names the optimizer ("SGD", "Adam", "AdamW"), or
+// "optimizer N" for another value, for messages.
+inline std::string optimizer_name(int32_t optimizer) {
+    switch (optimizer) {
+        case SX_OPTIM_SGD: return "SGD";
+        case SX_OPTIM_ADAM: return "Adam";
+        case SX_OPTIM_ADAMW: return "AdamW";
+        default: return "optimizer " + std::to_string(optimizer);
+    }
 }
-inline const char *kind_name(Kind kind) { return kind_name(static_cast<int32_t>(kind)); }
+inline std::string optimizer_name(Kind kind) { return optimizer_name(static_cast<int32_t>(kind)); }
 
 // Which optimizers a hyperparameter applies to.
 enum class Applies : int32_t { kAll, kSgd, kAdam /* Adam and AdamW */ };
@@ -46,6 +53,11 @@ enum class Applies : int32_t { kAll, kSgd, kAdam /* Adam and AdamW */ };
 // exactly (the bias corrections raise betas to the step in double); a step a
 // microsecond would take 285 years to reach it.
 constexpr uint64_t kMaxSteps = 1ull << 53;
+
+// The step counts a param may hold: 0 <= momentum_steps <= step <= kMaxSteps.
+inline bool valid_steps(int64_t step, int64_t momentum_steps) {
+    return momentum_steps >= 0 && momentum_steps <= step && static_cast<uint64_t>(step) <= kMaxSteps;
+}
 
 // An optimizer and its hyperparameters (one member per line of the table above).
 struct Hyper {

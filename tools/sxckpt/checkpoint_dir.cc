@@ -8,6 +8,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "ckpt/directory.h"
 #include "ckpt/shard_index.h"
 #include "io/crc32c.h"
 
@@ -16,19 +17,13 @@ namespace tool {
 
 namespace {
 
-constexpr const char *kPartialSuffix = ".sx-partial";  // what an uncommitted save is named
-
-bool ends_with(const std::string &s, const std::string &suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Why DIR has no MANIFEST, when the directory itself can tell.
 std::string missing_manifest_hint(io::FileOps &ops, const std::string &dir) {
     std::string trimmed = dir;
     while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
-    if (ends_with(trimmed, kPartialSuffix))
+    if (ckpt::is_partial_name(trimmed))
         return "; it is a save that never committed (only a directory without the " +
-               std::string(kPartialSuffix) + " suffix holds a checkpoint)";
+               std::string(ckpt::kPartialSuffix) + " suffix holds a checkpoint)";
     std::string latest;
     if (io::read_file(ops, dir + "/latest", 4096, &latest).ok()) {
         while (!latest.empty() && (latest.back() == '\n' || latest.back() == '\r')) latest.pop_back();
@@ -137,15 +132,6 @@ std::string dtype_name(int32_t dtype) {
         case SX_DTYPE_F16: return "F16";
         case SX_DTYPE_BF16: return "BF16";
         default: return format("dtype %d", dtype);
-    }
-}
-
-std::string optimizer_name(int32_t optimizer) {
-    switch (optimizer) {
-        case SX_OPTIM_SGD: return "SGD";
-        case SX_OPTIM_ADAM: return "Adam";
-        case SX_OPTIM_ADAMW: return "AdamW";
-        default: return format("optimizer %d", optimizer);
     }
 }
 

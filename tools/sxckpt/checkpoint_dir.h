@@ -79,7 +79,7 @@ Status read_chunk(io::FileOps &ops, int fd, const std::string &path, const ckpt:
 // "F32", "F16", "BF16" (safetensors' names for them), or "dtype N".
 std::string dtype_name(int32_t dtype);
 // "SGD", "Adam", "AdamW", or "optimizer N".
-std::string optimizer_name(int32_t optimizer);
+using optim::optimizer_name;
 // "param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer".
 std::string kind_name(ckpt::TensorKind kind);
 // "[300, 17]"; "[]" for a scalar.
