@@ -139,7 +139,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # Per param: a backward has written its gradient since zero_grad(set_to_none=True)
         # (torch's .grad would be a tensor, not None), known through the hooks.
         self._touched = []
-        self._hooked = set()   # params with a post-accumulate-grad hook
+        self._unhooked = set()  # bound params without a post-accumulate-grad hook yet
         self._hooks = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
         if self._overlap and not self._hooks:
             raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, "overlap needs torch's post-accumulate-grad hooks "
@@ -242,6 +242,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             p.grad = grad
             self._grads.append(grad)
             self._touched.append(not self._skip_unreached)
+            self._unhooked.add(i)
         self._hook_new()
         self._expect()
 
@@ -249,14 +250,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """Hooks the params that require a gradient and have no hook yet (a param frozen
         when it was bound has none until it is unfrozen: torch refuses hooks on tensors that
         do not require gradients). True if there was one."""
-        added = False
-        if self._hooks:
-            for i, p in enumerate(self._params):
-                if i not in self._hooked and p.requires_grad:
-                    p.register_post_accumulate_grad_hook(lambda _p, i=i: self._accumulated(i))
-                    self._hooked.add(i)
-                    added = True
-        return added
+        if not self._hooks:
+            return False
+        now = [i for i in self._unhooked if self._params[i].requires_grad]
+        for i in now:
+            self._params[i].register_post_accumulate_grad_hook(lambda _p, i=i: self._accumulated(i))
+            self._unhooked.discard(i)
+        return bool(now)
 
     def _expect(self):
         """Overlap: the params whose gradients each unit waits for in the next backward."""
@@ -435,13 +435,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.group.scatter_optim_state(fill if self.group.rank == 0 else None, root=0)
         self._consolidated = None
 
-    def __reduce_ex__(self, protocol):
+    def __reduce_ex__(self, protocol):  # pickle and copy.copy
         raise TypeError("a ShardedOptimizer cannot be pickled or copied: its params and state live in sx's "
                         "memory, shared by every process of the group; save it with state_dict() after "
                         "consolidate_state_dict(), or with save()")
 
-    def __deepcopy__(self, memo):
-        self.__reduce_ex__(None)
+    __deepcopy__ = __reduce_ex__  # copy.deepcopy(opt) calls it with the memo
 
     # -- sx checkpoints -------------------------------------------------------------
     def save(self, path, user_blob=b"", **options):
