@@ -1,7 +1,8 @@
-// A group on the CUDA backend (one rank, NCCL) against the same group on the CPU, through
-// the public API: every param after every step equal bit for bit (fp32, and bf16 with
-// fp32 masters, loss scaling and an injected overflow), clipping, the trainer's stream,
-// views on the device, and a checkpoint saved from the device and loaded on the CPU.
+// A group on the CUDA backend (one rank) against the same group on the CPU, through the
+// public API: every param after every step equal bit for bit (fp32, and bf16 with fp32
+// masters, loss scaling and an injected overflow), within 1e-6 once clipping (whose
+// norm each backend sums in its own way) is on, the trainer's stream, views on the
+// device, and a checkpoint saved from the device and loaded on the CPU.
 //
 // Without a CUDA device each test reports why and the program exits with 77, which
 // ctest shows as "Skipped" (SKIP_RETURN_CODE).
@@ -160,6 +161,27 @@ sx_step_result_t step(sx_shard_group_t *g, double max_norm, void *stream) {
     return r;
 }
 
+// fp32 params within rel_tol of the CPU group's (relative to max(|cpu|, 1e-3)).
+void close_params(sx_shard_group_t *a, sx_shard_group_t *b, double rel_tol, const char *when) {
+    for (int32_t p = 0; p < kNp; ++p) {
+        const std::vector<char> x = get(view(a, p, false)), y = get(view(b, p, false));
+        for (size_t i = 0; i + 4 <= x.size(); i += 4) {
+            float u, w;
+            std::memcpy(&u, x.data() + i, 4);
+            std::memcpy(&w, y.data() + i, 4);
+            if (!(std::fabs(u - w) <= rel_tol * std::fmax(std::fabs(w), 1e-3f)))
+                fail_msg("%s: param %s element %zu: %.9g on the device, %.9g on the CPU", when, kParams[p].name,
+                         i / 4, u, w);
+        }
+    }
+}
+
+// Steps 1-3 are not clipped: every param equals the CPU's bit for bit, since both
+// backends' updates round as torch does, element for element. Steps 4-6 clip: the
+// global norm then comes from each backend's sum of squares, exact squares added in
+// double on the device, and on the CPU in fp32 over blocks of 1024 elements (within a
+// few 1e-6 relative), so the clipping coefficients may differ in their last bits and
+// the params are compared within 1e-6.
 void test_fp32_steps_match_the_cpu(void **) {
     if (skip_without_device()) return;
     sx_shard_group_t *cuda = make(SX_BACKEND_CUDA, SX_DTYPE_F32, 0), *cpu = make(SX_BACKEND_CPU, SX_DTYPE_F32, 0);
@@ -168,13 +190,19 @@ void test_fp32_steps_match_the_cpu(void **) {
     init_both(cuda, cpu);
     cudaStream_t trainer = nullptr;
     assert_int_equal(cudaStreamCreate(&trainer), cudaSuccess);
-    for (int s = 1; s <= 5; ++s) {
+    for (int s = 1; s <= 6; ++s) {
         grads_both(cuda, cpu, s, 1.0f);
-        const double max_norm = s % 2 ? 0.5 : 0.0;  // clipped on odd steps
-        const sx_step_result_t rc = step(cuda, max_norm, s == 3 ? trainer : nullptr), rh = step(cpu, max_norm, nullptr);
-        assert_true(std::fabs(rc.grad_norm - rh.grad_norm) <= 1e-12 * rh.grad_norm);
+        const double max_norm = s >= 4 ? 0.5 : 0.0;
+        const sx_step_result_t rc = step(cuda, max_norm, s == 2 ? trainer : nullptr), rh = step(cpu, max_norm, nullptr);
+        if (!(std::fabs(rc.grad_norm - rh.grad_norm) <= 1e-5 * rh.grad_norm))
+            fail_msg("step %d: gradient norm %.17g on the device, %.17g on the CPU", s, rc.grad_norm, rh.grad_norm);
+        assert_true(rh.grad_norm > 1.0);  // so that steps 4-6 do clip
         assert_int_equal(rc.step, rh.step);
-        same_params(cuda, cpu, ("step " + std::to_string(s)).c_str());
+        const std::string when = "step " + std::to_string(s);
+        if (s <= 3)
+            same_params(cuda, cpu, when.c_str());
+        else
+            close_params(cuda, cpu, 1e-6, when.c_str());
         // The default step zeroes the gradients on the device too.
         for (int32_t p = 0; p < kNp; ++p) {
             const std::vector<char> g = get(view(cuda, p, true));

@@ -138,6 +138,17 @@ inline double sumsq_double(const float *grad, size_t n, float scale) {
     return s;
 }
 
+// The sum of squares of the gradients as the update scales them (grad*scale rounded to
+// fp32, as the update uses it), each square exact in double.
+inline double sumsq_of_scaled(const float *grad, size_t n, float scale) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        const float g = grad[i] * scale;
+        s += static_cast<double>(g) * static_cast<double>(g);
+    }
+    return s;
+}
+
 // Every specialisation the kernels have, and each hyperparameter that changes the maths.
 inline std::vector<Hyper> all_configs() {
     std::vector<Hyper> v;

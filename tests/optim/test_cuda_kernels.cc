@@ -2,7 +2,8 @@
 // device. Tolerances: the fp32 update must equal the reference bit for bit (the kernels
 // round where it rounds and never fuse a multiply-add, see cuda_kernels.h); the bf16 and
 // fp16 outputs must equal round-to-nearest-even of the reference's fp32 param, bit for
-// bit; sums of squares (exact squares added in double, in another order than the
+// bit; sums of squares (exact squares, in double, of the scaled gradients the update
+// uses, each grad*grad_scale rounded to fp32; added in another order than the
 // reference's double sum) within a relative 1e-12; non-finite counts exactly. Also the
 // cuda module's 16-bit conversions (cuda/elementwise.h) against base/half.h, bit for bit.
 //
@@ -136,7 +137,7 @@ void check_single(Workspace &ws, const Hyper &h, size_t n, size_t offset, Comput
                 new_grads(ref, dev.host, rng);
                 check_ok(dev.grad.upload(dev.host.grad, offset), "upload grad");
             }
-            const double want_sumsq = sumsq_double(ref.grad.data(), n, scale);
+            const double want_sumsq = sumsq_of_scaled(ref.grad.data(), n, scale);
             Segment rs = ref.segment(&h, step);
             sx::optim::reference_update(rs, scale);
             const CudaSegment cs = dev.segment(&h, step, dtype);
@@ -239,7 +240,7 @@ void test_multi_segment_one_launch(void **) {
                 new_grads(*refs[i], devs[i]->host, rng);
                 check_ok(devs[i]->grad.upload(devs[i]->host.grad, i % 4), "upload grad");
             }
-            want += sumsq_double(refs[i]->grad.data(), lengths[i], scale);
+            want += sumsq_of_scaled(refs[i]->grad.data(), lengths[i], scale);
             Segment rs = refs[i]->segment(&hypers[i], steps[i]);
             sx::optim::reference_update(rs, scale);
             segs.push_back(devs[i]->segment(&hypers[i], steps[i], static_cast<ComputeDtype>(i % 3)));
@@ -291,6 +292,7 @@ void test_grad_stats(void **) {
             g.data()[n / 2] = NAN;
             g.data()[n - 1] = -INFINITY;
             check_ok(d.upload(g, offset), "upload");
+            cs.seg.grad = d.data();  // upload allocates anew
             check_ok(ws.grad_stats(&cs, 1, 0.25f, nullptr), "grad_stats");
             check_ok(ws.read_stats(nullptr, &a), "read_stats");
             assert_true(a.nonfinite == 3.0);
