@@ -89,6 +89,17 @@ Scenario two_group_scenario(int32_t optimizer) {
 
 // Freeze "block.w" after step 3 and unfreeze it after step 6; the whole unit 4 is frozen
 // for steps 2-5; "embed.bias" starts frozen and is unfrozen at step 5.
+Scenario eight_unit_scenario() {
+    Scenario sc = two_group_scenario(SX_OPTIM_ADAMW);
+    sc.params.clear();
+    for (int u = 0; u < 8; ++u) {
+        sc.params.push_back({"u" + std::to_string(u) + ".w", {17 + 29 * u, 3}, u % 2, u * 2});
+        sc.params.push_back({"u" + std::to_string(u) + ".b", {u + 1}, 0, u * 2});
+    }
+    sc.steps = 6;
+    return sc;
+}
+
 Scenario late_group_scenario(int32_t optimizer, int after) {
     Scenario sc = two_group_scenario(optimizer);
     sx_param_group_desc_t c = group_desc(optimizer == SX_OPTIM_SGD ? SX_OPTIM_ADAMW : SX_OPTIM_SGD, 0.02);
@@ -237,6 +248,7 @@ class Trainer {
         cfg.prefetch_depth = sc_.prefetch_depth;
         cfg.shard_size = sc_.shard_size;
         cfg.grad_predivide_factor = sc_.grad_predivide_factor;
+        cfg.backend = sc_.backend;
         std::string err = check(sx_create_shard_group(&cfg, &g_), "sx_create_shard_group");
         const bool later = sc_.add_after_step > 0 && sc_.first_step <= sc_.add_after_step;
         if (err.empty())
@@ -297,6 +309,22 @@ class Trainer {
         return err;
     }
 
+    bool on_device() const { return sc_.backend == SX_BACKEND_CUDA; }
+
+    // fn over n floats of a view: in place on the host; on a device, over a host copy
+    // that is written back afterwards.
+    std::string through_host(float *view, uint64_t n, const std::function<void(float *)> &fn) {
+        if (!on_device()) {
+            fn(view);
+            return "";
+        }
+        std::vector<float> host(n);
+        if (!sc_.device_copy(host.data(), view, n * sizeof(float), false)) return "copying a view to the host failed";
+        fn(host.data());
+        if (!sc_.device_copy(view, host.data(), n * sizeof(float), true)) return "copying a view to the device failed";
+        return "";
+    }
+
     // The params of unit u (every param where u < 0), with their views, through fn.
     std::string with_params(int32_t u, const std::function<void(size_t p, float *data, uint64_t n)> &fn,
                             size_t from = 0) {
@@ -307,7 +335,10 @@ class Trainer {
             std::string err = check(sx_param_view(g_, static_cast<int32_t>(p), &v), "sx_param_view");
             if (!err.empty()) return err;
             if (v.numel != numel(sc_.params[p])) return "view numel mismatch";
-            fn(p, static_cast<float *>(v.data), v.numel);
+            if (on_device() != (v.device == SX_DEVICE_CUDA)) return "the view is not on the scenario's backend";
+            err = through_host(static_cast<float *>(v.data), v.numel,
+                               [&](float *data) { fn(p, data, v.numel); });
+            if (!err.empty()) return err;
         }
         return "";
     }
@@ -337,13 +368,17 @@ class Trainer {
         return each_unit([&](size_t p, float *d, uint64_t n) { (*out)[p].assign(d, d + n); });
     }
 
-    void add_gradients(int s, int m, int32_t unit) {
+    std::string add_gradients(int s, int m, int32_t unit) {
         for (size_t p = 0; p < np_; ++p) {
             if (unit >= 0 && unit_of_[p] != unit) continue;
             const uint64_t n = numel(sc_.params[p]);
             const int r = sc_.same_grads_on_every_rank ? 0 : rank_;
-            for (uint64_t i = 0; i < n; ++i) gdata_[p][i] += gradient(r, s, m, static_cast<int>(p), i);
+            std::string err = through_host(gdata_[p], n, [&](float *g) {
+                for (uint64_t i = 0; i < n; ++i) g[i] += gradient(r, s, m, static_cast<int>(p), i);
+            });
+            if (!err.empty()) return err;
         }
+        return "";
     }
 
     // A forward's gathers: every unit in increasing index, its params read, released.
@@ -361,10 +396,7 @@ class Trainer {
     // included, which sx ignores). Overlapped or at stage 3, unit by unit: gathered (stage
     // 3), its gradients added, signalled ready (overlap), released.
     std::string backward(int s, int m) {
-        if (!sc_.overlap && sc_.stage != 3) {
-            add_gradients(s, m, -1);
-            return "";
-        }
+        if (!sc_.overlap && sc_.stage != 3) return add_gradients(s, m, -1);
         std::vector<int32_t> order;
         if (sc_.signal_order) {
             order = sc_.signal_order(rank_, s, m, units_);
@@ -382,7 +414,7 @@ class Trainer {
             const int32_t u = order[k];
             std::string err;
             if (sc_.stage == 3) err = check(sx_unit_gather(g_, u), "sx_unit_gather");
-            if (err.empty()) add_gradients(s, m, u);
+            if (err.empty()) err = add_gradients(s, m, u);
             if (err.empty() && sc_.overlap && k < signalled)
                 err = check(sx_unit_grads_ready(g_, u, &ro), "sx_unit_grads_ready");
             if (err.empty() && sc_.stage == 3) err = check(sx_unit_release(g_, u), "sx_unit_release");
@@ -422,9 +454,14 @@ class Trainer {
         if (!last_step_ && sc_.load_from.empty() && !sc_.after_setup && res.step != static_cast<uint64_t>(s))
             return "step count in the result is wrong";
         last_step_ = res.step;
-        for (size_t p = 0; p < np; ++p)
-            for (uint64_t i = 0; i < numel(sc_.params[p]); ++i)
-                if (gdata_[p][i] != 0.0f) return "gradients were not zeroed after the step";
+        for (size_t p = 0; p < np && err.empty(); ++p) {
+            bool zero = true;
+            err = through_host(gdata_[p], numel(sc_.params[p]), [&](float *g) {
+                for (uint64_t i = 0; i < numel(sc_.params[p]); ++i) zero = zero && g[i] == 0.0f;
+            });
+            if (err.empty() && !zero) err = "gradients were not zeroed after the step";
+        }
+        if (!err.empty()) return err;
         if (sc_.after_step) err = sc_.after_step(g_, rank_, s);
         return err;
     }
@@ -511,6 +548,7 @@ std::string run_legs(const Scenario &sc, const std::vector<Leg> &legs, const std
         leg.world = legs[k].world;
         leg.shard_size = legs[k].shard_size;
         leg.stage = legs[k].stage;
+        if (legs[k].backend != 0) leg.backend = legs[k].backend;
         leg.overlap = legs[k].stage == 3;
         leg.gather_units = leg.overlap;
         leg.first_step = legs[k].first;

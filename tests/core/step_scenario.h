@@ -70,6 +70,13 @@ struct Scenario {
     size_t added_params_from = 0;
     size_t added_groups_from = 0;
 
+    // The backend: SX_BACKEND_CPU (the default), or SX_BACKEND_CUDA, whose views are
+    // device memory that the trainer reaches through device_copy (to_device: host ->
+    // view, else view -> host; false on failure), so that this scenario code needs no
+    // CUDA of its own (tests/core/test_cuda_pipeline.cc gives cudaMemcpy).
+    int32_t backend = SX_BACKEND_CPU;
+    std::function<bool(void *dst, const void *src, size_t bytes, bool to_device)> device_copy;
+
     // Called once the group is set up and the initial values are written (before the
     // load of load_from): "" or what is wrong.
     std::function<std::string(sx_shard_group_t *g, int rank)> after_setup;
@@ -112,10 +119,11 @@ std::string run_threads(const Scenario &sc, const std::string &name, std::vector
 // reference to `rel_tol` relative. Returns "" or the first failure.
 std::string run_threads_and_compare(const Scenario &sc, const std::string &name, double rel_tol);
 
-// One leg of a run continued through checkpoints: its ranks, mesh (0: flat), stage and
-// steps [first, last].
+// One leg of a run continued through checkpoints: its ranks, mesh (0: flat), stage,
+// steps [first, last] and backend (0: the scenario's).
 struct Leg {
     int world, shard_size, stage, first, last;
+    int32_t backend = 0;
 };
 
 // Runs sc's legs in order, each as threads over local://NAME-K: leg k loads leg k-1's
@@ -136,6 +144,10 @@ sx_param_group_desc_t group_desc(int32_t optimizer, double lr);
 // Two param groups of `optimizer` with unlike hyperparameters over five params of awkward
 // sizes in three units (ids 0, 1 and 4), clipping at 5.
 Scenario two_group_scenario(int32_t optimizer);
+
+// two_group_scenario's groups over eight units of unlike sizes (two params each, unit ids
+// 0, 2, ..., 14), 6 steps.
+Scenario eight_unit_scenario();
 
 // two_group_scenario with a third param group (SGD with momentum, or AdamW with
 // amsgrad for SGD scenarios) and three more params in new units 5 and 7 (one of them in

@@ -60,17 +60,7 @@ std::string tag(const char *what, int world, int stage) {
     return std::string(what) + "-w" + std::to_string(world) + "-s" + std::to_string(stage);
 }
 
-// Eight units of unlike sizes, one of them frozen part of the time.
-Scenario eight_units() {
-    Scenario sc = sxtest::two_group_scenario(SX_OPTIM_ADAMW);
-    sc.params.clear();
-    for (int u = 0; u < 8; ++u) {
-        sc.params.push_back({"u" + std::to_string(u) + ".w", {17 + 29 * u, 3}, u % 2, u * 2});
-        sc.params.push_back({"u" + std::to_string(u) + ".b", {u + 1}, 0, u * 2});
-    }
-    sc.steps = 6;
-    return sc;
-}
+Scenario eight_units() { return sxtest::eight_unit_scenario(); }
 
 void test_overlap_is_bit_identical_at_every_stage(void **) {
     for (int world = 1; world <= 4; ++world) {
@@ -184,6 +174,7 @@ struct Group {
 std::string make_group(const std::string &rv, int r, int world, int stage, int timeout_ms, Group *out) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = rv.c_str();
     cfg.rank = r;
     cfg.world_size = world;
@@ -362,6 +353,7 @@ void test_prefetch_follows_the_last_order(void **) {
         std::string err = sxtest::run_ranks(2, [&](int r) -> std::string {
             sx_group_config_t cfg;
             sx_group_config_init(&cfg, sizeof cfg);
+            cfg.backend = SX_BACKEND_CPU;
             cfg.rendezvous = rv.c_str();
             cfg.rank = r;
             cfg.world_size = 2;
