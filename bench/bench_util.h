@@ -26,7 +26,7 @@ struct Options {
     int reps = 15;
     size_t ckpt_mib = 576;               // checkpoint section: values + state in the files
     std::string ckpt_dir = "/tmp";       // checkpoint section: its mkdtemp directory goes here
-    size_t gpu_elements = size_t(1) << 28;  // gpu_adamw section
+    size_t gpu_elements = size_t(1) << 28;  // gpu_adamw and gpu_step sections
     std::vector<int> scale_worlds = {1024, 4096, 16384};  // scale section: the saving jobs' ranks
     int scale_load_from = 4096, scale_load_into = 3072;   // scale section: the resharding load
     bool scale_unit_per_param = false;                    // scale section: one unit per param
@@ -172,6 +172,7 @@ int section_mesh(const Options &opt);
 int mesh_rank_main(int argc, char **argv);
 #ifdef SX_HAVE_CUDA
 int section_gpu_adamw(const Options &opt);
+int section_gpu_step(const Options &opt);
 #endif
 
 }  // namespace sxbench

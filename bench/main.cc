@@ -30,12 +30,13 @@
 //   gpu_adamw     (CUDA builds) the fused AdamW kernel on the device vs a traffic-only kernel
 //                 with its memory pattern, and its bandwidth beside the device's peak;
 //                 prints that it was skipped, and why, where there is no device
+//   gpu_step      (CUDA builds) sx_step of a one-rank CUDA group vs the fused kernel alone
 // A new section is a function of the Options, appended to kSections.
 //
 // usage: bench_sx [--elements N] [--comm-mib M] [--reps R] [--ckpt-mib M] [--ckpt-dir DIR]
 //                 [--gpu-elements N] [--scale-worlds W,...] [--scale-load FROM:INTO]
 //                 [--scale-reps R] [--scale-unit-per-param] [SECTION...]
-//   --gpu-elements  gpu_adamw section: fp32 elements (2^28)
+//   --gpu-elements  gpu_adamw and gpu_step sections: elements (2^28)
 //   --ckpt-mib  checkpoint and load sections: MiB of values + optimizer state in the files (576)
 //   --ckpt-dir  checkpoint and load sections: where its mkdtemp directory goes (/tmp); that directory
 //               is removed at the end
@@ -74,6 +75,7 @@ const Section kSections[] = {
     {"trace", section_trace},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
+    {"gpu_step", section_gpu_step},
 #endif
 };
 

@@ -259,7 +259,7 @@ __device__ __forceinline__ void block_sum(double &sumsq, double &nonfinite) {
 // Block b runs chunks [b*T/G, (b+1)*T/G), walking the table from first_segment[b];
 // with stats it leaves its (sumsq, nonfinite) in partials[2b], partials[2b+1].
 template <Mode M>
-__global__ void __launch_bounds__(kThreads) segments_kernel(const TableSegment *segs, const uint32_t *first_segment,
+__global__ void __launch_bounds__(kThreads, kMinBlocks) segments_kernel(const TableSegment *segs, const uint32_t *first_segment,
                                                             uint64_t total_chunks, int stats, double *partials) {
     const uint64_t grid = gridDim.x;
     uint64_t c = block_chunk_begin(blockIdx.x, total_chunks, grid);
