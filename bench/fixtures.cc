@@ -54,6 +54,7 @@ sx_shard_group_t *make_group(const std::string &url, int rank, int world, int th
     sx_shard_group_t *g = nullptr;
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.flags = flags;
     cfg.rendezvous = url.c_str();
     cfg.rank = rank;

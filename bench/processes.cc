@@ -68,6 +68,7 @@ sx_shard_group_t *make_sgd_group(const char *section, const std::string &url, in
     };
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = url.c_str();
     cfg.rank = rank;
     cfg.world_size = world;

@@ -50,6 +50,7 @@ struct Model {
 sx_shard_group_t *make_group(const std::string &url, int rank, const Model &m, const char *trace) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = url.c_str();
     cfg.rank = rank;
     cfg.world_size = 2;

@@ -46,7 +46,7 @@ pip_py="$PWD/build/venv-pip/bin/python"
 import os, sx
 assert os.path.exists(os.path.join(os.path.dirname(sx.__file__), "libsx.so.1")), "libsx is not in the package"
 assert sx.version() == tuple(int(v) for v in sx.__version__.split(".")), (sx.version(), sx.__version__)
-with sx.ShardGroup("local://pip-check", 0, 1) as g:
+with sx.ShardGroup("local://pip-check", 0, 1, backend="cpu") as g:
     g.add_param_group("sgd", lr=1.0)
     g.add_param("w", [3])
     g.finalize()

@@ -27,6 +27,7 @@ inline sx_shard_group_t *one_rank_group(const std::string &tag, const std::vecto
                                         const sx_param_group_desc_t *desc = nullptr) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     const std::string rv = "local://" + tag + "-" + std::to_string(getpid());
     cfg.rendezvous = rv.c_str();
     cfg.world_size = 1;

@@ -19,6 +19,8 @@ import (
 type Backend int32
 
 const (
+	// BackendAuto is CUDA where libsx has CUDA and finds a device, else the CPU. Views
+	// wrapped as slices need host memory: ask for BackendCPU.
 	BackendAuto Backend = 0
 	BackendCPU  Backend = 1
 	BackendCUDA Backend = 2

@@ -113,7 +113,7 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
 #define SX_DTYPE_F16 2
 #define SX_DTYPE_BF16 3
 
-#define SX_BACKEND_AUTO 0 /* SX_BACKEND_CPU in this version: SX_BACKEND_CUDA is asked for by name */
+#define SX_BACKEND_AUTO 0 /* SX_BACKEND_CUDA where this build has CUDA and a device is found, else SX_BACKEND_CPU */
 #define SX_BACKEND_CPU 1  /* host memory, Gloo collectives */
 #define SX_BACKEND_CUDA 2 /* device memory, NCCL collectives */
 
@@ -193,7 +193,11 @@ typedef struct sx_group_config {
     /* ZeRO stage: 1 (optimizer state sharded), 2 (gradients sharded too) or 3 (params
      * sharded too: see "Units as a pipeline"). 0 = 2. */
     int32_t stage;
-    /* SX_BACKEND_*; 0 = SX_BACKEND_AUTO. */
+    /* SX_BACKEND_*; 0 = SX_BACKEND_AUTO: the CUDA backend (device_ordinal's device)
+     * where this build has CUDA and the CUDA runtime finds a device, else the CPU. A
+     * trainer that computes on the host into the views asks for SX_BACKEND_CPU, or reads
+     * sx_view_t.device: on a machine with a GPU, AUTO's views are device memory. Every
+     * rank of a group must end on the same backend. */
     int32_t backend;
     /* Threads of the group's own pool for optimizer kernels; 0 = the cores of this
      * machine divided by the ranks on it (local://) or all of them. */
@@ -211,7 +215,8 @@ typedef struct sx_group_config {
     /* Address the CPU transport binds to and advertises, copied; NULL = 127.0.0.1 for
      * local://, and this host's name otherwise. */
     const char *bind_address;
-    /* CUDA device ordinal for SX_BACKEND_CUDA. */
+    /* CUDA device ordinal for SX_BACKEND_CUDA (and AUTO on a machine with a GPU): with
+     * several ranks on one host, each its own device (torchrun: LOCAL_RANK). */
     int32_t device_ordinal;
     int32_t reserved0;
     /* Mixed precision (see "Mixed precision" below). Gradient dtype: 0 = each param's

@@ -291,6 +291,7 @@ static void *rank_main(void *arg) {
 
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU; /* the model computes on the host, in the views */
     cfg.rendezvous = res->resume ? "local://charlm-resume" : "local://charlm";
     cfg.rank = res->rank;
     cfg.world_size = res->world;

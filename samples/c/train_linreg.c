@@ -66,7 +66,7 @@ static void *run_rank(void *arg) {
     cfg.rank = ctx->rank;
     cfg.world_size = RANKS;
     cfg.stage = 2;
-    cfg.backend = SX_BACKEND_CPU;
+    cfg.backend = SX_BACKEND_CPU; /* the model computes on the host, in the views */
     cfg.num_threads = 1;
     CHECK(sx_create_shard_group(&cfg, &g));
 

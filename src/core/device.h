@@ -94,5 +94,9 @@ std::unique_ptr<DeviceOps> make_host_ops(optim::ThreadPool *pool);
 // CUDA or where there is no device, SX_ERR_INVALID_ARGUMENT for an ordinal out of range.
 Status make_cuda_ops(int device, std::unique_ptr<DeviceOps> *out);
 
+// Whether this build has CUDA and the runtime finds a device here (SX_BACKEND_AUTO's
+// choice).
+bool cuda_device_present();
+
 }  // namespace core
 }  // namespace sx

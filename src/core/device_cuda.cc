@@ -179,6 +179,11 @@ class CudaOps final : public DeviceOps {
 
 }  // namespace
 
+bool cuda_device_present() {
+    std::string why;
+    return cuda::device_available(&why);
+}
+
 Status make_cuda_ops(int device, std::unique_ptr<DeviceOps> *out) {
     std::string why;
     SX_CHECK(cuda::device_available(&why), SX_ERR_UNSUPPORTED, "SX_BACKEND_CUDA needs a CUDA device: %s",

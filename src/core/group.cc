@@ -70,8 +70,9 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     SX_TRY(comm::parse_rendezvous(cfg.rendezvous.c_str(), cfg.rank, cfg.world_size, &rv));
     SX_TRY(comm::apply_rendezvous_guard(cfg.rendezvous_token.c_str(), cfg.rendezvous_bind.c_str(), &rv));
 
-    // SX_BACKEND_AUTO stays on the CPU: the CUDA backend is chosen by name.
-    const bool cuda = cfg.backend == SX_BACKEND_CUDA;
+    // SX_BACKEND_AUTO: the CUDA backend where this build has CUDA and there is a device.
+    const bool cuda =
+        cfg.backend == SX_BACKEND_CUDA || (cfg.backend == SX_BACKEND_AUTO && cuda_device_present());
     std::unique_ptr<ShardGroup> g(new ShardGroup());
     g->config_ = cfg;
     g->config_.rendezvous_token.clear();  // the store's client keeps it; nothing else needs it

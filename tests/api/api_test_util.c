@@ -15,6 +15,7 @@ void api_config(sx_group_config_t *c, char *rv, size_t rv_size, int32_t rank, in
     c->world_size = world_size;
     c->timeout_ms = 5000;
     c->num_threads = 1;
+    c->backend = SX_BACKEND_CPU;
 }
 
 sx_shard_group_t *api_group(void) {

@@ -101,6 +101,7 @@ static void *table_rank(void *arg) {
     table_ctx *c = (table_ctx *)arg;
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = c->rv;
     cfg.rank = c->rank;
     cfg.world_size = WORLD;
@@ -244,6 +245,7 @@ static void *step_rank(void *arg) {
     const int r = c->rank;
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = c->rv;
     cfg.rank = r;
     cfg.world_size = WORLD;
@@ -417,6 +419,7 @@ static void *abort_rank(void *arg) {
     abort_ctx *c = (abort_ctx *)arg;
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = c->rv;
     cfg.rank = c->rank;
     cfg.world_size = WORLD;

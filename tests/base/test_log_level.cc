@@ -53,6 +53,7 @@ int child_main(const char *mode, const char *rendezvous) {
     if (std::strcmp(mode, "callback-warn") == 0) sx_set_log_callback(print_callback, nullptr, SX_LOG_WARN);
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = rendezvous;
     cfg.world_size = 1;
     sx_shard_group_t *g = nullptr;

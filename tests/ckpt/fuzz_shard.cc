@@ -33,6 +33,7 @@ struct World {
     static sx_shard_group_t *group(const char *rv) {
         sx_group_config_t cfg;
         sx_group_config_init(&cfg, sizeof cfg);
+        cfg.backend = SX_BACKEND_CPU;
         cfg.rendezvous = rv;
         cfg.world_size = 1;
         cfg.num_threads = 1;

@@ -84,6 +84,7 @@ std::string err_text(const char *what) { return std::string(what) + ": " + sx_la
 std::string setup(const std::string &rv, int r, int world, bool units_split, Rank *out) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = rv.c_str();
     cfg.rank = r;
     cfg.world_size = world;
@@ -462,6 +463,7 @@ class PreadSizes : public sx::io::FaultFileOps {
 sx_shard_group_t *one_param_group(const std::string &rv, uint64_t n, bool step) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = rv.c_str();
     cfg.rank = 0, cfg.world_size = 1, cfg.num_threads = 1;
     sx_shard_group_t *h = nullptr;

@@ -326,6 +326,7 @@ void test_finalize_reserves_the_staging(void **) {
     for (bool reserve : {false, true}) {
         sx_group_config_t cfg;
         sx_group_config_init(&cfg, sizeof cfg);
+        cfg.backend = SX_BACKEND_CPU;
         const std::string rv = "local://api-reserve-" + std::to_string(reserve) + "-" + std::to_string(getpid());
         cfg.rendezvous = rv.c_str();
         cfg.world_size = 1;

@@ -125,6 +125,7 @@ void test_agreement(void **) {
         const std::string err = sxtest::run_ranks(2, [&](int rank) -> std::string {
             sx_group_config_t cfg;
             sx_group_config_init(&cfg, sizeof cfg);
+            cfg.backend = SX_BACKEND_CPU;
             cfg.rendezvous = rv.c_str();
             cfg.rank = rank;
             cfg.world_size = 2;

@@ -65,6 +65,7 @@ Outcome join(const std::string &host, int port, int rank, int world, const char 
     const std::string rv = "tcp://" + host + ":" + std::to_string(port);
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = rv.c_str();
     cfg.rank = rank;
     cfg.world_size = world;

@@ -31,6 +31,7 @@ struct Rank {
 sx_status_t setup(const std::string &rv, int rank, int world, Rank *out) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = rv.c_str();
     cfg.rank = rank;
     cfg.world_size = world;

@@ -199,6 +199,7 @@ struct Pair {
 std::string make_pair(const std::string &rv, int rank, int steps, Pair *out) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = rv.c_str();
     cfg.rank = rank;
     cfg.world_size = 2;
@@ -404,6 +405,7 @@ int child_main(int argc, char **argv) {
     if (!sxtest::parse_child_args(argc, argv, &args)) return 2;
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = args.rendezvous.c_str();
     cfg.rank = args.rank;
     cfg.world_size = args.world;

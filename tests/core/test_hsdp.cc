@@ -166,6 +166,7 @@ std::string fp16_step(float g, double factor, std::vector<float> *out) {
     std::string err = sxtest::run_ranks(4, [&](int r) -> std::string {
         sx_group_config_t cfg;
         sx_group_config_init(&cfg, sizeof cfg);
+        cfg.backend = SX_BACKEND_CPU;
         cfg.rendezvous = rv.c_str();
         cfg.rank = r;
         cfg.world_size = 4;
@@ -314,6 +315,7 @@ void test_bad_meshes_fail_every_rank(void **) {
         sxtest::run_ranks(c.world, [&](int r) -> std::string {
             sx_group_config_t cfg;
             sx_group_config_init(&cfg, sizeof cfg);
+            cfg.backend = SX_BACKEND_CPU;
             cfg.rendezvous = rv.c_str();
             cfg.rank = r;
             cfg.world_size = c.world;
@@ -335,6 +337,7 @@ void test_bad_meshes_fail_every_rank(void **) {
     // Settings refused before anything connects.
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.shard_size = -1;
     cfg.rendezvous = "local://negative";
     sx_shard_group_t *g = nullptr;
@@ -360,6 +363,7 @@ int child_main(int argc, char **argv) {
     const bool pipelined = args.get("--pipelined", "0") == "1";
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = args.rendezvous.c_str();
     cfg.rank = args.rank;
     cfg.world_size = args.world;

@@ -78,6 +78,7 @@ struct Group {
 std::string make_group(const std::string &rv, int rank, const Config &c, Group *out) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = rv.c_str();
     cfg.rank = rank;
     cfg.world_size = c.world;
@@ -401,6 +402,7 @@ void test_static_loss_scaling_and_bad_settings(void **) {
 void test_bad_mixed_precision_configs(void **) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     const std::string rv = "local://mp-bad-" + std::to_string(getpid());
     cfg.rendezvous = rv.c_str();
     cfg.world_size = 1;

@@ -69,6 +69,7 @@ void test_the_accumulator_exists_only_where_needed(void **) {
         const std::string err = sxtest::run_ranks(2, [&](int r) -> std::string {
             sx_group_config_t cfg;
             sx_group_config_init(&cfg, sizeof cfg);
+            cfg.backend = SX_BACKEND_CPU;
             const std::string rv = "local://accum-" + std::to_string(c.stage) + "-" + std::to_string(c.dtype) + "-" +
                                    std::to_string(getpid());
             cfg.rendezvous = rv.c_str();
@@ -123,6 +124,7 @@ void test_the_default_step_leaves_zero_gradients(void **) {
             const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
                 sx_group_config_t cfg;
                 sx_group_config_init(&cfg, sizeof cfg);
+                cfg.backend = SX_BACKEND_CPU;
                 cfg.rendezvous = rv.c_str();
                 cfg.rank = rank, cfg.world_size = world, cfg.stage = stage, cfg.num_threads = 2;
                 sx_shard_group_t *g = nullptr;

@@ -151,6 +151,7 @@ std::string make_group(const std::string &rv, int rank, int world, int stage, co
                        int32_t trace_events, sx_shard_group_t **out) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = rv.c_str();
     cfg.rank = rank;
     cfg.world_size = world;
@@ -426,6 +427,7 @@ void test_bad_config(void **) {
     for (int32_t n : bad_events) {
         sx_group_config_t cfg;
         sx_group_config_init(&cfg, sizeof cfg);
+        cfg.backend = SX_BACKEND_CPU;
         cfg.rendezvous = rv.c_str();
         cfg.world_size = 1;
         cfg.trace_path = "/tmp/never-written.json";
@@ -437,6 +439,7 @@ void test_bad_config(void **) {
     }
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = rv.c_str();
     cfg.world_size = 1;
     cfg.reserved2 = 1;

@@ -17,6 +17,7 @@ namespace {
 int rank_main(const std::string &out, int rank, int world, int stage, int shard_size) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = "local://golden";
     cfg.rank = rank;
     cfg.world_size = world;

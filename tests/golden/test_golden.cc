@@ -31,6 +31,7 @@ std::string load_and_check(const std::string &dir, Mesh mesh, bool split_units, 
             std::string &e = errs[r];
             sx_group_config_t cfg;
             sx_group_config_init(&cfg, sizeof cfg);
+            cfg.backend = SX_BACKEND_CPU;
             cfg.rendezvous = rv.c_str();
             cfg.rank = r;
             cfg.world_size = world;

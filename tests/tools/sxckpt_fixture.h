@@ -93,6 +93,7 @@ inline std::string err_text(const char *what) { return std::string(what) + ": " 
 inline std::string make_group(const std::string &rv, int r, int world, sx_shard_group_t **out) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = rv.c_str();
     cfg.rank = r;
     cfg.world_size = world;

@@ -336,6 +336,8 @@ end
     ShardGroup(rendezvous, rank, world_size; stage=0, backend=SX_BACKEND_AUTO, ...)
 
 This rank's handle of a shard group (collective: blocks until every rank joined).
+`backend=SX_BACKEND_AUTO` is CUDA where libsx has CUDA and finds a device, else the CPU;
+views wrapped as Arrays need host memory: ask for `SX_BACKEND_CPU`.
 Release it with `close(g)` or the `with_group` do-block; a finalizer closes a forgotten
 one as a safety net. Views into it are invalid after `close`. Every view keeps the group
 from its finalizer while the view is alive (the group is only destroyed by the garbage

@@ -128,6 +128,10 @@ class ShardGroup(Handle):
     params (the same on every rank, in the same order), call :meth:`finalize`, and
     train: write gradients into :meth:`grad_view` arrays and call :meth:`step`.
 
+    ``backend``: "cpu", "cuda" or "auto" (CUDA where libsx has CUDA and finds a device,
+    else the CPU). :meth:`param_view` and :meth:`grad_view` wrap host memory: a trainer
+    that computes on the host asks for "cpu".
+
     Release it with :meth:`close` or a ``with`` block; a finalizer closes a forgotten
     one as a safety net. Views returned by the group point into memory it owns and must
     not be used after close. One thread uses a group at a time.

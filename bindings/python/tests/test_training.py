@@ -532,7 +532,7 @@ class LogTest(unittest.TestCase):
 class ReserveStagingTest(unittest.TestCase):
     def test_finalize_reserves_the_checkpoint_staging_when_asked(self):
         for reserve in (False, True):
-            with sx.ShardGroup(f"local://py-reserve-{reserve}-{os.getpid()}", 0, 1, num_threads=1,
+            with sx.ShardGroup(f"local://py-reserve-{reserve}-{os.getpid()}", 0, 1, backend="cpu", num_threads=1,
                                reserve_checkpoint_staging=reserve) as g:
                 g.add_param_group("adam")
                 g.add_param("w", [1000])

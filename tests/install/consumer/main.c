@@ -7,6 +7,7 @@
 int main(void) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = "local://installed";
     cfg.world_size = 1;
     sx_shard_group_t *g = NULL;

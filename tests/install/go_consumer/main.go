@@ -11,7 +11,7 @@ import (
 )
 
 func run() error {
-	g, err := sx.NewShardGroup(sx.GroupConfig{Rendezvous: "local://go-install-check", WorldSize: 1})
+	g, err := sx.NewShardGroup(sx.GroupConfig{Rendezvous: "local://go-install-check", WorldSize: 1, Backend: sx.BackendCPU})
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,8 @@ pub(crate) fn init<T>(f: unsafe extern "C" fn(*mut T, usize) -> sys::sx_status_t
 /// Where buffers live and which collectives run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
+    /// CUDA where libsx has CUDA and finds a device, else the CPU. Views wrapped as
+    /// slices need host memory: ask for `Cpu`.
     Auto,
     Cpu,
     Cuda,
