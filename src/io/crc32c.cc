@@ -12,6 +12,8 @@
 
 #include <isa-l/crc.h>
 
+#include "base/vector_state.h"
+
 namespace sx {
 namespace io {
 
@@ -28,6 +30,9 @@ uint32_t crc32c_extend_in_pieces(uint32_t crc, const void *data, size_t n, size_
         p += piece;
         n -= piece;
     }
+    // ISA-L's folding code (AVX-512 VPCLMULQDQ where the processor has it) leaves the
+    // wide registers' upper halves in use, on the caller's thread.
+    leave_vector_state_clean();
     return ~reg;
 }
 

@@ -17,6 +17,7 @@
 #include "sx_cmocka.h"
 #include "test_files.h"
 #include "test_groups.h"
+#include "vector_state_check.h"
 
 namespace {
 
@@ -421,6 +422,34 @@ void test_retention_and_latest(void **) {
     remove_tree(dir);
 }
 
+// The caller's thread gets its wide vector registers back clean from every call that
+// checks CRCs on it (a synchronous save, a load, sx_read_user_blob) and from a step: a
+// trainer's SSE code after them runs at full speed.
+void test_calls_leave_the_vector_state_clean(void **) {
+    if (sxtest::upper_halves_in_use() < 0) {
+        print_message("this processor cannot report its vector state (XGETBV with ECX = 1)\n");
+        skip();
+    }
+    const std::string dir = make_tmpdir();
+    sx_shard_group_t *g = make_group("api-vector-state");
+    steps(g, 1, 1);
+    assert_int_equal(sxtest::upper_halves_in_use(), 0);
+    const std::string path = dir + "/ck";
+    sxtest::save_sync(g, path);
+    assert_int_equal(sxtest::upper_halves_in_use(), 0);
+    sx_load_options_t lo;
+    sx_load_optim_state_options_init(&lo, sizeof lo);
+    lo.path = path.c_str();
+    assert_int_equal(sx_load_optim_state(g, &lo), SX_OK);
+    assert_int_equal(sxtest::upper_halves_in_use(), 0);
+    uint64_t size = 1;
+    char blob[8];
+    assert_int_equal(sx_read_user_blob(path.c_str(), blob, sizeof blob, &size), SX_OK);
+    assert_int_equal(sxtest::upper_halves_in_use(), 0);
+    sx_destroy_shard_group(g);
+    remove_tree(dir);
+}
+
 void test_cancel_commits_nothing_or_everything(void **) {
     const std::string dir = make_tmpdir();
     sx_shard_group_t *g = make_group("api-cancel");
@@ -495,6 +524,7 @@ int main(void) {
         cmocka_unit_test(test_finalize_reserves_the_staging),
         cmocka_unit_test(test_retention_and_latest),
         cmocka_unit_test(test_cancel_commits_nothing_or_everything),
+        cmocka_unit_test(test_calls_leave_the_vector_state_clean),
         cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
