@@ -165,10 +165,16 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
  *         another sx_finalize: torch's add_param_group)
  *   sx_destroy_shard_group
  *
- * Ranks that disagree at a collective call (the param tables at sx_finalize; masks,
- * hyperparameters, options or the call itself at a step) all get SX_ERR_MISMATCH with a
- * message naming the first thing that differs and each rank's value, e.g.
- * "param 'w' shape: [4, 4] on rank 0, [4, 5] on rank 1".
+ * Every collective call (but a stage-3 sx_unit_gather) begins with the same small header,
+ * exchanged in one round trip: which call it is and what must agree for it (the param
+ * tables at sx_finalize; masks, hyperparameters and options at a step; the path of a
+ * save; the checkpoint of a load; the root of a broadcast). Ranks in different calls, or
+ * that disagree, all get SX_ERR_MISMATCH at once (not at the timeout) with a message
+ * naming the first thing that differs and each rank's value, e.g.
+ * "the call: sx_step on rank 0, sx_save_optim_state on rank 1" or
+ * "param 'w' shape: [4, 4] on rank 0, [4, 5] on rank 1", and nothing changes. A rank
+ * whose own arguments fail the call (a bad path, an unreadable checkpoint) returns its
+ * error, and its peers the same code, saying which rank failed.
  * ------------------------------------------------------------------------------- */
 
 typedef struct sx_shard_group sx_shard_group_t;
@@ -864,7 +870,8 @@ SX_API sx_status_t sx_save_options_init(sx_save_options_t *options, size_t size)
  * A save while an earlier one is still in flight first waits for that one. The new
  * checkpoint appears, complete, only when every rank's files are durable: a crash at any
  * moment leaves the previous checkpoint or the new one, never a torn one that loads.
- * With options->synchronous, everything happens in the call. */
+ * With options->synchronous, everything happens in the call. Every rank passes the same
+ * path (the call's header compares them: SX_ERR_MISMATCH naming each rank's otherwise). */
 SX_API sx_status_t sx_save_optim_state(sx_shard_group_t *group, const sx_save_options_t *options,
                                        sx_future_t **out);
 
@@ -913,14 +920,21 @@ SX_API sx_status_t sx_load_optim_state_options_init(sx_load_options_t *options, 
  * the params are gathered again from those shards, as the next step would do (a value
  * written into another rank's part of a param view is then gone). Errors
  * name the param (missing, extra, shape or optimizer mismatch) or the file and chunk
- * (SX_ERR_CORRUPT), or both format versions (SX_ERR_VERSION). While it runs it uses
+ * (SX_ERR_CORRUPT), or both format versions (SX_ERR_VERSION). Every rank must load the
+ * same checkpoint: before anything changes the ranks compare the path as given, the
+ * MANIFEST's CRC32C and its step, and the flags; ranks that differ all get
+ * SX_ERR_MISMATCH naming each rank's checkpoint and step. A path whose last component
+ * ends in ".sx-partial" (a save that has not committed, or was cut short) or is "latest"
+ * (the file naming the newest checkpoint) is refused with SX_ERR_INVALID_ARGUMENT saying
+ * so. While it runs it uses
  * threads of its own (one per file it reads, up to 4, one that places the chunks and, on
  * the host, one that gathers the params), all ended before it returns. */
 SX_API sx_status_t sx_load_optim_state(sx_shard_group_t *group, const sx_load_options_t *options);
 
 /* Reads the user blob of the checkpoint at `path` (after verifying its manifest).
  * *size receives its length; if capacity is smaller, nothing is copied and
- * SX_ERR_INVALID_ARGUMENT says how much is needed. buf may be NULL with capacity 0. */
+ * SX_ERR_INVALID_ARGUMENT says how much is needed. buf may be NULL with capacity 0. A
+ * path the load refuses by its name (".sx-partial", "latest") is refused here too. */
 SX_API sx_status_t sx_read_user_blob(const char *path, void *buf, uint64_t capacity, uint64_t *size);
 
 #ifdef __cplusplus

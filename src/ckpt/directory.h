@@ -21,11 +21,19 @@ inline bool is_partial_name(const std::string &name) {
     return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Refuses (SX_ERR_INVALID_ARGUMENT, saying what the name is) a checkpoint path whose
+// last component is a name sx keeps for something else: an unfinished save
+// (NAME.sx-partial, which never holds a checkpoint to load, even where a save was killed
+// after writing its MANIFEST), the file naming the newest checkpoint (`latest`) or its
+// temporary copy. `use`: what the path is for ("load", "save"), for the message.
+Status check_checkpoint_name(const std::string &path, const char *use);
+
 // The shard file name of `rank` of `world`: shard-RRRRR-of-WWWWW.bin.
 std::string shard_file_name(int rank, int world);
 
-// Reads and decodes (verifies) dir/MANIFEST; errors name the file. Any thread.
-Status read_manifest(io::FileOps &ops, const std::string &dir, Manifest *out);
+// Reads and decodes (verifies) dir/MANIFEST; errors name the file. *file_crc (may be
+// null) receives the CRC32C of the MANIFEST's bytes, the checkpoint's identity. Any thread.
+Status read_manifest(io::FileOps &ops, const std::string &dir, Manifest *out, uint32_t *file_crc = nullptr);
 
 // Creates (or truncates) `path` holding `bytes`, fsynced and closed. A failure leaves
 // what was written for the caller to remove. Any thread.

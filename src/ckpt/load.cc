@@ -142,6 +142,7 @@ class Checkpointer::Load {
 
     Status run(std::string *user_blob) {
         SX_TRACE_SPAN(tracer_, "ckpt", "load", trace::kNoUnit, trace::kNoBytes, options_.path.c_str());
+        SX_TRY(agree_on_the_checkpoint());  // before anything changes
         SX_TRY(g_.export_shard(&shard_));  // the trainer's writes first; the masters are the values
         // Whatever fails while planning and starting the reads (an exception too) is this
         // rank's vote, so that no peer waits.
@@ -170,8 +171,29 @@ class Checkpointer::Load {
     }
 
   private:
+    // The call's header: every rank names the checkpoint it loads (the path as given, its
+    // MANIFEST's CRC32C and step) and the load's flags, before anything changes, so that
+    // ranks loading different checkpoints (or in another call) fail at once, each told
+    // every rank's. A rank that cannot read its MANIFEST says why, and fails with that.
+    Status agree_on_the_checkpoint() {
+        uint32_t crc = 0;
+        const Status read = catching([&]() -> Status {
+            SX_CHECK_ARG(!options_.path.empty(), "the checkpoint path is empty");
+            SX_TRY(check_checkpoint_name(options_.path, "a load"));
+            return read_manifest(*ck_.ops_, options_.path, &m_, &crc);
+        });
+        std::vector<core::Fact> facts = {{"the checkpoint", options_.path}};
+        if (read.ok()) {
+            facts.push_back({"its MANIFEST's CRC32C", format("%08x", crc)});
+            facts.push_back({"its step", std::to_string(m_.step)});
+        }
+        facts.push_back({"the load's flags", format("params_only %d, allow_missing %d, allow_extra %d",
+                                                    options_.params_only, options_.allow_missing,
+                                                    options_.allow_extra)});
+        return g_.agree_call("sx_load_optim_state", std::move(facts), read);
+    }
+
     Status prepare() {
-        SX_TRY(read_manifest(*ck_.ops_, options_.path, &m_));
         SX_TRY(match_params());
         SX_TRY(read_indexes());
         SX_TRY(plan_reads());
@@ -530,7 +552,6 @@ class Checkpointer::Load {
 Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     SX_TRY(group_->check_usable());
     SX_TRY(group_->check_finalized());
-    SX_CHECK_ARG(!options.path.empty(), "the checkpoint path is empty");
     // A save in flight reads the shard (and owns staging) until it completes.
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
     Load load(*this, options);

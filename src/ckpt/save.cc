@@ -42,19 +42,12 @@ void split_path(const std::string &path, std::string *parent, std::string *base)
 // A save's final name may be none of the names sx gives other things in the parent: the
 // pointer to the newest checkpoint and its temporary copy, or a directory that the next
 // save removes as a crashed save's leftover.
-Status check_checkpoint_name(const std::string &path) {
+Status check_save_name(const std::string &path) {
     std::string parent, base;
     split_path(path, &parent, &base);
-    const std::string latest_tmp = std::string(kLatestName) + ".tmp";
     SX_CHECK_ARG(!base.empty() && base != "/" && base != "." && base != "..",
                  "the checkpoint path '%s' names no directory of its own", path.c_str());
-    SX_CHECK_ARG(base != kLatestName && base != latest_tmp,
-                 "the checkpoint path '%s' ends in '%s', the name sx keeps for the file naming the newest checkpoint",
-                 path.c_str(), base.c_str());
-    SX_CHECK_ARG(!is_partial_name(base),
-                 "the checkpoint path '%s' ends in '%s', the suffix of unfinished saves (the next save removes them)",
-                 path.c_str(), kPartialSuffix);
-    return Status::Ok();
+    return check_checkpoint_name(path, "a save");
 }
 
 uint64_t now_unix_ms() {
@@ -343,12 +336,18 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     core::ShardGroup &g = *group_;
     SX_TRY(g.check_usable());
     SX_TRY(g.check_finalized());
-    SX_CHECK_ARG(!options.path.empty(), "the checkpoint path is empty");
-    SX_TRY(check_checkpoint_name(options.path));
     SX_TRACE_SPAN(g.tracer(), "ckpt", "save.snapshot", trace::kNoUnit, trace::kNoBytes, options.path.c_str());
-    SX_CHECK_ARG(options.user_blob.size() <= kMaxUserBlobBytes, "the user blob has %zu bytes; at most %llu",
-                 options.user_blob.size(), static_cast<unsigned long long>(kMaxUserBlobBytes));
-    SX_CHECK_ARG(options.keep_last >= 0, "keep_last is %d; it must be >= 0", options.keep_last);
+    // This rank's verdict on its arguments goes into the call's header with its path, so
+    // that a rank that refuses the call, or saves elsewhere, fails every rank at once.
+    const Status local = [&]() -> Status {
+        SX_CHECK_ARG(!options.path.empty(), "the checkpoint path is empty");
+        SX_TRY(check_save_name(options.path));
+        SX_CHECK_ARG(options.user_blob.size() <= kMaxUserBlobBytes, "the user blob has %zu bytes; at most %llu",
+                     options.user_blob.size(), static_cast<unsigned long long>(kMaxUserBlobBytes));
+        SX_CHECK_ARG(options.keep_last >= 0, "keep_last is %d; it must be >= 0", options.keep_last);
+        return Status::Ok();
+    }();
+    SX_TRY(g.agree_call("sx_save_optim_state", {{"the checkpoint path", options.path}}, local));
     // The trainer's writes into the views first; 16-bit params: their fp32 masters are
     // what is stored.
     core::ShardState shard;

@@ -1,10 +1,13 @@
-// What ranks must agree on, and what they are told when they do not: every collective
-// call of the step's family (sx_step, sx_accumulate_grads, the first sx_unit_grads_ready
-// of a micro-batch) and sx_finalize compare one fingerprint across ranks; when the
-// fingerprints differ, the ranks exchange the facts behind them and every rank reports
-// the first fact that differs with each rank's value ("param 'w' shape: [4, 4] on rank
-// 0, [4, 5] on rank 1"). The fingerprint costs one small collective per call; the facts
-// are put in words only after a disagreement.
+// What ranks must agree on, and what they are told when they do not. Every collective
+// call but a stage-3 gather starts with the same header, exchanged in one round trip on
+// the world's communicator: a fingerprint of what must agree for the call (the call's
+// name first: sx_step's mask, hyperparameters and loss scaling, sx_finalize's param
+// table, a save's path, a load's checkpoint) and a few numbers the call adds up. Because
+// every call's header has the same size, ranks in different calls meet in the same
+// exchange: when the fingerprints differ, the ranks exchange the facts behind them and
+// every rank reports the first fact that differs with each rank's value ("the call:
+// sx_step on rank 0, sx_save_optim_state on rank 1"; "param 'w' shape: [4, 4] on rank
+// 0, [4, 5] on rank 1"). The facts are put in words only after a disagreement.
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -152,9 +155,9 @@ std::vector<Fact> ShardGroup::table_facts() const {
     return f;
 }
 
-uint64_t ShardGroup::table_fingerprint() const {
-    uint64_t h = fnv1a("table", 5);
-    for (const Fact &f : table_facts()) {
+uint64_t facts_fingerprint(const std::vector<Fact> &facts) {
+    uint64_t h = fnv1a("facts", 5);
+    for (const Fact &f : facts) {
         const uint64_t fh = fact_hash(f);
         h = fnv1a(&fh, sizeof fh, h);
     }
@@ -218,29 +221,60 @@ Status ShardGroup::explain(const char *intro, const std::vector<Fact> &mine, com
     return SX_ERROR(SX_ERR_MISMATCH, "%s: %s: %s", intro, named.c_str(), detail.c_str());
 }
 
-Status ShardGroup::agree(const Agreement &a, double weight, double *weight_sum) {
+Status ShardGroup::exchange_header(const char *call, Header mine, const std::function<std::vector<Fact>()> &facts,
+                                   std::vector<Header> *all, const char *intro) {
+    mine.call = fnv1a(call, std::strlen(call));
     if (world_size_ == 1) {
-        if (weight_sum) *weight_sum = weight;
+        if (all) all->assign(1, mine);
         return Status::Ok();
     }
-    // The first collective of a step: a rank that arrives early waits here for its peers.
+    // The first collective of a call: a rank that arrives early waits here for its peers.
     SX_TRACE_SPAN(tracer(), "step", "agreement");
-    const uint64_t h = fingerprint(a);
+    static_assert(sizeof(Header) == 5 * sizeof(uint64_t), "a header is five words");
     const size_t W = static_cast<size_t>(world_size_);
-    std::vector<uint64_t> all(2 * W, 0);
-    all[2 * static_cast<size_t>(rank_)] = h;
-    std::memcpy(&all[2 * static_cast<size_t>(rank_) + 1], &weight, sizeof weight);
-    Status s = comm_->all_gather(all.data(), 2 * sizeof(uint64_t));
+    std::vector<Header> headers(W);
+    headers[static_cast<size_t>(rank_)] = mine;
+    Status s = comm_->all_gather(headers.data(), sizeof(Header));
     if (!s.ok()) return fail(s);
+    // Another call first (whatever else differs follows from it), then a rank's refusal,
+    // then any other difference.
+    for (const Header &h : headers)
+        if (h.call != mine.call) return explain(intro, facts(), *comm_);
+    for (size_t r = 0; r < W; ++r)
+        if (headers[r].refused != 0 && mine.refused == 0)
+            return SX_ERROR(headers[r].refused, "%s failed on rank %zu before anything changed (%s; see that rank's "
+                            "error)", call, r, sx_status_string(headers[r].refused));
+    if (mine.refused != 0) return SX_ERROR(mine.refused, "refused");  // the caller returns its own error
+    for (const Header &h : headers)
+        if (h.fingerprint != mine.fingerprint) return explain(intro, facts(), *comm_);
+    if (all) *all = std::move(headers);
+    return Status::Ok();
+}
+
+Status ShardGroup::agree(const Agreement &a, double weight, double *weight_sum) {
+    Header mine;
+    mine.fingerprint = fingerprint(a);
+    mine.weight = weight;
+    std::vector<Header> all;
+    SX_TRY(exchange_header(a.call, mine, [&] { return facts(a); }, &all));
     double sum = 0.0;
-    for (size_t r = 0; r < W; ++r) {
-        if (all[2 * r] != h) return explain("ranks disagree", facts(a), *comm_);
-        double w;
-        std::memcpy(&w, &all[2 * r + 1], sizeof w);
-        sum += w;  // in rank order: the same bits on every rank
-    }
+    for (const Header &h : all) sum += h.weight;  // in rank order: the same bits on every rank
     if (weight_sum) *weight_sum = sum;
     return Status::Ok();
+}
+
+Status ShardGroup::agree_call(const char *call, std::vector<Fact> facts, const Status &local, const char *intro) {
+    SX_TRY(check_usable());
+    SX_TRY(settle());
+    facts.insert(facts.begin(), Fact{"the call", call});
+    Header mine;
+    mine.fingerprint = facts_fingerprint(facts);
+    mine.refused = local.code();
+    Status s = exchange_header(call, mine, [&] { return facts; }, nullptr, intro);
+    // A rank that refused the call returns its own error, unless the ranks were in
+    // different calls (which is what each is told).
+    if (!local.ok() && (s.ok() || s.code() == local.code())) return local;
+    return s;
 }
 
 Status ShardGroup::sum_over_ranks(double local, double *total) {

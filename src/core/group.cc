@@ -398,13 +398,7 @@ Status ShardGroup::finalize() {
     }
 
     // Every rank must have registered the same table.
-    if (world_size_ > 1) {
-        const uint64_t h = table_fingerprint();
-        uint64_t v[2] = {h, ~h};
-        Status s = comm_->all_reduce_max(v, 2);
-        if (!s.ok()) return fail(s);
-        if (v[0] != h || v[1] != ~h) return explain("ranks registered different param tables", table_facts(), *comm_);
-    }
+    SX_TRY(agree_call("sx_finalize", table_facts(), Status::Ok(), "ranks registered different param tables"));
 
     SX_TRY(check_unit_dtypes());
     std::vector<ParamShape> shapes(params_.size());
@@ -514,9 +508,11 @@ int32_t ShardGroup::grad_dtype(int32_t param) const {
 Status ShardGroup::broadcast_params(int root) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
-    SX_CHECK_ARG(root >= 0 && root < world_size_, "root rank %d is outside [0, %d)", root, world_size_);
     SX_TRACE_SPAN(tracer(), "group", "sx_broadcast_params");
-    SX_TRY(settle());
+    const Status local = root >= 0 && root < world_size_
+                             ? Status::Ok()
+                             : SX_ERROR(SX_ERR_INVALID_ARGUMENT, "root rank %d is outside [0, %d)", root, world_size_);
+    SX_TRY(agree_call("sx_broadcast_params", {{"the root", std::to_string(root)}}, local));
     fence_.wait_readers();
     {
         Status s = ops_->wait_for(nullptr);  // the trainer's writes into the param views

@@ -106,6 +106,9 @@ struct Fact {
     std::string value;
 };
 
+// One hash of a list of facts, in order (what ranks compare for a call's header).
+uint64_t facts_fingerprint(const std::vector<Fact> &facts);
+
 // What the ranks must agree on at a call of the step's family (agreement.cc): compared
 // as one fingerprint, and put in words as facts when the fingerprints differ.
 struct Agreement {
@@ -307,6 +310,15 @@ class ShardGroup {
     Status fail(Status s);
     // Runs a collective through the group's communicator; a failure fails the group.
     Status collective(const std::function<Status(comm::Communicator &)> &fn);
+    // Collective, the first exchange (the header) of a call outside the step's family (a
+    // save, a load, a broadcast): the ranks compare `call` and `facts` (what must agree
+    // for it: a path, a checkpoint's CRC). A rank in another call, or with another value,
+    // fails every rank with SX_ERR_MISMATCH naming each rank's call or value. `local`:
+    // this rank's own verdict on its arguments, compared too, so that a rank that refuses
+    // the call still takes part and no peer waits; it is returned where it failed.
+    // Settles the channels first (nothing of theirs may share the communicator).
+    Status agree_call(const char *call, std::vector<Fact> facts, const Status &local = Status::Ok(),
+                      const char *intro = "ranks disagree");
     // Where the group's buffers live, and the work on them.
     DeviceOps &ops() { return *ops_; }
     // Held while a snapshot of this rank's shard (params and optimizer state) is being
@@ -386,12 +398,30 @@ class ShardGroup {
     std::vector<Fact> facts(const Agreement &a) const;
     // The param table as facts (sx_finalize's agreement), and their fingerprint.
     std::vector<Fact> table_facts() const;
-    uint64_t table_fingerprint() const;
     // Collective, after every rank found that the ranks disagree: they exchange their
     // facts' hashes, and each returns SX_ERR_MISMATCH naming the first fact that differs
     // and every rank's value of it ("<intro>: <fact>: <value> on rank 0, <value> on rank
     // 1"). A failed exchange fails the group.
     Status explain(const char *intro, const std::vector<Fact> &mine, comm::Communicator &c);
+    // The header every collective call exchanges first, in one round trip on the world's
+    // communicator: what must agree for the call (a fingerprint), two numbers the call
+    // adds over the ranks or reads (`weight`, `value`) and flags. Every call's header has
+    // this size, so that ranks in different calls meet in the same exchange and are told.
+    struct Header {
+        uint64_t call = 0;         // a hash of the call's name
+        uint64_t fingerprint = 0;  // of everything that must agree, the call included
+        double weight = 0.0, value = 0.0;
+        int32_t refused = 0;  // the status code of a rank that refuses the call (its arguments), or 0
+        uint32_t flags = 0;   // the call's own
+    };
+    // Collective: exchanges `mine`. Ranks in different calls, or whose fingerprints
+    // differ, explain (facts(): this rank's facts, asked for only then; the call's name
+    // comes first) and every rank returns SX_ERR_MISMATCH; otherwise, where a rank
+    // refused the call, every other rank returns its code, saying which rank. *all (may be
+    // null) receives every rank's header, in rank order. World size 1: no exchange. A
+    // failed exchange fails the group.
+    Status exchange_header(const char *call, Header mine, const std::function<std::vector<Fact>()> &facts,
+                           std::vector<Header> *all, const char *intro = "ranks disagree");
     // Collective: every rank must be in the same call with the same agreement
     // (SX_ERR_MISMATCH naming what differs otherwise, on every rank); *weight_sum (may be
     // null) receives the sum of every rank's `weight`, added in rank order.

@@ -173,62 +173,60 @@ Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double
         if (s.code() == SX_ERR_MISMATCH && check_usable().ok()) reduce_channel().clear_failure();
         return s;
     }
-    // One exchange ends the round. Each rank sends the fingerprint of what it agrees on
-    // (the units signalled are part of it: a unit signalled on some ranks only is a
-    // trainer's mistake that every rank reports; its gradients are reduced by now, as the
-    // ranks reduced every unit in one order, so the step's gradients are dropped), its
-    // sum of squares (the units' parts added in unit order), its weight, and, from rank
-    // 0, the order of the next rounds' reductions: its signals in its order, then the
-    // units it did not signal in the old order.
+    // One exchange, the call's header, ends the round. Each rank sends the fingerprint of
+    // what it agrees on (the units signalled are part of it: a unit signalled on some
+    // ranks only is a trainer's mistake that every rank reports; its gradients are reduced
+    // by now, as the ranks reduced every unit in one order, so the step's gradients are
+    // dropped), its weight, its sum of squares (the units' parts added in unit order),
+    // and rank 0 whether the order of the next rounds' reductions changes: its signals in
+    // its order, then the units it did not signal in the old order. Rank 0 then sends the
+    // new order, which after the first steps it seldom does.
     a.mask = round.mask;
     a.signalled = round.signalled;
-    const size_t n = units_.size(), words = 3 + n;
-    std::vector<uint64_t> all(static_cast<size_t>(world_size_) * words, 0);
-    uint64_t *mine = all.data() + static_cast<size_t>(rank_) * words;
-    mine[0] = fingerprint(a);
-    double local = 0.0;
-    for (size_t u = 0; u < n && sumsq; ++u) local += unit_sumsq_[u];
-    std::memcpy(&mine[1], &local, sizeof local);
-    std::memcpy(&mine[2], &weight, sizeof weight);
+    const size_t n = units_.size();
+    std::vector<int32_t> next;
     if (rank_ == 0) {
         std::vector<uint8_t> seen(n, 0);
-        size_t k = 0;
-        for (int32_t u : round.order) mine[3 + k++] = static_cast<uint64_t>(u), seen[u] = 1;
+        for (int32_t u : round.order) next.push_back(u), seen[u] = 1;
         for (int32_t u : reduce_order_)
-            if (!seen[u]) mine[3 + k++] = static_cast<uint64_t>(u);
+            if (!seen[u]) next.push_back(u);
     }
-    if (world_size_ > 1) {
-        SX_TRACE_SPAN(tracer(), "step", "agreement");
-        s = comm_->all_gather(all.data(), words * sizeof(uint64_t));
-        if (!s.ok()) return fail(s);
+    Header mine;
+    mine.fingerprint = fingerprint(a);
+    mine.weight = weight;
+    for (size_t u = 0; u < n && sumsq; ++u) mine.value += unit_sumsq_[u];
+    mine.flags = rank_ == 0 && next != reduce_order_ ? 1 : 0;
+    std::vector<Header> all;
+    s = exchange_header(a.call, mine, [&] { return facts(a); }, &all);
+    if (s.code() == SX_ERR_MISMATCH && check_usable().ok()) {
+        Status d = finish_step(false);
+        if (!d.ok()) return d;
     }
-    for (int r = 0; r < world_size_; ++r) {
-        if (all[static_cast<size_t>(r) * words] == mine[0]) continue;
-        if (check_usable().ok()) {
-            Status d = finish_step(false);
-            if (!d.ok()) return d;
+    SX_TRY(s);
+    if (all[0].flags & 1) {
+        std::vector<uint64_t> order(n, 0);
+        for (size_t k = 0; k < next.size(); ++k) order[k] = static_cast<uint64_t>(next[k]);
+        if (world_size_ > 1) {
+            s = comm_->broadcast(order.data(), n * sizeof(uint64_t), 0);
+            if (!s.ok()) return fail(s);
         }
-        return explain("ranks disagree", facts(a), *comm_);
+        std::vector<uint8_t> seen(n, 0);
+        next.assign(n, 0);
+        for (size_t k = 0; k < n; ++k) {
+            const uint64_t u = order[k];
+            SX_CHECK(u < n && !seen[u], SX_ERR_INTERNAL,
+                     "rank 0 sent a reduction order that is not a permutation of the units");
+            seen[u] = 1;
+            next[k] = static_cast<int32_t>(u);
+        }
+        reduce_order_ = std::move(next);
     }
-    std::vector<int32_t> next(n);
-    std::vector<uint8_t> seen(n, 0);
-    for (size_t k = 0; k < n; ++k) {
-        const uint64_t u = all[3 + k];  // rank 0's
-        SX_CHECK(u < n && !seen[u], SX_ERR_INTERNAL,
-                 "rank 0 sent a reduction order that is not a permutation of the units");
-        seen[u] = 1;
-        next[k] = static_cast<int32_t>(u);
-    }
-    reduce_order_ = std::move(next);
     // Sums in rank order: the same bits on every rank. Every replica group holds the same
     // reduced shards, so the squares are those of one: the first's (ranks [0, shard_size)).
     double total = 0.0, weights = 0.0;
     for (int r = 0; r < world_size_; ++r) {
-        double v, w;
-        std::memcpy(&v, &all[static_cast<size_t>(r) * words + 1], sizeof v);
-        std::memcpy(&w, &all[static_cast<size_t>(r) * words + 2], sizeof w);
-        if (r < shard_size_) total += v;
-        weights += w;
+        if (r < shard_size_) total += all[static_cast<size_t>(r)].value;
+        weights += all[static_cast<size_t>(r)].weight;
     }
     if (sumsq) *sumsq = total;
     if (weight_sum) *weight_sum = weights;

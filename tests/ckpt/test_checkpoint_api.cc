@@ -450,6 +450,37 @@ void test_calls_leave_the_vector_state_clean(void **) {
     remove_tree(dir);
 }
 
+// A directory whose name sx keeps for something else is refused by a load and by
+// sx_read_user_blob, saying what the name is: an unfinished save's (here a whole
+// checkpoint renamed so, as a save killed after writing its MANIFEST leaves one), and
+// `latest`, the file naming the newest checkpoint.
+void test_reserved_names_are_not_read(void **) {
+    const std::string dir = make_tmpdir();
+    sx_shard_group_t *g = make_group("api-reserved-read");
+    steps(g, 1, 1);
+    sxtest::save_sync(g, dir + "/ck");
+    const std::vector<float> before = params_of(g);
+    const std::string partial = dir + "/ck2.sx-partial";
+    assert_int_equal(std::system(("cp -r '" + dir + "/ck' '" + partial + "'").c_str()), 0);
+    for (const std::string &path : {partial, partial + "/", dir + "/latest"}) {
+        sx_load_options_t lo;
+        sx_load_optim_state_options_init(&lo, sizeof lo);
+        lo.path = path.c_str();
+        assert_int_equal(sx_load_optim_state(g, &lo), SX_ERR_INVALID_ARGUMENT);
+        const std::string msg = sx_last_error_message();
+        const bool says = msg.find(path.find("latest") != std::string::npos ? "naming the newest checkpoint"
+                                                                             : "a save that has not committed") !=
+                          std::string::npos;
+        if (!says) fail_msg("loading %s: %s", path.c_str(), msg.c_str());
+        char blob[4];
+        uint64_t size = 0;
+        assert_int_equal(sx_read_user_blob(path.c_str(), blob, sizeof blob, &size), SX_ERR_INVALID_ARGUMENT);
+    }
+    assert_true(params_of(g) == before);
+    sx_destroy_shard_group(g);
+    remove_tree(dir);
+}
+
 void test_cancel_commits_nothing_or_everything(void **) {
     const std::string dir = make_tmpdir();
     sx_shard_group_t *g = make_group("api-cancel");
@@ -525,6 +556,7 @@ int main(void) {
         cmocka_unit_test(test_retention_and_latest),
         cmocka_unit_test(test_cancel_commits_nothing_or_everything),
         cmocka_unit_test(test_calls_leave_the_vector_state_clean),
+        cmocka_unit_test(test_reserved_names_are_not_read),
         cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);

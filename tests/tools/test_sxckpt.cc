@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/directory.h"
 #include "ckpt/manifest.h"
 #include "ckpt/shard_plan.h"
 #include "sx/sx.h"
@@ -341,6 +342,19 @@ void test_usage_and_bad_input(void **) {
     r = sxckpt({"verify", fx->ck + "/MANIFEST"});
     expect_status(r, 1);
     expect_has(r.err, "is not a directory");
+    // An unfinished save's directory is refused by its name, even holding a whole
+    // checkpoint (a save killed after writing its MANIFEST); so is `latest`.
+    const std::string partial = fx->dir + "/copy" + sx::ckpt::kPartialSuffix;
+    assert_int_equal(std::system(("cp -r '" + fx->ck + "' '" + partial + "'").c_str()), 0);
+    for (const char *cmd : {"inspect", "verify"}) {
+        r = sxckpt({cmd, partial});
+        expect_status(r, 1);
+        expect_has(r.err, "the suffix of a save that has not committed");
+    }
+    sxtest::remove_tree(partial);
+    r = sxckpt({"inspect", fx->dir + "/latest"});
+    expect_status(r, 1);
+    expect_has(r.err, "the name sx keeps for the file naming the newest checkpoint");
     // The parent holds `latest`, which names the checkpoint: say where to look.
     r = sxckpt({"inspect", fx->dir});
     expect_status(r, 1);

@@ -35,6 +35,9 @@ std::string missing_manifest_hint(io::FileOps &ops, const std::string &dir) {
 }  // namespace
 
 Status open_checkpoint(io::FileOps &ops, const std::string &dir, CheckpointDir *out) {
+    // An unfinished save's directory may hold a MANIFEST (a save killed between writing
+    // it and the rename): it is never a checkpoint, so it is not read as one.
+    SX_TRY(ckpt::check_checkpoint_name(dir, "sxckpt"));
     struct stat st;
     if (::stat(dir.c_str(), &st) != 0) {
         const int e = errno;

@@ -1,0 +1,292 @@
+// Ranks that disagree are told at once: every collective call begins with the same
+// header, so ranks in different calls (sx_step against a save, a load, a broadcast, a
+// gather of the whole state, sx_accumulate_grads) meet in one exchange and every rank
+// fails with SX_ERR_MISMATCH naming each rank's call, in well under a second with a
+// timeout of 20; ranks loading different checkpoints fail naming each one's checkpoint
+// and step, and nothing changes; a rank that cannot read its checkpoint fails its peers
+// at once. Ranks as threads over local:// and as processes over tcp://, and the group
+// goes on training afterwards.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "process_ranks.h"
+#include "run_ranks.h"
+#include "sx/sx.h"
+// Last: CMocka defines a fail() macro.
+#include "sx_cmocka.h"
+#include "test_files.h"
+
+namespace {
+
+constexpr int kTimeoutMs = 20000;
+constexpr double kAtOnce = 1.0;  // seconds: "at once", against the 20 s timeout
+
+double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string check(sx_status_t s, const char *what) {
+    if (s == SX_OK) return "";
+    return std::string(what) + ": " + sx_last_error_message();
+}
+
+// Rank r of 2 over `rv`: one AdamW group, two params in two units, finalized, params set.
+std::string make_group(const std::string &rv, int r, sx_shard_group_t **out) {
+    sx_group_config_t cfg;
+    sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
+    cfg.rendezvous = rv.c_str();
+    cfg.rank = r;
+    cfg.world_size = 2;
+    cfg.num_threads = 1;
+    cfg.timeout_ms = kTimeoutMs;
+    std::string e = check(sx_create_shard_group(&cfg, out), "create");
+    if (!e.empty()) return e;
+    sx_param_group_desc_t pg;
+    sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_ADAMW);
+    pg.lr = 0.1;
+    e = check(sx_add_param_group(*out, &pg, nullptr), "add_param_group");
+    for (int p = 0; p < 2 && e.empty(); ++p) {
+        const int64_t n = 100 + 37 * p;
+        const std::string name = "p" + std::to_string(p);
+        sx_param_desc_t d;
+        sx_param_desc_init(&d, sizeof d);
+        d.name = name.c_str();
+        d.ndim = 1;
+        d.shape = &n;
+        d.unit = p;
+        e = check(sx_add_param(*out, &d, nullptr), "add_param");
+    }
+    if (e.empty()) e = check(sx_finalize(*out), "finalize");
+    for (int p = 0; p < 2 && e.empty(); ++p) {
+        sx_view_t v;
+        sx_view_init(&v, sizeof v);
+        e = check(sx_param_view(*out, p, &v), "param_view");
+        for (uint64_t i = 0; e.empty() && i < v.numel; ++i) static_cast<float *>(v.data)[i] = 0.01f * (i % 13);
+    }
+    return e;
+}
+
+// One agreed step: gradients written, sx_step; its step count into *step.
+std::string step(sx_shard_group_t *g, int s, uint64_t *count = nullptr) {
+    for (int p = 0; p < 2; ++p) {
+        sx_view_t v;
+        sx_view_init(&v, sizeof v);
+        if (sx_grad_view(g, p, &v) != SX_OK) return "grad_view";
+        for (uint64_t i = 0; i < v.numel; ++i) static_cast<float *>(v.data)[i] = 0.25f * ((i + s) % 5) - 0.5f;
+    }
+    sx_step_result_t res;
+    sx_step_result_init(&res, sizeof res);
+    std::string e = check(sx_step(g, nullptr, &res), "sx_step");
+    if (count) *count = res.step;
+    return e;
+}
+
+std::vector<float> params(sx_shard_group_t *g) {
+    std::vector<float> out;
+    for (int p = 0; p < 2; ++p) {
+        sx_view_t v;
+        sx_view_init(&v, sizeof v);
+        sx_param_view(g, p, &v);
+        const float *d = static_cast<const float *>(v.data);
+        out.insert(out.end(), d, d + v.numel);
+    }
+    return out;
+}
+
+std::string save(sx_shard_group_t *g, const std::string &path, bool synchronous, sx_status_t *status) {
+    sx_save_options_t so;
+    sx_save_options_init(&so, sizeof so);
+    so.path = path.c_str();
+    so.synchronous = synchronous ? 1 : 0;
+    sx_future_t *f = nullptr;
+    *status = sx_save_optim_state(g, &so, &f);
+    if (*status != SX_OK) return "";
+    const sx_status_t w = sx_future_wait(f, -1);
+    sx_future_destroy(f);
+    return check(w, "sx_future_wait");
+}
+
+sx_status_t load(sx_shard_group_t *g, const std::string &path) {
+    sx_load_options_t lo;
+    sx_load_optim_state_options_init(&lo, sizeof lo);
+    lo.path = path.c_str();
+    return sx_load_optim_state(g, &lo);
+}
+
+sx_status_t ignore_state(sx_param_state_t *, void *) { return SX_OK; }
+
+// The calls a rank can be in, each as the public API makes it; `dir` holds a checkpoint
+// "ck" both can load.
+enum Call { kStep, kSyncSave, kAsyncSave, kLoad, kBroadcast, kAccumulate, kGatherState, kCalls };
+const char *const kNames[kCalls] = {"sx_step",          "sx_save_optim_state", "sx_save_optim_state",
+                                    "sx_load_optim_state", "sx_broadcast_params", "sx_accumulate_grads",
+                                    "sx_gather_optim_state (root 0)"};
+
+sx_status_t call(sx_shard_group_t *g, Call c, const std::string &dir, int tag) {
+    sx_status_t s = SX_OK;
+    switch (c) {
+    case kStep: return sx_step(g, nullptr, nullptr);
+    case kSyncSave:
+    case kAsyncSave: save(g, dir + "/new-" + std::to_string(tag), c == kSyncSave, &s); return s;
+    case kLoad: return load(g, dir + "/ck");
+    case kBroadcast: return sx_broadcast_params(g, 0);
+    case kAccumulate: return sx_accumulate_grads(g);
+    case kGatherState: return sx_gather_optim_state(g, 0, ignore_state, nullptr);
+    default: return SX_ERR_INTERNAL;
+    }
+}
+
+// Rank r's side of one mismatch: in `mine` while the peer is in `theirs`; then the
+// group trains on. "" or what was wrong.
+std::string mismatched(sx_shard_group_t *g, int r, Call mine, Call theirs, const std::string &dir, int tag) {
+    const std::vector<float> before = params(g);
+    const double t0 = now();
+    const sx_status_t s = call(g, mine, dir, tag);
+    const double took = now() - t0;
+    const std::string msg = sx_last_error_message();
+    const std::string what = std::string(kNames[mine]) + " against " + kNames[theirs];
+    if (s != SX_ERR_MISMATCH) return what + ": returned " + std::to_string(s) + " (" + msg + "), not SX_ERR_MISMATCH";
+    if (took > kAtOnce) return what + ": took " + std::to_string(took) + " s";
+    const std::string want = std::string("the call: ") + kNames[r == 0 ? mine : theirs] + " on rank 0, " +
+                             kNames[r == 0 ? theirs : mine] + " on rank 1";
+    if (msg.find(want) == std::string::npos) return what + ": the message does not say \"" + want + "\": " + msg;
+    if (params(g) != before) return what + ": the params changed";
+    return "";
+}
+
+std::string ranks_in_different_calls(const std::string &rv, int r, const std::string &dir) {
+    sx_shard_group_t *g = nullptr;
+    std::string e = make_group(rv, r, &g);
+    if (e.empty()) e = step(g, 1);
+    sx_status_t s = SX_OK;
+    if (e.empty()) e = save(g, dir + "/ck", true, &s);
+    if (e.empty() && s != SX_OK) e = std::string("save: ") + sx_last_error_message();
+    int tag = 0;
+    for (int a = 0; a < kCalls && e.empty(); ++a)
+        for (int b = 0; b < kCalls && e.empty(); ++b) {
+            if (a == b || (a == kSyncSave && b == kAsyncSave) || (a == kAsyncSave && b == kSyncSave)) continue;
+            // Only pairs in which rank 0 is in sx_step or rank 1 is: every call against a step,
+            // and a few others among themselves.
+            if (a != kStep && b != kStep && !(a == kLoad && b == kSyncSave) && !(a == kBroadcast && b == kLoad))
+                continue;
+            ++tag;
+            e = mismatched(g, r, static_cast<Call>(r == 0 ? a : b), static_cast<Call>(r == 0 ? b : a), dir, tag);
+        }
+    uint64_t count = 0;
+    if (e.empty()) e = step(g, 2, &count);
+    if (e.empty() && count != 2) e = "the agreed step after the mismatches counted " + std::to_string(count);
+    sx_destroy_shard_group(g);
+    return e;
+}
+
+void test_ranks_in_different_calls(void **) {
+    const std::string dir = sxtest::make_tmpdir("headers");
+    const std::string rv = "local://headers-" + std::to_string(getpid());
+    const std::string err = sxtest::run_ranks(2, [&](int r) { return ranks_in_different_calls(rv, r, dir); });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    sxtest::remove_tree(dir);
+}
+
+// Ranks loading different checkpoints of the same shapes (steps 3 and 5): both fail at
+// once, naming each rank's checkpoint and step; nothing changes; the next step is 6.
+std::string different_checkpoints(const std::string &rv, int r, const std::string &dir) {
+    sx_shard_group_t *g = nullptr;
+    std::string e = make_group(rv, r, &g);
+    sx_status_t s = SX_OK;
+    for (int k = 1; k <= 5 && e.empty(); ++k) {
+        e = step(g, k);
+        if (e.empty() && (k == 3 || k == 5)) e = save(g, dir + "/step" + std::to_string(k), true, &s);
+        if (e.empty() && s != SX_OK) e = std::string("save: ") + sx_last_error_message();
+    }
+    if (!e.empty()) {
+        sx_destroy_shard_group(g);
+        return e;
+    }
+    const std::vector<float> before = params(g);
+    const std::string mine = dir + (r == 0 ? "/step3" : "/step5");
+    const double t0 = now();
+    s = load(g, mine);
+    const double took = now() - t0;
+    const std::string msg = sx_last_error_message();
+    if (s != SX_ERR_MISMATCH) e = "load returned " + std::to_string(s) + ": " + msg;
+    if (e.empty() && took > kAtOnce) e = "the mismatched load took " + std::to_string(took) + " s";
+    const std::string want = "the checkpoint: " + dir + "/step3 on rank 0, " + dir + "/step5 on rank 1";
+    if (e.empty() && msg.find(want) == std::string::npos) e = "the message does not name both checkpoints: " + msg;
+    if (e.empty() && params(g) != before) e = "the mismatched load changed the params";
+    uint64_t count = 0;
+    if (e.empty()) e = step(g, 6, &count);
+    if (e.empty() && count != 6) e = "the step after the refused load counted " + std::to_string(count);
+    // Both ranks loading one of them works, and sets the step count.
+    if (e.empty() && load(g, dir + "/step3") != SX_OK) e = std::string("load: ") + sx_last_error_message();
+    if (e.empty()) e = step(g, 4, &count);
+    if (e.empty() && count != 4) e = "the step after the load counted " + std::to_string(count);
+    // One rank cannot read its checkpoint: its peer fails at once with its code.
+    if (e.empty()) {
+        s = load(g, r == 0 ? dir + "/step3" : dir + "/no-such-checkpoint");
+        const std::string m = sx_last_error_message();
+        if (s != SX_ERR_NOT_FOUND) e = "a load one rank cannot read returned " + std::to_string(s) + ": " + m;
+        if (e.empty() && r == 0 && m.find("failed on rank 1") == std::string::npos)
+            e = "rank 0 is not told which rank failed: " + m;
+    }
+    sx_destroy_shard_group(g);
+    return e;
+}
+
+void test_loads_of_different_checkpoints(void **) {
+    const std::string dir = sxtest::make_tmpdir("headers-load");
+    const std::string rv = "local://headers-load-" + std::to_string(getpid());
+    const std::string err = sxtest::run_ranks(2, [&](int r) { return different_checkpoints(rv, r, dir); });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    sxtest::remove_tree(dir);
+}
+
+// The same over tcp://, ranks as processes: a step against a load, then different
+// checkpoints.
+int child_main(int argc, char **argv) {
+    sxtest::ChildArgs a;
+    if (!sxtest::parse_child_args(argc, argv, &a)) return 2;
+    const std::string dir = a.get("dir", "");
+    sx_shard_group_t *g = nullptr;
+    std::string e = make_group(a.rendezvous, a.rank, &g);
+    sx_status_t s = SX_OK;
+    if (e.empty()) e = step(g, 1);
+    if (e.empty()) e = save(g, dir + "/ck", true, &s);
+    if (e.empty() && s != SX_OK) e = std::string("save: ") + sx_last_error_message();
+    if (e.empty()) e = mismatched(g, a.rank, a.rank == 0 ? kStep : kLoad, a.rank == 0 ? kLoad : kStep, dir, 0);
+    if (e.empty()) e = step(g, 2);
+    if (e.empty()) e = save(g, dir + "/ck2", true, &s);
+    if (e.empty() && s != SX_OK) e = std::string("save: ") + sx_last_error_message();
+    if (e.empty()) {
+        const double t0 = now();
+        s = load(g, a.rank == 0 ? dir + "/ck" : dir + "/ck2");
+        if (s != SX_ERR_MISMATCH) e = std::string("different checkpoints over tcp: ") + sx_last_error_message();
+        if (e.empty() && now() - t0 > kAtOnce) e = "different checkpoints over tcp took too long";
+    }
+    sx_destroy_shard_group(g);
+    if (!e.empty()) std::fprintf(stderr, "rank %d: %s\n", a.rank, e.c_str());
+    return e.empty() ? 0 : 1;
+}
+
+void test_over_tcp_as_processes(void **) {
+    const std::string dir = sxtest::make_tmpdir("headers-tcp");
+    const std::string err = sxtest::run_process_ranks(2, {"dir", dir}, 60);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    sxtest::remove_tree(dir);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    if (sxtest::is_child(argc, argv)) return child_main(argc, argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ranks_in_different_calls),
+        cmocka_unit_test(test_loads_of_different_checkpoints),
+        cmocka_unit_test(test_over_tcp_as_processes),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
