@@ -27,6 +27,8 @@
 //                 read plans, flat and as 8-rank shard groups, with each step's time and
 //                 heap bytes, and the store traffic of Gloo's rendezvous (docs/scale.md)
 //   trace         the step timeline's cost: steps of 2 ranks traced vs not (docs/tracing.md)
+//   small_step    a step of 2 ranks with almost nothing to reduce (plain, units signalled,
+//                 micro-batches accumulated) against one all_gather of a call's header
 //   gpu_adamw     (CUDA builds) the fused AdamW kernel on the device vs a traffic-only kernel
 //                 with its memory pattern, and its bandwidth beside the device's peak;
 //                 prints that it was skipped, and why, where there is no device
@@ -73,6 +75,7 @@ const Section kSections[] = {
     {"mesh", section_mesh},
     {"scale", section_scale},
     {"trace", section_trace},
+    {"small_step", section_small_step},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
     {"gpu_step", section_gpu_step},

@@ -305,7 +305,9 @@ SX_API sx_status_t sx_destroy_shard_group(sx_shard_group_t *group);
 SX_API sx_status_t sx_trace_flush(sx_shard_group_t *group);
 
 /* Makes the group fail: collectives in flight on other threads return SX_ERR_ABORTED
- * as soon as they notice, later calls return SX_ERR_GROUP_FAILED. Any thread. */
+ * as soon as they notice, later calls return SX_ERR_GROUP_FAILED. A save in flight ends
+ * within a fraction of a second with SX_ERR_ABORTED, committing nothing, so that
+ * sx_destroy_shard_group does not wait for it. Any thread. */
 SX_API sx_status_t sx_abort(sx_shard_group_t *group);
 
 /* ---------------------------------------------------------------------------------
@@ -886,8 +888,10 @@ SX_API sx_status_t sx_future_poll(const sx_future_t *future, int32_t *done);
 /* Waits at most timeout_ms (< 0: forever). Returns SX_ERR_TIMEOUT if it is still
  * running, else the operation's own status (its text: sx_future_error_message). */
 SX_API sx_status_t sx_future_wait(sx_future_t *future, int64_t timeout_ms);
-/* Asks a running save to stop; it then fails with SX_ERR_CANCELLED on every rank and
- * commits nothing. No effect on a completed one. Any thread. */
+/* Asks a running save to stop; it ends within a fraction of a second (also while it
+ * waits for a stalled peer), fails with SX_ERR_CANCELLED on every rank that reaches the
+ * point where it hears of it, and commits nothing (the next save in that directory
+ * removes what it left). No effect on a completed one. Any thread. */
 SX_API sx_status_t sx_future_cancel(sx_future_t *future);
 /* The error text of a completed, failed operation ("" otherwise). Valid until the
  * future is destroyed. */

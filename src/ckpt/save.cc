@@ -157,13 +157,48 @@ struct SavePaths {
     }
 };
 
+// What a save's waits on its peers (through the rendezvous store) watch besides their
+// key: the future's cancellation and sx_abort, each noticed within one slice of the wait.
+struct SaveWatch {
+    const SaveFuture *future;  // null: a synchronous save
+    const core::ShardGroup *group;
+    comm::Millis timeout;  // of each wait as a whole
+};
+
+constexpr comm::Millis kWaitSlice(50);
+
+// Why the save stops now (cancelled, or the group aborted), or ok.
+Status stopped(const SaveWatch &w, const char *doing) {
+    if (w.future && w.future->cancel_requested())
+        return SX_ERROR(SX_ERR_CANCELLED, "the save was cancelled while %s", doing);
+    if (w.group->aborted()) return SX_ERROR(SX_ERR_ABORTED, "the save was stopped by sx_abort() while %s", doing);
+    return Status::Ok();
+}
+
+// store.get(key) within w.timeout, in slices, so that a cancellation or an abort ends
+// the wait at once; `who` is whom the key comes from, for the errors.
+Status await_key(comm::Store &store, const std::string &key, std::string *value, const SaveWatch &w,
+                 const char *who) {
+    const std::string doing = format("waiting for %s", who);
+    const auto deadline = std::chrono::steady_clock::now() + w.timeout;
+    for (;;) {
+        SX_TRY(stopped(w, doing.c_str()));
+        const auto left = std::chrono::duration_cast<comm::Millis>(deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0)
+            return SX_ERROR(SX_ERR_TIMEOUT, "%s did not answer within the group's timeout (%lld ms; rendezvous key '%s')",
+                            who, static_cast<long long>(w.timeout.count()), key.c_str());
+        Status s = store.get(key, value, std::min(left, kWaitSlice));
+        if (s.code() != SX_ERR_TIMEOUT) return s;
+    }
+}
+
 // Step 1 of persist: rank 0 prepares the temporary directory (clearing leftovers of
 // crashed saves) and tells the others how that went.
 Status open_save(io::FileOps &ops, comm::Store &store, const std::string &prefix, const SavePaths &at, int rank,
-                 comm::Millis timeout) {
+                 const SaveWatch &watch) {
     if (rank != 0) {
         std::string v;
-        SX_TRY(store.get(prefix + "start", &v, timeout));
+        SX_TRY(await_key(store, prefix + "start", &v, watch, "rank 0 to open the save"));
         return decode_status(v, "rank 0");
     }
     Status st = [&]() -> Status {
@@ -183,8 +218,8 @@ Status open_save(io::FileOps &ops, comm::Store &store, const std::string &prefix
 // Step 2: writes this rank's shard file from staging (`data`), each piece once `staged`
 // says it is there, then its index (its chunks with their CRCs), and fsyncs it.
 Status write_shard(io::FileOps &ops, const Snapshot &snap, const char *data, const std::string &file,
-                   SaveFuture *progress, ProgressLog *progress_log, StagedBytes *staged, FileIndex *index,
-                   trace::Tracer *tracer) {
+                   SaveFuture *progress, const SaveWatch &watch, ProgressLog *progress_log, StagedBytes *staged,
+                   FileIndex *index, trace::Tracer *tracer) {
     SX_TRACE_SPAN(tracer, "ckpt", "save.write", trace::kNoUnit, snap.plan.file_bytes, file.c_str());
     int fd = -1;
     SX_TRY(ops.open_write(file, &fd));
@@ -196,10 +231,8 @@ Status write_shard(io::FileOps &ops, const Snapshot &snap, const char *data, con
     const uint64_t piece = 64ull << 20;
     Status w;
     for (uint64_t off = 0; off < snap.plan.file_bytes && w.ok(); off += piece) {
-        if (progress && progress->cancel_requested()) {
-            w = SX_ERROR(SX_ERR_CANCELLED, "the save was cancelled");
-            break;
-        }
+        w = stopped(watch, "writing its shard file");
+        if (!w.ok()) break;
         const uint64_t n = std::min(piece, snap.plan.file_bytes - off);
         w = staged->wait(off + n);
         if (w.ok()) w = ops.pwrite_all(fd, data + off, n, off, file);
@@ -243,11 +276,11 @@ std::string encode_report(const Status &st, const FileIndex *index) {
 // Step 3, on rank 0: every rank's report; the writers' (ranks [0, shard_size), which
 // wrote file r) file names and indexes go into *m.
 Status gather_file_indexes(comm::Store &store, const std::string &prefix, int world_size, int shard_size,
-                           comm::Millis timeout, Manifest *m) {
+                           const SaveWatch &watch, Manifest *m) {
     for (int r = 0; r < world_size; ++r) {
         std::string v;
-        SX_TRY(store.get(prefix + format("rank/%d", r), &v, timeout));
         const std::string who = format("rank %d", r);
+        SX_TRY(await_key(store, prefix + format("rank/%d", r), &v, watch, (who + "'s report").c_str()));
         SX_TRY(decode_status(v, who.c_str()));
         const size_t head = sizeof(int32_t) + std::strlen(v.c_str() + sizeof(int32_t)) + 1;
         const size_t expected = r < shard_size ? sizeof(FileIndex) : 0;
@@ -475,29 +508,39 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
                                     snap.writer ? format("shard file %d of %d", snap.shard_rank, snap.shard_size).c_str()
                                                 : "a replica: no file of its own"));
 
+    const SaveWatch watch{progress, group_, timeout};
+    Status opened;
     {
         // Rank 0 clears what crashed saves left and makes the directory; the others wait for it.
         SX_TRACE_SPAN(tracer, "ckpt", "save.open");
-        SX_TRY(open_save(ops, store, prefix, at, snap.rank, timeout));
+        opened = open_save(ops, store, prefix, at, snap.rank, watch);
     }
     FileIndex index;
-    Status written;
-    if (snap.writer) {
+    Status written = opened;
+    if (opened.ok() && snap.writer) {
         const std::string file = at.tmp_dir + "/" + shard_file_name(snap.shard_rank, snap.shard_size);
-        written = write_shard(ops, snap, static_cast<const char *>(staging_.data()), file, progress, &progress_log,
-                              staged, &index, tracer);
-    } else {
-        written = Status::Ok();  // another replica group's rank writes this shard
+        written = write_shard(ops, snap, static_cast<const char *>(staging_.data()), file, progress, watch,
+                              &progress_log, staged, &index, tracer);
     }
-    SX_TRY(store.set(prefix + format("rank/%d", snap.rank), encode_report(written, snap.writer ? &index : nullptr)));
+    // Every rank reports, also one that was stopped while waiting for rank 0 to open the
+    // save (rank 0 may have gone on), so that rank 0 does not wait for it; a failure to
+    // open was rank 0's, which reports it as the save's result.
+    const bool stopped_early = opened.code() == SX_ERR_CANCELLED || opened.code() == SX_ERR_ABORTED;
+    if ((snap.rank != 0 && (opened.ok() || stopped_early)) || (snap.rank == 0 && opened.ok()))
+        SX_TRY(store.set(prefix + format("rank/%d", snap.rank), encode_report(written, snap.writer ? &index : nullptr)));
+    if (!opened.ok() && snap.rank == 0) {
+        store.set(prefix + "result", encode_status(opened));
+        return opened;
+    }
 
     // Rank 0 gathers every rank's file index, writes MANIFEST and commits; the others
     // wait for its word.
     if (snap.rank != 0) {
+        SX_TRY(written);
         std::string v;
         {
             SX_TRACE_SPAN(tracer, "ckpt", "save.wait_commit");
-            SX_TRY(store.get(prefix + "result", &v, timeout));
+            SX_TRY(await_key(store, prefix + "result", &v, watch, "rank 0 to commit the save"));
         }
         SX_TRY(decode_status(v, "rank 0"));
         progress_log.finish("committed by rank 0");
@@ -506,7 +549,8 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
     Status result = [&]() -> Status {
         SX_TRACE_SPAN(tracer, "ckpt", "save.commit");
         Manifest m = snap.skeleton;
-        SX_TRY(gather_file_indexes(store, prefix, snap.world_size, snap.shard_size, timeout, &m));
+        SX_TRY(written);
+        SX_TRY(gather_file_indexes(store, prefix, snap.world_size, snap.shard_size, watch, &m));
         SX_TRY(check_files_present(ops, at.tmp_dir, m));
         return commit_directory(ops, m, at, snap.options.keep_last);
     }();

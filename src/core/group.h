@@ -333,6 +333,8 @@ class ShardGroup {
     // SX_ERR_GROUP_FAILED with the first failure's message (or saying sx_abort() was
     // called), or ok.
     Status check_usable() const;
+    // Whether sx_abort() was called. Any thread.
+    bool aborted() const { return aborted_.load(); }
 
   private:
     struct Unit {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -703,6 +704,96 @@ void test_a_failure_on_one_rank_changes_nothing_on_any(void **) {
     a_failure_on_one_rank_changes_nothing_on_any(false);
 }
 
+// File operations whose open_write blocks until released: a rank stalled in the middle
+// of a save, as a stopped process would be.
+class StallingFileOps : public sx::io::FaultFileOps {
+  public:
+    StallingFileOps() : FaultFileOps(sx::io::posix_file_ops()) {}
+    sx::Status open_write(const std::string &path, int *fd) override {
+        std::unique_lock<std::mutex> lock(mu_);
+        entered_ = true;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return released_; });
+        lock.unlock();
+        return FaultFileOps::open_write(path, fd);
+    }
+    void wait_entered() {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return entered_; });
+    }
+    void release() {
+        std::lock_guard<std::mutex> lock(mu_);
+        released_ = true;
+        cv_.notify_all();
+    }
+
+  private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool entered_ = false, released_ = false;
+};
+
+// A peer stalls in the middle of an asynchronous save (rank 1 cannot open its shard
+// file) while rank 0 waits for its report, with a timeout of 30 s: cancelling rank 0's
+// future ends its save within 1 s with SX_ERR_CANCELLED, and sx_abort with
+// SX_ERR_ABORTED, after which destroying the group returns within 1 s. Nothing is
+// committed, and the next save in the directory clears what this one left.
+void test_a_stalled_peer_does_not_hold_a_save(void **) {
+    for (const bool abort : {false, true}) {
+        const std::string dir = make_tmpdir();
+        auto stalling = std::make_shared<StallingFileOps>();
+        std::string err = run_ranks(2, [&](int r) -> std::string {
+            Rank rk;
+            std::string e = setup(std::string("local://ck-stall-") + (abort ? "abort" : "cancel"), r, 2, false, &rk);
+            if (!e.empty()) return e;
+            init_params(rk);
+            e = train(rk, 1, 1);
+            if (!e.empty()) return e;
+            auto *ck = new sx::ckpt::Checkpointer(rk.g, r == 1 ? std::shared_ptr<sx::io::FileOps>(stalling)
+                                                                : sx::io::posix_file_ops());
+            sx::ckpt::SaveOptions so;
+            so.path = dir + "/stalled";
+            std::shared_ptr<sx::ckpt::SaveFuture> f;
+            sx::Status s = ck->save_async(so, nullptr, &f);
+            if (!s.ok()) e = "save_async: " + s.message();
+            if (e.empty() && r == 0) {
+                stalling->wait_entered();
+                std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0 waits for rank 1's report
+                const auto t0 = std::chrono::steady_clock::now();
+                if (abort) {
+                    sx_abort(rk.h);
+                } else {
+                    f->request_cancel();
+                }
+                if (!f->wait(std::chrono::milliseconds(10000))) e = "the save did not end";
+                const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                const sx_status_t want = abort ? SX_ERR_ABORTED : SX_ERR_CANCELLED;
+                if (e.empty() && f->status().code() != want)
+                    e = "the save ended with " + std::to_string(f->status().code()) + ": " + f->status().message();
+                if (e.empty() && took > 1.0) e = "the save took " + std::to_string(took) + " s to end";
+                const auto t1 = std::chrono::steady_clock::now();
+                delete ck;
+                ck = nullptr;
+                sx_destroy_shard_group(rk.h);
+                const double gone = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+                if (e.empty() && gone > 1.0) e = "destroying the group took " + std::to_string(gone) + " s";
+                stalling->release();
+                return e;
+            }
+            if (!e.empty()) stalling->release();
+            // Rank 1, released once rank 0 is done: its save fails (rank 0 stopped it).
+            if (e.empty() && (!f->wait(std::chrono::milliseconds(30000)) || f->status().ok()))
+                e = "rank 1's save did not fail";
+            delete ck;
+            sx_destroy_shard_group(rk.h);
+            return e;
+        });
+        if (!err.empty()) fail_msg("%s: %s", abort ? "abort" : "cancel", err.c_str());
+        assert_false(file_exists(dir + "/stalled/MANIFEST"));
+        remove_tree(dir);
+    }
+}
+
 // Two ranks given different parent directories for one save (rank 1's has a crashed
 // save's leftover it could write into): the call's header names both paths, both ranks
 // fail at once, and neither parent gets a checkpoint or a `latest`.
@@ -1323,6 +1414,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_only_regular_files_are_read),
         cmocka_unit_test(test_a_failure_on_one_rank_changes_nothing_on_any),
         cmocka_unit_test(test_ranks_saving_to_different_paths_commit_nothing),
+        cmocka_unit_test(test_a_stalled_peer_does_not_hold_a_save),
         cmocka_unit_test(test_a_failed_file_call_at_every_point_of_a_load),
         cmocka_unit_test(test_an_exception_while_reading_fails_the_load),
         cmocka_unit_test(test_crash_at_every_io_call),

@@ -1,0 +1,159 @@
+// bench_sx section small_step: what a step costs where there is almost nothing to reduce
+// or update, so that the ranks' own exchanges (each call's header, the round's end) are
+// what is timed. Two ranks as threads over local:// (Gloo over loopback TCP), SGD on
+// three units of 256 fp32 each; per kind of step, every rank takes 100 untimed steps
+// and then `reps` x 100 timed ones, and the median over repetitions of rank 0's time per
+// step is reported. Kinds: a plain sx_step; the units signalled ready one by one
+// (sx_unit_grads_ready) before sx_step; a micro-batch folded by sx_accumulate_grads
+// before the step. Its ceiling is one small all_gather of Gloo, timed the same way on a
+// communicator of the same ranks: the ratio step / all_gather is how many such round
+// trips a step costs.
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_util.h"
+#include "comm/communicator.h"
+#include "comm/rendezvous.h"
+#include "comm/stores.h"
+
+namespace sxbench {
+namespace {
+
+constexpr int kUnits = 3;
+constexpr int64_t kUnitNumel = 256;
+constexpr int kSteps = 100;  // per repetition
+
+enum Kind { kPlain, kSignalled, kAccumulated, kKinds };
+const char *const kKindNames[kKinds] = {"sx_step", "signalled+step", "accumulate+step"};
+
+sx_shard_group_t *make(const std::string &url, int rank) {
+    sx_group_config_t cfg;
+    sx_group_config_init(&cfg, sizeof cfg);
+    cfg.backend = SX_BACKEND_CPU;
+    cfg.rendezvous = url.c_str();
+    cfg.rank = rank;
+    cfg.world_size = 2;
+    cfg.num_threads = 1;
+    sx_shard_group_t *g = nullptr;
+    if (sx_create_shard_group(&cfg, &g) != SX_OK) return nullptr;
+    sx_param_group_desc_t pg;
+    sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_SGD);
+    pg.lr = 1e-3;
+    bool ok = sx_add_param_group(g, &pg, nullptr) == SX_OK;
+    for (int u = 0; u < kUnits && ok; ++u) {
+        const std::string name = "u" + std::to_string(u);
+        sx_param_desc_t d;
+        sx_param_desc_init(&d, sizeof d);
+        d.name = name.c_str();
+        d.ndim = 1;
+        d.shape = &kUnitNumel;
+        d.unit = u;
+        ok = sx_add_param(g, &d, nullptr) == SX_OK;
+    }
+    if (!ok || sx_finalize(g) != SX_OK) {
+        sx_destroy_shard_group(g);
+        return nullptr;
+    }
+    return g;
+}
+
+bool one_step(sx_shard_group_t *g, Kind kind) {
+    if (kind == kAccumulated && sx_accumulate_grads(g) != SX_OK) return false;
+    if (kind == kSignalled)
+        for (int u = kUnits - 1; u >= 0; --u)
+            if (sx_unit_grads_ready(g, u, nullptr) != SX_OK) return false;
+    return sx_step(g, nullptr, nullptr) == SX_OK;
+}
+
+// Seconds per step of each repetition, on each rank (rank 0's kept).
+bool time_steps(Kind kind, int reps, std::vector<double> *per_step) {
+    const std::string url = std::string("local://bench-small-step-") + kKindNames[kind];
+    Barrier barrier(2);
+    std::vector<double> times[2];
+    bool ok[2] = {false, false};
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+        ranks.emplace_back([&, r] {
+            sx_shard_group_t *g = make(url, r);
+            bool good = g != nullptr;
+            for (int s = 0; s < kSteps && good; ++s) good = one_step(g, kind);
+            for (int rep = 0; rep < reps && good; ++rep) {
+                barrier.wait();
+                const double t0 = now_seconds();
+                for (int s = 0; s < kSteps && good; ++s) good = one_step(g, kind);
+                times[r].push_back((now_seconds() - t0) / kSteps);
+            }
+            if (!good) std::fprintf(stderr, "small_step rank %d: %s\n", r, sx_last_error_message());
+            ok[r] = good;
+            sx_destroy_shard_group(g);
+        });
+    for (std::thread &t : ranks) t.join();
+    *per_step = times[0];
+    return ok[0] && ok[1];
+}
+
+// Seconds per all_gather of five words (a header's size) on a Gloo communicator of two
+// ranks over local://.
+bool time_all_gather(int reps, std::vector<double> *per_call) {
+    Barrier barrier(2);
+    std::vector<double> times[2];
+    bool ok[2] = {false, false};
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+        ranks.emplace_back([&, r] {
+            sx::comm::Rendezvous rv;
+            std::shared_ptr<sx::comm::Store> store;
+            std::unique_ptr<sx::comm::Communicator> c;
+            bool good = sx::comm::parse_rendezvous("local://bench-small-step-gloo", r, 2, &rv).ok() &&
+                        sx::comm::open_store(rv, sx::comm::Millis(60000), &store).ok();
+            sx::comm::GlooOptions o;
+            o.bind_address = "127.0.0.1";
+            good = good && sx::comm::create_gloo_communicator(store, r, 2, o, &c).ok();
+            uint64_t words[10] = {};
+            for (int s = 0; s < kSteps && good; ++s) good = c->all_gather(words, 5 * sizeof(uint64_t)).ok();
+            for (int rep = 0; rep < reps && good; ++rep) {
+                barrier.wait();
+                const double t0 = now_seconds();
+                for (int s = 0; s < kSteps && good; ++s) good = c->all_gather(words, 5 * sizeof(uint64_t)).ok();
+                times[r].push_back((now_seconds() - t0) / kSteps);
+            }
+            ok[r] = good;
+        });
+    for (std::thread &t : ranks) t.join();
+    *per_call = times[0];
+    return ok[0] && ok[1];
+}
+
+}  // namespace
+
+int section_small_step(const Options &opt) {
+    std::printf("small_step: 2 ranks (threads, local://), SGD on %d units of %lld fp32; %d reps of %d steps; "
+                "median over reps of rank 0's time per step, and per step / one all_gather of a header's 5 words\n",
+                kUnits, static_cast<long long>(kUnitNumel), opt.reps, kSteps);
+    std::vector<double> gather;
+    if (!time_all_gather(opt.reps, &gather)) {
+        std::fprintf(stderr, "small_step: the all_gather ceiling failed\n");
+        return 1;
+    }
+    const double g = median(gather);
+    std::printf("%-16s %10s %12s\n", "step", "us/step", "x all_gather");
+    std::printf("%-16s %10.1f %12.2f\n", "all_gather (5w)", g * 1e6, 1.0);
+    std::vector<std::string> json;
+    for (int k = 0; k < kKinds; ++k) {
+        std::vector<double> t;
+        if (!time_steps(static_cast<Kind>(k), opt.reps, &t)) return 1;
+        const double m = median(t);
+        std::printf("%-16s %10.1f %12.2f\n", kKindNames[k], m * 1e6, m / g);
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "{\"bench\":\"small_step\",\"step\":\"%s\",\"reps\":%d,\"us_per_step\":%.2f,"
+                      "\"all_gather_us\":%.2f,\"ratio_vs_all_gather\":%.3f}",
+                      kKindNames[k], opt.reps, m * 1e6, g * 1e6, m / g);
+        json.push_back(line);
+    }
+    for (const std::string &l : json) std::printf("%s\n", l.c_str());
+    return 0;
+}
+
+}  // namespace sxbench
