@@ -288,7 +288,8 @@ SX_API sx_status_t sx_group_config_init(sx_group_config_t *config, size_t size);
 /* Creates this rank's handle of a shard group and connects to the other ranks.
  * Collective: blocks until every rank has joined or config->timeout_ms passes.
  * config is borrowed for the call. On success *out owns the group; release it with
- * sx_destroy_shard_group. On failure *out is set to NULL. SX_BACKEND_CUDA without a
+ * sx_destroy_shard_group. On failure *out is set to NULL. Ranks that pass different
+ * world sizes fail at once with SX_ERR_MISMATCH naming each size. SX_BACKEND_CUDA without a
  * CUDA device or driver, or in a build without CUDA: SX_ERR_UNSUPPORTED saying which;
  * a device_ordinal that names no device: SX_ERR_INVALID_ARGUMENT. */
 SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_shard_group_t **out);

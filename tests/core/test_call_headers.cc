@@ -4,8 +4,8 @@
 // fails with SX_ERR_MISMATCH naming each rank's call, in well under a second with a
 // timeout of 20; ranks loading different checkpoints fail naming each one's checkpoint
 // and step, and nothing changes; a rank that cannot read its checkpoint fails its peers
-// at once. Ranks as threads over local:// and as processes over tcp://, and the group
-// goes on training afterwards.
+// at once; ranks that disagree on the world size fail at creation. Ranks as threads over
+// local:// and as processes over tcp://, and the group goes on training afterwards.
 #include <unistd.h>
 
 #include <chrono>
@@ -245,6 +245,38 @@ void test_loads_of_different_checkpoints(void **) {
     sxtest::remove_tree(dir);
 }
 
+// Ranks that disagree on the world size at sx_create_shard_group (2 on rank 0, 3 on rank
+// 1) both fail at once, naming both sizes, over local:// and tcp://.
+void test_world_sizes_that_differ(void **) {
+    for (const std::string &url : {"local://headers-world-" + std::to_string(getpid()),
+                                   "tcp://127.0.0.1:" + std::to_string(sxtest::free_port())}) {
+        std::string msgs[2];
+        const std::string err = sxtest::run_ranks(2, [&](int r) -> std::string {
+            sx_group_config_t cfg;
+            sx_group_config_init(&cfg, sizeof cfg);
+            cfg.backend = SX_BACKEND_CPU;
+            cfg.rendezvous = url.c_str();
+            cfg.rank = r;
+            cfg.world_size = r == 0 ? 2 : 3;
+            cfg.num_threads = 1;
+            cfg.timeout_ms = kTimeoutMs;
+            sx_shard_group_t *g = nullptr;
+            const double t0 = now();
+            const sx_status_t s = sx_create_shard_group(&cfg, &g);
+            const double took = now() - t0;
+            msgs[r] = sx_last_error_message();
+            sx_destroy_shard_group(g);
+            if (s != SX_ERR_MISMATCH) return "create returned " + std::to_string(s) + ": " + msgs[r];
+            if (took > kAtOnce) return "create took " + std::to_string(took) + " s";
+            return "";
+        });
+        if (!err.empty()) fail_msg("%s: %s", url.c_str(), err.c_str());
+        for (const std::string &m : msgs)
+            if (m.find("world_size: 2 on rank 0, 3 on rank 1") == std::string::npos)
+                fail_msg("%s: the message does not name both sizes: %s", url.c_str(), m.c_str());
+    }
+}
+
 // The same over tcp://, ranks as processes: a step against a load, then different
 // checkpoints.
 int child_main(int argc, char **argv) {
@@ -287,6 +319,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_ranks_in_different_calls),
         cmocka_unit_test(test_loads_of_different_checkpoints),
         cmocka_unit_test(test_over_tcp_as_processes),
+        cmocka_unit_test(test_world_sizes_that_differ),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
