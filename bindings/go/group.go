@@ -533,7 +533,24 @@ type StepOptions struct {
 	// rank sets a Weight (finite, >= 0) or none does (nil: each rank's gradients are its
 	// mean, averaged over the ranks).
 	Weight *float64
+	// What gradients holding inf or NaN do (every rank the same); the zero value is
+	// NonFiniteDefault.
+	NonFinite NonFiniteMode
 }
+
+// NonFiniteMode says what gradients holding inf or NaN do at a step.
+type NonFiniteMode int32
+
+const (
+	// Where the step needs the global norm first (clipping, dynamic loss scaling), a
+	// non-finite norm skips the step on every rank; otherwise the update runs and inf/NaN
+	// reach the params, as in torch.
+	NonFiniteDefault NonFiniteMode = 0
+	// The norm is always taken first, and a non-finite one skips the step.
+	NonFiniteSkip NonFiniteMode = 1
+	// As NonFiniteSkip, and Step then returns an error with ErrNonFinite.
+	NonFiniteError NonFiniteMode = 2
+)
 
 // UnitReadyOptions of UnitGradsReady. Zero values are the defaults.
 type UnitReadyOptions struct {
@@ -570,8 +587,9 @@ func (g *ShardGroup) ReleaseUnit(unit int32) error {
 type StepResult struct {
 	GradNorm  float64
 	Step      uint64
-	Skipped   bool    // dynamic loss scaling found inf/NaN gradients and skipped the step
+	Skipped   bool    // skipped: inf/NaN gradients where they were checked, or no rank had data
 	LossScale float64 // what to multiply the next losses by (1 without loss scaling)
+	NonFinite bool    // the gradients' global norm was inf or NaN
 }
 
 // Step (collective) averages the gradients over ranks, clips, updates and gathers.
@@ -588,13 +606,14 @@ func (g *ShardGroup) Step(opts *StepOptions) (StepResult, error) {
 		if opts.Weight != nil {
 			o.weighted, o.weight = 1, C.double(*opts.Weight)
 		}
+		o.nonfinite = C.int32_t(opts.NonFinite)
 		op = &o
 	}
 	var r C.sx_step_result_t
 	C.sx_step_result_init(&r, C.size_t(unsafe.Sizeof(r)))
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_step(raw, op, &r) })
 	return StepResult{GradNorm: float64(r.grad_norm), Step: uint64(r.step), Skipped: r.skipped != 0,
-		LossScale: float64(r.loss_scale)}, err
+		LossScale: float64(r.loss_scale), NonFinite: r.nonfinite != 0}, err
 }
 
 // LossScalingMode says how LossScaling treats the gradients.

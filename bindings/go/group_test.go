@@ -624,6 +624,46 @@ func sameParams(t *testing.T, what string, got, want [][][]float32) {
 	}
 }
 
+func TestNonFiniteGradientsSkipOrFailTheStep(t *testing.T) {
+	g, err := NewShardGroup(config(rendezvous("nonfinite"), 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	pg := NewParamGroup(SGD)
+	pg.LR = 0.5
+	if _, err := g.AddParamGroup(pg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.AddParam(Param{Name: "w", Shape: []int64{4}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Finalize(); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := g.Param(0)
+	gr, _ := g.Grad(0)
+	for k := range w {
+		w[k] = 1
+	}
+	// Clipping checks the norm: a NaN skips the step, and says so.
+	copy(gr, []float32{1, float32(math.NaN()), 1, 1})
+	r, err := g.Step(&StepOptions{MaxGradNorm: 1})
+	if err != nil || !r.Skipped || !r.NonFinite || r.Step != 0 || w[0] != 1 {
+		t.Fatalf("a NaN with clipping: %+v, %v, w %v", r, err, w)
+	}
+	// NonFiniteError: skipped, then an error.
+	copy(gr, []float32{float32(math.Inf(1)), 1, 1, 1})
+	if _, err := g.Step(&StepOptions{NonFinite: NonFiniteError}); statusOf(err) != ErrNonFinite || w[0] != 1 {
+		t.Fatalf("an inf with NonFiniteError: %v, w %v", err, w)
+	}
+	copy(gr, []float32{1, 1, 1, 1})
+	r, err = g.Step(&StepOptions{NonFinite: NonFiniteSkip})
+	if err != nil || r.Skipped || r.NonFinite || r.Step != 1 || w[0] != 0.5 {
+		t.Fatalf("a finite step: %+v, %v, w %v", r, err, w)
+	}
+}
+
 func TestOverlapAndStage3GiveThePlainParams(t *testing.T) {
 	plain, plainPeak := pipelineRun(t, "pipe-plain", 2, 0, 2, false)
 	for _, c := range []struct {

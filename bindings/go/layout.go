@@ -107,6 +107,8 @@ func cLayouts() []structLayout {
 			f("weighted", unsafe.Offsetof(so.weighted), unsafe.Sizeof(so.weighted)),
 			f("reserved0", unsafe.Offsetof(so.reserved0), unsafe.Sizeof(so.reserved0)),
 			f("weight", unsafe.Offsetof(so.weight), unsafe.Sizeof(so.weight)),
+			f("nonfinite", unsafe.Offsetof(so.nonfinite), unsafe.Sizeof(so.nonfinite)),
+			f("reserved1", unsafe.Offsetof(so.reserved1), unsafe.Sizeof(so.reserved1)),
 		}},
 		{"sx_unit_ready_options_t", unsafe.Sizeof(ur), unsafe.Alignof(ur), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(ur.struct_size), unsafe.Sizeof(ur.struct_size)),
@@ -121,6 +123,8 @@ func cLayouts() []structLayout {
 			f("skipped", unsafe.Offsetof(sr.skipped), unsafe.Sizeof(sr.skipped)),
 			f("reserved0", unsafe.Offsetof(sr.reserved0), unsafe.Sizeof(sr.reserved0)),
 			f("loss_scale", unsafe.Offsetof(sr.loss_scale), unsafe.Sizeof(sr.loss_scale)),
+			f("nonfinite", unsafe.Offsetof(sr.nonfinite), unsafe.Sizeof(sr.nonfinite)),
+			f("reserved1", unsafe.Offsetof(sr.reserved1), unsafe.Sizeof(sr.reserved1)),
 		}},
 		{"sx_loss_scaling_t", unsafe.Sizeof(ls), unsafe.Alignof(ls), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(ls.struct_size), unsafe.Sizeof(ls.struct_size)),

@@ -80,7 +80,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_ERR_ALREADY_EXISTS": ErrAlreadyExists, "SX_ERR_UNSUPPORTED": ErrUnsupported, "SX_ERR_TIMEOUT": ErrTimeout,
 		"SX_ERR_COMM": ErrComm, "SX_ERR_GROUP_FAILED": ErrGroupFailed, "SX_ERR_IO": ErrIO, "SX_ERR_CORRUPT": ErrCorrupt,
 		"SX_ERR_VERSION": ErrVersion, "SX_ERR_ABORTED": ErrAborted, "SX_ERR_MISMATCH": ErrMismatch,
-		"SX_ERR_INTERNAL": ErrInternal, "SX_ERR_CANCELLED": ErrCancelled,
+		"SX_ERR_INTERNAL": ErrInternal, "SX_ERR_CANCELLED": ErrCancelled, "SX_ERR_NONFINITE": ErrNonFinite,
 		"SX_LOG_ERROR": LogError, "SX_LOG_WARN": LogWarn, "SX_LOG_INFO": LogInfo, "SX_LOG_DEBUG": LogDebug,
 		"SX_DTYPE_F32": int64(DtypeF32), "SX_DTYPE_F16": int64(DtypeF16), "SX_DTYPE_BF16": int64(DtypeBF16),
 		"SX_BACKEND_AUTO": int64(BackendAuto), "SX_BACKEND_CPU": int64(BackendCPU), "SX_BACKEND_CUDA": int64(BackendCUDA),
@@ -96,7 +96,9 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_LOAD_PARAMS_ONLY": LoadParamsOnly, "SX_LOAD_ALLOW_MISSING": LoadAllowMissing, "SX_LOAD_ALLOW_EXTRA": LoadAllowExtra,
 		"SX_LOSS_SCALING_NONE": int64(LossScalingNone), "SX_LOSS_SCALING_DYNAMIC": int64(LossScalingDynamic),
 		"SX_LOSS_SCALING_STATIC": int64(LossScalingStatic),
-		"SX_PREFETCH_NONE":       int64(PrefetchNone),
+		"SX_NONFINITE_DEFAULT":   int64(NonFiniteDefault), "SX_NONFINITE_SKIP": int64(NonFiniteSkip),
+		"SX_NONFINITE_ERROR": int64(NonFiniteError),
+		"SX_PREFETCH_NONE":   int64(PrefetchNone),
 	}
 	for name, v := range ours {
 		w, ok := l.Constants[name]

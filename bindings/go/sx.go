@@ -56,6 +56,7 @@ const (
 	ErrMismatch        = 15
 	ErrInternal        = 16
 	ErrCancelled       = 17
+	ErrNonFinite       = 18 // the gradients hold inf or NaN (StepOptions.NonFinite = NonFiniteError)
 )
 
 // Error is a failed sx call: its status (one of the Err* constants) and the library's

@@ -75,6 +75,7 @@ typedef int32_t sx_status_t;
 #define SX_ERR_MISMATCH 15        /* ranks disagree (param tables, trainable masks, arguments) */
 #define SX_ERR_INTERNAL 16        /* a bug in sx; please report it with the message */
 #define SX_ERR_CANCELLED 17       /* the operation was cancelled */
+#define SX_ERR_NONFINITE 18       /* gradients hold inf or NaN (sx_step with SX_NONFINITE_ERROR) (1.5) */
 
 /* Static text naming a status ("SX_ERR_TIMEOUT: ..."). Never NULL. Any thread. */
 SX_API const char *sx_status_string(sx_status_t status);
@@ -493,7 +494,27 @@ typedef struct sx_step_options {
     int32_t reserved0;
     /* With weighted: this rank's weight, finite and >= 0. */
     double weight;
+    /* What gradients holding inf or NaN do, SX_NONFINITE_* (1.5). Every rank passes the
+     * same value. */
+    int32_t nonfinite;
+    int32_t reserved1;
 } sx_step_options_t;
+
+/* sx_step_options_t.nonfinite. The gradients are checked through their global L2 norm
+ * (over every rank, after the reduction): inf or NaN anywhere makes it inf or NaN. */
+/* Where the step needs the norm before the update (max_grad_norm > 0, or dynamic loss
+ * scaling), a non-finite norm skips the step on every rank: no param, optimizer state or
+ * step count changes, the gradients are dropped, result->skipped and result->nonfinite are
+ * 1 (loss scaling also backs off). Without clipping or loss scaling nothing checks first:
+ * the update runs, as torch's optimizers do, and inf/NaN reach the params (the norm, taken
+ * in the same pass, sets result->nonfinite afterwards). */
+#define SX_NONFINITE_DEFAULT 0
+/* The norm is always taken before the update (without clipping: one more pass over the
+ * gradients) and a non-finite one skips the step, as above. */
+#define SX_NONFINITE_SKIP 1
+/* As SX_NONFINITE_SKIP, and sx_step then returns SX_ERR_NONFINITE (torch's
+ * clip_grad_norm_(error_if_nonfinite=True)); the group stays usable. */
+#define SX_NONFINITE_ERROR 2
 
 SX_API sx_status_t sx_step_options_init(sx_step_options_t *options, size_t size);
 
@@ -501,10 +522,15 @@ typedef struct sx_step_result {
     size_t struct_size;
     double grad_norm;  /* global L2 norm of the averaged gradients before clipping */
     uint64_t step;     /* number of steps taken by the group, this one included */
-    int32_t skipped;   /* 1 if dynamic loss scaling found non-finite gradients and skipped the step */
+    /* 1 if the step was skipped: non-finite gradients (see SX_NONFINITE_DEFAULT), or no
+     * rank had data (options->weighted). */
+    int32_t skipped;
     int32_t reserved0;
     /* The loss scale to multiply the next losses by (1 without loss scaling). */
     double loss_scale;
+    /* 1 if the gradients' global norm was inf or NaN (1.5). */
+    int32_t nonfinite;
+    int32_t reserved1;
 } sx_step_result_t;
 
 SX_API sx_status_t sx_step_result_init(sx_step_result_t *result, size_t size);

@@ -53,6 +53,7 @@ SX_API const char *sx_status_string(sx_status_t status) {
         case SX_ERR_MISMATCH: return "SX_ERR_MISMATCH: ranks disagree";
         case SX_ERR_INTERNAL: return "SX_ERR_INTERNAL: internal error";
         case SX_ERR_CANCELLED: return "SX_ERR_CANCELLED: the operation was cancelled";
+        case SX_ERR_NONFINITE: return "SX_ERR_NONFINITE: the gradients hold inf or NaN";
         default: return "unknown sx status";
     }
 }

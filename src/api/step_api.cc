@@ -142,6 +142,11 @@ SX_API sx_status_t sx_step(sx_shard_group_t *group, const sx_step_options_t *opt
         SX_CHECK_ARG(o.weighted == 0 || o.weighted == 1, "options->weighted is %d; it must be 0 or 1", o.weighted);
         SX_CHECK_ARG(o.reserved0 == 0, "options->reserved0 is %d; it must be 0", o.reserved0);
         SX_CHECK_ARG(o.weighted || o.weight == 0.0, "options->weight is %g but options->weighted is 0", o.weight);
+        SX_CHECK_ARG(o.nonfinite >= SX_NONFINITE_DEFAULT && o.nonfinite <= SX_NONFINITE_ERROR,
+                     "options->nonfinite is %d; it must be SX_NONFINITE_DEFAULT (0), SX_NONFINITE_SKIP (1) or "
+                     "SX_NONFINITE_ERROR (2)",
+                     o.nonfinite);
+        SX_CHECK_ARG(o.reserved1 == 0, "options->reserved1 is %d; it must be 0", o.reserved1);
         sx::core::StepOptions so;
         so.weighted = o.weighted != 0;
         so.weight = o.weight;
@@ -149,8 +154,11 @@ SX_API sx_status_t sx_step(sx_shard_group_t *group, const sx_step_options_t *opt
         so.max_grad_norm = o.max_grad_norm;
         so.keep_grads = o.keep_grads != 0;
         so.defer_gather = o.defer_gather != 0;
+        so.nonfinite = o.nonfinite;
         sx::core::StepResult r;
-        SX_TRY(g->step(so, &r));
+        const Status stepped = g->step(so, &r);
+        // A step refused for non-finite gradients (SX_NONFINITE_ERROR) still reports.
+        if (!stepped.ok() && stepped.code() != SX_ERR_NONFINITE) return stepped;
         if (result) {
             sx_step_result_t out;
             std::memset(&out, 0, sizeof out);
@@ -159,9 +167,10 @@ SX_API sx_status_t sx_step(sx_shard_group_t *group, const sx_step_options_t *opt
             out.step = r.step;
             out.skipped = r.skipped ? 1 : 0;
             out.loss_scale = r.loss_scale;
+            out.nonfinite = r.nonfinite ? 1 : 0;
             sx::api::write_output(result, out);
         }
-        return Status::Ok();
+        return stepped;
     });
 }
 

@@ -102,7 +102,8 @@ uint64_t ShardGroup::fingerprint(const Agreement &a) const {
     h = fnv1a(&a.defer_gather, sizeof a.defer_gather, h);
     h = fnv1a(a.gathered.data(), a.gathered.size(), h);
     const uint8_t weighted = a.weighted ? 1 : 0;
-    return fnv1a(&weighted, 1, h);
+    h = fnv1a(&weighted, 1, h);
+    return fnv1a(&a.nonfinite, sizeof a.nonfinite, h);
 }
 
 std::vector<Fact> ShardGroup::facts(const Agreement &a) const {
@@ -129,6 +130,7 @@ std::vector<Fact> ShardGroup::facts(const Agreement &a) const {
     if (a.defer_gather >= 0) f.push_back({"defer_gather", std::to_string(a.defer_gather)});
     if (!a.gathered.empty()) f.push_back({"the units gathered (stage 3)", unit_set_text(a.gathered)});
     f.push_back({"weighted", a.weighted ? "1" : "0"});
+    if (a.nonfinite >= 0) f.push_back({"nonfinite", std::to_string(a.nonfinite)});
     return f;
 }
 

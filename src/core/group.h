@@ -84,6 +84,7 @@ struct StepOptions {
     // Stages 1 and 2: return after the update; the params are all-gathered in the
     // background, unit by unit (unit_gather waits for one).
     bool defer_gather = false;
+    int nonfinite = SX_NONFINITE_DEFAULT;  // SX_NONFINITE_*
 };
 
 struct StepResult {
@@ -91,6 +92,7 @@ struct StepResult {
     uint64_t step = 0;
     bool skipped = false;
     double loss_scale = 1.0;  // for the next losses
+    bool nonfinite = false;   // the norm was inf or NaN
 };
 
 struct MemoryStats {
@@ -119,6 +121,7 @@ struct Agreement {
     int defer_gather = -1;           // 0 or 1 at a step or accumulate_grads; -1: not part
     std::vector<uint8_t> gathered;   // stage 3, at a step or accumulate_grads: per unit, held gathered
     bool weighted = false;           // the step's reduction is weighted (uneven inputs)
+    int nonfinite = -1;              // at a step: options.nonfinite; -1: not part
     // The group's settings when the agreement was made (a reduction channel compares them
     // later, while the trainer may already be changing a learning rate for the step).
     std::vector<optim::Hyper> hypers;  // per param group

@@ -199,14 +199,14 @@ Status ShardGroup::reduce_for_step(const StepOptions &options, double *weight_su
     // their agreement, so the norm is known here. The ranks' weights are summed either way.
     const double weight = options.weighted ? options.weight : 1.0;
     const int defer = options.defer_gather ? 1 : 0;
-    if (!round_.open)
-        return reduce_here(
-            step_agreement("sx_step", candidate_mask(), options.max_grad_norm, defer, options.weighted), false,
-            weight, weight_sum);
+    Agreement a = step_agreement("sx_step", round_.open ? std::vector<uint8_t>{} : candidate_mask(),
+                                 options.max_grad_norm, defer, options.weighted);
+    a.nonfinite = options.nonfinite;
+    if (!round_.open) return reduce_here(a, false, weight, weight_sum);
     SX_CHECK(!round_.accumulate, SX_ERR_INVALID_STATE,
              "the units signalled ready in this micro-batch said that sx_accumulate_grads ends it "
              "(accumulate = 1), not sx_step");
-    SX_TRY(close_round(step_agreement("sx_step", {}, options.max_grad_norm, defer, options.weighted), weight, sumsq,
+    SX_TRY(close_round(std::move(a), weight, sumsq,
                        weight_sum));
     *have_sumsq = true;
     return Status::Ok();
@@ -250,7 +250,10 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     //    over the ranks, or over the ranks' weights (the gradients are then sums).
     const bool dynamic = scaling_.mode == SX_LOSS_SCALING_DYNAMIC;
     const double divisor = weight_sum * scaler_.scale;  // the scale is 1 without scaling
-    const bool norm_first = have_sumsq || options.max_grad_norm > 0 || dynamic;
+    // Non-finite gradients are checked where the norm comes first: clipping and dynamic
+    // loss scaling need it, and options.nonfinite may ask for it (docs: SX_NONFINITE_*).
+    const bool checked = options.max_grad_norm > 0 || dynamic || options.nonfinite != SX_NONFINITE_DEFAULT;
+    const bool norm_first = have_sumsq || checked;
     double norm = 0.0, coef = 1.0;
     if (norm_first) {
         if (!have_sumsq) SX_TRY(global_norm(&sumsq));
@@ -258,13 +261,20 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
         // gradients; a weighted step's average has the weights' sum for the rank count.
         norm = std::sqrt(sumsq);
         if (options.weighted) norm *= static_cast<double>(world_size_) / weight_sum;
-        if (dynamic && !std::isfinite(norm)) {
-            // torch.cuda.amp.GradScaler: skip the step, back off, restart the growth count.
-            // Every rank saw the same sum, so every rank skips.
-            scaler_.scale *= scaling_.backoff_factor;
-            scaler_.growth_tracker = 0;
+        if (checked && !std::isfinite(norm)) {
+            // Every rank saw the same sum, so every rank skips. Dynamic loss scaling, as
+            // torch.cuda.amp.GradScaler: back off, restart the growth count.
+            if (dynamic) {
+                scaler_.scale *= scaling_.backoff_factor;
+                scaler_.growth_tracker = 0;
+            }
             SX_TRY(finish_step(options.keep_grads));
             report_step(norm, true, result);
+            if (options.nonfinite == SX_NONFINITE_ERROR)
+                return SX_ERROR(SX_ERR_NONFINITE,
+                                "the gradients' global norm is %g: they hold inf or NaN (after the reduction over "
+                                "the ranks); the step was skipped on every rank, and the gradients dropped",
+                                norm);
             return Status::Ok();
         }
         coef = clip_coefficient(norm, options.max_grad_norm);
@@ -436,6 +446,7 @@ void ShardGroup::report_step(double grad_norm, bool skipped, StepResult *result)
     result->step = steps_;
     result->skipped = skipped;
     result->loss_scale = scaler_.scale;
+    result->nonfinite = !std::isfinite(grad_norm);
 }
 
 }  // namespace core

@@ -3,10 +3,12 @@
 // param groups, 3 micro-batches, clipping; freezing and unfreezing mid-run.
 #include "sx_cmocka.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -171,6 +173,102 @@ void test_the_default_step_leaves_zero_gradients(void **) {
     }
 }
 
+// A NaN in one rank's gradient. Checked (clipping, SX_NONFINITE_SKIP, SX_NONFINITE_ERROR):
+// every rank skips the step, reports it (skipped, nonfinite), keeps its params, and the
+// step count stays; ERROR also returns SX_ERR_NONFINITE, and the group goes on. Unchecked
+// (no clipping, the default): the update runs and NaN reaches that param, as in torch,
+// and nonfinite says so. Ranks that pass different `nonfinite` fail with SX_ERR_MISMATCH.
+void test_nonfinite_gradients(void **) {
+    for (int stage : {1, 2, 3}) {
+        const std::string rv = "local://nonfinite-" + std::to_string(getpid()) + "-" + std::to_string(stage);
+        const std::string err = sxtest::run_ranks(2, [&](int rank) -> std::string {
+            sx_group_config_t cfg;
+            sx_group_config_init(&cfg, sizeof cfg);
+            cfg.backend = SX_BACKEND_CPU;
+            cfg.rendezvous = rv.c_str();
+            cfg.rank = rank, cfg.world_size = 2, cfg.stage = stage, cfg.num_threads = 1;
+            sx_shard_group_t *g = nullptr;
+            if (sx_create_shard_group(&cfg, &g) != SX_OK) return sx_last_error_message();
+            std::string e;
+            sx_param_group_desc_t adamw;
+            sx_param_group_desc_init(&adamw, sizeof adamw, SX_OPTIM_ADAMW);
+            const int64_t n = 1001;
+            sx_param_desc_t d;
+            sx_param_desc_init(&d, sizeof d);
+            d.name = "w", d.ndim = 1, d.shape = &n;
+            if (sx_add_param_group(g, &adamw, nullptr) != SX_OK || sx_add_param(g, &d, nullptr) != SX_OK ||
+                sx_finalize(g) != SX_OK)
+                e = sx_last_error_message();
+            // Stage 3: the param is gathered around each use.
+            auto values = [&](bool grad) -> std::vector<float> {
+                if (stage == 3) sx_unit_gather(g, 0);
+                sx_view_t v;
+                sx_view_init(&v, sizeof v);
+                (grad ? sx_grad_view : sx_param_view)(g, 0, &v);
+                std::vector<float> out(static_cast<const float *>(v.data), static_cast<const float *>(v.data) + v.numel);
+                if (stage == 3) sx_unit_release(g, 0);
+                return out;
+            };
+            auto step = [&](bool nan, double max_norm, int32_t mode, sx_step_result_t *res) -> sx_status_t {
+                if (stage == 3) sx_unit_gather(g, 0);
+                sx_view_t v;
+                sx_view_init(&v, sizeof v);
+                sx_grad_view(g, 0, &v);
+                for (uint64_t k = 0; k < v.numel; ++k) static_cast<float *>(v.data)[k] = 0.01f * ((k % 7) + 1);
+                if (nan && rank == 1) static_cast<float *>(v.data)[500] = NAN;
+                if (stage == 3) sx_unit_release(g, 0);
+                sx_step_options_t o;
+                sx_step_options_init(&o, sizeof o);
+                o.max_grad_norm = max_norm;
+                o.nonfinite = mode;
+                sx_step_result_init(res, sizeof *res);
+                return sx_step(g, &o, res);
+            };
+            sx_step_result_t r;
+            if (e.empty() && step(false, 1.0, SX_NONFINITE_DEFAULT, &r) != SX_OK) e = sx_last_error_message();
+            uint64_t count = 1;
+            struct Case {
+                double max_norm;
+                int32_t mode;
+                sx_status_t want;
+            };
+            for (const Case c : {Case{1.0, SX_NONFINITE_DEFAULT, SX_OK}, Case{0.0, SX_NONFINITE_SKIP, SX_OK},
+                                 Case{0.0, SX_NONFINITE_ERROR, SX_ERR_NONFINITE}}) {
+                if (!e.empty()) break;
+                const std::string what = "clip " + std::to_string(c.max_norm) + ", mode " + std::to_string(c.mode);
+                const std::vector<float> before = values(false);
+                const sx_status_t s = step(true, c.max_norm, c.mode, &r);
+                const std::string msg = sx_last_error_message();
+                if (s != c.want) e = what + ": returned " + std::to_string(s) + ": " + msg;
+                else if (!r.skipped || !r.nonfinite || r.step != count)
+                    e = what + ": skipped " + std::to_string(r.skipped) + ", nonfinite " + std::to_string(r.nonfinite) +
+                        ", step " + std::to_string(r.step);
+                else if (values(false) != before) e = what + ": the params changed";
+                else if (s != SX_OK && msg.find("inf or NaN") == std::string::npos) e = what + ": " + msg;
+                else if (step(false, c.max_norm, c.mode, &r) != SX_OK || r.step != ++count || r.skipped || r.nonfinite)
+                    e = what + ": the next step did not go on: " + sx_last_error_message();
+            }
+            // Unchecked: the update runs; the NaN reaches the param, and nonfinite says so.
+            if (e.empty()) {
+                const sx_status_t s = step(true, 0.0, SX_NONFINITE_DEFAULT, &r);
+                const std::vector<float> after = values(false);
+                if (s != SX_OK || r.skipped || !r.nonfinite || !std::isnan(after[500]))
+                    e = "unchecked: status " + std::to_string(s) + ", skipped " + std::to_string(r.skipped) +
+                        ", nonfinite " + std::to_string(r.nonfinite);
+            }
+            // Ranks that pass different modes are told.
+            if (e.empty()) {
+                const sx_status_t s = step(false, 0.0, rank == 0 ? SX_NONFINITE_SKIP : SX_NONFINITE_DEFAULT, &r);
+                if (s != SX_ERR_MISMATCH || !std::strstr(sx_last_error_message(), "nonfinite"))
+                    e = std::string("different modes: ") + sx_last_error_message();
+            }
+            sx_destroy_shard_group(g);
+            return e;
+        });
+        if (!err.empty()) fail_msg("stage %d: %s", stage, err.c_str());
+    }
+}
+
 void test_freeze_and_unfreeze(void **) {
     for (int world : {1, 2, 3}) {
         for (int stage = 1; stage <= 2; ++stage) {
@@ -311,6 +409,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_without_clipping_and_single_micro_batch),
         cmocka_unit_test(test_the_accumulator_exists_only_where_needed),
         cmocka_unit_test(test_the_default_step_leaves_zero_gradients),
+        cmocka_unit_test(test_nonfinite_gradients),
         cmocka_unit_test(test_freeze_and_unfreeze),
         cmocka_unit_test(test_freezing_changes_the_trajectory),
         cmocka_unit_test(test_param_groups_added_at_run_time),

@@ -38,6 +38,7 @@ const SX_ERR_UNSUPPORTED = Int32(7)
 const SX_ERR_TIMEOUT = Int32(8)
 const SX_ERR_MISMATCH = Int32(15)
 const SX_ERR_CANCELLED = Int32(17)
+const SX_ERR_NONFINITE = Int32(18)
 const SX_LOG_ERROR, SX_LOG_WARN, SX_LOG_INFO, SX_LOG_DEBUG = Int32.(1:4)
 const SX_DTYPE_F32, SX_DTYPE_F16, SX_DTYPE_BF16 = Int32.(1:3)
 const SX_BACKEND_AUTO, SX_BACKEND_CPU, SX_BACKEND_CUDA = Int32.(0:2)
@@ -52,6 +53,7 @@ const SX_MAX_WORLD_SIZE = Int32(65536)
 const SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA = UInt32.((0x1, 0x2, 0x4))
 const SX_LOSS_SCALING_NONE, SX_LOSS_SCALING_DYNAMIC, SX_LOSS_SCALING_STATIC = Int32.(0:2)
 const SX_PREFETCH_NONE = Int32(-1)
+const SX_NONFINITE_DEFAULT, SX_NONFINITE_SKIP, SX_NONFINITE_ERROR = Int32.(0:2)
 
 # ----------------------------------------------------------------------------------
 # Struct mirrors. Mutable, so that a `Ref{T}` argument passes a pointer to the object
@@ -129,6 +131,8 @@ mutable struct StepOptions  # sx_step_options_t
     weighted::Int32
     reserved0::Int32
     weight::Float64
+    nonfinite::Int32
+    reserved1::Int32
 end
 
 mutable struct UnitReadyOptions  # sx_unit_ready_options_t
@@ -145,6 +149,8 @@ mutable struct StepResult  # sx_step_result_t
     skipped::Int32
     reserved0::Int32
     loss_scale::Float64
+    nonfinite::Int32
+    reserved1::Int32
 end
 
 mutable struct LossScaling  # sx_loss_scaling_t
@@ -681,13 +687,18 @@ function accumulate_grads!(g::ShardGroup)
 end
 
 """
-    step!(g; max_grad_norm=0.0, keep_grads=false, defer_gather=false, weight=nothing)
+    step!(g; max_grad_norm=0.0, keep_grads=false, defer_gather=false, weight=nothing, nonfinite=:default)
 
 Collective: averages gradients over ranks, clips, updates, gathers (with `defer_gather`,
 at stages 1 and 2, in the background: `gather_unit!` waits for a unit's). Returns
-`(grad_norm, step, skipped, loss_scale)`: `skipped` when dynamic loss scaling found
-inf/NaN gradients (or every rank weighed 0), `loss_scale` what to multiply the next
-losses by.
+`(grad_norm, step, skipped, loss_scale, nonfinite)`: `skipped` when inf/NaN gradients
+were found where they were checked (or every rank weighed 0), `loss_scale` what to
+multiply the next losses by, `nonfinite` whether the gradients' norm was inf or NaN.
+
+`nonfinite`: `:default` (where the norm is needed first, for clipping or dynamic loss
+scaling, inf/NaN gradients skip the step on every rank; otherwise they reach the params,
+as in torch), `:skip` (always checked, and skipped) or `:error` (as `:skip`, then throws
+an `SXError` with `SX_ERR_NONFINITE`). Every rank passes the same.
 
 Uneven inputs: with `weight`, the gradients are sums over this rank's `weight` samples
 (or tokens), and the step divides their sum over the ranks by the sum of every rank's
@@ -697,8 +708,13 @@ passes 0 the step is skipped and nothing changes. Either every rank passes a wei
 (finite, >= 0) or none does (`nothing`: each rank's gradients are its mean, averaged over
 the ranks).
 """
+const _NONFINITE_MODES = Dict(:default => SX_NONFINITE_DEFAULT, :skip => SX_NONFINITE_SKIP,
+                              :error => SX_NONFINITE_ERROR)
+
 function step!(g::ShardGroup; max_grad_norm::Real=0.0, keep_grads::Bool=false, defer_gather::Bool=false,
-               weight::Union{Nothing,Real}=nothing)
+               weight::Union{Nothing,Real}=nothing, nonfinite::Symbol=:default)
+    haskey(_NONFINITE_MODES, nonfinite) ||
+        throw(SXError(SX_ERR_INVALID_ARGUMENT, "nonfinite must be one of $(sort(collect(keys(_NONFINITE_MODES)))), not :$nonfinite"))
     o, r = _blank(StepOptions), _blank(StepResult)
     check(@ccall libsx.sx_step_options_init(o::Ref{StepOptions}, sizeof(StepOptions)::Csize_t)::Int32)
     check(@ccall libsx.sx_step_result_init(r::Ref{StepResult}, sizeof(StepResult)::Csize_t)::Int32)
@@ -706,12 +722,14 @@ function step!(g::ShardGroup; max_grad_norm::Real=0.0, keep_grads::Bool=false, d
     if weight !== nothing
         o.weighted, o.weight = 1, weight
     end
+    o.nonfinite = _NONFINITE_MODES[nonfinite]
     h = _handle(g)
     GC.@preserve o r begin
         op, rp = _ptr(o), _ptr(r)
         check(@blocking @ccall libsx.sx_step(h::Ptr{Cvoid}, op::Ptr{StepOptions}, rp::Ptr{StepResult})::Int32)
     end
-    (grad_norm=r.grad_norm, step=Int(r.step), skipped=r.skipped != 0, loss_scale=r.loss_scale)
+    (grad_norm=r.grad_norm, step=Int(r.step), skipped=r.skipped != 0, loss_scale=r.loss_scale,
+     nonfinite=r.nonfinite != 0)
 end
 
 const _LOSS_SCALING_MODES = Dict(:none => SX_LOSS_SCALING_NONE, :dynamic => SX_LOSS_SCALING_DYNAMIC,

@@ -60,6 +60,32 @@ end
     @test_throws SXError add_param!(g, "w", (4,))
 end
 
+@testset "non-finite gradients" begin
+    with_group("local://jl-nonfinite-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1) do g
+        add_param_group!(g, :sgd; lr=0.5)
+        add_param!(g, "w", (4,))
+        finalize!(g)
+        w, dw = param_view(g, "w"), grad_view(g, "w")
+        w .= 1.0f0
+        dw .= [1.0f0, NaN32, 1.0f0, 1.0f0]  # clipping checks the norm: skipped, and said
+        r = step!(g; max_grad_norm=1.0)
+        @test (r.step, r.skipped, r.nonfinite) == (0, true, true)
+        @test all(==(1.0f0), w)
+        dw .= [Inf32, 1.0f0, 1.0f0, 1.0f0]
+        err = try
+            step!(g; nonfinite=:error)
+        catch e
+            e
+        end
+        @test err isa SXError && err.status == SX.SX_ERR_NONFINITE
+        @test all(==(1.0f0), w)
+        dw .= 1.0f0
+        r = step!(g; nonfinite=:skip)
+        @test (r.step, r.skipped, r.nonfinite) == (1, false, false)
+        @test all(==(0.5f0), w)
+    end
+end
+
 @testset "mixed precision" begin
     with_group("local://jl-bf16-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1,
                grad_dtype=SX.SX_DTYPE_F32) do g

@@ -41,6 +41,7 @@ SX_ERR_ABORTED = 14
 SX_ERR_MISMATCH = 15
 SX_ERR_INTERNAL = 16
 SX_ERR_CANCELLED = 17
+SX_ERR_NONFINITE = 18
 
 SX_LOG_ERROR = 1
 SX_LOG_WARN = 2
@@ -89,6 +90,9 @@ SX_LOAD_ALLOW_EXTRA = 0x4
 SX_LOSS_SCALING_NONE = 0
 SX_LOSS_SCALING_DYNAMIC = 1
 SX_LOSS_SCALING_STATIC = 2
+SX_NONFINITE_DEFAULT = 0
+SX_NONFINITE_SKIP = 1
+SX_NONFINITE_ERROR = 2
 
 # ----------------------------------------------------------------------------------
 # Struct mirrors
@@ -138,7 +142,8 @@ class sx_step_options_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("max_grad_norm", ctypes.c_double),
                 ("stream", ctypes.c_void_p), ("keep_grads", ctypes.c_int32),
                 ("defer_gather", ctypes.c_int32), ("weighted", ctypes.c_int32),
-                ("reserved0", ctypes.c_int32), ("weight", ctypes.c_double)]
+                ("reserved0", ctypes.c_int32), ("weight", ctypes.c_double),
+                ("nonfinite", ctypes.c_int32), ("reserved1", ctypes.c_int32)]
 
 
 class sx_param_state_t(ctypes.Structure):
@@ -154,7 +159,8 @@ class sx_param_state_t(ctypes.Structure):
 class sx_step_result_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("grad_norm", ctypes.c_double),
                 ("step", ctypes.c_uint64), ("skipped", ctypes.c_int32),
-                ("reserved0", ctypes.c_int32), ("loss_scale", ctypes.c_double)]
+                ("reserved0", ctypes.c_int32), ("loss_scale", ctypes.c_double),
+                ("nonfinite", ctypes.c_int32), ("reserved1", ctypes.c_int32)]
 
 
 class sx_loss_scaling_t(ctypes.Structure):

@@ -85,6 +85,10 @@ class CancelledError(SxError):
     """SX_ERR_CANCELLED: the operation was cancelled."""
 
 
+class NonFiniteError(SxError):
+    """SX_ERR_NONFINITE: the gradients hold inf or NaN (step(nonfinite="error"))."""
+
+
 ERROR_CLASSES = {
     _lib.SX_ERR_INVALID_ARGUMENT: InvalidArgumentError,
     _lib.SX_ERR_INVALID_HANDLE: InvalidHandleError,
@@ -103,6 +107,7 @@ ERROR_CLASSES = {
     _lib.SX_ERR_MISMATCH: MismatchError,
     _lib.SX_ERR_INTERNAL: InternalError,
     _lib.SX_ERR_CANCELLED: CancelledError,
+    _lib.SX_ERR_NONFINITE: NonFiniteError,
 }
 
 

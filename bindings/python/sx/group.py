@@ -10,6 +10,8 @@ from ._handle import Handle
 from ._lib import lib
 
 _OPTIMIZERS = {"sgd": _lib.SX_OPTIM_SGD, "adam": _lib.SX_OPTIM_ADAM, "adamw": _lib.SX_OPTIM_ADAMW}
+_NONFINITE = {"default": _lib.SX_NONFINITE_DEFAULT, "skip": _lib.SX_NONFINITE_SKIP,
+              "error": _lib.SX_NONFINITE_ERROR}
 _BACKENDS = {"auto": _lib.SX_BACKEND_AUTO, "cpu": _lib.SX_BACKEND_CPU, "cuda": _lib.SX_BACKEND_CUDA}
 _DTYPES = {"f32": _lib.SX_DTYPE_F32, "float32": _lib.SX_DTYPE_F32, "f16": _lib.SX_DTYPE_F16,
            "float16": _lib.SX_DTYPE_F16, "bf16": _lib.SX_DTYPE_BF16, "bfloat16": _lib.SX_DTYPE_BF16}
@@ -48,13 +50,14 @@ def _encode(what, text):
 @dataclasses.dataclass(frozen=True)
 class StepResult:
     """What one step reports: the global gradient norm before clipping, the number of
-    steps the group has taken (this one included), whether it was skipped (dynamic loss
-    scaling found inf/NaN gradients), and the loss scale to multiply the next losses by
-    (1 without loss scaling)."""
+    steps the group has taken (this one included), whether it was skipped (inf/NaN
+    gradients where they were checked, or no rank had data), the loss scale to multiply
+    the next losses by (1 without loss scaling), and whether the norm was inf or NaN."""
     grad_norm: float
     step: int
     skipped: bool
     loss_scale: float
+    nonfinite: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,7 +393,8 @@ class ShardGroup(Handle):
         """Collective: folds this micro-batch's gradients into the step's accumulation."""
         check(lib.sx_accumulate_grads(self.handle))
 
-    def step(self, max_grad_norm=0.0, keep_grads=False, stream=None, defer_gather=False, weight=None):
+    def step(self, max_grad_norm=0.0, keep_grads=False, stream=None, defer_gather=False, weight=None,
+             nonfinite="default"):
         """Collective: averages gradients over ranks, clips the global norm to
         `max_grad_norm` (0: no clipping), updates this rank's shard and gathers the
         params. Grads are zeroed afterwards unless `keep_grads`. `stream` is a CUDA
@@ -399,7 +403,11 @@ class ShardGroup(Handle):
         unit u's. `weight` (uneven inputs; every rank passes one or none): the gradients
         are sums over this rank's `weight` samples, and the step divides their sum over
         the ranks by the sum of the weights; 0 = this rank had no data (its gradients
-        stay zero). Returns a StepResult."""
+        stay zero). `nonfinite`: what inf or NaN gradients do: "default" (where the norm
+        is needed first, for clipping or dynamic loss scaling, the step is skipped on
+        every rank; otherwise they reach the params, as in torch), "skip" (always
+        checked, and skipped) or "error" (as "skip", then raises NonFiniteError).
+        Returns a StepResult."""
         options = _lib.init_struct(_lib.sx_step_options_t)
         options.max_grad_norm = float(max_grad_norm)
         options.keep_grads = 1 if keep_grads else 0
@@ -407,10 +415,12 @@ class ShardGroup(Handle):
         options.stream = stream
         if weight is not None:
             options.weighted, options.weight = 1, float(weight)
+        options.nonfinite = _choice("nonfinite", nonfinite, _NONFINITE)
         result = _lib.init_struct(_lib.sx_step_result_t)
         check(lib.sx_step(self.handle, ctypes.byref(options), ctypes.byref(result)))
         return StepResult(grad_norm=result.grad_norm, step=result.step,
-                          skipped=bool(result.skipped), loss_scale=result.loss_scale)
+                          skipped=bool(result.skipped), loss_scale=result.loss_scale,
+                          nonfinite=bool(result.nonfinite))
 
     # -- whole optimizer state ------------------------------------------------------------
     def gather_optim_state(self, root=0, fn=None):

@@ -329,6 +329,30 @@ class MixedPrecisionTest(unittest.TestCase):
             self.assertEqual(g.loss_scale, 512.0)
             self.assertEqual(tolist(w), [BF16_HALF] * 6)
 
+    def test_nonfinite_gradients(self):
+        with sx.ShardGroup(rendezvous(), 0, 1, backend="cpu", num_threads=1) as g:
+            g.add_param_group("sgd", lr=0.5)
+            g.add_param("w", [4])
+            g.finalize()
+            w, dw = g.param_view("w"), g.grad_view("w")
+            fill(w, [1.0] * 4)
+            # Clipping checks the norm: a NaN skips the step, and says so.
+            fill(dw, [1.0, math.nan, 1.0, 1.0])
+            result = g.step(max_grad_norm=1.0)
+            self.assertEqual((result.step, result.skipped, result.nonfinite), (0, True, True))
+            self.assertEqual(tolist(w), [1.0] * 4)
+            # "error": skipped, then raised.
+            fill(dw, [math.inf, 1.0, 1.0, 1.0])
+            with self.assertRaisesRegex(sx.NonFiniteError, "inf or NaN"):
+                g.step(nonfinite="error")
+            self.assertEqual(tolist(w), [1.0] * 4)
+            fill(dw, [1.0] * 4)
+            result = g.step(nonfinite="skip")
+            self.assertEqual((result.step, result.skipped, result.nonfinite), (1, False, False))
+            self.assertEqual(tolist(w), [0.5] * 4)
+            with self.assertRaisesRegex(sx.InvalidArgumentError, "nonfinite"):
+                g.step(nonfinite="ignore")
+
     def test_fp16_params_with_fp16_grads(self):
         with sx.ShardGroup(rendezvous(), 0, 1, backend="cpu", num_threads=1) as g:
             g.add_param_group("sgd", lr=0.5)

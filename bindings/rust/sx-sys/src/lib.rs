@@ -31,6 +31,7 @@ pub const SX_ERR_ABORTED: sx_status_t = 14;
 pub const SX_ERR_MISMATCH: sx_status_t = 15;
 pub const SX_ERR_INTERNAL: sx_status_t = 16;
 pub const SX_ERR_CANCELLED: sx_status_t = 17;
+pub const SX_ERR_NONFINITE: sx_status_t = 18;
 
 pub const SX_LOG_ERROR: i32 = 1;
 pub const SX_LOG_WARN: i32 = 2;
@@ -77,6 +78,10 @@ pub const SX_LOAD_ALLOW_EXTRA: u32 = 0x4;
 pub const SX_LOSS_SCALING_NONE: i32 = 0;
 pub const SX_LOSS_SCALING_DYNAMIC: i32 = 1;
 pub const SX_LOSS_SCALING_STATIC: i32 = 2;
+
+pub const SX_NONFINITE_DEFAULT: i32 = 0;
+pub const SX_NONFINITE_SKIP: i32 = 1;
+pub const SX_NONFINITE_ERROR: i32 = 2;
 
 #[repr(C)]
 pub struct sx_shard_group_t {
@@ -174,6 +179,8 @@ pub struct sx_step_options_t {
     pub weighted: i32,
     pub reserved0: i32,
     pub weight: f64,
+    pub nonfinite: i32,
+    pub reserved1: i32,
 }
 
 #[repr(C)]
@@ -194,6 +201,8 @@ pub struct sx_step_result_t {
     pub skipped: i32,
     pub reserved0: i32,
     pub loss_scale: f64,
+    pub nonfinite: i32,
+    pub reserved1: i32,
 }
 
 #[repr(C)]

@@ -54,10 +54,13 @@ pub struct StepResult {
     pub grad_norm: f64,
     /// Steps taken by the group, this one included.
     pub step: u64,
-    /// Dynamic loss scaling found inf/NaN gradients and skipped the step.
+    /// The step was skipped: inf/NaN gradients where they were checked (see
+    /// [`crate::NonFinite`]), or no rank had data.
     pub skipped: bool,
     /// The loss scale to multiply the next losses by (1 without loss scaling).
     pub loss_scale: f64,
+    /// The gradients' global norm was inf or NaN.
+    pub nonfinite: bool,
 }
 
 /// Bytes held by this rank, per category.
@@ -415,7 +418,13 @@ impl ShardGroup {
         let mut r: sys::sx_step_result_t = init(sys::sx_step_result_init);
         let o = options.map_or(ptr::null(), |o| &o.raw as *const _);
         check(unsafe { sys::sx_step(self.raw, o, &mut r) })?;
-        Ok(StepResult { grad_norm: r.grad_norm, step: r.step, skipped: r.skipped != 0, loss_scale: r.loss_scale })
+        Ok(StepResult {
+            grad_norm: r.grad_norm,
+            step: r.step,
+            skipped: r.skipped != 0,
+            loss_scale: r.loss_scale,
+            nonfinite: r.nonfinite != 0,
+        })
     }
 
     /// Says that unit `unit`'s gradients are complete for this micro-batch; sx reduces

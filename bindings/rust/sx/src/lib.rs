@@ -23,8 +23,8 @@ pub use future::SaveFuture;
 pub use group::{MemoryStats, ParamInfo, ShardGroup, StepResult, Tensors, UnitInfo};
 pub use log::{clear_log_callback, set_log_callback, LogLevel};
 pub use options::{
-    Backend, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, LossScalingMode, Optimizer, Param,
-    ParamGroup, SaveOptions, StepOptions, UnitReadyOptions,
+    Backend, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, LossScalingMode, NonFinite, Optimizer,
+    Param, ParamGroup, SaveOptions, StepOptions, UnitReadyOptions,
 };
 pub use state::{ParamState, ParamStateMut, ParamStateRef};
 
@@ -35,8 +35,8 @@ pub mod status {
     pub use sx_sys::{
         SX_ERR_ABORTED, SX_ERR_ALREADY_EXISTS, SX_ERR_CANCELLED, SX_ERR_COMM, SX_ERR_CORRUPT, SX_ERR_GROUP_FAILED,
         SX_ERR_INTERNAL, SX_ERR_INVALID_ARGUMENT, SX_ERR_INVALID_HANDLE, SX_ERR_INVALID_STATE, SX_ERR_IO,
-        SX_ERR_MISMATCH, SX_ERR_NOT_FOUND, SX_ERR_OUT_OF_MEMORY, SX_ERR_TIMEOUT, SX_ERR_UNSUPPORTED, SX_ERR_VERSION,
-        SX_OK,
+        SX_ERR_MISMATCH, SX_ERR_NONFINITE, SX_ERR_NOT_FOUND, SX_ERR_OUT_OF_MEMORY, SX_ERR_TIMEOUT, SX_ERR_UNSUPPORTED,
+        SX_ERR_VERSION, SX_OK,
     };
 }
 

@@ -22,6 +22,19 @@ pub(crate) fn init<T>(f: unsafe extern "C" fn(*mut T, usize) -> sys::sx_status_t
     unsafe { v.assume_init() }
 }
 
+/// What gradients holding inf or NaN do at a step ([`StepOptions::nonfinite`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NonFinite {
+    /// Where the step needs the global norm first (clipping, dynamic loss scaling), a
+    /// non-finite norm skips the step on every rank; otherwise the update runs and inf/NaN
+    /// reach the params, as in torch.
+    Default,
+    /// The norm is always taken first, and a non-finite one skips the step.
+    Skip,
+    /// As `Skip`, and the step then returns an error with `SX_ERR_NONFINITE`.
+    Error,
+}
+
 /// Where buffers live and which collectives run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -393,6 +406,15 @@ impl StepOptions {
     pub fn weight(mut self, weight: f64) -> Self {
         self.raw.weighted = 1;
         self.raw.weight = weight;
+        self
+    }
+    /// What gradients holding inf or NaN do (every rank passes the same).
+    pub fn nonfinite(mut self, mode: NonFinite) -> Self {
+        self.raw.nonfinite = match mode {
+            NonFinite::Default => sys::SX_NONFINITE_DEFAULT,
+            NonFinite::Skip => sys::SX_NONFINITE_SKIP,
+            NonFinite::Error => sys::SX_NONFINITE_ERROR,
+        };
         self
     }
 }

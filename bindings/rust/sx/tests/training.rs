@@ -1,9 +1,9 @@
 mod common;
 
-use sx::status::SX_ERR_UNSUPPORTED;
+use sx::status::{SX_ERR_NONFINITE, SX_ERR_UNSUPPORTED};
 use sx::{
-    Dtype, Hyperparameter, LoadOptions, LossScaling, Optimizer, Param, ParamGroup, SaveOptions, ShardGroup,
-    StepOptions, UnitReadyOptions,
+    Dtype, Hyperparameter, LoadOptions, LossScaling, NonFinite, Optimizer, Param, ParamGroup, SaveOptions,
+    ShardGroup, StepOptions, UnitReadyOptions,
 };
 
 const N: usize = 37;
@@ -208,6 +208,29 @@ fn bf16_params_step_with_fp32_grads_under_dynamic_loss_scaling() {
     assert!(r.skipped && r.step == 1 && r.loss_scale == 512.0, "{:?}", r);
     assert_eq!(g.loss_scale().unwrap(), 512.0);
     assert_eq!(g.param_u16(0).unwrap(), &[0x3f00u16; 6][..]);
+}
+
+#[test]
+fn nonfinite_gradients_skip_the_step_or_fail_it() {
+    let mut g = ShardGroup::new(&common::config(&common::rendezvous("nonfinite"), 0, 1)).unwrap();
+    g.add_param_group(&ParamGroup::new(Optimizer::Sgd).lr(0.5)).unwrap();
+    g.add_param(&Param::new("w", &[4])).unwrap();
+    g.finalize().unwrap();
+    g.param_mut(0).unwrap().iter_mut().for_each(|x| *x = 1.0);
+    // Clipping checks the norm: a NaN skips the step, and says so.
+    g.grad_mut(0).unwrap().copy_from_slice(&[1.0, f32::NAN, 1.0, 1.0]);
+    let r = g.step(Some(&StepOptions::new().max_grad_norm(1.0))).unwrap();
+    assert!(r.skipped && r.nonfinite && r.step == 0, "{:?}", r);
+    assert_eq!(g.param(0).unwrap(), &[1.0f32; 4][..]);
+    // Error: skipped, then an error.
+    g.grad_mut(0).unwrap().copy_from_slice(&[f32::INFINITY, 1.0, 1.0, 1.0]);
+    let e = g.step(Some(&StepOptions::new().nonfinite(NonFinite::Error))).unwrap_err();
+    assert_eq!(e.status(), SX_ERR_NONFINITE, "{}", e);
+    assert_eq!(g.param(0).unwrap(), &[1.0f32; 4][..]);
+    g.grad_mut(0).unwrap().iter_mut().for_each(|x| *x = 1.0);
+    let r = g.step(Some(&StepOptions::new().nonfinite(NonFinite::Skip))).unwrap();
+    assert!(!r.skipped && !r.nonfinite && r.step == 1, "{:?}", r);
+    assert_eq!(g.param(0).unwrap(), &[0.5f32; 4][..]);
 }
 
 /// Three units trained for three steps on `world` ranks (shard groups of `shard_size`; 0:
