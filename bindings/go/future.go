@@ -56,6 +56,9 @@ type SaveFuture struct {
 // Save (collective) saves the group's state at this step boundary. It returns once
 // this rank's shard is staged; the files are written and committed in the background.
 func (g *ShardGroup) Save(opts SaveOptions) (*SaveFuture, error) {
+	if err := noNUL("path", opts.Path); err != nil {
+		return nil, err
+	}
 	var o C.sx_save_options_t
 	C.sx_save_options_init(&o, C.size_t(unsafe.Sizeof(o)))
 	path := C.CString(opts.Path)

@@ -141,6 +141,12 @@ func NewShardGroup(cfg GroupConfig) (*ShardGroup, error) {
 	if err := CheckVersion(); err != nil {
 		return nil, err
 	}
+	for _, s := range [][2]string{{"Rendezvous", cfg.Rendezvous}, {"BindAddress", cfg.BindAddress},
+		{"TracePath", cfg.TracePath}, {"RendezvousBind", cfg.RendezvousBind}} {
+		if err := noNUL(s[0], s[1]); err != nil {
+			return nil, err
+		}
+	}
 	var c C.sx_group_config_t
 	C.sx_group_config_init(&c, C.size_t(unsafe.Sizeof(c)))
 	rdv := C.CString(cfg.Rendezvous)
@@ -340,6 +346,9 @@ type Param struct {
 // param goes in a new unit, whose id is above every unit laid out so far, and has no
 // views until the next Finalize lays it out.
 func (g *ShardGroup) AddParam(p Param) (int32, error) {
+	if err := noNUL("param name", p.Name); err != nil {
+		return -1, err
+	}
 	if len(p.Shape) > MaxNdim {
 		return -1, errorf(ErrInvalidArgument, "param %q has %d dimensions; at most %d", p.Name, len(p.Shape), MaxNdim)
 	}
@@ -474,6 +483,9 @@ func (g *ShardGroup) Grad(param int32) ([]float32, error) { return g.f32(true, p
 
 // FindParam returns the index of the param named name.
 func (g *ShardGroup) FindParam(name string) (int32, error) {
+	if err := noNUL("param name", name); err != nil {
+		return -1, err
+	}
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
 	var index C.int32_t = -1
@@ -753,6 +765,9 @@ type LoadOptions struct {
 
 // Load (collective) loads a checkpoint saved at any world size into this group.
 func (g *ShardGroup) Load(opts LoadOptions) error {
+	if err := noNUL("path", opts.Path); err != nil {
+		return err
+	}
 	var o C.sx_load_options_t
 	C.sx_load_optim_state_options_init(&o, C.size_t(unsafe.Sizeof(o)))
 	path := C.CString(opts.Path)

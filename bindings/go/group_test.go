@@ -624,6 +624,44 @@ func sameParams(t *testing.T, what string, got, want [][][]float32) {
 	}
 }
 
+func TestNamesAndPathsHoldingANulAreRefused(t *testing.T) {
+	// C would read them only up to the NUL: another name or path than the one given.
+	if _, err := NewShardGroup(config("local://a\x00b", 0, 1)); statusOf(err) != ErrInvalidArgument ||
+		!strings.Contains(err.Error(), "NUL") {
+		t.Errorf("a rendezvous with a NUL gave %v", err)
+	}
+	g, err := NewShardGroup(config(rendezvous("nul"), 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.AddParamGroup(NewParamGroup(SGD)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.AddParam(Param{Name: "a\x00b", Shape: []int64{2}}); statusOf(err) != ErrInvalidArgument {
+		t.Errorf("a param name with a NUL gave %v", err)
+	}
+	if _, err := g.AddParam(Param{Name: "w", Shape: []int64{2}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Finalize(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if _, err := g.Save(SaveOptions{Path: filepath.Join(dir, "a\x00b"), Synchronous: true}); statusOf(err) != ErrInvalidArgument {
+		t.Errorf("a save path with a NUL gave %v", err)
+	}
+	if err := g.Load(LoadOptions{Path: filepath.Join(dir, "a\x00b")}); statusOf(err) != ErrInvalidArgument {
+		t.Errorf("a load path with a NUL gave %v", err)
+	}
+	if _, err := ReadUserBlob(filepath.Join(dir, "a\x00b")); statusOf(err) != ErrInvalidArgument {
+		t.Errorf("a blob path with a NUL gave %v", err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("the refused save left %d entries", len(entries))
+	}
+}
+
 func TestNonFiniteGradientsSkipOrFailTheStep(t *testing.T) {
 	g, err := NewShardGroup(config(rendezvous("nonfinite"), 0, 1))
 	if err != nil {

@@ -205,6 +205,9 @@ func (g *ShardGroup) ScatterOptimState(root int32, states map[string]ParamState)
 // keep (ErrInvalidArgument, listing those it keeps), a param without optimizer state yet
 // (ErrInvalidState: its unit gets it once one of its params is trainable).
 func (g *ShardGroup) StateView(param int32, tensor string) (View, error) {
+	if err := noNUL("tensor", tensor); err != nil {
+		return View{}, err
+	}
 	name := C.CString(tensor)
 	defer C.free(unsafe.Pointer(name))
 	var v C.sx_view_t

@@ -92,6 +92,15 @@ func call(f func() C.sx_status_t) error {
 	return nil
 }
 
+// noNUL refuses a string that C would read only up to its first NUL byte: another name
+// or path than the one given.
+func noNUL(what, s string) error {
+	if strings.IndexByte(s, 0) >= 0 {
+		return errorf(ErrInvalidArgument, "%s %q holds a NUL byte", what, s)
+	}
+	return nil
+}
+
 func errorf(status int32, format string, args ...interface{}) error {
 	return &Error{Status: status, Message: fmt.Sprintf(format, args...)}
 }
@@ -124,6 +133,9 @@ func CheckVersion() error {
 
 // ReadUserBlob reads the user blob stored in the checkpoint at path.
 func ReadUserBlob(path string) ([]byte, error) {
+	if err := noNUL("path", path); err != nil {
+		return nil, err
+	}
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 	var size C.uint64_t

@@ -272,6 +272,23 @@ last_error_message() = unsafe_string(@ccall libsx.sx_last_error_message()::Cstri
 # message is thread-local. Calls are not interrupted by task switches (no yield point).
 check(status::Int32) = status == SX_OK ? nothing : throw(SXError(status, last_error_message()))
 
+# `s` as a String for C, refused where it holds a NUL (C would read only up to it: another
+# name or path than the one given).
+function _c_string(what::AbstractString, s::AbstractString)
+    t = String(s)
+    occursin('\0', t) && throw(SXError(SX_ERR_INVALID_ARGUMENT, "$what $(repr(t)) holds a NUL character"))
+    t
+end
+
+# A param's shape as Int64s: each dimension an Integer, never a Bool, a float or the
+# characters of a string, which Int64 would quietly turn into another shape.
+function _dims(name::AbstractString, shape)
+    ok = !(shape isa AbstractString) && applicable(iterate, shape) &&
+         all(d -> d isa Integer && !(d isa Bool), shape)
+    ok || throw(SXError(SX_ERR_INVALID_ARGUMENT, "add_param!: shape of $(repr(name)) must be integers, not $(repr(shape))"))
+    Int64[d for d in shape]
+end
+
 # A call that may block for long (a collective, a wait): the thread is marked GC-safe
 # for its duration, so that other threads (the other ranks of a local:// group) can
 # collect garbage meanwhile instead of waiting for this one. Its arguments must be
@@ -391,11 +408,11 @@ mutable struct ShardGroup
                         rendezvous_bind::Union{Nothing,AbstractString}=nothing)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
-        rdv = String(rendezvous)
-        bind = bind_address === nothing ? nothing : String(bind_address)
-        trace = trace_path === nothing ? nothing : String(trace_path)
-        token = rendezvous_token === nothing ? nothing : String(rendezvous_token)
-        rbind = rendezvous_bind === nothing ? nothing : String(rendezvous_bind)
+        rdv = _c_string("rendezvous", rendezvous)
+        bind = bind_address === nothing ? nothing : _c_string("bind_address", bind_address)
+        trace = trace_path === nothing ? nothing : _c_string("trace_path", trace_path)
+        token = rendezvous_token === nothing ? nothing : _c_string("rendezvous_token", rendezvous_token)
+        rbind = rendezvous_bind === nothing ? nothing : _c_string("rendezvous_bind", rendezvous_bind)
         out = Ref{Ptr{Cvoid}}(C_NULL)
         GC.@preserve rdv bind trace token rbind cfg out begin
             cfg.rendezvous = pointer(rdv)
@@ -535,7 +552,7 @@ function add_param!(g::ShardGroup, name::AbstractString, shape; param_group::Int
                     unit::Integer=0, dtype::Integer=SX_DTYPE_F32, frozen::Bool=false)
     desc = _blank(ParamDesc)
     check(@ccall libsx.sx_param_desc_init(desc::Ref{ParamDesc}, sizeof(ParamDesc)::Csize_t)::Int32)
-    s, dims = String(name), Int64[d for d in shape]
+    s, dims = _c_string("name", name), _dims(name, shape)
     index = Ref{Int32}(0)
     GC.@preserve s dims begin  # borrowed for the call; sx copies both
         desc.name, desc.shape, desc.ndim = pointer(s), pointer(dims), length(dims)
@@ -1056,7 +1073,7 @@ function save(g::ShardGroup, path::AbstractString; user_blob::AbstractVector{UIn
               keep_last::Integer=0, synchronous::Bool=false, callback=nothing)
     o = _blank(SaveOptions)
     check(@ccall libsx.sx_save_options_init(o::Ref{SaveOptions}, sizeof(SaveOptions)::Csize_t)::Int32)
-    p, blob = String(path), Vector{UInt8}(user_blob)
+    p, blob = _c_string("path", path), Vector{UInt8}(user_blob)
     f = Future(C_NULL, callback, Int32(-1))
     out = Ref{Ptr{Cvoid}}(C_NULL)
     h = _handle(g)
@@ -1100,7 +1117,7 @@ function load!(g::ShardGroup, path::AbstractString; params_only::Bool=false,
     check(@ccall libsx.sx_load_optim_state_options_init(o::Ref{LoadOptions}, sizeof(LoadOptions)::Csize_t)::Int32)
     o.flags = (params_only ? SX_LOAD_PARAMS_ONLY : 0x0) | (allow_missing ? SX_LOAD_ALLOW_MISSING : 0x0) |
               (allow_extra ? SX_LOAD_ALLOW_EXTRA : 0x0)
-    p = String(path)
+    p = _c_string("path", path)
     h = _handle(g)
     GC.@preserve p o begin
         o.path = pointer(p)
@@ -1111,6 +1128,7 @@ end
 
 """The user blob stored in the checkpoint at `path`, as a `Vector{UInt8}`."""
 function read_user_blob(path::AbstractString)
+    path = _c_string("path", path)
     size = Ref{UInt64}(0)
     buf = Vector{UInt8}(undef, 4096)
     while true

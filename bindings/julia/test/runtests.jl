@@ -60,6 +60,37 @@ end
     @test_throws SXError add_param!(g, "w", (4,))
 end
 
+@testset "input the C API would misread" begin
+    with_group("local://jl-input-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1) do g
+        add_param_group!(g, :sgd)
+        for shape in ((true, true), "44", (2.0, 3.0), [2.7])
+            err = try
+                add_param!(g, "w", shape)
+            catch e
+                e
+            end
+            @test err isa SXError && err.status == SX.SX_ERR_INVALID_ARGUMENT && occursin("shape", err.message)
+        end
+        err = try
+            add_param!(g, "a\0b", (2,))
+        catch e
+            e
+        end
+        @test err isa SXError && occursin("NUL", err.message)
+        @test add_param!(g, "w", (2, 3)) == 0
+        finalize!(g)
+        mktempdir() do d
+            err = try
+                save(g, joinpath(d, "a\0b"); synchronous=true)
+            catch e
+                e
+            end
+            @test err isa SXError && occursin("NUL", err.message)
+            @test isempty(readdir(d))
+        end
+    end
+end
+
 @testset "non-finite gradients" begin
     with_group("local://jl-nonfinite-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1) do g
         add_param_group!(g, :sgd; lr=0.5)

@@ -15,7 +15,25 @@ def _path(what, path):
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
                                    f"{what}: path must be a str or os.PathLike, not {path!r}")
-    return os.fsencode(path)
+    encoded = os.fsencode(path)
+    if b"\0" in encoded:
+        # C would read it only up to the NUL: another path than the one given.
+        raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                   f"{what}: the path {os.fsdecode(encoded)!r} holds a NUL character")
+    return encoded
+
+
+def _blob(user_blob):
+    """The user blob's bytes: a bytes-like object (bytes, bytearray, memoryview, a
+    buffer), never an int, which bytes() would turn into that many zero bytes, or a str."""
+    if isinstance(user_blob, (bytes, bytearray)):
+        return bytes(user_blob)
+    try:
+        return memoryview(user_blob).tobytes()
+    except TypeError:
+        raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                   f"save: user_blob must be bytes-like (bytes, bytearray, a buffer), "
+                                   f"not {type(user_blob).__name__}") from None
 
 
 class Future(Handle):
@@ -105,7 +123,7 @@ def save(group, path, user_blob=b"", *, keep_last=0, synchronous=False, callback
     """See ShardGroup.save."""
     options = _lib.init_struct(_lib.sx_save_options_t)
     options.path = _path("save", path)
-    blob = bytes(user_blob)  # copied by sx during the call
+    blob = _blob(user_blob)  # copied by sx during the call
     options.user_blob = ctypes.cast(ctypes.c_char_p(blob), ctypes.c_void_p) if blob else None
     options.user_blob_size = len(blob)
     options.keep_last = keep_last

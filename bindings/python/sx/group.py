@@ -2,6 +2,7 @@
 import contextlib
 import ctypes
 import dataclasses
+import numbers
 import os
 
 from . import _lib, _views
@@ -44,7 +45,28 @@ def _encode(what, text):
     if not isinstance(text, str):
         raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
                                    f"{what} must be a str, not {type(text).__name__}")
+    if "\0" in text:
+        # C would read it only up to the NUL: another name than the one given.
+        raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                   f"{what} {text!r} holds a NUL character, which sx cannot take")
     return text.encode("utf-8")
+
+
+def _dims(name, shape):
+    """A param's shape as ints: each dimension an int (numpy's integers too), never a
+    bool, a float or a string, which int() would quietly turn into another shape."""
+    bad = InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                               f"add_param: shape of {name!r} must be a sequence of ints, not {shape!r}")
+    if isinstance(shape, (str, bytes)):
+        raise bad
+    try:
+        dims = list(shape)
+    except TypeError:
+        raise bad from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+            raise bad
+    return [int(d) for d in dims]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,12 +274,7 @@ class ShardGroup(Handle):
 
     def add_param(self, name, shape, *, param_group=0, unit=0, dtype="f32", frozen=False):
         """Registers a param (same on every rank, same order) and returns its index."""
-        try:
-            dims = [int(d) for d in shape]
-        except TypeError:
-            raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
-                                       f"add_param: shape of {name!r} must be a sequence of "
-                                       f"ints, not {shape!r}") from None
+        dims = _dims(name, shape)
         desc = _lib.init_struct(_lib.sx_param_desc_t)
         desc.name = _encode("name", name)
         desc.ndim = len(dims)

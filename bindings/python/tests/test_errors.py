@@ -44,6 +44,51 @@ class ErrorTest(unittest.TestCase):
             with self.assertRaisesRegex(sx.InvalidArgumentError, "shape of 'w'"):
                 g.add_param("w", 8)
 
+    def test_shapes_must_be_integers(self):
+        # int() would take each of these, and register another shape than the one given.
+        with single_rank_group() as g:
+            g.add_param_group("sgd")
+            for shape in ([2.7, 3.9], [True, True], "44", [2, "3"], [2.0]):
+                with self.assertRaisesRegex(sx.InvalidArgumentError, "shape of 'w'"):
+                    g.add_param("w", shape)
+            self.assertEqual(g.num_params, 0)
+            self.assertEqual(g.add_param("w", (2, 3)), 0)
+
+    def test_names_and_paths_holding_a_nul_are_refused(self):
+        # C would read them only up to the NUL.
+        with single_rank_group() as g:
+            g.add_param_group("sgd")
+            with self.assertRaisesRegex(sx.InvalidArgumentError, "NUL"):
+                g.add_param("a\0b", [2])
+            g.add_param("w", [2])
+            g.finalize()
+            with tempfile.TemporaryDirectory() as d:
+                with self.assertRaisesRegex(sx.InvalidArgumentError, "NUL"):
+                    g.save(os.path.join(d, "a\0b"), synchronous=True)
+                self.assertEqual(os.listdir(d), [])
+                with self.assertRaisesRegex(sx.InvalidArgumentError, "NUL"):
+                    g.load(os.path.join(d, "a\0b"))
+                with self.assertRaisesRegex(sx.InvalidArgumentError, "NUL"):
+                    sx.read_user_blob(os.path.join(d, "a\0b"))
+        with self.assertRaisesRegex(sx.InvalidArgumentError, "NUL"):
+            sx.ShardGroup("local://a\0b", 0, 1, backend="cpu")
+
+    def test_user_blobs_must_be_bytes_like(self):
+        # bytes(5) would be five zero bytes; a str has no bytes of its own.
+        with single_rank_group() as g:
+            g.add_param_group("sgd")
+            g.add_param("w", [2])
+            g.finalize()
+            with tempfile.TemporaryDirectory() as d:
+                for blob in (5, "text", 2.5, [1, 2]):
+                    with self.assertRaisesRegex(sx.InvalidArgumentError, "user_blob"):
+                        g.save(os.path.join(d, "c"), user_blob=blob, synchronous=True)
+                self.assertEqual(os.listdir(d), [])
+                g.save(os.path.join(d, "c"), user_blob=bytearray(b"ok"), synchronous=True).wait()
+                self.assertEqual(sx.read_user_blob(os.path.join(d, "c")), b"ok")
+                g.save(os.path.join(d, "m"), user_blob=memoryview(b"view"), synchronous=True).wait()
+                self.assertEqual(sx.read_user_blob(os.path.join(d, "m")), b"view")
+
     def test_library_side_checks(self):
         with single_rank_group() as g:
             g.add_param_group("sgd", lr=0.1)

@@ -50,6 +50,26 @@ fn bad_arguments_carry_status_and_message() {
 }
 
 #[test]
+fn paths_holding_a_nul_are_refused() {
+    // C would read them only up to the NUL: another path than the one given.
+    let mut g = one_rank("nulpaths");
+    g.add_param_group(&ParamGroup::new(Optimizer::Sgd)).unwrap();
+    g.add_param(&Param::new("w", &[4])).unwrap();
+    g.finalize().unwrap();
+    let dir = common::TempDir::new("nulpaths");
+    let bad = dir.join("a\0b");
+    let e = match g.save(sx::SaveOptions::new(&bad)) {
+        Err(e) => e,
+        Ok(_) => panic!("a save path with a NUL was taken"),
+    };
+    assert_eq!(e.status(), SX_ERR_INVALID_ARGUMENT, "{}", e);
+    assert!(e.message().contains("NUL"), "{}", e.message());
+    assert_eq!(g.load(&sx::LoadOptions::new(&bad)).unwrap_err().status(), SX_ERR_INVALID_ARGUMENT);
+    assert_eq!(sx::read_user_blob(&bad).unwrap_err().status(), SX_ERR_INVALID_ARGUMENT);
+    assert_eq!(std::fs::read_dir(&dir.0).unwrap().count(), 0);
+}
+
+#[test]
 fn bad_loss_scaling_is_refused_and_changes_nothing() {
     let mut g = one_rank("badscaling");
     g.add_param_group(&ParamGroup::new(Optimizer::Sgd)).unwrap();
