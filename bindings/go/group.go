@@ -389,6 +389,45 @@ func (g *ShardGroup) BroadcastParams(root int32) error {
 	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_broadcast_params(raw, C.int32_t(root)) })
 }
 
+// ReduceOp says how AllReduce combines the ranks' values.
+type ReduceOp int32
+
+const (
+	ReduceSum  ReduceOp = 1
+	ReduceMean ReduceOp = 2 // the sum divided by the world size
+	ReduceMax  ReduceOp = 3
+	ReduceMin  ReduceOp = 4
+	// MaxAllReduce is the most values one AllReduce takes.
+	MaxAllReduce = 64
+)
+
+// AllReduce (collective) combines the trainer's own numbers (a loss, token counts) over
+// the ranks in place, element by element: sums in rank order (the same on every rank),
+// NaN wins. At most MaxAllReduce values; every rank passes the same op and count. On an
+// error the values are left as they were.
+func (g *ShardGroup) AllReduce(values []float64, op ReduceOp) error {
+	// C memory: sx may not keep Go memory, and a copy keeps the values on an error.
+	n := len(values)
+	size := n
+	if size == 0 {
+		size = 1
+	}
+	buf := (*[1 << 20]C.double)(C.malloc(C.size_t(size) * C.size_t(unsafe.Sizeof(C.double(0)))))[:size:size]
+	defer C.free(unsafe.Pointer(&buf[0]))
+	for i, v := range values {
+		buf[i] = C.double(v)
+	}
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t {
+		return C.sx_all_reduce(raw, &buf[0], C.int32_t(n), C.int32_t(op))
+	})
+	if err == nil {
+		for i := range values {
+			values[i] = float64(buf[i])
+		}
+	}
+	return err
+}
+
 // View is a raw window into sx's memory, valid until the group is closed.
 type View struct {
 	Data   unsafe.Pointer

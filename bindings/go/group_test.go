@@ -624,6 +624,53 @@ func sameParams(t *testing.T, what string, got, want [][][]float32) {
 	}
 }
 
+func TestAllReduceCombinesTheTrainersNumbers(t *testing.T) {
+	rdv := rendezvous("allreduce")
+	got := make([][][]float64, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for rank := int32(0); rank < 3; rank++ {
+		wg.Add(1)
+		go func(rank int32) {
+			defer wg.Done()
+			g, err := NewShardGroup(config(rdv, rank, 3))
+			if err != nil {
+				errs[rank] = err
+				return
+			}
+			defer g.Close()
+			for _, op := range []ReduceOp{ReduceSum, ReduceMean, ReduceMax, ReduceMin} {
+				v := []float64{float64(rank), -float64(rank), 0.5}
+				if err := g.AllReduce(v, op); err != nil {
+					errs[rank] = err
+					return
+				}
+				got[rank] = append(got[rank], v)
+			}
+			// Different ops: told, and the values stay.
+			v := []float64{1}
+			op := ReduceSum
+			if rank == 2 {
+				op = ReduceMax
+			}
+			err = g.AllReduce(v, op)
+			if statusOf(err) != ErrMismatch || !strings.Contains(err.Error(), "op: sum on ranks 0, 1, max on rank 2") || v[0] != 1 {
+				errs[rank] = fmt.Errorf("different ops gave %v, values %v", err, v)
+			}
+		}(rank)
+	}
+	wg.Wait()
+	want := [][]float64{{3, -3, 1.5}, {1, -1, 0.5}, {2, 0, 0.5}, {0, -2, 0.5}}
+	for rank := 0; rank < 3; rank++ {
+		if errs[rank] != nil {
+			t.Fatalf("rank %d: %v", rank, errs[rank])
+		}
+		if !reflect.DeepEqual(got[rank], want) {
+			t.Errorf("rank %d got %v, want %v", rank, got[rank], want)
+		}
+	}
+}
+
 func TestNamesAndPathsHoldingANulAreRefused(t *testing.T) {
 	// C would read them only up to the NUL: another name or path than the one given.
 	if _, err := NewShardGroup(config("local://a\x00b", 0, 1)); statusOf(err) != ErrInvalidArgument ||

@@ -98,7 +98,9 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_LOSS_SCALING_STATIC": int64(LossScalingStatic),
 		"SX_NONFINITE_DEFAULT":   int64(NonFiniteDefault), "SX_NONFINITE_SKIP": int64(NonFiniteSkip),
 		"SX_NONFINITE_ERROR": int64(NonFiniteError),
-		"SX_PREFETCH_NONE":   int64(PrefetchNone),
+		"SX_REDUCE_SUM":      int64(ReduceSum), "SX_REDUCE_MEAN": int64(ReduceMean), "SX_REDUCE_MAX": int64(ReduceMax),
+		"SX_REDUCE_MIN": int64(ReduceMin), "SX_MAX_ALL_REDUCE": MaxAllReduce,
+		"SX_PREFETCH_NONE": int64(PrefetchNone),
 	}
 	for name, v := range ours {
 		w, ok := l.Constants[name]

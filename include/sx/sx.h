@@ -398,6 +398,24 @@ SX_API sx_status_t sx_finalize(sx_shard_group_t *group);
  * made on one rank). After sx_finalize. */
 SX_API sx_status_t sx_broadcast_params(sx_shard_group_t *group, int32_t root);
 
+/* sx_all_reduce's op. */
+#define SX_REDUCE_SUM 1
+#define SX_REDUCE_MEAN 2 /* the sum divided by the world size */
+#define SX_REDUCE_MAX 3
+#define SX_REDUCE_MIN 4
+#define SX_MAX_ALL_REDUCE 64 /* values per sx_all_reduce call */
+
+/* Collective (1.5). Combines the trainer's own numbers over the ranks, for what it needs
+ * besides the gradients (the loss, token counts, a flag one rank raised) without a
+ * communicator of its own: values[i] becomes the sum, mean, max or min (`op`,
+ * SX_REDUCE_*) of every rank's values[i], for i < count (1 <= count <=
+ * SX_MAX_ALL_REDUCE). Sums are added in rank order, so every rank gets the same bits;
+ * any NaN makes the result NaN, for every op. values is borrowed for the call; on failure
+ * it is left as it was. Every rank passes the same op and count (the call's header
+ * compares them: SX_ERR_MISMATCH otherwise), at the same point of its sequence of
+ * collective calls. Any time after sx_create_shard_group. */
+SX_API sx_status_t sx_all_reduce(sx_shard_group_t *group, double *values, int32_t count, int32_t op);
+
 /* ---------------------------------------------------------------------------------
  * Views: zero-copy windows into the flat buffers, valid for the group's lifetime.
  * ------------------------------------------------------------------------------- */

@@ -1,6 +1,7 @@
 // Entry points: creating and destroying groups, param groups, params, finalize.
 #include <cstddef>
 #include <cstdlib>
+#include <vector>
 
 #include "api/guard.h"
 #include "api/handles.h"
@@ -226,6 +227,19 @@ SX_API sx_status_t sx_broadcast_params(sx_shard_group_t *group, int32_t root) {
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         return g->broadcast_params(root);
+    });
+}
+
+SX_API sx_status_t sx_all_reduce(sx_shard_group_t *group, double *values, int32_t count, int32_t op) {
+    return guard(__func__, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        SX_CHECK_ARG(values != nullptr || count == 0, "values is NULL");
+        // The values change only once every rank has them: a failure leaves them.
+        std::vector<double> copy(values, values + (count > 0 && count <= SX_MAX_ALL_REDUCE ? count : 0));
+        SX_TRY(g->all_reduce(copy.empty() ? values : copy.data(), count, op));
+        std::copy(copy.begin(), copy.end(), values);
+        return Status::Ok();
     });
 }
 

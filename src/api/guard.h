@@ -9,6 +9,7 @@
 
 #include "base/log.h"
 #include "base/status.h"
+#include "base/vector_state.h"
 
 namespace sx {
 namespace api {
@@ -18,9 +19,12 @@ namespace api {
 sx_status_t report(const char *function, const Status &s);
 
 // Runs fn (returning Status) so that nothing unwinds across the C boundary.
+// Whatever wide-vector code ran on the caller's thread (sx's kernels, the libraries it
+// calls), the caller gets its registers back clean (base/vector_state.h).
 template <typename F>
 sx_status_t guard(const char *function, F &&fn) {
     const Status s = catching(std::forward<F>(fn));
+    leave_vector_state_clean();
     return s.ok() ? SX_OK : report(function, s);
 }
 

@@ -1,5 +1,7 @@
 #include "base/log.h"
 
+#include "base/vector_state.h"
+
 #include <atomic>
 #include <cctype>
 #include <cstdarg>
@@ -70,6 +72,7 @@ void emit(LogSink &s, int level, const char *message) {
         to_stderr = s.to_stderr;
     }
     if (fn) {
+        leave_vector_state_clean();  // the trainer's callback runs on clean registers
         fn(level, message, user);
     } else if (to_stderr) {
         std::fprintf(stderr, "[sx %s] %s\n", level_name(level), message);

@@ -1,5 +1,7 @@
 #include "ckpt/future.h"
 
+#include "base/vector_state.h"
+
 namespace sx {
 namespace ckpt {
 
@@ -10,6 +12,7 @@ void SaveFuture::complete(const Status &s) {
     }
     // The callback runs before the future reports done, so that whoever waits for
     // completion (and then releases the future) never races with it.
+    leave_vector_state_clean();  // the trainer's callback runs on registers as clean as its own thread's
     if (callback_) callback_(s);
     {
         std::lock_guard<std::mutex> lock(mu_);

@@ -14,6 +14,7 @@
 #include <array>
 #include <cstring>
 
+#include "base/vector_state.h"
 #include "core/group.h"
 
 namespace sx {
@@ -168,6 +169,7 @@ Status ShardGroup::gather_state(int root, const StateFn &fn) {
             st.names.push_back(tensors[t].name);
             st.tensors.push_back(data + t * n);
         }
+        leave_vector_state_clean();  // the trainer's code runs next, on this thread
         outcome = catching([&] { return fn(st); });
     }
     return share_outcome(root, outcome, "sx_gather_optim_state");
@@ -228,6 +230,7 @@ Status ShardGroup::scatter_state(int root, const StateFn &fn) {
                 st.names.push_back(tensors[t].name);
                 st.tensors.push_back(data + t * n);
             }
+            leave_vector_state_clean();  // the trainer's code runs next, on this thread
             if (outcome.ok()) outcome = catching([&] { return fn(st); });
             // The rules a checkpoint's manifest is held to, so that what is scattered in
             // can be saved and stepped on.

@@ -531,6 +531,46 @@ Status ShardGroup::broadcast_params(int root) {
     return Status::Ok();
 }
 
+Status ShardGroup::all_reduce(double *values, int32_t count, int32_t op) {
+    SX_TRY(check_usable());
+    static const char *const kOps[] = {"", "sum", "mean", "max", "min"};
+    const bool op_ok = op >= SX_REDUCE_SUM && op <= SX_REDUCE_MIN;
+    const Status local = !op_ok ? SX_ERROR(SX_ERR_INVALID_ARGUMENT,
+                                           "op %d is not SX_REDUCE_SUM, SX_REDUCE_MEAN, SX_REDUCE_MAX or SX_REDUCE_MIN",
+                                           op)
+                         : count < 1 || count > SX_MAX_ALL_REDUCE
+                             ? SX_ERROR(SX_ERR_INVALID_ARGUMENT, "count %d is not in [1, SX_MAX_ALL_REDUCE = %d]",
+                                        count, SX_MAX_ALL_REDUCE)
+                             : Status::Ok();
+    SX_TRY(agree_call("sx_all_reduce", {{"op", op_ok ? kOps[op] : std::to_string(op)}, {"count", std::to_string(count)}},
+                      local));
+    const size_t n = static_cast<size_t>(count), W = static_cast<size_t>(world_size_);
+    std::vector<double> all(W * n);
+    std::copy(values, values + n, all.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(rank_) * n));
+    if (world_size_ > 1) {
+        Status s = comm_->all_gather(all.data(), n * sizeof(double));
+        if (!s.ok()) return fail(s);
+    }
+    // In rank order, on every rank: the same bits everywhere. NaN wins every op.
+    for (size_t i = 0; i < n; ++i) {
+        double r = all[i];
+        for (size_t k = 1; k < W; ++k) {
+            const double v = all[k * n + i];
+            if (std::isnan(r) || std::isnan(v)) {
+                r = std::nan("");
+            } else if (op == SX_REDUCE_SUM || op == SX_REDUCE_MEAN) {
+                r += v;
+            } else if (op == SX_REDUCE_MAX) {
+                r = std::max(r, v);
+            } else {
+                r = std::min(r, v);
+            }
+        }
+        values[i] = op == SX_REDUCE_MEAN ? r / static_cast<double>(W) : r;
+    }
+    return Status::Ok();
+}
+
 void ShardFence::hold() {
     std::lock_guard<std::mutex> lock(mu_);
     ++holds_;

@@ -227,7 +227,9 @@ class ShardGroup {
     int32_t grad_dtype(int32_t param) const;
     const ParamSpec &param(int32_t index) const { return params_[index]; }
     const Layout &layout() const { return layout_; }
-    Status broadcast_params(int root);  // collective
+    Status broadcast_params(int root);
+    // sx_all_reduce: values[i] over the ranks (op: SX_REDUCE_*), in place; see sx.h.
+    Status all_reduce(double *values, int32_t count, int32_t op);  // collective
 
     // --- trainability ---
     Status set_trainable(int32_t param, bool trainable);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -245,6 +246,79 @@ void test_loads_of_different_checkpoints(void **) {
     sxtest::remove_tree(dir);
 }
 
+// sx_all_reduce over 3 ranks: sums in rank order (the same bits everywhere), means,
+// maxima and minima; NaN wins; ranks that pass different ops, or another call, are told;
+// a rank that passes a bad count fails, and its peers with its code; nothing changes then.
+void test_all_reduce(void **) {
+    const std::string rv = "local://headers-allreduce-" + std::to_string(getpid());
+    std::vector<double> got[3][4];
+    const std::string err = sxtest::run_ranks(3, [&](int r) -> std::string {
+        sx_group_config_t cfg;
+        sx_group_config_init(&cfg, sizeof cfg);
+        cfg.backend = SX_BACKEND_CPU;
+        cfg.rendezvous = rv.c_str();
+        cfg.rank = r;
+        cfg.world_size = 3;
+        cfg.num_threads = 1;
+        cfg.timeout_ms = kTimeoutMs;
+        sx_shard_group_t *g = nullptr;
+        if (sx_create_shard_group(&cfg, &g) != SX_OK) return std::string("create: ") + sx_last_error_message();
+        std::string e;
+        // Before sx_finalize too.
+        double one = 1.0;
+        if (sx_all_reduce(g, &one, 1, SX_REDUCE_SUM) != SX_OK || one != 3.0)
+            e = std::string("before finalize: ") + sx_last_error_message();
+        sx_param_group_desc_t pg;
+        sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_SGD);
+        const int64_t n = 10;
+        sx_param_desc_t d;
+        sx_param_desc_init(&d, sizeof d);
+        d.name = "w", d.ndim = 1, d.shape = &n;
+        if (e.empty() && (sx_add_param_group(g, &pg, nullptr) != SX_OK || sx_add_param(g, &d, nullptr) != SX_OK ||
+                          sx_finalize(g) != SX_OK))
+            e = std::string("setup: ") + sx_last_error_message();
+        for (int32_t op = SX_REDUCE_SUM; op <= SX_REDUCE_MIN && e.empty(); ++op) {
+            std::vector<double> v = {0.1 * (r + 1), -1.0 * r, r == 1 ? std::nan("") : 2.0, 1e16 * (r == 0 ? 1 : -1)};
+            if (sx_all_reduce(g, v.data(), 4, op) != SX_OK) e = std::string("all_reduce: ") + sx_last_error_message();
+            got[r][op - 1] = v;
+        }
+        // Different ops: told, and the values stay.
+        std::vector<double> v = {1.0, 2.0};
+        const std::vector<double> before = v;
+        if (e.empty() && (sx_all_reduce(g, v.data(), 2, r == 2 ? SX_REDUCE_MAX : SX_REDUCE_SUM) != SX_ERR_MISMATCH ||
+                          !std::strstr(sx_last_error_message(), "op: sum on ranks 0, 1, max on rank 2")))
+            e = std::string("different ops: ") + sx_last_error_message();
+        if (e.empty() && v != before) e = "a refused all_reduce changed the values";
+        // A bad count on rank 1: its own error; its peers fail with the same code.
+        if (e.empty()) {
+            const sx_status_t s = sx_all_reduce(g, v.data(), r == 1 ? SX_MAX_ALL_REDUCE + 1 : 2, SX_REDUCE_SUM);
+            const std::string m = sx_last_error_message();
+            if (s != SX_ERR_INVALID_ARGUMENT) e = "a bad count on rank 1 gave " + std::to_string(s) + ": " + m;
+            if (e.empty() && r != 1 && m.find("failed on rank 1") == std::string::npos) e = "not told which rank: " + m;
+        }
+        // Another call.
+        if (e.empty() && r == 0 && sx_all_reduce(g, v.data(), 2, SX_REDUCE_SUM) != SX_ERR_MISMATCH)
+            e = std::string("all_reduce against broadcast: ") + sx_last_error_message();
+        if (e.empty() && r != 0 && sx_broadcast_params(g, 0) != SX_ERR_MISMATCH)
+            e = std::string("broadcast against all_reduce: ") + sx_last_error_message();
+        sx_destroy_shard_group(g);
+        return e;
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    for (int op = 0; op < 4; ++op) {
+        for (int r = 1; r < 3; ++r)
+            if (std::memcmp(got[r][op].data(), got[0][op].data(), 4 * sizeof(double)) != 0)
+                fail_msg("op %d: rank %d got other bits than rank 0", op + 1, r);
+        const std::vector<double> &v = got[0][op];
+        assert_true(std::isnan(v[2]));
+    }
+    assert_true(got[0][0][0] == (0.1 + 0.2) + 0.30000000000000004);  // in rank order
+    assert_true(got[0][0][1] == -3.0 && got[0][0][3] == -1e16);
+    assert_true(got[0][1][1] == -1.0);
+    assert_true(got[0][2][0] == 0.30000000000000004 && got[0][2][1] == 0.0 && got[0][2][3] == 1e16);
+    assert_true(got[0][3][0] == 0.1 && got[0][3][1] == -2.0 && got[0][3][3] == -1e16);
+}
+
 // Ranks that disagree on the world size at sx_create_shard_group (2 on rank 0, 3 on rank
 // 1) both fail at once, naming both sizes, over local:// and tcp://.
 void test_world_sizes_that_differ(void **) {
@@ -320,6 +394,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_loads_of_different_checkpoints),
         cmocka_unit_test(test_over_tcp_as_processes),
         cmocka_unit_test(test_world_sizes_that_differ),
+        cmocka_unit_test(test_all_reduce),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -13,7 +13,7 @@ module SX
 
 using Libdl
 
-export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, param_view,
+export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, param_view, all_reduce!,
        grad_view, step!, save, load!, read_user_blob, set_trainable!, is_trainable,
        trainable_mask, param_info, unit_info, memory_stats, with_group, wait_staged,
        set_loss_scaling!, loss_scale, unit_grads_ready!, gather_unit!, release_unit!, with_unit,
@@ -54,6 +54,8 @@ const SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA = UInt32.(
 const SX_LOSS_SCALING_NONE, SX_LOSS_SCALING_DYNAMIC, SX_LOSS_SCALING_STATIC = Int32.(0:2)
 const SX_PREFETCH_NONE = Int32(-1)
 const SX_NONFINITE_DEFAULT, SX_NONFINITE_SKIP, SX_NONFINITE_ERROR = Int32.(0:2)
+const SX_REDUCE_SUM, SX_REDUCE_MEAN, SX_REDUCE_MAX, SX_REDUCE_MIN = Int32.(1:4)
+const SX_MAX_ALL_REDUCE = Int32(64)
 
 # ----------------------------------------------------------------------------------
 # Struct mirrors. Mutable, so that a `Ref{T}` argument passes a pointer to the object
@@ -574,6 +576,27 @@ end
 function broadcast_params!(g::ShardGroup, root::Integer=0)
     h, r = _handle(g), Int32(root)
     check(@blocking @ccall libsx.sx_broadcast_params(h::Ptr{Cvoid}, r::Int32)::Int32)
+end
+
+const _REDUCE_OPS = Dict(:sum => SX_REDUCE_SUM, :mean => SX_REDUCE_MEAN, :max => SX_REDUCE_MAX, :min => SX_REDUCE_MIN)
+
+"""
+    all_reduce!(g, values::Vector{Float64}, op=:sum)
+
+Collective: the trainer's own numbers (a loss, token counts) combined over the ranks in
+place, element by element: `:sum`, `:mean`, `:max` or `:min` (sums in rank order: the same
+on every rank; NaN wins). At most `SX_MAX_ALL_REDUCE` values; every rank passes the same op
+and count. On an error the values are left as they were. Returns `values`.
+"""
+function all_reduce!(g::ShardGroup, values::Vector{Float64}, op::Symbol=:sum)
+    haskey(_REDUCE_OPS, op) ||
+        throw(SXError(SX_ERR_INVALID_ARGUMENT, "op must be one of $(sort(collect(keys(_REDUCE_OPS)))), not :$op"))
+    h, n, r = _handle(g), Int32(length(values)), _REDUCE_OPS[op]
+    GC.@preserve values begin
+        p = pointer(values)
+        check(@blocking @ccall libsx.sx_all_reduce(h::Ptr{Cvoid}, p::Ptr{Float64}, n::Int32, r::Int32)::Int32)
+    end
+    values
 end
 
 """0-based index of the param called `name`."""

@@ -91,6 +91,17 @@ end
     end
 end
 
+@testset "all_reduce!" begin
+    rdv = "local://jl-allreduce-$(getpid())"
+    tasks = [Threads.@spawn with_group(rdv, rank, 3; backend=SX.SX_BACKEND_CPU, num_threads=1,
+                                       timeout_ms=60000) do g
+                 [all_reduce!(g, [Float64(rank), -Float64(rank), 0.5], op) for op in (:sum, :mean, :max, :min)]
+             end for rank in 0:2]
+    for t in tasks
+        @test fetch(t) == [[3.0, -3.0, 1.5], [1.0, -1.0, 0.5], [2.0, 0.0, 0.5], [0.0, -2.0, 0.5]]
+    end
+end
+
 @testset "non-finite gradients" begin
     with_group("local://jl-nonfinite-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1) do g
         add_param_group!(g, :sgd; lr=0.5)

@@ -90,6 +90,11 @@ SX_LOAD_ALLOW_EXTRA = 0x4
 SX_LOSS_SCALING_NONE = 0
 SX_LOSS_SCALING_DYNAMIC = 1
 SX_LOSS_SCALING_STATIC = 2
+SX_REDUCE_SUM = 1
+SX_REDUCE_MEAN = 2
+SX_REDUCE_MAX = 3
+SX_REDUCE_MIN = 4
+SX_MAX_ALL_REDUCE = 64
 SX_NONFINITE_DEFAULT = 0
 SX_NONFINITE_SKIP = 1
 SX_NONFINITE_ERROR = 2
@@ -261,6 +266,7 @@ PROTOTYPES = {
     "sx_add_param": (c_status, [sx_shard_group_p, _P(sx_param_desc_t), _P(_c.c_int32)]),
     "sx_finalize": (c_status, [sx_shard_group_p]),
     "sx_broadcast_params": (c_status, [sx_shard_group_p, _c.c_int32]),
+    "sx_all_reduce": (c_status, [sx_shard_group_p, _P(_c.c_double), _c.c_int32, _c.c_int32]),
     "sx_view_init": (c_status, [_P(sx_view_t), _c.c_size_t]),
     "sx_param_view": (c_status, [sx_shard_group_p, _c.c_int32, _P(sx_view_t)]),
     "sx_grad_view": (c_status, [sx_shard_group_p, _c.c_int32, _P(sx_view_t)]),

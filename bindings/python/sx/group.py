@@ -11,6 +11,8 @@ from ._handle import Handle
 from ._lib import lib
 
 _OPTIMIZERS = {"sgd": _lib.SX_OPTIM_SGD, "adam": _lib.SX_OPTIM_ADAM, "adamw": _lib.SX_OPTIM_ADAMW}
+_REDUCE_OPS = {"sum": _lib.SX_REDUCE_SUM, "mean": _lib.SX_REDUCE_MEAN, "max": _lib.SX_REDUCE_MAX,
+               "min": _lib.SX_REDUCE_MIN}
 _NONFINITE = {"default": _lib.SX_NONFINITE_DEFAULT, "skip": _lib.SX_NONFINITE_SKIP,
               "error": _lib.SX_NONFINITE_ERROR}
 _BACKENDS = {"auto": _lib.SX_BACKEND_AUTO, "cpu": _lib.SX_BACKEND_CPU, "cuda": _lib.SX_BACKEND_CUDA}
@@ -294,6 +296,24 @@ class ShardGroup(Handle):
     def broadcast_params(self, root=0):
         """Collective: copies every param of rank `root` to all ranks."""
         check(lib.sx_broadcast_params(self.handle, root))
+
+    def all_reduce(self, values, op="sum"):
+        """Collective: the trainer's own numbers (a loss, token counts) combined over the
+        ranks: `op` "sum", "mean", "max" or "min" of every rank's value, element by element
+        (sums in rank order: the same on every rank; NaN wins). `values` is a number or a
+        sequence of at most SX_MAX_ALL_REDUCE numbers; returns the same shape (a float, or
+        a list of floats). Every rank passes the same op and count."""
+        single = isinstance(values, numbers.Real)
+        seq = [values] if single else values
+        if isinstance(seq, (str, bytes)) or not all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) for v in seq):
+            raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                       f"all_reduce: values must be numbers, not {values!r}")
+        n = len(seq)
+        c_values = (ctypes.c_double * max(n, 1))(*[float(v) for v in seq])
+        check(lib.sx_all_reduce(self.handle, c_values, n, _choice("op", op, _REDUCE_OPS)))
+        out = [c_values[i] for i in range(n)]
+        return out[0] if single else out
 
     # -- hyperparameters --------------------------------------------------------------
     def set_hyperparameter(self, param_group, key, value):

@@ -298,6 +298,37 @@ def element_type(view):
 BF16_ONE, BF16_HALF, F16_ONE, F16_HALF = 0x3F80, 0x3F00, 0x3C00, 0x3800
 
 
+class AllReduceTest(unittest.TestCase):
+    def test_the_trainers_numbers_over_the_ranks(self):
+        def rank_main(rank, name):
+            with sx.ShardGroup(name, rank, 3, backend="cpu", num_threads=1, timeout_ms=60000) as g:
+                total = g.all_reduce(float(rank + 1))
+                stats = {op: g.all_reduce([rank, -rank, 0.5], op=op) for op in ("sum", "mean", "max", "min")}
+                try:
+                    g.all_reduce([1.0], op="max" if rank == 2 else "sum")
+                    mismatch = None
+                except sx.MismatchError as e:
+                    mismatch = str(e)
+                return total, stats, mismatch
+
+        results = run_ranks(3, rank_main)
+        for total, stats, mismatch in results:
+            self.assertEqual(total, 6.0)
+            self.assertEqual(stats["sum"], [3.0, -3.0, 1.5])
+            self.assertEqual(stats["mean"], [1.0, -1.0, 0.5])
+            self.assertEqual(stats["max"], [2.0, 0.0, 0.5])
+            self.assertEqual(stats["min"], [0.0, -2.0, 0.5])
+            self.assertIn("op: sum on ranks 0, 1, max on rank 2", mismatch)
+        with sx.ShardGroup(rendezvous(), 0, 1, backend="cpu", num_threads=1) as g:
+            for bad in ("1.0", [True], [1, "x"]):
+                with self.assertRaisesRegex(sx.InvalidArgumentError, "numbers"):
+                    g.all_reduce(bad)
+            with self.assertRaisesRegex(sx.InvalidArgumentError, "count"):
+                g.all_reduce([1.0] * (sx.SX_MAX_ALL_REDUCE + 1))
+            with self.assertRaisesRegex(sx.InvalidArgumentError, "op"):
+                g.all_reduce(1.0, op="product")
+
+
 class MixedPrecisionTest(unittest.TestCase):
     def test_bf16_params_with_fp32_grads_and_dynamic_loss_scaling(self):
         with sx.ShardGroup(rendezvous(), 0, 1, backend="cpu", num_threads=1,

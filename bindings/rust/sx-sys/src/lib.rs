@@ -79,6 +79,12 @@ pub const SX_LOSS_SCALING_NONE: i32 = 0;
 pub const SX_LOSS_SCALING_DYNAMIC: i32 = 1;
 pub const SX_LOSS_SCALING_STATIC: i32 = 2;
 
+pub const SX_REDUCE_SUM: i32 = 1;
+pub const SX_REDUCE_MEAN: i32 = 2;
+pub const SX_REDUCE_MAX: i32 = 3;
+pub const SX_REDUCE_MIN: i32 = 4;
+pub const SX_MAX_ALL_REDUCE: i32 = 64;
+
 pub const SX_NONFINITE_DEFAULT: i32 = 0;
 pub const SX_NONFINITE_SKIP: i32 = 1;
 pub const SX_NONFINITE_ERROR: i32 = 2;
@@ -336,6 +342,7 @@ extern "C" {
     pub fn sx_add_param(group: *mut sx_shard_group_t, desc: *const sx_param_desc_t, index_out: *mut i32) -> sx_status_t;
     pub fn sx_finalize(group: *mut sx_shard_group_t) -> sx_status_t;
     pub fn sx_broadcast_params(group: *mut sx_shard_group_t, root: i32) -> sx_status_t;
+    pub fn sx_all_reduce(group: *mut sx_shard_group_t, values: *mut f64, count: i32, op: i32) -> sx_status_t;
 
     pub fn sx_view_init(view: *mut sx_view_t, size: usize) -> sx_status_t;
     pub fn sx_param_view(group: *const sx_shard_group_t, param: i32, out: *mut sx_view_t) -> sx_status_t;

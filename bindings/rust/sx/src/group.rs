@@ -289,6 +289,16 @@ impl ShardGroup {
         check(unsafe { sys::sx_broadcast_params(self.raw, root) })
     }
 
+    /// Collective: the trainer's own numbers (a loss, token counts) combined over the
+    /// ranks in place, element by element (sums in rank order: the same on every rank;
+    /// NaN wins). At most `SX_MAX_ALL_REDUCE` values; every rank passes the same op and
+    /// count. On an error the values are left as they were.
+    pub fn all_reduce(&mut self, values: &mut [f64], op: crate::ReduceOp) -> Result<()> {
+        let count = i32::try_from(values.len())
+            .map_err(|_| invalid_argument(format!("all_reduce: {} values are too many", values.len())))?;
+        check(unsafe { sys::sx_all_reduce(self.raw, values.as_mut_ptr(), count, op.raw()) })
+    }
+
     /// The raw view (pointer, length, dtype, device) of a param's values.
     pub fn param_view(&self, param: i32) -> Result<sys::sx_view_t> {
         self.view(sys::sx_param_view, param)

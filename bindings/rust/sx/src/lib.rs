@@ -24,7 +24,7 @@ pub use group::{MemoryStats, ParamInfo, ShardGroup, StepResult, Tensors, UnitInf
 pub use log::{clear_log_callback, set_log_callback, LogLevel};
 pub use options::{
     Backend, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, LossScalingMode, NonFinite, Optimizer,
-    Param, ParamGroup, SaveOptions, StepOptions, UnitReadyOptions,
+    Param, ParamGroup, ReduceOp, SaveOptions, StepOptions, UnitReadyOptions,
 };
 pub use state::{ParamState, ParamStateMut, ParamStateRef};
 

@@ -22,6 +22,27 @@ pub(crate) fn init<T>(f: unsafe extern "C" fn(*mut T, usize) -> sys::sx_status_t
     unsafe { v.assume_init() }
 }
 
+/// How [`crate::ShardGroup::all_reduce`] combines the ranks' values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    /// The sum divided by the world size.
+    Mean,
+    Max,
+    Min,
+}
+
+impl ReduceOp {
+    pub(crate) fn raw(self) -> i32 {
+        match self {
+            ReduceOp::Sum => sys::SX_REDUCE_SUM,
+            ReduceOp::Mean => sys::SX_REDUCE_MEAN,
+            ReduceOp::Max => sys::SX_REDUCE_MAX,
+            ReduceOp::Min => sys::SX_REDUCE_MIN,
+        }
+    }
+}
+
 /// What gradients holding inf or NaN do at a step ([`StepOptions::nonfinite`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NonFinite {

@@ -2,7 +2,7 @@ mod common;
 
 use sx::status::{SX_ERR_NONFINITE, SX_ERR_UNSUPPORTED};
 use sx::{
-    Dtype, Hyperparameter, LoadOptions, LossScaling, NonFinite, Optimizer, Param, ParamGroup, SaveOptions,
+    Dtype, Hyperparameter, LoadOptions, LossScaling, NonFinite, Optimizer, Param, ParamGroup, ReduceOp, SaveOptions,
     ShardGroup, StepOptions, UnitReadyOptions,
 };
 
@@ -208,6 +208,31 @@ fn bf16_params_step_with_fp32_grads_under_dynamic_loss_scaling() {
     assert!(r.skipped && r.step == 1 && r.loss_scale == 512.0, "{:?}", r);
     assert_eq!(g.loss_scale().unwrap(), 512.0);
     assert_eq!(g.param_u16(0).unwrap(), &[0x3f00u16; 6][..]);
+}
+
+#[test]
+fn all_reduce_combines_the_trainers_numbers() {
+    let results = common::run_ranks("allreduce", 3, |rank, mut g| -> sx::Result<Vec<Vec<f64>>> {
+        let mut out = Vec::new();
+        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min] {
+            let mut v = [rank as f64, -(rank as f64), 0.5];
+            g.all_reduce(&mut v, op)?;
+            out.push(v.to_vec());
+        }
+        // Different ops: told, and the values stay.
+        let mut v = [1.0];
+        let e = g.all_reduce(&mut v, if rank == 2 { ReduceOp::Max } else { ReduceOp::Sum }).unwrap_err();
+        assert_eq!(e.status(), sx::status::SX_ERR_MISMATCH, "{}", e);
+        assert!(e.message().contains("op: sum on ranks 0, 1, max on rank 2"), "{}", e);
+        assert_eq!(v, [1.0]);
+        Ok(out)
+    });
+    for r in results {
+        assert_eq!(r[0], vec![3.0, -3.0, 1.5]);
+        assert_eq!(r[1], vec![1.0, -1.0, 0.5]);
+        assert_eq!(r[2], vec![2.0, 0.0, 0.5]);
+        assert_eq!(r[3], vec![0.0, -2.0, 0.5]);
+    }
 }
 
 #[test]
