@@ -182,18 +182,29 @@ class TcpStoreClient final : public Store {
         if (sock_.connected()) return Status::Ok();
         Millis backoff(10);
         std::string last_error;
+        const std::string refused_before = refusal_;
+        // Out of time after the server turned connections away: that is the reason, not
+        // a missing rank 0.
+        auto turned_away = [&]() -> Status {
+            return SX_ERROR(SX_ERR_TIMEOUT,
+                            "could not get a connection to the rendezvous server at %s in time: it turned this "
+                            "rank's connections away (%s)",
+                            where().c_str(), refusal_.c_str());
+        };
         for (;;) {
             Status s = sock_.connect(host_, port_, dl, why);
             if (s.ok()) {
                 s = hello(dl, why);
                 if (s.ok()) return Status::Ok();
                 drop();
+                if (s.code() == SX_ERR_TIMEOUT && refusal_ != refused_before) return turned_away();
                 if (s.code() != SX_ERR_COMM || *why == Failure::kNone) return s;  // not a broken connection
             }
             if (s.code() == SX_ERR_INVALID_ARGUMENT) return s;
             last_error = s.message();
             Millis left = time_left(dl);
             if (left.count() == 0) {
+                if (refusal_ != refused_before) return turned_away();
                 return SX_ERROR(SX_ERR_TIMEOUT,
                                 "could not reach the rendezvous server at %s in time (%s); is rank 0 running?",
                                 where().c_str(), last_error.c_str());
@@ -213,6 +224,18 @@ class TcpStoreClient final : public Store {
         SX_TRY(exchange(wire::Writer().u8(wire::kHello).frame(), dl, &sent, &body, why));
         wire::Reader r(body.data(), body.size());
         uint8_t status = r.u8();
+        if (status == wire::kError) {
+            // The server turned this connection away (it is saturated): said in words, and
+            // kept, so that a rank that never gets in is told why rather than that rank 0
+            // did not come. Connecting again may succeed once it has room.
+            std::string text = r.str();
+            if (r.done()) {
+                *why = Failure::kConnection;
+                refusal_ = text;
+                return SX_ERROR(SX_ERR_COMM, "the rendezvous server at %s turned this connection away: %s",
+                                where().c_str(), text.c_str());
+            }
+        }
         uint64_t id = r.u64();
         uint8_t wants_token = r.u8();
         std::string nonce = r.str();
@@ -308,6 +331,13 @@ class TcpStoreClient final : public Store {
     DeadlineSocket sock_;
     uint64_t conn_id_ = 0;    // server instance of the current connection
     uint64_t pinned_id_ = 0;  // 0 = not pinned yet
+    std::string refusal_;     // why the server last turned a connection away ("": never)
+
+  public:
+    std::string refusal() {
+        std::lock_guard<std::mutex> lock(mu_);
+        return refusal_;
+    }
 };
 
 }  // namespace
@@ -327,6 +357,12 @@ Status open_tcp_store(const ServerOptions &options, bool serve, int64_t group, M
     if (serve) SX_TRY(client->set(announce, std::to_string(served)));
     std::string id;
     Status s = client->get(announce, &id, time_left(dl));
+    const std::string refusal = client->refusal();
+    if (s.code() == SX_ERR_TIMEOUT && !refusal.empty()) {
+        return SX_ERROR(SX_ERR_TIMEOUT, "this rank could not join the rendezvous server %s within %lld ms: it turned "
+                        "this rank's connections away (%s)",
+                        client->where().c_str(), static_cast<long long>(timeout.count()), refusal.c_str());
+    }
     if (s.code() == SX_ERR_TIMEOUT) {
         return SX_ERROR(SX_ERR_TIMEOUT, "rank 0 did not open its group %lld on the rendezvous server %s within %lld ms (%s)",
                         static_cast<long long>(group), client->where().c_str(),

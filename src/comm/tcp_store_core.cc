@@ -318,15 +318,18 @@ void StoreCore::notify(const std::string &k) {
 void StoreCore::sweep(int64_t now_ms) {
     std::vector<StorePeer *> late;
     for (StorePeer *p : peers_) {
-        if (!p->admitted && now_ms - p->opened_ms >= limits_.handshake_ms) {
+        if (!p->said_hello && now_ms - p->opened_ms >= limits_.first_frame_ms) {
+            late.push_back(p);
+        } else if (!p->admitted && now_ms - p->opened_ms >= limits_.handshake_ms) {
             late.push_back(p);
         } else if (p->admitted && !p->held && !p->in.empty() && now_ms - p->last_byte_ms >= limits_.idle_frame_ms) {
             late.push_back(p);
         }
     }
     for (StorePeer *p : late)
-        drop(p, p->admitted ? format("an incomplete request idle for %lld ms", static_cast<long long>(limits_.idle_frame_ms))
-                            : format("not admitted within %lld ms", static_cast<long long>(limits_.handshake_ms)));
+        drop(p, p->admitted     ? format("an incomplete request idle for %lld ms", static_cast<long long>(limits_.idle_frame_ms))
+                : !p->said_hello ? format("no HELLO within %lld ms", static_cast<long long>(limits_.first_frame_ms))
+                                 : format("not admitted within %lld ms", static_cast<long long>(limits_.handshake_ms)));
 }
 
 StoreCore::Stats StoreCore::stats() const {

@@ -36,6 +36,7 @@ struct StoreLimits {
     uint32_t max_frame = wire::kMaxFrame;          // an admitted peer's frame, in bytes
     uint32_t pre_admission_frame = wire::kPreAdmissionFrame;
     int64_t handshake_ms = 10000;   // from connecting to admission
+    int64_t first_frame_ms = 2000;  // from connecting to the first complete frame (a client's HELLO)
     int64_t idle_frame_ms = 10000;  // an incomplete request with no new byte for this long is dropped
 };
 
@@ -46,7 +47,7 @@ struct StorePeer {
     std::string name;       // the peer's address, for the log
     std::string in;    // received bytes not yet parsed
     bool open = false;
-    bool said_hello = false;
+    bool said_hello = false;  // a first complete frame came
     bool admitted = false;
     std::string nonce;  // the challenge sent with HELLO (token only)
     bool held = false;
@@ -82,8 +83,10 @@ class StoreCore {
     void receive(StorePeer *peer, const char *data, size_t n, int64_t now_ms);
     // The connection has gone; the core lets go of the peer. Idempotent.
     void forget(StorePeer *peer);
-    // Drops the peers whose handshake or incomplete request is past its time.
+    // Drops the peers whose first frame, handshake or incomplete request is past its time.
     void sweep(int64_t now_ms);
+    // Sends the peer an error it will show (`message`) and closes it.
+    void turn_away(StorePeer *peer, const std::string &message) { refuse(peer, message); }
 
     Stats stats() const;
     // "" if every invariant above holds, else the first that does not.

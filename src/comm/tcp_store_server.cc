@@ -38,6 +38,8 @@ struct Conn {
     TcpStoreServer::Impl *server = nullptr;
     StorePeer peer;
     bool closing = false;
+    bool leaving = false;  // being closed or shut down: counted in closing_connections
+    int64_t accepted_ms = 0;
 };
 
 struct WriteReq {
@@ -75,6 +77,8 @@ std::string peer_name(uv_tcp_t *handle) {
 
 // How often the loop looks for handshakes and incomplete requests past their time.
 constexpr uint64_t kSweepMs = 250;
+// A connection not admitted this long may give its place to a newcomer at the limit.
+constexpr int64_t kMinPendingMs = 100;
 
 }  // namespace
 
@@ -93,6 +97,7 @@ struct TcpStoreServer::Impl final : StoreCore::Transport {
     std::unordered_set<Conn *> conns;
     std::atomic<size_t> max_connections{0};
     std::atomic<size_t> open_connections{0};
+    std::atomic<size_t> closing_connections{0};  // of the open ones: being closed (their handles not yet gone)
     std::atomic<size_t> peak_connections{0};
 
     // --- StoreCore::Transport ---
@@ -117,6 +122,7 @@ struct TcpStoreServer::Impl final : StoreCore::Transport {
     void close(StorePeer *peer) override {
         Conn *c = conn_of(peer);
         if (c->closing) return;
+        leave(c);
         uv_shutdown_t *req = new uv_shutdown_t();
         req->data = c;
         uv_read_stop(reinterpret_cast<uv_stream_t *>(&c->handle));
@@ -149,26 +155,59 @@ struct TcpStoreServer::Impl final : StoreCore::Transport {
         c->peer.owner = c;
         uv_tcp_init(&self->loop, &c->handle);
         self->conns.insert(c);
-        const size_t open = self->open_connections.fetch_add(1) + 1;
+        // The live ones: those being closed have given up their place already.
+        const size_t open = self->open_connections.fetch_add(1) + 1 - self->closing_connections.load();
         if (open > self->peak_connections.load()) self->peak_connections.store(open);
         if (uv_accept(listener, reinterpret_cast<uv_stream_t *>(&c->handle)) != 0) {
             self->close_conn(c);
             return;
         }
         c->peer.name = peer_name(&c->handle);
-        if (open > self->max_connections.load()) {
-            // Accepted and closed at once, so the backlog drains and the stranger learns.
-            log(SX_LOG_WARN, "sx: rendezvous server on port %d: refusing %s: %zu connections open, the limit",
-                self->options.port, c->peer.name.c_str(), open - 1);
-            self->close_conn(c);
-            return;
-        }
+        c->accepted_ms = now_ms();
         uv_tcp_nodelay(&c->handle, 1);
         {
             std::lock_guard<std::recursive_mutex> lock(self->mu);
-            self->core->open(&c->peer, now_ms());
+            self->core->open(&c->peer, c->accepted_ms);
+        }
+        // At the limit, the newcomer takes the place of the oldest connection still not
+        // admitted (a rank is admitted within milliseconds of connecting: one that has
+        // been waiting longer is not a rank at work), so that connections held open by
+        // strangers cannot keep the ranks out. Where every connection is admitted, the
+        // newcomer is told that the server is full.
+        if (open > self->max_connections.load() && !self->evict_oldest_unadmitted(c)) {
+            log(SX_LOG_WARN, "sx: rendezvous server on port %d: refusing %s: %zu connections open, all admitted",
+                self->options.port, c->peer.name.c_str(), open - 1);
+            std::lock_guard<std::recursive_mutex> lock(self->mu);
+            self->core->turn_away(&c->peer,
+                                  format("the rendezvous server on port %d is saturated: %zu connections of admitted "
+                                         "clients are open, the most it keeps for a group of %d ranks",
+                                         self->options.port, open - 1, self->options.world_size));
+            return;
         }
         uv_read_start(reinterpret_cast<uv_stream_t *>(&c->handle), on_alloc, on_read);
+    }
+
+    // Closes the connection not admitted yet that came first (but `newcomer`), if it has
+    // waited at least kMinPendingMs: one that has not said HELLO first (a client says it
+    // as soon as it connects; one that did is busy with its handshake); false if there is
+    // none.
+    bool evict_oldest_unadmitted(Conn *newcomer) {
+        Conn *oldest = nullptr;
+        {
+            std::lock_guard<std::recursive_mutex> lock(mu);
+            for (Conn *c : conns) {
+                if (c == newcomer || c->leaving || c->peer.admitted) continue;
+                const bool before = !oldest || (c->peer.said_hello != oldest->peer.said_hello
+                                                    ? !c->peer.said_hello
+                                                    : c->accepted_ms < oldest->accepted_ms);
+                if (before) oldest = c;
+            }
+        }
+        if (!oldest || now_ms() - oldest->accepted_ms < kMinPendingMs) return false;
+        log(SX_LOG_WARN, "sx: rendezvous server on port %d: closing %s, not admitted after %lld ms, to make room",
+            options.port, oldest->peer.name.c_str(), static_cast<long long>(now_ms() - oldest->accepted_ms));
+        close_conn(oldest);
+        return true;
     }
 
     static void on_alloc(uv_handle_t *handle, size_t, uv_buf_t *buf) {
@@ -190,12 +229,21 @@ struct TcpStoreServer::Impl final : StoreCore::Transport {
     static void on_close(uv_handle_t *handle) {
         Conn *c = static_cast<Conn *>(handle->data);
         c->server->open_connections.fetch_sub(1);
+        c->server->closing_connections.fetch_sub(1);
         delete c;
+    }
+
+    // The connection gives up its place (once): it is being shut down or closed.
+    void leave(Conn *c) {
+        if (c->leaving) return;
+        c->leaving = true;
+        closing_connections.fetch_add(1);
     }
 
     void close_conn(Conn *c) {
         if (c->closing) return;
         c->closing = true;
+        leave(c);
         {
             // Also reached from inside the core (a send that fails), hence the recursive mutex.
             std::lock_guard<std::recursive_mutex> lock(mu);
@@ -355,7 +403,9 @@ StoreCore::Stats TcpStoreServer::stats() const {
     return impl_->core->stats();
 }
 
-size_t TcpStoreServer::connections() const { return impl_->open_connections.load(); }
+size_t TcpStoreServer::connections() const {
+    return impl_->open_connections.load() - impl_->closing_connections.load();
+}
 size_t TcpStoreServer::peak_connections() const { return impl_->peak_connections.load(); }
 std::string TcpStoreServer::bound_address() const { return impl_->address; }
 

@@ -51,7 +51,7 @@ class TcpStoreServer {
 
     // The store's counters (taken on the loop thread; waits for it).
     StoreCore::Stats stats() const;
-    // Connections open now, and the most that were open at once.
+    // Connections open now (but those being closed), and the most that were open at once.
     size_t connections() const;
     size_t peak_connections() const;
     // The address it listens on ("127.0.0.1", "::", ...).
