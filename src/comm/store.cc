@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -53,29 +54,45 @@ constexpr int kWorldShift = 24;  // arrivals below 2^24 > SX_MAX_WORLD_SIZE
 constexpr int64_t kArrivalMask = (int64_t(1) << kWorldShift) - 1;
 constexpr Millis kArrivalSlice(50);
 
-// Every arrived rank's word for the world size, grouped by size: "2 on ranks 0, 1, 3 on
-// rank 2" (from the arrivals' records; those not yet written are left out).
-std::string world_sizes_text(Store &store, int64_t arrivals) {
-    std::vector<std::pair<long long, long long>> said;  // rank, size
-    for (int64_t i = 1; i <= arrivals && i <= 64; ++i) {
-        std::string v;
-        if (!store.get(format("__sx/arrival/%lld", static_cast<long long>(i)), &v, Millis(200)).ok()) continue;
-        long long r = -1, w = -1;
-        if (std::sscanf(v.c_str(), "%lld %lld", &r, &w) == 2) said.push_back({r, w});
-    }
-    std::sort(said.begin(), said.end());
+// What the ranks that arrived said, grouped by size in rank order: "2 on rank 0, 3 on
+// rank 1" (each rank records its word before it is counted; at most the first 64 ranks
+// are looked at). Where the records cannot be read (rank 0's server gone), this rank's.
+std::string world_sizes_text(Store &store, int rank, int world_size, int64_t arrivals) {
     std::vector<std::pair<long long, std::vector<long long>>> sizes;  // in the order of their first rank
-    for (const auto &e : said) {
-        auto it = std::find_if(sizes.begin(), sizes.end(), [&](const auto &s) { return s.first == e.second; });
-        if (it == sizes.end()) sizes.push_back({e.second, {}}), it = sizes.end() - 1;
-        it->second.push_back(e.first);
+    int64_t found = 0;
+    for (int r = 0; r < 64 && found < arrivals; ++r) {
+        bool present = false;
+        std::string v;
+        if (!store.check({format("__sx/said/%d", r)}, &present).ok()) break;
+        if (!present || !store.get(format("__sx/said/%d", r), &v, Millis(200)).ok()) continue;
+        ++found;
+        const long long w = std::atoll(v.c_str());
+        auto it = std::find_if(sizes.begin(), sizes.end(), [&](const auto &e) { return e.first == w; });
+        if (it == sizes.end()) sizes.push_back({w, {}}), it = sizes.end() - 1;
+        it->second.push_back(r);
     }
+    if (found < 2) return format("%d on rank %d, and another size on a rank that arrived before it", world_size, rank);
     std::string out;
     for (const auto &e : sizes) {
         out += (out.empty() ? "" : ", ") + std::to_string(e.first) + (e.second.size() == 1 ? " on rank " : " on ranks ");
         for (size_t k = 0; k < e.second.size(); ++k) out += (k ? ", " : "") + std::to_string(e.second[k]);
     }
     return out;
+}
+
+// A rank that found the sizes disagree says it saw it, then stays (at most 1 s, its store
+// and, on rank 0, the server up) until every rank that arrived has seen it too, so that
+// each is told rather than left waiting for a server that went away.
+Status leave_on_mismatch(Store &store, const std::string &text) {
+    int64_t seen = 0, arrivals = 0;
+    store.add("__sx/mismatch-seen", 1, &seen);
+    const Clock::time_point until = Clock::now() + Millis(1000);
+    while (Clock::now() < until) {
+        if (!store.add("__sx/arrivals", 0, &arrivals).ok() || !store.add("__sx/mismatch-seen", 0, &seen).ok()) break;
+        if (seen >= (arrivals & kArrivalMask)) break;
+        std::this_thread::sleep_for(Millis(10));
+    }
+    return SX_ERROR(SX_ERR_MISMATCH, "%s", text.c_str());
 }
 
 }  // namespace
@@ -86,13 +103,16 @@ Status await_ranks(Store &store, int rank, int world_size, Clock::time_point dea
     const std::string who = format("rank %d of %d: ", rank, world_size);
     const int64_t mine = 1 + (static_cast<int64_t>(world_size) << kWorldShift);
     int64_t counter = 0;
+    SX_TRY(store.set(format("__sx/said/%d", rank), std::to_string(world_size)).prefix(who));
     SX_TRY(store.add("__sx/arrivals", mine, &counter).prefix(who));
     const int64_t arrived = counter & kArrivalMask, sum = counter >> kWorldShift;
-    SX_TRY(store.set(format("__sx/arrival/%lld", static_cast<long long>(arrived)), format("%d %d", rank, world_size))
-               .prefix(who));
     if (sum != static_cast<int64_t>(world_size) * arrived) {
+        // This rank saw it: it tells the others, and leaves at once.
         SX_TRY(store.set("__sx/world-mismatch", "1").prefix(who));
-    } else if (arrived == world_size) {
+        return leave_on_mismatch(store, who + "ranks disagree on world_size: " +
+                                            world_sizes_text(store, rank, world_size, arrived));
+    }
+    if (arrived == world_size) {
         SX_TRY(store.set("__sx/all-arrived", "1").prefix(who));
     }
     // Waits for the last arrival, in slices, watching for a rank that said another size.
@@ -100,10 +120,10 @@ Status await_ranks(Store &store, int rank, int world_size, Clock::time_point dea
         bool mismatch = false;
         SX_TRY(store.check({"__sx/world-mismatch"}, &mismatch).prefix(who));
         if (mismatch) {
-            int64_t now = 0;
-            SX_TRY(store.add("__sx/arrivals", 0, &now).prefix(who));
-            return SX_ERROR(SX_ERR_MISMATCH, "%sranks disagree on world_size: %s", who.c_str(),
-                            world_sizes_text(store, now & kArrivalMask).c_str());
+            int64_t now = arrived;
+            store.add("__sx/arrivals", 0, &now);
+            return leave_on_mismatch(store, who + "ranks disagree on world_size: " +
+                                                world_sizes_text(store, rank, world_size, now & kArrivalMask));
         }
         const Millis left = time_left(deadline);
         if (left.count() <= 0) {
