@@ -517,6 +517,19 @@ func (g *ShardGroup) f32(grad bool, param int32) ([]float32, error) {
 // Close. The trainer may write it between steps.
 func (g *ShardGroup) Param(param int32) ([]float32, error) { return g.f32(false, param) }
 
+// UnitView is the raw view of unit's whole flat buffer (an index, as GatherUnit's): its
+// params, or with grad its gradients; PaddedNumel elements, each param at its
+// OffsetInUnit. With GroupConfig.Alignment 1 the params are packed: one block, as a
+// trainer that keeps all its params in one array has them (UnitView(u, g).Float32s()).
+func (g *ShardGroup) UnitView(unit int32, grad bool) (View, error) {
+	var v C.sx_view_t
+	C.sx_view_init(&v, C.size_t(unsafe.Sizeof(v)))
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t {
+		return C.sx_unit_view(raw, C.int32_t(unit), cbool(grad), &v)
+	})
+	return View{Data: v.data, Numel: uint64(v.numel), Dtype: Dtype(v.dtype), Device: int32(v.device)}, err
+}
+
 // Grad returns a param's gradient, zero-copy; the trainer adds its gradient into it.
 func (g *ShardGroup) Grad(param int32) ([]float32, error) { return g.f32(true, param) }
 

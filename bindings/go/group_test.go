@@ -624,6 +624,57 @@ func sameParams(t *testing.T, what string, got, want [][][]float32) {
 	}
 }
 
+func TestAPackedUnitIsOneBlockBehindOneSlice(t *testing.T) {
+	cfg := config(rendezvous("packed"), 0, 1)
+	cfg.Alignment = 1
+	g, err := NewShardGroup(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	pg := NewParamGroup(SGD)
+	pg.LR = 0.5
+	if _, err := g.AddParamGroup(pg); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []Param{{Name: "a", Shape: []int64{2, 3}}, {Name: "b", Shape: []int64{5}}} {
+		if _, err := g.AddParam(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := g.Finalize(); err != nil {
+		t.Fatal(err)
+	}
+	pv, err := g.UnitView(0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, err := pv.Float32s()
+	if err != nil || len(block) != 11 {
+		t.Fatalf("the packed block: %d elements, %v", len(block), err)
+	}
+	for i := range block {
+		block[i] = 1
+	}
+	if b, _ := g.Param(1); b[0] != 1 || b[4] != 1 {
+		t.Errorf("param b is not in the block: %v", b)
+	}
+	gv, _ := g.UnitView(0, true)
+	grads, _ := gv.Float32s()
+	for i := range grads {
+		grads[i] = 2
+	}
+	if _, err := g.Step(nil); err != nil {
+		t.Fatal(err)
+	}
+	if block[0] != 0 || block[10] != 0 {
+		t.Errorf("after the step: %v", block)
+	}
+	if _, err := g.UnitView(1, false); statusOf(err) != ErrInvalidArgument {
+		t.Errorf("a unit out of range gave %v", err)
+	}
+}
+
 func TestAllReduceCombinesTheTrainersNumbers(t *testing.T) {
 	rdv := rendezvous("allreduce")
 	got := make([][][]float64, 3)

@@ -210,7 +210,12 @@ typedef struct sx_group_config {
      * machine divided by the ranks on it (local://) or all of them. */
     int32_t num_threads;
     /* Start of every param in the flat buffers is aligned to this many bytes: a power
-     * of two >= 64; 0 = 64. */
+     * of two in [1, 2^20]; 0 = 64. An alignment below a param's element size (1: for
+     * every dtype) packs the params: each starts where the one before ends, so a unit's
+     * flat buffer (sx_unit_view) holds them as one block, as a trainer that keeps all its
+     * params in one array (llm.c) has them. Its cost: shards and params start anywhere,
+     * so the optimizer's wide loads and stores are unaligned, and neighbouring shards may
+     * share a cache line. (Alignments below 64: 1.5.) */
     int32_t alignment;
     /* Every collective and rendezvous wait fails after this many milliseconds. The phases
      * of sx_create_shard_group (the store, the ranks' arrival, the transport, a mesh's
@@ -440,6 +445,17 @@ SX_API sx_status_t sx_param_view(const sx_shard_group_t *group, int32_t param, s
  * into .grad); sx zeroes it after sx_accumulate_grads (stage 2) and after sx_step.
  * After sx_finalize. */
 SX_API sx_status_t sx_grad_view(const sx_shard_group_t *group, int32_t param, sx_view_t *out);
+
+/* The whole flat buffer of unit `unit` (an index, as sx_unit_gather's) (1.5): its params
+ * (grad = 0) or its gradients (grad = 1), padded_numel elements (sx_get_unit_info) of
+ * the unit's dtype (the gradients': its grad dtype), each param at its
+ * offset_in_unit (sx_get_param_info) in registration order, the padding after the last
+ * (zero; ignored by the step). For a trainer that keeps all its params, or all its
+ * gradients, behind one pointer: with a packed layout (config->alignment 1) and one unit
+ * they are exactly its array. The rules of the params' and gradients' own views hold
+ * (the trainer adds into the gradients; at stage 3 the params only while the unit is
+ * gathered). After sx_finalize. */
+SX_API sx_status_t sx_unit_view(const sx_shard_group_t *group, int32_t unit, int32_t grad, sx_view_t *out);
 
 /* Index of the param named `name` (borrowed), or SX_ERR_NOT_FOUND. */
 SX_API sx_status_t sx_find_param(const sx_shard_group_t *group, const char *name, int32_t *index);

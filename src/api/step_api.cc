@@ -48,6 +48,22 @@ SX_API sx_status_t sx_grad_view(const sx_shard_group_t *group, int32_t param, sx
     return view(__func__, group, param, out, true);
 }
 
+SX_API sx_status_t sx_unit_view(const sx_shard_group_t *group, int32_t unit, int32_t grad, sx_view_t *out) {
+    return guard(__func__, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        SX_TRY(sx::api::check_output(out, "out"));
+        SX_CHECK_ARG(grad == 0 || grad == 1, "grad is %d; it must be 0 (the params) or 1 (the gradients)", grad);
+        sx_view_t v;
+        std::memset(&v, 0, sizeof v);
+        v.struct_size = sizeof v;
+        SX_TRY(g->unit_buffer(unit, grad != 0, &v.data, &v.numel, &v.dtype));
+        v.device = g->ops().device();
+        sx::api::write_output(out, v);
+        return Status::Ok();
+    });
+}
+
 SX_API sx_status_t sx_find_param(const sx_shard_group_t *group, const char *name, int32_t *index) {
     return guard(__func__, [&]() -> Status {
         sx::core::ShardGroup *g;

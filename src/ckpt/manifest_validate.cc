@@ -64,8 +64,8 @@ Status validate_header(const Manifest &m) {
              SX_ERR_CORRUPT, "manifest: shard_size is %d; it must be 0 or a divisor of world_size %d", m.shard_size,
              m.world_size);
     SX_CHECK(m.stage >= 1 && m.stage <= 3, SX_ERR_CORRUPT, "manifest: stage is %d; it must be 1, 2 or 3", m.stage);
-    SX_CHECK(m.alignment >= 64 && m.alignment <= (1 << 20) && (m.alignment & (m.alignment - 1)) == 0,
-             SX_ERR_CORRUPT, "manifest: alignment is %d; it must be a power of two in [64, 2^20] bytes",
+    SX_CHECK(m.alignment >= 1 && m.alignment <= (1 << 20) && (m.alignment & (m.alignment - 1)) == 0,
+             SX_ERR_CORRUPT, "manifest: alignment is %d; it must be a power of two in [1, 2^20] bytes",
              m.alignment);
     SX_CHECK(m.user_blob.size() <= kMaxUserBlobBytes, SX_ERR_CORRUPT,
              "manifest: user_blob is %zu bytes, more than the %llu-byte limit", m.user_blob.size(),

@@ -43,8 +43,8 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     SX_CHECK_ARG(cfg.backend == SX_BACKEND_AUTO || cfg.backend == SX_BACKEND_CPU ||
                      cfg.backend == SX_BACKEND_CUDA,
                  "backend %d is not SX_BACKEND_AUTO, SX_BACKEND_CPU or SX_BACKEND_CUDA", cfg.backend);
-    SX_CHECK_ARG(is_power_of_two(cfg.alignment) && cfg.alignment >= 64 && cfg.alignment <= (1 << 20),
-                 "alignment %d is not a power of two in [64, 2^20] bytes", cfg.alignment);
+    SX_CHECK_ARG(is_power_of_two(cfg.alignment) && cfg.alignment <= (1 << 20),
+                 "alignment %d is not a power of two in [1, 2^20] bytes", cfg.alignment);
     SX_CHECK_ARG(cfg.timeout_ms > 0, "timeout_ms %d must be > 0", cfg.timeout_ms);
     SX_CHECK_ARG(cfg.num_threads >= 0 && cfg.num_threads <= 1024, "num_threads %d is not in [0, 1024]",
                  cfg.num_threads);
@@ -499,6 +499,22 @@ void *ShardGroup::grad_data(int32_t param) const {
     const ParamPlacement &pl = layout_.placement(param);
     const Unit &u = units_[pl.unit_index];
     return u.grads.as<char>() + pl.offset * dtype_size(u.grad_dtype);
+}
+
+Status ShardGroup::unit_buffer(int32_t u, bool grad, void **data, uint64_t *numel, int32_t *dtype) const {
+    SX_CHECK(finalized_, SX_ERR_INVALID_STATE,
+             "the group is not finalized yet: units are laid out in the flat buffers by sx_finalize");
+    const int32_t n = static_cast<int32_t>(units_.size());
+    SX_CHECK_ARG(u >= 0 && u < n, "unit index %d is out of range (%d units laid out)", u, n);
+    const Unit &unit = units_[u];
+    SX_CHECK(grad || config_.stage != 3 || unit.pins > 0, SX_ERR_INVALID_STATE,
+             "unit %d is not gathered: at stage 3 a unit's params exist only between sx_unit_gather and "
+             "sx_unit_release",
+             u);
+    *data = grad ? unit.grads.data() : unit.params.data();
+    *numel = layout_.units()[u].padded_numel;
+    *dtype = grad ? unit.grad_dtype : unit.dtype;
+    return Status::Ok();
 }
 
 int32_t ShardGroup::grad_dtype(int32_t param) const {

@@ -224,6 +224,9 @@ class ShardGroup {
     Status find_param(const char *name, int32_t *index) const;
     void *param_data(int32_t param) const;  // of the param's dtype
     void *grad_data(int32_t param) const;   // of grad_dtype(param)
+    // Unit u's whole flat buffer of params or gradients (sx_unit_view): its first element,
+    // padded_numel elements and their dtype. Stage 3: params only while u is gathered.
+    Status unit_buffer(int32_t u, bool grad, void **data, uint64_t *numel, int32_t *dtype) const;
     int32_t grad_dtype(int32_t param) const;
     const ParamSpec &param(int32_t index) const { return params_[index]; }
     const Layout &layout() const { return layout_; }

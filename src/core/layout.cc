@@ -24,8 +24,8 @@ bool round_up(uint64_t a, uint64_t m, uint64_t *out) {
 Status Layout::build(const std::vector<ParamShape> &params, int world_size, uint64_t align_bytes,
                      Layout *out) {
     SX_CHECK_ARG(world_size >= 1, "world size %d must be >= 1", world_size);
-    SX_CHECK_ARG(align_bytes >= 4 && (align_bytes & (align_bytes - 1)) == 0,
-                 "alignment of %llu bytes must be a power of two >= 4",
+    SX_CHECK_ARG(align_bytes >= 1 && (align_bytes & (align_bytes - 1)) == 0,
+                 "alignment of %llu bytes must be a power of two",
                  static_cast<unsigned long long>(align_bytes));
     Layout l;
     l.world_size_ = world_size;
@@ -47,7 +47,9 @@ Status Layout::build(const std::vector<ParamShape> &params, int world_size, uint
         u.unit_id = entry.first;
         u.params = std::move(entry.second);
         u.elem_bytes = params[u.params[0]].elem_bytes;
-        const uint64_t align_elems = align_bytes / u.elem_bytes;
+        // An alignment below the element size packs the params (each starts where the
+        // one before ends).
+        const uint64_t align_elems = std::max<uint64_t>(1, align_bytes / u.elem_bytes);
         u.align_elems = align_elems;
         const uint64_t granule = align_elems * static_cast<uint64_t>(world_size);
         uint64_t cursor = 0;

@@ -365,7 +365,7 @@ static void test_create_errors(void **state) {
             assert_non_null(strstr(sx_last_error_message(), "SX_BACKEND_CUDA"));
         }
     }
-    const int32_t bad_alignment[] = {-64, 1, 32, 63, 96, 100, 1 << 21, INT32_MIN};
+    const int32_t bad_alignment[] = {-64, 3, 63, 96, 100, 1 << 21, INT32_MIN};
     for (size_t i = 0; i < sizeof bad_alignment / sizeof bad_alignment[0]; ++i) {
         b = c;
         b.alignment = bad_alignment[i];

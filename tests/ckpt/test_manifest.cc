@@ -277,7 +277,7 @@ std::vector<Rule> rules() {
         {"shard_size negative", [](Manifest *m) { m->shard_size = -3; }, "shard_size"},
         {"stage 4", [](Manifest *m) { m->stage = 4; }, "stage"},
         {"alignment 96", [](Manifest *m) { m->alignment = 96; }, "alignment"},
-        {"alignment 32", [](Manifest *m) { m->alignment = 32; }, "alignment"},
+        {"alignment 0", [](Manifest *m) { m->alignment = 0; }, "alignment"},
         {"zero loss scale", [](Manifest *m) { m->loss_scaler.scale = 0; }, "loss_scaler.scale"},
         {"NaN loss scale", [](Manifest *m) { m->loss_scaler.scale = __builtin_nan(""); }, "loss_scaler.scale"},
         {"negative growth_interval", [](Manifest *m) { m->loss_scaler.growth_interval = -1; }, "growth_interval"},

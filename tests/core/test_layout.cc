@@ -152,6 +152,23 @@ void test_two_byte_units_align_in_bytes(void **) {
     assert_int_equal(l.units()[1].padded_numel, 32);
 }
 
+void test_an_alignment_below_the_element_packs(void **) {
+    // Alignments of 1 and 2 bytes: each param starts where the one before ends, in fp32
+    // (4-byte elements) and bf16 alike; the unit pads only to a multiple of the ranks.
+    std::vector<ParamShape> params = {{0, 3, 4}, {0, 5, 4}, {1, 3, 2}, {1, 6, 2}};
+    for (uint64_t align : {1u, 2u}) {
+        Layout l;
+        assert_true(Layout::build(params, 3, align, &l).ok());
+        assert_int_equal(l.units()[0].align_elems, 1);
+        assert_int_equal(l.placement(1).offset, 3);
+        assert_int_equal(l.units()[0].padded_numel, 9);
+        assert_int_equal(l.placement(3).offset, 3);
+        assert_int_equal(l.units()[1].padded_numel, 9);
+    }
+    Layout l;
+    assert_int_equal(Layout::build(params, 3, 3, &l).code(), SX_ERR_INVALID_ARGUMENT);  // not a power of two
+}
+
 void test_mixed_element_sizes_in_a_unit_are_rejected(void **) {
     std::vector<ParamShape> params = {{0, 3, 2}, {0, 5, 4}};
     Layout l;
@@ -167,6 +184,7 @@ int main(void) {
         cmocka_unit_test(test_random_shapes_all_world_sizes),
         cmocka_unit_test(test_small_params_smaller_than_world),
         cmocka_unit_test(test_one_huge_param),
+        cmocka_unit_test(test_an_alignment_below_the_element_packs),
         cmocka_unit_test(test_unit_too_large_is_rejected),
         cmocka_unit_test(test_exact_boundaries),
         cmocka_unit_test(test_two_byte_units_align_in_bytes),

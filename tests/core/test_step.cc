@@ -269,6 +269,159 @@ void test_nonfinite_gradients(void **) {
     }
 }
 
+// A trainer that keeps its params in one array (llm.c): a packed layout (alignment 1)
+// puts them one after the other in one unit, and sx_unit_view gives that block, params
+// and gradients, behind one pointer each. 3 ranks (shards start mid-param) train through
+// the unit views alone, fp32 and bf16, and end bit for bit where the default layout's
+// per-param views do; the packed checkpoint loads into 2 ranks at the default alignment.
+void test_packed_layout_and_unit_views(void **) {
+    const int64_t sizes[] = {5, 7, 3, 11};
+    const int np = 4;
+    const std::string dir = sxtest::make_tmpdir("packed");
+    for (int32_t dtype : {SX_DTYPE_F32, SX_DTYPE_BF16}) {
+        std::vector<float> result[2][3];
+        for (int packed = 0; packed < 2; ++packed) {
+            const std::string rv = "local://packed-" + std::to_string(getpid()) + "-" + std::to_string(dtype) + "-" +
+                                   std::to_string(packed);
+            const std::string err = sxtest::run_ranks(3, [&](int rank) -> std::string {
+                sx_group_config_t cfg;
+                sx_group_config_init(&cfg, sizeof cfg);
+                cfg.backend = SX_BACKEND_CPU;
+                cfg.rendezvous = rv.c_str();
+                cfg.rank = rank, cfg.world_size = 3, cfg.num_threads = 1;
+                cfg.alignment = packed ? 1 : 0;
+                sx_shard_group_t *g = nullptr;
+                if (sx_create_shard_group(&cfg, &g) != SX_OK) return sx_last_error_message();
+                std::string e;
+                sx_param_group_desc_t adamw;
+                sx_param_group_desc_init(&adamw, sizeof adamw, SX_OPTIM_ADAMW);
+                adamw.lr = 0.01;
+                if (sx_add_param_group(g, &adamw, nullptr) != SX_OK) e = sx_last_error_message();
+                for (int p = 0; p < np && e.empty(); ++p) {
+                    const std::string name = "p" + std::to_string(p);
+                    sx_param_desc_t d;
+                    sx_param_desc_init(&d, sizeof d);
+                    d.name = name.c_str(), d.ndim = 1, d.shape = &sizes[p], d.dtype = dtype;
+                    if (sx_add_param(g, &d, nullptr) != SX_OK) e = sx_last_error_message();
+                }
+                if (e.empty() && sx_finalize(g) != SX_OK) e = sx_last_error_message();
+                const size_t es = dtype == SX_DTYPE_F32 ? 4 : 2;
+                // Where each param starts: packed, right after the one before.
+                std::vector<uint64_t> offset(np);
+                for (int p = 0; p < np && e.empty(); ++p) {
+                    sx_param_info_t info;
+                    sx_param_info_init(&info, sizeof info);
+                    sx_get_param_info(g, p, &info);
+                    offset[p] = info.offset_in_unit;
+                    if (packed && offset[p] != (p ? offset[p - 1] + sizes[p - 1] : 0))
+                        e = "param " + std::to_string(p) + " is not packed: offset " + std::to_string(offset[p]);
+                }
+                sx_view_t pv, gv, first;
+                sx_view_init(&pv, sizeof pv), sx_view_init(&gv, sizeof gv), sx_view_init(&first, sizeof first);
+                if (e.empty() && (sx_unit_view(g, 0, 0, &pv) != SX_OK || sx_unit_view(g, 0, 1, &gv) != SX_OK ||
+                                  sx_param_view(g, 0, &first) != SX_OK))
+                    e = std::string("views: ") + sx_last_error_message();
+                if (e.empty() && (pv.data != first.data || pv.dtype != dtype || pv.numel < 26 || pv.numel % 3 != 0))
+                    e = "the unit's param view is not the block of its params";
+                if (e.empty() && packed && pv.numel != 27) e = "packed: " + std::to_string(pv.numel) + " elements";
+                auto put = [&](void *base, uint64_t i, float x) {
+                    if (es == 4) {
+                        static_cast<float *>(base)[i] = x;
+                    } else {
+                        uint32_t b;
+                        std::memcpy(&b, &x, 4);
+                        static_cast<uint16_t *>(base)[i] = static_cast<uint16_t>(b >> 16);
+                    }
+                };
+                auto get = [&](const void *base, uint64_t i) {
+                    if (es == 4) return static_cast<const float *>(base)[i];
+                    const uint32_t b = static_cast<uint32_t>(static_cast<const uint16_t *>(base)[i]) << 16;
+                    float x;
+                    std::memcpy(&x, &b, 4);
+                    return x;
+                };
+                // Initial values and gradients through the unit views alone.
+                for (int p = 0; p < np && e.empty(); ++p)
+                    for (int64_t i = 0; i < sizes[p]; ++i) put(pv.data, offset[p] + i, 0.5f - 0.03125f * (p + i));
+                for (int s = 1; s <= 4 && e.empty(); ++s) {
+                    for (int p = 0; p < np; ++p)
+                        for (int64_t i = 0; i < sizes[p]; ++i)
+                            put(gv.data, offset[p] + i, 0.0625f * ((s + p + i + rank) % 5) - 0.125f);
+                    if (sx_step(g, nullptr, nullptr) != SX_OK) e = std::string("step: ") + sx_last_error_message();
+                }
+                for (int p = 0; p < np && e.empty(); ++p)
+                    for (int64_t i = 0; i < sizes[p]; ++i) result[packed][rank].push_back(get(pv.data, offset[p] + i));
+                if (e.empty() && packed) {
+                    sx_save_options_t so;
+                    sx_save_options_init(&so, sizeof so);
+                    const std::string path = dir + "/packed-" + std::to_string(dtype);
+                    so.path = path.c_str();
+                    so.synchronous = 1;
+                    sx_future_t *f = nullptr;
+                    if (sx_save_optim_state(g, &so, &f) != SX_OK || sx_future_wait(f, -1) != SX_OK)
+                        e = std::string("save: ") + sx_last_error_message();
+                    sx_future_destroy(f);
+                }
+                sx_destroy_shard_group(g);
+                return e;
+            });
+            if (!err.empty()) fail_msg("dtype %d, packed %d: %s", dtype, packed, err.c_str());
+        }
+        for (int r = 0; r < 3; ++r)
+            if (result[1][r] != result[0][0]) fail_msg("dtype %d: the packed run differs on rank %d", dtype, r);
+        // The packed checkpoint into 2 ranks at the default alignment: the same values.
+        const std::string rv = "local://packed-load-" + std::to_string(getpid()) + "-" + std::to_string(dtype);
+        const std::string err = sxtest::run_ranks(2, [&](int rank) -> std::string {
+            sx_group_config_t cfg;
+            sx_group_config_init(&cfg, sizeof cfg);
+            cfg.backend = SX_BACKEND_CPU;
+            cfg.rendezvous = rv.c_str();
+            cfg.rank = rank, cfg.world_size = 2, cfg.num_threads = 1;
+            sx_shard_group_t *g = nullptr;
+            if (sx_create_shard_group(&cfg, &g) != SX_OK) return sx_last_error_message();
+            std::string e;
+            sx_param_group_desc_t adamw;
+            sx_param_group_desc_init(&adamw, sizeof adamw, SX_OPTIM_ADAMW);
+            adamw.lr = 0.01;
+            sx_add_param_group(g, &adamw, nullptr);
+            for (int p = 0; p < np; ++p) {
+                const std::string name = "p" + std::to_string(p);
+                sx_param_desc_t d;
+                sx_param_desc_init(&d, sizeof d);
+                d.name = name.c_str(), d.ndim = 1, d.shape = &sizes[p], d.dtype = dtype;
+                sx_add_param(g, &d, nullptr);
+            }
+            sx_load_options_t lo;
+            sx_load_optim_state_options_init(&lo, sizeof lo);
+            const std::string path = dir + "/packed-" + std::to_string(dtype);
+            lo.path = path.c_str();
+            if (sx_finalize(g) != SX_OK || sx_load_optim_state(g, &lo) != SX_OK)
+                e = std::string("load: ") + sx_last_error_message();
+            std::vector<float> got;
+            for (int p = 0; p < np && e.empty(); ++p) {
+                sx_view_t v;
+                sx_view_init(&v, sizeof v);
+                sx_param_view(g, p, &v);
+                for (uint64_t i = 0; i < v.numel; ++i) {
+                    if (dtype == SX_DTYPE_F32) {
+                        got.push_back(static_cast<const float *>(v.data)[i]);
+                    } else {
+                        const uint32_t b = static_cast<uint32_t>(static_cast<const uint16_t *>(v.data)[i]) << 16;
+                        float x;
+                        std::memcpy(&x, &b, 4);
+                        got.push_back(x);
+                    }
+                }
+            }
+            if (e.empty() && got != result[1][0]) e = "the packed checkpoint loaded other values";
+            sx_destroy_shard_group(g);
+            return e;
+        });
+        if (!err.empty()) fail_msg("dtype %d, loading the packed checkpoint: %s", dtype, err.c_str());
+    }
+    sxtest::remove_tree(dir);
+}
+
 void test_freeze_and_unfreeze(void **) {
     for (int world : {1, 2, 3}) {
         for (int stage = 1; stage <= 2; ++stage) {
@@ -410,6 +563,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_the_accumulator_exists_only_where_needed),
         cmocka_unit_test(test_the_default_step_leaves_zero_gradients),
         cmocka_unit_test(test_nonfinite_gradients),
+        cmocka_unit_test(test_packed_layout_and_unit_views),
         cmocka_unit_test(test_freeze_and_unfreeze),
         cmocka_unit_test(test_freezing_changes_the_trajectory),
         cmocka_unit_test(test_param_groups_added_at_run_time),

@@ -13,7 +13,7 @@ module SX
 
 using Libdl
 
-export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, param_view, all_reduce!,
+export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, param_view, all_reduce!, unit_view,
        grad_view, step!, save, load!, read_user_blob, set_trainable!, is_trainable,
        trainable_mask, param_info, unit_info, memory_stats, with_group, wait_staged,
        set_loss_scaling!, loss_scale, unit_grads_ready!, gather_unit!, release_unit!, with_unit,
@@ -646,6 +646,25 @@ function _view(g::ShardGroup, p, grad::Bool)
         throw(SXError(SX_ERR_UNSUPPORTED, "param $i lives in device memory, which cannot be wrapped as an Array"))
     dims = reverse(param_info(g, i).shape)  # row-major in sx, column-major here
     _lend(g, unsafe_wrap(Array, Ptr{_ELTYPES[v.dtype]}(v.data), dims; own=false))
+end
+
+"""
+    unit_view(g, unit; grad=false)
+
+Unit `unit`'s whole flat buffer (a 0-based index, as `gather_unit!`'s) as one zero-copy
+`Vector`: its params, or with `grad` its gradients; `padded_numel` elements, each param at
+its `offset_in_unit`. With `alignment=1` the params are packed: one block, as a trainer
+that keeps all its params in one array has them. The rules of `param_view` and
+`grad_view` hold.
+"""
+function unit_view(g::ShardGroup, unit::Integer; grad::Bool=false)
+    v = _blank(View)
+    check(@ccall libsx.sx_view_init(v::Ref{View}, sizeof(View)::Csize_t)::Int32)
+    h, u, gr = _handle(g), Int32(unit), Int32(grad)
+    check(@ccall libsx.sx_unit_view(h::Ptr{Cvoid}, u::Int32, gr::Int32, v::Ref{View})::Int32)
+    v.device == SX_DEVICE_CPU ||
+        throw(SXError(SX_ERR_UNSUPPORTED, "unit $unit lives in device memory, which cannot be wrapped as an Array"))
+    _lend(g, unsafe_wrap(Array, Ptr{_ELTYPES[v.dtype]}(v.data), (Int(v.numel),); own=false))
 end
 
 """

@@ -91,6 +91,22 @@ end
     end
 end
 
+@testset "a packed unit is one block" begin
+    with_group("local://jl-packed-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1, alignment=1) do g
+        add_param_group!(g, :sgd; lr=0.5)
+        add_param!(g, "a", (2, 3))
+        add_param!(g, "b", (5,))
+        finalize!(g)
+        block = unit_view(g, 0)
+        @test length(block) == 11
+        block .= 1.0f0
+        @test all(==(1.0f0), param_view(g, "b"))  # the same memory
+        unit_view(g, 0; grad=true) .= 2.0f0
+        step!(g)
+        @test all(==(0.0f0), block)
+    end
+end
+
 @testset "all_reduce!" begin
     rdv = "local://jl-allreduce-$(getpid())"
     tasks = [Threads.@spawn with_group(rdv, rank, 3; backend=SX.SX_BACKEND_CPU, num_threads=1,

@@ -267,6 +267,7 @@ PROTOTYPES = {
     "sx_finalize": (c_status, [sx_shard_group_p]),
     "sx_broadcast_params": (c_status, [sx_shard_group_p, _c.c_int32]),
     "sx_all_reduce": (c_status, [sx_shard_group_p, _P(_c.c_double), _c.c_int32, _c.c_int32]),
+    "sx_unit_view": (c_status, [sx_shard_group_p, _c.c_int32, _c.c_int32, _P(sx_view_t)]),
     "sx_view_init": (c_status, [_P(sx_view_t), _c.c_size_t]),
     "sx_param_view": (c_status, [sx_shard_group_p, _c.c_int32, _P(sx_view_t)]),
     "sx_grad_view": (c_status, [sx_shard_group_p, _c.c_int32, _P(sx_view_t)]),

@@ -378,6 +378,26 @@ class ShardGroup(Handle):
         it after each step (unless keep_grads). Invalid after close()."""
         return self._array(param, grad=True)
 
+    def raw_unit_view(self, unit, grad=False):
+        """The sx_view_t of unit `unit`'s whole flat buffer of params (or gradients)."""
+        view = _lib.init_struct(_lib.sx_view_t)
+        check(lib.sx_unit_view(self.handle, unit, 1 if grad else 0, ctypes.byref(view)))
+        return view
+
+    def unit_view(self, unit, grad=False):
+        """Unit `unit`'s whole flat buffer (its params, or with `grad` its gradients) as
+        one zero-copy 1-D array of unit_info(unit).padded_numel elements: each param at
+        its param_info().offset_in_unit, in registration order. With alignment=1 the
+        params are packed, so a trainer that keeps them in one array has exactly it. The
+        rules of param_view and grad_view hold."""
+        view = self.raw_unit_view(unit, grad)
+        if view.device != _lib.SX_DEVICE_CPU:
+            raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
+                                   f"unit {unit} lives in device memory, which cannot be "
+                                   "wrapped as a host array; use raw_unit_view()")
+        itemsize, fmt, npdtype = _views.DTYPES[view.dtype]
+        return _views.wrap(view.data, view.numel, itemsize, fmt, npdtype, (view.numel,), self)
+
     def param_info(self, param):
         """A :class:`ParamInfo` for a param (by name or index)."""
         index = self._index(param)

@@ -329,6 +329,25 @@ class AllReduceTest(unittest.TestCase):
                 g.all_reduce(1.0, op="product")
 
 
+class PackedLayoutTest(unittest.TestCase):
+    def test_one_block_of_params_behind_one_view(self):
+        with sx.ShardGroup(rendezvous(), 0, 1, backend="cpu", num_threads=1, alignment=1) as g:
+            g.add_param_group("sgd", lr=0.5)
+            g.add_param("a", [2, 3])
+            g.add_param("b", [5])
+            g.finalize()
+            self.assertEqual([g.param_info(p).offset_in_unit for p in ("a", "b")], [0, 6])
+            block, grads = g.unit_view(0), g.unit_view(0, grad=True)
+            self.assertEqual(len(block), 11)
+            fill(block, [1.0] * 11)
+            self.assertEqual(tolist(g.param_view("b")), [1.0] * 5)  # the same memory
+            fill(grads, [2.0] * 11)
+            g.step()
+            self.assertEqual(tolist(block), [0.0] * 11)
+            with self.assertRaises(sx.InvalidArgumentError):
+                g.unit_view(1)
+
+
 class MixedPrecisionTest(unittest.TestCase):
     def test_bf16_params_with_fp32_grads_and_dynamic_loss_scaling(self):
         with sx.ShardGroup(rendezvous(), 0, 1, backend="cpu", num_threads=1,

@@ -343,6 +343,7 @@ extern "C" {
     pub fn sx_finalize(group: *mut sx_shard_group_t) -> sx_status_t;
     pub fn sx_broadcast_params(group: *mut sx_shard_group_t, root: i32) -> sx_status_t;
     pub fn sx_all_reduce(group: *mut sx_shard_group_t, values: *mut f64, count: i32, op: i32) -> sx_status_t;
+    pub fn sx_unit_view(group: *const sx_shard_group_t, unit: i32, grad: i32, out: *mut sx_view_t) -> sx_status_t;
 
     pub fn sx_view_init(view: *mut sx_view_t, size: usize) -> sx_status_t;
     pub fn sx_param_view(group: *const sx_shard_group_t, param: i32, out: *mut sx_view_t) -> sx_status_t;

@@ -309,6 +309,34 @@ impl ShardGroup {
         self.view(sys::sx_grad_view, param)
     }
 
+    /// The raw view of unit `unit`'s whole flat buffer (an index, as `gather_unit`'s): its
+    /// params, or with `grad` its gradients; `padded_numel` elements, each param at its
+    /// `offset_in_unit`. With `GroupConfig::alignment(1)` the params are packed: one block.
+    pub fn unit_view(&self, unit: i32, grad: bool) -> Result<sys::sx_view_t> {
+        let mut v: sys::sx_view_t = init(sys::sx_view_init);
+        check(unsafe { sys::sx_unit_view(self.raw, unit, grad as i32, &mut v) })?;
+        Ok(v)
+    }
+
+    /// Unit `unit`'s params (or with `grad` its gradients) as one writable fp32 slice of
+    /// host memory: a trainer that keeps all its params in one array points it here.
+    pub fn unit_mut(&mut self, unit: i32, grad: bool) -> Result<&mut [f32]> {
+        let v = self.unit_view(unit, grad)?;
+        if v.dtype != sys::SX_DTYPE_F32 || v.device != sys::SX_DEVICE_CPU {
+            return Err(Error::new(
+                sys::SX_ERR_UNSUPPORTED,
+                format!(
+                    "unit {} holds {} in {} memory; only fp32 host memory can be viewed as &mut [f32] (use unit_view)",
+                    unit,
+                    dtype_name(v.dtype),
+                    if v.device == sys::SX_DEVICE_CPU { "host" } else { "device" }
+                ),
+            ));
+        }
+        let data = if v.numel == 0 { ptr::NonNull::<f32>::dangling().as_ptr() } else { v.data as *mut f32 };
+        Ok(unsafe { std::slice::from_raw_parts_mut(data, v.numel as usize) })
+    }
+
     fn view(&self, f: ViewFn, param: i32) -> Result<sys::sx_view_t> {
         let mut v: sys::sx_view_t = init(sys::sx_view_init);
         check(unsafe { f(self.raw, param, &mut v) })?;

@@ -236,6 +236,25 @@ fn all_reduce_combines_the_trainers_numbers() {
 }
 
 #[test]
+fn a_packed_unit_is_one_block_behind_one_slice() {
+    let config = common::config(&common::rendezvous("packed"), 0, 1).alignment(1);
+    let mut g = ShardGroup::new(&config).unwrap();
+    g.add_param_group(&ParamGroup::new(Optimizer::Sgd).lr(0.5)).unwrap();
+    g.add_param(&Param::new("a", &[2, 3])).unwrap();
+    g.add_param(&Param::new("b", &[5])).unwrap();
+    g.finalize().unwrap();
+    assert_eq!(g.param_info(1).unwrap().offset_in_unit, 6);
+    let block = g.unit_mut(0, false).unwrap();
+    assert_eq!(block.len(), 11);
+    block.iter_mut().for_each(|x| *x = 1.0);
+    assert_eq!(g.param(1).unwrap(), &[1.0f32; 5][..]); // the same memory
+    g.unit_mut(0, true).unwrap().iter_mut().for_each(|x| *x = 2.0);
+    g.step(None).unwrap();
+    assert_eq!(g.unit_mut(0, false).unwrap(), &[0.0f32; 11][..]);
+    assert_eq!(g.unit_view(1, false).unwrap_err().status(), sx::status::SX_ERR_INVALID_ARGUMENT);
+}
+
+#[test]
 fn nonfinite_gradients_skip_the_step_or_fail_it() {
     let mut g = ShardGroup::new(&common::config(&common::rendezvous("nonfinite"), 0, 1)).unwrap();
     g.add_param_group(&ParamGroup::new(Optimizer::Sgd).lr(0.5)).unwrap();
