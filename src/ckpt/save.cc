@@ -522,16 +522,12 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
         written = write_shard(ops, snap, static_cast<const char *>(staging_.data()), file, progress, watch,
                               &progress_log, staged, &index, tracer);
     }
-    // Every rank reports, also one that was stopped while waiting for rank 0 to open the
-    // save (rank 0 may have gone on), so that rank 0 does not wait for it; a failure to
-    // open was rank 0's, which reports it as the save's result.
+    // Every rank reports, also one stopped while it waited for rank 0 to open the save
+    // (rank 0 may have gone on), so that rank 0 does not wait for it. A failure to open
+    // otherwise is rank 0's, which every rank has heard of already.
     const bool stopped_early = opened.code() == SX_ERR_CANCELLED || opened.code() == SX_ERR_ABORTED;
-    if ((snap.rank != 0 && (opened.ok() || stopped_early)) || (snap.rank == 0 && opened.ok()))
-        SX_TRY(store.set(prefix + format("rank/%d", snap.rank), encode_report(written, snap.writer ? &index : nullptr)));
-    if (!opened.ok() && snap.rank == 0) {
-        store.set(prefix + "result", encode_status(opened));
-        return opened;
-    }
+    if (!opened.ok() && !stopped_early) return opened;
+    SX_TRY(store.set(prefix + format("rank/%d", snap.rank), encode_report(written, snap.writer ? &index : nullptr)));
 
     // Rank 0 gathers every rank's file index, writes MANIFEST and commits; the others
     // wait for its word.
