@@ -1,7 +1,6 @@
 // Entry points: creating and destroying groups, param groups, params, finalize.
 #include <cstddef>
 #include <cstdlib>
-#include <vector>
 
 #include "api/guard.h"
 #include "api/handles.h"
@@ -235,11 +234,7 @@ SX_API sx_status_t sx_all_reduce(sx_shard_group_t *group, double *values, int32_
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         SX_CHECK_ARG(values != nullptr || count == 0, "values is NULL");
-        // The values change only once every rank has them: a failure leaves them.
-        std::vector<double> copy(values, values + (count > 0 && count <= SX_MAX_ALL_REDUCE ? count : 0));
-        SX_TRY(g->all_reduce(copy.empty() ? values : copy.data(), count, op));
-        std::copy(copy.begin(), copy.end(), values);
-        return Status::Ok();
+        return g->all_reduce(values, count, op);
     });
 }
 

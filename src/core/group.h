@@ -231,7 +231,8 @@ class ShardGroup {
     const ParamSpec &param(int32_t index) const { return params_[index]; }
     const Layout &layout() const { return layout_; }
     Status broadcast_params(int root);
-    // sx_all_reduce: values[i] over the ranks (op: SX_REDUCE_*), in place; see sx.h.
+    // sx_all_reduce: values[i] over the ranks (op: SX_REDUCE_*), in place, written only
+    // once every rank's have arrived (a failure leaves them); see sx.h.
     Status all_reduce(double *values, int32_t count, int32_t op);  // collective
 
     // --- trainability ---
