@@ -467,6 +467,11 @@ class ShardGroup {
     Status zero_grads();
     // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.
     Status finish_step(bool keep_grads);
+    // A step skipped on every rank: nothing changes, the gradients go, the result says so.
+    Status skip_step(const StepOptions &options, double norm, StepResult *result);
+    // A step skipped for gradients whose global norm is inf or NaN: dynamic loss scaling
+    // backs off, and SX_NONFINITE_ERROR makes it SX_ERR_NONFINITE.
+    Status skip_nonfinite(const StepOptions &options, double norm, StepResult *result);
     // The step's segments: every trainable param's piece of this rank's shard, with its
     // reduced gradient (reduced[u]: unit u's), state and hyperparameters; but unit `except`'s.
     std::vector<optim::Segment> segments(const std::vector<float *> &reduced, int32_t except = -1) const;

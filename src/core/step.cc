@@ -238,11 +238,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     }
     // Uneven inputs: no rank had data, so there is nothing to average; the step is
     // skipped as a dynamic loss scaling skip is (nothing changes, the gradients go).
-    if (options.weighted && !(weight_sum > 0)) {
-        SX_TRY(finish_step(options.keep_grads));
-        report_step(0.0, true, result);
-        return Status::Ok();
-    }
+    if (options.weighted && !(weight_sum > 0)) return skip_step(options, 0.0, result);
 
     // 2. Global norm of the averaged, unscaled gradients, and the clipping coefficient.
     //    Dynamic loss scaling needs it (for its inf/NaN check) before the update,
@@ -261,22 +257,8 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
         // gradients; a weighted step's average has the weights' sum for the rank count.
         norm = std::sqrt(sumsq);
         if (options.weighted) norm *= static_cast<double>(world_size_) / weight_sum;
-        if (checked && !std::isfinite(norm)) {
-            // Every rank saw the same sum, so every rank skips. Dynamic loss scaling, as
-            // torch.cuda.amp.GradScaler: back off, restart the growth count.
-            if (dynamic) {
-                scaler_.scale *= scaling_.backoff_factor;
-                scaler_.growth_tracker = 0;
-            }
-            SX_TRY(finish_step(options.keep_grads));
-            report_step(norm, true, result);
-            if (options.nonfinite == SX_NONFINITE_ERROR)
-                return SX_ERROR(SX_ERR_NONFINITE,
-                                "the gradients' global norm is %g: they hold inf or NaN (after the reduction over "
-                                "the ranks); the step was skipped on every rank, and the gradients dropped",
-                                norm);
-            return Status::Ok();
-        }
+        // Every rank saw the same sum, so every rank skips.
+        if (checked && !std::isfinite(norm)) return skip_nonfinite(options, norm, result);
         coef = clip_coefficient(norm, options.max_grad_norm);
     }
 
@@ -312,6 +294,27 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     SX_TRY(finish_step(options.keep_grads));
     ++steps_;
     report_step(norm, false, result);
+    return Status::Ok();
+}
+
+Status ShardGroup::skip_step(const StepOptions &options, double norm, StepResult *result) {
+    SX_TRY(finish_step(options.keep_grads));
+    report_step(norm, true, result);
+    return Status::Ok();
+}
+
+Status ShardGroup::skip_nonfinite(const StepOptions &options, double norm, StepResult *result) {
+    // Dynamic loss scaling, as torch.cuda.amp.GradScaler: back off, restart the growth count.
+    if (scaling_.mode == SX_LOSS_SCALING_DYNAMIC) {
+        scaler_.scale *= scaling_.backoff_factor;
+        scaler_.growth_tracker = 0;
+    }
+    SX_TRY(skip_step(options, norm, result));
+    if (options.nonfinite == SX_NONFINITE_ERROR)
+        return SX_ERROR(SX_ERR_NONFINITE,
+                        "the gradients' global norm is %g: they hold inf or NaN (after the reduction over "
+                        "the ranks); the step was skipped on every rank, and the gradients dropped",
+                        norm);
     return Status::Ok();
 }
 
