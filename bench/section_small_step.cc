@@ -27,37 +27,6 @@ constexpr int kSteps = 100;  // per repetition
 enum Kind { kPlain, kSignalled, kAccumulated, kKinds };
 const char *const kKindNames[kKinds] = {"sx_step", "signalled+step", "accumulate+step"};
 
-sx_shard_group_t *make(const std::string &url, int rank) {
-    sx_group_config_t cfg;
-    sx_group_config_init(&cfg, sizeof cfg);
-    cfg.backend = SX_BACKEND_CPU;
-    cfg.rendezvous = url.c_str();
-    cfg.rank = rank;
-    cfg.world_size = 2;
-    cfg.num_threads = 1;
-    sx_shard_group_t *g = nullptr;
-    if (sx_create_shard_group(&cfg, &g) != SX_OK) return nullptr;
-    sx_param_group_desc_t pg;
-    sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_SGD);
-    pg.lr = 1e-3;
-    bool ok = sx_add_param_group(g, &pg, nullptr) == SX_OK;
-    for (int u = 0; u < kUnits && ok; ++u) {
-        const std::string name = "u" + std::to_string(u);
-        sx_param_desc_t d;
-        sx_param_desc_init(&d, sizeof d);
-        d.name = name.c_str();
-        d.ndim = 1;
-        d.shape = &kUnitNumel;
-        d.unit = u;
-        ok = sx_add_param(g, &d, nullptr) == SX_OK;
-    }
-    if (!ok || sx_finalize(g) != SX_OK) {
-        sx_destroy_shard_group(g);
-        return nullptr;
-    }
-    return g;
-}
-
 bool one_step(sx_shard_group_t *g, Kind kind) {
     if (kind == kAccumulated && sx_accumulate_grads(g) != SX_OK) return false;
     if (kind == kSignalled)
@@ -75,8 +44,8 @@ bool time_steps(Kind kind, int reps, std::vector<double> *per_step) {
     std::vector<std::thread> ranks;
     for (int r = 0; r < 2; ++r)
         ranks.emplace_back([&, r] {
-            sx_shard_group_t *g = make(url, r);
-            bool good = g != nullptr;
+            sx_shard_group_t *g = make_sgd_group("small_step", url, r, 2, 0, 0, 0, kUnits, kUnitNumel);
+            bool good = true;  // make_sgd_group exits on an error
             for (int s = 0; s < kSteps && good; ++s) good = one_step(g, kind);
             for (int rep = 0; rep < reps && good; ++rep) {
                 barrier.wait();
