@@ -760,23 +760,32 @@ func TestNamesAndPathsHoldingANulAreRefused(t *testing.T) {
 	}
 }
 
-func TestNonFiniteGradientsSkipOrFailTheStep(t *testing.T) {
-	g, err := NewShardGroup(config(rendezvous("nonfinite"), 0, 1))
+// A finalized group of cfg with one SGD param group (learning rate lr) and one param, w of 4.
+func oneParamGroup(t *testing.T, cfg GroupConfig, lr float64) *ShardGroup {
+	g, err := NewShardGroup(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer g.Close()
 	pg := NewParamGroup(SGD)
-	pg.LR = 0.5
+	pg.LR = lr
 	if _, err := g.AddParamGroup(pg); err != nil {
+		g.Close()
 		t.Fatal(err)
 	}
 	if _, err := g.AddParam(Param{Name: "w", Shape: []int64{4}}); err != nil {
+		g.Close()
 		t.Fatal(err)
 	}
 	if err := g.Finalize(); err != nil {
+		g.Close()
 		t.Fatal(err)
 	}
+	return g
+}
+
+func TestNonFiniteGradientsSkipOrFailTheStep(t *testing.T) {
+	g := oneParamGroup(t, config(rendezvous("nonfinite"), 0, 1), 0.5)
+	defer g.Close()
 	w, _ := g.Param(0)
 	gr, _ := g.Grad(0)
 	for k := range w {
@@ -954,22 +963,8 @@ func TestStage3ViewsNeedAGather(t *testing.T) {
 	defer runtime.UnlockOSThread()
 	cfg := config(rendezvous("pipe-views"), 0, 1)
 	cfg.Stage = 3
-	g, err := NewShardGroup(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := oneParamGroup(t, cfg, 0.1)
 	defer g.Close()
-	pg := NewParamGroup(SGD)
-	pg.LR = 0.1
-	if _, err := g.AddParamGroup(pg); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := g.AddParam(Param{Name: "w", Shape: []int64{4}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.Finalize(); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := g.Param(0); statusOf(err) != ErrInvalidState {
 		t.Errorf("a view of an ungathered unit: %v", err)
 	}

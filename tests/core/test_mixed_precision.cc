@@ -19,10 +19,13 @@
 #include "sx_cmocka.h"
 #include "test_files.h"
 #include "test_groups.h"
+#include "view_values.h"
 
 namespace {
 
 namespace half = sx::half;
+using sxtest::view_get;
+using sxtest::view_put;
 
 // Two params in unit 0 (of the dtype under test) and one fp32 param in unit 1.
 struct PDef {
@@ -48,19 +51,6 @@ std::string err_text(const char *what) { return std::string(what) + ": " + sx_la
 int32_t param_dtype(const Config &c, const PDef &p) { return p.low ? c.dtype : SX_DTYPE_F32; }
 
 float widen(int32_t dtype, uint16_t v) { return dtype == SX_DTYPE_F16 ? half::f16_to_f32(v) : half::bf16_to_f32(v); }
-
-// Element i of a view as fp32, and writing one.
-float get(const sx_view_t &v, uint64_t i) {
-    if (v.dtype == SX_DTYPE_F32) return static_cast<const float *>(v.data)[i];
-    return widen(v.dtype, static_cast<const uint16_t *>(v.data)[i]);
-}
-void put(const sx_view_t &v, uint64_t i, float x) {
-    if (v.dtype == SX_DTYPE_F32) {
-        static_cast<float *>(v.data)[i] = x;
-    } else {
-        half::from_f32(v.dtype, &x, static_cast<uint16_t *>(v.data) + i, 1);
-    }
-}
 
 // The gradient rank r contributes to element i of param p at step s, micro-batch m:
 // a multiple of 1/64 in [-40/64, 40/64].
@@ -159,7 +149,7 @@ std::string write_grads(sx_shard_group_t *g, int s, int mb, int r, float scale =
         sx_view_t gv;
         sx_view_init(&gv, sizeof gv);
         if (sx_grad_view(g, static_cast<int32_t>(p), &gv) != SX_OK) return err_text("grad_view");
-        for (uint64_t i = 0; i < gv.numel; ++i) put(gv, i, get(gv, i) + grad_value(s, mb, r, p, i) * scale);
+        for (uint64_t i = 0; i < gv.numel; ++i) view_put(gv, i, view_get(gv, i) + grad_value(s, mb, r, p, i) * scale);
     }
     return "";
 }
@@ -181,7 +171,7 @@ std::string set_initial_values(sx_shard_group_t *g, int rank) {
             sx_view_t pv;
             sx_view_init(&pv, sizeof pv);
             if (sx_param_view(g, static_cast<int32_t>(p), &pv) != SX_OK) return err_text("param_view");
-            for (uint64_t i = 0; i < pv.numel; ++i) put(pv, i, initial_value(p, i));
+            for (uint64_t i = 0; i < pv.numel; ++i) view_put(pv, i, initial_value(p, i));
         }
     }
     if (sx_broadcast_params(g, 0) != SX_OK) return err_text("broadcast_params");
@@ -197,7 +187,7 @@ std::string compare_params(sx_shard_group_t *g, const Config &c, const Expected 
         if (sx_param_view(g, static_cast<int32_t>(p), &pv) != SX_OK) return err_text("param_view");
         if (pv.dtype != param_dtype(c, kParams[p])) return std::string("param view of ") + kParams[p].name + " has the wrong dtype";
         for (uint64_t i = 0; i < pv.numel; ++i) {
-            const float got = get(pv, i), want = e.value(c, p, i);
+            const float got = view_get(pv, i), want = e.value(c, p, i);
             if (std::memcmp(&got, &want, 4) != 0) {
                 char msg[200];
                 std::snprintf(msg, sizeof msg, "%s: %s[%llu] = %.9g, expected %.9g", when, kParams[p].name,
@@ -291,7 +281,7 @@ void test_fp16_sum_is_pre_and_post_divided(void **) {
         sx_view_t gv;
         sx_view_init(&gv, sizeof gv);
         if (sx_grad_view(grp.g, 0, &gv) != SX_OK) return err_text("grad_view");
-        put(gv, 5, 20000.0f);
+        view_put(gv, 5, 20000.0f);
         sx_step_result_t res;
         sx_step_result_init(&res, sizeof res);
         if (sx_step(grp.g, nullptr, &res) != SX_OK) return err_text("step");
@@ -344,7 +334,7 @@ void test_dynamic_loss_scaling_skips_and_recovers(void **) {
                 sx_view_t gv;
                 sx_view_init(&gv, sizeof gv);
                 sx_grad_view(grp.g, 1, &gv);
-                put(gv, 3, INFINITY);
+                view_put(gv, 3, INFINITY);
             }
             sx_step_result_t res;
             sx_step_result_init(&res, sizeof res);

@@ -16,6 +16,7 @@
 #include "step_scenario.h"
 #include "run_ranks.h"
 #include "test_files.h"
+#include "view_values.h"
 
 using sxtest::Scenario;
 
@@ -274,9 +275,28 @@ void test_nonfinite_gradients(void **) {
 // and gradients, behind one pointer each. 3 ranks (shards start mid-param) train through
 // the unit views alone, fp32 and bf16, and end bit for bit where the default layout's
 // per-param views do; the packed checkpoint loads into 2 ranks at the default alignment.
+// The packed test's params: p0..p3 of kPackedSizes elements of `dtype`, in one unit, in
+// one AdamW param group (lr 0.01). Returns the error, or "".
+constexpr int64_t kPackedSizes[] = {5, 7, 3, 11};
+constexpr int kPackedParams = 4;
+std::string add_packed_test_params(sx_shard_group_t *g, int32_t dtype) {
+    sx_param_group_desc_t adamw;
+    sx_param_group_desc_init(&adamw, sizeof adamw, SX_OPTIM_ADAMW);
+    adamw.lr = 0.01;
+    if (sx_add_param_group(g, &adamw, nullptr) != SX_OK) return sx_last_error_message();
+    for (int p = 0; p < kPackedParams; ++p) {
+        const std::string name = "p" + std::to_string(p);
+        sx_param_desc_t d;
+        sx_param_desc_init(&d, sizeof d);
+        d.name = name.c_str(), d.ndim = 1, d.shape = &kPackedSizes[p], d.dtype = dtype;
+        if (sx_add_param(g, &d, nullptr) != SX_OK) return sx_last_error_message();
+    }
+    return "";
+}
+
 void test_packed_layout_and_unit_views(void **) {
-    const int64_t sizes[] = {5, 7, 3, 11};
-    const int np = 4;
+    const int64_t *sizes = kPackedSizes;
+    const int np = kPackedParams;
     const std::string dir = sxtest::make_tmpdir("packed");
     for (int32_t dtype : {SX_DTYPE_F32, SX_DTYPE_BF16}) {
         std::vector<float> result[2][3];
@@ -292,20 +312,8 @@ void test_packed_layout_and_unit_views(void **) {
                 cfg.alignment = packed ? 1 : 0;
                 sx_shard_group_t *g = nullptr;
                 if (sx_create_shard_group(&cfg, &g) != SX_OK) return sx_last_error_message();
-                std::string e;
-                sx_param_group_desc_t adamw;
-                sx_param_group_desc_init(&adamw, sizeof adamw, SX_OPTIM_ADAMW);
-                adamw.lr = 0.01;
-                if (sx_add_param_group(g, &adamw, nullptr) != SX_OK) e = sx_last_error_message();
-                for (int p = 0; p < np && e.empty(); ++p) {
-                    const std::string name = "p" + std::to_string(p);
-                    sx_param_desc_t d;
-                    sx_param_desc_init(&d, sizeof d);
-                    d.name = name.c_str(), d.ndim = 1, d.shape = &sizes[p], d.dtype = dtype;
-                    if (sx_add_param(g, &d, nullptr) != SX_OK) e = sx_last_error_message();
-                }
+                std::string e = add_packed_test_params(g, dtype);
                 if (e.empty() && sx_finalize(g) != SX_OK) e = sx_last_error_message();
-                const size_t es = dtype == SX_DTYPE_F32 ? 4 : 2;
                 // Where each param starts: packed, right after the one before.
                 std::vector<uint64_t> offset(np);
                 for (int p = 0; p < np && e.empty(); ++p) {
@@ -324,33 +332,17 @@ void test_packed_layout_and_unit_views(void **) {
                 if (e.empty() && (pv.data != first.data || pv.dtype != dtype || pv.numel < 26 || pv.numel % 3 != 0))
                     e = "the unit's param view is not the block of its params";
                 if (e.empty() && packed && pv.numel != 27) e = "packed: " + std::to_string(pv.numel) + " elements";
-                auto put = [&](void *base, uint64_t i, float x) {
-                    if (es == 4) {
-                        static_cast<float *>(base)[i] = x;
-                    } else {
-                        uint32_t b;
-                        std::memcpy(&b, &x, 4);
-                        static_cast<uint16_t *>(base)[i] = static_cast<uint16_t>(b >> 16);
-                    }
-                };
-                auto get = [&](const void *base, uint64_t i) {
-                    if (es == 4) return static_cast<const float *>(base)[i];
-                    const uint32_t b = static_cast<uint32_t>(static_cast<const uint16_t *>(base)[i]) << 16;
-                    float x;
-                    std::memcpy(&x, &b, 4);
-                    return x;
-                };
                 // Initial values and gradients through the unit views alone.
                 for (int p = 0; p < np && e.empty(); ++p)
-                    for (int64_t i = 0; i < sizes[p]; ++i) put(pv.data, offset[p] + i, 0.5f - 0.03125f * (p + i));
+                    for (int64_t i = 0; i < sizes[p]; ++i) sxtest::view_put(pv, offset[p] + i, 0.5f - 0.03125f * (p + i));
                 for (int s = 1; s <= 4 && e.empty(); ++s) {
                     for (int p = 0; p < np; ++p)
                         for (int64_t i = 0; i < sizes[p]; ++i)
-                            put(gv.data, offset[p] + i, 0.0625f * ((s + p + i + rank) % 5) - 0.125f);
+                            sxtest::view_put(gv, offset[p] + i, 0.0625f * ((s + p + i + rank) % 5) - 0.125f);
                     if (sx_step(g, nullptr, nullptr) != SX_OK) e = std::string("step: ") + sx_last_error_message();
                 }
                 for (int p = 0; p < np && e.empty(); ++p)
-                    for (int64_t i = 0; i < sizes[p]; ++i) result[packed][rank].push_back(get(pv.data, offset[p] + i));
+                    for (int64_t i = 0; i < sizes[p]; ++i) result[packed][rank].push_back(sxtest::view_get(pv, offset[p] + i));
                 if (e.empty() && packed) {
                     sx_save_options_t so;
                     sx_save_options_init(&so, sizeof so);
@@ -379,39 +371,19 @@ void test_packed_layout_and_unit_views(void **) {
             cfg.rank = rank, cfg.world_size = 2, cfg.num_threads = 1;
             sx_shard_group_t *g = nullptr;
             if (sx_create_shard_group(&cfg, &g) != SX_OK) return sx_last_error_message();
-            std::string e;
-            sx_param_group_desc_t adamw;
-            sx_param_group_desc_init(&adamw, sizeof adamw, SX_OPTIM_ADAMW);
-            adamw.lr = 0.01;
-            sx_add_param_group(g, &adamw, nullptr);
-            for (int p = 0; p < np; ++p) {
-                const std::string name = "p" + std::to_string(p);
-                sx_param_desc_t d;
-                sx_param_desc_init(&d, sizeof d);
-                d.name = name.c_str(), d.ndim = 1, d.shape = &sizes[p], d.dtype = dtype;
-                sx_add_param(g, &d, nullptr);
-            }
+            std::string e = add_packed_test_params(g, dtype);
             sx_load_options_t lo;
             sx_load_optim_state_options_init(&lo, sizeof lo);
             const std::string path = dir + "/packed-" + std::to_string(dtype);
             lo.path = path.c_str();
-            if (sx_finalize(g) != SX_OK || sx_load_optim_state(g, &lo) != SX_OK)
+            if (e.empty() && (sx_finalize(g) != SX_OK || sx_load_optim_state(g, &lo) != SX_OK))
                 e = std::string("load: ") + sx_last_error_message();
             std::vector<float> got;
             for (int p = 0; p < np && e.empty(); ++p) {
                 sx_view_t v;
                 sx_view_init(&v, sizeof v);
                 sx_param_view(g, p, &v);
-                for (uint64_t i = 0; i < v.numel; ++i) {
-                    if (dtype == SX_DTYPE_F32) {
-                        got.push_back(static_cast<const float *>(v.data)[i]);
-                    } else {
-                        const uint32_t b = static_cast<uint32_t>(static_cast<const uint16_t *>(v.data)[i]) << 16;
-                        float x;
-                        std::memcpy(&x, &b, 4);
-                        got.push_back(x);
-                    }
-                }
+                for (uint64_t i = 0; i < v.numel; ++i) got.push_back(sxtest::view_get(v, i));
             }
             if (e.empty() && got != result[1][0]) e = "the packed checkpoint loaded other values";
             sx_destroy_shard_group(g);
