@@ -166,8 +166,8 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
  *         another sx_finalize: torch's add_param_group)
  *   sx_destroy_shard_group
  *
- * Every collective call (but a stage-3 sx_unit_gather) begins with the same small header,
- * exchanged in one round trip: which call it is and what must agree for it (the param
+ * Every collective call begins with the same small header, exchanged in one round trip:
+ * which call it is and what must agree for it (the param
  * tables at sx_finalize; masks, hyperparameters and options at a step; the path of a
  * save; the checkpoint of a load; the root of a broadcast). Ranks in different calls, or
  * that disagree, all get SX_ERR_MISMATCH at once (not at the timeout) with a message
@@ -175,7 +175,10 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
  * "the call: sx_step on rank 0, sx_save_optim_state on rank 1" or
  * "param 'w' shape: [4, 4] on rank 0, [4, 5] on rank 1", and nothing changes. A rank
  * whose own arguments fail the call (a bad path, an unreadable checkpoint) returns its
- * error, and its peers the same code, saying which rank failed.
+ * error, and its peers the same code, saying which rank failed. At stage 3, where gathers
+ * run on a communicator of their own, every call but sx_unit_grads_ready also meets the
+ * shard group's gathers there first (one more small round trip), so that a rank in
+ * sx_unit_gather and a rank in any other call are told too (see sx_unit_gather).
  * ------------------------------------------------------------------------------- */
 
 typedef struct sx_shard_group sx_shard_group_t;
@@ -651,7 +654,13 @@ SX_API sx_status_t sx_unit_grads_ready(sx_shard_group_t *group, int32_t unit,
  * `unit`'s full params present on this rank and returns once they are: it waits for the
  * unit's prefetched gather, or gathers it now. Then it prefetches the next
  * config->prefetch_depth units of the order of the previous step's calls. Calls nest:
- * each needs its sx_unit_release.
+ * each needs its sx_unit_release. A gather that communicates (its unit not prefetched)
+ * sends the call's header ahead of its data, in the same job: ranks gathering different
+ * units, or a rank gathering while another is in another collective call, all return
+ * SX_ERR_MISMATCH ("the call: sx_unit_gather on rank 0, sx_step on rank 1"; "the unit
+ * gathered: 1 on rank 0, 0 on rank 1") at once, and the unit is not gathered. A gather of
+ * a prefetched unit exchanges nothing: a rank whose calls went astray is told at its next
+ * call that communicates (the step's header names the units gathered).
  * Stages 1 and 2: waits for the unit's all-gather after a step with defer_gather, and
  * returns at once otherwise (local). */
 SX_API sx_status_t sx_unit_gather(sx_shard_group_t *group, int32_t unit);

@@ -167,8 +167,11 @@ uint64_t facts_fingerprint(const std::vector<Fact> &facts) {
 }
 
 Status ShardGroup::explain(const char *intro, const std::vector<Fact> &mine, comm::Communicator &c) {
-    const size_t W = static_cast<size_t>(world_size_);
-    const size_t me = static_cast<size_t>(rank_);
+    const size_t W = static_cast<size_t>(c.world_size());
+    const size_t me = static_cast<size_t>(c.rank());
+    // c's ranks are a run of the world's (the world, or a mesh's shard group): named as
+    // the world's.
+    const int first_rank = rank_ - c.rank();
     // How many facts each rank has, and each fact's hash up to the fewest.
     std::vector<uint64_t> counts(W, 0);
     counts[me] = mine.size();
@@ -211,9 +214,9 @@ Status ShardGroup::explain(const char *intro, const std::vector<Fact> &mine, com
     for (size_t r = 0; r < W; ++r) {
         auto it = std::find_if(groups.begin(), groups.end(), [&](const auto &g) { return g.first == values[r]; });
         if (it == groups.end()) {
-            groups.push_back({values[r], {static_cast<int>(r)}});
+            groups.push_back({values[r], {first_rank + static_cast<int>(r)}});
         } else {
-            it->second.push_back(static_cast<int>(r));
+            it->second.push_back(first_rank + static_cast<int>(r));
         }
     }
     std::string detail;
@@ -225,30 +228,37 @@ Status ShardGroup::explain(const char *intro, const std::vector<Fact> &mine, com
 
 Status ShardGroup::exchange_header(const char *call, Header mine, const std::function<std::vector<Fact>()> &facts,
                                    std::vector<Header> *all, const char *intro) {
-    mine.call = fnv1a(call, std::strlen(call));
     if (world_size_ == 1) {
+        mine.call = fnv1a(call, std::strlen(call));
         if (all) all->assign(1, mine);
         return Status::Ok();
     }
+    return exchange_header_on(*comm_, call, mine, facts, all, intro);
+}
+
+Status ShardGroup::exchange_header_on(comm::Communicator &c, const char *call, Header mine,
+                                      const std::function<std::vector<Fact>()> &facts, std::vector<Header> *all,
+                                      const char *intro) {
+    mine.call = fnv1a(call, std::strlen(call));
     // The first collective of a call: a rank that arrives early waits here for its peers.
     SX_TRACE_SPAN(tracer(), "step", "agreement");
     static_assert(sizeof(Header) == 5 * sizeof(uint64_t), "a header is five words");
-    const size_t W = static_cast<size_t>(world_size_);
+    const size_t W = static_cast<size_t>(c.world_size());
     std::vector<Header> headers(W);
-    headers[static_cast<size_t>(rank_)] = mine;
-    Status s = comm_->all_gather(headers.data(), sizeof(Header));
+    headers[static_cast<size_t>(c.rank())] = mine;
+    Status s = c.all_gather(headers.data(), sizeof(Header));
     if (!s.ok()) return fail(s);
     // Another call first (whatever else differs follows from it), then a rank's refusal,
     // then any other difference.
     for (const Header &h : headers)
-        if (h.call != mine.call) return explain(intro, facts(), *comm_);
+        if (h.call != mine.call) return explain(intro, facts(), c);
     for (size_t r = 0; r < W; ++r)
         if (headers[r].refused != 0 && mine.refused == 0)
             return SX_ERROR(headers[r].refused, "%s failed on rank %zu before anything changed (%s; see that rank's "
                             "error)", call, r, sx_status_string(headers[r].refused));
     if (mine.refused != 0) return SX_ERROR(mine.refused, "refused");  // the caller returns its own error
     for (const Header &h : headers)
-        if (h.fingerprint != mine.fingerprint) return explain(intro, facts(), *comm_);
+        if (h.fingerprint != mine.fingerprint) return explain(intro, facts(), c);
     if (all) *all = std::move(headers);
     return Status::Ok();
 }
@@ -268,6 +278,7 @@ Status ShardGroup::agree(const Agreement &a, double weight, double *weight_sum) 
 Status ShardGroup::agree_call(const char *call, std::vector<Fact> facts, const Status &local, const char *intro) {
     SX_TRY(check_usable());
     SX_TRY(settle());
+    SX_TRY(meet_gathers(call));
     facts.insert(facts.begin(), Fact{"the call", call});
     Header mine;
     mine.fingerprint = facts_fingerprint(facts);

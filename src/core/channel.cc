@@ -95,6 +95,11 @@ Status CommChannel::drain() {
     return wait(last);
 }
 
+uint64_t CommChannel::failed_at() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failed_at_;
+}
+
 void CommChannel::clear_failure() {
     std::lock_guard<std::mutex> lock(mu_);
     failed_at_ = 0;

@@ -41,6 +41,8 @@ class CommChannel {
     Status wait(uint64_t ticket);
     // Waits until every job submitted has ended; the first failure, if any.
     Status drain();
+    // The ticket of the first failed job, or 0 (none since the last clear_failure).
+    uint64_t failed_at();
     // After a drain, forgets the failure (a disagreement that every rank saw and the
     // caller has reported), so that later jobs run again.
     void clear_failure();

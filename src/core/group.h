@@ -433,6 +433,25 @@ class ShardGroup {
     // failed exchange fails the group.
     Status exchange_header(const char *call, Header mine, const std::function<std::vector<Fact>()> &facts,
                            std::vector<Header> *all, const char *intro = "ranks disagree");
+    // The same on communicator c (the world's, or a shard group's), whose ranks are named
+    // as the world's.
+    Status exchange_header_on(comm::Communicator &c, const char *call, Header mine,
+                              const std::function<std::vector<Fact>()> &facts, std::vector<Header> *all,
+                              const char *intro = "ranks disagree");
+    // Stage 3 with a shard group of more than one rank: a call's header on the gather
+    // channel (pipeline.cc). A stage-3 gather runs on a communicator of its own, where a
+    // call's header on the world's is never seen: so every trainer's call there (a gather
+    // that communicates: its header goes ahead of its gather, on the channel) and every
+    // other collective call (here, behind the gathers already queued, waited for) meets
+    // the others on the channel first. A rank in sx_unit_gather and a rank in any other
+    // call, or gathering another unit, fail with SX_ERR_MISMATCH naming each rank's.
+    // Elsewhere: nothing.
+    Status meet_gathers(const char *call);
+    // The job of that header on the gather channel: the call, then `facts`.
+    Status gather_header(const char *call, std::vector<Fact> facts);
+    // After a disagreement on the gather channel (the jobs behind it did not run): its
+    // failure forgotten, and the units whose gathers it dropped are no longer resident.
+    void recover_gather_channel();
     // Collective: every rank must be in the same call with the same agreement
     // (SX_ERR_MISMATCH naming what differs otherwise, on every rank); *weight_sum (may be
     // null) receives the sum of every rank's `weight`, added in rank order.
@@ -527,8 +546,10 @@ class ShardGroup {
     // The gather channel and its communicator, opened by every rank at the same call.
     Status open_gather_channel();
     // Queues unit u's all-gather on the gather channel (stage 3: into a buffer allocated
-    // here, from this rank's shard).
-    Status submit_gather(size_t u);
+    // here, from this rank's shard). `header` (the trainer's sx_unit_gather of u): where
+    // the shard group has more ranks, the call's header goes ahead of it (see
+    // meet_gathers), and *header receives that job's ticket.
+    Status submit_gather(size_t u, uint64_t *header = nullptr);
     // Waits for unit u's gather job, if it has one.
     Status wait_gather(size_t u);
     // After the update: the params of every trainable unit gathered (stages 1 and 2,

@@ -256,7 +256,7 @@ void ShardGroup::count_param_bytes(int64_t delta) {
     peak_param_bytes_ = std::max(peak_param_bytes_, param_bytes_);
 }
 
-Status ShardGroup::submit_gather(size_t u) {
+Status ShardGroup::submit_gather(size_t u, uint64_t *header) {
     Unit &unit = units_[u];
     const uint64_t S = layout_.units()[u].shard_numel;
     const size_t es = dtype_size(unit.dtype);
@@ -287,6 +287,9 @@ Status ShardGroup::submit_gather(size_t u) {
     const bool unmark = kMarkReleased && config_.stage == 3 && ops_->device() == SX_DEVICE_CPU;
     const size_t bytes = unit.params.size();
     const int32_t id = layout_.units()[u].unit_id;
+    if (header && shard_size_ > 1)
+        *header = gather_channel_->submit(
+            [this, u] { return gather_header("sx_unit_gather", {{"the unit gathered", std::to_string(u)}}); });
     unit.gather_ticket = gather_channel_->submit([this, full, own, S, es, unmark, bytes, id]() -> Status {
         SX_TRACE_SPAN(tracer(), "step", "all_gather", id, bytes);
         if (unmark) unmark_released(full, bytes);  // a spare's, marked when its unit was released
@@ -306,6 +309,36 @@ Status ShardGroup::wait_gather(size_t u) {
     if (!s.ok()) return fail(s);
     unit.gather_ticket = 0;
     return Status::Ok();
+}
+
+Status ShardGroup::gather_header(const char *call, std::vector<Fact> facts) {
+    facts.insert(facts.begin(), Fact{"the call", call});
+    Header mine;
+    mine.fingerprint = facts_fingerprint(facts);
+    return exchange_header_on(*gather_comm_, call, mine, [&] { return facts; }, nullptr);
+}
+
+Status ShardGroup::meet_gathers(const char *call) {
+    if (config_.stage != 3 || !gather_channel_ || shard_size_ == 1) return Status::Ok();
+    Status s = gather_channel_->wait(gather_channel_->submit([this, call] { return gather_header(call, {}); }));
+    if (s.code() == SX_ERR_MISMATCH && check_usable().ok()) {
+        recover_gather_channel();
+        return s;
+    }
+    return s.ok() ? s : fail(s);
+}
+
+void ShardGroup::recover_gather_channel() {
+    // Every job behind the header that disagreed ends with its failure, unrun; the ones
+    // before it ran.
+    (void)gather_channel_->drain();
+    const uint64_t failed_at = gather_channel_->failed_at();
+    gather_channel_->clear_failure();
+    for (size_t u = 0; u < units_.size(); ++u)
+        if (units_[u].gather_ticket >= failed_at) {
+            units_[u].gather_ticket = 0;
+            evict(u);
+        }
 }
 
 void ShardGroup::evict(size_t u) {
@@ -429,7 +462,22 @@ Status ShardGroup::unit_gather(int32_t unit) {
     Unit &u = units_[unit];
     SX_TRACE_SPAN(tracer(), "step", "sx_unit_gather", layout_.units()[unit].unit_id);
     if (config_.stage != 3) return wait_gather(static_cast<size_t>(unit));
-    if (!u.resident) SX_TRY(submit_gather(static_cast<size_t>(unit)));
+    // A gather that communicates meets the peers' calls first (meet_gathers), before
+    // anything else here changes: its header, then its data, and this call waits for the
+    // header. One of a unit already resident (prefetched) has nothing to meet them on,
+    // and changes nothing they see: the step's agreement names the units gathered.
+    if (!u.resident) {
+        uint64_t header = 0;
+        SX_TRY(submit_gather(static_cast<size_t>(unit), &header));
+        if (header) {
+            Status h = gather_channel_->wait(header);
+            if (h.code() == SX_ERR_MISMATCH && check_usable().ok()) {
+                recover_gather_channel();  // the unit's gather did not run: no longer resident
+                return h;
+            }
+            if (!h.ok()) return fail(h);
+        }
+    }
     ++u.pins;
     gather_log_.push_back(unit);
     // Where this call stands in the last step's order of gathers.

@@ -153,6 +153,7 @@ Status ShardGroup::accumulate_grads() {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
     SX_TRACE_SPAN(tracer(), "step", "sx_accumulate_grads");
+    SX_TRY(meet_gathers("sx_accumulate_grads"));
     const bool overlapped = round_.open;  // the reductions zeroed their units' gradients
     if (overlapped) {
         SX_CHECK(round_.accumulate, SX_ERR_INVALID_STATE,
@@ -224,6 +225,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     // The trainer's backward wrote the gradients on its stream. Waited for before anything
     // collective, so that a bad stream is this call's error alone and the group stays usable.
     SX_TRY(ops_->wait_for(options.stream));
+    SX_TRY(meet_gathers("sx_step"));
 
     // 1. Every trainable unit's gradients reduced into this rank's shard.
     double weight_sum = static_cast<double>(world_size_);

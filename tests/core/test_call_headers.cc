@@ -6,6 +6,7 @@
 // and step, and nothing changes; a rank that cannot read its checkpoint fails its peers
 // at once; ranks that disagree on the world size fail at creation. Ranks as threads over
 // local:// and as processes over tcp://, and the group goes on training afterwards.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -35,8 +36,9 @@ std::string check(sx_status_t s, const char *what) {
     return std::string(what) + ": " + sx_last_error_message();
 }
 
-// Rank r of 2 over `rv`: one AdamW group, two params in two units, finalized, params set.
-std::string make_group(const std::string &rv, int r, sx_shard_group_t **out) {
+// Rank r of 2 over `rv`: one AdamW group, two params in two units, finalized, params set
+// (stage 3: no prefetch, so that every sx_unit_gather communicates).
+std::string make_group(const std::string &rv, int r, sx_shard_group_t **out, int stage = 0) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     cfg.backend = SX_BACKEND_CPU;
@@ -45,6 +47,8 @@ std::string make_group(const std::string &rv, int r, sx_shard_group_t **out) {
     cfg.world_size = 2;
     cfg.num_threads = 1;
     cfg.timeout_ms = kTimeoutMs;
+    cfg.stage = stage;
+    if (stage == 3) cfg.prefetch_depth = SX_PREFETCH_NONE;
     std::string e = check(sx_create_shard_group(&cfg, out), "create");
     if (!e.empty()) return e;
     sx_param_group_desc_t pg;
@@ -64,10 +68,12 @@ std::string make_group(const std::string &rv, int r, sx_shard_group_t **out) {
     }
     if (e.empty()) e = check(sx_finalize(*out), "finalize");
     for (int p = 0; p < 2 && e.empty(); ++p) {
+        if (stage == 3) e = check(sx_unit_gather(*out, p), "unit_gather");
         sx_view_t v;
         sx_view_init(&v, sizeof v);
-        e = check(sx_param_view(*out, p, &v), "param_view");
+        if (e.empty()) e = check(sx_param_view(*out, p, &v), "param_view");
         for (uint64_t i = 0; e.empty() && i < v.numel; ++i) static_cast<float *>(v.data)[i] = 0.01f * (i % 13);
+        if (e.empty() && stage == 3) e = check(sx_unit_release(*out, p), "unit_release");
     }
     return e;
 }
@@ -87,14 +93,17 @@ std::string step(sx_shard_group_t *g, int s, uint64_t *count = nullptr) {
     return e;
 }
 
-std::vector<float> params(sx_shard_group_t *g) {
+// The params' values (stage 3: each unit gathered for it, which is collective).
+std::vector<float> params(sx_shard_group_t *g, int stage = 0) {
     std::vector<float> out;
     for (int p = 0; p < 2; ++p) {
+        if (stage == 3 && sx_unit_gather(g, p) != SX_OK) return {};
         sx_view_t v;
         sx_view_init(&v, sizeof v);
         sx_param_view(g, p, &v);
         const float *d = static_cast<const float *>(v.data);
         out.insert(out.end(), d, d + v.numel);
+        if (stage == 3) sx_unit_release(g, p);
     }
     return out;
 }
@@ -183,6 +192,66 @@ std::string ranks_in_different_calls(const std::string &rv, int r, const std::st
     if (e.empty() && count != 2) e = "the agreed step after the mismatches counted " + std::to_string(count);
     sx_destroy_shard_group(g);
     return e;
+}
+
+// Stage 3, where a gather runs on a communicator of its own: a rank in sx_unit_gather
+// and a rank in each other call (or gathering another unit) both fail at once, naming
+// each rank's call (or unit); nothing changes, and the ranks go on gathering and
+// training together.
+std::string gathers_against_other_calls(const std::string &rv, int r, const std::string &dir) {
+    sx_shard_group_t *g = nullptr;
+    std::string e = make_group(rv, r, &g, 3);
+    if (e.empty()) e = step(g, 1);
+    sx_status_t s = SX_OK;
+    if (e.empty()) e = save(g, dir + "/ck", true, &s);
+    if (e.empty() && s != SX_OK) e = std::string("save: ") + sx_last_error_message();
+    const std::vector<float> before = e.empty() ? params(g, 3) : std::vector<float>();
+    if (e.empty() && before.empty()) e = std::string("gathering the params: ") + sx_last_error_message();
+    int tag = 0;
+    for (int other = 0; other <= kCalls && e.empty(); ++other) {
+        // Rank 0 gathers unit 1 while rank 1 is in `other` (kCalls: gathering unit 0),
+        // then the other way round.
+        for (int gatherer = 0; gatherer < 2 && e.empty(); ++gatherer) {
+            const std::string theirs = other == kCalls ? "sx_unit_gather" : kNames[other];
+            const double t0 = now();
+            sx_status_t got;
+            if (r == gatherer || other == kCalls) {
+                got = sx_unit_gather(g, r == gatherer ? 1 : 0);
+            } else {
+                got = call(g, static_cast<Call>(other), dir, ++tag);
+            }
+            const double took = now() - t0;
+            const std::string msg = sx_last_error_message();
+            const std::string what = "sx_unit_gather on rank " + std::to_string(gatherer) + " against " + theirs;
+            if (got != SX_ERR_MISMATCH) {
+                e = what + ": returned " + std::to_string(got) + " (" + msg + ")";
+            } else if (took > kAtOnce) {
+                e = what + ": took " + std::to_string(took) + " s";
+            } else {
+                const std::string want = other == kCalls ? (gatherer == 0 ? "the unit gathered: 1 on rank 0, 0 on rank 1"
+                                                                          : "the unit gathered: 0 on rank 0, 1 on rank 1")
+                                         : gatherer == 0 ? "the call: sx_unit_gather on rank 0, " + theirs + " on rank 1"
+                                                         : "the call: " + theirs + " on rank 0, sx_unit_gather on rank 1";
+                if (msg.find(want) == std::string::npos) e = what + ": the message does not say \"" + want + "\": " + msg;
+            }
+            if (e.empty() && sx_unit_release(g, 1) != SX_ERR_INVALID_STATE)
+                e = what + ": the refused gather left unit 1 gathered";
+        }
+    }
+    if (e.empty() && params(g, 3) != before) e = "the params changed";
+    uint64_t count = 0;
+    if (e.empty()) e = step(g, 2, &count);
+    if (e.empty() && count != 2) e = "the agreed step after the mismatches counted " + std::to_string(count);
+    sx_destroy_shard_group(g);
+    return e;
+}
+
+void test_stage3_gathers_against_other_calls(void **) {
+    const std::string dir = sxtest::make_tmpdir("headers-gather");
+    const std::string rv = "local://headers-gather-" + std::to_string(getpid());
+    const std::string err = sxtest::run_ranks(2, [&](int r) { return gathers_against_other_calls(rv, r, dir); });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    sxtest::remove_tree(dir);
 }
 
 void test_ranks_in_different_calls(void **) {
@@ -357,6 +426,11 @@ int child_main(int argc, char **argv) {
     sxtest::ChildArgs a;
     if (!sxtest::parse_child_args(argc, argv, &a)) return 2;
     const std::string dir = a.get("dir", "");
+    if (a.get("stage3", "") == "1") {
+        const std::string e = gathers_against_other_calls(a.rendezvous, a.rank, dir);
+        if (!e.empty()) std::fprintf(stderr, "rank %d: %s\n", a.rank, e.c_str());
+        return e.empty() ? 0 : 1;
+    }
     sx_shard_group_t *g = nullptr;
     std::string e = make_group(a.rendezvous, a.rank, &g);
     sx_status_t s = SX_OK;
@@ -382,6 +456,11 @@ void test_over_tcp_as_processes(void **) {
     const std::string dir = sxtest::make_tmpdir("headers-tcp");
     const std::string err = sxtest::run_process_ranks(2, {"dir", dir}, 60);
     if (!err.empty()) fail_msg("%s", err.c_str());
+    // Stage 3's gathers against the other calls.
+    const std::string dir3 = dir + "/stage3";
+    if (mkdir(dir3.c_str(), 0755) != 0) fail_msg("mkdir %s", dir3.c_str());
+    const std::string err3 = sxtest::run_process_ranks(2, {"dir", dir3, "stage3", "1"}, 60);
+    if (!err3.empty()) fail_msg("stage 3: %s", err3.c_str());
     sxtest::remove_tree(dir);
 }
 
@@ -392,6 +471,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ranks_in_different_calls),
         cmocka_unit_test(test_loads_of_different_checkpoints),
+        cmocka_unit_test(test_stage3_gathers_against_other_calls),
         cmocka_unit_test(test_over_tcp_as_processes),
         cmocka_unit_test(test_world_sizes_that_differ),
         cmocka_unit_test(test_all_reduce),
