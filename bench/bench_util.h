@@ -170,6 +170,7 @@ bool run_self(int world, const std::function<std::vector<std::string>(int rank)>
 sx_shard_group_t *make_sgd_group(const char *section, const std::string &url, int rank, int world, int stage,
                                  int prefetch, int shard_size, int units, int64_t unit_numel);
 int section_mesh(const Options &opt);
+int section_packed(const Options &opt);
 int mesh_rank_main(int argc, char **argv);
 #ifdef SX_HAVE_CUDA
 int section_gpu_adamw(const Options &opt);

@@ -29,6 +29,8 @@
 //   trace         the step timeline's cost: steps of 2 ranks traced vs not (docs/tracing.md)
 //   small_step    a step of 2 ranks with almost nothing to reduce (plain, units signalled,
 //                 micro-batches accumulated) against one all_gather of a call's header
+//   packed        the packed layout (alignment 4) against the default 64: a one-rank AdamW step
+//                 over params of odd sizes
 //   gpu_adamw     (CUDA builds) the fused AdamW kernel on the device vs a traffic-only kernel
 //                 with its memory pattern, and its bandwidth beside the device's peak;
 //                 prints that it was skipped, and why, where there is no device
@@ -76,6 +78,7 @@ const Section kSections[] = {
     {"scale", section_scale},
     {"trace", section_trace},
     {"small_step", section_small_step},
+    {"packed", section_packed},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
     {"gpu_step", section_gpu_step},

@@ -1,9 +1,18 @@
 #include "comm/communicator.h"
 
+#include <atomic>
 #include <cstdint>
 
 namespace sx {
 namespace comm {
+
+namespace {
+std::atomic<uint64_t> g_collectives{0};
+}  // namespace
+
+uint64_t collectives_started() { return g_collectives.load(std::memory_order_relaxed); }
+
+void count_collective() { g_collectives.fetch_add(1, std::memory_order_relaxed); }
 
 Status check_reduce_scatter_args(const Communicator &c, const float *buf, size_t shard_elems, const float *out,
                                  bool accumulate) {

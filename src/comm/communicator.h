@@ -17,6 +17,13 @@
 namespace sx {
 namespace comm {
 
+// Collectives started in this process, by every communicator (each call of the interface
+// that gets as far as running): what a benchmark counts to say how many exchanges a step
+// makes. Any thread.
+uint64_t collectives_started();
+// Counts one (the implementations call it as a collective starts).
+void count_collective();
+
 // A contiguous piece of memory a collective sends or receives.
 struct Piece {
     void *data = nullptr;

@@ -285,6 +285,7 @@ class GlooCommunicator final : public Communicator {
     template <class Body>
     Status run(const char *what, Body body) {
         SX_TRY(usable(what));
+        count_collective();
         SigpipeBlock no_sigpipe;
         const Clock::time_point start = Clock::now();
         ++tag_;
