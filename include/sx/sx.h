@@ -217,8 +217,9 @@ typedef struct sx_group_config {
      * every dtype) packs the params: each starts where the one before ends, so a unit's
      * flat buffer (sx_unit_view) holds them as one block, as a trainer that keeps all its
      * params in one array (llm.c) has them. Its cost: shards and params start anywhere,
-     * so the optimizer's wide loads and stores are unaligned, and neighbouring shards may
-     * share a cache line. (Alignments below 64: 1.5.) */
+     * so neighbouring shards may share a cache line; a CPU step over a packed layout
+     * measured as fast as over the default (bench/README.md, "The packed layout's
+     * cost"). (Alignments below 64: 1.5.) */
     int32_t alignment;
     /* Every collective and rendezvous wait fails after this many milliseconds. The phases
      * of sx_create_shard_group (the store, the ranks' arrival, the transport, a mesh's
