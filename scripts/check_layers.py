@@ -2,7 +2,8 @@
 """Checks that sx's modules (src/<module>/) use only the modules below them.
 
 The layers are src/layers.txt's: a line "module: a b c" lets the module use a, b and c
-(each listed on an earlier line), and itself. Two things must keep to it:
+(each listed on an earlier line), and itself; a line "x sees y only through: y/h1.h y/h2.h"
+(a seam) lets x's files include only those of y's headers. Two things must keep to it:
 
   * every #include "<module>/..." in a source or header under src/ (.h .cc .cu .cuh and
     the rest; relative paths resolved; "sx/..." is the public include/ and any other
@@ -41,6 +42,7 @@ class Layers:
     def __init__(self, root, errors):
         self.allowed = {}  # module -> set of modules it may use (itself not included)
         self.layer = {}  # 0 for base; else one above its highest allowed module
+        self.seams = {}  # (module, used) -> the only headers of `used` that module may include
         path = os.path.join(root, TABLE)
         try:
             with open(path, encoding="utf-8") as f:
@@ -52,8 +54,20 @@ class Layers:
             line = line.split("#", 1)[0].strip()
             if not line:
                 continue
-            m = re.fullmatch(r"([a-z0-9_]+)\s*:\s*([a-z0-9_\s]*)", line)
             where = "%s:%d" % (TABLE, number)
+            seam = re.fullmatch(r"([a-z0-9_]+)\s+sees\s+([a-z0-9_]+)\s+only through\s*:\s*(.*)", line)
+            if seam:
+                module, used, headers = seam.group(1), seam.group(2), seam.group(3).split()
+                if module not in self.allowed or used not in self.allowed.get(module, set()):
+                    errors.append("%s: a seam from %s to %s, which %s may not use (or is not listed above)"
+                                  % (where, module, used, module))
+                elif not headers or any(not h.startswith(used + "/") for h in headers):
+                    errors.append('%s: the seam from %s to %s must list headers of %s ("%s/...")'
+                                  % (where, module, used, used, used))
+                else:
+                    self.seams[(module, used)] = set(headers)
+                continue
+            m = re.fullmatch(r"([a-z0-9_]+)\s*:\s*([a-z0-9_\s]*)", line)
             if not m:
                 errors.append('%s: "%s" is not "module: modules it may use"' % (where, line))
                 continue
@@ -112,6 +126,11 @@ def check_includes(root, layers, module, errors):
                     why = layers.rule(module, parts[0])
                     if why:
                         errors.append('%s:%d: #include "%s": %s' % (rel, number, header, why))
+                        continue
+                    seam = layers.seams.get((module, parts[0]))
+                    if seam is not None and "/".join(parts) not in seam:
+                        errors.append('%s:%d: #include "%s": %s sees %s only through %s (src/layers.txt)'
+                                      % (rel, number, header, module, parts[0], ", ".join(sorted(seam))))
 
 
 def check_cmake(root, layers, module, errors):
@@ -176,7 +195,7 @@ def self_test(real_root):
                                    "  list(APPEND comm_deps sx_cuda sx_nccl)\nendif()\n"
                                    "sx_module(comm SOURCES nccl/one_device.cc DEPS ${comm_deps})\n",
         "src/core/group.h": '#include "optim/optimizer.h"\n',
-        "src/ckpt/manifest.cc": '#include "ckpt/manifest_generated.h"\n#include "core/group.h"\n',
+        "src/ckpt/manifest.cc": '#include "ckpt/manifest_generated.h"\n#include "core/shard_state.h"\n',
     }
     # (file, text appended, what the one message must name): includes up, across a layer,
     # through a relative path and from a new .cuh; DEPS across and below but not allowed;
@@ -194,6 +213,10 @@ def self_test(real_root):
         ("src/comm/CMakeLists.txt", "target_link_libraries(sx_comm PRIVATE sx_io)\n",
          ["sx_io: io is below comm but src/layers.txt does not let comm use it"]),
         ("src/extra/thing.cc", "\n", ["module extra is not in src/layers.txt"]),
+        ("src/ckpt/manifest.cc", '#include "core/group.h"\n',
+         ['src/ckpt/manifest.cc:3: #include "core/group.h"', "ckpt sees core only through"]),
+        ("src/ckpt/load.cc", '#include "../core/channel.h"\n', ["src/ckpt/load.cc:1", "ckpt sees core only through"]),
+        (TABLE, "ckpt sees api only through: api/handles.h\n", ["a seam from ckpt to api"]),
         (TABLE, "late: base\nbase: late\n", ["base is listed twice"]),
     ]
     failures = []

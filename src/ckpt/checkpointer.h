@@ -31,7 +31,7 @@
 #include "ckpt/future.h"
 #include "ckpt/manifest.h"
 #include "ckpt/shard_plan.h"
-#include "core/group.h"
+#include "core/shard_state.h"
 #include "io/file_ops.h"
 #include "io/io_loop.h"
 
@@ -90,7 +90,7 @@ class StagedBytes {
 
 class Checkpointer {
   public:
-    Checkpointer(core::ShardGroup *group, std::shared_ptr<io::FileOps> ops);
+    Checkpointer(core::ShardAccess *group, std::shared_ptr<io::FileOps> ops);
     // Waits for a save still in flight.
     ~Checkpointer();
 
@@ -140,7 +140,7 @@ class Checkpointer {
     // null) is told when the snapshot is staged.
     Status stage_and_persist(Snapshot *snap, SaveFuture *future);
 
-    core::ShardGroup *group_;
+    core::ShardAccess *group_;
     std::shared_ptr<io::FileOps> ops_;
     HostBuffer staging_;
     // Per unit and state slot: the buffer the last load staged that slot in, which the

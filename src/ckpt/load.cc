@@ -54,7 +54,7 @@ struct UnitStage {
 // several threads at once, for different reads.
 class ValuesRollback {
   public:
-    ValuesRollback(core::ShardGroup &g) : g_(g) {}
+    ValuesRollback(core::ShardAccess &g) : g_(g) {}
     ~ValuesRollback() {
         Status s = restore();
         if (!s.ok()) g_.fail(s.prefix("putting the values back after a failed load: "));
@@ -84,7 +84,7 @@ class ValuesRollback {
         const float *aside = nullptr;
         size_t bytes = 0;
     };
-    core::ShardGroup &g_;
+    core::ShardAccess &g_;
     std::vector<Kept> kept_;  // per read
 };
 
@@ -529,7 +529,7 @@ class Checkpointer::Load {
     }
 
     Checkpointer &ck_;
-    core::ShardGroup &g_;
+    core::ShardAccess &g_;
     core::DeviceOps &dev_;
     const LoadOptions &options_;
     const bool on_host_;

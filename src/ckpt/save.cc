@@ -102,7 +102,7 @@ Status apply_retention(io::FileOps &ops, const std::string &parent, const std::s
 }
 
 // The manifest of a save but for its files and their indexes.
-Manifest skeleton_of(const core::ShardGroup &g, const core::ShardState &shard,
+Manifest skeleton_of(const core::ShardAccess &g, const core::ShardState &shard,
                      const std::vector<std::vector<TensorKind>> &kinds, const SaveOptions &options) {
     Manifest m;
     m.library_version = SX_VERSION_NUMBER;
@@ -110,7 +110,7 @@ Manifest skeleton_of(const core::ShardGroup &g, const core::ShardState &shard,
     m.world_size = g.world_size();
     m.shard_size = g.shard_size();
     m.stage = g.stage();
-    m.alignment = g.config().alignment;
+    m.alignment = g.alignment();
     m.user_blob = options.user_blob;
     m.created_unix_ms = now_unix_ms();
     const core::LossScaling &ls = g.loss_scaling();
@@ -161,7 +161,7 @@ struct SavePaths {
 // key: the future's cancellation and sx_abort, each noticed within one slice of the wait.
 struct SaveWatch {
     const SaveFuture *future;  // null: a synchronous save
-    const core::ShardGroup *group;
+    const core::ShardAccess *group;
     comm::Millis timeout;  // of each wait as a whole
 };
 
@@ -327,7 +327,7 @@ Status commit_directory(io::FileOps &ops, const Manifest &m, const SavePaths &at
 
 }  // namespace
 
-Checkpointer::Checkpointer(core::ShardGroup *group, std::shared_ptr<io::FileOps> ops)
+Checkpointer::Checkpointer(core::ShardAccess *group, std::shared_ptr<io::FileOps> ops)
     : group_(group), ops_(std::move(ops)) {}
 
 uint64_t Checkpointer::staging_bytes() const {
@@ -338,7 +338,7 @@ uint64_t Checkpointer::staging_bytes() const {
 }
 
 Status Checkpointer::reserve_staging() {
-    core::ShardGroup &g = *group_;
+    core::ShardAccess &g = *group_;
     SX_TRY(g.check_usable());
     SX_TRY(g.check_finalized());
     // The threads that persist asynchronous saves, started as the first save would start
@@ -366,7 +366,7 @@ Status Checkpointer::grow_staging(uint64_t bytes, HostBuffer::Populate populate)
 }
 
 Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
-    core::ShardGroup &g = *group_;
+    core::ShardAccess &g = *group_;
     SX_TRY(g.check_usable());
     SX_TRY(g.check_finalized());
     SX_TRACE_SPAN(g.tracer(), "ckpt", "save.snapshot", trace::kNoUnit, trace::kNoBytes, options.path.c_str());
@@ -497,7 +497,7 @@ Status Checkpointer::stage_and_persist(Snapshot *snap, SaveFuture *future) {
 Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedBytes *staged) {
     io::FileOps &ops = *ops_;
     comm::Store &store = group_->store();
-    const comm::Millis timeout(group_->config().timeout_ms);
+    const comm::Millis timeout(group_->timeout_ms());
     const std::string prefix = format("ckpt/%llu/", static_cast<unsigned long long>(snap.sequence));
     const SavePaths at(snap.options.path);
     if (progress) progress->set_total(snap.plan.file_bytes);

@@ -64,15 +64,6 @@ struct GroupConfig {
 // while it divides n and n / f > f (2 for 4 ranks, 4 for 8 or 16, 32 for 1024).
 int fsdp_predivide_factor(int n);
 
-// torch.cuda.amp.GradScaler's parameters.
-struct LossScaling {
-    int mode = SX_LOSS_SCALING_NONE;
-    double init_scale = 65536.0;
-    double growth_factor = 2.0;
-    double backoff_factor = 0.5;
-    int64_t growth_interval = 2000;
-};
-
 struct StepOptions {
     double max_grad_norm = 0.0;
     // Uneven inputs: the gradients are sums over this rank's `weight` samples, and the
@@ -99,13 +90,6 @@ struct MemoryStats {
     uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // staging is the checkpointer's
     uint64_t unsharded_optimizer_bytes = 0;
     uint64_t peak_param_bytes = 0;  // the most param_bytes held at once since finalize
-};
-
-// One thing ranks must agree on, in words: what it is ("param 'w' shape") and this
-// rank's value ("[4, 4]").
-struct Fact {
-    std::string what;
-    std::string value;
 };
 
 // One hash of a list of facts, in order (what ranks compare for a call's header).
@@ -146,51 +130,26 @@ struct ParamState {
 };
 using StateFn = std::function<Status(ParamState &)>;
 
-// Readers of this rank's shard (a checkpoint's snapshot, copied in the background)
-// hold the fence; writers of it (the step's update, a broadcast, a load) wait until no
-// reader holds it. Any thread.
-class ShardFence {
-  public:
-    void hold();
-    void release();
-    void wait_readers() const;  // returns once nothing holds the fence
-
-    // Holds the fence while alive.
-    class Hold {
-      public:
-        explicit Hold(ShardFence &fence) : fence_(fence) { fence_.hold(); }
-        ~Hold() { fence_.release(); }
-        Hold(const Hold &) = delete;
-        Hold &operator=(const Hold &) = delete;
-
-      private:
-        ShardFence &fence_;
-    };
-
-  private:
-    mutable std::mutex mu_;
-    mutable std::condition_variable cv_;
-    int holds_ = 0;
-};
-
-class ShardGroup {
+class ShardGroup : public ShardAccess {
   public:
     // Rendezvous and connect (collective).
     static Status create(const GroupConfig &config, std::unique_ptr<ShardGroup> *out);
     ~ShardGroup();
 
-    int rank() const { return rank_; }
-    int world_size() const { return world_size_; }
+    int rank() const override { return rank_; }
+    int world_size() const override { return world_size_; }
     // The mesh: this rank's shard group holds ranks [replica_rank * shard_size, +shard_size)
     // and owns shard shard_rank (= rank % shard_size) of every unit; the ranks with the
     // same shard_rank form its replica group, replicas of them in all.
-    int shard_size() const { return shard_size_; }
-    int shard_rank() const { return shard_rank_; }
+    int shard_size() const override { return shard_size_; }
+    int shard_rank() const override { return shard_rank_; }
     int replicas() const { return replicas_; }
-    int replica_rank() const { return replica_rank_; }
+    int replica_rank() const override { return replica_rank_; }
     // The factor 16-bit gradients are divided by before their sum (see GroupConfig).
     double predivide_factor() const;
-    int stage() const { return config_.stage; }
+    int stage() const override { return config_.stage; }
+    int alignment() const override { return config_.alignment; }
+    int timeout_ms() const override { return config_.timeout_ms; }
     bool finalized() const { return finalized_; }
     // Params or param groups were added after sx_finalize and wait for the next one.
     bool pending() const {
@@ -199,7 +158,7 @@ class ShardGroup {
     // The param exists and is laid out (SX_ERR_INVALID_STATE naming it otherwise).
     Status check_laid_out(int32_t param) const;
     // Finalized, with nothing added since (SX_ERR_INVALID_STATE saying which otherwise).
-    Status check_finalized() const;
+    Status check_finalized() const override;
     const GroupConfig &config() const { return config_; }
 
     // --- registration ---
@@ -216,10 +175,10 @@ class ShardGroup {
     Status set_hyperparameter(int32_t group, int32_t key, double value);
     Status get_hyperparameter(int32_t group, int32_t key, double *value) const;
     int32_t num_param_groups() const { return static_cast<int32_t>(groups_.size()); }
-    const optim::Hyper &hyper(int32_t group) const { return groups_[group].hyper; }
+    const optim::Hyper &hyper(int32_t group) const override { return groups_[group].hyper; }
 
     // --- params, views ---
-    int32_t num_params() const { return static_cast<int32_t>(params_.size()); }
+    int32_t num_params() const override { return static_cast<int32_t>(params_.size()); }
     Status check_param(int32_t param) const;
     Status find_param(const char *name, int32_t *index) const;
     void *param_data(int32_t param) const;  // of the param's dtype
@@ -228,8 +187,8 @@ class ShardGroup {
     // padded_numel elements and their dtype. Stage 3: params only while u is gathered.
     Status unit_buffer(int32_t u, bool grad, void **data, uint64_t *numel, int32_t *dtype) const;
     int32_t grad_dtype(int32_t param) const;
-    const ParamSpec &param(int32_t index) const { return params_[index]; }
-    const Layout &layout() const { return layout_; }
+    const ParamSpec &param(int32_t index) const override { return params_[index]; }
+    const Layout &layout() const override { return layout_; }
     Status broadcast_params(int root);
     // sx_all_reduce: values[i] over the ranks (op: SX_REDUCE_*), in place, written only
     // once every rank's have arrived (a failure leaves them); see sx.h.
@@ -250,14 +209,14 @@ class ShardGroup {
 
     // --- loss scaling ---
     Status set_loss_scaling(const LossScaling &s);  // resets the scale to s.init_scale
-    const LossScaling &loss_scaling() const { return scaling_; }
+    const LossScaling &loss_scaling() const override { return scaling_; }
     const LossScalerState &loss_scaler() const { return scaler_; }
 
     MemoryStats memory_stats() const;
 
     // --- the step timeline (docs/tracing.md) ---
     // The group's tracer, or null when tracing is off (spans then cost a branch). Any thread.
-    trace::Tracer *tracer() const { return tracer_.get(); }
+    trace::Tracer *tracer() const override { return tracer_.get(); }
     // Writes the trace file now (SX_ERR_IO naming it on failure); ok when tracing is off.
     // Any thread. The destructor writes it too, logging a failure.
     Status flush_trace();
@@ -299,26 +258,26 @@ class ShardGroup {
     // trainer's writes into the views (the legacy default stream), derives the fp32
     // masters of 16-bit units where they are not yet (they are what a checkpoint
     // stores), and describes the shard (see shard_state.h).
-    Status export_shard(ShardState *out);
+    Status export_shard(ShardState *out) override;
     // Unit u's shard as export_shard describes it, without its waits or its sequence
     // (for tests and tools that look at the memory).
     UnitShard unit_shard(size_t u) const;
     // A load's commit: checks everything first (SX_ERR_INTERNAL, and nothing changes, if
     // r does not fit the group), then swaps the state buffers in and replaces the
     // progress. Cannot fail half-way.
-    Status restore_shard(const ShardRestore &r);
+    Status restore_shard(const ShardRestore &r) override;
     // Collective: every rank rounds its masters (if any) into its own shard of the
     // params, and the ranks all-gather the rest, so that the params hold the values of
     // every rank's shard (after a load wrote them). A failed collective fails the group.
-    Status gather_params();
-    comm::Store &store() { return *store_; }
+    Status gather_params() override;
+    comm::Store &store() override { return *store_; }
     // Marks the group failed with s (a failed collective or device, a load that cannot
     // be undone): every later call fails with its words, and the communicators are
     // aborted, so that the peers' collectives with this rank fail at once rather than at
     // their timeout. Returns s. Never throws; any thread.
-    Status fail(Status s);
+    Status fail(Status s) override;
     // Runs a collective through the group's communicator; a failure fails the group.
-    Status collective(const std::function<Status(comm::Communicator &)> &fn);
+    Status collective(const std::function<Status(comm::Communicator &)> &fn) override;
     // Collective, the first exchange (the header) of a call outside the step's family (a
     // save, a load, a broadcast): the ranks compare `call` and `facts` (what must agree
     // for it: a path, a checkpoint's CRC). A rank in another call, or with another value,
@@ -327,12 +286,12 @@ class ShardGroup {
     // the call still takes part and no peer waits; it is returned where it failed.
     // Settles the channels first (nothing of theirs may share the communicator).
     Status agree_call(const char *call, std::vector<Fact> facts, const Status &local = Status::Ok(),
-                      const char *intro = "ranks disagree");
+                      const char *intro = "ranks disagree") override;
     // Where the group's buffers live, and the work on them.
-    DeviceOps &ops() { return *ops_; }
+    DeviceOps &ops() override { return *ops_; }
     // Held while a snapshot of this rank's shard (params and optimizer state) is being
     // copied out; everything in the group that writes the shard waits for it first.
-    ShardFence &shard_fence() { return fence_; }
+    ShardFence &shard_fence() override { return fence_; }
 
     // --- failure ---
     // Any thread: fails collectives in flight, and every later call.
@@ -341,9 +300,9 @@ class ShardGroup {
     void abort_communicators();
     // SX_ERR_GROUP_FAILED with the first failure's message (or saying sx_abort() was
     // called), or ok.
-    Status check_usable() const;
+    Status check_usable() const override;
     // Whether sx_abort() was called. Any thread.
-    bool aborted() const { return aborted_.load(); }
+    bool aborted() const override { return aborted_.load(); }
 
   private:
     struct Unit {

@@ -1,15 +1,27 @@
-// A rank's shard as a checkpoint sees it: what a save copies out of the group and what a
-// load puts back. The group exports it (ShardGroup::export_shard) and a load restores it
-// at its commit in one call (ShardGroup::restore_shard); the checkpoint code reaches
-// nothing else of the group's insides.
+// What checkpoint code (ckpt/, one layer up) reaches of a shard group, and nothing else:
+// the ShardAccess interface below, which ShardGroup implements (core/group.h, which ckpt
+// never includes: scripts/check_layers.py holds it to that), and the structs it trades
+// in. A rank's shard as a checkpoint sees it is what a save copies out of the group
+// (export_shard) and what a load puts back at its commit in one call (restore_shard).
 #pragma once
 
 #include <array>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
 #include <vector>
 
+#include "base/status.h"
+#include "base/trace.h"
+#include "comm/communicator.h"
+#include "comm/store.h"
 #include "core/device.h"
+#include "core/layout.h"
+#include "core/params.h"
 #include "optim/optimizer.h"
+#include "sx/sx.h"
 
 namespace sx {
 namespace core {
@@ -67,6 +79,121 @@ struct ShardRestore {
     std::vector<int> slots;
     // Replaces the group's whole progress; null keeps it (a load of the values alone).
     const ShardProgress *progress = nullptr;
+};
+
+// torch.cuda.amp.GradScaler's parameters.
+struct LossScaling {
+    int mode = SX_LOSS_SCALING_NONE;
+    double init_scale = 65536.0;
+    double growth_factor = 2.0;
+    double backoff_factor = 0.5;
+    int64_t growth_interval = 2000;
+};
+
+// One thing ranks must agree on, in words: what it is ("param 'w' shape") and this
+// rank's value ("[4, 4]").
+struct Fact {
+    std::string what;
+    std::string value;
+};
+
+// Readers of this rank's shard (a checkpoint's snapshot, copied in the background)
+// hold the fence; writers of it (the step's update, a broadcast, a load) wait until no
+// reader holds it. Any thread.
+class ShardFence {
+  public:
+    void hold();
+    void release();
+    void wait_readers() const;  // returns once nothing holds the fence
+
+    // Holds the fence while alive.
+    class Hold {
+      public:
+        explicit Hold(ShardFence &fence) : fence_(fence) { fence_.hold(); }
+        ~Hold() { fence_.release(); }
+        Hold(const Hold &) = delete;
+        Hold &operator=(const Hold &) = delete;
+
+      private:
+        ShardFence &fence_;
+    };
+
+  private:
+    mutable std::mutex mu_;
+    mutable std::condition_variable cv_;
+    int holds_ = 0;
+};
+
+// A shard group as checkpoint code sees it (see the top of this file). Thread safety as
+// ShardGroup's: the trainer's thread, but where a member says otherwise.
+class ShardAccess {
+  public:
+    virtual ~ShardAccess() = default;
+
+    // --- the ranks and the layout ---
+    virtual int rank() const = 0;
+    virtual int world_size() const = 0;
+    // The mesh: shard groups of shard_size ranks; this rank owns shard shard_rank of every
+    // unit, in replica group replica_rank (see ShardGroup).
+    virtual int shard_size() const = 0;
+    virtual int shard_rank() const = 0;
+    virtual int replica_rank() const = 0;
+    virtual int stage() const = 0;
+    virtual int alignment() const = 0;   // bytes: where each param starts in a unit
+    virtual int timeout_ms() const = 0;  // of every collective and rendezvous wait
+    virtual int32_t num_params() const = 0;
+    virtual const ParamSpec &param(int32_t index) const = 0;
+    virtual const Layout &layout() const = 0;
+    virtual const optim::Hyper &hyper(int32_t group) const = 0;
+    virtual const LossScaling &loss_scaling() const = 0;
+    // Finalized, with nothing added since (SX_ERR_INVALID_STATE saying which otherwise).
+    virtual Status check_finalized() const = 0;
+
+    // --- the shard ---
+    // Collective in order (every rank exports for the same save or load). Waits for the
+    // trainer's writes into the views (the legacy default stream), derives the fp32
+    // masters of 16-bit units where they are not yet (they are what a checkpoint
+    // stores), and describes the shard.
+    virtual Status export_shard(ShardState *out) = 0;
+    // A load's commit: checks everything first (SX_ERR_INTERNAL, and nothing changes, if
+    // r does not fit the group), then swaps the state buffers in and replaces the
+    // progress. Cannot fail half-way.
+    virtual Status restore_shard(const ShardRestore &r) = 0;
+    // Collective: every rank rounds its masters (if any) into its own shard of the
+    // params, and the ranks all-gather the rest, so that the params hold the values of
+    // every rank's shard (after a load wrote them). A failed collective fails the group.
+    virtual Status gather_params() = 0;
+    // Held while a snapshot of this rank's shard is being copied out; everything in the
+    // group that writes the shard waits for it first. Any thread.
+    virtual ShardFence &shard_fence() = 0;
+    // Where the group's buffers live, and the work on them.
+    virtual DeviceOps &ops() = 0;
+
+    // --- what the ranks do together ---
+    // Collective, the first exchange (the header) of a call outside the step's family (a
+    // save, a load): the ranks compare `call` and `facts` (what must agree for it: a
+    // path, a checkpoint's CRC). A rank in another call, or with another value, fails
+    // every rank with SX_ERR_MISMATCH naming each rank's call or value. `local`: this
+    // rank's own verdict on its arguments, compared too, so that a rank that refuses the
+    // call still takes part and no peer waits; it is returned where it failed.
+    virtual Status agree_call(const char *call, std::vector<Fact> facts, const Status &local = Status::Ok(),
+                              const char *intro = "ranks disagree") = 0;
+    // Runs a collective through the group's communicator; a failure fails the group.
+    virtual Status collective(const std::function<Status(comm::Communicator &)> &fn) = 0;
+    // The rendezvous store (a save's commit agrees through it, never through the
+    // training communicator).
+    virtual comm::Store &store() = 0;
+
+    // --- failure ---
+    // Marks the group failed with s: every later call fails with its words, and the
+    // communicators are aborted. Returns s. Any thread.
+    virtual Status fail(Status s) = 0;
+    // SX_ERR_GROUP_FAILED with the first failure's message, or ok.
+    virtual Status check_usable() const = 0;
+    // Whether sx_abort() was called. Any thread.
+    virtual bool aborted() const = 0;
+    // The step timeline, or null when tracing is off. Any thread.
+    virtual trace::Tracer *tracer() const = 0;
 };
 
 }  // namespace core
