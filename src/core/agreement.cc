@@ -80,11 +80,12 @@ Agreement ShardGroup::step_agreement(const char *call, std::vector<uint8_t> mask
     if (config_.stage == 3 && defer_gather >= 0)
         for (const Unit &unit : units_) a.gathered.push_back(unit.pins > 0 ? 1 : 0);
     for (const ParamGroup &g : groups_) a.hypers.push_back(g.hyper);
-    a.loss_scaling_mode = scaling_.mode;
-    a.loss_scale = scaler_.scale;
-    a.growth_factor = scaling_.growth_factor;
-    a.backoff_factor = scaling_.backoff_factor;
-    a.growth_interval = scaling_.growth_interval;
+    const LossScaling &ls = scaler_.settings();
+    a.loss_scaling_mode = ls.mode;
+    a.loss_scale = scaler_.scale();
+    a.growth_factor = ls.growth_factor;
+    a.backoff_factor = ls.backoff_factor;
+    a.growth_interval = ls.growth_interval;
     a.micro_batches = micro_batches_;
     return a;
 }

@@ -307,7 +307,7 @@ Status ShardGroup::install_scattered(std::vector<std::array<Buffer, 3>> *state, 
     progress.steps_taken = steps_;
     for (size_t p = 0; p < params_.size(); ++p) progress.params.push_back({steps[2 * p], steps[2 * p + 1]});
     for (const ParamGroup &g : groups_) progress.hypers.push_back(g.hyper);
-    progress.scaler = scaler_;
+    progress.scaler = scaler_.state();
     ShardRestore restore;
     restore.state = state;
     restore.slots = slots;

@@ -16,20 +16,6 @@ namespace {
 
 bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
-Status validate_loss_scaling(const LossScaling &s) {
-    SX_CHECK_ARG(s.mode == SX_LOSS_SCALING_NONE || s.mode == SX_LOSS_SCALING_DYNAMIC || s.mode == SX_LOSS_SCALING_STATIC,
-                 "loss scaling mode %d is not SX_LOSS_SCALING_NONE, _DYNAMIC or _STATIC", s.mode);
-    SX_CHECK_ARG(std::isfinite(s.init_scale) && s.init_scale > 0, "init_scale = %g; it must be finite and > 0",
-                 s.init_scale);
-    SX_CHECK_ARG(std::isfinite(s.growth_factor) && s.growth_factor > 1, "growth_factor = %g; it must be finite and > 1",
-                 s.growth_factor);
-    SX_CHECK_ARG(s.backoff_factor > 0 && s.backoff_factor < 1, "backoff_factor = %g; it must be in (0, 1)",
-                 s.backoff_factor);
-    SX_CHECK_ARG(s.growth_interval > 0, "growth_interval = %lld; it must be > 0",
-                 static_cast<long long>(s.growth_interval));
-    return Status::Ok();
-}
-
 const char *dtype_name(int32_t dtype) {
     return dtype == SX_DTYPE_F32 ? "fp32" : dtype == SX_DTYPE_F16 ? "fp16" : "bf16";
 }
@@ -707,7 +693,7 @@ Status ShardGroup::export_shard(ShardState *out) {
     pr.steps_taken = steps_;
     for (const ParamSpec &spec : params_) pr.params.push_back({spec.step, spec.momentum_steps});
     for (const ParamGroup &g : groups_) pr.hypers.push_back(g.hyper);
-    pr.scaler = scaler_;
+    pr.scaler = scaler_.state();
     *out = std::move(st);
     return Status::Ok();
 }
@@ -746,7 +732,7 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
     // scattered from another optimizer, may bring more than the steps restored.
     steps_ = pr.steps_taken;
     for (const ParamSpec &ps : params_) steps_ = std::max(steps_, static_cast<uint64_t>(std::max<int64_t>(ps.step, 0)));
-    scaler_ = pr.scaler;
+    scaler_.restore(pr.scaler);
     return Status::Ok();
 }
 
@@ -852,10 +838,8 @@ Status ShardGroup::masters_to_params() {
 
 Status ShardGroup::set_loss_scaling(const LossScaling &s) {
     SX_TRY(check_usable());
-    SX_TRY(validate_loss_scaling(s));
-    scaling_ = s;
-    scaler_ = LossScalerState();
-    scaler_.scale = s.mode == SX_LOSS_SCALING_NONE ? 1.0 : s.init_scale;
+    SX_TRY(LossScaler::validate(s));
+    scaler_.configure(s);
     return Status::Ok();
 }
 

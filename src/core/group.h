@@ -22,6 +22,7 @@
 #include "core/channel.h"
 #include "core/device.h"
 #include "core/layout.h"
+#include "core/loss_scaler.h"
 #include "core/params.h"
 #include "core/shard_state.h"
 #include "optim/optimizer.h"
@@ -209,8 +210,8 @@ class ShardGroup : public ShardAccess {
 
     // --- loss scaling ---
     Status set_loss_scaling(const LossScaling &s);  // resets the scale to s.init_scale
-    const LossScaling &loss_scaling() const override { return scaling_; }
-    const LossScalerState &loss_scaler() const { return scaler_; }
+    const LossScaling &loss_scaling() const override { return scaler_.settings(); }
+    const LossScalerState &loss_scaler() const { return scaler_.state(); }
 
     MemoryStats memory_stats() const;
 
@@ -582,8 +583,7 @@ class ShardGroup : public ShardAccess {
     std::vector<Unit> units_;
     uint64_t steps_ = 0;
     uint64_t checkpoints_ = 0;
-    LossScaling scaling_;
-    LossScalerState scaler_;
+    LossScaler scaler_;
     Buffer reduce_scratch_;  // fp32 copy of one unit's 16-bit grads, for an fp32 reduction
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;

@@ -246,8 +246,8 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     //    Dynamic loss scaling needs it (for its inf/NaN check) before the update,
     //    clipping too; otherwise it comes out of the update's own pass. The average is
     //    over the ranks, or over the ranks' weights (the gradients are then sums).
-    const bool dynamic = scaling_.mode == SX_LOSS_SCALING_DYNAMIC;
-    const double divisor = weight_sum * scaler_.scale;  // the scale is 1 without scaling
+    const bool dynamic = scaler_.dynamic();
+    const double divisor = weight_sum * scaler_.scale();  // the scale is 1 without scaling
     // Non-finite gradients are checked where the norm comes first: clipping and dynamic
     // loss scaling need it, and options.nonfinite may ask for it (docs: SX_NONFINITE_*).
     const bool checked = options.max_grad_norm > 0 || dynamic || options.nonfinite != SX_NONFINITE_DEFAULT;
@@ -307,10 +307,7 @@ Status ShardGroup::skip_step(const StepOptions &options, double norm, StepResult
 
 Status ShardGroup::skip_nonfinite(const StepOptions &options, double norm, StepResult *result) {
     // Dynamic loss scaling, as torch.cuda.amp.GradScaler: back off, restart the growth count.
-    if (scaling_.mode == SX_LOSS_SCALING_DYNAMIC) {
-        scaler_.scale *= scaling_.backoff_factor;
-        scaler_.growth_tracker = 0;
-    }
+    scaler_.on_nonfinite_step();
     SX_TRY(skip_step(options, norm, result));
     if (options.nonfinite == SX_NONFINITE_ERROR)
         return SX_ERROR(SX_ERR_NONFINITE,
@@ -382,7 +379,7 @@ Status ShardGroup::unit_sumsq(size_t u, float grad_scale, double *out) {
 }
 
 float ShardGroup::norm_scale() const {
-    return static_cast<float>(1.0 / (static_cast<double>(world_size_) * scaler_.scale));
+    return static_cast<float>(1.0 / (static_cast<double>(world_size_) * scaler_.scale()));
 }
 
 Status ShardGroup::global_norm(double *sumsq) {
@@ -439,10 +436,7 @@ void ShardGroup::count_step(bool dynamic) {
         const optim::Hyper &h = groups_[spec.group].hyper;
         if (h.kind == optim::Kind::kSgd && h.momentum != 0) ++spec.momentum_steps;
     }
-    if (dynamic && ++scaler_.growth_tracker >= scaling_.growth_interval) {
-        scaler_.scale *= scaling_.growth_factor;
-        scaler_.growth_tracker = 0;
-    }
+    if (dynamic) scaler_.on_finite_step();
 }
 
 void ShardGroup::report_step(double grad_norm, bool skipped, StepResult *result) const {
@@ -450,7 +444,7 @@ void ShardGroup::report_step(double grad_norm, bool skipped, StepResult *result)
     result->grad_norm = grad_norm;
     result->step = steps_;
     result->skipped = skipped;
-    result->loss_scale = scaler_.scale;
+    result->loss_scale = scaler_.scale();
     result->nonfinite = !std::isfinite(grad_norm);
 }
 
