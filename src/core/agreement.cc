@@ -1,20 +1,12 @@
-// What ranks must agree on, and what they are told when they do not. Every collective
-// call but a stage-3 gather starts with the same header, exchanged in one round trip on
-// the world's communicator: a fingerprint of what must agree for the call (the call's
-// name first: sx_step's mask, hyperparameters and loss scaling, sx_finalize's param
-// table, a save's path, a load's checkpoint) and a few numbers the call adds up. Because
-// every call's header has the same size, ranks in different calls meet in the same
-// exchange: when the fingerprints differ, the ranks exchange the facts behind them and
-// every rank reports the first fact that differs with each rank's value ("the call:
-// sx_step on rank 0, sx_save_optim_state on rank 1"; "param 'w' shape: [4, 4] on rank
-// 0, [4, 5] on rank 1"). The facts are put in words only after a disagreement.
+// The agreement part (agreement.h): call headers, their facts in words, and the
+// explanation of a disagreement.
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 
-#include "core/group.h"
+#include "core/agreement.h"
 
 namespace sx {
 namespace core {
@@ -69,28 +61,7 @@ std::string rank_list(const std::vector<int> &ranks) {
 
 }  // namespace
 
-Agreement ShardGroup::step_agreement(const char *call, std::vector<uint8_t> mask, double max_grad_norm,
-                                     int defer_gather, bool weighted) const {
-    Agreement a;
-    a.call = call;
-    a.mask = std::move(mask);
-    a.max_grad_norm = max_grad_norm;
-    a.defer_gather = defer_gather;
-    a.weighted = weighted;
-    if (config_.stage == 3 && defer_gather >= 0)
-        for (const Unit &unit : units_) a.gathered.push_back(unit.pins > 0 ? 1 : 0);
-    for (const ParamGroup &g : groups_) a.hypers.push_back(g.hyper);
-    const LossScaling &ls = scaler_.settings();
-    a.loss_scaling_mode = ls.mode;
-    a.loss_scale = scaler_.scale();
-    a.growth_factor = ls.growth_factor;
-    a.backoff_factor = ls.backoff_factor;
-    a.growth_interval = ls.growth_interval;
-    a.micro_batches = micro_batches_;
-    return a;
-}
-
-uint64_t ShardGroup::fingerprint(const Agreement &a) const {
+uint64_t agreement_fingerprint(const Agreement &a) {
     uint64_t h = fnv1a(a.call, std::strlen(a.call));
     h = fnv1a(a.mask.data(), a.mask.size(), h);
     for (const optim::Hyper &hyper : a.hypers) h = hyper_fingerprint(hyper, h);
@@ -107,11 +78,11 @@ uint64_t ShardGroup::fingerprint(const Agreement &a) const {
     return fnv1a(&a.nonfinite, sizeof a.nonfinite, h);
 }
 
-std::vector<Fact> ShardGroup::facts(const Agreement &a) const {
+std::vector<Fact> agreement_facts(const Agreement &a, const std::deque<ParamSpec> &params) {
     std::vector<Fact> f;
     f.push_back({"the call", a.call});
-    for (size_t p = 0; p < a.mask.size() && p < params_.size(); ++p)
-        f.push_back({"param '" + params_[p].name + "' trainable", a.mask[p] ? "yes" : "no"});
+    for (size_t p = 0; p < a.mask.size() && p < params.size(); ++p)
+        f.push_back({"param '" + params[p].name + "' trainable", a.mask[p] ? "yes" : "no"});
     for (size_t g = 0; g < a.hypers.size(); ++g) {
         const optim::Hyper &h = a.hypers[g];
         f.push_back({format("param group %zu optimizer", g), optim::optimizer_name(h.kind)});
@@ -135,25 +106,26 @@ std::vector<Fact> ShardGroup::facts(const Agreement &a) const {
     return f;
 }
 
-std::vector<Fact> ShardGroup::table_facts() const {
+std::vector<Fact> table_facts(const TableSettings &settings, const std::vector<optim::Hyper> &groups,
+                              const std::deque<ParamSpec> &params, const std::vector<uint8_t> &mask) {
     std::vector<Fact> f;
-    f.push_back({"stage", std::to_string(config_.stage)});
-    f.push_back({"grad_dtype", std::to_string(config_.grad_dtype)});
-    f.push_back({"reduce_dtype", std::to_string(config_.reduce_dtype)});
-    f.push_back({"grad_predivide_factor", number_text(config_.grad_predivide_factor)});
-    f.push_back({"the number of param groups", std::to_string(groups_.size())});
-    for (size_t g = 0; g < groups_.size(); ++g)
-        f.push_back({format("param group %zu optimizer", g), optim::optimizer_name(groups_[g].hyper.kind)});
-    f.push_back({"the number of params", std::to_string(params_.size())});
-    for (size_t i = 0; i < params_.size(); ++i) {
-        const ParamSpec &p = params_[i];
+    f.push_back({"stage", std::to_string(settings.stage)});
+    f.push_back({"grad_dtype", std::to_string(settings.grad_dtype)});
+    f.push_back({"reduce_dtype", std::to_string(settings.reduce_dtype)});
+    f.push_back({"grad_predivide_factor", number_text(settings.grad_predivide_factor)});
+    f.push_back({"the number of param groups", std::to_string(groups.size())});
+    for (size_t g = 0; g < groups.size(); ++g)
+        f.push_back({format("param group %zu optimizer", g), optim::optimizer_name(groups[g].kind)});
+    f.push_back({"the number of params", std::to_string(params.size())});
+    for (size_t i = 0; i < params.size(); ++i) {
+        const ParamSpec &p = params[i];
         const std::string name = "param '" + p.name + "'";
         f.push_back({format("param %zu name", i), "'" + p.name + "'"});
         f.push_back({name + " shape", shape_text(p.shape)});
         f.push_back({name + " dtype", dtype_text(p.dtype)});
         f.push_back({name + " param group", std::to_string(p.group)});
         f.push_back({name + " unit", std::to_string(p.unit)});
-        f.push_back({name + " frozen", mask_[i] ? "no" : "yes"});
+        f.push_back({name + " frozen", mask[i] ? "no" : "yes"});
     }
     return f;
 }
@@ -167,24 +139,24 @@ uint64_t facts_fingerprint(const std::vector<Fact> &facts) {
     return h;
 }
 
-Status ShardGroup::explain(const char *intro, const std::vector<Fact> &mine, comm::Communicator &c) {
+Status CallHeaders::explain(const char *intro, const std::vector<Fact> &mine, comm::Communicator &c) const {
     const size_t W = static_cast<size_t>(c.world_size());
     const size_t me = static_cast<size_t>(c.rank());
     // c's ranks are a run of the world's (the world, or a mesh's shard group): named as
     // the world's.
-    const int first_rank = rank_ - c.rank();
+    const int first_rank = world_rank_ - c.rank();
     // How many facts each rank has, and each fact's hash up to the fewest.
     std::vector<uint64_t> counts(W, 0);
     counts[me] = mine.size();
     Status s = c.all_gather(counts.data(), sizeof(uint64_t));
-    if (!s.ok()) return fail(s);
+    if (!s.ok()) return fail_(s);
     const size_t common = static_cast<size_t>(*std::min_element(counts.begin(), counts.end()));
     size_t first = common;  // the first fact that differs (common: the lists differ in length)
     if (common > 0) {
         std::vector<uint64_t> hashes(W * common, 0);
         for (size_t i = 0; i < common; ++i) hashes[me * common + i] = fact_hash(mine[i]);
         s = c.all_gather(hashes.data(), common * sizeof(uint64_t));
-        if (!s.ok()) return fail(s);
+        if (!s.ok()) return fail_(s);
         for (size_t i = 0; i < common && first == common; ++i)
             for (size_t r = 1; r < W; ++r)
                 if (hashes[r * common + i] != hashes[i]) {
@@ -199,7 +171,7 @@ Status ShardGroup::explain(const char *intro, const std::vector<Fact> &mine, com
     std::snprintf(text.data() + me * kFactBytes, kFactBytes, "%.300s%c%s", what.c_str(), '\0', value.c_str());
     text[me * kFactBytes + kFactBytes - 1] = '\0';
     s = c.all_gather(text.data(), kFactBytes);
-    if (!s.ok()) return fail(s);
+    if (!s.ok()) return fail_(s);
     std::vector<std::string> whats(W), values(W);
     for (size_t r = 0; r < W; ++r) {
         const char *t = text.data() + r * kFactBytes;
@@ -227,83 +199,29 @@ Status ShardGroup::explain(const char *intro, const std::vector<Fact> &mine, com
     return SX_ERROR(SX_ERR_MISMATCH, "%s: %s: %s", intro, named.c_str(), detail.c_str());
 }
 
-Status ShardGroup::exchange_header(const char *call, Header mine, const std::function<std::vector<Fact>()> &facts,
-                                   std::vector<Header> *all, const char *intro) {
-    if (world_size_ == 1) {
-        mine.call = fnv1a(call, std::strlen(call));
-        if (all) all->assign(1, mine);
-        return Status::Ok();
-    }
-    return exchange_header_on(*comm_, call, mine, facts, all, intro);
-}
-
-Status ShardGroup::exchange_header_on(comm::Communicator &c, const char *call, Header mine,
-                                      const std::function<std::vector<Fact>()> &facts, std::vector<Header> *all,
-                                      const char *intro) {
+Status CallHeaders::exchange(comm::Communicator &c, const char *call, CallHeader mine, const FactsFn &facts,
+                             std::vector<CallHeader> *all, const char *intro) const {
     mine.call = fnv1a(call, std::strlen(call));
     // The first collective of a call: a rank that arrives early waits here for its peers.
-    SX_TRACE_SPAN(tracer(), "step", "agreement");
-    static_assert(sizeof(Header) == 5 * sizeof(uint64_t), "a header is five words");
+    SX_TRACE_SPAN(tracer_, "step", "agreement");
+    static_assert(sizeof(CallHeader) == 5 * sizeof(uint64_t), "a header is five words");
     const size_t W = static_cast<size_t>(c.world_size());
-    std::vector<Header> headers(W);
+    std::vector<CallHeader> headers(W);
     headers[static_cast<size_t>(c.rank())] = mine;
-    Status s = c.all_gather(headers.data(), sizeof(Header));
-    if (!s.ok()) return fail(s);
+    Status s = c.all_gather(headers.data(), sizeof(CallHeader));
+    if (!s.ok()) return fail_(s);
     // Another call first (whatever else differs follows from it), then a rank's refusal,
     // then any other difference.
-    for (const Header &h : headers)
+    for (const CallHeader &h : headers)
         if (h.call != mine.call) return explain(intro, facts(), c);
     for (size_t r = 0; r < W; ++r)
         if (headers[r].refused != 0 && mine.refused == 0)
             return SX_ERROR(headers[r].refused, "%s failed on rank %zu before anything changed (%s; see that rank's "
                             "error)", call, r, sx_status_string(headers[r].refused));
     if (mine.refused != 0) return SX_ERROR(mine.refused, "refused");  // the caller returns its own error
-    for (const Header &h : headers)
+    for (const CallHeader &h : headers)
         if (h.fingerprint != mine.fingerprint) return explain(intro, facts(), c);
     if (all) *all = std::move(headers);
-    return Status::Ok();
-}
-
-Status ShardGroup::agree(const Agreement &a, double weight, double *weight_sum) {
-    Header mine;
-    mine.fingerprint = fingerprint(a);
-    mine.weight = weight;
-    std::vector<Header> all;
-    SX_TRY(exchange_header(a.call, mine, [&] { return facts(a); }, &all));
-    double sum = 0.0;
-    for (const Header &h : all) sum += h.weight;  // in rank order: the same bits on every rank
-    if (weight_sum) *weight_sum = sum;
-    return Status::Ok();
-}
-
-Status ShardGroup::agree_call(const char *call, std::vector<Fact> facts, const Status &local, const char *intro) {
-    SX_TRY(check_usable());
-    SX_TRY(settle());
-    SX_TRY(meet_gathers(call));
-    facts.insert(facts.begin(), Fact{"the call", call});
-    Header mine;
-    mine.fingerprint = facts_fingerprint(facts);
-    mine.refused = local.code();
-    Status s = exchange_header(call, mine, [&] { return facts; }, nullptr, intro);
-    // A rank that refused the call returns its own error, unless the ranks were in
-    // different calls (which is what each is told).
-    if (!local.ok() && (s.ok() || s.code() == local.code())) return local;
-    return s;
-}
-
-Status ShardGroup::sum_over_ranks(double local, double *total) {
-    // Every replica group holds the same shards: the sum is over the shard group's ranks.
-    if (shard_size_ == 1) {
-        *total = local;
-        return Status::Ok();
-    }
-    std::vector<double> all(static_cast<size_t>(shard_size_), 0.0);
-    all[static_cast<size_t>(shard_rank_)] = local;
-    Status s = shard_comm_->all_gather(all.data(), sizeof(double));
-    if (!s.ok()) return fail(s);
-    double sum = 0.0;
-    for (double v : all) sum += v;  // in rank order: the same bits on every rank
-    *total = sum;
     return Status::Ok();
 }
 

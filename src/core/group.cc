@@ -75,6 +75,8 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
                                            g->config_.trace_capacity));
     }
     SX_TRACE_SPAN(g->tracer(), "group", "sx_create_shard_group");
+    ShardGroup *self = g.get();
+    g->headers_.reset(new CallHeaders(rv.rank, g->tracer(), [self](Status s) { return self->fail(s); }));
 
     // The device first: a group that cannot have it fails before it connects.
     std::unique_ptr<DeviceOps> device_ops;
@@ -136,7 +138,7 @@ Status ShardGroup::form_mesh(std::chrono::steady_clock::time_point deadline) {
                  static_cast<long long>(config_.timeout_ms));
         SX_TRY(agreed);
         if (v[0] != h || v[1] != ~h)
-            return explain("ranks disagree on the mesh", {{"shard_size", std::to_string(s)}}, *comm_);
+            return headers_->explain("ranks disagree on the mesh", {{"shard_size", std::to_string(s)}}, *comm_);
     }
     SX_CHECK_ARG(s <= world_size_ && world_size_ % s == 0,
                  "shard_size %d does not divide the world size %d (the mesh is shard_size ranks per shard group "
@@ -384,7 +386,11 @@ Status ShardGroup::finalize() {
     }
 
     // Every rank must have registered the same table.
-    SX_TRY(agree_call("sx_finalize", table_facts(), Status::Ok(), "ranks registered different param tables"));
+    TableSettings table{config_.stage, config_.grad_dtype, config_.reduce_dtype, config_.grad_predivide_factor};
+    std::vector<optim::Hyper> hypers;
+    for (const ParamGroup &pg : groups_) hypers.push_back(pg.hyper);
+    SX_TRY(agree_call("sx_finalize", table_facts(table, hypers, params_, mask_), Status::Ok(),
+                      "ranks registered different param tables"));
 
     SX_TRY(check_unit_dtypes());
     std::vector<ParamShape> shapes(params_.size());
@@ -833,6 +839,83 @@ Status ShardGroup::masters_to_params() {
         SX_TRY(ops_->narrow(unit.dtype, unit.master.as<float>(), own_params16(u), layout_.units()[u].shard_numel));
         unit.master_valid = true;
     }
+    return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------
+// What the ranks agree on (the agreement part: agreement.h)
+
+Agreement ShardGroup::step_agreement(const char *call, std::vector<uint8_t> mask, double max_grad_norm,
+                                     int defer_gather, bool weighted) const {
+    Agreement a;
+    a.call = call;
+    a.mask = std::move(mask);
+    a.max_grad_norm = max_grad_norm;
+    a.defer_gather = defer_gather;
+    a.weighted = weighted;
+    if (config_.stage == 3 && defer_gather >= 0)
+        for (const Unit &unit : units_) a.gathered.push_back(unit.pins > 0 ? 1 : 0);
+    for (const ParamGroup &g : groups_) a.hypers.push_back(g.hyper);
+    const LossScaling &ls = scaler_.settings();
+    a.loss_scaling_mode = ls.mode;
+    a.loss_scale = scaler_.scale();
+    a.growth_factor = ls.growth_factor;
+    a.backoff_factor = ls.backoff_factor;
+    a.growth_interval = ls.growth_interval;
+    a.micro_batches = micro_batches_;
+    return a;
+}
+
+Status ShardGroup::exchange_header(const char *call, CallHeader mine, const CallHeaders::FactsFn &facts,
+                                   std::vector<CallHeader> *all, const char *intro) {
+    if (world_size_ == 1) {
+        mine.call = fnv1a(call, std::strlen(call));
+        if (all) all->assign(1, mine);
+        return Status::Ok();
+    }
+    return headers_->exchange(*comm_, call, mine, facts, all, intro);
+}
+
+Status ShardGroup::agree(const Agreement &a, double weight, double *weight_sum) {
+    CallHeader mine;
+    mine.fingerprint = agreement_fingerprint(a);
+    mine.weight = weight;
+    std::vector<CallHeader> all;
+    SX_TRY(exchange_header(a.call, mine, [&] { return agreement_facts(a, params_); }, &all));
+    double sum = 0.0;
+    for (const CallHeader &h : all) sum += h.weight;  // in rank order: the same bits on every rank
+    if (weight_sum) *weight_sum = sum;
+    return Status::Ok();
+}
+
+Status ShardGroup::agree_call(const char *call, std::vector<Fact> facts, const Status &local, const char *intro) {
+    SX_TRY(check_usable());
+    SX_TRY(settle());
+    SX_TRY(meet_gathers(call));
+    facts.insert(facts.begin(), Fact{"the call", call});
+    CallHeader mine;
+    mine.fingerprint = facts_fingerprint(facts);
+    mine.refused = local.code();
+    Status s = exchange_header(call, mine, [&] { return facts; }, nullptr, intro);
+    // A rank that refused the call returns its own error, unless the ranks were in
+    // different calls (which is what each is told).
+    if (!local.ok() && (s.ok() || s.code() == local.code())) return local;
+    return s;
+}
+
+Status ShardGroup::sum_over_ranks(double local, double *total) {
+    // Every replica group holds the same shards: the sum is over the shard group's ranks.
+    if (shard_size_ == 1) {
+        *total = local;
+        return Status::Ok();
+    }
+    std::vector<double> all(static_cast<size_t>(shard_size_), 0.0);
+    all[static_cast<size_t>(shard_rank_)] = local;
+    Status s = shard_comm_->all_gather(all.data(), sizeof(double));
+    if (!s.ok()) return fail(s);
+    double sum = 0.0;
+    for (double v : all) sum += v;  // in rank order: the same bits on every rank
+    *total = sum;
     return Status::Ok();
 }
 

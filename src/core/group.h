@@ -19,6 +19,7 @@
 #include "base/trace.h"
 #include "comm/communicator.h"
 #include "comm/store.h"
+#include "core/agreement.h"
 #include "core/channel.h"
 #include "core/device.h"
 #include "core/layout.h"
@@ -91,29 +92,6 @@ struct MemoryStats {
     uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // staging is the checkpointer's
     uint64_t unsharded_optimizer_bytes = 0;
     uint64_t peak_param_bytes = 0;  // the most param_bytes held at once since finalize
-};
-
-// One hash of a list of facts, in order (what ranks compare for a call's header).
-uint64_t facts_fingerprint(const std::vector<Fact> &facts);
-
-// What the ranks must agree on at a call of the step's family (agreement.cc): compared
-// as one fingerprint, and put in words as facts when the fingerprints differ.
-struct Agreement {
-    const char *call = "";
-    std::vector<uint8_t> mask;       // the trainable mask in force
-    double max_grad_norm = 0.0;
-    std::vector<uint8_t> signalled;  // per unit: signalled ready (a round's end; else empty)
-    int defer_gather = -1;           // 0 or 1 at a step or accumulate_grads; -1: not part
-    std::vector<uint8_t> gathered;   // stage 3, at a step or accumulate_grads: per unit, held gathered
-    bool weighted = false;           // the step's reduction is weighted (uneven inputs)
-    int nonfinite = -1;              // at a step: options.nonfinite; -1: not part
-    // The group's settings when the agreement was made (a reduction channel compares them
-    // later, while the trainer may already be changing a learning rate for the step).
-    std::vector<optim::Hyper> hypers;  // per param group
-    int loss_scaling_mode = 0;
-    double loss_scale = 1.0, growth_factor = 0.0, backoff_factor = 0.0;
-    int64_t growth_interval = 0;
-    int micro_batches = 0;
 };
 
 // One param's whole, unpadded optimizer state, on the root of sx_gather_optim_state (or
@@ -357,47 +335,15 @@ class ShardGroup : public ShardAccess {
     // hyperparameters. All allocations happen before anything changes.
     Status prepare(const std::vector<uint8_t> &mask, bool accumulate = false);
     int required_slots(size_t u, const std::vector<uint8_t> &mask) const;
-    // --- agreement.cc ---
+    // --- the agreement (agreement.h; the group's calls of it in group.cc) ---
     // The agreement of a call of the step's family (`call`, as the error names it), with
     // the units gathered at stage 3 where defer_gather >= 0 (a step or accumulate_grads).
     Agreement step_agreement(const char *call, std::vector<uint8_t> mask, double max_grad_norm, int defer_gather,
                              bool weighted) const;
-    // The fingerprint ranks compare: a's fields, every group's hyperparameters, the loss
-    // scaling and the number of accumulate_grads calls since the last step.
-    uint64_t fingerprint(const Agreement &a) const;
-    // The same, as facts in words.
-    std::vector<Fact> facts(const Agreement &a) const;
-    // The param table as facts (sx_finalize's agreement), and their fingerprint.
-    std::vector<Fact> table_facts() const;
-    // Collective, after every rank found that the ranks disagree: they exchange their
-    // facts' hashes, and each returns SX_ERR_MISMATCH naming the first fact that differs
-    // and every rank's value of it ("<intro>: <fact>: <value> on rank 0, <value> on rank
-    // 1"). A failed exchange fails the group.
-    Status explain(const char *intro, const std::vector<Fact> &mine, comm::Communicator &c);
-    // The header every collective call exchanges first, in one round trip on the world's
-    // communicator: what must agree for the call (a fingerprint), two numbers the call
-    // adds over the ranks or reads (`weight`, `value`) and flags. Every call's header has
-    // this size, so that ranks in different calls meet in the same exchange and are told.
-    struct Header {
-        uint64_t call = 0;         // a hash of the call's name
-        uint64_t fingerprint = 0;  // of everything that must agree, the call included
-        double weight = 0.0, value = 0.0;
-        int32_t refused = 0;  // the status code of a rank that refuses the call (its arguments), or 0
-        uint32_t flags = 0;   // the call's own
-    };
-    // Collective: exchanges `mine`. Ranks in different calls, or whose fingerprints
-    // differ, explain (facts(): this rank's facts, asked for only then; the call's name
-    // comes first) and every rank returns SX_ERR_MISMATCH; otherwise, where a rank
-    // refused the call, every other rank returns its code, saying which rank. *all (may be
-    // null) receives every rank's header, in rank order. World size 1: no exchange. A
-    // failed exchange fails the group.
-    Status exchange_header(const char *call, Header mine, const std::function<std::vector<Fact>()> &facts,
-                           std::vector<Header> *all, const char *intro = "ranks disagree");
-    // The same on communicator c (the world's, or a shard group's), whose ranks are named
-    // as the world's.
-    Status exchange_header_on(comm::Communicator &c, const char *call, Header mine,
-                              const std::function<std::vector<Fact>()> &facts, std::vector<Header> *all,
-                              const char *intro = "ranks disagree");
+    // Collective on the world's communicator: CallHeaders::exchange; world size 1: no
+    // exchange (*all gets `mine`).
+    Status exchange_header(const char *call, CallHeader mine, const CallHeaders::FactsFn &facts,
+                           std::vector<CallHeader> *all, const char *intro = "ranks disagree");
     // Stage 3 with a shard group of more than one rank: a call's header on the gather
     // channel (pipeline.cc). A stage-3 gather runs on a communicator of its own, where a
     // call's header on the world's is never seen: so every trainer's call there (a gather
@@ -562,6 +508,7 @@ class ShardGroup : public ShardAccess {
     // First in, last out: every thread of the group (channels, pools) has ended before it goes.
     std::unique_ptr<trace::Tracer> tracer_;
     int rank_ = 0, world_size_ = 1;
+    std::unique_ptr<CallHeaders> headers_;  // from the start: the mesh's agreement uses it
     std::shared_ptr<comm::Store> store_;
     std::unique_ptr<comm::Communicator> comm_;  // every rank of the group
     int shard_size_ = 1, shard_rank_ = 0, replicas_ = 1, replica_rank_ = 0;

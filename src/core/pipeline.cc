@@ -191,13 +191,13 @@ Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double
         for (int32_t u : reduce_order_)
             if (!seen[u]) next.push_back(u);
     }
-    Header mine;
-    mine.fingerprint = fingerprint(a);
+    CallHeader mine;
+    mine.fingerprint = agreement_fingerprint(a);
     mine.weight = weight;
     for (size_t u = 0; u < n && sumsq; ++u) mine.value += unit_sumsq_[u];
     mine.flags = rank_ == 0 && next != reduce_order_ ? 1 : 0;
-    std::vector<Header> all;
-    s = exchange_header(a.call, mine, [&] { return facts(a); }, &all);
+    std::vector<CallHeader> all;
+    s = exchange_header(a.call, mine, [&] { return agreement_facts(a, params_); }, &all);
     if (s.code() == SX_ERR_MISMATCH && check_usable().ok()) {
         Status d = finish_step(false);
         if (!d.ok()) return d;
@@ -313,9 +313,9 @@ Status ShardGroup::wait_gather(size_t u) {
 
 Status ShardGroup::gather_header(const char *call, std::vector<Fact> facts) {
     facts.insert(facts.begin(), Fact{"the call", call});
-    Header mine;
+    CallHeader mine;
     mine.fingerprint = facts_fingerprint(facts);
-    return exchange_header_on(*gather_comm_, call, mine, [&] { return facts; }, nullptr);
+    return headers_->exchange(*gather_comm_, call, mine, [&] { return facts; }, nullptr);
 }
 
 Status ShardGroup::meet_gathers(const char *call) {
