@@ -14,7 +14,7 @@ CommChannel::~CommChannel() {
     if (thread_.joinable()) thread_.join();
 }
 
-uint64_t CommChannel::submit(Job job) {
+uint64_t CommChannel::submit(Job job, bool always) {
     uint64_t ticket;
     bool run_here = false;
     {
@@ -31,7 +31,7 @@ uint64_t CommChannel::submit(Job job) {
         if (inline_) {
             run_here = true;
         } else {
-            queue_.emplace_back(ticket, std::move(job));
+            queue_.push_back({ticket, std::move(job), always});
         }
     }
     if (run_here) {
@@ -41,7 +41,9 @@ uint64_t CommChannel::submit(Job job) {
             std::lock_guard<std::mutex> lock(mu_);
             if (failed_at_) s = failure_;
         }
+        if (always) s = Status::Ok();
         if (s.ok()) s = catching(job);
+        if (always && failed_at_) s = Status::Ok();
         std::lock_guard<std::mutex> lock(mu_);
         if (!s.ok() && !failed_at_) {
             failed_at_ = ticket;
@@ -60,18 +62,18 @@ void CommChannel::run() {
     for (;;) {
         cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
         if (stop_) return;
-        std::pair<uint64_t, Job> next = std::move(queue_.front());
+        Entry next = std::move(queue_.front());
         queue_.pop_front();
-        const bool skip = failed_at_ != 0;
+        const bool skip = failed_at_ != 0 && !next.always;
         lock.unlock();
-        Status s = skip ? Status::Ok() : catching(next.second);
-        next.second = nullptr;  // whatever the job holds goes before it is reported done
+        Status s = skip ? Status::Ok() : catching(next.job);
+        next.job = nullptr;  // whatever the job holds goes before it is reported done
         lock.lock();
         if (!s.ok() && !failed_at_) {
-            failed_at_ = next.first;
+            failed_at_ = next.ticket;
             failure_ = s.prefix(name_ + ": ");
         }
-        finished_ = next.first;
+        finished_ = next.ticket;
         cv_.notify_all();
     }
 }

@@ -33,9 +33,11 @@ class CommChannel {
 
     // Queues `job` behind every job submitted before it and returns its ticket (> 0).
     // Once a job has failed, the later ones are not run: each ends with that failure
-    // (an exception thrown by a job is its failure). Where no thread can be started,
-    // the job runs on the caller's thread, before submit returns.
-    uint64_t submit(Job job);
+    // (an exception thrown by a job is its failure), but for a job submitted `always`
+    // (local work that must not be lost, such as a copy back into a shard), which runs
+    // and whose own failure is then ignored. Where no thread can be started, the job runs
+    // on the caller's thread, before submit returns.
+    uint64_t submit(Job job, bool always = false);
     // Waits until job `ticket` has ended: ok, or the channel's first failure if it came
     // at or before that job.
     Status wait(uint64_t ticket);
@@ -55,7 +57,12 @@ class CommChannel {
     const std::string name_;
     std::mutex mu_;
     std::condition_variable cv_;
-    std::deque<std::pair<uint64_t, Job>> queue_;
+    struct Entry {
+        uint64_t ticket;
+        Job job;
+        bool always;
+    };
+    std::deque<Entry> queue_;
     uint64_t submitted_ = 0;  // tickets handed out
     uint64_t finished_ = 0;   // every job up to this ticket has ended
     uint64_t failed_at_ = 0;  // the ticket of the first failed job (0: none)

@@ -114,7 +114,7 @@ Status ShardGroup::gather_state(int root, const StateFn &fn) {
     SX_CHECK_ARG(root >= 0 && root < world_size_, "root rank %d is outside [0, %d)", root, world_size_);
     SX_TRY(settle());
     const std::string call = format("sx_gather_optim_state (root %d)", root);
-    SX_TRY(meet_gathers(call.c_str()));
+    SX_TRY(gathers_->meet(call.c_str()));
     SX_TRY(agree(step_agreement(call.c_str(), candidate_mask(), 0.0, -1, false), 0.0, nullptr));
     Buffer staging;
     std::vector<float> host;
@@ -182,7 +182,7 @@ Status ShardGroup::scatter_state(int root, const StateFn &fn) {
     SX_CHECK_ARG(root >= 0 && root < world_size_, "root rank %d is outside [0, %d)", root, world_size_);
     SX_TRY(settle());
     const std::string call = format("sx_scatter_optim_state (root %d)", root);
-    SX_TRY(meet_gathers(call.c_str()));
+    SX_TRY(gathers_->meet(call.c_str()));
     SX_TRY(agree(step_agreement(call.c_str(), candidate_mask(), 0.0, -1, false), 0.0, nullptr));
 
     // Copies of this rank's shard to receive into: every slot any param's optimizer keeps

@@ -101,6 +101,19 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     }
     g->pool_.reset(new optim::ThreadPool(threads));
     g->ops_ = cuda ? std::move(device_ops) : make_host_ops(g->pool_.get());
+    Gathers::Settings gs;
+    gs.stage = cfg.stage;
+    gs.shard_rank = g->shard_rank_;
+    gs.shard_size = g->shard_size_;
+    gs.prefetch_depth = cfg.prefetch_depth;
+    g->gathers_.reset(new Gathers(
+        gs, *g->ops_, g->tracer(), *g->headers_, [self](Status s) { return self->fail(s); },
+        [self] { return self->check_usable().ok(); },
+        [self](std::unique_ptr<comm::Communicator> *out) {
+            // Inside the shard group, through a key space of its own.
+            return self->connect(comm::make_prefix_store(self->store_, format("gather/%d/", self->replica_rank_)),
+                                 self->shard_rank_, self->shard_size_, out);
+        }));
     g->config_.num_threads = threads;
     log(SX_LOG_INFO, "sx: rank %d of %d joined %s (stage %d, mesh %d x %d, %s)", g->rank_, g->world_size_,
         cfg.rendezvous.c_str(), cfg.stage, g->shard_size_, g->replicas_,
@@ -206,13 +219,12 @@ ShardGroup::~ShardGroup() {
     std::lock_guard<std::mutex> lock(abort_mu_);
     // Collectives still in flight on the channels would wait for peers that may never
     // join them: they are cut short, so that the channels' threads end at once.
-    const bool busy = (reduce_channel_ && reduce_channel_->busy()) || (gather_channel_ && gather_channel_->busy()) ||
+    const bool busy = (reduce_channel_ && reduce_channel_->busy()) || (gathers_ && gathers_->busy()) ||
                       (replica_channel_ && replica_channel_->busy());
     if (busy) abort_communicators();
     reduce_channel_.reset();
     replica_channel_.reset();
-    gather_channel_.reset();
-    unmark_spares();
+    gathers_.reset();  // its channel stopped, then its buffers and communicator
     // Every thread that records has ended: the file holds everything the ring kept. A
     // trace that cannot be written fails nothing.
     if (tracer_) {
@@ -245,8 +257,9 @@ void ShardGroup::abort() {
 }
 
 void ShardGroup::abort_communicators() {
-    for (comm::Communicator *c : {comm_.get(), shard_comm_own_.get(), replica_comm_.get(), gather_comm_.get()})
+    for (comm::Communicator *c : {comm_.get(), shard_comm_own_.get(), replica_comm_.get()})
         if (c) c->abort();
+    if (gathers_) gathers_->abort();
 }
 
 Status ShardGroup::check_usable() const {
@@ -422,7 +435,7 @@ Status ShardGroup::finalize() {
     finalized_ = true;
     Status s = prepare(mask);
     // Stage 3 gathers on a channel of its own from the start.
-    if (s.ok() && config_.stage == 3) s = open_gather_channel();
+    if (s.ok() && config_.stage == 3) s = gathers_->open();
     if (!s.ok()) {
         finalized_ = !first;
         units_.resize(old_units);
@@ -439,8 +452,14 @@ Status ShardGroup::finalize() {
     reduced_.resize(units_.size(), nullptr);
     unit_sumsq_.resize(units_.size(), 0.0);
     uint64_t bytes = 0;
-    for (size_t u = old_units; u < units_.size(); ++u) bytes += units_[u].params.size() + units_[u].own.size();
-    count_param_bytes(static_cast<int64_t>(bytes));
+    for (size_t u = old_units; u < units_.size(); ++u) {
+        Unit &unit = units_[u];
+        const UnitLayout &ul = layout_.units()[u];
+        gathers_->add_unit({ul.unit_id, ul.shard_numel, ul.padded_numel, dtype_size(unit.dtype), unit.params.data(),
+                            unit.own.data()});
+        bytes += unit.params.size() + unit.own.size();
+    }
+    gathers_->count_bytes(static_cast<int64_t>(bytes));
     laid_out_params_ = params_.size();
     laid_out_groups_ = groups_.size();
     return Status::Ok();
@@ -481,10 +500,13 @@ Status ShardGroup::find_param(const char *name, int32_t *index) const {
     return Status::Ok();
 }
 
+char *ShardGroup::params_base(size_t u) const {
+    return static_cast<char *>(config_.stage == 3 ? gathers_->whole(u) : units_[u].params.data());
+}
+
 void *ShardGroup::param_data(int32_t param) const {
     const ParamPlacement &pl = layout_.placement(param);
-    const Unit &u = units_[pl.unit_index];
-    return u.params.as<char>() + pl.offset * dtype_size(u.dtype);
+    return params_base(static_cast<size_t>(pl.unit_index)) + pl.offset * dtype_size(units_[pl.unit_index].dtype);
 }
 
 void *ShardGroup::grad_data(int32_t param) const {
@@ -499,11 +521,11 @@ Status ShardGroup::unit_buffer(int32_t u, bool grad, void **data, uint64_t *nume
     const int32_t n = static_cast<int32_t>(units_.size());
     SX_CHECK_ARG(u >= 0 && u < n, "unit index %d is out of range (%d units laid out)", u, n);
     const Unit &unit = units_[u];
-    SX_CHECK(grad || config_.stage != 3 || unit.pins > 0, SX_ERR_INVALID_STATE,
+    SX_CHECK(grad || config_.stage != 3 || gathers_->pins(static_cast<size_t>(u)) > 0, SX_ERR_INVALID_STATE,
              "unit %d is not gathered: at stage 3 a unit's params exist only between sx_unit_gather and "
              "sx_unit_release",
              u);
-    *data = grad ? unit.grads.data() : unit.params.data();
+    *data = grad ? unit.grads.data() : params_base(static_cast<size_t>(u));
     *numel = layout_.units()[u].padded_numel;
     *dtype = grad ? unit.grad_dtype : unit.dtype;
     return Status::Ok();
@@ -745,7 +767,7 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
 Status ShardGroup::broadcast_gathered(int root) {
     // Which units root holds gathered: only those have values of root's to send.
     std::vector<uint64_t> on_root(units_.size(), 0);
-    for (size_t u = 0; u < units_.size(); ++u) on_root[u] = rank_ == root && units_[u].pins > 0 ? 1 : 0;
+    for (size_t u = 0; u < units_.size(); ++u) on_root[u] = rank_ == root && gathers_->pins(u) > 0 ? 1 : 0;
     if (world_size_ > 1) SX_TRY(collective([&](comm::Communicator &c) { return c.all_reduce_max(on_root.data(), on_root.size()); }));
     for (size_t u = 0; u < units_.size(); ++u) {
         if (!on_root[u]) continue;
@@ -754,8 +776,9 @@ Status ShardGroup::broadcast_gathered(int root) {
         const size_t es = dtype_size(unit.dtype);
         // Into the unit's own buffer where this rank holds it gathered too, else a scratch one.
         Buffer scratch;
-        if (unit.pins == 0) SX_TRY(ops_->allocate(layout_.units()[u].padded_numel * es, "a broadcast unit", &scratch, true));
-        void *full = unit.pins > 0 ? unit.params.data() : scratch.data();
+        const bool held = gathers_->pins(u) > 0;
+        if (!held) SX_TRY(ops_->allocate(layout_.units()[u].padded_numel * es, "a broadcast unit", &scratch, true));
+        void *full = held ? gathers_->whole(u) : scratch.data();
         if (world_size_ > 1)
             SX_TRY(collective([&](comm::Communicator &c) { return c.broadcast(full, layout_.units()[u].padded_numel * es, root); }));
         Status s =
@@ -771,7 +794,7 @@ Status ShardGroup::gather_params() {
     SX_TRY(masters_to_params());
     if (config_.stage == 3) {  // the gathered units, again
         SX_TRY(gather_after_update(false));
-        return drop_spares();
+        return gathers_->drop_spares();
     }
     if (shard_size_ == 1) return Status::Ok();
     for (size_t u = 0; u < units_.size(); ++u) {
@@ -788,7 +811,7 @@ MemoryStats ShardGroup::memory_stats() const {
     MemoryStats m;
     for (size_t u = 0; u < units_.size(); ++u) {
         const Unit &unit = units_[u];
-        m.param_bytes += unit.params.size() + unit.own.size();
+        m.param_bytes += unit.params.size() + unit.own.size() + gathers_->whole_bytes(u);
         m.grad_bytes += unit.grads.size() + unit.accum.size();
         // fp32 master weights count as optimizer state, as in ZeRO's accounting.
         m.optimizer_bytes += unit.master.size();
@@ -797,7 +820,7 @@ MemoryStats ShardGroup::memory_stats() const {
         m.unsharded_optimizer_bytes += static_cast<uint64_t>(slots) * layout_.units()[u].numel * sizeof(float);
     }
     m.grad_bytes += reduce_scratch_.size();
-    m.peak_param_bytes = peak_param_bytes_;
+    m.peak_param_bytes = gathers_->peak_bytes();
     return m;
 }
 
@@ -854,7 +877,7 @@ Agreement ShardGroup::step_agreement(const char *call, std::vector<uint8_t> mask
     a.defer_gather = defer_gather;
     a.weighted = weighted;
     if (config_.stage == 3 && defer_gather >= 0)
-        for (const Unit &unit : units_) a.gathered.push_back(unit.pins > 0 ? 1 : 0);
+        for (size_t u = 0; u < units_.size(); ++u) a.gathered.push_back(gathers_->pins(u) > 0 ? 1 : 0);
     for (const ParamGroup &g : groups_) a.hypers.push_back(g.hyper);
     const LossScaling &ls = scaler_.settings();
     a.loss_scaling_mode = ls.mode;
@@ -891,7 +914,7 @@ Status ShardGroup::agree(const Agreement &a, double weight, double *weight_sum) 
 Status ShardGroup::agree_call(const char *call, std::vector<Fact> facts, const Status &local, const char *intro) {
     SX_TRY(check_usable());
     SX_TRY(settle());
-    SX_TRY(meet_gathers(call));
+    SX_TRY(gathers_->meet(call));
     facts.insert(facts.begin(), Fact{"the call", call});
     CallHeader mine;
     mine.fingerprint = facts_fingerprint(facts);

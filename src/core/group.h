@@ -21,6 +21,7 @@
 #include "comm/store.h"
 #include "core/agreement.h"
 #include "core/channel.h"
+#include "core/gathers.h"
 #include "core/device.h"
 #include "core/layout.h"
 #include "core/loss_scaler.h"
@@ -166,6 +167,8 @@ class ShardGroup : public ShardAccess {
     // padded_numel elements and their dtype. Stage 3: params only while u is gathered.
     Status unit_buffer(int32_t u, bool grad, void **data, uint64_t *numel, int32_t *dtype) const;
     int32_t grad_dtype(int32_t param) const;
+    // Unit u's whole params: its flat buffer (stage 3: the gathers', while gathered).
+    char *params_base(size_t u) const;
     const ParamSpec &param(int32_t index) const override { return params_[index]; }
     const Layout &layout() const override { return layout_; }
     Status broadcast_params(int root);
@@ -230,7 +233,7 @@ class ShardGroup : public ShardAccess {
     // Reductions run on the reduction channel since the group was made (any thread).
     uint64_t reductions_run() const { return reductions_run_.load(); }
     // The units whose gathers the last deferred step queued, in the order queued.
-    const std::vector<int32_t> &deferred_gather_order() const { return deferred_order_; }
+    const std::vector<int32_t> &deferred_gather_order() const { return gathers_->deferred_order(); }
 
     // --- for checkpoints (ckpt/, one layer up) ---
     // Collective in order (every rank exports for the same save or load). Waits for the
@@ -297,13 +300,9 @@ class ShardGroup : public ShardAccess {
         int state_slots = 0;       // slots allocated
         bool trainable = false;    // any param trainable (as applied)
         bool accum_live = false;   // accum holds gradients of earlier micro-batches
-        // Stage 3: this rank's shard of the params, in their dtype; `params` exists only
-        // while the unit is gathered (resident).
+        // Stage 3: this rank's shard of the params, in their dtype (`params` is empty: the
+        // whole params exist only while the unit is gathered, in the gathers' buffer).
         Buffer own;
-        bool resident = false;     // stage 3: params holds (or a gather job fills) the full values
-        int pins = 0;              // stage 3: unit_gather calls not yet released
-        uint64_t gather_ticket = 0;  // the gather job that fills params, if not yet waited for
-        uint64_t copy_back_ticket = 0;  // the last release's copy of params into `own` (reads params)
     };
 
     // One micro-batch's gradients, from the first unit_grads_ready to the step or
@@ -344,20 +343,6 @@ class ShardGroup : public ShardAccess {
     // exchange (*all gets `mine`).
     Status exchange_header(const char *call, CallHeader mine, const CallHeaders::FactsFn &facts,
                            std::vector<CallHeader> *all, const char *intro = "ranks disagree");
-    // Stage 3 with a shard group of more than one rank: a call's header on the gather
-    // channel (pipeline.cc). A stage-3 gather runs on a communicator of its own, where a
-    // call's header on the world's is never seen: so every trainer's call there (a gather
-    // that communicates: its header goes ahead of its gather, on the channel) and every
-    // other collective call (here, behind the gathers already queued, waited for) meets
-    // the others on the channel first. A rank in sx_unit_gather and a rank in any other
-    // call, or gathering another unit, fail with SX_ERR_MISMATCH naming each rank's.
-    // Elsewhere: nothing.
-    Status meet_gathers(const char *call);
-    // The job of that header on the gather channel: the call, then `facts`.
-    Status gather_header(const char *call, std::vector<Fact> facts);
-    // After a disagreement on the gather channel (the jobs behind it did not run): its
-    // failure forgotten, and the units whose gathers it dropped are no longer resident.
-    void recover_gather_channel();
     // Collective: every rank must be in the same call with the same agreement
     // (SX_ERR_MISMATCH naming what differs otherwise, on every rank); *weight_sum (may be
     // null) receives the sum of every rank's `weight`, added in rank order.
@@ -449,15 +434,6 @@ class ShardGroup : public ShardAccess {
     // Waits for every collective in flight on both channels; their failure.
     Status settle();
     CommChannel &reduce_channel();
-    // The gather channel and its communicator, opened by every rank at the same call.
-    Status open_gather_channel();
-    // Queues unit u's all-gather on the gather channel (stage 3: into a buffer allocated
-    // here, from this rank's shard). `header` (the trainer's sx_unit_gather of u): where
-    // the shard group has more ranks, the call's header goes ahead of it (see
-    // meet_gathers), and *header receives that job's ticket.
-    Status submit_gather(size_t u, uint64_t *header = nullptr);
-    // Waits for unit u's gather job, if it has one.
-    Status wait_gather(size_t u);
     // After the update: the params of every trainable unit gathered (stages 1 and 2,
     // now or deferred; `submitted`: a unit whose deferred gather is queued already), or
     // (stage 3) the gathered units gathered again.
@@ -465,8 +441,6 @@ class ShardGroup : public ShardAccess {
     // Stages 1 and 2, world > 1: the unit a deferred step gathers first (the next
     // forward's first), or -1.
     int32_t first_deferred_gather() const;
-    // Stage 3: unit u's full params go (to the spares, until the step ends).
-    void evict(size_t u);
     // A param's state tensors in gather/scatter order: its optimizer's slots (where its
     // unit has them, or always with as_if_allocated), then "master" for 16-bit params.
     struct StateTensor {
@@ -489,15 +463,6 @@ class ShardGroup : public ShardAccess {
     Status scatter_param(int root, int32_t p, float *full, const std::vector<float *> &into);
     Status install_scattered(std::vector<std::array<Buffer, 3>> *state, const std::vector<int> &slots,
                              std::vector<Buffer> *masters, const std::vector<int64_t> &steps);
-    // Stage 3: frees the spare unit buffers, once nothing reads them.
-    Status drop_spares();
-    // Debug builds: clears the marks of released memory from the spares (the destructor,
-    // once the gather channel has stopped), before their memory goes back to the system.
-    void unmark_spares();
-    // Stage 3: the units the last step's order gathers next, after position gather_pos_.
-    std::vector<int32_t> prefetch_window() const;
-    void prefetch();
-    void count_param_bytes(int64_t delta);
     // 16-bit units: derives the fp32 masters from the params where they are not yet.
     Status ensure_masters();
     // 16-bit units: rounds the masters into this rank's shard of the params (after
@@ -536,9 +501,9 @@ class ShardGroup : public ShardAccess {
     ShardFence fence_;
 
     // Units as a pipeline (pipeline.cc). Reductions run on reduce_channel_ (over comm_),
-    // gathers on gather_channel_ (over gather_comm_, a communicator of their own), each in
-    // one order that every rank keeps: a rank's reductions and gathers may then
-    // interleave differently from its peers'.
+    // gathers on the gathers' channel (a communicator of their own), each in one order
+    // that every rank keeps: a rank's reductions and gathers may then interleave
+    // differently from its peers'.
     Round round_;
     std::vector<int32_t> reduce_order_;  // the agreed order of reductions
     std::vector<float *> reduced_;       // per unit: its reduced shard, after a step round
@@ -548,23 +513,10 @@ class ShardGroup : public ShardAccess {
     std::vector<char> zeroed_by_update_;
     std::vector<double> unit_sumsq_;     // per unit: its part of the step's norm (a step round)
     uint64_t zero_grad_steps_ = 0;       // steps in a row whose gradients were all zero
-    std::vector<int32_t> gather_log_;    // stage 3: unit_gather calls since the last step
-    std::vector<int32_t> gather_order_;  // stage 3: those of the step before (the prefetch order)
-    size_t gather_pos_ = 0;              // stage 3: how far this step has come in gather_order_
-    std::vector<int32_t> deferred_order_;  // stages 1-2: the last deferred step's gathers, in order
-    // Stage 3: unit buffers evicted this step, for its next gathers, each with the gather
-    // channel's job that still reads it (a release's copy back into the shard; 0: none).
-    struct Spare {
-        Buffer buffer;
-        uint64_t pending = 0;
-    };
-    std::vector<Spare> spare_params_;
-    uint64_t param_bytes_ = 0, peak_param_bytes_ = 0;
     std::atomic<uint64_t> reductions_run_{0};
-    std::unique_ptr<comm::Communicator> gather_comm_;
     std::unique_ptr<CommChannel> reduce_channel_;  // after the communicators: destroyed first
     std::unique_ptr<CommChannel> replica_channel_;  // a mesh's replica all-reduces (replicas > 1)
-    std::unique_ptr<CommChannel> gather_channel_;
+    std::unique_ptr<Gathers> gathers_;  // the param gathers (gathers.h)
 
     std::atomic<bool> failed_{false};
     std::atomic<bool> aborted_{false};

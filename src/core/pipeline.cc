@@ -14,40 +14,8 @@
 
 #include "core/group.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#endif
-
 namespace sx {
 namespace core {
-namespace {
-
-// Debug builds mark the memory of a released stage-3 unit, so that a view kept past
-// sx_unit_release fails loudly: filled with 0xff bytes (NaN in every float dtype) and,
-// under AddressSanitizer, poisoned (a read or write is reported where it happens).
-#if defined(__SANITIZE_ADDRESS__) || !defined(NDEBUG)
-constexpr bool kMarkReleased = true;
-#else
-constexpr bool kMarkReleased = false;
-#endif
-
-void mark_released(void *p, size_t bytes) {
-    std::memset(p, 0xff, bytes);
-#if defined(__SANITIZE_ADDRESS__)
-    ASAN_POISON_MEMORY_REGION(p, bytes);
-#endif
-}
-
-void unmark_released(void *p, size_t bytes) {
-#if defined(__SANITIZE_ADDRESS__)
-    ASAN_UNPOISON_MEMORY_REGION(p, bytes);
-#else
-    (void)p;
-    (void)bytes;
-#endif
-}
-
-}  // namespace
 
 CommChannel &ShardGroup::reduce_channel() {
     if (!reduce_channel_) reduce_channel_.reset(new CommChannel("the gradient reductions"));
@@ -61,15 +29,9 @@ Status ShardGroup::settle() {
         Status r = replica_channel_->drain();
         if (s.ok()) s = r;
     }
-    if (gather_channel_) {
-        Status g = gather_channel_->drain();
-        if (s.ok()) s = g;
-    }
-    if (s.ok()) {
-        for (Unit &unit : units_) unit.gather_ticket = 0;
-        return s;
-    }
-    return fail(s);
+    if (!s.ok()) return fail(s);
+    // The gathers report their own failures (a disagreement on a header changes nothing).
+    return gathers_ ? gathers_->drain() : s;
 }
 
 // ---------------------------------------------------------------------------------
@@ -236,153 +198,6 @@ Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double
 // ---------------------------------------------------------------------------------
 // Gathers
 
-Status ShardGroup::open_gather_channel() {
-    if (gather_channel_) return Status::Ok();
-    std::unique_ptr<comm::Communicator> c;
-    // Gathers run inside the shard group.
-    if (shard_size_ > 1)
-        SX_TRY(connect(comm::make_prefix_store(store_, format("gather/%d/", replica_rank_)), shard_rank_, shard_size_,
-                       &c));
-    {
-        std::lock_guard<std::mutex> lock(abort_mu_);  // abort() may read it from another thread
-        gather_comm_ = std::move(c);
-    }
-    gather_channel_.reset(new CommChannel("the param gathers"));
-    return Status::Ok();
-}
-
-void ShardGroup::count_param_bytes(int64_t delta) {
-    param_bytes_ = static_cast<uint64_t>(static_cast<int64_t>(param_bytes_) + delta);
-    peak_param_bytes_ = std::max(peak_param_bytes_, param_bytes_);
-}
-
-Status ShardGroup::submit_gather(size_t u, uint64_t *header) {
-    Unit &unit = units_[u];
-    const uint64_t S = layout_.units()[u].shard_numel;
-    const size_t es = dtype_size(unit.dtype);
-    if (config_.stage == 3 && !unit.resident) {
-        const size_t bytes = layout_.units()[u].padded_numel * es;
-        // A buffer this step freed, of the same size, if there is one: the gather writes
-        // every byte of it. Otherwise the spares go before a new buffer comes, so that
-        // the buffers held never outnumber the most units resident at once.
-        auto spare = std::find_if(spare_params_.begin(), spare_params_.end(),
-                                  [&](const Spare &b) { return b.buffer.size() == bytes; });
-        if (spare != spare_params_.end()) {
-            // Its copy back into the shard it came from (if still queued) runs before this
-            // gather, on the same channel.
-            unit.params = std::move(spare->buffer);
-            spare_params_.erase(spare);
-        } else {
-            SX_TRY(drop_spares());
-            Buffer full;
-            SX_TRY(ops_->allocate(bytes, "a gathered unit's params", &full, true));
-            unit.params = std::move(full);
-            count_param_bytes(static_cast<int64_t>(unit.params.size()));
-        }
-        unit.resident = true;
-    }
-    if (shard_size_ == 1 && config_.stage != 3) return Status::Ok();  // the params are whole already
-    char *full = unit.params.as<char>();
-    const void *own = unit.own.data();
-    const bool unmark = kMarkReleased && config_.stage == 3 && ops_->device() == SX_DEVICE_CPU;
-    const size_t bytes = unit.params.size();
-    const int32_t id = layout_.units()[u].unit_id;
-    if (header && shard_size_ > 1)
-        *header = gather_channel_->submit(
-            [this, u] { return gather_header("sx_unit_gather", {{"the unit gathered", std::to_string(u)}}); });
-    unit.gather_ticket = gather_channel_->submit([this, full, own, S, es, unmark, bytes, id]() -> Status {
-        SX_TRACE_SPAN(tracer(), "step", "all_gather", id, bytes);
-        if (unmark) unmark_released(full, bytes);  // a spare's, marked when its unit was released
-        char *mine = full + static_cast<uint64_t>(shard_rank_) * S * es;
-        Status s = config_.stage == 3 ? ops_->copy(mine, own, S * es) : Status::Ok();
-        if (s.ok() && shard_size_ > 1) s = gather_comm_->all_gather(full, S * es);
-        return s.ok() ? s : fail(s);
-    });
-    return Status::Ok();
-}
-
-Status ShardGroup::wait_gather(size_t u) {
-    Unit &unit = units_[u];
-    if (!unit.gather_ticket) return Status::Ok();
-    SX_TRACE_SPAN(tracer(), "step", "wait_gather", layout_.units()[u].unit_id);
-    Status s = gather_channel_->wait(unit.gather_ticket);
-    if (!s.ok()) return fail(s);
-    unit.gather_ticket = 0;
-    return Status::Ok();
-}
-
-Status ShardGroup::gather_header(const char *call, std::vector<Fact> facts) {
-    facts.insert(facts.begin(), Fact{"the call", call});
-    CallHeader mine;
-    mine.fingerprint = facts_fingerprint(facts);
-    return headers_->exchange(*gather_comm_, call, mine, [&] { return facts; }, nullptr);
-}
-
-Status ShardGroup::meet_gathers(const char *call) {
-    if (config_.stage != 3 || !gather_channel_ || shard_size_ == 1) return Status::Ok();
-    Status s = gather_channel_->wait(gather_channel_->submit([this, call] { return gather_header(call, {}); }));
-    if (s.code() == SX_ERR_MISMATCH && check_usable().ok()) {
-        recover_gather_channel();
-        return s;
-    }
-    return s.ok() ? s : fail(s);
-}
-
-void ShardGroup::recover_gather_channel() {
-    // Every job behind the header that disagreed ends with its failure, unrun; the ones
-    // before it ran.
-    (void)gather_channel_->drain();
-    const uint64_t failed_at = gather_channel_->failed_at();
-    gather_channel_->clear_failure();
-    for (size_t u = 0; u < units_.size(); ++u)
-        if (units_[u].gather_ticket >= failed_at) {
-            units_[u].gather_ticket = 0;
-            evict(u);
-        }
-}
-
-void ShardGroup::evict(size_t u) {
-    Unit &unit = units_[u];
-    if (!unit.resident) return;
-    // Kept for the step's next gathers (fresh memory faults in slower than a gather
-    // fills it), with the copy back of its last release, which may still be queued;
-    // param_bytes still counts it.
-    uint64_t pending = unit.copy_back_ticket;
-    if (kMarkReleased && ops_->device() == SX_DEVICE_CPU) {
-        // After the copy back, on the same channel; a later gather into the buffer unmarks it.
-        void *p = unit.params.data();
-        const size_t bytes = unit.params.size();
-        pending = gather_channel_->submit([p, bytes]() -> Status {
-            mark_released(p, bytes);
-            return Status::Ok();
-        });
-    }
-    spare_params_.push_back({std::move(unit.params), pending});
-    unit.copy_back_ticket = 0;
-    unit.params = Buffer();
-    unit.resident = false;
-}
-
-void ShardGroup::unmark_spares() {
-    if (!kMarkReleased || !ops_ || ops_->device() != SX_DEVICE_CPU) return;
-    for (Spare &b : spare_params_) unmark_released(b.buffer.data(), b.buffer.size());
-}
-
-Status ShardGroup::drop_spares() {
-    Status s;
-    for (Spare &b : spare_params_) {
-        // A copy back still reading the buffer ends first.
-        if (b.pending) {
-            Status w = gather_channel_->wait(b.pending);
-            if (s.ok() && !w.ok()) s = fail(w);
-        }
-        if (kMarkReleased && ops_->device() == SX_DEVICE_CPU) unmark_released(b.buffer.data(), b.buffer.size());
-        count_param_bytes(-static_cast<int64_t>(b.buffer.size()));
-    }
-    spare_params_.clear();
-    return s;
-}
-
 int32_t ShardGroup::first_deferred_gather() const {
     if (config_.stage == 3 || shard_size_ == 1) return -1;
     for (size_t k = reduce_order_.size(); k-- > 0;)
@@ -391,67 +206,16 @@ int32_t ShardGroup::first_deferred_gather() const {
 }
 
 Status ShardGroup::gather_after_update(bool defer, int32_t submitted) {
-    if (config_.stage != 3) {
-        if (!defer) return gather_trainable_units();
-        if (shard_size_ == 1) return Status::Ok();
-        SX_TRY(open_gather_channel());
-        // The forward reads the units in the reverse of the backward's order, which the
-        // ranks agreed on for the reductions: gathered in that order, the unit the next
-        // forward reads first is gathered first (first_deferred_gather(), which the step
-        // may have submitted already).
-        deferred_order_.clear();
-        for (size_t k = reduce_order_.size(); k-- > 0;) {
-            const int32_t u = reduce_order_[k];
-            if (!units_[u].trainable) continue;
-            if (u != submitted) SX_TRY(submit_gather(static_cast<size_t>(u)));
-            deferred_order_.push_back(u);
-        }
-        return Status::Ok();
-    }
-    // Stage 3: the units the trainer holds gathered get the new values; prefetched ones
-    // are stale, and go.
-    for (size_t u = 0; u < units_.size(); ++u) {
-        if (units_[u].pins == 0) {
-            evict(u);
-        } else {
-            SX_TRY(submit_gather(u));
-        }
-    }
-    for (size_t u = 0; u < units_.size(); ++u) SX_TRY(wait_gather(u));
-    return Status::Ok();  // the spares go at the step's end (or the load's), after its prefetch
-}
-
-std::vector<int32_t> ShardGroup::prefetch_window() const {
-    std::vector<int32_t> window;
-    const size_t depth = static_cast<size_t>(config_.prefetch_depth);
-    if (depth == 0) return window;
-    if (gather_order_.empty()) {
-        // The first step: registration order after the unit last gathered, as long as the
-        // trainer has gone up that order (a forward); nothing once it turns (a backward).
-        const size_t n = gather_log_.size();
-        if (n >= 2 && gather_log_[n - 1] < gather_log_[n - 2]) return window;
-        const int32_t last = n ? gather_log_.back() : -1;
-        for (int32_t u = last + 1; u < static_cast<int32_t>(units_.size()) && window.size() < depth; ++u)
-            window.push_back(u);
-        return window;
-    }
-    for (size_t k = gather_pos_; k < gather_order_.size() && window.size() < depth; ++k) {
-        const int32_t u = gather_order_[k];
-        if (units_[u].pins == 0 && std::find(window.begin(), window.end(), u) == window.end()) window.push_back(u);
-    }
-    return window;
-}
-
-void ShardGroup::prefetch() {
-    const std::vector<int32_t> window = prefetch_window();
-    // Units gathered ahead that the order no longer reaches soon go first (bounded memory).
-    for (size_t u = 0; u < units_.size(); ++u)
-        if (units_[u].resident && units_[u].pins == 0 &&
-            std::find(window.begin(), window.end(), static_cast<int32_t>(u)) == window.end()) {
-            if (wait_gather(u).ok()) evict(u);
-        }
-    for (int32_t u : window)
-        if (!units_[u].resident && !submit_gather(static_cast<size_t>(u)).ok()) return;  // a hint only
+    if (config_.stage == 3) return gathers_->regather_held();  // the held units get the new values
+    if (!defer) return gather_trainable_units();
+    // The forward reads the units in the reverse of the backward's order, which the ranks
+    // agreed on for the reductions: gathered in that order, the unit the next forward
+    // reads first is gathered first (first_deferred_gather(), which the step may have
+    // submitted already).
+    std::vector<int32_t> order;
+    for (size_t k = reduce_order_.size(); k-- > 0;)
+        if (units_[reduce_order_[k]].trainable) order.push_back(reduce_order_[k]);
+    return gathers_->deferred(order, submitted);
 }
 
 Status ShardGroup::unit_gather(int32_t unit) {
@@ -459,37 +223,9 @@ Status ShardGroup::unit_gather(int32_t unit) {
     SX_TRY(check_finalized());
     const int32_t n = static_cast<int32_t>(units_.size());
     SX_CHECK_ARG(unit >= 0 && unit < n, "unit index %d is out of range (%d units)", unit, n);
-    Unit &u = units_[unit];
     SX_TRACE_SPAN(tracer(), "step", "sx_unit_gather", layout_.units()[unit].unit_id);
-    if (config_.stage != 3) return wait_gather(static_cast<size_t>(unit));
-    // A gather that communicates meets the peers' calls first (meet_gathers), before
-    // anything else here changes: its header, then its data, and this call waits for the
-    // header. One of a unit already resident (prefetched) has nothing to meet them on,
-    // and changes nothing they see: the step's agreement names the units gathered.
-    if (!u.resident) {
-        uint64_t header = 0;
-        SX_TRY(submit_gather(static_cast<size_t>(unit), &header));
-        if (header) {
-            Status h = gather_channel_->wait(header);
-            if (h.code() == SX_ERR_MISMATCH && check_usable().ok()) {
-                recover_gather_channel();  // the unit's gather did not run: no longer resident
-                return h;
-            }
-            if (!h.ok()) return fail(h);
-        }
-    }
-    ++u.pins;
-    gather_log_.push_back(unit);
-    // Where this call stands in the last step's order of gathers.
-    for (size_t k = gather_pos_; k < gather_order_.size(); ++k)
-        if (gather_order_[k] == unit) {
-            gather_pos_ = k + 1;
-            break;
-        }
-    prefetch();
-    Status s = wait_gather(static_cast<size_t>(unit));
-    if (!s.ok()) --u.pins;
-    return s;
+    if (config_.stage != 3) return gathers_->wait(static_cast<size_t>(unit));
+    return gathers_->gather(static_cast<size_t>(unit));
 }
 
 Status ShardGroup::unit_release(int32_t unit) {
@@ -498,31 +234,13 @@ Status ShardGroup::unit_release(int32_t unit) {
     const int32_t n = static_cast<int32_t>(units_.size());
     SX_CHECK_ARG(unit >= 0 && unit < n, "unit index %d is out of range (%d units)", unit, n);
     if (config_.stage != 3) return Status::Ok();
-    Unit &u = units_[unit];
-    SX_CHECK(u.pins > 0, SX_ERR_INVALID_STATE, "unit %d is not gathered (sx_unit_release without sx_unit_gather)",
-             unit);
-    if (--u.pins > 0) return Status::Ok();
-    // This rank keeps its shard of what the buffer holds: values the trainer wrote into
-    // it (initial values) are kept. The copy runs on the gather channel, ahead of any
-    // later gather of this unit or reuse of its buffer (both queued behind it there), and
-    // of the update, which drains the channel first.
-    const uint64_t S = layout_.units()[unit].shard_numel;
-    const size_t es = dtype_size(u.dtype);
-    void *own = u.own.data();
-    const void *mine = u.params.as<char>() + static_cast<uint64_t>(shard_rank_) * S * es;
-    u.copy_back_ticket = gather_channel_->submit([this, own, mine, S, es]() -> Status {
-        Status s = ops_->copy(own, mine, S * es);
-        return s.ok() ? s : fail(s);
-    });
-    const std::vector<int32_t> window = prefetch_window();
-    if (std::find(window.begin(), window.end(), unit) == window.end()) evict(static_cast<size_t>(unit));
-    return Status::Ok();
+    return gathers_->release(static_cast<size_t>(unit));
 }
 
 Status ShardGroup::check_param_present(int32_t param) const {
     if (config_.stage != 3 || !finalized_) return Status::Ok();
     const int32_t u = layout_.placement(param).unit_index;
-    SX_CHECK(units_[u].pins > 0, SX_ERR_INVALID_STATE,
+    SX_CHECK(gathers_->pins(static_cast<size_t>(u)) > 0, SX_ERR_INVALID_STATE,
              "param '%s' is in unit %d, which is not gathered: at stage 3 a param's values exist only between "
              "sx_unit_gather and sx_unit_release of its unit",
              params_[param].name.c_str(), u);

@@ -153,7 +153,7 @@ Status ShardGroup::accumulate_grads() {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
     SX_TRACE_SPAN(tracer(), "step", "sx_accumulate_grads");
-    SX_TRY(meet_gathers("sx_accumulate_grads"));
+    SX_TRY(gathers_->meet("sx_accumulate_grads"));
     const bool overlapped = round_.open;  // the reductions zeroed their units' gradients
     if (overlapped) {
         SX_CHECK(round_.accumulate, SX_ERR_INVALID_STATE,
@@ -180,17 +180,11 @@ Status ShardGroup::accumulate_grads() {
 Status ShardGroup::finish_step(bool keep_grads) {
     for (Unit &unit : units_) unit.accum_live = false;
     micro_batches_ = 0;
-    // Stage 3: this step's gathers are the order the next one prefetches in.
-    if (!gather_log_.empty()) gather_order_ = std::move(gather_log_);
-    gather_log_.clear();
-    gather_pos_ = 0;
     Status s = keep_grads ? Status::Ok() : zero_grads();
     if (!s.ok()) return fail(s);
-    if (config_.stage != 3) return s;
-    // The next forward's first units are gathered while the trainer goes on (in the
-    // buffers this step freed, if they fit); the other spares go.
-    if (!gather_order_.empty()) prefetch();
-    return drop_spares();
+    // Stage 3: this step's gathers are the order the next one prefetches in, and the
+    // next forward's first units are gathered while the trainer goes on.
+    return gathers_->end_step();
 }
 
 Status ShardGroup::reduce_for_step(const StepOptions &options, double *weight_sum, bool *have_sumsq,
@@ -225,7 +219,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     // The trainer's backward wrote the gradients on its stream. Waited for before anything
     // collective, so that a bad stream is this call's error alone and the group stays usable.
     SX_TRY(ops_->wait_for(options.stream));
-    SX_TRY(meet_gathers("sx_step"));
+    SX_TRY(gathers_->meet("sx_step"));
 
     // 1. Every trainable unit's gradients reduced into this rank's shard.
     double weight_sum = static_cast<double>(world_size_);
@@ -328,8 +322,8 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
         append_unit_segments(static_cast<size_t>(head), reduced_[head], &first);
         SX_TRY(ops_->fused_update(first.data(), first.size(), grad_scale, sumsq ? &head_sumsq : nullptr));
         if (span.on()) updated += segment_elements(first);
-        SX_TRY(open_gather_channel());
-        SX_TRY(submit_gather(static_cast<size_t>(head)));
+        SX_TRY(gathers_->open());
+        SX_TRY(gathers_->submit(static_cast<size_t>(head)));
     }
     const std::vector<optim::Segment> segs = segments(reduced_, head);
     SX_TRY(ops_->fused_update(segs.data(), segs.size(), grad_scale, sumsq ? &rest : nullptr));

@@ -12,9 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/rendezvous.h"
-#include "comm/stores.h"
 #include "core/agreement.h"
+#include "gloo_rank.h"
 #include "run_ranks.h"
 // Last: CMocka defines a fail() macro.
 #include "sx_cmocka.h"
@@ -28,17 +27,6 @@ namespace {
 
 constexpr int kRanks = 3;
 constexpr int kFirstWorldRank = 4;
-
-sx::Status connect(const std::string &url, int r, std::unique_ptr<sx::comm::Communicator> *out) {
-    sx::comm::Rendezvous rv;
-    std::shared_ptr<sx::comm::Store> store;
-    SX_TRY(sx::comm::parse_rendezvous(url.c_str(), r, kRanks, &rv));
-    SX_TRY(sx::comm::open_store(rv, sx::comm::Millis(20000), &store));
-    sx::comm::GlooOptions o;
-    o.bind_address = "127.0.0.1";
-    o.timeout = sx::comm::Millis(20000);
-    return sx::comm::create_gloo_communicator(store, r, kRanks, o, out);
-}
 
 // Rank r's side of one exchange: its call, its facts (their fingerprint is the header's),
 // its weight and its verdict on its arguments.
@@ -56,7 +44,7 @@ void test_headers(void **) {
     std::atomic<int> failed{0};
     const std::string err = sxtest::run_ranks(kRanks, [&](int r) -> std::string {
         std::unique_ptr<sx::comm::Communicator> c;
-        Status s = connect(url, r, &c);
+        Status s = sxtest::connect_gloo(url, r, kRanks, &c);
         if (!s.ok()) return "connect: " + s.message();
         CallHeaders h(kFirstWorldRank + r, nullptr, [&](Status f) {
             ++failed;

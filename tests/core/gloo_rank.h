@@ -1,0 +1,25 @@
+// Rank r of `world` as a thread of the test: a Gloo communicator among the ranks that open
+// the same local:// (or tcp://) rendezvous `url`, bound to 127.0.0.1, 20 s timeouts.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/rendezvous.h"
+#include "comm/stores.h"
+
+namespace sxtest {
+
+inline sx::Status connect_gloo(const std::string &url, int r, int world,
+                               std::unique_ptr<sx::comm::Communicator> *out) {
+    sx::comm::Rendezvous rv;
+    std::shared_ptr<sx::comm::Store> store;
+    SX_TRY(sx::comm::parse_rendezvous(url.c_str(), r, world, &rv));
+    SX_TRY(sx::comm::open_store(rv, sx::comm::Millis(20000), &store));
+    sx::comm::GlooOptions o;
+    o.bind_address = "127.0.0.1";
+    o.timeout = sx::comm::Millis(20000);
+    return sx::comm::create_gloo_communicator(store, r, world, o, out);
+}
+
+}  // namespace sxtest
