@@ -17,6 +17,7 @@
 #include "cuda/elementwise.h"
 #include "cuda/runtime.h"
 #include "cuda/status.h"
+#include "cuda/stream.h"
 #include "optim/cuda_kernels.h"
 
 namespace sx {
@@ -34,20 +35,8 @@ class CudaMemory final : public DeviceMemory {
 class CudaOps final : public DeviceOps {
   public:
     explicit CudaOps(int device) : device_(device) {}
-    ~CudaOps() override {
-        if (stream_) {
-            const cuda::DeviceScope scope(device_);
-            cudaStreamSynchronize(stream_);
-            cudaStreamDestroy(stream_);
-        }
-    }
 
-    Status init() {
-        const cuda::DeviceScope scope(device_);
-        SX_TRY(scope.status());
-        SX_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the group's stream");
-        return Status::Ok();
-    }
+    Status init() { return stream_.create(device_, "creating the group's stream"); }
 
     int32_t device() const override { return SX_DEVICE_CUDA; }
 
@@ -58,8 +47,8 @@ class CudaOps final : public DeviceOps {
         std::unique_ptr<CudaMemory> m(new CudaMemory());
         SX_TRY(m->buffer.allocate(bytes, what));
         if (bytes) {
-            cudaError_t z = cudaMemsetAsync(m->buffer.data(), 0, bytes, stream_);
-            if (z == cudaSuccess) z = cudaStreamSynchronize(stream_);
+            cudaError_t z = cudaMemsetAsync(m->buffer.data(), 0, bytes, stream_.get());
+            if (z == cudaSuccess) z = cudaStreamSynchronize(stream_.get());
             if (z != cudaSuccess)
                 return SX_ERROR(SX_ERR_INTERNAL, "zeroing new device memory for %s: %s", what, cudaGetErrorString(z));
         }
@@ -71,7 +60,7 @@ class CudaOps final : public DeviceOps {
     Status zero(void *p, size_t bytes) override {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
-        if (bytes) SX_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, stream_), "zeroing device memory");
+        if (bytes) SX_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, stream_.get()), "zeroing device memory");
         return finish("zeroing device memory");
     }
     Status copy(void *dst, const void *src, size_t bytes) override {
@@ -87,19 +76,19 @@ class CudaOps final : public DeviceOps {
     Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, bool accumulate) override {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
-        SX_TRY(cuda::widen(dtype, in, out, n, 1.0f, accumulate, stream_));
+        SX_TRY(cuda::widen(dtype, in, out, n, 1.0f, accumulate, stream_.get()));
         return finish("widening 16-bit values");
     }
     Status narrow(int32_t dtype, const float *in, uint16_t *out, size_t n) override {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
-        SX_TRY(cuda::narrow(dtype, in, out, n, stream_));
+        SX_TRY(cuda::narrow(dtype, in, out, n, stream_.get()));
         return finish("rounding to 16 bits");
     }
     Status scale16(int32_t dtype, uint16_t *p, float s, size_t n) override {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
-        SX_TRY(cuda::scale16(dtype, p, s, n, stream_));
+        SX_TRY(cuda::scale16(dtype, p, s, n, stream_.get()));
         return finish("scaling 16-bit values");
     }
 
@@ -107,7 +96,7 @@ class CudaOps final : public DeviceOps {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
         const std::vector<optim::cuda::CudaSegment> cs = convert(segs, n);
-        SX_TRY(workspace_.grad_stats(cs.data(), cs.size(), grad_scale, stream_));
+        SX_TRY(workspace_.grad_stats(cs.data(), cs.size(), grad_scale, stream_.get()));
         return read(sumsq);
     }
     Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
@@ -117,7 +106,7 @@ class CudaOps final : public DeviceOps {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
         const std::vector<optim::cuda::CudaSegment> cs = convert(segs, n);
-        SX_TRY(workspace_.fused_update(cs.data(), cs.size(), grad_scale, stream_, sumsq != nullptr));
+        SX_TRY(workspace_.fused_update(cs.data(), cs.size(), grad_scale, stream_.get(), sumsq != nullptr));
         if (sumsq) return read(sumsq);
         return finish("the optimizer update");
     }
@@ -131,29 +120,26 @@ class CudaOps final : public DeviceOps {
         cudaEvent_t ev = nullptr;
         SX_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "creating an event");
         cudaError_t e = cudaEventRecord(ev, theirs);
-        if (e == cudaSuccess) e = cudaStreamWaitEvent(stream_, ev, 0);
-        if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(stream_.get(), ev, 0);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(stream_.get());
         cudaEventDestroy(ev);
         SX_CUDA_TRY(e, "waiting for the trainer's stream");
         return Status::Ok();
     }
 
   private:
-    Status finish(const char *what) {
-        SX_CUDA_TRY(cudaStreamSynchronize(stream_), what);
-        return Status::Ok();
-    }
+    Status finish(const char *what) { return stream_.synchronize(what); }
     Status copy_kind(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *what) {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
-        if (bytes) SX_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, stream_), what);
+        if (bytes) SX_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, stream_.get()), what);
         return finish(what);
     }
     // The sum of squares, inf where any gradient was not finite (as on the host, where
     // such a value makes the sum inf or NaN).
     Status read(double *sumsq) {
         optim::cuda::GradStats st;
-        SX_TRY(workspace_.read_stats(stream_, &st));
+        SX_TRY(workspace_.read_stats(stream_.get(), &st));
         *sumsq = st.nonfinite > 0 && std::isfinite(st.sumsq) ? INFINITY : st.sumsq;
         return Status::Ok();
     }
@@ -173,8 +159,9 @@ class CudaOps final : public DeviceOps {
     }
 
     const int device_;
-    cudaStream_t stream_ = nullptr;
     optim::cuda::Workspace workspace_;
+    // Declared last, so destroyed first: waited for before the workspace is freed.
+    cuda::OwnedStream stream_;
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "cuda/device_scope.h"
 #include "cuda/elementwise.h"
 #include "cuda/status.h"
+#include "cuda/stream.h"
 
 namespace sx {
 namespace comm {
@@ -17,20 +18,8 @@ namespace {
 class OneDeviceCommunicator final : public Communicator {
   public:
     explicit OneDeviceCommunicator(int device) : device_(device) {}
-    ~OneDeviceCommunicator() override {
-        if (stream_) {
-            const cuda::DeviceScope scope(device_);
-            cudaStreamSynchronize(stream_);
-            cudaStreamDestroy(stream_);
-        }
-    }
 
-    Status init() {
-        const cuda::DeviceScope scope(device_);
-        SX_TRY(scope.status());
-        SX_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
-        return Status::Ok();
-    }
+    Status init() { return stream_.create(device_, "creating a stream"); }
 
     int rank() const override { return 0; }
     int world_size() const override { return 1; }
@@ -41,8 +30,8 @@ class OneDeviceCommunicator final : public Communicator {
         SX_TRY(check_reduce_scatter_args(*this, buf, shard_elems, out, accumulate));
         if (out == buf && !accumulate) return Status::Ok();
         return on_device("reduce_scatter_sum", [&]() -> Status {
-            if (accumulate) return cuda::add(out, buf, shard_elems, stream_);
-            SX_CUDA_TRY(cudaMemcpyAsync(out, buf, shard_elems * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+            if (accumulate) return cuda::add(out, buf, shard_elems, stream_.get());
+            SX_CUDA_TRY(cudaMemcpyAsync(out, buf, shard_elems * sizeof(float), cudaMemcpyDeviceToDevice, stream_.get()),
                         "reduce_scatter_sum: copying the one rank's shard");
             return Status::Ok();
         });
@@ -54,7 +43,7 @@ class OneDeviceCommunicator final : public Communicator {
         if (shard_elems == 0) return Status::Ok();
         SX_TRY(check_reduce_scatter_16_args(*this, buf, dtype, shard_elems, out));
         return on_device("reduce_scatter_sum_16", [&] {
-            return cuda::widen(dtype, buf, out, shard_elems, out_scale, accumulate, stream_);
+            return cuda::widen(dtype, buf, out, shard_elems, out_scale, accumulate, stream_.get());
         });
     }
 
@@ -93,12 +82,11 @@ class OneDeviceCommunicator final : public Communicator {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
         SX_TRY(enqueue());
-        SX_CUDA_TRY(cudaStreamSynchronize(stream_), what);
-        return Status::Ok();
+        return stream_.synchronize(what);
     }
 
     const int device_;
-    cudaStream_t stream_ = nullptr;
+    cuda::OwnedStream stream_;
     std::atomic<bool> aborted_{false};
 };
 
