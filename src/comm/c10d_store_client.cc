@@ -39,7 +39,6 @@
 
 #include <algorithm>
 #include <mutex>
-#include <thread>
 
 #include "base/log.h"
 #include "comm/deadline_socket.h"
@@ -345,29 +344,24 @@ class C10dStoreClient final : public Store {
     }
 
     // Connects if not connected, and shakes hands (VALIDATE, PING) on the new connection.
+    // A failed handshake is not tried again (it leaves *why kNone); once attached, a
+    // refused connection means the store is gone.
     Status ensure_connected(Clock::time_point dl, Failure *why) {
         if (sock_.connected()) return Status::Ok();
-        Millis backoff(10);
-        std::string last_error;
-        for (;;) {
-            Status s = sock_.connect(host_, port_, dl, why);
-            if (s.ok()) return handshake(dl, why);
-            if (s.code() == SX_ERR_INVALID_ARGUMENT) return s;
-            if (attached_ && *why == Failure::kRefused) {
-                return SX_ERROR(SX_ERR_COMM, "%s is gone (%s): has torchrun's agent stopped?", sock_.peer().c_str(),
-                                s.message().c_str());
-            }
-            last_error = s.message();
-            Millis left = time_left(dl);
-            if (left.count() == 0) {
-                *why = Failure::kNone;
+        return connect_with_backoff(
+            sock_, host_, port_, dl, why, [&] { return handshake(dl, why); },
+            [&](const std::string &last_error) {
                 return SX_ERROR(SX_ERR_TIMEOUT, "could not reach %s in time (%s); is torchrun's agent (or whatever "
                                 "serves the store) running there?",
                                 sock_.peer().c_str(), last_error.c_str());
-            }
-            std::this_thread::sleep_for(std::min(backoff, left));
-            backoff = std::min(backoff * 2, Millis(250));
-        }
+            },
+            [&](const Status &failed) {
+                if (attached_ && *why == Failure::kRefused) {
+                    return SX_ERROR(SX_ERR_COMM, "%s is gone (%s): has torchrun's agent stopped?", sock_.peer().c_str(),
+                                    failed.message().c_str());
+                }
+                return Status::Ok();
+            });
     }
 
     Status handshake(Clock::time_point dl, Failure *why) {

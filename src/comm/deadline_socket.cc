@@ -9,8 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 namespace sx {
 namespace comm {
@@ -113,6 +115,31 @@ Status DeadlineSocket::io(char *data, size_t n, bool write, Clock::time_point dl
 void DeadlineSocket::close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
+}
+
+Status connect_with_backoff(DeadlineSocket &sock, const std::string &host, int port, Clock::time_point dl,
+                            Failure *why, const std::function<Status()> &greet,
+                            const std::function<Status(const std::string &last_error)> &out_of_time,
+                            const std::function<Status(const Status &failed)> &stop) {
+    Millis backoff(10);
+    for (;;) {
+        Status s = sock.connect(host, port, dl, why);
+        if (s.ok()) {
+            s = greet();
+            if (s.ok()) return Status::Ok();
+            sock.close();
+            if (s.code() != SX_ERR_COMM || *why == Failure::kNone) return s;  // not a broken connection
+        }
+        if (s.code() == SX_ERR_INVALID_ARGUMENT) return s;
+        if (stop) SX_TRY(stop(s));
+        const Millis left = time_left(dl);
+        if (left.count() == 0) {
+            *why = Failure::kNone;
+            return out_of_time(s.message());
+        }
+        std::this_thread::sleep_for(std::min(backoff, left));
+        backoff = std::min(backoff * 2, Millis(250));
+    }
 }
 
 }  // namespace comm

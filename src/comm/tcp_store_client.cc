@@ -180,8 +180,6 @@ class TcpStoreClient final : public Store {
     // Connects if not connected: retries refused/unreachable connects until `dl`.
     Status ensure_connected(Clock::time_point dl, Failure *why) {
         if (sock_.connected()) return Status::Ok();
-        Millis backoff(10);
-        std::string last_error;
         const std::string refused_before = refusal_;
         // Out of time after the server turned connections away: that is the reason, not
         // a missing rank 0.
@@ -191,27 +189,19 @@ class TcpStoreClient final : public Store {
                             "rank's connections away (%s)",
                             where().c_str(), refusal_.c_str());
         };
-        for (;;) {
-            Status s = sock_.connect(host_, port_, dl, why);
-            if (s.ok()) {
-                s = hello(dl, why);
-                if (s.ok()) return Status::Ok();
-                drop();
+        return connect_with_backoff(
+            sock_, host_, port_, dl, why,
+            [&] {
+                Status s = hello(dl, why);
                 if (s.code() == SX_ERR_TIMEOUT && refusal_ != refused_before) return turned_away();
-                if (s.code() != SX_ERR_COMM || *why == Failure::kNone) return s;  // not a broken connection
-            }
-            if (s.code() == SX_ERR_INVALID_ARGUMENT) return s;
-            last_error = s.message();
-            Millis left = time_left(dl);
-            if (left.count() == 0) {
+                return s;
+            },
+            [&](const std::string &last_error) {
                 if (refusal_ != refused_before) return turned_away();
                 return SX_ERROR(SX_ERR_TIMEOUT,
                                 "could not reach the rendezvous server at %s in time (%s); is rank 0 running?",
                                 where().c_str(), last_error.c_str());
-            }
-            std::this_thread::sleep_for(std::min(backoff, left));
-            backoff = std::min(backoff * 2, Millis(250));
-        }
+            });
     }
 
     // HELLO on a fresh connection: learns the server instance and checks the pin; with a
