@@ -101,6 +101,7 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     }
     g->pool_.reset(new optim::ThreadPool(threads));
     g->ops_ = cuda ? std::move(device_ops) : make_host_ops(g->pool_.get());
+    g->round_.reset(new ReductionRound(*g, g->tracer(), cfg.stage, g->replicas_ > 1));
     Gathers::Settings gs;
     gs.stage = cfg.stage;
     gs.shard_rank = g->shard_rank_;
@@ -172,7 +173,6 @@ Status ShardGroup::form_mesh(std::chrono::steady_clock::time_point deadline) {
     if (replicas_ > 1) {
         SX_TRY(connect(comm::make_prefix_store(store_, format("replica/%d/", shard_rank_)), replica_rank_, replicas_,
                        &replica_comm_, deadline));
-        replica_channel_.reset(new CommChannel("the replicas' gradient all-reduces"));
     }
     return Status::Ok();
 }
@@ -219,11 +219,9 @@ ShardGroup::~ShardGroup() {
     std::lock_guard<std::mutex> lock(abort_mu_);
     // Collectives still in flight on the channels would wait for peers that may never
     // join them: they are cut short, so that the channels' threads end at once.
-    const bool busy = (reduce_channel_ && reduce_channel_->busy()) || (gathers_ && gathers_->busy()) ||
-                      (replica_channel_ && replica_channel_->busy());
+    const bool busy = (round_ && round_->busy()) || (gathers_ && gathers_->busy());
     if (busy) abort_communicators();
-    reduce_channel_.reset();
-    replica_channel_.reset();
+    round_.reset();    // its channels stopped
     gathers_.reset();  // its channel stopped, then its buffers and communicator
     // Every thread that records has ended: the file holds everything the ring kept. A
     // trace that cannot be written fails nothing.
@@ -393,7 +391,7 @@ Status ShardGroup::finalize() {
     if (finalized_) {
         // Units laid out before stay where they are; nothing of theirs may be in flight.
         SX_TRY(settle());
-        SX_CHECK(!round_.open && micro_batches_ == 0, SX_ERR_INVALID_STATE,
+        SX_CHECK(!round_->open() && micro_batches_ == 0, SX_ERR_INVALID_STATE,
                  "params and param groups added after sx_finalize are laid out between steps, not while "
                  "gradients are being reduced or accumulated");
     }
@@ -443,14 +441,9 @@ Status ShardGroup::finalize() {
         applied_mask_.resize(old_params);
         return s;
     }
-    // Reductions go last unit first (a backward's order) until the ranks learn better;
-    // added units come first, being last.
-    std::vector<int32_t> order;
-    for (size_t u = units_.size(); u-- > old_units;) order.push_back(static_cast<int32_t>(u));
-    order.insert(order.end(), reduce_order_.begin(), reduce_order_.end());
-    reduce_order_ = std::move(order);
-    reduced_.resize(units_.size(), nullptr);
-    unit_sumsq_.resize(units_.size(), 0.0);
+    std::vector<int32_t> ids;
+    for (size_t u = old_units; u < units_.size(); ++u) ids.push_back(layout_.units()[u].unit_id);
+    round_->add_units(ids);
     uint64_t bytes = 0;
     for (size_t u = old_units; u < units_.size(); ++u) {
         Unit &unit = units_[u];

@@ -26,6 +26,7 @@
 #include "core/layout.h"
 #include "core/loss_scaler.h"
 #include "core/params.h"
+#include "core/round.h"
 #include "core/shard_state.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
@@ -110,7 +111,7 @@ struct ParamState {
 };
 using StateFn = std::function<Status(ParamState &)>;
 
-class ShardGroup : public ShardAccess {
+class ShardGroup : public ShardAccess, private ReductionRound::Work {
   public:
     // Rendezvous and connect (collective).
     static Status create(const GroupConfig &config, std::unique_ptr<ShardGroup> *out);
@@ -231,7 +232,7 @@ class ShardGroup : public ShardAccess {
     // gathered (SX_ERR_INVALID_STATE naming it otherwise).
     Status check_param_present(int32_t param) const;
     // Reductions run on the reduction channel since the group was made (any thread).
-    uint64_t reductions_run() const { return reductions_run_.load(); }
+    uint64_t reductions_run() const { return round_->reductions_run(); }
     // The units whose gathers the last deferred step queued, in the order queued.
     const std::vector<int32_t> &deferred_gather_order() const { return gathers_->deferred_order(); }
 
@@ -305,16 +306,6 @@ class ShardGroup : public ShardAccess {
         Buffer own;
     };
 
-    // One micro-batch's gradients, from the first unit_grads_ready to the step or
-    // accumulate_grads that ends it (pipeline.cc).
-    struct Round {
-        bool open = false;
-        bool accumulate = false;
-        std::vector<uint8_t> mask;          // the trainable mask of the whole micro-batch
-        std::vector<uint8_t> signalled;     // per unit
-        std::vector<int32_t> order;         // units in the order this rank signalled them
-        size_t next = 0;                    // reduce_order_[next] is the next to submit
-    };
 
     ShardGroup() = default;
     // A communicator of the group's backend among its ranks, through `store`, connected
@@ -387,8 +378,8 @@ class ShardGroup : public ShardAccess {
     std::vector<optim::Segment> segments(const std::vector<float *> &reduced, int32_t except = -1) const;
     // Unit u's segments (none if it is frozen), its reduced gradient at `reduced`.
     void append_unit_segments(size_t u, float *reduced, std::vector<optim::Segment> *out) const;
-    // The sum of squares of unit u's reduced gradients (reduced_[u]) times grad_scale.
-    Status unit_sumsq(size_t u, float grad_scale, double *out);
+    // The sum of squares of unit u's reduced gradients (at `reduced`) times grad_scale.
+    Status unit_sumsq(size_t u, float *reduced, float grad_scale, double *out);
     // The gradient scale of the norm: the average over the ranks and the loss scale
     // (1 / (world_size x scale)), as torch takes the norm of the averaged gradients.
     float norm_scale() const;
@@ -412,28 +403,28 @@ class ShardGroup : public ShardAccess {
     // shard of them.
     Status broadcast_gathered(int root);
     // --- pipeline.cc ---
-    // Opens a round: the mask it uses, its allocations, and the ranks' agreement, which
-    // runs on the reduction channel ahead of the reductions.
-    Status open_round(bool accumulate);
-    // Submits, in reduce_order_, every unit signalled (all: every unit) up to the first
-    // that is not.
-    void submit_reductions(bool all);
     // Ends the round (for step, or accumulate_grads): reduces what was not signalled,
     // waits for every reduction, and checks that the ranks signalled the same units
     // (SX_ERR_MISMATCH on every rank otherwise, the step's gradients then dropped); rank
-    // 0's order of signals becomes the order of the next rounds' reductions. reduced_[u]
-    // then holds unit u's reduced shard, and *sumsq (step rounds; null for accumulate)
+    // 0's order of signals becomes the order of the next rounds' reductions. The round
+    // then knows where unit u's reduced shard is, and *sumsq (step rounds; null for accumulate)
     // the sum of squares of the reduced gradients over every rank, as global_norm gives it.
     // a: what the ranks agree on (its mask and signals come from the round); weight: this
     // rank's, summed over the ranks into *weight_sum (step rounds).
     Status close_round(Agreement a, double weight, double *sumsq, double *weight_sum);
     // Without a round: the ranks agree (on a, with their weights: *weight_sum), the mask
     // is applied, and every trainable unit is reduced here (accumulate: into the
-    // accumulator; reduced_ gets where each reduced shard lives).
+    // accumulator; the round gets where each reduced shard lives).
     Status reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum);
     // Waits for every collective in flight on both channels; their failure.
     Status settle();
-    CommChannel &reduce_channel();
+    // ReductionRound::Work: what the round asks of the group (see round.h).
+    Status agree_round(const Agreement &a) override;
+    Status reduce_unit_grads(size_t u, bool accumulate, float **shard) override;
+    Status reduce_unit_replicas(size_t u, float *shard) override;
+    Status unit_sum_of_squares(size_t u, float *shard, float grad_scale, double *out) override;
+    Status fail_group(Status s) override { return fail(s); }
+    bool usable() const override { return check_usable().ok(); }
     // After the update: the params of every trainable unit gathered (stages 1 and 2,
     // now or deferred; `submitted`: a unit whose deferred gather is queued already), or
     // (stage 3) the gathered units gathered again.
@@ -500,23 +491,18 @@ class ShardGroup : public ShardAccess {
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;
 
-    // Units as a pipeline (pipeline.cc). Reductions run on reduce_channel_ (over comm_),
-    // gathers on the gathers' channel (a communicator of their own), each in one order
-    // that every rank keeps: a rank's reductions and gathers may then interleave
+    // Units as a pipeline (pipeline.cc). Reductions run on the round's channel (over
+    // comm_), gathers on the gathers' channel (a communicator of their own), each in one
+    // order that every rank keeps: a rank's reductions and gathers may then interleave
     // differently from its peers'.
-    Round round_;
-    std::vector<int32_t> reduce_order_;  // the agreed order of reductions
-    std::vector<float *> reduced_;       // per unit: its reduced shard, after a step round
     // Per unit: this rank's shard of its gradient buffer is zeroed by this step's update
     // (mark_zeroed_by_update), so that zero_grads() zeroes only the rest; cleared by
     // zero_grads().
     std::vector<char> zeroed_by_update_;
-    std::vector<double> unit_sumsq_;     // per unit: its part of the step's norm (a step round)
     uint64_t zero_grad_steps_ = 0;       // steps in a row whose gradients were all zero
-    std::atomic<uint64_t> reductions_run_{0};
-    std::unique_ptr<CommChannel> reduce_channel_;  // after the communicators: destroyed first
-    std::unique_ptr<CommChannel> replica_channel_;  // a mesh's replica all-reduces (replicas > 1)
-    std::unique_ptr<Gathers> gathers_;  // the param gathers (gathers.h)
+    // The parts with threads, after the communicators: destroyed first.
+    std::unique_ptr<ReductionRound> round_;  // the gradient reductions (round.h)
+    std::unique_ptr<Gathers> gathers_;       // the param gathers (gathers.h)
 
     std::atomic<bool> failed_{false};
     std::atomic<bool> aborted_{false};

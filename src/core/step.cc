@@ -100,7 +100,7 @@ Status ShardGroup::zero_grads() {
         }
         // The update zeroed this rank's shard of the buffer (reduced in place); the rest
         // held the partial sums it sent its peers.
-        const size_t begin = static_cast<size_t>(reduced_[u] - grads.as<float>()) * sizeof(float);
+        const size_t begin = static_cast<size_t>(round_->reduced(u) - grads.as<float>()) * sizeof(float);
         const size_t end = begin + layout_.units()[u].shard_numel * sizeof(float);
         SX_TRY(ops_->zero(grads.data(), begin));
         SX_TRY(ops_->zero(grads.as<char>() + end, grads.size() - end));
@@ -123,7 +123,8 @@ void ShardGroup::mark_zeroed_by_update(bool zero) {
         if (!unit.trainable || unit.grad_dtype != SX_DTYPE_F32) continue;
         const float *base = unit.grads.as<float>();
         const uint64_t own = layout_.units()[u].shard_numel;
-        const bool in_place = reduced_[u] >= base && reduced_[u] + own <= base + unit.grads.size() / sizeof(float);
+        const float *reduced = round_->reduced(u);
+        const bool in_place = reduced >= base && reduced + own <= base + unit.grads.size() / sizeof(float);
         if (!in_place) continue;
         bool all = true;
         for (int32_t p : layout_.units()[u].params) all = all && applied_mask_[p] != 0;
@@ -139,12 +140,14 @@ Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weigh
     for (size_t u = 0; u < units_.size(); ++u) {
         Unit &unit = units_[u];
         if (!unit.trainable) continue;
-        Status s = reduce_unit(u, accumulate, &reduced_[u]);
+        float *shard = nullptr;
+        Status s = reduce_unit(u, accumulate, &shard);
         if (!s.ok()) return fail(s);
+        round_->set_reduced(u, shard);
         if (accumulate) unit.accum_live = true;
         // A mesh's replicas sum their shard groups' sums once, at the step: the
         // accumulator holds this shard group's micro-batches until then.
-        if (!accumulate) SX_TRY(reduce_replicas(u, reduced_[u]));
+        if (!accumulate) SX_TRY(reduce_replicas(u, shard));
     }
     return Status::Ok();
 }
@@ -154,9 +157,9 @@ Status ShardGroup::accumulate_grads() {
     SX_TRY(check_finalized());
     SX_TRACE_SPAN(tracer(), "step", "sx_accumulate_grads");
     SX_TRY(gathers_->meet("sx_accumulate_grads"));
-    const bool overlapped = round_.open;  // the reductions zeroed their units' gradients
+    const bool overlapped = round_->open();  // the reductions zeroed their units' gradients
     if (overlapped) {
-        SX_CHECK(round_.accumulate, SX_ERR_INVALID_STATE,
+        SX_CHECK(round_->accumulating(), SX_ERR_INVALID_STATE,
                  "the units signalled ready in this micro-batch said that sx_step ends it (accumulate = 0), "
                  "not sx_accumulate_grads");
         SX_TRY(close_round(step_agreement("sx_accumulate_grads", {}, 0.0, 0, false), 0.0, nullptr, nullptr));
@@ -194,11 +197,11 @@ Status ShardGroup::reduce_for_step(const StepOptions &options, double *weight_su
     // their agreement, so the norm is known here. The ranks' weights are summed either way.
     const double weight = options.weighted ? options.weight : 1.0;
     const int defer = options.defer_gather ? 1 : 0;
-    Agreement a = step_agreement("sx_step", round_.open ? std::vector<uint8_t>{} : candidate_mask(),
+    Agreement a = step_agreement("sx_step", round_->open() ? std::vector<uint8_t>{} : candidate_mask(),
                                  options.max_grad_norm, defer, options.weighted);
     a.nonfinite = options.nonfinite;
-    if (!round_.open) return reduce_here(a, false, weight, weight_sum);
-    SX_CHECK(!round_.accumulate, SX_ERR_INVALID_STATE,
+    if (!round_->open()) return reduce_here(a, false, weight, weight_sum);
+    SX_CHECK(!round_->accumulating(), SX_ERR_INVALID_STATE,
              "the units signalled ready in this micro-batch said that sx_accumulate_grads ends it "
              "(accumulate = 1), not sx_step");
     SX_TRY(close_round(std::move(a), weight, sumsq,
@@ -319,13 +322,13 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
     SX_TRY(ensure_masters());
     if (head >= 0) {
         std::vector<optim::Segment> first;
-        append_unit_segments(static_cast<size_t>(head), reduced_[head], &first);
+        append_unit_segments(static_cast<size_t>(head), round_->reduced(static_cast<size_t>(head)), &first);
         SX_TRY(ops_->fused_update(first.data(), first.size(), grad_scale, sumsq ? &head_sumsq : nullptr));
         if (span.on()) updated += segment_elements(first);
         SX_TRY(gathers_->open());
         SX_TRY(gathers_->submit(static_cast<size_t>(head)));
     }
-    const std::vector<optim::Segment> segs = segments(reduced_, head);
+    const std::vector<optim::Segment> segs = segments(round_->reduced(), head);
     SX_TRY(ops_->fused_update(segs.data(), segs.size(), grad_scale, sumsq ? &rest : nullptr));
     if (span.on()) updated += segment_elements(segs);
     span.set_bytes(updated * sizeof(float));
@@ -365,9 +368,9 @@ std::vector<optim::Segment> ShardGroup::segments(const std::vector<float *> &red
     return segs;
 }
 
-Status ShardGroup::unit_sumsq(size_t u, float grad_scale, double *out) {
+Status ShardGroup::unit_sumsq(size_t u, float *reduced, float grad_scale, double *out) {
     std::vector<optim::Segment> segs;
-    append_unit_segments(u, reduced_[u], &segs);
+    append_unit_segments(u, reduced, &segs);
     *out = 0.0;
     return segs.empty() ? Status::Ok() : ops_->sum_of_squares(segs.data(), segs.size(), grad_scale, out);
 }
@@ -383,7 +386,7 @@ Status ShardGroup::global_norm(double *sumsq) {
     double local = 0.0;
     for (size_t u = 0; u < units_.size(); ++u) {
         double part = 0.0;
-        Status s = unit_sumsq(u, norm_scale(), &part);
+        Status s = unit_sumsq(u, round_->reduced(u), norm_scale(), &part);
         if (!s.ok()) return fail(s);
         local += part;
     }
