@@ -689,6 +689,7 @@ UnitShard ShardGroup::unit_shard(size_t u) const {
     for (int k = 0; k < unit.state_slots; ++k) v.state[k] = unit.state[k].as<float>();
     v.state_slots = unit.state_slots;
     v.shard_numel = layout_.units()[u].shard_numel;
+    v.master = !unit.master.empty();
     return v;
 }
 
@@ -732,6 +733,15 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
                      "restoring state slot %d of unit %zu: %zu bytes for a slot of %llu", k, u,
                      (*r.state)[u][k].size(), static_cast<unsigned long long>(bytes));
     }
+    if (r.masters) {
+        SX_CHECK(r.masters->size() == units_.size(), SX_ERR_INTERNAL, "restoring the masters of %zu units into %zu",
+                 r.masters->size(), units_.size());
+        for (size_t u = 0; u < units_.size(); ++u) {
+            const Buffer &m = (*r.masters)[u];
+            SX_CHECK(m.empty() || m.size() == units_[u].master.size(), SX_ERR_INTERNAL,
+                     "restoring the masters of unit %zu: %zu bytes for %zu", u, m.size(), units_[u].master.size());
+        }
+    }
     if (r.progress)
         SX_CHECK(r.progress->params.size() == params_.size() && r.progress->hypers.size() == groups_.size(),
                  SX_ERR_INTERNAL, "restoring the progress of %zu params and %zu param groups into %zu and %zu",
@@ -740,6 +750,7 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
         Unit &unit = units_[u];
         for (int k = 0; k < r.slots[u]; ++k) std::swap(unit.state[k], (*r.state)[u][k]);
         unit.state_slots = std::max(unit.state_slots, r.slots[u]);
+        if (r.masters && !(*r.masters)[u].empty()) std::swap(unit.master, (*r.masters)[u]);
     }
     if (!r.progress) return Status::Ok();
     const ShardProgress &pr = *r.progress;

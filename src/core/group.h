@@ -27,6 +27,7 @@
 #include "core/loss_scaler.h"
 #include "core/params.h"
 #include "core/round.h"
+#include "core/whole_state.h"
 #include "core/shard_state.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
@@ -95,21 +96,6 @@ struct MemoryStats {
     uint64_t unsharded_optimizer_bytes = 0;
     uint64_t peak_param_bytes = 0;  // the most param_bytes held at once since finalize
 };
-
-// One param's whole, unpadded optimizer state, on the root of sx_gather_optim_state (or
-// to fill, on the root of sx_scatter_optim_state): its step counts and its tensors by
-// torch's names, numel fp32 each in host memory (valid for the callback).
-struct ParamState {
-    int32_t param = 0;
-    int32_t group = 0;
-    const char *name = nullptr;
-    uint64_t numel = 0;
-    int64_t step = 0;
-    int64_t momentum_steps = 0;
-    std::vector<const char *> names;
-    std::vector<float *> tensors;
-};
-using StateFn = std::function<Status(ParamState &)>;
 
 class ShardGroup : public ShardAccess, private ReductionRound::Work {
   public:
@@ -402,6 +388,9 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // Stage 3's broadcast: the units gathered on `root` go to every rank, each keeping its
     // shard of them.
     Status broadcast_gathered(int root);
+    // sx_gather_optim_state and sx_scatter_optim_state: checks, the call's header, then
+    // the whole-state part (whole_state.h).
+    Status whole_state_call(const char *name, int root, bool gather, const StateFn &fn);
     // --- pipeline.cc ---
     // Ends the round (for step, or accumulate_grads): reduces what was not signalled,
     // waits for every reduction, and checks that the ranks signalled the same units
@@ -432,28 +421,6 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // Stages 1 and 2, world > 1: the unit a deferred step gathers first (the next
     // forward's first), or -1.
     int32_t first_deferred_gather() const;
-    // A param's state tensors in gather/scatter order: its optimizer's slots (where its
-    // unit has them, or always with as_if_allocated), then "master" for 16-bit params.
-    struct StateTensor {
-        const char *name;
-        int slot;  // -1: the master weights
-    };
-    std::vector<StateTensor> state_tensors(int32_t p, bool as_if_allocated) const;
-    // Unit u's shard of state slot `slot` (-1: the masters).
-    float *state_pointer(size_t u, int slot) const;
-    // Root: a buffer (where the group's memory is) for the largest param's whole state,
-    // and on a device a host one beside it.
-    Status root_buffers(int root, bool as_if_allocated, Buffer *staging, std::vector<float> *host);
-    // Collective: the worst status of every rank's `mine`, with root's message; a rank
-    // whose own failed returns its own.
-    Status share_outcome(int root, Status mine, const char *what);
-    // scatter_state's steps. Param p's state tensors, whole at the root in `full` (one
-    // after the other), to every rank's shard of them at into[t] (a tensor's unit shard);
-    // a failure fails the group. Then the scattered copies replace the shard, with each
-    // param's step counts from `steps` (two a param), and 16-bit params are gathered anew.
-    Status scatter_param(int root, int32_t p, float *full, const std::vector<float *> &into);
-    Status install_scattered(std::vector<std::array<Buffer, 3>> *state, const std::vector<int> &slots,
-                             std::vector<Buffer> *masters, const std::vector<int64_t> &steps);
     // 16-bit units: derives the fp32 masters from the params where they are not yet.
     Status ensure_masters();
     // 16-bit units: rounds the masters into this rank's shard of the params (after

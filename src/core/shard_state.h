@@ -43,6 +43,7 @@ struct UnitShard {
     float *state[3] = {nullptr, nullptr, nullptr};  // each allocated optimizer state slot
     int state_slots = 0;
     uint64_t shard_numel = 0;
+    bool master = false;  // `values` are the fp32 master weights of a 16-bit unit
 };
 
 // A param's updates so far (torch's per-param `step`) and, for SGD, the updates that
@@ -77,6 +78,10 @@ struct ShardRestore {
     // added), so that (*state)[u][k] then holds the state it replaced.
     std::vector<std::array<Buffer, 3>> *state = nullptr;
     std::vector<int> slots;
+    // Per unit (may be null): a 16-bit unit's new fp32 master weights, exchanged with the
+    // group's (an empty buffer leaves them). The params take their values from them at
+    // the next gather_params.
+    std::vector<Buffer> *masters = nullptr;
     // Replaces the group's whole progress; null keeps it (a load of the values alone).
     const ShardProgress *progress = nullptr;
 };

@@ -1,0 +1,277 @@
+// The whole-state exchange part (whole_state.h).
+#include "core/whole_state.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "base/vector_state.h"
+
+namespace sx {
+namespace core {
+namespace {
+
+constexpr const char *kMaster = "master";
+constexpr size_t kMessageBytes = 1024;
+
+// Unit u's shard of state slot `slot` (-1: the masters).
+float *state_pointer(const UnitShard &unit, int slot) { return slot < 0 ? unit.values : unit.state[slot]; }
+
+// The slots a unit keeps once every param of it is trainable: the most its params'
+// optimizers keep.
+int slots_when_trainable(const ShardAccess &g, size_t u) {
+    int slots = 0;
+    for (int32_t p : g.layout().units()[u].params) slots = std::max(slots, optim::state_slots(g.hyper(g.param(p).group)));
+    return slots;
+}
+
+}  // namespace
+
+std::vector<StateTensor> state_tensors(const ShardAccess &g, const UnitShard &unit, int32_t p, bool as_if_allocated) {
+    std::vector<StateTensor> t;
+    const optim::Hyper &h = g.hyper(g.param(p).group);
+    const int slots = optim::state_slots(h);
+    // A unit's state exists once it has been trainable; it has the most slots any of its
+    // params' optimizers keeps.
+    if (as_if_allocated || (unit.state_slots > 0 && unit.state_slots >= slots))
+        for (int k = 0; k < slots; ++k) t.push_back({optim::state_slot_name(h, k), k});
+    if (unit.master) t.push_back({kMaster, -1});
+    return t;
+}
+
+Status WholeState::root_buffers(int root, const std::vector<UnitShard> &units, bool as_if_allocated, Buffer *staging,
+                                std::vector<float> *host) {
+    if (g_.rank() != root) return Status::Ok();
+    uint64_t most = 0;
+    for (int32_t p = 0; p < g_.num_params(); ++p) {
+        const UnitShard &unit = units[static_cast<size_t>(g_.layout().placement(p).unit_index)];
+        most = std::max<uint64_t>(most, state_tensors(g_, unit, p, as_if_allocated).size() * g_.param(p).numel);
+    }
+    if (most == 0) return Status::Ok();
+    SX_TRY(g_.ops().allocate(most * sizeof(float), "one param's whole optimizer state", staging, true));
+    if (g_.ops().device() != SX_DEVICE_CPU) {
+        try {
+            host->resize(most);
+        } catch (const std::bad_alloc &) {
+            return SX_ERROR(SX_ERR_OUT_OF_MEMORY, "allocating %llu bytes of host memory for one param's whole "
+                            "optimizer state failed", static_cast<unsigned long long>(most * sizeof(float)));
+        }
+    }
+    return Status::Ok();
+}
+
+Status WholeState::share_outcome(int root, Status mine, const char *what) {
+    // Every rank's code, the worst wins; root's words go to everyone.
+    uint64_t code = static_cast<uint64_t>(mine.code());
+    std::vector<char> text(kMessageBytes, 0);
+    if (g_.rank() == root) std::snprintf(text.data(), kMessageBytes, "%s", mine.message().c_str());
+    if (mesh_.world) {
+        Status s = mesh_.world->all_reduce_max(&code, 1);
+        if (s.ok()) s = mesh_.world->broadcast(text.data(), kMessageBytes, root);
+        if (!s.ok()) return g_.fail(s);
+    }
+    if (!mine.ok()) return mine;
+    if (code == 0) return Status::Ok();
+    if (text[0]) return SX_ERROR(static_cast<sx_status_t>(code), "%s failed on rank %d (the root): %s", what, root,
+                                 text.data());
+    return SX_ERROR(static_cast<sx_status_t>(code), "%s failed on another rank (%s); nothing changed", what,
+                    sx_status_string(static_cast<sx_status_t>(code)));
+}
+
+Status WholeState::gather(int root, const StateFn &fn) {
+    ShardState shard;
+    Buffer staging;
+    std::vector<float> host;
+    // The shard as it stands, with the masters of 16-bit units derived (what is gathered).
+    Status local = g_.export_shard(&shard);
+    if (local.ok()) local = root_buffers(root, shard.units, false, &staging, &host);
+    SX_TRY(share_outcome(root, local, "sx_gather_optim_state"));
+
+    // The root's shard group holds every shard: its ranks alone send (the other replica
+    // groups have nothing to do but the outcome's exchange).
+    const int rank = g_.rank(), S = g_.shard_size(), root_shard = root % S;
+    DeviceOps &ops = g_.ops();
+    Status outcome;  // the root's callback's, once it fails no more calls are made
+    for (int32_t p = 0; p < g_.num_params() && in_root_group(root); ++p) {
+        const size_t u = static_cast<size_t>(g_.layout().placement(p).unit_index);
+        const UnitShard &unit = shard.units[u];
+        const std::vector<StateTensor> tensors = state_tensors(g_, unit, p, false);
+        const ParamSpec &spec = g_.param(p);
+        const uint64_t n = spec.numel;
+        float *full = staging.as<float>();
+        std::vector<comm::Piece> mine;
+        std::vector<std::vector<comm::Piece>> theirs(rank == root ? static_cast<size_t>(S) : 0);
+        for (int q = 0; q < S && !tensors.empty(); ++q) {
+            const ShardPiece piece = g_.layout().piece(p, q);
+            const size_t bytes = (piece.end - piece.begin) * sizeof(float);
+            for (size_t t = 0; t < tensors.size(); ++t) {
+                float *at = state_pointer(unit, tensors[t].slot) + piece.shard_offset;
+                if (q == g_.shard_rank() && rank != root) mine.push_back({at, bytes});
+                if (rank == root && q != root_shard) theirs[q].push_back({full + t * n + piece.begin, bytes});
+                if (rank == root && q == root_shard && bytes) {
+                    Status s = ops.copy(full + t * n + piece.begin, at, bytes);
+                    if (!s.ok()) return g_.fail(s);
+                }
+            }
+        }
+        if (S > 1 && !tensors.empty()) {
+            Status s = mesh_.shard->gather_pieces(mine, theirs, root_shard);
+            if (!s.ok()) return g_.fail(s);
+        }
+        if (rank != root || !outcome.ok()) continue;
+        float *data = full;
+        if (!host.empty() && !tensors.empty()) {
+            Status s = ops.to_host(host.data(), full, tensors.size() * n * sizeof(float));
+            if (!s.ok()) return g_.fail(s);
+            data = host.data();
+        }
+        ParamState st;
+        st.param = p;
+        st.group = spec.group;
+        st.name = spec.name.c_str();
+        st.numel = n;
+        st.step = spec.step;
+        st.momentum_steps = spec.momentum_steps;
+        for (size_t t = 0; t < tensors.size(); ++t) {
+            st.names.push_back(tensors[t].name);
+            st.tensors.push_back(data + t * n);
+        }
+        leave_vector_state_clean();  // the trainer's code runs next, on this thread
+        outcome = catching([&] { return fn(st); });
+    }
+    return share_outcome(root, outcome, "sx_gather_optim_state");
+}
+
+Status WholeState::scatter(int root, const StateFn &fn) {
+    ShardState shard;
+    SX_TRY(share_outcome(root, g_.export_shard(&shard), "sx_scatter_optim_state"));
+    // Copies of this rank's shard to receive into: every slot any param's optimizer keeps
+    // (zero where the root leaves nothing: the units' padding), and the masters.
+    const size_t nu = shard.units.size();
+    std::vector<std::array<Buffer, 3>> state(nu);
+    std::vector<int> slots(nu, 0);
+    std::vector<Buffer> masters(nu);
+    Buffer staging;
+    std::vector<float> host;
+    DeviceOps &ops = g_.ops();
+    auto allocate = [&]() -> Status {
+        for (size_t u = 0; u < nu; ++u) {
+            const uint64_t bytes = shard.units[u].shard_numel * sizeof(float);
+            slots[u] = std::max(shard.units[u].state_slots, slots_when_trainable(g_, u));
+            for (int k = 0; k < slots[u]; ++k) {
+                SX_TRY(ops.allocate(bytes, "a copy of the optimizer state to scatter into", &state[u][k]));
+                SX_TRY(ops.zero(state[u][k].data(), bytes));
+            }
+            if (shard.units[u].master) {
+                SX_TRY(ops.allocate(bytes, "a copy of the master weights to scatter into", &masters[u]));
+                SX_TRY(ops.zero(masters[u].data(), bytes));
+            }
+        }
+        return root_buffers(root, shard.units, true, &staging, &host);
+    };
+    SX_TRY(share_outcome(root, catching(allocate), "sx_scatter_optim_state"));
+
+    const int rank = g_.rank();
+    Status outcome;  // the root's callback's, once it fails the root sends zeros
+    std::vector<int64_t> steps(2 * static_cast<size_t>(g_.num_params()), 0);
+    for (int32_t p = 0; p < g_.num_params(); ++p) {
+        const size_t u = static_cast<size_t>(g_.layout().placement(p).unit_index);
+        const std::vector<StateTensor> tensors = state_tensors(g_, shard.units[u], p, true);
+        if (tensors.empty() && rank != root) continue;
+        const ParamSpec &spec = g_.param(p);
+        const uint64_t n = spec.numel;
+        float *full = staging.as<float>();
+        if (rank == root) {
+            // The root's callback fills the param's whole state (zero where it writes nothing).
+            float *data = host.empty() ? full : host.data();
+            if (!tensors.empty()) std::memset(data, 0, tensors.size() * n * sizeof(float));
+            ParamState st;
+            st.param = p;
+            st.group = spec.group;
+            st.name = spec.name.c_str();
+            st.numel = n;
+            for (size_t t = 0; t < tensors.size(); ++t) {
+                st.names.push_back(tensors[t].name);
+                st.tensors.push_back(data + t * n);
+            }
+            leave_vector_state_clean();  // the trainer's code runs next, on this thread
+            if (outcome.ok()) outcome = catching([&] { return fn(st); });
+            // The rules a checkpoint's manifest is held to, so that what is scattered in
+            // can be saved and stepped on.
+            if (outcome.ok() && !optim::valid_steps(st.step, st.momentum_steps))
+                outcome = SX_ERROR(SX_ERR_INVALID_ARGUMENT,
+                                   "param '%s': step %lld and momentum_steps %lld; they must satisfy 0 <= "
+                                   "momentum_steps <= step <= %llu",
+                                   st.name, static_cast<long long>(st.step), static_cast<long long>(st.momentum_steps),
+                                   static_cast<unsigned long long>(optim::kMaxSteps));
+            steps[2 * p] = st.step;
+            steps[2 * p + 1] = st.momentum_steps;
+            if (!host.empty() && !tensors.empty()) {
+                Status s = ops.from_host(full, host.data(), tensors.size() * n * sizeof(float));
+                if (!s.ok()) return g_.fail(s);
+            }
+        }
+        if (tensors.empty()) continue;
+        std::vector<float *> into;  // where each tensor's shard goes: a state slot's copy, or the masters'
+        for (const StateTensor &t : tensors)
+            into.push_back(t.slot < 0 ? masters[u].as<float>() : state[u][t.slot].as<float>());
+        SX_TRY(scatter_param(root, p, full, into));
+    }
+    SX_TRY(share_outcome(root, outcome, "sx_scatter_optim_state"));
+    if (mesh_.world) {
+        Status s = mesh_.world->broadcast(steps.data(), steps.size() * sizeof(int64_t), root);
+        if (!s.ok()) return g_.fail(s);
+    }
+
+    // Every rank has its pieces: they replace the shard (once a checkpoint's snapshot has
+    // been copied out of it), with each param's step counts; 16-bit params take their
+    // values from the new masters, on every rank.
+    g_.shard_fence().wait_readers();
+    ShardProgress progress = shard.progress;
+    for (size_t p = 0; p < progress.params.size(); ++p) progress.params[p] = {steps[2 * p], steps[2 * p + 1]};
+    ShardRestore restore;
+    restore.state = &state;
+    restore.slots = slots;
+    restore.masters = &masters;
+    restore.progress = &progress;
+    SX_TRY(g_.restore_shard(restore));
+    const bool sixteen = std::any_of(shard.units.begin(), shard.units.end(), [](const UnitShard &v) { return v.master; });
+    return sixteen ? g_.gather_params() : Status::Ok();
+}
+
+Status WholeState::scatter_param(int root, int32_t p, float *full, const std::vector<float *> &into) {
+    // The root's shard group takes its pieces from the root; every other replica group's
+    // rank then takes its shard's from the rank of the root's group with its shard index.
+    const int rank = g_.rank(), S = g_.shard_size();
+    const int root_shard = root % S, root_replica = root / S;
+    const uint64_t n = g_.param(p).numel;
+    std::vector<comm::Piece> mine;
+    std::vector<std::vector<comm::Piece>> theirs(rank == root ? static_cast<size_t>(S) : 0);
+    for (int q = 0; q < S; ++q) {
+        const ShardPiece piece = g_.layout().piece(p, q);
+        const size_t bytes = (piece.end - piece.begin) * sizeof(float);
+        for (size_t t = 0; t < into.size(); ++t) {
+            float *dst = into[t] + piece.shard_offset;
+            if (q == g_.shard_rank()) mine.push_back({dst, bytes});
+            if (rank == root && q != root_shard) theirs[q].push_back({full + t * n + piece.begin, bytes});
+            if (rank == root && q == root_shard && bytes) {
+                Status s = g_.ops().copy(dst, full + t * n + piece.begin, bytes);
+                if (!s.ok()) return g_.fail(s);
+            }
+        }
+    }
+    if (S > 1 && in_root_group(root)) {
+        const std::vector<comm::Piece> receive = rank == root ? std::vector<comm::Piece>() : mine;
+        Status s = mesh_.shard->scatter_pieces(theirs, receive, root_shard);
+        if (!s.ok()) return g_.fail(s);
+    }
+    for (const comm::Piece &piece : mine) {
+        if (!mesh_.replica || piece.bytes == 0) continue;
+        Status s = mesh_.replica->broadcast(piece.data, piece.bytes, root_replica);
+        if (!s.ok()) return g_.fail(s);
+    }
+    return Status::Ok();
+}
+
+}  // namespace core
+}  // namespace sx

@@ -1,0 +1,79 @@
+// The whole-state exchange part of a shard group: whole params' optimizer state gathered
+// onto one rank (sx_gather_optim_state, as ZeroRedundancyOptimizer.consolidate_state_dict
+// does) and scattered from one rank into every rank's shard (sx_scatter_optim_state, its
+// load_state_dict). Param by param, in index order: the root holds one param's whole
+// state at a time (one buffer sized for the largest param, allocated before the first
+// exchange) besides its own shard, whatever the model's size. Each param's pieces travel
+// point to point between their owner and the root (gather_pieces, scatter_pieces),
+// straight from and into the owners' shards. A scatter writes into copies of every rank's
+// shard, which replace the shard only when every rank has its pieces and the root's
+// callback succeeded for every param: a failure anywhere changes nothing.
+//
+// It reaches the group as checkpoints do, through ShardAccess (the shard exported and
+// restored), with the mesh's communicators given explicitly.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "base/status.h"
+#include "comm/communicator.h"
+#include "core/shard_state.h"
+
+namespace sx {
+namespace core {
+
+// One param's whole, unpadded optimizer state, on the root of sx_gather_optim_state (or
+// to fill, on the root of sx_scatter_optim_state): its step counts and its tensors by
+// torch's names, numel fp32 each in host memory (valid for the callback).
+struct ParamState {
+    int32_t param = 0;
+    int32_t group = 0;
+    const char *name = nullptr;
+    uint64_t numel = 0;
+    int64_t step = 0;
+    int64_t momentum_steps = 0;
+    std::vector<const char *> names;
+    std::vector<float *> tensors;
+};
+using StateFn = std::function<Status(ParamState &)>;
+
+// A param's state tensors in gather/scatter order: its optimizer's slots (where its unit
+// has them, or always with as_if_allocated), then "master" for 16-bit params.
+struct StateTensor {
+    const char *name;
+    int slot;  // -1: the master weights
+};
+std::vector<StateTensor> state_tensors(const ShardAccess &g, const UnitShard &unit, int32_t p, bool as_if_allocated);
+
+class WholeState {
+  public:
+    // The mesh and its communicators (null where a group has one rank).
+    struct Mesh {
+        comm::Communicator *world = nullptr, *shard = nullptr, *replica = nullptr;
+    };
+    WholeState(ShardAccess &group, const Mesh &mesh) : g_(group), mesh_(mesh) {}
+
+    // Collective, once the ranks agreed on the call: root's fn gets every param's whole
+    // state, in index order (fn's first failure ends the calls; every rank then fails
+    // with it).
+    Status gather(int root, const StateFn &fn);
+    // Collective, likewise: root's fn fills every param's whole state, in index order,
+    // and every rank's shard takes its part; nothing changes unless every rank and every
+    // call of fn succeeded. Each rank holds a second copy of its shard's state meanwhile.
+    Status scatter(int root, const StateFn &fn);
+
+  private:
+    Status root_buffers(int root, const std::vector<UnitShard> &units, bool as_if_allocated, Buffer *staging,
+                        std::vector<float> *host);
+    Status share_outcome(int root, Status mine, const char *what);
+    Status scatter_param(int root, int32_t p, float *full, const std::vector<float *> &into);
+    bool in_root_group(int root) const { return g_.replica_rank() == root / g_.shard_size(); }
+
+    ShardAccess &g_;
+    Mesh mesh_;
+};
+
+}  // namespace core
+}  // namespace sx
