@@ -118,6 +118,19 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
 #define SX_BACKEND_CPU 1  /* host memory, Gloo collectives */
 #define SX_BACKEND_CUDA 2 /* device memory, NCCL collectives */
 
+/* ---- The CUDA backend: what has run on a device, and what has not ------------------
+ * SX_BACKEND_CUDA with one rank per group (world_size 1, or shard groups of one: no NCCL)
+ * has run on a device (an H200: the optimizers fused, mixed precision with fp32 masters,
+ * dynamic loss scaling, stages 1-3, checkpoints moved between device and CPU) and is
+ * covered by the rules of docs/versioning.md like the rest of this header.
+ * NOT YET RUN ON A DEVICE: SX_BACKEND_CUDA with more than one rank, that is NCCL's
+ * collectives between devices (its reduce-scatter, all-gather, the pipeline's channels
+ * on NCCL, HSDP meshes on NCCL) and AUTO on a host with several GPUs (each rank needs
+ * its own device_ordinal). It compiles and its tests skip without devices; until a
+ * release says it has run, its behaviour may change in a minor release
+ * (docs/versioning.md, "Not yet run on a device").
+ * ------------------------------------------------------------------------------- */
+
 #define SX_DEVICE_CPU 0
 #define SX_DEVICE_CUDA 1
 
