@@ -99,71 +99,64 @@ struct MemoryStats {
 
 class ShardGroup : public ShardAccess, private ReductionRound::Work {
   public:
-    // Rendezvous and connect (collective).
+    // Rendezvous and connect (collective). Each public operation is one of sx.h's, which
+    // states its contract; "collective" marks those every rank makes in the same order.
     static Status create(const GroupConfig &config, std::unique_ptr<ShardGroup> *out);
     ~ShardGroup();
 
+    // --- what checkpoints and the whole-state exchange see (ShardAccess: shard_state.h) ---
     int rank() const override { return rank_; }
     int world_size() const override { return world_size_; }
-    // The mesh: this rank's shard group holds ranks [replica_rank * shard_size, +shard_size)
-    // and owns shard shard_rank (= rank % shard_size) of every unit; the ranks with the
-    // same shard_rank form its replica group, replicas of them in all.
     int shard_size() const override { return shard_size_; }
     int shard_rank() const override { return shard_rank_; }
-    int replicas() const { return replicas_; }
     int replica_rank() const override { return replica_rank_; }
-    // The factor 16-bit gradients are divided by before their sum (see GroupConfig).
-    double predivide_factor() const;
     int stage() const override { return config_.stage; }
     int alignment() const override { return config_.alignment; }
     int timeout_ms() const override { return config_.timeout_ms; }
+    int32_t num_params() const override { return static_cast<int32_t>(params_.size()); }
+    const ParamSpec &param(int32_t index) const override { return params_[index]; }
+    const Layout &layout() const override { return layout_; }
+    const optim::Hyper &hyper(int32_t group) const override { return groups_[group].hyper; }
+    const LossScaling &loss_scaling() const override { return scaler_.settings(); }
+    Status check_finalized() const override;
+    Status export_shard(ShardState *out) override;
+    Status restore_shard(const ShardRestore &r) override;
+    Status gather_params() override;
+    ShardFence &shard_fence() override { return fence_; }
+    DeviceOps &ops() override { return *ops_; }
+    // Also settles the channels first (nothing of theirs may share the communicator).
+    Status agree_call(const char *call, std::vector<Fact> facts, const Status &local = Status::Ok(),
+                      const char *intro = "ranks disagree") override;
+    Status collective(const std::function<Status(comm::Communicator &)> &fn) override;
+    comm::Store &store() override { return *store_; }
+    Status fail(Status s) override;
+    Status check_usable() const override;
+    bool aborted() const override { return aborted_.load(); }
+    trace::Tracer *tracer() const override { return tracer_.get(); }
+
+    // --- the group ---
+    int replicas() const { return replicas_; }
+    double predivide_factor() const;  // 16-bit gradients' divisor before their sum (GroupConfig)
     bool finalized() const { return finalized_; }
     // Params or param groups were added after sx_finalize and wait for the next one.
     bool pending() const {
         return finalized_ && (params_.size() > laid_out_params_ || groups_.size() > laid_out_groups_);
     }
-    // The param exists and is laid out (SX_ERR_INVALID_STATE naming it otherwise).
-    Status check_laid_out(int32_t param) const;
-    // Finalized, with nothing added since (SX_ERR_INVALID_STATE saying which otherwise).
-    Status check_finalized() const override;
+    Status check_laid_out(int32_t param) const;  // exists and is laid out (else says why)
     const GroupConfig &config() const { return config_; }
+    MemoryStats memory_stats() const;
+    Status flush_trace();  // the step timeline's file written now (docs/tracing.md)
+    void abort();                // any thread: collectives in flight fail, and later calls
+    void abort_communicators();  // every communicator aborted (in-flight ones return)
 
-    // --- registration ---
-    // Before finalize, or after it: then the params go in new units (ids above every
-    // laid-out unit's), and they and the groups wait for the next finalize.
+    // --- registration, hyperparameters, trainability ---
     Status add_param_group(const optim::Hyper &hyper, int32_t *index);
-    Status add_param(const char *name, int32_t ndim, const int64_t *shape, int32_t dtype,
-                     int32_t param_group, int32_t unit, bool frozen, int32_t *index);
-    // Collective: lays out (and allocates) what was added since the last finalize; units
-    // laid out before keep their buffers, optimizer state and indices.
-    Status finalize();
-
-    // --- hyperparameters ---
+    Status add_param(const char *name, int32_t ndim, const int64_t *shape, int32_t dtype, int32_t param_group,
+                     int32_t unit, bool frozen, int32_t *index);
+    Status finalize();  // collective: lays out what was added; laid-out units stay as they are
     Status set_hyperparameter(int32_t group, int32_t key, double value);
     Status get_hyperparameter(int32_t group, int32_t key, double *value) const;
     int32_t num_param_groups() const { return static_cast<int32_t>(groups_.size()); }
-    const optim::Hyper &hyper(int32_t group) const override { return groups_[group].hyper; }
-
-    // --- params, views ---
-    int32_t num_params() const override { return static_cast<int32_t>(params_.size()); }
-    Status check_param(int32_t param) const;
-    Status find_param(const char *name, int32_t *index) const;
-    void *param_data(int32_t param) const;  // of the param's dtype
-    void *grad_data(int32_t param) const;   // of grad_dtype(param)
-    // Unit u's whole flat buffer of params or gradients (sx_unit_view): its first element,
-    // padded_numel elements and their dtype. Stage 3: params only while u is gathered.
-    Status unit_buffer(int32_t u, bool grad, void **data, uint64_t *numel, int32_t *dtype) const;
-    int32_t grad_dtype(int32_t param) const;
-    // Unit u's whole params: its flat buffer (stage 3: the gathers', while gathered).
-    char *params_base(size_t u) const;
-    const ParamSpec &param(int32_t index) const override { return params_[index]; }
-    const Layout &layout() const override { return layout_; }
-    Status broadcast_params(int root);
-    // sx_all_reduce: values[i] over the ranks (op: SX_REDUCE_*), in place, written only
-    // once every rank's have arrived (a failure leaves them); see sx.h.
-    Status all_reduce(double *values, int32_t count, int32_t op);  // collective
-
-    // --- trainability ---
     Status set_trainable(int32_t param, bool trainable);
     bool trainable(int32_t param) const { return mask_[param] != 0; }
     uint8_t *mask() { return mask_.data(); }
@@ -171,107 +164,38 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     bool unit_trainable(int32_t unit_index) const { return units_[unit_index].trainable; }
     bool unit_has_state(int32_t unit_index) const { return units_[unit_index].state_slots > 0; }
 
-    // --- the step ---
-    Status accumulate_grads();  // collective
+    // --- params and views ---
+    Status check_param(int32_t param) const;
+    Status find_param(const char *name, int32_t *index) const;
+    void *param_data(int32_t param) const;  // of the param's dtype
+    void *grad_data(int32_t param) const;   // of grad_dtype(param)
+    int32_t grad_dtype(int32_t param) const;
+    // Unit u's whole flat buffer of params or gradients (sx_unit_view). Stage 3: params
+    // only while u is gathered.
+    Status unit_buffer(int32_t u, bool grad, void **data, uint64_t *numel, int32_t *dtype) const;
+    char *params_base(size_t u) const;  // unit u's whole params (stage 3: the gathers')
+    // At stage 3 a param's values may be viewed only while its unit is gathered.
+    Status check_param_present(int32_t param) const;
+    Status broadcast_params(int root);                             // collective
+    Status all_reduce(double *values, int32_t count, int32_t op);  // collective
+
+    // --- the step, units as a pipeline, loss scaling ---
+    Status unit_grads_ready(int32_t unit, bool accumulate, void *stream);
+    Status unit_gather(int32_t unit);   // collective at stage 3
+    Status unit_release(int32_t unit);
+    Status accumulate_grads();                                     // collective
     Status step(const StepOptions &options, StepResult *result);  // collective
     uint64_t steps_taken() const { return steps_; }
-
-    // --- loss scaling ---
+    uint64_t reductions_run() const { return round_->reductions_run(); }  // any thread
+    const std::vector<int32_t> &deferred_gather_order() const { return gathers_->deferred_order(); }
     Status set_loss_scaling(const LossScaling &s);  // resets the scale to s.init_scale
-    const LossScaling &loss_scaling() const override { return scaler_.settings(); }
     const LossScalerState &loss_scaler() const { return scaler_.state(); }
 
-    MemoryStats memory_stats() const;
-
-    // --- the step timeline (docs/tracing.md) ---
-    // The group's tracer, or null when tracing is off (spans then cost a branch). Any thread.
-    trace::Tracer *tracer() const override { return tracer_.get(); }
-    // Writes the trace file now (SX_ERR_IO naming it on failure); ok when tracing is off.
-    // Any thread. The destructor writes it too, logging a failure.
-    Status flush_trace();
-
-    // --- whole params' optimizer state (full_state.cc) ---
-    // Collective: root's fn gets every param's whole state, in index order (fn's first
-    // failure ends the calls; every rank then fails with it). Root holds one param's
-    // state at a time beyond its shard.
-    Status gather_state(int root, const StateFn &fn);
-    // Collective: root's fn fills every param's whole state, in index order, and every
-    // rank's shard takes its part; nothing changes unless every rank and every call of fn
-    // succeeded. Each rank holds a second copy of its shard's state meanwhile.
-    Status scatter_state(int root, const StateFn &fn);
-    // This rank's part of param `param`'s state tensor `tensor` ("exp_avg", ...,
-    // "master"), in place: *data (null where the part is empty) and *numel.
+    // --- whole params' optimizer state (whole_state.h), and this rank's part of it ---
+    Status gather_state(int root, const StateFn &fn);   // collective
+    Status scatter_state(int root, const StateFn &fn);  // collective
     Status state_view(int32_t param, const char *tensor, void **data, uint64_t *numel) const;
-
-    // --- units as a pipeline (pipeline.cc) ---
-    // Unit `unit`'s gradients are complete for this micro-batch: its reduction starts on
-    // the reduction channel, in the order all ranks agreed on. accumulate: the
-    // micro-batch ends with accumulate_grads (else with step). stream: the trainer's,
-    // whose work the reduction follows (CUDA).
-    Status unit_grads_ready(int32_t unit, bool accumulate, void *stream);
-    // Stage 3 (collective): makes the unit's full params present, and prefetches the next
-    // units of the last step's order. Stages 1 and 2: waits for its deferred gather.
-    Status unit_gather(int32_t unit);
-    // Stage 3: ends a unit_gather (this rank keeps its shard of the buffer). Else nothing.
-    Status unit_release(int32_t unit);
-    // Whether param `param`'s values may be viewed now: at stage 3 only while its unit is
-    // gathered (SX_ERR_INVALID_STATE naming it otherwise).
-    Status check_param_present(int32_t param) const;
-    // Reductions run on the reduction channel since the group was made (any thread).
-    uint64_t reductions_run() const { return round_->reductions_run(); }
-    // The units whose gathers the last deferred step queued, in the order queued.
-    const std::vector<int32_t> &deferred_gather_order() const { return gathers_->deferred_order(); }
-
-    // --- for checkpoints (ckpt/, one layer up) ---
-    // Collective in order (every rank exports for the same save or load). Waits for the
-    // trainer's writes into the views (the legacy default stream), derives the fp32
-    // masters of 16-bit units where they are not yet (they are what a checkpoint
-    // stores), and describes the shard (see shard_state.h).
-    Status export_shard(ShardState *out) override;
-    // Unit u's shard as export_shard describes it, without its waits or its sequence
-    // (for tests and tools that look at the memory).
-    UnitShard unit_shard(size_t u) const;
-    // A load's commit: checks everything first (SX_ERR_INTERNAL, and nothing changes, if
-    // r does not fit the group), then swaps the state buffers in and replaces the
-    // progress. Cannot fail half-way.
-    Status restore_shard(const ShardRestore &r) override;
-    // Collective: every rank rounds its masters (if any) into its own shard of the
-    // params, and the ranks all-gather the rest, so that the params hold the values of
-    // every rank's shard (after a load wrote them). A failed collective fails the group.
-    Status gather_params() override;
-    comm::Store &store() override { return *store_; }
-    // Marks the group failed with s (a failed collective or device, a load that cannot
-    // be undone): every later call fails with its words, and the communicators are
-    // aborted, so that the peers' collectives with this rank fail at once rather than at
-    // their timeout. Returns s. Never throws; any thread.
-    Status fail(Status s) override;
-    // Runs a collective through the group's communicator; a failure fails the group.
-    Status collective(const std::function<Status(comm::Communicator &)> &fn) override;
-    // Collective, the first exchange (the header) of a call outside the step's family (a
-    // save, a load, a broadcast): the ranks compare `call` and `facts` (what must agree
-    // for it: a path, a checkpoint's CRC). A rank in another call, or with another value,
-    // fails every rank with SX_ERR_MISMATCH naming each rank's call or value. `local`:
-    // this rank's own verdict on its arguments, compared too, so that a rank that refuses
-    // the call still takes part and no peer waits; it is returned where it failed.
-    // Settles the channels first (nothing of theirs may share the communicator).
-    Status agree_call(const char *call, std::vector<Fact> facts, const Status &local = Status::Ok(),
-                      const char *intro = "ranks disagree") override;
-    // Where the group's buffers live, and the work on them.
-    DeviceOps &ops() override { return *ops_; }
-    // Held while a snapshot of this rank's shard (params and optimizer state) is being
-    // copied out; everything in the group that writes the shard waits for it first.
-    ShardFence &shard_fence() override { return fence_; }
-
-    // --- failure ---
-    // Any thread: fails collectives in flight, and every later call.
-    void abort();
-    // Every communicator of the group aborted (collectives in flight return at once).
-    void abort_communicators();
-    // SX_ERR_GROUP_FAILED with the first failure's message (or saying sx_abort() was
-    // called), or ok.
-    Status check_usable() const override;
-    // Whether sx_abort() was called. Any thread.
-    bool aborted() const override { return aborted_.load(); }
+    UnitShard unit_shard(size_t u) const;  // as export_shard describes it, without its waits
 
   private:
     struct Unit {
