@@ -23,6 +23,10 @@ constexpr bool kMarkReleased = false;
 #endif
 
 void mark_released(void *p, size_t bytes) {
+#if defined(__SANITIZE_ADDRESS__)
+    // It may be marked already: a spare whose gather a disagreement dropped.
+    ASAN_UNPOISON_MEMORY_REGION(p, bytes);
+#endif
     std::memset(p, 0xff, bytes);
 #if defined(__SANITIZE_ADDRESS__)
     ASAN_POISON_MEMORY_REGION(p, bytes);
