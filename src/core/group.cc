@@ -101,6 +101,14 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     }
     g->pool_.reset(new optim::ThreadPool(threads));
     g->ops_ = cuda ? std::move(device_ops) : make_host_ops(g->pool_.get());
+    Units::Settings us;
+    us.stage = cfg.stage;
+    us.shard_rank = g->shard_rank_;
+    us.shard_size = g->shard_size_;
+    us.grad_dtype = cfg.grad_dtype;
+    us.reduce_dtype = cfg.reduce_dtype;
+    us.predivide = g->predivide_factor();
+    g->units_.configure(us, g->ops_.get(), g->tracer(), {&g->layout_, &g->params_, &g->groups_, &g->applied_mask_});
     g->round_.reset(new ReductionRound(*g, g->tracer(), cfg.stage, g->replicas_ > 1));
     Gathers::Settings gs;
     gs.stage = cfg.stage;
@@ -343,45 +351,6 @@ Status ShardGroup::add_param(const char *name, int32_t ndim, const int64_t *shap
     return Status::Ok();
 }
 
-Status ShardGroup::check_unit_dtypes() const {
-    // One flat buffer holds one dtype.
-    std::unordered_map<int32_t, int32_t> first_of_unit;
-    for (size_t i = 0; i < params_.size(); ++i) {
-        auto it = first_of_unit.emplace(params_[i].unit, static_cast<int32_t>(i)).first;
-        const ParamSpec &first = params_[it->second];
-        SX_CHECK_ARG(first.dtype == params_[i].dtype,
-                     "unit %d mixes dtypes: param '%s' is %s but param '%s' is %s; the params of a unit "
-                     "share one flat buffer and so one dtype",
-                     params_[i].unit, first.name.c_str(), dtype_name(first.dtype), params_[i].name.c_str(),
-                     dtype_name(params_[i].dtype));
-    }
-    return Status::Ok();
-}
-
-Status ShardGroup::allocate_units(const Layout &layout, size_t first, std::vector<Unit> *added) const {
-    added->resize(layout.units().size() - first);
-    for (size_t k = 0; k < added->size(); ++k) {
-        const UnitLayout &ul = layout.units()[first + k];
-        Unit &unit = (*added)[k];
-        unit.dtype = params_[ul.params[0]].dtype;
-        unit.grad_dtype = config_.grad_dtype ? config_.grad_dtype : unit.dtype;
-        // Elements are bounded (2^62 per param) but a unit's byte size may still not fit
-        // in 64 bits; wrapped around, it would allocate a tiny buffer behind a huge view.
-        SX_CHECK(ul.padded_numel <= SIZE_MAX / sizeof(float), SX_ERR_OUT_OF_MEMORY,
-                 "unit %d holds %llu elements, more bytes than this machine can address", ul.unit_id,
-                 static_cast<unsigned long long>(ul.padded_numel));
-        // Stage 3 keeps this rank's shard of the params; the whole exists only while gathered.
-        if (config_.stage == 3)
-            SX_TRY(ops_->allocate(ul.shard_numel * dtype_size(unit.dtype), "a param shard", &unit.own));
-        else
-            SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.dtype), "a flat param buffer", &unit.params));
-        SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.grad_dtype), "a flat grad buffer", &unit.grads));
-        if (unit.dtype != SX_DTYPE_F32)
-            SX_TRY(ops_->allocate(ul.shard_numel * sizeof(float), "fp32 master weights", &unit.master));
-    }
-    return Status::Ok();
-}
-
 Status ShardGroup::finalize() {
     SX_TRY(check_usable());
     SX_TRACE_SPAN(tracer(), "group", "sx_finalize");
@@ -403,7 +372,7 @@ Status ShardGroup::finalize() {
     SX_TRY(agree_call("sx_finalize", table_facts(table, hypers, params_, mask_), Status::Ok(),
                       "ranks registered different param tables"));
 
-    SX_TRY(check_unit_dtypes());
+    SX_TRY(units_.check_dtypes());
     std::vector<ParamShape> shapes(params_.size());
     for (size_t i = 0; i < params_.size(); ++i)
         shapes[i] = {params_[i].unit, params_[i].numel, static_cast<uint32_t>(dtype_size(params_[i].dtype))};
@@ -419,12 +388,12 @@ Status ShardGroup::finalize() {
     }
 
     std::vector<Unit> added;
-    SX_TRY(allocate_units(layout, old_units, &added));
+    SX_TRY(units_.allocate(layout, old_units, &added));
     // Commit, then allocate optimizer state for the trainable new units (the laid-out ones
     // keep the mask they were stepped with); on failure undo.
     Layout old_layout = std::move(layout_);
     layout_ = std::move(layout);
-    for (Unit &unit : added) units_.push_back(std::move(unit));
+    units_.append(&added);
     const size_t old_params = applied_mask_.size();
     std::vector<uint8_t> mask = applied_mask_;
     for (size_t i = old_params; i < mask_.size(); ++i) mask.push_back(mask_[i] ? 1 : 0);
@@ -436,7 +405,7 @@ Status ShardGroup::finalize() {
     if (s.ok() && config_.stage == 3) s = gathers_->open();
     if (!s.ok()) {
         finalized_ = !first;
-        units_.resize(old_units);
+        units_.truncate(old_units);
         layout_ = std::move(old_layout);
         applied_mask_.resize(old_params);
         return s;
@@ -628,71 +597,6 @@ Status ShardGroup::refresh_trainable() {
     return prepare(mask_);
 }
 
-int ShardGroup::required_slots(size_t u, const std::vector<uint8_t> &mask) const {
-    int slots = 0;
-    for (int32_t p : layout_.units()[u].params)
-        if (mask[p]) slots = std::max(slots, optim::state_slots(groups_[params_[p].group].hyper));
-    return slots;
-}
-
-Status ShardGroup::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
-    // Allocate everything first into temporaries, so that a failed allocation
-    // changes nothing.
-    struct Pending {
-        size_t unit;
-        int slots;
-        Buffer state[3];
-        Buffer accum;
-    };
-    std::vector<Pending> pending;
-    std::vector<char> trainable(units_.size(), 0);  // under `mask`
-    for (size_t u = 0; u < units_.size(); ++u)
-        for (int32_t p : layout_.units()[u].params) trainable[u] |= mask[p] != 0;
-    for (size_t u = 0; u < units_.size(); ++u) {
-        if (!trainable[u]) continue;
-        const int need = required_slots(u, mask);
-        const bool need_accum = needs_accum(u, accumulate) && units_[u].accum.empty();
-        if (need <= units_[u].state_slots && !need_accum) continue;
-        pending.emplace_back();
-        Pending &pd = pending.back();
-        pd.unit = u;
-        pd.slots = std::max(need, units_[u].state_slots);
-        const uint64_t bytes = layout_.units()[u].shard_numel * sizeof(float);
-        for (int k = units_[u].state_slots; k < need; ++k) SX_TRY(ops_->allocate(bytes, "optimizer state", &pd.state[k]));
-        if (need_accum) SX_TRY(ops_->allocate(bytes, "the sharded gradient accumulator", &pd.accum));
-    }
-    // An fp32 reduction of 16-bit gradients widens one unit at a time into one scratch.
-    uint64_t scratch_bytes = 0;
-    for (size_t u = 0; u < units_.size(); ++u) {
-        if (trainable[u] && shard_size_ > 1 && units_[u].grad_dtype != SX_DTYPE_F32 && !reduces_in_16bit(u))
-            scratch_bytes = std::max<uint64_t>(scratch_bytes, layout_.units()[u].padded_numel * sizeof(float));
-    }
-    Buffer scratch;
-    if (scratch_bytes > reduce_scratch_.size())
-        SX_TRY(ops_->allocate(scratch_bytes, "the fp32 gradient reduction buffer", &scratch));
-    if (!scratch.empty()) reduce_scratch_ = std::move(scratch);
-    for (Pending &pd : pending) {
-        Unit &unit = units_[pd.unit];
-        for (int k = unit.state_slots; k < pd.slots; ++k) unit.state[k] = std::move(pd.state[k]);
-        unit.state_slots = pd.slots;
-        if (!pd.accum.empty()) unit.accum = std::move(pd.accum);
-    }
-    for (size_t u = 0; u < units_.size(); ++u) units_[u].trainable = trainable[u] != 0;
-    for (size_t i = 0; i < mask.size(); ++i) applied_mask_[i] = mask[i] ? 1 : 0;
-    return Status::Ok();
-}
-
-UnitShard ShardGroup::unit_shard(size_t u) const {
-    const Unit &unit = units_[u];
-    UnitShard v;
-    v.values = unit.master.empty() ? static_cast<float *>(own_params(u)) : unit.master.as<float>();
-    for (int k = 0; k < unit.state_slots; ++k) v.state[k] = unit.state[k].as<float>();
-    v.state_slots = unit.state_slots;
-    v.shard_numel = layout_.units()[u].shard_numel;
-    v.master = !unit.master.empty();
-    return v;
-}
-
 Status ShardGroup::collective(const std::function<Status(comm::Communicator &)> &fn) {
     SX_TRY(check_usable());
     Status s = fn(*comm_);
@@ -707,7 +611,7 @@ Status ShardGroup::export_shard(ShardState *out) {
     st.sequence = ++checkpoints_;  // first: every rank draws it, whatever fails below
     SX_TRY(settle());  // deferred or prefetched gathers read the shard
     SX_TRY(ops_->wait_for(nullptr));
-    SX_TRY(ensure_masters());
+    SX_TRY(units_.ensure_masters());
     for (size_t u = 0; u < units_.size(); ++u) st.units.push_back(unit_shard(u));
     st.trainable.resize(params_.size());
     for (size_t p = 0; p < params_.size(); ++p) st.trainable[p] = mask_[p] ? 1 : 0;
@@ -795,7 +699,7 @@ Status ShardGroup::broadcast_gathered(int root) {
 
 Status ShardGroup::gather_params() {
     SX_TRACE_SPAN(tracer(), "ckpt", "load.gather_params");
-    SX_TRY(masters_to_params());
+    SX_TRY(units_.masters_to_params());
     if (config_.stage == 3) {  // the gathered units, again
         SX_TRY(gather_after_update(false));
         return gathers_->drop_spares();
@@ -813,59 +717,15 @@ Status ShardGroup::gather_params() {
 
 MemoryStats ShardGroup::memory_stats() const {
     MemoryStats m;
-    for (size_t u = 0; u < units_.size(); ++u) {
-        const Unit &unit = units_[u];
-        m.param_bytes += unit.params.size() + unit.own.size() + gathers_->whole_bytes(u);
-        m.grad_bytes += unit.grads.size() + unit.accum.size();
-        // fp32 master weights count as optimizer state, as in ZeRO's accounting.
-        m.optimizer_bytes += unit.master.size();
-        for (int k = 0; k < unit.state_slots; ++k) m.optimizer_bytes += unit.state[k].size();
-        const int slots = unit.state_slots + (unit.master.empty() ? 0 : 1);
-        m.unsharded_optimizer_bytes += static_cast<uint64_t>(slots) * layout_.units()[u].numel * sizeof(float);
-    }
-    m.grad_bytes += reduce_scratch_.size();
+    units_.count_bytes(&m.param_bytes, &m.grad_bytes, &m.optimizer_bytes, &m.unsharded_optimizer_bytes);
+    for (size_t u = 0; u < units_.size(); ++u) m.param_bytes += gathers_->whole_bytes(u);
     m.peak_param_bytes = gathers_->peak_bytes();
     return m;
 }
 
-bool ShardGroup::needs_accum(size_t u, bool accumulate) const {
-    // The reduced shard goes in place into the unit's own part of its gradient buffer at
-    // stages 1 and 2; an fp32 accumulator beside it holds it for 16-bit gradients (the
-    // sum is fp32), at stage 3, and for a stage-2 unit's accumulated micro-batches
-    // (allocated at the first sx_accumulate_grads, then kept). Stage 1 keeps
-    // micro-batches in place.
-    return units_[u].grad_dtype != SX_DTYPE_F32 || config_.stage == 3 || (config_.stage == 2 && accumulate);
-}
-
-bool ShardGroup::reduces_in_16bit(size_t u) const {
-    return units_[u].grad_dtype != SX_DTYPE_F32 && config_.reduce_dtype != SX_DTYPE_F32;
-}
-
-void *ShardGroup::own_params(size_t u) const {
-    const Unit &unit = units_[u];
-    if (config_.stage == 3) return unit.own.data();
-    return unit.params.as<char>() +
-           static_cast<uint64_t>(shard_rank_) * layout_.units()[u].shard_numel * dtype_size(unit.dtype);
-}
-
-Status ShardGroup::ensure_masters() {
-    for (size_t u = 0; u < units_.size(); ++u) {
-        Unit &unit = units_[u];
-        if (unit.master.empty() || unit.master_valid) continue;
-        SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), layout_.units()[u].shard_numel,
-                           false));
-        unit.master_valid = true;
-    }
-    return Status::Ok();
-}
-
-Status ShardGroup::masters_to_params() {
-    for (size_t u = 0; u < units_.size(); ++u) {
-        Unit &unit = units_[u];
-        if (unit.master.empty()) continue;
-        SX_TRY(ops_->narrow(unit.dtype, unit.master.as<float>(), own_params16(u), layout_.units()[u].shard_numel));
-        unit.master_valid = true;
-    }
+Status ShardGroup::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
+    SX_TRY(units_.prepare(mask, accumulate));
+    for (size_t i = 0; i < mask.size(); ++i) applied_mask_[i] = mask[i] ? 1 : 0;
     return Status::Ok();
 }
 

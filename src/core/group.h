@@ -27,6 +27,7 @@
 #include "core/loss_scaler.h"
 #include "core/params.h"
 #include "core/round.h"
+#include "core/units.h"
 #include "core/whole_state.h"
 #include "core/shard_state.h"
 #include "optim/optimizer.h"
@@ -195,26 +196,10 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status gather_state(int root, const StateFn &fn);   // collective
     Status scatter_state(int root, const StateFn &fn);  // collective
     Status state_view(int32_t param, const char *tensor, void **data, uint64_t *numel) const;
-    UnitShard unit_shard(size_t u) const;  // as export_shard describes it, without its waits
+    UnitShard unit_shard(size_t u) const { return units_.shard(u); }  // export_shard's, without its waits
 
   private:
-    struct Unit {
-        int32_t dtype = SX_DTYPE_F32;       // of the params
-        int32_t grad_dtype = SX_DTYPE_F32;  // of the grads
-        Buffer params, grads;
-        Buffer master;             // 16-bit params: this rank's shard in fp32
-        bool master_valid = false; // master holds the current values
-        // Stage 2, or 16-bit grads: this rank's shard of the reduced (and accumulated)
-        // gradients in fp32.
-        Buffer accum;
-        Buffer state[3];           // this rank's shard of each optimizer state slot
-        int state_slots = 0;       // slots allocated
-        bool trainable = false;    // any param trainable (as applied)
-        bool accum_live = false;   // accum holds gradients of earlier micro-batches
-        // Stage 3: this rank's shard of the params, in their dtype (`params` is empty: the
-        // whole params exist only while the unit is gathered, in the gathers' buffer).
-        Buffer own;
-    };
+    using Unit = Units::Unit;
 
 
     ShardGroup() = default;
@@ -234,7 +219,6 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // accumulator) allocated for every unit that needs it under the current
     // hyperparameters. All allocations happen before anything changes.
     Status prepare(const std::vector<uint8_t> &mask, bool accumulate = false);
-    int required_slots(size_t u, const std::vector<uint8_t> &mask) const;
     // --- the agreement (agreement.h; the group's calls of it in group.cc) ---
     // The agreement of a call of the step's family (`call`, as the error names it), with
     // the units gathered at stage 3 where defer_gather >= 0 (a step or accumulate_grads).
@@ -254,28 +238,14 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status sum_over_ranks(double local, double *total);
     // The current mask with every byte 0 or 1 (autodetection reads the trainer's bytes).
     std::vector<uint8_t> candidate_mask() const;
-    // Collective: reduces unit u's gradients into this rank's shard; returns where the
-    // reduced (summed, not averaged) fp32 shard lives. into_accum: always into (or added
-    // to) the accumulator, never left in place.
-    Status reduce_unit(size_t u, bool into_accum, float **shard_grad);
-    bool needs_accum(size_t u, bool accumulate) const;
-    // Decides, before the update, which units' gradient buffers it zeroes (zero: the step
-    // zeroes the gradients at all, that is without keep_grads).
-    void mark_zeroed_by_update(bool zero);
     // The step's fused update of this rank's shard of every trainable unit, unit `head`
     // (>= 0) first with its gather started right after it; *sumsq (if not null) gets the
     // sum of squares of the scaled gradients, which the same pass computes.
     Status update_shard(float grad_scale, int32_t head, double *sumsq);
-    // finalize's steps: every unit's params share one dtype; the buffers of the units of
-    // `layout` from index `first` on, into *added (nothing of the group changes).
-    Status check_unit_dtypes() const;
-    Status allocate_units(const Layout &layout, size_t first, std::vector<Unit> *added) const;
     // sx_step's reduction: the gradients into this rank's shards (closing a round of units
     // signalled ready, or reducing them all now); the ranks' weights summed into
     // *weight_sum; where the round summed the squares too, *sumsq and *have_sumsq = true.
     Status reduce_for_step(const StepOptions &options, double *weight_sum, bool *have_sumsq, double *sumsq);
-    bool reduces_in_16bit(size_t u) const;
-    Status zero_grads();
     // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.
     Status finish_step(bool keep_grads);
     // A step skipped on every rank: nothing changes, the gradients go, the result says so.
@@ -283,13 +253,6 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // A step skipped for gradients whose global norm is inf or NaN: dynamic loss scaling
     // backs off, and SX_NONFINITE_ERROR makes it SX_ERR_NONFINITE.
     Status skip_nonfinite(const StepOptions &options, double norm, StepResult *result);
-    // The step's segments: every trainable param's piece of this rank's shard, with its
-    // reduced gradient (reduced[u]: unit u's), state and hyperparameters; but unit `except`'s.
-    std::vector<optim::Segment> segments(const std::vector<float *> &reduced, int32_t except = -1) const;
-    // Unit u's segments (none if it is frozen), its reduced gradient at `reduced`.
-    void append_unit_segments(size_t u, float *reduced, std::vector<optim::Segment> *out) const;
-    // The sum of squares of unit u's reduced gradients (at `reduced`) times grad_scale.
-    Status unit_sumsq(size_t u, float *reduced, float grad_scale, double *out);
     // The gradient scale of the norm: the average over the ranks and the loss scale
     // (1 / (world_size x scale)), as torch takes the norm of the averaged gradients.
     float norm_scale() const;
@@ -305,10 +268,6 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // A step was taken: per-param step counts, and the dynamic loss scale's growth.
     void count_step(bool dynamic);
     void report_step(double grad_norm, bool skipped, StepResult *result) const;
-    // This rank's shard of unit u's params, in their dtype (stage 3: `own`).
-    void *own_params(size_t u) const;
-    // A 16-bit unit's own shard of its params.
-    uint16_t *own_params16(size_t u) const { return static_cast<uint16_t *>(own_params(u)); }
     // Stage 3's broadcast: the units gathered on `root` go to every rank, each keeping its
     // shard of them.
     Status broadcast_gathered(int root);
@@ -345,11 +304,6 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // Stages 1 and 2, world > 1: the unit a deferred step gathers first (the next
     // forward's first), or -1.
     int32_t first_deferred_gather() const;
-    // 16-bit units: derives the fp32 masters from the params where they are not yet.
-    Status ensure_masters();
-    // 16-bit units: rounds the masters into this rank's shard of the params (after
-    // someone wrote the masters, e.g. a load).
-    Status masters_to_params();
 
     GroupConfig config_;
     // First in, last out: every thread of the group (channels, pools) has ended before it goes.
@@ -374,11 +328,10 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     bool finalized_ = false;
     size_t laid_out_params_ = 0, laid_out_groups_ = 0;  // by the last finalize
     Layout layout_;
-    std::vector<Unit> units_;
+    Units units_;  // the units' memory on this rank (units.h)
     uint64_t steps_ = 0;
     uint64_t checkpoints_ = 0;
     LossScaler scaler_;
-    Buffer reduce_scratch_;  // fp32 copy of one unit's 16-bit grads, for an fp32 reduction
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;
 
@@ -386,10 +339,6 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // comm_), gathers on the gathers' channel (a communicator of their own), each in one
     // order that every rank keeps: a rank's reductions and gathers may then interleave
     // differently from its peers'.
-    // Per unit: this rank's shard of its gradient buffer is zeroed by this step's update
-    // (mark_zeroed_by_update), so that zero_grads() zeroes only the rest; cleared by
-    // zero_grads().
-    std::vector<char> zeroed_by_update_;
     uint64_t zero_grad_steps_ = 0;       // steps in a row whose gradients were all zero
     // The parts with threads, after the communicators: destroyed first.
     std::unique_ptr<ReductionRound> round_;  // the gradient reductions (round.h)

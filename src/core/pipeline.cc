@@ -30,7 +30,7 @@ Status ShardGroup::settle() {
 Status ShardGroup::agree_round(const Agreement &a) { return agree(a, 0.0, nullptr); }
 
 Status ShardGroup::reduce_unit_grads(size_t u, bool accumulate, float **shard) {
-    Status s = reduce_unit(u, accumulate, shard);
+    Status s = units_.reduce(u, *shard_comm_, accumulate, shard);
     if (s.ok() && accumulate) {
         units_[u].accum_live = true;
         s = ops_->zero(units_[u].grads.data(), units_[u].grads.size());
@@ -41,7 +41,7 @@ Status ShardGroup::reduce_unit_grads(size_t u, bool accumulate, float **shard) {
 Status ShardGroup::reduce_unit_replicas(size_t u, float *shard) { return reduce_replicas(u, shard); }
 
 Status ShardGroup::unit_sum_of_squares(size_t u, float *shard, float grad_scale, double *out) {
-    Status s = unit_sumsq(u, shard, grad_scale, out);
+    Status s = units_.sum_of_squares(u, shard, grad_scale, out);
     return s.ok() ? s : fail(s);
 }
 

@@ -34,102 +34,12 @@ std::vector<uint8_t> ShardGroup::candidate_mask() const {
     return m;
 }
 
-Status ShardGroup::reduce_unit(size_t u, bool into_accum, float **shard_grad) {
-    Unit &unit = units_[u];
-    // The bytes of gradients the unit puts into the sum (its whole flat buffer).
-    SX_TRACE_SPAN(tracer(), "step", "reduce_scatter", layout_.units()[u].unit_id, unit.grads.size());
-    const uint64_t S = layout_.units()[u].shard_numel;
-    comm::Communicator &c = *shard_comm_;  // the shard group sums; the replicas after it
-    if (unit.grad_dtype == SX_DTYPE_F32) {
-        float *grads = unit.grads.as<float>();
-        // One rank per shard group with nothing accumulated: the gradients are already its
-        // shard's sum. (Otherwise one rank goes through the communicator too, which then
-        // copies or adds.)
-        if (shard_size_ == 1 && !into_accum && !unit.accum_live) {
-            *shard_grad = grads;
-        } else if (config_.stage <= 2 && !into_accum && !unit.accum_live) {
-            // In place: this rank's shard of the grad buffer receives the sum (a stage-2
-            // unit has an fp32 accumulator only once micro-batches were accumulated).
-            float *own = grads + static_cast<uint64_t>(shard_rank_) * S;
-            SX_TRY(c.reduce_scatter_sum(grads, S, own, false));
-            *shard_grad = own;
-        } else {
-            SX_TRY(c.reduce_scatter_sum(grads, S, unit.accum.as<float>(), unit.accum_live));
-            *shard_grad = unit.accum.as<float>();
-        }
-        return Status::Ok();
-    }
-    // 16-bit gradients: the reduced shard is always fp32, in the accumulator.
-    uint16_t *grads = unit.grads.as<uint16_t>();
-    float *out = unit.accum.as<float>();
-    const uint64_t total = layout_.units()[u].padded_numel;
-    if (shard_size_ == 1) {
-        // Nothing to sum: widen (or add) this rank's gradients into the fp32 shard.
-        SX_TRY(ops_->widen(unit.grad_dtype, grads, out, S, unit.accum_live));
-    } else if (reduces_in_16bit(u)) {
-        // Summed in the 16-bit dtype: divided by the pre-divide factor f before, so that
-        // the sum does not overflow, and multiplied back by f in fp32 after (the average's
-        // 1/N comes with the update's gradient scale), so that small values do not
-        // underflow. f is a power of two by default, so neither scaling rounds.
-        const float f = static_cast<float>(predivide_factor());
-        SX_TRY(ops_->scale16(unit.grad_dtype, grads, 1.0f / f, total));
-        SX_TRY(c.reduce_scatter_sum_16(grads, unit.grad_dtype, S, out, f, unit.accum_live));
-    } else {
-        float *wide = reduce_scratch_.as<float>();
-        SX_TRY(ops_->widen(unit.grad_dtype, grads, wide, total, false));
-        SX_TRY(c.reduce_scatter_sum(wide, S, out, unit.accum_live));
-    }
-    *shard_grad = out;
-    return Status::Ok();
-}
-
 Status ShardGroup::reduce_replicas(size_t u, float *shard) {
     if (replicas_ == 1) return Status::Ok();
     SX_TRACE_SPAN(tracer(), "step", "replica_all_reduce", layout_.units()[u].unit_id,
                   layout_.units()[u].shard_numel * sizeof(float));
     Status s = replica_comm_->all_reduce_sum_f32(shard, layout_.units()[u].shard_numel);
     return s.ok() ? s : fail(s);
-}
-
-Status ShardGroup::zero_grads() {
-    for (size_t u = 0; u < units_.size(); ++u) {
-        Buffer &grads = units_[u].grads;
-        if (u >= zeroed_by_update_.size() || !zeroed_by_update_[u]) {
-            SX_TRY(ops_->zero(grads.data(), grads.size()));
-            continue;
-        }
-        // The update zeroed this rank's shard of the buffer (reduced in place); the rest
-        // held the partial sums it sent its peers.
-        const size_t begin = static_cast<size_t>(round_->reduced(u) - grads.as<float>()) * sizeof(float);
-        const size_t end = begin + layout_.units()[u].shard_numel * sizeof(float);
-        SX_TRY(ops_->zero(grads.data(), begin));
-        SX_TRY(ops_->zero(grads.as<char>() + end, grads.size() - end));
-    }
-    zeroed_by_update_.clear();
-    return Status::Ok();
-}
-
-void ShardGroup::mark_zeroed_by_update(bool zero) {
-    // A unit whose update reads its gradients where they were reduced, in the unit's own
-    // gradient buffer (fp32 gradients reduced in place at stage 1 or 2, or one rank per
-    // shard group; nothing accumulated; every param trainable; on the host), has this
-    // rank's shard of that buffer zeroed by the update as it reads each gradient: one
-    // more stream of stores in a pass that already streams them, rather than a pass of
-    // its own after the step. The rest of the buffer (the peers' shards) is zeroed after.
-    zeroed_by_update_.assign(units_.size(), 0);
-    if (!zero || ops_->device() != SX_DEVICE_CPU || config_.stage == 3) return;
-    for (size_t u = 0; u < units_.size(); ++u) {
-        const Unit &unit = units_[u];
-        if (!unit.trainable || unit.grad_dtype != SX_DTYPE_F32) continue;
-        const float *base = unit.grads.as<float>();
-        const uint64_t own = layout_.units()[u].shard_numel;
-        const float *reduced = round_->reduced(u);
-        const bool in_place = reduced >= base && reduced + own <= base + unit.grads.size() / sizeof(float);
-        if (!in_place) continue;
-        bool all = true;
-        for (int32_t p : layout_.units()[u].params) all = all && applied_mask_[p] != 0;
-        zeroed_by_update_[u] = all ? 1 : 0;
-    }
 }
 
 Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum) {
@@ -141,7 +51,7 @@ Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weigh
         Unit &unit = units_[u];
         if (!unit.trainable) continue;
         float *shard = nullptr;
-        Status s = reduce_unit(u, accumulate, &shard);
+        Status s = units_.reduce(u, *shard_comm_, accumulate, &shard);
         if (!s.ok()) return fail(s);
         round_->set_reduced(u, shard);
         if (accumulate) unit.accum_live = true;
@@ -183,7 +93,7 @@ Status ShardGroup::accumulate_grads() {
 Status ShardGroup::finish_step(bool keep_grads) {
     for (Unit &unit : units_) unit.accum_live = false;
     micro_batches_ = 0;
-    Status s = keep_grads ? Status::Ok() : zero_grads();
+    Status s = keep_grads ? Status::Ok() : units_.zero_grads(round_->reduced());
     if (!s.ok()) return fail(s);
     // Stage 3: this step's gathers are the order the next one prefetches in, and the
     // next forward's first units are gathered while the trainer goes on.
@@ -274,7 +184,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     const float grad_scale = static_cast<float>(coef / divisor);
     double update_sumsq = 0.0;
     const int32_t head = options.defer_gather ? first_deferred_gather() : -1;
-    mark_zeroed_by_update(!options.keep_grads);
+    units_.mark_zeroed_by_update(!options.keep_grads, round_->reduced());
     Status s = update_shard(grad_scale, head, norm_first ? nullptr : &update_sumsq);
     if (s.ok() && !norm_first) {
         SX_TRACE_SPAN(tracer(), "step", "grad_norm");
@@ -319,60 +229,21 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
     trace::Span span(tracer(), "step", "update");
     uint64_t updated = 0;
     double head_sumsq = 0.0, rest = 0.0;
-    SX_TRY(ensure_masters());
+    SX_TRY(units_.ensure_masters());
     if (head >= 0) {
         std::vector<optim::Segment> first;
-        append_unit_segments(static_cast<size_t>(head), round_->reduced(static_cast<size_t>(head)), &first);
+        units_.append_segments(static_cast<size_t>(head), round_->reduced(static_cast<size_t>(head)), &first);
         SX_TRY(ops_->fused_update(first.data(), first.size(), grad_scale, sumsq ? &head_sumsq : nullptr));
         if (span.on()) updated += segment_elements(first);
         SX_TRY(gathers_->open());
         SX_TRY(gathers_->submit(static_cast<size_t>(head)));
     }
-    const std::vector<optim::Segment> segs = segments(round_->reduced(), head);
+    const std::vector<optim::Segment> segs = units_.segments(round_->reduced(), head);
     SX_TRY(ops_->fused_update(segs.data(), segs.size(), grad_scale, sumsq ? &rest : nullptr));
     if (span.on()) updated += segment_elements(segs);
     span.set_bytes(updated * sizeof(float));
     if (sumsq) *sumsq = head_sumsq + rest;
     return Status::Ok();
-}
-
-void ShardGroup::append_unit_segments(size_t u, float *reduced, std::vector<optim::Segment> *out) const {
-    const Unit &unit = units_[u];
-    if (!unit.trainable) return;
-    const UnitShard v = unit_shard(u);
-    for (int32_t p : layout_.units()[u].params) {
-        if (!applied_mask_[p]) continue;
-        const ShardPiece piece = layout_.piece(p, shard_rank_);
-        if (piece.begin == piece.end) continue;
-        const ParamSpec &spec = params_[p];
-        optim::Segment seg;
-        seg.param = v.values + piece.shard_offset;  // fp32: the params, or the masters
-        if (!unit.master.empty()) {  // ... rounded into the 16-bit params in the same pass
-            seg.compute_out = own_params16(u) + piece.shard_offset;
-            seg.compute_dtype = unit.dtype;
-        }
-        seg.grad = reduced + piece.shard_offset;
-        if (u < zeroed_by_update_.size() && zeroed_by_update_[u]) seg.zero_grad = reduced + piece.shard_offset;
-        for (int k = 0; k < unit.state_slots; ++k) seg.state[k] = v.state[k] + piece.shard_offset;
-        seg.n = piece.end - piece.begin;
-        seg.hyper = &groups_[spec.group].hyper;
-        seg.step = (seg.hyper->kind == optim::Kind::kSgd ? spec.momentum_steps : spec.step) + 1;
-        out->push_back(seg);
-    }
-}
-
-std::vector<optim::Segment> ShardGroup::segments(const std::vector<float *> &reduced, int32_t except) const {
-    std::vector<optim::Segment> segs;
-    for (size_t u = 0; u < units_.size(); ++u)
-        if (static_cast<int32_t>(u) != except) append_unit_segments(u, reduced[u], &segs);
-    return segs;
-}
-
-Status ShardGroup::unit_sumsq(size_t u, float *reduced, float grad_scale, double *out) {
-    std::vector<optim::Segment> segs;
-    append_unit_segments(u, reduced, &segs);
-    *out = 0.0;
-    return segs.empty() ? Status::Ok() : ops_->sum_of_squares(segs.data(), segs.size(), grad_scale, out);
 }
 
 float ShardGroup::norm_scale() const {
@@ -386,7 +257,7 @@ Status ShardGroup::global_norm(double *sumsq) {
     double local = 0.0;
     for (size_t u = 0; u < units_.size(); ++u) {
         double part = 0.0;
-        Status s = unit_sumsq(u, round_->reduced(u), norm_scale(), &part);
+        Status s = units_.sum_of_squares(u, round_->reduced(u), norm_scale(), &part);
         if (!s.ok()) return fail(s);
         local += part;
     }

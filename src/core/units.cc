@@ -1,0 +1,317 @@
+// The units' memory on this rank (units.h).
+#include "core/units.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+namespace sx {
+namespace core {
+namespace {
+
+const char *dtype_name(int32_t dtype) {
+    return dtype == SX_DTYPE_F32 ? "fp32" : dtype == SX_DTYPE_F16 ? "fp16" : "bf16";
+}
+
+}  // namespace
+
+void Units::configure(const Settings &settings, DeviceOps *ops, trace::Tracer *tracer, const Table &table) {
+    settings_ = settings;
+    ops_ = ops;
+    tracer_ = tracer;
+    table_ = table;
+}
+
+void Units::append(std::vector<Unit> *added) {
+    for (Unit &unit : *added) units_.push_back(std::move(unit));
+    added->clear();
+}
+
+void Units::count_bytes(uint64_t *params, uint64_t *grads, uint64_t *optimizer, uint64_t *unsharded) const {
+    for (size_t u = 0; u < units_.size(); ++u) {
+        const Unit &unit = units_[u];
+        *params += unit.params.size() + unit.own.size();
+        *grads += unit.grads.size() + unit.accum.size();
+        // fp32 master weights count as optimizer state, as in ZeRO's accounting.
+        *optimizer += unit.master.size();
+        for (int k = 0; k < unit.state_slots; ++k) *optimizer += unit.state[k].size();
+        const int slots = unit.state_slots + (unit.master.empty() ? 0 : 1);
+        *unsharded += static_cast<uint64_t>(slots) * table_.layout->units()[u].numel * sizeof(float);
+    }
+    *grads += reduce_scratch_.size();
+}
+
+Status Units::check_dtypes() const {
+    // One flat buffer holds one dtype.
+    std::unordered_map<int32_t, int32_t> first_of_unit;
+    for (size_t i = 0; i < table_.params->size(); ++i) {
+        auto it = first_of_unit.emplace((*table_.params)[i].unit, static_cast<int32_t>(i)).first;
+        const ParamSpec &first = (*table_.params)[it->second];
+        SX_CHECK_ARG(first.dtype == (*table_.params)[i].dtype,
+                     "unit %d mixes dtypes: param '%s' is %s but param '%s' is %s; the params of a unit "
+                     "share one flat buffer and so one dtype",
+                     (*table_.params)[i].unit, first.name.c_str(), dtype_name(first.dtype), (*table_.params)[i].name.c_str(),
+                     dtype_name((*table_.params)[i].dtype));
+    }
+    return Status::Ok();
+}
+
+Status Units::allocate(const Layout &layout, size_t first, std::vector<Unit> *added) const {
+    added->resize(layout.units().size() - first);
+    for (size_t k = 0; k < added->size(); ++k) {
+        const UnitLayout &ul = layout.units()[first + k];
+        Unit &unit = (*added)[k];
+        unit.dtype = (*table_.params)[ul.params[0]].dtype;
+        unit.grad_dtype = settings_.grad_dtype ? settings_.grad_dtype : unit.dtype;
+        // Elements are bounded (2^62 per param) but a unit's byte size may still not fit
+        // in 64 bits; wrapped around, it would allocate a tiny buffer behind a huge view.
+        SX_CHECK(ul.padded_numel <= SIZE_MAX / sizeof(float), SX_ERR_OUT_OF_MEMORY,
+                 "unit %d holds %llu elements, more bytes than this machine can address", ul.unit_id,
+                 static_cast<unsigned long long>(ul.padded_numel));
+        // Stage 3 keeps this rank's shard of the params; the whole exists only while gathered.
+        if (settings_.stage == 3)
+            SX_TRY(ops_->allocate(ul.shard_numel * dtype_size(unit.dtype), "a param shard", &unit.own));
+        else
+            SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.dtype), "a flat param buffer", &unit.params));
+        SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.grad_dtype), "a flat grad buffer", &unit.grads));
+        if (unit.dtype != SX_DTYPE_F32)
+            SX_TRY(ops_->allocate(ul.shard_numel * sizeof(float), "fp32 master weights", &unit.master));
+    }
+    return Status::Ok();
+}
+
+int Units::required_slots(size_t u, const std::vector<uint8_t> &mask) const {
+    int slots = 0;
+    for (int32_t p : table_.layout->units()[u].params)
+        if (mask[p]) slots = std::max(slots, optim::state_slots((*table_.groups)[(*table_.params)[p].group].hyper));
+    return slots;
+}
+
+Status Units::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
+    // Allocate everything first into temporaries, so that a failed allocation
+    // changes nothing.
+    struct Pending {
+        size_t unit;
+        int slots;
+        Buffer state[3];
+        Buffer accum;
+    };
+    std::vector<Pending> pending;
+    std::vector<char> trainable(units_.size(), 0);  // under `mask`
+    for (size_t u = 0; u < units_.size(); ++u)
+        for (int32_t p : table_.layout->units()[u].params) trainable[u] |= mask[p] != 0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+        if (!trainable[u]) continue;
+        const int need = required_slots(u, mask);
+        const bool need_accum = needs_accum(u, accumulate) && units_[u].accum.empty();
+        if (need <= units_[u].state_slots && !need_accum) continue;
+        pending.emplace_back();
+        Pending &pd = pending.back();
+        pd.unit = u;
+        pd.slots = std::max(need, units_[u].state_slots);
+        const uint64_t bytes = table_.layout->units()[u].shard_numel * sizeof(float);
+        for (int k = units_[u].state_slots; k < need; ++k) SX_TRY(ops_->allocate(bytes, "optimizer state", &pd.state[k]));
+        if (need_accum) SX_TRY(ops_->allocate(bytes, "the sharded gradient accumulator", &pd.accum));
+    }
+    // An fp32 reduction of 16-bit gradients widens one unit at a time into one scratch.
+    uint64_t scratch_bytes = 0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+        if (trainable[u] && settings_.shard_size > 1 && units_[u].grad_dtype != SX_DTYPE_F32 && !reduces_in_16bit(u))
+            scratch_bytes = std::max<uint64_t>(scratch_bytes, table_.layout->units()[u].padded_numel * sizeof(float));
+    }
+    Buffer scratch;
+    if (scratch_bytes > reduce_scratch_.size())
+        SX_TRY(ops_->allocate(scratch_bytes, "the fp32 gradient reduction buffer", &scratch));
+    if (!scratch.empty()) reduce_scratch_ = std::move(scratch);
+    for (Pending &pd : pending) {
+        Unit &unit = units_[pd.unit];
+        for (int k = unit.state_slots; k < pd.slots; ++k) unit.state[k] = std::move(pd.state[k]);
+        unit.state_slots = pd.slots;
+        if (!pd.accum.empty()) unit.accum = std::move(pd.accum);
+    }
+    for (size_t u = 0; u < units_.size(); ++u) units_[u].trainable = trainable[u] != 0;
+    return Status::Ok();
+}
+
+UnitShard Units::shard(size_t u) const {
+    const Unit &unit = units_[u];
+    UnitShard v;
+    v.values = unit.master.empty() ? static_cast<float *>(own_params(u)) : unit.master.as<float>();
+    for (int k = 0; k < unit.state_slots; ++k) v.state[k] = unit.state[k].as<float>();
+    v.state_slots = unit.state_slots;
+    v.shard_numel = table_.layout->units()[u].shard_numel;
+    v.master = !unit.master.empty();
+    return v;
+}
+
+bool Units::needs_accum(size_t u, bool accumulate) const {
+    // The reduced shard goes in place into the unit's own part of its gradient buffer at
+    // stages 1 and 2; an fp32 accumulator beside it holds it for 16-bit gradients (the
+    // sum is fp32), at stage 3, and for a stage-2 unit's accumulated micro-batches
+    // (allocated at the first sx_accumulate_grads, then kept). Stage 1 keeps
+    // micro-batches in place.
+    return units_[u].grad_dtype != SX_DTYPE_F32 || settings_.stage == 3 || (settings_.stage == 2 && accumulate);
+}
+
+bool Units::reduces_in_16bit(size_t u) const {
+    return units_[u].grad_dtype != SX_DTYPE_F32 && settings_.reduce_dtype != SX_DTYPE_F32;
+}
+
+void *Units::own_params(size_t u) const {
+    const Unit &unit = units_[u];
+    if (settings_.stage == 3) return unit.own.data();
+    return unit.params.as<char>() +
+           static_cast<uint64_t>(settings_.shard_rank) * table_.layout->units()[u].shard_numel * dtype_size(unit.dtype);
+}
+
+Status Units::ensure_masters() {
+    for (size_t u = 0; u < units_.size(); ++u) {
+        Unit &unit = units_[u];
+        if (unit.master.empty() || unit.master_valid) continue;
+        SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), table_.layout->units()[u].shard_numel,
+                           false));
+        unit.master_valid = true;
+    }
+    return Status::Ok();
+}
+
+Status Units::masters_to_params() {
+    for (size_t u = 0; u < units_.size(); ++u) {
+        Unit &unit = units_[u];
+        if (unit.master.empty()) continue;
+        SX_TRY(ops_->narrow(unit.dtype, unit.master.as<float>(), own_params16(u), table_.layout->units()[u].shard_numel));
+        unit.master_valid = true;
+    }
+    return Status::Ok();
+}
+
+Status Units::reduce(size_t u, comm::Communicator &c, bool into_accum, float **shard_grad) {
+    Unit &unit = units_[u];
+    // The bytes of gradients the unit puts into the sum (its whole flat buffer).
+    SX_TRACE_SPAN(tracer_, "step", "reduce_scatter", table_.layout->units()[u].unit_id, unit.grads.size());
+    const uint64_t S = table_.layout->units()[u].shard_numel;
+        if (unit.grad_dtype == SX_DTYPE_F32) {
+        float *grads = unit.grads.as<float>();
+        // One rank per shard group with nothing accumulated: the gradients are already its
+        // shard's sum. (Otherwise one rank goes through the communicator too, which then
+        // copies or adds.)
+        if (settings_.shard_size == 1 && !into_accum && !unit.accum_live) {
+            *shard_grad = grads;
+        } else if (settings_.stage <= 2 && !into_accum && !unit.accum_live) {
+            // In place: this rank's shard of the grad buffer receives the sum (a stage-2
+            // unit has an fp32 accumulator only once micro-batches were accumulated).
+            float *own = grads + static_cast<uint64_t>(settings_.shard_rank) * S;
+            SX_TRY(c.reduce_scatter_sum(grads, S, own, false));
+            *shard_grad = own;
+        } else {
+            SX_TRY(c.reduce_scatter_sum(grads, S, unit.accum.as<float>(), unit.accum_live));
+            *shard_grad = unit.accum.as<float>();
+        }
+        return Status::Ok();
+    }
+    // 16-bit gradients: the reduced shard is always fp32, in the accumulator.
+    uint16_t *grads = unit.grads.as<uint16_t>();
+    float *out = unit.accum.as<float>();
+    const uint64_t total = table_.layout->units()[u].padded_numel;
+    if (settings_.shard_size == 1) {
+        // Nothing to sum: widen (or add) this rank's gradients into the fp32 shard.
+        SX_TRY(ops_->widen(unit.grad_dtype, grads, out, S, unit.accum_live));
+    } else if (reduces_in_16bit(u)) {
+        // Summed in the 16-bit dtype: divided by the pre-divide factor f before, so that
+        // the sum does not overflow, and multiplied back by f in fp32 after (the average's
+        // 1/N comes with the update's gradient scale), so that small values do not
+        // underflow. f is a power of two by default, so neither scaling rounds.
+        const float f = static_cast<float>(settings_.predivide);
+        SX_TRY(ops_->scale16(unit.grad_dtype, grads, 1.0f / f, total));
+        SX_TRY(c.reduce_scatter_sum_16(grads, unit.grad_dtype, S, out, f, unit.accum_live));
+    } else {
+        float *wide = reduce_scratch_.as<float>();
+        SX_TRY(ops_->widen(unit.grad_dtype, grads, wide, total, false));
+        SX_TRY(c.reduce_scatter_sum(wide, S, out, unit.accum_live));
+    }
+    *shard_grad = out;
+    return Status::Ok();
+}
+
+Status Units::zero_grads(const std::vector<float *> &reduced) {
+    for (size_t u = 0; u < units_.size(); ++u) {
+        Buffer &grads = units_[u].grads;
+        if (u >= zeroed_by_update_.size() || !zeroed_by_update_[u]) {
+            SX_TRY(ops_->zero(grads.data(), grads.size()));
+            continue;
+        }
+        // The update zeroed this rank's shard of the buffer (reduced in place); the rest
+        // held the partial sums it sent its peers.
+        const size_t begin = static_cast<size_t>(reduced[u] - grads.as<float>()) * sizeof(float);
+        const size_t end = begin + table_.layout->units()[u].shard_numel * sizeof(float);
+        SX_TRY(ops_->zero(grads.data(), begin));
+        SX_TRY(ops_->zero(grads.as<char>() + end, grads.size() - end));
+    }
+    zeroed_by_update_.clear();
+    return Status::Ok();
+}
+
+void Units::mark_zeroed_by_update(bool zero, const std::vector<float *> &reduced) {
+    // A unit whose update reads its gradients where they were reduced, in the unit's own
+    // gradient buffer (fp32 gradients reduced in place at stage 1 or 2, or one rank per
+    // shard group; nothing accumulated; every param trainable; on the host), has this
+    // rank's shard of that buffer zeroed by the update as it reads each gradient: one
+    // more stream of stores in a pass that already streams them, rather than a pass of
+    // its own after the step. The rest of the buffer (the peers' shards) is zeroed after.
+    zeroed_by_update_.assign(units_.size(), 0);
+    if (!zero || ops_->device() != SX_DEVICE_CPU || settings_.stage == 3) return;
+    for (size_t u = 0; u < units_.size(); ++u) {
+        const Unit &unit = units_[u];
+        if (!unit.trainable || unit.grad_dtype != SX_DTYPE_F32) continue;
+        const float *base = unit.grads.as<float>();
+        const uint64_t own = table_.layout->units()[u].shard_numel;
+        const float *shard = reduced[u];
+        const bool in_place = shard >= base && shard + own <= base + unit.grads.size() / sizeof(float);
+        if (!in_place) continue;
+        bool all = true;
+        for (int32_t p : table_.layout->units()[u].params) all = all && (*table_.applied)[p] != 0;
+        zeroed_by_update_[u] = all ? 1 : 0;
+    }
+}
+
+void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment> *out) const {
+    const Unit &unit = units_[u];
+    if (!unit.trainable) return;
+    const UnitShard v = shard(u);
+    for (int32_t p : table_.layout->units()[u].params) {
+        if (!(*table_.applied)[p]) continue;
+        const ShardPiece piece = table_.layout->piece(p, settings_.shard_rank);
+        if (piece.begin == piece.end) continue;
+        const ParamSpec &spec = (*table_.params)[p];
+        optim::Segment seg;
+        seg.param = v.values + piece.shard_offset;  // fp32: the params, or the masters
+        if (!unit.master.empty()) {  // ... rounded into the 16-bit params in the same pass
+            seg.compute_out = own_params16(u) + piece.shard_offset;
+            seg.compute_dtype = unit.dtype;
+        }
+        seg.grad = reduced + piece.shard_offset;
+        if (u < zeroed_by_update_.size() && zeroed_by_update_[u]) seg.zero_grad = reduced + piece.shard_offset;
+        for (int k = 0; k < unit.state_slots; ++k) seg.state[k] = v.state[k] + piece.shard_offset;
+        seg.n = piece.end - piece.begin;
+        seg.hyper = &(*table_.groups)[spec.group].hyper;
+        seg.step = (seg.hyper->kind == optim::Kind::kSgd ? spec.momentum_steps : spec.step) + 1;
+        out->push_back(seg);
+    }
+}
+
+std::vector<optim::Segment> Units::segments(const std::vector<float *> &reduced, int32_t except) const {
+    std::vector<optim::Segment> segs;
+    for (size_t u = 0; u < units_.size(); ++u)
+        if (static_cast<int32_t>(u) != except) append_segments(u, reduced[u], &segs);
+    return segs;
+}
+
+Status Units::sum_of_squares(size_t u, float *reduced, float grad_scale, double *out) const {
+    std::vector<optim::Segment> segs;
+    append_segments(u, reduced, &segs);
+    *out = 0.0;
+    return segs.empty() ? Status::Ok() : ops_->sum_of_squares(segs.data(), segs.size(), grad_scale, out);
+}
+
+}  // namespace core
+}  // namespace sx

@@ -1,0 +1,137 @@
+// The units' memory on this rank, a part of a shard group: for each unit laid out, its
+// flat param and gradient buffers (stage 3: this rank's shard of the params), the fp32
+// master weights of 16-bit params, the fp32 accumulator of reduced gradients and the
+// optimizer state of its shard; and what is done with them that involves no other rank
+// but a unit's reduce-scatter (on the communicator the caller gives): the allocation at
+// sx_finalize, the state a trainable mask needs, the masters derived and rounded, the
+// step's segments and a unit's sum of squares, the gradients zeroed.
+//
+// It reads the group's param table and layout, registered once (configure) and owned by
+// the group, which outlives it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "base/status.h"
+#include "base/trace.h"
+#include "comm/communicator.h"
+#include "core/device.h"
+#include "core/layout.h"
+#include "core/params.h"
+#include "core/shard_state.h"
+#include "optim/optimizer.h"
+
+namespace sx {
+namespace core {
+
+class Units {
+  public:
+    struct Unit {
+        int32_t dtype = SX_DTYPE_F32;       // of the params
+        int32_t grad_dtype = SX_DTYPE_F32;  // of the grads
+        Buffer params, grads;
+        Buffer master;              // 16-bit params: this rank's shard in fp32
+        bool master_valid = false;  // master holds the current values
+        // Stage 2, or 16-bit grads: this rank's shard of the reduced (and accumulated)
+        // gradients in fp32.
+        Buffer accum;
+        Buffer state[3];         // this rank's shard of each optimizer state slot
+        int state_slots = 0;     // slots allocated
+        bool trainable = false;  // any param trainable (as applied)
+        bool accum_live = false; // accum holds gradients of earlier micro-batches
+        // Stage 3: this rank's shard of the params, in their dtype (`params` is empty: the
+        // whole params exist only while the unit is gathered, in the gathers' buffer).
+        Buffer own;
+    };
+    struct Settings {
+        int stage = 2;
+        int shard_rank = 0, shard_size = 1;
+        int grad_dtype = 0;    // 0: each param's dtype, or SX_DTYPE_F32
+        int reduce_dtype = 0;  // 0: the gradients' dtype, or SX_DTYPE_F32
+        double predivide = 1.0;  // 16-bit sums: the gradients' divisor before, multiplier after
+    };
+    // The group's table: its layout, params, param groups and applied mask (per param).
+    struct Table {
+        const Layout *layout = nullptr;
+        const std::deque<ParamSpec> *params = nullptr;
+        const std::vector<ParamGroup> *groups = nullptr;
+        const std::vector<uint8_t> *applied = nullptr;
+    };
+    void configure(const Settings &settings, DeviceOps *ops, trace::Tracer *tracer, const Table &table);
+
+    size_t size() const { return units_.size(); }
+    Unit &operator[](size_t u) { return units_[u]; }
+    const Unit &operator[](size_t u) const { return units_[u]; }
+    std::vector<Unit>::iterator begin() { return units_.begin(); }
+    std::vector<Unit>::iterator end() { return units_.end(); }
+    std::vector<Unit>::const_iterator begin() const { return units_.begin(); }
+    std::vector<Unit>::const_iterator end() const { return units_.end(); }
+
+    // --- sx_finalize ---
+    // Every unit's params share one dtype (SX_ERR_INVALID_ARGUMENT naming two that do not).
+    Status check_dtypes() const;
+    // The buffers of the units of `layout` from index `first` on, into *added (nothing
+    // here changes); then append them, or drop the units from `count` on (an undo).
+    Status allocate(const Layout &layout, size_t first, std::vector<Unit> *added) const;
+    void append(std::vector<Unit> *added);
+    void truncate(size_t count) { units_.resize(count); }
+
+    // --- optimizer state ---
+    // A trainable mask applied: unit flags, and optimizer state (and stage 2's gradient
+    // accumulator, and the scratch of an fp32 reduction) allocated for every unit that
+    // needs it under the current hyperparameters. All allocations happen before anything
+    // changes.
+    Status prepare(const std::vector<uint8_t> &mask, bool accumulate);
+    // The state slots unit u's trainable params need under `mask`.
+    int required_slots(size_t u, const std::vector<uint8_t> &mask) const;
+    // 16-bit units: the fp32 masters derived from the params where they are not yet, and
+    // rounded into this rank's shard of the params (after someone wrote them).
+    Status ensure_masters();
+    Status masters_to_params();
+    // Unit u's shard as ShardState describes it.
+    UnitShard shard(size_t u) const;
+    // This rank's shard of unit u's params, in their dtype (stage 3: `own`).
+    void *own_params(size_t u) const;
+
+    // --- the step ---
+    // Collective on c (the shard group's): reduces unit u's gradients into this rank's
+    // shard; *shard_grad: where the reduced (summed, not averaged) fp32 shard lives.
+    // into_accum: always into (or added to) the accumulator, never left in place.
+    Status reduce(size_t u, comm::Communicator &c, bool into_accum, float **shard_grad);
+    // Before the update: which units' gradient buffers the update zeroes as it reads them
+    // (zero: the step zeroes the gradients at all); reduced: each unit's reduced shard.
+    void mark_zeroed_by_update(bool zero, const std::vector<float *> &reduced);
+    // Every unit's gradients zeroed (but the shards the update zeroed).
+    Status zero_grads(const std::vector<float *> &reduced);
+    // Unit u's segments (none if it is frozen): every trainable param's piece of this
+    // rank's shard, its reduced gradient at `reduced`, its state and hyperparameters.
+    void append_segments(size_t u, float *reduced, std::vector<optim::Segment> *out) const;
+    // Every unit's segments but unit `except`'s.
+    std::vector<optim::Segment> segments(const std::vector<float *> &reduced, int32_t except = -1) const;
+    // The sum of squares of unit u's reduced gradients (at `reduced`) times grad_scale.
+    Status sum_of_squares(size_t u, float *reduced, float grad_scale, double *out) const;
+
+    // Bytes of params (this part's; stage 3's gathered ones are the gathers'), gradients
+    // and optimizer state, as sx_memory_stats_t counts them.
+    void count_bytes(uint64_t *params, uint64_t *grads, uint64_t *optimizer, uint64_t *unsharded) const;
+
+  private:
+    bool needs_accum(size_t u, bool accumulate) const;
+    bool reduces_in_16bit(size_t u) const;
+    uint16_t *own_params16(size_t u) const { return static_cast<uint16_t *>(own_params(u)); }
+
+    Settings settings_;
+    DeviceOps *ops_ = nullptr;
+    trace::Tracer *tracer_ = nullptr;
+    Table table_;
+    std::vector<Unit> units_;
+    Buffer reduce_scratch_;  // fp32 copy of one unit's 16-bit grads, for an fp32 reduction
+    // Per unit: this rank's shard of its gradient buffer is zeroed by this step's update
+    // (mark_zeroed_by_update), so that zero_grads() zeroes only the rest.
+    std::vector<char> zeroed_by_update_;
+};
+
+}  // namespace core
+}  // namespace sx
