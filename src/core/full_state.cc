@@ -8,6 +8,8 @@
 namespace sx {
 namespace core {
 
+// sx_gather_optim_state and sx_scatter_optim_state: checks, the call's header, then the
+// whole-state part (whole_state.h).
 Status ShardGroup::whole_state_call(const char *name, int root, bool gather, const StateFn &fn) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());

@@ -139,6 +139,8 @@ Status ShardGroup::flush_trace() {
     return tracer_->flush();
 }
 
+// After the world's communicator: the ranks agree on the mesh, and the shard group's
+// and the replica group's communicators are connected, by `deadline`.
 Status ShardGroup::form_mesh(std::chrono::steady_clock::time_point deadline) {
     const int s = config_.shard_size;
     if (world_size_ > 1) {
@@ -201,6 +203,8 @@ double ShardGroup::predivide_factor() const {
     return fsdp_predivide_factor(shard_size_);
 }
 
+// A communicator of the group's backend among its ranks, through `store`, connected by
+// `deadline` (the zero time point: the group's timeout from now).
 Status ShardGroup::connect(std::shared_ptr<comm::Store> store, int rank, int size,
                            std::unique_ptr<comm::Communicator> *out, std::chrono::steady_clock::time_point deadline) const {
     const comm::Millis timeout(config_.timeout_ms);
@@ -672,6 +676,8 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
     return Status::Ok();
 }
 
+// Stage 3's broadcast: the units gathered on `root` go to every rank, each keeping its
+// shard of them.
 Status ShardGroup::broadcast_gathered(int root) {
     // Which units root holds gathered: only those have values of root's to send.
     std::vector<uint64_t> on_root(units_.size(), 0);
@@ -723,6 +729,9 @@ MemoryStats ShardGroup::memory_stats() const {
     return m;
 }
 
+// Applies a trainable mask: unit flags, and optimizer state (and stage 2's gradient
+// accumulator) allocated for every unit that needs it under the current
+// hyperparameters. All allocations happen before anything changes.
 Status ShardGroup::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
     SX_TRY(units_.prepare(mask, accumulate));
     for (size_t i = 0; i < mask.size(); ++i) applied_mask_[i] = mask[i] ? 1 : 0;
@@ -753,6 +762,8 @@ Agreement ShardGroup::step_agreement(const char *call, std::vector<uint8_t> mask
     return a;
 }
 
+// Collective on the world's communicator: CallHeaders::exchange; world size 1: no
+// exchange (*all gets `mine`).
 Status ShardGroup::exchange_header(const char *call, CallHeader mine, const CallHeaders::FactsFn &facts,
                                    std::vector<CallHeader> *all, const char *intro) {
     if (world_size_ == 1) {
@@ -763,6 +774,9 @@ Status ShardGroup::exchange_header(const char *call, CallHeader mine, const Call
     return headers_->exchange(*comm_, call, mine, facts, all, intro);
 }
 
+// Collective: every rank must be in the same call with the same agreement
+// (SX_ERR_MISMATCH naming what differs otherwise, on every rank); *weight_sum (may be
+// null) receives the sum of every rank's `weight`, added in rank order.
 Status ShardGroup::agree(const Agreement &a, double weight, double *weight_sum) {
     CallHeader mine;
     mine.fingerprint = agreement_fingerprint(a);
@@ -790,6 +804,9 @@ Status ShardGroup::agree_call(const char *call, std::vector<Fact> facts, const S
     return s;
 }
 
+// Collective: the sum of every shard's `local` (over the shard group's ranks: every
+// replica group holds the same shards), added in shard order (the same bits on every
+// rank, whatever the collective's own order of additions).
 Status ShardGroup::sum_over_ranks(double local, double *total) {
     // Every replica group holds the same shards: the sum is over the shard group's ranks.
     if (shard_size_ == 1) {

@@ -200,110 +200,49 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
 
   private:
     using Unit = Units::Unit;
-
-
     ShardGroup() = default;
-    // A communicator of the group's backend among its ranks, through `store`, connected
-    // by `deadline` (the zero time point: the group's timeout from now).
+    // Each private function's contract is at its definition (group.cc, step.cc,
+    // pipeline.cc, full_state.cc).
+    // --- the mesh (group.cc) ---
     Status connect(std::shared_ptr<comm::Store> store, int rank, int size, std::unique_ptr<comm::Communicator> *out,
                    std::chrono::steady_clock::time_point deadline = {}) const;
-    // After the world's communicator: the ranks agree on the mesh, and the shard group's
-    // and the replica group's communicators are connected, by `deadline`.
     Status form_mesh(std::chrono::steady_clock::time_point deadline);
-    // The communicator of this rank's shard group (the world's where the mesh is flat).
-    comm::Communicator &shard_comm() { return *shard_comm_; }
-    // The replicas' all-reduce of unit u's reduced fp32 shard `shard` (a step's last
-    // micro-batch), where the mesh has more than one replica. A failure fails the group.
     Status reduce_replicas(size_t u, float *shard);
-    // Applies a trainable mask: unit flags, and optimizer state (and stage 2's gradient
-    // accumulator) allocated for every unit that needs it under the current
-    // hyperparameters. All allocations happen before anything changes.
-    Status prepare(const std::vector<uint8_t> &mask, bool accumulate = false);
-    // --- the agreement (agreement.h; the group's calls of it in group.cc) ---
-    // The agreement of a call of the step's family (`call`, as the error names it), with
-    // the units gathered at stage 3 where defer_gather >= 0 (a step or accumulate_grads).
+    Status broadcast_gathered(int root);
+    // --- what the ranks agree on (group.cc; the part: agreement.h) ---
     Agreement step_agreement(const char *call, std::vector<uint8_t> mask, double max_grad_norm, int defer_gather,
                              bool weighted) const;
-    // Collective on the world's communicator: CallHeaders::exchange; world size 1: no
-    // exchange (*all gets `mine`).
     Status exchange_header(const char *call, CallHeader mine, const CallHeaders::FactsFn &facts,
                            std::vector<CallHeader> *all, const char *intro = "ranks disagree");
-    // Collective: every rank must be in the same call with the same agreement
-    // (SX_ERR_MISMATCH naming what differs otherwise, on every rank); *weight_sum (may be
-    // null) receives the sum of every rank's `weight`, added in rank order.
     Status agree(const Agreement &a, double weight, double *weight_sum);
-    // Collective: the sum of every shard's `local` (over the shard group's ranks: every
-    // replica group holds the same shards), added in shard order (the same bits on every
-    // rank, whatever the collective's own order of additions).
     Status sum_over_ranks(double local, double *total);
-    // The current mask with every byte 0 or 1 (autodetection reads the trainer's bytes).
     std::vector<uint8_t> candidate_mask() const;
-    // The step's fused update of this rank's shard of every trainable unit, unit `head`
-    // (>= 0) first with its gather started right after it; *sumsq (if not null) gets the
-    // sum of squares of the scaled gradients, which the same pass computes.
-    Status update_shard(float grad_scale, int32_t head, double *sumsq);
-    // sx_step's reduction: the gradients into this rank's shards (closing a round of units
-    // signalled ready, or reducing them all now); the ranks' weights summed into
-    // *weight_sum; where the round summed the squares too, *sumsq and *have_sumsq = true.
+    Status prepare(const std::vector<uint8_t> &mask, bool accumulate = false);
+    // --- the step (step.cc) ---
     Status reduce_for_step(const StepOptions &options, double *weight_sum, bool *have_sumsq, double *sumsq);
-    // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.
-    Status finish_step(bool keep_grads);
-    // A step skipped on every rank: nothing changes, the gradients go, the result says so.
-    Status skip_step(const StepOptions &options, double norm, StepResult *result);
-    // A step skipped for gradients whose global norm is inf or NaN: dynamic loss scaling
-    // backs off, and SX_NONFINITE_ERROR makes it SX_ERR_NONFINITE.
-    Status skip_nonfinite(const StepOptions &options, double norm, StepResult *result);
-    // The gradient scale of the norm: the average over the ranks and the loss scale
-    // (1 / (world_size x scale)), as torch takes the norm of the averaged gradients.
+    Status reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum);
+    Status update_shard(float grad_scale, int32_t head, double *sumsq);
     float norm_scale() const;
-    // Collective: the sum of squares of the reduced gradients times norm_scale() over
-    // every rank's segments (inf or NaN where one is), unit by unit as an overlapped step
-    // sums them.
     Status global_norm(double *sumsq);
-    // Logs a warning when a step found every trainable gradient zero on every rank (the
-    // first such step in a row, then the 10th, 100th, ...).
-    void warn_if_no_gradient(double norm);
-    // Collective: all-gathers the params of every trainable unit.
     Status gather_trainable_units();
-    // A step was taken: per-param step counts, and the dynamic loss scale's growth.
+    Status finish_step(bool keep_grads);
+    Status skip_step(const StepOptions &options, double norm, StepResult *result);
+    Status skip_nonfinite(const StepOptions &options, double norm, StepResult *result);
+    void warn_if_no_gradient(double norm);
     void count_step(bool dynamic);
     void report_step(double grad_norm, bool skipped, StepResult *result) const;
-    // Stage 3's broadcast: the units gathered on `root` go to every rank, each keeping its
-    // shard of them.
-    Status broadcast_gathered(int root);
-    // sx_gather_optim_state and sx_scatter_optim_state: checks, the call's header, then
-    // the whole-state part (whole_state.h).
-    Status whole_state_call(const char *name, int root, bool gather, const StateFn &fn);
-    // --- pipeline.cc ---
-    // Ends the round (for step, or accumulate_grads): reduces what was not signalled,
-    // waits for every reduction, and checks that the ranks signalled the same units
-    // (SX_ERR_MISMATCH on every rank otherwise, the step's gradients then dropped); rank
-    // 0's order of signals becomes the order of the next rounds' reductions. The round
-    // then knows where unit u's reduced shard is, and *sumsq (step rounds; null for accumulate)
-    // the sum of squares of the reduced gradients over every rank, as global_norm gives it.
-    // a: what the ranks agree on (its mask and signals come from the round); weight: this
-    // rank's, summed over the ranks into *weight_sum (step rounds).
+    // --- units as a pipeline (pipeline.cc; the parts: round.h, gathers.h) ---
     Status close_round(Agreement a, double weight, double *sumsq, double *weight_sum);
-    // Without a round: the ranks agree (on a, with their weights: *weight_sum), the mask
-    // is applied, and every trainable unit is reduced here (accumulate: into the
-    // accumulator; the round gets where each reduced shard lives).
-    Status reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum);
-    // Waits for every collective in flight on both channels; their failure.
     Status settle();
-    // ReductionRound::Work: what the round asks of the group (see round.h).
-    Status agree_round(const Agreement &a) override;
+    Status gather_after_update(bool defer, int32_t submitted = -1);
+    int32_t first_deferred_gather() const;
+    Status agree_round(const Agreement &a) override;  // ReductionRound::Work (round.h)
     Status reduce_unit_grads(size_t u, bool accumulate, float **shard) override;
     Status reduce_unit_replicas(size_t u, float *shard) override;
     Status unit_sum_of_squares(size_t u, float *shard, float grad_scale, double *out) override;
     Status fail_group(Status s) override { return fail(s); }
     bool usable() const override { return check_usable().ok(); }
-    // After the update: the params of every trainable unit gathered (stages 1 and 2,
-    // now or deferred; `submitted`: a unit whose deferred gather is queued already), or
-    // (stage 3) the gathered units gathered again.
-    Status gather_after_update(bool defer, int32_t submitted = -1);
-    // Stages 1 and 2, world > 1: the unit a deferred step gathers first (the next
-    // forward's first), or -1.
-    int32_t first_deferred_gather() const;
+    Status whole_state_call(const char *name, int root, bool gather, const StateFn &fn);  // full_state.cc
 
     GroupConfig config_;
     // First in, last out: every thread of the group (channels, pools) has ended before it goes.
@@ -335,12 +274,10 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;
 
-    // Units as a pipeline (pipeline.cc). Reductions run on the round's channel (over
-    // comm_), gathers on the gathers' channel (a communicator of their own), each in one
-    // order that every rank keeps: a rank's reductions and gathers may then interleave
-    // differently from its peers'.
     uint64_t zero_grad_steps_ = 0;       // steps in a row whose gradients were all zero
-    // The parts with threads, after the communicators: destroyed first.
+    // The parts with threads, after the communicators: destroyed first. Reductions run on
+    // the round's channel (over comm_), gathers on the gathers' (a communicator of their
+    // own), each in one order that every rank keeps.
     std::unique_ptr<ReductionRound> round_;  // the gradient reductions (round.h)
     std::unique_ptr<Gathers> gathers_;       // the param gathers (gathers.h)
 

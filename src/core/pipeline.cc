@@ -17,6 +17,7 @@
 namespace sx {
 namespace core {
 
+// Waits for every collective in flight on both channels; their failure.
 Status ShardGroup::settle() {
     Status s = round_->drain();
     if (!s.ok()) return fail(s);
@@ -68,6 +69,14 @@ Status ShardGroup::unit_grads_ready(int32_t unit, bool accumulate, void *stream)
     return Status::Ok();
 }
 
+// --- pipeline.cc --- Ends the round (for step, or accumulate_grads): reduces what was
+// not signalled, waits for every reduction, and checks that the ranks signalled the
+// same units (SX_ERR_MISMATCH on every rank otherwise, the step's gradients then
+// dropped); rank 0's order of signals becomes the order of the next rounds' reductions.
+// The round then knows where unit u's reduced shard is, and *sumsq (step rounds; null
+// for accumulate) the sum of squares of the reduced gradients over every rank, as
+// global_norm gives it. a: what the ranks agree on (its mask and signals come from the
+// round); weight: this rank's, summed over the ranks into *weight_sum (step rounds).
 Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double *weight_sum) {
     ReductionRound::World w;
     w.comm = world_size_ > 1 ? comm_.get() : nullptr;
@@ -96,6 +105,9 @@ int32_t ShardGroup::first_deferred_gather() const {
     return -1;
 }
 
+// After the update: the params of every trainable unit gathered (stages 1 and 2, now or
+// deferred; `submitted`: a unit whose deferred gather is queued already), or (stage 3)
+// the gathered units gathered again.
 Status ShardGroup::gather_after_update(bool defer, int32_t submitted) {
     if (config_.stage == 3) return gathers_->regather_held();  // the held units get the new values
     if (!defer) return gather_trainable_units();

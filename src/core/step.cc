@@ -26,6 +26,7 @@ uint64_t segment_elements(const std::vector<optim::Segment> &segs) {
 
 }  // namespace
 
+// The current mask with every byte 0 or 1 (autodetection reads the trainer's bytes).
 std::vector<uint8_t> ShardGroup::candidate_mask() const {
     const std::vector<uint8_t> &src =
         (config_.flags & SX_GROUP_NO_TRAINABLE_AUTODETECT) ? applied_mask_ : mask_;
@@ -34,6 +35,8 @@ std::vector<uint8_t> ShardGroup::candidate_mask() const {
     return m;
 }
 
+// The replicas' all-reduce of unit u's reduced fp32 shard `shard` (a step's last
+// micro-batch), where the mesh has more than one replica. A failure fails the group.
 Status ShardGroup::reduce_replicas(size_t u, float *shard) {
     if (replicas_ == 1) return Status::Ok();
     SX_TRACE_SPAN(tracer(), "step", "replica_all_reduce", layout_.units()[u].unit_id,
@@ -42,6 +45,9 @@ Status ShardGroup::reduce_replicas(size_t u, float *shard) {
     return s.ok() ? s : fail(s);
 }
 
+// Without a round: the ranks agree (on a, with their weights: *weight_sum), the mask is
+// applied, and every trainable unit is reduced here (accumulate: into the accumulator;
+// the round gets where each reduced shard lives).
 Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum) {
     SX_TRY(agree(a, weight, weight_sum));
     SX_TRY(prepare(a.mask, accumulate));
@@ -90,6 +96,7 @@ Status ShardGroup::accumulate_grads() {
     return Status::Ok();
 }
 
+// Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.
 Status ShardGroup::finish_step(bool keep_grads) {
     for (Unit &unit : units_) unit.accum_live = false;
     micro_batches_ = 0;
@@ -100,6 +107,9 @@ Status ShardGroup::finish_step(bool keep_grads) {
     return gathers_->end_step();
 }
 
+// sx_step's reduction: the gradients into this rank's shards (closing a round of units
+// signalled ready, or reducing them all now); the ranks' weights summed into
+// *weight_sum; where the round summed the squares too, *sumsq and *have_sumsq = true.
 Status ShardGroup::reduce_for_step(const StepOptions &options, double *weight_sum, bool *have_sumsq,
                                    double *sumsq) {
     // Units signalled ready are on their way (or done), the rest go now. With signals, the
@@ -206,12 +216,15 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     return Status::Ok();
 }
 
+// A step skipped on every rank: nothing changes, the gradients go, the result says so.
 Status ShardGroup::skip_step(const StepOptions &options, double norm, StepResult *result) {
     SX_TRY(finish_step(options.keep_grads));
     report_step(norm, true, result);
     return Status::Ok();
 }
 
+// A step skipped for gradients whose global norm is inf or NaN: dynamic loss scaling
+// backs off, and SX_NONFINITE_ERROR makes it SX_ERR_NONFINITE.
 Status ShardGroup::skip_nonfinite(const StepOptions &options, double norm, StepResult *result) {
     // Dynamic loss scaling, as torch.cuda.amp.GradScaler: back off, restart the growth count.
     scaler_.on_nonfinite_step();
@@ -224,6 +237,9 @@ Status ShardGroup::skip_nonfinite(const StepOptions &options, double norm, StepR
     return Status::Ok();
 }
 
+// The step's fused update of this rank's shard of every trainable unit, unit `head` (>=
+// 0) first with its gather started right after it; *sumsq (if not null) gets the sum of
+// squares of the scaled gradients, which the same pass computes.
 Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
     // Its bytes: the fp32 elements of this rank's shard that the pass updated, x 4.
     trace::Span span(tracer(), "step", "update");
@@ -246,10 +262,15 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
     return Status::Ok();
 }
 
+// The gradient scale of the norm: the average over the ranks and the loss scale (1 /
+// (world_size x scale)), as torch takes the norm of the averaged gradients.
 float ShardGroup::norm_scale() const {
     return static_cast<float>(1.0 / (static_cast<double>(world_size_) * scaler_.scale()));
 }
 
+// Collective: the sum of squares of the reduced gradients times norm_scale() over every
+// rank's segments (inf or NaN where one is), unit by unit as an overlapped step sums
+// them.
 Status ShardGroup::global_norm(double *sumsq) {
     SX_TRACE_SPAN(tracer(), "step", "grad_norm");
     // Unit by unit, added in unit order, then over the ranks in rank order: the same sum,
@@ -264,6 +285,8 @@ Status ShardGroup::global_norm(double *sumsq) {
     return sum_over_ranks(local, sumsq);
 }
 
+// Logs a warning when a step found every trainable gradient zero on every rank (the
+// first such step in a row, then the 10th, 100th, ...).
 void ShardGroup::warn_if_no_gradient(double norm) {
     bool any_trainable = false;
     for (const Unit &unit : units_) any_trainable |= unit.trainable;
@@ -283,6 +306,7 @@ void ShardGroup::warn_if_no_gradient(double norm) {
         static_cast<unsigned long long>(n), n == 1 ? "" : "s");
 }
 
+// Collective: all-gathers the params of every trainable unit.
 Status ShardGroup::gather_trainable_units() {
     if (shard_size_ == 1) return Status::Ok();
     for (size_t u = 0; u < units_.size(); ++u) {
@@ -295,6 +319,7 @@ Status ShardGroup::gather_trainable_units() {
     return Status::Ok();
 }
 
+// A step was taken: per-param step counts, and the dynamic loss scale's growth.
 void ShardGroup::count_step(bool dynamic) {
     // torch keeps the step count per param; SGD's momentum buffer has its own.
     for (size_t p = 0; p < params_.size(); ++p) {
