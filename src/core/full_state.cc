@@ -13,15 +13,15 @@ namespace core {
 Status ShardGroup::whole_state_call(const char *name, int root, bool gather, const StateFn &fn) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
-    SX_CHECK_ARG(root >= 0 && root < world_size_, "root rank %d is outside [0, %d)", root, world_size_);
+    SX_CHECK_ARG(root >= 0 && root < mesh_.world_size(), "root rank %d is outside [0, %d)", root, mesh_.world_size());
     SX_TRY(settle());
     const std::string call = format("%s (root %d)", name, root);
     SX_TRY(gathers_->meet(call.c_str()));
     SX_TRY(agree(step_agreement(call.c_str(), candidate_mask(), 0.0, -1, false), 0.0, nullptr));
     WholeState::Mesh mesh;
-    mesh.world = world_size_ > 1 ? comm_.get() : nullptr;
-    mesh.shard = shard_size_ > 1 ? shard_comm_ : nullptr;
-    mesh.replica = replica_comm_.get();
+    mesh.world = mesh_.world_size() > 1 ? &mesh_.world() : nullptr;
+    mesh.shard = mesh_.shard_size() > 1 ? &mesh_.shard() : nullptr;
+    mesh.replica = mesh_.replica();
     WholeState whole(*this, mesh);
     return gather ? whole.gather(root, fn) : whole.scatter(root, fn);
 }
@@ -56,7 +56,7 @@ Status ShardGroup::state_view(int32_t param, const char *tensor, void **data, ui
                  spec.name.c_str());
         base = unit.state[it->slot].as<float>();
     }
-    const ShardPiece piece = layout_.piece(param, shard_rank_);
+    const ShardPiece piece = layout_.piece(param, mesh_.shard_rank());
     *numel = piece.end - piece.begin;
     *data = *numel ? const_cast<float *>(base) + piece.shard_offset : nullptr;
     return Status::Ok();

@@ -63,8 +63,6 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     g->config_ = cfg;
     g->config_.rendezvous_token.clear();  // the store's client keeps it; nothing else needs it
     g->config_.backend = cuda ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
-    g->rank_ = rv.rank;
-    g->world_size_ = rv.world_size;
     g->config_.rank = rv.rank;
     g->config_.world_size = rv.world_size;
     g->config_.shard_size = cfg.shard_size ? cfg.shard_size : rv.world_size;  // checked by form_mesh
@@ -81,18 +79,24 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     // The device first: a group that cannot have it fails before it connects.
     std::unique_ptr<DeviceOps> device_ops;
     if (cuda) SX_TRY(make_cuda_ops(cfg.device_ordinal, &device_ops));
-    SX_TRY(comm::open_store(rv, timeout, &g->store_));
+    std::shared_ptr<comm::Store> store;
+    SX_TRY(comm::open_store(rv, timeout, &store));
     // Every rank must be there before any binds a socket per peer (Gloo's full mesh),
     // which for a large world takes longer than the wait: a missing rank then fails the
     // group at its deadline, not after the binding.
-    SX_TRY(comm::await_ranks(*g->store_, g->rank_, g->world_size_, deadline));
+    SX_TRY(comm::await_ranks(*store, rv.rank, rv.world_size, deadline));
     if (g->config_.bind_address.empty()) {
         const bool loopback = rv.scheme == comm::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
                               rv.host.compare(0, 4, "127.") == 0;
         if (loopback) g->config_.bind_address = "127.0.0.1";
     }
-    SX_TRY(g->connect(g->store_, g->rank_, g->world_size_, &g->comm_, deadline));
-    SX_TRY(g->form_mesh(deadline));
+    Mesh::Settings ms;
+    ms.backend = g->config_.backend;
+    ms.device_ordinal = cfg.device_ordinal;
+    ms.timeout_ms = cfg.timeout_ms;
+    ms.bind_address = g->config_.bind_address;
+    g->mesh_.place(ms, rv.rank, rv.world_size);
+    SX_TRY(g->mesh_.open(std::move(store), g->config_.shard_size, *g->headers_, deadline));
 
     int threads = cuda ? 1 : cfg.num_threads;  // a CUDA group's work runs on its device
     if (threads == 0) {
@@ -103,33 +107,34 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     g->ops_ = cuda ? std::move(device_ops) : make_host_ops(g->pool_.get());
     Units::Settings us;
     us.stage = cfg.stage;
-    us.shard_rank = g->shard_rank_;
-    us.shard_size = g->shard_size_;
+    us.shard_rank = g->mesh_.shard_rank();
+    us.shard_size = g->mesh_.shard_size();
     us.grad_dtype = cfg.grad_dtype;
     us.reduce_dtype = cfg.reduce_dtype;
     us.predivide = g->predivide_factor();
     g->units_.configure(us, g->ops_.get(), g->tracer(), {&g->layout_, &g->params_, &g->groups_, &g->applied_mask_});
-    g->round_.reset(new ReductionRound(*g, g->tracer(), cfg.stage, g->replicas_ > 1));
+    g->round_.reset(new ReductionRound(*g, g->tracer(), cfg.stage, g->mesh_.replicas() > 1));
     Gathers::Settings gs;
     gs.stage = cfg.stage;
-    gs.shard_rank = g->shard_rank_;
-    gs.shard_size = g->shard_size_;
+    gs.shard_rank = g->mesh_.shard_rank();
+    gs.shard_size = g->mesh_.shard_size();
     gs.prefetch_depth = cfg.prefetch_depth;
     g->gathers_.reset(new Gathers(
         gs, *g->ops_, g->tracer(), *g->headers_, [self](Status s) { return self->fail(s); },
         [self] { return self->check_usable().ok(); },
         [self](std::unique_ptr<comm::Communicator> *out) {
             // Inside the shard group, through a key space of its own.
-            return self->connect(comm::make_prefix_store(self->store_, format("gather/%d/", self->replica_rank_)),
-                                 self->shard_rank_, self->shard_size_, out);
+            const Mesh &m = self->mesh_;
+            return m.connect(comm::make_prefix_store(m.store_ptr(), format("gather/%d/", m.replica_rank())),
+                             m.shard_rank(), m.shard_size(), out);
         }));
     g->config_.num_threads = threads;
-    log(SX_LOG_INFO, "sx: rank %d of %d joined %s (stage %d, mesh %d x %d, %s)", g->rank_, g->world_size_,
-        cfg.rendezvous.c_str(), cfg.stage, g->shard_size_, g->replicas_,
+    log(SX_LOG_INFO, "sx: rank %d of %d joined %s (stage %d, mesh %d x %d, %s)", g->mesh_.rank(), g->mesh_.world_size(),
+        cfg.rendezvous.c_str(), cfg.stage, g->mesh_.shard_size(), g->mesh_.replicas(),
         cuda ? format("CUDA device %d, NCCL", cfg.device_ordinal).c_str() : format("%d threads", threads).c_str());
     if (g->tracer_)
         log(SX_LOG_INFO, "sx: rank %d traces its timeline into %s (written at sx_trace_flush and when the group is "
-            "destroyed; open it in https://ui.perfetto.dev)", g->rank_, g->tracer_->path().c_str());
+            "destroyed; open it in https://ui.perfetto.dev)", g->mesh_.rank(), g->tracer_->path().c_str());
     *out = std::move(g);
     return Status::Ok();
 }
@@ -137,54 +142,6 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
 Status ShardGroup::flush_trace() {
     if (!tracer_) return Status::Ok();
     return tracer_->flush();
-}
-
-// After the world's communicator: the ranks agree on the mesh, and the shard group's
-// and the replica group's communicators are connected, by `deadline`.
-Status ShardGroup::form_mesh(std::chrono::steady_clock::time_point deadline) {
-    const int s = config_.shard_size;
-    if (world_size_ > 1) {
-        // Every rank must have asked for the same mesh (else each is told how they differ),
-        // so that a bad size fails every rank alike below.
-        const uint64_t h = static_cast<uint64_t>(s);
-        uint64_t v[2] = {h, ~h};
-        Status agreed;
-        bool late = false;
-        {
-            // Within the creation's deadline, not a collective timeout after it.
-            comm::AbortAtDeadline guard(comm_.get(), deadline);
-            agreed = comm_->all_reduce_max(v, 2);
-            late = guard.fired();
-        }
-        SX_CHECK(!late, SX_ERR_TIMEOUT,
-                 "the ranks did not all agree on the mesh before the group's creation timed out (timeout_ms "
-                 "%lld): a rank stopped after connecting",
-                 static_cast<long long>(config_.timeout_ms));
-        SX_TRY(agreed);
-        if (v[0] != h || v[1] != ~h)
-            return headers_->explain("ranks disagree on the mesh", {{"shard_size", std::to_string(s)}}, *comm_);
-    }
-    SX_CHECK_ARG(s <= world_size_ && world_size_ % s == 0,
-                 "shard_size %d does not divide the world size %d (the mesh is shard_size ranks per shard group "
-                 "times world_size / shard_size replicas)",
-                 s, world_size_);
-    shard_size_ = s;
-    shard_rank_ = rank_ % s;
-    replicas_ = world_size_ / s;
-    replica_rank_ = rank_ / s;
-    if (shard_size_ == world_size_) {
-        shard_comm_ = comm_.get();
-    } else {
-        // Shard group k and replica group i connect through key spaces of their own.
-        SX_TRY(connect(comm::make_prefix_store(store_, format("shard/%d/", replica_rank_)), shard_rank_, shard_size_,
-                       &shard_comm_own_, deadline));
-        shard_comm_ = shard_comm_own_.get();
-    }
-    if (replicas_ > 1) {
-        SX_TRY(connect(comm::make_prefix_store(store_, format("replica/%d/", shard_rank_)), replica_rank_, replicas_,
-                       &replica_comm_, deadline));
-    }
-    return Status::Ok();
 }
 
 int fsdp_predivide_factor(int n) {
@@ -200,30 +157,7 @@ int fsdp_predivide_factor(int n) {
 double ShardGroup::predivide_factor() const {
     if (config_.grad_predivide_factor > 0) return config_.grad_predivide_factor;
     // The ranks whose gradients are summed in 16 bits are a shard group's.
-    return fsdp_predivide_factor(shard_size_);
-}
-
-// A communicator of the group's backend among its ranks, through `store`, connected by
-// `deadline` (the zero time point: the group's timeout from now).
-Status ShardGroup::connect(std::shared_ptr<comm::Store> store, int rank, int size,
-                           std::unique_ptr<comm::Communicator> *out, std::chrono::steady_clock::time_point deadline) const {
-    const comm::Millis timeout(config_.timeout_ms);
-    if (config_.backend == SX_BACKEND_CUDA && size == 1) {
-        // One GPU: nothing to exchange, and no NCCL needed.
-        return comm::create_one_device_communicator(config_.device_ordinal, out);
-    }
-    if (config_.backend == SX_BACKEND_CUDA) {
-        comm::NcclOptions nopt;
-        nopt.device = config_.device_ordinal;
-        nopt.timeout = timeout;
-        nopt.deadline = deadline;
-        return comm::create_nccl_communicator(std::move(store), rank, size, nopt, out);
-    }
-    comm::GlooOptions gopt;
-    gopt.timeout = timeout;
-    gopt.deadline = deadline;
-    gopt.bind_address = config_.bind_address;
-    return comm::create_gloo_communicator(std::move(store), rank, size, gopt, out);
+    return fsdp_predivide_factor(mesh_.shard_size());
 }
 
 ShardGroup::~ShardGroup() {
@@ -239,7 +173,7 @@ ShardGroup::~ShardGroup() {
     // trace that cannot be written fails nothing.
     if (tracer_) {
         Status s = tracer_->flush();
-        if (!s.ok()) log(SX_LOG_WARN, "sx: rank %d: %s", rank_, s.message().c_str());
+        if (!s.ok()) log(SX_LOG_WARN, "sx: rank %d: %s", mesh_.rank(), s.message().c_str());
     }
 }
 
@@ -267,8 +201,7 @@ void ShardGroup::abort() {
 }
 
 void ShardGroup::abort_communicators() {
-    for (comm::Communicator *c : {comm_.get(), shard_comm_own_.get(), replica_comm_.get()})
-        if (c) c->abort();
+    mesh_.abort();
     if (gathers_) gathers_->abort();
 }
 
@@ -381,7 +314,7 @@ Status ShardGroup::finalize() {
     for (size_t i = 0; i < params_.size(); ++i)
         shapes[i] = {params_[i].unit, params_[i].numel, static_cast<uint32_t>(dtype_size(params_[i].dtype))};
     Layout layout;
-    SX_TRY(Layout::build(shapes, shard_size_, static_cast<uint64_t>(config_.alignment), &layout));
+    SX_TRY(Layout::build(shapes, mesh_.shard_size(), static_cast<uint64_t>(config_.alignment), &layout));
     // The units laid out before come first, unchanged (new params are in new units with
     // larger ids).
     const size_t old_units = units_.size();
@@ -505,9 +438,9 @@ Status ShardGroup::broadcast_params(int root) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
     SX_TRACE_SPAN(tracer(), "group", "sx_broadcast_params");
-    const Status local = root >= 0 && root < world_size_
+    const Status local = root >= 0 && root < mesh_.world_size()
                              ? Status::Ok()
-                             : SX_ERROR(SX_ERR_INVALID_ARGUMENT, "root rank %d is outside [0, %d)", root, world_size_);
+                             : SX_ERROR(SX_ERR_INVALID_ARGUMENT, "root rank %d is outside [0, %d)", root, mesh_.world_size());
     SX_TRY(agree_call("sx_broadcast_params", {{"the root", std::to_string(root)}}, local));
     fence_.wait_readers();
     {
@@ -515,13 +448,13 @@ Status ShardGroup::broadcast_params(int root) {
         if (!s.ok()) return fail(s);
     }
     if (config_.stage == 3) return broadcast_gathered(root);
-    if (world_size_ == 1) {
+    if (mesh_.world_size() == 1) {
         for (Unit &u : units_) u.master_valid = false;
         return Status::Ok();
     }
     for (Unit &u : units_) {
         u.master_valid = false;  // the next step takes the masters from the new values
-        Status s = comm_->broadcast(u.params.data(), u.params.size(), root);
+        Status s = mesh_.world().broadcast(u.params.data(), u.params.size(), root);
         if (!s.ok()) return fail(s);
     }
     return Status::Ok();
@@ -540,11 +473,11 @@ Status ShardGroup::all_reduce(double *values, int32_t count, int32_t op) {
                              : Status::Ok();
     SX_TRY(agree_call("sx_all_reduce", {{"op", op_ok ? kOps[op] : std::to_string(op)}, {"count", std::to_string(count)}},
                       local));
-    const size_t n = static_cast<size_t>(count), W = static_cast<size_t>(world_size_);
+    const size_t n = static_cast<size_t>(count), W = static_cast<size_t>(mesh_.world_size());
     std::vector<double> all(W * n);
-    std::copy(values, values + n, all.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(rank_) * n));
-    if (world_size_ > 1) {
-        Status s = comm_->all_gather(all.data(), n * sizeof(double));
+    std::copy(values, values + n, all.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(mesh_.rank()) * n));
+    if (mesh_.world_size() > 1) {
+        Status s = mesh_.world().all_gather(all.data(), n * sizeof(double));
         if (!s.ok()) return fail(s);
     }
     // In rank order, on every rank: the same bits everywhere. NaN wins every op.
@@ -603,7 +536,7 @@ Status ShardGroup::refresh_trainable() {
 
 Status ShardGroup::collective(const std::function<Status(comm::Communicator &)> &fn) {
     SX_TRY(check_usable());
-    Status s = fn(*comm_);
+    Status s = fn(mesh_.world());
     return s.ok() ? s : fail(s);
 }
 
@@ -681,8 +614,8 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
 Status ShardGroup::broadcast_gathered(int root) {
     // Which units root holds gathered: only those have values of root's to send.
     std::vector<uint64_t> on_root(units_.size(), 0);
-    for (size_t u = 0; u < units_.size(); ++u) on_root[u] = rank_ == root && gathers_->pins(u) > 0 ? 1 : 0;
-    if (world_size_ > 1) SX_TRY(collective([&](comm::Communicator &c) { return c.all_reduce_max(on_root.data(), on_root.size()); }));
+    for (size_t u = 0; u < units_.size(); ++u) on_root[u] = mesh_.rank() == root && gathers_->pins(u) > 0 ? 1 : 0;
+    if (mesh_.world_size() > 1) SX_TRY(collective([&](comm::Communicator &c) { return c.all_reduce_max(on_root.data(), on_root.size()); }));
     for (size_t u = 0; u < units_.size(); ++u) {
         if (!on_root[u]) continue;
         Unit &unit = units_[u];
@@ -693,10 +626,10 @@ Status ShardGroup::broadcast_gathered(int root) {
         const bool held = gathers_->pins(u) > 0;
         if (!held) SX_TRY(ops_->allocate(layout_.units()[u].padded_numel * es, "a broadcast unit", &scratch, true));
         void *full = held ? gathers_->whole(u) : scratch.data();
-        if (world_size_ > 1)
+        if (mesh_.world_size() > 1)
             SX_TRY(collective([&](comm::Communicator &c) { return c.broadcast(full, layout_.units()[u].padded_numel * es, root); }));
         Status s =
-            ops_->copy(unit.own.data(), static_cast<char *>(full) + static_cast<uint64_t>(shard_rank_) * S * es, S * es);
+            ops_->copy(unit.own.data(), static_cast<char *>(full) + static_cast<uint64_t>(mesh_.shard_rank()) * S * es, S * es);
         if (!s.ok()) return fail(s);
         unit.master_valid = false;  // the next step takes the masters from the new values
     }
@@ -710,12 +643,12 @@ Status ShardGroup::gather_params() {
         SX_TRY(gather_after_update(false));
         return gathers_->drop_spares();
     }
-    if (shard_size_ == 1) return Status::Ok();
+    if (mesh_.shard_size() == 1) return Status::Ok();
     for (size_t u = 0; u < units_.size(); ++u) {
         const uint64_t bytes = layout_.units()[u].shard_numel * dtype_size(units_[u].dtype);
         SX_TRY(check_usable());
         SX_TRACE_SPAN(tracer(), "step", "all_gather", layout_.units()[u].unit_id, units_[u].params.size());
-        Status s = shard_comm_->all_gather(units_[u].params.data(), bytes);
+        Status s = mesh_.shard().all_gather(units_[u].params.data(), bytes);
         if (!s.ok()) return fail(s);
     }
     return Status::Ok();
@@ -766,12 +699,12 @@ Agreement ShardGroup::step_agreement(const char *call, std::vector<uint8_t> mask
 // exchange (*all gets `mine`).
 Status ShardGroup::exchange_header(const char *call, CallHeader mine, const CallHeaders::FactsFn &facts,
                                    std::vector<CallHeader> *all, const char *intro) {
-    if (world_size_ == 1) {
+    if (mesh_.world_size() == 1) {
         mine.call = fnv1a(call, std::strlen(call));
         if (all) all->assign(1, mine);
         return Status::Ok();
     }
-    return headers_->exchange(*comm_, call, mine, facts, all, intro);
+    return headers_->exchange(mesh_.world(), call, mine, facts, all, intro);
 }
 
 // Collective: every rank must be in the same call with the same agreement
@@ -809,13 +742,13 @@ Status ShardGroup::agree_call(const char *call, std::vector<Fact> facts, const S
 // rank, whatever the collective's own order of additions).
 Status ShardGroup::sum_over_ranks(double local, double *total) {
     // Every replica group holds the same shards: the sum is over the shard group's ranks.
-    if (shard_size_ == 1) {
+    if (mesh_.shard_size() == 1) {
         *total = local;
         return Status::Ok();
     }
-    std::vector<double> all(static_cast<size_t>(shard_size_), 0.0);
-    all[static_cast<size_t>(shard_rank_)] = local;
-    Status s = shard_comm_->all_gather(all.data(), sizeof(double));
+    std::vector<double> all(static_cast<size_t>(mesh_.shard_size()), 0.0);
+    all[static_cast<size_t>(mesh_.shard_rank())] = local;
+    Status s = mesh_.shard().all_gather(all.data(), sizeof(double));
     if (!s.ok()) return fail(s);
     double sum = 0.0;
     for (double v : all) sum += v;  // in rank order: the same bits on every rank

@@ -25,6 +25,7 @@
 #include "core/device.h"
 #include "core/layout.h"
 #include "core/loss_scaler.h"
+#include "core/mesh.h"
 #include "core/params.h"
 #include "core/round.h"
 #include "core/units.h"
@@ -106,11 +107,11 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     ~ShardGroup();
 
     // --- what checkpoints and the whole-state exchange see (ShardAccess: shard_state.h) ---
-    int rank() const override { return rank_; }
-    int world_size() const override { return world_size_; }
-    int shard_size() const override { return shard_size_; }
-    int shard_rank() const override { return shard_rank_; }
-    int replica_rank() const override { return replica_rank_; }
+    int rank() const override { return mesh_.rank(); }
+    int world_size() const override { return mesh_.world_size(); }
+    int shard_size() const override { return mesh_.shard_size(); }
+    int shard_rank() const override { return mesh_.shard_rank(); }
+    int replica_rank() const override { return mesh_.replica_rank(); }
     int stage() const override { return config_.stage; }
     int alignment() const override { return config_.alignment; }
     int timeout_ms() const override { return config_.timeout_ms; }
@@ -129,14 +130,14 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status agree_call(const char *call, std::vector<Fact> facts, const Status &local = Status::Ok(),
                       const char *intro = "ranks disagree") override;
     Status collective(const std::function<Status(comm::Communicator &)> &fn) override;
-    comm::Store &store() override { return *store_; }
+    comm::Store &store() override { return mesh_.store(); }
     Status fail(Status s) override;
     Status check_usable() const override;
     bool aborted() const override { return aborted_.load(); }
     trace::Tracer *tracer() const override { return tracer_.get(); }
 
     // --- the group ---
-    int replicas() const { return replicas_; }
+    int replicas() const { return mesh_.replicas(); }
     double predivide_factor() const;  // 16-bit gradients' divisor before their sum (GroupConfig)
     bool finalized() const { return finalized_; }
     // Params or param groups were added after sx_finalize and wait for the next one.
@@ -203,10 +204,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     ShardGroup() = default;
     // Each private function's contract is at its definition (group.cc, step.cc,
     // pipeline.cc, full_state.cc).
-    // --- the mesh (group.cc) ---
-    Status connect(std::shared_ptr<comm::Store> store, int rank, int size, std::unique_ptr<comm::Communicator> *out,
-                   std::chrono::steady_clock::time_point deadline = {}) const;
-    Status form_mesh(std::chrono::steady_clock::time_point deadline);
+    // --- the mesh's work (group.cc; the part: mesh.h) ---
     Status reduce_replicas(size_t u, float *shard);
     Status broadcast_gathered(int root);
     // --- what the ranks agree on (group.cc; the part: agreement.h) ---
@@ -247,14 +245,8 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     GroupConfig config_;
     // First in, last out: every thread of the group (channels, pools) has ended before it goes.
     std::unique_ptr<trace::Tracer> tracer_;
-    int rank_ = 0, world_size_ = 1;
     std::unique_ptr<CallHeaders> headers_;  // from the start: the mesh's agreement uses it
-    std::shared_ptr<comm::Store> store_;
-    std::unique_ptr<comm::Communicator> comm_;  // every rank of the group
-    int shard_size_ = 1, shard_rank_ = 0, replicas_ = 1, replica_rank_ = 0;
-    comm::Communicator *shard_comm_ = nullptr;             // comm_, or shard_comm_own_
-    std::unique_ptr<comm::Communicator> shard_comm_own_;  // a mesh's shard group
-    std::unique_ptr<comm::Communicator> replica_comm_;    // a mesh's replica group (replicas > 1)
+    Mesh mesh_;  // the ranks and their communicators (mesh.h)
     std::unique_ptr<optim::ThreadPool> pool_;
     std::unique_ptr<DeviceOps> ops_;
 
@@ -276,7 +268,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
 
     uint64_t zero_grad_steps_ = 0;       // steps in a row whose gradients were all zero
     // The parts with threads, after the communicators: destroyed first. Reductions run on
-    // the round's channel (over comm_), gathers on the gathers' (a communicator of their
+    // the round's channel (over the world's), gathers on the gathers' (a communicator of their
     // own), each in one order that every rank keeps.
     std::unique_ptr<ReductionRound> round_;  // the gradient reductions (round.h)
     std::unique_ptr<Gathers> gathers_;       // the param gathers (gathers.h)

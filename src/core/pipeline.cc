@@ -31,7 +31,7 @@ Status ShardGroup::settle() {
 Status ShardGroup::agree_round(const Agreement &a) { return agree(a, 0.0, nullptr); }
 
 Status ShardGroup::reduce_unit_grads(size_t u, bool accumulate, float **shard) {
-    Status s = units_.reduce(u, *shard_comm_, accumulate, shard);
+    Status s = units_.reduce(u, mesh_.shard(), accumulate, shard);
     if (s.ok() && accumulate) {
         units_[u].accum_live = true;
         s = ops_->zero(units_[u].grads.data(), units_[u].grads.size());
@@ -79,10 +79,10 @@ Status ShardGroup::unit_grads_ready(int32_t unit, bool accumulate, void *stream)
 // round); weight: this rank's, summed over the ranks into *weight_sum (step rounds).
 Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double *weight_sum) {
     ReductionRound::World w;
-    w.comm = world_size_ > 1 ? comm_.get() : nullptr;
-    w.rank = rank_;
-    w.size = world_size_;
-    w.shard_size = shard_size_;
+    w.comm = mesh_.world_size() > 1 ? &mesh_.world() : nullptr;
+    w.rank = mesh_.rank();
+    w.size = mesh_.world_size();
+    w.shard_size = mesh_.shard_size();
     w.headers = headers_.get();
     w.params = &params_;
     bool dropped = false;
@@ -98,7 +98,7 @@ Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double
 // Gathers
 
 int32_t ShardGroup::first_deferred_gather() const {
-    if (config_.stage == 3 || shard_size_ == 1) return -1;
+    if (config_.stage == 3 || mesh_.shard_size() == 1) return -1;
     const std::vector<int32_t> &order = round_->order();
     for (size_t k = order.size(); k-- > 0;)
         if (units_[order[k]].trainable) return order[k];

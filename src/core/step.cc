@@ -38,10 +38,10 @@ std::vector<uint8_t> ShardGroup::candidate_mask() const {
 // The replicas' all-reduce of unit u's reduced fp32 shard `shard` (a step's last
 // micro-batch), where the mesh has more than one replica. A failure fails the group.
 Status ShardGroup::reduce_replicas(size_t u, float *shard) {
-    if (replicas_ == 1) return Status::Ok();
+    if (mesh_.replicas() == 1) return Status::Ok();
     SX_TRACE_SPAN(tracer(), "step", "replica_all_reduce", layout_.units()[u].unit_id,
                   layout_.units()[u].shard_numel * sizeof(float));
-    Status s = replica_comm_->all_reduce_sum_f32(shard, layout_.units()[u].shard_numel);
+    Status s = mesh_.replica()->all_reduce_sum_f32(shard, layout_.units()[u].shard_numel);
     return s.ok() ? s : fail(s);
 }
 
@@ -57,7 +57,7 @@ Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weigh
         Unit &unit = units_[u];
         if (!unit.trainable) continue;
         float *shard = nullptr;
-        Status s = units_.reduce(u, *shard_comm_, accumulate, &shard);
+        Status s = units_.reduce(u, mesh_.shard(), accumulate, &shard);
         if (!s.ok()) return fail(s);
         round_->set_reduced(u, shard);
         if (accumulate) unit.accum_live = true;
@@ -145,7 +145,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     SX_TRY(gathers_->meet("sx_step"));
 
     // 1. Every trainable unit's gradients reduced into this rank's shard.
-    double weight_sum = static_cast<double>(world_size_);
+    double weight_sum = static_cast<double>(mesh_.world_size());
     bool have_sumsq = false;
     double sumsq = 0.0;
     SX_TRY(reduce_for_step(options, &weight_sum, &have_sumsq, &sumsq));
@@ -175,7 +175,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
         // The sums are of the gradients times norm_scale(), as torch's norm of the averaged
         // gradients; a weighted step's average has the weights' sum for the rank count.
         norm = std::sqrt(sumsq);
-        if (options.weighted) norm *= static_cast<double>(world_size_) / weight_sum;
+        if (options.weighted) norm *= static_cast<double>(mesh_.world_size()) / weight_sum;
         // Every rank saw the same sum, so every rank skips.
         if (checked && !std::isfinite(norm)) return skip_nonfinite(options, norm, result);
         coef = clip_coefficient(norm, options.max_grad_norm);
@@ -265,7 +265,7 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
 // The gradient scale of the norm: the average over the ranks and the loss scale (1 /
 // (world_size x scale)), as torch takes the norm of the averaged gradients.
 float ShardGroup::norm_scale() const {
-    return static_cast<float>(1.0 / (static_cast<double>(world_size_) * scaler_.scale()));
+    return static_cast<float>(1.0 / (static_cast<double>(mesh_.world_size()) * scaler_.scale()));
 }
 
 // Collective: the sum of squares of the reduced gradients times norm_scale() over every
@@ -308,12 +308,12 @@ void ShardGroup::warn_if_no_gradient(double norm) {
 
 // Collective: all-gathers the params of every trainable unit.
 Status ShardGroup::gather_trainable_units() {
-    if (shard_size_ == 1) return Status::Ok();
+    if (mesh_.shard_size() == 1) return Status::Ok();
     for (size_t u = 0; u < units_.size(); ++u) {
         if (!units_[u].trainable) continue;
         SX_TRACE_SPAN(tracer(), "step", "all_gather", layout_.units()[u].unit_id, units_[u].params.size());
         const uint64_t S = layout_.units()[u].shard_numel;
-        Status s = shard_comm_->all_gather(units_[u].params.data(), S * dtype_size(units_[u].dtype));
+        Status s = mesh_.shard().all_gather(units_[u].params.data(), S * dtype_size(units_[u].dtype));
         if (!s.ok()) return fail(s);
     }
     return Status::Ok();
