@@ -158,7 +158,8 @@ SX_API sx_status_t sx_add_param_group(sx_shard_group_t *group, const sx_param_gr
         SX_TRY(sx::api::read_input(desc, "desc", min_size, &d));
         SX_TRY(sx::core::check_desc_flags(d));
         if (d.optimizer == 0) d.optimizer = SX_OPTIM_ADAMW;
-        return g->add_param_group(sx::core::hyper_from_desc(d), index_out);
+        SX_TRY(g->check_usable());
+        return g->table().add_group(sx::core::hyper_from_desc(d), index_out);
     });
 }
 
@@ -177,7 +178,7 @@ SX_API sx_status_t sx_get_hyperparameter(const sx_shard_group_t *group, int32_t 
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         SX_CHECK_ARG(value != nullptr, "value is NULL");
-        return g->get_hyperparameter(param_group, key, value);
+        return g->table().get_hyperparameter(param_group, key, value);
     });
 }
 
@@ -206,8 +207,9 @@ SX_API sx_status_t sx_add_param(sx_shard_group_t *group, const sx_param_desc_t *
         SX_TRY(sx::api::read_input(desc, "desc", offsetof(sx_param_desc_t, unit) + sizeof(int32_t), &d));
         SX_TRY(check_flag(d.frozen, "desc->frozen"));
         SX_CHECK_ARG(d.reserved0 == 0, "desc->reserved0 is %d; it must be 0", d.reserved0);
-        return g->add_param(d.name, d.ndim, d.shape, d.dtype, d.param_group, d.unit, d.frozen != 0,
-                            index_out);
+        SX_TRY(g->check_usable());
+        return g->table().add_param(d.name, d.ndim, d.shape, d.dtype, d.param_group, d.unit, d.frozen != 0,
+                                    index_out);
     });
 }
 

@@ -89,7 +89,7 @@ SX_API sx_status_t sx_get_num_params(const sx_shard_group_t *group, int32_t *cou
 
 SX_API sx_status_t sx_get_num_param_groups(const sx_shard_group_t *group, int32_t *count) {
     return query_int(__func__, group, count, "count",
-                     [](const sx::core::ShardGroup &g) { return g.num_param_groups(); });
+                     [](const sx::core::ShardGroup &g) { return g.table().num_groups(); });
 }
 
 SX_API sx_status_t sx_get_num_units(const sx_shard_group_t *group, int32_t *count) {
@@ -97,7 +97,7 @@ SX_API sx_status_t sx_get_num_units(const sx_shard_group_t *group, int32_t *coun
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         SX_CHECK_ARG(count != nullptr, "count is NULL");
-        SX_CHECK(g->finalized(), SX_ERR_INVALID_STATE, "units are laid out by sx_finalize");
+        SX_CHECK(g->table().finalized(), SX_ERR_INVALID_STATE, "units are laid out by sx_finalize");
         *count = static_cast<int32_t>(g->layout().units().size());
         return Status::Ok();
     });
@@ -116,7 +116,7 @@ SX_API sx_status_t sx_get_memory_stats(const sx_shard_group_t *group, sx_memory_
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         SX_TRY(sx::api::check_output(out, "out"));
-        SX_CHECK(g->finalized(), SX_ERR_INVALID_STATE, "buffers are allocated by sx_finalize");
+        SX_CHECK(g->table().finalized(), SX_ERR_INVALID_STATE, "buffers are allocated by sx_finalize");
         const sx::core::MemoryStats s = g->memory_stats();
         sx_memory_stats_t m;
         std::memset(&m, 0, sizeof m);
@@ -145,7 +145,7 @@ SX_API sx_status_t sx_get_param_info(const sx_shard_group_t *group, int32_t para
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         SX_TRY(sx::api::check_output(out, "out"));
-        SX_TRY(g->check_param(param));
+        SX_TRY(g->table().check_param(param));
         const sx::core::ParamSpec &p = g->param(param);
         sx_param_info_t i;
         std::memset(&i, 0, sizeof i);
@@ -157,8 +157,8 @@ SX_API sx_status_t sx_get_param_info(const sx_shard_group_t *group, int32_t para
         i.numel = p.numel;
         i.param_group = p.group;
         i.unit = p.unit;
-        i.trainable = g->trainable(param) ? 1 : 0;
-        if (g->check_laid_out(param).ok()) {
+        i.trainable = g->table().trainable(param) ? 1 : 0;
+        if (g->table().check_laid_out(param).ok()) {
             i.offset_in_unit = g->layout().placement(param).offset;
             const sx::core::ShardPiece piece = g->layout().piece(param, g->shard_rank());
             i.shard_begin = piece.begin;
@@ -182,7 +182,7 @@ SX_API sx_status_t sx_get_unit_info(const sx_shard_group_t *group, int32_t index
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         SX_TRY(sx::api::check_output(out, "out"));
-        SX_CHECK(g->finalized(), SX_ERR_INVALID_STATE, "units are laid out by sx_finalize");
+        SX_CHECK(g->table().finalized(), SX_ERR_INVALID_STATE, "units are laid out by sx_finalize");
         const auto &units = g->layout().units();
         SX_CHECK_ARG(index >= 0 && static_cast<size_t>(index) < units.size(),
                      "unit index %d is out of range (%zu units)", index, units.size());
@@ -196,11 +196,11 @@ SX_API sx_status_t sx_get_unit_info(const sx_shard_group_t *group, int32_t index
         i.padded_numel = u.padded_numel;
         i.shard_numel = u.shard_numel;
         i.shard_begin = static_cast<uint64_t>(g->shard_rank()) * u.shard_numel;
-        i.trainable = g->unit_trainable(index) ? 1 : 0;
-        i.has_optimizer_state = g->unit_has_state(index) ? 1 : 0;
+        i.trainable = g->units()[static_cast<size_t>(index)].trainable ? 1 : 0;
+        i.has_optimizer_state = g->units()[static_cast<size_t>(index)].state_slots > 0 ? 1 : 0;
         i.shard_size = g->shard_size();
         i.shard_rank = g->shard_rank();
-        i.replicas = g->replicas();
+        i.replicas = g->world_size() / g->shard_size();
         i.replica_rank = g->replica_rank();
         sx::api::write_output(out, i);
         return Status::Ok();

@@ -14,7 +14,7 @@ sx_status_t view(const char *fn, const sx_shard_group_t *group, int32_t param, s
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         SX_TRY(sx::api::check_output(out, "out"));
-        SX_TRY(g->check_laid_out(param));
+        SX_TRY(g->table().check_laid_out(param));
         if (!grad) SX_TRY(g->check_param_present(param));
         sx_view_t v;
         std::memset(&v, 0, sizeof v);
@@ -69,7 +69,7 @@ SX_API sx_status_t sx_find_param(const sx_shard_group_t *group, const char *name
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         SX_CHECK_ARG(index != nullptr, "index is NULL");
-        return g->find_param(name, index);
+        return g->table().find(name, index);
     });
 }
 
@@ -78,7 +78,8 @@ SX_API sx_status_t sx_set_trainable(sx_shard_group_t *group, int32_t param, int3
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         SX_CHECK_ARG(trainable == 0 || trainable == 1, "trainable is %d; it must be 0 or 1", trainable);
-        return g->set_trainable(param, trainable != 0);
+        SX_TRY(g->check_usable());
+        return g->table().set_trainable(param, trainable != 0);
     });
 }
 
@@ -87,8 +88,8 @@ SX_API sx_status_t sx_get_trainable(const sx_shard_group_t *group, int32_t param
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         SX_CHECK_ARG(trainable != nullptr, "trainable is NULL");
-        SX_TRY(g->check_param(param));
-        *trainable = g->trainable(param) ? 1 : 0;
+        SX_TRY(g->table().check_param(param));
+        *trainable = g->table().trainable(param) ? 1 : 0;
         return Status::Ok();
     });
 }
@@ -99,10 +100,10 @@ SX_API sx_status_t sx_trainable_mask(sx_shard_group_t *group, uint8_t **mask, in
         SX_TRY(resolve(group, &g));
         SX_CHECK_ARG(mask != nullptr, "mask is NULL");
         SX_CHECK_ARG(count != nullptr, "count is NULL");
-        SX_CHECK(g->finalized(), SX_ERR_INVALID_STATE,
+        SX_CHECK(g->table().finalized(), SX_ERR_INVALID_STATE,
                  "the trainable mask is handed out after sx_finalize (params may still be added "
                  "before, which would move it)");
-        *mask = g->mask();
+        *mask = g->table().mask();
         *count = g->num_params();
         return Status::Ok();
     });

@@ -35,9 +35,9 @@ Status ShardGroup::scatter_state(int root, const StateFn &fn) {
 }
 
 Status ShardGroup::state_view(int32_t param, const char *tensor, void **data, uint64_t *numel) const {
-    SX_TRY(check_laid_out(param));
+    SX_TRY(table_.check_laid_out(param));
     SX_CHECK_ARG(tensor != nullptr, "tensor is NULL");
-    const ParamSpec &spec = params_[param];
+    const ParamSpec &spec = table_.params()[param];
     const size_t u = static_cast<size_t>(layout_.placement(param).unit_index);
     const Unit &unit = units_[u];
     const std::vector<StateTensor> all = state_tensors(*this, unit_shard(u), param, true);

@@ -111,8 +111,10 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     us.shard_size = g->mesh_.shard_size();
     us.grad_dtype = cfg.grad_dtype;
     us.reduce_dtype = cfg.reduce_dtype;
-    us.predivide = g->predivide_factor();
-    g->units_.configure(us, g->ops_.get(), g->tracer(), {&g->layout_, &g->params_, &g->groups_, &g->applied_mask_});
+    // The ranks whose gradients are summed in 16 bits are a shard group's (GroupConfig).
+    us.predivide = cfg.grad_predivide_factor > 0 ? cfg.grad_predivide_factor
+                                                 : fsdp_predivide_factor(g->mesh_.shard_size());
+    g->units_.configure(us, g->ops_.get(), g->tracer(), {&g->layout_, &g->table_.params(), &g->table_.groups(), &g->table_.applied()});
     g->round_.reset(new ReductionRound(*g, g->tracer(), cfg.stage, g->mesh_.replicas() > 1));
     Gathers::Settings gs;
     gs.stage = cfg.stage;
@@ -154,12 +156,6 @@ int fsdp_predivide_factor(int n) {
     return factor;
 }
 
-double ShardGroup::predivide_factor() const {
-    if (config_.grad_predivide_factor > 0) return config_.grad_predivide_factor;
-    // The ranks whose gradients are summed in 16 bits are a shard group's.
-    return fsdp_predivide_factor(mesh_.shard_size());
-}
-
 ShardGroup::~ShardGroup() {
     // Wait for an abort() in progress on another thread (see abort_mu_).
     std::lock_guard<std::mutex> lock(abort_mu_);
@@ -178,25 +174,17 @@ ShardGroup::~ShardGroup() {
 }
 
 Status ShardGroup::fail(Status s) {
-    bool first = false;
-    {
-        std::lock_guard<std::mutex> lock(failure_mu_);
-        if (!failed_.exchange(true)) {
-            failure_ = s;  // a Status copy never allocates
-            first = true;
-        }
-    }
     // A failed group can only be destroyed, so its peers would wait for this rank in their
     // next collective until their timeout: closing its connections fails those at once.
     // Not under abort_mu_: a channel's thread may fail the group while the destructor,
     // holding it, joins that thread (the communicators outlive the channels).
-    if (first) abort_communicators();
+    if (failure_.record(s)) abort_communicators();
     return s;
 }
 
 void ShardGroup::abort() {
     std::lock_guard<std::mutex> lock(abort_mu_);
-    aborted_.store(true);
+    failure_.set_aborted();
     abort_communicators();
 }
 
@@ -205,96 +193,27 @@ void ShardGroup::abort_communicators() {
     if (gathers_) gathers_->abort();
 }
 
-Status ShardGroup::check_usable() const {
-    // sx.h: after sx_abort, collectives in flight return SX_ERR_ABORTED (from the
-    // communicator); later calls return SX_ERR_GROUP_FAILED.
-    if (aborted_.load())
-        return SX_ERROR(SX_ERR_GROUP_FAILED,
-                        "the group was aborted with sx_abort() and can only be destroyed");
-    if (failed_.load()) {
-        std::lock_guard<std::mutex> lock(failure_mu_);
-        return SX_ERROR(SX_ERR_GROUP_FAILED,
-                        "the group failed earlier and can only be destroyed; the first error was: %s",
-                        failure_.message().c_str());
-    }
-    return Status::Ok();
-}
+Status ShardGroup::check_usable() const { return failure_.check(); }
 
 Status ShardGroup::check_finalized() const {
-    SX_CHECK(finalized_, SX_ERR_INVALID_STATE, "the group is not finalized yet; call sx_finalize first");
-    SX_CHECK(!pending(), SX_ERR_INVALID_STATE,
+    SX_CHECK(table_.finalized(), SX_ERR_INVALID_STATE, "the group is not finalized yet; call sx_finalize first");
+    SX_CHECK(!table_.pending(), SX_ERR_INVALID_STATE,
              "%zu param(s) and %zu param group(s) were added after sx_finalize: call sx_finalize again (on every "
              "rank) to lay them out before the group goes on",
-             params_.size() - laid_out_params_, groups_.size() - laid_out_groups_);
-    return Status::Ok();
-}
-
-Status ShardGroup::check_laid_out(int32_t param) const {
-    SX_TRY(check_param(param));
-    SX_CHECK(finalized_, SX_ERR_INVALID_STATE,
-             "the group is not finalized yet: params are laid out in the flat buffers by sx_finalize");
-    SX_CHECK(static_cast<size_t>(param) < laid_out_params_, SX_ERR_INVALID_STATE,
-             "param '%s' was added after sx_finalize; it is laid out by the next sx_finalize",
-             params_[param].name.c_str());
+             table_.pending_params(), table_.pending_groups());
     return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------
 // Registration
 
-Status ShardGroup::add_param_group(const optim::Hyper &hyper, int32_t *index) {
-    SX_TRY(check_usable());
-    SX_TRY(validate_hyper(hyper));
-    ParamGroup g;
-    g.hyper = hyper;
-    groups_.push_back(g);
-    if (index) *index = static_cast<int32_t>(groups_.size() - 1);
-    return Status::Ok();
-}
-
-Status ShardGroup::add_param(const char *name, int32_t ndim, const int64_t *shape, int32_t dtype,
-                             int32_t param_group, int32_t unit, bool frozen, int32_t *index) {
-    SX_TRY(check_usable());
-    SX_TRY(validate_param_name(name));
-    ParamSpec p;
-    SX_TRY(validate_shape(ndim, shape, &p.numel));
-    if (dtype == 0) dtype = SX_DTYPE_F32;
-    SX_CHECK_ARG(dtype == SX_DTYPE_F32 || dtype == SX_DTYPE_F16 || dtype == SX_DTYPE_BF16,
-                 "dtype %d of param '%s' is not an SX_DTYPE_*", dtype, name);
-    SX_CHECK_ARG(param_group >= 0 && param_group < num_param_groups(),
-                 "param '%s': param group %d does not exist (%d added)", name, param_group,
-                 num_param_groups());
-    SX_CHECK_ARG(unit >= 0, "param '%s': unit %d must be >= 0", name, unit);
-    SX_CHECK(by_name_.find(name) == by_name_.end(), SX_ERR_ALREADY_EXISTS,
-             "a param named '%s' is already registered", name);
-    // After sx_finalize, new params go in new units after every laid-out one, so that the
-    // laid-out units keep their buffers and their indices.
-    if (finalized_) {
-        const int32_t last = layout_.units().back().unit_id;
-        SX_CHECK_ARG(unit > last,
-                     "param '%s': unit %d is laid out already, or precedes one that is; params added after "
-                     "sx_finalize go in new units, with ids above %d (the largest laid out)",
-                     name, unit, last);
-    }
-    p.name = name;
-    p.shape.assign(shape, shape + ndim);
-    p.dtype = dtype;
-    p.group = param_group;
-    p.unit = unit;
-    by_name_.emplace(p.name, static_cast<int32_t>(params_.size()));
-    params_.push_back(std::move(p));
-    mask_.push_back(frozen ? 0 : 1);
-    if (index) *index = static_cast<int32_t>(params_.size() - 1);
-    return Status::Ok();
-}
-
 Status ShardGroup::finalize() {
     SX_TRY(check_usable());
     SX_TRACE_SPAN(tracer(), "group", "sx_finalize");
-    SX_CHECK(!finalized_ || pending(), SX_ERR_INVALID_STATE,
+    SX_CHECK(!table_.finalized() || table_.pending(), SX_ERR_INVALID_STATE,
              "the group is already finalized, and nothing was added since");
-    SX_CHECK(!params_.empty(), SX_ERR_INVALID_STATE, "no params were added before sx_finalize");
-    if (finalized_) {
+    SX_CHECK(!table_.params().empty(), SX_ERR_INVALID_STATE, "no params were added before sx_finalize");
+    if (table_.finalized()) {
         // Units laid out before stay where they are; nothing of theirs may be in flight.
         SX_TRY(settle());
         SX_CHECK(!round_->open() && micro_batches_ == 0, SX_ERR_INVALID_STATE,
@@ -305,14 +224,14 @@ Status ShardGroup::finalize() {
     // Every rank must have registered the same table.
     TableSettings table{config_.stage, config_.grad_dtype, config_.reduce_dtype, config_.grad_predivide_factor};
     std::vector<optim::Hyper> hypers;
-    for (const ParamGroup &pg : groups_) hypers.push_back(pg.hyper);
-    SX_TRY(agree_call("sx_finalize", table_facts(table, hypers, params_, mask_), Status::Ok(),
+    for (const ParamGroup &pg : table_.groups()) hypers.push_back(pg.hyper);
+    SX_TRY(agree_call("sx_finalize", table_facts(table, hypers, table_.params(), table_.flags()), Status::Ok(),
                       "ranks registered different param tables"));
 
     SX_TRY(units_.check_dtypes());
-    std::vector<ParamShape> shapes(params_.size());
-    for (size_t i = 0; i < params_.size(); ++i)
-        shapes[i] = {params_[i].unit, params_[i].numel, static_cast<uint32_t>(dtype_size(params_[i].dtype))};
+    std::vector<ParamShape> shapes(table_.params().size());
+    for (size_t i = 0; i < table_.params().size(); ++i)
+        shapes[i] = {table_.params()[i].unit, table_.params()[i].numel, static_cast<uint32_t>(dtype_size(table_.params()[i].dtype))};
     Layout layout;
     SX_TRY(Layout::build(shapes, mesh_.shard_size(), static_cast<uint64_t>(config_.alignment), &layout));
     // The units laid out before come first, unchanged (new params are in new units with
@@ -331,20 +250,20 @@ Status ShardGroup::finalize() {
     Layout old_layout = std::move(layout_);
     layout_ = std::move(layout);
     units_.append(&added);
-    const size_t old_params = applied_mask_.size();
-    std::vector<uint8_t> mask = applied_mask_;
-    for (size_t i = old_params; i < mask_.size(); ++i) mask.push_back(mask_[i] ? 1 : 0);
-    applied_mask_.resize(mask_.size(), 0);
-    const bool first = !finalized_;
-    finalized_ = true;
+    const size_t old_params = table_.applied().size();
+    std::vector<uint8_t> mask = table_.applied();
+    for (size_t i = old_params; i < table_.flags().size(); ++i) mask.push_back(table_.flags()[i] ? 1 : 0);
+    table_.applied().resize(table_.flags().size(), 0);
+    const bool first = !table_.finalized();
+    table_.set_finalized(true);
     Status s = prepare(mask);
     // Stage 3 gathers on a channel of its own from the start.
     if (s.ok() && config_.stage == 3) s = gathers_->open();
     if (!s.ok()) {
-        finalized_ = !first;
+        table_.set_finalized(!first);
         units_.truncate(old_units);
         layout_ = std::move(old_layout);
-        applied_mask_.resize(old_params);
+        table_.applied().resize(old_params);
         return s;
     }
     std::vector<int32_t> ids;
@@ -359,8 +278,7 @@ Status ShardGroup::finalize() {
         bytes += unit.params.size() + unit.own.size();
     }
     gathers_->count_bytes(static_cast<int64_t>(bytes));
-    laid_out_params_ = params_.size();
-    laid_out_groups_ = groups_.size();
+    table_.laid_out(layout_.units().back().unit_id);
     return Status::Ok();
 }
 
@@ -369,35 +287,14 @@ Status ShardGroup::finalize() {
 
 Status ShardGroup::set_hyperparameter(int32_t group, int32_t key, double value) {
     SX_TRY(check_usable());
-    SX_CHECK_ARG(group >= 0 && group < num_param_groups(), "param group %d does not exist (%d added)",
-                 group, num_param_groups());
+    SX_TRY(table_.check_group(group));
     SX_CHECK(!(key == SX_HP_AMSGRAD && steps_ > 0), SX_ERR_INVALID_STATE,
              "amsgrad can only change before the first step");
-    return core::set_hyperparameter(&groups_[group].hyper, key, value);
-}
-
-Status ShardGroup::get_hyperparameter(int32_t group, int32_t key, double *value) const {
-    SX_CHECK_ARG(group >= 0 && group < num_param_groups(), "param group %d does not exist (%d added)",
-                 group, num_param_groups());
-    return core::get_hyperparameter(groups_[group].hyper, key, value);
+    return core::set_hyperparameter(&table_.groups()[group].hyper, key, value);
 }
 
 // ---------------------------------------------------------------------------------
 // Params and views
-
-Status ShardGroup::check_param(int32_t param) const {
-    SX_CHECK_ARG(param >= 0 && param < num_params(), "param index %d is out of range (%d params)",
-                 param, num_params());
-    return Status::Ok();
-}
-
-Status ShardGroup::find_param(const char *name, int32_t *index) const {
-    SX_CHECK_ARG(name != nullptr, "name is NULL");
-    auto it = by_name_.find(name);
-    SX_CHECK(it != by_name_.end(), SX_ERR_NOT_FOUND, "no param named '%s'", name);
-    *index = it->second;
-    return Status::Ok();
-}
 
 char *ShardGroup::params_base(size_t u) const {
     return static_cast<char *>(config_.stage == 3 ? gathers_->whole(u) : units_[u].params.data());
@@ -415,7 +312,7 @@ void *ShardGroup::grad_data(int32_t param) const {
 }
 
 Status ShardGroup::unit_buffer(int32_t u, bool grad, void **data, uint64_t *numel, int32_t *dtype) const {
-    SX_CHECK(finalized_, SX_ERR_INVALID_STATE,
+    SX_CHECK(table_.finalized(), SX_ERR_INVALID_STATE,
              "the group is not finalized yet: units are laid out in the flat buffers by sx_finalize");
     const int32_t n = static_cast<int32_t>(units_.size());
     SX_CHECK_ARG(u >= 0 && u < n, "unit index %d is out of range (%d units laid out)", u, n);
@@ -521,17 +418,10 @@ void ShardFence::wait_readers() const {
 // ---------------------------------------------------------------------------------
 // Trainability and optimizer state
 
-Status ShardGroup::set_trainable(int32_t param, bool trainable) {
-    SX_TRY(check_usable());
-    SX_TRY(check_param(param));
-    mask_[param] = trainable ? 1 : 0;
-    return Status::Ok();
-}
-
 Status ShardGroup::refresh_trainable() {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
-    return prepare(mask_);
+    return prepare(table_.flags());
 }
 
 Status ShardGroup::collective(const std::function<Status(comm::Communicator &)> &fn) {
@@ -550,12 +440,12 @@ Status ShardGroup::export_shard(ShardState *out) {
     SX_TRY(ops_->wait_for(nullptr));
     SX_TRY(units_.ensure_masters());
     for (size_t u = 0; u < units_.size(); ++u) st.units.push_back(unit_shard(u));
-    st.trainable.resize(params_.size());
-    for (size_t p = 0; p < params_.size(); ++p) st.trainable[p] = mask_[p] ? 1 : 0;
+    st.trainable.resize(table_.params().size());
+    for (size_t p = 0; p < table_.params().size(); ++p) st.trainable[p] = table_.flags()[p] ? 1 : 0;
     ShardProgress &pr = st.progress;
     pr.steps_taken = steps_;
-    for (const ParamSpec &spec : params_) pr.params.push_back({spec.step, spec.momentum_steps});
-    for (const ParamGroup &g : groups_) pr.hypers.push_back(g.hyper);
+    for (const ParamSpec &spec : table_.params()) pr.params.push_back({spec.step, spec.momentum_steps});
+    for (const ParamGroup &g : table_.groups()) pr.hypers.push_back(g.hyper);
     pr.scaler = scaler_.state();
     *out = std::move(st);
     return Status::Ok();
@@ -584,9 +474,9 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
         }
     }
     if (r.progress)
-        SX_CHECK(r.progress->params.size() == params_.size() && r.progress->hypers.size() == groups_.size(),
+        SX_CHECK(r.progress->params.size() == table_.params().size() && r.progress->hypers.size() == table_.groups().size(),
                  SX_ERR_INTERNAL, "restoring the progress of %zu params and %zu param groups into %zu and %zu",
-                 r.progress->params.size(), r.progress->hypers.size(), params_.size(), groups_.size());
+                 r.progress->params.size(), r.progress->hypers.size(), table_.params().size(), table_.groups().size());
     for (size_t u = 0; u < units_.size(); ++u) {
         Unit &unit = units_[u];
         for (int k = 0; k < r.slots[u]; ++k) std::swap(unit.state[k], (*r.state)[u][k]);
@@ -595,16 +485,16 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
     }
     if (!r.progress) return Status::Ok();
     const ShardProgress &pr = *r.progress;
-    for (size_t p = 0; p < params_.size(); ++p) {
-        params_[p].step = pr.params[p].step;
-        params_[p].momentum_steps = pr.params[p].momentum_steps;
+    for (size_t p = 0; p < table_.params().size(); ++p) {
+        table_.params()[p].step = pr.params[p].step;
+        table_.params()[p].momentum_steps = pr.params[p].momentum_steps;
     }
-    for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyper = pr.hypers[g];
+    for (size_t g = 0; g < table_.groups().size(); ++g) table_.groups()[g].hyper = pr.hypers[g];
     // The group has taken at least as many steps as any param has had updates (what a
     // checkpoint records and checks): params a load left as they were, or counts
     // scattered from another optimizer, may bring more than the steps restored.
     steps_ = pr.steps_taken;
-    for (const ParamSpec &ps : params_) steps_ = std::max(steps_, static_cast<uint64_t>(std::max<int64_t>(ps.step, 0)));
+    for (const ParamSpec &ps : table_.params()) steps_ = std::max(steps_, static_cast<uint64_t>(std::max<int64_t>(ps.step, 0)));
     scaler_.restore(pr.scaler);
     return Status::Ok();
 }
@@ -667,7 +557,7 @@ MemoryStats ShardGroup::memory_stats() const {
 // hyperparameters. All allocations happen before anything changes.
 Status ShardGroup::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
     SX_TRY(units_.prepare(mask, accumulate));
-    for (size_t i = 0; i < mask.size(); ++i) applied_mask_[i] = mask[i] ? 1 : 0;
+    for (size_t i = 0; i < mask.size(); ++i) table_.applied()[i] = mask[i] ? 1 : 0;
     return Status::Ok();
 }
 
@@ -684,7 +574,7 @@ Agreement ShardGroup::step_agreement(const char *call, std::vector<uint8_t> mask
     a.weighted = weighted;
     if (config_.stage == 3 && defer_gather >= 0)
         for (size_t u = 0; u < units_.size(); ++u) a.gathered.push_back(gathers_->pins(u) > 0 ? 1 : 0);
-    for (const ParamGroup &g : groups_) a.hypers.push_back(g.hyper);
+    for (const ParamGroup &g : table_.groups()) a.hypers.push_back(g.hyper);
     const LossScaling &ls = scaler_.settings();
     a.loss_scaling_mode = ls.mode;
     a.loss_scale = scaler_.scale();
@@ -715,13 +605,15 @@ Status ShardGroup::agree(const Agreement &a, double weight, double *weight_sum) 
     mine.fingerprint = agreement_fingerprint(a);
     mine.weight = weight;
     std::vector<CallHeader> all;
-    SX_TRY(exchange_header(a.call, mine, [&] { return agreement_facts(a, params_); }, &all));
+    SX_TRY(exchange_header(a.call, mine, [&] { return agreement_facts(a, table_.params()); }, &all));
     double sum = 0.0;
     for (const CallHeader &h : all) sum += h.weight;  // in rank order: the same bits on every rank
     if (weight_sum) *weight_sum = sum;
     return Status::Ok();
 }
 
+// ShardAccess::agree_call; it settles the channels first (nothing of theirs may share the
+// communicator), and at stage 3 meets the gathers (Gathers::meet).
 Status ShardGroup::agree_call(const char *call, std::vector<Fact> facts, const Status &local, const char *intro) {
     SX_TRY(check_usable());
     SX_TRY(settle());

@@ -23,9 +23,11 @@
 #include "core/channel.h"
 #include "core/gathers.h"
 #include "core/device.h"
+#include "core/failure.h"
 #include "core/layout.h"
 #include "core/loss_scaler.h"
 #include "core/mesh.h"
+#include "core/param_table.h"
 #include "core/params.h"
 #include "core/round.h"
 #include "core/units.h"
@@ -101,8 +103,7 @@ struct MemoryStats {
 
 class ShardGroup : public ShardAccess, private ReductionRound::Work {
   public:
-    // Rendezvous and connect (collective). Each public operation is one of sx.h's, which
-    // states its contract; "collective" marks those every rank makes in the same order.
+    // Each public operation is one of sx.h's, whose contract is there ("collective": every rank, in order).
     static Status create(const GroupConfig &config, std::unique_ptr<ShardGroup> *out);
     ~ShardGroup();
 
@@ -115,10 +116,10 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     int stage() const override { return config_.stage; }
     int alignment() const override { return config_.alignment; }
     int timeout_ms() const override { return config_.timeout_ms; }
-    int32_t num_params() const override { return static_cast<int32_t>(params_.size()); }
-    const ParamSpec &param(int32_t index) const override { return params_[index]; }
+    int32_t num_params() const override { return table_.num_params(); }
+    const ParamSpec &param(int32_t index) const override { return table_.params()[index]; }
     const Layout &layout() const override { return layout_; }
-    const optim::Hyper &hyper(int32_t group) const override { return groups_[group].hyper; }
+    const optim::Hyper &hyper(int32_t group) const override { return table_.groups()[group].hyper; }
     const LossScaling &loss_scaling() const override { return scaler_.settings(); }
     Status check_finalized() const override;
     Status export_shard(ShardState *out) override;
@@ -126,56 +127,36 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status gather_params() override;
     ShardFence &shard_fence() override { return fence_; }
     DeviceOps &ops() override { return *ops_; }
-    // Also settles the channels first (nothing of theirs may share the communicator).
     Status agree_call(const char *call, std::vector<Fact> facts, const Status &local = Status::Ok(),
                       const char *intro = "ranks disagree") override;
     Status collective(const std::function<Status(comm::Communicator &)> &fn) override;
     comm::Store &store() override { return mesh_.store(); }
     Status fail(Status s) override;
     Status check_usable() const override;
-    bool aborted() const override { return aborted_.load(); }
+    bool aborted() const override { return failure_.aborted(); }
     trace::Tracer *tracer() const override { return tracer_.get(); }
 
     // --- the group ---
-    int replicas() const { return mesh_.replicas(); }
-    double predivide_factor() const;  // 16-bit gradients' divisor before their sum (GroupConfig)
-    bool finalized() const { return finalized_; }
-    // Params or param groups were added after sx_finalize and wait for the next one.
-    bool pending() const {
-        return finalized_ && (params_.size() > laid_out_params_ || groups_.size() > laid_out_groups_);
-    }
-    Status check_laid_out(int32_t param) const;  // exists and is laid out (else says why)
     const GroupConfig &config() const { return config_; }
     MemoryStats memory_stats() const;
     Status flush_trace();  // the step timeline's file written now (docs/tracing.md)
-    void abort();                // any thread: collectives in flight fail, and later calls
-    void abort_communicators();  // every communicator aborted (in-flight ones return)
+    void abort();  // any thread: collectives in flight fail, and later calls
 
-    // --- registration, hyperparameters, trainability ---
-    Status add_param_group(const optim::Hyper &hyper, int32_t *index);
-    Status add_param(const char *name, int32_t ndim, const int64_t *shape, int32_t dtype, int32_t param_group,
-                     int32_t unit, bool frozen, int32_t *index);
+    // --- the param table (param_table.h: registration, trainable flags, what is laid out) ---
+    ParamTable &table() { return table_; }
+    const ParamTable &table() const { return table_; }
     Status finalize();  // collective: lays out what was added; laid-out units stay as they are
-    Status set_hyperparameter(int32_t group, int32_t key, double value);
-    Status get_hyperparameter(int32_t group, int32_t key, double *value) const;
-    int32_t num_param_groups() const { return static_cast<int32_t>(groups_.size()); }
-    Status set_trainable(int32_t param, bool trainable);
-    bool trainable(int32_t param) const { return mask_[param] != 0; }
-    uint8_t *mask() { return mask_.data(); }
+    Status set_hyperparameter(int32_t group, int32_t key, double value);  // amsgrad: before the first step
     Status refresh_trainable();
-    bool unit_trainable(int32_t unit_index) const { return units_[unit_index].trainable; }
-    bool unit_has_state(int32_t unit_index) const { return units_[unit_index].state_slots > 0; }
+    const Units &units() const { return units_; }  // each unit's memory (units.h)
 
     // --- params and views ---
-    Status check_param(int32_t param) const;
-    Status find_param(const char *name, int32_t *index) const;
     void *param_data(int32_t param) const;  // of the param's dtype
     void *grad_data(int32_t param) const;   // of grad_dtype(param)
     int32_t grad_dtype(int32_t param) const;
     // Unit u's whole flat buffer of params or gradients (sx_unit_view). Stage 3: params
     // only while u is gathered.
     Status unit_buffer(int32_t u, bool grad, void **data, uint64_t *numel, int32_t *dtype) const;
-    char *params_base(size_t u) const;  // unit u's whole params (stage 3: the gathers')
     // At stage 3 a param's values may be viewed only while its unit is gathered.
     Status check_param_present(int32_t param) const;
     Status broadcast_params(int root);                             // collective
@@ -202,11 +183,11 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
   private:
     using Unit = Units::Unit;
     ShardGroup() = default;
-    // Each private function's contract is at its definition (group.cc, step.cc,
-    // pipeline.cc, full_state.cc).
+    // Each private function's contract is at its definition.
     // --- the mesh's work (group.cc; the part: mesh.h) ---
     Status reduce_replicas(size_t u, float *shard);
     Status broadcast_gathered(int root);
+    void abort_communicators();
     // --- what the ranks agree on (group.cc; the part: agreement.h) ---
     Agreement step_agreement(const char *call, std::vector<uint8_t> mask, double max_grad_norm, int defer_gather,
                              bool weighted) const;
@@ -216,6 +197,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status sum_over_ranks(double local, double *total);
     std::vector<uint8_t> candidate_mask() const;
     Status prepare(const std::vector<uint8_t> &mask, bool accumulate = false);
+    char *params_base(size_t u) const;  // unit u's whole params (stage 3: the gathers')
     // --- the step (step.cc) ---
     Status reduce_for_step(const StepOptions &options, double *weight_sum, bool *have_sumsq, double *sumsq);
     Status reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum);
@@ -250,14 +232,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     std::unique_ptr<optim::ThreadPool> pool_;
     std::unique_ptr<DeviceOps> ops_;
 
-    std::vector<ParamGroup> groups_;
-    std::deque<ParamSpec> params_;  // a deque: names handed out stay where they are as params are added
-    std::unordered_map<std::string, int32_t> by_name_;
-    std::vector<uint8_t> mask_;          // the trainer's (may be written through a pointer)
-    std::vector<uint8_t> applied_mask_;  // what the last step used
-
-    bool finalized_ = false;
-    size_t laid_out_params_ = 0, laid_out_groups_ = 0;  // by the last finalize
+    ParamTable table_;  // the params, param groups and trainable flags (param_table.h)
     Layout layout_;
     Units units_;  // the units' memory on this rank (units.h)
     uint64_t steps_ = 0;
@@ -265,22 +240,16 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     LossScaler scaler_;
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;
-
-    uint64_t zero_grad_steps_ = 0;       // steps in a row whose gradients were all zero
-    // The parts with threads, after the communicators: destroyed first. Reductions run on
-    // the round's channel (over the world's), gathers on the gathers' (a communicator of their
-    // own), each in one order that every rank keeps.
+    uint64_t zero_grad_steps_ = 0;  // steps in a row whose gradients were all zero
+    // The parts with threads, after the communicators: destroyed first.
     std::unique_ptr<ReductionRound> round_;  // the gradient reductions (round.h)
     std::unique_ptr<Gathers> gathers_;       // the param gathers (gathers.h)
 
-    std::atomic<bool> failed_{false};
-    std::atomic<bool> aborted_{false};
-    // Held by abort() while it wakes the collectives in flight, and taken by the
-    // destructor: the owner's thread, woken by an sx_abort() from another thread, may
-    // destroy the group at once, while abort() still runs in the communicator.
+    Failure failure_;  // the first failure, and sx_abort (failure.h)
+    // Held by abort() while it wakes the collectives in flight, and by the destructor: the
+    // owner's thread, woken by an sx_abort() from another thread, may destroy the group
+    // at once, while abort() still runs in the communicator.
     std::mutex abort_mu_;
-    mutable std::mutex failure_mu_;  // fail() may run on a channel's thread
-    Status failure_;                 // the first failure
 };
 
 }  // namespace core

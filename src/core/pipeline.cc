@@ -84,7 +84,7 @@ Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double
     w.size = mesh_.world_size();
     w.shard_size = mesh_.shard_size();
     w.headers = headers_.get();
-    w.params = &params_;
+    w.params = &table_.params();
     bool dropped = false;
     Status s = round_->end(w, std::move(a), weight, sumsq, weight_sum, &dropped);
     if (dropped) {
@@ -142,12 +142,12 @@ Status ShardGroup::unit_release(int32_t unit) {
 }
 
 Status ShardGroup::check_param_present(int32_t param) const {
-    if (config_.stage != 3 || !finalized_) return Status::Ok();
+    if (config_.stage != 3 || !table_.finalized()) return Status::Ok();
     const int32_t u = layout_.placement(param).unit_index;
     SX_CHECK(gathers_->pins(static_cast<size_t>(u)) > 0, SX_ERR_INVALID_STATE,
              "param '%s' is in unit %d, which is not gathered: at stage 3 a param's values exist only between "
              "sx_unit_gather and sx_unit_release of its unit",
-             params_[param].name.c_str(), u);
+             table_.params()[param].name.c_str(), u);
     return Status::Ok();
 }
 

@@ -29,7 +29,7 @@ uint64_t segment_elements(const std::vector<optim::Segment> &segs) {
 // The current mask with every byte 0 or 1 (autodetection reads the trainer's bytes).
 std::vector<uint8_t> ShardGroup::candidate_mask() const {
     const std::vector<uint8_t> &src =
-        (config_.flags & SX_GROUP_NO_TRAINABLE_AUTODETECT) ? applied_mask_ : mask_;
+        (config_.flags & SX_GROUP_NO_TRAINABLE_AUTODETECT) ? table_.applied() : table_.flags();
     std::vector<uint8_t> m(src.size());
     for (size_t i = 0; i < src.size(); ++i) m[i] = src[i] ? 1 : 0;
     return m;
@@ -322,11 +322,11 @@ Status ShardGroup::gather_trainable_units() {
 // A step was taken: per-param step counts, and the dynamic loss scale's growth.
 void ShardGroup::count_step(bool dynamic) {
     // torch keeps the step count per param; SGD's momentum buffer has its own.
-    for (size_t p = 0; p < params_.size(); ++p) {
-        if (!applied_mask_[p]) continue;
-        ParamSpec &spec = params_[p];
+    for (size_t p = 0; p < table_.params().size(); ++p) {
+        if (!table_.applied()[p]) continue;
+        ParamSpec &spec = table_.params()[p];
         ++spec.step;
-        const optim::Hyper &h = groups_[spec.group].hyper;
+        const optim::Hyper &h = table_.groups()[spec.group].hyper;
         if (h.kind == optim::Kind::kSgd && h.momentum != 0) ++spec.momentum_steps;
     }
     if (dynamic) scaler_.on_finite_step();

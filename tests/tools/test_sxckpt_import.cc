@@ -91,7 +91,7 @@ std::string load_rank(const std::string &rv, int r, int world, const std::string
             }
         }
         if (r == 0) {
-            for (int32_t i = 0; i < g.num_param_groups(); ++i) out->hypers.push_back(g.hyper(i));
+            for (int32_t i = 0; i < g.table().num_groups(); ++i) out->hypers.push_back(g.hyper(i));
             out->steps_taken = g.steps_taken();
             for (size_t u = 0; u < g.layout().units().size(); ++u)
                 out->state_slots.push_back(g.unit_shard(u).state_slots);
