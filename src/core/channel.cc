@@ -37,13 +37,12 @@ uint64_t CommChannel::submit(Job job, bool always) {
     if (run_here) {
         // No thread: the job runs now, in order (every earlier one ran the same way).
         Status s;
+        bool skip;
         {
             std::lock_guard<std::mutex> lock(mu_);
-            if (failed_at_) s = failure_;
+            skip = failed_at_ != 0 && !always;
         }
-        if (always) s = Status::Ok();
-        if (s.ok()) s = catching(job);
-        if (always && failed_at_) s = Status::Ok();
+        if (!skip) s = catching(job);
         std::lock_guard<std::mutex> lock(mu_);
         if (!s.ok() && !failed_at_) {
             failed_at_ = ticket;

@@ -60,7 +60,6 @@ class Gathers {
     // The channel and its communicator (connected through `connect` where the shard group
     // has more than one rank), opened by every rank at the same call. Idempotent.
     Status open();
-    bool opened() const { return channel_ != nullptr; }
 
     // Queues unit u's all-gather (stage 3: into a buffer of this part's, from this rank's
     // shard). `header` (the trainer's sx_unit_gather of u): where the shard group has
