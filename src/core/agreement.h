@@ -91,6 +91,7 @@ class CallHeaders {
     // otherwise, where a rank refused the call, every other rank returns its code saying
     // which rank (the refusing rank gets its own code, with the text "refused", for its
     // caller to replace). *all (may be null) receives every rank's header, in rank order.
+    // A communicator of one rank exchanges nothing.
     Status exchange(comm::Communicator &c, const char *call, CallHeader mine, const FactsFn &facts,
                     std::vector<CallHeader> *all, const char *intro = "ranks disagree") const;
     // Collective on c, once every rank found that the ranks disagree: they compare their

@@ -20,9 +20,9 @@ const char *dtype_name(int32_t dtype) {
     return dtype == SX_DTYPE_F32 ? "fp32" : dtype == SX_DTYPE_F16 ? "fp16" : "bf16";
 }
 
-}  // namespace
-
-Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *out) {
+// Every setting of a group's configuration in its range (SX_ERR_INVALID_ARGUMENT naming
+// the first that is not).
+Status validate_config(const GroupConfig &cfg) {
     SX_CHECK_ARG(cfg.stage >= 1 && cfg.stage <= 3, "stage %d is not 1, 2 or 3", cfg.stage);
     SX_CHECK_ARG(cfg.prefetch_depth >= 0 && cfg.prefetch_depth <= 64, "prefetch_depth %d is not in [0, 64]",
                  cfg.prefetch_depth);
@@ -48,6 +48,14 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     SX_CHECK_ARG(cfg.trace_capacity <= trace::kMaxCapacity, "trace_events %zu is above the most a trace keeps, %zu",
                  cfg.trace_capacity, trace::kMaxCapacity);
 
+    return Status::Ok();
+}
+
+}  // namespace
+
+Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *out) {
+    SX_TRY(validate_config(cfg));
+
     // Every phase below (the store, the ranks' arrival, the transport, the mesh's
     // communicators) counts against this one deadline.
     const comm::Millis timeout(cfg.timeout_ms);
@@ -65,7 +73,7 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     g->config_.backend = cuda ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
     g->config_.rank = rv.rank;
     g->config_.world_size = rv.world_size;
-    g->config_.shard_size = cfg.shard_size ? cfg.shard_size : rv.world_size;  // checked by form_mesh
+    g->config_.shard_size = cfg.shard_size ? cfg.shard_size : rv.world_size;  // checked by the mesh
     if (!cfg.trace_path.empty()) {
         // From the start, so that the connections and the mesh's agreement are on it too.
         g->config_.trace_capacity = cfg.trace_capacity ? cfg.trace_capacity : trace::kDefaultCapacity;
@@ -114,7 +122,8 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     // The ranks whose gradients are summed in 16 bits are a shard group's (GroupConfig).
     us.predivide = cfg.grad_predivide_factor > 0 ? cfg.grad_predivide_factor
                                                  : fsdp_predivide_factor(g->mesh_.shard_size());
-    g->units_.configure(us, g->ops_.get(), g->tracer(), {&g->layout_, &g->table_.params(), &g->table_.groups(), &g->table_.applied()});
+    g->units_.configure(us, g->ops_.get(), g->tracer(),
+                        {&g->layout_, &g->table_.params(), &g->table_.groups(), &g->table_.applied()});
     g->round_.reset(new ReductionRound(*g, g->tracer(), cfg.stage, g->mesh_.replicas() > 1));
     Gathers::Settings gs;
     gs.stage = cfg.stage;
@@ -589,11 +598,6 @@ Agreement ShardGroup::step_agreement(const char *call, std::vector<uint8_t> mask
 // exchange (*all gets `mine`).
 Status ShardGroup::exchange_header(const char *call, CallHeader mine, const CallHeaders::FactsFn &facts,
                                    std::vector<CallHeader> *all, const char *intro) {
-    if (mesh_.world_size() == 1) {
-        mine.call = fnv1a(call, std::strlen(call));
-        if (all) all->assign(1, mine);
-        return Status::Ok();
-    }
     return headers_->exchange(mesh_.world(), call, mine, facts, all, intro);
 }
 

@@ -79,7 +79,7 @@ Status ShardGroup::unit_grads_ready(int32_t unit, bool accumulate, void *stream)
 // round); weight: this rank's, summed over the ranks into *weight_sum (step rounds).
 Status ShardGroup::close_round(Agreement a, double weight, double *sumsq, double *weight_sum) {
     ReductionRound::World w;
-    w.comm = mesh_.world_size() > 1 ? &mesh_.world() : nullptr;
+    w.comm = &mesh_.world();
     w.rank = mesh_.rank();
     w.size = mesh_.world_size();
     w.shard_size = mesh_.shard_size();

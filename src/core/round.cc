@@ -1,7 +1,6 @@
 // The reduction round part (round.h).
 #include "core/round.h"
 
-#include <cstring>
 
 namespace sx {
 namespace core {
@@ -159,14 +158,9 @@ Status ReductionRound::end(const World &w, Agreement a, double weight, double *s
     for (size_t u = 0; u < n && sumsq; ++u) mine.value += unit_sumsq_[u];
     mine.flags = w.rank == 0 && next != order_ ? 1 : 0;
     std::vector<CallHeader> all;
-    if (w.size == 1) {
-        mine.call = fnv1a(a.call, std::strlen(a.call));
-        all.assign(1, mine);
-    } else {
-        s = w.headers->exchange(*w.comm, a.call, mine, [&] { return agreement_facts(a, *w.params); }, &all);
-        if (s.code() == SX_ERR_MISMATCH && work_.usable()) *dropped = true;
-        SX_TRY(s);
-    }
+    s = w.headers->exchange(*w.comm, a.call, mine, [&] { return agreement_facts(a, *w.params); }, &all);
+    if (s.code() == SX_ERR_MISMATCH && work_.usable()) *dropped = true;
+    SX_TRY(s);
     if (all[0].flags & 1) {
         std::vector<uint64_t> order(n, 0);
         for (size_t k = 0; k < next.size(); ++k) order[k] = static_cast<uint64_t>(next[k]);

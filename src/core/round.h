@@ -46,8 +46,8 @@ class ReductionRound {
         // The group has not failed.
         virtual bool usable() const = 0;
     };
-    // What the round's end needs of the world: its communicator (null at world size 1),
-    // this rank, and the call headers.
+    // What the round's end needs of the world: its communicator, this rank, and the call
+    // headers.
     struct World {
         comm::Communicator *comm = nullptr;
         int rank = 0, size = 1;

@@ -5,11 +5,15 @@
 // was not signalled, sums the norm's parts and makes the order of signals the next
 // rounds' order; a signal twice or with another accumulate flag is refused; a
 // disagreement at the round's opening agreement is returned, and the next round runs.
+#include <unistd.h>
+
+#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/round.h"
+#include "gloo_rank.h"
 // Last: CMocka defines a fail() macro.
 #include "sx_cmocka.h"
 
@@ -53,6 +57,21 @@ class FakeGroup : public ReductionRound::Work {
     bool usable() const override { return true; }
 };
 
+// The world of the round's end: one rank, over a Gloo communicator of its own.
+struct OneRank {
+    std::unique_ptr<sx::comm::Communicator> comm;
+    sx::core::CallHeaders headers{0, nullptr, [](Status s) { return s; }};
+    std::deque<sx::core::ParamSpec> params;
+    ReductionRound::World world;
+    explicit OneRank(const char *name) {
+        const std::string url = std::string("local://round-") + name + "-" + std::to_string(getpid());
+        assert_true(sxtest::connect_gloo(url, 0, 1, &comm).ok());
+        world.comm = comm.get();
+        world.headers = &headers;
+        world.params = &params;
+    }
+};
+
 Agreement agreement(const char *call) {
     Agreement a;
     a.call = call;
@@ -64,7 +83,8 @@ void test_order_and_end(void **) {
     ReductionRound r(g, nullptr, 2, false);
     r.add_units({10, 11, 12, 13});
     assert_true(r.order() == std::vector<int32_t>({3, 2, 1, 0}));  // a backward's order first
-    ReductionRound::World w;  // one rank
+    OneRank one("order");
+    const ReductionRound::World &w = one.world;
     // Unit 1 is frozen. Signals 2, 3, 0: 2 waits for 3 (first in the order); unit 1 is
     // reduced (skipped) at the end.
     r.begin(false, {1, 0, 1, 1}, {1, 0, 1, 1}, agreement("sx_unit_grads_ready"), 0.5f);
@@ -94,6 +114,7 @@ void test_order_and_end(void **) {
 }
 
 void test_stage1_accumulate_and_disagreement(void **) {
+    OneRank one("stage1");
     FakeGroup g;
     ReductionRound stage1(g, nullptr, 1, false);
     stage1.add_units({0, 1});
@@ -101,7 +122,7 @@ void test_stage1_accumulate_and_disagreement(void **) {
     stage1.signal(1);
     stage1.signal(0);
     bool dropped = false;
-    assert_true(stage1.end({}, agreement("sx_accumulate_grads"), 0.0, nullptr, nullptr, &dropped).ok());
+    assert_true(stage1.end(one.world, agreement("sx_accumulate_grads"), 0.0, nullptr, nullptr, &dropped).ok());
     assert_int_equal(g.calls.size(), 1);  // the agreement alone: stage 1 keeps them in place
     // A disagreement at the opening: the round's end says so, nothing was reduced, and
     // the next round runs.
@@ -111,12 +132,12 @@ void test_stage1_accumulate_and_disagreement(void **) {
     r.add_units({0});
     r.begin(false, {1}, {1}, agreement("sx_unit_grads_ready"), 1.0f);
     r.signal(0);
-    assert_int_equal(r.end({}, agreement("sx_step"), 1.0, nullptr, nullptr, &dropped).code(), SX_ERR_MISMATCH);
+    assert_int_equal(r.end(one.world, agreement("sx_step"), 1.0, nullptr, nullptr, &dropped).code(), SX_ERR_MISMATCH);
     assert_int_equal(h.calls.size(), 1);
     h.disagree = false;
     r.begin(false, {1}, {1}, agreement("sx_unit_grads_ready"), 1.0f);
     r.signal(0);
-    assert_true(r.end({}, agreement("sx_step"), 1.0, nullptr, nullptr, &dropped).ok());
+    assert_true(r.end(one.world, agreement("sx_step"), 1.0, nullptr, nullptr, &dropped).ok());
     assert_true(h.calls.back() == "sumsq 0");
 }
 
