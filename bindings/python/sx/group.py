@@ -356,14 +356,17 @@ class ShardGroup(Handle):
 
     def _array(self, param, grad):
         index = self._index(param)
-        view = self.raw_view(index, grad)
+        return self._host_array(self.raw_view(index, grad), self.param_info(index).shape,
+                                f"param {index}", "raw_view()")
+
+    def _host_array(self, view, shape, what, raw):
+        """A zero-copy host array over `view`, shaped `shape`; device memory refused."""
         if view.device != _lib.SX_DEVICE_CPU:
             raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
-                                   f"param {index} lives in device memory, which cannot be "
-                                   "wrapped as a host array; use raw_view()")
+                                   f"{what} lives in device memory, which cannot be "
+                                   f"wrapped as a host array; use {raw}")
         itemsize, fmt, npdtype = _views.DTYPES[view.dtype]
-        return _views.wrap(view.data, view.numel, itemsize, fmt, npdtype,
-                           self.param_info(index).shape, self)
+        return _views.wrap(view.data, view.numel, itemsize, fmt, npdtype, shape, self)
 
     def param_view(self, param):
         """The param's values (by name or index) as a zero-copy array shaped like the
@@ -391,12 +394,7 @@ class ShardGroup(Handle):
         params are packed, so a trainer that keeps them in one array has exactly it. The
         rules of param_view and grad_view hold."""
         view = self.raw_unit_view(unit, grad)
-        if view.device != _lib.SX_DEVICE_CPU:
-            raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
-                                   f"unit {unit} lives in device memory, which cannot be "
-                                   "wrapped as a host array; use raw_unit_view()")
-        itemsize, fmt, npdtype = _views.DTYPES[view.dtype]
-        return _views.wrap(view.data, view.numel, itemsize, fmt, npdtype, (view.numel,), self)
+        return self._host_array(view, (view.numel,), f"unit {unit}", "raw_unit_view()")
 
     def param_info(self, param):
         """A :class:`ParamInfo` for a param (by name or index)."""
