@@ -246,27 +246,47 @@ func (g *ShardGroup) Abort() error {
 type Optimizer int32
 
 const (
-	SGD   Optimizer = 1
-	Adam  Optimizer = 2
-	AdamW Optimizer = 3
+	SGD     Optimizer = 1
+	Adam    Optimizer = 2
+	AdamW   Optimizer = 3
+	Adagrad Optimizer = 4
+	RMSprop Optimizer = 5
+	Adamax  Optimizer = 6
+	NAdam   Optimizer = 7
+	RAdam   Optimizer = 8
+	Lion    Optimizer = 9 // Lion (Chen et al. 2023), as the lion-pytorch package's
 )
 
 // ParamGroup is an optimizer and its hyperparameters. Start from NewParamGroup, which
-// fills torch.optim's defaults.
+// fills the optimizer's defaults (torch.optim's; lion-pytorch's for Lion). A
+// hyperparameter that does not apply to the optimizer must keep its default, else
+// AddParamGroup fails with ErrInvalidArgument.
 type ParamGroup struct {
 	Optimizer                     Optimizer
 	LR, WeightDecay, Beta1, Beta2 float64
 	Eps, Momentum, Dampening      float64
 	Nesterov, Maximize, Amsgrad   bool
+	// Adagrad.
+	LRDecay, InitialAccumulatorValue float64
+	// RMSprop: the smoothing constant, and whether to center the second moment.
+	Alpha    float64
+	Centered bool
+	// NAdam.
+	MomentumDecay float64
+	// NAdam, RAdam: AdamW-style (decoupled) weight decay.
+	DecoupledWeightDecay bool
 }
 
-// NewParamGroup returns torch.optim's defaults for the optimizer.
+// NewParamGroup returns the optimizer's defaults (torch.optim's; lion-pytorch's for Lion).
 func NewParamGroup(opt Optimizer) ParamGroup {
 	var d C.sx_param_group_desc_t
 	C.sx_param_group_desc_init(&d, C.size_t(unsafe.Sizeof(d)), C.int32_t(opt))
 	return ParamGroup{Optimizer: Optimizer(d.optimizer), LR: float64(d.lr), WeightDecay: float64(d.weight_decay),
 		Beta1: float64(d.beta1), Beta2: float64(d.beta2), Eps: float64(d.eps), Momentum: float64(d.momentum),
-		Dampening: float64(d.dampening), Nesterov: d.nesterov != 0, Maximize: d.maximize != 0, Amsgrad: d.amsgrad != 0}
+		Dampening: float64(d.dampening), Nesterov: d.nesterov != 0, Maximize: d.maximize != 0, Amsgrad: d.amsgrad != 0,
+		LRDecay: float64(d.lr_decay), InitialAccumulatorValue: float64(d.initial_accumulator_value),
+		Alpha: float64(d.alpha), Centered: d.centered != 0, MomentumDecay: float64(d.momentum_decay),
+		DecoupledWeightDecay: d.decoupled_weight_decay != 0}
 }
 
 func cbool(b bool) C.int32_t {
@@ -287,6 +307,9 @@ func (g *ShardGroup) AddParamGroup(p ParamGroup) (int32, error) {
 	d.beta1, d.beta2, d.eps = C.double(p.Beta1), C.double(p.Beta2), C.double(p.Eps)
 	d.momentum, d.dampening = C.double(p.Momentum), C.double(p.Dampening)
 	d.nesterov, d.maximize, d.amsgrad = cbool(p.Nesterov), cbool(p.Maximize), cbool(p.Amsgrad)
+	d.lr_decay, d.initial_accumulator_value = C.double(p.LRDecay), C.double(p.InitialAccumulatorValue)
+	d.alpha, d.centered = C.double(p.Alpha), cbool(p.Centered)
+	d.momentum_decay, d.decoupled_weight_decay = C.double(p.MomentumDecay), cbool(p.DecoupledWeightDecay)
 	var index C.int32_t = -1
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_add_param_group(raw, &d, &index) })
 	return int32(index), err
@@ -306,6 +329,16 @@ const (
 	HPNesterov    Hyperparameter = 8
 	HPMaximize    Hyperparameter = 9
 	HPAmsgrad     Hyperparameter = 10
+	// Adagrad.
+	HPLRDecay                 Hyperparameter = 11
+	HPInitialAccumulatorValue Hyperparameter = 12
+	// RMSprop: the smoothing constant; centered (0 or 1, only before the first step).
+	HPAlpha    Hyperparameter = 13
+	HPCentered Hyperparameter = 14
+	// NAdam.
+	HPMomentumDecay Hyperparameter = 15
+	// NAdam, RAdam: 0 or 1 (AdamW-style weight decay).
+	HPDecoupledWeightDecay Hyperparameter = 16
 )
 
 // SetHyperparameter changes one hyperparameter of a param group from the next step on.

@@ -783,6 +783,41 @@ func oneParamGroup(t *testing.T, cfg GroupConfig, lr float64) *ShardGroup {
 	return g
 }
 
+func TestAdagradAndRMSpropGroupsTakeTheirDefaults(t *testing.T) {
+	runRanks(t, "adagrad", 1, func(rank int32, g *ShardGroup) error {
+		rms := NewParamGroup(RMSprop)
+		rms.Centered, rms.Momentum = true, 0.5
+		bad := NewParamGroup(Adagrad)
+		bad.Alpha = 0.5 // RMSprop's, not Adagrad's
+		if _, err := g.AddParamGroup(NewParamGroup(Adagrad)); err != nil {
+			return err
+		} else if _, err := g.AddParamGroup(rms); err != nil {
+			return err
+		} else if _, err := g.AddParamGroup(bad); statusOf(err) != ErrInvalidArgument {
+			return fmt.Errorf("Adagrad with alpha: %v", err)
+		}
+		for i, name := range []string{"w", "v"} {
+			if _, err := g.AddParam(Param{Name: name, Shape: []int64{4}, ParamGroup: int32(i)}); err != nil {
+				return err
+			}
+		}
+		if err := g.Finalize(); err != nil {
+			return err
+		}
+		for _, c := range []struct {
+			group int32
+			key   Hyperparameter
+			want  float64
+		}{{0, HPLR, 1e-2}, {0, HPEps, 1e-10}, {0, HPLRDecay, 0}, {0, HPInitialAccumulatorValue, 0},
+			{1, HPLR, 1e-2}, {1, HPAlpha, 0.99}, {1, HPEps, 1e-8}, {1, HPCentered, 1}, {1, HPMomentum, 0.5}} {
+			if v, err := g.GetHyperparameter(c.group, c.key); err != nil || v != c.want {
+				return fmt.Errorf("group %d key %d: %v, %v; want %v", c.group, c.key, v, err, c.want)
+			}
+		}
+		return nil
+	})
+}
+
 func TestNonFiniteGradientsSkipOrFailTheStep(t *testing.T) {
 	g := oneParamGroup(t, config(rendezvous("nonfinite"), 0, 1), 0.5)
 	defer g.Close()

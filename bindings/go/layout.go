@@ -79,6 +79,12 @@ func cLayouts() []structLayout {
 			f("eps", unsafe.Offsetof(pg.eps), unsafe.Sizeof(pg.eps)),
 			f("momentum", unsafe.Offsetof(pg.momentum), unsafe.Sizeof(pg.momentum)),
 			f("dampening", unsafe.Offsetof(pg.dampening), unsafe.Sizeof(pg.dampening)),
+			f("centered", unsafe.Offsetof(pg.centered), unsafe.Sizeof(pg.centered)),
+			f("decoupled_weight_decay", unsafe.Offsetof(pg.decoupled_weight_decay), unsafe.Sizeof(pg.decoupled_weight_decay)),
+			f("lr_decay", unsafe.Offsetof(pg.lr_decay), unsafe.Sizeof(pg.lr_decay)),
+			f("initial_accumulator_value", unsafe.Offsetof(pg.initial_accumulator_value), unsafe.Sizeof(pg.initial_accumulator_value)),
+			f("alpha", unsafe.Offsetof(pg.alpha), unsafe.Sizeof(pg.alpha)),
+			f("momentum_decay", unsafe.Offsetof(pg.momentum_decay), unsafe.Sizeof(pg.momentum_decay)),
 		}},
 		{"sx_param_desc_t", unsafe.Sizeof(pd), unsafe.Alignof(pd), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pd.struct_size), unsafe.Sizeof(pd.struct_size)),

@@ -137,6 +137,12 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
 #define SX_OPTIM_SGD 1   /* torch.optim.SGD */
 #define SX_OPTIM_ADAM 2  /* torch.optim.Adam (weight_decay is L2 added to the gradient) */
 #define SX_OPTIM_ADAMW 3 /* torch.optim.AdamW (decoupled weight decay) */
+#define SX_OPTIM_ADAGRAD 4 /* torch.optim.Adagrad */
+#define SX_OPTIM_RMSPROP 5 /* torch.optim.RMSprop */
+#define SX_OPTIM_ADAMAX 6  /* torch.optim.Adamax */
+#define SX_OPTIM_NADAM 7   /* torch.optim.NAdam */
+#define SX_OPTIM_RADAM 8   /* torch.optim.RAdam */
+#define SX_OPTIM_LION 9    /* Lion (Chen et al. 2023), as the lion-pytorch package's Lion */
 
 /* Hyperparameter keys for sx_set_hyperparameter / sx_get_hyperparameter. */
 #define SX_HP_LR 1
@@ -149,6 +155,12 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
 #define SX_HP_NESTEROV 8 /* 0 or 1 */
 #define SX_HP_MAXIMIZE 9 /* 0 or 1 */
 #define SX_HP_AMSGRAD 10 /* 0 or 1; may only change before the first step */
+#define SX_HP_LR_DECAY 11                  /* Adagrad */
+#define SX_HP_INITIAL_ACCUMULATOR_VALUE 12 /* Adagrad; used at a param's first update */
+#define SX_HP_ALPHA 13                     /* RMSprop's smoothing constant */
+#define SX_HP_CENTERED 14 /* RMSprop: 0 or 1; may only change before the first step */
+#define SX_HP_MOMENTUM_DECAY 15            /* NAdam */
+#define SX_HP_DECOUPLED_WEIGHT_DECAY 16    /* NAdam, RAdam: 0 or 1 (AdamW-style decay) */
 
 /* The most ranks a group may have (sx_group_config_t.world_size, and the launchers'
  * WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS); more is SX_ERR_INVALID_ARGUMENT at once.
@@ -346,16 +358,27 @@ typedef struct sx_param_group_desc {
     int32_t amsgrad;   /* Adam/AdamW: 0 or 1 */
     double lr;
     double weight_decay;
-    double beta1, beta2, eps; /* Adam/AdamW */
-    double momentum, dampening; /* SGD */
+    double beta1, beta2, eps; /* Adam, AdamW, Adamax, NAdam, RAdam, Lion (betas); eps: Adagrad, RMSprop too */
+    double momentum, dampening; /* SGD; momentum: RMSprop too */
+    /* Appended in 1.x (an older caller's struct gets its optimizer's defaults for these). */
+    int32_t centered;               /* RMSprop: 0 or 1 */
+    int32_t decoupled_weight_decay; /* NAdam, RAdam: 0 or 1 */
+    double lr_decay;                /* Adagrad */
+    double initial_accumulator_value; /* Adagrad */
+    double alpha;                   /* RMSprop */
+    double momentum_decay;          /* NAdam */
 } sx_param_group_desc_t;
 
-/* Fills *desc with torch.optim's defaults for `optimizer` (SX_OPTIM_*; 0 = AdamW):
- * SGD lr 1e-3, momentum 0, dampening 0, weight_decay 0; Adam lr 1e-3, betas
- * (0.9, 0.999), eps 1e-8, weight_decay 0; AdamW the same with weight_decay 1e-2.
- * Because zero is a meaningful value for several hyperparameters, the defaults come
+/* Fills *desc with the defaults of `optimizer` (SX_OPTIM_*; 0 = AdamW), torch.optim's
+ * (lion-pytorch's for Lion): SGD lr 1e-3; Adam, RAdam lr 1e-3, betas (0.9, 0.999),
+ * eps 1e-8; AdamW the same with weight_decay 1e-2; Adagrad lr 1e-2, eps 1e-10; RMSprop
+ * lr 1e-2, alpha 0.99, eps 1e-8; Adamax lr 2e-3, betas (0.9, 0.999), eps 1e-8; NAdam
+ * the same with momentum_decay 4e-3; Lion lr 1e-4, betas (0.9, 0.99); every other value
+ * 0. Because zero is a meaningful value for several hyperparameters, the defaults come
  * from this function (and, for an older caller's shorter struct, from the optimizer's
- * defaults), not from zero. */
+ * defaults), not from zero. Which hyperparameters apply to which optimizer, and the
+ * range each must lie in, are in docs/optimizers.md; a value set for a hyperparameter
+ * that does not apply (other than its default) is SX_ERR_INVALID_ARGUMENT. */
 SX_API sx_status_t sx_param_group_desc_init(sx_param_group_desc_t *desc, size_t size,
                                             int32_t optimizer);
 

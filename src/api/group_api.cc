@@ -27,9 +27,8 @@ sx_param_group_desc_t desc_defaults(int32_t optimizer) {
 }
 
 Status check_optimizer(int32_t optimizer) {
-    SX_CHECK_ARG(optimizer == 0 || optimizer == SX_OPTIM_SGD || optimizer == SX_OPTIM_ADAM ||
-                     optimizer == SX_OPTIM_ADAMW,
-                 "optimizer %d is not SX_OPTIM_SGD, SX_OPTIM_ADAM or SX_OPTIM_ADAMW", optimizer);
+    SX_CHECK_ARG(optimizer == 0 || sx::optim::find_optimizer(optimizer) != nullptr,
+                 "optimizer %d is not one sx has (SX_OPTIM_*: %s)", optimizer, sx::optim::optimizer_list().c_str());
     return Status::Ok();
 }
 

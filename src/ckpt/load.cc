@@ -513,7 +513,7 @@ class Checkpointer::Load {
         for (size_t p = 0; p < index_.size(); ++p) {
             if (index_[p] < 0) continue;
             const ParamEntry &e = m_.params[index_[p]];
-            pr.params[p] = {e.step, e.momentum_steps};
+            pr.params[p] = {e.step, e.momentum_steps, e.mu_product};
         }
         for (size_t i = 0; i < m_.param_groups.size() && i < pr.hypers.size(); ++i) {
             const optim::Kind kind = pr.hypers[i].kind;

@@ -91,7 +91,8 @@ Offset<fb::Param> build_param(FlatBufferBuilder &fbb, const ParamEntry &p) {
     const auto shape = fbb.CreateVector(p.shape);
     const auto tensor_vector = fbb.CreateVector(tensors);
     return fb::CreateParam(fbb, name, shape, static_cast<fb::DType>(p.dtype), p.unit, p.param_group,
-                           p.trainable, p.step, p.momentum_steps, tensor_vector, p.unit_offset, p.unit_shard_numel);
+                           p.trainable, p.step, p.momentum_steps, tensor_vector, p.unit_offset, p.unit_shard_numel,
+                           p.mu_product);
 }
 
 // Reads the format version before anything else is verified: a later major may
@@ -185,7 +186,7 @@ class Reader {
     static ParamGroupEntry group(const fb::ParamGroup &g) {
         ParamGroupEntry e;
         e.optimizer = static_cast<int32_t>(g.optimizer());
-#define SX_DECODE(name, type, dflt, key, applies) e.name = g.name();
+#define SX_DECODE(name, type, dflt, key, rule) e.name = g.name();
         SX_HYPERPARAMETERS(SX_DECODE)
 #undef SX_DECODE
         return e;
@@ -213,6 +214,7 @@ class Reader {
         p->trainable = in.trainable();
         p->step = in.step();
         p->momentum_steps = in.momentum_steps();
+        p->mu_product = in.mu_product();
         p->unit_offset = in.unit_offset();
         p->unit_shard_numel = in.unit_shard_numel();
         if (const auto *tensors = in.tensors()) {
@@ -242,7 +244,7 @@ class Reader {
 ParamGroupEntry param_group_entry(const optim::Hyper &h) {
     ParamGroupEntry e;
     e.optimizer = static_cast<int32_t>(h.kind);
-#define SX_TO_ENTRY(name, type, dflt, key, applies) e.name = h.name;
+#define SX_TO_ENTRY(name, type, dflt, key, rule) e.name = h.name;
     SX_HYPERPARAMETERS(SX_TO_ENTRY)
 #undef SX_TO_ENTRY
     return e;
@@ -251,10 +253,10 @@ ParamGroupEntry param_group_entry(const optim::Hyper &h) {
 optim::Hyper hyper_of(const ParamGroupEntry &e) {
     optim::Hyper h;
     h.kind = static_cast<optim::Kind>(e.optimizer);
-#define SX_FROM_ENTRY(name, type, dflt, key, applies) h.name = e.name;
+#define SX_FROM_ENTRY(name, type, dflt, key, rule) h.name = e.name;
     SX_HYPERPARAMETERS(SX_FROM_ENTRY)
 #undef SX_FROM_ENTRY
-    return h;
+    return optim::with_unused_defaults(h);
 }
 
 uint64_t dtype_bytes(int32_t dtype) {
@@ -266,15 +268,37 @@ uint64_t dtype_bytes(int32_t dtype) {
     }
 }
 
+namespace {
+
+// Each TensorKind's state slot, as torch names it (index: the kind's value).
+const char *const kSlotOfKind[kNumTensorKinds] = {"",    "exp_avg",    "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
+                                                  "sum", "square_avg", "grad_avg",   "exp_inf"};
+const char *const kSuffixOfKind[kNumTensorKinds] = {"",     ".exp_avg",    ".exp_avg_sq", ".max_exp_avg_sq", ".momentum_buffer",
+                                                    ".sum", ".square_avg", ".grad_avg",   ".exp_inf"};
+
+}  // namespace
+
 const char *tensor_suffix(TensorKind kind) {
-    switch (kind) {
-        case TensorKind::kParam: return "";
-        case TensorKind::kExpAvg: return ".exp_avg";
-        case TensorKind::kExpAvgSq: return ".exp_avg_sq";
-        case TensorKind::kMaxExpAvgSq: return ".max_exp_avg_sq";
-        case TensorKind::kMomentumBuffer: return ".momentum_buffer";
+    const int k = static_cast<int>(kind);
+    return k >= 0 && k < kNumTensorKinds ? kSuffixOfKind[k] : ".unknown";
+}
+
+bool tensor_kind_of(const char *slot, TensorKind *kind) {
+    for (int k = 1; k < kNumTensorKinds; ++k)
+        if (std::strcmp(kSlotOfKind[k], slot) == 0) {
+            *kind = static_cast<TensorKind>(k);
+            return true;
+        }
+    return false;
+}
+
+std::vector<TensorKind> stored_kinds(const optim::Hyper &h) {
+    std::vector<TensorKind> kinds = {TensorKind::kParam};
+    for (int k = 0; k < optim::state_slots(h); ++k) {
+        TensorKind kind = TensorKind::kParam;
+        if (tensor_kind_of(optim::state_slot_name(h, k), &kind)) kinds.push_back(kind);
     }
-    return ".unknown";
+    return kinds;
 }
 
 uint64_t ParamEntry::numel() const {
@@ -299,7 +323,7 @@ Status encode_manifest(const Manifest &m, std::string *bytes) {
     groups.reserve(m.param_groups.size());
     for (const ParamGroupEntry &g : m.param_groups) {
         fb::ParamGroupBuilder b(fbb);
-#define SX_ENCODE(name, type, dflt, key, applies) b.add_##name(g.name);
+#define SX_ENCODE(name, type, dflt, key, rule) b.add_##name(g.name);
         SX_HYPERPARAMETERS(SX_ENCODE)
 #undef SX_ENCODE
         b.add_optimizer(static_cast<fb::Optimizer>(g.optimizer));

@@ -15,7 +15,7 @@ namespace ckpt {
 // 1.1: the stage may be 3 (format 1.0 readers refuse such a manifest as corrupt).
 // 1.2: the mesh's shard_size (older readers ignore it: the files and chunks say all).
 // 2.0: the chunks are in an index at the end of each shard file, not in the MANIFEST.
-constexpr uint16_t kFormatMajor = 2;
+constexpr uint16_t kFormatMajor = 3;
 constexpr uint16_t kFormatMinor = 0;
 constexpr uint16_t kOldestMajor = 1;  // the oldest major this library reads
 constexpr uint64_t kChunkAlignment = 4096;     // every chunk starts on a 4 KiB boundary
@@ -28,10 +28,26 @@ constexpr size_t kTrailerBytes = 16;               // magic "SXCT", crc32c, Flat
 // Bytes per element of SX_DTYPE_*; 0 for a value that is not one.
 uint64_t dtype_bytes(int32_t dtype);
 
-enum class TensorKind : int8_t { kParam = 0, kExpAvg = 1, kExpAvgSq = 2, kMaxExpAvgSq = 3, kMomentumBuffer = 4 };
-// "", ".exp_avg", ".exp_avg_sq", ".max_exp_avg_sq", ".momentum_buffer": the suffix of
-// the tensor's name in exports.
+enum class TensorKind : int8_t {
+    kParam = 0,
+    kExpAvg = 1,
+    kExpAvgSq = 2,
+    kMaxExpAvgSq = 3,
+    kMomentumBuffer = 4,
+    kSum = 5,
+    kSquareAvg = 6,
+    kGradAvg = 7,
+    kExpInf = 8,
+};
+constexpr int kNumTensorKinds = 9;
+// "", ".exp_avg", ".exp_avg_sq", ...: the suffix of the tensor's name in exports ("."
+// and torch's name of the state slot it holds; "" for the param's values).
 const char *tensor_suffix(TensorKind kind);
+// The kind that holds the state slot torch names `slot` ("exp_avg"); false if none does.
+bool tensor_kind_of(const char *slot, TensorKind *kind);
+// What a param of a group with hyperparameters h stores: kParam, then one kind per
+// state slot of its optimizer (optim::state_slot_name), in slot order.
+std::vector<TensorKind> stored_kinds(const optim::Hyper &h);
 
 struct Chunk {
     uint64_t begin = 0, end = 0;  // elements, in the param's own index space
@@ -53,6 +69,7 @@ struct ParamEntry {
     int32_t unit = 0, param_group = 0;
     bool trainable = true;
     int64_t step = 0, momentum_steps = 0;
+    float mu_product = 1.0f;  // 3.0: NAdam's; 1 before (NAdam is new in 3.0)
     // The tensors' kinds and dtypes; their chunks as far as they are known (format 1.x:
     // all, from the MANIFEST; 2.0: those of the files whose indexes were read).
     std::vector<Tensor> tensors;
@@ -65,13 +82,17 @@ struct ParamEntry {
 };
 
 // A param group: its optimizer and every hyperparameter of optim/optimizer.h's table
-// (zero where a manifest does not hold it).
+// (the table's default where a manifest does not hold it).
 struct ParamGroupEntry {
     int32_t optimizer = SX_OPTIM_ADAMW;
-#define SX_ENTRY_MEMBER(name, type, dflt, key, applies) type name = type();
+#define SX_ENTRY_MEMBER(name, type, dflt, key, rule) type name = dflt;
     SX_HYPERPARAMETERS(SX_ENTRY_MEMBER)
 #undef SX_ENTRY_MEMBER
 };
+
+// The group's optimizer for messages, with what decides its state slots: "SGD",
+// "Adam with amsgrad", "RMSprop with momentum, centered".
+std::string optimizer_text(const ParamGroupEntry &g);
 
 // A param group's optimizer and hyperparameters as the manifest holds them, and back.
 ParamGroupEntry param_group_entry(const optim::Hyper &h);

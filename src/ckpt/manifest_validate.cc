@@ -40,14 +40,9 @@ std::string param_label(size_t i, const ParamEntry &p) {
 
 // "param" or the torch state name, for messages; nullptr for an unknown kind.
 const char *kind_name(TensorKind kind) {
-    switch (kind) {
-        case TensorKind::kParam: return "param";
-        case TensorKind::kExpAvg: return "exp_avg";
-        case TensorKind::kExpAvgSq: return "exp_avg_sq";
-        case TensorKind::kMaxExpAvgSq: return "max_exp_avg_sq";
-        case TensorKind::kMomentumBuffer: return "momentum_buffer";
-    }
-    return nullptr;
+    const int k = static_cast<int>(kind);
+    if (k < 0 || k >= kNumTensorKinds) return nullptr;
+    return kind == TensorKind::kParam ? "param" : tensor_suffix(kind) + 1;
 }
 
 // Re-issues a check of core (written for the C API's arguments) as damage in a manifest.
@@ -121,23 +116,24 @@ Status validate_header(const Manifest &m) {
     return Status::Ok();
 }
 
-// "SGD", "Adam with amsgrad", ... for messages.
+}  // namespace
+
 std::string optimizer_text(const ParamGroupEntry &g) {
-    const std::string name = optim::optimizer_name(g.optimizer);
-    if (g.optimizer != SX_OPTIM_ADAM && g.optimizer != SX_OPTIM_ADAMW) return name;
-    return name + (g.amsgrad ? " with amsgrad" : " without amsgrad");
+    std::string name = optim::optimizer_name(g.optimizer);
+    if (g.optimizer == SX_OPTIM_ADAM || g.optimizer == SX_OPTIM_ADAMW)
+        return name + (g.amsgrad ? " with amsgrad" : " without amsgrad");
+    if (g.optimizer == SX_OPTIM_RMSPROP)
+        name += std::string(g.momentum > 0 ? " with" : " without") + " momentum" + (g.centered ? ", centered" : "");
+    return name;
 }
 
-// Whether a tensor of `kind` belongs to a param updated with optimizer `g`.
+namespace {
+
+// Whether a tensor of `kind` belongs to a param updated with optimizer `g` (the state
+// slots of its row of the optimizer table).
 bool kind_fits(TensorKind kind, const ParamGroupEntry &g) {
-    const bool adam = g.optimizer == SX_OPTIM_ADAM || g.optimizer == SX_OPTIM_ADAMW;
-    switch (kind) {
-        case TensorKind::kParam: return true;
-        case TensorKind::kExpAvg:
-        case TensorKind::kExpAvgSq: return adam;
-        case TensorKind::kMaxExpAvgSq: return adam && g.amsgrad;
-        case TensorKind::kMomentumBuffer: return g.optimizer == SX_OPTIM_SGD;
-    }
+    for (TensorKind k : stored_kinds(hyper_of(g)))
+        if (k == kind) return true;
     return false;
 }
 
@@ -212,6 +208,8 @@ Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents
     SX_CHECK(optim::valid_steps(p.step, p.momentum_steps), SX_ERR_CORRUPT,
              "manifest: %s: step %lld and momentum_steps %lld; they must satisfy 0 <= momentum_steps <= step <= 2^53",
              label.c_str(), static_cast<long long>(p.step), static_cast<long long>(p.momentum_steps));
+    SX_CHECK(std::isfinite(p.mu_product) && p.mu_product >= 0.0f && p.mu_product <= 1.0f, SX_ERR_CORRUPT,
+             "manifest: %s: mu_product %g is not in [0, 1]", label.c_str(), static_cast<double>(p.mu_product));
     // No param is updated more often than the group steps.
     SX_CHECK(static_cast<uint64_t>(p.step) <= m.step, SX_ERR_CORRUPT,
              "manifest: %s: step %lld is more than the checkpoint's %llu steps", label.c_str(),

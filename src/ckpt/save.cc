@@ -133,6 +133,7 @@ Manifest skeleton_of(const core::ShardAccess &g, const core::ShardState &shard,
         e.trainable = shard.trainable[p] != 0;
         e.step = shard.progress.params[p].step;
         e.momentum_steps = shard.progress.params[p].momentum_steps;
+        e.mu_product = shard.progress.params[p].mu_product;
         const core::ParamPlacement &at = g.layout().placement(p);
         e.unit_offset = at.offset;
         e.unit_shard_numel = g.layout().units()[at.unit_index].shard_numel;

@@ -5,18 +5,6 @@
 namespace sx {
 namespace ckpt {
 
-std::vector<TensorKind> stored_kinds(const optim::Hyper &h) {
-    std::vector<TensorKind> kinds = {TensorKind::kParam};
-    if (h.kind == optim::Kind::kSgd) {
-        if (h.momentum != 0) kinds.push_back(TensorKind::kMomentumBuffer);
-    } else {
-        kinds.push_back(TensorKind::kExpAvg);
-        kinds.push_back(TensorKind::kExpAvgSq);
-        if (h.amsgrad) kinds.push_back(TensorKind::kMaxExpAvgSq);
-    }
-    return kinds;
-}
-
 WritePlan plan_write(const core::Layout &layout, int rank,
                      const std::vector<std::vector<TensorKind>> &kinds_of) {
     WritePlan plan;

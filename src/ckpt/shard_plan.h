@@ -25,9 +25,6 @@ namespace ckpt {
 
 constexpr uint64_t kMaxChunkBytes = 4ull << 20;
 
-// The tensors a param's optimizer keeps, in state-slot order: the optimizer state slot
-// k of a unit holds kinds[k + 1]; kinds[0] is always kParam.
-std::vector<TensorKind> stored_kinds(const optim::Hyper &h);
 
 // One chunk a rank writes.
 struct WriteChunk {

@@ -297,9 +297,27 @@ Status ShardGroup::finalize() {
 Status ShardGroup::set_hyperparameter(int32_t group, int32_t key, double value) {
     SX_TRY(check_usable());
     SX_TRY(table_.check_group(group));
-    SX_CHECK(!(key == SX_HP_AMSGRAD && steps_ > 0), SX_ERR_INVALID_STATE,
-             "amsgrad can only change before the first step");
-    return core::set_hyperparameter(&table_.groups()[group].hyper, key, value);
+    optim::Hyper &h = table_.groups()[group].hyper;
+    optim::Hyper changed = h;
+    SX_TRY(core::set_hyperparameter(&changed, key, value));
+    if (steps_ > 0) {
+        // A change that adds or moves a state slot (amsgrad's max_exp_avg_sq,
+        // RMSprop's grad_avg) would start it from nothing, as torch cannot either.
+        const optim::OptimizerSpec &spec = optim::spec_of(h.kind);
+        double was = 0.0;
+        SX_TRY(core::get_hyperparameter(h, key, &was));
+        SX_CHECK(!(spec.fixed_keys & (1u << key)) || was == value, SX_ERR_INVALID_STATE,
+                 "%s of a %s group can only change before the first step", hyperparameter_name(key), spec.name);
+        const int before = optim::state_slots(h), after = optim::state_slots(changed);
+        for (int k = 0; k < std::min(before, after); ++k)
+            SX_CHECK(std::strcmp(optim::state_slot_name(h, k), optim::state_slot_name(changed, k)) == 0,
+                     SX_ERR_INVALID_STATE,
+                     "setting %s = %g after the first step would move the %s group's state slot '%s'; "
+                     "set it before the first step",
+                     hyperparameter_name(key), value, spec.name, optim::state_slot_name(h, k));
+    }
+    h = changed;
+    return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------
@@ -453,7 +471,7 @@ Status ShardGroup::export_shard(ShardState *out) {
     for (size_t p = 0; p < table_.params().size(); ++p) st.trainable[p] = table_.flags()[p] ? 1 : 0;
     ShardProgress &pr = st.progress;
     pr.steps_taken = steps_;
-    for (const ParamSpec &spec : table_.params()) pr.params.push_back({spec.step, spec.momentum_steps});
+    for (const ParamSpec &spec : table_.params()) pr.params.push_back({spec.step, spec.momentum_steps, spec.mu_product});
     for (const ParamGroup &g : table_.groups()) pr.hypers.push_back(g.hyper);
     pr.scaler = scaler_.state();
     *out = std::move(st);
@@ -497,6 +515,7 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
     for (size_t p = 0; p < table_.params().size(); ++p) {
         table_.params()[p].step = pr.params[p].step;
         table_.params()[p].momentum_steps = pr.params[p].momentum_steps;
+        table_.params()[p].mu_product = pr.params[p].mu_product;
     }
     for (size_t g = 0; g < table_.groups().size(); ++g) table_.groups()[g].hyper = pr.hypers[g];
     // The group has taken at least as many steps as any param has had updates (what a

@@ -65,59 +65,32 @@ Status validate_shape(int32_t ndim, const int64_t *shape, uint64_t *numel) {
 
 namespace {
 
-// A hyperparameter's value as a double (flags are 0 or 1), and the other way round.
+// A hyperparameter's value as a double (flags are 0 or 1).
 double as_double(double v) { return v; }
 double as_double(bool v) { return v ? 1.0 : 0.0; }
 
 }  // namespace
 
-Status validate_hyper(const optim::Hyper &h) {
-#define SX_CHECK_FINITE(name, type, dflt, key, applies)                                     \
-    SX_CHECK_ARG(std::isfinite(as_double(h.name)), "%s = %g; hyperparameters must be finite", #name, \
-                 as_double(h.name));
-    SX_HYPERPARAMETERS(SX_CHECK_FINITE)
-#undef SX_CHECK_FINITE
-    SX_CHECK_ARG(h.kind == optim::Kind::kSgd || h.kind == optim::Kind::kAdam ||
-                     h.kind == optim::Kind::kAdamW,
-                 "optimizer %d is not SX_OPTIM_SGD, SX_OPTIM_ADAM or SX_OPTIM_ADAMW",
-                 static_cast<int>(h.kind));
-    SX_CHECK_ARG(h.lr >= 0, "lr = %g; it must be >= 0", h.lr);
-    SX_CHECK_ARG(h.weight_decay >= 0, "weight_decay = %g; it must be >= 0", h.weight_decay);
-    if (h.kind == optim::Kind::kSgd) {
-        SX_CHECK_ARG(!h.amsgrad, "amsgrad applies to Adam and AdamW, not SGD");
-        SX_CHECK_ARG(h.momentum >= 0, "momentum = %g; it must be >= 0", h.momentum);
-        SX_CHECK_ARG(!h.nesterov || (h.momentum > 0 && h.dampening == 0),
-                     "nesterov momentum needs momentum > 0 and dampening = 0 (momentum = %g, "
-                     "dampening = %g)",
-                     h.momentum, h.dampening);
-    } else {
-        SX_CHECK_ARG(!h.nesterov && h.momentum == 0 && h.dampening == 0,
-                     "nesterov, momentum and dampening apply to SGD, not Adam or AdamW");
-        SX_CHECK_ARG(h.beta1 >= 0 && h.beta1 < 1, "beta1 = %g; it must be in [0, 1)", h.beta1);
-        SX_CHECK_ARG(h.beta2 >= 0 && h.beta2 < 1, "beta2 = %g; it must be in [0, 1)", h.beta2);
-        SX_CHECK_ARG(h.eps >= 0, "eps = %g; it must be >= 0", h.eps);
-    }
-    return Status::Ok();
-}
+Status validate_hyper(const optim::Hyper &h) { return optim::validate(h); }
 
 optim::Hyper hyper_from_desc(const sx_param_group_desc_t &d) {
     optim::Hyper h;
     h.kind = static_cast<optim::Kind>(d.optimizer);
-#define SX_FROM_DESC(name, type, dflt, key, applies) h.name = static_cast<type>(d.name);
+#define SX_FROM_DESC(name, type, dflt, key, rule) h.name = static_cast<type>(d.name);
     SX_HYPERPARAMETERS(SX_FROM_DESC)
 #undef SX_FROM_DESC
-    return h;
+    return optim::with_unused_defaults(h);
 }
 
 void hyper_to_desc(const optim::Hyper &h, sx_param_group_desc_t *d) {
     d->optimizer = static_cast<int32_t>(h.kind);
-#define SX_TO_DESC(name, type, dflt, key, applies) d->name = h.name;
+#define SX_TO_DESC(name, type, dflt, key, rule) d->name = h.name;
     SX_HYPERPARAMETERS(SX_TO_DESC)
 #undef SX_TO_DESC
 }
 
 Status check_desc_flags(const sx_param_group_desc_t &d) {
-#define SX_CHECK_FLAG(name, type, dflt, key, applies)                                           \
+#define SX_CHECK_FLAG(name, type, dflt, key, rule)                                           \
     if (std::is_same<type, bool>::value)                                                        \
         SX_CHECK_ARG(d.name == 0 || d.name == 1, "desc->%s is %g; it must be 0 or 1", #name, \
                      static_cast<double>(d.name));
@@ -127,15 +100,12 @@ Status check_desc_flags(const sx_param_group_desc_t &d) {
 }
 
 optim::Hyper default_hyper(int32_t optimizer) {
-    optim::Hyper h;
-    h.kind = static_cast<optim::Kind>(optimizer == 0 ? SX_OPTIM_ADAMW : optimizer);
-    if (h.kind == optim::Kind::kAdamW) h.weight_decay = 1e-2;
-    return h;
+    return optim::default_hyper(static_cast<optim::Kind>(optimizer == 0 ? SX_OPTIM_ADAMW : optimizer));
 }
 
 uint64_t hyper_fingerprint(const optim::Hyper &h, uint64_t seed) {
     uint64_t f = fnv1a(&h.kind, sizeof h.kind, seed);
-#define SX_FINGERPRINT(name, type, dflt, key, applies) \
+#define SX_FINGERPRINT(name, type, dflt, key, rule) \
     {                                                  \
         const type v = h.name;                         \
         f = fnv1a(&v, sizeof v, f);                    \
@@ -146,7 +116,7 @@ uint64_t hyper_fingerprint(const optim::Hyper &h, uint64_t seed) {
 }
 
 const char *hyperparameter_name(int32_t key) {
-#define SX_NAME_OF(name, type, dflt, k, applies) \
+#define SX_NAME_OF(name, type, dflt, k, rule) \
     if (key == k) return #name;
     SX_HYPERPARAMETERS(SX_NAME_OF)
 #undef SX_NAME_OF
@@ -173,12 +143,11 @@ Status assign(int32_t key, double value, bool *out) {
 Status set_hyperparameter(optim::Hyper *h, int32_t key, double value) {
     const char *name = hyperparameter_name(key);
     SX_CHECK_ARG(name != nullptr, "unknown hyperparameter key %d (expected SX_HP_*)", key);
-    const bool adam = h->kind != optim::Kind::kSgd;
     optim::Hyper n = *h;
-#define SX_SET(field, type, dflt, k, applies)                                                      \
+#define SX_SET(field, type, dflt, k, rule)                                                      \
     if (key == k) {                                                                                \
-        SX_CHECK_ARG(optim::applies_to(optim::Applies::applies, h->kind), "%s does not apply to %s", \
-                     name, adam ? "Adam/AdamW" : "SGD");                                           \
+        SX_CHECK_ARG(optim::applies_to(k, h->kind), "%s does not apply to %s", name,              \
+                     optim::optimizer_name(h->kind).c_str());                                      \
         SX_TRY(assign(key, value, &n.field));                                                      \
     }
     SX_HYPERPARAMETERS(SX_SET)
@@ -192,7 +161,7 @@ Status set_hyperparameter(optim::Hyper *h, int32_t key, double value) {
 Status get_hyperparameter(const optim::Hyper &h, int32_t key, double *value) {
     const char *name = hyperparameter_name(key);
     SX_CHECK_ARG(name != nullptr, "unknown hyperparameter key %d (expected SX_HP_*)", key);
-#define SX_GET(field, type, dflt, k, applies) \
+#define SX_GET(field, type, dflt, k, rule) \
     if (key == k) *value = as_double(h.field);
     SX_HYPERPARAMETERS(SX_GET)
 #undef SX_GET

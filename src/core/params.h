@@ -22,6 +22,8 @@ struct ParamSpec {
     // that used the momentum buffer (the first one initialises it from the gradient).
     int64_t step = 0;
     int64_t momentum_steps = 0;
+    // NAdam: torch's per-param mu_product (a float32 scalar), 1 before the first update.
+    float mu_product = 1.0f;
 };
 
 struct ParamGroup {

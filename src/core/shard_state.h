@@ -51,6 +51,7 @@ struct UnitShard {
 struct ParamProgress {
     int64_t step = 0;
     int64_t momentum_steps = 0;
+    float mu_product = 1.0f;  // NAdam's
 };
 
 // How far the optimizer has come: what a checkpoint holds besides the tensors.

@@ -325,8 +325,9 @@ void ShardGroup::count_step(bool dynamic) {
     for (size_t p = 0; p < table_.params().size(); ++p) {
         if (!table_.applied()[p]) continue;
         ParamSpec &spec = table_.params()[p];
-        ++spec.step;
         const optim::Hyper &h = table_.groups()[spec.group].hyper;
+        spec.mu_product = optim::next_mu_product(h, spec.mu_product, spec.step + 1);
+        ++spec.step;
         if (h.kind == optim::Kind::kSgd && h.momentum != 0) ++spec.momentum_steps;
     }
     if (dynamic) scaler_.on_finite_step();

@@ -295,6 +295,7 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
         seg.n = piece.end - piece.begin;
         seg.hyper = &(*table_.groups)[spec.group].hyper;
         seg.step = (seg.hyper->kind == optim::Kind::kSgd ? spec.momentum_steps : spec.step) + 1;
+        seg.mu_product = optim::next_mu_product(*seg.hyper, spec.mu_product, spec.step + 1);
         out->push_back(seg);
     }
 }

@@ -2,6 +2,7 @@
 #include "core/whole_state.h"
 
 #include <algorithm>
+#include <map>
 #include <array>
 #include <cstring>
 
@@ -228,7 +229,26 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     // values from the new masters, on every rank.
     g_.shard_fence().wait_readers();
     ShardProgress progress = shard.progress;
-    for (size_t p = 0; p < progress.params.size(); ++p) progress.params[p] = {steps[2 * p], steps[2 * p + 1]};
+    // NAdam's mu_product is not part of the whole state: it follows from the step count
+    // with the group's beta1 and momentum_decay (torch's value unless those changed during
+    // training), computed once per group and step count.
+    std::map<std::pair<int32_t, int64_t>, float> products;
+    for (size_t p = 0; p < progress.params.size(); ++p) {
+        const int32_t group = g_.param(static_cast<int32_t>(p)).group;
+        const optim::Hyper &h = g_.hyper(group);
+        float mu_product = 1.0f;
+        if (h.kind == optim::Kind::kNadam) {
+            const auto key = std::make_pair(group, steps[2 * p]);
+            const auto found = products.find(key);
+            if (found != products.end()) {
+                mu_product = found->second;
+            } else {
+                for (int64_t t = 1; t <= steps[2 * p]; ++t) mu_product = optim::next_mu_product(h, mu_product, t);
+                products[key] = mu_product;
+            }
+        }
+        progress.params[p] = {steps[2 * p], steps[2 * p + 1], mu_product};
+    }
     ShardRestore restore;
     restore.state = &state;
     restore.slots = slots;

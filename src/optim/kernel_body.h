@@ -15,11 +15,13 @@
 // O provides: V (W floats), Mask (all lanes true or all false, fixed per segment),
 // load/store (unaligned), set1, add, sub, mul, div, sqrt, maximum (torch.maximum: the
 // larger operand, NaN if either is NaN), select(m, a, b) (b where m, else a),
-// sq_acc(acc, x) (acc + x*x) and hsum (the lanes' sum, in double).
+// sq_acc(acc, x) (acc + x*x) and hsum (the lanes' sum, in double), and elementwise.h's
+// abs, sign and recip.
 #pragma once
 
 #include <cstddef>
 
+#include "optim/elementwise.h"
 #include "optim/kernels.h"
 
 namespace sx {
@@ -46,6 +48,9 @@ struct ScalarOps {
     static V select(Mask m, V a, V b) { return m ? b : a; }
     static V sq_acc(V acc, V x) { return acc + x * x; }
     static double hsum(V acc) { return static_cast<double>(acc); }
+    static V abs(V a) { return __builtin_fabsf(a); }
+    static V sign(V a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
+    static V recip(V a) { return 1.0f / a; }
 };
 
 enum Momentum { kNoMomentum, kMomentumFirst, kMomentumLater };
@@ -211,6 +216,48 @@ double adam_range(const Segment &seg, const SegmentConsts &c, size_t begin, size
         [&](size_t i, float &acc) { adam_at<ScalarOps, kL2, kAmsgrad>(ks, i, p, g, m, v, vmax, gz, acc); });
 }
 
+// ------------------------------------------- Adagrad, RMSprop, Adamax, NAdam, RAdam, Lion
+
+template <class O, Variant kV, bool kL2>
+double elementwise_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end) {
+    constexpr int kReads = elementwise_reads(kV), kWrites = elementwise_writes(kV);
+    float *p = seg.param + begin;
+    const float *g = seg.grad + begin;
+    float *st[kMaxStateSlots] = {nullptr, nullptr, nullptr};
+    for (int k = 0; k < kWrites; ++k) st[k] = seg.state[k] + begin;
+    float *gz = seg.zero_grad ? seg.zero_grad + begin : nullptr;
+    const ElementwiseConsts<O> kv(c);
+    const ElementwiseConsts<ScalarOps> ks(c);
+    auto at = [&](auto ops, const auto &k, size_t i, auto &acc) {
+        using Ops = decltype(ops);
+        using V = typename Ops::V;
+        V gv = Ops::mul(Ops::load(g + i), k.grad_scale);  // maximize is folded into the sign
+        if (gz) Ops::store(gz + i, Ops::set1(0.0f));        // the next backward's clean slate
+        acc = Ops::sq_acc(acc, gv);
+        V pv = Ops::load(p + i);
+        V sv[kMaxStateSlots];
+        for (int j = 0; j < kReads; ++j) sv[j] = Ops::load(st[j] + i);
+        elementwise_at<Ops, kV, kL2>(k, pv, gv, sv);
+        Ops::store(p + i, pv);
+        for (int j = 0; j < kWrites; ++j) Ops::store(st[j] + i, sv[j]);
+    };
+    return blocked_loop<O>(
+        end - begin,
+        [&](size_t i, typename O::V &acc) {
+            prefetch<O>(p, i);
+            prefetch<O>(g, i);
+            for (int j = 0; j < kReads; ++j) prefetch<O>(st[j], i);
+            at(O{}, kv, i, acc);
+        },
+        [&](size_t i, float &acc) { at(ScalarOps{}, ks, i, acc); });
+}
+
+template <class O, Variant kV>
+double elementwise_pick(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end) {
+    return c.l2 ? elementwise_range<O, kV, true>(seg, c, begin, end)
+                : elementwise_range<O, kV, false>(seg, c, begin, end);
+}
+
 // ------------------------------------------------------------------- entry points
 
 template <class O>
@@ -229,6 +276,20 @@ double update_range(const Segment &seg, const SegmentConsts &c, size_t begin, si
     case Variant::kAdamAmsgrad:
         return c.l2 ? adam_range<O, true, true>(seg, c, begin, end)
                     : adam_range<O, false, true>(seg, c, begin, end);
+#define SX_ELEMENTWISE_CASE(v) \
+    case Variant::v: return elementwise_pick<O, Variant::v>(seg, c, begin, end);
+    SX_ELEMENTWISE_CASE(kAdagradFirst)
+    SX_ELEMENTWISE_CASE(kAdagrad)
+    SX_ELEMENTWISE_CASE(kRmsprop)
+    SX_ELEMENTWISE_CASE(kRmspropMomentum)
+    SX_ELEMENTWISE_CASE(kRmspropCentered)
+    SX_ELEMENTWISE_CASE(kRmspropCenteredMomentum)
+    SX_ELEMENTWISE_CASE(kAdamax)
+    SX_ELEMENTWISE_CASE(kNadam)
+    SX_ELEMENTWISE_CASE(kRadam)
+    SX_ELEMENTWISE_CASE(kRadamRectified)
+    SX_ELEMENTWISE_CASE(kLion)
+#undef SX_ELEMENTWISE_CASE
     }
     return 0.0;
 }

@@ -28,6 +28,18 @@ enum class Variant : int {
     kSgdMomentum,        // momentum, later steps
     kAdam,               // Adam and AdamW
     kAdamAmsgrad,        // Adam and AdamW with amsgrad
+    // The rest run elementwise.h's bodies.
+    kAdagradFirst,       // Adagrad, a param's first update: its sum starts at initial_accumulator_value
+    kAdagrad,
+    kRmsprop,            // square_avg
+    kRmspropMomentum,    // square_avg, momentum_buffer
+    kRmspropCentered,    // square_avg, grad_avg
+    kRmspropCenteredMomentum,  // square_avg, momentum_buffer, grad_avg
+    kAdamax,
+    kNadam,
+    kRadam,              // RAdam while the variance is not tractable (rho_t <= 5)
+    kRadamRectified,     // RAdam with the rectification term
+    kLion,
 };
 
 // Per-segment constants. torch.optim computes its scalars as Python floats (double)
@@ -52,6 +64,18 @@ struct SegmentConsts {
     float step_size = 0;              // lr / (1 - beta1^step)
     float bias_correction2_sqrt = 1;  // (1 - beta2^step) ** 0.5
     float eps = 0;
+    // The other elementwise optimizers (elementwise.h says which uses what). Adagrad:
+    // step_size = lr / (1 + (step - 1)*lr_decay), init = initial_accumulator_value.
+    // RMSprop: beta2 = alpha, one_minus_beta2 = 1 - alpha, lerp from w = 1 - alpha.
+    // Adamax: step_size = lr / (1 - beta1^step). NAdam: bias_correction2, and the
+    // coefficients of grad and exp_avg in its two addcdiv_. RAdam: bias_correction1,
+    // bias_correction2_sqrt, rect. Lion: beta1, one_minus_beta1, beta2,
+    // one_minus_beta2, lr, decay.
+    float beta1 = 0, one_minus_beta1 = 0;
+    float init = 0;
+    float bias_correction1 = 1, bias_correction2 = 1;
+    float rect = 1;
+    float grad_coeff = 0, avg_coeff = 0;
 };
 
 SegmentConsts make_consts(const Segment &seg, float grad_scale);

@@ -29,6 +29,14 @@ struct Avx2Ops {
     }
     static V select(Mask m, V a, V b) { return _mm256_blendv_ps(a, b, m); }
     static V sq_acc(V acc, V x) { return _mm256_fmadd_ps(x, x, acc); }
+    static V abs(V a) { return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))); }
+    // (0 < a) - (a < 0), each comparison as 1.0f or 0.0f: 0 for zeros and NaN.
+    static V sign(V a) {
+        const V zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+        return _mm256_sub_ps(_mm256_and_ps(_mm256_cmp_ps(zero, a, _CMP_LT_OQ), one),
+                             _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ), one));
+    }
+    static V recip(V a) { return _mm256_div_ps(_mm256_set1_ps(1.0f), a); }
     static double hsum(V acc) {
         __m256d d = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(acc)),
                                   _mm256_cvtps_pd(_mm256_extractf128_ps(acc, 1)));

@@ -30,6 +30,14 @@ struct Avx512Ops {
     }
     static V select(Mask m, V a, V b) { return _mm512_mask_blend_ps(m, a, b); }
     static V sq_acc(V acc, V x) { return _mm512_fmadd_ps(x, x, acc); }
+    static V abs(V a) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff))); }
+    // (0 < a) - (a < 0), each comparison as 1.0f or 0.0f: 0 for zeros and NaN.
+    static V sign(V a) {
+        const V zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+        return _mm512_sub_ps(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(zero, a, _CMP_LT_OQ), one),
+                             _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, zero, _CMP_LT_OQ), one));
+    }
+    static V recip(V a) { return _mm512_div_ps(_mm512_set1_ps(1.0f), a); }
     static double hsum(V acc) {
         __m512d d = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(acc)),
                                   _mm512_cvtps_pd(_mm512_extractf32x8_ps(acc, 1)));

@@ -1,6 +1,6 @@
-// Optimizer math over one rank's shard: torch.optim's SGD, Adam and AdamW, as a plain
-// scalar reference and as fused multi-threaded SIMD kernels (AVX2, AVX-512, chosen at
-// run time). Knows nothing of communicators or layouts: it sees segments.
+// Optimizer math over one rank's shard: the optimizer table (what each optimizer is,
+// keeps and accepts), and torch.optim's elementwise optimizers as a plain scalar
+// reference and as fused multi-threaded SIMD kernels (AVX2, AVX-512, chosen at run time). Knows nothing of communicators or layouts: it sees segments.
 #pragma once
 
 #include <cstddef>
@@ -14,40 +14,55 @@ namespace optim {
 
 class ThreadPool;
 
-enum class Kind : int32_t { kSgd = SX_OPTIM_SGD, kAdam = SX_OPTIM_ADAM, kAdamW = SX_OPTIM_ADAMW };
+// The optimizers sx runs, by their public SX_OPTIM_* values.
+enum class Kind : int32_t {
+    kSgd = SX_OPTIM_SGD,
+    kAdam = SX_OPTIM_ADAM,
+    kAdamW = SX_OPTIM_ADAMW,
+    kAdagrad = SX_OPTIM_ADAGRAD,
+    kRmsprop = SX_OPTIM_RMSPROP,
+    kAdamax = SX_OPTIM_ADAMAX,
+    kNadam = SX_OPTIM_NADAM,
+    kRadam = SX_OPTIM_RADAM,
+    kLion = SX_OPTIM_LION,
+};
 
-// An SX_OPTIM_* value as torch names the optimizer ("SGD", "Adam", "AdamW"), or
-// "optimizer N" for another value, for messages.
-inline std::string optimizer_name(int32_t optimizer) {
-    switch (optimizer) {
-        case SX_OPTIM_SGD: return "SGD";
-        case SX_OPTIM_ADAM: return "Adam";
-        case SX_OPTIM_ADAMW: return "AdamW";
-        default: return "optimizer " + std::to_string(optimizer);
-    }
-}
-inline std::string optimizer_name(Kind kind) { return optimizer_name(static_cast<int32_t>(kind)); }
-
-// Which optimizers a hyperparameter applies to.
-enum class Applies : int32_t { kAll, kSgd, kAdam /* Adam and AdamW */ };
+// The range a hyperparameter's value must lie in (besides being finite).
+enum class Rule : int32_t {
+    kAny,
+    kNonNegative,  // >= 0
+    kBeta,         // in [0, 1)
+    kFlag,         // 0 or 1
+};
 
 // Every hyperparameter, with torch.optim's names and meanings: the one table from which
 // the param group descriptor's reading, the public keys (SX_HP_*), the ranks'
 // agreement, the checkpoint's MANIFEST (writing, reading, validation) and `sxckpt`
-// derive theirs. X(name, type, default, key, applies); `name` is also the member of
-// sx_param_group_desc_t and of the MANIFEST's ParamGroup table. A new hyperparameter is
-// a line here, its members there, and its use in the kernels.
-#define SX_HYPERPARAMETERS(X)                                      \
-    X(lr, double, 1e-3, SX_HP_LR, kAll)                            \
-    X(weight_decay, double, 0.0, SX_HP_WEIGHT_DECAY, kAll)         \
-    X(beta1, double, 0.9, SX_HP_BETA1, kAdam)                      \
-    X(beta2, double, 0.999, SX_HP_BETA2, kAdam)                    \
-    X(eps, double, 1e-8, SX_HP_EPS, kAdam)                         \
-    X(momentum, double, 0.0, SX_HP_MOMENTUM, kSgd)                 \
-    X(dampening, double, 0.0, SX_HP_DAMPENING, kSgd)               \
-    X(nesterov, bool, false, SX_HP_NESTEROV, kSgd)                 \
-    X(maximize, bool, false, SX_HP_MAXIMIZE, kAll)                 \
-    X(amsgrad, bool, false, SX_HP_AMSGRAD, kAdam)
+// derive theirs. X(name, type, default, key, rule); `name` is also the member of
+// sx_param_group_desc_t and of the MANIFEST's ParamGroup table, and `default` is its
+// value wherever an optimizer's row (kOptimizers) says nothing else. Which optimizers
+// it applies to is in their rows. A new hyperparameter is a line here, its members
+// there, and its use in the kernels.
+#define SX_HYPERPARAMETERS(X)                                                       \
+    X(lr, double, 1e-3, SX_HP_LR, kNonNegative)                                     \
+    X(weight_decay, double, 0.0, SX_HP_WEIGHT_DECAY, kNonNegative)                  \
+    X(beta1, double, 0.9, SX_HP_BETA1, kBeta)                                       \
+    X(beta2, double, 0.999, SX_HP_BETA2, kBeta)                                     \
+    X(eps, double, 1e-8, SX_HP_EPS, kNonNegative)                                   \
+    X(momentum, double, 0.0, SX_HP_MOMENTUM, kNonNegative)                          \
+    X(dampening, double, 0.0, SX_HP_DAMPENING, kAny)                                \
+    X(nesterov, bool, false, SX_HP_NESTEROV, kFlag)                                 \
+    X(maximize, bool, false, SX_HP_MAXIMIZE, kFlag)                                 \
+    X(amsgrad, bool, false, SX_HP_AMSGRAD, kFlag)                                   \
+    X(lr_decay, double, 0.0, SX_HP_LR_DECAY, kNonNegative)                          \
+    X(initial_accumulator_value, double, 0.0, SX_HP_INITIAL_ACCUMULATOR_VALUE, kNonNegative) \
+    X(alpha, double, 0.99, SX_HP_ALPHA, kNonNegative)                               \
+    X(centered, bool, false, SX_HP_CENTERED, kFlag)                                 \
+    X(momentum_decay, double, 4e-3, SX_HP_MOMENTUM_DECAY, kNonNegative)             \
+    X(decoupled_weight_decay, bool, false, SX_HP_DECOUPLED_WEIGHT_DECAY, kFlag)
+
+// The largest SX_HP_* key.
+constexpr int32_t kMaxHyperKey = SX_HP_DECOUPLED_WEIGHT_DECAY;
 
 // The most steps a param (or a group) may count: 2^53, the last count a double holds
 // exactly (the bias corrections raise betas to the step in double); a step a
@@ -62,37 +77,108 @@ inline bool valid_steps(int64_t step, int64_t momentum_steps) {
 // An optimizer and its hyperparameters (one member per line of the table above).
 struct Hyper {
     Kind kind = Kind::kAdamW;
-#define SX_HYPER_MEMBER(name, type, dflt, key, applies) type name = dflt;
+#define SX_HYPER_MEMBER(name, type, dflt, key, rule) type name = dflt;
     SX_HYPERPARAMETERS(SX_HYPER_MEMBER)
 #undef SX_HYPER_MEMBER
 };
 
-// Whether hyperparameter `applies` (a column of the table) applies to optimizer `kind`.
-inline bool applies_to(Applies applies, Kind kind) {
-    return applies == Applies::kAll || (applies == Applies::kSgd) == (kind == Kind::kSgd);
-}
+// The most state slots (fp32 tensors of a param's size) any optimizer keeps.
+constexpr int kMaxStateSlots = 3;
 
-// Number of fp32 state slots the optimizer keeps per element:
-// SGD: 1 if momentum != 0 (momentum_buffer) else 0; Adam/AdamW: 2 (exp_avg,
-// exp_avg_sq), 3 with amsgrad (max_exp_avg_sq).
+// What an optimizer needs from the step besides its own segment's elements.
+enum class Needs : int32_t {
+    kElementwise,    // nothing: it runs per segment, fused
+    kParamReduction, // per-param sums over every rank's piece (LAMB's norms, Adafactor's means)
+    kWholeParam,     // the whole param on one rank (Muon's orthogonalisation)
+};
+
+// One state slot: torch's name for it in the optimizer's state dict, and whether a
+// group with hyperparameters h keeps it (nullptr: always).
+struct StateSlot {
+    const char *name;
+    bool (*kept)(const Hyper &h);
+};
+
+// A hyperparameter value an optimizer's row sets in place of the table's default.
+struct HyperDefault {
+    int32_t key;  // SX_HP_*; 0 ends the list
+    double value;
+};
+
+// One row of the optimizer table: everything sx derives about an optimizer (its
+// validation, its descriptor's defaults, its state slots' names in checkpoints and
+// exports, sxckpt's torch names) comes from here; docs/optimizers.md lists the rows.
+struct OptimizerSpec {
+    Kind kind;
+    const char *name;        // sx's and torch's class name: "AdamW"
+    const char *reference;   // the implementation it matches: "torch.optim.AdamW"
+    Needs needs;
+    uint32_t keys;           // bit k set: hyperparameter SX_HP_* k applies
+    uint32_t fixed_keys;     // keys that change the state slots: only before the first step
+    StateSlot slots[kMaxStateSlots];  // in torch's state-dict order
+    const char *param_scalar;  // a per-param float torch keeps besides `step` (NAdam's
+                               // "mu_product"), or nullptr
+    HyperDefault defaults[6];
+    // Rules beyond each hyperparameter's own range (SGD's nesterov needs momentum), or
+    // nullptr; returns an error naming what is wrong.
+    Status (*check)(const Hyper &h);
+};
+
+// The row of SX_OPTIM_* value `optimizer`, or nullptr if there is none.
+const OptimizerSpec *find_optimizer(int32_t optimizer);
+// The row of a valid kind.
+const OptimizerSpec &spec_of(Kind kind);
+// Every row, in SX_OPTIM_* order; *count receives how many.
+const OptimizerSpec *all_optimizers(size_t *count);
+
+// "SGD, Adam, AdamW, ..." for messages naming what is accepted.
+std::string optimizer_list();
+
+// An SX_OPTIM_* value as torch names the optimizer ("SGD", "Adam", "AdamW"), or
+// "optimizer N" for another value, for messages.
+std::string optimizer_name(int32_t optimizer);
+inline std::string optimizer_name(Kind kind) { return optimizer_name(static_cast<int32_t>(kind)); }
+
+// Whether hyperparameter `key` (SX_HP_*) applies to optimizer `kind`.
+bool applies_to(int32_t key, Kind kind);
+
+// The hyperparameters of `optimizer` with their defaults (the row's, else the table's).
+Hyper default_hyper(Kind kind);
+
+// Checks h as torch.optim does: a known optimizer, every value finite and in its
+// range, hyperparameters that do not apply at their defaults or 0, the row's own rules.
+Status validate(const Hyper &h);
+
+// h with every hyperparameter that does not apply to its optimizer and holds 0 (what a
+// zero-filled descriptor or an older MANIFEST holds there) set to its default, so that
+// ranks and checkpoints see one value.
+Hyper with_unused_defaults(const Hyper &h);
+
+// Number of fp32 state slots a group with hyperparameters h keeps per element (those
+// of its row that h keeps), and torch's name of slot `slot` (< state_slots(h)).
 int state_slots(const Hyper &h);
-
-// torch's name of state slot `slot` (< state_slots(h)): "momentum_buffer" (SGD);
-// "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (Adam, AdamW).
 const char *state_slot_name(const Hyper &h, int slot);
+
+// NAdam: the param's product of momentum coefficients after update `step` (1 for its
+// first), from the product before it, as torch computes it (a float32 tensor times
+// mu_t = beta1 * (1 - 0.5 * 0.96^(step * momentum_decay))). 1 for other optimizers.
+float next_mu_product(const Hyper &h, float before, int64_t step);
 
 // A contiguous run of elements of one param inside this rank's shard, updated with
 // that param's hyperparameters. state[i] points at slot i (nullptr where unused).
 struct Segment {
     float *param = nullptr;
     const float *grad = nullptr;
-    float *state[3] = {nullptr, nullptr, nullptr};
+    float *state[kMaxStateSlots] = {nullptr, nullptr, nullptr};
     size_t n = 0;
     const Hyper *hyper = nullptr;
     // The param's step count including this update (1 for its first update). Adam's
     // bias corrections use it; SGD initialises its momentum buffer to the gradient
-    // when it is 1, as torch does when the buffer does not exist yet.
+    // when it is 1, as torch does when the buffer does not exist yet; Adagrad starts its
+    // sum from initial_accumulator_value then.
     int64_t step = 1;
+    // NAdam: the param's mu_product including this update (next_mu_product).
+    float mu_product = 1.0f;
     // Mixed precision: if set, the updated fp32 values (param, the master weights) are
     // also written here rounded to compute_dtype (SX_DTYPE_BF16 or SX_DTYPE_F16), n
     // of them, block by block while they are still in cache.

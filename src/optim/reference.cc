@@ -1,6 +1,6 @@
-// The scalar reference: torch.optim's single-tensor formulas (torch/optim/sgd.py
-// _single_tensor_sgd, torch/optim/adam.py _single_tensor_adam) for fp32 tensors on the
-// CPU, one element at a time, written independently of the kernels so that tests can
+// The scalar reference: torch.optim's single-tensor formulas (torch/optim/<name>.py,
+// _single_tensor_<name>, of torch 2.x; lion-pytorch's update_fn for Lion) for fp32
+// tensors on the CPU, one element at a time, written independently of the kernels so that tests can
 // hold the kernels to it.
 //
 // Where torch rounds: hyperparameter arithmetic happens in Python floats (double);
@@ -11,6 +11,8 @@
 //   addcmul_(t1, t2, value)  self + value*t1*t2, i.e. self + ((value*t1)*t2)
 //   addcdiv_(t1, t2, value)  self + value*t1/t2, i.e. self + ((value*t1)/t2)
 //   maximum(a, b)            NaN if either is NaN, else the larger
+//   t / s (s a Python float) self / float(s)
+//   s / t                    Tensor.__rtruediv__: t.reciprocal() * s
 // torch's vectorised loops evaluate add-with-alpha and lerp with a fused multiply-add
 // where the CPU has one, so torch itself differs by that rounding between CPUs; sx
 // follows the unfused scalar formulas everywhere (this file builds with
@@ -23,17 +25,6 @@
 
 namespace sx {
 namespace optim {
-
-int state_slots(const Hyper &h) {
-    if (h.kind == Kind::kSgd) return h.momentum != 0.0 ? 1 : 0;
-    return h.amsgrad ? 3 : 2;
-}
-
-const char *state_slot_name(const Hyper &h, int slot) {
-    if (h.kind == Kind::kSgd) return "momentum_buffer";
-    static const char *const kAdam[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-    return kAdam[slot];
-}
 
 namespace {
 
@@ -105,14 +96,201 @@ void reference_adam(const Segment &seg, float grad_scale) {
     }
 }
 
+// exp_avg.lerp_(grad, weight) with a float weight, as torch evaluates it.
+float lerp(float self, float end, float weight) {
+    return std::fabs(weight) < 0.5f ? self + weight * (end - self) : end - (end - self) * (1.0f - weight);
+}
+
+// torch.maximum: NaN if either is NaN, else the larger.
+float maximum(float a, float b) {
+    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
+    return std::max(a, b);
+}
+
+// The gradient of element i as the update uses it: scaled, negated for maximize.
+float grad_at(const Segment &seg, size_t i, float grad_scale) {
+    const float g = seg.grad[i] * grad_scale;
+    return seg.hyper->maximize ? -g : g;
+}
+
+// torch/optim/adagrad.py, _single_tensor_adagrad (dense gradients).
+void reference_adagrad(const Segment &seg, float grad_scale) {
+    const Hyper &h = *seg.hyper;
+    const double clr = h.lr / (1.0 + (static_cast<double>(seg.step) - 1.0) * h.lr_decay);
+    const float neg_clr = static_cast<float>(-clr);
+    const float wd = static_cast<float>(h.weight_decay);
+    const float eps = static_cast<float>(h.eps);
+    for (size_t i = 0; i < seg.n; ++i) {
+        float g = grad_at(seg, i, grad_scale);
+        if (h.weight_decay != 0.0) g = g + wd * seg.param[i];
+        float &sum = seg.state[0][i];
+        if (seg.step == 1) sum = static_cast<float>(h.initial_accumulator_value);  // torch.full_like(p, init)
+        sum = sum + (1.0f * g) * g;
+        const float std_ = std::sqrt(sum) + eps;
+        seg.param[i] = seg.param[i] + (neg_clr * g) / std_;
+    }
+}
+
+// torch/optim/rmsprop.py, _single_tensor_rmsprop. Slots: square_avg, then
+// momentum_buffer if momentum > 0, then grad_avg if centered.
+void reference_rmsprop(const Segment &seg, float grad_scale) {
+    const Hyper &h = *seg.hyper;
+    const float alpha = static_cast<float>(h.alpha);
+    const float one_minus_alpha = static_cast<float>(1.0 - h.alpha);
+    const float eps = static_cast<float>(h.eps);
+    const float wd = static_cast<float>(h.weight_decay);
+    const float momentum = static_cast<float>(h.momentum);
+    const float neg_lr = static_cast<float>(-h.lr);
+    float *buf = h.momentum > 0 ? seg.state[1] : nullptr;
+    float *grad_avg = h.centered ? seg.state[h.momentum > 0 ? 2 : 1] : nullptr;
+    for (size_t i = 0; i < seg.n; ++i) {
+        float g = grad_at(seg, i, grad_scale);
+        if (h.weight_decay != 0.0) g = g + wd * seg.param[i];
+        float &sq = seg.state[0][i];
+        sq = sq * alpha + (one_minus_alpha * g) * g;
+        float avg;
+        if (grad_avg) {
+            grad_avg[i] = lerp(grad_avg[i], g, one_minus_alpha);
+            avg = std::sqrt(sq + (-1.0f * grad_avg[i]) * grad_avg[i]);
+        } else {
+            avg = std::sqrt(sq);
+        }
+        avg = avg + eps;
+        if (buf) {
+            buf[i] = buf[i] * momentum + (1.0f * g) / avg;
+            seg.param[i] = seg.param[i] + neg_lr * buf[i];
+        } else {
+            seg.param[i] = seg.param[i] + (neg_lr * g) / avg;
+        }
+    }
+}
+
+// torch/optim/adamax.py, _single_tensor_adamax.
+void reference_adamax(const Segment &seg, float grad_scale) {
+    const Hyper &h = *seg.hyper;
+    const double clr = h.lr / (1.0 - std::pow(h.beta1, static_cast<double>(seg.step)));
+    const float neg_clr = static_cast<float>(-clr);
+    const float w = static_cast<float>(1.0 - h.beta1);
+    const float beta2 = static_cast<float>(h.beta2);
+    const float eps = static_cast<float>(h.eps);
+    const float wd = static_cast<float>(h.weight_decay);
+    for (size_t i = 0; i < seg.n; ++i) {
+        float g = grad_at(seg, i, grad_scale);
+        if (h.weight_decay != 0.0) g = g + wd * seg.param[i];
+        float &m = seg.state[0][i];
+        float &u = seg.state[1][i];
+        m = lerp(m, g, w);
+        u = maximum(u * beta2, std::fabs(g) + eps);
+        seg.param[i] = seg.param[i] + (neg_clr * m) / u;
+    }
+}
+
+// torch/optim/nadam.py and radam.py: the part they share with Adam (weight decay, the
+// two moments). Returns the param after decoupled decay; g gets L2 decay.
+float nadam_radam_moments(const Segment &seg, size_t i, float grad_scale, float *g_out) {
+    const Hyper &h = *seg.hyper;
+    float g = grad_at(seg, i, grad_scale);
+    float p = seg.param[i];
+    if (h.weight_decay != 0.0) {
+        if (h.decoupled_weight_decay)
+            p = p * static_cast<float>(1.0 - h.lr * h.weight_decay);
+        else
+            g = g + static_cast<float>(h.weight_decay) * p;
+    }
+    float &m = seg.state[0][i];
+    float &v = seg.state[1][i];
+    m = lerp(m, g, static_cast<float>(1.0 - h.beta1));
+    v = v * static_cast<float>(h.beta2) + (static_cast<float>(1.0 - h.beta2) * g) * g;
+    *g_out = g;
+    return p;
+}
+
+// torch/optim/nadam.py, _single_tensor_nadam (not capturable): seg.mu_product is the
+// param's product including this update's mu.
+void reference_nadam(const Segment &seg, float grad_scale) {
+    const Hyper &h = *seg.hyper;
+    const double step = static_cast<double>(seg.step);
+    const double bias_correction2 = 1.0 - std::pow(h.beta2, step);
+    const double mu = h.beta1 * (1.0 - 0.5 * std::pow(0.96, step * h.momentum_decay));
+    const double mu_next = h.beta1 * (1.0 - 0.5 * std::pow(0.96, (step + 1.0) * h.momentum_decay));
+    const double mu_product = seg.mu_product;
+    const double mu_product_next = mu_product * mu_next;
+    const float grad_value = static_cast<float>(-h.lr * (1.0 - mu) / (1.0 - mu_product));
+    const float avg_value = static_cast<float>((-h.lr * mu_next) / (1.0 - mu_product_next));
+    const float bc2 = static_cast<float>(bias_correction2);
+    const float eps = static_cast<float>(h.eps);
+    for (size_t i = 0; i < seg.n; ++i) {
+        float g;
+        float p = nadam_radam_moments(seg, i, grad_scale, &g);
+        const float denom = std::sqrt(seg.state[1][i] / bc2) + eps;
+        p = p + (grad_value * g) / denom;
+        p = p + (avg_value * seg.state[0][i]) / denom;
+        seg.param[i] = p;
+    }
+}
+
+// torch/optim/radam.py, _single_tensor_radam (not capturable).
+void reference_radam(const Segment &seg, float grad_scale) {
+    const Hyper &h = *seg.hyper;
+    const double step = static_cast<double>(seg.step);
+    const double bias_correction1 = 1.0 - std::pow(h.beta1, step);
+    const double bias_correction2 = 1.0 - std::pow(h.beta2, step);
+    const double rho_inf = 2.0 / (1.0 - h.beta2) - 1.0;
+    const double rho_t = rho_inf - 2.0 * step * std::pow(h.beta2, step) / bias_correction2;
+    const float bc1 = static_cast<float>(bias_correction1);
+    const float lr = static_cast<float>(h.lr);
+    const float eps = static_cast<float>(h.eps);
+    const float bc2_sqrt = static_cast<float>(std::pow(bias_correction2, 0.5));
+    const float rect = static_cast<float>(
+        std::pow((rho_t - 4.0) * (rho_t - 2.0) * rho_inf / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho_t), 0.5));
+    for (size_t i = 0; i < seg.n; ++i) {
+        float g;
+        float p = nadam_radam_moments(seg, i, grad_scale, &g);
+        const float corrected = seg.state[0][i] / bc1;
+        if (rho_t > 5.0) {
+            const float adaptive = (1.0f / (std::sqrt(seg.state[1][i]) + eps)) * bc2_sqrt;
+            p = p + -1.0f * (((corrected * lr) * adaptive) * rect);
+        } else {
+            p = p + -1.0f * (corrected * lr);
+        }
+        seg.param[i] = p;
+    }
+}
+
+// lion-pytorch 0.2.5, lion_pytorch.py's update_fn (sgn_ as torch's vectorised sgn: 0
+// for zeros and NaN).
+void reference_lion(const Segment &seg, float grad_scale) {
+    const Hyper &h = *seg.hyper;
+    const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+    const float beta1 = static_cast<float>(h.beta1), one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+    const float beta2 = static_cast<float>(h.beta2), one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+    const float neg_lr = static_cast<float>(-h.lr);
+    for (size_t i = 0; i < seg.n; ++i) {
+        const float g = grad_at(seg, i, grad_scale);
+        float &m = seg.state[0][i];
+        const float p = seg.param[i] * decay;
+        const float c = m * beta1 + one_minus_beta1 * g;
+        const float update = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : 0.0f);
+        seg.param[i] = p + neg_lr * update;
+        m = m * beta2 + one_minus_beta2 * g;
+    }
+}
+
 }  // namespace
 
 void reference_update(const Segment &seg, float grad_scale) {
     if (seg.n == 0) return;
-    if (seg.hyper->kind == Kind::kSgd)
-        reference_sgd(seg, grad_scale);
-    else
-        reference_adam(seg, grad_scale);
+    switch (seg.hyper->kind) {
+    case Kind::kSgd: return reference_sgd(seg, grad_scale);
+    case Kind::kAdam:
+    case Kind::kAdamW: return reference_adam(seg, grad_scale);
+    case Kind::kAdagrad: return reference_adagrad(seg, grad_scale);
+    case Kind::kRmsprop: return reference_rmsprop(seg, grad_scale);
+    case Kind::kAdamax: return reference_adamax(seg, grad_scale);
+    case Kind::kNadam: return reference_nadam(seg, grad_scale);
+    case Kind::kRadam: return reference_radam(seg, grad_scale);
+    case Kind::kLion: return reference_lion(seg, grad_scale);
+    }
 }
 
 }  // namespace optim

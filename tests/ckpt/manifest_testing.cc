@@ -233,7 +233,15 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
         b.add_nesterov(g.nesterov);
         b.add_maximize(g.maximize);
         b.add_amsgrad(g.amsgrad);
-        extras(fb::ParamGroup::VT_AMSGRAD);
+        if (major >= 3) {  // 3.0 appended the hyperparameters of the optimizers it added
+            b.add_lr_decay(g.lr_decay);
+            b.add_initial_accumulator_value(g.initial_accumulator_value);
+            b.add_alpha(g.alpha);
+            b.add_centered(g.centered);
+            b.add_momentum_decay(g.momentum_decay);
+            b.add_decoupled_weight_decay(g.decoupled_weight_decay);
+        }
+        extras(major >= 3 ? fb::ParamGroup::VT_DECOUPLED_WEIGHT_DECAY : fb::ParamGroup::VT_AMSGRAD);
         groups.push_back(b.Finish());
     }
     std::vector<Offset<fb::Param>> params;
@@ -277,7 +285,10 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
             b.add_unit_offset(p.unit_offset);
             b.add_unit_shard_numel(p.unit_shard_numel);
         }
-        extras(major >= 2 ? fb::Param::VT_UNIT_SHARD_NUMEL : fb::Param::VT_TENSORS);
+        if (major >= 3) b.add_mu_product(p.mu_product);  // 3.0
+        extras(major >= 3   ? fb::Param::VT_MU_PRODUCT
+               : major >= 2 ? fb::Param::VT_UNIT_SHARD_NUMEL
+                            : fb::Param::VT_TENSORS);
         params.push_back(b.Finish());
     }
     fb::VersionBuilder vb(fbb);

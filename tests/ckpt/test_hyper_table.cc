@@ -25,12 +25,9 @@
 
 namespace {
 
-using sx::optim::Applies;
-
 struct Field {
     const char *name;
     int32_t key;
-    Applies applies;
     bool flag;
     double value;  // valid for its optimizer (see optimizer_for), not the default
     double dflt;
@@ -39,8 +36,9 @@ struct Field {
 // A value of each hyperparameter that no default and no other field has.
 double distinct_value(const char *name, bool flag) {
     if (flag) return 1.0;
-    const char *names[] = {"lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening"};
-    const double values[] = {0.0123, 0.0456, 0.789, 0.9876, 3.5e-7, 0.65, 0.25};
+    const char *names[] = {"lr",       "weight_decay", "beta1",     "beta2", "eps", "momentum", "dampening",
+                           "lr_decay", "initial_accumulator_value", "alpha", "momentum_decay"};
+    const double values[] = {0.0123, 0.0456, 0.789, 0.9876, 3.5e-7, 0.65, 0.25, 0.0625, 0.3125, 0.875, 0.0055};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
         if (std::strcmp(names[i], name) == 0) return values[i];
     return 0.375;  // a new double hyperparameter: give it its own value above
@@ -48,15 +46,24 @@ double distinct_value(const char *name, bool flag) {
 
 std::vector<Field> table() {
     std::vector<Field> fields;
-#define SX_FIELD(name, type, dflt, hp_key, applies)                                                      \
-    fields.push_back({#name, hp_key, Applies::applies, std::is_same<type, bool>::value,                  \
+#define SX_FIELD(name, type, dflt, hp_key, rule)                                                         \
+    fields.push_back({#name, hp_key, std::is_same<type, bool>::value,                                    \
                       distinct_value(#name, std::is_same<type, bool>::value), static_cast<double>(dflt)});
     SX_HYPERPARAMETERS(SX_FIELD)
 #undef SX_FIELD
     return fields;
 }
 
-int32_t optimizer_for(const Field &f) { return f.applies == Applies::kSgd ? SX_OPTIM_SGD : SX_OPTIM_ADAMW; }
+// The first optimizer of the table (AdamW before the others, as the most used) that
+// f applies to.
+int32_t optimizer_for(const Field &f) {
+    if (sx::optim::applies_to(f.key, sx::optim::Kind::kAdamW)) return SX_OPTIM_ADAMW;
+    size_t count = 0;
+    const sx::optim::OptimizerSpec *rows = sx::optim::all_optimizers(&count);
+    for (size_t k = 0; k < count; ++k)
+        if (sx::optim::applies_to(f.key, rows[k].kind)) return static_cast<int32_t>(rows[k].kind);
+    return 0;
+}
 
 // The descriptor of f's optimizer with f set to its value (SGD gets momentum, which
 // nesterov needs).
@@ -65,7 +72,7 @@ sx_param_group_desc_t desc_with(const Field &f, bool set) {
     assert_int_equal(sx_param_group_desc_init(&d, sizeof d, optimizer_for(f)), SX_OK);
     if (optimizer_for(f) == SX_OPTIM_SGD && std::strcmp(f.name, "momentum") != 0) d.momentum = 0.5;
     if (!set) return d;
-#define SX_SET_DESC(NAME, TYPE, DFLT, KEY, APPLIES) \
+#define SX_SET_DESC(NAME, TYPE, DFLT, KEY, RULE) \
     if (std::strcmp(#NAME, f.name) == 0) d.NAME = static_cast<decltype(d.NAME)>(f.value);
     SX_HYPERPARAMETERS(SX_SET_DESC)
 #undef SX_SET_DESC
@@ -92,9 +99,14 @@ void test_descriptor(void **) {
         {
             sx_param_group_desc_t d = desc_with(f, false);
             sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "default"), {{"w", {4}}}, &d);
-            // AdamW's weight decay defaults to 1e-2, as torch.optim.AdamW's does.
-            const bool adamw_decay = f.key == SX_HP_WEIGHT_DECAY && optimizer_for(f) == SX_OPTIM_ADAMW;
-            const double expected = adamw_decay ? 1e-2 : f.dflt;
+            // The optimizer's row may set its own default (AdamW's weight decay is 1e-2).
+            double expected = NAN;
+            assert_int_equal(sx::core::get_hyperparameter(
+                                 sx::optim::default_hyper(static_cast<sx::optim::Kind>(optimizer_for(f))), f.key,
+                                 &expected)
+                                 .code(),
+                             SX_OK);
+            assert_true(f.dflt == expected || optimizer_for(f) != SX_OPTIM_ADAMW || f.key == SX_HP_WEIGHT_DECAY);
             if (get(g, f) != expected) fail_with(f, "sx_param_group_desc_init's defaults");
             sx_destroy_shard_group(g);
         }
@@ -196,7 +208,7 @@ void test_manifest_fields(void **) {
         if (got != f.value) fail_with(f, "the MANIFEST's encoding or decoding");
         if (f.flag) continue;
         // A non-finite value is refused, naming the param group.
-#define SX_POISON(NAME, TYPE, DFLT, KEY, APPLIES) \
+#define SX_POISON(NAME, TYPE, DFLT, KEY, RULE) \
     if (std::strcmp(#NAME, f.name) == 0) m.param_groups[0].NAME = static_cast<TYPE>(NAN);
         SX_HYPERPARAMETERS(SX_POISON)
 #undef SX_POISON

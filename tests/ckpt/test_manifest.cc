@@ -408,7 +408,7 @@ void test_every_rule_rejected_both_ways(void **) {
     expect_every_rule_rejected(rich_manifest_v1(), v1);
 }
 
-// A 1.x manifest is read (its chunks with it) but never written: this library writes 2.0.
+// A 1.x manifest is read (its chunks with it) but never written: this library writes 3.0.
 void test_v1_is_read_not_written(void **) {
     const Manifest v1 = rich_manifest_v1();
     const Manifest d = decode(raw_encode(v1, 1, 2));
@@ -420,7 +420,7 @@ void test_v1_is_read_not_written(void **) {
     std::string bytes = "unchanged";
     Status e = encode_manifest(d, &bytes);
     assert_int_equal(e.code(), SX_ERR_INVALID_ARGUMENT);
-    assert_contains(e.message(), "format 1.2; this library writes only 2.0");
+    assert_contains(e.message(), "format 1.2; this library writes only 3.0");
     assert_string_equal(bytes.c_str(), "unchanged");
     // Its readers never see file indexes (the decoder reads them from 2.0 on).
     Manifest with_indexes = v1;
@@ -475,10 +475,10 @@ void test_stored_defaults_decode_alike(void **) {
     assert_same(v1, decode(raw_encode(v1, 1, 2)), true);
 }
 
-const std::string kNewer = "checkpoint format 3.0 is newer than this library's 2.0";
+const std::string kNewer = "checkpoint format 4.0 is newer than this library's 3.0";
 
 void test_newer_major_is_a_version_error(void **) {
-    const std::string raw = raw_encode(rich_manifest(), 3, 0);
+    const std::string raw = raw_encode(rich_manifest(), 4, 0);
     Manifest out;
     Status s = decode_manifest(raw.data(), raw.size(), &out);
     assert_int_equal(s.code(), SX_ERR_VERSION);
@@ -489,12 +489,12 @@ void test_newer_major_with_retyped_fields(void **) {
     // A later major may change every table but Manifest.format and Version: fields
     // retyped so that format 1.0's verifier rejects them still yield SX_ERR_VERSION.
     Manifest out;
-    const std::string v3 = retyped_manifest(3);
+    const std::string v3 = retyped_manifest(4);
     Status s = decode_manifest(v3.data(), v3.size(), &out);
     assert_int_equal(s.code(), SX_ERR_VERSION);
     assert_contains(s.message(), kNewer);
-    // The same bytes stating 2.0 or 1.0 are corrupt: the test above means something.
-    for (uint16_t major : {2, 1}) {
+    // The same bytes stating 3.0, 2.0 or 1.0 are corrupt: the test above means something.
+    for (uint16_t major : {3, 2, 1}) {
         const std::string v = retyped_manifest(major);
         s = decode_manifest(v.data(), v.size(), &out);
         assert_int_equal(s.code(), SX_ERR_CORRUPT);

@@ -42,16 +42,17 @@ int main(int argc, char **argv) {
     bad.params[0].tensors[0].chunks[0].offset = 100;
     Manifest outside = testing::small_manifest();
     outside.params[0].unit_offset = 1;
-    bool ok = write(dir, "valid-rich-2.0", rich) && write(dir, "valid-small-2.0", small) &&
-              write(dir, "valid-empty-2.0", empty) &&
+    bool ok = write(dir, "valid-rich-3.0", rich) && write(dir, "valid-small-3.0", small) &&
+              write(dir, "valid-empty-3.0", empty) &&
+              write(dir, "valid-rich-3.0-stored-defaults", testing::raw_encode(testing::rich_manifest(), 3, 0)) &&
               write(dir, "valid-rich-2.0-stored-defaults", testing::raw_encode(testing::rich_manifest(), 2, 0)) &&
-              write(dir, "valid-rich-2.9-unknown-fields", testing::raw_encode(testing::rich_manifest(), 2, 9, true)) &&
+              write(dir, "valid-rich-3.9-unknown-fields", testing::raw_encode(testing::rich_manifest(), 3, 9, true)) &&
               write(dir, "valid-rich-1.2", testing::raw_encode(testing::rich_manifest_v1(), 1, 2)) &&
-              write(dir, "version-3.0-retyped", testing::retyped_manifest(3)) &&
-              write(dir, "truncated-small-2.0", small.substr(0, small.size() / 2)) &&
-              write(dir, "flipped-small-2.0", flipped) &&
+              write(dir, "version-4.0-retyped", testing::retyped_manifest(4)) &&
+              write(dir, "truncated-small-3.0", small.substr(0, small.size() / 2)) &&
+              write(dir, "flipped-small-3.0", flipped) &&
               write(dir, "unaligned-chunk-small", testing::raw_encode(bad, 1, 0)) &&
-              write(dir, "param-outside-its-files-small", testing::raw_encode(outside, 2, 0));
+              write(dir, "param-outside-its-files-small", testing::raw_encode(outside, 3, 0));
     if (!ok) {
         std::fprintf(stderr, "cannot write into %s\n", dir.c_str());
         return 1;

@@ -98,6 +98,8 @@ struct SegmentBuffers {
         s.n = param.size();
         s.hyper = h;
         s.step = step;
+        // NAdam: the product a param that took `step` updates holds.
+        for (int64_t t = 1; t <= step; ++t) s.mu_product = next_mu_product(*h, s.mu_product, t);
         return s;
     }
     void copy_from(SegmentBuffers &o) {
@@ -191,6 +193,28 @@ inline std::vector<Hyper> all_configs() {
         adam(k, 1e-2, 0.05, true, true, 0.9, 0.99, 1e-6);
         adam(k, 3e-3, 0.01, false, true, 0.3, 0.95, 1e-8);  // lerp weight 0.7: other branch
     }
+    // The other rows of the optimizer table, each option that changes the maths.
+    auto row = [&](Kind kind, auto set) {
+        Hyper h = default_hyper(kind);
+        set(h);
+        v.push_back(h);
+    };
+    row(Kind::kAdagrad, [](Hyper &) {});
+    row(Kind::kAdagrad, [](Hyper &h) { h.weight_decay = 0.1, h.lr_decay = 0.01, h.initial_accumulator_value = 0.2, h.maximize = true; });
+    row(Kind::kRmsprop, [](Hyper &) {});
+    row(Kind::kRmsprop, [](Hyper &h) { h.momentum = 0.9, h.weight_decay = 0.01; });
+    row(Kind::kRmsprop, [](Hyper &h) { h.centered = true, h.alpha = 0.9, h.maximize = true; });
+    row(Kind::kRmsprop, [](Hyper &h) { h.centered = true, h.momentum = 0.5, h.alpha = 0.3; });  // lerp's other branch
+    row(Kind::kAdamax, [](Hyper &) {});
+    row(Kind::kAdamax, [](Hyper &h) { h.weight_decay = 0.1, h.beta1 = 0.3, h.maximize = true; });
+    row(Kind::kNadam, [](Hyper &) {});
+    row(Kind::kNadam, [](Hyper &h) { h.weight_decay = 0.1, h.momentum_decay = 0.01; });
+    row(Kind::kNadam, [](Hyper &h) { h.weight_decay = 0.1, h.decoupled_weight_decay = true, h.maximize = true; });
+    row(Kind::kRadam, [](Hyper &) {});  // rho_t > 5 from step 6: both variants in 1..3 and 10..11
+    row(Kind::kRadam, [](Hyper &h) { h.weight_decay = 0.1, h.beta2 = 0.99; });
+    row(Kind::kRadam, [](Hyper &h) { h.weight_decay = 0.1, h.decoupled_weight_decay = true, h.maximize = true; });
+    row(Kind::kLion, [](Hyper &) {});
+    row(Kind::kLion, [](Hyper &h) { h.weight_decay = 0.5, h.lr = 0.01, h.beta1 = 0.95, h.maximize = true; });
     return v;
 }
 
@@ -202,9 +226,16 @@ inline void fill(SegmentBuffers &b, Rng &rng, const Hyper &h, bool fresh) {
         b.param.data()[i] = rng.uniform(-1.0f, 1.0f);
         b.grad.data()[i] = rng.uniform(-1.0f, 1.0f);
         if (fresh) {
-            b.state0.data()[i] = h.kind == Kind::kSgd ? NAN : 0.0f;
+            // What step 1 overwrites unread is NaN (SGD's momentum buffer, Adagrad's sum).
+            const bool unread = h.kind == Kind::kSgd || h.kind == Kind::kAdagrad;
+            b.state0.data()[i] = unread ? NAN : 0.0f;
             b.state1.data()[i] = 0.0f;
             b.state2.data()[i] = 0.0f;
+        } else if (h.kind == Kind::kAdagrad || h.kind == Kind::kRmsprop) {
+            // sum / square_avg above every grad_avg^2; momentum_buffer and grad_avg signed.
+            b.state0.data()[i] = rng.uniform(0.001f, 0.01f);
+            b.state1.data()[i] = rng.uniform(-0.03f, 0.03f);
+            b.state2.data()[i] = rng.uniform(-0.03f, 0.03f);
         } else {
             b.state0.data()[i] = rng.uniform(-0.1f, 0.1f);
             b.state1.data()[i] = rng.uniform(0.0f, 0.01f);

@@ -259,7 +259,7 @@ class TorchRoundTrip(unittest.TestCase):
             sxckpt_torch.write(net, [opt], weights, prefix)
         self.assertFalse(os.path.exists(weights))
         with self.assertRaisesRegex(ValueError, "not an optimizer sx has"):
-            sxckpt_torch.write(net, [torch.optim.Adagrad(net.parameters())], weights, prefix)
+            sxckpt_torch.write(net, [torch.optim.Adadelta(net.parameters())], weights, prefix)
 
 
 if __name__ == "__main__":

@@ -81,8 +81,8 @@ Status param_of(const StFile &w, const StTensor &t, ckpt::ParamEntry *e) {
 
 // Why a tensor of the optimizer file is no param's state, in words.
 std::string stray_reason(const ImportPlan &plan, const std::string &name) {
-    for (const ckpt::TensorKind kind : {ckpt::TensorKind::kExpAvg, ckpt::TensorKind::kExpAvgSq,
-                                        ckpt::TensorKind::kMaxExpAvgSq, ckpt::TensorKind::kMomentumBuffer}) {
+    for (int k = 1; k < ckpt::kNumTensorKinds; ++k) {
+        const ckpt::TensorKind kind = static_cast<ckpt::TensorKind>(k);
         const std::string suffix = ckpt::tensor_suffix(kind);
         if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
             continue;
@@ -90,11 +90,8 @@ std::string stray_reason(const ImportPlan &plan, const std::string &name) {
         for (const ckpt::ParamEntry &p : plan.manifest.params)
             if (p.name == param) {
                 const ckpt::ParamGroupEntry &g = plan.manifest.param_groups[p.param_group];
-                return format("param %s is in param group %d (%s%s), which keeps no %s", quoted(param).c_str(),
-                              p.param_group, optimizer_name(g.optimizer).c_str(),
-                              g.optimizer == SX_OPTIM_SGD ? (g.momentum != 0 ? " with momentum" : " without momentum")
-                                                          : (g.amsgrad ? " with amsgrad" : " without amsgrad"),
-                              suffix.c_str() + 1);
+                return format("param %s is in param group %d (%s), which keeps no %s", quoted(param).c_str(),
+                              p.param_group, ckpt::optimizer_text(g).c_str(), suffix.c_str() + 1);
             }
         return "there is no param " + quoted(param);
     }
@@ -189,6 +186,7 @@ Status plan_import(const Inputs &in, int world_size, ImportPlan *plan) {
         e.trainable = op.trainable;
         e.step = op.step;
         e.momentum_steps = op.momentum_steps;
+        e.mu_product = op.mu_product;
         SX_TRY(add_state(in, p, &used, plan));
     }
     for (size_t i = 0; i < used.size(); ++i)

@@ -18,8 +18,8 @@ namespace {
 // optim/optimizer.h's table that apply to it, with beta1 and beta2 as one "betas".
 std::vector<std::string> hyper_keys(optim::Kind kind) {
     std::vector<std::string> keys;
-#define SX_KEY(name, type, dflt, hp_key, applies)                                          \
-    if (optim::applies_to(optim::Applies::applies, kind) && std::strcmp(#name, "beta2") != 0) \
+#define SX_KEY(name, type, dflt, hp_key, rule)                                  \
+    if (optim::applies_to(hp_key, kind) && std::strcmp(#name, "beta2") != 0) \
         keys.push_back(std::strcmp(#name, "beta1") == 0 ? "betas" : #name);
     SX_HYPERPARAMETERS(SX_KEY)
 #undef SX_KEY
@@ -30,8 +30,8 @@ void write_group(JsonWriter &j, const ckpt::ParamGroupEntry &g, const ckpt::Mani
     const optim::Kind kind = static_cast<optim::Kind>(g.optimizer);
     j.begin_object();
     j.key("optimizer"), j.string(optimizer_name(g.optimizer));
-#define SX_WRITE(name, type, dflt, hp_key, applies)                                   \
-    if (optim::applies_to(optim::Applies::applies, kind)) {                           \
+#define SX_WRITE(name, type, dflt, hp_key, rule)                                      \
+    if (optim::applies_to(hp_key, kind)) {                                            \
         if (std::strcmp(#name, "beta1") == 0) {                                       \
             j.key("betas"), j.begin_array(), j.number(g.beta1), j.number(g.beta2);     \
             j.end_array();                                                            \
@@ -57,13 +57,15 @@ Status optimizer_of(const JsonValue *v, const std::string &what, int32_t *out) {
     SX_CHECK(v != nullptr, SX_ERR_INVALID_ARGUMENT, "%s has no \"optimizer\"", what.c_str());
     std::string name;
     SX_TRY(json_string(*v, what + ": \"optimizer\"", &name));
-    for (int32_t k : {SX_OPTIM_SGD, SX_OPTIM_ADAM, SX_OPTIM_ADAMW})
-        if (name == optimizer_name(k)) {
-            *out = k;
+    size_t count = 0;
+    const optim::OptimizerSpec *rows = optim::all_optimizers(&count);
+    for (size_t k = 0; k < count; ++k)
+        if (name == rows[k].name) {
+            *out = static_cast<int32_t>(rows[k].kind);
             return Status::Ok();
         }
-    return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: optimizer %s is not one sx has (SGD, Adam, AdamW)", what.c_str(),
-                    json_quoted(name).c_str());
+    return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: optimizer %s is not one sx has (%s)", what.c_str(),
+                    json_quoted(name).c_str(), optim::optimizer_list().c_str());
 }
 
 Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
@@ -94,8 +96,8 @@ Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
         SX_TRY(json_double(betas->items[0], what + ": betas[0]", &g->hyper.beta1));
         SX_TRY(json_double(betas->items[1], what + ": betas[1]", &g->hyper.beta2));
     }
-#define SX_READ(name, type, dflt, hp_key, applies)                                                        \
-    if (optim::applies_to(optim::Applies::applies, kind) && std::strcmp(#name, "beta1") != 0 &&           \
+#define SX_READ(name, type, dflt, hp_key, rule)                                                           \
+    if (optim::applies_to(hp_key, kind) && std::strcmp(#name, "beta1") != 0 &&                            \
         std::strcmp(#name, "beta2") != 0)                                                                 \
         SX_TRY(read_value(*v.find(#name), what + ": \"" #name "\"", &g->hyper.name));
     SX_HYPERPARAMETERS(SX_READ)
@@ -117,11 +119,22 @@ Status read_state(const std::string &name, const JsonValue &v, const OptimizerGr
     const std::string what = "state of param " + json_quoted(name);
     SX_TRY(json_expect(v, JsonValue::Kind::kObject, what));
     const bool sgd = g.hyper.optimizer == SX_OPTIM_SGD;
+    const char *scalar = optim::spec_of(static_cast<optim::Kind>(g.hyper.optimizer)).param_scalar;
     for (const auto &m : v.members) {
         const bool known = m.first == "step" || m.first == "unit" || m.first == "trainable" ||
-                           (sgd && m.first == "momentum_steps");
-        SX_CHECK(known, SX_ERR_INVALID_ARGUMENT, "%s: unknown key %s; its keys are step, %sunit, trainable",
-                 what.c_str(), json_quoted(m.first).c_str(), sgd ? "momentum_steps, " : "");
+                           (sgd && m.first == "momentum_steps") || (scalar && m.first == scalar);
+        SX_CHECK(known, SX_ERR_INVALID_ARGUMENT, "%s: unknown key %s; its keys are step, %s%sunit, trainable",
+                 what.c_str(), json_quoted(m.first).c_str(), sgd ? "momentum_steps, " : "",
+                 scalar ? (std::string(scalar) + ", ").c_str() : "");
+    }
+    if (scalar) {  // NAdam's mu_product
+        const JsonValue *mu = v.find(scalar);
+        SX_CHECK(mu != nullptr, SX_ERR_INVALID_ARGUMENT, "%s has no \"%s\"", what.c_str(), scalar);
+        double value = 1.0;
+        SX_TRY(json_double(*mu, what + ": \"" + scalar + "\"", &value));
+        SX_CHECK(value >= 0.0 && value <= 1.0, SX_ERR_INVALID_ARGUMENT, "%s: %s is %g; it must be in [0, 1]",
+                 what.c_str(), scalar, value);
+        p->mu_product = static_cast<float>(value);
     }
     const JsonValue *step = v.find("step");
     SX_CHECK(step != nullptr, SX_ERR_INVALID_ARGUMENT, "%s has no \"step\"", what.c_str());
@@ -221,8 +234,10 @@ std::string optimizer_json(const ckpt::Manifest &m) {
         j.key(p.name);
         j.begin_object();
         j.key("step"), j.number(p.step);
-        if (m.param_groups[p.param_group].optimizer == SX_OPTIM_SGD)
-            j.key("momentum_steps"), j.number(p.momentum_steps);
+        const int32_t optimizer = m.param_groups[p.param_group].optimizer;
+        if (optimizer == SX_OPTIM_SGD) j.key("momentum_steps"), j.number(p.momentum_steps);
+        if (const char *scalar = optim::spec_of(static_cast<optim::Kind>(optimizer)).param_scalar)
+            j.key(scalar), j.number(static_cast<double>(p.mu_product));
         j.key("unit"), j.number(p.unit);
         j.key("trainable"), j.boolean(p.trainable);
         j.end_object();

@@ -23,6 +23,7 @@ struct OptimizerParam {
     std::string name;
     int64_t step = 0;            // updates applied (torch's state[i]['step'] for Adam, AdamW)
     int64_t momentum_steps = 0;  // SGD: updates that used the momentum buffer
+    float mu_product = 1.0f;     // NAdam's product of momentum coefficients
     int32_t unit = 0;            // sx's unit (0 unless given)
     bool trainable = true;
     int32_t group = 0;           // index into OptimizerDoc::groups

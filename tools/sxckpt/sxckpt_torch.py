@@ -20,7 +20,7 @@ From torch to sx:
     sxckpt import --safetensors model.safetensors --optimizer optim --world-size 8 CKPT
 
 A checkpoint whose param groups use several optimizers (AdamW and SGD) becomes one
-torch optimizer per kind: pass the kind ("AdamW", "Adam", "SGD") to param_groups and
+torch optimizer per kind: pass the kind ("AdamW", "SGD", "RMSprop", ...) to param_groups and
 optimizer_state_dict; a torch index counts the params of that kind's groups only.
 """
 import ctypes
@@ -36,16 +36,33 @@ __all__ = ["read_safetensors", "write_safetensors", "load_weights", "read_optimi
 SCHEMA_VERSION = 1
 
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-_STATE_KEYS = {  # torch's per-param state keys, as the tensors' name suffixes
+_STATE_KEYS = {  # torch's per-param state tensors, as the tensors' name suffixes
     "AdamW": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
     "Adam": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
     "SGD": ("momentum_buffer",),
+    "Adagrad": ("sum",),
+    "RMSprop": ("square_avg", "momentum_buffer", "grad_avg"),
+    "Adamax": ("exp_avg", "exp_inf"),
+    "NAdam": ("exp_avg", "exp_avg_sq"),
+    "RAdam": ("exp_avg", "exp_avg_sq"),
+    "Lion": ("exp_avg",),
 }
-_HYPER_KEYS = {  # torch's param group keys, as PREFIX.json holds them
+_HYPER_KEYS = {  # the param group keys PREFIX.json holds (torch's names)
     "AdamW": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
     "Adam": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
     "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"),
+    "Adagrad": ("lr", "lr_decay", "eps", "weight_decay", "initial_accumulator_value", "maximize"),
+    "RMSprop": ("lr", "alpha", "eps", "weight_decay", "momentum", "centered", "maximize"),
+    "Adamax": ("lr", "betas", "eps", "weight_decay", "maximize"),
+    "NAdam": ("lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "maximize"),
+    "RAdam": ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"),
+    "Lion": ("lr", "betas", "weight_decay", "maximize"),
 }
+# Keys a class's constructor does not take (lion-pytorch's Lion has no maximize): kept in
+# PREFIX.json at this value, left out of the torch param group.
+_NOT_IN_TORCH = {"Lion": {"maximize": False}}
+# Classes whose state has no `step` (lion-pytorch's Lion).
+_NO_STEP = {"Lion"}
 
 
 def read_safetensors(path):
@@ -137,7 +154,8 @@ def _groups_of(doc, optimizer):
 
 
 def _hyper(group):
-    out = {key: group[key] for key in _HYPER_KEYS[group["optimizer"]]}
+    kind = group["optimizer"]
+    out = {key: group[key] for key in _HYPER_KEYS[kind] if key not in _NOT_IN_TORCH.get(kind, {})}
     if "betas" in out:
         out["betas"] = tuple(out["betas"])
     return out
@@ -161,8 +179,9 @@ def param_groups(doc, params, optimizer=None):
 def optimizer_state_dict(doc, tensors, optimizer=None):
     """A state dict of the torch optimizer made from param_groups(doc, ..., optimizer):
     state and params by integer index, in the order of the groups' params. A param gets
-    state where the checkpoint has it: Adam and AdamW their moments and `step`; SGD its
-    momentum buffer once an update has used it (momentum_steps > 0)."""
+    state where the checkpoint has it: its state tensors and `step` (NAdam its mu_product
+    too; Lion no step, as lion-pytorch keeps none); SGD its momentum buffer once an
+    update has used it (momentum_steps > 0)."""
     state, groups, index = {}, [], 0
     scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
     for g in _groups_of(doc, optimizer):
@@ -173,9 +192,14 @@ def optimizer_state_dict(doc, tensors, optimizer=None):
             if kind == "SGD":
                 if found and entry.get("momentum_steps", 0) > 0:
                     state[index] = {"momentum_buffer": found["momentum_buffer"].clone()}
+            elif kind in _NO_STEP:
+                if found:
+                    state[index] = {k: t.clone() for k, t in found.items()}
             elif found:
                 state[index] = {"step": torch.tensor(float(entry["step"]), dtype=scalar),
                                 **{k: t.clone() for k, t in found.items()}}
+                if "mu_product" in entry:  # NAdam's, a float32 scalar as torch keeps it
+                    state[index]["mu_product"] = torch.tensor(entry["mu_product"], dtype=scalar)
             indices.append(index)
             index += 1
         groups.append({**_hyper(g), "params": indices})
@@ -187,14 +211,15 @@ def _kind(opt, group):
     if name == "Adam" and group.get("decoupled_weight_decay", False):
         return "AdamW"
     if name not in _HYPER_KEYS:
-        raise ValueError(f"{name} is not an optimizer sx has (SGD, Adam, AdamW)")
+        raise ValueError(f"{name} is not an optimizer sx has ({', '.join(_HYPER_KEYS)})")
     return name
 
 
 def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
     """Writes `params` (a Module or {name: param}, in registration order) as
     WEIGHTS_PATH, and, given an OPTIMIZER_PREFIX, the param groups and state of
-    `optimizers` (torch SGD, Adam, AdamW) as PREFIX.safetensors and PREFIX.json, for
+    `optimizers` (torch's SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, NAdam, RAdam, or
+    lion-pytorch's Lion) as PREFIX.safetensors and PREFIX.json, for
     `sxckpt import`. Every param must be in one group of one optimizer. `step` is the
     checkpoint's step (default: the largest Adam/AdamW step). torch's SGD counts no
     steps: its params get `step` as their step, and as their momentum_steps where a
@@ -211,7 +236,7 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
             kind = _kind(opt, group)
             hyper = {}
             for key in _HYPER_KEYS[kind]:
-                v = group[key]
+                v = group[key] if key in group else _NOT_IN_TORCH[kind][key]
                 if key == "betas":
                     hyper[key] = [float(b) for b in v]
                 else:  # floats (or 0-d tensors), and the flags as they are
@@ -229,6 +254,8 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
                 entries[name] = {"kind": kind, "step": int(st["step"]) if "step" in st else 0,
                                  "trainable": bool(p.requires_grad),
                                  "tensors": {k: st[k] for k in _STATE_KEYS[kind] if st.get(k) is not None}}
+                if kind == "NAdam":
+                    entries[name]["mu_product"] = float(st["mu_product"]) if "mu_product" in st else 1.0
             groups.append({"optimizer": kind, **hyper, "params": names})
     unplaced = [n for n in named if n not in entries]
     if unplaced:
@@ -245,6 +272,8 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
             state[name] = {"step": s, "momentum_steps": s if buffer else 0, "trainable": e["trainable"]}
         else:
             state[name] = {"step": e["step"], "trainable": e["trainable"]}
+            if "mu_product" in e:
+                state[name]["mu_product"] = e["mu_product"]
         tensors.update({f"{name}.{k}": t for k, t in e["tensors"].items()})
     doc = {"schema_version": SCHEMA_VERSION, "step": step, "param_groups": groups, "state": state}
     text = json.dumps(doc, ensure_ascii=False, allow_nan=False)

@@ -43,9 +43,12 @@ const SX_LOG_ERROR, SX_LOG_WARN, SX_LOG_INFO, SX_LOG_DEBUG = Int32.(1:4)
 const SX_DTYPE_F32, SX_DTYPE_F16, SX_DTYPE_BF16 = Int32.(1:3)
 const SX_BACKEND_AUTO, SX_BACKEND_CPU, SX_BACKEND_CUDA = Int32.(0:2)
 const SX_DEVICE_CPU, SX_DEVICE_CUDA = Int32.(0:1)
-const SX_OPTIM_SGD, SX_OPTIM_ADAM, SX_OPTIM_ADAMW = Int32.(1:3)
+const SX_OPTIM_SGD, SX_OPTIM_ADAM, SX_OPTIM_ADAMW, SX_OPTIM_ADAGRAD, SX_OPTIM_RMSPROP,
+      SX_OPTIM_ADAMAX, SX_OPTIM_NADAM, SX_OPTIM_RADAM, SX_OPTIM_LION = Int32.(1:9)
 const SX_HP_LR, SX_HP_WEIGHT_DECAY, SX_HP_BETA1, SX_HP_BETA2, SX_HP_EPS, SX_HP_MOMENTUM,
-      SX_HP_DAMPENING, SX_HP_NESTEROV, SX_HP_MAXIMIZE, SX_HP_AMSGRAD = Int32.(1:10)
+      SX_HP_DAMPENING, SX_HP_NESTEROV, SX_HP_MAXIMIZE, SX_HP_AMSGRAD, SX_HP_LR_DECAY,
+      SX_HP_INITIAL_ACCUMULATOR_VALUE, SX_HP_ALPHA, SX_HP_CENTERED, SX_HP_MOMENTUM_DECAY,
+      SX_HP_DECOUPLED_WEIGHT_DECAY = Int32.(1:16)
 const SX_GROUP_NO_TRAINABLE_AUTODETECT = UInt32(0x1)
 const SX_GROUP_RESERVE_CHECKPOINT_STAGING = UInt32(0x2)
 const SX_MAX_NDIM = 8
@@ -102,6 +105,12 @@ mutable struct ParamGroupDesc  # sx_param_group_desc_t
     eps::Float64
     momentum::Float64
     dampening::Float64
+    centered::Int32
+    decoupled_weight_decay::Int32
+    lr_decay::Float64
+    initial_accumulator_value::Float64
+    alpha::Float64
+    momentum_decay::Float64
 end
 
 mutable struct ParamDesc  # sx_param_desc_t
@@ -503,12 +512,26 @@ nothing without a trace. An `SXError` (SX_ERR_IO) naming the file if it cannot b
 """
 flush_trace(g::ShardGroup) = check(@ccall libsx.sx_trace_flush(_handle(g)::Ptr{Cvoid})::Int32)
 
-const _OPTIMIZERS = Dict(:sgd => SX_OPTIM_SGD, :adam => SX_OPTIM_ADAM, :adamw => SX_OPTIM_ADAMW)
+const _OPTIMIZERS = Dict(:sgd => SX_OPTIM_SGD, :adam => SX_OPTIM_ADAM, :adamw => SX_OPTIM_ADAMW,
+                         :adagrad => SX_OPTIM_ADAGRAD, :rmsprop => SX_OPTIM_RMSPROP,
+                         :adamax => SX_OPTIM_ADAMAX, :nadam => SX_OPTIM_NADAM,
+                         :radam => SX_OPTIM_RADAM, :lion => SX_OPTIM_LION)
+# Keywords of add_param_group! that are flags (Int32 fields of the descriptor), and numbers.
+const _FLAG_FIELDS = (:nesterov, :maximize, :amsgrad, :centered, :decoupled_weight_decay)
+const _FLOAT_FIELDS = (:lr, :weight_decay, :beta1, :beta2, :eps, :momentum, :dampening,
+                       :lr_decay, :initial_accumulator_value, :alpha, :momentum_decay)
 
 """
     add_param_group!(g, optimizer=:adamw; lr, weight_decay, betas, eps, momentum, ...)
 
-Adds a param group (torch.optim's defaults for what is not given); returns its 0-based index.
+Adds a param group and returns its 0-based index. `optimizer` is one of `:sgd`, `:adam`,
+`:adamw`, `:adagrad`, `:rmsprop`, `:adamax`, `:nadam`, `:radam`, `:lion`; what is not given
+takes the optimizer's defaults (torch.optim's; lion-pytorch's for Lion). Keywords: `lr`,
+`weight_decay`, `betas=(beta1, beta2)` or `beta1`/`beta2`, `eps`, `momentum`, `dampening`,
+`nesterov`, `maximize`, `amsgrad` (Adam/AdamW), `lr_decay` and `initial_accumulator_value`
+(Adagrad), `alpha` and `centered` (RMSprop), `momentum_decay` (NAdam),
+`decoupled_weight_decay` (NAdam, RAdam). One that does not apply to the optimizer must keep
+its default (else an `SXError` with SX_ERR_INVALID_ARGUMENT).
 Before `finalize!`, or between steps after it (torch's add_param_group): the group and the
 params added with it then wait for the next `finalize!`, which every rank calls after
 adding the same.
@@ -520,8 +543,8 @@ function add_param_group!(g::ShardGroup, optimizer::Symbol=:adamw; betas=nothing
     check(@ccall libsx.sx_param_group_desc_init(desc::Ref{ParamGroupDesc}, sizeof(ParamGroupDesc)::Csize_t, _OPTIMIZERS[optimizer]::Int32)::Int32)
     betas === nothing || ((desc.beta1, desc.beta2) = betas)
     for (k, v) in kw
-        k in (:nesterov, :maximize, :amsgrad) ? setfield!(desc, k, Int32(v)) :
-        k in (:lr, :weight_decay, :beta1, :beta2, :eps, :momentum, :dampening) ? setfield!(desc, k, Float64(v)) :
+        k in _FLAG_FIELDS ? setfield!(desc, k, Int32(v)) :
+        k in _FLOAT_FIELDS ? setfield!(desc, k, Float64(v)) :
         throw(SXError(SX_ERR_INVALID_ARGUMENT, "add_param_group!: unknown hyperparameter $k"))
     end
     index = Ref{Int32}(0)

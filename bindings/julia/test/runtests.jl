@@ -91,6 +91,22 @@ end
     end
 end
 
+@testset "Adagrad and RMSprop take their defaults" begin
+    with_group("local://jl-adagrad-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1) do g
+        @test add_param_group!(g, :adagrad) == 0
+        @test add_param_group!(g, :rmsprop; centered=true, momentum=0.5) == 1
+        @test_throws SXError add_param_group!(g, :adagrad; alpha=0.5)  # RMSprop's, not Adagrad's
+        add_param!(g, "w", (4,); param_group=0)
+        add_param!(g, "v", (4,); param_group=1)
+        finalize!(g)
+        hp(i, keys...) = [SX.get_hyperparameter(g, i, k) for k in keys]
+        @test hp(0, SX.SX_HP_LR, SX.SX_HP_EPS, SX.SX_HP_LR_DECAY, SX.SX_HP_INITIAL_ACCUMULATOR_VALUE) ==
+              [1e-2, 1e-10, 0.0, 0.0]
+        @test hp(1, SX.SX_HP_LR, SX.SX_HP_ALPHA, SX.SX_HP_EPS, SX.SX_HP_CENTERED, SX.SX_HP_MOMENTUM) ==
+              [1e-2, 0.99, 1e-8, 1.0, 0.5]
+    end
+end
+
 @testset "a packed unit is one block" begin
     with_group("local://jl-packed-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1, alignment=1) do g
         add_param_group!(g, :sgd; lr=0.5)

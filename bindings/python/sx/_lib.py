@@ -64,6 +64,12 @@ SX_DEVICE_CUDA = 1
 SX_OPTIM_SGD = 1
 SX_OPTIM_ADAM = 2
 SX_OPTIM_ADAMW = 3
+SX_OPTIM_ADAGRAD = 4
+SX_OPTIM_RMSPROP = 5
+SX_OPTIM_ADAMAX = 6
+SX_OPTIM_NADAM = 7
+SX_OPTIM_RADAM = 8
+SX_OPTIM_LION = 9
 
 SX_HP_LR = 1
 SX_HP_WEIGHT_DECAY = 2
@@ -75,6 +81,12 @@ SX_HP_DAMPENING = 7
 SX_HP_NESTEROV = 8
 SX_HP_MAXIMIZE = 9
 SX_HP_AMSGRAD = 10
+SX_HP_LR_DECAY = 11
+SX_HP_INITIAL_ACCUMULATOR_VALUE = 12
+SX_HP_ALPHA = 13
+SX_HP_CENTERED = 14
+SX_HP_MOMENTUM_DECAY = 15
+SX_HP_DECOUPLED_WEIGHT_DECAY = 16
 
 SX_GROUP_NO_TRAINABLE_AUTODETECT = 0x1
 SX_GROUP_RESERVE_CHECKPOINT_STAGING = 0x2
@@ -126,7 +138,10 @@ class sx_param_group_desc_t(ctypes.Structure):
                 ("amsgrad", ctypes.c_int32), ("lr", ctypes.c_double),
                 ("weight_decay", ctypes.c_double), ("beta1", ctypes.c_double),
                 ("beta2", ctypes.c_double), ("eps", ctypes.c_double),
-                ("momentum", ctypes.c_double), ("dampening", ctypes.c_double)]
+                ("momentum", ctypes.c_double), ("dampening", ctypes.c_double),
+                ("centered", ctypes.c_int32), ("decoupled_weight_decay", ctypes.c_int32),
+                ("lr_decay", ctypes.c_double), ("initial_accumulator_value", ctypes.c_double),
+                ("alpha", ctypes.c_double), ("momentum_decay", ctypes.c_double)]
 
 
 class sx_param_desc_t(ctypes.Structure):

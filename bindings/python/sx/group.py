@@ -10,7 +10,10 @@ from .errors import InvalidArgumentError, UnsupportedError, check
 from ._handle import Handle
 from ._lib import lib
 
-_OPTIMIZERS = {"sgd": _lib.SX_OPTIM_SGD, "adam": _lib.SX_OPTIM_ADAM, "adamw": _lib.SX_OPTIM_ADAMW}
+_OPTIMIZERS = {"sgd": _lib.SX_OPTIM_SGD, "adam": _lib.SX_OPTIM_ADAM, "adamw": _lib.SX_OPTIM_ADAMW,
+               "adagrad": _lib.SX_OPTIM_ADAGRAD, "rmsprop": _lib.SX_OPTIM_RMSPROP,
+               "adamax": _lib.SX_OPTIM_ADAMAX, "nadam": _lib.SX_OPTIM_NADAM,
+               "radam": _lib.SX_OPTIM_RADAM, "lion": _lib.SX_OPTIM_LION}
 _REDUCE_OPS = {"sum": _lib.SX_REDUCE_SUM, "mean": _lib.SX_REDUCE_MEAN, "max": _lib.SX_REDUCE_MAX,
                "min": _lib.SX_REDUCE_MIN}
 _NONFINITE = {"default": _lib.SX_NONFINITE_DEFAULT, "skip": _lib.SX_NONFINITE_SKIP,
@@ -22,12 +25,17 @@ _HYPERPARAMETERS = {"lr": _lib.SX_HP_LR, "weight_decay": _lib.SX_HP_WEIGHT_DECAY
                     "beta1": _lib.SX_HP_BETA1, "beta2": _lib.SX_HP_BETA2, "eps": _lib.SX_HP_EPS,
                     "momentum": _lib.SX_HP_MOMENTUM, "dampening": _lib.SX_HP_DAMPENING,
                     "nesterov": _lib.SX_HP_NESTEROV, "maximize": _lib.SX_HP_MAXIMIZE,
-                    "amsgrad": _lib.SX_HP_AMSGRAD}
+                    "amsgrad": _lib.SX_HP_AMSGRAD, "lr_decay": _lib.SX_HP_LR_DECAY,
+                    "initial_accumulator_value": _lib.SX_HP_INITIAL_ACCUMULATOR_VALUE,
+                    "alpha": _lib.SX_HP_ALPHA, "centered": _lib.SX_HP_CENTERED,
+                    "momentum_decay": _lib.SX_HP_MOMENTUM_DECAY,
+                    "decoupled_weight_decay": _lib.SX_HP_DECOUPLED_WEIGHT_DECAY}
 _LOSS_SCALING_MODES = {"none": _lib.SX_LOSS_SCALING_NONE, "dynamic": _lib.SX_LOSS_SCALING_DYNAMIC,
                        "static": _lib.SX_LOSS_SCALING_STATIC}
 # Keyword arguments of add_param_group that are flags (int fields of the descriptor).
-_FLAG_FIELDS = ("nesterov", "maximize", "amsgrad")
-_FLOAT_FIELDS = ("lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening")
+_FLAG_FIELDS = ("nesterov", "maximize", "amsgrad", "centered", "decoupled_weight_decay")
+_FLOAT_FIELDS = ("lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening",
+                 "lr_decay", "initial_accumulator_value", "alpha", "momentum_decay")
 
 
 def _choice(what, value, table):
@@ -252,10 +260,14 @@ class ShardGroup(Handle):
 
     # -- registration -----------------------------------------------------------------
     def add_param_group(self, optimizer="adamw", *, betas=None, **hyperparameters):
-        """Adds a param group and returns its index. ``optimizer`` is "sgd", "adam" or
-        "adamw"; unspecified hyperparameters take torch.optim's defaults. Keywords:
-        lr, weight_decay, betas=(beta1, beta2) or beta1/beta2, eps, momentum,
-        dampening, nesterov, maximize, amsgrad."""
+        """Adds a param group and returns its index. ``optimizer`` is "sgd", "adam",
+        "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam" or "lion";
+        unspecified hyperparameters take the optimizer's defaults (torch.optim's;
+        lion-pytorch's for Lion). Keywords: lr, weight_decay, betas=(beta1, beta2) or
+        beta1/beta2, eps, momentum, dampening, nesterov, maximize, amsgrad (Adam/AdamW),
+        lr_decay and initial_accumulator_value (Adagrad), alpha and centered (RMSprop),
+        momentum_decay (NAdam), decoupled_weight_decay (NAdam, RAdam). One that does
+        not apply to the optimizer must keep its default (else InvalidArgumentError)."""
         kind = _choice("optimizer", optimizer, _OPTIMIZERS)
         desc = _lib.init_struct(_lib.sx_param_group_desc_t, kind)
         if betas is not None:

@@ -111,6 +111,22 @@ class TrainingTest(unittest.TestCase):
         covered = run_ranks(WORLD, rank_main)
         self.assertEqual(sum(covered), 15)  # the shards split w exactly
 
+    def test_adagrad_and_rmsprop_defaults(self):
+        def rank_main(rank, name):
+            g = sx.ShardGroup(name, rank, 1, stage=2, backend="cpu", num_threads=1, timeout_ms=60000)
+            with g:
+                self.assertEqual(g.add_param_group("adagrad"), 0)
+                self.assertEqual(g.add_param_group("rmsprop", centered=True, momentum=0.5), 1)
+                with self.assertRaises(sx.InvalidArgumentError):
+                    g.add_param_group("adagrad", alpha=0.5)  # RMSprop's, not Adagrad's
+                g.add_param("w", [4], param_group=0)
+                g.add_param("v", [4], param_group=1)
+                g.finalize()
+                return ([g.get_hyperparameter(0, k) for k in
+                         ("lr", "eps", "lr_decay", "initial_accumulator_value", "weight_decay")],
+                        [g.get_hyperparameter(1, k) for k in ("lr", "alpha", "eps", "centered", "momentum")])
+        self.assertEqual(run_ranks(1, rank_main), [([1e-2, 1e-10, 0.0, 0.0, 0.0], [1e-2, 0.99, 1e-8, 1.0, 0.5])])
+
     def test_freezing(self):
         def rank_main(rank, name):
             with make_group(rank, name, lr=1.0) as g:

@@ -17,6 +17,7 @@
 
 #include "cuda/status.h"
 #include "optim/cuda/launch_plan.h"
+#include "optim/elementwise.h"
 
 namespace sx {
 namespace optim {
@@ -46,8 +47,26 @@ __device__ __forceinline__ void account(Acc &acc, float g) {
     acc.nonfinite += isfinite(g) ? 0u : 1u;
 }
 
+// elementwise.h's operations, each explicitly rounded (never contracted into an FMA).
+struct CudaOps {
+    using V = float;
+    using Mask = bool;
+    __device__ __forceinline__ static V set1(float x) { return x; }
+    __device__ __forceinline__ static Mask mask(bool b) { return b; }
+    __device__ __forceinline__ static V add(V a, V b) { return __fadd_rn(a, b); }
+    __device__ __forceinline__ static V sub(V a, V b) { return __fsub_rn(a, b); }
+    __device__ __forceinline__ static V mul(V a, V b) { return __fmul_rn(a, b); }
+    __device__ __forceinline__ static V div(V a, V b) { return __fdiv_rn(a, b); }
+    __device__ __forceinline__ static V sqrt(V a) { return __fsqrt_rn(a); }
+    __device__ __forceinline__ static V maximum(V a, V b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
+    __device__ __forceinline__ static V select(Mask m, V a, V b) { return m ? b : a; }
+    __device__ __forceinline__ static V abs(V a) { return fabsf(a); }
+    __device__ __forceinline__ static V sign(V a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
+    __device__ __forceinline__ static V recip(V a) { return __fdiv_rn(1.0f, a); }
+};
+
 // State slots a variant reads and writes (SGD's first momentum step writes its buffer
-// without reading it: torch creates it as clone(grad)).
+// without reading it: torch creates it as clone(grad); so does Adagrad's first step).
 __device__ __forceinline__ int slots_read(Variant v) {
     switch (v) {
     case Variant::kSgd:
@@ -55,11 +74,27 @@ __device__ __forceinline__ int slots_read(Variant v) {
     case Variant::kSgdMomentum: return 1;
     case Variant::kAdam: return 2;
     case Variant::kAdamAmsgrad: return 3;
+    default: return optim::internal::elementwise_reads(v);
     }
-    return 0;
 }
 __device__ __forceinline__ int slots_written(Variant v) {
-    return v == Variant::kSgdMomentumFirst ? 1 : slots_read(v);
+    if (v == Variant::kSgdMomentumFirst) return 1;
+    if (v == Variant::kSgd || v == Variant::kSgdMomentum || v == Variant::kAdam || v == Variant::kAdamAmsgrad)
+        return slots_read(v);
+    return optim::internal::elementwise_writes(v);
+}
+
+// elementwise.h's element of variant kV with the segment's constants.
+template <Variant kV>
+__device__ __forceinline__ void elementwise_element(const SegmentConsts &c, float &p, float g, float &s0, float &s1,
+                                                    float &s2) {
+    const optim::internal::ElementwiseConsts<CudaOps> k(c);
+    float s[3] = {s0, s1, s2};
+    if (c.l2)
+        optim::internal::elementwise_at<CudaOps, kV, true>(k, p, g, s);
+    else
+        optim::internal::elementwise_at<CudaOps, kV, false>(k, p, g, s);
+    s0 = s[0], s1 = s[1], s2 = s[2];
 }
 
 // One element of the update (kernel_body.h's sgd_at and adam_at, in the same order).
@@ -67,6 +102,23 @@ __device__ __forceinline__ void update_element(const SegmentConsts &c, float &p,
                                                float &s1, float &s2, bool stats, Acc &acc) {
     float g = mul(grad, c.grad_scale);  // maximize is folded into the sign of grad_scale
     if (stats) account(acc, g);
+    switch (c.variant) {
+#define SX_CUDA_ELEMENTWISE(v) \
+    case Variant::v: return elementwise_element<Variant::v>(c, p, g, s0, s1, s2);
+    SX_CUDA_ELEMENTWISE(kAdagradFirst)
+    SX_CUDA_ELEMENTWISE(kAdagrad)
+    SX_CUDA_ELEMENTWISE(kRmsprop)
+    SX_CUDA_ELEMENTWISE(kRmspropMomentum)
+    SX_CUDA_ELEMENTWISE(kRmspropCentered)
+    SX_CUDA_ELEMENTWISE(kRmspropCenteredMomentum)
+    SX_CUDA_ELEMENTWISE(kAdamax)
+    SX_CUDA_ELEMENTWISE(kNadam)
+    SX_CUDA_ELEMENTWISE(kRadam)
+    SX_CUDA_ELEMENTWISE(kRadamRectified)
+    SX_CUDA_ELEMENTWISE(kLion)
+#undef SX_CUDA_ELEMENTWISE
+    default: break;
+    }
     if (c.variant == Variant::kAdam || c.variant == Variant::kAdamAmsgrad) {
         const float pv = mul(p, c.decay);                      // AdamW: param.mul_(1 - lr*wd)
         if (c.l2) g = add(g, mul(c.weight_decay, pv));         // Adam: grad.add(param, alpha=wd)

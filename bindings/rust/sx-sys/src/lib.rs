@@ -52,6 +52,12 @@ pub const SX_DEVICE_CUDA: i32 = 1;
 pub const SX_OPTIM_SGD: i32 = 1;
 pub const SX_OPTIM_ADAM: i32 = 2;
 pub const SX_OPTIM_ADAMW: i32 = 3;
+pub const SX_OPTIM_ADAGRAD: i32 = 4;
+pub const SX_OPTIM_RMSPROP: i32 = 5;
+pub const SX_OPTIM_ADAMAX: i32 = 6;
+pub const SX_OPTIM_NADAM: i32 = 7;
+pub const SX_OPTIM_RADAM: i32 = 8;
+pub const SX_OPTIM_LION: i32 = 9;
 
 pub const SX_HP_LR: i32 = 1;
 pub const SX_HP_WEIGHT_DECAY: i32 = 2;
@@ -63,6 +69,12 @@ pub const SX_HP_DAMPENING: i32 = 7;
 pub const SX_HP_NESTEROV: i32 = 8;
 pub const SX_HP_MAXIMIZE: i32 = 9;
 pub const SX_HP_AMSGRAD: i32 = 10;
+pub const SX_HP_LR_DECAY: i32 = 11;
+pub const SX_HP_INITIAL_ACCUMULATOR_VALUE: i32 = 12;
+pub const SX_HP_ALPHA: i32 = 13;
+pub const SX_HP_CENTERED: i32 = 14;
+pub const SX_HP_MOMENTUM_DECAY: i32 = 15;
+pub const SX_HP_DECOUPLED_WEIGHT_DECAY: i32 = 16;
 
 pub const SX_GROUP_NO_TRAINABLE_AUTODETECT: u32 = 0x1;
 pub const SX_GROUP_RESERVE_CHECKPOINT_STAGING: u32 = 0x2;
@@ -148,6 +160,12 @@ pub struct sx_param_group_desc_t {
     pub eps: f64,
     pub momentum: f64,
     pub dampening: f64,
+    pub centered: i32,
+    pub decoupled_weight_decay: i32,
+    pub lr_decay: f64,
+    pub initial_accumulator_value: f64,
+    pub alpha: f64,
+    pub momentum_decay: f64,
 }
 
 #[repr(C)]

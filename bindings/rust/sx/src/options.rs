@@ -251,6 +251,13 @@ pub enum Optimizer {
     Sgd,
     Adam,
     AdamW,
+    Adagrad,
+    Rmsprop,
+    Adamax,
+    Nadam,
+    Radam,
+    /// Lion (Chen et al. 2023), as the lion-pytorch package's.
+    Lion,
 }
 
 impl Optimizer {
@@ -259,11 +266,20 @@ impl Optimizer {
             Optimizer::Sgd => sys::SX_OPTIM_SGD,
             Optimizer::Adam => sys::SX_OPTIM_ADAM,
             Optimizer::AdamW => sys::SX_OPTIM_ADAMW,
+            Optimizer::Adagrad => sys::SX_OPTIM_ADAGRAD,
+            Optimizer::Rmsprop => sys::SX_OPTIM_RMSPROP,
+            Optimizer::Adamax => sys::SX_OPTIM_ADAMAX,
+            Optimizer::Nadam => sys::SX_OPTIM_NADAM,
+            Optimizer::Radam => sys::SX_OPTIM_RADAM,
+            Optimizer::Lion => sys::SX_OPTIM_LION,
         }
     }
 }
 
-/// An optimizer and its hyperparameters, starting from torch.optim's defaults.
+/// An optimizer and its hyperparameters, starting from the optimizer's defaults
+/// (torch.optim's; lion-pytorch's for Lion). A hyperparameter that does not apply to the
+/// optimizer must keep its default, else `add_param_group` fails with
+/// SX_ERR_INVALID_ARGUMENT.
 #[derive(Clone, Copy, Debug)]
 pub struct ParamGroup {
     pub(crate) raw: sys::sx_param_group_desc_t,
@@ -311,8 +327,39 @@ impl ParamGroup {
         self.raw.maximize = on as i32;
         self
     }
+    /// Adam, AdamW.
     pub fn amsgrad(mut self, on: bool) -> Self {
         self.raw.amsgrad = on as i32;
+        self
+    }
+    /// Adagrad.
+    pub fn lr_decay(mut self, v: f64) -> Self {
+        self.raw.lr_decay = v;
+        self
+    }
+    /// Adagrad.
+    pub fn initial_accumulator_value(mut self, v: f64) -> Self {
+        self.raw.initial_accumulator_value = v;
+        self
+    }
+    /// RMSprop's smoothing constant.
+    pub fn alpha(mut self, v: f64) -> Self {
+        self.raw.alpha = v;
+        self
+    }
+    /// RMSprop.
+    pub fn centered(mut self, on: bool) -> Self {
+        self.raw.centered = on as i32;
+        self
+    }
+    /// NAdam.
+    pub fn momentum_decay(mut self, v: f64) -> Self {
+        self.raw.momentum_decay = v;
+        self
+    }
+    /// NAdam, RAdam: AdamW-style (decoupled) weight decay.
+    pub fn decoupled_weight_decay(mut self, on: bool) -> Self {
+        self.raw.decoupled_weight_decay = on as i32;
         self
     }
     /// The C description as filled so far.
@@ -334,6 +381,12 @@ pub enum Hyperparameter {
     Nesterov,
     Maximize,
     Amsgrad,
+    LrDecay,
+    InitialAccumulatorValue,
+    Alpha,
+    Centered,
+    MomentumDecay,
+    DecoupledWeightDecay,
 }
 
 impl Hyperparameter {
@@ -349,6 +402,12 @@ impl Hyperparameter {
             Hyperparameter::Nesterov => sys::SX_HP_NESTEROV,
             Hyperparameter::Maximize => sys::SX_HP_MAXIMIZE,
             Hyperparameter::Amsgrad => sys::SX_HP_AMSGRAD,
+            Hyperparameter::LrDecay => sys::SX_HP_LR_DECAY,
+            Hyperparameter::InitialAccumulatorValue => sys::SX_HP_INITIAL_ACCUMULATOR_VALUE,
+            Hyperparameter::Alpha => sys::SX_HP_ALPHA,
+            Hyperparameter::Centered => sys::SX_HP_CENTERED,
+            Hyperparameter::MomentumDecay => sys::SX_HP_MOMENTUM_DECAY,
+            Hyperparameter::DecoupledWeightDecay => sys::SX_HP_DECOUPLED_WEIGHT_DECAY,
         }
     }
 }

@@ -427,3 +427,20 @@ fn stage3_views_need_a_gather_and_signals_are_checked() {
     assert_eq!(g.unit_grads_ready(0, None).unwrap_err().status(), invalid_state);
     g.step(None).unwrap();
 }
+
+#[test]
+fn adagrad_and_rmsprop_groups_take_their_defaults() {
+    use Hyperparameter as H;
+    let mut g = ShardGroup::new(&common::config(&common::rendezvous("adagrad"), 0, 1)).unwrap();
+    assert_eq!(g.add_param_group(&ParamGroup::new(Optimizer::Adagrad)).unwrap(), 0);
+    assert_eq!(g.add_param_group(&ParamGroup::new(Optimizer::Rmsprop).centered(true).momentum(0.5)).unwrap(), 1);
+    // RMSprop's alpha does not apply to Adagrad.
+    let e = g.add_param_group(&ParamGroup::new(Optimizer::Adagrad).alpha(0.5)).unwrap_err();
+    assert_eq!(e.status(), sx::status::SX_ERR_INVALID_ARGUMENT);
+    g.add_param(&Param::new("w", &[4]).param_group(0)).unwrap();
+    g.add_param(&Param::new("v", &[4]).param_group(1)).unwrap();
+    g.finalize().unwrap();
+    let hp = |i, keys: &[H]| keys.iter().map(|&k| g.hyperparameter(i, k).unwrap()).collect::<Vec<f64>>();
+    assert_eq!(hp(0, &[H::Lr, H::Eps, H::LrDecay, H::InitialAccumulatorValue]), [1e-2, 1e-10, 0.0, 0.0]);
+    assert_eq!(hp(1, &[H::Lr, H::Alpha, H::Eps, H::Centered, H::Momentum]), [1e-2, 0.99, 1e-8, 1.0, 0.5]);
+}

@@ -1,0 +1,145 @@
+// The element formulas of the elementwise optimizers beyond SGD and Adam (Adagrad,
+// RMSprop, Adamax, NAdam, RAdam, Lion), written once over a vector-operations type O and
+// used by every flavour: the CPU loops of kernel_body.h (scalar, AVX2, AVX-512) and the
+// CUDA kernel (cuda/fused_update.cu, whose O rounds through __fmul_rn and its kin).
+//
+// Each formula is torch's single-tensor function (torch/optim/<name>.py,
+// _single_tensor_<name>; lion-pytorch 0.2.5's update_fn for Lion), operation for
+// operation, rounding where each tensor op rounds (reference.cc lists the ops' scalar
+// formulas): so every flavour gives reference_update()'s result bit for bit.
+//
+// O provides, besides kernel_body.h's operations: abs (|x|), sign ((x > 0) - (x < 0),
+// 0 for 0 and NaN, as torch's vectorised sgn) and recip (1/x, torch.reciprocal).
+#pragma once
+
+#include "optim/kernels.h"
+
+#if defined(__CUDACC__)
+#define SX_ELEMENTWISE_FN __host__ __device__ __forceinline__
+#else
+#define SX_ELEMENTWISE_FN inline
+#endif
+
+namespace sx {
+namespace optim {
+namespace internal {
+
+// SegmentConsts broadcast into O's vectors, once per piece of a segment.
+template <class O>
+struct ElementwiseConsts {
+    using V = typename O::V;
+    V grad_scale, weight_decay, decay, lr, momentum, lerp_coeff, beta1, one_minus_beta1, beta2, one_minus_beta2,
+        step_size, eps, init, bias_correction1, bias_correction2, bias_correction2_sqrt, rect, grad_coeff, avg_coeff;
+    typename O::Mask lerp_from_end;
+    SX_ELEMENTWISE_FN explicit ElementwiseConsts(const SegmentConsts &c)
+        : grad_scale(O::set1(c.grad_scale)), weight_decay(O::set1(c.weight_decay)), decay(O::set1(c.decay)),
+          lr(O::set1(c.lr)), momentum(O::set1(c.momentum)), lerp_coeff(O::set1(c.lerp_coeff)),
+          beta1(O::set1(c.beta1)), one_minus_beta1(O::set1(c.one_minus_beta1)), beta2(O::set1(c.beta2)),
+          one_minus_beta2(O::set1(c.one_minus_beta2)), step_size(O::set1(c.step_size)), eps(O::set1(c.eps)),
+          init(O::set1(c.init)), bias_correction1(O::set1(c.bias_correction1)),
+          bias_correction2(O::set1(c.bias_correction2)), bias_correction2_sqrt(O::set1(c.bias_correction2_sqrt)),
+          rect(O::set1(c.rect)), grad_coeff(O::set1(c.grad_coeff)), avg_coeff(O::set1(c.avg_coeff)),
+          lerp_from_end(O::mask(c.lerp_from_end)) {}
+};
+
+// State slots variant kV reads, and writes (a first update writes what it does not read).
+SX_ELEMENTWISE_FN constexpr int elementwise_reads(Variant v) {
+    return v == Variant::kAdagradFirst                                                   ? 0
+           : v == Variant::kRmspropCenteredMomentum                                      ? 3
+           : v == Variant::kRmspropMomentum || v == Variant::kRmspropCentered ||
+                   v == Variant::kAdamax || v == Variant::kNadam || v == Variant::kRadam ||
+                   v == Variant::kRadamRectified                                         ? 2
+                                                                                         : 1;
+}
+SX_ELEMENTWISE_FN constexpr int elementwise_writes(Variant v) {
+    return v == Variant::kAdagradFirst ? 1 : elementwise_reads(v);
+}
+
+// self.lerp_(end, w) as torch evaluates it (SegmentConsts: lerp_coeff, lerp_from_end).
+template <class O>
+SX_ELEMENTWISE_FN typename O::V lerp(const ElementwiseConsts<O> &k, typename O::V self, typename O::V end) {
+    return O::add(O::select(k.lerp_from_end, self, end), O::mul(k.lerp_coeff, O::sub(end, self)));
+}
+
+// One element: p the param (fp32), g the gradient already scaled (grad*grad_scale,
+// maximize in its sign), s the state slots (s[0..reads) read, s[0..writes) written).
+// kL2: weight_decay added to the gradient (grad.add(param, alpha=weight_decay)).
+template <class O, Variant kV, bool kL2>
+SX_ELEMENTWISE_FN void elementwise_at(const ElementwiseConsts<O> &k, typename O::V &p, typename O::V g,
+                                      typename O::V *s) {
+    using V = typename O::V;
+    if (kV == Variant::kAdagradFirst || kV == Variant::kAdagrad) {
+        if (kL2) g = O::add(g, O::mul(k.weight_decay, p));
+        // state_sum.addcmul_(grad, grad, value=1); std = state_sum.sqrt().add_(eps)
+        const V sum = O::add(kV == Variant::kAdagradFirst ? k.init : s[0], O::mul(g, g));
+        s[0] = sum;
+        const V std = O::add(O::sqrt(sum), k.eps);
+        p = O::sub(p, O::div(O::mul(k.step_size, g), std));  // param.addcdiv_(grad, std, value=-clr)
+    } else if (kV == Variant::kRmsprop || kV == Variant::kRmspropMomentum || kV == Variant::kRmspropCentered ||
+               kV == Variant::kRmspropCenteredMomentum) {
+        constexpr bool kMomentum = kV == Variant::kRmspropMomentum || kV == Variant::kRmspropCenteredMomentum;
+        constexpr bool kCentered = kV == Variant::kRmspropCentered || kV == Variant::kRmspropCenteredMomentum;
+        if (kL2) g = O::add(g, O::mul(k.weight_decay, p));
+        // square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+        const V sq = O::add(O::mul(s[0], k.beta2), O::mul(O::mul(k.one_minus_beta2, g), g));
+        s[0] = sq;
+        V avg;
+        if (kCentered) {
+            V &grad_avg = s[kMomentum ? 2 : 1];
+            grad_avg = lerp<O>(k, grad_avg, g);  // grad_avg.lerp_(grad, 1 - alpha)
+            // square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
+            avg = O::sqrt(O::sub(sq, O::mul(grad_avg, grad_avg)));
+        } else {
+            avg = O::sqrt(sq);
+        }
+        avg = O::add(avg, k.eps);
+        if (kMomentum) {
+            const V buf = O::add(O::mul(s[1], k.momentum), O::div(g, avg));  // buf.mul_(m).addcdiv_(grad, avg)
+            s[1] = buf;
+            p = O::sub(p, O::mul(k.lr, buf));  // param.add_(buf, alpha=-lr)
+        } else {
+            p = O::sub(p, O::div(O::mul(k.lr, g), avg));  // param.addcdiv_(grad, avg, value=-lr)
+        }
+    } else if (kV == Variant::kAdamax) {
+        if (kL2) g = O::add(g, O::mul(k.weight_decay, p));
+        const V m = lerp<O>(k, s[0], g);  // exp_avg.lerp_(grad, 1 - beta1)
+        s[0] = m;
+        // torch.maximum(exp_inf.mul_(beta2), grad.abs().add_(eps), out=exp_inf)
+        const V u = O::maximum(O::mul(s[1], k.beta2), O::add(O::abs(g), k.eps));
+        s[1] = u;
+        p = O::sub(p, O::div(O::mul(k.step_size, m), u));  // param.addcdiv_(exp_avg, exp_inf, value=-clr)
+    } else if (kV == Variant::kNadam || kV == Variant::kRadam || kV == Variant::kRadamRectified) {
+        p = O::mul(p, k.decay);  // decoupled: param.mul_(1 - lr*wd); 1 otherwise (exact no-op)
+        if (kL2) g = O::add(g, O::mul(k.weight_decay, p));
+        const V m = lerp<O>(k, s[0], g);
+        s[0] = m;
+        const V v = O::add(O::mul(s[1], k.beta2), O::mul(O::mul(k.one_minus_beta2, g), g));
+        s[1] = v;
+        if (kV == Variant::kNadam) {
+            // denom = exp_avg_sq.div(bias_correction2).sqrt().add_(eps); two addcdiv_
+            const V denom = O::add(O::sqrt(O::div(v, k.bias_correction2)), k.eps);
+            p = O::add(p, O::div(O::mul(k.grad_coeff, g), denom));
+            p = O::add(p, O::div(O::mul(k.avg_coeff, m), denom));
+        } else {
+            const V corrected = O::div(m, k.bias_correction1);  // exp_avg / bias_correction1
+            if (kV == Variant::kRadamRectified) {
+                // (bias_correction2 ** 0.5) / exp_avg_sq.sqrt().add_(eps) is Tensor.__rtruediv__:
+                // reciprocal() * (bias_correction2 ** 0.5); then ((corrected*lr)*adaptive)*rect.
+                const V adaptive = O::mul(O::recip(O::add(O::sqrt(v), k.eps)), k.bias_correction2_sqrt);
+                p = O::sub(p, O::mul(O::mul(O::mul(corrected, k.lr), adaptive), k.rect));
+            } else {
+                p = O::sub(p, O::mul(corrected, k.lr));  // param.add_(corrected * lr, alpha=-1.0)
+            }
+        }
+    } else if (kV == Variant::kLion) {
+        p = O::mul(p, k.decay);  // p.data.mul_(1 - lr*wd)
+        // exp_avg.clone().mul_(beta1).add(grad, alpha=1 - beta1).sgn_()
+        const V update = O::sign(O::add(O::mul(s[0], k.beta1), O::mul(k.one_minus_beta1, g)));
+        p = O::sub(p, O::mul(k.lr, update));  // p.add_(update, alpha=-lr)
+        s[0] = O::add(O::mul(s[0], k.beta2), O::mul(k.one_minus_beta2, g));  // exp_avg.mul_(beta2).add_(grad, alpha=1 - beta2)
+    }
+}
+
+}  // namespace internal
+}  // namespace optim
+}  // namespace sx

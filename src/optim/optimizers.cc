@@ -1,0 +1,187 @@
+// The optimizer table: one row per optimizer (optimizer.h, OptimizerSpec), and what is
+// derived from it (validation, defaults, state slots). docs/optimizers.md shows the rows.
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "optim/optimizer.h"
+
+namespace sx {
+namespace optim {
+namespace {
+
+constexpr uint32_t bit(int32_t key) { return 1u << key; }
+
+// Hyperparameters most optimizers share.
+constexpr uint32_t kCommon = bit(SX_HP_LR) | bit(SX_HP_WEIGHT_DECAY) | bit(SX_HP_MAXIMIZE);
+constexpr uint32_t kBetas = bit(SX_HP_BETA1) | bit(SX_HP_BETA2);
+
+bool if_momentum(const Hyper &h) { return h.momentum != 0.0; }
+bool if_amsgrad(const Hyper &h) { return h.amsgrad; }
+bool if_centered(const Hyper &h) { return h.centered; }
+
+Status check_sgd(const Hyper &h) {
+    SX_CHECK_ARG(!h.nesterov || (h.momentum > 0 && h.dampening == 0),
+                 "nesterov momentum needs momentum > 0 and dampening = 0 (momentum = %g, dampening = %g)",
+                 h.momentum, h.dampening);
+    return Status::Ok();
+}
+
+// torch.optim's classes and lion-pytorch's Lion, with their constructors' defaults.
+const OptimizerSpec kOptimizers[] = {
+    {Kind::kSgd, "SGD", "torch.optim.SGD", Needs::kElementwise,
+     kCommon | bit(SX_HP_MOMENTUM) | bit(SX_HP_DAMPENING) | bit(SX_HP_NESTEROV), 0,
+     {{"momentum_buffer", if_momentum}}, nullptr, {{0, 0}}, check_sgd},
+    {Kind::kAdam, "Adam", "torch.optim.Adam", Needs::kElementwise,
+     kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_AMSGRAD), bit(SX_HP_AMSGRAD),
+     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}, {"max_exp_avg_sq", if_amsgrad}}, nullptr, {{0, 0}}, nullptr},
+    {Kind::kAdamW, "AdamW", "torch.optim.AdamW", Needs::kElementwise,
+     kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_AMSGRAD), bit(SX_HP_AMSGRAD),
+     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}, {"max_exp_avg_sq", if_amsgrad}}, nullptr,
+     {{SX_HP_WEIGHT_DECAY, 1e-2}, {0, 0}}, nullptr},
+    {Kind::kAdagrad, "Adagrad", "torch.optim.Adagrad", Needs::kElementwise,
+     kCommon | bit(SX_HP_EPS) | bit(SX_HP_LR_DECAY) | bit(SX_HP_INITIAL_ACCUMULATOR_VALUE), 0,
+     {{"sum", nullptr}}, nullptr, {{SX_HP_LR, 1e-2}, {SX_HP_EPS, 1e-10}, {0, 0}}, nullptr},
+    {Kind::kRmsprop, "RMSprop", "torch.optim.RMSprop", Needs::kElementwise,
+     kCommon | bit(SX_HP_EPS) | bit(SX_HP_ALPHA) | bit(SX_HP_MOMENTUM) | bit(SX_HP_CENTERED), bit(SX_HP_CENTERED),
+     {{"square_avg", nullptr}, {"momentum_buffer", if_momentum}, {"grad_avg", if_centered}}, nullptr,
+     {{SX_HP_LR, 1e-2}, {0, 0}}, nullptr},
+    {Kind::kAdamax, "Adamax", "torch.optim.Adamax", Needs::kElementwise, kCommon | kBetas | bit(SX_HP_EPS), 0,
+     {{"exp_avg", nullptr}, {"exp_inf", nullptr}}, nullptr, {{SX_HP_LR, 2e-3}, {0, 0}}, nullptr},
+    {Kind::kNadam, "NAdam", "torch.optim.NAdam", Needs::kElementwise,
+     kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_MOMENTUM_DECAY) | bit(SX_HP_DECOUPLED_WEIGHT_DECAY), 0,
+     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}}, "mu_product", {{SX_HP_LR, 2e-3}, {0, 0}}, nullptr},
+    {Kind::kRadam, "RAdam", "torch.optim.RAdam", Needs::kElementwise,
+     kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_DECOUPLED_WEIGHT_DECAY), 0,
+     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}}, nullptr, {{0, 0}}, nullptr},
+    // lion-pytorch 0.2.5's Lion: decoupled weight decay (p *= 1 - lr*wd) always; its
+    // own decoupled_weight_decay option (wd divided by the constructor's lr) is the
+    // caller's to apply to weight_decay.
+    {Kind::kLion, "Lion", "lion_pytorch.Lion", Needs::kElementwise, kCommon | kBetas, 0, {{"exp_avg", nullptr}},
+     nullptr, {{SX_HP_LR, 1e-4}, {SX_HP_BETA2, 0.99}, {0, 0}}, nullptr},
+};
+constexpr size_t kNumOptimizers = sizeof kOptimizers / sizeof kOptimizers[0];
+
+double as_double(double v) { return v; }
+double as_double(bool v) { return v ? 1.0 : 0.0; }
+
+void set_value(Hyper *h, int32_t key, double value) {
+#define SX_SET_VALUE(name, type, dflt, k, rule) \
+    if (key == k) h->name = std::is_same<type, bool>::value ? value != 0.0 : value;
+    SX_HYPERPARAMETERS(SX_SET_VALUE)
+#undef SX_SET_VALUE
+}
+
+// "SGD, RMSprop": the optimizers hyperparameter `key` applies to.
+std::string users_of(int32_t key) {
+    std::string out;
+    for (const OptimizerSpec &s : kOptimizers)
+        if (s.keys & bit(key)) out += (out.empty() ? "" : ", ") + std::string(s.name);
+    return out;
+}
+
+}  // namespace
+
+const OptimizerSpec *find_optimizer(int32_t optimizer) {
+    for (const OptimizerSpec &s : kOptimizers)
+        if (static_cast<int32_t>(s.kind) == optimizer) return &s;
+    return nullptr;
+}
+
+const OptimizerSpec &spec_of(Kind kind) {
+    const OptimizerSpec *s = find_optimizer(static_cast<int32_t>(kind));
+    return s ? *s : kOptimizers[0];
+}
+
+const OptimizerSpec *all_optimizers(size_t *count) {
+    *count = kNumOptimizers;
+    return kOptimizers;
+}
+
+std::string optimizer_list() {
+    std::string out;
+    for (const OptimizerSpec &s : kOptimizers) out += (out.empty() ? "" : ", ") + std::string(s.name);
+    return out;
+}
+
+std::string optimizer_name(int32_t optimizer) {
+    const OptimizerSpec *s = find_optimizer(optimizer);
+    return s ? s->name : "optimizer " + std::to_string(optimizer);
+}
+
+bool applies_to(int32_t key, Kind kind) {
+    const OptimizerSpec *s = find_optimizer(static_cast<int32_t>(kind));
+    return s && key > 0 && key <= kMaxHyperKey && (s->keys & bit(key));
+}
+
+Hyper default_hyper(Kind kind) {
+    Hyper h;
+    h.kind = kind;
+    if (const OptimizerSpec *s = find_optimizer(static_cast<int32_t>(kind)))
+        for (const HyperDefault &d : s->defaults) {
+            if (d.key == 0) break;
+            set_value(&h, d.key, d.value);
+        }
+    return h;
+}
+
+Status validate(const Hyper &h) {
+    const OptimizerSpec *s = find_optimizer(static_cast<int32_t>(h.kind));
+    SX_CHECK_ARG(s != nullptr, "optimizer %d is not one sx has (SX_OPTIM_*: %s)", static_cast<int>(h.kind),
+                 optimizer_list().c_str());
+    const Hyper dflt = default_hyper(h.kind);
+    const char *const optimizer = s->name;
+    const uint32_t keys = s->keys;
+#define SX_CHECK_ONE(name, type, d, key, rule)                                                                    \
+    {                                                                                                             \
+        const double v = as_double(h.name);                                                                       \
+        SX_CHECK_ARG(std::isfinite(v), "%s = %g; hyperparameters must be finite", #name, v);                      \
+        if (!(keys & bit(key)))                                                                                   \
+            SX_CHECK_ARG(v == as_double(dflt.name) || v == 0.0, "%s = %g does not apply to %s (it applies to %s)", \
+                         #name, v,                                                                                \
+                         optimizer, users_of(key).c_str());                                                       \
+        SX_CHECK_ARG(Rule::rule != Rule::kNonNegative || v >= 0, "%s = %g; it must be >= 0", #name, v);           \
+        SX_CHECK_ARG(Rule::rule != Rule::kBeta || (v >= 0 && v < 1), "%s = %g; it must be in [0, 1)", #name, v); \
+    }
+    SX_HYPERPARAMETERS(SX_CHECK_ONE)
+#undef SX_CHECK_ONE
+    if (s->check) SX_TRY(s->check(h));
+    return Status::Ok();
+}
+
+Hyper with_unused_defaults(const Hyper &h) {
+    const OptimizerSpec *s = find_optimizer(static_cast<int32_t>(h.kind));
+    if (!s) return h;
+    const Hyper dflt = default_hyper(h.kind);
+    Hyper out = h;
+#define SX_UNUSED_DEFAULT(name, type, d, key, rule) \
+    if (!(s->keys & bit(key)) && as_double(out.name) == 0.0) out.name = dflt.name;
+    SX_HYPERPARAMETERS(SX_UNUSED_DEFAULT)
+#undef SX_UNUSED_DEFAULT
+    return out;
+}
+
+int state_slots(const Hyper &h) {
+    const OptimizerSpec &s = spec_of(h.kind);
+    int n = 0;
+    for (const StateSlot &slot : s.slots)
+        if (slot.name && (!slot.kept || slot.kept(h))) ++n;
+    return n;
+}
+
+const char *state_slot_name(const Hyper &h, int slot) {
+    const OptimizerSpec &s = spec_of(h.kind);
+    int n = 0;
+    for (const StateSlot &sl : s.slots)
+        if (sl.name && (!sl.kept || sl.kept(h)) && n++ == slot) return sl.name;
+    return "?";
+}
+
+float next_mu_product(const Hyper &h, float before, int64_t step) {
+    if (h.kind != Kind::kNadam) return 1.0f;
+    const double mu = h.beta1 * (1.0 - 0.5 * std::pow(0.96, static_cast<double>(step) * h.momentum_decay));
+    return before * static_cast<float>(mu);
+}
+
+}  // namespace optim
+}  // namespace sx
