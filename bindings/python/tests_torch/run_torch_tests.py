@@ -1,4 +1,5 @@
-"""Runs sx.torch's checks: check_single.py in one process, then, under a real torchrun,
+"""Runs sx.torch's checks: check_single.py and check_optimizers.py (sx's optimizers
+against torch's, ranks as threads) in one process each, then, under a real torchrun,
 check_sx_torch.py on 2 processes and check_uneven.py on 3. Run with the Python of a
 torch environment, SX_LIBRARY pointing at libsx and PYTHONPATH at the binding (ctest's
 bindings_torch does)."""
@@ -10,10 +11,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main():
-    single = [sys.executable, os.path.join(HERE, "check_single.py")]
-    print("$", " ".join(single), flush=True)
-    if subprocess.run(single, timeout=600).returncode != 0:
-        sys.exit("check_single.py failed")
+    for script in ("check_single.py", "check_optimizers.py"):
+        single = [sys.executable, os.path.join(HERE, script)]
+        print("$", " ".join(single), flush=True)
+        if subprocess.run(single, timeout=600).returncode != 0:
+            sys.exit(f"{script} failed")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     for script, procs in (("check_sx_torch.py", 2), ("check_uneven.py", 3)):
         cmd = [torchrun, "--standalone", f"--nproc-per-node={procs}", os.path.join(HERE, script)]
