@@ -44,6 +44,7 @@ struct Config {
     int32_t stage = 2;
     int micro_batches = 1;
     int steps = 3;
+    int32_t optimizer = SX_OPTIM_ADAMW;  // its defaults, with lr 0.01
 };
 
 std::string err_text(const char *what) { return std::string(what) + ": " + sx_last_error_message(); }
@@ -79,7 +80,7 @@ std::string make_group(const std::string &rv, int rank, const Config &c, Group *
     cfg.reduce_dtype = c.reduce_dtype;
     if (sx_create_shard_group(&cfg, &out->g) != SX_OK) return err_text("create");
     sx_param_group_desc_t a;
-    sx_param_group_desc_init(&a, sizeof a, SX_OPTIM_ADAMW);
+    sx_param_group_desc_init(&a, sizeof a, c.optimizer);
     a.lr = 0.01;
     if (sx_add_param_group(out->g, &a, nullptr) != SX_OK) return err_text("add_param_group");
     for (const PDef &p : kParams) {
@@ -100,7 +101,7 @@ std::string make_group(const std::string &rv, int rank, const Config &c, Group *
 // reference with the exact sum of every rank's gradients and the group's scale 1/world;
 // a 16-bit param's value is its master rounded.
 struct Expected {
-    std::vector<std::vector<float>> master, m, v;
+    std::vector<std::vector<float>> master, s0, s1, s2;  // the masters and each state slot
     explicit Expected(const Config &c) {
         for (size_t p = 0; p < kParams.size(); ++p) {
             std::vector<float> x(static_cast<size_t>(kParams[p].numel));
@@ -109,16 +110,15 @@ struct Expected {
                 if (kParams[p].low) x[i] = widen(c.dtype, c.dtype == SX_DTYPE_F16 ? half::f32_to_f16(x[i]) : half::f32_to_bf16(x[i]));
             }
             master.push_back(x);
-            m.emplace_back(x.size(), 0.0f);
-            v.emplace_back(x.size(), 0.0f);
+            s0.emplace_back(x.size(), 0.0f);
+            s1.emplace_back(x.size(), 0.0f);
+            s2.emplace_back(x.size(), 0.0f);
         }
     }
     // Step s's gradients; t is the params' step count after it (s + 1 unless steps were skipped).
     void step(const Config &c, int s, int64_t t = 0) {
-        sx::optim::Hyper h;
-        h.kind = sx::optim::Kind::kAdamW;
+        sx::optim::Hyper h = sx::optim::default_hyper(static_cast<sx::optim::Kind>(c.optimizer));
         h.lr = 0.01;
-        h.weight_decay = 0.01;
         for (size_t p = 0; p < kParams.size(); ++p) {
             std::vector<float> g(master[p].size(), 0.0f);
             for (uint64_t i = 0; i < g.size(); ++i)
@@ -127,11 +127,13 @@ struct Expected {
             sx::optim::Segment seg;
             seg.param = master[p].data();
             seg.grad = g.data();
-            seg.state[0] = m[p].data();
-            seg.state[1] = v[p].data();
+            seg.state[0] = s0[p].data();
+            seg.state[1] = s1[p].data();
+            seg.state[2] = s2[p].data();
             seg.n = g.size();
             seg.hyper = &h;
             seg.step = t ? t : s + 1;
+            for (int64_t k = 1; k <= seg.step; ++k) seg.mu_product = sx::optim::next_mu_product(h, seg.mu_product, k);
             sx::optim::reference_update(seg, 1.0f / static_cast<float>(c.world));
         }
     }
@@ -201,7 +203,8 @@ std::string compare_params(sx_shard_group_t *g, const Config &c, const Expected 
 
 std::string config_name(const Config &c) {
     char b[160];
-    std::snprintf(b, sizeof b, "world %d, %s params, grads %s, reduce %s, stage %d, %d micro-batches", c.world,
+    std::snprintf(b, sizeof b, "%s, world %d, %s params, grads %s, reduce %s, stage %d, %d micro-batches",
+                  sx::optim::optimizer_name(c.optimizer).c_str(), c.world,
                   c.dtype == SX_DTYPE_F16 ? "fp16" : "bf16", c.grad_dtype ? "fp32" : "16-bit",
                   c.reduce_dtype ? "fp32" : "16-bit", c.stage, c.micro_batches);
     return b;
@@ -251,6 +254,22 @@ void test_masters_updated_exactly(void **) {
                     c.micro_batches = stage >= 2 && world == 4 ? 2 : 1;
                     run_exact(c);
                 }
+}
+
+// Every optimizer of the table keeps its fp32 masters and rounds them into the 16-bit
+// params the same way.
+void test_every_optimizer_with_masters(void **) {
+    size_t count = 0;
+    const sx::optim::OptimizerSpec *rows = sx::optim::all_optimizers(&count);
+    for (size_t k = 0; k < count; ++k) {
+        Config c;
+        c.optimizer = static_cast<int32_t>(rows[k].kind);
+        c.dtype = k % 2 ? SX_DTYPE_F16 : SX_DTYPE_BF16;
+        c.world = 2 + static_cast<int>(k % 2);
+        c.stage = 1 + static_cast<int32_t>(k % 3);
+        c.steps = 4;
+        run_exact(c);
+    }
 }
 
 void test_fp32_grads_for_16bit_params(void **) {
@@ -563,6 +582,7 @@ int main() {
         cmocka_unit_test(test_dynamic_loss_scaling_skips_and_recovers),
         cmocka_unit_test(test_static_loss_scaling_and_bad_settings),
         cmocka_unit_test(test_bad_mixed_precision_configs),
+        cmocka_unit_test(test_every_optimizer_with_masters),
         cmocka_unit_test(test_memory_of_16bit_params),
         cmocka_unit_test(test_checkpoint_of_16bit_group),
     };
