@@ -31,6 +31,7 @@ struct Options {
     int scale_load_from = 4096, scale_load_into = 3072;   // scale section: the resharding load
     bool scale_unit_per_param = false;                    // scale section: one unit per param
     int scale_reps = 3;                                   // scale section: timed runs per figure
+    std::string torch_python;  // optimizers section: a Python with torch, to time torch's optimizers
 };
 
 // Heap bytes of this process allocated through operator new and not yet freed
@@ -156,6 +157,7 @@ int section_pipeline(const Options &opt);
 int section_scale(const Options &opt);
 int section_trace(const Options &opt);
 int section_small_step(const Options &opt);
+int section_optimizers(const Options &opt);
 // One rank of the pipeline section (bench_sx runs itself once per rank with --pipeline-rank).
 int pipeline_rank_main(int argc, char **argv);
 

@@ -42,6 +42,8 @@
 //                 [--scale-reps R] [--scale-unit-per-param] [SECTION...]
 //   --gpu-elements  gpu_adamw and gpu_step sections: elements (2^28)
 //   --ckpt-mib  checkpoint and load sections: MiB of values + optimizer state in the files (576)
+//   --torch-python  optimizers section: a Python with torch (and lion-pytorch), which times torch's
+//                   optimizers in the same run (else SX_BENCH_TORCH_PYTHON; neither: no torch column)
 //   --ckpt-dir  checkpoint and load sections: where its mkdtemp directory goes (/tmp); that directory
 //               is removed at the end
 //   --scale-worlds  scale section: the saving jobs' ranks (1024,4096,16384), each flat and as
@@ -79,6 +81,7 @@ const Section kSections[] = {
     {"trace", section_trace},
     {"small_step", section_small_step},
     {"packed", section_packed},
+    {"optimizers", section_optimizers},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
     {"gpu_step", section_gpu_step},
@@ -103,6 +106,7 @@ bool parse_list(const char *text, std::vector<int> *out) {
 
 const char kUsage[] =
     "usage: %s [--elements N] [--comm-mib M] [--reps R] [--ckpt-mib M] [--ckpt-dir DIR] [--gpu-elements N]\n"
+    "          [--torch-python PYTHON]\n"
     "          [--scale-worlds W,...] [--scale-load FROM:INTO] [--scale-reps R] [--scale-unit-per-param]\n"
     "          [SECTION...]\n";
 
@@ -133,6 +137,8 @@ int main(int argc, char **argv) {
             opt.ckpt_mib = std::strtoull(argv[++i], nullptr, 10);
         } else if (!std::strcmp(argv[i], "--ckpt-dir") && i + 1 < argc) {
             opt.ckpt_dir = argv[++i];
+        } else if (!std::strcmp(argv[i], "--torch-python") && i + 1 < argc) {
+            opt.torch_python = argv[++i];
         } else if (!std::strcmp(argv[i], "--gpu-elements") && i + 1 < argc) {
             opt.gpu_elements = std::strtoull(argv[++i], nullptr, 10);
         } else if (!std::strcmp(argv[i], "--scale-worlds") && i + 1 < argc) {

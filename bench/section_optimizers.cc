@@ -1,0 +1,195 @@
+// bench_sx section optimizers: each optimizer of the table beyond SGD and Adam (and AdamW
+// for comparison), fused, at --elements (64 Mi) and 1 Mi elements, against
+//  - a traffic-only ceiling with its memory pattern (param, grad and its state slots
+//    read; param and its state slots written; trivial arithmetic, the kernel's vector
+//    width and software prefetch, split across the pool's threads as the kernel is);
+//  - torch's fastest CPU implementation of the same class (single-tensor, foreach or
+//    fused; lion-pytorch's for Lion), which bench/torch_optimizers.py times in the same
+//    run where --torch-python names a Python with torch (or SX_BENCH_TORCH_PYTHON does).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "bench_util.h"
+#include "optim/kernels.h"
+#include "optim/optimizer.h"
+#include "optim/thread_pool.h"
+
+#if SX_OPTIM_X86
+#include <immintrin.h>
+#endif
+
+namespace sxbench {
+namespace {
+
+using sx::optim::Hyper;
+using sx::optim::Isa;
+using sx::optim::Kind;
+using sx::optim::Segment;
+using sx::optim::ThreadPool;
+namespace in = sx::optim::internal;
+
+// The ceiling: p += g; s_k += g for each of kSlots state slots.
+template <int kSlots>
+void ceiling_tail(float *p, const float *g, float *const *s, size_t i, size_t n) {
+    for (; i < n; ++i) {
+        p[i] += g[i];
+        for (int k = 0; k < kSlots; ++k) s[k][i] += g[i];
+    }
+}
+
+#if SX_OPTIM_X86
+template <int kSlots>
+__attribute__((target("avx512f"))) void ceiling_avx512(float *p, const float *g, float *const *s, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __builtin_prefetch(p + i + 512);
+        __builtin_prefetch(g + i + 512);
+        for (int k = 0; k < kSlots; ++k) __builtin_prefetch(s[k] + i + 512);
+        const __m512 gv = _mm512_loadu_ps(g + i);
+        _mm512_storeu_ps(p + i, _mm512_add_ps(_mm512_loadu_ps(p + i), gv));
+        for (int k = 0; k < kSlots; ++k) _mm512_storeu_ps(s[k] + i, _mm512_add_ps(_mm512_loadu_ps(s[k] + i), gv));
+    }
+    ceiling_tail<kSlots>(p, g, s, i, n);
+}
+
+template <int kSlots>
+__attribute__((target("avx2"))) void ceiling_avx2(float *p, const float *g, float *const *s, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __builtin_prefetch(p + i + 512);
+        __builtin_prefetch(g + i + 512);
+        for (int k = 0; k < kSlots; ++k) __builtin_prefetch(s[k] + i + 512);
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        _mm256_storeu_ps(p + i, _mm256_add_ps(_mm256_loadu_ps(p + i), gv));
+        for (int k = 0; k < kSlots; ++k) _mm256_storeu_ps(s[k] + i, _mm256_add_ps(_mm256_loadu_ps(s[k] + i), gv));
+    }
+    ceiling_tail<kSlots>(p, g, s, i, n);
+}
+#endif
+
+template <int kSlots>
+void ceiling(Isa isa, float *p, const float *g, float *const *s, size_t n) {
+#if SX_OPTIM_X86
+    if (isa == Isa::kAvx512) return ceiling_avx512<kSlots>(p, g, s, n);
+    if (isa == Isa::kAvx2) return ceiling_avx2<kSlots>(p, g, s, n);
+#endif
+    (void)isa;
+    ceiling_tail<kSlots>(p, g, s, 0, n);
+}
+
+void ceiling_slots(int slots, Isa isa, float *p, const float *g, float *const *s, size_t n) {
+    switch (slots) {
+    case 1: return ceiling<1>(isa, p, g, s, n);
+    case 2: return ceiling<2>(isa, p, g, s, n);
+    default: return ceiling<3>(isa, p, g, s, n);
+    }
+}
+
+struct Case {
+    const char *torch_class;  // the name torch_optimizers.py prints
+    Hyper hyper;
+};
+
+std::vector<Case> cases() {
+    std::vector<Case> out;
+    for (Kind k : {Kind::kAdamW, Kind::kAdagrad, Kind::kRmsprop, Kind::kAdamax, Kind::kNadam, Kind::kRadam,
+                   Kind::kLion})
+        out.push_back({sx::optim::spec_of(k).name, sx::optim::default_hyper(k)});
+    return out;
+}
+
+// torch's fastest time per class (ms) at n elements, from bench/torch_optimizers.py run
+// by `python`; empty where it cannot run.
+std::map<std::string, double> torch_times(const std::string &python, size_t n, int reps, int threads) {
+    std::map<std::string, double> out;
+    if (python.empty()) return out;
+    const std::string cmd = python + " " SX_BENCH_SOURCE_DIR "/torch_optimizers.py --elements " + std::to_string(n) +
+                            " --reps " + std::to_string(reps) + " --threads " + std::to_string(threads);
+    FILE *f = popen(cmd.c_str(), "r");
+    if (!f) return out;
+    char line[1024];
+    while (std::fgets(line, sizeof line, f)) {
+        const char *c = std::strstr(line, "\"class\": \"");
+        const char *ms = std::strstr(line, "\"ms\": ");
+        if (!c || !ms) {
+            std::printf("  (torch) %s", line);
+            continue;
+        }
+        c += std::strlen("\"class\": \"");
+        const char *end = std::strchr(c, '"');
+        out[std::string(c, end)] = std::atof(ms + std::strlen("\"ms\": "));
+    }
+    pclose(f);
+    return out;
+}
+
+}  // namespace
+
+int section_optimizers(const Options &opt) {
+    const Isa isa = sx::optim::detect_isa();
+    const in::KernelTable &k = in::kernels_for(in::resolve_isa(isa));
+    const int threads = 2;
+    ThreadPool pool(threads);
+    std::string python = opt.torch_python;
+    if (python.empty() && std::getenv("SX_BENCH_TORCH_PYTHON")) python = std::getenv("SX_BENCH_TORCH_PYTHON");
+    std::printf("optimizers: each optimizer fused (%s, %d threads) vs a ceiling with its memory pattern (param, grad "
+                "and its state slots read, param and state written, trivial arithmetic), %d reps of the pair; "
+                "ratio = median over reps of ceiling time / kernel time; vs_torch = torch's fastest CPU "
+                "implementation's fastest step / sx's fastest (%s)\n",
+                sx::optim::isa_name(isa), threads, opt.reps,
+                python.empty() ? "not run: no --torch-python or SX_BENCH_TORCH_PYTHON" : python.c_str());
+    std::printf("%-8s %10s %6s %10s %11s %12s %8s %9s %9s\n", "optim", "elements", "slots", "kernel_ms", "ceiling_ms",
+                "kernel_GB/s", "ratio", "torch_ms", "vs_torch");
+    std::vector<std::string> json;
+    for (size_t n : {opt.elements, size_t(1) << 20}) {
+        const std::map<std::string, double> peer = torch_times(python, n, opt.reps, threads);
+        Streams s;
+        HostBuffer extra;  // the third state slot
+        if (!s.allocate(n) || !extra.allocate(n * sizeof(float), "benchmark stream").ok()) return 1;
+        std::memset(s.m.as<float>(), 0, n * sizeof(float));
+        std::memset(s.v.as<float>(), 0, n * sizeof(float));
+        std::memset(extra.as<float>(), 0, n * sizeof(float));
+        for (Case &c : cases()) {
+            Segment seg = s.adamw_segment(&c.hyper, n);
+            seg.state[2] = extra.as<float>();
+            const int slots = sx::optim::state_slots(c.hyper);
+            seg.step = 10;  // past Adagrad's first step and RAdam's untractable ones
+            for (int64_t t = 1; t <= seg.step; ++t) seg.mu_product = sx::optim::next_mu_product(c.hyper, seg.mu_product, t);
+            auto kernel = [&] { in::fused_update_with(k, &seg, 1, 1e-3f, &pool, in::kMinElementsPerThread, nullptr); };
+            auto ceil = [&] {
+                const int parts = in::threads_for(n, &pool, in::kMinElementsPerThread);
+                const std::vector<in::Cut> cuts = in::partition(&seg, 1, parts);
+                pool.run([&](int t) {
+                    if (t < parts)
+                        in::for_each_piece(&seg, cuts[t], cuts[t + 1], [&](size_t, size_t b, size_t e) {
+                            float *st[3] = {seg.state[0] + b, seg.state[1] + b, seg.state[2] + b};
+                            ceiling_slots(slots, isa, seg.param + b, seg.grad + b, st, e - b);
+                        });
+                });
+            };
+            const PairTimes t = time_pair(kernel, ceil, opt.reps);
+            const double tk = t.min_a(), tc = t.min_b();
+            const double bytes = (2.0 * slots + 3.0) * sizeof(float) * static_cast<double>(n);
+            const auto found = peer.find(c.torch_class);
+            const double torch_ms = found == peer.end() ? 0.0 : found->second;
+            const double vs_torch = torch_ms > 0 ? torch_ms / (tk * 1e3) : 0.0;
+            std::printf("%-8s %10zu %6d %10.3f %11.3f %12.2f %8.3f %9.3f %9.2f\n", c.torch_class, n, slots, tk * 1e3,
+                        tc * 1e3, bytes / tk * 1e-9, t.paired_ratio(), torch_ms, vs_torch);
+            char line[512];
+            std::snprintf(line, sizeof line,
+                          "{\"bench\":\"optimizers\",\"optimizer\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
+                          "\"elements\":%zu,\"slots\":%d,\"reps\":%d,\"kernel_ms\":%.4f,\"ceiling_ms\":%.4f,"
+                          "\"ratio_vs_ceiling\":%.4f,\"torch_ms\":%.4f,\"ratio_vs_torch\":%.4f}",
+                          c.torch_class, sx::optim::isa_name(isa), threads, n, slots, opt.reps, tk * 1e3, tc * 1e3,
+                          t.paired_ratio(), torch_ms, vs_torch);
+            json.push_back(line);
+        }
+    }
+    for (const std::string &l : json) std::printf("%s\n", l.c_str());
+    return 0;
+}
+
+}  // namespace sxbench
