@@ -35,35 +35,68 @@ from .group import ShardGroup
 
 __all__ = ["ShardedOptimizer"]
 
-# torch's optimizer classes sx runs, by the name sx gives them.
-_KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw"}
+# torch's optimizer classes sx runs with its own fused kernels, by the name sx gives them
+# (lion-pytorch's Lion where it is installed).
+_KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw",
+          torch.optim.Adagrad: "adagrad", torch.optim.RMSprop: "rmsprop", torch.optim.Adamax: "adamax",
+          torch.optim.NAdam: "nadam", torch.optim.RAdam: "radam"}
+try:
+    from lion_pytorch import Lion as _Lion
+    _KINDS[_Lion] = "lion"
+except ImportError:
+    _Lion = None
+# Each kind's param group keys besides lr, weight_decay and maximize, as torch names them
+# ("betas" is sx's beta1 and beta2).
+_KEYS = {"sgd": ("momentum", "dampening", "nesterov"), "adam": ("betas", "eps", "amsgrad"),
+         "adamw": ("betas", "eps", "amsgrad"), "adagrad": ("lr_decay", "eps", "initial_accumulator_value"),
+         "rmsprop": ("alpha", "eps", "momentum", "centered"), "adamax": ("betas", "eps"),
+         "nadam": ("betas", "eps", "momentum_decay", "decoupled_weight_decay"),
+         "radam": ("betas", "eps", "decoupled_weight_decay"), "lion": ("betas",)}
+_FLAGS = ("nesterov", "amsgrad", "centered", "decoupled_weight_decay", "maximize")
+# torch classes that need a whole param at once (not elementwise over a shard).
+_WHOLE_PARAM = tuple(getattr(torch.optim, n) for n in ("Adafactor", "Muon", "LBFGS", "SparseAdam")
+                     if hasattr(torch.optim, n))
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 # Group keys torch keeps that change nothing in sx (kernels and execution choices).
 _IGNORED = ("foreach", "capturable", "differentiable", "fused", "param_names", "initial_lr")
 
 
 def _hyper(kind, group):
-    """sx's hyperparameters of a torch param group."""
+    """sx's hyperparameters of a torch param group (every key sx's optimizer takes; a
+    key the group lacks, as lion-pytorch's lacks maximize, keeps sx's default)."""
     h = {"lr": float(group["lr"]), "weight_decay": float(group.get("weight_decay", 0.0)),
          "maximize": bool(group.get("maximize", False))}
-    if kind == "sgd":
-        h.update(momentum=float(group.get("momentum", 0.0)), dampening=float(group.get("dampening", 0.0)),
-                 nesterov=bool(group.get("nesterov", False)))
-    else:
-        b1, b2 = group.get("betas", (0.9, 0.999))
-        h.update(beta1=float(b1), beta2=float(b2), eps=float(group.get("eps", 1e-8)),
-                 amsgrad=bool(group.get("amsgrad", False)))
+    for key in _KEYS[kind]:
+        if key == "betas":
+            if "betas" in group:
+                h["beta1"], h["beta2"] = (float(b) for b in group["betas"])
+        elif key in group:
+            h[key] = bool(group[key]) if key in _FLAGS else float(group[key])
     return h
 
 
+def _supported():
+    return ", ".join(f"{c.__module__.rsplit('.', 1)[0]}.{c.__name__}" for c in _KINDS)
+
+
 def _kind_of(optimizer_class, defaults):
+    if optimizer_class in _WHOLE_PARAM:
+        raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
+                               f"optimizer_class {optimizer_class.__name__} needs each param whole (factored "
+                               "moments, a matrix orthogonalisation or a line search), and sx.torch shards params "
+                               f"by elements; the elementwise classes it runs: {_supported()}")
     if optimizer_class not in _KINDS:
         raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
-                               f"optimizer_class {optimizer_class!r} is not one sx runs: "
-                               f"torch.optim.SGD, torch.optim.Adam or torch.optim.AdamW")
+                               f"optimizer_class {getattr(optimizer_class, '__name__', optimizer_class)} is not one "
+                               f"sx runs (it runs {_supported()}); running another class itself on each rank's "
+                               "shard is not in sx yet")
     kind = _KINDS[optimizer_class]
     if kind == "adam" and defaults.get("decoupled_weight_decay"):
         kind = "adamw"  # torch's Adam with decoupled weight decay is AdamW
+    if kind == "lion" and defaults.get("decoupled_weight_decay"):
+        raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
+                               "Lion's decoupled_weight_decay=True divides weight_decay by the constructor's lr; "
+                               "pass weight_decay / lr and decoupled_weight_decay=False")
     return kind
 
 
@@ -80,9 +113,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
     ``params``: an ``nn.Module`` (its named parameters), an iterable of tensors, of
     ``(name, tensor)`` pairs, or of param group dicts, as torch's optimizers take them.
     Names key sx's checkpoints; unnamed params are called "param.<i>". Every rank must
-    give the same params in the same order. ``optimizer_class``: torch.optim.SGD, Adam or
-    AdamW; ``defaults``: its keyword arguments (lr, betas, eps, weight_decay, momentum,
-    ...), with the class's own defaults for the rest.
+    give the same params in the same order. ``optimizer_class``: torch.optim.SGD, Adam,
+    AdamW, Adagrad, RMSprop, Adamax, NAdam, RAdam or lion_pytorch.Lion, each run by sx's
+    fused kernels (docs/optimizers.md: what each takes, and where sx and the class
+    differ); ``defaults``: its keyword arguments (lr, betas, eps, weight_decay, momentum,
+    ...), with the class's own defaults for the rest. A class that needs each param whole
+    (Adafactor, Muon, LBFGS) is refused, as is any other class.
 
     sx options: ``rendezvous`` ("env://": torchrun's, mpirun's or srun's environment),
     ``rank`` and ``world_size`` (taken from the environment when None), ``stage`` (1 or
@@ -379,10 +415,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 if "momentum_buffer" in st.tensors and st.momentum_steps > 0:
                     entry["momentum_buffer"] = torch.from_numpy(st.tensors["momentum_buffer"]).view(p.shape).clone()
             elif st.step > 0:
-                entry["step"] = torch.tensor(float(st.step), dtype=torch.float32)
-                for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
-                    if name in st.tensors:
-                        entry[name] = torch.from_numpy(st.tensors[name]).view(p.shape).clone()
+                if self._kind != "lion":  # lion-pytorch keeps no step
+                    entry["step"] = torch.tensor(float(st.step), dtype=torch.float32)
+                for name, values in st.tensors.items():
+                    if name != "master":
+                        entry[name] = torch.from_numpy(values).view(p.shape).clone()
+                if self._kind == "nadam":
+                    entry["mu_product"] = torch.tensor(self._mu_product(st.param_group, st.step),
+                                                       dtype=torch.float32)
             if entry:
                 state[i] = entry
         groups, index = [], 0
@@ -392,6 +432,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
             index += len(group["params"])
             groups.append(g)
         return {"state": state, "param_groups": groups}
+
+    def _mu_product(self, group, steps):
+        """NAdam's product of momentum coefficients after `steps` updates, as torch
+        computes it in float32 (and sx keeps it), with the group's beta1 and
+        momentum_decay."""
+        beta1 = self.group.get_hyperparameter(group, "beta1")
+        decay = self.group.get_hyperparameter(group, "momentum_decay")
+        product = np.float32(1.0)
+        for t in range(1, steps + 1):
+            product = np.float32(product * np.float32(beta1 * (1.0 - 0.5 * 0.96 ** (t * decay))))
+        return float(product)
 
     def load_state_dict(self, state_dict):
         """Collective (every rank passes the same dict, as to ZeroRedundancyOptimizer):
@@ -452,15 +503,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """Collective: loads an sx checkpoint saved at any world size into the params and
         the state; the param groups' hyperparameters follow it."""
         self.group.load(path, **options)
-        names = {"lr": "lr", "weight_decay": "weight_decay", "eps": "eps", "momentum": "momentum",
-                 "dampening": "dampening"}
         for gi, group in enumerate(self.param_groups):
-            for key, sx_key in names.items():
-                if key in group:
-                    group[key] = self.group.get_hyperparameter(gi, sx_key)
-            if "betas" in group:
-                group["betas"] = (self.group.get_hyperparameter(gi, "beta1"),
-                                  self.group.get_hyperparameter(gi, "beta2"))
+            for key in ("lr", "weight_decay", "maximize") + _KEYS[self._kind]:
+                if key == "betas" and "betas" in group:
+                    group["betas"] = (self.group.get_hyperparameter(gi, "beta1"),
+                                      self.group.get_hyperparameter(gi, "beta2"))
+                elif key != "betas" and key in group:
+                    value = self.group.get_hyperparameter(gi, key)
+                    group[key] = bool(value) if key in _FLAGS else value
             self._pushed[gi] = _hyper(self._kind, group)
 
     def close(self):

@@ -185,7 +185,51 @@ def check_overlap_with_frozen_param():
     expect_close(a, b, "overlap with a frozen param")
 
 
+# Every other class sx runs with its own kernels, with options that change the maths.
+OTHER_CLASSES = [(torch.optim.Adagrad, dict(lr=0.05, lr_decay=0.01, weight_decay=0.01, initial_accumulator_value=0.1)),
+                 (torch.optim.RMSprop, dict(lr=0.01, alpha=0.9, momentum=0.5, centered=True)),
+                 (torch.optim.Adamax, dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.01)),
+                 (torch.optim.NAdam, dict(lr=0.01, weight_decay=0.01, decoupled_weight_decay=True)),
+                 (torch.optim.RAdam, dict(lr=0.01, weight_decay=0.01))]
+try:
+    from lion_pytorch import Lion
+    OTHER_CLASSES.append((Lion, dict(lr=1e-3, weight_decay=0.1)))
+except ImportError:
+    Lion = None
+
+
+def check_every_class():
+    for cls, kw in OTHER_CLASSES:
+        a, b = net(), net()
+        ta, sa = cls(a.parameters(), **kw), sx_opt(b, cls, **kw)
+        train(a, ta, 15)
+        train(b, sa, 15)
+        expect_close(a, b, f"{cls.__name__} over 15 steps")
+        # Its consolidated state loads into torch's class, which goes on as sx does.
+        c = net()
+        c.load_state_dict(b.state_dict())
+        tc = cls(c.parameters(), **kw)
+        tc.load_state_dict(sa.state_dict())
+        train(c, tc, 5, first=15)
+        train(b, sa, 5, first=15)
+        expect_close(c, b, f"{cls.__name__}: sx's state_dict() continued in torch")
+        # And torch's state loads into sx, which goes on as torch does.
+        d = net()
+        d.load_state_dict(a.state_dict())
+        sd = sx_opt(d, cls, **kw)
+        sd.load_state_dict(ta.state_dict())
+        train(a, ta, 5, first=15)
+        train(d, sd, 5, first=15)
+        expect_close(a, d, f"{cls.__name__}: torch's state_dict() continued in sx")
+    if hasattr(torch.optim, "Adafactor"):
+        expect_raises(UnsupportedError, "needs each param whole", lambda: sx_opt(net(), torch.optim.Adafactor),
+                      "torch.optim.Adafactor")
+    expect_raises(UnsupportedError, "is not one sx runs", lambda: sx_opt(net(), torch.optim.Adadelta),
+                  "torch.optim.Adadelta")
+
+
 def main():
+    check_every_class()
     check_param_group_added_while_training()
     check_failed_param_group_changes_nothing()
     check_unfrozen_later()
