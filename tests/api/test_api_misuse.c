@@ -565,6 +565,85 @@ static void test_hyperparameter_errors(void **state) {
     EXPECT_OK(sx_destroy_shard_group(g));
 }
 
+/* The optimizer table's rules for the optimizers beyond SGD and Adam: each refused with
+ * the hyperparameter's name, changing nothing; and the changes that would move a state
+ * slot, refused after the first step. */
+static void test_optimizer_table_rules(void **state) {
+    (void)state;
+    sx_shard_group_t *g = api_group();
+    const int32_t adagrad = api_add_group(g, SX_OPTIM_ADAGRAD);
+    const int32_t rmsprop = api_add_group(g, SX_OPTIM_RMSPROP);
+    const int32_t nadam = api_add_group(g, SX_OPTIM_NADAM);
+    const int32_t lion = api_add_group(g, SX_OPTIM_LION);
+    struct {
+        int32_t group, key;
+        double value;
+        const char *needle;
+    } bad[] = {
+        {adagrad, SX_HP_LR_DECAY, -0.1, "lr_decay"},
+        {adagrad, SX_HP_INITIAL_ACCUMULATOR_VALUE, -1.0, "initial_accumulator_value"},
+        {adagrad, SX_HP_EPS, NAN, "eps"},
+        {adagrad, SX_HP_ALPHA, 0.5, "does not apply to Adagrad"},
+        {adagrad, SX_HP_BETA1, 0.5, "does not apply to Adagrad"},
+        {rmsprop, SX_HP_ALPHA, -0.5, "alpha"},
+        {rmsprop, SX_HP_CENTERED, 0.5, "centered"},
+        {rmsprop, SX_HP_MOMENTUM, -1.0, "momentum"},
+        {rmsprop, SX_HP_LR_DECAY, 0.1, "does not apply to RMSprop"},
+        {nadam, SX_HP_MOMENTUM_DECAY, -4e-3, "momentum_decay"},
+        {nadam, SX_HP_DECOUPLED_WEIGHT_DECAY, 2.0, "decoupled_weight_decay"},
+        {nadam, SX_HP_BETA2, 1.0, "beta2"},
+        {nadam, SX_HP_AMSGRAD, 1.0, "does not apply to NAdam"},
+        {lion, SX_HP_EPS, 1e-6, "does not apply to Lion"},
+        {lion, SX_HP_BETA1, 1.5, "beta1"},
+        {lion, SX_HP_DECOUPLED_WEIGHT_DECAY, 1.0, "does not apply to Lion"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        double before = -1, after = -2;
+        const int readable = sx_get_hyperparameter(g, bad[i].group, bad[i].key, &before) == SX_OK;
+        char what[96];
+        snprintf(what, sizeof what, "sx_set_hyperparameter(group %d, key %d, %g)", bad[i].group, bad[i].key,
+                 bad[i].value);
+        api_reset_error();
+        api_expect(sx_set_hyperparameter(g, bad[i].group, bad[i].key, bad[i].value), SX_ERR_INVALID_ARGUMENT,
+                   bad[i].needle, what, __FILE__, __LINE__);
+        if (readable) {
+            EXPECT_OK(sx_get_hyperparameter(g, bad[i].group, bad[i].key, &after));
+            if (!(before == after)) fail_msg("%s changed the value from %g to %g", what, before, after);
+        }
+    }
+    /* A descriptor with a hyperparameter of another optimizer names the ones it applies to. */
+    sx_param_group_desc_t d;
+    EXPECT_OK(sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_ADAMW));
+    d.alpha = 0.5;
+    const int32_t groups = api_num_param_groups(g);
+    EXPECT_STATUS(sx_add_param_group(g, &d, NULL), SX_ERR_INVALID_ARGUMENT, "it applies to RMSprop");
+    assert_int_equal(api_num_param_groups(g), groups);
+    /* ... but 0 there, as a zero-filled descriptor holds, means the default. */
+    d.alpha = 0.0;
+    EXPECT_OK(sx_add_param_group(g, &d, NULL));
+    EXPECT_OK(sx_destroy_shard_group(g));
+
+    /* After the first step: centered cannot change, nor can momentum when it would move
+     * a centered RMSprop's grad_avg; a plain RMSprop may start momentum. */
+    g = api_group();
+    const int32_t centered = api_add_group(g, SX_OPTIM_RMSPROP);
+    const int32_t plain = api_add_group(g, SX_OPTIM_RMSPROP);
+    EXPECT_OK(sx_set_hyperparameter(g, centered, SX_HP_CENTERED, 1.0));
+    const int64_t n[1] = {5};
+    api_add_param(g, "c", 1, n, centered, 0);
+    api_add_param(g, "p", 1, n, plain, 0);
+    EXPECT_OK(sx_finalize(g));
+    EXPECT_OK(sx_step(g, NULL, NULL));
+    double v = -1;
+    EXPECT_STATUS(sx_set_hyperparameter(g, centered, SX_HP_CENTERED, 0.0), SX_ERR_INVALID_STATE, "centered");
+    EXPECT_STATUS(sx_set_hyperparameter(g, centered, SX_HP_MOMENTUM, 0.5), SX_ERR_INVALID_STATE, "grad_avg");
+    EXPECT_OK(sx_get_hyperparameter(g, centered, SX_HP_MOMENTUM, &v));
+    assert_true(v == 0.0);
+    EXPECT_OK(sx_set_hyperparameter(g, plain, SX_HP_MOMENTUM, 0.5));
+    EXPECT_OK(sx_step(g, NULL, NULL));
+    EXPECT_OK(sx_destroy_shard_group(g));
+}
+
 /* ---------------------------------------------------------------------------------
  * Params: descriptors, shapes, names
  * ------------------------------------------------------------------------------- */
@@ -1287,6 +1366,7 @@ int main(void) {
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_param_group_errors),
         cmocka_unit_test(test_hyperparameter_errors),
+        cmocka_unit_test(test_optimizer_table_rules),
         cmocka_unit_test(test_add_param_errors),
         cmocka_unit_test(test_param_names),
         cmocka_unit_test(test_before_finalize),
