@@ -298,6 +298,17 @@ class Checkpointer::Load {
                          "param '%s': the checkpoint has no %s state, which its optimizer here keeps",
                          e.name.c_str(), tensor_suffix(kinds[k]) + 1);
             }
+            // State the checkpoint holds that the group here would not keep (amsgrad's
+            // max_exp_avg_sq, SGD's or RMSprop's momentum_buffer, RMSprop's grad_avg): the
+            // load restores the checkpoint's options with its hyperparameters, so that
+            // state would start from zero instead. Refused, as the reverse is above.
+            for (const Tensor &t : e.tensors)
+                SX_CHECK(t.kind == TensorKind::kParam || std::find(kinds.begin(), kinds.end(), t.kind) != kinds.end(),
+                         SX_ERR_MISMATCH,
+                         "param '%s': the checkpoint has %s state (%s), which its optimizer here (%s) does not keep: "
+                         "give the param group the checkpoint's options before loading, or load params only",
+                         e.name.c_str(), tensor_suffix(t.kind) + 1, optimizer_text(m_.param_groups[e.param_group]).c_str(),
+                         optimizer_text(param_group_entry(shard_.progress.hypers[g_.param(p).group])).c_str());
             want_[p] = kinds;
             int &need = slots_[layout.placement(p).unit_index];
             need = std::max(need, static_cast<int>(kinds.size()) - 1);

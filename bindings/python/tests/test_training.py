@@ -127,6 +127,36 @@ class TrainingTest(unittest.TestCase):
                         [g.get_hyperparameter(1, k) for k in ("lr", "alpha", "eps", "centered", "momentum")])
         self.assertEqual(run_ranks(1, rank_main), [([1e-2, 1e-10, 0.0, 0.0, 0.0], [1e-2, 0.99, 1e-8, 1.0, 0.5])])
 
+    def test_a_checkpoint_with_state_the_group_does_not_keep_is_refused(self):
+        # RMSprop with momentum and centered keeps momentum_buffer and grad_avg; a plain
+        # RMSprop group would drop them (the load restores the options, so they would
+        # start from zero): refused, naming the state, and nothing changes.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "ck")
+
+            def group(name, **options):
+                g = sx.ShardGroup(name, 0, 1, backend="cpu", num_threads=1, timeout_ms=60000)
+                g.add_param_group("rmsprop", lr=0.01, **options)
+                g.add_param("w", [6])
+                g.finalize()
+                return g
+
+            with group(rendezvous(), momentum=0.5, centered=True) as g:
+                fill(g.grad_view("w"), [0.5] * 6)
+                g.step()
+                g.save(path, synchronous=True)
+                saved = tolist(g.param_view("w"))
+            with group(rendezvous()) as g:
+                before = tolist(g.param_view("w"))
+                with self.assertRaisesRegex(sx.MismatchError, "momentum_buffer state .* does not keep"):
+                    g.load(path)
+                self.assertEqual(tolist(g.param_view("w")), before)
+                self.assertEqual(g.get_hyperparameter(0, "centered"), 0.0)
+            with group(rendezvous(), momentum=0.1, centered=True) as g:
+                g.load(path)
+                self.assertEqual(tolist(g.param_view("w")), saved)
+                self.assertEqual(g.get_hyperparameter(0, "momentum"), 0.5)
+
     def test_freezing(self):
         def rank_main(rank, name):
             with make_group(rank, name, lr=1.0) as g:
