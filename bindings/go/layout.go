@@ -207,6 +207,7 @@ func cLayouts() []structLayout {
 			f("reserved0", unsafe.Offsetof(ps.reserved0), unsafe.Sizeof(ps.reserved0)),
 			f("tensor_names", unsafe.Offsetof(ps.tensor_names), unsafe.Sizeof(ps.tensor_names)),
 			f("tensors", unsafe.Offsetof(ps.tensors), unsafe.Sizeof(ps.tensors)),
+			f("mu_product", unsafe.Offsetof(ps.mu_product), unsafe.Sizeof(ps.mu_product)),
 		}},
 	}
 }

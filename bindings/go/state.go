@@ -31,7 +31,11 @@ type ParamState struct {
 	Step int64
 	// SGD with momentum: updates that used momentum_buffer (0: never initialised).
 	MomentumSteps int64
-	Tensors       map[string][]float32
+	// NAdam: torch's state["mu_product"], the product of the param's momentum
+	// coefficients (in (0, 1]); 0 for other optimizers. A scatter may leave it 0: sx
+	// then derives it from Step with the group's Beta1 and MomentumDecay.
+	MuProduct float64
+	Tensors   map[string][]float32
 }
 
 // stateCall is what a callback of a gather or a scatter reaches through its handle: the
@@ -57,7 +61,7 @@ func sxgoParamState(raw *C.sx_param_state_t, user C.uintptr_t) (status C.sx_stat
 	}()
 	st := &ParamState{Param: int32(raw.param), Name: C.GoString(raw.name), ParamGroup: int32(raw.param_group),
 		Numel: uint64(raw.numel), Step: int64(raw.step), MomentumSteps: int64(raw.momentum_steps),
-		Tensors: map[string][]float32{}}
+		MuProduct: float64(raw.mu_product), Tensors: map[string][]float32{}}
 	if n := int(raw.num_tensors); n > 0 && raw.tensor_names != nil && raw.tensors != nil {
 		names := unsafe.Slice(raw.tensor_names, n)
 		data := unsafe.Slice(raw.tensors, n)
@@ -72,6 +76,7 @@ func sxgoParamState(raw *C.sx_param_state_t, user C.uintptr_t) (status C.sx_stat
 	err := c.fn(st)
 	if c.scatter {
 		raw.step, raw.momentum_steps = C.int64_t(st.Step), C.int64_t(st.MomentumSteps)
+		raw.mu_product = C.double(st.MuProduct)
 	}
 	if err != nil {
 		c.err = err
@@ -159,13 +164,13 @@ func (g *ShardGroup) GatherOptimState(root int32) ([]ParamState, error) {
 
 // ScatterOptimStateFunc (collective: every rank, the same root) is the reverse of a
 // gather: on rank root, fn fills each param's whole state (its Tensors, zero on entry,
-// to write into, and Step and MomentumSteps to set), in index order, and every rank's
-// shard takes its part, at any world size and stage; 16-bit params then take their
-// values from the new masters on every rank. A tensor left zero is zero state, as
-// torch's when it has none. fn runs only on the root (nil is fine elsewhere, as for a
-// gather). Nothing changes unless every rank and every call of fn succeeded; an error or a panic of fn
-// ends the scatter as for GatherOptimStateFunc. Slices from State are invalid
-// afterwards.
+// to write into, Step and MomentumSteps to set, and NAdam's MuProduct, which may stay 0
+// to be derived from Step), in index order, and every rank's shard takes its part, at
+// any world size and stage; 16-bit params then take their values from the new masters
+// on every rank. A tensor left zero is zero state, as torch's when it has none. fn runs
+// only on the root (nil is fine elsewhere, as for a gather). Nothing changes unless
+// every rank and every call of fn succeeded; an error or a panic of fn ends the scatter
+// as for GatherOptimStateFunc. Slices from State are invalid afterwards.
 func (g *ShardGroup) ScatterOptimStateFunc(root int32, fn func(*ParamState) error) error {
 	return g.wholeState(true, root, fn)
 }
@@ -190,7 +195,7 @@ func (g *ShardGroup) ScatterOptimState(root int32, states map[string]ParamState)
 					st.Name, name, len(values), len(dst))
 			}
 		}
-		st.Step, st.MomentumSteps = given.Step, given.MomentumSteps
+		st.Step, st.MomentumSteps, st.MuProduct = given.Step, given.MomentumSteps, given.MuProduct
 		for name, values := range given.Tensors {
 			copy(st.Tensors[name], values)
 		}

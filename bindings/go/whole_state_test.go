@@ -9,20 +9,23 @@ import (
 	"testing"
 )
 
-// wholeSetup: AdamW with amsgrad (w and the scalar s) and SGD with momentum (b), in two
-// units.
+// wholeSetup: AdamW with amsgrad (w and the scalar s), SGD with momentum (b) and NAdam
+// (n), in two units.
 func wholeSetup(g *ShardGroup) error {
 	adamw := NewParamGroup(AdamW)
 	adamw.LR, adamw.Amsgrad = 0.01, true
 	sgd := NewParamGroup(SGD)
 	sgd.LR, sgd.Momentum = 0.1, 0.9
-	for _, pg := range []ParamGroup{adamw, sgd} {
+	nadam := NewParamGroup(NAdam)
+	nadam.LR = 0.01
+	for _, pg := range []ParamGroup{adamw, sgd, nadam} {
 		if _, err := g.AddParamGroup(pg); err != nil {
 			return err
 		}
 	}
 	for _, p := range []Param{{Name: "w", Shape: []int64{7, 11}, ParamGroup: 0, Unit: 0},
-		{Name: "b", Shape: []int64{13}, ParamGroup: 1, Unit: 1}, {Name: "s", ParamGroup: 0, Unit: 1}} {
+		{Name: "b", Shape: []int64{13}, ParamGroup: 1, Unit: 1}, {Name: "s", ParamGroup: 0, Unit: 1},
+		{Name: "n", Shape: []int64{5}, ParamGroup: 2, Unit: 1}} {
 		if _, err := g.AddParam(p); err != nil {
 			return err
 		}
@@ -33,7 +36,7 @@ func wholeSetup(g *ShardGroup) error {
 // wholeTrain takes steps with gradients that differ per rank (seed), step and param.
 func wholeTrain(g *ShardGroup, steps, seed int) error {
 	for s := 0; s < steps; s++ {
-		for i := int32(0); i < 3; i++ {
+		for i := int32(0); i < wholeParams; i++ {
 			grad, err := g.Grad(i)
 			if err != nil {
 				return err
@@ -48,6 +51,9 @@ func wholeTrain(g *ShardGroup, steps, seed int) error {
 	}
 	return nil
 }
+
+// wholeParams is the number of params wholeSetup adds.
+const wholeParams = 4
 
 func byName(states []ParamState) map[string]ParamState {
 	m := map[string]ParamState{}
@@ -69,7 +75,7 @@ func tensorNames(s ParamState) string {
 func TestWholeStateRoundTripFromThreeRanksToTwo(t *testing.T) {
 	var states []ParamState
 	var others [3]bool
-	values := make([][]float32, 3)
+	values := make([][]float32, wholeParams)
 	runRanks(t, "whole-save3", 3, func(rank int32, g *ShardGroup) error {
 		if err := wholeSetup(g); err != nil {
 			return err
@@ -83,7 +89,7 @@ func TestWholeStateRoundTripFromThreeRanksToTwo(t *testing.T) {
 		}
 		if rank == 0 {
 			states = all
-			for i := int32(0); i < 3; i++ {
+			for i := int32(0); i < wholeParams; i++ {
 				p, err := g.Param(i)
 				if err != nil {
 					return err
@@ -98,7 +104,8 @@ func TestWholeStateRoundTripFromThreeRanksToTwo(t *testing.T) {
 	if others[1] || others[2] {
 		t.Fatalf("a rank other than the root got states")
 	}
-	if len(states) != 3 || states[0].Name != "w" || states[1].Name != "b" || states[2].Name != "s" {
+	if len(states) != wholeParams || states[0].Name != "w" || states[1].Name != "b" || states[2].Name != "s" ||
+		states[3].Name != "n" {
 		t.Fatalf("the gathered params: %+v", states)
 	}
 	if got := tensorNames(states[0]); got != "exp_avg,exp_avg_sq,max_exp_avg_sq" {
@@ -106,6 +113,18 @@ func TestWholeStateRoundTripFromThreeRanksToTwo(t *testing.T) {
 	}
 	if got := tensorNames(states[1]); got != "momentum_buffer" {
 		t.Errorf("b's tensors: %s", got)
+	}
+	if got := tensorNames(states[3]); got != "exp_avg,exp_avg_sq" {
+		t.Errorf("n's tensors: %s", got)
+	}
+	// NAdam's mu_product after 3 steps: a product of coefficients below 1; 0 elsewhere.
+	if mu := states[3].MuProduct; !(mu > 0 && mu < 1) {
+		t.Errorf("n's mu_product: %v", mu)
+	}
+	for _, s := range states[:3] {
+		if s.MuProduct != 0 {
+			t.Errorf("%s's mu_product: %v", s.Name, s.MuProduct)
+		}
 	}
 	if states[0].Step != 3 || states[1].MomentumSteps != 3 || states[1].ParamGroup != 1 || states[0].Numel != 77 {
 		t.Errorf("step counts, group or numel: %+v %+v", states[0].Step, states[1])
@@ -117,6 +136,10 @@ func TestWholeStateRoundTripFromThreeRanksToTwo(t *testing.T) {
 	if !nonzero {
 		t.Errorf("w's exp_avg is zero after 3 steps")
 	}
+
+	// A mu_product other than the one sx would derive from the step, so that the scatter
+	// shows it was carried (a float32 value, which comes back exactly).
+	states[3].MuProduct = 0.5
 
 	var back []ParamState
 	runRanks(t, "whole-load2", 2, func(rank int32, g *ShardGroup) error {
@@ -193,7 +216,8 @@ func TestWholeStateCallbacksTheirErrorsAndPanics(t *testing.T) {
 		if err := g.GatherOptimStateFunc(1, fn); err != nil {
 			return err
 		}
-		want := []string{"w/0/exp_avg,exp_avg_sq,max_exp_avg_sq", "b/1/momentum_buffer", "s/0/exp_avg,exp_avg_sq,max_exp_avg_sq"}
+		want := []string{"w/0/exp_avg,exp_avg_sq,max_exp_avg_sq", "b/1/momentum_buffer", "s/0/exp_avg,exp_avg_sq,max_exp_avg_sq",
+			"n/2/exp_avg,exp_avg_sq"}
 		if rank == 1 && !reflect.DeepEqual(seen, want) {
 			return fmt.Errorf("the callback saw %v", seen)
 		}

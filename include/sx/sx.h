@@ -802,6 +802,12 @@ typedef struct sx_param_state {
     const char *const *tensor_names; /* num_tensors names, owned by sx */
     float *const *tensors;           /* num_tensors arrays of numel fp32 in host memory, owned
                                       * by sx, valid for the call */
+    /* Appended in 1.5. NAdam: torch's state["mu_product"], the product of the param's
+     * momentum coefficients (a float32 value, in (0, 1]); 0 for other optimizers. A
+     * scatter's callback may leave it 0 (as sx presets it): sx then derives it from step
+     * with the group's beta1 and momentum_decay, which is torch's value unless those
+     * changed during training. */
+    double mu_product;
 } sx_param_state_t;
 
 /* Called once per param, in index order, on the root of a gather (the tensors hold the

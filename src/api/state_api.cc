@@ -1,5 +1,7 @@
 // Entry points: whole optimizer state gathered and scattered, and in-place views of this
 // rank's part of it.
+#include <cmath>
+
 #include "api/guard.h"
 #include "api/handles.h"
 
@@ -21,13 +23,20 @@ sx::core::StateFn state_fn(sx_param_state_fn fn, void *user) {
         out.numel = st.numel;
         out.step = st.step;
         out.momentum_steps = st.momentum_steps;
+        out.mu_product = static_cast<double>(st.mu_product);
         out.num_tensors = static_cast<int32_t>(st.tensors.size());
         out.tensor_names = st.names.data();
         out.tensors = st.tensors.data();
         const sx_status_t code = fn(&out, user);
         st.step = out.step;
         st.momentum_steps = out.momentum_steps;
-        if (code == SX_OK) return Status::Ok();
+        st.mu_product = static_cast<float>(out.mu_product);
+        if (code == SX_OK) {
+            SX_CHECK(std::isfinite(out.mu_product) && out.mu_product >= 0.0 && out.mu_product <= 1.0,
+                     SX_ERR_INVALID_ARGUMENT, "param '%s': mu_product is %g; it must be in [0, 1] (0: from the step)",
+                     st.name, out.mu_product);
+            return Status::Ok();
+        }
         return SX_ERROR(code, "the callback returned %s for param '%s'", sx_status_string(code), st.name);
     };
 }

@@ -301,9 +301,11 @@ class Checkpointer::Load {
             // State the checkpoint holds that the group here would not keep (amsgrad's
             // max_exp_avg_sq, SGD's or RMSprop's momentum_buffer, RMSprop's grad_avg): the
             // load restores the checkpoint's options with its hyperparameters, so that
-            // state would start from zero instead. Refused, as the reverse is above.
+            // state would start from zero instead. Refused, as the reverse is above, once
+            // an update has written it (before, it is what a new slot starts from).
             for (const Tensor &t : e.tensors)
-                SX_CHECK(t.kind == TensorKind::kParam || std::find(kinds.begin(), kinds.end(), t.kind) != kinds.end(),
+                SX_CHECK(e.step == 0 || t.kind == TensorKind::kParam ||
+                             std::find(kinds.begin(), kinds.end(), t.kind) != kinds.end(),
                          SX_ERR_MISMATCH,
                          "param '%s': the checkpoint has %s state (%s), which its optimizer here (%s) does not keep: "
                          "give the param group the checkpoint's options before loading, or load params only",

@@ -16,10 +16,6 @@ namespace {
 
 bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
-const char *dtype_name(int32_t dtype) {
-    return dtype == SX_DTYPE_F32 ? "fp32" : dtype == SX_DTYPE_F16 ? "fp16" : "bf16";
-}
-
 // Every setting of a group's configuration in its range (SX_ERR_INVALID_ARGUMENT naming
 // the first that is not).
 Status validate_config(const GroupConfig &cfg) {

@@ -133,6 +133,7 @@ Status WholeState::gather(int root, const StateFn &fn) {
         st.numel = n;
         st.step = spec.step;
         st.momentum_steps = spec.momentum_steps;
+        if (g_.hyper(spec.group).kind == optim::Kind::kNadam) st.mu_product = spec.mu_product;
         for (size_t t = 0; t < tensors.size(); ++t) {
             st.names.push_back(tensors[t].name);
             st.tensors.push_back(data + t * n);
@@ -174,7 +175,8 @@ Status WholeState::scatter(int root, const StateFn &fn) {
 
     const int rank = g_.rank();
     Status outcome;  // the root's callback's, once it fails the root sends zeros
-    std::vector<int64_t> steps(2 * static_cast<size_t>(g_.num_params()), 0);
+    // Per param: step, momentum_steps, and mu_product's bits (0: derive it from the step).
+    std::vector<int64_t> steps(3 * static_cast<size_t>(g_.num_params()), 0);
     for (int32_t p = 0; p < g_.num_params(); ++p) {
         const size_t u = static_cast<size_t>(g_.layout().placement(p).unit_index);
         const std::vector<StateTensor> tensors = state_tensors(g_, shard.units[u], p, true);
@@ -205,8 +207,11 @@ Status WholeState::scatter(int root, const StateFn &fn) {
                                    "momentum_steps <= step <= %llu",
                                    st.name, static_cast<long long>(st.step), static_cast<long long>(st.momentum_steps),
                                    static_cast<unsigned long long>(optim::kMaxSteps));
-            steps[2 * p] = st.step;
-            steps[2 * p + 1] = st.momentum_steps;
+            steps[3 * p] = st.step;
+            steps[3 * p + 1] = st.momentum_steps;
+            uint32_t bits = 0;
+            std::memcpy(&bits, &st.mu_product, sizeof bits);
+            steps[3 * p + 2] = bits;
             if (!host.empty() && !tensors.empty()) {
                 Status s = ops.from_host(full, host.data(), tensors.size() * n * sizeof(float));
                 if (!s.ok()) return g_.fail(s);
@@ -229,25 +234,29 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     // values from the new masters, on every rank.
     g_.shard_fence().wait_readers();
     ShardProgress progress = shard.progress;
-    // NAdam's mu_product is not part of the whole state: it follows from the step count
-    // with the group's beta1 and momentum_decay (torch's value unless those changed during
-    // training), computed once per group and step count.
+    // NAdam's mu_product as the root's callback gave it; where it left 0, from the step
+    // count with the group's beta1 and momentum_decay (torch's value unless those changed
+    // during training), computed once per group and step count.
     std::map<std::pair<int32_t, int64_t>, float> products;
     for (size_t p = 0; p < progress.params.size(); ++p) {
         const int32_t group = g_.param(static_cast<int32_t>(p)).group;
         const optim::Hyper &h = g_.hyper(group);
-        float mu_product = 1.0f;
-        if (h.kind == optim::Kind::kNadam) {
-            const auto key = std::make_pair(group, steps[2 * p]);
+        float mu_product = 1.0f, given = 0.0f;
+        const uint32_t bits = static_cast<uint32_t>(steps[3 * p + 2]);
+        std::memcpy(&given, &bits, sizeof given);
+        if (h.kind == optim::Kind::kNadam && given != 0.0f) {
+            mu_product = given;
+        } else if (h.kind == optim::Kind::kNadam) {
+            const auto key = std::make_pair(group, steps[3 * p]);
             const auto found = products.find(key);
             if (found != products.end()) {
                 mu_product = found->second;
             } else {
-                for (int64_t t = 1; t <= steps[2 * p]; ++t) mu_product = optim::next_mu_product(h, mu_product, t);
+                for (int64_t t = 1; t <= steps[3 * p]; ++t) mu_product = optim::next_mu_product(h, mu_product, t);
                 products[key] = mu_product;
             }
         }
-        progress.params[p] = {steps[2 * p], steps[2 * p + 1], mu_product};
+        progress.params[p] = {steps[3 * p], steps[3 * p + 1], mu_product};
     }
     ShardRestore restore;
     restore.state = &state;

@@ -34,6 +34,7 @@ struct ParamState {
     uint64_t numel = 0;
     int64_t step = 0;
     int64_t momentum_steps = 0;
+    float mu_product = 0.0f;  // NAdam's (0: other optimizers; in a scatter, derive it from step)
     std::vector<const char *> names;
     std::vector<float *> tensors;
 };

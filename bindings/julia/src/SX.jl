@@ -246,6 +246,7 @@ struct RawParamState  # sx_param_state_t
     reserved0::Int32
     tensor_names::Ptr{Ptr{UInt8}}
     tensors::Ptr{Ptr{Float32}}
+    mu_product::Float64
 end
 
 _zero(::Type{T}) where {T<:Number} = zero(T)
@@ -878,7 +879,10 @@ end
 One param's whole optimizer state (ZeroRedundancyOptimizer's consolidated state): its
 0-based `index`, `name`, `param_group`, `numel`, step counts (`step`: torch's
 state["step"] of Adam and AdamW; `momentum_steps`: SGD's updates that used
-momentum_buffer, 0 = never initialised) and `tensors`, a `Dict` from torch's names
+momentum_buffer, 0 = never initialised), `mu_product` (NAdam: torch's
+state["mu_product"], the product of the param's momentum coefficients, in (0, 1]; 0 for
+other optimizers; a scatter may leave it 0 to have sx derive it from `step` with the
+group's beta1 and momentum_decay) and `tensors`, a `Dict` from torch's names
 ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"; "master" for 16-bit
 params) to `Vector{Float32}`s of the param's `numel` values in sx's (row-major) order.
 One handed to a callback of `gather_optim_state` or `scatter_optim_state!` lends sx's
@@ -891,12 +895,14 @@ mutable struct ParamState
     numel::Int
     step::Int
     momentum_steps::Int
+    mu_product::Float64
     tensors::Dict{String,Vector{Float32}}
 end
 
 _field_offset(T, name) = fieldoffset(T, findfirst(==(name), fieldnames(T)))
 const _STEP_OFFSET = _field_offset(RawParamState, :step)
 const _MOMENTUM_STEPS_OFFSET = _field_offset(RawParamState, :momentum_steps)
+const _MU_PRODUCT_OFFSET = _field_offset(RawParamState, :mu_product)
 
 # What a gather's or a scatter's callback reaches through its `user` pointer: the Julia
 # function, and the exception it threw, for the caller once sx has returned.
@@ -920,11 +926,12 @@ function _state_trampoline(raw::Ptr{RawParamState}, user::Ptr{Cvoid})::Int32
             tensors[name] = n == 0 ? Float32[] : unsafe_wrap(Array, unsafe_load(st.tensors, t), n; own=false)
         end
         state = ParamState(Int(st.param), unsafe_string(st.name), Int(st.param_group), n, Int(st.step),
-                           Int(st.momentum_steps), tensors)
+                           Int(st.momentum_steps), Float64(st.mu_product), tensors)
         call.f(state)
-        if call.scatter  # the step counts the callback set go back into sx's struct
+        if call.scatter  # what the callback set goes back into sx's struct
             unsafe_store!(Ptr{Int64}(raw + _STEP_OFFSET), Int64(state.step))
             unsafe_store!(Ptr{Int64}(raw + _MOMENTUM_STEPS_OFFSET), Int64(state.momentum_steps))
+            unsafe_store!(Ptr{Float64}(raw + _MU_PRODUCT_OFFSET), Float64(state.mu_product))
         end
         return SX_OK
     catch e
@@ -979,7 +986,7 @@ function gather_optim_state(g::ShardGroup; root::Integer=0)
     states = ParamState[]
     gather_optim_state(g; root=root) do st
         push!(states, ParamState(st.index, st.name, st.param_group, st.numel, st.step, st.momentum_steps,
-                                 Dict{String,Vector{Float32}}(k => copy(v) for (k, v) in st.tensors)))
+                                 st.mu_product, Dict{String,Vector{Float32}}(k => copy(v) for (k, v) in st.tensors)))
     end
     rank(g) == root ? states : nothing
 end
@@ -990,7 +997,8 @@ end
 
 Collective (every rank, the same `root`), the reverse of `gather_optim_state`: on rank
 `root`, `f(state)` fills each param's whole state (its `tensors`, zero on entry, to write
-into in place, and `state.step`, `state.momentum_steps` to set), in index order, and
+into in place, `state.step`, `state.momentum_steps` to set, and NAdam's
+`state.mu_product`, which may stay 0 to be derived from `step`), in index order, and
 every rank's shard takes its part, at any world size and stage; 16-bit params then take
 their values from the new masters on every rank. A tensor left zero is zero state, as
 torch's when it has none. `f` runs only on the root (`nothing` is fine elsewhere).
@@ -999,9 +1007,10 @@ ends the scatter as for a gather. Views from `state_view` are invalid afterwards
 
 `states` (on the root; `nothing` elsewhere, and on the root an error on every rank) maps
 param names to `ParamState`s, as `gather_optim_state` returns them, or to anything with
-`step`, `momentum_steps` and `tensors` properties. A param absent from it gets zero state
-and step counts; tensors its optimizer does not keep are ignored; a tensor of another
-length is an error, and then nothing changes.
+`step`, `momentum_steps` and `tensors` properties (and `mu_product`; without it, 0:
+derived from `step`). A param absent from it gets zero state and step counts; tensors
+its optimizer does not keep are ignored; a tensor of another length is an error, and
+then nothing changes.
 """
 scatter_optim_state!(f, g::ShardGroup; root::Integer=0) = _whole_state(g, f, root, true)
 
@@ -1017,6 +1026,7 @@ function scatter_optim_state!(g::ShardGroup, states::Union{Nothing,AbstractDict}
             end
         end
         st.step, st.momentum_steps = given.step, given.momentum_steps
+        st.mu_product = hasproperty(given, :mu_product) ? given.mu_product : 0.0
         for (name, values) in given.tensors
             haskey(st.tensors, name) && copyto!(st.tensors[name], values)
         end

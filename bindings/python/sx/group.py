@@ -125,16 +125,19 @@ class ParamInfo:
 class ParamState:
     """One param's whole optimizer state (see gather_optim_state): its index, name, param
     group and step counts (``step``: torch's state["step"] of Adam/AdamW;
-    ``momentum_steps``: SGD's updates that used momentum_buffer, 0 = never initialised),
-    and its tensors by torch's names ("exp_avg", "exp_avg_sq", "max_exp_avg_sq",
-    "momentum_buffer"; "master" for 16-bit params), each a 1-D float32 array of the
-    param's numel elements."""
+    ``momentum_steps``: SGD's updates that used momentum_buffer, 0 = never initialised;
+    ``mu_product``: NAdam's torch state["mu_product"], 0 for other optimizers, and in a
+    scatter 0 = derived from ``step``), and its tensors by torch's names ("exp_avg",
+    "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "square_avg", "grad_avg",
+    "exp_inf"; "master" for 16-bit params), each a 1-D float32 array of the param's
+    numel elements."""
     index: int
     name: str
     param_group: int
     step: int
     momentum_steps: int
     tensors: dict
+    mu_product: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -518,8 +521,9 @@ class ShardGroup(Handle):
         nothing changes unless it all succeeds. On root, `states` is either a callable
         ``fn(state)`` that fills a :class:`ParamState` (zero tensors of the param's
         optimizer, to write in place, and its step counts) or a mapping from param name
-        (or index) to a ParamState-like object or a dict with "step", "momentum_steps"
-        and "tensors" (missing tensors and params are zero state). Other ranks pass
+        (or index) to a ParamState-like object or a dict with "step", "momentum_steps",
+        "mu_product" (NAdam; 0 or missing: derived from the step) and "tensors" (missing
+        tensors and params are zero state). Other ranks pass
         None."""
         if root == self.rank:
             if states is None:
@@ -545,6 +549,7 @@ class ShardGroup(Handle):
             get = given.get if isinstance(given, dict) else lambda k, d=None: getattr(given, k, d)
             state.step = int(get("step", 0))
             state.momentum_steps = int(get("momentum_steps", 0))
+            state.mu_product = float(get("mu_product", 0.0))
             for name, values in (get("tensors", None) or {}).items():
                 if name in state.tensors:
                     state.tensors[name][...] = _views.np.asarray(values, dtype="float32").reshape(-1)
@@ -567,10 +572,12 @@ class ShardGroup(Handle):
                     buf = (ctypes.c_float * st.numel).from_address(address)
                     tensors[st.tensor_names[t].decode("utf-8")] = np.frombuffer(buf, dtype=np.float32)
                 state = ParamState(index=st.param, name=st.name.decode("utf-8"), param_group=st.param_group,
-                                   step=st.step, momentum_steps=st.momentum_steps, tensors=tensors)
+                                   step=st.step, momentum_steps=st.momentum_steps, tensors=tensors,
+                                   mu_product=st.mu_product)
                 fn(state)
                 if fill:
                     st.step, st.momentum_steps = int(state.step), int(state.momentum_steps)
+                    st.mu_product = float(state.mu_product)
                 return _lib.SX_OK
             except BaseException as e:  # noqa: B036  (nothing may unwind into C)
                 failure[0] = e

@@ -421,8 +421,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     if name != "master":
                         entry[name] = torch.from_numpy(values).view(p.shape).clone()
                 if self._kind == "nadam":
-                    entry["mu_product"] = torch.tensor(self._mu_product(st.param_group, st.step),
-                                                       dtype=torch.float32)
+                    entry["mu_product"] = torch.tensor(st.mu_product, dtype=torch.float32)
             if entry:
                 state[i] = entry
         groups, index = [], 0
@@ -432,17 +431,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
             index += len(group["params"])
             groups.append(g)
         return {"state": state, "param_groups": groups}
-
-    def _mu_product(self, group, steps):
-        """NAdam's product of momentum coefficients after `steps` updates, as torch
-        computes it in float32 (and sx keeps it), with the group's beta1 and
-        momentum_decay."""
-        beta1 = self.group.get_hyperparameter(group, "beta1")
-        decay = self.group.get_hyperparameter(group, "momentum_decay")
-        product = np.float32(1.0)
-        for t in range(1, steps + 1):
-            product = np.float32(product * np.float32(beta1 * (1.0 - 0.5 * 0.96 ** (t * decay))))
-        return float(product)
 
     def load_state_dict(self, state_dict):
         """Collective (every rank passes the same dict, as to ZeroRedundancyOptimizer):
@@ -482,6 +470,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             else:
                 step = entry.get("step", 0)
                 st.step = int(step.item() if isinstance(step, torch.Tensor) else step)
+                mu = entry.get("mu_product", 0.0)  # NAdam's; 0: sx derives it from the step
+                st.mu_product = float(mu.item() if isinstance(mu, torch.Tensor) else mu)
 
         self.group.scatter_optim_state(fill if self.group.rank == 0 else None, root=0)
         self._consolidated = None

@@ -107,12 +107,17 @@ class WholeStateTest(unittest.TestCase):
                 for st in states:
                     self.assertEqual(sorted(st.tensors), names)
                     self.assertEqual(st.step, 4)
+                    # NAdam's mu_product (a product of four coefficients below 1); 0 elsewhere.
+                    self.assertTrue(0 < st.mu_product < 1 if kind == "nadam" else st.mu_product == 0)
 
                 def scattered(rank, name):
                     with group(rank, name, 2) as g:
                         for p in g.params():
                             g.param_view(p.index)[...] = values[p.name]
                         g.scatter_optim_state({s.name: s for s in states} if rank == 1 else None, root=1)
+                        back = g.gather_optim_state(root=0)
+                        if rank == 0:
+                            self.assertEqual([s.mu_product for s in back], [s.mu_product for s in states])
                         train(g, 3, rank)
                         return [np.array(g.param_view(p.index)) for p in g.params()]
 

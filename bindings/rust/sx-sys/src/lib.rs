@@ -255,6 +255,9 @@ pub struct sx_param_state_t {
     pub reserved0: i32,
     pub tensor_names: *const *const c_char,
     pub tensors: *const *mut f32,
+    /// Appended in 1.5: NAdam's mu_product (0 for other optimizers; a scatter may leave
+    /// it 0 to have sx derive it from the step).
+    pub mu_product: f64,
 }
 
 pub type sx_param_state_fn = Option<unsafe extern "C" fn(state: *mut sx_param_state_t, user: *mut c_void) -> sx_status_t>;

@@ -38,6 +38,9 @@ pub struct ParamStateRef<'a> {
     pub step: i64,
     /// SGD with momentum: updates that used momentum_buffer (0: never initialised).
     pub momentum_steps: i64,
+    /// NAdam: torch's state["mu_product"], the product of the param's momentum
+    /// coefficients (in (0, 1]); 0 for other optimizers.
+    pub mu_product: f64,
     tensors: Vec<(&'a str, &'a [f32])>,
 }
 
@@ -55,6 +58,10 @@ pub struct ParamStateMut<'a> {
     pub step: i64,
     /// Set by the closure (>= 0; 0: momentum_buffer is not initialised).
     pub momentum_steps: i64,
+    /// May be set by the closure: NAdam's mu_product, in [0, 1] (0 on entry: sx derives it
+    /// from `step` with the group's beta1 and momentum_decay). Ignored for other
+    /// optimizers.
+    pub mu_product: f64,
     tensors: Vec<(&'a str, &'a mut [f32])>,
 }
 
@@ -68,6 +75,8 @@ pub struct ParamState {
     pub param_group: i32,
     pub step: i64,
     pub momentum_steps: i64,
+    /// NAdam's mu_product (0 for other optimizers; 0 in a scatter: derived from `step`).
+    pub mu_product: f64,
     pub tensors: BTreeMap<String, Vec<f32>>,
 }
 
@@ -99,6 +108,7 @@ impl<'a> ParamStateRef<'a> {
             numel,
             step: st.step,
             momentum_steps: st.momentum_steps,
+            mu_product: st.mu_product,
             tensors: tensors.into_iter().map(|(n, p)| (n, std::slice::from_raw_parts(p as *const f32, numel))).collect(),
         }
     }
@@ -121,6 +131,7 @@ impl<'a> ParamStateRef<'a> {
             param_group: self.param_group,
             step: self.step,
             momentum_steps: self.momentum_steps,
+            mu_product: self.mu_product,
             tensors: self.tensors.iter().map(|(n, t)| (n.to_string(), t.to_vec())).collect(),
         }
     }
@@ -137,6 +148,7 @@ impl<'a> ParamStateMut<'a> {
             numel,
             step: st.step,
             momentum_steps: st.momentum_steps,
+            mu_product: st.mu_product,
             tensors: tensors.into_iter().map(|(n, p)| (n, std::slice::from_raw_parts_mut(p, numel))).collect(),
         }
     }
@@ -156,9 +168,9 @@ impl<'a> ParamStateMut<'a> {
         self.tensors.iter_mut().map(|(n, t)| (*n, &mut **t))
     }
 
-    /// Fills this param's state from `given`: its step counts and each of its tensors the
-    /// param's optimizer keeps (others are ignored); a tensor of another length is an
-    /// error.
+    /// Fills this param's state from `given`: its step counts, its mu_product and each of
+    /// its tensors the param's optimizer keeps (others are ignored); a tensor of another
+    /// length is an error.
     pub fn fill_from(&mut self, given: &ParamState) -> Result<()> {
         for (name, values) in &given.tensors {
             if values.len() != self.numel && self.tensor_names().contains(&name.as_str()) {
@@ -173,6 +185,7 @@ impl<'a> ParamStateMut<'a> {
         }
         self.step = given.step;
         self.momentum_steps = given.momentum_steps;
+        self.mu_product = given.mu_product;
         for (name, values) in &given.tensors {
             if let Some(t) = self.tensor_mut(name) {
                 t.copy_from_slice(values);
@@ -244,10 +257,11 @@ where
     let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
         let mut view = ParamStateMut::from_raw(&*st);
         let r = f(&mut view);
-        let (step, momentum_steps) = (view.step, view.momentum_steps);
+        let (step, momentum_steps, mu_product) = (view.step, view.momentum_steps, view.mu_product);
         drop(view);
         (*st).step = step;
         (*st).momentum_steps = momentum_steps;
+        (*st).mu_product = mu_product;
         r
     }));
     frame.settle(outcome)

@@ -185,7 +185,7 @@ fn structs_match_the_c_layout() {
             callback, callback_user]),
         mirror!(sys::sx_load_options_t, [struct_size, path, flags, reserved0]),
         mirror!(sys::sx_param_state_t, [struct_size, param, param_group, name, numel, step, momentum_steps,
-            num_tensors, reserved0, tensor_names, tensors]),
+            num_tensors, reserved0, tensor_names, tensors, mu_product]),
     ];
     let mut problems = Vec::new();
     for (name, size, align, fields) in &mirrors {

@@ -10,15 +10,18 @@ use std::sync::Arc;
 use sx::status::*;
 use sx::{Error, Optimizer, Param, ParamGroup, ParamState, ShardGroup, StepOptions};
 
-const NAMES: [&str; 3] = ["w", "b", "s"];
+const NAMES: [&str; 4] = ["w", "b", "s", "n"];
 
-/// AdamW with amsgrad (w and the scalar s) and SGD with momentum (b), in two units.
+/// AdamW with amsgrad (w and the scalar s), SGD with momentum (b) and NAdam (n), in two
+/// units.
 fn setup(g: &mut ShardGroup) -> sx::Result<()> {
     g.add_param_group(&ParamGroup::new(Optimizer::AdamW).lr(0.01).amsgrad(true))?;
     g.add_param_group(&ParamGroup::new(Optimizer::Sgd).lr(0.1).momentum(0.9))?;
+    g.add_param_group(&ParamGroup::new(Optimizer::Nadam).lr(0.01))?;
     g.add_param(&Param::new("w", &[7, 11]).param_group(0).unit(0))?;
     g.add_param(&Param::new("b", &[13]).param_group(1).unit(1))?;
     g.add_param(&Param::new("s", &[]).param_group(0).unit(1))?;
+    g.add_param(&Param::new("n", &[5]).param_group(2).unit(1))?;
     g.finalize()
 }
 
@@ -46,22 +49,30 @@ fn gather_and_scatter_round_trip_from_three_ranks_to_two() {
         setup(&mut g)?;
         train(&mut g, 3, rank)?;
         let states = g.gather_optim_state(0)?;
-        let values: Vec<Vec<f32>> = (0..3).map(|i| g.param(i).map(|p| p.to_vec())).collect::<sx::Result<_>>()?;
+        let values: Vec<Vec<f32>> =
+            (0..NAMES.len() as i32).map(|i| g.param(i).map(|p| p.to_vec())).collect::<sx::Result<_>>()?;
         Ok((states, values))
     });
     assert!(saved[1].0.is_none() && saved[2].0.is_none(), "a rank other than the root got states");
-    let states = saved[0].0.clone().expect("the root got no states");
+    let mut states = saved[0].0.clone().expect("the root got no states");
     let names: Vec<&str> = states.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, NAMES);
-    assert_eq!(states.iter().map(|s| s.param).collect::<Vec<_>>(), vec![0, 1, 2]);
+    assert_eq!(states.iter().map(|s| s.param).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
     let keys = |s: &ParamState| s.tensors.keys().cloned().collect::<Vec<_>>();
     assert_eq!(keys(&states[0]), vec!["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]);
     assert_eq!(keys(&states[1]), vec!["momentum_buffer"]);
+    assert_eq!(keys(&states[3]), vec!["exp_avg", "exp_avg_sq"]);
     assert_eq!((states[0].step, states[1].momentum_steps, states[1].param_group), (3, 3, 1));
+    // NAdam's mu_product after 3 steps: a product of coefficients below 1; 0 elsewhere.
+    assert!(states[3].mu_product > 0.0 && states[3].mu_product < 1.0, "{}", states[3].mu_product);
+    assert!(states[..3].iter().all(|s| s.mu_product == 0.0), "{:?}", states);
     assert_eq!(states[0].tensors["exp_avg"].len(), 77);
     assert_eq!(states[2].tensors["exp_avg"].len(), 1);
     assert!(states[0].tensors["exp_avg"].iter().any(|&x| x != 0.0));
 
+    // A mu_product other than the one sx would derive from the step, so that the scatter
+    // shows it was carried (a float32 value, which comes back exactly).
+    states[3].mu_product = 0.5;
     let (states, values) = (Arc::new(states), Arc::new(saved[0].1.clone()));
     let given = states.clone();
     let back = common::run_ranks("whole-load2", 2, move |rank, mut g| {
@@ -99,7 +110,7 @@ fn a_closure_sees_each_param_and_its_error_or_panic_changes_nothing() {
         })?;
         if rank == 1 {
             let want = [("w", 0, "exp_avg,exp_avg_sq,max_exp_avg_sq"), ("b", 1, "momentum_buffer"),
-                        ("s", 0, "exp_avg,exp_avg_sq,max_exp_avg_sq")];
+                        ("s", 0, "exp_avg,exp_avg_sq,max_exp_avg_sq"), ("n", 2, "exp_avg,exp_avg_sq")];
             let want: Vec<_> = want.iter().map(|(n, p, t)| (n.to_string(), *p, t.to_string())).collect();
             assert_eq!(seen, want);
         } else {
