@@ -259,8 +259,8 @@ const (
 
 // ParamGroup is an optimizer and its hyperparameters. Start from NewParamGroup, which
 // fills the optimizer's defaults (torch.optim's; lion-pytorch's for Lion). A
-// hyperparameter that does not apply to the optimizer must keep its default, else
-// AddParamGroup fails with ErrInvalidArgument.
+// hyperparameter that does not apply to the optimizer must keep its default (or be 0,
+// which means the default), else AddParamGroup fails with ErrInvalidArgument.
 type ParamGroup struct {
 	Optimizer                     Optimizer
 	LR, WeightDecay, Beta1, Beta2 float64

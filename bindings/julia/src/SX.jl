@@ -532,7 +532,7 @@ takes the optimizer's defaults (torch.optim's; lion-pytorch's for Lion). Keyword
 `nesterov`, `maximize`, `amsgrad` (Adam/AdamW), `lr_decay` and `initial_accumulator_value`
 (Adagrad), `alpha` and `centered` (RMSprop), `momentum_decay` (NAdam),
 `decoupled_weight_decay` (NAdam, RAdam). One that does not apply to the optimizer must keep
-its default (else an `SXError` with SX_ERR_INVALID_ARGUMENT).
+its default or be 0, which means the default (else an `SXError` with SX_ERR_INVALID_ARGUMENT).
 Before `finalize!`, or between steps after it (torch's add_param_group): the group and the
 params added with it then wait for the next `finalize!`, which every rank calls after
 adding the same.

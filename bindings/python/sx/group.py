@@ -270,7 +270,8 @@ class ShardGroup(Handle):
         beta1/beta2, eps, momentum, dampening, nesterov, maximize, amsgrad (Adam/AdamW),
         lr_decay and initial_accumulator_value (Adagrad), alpha and centered (RMSprop),
         momentum_decay (NAdam), decoupled_weight_decay (NAdam, RAdam). One that does
-        not apply to the optimizer must keep its default (else InvalidArgumentError)."""
+        not apply to the optimizer must keep its default or be 0, which means the default
+        (else InvalidArgumentError)."""
         kind = _choice("optimizer", optimizer, _OPTIMIZERS)
         desc = _lib.init_struct(_lib.sx_param_group_desc_t, kind)
         if betas is not None:

@@ -278,8 +278,8 @@ impl Optimizer {
 
 /// An optimizer and its hyperparameters, starting from the optimizer's defaults
 /// (torch.optim's; lion-pytorch's for Lion). A hyperparameter that does not apply to the
-/// optimizer must keep its default, else `add_param_group` fails with
-/// SX_ERR_INVALID_ARGUMENT.
+/// optimizer must keep its default (or be 0, which means the default), else
+/// `add_param_group` fails with SX_ERR_INVALID_ARGUMENT.
 #[derive(Clone, Copy, Debug)]
 pub struct ParamGroup {
     pub(crate) raw: sys::sx_param_group_desc_t,
