@@ -270,9 +270,8 @@ uint64_t dtype_bytes(int32_t dtype) {
 
 namespace {
 
-// Each TensorKind's state slot, as torch names it (index: the kind's value).
-const char *const kSlotOfKind[kNumTensorKinds] = {"",    "exp_avg",    "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
-                                                  "sum", "square_avg", "grad_avg",   "exp_inf"};
+// Each TensorKind's suffix in exports: "." and the state slot's name as torch gives it
+// (index: the kind's value).
 const char *const kSuffixOfKind[kNumTensorKinds] = {"",     ".exp_avg",    ".exp_avg_sq", ".max_exp_avg_sq", ".momentum_buffer",
                                                     ".sum", ".square_avg", ".grad_avg",   ".exp_inf"};
 
@@ -285,7 +284,7 @@ const char *tensor_suffix(TensorKind kind) {
 
 bool tensor_kind_of(const char *slot, TensorKind *kind) {
     for (int k = 1; k < kNumTensorKinds; ++k)
-        if (std::strcmp(kSlotOfKind[k], slot) == 0) {
+        if (std::strcmp(kSuffixOfKind[k] + 1, slot) == 0) {
             *kind = static_cast<TensorKind>(k);
             return true;
         }

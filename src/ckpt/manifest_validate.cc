@@ -77,7 +77,7 @@ Status validate_header(const Manifest &m) {
              static_cast<long long>(ls.growth_tracker), static_cast<long long>(ls.growth_interval));
     for (size_t g = 0; g < m.param_groups.size(); ++g) {
         const ParamGroupEntry &e = m.param_groups[g];
-        SX_TRY(as_corrupt(core::validate_hyper(hyper_of(e)), format("param group %zu", g)));
+        SX_TRY(as_corrupt(optim::validate(hyper_of(e)), format("param group %zu", g)));
     }
     std::unordered_set<std::string> files;
     for (size_t f = 0; f < m.files.size(); ++f) {

@@ -5,7 +5,7 @@ namespace sx {
 namespace core {
 
 Status ParamTable::add_group(const optim::Hyper &hyper, int32_t *index) {
-    SX_TRY(validate_hyper(hyper));
+    SX_TRY(optim::validate(hyper));
     ParamGroup g;
     g.hyper = hyper;
     groups_.push_back(g);

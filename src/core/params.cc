@@ -71,8 +71,6 @@ double as_double(bool v) { return v ? 1.0 : 0.0; }
 
 }  // namespace
 
-Status validate_hyper(const optim::Hyper &h) { return optim::validate(h); }
-
 optim::Hyper hyper_from_desc(const sx_param_group_desc_t &d) {
     optim::Hyper h;
     h.kind = static_cast<optim::Kind>(d.optimizer);
@@ -152,7 +150,7 @@ Status set_hyperparameter(optim::Hyper *h, int32_t key, double value) {
     }
     SX_HYPERPARAMETERS(SX_SET)
 #undef SX_SET
-    Status s = validate_hyper(n);
+    Status s = optim::validate(n);
     if (!s.ok()) return s.prefix(format("setting %s = %g: ", name, value));
     *h = n;
     return Status::Ok();

@@ -40,11 +40,6 @@ Status validate_param_name(const char *name);
 // returns the element count.
 Status validate_shape(int32_t ndim, const int64_t *shape, uint64_t *numel);
 
-// Checks hyperparameters as torch.optim does (lr >= 0, eps >= 0, betas in [0, 1),
-// weight_decay >= 0, momentum >= 0, nesterov needs momentum > 0 and dampening == 0),
-// all finite.
-Status validate_hyper(const optim::Hyper &h);
-
 // The hyperparameters a public param group descriptor states (not validated), and the
 // descriptor's optimizer and hyperparameters from h (its other fields untouched).
 optim::Hyper hyper_from_desc(const sx_param_group_desc_t &d);

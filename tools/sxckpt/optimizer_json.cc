@@ -102,7 +102,7 @@ Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
         SX_TRY(read_value(*v.find(#name), what + ": \"" #name "\"", &g->hyper.name));
     SX_HYPERPARAMETERS(SX_READ)
 #undef SX_READ
-    Status valid = core::validate_hyper(ckpt::hyper_of(g->hyper));
+    Status valid = optim::validate(ckpt::hyper_of(g->hyper));
     if (!valid.ok()) return valid.prefix(what + ": ");
     const JsonValue *params = v.find("params");
     SX_CHECK(params != nullptr, SX_ERR_INVALID_ARGUMENT, "%s has no \"params\"", what.c_str());
