@@ -157,7 +157,7 @@ int section_optimizers(const Options &opt) {
             seg.state[2] = extra.as<float>();
             const int slots = sx::optim::state_slots(c.hyper);
             seg.step = 10;  // past Adagrad's first step and RAdam's untractable ones
-            for (int64_t t = 1; t <= seg.step; ++t) seg.mu_product = sx::optim::next_mu_product(c.hyper, seg.mu_product, t);
+            seg.mu_product = sx::optim::mu_product_after(c.hyper, seg.step);
             auto kernel = [&] { in::fused_update_with(k, &seg, 1, 1e-3f, &pool, in::kMinElementsPerThread, nullptr); };
             auto ceil = [&] {
                 const int parts = in::threads_for(n, &pool, in::kMinElementsPerThread);

@@ -26,6 +26,33 @@ int slots_when_trainable(const ShardAccess &g, size_t u) {
     return slots;
 }
 
+// The progress a scatter restores: the root's step counts (per param: step,
+// momentum_steps, mu_product's bits) over `base`. NAdam's mu_product as the root's
+// callback gave it; where it left 0, from the step count with the group's beta1 and
+// momentum_decay (torch's value unless those changed during training), computed once per
+// group and step count.
+ShardProgress scattered_progress(const ShardAccess &g, const ShardProgress &base, const std::vector<int64_t> &steps) {
+    ShardProgress progress = base;
+    std::map<std::pair<int32_t, int64_t>, float> derived;
+    for (size_t p = 0; p < progress.params.size(); ++p) {
+        const int32_t group = g.param(static_cast<int32_t>(p)).group;
+        const optim::Hyper &h = g.hyper(group);
+        const int64_t step = steps[3 * p];
+        float mu_product = 1.0f;
+        const uint32_t bits = static_cast<uint32_t>(steps[3 * p + 2]);
+        std::memcpy(&mu_product, &bits, sizeof mu_product);
+        if (h.kind != optim::Kind::kNadam) {
+            mu_product = 1.0f;
+        } else if (mu_product == 0.0f) {
+            const auto key = std::make_pair(group, step);
+            const auto found = derived.find(key);
+            mu_product = found != derived.end() ? found->second : (derived[key] = optim::mu_product_after(h, step));
+        }
+        progress.params[p] = {step, steps[3 * p + 1], mu_product};
+    }
+    return progress;
+}
+
 }  // namespace
 
 std::vector<StateTensor> state_tensors(const ShardAccess &g, const UnitShard &unit, int32_t p, bool as_if_allocated) {
@@ -233,31 +260,7 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     // been copied out of it), with each param's step counts; 16-bit params take their
     // values from the new masters, on every rank.
     g_.shard_fence().wait_readers();
-    ShardProgress progress = shard.progress;
-    // NAdam's mu_product as the root's callback gave it; where it left 0, from the step
-    // count with the group's beta1 and momentum_decay (torch's value unless those changed
-    // during training), computed once per group and step count.
-    std::map<std::pair<int32_t, int64_t>, float> products;
-    for (size_t p = 0; p < progress.params.size(); ++p) {
-        const int32_t group = g_.param(static_cast<int32_t>(p)).group;
-        const optim::Hyper &h = g_.hyper(group);
-        float mu_product = 1.0f, given = 0.0f;
-        const uint32_t bits = static_cast<uint32_t>(steps[3 * p + 2]);
-        std::memcpy(&given, &bits, sizeof given);
-        if (h.kind == optim::Kind::kNadam && given != 0.0f) {
-            mu_product = given;
-        } else if (h.kind == optim::Kind::kNadam) {
-            const auto key = std::make_pair(group, steps[3 * p]);
-            const auto found = products.find(key);
-            if (found != products.end()) {
-                mu_product = found->second;
-            } else {
-                for (int64_t t = 1; t <= steps[3 * p]; ++t) mu_product = optim::next_mu_product(h, mu_product, t);
-                products[key] = mu_product;
-            }
-        }
-        progress.params[p] = {steps[3 * p], steps[3 * p + 1], mu_product};
-    }
+    const ShardProgress progress = scattered_progress(g_, shard.progress, steps);
     ShardRestore restore;
     restore.state = &state;
     restore.slots = slots;

@@ -163,6 +163,9 @@ const char *state_slot_name(const Hyper &h, int slot);
 // first), from the product before it, as torch computes it (a float32 tensor times
 // mu_t = beta1 * (1 - 0.5 * 0.96^(step * momentum_decay))). 1 for other optimizers.
 float next_mu_product(const Hyper &h, float before, int64_t step);
+// NAdam: the product after `steps` updates under h's beta1 and momentum_decay throughout
+// (next_mu_product from 1, step by step); 1 for other optimizers.
+float mu_product_after(const Hyper &h, int64_t steps);
 
 // A contiguous run of elements of one param inside this rank's shard, updated with
 // that param's hyperparameters. state[i] points at slot i (nullptr where unused).

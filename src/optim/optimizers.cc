@@ -183,5 +183,11 @@ float next_mu_product(const Hyper &h, float before, int64_t step) {
     return before * static_cast<float>(mu);
 }
 
+float mu_product_after(const Hyper &h, int64_t steps) {
+    float product = 1.0f;
+    for (int64_t t = 1; h.kind == Kind::kNadam && t <= steps; ++t) product = next_mu_product(h, product, t);
+    return product;
+}
+
 }  // namespace optim
 }  // namespace sx

@@ -133,7 +133,7 @@ struct Expected {
             seg.n = g.size();
             seg.hyper = &h;
             seg.step = t ? t : s + 1;
-            for (int64_t k = 1; k <= seg.step; ++k) seg.mu_product = sx::optim::next_mu_product(h, seg.mu_product, k);
+            seg.mu_product = sx::optim::mu_product_after(h, seg.step);
             sx::optim::reference_update(seg, 1.0f / static_cast<float>(c.world));
         }
     }

@@ -99,7 +99,7 @@ struct SegmentBuffers {
         s.hyper = h;
         s.step = step;
         // NAdam: the product a param that took `step` updates holds.
-        for (int64_t t = 1; t <= step; ++t) s.mu_product = next_mu_product(*h, s.mu_product, t);
+        s.mu_product = mu_product_after(*h, step);
         return s;
     }
     void copy_from(SegmentBuffers &o) {
