@@ -13,13 +13,16 @@ import itertools
 import os
 import sys
 import tempfile
-import threading
 
 import numpy as np
 import torch
 from lion_pytorch import Lion
 
 import sx
+
+# The binding's test helper: ranks as threads over local://, the first real error raised.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from _ranks import run_ranks  # noqa: E402
 
 TOL = 1e-6
 STEPS = 100
@@ -48,7 +51,6 @@ CONFIGS = [
 ]
 # Every config at every world size and stage; the second RMSprop config at two of them.
 WORLDS_STAGES = list(itertools.product((1, 2, 3, 4), (1, 2, 3)))
-_names = itertools.count()
 
 
 def initial(name, shape):
@@ -71,59 +73,44 @@ def run_sx(kind, groups, world, stage, *, shard_size=0, steps=(0, STEPS), load=N
     """Steps [steps[0], steps[1]) at `world` ranks (a mesh of shard groups of
     `shard_size` ranks, if not 0), starting from the initial params or from the
     checkpoint `load`, and saving into `save` at the end; returns each rank's params."""
-    rendezvous = f"local://check-optimizers-{next(_names)}"
-    results, errors = [None] * world, [None] * world
-
-    def rank_main(rank):
-        try:
-            with sx.ShardGroup(rendezvous, rank, world, stage=stage, backend="cpu", num_threads=1,
-                               timeout_ms=60000, shard_size=shard_size) as g:
-                for options in groups:
-                    g.add_param_group(kind, **options)
-                for name, shape, unit, group in PARAMS:
-                    g.add_param(name, list(shape), unit=unit, param_group=group)
-                g.finalize()
-                if load:
-                    g.load(load)
-                else:
-                    for u in (0, 1):
-                        with g.unit(u):
-                            for name, shape, unit, _ in PARAMS:
-                                if unit == u:
-                                    g.param_view(name)[...] = initial(name, shape)
-                for step in range(*steps):
-                    for i, options in enumerate(groups):
-                        g.set_lr(i, lr_at(options["lr"], step))
-                    g.set_trainable(FROZEN, not FROZEN_FROM <= step < FROZEN_TO)
-                    for u in (0, 1):
-                        with g.unit(u):
-                            for name, shape, unit, _ in PARAMS:
-                                if unit == u:
-                                    p = np.array(g.param_view(name))
-                                    g.grad_view(name)[...] = grad_of(name, shape, step, rank, p)
-                    g.step(max_grad_norm=MAX_NORM)
-                if save:
-                    g.save(save, synchronous=True)
-                out = {}
+    def rank_main(rank, rendezvous):
+        with sx.ShardGroup(rendezvous, rank, world, stage=stage, backend="cpu", num_threads=1,
+                           timeout_ms=60000, shard_size=shard_size) as g:
+            for options in groups:
+                g.add_param_group(kind, **options)
+            for name, shape, unit, group in PARAMS:
+                g.add_param(name, list(shape), unit=unit, param_group=group)
+            g.finalize()
+            if load:
+                g.load(load)
+            else:
                 for u in (0, 1):
                     with g.unit(u):
-                        for name, _, unit, _ in PARAMS:
+                        for name, shape, unit, _ in PARAMS:
                             if unit == u:
-                                out[name] = np.array(g.param_view(name))
-                results[rank] = out
-        except BaseException as e:  # reported below, the first that is not a peer's consequence
-            errors[rank] = e
+                                g.param_view(name)[...] = initial(name, shape)
+            for step in range(*steps):
+                for i, options in enumerate(groups):
+                    g.set_lr(i, lr_at(options["lr"], step))
+                g.set_trainable(FROZEN, not FROZEN_FROM <= step < FROZEN_TO)
+                for u in (0, 1):
+                    with g.unit(u):
+                        for name, shape, unit, _ in PARAMS:
+                            if unit == u:
+                                p = np.array(g.param_view(name))
+                                g.grad_view(name)[...] = grad_of(name, shape, step, rank, p)
+                g.step(max_grad_norm=MAX_NORM)
+            if save:
+                g.save(save, synchronous=True)
+            out = {}
+            for u in (0, 1):
+                with g.unit(u):
+                    for name, _, unit, _ in PARAMS:
+                        if unit == u:
+                            out[name] = np.array(g.param_view(name))
+            return out
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    failed = [e for e in errors if e is not None]
-    consequences = (sx.CommError, sx.AbortedError, sx.SxTimeoutError, sx.GroupFailedError)
-    for e in sorted(failed, key=lambda e: isinstance(e, consequences)):
-        raise e
-    return results
+    return run_ranks(world, rank_main)
 
 
 def run_torch(cls, groups, world):
