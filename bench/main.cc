@@ -82,6 +82,7 @@ const Section kSections[] = {
     {"small_step", section_small_step},
     {"packed", section_packed},
     {"optimizers", section_optimizers},
+    {"custom_optimizer", section_custom_optimizer},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
     {"gpu_step", section_gpu_step},

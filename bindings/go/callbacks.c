@@ -1,7 +1,7 @@
 /* C side of the callbacks: sx calls these plain functions, which hand the call to the
- * Go functions exported in future.go, log.go and state.go. `user` carries a
- * runtime/cgo.Handle number (future and param state callbacks) or nothing (the log
- * callback), never a Go pointer. */
+ * Go functions exported in future.go, log.go, state.go and optimizer.go. `user` (a custom
+ * optimizer's user_data) carries a runtime/cgo.Handle number (future, param state and
+ * optimizer callbacks) or nothing (the log callback), never a Go pointer. */
 #include <stdint.h>
 
 #include "sx/sx.h"
@@ -18,6 +18,11 @@ void sxgo_log_callback(int32_t level, const char *message, void *user) {
 
 sx_status_t sxgo_param_state(sx_param_state_t *state, void *user) {
     return sxgoParamState(state, (uintptr_t)user);
+}
+
+/* Called on sx's worker threads, concurrently: cgo runs the Go function on each of them. */
+int32_t sxgo_optimizer_update(const sx_optimizer_piece_t *piece) {
+    return sxgoOptimizerUpdate((sx_optimizer_piece_t *)piece, (uintptr_t)piece->user_data);
 }
 
 void *sxgo_handle_to_user(uintptr_t handle) {

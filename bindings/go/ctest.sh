@@ -1,6 +1,7 @@
 #!/bin/sh
-# The bindings_go test: `go test` of package sx, then the sample, built into the build
-# tree and compared with the C reference. No network: modules come from the tree.
+# The bindings_go test: `go test` of package sx, the custom optimizer example, then the
+# sample, built into the build tree and compared with the C reference. No network:
+# modules come from the tree.
 # The binding finds sx through pkg-config: PKG_CONFIG_PATH names the sx.pc of this build
 # tree (its header and library where they are, not installed); the rpath lets the test
 # binaries run from here.
@@ -13,6 +14,8 @@ export SX_LAYOUT_JSON="$layout" GOCACHE="$build/gocache" GOPATH="$build/gopath" 
   GOPROXY=off GOFLAGS=-buildvcs=false GO111MODULE=on
 "$go" version
 cd "$here" && "$go" vet ./... && "$go" test -count=1 ./...
+# The custom optimizer sample: Lion in Go against the built-in Lion, bit for bit.
+cd "$here" && "$go" run ./examples/custom_lion
 mkdir -p "$(dirname "$sample_out")"
 cd "$here/../../samples/go" && "$go" build -o "$sample_out" .
 "$here/../compare_linreg.sh" "$ref" "$sample_out"

@@ -255,6 +255,8 @@ const (
 	NAdam   Optimizer = 7
 	RAdam   Optimizer = 8
 	Lion    Optimizer = 9 // Lion (Chen et al. 2023), as the lion-pytorch package's
+	// The first id RegisterOptimizer returns: a custom optimizer is an Optimizer too.
+	OptimCustomFirst Optimizer = 1000
 )
 
 // ParamGroup is an optimizer and its hyperparameters. Start from NewParamGroup, which
@@ -277,7 +279,9 @@ type ParamGroup struct {
 	DecoupledWeightDecay bool
 }
 
-// NewParamGroup returns the optimizer's defaults (torch.optim's; lion-pytorch's for Lion).
+// NewParamGroup returns the optimizer's defaults (torch.optim's; lion-pytorch's for Lion;
+// a custom optimizer's registered ones). A custom optimizer's own hyperparameters are set
+// after AddParamGroup, with SetHyperparameter(pg, CustomHyperparameter(i), v).
 func NewParamGroup(opt Optimizer) ParamGroup {
 	var d C.sx_param_group_desc_t
 	C.sx_param_group_desc_init(&d, C.size_t(unsafe.Sizeof(d)), C.int32_t(opt))
@@ -339,7 +343,13 @@ const (
 	HPMomentumDecay Hyperparameter = 15
 	// NAdam, RAdam: 0 or 1 (AdamW-style weight decay).
 	HPDecoupledWeightDecay Hyperparameter = 16
+	// A custom optimizer's own hyperparameter i (counting only its own, in registration
+	// order) is HPCustom + Hyperparameter(i); see CustomHyperparameter.
+	HPCustom Hyperparameter = 1000
 )
+
+// CustomHyperparameter is the key of a custom optimizer's own hyperparameter i.
+func CustomHyperparameter(i int) Hyperparameter { return HPCustom + Hyperparameter(i) }
 
 // SetHyperparameter changes one hyperparameter of a param group from the next step on.
 func (g *ShardGroup) SetHyperparameter(paramGroup int32, key Hyperparameter, value float64) error {

@@ -40,6 +40,9 @@ func cLayouts() []structLayout {
 	var sv C.sx_save_options_t
 	var lo C.sx_load_options_t
 	var ps C.sx_param_state_t
+	var op C.sx_optimizer_piece_t
+	var oh C.sx_optimizer_hyperparameter_t
+	var od C.sx_optimizer_desc_t
 	return []structLayout{
 		{"sx_group_config_t", unsafe.Sizeof(gc), unsafe.Alignof(gc), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(gc.struct_size), unsafe.Sizeof(gc.struct_size)),
@@ -208,6 +211,39 @@ func cLayouts() []structLayout {
 			f("tensor_names", unsafe.Offsetof(ps.tensor_names), unsafe.Sizeof(ps.tensor_names)),
 			f("tensors", unsafe.Offsetof(ps.tensors), unsafe.Sizeof(ps.tensors)),
 			f("mu_product", unsafe.Offsetof(ps.mu_product), unsafe.Sizeof(ps.mu_product)),
+		}},
+		{"sx_optimizer_piece_t", unsafe.Sizeof(op), unsafe.Alignof(op), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(op.struct_size), unsafe.Sizeof(op.struct_size)),
+			f("param", unsafe.Offsetof(op.param), unsafe.Sizeof(op.param)),
+			f("grad", unsafe.Offsetof(op.grad), unsafe.Sizeof(op.grad)),
+			f("state", unsafe.Offsetof(op.state), unsafe.Sizeof(op.state)),
+			f("n", unsafe.Offsetof(op.n), unsafe.Sizeof(op.n)),
+			f("grad_scale", unsafe.Offsetof(op.grad_scale), unsafe.Sizeof(op.grad_scale)),
+			f("param_index", unsafe.Offsetof(op.param_index), unsafe.Sizeof(op.param_index)),
+			f("param_group", unsafe.Offsetof(op.param_group), unsafe.Sizeof(op.param_group)),
+			f("offset", unsafe.Offsetof(op.offset), unsafe.Sizeof(op.offset)),
+			f("step", unsafe.Offsetof(op.step), unsafe.Sizeof(op.step)),
+			f("hyperparameters", unsafe.Offsetof(op.hyperparameters), unsafe.Sizeof(op.hyperparameters)),
+			f("user_data", unsafe.Offsetof(op.user_data), unsafe.Sizeof(op.user_data)),
+		}},
+		{"sx_optimizer_hyperparameter_t", unsafe.Sizeof(oh), unsafe.Alignof(oh), []fieldLayout{
+			f("name", unsafe.Offsetof(oh.name), unsafe.Sizeof(oh.name)),
+			f("default_value", unsafe.Offsetof(oh.default_value), unsafe.Sizeof(oh.default_value)),
+			f("min", unsafe.Offsetof(oh.min), unsafe.Sizeof(oh.min)),
+			f("max", unsafe.Offsetof(oh.max), unsafe.Sizeof(oh.max)),
+		}},
+		{"sx_optimizer_desc_t", unsafe.Sizeof(od), unsafe.Alignof(od), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(od.struct_size), unsafe.Sizeof(od.struct_size)),
+			f("name", unsafe.Offsetof(od.name), unsafe.Sizeof(od.name)),
+			f("num_slots", unsafe.Offsetof(od.num_slots), unsafe.Sizeof(od.num_slots)),
+			f("slot_names", unsafe.Offsetof(od.slot_names), unsafe.Sizeof(od.slot_names)),
+			f("slot_initial_values", unsafe.Offsetof(od.slot_initial_values), unsafe.Sizeof(od.slot_initial_values)),
+			f("num_hyperparameters", unsafe.Offsetof(od.num_hyperparameters), unsafe.Sizeof(od.num_hyperparameters)),
+			f("hyperparameters", unsafe.Offsetof(od.hyperparameters), unsafe.Sizeof(od.hyperparameters)),
+			f("update", unsafe.Offsetof(od.update), unsafe.Sizeof(od.update)),
+			f("user_data", unsafe.Offsetof(od.user_data), unsafe.Sizeof(od.user_data)),
+			f("flags", unsafe.Offsetof(od.flags), unsafe.Sizeof(od.flags)),
+			f("reserved0", unsafe.Offsetof(od.reserved0), unsafe.Sizeof(od.reserved0)),
 		}},
 	}
 }

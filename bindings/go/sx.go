@@ -57,6 +57,7 @@ const (
 	ErrInternal        = 16
 	ErrCancelled       = 17
 	ErrNonFinite       = 18 // the gradients hold inf or NaN (StepOptions.NonFinite = NonFiniteError)
+	ErrOptimizer       = 19 // a custom optimizer's update reported failure; the step changed nothing
 )
 
 // Error is a failed sx call: its status (one of the Err* constants) and the library's

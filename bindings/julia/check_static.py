@@ -32,7 +32,7 @@ def type_layout(jtype, pointer_size):
     jtype = jtype.replace(" ", "")
     if jtype.startswith("Ptr{") or jtype == "Ptr":
         return pointer_size, pointer_size
-    m = re.fullmatch(r"NTuple\{(\d+),(\w+)\}", jtype)
+    m = re.fullmatch(r"NTuple\{(\d+),(\w+|Ptr\{\w+\})\}", jtype)
     if m:
         size, align = type_layout(m.group(2), pointer_size)
         return int(m.group(1)) * size, align

@@ -1,9 +1,11 @@
 // Entry points: creating and destroying groups, param groups, params, finalize.
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
 
 #include "api/guard.h"
 #include "api/handles.h"
+#include "optim/custom.h"
 
 using sx::Status;
 using sx::api::guard;
@@ -28,7 +30,8 @@ sx_param_group_desc_t desc_defaults(int32_t optimizer) {
 
 Status check_optimizer(int32_t optimizer) {
     SX_CHECK_ARG(optimizer == 0 || sx::optim::find_optimizer(optimizer) != nullptr,
-                 "optimizer %d is not one sx has (SX_OPTIM_*: %s)", optimizer, sx::optim::optimizer_list().c_str());
+                 "optimizer %d is not one sx has (SX_OPTIM_*: %s) nor one sx_register_optimizer returned", optimizer,
+                 sx::optim::optimizer_list().c_str());
     return Status::Ok();
 }
 
@@ -142,6 +145,25 @@ SX_API sx_status_t sx_param_group_desc_init(sx_param_group_desc_t *desc, size_t 
     });
 }
 
+SX_API sx_status_t sx_optimizer_desc_init(sx_optimizer_desc_t *desc, size_t size) {
+    return guard(__func__, [&] {
+        sx_optimizer_desc_t d;
+        std::memset(&d, 0, sizeof d);
+        return sx::api::init_struct(desc, size, d, "desc");
+    });
+}
+
+SX_API sx_status_t sx_register_optimizer(const sx_optimizer_desc_t *desc, int32_t *optimizer) {
+    return guard(__func__, [&]() -> Status {
+        SX_CHECK_ARG(desc != nullptr, "desc is NULL");
+        SX_CHECK_ARG(optimizer != nullptr, "optimizer is NULL");
+        sx_optimizer_desc_t d;
+        std::memset(&d, 0, sizeof d);
+        SX_TRY(sx::api::read_input(desc, "desc", offsetof(sx_optimizer_desc_t, user_data) + sizeof(void *), &d));
+        return sx::optim::register_custom(d, optimizer);
+    });
+}
+
 SX_API sx_status_t sx_add_param_group(sx_shard_group_t *group, const sx_param_group_desc_t *desc,
                                       int32_t *index_out) {
     return guard(__func__, [&]() -> Status {
@@ -158,6 +180,10 @@ SX_API sx_status_t sx_add_param_group(sx_shard_group_t *group, const sx_param_gr
         SX_TRY(sx::core::check_desc_flags(d));
         if (d.optimizer == 0) d.optimizer = SX_OPTIM_ADAMW;
         SX_TRY(g->check_usable());
+        SX_CHECK(!sx::optim::is_custom(static_cast<sx::optim::Kind>(d.optimizer)) ||
+                     g->ops().device() == SX_DEVICE_CPU,
+                 SX_ERR_UNSUPPORTED, "the custom optimizer '%s' runs on the CPU only; this group's buffers are on a "
+                 "CUDA device", sx::optim::optimizer_name(d.optimizer).c_str());
         return g->table().add_group(sx::core::hyper_from_desc(d), index_out);
     });
 }

@@ -54,6 +54,7 @@ SX_API const char *sx_status_string(sx_status_t status) {
         case SX_ERR_INTERNAL: return "SX_ERR_INTERNAL: internal error";
         case SX_ERR_CANCELLED: return "SX_ERR_CANCELLED: the operation was cancelled";
         case SX_ERR_NONFINITE: return "SX_ERR_NONFINITE: the gradients hold inf or NaN";
+        case SX_ERR_OPTIMIZER: return "SX_ERR_OPTIMIZER: a custom optimizer's update reported failure";
         default: return "unknown sx status";
     }
 }

@@ -250,17 +250,23 @@ class Checkpointer::Load {
                                  &m_);
     }
 
+    // "AdamW", "the custom optimizer 'MyLion'", for messages.
+    static std::string optimizer_label(const ParamGroupEntry &g) {
+        return g.optimizer == kCustomOptimizer ? optimizer_text(g) : optim::optimizer_name(g.optimizer);
+    }
+
     // A param and its entry in the manifest can be loaded into each other.
     Status check_entry(const core::ParamSpec &spec, const ParamEntry &e) const {
         SX_CHECK(e.shape == spec.shape, SX_ERR_MISMATCH, "param '%s' has shape %s here but %s in the checkpoint",
                  spec.name.c_str(), shape_text(spec.shape).c_str(), shape_text(e.shape).c_str());
         // The dtypes may differ: the stored values are fp32 (the masters of 16-bit params).
         if (!options_.params_only) {
-            const int32_t here = static_cast<int32_t>(shard_.progress.hypers[spec.group].kind);
-            const int32_t there = m_.param_groups[e.param_group].optimizer;
-            SX_CHECK(here == there, SX_ERR_MISMATCH,
+            // A custom optimizer is the one registered here under the checkpoint's name.
+            const ParamGroupEntry here = param_group_entry(shard_.progress.hypers[spec.group]);
+            const ParamGroupEntry &there = m_.param_groups[e.param_group];
+            SX_CHECK(here.optimizer == there.optimizer && here.optimizer_name == there.optimizer_name, SX_ERR_MISMATCH,
                      "param '%s' uses %s here but %s in the checkpoint (load params only to start afresh)",
-                     spec.name.c_str(), optim::optimizer_name(here).c_str(), optim::optimizer_name(there).c_str());
+                     spec.name.c_str(), optimizer_label(here).c_str(), optimizer_label(there).c_str());
         }
         // This build reads fp32 tensors only; anything else is refused, not misread.
         for (const Tensor &t : e.tensors)
@@ -279,7 +285,37 @@ class Checkpointer::Load {
     // copy out of the page cache itself (perf), the plain reader none of it. The values
     // come first (a save puts them first in each file), so that the ranks can gather
     // them while the states are read.
+    // A custom optimizer's slots match by name: the checkpoint's slot k becomes the kind
+    // of the slot of that name here (the optimizer may list its slots in another order
+    // now). Once, after the files' indexes (which name the kinds as saved) were read.
+    Status match_custom_slots() {
+        if (options_.params_only) return Status::Ok();
+        for (size_t p = 0; p < index_.size(); ++p) {
+            if (index_[p] < 0) continue;
+            ParamEntry &e = m_.params[index_[p]];
+            const ParamGroupEntry &there = m_.param_groups[e.param_group];
+            if (there.optimizer != kCustomOptimizer) continue;
+            const ParamGroupEntry here = param_group_entry(shard_.progress.hypers[g_.param(static_cast<int32_t>(p)).group]);
+            std::string listed;
+            for (const std::string &n : here.slot_names) listed += (listed.empty() ? "" : ", ") + n;
+            for (Tensor &t : e.tensors) {
+                const int k = static_cast<int>(t.kind) - static_cast<int>(TensorKind::kSlot0);
+                if (k < 0) continue;
+                const std::string &name = there.slot_names[static_cast<size_t>(k)];
+                const auto it = std::find(here.slot_names.begin(), here.slot_names.end(), name);
+                SX_CHECK(it != here.slot_names.end(), SX_ERR_MISMATCH,
+                         "param '%s': the checkpoint holds state '%s' of the custom optimizer '%s', which keeps "
+                         "other slots here (%s)",
+                         e.name.c_str(), name.c_str(), there.optimizer_name.c_str(),
+                         listed.empty() ? "none" : listed.c_str());
+                t.kind = static_cast<TensorKind>(static_cast<int>(TensorKind::kSlot0) + (it - here.slot_names.begin()));
+            }
+        }
+        return Status::Ok();
+    }
+
     Status plan_reads() {
+        SX_TRY(match_custom_slots());
         const core::Layout &layout = g_.layout();
         const int32_t np = g_.num_params();
         want_.assign(static_cast<size_t>(np), {});
@@ -296,7 +332,8 @@ class Checkpointer::Load {
                 for (const Tensor &t : e.tensors) present |= t.kind == kinds[k];
                 SX_CHECK(present, SX_ERR_MISMATCH,
                          "param '%s': the checkpoint has no %s state, which its optimizer here keeps",
-                         e.name.c_str(), tensor_suffix(kinds[k]) + 1);
+                         e.name.c_str(),
+                         tensor_name(param_group_entry(shard_.progress.hypers[g_.param(p).group]), kinds[k]).c_str());
             }
             // State the checkpoint holds that the group here would not keep (amsgrad's
             // max_exp_avg_sq, SGD's or RMSprop's momentum_buffer, RMSprop's grad_avg): the

@@ -4,6 +4,8 @@
 // it is used, and nothing is copied out before its size is known to be sane.
 #include "ckpt/manifest.h"
 
+#include "optim/custom.h"
+
 #include <flatbuffers/flatbuffers.h>
 
 #include <cstring>
@@ -63,7 +65,13 @@ uint64_t encoded_size_bound(const Manifest &m) {
     auto vector = [](uint64_t n, uint64_t elem) { return 16 + n * elem; };  // length, padding, offset
     auto string = [](uint64_t n) { return 16 + n; };                        // ... and the NUL
     uint64_t bound = 64 + table(14) + table(2) + table(5);                 // root, Manifest, Version, LossScaler
-    bound += vector(m.param_groups.size(), 4) + m.param_groups.size() * table(11);
+    bound += vector(m.param_groups.size(), 4) + m.param_groups.size() * table(21);
+    for (const ParamGroupEntry &g : m.param_groups) {
+        bound += string(g.optimizer_name.size()) + vector(g.slot_names.size(), 4) + vector(g.custom_names.size(), 4) +
+                 vector(g.custom_values.size(), 8);
+        for (const std::string &n : g.slot_names) bound += string(n.size());
+        for (const std::string &n : g.custom_names) bound += string(n.size());
+    }
     bound += vector(m.params.size(), 4);
     bound += vector(m.file_indexes.size(), 4) + m.file_indexes.size() * table(4);
     for (const ParamEntry &p : m.params) {
@@ -135,7 +143,10 @@ class Reader {
         m->created_unix_ms = in.created_unix_ms();
         if (in.param_groups() != nullptr) {
             m->param_groups.reserve(in.param_groups()->size());
-            for (const fb::ParamGroup *g : *in.param_groups()) m->param_groups.push_back(group(*g));
+            for (const fb::ParamGroup *g : *in.param_groups()) {
+                m->param_groups.emplace_back();
+                SX_TRY(group(*g, &m->param_groups.back()));
+            }
         }
         if (in.params() != nullptr) {
             m->params.resize(in.params()->size());
@@ -183,13 +194,38 @@ class Reader {
         return Status::Ok();
     }
 
-    static ParamGroupEntry group(const fb::ParamGroup &g) {
+    Status group(const fb::ParamGroup &g, ParamGroupEntry *out) {
         ParamGroupEntry e;
         e.optimizer = static_cast<int32_t>(g.optimizer());
 #define SX_DECODE(name, type, dflt, key, rule) e.name = g.name();
         SX_HYPERPARAMETERS(SX_DECODE)
 #undef SX_DECODE
-        return e;
+        SX_TRY(string(g.optimizer_name(), "a param group's optimizer_name", &e.optimizer_name));
+        SX_TRY(strings(g.slot_names(), "a param group's slot_names", &e.slot_names));
+        SX_TRY(strings(g.custom_names(), "a param group's custom_names", &e.custom_names));
+        if (const auto *values = g.custom_values()) {
+            SX_TRY(take(values->size() * sizeof(double), "a param group's custom_values"));
+            e.custom_values.assign(values->begin(), values->end());
+        }
+        *out = std::move(e);
+        return Status::Ok();
+    }
+
+    Status string(const flatbuffers::String *s, const char *what, std::string *out) {
+        if (!s) return Status::Ok();
+        SX_TRY(take(s->size(), what));
+        out->assign(s->data(), s->size());
+        return Status::Ok();
+    }
+
+    Status strings(const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *v, const char *what,
+                   std::vector<std::string> *out) {
+        if (!v) return Status::Ok();
+        for (flatbuffers::uoffset_t i = 0; i < v->size(); ++i) {
+            out->emplace_back();
+            SX_TRY(string(v->Get(i), what, &out->back()));
+        }
+        return Status::Ok();
     }
 
     Status param(const fb::Param &in, flatbuffers::uoffset_t i, ParamEntry *p) {
@@ -247,6 +283,16 @@ ParamGroupEntry param_group_entry(const optim::Hyper &h) {
 #define SX_TO_ENTRY(name, type, dflt, key, rule) e.name = h.name;
     SX_HYPERPARAMETERS(SX_TO_ENTRY)
 #undef SX_TO_ENTRY
+    if (const optim::CustomOptimizer *c = optim::find_custom(static_cast<int32_t>(h.kind))) {
+        e.optimizer = kCustomOptimizer;
+        e.optimizer_name = c->name;
+        e.slot_names = c->slot_names;
+        for (const optim::CustomHyper &hp : c->hypers)
+            if (hp.key >= SX_HP_CUSTOM) {
+                e.custom_names.push_back(hp.name);
+                e.custom_values.push_back(h.custom[hp.key - SX_HP_CUSTOM]);
+            }
+    }
     return e;
 }
 
@@ -256,7 +302,33 @@ optim::Hyper hyper_of(const ParamGroupEntry &e) {
 #define SX_FROM_ENTRY(name, type, dflt, key, rule) h.name = e.name;
     SX_HYPERPARAMETERS(SX_FROM_ENTRY)
 #undef SX_FROM_ENTRY
+    if (e.optimizer == kCustomOptimizer) {
+        const optim::CustomOptimizer *c = optim::find_custom(e.optimizer_name);
+        h.kind = static_cast<optim::Kind>(c ? c->id : 0);
+        if (c) {
+            const optim::Hyper dflt = optim::default_hyper(h.kind);
+            std::copy(dflt.custom, dflt.custom + optim::kMaxCustomHypers, h.custom);
+            for (const optim::CustomHyper &hp : c->hypers)
+                for (size_t i = 0; hp.key >= SX_HP_CUSTOM && i < e.custom_names.size() && i < e.custom_values.size(); ++i)
+                    if (e.custom_names[i] == hp.name) h.custom[hp.key - SX_HP_CUSTOM] = e.custom_values[i];
+        }
+    }
     return optim::with_unused_defaults(h);
+}
+
+std::string tensor_name(const ParamGroupEntry &g, TensorKind kind) {
+    if (kind == TensorKind::kParam) return "param";
+    const int k = static_cast<int>(kind) - static_cast<int>(TensorKind::kSlot0);
+    if (k >= 0 && k < SX_MAX_CUSTOM_SLOTS) return g.optimizer == kCustomOptimizer && static_cast<size_t>(k) < g.slot_names.size() ? g.slot_names[static_cast<size_t>(k)] : "slot" + std::to_string(k);
+    return tensor_suffix(kind) + 1;
+}
+
+std::vector<TensorKind> stored_kinds(const ParamGroupEntry &g) {
+    if (g.optimizer != kCustomOptimizer) return stored_kinds(hyper_of(g));
+    std::vector<TensorKind> kinds = {TensorKind::kParam};
+    for (size_t k = 0; k < g.slot_names.size() && k < static_cast<size_t>(SX_MAX_CUSTOM_SLOTS); ++k)
+        kinds.push_back(static_cast<TensorKind>(static_cast<int>(TensorKind::kSlot0) + static_cast<int>(k)));
+    return kinds;
 }
 
 uint64_t dtype_bytes(int32_t dtype) {
@@ -272,8 +344,11 @@ namespace {
 
 // Each TensorKind's suffix in exports: "." and the state slot's name as torch gives it
 // (index: the kind's value).
+// A custom optimizer's slots' names are its group's (tensor_name); ".slotK" stands for
+// them where no group is at hand.
 const char *const kSuffixOfKind[kNumTensorKinds] = {"",     ".exp_avg",    ".exp_avg_sq", ".max_exp_avg_sq", ".momentum_buffer",
-                                                    ".sum", ".square_avg", ".grad_avg",   ".exp_inf"};
+                                                    ".sum", ".square_avg", ".grad_avg",   ".exp_inf",
+                                                    ".slot0", ".slot1", ".slot2"};
 
 }  // namespace
 
@@ -283,7 +358,7 @@ const char *tensor_suffix(TensorKind kind) {
 }
 
 bool tensor_kind_of(const char *slot, TensorKind *kind) {
-    for (int k = 1; k < kNumTensorKinds; ++k)
+    for (int k = 1; k < static_cast<int>(TensorKind::kSlot0); ++k)
         if (std::strcmp(kSuffixOfKind[k] + 1, slot) == 0) {
             *kind = static_cast<TensorKind>(k);
             return true;
@@ -293,6 +368,11 @@ bool tensor_kind_of(const char *slot, TensorKind *kind) {
 
 std::vector<TensorKind> stored_kinds(const optim::Hyper &h) {
     std::vector<TensorKind> kinds = {TensorKind::kParam};
+    if (optim::is_custom(h.kind)) {
+        for (int k = 0; k < optim::state_slots(h); ++k)
+            kinds.push_back(static_cast<TensorKind>(static_cast<int>(TensorKind::kSlot0) + k));
+        return kinds;
+    }
     for (int k = 0; k < optim::state_slots(h); ++k) {
         TensorKind kind = TensorKind::kParam;
         if (tensor_kind_of(optim::state_slot_name(h, k), &kind)) kinds.push_back(kind);
@@ -321,11 +401,27 @@ Status encode_manifest(const Manifest &m, std::string *bytes) {
     std::vector<Offset<fb::ParamGroup>> groups;
     groups.reserve(m.param_groups.size());
     for (const ParamGroupEntry &g : m.param_groups) {
+        // A table's strings and vectors are built before the table.
+        Offset<flatbuffers::String> name;
+        Offset<flatbuffers::Vector<Offset<flatbuffers::String>>> slots, custom_names;
+        Offset<flatbuffers::Vector<double>> custom_values;
+        if (g.optimizer == kCustomOptimizer) {
+            name = fbb.CreateString(g.optimizer_name);
+            slots = fbb.CreateVectorOfStrings(g.slot_names);
+            custom_names = fbb.CreateVectorOfStrings(g.custom_names);
+            custom_values = fbb.CreateVector(g.custom_values);
+        }
         fb::ParamGroupBuilder b(fbb);
 #define SX_ENCODE(name, type, dflt, key, rule) b.add_##name(g.name);
         SX_HYPERPARAMETERS(SX_ENCODE)
 #undef SX_ENCODE
         b.add_optimizer(static_cast<fb::Optimizer>(g.optimizer));
+        if (g.optimizer == kCustomOptimizer) {
+            b.add_optimizer_name(name);
+            b.add_slot_names(slots);
+            b.add_custom_names(custom_names);
+            b.add_custom_values(custom_values);
+        }
         groups.push_back(b.Finish());
     }
     std::vector<Offset<fb::Param>> params;

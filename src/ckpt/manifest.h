@@ -38,8 +38,13 @@ enum class TensorKind : int8_t {
     kSquareAvg = 6,
     kGradAvg = 7,
     kExpInf = 8,
+    kSlot0 = 9,  // a custom optimizer's slot k: kSlot0 + k, named by its group's slot_names
+    kSlot1 = 10,
+    kSlot2 = 11,
 };
-constexpr int kNumTensorKinds = 9;
+constexpr int kNumTensorKinds = 12;
+// The manifest's Optimizer value of a registered optimizer (ParamGroupEntry::optimizer_name).
+constexpr int32_t kCustomOptimizer = 100;
 // "", ".exp_avg", ".exp_avg_sq", ...: the suffix of the tensor's name in exports ("."
 // and torch's name of the state slot it holds; "" for the param's values).
 const char *tensor_suffix(TensorKind kind);
@@ -84,17 +89,33 @@ struct ParamEntry {
 // A param group: its optimizer and every hyperparameter of optim/optimizer.h's table
 // (the table's default where a manifest does not hold it).
 struct ParamGroupEntry {
-    int32_t optimizer = SX_OPTIM_ADAMW;
+    int32_t optimizer = SX_OPTIM_ADAMW;  // SX_OPTIM_*, or kCustomOptimizer
 #define SX_ENTRY_MEMBER(name, type, dflt, key, rule) type name = dflt;
     SX_HYPERPARAMETERS(SX_ENTRY_MEMBER)
 #undef SX_ENTRY_MEMBER
+    // kCustomOptimizer: the registered optimizer's name, its slots' names (tensor kind
+    // kSlot0 + k is slot_names[k]) and its own hyperparameters by name.
+    std::string optimizer_name;
+    std::vector<std::string> slot_names;
+    std::vector<std::string> custom_names;
+    std::vector<double> custom_values;
 };
+
+// The name of a param's tensor of `kind` in group g ("exp_avg"; "param" for kParam): a
+// custom optimizer's slot names come from g.
+std::string tensor_name(const ParamGroupEntry &g, TensorKind kind);
+// The kinds a param of group g stores: as stored_kinds(hyper_of(g)), and for a custom
+// optimizer (registered here or not) kParam then kSlot0 + k for each of its slots.
+std::vector<TensorKind> stored_kinds(const ParamGroupEntry &g);
 
 // The group's optimizer for messages, with what decides its state slots: "SGD",
 // "Adam with amsgrad", "RMSprop with momentum, centered".
 std::string optimizer_text(const ParamGroupEntry &g);
 
-// A param group's optimizer and hyperparameters as the manifest holds them, and back.
+// A param group's optimizer and hyperparameters as the manifest holds them, and back. A
+// custom optimizer's entry names it; hyper_of finds it among those registered in this
+// process (by name: ids differ between processes) and takes its own hyperparameters by
+// name (kind 0, which validate refuses, if none is registered under that name).
 ParamGroupEntry param_group_entry(const optim::Hyper &h);
 optim::Hyper hyper_of(const ParamGroupEntry &e);
 

@@ -51,6 +51,56 @@ Status as_corrupt(const Status &s, const std::string &where) {
     return Status(SX_ERR_CORRUPT, "manifest: " + where + ": " + s.message(), s.file(), s.line());
 }
 
+// A name a custom optimizer's registration accepts: 1 to 63 of [A-Za-z0-9_] (and '.'
+// and '-' in an optimizer's name).
+bool valid_custom_name(const std::string &name, bool dots) {
+    if (name.empty() || name.size() > 63) return false;
+    for (char c : name)
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+              (dots && (c == '.' || c == '-'))))
+            return false;
+    return true;
+}
+
+// A custom optimizer's param group: what a registration could have given (its maths are
+// the registering process's, so nothing else can be checked without it).
+Status validate_custom_group(const ParamGroupEntry &e, size_t g) {
+    SX_CHECK(valid_custom_name(e.optimizer_name, true), SX_ERR_CORRUPT,
+             "manifest: param group %zu: custom optimizer name %s is not 1 to 63 of [A-Za-z0-9_.-]", g,
+             printable(e.optimizer_name).c_str());
+    SX_CHECK(e.slot_names.size() <= static_cast<size_t>(SX_MAX_CUSTOM_SLOTS), SX_ERR_CORRUPT,
+             "manifest: param group %zu: %zu state slots; a custom optimizer has at most %d", g, e.slot_names.size(),
+             SX_MAX_CUSTOM_SLOTS);
+    for (size_t k = 0; k < e.slot_names.size(); ++k) {
+        SX_CHECK(valid_custom_name(e.slot_names[k], false), SX_ERR_CORRUPT,
+                 "manifest: param group %zu: slot name %s is not 1 to 63 of [A-Za-z0-9_]", g,
+                 printable(e.slot_names[k]).c_str());
+        for (size_t j = 0; j < k; ++j)
+            SX_CHECK(e.slot_names[j] != e.slot_names[k], SX_ERR_CORRUPT,
+                     "manifest: param group %zu: slot '%s' is listed twice", g, e.slot_names[k].c_str());
+    }
+    SX_CHECK(e.custom_names.size() == e.custom_values.size() &&
+                 e.custom_names.size() <= static_cast<size_t>(SX_MAX_CUSTOM_HYPERPARAMETERS),
+             SX_ERR_CORRUPT, "manifest: param group %zu: %zu custom hyperparameter names, %zu values (at most %d)", g,
+             e.custom_names.size(), e.custom_values.size(), SX_MAX_CUSTOM_HYPERPARAMETERS);
+    for (size_t i = 0; i < e.custom_names.size(); ++i) {
+        SX_CHECK(valid_custom_name(e.custom_names[i], false) && std::isfinite(e.custom_values[i]), SX_ERR_CORRUPT,
+                 "manifest: param group %zu: custom hyperparameter %s = %g is not a name of [A-Za-z0-9_] with a "
+                 "finite value",
+                 g, printable(e.custom_names[i]).c_str(), e.custom_values[i]);
+        for (size_t j = 0; j < i; ++j)
+            SX_CHECK(e.custom_names[j] != e.custom_names[i], SX_ERR_CORRUPT,
+                     "manifest: param group %zu: custom hyperparameter '%s' is listed twice", g,
+                     e.custom_names[i].c_str());
+    }
+#define SX_CHECK_FINITE(name, type, dflt, key, rule)                                                              \
+    SX_CHECK(std::isfinite(static_cast<double>(e.name)), SX_ERR_CORRUPT, "manifest: param group %zu: %s is %g", g, \
+             #name, static_cast<double>(e.name));
+    SX_HYPERPARAMETERS(SX_CHECK_FINITE)
+#undef SX_CHECK_FINITE
+    return Status::Ok();
+}
+
 Status validate_header(const Manifest &m) {
     SX_CHECK(m.world_size >= 1, SX_ERR_CORRUPT, "manifest: world_size is %d; it must be >= 1", m.world_size);
     SX_CHECK(m.step <= kMaxSteps, SX_ERR_CORRUPT, "manifest: step is %llu, more than the %llu steps a count may hold",
@@ -77,6 +127,13 @@ Status validate_header(const Manifest &m) {
              static_cast<long long>(ls.growth_tracker), static_cast<long long>(ls.growth_interval));
     for (size_t g = 0; g < m.param_groups.size(); ++g) {
         const ParamGroupEntry &e = m.param_groups[g];
+        if (e.optimizer == kCustomOptimizer) {
+            SX_TRY(validate_custom_group(e, g));
+            continue;
+        }
+        SX_CHECK(e.optimizer_name.empty() && e.slot_names.empty() && e.custom_names.empty() && e.custom_values.empty(),
+                 SX_ERR_CORRUPT, "manifest: param group %zu (%s) has a custom optimizer's names or values", g,
+                 optim::optimizer_name(e.optimizer).c_str());
         SX_TRY(as_corrupt(optim::validate(hyper_of(e)), format("param group %zu", g)));
     }
     std::unordered_set<std::string> files;
@@ -119,6 +176,7 @@ Status validate_header(const Manifest &m) {
 }  // namespace
 
 std::string optimizer_text(const ParamGroupEntry &g) {
+    if (g.optimizer == kCustomOptimizer) return "the custom optimizer '" + g.optimizer_name + "'";
     std::string name = optim::optimizer_name(g.optimizer);
     if (g.optimizer == SX_OPTIM_ADAM || g.optimizer == SX_OPTIM_ADAMW)
         return name + (g.amsgrad ? " with amsgrad" : " without amsgrad");
@@ -132,7 +190,7 @@ namespace {
 // Whether a tensor of `kind` belongs to a param updated with optimizer `g` (the state
 // slots of its row of the optimizer table).
 bool kind_fits(TensorKind kind, const ParamGroupEntry &g) {
-    for (TensorKind k : stored_kinds(hyper_of(g)))
+    for (TensorKind k : stored_kinds(g))
         if (k == kind) return true;
     return false;
 }

@@ -11,6 +11,7 @@
 
 #include "base/memory.h"
 #include "base/status.h"
+#include "optim/custom.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
 
@@ -78,6 +79,17 @@ class DeviceOps {
     // (a segment's compute_out, if any, gets the updated value in compute_dtype).
     virtual Status sum_of_squares(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) = 0;
     virtual Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) = 0;
+    // Custom optimizers (host only; elsewhere SX_ERR_UNSUPPORTED): optim/custom.h's
+    // double_buffered_update (*ok: whether every update succeeded) and its undo.
+    virtual Status double_buffered_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq,
+                                          optim::CustomFailure *failure, bool *ok) {
+        (void)segs, (void)n, (void)grad_scale, (void)sumsq, (void)failure, (void)ok;
+        return SX_ERROR(SX_ERR_UNSUPPORTED, "custom optimizers run on the CPU only");
+    }
+    virtual Status undo_double_buffered(const optim::Segment *segs, size_t n) {
+        (void)segs, (void)n;
+        return SX_ERROR(SX_ERR_UNSUPPORTED, "custom optimizers run on the CPU only");
+    }
 
     // What follows is ordered after the work enqueued so far on the trainer's `stream`
     // (a cudaStream_t; null: the legacy default stream). The host has nothing to wait for.

@@ -302,15 +302,15 @@ Status ShardGroup::set_hyperparameter(int32_t group, int32_t key, double value) 
         const optim::OptimizerSpec &spec = optim::spec_of(h.kind);
         double was = 0.0;
         SX_TRY(core::get_hyperparameter(h, key, &was));
-        SX_CHECK(!(spec.fixed_keys & (1u << key)) || was == value, SX_ERR_INVALID_STATE,
-                 "%s of a %s group can only change before the first step", hyperparameter_name(key), spec.name);
+        SX_CHECK(key > optim::kMaxHyperKey || !(spec.fixed_keys & (1u << key)) || was == value, SX_ERR_INVALID_STATE,
+                 "%s of a %s group can only change before the first step", hyperparameter_name(h, key), spec.name);
         const int before = optim::state_slots(h), after = optim::state_slots(changed);
         for (int k = 0; k < std::min(before, after); ++k)
             SX_CHECK(std::strcmp(optim::state_slot_name(h, k), optim::state_slot_name(changed, k)) == 0,
                      SX_ERR_INVALID_STATE,
                      "setting %s = %g after the first step would move the %s group's state slot '%s'; "
                      "set it before the first step",
-                     hyperparameter_name(key), value, spec.name, optim::state_slot_name(h, k));
+                     hyperparameter_name(h, key), value, spec.name, optim::state_slot_name(h, k));
     }
     h = changed;
     return Status::Ok();

@@ -1,5 +1,7 @@
 #include "core/params.h"
 
+#include "optim/custom.h"
+
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -77,6 +79,10 @@ optim::Hyper hyper_from_desc(const sx_param_group_desc_t &d) {
 #define SX_FROM_DESC(name, type, dflt, key, rule) h.name = static_cast<type>(d.name);
     SX_HYPERPARAMETERS(SX_FROM_DESC)
 #undef SX_FROM_DESC
+    // A custom optimizer's own hyperparameters start at their defaults (the descriptor
+    // has no fields for them: sx_set_hyperparameter sets them).
+    const optim::Hyper dflt = optim::default_hyper(h.kind);
+    for (int i = 0; i < optim::kMaxCustomHypers; ++i) h.custom[i] = dflt.custom[i];
     return optim::with_unused_defaults(h);
 }
 
@@ -110,6 +116,15 @@ uint64_t hyper_fingerprint(const optim::Hyper &h, uint64_t seed) {
     }
     SX_HYPERPARAMETERS(SX_FINGERPRINT)
 #undef SX_FINGERPRINT
+    f = fnv1a(h.custom, sizeof h.custom, f);
+    // A custom optimizer is the same on every rank if its name, slots and
+    // hyperparameters are (its id is the order of registration, which may differ).
+    if (const optim::CustomOptimizer *c = optim::find_custom(static_cast<int32_t>(h.kind))) {
+        f = fnv1a(c->name.data(), c->name.size(), f);
+        for (const std::string &slot : c->slot_names) f = fnv1a(slot.c_str(), slot.size() + 1, f);
+        for (size_t k = 0; k < c->slot_names.size(); ++k) f = fnv1a(&c->initial[k], sizeof(float), f);
+        for (const optim::CustomHyper &hp : c->hypers) f = fnv1a(hp.name.c_str(), hp.name.size() + 1, f);
+    }
     return f;
 }
 
@@ -138,7 +153,40 @@ Status assign(int32_t key, double value, bool *out) {
 
 }  // namespace
 
+const char *hyperparameter_name(const optim::Hyper &h, int32_t key) {
+    if (const optim::CustomOptimizer *c = optim::find_custom(static_cast<int32_t>(h.kind)))
+        for (const optim::CustomHyper &hp : c->hypers)
+            if (hp.key == key) return hp.name.c_str();
+    return hyperparameter_name(key);
+}
+
+namespace {
+
+// A custom optimizer's own hyperparameter `key` (SX_HP_CUSTOM + i): *index receives i.
+Status custom_key(const optim::Hyper &h, int32_t key, int *index) {
+    const optim::CustomOptimizer *c = optim::find_custom(static_cast<int32_t>(h.kind));
+    SX_CHECK_ARG(c != nullptr, "key %d (SX_HP_CUSTOM + %d) names a custom optimizer's own hyperparameter; %s has none",
+                 key, key - SX_HP_CUSTOM, optim::optimizer_name(h.kind).c_str());
+    SX_CHECK_ARG(key - SX_HP_CUSTOM < c->num_own,
+                 "key %d (SX_HP_CUSTOM + %d): the optimizer '%s' has %d hyperparameter%s of its own", key,
+                 key - SX_HP_CUSTOM, c->name.c_str(), c->num_own, c->num_own == 1 ? "" : "s");
+    *index = key - SX_HP_CUSTOM;
+    return Status::Ok();
+}
+
+}  // namespace
+
 Status set_hyperparameter(optim::Hyper *h, int32_t key, double value) {
+    if (key >= SX_HP_CUSTOM) {
+        int i = 0;
+        SX_TRY(custom_key(*h, key, &i));
+        optim::Hyper n = *h;
+        n.custom[i] = value;
+        Status s = optim::validate(n);
+        if (!s.ok()) return s.prefix(format("setting %s = %g: ", hyperparameter_name(*h, key), value));
+        *h = n;
+        return Status::Ok();
+    }
     const char *name = hyperparameter_name(key);
     SX_CHECK_ARG(name != nullptr, "unknown hyperparameter key %d (expected SX_HP_*)", key);
     optim::Hyper n = *h;
@@ -157,6 +205,12 @@ Status set_hyperparameter(optim::Hyper *h, int32_t key, double value) {
 }
 
 Status get_hyperparameter(const optim::Hyper &h, int32_t key, double *value) {
+    if (key >= SX_HP_CUSTOM) {
+        int i = 0;
+        SX_TRY(custom_key(h, key, &i));
+        *value = h.custom[i];
+        return Status::Ok();
+    }
     const char *name = hyperparameter_name(key);
     SX_CHECK_ARG(name != nullptr, "unknown hyperparameter key %d (expected SX_HP_*)", key);
 #define SX_GET(field, type, dflt, k, rule) \

@@ -57,6 +57,8 @@ uint64_t hyper_fingerprint(const optim::Hyper &h, uint64_t seed);
 Status set_hyperparameter(optim::Hyper *h, int32_t key, double value);
 Status get_hyperparameter(const optim::Hyper &h, int32_t key, double *value);
 const char *hyperparameter_name(int32_t key);
+// Its name in h's optimizer (a custom optimizer's own keys too), or nullptr.
+const char *hyperparameter_name(const optim::Hyper &h, int32_t key);
 
 // FNV-1a, for fingerprints that ranks compare.
 uint64_t fnv1a(const void *data, size_t bytes, uint64_t seed = 1469598103934665603ull);

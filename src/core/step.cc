@@ -193,9 +193,18 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     }
     const float grad_scale = static_cast<float>(coef / divisor);
     double update_sumsq = 0.0;
-    const int32_t head = options.defer_gather ? first_deferred_gather() : -1;
+    // A double-buffered unit (a custom optimizer's) is not gathered before every rank's
+    // update is known to have succeeded.
+    int32_t head = options.defer_gather ? first_deferred_gather() : -1;
+    if (head >= 0 && units_.double_buffered(static_cast<size_t>(head))) head = -1;
     units_.mark_zeroed_by_update(!options.keep_grads, round_->reduced());
     Status s = update_shard(grad_scale, head, norm_first ? nullptr : &update_sumsq);
+    if (s.code() == SX_ERR_OPTIMIZER && check_usable().ok()) {
+        // A custom update failed on some rank: nothing changed on any, and the step ends
+        // as a skipped one does (the gradients go).
+        Status skipped = skip_step(options, norm, result);
+        return skipped.ok() ? s : skipped;
+    }
     if (s.ok() && !norm_first) {
         SX_TRACE_SPAN(tracer(), "step", "grad_norm");
         s = sum_over_ranks(update_sumsq, &sumsq);
@@ -246,20 +255,82 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
     uint64_t updated = 0;
     double head_sumsq = 0.0, rest = 0.0;
     SX_TRY(units_.ensure_masters());
+    // The units of custom optimizers first: if an update fails anywhere, nothing else
+    // has been touched yet.
+    double kept_sumsq = 0.0;
+    if (units_.any_double_buffered()) SX_TRY(update_double_buffered(grad_scale, sumsq ? &kept_sumsq : nullptr));
     if (head >= 0) {
         std::vector<optim::Segment> first;
         units_.append_segments(static_cast<size_t>(head), round_->reduced(static_cast<size_t>(head)), &first);
-        SX_TRY(ops_->fused_update(first.data(), first.size(), grad_scale, sumsq ? &head_sumsq : nullptr));
+        SX_TRY(update_in_place(first, grad_scale, sumsq ? &head_sumsq : nullptr));
         if (span.on()) updated += segment_elements(first);
         SX_TRY(gathers_->open());
         SX_TRY(gathers_->submit(static_cast<size_t>(head)));
     }
     const std::vector<optim::Segment> segs = units_.segments(round_->reduced(), head);
-    SX_TRY(ops_->fused_update(segs.data(), segs.size(), grad_scale, sumsq ? &rest : nullptr));
+    SX_TRY(update_in_place(segs, grad_scale, sumsq ? &rest : nullptr));
     if (span.on()) updated += segment_elements(segs);
     span.set_bytes(updated * sizeof(float));
-    if (sumsq) *sumsq = head_sumsq + rest;
+    if (sumsq) *sumsq = kept_sumsq + head_sumsq + rest;
     return Status::Ok();
+}
+
+// Segments updated in place: sx's kernels, and the functions of custom optimizers
+// registered SX_OPTIMIZER_IN_PLACE, whose failure fails the group (the step is half done).
+Status ShardGroup::update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, double *sumsq) {
+    std::vector<optim::Segment> builtin, custom;
+    for (const optim::Segment &seg : segs) (optim::is_custom(seg.hyper->kind) ? custom : builtin).push_back(seg);
+    double a = 0.0, b = 0.0;
+    SX_TRY(ops_->fused_update(builtin.data(), builtin.size(), grad_scale, sumsq ? &a : nullptr));
+    if (!custom.empty()) {
+        optim::CustomFailure failure;
+        bool ok = true;
+        SX_TRY(ops_->double_buffered_update(custom.data(), custom.size(), grad_scale, sumsq ? &b : nullptr, &failure,
+                                            &ok));
+        if (!ok)
+            return fail(SX_ERROR(SX_ERR_OPTIMIZER,
+                                 "the custom optimizer '%s' returned %d updating param '%s' on rank %d; it updates in "
+                                 "place (SX_OPTIMIZER_IN_PLACE), so the step is half done and the group has failed",
+                                 failure.optimizer, failure.code, table_.params()[failure.param].name.c_str(),
+                                 mesh_.rank()));
+    }
+    if (sumsq) *sumsq = a + b;
+    return Status::Ok();
+}
+
+// The double-buffered units' update (optim/custom.h), kept only if it succeeded on every
+// rank, else undone on every rank: SX_ERR_OPTIMIZER, and nothing has changed.
+Status ShardGroup::update_double_buffered(float grad_scale, double *sumsq) {
+    SX_TRY(units_.ensure_double_buffers());
+    const std::vector<optim::Segment> segs = units_.segments(round_->reduced(), -1, true);
+    optim::CustomFailure failure;
+    bool ok = true;
+    SX_TRY(ops_->double_buffered_update(segs.data(), segs.size(), grad_scale, sumsq, &failure, &ok));
+    // Every rank learns how many failed (replicas of a mesh too: each updates its own copy).
+    double failed = ok ? 0.0 : 1.0;
+    if (mesh_.world_size() > 1) {
+        std::vector<double> all(static_cast<size_t>(mesh_.world_size()), 0.0);
+        all[static_cast<size_t>(mesh_.rank())] = failed;
+        Status s = mesh_.world().all_gather(all.data(), sizeof(double));
+        if (!s.ok()) return fail(s);
+        failed = 0.0;
+        for (double v : all) failed += v;
+    }
+    if (failed == 0.0) {
+        units_.commit_double_buffers();
+        return Status::Ok();
+    }
+    SX_TRY(ops_->undo_double_buffered(segs.data(), segs.size()));
+    if (!ok)
+        return SX_ERROR(SX_ERR_OPTIMIZER,
+                        "the custom optimizer '%s' returned %d updating param '%s' on rank %d: the step changed "
+                        "nothing on any rank (params and optimizer state are as before it) and dropped the gradients",
+                        failure.optimizer, failure.code, table_.params()[failure.param].name.c_str(), mesh_.rank());
+    return SX_ERROR(SX_ERR_OPTIMIZER,
+                    "a custom optimizer's update reported failure on %g other rank%s (see its error there): the step "
+                    "changed nothing on any rank (params and optimizer state are as before it) and dropped the "
+                    "gradients",
+                    failed, failed == 1.0 ? "" : "s");
 }
 
 // The gradient scale of the norm: the average over the ranks and the loss scale (1 /

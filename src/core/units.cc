@@ -1,6 +1,8 @@
 // The units' memory on this rank (units.h).
 #include "core/units.h"
 
+#include "optim/custom.h"
+
 #include <algorithm>
 #include <cstring>
 #include <unordered_map>
@@ -34,7 +36,8 @@ void Units::count_bytes(uint64_t *params, uint64_t *grads, uint64_t *optimizer, 
         *grads += unit.grads.size() + unit.accum.size();
         // fp32 master weights count as optimizer state, as in ZeRO's accounting.
         *optimizer += unit.master.size();
-        for (int k = 0; k < unit.state_slots; ++k) *optimizer += unit.state[k].size();
+        for (int k = 0; k < unit.state_slots; ++k) *optimizer += unit.state[k].size() + unit.state_next[k].size();
+        *optimizer += unit.undo.size();
         const int slots = unit.state_slots + (unit.master.empty() ? 0 : 1);
         *unsharded += static_cast<uint64_t>(slots) * table_.layout->units()[u].numel * sizeof(float);
     }
@@ -267,7 +270,7 @@ void Units::mark_zeroed_by_update(bool zero, const std::vector<float *> &reduced
         const uint64_t own = table_.layout->units()[u].shard_numel;
         const float *shard = reduced[u];
         const bool in_place = shard >= base && shard + own <= base + unit.grads.size() / sizeof(float);
-        if (!in_place) continue;
+        if (!in_place || has_custom(u)) continue;  // a custom update does not zero gradients
         bool all = true;
         for (int32_t p : table_.layout->units()[u].params) all = all && (*table_.applied)[p] != 0;
         zeroed_by_update_[u] = all ? 1 : 0;
@@ -292,6 +295,18 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
         seg.grad = reduced + piece.shard_offset;
         if (u < zeroed_by_update_.size() && zeroed_by_update_[u]) seg.zero_grad = reduced + piece.shard_offset;
         for (int k = 0; k < unit.state_slots; ++k) seg.state[k] = v.state[k] + piece.shard_offset;
+        if (double_buffered(u)) {
+            // The update reads the slots' values from `state` and writes `state_next`.
+            for (int k = 0; k < unit.state_slots; ++k) {
+                seg.state_in[k] = seg.state[k];
+                seg.state[k] = unit.state_next[k].as<float>() + piece.shard_offset;
+            }
+            seg.undo = unit.undo.as<float>() + piece.shard_offset;
+            seg.zero_grad = nullptr;
+        }
+        seg.param_index = p;
+        seg.param_group = spec.group;
+        seg.param_offset = piece.begin;
         seg.n = piece.end - piece.begin;
         seg.hyper = &(*table_.groups)[spec.group].hyper;
         seg.step = (seg.hyper->kind == optim::Kind::kSgd ? spec.momentum_steps : spec.step) + 1;
@@ -300,11 +315,86 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
     }
 }
 
-std::vector<optim::Segment> Units::segments(const std::vector<float *> &reduced, int32_t except) const {
+std::vector<optim::Segment> Units::segments(const std::vector<float *> &reduced, int32_t except,
+                                            bool double_buffered) const {
     std::vector<optim::Segment> segs;
     for (size_t u = 0; u < units_.size(); ++u)
-        if (static_cast<int32_t>(u) != except) append_segments(u, reduced[u], &segs);
+        if (static_cast<int32_t>(u) != except && this->double_buffered(u) == double_buffered)
+            append_segments(u, reduced[u], &segs);
     return segs;
+}
+
+bool Units::double_buffered(size_t u) const {
+    if (!units_[u].trainable) return false;
+    for (int32_t p : table_.layout->units()[u].params)
+        if ((*table_.applied)[p] && optim::double_buffers((*table_.groups)[(*table_.params)[p].group].hyper.kind))
+            return true;
+    return false;
+}
+
+bool Units::has_custom(size_t u) const {
+    for (int32_t p : table_.layout->units()[u].params)
+        if ((*table_.applied)[p] && optim::is_custom((*table_.groups)[(*table_.params)[p].group].hyper.kind))
+            return true;
+    return false;
+}
+
+bool Units::any_double_buffered() const {
+    for (size_t u = 0; u < units_.size(); ++u)
+        if (double_buffered(u)) return true;
+    return false;
+}
+
+Status Units::ensure_double_buffers() {
+    struct Pending {
+        size_t unit;
+        Buffer next[3];
+        Buffer undo;
+    };
+    std::vector<Pending> pending;
+    for (size_t u = 0; u < units_.size(); ++u) {
+        if (!double_buffered(u)) continue;
+        const Unit &unit = units_[u];
+        const uint64_t bytes = table_.layout->units()[u].shard_numel * sizeof(float);
+        Pending pd;
+        pd.unit = u;
+        bool any = false;
+        for (int k = 0; k < unit.state_slots; ++k)
+            if (unit.state_next[k].empty()) {
+                SX_TRY(ops_->allocate(bytes, "a custom optimizer's second state buffer", &pd.next[k]));
+                any = true;
+            }
+        if (unit.undo.empty()) {
+            SX_TRY(ops_->allocate(bytes, "a custom optimizer's copy of the params", &pd.undo));
+            any = true;
+        }
+        if (any) pending.push_back(std::move(pd));
+    }
+    for (Pending &pd : pending) {
+        Unit &unit = units_[pd.unit];
+        for (int k = 0; k < 3; ++k)
+            if (!pd.next[k].empty()) unit.state_next[k] = std::move(pd.next[k]);
+        if (!pd.undo.empty()) unit.undo = std::move(pd.undo);
+    }
+    return Status::Ok();
+}
+
+void Units::commit_double_buffers() {
+    for (size_t u = 0; u < units_.size(); ++u) {
+        if (!double_buffered(u)) continue;
+        Unit &unit = units_[u];
+        // The params the step left alone (frozen ones) keep their slots: copied over
+        // before the swap, since the new buffers hold older values there.
+        for (int32_t p : table_.layout->units()[u].params) {
+            if ((*table_.applied)[p]) continue;
+            const ShardPiece piece = table_.layout->piece(p, settings_.shard_rank);
+            const size_t n = piece.end - piece.begin;
+            for (int k = 0; k < unit.state_slots && n > 0; ++k)
+                std::memcpy(unit.state_next[k].as<float>() + piece.shard_offset,
+                            unit.state[k].as<float>() + piece.shard_offset, n * sizeof(float));
+        }
+        for (int k = 0; k < unit.state_slots; ++k) std::swap(unit.state[k], unit.state_next[k]);
+    }
 }
 
 Status Units::sum_of_squares(size_t u, float *reduced, float grad_scale, double *out) const {

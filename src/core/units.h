@@ -39,6 +39,11 @@ class Units {
         Buffer accum;
         Buffer state[3];         // this rank's shard of each optimizer state slot
         int state_slots = 0;     // slots allocated
+        // Units with a custom optimizer's params: the step writes the slots' new values
+        // here and swaps them in once every rank's update succeeded; `undo` keeps the
+        // params the update overwrote (optim/custom.h).
+        Buffer state_next[3];
+        Buffer undo;
         bool trainable = false;  // any param trainable (as applied)
         bool accum_live = false; // accum holds gradients of earlier micro-batches
         // Stage 3: this rank's shard of the params, in their dtype (`params` is empty: the
@@ -108,8 +113,22 @@ class Units {
     // Unit u's segments (none if it is frozen): every trainable param's piece of this
     // rank's shard, its reduced gradient at `reduced`, its state and hyperparameters.
     void append_segments(size_t u, float *reduced, std::vector<optim::Segment> *out) const;
-    // Every unit's segments but unit `except`'s.
-    std::vector<optim::Segment> segments(const std::vector<float *> &reduced, int32_t except = -1) const;
+    // Every unit's segments but unit `except`'s; double_buffered: only those of the units
+    // that double_buffered(u), else only the others.
+    std::vector<optim::Segment> segments(const std::vector<float *> &reduced, int32_t except = -1,
+                                         bool double_buffered = false) const;
+    // Whether unit u is trainable and updates a param of a custom optimizer: its update
+    // is double-buffered, and kept (commit_double_buffers) only if every rank's succeeded.
+    bool double_buffered(size_t u) const;
+    bool any_double_buffered() const;
+    // Whether unit u updates a param of a custom optimizer (double-buffered or in place).
+    bool has_custom(size_t u) const;
+    // The second slot buffers and the params' undo space of every double-buffered unit,
+    // allocated where missing (nothing changes if an allocation fails).
+    Status ensure_double_buffers();
+    // After every rank's update succeeded: each double-buffered unit's new slots become
+    // its state (the slots of params the step did not update carried over).
+    void commit_double_buffers();
     // The sum of squares of unit u's reduced gradients (at `reduced`) times grad_scale.
     Status sum_of_squares(size_t u, float *reduced, float grad_scale, double *out) const;
 

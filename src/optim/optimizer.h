@@ -74,16 +74,24 @@ inline bool valid_steps(int64_t step, int64_t momentum_steps) {
     return momentum_steps >= 0 && momentum_steps <= step && static_cast<uint64_t>(step) <= kMaxSteps;
 }
 
-// An optimizer and its hyperparameters (one member per line of the table above).
+// The most hyperparameters of its own a custom optimizer may have (custom.h).
+constexpr int kMaxCustomHypers = SX_MAX_CUSTOM_HYPERPARAMETERS;
+
+// An optimizer and its hyperparameters (one member per line of the table above; a
+// custom optimizer's own in `custom`, in its registration's order).
 struct Hyper {
     Kind kind = Kind::kAdamW;
 #define SX_HYPER_MEMBER(name, type, dflt, key, rule) type name = dflt;
     SX_HYPERPARAMETERS(SX_HYPER_MEMBER)
 #undef SX_HYPER_MEMBER
+    double custom[kMaxCustomHypers] = {};
 };
 
 // The most state slots (fp32 tensors of a param's size) any optimizer keeps.
 constexpr int kMaxStateSlots = 3;
+static_assert(SX_MAX_CUSTOM_SLOTS <= kMaxStateSlots, "custom optimizers' slots are the built-ins'");
+
+struct CustomOptimizer;
 
 // What an optimizer needs from the step besides its own segment's elements.
 enum class Needs : int32_t {
@@ -122,9 +130,12 @@ struct OptimizerSpec {
     // Rules beyond each hyperparameter's own range (SGD's nesterov needs momentum), or
     // nullptr; returns an error naming what is wrong.
     Status (*check)(const Hyper &h);
+    // A registered optimizer (custom.h): the rest of its description; nullptr for sx's own.
+    const CustomOptimizer *custom;
 };
 
-// The row of SX_OPTIM_* value `optimizer`, or nullptr if there is none.
+// The row of SX_OPTIM_* value `optimizer` (or a registered optimizer's id), or nullptr
+// if there is none.
 const OptimizerSpec *find_optimizer(int32_t optimizer);
 // The row of a valid kind.
 const OptimizerSpec &spec_of(Kind kind);
@@ -191,6 +202,15 @@ struct Segment {
     // gradient: `grad` itself, when the next backward adds into the same buffer, so that
     // the step needs no pass of its own to zero it.
     float *zero_grad = nullptr;
+    // Double-buffered segments (custom.h, double_buffered_update): the slots' current
+    // values, copied into `state` before the update, and where the param's current
+    // values are saved. Null for segments updated in place.
+    const float *state_in[kMaxStateSlots] = {nullptr, nullptr, nullptr};
+    float *undo = nullptr;
+    // Which param the elements belong to, its param group, and param[0]'s offset in it.
+    int32_t param_index = -1;
+    int32_t param_group = -1;
+    uint64_t param_offset = 0;
 };
 
 // Every element's gradient is used as grad[i] * grad_scale (the scale folds the average

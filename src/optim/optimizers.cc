@@ -4,6 +4,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "optim/custom.h"
 #include "optim/optimizer.h"
 
 namespace sx {
@@ -31,34 +32,34 @@ Status check_sgd(const Hyper &h) {
 const OptimizerSpec kOptimizers[] = {
     {Kind::kSgd, "SGD", "torch.optim.SGD", Needs::kElementwise,
      kCommon | bit(SX_HP_MOMENTUM) | bit(SX_HP_DAMPENING) | bit(SX_HP_NESTEROV), 0,
-     {{"momentum_buffer", if_momentum}}, nullptr, {{0, 0}}, check_sgd},
+     {{"momentum_buffer", if_momentum}}, nullptr, {{0, 0}}, check_sgd, nullptr},
     {Kind::kAdam, "Adam", "torch.optim.Adam", Needs::kElementwise,
      kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_AMSGRAD), bit(SX_HP_AMSGRAD),
-     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}, {"max_exp_avg_sq", if_amsgrad}}, nullptr, {{0, 0}}, nullptr},
+     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}, {"max_exp_avg_sq", if_amsgrad}}, nullptr, {{0, 0}}, nullptr, nullptr},
     {Kind::kAdamW, "AdamW", "torch.optim.AdamW", Needs::kElementwise,
      kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_AMSGRAD), bit(SX_HP_AMSGRAD),
      {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}, {"max_exp_avg_sq", if_amsgrad}}, nullptr,
-     {{SX_HP_WEIGHT_DECAY, 1e-2}, {0, 0}}, nullptr},
+     {{SX_HP_WEIGHT_DECAY, 1e-2}, {0, 0}}, nullptr, nullptr},
     {Kind::kAdagrad, "Adagrad", "torch.optim.Adagrad", Needs::kElementwise,
      kCommon | bit(SX_HP_EPS) | bit(SX_HP_LR_DECAY) | bit(SX_HP_INITIAL_ACCUMULATOR_VALUE), 0,
-     {{"sum", nullptr}}, nullptr, {{SX_HP_LR, 1e-2}, {SX_HP_EPS, 1e-10}, {0, 0}}, nullptr},
+     {{"sum", nullptr}}, nullptr, {{SX_HP_LR, 1e-2}, {SX_HP_EPS, 1e-10}, {0, 0}}, nullptr, nullptr},
     {Kind::kRmsprop, "RMSprop", "torch.optim.RMSprop", Needs::kElementwise,
      kCommon | bit(SX_HP_EPS) | bit(SX_HP_ALPHA) | bit(SX_HP_MOMENTUM) | bit(SX_HP_CENTERED), bit(SX_HP_CENTERED),
      {{"square_avg", nullptr}, {"momentum_buffer", if_momentum}, {"grad_avg", if_centered}}, nullptr,
-     {{SX_HP_LR, 1e-2}, {0, 0}}, nullptr},
+     {{SX_HP_LR, 1e-2}, {0, 0}}, nullptr, nullptr},
     {Kind::kAdamax, "Adamax", "torch.optim.Adamax", Needs::kElementwise, kCommon | kBetas | bit(SX_HP_EPS), 0,
-     {{"exp_avg", nullptr}, {"exp_inf", nullptr}}, nullptr, {{SX_HP_LR, 2e-3}, {0, 0}}, nullptr},
+     {{"exp_avg", nullptr}, {"exp_inf", nullptr}}, nullptr, {{SX_HP_LR, 2e-3}, {0, 0}}, nullptr, nullptr},
     {Kind::kNadam, "NAdam", "torch.optim.NAdam", Needs::kElementwise,
      kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_MOMENTUM_DECAY) | bit(SX_HP_DECOUPLED_WEIGHT_DECAY), 0,
-     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}}, "mu_product", {{SX_HP_LR, 2e-3}, {0, 0}}, nullptr},
+     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}}, "mu_product", {{SX_HP_LR, 2e-3}, {0, 0}}, nullptr, nullptr},
     {Kind::kRadam, "RAdam", "torch.optim.RAdam", Needs::kElementwise,
      kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_DECOUPLED_WEIGHT_DECAY), 0,
-     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}}, nullptr, {{0, 0}}, nullptr},
+     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}}, nullptr, {{0, 0}}, nullptr, nullptr},
     // lion-pytorch 0.2.5's Lion: decoupled weight decay (p *= 1 - lr*wd) always; its
     // own decoupled_weight_decay option (wd divided by the constructor's lr) is the
     // caller's to apply to weight_decay.
     {Kind::kLion, "Lion", "lion_pytorch.Lion", Needs::kElementwise, kCommon | kBetas, 0, {{"exp_avg", nullptr}},
-     nullptr, {{SX_HP_LR, 1e-4}, {SX_HP_BETA2, 0.99}, {0, 0}}, nullptr},
+     nullptr, {{SX_HP_LR, 1e-4}, {SX_HP_BETA2, 0.99}, {0, 0}}, nullptr, nullptr},
 };
 constexpr size_t kNumOptimizers = sizeof kOptimizers / sizeof kOptimizers[0];
 
@@ -85,7 +86,8 @@ std::string users_of(int32_t key) {
 const OptimizerSpec *find_optimizer(int32_t optimizer) {
     for (const OptimizerSpec &s : kOptimizers)
         if (static_cast<int32_t>(s.kind) == optimizer) return &s;
-    return nullptr;
+    const CustomOptimizer *c = find_custom(optimizer);
+    return c ? &c->spec : nullptr;
 }
 
 const OptimizerSpec &spec_of(Kind kind) {
@@ -117,11 +119,19 @@ bool applies_to(int32_t key, Kind kind) {
 Hyper default_hyper(Kind kind) {
     Hyper h;
     h.kind = kind;
-    if (const OptimizerSpec *s = find_optimizer(static_cast<int32_t>(kind)))
+    const OptimizerSpec *s = find_optimizer(static_cast<int32_t>(kind));
+    if (s && s->custom) {
+        for (const CustomHyper &c : s->custom->hypers)
+            if (c.key >= SX_HP_CUSTOM)
+                h.custom[c.key - SX_HP_CUSTOM] = c.dflt;
+            else
+                set_value(&h, c.key, c.dflt);
+    } else if (s) {
         for (const HyperDefault &d : s->defaults) {
             if (d.key == 0) break;
             set_value(&h, d.key, d.value);
         }
+    }
     return h;
 }
 
@@ -145,6 +155,21 @@ Status validate(const Hyper &h) {
     }
     SX_HYPERPARAMETERS(SX_CHECK_ONE)
 #undef SX_CHECK_ONE
+    if (s->custom) {
+        // A registered optimizer's ranges, for sx's hyperparameters and its own alike.
+        for (const CustomHyper &c : s->custom->hypers) {
+            const double v = hyper_value(h, c.key);
+            SX_CHECK_ARG(std::isfinite(v), "%s = %g; hyperparameters must be finite", c.name.c_str(), v);
+            SX_CHECK_ARG((c.min == 0.0 && c.max == 0.0) || (v >= c.min && v <= c.max),
+                         "%s = %g; %s requires it in [%g, %g]", c.name.c_str(), v, optimizer, c.min, c.max);
+        }
+        for (int i = s->custom->num_own; i < kMaxCustomHypers; ++i)
+            SX_CHECK_ARG(h.custom[i] == 0.0, "custom hyperparameter %d = %g; %s has %d of its own", i, h.custom[i],
+                         optimizer, s->custom->num_own);
+    } else {
+        for (int i = 0; i < kMaxCustomHypers; ++i)
+            SX_CHECK_ARG(h.custom[i] == 0.0, "custom hyperparameter %d = %g; %s has none", i, h.custom[i], optimizer);
+    }
     if (s->check) SX_TRY(s->check(h));
     return Status::Ok();
 }

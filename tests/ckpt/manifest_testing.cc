@@ -241,7 +241,7 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
             b.add_momentum_decay(g.momentum_decay);
             b.add_decoupled_weight_decay(g.decoupled_weight_decay);
         }
-        extras(major >= 3 ? fb::ParamGroup::VT_DECOUPLED_WEIGHT_DECAY : fb::ParamGroup::VT_AMSGRAD);
+        extras(major >= 3 ? fb::ParamGroup::VT_CUSTOM_VALUES : fb::ParamGroup::VT_AMSGRAD);
         groups.push_back(b.Finish());
     }
     std::vector<Offset<fb::Param>> params;

@@ -199,7 +199,8 @@ void test_names_of_things(void **) {
     assert_string_equal(tensor_suffix(TensorKind::kExpAvgSq), ".exp_avg_sq");
     assert_string_equal(tensor_suffix(TensorKind::kMaxExpAvgSq), ".max_exp_avg_sq");
     assert_string_equal(tensor_suffix(TensorKind::kMomentumBuffer), ".momentum_buffer");
-    assert_string_equal(tensor_suffix(static_cast<TensorKind>(9)), ".unknown");
+    assert_string_equal(tensor_suffix(TensorKind::kSlot0), ".slot0");
+    assert_string_equal(tensor_suffix(static_cast<TensorKind>(kNumTensorKinds)), ".unknown");
     assert_int_equal(dtype_bytes(SX_DTYPE_F32), 4);
     assert_int_equal(dtype_bytes(SX_DTYPE_F16), 2);
     assert_int_equal(dtype_bytes(SX_DTYPE_BF16), 2);

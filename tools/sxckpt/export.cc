@@ -80,7 +80,10 @@ Status plan_export(const ckpt::Manifest &m, ExportPlan *plan) {
             }
             OutFile &f = plan->files[r.file];
             StTensor o;
-            o.name = p.name + ckpt::tensor_suffix(t.kind);
+            // A custom optimizer's slots carry the names it registered.
+            o.name = t.kind == ckpt::TensorKind::kParam
+                         ? p.name
+                         : p.name + "." + ckpt::tensor_name(m.param_groups[static_cast<size_t>(p.param_group)], t.kind);
             // A param named like the metadata key would give two entries one name:
             // refuse rather than lose one. (State names cannot collide: every suffix
             // begins with the only '.' it holds.)

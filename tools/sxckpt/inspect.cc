@@ -47,9 +47,10 @@ std::vector<FileInfo> file_infos(io::FileOps &ops, const CheckpointDir &c) {
     return out;
 }
 
-std::string tensors_text(const ckpt::ParamEntry &p) {
+std::string tensors_text(const ckpt::Manifest &m, const ckpt::ParamEntry &p) {
     std::string s;
-    for (const ckpt::Tensor &t : p.tensors) s += (s.empty() ? "" : " ") + kind_name(t.kind);
+    for (const ckpt::Tensor &t : p.tensors)
+        s += (s.empty() ? "" : " ") + ckpt::tensor_name(m.param_groups[static_cast<size_t>(p.param_group)], t.kind);
     return s;
 }
 
@@ -69,6 +70,11 @@ std::string pad(const std::string &s, size_t w, bool right = false) {
 std::string hyper_text(const ckpt::ParamGroupEntry &g) {
     const auto d = [](double v) { return shortest_double(v); };
     const auto b = [](bool v) { return std::string(v ? "true" : "false"); };
+    if (g.optimizer == ckpt::kCustomOptimizer) {
+        std::string out = "(custom) lr=" + d(g.lr);
+        for (size_t i = 0; i < g.custom_names.size(); ++i) out += " " + g.custom_names[i] + "=" + d(g.custom_values[i]);
+        return out;
+    }
     if (g.optimizer == SX_OPTIM_SGD)
         return "lr=" + d(g.lr) + " momentum=" + d(g.momentum) + " dampening=" + d(g.dampening) +
                " weight_decay=" + d(g.weight_decay) + " nesterov=" + b(g.nesterov) + " maximize=" + b(g.maximize);
@@ -103,7 +109,7 @@ void print_text(const CheckpointDir &c, const std::vector<FileInfo> &files) {
     for (const ckpt::ParamEntry &p : m.params)
         rows.push_back({printable(p.name), shape_text(p.shape), dtype_name(p.dtype), format("%d", p.unit),
                         format("%d", p.param_group), p.trainable ? "yes" : "no", format("%" PRId64, p.step),
-                        tensors_text(p)});
+                        tensors_text(m, p)});
     std::vector<size_t> w(head.size());
     for (size_t i = 0; i < head.size(); ++i) {
         w[i] = width(head[i]);
@@ -124,7 +130,9 @@ void print_text(const CheckpointDir &c, const std::vector<FileInfo> &files) {
     for (size_t g = 0; g < m.param_groups.size(); ++g) {
         size_t n = 0;
         for (const ckpt::ParamEntry &p : m.params) n += p.param_group == static_cast<int32_t>(g);
-        std::printf("  %zu  %-5s  %s  (%zu params)\n", g, optimizer_name(m.param_groups[g].optimizer).c_str(),
+        const ckpt::ParamGroupEntry &e = m.param_groups[g];
+        std::printf("  %zu  %-5s  %s  (%zu params)\n", g,
+                    (e.optimizer == ckpt::kCustomOptimizer ? e.optimizer_name : optimizer_name(e.optimizer)).c_str(),
                     hyper_text(m.param_groups[g]).c_str(), n);
     }
 
@@ -192,7 +200,7 @@ void print_json(const CheckpointDir &c, const std::vector<FileInfo> &files) {
         j.begin_array();
         for (const ckpt::Tensor &t : p.tensors) {
             j.begin_object();
-            j.key("kind"), j.string(kind_name(t.kind));
+            j.key("kind"), j.string(ckpt::tensor_name(m.param_groups[static_cast<size_t>(p.param_group)], t.kind));
             j.key("dtype"), j.string(dtype_name(t.dtype));
             j.key("chunks"), j.number(static_cast<uint64_t>(t.chunks.size()));
             j.end_object();
@@ -206,7 +214,7 @@ void print_json(const CheckpointDir &c, const std::vector<FileInfo> &files) {
     j.begin_array();
     for (const ckpt::ParamGroupEntry &g : m.param_groups) {
         j.begin_object();
-        j.key("optimizer"), j.string(optimizer_name(g.optimizer));
+        j.key("optimizer"), j.string(g.optimizer == ckpt::kCustomOptimizer ? g.optimizer_name : optimizer_name(g.optimizer));
 #define SX_JSON_FIELD(name, type, dflt, hp_key, applies) j.key(#name), j.value(g.name);
         SX_HYPERPARAMETERS(SX_JSON_FIELD)
 #undef SX_JSON_FIELD

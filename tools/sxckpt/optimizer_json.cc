@@ -29,7 +29,16 @@ std::vector<std::string> hyper_keys(optim::Kind kind) {
 void write_group(JsonWriter &j, const ckpt::ParamGroupEntry &g, const ckpt::Manifest &m, int32_t index) {
     const optim::Kind kind = static_cast<optim::Kind>(g.optimizer);
     j.begin_object();
-    j.key("optimizer"), j.string(optimizer_name(g.optimizer));
+    if (g.optimizer == ckpt::kCustomOptimizer) {
+        // A registered optimizer: its name, its lr (which every optimizer has) and its own
+        // hyperparameters; no torch class loads it.
+        j.key("optimizer"), j.string(g.optimizer_name);
+        j.key("custom"), j.value(true);
+        j.key("lr"), j.value(g.lr);
+        for (size_t i = 0; i < g.custom_names.size(); ++i) j.key(g.custom_names[i]), j.value(g.custom_values[i]);
+    } else {
+        j.key("optimizer"), j.string(optimizer_name(g.optimizer));
+    }
 #define SX_WRITE(name, type, dflt, hp_key, rule)                                      \
     if (optim::applies_to(hp_key, kind)) {                                            \
         if (std::strcmp(#name, "beta1") == 0) {                                       \
@@ -39,7 +48,7 @@ void write_group(JsonWriter &j, const ckpt::ParamGroupEntry &g, const ckpt::Mani
             j.key(#name), j.value(g.name);                                            \
         }                                                                             \
     }
-    SX_HYPERPARAMETERS(SX_WRITE)
+    if (g.optimizer != ckpt::kCustomOptimizer) SX_HYPERPARAMETERS(SX_WRITE)
 #undef SX_WRITE
     j.key("params");
     j.begin_array();

@@ -17,7 +17,8 @@ export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, par
        grad_view, step!, save, load!, read_user_blob, set_trainable!, is_trainable,
        trainable_mask, param_info, unit_info, memory_stats, with_group, wait_staged,
        set_loss_scaling!, loss_scale, unit_grads_ready!, gather_unit!, release_unit!, with_unit,
-       ParamState, gather_optim_state, scatter_optim_state!, state_view, flush_trace
+       ParamState, gather_optim_state, scatter_optim_state!, state_view, flush_trace,
+       register_optimizer, OptimizerPiece
 
 # The ABI version this binding was written against: the runtime's major must match and
 # its minor must not be older.
@@ -34,11 +35,13 @@ const SX_ERR_INVALID_ARGUMENT = Int32(1)
 const SX_ERR_INVALID_HANDLE = Int32(2)
 const SX_ERR_INVALID_STATE = Int32(3)
 const SX_ERR_NOT_FOUND = Int32(5)
+const SX_ERR_ALREADY_EXISTS = Int32(6)
 const SX_ERR_UNSUPPORTED = Int32(7)
 const SX_ERR_TIMEOUT = Int32(8)
 const SX_ERR_MISMATCH = Int32(15)
 const SX_ERR_CANCELLED = Int32(17)
 const SX_ERR_NONFINITE = Int32(18)
+const SX_ERR_OPTIMIZER = Int32(19)
 const SX_LOG_ERROR, SX_LOG_WARN, SX_LOG_INFO, SX_LOG_DEBUG = Int32.(1:4)
 const SX_DTYPE_F32, SX_DTYPE_F16, SX_DTYPE_BF16 = Int32.(1:3)
 const SX_BACKEND_AUTO, SX_BACKEND_CPU, SX_BACKEND_CUDA = Int32.(0:2)
@@ -49,6 +52,12 @@ const SX_HP_LR, SX_HP_WEIGHT_DECAY, SX_HP_BETA1, SX_HP_BETA2, SX_HP_EPS, SX_HP_M
       SX_HP_DAMPENING, SX_HP_NESTEROV, SX_HP_MAXIMIZE, SX_HP_AMSGRAD, SX_HP_LR_DECAY,
       SX_HP_INITIAL_ACCUMULATOR_VALUE, SX_HP_ALPHA, SX_HP_CENTERED, SX_HP_MOMENTUM_DECAY,
       SX_HP_DECOUPLED_WEIGHT_DECAY = Int32.(1:16)
+const SX_OPTIM_CUSTOM_FIRST = Int32(1000)
+const SX_HP_CUSTOM = Int32(1000)
+const SX_MAX_CUSTOM_SLOTS = 3
+const SX_MAX_CUSTOM_HYPERPARAMETERS = 8
+const SX_MAX_CUSTOM_OPTIMIZERS = 64
+const SX_OPTIMIZER_IN_PLACE = UInt32(0x1)  # sx_optimizer_desc_t.flags
 const SX_GROUP_NO_TRAINABLE_AUTODETECT = UInt32(0x1)
 const SX_GROUP_RESERVE_CHECKPOINT_STAGING = UInt32(0x2)
 const SX_MAX_NDIM = 8
@@ -247,6 +256,44 @@ struct RawParamState  # sx_param_state_t
     tensor_names::Ptr{Ptr{UInt8}}
     tensors::Ptr{Ptr{Float32}}
     mu_product::Float64
+end
+
+# Filled by sx only, for a custom optimizer's update (read with unsafe_load).
+struct RawOptimizerPiece  # sx_optimizer_piece_t
+    struct_size::Csize_t
+    param::Ptr{Float32}
+    grad::Ptr{Float32}
+    state::NTuple{3,Ptr{Float32}}
+    n::Csize_t
+    grad_scale::Float32
+    param_index::Int32
+    param_group::Int32
+    offset::UInt64
+    step::Int64
+    hyperparameters::Ptr{Float64}
+    user_data::Ptr{Cvoid}
+end
+
+# An element of OptimizerDesc.hyperparameters (an array: isbits, no struct_size).
+struct OptimizerHyperparameter  # sx_optimizer_hyperparameter_t
+    name::Ptr{UInt8}
+    default_value::Float64
+    min::Float64
+    max::Float64
+end
+
+mutable struct OptimizerDesc  # sx_optimizer_desc_t
+    struct_size::Csize_t
+    name::Ptr{UInt8}
+    num_slots::Int32
+    slot_names::Ptr{Ptr{UInt8}}
+    slot_initial_values::Ptr{Float32}
+    num_hyperparameters::Int32
+    hyperparameters::Ptr{OptimizerHyperparameter}
+    update::Ptr{Cvoid}
+    user_data::Ptr{Cvoid}
+    flags::UInt32
+    reserved0::Int32
 end
 
 _zero(::Type{T}) where {T<:Number} = zero(T)
@@ -537,19 +584,43 @@ Before `finalize!`, or between steps after it (torch's add_param_group): the gro
 params added with it then wait for the next `finalize!`, which every rank calls after
 adding the same.
 """
-function add_param_group!(g::ShardGroup, optimizer::Symbol=:adamw; betas=nothing, kw...)
-    haskey(_OPTIMIZERS, optimizer) ||
-        throw(SXError(SX_ERR_INVALID_ARGUMENT, "optimizer must be one of $(keys(_OPTIMIZERS)), not $optimizer"))
+function add_param_group!(g::ShardGroup, optimizer::Symbol=:adamw; kw...)
+    haskey(_OPTIMIZERS, optimizer) && return _add_param_group!(g, _OPTIMIZERS[optimizer], nothing; kw...)
+    custom = _custom_optimizer(String(optimizer))
+    custom === nothing || return _add_param_group!(g, custom.id, custom; kw...)
+    throw(SXError(SX_ERR_INVALID_ARGUMENT, "optimizer must be one of $(keys(_OPTIMIZERS)) or a registered " *
+                                           "custom optimizer, not $optimizer"))
+end
+
+# A custom optimizer by its id (what register_optimizer returned), or a built-in by its SX_OPTIM_* value.
+function add_param_group!(g::ShardGroup, optimizer::Integer; kw...)
+    custom = _custom_optimizer(Int32(optimizer))
+    custom === nothing && !(optimizer in values(_OPTIMIZERS)) &&
+        throw(SXError(SX_ERR_INVALID_ARGUMENT, "optimizer $optimizer is neither an SX_OPTIM_* value nor a registered custom optimizer"))
+    _add_param_group!(g, Int32(optimizer), custom; kw...)
+end
+
+function _add_param_group!(g::ShardGroup, kind::Int32, custom; betas=nothing, kw...)
     desc = _blank(ParamGroupDesc)
-    check(@ccall libsx.sx_param_group_desc_init(desc::Ref{ParamGroupDesc}, sizeof(ParamGroupDesc)::Csize_t, _OPTIMIZERS[optimizer]::Int32)::Int32)
+    check(@ccall libsx.sx_param_group_desc_init(desc::Ref{ParamGroupDesc}, sizeof(ParamGroupDesc)::Csize_t, kind::Int32)::Int32)
     betas === nothing || ((desc.beta1, desc.beta2) = betas)
+    own = Pair{Int32,Float64}[]  # a custom optimizer's own hyperparameters: set once the group exists
     for (k, v) in kw
-        k in _FLAG_FIELDS ? setfield!(desc, k, Int32(v)) :
-        k in _FLOAT_FIELDS ? setfield!(desc, k, Float64(v)) :
-        throw(SXError(SX_ERR_INVALID_ARGUMENT, "add_param_group!: unknown hyperparameter $k"))
+        if k in _FLAG_FIELDS
+            setfield!(desc, k, Int32(v))
+        elseif k in _FLOAT_FIELDS
+            setfield!(desc, k, Float64(v))
+        elseif custom !== nothing && String(k) in custom.own_names
+            push!(own, (SX_HP_CUSTOM + Int32(findfirst(==(String(k)), custom.own_names) - 1)) => Float64(v))
+        else
+            throw(SXError(SX_ERR_INVALID_ARGUMENT, "add_param_group!: unknown hyperparameter $k"))
+        end
     end
     index = Ref{Int32}(0)
     check(@ccall libsx.sx_add_param_group(_handle(g)::Ptr{Cvoid}, desc::Ref{ParamGroupDesc}, index::Ref{Int32})::Int32)
+    for (key, value) in own
+        set_hyperparameter!(g, index[], key, value)
+    end
     Int(index[])
 end
 
@@ -1056,6 +1127,180 @@ function state_view(g::ShardGroup, p, tensor::AbstractString)
     v.numel == 0 && return Float32[]
     _lend(g, unsafe_wrap(Array, Ptr{Float32}(v.data), Int(v.numel); own=false))
 end
+
+# ----------------------------------------------------------------------------------
+# Custom optimizers (sx 1.5)
+# ----------------------------------------------------------------------------------
+"""
+    OptimizerPiece
+
+One contiguous piece of a param's elements in this rank's shard, as sx hands it to a
+custom optimizer's update, lent for the call (keep none of its arrays): `param` (the n
+fp32 values, the fp32 masters of 16-bit params, to update in place), `grad` (the n
+reduced gradients, summed over the ranks: use `grad[i] * grad_scale`; do not write it),
+`state` (one `Vector{Float32}` per slot, in registration order, to update in place),
+`hyperparameters` (the param group's values in registration order), `grad_scale` (the
+average over ranks, the loss scale and the clipping coefficient in one factor),
+`param_index` and `param_group` (0-based), `offset` (param[1]'s 0-based element offset in
+the param, row-major) and `step` (the param's step count including this update).
+"""
+struct OptimizerPiece
+    param::Vector{Float32}
+    grad::Vector{Float32}
+    state::Vector{Vector{Float32}}
+    hyperparameters::Vector{Float64}
+    grad_scale::Float32
+    param_index::Int
+    param_group::Int
+    offset::Int
+    step::Int
+end
+
+# A registration: what the update callback reaches through its user_data. Kept in
+# _custom_optimizers for the life of the process (sx never forgets a registration).
+mutable struct _CustomOptimizer
+    id::Int32
+    name::String
+    slots::Vector{String}
+    names::Vector{String}      # every hyperparameter, in registration order
+    own_names::Vector{String}  # its own ones: key SX_HP_CUSTOM + i
+    update::Any
+    failure::Any               # what the update last threw, or nothing
+end
+
+const _custom_optimizers = _CustomOptimizer[]
+const _custom_lock = ReentrantLock()
+
+function _custom_optimizer(key)
+    lock(_custom_lock) do
+        i = findfirst(c -> key isa AbstractString ? c.name == key : c.id == key, _custom_optimizers)
+        i === nothing ? nothing : _custom_optimizers[i]
+    end
+end
+
+# sx's own hyperparameter names (a custom optimizer's other names are its own).
+const _STANDARD_HYPERPARAMETERS = ("lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening",
+                                   "nesterov", "maximize", "amsgrad", "lr_decay", "initial_accumulator_value",
+                                   "alpha", "centered", "momentum_decay", "decoupled_weight_decay")
+
+# sx calls this on its own worker threads, concurrently (Julia >= 1.9 adopts them). Nothing
+# may unwind into C: an exception is kept (last_update_failure) and reported as -1.
+function _optimizer_trampoline(raw::Ptr{RawOptimizerPiece})::Int32
+    pc = unsafe_load(raw)
+    reg = unsafe_pointer_to_objref(pc.user_data)::_CustomOptimizer
+    try
+        n = Int(pc.n)
+        state = Vector{Vector{Float32}}(undef, length(reg.slots))
+        for k in eachindex(state)
+            state[k] = unsafe_wrap(Array, pc.state[k], n; own=false)
+        end
+        nh = length(reg.names)
+        hps = nh == 0 ? Float64[] : unsafe_wrap(Array, pc.hyperparameters, nh; own=false)
+        piece = OptimizerPiece(unsafe_wrap(Array, pc.param, n; own=false), unsafe_wrap(Array, pc.grad, n; own=false),
+                               state, hps, pc.grad_scale, Int(pc.param_index), Int(pc.param_group), Int(pc.offset),
+                               Int(pc.step))
+        r = reg.update(piece)
+        return r isa Integer && !(r isa Bool) && r != 0 ? Int32(r) : Int32(0)
+    catch e
+        reg.failure = e
+        return Int32(-1)
+    end
+end
+
+"""
+    register_optimizer(update, name, slots; hyperparameters=(), slot_initial_values=nothing, in_place=false)
+    register_optimizer(name, slots; hyperparameters=...) do piece ... end
+
+Registers a custom optimizer for this process and returns its id (an `Int32` >=
+`SX_OPTIM_CUSTOM_FIRST`), which `add_param_group!(g, id; ...)` takes like a built-in
+(as does `add_param_group!(g, Symbol(name))`). `name`: unique, 1-63 of [A-Za-z0-9_.-].
+`slots`: its state slots' names (at most `SX_MAX_CUSTOM_SLOTS`, distinct, of
+[A-Za-z0-9_]), which checkpoints and `gather_optim_state` use. `hyperparameters`: pairs
+`name => default` or tuples `(name, default, min, max)` (both 0: any finite value), in the
+order `piece.hyperparameters` holds them; a name of sx's own ("lr", "beta1", ...) is that
+hyperparameter (its keyword, key and range), any other is the optimizer's own, with key
+`SX_HP_CUSTOM + i` (i counting its own from 0), and an `add_param_group!` keyword.
+`slot_initial_values`: what each slot holds before a param's first update (`nothing`: 0).
+`in_place=true` registers it `SX_OPTIMIZER_IN_PLACE`: sx updates params and slots in place,
+without the second slot buffers and the copy of the params that let a failed update change
+nothing (half the update's memory traffic, no extra memory); a failure then leaves the step
+half done and fails the group (only `close` is left), so it is for an update that cannot fail.
+
+`update(piece::OptimizerPiece)` updates `piece.param` and `piece.state` in place and
+returns `nothing` (a nonzero integer reports failure with that value; an exception is
+kept, see `last_update_failure`, and reported as -1). A failure fails the step on every
+rank with `SX_ERR_OPTIMIZER`, and changes nothing (unless `in_place`).
+
+**Threads.** sx calls `update` from its own worker threads, several pieces at once, while
+`step!` waits (GC-safe) on the calling thread: this needs Julia >= 1.9, which adopts
+foreign threads, and is untested here (no Julia where the bindings are built: only the
+static checks ran). Keep the update free of task switches and I/O (no `@spawn`, locks or
+printing), allocate little (every piece allocates its array wrappers), and never call sx
+from it. A trainer that cannot accept this writes its optimizer in C, Rust or Go.
+
+Registration lasts as long as the process: the callback and its closure stay referenced
+here. Registering a name again is `SX_ERR_ALREADY_EXISTS` (the same description with
+the same `update` function included, since sx compares the registration's own pointer):
+register once per process, before the ranks' tasks start, and share the id.
+"""
+function register_optimizer(update, name::AbstractString, slots::AbstractVector=String[];
+                            hyperparameters=(), slot_initial_values=nothing, in_place::Bool=false)
+    n = _c_string("name", name)
+    slot_strs = String[_c_string("slot name", s) for s in slots]
+    hps = Tuple{String,Float64,Float64,Float64}[]
+    for h in hyperparameters
+        if h isa Pair
+            push!(hps, (_c_string("hyperparameter name", String(h.first)), Float64(h.second), 0.0, 0.0))
+        elseif h isa Tuple && length(h) in (2, 4)
+            push!(hps, (_c_string("hyperparameter name", String(h[1])), Float64.(length(h) == 2 ? (h[2], 0, 0) : h[2:4])...))
+        else
+            throw(SXError(SX_ERR_INVALID_ARGUMENT, "register_optimizer: a hyperparameter is name => default or " *
+                                                   "(name, default, min, max), not $(repr(h))"))
+        end
+    end
+    init = slot_initial_values === nothing ? Float32[] : Float32[Float32(v) for v in slot_initial_values]
+    if slot_initial_values !== nothing && length(init) != length(slot_strs)
+        throw(SXError(SX_ERR_INVALID_ARGUMENT, "register_optimizer: $(length(init)) slot_initial_values for " *
+                                               "$(length(slot_strs)) slot(s)"))
+    end
+    names = String[h[1] for h in hps]
+    reg = _CustomOptimizer(Int32(0), String(name), slot_strs, names,
+                           filter(x -> !(x in _STANDARD_HYPERPARAMETERS), names), update, nothing)
+    desc = _blank(OptimizerDesc)
+    check(@ccall libsx.sx_optimizer_desc_init(desc::Ref{OptimizerDesc}, sizeof(OptimizerDesc)::Csize_t)::Int32)
+    id = Ref{Int32}(0)
+    slot_ptrs = Ptr{UInt8}[pointer(s) for s in slot_strs]
+    chps = OptimizerHyperparameter[OptimizerHyperparameter(pointer(h[1]), h[2], h[3], h[4]) for h in hps]
+    status = GC.@preserve n slot_strs hps slot_ptrs chps init reg desc begin  # sx copies all but reg
+        desc.name = pointer(n)
+        desc.num_slots = length(slot_strs)
+        desc.slot_names = isempty(slot_ptrs) ? C_NULL : pointer(slot_ptrs)
+        desc.slot_initial_values = slot_initial_values === nothing ? C_NULL : pointer(init)
+        desc.num_hyperparameters = length(chps)
+        desc.hyperparameters = isempty(chps) ? C_NULL : pointer(chps)
+        desc.update = update === nothing ? C_NULL :
+                      @cfunction(_optimizer_trampoline, Int32, (Ptr{RawOptimizerPiece},))
+        desc.user_data = pointer_from_objref(reg)
+        desc.flags = in_place ? SX_OPTIMIZER_IN_PLACE : UInt32(0)
+        @ccall libsx.sx_register_optimizer(desc::Ref{OptimizerDesc}, id::Ref{Int32})::Int32
+    end
+    check(status)  # no yield point since the call: the message is still this thread's
+    reg.id = id[]
+    lock(() -> push!(_custom_optimizers, reg), _custom_lock)  # rooted for the process
+    id[]
+end
+
+register_optimizer(name::AbstractString, slots::AbstractVector=String[]; kw...) =
+    throw(SXError(SX_ERR_INVALID_ARGUMENT, "register_optimizer: no update function (pass it first, or as a do-block)"))
+
+"""The exception a custom optimizer's update (by id or name) last threw, or `nothing`."""
+function last_update_failure(optimizer)
+    c = _custom_optimizer(optimizer isa Symbol ? String(optimizer) : optimizer isa Integer ? Int32(optimizer) : optimizer)
+    c === nothing ? nothing : c.failure
+end
+
+"""The key of a custom optimizer's own hyperparameter `i` (0-based, counting its own)."""
+custom_hyperparameter(i::Integer) = SX_HP_CUSTOM + Int32(i)
 
 # ----------------------------------------------------------------------------------
 # Checkpoints

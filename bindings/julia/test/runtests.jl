@@ -13,7 +13,10 @@ const MIRRORS = Dict("sx_group_config_t" => SX.GroupConfig, "sx_param_group_desc
                      "sx_unit_info_t" => SX.UnitInfo, "sx_save_options_t" => SX.SaveOptions,
                      "sx_load_options_t" => SX.LoadOptions,
                      "sx_unit_ready_options_t" => SX.UnitReadyOptions,
-                     "sx_param_state_t" => SX.RawParamState)
+                     "sx_param_state_t" => SX.RawParamState,
+                     "sx_optimizer_piece_t" => SX.RawOptimizerPiece,
+                     "sx_optimizer_hyperparameter_t" => SX.OptimizerHyperparameter,
+                     "sx_optimizer_desc_t" => SX.OptimizerDesc)
 
 # sx_layout.json is written by a C program in a fixed shape: one struct header line and
 # one line per field; reading it with regexes avoids a JSON dependency.
@@ -673,4 +676,69 @@ end
             @test occursin("param 'v' shape: [4, 4] on rank 0, [4, 5] on rank 1", e.message)
         end
     end
+end
+
+# ----------------------------------------------------------------------------------
+# Custom optimizers: Lion in Julia against the built-in Lion, bit for bit. sx calls the
+# update on its own threads (Julia >= 1.9 adopts them).
+# ----------------------------------------------------------------------------------
+function jl_lion(p::OptimizerPiece)
+    lr, beta1, beta2, wd = p.hyperparameters
+    decay, neg_lr = Float32(1.0 - lr * wd), Float32(-lr)
+    b1, omb1, b2, omb2 = Float32(beta1), Float32(1.0 - beta1), Float32(beta2), Float32(1.0 - beta2)
+    m = p.state[1]
+    @inbounds for i in eachindex(p.param)
+        g = p.grad[i] * p.grad_scale
+        x = p.param[i] * decay
+        c = m[i] * b1 + omb1 * g  # Julia never fuses into an FMA unless asked (muladd, @fastmath)
+        p.param[i] = x + neg_lr * (c > 0 ? 1f0 : c < 0 ? -1f0 : 0f0)
+        m[i] = m[i] * b2 + omb2 * g
+    end
+    nothing
+end
+
+const JL_LION = register_optimizer(jl_lion, "jl_lion", ["exp_avg"];
+                                   hyperparameters=("lr" => 1e-4, "beta1" => 0.9, "beta2" => 0.99,
+                                                    "weight_decay" => 0.0))
+
+@testset "custom optimizers: Lion in Julia is the built-in Lion" begin
+    @test JL_LION >= SX.SX_OPTIM_CUSTOM_FIRST
+    for world in (1, 2)
+        world > 1 && !enough_threads(world) && continue
+        got = run_ranks("custom-lion-$world", world) do rank, g
+            builtin = add_param_group!(g, :lion; lr=3e-3, betas=(0.8, 0.95), weight_decay=0.1)
+            mine = add_param_group!(g, JL_LION; lr=3e-3, betas=(0.8, 0.95), weight_decay=0.1)
+            for (k, shape) in enumerate(((37, 53), (7,)))
+                add_param!(g, "p$k.builtin", shape; param_group=builtin, unit=0)
+                add_param!(g, "p$k.custom", shape; param_group=mine, unit=1)
+            end
+            finalize!(g)
+            for k in 1:2, suffix in ("builtin", "custom")
+                w = vec(param_view(g, "p$k.$suffix"))
+                w .= Float32.(cos.(0:length(w)-1))
+            end
+            for s in 0:19
+                if s == 10
+                    SX.set_lr!(g, builtin, 1e-3)
+                    SX.set_lr!(g, mine, 1e-3)
+                end
+                for k in 1:2, suffix in ("builtin", "custom")
+                    dw = vec(grad_view(g, "p$k.$suffix"))
+                    dw .= Float32.(sin.((0:length(dw)-1) .* 0.37 .+ s * 1.3 .+ rank * 0.5) .* (1 + s % 3))
+                end
+                step!(g; max_grad_norm=5.0)
+            end
+            [(copy(param_view(g, "p$k.builtin")), copy(param_view(g, "p$k.custom"))) for k in 1:2]
+        end
+        for pairs in got, (a, b) in pairs
+            @test reinterpret(UInt32, vec(a)) == reinterpret(UInt32, vec(b))
+        end
+    end
+    # Bad descriptions: no update, a repeated slot, a taken name.
+    e = caught(() -> register_optimizer(nothing, "jl_bad_update", ["m"]))
+    @test e isa SXError && e.status == SX.SX_ERR_INVALID_ARGUMENT
+    e = caught(() -> register_optimizer(jl_lion, "jl_bad_slots", ["m", "m"]))
+    @test e isa SXError && e.status == SX.SX_ERR_INVALID_ARGUMENT && occursin("m", e.message)
+    e = caught(() -> register_optimizer(jl_lion, "jl_lion", ["exp_avg"]))
+    @test e isa SXError && e.status == SX.SX_ERR_ALREADY_EXISTS
 end

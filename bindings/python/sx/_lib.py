@@ -42,6 +42,7 @@ SX_ERR_MISMATCH = 15
 SX_ERR_INTERNAL = 16
 SX_ERR_CANCELLED = 17
 SX_ERR_NONFINITE = 18
+SX_ERR_OPTIMIZER = 19
 
 SX_LOG_ERROR = 1
 SX_LOG_WARN = 2
@@ -70,6 +71,13 @@ SX_OPTIM_ADAMAX = 6
 SX_OPTIM_NADAM = 7
 SX_OPTIM_RADAM = 8
 SX_OPTIM_LION = 9
+
+SX_OPTIM_CUSTOM_FIRST = 1000
+SX_HP_CUSTOM = 1000
+SX_MAX_CUSTOM_SLOTS = 3
+SX_MAX_CUSTOM_HYPERPARAMETERS = 8
+SX_MAX_CUSTOM_OPTIMIZERS = 64
+SX_OPTIMIZER_IN_PLACE = 0x1  # sx_optimizer_desc_t.flags
 
 SX_HP_LR = 1
 SX_HP_WEIGHT_DECAY = 2
@@ -251,11 +259,42 @@ class sx_load_options_t(ctypes.Structure):
                 ("flags", ctypes.c_uint32), ("reserved0", ctypes.c_int32)]
 
 
+# Custom optimizers (1.5). The piece is filled by the library only, for the update; its
+# pointers (float *, const float *, float *[3], const double *) are read as plain addresses
+# (c_void_p: an int), which is what building arrays over them needs, and cheaper.
+class sx_optimizer_piece_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("param", ctypes.c_void_p),
+                ("grad", ctypes.c_void_p), ("state", ctypes.c_void_p * SX_MAX_CUSTOM_SLOTS),
+                ("n", ctypes.c_size_t), ("grad_scale", ctypes.c_float),
+                ("param_index", ctypes.c_int32), ("param_group", ctypes.c_int32),
+                ("offset", ctypes.c_uint64), ("step", ctypes.c_int64),
+                ("hyperparameters", ctypes.c_void_p), ("user_data", ctypes.c_void_p)]
+
+
+sx_optimizer_update_fn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(sx_optimizer_piece_t))
+
+
+class sx_optimizer_hyperparameter_t(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("default_value", ctypes.c_double),
+                ("min", ctypes.c_double), ("max", ctypes.c_double)]
+
+
+class sx_optimizer_desc_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p),
+                ("num_slots", ctypes.c_int32), ("slot_names", ctypes.POINTER(ctypes.c_char_p)),
+                ("slot_initial_values", ctypes.POINTER(ctypes.c_float)),
+                ("num_hyperparameters", ctypes.c_int32),
+                ("hyperparameters", ctypes.POINTER(sx_optimizer_hyperparameter_t)),
+                ("update", sx_optimizer_update_fn), ("user_data", ctypes.c_void_p),
+                ("flags", ctypes.c_uint32), ("reserved0", ctypes.c_int32)]
+
+
 # Every public struct, by its C typedef name (the keys of sx_layout.json's "structs").
 STRUCTS = {cls.__name__: cls for cls in (
     sx_group_config_t, sx_param_group_desc_t, sx_param_desc_t, sx_view_t, sx_step_options_t,
     sx_step_result_t, sx_loss_scaling_t, sx_memory_stats_t, sx_param_info_t, sx_unit_info_t,
-    sx_save_options_t, sx_load_options_t, sx_unit_ready_options_t, sx_param_state_t)}
+    sx_save_options_t, sx_load_options_t, sx_unit_ready_options_t, sx_param_state_t,
+    sx_optimizer_piece_t, sx_optimizer_hyperparameter_t, sx_optimizer_desc_t)}
 
 # ----------------------------------------------------------------------------------
 # Prototypes: name -> (restype, argtypes)
@@ -273,6 +312,8 @@ PROTOTYPES = {
     "sx_abort": (c_status, [sx_shard_group_p]),
     "sx_trace_flush": (c_status, [sx_shard_group_p]),
     "sx_param_group_desc_init": (c_status, [_P(sx_param_group_desc_t), _c.c_size_t, _c.c_int32]),
+    "sx_optimizer_desc_init": (c_status, [_P(sx_optimizer_desc_t), _c.c_size_t]),
+    "sx_register_optimizer": (c_status, [_P(sx_optimizer_desc_t), _P(_c.c_int32)]),
     "sx_add_param_group": (c_status, [sx_shard_group_p, _P(sx_param_group_desc_t), _P(_c.c_int32)]),
     "sx_set_hyperparameter": (c_status, [sx_shard_group_p, _c.c_int32, _c.c_int32, _c.c_double]),
     "sx_get_hyperparameter": (c_status, [sx_shard_group_p, _c.c_int32, _c.c_int32, _P(_c.c_double)]),
@@ -389,8 +430,9 @@ def init_struct(cls, *extra):
     return obj
 
 
-# The structs callers fill, each with its init function (sx_param_state_t is only ever
-# filled by the library, for a callback).
+# The structs callers fill, each with its init function (sx_param_state_t and
+# sx_optimizer_piece_t are only ever filled by the library, for a callback;
+# sx_optimizer_hyperparameter_t is an array element without struct_size).
 INIT_FUNCTIONS = {
     "sx_group_config_t": "sx_group_config_init",
     "sx_param_group_desc_t": "sx_param_group_desc_init",
@@ -405,4 +447,5 @@ INIT_FUNCTIONS = {
     "sx_unit_info_t": "sx_unit_info_init",
     "sx_save_options_t": "sx_save_options_init",
     "sx_load_options_t": "sx_load_optim_state_options_init",
+    "sx_optimizer_desc_t": "sx_optimizer_desc_init",
 }

@@ -89,6 +89,12 @@ class NonFiniteError(SxError):
     """SX_ERR_NONFINITE: the gradients hold inf or NaN (step(nonfinite="error"))."""
 
 
+class OptimizerError(SxError):
+    """SX_ERR_OPTIMIZER: a custom optimizer's update reported failure; the step changed
+    nothing. When the update was Python code that raised, the exception it raised is this
+    error's ``__cause__``."""
+
+
 ERROR_CLASSES = {
     _lib.SX_ERR_INVALID_ARGUMENT: InvalidArgumentError,
     _lib.SX_ERR_INVALID_HANDLE: InvalidHandleError,
@@ -108,6 +114,7 @@ ERROR_CLASSES = {
     _lib.SX_ERR_INTERNAL: InternalError,
     _lib.SX_ERR_CANCELLED: CancelledError,
     _lib.SX_ERR_NONFINITE: NonFiniteError,
+    _lib.SX_ERR_OPTIMIZER: OptimizerError,
 }
 
 

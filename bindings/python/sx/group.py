@@ -2,11 +2,13 @@
 import contextlib
 import ctypes
 import dataclasses
+import math
 import numbers
 import os
 
 from . import _lib, _views
-from .errors import InvalidArgumentError, UnsupportedError, check
+from . import optimizers as _optimizers
+from .errors import InvalidArgumentError, OptimizerError, UnsupportedError, check
 from ._handle import Handle
 from ._lib import lib
 
@@ -49,6 +51,24 @@ def _choice(what, value, table):
     raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
                                f"{what} must be one of {sorted(table)} (or their SX_* values), "
                                f"not {value!r}")
+
+
+def _optimizer_kind(optimizer):
+    """An optimizer as its sx id: a built-in's name or SX_OPTIM_* value, or a custom
+    optimizer (sx.register_optimizer's result, its id or its name)."""
+    if isinstance(optimizer, str) and optimizer.lower() in _OPTIMIZERS:
+        return _OPTIMIZERS[optimizer.lower()]  # a built-in's name wins over a custom one's
+    custom = _optimizers.lookup(optimizer)
+    if custom is not None:
+        return int(custom)
+    if isinstance(optimizer, int) and not isinstance(optimizer, bool) and optimizer in _OPTIMIZERS.values():
+        return int(optimizer)
+    custom_names = sorted(o.name for o in _optimizers.registered_optimizers().values())
+    raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                               f"optimizer must be one of {sorted(_OPTIMIZERS)} (or their SX_* values)"
+                               + (f", or a registered custom optimizer {custom_names}" if custom_names else
+                                  ", or a custom optimizer from sx.register_optimizer")
+                               + f", not {optimizer!r}")
 
 
 def _encode(what, text):
@@ -235,6 +255,7 @@ class ShardGroup(Handle):
             cfg.rendezvous_token = _encode("rendezvous_token", rendezvous_token)
         if rendezvous_bind is not None:
             cfg.rendezvous_bind = _encode("rendezvous_bind", rendezvous_bind)
+        self._group_optimizers = {}  # param group index -> optimizer id, as added here
         handle = _lib.sx_shard_group_p()
         check(lib.sx_create_shard_group(ctypes.byref(cfg), ctypes.byref(handle)))
         self._own(handle, lib.sx_destroy_shard_group)
@@ -264,31 +285,56 @@ class ShardGroup(Handle):
     # -- registration -----------------------------------------------------------------
     def add_param_group(self, optimizer="adamw", *, betas=None, **hyperparameters):
         """Adds a param group and returns its index. ``optimizer`` is "sgd", "adam",
-        "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam" or "lion";
+        "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam" or "lion", or a custom
+        optimizer (what sx.register_optimizer returned, or its name);
         unspecified hyperparameters take the optimizer's defaults (torch.optim's;
-        lion-pytorch's for Lion). Keywords: lr, weight_decay, betas=(beta1, beta2) or
-        beta1/beta2, eps, momentum, dampening, nesterov, maximize, amsgrad (Adam/AdamW),
-        lr_decay and initial_accumulator_value (Adagrad), alpha and centered (RMSprop),
-        momentum_decay (NAdam), decoupled_weight_decay (NAdam, RAdam). One that does
-        not apply to the optimizer must keep its default or be 0, which means the default
-        (else InvalidArgumentError)."""
-        kind = _choice("optimizer", optimizer, _OPTIMIZERS)
+        lion-pytorch's for Lion; a custom optimizer's registered ones). Keywords: lr,
+        weight_decay, betas=(beta1, beta2) or beta1/beta2, eps, momentum, dampening,
+        nesterov, maximize, amsgrad (Adam/AdamW), lr_decay and initial_accumulator_value
+        (Adagrad), alpha and centered (RMSprop), momentum_decay (NAdam),
+        decoupled_weight_decay (NAdam, RAdam), and a custom optimizer's own
+        hyperparameters by name. One that does not apply to the optimizer must keep its
+        default or be 0, which means the default (else InvalidArgumentError)."""
+        kind = _optimizer_kind(optimizer)
+        custom = _optimizers.lookup(kind)
         desc = _lib.init_struct(_lib.sx_param_group_desc_t, kind)
         if betas is not None:
             hyperparameters["beta1"], hyperparameters["beta2"] = betas
+        own = {}  # a custom optimizer's own hyperparameters: set once the group exists
         for key, value in hyperparameters.items():
             if key in _FLOAT_FIELDS:
                 setattr(desc, key, float(value))
             elif key in _FLAG_FIELDS:
                 setattr(desc, key, 1 if value else 0)
+            elif custom is not None and key in custom.own_hyperparameters:
+                own[key] = self._own_value(custom, key, value)
             else:
+                extra = tuple(custom.own_hyperparameters) if custom is not None else ()
                 raise InvalidArgumentError(
                     _lib.SX_ERR_INVALID_ARGUMENT,
                     f"add_param_group: unknown hyperparameter {key!r}; expected one of "
-                    f"{sorted(_FLOAT_FIELDS + _FLAG_FIELDS + ('betas',))}")
+                    f"{sorted(_FLOAT_FIELDS + _FLAG_FIELDS + ('betas',) + extra)}")
         index = ctypes.c_int32()
         check(lib.sx_add_param_group(self.handle, ctypes.byref(desc), ctypes.byref(index)))
+        self._group_optimizers[index.value] = kind
+        for key, value in own.items():
+            check(lib.sx_set_hyperparameter(self.handle, index.value, custom.hyperparameter_key(key), value))
         return index.value
+
+    @staticmethod
+    def _own_value(custom, key, value):
+        """A custom optimizer's own hyperparameter checked before the group is added, so
+        that a refused value adds no group."""
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                       f"add_param_group: {custom.name}'s {key} must be a finite number, "
+                                       f"not {value!r}")
+        spec = next(h for h in custom.hyperparameters if h.name == key)
+        if (spec.min, spec.max) != (0.0, 0.0) and not spec.min <= value <= spec.max:
+            raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                       f"add_param_group: {custom.name}'s {key} is {value!r}, outside "
+                                       f"[{spec.min!r}, {spec.max!r}]")
+        return float(value)
 
     def add_param(self, name, shape, *, param_group=0, unit=0, dtype="f32", frozen=False):
         """Registers a param (same on every rank, same order) and returns its index."""
@@ -332,14 +378,26 @@ class ShardGroup(Handle):
         return out[0] if single else out
 
     # -- hyperparameters --------------------------------------------------------------
+    def _hp_key(self, param_group, key):
+        """A hyperparameter key: sx's name or SX_HP_* value, a custom optimizer's own name
+        (of the optimizer this handle added `param_group` with), or SX_HP_CUSTOM + i."""
+        if isinstance(key, str) and key.lower() not in _HYPERPARAMETERS:
+            custom = _optimizers.lookup(self._group_optimizers.get(param_group))
+            if custom is not None and key in custom.own_hyperparameters:
+                return custom.hyperparameter_key(key)
+        if isinstance(key, int) and not isinstance(key, bool) and key >= _lib.SX_HP_CUSTOM:
+            return key  # sx checks it against the group's optimizer
+        return _choice("hyperparameter", key, _HYPERPARAMETERS)
+
     def set_hyperparameter(self, param_group, key, value):
-        """Sets one hyperparameter ("lr", "beta1", ... or an SX_HP_* value) of a param
-        group, from the next step on."""
-        k = _choice("hyperparameter", key, _HYPERPARAMETERS)
+        """Sets one hyperparameter ("lr", "beta1", ... or an SX_HP_* value; a custom
+        optimizer's own by name or as SX_HP_CUSTOM + i) of a param group, from the next
+        step on."""
+        k = self._hp_key(param_group, key)
         check(lib.sx_set_hyperparameter(self.handle, param_group, k, float(value)))
 
     def get_hyperparameter(self, param_group, key):
-        k = _choice("hyperparameter", key, _HYPERPARAMETERS)
+        k = self._hp_key(param_group, key)
         value = ctypes.c_double()
         check(lib.sx_get_hyperparameter(self.handle, param_group, k, ctypes.byref(value)))
         return value.value
@@ -488,7 +546,16 @@ class ShardGroup(Handle):
             options.weighted, options.weight = 1, float(weight)
         options.nonfinite = _choice("nonfinite", nonfinite, _NONFINITE)
         result = _lib.init_struct(_lib.sx_step_result_t)
-        check(lib.sx_step(self.handle, ctypes.byref(options), ctypes.byref(result)))
+        status = lib.sx_step(self.handle, ctypes.byref(options), ctypes.byref(result))
+        try:
+            check(status)
+        except OptimizerError as e:  # a custom update failed: chain what it raised, if it did
+            for kind in set(self._group_optimizers.values()):
+                custom = _optimizers.lookup(kind)
+                cause = custom._take_failure() if custom is not None else None
+                if cause is not None:
+                    raise e from cause
+            raise
         return StepResult(grad_norm=result.grad_norm, step=result.step,
                           skipped=bool(result.skipped), loss_scale=result.loss_scale,
                           nonfinite=bool(result.nonfinite))

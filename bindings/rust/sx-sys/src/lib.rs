@@ -32,6 +32,7 @@ pub const SX_ERR_MISMATCH: sx_status_t = 15;
 pub const SX_ERR_INTERNAL: sx_status_t = 16;
 pub const SX_ERR_CANCELLED: sx_status_t = 17;
 pub const SX_ERR_NONFINITE: sx_status_t = 18;
+pub const SX_ERR_OPTIMIZER: sx_status_t = 19;
 
 pub const SX_LOG_ERROR: i32 = 1;
 pub const SX_LOG_WARN: i32 = 2;
@@ -58,6 +59,15 @@ pub const SX_OPTIM_ADAMAX: i32 = 6;
 pub const SX_OPTIM_NADAM: i32 = 7;
 pub const SX_OPTIM_RADAM: i32 = 8;
 pub const SX_OPTIM_LION: i32 = 9;
+
+pub const SX_OPTIM_CUSTOM_FIRST: i32 = 1000;
+pub const SX_HP_CUSTOM: i32 = 1000;
+pub const SX_MAX_CUSTOM_SLOTS: usize = 3;
+pub const SX_MAX_CUSTOM_HYPERPARAMETERS: i32 = 8;
+pub const SX_MAX_CUSTOM_OPTIMIZERS: i32 = 64;
+/// [`sx_optimizer_desc_t::flags`]: update params and slots in place, without the double
+/// buffers that let a failed update change nothing (a failure then fails the group).
+pub const SX_OPTIMIZER_IN_PLACE: u32 = 0x1;
 
 pub const SX_HP_LR: i32 = 1;
 pub const SX_HP_WEIGHT_DECAY: i32 = 2;
@@ -332,6 +342,57 @@ pub struct sx_load_options_t {
     pub reserved0: i32,
 }
 
+/// One piece of a param's elements in this rank's shard, filled by the library for a
+/// custom optimizer's [`sx_optimizer_update_fn`] (no init function); borrowed for the call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_optimizer_piece_t {
+    pub struct_size: usize,
+    pub param: *mut f32,
+    pub grad: *const f32,
+    pub state: [*mut f32; SX_MAX_CUSTOM_SLOTS],
+    pub n: usize,
+    pub grad_scale: f32,
+    pub param_index: i32,
+    pub param_group: i32,
+    pub offset: u64,
+    pub step: i64,
+    pub hyperparameters: *const f64,
+    pub user_data: *mut c_void,
+}
+
+/// Returns 0, or any other value to fail the step (SX_ERR_OPTIMIZER on every rank).
+/// Called concurrently from sx's worker threads; it must not unwind.
+pub type sx_optimizer_update_fn = Option<unsafe extern "C" fn(piece: *const sx_optimizer_piece_t) -> i32>;
+
+/// An element of [`sx_optimizer_desc_t::hyperparameters`] (no struct_size: never grows).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_optimizer_hyperparameter_t {
+    pub name: *const c_char,
+    pub default_value: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_optimizer_desc_t {
+    pub struct_size: usize,
+    pub name: *const c_char,
+    pub num_slots: i32,
+    pub slot_names: *const *const c_char,
+    pub slot_initial_values: *const f32,
+    pub num_hyperparameters: i32,
+    pub hyperparameters: *const sx_optimizer_hyperparameter_t,
+    pub update: sx_optimizer_update_fn,
+    pub user_data: *mut c_void,
+    /// `SX_OPTIMIZER_*` bits.
+    pub flags: u32,
+    /// Must be 0.
+    pub reserved0: i32,
+}
+
 extern "C" {
     pub fn sx_version() -> u32;
     pub fn sx_status_string(status: sx_status_t) -> *const c_char;
@@ -345,6 +406,8 @@ extern "C" {
     pub fn sx_trace_flush(group: *mut sx_shard_group_t) -> sx_status_t;
 
     pub fn sx_param_group_desc_init(desc: *mut sx_param_group_desc_t, size: usize, optimizer: i32) -> sx_status_t;
+    pub fn sx_optimizer_desc_init(desc: *mut sx_optimizer_desc_t, size: usize) -> sx_status_t;
+    pub fn sx_register_optimizer(desc: *const sx_optimizer_desc_t, optimizer: *mut i32) -> sx_status_t;
     pub fn sx_add_param_group(
         group: *mut sx_shard_group_t,
         desc: *const sx_param_group_desc_t,

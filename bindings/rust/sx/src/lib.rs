@@ -15,6 +15,7 @@ mod error;
 mod future;
 mod group;
 mod log;
+mod optimizer;
 mod options;
 mod state;
 
@@ -22,6 +23,7 @@ pub use error::{status_string, Error, Result};
 pub use future::SaveFuture;
 pub use group::{MemoryStats, ParamInfo, ShardGroup, StepResult, Tensors, UnitInfo};
 pub use log::{clear_log_callback, set_log_callback, LogLevel};
+pub use optimizer::{register_optimizer, CustomOptimizer, OptimizerDesc, Piece, UPDATE_PANICKED};
 pub use options::{
     Backend, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, LossScalingMode, NonFinite, Optimizer,
     Param, ParamGroup, ReduceOp, SaveOptions, StepOptions, UnitReadyOptions,
@@ -35,7 +37,7 @@ pub mod status {
     pub use sx_sys::{
         SX_ERR_ABORTED, SX_ERR_ALREADY_EXISTS, SX_ERR_CANCELLED, SX_ERR_COMM, SX_ERR_CORRUPT, SX_ERR_GROUP_FAILED,
         SX_ERR_INTERNAL, SX_ERR_INVALID_ARGUMENT, SX_ERR_INVALID_HANDLE, SX_ERR_INVALID_STATE, SX_ERR_IO,
-        SX_ERR_MISMATCH, SX_ERR_NONFINITE, SX_ERR_NOT_FOUND, SX_ERR_OUT_OF_MEMORY, SX_ERR_TIMEOUT, SX_ERR_UNSUPPORTED,
+        SX_ERR_MISMATCH, SX_ERR_NONFINITE, SX_ERR_NOT_FOUND, SX_ERR_OPTIMIZER, SX_ERR_OUT_OF_MEMORY, SX_ERR_TIMEOUT, SX_ERR_UNSUPPORTED,
         SX_ERR_VERSION, SX_OK,
     };
 }

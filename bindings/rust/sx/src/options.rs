@@ -258,11 +258,19 @@ pub enum Optimizer {
     Radam,
     /// Lion (Chen et al. 2023), as the lion-pytorch package's.
     Lion,
+    /// A custom optimizer, as [`crate::register_optimizer`] returned it.
+    Custom(crate::CustomOptimizer),
 }
 
 impl Optimizer {
+    /// The optimizer's id: an `SX_OPTIM_*` value, or a custom optimizer's.
+    pub fn id(self) -> i32 {
+        self.raw()
+    }
+
     fn raw(self) -> i32 {
         match self {
+            Optimizer::Custom(c) => c.id(),
             Optimizer::Sgd => sys::SX_OPTIM_SGD,
             Optimizer::Adam => sys::SX_OPTIM_ADAM,
             Optimizer::AdamW => sys::SX_OPTIM_ADAMW,
@@ -286,6 +294,7 @@ pub struct ParamGroup {
 }
 
 impl ParamGroup {
+    /// A custom optimizer ([`Optimizer::Custom`]) starts from its registered defaults.
     pub fn new(optimizer: Optimizer) -> ParamGroup {
         let mut raw = MaybeUninit::<sys::sx_param_group_desc_t>::zeroed();
         let s = unsafe {
@@ -387,6 +396,9 @@ pub enum Hyperparameter {
     Centered,
     MomentumDecay,
     DecoupledWeightDecay,
+    /// A custom optimizer's own hyperparameter i (counting only its own, in registration
+    /// order): key `SX_HP_CUSTOM + i`.
+    Custom(u32),
 }
 
 impl Hyperparameter {
@@ -408,6 +420,7 @@ impl Hyperparameter {
             Hyperparameter::Centered => sys::SX_HP_CENTERED,
             Hyperparameter::MomentumDecay => sys::SX_HP_MOMENTUM_DECAY,
             Hyperparameter::DecoupledWeightDecay => sys::SX_HP_DECOUPLED_WEIGHT_DECAY,
+            Hyperparameter::Custom(i) => sys::SX_HP_CUSTOM.saturating_add(i.min(i32::MAX as u32) as i32),
         }
     }
 }

@@ -186,6 +186,11 @@ fn structs_match_the_c_layout() {
         mirror!(sys::sx_load_options_t, [struct_size, path, flags, reserved0]),
         mirror!(sys::sx_param_state_t, [struct_size, param, param_group, name, numel, step, momentum_steps,
             num_tensors, reserved0, tensor_names, tensors, mu_product]),
+        mirror!(sys::sx_optimizer_piece_t, [struct_size, param, grad, state, n, grad_scale, param_index,
+            param_group, offset, step, hyperparameters, user_data]),
+        mirror!(sys::sx_optimizer_hyperparameter_t, [name, default_value, min, max]),
+        mirror!(sys::sx_optimizer_desc_t, [struct_size, name, num_slots, slot_names, slot_initial_values,
+            num_hyperparameters, hyperparameters, update, user_data, flags, reserved0]),
     ];
     let mut problems = Vec::new();
     for (name, size, align, fields) in &mirrors {
@@ -237,12 +242,14 @@ fn constants_match_the_header() {
         SX_OK, SX_ERR_INVALID_ARGUMENT, SX_ERR_INVALID_HANDLE, SX_ERR_INVALID_STATE, SX_ERR_OUT_OF_MEMORY,
         SX_ERR_NOT_FOUND, SX_ERR_ALREADY_EXISTS, SX_ERR_UNSUPPORTED, SX_ERR_TIMEOUT, SX_ERR_COMM,
         SX_ERR_GROUP_FAILED, SX_ERR_IO, SX_ERR_CORRUPT, SX_ERR_VERSION, SX_ERR_ABORTED, SX_ERR_MISMATCH,
-        SX_ERR_INTERNAL, SX_ERR_CANCELLED, SX_ERR_NONFINITE,
+        SX_ERR_INTERNAL, SX_ERR_CANCELLED, SX_ERR_NONFINITE, SX_ERR_OPTIMIZER,
         SX_LOG_ERROR, SX_LOG_WARN, SX_LOG_INFO, SX_LOG_DEBUG,
         SX_DTYPE_F32, SX_DTYPE_F16, SX_DTYPE_BF16,
         SX_BACKEND_AUTO, SX_BACKEND_CPU, SX_BACKEND_CUDA, SX_DEVICE_CPU, SX_DEVICE_CUDA,
         SX_OPTIM_SGD, SX_OPTIM_ADAM, SX_OPTIM_ADAMW, SX_OPTIM_ADAGRAD, SX_OPTIM_RMSPROP, SX_OPTIM_ADAMAX,
         SX_OPTIM_NADAM, SX_OPTIM_RADAM, SX_OPTIM_LION,
+        SX_OPTIM_CUSTOM_FIRST, SX_HP_CUSTOM, SX_MAX_CUSTOM_SLOTS, SX_MAX_CUSTOM_HYPERPARAMETERS, SX_MAX_CUSTOM_OPTIMIZERS,
+        SX_OPTIMIZER_IN_PLACE,
         SX_HP_LR, SX_HP_WEIGHT_DECAY, SX_HP_BETA1, SX_HP_BETA2, SX_HP_EPS, SX_HP_MOMENTUM, SX_HP_DAMPENING,
         SX_HP_NESTEROV, SX_HP_MAXIMIZE, SX_HP_AMSGRAD, SX_HP_LR_DECAY, SX_HP_INITIAL_ACCUMULATOR_VALUE,
         SX_HP_ALPHA, SX_HP_CENTERED, SX_HP_MOMENTUM_DECAY, SX_HP_DECOUPLED_WEIGHT_DECAY,
