@@ -24,7 +24,10 @@ bf16/fp16 with fp32 master weights); stage 3 is not offered here (its params exi
 while gathered).
 """
 import inspect
+import itertools
+import threading
 import warnings
+import weakref
 
 import numpy as np
 import torch
@@ -32,6 +35,7 @@ import torch
 from . import _lib
 from .errors import InvalidArgumentError, UnsupportedError
 from .group import ShardGroup
+from .optimizers import register_optimizer
 
 __all__ = ["ShardedOptimizer"]
 
@@ -79,17 +83,104 @@ def _supported():
     return ", ".join(f"{c.__module__.rsplit('.', 1)[0]}.{c.__name__}" for c in _KINDS)
 
 
+# Other elementwise classes run themselves on pieces of each rank's shard, through an sx
+# custom optimizer per class (its slots: the class's per-element state, found by one step
+# of it on a small tensor). Every ShardedOptimizer of such a class has a number, which its
+# param groups hold as the optimizer's own hyperparameter "sx_torch_instance", so that
+# the update finds the torch param group whose options (rho, etas, ...) it runs with.
+_INSTANCE_KEY = "sx_torch_instance"
+_instances = weakref.WeakValueDictionary()
+_instance_counter = itertools.count(1)
+_class_slots = {}  # class -> its slot names
+
+
+def _registered_name(optimizer_class):
+    """'torch.optim.adadelta.Adadelta': the custom optimizer's name (1-63 of [A-Za-z0-9_.-])."""
+    name = f"{optimizer_class.__module__}.{optimizer_class.__qualname__}"
+    name = "".join(c if c.isalnum() or c in "_.-" else "_" for c in name)
+    return name[-63:]
+
+
+def _run_torch_class(piece):
+    """A piece updated by the torch class itself: a tensor over the piece's params with
+    its gradient, the piece's slots as the class's state (the class creates them at a
+    param's first update), one step of a fresh instance with the group's options."""
+    opt = _instances[int(piece.hyperparameters[_INSTANCE_KEY])]
+    group = opt.param_groups[piece.param_group]
+    p = torch.from_numpy(piece.param)
+    p.grad = torch.from_numpy(piece.grad * np.float32(piece.grad_scale))
+    # One instance of the class per worker thread and optimizer, given each piece in turn
+    # with the group's current options (constructing one per piece cost most of the time).
+    # (Kept by the optimizer, by thread id: sx's threads are not Python's, and a
+    # threading.local of theirs lasts one call.)
+    runner = opt._runners.get(threading.get_ident())
+    if runner is None:
+        runner = opt._runners[threading.get_ident()] = opt.optimizer_class(
+            [p], **{k: group[k] for k in opt._class_args if k in group})
+    runner.state.clear()
+    runner_group = runner.param_groups[0]
+    runner_group.update({k: group[k] for k in opt._class_args if k in group})
+    runner_group["params"] = [p]
+    slots = _class_slots[opt.optimizer_class]
+    if piece.step > 1:
+        state = {"step": torch.tensor(float(piece.step - 1), dtype=torch.float32)}
+        for name, values in zip(slots, piece.state):
+            state[name] = torch.from_numpy(values)
+        runner.state[p] = state
+    with torch.no_grad():
+        runner.step()
+    state = runner.state[p]
+    for name, values in zip(slots, piece.state):
+        t = state[name]
+        if t.data_ptr() != values.ctypes.data:  # created by the class, or rebound
+            values[...] = t.detach().reshape(-1).numpy()
+
+
+def _torch_class_kind(optimizer_class, defaults):
+    """The custom optimizer that runs `optimizer_class` on shards (registered once per
+    class), after checking that the class's state is per element."""
+    p = torch.zeros(4, requires_grad=True)
+    p.grad = torch.ones(4)
+    probe_args = {k: v for k, v in defaults.items() if k not in ("foreach", "fused")}
+    probe = optimizer_class([p], **probe_args)
+    with torch.no_grad():
+        probe.step()
+    slots, others = [], []
+    for key, value in probe.state[p].items():
+        if key == "step":
+            continue
+        (slots if isinstance(value, torch.Tensor) and value.shape == p.shape else others).append(key)
+    if others or len(slots) > _lib.SX_MAX_CUSTOM_SLOTS:
+        raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
+                               f"optimizer_class {optimizer_class.__name__} keeps per-param state sx cannot shard "
+                               f"by elements ({', '.join(others) or f'{len(slots)} tensors'}); the classes sx "
+                               f"runs itself: {_supported()}")
+    hyperparameters = [("lr", float(defaults.get("lr", 1e-3)))]
+    for key in ("weight_decay", "maximize"):
+        if key in defaults:
+            hyperparameters.append((key, float(defaults[key])))
+    hyperparameters.append((_INSTANCE_KEY, 0.0, 0.0, float(2 ** 31)))
+    kind = register_optimizer(_registered_name(optimizer_class), slots, _run_torch_class,
+                              hyperparameters=hyperparameters)
+    _class_slots[optimizer_class] = tuple(slots)
+    _KEYS[kind] = ()
+    return kind
+
+
 def _kind_of(optimizer_class, defaults):
     if optimizer_class in _WHOLE_PARAM:
         raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
                                f"optimizer_class {optimizer_class.__name__} needs each param whole (factored "
                                "moments, a matrix orthogonalisation or a line search), and sx.torch shards params "
-                               f"by elements; the elementwise classes it runs: {_supported()}")
+                               f"by elements; the elementwise classes it runs: {_supported()}, and other "
+                               "torch.optim.Optimizer classes whose state is per element")
     if optimizer_class not in _KINDS:
+        if isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer):
+            return _torch_class_kind(optimizer_class, defaults)
         raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
-                               f"optimizer_class {getattr(optimizer_class, '__name__', optimizer_class)} is not one "
-                               f"sx runs (it runs {_supported()}); running another class itself on each rank's "
-                               "shard is not in sx yet")
+                               f"optimizer_class {getattr(optimizer_class, '__name__', optimizer_class)} is not a "
+                               f"torch.optim.Optimizer class (sx runs {_supported()} itself, and runs any other "
+                               "elementwise Optimizer class on each rank's shard)")
     kind = _KINDS[optimizer_class]
     if kind == "adam" and defaults.get("decoupled_weight_decay"):
         kind = "adamw"  # torch's Adam with decoupled weight decay is AdamW
@@ -158,6 +249,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         full.update(defaults)
         self._kind = _kind_of(optimizer_class, full)
         self.optimizer_class = optimizer_class
+        self._class_args = tuple(full)  # the constructor's keywords, which its param groups hold
+        self._instance = None
+        self._runners = {}  # per worker thread: its instance of the class (_run_torch_class)
+        if not isinstance(self._kind, str):  # a class run on the shards: see _run_torch_class
+            self._instance = next(_instance_counter)
+            _instances[self._instance] = self
         self.max_grad_norm = float(max_grad_norm)
         self.grad_norm = None
         self._bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
@@ -244,7 +341,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._consolidated = None
 
     def _add_to_sx(self, group, names, first):
-        index = self.group.add_param_group(self._kind, **_hyper(self._kind, group))
+        extra = {} if self._instance is None else {_INSTANCE_KEY: float(self._instance)}
+        index = self.group.add_param_group(self._kind, **_hyper(self._kind, group), **extra)
         self._pushed.append(_hyper(self._kind, group))
         if self._finalized:
             # The units laid out already are closed: the new params start a unit of their own.
@@ -502,6 +600,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     value = self.group.get_hyperparameter(gi, key)
                     group[key] = bool(value) if key in _FLAGS else value
             self._pushed[gi] = _hyper(self._kind, group)
+            if self._instance is not None:  # the checkpoint holds the saving optimizer's number
+                self.group.set_hyperparameter(gi, _INSTANCE_KEY, float(self._instance))
 
     def close(self):
         """Releases the sx group (once no tensor over its memory is alive: the model's

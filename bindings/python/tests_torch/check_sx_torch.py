@@ -6,8 +6,11 @@ consolidated state dict equals ZeroRedundancyOptimizer's, loads into a plain
 torch.optim.AdamW that continues exactly as sx does, and the reverse; zero_grad keeps
 .grad in sx's memory; with overlap=True (units reduced from autograd hooks during the
 backward) the run is the same, and a second backward before a step is refused; sx's
-dynamic loss scaling skips a step that overflowed on one rank on every rank. Exits
-non-zero on the first difference."""
+dynamic loss scaling skips a step that overflowed on one rank on every rank; and a torch
+class sx has no kernel for (Adadelta, Rprop) runs itself on each rank's shard, matching
+DDP and resuming from sx's checkpoint. Exits non-zero on the first difference."""
+import os
+import shutil
 import sys
 
 import torch
@@ -77,9 +80,51 @@ def check_loss_scaling(rank, world):
     opt.close()
 
 
+def check_class_run_on_shards(rank, world):
+    """A torch class sx has no kernel for (Adadelta, Rprop) runs itself on each rank's
+    shard, with its state kept, sharded and checkpointed by sx: it matches DDP + the
+    plain class over 20 steps, with a scheduler; sx's checkpoint resumes it in a fresh
+    optimizer, which goes on as the plain class does."""
+    for cls, kw in ((torch.optim.Adadelta, dict(lr=0.5, rho=0.8, weight_decay=0.01)),
+                    (torch.optim.Rprop, dict(lr=0.01, etas=(0.4, 1.3), step_sizes=(1e-5, 1.0)))):
+        a, b = mlp(), mlp()
+        ddp = DistributedDataParallel(a)
+        peer = cls(ddp.parameters(), **kw)
+        opt = sx.torch.ShardedOptimizer(b, cls, **kw)
+        scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=7, gamma=0.5) for o in (peer, opt)]
+        for step in range(20):
+            x, y = batch(step, rank)
+            for model, o in ((ddp, peer), (b, opt)):
+                o.zero_grad()
+                loss_of(model, x, y).backward()
+                o.step()
+            for sched in scheds:
+                sched.step()
+            compare_params(b, a, f"{cls.__name__} run on the shards, step {step}")
+        path = [f"/tmp/sx-torch-class-{cls.__name__}-{os.getpid()}" if rank == 0 else None]
+        dist.broadcast_object_list(path, src=0)
+        opt.save(path[0]).wait()
+        c = mlp()
+        resumed = sx.torch.ShardedOptimizer(c, cls, **kw)
+        resumed.load(path[0])
+        for step in range(20, 24):
+            x, y = batch(step, rank)
+            for model, o in ((ddp, peer), (c, resumed)):
+                o.zero_grad()
+                loss_of(model, x, y).backward()
+                o.step()
+            compare_params(c, a, f"{cls.__name__} resumed from sx's checkpoint, step {step}")
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(path[0], ignore_errors=True)
+        for o in (opt, resumed):
+            o.close()
+
+
 def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    check_class_run_on_shards(rank, world)
 
     # The peer: DDP averages the gradients, clip_grad_norm_ clips them, ZeRO steps.
     a = mlp()
