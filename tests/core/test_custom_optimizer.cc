@@ -2,7 +2,8 @@
 // sx's own AdamW bit for bit at worlds 1-3 and stages 1-3 (param groups, a schedule,
 // clipping, freezing, a unit shared with a built-in optimizer's params), through a
 // checkpoint loaded into another world size and stage and through a whole-state gather;
-// a failing update changes nothing on any rank; bad registrations change nothing.
+// a failing update changes nothing on any rank; bad registrations change nothing; over
+// 16-bit params' masters the pass rounds as sx's kernel does.
 #include <unistd.h>
 
 #include <atomic>
@@ -15,6 +16,9 @@
 #include "test_files.h"
 #include "custom_adamw.h"
 #include "run_ranks.h"
+#include "base/half.h"
+#include "optim/custom.h"
+#include "optim/thread_pool.h"
 #include "sx/sx.h"
 
 namespace {
@@ -387,6 +391,59 @@ void test_failed_in_place_update_fails_the_group(void **) {
     if (!err.empty()) fail_msg("%s", err.c_str());
 }
 
+// Mixed precision: over fp32 masters, the custom AdamW's pass rounds the params into
+// their bf16 copy as sx's own kernel does, bit for bit; undone, the bf16 copy is the old
+// params' again.
+void test_custom_update_rounds_masters(void **) {
+    using namespace sx::optim;
+    const int32_t id = custom_id();
+    const size_t n = 10007;  // pieces of 4096 and a tail
+    const Hyper builtin = default_hyper(Kind::kAdamW), custom = default_hyper(static_cast<Kind>(id));
+    std::vector<float> p0(n), g(n), m0(n), v0(n);
+    for (size_t i = 0; i < n; ++i) {
+        p0[i] = std::sin(0.1f * i);
+        g[i] = std::cos(0.37f * i);
+        m0[i] = 0.01f * std::sin(0.3f * i);
+        v0[i] = 0.001f * (1.0f + std::cos(0.7f * i));
+    }
+    std::vector<float> pb = p0, mb = m0, vb = v0, pc = p0, mc(n), vc(n), undo(n);
+    std::vector<uint16_t> ob(n), oc(n);
+    Segment sb;
+    sb.param = pb.data();
+    sb.grad = g.data();
+    sb.state[0] = mb.data();
+    sb.state[1] = vb.data();
+    sb.n = n;
+    sb.hyper = &builtin;
+    sb.step = 3;
+    sb.compute_out = ob.data();
+    sb.compute_dtype = SX_DTYPE_BF16;
+    Segment sc = sb;
+    sc.param = pc.data();
+    sc.state[0] = mc.data();
+    sc.state[1] = vc.data();
+    sc.state_in[0] = m0.data();
+    sc.state_in[1] = v0.data();
+    sc.undo = undo.data();
+    sc.hyper = &custom;
+    sc.compute_out = oc.data();
+    sc.param_index = 0;
+    ThreadPool pool(2);
+    fused_update(&sb, 1, 0.5f, &pool, Isa::kAuto, nullptr);
+    CustomFailure failure;
+    assert_true(double_buffered_update(&sc, 1, 0.5f, &pool, nullptr, &failure));
+    assert_memory_equal(pb.data(), pc.data(), n * sizeof(float));
+    assert_memory_equal(mb.data(), mc.data(), n * sizeof(float));
+    assert_memory_equal(vb.data(), vc.data(), n * sizeof(float));
+    assert_memory_equal(ob.data(), oc.data(), n * sizeof(uint16_t));
+    assert_memory_equal(m0.data(), sc.state_in[0], n * sizeof(float));  // the old slots stay
+    undo_double_buffered(&sc, 1, &pool);
+    assert_memory_equal(pc.data(), p0.data(), n * sizeof(float));
+    std::vector<uint16_t> rounded(n);
+    sx::half::from_f32(SX_DTYPE_BF16, p0.data(), rounded.data(), n);
+    assert_memory_equal(oc.data(), rounded.data(), n * sizeof(uint16_t));
+}
+
 int32_t noop(const sx_optimizer_piece_t *) { return 0; }
 
 void test_bad_registrations(void **) {
@@ -492,6 +549,7 @@ void test_bad_registrations(void **) {
 int main() {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_registrations),
+        cmocka_unit_test(test_custom_update_rounds_masters),
         cmocka_unit_test(test_failed_update_changes_nothing),
         cmocka_unit_test(test_failed_in_place_update_fails_the_group),
         cmocka_unit_test(test_custom_whole_state),
