@@ -229,6 +229,8 @@ namespace {
 // Elements per call of an update: the slots' working copies (kMaxStateSlots of them) and
 // the piece's param and gradient stay in a core's L2 while the update meets them.
 constexpr size_t kPieceElements = 4096;
+// How far ahead (elements) the staging pass prefetches each stream, as the fused kernels do.
+constexpr size_t kPrefetchAhead = 512;
 
 // A pool thread's working copies of a piece's slots (pool threads live as long as their
 // group, so each allocates this once).
@@ -281,10 +283,10 @@ __attribute__((target("avx512f"))) void stage_in_avx512(const Segment &p, float 
     size_t i = 0;
     const bool aligned = (reinterpret_cast<uintptr_t>(p.undo) & 63) == 0;
     for (; i + 16 <= n; i += 16) {
-        __builtin_prefetch(p.param + i + kPieceElements);
-        __builtin_prefetch(p.grad + i);
+        __builtin_prefetch(p.param + i + kPrefetchAhead);
+        __builtin_prefetch(p.grad + i + kPrefetchAhead);
         for (int k = 0; k < slots; ++k)
-            if (!fill) __builtin_prefetch(p.state_in[k] + i + kPieceElements);
+            if (!fill) __builtin_prefetch(p.state_in[k] + i + kPrefetchAhead);
         const __m512 v = _mm512_loadu_ps(p.param + i);
         if (aligned)
             _mm512_stream_ps(p.undo + i, v);
