@@ -444,6 +444,24 @@ void test_custom_update_rounds_masters(void **) {
     assert_memory_equal(oc.data(), rounded.data(), n * sizeof(uint16_t));
 }
 
+// Ranks whose param group uses different custom optimizers disagree, and are told so.
+void test_ranks_with_other_custom_optimizers_disagree(void **) {
+    int32_t in_place = 0;
+    assert_int_equal(custom_adamw_register_in_place(&in_place), SX_OK);
+    const int32_t id = custom_id();
+    const std::string rv = tag("dis");
+    const std::string err = sxtest::run_ranks(2, [&](int rank) -> std::string {
+        sx_shard_group_t *g = nullptr;
+        const std::string e = make_group(rv, rank, 2, 2, rank == 0 ? id : in_place, &g);
+        sx_destroy_shard_group(g);
+        if (e.find("SX_ERR_MISMATCH") == std::string::npos ||
+            e.find("optimizer: CAdamW on rank 0, CAdamWInPlace on rank 1") == std::string::npos)
+            return "expected the ranks' disagreement, got: " + (e.empty() ? std::string("success") : e);
+        return "";
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
 int32_t noop(const sx_optimizer_piece_t *) { return 0; }
 
 void test_bad_registrations(void **) {
@@ -550,6 +568,7 @@ int main() {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_registrations),
         cmocka_unit_test(test_custom_update_rounds_masters),
+        cmocka_unit_test(test_ranks_with_other_custom_optimizers_disagree),
         cmocka_unit_test(test_failed_update_changes_nothing),
         cmocka_unit_test(test_failed_in_place_update_fails_the_group),
         cmocka_unit_test(test_custom_whole_state),
