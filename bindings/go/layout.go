@@ -225,6 +225,10 @@ func cLayouts() []structLayout {
 			f("step", unsafe.Offsetof(op.step), unsafe.Sizeof(op.step)),
 			f("hyperparameters", unsafe.Offsetof(op.hyperparameters), unsafe.Sizeof(op.hyperparameters)),
 			f("user_data", unsafe.Offsetof(op.user_data), unsafe.Sizeof(op.user_data)),
+			f("num_slots", unsafe.Offsetof(op.num_slots), unsafe.Sizeof(op.num_slots)),
+			f("num_hyperparameters", unsafe.Offsetof(op.num_hyperparameters), unsafe.Sizeof(op.num_hyperparameters)),
+			f("error", unsafe.Offsetof(op.error), unsafe.Sizeof(op.error)),
+			f("error_size", unsafe.Offsetof(op.error_size), unsafe.Sizeof(op.error_size)),
 		}},
 		{"sx_optimizer_hyperparameter_t", unsafe.Sizeof(oh), unsafe.Alignof(oh), []fieldLayout{
 			f("name", unsafe.Offsetof(oh.name), unsafe.Sizeof(oh.name)),

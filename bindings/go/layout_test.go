@@ -84,7 +84,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_ERR_OPTIMIZER": ErrOptimizer, "SX_OPTIM_CUSTOM_FIRST": int64(OptimCustomFirst), "SX_HP_CUSTOM": int64(HPCustom),
 		"SX_MAX_CUSTOM_SLOTS": MaxCustomSlots, "SX_MAX_CUSTOM_HYPERPARAMETERS": MaxCustomHyperparameters,
 		"SX_MAX_CUSTOM_OPTIMIZERS": MaxCustomOptimizers, "SX_OPTIMIZER_IN_PLACE": OptimizerInPlace,
-		"SX_LOG_ERROR": LogError, "SX_LOG_WARN": LogWarn,
+		"SX_OPTIMIZER_ERROR_BYTES": OptimizerErrorBytes, "SX_LOG_ERROR": LogError, "SX_LOG_WARN": LogWarn,
 		"SX_LOG_INFO": LogInfo, "SX_LOG_DEBUG": LogDebug,
 		"SX_DTYPE_F32": int64(DtypeF32), "SX_DTYPE_F16": int64(DtypeF16), "SX_DTYPE_BF16": int64(DtypeBF16),
 		"SX_BACKEND_AUTO": int64(BackendAuto), "SX_BACKEND_CPU": int64(BackendCPU), "SX_BACKEND_CUDA": int64(BackendCUDA),

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"runtime/cgo"
 	"sync"
+	"unicode/utf8"
 	"unsafe"
 )
 
@@ -21,6 +22,9 @@ const (
 	MaxCustomSlots           = 3  // state slots a custom optimizer may keep
 	MaxCustomHyperparameters = 8  // hyperparameters of its own (besides sx's)
 	MaxCustomOptimizers      = 64 // registrations per process
+	// OptimizerErrorBytes is the size of the buffer (its NUL included) that carries a
+	// failing update's words into Step's ErrOptimizer message.
+	OptimizerErrorBytes = 256
 )
 
 // OptimizerInPlace is SX_OPTIMIZER_IN_PLACE, the flag OptimizerDesc.InPlace sets.
@@ -85,8 +89,8 @@ type OptimizerDesc struct {
 	// Updates one piece. sx calls it from its own worker threads (not Go's), several
 	// pieces at once (pieces never overlap), and it must not call sx. A nil error is
 	// success; an error (UpdateFailure for a code of your own) or a panic fails the step
-	// on every rank with ErrOptimizer, and then no param or slot has changed (unless
-	// InPlace).
+	// on every rank with ErrOptimizer, whose message ends with the error's Error() text
+	// (or the panic's value), and then no param or slot has changed (unless InPlace).
 	Update func(p *OptimizerPiece) error
 	// InPlace registers it SX_OPTIMIZER_IN_PLACE: sx updates the params and slots in
 	// place, without the second slot buffers and the copy of the params that let a failed
@@ -113,13 +117,34 @@ func (c *customOptimizer) fail(err error) {
 
 var customOptimizers sync.Map // Optimizer -> *customOptimizer
 
+// writeError puts msg in the piece's error buffer, which sx puts in the step's
+// ErrOptimizer message: at most error_size-1 bytes, cut at a UTF-8 character boundary,
+// then a NUL. Nothing when the library's piece has no buffer.
+func writeError(raw *C.sx_optimizer_piece_t, msg string) {
+	if uintptr(raw.struct_size) < unsafe.Sizeof(*raw) || raw.error == nil || raw.error_size == 0 {
+		return
+	}
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(raw.error)), int(raw.error_size))
+	n := len(msg)
+	if n > len(buf)-1 {
+		n = len(buf) - 1
+		for n > 0 && !utf8.RuneStart(msg[n]) {
+			n--
+		}
+	}
+	copy(buf, msg[:n])
+	buf[n] = 0
+}
+
 //export sxgoOptimizerUpdate
 func sxgoOptimizerUpdate(raw *C.sx_optimizer_piece_t, user C.uintptr_t) (status C.int32_t) {
 	c := cgo.Handle(user).Value().(*customOptimizer)
 	// Nothing may unwind into C: a panic fails the step, and is kept for LastUpdateFailure.
+	// What failed is described in the piece's error buffer, for sx's message.
 	defer func() {
 		if p := recover(); p != nil {
 			c.fail(fmt.Errorf("custom optimizer %q: the update panicked: %v", c.name, p))
+			writeError(raw, fmt.Sprintf("the update panicked: %v", p))
 			status = UpdatePanicked
 		}
 	}()
@@ -143,6 +168,7 @@ func sxgoOptimizerUpdate(raw *C.sx_optimizer_piece_t, user C.uintptr_t) (status 
 	}
 	if err := c.update(&p); err != nil {
 		c.fail(err)
+		writeError(raw, err.Error())
 		if code, ok := err.(UpdateFailure); ok && code != 0 {
 			return C.int32_t(code)
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 )
 
 // goLion is Lion as sx's built-in computes it (float32, one rounding per operation: each
@@ -352,6 +353,81 @@ func TestCustomOptimizerHyperparametersSlotsAndFailures(t *testing.T) {
 	}
 	if total != numel {
 		t.Errorf("the first step's pieces cover %d elements of %d", total, numel)
+	}
+}
+
+// errMessageTest is what go_test_error_message's update returns in mode 1.
+var errMessageTest = errors.New("the message test's update failed on purpose")
+
+// A failing update's words reach Step's ErrOptimizer message (sx_last_error_message):
+// an error's Error() text, an UpdateFailure's, a panic's value, and an error longer than
+// sx's buffer, cut at a character boundary.
+func TestCustomOptimizerErrorMessage(t *testing.T) {
+	opt, err := RegisterOptimizer(OptimizerDesc{Name: "go_test_error_message",
+		Hyperparameters: []OptimizerHyperparameter{{Name: "mode"}},
+		Update: func(p *OptimizerPiece) error {
+			switch p.Hyperparameters[0] {
+			case 1:
+				return errMessageTest
+			case 2:
+				return UpdateFailure(9)
+			case 3:
+				panic("the message test's update panicked on purpose")
+			case 4:
+				return errors.New(strings.Repeat("\u00e9", 300)) // 2-byte characters
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// OptimizerErrorBytes holds the NUL too: an odd number of bytes for the 2-byte
+	// characters, so the cut falls inside one and the whole ones before it are kept.
+	long := ": " + strings.Repeat("\u00e9", (OptimizerErrorBytes-1)/2) + ": the step"
+	for _, world := range []int32{1, 2} {
+		runRanks(t, fmt.Sprintf("custom-message-%d", world), world, func(rank int32, g *ShardGroup) error {
+			pg, err := g.AddParamGroup(NewParamGroup(opt))
+			if err != nil {
+				return err
+			}
+			if _, err := g.AddParam(Param{Name: "w", Shape: []int64{4, 8}, ParamGroup: pg}); err != nil {
+				return err
+			}
+			if err := g.Finalize(); err != nil {
+				return err
+			}
+			if _, err := g.Step(nil); err != nil { // mode 0 succeeds
+				return err
+			}
+			// sx's message: "... updating param 'w' on rank R: <the update's words>: the step ...".
+			for _, c := range []struct {
+				mode float64
+				text string
+			}{
+				{1, ": the message test's update failed on purpose: "},
+				{2, ": custom optimizer update failed with 9: "},
+				{3, ": the update panicked: the message test's update panicked on purpose: "},
+				{4, long},
+			} {
+				if err := g.SetHyperparameter(pg, CustomHyperparameter(0), c.mode); err != nil {
+					return err
+				}
+				_, err := g.Step(nil)
+				var e *Error
+				if !errors.As(err, &e) || e.Status != ErrOptimizer {
+					return fmt.Errorf("mode %g: Step gave %v", c.mode, err)
+				}
+				if !strings.Contains(e.Message, "go_test_error_message") || !strings.Contains(e.Message, c.text) ||
+					!utf8.ValidString(e.Message) {
+					return fmt.Errorf("mode %g: the message %q lacks %q", c.mode, e.Message, c.text)
+				}
+			}
+			return nil
+		})
+	}
+	// LastUpdateFailure still has the update's own error (the last one: mode 4's).
+	if err := opt.LastUpdateFailure(); err == nil || !strings.HasPrefix(err.Error(), "\u00e9\u00e9") {
+		t.Errorf("LastUpdateFailure: %v", err)
 	}
 }
 

@@ -401,6 +401,7 @@ SX_API sx_status_t sx_param_group_desc_init(sx_param_group_desc_t *desc, size_t 
 #define SX_MAX_CUSTOM_SLOTS 3           /* state slots a custom optimizer may keep */
 #define SX_MAX_CUSTOM_HYPERPARAMETERS 8 /* hyperparameters of its own (besides SX_HP_* ones) */
 #define SX_MAX_CUSTOM_OPTIMIZERS 64     /* registrations per process */
+#define SX_OPTIMIZER_ERROR_BYTES 256    /* sx_optimizer_piece_t.error_size */
 
 /* One piece of a param's elements in this rank's shard, as sx hands it to a custom
  * optimizer's update. Everything is borrowed for the call. */
@@ -417,6 +418,12 @@ typedef struct sx_optimizer_piece {
     int64_t step;         /* the param's step count including this update (1 for its first) */
     const double *hyperparameters; /* the group's values, in registration order (num_hyperparameters) */
     void *user_data;      /* sx_optimizer_desc_t.user_data */
+    int32_t num_slots;    /* the optimizer's slots (state[0..num_slots)) */
+    int32_t num_hyperparameters; /* values in hyperparameters */
+    /* An update that fails may write a NUL-terminated message here (error_size bytes,
+     * empty on entry); sx puts it in the step's SX_ERR_OPTIMIZER message. */
+    char *error;
+    size_t error_size;
 } sx_optimizer_piece_t;
 
 /* A custom optimizer's update of one piece. Returns 0, or any other value to report

@@ -289,10 +289,10 @@ Status ShardGroup::update_in_place(const std::vector<optim::Segment> &segs, floa
                                             &ok));
         if (!ok)
             return fail(SX_ERROR(SX_ERR_OPTIMIZER,
-                                 "the custom optimizer '%s' returned %d updating param '%s' on rank %d; it updates in "
-                                 "place (SX_OPTIMIZER_IN_PLACE), so the step is half done and the group has failed",
+                                 "the custom optimizer '%s' returned %d updating param '%s' on rank %d%s%s; it updates "
+                                 "in place (SX_OPTIMIZER_IN_PLACE), so the step is half done and the group has failed",
                                  failure.optimizer, failure.code, table_.params()[failure.param].name.c_str(),
-                                 mesh_.rank()));
+                                 mesh_.rank(), failure.message.empty() ? "" : ": ", failure.message.c_str()));
     }
     if (sumsq) *sumsq = a + b;
     return Status::Ok();
@@ -323,9 +323,10 @@ Status ShardGroup::update_double_buffered(float grad_scale, double *sumsq) {
     SX_TRY(ops_->undo_double_buffered(segs.data(), segs.size()));
     if (!ok)
         return SX_ERROR(SX_ERR_OPTIMIZER,
-                        "the custom optimizer '%s' returned %d updating param '%s' on rank %d: the step changed "
+                        "the custom optimizer '%s' returned %d updating param '%s' on rank %d%s%s: the step changed "
                         "nothing on any rank (params and optimizer state are as before it) and dropped the gradients",
-                        failure.optimizer, failure.code, table_.params()[failure.param].name.c_str(), mesh_.rank());
+                        failure.optimizer, failure.code, table_.params()[failure.param].name.c_str(), mesh_.rank(),
+                        failure.message.empty() ? "" : ": ", failure.message.c_str());
     return SX_ERROR(SX_ERR_OPTIMIZER,
                     "a custom optimizer's update reported failure on %g other rank%s (see its error there): the step "
                     "changed nothing on any rank (params and optimizer state are as before it) and dropped the "

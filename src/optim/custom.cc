@@ -338,7 +338,7 @@ Segment piece_of(const Segment &s, size_t begin, size_t n) {
 // copies; updates the params in place and the working copies; then streams those into
 // the slots' new buffers (state). Returns the custom function's result (0 for
 // built-ins); after a failure the new buffers are not written (they are dropped).
-int32_t update_piece(const Segment &p, float grad_scale, double *sumsq) {
+int32_t update_piece(const Segment &p, float grad_scale, double *sumsq, std::string *message) {
     const Hyper &h = *p.hyper;
     const CustomOptimizer *c = is_custom(h.kind) ? find_custom(static_cast<int32_t>(h.kind)) : nullptr;
     const int slots = state_slots(h);
@@ -385,7 +385,14 @@ int32_t update_piece(const Segment &p, float grad_scale, double *sumsq) {
         piece.step = p.step;
         piece.hyperparameters = values;
         piece.user_data = c->user_data;
+        piece.num_slots = slots;
+        piece.num_hyperparameters = static_cast<int32_t>(c->hypers.size());
+        char error[SX_OPTIMIZER_ERROR_BYTES];
+        error[0] = '\0';
+        piece.error = error;
+        piece.error_size = sizeof error;
         rc = c->update(&piece);
+        if (rc != 0) message->assign(error, strnlen(error, sizeof error));
         if (rc == 0 && p.compute_out) half::from_f32(p.compute_dtype, p.param, p.compute_out, p.n);
     }
     if (rc == 0 && p.undo)
@@ -436,8 +443,9 @@ bool double_buffered_update(const Segment *segs, size_t num_segs, float grad_sca
             if (p.undo) stream_copy(p.undo, p.param, p.n);
             return;
         }
-        const int32_t rc = update_piece(p, grad_scale, sumsq ? &sums[t] : nullptr);
-        if (rc != 0) failed[t] = {rc, p.param_index, spec_of(p.hyper->kind).name};
+        std::string message;
+        const int32_t rc = update_piece(p, grad_scale, sumsq ? &sums[t] : nullptr, &message);
+        if (rc != 0) failed[t] = {rc, p.param_index, spec_of(p.hyper->kind).name, message};
     });
     double total = 0.0;
     for (double s : sums) total += s;

@@ -66,6 +66,7 @@ struct CustomFailure {
     int32_t code = 0;
     int32_t param = -1;
     const char *optimizer = nullptr;
+    std::string message;  // what the update wrote into the piece's error buffer, if anything
 };
 
 // The double-buffered pass over segments whose `state_in` is set (see the file's

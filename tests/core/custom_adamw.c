@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 
 static atomic_int fail_param = -1;
 static atomic_int fail_rank_call = 0;
@@ -17,8 +18,10 @@ static int32_t adamw_update(const sx_optimizer_piece_t *piece) {
                  beta2 = piece->hyperparameters[HP_BETA2], eps_d = piece->hyperparameters[HP_EPS],
                  wd = piece->hyperparameters[HP_WEIGHT_DECAY];
     const int maximize = piece->hyperparameters[HP_MAXIMIZE] != 0.0;
+    if (piece->num_slots != 2 || piece->num_hyperparameters != HP_COUNT) return 7;
     if (piece->param_index == atomic_load(&fail_param)) {
         atomic_fetch_add(&fail_rank_call, 1);
+        snprintf(piece->error, piece->error_size, "param %d told to fail", piece->param_index);
         return 42;
     }
     /* torch: bias corrections in double, step sizes rounded to float once. */

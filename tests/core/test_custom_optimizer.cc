@@ -344,6 +344,10 @@ void test_failed_update_changes_nothing(void **) {
         if (e.empty() && s != SX_ERR_OPTIMIZER) e = "the failed step returned " + std::string(sx_status_string(s));
         if (e.empty() && msg.find("changed nothing on any rank") == std::string::npos)
             e = "the failed step's message: " + msg;
+        // The failing rank's message carries what the update wrote.
+        if (e.empty() && rank == 0 && msg.find("returned 42 updating param 'p3' on rank 0: param 3 told to fail") ==
+                                          std::string::npos)
+            e = "the failing rank's message: " + msg;
         if (e.empty()) e = snapshot(c, &after);
         if (e.empty() && !same_bits(before, after)) e = "the failed step changed params or state";
         // Both go on with step 4's gradients: equal again.

@@ -57,6 +57,7 @@ const SX_HP_CUSTOM = Int32(1000)
 const SX_MAX_CUSTOM_SLOTS = 3
 const SX_MAX_CUSTOM_HYPERPARAMETERS = 8
 const SX_MAX_CUSTOM_OPTIMIZERS = 64
+const SX_OPTIMIZER_ERROR_BYTES = 256  # sx_optimizer_piece_t.error_size
 const SX_OPTIMIZER_IN_PLACE = UInt32(0x1)  # sx_optimizer_desc_t.flags
 const SX_GROUP_NO_TRAINABLE_AUTODETECT = UInt32(0x1)
 const SX_GROUP_RESERVE_CHECKPOINT_STAGING = UInt32(0x2)
@@ -272,6 +273,10 @@ struct RawOptimizerPiece  # sx_optimizer_piece_t
     step::Int64
     hyperparameters::Ptr{Float64}
     user_data::Ptr{Cvoid}
+    num_slots::Int32
+    num_hyperparameters::Int32
+    error::Ptr{UInt8}  # a failing update's message: NUL-terminated, error_size bytes
+    error_size::Csize_t
 end
 
 # An element of OptimizerDesc.hyperparameters (an array: isbits, no struct_size).
@@ -1183,8 +1188,25 @@ const _STANDARD_HYPERPARAMETERS = ("lr", "weight_decay", "beta1", "beta2", "eps"
                                    "nesterov", "maximize", "amsgrad", "lr_decay", "initial_accumulator_value",
                                    "alpha", "centered", "momentum_decay", "decoupled_weight_decay")
 
+# Writes `message` into the piece's error buffer, which sx puts in the step's
+# SX_ERR_OPTIMIZER message: at most error_size - 1 bytes, cut at a UTF-8 character
+# boundary, then a NUL. Nothing when the library's piece has no buffer.
+function _write_piece_error(pc::RawOptimizerPiece, message::AbstractString)
+    (pc.struct_size < sizeof(RawOptimizerPiece) || pc.error == C_NULL || pc.error_size == 0) && return
+    s = String(message)
+    bytes = codeunits(s)
+    n = min(length(bytes), Int(pc.error_size) - 1)
+    while 0 < n < length(bytes) && (bytes[n+1] & 0xc0) == 0x80  # n+1 continues a character
+        n -= 1
+    end
+    GC.@preserve s unsafe_copyto!(pc.error, pointer(s), n)
+    unsafe_store!(pc.error, 0x00, n + 1)
+    nothing
+end
+
 # sx calls this on its own worker threads, concurrently (Julia >= 1.9 adopts them). Nothing
-# may unwind into C: an exception is kept (last_update_failure) and reported as -1.
+# may unwind into C: an exception is kept (last_update_failure), described in the piece's
+# error buffer (sprint(showerror, e)) and reported as -1.
 function _optimizer_trampoline(raw::Ptr{RawOptimizerPiece})::Int32
     pc = unsafe_load(raw)
     reg = unsafe_pointer_to_objref(pc.user_data)::_CustomOptimizer
@@ -1200,9 +1222,18 @@ function _optimizer_trampoline(raw::Ptr{RawOptimizerPiece})::Int32
                                state, hps, pc.grad_scale, Int(pc.param_index), Int(pc.param_group), Int(pc.offset),
                                Int(pc.step))
         r = reg.update(piece)
-        return r isa Integer && !(r isa Bool) && r != 0 ? Int32(r) : Int32(0)
+        if r isa Integer && !(r isa Bool) && r != 0
+            code = Int32(r)
+            _write_piece_error(pc, "update returned $code")
+            return code
+        end
+        return Int32(0)
     catch e
         reg.failure = e
+        try
+            _write_piece_error(pc, sprint(showerror, e))
+        catch
+        end
         return Int32(-1)
     end
 end
@@ -1229,7 +1260,8 @@ half done and fails the group (only `close` is left), so it is for an update tha
 `update(piece::OptimizerPiece)` updates `piece.param` and `piece.state` in place and
 returns `nothing` (a nonzero integer reports failure with that value; an exception is
 kept, see `last_update_failure`, and reported as -1). A failure fails the step on every
-rank with `SX_ERR_OPTIMIZER`, and changes nothing (unless `in_place`).
+rank with `SX_ERR_OPTIMIZER`, whose message ends with `sprint(showerror, e)` (or "update
+returned N"), and changes nothing (unless `in_place`).
 
 **Threads.** sx calls `update` from its own worker threads, several pieces at once, while
 `step!` waits (GC-safe) on the calling thread: this needs Julia >= 1.9, which adopts

@@ -77,6 +77,7 @@ SX_HP_CUSTOM = 1000
 SX_MAX_CUSTOM_SLOTS = 3
 SX_MAX_CUSTOM_HYPERPARAMETERS = 8
 SX_MAX_CUSTOM_OPTIMIZERS = 64
+SX_OPTIMIZER_ERROR_BYTES = 256  # sx_optimizer_piece_t.error_size
 SX_OPTIMIZER_IN_PLACE = 0x1  # sx_optimizer_desc_t.flags
 
 SX_HP_LR = 1
@@ -260,15 +261,18 @@ class sx_load_options_t(ctypes.Structure):
 
 
 # Custom optimizers (1.5). The piece is filled by the library only, for the update; its
-# pointers (float *, const float *, float *[3], const double *) are read as plain addresses
-# (c_void_p: an int), which is what building arrays over them needs, and cheaper.
+# pointers (float *, const float *, float *[3], const double *, char *) are read as plain
+# addresses (c_void_p: an int), which is what building arrays over them (or writing the
+# error message with memmove) needs, and cheaper.
 class sx_optimizer_piece_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("param", ctypes.c_void_p),
                 ("grad", ctypes.c_void_p), ("state", ctypes.c_void_p * SX_MAX_CUSTOM_SLOTS),
                 ("n", ctypes.c_size_t), ("grad_scale", ctypes.c_float),
                 ("param_index", ctypes.c_int32), ("param_group", ctypes.c_int32),
                 ("offset", ctypes.c_uint64), ("step", ctypes.c_int64),
-                ("hyperparameters", ctypes.c_void_p), ("user_data", ctypes.c_void_p)]
+                ("hyperparameters", ctypes.c_void_p), ("user_data", ctypes.c_void_p),
+                ("num_slots", ctypes.c_int32), ("num_hyperparameters", ctypes.c_int32),
+                ("error", ctypes.c_void_p), ("error_size", ctypes.c_size_t)]
 
 
 sx_optimizer_update_fn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(sx_optimizer_piece_t))

@@ -202,9 +202,36 @@ def _float32_array(address, n, writable):
     return view if writable else view.toreadonly()
 
 
+def _report_error(raw, text):
+    """Writes `text` into the piece's error buffer (sx puts it in the step's
+    SX_ERR_OPTIMIZER message): at most error_size - 1 bytes of UTF-8, cut at a character
+    boundary, and a NUL. Never raises."""
+    try:
+        pc = raw.contents
+        if pc.struct_size < ctypes.sizeof(_lib.sx_optimizer_piece_t) or not pc.error or pc.error_size < 1:
+            return  # a library without the error buffer
+        data = text.encode("utf-8", "replace")
+        if len(data) > pc.error_size - 1:
+            data = data[:pc.error_size - 1].decode("utf-8", "ignore").encode("utf-8")
+        ctypes.memmove(pc.error, data + b"\0", len(data) + 1)
+    except BaseException:  # noqa: B036  (nothing may unwind into C)
+        pass
+
+
+def _describe(e):
+    """An exception as "Type: message" (or just "Type" when its str is empty)."""
+    try:
+        text = str(e)
+    except BaseException:  # noqa: B036  (a broken __str__)
+        text = ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 def _trampoline_for(shared, update, num_slots, names):
     """The C update: builds a Piece and calls `update`. Nothing unwinds into C: an
-    exception is kept (CustomOptimizer.last_failure()) and reported as EXCEPTION_STATUS."""
+    exception is kept (CustomOptimizer.last_failure()), described in the piece's error
+    buffer ("Type: message") and reported as EXCEPTION_STATUS; a nonzero int return is
+    described as "update returned N"."""
     num_hp = len(names)
 
     def trampoline(raw):
@@ -227,10 +254,12 @@ def _trampoline_for(shared, update, num_slots, names):
             result = update(piece)
             if isinstance(result, numbers.Integral) and not isinstance(result, bool) and result != 0:
                 code = int(result)
+                _report_error(raw, f"update returned {code}")
                 return code if -2 ** 31 <= code < 2 ** 31 else EXCEPTION_STATUS
             return 0
         except BaseException as e:  # noqa: B036  (nothing may unwind into C)
             shared.failure = e
+            _report_error(raw, _describe(e))
             return EXCEPTION_STATUS
 
     return _lib.sx_optimizer_update_fn(trampoline)
@@ -246,7 +275,8 @@ def register_optimizer(name, slots, update, hyperparameters=None, slot_initial_v
     worker threads, concurrently; it updates ``piece.param`` and ``piece.state`` in place
     and returns None (a nonzero int reports failure with that value; an exception reports
     EXCEPTION_STATUS and is kept). Either way a failure fails the step on every rank with
-    OptimizerError, and changes nothing (unless ``in_place``). ``hyperparameters``: a
+    OptimizerError, whose message ends with the exception's type and text (or "update
+    returned N"), and changes nothing (unless ``in_place``). ``hyperparameters``: a
     mapping name -> default, or a sequence of :class:`Hyperparameter` or (name,
     default[, min, max]) tuples, in the order ``piece.hyperparameters`` has them (see
     Hyperparameter for sx's names). ``slot_initial_values``: what each slot holds before

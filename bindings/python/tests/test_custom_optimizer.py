@@ -1,7 +1,8 @@
 """Custom optimizers written in Python (sx.register_optimizer): Lion in numpy against the
 built-in Lion bit for bit, at world sizes 1 and 2 (and registered in_place, at world
 size 2); the pieces sx hands out; an optimizer's
-own hyperparameters and slot initial values; a failing update; and bad descriptions.
+own hyperparameters and slot initial values; a failing update and what its message
+says in the step's error; and bad descriptions.
 
 Registration is per process (at most SX_MAX_CUSTOM_OPTIMIZERS): this module registers
 each optimizer once, at import, and the ranks (threads) share it."""
@@ -59,6 +60,23 @@ if np is not None:
     PROBE = sx.register_optimizer("py_probe", ["count"], probe_update,
                                   hyperparameters=[("lr", 0.1), ("scale", 2.0, 0.0, 10.0), ("fail", 0.0)],
                                   slot_initial_values=[1.5])
+
+
+def message_update(piece):
+    """Fails as its "mode" says: 1 raises with a known message, 2 returns 5, 3 raises with
+    a message longer than sx's error buffer (2-byte UTF-8 characters); 0 does nothing."""
+    mode = piece.hyperparameters["mode"]
+    if mode == 1:
+        raise ValueError("the message test's update failed on purpose")
+    if mode == 2:
+        return 5
+    if mode == 3:
+        raise ValueError("\u00e9" * 300)
+    return None
+
+
+# Needs no numpy: the update touches no array.
+MESSAGE = sx.register_optimizer("py_error_message", [], message_update, hyperparameters=[("mode", 0.0)])
 
 SHAPES = {"w": [37, 53], "b": [7]}  # w spans several pieces at any sensible piece size
 
@@ -210,6 +228,54 @@ class ProbeTest(unittest.TestCase):
             covered += n
         self.assertEqual(covered, numel)
         self.assertEqual({step for (_, _, _, _, step) in pieces}, {1, 2, 3})
+
+
+class ErrorMessageTest(unittest.TestCase):
+    """What a failing update says reaches the step's OptimizerError message (sx's
+    sx_last_error_message), through the piece's error buffer."""
+
+    def run_failures(self, rank, name, world):
+        messages = []
+        with sx.ShardGroup(name, rank, world, backend="cpu", num_threads=2, timeout_ms=60000) as g:
+            pg = g.add_param_group(MESSAGE)
+            g.add_param("w", [37, 53], param_group=pg)
+            g.finalize()
+            g.step()  # mode 0 succeeds
+            for mode in (1, 2, 3):
+                g.set_hyperparameter(pg, "mode", float(mode))
+                with self.assertRaises(sx.OptimizerError) as cm:
+                    g.step()
+                self.assertEqual(cm.exception.status, sx.SX_ERR_OPTIMIZER)
+                messages.append((cm.exception.message, cm.exception.__cause__))
+        return messages
+
+    def check(self, world):
+        for rank, messages in enumerate(run_ranks(world, self.run_failures, world)):
+            with self.subTest(world=world, rank=rank):
+                (raised, cause), (returned, no_cause), (long, long_cause) = messages
+                self.assertIn("py_error_message", raised)
+                self.assertIn("ValueError: the message test's update failed on purpose", raised)
+                self.assertIn("update returned 5", returned)
+                self.assertIsNone(no_cause)
+                # Cut to the buffer (SX_OPTIMIZER_ERROR_BYTES, its NUL included) at a character
+                # boundary: "ValueError: " (12 bytes), then as many whole 2-byte characters
+                # as fit (an odd number of bytes is left: the cut falls inside one).
+                kept = (sx.SX_OPTIMIZER_ERROR_BYTES - 1 - len("ValueError: ")) // 2
+                self.assertIn("ValueError: " + "\u00e9" * kept + ": the step", long)
+                self.assertNotIn("\ufffd", long)
+                # __cause__ still chains the exception (the ranks of one process share the
+                # optimizer's last failure: one of two ranks takes it).
+                if world == 1:
+                    self.assertIsInstance(cause, ValueError)
+                    self.assertIsInstance(long_cause, ValueError)
+                else:
+                    self.assertIn(type(cause), (ValueError, type(None)))
+
+    def test_one_rank(self):
+        self.check(1)
+
+    def test_two_ranks(self):
+        self.check(2)
 
 
 @unittest.skipIf(np is None, "needs numpy")

@@ -65,6 +65,8 @@ pub const SX_HP_CUSTOM: i32 = 1000;
 pub const SX_MAX_CUSTOM_SLOTS: usize = 3;
 pub const SX_MAX_CUSTOM_HYPERPARAMETERS: i32 = 8;
 pub const SX_MAX_CUSTOM_OPTIMIZERS: i32 = 64;
+/// [`sx_optimizer_piece_t::error_size`]: the bytes of a failing update's message buffer.
+pub const SX_OPTIMIZER_ERROR_BYTES: usize = 256;
 /// [`sx_optimizer_desc_t::flags`]: update params and slots in place, without the double
 /// buffers that let a failed update change nothing (a failure then fails the group).
 pub const SX_OPTIMIZER_IN_PLACE: u32 = 0x1;
@@ -359,6 +361,14 @@ pub struct sx_optimizer_piece_t {
     pub step: i64,
     pub hyperparameters: *const f64,
     pub user_data: *mut c_void,
+    /// The optimizer's slots (`state[..num_slots]`).
+    pub num_slots: i32,
+    /// Values in `hyperparameters`.
+    pub num_hyperparameters: i32,
+    /// An update that fails may write a NUL-terminated message here (`error_size` bytes,
+    /// empty on entry); sx puts it in the step's SX_ERR_OPTIMIZER message.
+    pub error: *mut c_char,
+    pub error_size: usize,
 }
 
 /// Returns 0, or any other value to fail the step (SX_ERR_OPTIMIZER on every rank).

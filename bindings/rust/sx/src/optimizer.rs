@@ -35,8 +35,8 @@ use crate::error::{check, Result};
 use crate::options::{c_string, init, Optimizer};
 
 /// What an update that panicked reports to sx (the step then fails with
-/// SX_ERR_OPTIMIZER naming it; the panic message went to the panic hook, stderr by
-/// default).
+/// SX_ERR_OPTIMIZER naming it, and with the panic message when it is a `&str` or a
+/// `String`; the panic hook also saw it, stderr by default).
 pub const UPDATE_PANICKED: i32 = -1;
 
 /// A registered custom optimizer's id (>= `SX_OPTIM_CUSTOM_FIRST`), inside
@@ -95,9 +95,10 @@ type UpdateFn = dyn Fn(&mut Piece<'_>) -> std::result::Result<(), i32> + Send + 
 /// `update` is called on sx's worker threads, several pieces at once (pieces never
 /// overlap), and must not call sx. `Ok(())` is success; `Err(code)` fails the step on
 /// every rank with SX_ERR_OPTIMIZER naming the optimizer, the param and the code (0 is
-/// reported as 1), and then no param or slot has changed (unless it is registered
-/// [`in_place`](OptimizerDesc::in_place)). A panic is caught before it reaches C and
-/// reported as [`UPDATE_PANICKED`].
+/// reported as 1) and saying "update returned error N", and then no param or slot has
+/// changed (unless it is registered [`in_place`](OptimizerDesc::in_place)). A panic is
+/// caught before it reaches C and reported as [`UPDATE_PANICKED`], its message (a `&str`
+/// or `String` payload) in sx's.
 pub struct OptimizerDesc {
     name: String,
     slots: Vec<(String, f32)>,
@@ -200,8 +201,39 @@ unsafe fn slice<'a>(p: *const f32, len: usize) -> &'a [f32] {
     }
 }
 
+/// Writes `message` into the piece's error buffer, which sx puts in the step's
+/// SX_ERR_OPTIMIZER message: at most `error_size - 1` bytes, cut at a character boundary,
+/// then a NUL. Nothing when the library's piece has no buffer.
+///
+/// # Safety
+/// `raw` is a piece sx hands to an update, during the call.
+unsafe fn write_error(raw: *const sys::sx_optimizer_piece_t, message: &str) {
+    let raw = &*raw;
+    if raw.struct_size < std::mem::size_of::<sys::sx_optimizer_piece_t>() || raw.error.is_null() || raw.error_size == 0
+    {
+        return;
+    }
+    let mut n = message.len().min(raw.error_size - 1);
+    while !message.is_char_boundary(n) {
+        n -= 1;
+    }
+    ptr::copy_nonoverlapping(message.as_ptr(), raw.error as *mut u8, n);
+    *raw.error.add(n) = 0;
+}
+
+/// A panic's message: its payload when that is a `&str` or a `String`.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "update panicked"
+    }
+}
+
 /// Builds a [`Piece`] over the C piece and calls the registration's closure. Nothing
-/// unwinds into C.
+/// unwinds into C: an `Err(code)` or a panic is described in the piece's error buffer.
 ///
 /// # Safety
 /// `raw` is a piece sx hands to an optimizer registered by [`register_optimizer`] (its
@@ -236,9 +268,18 @@ unsafe extern "C" fn trampoline(raw: *const sys::sx_optimizer_piece_t) -> i32 {
     }));
     match outcome {
         Ok(Ok(())) => 0,
-        Ok(Err(0)) => 1,
-        Ok(Err(code)) => code,
-        Err(_) => UPDATE_PANICKED,
+        Ok(Err(code)) => {
+            write_error(raw, &format!("update returned error {}", code));
+            if code == 0 {
+                1
+            } else {
+                code
+            }
+        }
+        Err(payload) => {
+            write_error(raw, panic_message(&*payload));
+            UPDATE_PANICKED
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Custom optimizers written in Rust: Lion against the built-in Lion bit for bit (world 1
 //! and 2, and registered in place at world 2), an optimizer's own hyperparameters and slot initial values, failing and
-//! panicking updates, and bad descriptions. Registration is per process and the tests of
+//! panicking updates (and their messages in the step's error), and bad descriptions. Registration is per process and the tests of
 //! this binary run concurrently in it: each optimizer is registered once, behind a lock.
 mod common;
 
@@ -209,6 +209,57 @@ fn own_hyperparameters_slot_initial_values_and_failures() {
         }
         Ok(())
     });
+}
+
+/// Fails as its "mode" says: 1 returns Err(9), 2 panics with a `&str`, 3 panics with a
+/// `String` longer than sx's error buffer (2-byte UTF-8 characters); 0 does nothing.
+fn message_update(p: &mut Piece) -> Result<(), i32> {
+    match p.hyperparameters[0] as i32 {
+        1 => Err(9),
+        2 => panic!("the message test's update panicked on purpose (this panic is expected by the test)"),
+        3 => panic!("{}", "\u{e9}".repeat(300)),
+        _ => Ok(()),
+    }
+}
+
+fn message_optimizer() -> Optimizer {
+    static MESSAGE: Mutex<Option<Optimizer>> = Mutex::new(None);
+    let mut slot = MESSAGE.lock().unwrap_or_else(|p| p.into_inner());
+    *slot.get_or_insert_with(|| {
+        register_optimizer(OptimizerDesc::new("rust_test_error_message", message_update).hyperparameter("mode", 0.0))
+            .expect("registering the message test's optimizer")
+    })
+}
+
+#[test]
+fn a_failing_updates_message_reaches_the_step_error() {
+    let opt = message_optimizer();
+    // The buffer holds SX_OPTIMIZER_ERROR_BYTES with its NUL: an odd number of bytes for
+    // the 2-byte characters, so the cut falls inside one and whole ones are kept.
+    let kept = (sx::sys::SX_OPTIMIZER_ERROR_BYTES - 1) / 2;
+    let long = format!(": {}: the step", "\u{e9}".repeat(kept));
+    for world in [1, 2] {
+        let long = long.clone();
+        common::run_ranks(&format!("custom-message-{}", world), world, move |_rank, mut g| {
+            let pg = g.add_param_group(&ParamGroup::new(opt))?;
+            let w = g.add_param(&Param::new("w", &[4, 8]).param_group(pg))?;
+            g.finalize()?;
+            g.step(None)?; // mode 0 succeeds
+            // sx's message: "... updating param 'w' on rank R: <the update's words>: the step ...".
+            for (mode, text) in
+                [(1.0, ": update returned error 9: "), (2.0, ": the message test's update panicked on purpose"), (3.0, &long[..])]
+            {
+                g.set_hyperparameter(pg, Hyperparameter::Custom(0), mode)?;
+                g.grad_mut(w)?.iter_mut().for_each(|x| *x = 1.0);
+                let e = g.step(None).unwrap_err();
+                assert_eq!(e.status(), SX_ERR_OPTIMIZER, "{}", e);
+                assert!(e.message().contains("rust_test_error_message"), "{}", e);
+                assert!(e.message().contains(text), "mode {}: {}", mode, e);
+                assert!(!e.message().contains('\u{fffd}'), "{}", e);
+            }
+            Ok(())
+        });
+    }
 }
 
 #[test]
