@@ -63,11 +63,11 @@ int section_custom_optimizer(const Options &opt) {
         bool ok = true;
         auto run_custom = [&] {
             CustomFailure failure;
-            ok = double_buffered_update(&seg_c, 1, 1e-3f, &pool, nullptr, &failure) && ok;
+            ok = custom_update(&seg_c, 1, 1e-3f, &pool, nullptr, &failure) && ok;
         };
         auto run_in_place = [&] {
             CustomFailure failure;
-            ok = in_place_update(&seg_i, 1, 1e-3f, &pool, nullptr, &failure) && ok;
+            ok = custom_update(&seg_i, 1, 1e-3f, &pool, nullptr, &failure) && ok;
         };
         const PairTimes t = time_pair(run_builtin, run_custom, opt.reps);
         const PairTimes ti = time_pair(run_builtin, run_in_place, opt.reps);

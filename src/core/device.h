@@ -80,8 +80,8 @@ class DeviceOps {
     virtual Status sum_of_squares(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) = 0;
     virtual Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) = 0;
     // Custom optimizers (host only; elsewhere SX_ERR_UNSUPPORTED): optim/custom.h's
-    // double_buffered_update (*ok: whether every update succeeded) and its undo.
-    virtual Status double_buffered_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq,
+    // custom_update (*ok: whether every update succeeded) and its undo.
+    virtual Status custom_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq,
                                           optim::CustomFailure *failure, bool *ok) {
         (void)segs, (void)n, (void)grad_scale, (void)sumsq, (void)failure, (void)ok;
         return SX_ERROR(SX_ERR_UNSUPPORTED, "custom optimizers run on the CPU only");

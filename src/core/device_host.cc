@@ -59,9 +59,9 @@ class HostOps final : public DeviceOps {
         *sumsq = optim::sum_of_squares(segs, n, grad_scale, pool_, optim::Isa::kAuto);
         return Status::Ok();
     }
-    Status double_buffered_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq,
+    Status custom_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq,
                                   optim::CustomFailure *failure, bool *ok) override {
-        *ok = optim::double_buffered_update(segs, n, grad_scale, pool_, sumsq, failure);
+        *ok = optim::custom_update(segs, n, grad_scale, pool_, sumsq, failure);
         return Status::Ok();
     }
     Status undo_double_buffered(const optim::Segment *segs, size_t n) override {

@@ -1,5 +1,6 @@
 // The step (docs/design.md, "The step"): reduce-scatter the gradients, clip by the
 // global norm, update this rank's shard segment by segment, all-gather the params.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -278,22 +279,22 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
 // Segments updated in place: sx's kernels, and the functions of custom optimizers
 // registered SX_OPTIMIZER_IN_PLACE, whose failure fails the group (the step is half done).
 Status ShardGroup::update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, double *sumsq) {
+    const auto is_custom = [](const optim::Segment &seg) { return optim::is_custom(seg.hyper->kind); };
+    if (std::none_of(segs.begin(), segs.end(), is_custom))
+        return ops_->fused_update(segs.data(), segs.size(), grad_scale, sumsq);
     std::vector<optim::Segment> builtin, custom;
-    for (const optim::Segment &seg : segs) (optim::is_custom(seg.hyper->kind) ? custom : builtin).push_back(seg);
+    for (const optim::Segment &seg : segs) (is_custom(seg) ? custom : builtin).push_back(seg);
     double a = 0.0, b = 0.0;
     SX_TRY(ops_->fused_update(builtin.data(), builtin.size(), grad_scale, sumsq ? &a : nullptr));
-    if (!custom.empty()) {
-        optim::CustomFailure failure;
-        bool ok = true;
-        SX_TRY(ops_->double_buffered_update(custom.data(), custom.size(), grad_scale, sumsq ? &b : nullptr, &failure,
-                                            &ok));
-        if (!ok)
-            return fail(SX_ERROR(SX_ERR_OPTIMIZER,
-                                 "the custom optimizer '%s' returned %d updating param '%s' on rank %d%s%s; it updates "
-                                 "in place (SX_OPTIMIZER_IN_PLACE), so the step is half done and the group has failed",
-                                 failure.optimizer, failure.code, table_.params()[failure.param].name.c_str(),
-                                 mesh_.rank(), failure.message.empty() ? "" : ": ", failure.message.c_str()));
-    }
+    optim::CustomFailure failure;
+    bool ok = true;
+    SX_TRY(ops_->custom_update(custom.data(), custom.size(), grad_scale, sumsq ? &b : nullptr, &failure, &ok));
+    if (!ok)
+        return fail(SX_ERROR(SX_ERR_OPTIMIZER,
+                             "the custom optimizer '%s' returned %d updating param '%s' on rank %d%s%s; it updates in "
+                             "place (SX_OPTIMIZER_IN_PLACE), so the step is half done and the group has failed",
+                             failure.optimizer, failure.code, table_.params()[failure.param].name.c_str(), mesh_.rank(),
+                             failure.message.empty() ? "" : ": ", failure.message.c_str()));
     if (sumsq) *sumsq = a + b;
     return Status::Ok();
 }
@@ -305,7 +306,7 @@ Status ShardGroup::update_double_buffered(float grad_scale, double *sumsq) {
     const std::vector<optim::Segment> segs = units_.segments(round_->reduced(), -1, true);
     optim::CustomFailure failure;
     bool ok = true;
-    SX_TRY(ops_->double_buffered_update(segs.data(), segs.size(), grad_scale, sumsq, &failure, &ok));
+    SX_TRY(ops_->custom_update(segs.data(), segs.size(), grad_scale, sumsq, &failure, &ok));
     // Every rank learns how many failed (replicas of a mesh too: each updates its own copy).
     double failed = ok ? 0.0 : 1.0;
     if (mesh_.world_size() > 1) {

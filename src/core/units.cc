@@ -281,6 +281,7 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
     const Unit &unit = units_[u];
     if (!unit.trainable) return;
     const UnitShard v = shard(u);
+    const bool twice = double_buffered(u);
     for (int32_t p : table_.layout->units()[u].params) {
         if (!(*table_.applied)[p]) continue;
         const ShardPiece piece = table_.layout->piece(p, settings_.shard_rank);
@@ -295,14 +296,14 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
         seg.grad = reduced + piece.shard_offset;
         if (u < zeroed_by_update_.size() && zeroed_by_update_[u]) seg.zero_grad = reduced + piece.shard_offset;
         for (int k = 0; k < unit.state_slots; ++k) seg.state[k] = v.state[k] + piece.shard_offset;
-        if (double_buffered(u)) {
-            // The update reads the slots' values from `state` and writes `state_next`.
+        if (twice) {
+            // The update reads the slots' values from `state` and writes `state_next`
+            // (mark_zeroed_by_update leaves the unit's gradients to zero_grads).
             for (int k = 0; k < unit.state_slots; ++k) {
                 seg.state_in[k] = seg.state[k];
                 seg.state[k] = unit.state_next[k].as<float>() + piece.shard_offset;
             }
             seg.undo = unit.undo.as<float>() + piece.shard_offset;
-            seg.zero_grad = nullptr;
         }
         seg.param_index = p;
         seg.param_group = spec.group;

@@ -273,9 +273,9 @@ void stream_fence() {
 
 // The reads of a piece in one pass: its params streamed into undo, its slots' current
 // values (slots > 0 of them, or `fill` where given) copied into the working copies, with
-// software prefetch of the next piece's params and slots and of this piece's gradients,
-// so that the memory streams overlap as in the fused kernels (one stream at a time, the
-// copies ran at half the speed).
+// software prefetch of every stream (gradients too, which the update reads next) ahead
+// of the copy, so that the memory streams overlap as in the fused kernels (one stream at
+// a time, the copies ran at half the speed).
 #if defined(__SSE2__)
 __attribute__((target("avx512f"))) void stage_in_avx512(const Segment &p, float *const *work, int slots,
                                                          const float *fill) {
@@ -361,14 +361,7 @@ int32_t update_piece(const Segment &p, float grad_scale, double *sumsq, std::str
         fused_update(&q, 1, grad_scale, nullptr, Isa::kAuto, sumsq ? &part : nullptr);
         if (sumsq) *sumsq += part;
     } else {
-        if (sumsq) {
-            double part = 0.0;
-            for (size_t i = 0; i < p.n; ++i) {
-                const double g = static_cast<double>(p.grad[i] * grad_scale);
-                part += g * g;
-            }
-            *sumsq += part;
-        }
+        if (sumsq) *sumsq += sum_of_squares(&p, 1, grad_scale, nullptr, Isa::kAuto);
         double values[SX_MAX_CUSTOM_HYPERPARAMETERS + kMaxHyperKey];
         for (size_t i = 0; i < c->hypers.size(); ++i) values[i] = hyper_value(h, c->hypers[i].key);
         sx_optimizer_piece_t piece;
@@ -426,13 +419,8 @@ void for_each_piece(const Segment *segs, size_t num_segs, ThreadPool *pool, F fn
 
 }  // namespace
 
-bool in_place_update(const Segment *segs, size_t num_segs, float grad_scale, ThreadPool *pool, double *sumsq,
-                     CustomFailure *failure) {
-    return double_buffered_update(segs, num_segs, grad_scale, pool, sumsq, failure);
-}
-
-bool double_buffered_update(const Segment *segs, size_t num_segs, float grad_scale, ThreadPool *pool, double *sumsq,
-                            CustomFailure *failure) {
+bool custom_update(const Segment *segs, size_t num_segs, float grad_scale, ThreadPool *pool, double *sumsq,
+                   CustomFailure *failure) {
     const int most = pool ? pool->size() : 1;
     std::vector<double> sums(static_cast<size_t>(most), 0.0);
     std::vector<CustomFailure> failed(static_cast<size_t>(most));

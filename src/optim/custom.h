@@ -69,24 +69,20 @@ struct CustomFailure {
     std::string message;  // what the update wrote into the piece's error buffer, if anything
 };
 
-// The double-buffered pass over segments whose `state_in` is set (see the file's
-// comment): each segment's state is copied (or, at a custom optimizer's first update
-// of the param, filled with the slot's initial value) from state_in into state, its
-// param saved into undo, and then updated in place, by the custom function or the
-// built-in kernel, piece by piece across the pool. *sumsq (if not null) gets the sum of
-// the squared scaled gradients. Returns whether every update succeeded; *failure names
-// the first that did not. Afterwards, undo_double_buffered puts back every param the
-// pass changed (a failure on any rank), and nothing else needs undoing: the slots' old
-// values are still in state_in.
-bool double_buffered_update(const Segment *segs, size_t num_segs, float grad_scale, ThreadPool *pool,
-                            double *sumsq, CustomFailure *failure);
+// The pass that runs custom optimizers' functions (and, in double-buffered units, the
+// built-in kernel too), piece by piece across the pool. A segment with `undo` set is
+// double-buffered (see the file's comment): its state is copied (or, at a custom
+// optimizer's first update of the param, filled with the slot's initial value) from
+// state_in into a working copy, its param saved into undo, the piece updated, and the
+// working copy streamed into state. Without `undo` (SX_OPTIMIZER_IN_PLACE) the function
+// updates params and slots where they are. *sumsq (if not null) gets the sum of the
+// squared scaled gradients. Returns whether every update succeeded; *failure names the
+// first that did not. Afterwards, undo_double_buffered puts back every param a
+// double-buffered pass changed (a failure on any rank), and nothing else needs undoing:
+// the slots' old values are still in state_in.
+bool custom_update(const Segment *segs, size_t num_segs, float grad_scale, ThreadPool *pool, double *sumsq,
+                   CustomFailure *failure);
 void undo_double_buffered(const Segment *segs, size_t num_segs, ThreadPool *pool);
-
-// The in-place pass over custom optimizers' segments of SX_OPTIMIZER_IN_PLACE ones
-// (no undo, no state_in): the functions update params and slots where they are. Returns
-// whether every update succeeded (*failure names the first that did not).
-bool in_place_update(const Segment *segs, size_t num_segs, float grad_scale, ThreadPool *pool, double *sumsq,
-                     CustomFailure *failure);
 
 }  // namespace optim
 }  // namespace sx

@@ -202,7 +202,7 @@ struct Segment {
     // gradient: `grad` itself, when the next backward adds into the same buffer, so that
     // the step needs no pass of its own to zero it.
     float *zero_grad = nullptr;
-    // Double-buffered segments (custom.h, double_buffered_update): the slots' current
+    // Double-buffered segments (custom.h, custom_update): the slots' current
     // values, copied into `state` before the update, and where the param's current
     // values are saved. Null for segments updated in place.
     const float *state_in[kMaxStateSlots] = {nullptr, nullptr, nullptr};

@@ -435,7 +435,7 @@ void test_custom_update_rounds_masters(void **) {
     ThreadPool pool(2);
     fused_update(&sb, 1, 0.5f, &pool, Isa::kAuto, nullptr);
     CustomFailure failure;
-    assert_true(double_buffered_update(&sc, 1, 0.5f, &pool, nullptr, &failure));
+    assert_true(custom_update(&sc, 1, 0.5f, &pool, nullptr, &failure));
     assert_memory_equal(pb.data(), pc.data(), n * sizeof(float));
     assert_memory_equal(mb.data(), mc.data(), n * sizeof(float));
     assert_memory_equal(vb.data(), vc.data(), n * sizeof(float));
