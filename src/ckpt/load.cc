@@ -276,15 +276,6 @@ class Checkpointer::Load {
         return Status::Ok();
     }
 
-    // Phase 2: what to read: values always; the optimizer state the checkpoint holds,
-    // which must be all the current optimizer keeps (or none: a param never trained).
-    // Sequential reads, file by file, so that the kernel's readahead keeps the device
-    // busy while the CRCs of what arrived are checked. Its own readahead, not one asked
-    // for with POSIX_FADV_WILLNEED: that path fills the page cache with 4 KiB pages,
-    // where sequential readahead allocates large folios; here it cost more CPU than the
-    // copy out of the page cache itself (perf), the plain reader none of it. The values
-    // come first (a save puts them first in each file), so that the ranks can gather
-    // them while the states are read.
     // A custom optimizer's slots match by name: the checkpoint's slot k becomes the kind
     // of the slot of that name here (the optimizer may list its slots in another order
     // now). Once, after the files' indexes (which name the kinds as saved) were read.
@@ -314,6 +305,15 @@ class Checkpointer::Load {
         return Status::Ok();
     }
 
+    // Phase 2: what to read: values always; the optimizer state the checkpoint holds,
+    // which must be all the current optimizer keeps (or none: a param never trained).
+    // Sequential reads, file by file, so that the kernel's readahead keeps the device
+    // busy while the CRCs of what arrived are checked. Its own readahead, not one asked
+    // for with POSIX_FADV_WILLNEED: that path fills the page cache with 4 KiB pages,
+    // where sequential readahead allocates large folios; here it cost more CPU than the
+    // copy out of the page cache itself (perf), the plain reader none of it. The values
+    // come first (a save puts them first in each file), so that the ranks can gather
+    // them while the states are read.
     Status plan_reads() {
         SX_TRY(match_custom_slots());
         const core::Layout &layout = g_.layout();

@@ -319,8 +319,8 @@ optim::Hyper hyper_of(const ParamGroupEntry &e) {
 std::string tensor_name(const ParamGroupEntry &g, TensorKind kind) {
     if (kind == TensorKind::kParam) return "param";
     const int k = static_cast<int>(kind) - static_cast<int>(TensorKind::kSlot0);
-    if (k >= 0 && k < SX_MAX_CUSTOM_SLOTS) return g.optimizer == kCustomOptimizer && static_cast<size_t>(k) < g.slot_names.size() ? g.slot_names[static_cast<size_t>(k)] : "slot" + std::to_string(k);
-    return tensor_suffix(kind) + 1;
+    const bool named = g.optimizer == kCustomOptimizer && k >= 0 && static_cast<size_t>(k) < g.slot_names.size();
+    return named ? g.slot_names[static_cast<size_t>(k)] : tensor_suffix(kind) + 1;
 }
 
 std::vector<TensorKind> stored_kinds(const ParamGroupEntry &g) {
