@@ -65,7 +65,7 @@ def list_suite(ctest_json, build, source):
     if os.path.exists(cache):
         with open(cache) as f:
             for line in f:
-                if line.startswith("SX_PYTHON3:"):
+                if line.startswith(("SX_PYTHON3:", "SX_TORCH_PYTHON:")):
                     compiled_in.append(line.split("=", 1)[1].strip())
     # Programs the tests start by their build path.
     started = [p for p in ["tools/sxckpt/sxckpt"] if os.path.exists(os.path.join(build, p))]
@@ -84,7 +84,14 @@ def link_compiled_in(suite, source, bin_dir):
         if os.path.lexists(path) or path == target:
             continue
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        os.symlink(target, path)
+        if target == python3:
+            # A script, not a link: a virtual environment's python finds its packages
+            # from the path it was started by, which a link would change.
+            with open(path, "w") as f:
+                f.write(f'#!/bin/sh\nexec "{target}" "$@"\n')
+            os.chmod(path, 0o755)
+        else:
+            os.symlink(target, path)
         print(f"linked {path} -> {target} (compiled in on the build machine)")
 
 

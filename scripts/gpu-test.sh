@@ -25,7 +25,10 @@
 #         4. bench_sx's gpu_adamw and gpu_step sections and bench/torch_adamw.py (the
 #            system's python3: torch needs its own libstdc++).
 #       Logs go to OUT_DIR ($OUT where set, else build/gpu-out): summary.txt, gpu-tests.log,
-#       sanitizer.log, suite.log, bench.log. Exits 1 if a test failed.
+#       sanitizer.log, suite.log, bench.log. Exits 1 if a test failed. The time limits, in
+#       seconds, can be lowered to fit a short lease: SX_GPU_TEST_LIMIT (each GPU test, 300),
+#       SX_GPU_SANITIZER_LIMIT (each sanitizer run, 240), SX_GPU_BENCH_LIMIT (each benchmark,
+#       300).
 #
 # Tests exit 0 (passed), 77 (skipped: no CUDA device, with the reason) or anything
 # else (failed).
@@ -135,7 +138,7 @@ run() {
     local t
     for t in "${gpu_tests[@]}"; do
         [[ -x $dir/bin/$t ]] || { echo "$(basename "$t"): FAILED (not in the bundle)" | tee -a "$summary"; continue; }
-        run_one "$out/gpu-tests.log" 300 "$(basename "$t")" "$dir/bin/$t" | tee -a "$summary"
+        run_one "$out/gpu-tests.log" "${SX_GPU_TEST_LIMIT:-300}" "$(basename "$t")" "$dir/bin/$t" | tee -a "$summary"
     done
 
     # The CPU suite runs on the host's cores meanwhile (it uses no device).
@@ -160,7 +163,7 @@ run() {
                 [[ $t == */test_nccl ]] && api_errors=(--report-api-errors no)
                 names+=("$tool $(basename "$t")")
                 logs+=("$dir/sanitizer-$k.log")
-                run_one "$dir/sanitizer-$k.log" 240 "$tool $(basename "$t")" "$cs" --tool "$tool" --error-exitcode 99 \
+                run_one "$dir/sanitizer-$k.log" "${SX_GPU_SANITIZER_LIMIT:-240}" "$tool $(basename "$t")" "$cs" --tool "$tool" --error-exitcode 99 \
                     --target-processes all "${api_errors[@]}" "$dir/bin/$t" > "$dir/sanitizer-$k.verdict" &
                 pids+=($!)
                 k=$((k + 1))
@@ -182,12 +185,12 @@ run() {
 
     echo "-- benchmarks" | tee -a "$summary"
     local rc=0
-    timeout 300 "$dir/bin/bench/bench_sx" gpu_adamw gpu_step > "$out/bench.log" 2>&1 || rc=$?
+    timeout "${SX_GPU_BENCH_LIMIT:-300}" "$dir/bin/bench/bench_sx" gpu_adamw gpu_step > "$out/bench.log" 2>&1 || rc=$?
     grep -v '^{' "$out/bench.log" | tee -a "$summary" || true
     echo "bench_sx gpu_adamw gpu_step: exit $rc" | tee -a "$summary"
     rc=0
     if command -v python3 > /dev/null; then
-        env -u LD_LIBRARY_PATH timeout 300 python3 bench/torch_adamw.py >> "$out/bench.log" 2>&1 || rc=$?
+        env -u LD_LIBRARY_PATH timeout "${SX_GPU_BENCH_LIMIT:-300}" python3 bench/torch_adamw.py >> "$out/bench.log" 2>&1 || rc=$?
         grep torch_adamw "$out/bench.log" | grep -v '^{' | tee -a "$summary" || true
         echo "torch_adamw.py: exit $rc" | tee -a "$summary"
     fi

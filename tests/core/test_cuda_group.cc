@@ -308,6 +308,40 @@ void test_bad_device_ordinal(void **) {
     assert_non_null(std::strstr(sx_last_error_message(), "device_ordinal"));
 }
 
+int32_t plain_sgd(const sx_optimizer_piece_t *piece) {
+    for (size_t i = 0; i < piece->n; ++i) piece->param[i] -= 0.1f * piece->grad[i] * piece->grad_scale;
+    return 0;
+}
+
+// Custom optimizers run on the host: a CUDA group refuses a param group that uses one,
+// naming it, and keeps working.
+void test_custom_optimizer_is_refused(void **) {
+    if (skip_without_device()) return;
+    sx_optimizer_desc_t d;
+    ok(sx_optimizer_desc_init(&d, sizeof d), "sx_optimizer_desc_init");
+    d.name = "HostOnlySGD";
+    d.update = plain_sgd;
+    int32_t id = -1;
+    ok(sx_register_optimizer(&d, &id), "sx_register_optimizer");
+    sx_group_config_t cfg;
+    sx_group_config_init(&cfg, sizeof cfg);
+    const std::string url = unique("cuda-custom");
+    cfg.rendezvous = url.c_str();
+    cfg.world_size = 1;
+    cfg.backend = SX_BACKEND_CUDA;
+    sx_shard_group_t *g = nullptr;
+    ok(sx_create_shard_group(&cfg, &g), "sx_create_shard_group");
+    sx_param_group_desc_t pd;
+    ok(sx_param_group_desc_init(&pd, sizeof pd, id), "sx_param_group_desc_init");
+    assert_int_equal(sx_add_param_group(g, &pd, nullptr), SX_ERR_UNSUPPORTED);
+    assert_non_null(std::strstr(sx_last_error_message(), "'HostOnlySGD' runs on the CPU only"));
+    ok(sx_param_group_desc_init(&pd, sizeof pd, SX_OPTIM_ADAMW), "sx_param_group_desc_init");
+    int32_t index = -1;
+    ok(sx_add_param_group(g, &pd, &index), "sx_add_param_group after the refusal");
+    assert_int_equal(index, 0);
+    sx_destroy_shard_group(g);
+}
+
 }  // namespace
 
 int main() {
@@ -317,6 +351,7 @@ int main() {
         cmocka_unit_test(test_bf16_with_loss_scaling_matches_the_cpu),
         cmocka_unit_test(test_saved_on_the_device_loads_on_the_cpu),
         cmocka_unit_test(test_bad_device_ordinal),
+        cmocka_unit_test(test_custom_optimizer_is_refused),
     };
     const int failed = cmocka_run_group_tests(tests, nullptr, nullptr);
     if (failed == 0 && !g_have_device) return 77;  // ctest: Skipped

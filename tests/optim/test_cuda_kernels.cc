@@ -90,6 +90,7 @@ struct DeviceSegment {
         cs.seg.n = host.param.size();
         cs.seg.hyper = h;
         cs.seg.step = step;
+        cs.seg.mu_product = sx::optim::mu_product_after(*h, step);  // NAdam: as a param that took `step` updates
         cs.compute_dtype = dtype;
         if (dtype != ComputeDtype::kNone) cs.compute_out = out.as<uint16_t>() + out_lead;
         return cs;
