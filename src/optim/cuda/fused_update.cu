@@ -67,21 +67,18 @@ struct CudaOps {
 
 // State slots a variant reads and writes (SGD's first momentum step writes its buffer
 // without reading it: torch creates it as clone(grad); so does Adagrad's first step).
-__device__ __forceinline__ int slots_read(Variant v) {
-    switch (v) {
-    case Variant::kSgd:
-    case Variant::kSgdMomentumFirst: return 0;
-    case Variant::kSgdMomentum: return 1;
-    case Variant::kAdam: return 2;
-    case Variant::kAdamAmsgrad: return 3;
-    default: return optim::internal::elementwise_reads(v);
-    }
+__host__ __device__ constexpr int slots_read(Variant v) {
+    return v == Variant::kSgd || v == Variant::kSgdMomentumFirst ? 0
+           : v == Variant::kSgdMomentum                        ? 1
+           : v == Variant::kAdam                               ? 2
+           : v == Variant::kAdamAmsgrad                        ? 3
+                                                               : optim::internal::elementwise_reads(v);
 }
-__device__ __forceinline__ int slots_written(Variant v) {
-    if (v == Variant::kSgdMomentumFirst) return 1;
-    if (v == Variant::kSgd || v == Variant::kSgdMomentum || v == Variant::kAdam || v == Variant::kAdamAmsgrad)
-        return slots_read(v);
-    return optim::internal::elementwise_writes(v);
+__host__ __device__ constexpr int slots_written(Variant v) {
+    return v == Variant::kSgdMomentumFirst ? 1
+           : v == Variant::kSgd || v == Variant::kSgdMomentum || v == Variant::kAdam || v == Variant::kAdamAmsgrad
+               ? slots_read(v)
+               : optim::internal::elementwise_writes(v);
 }
 
 // elementwise.h's element of variant kV with the segment's constants.
@@ -97,53 +94,42 @@ __device__ __forceinline__ void elementwise_element(const SegmentConsts &c, floa
     s0 = s[0], s1 = s[1], s2 = s[2];
 }
 
-// One element of the update (kernel_body.h's sgd_at and adam_at, in the same order).
+// One element of the update of variant kV (kernel_body.h's sgd_at and adam_at, in the same
+// order, and elementwise.h's bodies). The variant is a template argument, chosen once per
+// chunk (run_chunk): a switch per element costs the fp32 AdamW update an eighth of its speed.
+template <Variant kV>
 __device__ __forceinline__ void update_element(const SegmentConsts &c, float &p, float grad, float &s0,
                                                float &s1, float &s2, bool stats, Acc &acc) {
     float g = mul(grad, c.grad_scale);  // maximize is folded into the sign of grad_scale
     if (stats) account(acc, g);
-    switch (c.variant) {
-#define SX_CUDA_ELEMENTWISE(v) \
-    case Variant::v: return elementwise_element<Variant::v>(c, p, g, s0, s1, s2);
-    SX_CUDA_ELEMENTWISE(kAdagradFirst)
-    SX_CUDA_ELEMENTWISE(kAdagrad)
-    SX_CUDA_ELEMENTWISE(kRmsprop)
-    SX_CUDA_ELEMENTWISE(kRmspropMomentum)
-    SX_CUDA_ELEMENTWISE(kRmspropCentered)
-    SX_CUDA_ELEMENTWISE(kRmspropCenteredMomentum)
-    SX_CUDA_ELEMENTWISE(kAdamax)
-    SX_CUDA_ELEMENTWISE(kNadam)
-    SX_CUDA_ELEMENTWISE(kRadam)
-    SX_CUDA_ELEMENTWISE(kRadamRectified)
-    SX_CUDA_ELEMENTWISE(kLion)
-#undef SX_CUDA_ELEMENTWISE
-    default: break;
-    }
-    if (c.variant == Variant::kAdam || c.variant == Variant::kAdamAmsgrad) {
+    if constexpr (kV != Variant::kSgd && kV != Variant::kSgdMomentumFirst && kV != Variant::kSgdMomentum &&
+                  kV != Variant::kAdam && kV != Variant::kAdamAmsgrad) {
+        elementwise_element<kV>(c, p, g, s0, s1, s2);
+    } else if constexpr (kV == Variant::kAdam || kV == Variant::kAdamAmsgrad) {
         const float pv = mul(p, c.decay);                      // AdamW: param.mul_(1 - lr*wd)
         if (c.l2) g = add(g, mul(c.weight_decay, pv));         // Adam: grad.add(param, alpha=wd)
         const float m = add(c.lerp_from_end ? g : s0, mul(c.lerp_coeff, sub(g, s0)));  // lerp_
         s0 = m;
         float v = add(mul(s1, c.beta2), mul(mul(c.one_minus_beta2, g), g));  // mul_, addcmul_
         s1 = v;
-        if (c.variant == Variant::kAdamAmsgrad) {  // torch.maximum: NaN if either is NaN
+        if constexpr (kV == Variant::kAdamAmsgrad) {  // torch.maximum: NaN if either is NaN
             v = s2 != s2 ? s2 : (s2 > v ? s2 : v);
             s2 = v;
         }
         const float denom = add(div(sqrt_rn(v), c.bias_correction2_sqrt), c.eps);
         p = sub(pv, div(mul(c.step_size, m), denom));  // addcdiv_(m, denom, -step_size)
-        return;
+    } else {
+        if (c.l2) g = add(g, mul(c.weight_decay, p));
+        if constexpr (kV == Variant::kSgdMomentumFirst) {
+            s0 = g;
+            if (c.nesterov) g = add(g, mul(c.momentum, g));
+        } else if constexpr (kV == Variant::kSgdMomentum) {
+            const float b = add(mul(s0, c.momentum), mul(c.one_minus_dampening, g));
+            s0 = b;
+            g = c.nesterov ? add(g, mul(c.momentum, b)) : b;
+        }
+        p = sub(p, mul(c.lr, g));
     }
-    if (c.l2) g = add(g, mul(c.weight_decay, p));
-    if (c.variant == Variant::kSgdMomentumFirst) {
-        s0 = g;
-        if (c.nesterov) g = add(g, mul(c.momentum, g));
-    } else if (c.variant == Variant::kSgdMomentum) {
-        const float b = add(mul(s0, c.momentum), mul(c.one_minus_dampening, g));
-        s0 = b;
-        g = c.nesterov ? add(g, mul(c.momentum, b)) : b;
-    }
-    p = sub(p, mul(c.lr, g));
 }
 
 // The update's data movement without its arithmetic (benchmark ceiling): every value
@@ -165,19 +151,24 @@ __device__ __forceinline__ unsigned short to_compute_moved(float x) {
     return static_cast<unsigned short>(__float_as_uint(x) >> 16);
 }
 
-template <Mode M>
+template <Mode M, Variant kV>
 __device__ __forceinline__ void element(const TableSegment &t, float &p, float g, float &s0, float &s1, float &s2,
                                         bool stats, Acc &acc) {
-    if (M == Mode::kTrafficOnly)
+    if constexpr (M == Mode::kTrafficOnly)
         move_element(p, g, s0, s1, s2);
     else
-        update_element(t.c, p, g, s0, s1, s2, stats, acc);
+        update_element<kV>(t.c, p, g, s0, s1, s2, stats, acc);
 }
 
+// The state slots a chunk of variant kV reads and writes in mode M.
+template <Mode M, Variant kV>
+constexpr int kReads = M == Mode::kStats ? 0 : slots_read(kV);
+template <Mode M, Variant kV>
+constexpr int kWrites = M == Mode::kStats ? 0 : slots_written(kV);
+
 // Element e of segment t, one at a time (segment ends and misaligned segments).
-template <Mode M>
-__device__ __forceinline__ void scalar_at(const TableSegment &t, uint64_t e, int nread, int nwritten, bool stats,
-                                          Acc &acc) {
+template <Mode M, Variant kV>
+__device__ __forceinline__ void scalar_at(const TableSegment &t, uint64_t e, bool stats, Acc &acc) {
     const float g = t.grad[e];
     if (M == Mode::kStats) {
         account(acc, mul(g, t.c.grad_scale));
@@ -185,20 +176,21 @@ __device__ __forceinline__ void scalar_at(const TableSegment &t, uint64_t e, int
     }
     float p = t.param[e];
     float s[3] = {0.0f, 0.0f, 0.0f};
-    for (int k = 0; k < nread; ++k) s[k] = t.state[k][e];
-    element<M>(t, p, g, s[0], s[1], s[2], stats, acc);
+#pragma unroll
+    for (int k = 0; k < kReads<M, kV>; ++k) s[k] = t.state[k][e];
+    element<M, kV>(t, p, g, s[0], s[1], s[2], stats, acc);
     t.param[e] = p;
-    for (int k = 0; k < nwritten; ++k) t.state[k][e] = s[k];
+#pragma unroll
+    for (int k = 0; k < kWrites<M, kV>; ++k) t.state[k][e] = s[k];
     if (t.out_dtype != static_cast<int32_t>(ComputeDtype::kNone)) {
         unsigned short *out = static_cast<unsigned short *>(t.out);
         out[e] = M == Mode::kTrafficOnly ? to_compute_moved(p) : to_compute(p, t.out_dtype);
     }
 }
 
-template <Mode M>
-__device__ __forceinline__ void scalar_range(const TableSegment &t, uint64_t lo, uint64_t hi, int nread,
-                                             int nwritten, bool stats, Acc &acc) {
-    for (uint64_t q = lo + threadIdx.x; q < hi; q += kThreads) scalar_at<M>(t, q - t.lead, nread, nwritten, stats, acc);
+template <Mode M, Variant kV>
+__device__ __forceinline__ void scalar_range(const TableSegment &t, uint64_t lo, uint64_t hi, bool stats, Acc &acc) {
+    for (uint64_t q = lo + threadIdx.x; q < hi; q += kThreads) scalar_at<M, kV>(t, q - t.lead, stats, acc);
 }
 
 __device__ __forceinline__ float4 load4(const float *base, uint64_t e) {
@@ -210,9 +202,8 @@ __device__ __forceinline__ void store4(float *base, uint64_t e, float4 v) {
 
 // Groups [g0, g1) of 4 positions (16-byte aligned in every buffer), kIlp groups per
 // thread in flight: all loads first, then the arithmetic, then the stores.
-template <Mode M>
-__device__ __forceinline__ void vector_range(const TableSegment &t, uint64_t g0, uint64_t g1, int nread,
-                                             int nwritten, bool stats, Acc &acc) {
+template <Mode M, Variant kV>
+__device__ __forceinline__ void vector_range(const TableSegment &t, uint64_t g0, uint64_t g1, bool stats, Acc &acc) {
     for (uint64_t base = g0 + threadIdx.x; base < g1; base += uint64_t(kThreads) * kIlp) {
         float4 g[kIlp], p[kIlp], s[3][kIlp];
         bool live[kIlp];
@@ -226,7 +217,7 @@ __device__ __forceinline__ void vector_range(const TableSegment &t, uint64_t g0,
             if (M == Mode::kStats) continue;
             p[k] = load4(t.param, e);
 #pragma unroll
-            for (int j = 0; j < 3; ++j) s[j][k] = j < nread ? load4(t.state[j], e) : make_float4(0, 0, 0, 0);
+            for (int j = 0; j < 3; ++j) s[j][k] = j < kReads<M, kV> ? load4(t.state[j], e) : make_float4(0, 0, 0, 0);
         }
 #pragma unroll
         for (unsigned k = 0; k < kIlp; ++k) {
@@ -239,15 +230,15 @@ __device__ __forceinline__ void vector_range(const TableSegment &t, uint64_t g0,
                 account(acc, mul(g[k].w, sc));
                 continue;
             }
-            element<M>(t, p[k].x, g[k].x, s[0][k].x, s[1][k].x, s[2][k].x, stats, acc);
-            element<M>(t, p[k].y, g[k].y, s[0][k].y, s[1][k].y, s[2][k].y, stats, acc);
-            element<M>(t, p[k].z, g[k].z, s[0][k].z, s[1][k].z, s[2][k].z, stats, acc);
-            element<M>(t, p[k].w, g[k].w, s[0][k].w, s[1][k].w, s[2][k].w, stats, acc);
+            element<M, kV>(t, p[k].x, g[k].x, s[0][k].x, s[1][k].x, s[2][k].x, stats, acc);
+            element<M, kV>(t, p[k].y, g[k].y, s[0][k].y, s[1][k].y, s[2][k].y, stats, acc);
+            element<M, kV>(t, p[k].z, g[k].z, s[0][k].z, s[1][k].z, s[2][k].z, stats, acc);
+            element<M, kV>(t, p[k].w, g[k].w, s[0][k].w, s[1][k].w, s[2][k].w, stats, acc);
             const uint64_t e = (base + uint64_t(k) * kThreads) * 4 - t.lead;
             store4(t.param, e, p[k]);
 #pragma unroll
             for (int j = 0; j < 3; ++j)
-                if (j < nwritten) store4(t.state[j], e, s[j][k]);
+                if (j < kWrites<M, kV>) store4(t.state[j], e, s[j][k]);
             if (t.out_dtype != static_cast<int32_t>(ComputeDtype::kNone)) {
                 const float4 v = p[k];
                 unsigned short h[4];
@@ -267,22 +258,50 @@ __device__ __forceinline__ void vector_range(const TableSegment &t, uint64_t g0,
 
 // Chunk `local` of segment t: positions [local*kChunk, (local+1)*kChunk) that hold
 // elements, i.e. within [lead, lead + n).
-template <Mode M>
-__device__ __forceinline__ void run_chunk(const TableSegment &t, uint64_t local, bool stats, Acc &acc) {
+template <Mode M, Variant kV>
+__device__ __forceinline__ void run_chunk_of(const TableSegment &t, uint64_t local, bool stats, Acc &acc) {
     const uint64_t first = local * kChunk;
     const uint64_t lo = first > t.lead ? first : t.lead;
     const uint64_t end = t.lead + t.n;
     const uint64_t hi = first + kChunk < end ? first + kChunk : end;
-    const int nread = M == Mode::kStats ? 0 : slots_read(t.c.variant);
-    const int nwritten = M == Mode::kStats ? 0 : slots_written(t.c.variant);
     const uint64_t vlo = (lo + 3) & ~uint64_t(3), vhi = hi & ~uint64_t(3);
     if (!t.vector || vlo >= vhi) {
-        scalar_range<M>(t, lo, hi, nread, nwritten, stats, acc);
+        scalar_range<M, kV>(t, lo, hi, stats, acc);
         return;
     }
-    scalar_range<M>(t, lo, vlo, nread, nwritten, stats, acc);
-    vector_range<M>(t, vlo / 4, vhi / 4, nread, nwritten, stats, acc);
-    scalar_range<M>(t, vhi, hi, nread, nwritten, stats, acc);
+    scalar_range<M, kV>(t, lo, vlo, stats, acc);
+    vector_range<M, kV>(t, vlo / 4, vhi / 4, stats, acc);
+    scalar_range<M, kV>(t, vhi, hi, stats, acc);
+}
+
+// run_chunk_of for the segment's variant (the statistics pass reads no state: one body).
+template <Mode M>
+__device__ __forceinline__ void run_chunk(const TableSegment &t, uint64_t local, bool stats, Acc &acc) {
+    if constexpr (M == Mode::kStats) {
+        run_chunk_of<M, Variant::kSgd>(t, local, stats, acc);
+    } else {
+        switch (t.c.variant) {
+#define SX_CUDA_VARIANT(v) \
+    case Variant::v: return run_chunk_of<M, Variant::v>(t, local, stats, acc);
+            SX_CUDA_VARIANT(kSgd)
+            SX_CUDA_VARIANT(kSgdMomentumFirst)
+            SX_CUDA_VARIANT(kSgdMomentum)
+            SX_CUDA_VARIANT(kAdam)
+            SX_CUDA_VARIANT(kAdamAmsgrad)
+            SX_CUDA_VARIANT(kAdagradFirst)
+            SX_CUDA_VARIANT(kAdagrad)
+            SX_CUDA_VARIANT(kRmsprop)
+            SX_CUDA_VARIANT(kRmspropMomentum)
+            SX_CUDA_VARIANT(kRmspropCentered)
+            SX_CUDA_VARIANT(kRmspropCenteredMomentum)
+            SX_CUDA_VARIANT(kAdamax)
+            SX_CUDA_VARIANT(kNadam)
+            SX_CUDA_VARIANT(kRadam)
+            SX_CUDA_VARIANT(kRadamRectified)
+            SX_CUDA_VARIANT(kLion)
+#undef SX_CUDA_VARIANT
+        }
+    }
 }
 
 // Adds each thread's (sumsq, nonfinite) over the block in a fixed order; thread 0 gets it.
