@@ -144,6 +144,10 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
 #define SX_OPTIM_NADAM 7   /* torch.optim.NAdam */
 #define SX_OPTIM_RADAM 8   /* torch.optim.RAdam */
 #define SX_OPTIM_LION 9    /* Lion (Chen et al. 2023), as the lion-pytorch package's Lion */
+/* LAMB (You et al. 2020), as the pytorch-optimizer package's Lamb (4.1.0): Adam's
+ * direction scaled per param by a trust ratio from the norms of the whole param and of
+ * its update, which sx sums over every rank's piece. CPU groups only (1.5). */
+#define SX_OPTIM_LAMB 10
 
 /* Hyperparameter keys for sx_set_hyperparameter / sx_get_hyperparameter. */
 #define SX_HP_LR 1
@@ -363,7 +367,7 @@ typedef struct sx_param_group_desc {
     double momentum, dampening; /* SGD; momentum: RMSprop too */
     /* Appended in 1.x (an older caller's struct gets its optimizer's defaults for these). */
     int32_t centered;               /* RMSprop: 0 or 1 */
-    int32_t decoupled_weight_decay; /* NAdam, RAdam: 0 or 1 */
+    int32_t decoupled_weight_decay; /* NAdam, RAdam, LAMB: 0 or 1 (LAMB's default 1) */
     double lr_decay;                /* Adagrad */
     double initial_accumulator_value; /* Adagrad */
     double alpha;                   /* RMSprop */

@@ -184,6 +184,10 @@ SX_API sx_status_t sx_add_param_group(sx_shard_group_t *group, const sx_param_gr
                      g->ops().device() == SX_DEVICE_CPU,
                  SX_ERR_UNSUPPORTED, "the custom optimizer '%s' runs on the CPU only; this group's buffers are on a "
                  "CUDA device", sx::optim::optimizer_name(d.optimizer).c_str());
+        const sx::optim::OptimizerSpec *spec = sx::optim::find_optimizer(d.optimizer);
+        SX_CHECK(!spec || spec->needs == sx::optim::Needs::kElementwise || g->ops().device() == SX_DEVICE_CPU,
+                 SX_ERR_UNSUPPORTED, "%s runs on the CPU only in this version; this group's buffers are on a CUDA device",
+                 sx::optim::optimizer_name(d.optimizer).c_str());
         return g->table().add_group(sx::core::hyper_from_desc(d), index_out);
     });
 }

@@ -569,6 +569,7 @@ class Checkpointer::Load {
             const optim::Kind kind = pr.hypers[i].kind;
             pr.hypers[i] = hyper_of(m_.param_groups[i]);
             pr.hypers[i].kind = kind;
+            if (i < pr.group_steps.size()) pr.group_steps[i] = m_.param_groups[i].steps;
         }
         pr.steps_taken = m_.step;
         if (g_.loss_scaling().mode == SX_LOSS_SCALING_DYNAMIC && m_.loss_scaler.growth_interval > 0) {

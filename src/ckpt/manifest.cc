@@ -65,7 +65,7 @@ uint64_t encoded_size_bound(const Manifest &m) {
     auto vector = [](uint64_t n, uint64_t elem) { return 16 + n * elem; };  // length, padding, offset
     auto string = [](uint64_t n) { return 16 + n; };                        // ... and the NUL
     uint64_t bound = 64 + table(14) + table(2) + table(5);                 // root, Manifest, Version, LossScaler
-    bound += vector(m.param_groups.size(), 4) + m.param_groups.size() * table(21);
+    bound += vector(m.param_groups.size(), 4) + m.param_groups.size() * table(22);
     for (const ParamGroupEntry &g : m.param_groups) {
         bound += string(g.optimizer_name.size()) + vector(g.slot_names.size(), 4) + vector(g.custom_names.size(), 4) +
                  vector(g.custom_values.size(), 8);
@@ -207,6 +207,8 @@ class Reader {
             SX_TRY(take(values->size() * sizeof(double), "a param group's custom_values"));
             e.custom_values.assign(values->begin(), values->end());
         }
+        // A count past kMaxSteps (manifest_validate refuses it) stays past it, not negative.
+        e.steps = static_cast<int64_t>(std::min<uint64_t>(g.steps(), kMaxSteps + 1));
         *out = std::move(e);
         return Status::Ok();
     }
@@ -416,6 +418,7 @@ Status encode_manifest(const Manifest &m, std::string *bytes) {
         SX_HYPERPARAMETERS(SX_ENCODE)
 #undef SX_ENCODE
         b.add_optimizer(static_cast<fb::Optimizer>(g.optimizer));
+        b.add_steps(static_cast<uint64_t>(g.steps));
         if (g.optimizer == kCustomOptimizer) {
             b.add_optimizer_name(name);
             b.add_slot_names(slots);

@@ -99,6 +99,8 @@ struct ParamGroupEntry {
     std::vector<std::string> slot_names;
     std::vector<std::string> custom_names;
     std::vector<double> custom_values;
+    // Steps the group took (ParamGroup::steps): pytorch-optimizer's per-group `step`.
+    int64_t steps = 0;
 };
 
 // The name of a param's tensor of `kind` in group g ("exp_avg"; "param" for kParam): a

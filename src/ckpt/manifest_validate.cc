@@ -127,6 +127,9 @@ Status validate_header(const Manifest &m) {
              static_cast<long long>(ls.growth_tracker), static_cast<long long>(ls.growth_interval));
     for (size_t g = 0; g < m.param_groups.size(); ++g) {
         const ParamGroupEntry &e = m.param_groups[g];
+        SX_CHECK(e.steps >= 0 && static_cast<uint64_t>(e.steps) <= m.step, SX_ERR_CORRUPT,
+                 "manifest: param group %zu took %lld steps, more than the checkpoint's %llu", g,
+                 static_cast<long long>(e.steps), static_cast<unsigned long long>(m.step));
         if (e.optimizer == kCustomOptimizer) {
             SX_TRY(validate_custom_group(e, g));
             continue;

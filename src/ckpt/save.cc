@@ -121,7 +121,10 @@ Manifest skeleton_of(const core::ShardAccess &g, const core::ShardState &shard,
         m.loss_scaler.growth_factor = ls.growth_factor;
         m.loss_scaler.backoff_factor = ls.backoff_factor;
     }
-    for (const optim::Hyper &h : shard.progress.hypers) m.param_groups.push_back(param_group_entry(h));
+    for (size_t i = 0; i < shard.progress.hypers.size(); ++i) {
+        m.param_groups.push_back(param_group_entry(shard.progress.hypers[i]));
+        if (i < shard.progress.group_steps.size()) m.param_groups.back().steps = shard.progress.group_steps[i];
+    }
     for (int32_t p = 0; p < g.num_params(); ++p) {
         const core::ParamSpec &spec = g.param(p);
         ParamEntry e;

@@ -9,10 +9,28 @@
 #include "comm/abort_at_deadline.h"
 #include "comm/rendezvous.h"
 #include "comm/stores.h"
+#include "optim/custom.h"
 
 namespace sx {
 namespace core {
 namespace {
+
+// A unit's params update in one pass per kind of optimizer: a custom optimizer's
+// (double-buffered: undone everywhere if any rank fails) and one of per-param sums
+// (updated in two passes around an exchange) cannot share a unit.
+Status check_unit_optimizers(const std::deque<ParamSpec> &params, const std::vector<ParamGroup> &groups) {
+    for (size_t i = 0; i < params.size(); ++i) {
+        if (!optim::is_custom(groups[params[i].group].hyper.kind)) continue;
+        for (size_t j = 0; j < params.size(); ++j)
+            SX_CHECK_ARG(params[j].unit != params[i].unit ||
+                             !optim::needs_param_reduction(groups[params[j].group].hyper.kind),
+                         "unit %d holds param '%s' of the custom optimizer '%s' and param '%s' of %s, whose update "
+                         "needs sums over the whole param; put them in different units",
+                         params[i].unit, params[i].name.c_str(), optim::optimizer_name(groups[params[i].group].hyper.kind).c_str(),
+                         params[j].name.c_str(), optim::optimizer_name(groups[params[j].group].hyper.kind).c_str());
+    }
+    return Status::Ok();
+}
 
 bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
@@ -234,6 +252,7 @@ Status ShardGroup::finalize() {
                       "ranks registered different param tables"));
 
     SX_TRY(units_.check_dtypes());
+    SX_TRY(check_unit_optimizers(table_.params(), table_.groups()));
     std::vector<ParamShape> shapes(table_.params().size());
     for (size_t i = 0; i < table_.params().size(); ++i)
         shapes[i] = {table_.params()[i].unit, table_.params()[i].numel, static_cast<uint32_t>(dtype_size(table_.params()[i].dtype))};
@@ -468,7 +487,10 @@ Status ShardGroup::export_shard(ShardState *out) {
     ShardProgress &pr = st.progress;
     pr.steps_taken = steps_;
     for (const ParamSpec &spec : table_.params()) pr.params.push_back({spec.step, spec.momentum_steps, spec.mu_product});
-    for (const ParamGroup &g : table_.groups()) pr.hypers.push_back(g.hyper);
+    for (const ParamGroup &g : table_.groups()) {
+        pr.hypers.push_back(g.hyper);
+        pr.group_steps.push_back(g.steps);
+    }
     pr.scaler = scaler_.state();
     *out = std::move(st);
     return Status::Ok();
@@ -513,7 +535,10 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
         table_.params()[p].momentum_steps = pr.params[p].momentum_steps;
         table_.params()[p].mu_product = pr.params[p].mu_product;
     }
-    for (size_t g = 0; g < table_.groups().size(); ++g) table_.groups()[g].hyper = pr.hypers[g];
+    for (size_t g = 0; g < table_.groups().size(); ++g) {
+        table_.groups()[g].hyper = pr.hypers[g];
+        if (g < pr.group_steps.size()) table_.groups()[g].steps = pr.group_steps[g];
+    }
     // The group has taken at least as many steps as any param has had updates (what a
     // checkpoint records and checks): params a load left as they were, or counts
     // scattered from another optimizer, may bring more than the steps restored.

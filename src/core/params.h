@@ -28,6 +28,9 @@ struct ParamSpec {
 
 struct ParamGroup {
     optim::Hyper hyper;
+    // Steps taken since the group was added, whether or not its params were updated:
+    // an optimizer that counts steps per group (pytorch-optimizer's Lamb) uses it.
+    int64_t steps = 0;
 };
 
 // Bytes per element of an SX_DTYPE_*.

@@ -59,6 +59,7 @@ struct ShardProgress {
     uint64_t steps_taken = 0;
     std::vector<ParamProgress> params;  // per param
     std::vector<optim::Hyper> hypers;   // per param group
+    std::vector<int64_t> group_steps;   // per param group: ParamGroup::steps
     LossScalerState scaler;
 };
 

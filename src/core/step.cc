@@ -25,6 +25,14 @@ uint64_t segment_elements(const std::vector<optim::Segment> &segs) {
     return n;
 }
 
+// segs without the segments of optimizers that need per-param sums (updated before).
+std::vector<optim::Segment> elementwise_only(std::vector<optim::Segment> segs) {
+    segs.erase(std::remove_if(segs.begin(), segs.end(),
+                              [](const optim::Segment &s) { return optim::needs_param_reduction(s.hyper->kind); }),
+               segs.end());
+    return segs;
+}
+
 }  // namespace
 
 // The current mask with every byte 0 or 1 (autodetection reads the trainer's bytes).
@@ -258,21 +266,24 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
     SX_TRY(units_.ensure_masters());
     // The units of custom optimizers first: if an update fails anywhere, nothing else
     // has been touched yet.
-    double kept_sumsq = 0.0;
+    double kept_sumsq = 0.0, reduced_sumsq = 0.0;
     if (units_.any_double_buffered()) SX_TRY(update_double_buffered(grad_scale, sumsq ? &kept_sumsq : nullptr));
+    // Then the params whose update needs sums over the ranks (the head unit's too).
+    SX_TRY(update_param_reductions(grad_scale, sumsq ? &reduced_sumsq : nullptr));
     if (head >= 0) {
         std::vector<optim::Segment> first;
         units_.append_segments(static_cast<size_t>(head), round_->reduced(static_cast<size_t>(head)), &first);
+        first = elementwise_only(std::move(first));
         SX_TRY(update_in_place(first, grad_scale, sumsq ? &head_sumsq : nullptr));
         if (span.on()) updated += segment_elements(first);
         SX_TRY(gathers_->open());
         SX_TRY(gathers_->submit(static_cast<size_t>(head)));
     }
-    const std::vector<optim::Segment> segs = units_.segments(round_->reduced(), head);
+    const std::vector<optim::Segment> segs = elementwise_only(units_.segments(round_->reduced(), head));
     SX_TRY(update_in_place(segs, grad_scale, sumsq ? &rest : nullptr));
     if (span.on()) updated += segment_elements(segs);
     span.set_bytes(updated * sizeof(float));
-    if (sumsq) *sumsq = kept_sumsq + head_sumsq + rest;
+    if (sumsq) *sumsq = kept_sumsq + reduced_sumsq + head_sumsq + rest;
     return Status::Ok();
 }
 
@@ -403,6 +414,7 @@ void ShardGroup::count_step(bool dynamic) {
         ++spec.step;
         if (h.kind == optim::Kind::kSgd && h.momentum != 0) ++spec.momentum_steps;
     }
+    for (ParamGroup &g : table_.groups()) ++g.steps;
     if (dynamic) scaler_.on_finite_step();
 }
 

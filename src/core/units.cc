@@ -270,7 +270,8 @@ void Units::mark_zeroed_by_update(bool zero, const std::vector<float *> &reduced
         const uint64_t own = table_.layout->units()[u].shard_numel;
         const float *shard = reduced[u];
         const bool in_place = shard >= base && shard + own <= base + unit.grads.size() / sizeof(float);
-        if (!in_place || has_custom(u)) continue;  // a custom update does not zero gradients
+        // Custom optimizers and those of per-param sums do not zero the gradients they read.
+        if (!in_place || has_custom(u) || has_param_reduction(u)) continue;
         bool all = true;
         for (int32_t p : table_.layout->units()[u].params) all = all && (*table_.applied)[p] != 0;
         zeroed_by_update_[u] = all ? 1 : 0;
@@ -310,7 +311,11 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
         seg.param_offset = piece.begin;
         seg.n = piece.end - piece.begin;
         seg.hyper = &(*table_.groups)[spec.group].hyper;
-        seg.step = (seg.hyper->kind == optim::Kind::kSgd ? spec.momentum_steps : spec.step) + 1;
+        // SGD counts the updates that used its momentum buffer; LAMB its group's steps.
+        seg.step = (seg.hyper->kind == optim::Kind::kSgd    ? spec.momentum_steps
+                    : seg.hyper->kind == optim::Kind::kLamb ? (*table_.groups)[spec.group].steps
+                                                            : spec.step) +
+                   1;
         seg.mu_product = optim::next_mu_product(*seg.hyper, spec.mu_product, spec.step + 1);
         out->push_back(seg);
     }
@@ -336,6 +341,13 @@ bool Units::double_buffered(size_t u) const {
 bool Units::has_custom(size_t u) const {
     for (int32_t p : table_.layout->units()[u].params)
         if ((*table_.applied)[p] && optim::is_custom((*table_.groups)[(*table_.params)[p].group].hyper.kind))
+            return true;
+    return false;
+}
+
+bool Units::has_param_reduction(size_t u) const {
+    for (int32_t p : table_.layout->units()[u].params)
+        if ((*table_.applied)[p] && optim::needs_param_reduction((*table_.groups)[(*table_.params)[p].group].hyper.kind))
             return true;
     return false;
 }

@@ -123,6 +123,9 @@ class Units {
     bool any_double_buffered() const;
     // Whether unit u updates a param of a custom optimizer (double-buffered or in place).
     bool has_custom(size_t u) const;
+    // Whether unit u updates a param whose optimizer needs per-param sums over the ranks
+    // (optim::needs_param_reduction): the step updates those params in a pass of their own.
+    bool has_param_reduction(size_t u) const;
     // The second slot buffers and the params' undo space of every double-buffered unit,
     // allocated where missing (nothing changes if an allocation fails).
     Status ensure_double_buffers();

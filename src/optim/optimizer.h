@@ -25,6 +25,7 @@ enum class Kind : int32_t {
     kNadam = SX_OPTIM_NADAM,
     kRadam = SX_OPTIM_RADAM,
     kLion = SX_OPTIM_LION,
+    kLamb = SX_OPTIM_LAMB,
 };
 
 // The range a hyperparameter's value must lie in (besides being finite).
@@ -139,6 +140,9 @@ struct OptimizerSpec {
 const OptimizerSpec *find_optimizer(int32_t optimizer);
 // The row of a valid kind.
 const OptimizerSpec &spec_of(Kind kind);
+// Whether a param of `kind` is updated with per-param sums over every rank's piece
+// (Needs::kParamReduction: lamb.h), not segment by segment alone.
+inline bool needs_param_reduction(Kind kind) { return spec_of(kind).needs == Needs::kParamReduction; }
 // Every row, in SX_OPTIM_* order; *count receives how many.
 const OptimizerSpec *all_optimizers(size_t *count);
 

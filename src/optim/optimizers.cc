@@ -60,6 +60,12 @@ const OptimizerSpec kOptimizers[] = {
     // caller's to apply to weight_decay.
     {Kind::kLion, "Lion", "lion_pytorch.Lion", Needs::kElementwise, kCommon | kBetas, 0, {{"exp_avg", nullptr}},
      nullptr, {{SX_HP_LR, 1e-4}, {SX_HP_BETA2, 0.99}, {0, 0}}, nullptr, nullptr},
+    // pytorch-optimizer 4.1.0's Lamb (optim/lamb.h): its weight_decouple is
+    // decoupled_weight_decay (default on); its other options at their defaults.
+    {Kind::kLamb, "Lamb", "pytorch_optimizer.Lamb", Needs::kParamReduction,
+     kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_DECOUPLED_WEIGHT_DECAY), 0,
+     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}}, nullptr,
+     {{SX_HP_EPS, 1e-6}, {SX_HP_DECOUPLED_WEIGHT_DECAY, 1}, {0, 0}}, nullptr, nullptr},
 };
 constexpr size_t kNumOptimizers = sizeof kOptimizers / sizeof kOptimizers[0];
 

@@ -61,6 +61,8 @@ Manifest as_v2(const Manifest &v1) {
     m.format_minor = kFormatMinor;
     const uint64_t files = m.files.size();
     m.file_indexes.assign(files, FileIndex());
+    // 3.0 counts each param group's steps (its second group was added 5 steps later).
+    for (size_t g = 0; g < m.param_groups.size(); ++g) m.param_groups[g].steps = g == 1 ? 7 : static_cast<int64_t>(m.step);
     std::vector<uint64_t> data_end(files, 0);
     for (const ParamEntry &p : v1.params)
         for (const Tensor &t : p.tensors)
@@ -240,8 +242,9 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
             b.add_centered(g.centered);
             b.add_momentum_decay(g.momentum_decay);
             b.add_decoupled_weight_decay(g.decoupled_weight_decay);
+            b.add_steps(static_cast<uint64_t>(g.steps));
         }
-        extras(major >= 3 ? fb::ParamGroup::VT_CUSTOM_VALUES : fb::ParamGroup::VT_AMSGRAD);
+        extras(major >= 3 ? fb::ParamGroup::VT_STEPS : fb::ParamGroup::VT_AMSGRAD);
         groups.push_back(b.Finish());
     }
     std::vector<Offset<fb::Param>> params;
@@ -412,7 +415,7 @@ bool manifest_equal(const Manifest &a, const Manifest &b, bool compare_format, s
         if (x.optimizer != y.optimizer || !same_double(x.lr, y.lr) || !same_double(x.weight_decay, y.weight_decay) ||
             !same_double(x.beta1, y.beta1) || !same_double(x.beta2, y.beta2) || !same_double(x.eps, y.eps) ||
             !same_double(x.momentum, y.momentum) || !same_double(x.dampening, y.dampening) ||
-            x.nesterov != y.nesterov || x.maximize != y.maximize || x.amsgrad != y.amsgrad)
+            x.nesterov != y.nesterov || x.maximize != y.maximize || x.amsgrad != y.amsgrad || x.steps != y.steps)
             return differ("param group " + std::to_string(g));
     }
     if (a.params.size() != b.params.size()) return differ("params (count)");

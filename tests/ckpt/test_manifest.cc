@@ -361,6 +361,8 @@ std::vector<Rule> v2_rules() {
         {"index end overflows", [](Manifest *m) { m->file_indexes[2].offset = ~uint64_t(0) - 4; },
          "the index of file 'shard-00002-of-00003.bin'"},
         {"unit shards of no element", [](Manifest *m) { m->params[1].unit_shard_numel = 0; }, kBias},
+        {"group steps past the checkpoint's", [](Manifest *m) { m->param_groups[0].steps = 13; },
+         "param group 0 took 13 steps, more than the checkpoint's 12"},
         {"param past its unit's files",
          [](Manifest *m) { m->params[2].unit_offset = 3 * m->params[2].unit_shard_numel; }, kScale},
         {"unit offset overflows", [](Manifest *m) { m->params[2].unit_offset = ~uint64_t(0); }, kScale},

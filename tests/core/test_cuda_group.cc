@@ -313,8 +313,8 @@ int32_t plain_sgd(const sx_optimizer_piece_t *piece) {
     return 0;
 }
 
-// Custom optimizers run on the host: a CUDA group refuses a param group that uses one,
-// naming it, and keeps working.
+// Custom optimizers and LAMB run on the host: a CUDA group refuses a param group that uses
+// one, naming it, and keeps working.
 void test_custom_optimizer_is_refused(void **) {
     if (skip_without_device()) return;
     sx_optimizer_desc_t d;
@@ -335,6 +335,10 @@ void test_custom_optimizer_is_refused(void **) {
     ok(sx_param_group_desc_init(&pd, sizeof pd, id), "sx_param_group_desc_init");
     assert_int_equal(sx_add_param_group(g, &pd, nullptr), SX_ERR_UNSUPPORTED);
     assert_non_null(std::strstr(sx_last_error_message(), "'HostOnlySGD' runs on the CPU only"));
+    // LAMB's norms are summed over the ranks' pieces on the host only (so far).
+    ok(sx_param_group_desc_init(&pd, sizeof pd, SX_OPTIM_LAMB), "sx_param_group_desc_init");
+    assert_int_equal(sx_add_param_group(g, &pd, nullptr), SX_ERR_UNSUPPORTED);
+    assert_non_null(std::strstr(sx_last_error_message(), "Lamb runs on the CPU only"));
     ok(sx_param_group_desc_init(&pd, sizeof pd, SX_OPTIM_ADAMW), "sx_param_group_desc_init");
     int32_t index = -1;
     ok(sx_add_param_group(g, &pd, &index), "sx_add_param_group after the refusal");

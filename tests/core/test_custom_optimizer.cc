@@ -567,6 +567,49 @@ void test_bad_registrations(void **) {
     sx_destroy_shard_group(g);
 }
 
+// A unit holds params of one pass: a custom optimizer's (double-buffered) and LAMB's (two
+// passes around the exchange of its norms) cannot share one; in two units they train.
+void test_custom_and_lamb_share_no_unit(void **) {
+    int32_t id = -1;
+    assert_int_equal(custom_adamw_register(&id), SX_OK);
+    for (int32_t lamb_unit : {0, 1}) {
+        sx_group_config_t cfg;
+        sx_group_config_init(&cfg, sizeof cfg);
+        const std::string rv = tag("lamb-unit");
+        cfg.rendezvous = rv.c_str();
+        cfg.world_size = 1;
+        cfg.backend = SX_BACKEND_CPU;
+        sx_shard_group_t *g = nullptr;
+        assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
+        sx_param_group_desc_t pd;
+        assert_int_equal(sx_param_group_desc_init(&pd, sizeof pd, id), SX_OK);
+        assert_int_equal(sx_add_param_group(g, &pd, nullptr), SX_OK);
+        assert_int_equal(sx_param_group_desc_init(&pd, sizeof pd, SX_OPTIM_LAMB), SX_OK);
+        assert_int_equal(sx_add_param_group(g, &pd, nullptr), SX_OK);
+        const int64_t shape = 10;
+        const char *names[] = {"w", "v"};
+        for (int k = 0; k < 2; ++k) {
+            sx_param_desc_t d;
+            sx_param_desc_init(&d, sizeof d);
+            d.name = names[k];
+            d.ndim = 1;
+            d.shape = &shape;
+            d.param_group = k;
+            d.unit = k == 0 ? 0 : lamb_unit;
+            assert_int_equal(sx_add_param(g, &d, nullptr), SX_OK);
+        }
+        if (lamb_unit == 0) {
+            assert_int_equal(sx_finalize(g), SX_ERR_INVALID_ARGUMENT);
+            assert_non_null(std::strstr(sx_last_error_message(), "unit 0 holds param 'w' of the custom optimizer 'CAdamW' "
+                                                                 "and param 'v' of Lamb"));
+        } else {
+            assert_int_equal(sx_finalize(g), SX_OK);
+            assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);
+        }
+        sx_destroy_shard_group(g);
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -579,6 +622,7 @@ int main() {
         cmocka_unit_test(test_custom_whole_state),
         cmocka_unit_test(test_custom_checkpoint_resumes_exactly),
         cmocka_unit_test(test_custom_adamw_matches_builtin),
+        cmocka_unit_test(test_custom_and_lamb_share_no_unit),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

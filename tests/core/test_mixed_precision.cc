@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/half.h"
+#include "optim/lamb.h"
 #include "optim/optimizer.h"
 #include "sx/sx.h"
 #include "sx_cmocka.h"
@@ -134,7 +135,10 @@ struct Expected {
             seg.hyper = &h;
             seg.step = t ? t : s + 1;
             seg.mu_product = sx::optim::mu_product_after(h, seg.step);
-            sx::optim::reference_update(seg, 1.0f / static_cast<float>(c.world));
+            if (h.kind == sx::optim::Kind::kLamb)  // the whole param's norms
+                sx::optim::lamb_reference(seg, 1.0f / static_cast<float>(c.world));
+            else
+                sx::optim::reference_update(seg, 1.0f / static_cast<float>(c.world));
         }
     }
     float value(const Config &c, size_t p, uint64_t i) const {

@@ -1,0 +1,180 @@
+// LAMB's two passes over a rank's segments (lamb.h), split across the pool in pieces of
+// fixed size, so that each segment's sums are added in one order for any thread count.
+#include "optim/lamb.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "base/half.h"
+#include "optim/thread_pool.h"
+
+namespace sx {
+namespace optim {
+namespace {
+
+// Elements per piece: a piece's partial sums are added in piece order.
+constexpr size_t kPiece = 4096;
+
+// The constants of one param group's step, each a Python float rounded to fp32 where a
+// tensor op takes it.
+struct Consts {
+    float grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, weight_decay;
+    bool l2;
+};
+
+Consts consts_of(const Hyper &h, float grad_scale) {
+    Consts c;
+    c.grad_scale = h.maximize ? -grad_scale : grad_scale;
+    c.beta1 = static_cast<float>(h.beta1);
+    c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+    c.beta2 = static_cast<float>(h.beta2);
+    c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+    c.eps = static_cast<float>(h.eps);
+    const bool decoupled = h.decoupled_weight_decay && h.weight_decay != 0.0;
+    c.decay = decoupled ? static_cast<float>(1.0 - h.weight_decay * h.lr) : 1.0f;
+    c.l2 = !h.decoupled_weight_decay && h.weight_decay > 0.0;
+    c.weight_decay = static_cast<float>(h.weight_decay);
+    return c;
+}
+
+// u from the element's moments and param (the same operations in both passes).
+inline float direction(const Consts &c, float m, float v, float p) {
+    float u = m / (std::sqrt(v) + c.eps);
+    if (c.l2) u = u + c.weight_decay * p;
+    return u;
+}
+
+// Elements [lo, hi) of seg: the first pass, adding into *sums and *grad_sumsq.
+void first_range(const Segment &seg, const Consts &c, size_t lo, size_t hi, LambSums *sums, double *grad_sumsq) {
+    float *p = seg.param, *m = seg.state[0], *v = seg.state[1];
+    const float *grad = seg.grad;
+    double ps = 0.0, us = 0.0, gs = 0.0;
+    for (size_t i = lo; i < hi; ++i) {
+        const float g = grad[i] * c.grad_scale;
+        const float mi = m[i] * c.beta1 + c.one_minus_beta1 * g;   // exp_avg.mul_(beta1).add_(g, alpha=beta3)
+        const float vi = v[i] * c.beta2 + c.one_minus_beta2 * g * g;  // exp_avg_sq.mul_(beta2).addcmul_(g, g, 1-beta2)
+        const float pi = p[i] * c.decay;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi;
+        const float u = direction(c, mi, vi, pi);
+        ps += static_cast<double>(pi) * pi;
+        us += static_cast<double>(u) * u;
+        gs += static_cast<double>(g) * g;
+    }
+    sums->param += ps;
+    sums->update += us;
+    *grad_sumsq += gs;
+}
+
+void second_range(const Segment &seg, const Consts &c, float factor, size_t lo, size_t hi) {
+    float *p = seg.param;
+    const float *m = seg.state[0], *v = seg.state[1];
+    for (size_t i = lo; i < hi; ++i) p[i] = p[i] + factor * direction(c, m[i], v[i], p[i]);
+    if (seg.compute_out) half::from_f32(seg.compute_dtype, p + lo, seg.compute_out + lo, hi - lo);
+}
+
+// A piece of work: elements [lo, hi) of segment `seg`.
+struct Piece {
+    size_t seg, lo, hi;
+};
+
+std::vector<Piece> pieces_of(const Segment *segs, size_t num_segs) {
+    std::vector<Piece> out;
+    for (size_t s = 0; s < num_segs; ++s)
+        for (size_t lo = 0; lo < segs[s].n; lo += kPiece) out.push_back({s, lo, std::min(segs[s].n, lo + kPiece)});
+    return out;
+}
+
+// fn(piece index) for every piece, the pieces split into contiguous runs across the pool.
+template <typename F>
+void for_each(size_t count, ThreadPool *pool, F fn) {
+    const int threads = pool ? static_cast<int>(std::min<size_t>(static_cast<size_t>(pool->size()), count)) : 1;
+    if (threads <= 1) {
+        for (size_t i = 0; i < count; ++i) fn(i);
+        return;
+    }
+    pool->run([&](int t) {
+        if (t >= threads) return;
+        const size_t begin = count * static_cast<size_t>(t) / threads, end = count * static_cast<size_t>(t + 1) / threads;
+        for (size_t i = begin; i < end; ++i) fn(i);
+    });
+}
+
+}  // namespace
+
+void lamb_first_pass(const Segment *segs, size_t num_segs, float grad_scale, ThreadPool *pool, LambSums *sums,
+                     double *grad_sumsq) {
+    const std::vector<Piece> pieces = pieces_of(segs, num_segs);
+    std::vector<LambSums> part(pieces.size());
+    std::vector<double> grad_part(pieces.size(), 0.0);
+    std::vector<Consts> consts(num_segs);
+    for (size_t s = 0; s < num_segs; ++s)
+        if (segs[s].n > 0) consts[s] = consts_of(*segs[s].hyper, grad_scale);
+    for_each(pieces.size(), pool, [&](size_t i) {
+        const Piece &pc = pieces[i];
+        first_range(segs[pc.seg], consts[pc.seg], pc.lo, pc.hi, &part[i], &grad_part[i]);
+    });
+    for (size_t s = 0; s < num_segs; ++s) sums[s] = LambSums();
+    double g = 0.0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+        sums[pieces[i].seg].param += part[i].param;
+        sums[pieces[i].seg].update += part[i].update;
+        g += grad_part[i];
+    }
+    if (grad_sumsq) *grad_sumsq = g;
+}
+
+float lamb_factor(const Hyper &h, int64_t step, const LambSums &whole) {
+    // Lamb.step: step_size = lr / debias(beta1, group['step']) (apply_adam_debias, off).
+    const double step_size = h.lr / (1.0 - std::pow(h.beta1, static_cast<double>(step)));
+    // torch.linalg.norm(p).clamp_(min=0, max=Lamb.clamp) and torch.linalg.norm(update): fp32.
+    const float weight_norm = std::min(static_cast<float>(std::sqrt(whole.param)), 10.0f);
+    const float update_norm = static_cast<float>(std::sqrt(whole.update));
+    // trust_ratio = 1.0 (a Python float) if either is 0, else weight_norm / (p_norm + eps) (fp32)
+    if (weight_norm == 0.0f || update_norm == 0.0f) return static_cast<float>(-step_size);
+    const float trust = weight_norm / (update_norm + static_cast<float>(h.eps));
+    return static_cast<float>(-step_size) * trust;  // -step_size * trust_ratio: an fp32 tensor
+}
+
+void lamb_second_pass(const Segment *segs, size_t num_segs, const float *factors, ThreadPool *pool) {
+    const std::vector<Piece> pieces = pieces_of(segs, num_segs);
+    std::vector<Consts> consts(num_segs);
+    for (size_t s = 0; s < num_segs; ++s)
+        if (segs[s].n > 0) consts[s] = consts_of(*segs[s].hyper, 1.0f);
+    for_each(pieces.size(), pool, [&](size_t i) {
+        const Piece &pc = pieces[i];
+        second_range(segs[pc.seg], consts[pc.seg], factors[pc.seg], pc.lo, pc.hi);
+    });
+}
+
+void lamb_reference(const Segment &seg, float grad_scale) {
+    const Hyper &h = *seg.hyper;
+    const float gscale = h.maximize ? -grad_scale : grad_scale;
+    const float beta1 = static_cast<float>(h.beta1), beta2 = static_cast<float>(h.beta2);
+    const float eps = static_cast<float>(h.eps);
+    const bool decoupled = h.decoupled_weight_decay != 0;
+    std::vector<float> u(seg.n);
+    double psq = 0.0, usq = 0.0;
+    for (size_t i = 0; i < seg.n; ++i) {
+        const float g = seg.grad[i] * gscale;
+        float &m = seg.state[0][i], &v = seg.state[1][i];
+        m = m * beta1 + static_cast<float>(1.0 - h.beta1) * g;
+        v = v * beta2 + static_cast<float>(1.0 - h.beta2) * g * g;
+        if (decoupled && h.weight_decay != 0.0) seg.param[i] *= static_cast<float>(1.0 - h.weight_decay * h.lr);
+        u[i] = m / (std::sqrt(v) + eps);
+        if (!decoupled && h.weight_decay > 0.0) u[i] += static_cast<float>(h.weight_decay) * seg.param[i];
+        psq += static_cast<double>(seg.param[i]) * seg.param[i];
+        usq += static_cast<double>(u[i]) * u[i];
+    }
+    const float wn = std::min(static_cast<float>(std::sqrt(psq)), 10.0f), un = static_cast<float>(std::sqrt(usq));
+    const double step_size = h.lr / (1.0 - std::pow(h.beta1, static_cast<double>(seg.step)));
+    const float factor = wn == 0.0f || un == 0.0f ? static_cast<float>(-step_size)
+                                                  : static_cast<float>(-step_size) * (wn / (un + eps));
+    for (size_t i = 0; i < seg.n; ++i) seg.param[i] += factor * u[i];
+    if (seg.compute_out) half::from_f32(seg.compute_dtype, seg.param, seg.compute_out, seg.n);
+}
+
+}  // namespace optim
+}  // namespace sx
