@@ -254,15 +254,17 @@ const (
 	Adamax  Optimizer = 6
 	NAdam   Optimizer = 7
 	RAdam   Optimizer = 8
-	Lion    Optimizer = 9 // Lion (Chen et al. 2023), as the lion-pytorch package's
+	Lion    Optimizer = 9  // Lion (Chen et al. 2023), as the lion-pytorch package's
+	Lamb    Optimizer = 10 // LAMB (You et al. 2020), as the pytorch-optimizer package's Lamb; CPU groups only
 	// The first id RegisterOptimizer returns: a custom optimizer is an Optimizer too.
 	OptimCustomFirst Optimizer = 1000
 )
 
 // ParamGroup is an optimizer and its hyperparameters. Start from NewParamGroup, which
-// fills the optimizer's defaults (torch.optim's; lion-pytorch's for Lion). A
-// hyperparameter that does not apply to the optimizer must keep its default (or be 0,
-// which means the default), else AddParamGroup fails with ErrInvalidArgument.
+// fills the optimizer's defaults (torch.optim's; lion-pytorch's for Lion;
+// pytorch-optimizer's for LAMB). A hyperparameter that does not apply to the optimizer
+// must keep its default (or be 0, which means the default), else AddParamGroup fails
+// with ErrInvalidArgument.
 type ParamGroup struct {
 	Optimizer                     Optimizer
 	LR, WeightDecay, Beta1, Beta2 float64
@@ -275,13 +277,15 @@ type ParamGroup struct {
 	Centered bool
 	// NAdam.
 	MomentumDecay float64
-	// NAdam, RAdam: AdamW-style (decoupled) weight decay.
+	// NAdam, RAdam, LAMB: AdamW-style (decoupled) weight decay (LAMB's default: on,
+	// pytorch-optimizer's weight_decouple).
 	DecoupledWeightDecay bool
 }
 
 // NewParamGroup returns the optimizer's defaults (torch.optim's; lion-pytorch's for Lion;
-// a custom optimizer's registered ones). A custom optimizer's own hyperparameters are set
-// after AddParamGroup, with SetHyperparameter(pg, CustomHyperparameter(i), v).
+// pytorch-optimizer's for LAMB; a custom optimizer's registered ones). A custom
+// optimizer's own hyperparameters are set after AddParamGroup, with
+// SetHyperparameter(pg, CustomHyperparameter(i), v).
 func NewParamGroup(opt Optimizer) ParamGroup {
 	var d C.sx_param_group_desc_t
 	C.sx_param_group_desc_init(&d, C.size_t(unsafe.Sizeof(d)), C.int32_t(opt))
@@ -341,7 +345,7 @@ const (
 	HPCentered Hyperparameter = 14
 	// NAdam.
 	HPMomentumDecay Hyperparameter = 15
-	// NAdam, RAdam: 0 or 1 (AdamW-style weight decay).
+	// NAdam, RAdam, LAMB: 0 or 1 (AdamW-style weight decay; LAMB's default 1).
 	HPDecoupledWeightDecay Hyperparameter = 16
 	// A custom optimizer's own hyperparameter i (counting only its own, in registration
 	// order) is HPCustom + Hyperparameter(i); see CustomHyperparameter.

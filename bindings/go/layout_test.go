@@ -91,7 +91,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_DEVICE_CPU": DeviceCPU, "SX_DEVICE_CUDA": DeviceCUDA,
 		"SX_OPTIM_SGD": int64(SGD), "SX_OPTIM_ADAM": int64(Adam), "SX_OPTIM_ADAMW": int64(AdamW),
 		"SX_OPTIM_ADAGRAD": int64(Adagrad), "SX_OPTIM_RMSPROP": int64(RMSprop), "SX_OPTIM_ADAMAX": int64(Adamax),
-		"SX_OPTIM_NADAM": int64(NAdam), "SX_OPTIM_RADAM": int64(RAdam), "SX_OPTIM_LION": int64(Lion),
+		"SX_OPTIM_NADAM": int64(NAdam), "SX_OPTIM_RADAM": int64(RAdam), "SX_OPTIM_LION": int64(Lion), "SX_OPTIM_LAMB": int64(Lamb),
 		"SX_HP_LR": int64(HPLR), "SX_HP_WEIGHT_DECAY": int64(HPWeightDecay), "SX_HP_BETA1": int64(HPBeta1),
 		"SX_HP_BETA2": int64(HPBeta2), "SX_HP_EPS": int64(HPEps), "SX_HP_MOMENTUM": int64(HPMomentum),
 		"SX_HP_DAMPENING": int64(HPDampening), "SX_HP_NESTEROV": int64(HPNesterov), "SX_HP_MAXIMIZE": int64(HPMaximize),

@@ -50,6 +50,16 @@ ShardProgress scattered_progress(const ShardAccess &g, const ShardProgress &base
         }
         progress.params[p] = {step, steps[3 * p + 1], mu_product};
     }
+    // The whole state is per param; an optimizer that counts steps per group (LAMB) takes
+    // the most any of its params has had: its group's count but where every param of the
+    // group sat out steps while it counted on.
+    for (size_t grp = 0; grp < progress.group_steps.size(); ++grp) {
+        if (g.hyper(static_cast<int32_t>(grp)).kind != optim::Kind::kLamb) continue;
+        int64_t most = 0;
+        for (size_t p = 0; p < progress.params.size(); ++p)
+            if (g.param(static_cast<int32_t>(p)).group == static_cast<int32_t>(grp)) most = std::max(most, progress.params[p].step);
+        progress.group_steps[grp] = most;
+    }
     return progress;
 }
 

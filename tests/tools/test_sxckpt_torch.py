@@ -101,6 +101,11 @@ try:
     OTHERS.append(("lion", Lion, dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)))
 except ImportError:  # scripts/test.sh installs it; elsewhere Lion goes unchecked here
     pass
+try:
+    from pytorch_optimizer import Lamb
+    OTHERS.append(("lamb", Lamb, dict(lr=0.01, weight_decay=0.01)))
+except ImportError:  # likewise
+    pass
 
 
 def run_ranks(world, fn, adamw=None, sgd=None, groups=None):

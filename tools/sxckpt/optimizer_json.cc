@@ -50,6 +50,8 @@ void write_group(JsonWriter &j, const ckpt::ParamGroupEntry &g, const ckpt::Mani
     }
     if (g.optimizer != ckpt::kCustomOptimizer) SX_HYPERPARAMETERS(SX_WRITE)
 #undef SX_WRITE
+    // pytorch-optimizer's Lamb counts its steps per group (its bias correction's t).
+    if (kind == optim::Kind::kLamb) j.key("step"), j.number(static_cast<uint64_t>(g.steps));
     j.key("params");
     j.begin_array();
     for (const ckpt::ParamEntry &p : m.params)
@@ -88,14 +90,20 @@ Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
     const optim::Kind kind = static_cast<optim::Kind>(g->hyper.optimizer);
     what += " (" + optimizer_name(g->hyper.optimizer) + ")";
     const std::vector<std::string> keys = hyper_keys(kind);
+    const bool group_step = kind == optim::Kind::kLamb;
     for (const auto &m : v.members) {
-        bool known = m.first == "optimizer" || m.first == "params";
+        bool known = m.first == "optimizer" || m.first == "params" || (group_step && m.first == "step");
         for (const std::string &k : keys) known |= m.first == k;
         if (known) continue;
         std::string expected;
         for (const std::string &k : keys) expected += k + ", ";
-        return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: unknown key %s; its keys are optimizer, %sparams",
-                        what.c_str(), json_quoted(m.first).c_str(), expected.c_str());
+        return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: unknown key %s; its keys are optimizer, %s%sparams",
+                        what.c_str(), json_quoted(m.first).c_str(), expected.c_str(), group_step ? "step, " : "");
+    }
+    if (const JsonValue *step = v.find("step")) {  // Lamb's; 0 where absent
+        SX_TRY(json_int64(*step, what + ": \"step\"", &g->hyper.steps));
+        SX_CHECK(g->hyper.steps >= 0, SX_ERR_INVALID_ARGUMENT, "%s: \"step\" is %" PRId64 "; it must be >= 0",
+                 what.c_str(), g->hyper.steps);
     }
     for (const std::string &k : keys)
         SX_CHECK(v.find(k) != nullptr, SX_ERR_INVALID_ARGUMENT, "%s has no %s", what.c_str(), json_quoted(k).c_str());

@@ -46,6 +46,7 @@ _STATE_KEYS = {  # torch's per-param state tensors, as the tensors' name suffixe
     "NAdam": ("exp_avg", "exp_avg_sq"),
     "RAdam": ("exp_avg", "exp_avg_sq"),
     "Lion": ("exp_avg",),
+    "Lamb": ("exp_avg", "exp_avg_sq"),
 }
 _HYPER_KEYS = {  # the param group keys PREFIX.json holds (torch's names)
     "AdamW": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
@@ -57,12 +58,26 @@ _HYPER_KEYS = {  # the param group keys PREFIX.json holds (torch's names)
     "NAdam": ("lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "maximize"),
     "RAdam": ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"),
     "Lion": ("lr", "betas", "weight_decay", "maximize"),
+    "Lamb": ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"),
 }
+# Keys a class names otherwise in its param groups (pytorch-optimizer's Lamb).
+_TORCH_NAMES = {"Lamb": {"decoupled_weight_decay": "weight_decouple"}}
+# Keys a class takes in its constructor only, not per group: kept in PREFIX.json from the
+# optimizer's attribute, left out of the torch param group (Lamb's maximize).
+_CONSTRUCTOR_ONLY = {"Lamb": ("maximize",)}
+# Classes that count steps per param group, not per param (pytorch-optimizer's Lamb: its
+# group's `step` is its bias correction's t; PREFIX.json keeps it as the group's "step").
+_GROUP_STEP = {"Lamb"}
+# Options of a class that sx follows at one value (sx's LAMB is Lamb with these): a
+# state dict's groups carry them (Lamb reads them from its groups), and a group that sets
+# another value is refused.
+_FIXED = {"Lamb": {"grad_averaging": True, "fixed_decay": False, "rectify": False, "adam": False,
+                   "adam_debias": False, "adanorm": False, "max_grad_norm": 1.0, "foreach": None}}
 # Keys a class's constructor does not take (lion-pytorch's Lion has no maximize): kept in
 # PREFIX.json at this value, left out of the torch param group.
 _NOT_IN_TORCH = {"Lion": {"maximize": False}}
-# Classes whose state has no `step` (lion-pytorch's Lion).
-_NO_STEP = {"Lion"}
+# Classes whose per-param state has no `step` (lion-pytorch's Lion, pytorch-optimizer's Lamb).
+_NO_STEP = {"Lion", "Lamb"}
 
 
 def read_safetensors(path):
@@ -155,7 +170,9 @@ def _groups_of(doc, optimizer):
 
 def _hyper(group):
     kind = group["optimizer"]
-    out = {key: group[key] for key in _HYPER_KEYS[kind] if key not in _NOT_IN_TORCH.get(kind, {})}
+    skip = set(_NOT_IN_TORCH.get(kind, {})) | set(_CONSTRUCTOR_ONLY.get(kind, ()))
+    names = _TORCH_NAMES.get(kind, {})
+    out = {names.get(key, key): group[key] for key in _HYPER_KEYS[kind] if key not in skip}
     if "betas" in out:
         out["betas"] = tuple(out["betas"])
     return out
@@ -202,7 +219,9 @@ def optimizer_state_dict(doc, tensors, optimizer=None):
                     state[index]["mu_product"] = torch.tensor(entry["mu_product"], dtype=scalar)
             indices.append(index)
             index += 1
-        groups.append({**_hyper(g), "params": indices})
+        groups.append({**_FIXED.get(kind, {}), **_hyper(g), "params": indices})
+        if kind in _GROUP_STEP:
+            groups[-1]["step"] = int(g.get("step", 0))
     return {"state": state, "param_groups": groups}
 
 
@@ -235,8 +254,20 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
         for group in opt.param_groups:
             kind = _kind(opt, group)
             hyper = {}
+            for key, value in _FIXED.get(kind, {}).items():
+                if key in ("max_grad_norm", "foreach") or group.get(key, value) == value:
+                    continue  # max_grad_norm acts only with pre_norm; foreach changes no result
+                raise ValueError(f"{type(opt).__name__}'s group {len(groups)} has {key}={group[key]!r}; sx's "
+                                 f"{kind} follows {key}={value!r}")
+            if kind in _CONSTRUCTOR_ONLY and getattr(opt, "pre_norm", False):
+                raise ValueError(f"{type(opt).__name__} has pre_norm=True; sx's {kind} has no pre_norm (clip with "
+                                 "sx's max_grad_norm)")
+            names = _TORCH_NAMES.get(kind, {})
             for key in _HYPER_KEYS[kind]:
-                v = group[key] if key in group else _NOT_IN_TORCH[kind][key]
+                if key in _CONSTRUCTOR_ONLY.get(kind, ()):
+                    v = getattr(opt, key)
+                else:
+                    v = group[names.get(key, key)] if names.get(key, key) in group else _NOT_IN_TORCH[kind][key]
                 if key == "betas":
                     hyper[key] = [float(b) for b in v]
                 else:  # floats (or 0-d tensors), and the flags as they are
@@ -251,12 +282,16 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
                     raise ValueError(f"param {name!r} is in two param groups")
                 names.append(name)
                 st = opt.state.get(p, {})
-                entries[name] = {"kind": kind, "step": int(st["step"]) if "step" in st else 0,
+                # A class that counts per group: a param with state took its group's steps.
+                own = int(st["step"]) if "step" in st else int(group.get("step", 0)) if kind in _GROUP_STEP and st else 0
+                entries[name] = {"kind": kind, "step": own,
                                  "trainable": bool(p.requires_grad),
                                  "tensors": {k: st[k] for k in _STATE_KEYS[kind] if st.get(k) is not None}}
                 if kind == "NAdam":
                     entries[name]["mu_product"] = float(st["mu_product"]) if "mu_product" in st else 1.0
             groups.append({"optimizer": kind, **hyper, "params": names})
+            if kind in _GROUP_STEP:
+                groups[-1]["step"] = int(group.get("step", 0))
     unplaced = [n for n in named if n not in entries]
     if unplaced:
         raise ValueError(f"params {unplaced} are in no optimizer's param groups; sx keeps every "

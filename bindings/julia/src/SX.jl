@@ -47,7 +47,7 @@ const SX_DTYPE_F32, SX_DTYPE_F16, SX_DTYPE_BF16 = Int32.(1:3)
 const SX_BACKEND_AUTO, SX_BACKEND_CPU, SX_BACKEND_CUDA = Int32.(0:2)
 const SX_DEVICE_CPU, SX_DEVICE_CUDA = Int32.(0:1)
 const SX_OPTIM_SGD, SX_OPTIM_ADAM, SX_OPTIM_ADAMW, SX_OPTIM_ADAGRAD, SX_OPTIM_RMSPROP,
-      SX_OPTIM_ADAMAX, SX_OPTIM_NADAM, SX_OPTIM_RADAM, SX_OPTIM_LION = Int32.(1:9)
+      SX_OPTIM_ADAMAX, SX_OPTIM_NADAM, SX_OPTIM_RADAM, SX_OPTIM_LION, SX_OPTIM_LAMB = Int32.(1:10)
 const SX_HP_LR, SX_HP_WEIGHT_DECAY, SX_HP_BETA1, SX_HP_BETA2, SX_HP_EPS, SX_HP_MOMENTUM,
       SX_HP_DAMPENING, SX_HP_NESTEROV, SX_HP_MAXIMIZE, SX_HP_AMSGRAD, SX_HP_LR_DECAY,
       SX_HP_INITIAL_ACCUMULATOR_VALUE, SX_HP_ALPHA, SX_HP_CENTERED, SX_HP_MOMENTUM_DECAY,
@@ -568,7 +568,7 @@ flush_trace(g::ShardGroup) = check(@ccall libsx.sx_trace_flush(_handle(g)::Ptr{C
 const _OPTIMIZERS = Dict(:sgd => SX_OPTIM_SGD, :adam => SX_OPTIM_ADAM, :adamw => SX_OPTIM_ADAMW,
                          :adagrad => SX_OPTIM_ADAGRAD, :rmsprop => SX_OPTIM_RMSPROP,
                          :adamax => SX_OPTIM_ADAMAX, :nadam => SX_OPTIM_NADAM,
-                         :radam => SX_OPTIM_RADAM, :lion => SX_OPTIM_LION)
+                         :radam => SX_OPTIM_RADAM, :lion => SX_OPTIM_LION, :lamb => SX_OPTIM_LAMB)
 # Keywords of add_param_group! that are flags (Int32 fields of the descriptor), and numbers.
 const _FLAG_FIELDS = (:nesterov, :maximize, :amsgrad, :centered, :decoupled_weight_decay)
 const _FLOAT_FIELDS = (:lr, :weight_decay, :beta1, :beta2, :eps, :momentum, :dampening,
@@ -578,13 +578,15 @@ const _FLOAT_FIELDS = (:lr, :weight_decay, :beta1, :beta2, :eps, :momentum, :dam
     add_param_group!(g, optimizer=:adamw; lr, weight_decay, betas, eps, momentum, ...)
 
 Adds a param group and returns its 0-based index. `optimizer` is one of `:sgd`, `:adam`,
-`:adamw`, `:adagrad`, `:rmsprop`, `:adamax`, `:nadam`, `:radam`, `:lion`; what is not given
-takes the optimizer's defaults (torch.optim's; lion-pytorch's for Lion). Keywords: `lr`,
-`weight_decay`, `betas=(beta1, beta2)` or `beta1`/`beta2`, `eps`, `momentum`, `dampening`,
-`nesterov`, `maximize`, `amsgrad` (Adam/AdamW), `lr_decay` and `initial_accumulator_value`
-(Adagrad), `alpha` and `centered` (RMSprop), `momentum_decay` (NAdam),
-`decoupled_weight_decay` (NAdam, RAdam). One that does not apply to the optimizer must keep
-its default or be 0, which means the default (else an `SXError` with SX_ERR_INVALID_ARGUMENT).
+`:adamw`, `:adagrad`, `:rmsprop`, `:adamax`, `:nadam`, `:radam`, `:lion`, `:lamb` (CPU
+groups only); what is not given takes the optimizer's defaults (torch.optim's;
+lion-pytorch's for Lion; pytorch-optimizer's for LAMB). Keywords: `lr`, `weight_decay`,
+`betas=(beta1, beta2)` or `beta1`/`beta2`, `eps`, `momentum`, `dampening`, `nesterov`,
+`maximize`, `amsgrad` (Adam/AdamW), `lr_decay` and `initial_accumulator_value` (Adagrad),
+`alpha` and `centered` (RMSprop), `momentum_decay` (NAdam), `decoupled_weight_decay`
+(NAdam, RAdam, LAMB; LAMB's is on by default, pytorch-optimizer's weight_decouple). One
+that does not apply to the optimizer must keep its default or be 0, which means the
+default (else an `SXError` with SX_ERR_INVALID_ARGUMENT).
 Before `finalize!`, or between steps after it (torch's add_param_group): the group and the
 params added with it then wait for the next `finalize!`, which every rank calls after
 adding the same.

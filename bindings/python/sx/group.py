@@ -15,7 +15,7 @@ from ._lib import lib
 _OPTIMIZERS = {"sgd": _lib.SX_OPTIM_SGD, "adam": _lib.SX_OPTIM_ADAM, "adamw": _lib.SX_OPTIM_ADAMW,
                "adagrad": _lib.SX_OPTIM_ADAGRAD, "rmsprop": _lib.SX_OPTIM_RMSPROP,
                "adamax": _lib.SX_OPTIM_ADAMAX, "nadam": _lib.SX_OPTIM_NADAM,
-               "radam": _lib.SX_OPTIM_RADAM, "lion": _lib.SX_OPTIM_LION}
+               "radam": _lib.SX_OPTIM_RADAM, "lion": _lib.SX_OPTIM_LION, "lamb": _lib.SX_OPTIM_LAMB}
 _REDUCE_OPS = {"sum": _lib.SX_REDUCE_SUM, "mean": _lib.SX_REDUCE_MEAN, "max": _lib.SX_REDUCE_MAX,
                "min": _lib.SX_REDUCE_MIN}
 _NONFINITE = {"default": _lib.SX_NONFINITE_DEFAULT, "skip": _lib.SX_NONFINITE_SKIP,
@@ -285,14 +285,15 @@ class ShardGroup(Handle):
     # -- registration -----------------------------------------------------------------
     def add_param_group(self, optimizer="adamw", *, betas=None, **hyperparameters):
         """Adds a param group and returns its index. ``optimizer`` is "sgd", "adam",
-        "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam" or "lion", or a custom
-        optimizer (what sx.register_optimizer returned, or its name);
-        unspecified hyperparameters take the optimizer's defaults (torch.optim's;
-        lion-pytorch's for Lion; a custom optimizer's registered ones). Keywords: lr,
-        weight_decay, betas=(beta1, beta2) or beta1/beta2, eps, momentum, dampening,
-        nesterov, maximize, amsgrad (Adam/AdamW), lr_decay and initial_accumulator_value
-        (Adagrad), alpha and centered (RMSprop), momentum_decay (NAdam),
-        decoupled_weight_decay (NAdam, RAdam), and a custom optimizer's own
+        "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam", "lion" or "lamb"
+        (CPU groups only), or a custom optimizer (what sx.register_optimizer returned,
+        or its name); unspecified hyperparameters take the optimizer's defaults
+        (torch.optim's; lion-pytorch's for Lion; pytorch-optimizer's for LAMB; a custom
+        optimizer's registered ones). Keywords: lr, weight_decay, betas=(beta1, beta2) or
+        beta1/beta2, eps, momentum, dampening, nesterov, maximize, amsgrad (Adam/AdamW),
+        lr_decay and initial_accumulator_value (Adagrad), alpha and centered (RMSprop),
+        momentum_decay (NAdam), decoupled_weight_decay (NAdam, RAdam, LAMB; LAMB's is on
+        by default, pytorch-optimizer's weight_decouple), and a custom optimizer's own
         hyperparameters by name. One that does not apply to the optimizer must keep its
         default or be 0, which means the default (else InvalidArgumentError)."""
         kind = _optimizer_kind(optimizer)

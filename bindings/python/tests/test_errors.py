@@ -37,8 +37,8 @@ class ErrorTest(unittest.TestCase):
         with self.assertRaisesRegex(sx.InvalidArgumentError, "backend.*'tpu'"):
             sx.ShardGroup(rendezvous(), 0, 1, backend="tpu")
         with single_rank_group() as g:
-            with self.assertRaisesRegex(sx.InvalidArgumentError, "optimizer.*'lamb'"):
-                g.add_param_group("lamb")
+            with self.assertRaisesRegex(sx.InvalidArgumentError, "optimizer.*'lars'"):
+                g.add_param_group("lars")
             with self.assertRaisesRegex(sx.InvalidArgumentError, "unknown hyperparameter 'lrate'"):
                 g.add_param_group("adam", lrate=0.1)
             with self.assertRaisesRegex(sx.InvalidArgumentError, "shape of 'w'"):

@@ -84,7 +84,8 @@ class WholeStateTest(unittest.TestCase):
                  "adamax": ({}, ["exp_avg", "exp_inf"]),
                  "nadam": (dict(decoupled_weight_decay=True, weight_decay=0.1), ["exp_avg", "exp_avg_sq"]),
                  "radam": ({}, ["exp_avg", "exp_avg_sq"]),
-                 "lion": (dict(weight_decay=0.1), ["exp_avg"])}
+                 "lion": (dict(weight_decay=0.1), ["exp_avg"]),
+                 "lamb": (dict(weight_decay=0.1), ["exp_avg", "exp_avg_sq"])}
         for kind, (options, names) in kinds.items():
             with self.subTest(optimizer=kind), tempfile.TemporaryDirectory() as tmp:
                 path = os.path.join(tmp, "ck")

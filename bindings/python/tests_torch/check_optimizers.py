@@ -1,6 +1,7 @@
 """Every optimizer of sx's table that torch.optim lacks the SGD/Adam tests of: Adagrad,
-RMSprop, Adamax, NAdam, RAdam (against torch.optim's classes) and Lion (against
-lion-pytorch's), over 100 steps of a model of four params in two param groups and two
+RMSprop, Adamax, NAdam, RAdam (against torch.optim's classes), Lion (against
+lion-pytorch's) and LAMB (against pytorch-optimizer's Lamb, whose norms span the pieces
+of a param on several ranks), over 100 steps of a model of four params in two param groups and two
 units, with ranks as threads (worlds 1 to 4) at stages 1, 2 and 3: each rank's own
 gradients (averaged, as DDP does), an lr schedule, clipping of the global norm, a param
 frozen for 30 steps (torch: its grad None, so its step count stops too) and weight decay.
@@ -17,6 +18,7 @@ import tempfile
 import numpy as np
 import torch
 from lion_pytorch import Lion
+from pytorch_optimizer import Lamb
 
 import sx
 
@@ -48,7 +50,15 @@ CONFIGS = [
     ("radam", torch.optim.RAdam,
      [dict(lr=0.01, weight_decay=0.01, decoupled_weight_decay=True), dict(lr=0.003, weight_decay=0.02, betas=(0.9, 0.99))]),
     ("lion", Lion, [dict(lr=1e-3, weight_decay=0.1), dict(lr=3e-4, betas=(0.95, 0.98))]),
+    # Decoupled weight decay (Lamb's weight_decouple, its default) and L2 on the
+    # direction; the frozen param's group counts its steps on (Lamb's step size
+    # lr / (1 - beta1^t) has the group's t). (Lamb's maximize is its constructor's, not a
+    # group's: sx's is tested against the other optimizers'.)
+    ("lamb", Lamb, [dict(lr=0.01, weight_decay=0.01), dict(lr=0.005, weight_decay=0.02, decoupled_weight_decay=False,
+                                                      betas=(0.8, 0.99), eps=1e-8)]),
 ]
+# sx's names of options the reference classes name otherwise.
+TORCH_NAMES = {Lamb: {"decoupled_weight_decay": "weight_decouple"}}
 # Every config at every world size and stage; the second RMSprop config at two of them.
 WORLDS_STAGES = list(itertools.product((1, 2, 3, 4), (1, 2, 3)))
 
@@ -121,7 +131,9 @@ def run_torch(cls, groups, world):
     # torch's Adagrad fills every group's sum from its constructor's
     # initial_accumulator_value, whatever a group says: pass it there.
     init = {"initial_accumulator_value": groups[0]["initial_accumulator_value"]} if cls is torch.optim.Adagrad else {}
-    opt = cls([{"params": [params[n] for n, _, _, grp in PARAMS if grp == i], **options}
+    names = TORCH_NAMES.get(cls, {})
+    opt = cls([{"params": [params[n] for n, _, _, grp in PARAMS if grp == i],
+                **{names.get(k, k): v for k, v in options.items()}}
                for i, options in enumerate(groups)], **init)
     for step in range(STEPS):
         for group, options in zip(opt.param_groups, groups):

@@ -59,6 +59,7 @@ pub const SX_OPTIM_ADAMAX: i32 = 6;
 pub const SX_OPTIM_NADAM: i32 = 7;
 pub const SX_OPTIM_RADAM: i32 = 8;
 pub const SX_OPTIM_LION: i32 = 9;
+pub const SX_OPTIM_LAMB: i32 = 10;
 
 pub const SX_OPTIM_CUSTOM_FIRST: i32 = 1000;
 pub const SX_HP_CUSTOM: i32 = 1000;

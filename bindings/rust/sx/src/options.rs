@@ -258,6 +258,8 @@ pub enum Optimizer {
     Radam,
     /// Lion (Chen et al. 2023), as the lion-pytorch package's.
     Lion,
+    /// LAMB (You et al. 2020), as the pytorch-optimizer package's Lamb. CPU groups only.
+    Lamb,
     /// A custom optimizer, as [`crate::register_optimizer`] returned it.
     Custom(crate::CustomOptimizer),
 }
@@ -280,14 +282,15 @@ impl Optimizer {
             Optimizer::Nadam => sys::SX_OPTIM_NADAM,
             Optimizer::Radam => sys::SX_OPTIM_RADAM,
             Optimizer::Lion => sys::SX_OPTIM_LION,
+            Optimizer::Lamb => sys::SX_OPTIM_LAMB,
         }
     }
 }
 
 /// An optimizer and its hyperparameters, starting from the optimizer's defaults
-/// (torch.optim's; lion-pytorch's for Lion). A hyperparameter that does not apply to the
-/// optimizer must keep its default (or be 0, which means the default), else
-/// `add_param_group` fails with SX_ERR_INVALID_ARGUMENT.
+/// (torch.optim's; lion-pytorch's for Lion; pytorch-optimizer's for LAMB). A
+/// hyperparameter that does not apply to the optimizer must keep its default (or be 0,
+/// which means the default), else `add_param_group` fails with SX_ERR_INVALID_ARGUMENT.
 #[derive(Clone, Copy, Debug)]
 pub struct ParamGroup {
     pub(crate) raw: sys::sx_param_group_desc_t,
@@ -366,7 +369,8 @@ impl ParamGroup {
         self.raw.momentum_decay = v;
         self
     }
-    /// NAdam, RAdam: AdamW-style (decoupled) weight decay.
+    /// NAdam, RAdam, LAMB: AdamW-style (decoupled) weight decay (LAMB's default: on,
+    /// pytorch-optimizer's weight_decouple).
     pub fn decoupled_weight_decay(mut self, on: bool) -> Self {
         self.raw.decoupled_weight_decay = on as i32;
         self
