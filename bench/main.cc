@@ -31,6 +31,8 @@
 //                 micro-batches accumulated) against one all_gather of a call's header
 //   packed        the packed layout (alignment 4) against the default 64: a one-rank AdamW step
 //                 over params of odd sizes
+//   param_sums    LAMB (per-param norms summed over the ranks) against AdamW on the same
+//                 model at 2 and 4 ranks, and the bytes its sums exchange
 //   gpu_adamw     (CUDA builds) the fused AdamW kernel on the device vs a traffic-only kernel
 //                 with its memory pattern, and its bandwidth beside the device's peak;
 //                 prints that it was skipped, and why, where there is no device
@@ -83,6 +85,7 @@ const Section kSections[] = {
     {"packed", section_packed},
     {"optimizers", section_optimizers},
     {"custom_optimizer", section_custom_optimizer},
+    {"param_sums", section_param_sums},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
     {"gpu_step", section_gpu_step},
