@@ -31,8 +31,9 @@
 //                 micro-batches accumulated) against one all_gather of a call's header
 //   packed        the packed layout (alignment 4) against the default 64: a one-rank AdamW step
 //                 over params of odd sizes
-//   param_sums    LAMB (per-param norms summed over the ranks) against AdamW on the same
-//                 model at 2 and 4 ranks, and the bytes its sums exchange
+//   param_sums    LAMB (per-param norms summed over the ranks) and Muon (matrices whole on one
+//                 rank) against AdamW on the same models at 2 and 4 ranks, the bytes they
+//                 exchange; Newton-Schulz and the ordered product against torch's
 //   gpu_adamw     (CUDA builds) the fused AdamW kernel on the device vs a traffic-only kernel
 //                 with its memory pattern, and its bandwidth beside the device's peak;
 //                 prints that it was skipped, and why, where there is no device

@@ -1,9 +1,13 @@
-// bench_sx section param_sums: the step of an optimizer that needs per-param sums over the
-// ranks (LAMB: its trust ratio's norms) against AdamW's on the same model, at 2 and 4
-// ranks (threads of this process over local://, one pool thread each): the slower rank's
-// step time, the two groups stepped alternately. Beside it, the bytes a rank exchanges
-// per step for the sums (one all-gather of 16 bytes per LAMB param and rank) against the
-// gradients' reduce-scatter, and the state bytes per element per rank.
+// bench_sx section param_sums: the step of the optimizers that look at whole params
+// against AdamW's on the same model, at 2 and 4 ranks (threads of this process over
+// local://, one pool thread each): the slower rank's step time, the two groups stepped
+// alternately. LAMB (per-param sums over the ranks: its trust ratio's norms) with the
+// bytes a rank exchanges per step for the sums (one all-gather of 16 bytes per param and
+// rank); Muon (each matrix orthogonalised whole on one rank) with the bytes of the pieces
+// its ranks send to the owners and get back, from the layout; both against the gradients'
+// reduce-scatter. Then Newton-Schulz itself and sx's ordered matrix product against
+// torch's (torch.optim.Muon's bf16 iterations, torch.matmul in fp32) in the same run,
+// where --torch-python names a Python with torch.
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,7 +16,10 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "core/layout.h"
 #include "fixtures.h"
+#include "optim/muon.h"
+#include "optim/thread_pool.h"
 #include "sx/sx.h"
 
 namespace sxbench {
@@ -56,16 +63,16 @@ sx_shard_group_t *model(const std::string &url, int rank, int world, int32_t opt
     return g;
 }
 
-// The slower rank's step times of an AdamW group (a) and a LAMB group (b) over the same
-// model, alternating which goes first.
-PairTimes steps(int world, int count, int64_t rows, int reps) {
+// The slower rank's step times of an AdamW group (a) and a group of `other` (b) over the
+// same model, alternating which goes first.
+PairTimes steps(int world, int count, int64_t rows, int reps, int32_t other) {
     PairTimes t;
     Barrier barrier(world);
     std::vector<double> rank_s(static_cast<size_t>(world), 0.0);
     const std::string base = "local://bench-param-sums-" + std::to_string(::getpid()) + "-" + std::to_string(world);
     auto rank_main = [&](int r) {
         sx_shard_group_t *adamw = model(base + "-adamw", r, world, SX_OPTIM_ADAMW, count, rows);
-        sx_shard_group_t *lamb = model(base + "-lamb", r, world, SX_OPTIM_LAMB, count, rows);
+        sx_shard_group_t *lamb = model(base + "-other", r, world, other, count, rows);
         sx_step_options_t keep;
         sx_step_options_init(&keep, sizeof keep);
         keep.keep_grads = 1;
@@ -91,6 +98,70 @@ PairTimes steps(int world, int count, int64_t rows, int reps) {
 
 }  // namespace
 
+// Per rank and step, the bytes Muon's pieces travel: each param's pieces held by a rank
+// other than its owner go to the owner and come back (as muon's step assigns owners: a
+// param on one rank stays there, the rest largest first to the least-loaded rank).
+double muon_bytes_per_rank(int world, int count, int64_t rows) {
+    std::vector<sx::core::ParamShape> shapes(static_cast<size_t>(count));
+    for (auto &s : shapes) s.numel = static_cast<uint64_t>(rows * rows);
+    sx::core::Layout layout;
+    if (!sx::core::Layout::build(shapes, world, 256, &layout).ok()) return -1.0;
+    std::vector<double> load(static_cast<size_t>(world), 0.0);
+    double moved = 0.0;
+    std::vector<int> spread;
+    for (int p = 0; p < count; ++p) {
+        int holders = 0, holder = 0;
+        for (int q = 0; q < world; ++q) {
+            const sx::core::ShardPiece piece = layout.piece(p, q);
+            if (piece.begin != piece.end) ++holders, holder = q;
+        }
+        if (holders == 1)
+            load[static_cast<size_t>(holder)] += 1.0;
+        else
+            spread.push_back(p);
+    }
+    for (int p : spread) {  // equal sizes: the least-loaded rank, lowest first
+        const int owner = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+        load[static_cast<size_t>(owner)] += 1.0;
+        for (int q = 0; q < world; ++q) {
+            const sx::core::ShardPiece piece = layout.piece(p, q);
+            if (q != owner) moved += 2.0 * 4.0 * static_cast<double>(piece.end - piece.begin);
+        }
+    }
+    return moved / world;
+}
+
+// Milliseconds (fastest of reps) of f.
+template <typename F>
+double fastest_ms(int reps, F f) {
+    double best = 1e30;
+    for (int r = 0; r <= reps; ++r) {
+        const double t0 = now_seconds();
+        f();
+        if (r > 0) best = std::min(best, (now_seconds() - t0) * 1e3);
+    }
+    return best;
+}
+
+// torch's times for n x n: "ns_ms" (torch.optim.Muon's Newton-Schulz, bf16) and
+// "matmul_ms" (fp32), from bench/torch_muon.py; empty where it cannot run.
+std::vector<double> torch_times(const std::string &python, int64_t n, int reps, int threads) {
+    if (python.empty()) return {};
+    const std::string cmd = python + " " SX_BENCH_SOURCE_DIR "/torch_muon.py --n " + std::to_string(n) + " --reps " +
+                            std::to_string(reps) + " --threads " + std::to_string(threads);
+    FILE *f = popen(cmd.c_str(), "r");
+    if (!f) return {};
+    double ns = -1, mm = -1;
+    char line[512];
+    while (std::fgets(line, sizeof line, f)) {
+        if (std::sscanf(line, "{\"ns_ms\": %lf, \"matmul_ms\": %lf}", &ns, &mm) == 2) continue;
+        std::printf("  (torch) %s", line);
+    }
+    pclose(f);
+    if (ns < 0) return {};
+    return {ns, mm};
+}
+
 int section_param_sums(const Options &opt) {
     // 16 params of 512 x 512: 4 Mi elements, 16 MiB of fp32 gradients.
     const int count = 16;
@@ -104,7 +175,7 @@ int section_param_sums(const Options &opt) {
                 "reduce_scatter_b/r", "bytes_ratio");
     std::vector<std::string> json;
     for (int world : {2, 4}) {
-        const PairTimes t = steps(world, count, rows, opt.reps);
+        const PairTimes t = steps(world, count, rows, opt.reps, SX_OPTIM_LAMB);
         // Per rank and step: the all-gather of every rank's 2 doubles per LAMB param
         // (received from the world - 1 others), against the reduce-scatter of the fp32
         // gradients (the world - 1 shards it sends).
@@ -122,6 +193,62 @@ int section_param_sums(const Options &opt) {
         json.push_back(line);
     }
     std::printf("state per element per rank: LAMB 8 bytes / world (exp_avg, exp_avg_sq: Adam's), AdamW the same\n");
+
+    // Muon: 6 params of 384 x 384 (0.84 Mi elements), so that some straddle the shards.
+    const int mcount = 6;
+    const int64_t mrows = 384;
+    const double melements = static_cast<double>(mcount) * static_cast<double>(mrows * mrows);
+    std::printf("\nMuon vs AdamW on %d params of %lld x %lld (one unit, fp32, keep_grads), as above; matrix_bytes/rank: "
+                "the pieces sent to owners and back\n",
+                mcount, static_cast<long long>(mrows), static_cast<long long>(mrows));
+    std::printf("%6s %11s %10s %8s %16s %18s\n", "ranks", "adamw_ms", "muon_ms", "ratio", "matrix_bytes/rank",
+                "reduce_scatter_b/r");
+    for (int world : {2, 4}) {
+        const PairTimes t = steps(world, mcount, mrows, opt.reps, SX_OPTIM_MUON);
+        const double moved = muon_bytes_per_rank(world, mcount, mrows);
+        const double scatter = 4.0 * melements * (world - 1) / world;
+        std::printf("%6d %11.3f %10.3f %8.3f %16.0f %18.0f\n", world, t.min_a() * 1e3, t.min_b() * 1e3,
+                    t.paired_ratio(), moved, scatter);
+        char line[512];
+        std::snprintf(line, sizeof line,
+                      "{\"bench\":\"param_sums\",\"optimizer\":\"Muon\",\"ranks\":%d,\"elements\":%.0f,"
+                      "\"params\":%d,\"reps\":%d,\"adamw_ms\":%.4f,\"muon_ms\":%.4f,\"ratio_muon_vs_adamw\":%.4f,"
+                      "\"matrix_bytes_per_rank\":%.0f,\"reduce_scatter_bytes_per_rank\":%.0f}",
+                      world, melements, mcount, opt.reps, t.min_a() * 1e3, t.min_b() * 1e3, t.paired_ratio(), moved,
+                      scatter);
+        json.push_back(line);
+    }
+
+    // Newton-Schulz and the product, 2 threads, against torch's in the same run.
+    std::string python = opt.torch_python;
+    if (python.empty() && std::getenv("SX_BENCH_TORCH_PYTHON")) python = std::getenv("SX_BENCH_TORCH_PYTHON");
+    const int threads = 2;
+    sx::optim::ThreadPool pool(threads);
+    const sx::optim::Hyper h = sx::optim::default_hyper(sx::optim::Kind::kMuon);
+    std::printf("\nNewton-Schulz (5 iterations, bf16 arithmetic) and an n x n x n fp32 product, %d threads, fastest of "
+                "%d; torch: %s\n",
+                threads, opt.reps, python.empty() ? "not run (no --torch-python or SX_BENCH_TORCH_PYTHON)" : python.c_str());
+    std::printf("%6s %10s %10s %9s %11s %13s %12s %9s\n", "n", "ns_ms", "torch_ns", "vs_torch", "matmul_ms",
+                "matmul_GF/s", "torch_mm_ms", "vs_torch");
+    for (int64_t n : {256, 512, 1024}) {
+        std::vector<float> a(static_cast<size_t>(n * n)), b(a.size()), c(a.size());
+        for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.0f - 1.0f, b[i] = a[i] * 0.5f;
+        const double ns = fastest_ms(opt.reps, [&] { sx::optim::newton_schulz(a.data(), n, n, h, &pool, c.data()); });
+        const double mm = fastest_ms(opt.reps, [&] { sx::optim::matmul_ordered(a.data(), b.data(), c.data(), n, n, n, &pool); });
+        const std::vector<double> tt = torch_times(python, n, opt.reps, threads);
+        const double gf = 2.0 * static_cast<double>(n) * n * n / (mm * 1e-3) / 1e9;
+        std::printf("%6lld %10.3f %10.3f %9.3f %11.3f %13.1f %12.3f %9.3f\n", static_cast<long long>(n), ns,
+                    tt.empty() ? 0.0 : tt[0], tt.empty() ? 0.0 : tt[0] / ns, mm, gf, tt.empty() ? 0.0 : tt[1],
+                    tt.empty() ? 0.0 : tt[1] / mm);
+        char line[512];
+        std::snprintf(line, sizeof line,
+                      "{\"bench\":\"param_sums\",\"kernel\":\"newton_schulz\",\"n\":%lld,\"threads\":%d,"
+                      "\"ns_ms\":%.4f,\"torch_ns_ms\":%.4f,\"matmul_ms\":%.4f,\"matmul_gflops\":%.2f,"
+                      "\"torch_matmul_ms\":%.4f}",
+                      static_cast<long long>(n), threads, ns, tt.empty() ? -1.0 : tt[0], mm, gf,
+                      tt.empty() ? -1.0 : tt[1]);
+        json.push_back(line);
+    }
     for (const std::string &l : json) std::printf("%s\n", l.c_str());
     return 0;
 }

@@ -256,6 +256,9 @@ const (
 	RAdam   Optimizer = 8
 	Lion    Optimizer = 9  // Lion (Chen et al. 2023), as the lion-pytorch package's
 	Lamb    Optimizer = 10 // LAMB (You et al. 2020), as the pytorch-optimizer package's Lamb; CPU groups only
+	// Muon, as torch.optim.Muon: 2-D params only (give others a group of another
+	// optimizer, AdamW as usual); CPU groups only.
+	Muon Optimizer = 11
 	// The first id RegisterOptimizer returns: a custom optimizer is an Optimizer too.
 	OptimCustomFirst Optimizer = 1000
 )
@@ -280,7 +283,22 @@ type ParamGroup struct {
 	// NAdam, RAdam, LAMB: AdamW-style (decoupled) weight decay (LAMB's default: on,
 	// pytorch-optimizer's weight_decouple).
 	DecoupledWeightDecay bool
+	// Muon: the Newton-Schulz coefficients (torch's ns_coefficients), the number of
+	// Newton-Schulz iterations (1 to 99), and the lr each param is updated with (torch's
+	// adjust_lr_fn).
+	NSA, NSB, NSC float64
+	NSSteps       int32
+	AdjustLR      MuonAdjustLR
 }
+
+// MuonAdjustLR is Muon's adjust_lr_fn: the lr a param of shape [A, B] is updated with.
+type MuonAdjustLR int32
+
+const (
+	MuonAdjustLROriginal          MuonAdjustLR = 0 // lr * sqrt(max(1, A / B)) (torch's None or "original"; the default)
+	MuonAdjustLRMatchRMSAdamW     MuonAdjustLR = 1 // lr * 0.2 * sqrt(max(A, B)) ("match_rms_adamw")
+	MuonAdjustLRSpectralUnclamped MuonAdjustLR = 2 // lr * sqrt(A / B) ("spectral_unclamped")
+)
 
 // NewParamGroup returns the optimizer's defaults (torch.optim's; lion-pytorch's for Lion;
 // pytorch-optimizer's for LAMB; a custom optimizer's registered ones). A custom
@@ -294,7 +312,8 @@ func NewParamGroup(opt Optimizer) ParamGroup {
 		Dampening: float64(d.dampening), Nesterov: d.nesterov != 0, Maximize: d.maximize != 0, Amsgrad: d.amsgrad != 0,
 		LRDecay: float64(d.lr_decay), InitialAccumulatorValue: float64(d.initial_accumulator_value),
 		Alpha: float64(d.alpha), Centered: d.centered != 0, MomentumDecay: float64(d.momentum_decay),
-		DecoupledWeightDecay: d.decoupled_weight_decay != 0}
+		DecoupledWeightDecay: d.decoupled_weight_decay != 0, NSA: float64(d.ns_a), NSB: float64(d.ns_b),
+		NSC: float64(d.ns_c), NSSteps: int32(d.ns_steps), AdjustLR: MuonAdjustLR(d.adjust_lr)}
 }
 
 func cbool(b bool) C.int32_t {
@@ -318,6 +337,8 @@ func (g *ShardGroup) AddParamGroup(p ParamGroup) (int32, error) {
 	d.lr_decay, d.initial_accumulator_value = C.double(p.LRDecay), C.double(p.InitialAccumulatorValue)
 	d.alpha, d.centered = C.double(p.Alpha), cbool(p.Centered)
 	d.momentum_decay, d.decoupled_weight_decay = C.double(p.MomentumDecay), cbool(p.DecoupledWeightDecay)
+	d.ns_a, d.ns_b, d.ns_c = C.double(p.NSA), C.double(p.NSB), C.double(p.NSC)
+	d.ns_steps, d.adjust_lr = C.int32_t(p.NSSteps), C.int32_t(p.AdjustLR)
 	var index C.int32_t = -1
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_add_param_group(raw, &d, &index) })
 	return int32(index), err
@@ -347,6 +368,12 @@ const (
 	HPMomentumDecay Hyperparameter = 15
 	// NAdam, RAdam, LAMB: 0 or 1 (AdamW-style weight decay; LAMB's default 1).
 	HPDecoupledWeightDecay Hyperparameter = 16
+	// Muon: the Newton-Schulz coefficients, iterations (1 to 99), and a MuonAdjustLR.
+	HPNSA      Hyperparameter = 17
+	HPNSB      Hyperparameter = 18
+	HPNSC      Hyperparameter = 19
+	HPNSSteps  Hyperparameter = 20
+	HPAdjustLR Hyperparameter = 21
 	// A custom optimizer's own hyperparameter i (counting only its own, in registration
 	// order) is HPCustom + Hyperparameter(i); see CustomHyperparameter.
 	HPCustom Hyperparameter = 1000

@@ -88,6 +88,11 @@ func cLayouts() []structLayout {
 			f("initial_accumulator_value", unsafe.Offsetof(pg.initial_accumulator_value), unsafe.Sizeof(pg.initial_accumulator_value)),
 			f("alpha", unsafe.Offsetof(pg.alpha), unsafe.Sizeof(pg.alpha)),
 			f("momentum_decay", unsafe.Offsetof(pg.momentum_decay), unsafe.Sizeof(pg.momentum_decay)),
+			f("ns_a", unsafe.Offsetof(pg.ns_a), unsafe.Sizeof(pg.ns_a)),
+			f("ns_b", unsafe.Offsetof(pg.ns_b), unsafe.Sizeof(pg.ns_b)),
+			f("ns_c", unsafe.Offsetof(pg.ns_c), unsafe.Sizeof(pg.ns_c)),
+			f("ns_steps", unsafe.Offsetof(pg.ns_steps), unsafe.Sizeof(pg.ns_steps)),
+			f("adjust_lr", unsafe.Offsetof(pg.adjust_lr), unsafe.Sizeof(pg.adjust_lr)),
 		}},
 		{"sx_param_desc_t", unsafe.Sizeof(pd), unsafe.Alignof(pd), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pd.struct_size), unsafe.Sizeof(pd.struct_size)),

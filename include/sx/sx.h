@@ -148,6 +148,11 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
  * direction scaled per param by a trust ratio from the norms of the whole param and of
  * its update, which sx sums over every rank's piece. CPU groups only (1.5). */
 #define SX_OPTIM_LAMB 10
+/* Muon, as torch.optim.Muon: momentum, then each 2-D param's whole matrix orthogonalised
+ * by Newton-Schulz iterations (in bf16 arithmetic, as torch's) on one rank, which returns
+ * each rank its piece of the update. 2-D params only (sx_finalize refuses others: give
+ * them a param group of another optimizer, AdamW as usual). CPU groups only (1.5). */
+#define SX_OPTIM_MUON 11
 
 /* Hyperparameter keys for sx_set_hyperparameter / sx_get_hyperparameter. */
 #define SX_HP_LR 1
@@ -166,6 +171,16 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
 #define SX_HP_CENTERED 14 /* RMSprop: 0 or 1; may only change before the first step */
 #define SX_HP_MOMENTUM_DECAY 15            /* NAdam */
 #define SX_HP_DECOUPLED_WEIGHT_DECAY 16    /* NAdam, RAdam: 0 or 1 (AdamW-style decay) */
+#define SX_HP_NS_A 17     /* Muon: Newton-Schulz coefficients (a, b, c), torch's ns_coefficients */
+#define SX_HP_NS_B 18
+#define SX_HP_NS_C 19
+#define SX_HP_NS_STEPS 20 /* Muon: Newton-Schulz iterations, 1 to 99 */
+#define SX_HP_ADJUST_LR 21 /* Muon: SX_MUON_ADJUST_LR_* */
+
+/* Muon's adjust_lr_fn: the lr a param of shape [A, B] is updated with. */
+#define SX_MUON_ADJUST_LR_ORIGINAL 0             /* lr * sqrt(max(1, A / B)) (torch's None or "original") */
+#define SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW 1      /* lr * 0.2 * sqrt(max(A, B)) */
+#define SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED 2   /* lr * sqrt(A / B) */
 
 /* The most ranks a group may have (sx_group_config_t.world_size, and the launchers'
  * WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS); more is SX_ERR_INVALID_ARGUMENT at once.
@@ -372,13 +387,20 @@ typedef struct sx_param_group_desc {
     double initial_accumulator_value; /* Adagrad */
     double alpha;                   /* RMSprop */
     double momentum_decay;          /* NAdam */
+    /* Appended in 1.5: Muon's (defaults 3.4445, -4.7750, 2.0315; 5; ORIGINAL). */
+    double ns_a, ns_b, ns_c;        /* Muon: Newton-Schulz coefficients */
+    int32_t ns_steps;               /* Muon: Newton-Schulz iterations, 1 to 99 */
+    int32_t adjust_lr;              /* Muon: SX_MUON_ADJUST_LR_* */
 } sx_param_group_desc_t;
 
 /* Fills *desc with the defaults of `optimizer` (SX_OPTIM_*; 0 = AdamW), torch.optim's
  * (lion-pytorch's for Lion): SGD lr 1e-3; Adam, RAdam lr 1e-3, betas (0.9, 0.999),
  * eps 1e-8; AdamW the same with weight_decay 1e-2; Adagrad lr 1e-2, eps 1e-10; RMSprop
  * lr 1e-2, alpha 0.99, eps 1e-8; Adamax lr 2e-3, betas (0.9, 0.999), eps 1e-8; NAdam
- * the same with momentum_decay 4e-3; Lion lr 1e-4, betas (0.9, 0.99); every other value
+ * the same with momentum_decay 4e-3; Lion lr 1e-4, betas (0.9, 0.99); LAMB lr 1e-3,
+ * betas (0.9, 0.999), eps 1e-6, decoupled_weight_decay 1 (pytorch-optimizer's Lamb);
+ * Muon lr 1e-3, weight_decay 0.1, momentum 0.95, nesterov 1, eps 1e-7; ns_a, ns_b, ns_c
+ * 3.4445, -4.7750, 2.0315 and ns_steps 5 for every optimizer (Muon's); every other value
  * 0. Because zero is a meaningful value for several hyperparameters, the defaults come
  * from this function (and, for an older caller's shorter struct, from the optimizer's
  * defaults), not from zero. Which hyperparameters apply to which optimizer, and the

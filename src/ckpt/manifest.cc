@@ -65,7 +65,7 @@ uint64_t encoded_size_bound(const Manifest &m) {
     auto vector = [](uint64_t n, uint64_t elem) { return 16 + n * elem; };  // length, padding, offset
     auto string = [](uint64_t n) { return 16 + n; };                        // ... and the NUL
     uint64_t bound = 64 + table(14) + table(2) + table(5);                 // root, Manifest, Version, LossScaler
-    bound += vector(m.param_groups.size(), 4) + m.param_groups.size() * table(22);
+    bound += vector(m.param_groups.size(), 4) + m.param_groups.size() * table(27);
     for (const ParamGroupEntry &g : m.param_groups) {
         bound += string(g.optimizer_name.size()) + vector(g.slot_names.size(), 4) + vector(g.custom_names.size(), 4) +
                  vector(g.custom_values.size(), 8);

@@ -16,16 +16,26 @@ namespace core {
 namespace {
 
 // A unit's params update in one pass per kind of optimizer: a custom optimizer's
-// (double-buffered: undone everywhere if any rank fails) and one of per-param sums
-// (updated in two passes around an exchange) cannot share a unit.
+// (double-buffered: undone everywhere if any rank fails) and one that looks at whole
+// params (updated in two passes around an exchange) cannot share a unit. Muon takes 2-D
+// params only, as torch.optim.Muon.
 Status check_unit_optimizers(const std::deque<ParamSpec> &params, const std::vector<ParamGroup> &groups) {
     for (size_t i = 0; i < params.size(); ++i) {
-        if (!optim::is_custom(groups[params[i].group].hyper.kind)) continue;
+        const optim::Kind kind = groups[params[i].group].hyper.kind;
+        if (kind == optim::Kind::kMuon) {
+            std::string dims;
+            for (int64_t d : params[i].shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+            SX_CHECK_ARG(params[i].shape.size() == 2,
+                         "param '%s' has %zu dimensions ([%s]); Muon orthogonalises 2-D params only (as "
+                         "torch.optim.Muon): give it a param group of another optimizer (AdamW, as is usual)",
+                         params[i].name.c_str(), params[i].shape.size(), dims.c_str());
+        }
+        if (!optim::is_custom(kind)) continue;
         for (size_t j = 0; j < params.size(); ++j)
             SX_CHECK_ARG(params[j].unit != params[i].unit ||
-                             !optim::needs_param_reduction(groups[params[j].group].hyper.kind),
+                             optim::spec_of(groups[params[j].group].hyper.kind).needs == optim::Needs::kElementwise,
                          "unit %d holds param '%s' of the custom optimizer '%s' and param '%s' of %s, whose update "
-                         "needs sums over the whole param; put them in different units",
+                         "looks at the whole param; put them in different units",
                          params[i].unit, params[i].name.c_str(), optim::optimizer_name(groups[params[i].group].hyper.kind).c_str(),
                          params[j].name.c_str(), optim::optimizer_name(groups[params[j].group].hyper.kind).c_str());
     }

@@ -204,6 +204,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status update_shard(float grad_scale, int32_t head, double *sumsq);
     Status update_double_buffered(float grad_scale, double *sumsq);
     Status update_param_reductions(float grad_scale, double *sumsq);
+    Status update_whole_params(float grad_scale, double *sumsq);
     Status update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, double *sumsq);
     float norm_scale() const;
     Status global_norm(double *sumsq);

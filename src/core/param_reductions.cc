@@ -18,21 +18,12 @@ Status ShardGroup::update_param_reductions(float grad_scale, double *sumsq) {
     if (sumsq) *sumsq = 0.0;
     // The params the exchange covers, in index order: the same list on every rank, each
     // with two sums (the param's squares, its direction's squares).
-    std::vector<int32_t> covered;
-    for (size_t u = 0; u < units_.size(); ++u)
-        if (units_[u].trainable && units_.has_param_reduction(u))
-            for (int32_t p : layout_.units()[u].params)
-                if (table_.applied()[p] && optim::needs_param_reduction(table_.groups()[table_.params()[p].group].hyper.kind))
-                    covered.push_back(p);
+    const std::vector<int32_t> covered = units_.params_needing(optim::Needs::kParamReduction);
     if (covered.empty()) return Status::Ok();
-    std::sort(covered.begin(), covered.end());
     SX_CHECK(ops_->device() == SX_DEVICE_CPU, SX_ERR_INTERNAL, "an optimizer of per-param sums on a CUDA group");
     trace::Span span(tracer(), "step", "update_param_reductions");
 
-    std::vector<optim::Segment> segs = units_.segments(round_->reduced());
-    segs.erase(std::remove_if(segs.begin(), segs.end(),
-                              [](const optim::Segment &s) { return !optim::needs_param_reduction(s.hyper->kind); }),
-               segs.end());
+    const std::vector<optim::Segment> segs = units_.segments_needing(round_->reduced(), optim::Needs::kParamReduction);
     std::vector<optim::LambSums> sums(segs.size());
     optim::lamb_first_pass(segs.data(), segs.size(), grad_scale, pool_.get(), sums.data(), sumsq);
 

@@ -25,10 +25,12 @@ uint64_t segment_elements(const std::vector<optim::Segment> &segs) {
     return n;
 }
 
-// segs without the segments of optimizers that need per-param sums (updated before).
+// segs without the segments of optimizers that look at whole params (updated before).
 std::vector<optim::Segment> elementwise_only(std::vector<optim::Segment> segs) {
     segs.erase(std::remove_if(segs.begin(), segs.end(),
-                              [](const optim::Segment &s) { return optim::needs_param_reduction(s.hyper->kind); }),
+                              [](const optim::Segment &s) {
+                                  return optim::spec_of(s.hyper->kind).needs != optim::Needs::kElementwise;
+                              }),
                segs.end());
     return segs;
 }
@@ -266,10 +268,12 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
     SX_TRY(units_.ensure_masters());
     // The units of custom optimizers first: if an update fails anywhere, nothing else
     // has been touched yet.
-    double kept_sumsq = 0.0, reduced_sumsq = 0.0;
+    double kept_sumsq = 0.0, reduced_sumsq = 0.0, whole_sumsq = 0.0;
     if (units_.any_double_buffered()) SX_TRY(update_double_buffered(grad_scale, sumsq ? &kept_sumsq : nullptr));
-    // Then the params whose update needs sums over the ranks (the head unit's too).
+    // Then the params whose update needs sums over the ranks, or their whole matrix on one
+    // rank (the head unit's too).
     SX_TRY(update_param_reductions(grad_scale, sumsq ? &reduced_sumsq : nullptr));
+    SX_TRY(update_whole_params(grad_scale, sumsq ? &whole_sumsq : nullptr));
     if (head >= 0) {
         std::vector<optim::Segment> first;
         units_.append_segments(static_cast<size_t>(head), round_->reduced(static_cast<size_t>(head)), &first);
@@ -283,7 +287,7 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
     SX_TRY(update_in_place(segs, grad_scale, sumsq ? &rest : nullptr));
     if (span.on()) updated += segment_elements(segs);
     span.set_bytes(updated * sizeof(float));
-    if (sumsq) *sumsq = kept_sumsq + reduced_sumsq + head_sumsq + rest;
+    if (sumsq) *sumsq = kept_sumsq + reduced_sumsq + whole_sumsq + head_sumsq + rest;
     return Status::Ok();
 }
 

@@ -270,7 +270,8 @@ void Units::mark_zeroed_by_update(bool zero, const std::vector<float *> &reduced
         const uint64_t own = table_.layout->units()[u].shard_numel;
         const float *shard = reduced[u];
         const bool in_place = shard >= base && shard + own <= base + unit.grads.size() / sizeof(float);
-        // Custom optimizers and those of per-param sums do not zero the gradients they read.
+        // Custom optimizers and those that look at whole params do not zero the gradients
+        // they read.
         if (!in_place || has_custom(u) || has_param_reduction(u)) continue;
         bool all = true;
         for (int32_t p : table_.layout->units()[u].params) all = all && (*table_.applied)[p] != 0;
@@ -347,9 +348,30 @@ bool Units::has_custom(size_t u) const {
 
 bool Units::has_param_reduction(size_t u) const {
     for (int32_t p : table_.layout->units()[u].params)
-        if ((*table_.applied)[p] && optim::needs_param_reduction((*table_.groups)[(*table_.params)[p].group].hyper.kind))
+        if ((*table_.applied)[p] &&
+            optim::spec_of((*table_.groups)[(*table_.params)[p].group].hyper.kind).needs != optim::Needs::kElementwise)
             return true;
     return false;
+}
+
+std::vector<int32_t> Units::params_needing(optim::Needs needs) const {
+    std::vector<int32_t> out;
+    for (size_t u = 0; u < units_.size(); ++u)
+        if (units_[u].trainable)
+            for (int32_t p : table_.layout->units()[u].params)
+                if ((*table_.applied)[p] &&
+                    optim::spec_of((*table_.groups)[(*table_.params)[p].group].hyper.kind).needs == needs)
+                    out.push_back(p);
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+std::vector<optim::Segment> Units::segments_needing(const std::vector<float *> &reduced, optim::Needs needs) const {
+    std::vector<optim::Segment> segs = segments(reduced);
+    segs.erase(std::remove_if(segs.begin(), segs.end(),
+                              [needs](const optim::Segment &s) { return optim::spec_of(s.hyper->kind).needs != needs; }),
+               segs.end());
+    return segs;
 }
 
 bool Units::any_double_buffered() const {

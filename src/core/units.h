@@ -123,9 +123,15 @@ class Units {
     bool any_double_buffered() const;
     // Whether unit u updates a param of a custom optimizer (double-buffered or in place).
     bool has_custom(size_t u) const;
-    // Whether unit u updates a param whose optimizer needs per-param sums over the ranks
-    // (optim::needs_param_reduction): the step updates those params in a pass of their own.
+    // Whether unit u updates a param whose optimizer looks at the whole param (per-param
+    // sums over the ranks, or the whole matrix on one rank): the step updates those params
+    // in passes of their own.
     bool has_param_reduction(size_t u) const;
+    // The params the step updates whose optimizer needs `needs`, in index order (the same
+    // list on every rank: the mask and the param groups agree), and this rank's segments
+    // of them (their reduced gradients at `reduced`).
+    std::vector<int32_t> params_needing(optim::Needs needs) const;
+    std::vector<optim::Segment> segments_needing(const std::vector<float *> &reduced, optim::Needs needs) const;
     // The second slot buffers and the params' undo space of every double-buffered unit,
     // allocated where missing (nothing changes if an allocation fails).
     Status ensure_double_buffers();

@@ -26,6 +26,7 @@ enum class Kind : int32_t {
     kRadam = SX_OPTIM_RADAM,
     kLion = SX_OPTIM_LION,
     kLamb = SX_OPTIM_LAMB,
+    kMuon = SX_OPTIM_MUON,
 };
 
 // The range a hyperparameter's value must lie in (besides being finite).
@@ -60,10 +61,15 @@ enum class Rule : int32_t {
     X(alpha, double, 0.99, SX_HP_ALPHA, kNonNegative)                               \
     X(centered, bool, false, SX_HP_CENTERED, kFlag)                                 \
     X(momentum_decay, double, 4e-3, SX_HP_MOMENTUM_DECAY, kNonNegative)             \
-    X(decoupled_weight_decay, bool, false, SX_HP_DECOUPLED_WEIGHT_DECAY, kFlag)
+    X(decoupled_weight_decay, bool, false, SX_HP_DECOUPLED_WEIGHT_DECAY, kFlag)      \
+    X(ns_a, double, 3.4445, SX_HP_NS_A, kAny)                                       \
+    X(ns_b, double, -4.7750, SX_HP_NS_B, kAny)                                      \
+    X(ns_c, double, 2.0315, SX_HP_NS_C, kAny)                                       \
+    X(ns_steps, double, 5.0, SX_HP_NS_STEPS, kNonNegative)                          \
+    X(adjust_lr, double, 0.0, SX_HP_ADJUST_LR, kNonNegative)
 
 // The largest SX_HP_* key.
-constexpr int32_t kMaxHyperKey = SX_HP_DECOUPLED_WEIGHT_DECAY;
+constexpr int32_t kMaxHyperKey = SX_HP_ADJUST_LR;
 
 // The most steps a param (or a group) may count: 2^53, the last count a double holds
 // exactly (the bias corrections raise betas to the step in double); a step a
@@ -143,6 +149,9 @@ const OptimizerSpec &spec_of(Kind kind);
 // Whether a param of `kind` is updated with per-param sums over every rank's piece
 // (Needs::kParamReduction: lamb.h), not segment by segment alone.
 inline bool needs_param_reduction(Kind kind) { return spec_of(kind).needs == Needs::kParamReduction; }
+// Whether a param of `kind` is updated from its whole matrix on one rank (kWholeParam:
+// muon.h).
+inline bool needs_whole_param(Kind kind) { return spec_of(kind).needs == Needs::kWholeParam; }
 // Every row, in SX_OPTIM_* order; *count receives how many.
 const OptimizerSpec *all_optimizers(size_t *count);
 

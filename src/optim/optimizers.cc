@@ -28,6 +28,17 @@ Status check_sgd(const Hyper &h) {
     return Status::Ok();
 }
 
+Status check_muon(const Hyper &h) {
+    SX_CHECK_ARG(h.ns_steps >= 1 && h.ns_steps <= 99 && h.ns_steps == std::floor(h.ns_steps),
+                 "ns_steps = %g; Muon takes a whole number of Newton-Schulz iterations from 1 to 99", h.ns_steps);
+    SX_CHECK_ARG(h.adjust_lr == SX_MUON_ADJUST_LR_ORIGINAL || h.adjust_lr == SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW ||
+                     h.adjust_lr == SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED,
+                 "adjust_lr = %g; it is SX_MUON_ADJUST_LR_ORIGINAL (0), _MATCH_RMS_ADAMW (1) or "
+                 "_SPECTRAL_UNCLAMPED (2)",
+                 h.adjust_lr);
+    return Status::Ok();
+}
+
 // torch.optim's classes and lion-pytorch's Lion, with their constructors' defaults.
 const OptimizerSpec kOptimizers[] = {
     {Kind::kSgd, "SGD", "torch.optim.SGD", Needs::kElementwise,
@@ -66,6 +77,13 @@ const OptimizerSpec kOptimizers[] = {
      kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_DECOUPLED_WEIGHT_DECAY), 0,
      {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}}, nullptr,
      {{SX_HP_EPS, 1e-6}, {SX_HP_DECOUPLED_WEIGHT_DECAY, 1}, {0, 0}}, nullptr, nullptr},
+    // torch.optim.Muon (optim/muon.h): 2-D params, each orthogonalised whole on one rank.
+    {Kind::kMuon, "Muon", "torch.optim.Muon", Needs::kWholeParam,
+     bit(SX_HP_LR) | bit(SX_HP_WEIGHT_DECAY) | bit(SX_HP_MOMENTUM) | bit(SX_HP_NESTEROV) | bit(SX_HP_EPS) |
+         bit(SX_HP_NS_A) | bit(SX_HP_NS_B) | bit(SX_HP_NS_C) | bit(SX_HP_NS_STEPS) | bit(SX_HP_ADJUST_LR),
+     0, {{"momentum_buffer", nullptr}}, nullptr,
+     {{SX_HP_WEIGHT_DECAY, 0.1}, {SX_HP_MOMENTUM, 0.95}, {SX_HP_NESTEROV, 1}, {SX_HP_EPS, 1e-7}, {0, 0}}, check_muon,
+     nullptr},
 };
 constexpr size_t kNumOptimizers = sizeof kOptimizers / sizeof kOptimizers[0];
 

@@ -290,7 +290,8 @@ void reference_update(const Segment &seg, float grad_scale) {
     case Kind::kNadam: return reference_nadam(seg, grad_scale);
     case Kind::kRadam: return reference_radam(seg, grad_scale);
     case Kind::kLion: return reference_lion(seg, grad_scale);
-    case Kind::kLamb: return;  // not elementwise: lamb.h
+    case Kind::kLamb:
+    case Kind::kMuon: return;  // not elementwise: lamb.h, muon.h
     }
 }
 

@@ -243,8 +243,13 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
             b.add_momentum_decay(g.momentum_decay);
             b.add_decoupled_weight_decay(g.decoupled_weight_decay);
             b.add_steps(static_cast<uint64_t>(g.steps));
+            b.add_ns_a(g.ns_a);
+            b.add_ns_b(g.ns_b);
+            b.add_ns_c(g.ns_c);
+            b.add_ns_steps(g.ns_steps);
+            b.add_adjust_lr(g.adjust_lr);
         }
-        extras(major >= 3 ? fb::ParamGroup::VT_STEPS : fb::ParamGroup::VT_AMSGRAD);
+        extras(major >= 3 ? fb::ParamGroup::VT_ADJUST_LR : fb::ParamGroup::VT_AMSGRAD);
         groups.push_back(b.Finish());
     }
     std::vector<Offset<fb::Param>> params;

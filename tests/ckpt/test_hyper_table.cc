@@ -37,8 +37,10 @@ struct Field {
 double distinct_value(const char *name, bool flag) {
     if (flag) return 1.0;
     const char *names[] = {"lr",       "weight_decay", "beta1",     "beta2", "eps", "momentum", "dampening",
-                           "lr_decay", "initial_accumulator_value", "alpha", "momentum_decay"};
-    const double values[] = {0.0123, 0.0456, 0.789, 0.9876, 3.5e-7, 0.65, 0.25, 0.0625, 0.3125, 0.875, 0.0055};
+                           "lr_decay", "initial_accumulator_value", "alpha", "momentum_decay", "ns_a", "ns_b",
+                           "ns_c", "ns_steps", "adjust_lr"};
+    const double values[] = {0.0123, 0.0456, 0.789, 0.9876, 3.5e-7, 0.65, 0.25, 0.0625, 0.3125, 0.875, 0.0055,
+                             3.25,   -4.5,   2.125, 3.0,    1.0};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
         if (std::strcmp(names[i], name) == 0) return values[i];
     return 0.375;  // a new double hyperparameter: give it its own value above
@@ -98,7 +100,7 @@ void test_descriptor(void **) {
         // sx_param_group_desc_init states torch's default of every hyperparameter.
         {
             sx_param_group_desc_t d = desc_with(f, false);
-            sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "default"), {{"w", {4}}}, &d);
+            sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "default"), {{"w", {2, 2}}}, &d);
             // The optimizer's row may set its own default (AdamW's weight decay is 1e-2).
             double expected = NAN;
             assert_int_equal(sx::core::get_hyperparameter(
@@ -111,7 +113,7 @@ void test_descriptor(void **) {
             sx_destroy_shard_group(g);
         }
         sx_param_group_desc_t d = desc_with(f, true);
-        sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "desc"), {{"w", {4}}}, &d);
+        sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "desc"), {{"w", {2, 2}}}, &d);
         if (get(g, f) != f.value) fail_with(f, "the descriptor's reading (sx_add_param_group)");
         sx_destroy_shard_group(g);
     }
@@ -123,7 +125,7 @@ void test_keys(void **) {
         assert_non_null(sx::core::hyperparameter_name(f.key));
         assert_string_equal(sx::core::hyperparameter_name(f.key), f.name);
         sx_param_group_desc_t d = desc_with(f, false);
-        sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "key"), {{"w", {4}}}, &d);
+        sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "key"), {{"w", {2, 2}}}, &d);
         assert_int_equal(sx_set_hyperparameter(g, 0, f.key, f.value), SX_OK);
         if (get(g, f) != f.value) fail_with(f, "sx_set_hyperparameter / sx_get_hyperparameter");
         sx_destroy_shard_group(g);
@@ -148,9 +150,9 @@ void test_agreement(void **) {
             sx_param_group_desc_t d = desc_with(f, rank == 1);
             sx_param_desc_t p;
             sx_param_desc_init(&p, sizeof p);
-            const int64_t shape[1] = {8};
+            const int64_t shape[2] = {2, 4};  // 2-D: every optimizer takes it (Muon only such)
             p.name = "w";
-            p.ndim = 1;
+            p.ndim = 2;
             p.shape = shape;
             std::string out;
             if (sx_add_param_group(g, &d, nullptr) != SX_OK || sx_add_param(g, &p, nullptr) != SX_OK ||
@@ -174,11 +176,11 @@ void test_save_and_load(void **) {
     for (const Field &f : table()) {
         const std::string path = dir + "/" + f.name;
         sx_param_group_desc_t d = desc_with(f, true);
-        sx_shard_group_t *saved = sxtest::one_rank_group(tag_of(f, "save"), {{"w", {4}}}, &d);
+        sx_shard_group_t *saved = sxtest::one_rank_group(tag_of(f, "save"), {{"w", {2, 2}}}, &d);
         sxtest::save_sync(saved, path);
         sx_destroy_shard_group(saved);
         sx_param_group_desc_t plain = desc_with(f, false);
-        sx_shard_group_t *loaded = sxtest::one_rank_group(tag_of(f, "load"), {{"w", {4}}}, &plain);
+        sx_shard_group_t *loaded = sxtest::one_rank_group(tag_of(f, "load"), {{"w", {2, 2}}}, &plain);
         assert_true(get(loaded, f) != f.value);
         sx_load_options_t lo;
         sx_load_optim_state_options_init(&lo, sizeof lo);

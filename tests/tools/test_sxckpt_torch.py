@@ -331,6 +331,71 @@ class TorchRoundTrip(unittest.TestCase):
                     torch.testing.assert_close(after[name], p.detach(), rtol=1e-6, atol=1e-7,
                                                msg=f"{cls.__name__}: {name} after one more step in sx")
 
+    def test_muon_both_ways(self):
+        """Muon over the module's matrices, AdamW over the rest, as trainers pair them: sx's
+        save exported loads into torch.optim.Muon and AdamW, whose next step gives sx's
+        within bf16's rounding of Newton-Schulz; torch's state imported steps on in sx."""
+        matrices = [n for n, s in SHAPES.items() if len(s) == 2]
+        rest = [n for n in SHAPES if n not in matrices]
+        muon = dict(lr=0.02, weight_decay=0.05, momentum=0.9, ns_steps=4, adjust_lr_fn="match_rms_adamw")
+        groups = [("muon", muon, matrices), ("adamw", ADAMW, rest)]
+
+        def torch_pair(net):
+            named = dict(net.named_parameters())
+            return (torch.optim.Muon([named[n] for n in matrices], **muon),
+                    torch.optim.AdamW([named[n] for n in rest], **ADAMW))
+
+        def close(got, want, what):
+            for name in SHAPES:  # bf16's unit roundoff of the step's change, at most
+                moved = (want[name] - got[name]).abs().max().item()
+                self.assertLessEqual(moved, 2.0 ** -8 * 0.02 * 2 + 1e-6, f"{what}: {name}")
+
+        ck = self.path("muon-ck")
+
+        def train_and_save(rank, g):
+            for name, p in make_net(1).named_parameters():
+                g.param_view(name)[...] = p.detach().numpy()
+            for s in range(1, STEPS + 1):
+                set_sx_grads(g, s)
+                g.step()
+            g.save(ck, synchronous=True).wait()
+            set_sx_grads(g, STEPS + 1)
+            g.step()
+            return sx_values(g)
+
+        after = run_ranks(2, train_and_save, groups=groups)
+        weights, prefix = self.path("muon.safetensors"), self.path("muon-optim")
+        sxckpt("export", "--safetensors", weights, "--optimizer", prefix, ck)
+        net = make_net(2)
+        net.load_state_dict(sxckpt_torch.load_weights(weights), strict=True)
+        doc, tensors = sxckpt_torch.read_optimizer(prefix)
+        m = torch.optim.Muon(sxckpt_torch.param_groups(doc, net, "Muon"))
+        a = torch.optim.AdamW(sxckpt_torch.param_groups(doc, net, "AdamW"))
+        m.load_state_dict(sxckpt_torch.optimizer_state_dict(doc, tensors, "Muon"))
+        a.load_state_dict(sxckpt_torch.optimizer_state_dict(doc, tensors, "AdamW"))
+        self.assertEqual(m.param_groups[0]["ns_steps"], 4)
+        self.assertEqual(m.param_groups[0]["adjust_lr_fn"], "match_rms_adamw")
+        torch_step(net, (m, a), STEPS + 1)
+        close({n: p.detach() for n, p in net.named_parameters()}, after, "sx's state in torch")
+
+        net = make_net(3)
+        m, a = torch_pair(net)
+        for s in range(1, STEPS + 1):
+            torch_step(net, (m, a), s)
+        weights, prefix, ck = self.path("muon-t.safetensors"), self.path("muon-t-optim"), self.path("muon-t-ck")
+        sxckpt_torch.write(net, [m, a], weights, prefix, step=STEPS)
+        sxckpt("import", "--safetensors", weights, "--optimizer", prefix, "--world-size", "3", ck)
+
+        def load_and_step(rank, g):
+            g.load(ck)
+            set_sx_grads(g, STEPS + 1)
+            g.step()
+            return sx_values(g)
+
+        after = run_ranks(2, load_and_step, groups=groups)
+        torch_step(net, (m, a), STEPS + 1)
+        close(after, {n: p.detach() for n, p in net.named_parameters()}, "torch's state in sx")
+
     def test_writer_refuses_what_sx_cannot_hold(self):
         net = make_net(4)
         named = dict(net.named_parameters())

@@ -47,6 +47,7 @@ _STATE_KEYS = {  # torch's per-param state tensors, as the tensors' name suffixe
     "RAdam": ("exp_avg", "exp_avg_sq"),
     "Lion": ("exp_avg",),
     "Lamb": ("exp_avg", "exp_avg_sq"),
+    "Muon": ("momentum_buffer",),
 }
 _HYPER_KEYS = {  # the param group keys PREFIX.json holds (torch's names)
     "AdamW": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
@@ -59,7 +60,11 @@ _HYPER_KEYS = {  # the param group keys PREFIX.json holds (torch's names)
     "RAdam": ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"),
     "Lion": ("lr", "betas", "weight_decay", "maximize"),
     "Lamb": ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"),
+    "Muon": ("lr", "weight_decay", "momentum", "nesterov", "eps", "ns_a", "ns_b", "ns_c", "ns_steps", "adjust_lr"),
 }
+# Muon's keys in torch: ns_coefficients = (ns_a, ns_b, ns_c), ns_steps an int, adjust_lr_fn
+# a name (None for sx's ORIGINAL).
+_ADJUST_LR_FN = {0: None, 1: "match_rms_adamw", 2: "spectral_unclamped"}
 # Keys a class names otherwise in its param groups (pytorch-optimizer's Lamb).
 _TORCH_NAMES = {"Lamb": {"decoupled_weight_decay": "weight_decouple"}}
 # Keys a class takes in its constructor only, not per group: kept in PREFIX.json from the
@@ -76,8 +81,9 @@ _FIXED = {"Lamb": {"grad_averaging": True, "fixed_decay": False, "rectify": Fals
 # Keys a class's constructor does not take (lion-pytorch's Lion has no maximize): kept in
 # PREFIX.json at this value, left out of the torch param group.
 _NOT_IN_TORCH = {"Lion": {"maximize": False}}
-# Classes whose per-param state has no `step` (lion-pytorch's Lion, pytorch-optimizer's Lamb).
-_NO_STEP = {"Lion", "Lamb"}
+# Classes whose per-param state has no `step` (lion-pytorch's Lion, pytorch-optimizer's
+# Lamb, torch's Muon).
+_NO_STEP = {"Lion", "Lamb", "Muon"}
 
 
 def read_safetensors(path):
@@ -175,6 +181,10 @@ def _hyper(group):
     out = {names.get(key, key): group[key] for key in _HYPER_KEYS[kind] if key not in skip}
     if "betas" in out:
         out["betas"] = tuple(out["betas"])
+    if kind == "Muon":
+        out["ns_coefficients"] = (out.pop("ns_a"), out.pop("ns_b"), out.pop("ns_c"))
+        out["ns_steps"] = int(out["ns_steps"])
+        out["adjust_lr_fn"] = _ADJUST_LR_FN[int(out.pop("adjust_lr"))]
     return out
 
 
@@ -263,6 +273,11 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
                 raise ValueError(f"{type(opt).__name__} has pre_norm=True; sx's {kind} has no pre_norm (clip with "
                                  "sx's max_grad_norm)")
             names = _TORCH_NAMES.get(kind, {})
+            if kind == "Muon":  # torch's keys into sx's
+                group = dict(group)
+                group["ns_a"], group["ns_b"], group["ns_c"] = group["ns_coefficients"]
+                fn = group.get("adjust_lr_fn")
+                group["adjust_lr"] = {None: 0, "original": 0, "match_rms_adamw": 1, "spectral_unclamped": 2}[fn]
             for key in _HYPER_KEYS[kind]:
                 if key in _CONSTRUCTOR_ONLY.get(kind, ()):
                     v = getattr(opt, key)

@@ -47,11 +47,15 @@ const SX_DTYPE_F32, SX_DTYPE_F16, SX_DTYPE_BF16 = Int32.(1:3)
 const SX_BACKEND_AUTO, SX_BACKEND_CPU, SX_BACKEND_CUDA = Int32.(0:2)
 const SX_DEVICE_CPU, SX_DEVICE_CUDA = Int32.(0:1)
 const SX_OPTIM_SGD, SX_OPTIM_ADAM, SX_OPTIM_ADAMW, SX_OPTIM_ADAGRAD, SX_OPTIM_RMSPROP,
-      SX_OPTIM_ADAMAX, SX_OPTIM_NADAM, SX_OPTIM_RADAM, SX_OPTIM_LION, SX_OPTIM_LAMB = Int32.(1:10)
+      SX_OPTIM_ADAMAX, SX_OPTIM_NADAM, SX_OPTIM_RADAM, SX_OPTIM_LION, SX_OPTIM_LAMB,
+      SX_OPTIM_MUON = Int32.(1:11)
 const SX_HP_LR, SX_HP_WEIGHT_DECAY, SX_HP_BETA1, SX_HP_BETA2, SX_HP_EPS, SX_HP_MOMENTUM,
       SX_HP_DAMPENING, SX_HP_NESTEROV, SX_HP_MAXIMIZE, SX_HP_AMSGRAD, SX_HP_LR_DECAY,
       SX_HP_INITIAL_ACCUMULATOR_VALUE, SX_HP_ALPHA, SX_HP_CENTERED, SX_HP_MOMENTUM_DECAY,
-      SX_HP_DECOUPLED_WEIGHT_DECAY = Int32.(1:16)
+      SX_HP_DECOUPLED_WEIGHT_DECAY, SX_HP_NS_A, SX_HP_NS_B, SX_HP_NS_C, SX_HP_NS_STEPS,
+      SX_HP_ADJUST_LR = Int32.(1:21)
+const SX_MUON_ADJUST_LR_ORIGINAL, SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW,
+      SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED = Int32.(0:2)
 const SX_OPTIM_CUSTOM_FIRST = Int32(1000)
 const SX_HP_CUSTOM = Int32(1000)
 const SX_MAX_CUSTOM_SLOTS = 3
@@ -121,6 +125,11 @@ mutable struct ParamGroupDesc  # sx_param_group_desc_t
     initial_accumulator_value::Float64
     alpha::Float64
     momentum_decay::Float64
+    ns_a::Float64
+    ns_b::Float64
+    ns_c::Float64
+    ns_steps::Int32
+    adjust_lr::Int32
 end
 
 mutable struct ParamDesc  # sx_param_desc_t
@@ -568,25 +577,49 @@ flush_trace(g::ShardGroup) = check(@ccall libsx.sx_trace_flush(_handle(g)::Ptr{C
 const _OPTIMIZERS = Dict(:sgd => SX_OPTIM_SGD, :adam => SX_OPTIM_ADAM, :adamw => SX_OPTIM_ADAMW,
                          :adagrad => SX_OPTIM_ADAGRAD, :rmsprop => SX_OPTIM_RMSPROP,
                          :adamax => SX_OPTIM_ADAMAX, :nadam => SX_OPTIM_NADAM,
-                         :radam => SX_OPTIM_RADAM, :lion => SX_OPTIM_LION, :lamb => SX_OPTIM_LAMB)
-# Keywords of add_param_group! that are flags (Int32 fields of the descriptor), and numbers.
+                         :radam => SX_OPTIM_RADAM, :lion => SX_OPTIM_LION, :lamb => SX_OPTIM_LAMB,
+                         :muon => SX_OPTIM_MUON)
+# Keywords of add_param_group! that are flags (Int32 fields of the descriptor), numbers
+# and integers.
 const _FLAG_FIELDS = (:nesterov, :maximize, :amsgrad, :centered, :decoupled_weight_decay)
 const _FLOAT_FIELDS = (:lr, :weight_decay, :beta1, :beta2, :eps, :momentum, :dampening,
-                       :lr_decay, :initial_accumulator_value, :alpha, :momentum_decay)
+                       :lr_decay, :initial_accumulator_value, :alpha, :momentum_decay,
+                       :ns_a, :ns_b, :ns_c)
+const _INT_FIELDS = (:ns_steps,)
+# Muon's adjust_lr by torch's adjust_lr_fn names (its `nothing` is :original).
+const _ADJUST_LR = Dict(:original => SX_MUON_ADJUST_LR_ORIGINAL,
+                        :match_rms_adamw => SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW,
+                        :spectral_unclamped => SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED)
+
+_adjust_lr(::Nothing) = SX_MUON_ADJUST_LR_ORIGINAL
+_adjust_lr(f::AbstractString) = _adjust_lr(Symbol(f))
+function _adjust_lr(f::Symbol)
+    haskey(_ADJUST_LR, f) ||
+        throw(SXError(SX_ERR_INVALID_ARGUMENT, "adjust_lr must be one of $(sort(collect(keys(_ADJUST_LR)))), not :$f"))
+    _ADJUST_LR[f]
+end
+function _adjust_lr(f::Integer)
+    f in values(_ADJUST_LR) ||
+        throw(SXError(SX_ERR_INVALID_ARGUMENT, "adjust_lr $f is not an SX_MUON_ADJUST_LR_* value"))
+    Int32(f)
+end
 
 """
     add_param_group!(g, optimizer=:adamw; lr, weight_decay, betas, eps, momentum, ...)
 
 Adds a param group and returns its 0-based index. `optimizer` is one of `:sgd`, `:adam`,
-`:adamw`, `:adagrad`, `:rmsprop`, `:adamax`, `:nadam`, `:radam`, `:lion`, `:lamb` (CPU
-groups only); what is not given takes the optimizer's defaults (torch.optim's;
-lion-pytorch's for Lion; pytorch-optimizer's for LAMB). Keywords: `lr`, `weight_decay`,
-`betas=(beta1, beta2)` or `beta1`/`beta2`, `eps`, `momentum`, `dampening`, `nesterov`,
-`maximize`, `amsgrad` (Adam/AdamW), `lr_decay` and `initial_accumulator_value` (Adagrad),
-`alpha` and `centered` (RMSprop), `momentum_decay` (NAdam), `decoupled_weight_decay`
-(NAdam, RAdam, LAMB; LAMB's is on by default, pytorch-optimizer's weight_decouple). One
-that does not apply to the optimizer must keep its default or be 0, which means the
-default (else an `SXError` with SX_ERR_INVALID_ARGUMENT).
+`:adamw`, `:adagrad`, `:rmsprop`, `:adamax`, `:nadam`, `:radam`, `:lion`, `:lamb`, `:muon`
+(those two: CPU groups only; Muon takes 2-D params only); what is not given takes the
+optimizer's defaults (torch.optim's; lion-pytorch's for Lion; pytorch-optimizer's for
+LAMB). Keywords: `lr`, `weight_decay`, `betas=(beta1, beta2)` or `beta1`/`beta2`, `eps`,
+`momentum`, `dampening`, `nesterov`, `maximize`, `amsgrad` (Adam/AdamW), `lr_decay` and
+`initial_accumulator_value` (Adagrad), `alpha` and `centered` (RMSprop), `momentum_decay`
+(NAdam), `decoupled_weight_decay` (NAdam, RAdam, LAMB; LAMB's is on by default,
+pytorch-optimizer's weight_decouple), `ns_coefficients=(a, b, c)` or `ns_a`/`ns_b`/`ns_c`,
+`ns_steps` and `adjust_lr_fn` (Muon, as torch names them: `adjust_lr_fn` `nothing`,
+`:original`, `:match_rms_adamw` or `:spectral_unclamped`, or `adjust_lr` as an
+`SX_MUON_ADJUST_LR_*` value). One that does not apply to the optimizer must keep its
+default or be 0, which means the default (else an `SXError` with SX_ERR_INVALID_ARGUMENT).
 Before `finalize!`, or between steps after it (torch's add_param_group): the group and the
 params added with it then wait for the next `finalize!`, which every rank calls after
 adding the same.
@@ -607,16 +640,21 @@ function add_param_group!(g::ShardGroup, optimizer::Integer; kw...)
     _add_param_group!(g, Int32(optimizer), custom; kw...)
 end
 
-function _add_param_group!(g::ShardGroup, kind::Int32, custom; betas=nothing, kw...)
+function _add_param_group!(g::ShardGroup, kind::Int32, custom; betas=nothing, ns_coefficients=nothing, kw...)
     desc = _blank(ParamGroupDesc)
     check(@ccall libsx.sx_param_group_desc_init(desc::Ref{ParamGroupDesc}, sizeof(ParamGroupDesc)::Csize_t, kind::Int32)::Int32)
     betas === nothing || ((desc.beta1, desc.beta2) = betas)
+    ns_coefficients === nothing || ((desc.ns_a, desc.ns_b, desc.ns_c) = ns_coefficients)
     own = Pair{Int32,Float64}[]  # a custom optimizer's own hyperparameters: set once the group exists
     for (k, v) in kw
         if k in _FLAG_FIELDS
             setfield!(desc, k, Int32(v))
         elseif k in _FLOAT_FIELDS
             setfield!(desc, k, Float64(v))
+        elseif k in _INT_FIELDS
+            setfield!(desc, k, Int32(v))
+        elseif k === :adjust_lr || k === :adjust_lr_fn
+            desc.adjust_lr = _adjust_lr(v)
         elseif custom !== nothing && String(k) in custom.own_names
             push!(own, (SX_HP_CUSTOM + Int32(findfirst(==(String(k)), custom.own_names) - 1)) => Float64(v))
         else

@@ -72,6 +72,7 @@ SX_OPTIM_NADAM = 7
 SX_OPTIM_RADAM = 8
 SX_OPTIM_LION = 9
 SX_OPTIM_LAMB = 10
+SX_OPTIM_MUON = 11
 
 SX_OPTIM_CUSTOM_FIRST = 1000
 SX_HP_CUSTOM = 1000
@@ -97,6 +98,15 @@ SX_HP_ALPHA = 13
 SX_HP_CENTERED = 14
 SX_HP_MOMENTUM_DECAY = 15
 SX_HP_DECOUPLED_WEIGHT_DECAY = 16
+SX_HP_NS_A = 17
+SX_HP_NS_B = 18
+SX_HP_NS_C = 19
+SX_HP_NS_STEPS = 20
+SX_HP_ADJUST_LR = 21
+
+SX_MUON_ADJUST_LR_ORIGINAL = 0
+SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW = 1
+SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED = 2
 
 SX_GROUP_NO_TRAINABLE_AUTODETECT = 0x1
 SX_GROUP_RESERVE_CHECKPOINT_STAGING = 0x2
@@ -151,7 +161,9 @@ class sx_param_group_desc_t(ctypes.Structure):
                 ("momentum", ctypes.c_double), ("dampening", ctypes.c_double),
                 ("centered", ctypes.c_int32), ("decoupled_weight_decay", ctypes.c_int32),
                 ("lr_decay", ctypes.c_double), ("initial_accumulator_value", ctypes.c_double),
-                ("alpha", ctypes.c_double), ("momentum_decay", ctypes.c_double)]
+                ("alpha", ctypes.c_double), ("momentum_decay", ctypes.c_double),
+                ("ns_a", ctypes.c_double), ("ns_b", ctypes.c_double), ("ns_c", ctypes.c_double),
+                ("ns_steps", ctypes.c_int32), ("adjust_lr", ctypes.c_int32)]
 
 
 class sx_param_desc_t(ctypes.Structure):

@@ -15,7 +15,8 @@ from ._lib import lib
 _OPTIMIZERS = {"sgd": _lib.SX_OPTIM_SGD, "adam": _lib.SX_OPTIM_ADAM, "adamw": _lib.SX_OPTIM_ADAMW,
                "adagrad": _lib.SX_OPTIM_ADAGRAD, "rmsprop": _lib.SX_OPTIM_RMSPROP,
                "adamax": _lib.SX_OPTIM_ADAMAX, "nadam": _lib.SX_OPTIM_NADAM,
-               "radam": _lib.SX_OPTIM_RADAM, "lion": _lib.SX_OPTIM_LION, "lamb": _lib.SX_OPTIM_LAMB}
+               "radam": _lib.SX_OPTIM_RADAM, "lion": _lib.SX_OPTIM_LION, "lamb": _lib.SX_OPTIM_LAMB,
+               "muon": _lib.SX_OPTIM_MUON}
 _REDUCE_OPS = {"sum": _lib.SX_REDUCE_SUM, "mean": _lib.SX_REDUCE_MEAN, "max": _lib.SX_REDUCE_MAX,
                "min": _lib.SX_REDUCE_MIN}
 _NONFINITE = {"default": _lib.SX_NONFINITE_DEFAULT, "skip": _lib.SX_NONFINITE_SKIP,
@@ -31,13 +32,23 @@ _HYPERPARAMETERS = {"lr": _lib.SX_HP_LR, "weight_decay": _lib.SX_HP_WEIGHT_DECAY
                     "initial_accumulator_value": _lib.SX_HP_INITIAL_ACCUMULATOR_VALUE,
                     "alpha": _lib.SX_HP_ALPHA, "centered": _lib.SX_HP_CENTERED,
                     "momentum_decay": _lib.SX_HP_MOMENTUM_DECAY,
-                    "decoupled_weight_decay": _lib.SX_HP_DECOUPLED_WEIGHT_DECAY}
+                    "decoupled_weight_decay": _lib.SX_HP_DECOUPLED_WEIGHT_DECAY,
+                    "ns_a": _lib.SX_HP_NS_A, "ns_b": _lib.SX_HP_NS_B, "ns_c": _lib.SX_HP_NS_C,
+                    "ns_steps": _lib.SX_HP_NS_STEPS, "adjust_lr": _lib.SX_HP_ADJUST_LR}
+# Muon's adjust_lr, by torch's adjust_lr_fn names (its None is "original").
+_ADJUST_LR = {"original": _lib.SX_MUON_ADJUST_LR_ORIGINAL,
+              "match_rms_adamw": _lib.SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW,
+              "spectral_unclamped": _lib.SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED}
 _LOSS_SCALING_MODES = {"none": _lib.SX_LOSS_SCALING_NONE, "dynamic": _lib.SX_LOSS_SCALING_DYNAMIC,
                        "static": _lib.SX_LOSS_SCALING_STATIC}
 # Keyword arguments of add_param_group that are flags (int fields of the descriptor).
 _FLAG_FIELDS = ("nesterov", "maximize", "amsgrad", "centered", "decoupled_weight_decay")
 _FLOAT_FIELDS = ("lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening",
-                 "lr_decay", "initial_accumulator_value", "alpha", "momentum_decay")
+                 "lr_decay", "initial_accumulator_value", "alpha", "momentum_decay",
+                 "ns_a", "ns_b", "ns_c")
+# ... that are ints, and Muon's adjust_lr (an _ADJUST_LR name or an SX_MUON_ADJUST_LR_* value).
+_INT_FIELDS = ("ns_steps",)
+_ENUM_FIELDS = ("adjust_lr",)
 
 
 def _choice(what, value, table):
@@ -51,6 +62,12 @@ def _choice(what, value, table):
     raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
                                f"{what} must be one of {sorted(table)} (or their SX_* values), "
                                f"not {value!r}")
+
+
+def _adjust_lr(value):
+    """Muon's adjust_lr: torch's adjust_lr_fn (None, "original", "match_rms_adamw" or
+    "spectral_unclamped") or an SX_MUON_ADJUST_LR_* value."""
+    return _lib.SX_MUON_ADJUST_LR_ORIGINAL if value is None else _choice("adjust_lr", value, _ADJUST_LR)
 
 
 def _optimizer_kind(optimizer):
@@ -97,6 +114,14 @@ def _dims(name, shape):
         if isinstance(d, bool) or not isinstance(d, numbers.Integral):
             raise bad
     return [int(d) for d in dims]
+
+
+def _whole(what, value):
+    """An int field of a descriptor: an int (numpy's integers too), never a bool or a
+    float, which int() would quietly turn into another number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not -2**31 <= value < 2**31:
+        raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"{what} must be an int, not {value!r}")
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,38 +308,51 @@ class ShardGroup(Handle):
         check(lib.sx_abort(self.handle))
 
     # -- registration -----------------------------------------------------------------
-    def add_param_group(self, optimizer="adamw", *, betas=None, **hyperparameters):
+    def add_param_group(self, optimizer="adamw", *, betas=None, ns_coefficients=None, **hyperparameters):
         """Adds a param group and returns its index. ``optimizer`` is "sgd", "adam",
-        "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam", "lion" or "lamb"
-        (CPU groups only), or a custom optimizer (what sx.register_optimizer returned,
-        or its name); unspecified hyperparameters take the optimizer's defaults
-        (torch.optim's; lion-pytorch's for Lion; pytorch-optimizer's for LAMB; a custom
-        optimizer's registered ones). Keywords: lr, weight_decay, betas=(beta1, beta2) or
-        beta1/beta2, eps, momentum, dampening, nesterov, maximize, amsgrad (Adam/AdamW),
-        lr_decay and initial_accumulator_value (Adagrad), alpha and centered (RMSprop),
-        momentum_decay (NAdam), decoupled_weight_decay (NAdam, RAdam, LAMB; LAMB's is on
-        by default, pytorch-optimizer's weight_decouple), and a custom optimizer's own
-        hyperparameters by name. One that does not apply to the optimizer must keep its
-        default or be 0, which means the default (else InvalidArgumentError)."""
+        "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam", "lion", "lamb" or
+        "muon" (those two: CPU groups only; Muon takes 2-D params only), or a custom
+        optimizer (what sx.register_optimizer returned, or its name); unspecified
+        hyperparameters take the optimizer's defaults (torch.optim's; lion-pytorch's for
+        Lion; pytorch-optimizer's for LAMB; a custom optimizer's registered ones).
+        Keywords: lr, weight_decay, betas=(beta1, beta2) or beta1/beta2, eps, momentum,
+        dampening, nesterov, maximize, amsgrad (Adam/AdamW), lr_decay and
+        initial_accumulator_value (Adagrad), alpha and centered (RMSprop), momentum_decay
+        (NAdam), decoupled_weight_decay (NAdam, RAdam, LAMB; LAMB's is on by default,
+        pytorch-optimizer's weight_decouple), ns_coefficients=(a, b, c) or ns_a/ns_b/ns_c,
+        ns_steps and adjust_lr_fn (Muon, as torch names them: adjust_lr_fn None,
+        "original", "match_rms_adamw" or "spectral_unclamped", or adjust_lr as an
+        SX_MUON_ADJUST_LR_* value), and a custom optimizer's own hyperparameters by name.
+        One that does not apply to the optimizer must keep its default or be 0, which
+        means the default (else InvalidArgumentError)."""
         kind = _optimizer_kind(optimizer)
         custom = _optimizers.lookup(kind)
         desc = _lib.init_struct(_lib.sx_param_group_desc_t, kind)
         if betas is not None:
             hyperparameters["beta1"], hyperparameters["beta2"] = betas
+        if ns_coefficients is not None:
+            hyperparameters["ns_a"], hyperparameters["ns_b"], hyperparameters["ns_c"] = ns_coefficients
+        if "adjust_lr_fn" in hyperparameters:
+            hyperparameters["adjust_lr"] = hyperparameters.pop("adjust_lr_fn")
         own = {}  # a custom optimizer's own hyperparameters: set once the group exists
         for key, value in hyperparameters.items():
             if key in _FLOAT_FIELDS:
                 setattr(desc, key, float(value))
             elif key in _FLAG_FIELDS:
                 setattr(desc, key, 1 if value else 0)
+            elif key in _INT_FIELDS:
+                setattr(desc, key, _whole(f"add_param_group: {key}", value))
+            elif key in _ENUM_FIELDS:
+                setattr(desc, key, _adjust_lr(value))
             elif custom is not None and key in custom.own_hyperparameters:
                 own[key] = self._own_value(custom, key, value)
             else:
                 extra = tuple(custom.own_hyperparameters) if custom is not None else ()
+                known = _FLOAT_FIELDS + _FLAG_FIELDS + _INT_FIELDS + _ENUM_FIELDS + extra
                 raise InvalidArgumentError(
                     _lib.SX_ERR_INVALID_ARGUMENT,
                     f"add_param_group: unknown hyperparameter {key!r}; expected one of "
-                    f"{sorted(_FLOAT_FIELDS + _FLAG_FIELDS + ('betas',) + extra)}")
+                    f"{sorted(known + ('betas', 'ns_coefficients', 'adjust_lr_fn'))}")
         index = ctypes.c_int32()
         check(lib.sx_add_param_group(self.handle, ctypes.byref(desc), ctypes.byref(index)))
         self._group_optimizers[index.value] = kind
@@ -393,8 +431,10 @@ class ShardGroup(Handle):
     def set_hyperparameter(self, param_group, key, value):
         """Sets one hyperparameter ("lr", "beta1", ... or an SX_HP_* value; a custom
         optimizer's own by name or as SX_HP_CUSTOM + i) of a param group, from the next
-        step on."""
+        step on. Muon's "adjust_lr" takes torch's adjust_lr_fn names too."""
         k = self._hp_key(param_group, key)
+        if k == _lib.SX_HP_ADJUST_LR and (value is None or isinstance(value, str)):
+            value = _adjust_lr(value)
         check(lib.sx_set_hyperparameter(self.handle, param_group, k, float(value)))
 
     def get_hyperparameter(self, param_group, key):

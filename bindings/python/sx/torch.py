@@ -44,6 +44,8 @@ __all__ = ["ShardedOptimizer"]
 _KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw",
           torch.optim.Adagrad: "adagrad", torch.optim.RMSprop: "rmsprop", torch.optim.Adamax: "adamax",
           torch.optim.NAdam: "nadam", torch.optim.RAdam: "radam"}
+if hasattr(torch.optim, "Muon"):  # each matrix orthogonalised whole on one rank
+    _KINDS[torch.optim.Muon] = "muon"
 try:
     from lion_pytorch import Lion as _Lion
     _KINDS[_Lion] = "lion"
@@ -55,10 +57,11 @@ _KEYS = {"sgd": ("momentum", "dampening", "nesterov"), "adam": ("betas", "eps", 
          "adamw": ("betas", "eps", "amsgrad"), "adagrad": ("lr_decay", "eps", "initial_accumulator_value"),
          "rmsprop": ("alpha", "eps", "momentum", "centered"), "adamax": ("betas", "eps"),
          "nadam": ("betas", "eps", "momentum_decay", "decoupled_weight_decay"),
-         "radam": ("betas", "eps", "decoupled_weight_decay"), "lion": ("betas",)}
+         "radam": ("betas", "eps", "decoupled_weight_decay"), "lion": ("betas",),
+         "muon": ("momentum", "nesterov", "eps", "ns_coefficients", "ns_steps", "adjust_lr_fn")}
 _FLAGS = ("nesterov", "amsgrad", "centered", "decoupled_weight_decay", "maximize")
-# torch classes that need a whole param at once (not elementwise over a shard).
-_WHOLE_PARAM = tuple(getattr(torch.optim, n) for n in ("Adafactor", "Muon", "LBFGS", "SparseAdam")
+# torch classes that need a whole param at once in a way sx does not run (Muon it does).
+_WHOLE_PARAM = tuple(getattr(torch.optim, n) for n in ("Adafactor", "LBFGS", "SparseAdam")
                      if hasattr(torch.optim, n))
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 # Group keys torch keeps that change nothing in sx (kernels and execution choices).
@@ -74,13 +77,21 @@ def _hyper(kind, group):
         if key == "betas":
             if "betas" in group:
                 h["beta1"], h["beta2"] = (float(b) for b in group["betas"])
+        elif key == "ns_coefficients":
+            h["ns_a"], h["ns_b"], h["ns_c"] = (float(c) for c in group[key])
+        elif key == "ns_steps":
+            h[key] = int(group[key])
+        elif key == "adjust_lr_fn":
+            h["adjust_lr"] = {None: 0, "original": 0, "match_rms_adamw": 1, "spectral_unclamped": 2}[group.get(key)]
         elif key in group:
             h[key] = bool(group[key]) if key in _FLAGS else float(group[key])
     return h
 
 
 def _supported():
-    return ", ".join(f"{c.__module__.rsplit('.', 1)[0]}.{c.__name__}" for c in _KINDS)
+    def where(c):
+        return "torch.optim" if c.__module__.startswith("torch.optim") else c.__module__.rsplit(".", 1)[0]
+    return ", ".join(f"{where(c)}.{c.__name__}" for c in _KINDS)
 
 
 # Other elementwise classes run themselves on pieces of each rank's shard, through an sx
@@ -171,9 +182,9 @@ def _kind_of(optimizer_class, defaults):
     if optimizer_class in _WHOLE_PARAM:
         raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
                                f"optimizer_class {optimizer_class.__name__} needs each param whole (factored "
-                               "moments, a matrix orthogonalisation or a line search), and sx.torch shards params "
-                               f"by elements; the elementwise classes it runs: {_supported()}, and other "
-                               "torch.optim.Optimizer classes whose state is per element")
+                               "moments or a line search) in a way sx does not run yet; the classes it runs: "
+                               f"{_supported()}, and other torch.optim.Optimizer classes whose state is per "
+                               "element")
     if optimizer_class not in _KINDS:
         if isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer):
             return _torch_class_kind(optimizer_class, defaults)
@@ -513,7 +524,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 if "momentum_buffer" in st.tensors and st.momentum_steps > 0:
                     entry["momentum_buffer"] = torch.from_numpy(st.tensors["momentum_buffer"]).view(p.shape).clone()
             elif st.step > 0:
-                if self._kind != "lion":  # lion-pytorch keeps no step
+                if self._kind not in ("lion", "muon"):  # lion-pytorch and torch's Muon keep no step
                     entry["step"] = torch.tensor(float(st.step), dtype=torch.float32)
                 for name, values in st.tensors.items():
                     if name != "master":

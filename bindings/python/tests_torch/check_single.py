@@ -231,8 +231,46 @@ def check_every_class():
                   lambda: sx_opt(net(), torch.optim.ASGD), "torch.optim.ASGD")
 
 
+def check_muon():
+    """torch.optim.Muon on a model of matrices: within bf16's rounding of its
+    Newton-Schulz updates (2^-8 of how far the params moved), its state dicts both ways."""
+    def mats(seed=0):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.Tanh(),
+                                   torch.nn.Linear(16, 2, bias=False))
+
+    def off_by(m, ref, start):
+        diff = sum(((p - q) ** 2).sum() for p, q in zip(m.parameters(), ref.parameters())).sqrt()
+        moved = sum(((q - s) ** 2).sum() for q, s in zip(ref.parameters(), start.parameters())).sqrt()
+        return (diff / moved).item()
+
+    kw = dict(lr=0.02, weight_decay=0.05, ns_steps=4, adjust_lr_fn="match_rms_adamw")
+    a, b, start = mats(), mats(), mats()
+    ta, sa = torch.optim.Muon(a.parameters(), **kw), sx_opt(b, torch.optim.Muon, **kw)
+    train(a, ta, 15)
+    train(b, sa, 15)
+    err = off_by(b, a, start)
+    if not err <= 2.0 ** -8:
+        raise SystemExit(f"FAIL Muon over 15 steps: {err:.3g} of the distance moved from torch's")
+    print(f"ok   Muon over 15 steps ({err:.2e} of the distance moved from torch's)")
+    c = mats()
+    c.load_state_dict(b.state_dict())
+    tc = torch.optim.Muon(c.parameters(), **kw)
+    tc.load_state_dict(sa.state_dict())
+    before = copy.deepcopy(b)
+    train(c, tc, 5, first=15)
+    train(b, sa, 5, first=15)
+    err = off_by(c, b, before)
+    if not err <= 2.0 ** -8:
+        raise SystemExit(f"FAIL Muon: sx's state_dict() continued in torch: {err:.3g} of the distance moved")
+    print(f"ok   Muon: sx's state_dict() continued in torch ({err:.2e} of the distance moved)")
+    expect_raises(sx.errors.InvalidArgumentError, "Muon orthogonalises 2-D params only",
+                  lambda: sx_opt(net(), torch.optim.Muon), "torch.optim.Muon over a model with biases")
+
+
 def main():
     check_every_class()
+    check_muon()
     check_param_group_added_while_training()
     check_failed_param_group_changes_nothing()
     check_unfrozen_later()

@@ -1,4 +1,4 @@
-"""Runs sx.torch's checks: check_single.py and check_optimizers.py (sx's optimizers
+"""Runs sx.torch's checks: check_single.py, check_optimizers.py and check_muon.py (sx's optimizers
 against torch's, ranks as threads) in one process each, then, under a real torchrun,
 check_sx_torch.py on 2 processes and check_uneven.py on 3. Run with the Python of a
 torch environment, SX_LIBRARY pointing at libsx and PYTHONPATH at the binding (ctest's
@@ -11,7 +11,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main():
-    for script in ("check_single.py", "check_optimizers.py"):
+    for script in ("check_single.py", "check_optimizers.py", "check_muon.py"):
         single = [sys.executable, os.path.join(HERE, script)]
         print("$", " ".join(single), flush=True)
         if subprocess.run(single, timeout=600).returncode != 0:

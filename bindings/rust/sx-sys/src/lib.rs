@@ -60,6 +60,7 @@ pub const SX_OPTIM_NADAM: i32 = 7;
 pub const SX_OPTIM_RADAM: i32 = 8;
 pub const SX_OPTIM_LION: i32 = 9;
 pub const SX_OPTIM_LAMB: i32 = 10;
+pub const SX_OPTIM_MUON: i32 = 11;
 
 pub const SX_OPTIM_CUSTOM_FIRST: i32 = 1000;
 pub const SX_HP_CUSTOM: i32 = 1000;
@@ -88,6 +89,15 @@ pub const SX_HP_ALPHA: i32 = 13;
 pub const SX_HP_CENTERED: i32 = 14;
 pub const SX_HP_MOMENTUM_DECAY: i32 = 15;
 pub const SX_HP_DECOUPLED_WEIGHT_DECAY: i32 = 16;
+pub const SX_HP_NS_A: i32 = 17;
+pub const SX_HP_NS_B: i32 = 18;
+pub const SX_HP_NS_C: i32 = 19;
+pub const SX_HP_NS_STEPS: i32 = 20;
+pub const SX_HP_ADJUST_LR: i32 = 21;
+
+pub const SX_MUON_ADJUST_LR_ORIGINAL: i32 = 0;
+pub const SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW: i32 = 1;
+pub const SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED: i32 = 2;
 
 pub const SX_GROUP_NO_TRAINABLE_AUTODETECT: u32 = 0x1;
 pub const SX_GROUP_RESERVE_CHECKPOINT_STAGING: u32 = 0x2;
@@ -179,6 +189,11 @@ pub struct sx_param_group_desc_t {
     pub initial_accumulator_value: f64,
     pub alpha: f64,
     pub momentum_decay: f64,
+    pub ns_a: f64,
+    pub ns_b: f64,
+    pub ns_c: f64,
+    pub ns_steps: i32,
+    pub adjust_lr: i32,
 }
 
 #[repr(C)]

@@ -25,8 +25,8 @@ pub use group::{MemoryStats, ParamInfo, ShardGroup, StepResult, Tensors, UnitInf
 pub use log::{clear_log_callback, set_log_callback, LogLevel};
 pub use optimizer::{register_optimizer, CustomOptimizer, OptimizerDesc, Piece, UPDATE_PANICKED};
 pub use options::{
-    Backend, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, LossScalingMode, NonFinite, Optimizer,
-    Param, ParamGroup, ReduceOp, SaveOptions, StepOptions, UnitReadyOptions,
+    Backend, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, LossScalingMode, MuonAdjustLr, NonFinite,
+    Optimizer, Param, ParamGroup, ReduceOp, SaveOptions, StepOptions, UnitReadyOptions,
 };
 pub use state::{ParamState, ParamStateMut, ParamStateRef};
 

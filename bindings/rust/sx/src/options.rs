@@ -260,6 +260,9 @@ pub enum Optimizer {
     Lion,
     /// LAMB (You et al. 2020), as the pytorch-optimizer package's Lamb. CPU groups only.
     Lamb,
+    /// Muon, as torch.optim.Muon: 2-D params only (give others a group of another
+    /// optimizer, AdamW as usual). CPU groups only.
+    Muon,
     /// A custom optimizer, as [`crate::register_optimizer`] returned it.
     Custom(crate::CustomOptimizer),
 }
@@ -283,6 +286,7 @@ impl Optimizer {
             Optimizer::Radam => sys::SX_OPTIM_RADAM,
             Optimizer::Lion => sys::SX_OPTIM_LION,
             Optimizer::Lamb => sys::SX_OPTIM_LAMB,
+            Optimizer::Muon => sys::SX_OPTIM_MUON,
         }
     }
 }
@@ -375,9 +379,49 @@ impl ParamGroup {
         self.raw.decoupled_weight_decay = on as i32;
         self
     }
+    /// Muon: the Newton-Schulz coefficients (a, b, c), torch's ns_coefficients.
+    pub fn ns_coefficients(mut self, a: f64, b: f64, c: f64) -> Self {
+        self.raw.ns_a = a;
+        self.raw.ns_b = b;
+        self.raw.ns_c = c;
+        self
+    }
+    /// Muon: Newton-Schulz iterations, 1 to 99.
+    pub fn ns_steps(mut self, n: i32) -> Self {
+        self.raw.ns_steps = n;
+        self
+    }
+    /// Muon: the lr each param is updated with, torch's adjust_lr_fn.
+    pub fn adjust_lr(mut self, f: MuonAdjustLr) -> Self {
+        self.raw.adjust_lr = f.value();
+        self
+    }
     /// The C description as filled so far.
     pub fn raw(&self) -> &sys::sx_param_group_desc_t {
         &self.raw
+    }
+}
+
+/// Muon's adjust_lr ([`ParamGroup::adjust_lr`], [`Hyperparameter::AdjustLr`]), torch's
+/// adjust_lr_fn: the lr a param of shape [A, B] is updated with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MuonAdjustLr {
+    /// lr * sqrt(max(1, A / B)) (torch's None or "original"; the default).
+    Original,
+    /// lr * 0.2 * sqrt(max(A, B)) ("match_rms_adamw").
+    MatchRmsAdamW,
+    /// lr * sqrt(A / B) ("spectral_unclamped").
+    SpectralUnclamped,
+}
+
+impl MuonAdjustLr {
+    /// The `SX_MUON_ADJUST_LR_*` value (as [`Hyperparameter::AdjustLr`] takes it, as f64).
+    pub fn value(self) -> i32 {
+        match self {
+            MuonAdjustLr::Original => sys::SX_MUON_ADJUST_LR_ORIGINAL,
+            MuonAdjustLr::MatchRmsAdamW => sys::SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW,
+            MuonAdjustLr::SpectralUnclamped => sys::SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED,
+        }
     }
 }
 
@@ -400,6 +444,14 @@ pub enum Hyperparameter {
     Centered,
     MomentumDecay,
     DecoupledWeightDecay,
+    /// Muon: the Newton-Schulz coefficients a, b and c.
+    NsA,
+    NsB,
+    NsC,
+    /// Muon: Newton-Schulz iterations, 1 to 99.
+    NsSteps,
+    /// Muon: a [`MuonAdjustLr`] value.
+    AdjustLr,
     /// A custom optimizer's own hyperparameter i (counting only its own, in registration
     /// order): key `SX_HP_CUSTOM + i`.
     Custom(u32),
@@ -424,6 +476,11 @@ impl Hyperparameter {
             Hyperparameter::Centered => sys::SX_HP_CENTERED,
             Hyperparameter::MomentumDecay => sys::SX_HP_MOMENTUM_DECAY,
             Hyperparameter::DecoupledWeightDecay => sys::SX_HP_DECOUPLED_WEIGHT_DECAY,
+            Hyperparameter::NsA => sys::SX_HP_NS_A,
+            Hyperparameter::NsB => sys::SX_HP_NS_B,
+            Hyperparameter::NsC => sys::SX_HP_NS_C,
+            Hyperparameter::NsSteps => sys::SX_HP_NS_STEPS,
+            Hyperparameter::AdjustLr => sys::SX_HP_ADJUST_LR,
             Hyperparameter::Custom(i) => sys::SX_HP_CUSTOM.saturating_add(i.min(i32::MAX as u32) as i32),
         }
     }

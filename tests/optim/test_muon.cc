@@ -1,0 +1,127 @@
+// Muon's pieces (optim/muon.h): the ordered matrix product against a plain triple loop
+// with the same order of sums (the same bits, at any pool size); Newton-Schulz against
+// the same iterations in double (within bf16's rounding), the same bits at any pool size,
+// a tall matrix as its transpose's transpose; the adjusted lr of each adjust_lr.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "optim/muon.h"
+#include "optim/thread_pool.h"
+#include "sx_cmocka.h"
+
+namespace {
+
+std::vector<float> random_matrix(int64_t rows, int64_t cols, unsigned seed) {
+    std::vector<float> m(static_cast<size_t>(rows * cols));
+    uint64_t x = 0x9E3779B97F4A7C15ull * (seed + 1);
+    for (float &v : m) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        v = static_cast<float>(static_cast<double>(x % 2000001) / 1000000.0 - 1.0);
+    }
+    return m;
+}
+
+void test_ordered_product(void **) {
+    sx::optim::ThreadPool pool(3);
+    const int64_t sizes[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 130, 33}, {64, 64, 64}, {40, 257, 19}};
+    for (const auto &s : sizes) {
+        const int64_t m = s[0], k = s[1], n = s[2];
+        const std::vector<float> a = random_matrix(m, k, 1), b = random_matrix(k, n, 2);
+        std::vector<float> want(static_cast<size_t>(m * n)), one(want.size()), three(want.size());
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+                float acc = 0.0f;
+                for (int64_t q = 0; q < k; ++q) acc += a[i * k + q] * b[q * n + j];
+                want[i * n + j] = acc;
+            }
+        sx::optim::matmul_ordered(a.data(), b.data(), one.data(), m, k, n, nullptr);
+        sx::optim::matmul_ordered(a.data(), b.data(), three.data(), m, k, n, &pool);
+        assert_memory_equal(one.data(), want.data(), want.size() * sizeof(float));
+        assert_memory_equal(three.data(), want.data(), want.size() * sizeof(float));
+    }
+}
+
+// The iterations in double, without bf16's roundings.
+std::vector<double> ns_double(const std::vector<float> &u, int64_t rows, int64_t cols, const sx::optim::Hyper &h) {
+    const bool tall = rows > cols;
+    const int64_t m = tall ? cols : rows, n = tall ? rows : cols;
+    std::vector<double> x(u.size());
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) (tall ? x[j * rows + i] : x[i * cols + j]) = u[i * cols + j];
+    double sq = 0.0;
+    for (double v : x) sq += v * v;
+    for (double &v : x) v /= std::max(std::sqrt(sq), h.eps);
+    for (int step = 0; step < static_cast<int>(h.ns_steps); ++step) {
+        std::vector<double> g(static_cast<size_t>(m * m), 0.0), upd(g.size(), 0.0), next(x.size(), 0.0);
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < m; ++j)
+                for (int64_t q = 0; q < n; ++q) g[i * m + j] += x[i * n + q] * x[j * n + q];
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < m; ++j) {
+                double gg = 0.0;
+                for (int64_t q = 0; q < m; ++q) gg += g[i * m + q] * g[q * m + j];
+                upd[i * m + j] = h.ns_b * g[i * m + j] + h.ns_c * gg;
+            }
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+                double ux = 0.0;
+                for (int64_t q = 0; q < m; ++q) ux += upd[i * m + q] * x[q * n + j];
+                next[i * n + j] = h.ns_a * x[i * n + j] + ux;
+            }
+        x.swap(next);
+    }
+    std::vector<double> out(x.size());
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = tall ? x[j * rows + i] : x[i * cols + j];
+    return out;
+}
+
+void test_newton_schulz(void **) {
+    sx::optim::ThreadPool pool(2);
+    const sx::optim::Hyper h = sx::optim::default_hyper(sx::optim::Kind::kMuon);
+    const int64_t shapes[][2] = {{5, 9}, {24, 7}, {16, 16}, {1, 6}};
+    for (const auto &s : shapes) {
+        const std::vector<float> u = random_matrix(s[0], s[1], static_cast<unsigned>(s[0] * 100 + s[1]));
+        std::vector<float> alone(u.size()), pooled(u.size());
+        sx::optim::newton_schulz(u.data(), s[0], s[1], h, nullptr, alone.data());
+        sx::optim::newton_schulz(u.data(), s[0], s[1], h, &pool, pooled.data());
+        assert_memory_equal(alone.data(), pooled.data(), u.size() * sizeof(float));
+        const std::vector<double> want = ns_double(u, s[0], s[1], h);
+        double diff = 0.0, norm = 0.0;
+        for (size_t i = 0; i < u.size(); ++i) {
+            // Every value is a bf16 value: its low 16 bits are zero.
+            uint32_t bits;
+            std::memcpy(&bits, &alone[i], sizeof bits);
+            assert_int_equal(bits & 0xFFFFu, 0);
+            diff += (alone[i] - want[i]) * (alone[i] - want[i]);
+            norm += want[i] * want[i];
+        }
+        // Five iterations of bf16 products: a few of bf16's roundings (2^-8) normwise.
+        if (!(std::sqrt(diff / norm) < 0.05))
+            fail_msg("%lld x %lld: %g from the double iterations", static_cast<long long>(s[0]),
+                     static_cast<long long>(s[1]), std::sqrt(diff / norm));
+    }
+}
+
+void test_adjusted_lr(void **) {
+    sx::optim::Hyper h = sx::optim::default_hyper(sx::optim::Kind::kMuon);
+    h.lr = 0.5;
+    assert_true(sx::optim::muon_adjusted_lr(h, 32, 8) == 0.5 * 2.0);  // sqrt(max(1, 32/8))
+    assert_true(sx::optim::muon_adjusted_lr(h, 8, 32) == 0.5);
+    h.adjust_lr = SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW;
+    assert_true(sx::optim::muon_adjusted_lr(h, 8, 64) == 0.5 * 0.2 * 8.0);
+    h.adjust_lr = SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED;
+    assert_true(sx::optim::muon_adjusted_lr(h, 8, 32) == 0.5 * 0.5);
+}
+
+}  // namespace
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ordered_product),
+        cmocka_unit_test(test_newton_schulz),
+        cmocka_unit_test(test_adjusted_lr),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
