@@ -205,6 +205,8 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status update_double_buffered(float grad_scale, double *sumsq);
     Status update_param_reductions(float grad_scale, double *sumsq);
     Status update_whole_params(float grad_scale, double *sumsq);
+    Status orthogonalise_on(int owner, const std::vector<int32_t> &covered, const std::vector<int> &owners,
+                            const std::vector<int> &seg_of, const std::vector<float *> &pieces);
     Status update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, double *sumsq);
     float norm_scale() const;
     Status global_norm(double *sumsq);

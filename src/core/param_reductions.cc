@@ -57,9 +57,7 @@ Status ShardGroup::update_param_reductions(float grad_scale, double *sumsq) {
         factors[s] = optim::lamb_factor(*segs[s].hyper, segs[s].step, whole);
     }
     optim::lamb_second_pass(segs.data(), segs.size(), factors.data(), pool_.get());
-    uint64_t n = 0;
-    for (const optim::Segment &seg : segs) n += seg.n;
-    span.set_bytes(n * sizeof(float));
+    span.set_bytes(optim::total_elements(segs) * sizeof(float));
     return Status::Ok();
 }
 

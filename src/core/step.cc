@@ -19,12 +19,6 @@ double clip_coefficient(double norm, double max_norm) {
     return coef < 1.0 ? coef : 1.0;
 }
 
-uint64_t segment_elements(const std::vector<optim::Segment> &segs) {
-    uint64_t n = 0;
-    for (const optim::Segment &seg : segs) n += seg.n;
-    return n;
-}
-
 // segs without the segments of optimizers that look at whole params (updated before).
 std::vector<optim::Segment> elementwise_only(std::vector<optim::Segment> segs) {
     segs.erase(std::remove_if(segs.begin(), segs.end(),
@@ -279,13 +273,13 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
         units_.append_segments(static_cast<size_t>(head), round_->reduced(static_cast<size_t>(head)), &first);
         first = elementwise_only(std::move(first));
         SX_TRY(update_in_place(first, grad_scale, sumsq ? &head_sumsq : nullptr));
-        if (span.on()) updated += segment_elements(first);
+        if (span.on()) updated += optim::total_elements(first);
         SX_TRY(gathers_->open());
         SX_TRY(gathers_->submit(static_cast<size_t>(head)));
     }
     const std::vector<optim::Segment> segs = elementwise_only(units_.segments(round_->reduced(), head));
     SX_TRY(update_in_place(segs, grad_scale, sumsq ? &rest : nullptr));
-    if (span.on()) updated += segment_elements(segs);
+    if (span.on()) updated += optim::total_elements(segs);
     span.set_bytes(updated * sizeof(float));
     if (sumsq) *sumsq = kept_sumsq + reduced_sumsq + whole_sumsq + head_sumsq + rest;
     return Status::Ok();

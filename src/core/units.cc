@@ -272,7 +272,7 @@ void Units::mark_zeroed_by_update(bool zero, const std::vector<float *> &reduced
         const bool in_place = shard >= base && shard + own <= base + unit.grads.size() / sizeof(float);
         // Custom optimizers and those that look at whole params do not zero the gradients
         // they read.
-        if (!in_place || has_custom(u) || has_param_reduction(u)) continue;
+        if (!in_place || has_custom(u) || looks_at_whole_params(u)) continue;
         bool all = true;
         for (int32_t p : table_.layout->units()[u].params) all = all && (*table_.applied)[p] != 0;
         zeroed_by_update_[u] = all ? 1 : 0;
@@ -346,7 +346,7 @@ bool Units::has_custom(size_t u) const {
     return false;
 }
 
-bool Units::has_param_reduction(size_t u) const {
+bool Units::looks_at_whole_params(size_t u) const {
     for (int32_t p : table_.layout->units()[u].params)
         if ((*table_.applied)[p] &&
             optim::spec_of((*table_.groups)[(*table_.params)[p].group].hyper.kind).needs != optim::Needs::kElementwise)

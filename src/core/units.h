@@ -126,7 +126,7 @@ class Units {
     // Whether unit u updates a param whose optimizer looks at the whole param (per-param
     // sums over the ranks, or the whole matrix on one rank): the step updates those params
     // in passes of their own.
-    bool has_param_reduction(size_t u) const;
+    bool looks_at_whole_params(size_t u) const;
     // The params the step updates whose optimizer needs `needs`, in index order (the same
     // list on every rank: the mask and the param groups agree), and this rank's segments
     // of them (their reduced gradients at `reduced`).

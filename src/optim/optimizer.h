@@ -146,12 +146,6 @@ struct OptimizerSpec {
 const OptimizerSpec *find_optimizer(int32_t optimizer);
 // The row of a valid kind.
 const OptimizerSpec &spec_of(Kind kind);
-// Whether a param of `kind` is updated with per-param sums over every rank's piece
-// (Needs::kParamReduction: lamb.h), not segment by segment alone.
-inline bool needs_param_reduction(Kind kind) { return spec_of(kind).needs == Needs::kParamReduction; }
-// Whether a param of `kind` is updated from its whole matrix on one rank (kWholeParam:
-// muon.h).
-inline bool needs_whole_param(Kind kind) { return spec_of(kind).needs == Needs::kWholeParam; }
 // Every row, in SX_OPTIM_* order; *count receives how many.
 const OptimizerSpec *all_optimizers(size_t *count);
 
@@ -225,6 +219,14 @@ struct Segment {
     int32_t param_group = -1;
     uint64_t param_offset = 0;
 };
+
+// The elements of segs, all together.
+template <class Segments>
+uint64_t total_elements(const Segments &segs) {
+    uint64_t n = 0;
+    for (const Segment &seg : segs) n += seg.n;
+    return n;
+}
 
 // Every element's gradient is used as grad[i] * grad_scale (the scale folds the average
 // over ranks and the clipping coefficient into the update, so neither needs its own
