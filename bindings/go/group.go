@@ -259,6 +259,9 @@ const (
 	// Muon, as torch.optim.Muon: 2-D params only (give others a group of another
 	// optimizer, AdamW as usual); CPU groups only.
 	Muon Optimizer = 11
+	// Adafactor, as torch.optim.Adafactor: factored second moments for params of two or
+	// more dimensions; CPU groups only.
+	Adafactor Optimizer = 12
 	// The first id RegisterOptimizer returns: a custom optimizer is an Optimizer too.
 	OptimCustomFirst Optimizer = 1000
 )
@@ -289,6 +292,10 @@ type ParamGroup struct {
 	NSA, NSB, NSC float64
 	NSSteps       int32
 	AdjustLR      MuonAdjustLR
+	// Adafactor: the second moments' decay, (1 - beta2_t) = step^Beta2Decay (<= 0), the
+	// floor of a param's RMS in its step size (the second of torch's eps; its first is
+	// Eps, torch's None 2^-23), and the update's RMS clip (>= 1).
+	Beta2Decay, Eps2, D float64
 }
 
 // MuonAdjustLR is Muon's adjust_lr_fn: the lr a param of shape [A, B] is updated with.
@@ -313,7 +320,8 @@ func NewParamGroup(opt Optimizer) ParamGroup {
 		LRDecay: float64(d.lr_decay), InitialAccumulatorValue: float64(d.initial_accumulator_value),
 		Alpha: float64(d.alpha), Centered: d.centered != 0, MomentumDecay: float64(d.momentum_decay),
 		DecoupledWeightDecay: d.decoupled_weight_decay != 0, NSA: float64(d.ns_a), NSB: float64(d.ns_b),
-		NSC: float64(d.ns_c), NSSteps: int32(d.ns_steps), AdjustLR: MuonAdjustLR(d.adjust_lr)}
+		NSC: float64(d.ns_c), NSSteps: int32(d.ns_steps), AdjustLR: MuonAdjustLR(d.adjust_lr),
+		Beta2Decay: float64(d.beta2_decay), Eps2: float64(d.eps2), D: float64(d.d)}
 }
 
 func cbool(b bool) C.int32_t {
@@ -339,6 +347,7 @@ func (g *ShardGroup) AddParamGroup(p ParamGroup) (int32, error) {
 	d.momentum_decay, d.decoupled_weight_decay = C.double(p.MomentumDecay), cbool(p.DecoupledWeightDecay)
 	d.ns_a, d.ns_b, d.ns_c = C.double(p.NSA), C.double(p.NSB), C.double(p.NSC)
 	d.ns_steps, d.adjust_lr = C.int32_t(p.NSSteps), C.int32_t(p.AdjustLR)
+	d.beta2_decay, d.eps2, d.d = C.double(p.Beta2Decay), C.double(p.Eps2), C.double(p.D)
 	var index C.int32_t = -1
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_add_param_group(raw, &d, &index) })
 	return int32(index), err
@@ -374,6 +383,11 @@ const (
 	HPNSC      Hyperparameter = 19
 	HPNSSteps  Hyperparameter = 20
 	HPAdjustLR Hyperparameter = 21
+	// Adafactor: the second moments' decay (<= 0), the floor of a param's RMS in its step
+	// size (the second of torch's eps), and the update's RMS clip (>= 1).
+	HPBeta2Decay Hyperparameter = 22
+	HPEps2       Hyperparameter = 23
+	HPD          Hyperparameter = 24
 	// A custom optimizer's own hyperparameter i (counting only its own, in registration
 	// order) is HPCustom + Hyperparameter(i); see CustomHyperparameter.
 	HPCustom Hyperparameter = 1000

@@ -93,6 +93,9 @@ func cLayouts() []structLayout {
 			f("ns_c", unsafe.Offsetof(pg.ns_c), unsafe.Sizeof(pg.ns_c)),
 			f("ns_steps", unsafe.Offsetof(pg.ns_steps), unsafe.Sizeof(pg.ns_steps)),
 			f("adjust_lr", unsafe.Offsetof(pg.adjust_lr), unsafe.Sizeof(pg.adjust_lr)),
+			f("beta2_decay", unsafe.Offsetof(pg.beta2_decay), unsafe.Sizeof(pg.beta2_decay)),
+			f("eps2", unsafe.Offsetof(pg.eps2), unsafe.Sizeof(pg.eps2)),
+			f("d", unsafe.Offsetof(pg.d), unsafe.Sizeof(pg.d)),
 		}},
 		{"sx_param_desc_t", unsafe.Sizeof(pd), unsafe.Alignof(pd), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pd.struct_size), unsafe.Sizeof(pd.struct_size)),

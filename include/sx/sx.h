@@ -153,6 +153,12 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
  * each rank its piece of the update. 2-D params only (sx_finalize refuses others: give
  * them a param group of another optimizer, AdamW as usual). CPU groups only (1.5). */
 #define SX_OPTIM_MUON 11
+/* Adafactor, as torch.optim.Adafactor: a param of two or more dimensions keeps the means
+ * of its squared gradient over its rows and over its columns (factored second moments,
+ * far less state than Adam's), a 0-D or 1-D one a second moment per element; each
+ * update is scaled by the param's RMS and clipped by its own RMS, sums that sx takes
+ * over every rank's piece. CPU groups only (1.5). */
+#define SX_OPTIM_ADAFACTOR 12
 
 /* Hyperparameter keys for sx_set_hyperparameter / sx_get_hyperparameter. */
 #define SX_HP_LR 1
@@ -176,6 +182,9 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
 #define SX_HP_NS_C 19
 #define SX_HP_NS_STEPS 20 /* Muon: Newton-Schulz iterations, 1 to 99 */
 #define SX_HP_ADJUST_LR 21 /* Muon: SX_MUON_ADJUST_LR_* */
+#define SX_HP_BETA2_DECAY 22 /* Adafactor: the second moments' decay, (1 - beta2_t) = step^beta2_decay, <= 0 */
+#define SX_HP_EPS2 23        /* Adafactor: the floor of a param's RMS in its step size (eps's second) */
+#define SX_HP_D 24           /* Adafactor: the update's RMS is clipped to d, >= 1 */
 
 /* Muon's adjust_lr_fn: the lr a param of shape [A, B] is updated with. */
 #define SX_MUON_ADJUST_LR_ORIGINAL 0             /* lr * sqrt(max(1, A / B)) (torch's None or "original") */
@@ -391,6 +400,8 @@ typedef struct sx_param_group_desc {
     double ns_a, ns_b, ns_c;        /* Muon: Newton-Schulz coefficients */
     int32_t ns_steps;               /* Muon: Newton-Schulz iterations, 1 to 99 */
     int32_t adjust_lr;              /* Muon: SX_MUON_ADJUST_LR_* */
+    /* Appended in 1.5: Adafactor's (defaults -0.8, 1e-3, 1.0); its eps1 is eps. */
+    double beta2_decay, eps2, d;
 } sx_param_group_desc_t;
 
 /* Fills *desc with the defaults of `optimizer` (SX_OPTIM_*; 0 = AdamW), torch.optim's
@@ -399,9 +410,10 @@ typedef struct sx_param_group_desc {
  * lr 1e-2, alpha 0.99, eps 1e-8; Adamax lr 2e-3, betas (0.9, 0.999), eps 1e-8; NAdam
  * the same with momentum_decay 4e-3; Lion lr 1e-4, betas (0.9, 0.99); LAMB lr 1e-3,
  * betas (0.9, 0.999), eps 1e-6, decoupled_weight_decay 1 (pytorch-optimizer's Lamb);
- * Muon lr 1e-3, weight_decay 0.1, momentum 0.95, nesterov 1, eps 1e-7; ns_a, ns_b, ns_c
- * 3.4445, -4.7750, 2.0315 and ns_steps 5 for every optimizer (Muon's); every other value
- * 0. Because zero is a meaningful value for several hyperparameters, the defaults come
+ * Muon lr 1e-3, weight_decay 0.1, momentum 0.95, nesterov 1, eps 1e-7; Adafactor lr
+ * 1e-2, eps 2^-23 (torch's eps1 of None: fp32's machine epsilon); ns_a, ns_b, ns_c
+ * 3.4445, -4.7750, 2.0315 and ns_steps 5, beta2_decay -0.8, eps2 1e-3 and d 1 for every
+ * optimizer (Muon's and Adafactor's); every other value 0. Because zero is a meaningful value for several hyperparameters, the defaults come
  * from this function (and, for an older caller's shorter struct, from the optimizer's
  * defaults), not from zero. Which hyperparameters apply to which optimizer, and the
  * range each must lie in, are in docs/optimizers.md; a value set for a hyperparameter

@@ -326,7 +326,8 @@ class Checkpointer::Load {
             if (options_.params_only) continue;
             const ParamEntry &e = m_.params[index_[p]];
             if (e.tensors.size() <= 1) continue;
-            const std::vector<TensorKind> kinds = stored_kinds(shard_.progress.hypers[g_.param(p).group]);
+            const std::vector<TensorKind> kinds =
+                stored_kinds(shard_.progress.hypers[g_.param(p).group], static_cast<int>(g_.param(p).shape.size()));
             for (size_t k = 1; k < kinds.size(); ++k) {
                 bool present = false;
                 for (const Tensor &t : e.tensors) present |= t.kind == kinds[k];
@@ -563,7 +564,7 @@ class Checkpointer::Load {
         for (size_t p = 0; p < index_.size(); ++p) {
             if (index_[p] < 0) continue;
             const ParamEntry &e = m_.params[index_[p]];
-            pr.params[p] = {e.step, e.momentum_steps, e.mu_product};
+            pr.params[p] = {e.step, e.momentum_steps, e.mu_product, e.row_var, e.col_var};
         }
         for (size_t i = 0; i < m_.param_groups.size() && i < pr.hypers.size(); ++i) {
             const optim::Kind kind = pr.hypers[i].kind;

@@ -65,7 +65,7 @@ uint64_t encoded_size_bound(const Manifest &m) {
     auto vector = [](uint64_t n, uint64_t elem) { return 16 + n * elem; };  // length, padding, offset
     auto string = [](uint64_t n) { return 16 + n; };                        // ... and the NUL
     uint64_t bound = 64 + table(14) + table(2) + table(5);                 // root, Manifest, Version, LossScaler
-    bound += vector(m.param_groups.size(), 4) + m.param_groups.size() * table(27);
+    bound += vector(m.param_groups.size(), 4) + m.param_groups.size() * table(30);
     for (const ParamGroupEntry &g : m.param_groups) {
         bound += string(g.optimizer_name.size()) + vector(g.slot_names.size(), 4) + vector(g.custom_names.size(), 4) +
                  vector(g.custom_values.size(), 8);
@@ -75,7 +75,8 @@ uint64_t encoded_size_bound(const Manifest &m) {
     bound += vector(m.params.size(), 4);
     bound += vector(m.file_indexes.size(), 4) + m.file_indexes.size() * table(4);
     for (const ParamEntry &p : m.params) {
-        bound += table(11) + string(p.name.size()) + vector(p.shape.size(), 8) + vector(p.tensors.size(), 4);
+        bound += table(14) + string(p.name.size()) + vector(p.shape.size(), 8) + vector(p.tensors.size(), 4) +
+                 vector(p.row_var.size(), 4) + vector(p.col_var.size(), 4);
         for (const Tensor &t : p.tensors)
             bound += table(3) + vector(t.chunks.size(), 4) + t.chunks.size() * table(6);
     }
@@ -98,9 +99,11 @@ Offset<fb::Param> build_param(FlatBufferBuilder &fbb, const ParamEntry &p) {
     const auto name = fbb.CreateString(p.name);
     const auto shape = fbb.CreateVector(p.shape);
     const auto tensor_vector = fbb.CreateVector(tensors);
+    const auto row_var = p.row_var.empty() ? 0 : fbb.CreateVector(p.row_var);
+    const auto col_var = p.col_var.empty() ? 0 : fbb.CreateVector(p.col_var);
     return fb::CreateParam(fbb, name, shape, static_cast<fb::DType>(p.dtype), p.unit, p.param_group,
                            p.trainable, p.step, p.momentum_steps, tensor_vector, p.unit_offset, p.unit_shard_numel,
-                           p.mu_product);
+                           p.mu_product, row_var, col_var);
 }
 
 // Reads the format version before anything else is verified: a later major may
@@ -255,6 +258,12 @@ class Reader {
         p->mu_product = in.mu_product();
         p->unit_offset = in.unit_offset();
         p->unit_shard_numel = in.unit_shard_numel();
+        for (int which = 0; which < 2; ++which) {
+            const auto *v = which == 0 ? in.row_var() : in.col_var();
+            if (!v) continue;
+            SX_TRY(take(v->size() * sizeof(float), format("param #%u's %s", i, which == 0 ? "row_var" : "col_var")));
+            (which == 0 ? p->row_var : p->col_var).assign(v->begin(), v->end());
+        }
         if (const auto *tensors = in.tensors()) {
             p->tensors.resize(tensors->size());
             for (flatbuffers::uoffset_t t = 0; t < tensors->size(); ++t) {
@@ -325,8 +334,8 @@ std::string tensor_name(const ParamGroupEntry &g, TensorKind kind) {
     return named ? g.slot_names[static_cast<size_t>(k)] : tensor_suffix(kind) + 1;
 }
 
-std::vector<TensorKind> stored_kinds(const ParamGroupEntry &g) {
-    if (g.optimizer != kCustomOptimizer) return stored_kinds(hyper_of(g));
+std::vector<TensorKind> stored_kinds(const ParamGroupEntry &g, int ndim) {
+    if (g.optimizer != kCustomOptimizer) return stored_kinds(hyper_of(g), ndim);
     std::vector<TensorKind> kinds = {TensorKind::kParam};
     for (size_t k = 0; k < g.slot_names.size() && k < static_cast<size_t>(SX_MAX_CUSTOM_SLOTS); ++k)
         kinds.push_back(static_cast<TensorKind>(static_cast<int>(TensorKind::kSlot0) + static_cast<int>(k)));
@@ -350,7 +359,7 @@ namespace {
 // them where no group is at hand.
 const char *const kSuffixOfKind[kNumTensorKinds] = {"",     ".exp_avg",    ".exp_avg_sq", ".max_exp_avg_sq", ".momentum_buffer",
                                                     ".sum", ".square_avg", ".grad_avg",   ".exp_inf",
-                                                    ".slot0", ".slot1", ".slot2"};
+                                                    ".slot0", ".slot1", ".slot2", ".variance"};
 
 }  // namespace
 
@@ -360,24 +369,25 @@ const char *tensor_suffix(TensorKind kind) {
 }
 
 bool tensor_kind_of(const char *slot, TensorKind *kind) {
-    for (int k = 1; k < static_cast<int>(TensorKind::kSlot0); ++k)
-        if (std::strcmp(kSuffixOfKind[k] + 1, slot) == 0) {
+    for (int k = 1; k < kNumTensorKinds; ++k)
+        if ((k < static_cast<int>(TensorKind::kSlot0) || k > static_cast<int>(TensorKind::kSlot2)) &&
+            std::strcmp(kSuffixOfKind[k] + 1, slot) == 0) {
             *kind = static_cast<TensorKind>(k);
             return true;
         }
     return false;
 }
 
-std::vector<TensorKind> stored_kinds(const optim::Hyper &h) {
+std::vector<TensorKind> stored_kinds(const optim::Hyper &h, int ndim) {
     std::vector<TensorKind> kinds = {TensorKind::kParam};
     if (optim::is_custom(h.kind)) {
         for (int k = 0; k < optim::state_slots(h); ++k)
             kinds.push_back(static_cast<TensorKind>(static_cast<int>(TensorKind::kSlot0) + k));
         return kinds;
     }
-    for (int k = 0; k < optim::state_slots(h); ++k) {
+    for (int k = 0; k < optim::state_slots(h, ndim); ++k) {
         TensorKind kind = TensorKind::kParam;
-        if (tensor_kind_of(optim::state_slot_name(h, k), &kind)) kinds.push_back(kind);
+        if (tensor_kind_of(optim::state_slot_name(h, k, ndim), &kind)) kinds.push_back(kind);
     }
     return kinds;
 }

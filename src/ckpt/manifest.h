@@ -41,8 +41,9 @@ enum class TensorKind : int8_t {
     kSlot0 = 9,  // a custom optimizer's slot k: kSlot0 + k, named by its group's slot_names
     kSlot1 = 10,
     kSlot2 = 11,
+    kVariance = 12,  // Adafactor's, of a 0-D or 1-D param
 };
-constexpr int kNumTensorKinds = 12;
+constexpr int kNumTensorKinds = 13;
 // The manifest's Optimizer value of a registered optimizer (ParamGroupEntry::optimizer_name).
 constexpr int32_t kCustomOptimizer = 100;
 // "", ".exp_avg", ".exp_avg_sq", ...: the suffix of the tensor's name in exports ("."
@@ -50,9 +51,9 @@ constexpr int32_t kCustomOptimizer = 100;
 const char *tensor_suffix(TensorKind kind);
 // The kind that holds the state slot torch names `slot` ("exp_avg"); false if none does.
 bool tensor_kind_of(const char *slot, TensorKind *kind);
-// What a param of a group with hyperparameters h stores: kParam, then one kind per
-// state slot of its optimizer (optim::state_slot_name), in slot order.
-std::vector<TensorKind> stored_kinds(const optim::Hyper &h);
+// What a param of `ndim` dimensions in a group with hyperparameters h stores: kParam,
+// then one kind per state slot of its optimizer (optim::state_slot_name), in slot order.
+std::vector<TensorKind> stored_kinds(const optim::Hyper &h, int ndim = -1);
 
 struct Chunk {
     uint64_t begin = 0, end = 0;  // elements, in the param's own index space
@@ -75,6 +76,9 @@ struct ParamEntry {
     bool trainable = true;
     int64_t step = 0, momentum_steps = 0;
     float mu_product = 1.0f;  // 3.0: NAdam's; 1 before (NAdam is new in 3.0)
+    // 3.0: Adafactor's factored moments of a param of two or more dimensions (rows'
+    // means, then columns'), whole; empty before its first update and for other params.
+    std::vector<float> row_var, col_var;
     // The tensors' kinds and dtypes; their chunks as far as they are known (format 1.x:
     // all, from the MANIFEST; 2.0: those of the files whose indexes were read).
     std::vector<Tensor> tensors;
@@ -108,7 +112,7 @@ struct ParamGroupEntry {
 std::string tensor_name(const ParamGroupEntry &g, TensorKind kind);
 // The kinds a param of group g stores: as stored_kinds(hyper_of(g)), and for a custom
 // optimizer (registered here or not) kParam then kSlot0 + k for each of its slots.
-std::vector<TensorKind> stored_kinds(const ParamGroupEntry &g);
+std::vector<TensorKind> stored_kinds(const ParamGroupEntry &g, int ndim = -1);
 
 // The group's optimizer for messages, with what decides its state slots: "SGD",
 // "Adam with amsgrad", "RMSprop with momentum, centered".

@@ -192,8 +192,8 @@ namespace {
 
 // Whether a tensor of `kind` belongs to a param updated with optimizer `g` (the state
 // slots of its row of the optimizer table).
-bool kind_fits(TensorKind kind, const ParamGroupEntry &g) {
-    for (TensorKind k : stored_kinds(g))
+bool kind_fits(TensorKind kind, const ParamGroupEntry &g, int ndim) {
+    for (TensorKind k : stored_kinds(g, ndim))
         if (k == kind) return true;
     return false;
 }
@@ -250,6 +250,29 @@ Status validate_chunks(const Manifest &m, size_t pi, size_t ti, uint64_t numel, 
     return Status::Ok();
 }
 
+// Adafactor's factored moments: only for a param of two or more dimensions in an
+// Adafactor group, each of its size (prod(shape[:-1]) rows, prod(shape[:-2]) * C
+// columns) or empty (before the first update), finite and >= 0 (means of squares).
+Status validate_factors(const ParamEntry &p, const ParamGroupEntry &group, const std::string &label) {
+    if (p.row_var.empty() && p.col_var.empty()) return Status::Ok();
+    SX_CHECK(group.optimizer == SX_OPTIM_ADAFACTOR && p.shape.size() >= 2, SX_ERR_CORRUPT,
+             "manifest: %s holds factored moments (row_var, col_var), which only a param of two or more "
+             "dimensions keeps under Adafactor (it has %zu, under %s)",
+             label.c_str(), p.shape.size(), optimizer_text(group).c_str());
+    const uint64_t cols = static_cast<uint64_t>(p.shape.back());
+    const uint64_t rows = p.numel() / cols, batch = rows / static_cast<uint64_t>(p.shape[p.shape.size() - 2]);
+    SX_CHECK(p.row_var.size() == rows && p.col_var.size() == batch * cols, SX_ERR_CORRUPT,
+             "manifest: %s: row_var holds %zu values and col_var %zu; its shape needs %llu and %llu", label.c_str(),
+             p.row_var.size(), p.col_var.size(), static_cast<unsigned long long>(rows),
+             static_cast<unsigned long long>(batch * cols));
+    for (const std::vector<float> *v : {&p.row_var, &p.col_var})
+        for (float x : *v)
+            SX_CHECK(std::isfinite(x) && x >= 0.0f, SX_ERR_CORRUPT,
+                     "manifest: %s: its %s holds %g; means of squares are finite and >= 0", label.c_str(),
+                     v == &p.row_var ? "row_var" : "col_var", static_cast<double>(x));
+    return Status::Ok();
+}
+
 Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents) {
     const ParamEntry &p = m.params[pi];
     const std::string label = param_label(pi, p);
@@ -288,7 +311,7 @@ Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents
         SX_CHECK((seen_kinds & bit) == 0, SX_ERR_CORRUPT, "manifest: %s: tensor %s is listed twice", label.c_str(),
                  kind);
         seen_kinds |= bit;
-        SX_CHECK(kind_fits(t.kind, group), SX_ERR_CORRUPT,
+        SX_CHECK(kind_fits(t.kind, group, static_cast<int>(p.shape.size())), SX_ERR_CORRUPT,
                  "manifest: %s: tensor %s does not belong to its param group %d (%s)", label.c_str(), kind,
                  p.param_group, optimizer_text(group).c_str());
         if (m.chunks_in_files())
@@ -298,6 +321,7 @@ Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents
         else
             SX_TRY(validate_chunks(m, pi, ti, numel, extents));
     }
+    SX_TRY(validate_factors(p, group, label));
     if (m.chunks_in_files()) {
         // The param lay in the saving layout within the files: file q holds the part
         // [q * S, (q + 1) * S) of its unit's flat buffer.

@@ -137,6 +137,8 @@ Manifest skeleton_of(const core::ShardAccess &g, const core::ShardState &shard,
         e.step = shard.progress.params[p].step;
         e.momentum_steps = shard.progress.params[p].momentum_steps;
         e.mu_product = shard.progress.params[p].mu_product;
+        e.row_var = shard.progress.params[p].row_var;
+        e.col_var = shard.progress.params[p].col_var;
         const core::ParamPlacement &at = g.layout().placement(p);
         e.unit_offset = at.offset;
         e.unit_shard_numel = g.layout().units()[at.unit_index].shard_numel;
@@ -357,7 +359,8 @@ Status Checkpointer::reserve_staging() {
     if (g.replica_rank() != 0) return Status::Ok();
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
     std::vector<std::vector<TensorKind>> kinds(static_cast<size_t>(g.num_params()));
-    for (int32_t p = 0; p < g.num_params(); ++p) kinds[p] = stored_kinds(g.hyper(g.param(p).group));
+    for (int32_t p = 0; p < g.num_params(); ++p)
+        kinds[p] = stored_kinds(g.hyper(g.param(p).group), static_cast<int>(g.param(p).shape.size()));
     return grow_staging(plan_write(g.layout(), g.shard_rank(), kinds).file_bytes, HostBuffer::kPopulate);
 }
 
@@ -395,7 +398,8 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     std::vector<std::vector<TensorKind>> kinds(np);
     for (int32_t p = 0; p < np; ++p) {
         const int u = layout.placement(p).unit_index;
-        std::vector<TensorKind> k = stored_kinds(shard.progress.hypers[g.param(p).group]);
+        std::vector<TensorKind> k =
+            stored_kinds(shard.progress.hypers[g.param(p).group], static_cast<int>(g.param(p).shape.size()));
         // State exists only once the unit has been trainable; before that only values.
         k.resize(std::min(k.size(), static_cast<size_t>(shard.units[u].state_slots) + 1));
         kinds[p] = std::move(k);

@@ -496,7 +496,8 @@ Status ShardGroup::export_shard(ShardState *out) {
     for (size_t p = 0; p < table_.params().size(); ++p) st.trainable[p] = table_.flags()[p] ? 1 : 0;
     ShardProgress &pr = st.progress;
     pr.steps_taken = steps_;
-    for (const ParamSpec &spec : table_.params()) pr.params.push_back({spec.step, spec.momentum_steps, spec.mu_product});
+    for (const ParamSpec &spec : table_.params())
+        pr.params.push_back({spec.step, spec.momentum_steps, spec.mu_product, spec.row_var, spec.col_var});
     for (const ParamGroup &g : table_.groups()) {
         pr.hypers.push_back(g.hyper);
         pr.group_steps.push_back(g.steps);
@@ -544,6 +545,8 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
         table_.params()[p].step = pr.params[p].step;
         table_.params()[p].momentum_steps = pr.params[p].momentum_steps;
         table_.params()[p].mu_product = pr.params[p].mu_product;
+        table_.params()[p].row_var = pr.params[p].row_var;
+        table_.params()[p].col_var = pr.params[p].col_var;
     }
     for (size_t g = 0; g < table_.groups().size(); ++g) {
         table_.groups()[g].hyper = pr.hypers[g];

@@ -204,6 +204,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status update_shard(float grad_scale, int32_t head, double *sumsq);
     Status update_double_buffered(float grad_scale, double *sumsq);
     Status update_param_reductions(float grad_scale, double *sumsq);
+    Status sum_blocks(std::vector<double> &all, size_t width, const char *what, std::vector<double> *whole);
     Status update_whole_params(float grad_scale, double *sumsq);
     Status orthogonalise_on(int owner, const std::vector<int32_t> &covered, const std::vector<int> &owners,
                             const std::vector<int> &seg_of, const std::vector<float *> &pieces);

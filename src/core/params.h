@@ -24,6 +24,12 @@ struct ParamSpec {
     int64_t momentum_steps = 0;
     // NAdam: torch's per-param mu_product (a float32 scalar), 1 before the first update.
     float mu_product = 1.0f;
+    // Adafactor, a param of shape [..., R, C]: the running means of its squared gradient
+    // over each row (prod(shape[:-1]) values) and over each column (prod(shape[:-2]) * C),
+    // torch's row_var and col_var. Every rank of the group keeps them whole (the same
+    // bits: each rank adds the ranks' partial sums in rank order), (R + C) * 4 bytes per
+    // matrix; empty until the param's first update (torch's zeros).
+    std::vector<float> row_var, col_var;
 };
 
 struct ParamGroup {

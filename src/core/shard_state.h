@@ -52,6 +52,8 @@ struct ParamProgress {
     int64_t step = 0;
     int64_t momentum_steps = 0;
     float mu_product = 1.0f;  // NAdam's
+    // Adafactor's factored moments (ParamSpec::row_var, col_var).
+    std::vector<float> row_var, col_var;
 };
 
 // How far the optimizer has come: what a checkpoint holds besides the tensors.

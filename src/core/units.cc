@@ -86,7 +86,10 @@ Status Units::allocate(const Layout &layout, size_t first, std::vector<Unit> *ad
 int Units::required_slots(size_t u, const std::vector<uint8_t> &mask) const {
     int slots = 0;
     for (int32_t p : table_.layout->units()[u].params)
-        if (mask[p]) slots = std::max(slots, optim::state_slots((*table_.groups)[(*table_.params)[p].group].hyper));
+        if (mask[p]) {
+            const ParamSpec &spec = (*table_.params)[p];
+            slots = std::max(slots, optim::state_slots((*table_.groups)[spec.group].hyper, static_cast<int>(spec.shape.size())));
+        }
     return slots;
 }
 

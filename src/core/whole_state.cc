@@ -22,7 +22,8 @@ float *state_pointer(const UnitShard &unit, int slot) { return slot < 0 ? unit.v
 // optimizers keep.
 int slots_when_trainable(const ShardAccess &g, size_t u) {
     int slots = 0;
-    for (int32_t p : g.layout().units()[u].params) slots = std::max(slots, optim::state_slots(g.hyper(g.param(p).group)));
+    for (int32_t p : g.layout().units()[u].params)
+        slots = std::max(slots, optim::state_slots(g.hyper(g.param(p).group), static_cast<int>(g.param(p).shape.size())));
     return slots;
 }
 
@@ -48,7 +49,9 @@ ShardProgress scattered_progress(const ShardAccess &g, const ShardProgress &base
             const auto found = derived.find(key);
             mu_product = found != derived.end() ? found->second : (derived[key] = optim::mu_product_after(h, step));
         }
-        progress.params[p] = {step, steps[3 * p + 1], mu_product};
+        progress.params[p].step = step;
+        progress.params[p].momentum_steps = steps[3 * p + 1];
+        progress.params[p].mu_product = mu_product;
     }
     // The whole state is per param; an optimizer that counts steps per group (LAMB) takes
     // the most any of its params has had: its group's count but where every param of the
@@ -68,11 +71,12 @@ ShardProgress scattered_progress(const ShardAccess &g, const ShardProgress &base
 std::vector<StateTensor> state_tensors(const ShardAccess &g, const UnitShard &unit, int32_t p, bool as_if_allocated) {
     std::vector<StateTensor> t;
     const optim::Hyper &h = g.hyper(g.param(p).group);
-    const int slots = optim::state_slots(h);
+    const int ndim = static_cast<int>(g.param(p).shape.size());
+    const int slots = optim::state_slots(h, ndim);
     // A unit's state exists once it has been trainable; it has the most slots any of its
     // params' optimizers keeps.
     if (as_if_allocated || (unit.state_slots > 0 && unit.state_slots >= slots))
-        for (int k = 0; k < slots; ++k) t.push_back({optim::state_slot_name(h, k), k});
+        for (int k = 0; k < slots; ++k) t.push_back({optim::state_slot_name(h, k, ndim), k});
     if (unit.master) t.push_back({kMaster, -1});
     return t;
 }

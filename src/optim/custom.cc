@@ -57,6 +57,8 @@ Status check_standard_default(const CustomHyper &h) {
     if (h.key == k) {                                                                                            \
         SX_CHECK_ARG(Rule::rule != Rule::kNonNegative || v >= 0, "hyperparameter '%s': its default %g must be >= 0", \
                      #n, v);                                                                                     \
+        SX_CHECK_ARG(Rule::rule != Rule::kNonPositive || v <= 0, "hyperparameter '%s': its default %g must be <= 0", \
+                     #n, v);                                                                                     \
         SX_CHECK_ARG(Rule::rule != Rule::kBeta || (v >= 0 && v < 1),                                             \
                      "hyperparameter '%s': its default %g must be in [0, 1)", #n, v);                           \
         SX_CHECK_ARG(Rule::rule != Rule::kFlag || v == 0 || v == 1,                                              \

@@ -171,7 +171,8 @@ SegmentConsts make_consts(const Segment &seg, float grad_scale) {
         return c;
     }
     case Kind::kLamb:
-    case Kind::kMuon: return c;  // not elementwise: lamb.h, muon.h (the step never gives them a kernel)
+    case Kind::kMuon:
+    case Kind::kAdafactor: return c;  // not elementwise: lamb.h, muon.h, adafactor.h (the step never gives them a kernel)
     case Kind::kLion:
         c.variant = Variant::kLion;
         c.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);

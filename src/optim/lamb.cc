@@ -7,14 +7,11 @@
 #include <vector>
 
 #include "base/half.h"
-#include "optim/thread_pool.h"
+#include "optim/passes.h"
 
 namespace sx {
 namespace optim {
 namespace {
-
-// Elements per piece: a piece's partial sums are added in piece order.
-constexpr size_t kPiece = 4096;
 
 // The constants of one param group's step, each a Python float rounded to fp32 where a
 // tensor op takes it.
@@ -86,45 +83,18 @@ SX_LAMB_CLONES void second_range(const Segment &seg, const Consts &c, float fact
     if (seg.compute_out) half::from_f32(seg.compute_dtype, p + lo, seg.compute_out + lo, hi - lo);
 }
 
-// A piece of work: elements [lo, hi) of segment `seg`.
-struct Piece {
-    size_t seg, lo, hi;
-};
-
-std::vector<Piece> pieces_of(const Segment *segs, size_t num_segs) {
-    std::vector<Piece> out;
-    for (size_t s = 0; s < num_segs; ++s)
-        for (size_t lo = 0; lo < segs[s].n; lo += kPiece) out.push_back({s, lo, std::min(segs[s].n, lo + kPiece)});
-    return out;
-}
-
-// fn(piece index) for every piece, the pieces split into contiguous runs across the pool.
-template <typename F>
-void for_each(size_t count, ThreadPool *pool, F fn) {
-    const int threads = pool ? static_cast<int>(std::min<size_t>(static_cast<size_t>(pool->size()), count)) : 1;
-    if (threads <= 1) {
-        for (size_t i = 0; i < count; ++i) fn(i);
-        return;
-    }
-    pool->run([&](int t) {
-        if (t >= threads) return;
-        const size_t begin = count * static_cast<size_t>(t) / threads, end = count * static_cast<size_t>(t + 1) / threads;
-        for (size_t i = begin; i < end; ++i) fn(i);
-    });
-}
-
 }  // namespace
 
 void lamb_first_pass(const Segment *segs, size_t num_segs, float grad_scale, ThreadPool *pool, LambSums *sums,
                      double *grad_sumsq) {
-    const std::vector<Piece> pieces = pieces_of(segs, num_segs);
+    const std::vector<PassPiece> pieces = pass_pieces(segs, num_segs);
     std::vector<LambSums> part(pieces.size());
     std::vector<double> grad_part(pieces.size(), 0.0);
     std::vector<Consts> consts(num_segs);
     for (size_t s = 0; s < num_segs; ++s)
         if (segs[s].n > 0) consts[s] = consts_of(*segs[s].hyper, grad_scale);
-    for_each(pieces.size(), pool, [&](size_t i) {
-        const Piece &pc = pieces[i];
+    for_each_index(pieces.size(), pool, [&](size_t i) {
+        const PassPiece &pc = pieces[i];
         first_range(segs[pc.seg], consts[pc.seg], pc.lo, pc.hi, &part[i], &grad_part[i]);
     });
     for (size_t s = 0; s < num_segs; ++s) sums[s] = LambSums();
@@ -150,12 +120,12 @@ float lamb_factor(const Hyper &h, int64_t step, const LambSums &whole) {
 }
 
 void lamb_second_pass(const Segment *segs, size_t num_segs, const float *factors, ThreadPool *pool) {
-    const std::vector<Piece> pieces = pieces_of(segs, num_segs);
+    const std::vector<PassPiece> pieces = pass_pieces(segs, num_segs);
     std::vector<Consts> consts(num_segs);
     for (size_t s = 0; s < num_segs; ++s)
         if (segs[s].n > 0) consts[s] = consts_of(*segs[s].hyper, 1.0f);
-    for_each(pieces.size(), pool, [&](size_t i) {
-        const Piece &pc = pieces[i];
+    for_each_index(pieces.size(), pool, [&](size_t i) {
+        const PassPiece &pc = pieces[i];
         second_range(segs[pc.seg], consts[pc.seg], factors[pc.seg], pc.lo, pc.hi);
     });
 }

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "base/half.h"
-#include "optim/thread_pool.h"
+#include "optim/passes.h"
 
 namespace sx {
 namespace optim {
@@ -18,19 +18,6 @@ namespace {
 #else
 #define SX_MUON_CLONES
 #endif
-
-// torch's lerp_ of fp32 tensors with a scalar weight w: self + w * (end - self) for
-// |w| < 0.5, else end - (1 - w) * (end - self).
-struct Lerp {
-    float coeff;
-    bool from_end;
-    explicit Lerp(double weight) {
-        const float w = static_cast<float>(weight);
-        from_end = !(std::fabs(w) < 0.5f);
-        coeff = from_end ? -(1.0f - w) : w;
-    }
-    float operator()(float self, float end) const { return (from_end ? end : self) + coeff * (end - self); }
-};
 
 inline float bf16(float x) { return half::bf16_to_f32(half::f32_to_bf16(x)); }
 

@@ -27,12 +27,14 @@ enum class Kind : int32_t {
     kLion = SX_OPTIM_LION,
     kLamb = SX_OPTIM_LAMB,
     kMuon = SX_OPTIM_MUON,
+    kAdafactor = SX_OPTIM_ADAFACTOR,
 };
 
 // The range a hyperparameter's value must lie in (besides being finite).
 enum class Rule : int32_t {
     kAny,
     kNonNegative,  // >= 0
+    kNonPositive,  // <= 0
     kBeta,         // in [0, 1)
     kFlag,         // 0 or 1
 };
@@ -66,10 +68,13 @@ enum class Rule : int32_t {
     X(ns_b, double, -4.7750, SX_HP_NS_B, kAny)                                      \
     X(ns_c, double, 2.0315, SX_HP_NS_C, kAny)                                       \
     X(ns_steps, double, 5.0, SX_HP_NS_STEPS, kNonNegative)                          \
-    X(adjust_lr, double, 0.0, SX_HP_ADJUST_LR, kNonNegative)
+    X(adjust_lr, double, 0.0, SX_HP_ADJUST_LR, kNonNegative)                        \
+    X(beta2_decay, double, -0.8, SX_HP_BETA2_DECAY, kNonPositive)                   \
+    X(eps2, double, 1e-3, SX_HP_EPS2, kNonNegative)                                 \
+    X(d, double, 1.0, SX_HP_D, kNonNegative)
 
 // The largest SX_HP_* key.
-constexpr int32_t kMaxHyperKey = SX_HP_ADJUST_LR;
+constexpr int32_t kMaxHyperKey = SX_HP_D;
 
 // The most steps a param (or a group) may count: 2^53, the last count a double holds
 // exactly (the bias corrections raise betas to the step in double); a step a
@@ -108,10 +113,11 @@ enum class Needs : int32_t {
 };
 
 // One state slot: torch's name for it in the optimizer's state dict, and whether a
-// group with hyperparameters h keeps it (nullptr: always).
+// param of `ndim` dimensions in a group with hyperparameters h keeps it (nullptr:
+// always). ndim -1 asks whether any param of the group may keep it.
 struct StateSlot {
     const char *name;
-    bool (*kept)(const Hyper &h);
+    bool (*kept)(const Hyper &h, int ndim);
 };
 
 // A hyperparameter value an optimizer's row sets in place of the table's default.
@@ -172,10 +178,13 @@ Status validate(const Hyper &h);
 // ranks and checkpoints see one value.
 Hyper with_unused_defaults(const Hyper &h);
 
-// Number of fp32 state slots a group with hyperparameters h keeps per element (those
-// of its row that h keeps), and torch's name of slot `slot` (< state_slots(h)).
-int state_slots(const Hyper &h);
-const char *state_slot_name(const Hyper &h, int slot);
+// Number of fp32 state slots a param of `ndim` dimensions in a group with
+// hyperparameters h keeps per element (those of its row that h keeps for it; ndim -1:
+// the most any param of the group keeps), and torch's name of slot `slot` (<
+// state_slots(h, ndim)). Only Adafactor's depend on ndim (a 0-D or 1-D param's
+// `variance`; a larger one keeps its factored moments outside the slots).
+int state_slots(const Hyper &h, int ndim = -1);
+const char *state_slot_name(const Hyper &h, int slot, int ndim = -1);
 
 // NAdam: the param's product of momentum coefficients after update `step` (1 for its
 // first), from the product before it, as torch computes it (a float32 tensor times

@@ -17,9 +17,12 @@ constexpr uint32_t bit(int32_t key) { return 1u << key; }
 constexpr uint32_t kCommon = bit(SX_HP_LR) | bit(SX_HP_WEIGHT_DECAY) | bit(SX_HP_MAXIMIZE);
 constexpr uint32_t kBetas = bit(SX_HP_BETA1) | bit(SX_HP_BETA2);
 
-bool if_momentum(const Hyper &h) { return h.momentum != 0.0; }
-bool if_amsgrad(const Hyper &h) { return h.amsgrad; }
-bool if_centered(const Hyper &h) { return h.centered; }
+bool if_momentum(const Hyper &h, int) { return h.momentum != 0.0; }
+bool if_amsgrad(const Hyper &h, int) { return h.amsgrad; }
+bool if_centered(const Hyper &h, int) { return h.centered; }
+// Adafactor's per-element second moment: params of fewer than two dimensions (a larger
+// one's moments are factored, optim/adafactor.h).
+bool if_unfactored(const Hyper &, int ndim) { return ndim < 2; }
 
 Status check_sgd(const Hyper &h) {
     SX_CHECK_ARG(!h.nesterov || (h.momentum > 0 && h.dampening == 0),
@@ -36,6 +39,11 @@ Status check_muon(const Hyper &h) {
                  "adjust_lr = %g; it is SX_MUON_ADJUST_LR_ORIGINAL (0), _MATCH_RMS_ADAMW (1) or "
                  "_SPECTRAL_UNCLAMPED (2)",
                  h.adjust_lr);
+    return Status::Ok();
+}
+
+Status check_adafactor(const Hyper &h) {
+    SX_CHECK_ARG(h.d >= 1.0, "d = %g; Adafactor's clipping threshold must be >= 1 (as torch.optim.Adafactor's)", h.d);
     return Status::Ok();
 }
 
@@ -84,6 +92,13 @@ const OptimizerSpec kOptimizers[] = {
      0, {{"momentum_buffer", nullptr}}, nullptr,
      {{SX_HP_WEIGHT_DECAY, 0.1}, {SX_HP_MOMENTUM, 0.95}, {SX_HP_NESTEROV, 1}, {SX_HP_EPS, 1e-7}, {0, 0}}, check_muon,
      nullptr},
+    // torch.optim.Adafactor (optim/adafactor.h): its eps pair is (eps, eps2), eps's
+    // default torch's None for fp32 (the machine epsilon, 2^-23); the factored moments of
+    // a param of two or more dimensions are kept per param (ParamSpec::factors), not in
+    // a slot.
+    {Kind::kAdafactor, "Adafactor", "torch.optim.Adafactor", Needs::kParamReduction,
+     kCommon | bit(SX_HP_EPS) | bit(SX_HP_BETA2_DECAY) | bit(SX_HP_EPS2) | bit(SX_HP_D), 0,
+     {{"variance", if_unfactored}}, nullptr, {{SX_HP_LR, 1e-2}, {SX_HP_EPS, 0x1p-23}, {0, 0}}, check_adafactor, nullptr},
 };
 constexpr size_t kNumOptimizers = sizeof kOptimizers / sizeof kOptimizers[0];
 
@@ -175,6 +190,7 @@ Status validate(const Hyper &h) {
                          #name, v,                                                                                \
                          optimizer, users_of(key).c_str());                                                       \
         SX_CHECK_ARG(Rule::rule != Rule::kNonNegative || v >= 0, "%s = %g; it must be >= 0", #name, v);           \
+        SX_CHECK_ARG(Rule::rule != Rule::kNonPositive || v <= 0, "%s = %g; it must be <= 0", #name, v);           \
         SX_CHECK_ARG(Rule::rule != Rule::kBeta || (v >= 0 && v < 1), "%s = %g; it must be in [0, 1)", #name, v); \
     }
     SX_HYPERPARAMETERS(SX_CHECK_ONE)
@@ -210,19 +226,19 @@ Hyper with_unused_defaults(const Hyper &h) {
     return out;
 }
 
-int state_slots(const Hyper &h) {
+int state_slots(const Hyper &h, int ndim) {
     const OptimizerSpec &s = spec_of(h.kind);
     int n = 0;
     for (const StateSlot &slot : s.slots)
-        if (slot.name && (!slot.kept || slot.kept(h))) ++n;
+        if (slot.name && (!slot.kept || slot.kept(h, ndim))) ++n;
     return n;
 }
 
-const char *state_slot_name(const Hyper &h, int slot) {
+const char *state_slot_name(const Hyper &h, int slot, int ndim) {
     const OptimizerSpec &s = spec_of(h.kind);
     int n = 0;
     for (const StateSlot &sl : s.slots)
-        if (sl.name && (!sl.kept || sl.kept(h)) && n++ == slot) return sl.name;
+        if (sl.name && (!sl.kept || sl.kept(h, ndim)) && n++ == slot) return sl.name;
     return "?";
 }
 

@@ -291,7 +291,8 @@ void reference_update(const Segment &seg, float grad_scale) {
     case Kind::kRadam: return reference_radam(seg, grad_scale);
     case Kind::kLion: return reference_lion(seg, grad_scale);
     case Kind::kLamb:
-    case Kind::kMuon: return;  // not elementwise: lamb.h, muon.h
+    case Kind::kMuon:
+    case Kind::kAdafactor: return;  // not elementwise: lamb.h, muon.h, adafactor.h
     }
 }
 

@@ -248,8 +248,11 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
             b.add_ns_c(g.ns_c);
             b.add_ns_steps(g.ns_steps);
             b.add_adjust_lr(g.adjust_lr);
+            b.add_beta2_decay(g.beta2_decay);
+            b.add_eps2(g.eps2);
+            b.add_d(g.d);
         }
-        extras(major >= 3 ? fb::ParamGroup::VT_ADJUST_LR : fb::ParamGroup::VT_AMSGRAD);
+        extras(major >= 3 ? fb::ParamGroup::VT_D : fb::ParamGroup::VT_AMSGRAD);
         groups.push_back(b.Finish());
     }
     std::vector<Offset<fb::Param>> params;
@@ -279,6 +282,8 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
         const auto name = fbb.CreateString(p.name);
         const auto shape = fbb.CreateVector(p.shape);
         const auto tensor_vector = fbb.CreateVector(tensors);
+        const auto row_var = major >= 3 && !p.row_var.empty() ? fbb.CreateVector(p.row_var) : 0;
+        const auto col_var = major >= 3 && !p.col_var.empty() ? fbb.CreateVector(p.col_var) : 0;
         fb::ParamBuilder b(fbb);
         b.add_name(name);
         b.add_shape(shape);
@@ -293,8 +298,12 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
             b.add_unit_offset(p.unit_offset);
             b.add_unit_shard_numel(p.unit_shard_numel);
         }
-        if (major >= 3) b.add_mu_product(p.mu_product);  // 3.0
-        extras(major >= 3   ? fb::Param::VT_MU_PRODUCT
+        if (major >= 3) {  // 3.0
+            b.add_mu_product(p.mu_product);
+            if (!row_var.IsNull()) b.add_row_var(row_var);
+            if (!col_var.IsNull()) b.add_col_var(col_var);
+        }
+        extras(major >= 3   ? fb::Param::VT_COL_VAR
                : major >= 2 ? fb::Param::VT_UNIT_SHARD_NUMEL
                             : fb::Param::VT_TENSORS);
         params.push_back(b.Finish());

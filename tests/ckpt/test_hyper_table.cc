@@ -38,9 +38,9 @@ double distinct_value(const char *name, bool flag) {
     if (flag) return 1.0;
     const char *names[] = {"lr",       "weight_decay", "beta1",     "beta2", "eps", "momentum", "dampening",
                            "lr_decay", "initial_accumulator_value", "alpha", "momentum_decay", "ns_a", "ns_b",
-                           "ns_c", "ns_steps", "adjust_lr"};
+                           "ns_c", "ns_steps", "adjust_lr", "beta2_decay", "eps2", "d"};
     const double values[] = {0.0123, 0.0456, 0.789, 0.9876, 3.5e-7, 0.65, 0.25, 0.0625, 0.3125, 0.875, 0.0055,
-                             3.25,   -4.5,   2.125, 3.0,    1.0};
+                             3.25,   -4.5,   2.125, 3.0,    1.0,    -0.625, 0.0078125, 1.25};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
         if (std::strcmp(names[i], name) == 0) return values[i];
     return 0.375;  // a new double hyperparameter: give it its own value above

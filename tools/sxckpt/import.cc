@@ -104,7 +104,7 @@ Status add_state(const Inputs &in, size_t p, std::vector<bool> *used, ImportPlan
     ckpt::ParamEntry &e = plan->manifest.params[p];
     const StFile &s = in.files[1];
     const ckpt::ParamGroupEntry &g = plan->manifest.param_groups[e.param_group];
-    const std::vector<ckpt::TensorKind> kinds = ckpt::stored_kinds(ckpt::hyper_of(g));
+    const std::vector<ckpt::TensorKind> kinds = ckpt::stored_kinds(ckpt::hyper_of(g), static_cast<int>(e.shape.size()));
     std::vector<const StTensor *> found;  // per state kind
     std::string present;                  // their names, for messages
     for (size_t k = 1; k < kinds.size(); ++k) {

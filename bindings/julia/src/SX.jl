@@ -48,12 +48,12 @@ const SX_BACKEND_AUTO, SX_BACKEND_CPU, SX_BACKEND_CUDA = Int32.(0:2)
 const SX_DEVICE_CPU, SX_DEVICE_CUDA = Int32.(0:1)
 const SX_OPTIM_SGD, SX_OPTIM_ADAM, SX_OPTIM_ADAMW, SX_OPTIM_ADAGRAD, SX_OPTIM_RMSPROP,
       SX_OPTIM_ADAMAX, SX_OPTIM_NADAM, SX_OPTIM_RADAM, SX_OPTIM_LION, SX_OPTIM_LAMB,
-      SX_OPTIM_MUON = Int32.(1:11)
+      SX_OPTIM_MUON, SX_OPTIM_ADAFACTOR = Int32.(1:12)
 const SX_HP_LR, SX_HP_WEIGHT_DECAY, SX_HP_BETA1, SX_HP_BETA2, SX_HP_EPS, SX_HP_MOMENTUM,
       SX_HP_DAMPENING, SX_HP_NESTEROV, SX_HP_MAXIMIZE, SX_HP_AMSGRAD, SX_HP_LR_DECAY,
       SX_HP_INITIAL_ACCUMULATOR_VALUE, SX_HP_ALPHA, SX_HP_CENTERED, SX_HP_MOMENTUM_DECAY,
       SX_HP_DECOUPLED_WEIGHT_DECAY, SX_HP_NS_A, SX_HP_NS_B, SX_HP_NS_C, SX_HP_NS_STEPS,
-      SX_HP_ADJUST_LR = Int32.(1:21)
+      SX_HP_ADJUST_LR, SX_HP_BETA2_DECAY, SX_HP_EPS2, SX_HP_D = Int32.(1:24)
 const SX_MUON_ADJUST_LR_ORIGINAL, SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW,
       SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED = Int32.(0:2)
 const SX_OPTIM_CUSTOM_FIRST = Int32(1000)
@@ -130,6 +130,9 @@ mutable struct ParamGroupDesc  # sx_param_group_desc_t
     ns_c::Float64
     ns_steps::Int32
     adjust_lr::Int32
+    beta2_decay::Float64
+    eps2::Float64
+    d::Float64
 end
 
 mutable struct ParamDesc  # sx_param_desc_t
@@ -578,14 +581,16 @@ const _OPTIMIZERS = Dict(:sgd => SX_OPTIM_SGD, :adam => SX_OPTIM_ADAM, :adamw =>
                          :adagrad => SX_OPTIM_ADAGRAD, :rmsprop => SX_OPTIM_RMSPROP,
                          :adamax => SX_OPTIM_ADAMAX, :nadam => SX_OPTIM_NADAM,
                          :radam => SX_OPTIM_RADAM, :lion => SX_OPTIM_LION, :lamb => SX_OPTIM_LAMB,
-                         :muon => SX_OPTIM_MUON)
+                         :muon => SX_OPTIM_MUON, :adafactor => SX_OPTIM_ADAFACTOR)
 # Keywords of add_param_group! that are flags (Int32 fields of the descriptor), numbers
 # and integers.
 const _FLAG_FIELDS = (:nesterov, :maximize, :amsgrad, :centered, :decoupled_weight_decay)
 const _FLOAT_FIELDS = (:lr, :weight_decay, :beta1, :beta2, :eps, :momentum, :dampening,
                        :lr_decay, :initial_accumulator_value, :alpha, :momentum_decay,
-                       :ns_a, :ns_b, :ns_c)
+                       :ns_a, :ns_b, :ns_c, :beta2_decay, :eps2, :d)
 const _INT_FIELDS = (:ns_steps,)
+# Adafactor's eps1 where torch's is None: fp32's machine epsilon (sx's masters are fp32).
+const _ADAFACTOR_EPS1 = 2.0^-23
 # Muon's adjust_lr by torch's adjust_lr_fn names (its `nothing` is :original).
 const _ADJUST_LR = Dict(:original => SX_MUON_ADJUST_LR_ORIGINAL,
                         :match_rms_adamw => SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW,
@@ -608,18 +613,20 @@ end
     add_param_group!(g, optimizer=:adamw; lr, weight_decay, betas, eps, momentum, ...)
 
 Adds a param group and returns its 0-based index. `optimizer` is one of `:sgd`, `:adam`,
-`:adamw`, `:adagrad`, `:rmsprop`, `:adamax`, `:nadam`, `:radam`, `:lion`, `:lamb`, `:muon`
-(those two: CPU groups only; Muon takes 2-D params only); what is not given takes the
-optimizer's defaults (torch.optim's; lion-pytorch's for Lion; pytorch-optimizer's for
-LAMB). Keywords: `lr`, `weight_decay`, `betas=(beta1, beta2)` or `beta1`/`beta2`, `eps`,
-`momentum`, `dampening`, `nesterov`, `maximize`, `amsgrad` (Adam/AdamW), `lr_decay` and
-`initial_accumulator_value` (Adagrad), `alpha` and `centered` (RMSprop), `momentum_decay`
-(NAdam), `decoupled_weight_decay` (NAdam, RAdam, LAMB; LAMB's is on by default,
-pytorch-optimizer's weight_decouple), `ns_coefficients=(a, b, c)` or `ns_a`/`ns_b`/`ns_c`,
-`ns_steps` and `adjust_lr_fn` (Muon, as torch names them: `adjust_lr_fn` `nothing`,
-`:original`, `:match_rms_adamw` or `:spectral_unclamped`, or `adjust_lr` as an
-`SX_MUON_ADJUST_LR_*` value). One that does not apply to the optimizer must keep its
-default or be 0, which means the default (else an `SXError` with SX_ERR_INVALID_ARGUMENT).
+`:adamw`, `:adagrad`, `:rmsprop`, `:adamax`, `:nadam`, `:radam`, `:lion`, `:lamb`, `:muon`,
+`:adafactor` (the last three: CPU groups only; Muon takes 2-D params only); what is not
+given takes the optimizer's defaults (torch.optim's; lion-pytorch's for Lion;
+pytorch-optimizer's for LAMB). Keywords: `lr`, `weight_decay`, `betas=(beta1, beta2)` or
+`beta1`/`beta2`, `eps`, `momentum`, `dampening`, `nesterov`, `maximize`, `amsgrad`
+(Adam/AdamW), `lr_decay` and `initial_accumulator_value` (Adagrad), `alpha` and `centered`
+(RMSprop), `momentum_decay` (NAdam), `decoupled_weight_decay` (NAdam, RAdam, LAMB; LAMB's
+is on by default, pytorch-optimizer's weight_decouple), `ns_coefficients=(a, b, c)` or
+`ns_a`/`ns_b`/`ns_c`, `ns_steps` and `adjust_lr_fn` (Muon, as torch names them:
+`adjust_lr_fn` `nothing`, `:original`, `:match_rms_adamw` or `:spectral_unclamped`, or
+`adjust_lr` as an `SX_MUON_ADJUST_LR_*` value), `beta2_decay`, `eps=(eps1, eps2)` or
+`eps`/`eps2`, and `d` (Adafactor, as torch names them; an eps1 of `nothing` is fp32's
+machine epsilon, 2^-23). One that does not apply to the optimizer must keep its default or
+be 0, which means the default (else an `SXError` with SX_ERR_INVALID_ARGUMENT).
 Before `finalize!`, or between steps after it (torch's add_param_group): the group and the
 params added with it then wait for the next `finalize!`, which every rank calls after
 adding the same.
@@ -647,7 +654,10 @@ function _add_param_group!(g::ShardGroup, kind::Int32, custom; betas=nothing, ns
     ns_coefficients === nothing || ((desc.ns_a, desc.ns_b, desc.ns_c) = ns_coefficients)
     own = Pair{Int32,Float64}[]  # a custom optimizer's own hyperparameters: set once the group exists
     for (k, v) in kw
-        if k in _FLAG_FIELDS
+        if k === :eps && v isa Tuple  # torch.optim.Adafactor's (eps1, eps2)
+            desc.eps = v[1] === nothing ? _ADAFACTOR_EPS1 : Float64(v[1])
+            desc.eps2 = Float64(v[2])
+        elseif k in _FLAG_FIELDS
             setfield!(desc, k, Int32(v))
         elseif k in _FLOAT_FIELDS
             setfield!(desc, k, Float64(v))
@@ -1226,7 +1236,8 @@ end
 # sx's own hyperparameter names (a custom optimizer's other names are its own).
 const _STANDARD_HYPERPARAMETERS = ("lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening",
                                    "nesterov", "maximize", "amsgrad", "lr_decay", "initial_accumulator_value",
-                                   "alpha", "centered", "momentum_decay", "decoupled_weight_decay")
+                                   "alpha", "centered", "momentum_decay", "decoupled_weight_decay",
+                                   "ns_a", "ns_b", "ns_c", "ns_steps", "adjust_lr", "beta2_decay", "eps2", "d")
 
 # Writes `message` into the piece's error buffer, which sx puts in the step's
 # SX_ERR_OPTIMIZER message: at most error_size - 1 bytes, cut at a UTF-8 character

@@ -73,6 +73,7 @@ SX_OPTIM_RADAM = 8
 SX_OPTIM_LION = 9
 SX_OPTIM_LAMB = 10
 SX_OPTIM_MUON = 11
+SX_OPTIM_ADAFACTOR = 12
 
 SX_OPTIM_CUSTOM_FIRST = 1000
 SX_HP_CUSTOM = 1000
@@ -103,6 +104,9 @@ SX_HP_NS_B = 18
 SX_HP_NS_C = 19
 SX_HP_NS_STEPS = 20
 SX_HP_ADJUST_LR = 21
+SX_HP_BETA2_DECAY = 22
+SX_HP_EPS2 = 23
+SX_HP_D = 24
 
 SX_MUON_ADJUST_LR_ORIGINAL = 0
 SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW = 1
@@ -163,7 +167,8 @@ class sx_param_group_desc_t(ctypes.Structure):
                 ("lr_decay", ctypes.c_double), ("initial_accumulator_value", ctypes.c_double),
                 ("alpha", ctypes.c_double), ("momentum_decay", ctypes.c_double),
                 ("ns_a", ctypes.c_double), ("ns_b", ctypes.c_double), ("ns_c", ctypes.c_double),
-                ("ns_steps", ctypes.c_int32), ("adjust_lr", ctypes.c_int32)]
+                ("ns_steps", ctypes.c_int32), ("adjust_lr", ctypes.c_int32),
+                ("beta2_decay", ctypes.c_double), ("eps2", ctypes.c_double), ("d", ctypes.c_double)]
 
 
 class sx_param_desc_t(ctypes.Structure):

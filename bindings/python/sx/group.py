@@ -16,7 +16,7 @@ _OPTIMIZERS = {"sgd": _lib.SX_OPTIM_SGD, "adam": _lib.SX_OPTIM_ADAM, "adamw": _l
                "adagrad": _lib.SX_OPTIM_ADAGRAD, "rmsprop": _lib.SX_OPTIM_RMSPROP,
                "adamax": _lib.SX_OPTIM_ADAMAX, "nadam": _lib.SX_OPTIM_NADAM,
                "radam": _lib.SX_OPTIM_RADAM, "lion": _lib.SX_OPTIM_LION, "lamb": _lib.SX_OPTIM_LAMB,
-               "muon": _lib.SX_OPTIM_MUON}
+               "muon": _lib.SX_OPTIM_MUON, "adafactor": _lib.SX_OPTIM_ADAFACTOR}
 _REDUCE_OPS = {"sum": _lib.SX_REDUCE_SUM, "mean": _lib.SX_REDUCE_MEAN, "max": _lib.SX_REDUCE_MAX,
                "min": _lib.SX_REDUCE_MIN}
 _NONFINITE = {"default": _lib.SX_NONFINITE_DEFAULT, "skip": _lib.SX_NONFINITE_SKIP,
@@ -34,7 +34,8 @@ _HYPERPARAMETERS = {"lr": _lib.SX_HP_LR, "weight_decay": _lib.SX_HP_WEIGHT_DECAY
                     "momentum_decay": _lib.SX_HP_MOMENTUM_DECAY,
                     "decoupled_weight_decay": _lib.SX_HP_DECOUPLED_WEIGHT_DECAY,
                     "ns_a": _lib.SX_HP_NS_A, "ns_b": _lib.SX_HP_NS_B, "ns_c": _lib.SX_HP_NS_C,
-                    "ns_steps": _lib.SX_HP_NS_STEPS, "adjust_lr": _lib.SX_HP_ADJUST_LR}
+                    "ns_steps": _lib.SX_HP_NS_STEPS, "adjust_lr": _lib.SX_HP_ADJUST_LR,
+                    "beta2_decay": _lib.SX_HP_BETA2_DECAY, "eps2": _lib.SX_HP_EPS2, "d": _lib.SX_HP_D}
 # Muon's adjust_lr, by torch's adjust_lr_fn names (its None is "original").
 _ADJUST_LR = {"original": _lib.SX_MUON_ADJUST_LR_ORIGINAL,
               "match_rms_adamw": _lib.SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW,
@@ -45,10 +46,12 @@ _LOSS_SCALING_MODES = {"none": _lib.SX_LOSS_SCALING_NONE, "dynamic": _lib.SX_LOS
 _FLAG_FIELDS = ("nesterov", "maximize", "amsgrad", "centered", "decoupled_weight_decay")
 _FLOAT_FIELDS = ("lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening",
                  "lr_decay", "initial_accumulator_value", "alpha", "momentum_decay",
-                 "ns_a", "ns_b", "ns_c")
+                 "ns_a", "ns_b", "ns_c", "beta2_decay", "eps2", "d")
 # ... that are ints, and Muon's adjust_lr (an _ADJUST_LR name or an SX_MUON_ADJUST_LR_* value).
 _INT_FIELDS = ("ns_steps",)
 _ENUM_FIELDS = ("adjust_lr",)
+# Adafactor's eps1 where torch's is None: fp32's machine epsilon (sx's masters are fp32).
+_ADAFACTOR_EPS1 = 2.0 ** -23
 
 
 def _choice(what, value, table):
@@ -310,9 +313,9 @@ class ShardGroup(Handle):
     # -- registration -----------------------------------------------------------------
     def add_param_group(self, optimizer="adamw", *, betas=None, ns_coefficients=None, **hyperparameters):
         """Adds a param group and returns its index. ``optimizer`` is "sgd", "adam",
-        "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam", "lion", "lamb" or
-        "muon" (those two: CPU groups only; Muon takes 2-D params only), or a custom
-        optimizer (what sx.register_optimizer returned, or its name); unspecified
+        "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam", "lion", "lamb", "muon"
+        or "adafactor" (the last three: CPU groups only; Muon takes 2-D params only), or
+        a custom optimizer (what sx.register_optimizer returned, or its name); unspecified
         hyperparameters take the optimizer's defaults (torch.optim's; lion-pytorch's for
         Lion; pytorch-optimizer's for LAMB; a custom optimizer's registered ones).
         Keywords: lr, weight_decay, betas=(beta1, beta2) or beta1/beta2, eps, momentum,
@@ -322,7 +325,9 @@ class ShardGroup(Handle):
         pytorch-optimizer's weight_decouple), ns_coefficients=(a, b, c) or ns_a/ns_b/ns_c,
         ns_steps and adjust_lr_fn (Muon, as torch names them: adjust_lr_fn None,
         "original", "match_rms_adamw" or "spectral_unclamped", or adjust_lr as an
-        SX_MUON_ADJUST_LR_* value), and a custom optimizer's own hyperparameters by name.
+        SX_MUON_ADJUST_LR_* value), beta2_decay, eps=(eps1, eps2) or eps/eps2, and d
+        (Adafactor, as torch names them; an eps1 of None is fp32's machine epsilon, 2^-23),
+        and a custom optimizer's own hyperparameters by name.
         One that does not apply to the optimizer must keep its default or be 0, which
         means the default (else InvalidArgumentError)."""
         kind = _optimizer_kind(optimizer)
@@ -334,6 +339,9 @@ class ShardGroup(Handle):
             hyperparameters["ns_a"], hyperparameters["ns_b"], hyperparameters["ns_c"] = ns_coefficients
         if "adjust_lr_fn" in hyperparameters:
             hyperparameters["adjust_lr"] = hyperparameters.pop("adjust_lr_fn")
+        if isinstance(hyperparameters.get("eps"), (tuple, list)):  # torch.optim.Adafactor's (eps1, eps2)
+            eps1, hyperparameters["eps2"] = hyperparameters["eps"]
+            hyperparameters["eps"] = _ADAFACTOR_EPS1 if eps1 is None else eps1
         own = {}  # a custom optimizer's own hyperparameters: set once the group exists
         for key, value in hyperparameters.items():
             if key in _FLOAT_FIELDS:

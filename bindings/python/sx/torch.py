@@ -46,26 +46,35 @@ _KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "
           torch.optim.NAdam: "nadam", torch.optim.RAdam: "radam"}
 if hasattr(torch.optim, "Muon"):  # each matrix orthogonalised whole on one rank
     _KINDS[torch.optim.Muon] = "muon"
+if hasattr(torch.optim, "Adafactor"):  # its factored moments' sums taken over every rank's piece
+    _KINDS[torch.optim.Adafactor] = "adafactor"
 try:
     from lion_pytorch import Lion as _Lion
     _KINDS[_Lion] = "lion"
 except ImportError:
     _Lion = None
 # Each kind's param group keys besides lr, weight_decay and maximize, as torch names them
-# ("betas" is sx's beta1 and beta2).
+# ("betas" is sx's beta1 and beta2; Adafactor's "eps" its eps and eps2).
 _KEYS = {"sgd": ("momentum", "dampening", "nesterov"), "adam": ("betas", "eps", "amsgrad"),
          "adamw": ("betas", "eps", "amsgrad"), "adagrad": ("lr_decay", "eps", "initial_accumulator_value"),
          "rmsprop": ("alpha", "eps", "momentum", "centered"), "adamax": ("betas", "eps"),
          "nadam": ("betas", "eps", "momentum_decay", "decoupled_weight_decay"),
          "radam": ("betas", "eps", "decoupled_weight_decay"), "lion": ("betas",),
-         "muon": ("momentum", "nesterov", "eps", "ns_coefficients", "ns_steps", "adjust_lr_fn")}
+         "muon": ("momentum", "nesterov", "eps", "ns_coefficients", "ns_steps", "adjust_lr_fn"),
+         "adafactor": ("beta2_decay", "eps", "d")}
 _FLAGS = ("nesterov", "amsgrad", "centered", "decoupled_weight_decay", "maximize")
-# torch classes that need a whole param at once in a way sx does not run (Muon it does).
-_WHOLE_PARAM = tuple(getattr(torch.optim, n) for n in ("Adafactor", "LBFGS", "SparseAdam")
+# torch classes that need a whole param at once in a way sx does not run (Muon and
+# Adafactor it does).
+_WHOLE_PARAM = tuple(getattr(torch.optim, n) for n in ("LBFGS", "SparseAdam")
                      if hasattr(torch.optim, n))
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 # Group keys torch keeps that change nothing in sx (kernels and execution choices).
 _IGNORED = ("foreach", "capturable", "differentiable", "fused", "param_names", "initial_lr")
+# Muon's adjust_lr_fn as sx's adjust_lr (SX_MUON_ADJUST_LR_*).
+_ADJUST_LR_FN = {None: 0, "original": 0, "match_rms_adamw": 1, "spectral_unclamped": 2}
+# Adafactor's eps1 where torch's is None: torch takes the param dtype's machine epsilon,
+# sx fp32's (its masters are fp32).
+_ADAFACTOR_EPS1 = 2.0 ** -23
 
 
 def _hyper(kind, group):
@@ -82,7 +91,10 @@ def _hyper(kind, group):
         elif key == "ns_steps":
             h[key] = int(group[key])
         elif key == "adjust_lr_fn":
-            h["adjust_lr"] = {None: 0, "original": 0, "match_rms_adamw": 1, "spectral_unclamped": 2}[group.get(key)]
+            h["adjust_lr"] = _ADJUST_LR_FN[group.get(key)]
+        elif key == "eps" and kind == "adafactor":  # torch's (eps1, eps2)
+            eps1, eps2 = group[key]
+            h["eps"], h["eps2"] = _ADAFACTOR_EPS1 if eps1 is None else float(eps1), float(eps2)
         elif key in group:
             h[key] = bool(group[key]) if key in _FLAGS else float(group[key])
     return h
@@ -181,8 +193,8 @@ def _torch_class_kind(optimizer_class, defaults):
 def _kind_of(optimizer_class, defaults):
     if optimizer_class in _WHOLE_PARAM:
         raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
-                               f"optimizer_class {optimizer_class.__name__} needs each param whole (factored "
-                               "moments or a line search) in a way sx does not run yet; the classes it runs: "
+                               f"optimizer_class {optimizer_class.__name__} needs each param whole (a line "
+                               "search, or sparse gradients) in a way sx does not run yet; the classes it runs: "
                                f"{_supported()}, and other torch.optim.Optimizer classes whose state is per "
                                "element")
     if optimizer_class not in _KINDS:
@@ -216,11 +228,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
     ``(name, tensor)`` pairs, or of param group dicts, as torch's optimizers take them.
     Names key sx's checkpoints; unnamed params are called "param.<i>". Every rank must
     give the same params in the same order. ``optimizer_class``: torch.optim.SGD, Adam,
-    AdamW, Adagrad, RMSprop, Adamax, NAdam, RAdam or lion_pytorch.Lion, each run by sx's
-    fused kernels (docs/optimizers.md: what each takes, and where sx and the class
-    differ); ``defaults``: its keyword arguments (lr, betas, eps, weight_decay, momentum,
-    ...), with the class's own defaults for the rest. A class that needs each param whole
-    (Adafactor, Muon, LBFGS) is refused, as is any other class.
+    AdamW, Adagrad, RMSprop, Adamax, NAdam, RAdam, Muon, Adafactor (where torch has them)
+    or lion_pytorch.Lion, each run by sx's own kernels (docs/optimizers.md: what each
+    takes, and where sx and the class differ); ``defaults``: its keyword arguments (lr,
+    betas, eps, weight_decay, momentum, ...), with the class's own defaults for the rest.
+    Other elementwise torch.optim.Optimizer classes run on each rank's shard; one that
+    needs each param whole otherwise (LBFGS, SparseAdam) is refused.
 
     sx options: ``rendezvous`` ("env://": torchrun's, mpirun's or srun's environment),
     ``rank`` and ``world_size`` (taken from the environment when None), ``stage`` (1 or
@@ -603,12 +616,26 @@ class ShardedOptimizer(torch.optim.Optimizer):
         the state; the param groups' hyperparameters follow it."""
         self.group.load(path, **options)
         for gi, group in enumerate(self.param_groups):
+            def get(key, gi=gi):
+                return self.group.get_hyperparameter(gi, key)
             for key in ("lr", "weight_decay", "maximize") + _KEYS[self._kind]:
-                if key == "betas" and "betas" in group:
-                    group["betas"] = (self.group.get_hyperparameter(gi, "beta1"),
-                                      self.group.get_hyperparameter(gi, "beta2"))
-                elif key != "betas" and key in group:
-                    value = self.group.get_hyperparameter(gi, key)
+                if key not in group:
+                    continue
+                if key == "betas":
+                    group["betas"] = (get("beta1"), get("beta2"))
+                elif key == "ns_coefficients":
+                    group[key] = (get("ns_a"), get("ns_b"), get("ns_c"))
+                elif key == "ns_steps":
+                    group[key] = int(get(key))
+                elif key == "adjust_lr_fn":  # the group's own name while it means the same
+                    value = int(get("adjust_lr"))
+                    if _ADJUST_LR_FN.get(group[key]) != value:
+                        group[key] = next(n for n, v in _ADJUST_LR_FN.items() if n is not None and v == value)
+                elif key == "eps" and self._kind == "adafactor":  # torch's (eps1, eps2); None while it means the same
+                    eps1 = get("eps")
+                    group[key] = (None if group[key][0] is None and eps1 == _ADAFACTOR_EPS1 else eps1, get("eps2"))
+                else:
+                    value = get(key)
                     group[key] = bool(value) if key in _FLAGS else value
             self._pushed[gi] = _hyper(self._kind, group)
             if self._instance is not None:  # the checkpoint holds the saving optimizer's number

@@ -1,7 +1,8 @@
 """Every optimizer of sx's table that torch.optim lacks the SGD/Adam tests of: Adagrad,
 RMSprop, Adamax, NAdam, RAdam (against torch.optim's classes), Lion (against
-lion-pytorch's) and LAMB (against pytorch-optimizer's Lamb, whose norms span the pieces
-of a param on several ranks), over 100 steps of a model of four params in two param groups and two
+lion-pytorch's), LAMB (against pytorch-optimizer's Lamb, whose norms span the pieces
+of a param on several ranks) and Adafactor (against torch.optim.Adafactor, whose row and
+column means span them too), over 100 steps of a model of four params in two param groups and two
 units, with ranks as threads (worlds 1 to 4) at stages 1, 2 and 3: each rank's own
 gradients (averaged, as DDP does), an lr schedule, clipping of the global norm, a param
 frozen for 30 steps (torch: its grad None, so its step count stops too) and weight decay.
@@ -56,6 +57,11 @@ CONFIGS = [
     # group's: sx's is tested against the other optimizers'.)
     ("lamb", Lamb, [dict(lr=0.01, weight_decay=0.01), dict(lr=0.005, weight_decay=0.02, decoupled_weight_decay=False,
                                                       betas=(0.8, 0.99), eps=1e-8)]),
+    # Factored moments for "a" (7 x 5, its rows split between ranks) and "c" (three 4 x 2
+    # matrices), a variance per element for "b" and "d"; torch's eps1 of None (fp32's
+    # machine epsilon) and a given one, the update's RMS clipped at d.
+    ("adafactor", torch.optim.Adafactor,
+     [dict(lr=0.01, weight_decay=0.01), dict(lr=0.005, beta2_decay=-0.6, eps=(1e-6, 1e-2), d=1.5, maximize=True)]),
 ]
 # sx's names of options the reference classes name otherwise.
 TORCH_NAMES = {Lamb: {"decoupled_weight_decay": "weight_decouple"}}
@@ -160,7 +166,11 @@ def normwise(got, want):
 def main():
     torch.manual_seed(0)
     checked = 0
+    # Arguments, if any, name the optimizers to check (sx's names).
+    only = set(sys.argv[1:])
     for index, (kind, cls, groups) in enumerate(CONFIGS):
+        if only and kind not in only:
+            continue
         runs = WORLDS_STAGES if index != 2 else [(2, 2), (3, 3)]
         for world in sorted({w for w, _ in runs}):
             want = run_torch(cls, groups, world)
@@ -182,6 +192,8 @@ def main():
     # (the frozen param's are behind) and NAdam's mu_product go through it.
     with tempfile.TemporaryDirectory() as tmp:
         for index, (kind, cls, groups) in enumerate(CONFIGS):
+            if only and kind not in only:
+                continue
             path = os.path.join(tmp, f"{index}-{kind}")
             run_sx(kind, groups, 3, 1, steps=(0, 50), save=path)
             for world, stage, shard_size in ((2, 3, 0), (4, 2, 2)):
@@ -197,6 +209,8 @@ def main():
                 print(f"ok   {cls.__name__:8s} saved by 3 ranks at stage 1, resumed by {world} at stage {stage}"
                       f"{' as a 2 x 2 mesh' if shard_size else ''}: error {normwise(ranks[0], want):.2e}", flush=True)
         # A checkpoint of one optimizer does not load into another: the error names both.
+        if only:
+            return
         other = os.path.join(tmp, "1-rmsprop")
         try:
             run_sx("adamax", CONFIGS[3][2], 1, 1, steps=(50, 51), load=other)

@@ -61,6 +61,7 @@ pub const SX_OPTIM_RADAM: i32 = 8;
 pub const SX_OPTIM_LION: i32 = 9;
 pub const SX_OPTIM_LAMB: i32 = 10;
 pub const SX_OPTIM_MUON: i32 = 11;
+pub const SX_OPTIM_ADAFACTOR: i32 = 12;
 
 pub const SX_OPTIM_CUSTOM_FIRST: i32 = 1000;
 pub const SX_HP_CUSTOM: i32 = 1000;
@@ -94,6 +95,9 @@ pub const SX_HP_NS_B: i32 = 18;
 pub const SX_HP_NS_C: i32 = 19;
 pub const SX_HP_NS_STEPS: i32 = 20;
 pub const SX_HP_ADJUST_LR: i32 = 21;
+pub const SX_HP_BETA2_DECAY: i32 = 22;
+pub const SX_HP_EPS2: i32 = 23;
+pub const SX_HP_D: i32 = 24;
 
 pub const SX_MUON_ADJUST_LR_ORIGINAL: i32 = 0;
 pub const SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW: i32 = 1;
@@ -194,6 +198,9 @@ pub struct sx_param_group_desc_t {
     pub ns_c: f64,
     pub ns_steps: i32,
     pub adjust_lr: i32,
+    pub beta2_decay: f64,
+    pub eps2: f64,
+    pub d: f64,
 }
 
 #[repr(C)]

@@ -263,6 +263,9 @@ pub enum Optimizer {
     /// Muon, as torch.optim.Muon: 2-D params only (give others a group of another
     /// optimizer, AdamW as usual). CPU groups only.
     Muon,
+    /// Adafactor, as torch.optim.Adafactor: factored second moments for params of two
+    /// or more dimensions. CPU groups only.
+    Adafactor,
     /// A custom optimizer, as [`crate::register_optimizer`] returned it.
     Custom(crate::CustomOptimizer),
 }
@@ -287,6 +290,7 @@ impl Optimizer {
             Optimizer::Lion => sys::SX_OPTIM_LION,
             Optimizer::Lamb => sys::SX_OPTIM_LAMB,
             Optimizer::Muon => sys::SX_OPTIM_MUON,
+            Optimizer::Adafactor => sys::SX_OPTIM_ADAFACTOR,
         }
     }
 }
@@ -396,6 +400,22 @@ impl ParamGroup {
         self.raw.adjust_lr = f.value();
         self
     }
+    /// Adafactor: the second moments' decay, (1 - beta2_t) = step^beta2_decay, <= 0.
+    pub fn beta2_decay(mut self, v: f64) -> Self {
+        self.raw.beta2_decay = v;
+        self
+    }
+    /// Adafactor: the floor of a param's RMS in its step size, the second of torch's eps
+    /// (its first is [`ParamGroup::eps`]; torch's None is 2^-23, the default).
+    pub fn eps2(mut self, v: f64) -> Self {
+        self.raw.eps2 = v;
+        self
+    }
+    /// Adafactor: the update's RMS is clipped to d, >= 1.
+    pub fn d(mut self, v: f64) -> Self {
+        self.raw.d = v;
+        self
+    }
     /// The C description as filled so far.
     pub fn raw(&self) -> &sys::sx_param_group_desc_t {
         &self.raw
@@ -452,6 +472,11 @@ pub enum Hyperparameter {
     NsSteps,
     /// Muon: a [`MuonAdjustLr`] value.
     AdjustLr,
+    /// Adafactor: the second moments' decay (<= 0), the floor of a param's RMS in its
+    /// step size (the second of torch's eps), and the update's RMS clip (>= 1).
+    Beta2Decay,
+    Eps2,
+    D,
     /// A custom optimizer's own hyperparameter i (counting only its own, in registration
     /// order): key `SX_HP_CUSTOM + i`.
     Custom(u32),
@@ -481,6 +506,9 @@ impl Hyperparameter {
             Hyperparameter::NsC => sys::SX_HP_NS_C,
             Hyperparameter::NsSteps => sys::SX_HP_NS_STEPS,
             Hyperparameter::AdjustLr => sys::SX_HP_ADJUST_LR,
+            Hyperparameter::Beta2Decay => sys::SX_HP_BETA2_DECAY,
+            Hyperparameter::Eps2 => sys::SX_HP_EPS2,
+            Hyperparameter::D => sys::SX_HP_D,
             Hyperparameter::Custom(i) => sys::SX_HP_CUSTOM.saturating_add(i.min(i32::MAX as u32) as i32),
         }
     }
