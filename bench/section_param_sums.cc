@@ -5,7 +5,9 @@
 // bytes a rank exchanges per step for the sums (one all-gather of 16 bytes per param and
 // rank); Muon (each matrix orthogonalised whole on one rank) with the bytes of the pieces
 // its ranks send to the owners and get back, from the layout; both against the gradients'
-// reduce-scatter. Then Newton-Schulz itself and sx's ordered matrix product against
+// reduce-scatter; Adafactor (each matrix's row and column sums over the ranks, then its
+// update's RMS: two all-gathers) with the bytes of both and its state per element. Then
+// Newton-Schulz itself and sx's ordered matrix product against
 // torch's (torch.optim.Muon's bf16 iterations, torch.matmul in fp32) in the same run,
 // where --torch-python names a Python with torch.
 #include <unistd.h>
@@ -193,6 +195,37 @@ int section_param_sums(const Options &opt) {
         json.push_back(line);
     }
     std::printf("state per element per rank: LAMB 8 bytes / world (exp_avg, exp_avg_sq: Adam's), AdamW the same\n");
+
+    // Adafactor on the same model: two exchanges (the sums of each param's squares and of
+    // each row's and column's squared gradients; then the updates' sums of squares).
+    std::printf("\nparam_sums: sx_step with Adafactor (factored moments: row and column sums over the ranks) vs AdamW, "
+                "the same model and ranks\n");
+    std::printf("%6s %11s %13s %8s %16s %18s %12s\n", "ranks", "adamw_ms", "adafactor_ms", "ratio", "sums_bytes/rank",
+                "reduce_scatter_b/r", "bytes_ratio");
+    for (int world : {2, 4}) {
+        const PairTimes t = steps(world, count, rows, opt.reps, SX_OPTIM_ADAFACTOR);
+        // Per rank and step, received from the world - 1 others: the first all-gather's
+        // 1 + rows + cols doubles per param, the second's 1.
+        const double sums = 8.0 * count * (1.0 + 2.0 * static_cast<double>(rows) + 1.0) * (world - 1);
+        const double scatter = 4.0 * elements * (world - 1) / world;
+        std::printf("%6d %11.3f %13.3f %8.3f %16.0f %18.0f %12.2e\n", world, t.min_a() * 1e3, t.min_b() * 1e3,
+                    t.paired_ratio(), sums, scatter, sums / scatter);
+        char line[512];
+        std::snprintf(line, sizeof line,
+                      "{\"bench\":\"param_sums\",\"optimizer\":\"Adafactor\",\"ranks\":%d,\"elements\":%.0f,"
+                      "\"params\":%d,\"reps\":%d,\"adamw_ms\":%.4f,\"adafactor_ms\":%.4f,"
+                      "\"ratio_adafactor_vs_adamw\":%.4f,\"sums_bytes_per_rank\":%.0f,"
+                      "\"reduce_scatter_bytes_per_rank\":%.0f}",
+                      world, elements, count, opt.reps, t.min_a() * 1e3, t.min_b() * 1e3, t.paired_ratio(), sums,
+                      scatter);
+        json.push_back(line);
+    }
+    // Every rank keeps each matrix's row and column means whole: (rows + cols) x 4 bytes.
+    const double factored = 4.0 * 2.0 * static_cast<double>(rows) / static_cast<double>(rows * rows);
+    std::printf("state per element per rank: Adafactor %.4f bytes (row_var and col_var, (%lld + %lld) x 4 bytes per "
+                "%lld x %lld matrix, on every rank), AdamW 8 / world (4 at 2 ranks, 2 at 4)\n",
+                factored, static_cast<long long>(rows), static_cast<long long>(rows), static_cast<long long>(rows),
+                static_cast<long long>(rows));
 
     // Muon: 6 params of 384 x 384 (0.84 Mi elements), so that some straddle the shards.
     const int mcount = 6;

@@ -219,6 +219,7 @@ func cLayouts() []structLayout {
 			f("tensor_names", unsafe.Offsetof(ps.tensor_names), unsafe.Sizeof(ps.tensor_names)),
 			f("tensors", unsafe.Offsetof(ps.tensors), unsafe.Sizeof(ps.tensors)),
 			f("mu_product", unsafe.Offsetof(ps.mu_product), unsafe.Sizeof(ps.mu_product)),
+			f("tensor_numels", unsafe.Offsetof(ps.tensor_numels), unsafe.Sizeof(ps.tensor_numels)),
 		}},
 		{"sx_optimizer_piece_t", unsafe.Sizeof(op), unsafe.Alignof(op), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(op.struct_size), unsafe.Sizeof(op.struct_size)),

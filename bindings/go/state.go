@@ -18,7 +18,10 @@ import (
 // consolidated state): its index, name, param group, step counts and tensors by torch's
 // names: "exp_avg", "exp_avg_sq" and "max_exp_avg_sq" (Adam and AdamW, the last with
 // amsgrad), "momentum_buffer" (SGD with momentum), "master" (the fp32 master weights of
-// a 16-bit param); each holds the param's Numel values, in its own (row-major) order.
+// a 16-bit param); each holds the param's Numel values, in its own (row-major) order,
+// but Adafactor's factored moments of a param of shape [..., R, C]: "row_var",
+// prod(shape[:-1]) values (torch's shape [..., R, 1]), and "col_var", prod(shape[:-2]) * C
+// (torch's [..., 1, C]).
 //
 // A ParamState handed to a callback of GatherOptimStateFunc or ScatterOptimStateFunc
 // lends sx's memory: its Tensors are valid only during that call (copy what you keep).
@@ -65,10 +68,20 @@ func sxgoParamState(raw *C.sx_param_state_t, user C.uintptr_t) (status C.sx_stat
 	if n := int(raw.num_tensors); n > 0 && raw.tensor_names != nil && raw.tensors != nil {
 		names := unsafe.Slice(raw.tensor_names, n)
 		data := unsafe.Slice(raw.tensors, n)
+		// Each tensor's own length (Adafactor's row_var and col_var are not the param's
+		// numel); numel where sx gives none.
+		var numels []C.uint64_t
+		if uintptr(raw.struct_size) >= unsafe.Sizeof(*raw) && raw.tensor_numels != nil {
+			numels = unsafe.Slice(raw.tensor_numels, n)
+		}
 		for t := 0; t < n; t++ {
+			count := raw.numel
+			if numels != nil {
+				count = numels[t]
+			}
 			values := []float32{}
-			if raw.numel > 0 {
-				values = unsafe.Slice((*float32)(unsafe.Pointer(data[t])), int(raw.numel))
+			if count > 0 {
+				values = unsafe.Slice((*float32)(unsafe.Pointer(data[t])), int(count))
 			}
 			st.Tensors[C.GoString(names[t])] = values
 		}
@@ -191,7 +204,7 @@ func (g *ShardGroup) ScatterOptimState(root int32, states map[string]ParamState)
 		}
 		for name, values := range given.Tensors {
 			if dst, ok := st.Tensors[name]; ok && len(values) != len(dst) {
-				return errorf(ErrInvalidArgument, "param '%s': tensor '%s' has %d values; the param has %d",
+				return errorf(ErrInvalidArgument, "param '%s': tensor '%s' has %d values; sx keeps %d",
 					st.Name, name, len(values), len(dst))
 			}
 		}

@@ -35,8 +35,12 @@ func wholeSetup(g *ShardGroup) error {
 
 // wholeTrain takes steps with gradients that differ per rank (seed), step and param.
 func wholeTrain(g *ShardGroup, steps, seed int) error {
+	n, err := g.NumParams()
+	if err != nil {
+		return err
+	}
 	for s := 0; s < steps; s++ {
-		for i := int32(0); i < wholeParams; i++ {
+		for i := int32(0); i < n; i++ {
 			grad, err := g.Grad(i)
 			if err != nil {
 				return err
@@ -316,7 +320,7 @@ func TestScatterMapMustFitAndMissingParamsAreZeroState(t *testing.T) {
 		}
 		err = g.ScatterOptimState(0, given)
 		if statusOf(err) != ErrInvalidArgument ||
-			(rank == 0 && !strings.Contains(err.Error(), "'exp_avg' has 76 values; the param has 77")) {
+			(rank == 0 && !strings.Contains(err.Error(), "'exp_avg' has 76 values; sx keeps 77")) {
 			return fmt.Errorf("a short tensor gave %v", err)
 		}
 		if rank == 0 {
@@ -352,6 +356,89 @@ func TestScatterMapMustFitAndMissingParamsAreZeroState(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// adafactorSetup: Adafactor's factored moments for [6, 5] and [2, 3, 4] (rows split
+// between ranks), a variance per element for [7].
+func adafactorSetup(g *ShardGroup) error {
+	pg := NewParamGroup(Adafactor)
+	pg.LR = 0.01
+	if _, err := g.AddParamGroup(pg); err != nil {
+		return err
+	}
+	for _, p := range []Param{{Name: "m", Shape: []int64{6, 5}, Unit: 0}, {Name: "t", Shape: []int64{2, 3, 4}, Unit: 0},
+		{Name: "v", Shape: []int64{7}, Unit: 1}} {
+		if _, err := g.AddParam(p); err != nil {
+			return err
+		}
+	}
+	return g.Finalize()
+}
+
+func TestAdafactorFactoredMomentsHaveTheirOwnLengths(t *testing.T) {
+	var states []ParamState
+	var seen []string
+	runRanks(t, "whole-adafactor3", 3, func(rank int32, g *ShardGroup) error {
+		if err := adafactorSetup(g); err != nil {
+			return err
+		}
+		if err := wholeTrain(g, 3, int(rank)); err != nil {
+			return err
+		}
+		err := g.GatherOptimStateFunc(0, func(st *ParamState) error {
+			for name, values := range st.Tensors {
+				seen = append(seen, fmt.Sprintf("%s.%s:%d", st.Name, name, len(values)))
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		all, err := g.GatherOptimState(0)
+		if rank == 0 {
+			states = all
+		}
+		return err
+	})
+	// torch's row_var [..., R, 1] and col_var [..., 1, C], flat.
+	sort.Strings(seen)
+	if got, want := strings.Join(seen, " "), "m.col_var:5 m.row_var:6 t.col_var:8 t.row_var:6 v.variance:7"; got != want {
+		t.Fatalf("the tensors' lengths: %s, want %s", got, want)
+	}
+
+	// Scattered into 2 ranks, whole on each: it comes back the same, and a row_var of the
+	// param's numel is refused.
+	var back []ParamState
+	runRanks(t, "whole-adafactor2", 2, func(rank int32, g *ShardGroup) error {
+		if err := adafactorSetup(g); err != nil {
+			return err
+		}
+		var wrong, given map[string]ParamState
+		if rank == 1 {
+			given, wrong = byName(states), byName(states)
+			m := wrong["m"]
+			m.Tensors = map[string][]float32{"row_var": make([]float32, 30), "col_var": m.Tensors["col_var"]}
+			wrong["m"] = m
+		}
+		if err := g.ScatterOptimState(1, wrong); statusOf(err) != ErrInvalidArgument ||
+			(rank == 1 && !strings.Contains(err.Error(), "'row_var' has 30 values; sx keeps 6")) {
+			return fmt.Errorf("a row_var of the param's numel gave %v", err)
+		}
+		if err := g.ScatterOptimState(1, given); err != nil {
+			return err
+		}
+		all, err := g.GatherOptimState(0)
+		if err != nil {
+			return err
+		}
+		if rank == 0 {
+			back = all
+		}
+		return wholeTrain(g, 1, int(rank))
+	})
+	if !reflect.DeepEqual(back, states) {
+		t.Errorf("the state came back changed:\n%+v\n%+v", back, states)
+	}
 }
 
 func TestStateViewsAreThisRanksPartAndSeedTheState(t *testing.T) {

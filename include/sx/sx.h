@@ -913,8 +913,9 @@ SX_API sx_status_t sx_get_loss_scale(const sx_shard_group_t *group, double *scal
  * gathered onto one rank, param by param, or scattered from one rank into every rank's
  * shard, at any world size and stage. A param's state tensors carry torch's names:
  * "exp_avg", "exp_avg_sq" and (amsgrad) "max_exp_avg_sq" for Adam and AdamW,
- * "momentum_buffer" for SGD with momentum, and "master" (the fp32 master weights) for
- * 16-bit params. Hyperparameters are read and set as always (sx_get_hyperparameter,
+ * "momentum_buffer" for SGD with momentum, "variance" (0-D and 1-D params) or "row_var"
+ * and "col_var" (others) for Adafactor, each optimizer's as docs/optimizers.md lists
+ * them, and "master" (the fp32 master weights) for 16-bit params. Hyperparameters are read and set as always (sx_get_hyperparameter,
  * sx_set_hyperparameter).
  * ------------------------------------------------------------------------------- */
 
@@ -941,6 +942,12 @@ typedef struct sx_param_state {
      * with the group's beta1 and momentum_decay, which is torch's value unless those
      * changed during training. */
     double mu_product;
+    /* Appended in 1.5: each tensor's element count, num_tensors of them (owned by sx).
+     * numel for every tensor but Adafactor's factored moments of a param of shape
+     * [..., R, C] (two or more dimensions), which are not param-shaped: "row_var",
+     * prod(shape[:-1]) values (torch's shape [..., R, 1]), and "col_var",
+     * prod(shape[:-2]) * C (torch's [..., 1, C]). Every rank keeps them whole. */
+    const uint64_t *tensor_numels;
 } sx_param_state_t;
 
 /* Called once per param, in index order, on the root of a gather (the tensors hold the

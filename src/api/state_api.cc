@@ -27,6 +27,7 @@ sx::core::StateFn state_fn(sx_param_state_fn fn, void *user) {
         out.num_tensors = static_cast<int32_t>(st.tensors.size());
         out.tensor_names = st.names.data();
         out.tensors = st.tensors.data();
+        out.tensor_numels = st.numels.data();
         const sx_status_t code = fn(&out, user);
         st.step = out.step;
         st.momentum_steps = out.momentum_steps;

@@ -2,11 +2,13 @@
 #include "core/whole_state.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <array>
 #include <cstring>
 
 #include "base/vector_state.h"
+#include "optim/adafactor.h"
 
 namespace sx {
 namespace core {
@@ -80,6 +82,21 @@ std::vector<StateTensor> state_tensors(const ShardAccess &g, const UnitShard &un
     if (unit.master) t.push_back({kMaster, -1});
     return t;
 }
+
+Factored factored_moments(const ShardAccess &g, int32_t p) {
+    const ParamSpec &spec = g.param(p);
+    if (g.hyper(spec.group).kind != optim::Kind::kAdafactor) return Factored();
+    const optim::AdafactorShape sh = optim::adafactor_shape(spec.shape);
+    Factored f;
+    f.rows = sh.row_count();
+    f.cols = sh.col_count();
+    return f;
+}
+
+namespace {
+constexpr const char *kRowVar = "row_var";
+constexpr const char *kColVar = "col_var";
+}  // namespace
 
 Status WholeState::root_buffers(int root, const std::vector<UnitShard> &units, bool as_if_allocated, Buffer *staging,
                                 std::vector<float> *host) {
@@ -178,6 +195,18 @@ Status WholeState::gather(int root, const StateFn &fn) {
         for (size_t t = 0; t < tensors.size(); ++t) {
             st.names.push_back(tensors[t].name);
             st.tensors.push_back(data + t * n);
+            st.numels.push_back(n);
+        }
+        // Adafactor's factored moments, whole on every rank: the root's own (once the
+        // param has been updated).
+        ParamProgress &own = shard.progress.params[static_cast<size_t>(p)];
+        if (factored_moments(g_, p).any() && !own.row_var.empty()) {
+            st.names.push_back(kRowVar);
+            st.tensors.push_back(own.row_var.data());
+            st.numels.push_back(own.row_var.size());
+            st.names.push_back(kColVar);
+            st.tensors.push_back(own.col_var.data());
+            st.numels.push_back(own.col_var.size());
         }
         leave_vector_state_clean();  // the trainer's code runs next, on this thread
         outcome = catching([&] { return fn(st); });
@@ -218,10 +247,19 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     Status outcome;  // the root's callback's, once it fails the root sends zeros
     // Per param: step, momentum_steps, and mu_product's bits (0: derive it from the step).
     std::vector<int64_t> steps(3 * static_cast<size_t>(g_.num_params()), 0);
+    // Adafactor's factored moments of every param that has them, one after another: the
+    // root's callback fills them, and every rank takes them whole.
+    std::vector<uint64_t> factored_at(static_cast<size_t>(g_.num_params()) + 1, 0);
+    for (int32_t p = 0; p < g_.num_params(); ++p) {
+        const Factored f = factored_moments(g_, p);
+        factored_at[p + 1] = factored_at[p] + f.rows + f.cols;
+    }
+    std::vector<float> factored(factored_at.back(), 0.0f);
     for (int32_t p = 0; p < g_.num_params(); ++p) {
         const size_t u = static_cast<size_t>(g_.layout().placement(p).unit_index);
         const std::vector<StateTensor> tensors = state_tensors(g_, shard.units[u], p, true);
-        if (tensors.empty() && rank != root) continue;
+        const Factored f = factored_moments(g_, p);
+        if (tensors.empty() && !f.any() && rank != root) continue;
         const ParamSpec &spec = g_.param(p);
         const uint64_t n = spec.numel;
         float *full = staging.as<float>();
@@ -237,9 +275,27 @@ Status WholeState::scatter(int root, const StateFn &fn) {
             for (size_t t = 0; t < tensors.size(); ++t) {
                 st.names.push_back(tensors[t].name);
                 st.tensors.push_back(data + t * n);
+                st.numels.push_back(n);
+            }
+            float *moments = factored.data() + factored_at[p];
+            if (f.any()) {
+                st.names.push_back(kRowVar);
+                st.tensors.push_back(moments);
+                st.numels.push_back(f.rows);
+                st.names.push_back(kColVar);
+                st.tensors.push_back(moments + f.rows);
+                st.numels.push_back(f.cols);
             }
             leave_vector_state_clean();  // the trainer's code runs next, on this thread
             if (outcome.ok()) outcome = catching([&] { return fn(st); });
+            for (uint64_t i = 0; outcome.ok() && i < f.rows + f.cols; ++i)
+                if (!(std::isfinite(moments[i]) && moments[i] >= 0.0f))
+                    outcome = SX_ERROR(SX_ERR_INVALID_ARGUMENT,
+                                       "param '%s': %s[%llu] is %g; Adafactor's factored moments are means of squares, "
+                                       "finite and >= 0",
+                                       st.name, i < f.rows ? kRowVar : kColVar,
+                                       static_cast<unsigned long long>(i < f.rows ? i : i - f.rows),
+                                       static_cast<double>(moments[i]));
             // The rules a checkpoint's manifest is held to, so that what is scattered in
             // can be saved and stepped on.
             if (outcome.ok() && !optim::valid_steps(st.step, st.momentum_steps))
@@ -267,6 +323,7 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     SX_TRY(share_outcome(root, outcome, "sx_scatter_optim_state"));
     if (mesh_.world) {
         Status s = mesh_.world->broadcast(steps.data(), steps.size() * sizeof(int64_t), root);
+        if (s.ok() && !factored.empty()) s = mesh_.world->broadcast(factored.data(), factored.size() * sizeof(float), root);
         if (!s.ok()) return g_.fail(s);
     }
 
@@ -274,7 +331,14 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     // been copied out of it), with each param's step counts; 16-bit params take their
     // values from the new masters, on every rank.
     g_.shard_fence().wait_readers();
-    const ShardProgress progress = scattered_progress(g_, shard.progress, steps);
+    ShardProgress progress = scattered_progress(g_, shard.progress, steps);
+    for (int32_t p = 0; p < g_.num_params(); ++p) {
+        const Factored f = factored_moments(g_, p);
+        ParamProgress &pp = progress.params[static_cast<size_t>(p)];
+        const float *moments = factored.data() + factored_at[p];
+        pp.row_var.assign(moments, moments + f.rows);
+        pp.col_var.assign(moments + f.rows, moments + f.rows + f.cols);
+    }
     ShardRestore restore;
     restore.state = &state;
     restore.slots = slots;

@@ -37,16 +37,25 @@ struct ParamState {
     float mu_product = 0.0f;  // NAdam's (0: other optimizers; in a scatter, derive it from step)
     std::vector<const char *> names;
     std::vector<float *> tensors;
+    std::vector<uint64_t> numels;  // each tensor's elements: numel, but for Adafactor's factored moments
 };
 using StateFn = std::function<Status(ParamState &)>;
 
-// A param's state tensors in gather/scatter order: its optimizer's slots (where its unit
-// has them, or always with as_if_allocated), then "master" for 16-bit params.
+// A param's sharded state tensors in gather/scatter order: its optimizer's slots (where
+// its unit has them, or always with as_if_allocated), then "master" for 16-bit params.
 struct StateTensor {
     const char *name;
     int slot;  // -1: the master weights
 };
 std::vector<StateTensor> state_tensors(const ShardAccess &g, const UnitShard &unit, int32_t p, bool as_if_allocated);
+
+// Adafactor's factored moments of param p ("row_var", "col_var": every rank keeps them
+// whole, not sharded): their element counts, or {0, 0} for a param that has none.
+struct Factored {
+    uint64_t rows = 0, cols = 0;
+    bool any() const { return rows > 0; }
+};
+Factored factored_moments(const ShardAccess &g, int32_t p);
 
 class WholeState {
   public:

@@ -149,6 +149,33 @@ void test_round_trip_field_by_field(void **) {
     assert_true(encode(d) == bytes);
 }
 
+// Param 0 (a matrix) under Adafactor, in a param group of its own, with its factored
+// moments: a valid manifest.
+void as_adafactor(Manifest *m) {
+    ParamGroupEntry g = param_group_entry(sx::optim::default_hyper(sx::optim::Kind::kAdafactor));
+    g.steps = static_cast<int64_t>(m->step);
+    m->param_groups.push_back(g);
+    ParamEntry &p = m->params[0];
+    p.param_group = static_cast<int32_t>(m->param_groups.size() - 1);
+    p.tensors.resize(1);  // the values; Adafactor keeps no slot for a matrix
+    p.row_var.assign(static_cast<size_t>(p.numel() / p.shape.back()), 0.25f);
+    p.col_var.assign(static_cast<size_t>(p.shape.back()), 0.5f);
+}
+
+// Adafactor's factored moments go through the MANIFEST whole, bit for bit.
+void test_factored_moments_round_trip(void **) {
+    Manifest m = rich_manifest();
+    as_adafactor(&m);
+    m.params[0].row_var[1] = 3.5f;
+    m.params[0].col_var.back() = 1e-30f;
+    const Manifest d = decode(encode(m));
+    assert_true(d.params[0].row_var == m.params[0].row_var);
+    assert_true(d.params[0].col_var == m.params[0].col_var);
+    assert_true(d.params[1].row_var.empty() && d.params[1].col_var.empty());
+    assert_int_equal(d.param_groups.back().optimizer, SX_OPTIM_ADAFACTOR);
+    assert_true(d.param_groups.back().beta2_decay == -0.8 && d.param_groups.back().d == 1.0);
+}
+
 void test_round_trip_defaults_and_small(void **) {
     const Manifest empty = empty_manifest();
     assert_same(empty, decode(encode(empty)), true);
@@ -346,6 +373,24 @@ std::vector<Rule> chunk_rules() {
 // Rules of format 2.0, broken on rich_manifest().
 std::vector<Rule> v2_rules() {
     return {
+        {"factored moments under AdamW",
+         [](Manifest *m) {
+             as_adafactor(m);
+             m->params[0].param_group = 0;
+         },
+         "which only a param of two or more dimensions keeps under Adafactor"},
+        {"factored moments of the wrong size",
+         [](Manifest *m) {
+             as_adafactor(m);
+             m->params[0].row_var.pop_back();
+         },
+         "row_var holds"},
+        {"a negative factored moment",
+         [](Manifest *m) {
+             as_adafactor(m);
+             m->params[0].col_var[3] = -1.0f;
+         },
+         "its col_var holds -1"},
         {"chunks in a 2.0 manifest",
          [](Manifest *m) { m->params[0].tensors[1].chunks = {Chunk{0, 1, 0, 0, 4, 0}}; }, "lists chunks"},
         {"file index missing", [](Manifest *m) { m->file_indexes.pop_back(); }, "2 file indexes"},
@@ -534,6 +579,7 @@ void test_same_and_newer_minor_load(void **) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_field_by_field),
+        cmocka_unit_test(test_factored_moments_round_trip),
         cmocka_unit_test(test_round_trip_defaults_and_small),
         cmocka_unit_test(test_scalars_at_every_alignment),
         cmocka_unit_test(test_layout_of_the_bytes),

@@ -96,6 +96,9 @@ OTHERS = [
     ("nadam", torch.optim.NAdam, dict(lr=0.01, momentum_decay=0.005, weight_decay=0.01, decoupled_weight_decay=True)),
     ("radam", torch.optim.RAdam, dict(lr=0.01, weight_decay=0.01)),
 ]
+if hasattr(torch.optim, "Adafactor"):  # factored moments for the matrices, a variance for the rest
+    OTHERS.append(("adafactor", torch.optim.Adafactor,
+                   dict(lr=0.01, beta2_decay=-0.7, eps=(1e-6, 1e-3), d=1.2, weight_decay=0.01)))
 try:
     from lion_pytorch import Lion
     OTHERS.append(("lion", Lion, dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)))

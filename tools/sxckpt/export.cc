@@ -5,7 +5,9 @@
 //   OUT                  NAME for every param, in its shape ([] for a scalar): what
 //                        torch's Module.load_state_dict(strict=True) takes
 //   PREFIX.safetensors   NAME.exp_avg, NAME.exp_avg_sq, NAME.max_exp_avg_sq,
-//                        NAME.momentum_buffer: the state tensors each param has
+//                        NAME.momentum_buffer, ...: the state tensors each param has
+//                        (Adafactor's factored NAME.row_var and NAME.col_var, from
+//                        the MANIFEST, in torch's shapes [..., R, 1] and [..., 1, C])
 //   PREFIX.json          the param groups in torch's key names, each param's steps
 //
 // Each tensor keeps the dtype its chunks are stored in ("F32": sx stores fp32 master
@@ -41,6 +43,9 @@ struct OutFile {
     std::string head;  // the length field and the header
     uint64_t data_bytes = 0;
     int fd = -1;
+    // Tensors whose values the MANIFEST holds (Adafactor's factored moments): their
+    // data's offset and values.
+    std::vector<std::pair<uint64_t, const std::vector<float> *>> from_manifest;
 };
 
 // Where a stored tensor goes: file index into ExportPlan::files (-1: not exported) and
@@ -105,6 +110,28 @@ Status plan_export(const ckpt::Manifest &m, ExportPlan *plan) {
             routes.push_back(r);
         }
         plan->route.push_back(std::move(routes));
+        if (plan->files.size() < 2 || p.row_var.empty()) continue;
+        // Adafactor's factored moments, in torch's shapes: row_var [..., R, 1], col_var
+        // [..., 1, C].
+        OutFile &f = plan->files[1];
+        std::vector<int64_t> rows(p.shape.begin(), p.shape.end() - 1), cols(p.shape.begin(), p.shape.end() - 2);
+        rows.push_back(1);
+        cols.push_back(1);
+        cols.push_back(p.shape.back());
+        for (const auto &[suffix, shape, values] :
+             {std::make_tuple(".row_var", rows, &p.row_var), std::make_tuple(".col_var", cols, &p.col_var)}) {
+            StTensor o;
+            o.name = p.name + suffix;
+            SX_CHECK(names[1].insert(o.name).second, SX_ERR_INVALID_ARGUMENT,
+                     "the checkpoint would give two tensors of %s the name '%s'", printable(f.path).c_str(),
+                     printable(o.name).c_str());
+            o.dtype = SX_DTYPE_F32;
+            o.shape = shape;
+            o.begin = cursor[1];
+            o.end = cursor[1] = o.begin + values->size() * sizeof(float);
+            f.from_manifest.emplace_back(o.begin, values);
+            f.tensors.push_back(std::move(o));
+        }
     }
     for (size_t i = 0; i < plan->files.size(); ++i) {
         SX_TRY(safetensors_header(metadata, plan->files[i].tensors, &plan->files[i].head));
@@ -159,6 +186,10 @@ Status write_temporaries(io::FileOps &ops, const CheckpointDir &c, ExportPlan *p
         const std::string tmp = f.path + ".tmp";
         s = ops.open_write(tmp, &f.fd);
         if (s.ok()) s = ops.pwrite_all(f.fd, f.head.data(), f.head.size(), 0, tmp);
+        for (const auto &[at, values] : f.from_manifest)
+            if (s.ok())
+                s = ops.pwrite_all(f.fd, reinterpret_cast<const char *>(values->data()), values->size() * sizeof(float),
+                                   f.head.size() + at, tmp);
         if (!s.ok()) break;
     }
     if (s.ok()) s = c.indexes_ok();  // a file whose chunks are unknown cannot be exported

@@ -14,6 +14,7 @@
 // chunk (at most ckpt::kMaxChunkBytes) while each rank's file is written, so memory
 // stays bounded whatever the size of the model.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -58,6 +59,9 @@ struct ImportPlan {
     ckpt::Manifest manifest;                 // but for files and chunks
     std::vector<std::vector<Source>> source; // [param][tensor]
     size_t state_tensors = 0;
+    // Adafactor's factored moments, which the MANIFEST holds: per param, its row_var and
+    // col_var tensors in the optimizer file.
+    std::vector<std::pair<size_t, std::array<const StTensor *, 2>>> factored;
 };
 
 std::string quoted(const std::string &s) { return "'" + printable(s) + "'"; }
@@ -118,6 +122,36 @@ Status add_state(const Inputs &in, size_t p, std::vector<bool> *used, ImportPlan
         (*used)[s.index.at(name)] = true;
         present += (present.empty() ? "" : ", ") + quoted(name);
     }
+    // Adafactor's factored moments (a param of two or more dimensions), in torch's
+    // shapes [..., R, 1] and [..., 1, C].
+    std::array<const StTensor *, 2> factored = {nullptr, nullptr};
+    if (g.optimizer == SX_OPTIM_ADAFACTOR && e.shape.size() >= 2) {
+        std::vector<int64_t> rows(e.shape.begin(), e.shape.end() - 1), cols(e.shape.begin(), e.shape.end() - 2);
+        rows.push_back(1);
+        cols.push_back(1);
+        cols.push_back(e.shape.back());
+        const std::vector<int64_t> *shapes[2] = {&rows, &cols};
+        const char *suffixes[2] = {".row_var", ".col_var"};
+        for (int k = 0; k < 2; ++k) {
+            const std::string name = e.name + suffixes[k];
+            const StTensor *t = s.find(name);
+            if (!t) continue;
+            SX_CHECK(t->shape == *shapes[k], SX_ERR_INVALID_ARGUMENT,
+                     "%s: tensor %s has shape %s; Adafactor's %s of param %s (shape %s) has shape %s",
+                     printable(s.path).c_str(), quoted(name).c_str(), shape_text(t->shape).c_str(), suffixes[k] + 1,
+                     quoted(e.name).c_str(), shape_text(e.shape).c_str(), shape_text(*shapes[k]).c_str());
+            (*used)[s.index.at(name)] = true;
+            present += (present.empty() ? "" : ", ") + quoted(name);
+            factored[k] = t;
+        }
+        for (int k = 0; k < 2 && !present.empty(); ++k)
+            SX_CHECK(factored[k] != nullptr, SX_ERR_INVALID_ARGUMENT,
+                     "%s: param %s (param group %d, Adafactor) has %s but no tensor %s; a param's state is every "
+                     "tensor its optimizer keeps, or none",
+                     printable(s.path).c_str(), quoted(e.name).c_str(), e.param_group, present.c_str(),
+                     quoted(e.name + suffixes[k]).c_str());
+        if (!present.empty()) plan->factored.push_back({p, factored});
+    }
     if (present.empty()) return Status::Ok();  // no state at all
     for (size_t k = 1; k < kinds.size(); ++k)
         SX_CHECK(found[k - 1] != nullptr, SX_ERR_INVALID_ARGUMENT,
@@ -134,6 +168,25 @@ Status add_state(const Inputs &in, size_t p, std::vector<bool> *used, ImportPlan
         plan->state_tensors++;
     }
     return Status::Ok();
+}
+
+// Adafactor's factored moments into the MANIFEST, read whole from the optimizer file.
+Status read_factored(io::FileOps &ops, const Inputs &in, ImportPlan *plan) {
+    if (plan->factored.empty()) return Status::Ok();
+    int fd = -1;
+    SX_TRY(ops.open_read_named(in.files[1].path, &fd));
+    std::vector<char> scratch;
+    Status s;
+    for (const auto &[p, tensors] : plan->factored) {
+        ckpt::ParamEntry &e = plan->manifest.params[p];
+        std::vector<float> *into[2] = {&e.row_var, &e.col_var};
+        for (int k = 0; k < 2 && s.ok(); ++k) {
+            into[k]->resize(tensors[k]->numel());
+            s = read_f32(ops, fd, in.files[1], *tensors[k], 0, tensors[k]->numel(), into[k]->data(), &scratch);
+        }
+    }
+    ops.close(fd, in.files[1].path);
+    return s;
 }
 
 // The MANIFEST but for files and chunks, and where every tensor's elements come from.
@@ -300,6 +353,7 @@ Status import_checkpoint(io::FileOps &ops, const std::string &weights, const std
     Inputs in;
     SX_TRY(read_inputs(ops, weights, prefix, &in));
     SX_TRY(plan_import(in, world_size, plan));
+    SX_TRY(read_factored(ops, in, plan));
     SX_TRY(ops.exists(tmp_dir, &exists));
     // A directory with this suffix never holds a checkpoint: it is what an import or
     // a save left when it did not commit (sx's own saves remove such directories too).

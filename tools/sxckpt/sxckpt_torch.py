@@ -48,6 +48,9 @@ _STATE_KEYS = {  # torch's per-param state tensors, as the tensors' name suffixe
     "Lion": ("exp_avg",),
     "Lamb": ("exp_avg", "exp_avg_sq"),
     "Muon": ("momentum_buffer",),
+    # A 0-D or 1-D param's variance; a larger one's factored moments, in torch's shapes
+    # [..., R, 1] and [..., 1, C].
+    "Adafactor": ("variance", "row_var", "col_var"),
 }
 _HYPER_KEYS = {  # the param group keys PREFIX.json holds (torch's names)
     "AdamW": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
@@ -61,7 +64,11 @@ _HYPER_KEYS = {  # the param group keys PREFIX.json holds (torch's names)
     "Lion": ("lr", "betas", "weight_decay", "maximize"),
     "Lamb": ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"),
     "Muon": ("lr", "weight_decay", "momentum", "nesterov", "eps", "ns_a", "ns_b", "ns_c", "ns_steps", "adjust_lr"),
+    "Adafactor": ("lr", "beta2_decay", "eps", "eps2", "d", "weight_decay", "maximize"),
 }
+# Adafactor's eps in torch: (eps1, eps2), eps1 None for the param dtype's machine epsilon
+# (sx's is fp32's: its masters are fp32).
+_ADAFACTOR_EPS1 = 2.0 ** -23
 # Muon's keys in torch: ns_coefficients = (ns_a, ns_b, ns_c), ns_steps an int, adjust_lr_fn
 # a name (None for sx's ORIGINAL).
 _ADJUST_LR_FN = {0: None, 1: "match_rms_adamw", 2: "spectral_unclamped"}
@@ -185,6 +192,8 @@ def _hyper(group):
         out["ns_coefficients"] = (out.pop("ns_a"), out.pop("ns_b"), out.pop("ns_c"))
         out["ns_steps"] = int(out["ns_steps"])
         out["adjust_lr_fn"] = _ADJUST_LR_FN[int(out.pop("adjust_lr"))]
+    if kind == "Adafactor":
+        out["eps"] = (out["eps"], out.pop("eps2"))
     return out
 
 
@@ -247,8 +256,8 @@ def _kind(opt, group):
 def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
     """Writes `params` (a Module or {name: param}, in registration order) as
     WEIGHTS_PATH, and, given an OPTIMIZER_PREFIX, the param groups and state of
-    `optimizers` (torch's SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, NAdam, RAdam, or
-    lion-pytorch's Lion) as PREFIX.safetensors and PREFIX.json, for
+    `optimizers` (torch's SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, NAdam, RAdam, Muon,
+    Adafactor, lion-pytorch's Lion or pytorch-optimizer's Lamb) as PREFIX.safetensors and PREFIX.json, for
     `sxckpt import`. Every param must be in one group of one optimizer. `step` is the
     checkpoint's step (default: the largest Adam/AdamW step). torch's SGD counts no
     steps: its params get `step` as their step, and as their momentum_steps where a
@@ -278,6 +287,10 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
                 group["ns_a"], group["ns_b"], group["ns_c"] = group["ns_coefficients"]
                 fn = group.get("adjust_lr_fn")
                 group["adjust_lr"] = {None: 0, "original": 0, "match_rms_adamw": 1, "spectral_unclamped": 2}[fn]
+            if kind == "Adafactor":  # torch's (eps1, eps2) into sx's eps and eps2
+                group = dict(group)
+                eps1, group["eps2"] = group["eps"]
+                group["eps"] = _ADAFACTOR_EPS1 if eps1 is None else eps1
             for key in _HYPER_KEYS[kind]:
                 if key in _CONSTRUCTOR_ONLY.get(kind, ()):
                     v = getattr(opt, key)

@@ -269,6 +269,7 @@ struct RawParamState  # sx_param_state_t
     tensor_names::Ptr{Ptr{UInt8}}
     tensors::Ptr{Ptr{Float32}}
     mu_product::Float64
+    tensor_numels::Ptr{UInt64}
 end
 
 # Filled by sx only, for a custom optimizer's update (read with unsafe_load).
@@ -1010,7 +1011,10 @@ state["mu_product"], the product of the param's momentum coefficients, in (0, 1]
 other optimizers; a scatter may leave it 0 to have sx derive it from `step` with the
 group's beta1 and momentum_decay) and `tensors`, a `Dict` from torch's names
 ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"; "master" for 16-bit
-params) to `Vector{Float32}`s of the param's `numel` values in sx's (row-major) order.
+params) to `Vector{Float32}`s of the param's `numel` values in sx's (row-major) order,
+but Adafactor's factored moments of a param of shape [..., R, C]: "row_var",
+prod(shape[:-1]) values (torch's shape [..., R, 1]), and "col_var", prod(shape[:-2]) * C
+(torch's [..., 1, C]).
 One handed to a callback of `gather_optim_state` or `scatter_optim_state!` lends sx's
 memory: its vectors are valid only during that call (`copy` what you keep).
 """
@@ -1046,10 +1050,14 @@ function _state_trampoline(raw::Ptr{RawParamState}, user::Ptr{Cvoid})::Int32
     try
         st = unsafe_load(raw)
         n = Int(st.numel)
+        # Each tensor's own length (Adafactor's row_var and col_var are not the param's
+        # numel); numel where sx gives none.
+        numels = st.struct_size >= sizeof(RawParamState) ? st.tensor_numels : Ptr{UInt64}(C_NULL)
         tensors = Dict{String,Vector{Float32}}()
         for t in 1:Int(st.num_tensors)
             name = unsafe_string(unsafe_load(st.tensor_names, t))
-            tensors[name] = n == 0 ? Float32[] : unsafe_wrap(Array, unsafe_load(st.tensors, t), n; own=false)
+            len = numels == C_NULL ? n : Int(unsafe_load(numels, t))
+            tensors[name] = len == 0 ? Float32[] : unsafe_wrap(Array, unsafe_load(st.tensors, t), len; own=false)
         end
         state = ParamState(Int(st.param), unsafe_string(st.name), Int(st.param_group), n, Int(st.step),
                            Int(st.momentum_steps), Float64(st.mu_product), tensors)
@@ -1146,9 +1154,9 @@ function scatter_optim_state!(g::ShardGroup, states::Union{Nothing,AbstractDict}
         given = get(states, st.name, nothing)
         given === nothing && return nothing
         for (name, values) in given.tensors
-            if haskey(st.tensors, name) && length(values) != st.numel
+            if haskey(st.tensors, name) && length(values) != length(st.tensors[name])
                 throw(SXError(SX_ERR_INVALID_ARGUMENT, "param '$(st.name)': tensor '$name' has " *
-                                                       "$(length(values)) values; the param has $(st.numel)"))
+                                                       "$(length(values)) values; sx keeps $(length(st.tensors[name]))"))
             end
         end
         st.step, st.momentum_steps = given.step, given.momentum_steps

@@ -555,7 +555,7 @@ end
         wrong = results[1][2]
         @test wrong isa SXError && wrong.status == SX.SX_ERR_INVALID_ARGUMENT && occursin("momentum_buffer", wrong.message)
         @test all(r[3] isa SXError && r[3].status == SX.SX_ERR_INVALID_ARGUMENT for r in results)
-        @test occursin("'exp_avg' has 76 values; the param has 77", results[1][3].message)
+        @test occursin("'exp_avg' has 76 values; sx keeps 77", results[1][3].message)
         info, whole = results[1][4], results[1][5]
         m = whole[1].tensors["exp_avg"]
         @test 0 < info.shard_end < 77

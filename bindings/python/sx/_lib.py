@@ -200,7 +200,8 @@ class sx_param_state_t(ctypes.Structure):
                 ("momentum_steps", ctypes.c_int64), ("num_tensors", ctypes.c_int32),
                 ("reserved0", ctypes.c_int32),
                 ("tensor_names", ctypes.POINTER(ctypes.c_char_p)),
-                ("tensors", ctypes.POINTER(ctypes.POINTER(ctypes.c_float))), ("mu_product", ctypes.c_double)]
+                ("tensors", ctypes.POINTER(ctypes.POINTER(ctypes.c_float))), ("mu_product", ctypes.c_double),
+                ("tensor_numels", ctypes.POINTER(ctypes.c_uint64))]
 
 
 class sx_step_result_t(ctypes.Structure):

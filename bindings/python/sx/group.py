@@ -177,8 +177,10 @@ class ParamState:
     ``mu_product``: NAdam's torch state["mu_product"], 0 for other optimizers, and in a
     scatter 0 = derived from ``step``), and its tensors by torch's names ("exp_avg",
     "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "square_avg", "grad_avg",
-    "exp_inf"; "master" for 16-bit params), each a 1-D float32 array of the param's
-    numel elements."""
+    "exp_inf", "variance"; "master" for 16-bit params), each a 1-D float32 array of the
+    param's numel elements, but Adafactor's factored moments of a param of shape
+    [..., R, C]: "row_var", prod(shape[:-1]) values (torch's shape [..., R, 1]), and
+    "col_var", prod(shape[:-2]) * C (torch's [..., 1, C])."""
     index: int
     name: str
     param_group: int
@@ -679,14 +681,19 @@ class ShardGroup(Handle):
             raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, "whole optimizer state needs numpy")
         np = _views.np
         failure = [None]
+        numels_end = _lib.sx_param_state_t.tensor_numels.offset + ctypes.sizeof(ctypes.c_void_p)
 
         def trampoline(raw, _user):
             try:
                 st = raw.contents
+                # Each tensor's own length (Adafactor's row_var and col_var are not the
+                # param's numel); numel where sx gives none.
+                numels = st.tensor_numels if st.struct_size >= numels_end and st.tensor_numels else None
                 tensors = {}
                 for t in range(st.num_tensors):
+                    n = numels[t] if numels else st.numel
                     address = ctypes.cast(st.tensors[t], ctypes.c_void_p).value
-                    buf = (ctypes.c_float * st.numel).from_address(address)
+                    buf = (ctypes.c_float * n).from_address(address)
                     tensors[st.tensor_names[t].decode("utf-8")] = np.frombuffer(buf, dtype=np.float32)
                 state = ParamState(index=st.param, name=st.name.decode("utf-8"), param_group=st.param_group,
                                    step=st.step, momentum_steps=st.momentum_steps, tensors=tensors,

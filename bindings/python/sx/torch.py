@@ -214,6 +214,18 @@ def _kind_of(optimizer_class, defaults):
     return kind
 
 
+def _state_shape(name, shape):
+    """The shape torch keeps a param's state tensor in: the param's, but Adafactor's
+    factored moments of a param of two or more dimensions (torch.optim.Adafactor's
+    row_var [..., R, 1] and col_var [..., 1, C])."""
+    shape = tuple(shape)
+    if name == "row_var":
+        return shape[:-1] + (1,)
+    if name == "col_var":
+        return shape[:-2] + (1, shape[-1])
+    return shape
+
+
 def _as_array(t):
     """A contiguous float32 numpy array of a tensor (or number) of any float dtype."""
     if isinstance(t, torch.Tensor):
@@ -541,7 +553,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     entry["step"] = torch.tensor(float(st.step), dtype=torch.float32)
                 for name, values in st.tensors.items():
                     if name != "master":
-                        entry[name] = torch.from_numpy(values).view(p.shape).clone()
+                        entry[name] = torch.from_numpy(values).view(_state_shape(name, p.shape)).clone()
                 if self._kind == "nadam":
                     entry["mu_product"] = torch.tensor(st.mu_product, dtype=torch.float32)
             if entry:
@@ -585,7 +597,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 if name == "master":
                     st.tensors[name][...] = _as_array(p.data)  # the current values
                 elif name in entry and entry[name] is not None:
-                    st.tensors[name][...] = _as_array(entry[name])
+                    values = _as_array(entry[name])
+                    if values.size != st.tensors[name].size:
+                        raise ValueError(f"param {order[st.index]}: state '{name}' has {values.size} values; "
+                                         f"torch keeps it in shape {list(_state_shape(name, p.shape))}")
+                    st.tensors[name][...] = values
             if kind == "sgd":
                 st.momentum_steps = 1 if entry.get("momentum_buffer") is not None else 0
                 st.step = st.momentum_steps

@@ -131,6 +131,61 @@ class WholeStateTest(unittest.TestCase):
                 for a, b in zip(run_ranks(2, scattered)[0], run_ranks(2, loaded)[0]):
                     np.testing.assert_array_equal(a, b)
 
+    def test_adafactor_factored_moments(self):
+        # Adafactor keeps row_var and col_var of a param of two or more dimensions whole
+        # on every rank, torch's [..., R, 1] and [..., 1, C] flat, and a param-shaped
+        # variance of a 1-D one. Scattered into another world size, they train on exactly
+        # as the same state loaded from a checkpoint does.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "ck")
+
+            def group(rank, name, world):
+                g = sx.ShardGroup(name, rank, world, backend="cpu", num_threads=1, timeout_ms=60000)
+                g.add_param_group("adafactor", lr=0.01, weight_decay=0.1)
+                g.add_param("m", [6, 5], unit=0)
+                g.add_param("t", [2, 3, 4], unit=0)
+                g.add_param("v", [7], unit=1)
+                g.finalize()
+                return g
+
+            def saver(rank, name):
+                with group(rank, name, 3) as g:
+                    train(g, 3, rank)
+                    g.save(path, synchronous=True)
+                    return g.gather_optim_state(root=0), {p.name: np.array(g.param_view(p.index)) for p in g.params()}
+
+            states, values = run_ranks(3, saver)[0]
+            lengths = {st.name: {k: len(v) for k, v in st.tensors.items()} for st in states}
+            self.assertEqual(lengths, {"m": {"row_var": 6, "col_var": 5}, "t": {"row_var": 6, "col_var": 8},
+                                       "v": {"variance": 7}})
+            for st in states:
+                self.assertEqual(st.step, 3)
+                for k, v in st.tensors.items():
+                    self.assertTrue(np.all(v > 0), f"{st.name}'s {k}: {v}")
+
+            def scattered(rank, name):
+                with group(rank, name, 2) as g:
+                    for p in g.params():
+                        g.param_view(p.index)[...] = values[p.name]
+                    g.scatter_optim_state({s.name: s for s in states} if rank == 1 else None, root=1)
+                    back = g.gather_optim_state(root=0)
+                    if rank == 0:
+                        for before, after in zip(states, back):
+                            self.assertEqual(sorted(before.tensors), sorted(after.tensors))
+                            for k in before.tensors:
+                                np.testing.assert_array_equal(before.tensors[k], after.tensors[k])
+                    train(g, 1, rank)
+                    return [np.array(g.param_view(p.index)) for p in g.params()]
+
+            def loaded(rank, name):
+                with group(rank, name, 2) as g:
+                    g.load(path)
+                    train(g, 1, rank)
+                    return [np.array(g.param_view(p.index)) for p in g.params()]
+
+            for a, b in zip(run_ranks(2, scattered)[0], run_ranks(2, loaded)[0]):
+                np.testing.assert_array_equal(a, b)
+
     def test_a_callback_and_its_exception(self):
         def rank_main(rank, name):
             with make(rank, name, 2) as g:

@@ -268,9 +268,79 @@ def check_muon():
                   lambda: sx_opt(net(), torch.optim.Muon), "torch.optim.Muon over a model with biases")
 
 
+def check_adafactor():
+    """torch.optim.Adafactor on a matrix, a stack of matrices, a vector and a scalar: sx's
+    state_dict() is torch's (row_var [..., R, 1], col_var [..., 1, C], a param-shaped
+    variance, a float32 step), and each loads the other's, which goes on as it does."""
+    kw = dict(lr=0.01, weight_decay=0.01)
+
+    def params(seed=0):
+        torch.manual_seed(seed)
+        return [(n, torch.nn.Parameter(torch.randn(shape)))
+                for n, shape in (("m", (6, 5)), ("t", (2, 3, 4)), ("v", (5,)), ("s", ()))]
+
+    def step(named, opt, i):
+        g = torch.Generator().manual_seed(200 + i)
+        opt.zero_grad()
+        sum(((p - torch.randn(p.shape, generator=g)) ** 2).sum() for _, p in named).backward()
+        opt.step()
+
+    def close(a, b, what):
+        d = max((p - q).abs().max().item() for (_, p), (_, q) in zip(a, b))
+        if not d <= TOL:
+            raise SystemExit(f"FAIL {what}: params differ by {d}")
+        print(f"ok   {what} (max difference {d:.2e})")
+
+    a, b = params(), params()
+    ta, sa = torch.optim.Adafactor([p for _, p in a], **kw), sx_opt(b, torch.optim.Adafactor, **kw)
+    for i in range(6):
+        step(a, ta, i)
+        step(b, sa, i)
+    close(a, b, "Adafactor over 6 steps")
+    mine, theirs = sa.state_dict(), ta.state_dict()
+    if sorted(mine["state"]) != sorted(theirs["state"]):
+        raise SystemExit(f"FAIL Adafactor state_dict: params {sorted(mine['state'])}, torch's {sorted(theirs['state'])}")
+    for i, entry in theirs["state"].items():
+        got = mine["state"][i]
+        if list(got) != list(entry):
+            raise SystemExit(f"FAIL Adafactor state_dict: param {i} has {list(got)}, torch's {list(entry)}")
+        for key, want in entry.items():
+            have = got[key]
+            if have.shape != want.shape or have.dtype != want.dtype:
+                raise SystemExit(f"FAIL Adafactor state_dict: param {i} {key} is {have.dtype} {list(have.shape)}, "
+                                 f"torch's {want.dtype} {list(want.shape)}")
+            rel = ((have - want).abs() / want.abs().clamp_min(1e-30)).max().item()
+            if not rel <= TOL:
+                raise SystemExit(f"FAIL Adafactor state_dict: param {i} {key} differs by {rel:.3g}, relative")
+    if mine["param_groups"] != theirs["param_groups"]:
+        raise SystemExit(f"FAIL Adafactor state_dict: param groups {mine['param_groups']}, torch's "
+                         f"{theirs['param_groups']}")
+    print("ok   Adafactor: sx's state_dict() is torch's (names, shapes, dtypes, values, param groups)")
+    # Each loads the other's, and both go on as the original does.
+    c, d = params(1), params(2)
+    for (_, p), (_, q), (_, r) in zip(c, d, a):
+        p.data.copy_(r.data)
+        q.data.copy_(r.data)
+    tc = torch.optim.Adafactor([p for _, p in c], **kw)
+    tc.load_state_dict(mine)
+    sd = sx_opt(d, torch.optim.Adafactor, lr=0.5)
+    sd.load_state_dict(theirs)
+    for i in range(6, 10):
+        for named, opt in ((a, ta), (b, sa), (c, tc), (d, sd)):
+            step(named, opt, i)
+    close(c, b, "Adafactor: sx's state_dict() continued in torch")
+    close(d, a, "Adafactor: torch's state_dict() continued in sx")
+    # A row_var of the param's shape is not torch's: refused, naming the shape it has.
+    wrong = copy.deepcopy(theirs)
+    wrong["state"][0]["row_var"] = torch.ones(6, 5)
+    expect_raises(ValueError, "torch keeps it in shape [6, 1]", lambda: sd.load_state_dict(wrong),
+                  "an Adafactor row_var of the param's shape")
+
+
 def main():
     check_every_class()
     check_muon()
+    check_adafactor()
     check_param_group_added_while_training()
     check_failed_param_group_changes_nothing()
     check_unfrozen_later()

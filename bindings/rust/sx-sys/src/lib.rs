@@ -293,6 +293,10 @@ pub struct sx_param_state_t {
     /// Appended in 1.5: NAdam's mu_product (0 for other optimizers; a scatter may leave
     /// it 0 to have sx derive it from the step).
     pub mu_product: f64,
+    /// Appended in 1.5: each tensor's element count, num_tensors of them (owned by sx):
+    /// numel, but Adafactor's "row_var" (prod(shape[..-1])) and "col_var"
+    /// (prod(shape[..-2]) * C) of a param of two or more dimensions.
+    pub tensor_numels: *const u64,
 }
 
 pub type sx_param_state_fn = Option<unsafe extern "C" fn(state: *mut sx_param_state_t, user: *mut c_void) -> sx_status_t>;

@@ -25,14 +25,18 @@ use crate::options::{c_string, init};
 /// the slices are sx's host memory, valid only during the call (the closure cannot keep
 /// them). Tensors carry torch's names: "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (Adam
 /// and AdamW, the last with amsgrad), "momentum_buffer" (SGD with momentum), "master"
-/// (the fp32 master weights of a 16-bit param); each holds the param's `numel` values.
+/// (the fp32 master weights of a 16-bit param); each holds the param's `numel` values,
+/// but Adafactor's factored moments of a param of shape [..., R, C]: "row_var",
+/// prod(shape[..-1]) values (torch's shape [..., R, 1]), and "col_var",
+/// prod(shape[..-2]) * C (torch's [..., 1, C]).
 #[derive(Debug)]
 pub struct ParamStateRef<'a> {
     /// The param's index.
     pub param: i32,
     pub name: Cow<'a, str>,
     pub param_group: i32,
-    /// Elements of each tensor: the param's, in its own (row-major) index space.
+    /// The param's elements, and so each tensor's but Adafactor's "row_var" and
+    /// "col_var" (row-major, in the param's own index space).
     pub numel: usize,
     /// Updates applied to the param (torch's state["step"] of Adam and AdamW).
     pub step: i64,
@@ -67,7 +71,8 @@ pub struct ParamStateMut<'a> {
 
 /// One param's whole optimizer state, owned: what [`ShardGroup::gather_optim_state`]
 /// returns and [`ShardGroup::scatter_optim_state`] takes. `tensors` maps torch's names to
-/// the param's `numel` values.
+/// their values (the param's numel of them, but Adafactor's "row_var" and "col_var": see
+/// [`ParamStateRef`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ParamState {
     pub param: i32,
@@ -80,19 +85,22 @@ pub struct ParamState {
     pub tensors: BTreeMap<String, Vec<f32>>,
 }
 
-/// The name and the (name, data) tensors of an sx_param_state_t, for both views. A null
-/// array means no tensors; a tensor of zero elements gets a dangling, aligned pointer, as
-/// a Rust slice needs.
-unsafe fn raw_parts<'a>(st: &'a sys::sx_param_state_t) -> (Cow<'a, str>, Vec<(&'a str, *mut f32)>) {
+/// The name and the (name, data, length) tensors of an sx_param_state_t, for both views.
+/// A null array means no tensors; a tensor of zero elements gets a dangling, aligned
+/// pointer, as a Rust slice needs. Each tensor's length is its tensor_numels entry
+/// (Adafactor's row_var and col_var are not the param's numel), numel where sx gives none.
+unsafe fn raw_parts<'a>(st: &'a sys::sx_param_state_t) -> (Cow<'a, str>, Vec<(&'a str, *mut f32, usize)>) {
     let name = if st.name.is_null() { Cow::Borrowed("") } else { CStr::from_ptr(st.name).to_string_lossy() };
     let count = if st.tensors.is_null() || st.tensor_names.is_null() { 0 } else { st.num_tensors.max(0) as usize };
+    let has_numels = st.struct_size >= std::mem::size_of::<sys::sx_param_state_t>() && !st.tensor_numels.is_null();
     let mut tensors = Vec::with_capacity(count);
     for t in 0..count {
         let tname: *const c_char = *st.tensor_names.add(t);
         let tname = if tname.is_null() { "" } else { CStr::from_ptr(tname).to_str().unwrap_or("") };
+        let n = if has_numels { *st.tensor_numels.add(t) } else { st.numel } as usize;
         let data = *st.tensors.add(t);
-        let data = if st.numel == 0 || data.is_null() { ptr::NonNull::<f32>::dangling().as_ptr() } else { data };
-        tensors.push((tname, data));
+        let data = if n == 0 || data.is_null() { ptr::NonNull::<f32>::dangling().as_ptr() } else { data };
+        tensors.push((tname, data, n));
     }
     (name, tensors)
 }
@@ -109,7 +117,7 @@ impl<'a> ParamStateRef<'a> {
             step: st.step,
             momentum_steps: st.momentum_steps,
             mu_product: st.mu_product,
-            tensors: tensors.into_iter().map(|(n, p)| (n, std::slice::from_raw_parts(p as *const f32, numel))).collect(),
+            tensors: tensors.into_iter().map(|(n, p, len)| (n, std::slice::from_raw_parts(p as *const f32, len))).collect(),
         }
     }
 
@@ -149,7 +157,7 @@ impl<'a> ParamStateMut<'a> {
             step: st.step,
             momentum_steps: st.momentum_steps,
             mu_product: st.mu_product,
-            tensors: tensors.into_iter().map(|(n, p)| (n, std::slice::from_raw_parts_mut(p, numel))).collect(),
+            tensors: tensors.into_iter().map(|(n, p, len)| (n, std::slice::from_raw_parts_mut(p, len))).collect(),
         }
     }
 
@@ -170,17 +178,19 @@ impl<'a> ParamStateMut<'a> {
 
     /// Fills this param's state from `given`: its step counts, its mu_product and each of
     /// its tensors the param's optimizer keeps (others are ignored); a tensor of another
-    /// length is an error.
+    /// length than sx's is an error.
     pub fn fill_from(&mut self, given: &ParamState) -> Result<()> {
         for (name, values) in &given.tensors {
-            if values.len() != self.numel && self.tensor_names().contains(&name.as_str()) {
-                return Err(invalid_argument(format!(
-                    "param '{}': tensor '{}' has {} values; the param has {}",
-                    self.name,
-                    name,
-                    values.len(),
-                    self.numel
-                )));
+            if let Some((_, t)) = self.tensors.iter().find(|(n, _)| *n == name.as_str()) {
+                if values.len() != t.len() {
+                    return Err(invalid_argument(format!(
+                        "param '{}': tensor '{}' has {} values; sx keeps {}",
+                        self.name,
+                        name,
+                        values.len(),
+                        t.len()
+                    )));
+                }
             }
         }
         self.step = given.step;

@@ -186,7 +186,7 @@ fn structs_match_the_c_layout() {
             callback, callback_user]),
         mirror!(sys::sx_load_options_t, [struct_size, path, flags, reserved0]),
         mirror!(sys::sx_param_state_t, [struct_size, param, param_group, name, numel, step, momentum_steps,
-            num_tensors, reserved0, tensor_names, tensors, mu_product]),
+            num_tensors, reserved0, tensor_names, tensors, mu_product, tensor_numels]),
         mirror!(sys::sx_optimizer_piece_t, [struct_size, param, grad, state, n, grad_scale, param_index,
             param_group, offset, step, hyperparameters, user_data, num_slots, num_hyperparameters, error,
             error_size]),

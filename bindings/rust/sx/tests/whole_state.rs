@@ -169,7 +169,7 @@ fn a_scatter_map_must_fit_and_a_missing_param_is_zero_state() {
         let e = g.scatter_optim_state(0, if rank == 0 { Some(&map) } else { None }).unwrap_err();
         assert_eq!(e.status(), SX_ERR_INVALID_ARGUMENT, "{}", e);
         if rank == 0 {
-            assert!(e.message().contains("'exp_avg' has 76 values; the param has 77"), "{}", e);
+            assert!(e.message().contains("'exp_avg' has 76 values; sx keeps 77"), "{}", e);
             map.remove("w");
         }
         // No states on the root: every rank is told, none waits for the others in vain.
@@ -185,6 +185,53 @@ fn a_scatter_map_must_fit_and_a_missing_param_is_zero_state() {
         }
         Ok(())
     });
+}
+
+/// Adafactor: factored moments for [6, 5] and [2, 3, 4] (rows split between ranks), a
+/// variance per element for [7].
+fn setup_adafactor(g: &mut ShardGroup) -> sx::Result<()> {
+    g.add_param_group(&ParamGroup::new(Optimizer::Adafactor).lr(0.01))?;
+    g.add_param(&Param::new("m", &[6, 5]).unit(0))?;
+    g.add_param(&Param::new("t", &[2, 3, 4]).unit(0))?;
+    g.add_param(&Param::new("v", &[7]).unit(1))?;
+    g.finalize()
+}
+
+#[test]
+fn adafactor_factored_moments_have_their_own_lengths() {
+    let saved = common::run_ranks("whole-adafactor3", 3, |rank, mut g| {
+        setup_adafactor(&mut g)?;
+        train(&mut g, 3, rank)?;
+        let mut seen = Vec::new();
+        g.gather_optim_state_with(0, |st| {
+            seen.extend(st.tensors().iter().map(|(n, t)| (st.name.to_string(), n.to_string(), t.len())));
+            Ok(())
+        })?;
+        Ok((seen, g.gather_optim_state(0)?))
+    });
+    // torch's row_var [..., R, 1] and col_var [..., 1, C], flat.
+    let want = [("m", "row_var", 6), ("m", "col_var", 5), ("t", "row_var", 6), ("t", "col_var", 8), ("v", "variance", 7)];
+    let want: Vec<_> = want.iter().map(|(p, n, l)| (p.to_string(), n.to_string(), *l)).collect();
+    assert_eq!(saved[0].0, want);
+    let states = Arc::new(saved[0].1.clone().expect("the root got no states"));
+    assert!(states.iter().all(|s| s.step == 3 && s.tensors.values().all(|t| t.iter().any(|&x| x > 0.0))), "{:?}", states);
+
+    // Scattered into 2 ranks, whole on each: it comes back the same, and a row_var of
+    // the param's numel is refused.
+    let given = states.clone();
+    let back = common::run_ranks("whole-adafactor2", 2, move |rank, mut g| {
+        setup_adafactor(&mut g)?;
+        let (map, mut wrong) = (by_name(&given), by_name(&given));
+        wrong.get_mut("m").unwrap().tensors.insert("row_var".to_string(), vec![1.0; 30]);
+        let e = g.scatter_optim_state(1, if rank == 1 { Some(&wrong) } else { None }).unwrap_err();
+        assert_eq!(e.status(), SX_ERR_INVALID_ARGUMENT, "{}", e);
+        assert!(rank != 1 || e.message().contains("'row_var' has 30 values; sx keeps 6"), "{}", e);
+        g.scatter_optim_state(1, if rank == 1 { Some(&map) } else { None })?;
+        let back = g.gather_optim_state(0)?;
+        train(&mut g, 1, rank)?;
+        Ok(back)
+    });
+    assert_eq!(back[0].as_ref().unwrap(), &*states, "the state came back changed");
 }
 
 #[test]
