@@ -17,7 +17,8 @@ Status ParamTable::add_param(const char *name, int32_t ndim, const int64_t *shap
                              int32_t unit, bool frozen, int32_t *index) {
     SX_TRY(validate_param_name(name));
     ParamSpec p;
-    SX_TRY(validate_shape(ndim, shape, &p.numel));
+    Status shaped = validate_shape(ndim, shape, &p.numel);
+    if (!shaped.ok()) return shaped.prefix("param '" + std::string(name) + "': ");
     if (dtype == 0) dtype = SX_DTYPE_F32;
     SX_CHECK_ARG(dtype == SX_DTYPE_F32 || dtype == SX_DTYPE_F16 || dtype == SX_DTYPE_BF16,
                  "dtype %d of param '%s' is not an SX_DTYPE_*", dtype, name);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/half.h"
+#include "optim/adafactor.h"
 #include "optim/lamb.h"
 #include "optim/optimizer.h"
 #include "sx/sx.h"
@@ -137,6 +138,9 @@ struct Expected {
             seg.mu_product = sx::optim::mu_product_after(h, seg.step);
             if (h.kind == sx::optim::Kind::kLamb)  // the whole param's norms
                 sx::optim::lamb_reference(seg, 1.0f / static_cast<float>(c.world));
+            else if (h.kind == sx::optim::Kind::kAdafactor)  // 1-D: a variance per element, the norms
+                sx::optim::adafactor_reference(seg, sx::optim::adafactor_shape({kParams[p].numel}), nullptr, nullptr,
+                                               1.0f / static_cast<float>(c.world));
             else
                 sx::optim::reference_update(seg, 1.0f / static_cast<float>(c.world));
         }
