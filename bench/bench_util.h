@@ -176,6 +176,8 @@ sx_shard_group_t *make_sgd_group(const char *section, const std::string &url, in
 int section_mesh(const Options &opt);
 int section_packed(const Options &opt);
 int mesh_rank_main(int argc, char **argv);
+int section_shm(const Options &opt);
+int shm_rank_main(int argc, char **argv);
 #ifdef SX_HAVE_CUDA
 int section_gpu_adamw(const Options &opt);
 int section_gpu_step(const Options &opt);

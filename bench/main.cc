@@ -87,6 +87,7 @@ const Section kSections[] = {
     {"optimizers", section_optimizers},
     {"custom_optimizer", section_custom_optimizer},
     {"param_sums", section_param_sums},
+    {"shm", section_shm},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
     {"gpu_step", section_gpu_step},
@@ -129,6 +130,7 @@ int main(int argc, char **argv) {
 #endif
     if (argc > 1 && !std::strcmp(argv[1], "--pipeline-rank")) return pipeline_rank_main(argc, argv);
     if (argc > 1 && !std::strcmp(argv[1], "--mesh-rank")) return mesh_rank_main(argc, argv);
+    if (argc > 1 && !std::strcmp(argv[1], "--shm-rank")) return shm_rank_main(argc, argv);
     Options opt;
     std::vector<std::string> wanted;
     for (int i = 1; i < argc; ++i) {

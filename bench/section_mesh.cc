@@ -151,6 +151,9 @@ int mesh_rank_main(int argc, char **argv) {
     if (argc != 6) return 2;
     const int rank = std::atoi(argv[2]), port0 = std::atoi(argv[3]), reps = std::atoi(argv[4]);
     const std::string dir = argv[5];
+    // Two hosts, as the 2 x 2 mesh's shard groups: each pair of ranks shares memory (its
+    // shard group's exchanges go through it), the rest goes over TCP.
+    ::setenv("SX_HOST_ID", ("mesh-host-" + std::to_string(rank / kShard)).c_str(), 1);
     auto url = [&](int k) { return "tcp://127.0.0.1:" + std::to_string(port0 + k); };
     sx_shard_group_t *c = make_group(url(0), rank, 0, 2, 1, 1);
     for (int stage : {2, 3}) {

@@ -105,6 +105,29 @@ struct GlooOptions {
 Status create_gloo_communicator(std::shared_ptr<Store> store, int rank, int world_size,
                                 const GlooOptions &options, std::unique_ptr<Communicator> *out);
 
+struct ShmOptions {
+    Millis timeout{300000};
+    std::chrono::steady_clock::time_point deadline{};  // as GlooOptions::deadline
+    // Bytes of each rank's slot of the segment (a collective moves its data in chunks of
+    // this size); 0 = 8 MiB. Tests make it small to run many chunks cheaply.
+    size_t slot_bytes = 0;
+};
+
+// Connects `world_size` ranks that run on this host (processes, or threads of one
+// process) through one shared-memory segment (shm/shm_communicator.cc), handed out
+// through `store`: every collective of the interface, without sockets. The segment
+// leaves nothing behind in any file system, however the ranks exit. At most 64 ranks.
+Status create_shm_communicator(std::shared_ptr<Store> store, int rank, int world_size, const ShmOptions &options,
+                               std::unique_ptr<Communicator> *out);
+
+// The CPU communicator of `world_size` ranks: shared memory where every rank runs on
+// this host (their host identities, exchanged through `store`, agree; SX_HOST_ID
+// overrides this host's, and `host` this rank's) and `shared_memory` is set, else Gloo's
+// TCP transport. *shm (if not null) says which it chose.
+Status create_cpu_communicator(std::shared_ptr<Store> store, int rank, int world_size, const GlooOptions &options,
+                               bool shared_memory, std::unique_ptr<Communicator> *out, bool *shm = nullptr,
+                               const std::string &host = "");
+
 struct NcclOptions {
     int device = 0;  // CUDA device ordinal of this rank
     Millis timeout{300000};

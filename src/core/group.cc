@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -127,6 +128,9 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     ms.device_ordinal = cfg.device_ordinal;
     ms.timeout_ms = cfg.timeout_ms;
     ms.bind_address = g->config_.bind_address;
+    // SX_SHARED_MEMORY=0 keeps ranks on one host on Gloo's TCP transport.
+    const char *shm = std::getenv("SX_SHARED_MEMORY");
+    ms.shared_memory = !(shm && std::strcmp(shm, "0") == 0);
     g->mesh_.place(ms, rv.rank, rv.world_size);
     SX_TRY(g->mesh_.open(std::move(store), g->config_.shard_size, *g->headers_, deadline));
 
@@ -192,10 +196,16 @@ int fsdp_predivide_factor(int n) {
 ShardGroup::~ShardGroup() {
     // Wait for an abort() in progress on another thread (see abort_mu_).
     std::lock_guard<std::mutex> lock(abort_mu_);
-    // Collectives still in flight on the channels would wait for peers that may never
-    // join them: they are cut short, so that the channels' threads end at once.
-    const bool busy = (round_ && round_->busy()) || (gathers_ && gathers_->busy());
-    if (busy) abort_communicators();
+    // Collectives still in flight on the channels (a prefetch the last call started) may
+    // be ones the peers are about to join, and need this rank for: they get a moment to
+    // finish (a healthy group's peers come within it). Those still in flight then would
+    // wait for peers that may never join them: they are cut short, so that the channels'
+    // threads end at once.
+    auto busy = [this] { return (round_ && round_->busy()) || (gathers_ && gathers_->busy()); };
+    const auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min(config_.timeout_ms, 1000));
+    while (failure_.check().ok() && busy() && std::chrono::steady_clock::now() < grace)
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (busy()) abort_communicators();
     round_.reset();    // its channels stopped
     gathers_.reset();  // its channel stopped, then its buffers and communicator
     // Every thread that records has ended: the file holds everything the ring kept. A

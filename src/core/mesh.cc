@@ -78,7 +78,7 @@ Status Mesh::connect(std::shared_ptr<comm::Store> store, int rank, int size, std
     gopt.timeout = timeout;
     gopt.deadline = deadline;
     gopt.bind_address = settings_.bind_address;
-    return comm::create_gloo_communicator(std::move(store), rank, size, gopt, out);
+    return comm::create_cpu_communicator(std::move(store), rank, size, gopt, settings_.shared_memory, out);
 }
 
 void Mesh::abort() {

@@ -24,6 +24,9 @@ class Mesh {
         int device_ordinal = 0;
         int timeout_ms = 300000;
         std::string bind_address;  // the CPU transport's ("" = the host's name)
+        // CPU: ranks that all run on this host exchange through shared memory (else, and
+        // across hosts, Gloo's TCP).
+        bool shared_memory = true;
     };
     // This rank's place in the world, known from the rendezvous before anything connects.
     void place(const Settings &settings, int rank, int world_size);

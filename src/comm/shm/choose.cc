@@ -1,0 +1,44 @@
+// Which transport a CPU communicator takes (communicator.h, create_cpu_communicator):
+// shared memory when every rank is on this host, Gloo's TCP otherwise.
+#include "base/log.h"
+#include "comm/communicator.h"
+#include "comm/shm/segment.h"
+#include "comm/stores.h"
+
+namespace sx {
+namespace comm {
+
+Status create_cpu_communicator(std::shared_ptr<Store> store, int rank, int world_size, const GlooOptions &options,
+                               bool shared_memory, std::unique_ptr<Communicator> *out, bool *shm,
+                               const std::string &host) {
+    SX_CHECK_ARG(store != nullptr && out != nullptr, "create_cpu_communicator: store and out must not be NULL");
+    bool same_host = false;
+    if (shared_memory && world_size > 1) {
+        // Every rank says where it runs and reads where the others do: they all decide alike.
+        const Clock::time_point deadline =
+            options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
+        const std::string mine = host.empty() ? host_identity() : "given:" + host;
+        SX_TRY(store->set("host/" + std::to_string(rank), mine));
+        same_host = true;
+        for (int q = 0; q < world_size; ++q) {
+            std::string theirs;
+            const Millis left = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
+            SX_TRY(store->get("host/" + std::to_string(q), &theirs, left));
+            same_host = same_host && theirs == mine;
+        }
+    }
+    if (shm) *shm = same_host;
+    if (!same_host) return create_gloo_communicator(std::move(store), rank, world_size, options, out);
+    ShmOptions so;
+    so.timeout = options.timeout;
+    so.deadline = options.deadline;
+    Status s = create_shm_communicator(store, rank, world_size, so, out);
+    if (s.code() != SX_ERR_UNSUPPORTED) return s;
+    // Every rank learns it alike (rank 0 could not make the segment): Gloo then.
+    log(SX_LOG_WARN, "sx: rank %d: %s; the ranks exchange through TCP instead", rank, s.message().c_str());
+    if (shm) *shm = false;
+    return create_gloo_communicator(std::move(store), rank, world_size, options, out);
+}
+
+}  // namespace comm
+}  // namespace sx

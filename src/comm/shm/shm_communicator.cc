@@ -1,0 +1,508 @@
+// The Communicator of ranks on one host (communicator.h, create_shm_communicator): every
+// collective through one shared segment (segment.h), the ranks meeting at barriers of
+// their own.
+//
+// The segment holds a line of 64 bytes per rank (the barriers it reached, the call it
+// is in, whether it left) and a slot of `slot_bytes` per rank. A collective moves its
+// data in chunks that fit the slots: each rank copies its part of a chunk into its own
+// slot, the ranks meet at a barrier, each reads what it needs from the others' slots
+// (sums in rank order: the same bits for any chunking), and they meet again before the
+// slots are reused. At the first barrier of a call the ranks compare what they were
+// called for: ranks in different collectives fail with SX_ERR_MISMATCH before anyone
+// reads a peer's slot. A collective of one chunk is thus one barrier at which every rank
+// brings its data and one after which nobody reads it: a rank whose group is destroyed
+// once it has brought its data (a prefetch in flight) does not fail its peers.
+//
+// Waiting: a rank spins briefly on a peer's barrier count, then yields, then sleeps on it
+// (a futex on the shared word, woken by the peer's arrival), checking every millisecond
+// or so for its deadline (SX_ERR_TIMEOUT), abort() (SX_ERR_ABORTED), a peer that left (it
+// failed, aborted or was destroyed: SX_ERR_COMM, or SX_ERR_TIMEOUT where that peer timed
+// out) and a peer process that no longer exists (SX_ERR_COMM). No wait is without a
+// deadline. After any failure this rank leaves too, so that its peers fail at once.
+#include <linux/futex.h>
+#include <signal.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <mutex>
+
+#include "base/half.h"
+#include "base/log.h"
+#include "comm/communicator.h"
+#include "comm/shm/segment.h"
+#include "comm/stores.h"
+
+namespace sx {
+namespace comm {
+namespace {
+
+// The calls, as ranks compare them.
+enum Op : uint32_t {
+    kReduceScatter = 1,
+    kReduceScatter16,
+    kAllGather,
+    kAllReduceSum,
+    kAllReduceSumF32,
+    kAllReduceMax,
+    kBroadcast,
+    kGatherPieces,
+    kScatterPieces,
+    kBarrier,
+};
+
+const char *op_name(uint32_t op) {
+    switch (op) {
+        case kReduceScatter: return "reduce_scatter_sum";
+        case kReduceScatter16: return "reduce_scatter_sum_16";
+        case kAllGather: return "all_gather";
+        case kAllReduceSum: return "all_reduce_sum";
+        case kAllReduceSumF32: return "all_reduce_sum_f32";
+        case kAllReduceMax: return "all_reduce_max";
+        case kBroadcast: return "broadcast";
+        case kGatherPieces: return "gather_pieces";
+        case kScatterPieces: return "scatter_pieces";
+        case kBarrier: return "barrier";
+        default: return "an unknown call";
+    }
+}
+
+// One rank's line of the segment. Lock-free atomics are address-free, so they work
+// between processes mapping the same memory.
+struct alignas(64) Line {
+    std::atomic<uint32_t> arrived;  // the last barrier it reached (a futex word)
+    std::atomic<uint32_t> waiters;  // ranks asleep on `arrived`
+    std::atomic<uint32_t> left;     // 0, or the sx_status_t with which it left
+    std::atomic<uint32_t> op;       // the call it is in (Op) ...
+    std::atomic<uint64_t> size;     // ... its size (elements or bytes, as the call counts)
+    std::atomic<int32_t> root;      // ... and root (-1 where none)
+    std::atomic<int32_t> pid;
+    std::atomic<uint64_t> bytes;    // gather/scatter_pieces: the bytes it sends or receives
+};
+static_assert(sizeof(Line) == 64, "one cache line per rank");
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
+              "shared-memory atomics must be lock-free");
+
+constexpr size_t kHeaderBytes = 4096;  // the lines (at most 64 ranks per host) and padding
+constexpr int kMaxRanks = static_cast<int>(kHeaderBytes / sizeof(Line));
+constexpr size_t kDefaultSlotBytes = 8 << 20;
+constexpr size_t kBlock = 4096;  // elements summed in a stack buffer at a time
+
+long futex(std::atomic<uint32_t> *word, int op, uint32_t value, const struct timespec *timeout) {
+    return ::syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), op, value, timeout, nullptr, 0);
+}
+
+// Whether barrier count `have` has reached `want` (counts wrap around).
+bool reached(uint32_t have, uint32_t want) { return static_cast<int32_t>(have - want) >= 0; }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+// A cursor over a list of pieces, read or written as one stream of bytes.
+struct Stream {
+    const std::vector<Piece> &pieces;
+    size_t index = 0, offset = 0;
+    explicit Stream(const std::vector<Piece> &p) : pieces(p) {}
+    // Copies n bytes between the stream and `at` (out: from the stream into at).
+    void move(char *at, size_t n, bool out) {
+        while (n > 0 && index < pieces.size()) {
+            const Piece &p = pieces[index];
+            const size_t m = std::min(n, p.bytes - offset);
+            char *here = static_cast<char *>(p.data) + offset;
+            if (m > 0) std::memcpy(out ? at : here, out ? here : at, m);
+            at += m, n -= m, offset += m;
+            if (offset == p.bytes) ++index, offset = 0;
+        }
+    }
+};
+
+size_t total_bytes(const std::vector<Piece> &pieces) {
+    size_t n = 0;
+    for (const Piece &p : pieces) n += p.bytes;
+    return n;
+}
+
+class ShmCommunicator final : public Communicator {
+  public:
+    ShmCommunicator(std::unique_ptr<SharedSegment> segment, int rank, int world_size, Millis timeout,
+                    size_t slot_bytes)
+        : segment_(std::move(segment)), rank_(rank), world_size_(world_size), timeout_(timeout),
+          slot_bytes_(slot_bytes) {
+        line(rank_).pid.store(static_cast<int32_t>(::getpid()));
+    }
+
+    // Peers waiting on this rank learn that it has gone.
+    ~ShmCommunicator() override { leave(SX_ERR_COMM); }
+
+    int rank() const override { return rank_; }
+    int world_size() const override { return world_size_; }
+
+    Status reduce_scatter_sum(float *buf, size_t shard_elems, float *out, bool accumulate) override {
+        if (shard_elems == 0) return usable("reduce_scatter_sum");
+        SX_TRY(check_reduce_scatter_args(*this, buf, shard_elems, out, accumulate));
+        return run(kReduceScatter, shard_elems, -1, [&](Clock::time_point deadline) -> Status {
+            return scatter_chunks(buf, shard_elems, deadline, [&](size_t at, size_t m, size_t out_at) {
+                float sum[kBlock];
+                std::memcpy(sum, slot_as<float>(0) + at, m * sizeof(float));
+                for (int p = 1; p < world_size_; ++p) {
+                    const float *add = slot_as<float>(p) + at;
+                    for (size_t k = 0; k < m; ++k) sum[k] += add[k];
+                }
+                float *o = out + out_at;
+                for (size_t k = 0; k < m; ++k) o[k] = accumulate ? o[k] + sum[k] : sum[k];
+            });
+        });
+    }
+
+    Status reduce_scatter_sum_16(uint16_t *buf, int32_t dtype, size_t shard_elems, float *out, float out_scale,
+                                 bool accumulate) override {
+        if (shard_elems == 0) return usable("reduce_scatter_sum_16");
+        SX_TRY(check_reduce_scatter_16_args(*this, buf, dtype, shard_elems, out));
+        return run(kReduceScatter16, shard_elems, dtype, [&](Clock::time_point deadline) -> Status {
+            return scatter_chunks(buf, shard_elems, deadline, [&](size_t at, size_t m, size_t out_at) {
+                // Every addition rounds to the dtype, in rank order, as a 16-bit reduction.
+                uint16_t sum[kBlock];
+                float wide[kBlock];
+                std::memcpy(sum, slot_as<uint16_t>(0) + at, m * sizeof(uint16_t));
+                for (int p = 1; p < world_size_; ++p) half::add_into(dtype, sum, slot_as<uint16_t>(p) + at, m);
+                half::to_f32(dtype, sum, wide, m);
+                float *o = out + out_at;
+                for (size_t k = 0; k < m; ++k) o[k] = (accumulate ? o[k] : 0.0f) + wide[k] * out_scale;
+            });
+        });
+    }
+
+    Status all_gather(void *buf, size_t shard_bytes) override {
+        if (shard_bytes == 0) return usable("all_gather");
+        SX_CHECK_ARG(buf != nullptr, "all_gather: buf must not be NULL");
+        char *b = static_cast<char *>(buf);
+        return run(kAllGather, shard_bytes, -1, [&](Clock::time_point deadline) -> Status {
+            for (size_t off = 0; off < shard_bytes; off += slot_bytes_) {
+                const size_t n = std::min(slot_bytes_, shard_bytes - off);
+                std::memcpy(slot(rank_), b + static_cast<size_t>(rank_) * shard_bytes + off, n);
+                SX_TRY(meet(deadline));
+                for (int q = 0; q < world_size_; ++q)
+                    if (q != rank_) std::memcpy(b + static_cast<size_t>(q) * shard_bytes + off, slot(q), n);
+                SX_TRY(meet(deadline, kConsumed));
+            }
+            return Status::Ok();
+        });
+    }
+
+    Status all_reduce_sum(double *data, size_t n) override {
+        return all_reduce(kAllReduceSum, data, n, [](double a, double b) { return a + b; });
+    }
+    Status all_reduce_sum_f32(float *data, size_t n) override {
+        return all_reduce(kAllReduceSumF32, data, n, [](float a, float b) { return a + b; });
+    }
+    Status all_reduce_max(uint64_t *data, size_t n) override {
+        return all_reduce(kAllReduceMax, data, n, [](uint64_t a, uint64_t b) { return std::max(a, b); });
+    }
+
+    Status broadcast(void *data, size_t bytes, int root) override {
+        SX_CHECK_ARG(root >= 0 && root < world_size(), "broadcast: root %d is not in [0, %d)", root, world_size());
+        if (bytes == 0) return usable("broadcast");
+        SX_CHECK_ARG(data != nullptr, "broadcast: data must not be NULL");
+        char *d = static_cast<char *>(data);
+        return run(kBroadcast, bytes, root, [&](Clock::time_point deadline) -> Status {
+            for (size_t off = 0; off < bytes; off += slot_bytes_) {
+                const size_t n = std::min(slot_bytes_, bytes - off);
+                if (rank_ == root) std::memcpy(slot(root), d + off, n);
+                SX_TRY(meet(deadline));
+                if (rank_ != root) std::memcpy(d + off, slot(root), n);
+                SX_TRY(meet(deadline, kConsumed));
+            }
+            return Status::Ok();
+        });
+    }
+
+    // Rank q's stream goes through slot q: each sender fills its own (gather), or root
+    // fills the receivers' (scatter); rounds enough for the longest stream, which every
+    // rank learns from the lines at the first barrier.
+    Status gather_pieces(const std::vector<Piece> &mine, const std::vector<std::vector<Piece>> &theirs,
+                         int root) override {
+        SX_TRY(check_pieces_args(*this, "gather_pieces", theirs, root));
+        return pieces(kGatherPieces, mine, theirs, root);
+    }
+    Status scatter_pieces(const std::vector<std::vector<Piece>> &theirs, const std::vector<Piece> &mine,
+                          int root) override {
+        SX_TRY(check_pieces_args(*this, "scatter_pieces", theirs, root));
+        return pieces(kScatterPieces, mine, theirs, root);
+    }
+
+    Status barrier() override {
+        return run(kBarrier, 0, -1, [&](Clock::time_point deadline) -> Status {
+            SX_TRY(meet(deadline));
+            return meet(deadline, kConsumed);
+        });
+    }
+
+    void abort() override {
+        if (aborted_.exchange(true)) return;
+        leave(SX_ERR_ABORTED);
+        log(SX_LOG_INFO, "sx: rank %d: communicator aborted", rank_);
+    }
+
+  private:
+    Line &line(int r) const { return reinterpret_cast<Line *>(segment_->data())[r]; }
+    char *slot(int r) const { return segment_->data() + kHeaderBytes + static_cast<size_t>(r) * slot_bytes_; }
+    template <class T>
+    T *slot_as(int r) const {
+        return reinterpret_cast<T *>(slot(r));
+    }
+
+    // A reduce-scatter's chunks: each rank copies its parts for every rank into its slot
+    // (rank q's at q * n), meets, and combine(at, m, out_at) reduces elements [at, at + m)
+    // of every slot (this rank's part) into the output at out_at, block by block.
+    template <class T, class Combine>
+    Status scatter_chunks(const T *buf, size_t shard, Clock::time_point deadline, Combine combine) {
+        const size_t part = std::max<size_t>(1, slot_bytes_ / (sizeof(T) * world_size_));
+        for (size_t off = 0; off < shard; off += part) {
+            const size_t n = std::min(part, shard - off);
+            T *mine = slot_as<T>(rank_);
+            for (int q = 0; q < world_size_; ++q)
+                std::memcpy(mine + static_cast<size_t>(q) * n, buf + static_cast<size_t>(q) * shard + off, n * sizeof(T));
+            SX_TRY(meet(deadline));
+            for (size_t i = 0; i < n; i += kBlock)
+                combine(static_cast<size_t>(rank_) * n + i, std::min(kBlock, n - i), off + i);
+            SX_TRY(meet(deadline, kConsumed));
+        }
+        return Status::Ok();
+    }
+
+    template <class T, class Op>
+    Status all_reduce(uint32_t op, T *data, size_t n, Op combine) {
+        const char *what = op_name(op);
+        if (n == 0) return usable(what);
+        SX_CHECK_ARG(data != nullptr, "%s: data must not be NULL", what);
+        return run(op, n, -1, [&](Clock::time_point deadline) -> Status {
+            const size_t chunk = std::max<size_t>(1, slot_bytes_ / sizeof(T));
+            for (size_t off = 0; off < n; off += chunk) {
+                const size_t m = std::min(chunk, n - off);
+                std::memcpy(slot(rank_), data + off, m * sizeof(T));
+                SX_TRY(meet(deadline));
+                // Rank q combines part q of the chunk, in rank order, into its own slot
+                // (nobody else reads that part of it); then every rank copies every part.
+                // Every rank ends with the same bits.
+                const size_t per = (m + world_size_ - 1) / world_size_;
+                const size_t lo = std::min(m, per * static_cast<size_t>(rank_)), hi = std::min(m, lo + per);
+                for (size_t i = lo; i < hi; ++i) {
+                    T v = slot_as<T>(0)[i];
+                    for (int p = 1; p < world_size_; ++p) v = combine(v, slot_as<T>(p)[i]);
+                    slot_as<T>(rank_)[i] = v;
+                }
+                SX_TRY(meet(deadline));
+                for (int q = 0; q < world_size_; ++q) {
+                    const size_t a = std::min(m, per * static_cast<size_t>(q)), b = std::min(m, a + per);
+                    if (b > a) std::memcpy(data + off + a, slot_as<T>(q) + a, (b - a) * sizeof(T));
+                }
+                SX_TRY(meet(deadline, kConsumed));
+            }
+            return Status::Ok();
+        });
+    }
+
+    Status pieces(uint32_t op, const std::vector<Piece> &mine, const std::vector<std::vector<Piece>> &theirs,
+                  int root) {
+        const bool gather = op == kGatherPieces;
+        // What this rank moves: its own stream, or (root) the longest of the others'.
+        size_t bytes = rank_ == root ? 0 : total_bytes(mine);
+        if (rank_ == root)
+            for (int q = 0; q < world_size_; ++q)
+                if (q != root) bytes = std::max(bytes, total_bytes(theirs[static_cast<size_t>(q)]));
+        line(rank_).bytes.store(bytes, std::memory_order_relaxed);
+        return run(op, 0, root, [&](Clock::time_point deadline) -> Status {
+            std::vector<Stream> streams;
+            if (rank_ == root)
+                for (int q = 0; q < world_size_; ++q) streams.emplace_back(theirs[static_cast<size_t>(q)]);
+            Stream own(mine);
+            // Each stream moves min(slot, what it has left) bytes a round (both its ends know
+            // its length); the rounds go on until the longest is done, which every rank
+            // reads from the lines once the first barrier has passed.
+            size_t longest = 0;
+            for (size_t off = 0, round = 0; round == 0 || off < longest; off += slot_bytes_, ++round) {
+                if (gather && rank_ != root) own.move(slot(rank_), slot_bytes_, true);
+                if (!gather && rank_ == root)
+                    for (int q = 0; q < world_size_; ++q)
+                        if (q != root) streams[static_cast<size_t>(q)].move(slot(q), slot_bytes_, true);
+                SX_TRY(meet(deadline));
+                if (round == 0)
+                    for (int q = 0; q < world_size_; ++q) longest = std::max<size_t>(longest, line(q).bytes.load());
+                if (gather && rank_ == root)
+                    for (int q = 0; q < world_size_; ++q)
+                        if (q != root) streams[static_cast<size_t>(q)].move(slot(q), slot_bytes_, false);
+                if (!gather && rank_ != root) own.move(slot(rank_), slot_bytes_, false);
+                SX_TRY(meet(deadline, kConsumed));
+            }
+            return Status::Ok();
+        });
+    }
+
+    // The frame of every call: fail fast if unusable, say what the call is (op, size,
+    // root: the ranks compare them at its first barrier), run the body. Every body brings
+    // its first chunk into its slot, meets, and ends with a kConsumed barrier, after which
+    // nobody reads the lines' calls or the slots: the next call may change them.
+    template <class Body>
+    Status run(uint32_t op, uint64_t size, int32_t root, Body body) {
+        const char *what = op_name(op);
+        SX_TRY(usable(what));
+        count_collective();
+        const Clock::time_point deadline = Clock::now() + timeout_;
+        Line &me = line(rank_);
+        me.op.store(op, std::memory_order_relaxed);
+        me.size.store(size, std::memory_order_relaxed);
+        me.root.store(root, std::memory_order_relaxed);
+        compare_call_ = true;
+        Status s = body(deadline);
+        if (!s.ok()) {
+            s.prefix(format("%s on rank %d of %d: ", what, rank_, world_size_));
+            record_failure(s);
+        }
+        return s;
+    }
+
+    // The barriers of a call are of two kinds. At one the ranks need each other's data
+    // (their parts are in their slots: the call cannot go on without every rank). At a
+    // kConsumed one they only make sure that nobody still reads a slot before its rank
+    // writes it again: a peer that has left (its group failed or was destroyed, maybe
+    // from another thread while this call ran) will not, and counts as arrived; should the
+    // call need its data again, the next barrier fails.
+    static constexpr bool kConsumed = true;
+
+    // The next barrier: this rank arrives, and waits for every other.
+    Status meet(Clock::time_point deadline, bool consumed = false) {
+        const uint32_t k = ++barriers_;
+        Line &me = line(rank_);
+        me.arrived.store(k, std::memory_order_release);
+        if (me.waiters.load(std::memory_order_seq_cst) != 0) futex(&me.arrived, FUTEX_WAKE, INT_MAX, nullptr);
+        for (int q = 0; q < world_size_; ++q)
+            if (q != rank_) SX_TRY(wait_for(q, k, deadline, consumed));
+        return compare_call_ ? compare_call() : Status::Ok();
+    }
+
+    // At a call's first barrier: whether every rank is in the same call.
+    Status compare_call() {
+        compare_call_ = false;
+        const Line &me = line(rank_);
+        const uint32_t op = me.op.load(std::memory_order_relaxed);
+        const uint64_t size = me.size.load(std::memory_order_relaxed);
+        const int32_t root = me.root.load(std::memory_order_relaxed);
+        for (int q = 0; q < world_size_; ++q) {
+            const Line &l = line(q);
+            const uint32_t their = l.op.load(std::memory_order_relaxed);
+            const uint64_t their_size = l.size.load(std::memory_order_relaxed);
+            const int32_t their_root = l.root.load(std::memory_order_relaxed);
+            if (their != op || their_size != size || their_root != root)
+                return SX_ERROR(SX_ERR_MISMATCH,
+                                "ranks called different collectives: rank %d %s (size %llu, root %d), rank %d %s (size "
+                                "%llu, root %d)",
+                                rank_, op_name(op), static_cast<unsigned long long>(size), root, q, op_name(their),
+                                static_cast<unsigned long long>(their_size), their_root);
+        }
+        return Status::Ok();
+    }
+
+    Status wait_for(int q, uint32_t k, Clock::time_point deadline, bool consumed) {
+        Line &peer = line(q);
+        for (unsigned spins = 0;; ++spins) {
+            const uint32_t have = peer.arrived.load(std::memory_order_acquire);
+            if (reached(have, k)) return Status::Ok();
+            if (spins < 256) {
+                cpu_relax();
+                continue;
+            }
+            if (consumed && peer.left.load(std::memory_order_acquire) != 0) return Status::Ok();
+            SX_TRY(check_waiting(q, deadline));
+            if (spins < 512) {
+                ::sched_yield();
+                continue;
+            }
+            // Asleep on the peer's word until it arrives, or for a millisecond.
+            peer.waiters.fetch_add(1, std::memory_order_seq_cst);
+            if (!reached(peer.arrived.load(std::memory_order_seq_cst), k)) {
+                const struct timespec ms = {0, 1000000};
+                futex(&peer.arrived, FUTEX_WAIT, have, &ms);
+            }
+            peer.waiters.fetch_sub(1, std::memory_order_seq_cst);
+        }
+    }
+
+    // Why a wait for peer q cannot go on, if it cannot.
+    Status check_waiting(int q, Clock::time_point deadline) {
+        if (aborted_.load()) return SX_ERROR(SX_ERR_ABORTED, "the communicator was aborted");
+        if (const uint32_t code = line(q).left.load(std::memory_order_acquire))
+            return SX_ERROR(code == SX_ERR_TIMEOUT ? SX_ERR_TIMEOUT : SX_ERR_COMM,
+                            "rank %d left the communicator (%s)", q,
+                            sx_status_string(static_cast<sx_status_t>(code)));
+        const int32_t pid = line(q).pid.load(std::memory_order_relaxed);
+        if (pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH)
+            return SX_ERROR(SX_ERR_COMM, "rank %d (process %d) has exited", q, pid);
+        if (Clock::now() >= deadline)
+            return SX_ERROR(SX_ERR_TIMEOUT, "rank %d did not come within the timeout (%lld ms)", q,
+                            static_cast<long long>(timeout_.count()));
+        return Status::Ok();
+    }
+
+    // This rank leaves with `code`: peers waiting on it fail at once.
+    void leave(sx_status_t code) {
+        Line &me = line(rank_);
+        uint32_t none = 0;
+        me.left.compare_exchange_strong(none, static_cast<uint32_t>(code));
+        for (int q = 0; q < world_size_; ++q) futex(&line(q).arrived, FUTEX_WAKE, INT_MAX, nullptr);
+    }
+
+    Status usable(const char *what) {
+        if (aborted_.load()) return SX_ERROR(SX_ERR_ABORTED, "%s: the communicator was aborted", what);
+        std::lock_guard<std::mutex> lock(mu_);
+        if (failure_.ok()) return Status::Ok();
+        return Status(failure_.code(), format("%s: the communicator failed earlier: %s", what, failure_.message().c_str()),
+                      failure_.file(), failure_.line());
+    }
+
+    void record_failure(const Status &s) {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (failure_.ok()) failure_ = s;
+        }
+        leave(s.code());
+    }
+
+    std::unique_ptr<SharedSegment> segment_;
+    const int rank_, world_size_;
+    const Millis timeout_;
+    const size_t slot_bytes_;
+    uint32_t barriers_ = 0;
+    bool compare_call_ = false;  // the next barrier is a call's first
+    std::atomic<bool> aborted_{false};
+    std::mutex mu_;
+    Status failure_;
+};
+
+}  // namespace
+
+Status create_shm_communicator(std::shared_ptr<Store> store, int rank, int world_size, const ShmOptions &options,
+                               std::unique_ptr<Communicator> *out) {
+    SX_CHECK_ARG(store != nullptr && out != nullptr, "create_shm_communicator: store and out must not be NULL");
+    SX_CHECK_ARG(world_size >= 1 && world_size <= kMaxRanks && rank >= 0 && rank < world_size,
+                 "create_shm_communicator: rank %d of %d (shared memory takes 1 to %d ranks per host)", rank,
+                 world_size, kMaxRanks);
+    const size_t slot = options.slot_bytes ? (options.slot_bytes + 63) / 64 * 64 : kDefaultSlotBytes;
+    const Clock::time_point deadline =
+        options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
+    std::unique_ptr<SharedSegment> segment;
+    SX_TRY(SharedSegment::open(*store, rank, world_size, kHeaderBytes + slot * static_cast<size_t>(world_size),
+                               deadline, &segment));
+    out->reset(new ShmCommunicator(std::move(segment), rank, world_size, options.timeout, slot));
+    return Status::Ok();
+}
+
+}  // namespace comm
+}  // namespace sx

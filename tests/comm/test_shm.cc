@@ -1,0 +1,276 @@
+// The shared-memory communicator: every collective at world sizes 1 to 5 with ranks as
+// threads, with slots small enough that each collective moves many chunks; ranks
+// calling different collectives; a stalled rank (the timeout); abort() from another
+// thread; a destroyed peer; ranks as processes, one of them killed with SIGKILL (the
+// others fail fast) and, after every process has exited, nothing of theirs left: no file
+// in /dev/shm, no abstract socket. The transport choice: ranks on one host take shared
+// memory, ranks that say they are on other hosts (SX_HOST_ID) take Gloo.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <mutex>
+
+#include "collective_checks.h"
+#include "comm/communicator.h"
+#include "comm/rendezvous.h"
+#include "comm/stores.h"
+#include "comm_test_util.h"
+
+using sx::Status;
+using sx::comm::Communicator;
+using sx::comm::Millis;
+using sxtest::contains;
+using sxtest::ms_since;
+
+namespace {
+
+constexpr long long kSlackMs = 2500;
+
+std::string url_for(const char *name) { return std::string("local://shm-") + name + "-" + std::to_string(::getpid()); }
+
+Status join(const std::string &url, int r, int p, Millis timeout, std::unique_ptr<Communicator> *out,
+            size_t slot_bytes = 0) {
+    sx::comm::Rendezvous rv;
+    SX_TRY(sx::comm::parse_rendezvous(url.c_str(), r, p, &rv));
+    std::shared_ptr<sx::comm::Store> store;
+    SX_TRY(sx::comm::open_store(rv, Millis(20000), &store));
+    sx::comm::ShmOptions opts;
+    opts.timeout = timeout;
+    opts.slot_bytes = slot_bytes;
+    return sx::comm::create_shm_communicator(store, r, p, opts, out);
+}
+
+std::string text(const Status &s) { return s.ok() ? "" : s.message(); }
+
+void test_every_collective(void **) {
+    for (int p : {1, 2, 3, 5})
+        for (size_t slot : {size_t(192), size_t(4096), size_t(0)}) {
+            const std::string url = url_for("all") + "-" + std::to_string(p) + "-" + std::to_string(slot);
+            sxtest::run_ranks(p, [&](int r) -> std::string {
+                std::unique_ptr<Communicator> c;
+                Status s = join(url, r, p, Millis(20000), &c, slot);
+                if (!s.ok()) return "join: " + s.message();
+                return sxtest::check_all_collectives(*c);
+            });
+        }
+}
+
+// A reduce-scatter of 1 Mi floats per rank through 64 KiB slots gives the sums, in place
+// too, and the same bits on every rank for the all-reduce.
+void test_large_and_in_place(void **) {
+    const int p = 3;
+    const size_t shard = 1 << 20;
+    sxtest::run_ranks(p, [&](int r) -> std::string {
+        std::unique_ptr<Communicator> c;
+        Status s = join(url_for("large"), r, p, Millis(20000), &c, 64 << 10);
+        if (!s.ok()) return "join: " + s.message();
+        std::vector<float> buf(shard * p);
+        for (size_t i = 0; i < buf.size(); ++i) buf[i] = sxtest::rs_input(r, i);
+        float *own = buf.data() + static_cast<size_t>(r) * shard;
+        s = c->reduce_scatter_sum(buf.data(), shard, own, false);
+        if (!s.ok()) return s.message();
+        for (size_t i = 0; i < shard; ++i) {
+            float want = 0.0f;
+            for (int q = 0; q < p; ++q) want += sxtest::rs_input(q, static_cast<size_t>(r) * shard + i);
+            if (own[i] != want) return "in-place reduce-scatter: element " + std::to_string(i) + " wrong";
+        }
+        std::vector<float> x(300001);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(r + 1) / static_cast<float>(i + 3);
+        s = c->all_reduce_sum_f32(x.data(), x.size());
+        if (!s.ok()) return s.message();
+        std::vector<float> mine(x);
+        std::vector<float> rank0(x.size());
+        if (r == 0) rank0 = x;
+        s = c->broadcast(rank0.data(), rank0.size() * sizeof(float), 0);
+        if (!s.ok()) return s.message();
+        if (std::memcmp(rank0.data(), mine.data(), mine.size() * sizeof(float)) != 0)
+            return "all_reduce_sum_f32 gave other bits on this rank than on rank 0";
+        return "";
+    });
+}
+
+void test_ranks_in_different_collectives(void **) {
+    sxtest::run_ranks(2, [&](int r) -> std::string {
+        std::unique_ptr<Communicator> c;
+        Status s = join(url_for("mismatch"), r, 2, Millis(20000), &c);
+        if (!s.ok()) return "join: " + s.message();
+        std::vector<char> buf(64);
+        std::vector<double> d(4, 1.0);
+        s = r == 0 ? c->all_gather(buf.data(), 32) : c->all_reduce_sum(d.data(), d.size());
+        if (s.code() != SX_ERR_MISMATCH) return "expected SX_ERR_MISMATCH, got " + text(s);
+        if (!contains(s.message(), "all_gather") || !contains(s.message(), "all_reduce_sum"))
+            return "the message names not both calls: " + s.message();
+        // The communicator is unusable afterwards.
+        if (c->barrier().code() != SX_ERR_MISMATCH) return "a later call did not fail with the first failure";
+        return "";
+    });
+}
+
+void test_stalled_rank_times_out(void **) {
+    const long long timeout = 800;
+    std::mutex mu;
+    std::vector<std::unique_ptr<Communicator>> keep(2);
+    sxtest::run_ranks(2, [&](int r) -> std::string {
+        std::unique_ptr<Communicator> c;
+        Status s = join(url_for("stall"), r, 2, Millis(timeout), &c);
+        if (!s.ok()) return "join: " + s.message();
+        if (r == 1) {  // never calls: the stalled rank
+            std::lock_guard<std::mutex> l(mu);
+            keep[1] = std::move(c);
+            return "";
+        }
+        const auto start = sxtest::Clock::now();
+        s = c->barrier();
+        const long long took = ms_since(start);
+        if (s.code() != SX_ERR_TIMEOUT) return "expected SX_ERR_TIMEOUT, got " + text(s);
+        if (took < timeout - 50 || took > timeout + kSlackMs) return "timed out after " + std::to_string(took) + " ms";
+        return "";
+    });
+}
+
+void test_abort_and_a_destroyed_peer(void **) {
+    // abort() from another thread ends a wait at once.
+    sxtest::run_ranks(2, [&](int r) -> std::string {
+        std::unique_ptr<Communicator> c;
+        Status s = join(url_for("abort"), r, 2, Millis(30000), &c);
+        if (!s.ok()) return "join: " + s.message();
+        if (r == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            return "";  // destroyed without calling: rank 0's wait ends then at the latest
+        }
+        std::thread aborter([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            c->abort();
+        });
+        const auto start = sxtest::Clock::now();
+        s = c->barrier();
+        aborter.join();
+        if (s.code() != SX_ERR_ABORTED) return "expected SX_ERR_ABORTED, got " + text(s);
+        if (ms_since(start) > 1000) return "abort took " + std::to_string(ms_since(start)) + " ms";
+        if (c->barrier().code() != SX_ERR_ABORTED) return "a call after abort() did not fail";
+        return "";
+    });
+    // A peer destroyed while this rank waits: SX_ERR_COMM long before the timeout.
+    sxtest::run_ranks(2, [&](int r) -> std::string {
+        std::unique_ptr<Communicator> c;
+        Status s = join(url_for("gone"), r, 2, Millis(30000), &c);
+        if (!s.ok()) return "join: " + s.message();
+        if (r == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            c.reset();
+            return "";
+        }
+        const auto start = sxtest::Clock::now();
+        s = c->barrier();
+        if (s.code() != SX_ERR_COMM || !contains(s.message(), "rank 1")) return "expected SX_ERR_COMM naming rank 1, got " + text(s);
+        if (ms_since(start) > 5000) return "noticed after " + std::to_string(ms_since(start)) + " ms";
+        return "";
+    });
+}
+
+// The abstract sockets and /dev/shm entries that are ours, as a sorted list.
+std::vector<std::string> leftovers() {
+    std::vector<std::string> out;
+    std::ifstream unix_sockets("/proc/net/unix");
+    for (std::string line; std::getline(unix_sockets, line);)
+        if (contains(line, "@sx-shm-")) out.push_back(line);
+    if (DIR *d = ::opendir("/dev/shm")) {
+        while (struct dirent *e = ::readdir(d))
+            if (contains(e->d_name, "sx")) out.push_back(std::string("/dev/shm/") + e->d_name);
+        ::closedir(d);
+    }
+    return out;
+}
+
+// Ranks as processes (forked, over a file:// store): every collective, then rank 2 is
+// killed with SIGKILL while the others wait for it in a reduce-scatter. They fail with
+// SX_ERR_COMM within a second (the process is gone), not at the 20 s timeout; once all
+// have exited nothing of the segment or its socket is left.
+void test_processes_and_sigkill(void **) {
+    sxtest::TempDir dir;
+    const std::string url = "file://" + dir.path();
+    const int p = 3;
+    std::vector<pid_t> pids;
+    for (int r = 0; r < p; ++r) {
+        const pid_t pid = ::fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            std::unique_ptr<Communicator> c;
+            Status s = join(url, r, p, Millis(20000), &c, 4096);
+            std::string e = s.ok() ? sxtest::check_all_collectives(*c) : "join: " + s.message();
+            if (e.empty() && r == 2) {
+                s = c->barrier();
+                ::raise(SIGKILL);
+            }
+            if (e.empty()) s = c->barrier();
+            if (e.empty() && !s.ok()) e = "barrier: " + s.message();
+            if (e.empty()) {
+                std::vector<float> buf(p * 100000, 1.0f), out(100000);
+                const auto start = sxtest::Clock::now();
+                s = c->reduce_scatter_sum(buf.data(), 100000, out.data(), false);
+                if (s.code() != SX_ERR_COMM) e = "after the kill: expected SX_ERR_COMM, got " + text(s);
+                else if (ms_since(start) > 3000) e = "the kill was noticed after " + std::to_string(ms_since(start)) + " ms";
+            }
+            if (!e.empty()) std::fprintf(stderr, "rank %d: %s\n", r, e.c_str());
+            ::_exit(e.empty() ? 0 : 1);
+        }
+        pids.push_back(pid);
+    }
+    // Rank 2 is reaped as soon as it dies, so that its pid is gone (not a zombie).
+    for (int r = p - 1; r >= 0; --r) {
+        int status = 0;
+        assert_int_equal(::waitpid(pids[static_cast<size_t>(r)], &status, 0), pids[static_cast<size_t>(r)]);
+        if (r == 2) {
+            assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+        } else {
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) print_error("rank %d failed\n", r);
+            assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        }
+    }
+    const std::vector<std::string> left = leftovers();
+    for (const std::string &l : left) print_error("left behind: %s\n", l.c_str());
+    assert_true(left.empty());
+}
+
+// Ranks on one host take shared memory; ranks whose SX_HOST_ID differs take Gloo.
+void test_transport_choice(void **) {
+    for (bool same : {true, false}) {
+        const std::string url = url_for(same ? "choice-same" : "choice-other");
+        std::vector<int> chose(2, -1);
+        sxtest::run_ranks(2, [&](int r) -> std::string {
+            sx::comm::Rendezvous rv;
+            Status s = sx::comm::parse_rendezvous(url.c_str(), r, 2, &rv);
+            std::shared_ptr<sx::comm::Store> store;
+            if (s.ok()) s = sx::comm::open_store(rv, Millis(20000), &store);
+            sx::comm::GlooOptions opts;
+            opts.bind_address = "127.0.0.1";
+            opts.timeout = Millis(20000);
+            std::unique_ptr<Communicator> c;
+            bool shm = false;
+            // Another host for rank 1 where asked.
+            if (s.ok())
+                s = sx::comm::create_cpu_communicator(store, r, 2, opts, true, &c, &shm, !same && r == 1 ? "elsewhere" : "");
+            if (!s.ok()) return s.message();
+            chose[static_cast<size_t>(r)] = shm ? 1 : 0;
+            return sxtest::check_all_collectives(*c);
+        });
+        assert_int_equal(chose[0], same ? 1 : 0);
+        assert_int_equal(chose[1], same ? 1 : 0);
+    }
+}
+
+}  // namespace
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_collective),
+        cmocka_unit_test(test_large_and_in_place),
+        cmocka_unit_test(test_ranks_in_different_collectives),
+        cmocka_unit_test(test_stalled_rank_times_out),
+        cmocka_unit_test(test_abort_and_a_destroyed_peer),
+        cmocka_unit_test(test_processes_and_sigkill),
+        cmocka_unit_test(test_transport_choice),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
