@@ -149,13 +149,11 @@ class ShmCommunicator final : public Communicator {
         if (shard_elems == 0) return usable("reduce_scatter_sum");
         SX_TRY(check_reduce_scatter_args(*this, buf, shard_elems, out, accumulate));
         return run(kReduceScatter, shard_elems, -1, [&](Clock::time_point deadline) -> Status {
-            return scatter_chunks(buf, shard_elems, deadline, [&](size_t at, size_t m, size_t out_at) {
+            return scatter_chunks(buf, shard_elems, deadline, [&](const float *const *parts, size_t m, size_t out_at) {
                 float sum[kBlock];
-                std::memcpy(sum, slot_as<float>(0) + at, m * sizeof(float));
-                for (int p = 1; p < world_size_; ++p) {
-                    const float *add = slot_as<float>(p) + at;
-                    for (size_t k = 0; k < m; ++k) sum[k] += add[k];
-                }
+                std::memcpy(sum, parts[0], m * sizeof(float));
+                for (int p = 1; p < world_size_; ++p)
+                    for (size_t k = 0; k < m; ++k) sum[k] += parts[p][k];
                 float *o = out + out_at;
                 for (size_t k = 0; k < m; ++k) o[k] = accumulate ? o[k] + sum[k] : sum[k];
             });
@@ -167,12 +165,12 @@ class ShmCommunicator final : public Communicator {
         if (shard_elems == 0) return usable("reduce_scatter_sum_16");
         SX_TRY(check_reduce_scatter_16_args(*this, buf, dtype, shard_elems, out));
         return run(kReduceScatter16, shard_elems, dtype, [&](Clock::time_point deadline) -> Status {
-            return scatter_chunks(buf, shard_elems, deadline, [&](size_t at, size_t m, size_t out_at) {
+            return scatter_chunks(buf, shard_elems, deadline, [&](const uint16_t *const *parts, size_t m, size_t out_at) {
                 // Every addition rounds to the dtype, in rank order, as a 16-bit reduction.
                 uint16_t sum[kBlock];
                 float wide[kBlock];
-                std::memcpy(sum, slot_as<uint16_t>(0) + at, m * sizeof(uint16_t));
-                for (int p = 1; p < world_size_; ++p) half::add_into(dtype, sum, slot_as<uint16_t>(p) + at, m);
+                std::memcpy(sum, parts[0], m * sizeof(uint16_t));
+                for (int p = 1; p < world_size_; ++p) half::add_into(dtype, sum, parts[p], m);
                 half::to_f32(dtype, sum, wide, m);
                 float *o = out + out_at;
                 for (size_t k = 0; k < m; ++k) o[k] = (accumulate ? o[k] : 0.0f) + wide[k] * out_scale;
@@ -259,20 +257,28 @@ class ShmCommunicator final : public Communicator {
         return reinterpret_cast<T *>(slot(r));
     }
 
-    // A reduce-scatter's chunks: each rank copies its parts for every rank into its slot
-    // (rank q's at q * n), meets, and combine(at, m, out_at) reduces elements [at, at + m)
-    // of every slot (this rank's part) into the output at out_at, block by block.
+    // A reduce-scatter's chunks: each rank copies its parts for the other ranks into its
+    // slot (rank q's at q * n; its own part stays where it is, read by itself alone),
+    // meets, and combine(parts, m, out_at) reduces m elements of each rank's part
+    // (parts[p], in rank order) into the output at out_at, block by block.
     template <class T, class Combine>
     Status scatter_chunks(const T *buf, size_t shard, Clock::time_point deadline, Combine combine) {
         const size_t part = std::max<size_t>(1, slot_bytes_ / (sizeof(T) * world_size_));
+        std::vector<const T *> parts(static_cast<size_t>(world_size_));
         for (size_t off = 0; off < shard; off += part) {
             const size_t n = std::min(part, shard - off);
             T *mine = slot_as<T>(rank_);
             for (int q = 0; q < world_size_; ++q)
-                std::memcpy(mine + static_cast<size_t>(q) * n, buf + static_cast<size_t>(q) * shard + off, n * sizeof(T));
+                if (q != rank_)
+                    std::memcpy(mine + static_cast<size_t>(q) * n, buf + static_cast<size_t>(q) * shard + off,
+                                n * sizeof(T));
             SX_TRY(meet(deadline));
-            for (size_t i = 0; i < n; i += kBlock)
-                combine(static_cast<size_t>(rank_) * n + i, std::min(kBlock, n - i), off + i);
+            for (size_t i = 0; i < n; i += kBlock) {
+                for (int p = 0; p < world_size_; ++p)
+                    parts[static_cast<size_t>(p)] = p == rank_ ? buf + static_cast<size_t>(rank_) * shard + off + i
+                                                               : slot_as<T>(p) + static_cast<size_t>(rank_) * n + i;
+                combine(parts.data(), std::min(kBlock, n - i), off + i);
+            }
             SX_TRY(meet(deadline, kConsumed));
         }
         return Status::Ok();
