@@ -6,7 +6,9 @@
 //           each rank sums its slice of every rank's buffer into its own, a barrier, each
 //           copies the others' summed slices, a barrier (no staging copies at all)
 //   ar8     an 8-byte all_reduce_sum: median latency in microseconds
-// Each timed figure is the median over iterations of the slower rank's time.
+// Each timed figure is the median over iterations of the slower rank's time. Then the
+// same between 2 ranks that are threads of this process (the floor's buffers plain
+// memory; sx's Gloo communicator as it is for threads: its all-gather met in-process).
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_util.h"
@@ -38,18 +41,16 @@ void check(const sx::Status &s) {
 
 }  // namespace
 
-// One rank: bench_sx --shm-rank R WORLD PORT REPS MIB OUTFILE
-int shm_rank_main(int argc, char **argv) {
-    if (argc != 8) return 2;
-    const int r = std::atoi(argv[2]), world = std::atoi(argv[3]), port = std::atoi(argv[4]);
-    const int reps = std::atoi(argv[5]);
-    const size_t bytes = static_cast<size_t>(std::atoi(argv[6])) << 20;
-    const std::string out_path = argv[7];
-    const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
-    sx::comm::Rendezvous rv;
-    std::shared_ptr<sx::comm::Store> store;
-    check(sx::comm::parse_rendezvous(url.c_str(), r, world, &rv));
-    check(sx::comm::open_store(rv, std::chrono::milliseconds(60000), &store));
+namespace {
+
+struct Times {
+    double floor = 0, shm = 0, gloo = 0, ar_shm = 0, ar_gloo = 0;
+};
+
+// One rank's figures (every rank returns the slower rank's, through the communicators):
+// floor(q) is rank q's buffer of `bytes`, where every rank can read it.
+Times measure(int r, int world, std::shared_ptr<sx::comm::Store> store, int reps, size_t bytes,
+              const std::function<float *(int)> &floor_buf) {
     sx::comm::ShmOptions so;
     so.timeout = std::chrono::milliseconds(120000);
     if (const char *slot = std::getenv("SX_BENCH_SHM_SLOT_KIB")) so.slot_bytes = static_cast<size_t>(std::atoi(slot)) << 10;
@@ -59,16 +60,10 @@ int shm_rank_main(int argc, char **argv) {
     go.bind_address = "127.0.0.1";
     go.timeout = so.timeout;
     check(sx::comm::create_gloo_communicator(sx::comm::make_prefix_store(store, "gloo/"), r, world, go, &gloo));
-    std::unique_ptr<sx::comm::SharedSegment> floor_mem;
-    check(sx::comm::SharedSegment::open(*sx::comm::make_prefix_store(store, "floor/"), r, world,
-                                        bytes * static_cast<size_t>(world),
-                                        std::chrono::steady_clock::now() + std::chrono::seconds(60), &floor_mem));
 
     const size_t floats = bytes / sizeof(float), shard = floats / static_cast<size_t>(world);
     std::vector<float> buf(floats, 1.0f);
-    auto mine_floor = [&](int q) { return reinterpret_cast<float *>(floor_mem->data() + bytes * static_cast<size_t>(q)); };
-    std::fill(mine_floor(r), mine_floor(r) + floats, 1.0f);
-
+    std::fill(floor_buf(r), floor_buf(r) + floats, 1.0f);
     auto rs_ag = [&](sx::comm::Communicator &c) {
         return [&] {
             // In place, as a step does: this rank's sums land in its own part of buf.
@@ -77,16 +72,16 @@ int shm_rank_main(int argc, char **argv) {
         };
     };
     auto floor_op = [&] {
-        float *own = mine_floor(r) + static_cast<size_t>(r) * shard;
+        float *own = floor_buf(r) + static_cast<size_t>(r) * shard;
         for (int q = 0; q < world; ++q) {
             if (q == r) continue;
-            const float *theirs = mine_floor(q) + static_cast<size_t>(r) * shard;
+            const float *theirs = floor_buf(q) + static_cast<size_t>(r) * shard;
             for (size_t i = 0; i < shard; ++i) own[i] += theirs[i];
         }
         check(shm->barrier());
         for (int q = 0; q < world; ++q)
             if (q != r)
-                std::memcpy(mine_floor(r) + static_cast<size_t>(q) * shard, mine_floor(q) + static_cast<size_t>(q) * shard,
+                std::memcpy(floor_buf(r) + static_cast<size_t>(q) * shard, floor_buf(q) + static_cast<size_t>(q) * shard,
                             shard * sizeof(float));
         check(shm->barrier());
     };
@@ -108,7 +103,7 @@ int shm_rank_main(int argc, char **argv) {
             const double ms = timed(ops[which]);
             if (it > 0) into[which]->push_back(ms);
         }
-    // 8-byte all-reduce latency: 200 of each, alternating.
+    // 8-byte all-reduce latency: 190 of each, alternating, after 10 of each.
     std::vector<double> l_shm, l_gloo;
     for (int it = 0; it < 400; ++it) {
         double v = 1.0;
@@ -120,12 +115,34 @@ int shm_rank_main(int argc, char **argv) {
         check(shm->all_reduce_max(&us10, 1));
         if (it >= 20) (it % 2 ? l_gloo : l_shm).push_back(static_cast<double>(us10) / 10.0);
     }
-    if (r == 0) {
-        std::ofstream f(out_path);
-        f << median(t_floor) << " " << median(t_shm) << " " << median(t_gloo) << " " << median(l_shm) << " "
-          << median(l_gloo) << "\n";
-    }
     check(shm->barrier());
+    return {median(t_floor), median(t_shm), median(t_gloo), median(l_shm), median(l_gloo)};
+}
+
+}  // namespace
+
+// One rank: bench_sx --shm-rank R WORLD PORT REPS MIB OUTFILE
+int shm_rank_main(int argc, char **argv) {
+    if (argc != 8) return 2;
+    const int r = std::atoi(argv[2]), world = std::atoi(argv[3]), port = std::atoi(argv[4]);
+    const int reps = std::atoi(argv[5]);
+    const size_t bytes = static_cast<size_t>(std::atoi(argv[6])) << 20;
+    const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
+    sx::comm::Rendezvous rv;
+    std::shared_ptr<sx::comm::Store> store;
+    check(sx::comm::parse_rendezvous(url.c_str(), r, world, &rv));
+    check(sx::comm::open_store(rv, std::chrono::milliseconds(60000), &store));
+    // The floor's buffers: every rank's in one shared segment.
+    std::unique_ptr<sx::comm::SharedSegment> mem;
+    check(sx::comm::SharedSegment::open(*sx::comm::make_prefix_store(store, "floor/"), r, world,
+                                        bytes * static_cast<size_t>(world),
+                                        std::chrono::steady_clock::now() + std::chrono::seconds(60), &mem));
+    const Times t = measure(r, world, store, reps, bytes,
+                            [&](int q) { return reinterpret_cast<float *>(mem->data() + bytes * static_cast<size_t>(q)); });
+    if (r == 0) {
+        std::ofstream f(argv[7]);
+        f << t.floor << " " << t.shm << " " << t.gloo << " " << t.ar_shm << " " << t.ar_gloo << "\n";
+    }
     return 0;
 }
 
@@ -165,6 +182,36 @@ int section_shm(const Options &opt) {
                       "\"gloo_ms\":%.3f,\"shm_vs_floor\":%.3f,\"gloo_vs_floor\":%.3f,\"allreduce8_shm_us\":%.2f,"
                       "\"allreduce8_gloo_us\":%.2f,\"allreduce8_gloo_vs_shm\":%.2f}",
                       world, mib, opt.reps, fl, sh, gl, sh / fl, gl / fl, ls, lg, lg / ls);
+        json.push_back(line);
+    }
+    // Ranks as threads of this process: the floor's buffers are plain memory.
+    {
+        const int world = 2;
+        const size_t bytes = mib << 20;
+        std::vector<std::vector<float>> bufs(world, std::vector<float>(bytes / sizeof(float)));
+        std::vector<Times> got(world);
+        const std::string url = "local://bench-shm-" + std::to_string(::getpid());
+        std::vector<std::thread> threads;
+        for (int r = 0; r < world; ++r)
+            threads.emplace_back([&, r] {
+                sx::comm::Rendezvous rv;
+                std::shared_ptr<sx::comm::Store> store;
+                check(sx::comm::parse_rendezvous(url.c_str(), r, world, &rv));
+                check(sx::comm::open_store(rv, std::chrono::milliseconds(60000), &store));
+                got[static_cast<size_t>(r)] = measure(r, world, store, opt.reps, bytes,
+                                                      [&](int q) { return bufs[static_cast<size_t>(q)].data(); });
+            });
+        for (std::thread &t : threads) t.join();
+        const Times &t = got[0];
+        std::printf("%6s %10.2f %10.2f %10.2f %10.2f %10.2f %10.1f %10.1f %9.1f\n", "2 thr", t.floor, t.shm, t.gloo,
+                    t.shm / t.floor, t.gloo / t.floor, t.ar_shm, t.ar_gloo, t.ar_gloo / t.ar_shm);
+        char line[512];
+        std::snprintf(line, sizeof line,
+                      "{\"bench\":\"shm\",\"ranks\":2,\"threads\":true,\"mib\":%zu,\"reps\":%d,\"floor_ms\":%.3f,"
+                      "\"shm_ms\":%.3f,\"gloo_ms\":%.3f,\"shm_vs_floor\":%.3f,\"gloo_vs_floor\":%.3f,"
+                      "\"allreduce8_shm_us\":%.2f,\"allreduce8_gloo_us\":%.2f,\"allreduce8_gloo_vs_shm\":%.2f}",
+                      mib, opt.reps, t.floor, t.shm, t.gloo, t.shm / t.floor, t.gloo / t.floor, t.ar_shm, t.ar_gloo,
+                      t.ar_gloo / t.ar_shm);
         json.push_back(line);
     }
     for (const std::string &j : json) std::printf("%s\n", j.c_str());

@@ -13,6 +13,11 @@
 // brings its data and one after which nobody reads it: a rank whose group is destroyed
 // once it has brought its data (a prefetch in flight) does not fail its peers.
 //
+// Ranks that are threads of one process skip the slots for the large exchanges: each
+// leaves its buffer's address in its line, and after the first barrier the others read
+// that buffer where it is (a reduce-scatter sums its slice of every rank's buffer, an
+// all-gather or a broadcast copies from the owner's), then a barrier frees the buffers.
+//
 // Waiting: a rank spins briefly on a peer's barrier count, then yields, then sleeps on it
 // (a futex on the shared word, woken by the peer's arrival), checking every millisecond
 // or so for its deadline (SX_ERR_TIMEOUT), abort() (SX_ERR_ABORTED), a peer that left (it
@@ -83,6 +88,7 @@ struct alignas(64) Line {
     std::atomic<int32_t> root;      // ... and root (-1 where none)
     std::atomic<int32_t> pid;
     std::atomic<uint64_t> bytes;    // gather/scatter_pieces: the bytes it sends or receives
+    std::atomic<uint64_t> buffer;   // ranks of one process: the address of its buffer in this call
 };
 static_assert(sizeof(Line) == 64, "one cache line per rank");
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
@@ -145,17 +151,35 @@ class ShmCommunicator final : public Communicator {
     int rank() const override { return rank_; }
     int world_size() const override { return world_size_; }
 
+    // Collective, once, before any call: every rank's pid is in its line.
+    Status start() {
+        SX_TRY(barrier());
+        one_process_ = true;
+        for (int q = 0; q < world_size_; ++q)
+            one_process_ = one_process_ && line(q).pid.load(std::memory_order_relaxed) == ::getpid();
+        return Status::Ok();
+    }
+
     Status reduce_scatter_sum(float *buf, size_t shard_elems, float *out, bool accumulate) override {
         if (shard_elems == 0) return usable("reduce_scatter_sum");
         SX_TRY(check_reduce_scatter_args(*this, buf, shard_elems, out, accumulate));
+        line(rank_).buffer.store(reinterpret_cast<uintptr_t>(buf), std::memory_order_relaxed);
         return run(kReduceScatter, shard_elems, -1, [&](Clock::time_point deadline) -> Status {
             return scatter_chunks(buf, shard_elems, deadline, [&](const float *const *parts, size_t m, size_t out_at) {
+                // In rank order: ((p0 + p1) + p2) + ..., the first two in one pass.
                 float sum[kBlock];
-                std::memcpy(sum, parts[0], m * sizeof(float));
-                for (int p = 1; p < world_size_; ++p)
+                const float *a = parts[0], *b = parts[1 % world_size_];
+                if (world_size_ == 1)
+                    std::memcpy(sum, a, m * sizeof(float));
+                else
+                    for (size_t k = 0; k < m; ++k) sum[k] = a[k] + b[k];
+                for (int p = 2; p < world_size_; ++p)
                     for (size_t k = 0; k < m; ++k) sum[k] += parts[p][k];
                 float *o = out + out_at;
-                for (size_t k = 0; k < m; ++k) o[k] = accumulate ? o[k] + sum[k] : sum[k];
+                if (accumulate)
+                    for (size_t k = 0; k < m; ++k) o[k] += sum[k];
+                else
+                    std::memcpy(o, sum, m * sizeof(float));
             });
         });
     }
@@ -164,6 +188,7 @@ class ShmCommunicator final : public Communicator {
                                  bool accumulate) override {
         if (shard_elems == 0) return usable("reduce_scatter_sum_16");
         SX_TRY(check_reduce_scatter_16_args(*this, buf, dtype, shard_elems, out));
+        line(rank_).buffer.store(reinterpret_cast<uintptr_t>(buf), std::memory_order_relaxed);
         return run(kReduceScatter16, shard_elems, dtype, [&](Clock::time_point deadline) -> Status {
             return scatter_chunks(buf, shard_elems, deadline, [&](const uint16_t *const *parts, size_t m, size_t out_at) {
                 // Every addition rounds to the dtype, in rank order, as a 16-bit reduction.
@@ -182,7 +207,17 @@ class ShmCommunicator final : public Communicator {
         if (shard_bytes == 0) return usable("all_gather");
         SX_CHECK_ARG(buf != nullptr, "all_gather: buf must not be NULL");
         char *b = static_cast<char *>(buf);
+        line(rank_).buffer.store(reinterpret_cast<uintptr_t>(buf), std::memory_order_relaxed);
         return run(kAllGather, shard_bytes, -1, [&](Clock::time_point deadline) -> Status {
+            if (one_process()) {
+                SX_TRY(meet(deadline));
+                for (int q = 0; q < world_size_; ++q)
+                    if (q != rank_) {
+                        const size_t at = static_cast<size_t>(q) * shard_bytes;
+                        std::memcpy(b + at, peer_buffer<char>(q) + at, shard_bytes);
+                    }
+                return meet(deadline, kConsumed);
+            }
             for (size_t off = 0; off < shard_bytes; off += slot_bytes_) {
                 const size_t n = std::min(slot_bytes_, shard_bytes - off);
                 std::memcpy(slot(rank_), b + static_cast<size_t>(rank_) * shard_bytes + off, n);
@@ -210,7 +245,13 @@ class ShmCommunicator final : public Communicator {
         if (bytes == 0) return usable("broadcast");
         SX_CHECK_ARG(data != nullptr, "broadcast: data must not be NULL");
         char *d = static_cast<char *>(data);
+        line(rank_).buffer.store(reinterpret_cast<uintptr_t>(data), std::memory_order_relaxed);
         return run(kBroadcast, bytes, root, [&](Clock::time_point deadline) -> Status {
+            if (one_process()) {
+                SX_TRY(meet(deadline));
+                if (rank_ != root) std::memcpy(d, peer_buffer<char>(root), bytes);
+                return meet(deadline, kConsumed);
+            }
             for (size_t off = 0; off < bytes; off += slot_bytes_) {
                 const size_t n = std::min(slot_bytes_, bytes - off);
                 if (rank_ == root) std::memcpy(slot(root), d + off, n);
@@ -251,6 +292,15 @@ class ShmCommunicator final : public Communicator {
 
   private:
     Line &line(int r) const { return reinterpret_cast<Line *>(segment_->data())[r]; }
+
+    // Whether every rank is a thread of this process: the same answer on every rank, known
+    // once start() has passed.
+    bool one_process() const { return one_process_; }
+    // Rank q's buffer in this call (ranks of one process, once the first barrier passed).
+    template <class T>
+    T *peer_buffer(int q) const {
+        return reinterpret_cast<T *>(static_cast<uintptr_t>(line(q).buffer.load(std::memory_order_relaxed)));
+    }
     char *slot(int r) const { return segment_->data() + kHeaderBytes + static_cast<size_t>(r) * slot_bytes_; }
     template <class T>
     T *slot_as(int r) const {
@@ -263,8 +313,17 @@ class ShmCommunicator final : public Communicator {
     // (parts[p], in rank order) into the output at out_at, block by block.
     template <class T, class Combine>
     Status scatter_chunks(const T *buf, size_t shard, Clock::time_point deadline, Combine combine) {
-        const size_t part = std::max<size_t>(1, slot_bytes_ / (sizeof(T) * world_size_));
         std::vector<const T *> parts(static_cast<size_t>(world_size_));
+        if (one_process()) {  // every rank's slice where it lies
+            SX_TRY(meet(deadline));
+            const size_t at = static_cast<size_t>(rank_) * shard;
+            for (size_t i = 0; i < shard; i += kBlock) {
+                for (int p = 0; p < world_size_; ++p) parts[static_cast<size_t>(p)] = peer_buffer<T>(p) + at + i;
+                combine(parts.data(), std::min(kBlock, shard - i), i);
+            }
+            return meet(deadline, kConsumed);
+        }
+        const size_t part = std::max<size_t>(1, slot_bytes_ / (sizeof(T) * world_size_));
         for (size_t off = 0; off < shard; off += part) {
             const size_t n = std::min(part, shard - off);
             T *mine = slot_as<T>(rank_);
@@ -487,6 +546,7 @@ class ShmCommunicator final : public Communicator {
     const size_t slot_bytes_;
     uint32_t barriers_ = 0;
     bool compare_call_ = false;  // the next barrier is a call's first
+    bool one_process_ = false;
     std::atomic<bool> aborted_{false};
     std::mutex mu_;
     Status failure_;
@@ -506,7 +566,9 @@ Status create_shm_communicator(std::shared_ptr<Store> store, int rank, int world
     std::unique_ptr<SharedSegment> segment;
     SX_TRY(SharedSegment::open(*store, rank, world_size, kHeaderBytes + slot * static_cast<size_t>(world_size),
                                deadline, &segment));
-    out->reset(new ShmCommunicator(std::move(segment), rank, world_size, options.timeout, slot));
+    std::unique_ptr<ShmCommunicator> c(new ShmCommunicator(std::move(segment), rank, world_size, options.timeout, slot));
+    SX_TRY(c->start());
+    *out = std::move(c);
     return Status::Ok();
 }
 
