@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/half.h"
 #include "optim/adafactor.h"
 #include "optim/thread_pool.h"
 #include "sx_cmocka.h"
@@ -157,6 +158,56 @@ void test_any_pool_size_gives_the_same_bits(void **) {
     }
 }
 
+// 16-bit params (fp32 masters): the third pass rounds every piece's updated masters into
+// them, factored or not, as the reference does.
+void test_sixteen_bit_params(void **) {
+    Hyper h = sx::optim::default_hyper(sx::optim::Kind::kAdafactor);
+    h.weight_decay = 0.01;
+    for (const std::vector<int64_t> &dims : {std::vector<int64_t>{30, 17}, std::vector<int64_t>{257}}) {
+        Param want(dims, 5), got = want;
+        const size_t n = got.p.size();
+        std::vector<uint16_t> want16(n), got16(n);
+        Segment whole_seg = whole(want, h, 1);
+        whole_seg.compute_out = want16.data();
+        whole_seg.compute_dtype = SX_DTYPE_BF16;
+        sx::optim::adafactor_reference(whole_seg, want.shape, want.row_var.data(), want.col_var.data(), 1.0f);
+        // Two pieces, cut mid-row, each rounding into its part of the 16-bit params.
+        const size_t cut = n / 2 + 3;
+        std::vector<Segment> segs = {whole(got, h, 1), whole(got, h, 1)};
+        segs[0].n = cut;
+        segs[1].param += cut, segs[1].grad += cut, segs[1].state[0] += cut, segs[1].n = n - cut;
+        segs[1].param_offset = cut;
+        for (int s = 0; s < 2; ++s) {
+            segs[s].compute_out = got16.data() + (s ? cut : 0);
+            segs[s].compute_dtype = SX_DTYPE_BF16;
+        }
+        const size_t width = got.shape.first_width();
+        std::vector<double> blocks(2 * width, 0.0), sum(width, 0.0);
+        std::vector<AdafactorParam> params(2);
+        for (int s = 0; s < 2; ++s) params[s].shape = got.shape, params[s].sums = blocks.data() + s * width;
+        sx::optim::adafactor_first_pass(segs.data(), 2, params.data(), 1.0f, nullptr, nullptr);
+        for (size_t j = 0; j < width; ++j) sum[j] = blocks[j] + blocks[width + j];
+        std::vector<float> means(got.shape.matrices);
+        if (got.shape.factored)
+            sx::optim::adafactor_update_factors(h, 1, got.shape, sum.data(), got.row_var.data(), got.col_var.data(),
+                                                means.data());
+        for (AdafactorParam &p : params)
+            p.sums = nullptr, p.row_var = got.row_var.data(), p.col_var = got.col_var.data(), p.row_means = means.data();
+        std::vector<double> usq(2);
+        sx::optim::adafactor_second_pass(segs.data(), 2, params.data(), 1.0f, nullptr, usq.data());
+        std::vector<float> factors(2, sx::optim::adafactor_factor(h, 1, got.shape.numel, sum[0], usq[0] + usq[1]));
+        sx::optim::adafactor_third_pass(segs.data(), 2, params.data(), factors.data(), 1.0f, nullptr);
+        // The 16-bit params are the masters rounded, and follow the reference's within
+        // one bf16 rounding where the masters differ in their last bits.
+        std::vector<uint16_t> rounded(n);
+        sx::half::from_f32(SX_DTYPE_BF16, got.p.data(), rounded.data(), n);
+        assert_memory_equal(rounded.data(), got16.data(), n * sizeof(uint16_t));
+        for (size_t i = 0; i < n; ++i)
+            assert_true(std::fabs(sx::half::bf16_to_f32(got16[i]) - sx::half::bf16_to_f32(want16[i])) <=
+                        std::fabs(sx::half::bf16_to_f32(want16[i])) * 0x1p-7f);
+    }
+}
+
 // torch's step size: alpha = max(eps2, RMS(p)) * min(lr, 1 / sqrt(t)), divided by
 // max(1, RMS(u) / d).
 void test_step_size(void **) {
@@ -176,6 +227,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pieces_match_the_whole_param),
         cmocka_unit_test(test_any_pool_size_gives_the_same_bits),
+        cmocka_unit_test(test_sixteen_bit_params),
         cmocka_unit_test(test_step_size),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
