@@ -18,7 +18,7 @@
 // that buffer where it is (a reduce-scatter sums its slice of every rank's buffer, an
 // all-gather or a broadcast copies from the owner's), then a barrier frees the buffers.
 //
-// Waiting: a rank spins briefly on a peer's barrier count, then yields, then sleeps on it
+// Waiting: a rank spins on a peer's barrier count for 100 µs (yielding), then sleeps on it
 // (a futex on the shared word, woken by the peer's arrival), checking every millisecond
 // or so for its deadline (SX_ERR_TIMEOUT), abort() (SX_ERR_ABORTED), a peer that left (it
 // failed, aborted or was destroyed: SX_ERR_COMM, or SX_ERR_TIMEOUT where that peer timed
@@ -98,6 +98,9 @@ constexpr size_t kHeaderBytes = 4096;  // the lines (at most 64 ranks per host) 
 constexpr int kMaxRanks = static_cast<int>(kHeaderBytes / sizeof(Line));
 constexpr size_t kDefaultSlotBytes = 8 << 20;
 constexpr size_t kBlock = 4096;  // elements summed in a stack buffer at a time
+constexpr size_t kSmall = 1024;  // an all-reduce of at most this many values per chunk: two barriers
+constexpr std::chrono::microseconds kSpin(100);  // a wait spins (yielding) this long, then sleeps
+constexpr std::chrono::microseconds kCheck(500);  // how often a wait looks at its peer and deadline
 
 long futex(std::atomic<uint32_t> *word, int op, uint32_t value, const struct timespec *timeout) {
     return ::syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), op, value, timeout, nullptr, 0);
@@ -354,6 +357,17 @@ class ShmCommunicator final : public Communicator {
                 const size_t m = std::min(chunk, n - off);
                 std::memcpy(slot(rank_), data + off, m * sizeof(T));
                 SX_TRY(meet(deadline));
+                if (m <= kSmall) {
+                    // Few values: every rank combines them all, in rank order (the same
+                    // bits everywhere), and one barrier frees the slots.
+                    for (size_t i = 0; i < m; ++i) {
+                        T v = slot_as<T>(0)[i];
+                        for (int p = 1; p < world_size_; ++p) v = combine(v, slot_as<T>(p)[i]);
+                        data[off + i] = v;
+                    }
+                    SX_TRY(meet(deadline, kConsumed));
+                    continue;
+                }
                 // Rank q combines part q of the chunk, in rank order, into its own slot
                 // (nobody else reads that part of it); then every rank copies every part.
                 // Every rank ends with the same bits.
@@ -477,16 +491,26 @@ class ShmCommunicator final : public Communicator {
 
     Status wait_for(int q, uint32_t k, Clock::time_point deadline, bool consumed) {
         Line &peer = line(q);
+        Clock::time_point spin_until{}, checked{};
         for (unsigned spins = 0;; ++spins) {
             const uint32_t have = peer.arrived.load(std::memory_order_acquire);
             if (reached(have, k)) return Status::Ok();
-            if (spins < 256) {
+            if (spins < 64) {
                 cpu_relax();
                 continue;
             }
-            if (consumed && peer.left.load(std::memory_order_acquire) != 0) return Status::Ok();
-            SX_TRY(check_waiting(q, deadline));
-            if (spins < 512) {
+            // Then spin for kSpin (a peer a few microseconds behind is met without a
+            // sleep and a wake-up, which cost tens of microseconds), yielding the
+            // processor each time (the peer may be waiting for it), looking at the
+            // peer's state and the deadline every kCheck.
+            const Clock::time_point now = Clock::now();
+            if (spins == 64) spin_until = now + kSpin;
+            if (now >= checked) {
+                if (consumed && peer.left.load(std::memory_order_acquire) != 0) return Status::Ok();
+                SX_TRY(check_waiting(q, deadline));
+                checked = now + kCheck;
+            }
+            if (now < spin_until) {
                 ::sched_yield();
                 continue;
             }
