@@ -38,6 +38,23 @@ Status check_reduce_scatter_16_args(const Communicator &c, const uint16_t *buf, 
     return Status::Ok();
 }
 
+Status create_communicator(std::shared_ptr<Store> store, int rank, int world_size, const CommunicatorSpec &spec,
+                           std::unique_ptr<Communicator> *out) {
+    if (spec.cuda && world_size == 1) return create_one_device_communicator(spec.device, out);
+    if (spec.cuda) {
+        NcclOptions n;
+        n.device = spec.device;
+        n.timeout = spec.timeout;
+        n.deadline = spec.deadline;
+        return create_nccl_communicator(std::move(store), rank, world_size, n, out);
+    }
+    GlooOptions g;
+    g.timeout = spec.timeout;
+    g.deadline = spec.deadline;
+    g.bind_address = spec.bind_address;
+    return create_cpu_communicator(std::move(store), rank, world_size, g, spec.shared_memory, out);
+}
+
 Status check_pieces_args(const Communicator &c, const char *what, const std::vector<std::vector<Piece>> &theirs,
                          int root) {
     SX_CHECK_ARG(root >= 0 && root < c.world_size(), "%s: root %d is not in [0, %d)", what, root, c.world_size());

@@ -150,5 +150,20 @@ Status create_nccl_communicator(std::shared_ptr<Store> store, int rank, int worl
 // SX_ERR_UNSUPPORTED in a build without CUDA.
 Status create_one_device_communicator(int device, std::unique_ptr<Communicator> *out);
 
+// What a group asks of a communicator: its backend and that backend's settings.
+struct CommunicatorSpec {
+    bool cuda = false;      // NCCL between GPUs (one device each), else the CPU transports
+    int device = 0;         // CUDA: this rank's device ordinal
+    Millis timeout{300000};
+    std::chrono::steady_clock::time_point deadline{};  // of the connection (as GlooOptions::deadline)
+    std::string bind_address;  // CPU, Gloo: the address its TCP transport binds
+    bool shared_memory = true; // CPU: ranks all on this host share memory
+};
+
+// The one place a communicator is chosen: CUDA with one rank, the device's own (no NCCL);
+// CUDA, NCCL; CPU, create_cpu_communicator (shared memory on one host, else Gloo).
+Status create_communicator(std::shared_ptr<Store> store, int rank, int world_size, const CommunicatorSpec &spec,
+                           std::unique_ptr<Communicator> *out);
+
 }  // namespace comm
 }  // namespace sx

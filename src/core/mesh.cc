@@ -62,23 +62,14 @@ Status Mesh::open(std::shared_ptr<comm::Store> store, int s, const CallHeaders &
 
 Status Mesh::connect(std::shared_ptr<comm::Store> store, int rank, int size, std::unique_ptr<comm::Communicator> *out,
                      std::chrono::steady_clock::time_point deadline) const {
-    const comm::Millis timeout(settings_.timeout_ms);
-    if (settings_.backend == SX_BACKEND_CUDA && size == 1) {
-        // One GPU: nothing to exchange, and no NCCL needed.
-        return comm::create_one_device_communicator(settings_.device_ordinal, out);
-    }
-    if (settings_.backend == SX_BACKEND_CUDA) {
-        comm::NcclOptions nopt;
-        nopt.device = settings_.device_ordinal;
-        nopt.timeout = timeout;
-        nopt.deadline = deadline;
-        return comm::create_nccl_communicator(std::move(store), rank, size, nopt, out);
-    }
-    comm::GlooOptions gopt;
-    gopt.timeout = timeout;
-    gopt.deadline = deadline;
-    gopt.bind_address = settings_.bind_address;
-    return comm::create_cpu_communicator(std::move(store), rank, size, gopt, settings_.shared_memory, out);
+    comm::CommunicatorSpec spec;
+    spec.cuda = settings_.backend == SX_BACKEND_CUDA;
+    spec.device = settings_.device_ordinal;
+    spec.timeout = comm::Millis(settings_.timeout_ms);
+    spec.deadline = deadline;
+    spec.bind_address = settings_.bind_address;
+    spec.shared_memory = settings_.shared_memory;
+    return comm::create_communicator(std::move(store), rank, size, spec, out);
 }
 
 void Mesh::abort() {
