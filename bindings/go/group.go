@@ -26,6 +26,20 @@ const (
 	BackendCUDA Backend = 2
 )
 
+// Transport says how CPU ranks exchange (GroupConfig.Transport). CUDA groups use NCCL
+// whatever it says.
+type Transport int32
+
+const (
+	// TransportAuto exchanges through shared memory where every rank of a communicator
+	// runs on this host (processes or threads; the ranks compare their hosts'
+	// identities), else through Gloo's TCP. The environment variable SX_SHARED_MEMORY=0
+	// has it act as TransportTCP.
+	TransportAuto Transport = 0
+	// TransportTCP exchanges through Gloo's TCP always.
+	TransportTCP Transport = 1
+)
+
 // Dtype of a param or a view.
 type Dtype int32
 
@@ -107,6 +121,9 @@ type GroupConfig struct {
 	// SX_RENDEZVOUS_BIND, or the rendezvous host's address; "*": every interface).
 	RendezvousToken Secret
 	RendezvousBind  string
+	// How CPU ranks exchange: TransportAuto (0: shared memory between the ranks of one
+	// host, else TCP) or TransportTCP. Every rank passes the same.
+	Transport Transport
 }
 
 // Secret is a rendezvous token. Printed with fmt, it shows that it is set, never what
@@ -177,6 +194,7 @@ func NewShardGroup(cfg GroupConfig) (*ShardGroup, error) {
 		c.trace_path = trace
 	}
 	c.trace_events = C.int32_t(cfg.TraceEvents)
+	c.transport = C.int32_t(cfg.Transport)
 	if cfg.RendezvousToken != "" {
 		if strings.IndexByte(string(cfg.RendezvousToken), 0) >= 0 {
 			return nil, &Error{Status: ErrInvalidArgument, Message: "RendezvousToken contains a NUL byte"}

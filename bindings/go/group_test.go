@@ -877,6 +877,129 @@ func TestAMeshTrainsAsTheFlatGroup(t *testing.T) {
 	}
 }
 
+// openSockets counts the sockets this process has open (Linux; 0 without /proc).
+func openSockets() int {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, fd := range fds {
+		if l, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil && strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	return n
+}
+
+// transportRun trains 2 ranks for three AdamW steps with clipping over transport; it
+// returns each rank's params and last grad norm, and the sockets the process held as
+// each rank's group had just connected.
+func transportRun(t *testing.T, name string, transport Transport) ([][][]float32, []float64, []int) {
+	out := make([][][]float32, 2)
+	norms := make([]float64, 2)
+	sockets := make([]int, 2)
+	rdv := rendezvous(name)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := int32(0); r < 2; r++ {
+		wg.Add(1)
+		go func(rank int32) {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			errs[rank] = func() error {
+				cfg := config(rdv, rank, 2)
+				cfg.Transport = transport
+				g, err := NewShardGroup(cfg)
+				if err != nil {
+					return err
+				}
+				defer g.Close()
+				sockets[rank] = openSockets() // this rank's connections are open now
+				pg := NewParamGroup(AdamW)
+				pg.LR = 0.01
+				if _, err := g.AddParamGroup(pg); err != nil {
+					return err
+				}
+				if _, err := g.AddParam(Param{Name: "w", Shape: []int64{7, 9}, Unit: 0}); err != nil {
+					return err
+				}
+				if _, err := g.AddParam(Param{Name: "b", Shape: []int64{9}, Unit: 1}); err != nil {
+					return err
+				}
+				if err := g.Finalize(); err != nil {
+					return err
+				}
+				w, err := g.Param(0)
+				if err != nil {
+					return err
+				}
+				for k := range w {
+					w[k] = float32(k) * 0.01
+				}
+				for s := 0; s < 3; s++ {
+					for p := int32(0); p < 2; p++ {
+						gr, err := g.Grad(p)
+						if err != nil {
+							return err
+						}
+						for k := range gr {
+							gr[k] = float32((k*7+s+int(rank))%11)/8 - 0.625
+						}
+					}
+					res, err := g.Step(&StepOptions{MaxGradNorm: 1})
+					if err != nil {
+						return err
+					}
+					norms[rank] = res.GradNorm
+				}
+				for p := int32(0); p < 2; p++ {
+					v, err := g.Param(p)
+					if err != nil {
+						return err
+					}
+					out[rank] = append(out[rank], append([]float32(nil), v...))
+				}
+				return nil
+			}()
+		}(r)
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("transport %d rank %d: %v", transport, r, err)
+		}
+	}
+	return out, norms, sockets
+}
+
+// TransportTCP (Gloo's TCP between ranks that are goroutines of this process) trains as
+// TransportAuto (shared memory here), bit for bit; a value the library does not know is
+// refused, naming the field.
+func TestTCPTransportTrainsAsAuto(t *testing.T) {
+	auto, autoNorms, _ := transportRun(t, "transport-auto", TransportAuto)
+	tcp, tcpNorms, sockets := transportRun(t, "transport-tcp", TransportTCP)
+	sameParams(t, "auto, rank 1 against rank 0", [][][]float32{auto[1]}, [][][]float32{auto[0]})
+	if auto[0][0][1] == 0.01 {
+		t.Fatalf("nothing trained: %v", auto[0][0][:4])
+	}
+	sameParams(t, "tcp against auto", tcp, auto)
+	for r := range autoNorms {
+		if math.Float64bits(tcpNorms[r]) != math.Float64bits(autoNorms[r]) || autoNorms[r] != autoNorms[0] {
+			t.Fatalf("rank %d: grad norm %v over TCP, %v (rank 0: %v) over auto", r, tcpNorms[r], autoNorms[r], autoNorms[0])
+		}
+	}
+	if _, err := os.Stat("/proc/self/fd"); err == nil && (sockets[0] == 0 || sockets[1] == 0) {
+		t.Errorf("sockets open under TransportTCP: %v; the option did not reach the library", sockets)
+	}
+	cfg := config(rendezvous("transport-bad"), 0, 1)
+	cfg.Transport = 7
+	if _, err := NewShardGroup(cfg); statusOf(err) != ErrInvalidArgument || !strings.Contains(err.Error(), "transport") {
+		t.Errorf("Transport 7: %v", err)
+	}
+}
+
 // Each rank's trace file, written by FlushTrace and by Close, names every step and each
 // reduce-scatter by unit id with its bytes; an unwritable one is ErrIO naming the file.
 func TestRanksWriteTheirTraces(t *testing.T) {

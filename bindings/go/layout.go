@@ -65,7 +65,7 @@ func cLayouts() []structLayout {
 			f("grad_predivide_factor", unsafe.Offsetof(gc.grad_predivide_factor), unsafe.Sizeof(gc.grad_predivide_factor)),
 			f("trace_path", unsafe.Offsetof(gc.trace_path), unsafe.Sizeof(gc.trace_path)),
 			f("trace_events", unsafe.Offsetof(gc.trace_events), unsafe.Sizeof(gc.trace_events)),
-			f("reserved2", unsafe.Offsetof(gc.reserved2), unsafe.Sizeof(gc.reserved2)),
+			f("transport", unsafe.Offsetof(gc.transport), unsafe.Sizeof(gc.transport)),
 			f("rendezvous_token", unsafe.Offsetof(gc.rendezvous_token), unsafe.Sizeof(gc.rendezvous_token)),
 			f("rendezvous_bind", unsafe.Offsetof(gc.rendezvous_bind), unsafe.Sizeof(gc.rendezvous_bind)),
 		}},

@@ -160,6 +160,10 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
  * over every rank's piece. CPU groups only (1.5). */
 #define SX_OPTIM_ADAFACTOR 12
 
+/* sx_group_config_t.transport. */
+#define SX_TRANSPORT_AUTO 0 /* shared memory between the ranks of one host, else TCP */
+#define SX_TRANSPORT_TCP 1  /* Gloo's TCP between every pair of ranks */
+
 /* Hyperparameter keys for sx_set_hyperparameter / sx_get_hyperparameter. */
 #define SX_HP_LR 1
 #define SX_HP_WEIGHT_DECAY 2
@@ -324,7 +328,12 @@ typedef struct sx_group_config {
     /* The most events the trace keeps: a ring, whose oldest events go first (the file
      * says how many went). 0 = 65536; at most 16777216 (2^24). */
     int32_t trace_events;
-    int32_t reserved2; /* 0 */
+    /* How CPU ranks exchange (1.5): SX_TRANSPORT_AUTO (0) = through shared memory where
+     * every rank of a communicator runs on this host (processes or threads; the ranks
+     * compare their hosts' identities), else Gloo's TCP; SX_TRANSPORT_TCP = Gloo's TCP
+     * always. The environment variable SX_SHARED_MEMORY=0 has AUTO act as TCP. Every rank
+     * passes the same. CUDA groups use NCCL whatever it says. */
+    int32_t transport;
     /* The shared secret of sx's own TCP rendezvous server (tcp://, and env:// where rank 0
      * serves sx's store), copied; at most 4096 bytes; NULL or "" = SX_RENDEZVOUS_TOKEN from
      * the environment, and none if that is unset or empty. With a token, every rank proves

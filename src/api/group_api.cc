@@ -88,7 +88,9 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         SX_CHECK_ARG(c.trace_events >= 0, "config->trace_events is %d; it must be >= 0 (0 = %zu)", c.trace_events,
                      sx::trace::kDefaultCapacity);
         SX_CHECK_ARG(c.reserved0 == 0, "config->reserved0 is %d; it must be 0", c.reserved0);
-        SX_CHECK_ARG(c.reserved2 == 0, "config->reserved2 is %d; it must be 0", c.reserved2);
+        SX_CHECK_ARG(c.transport == SX_TRANSPORT_AUTO || c.transport == SX_TRANSPORT_TCP,
+                     "config->transport is %d; it must be SX_TRANSPORT_AUTO (0) or SX_TRANSPORT_TCP (1)", c.transport);
+        g.transport = c.transport;
         // The config's path wins over the environment's.
         const char *env_trace = std::getenv("SX_TRACE");
         if (c.trace_path && c.trace_path[0]) {

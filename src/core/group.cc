@@ -128,9 +128,9 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     ms.device_ordinal = cfg.device_ordinal;
     ms.timeout_ms = cfg.timeout_ms;
     ms.bind_address = g->config_.bind_address;
-    // SX_SHARED_MEMORY=0 keeps ranks on one host on Gloo's TCP transport.
+    // SX_TRANSPORT_TCP, or SX_SHARED_MEMORY=0, keeps ranks on one host on Gloo's TCP.
     const char *shm = std::getenv("SX_SHARED_MEMORY");
-    ms.shared_memory = !(shm && std::strcmp(shm, "0") == 0);
+    ms.shared_memory = cfg.transport != SX_TRANSPORT_TCP && !(shm && std::strcmp(shm, "0") == 0);
     g->mesh_.place(ms, rv.rank, rv.world_size);
     SX_TRY(g->mesh_.open(std::move(store), g->config_.shard_size, *g->headers_, deadline));
 

@@ -57,6 +57,7 @@ struct GroupConfig {
     int grad_dtype = 0;    // 0 = each param's dtype, or SX_DTYPE_F32
     int reduce_dtype = 0;  // 0 = the grad dtype, or SX_DTYPE_F32
     int prefetch_depth = 1;  // stage 3: units gathered ahead of the trainer's calls (0: none)
+    int transport = SX_TRANSPORT_AUTO;  // CPU: shared memory on one host, or TCP always
     // HSDP: ranks per shard group (a divisor of the world size; 0 = the world size). The
     // layout has shard_size shards; each is replicated world_size / shard_size times.
     int shard_size = 0;

@@ -442,10 +442,10 @@ void test_bad_config(void **) {
     cfg.backend = SX_BACKEND_CPU;
     cfg.rendezvous = rv.c_str();
     cfg.world_size = 1;
-    cfg.reserved2 = 1;
+    cfg.transport = 7;
     sx_shard_group_t *g = nullptr;
     assert_int_equal(sx_create_shard_group(&cfg, &g), SX_ERR_INVALID_ARGUMENT);
-    assert_non_null(std::strstr(sx_last_error_message(), "reserved2"));
+    assert_non_null(std::strstr(sx_last_error_message(), "transport"));
     assert_int_equal(sx_trace_flush(nullptr), SX_ERR_INVALID_HANDLE);
 }
 

@@ -70,6 +70,7 @@ const SX_MAX_WORLD_SIZE = Int32(65536)
 const SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA = UInt32.((0x1, 0x2, 0x4))
 const SX_LOSS_SCALING_NONE, SX_LOSS_SCALING_DYNAMIC, SX_LOSS_SCALING_STATIC = Int32.(0:2)
 const SX_PREFETCH_NONE = Int32(-1)
+const SX_TRANSPORT_AUTO, SX_TRANSPORT_TCP = Int32.(0:1)
 const SX_NONFINITE_DEFAULT, SX_NONFINITE_SKIP, SX_NONFINITE_ERROR = Int32.(0:2)
 const SX_REDUCE_SUM, SX_REDUCE_MEAN, SX_REDUCE_MAX, SX_REDUCE_MIN = Int32.(1:4)
 const SX_MAX_ALL_REDUCE = Int32(64)
@@ -101,7 +102,7 @@ mutable struct GroupConfig  # sx_group_config_t
     grad_predivide_factor::Float64
     trace_path::Ptr{UInt8}
     trace_events::Int32
-    reserved2::Int32
+    transport::Int32
     rendezvous_token::Ptr{UInt8}
     rendezvous_bind::Ptr{UInt8}
 end
@@ -438,6 +439,13 @@ end
 This rank's handle of a shard group (collective: blocks until every rank joined).
 `backend=SX_BACKEND_AUTO` is CUDA where libsx has CUDA and finds a device, else the CPU;
 views wrapped as Arrays need host memory: ask for `SX_BACKEND_CPU`.
+
+`transport`: how CPU ranks exchange. `:auto`: through shared memory where every rank of a
+communicator runs on this host (processes or threads), else Gloo's TCP (the environment
+variable SX_SHARED_MEMORY=0 has `:auto` act as `:tcp`); `:tcp`: Gloo's TCP always (a
+String names them too). Every rank passes the same; CUDA groups use NCCL whatever it says.
+Anything else throws an `SXError` with `SX_ERR_INVALID_ARGUMENT`.
+
 Release it with `close(g)` or the `with_group` do-block; a finalizer closes a forgotten
 one as a safety net. Views into it are invalid after `close`. Every view keeps the group
 from its finalizer while the view is alive (the group is only destroyed by the garbage
@@ -482,7 +490,9 @@ mutable struct ShardGroup
                         grad_predivide_factor::Real=0.0,
                         trace_path::Union{Nothing,AbstractString}=nothing, trace_events::Integer=0,
                         rendezvous_token::Union{Nothing,AbstractString}=nothing,
-                        rendezvous_bind::Union{Nothing,AbstractString}=nothing)
+                        rendezvous_bind::Union{Nothing,AbstractString}=nothing,
+                        transport::Union{Symbol,AbstractString}=:auto)
+        transport_value = _transport(transport)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
         rdv = _c_string("rendezvous", rendezvous)
@@ -499,6 +509,7 @@ mutable struct ShardGroup
             cfg.rendezvous_token = token === nothing ? C_NULL : pointer(token)
             cfg.rendezvous_bind = rbind === nothing ? C_NULL : pointer(rbind)
             cfg.rank, cfg.world_size, cfg.stage, cfg.backend = rank, world_size, stage, backend
+            cfg.transport = transport_value
             cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
             cfg.flags = (trainable_autodetect ? UInt32(0) : SX_GROUP_NO_TRAINABLE_AUTODETECT) |
                         (reserve_checkpoint_staging ? SX_GROUP_RESERVE_CHECKPOINT_STAGING : UInt32(0))
@@ -512,6 +523,15 @@ mutable struct ShardGroup
         g = new(out[], Threads.Atomic{Int}(0))
         finalizer(_finalize_group, g)
     end
+end
+
+const _TRANSPORTS = Dict(:auto => SX_TRANSPORT_AUTO, :tcp => SX_TRANSPORT_TCP)
+
+_transport(t::AbstractString) = _transport(Symbol(t))
+function _transport(t::Symbol)
+    haskey(_TRANSPORTS, t) ||
+        throw(SXError(SX_ERR_INVALID_ARGUMENT, "transport must be one of $(sort(collect(keys(_TRANSPORTS)))), not :$t"))
+    _TRANSPORTS[t]
 end
 
 """Releases the group (idempotent). Views obtained from it are invalid afterwards."""

@@ -367,6 +367,32 @@ end
     end
 end
 
+@testset "transport :tcp trains as :auto, bit for bit" begin
+    if enough_threads(2)
+        # :tcp is Gloo's TCP between ranks that are threads of this process; :auto is shared
+        # memory here.
+        function transport_run(name, transport)
+            rdv = "local://jl-$name-$(getpid())"
+            tasks = [Threads.@spawn with_group(rdv, rank, 2; stage=2, backend=SX.SX_BACKEND_CPU, num_threads=1,
+                                               timeout_ms=60000, transport=transport) do g
+                         whole_setup!(g)
+                         whole_train!(g, 3, rank)
+                         [copy(vec(param_view(g, i))) for i in 0:2]
+                     end for rank in 0:1]
+            fetch.(tasks)
+        end
+        auto = transport_run("transport-auto", :auto)
+        tcp = transport_run("transport-tcp", "tcp")
+        @test auto[1] == auto[2]
+        @test tcp == auto
+    end
+    for bad in (:udp, "udp", "")
+        err = caught(() -> ShardGroup("local://jl-transport-bad-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU,
+                                      transport=bad))
+        @test err isa SXError && err.status == SX.SX_ERR_INVALID_ARGUMENT && occursin("transport", err.message)
+    end
+end
+
 @testset "each rank writes its trace" begin
     if enough_threads(2)
         dir = mktempdir()

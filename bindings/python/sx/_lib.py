@@ -55,6 +55,9 @@ SX_DTYPE_BF16 = 3
 
 SX_PREFETCH_NONE = -1
 
+SX_TRANSPORT_AUTO = 0
+SX_TRANSPORT_TCP = 1
+
 SX_BACKEND_AUTO = 0
 SX_BACKEND_CPU = 1
 SX_BACKEND_CUDA = 2
@@ -152,7 +155,7 @@ class sx_group_config_t(ctypes.Structure):
                 ("reduce_dtype", ctypes.c_int32), ("prefetch_depth", ctypes.c_int32),
                 ("shard_size", ctypes.c_int32), ("grad_predivide_factor", ctypes.c_double),
                 ("trace_path", ctypes.c_char_p), ("trace_events", ctypes.c_int32),
-                ("reserved2", ctypes.c_int32), ("rendezvous_token", ctypes.c_char_p),
+                ("transport", ctypes.c_int32), ("rendezvous_token", ctypes.c_char_p),
                 ("rendezvous_bind", ctypes.c_char_p)]
 
 

@@ -22,6 +22,7 @@ _REDUCE_OPS = {"sum": _lib.SX_REDUCE_SUM, "mean": _lib.SX_REDUCE_MEAN, "max": _l
 _NONFINITE = {"default": _lib.SX_NONFINITE_DEFAULT, "skip": _lib.SX_NONFINITE_SKIP,
               "error": _lib.SX_NONFINITE_ERROR}
 _BACKENDS = {"auto": _lib.SX_BACKEND_AUTO, "cpu": _lib.SX_BACKEND_CPU, "cuda": _lib.SX_BACKEND_CUDA}
+_TRANSPORTS = {"auto": _lib.SX_TRANSPORT_AUTO, "tcp": _lib.SX_TRANSPORT_TCP}
 _DTYPES = {"f32": _lib.SX_DTYPE_F32, "float32": _lib.SX_DTYPE_F32, "f16": _lib.SX_DTYPE_F16,
            "float16": _lib.SX_DTYPE_F16, "bf16": _lib.SX_DTYPE_BF16, "bfloat16": _lib.SX_DTYPE_BF16}
 _HYPERPARAMETERS = {"lr": _lib.SX_HP_LR, "weight_decay": _lib.SX_HP_WEIGHT_DECAY,
@@ -220,6 +221,12 @@ class ShardGroup(Handle):
     else the CPU). :meth:`param_view` and :meth:`grad_view` wrap host memory: a trainer
     that computes on the host asks for "cpu".
 
+    ``transport``: how CPU ranks exchange. "auto": through shared memory where every
+    rank of a communicator runs on this host (processes or threads), else Gloo's TCP
+    (the environment variable SX_SHARED_MEMORY=0 has "auto" act as "tcp"); "tcp":
+    Gloo's TCP always. Every rank passes the same; CUDA groups use NCCL whatever it
+    says.
+
     Release it with :meth:`close` or a ``with`` block; a finalizer closes a forgotten
     one as a safety net. Views returned by the group point into memory it owns and must
     not be used after close. One thread uses a group at a time.
@@ -260,11 +267,12 @@ class ShardGroup(Handle):
                  reserve_checkpoint_staging=False,
                  bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None,
                  prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0, trace_path=None,
-                 trace_events=0, rendezvous_token=None, rendezvous_bind=None):
+                 trace_events=0, rendezvous_token=None, rendezvous_bind=None, transport="auto"):
         cfg = _lib.init_struct(_lib.sx_group_config_t)
         cfg.rendezvous = _encode("rendezvous", rendezvous)
         cfg.rank, cfg.world_size, cfg.stage = rank, world_size, stage
         cfg.backend = _choice("backend", backend, _BACKENDS)
+        cfg.transport = _choice("transport", transport, _TRANSPORTS)
         cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
         cfg.flags = 0 if trainable_autodetect else _lib.SX_GROUP_NO_TRAINABLE_AUTODETECT
         if reserve_checkpoint_staging:

@@ -254,7 +254,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
     grain of communication), ``overlap`` (each unit's gradients are reduced as soon as the
     backward has accumulated them, while the backward goes on with earlier layers; then
     every step must follow exactly one backward: accumulate micro-batches in the loss,
-    not in .grad), ``timeout_ms``, ``num_threads``.
+    not in .grad), ``timeout_ms``, ``num_threads``, ``transport`` ("auto": processes on one
+    host exchange through shared memory; "tcp": always over TCP).
 
     Differences from torch worth knowing: ``zero_grad()`` zeroes the gradients in place
     (a ``.grad`` set to None would no longer be sx's memory); a param whose ``.grad`` is
@@ -270,7 +271,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, optimizer_class=torch.optim.AdamW, *, rendezvous="env://", rank=None,
                  world_size=None, stage=2, max_grad_norm=0.0, bucket_mb=25.0, overlap=False, timeout_ms=0,
-                 num_threads=0, **defaults):
+                 num_threads=0, transport="auto", **defaults):
         if stage not in (1, 2):
             raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
                                        f"stage {stage}: sx.torch runs stages 1 and 2 (at stage 3 params "
@@ -313,7 +314,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self._overlap and not self._hooks:
             raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, "overlap needs torch's post-accumulate-grad hooks "
                                    "(torch 2.1 or newer)")
-        kw = {"stage": stage, "backend": "cpu", "timeout_ms": timeout_ms, "num_threads": num_threads}
+        kw = {"stage": stage, "backend": "cpu", "timeout_ms": timeout_ms, "num_threads": num_threads,
+              "transport": transport}
         if rendezvous == "env://" and rank is None and world_size is None:
             self.group = ShardGroup(rendezvous, 0, 0, **kw)
         else:

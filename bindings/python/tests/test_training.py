@@ -583,6 +583,71 @@ class MeshTest(unittest.TestCase):
             self.assertIn("shard_size 3 does not divide the world size 4", e)
 
 
+def open_sockets():
+    """How many sockets this process has open (Linux; 0 without /proc)."""
+    count = 0
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            count += os.readlink(os.path.join("/proc/self/fd", fd)).startswith("socket:")
+        except OSError:
+            pass  # closed meanwhile
+    return count
+
+
+class TransportTest(unittest.TestCase):
+    """transport="tcp" (Gloo's TCP between ranks that are threads of this process) trains
+    as "auto" (shared memory here), bit for bit; other values are refused."""
+
+    def run_steps(self, transport):
+        def rank_main(rank, name):
+            g = sx.ShardGroup(name, rank, 2, backend="cpu", num_threads=1, timeout_ms=60000,
+                              transport=transport)
+            with g:
+                g.add_param_group("adamw", lr=0.01)
+                g.add_param("w", [7, 9], unit=0)
+                g.add_param("b", [9], unit=1)
+                g.finalize()
+                sockets = open_sockets()  # this rank's connections are open now
+                fill(g.param_view("w"), [0.01 * k for k in range(63)])
+                for step in range(3):
+                    for p, n in ((0, 63), (1, 9)):
+                        fill(g.grad_view(p), [((k * 7 + step + rank) % 11 - 5) / 8.0 for k in range(n)])
+                    result = g.step(max_grad_norm=1.0)
+                return [tolist(g.param_view(p)) for p in range(2)], result.grad_norm, sockets
+        return run_ranks(2, rank_main)
+
+    def test_tcp_equals_auto(self):
+        auto = self.run_steps("auto")
+        tcp = self.run_steps("tcp")
+        self.assertEqual(auto[0][:2], auto[1][:2])  # the ranks agree
+        self.assertNotEqual(auto[0][0][0], [0.01 * k for k in range(63)])  # and trained
+        for rank in range(2):
+            self.assertEqual(tcp[rank][:2], auto[rank][:2], "rank %d" % rank)
+        if os.path.isdir("/proc/self/fd"):
+            # "tcp" reached the library: each rank saw Gloo's connections open.
+            self.assertGreater(min(tcp[0][2], tcp[1][2]), 0)
+
+    def test_a_bad_transport_is_refused(self):
+        for bad in ("udp", "", None, 7):
+            with self.subTest(transport=bad):
+                with self.assertRaisesRegex(ValueError, r"transport must be one of \['auto', 'tcp'\]") as cm:
+                    sx.ShardGroup(rendezvous(), 0, 1, backend="cpu", transport=bad)
+                self.assertIsInstance(cm.exception, sx.InvalidArgumentError)
+        # The library refuses a raw value it does not know, naming the field.
+        cfg = sx._lib.init_struct(sx._lib.sx_group_config_t)
+        cfg.rendezvous = rendezvous().encode()
+        cfg.world_size, cfg.backend, cfg.transport = 1, sx.SX_BACKEND_CPU, 7
+        handle = sx._lib.sx_shard_group_p()
+        status = sx._lib.lib.sx_create_shard_group(ctypes.byref(cfg), ctypes.byref(handle))
+        self.assertEqual(status, sx.SX_ERR_INVALID_ARGUMENT)
+        self.assertIn("transport", sx._lib.lib.sx_last_error_message().decode())
+        self.assertFalse(handle)
+
+
 class TraceTest(unittest.TestCase):
     """The step timeline: each rank's file, written by flush_trace and by close, is JSON
     with a span per unit's reduce-scatter, named by unit id, with its bytes."""

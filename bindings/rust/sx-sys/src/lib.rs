@@ -165,12 +165,15 @@ pub struct sx_group_config_t {
     pub grad_predivide_factor: f64,
     pub trace_path: *const c_char,
     pub trace_events: i32,
-    pub reserved2: i32,
+    pub transport: i32,
     pub rendezvous_token: *const c_char,
     pub rendezvous_bind: *const c_char,
 }
 
 pub const SX_PREFETCH_NONE: i32 = -1;
+
+pub const SX_TRANSPORT_AUTO: i32 = 0;
+pub const SX_TRANSPORT_TCP: i32 = 1;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

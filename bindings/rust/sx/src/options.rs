@@ -76,6 +76,27 @@ impl Backend {
     }
 }
 
+/// How CPU ranks exchange ([`GroupConfig::transport`]). CUDA groups use NCCL whatever it
+/// says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Through shared memory where every rank of a communicator runs on this host
+    /// (processes or threads; the ranks compare their hosts' identities), else Gloo's TCP.
+    /// The environment variable SX_SHARED_MEMORY=0 has it act as `Tcp`.
+    Auto,
+    /// Gloo's TCP always.
+    Tcp,
+}
+
+impl Transport {
+    fn raw(self) -> i32 {
+        match self {
+            Transport::Auto => sys::SX_TRANSPORT_AUTO,
+            Transport::Tcp => sys::SX_TRANSPORT_TCP,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dtype {
     F32,
@@ -151,6 +172,12 @@ impl GroupConfig {
     }
     pub fn backend(mut self, backend: Backend) -> Self {
         self.raw.backend = backend.raw();
+        self
+    }
+    /// How CPU ranks exchange (default `Transport::Auto`: shared memory between ranks of
+    /// one host, else TCP). Every rank passes the same.
+    pub fn transport(mut self, transport: Transport) -> Self {
+        self.raw.transport = transport.raw();
         self
     }
     pub fn num_threads(mut self, n: i32) -> Self {

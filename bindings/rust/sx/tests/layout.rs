@@ -161,7 +161,7 @@ fn structs_match_the_c_layout() {
     let mirrors = vec![
         mirror!(sys::sx_group_config_t, [struct_size, rendezvous, rank, world_size, stage, backend, num_threads,
             alignment, timeout_ms, flags, bind_address, device_ordinal, reserved0, grad_dtype, reduce_dtype,
-            prefetch_depth, shard_size, grad_predivide_factor, trace_path, trace_events, reserved2,
+            prefetch_depth, shard_size, grad_predivide_factor, trace_path, trace_events, transport,
             rendezvous_token, rendezvous_bind]),
         mirror!(sys::sx_param_group_desc_t, [struct_size, optimizer, nesterov, maximize, amsgrad, lr, weight_decay,
             beta1, beta2, eps, momentum, dampening, centered, decoupled_weight_decay, lr_decay,
@@ -262,7 +262,7 @@ fn constants_match_the_header() {
         SX_LOSS_SCALING_NONE, SX_LOSS_SCALING_DYNAMIC, SX_LOSS_SCALING_STATIC,
         SX_NONFINITE_DEFAULT, SX_NONFINITE_SKIP, SX_NONFINITE_ERROR,
         SX_REDUCE_SUM, SX_REDUCE_MEAN, SX_REDUCE_MAX, SX_REDUCE_MIN, SX_MAX_ALL_REDUCE,
-        SX_PREFETCH_NONE,
+        SX_PREFETCH_NONE, SX_TRANSPORT_AUTO, SX_TRANSPORT_TCP,
     );
     let mut problems = Vec::new();
     for (name, value) in &ours {

@@ -3,7 +3,7 @@ mod common;
 use sx::status::{SX_ERR_NONFINITE, SX_ERR_UNSUPPORTED};
 use sx::{
     Dtype, Hyperparameter, LoadOptions, LossScaling, NonFinite, Optimizer, Param, ParamGroup, ReduceOp, SaveOptions,
-    ShardGroup, StepOptions, UnitReadyOptions,
+    ShardGroup, StepOptions, Transport, UnitReadyOptions,
 };
 
 const N: usize = 37;
@@ -360,6 +360,88 @@ fn a_mesh_trains_as_the_flat_group() {
         Ok(_) => panic!("a shard size of 2 at world size 1 was accepted"),
         Err(e) => assert!(e.to_string().contains("shard_size 2 does not divide the world size 1"), "{}", e),
     }
+}
+
+/// How many sockets this process has open (Linux; 0 without /proc).
+fn open_sockets() -> usize {
+    let entries = match std::fs::read_dir("/proc/self/fd") {
+        Ok(e) => e,
+        Err(_) => return 0,
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| std::fs::read_link(e.path()).map_or(false, |l| l.to_string_lossy().starts_with("socket:")))
+        .count()
+}
+
+/// Two ranks train three AdamW steps with clipping over `transport`; returns each rank's
+/// params, its last grad norm and the sockets the process held as its group had just
+/// connected.
+fn transport_run(test: &str, transport: Transport) -> Vec<(Vec<Vec<f32>>, f64, usize)> {
+    let name = common::rendezvous(test);
+    let handles: Vec<_> = (0..2)
+        .map(|rank| {
+            let name = name.clone();
+            std::thread::spawn(move || -> sx::Result<(Vec<Vec<f32>>, f64, usize)> {
+                let mut g = ShardGroup::new(&common::config(&name, rank, 2).transport(transport))?;
+                let sockets = open_sockets(); // this rank's connections are open now
+                g.add_param_group(&ParamGroup::new(Optimizer::AdamW).lr(0.01))?;
+                g.add_param(&Param::new("w", &[7, 9]).unit(0))?;
+                g.add_param(&Param::new("b", &[9]).unit(1))?;
+                g.finalize()?;
+                g.param_mut(0)?.iter_mut().enumerate().for_each(|(k, x)| *x = k as f32 * 0.01);
+                let mut norm = 0.0;
+                for s in 0..3 {
+                    for p in 0..2 {
+                        let grad = g.grad_mut(p)?;
+                        grad.iter_mut().enumerate().for_each(|(k, x)| *x = ((k * 7 + s + rank as usize) % 11) as f32 / 8.0 - 0.625);
+                    }
+                    norm = g.step(Some(&StepOptions::new().max_grad_norm(1.0)))?.grad_norm;
+                }
+                Ok((vec![g.param(0)?.to_vec(), g.param(1)?.to_vec()], norm, sockets))
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("rank thread panicked").expect("rank failed")).collect()
+}
+
+/// Transport::Tcp (Gloo's TCP between ranks that are threads of this process) trains as
+/// Transport::Auto (shared memory here), bit for bit.
+#[test]
+fn tcp_transport_trains_as_auto() {
+    let auto = transport_run("transport-auto", Transport::Auto);
+    let tcp = transport_run("transport-tcp", Transport::Tcp);
+    assert_eq!((&auto[0].0, auto[0].1), (&auto[1].0, auto[1].1), "the ranks differ");
+    assert!(auto[0].0[0].iter().enumerate().any(|(k, &x)| x != k as f32 * 0.01), "nothing trained");
+    for r in 0..2 {
+        assert_eq!(tcp[r].0, auto[r].0, "rank {}: params differ", r);
+        assert_eq!(tcp[r].1.to_bits(), auto[r].1.to_bits(), "rank {}: grad norms differ", r);
+    }
+    if std::path::Path::new("/proc/self/fd").is_dir() {
+        // Tcp reached the library: each rank saw Gloo's connections open.
+        assert!(tcp[0].2 > 0 && tcp[1].2 > 0, "no sockets open under Transport::Tcp: {:?}", (tcp[0].2, tcp[1].2));
+    }
+}
+
+/// A transport value the library does not know (7, through the raw struct: the enum cannot
+/// express it) fails sx_create_shard_group, naming the field.
+#[test]
+fn an_unknown_raw_transport_is_refused() {
+    use sx::sys;
+    let name = std::ffi::CString::new(common::rendezvous("transport-bad")).unwrap();
+    let mut cfg: sys::sx_group_config_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<sys::sx_group_config_t>();
+    assert_eq!(unsafe { sys::sx_group_config_init(&mut cfg, size) }, sys::SX_OK);
+    assert_eq!(cfg.transport, sys::SX_TRANSPORT_AUTO);
+    cfg.rendezvous = name.as_ptr();
+    cfg.world_size = 1;
+    cfg.backend = sys::SX_BACKEND_CPU;
+    cfg.transport = 7;
+    let mut g = std::ptr::null_mut();
+    assert_eq!(unsafe { sys::sx_create_shard_group(&cfg, &mut g) }, sys::SX_ERR_INVALID_ARGUMENT);
+    assert!(g.is_null());
+    let message = unsafe { std::ffi::CStr::from_ptr(sys::sx_last_error_message()) }.to_string_lossy().into_owned();
+    assert!(message.contains("transport"), "{}", message);
 }
 
 #[test]
