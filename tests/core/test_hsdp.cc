@@ -353,6 +353,9 @@ void test_bad_meshes_fail_every_rank(void **) {
 // A rank killed (SIGKILL) in a 2x2 mesh during the second step, as processes over tcp://:
 // rank 1 (rank 0's shard group: the reduce-scatter) or rank 2 (rank 0's replica group:
 // the replicas' all-reduce). Every survivor fails with a clear error within the timeout.
+// The processes run on one host, so every communicator shares memory; and again told
+// they are on two hosts, {0, 1} and {2, 3} (SX_HOST_ID), where the shard groups share
+// memory (each rank's log says so, once) and the world and the replica groups use TCP.
 
 constexpr int kTimeoutMs = 4000;
 
@@ -361,6 +364,14 @@ int child_main(int argc, char **argv) {
     if (!sxtest::parse_child_args(argc, argv, &args)) return 2;
     const int victim = std::atoi(args.get("--victim", "1").c_str());
     const bool pipelined = args.get("--pipelined", "0") == "1";
+    const bool hosts = args.get("--hosts", "0") == "1";
+    if (hosts) ::setenv("SX_HOST_ID", ("host-" + std::to_string(args.rank / 2)).c_str(), 1);
+    static int shared = 0;  // communicators that said they share memory
+    sx_set_log_callback(
+        [](int32_t, const char *message, void *) {
+            if (std::strstr(message, "through shared memory")) ++shared;
+        },
+        nullptr, SX_LOG_DEBUG);
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     cfg.backend = SX_BACKEND_CPU;
@@ -391,6 +402,12 @@ int child_main(int argc, char **argv) {
     }
     if (sx_finalize(g) != SX_OK) {
         std::fprintf(stderr, "rank %d: finalize: %s\n", args.rank, sx_last_error_message());
+        return 1;
+    }
+    // One host: the world, the shard and the replica group share memory; two: the shard
+    // group only.
+    if (shared != (hosts ? 1 : 3)) {
+        std::fprintf(stderr, "rank %d: %d communicators share memory, expected %d\n", args.rank, shared, hosts ? 1 : 3);
         return 1;
     }
     for (int s = 0; s < 2; ++s) {
@@ -439,8 +456,11 @@ int child_main(int argc, char **argv) {
 void test_a_rank_killed_in_either_dimension(void **) {
     for (const char *victim : {"1", "2"}) {
         for (const char *pipelined : {"0", "1"}) {
+            // Two hosts for one of the pipelined settings each.
+            const char *hosts = (victim[0] == '1') == (pipelined[0] == '0') ? "1" : "0";
             std::vector<sxtest::ProcessResult> res;
-            std::string err = sxtest::run_process_ranks(4, {"--victim", victim, "--pipelined", pipelined}, 90, &res);
+            std::string err = sxtest::run_process_ranks(
+                4, {"--victim", victim, "--pipelined", pipelined, "--hosts", hosts}, 90, &res);
             assert_int_equal(res.size(), 4);
             const int v = std::atoi(victim);
             for (int r = 0; r < 4; ++r) {

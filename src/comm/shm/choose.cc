@@ -33,6 +33,7 @@ Status create_cpu_communicator(std::shared_ptr<Store> store, int rank, int world
     so.timeout = options.timeout;
     so.deadline = options.deadline;
     Status s = create_shm_communicator(store, rank, world_size, so, out);
+    if (s.ok()) log(SX_LOG_DEBUG, "sx: rank %d of %d: its communicator exchanges through shared memory", rank, world_size);
     if (s.code() != SX_ERR_UNSUPPORTED) return s;
     // Every rank learns it alike (rank 0 could not make the segment): Gloo then.
     log(SX_LOG_WARN, "sx: rank %d: %s; the ranks exchange through TCP instead", rank, s.message().c_str());
