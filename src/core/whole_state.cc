@@ -96,6 +96,73 @@ Factored factored_moments(const ShardAccess &g, int32_t p) {
 namespace {
 constexpr const char *kRowVar = "row_var";
 constexpr const char *kColVar = "col_var";
+
+// Adds Adafactor's factored moments (rows then cols values) to st's tensors.
+void add_moments(ParamState *st, float *row_var, uint64_t rows, float *col_var, uint64_t cols) {
+    st->names.push_back(kRowVar);
+    st->tensors.push_back(row_var);
+    st->numels.push_back(rows);
+    st->names.push_back(kColVar);
+    st->tensors.push_back(col_var);
+    st->numels.push_back(cols);
+}
+
+// Adafactor's factored moments in a scatter: every param's that has them, one after
+// another; the root's callback fills them, and every rank takes them whole.
+class ScatteredMoments {
+  public:
+    explicit ScatteredMoments(const ShardAccess &g) : g_(g), at_(static_cast<size_t>(g.num_params()) + 1, 0) {
+        for (int32_t p = 0; p < g.num_params(); ++p) {
+            const Factored f = factored_moments(g, p);
+            at_[static_cast<size_t>(p) + 1] = at_[static_cast<size_t>(p)] + f.rows + f.cols;
+        }
+        values_.assign(at_.back(), 0.0f);
+    }
+    std::vector<float> &values() { return values_; }
+    // The root: param p's moments among st's tensors (zero for its callback to fill).
+    void offer(int32_t p, ParamState *st) {
+        const Factored f = factored_moments(g_, p);
+        if (f.any()) add_moments(st, here(p), f.rows, here(p) + f.rows, f.cols);
+    }
+    // The root, after the callback: means of squares are finite and >= 0.
+    Status check(int32_t p, const char *name) const {
+        const Factored f = factored_moments(g_, p);
+        const float *m = values_.data() + at_[static_cast<size_t>(p)];
+        for (uint64_t i = 0; i < f.rows + f.cols; ++i)
+            SX_CHECK_ARG(std::isfinite(m[i]) && m[i] >= 0.0f,
+                         "param '%s': %s[%llu] is %g; Adafactor's factored moments are means of squares, finite and "
+                         ">= 0",
+                         name, i < f.rows ? kRowVar : kColVar,
+                         static_cast<unsigned long long>(i < f.rows ? i : i - f.rows), static_cast<double>(m[i]));
+        return Status::Ok();
+    }
+    // Every rank, once they are broadcast: each param's moments into the progress.
+    void into(ShardProgress *progress) const {
+        for (int32_t p = 0; p < g_.num_params(); ++p) {
+            const Factored f = factored_moments(g_, p);
+            ParamProgress &pp = progress->params[static_cast<size_t>(p)];
+            const float *m = values_.data() + at_[static_cast<size_t>(p)];
+            pp.row_var.assign(m, m + f.rows);
+            pp.col_var.assign(m + f.rows, m + f.rows + f.cols);
+        }
+    }
+
+  private:
+    float *here(int32_t p) { return values_.data() + at_[static_cast<size_t>(p)]; }
+    const ShardAccess &g_;
+    std::vector<uint64_t> at_;
+    std::vector<float> values_;
+};
+
+// The root's checks of what its callback gave for a param: the rules a checkpoint's
+// manifest is held to, so that what is scattered in can be saved and stepped on.
+Status check_scattered(const ParamState &st, const ScatteredMoments &moments) {
+    SX_CHECK_ARG(optim::valid_steps(st.step, st.momentum_steps),
+                 "param '%s': step %lld and momentum_steps %lld; they must satisfy 0 <= momentum_steps <= step <= %llu",
+                 st.name, static_cast<long long>(st.step), static_cast<long long>(st.momentum_steps),
+                 static_cast<unsigned long long>(optim::kMaxSteps));
+    return moments.check(st.param, st.name);
+}
 }  // namespace
 
 Status WholeState::root_buffers(int root, const std::vector<UnitShard> &units, bool as_if_allocated, Buffer *staging,
@@ -200,14 +267,8 @@ Status WholeState::gather(int root, const StateFn &fn) {
         // Adafactor's factored moments, whole on every rank: the root's own (once the
         // param has been updated).
         ParamProgress &own = shard.progress.params[static_cast<size_t>(p)];
-        if (factored_moments(g_, p).any() && !own.row_var.empty()) {
-            st.names.push_back(kRowVar);
-            st.tensors.push_back(own.row_var.data());
-            st.numels.push_back(own.row_var.size());
-            st.names.push_back(kColVar);
-            st.tensors.push_back(own.col_var.data());
-            st.numels.push_back(own.col_var.size());
-        }
+        if (factored_moments(g_, p).any() && !own.row_var.empty())
+            add_moments(&st, own.row_var.data(), own.row_var.size(), own.col_var.data(), own.col_var.size());
         leave_vector_state_clean();  // the trainer's code runs next, on this thread
         outcome = catching([&] { return fn(st); });
     }
@@ -247,19 +308,11 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     Status outcome;  // the root's callback's, once it fails the root sends zeros
     // Per param: step, momentum_steps, and mu_product's bits (0: derive it from the step).
     std::vector<int64_t> steps(3 * static_cast<size_t>(g_.num_params()), 0);
-    // Adafactor's factored moments of every param that has them, one after another: the
-    // root's callback fills them, and every rank takes them whole.
-    std::vector<uint64_t> factored_at(static_cast<size_t>(g_.num_params()) + 1, 0);
-    for (int32_t p = 0; p < g_.num_params(); ++p) {
-        const Factored f = factored_moments(g_, p);
-        factored_at[p + 1] = factored_at[p] + f.rows + f.cols;
-    }
-    std::vector<float> factored(factored_at.back(), 0.0f);
+    ScatteredMoments moments(g_);
     for (int32_t p = 0; p < g_.num_params(); ++p) {
         const size_t u = static_cast<size_t>(g_.layout().placement(p).unit_index);
         const std::vector<StateTensor> tensors = state_tensors(g_, shard.units[u], p, true);
-        const Factored f = factored_moments(g_, p);
-        if (tensors.empty() && !f.any() && rank != root) continue;
+        if (tensors.empty() && rank != root) continue;
         const ParamSpec &spec = g_.param(p);
         const uint64_t n = spec.numel;
         float *full = staging.as<float>();
@@ -277,33 +330,10 @@ Status WholeState::scatter(int root, const StateFn &fn) {
                 st.tensors.push_back(data + t * n);
                 st.numels.push_back(n);
             }
-            float *moments = factored.data() + factored_at[p];
-            if (f.any()) {
-                st.names.push_back(kRowVar);
-                st.tensors.push_back(moments);
-                st.numels.push_back(f.rows);
-                st.names.push_back(kColVar);
-                st.tensors.push_back(moments + f.rows);
-                st.numels.push_back(f.cols);
-            }
+            moments.offer(p, &st);
             leave_vector_state_clean();  // the trainer's code runs next, on this thread
             if (outcome.ok()) outcome = catching([&] { return fn(st); });
-            for (uint64_t i = 0; outcome.ok() && i < f.rows + f.cols; ++i)
-                if (!(std::isfinite(moments[i]) && moments[i] >= 0.0f))
-                    outcome = SX_ERROR(SX_ERR_INVALID_ARGUMENT,
-                                       "param '%s': %s[%llu] is %g; Adafactor's factored moments are means of squares, "
-                                       "finite and >= 0",
-                                       st.name, i < f.rows ? kRowVar : kColVar,
-                                       static_cast<unsigned long long>(i < f.rows ? i : i - f.rows),
-                                       static_cast<double>(moments[i]));
-            // The rules a checkpoint's manifest is held to, so that what is scattered in
-            // can be saved and stepped on.
-            if (outcome.ok() && !optim::valid_steps(st.step, st.momentum_steps))
-                outcome = SX_ERROR(SX_ERR_INVALID_ARGUMENT,
-                                   "param '%s': step %lld and momentum_steps %lld; they must satisfy 0 <= "
-                                   "momentum_steps <= step <= %llu",
-                                   st.name, static_cast<long long>(st.step), static_cast<long long>(st.momentum_steps),
-                                   static_cast<unsigned long long>(optim::kMaxSteps));
+            if (outcome.ok()) outcome = check_scattered(st, moments);
             steps[3 * p] = st.step;
             steps[3 * p + 1] = st.momentum_steps;
             uint32_t bits = 0;
@@ -323,7 +353,8 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     SX_TRY(share_outcome(root, outcome, "sx_scatter_optim_state"));
     if (mesh_.world) {
         Status s = mesh_.world->broadcast(steps.data(), steps.size() * sizeof(int64_t), root);
-        if (s.ok() && !factored.empty()) s = mesh_.world->broadcast(factored.data(), factored.size() * sizeof(float), root);
+        std::vector<float> &m = moments.values();
+        if (s.ok() && !m.empty()) s = mesh_.world->broadcast(m.data(), m.size() * sizeof(float), root);
         if (!s.ok()) return g_.fail(s);
     }
 
@@ -332,13 +363,7 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     // values from the new masters, on every rank.
     g_.shard_fence().wait_readers();
     ShardProgress progress = scattered_progress(g_, shard.progress, steps);
-    for (int32_t p = 0; p < g_.num_params(); ++p) {
-        const Factored f = factored_moments(g_, p);
-        ParamProgress &pp = progress.params[static_cast<size_t>(p)];
-        const float *moments = factored.data() + factored_at[p];
-        pp.row_var.assign(moments, moments + f.rows);
-        pp.col_var.assign(moments + f.rows, moments + f.rows + f.cols);
-    }
+    moments.into(&progress);
     ShardRestore restore;
     restore.state = &state;
     restore.slots = slots;
