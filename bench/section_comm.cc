@@ -34,7 +34,7 @@
 
 #include "bench_util.h"
 #include "comm/communicator.h"
-#include "comm/rendezvous.h"
+#include "rdzv/rendezvous.h"
 
 namespace sxbench {
 namespace {
@@ -73,12 +73,12 @@ int section_comm(const Options &opt) {
         opts.bind_address = "127.0.0.1";
         opts.timeout = std::chrono::milliseconds(120000);
         auto connect = [&](const std::string &where, bool in_process) {
-            sx::comm::Rendezvous rv;
-            std::shared_ptr<sx::comm::Store> store;
+            sx::rdzv::Rendezvous rv;
+            std::shared_ptr<sx::rdzv::Store> store;
             std::unique_ptr<sx::comm::Communicator> c;
             opts.in_process = in_process;
-            sx::Status s = sx::comm::parse_rendezvous(where.c_str(), r, kRanks, &rv);
-            if (s.ok()) s = sx::comm::open_store(rv, opts.timeout, &store);
+            sx::Status s = sx::rdzv::parse_rendezvous(where.c_str(), r, kRanks, &rv);
+            if (s.ok()) s = sx::rdzv::open_store(rv, opts.timeout, &store);
             if (s.ok()) s = sx::comm::create_gloo_communicator(store, r, kRanks, opts, &c);
             if (!s.ok()) die(s.message());
             return c;

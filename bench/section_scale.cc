@@ -54,7 +54,7 @@
 #include "ckpt/shard_index.h"
 #include "ckpt/shard_plan.h"
 #include "comm/communicator.h"
-#include "comm/stores.h"
+#include "rdzv/stores.h"
 #include "core/layout.h"
 #include "io/crc32c.h"
 #include "io/file_ops.h"
@@ -65,7 +65,9 @@ namespace {
 
 namespace ckpt = sx::ckpt;
 namespace comm = sx::comm;
+namespace rdzv = sx::rdzv;
 namespace core = sx::core;
+using sx::Millis;
 using sx::Status;
 
 constexpr double kMiB = 1024.0 * 1024.0;
@@ -468,21 +470,21 @@ LoadFigures simulate_load(const Model &model, const SaveFigures &save, Topology 
 // ---------------------------------------------------------------------- rendezvous
 
 // A rank's view of the store that counts its requests and bytes.
-class CountingStore final : public comm::Store {
+class CountingStore final : public rdzv::Store {
   public:
-    explicit CountingStore(std::shared_ptr<comm::Store> inner) : inner_(std::move(inner)) {}
+    explicit CountingStore(std::shared_ptr<rdzv::Store> inner) : inner_(std::move(inner)) {}
 
     Status set(const std::string &key, const std::string &value) override {
         count(key.size() + value.size(), 0);
         ++sets;
         return inner_->set(key, value);
     }
-    Status get(const std::string &key, std::string *value, comm::Millis timeout) override {
+    Status get(const std::string &key, std::string *value, Millis timeout) override {
         Status s = inner_->get(key, value, timeout);
         count(key.size(), s.ok() ? value->size() : 0);
         return s;
     }
-    Status wait(const std::vector<std::string> &keys, comm::Millis timeout) override {
+    Status wait(const std::vector<std::string> &keys, Millis timeout) override {
         count(bytes_of(keys), 0);
         return inner_->wait(keys, timeout);
     }
@@ -512,7 +514,7 @@ class CountingStore final : public comm::Store {
         sent += static_cast<int64_t>(out);
         received += static_cast<int64_t>(in);
     }
-    std::shared_ptr<comm::Store> inner_;
+    std::shared_ptr<rdzv::Store> inner_;
 };
 
 struct RendezvousFigures {
@@ -528,14 +530,14 @@ struct RendezvousFigures {
 RendezvousFigures gloo_rendezvous(int world) {
     RendezvousFigures f;
     f.world = world;
-    std::shared_ptr<comm::Store> inner = comm::open_local_store("bench-scale-" + std::to_string(world));
+    std::shared_ptr<rdzv::Store> inner = rdzv::open_local_store("bench-scale-" + std::to_string(world));
     std::vector<std::shared_ptr<CountingStore>> views;
     for (int r = 0; r < world; ++r) views.push_back(std::make_shared<CountingStore>(inner));
     std::vector<std::unique_ptr<comm::Communicator>> comms(world);
     std::vector<Status> status(world);
     comm::GlooOptions o;
     o.bind_address = "127.0.0.1";
-    o.timeout = comm::Millis(120000);
+    o.timeout = Millis(120000);
     o.in_process = false;
     const double t0 = now_seconds();
     std::vector<std::thread> threads;

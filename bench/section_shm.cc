@@ -23,9 +23,9 @@
 
 #include "bench_util.h"
 #include "comm/communicator.h"
-#include "comm/rendezvous.h"
+#include "rdzv/rendezvous.h"
 #include "comm/shm/segment.h"
-#include "comm/stores.h"
+#include "rdzv/stores.h"
 
 namespace sxbench {
 namespace {
@@ -49,17 +49,17 @@ struct Times {
 
 // One rank's figures (every rank returns the slower rank's, through the communicators):
 // floor(q) is rank q's buffer of `bytes`, where every rank can read it.
-Times measure(int r, int world, std::shared_ptr<sx::comm::Store> store, int reps, size_t bytes,
+Times measure(int r, int world, std::shared_ptr<sx::rdzv::Store> store, int reps, size_t bytes,
               const std::function<float *(int)> &floor_buf) {
     sx::comm::ShmOptions so;
     so.timeout = std::chrono::milliseconds(120000);
     if (const char *slot = std::getenv("SX_BENCH_SHM_SLOT_KIB")) so.slot_bytes = static_cast<size_t>(std::atoi(slot)) << 10;
     std::unique_ptr<sx::comm::Communicator> shm, gloo;
-    check(sx::comm::create_shm_communicator(sx::comm::make_prefix_store(store, "shm/"), r, world, so, &shm));
+    check(sx::comm::create_shm_communicator(sx::rdzv::make_prefix_store(store, "shm/"), r, world, so, &shm));
     sx::comm::GlooOptions go;
     go.bind_address = "127.0.0.1";
     go.timeout = so.timeout;
-    check(sx::comm::create_gloo_communicator(sx::comm::make_prefix_store(store, "gloo/"), r, world, go, &gloo));
+    check(sx::comm::create_gloo_communicator(sx::rdzv::make_prefix_store(store, "gloo/"), r, world, go, &gloo));
 
     const size_t floats = bytes / sizeof(float), shard = floats / static_cast<size_t>(world);
     std::vector<float> buf(floats, 1.0f);
@@ -128,13 +128,13 @@ int shm_rank_main(int argc, char **argv) {
     const int reps = std::atoi(argv[5]);
     const size_t bytes = static_cast<size_t>(std::atoi(argv[6])) << 20;
     const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
-    sx::comm::Rendezvous rv;
-    std::shared_ptr<sx::comm::Store> store;
-    check(sx::comm::parse_rendezvous(url.c_str(), r, world, &rv));
-    check(sx::comm::open_store(rv, std::chrono::milliseconds(60000), &store));
+    sx::rdzv::Rendezvous rv;
+    std::shared_ptr<sx::rdzv::Store> store;
+    check(sx::rdzv::parse_rendezvous(url.c_str(), r, world, &rv));
+    check(sx::rdzv::open_store(rv, std::chrono::milliseconds(60000), &store));
     // The floor's buffers: every rank's in one shared segment.
     std::unique_ptr<sx::comm::SharedSegment> mem;
-    check(sx::comm::SharedSegment::open(*sx::comm::make_prefix_store(store, "floor/"), r, world,
+    check(sx::comm::SharedSegment::open(*sx::rdzv::make_prefix_store(store, "floor/"), r, world,
                                         bytes * static_cast<size_t>(world),
                                         std::chrono::steady_clock::now() + std::chrono::seconds(60), &mem));
     const Times t = measure(r, world, store, reps, bytes,
@@ -194,10 +194,10 @@ int section_shm(const Options &opt) {
         std::vector<std::thread> threads;
         for (int r = 0; r < world; ++r)
             threads.emplace_back([&, r] {
-                sx::comm::Rendezvous rv;
-                std::shared_ptr<sx::comm::Store> store;
-                check(sx::comm::parse_rendezvous(url.c_str(), r, world, &rv));
-                check(sx::comm::open_store(rv, std::chrono::milliseconds(60000), &store));
+                sx::rdzv::Rendezvous rv;
+                std::shared_ptr<sx::rdzv::Store> store;
+                check(sx::rdzv::parse_rendezvous(url.c_str(), r, world, &rv));
+                check(sx::rdzv::open_store(rv, std::chrono::milliseconds(60000), &store));
                 got[static_cast<size_t>(r)] = measure(r, world, store, opt.reps, bytes,
                                                       [&](int q) { return bufs[static_cast<size_t>(q)].data(); });
             });

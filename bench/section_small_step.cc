@@ -17,8 +17,8 @@
 
 #include "bench_util.h"
 #include "comm/communicator.h"
-#include "comm/rendezvous.h"
-#include "comm/stores.h"
+#include "rdzv/rendezvous.h"
+#include "rdzv/stores.h"
 
 namespace sxbench {
 namespace {
@@ -95,11 +95,11 @@ bool time_all_gather(int reps, std::vector<double> *per_call) {
     std::vector<std::thread> ranks;
     for (int r = 0; r < 2; ++r)
         ranks.emplace_back([&, r] {
-            sx::comm::Rendezvous rv;
-            std::shared_ptr<sx::comm::Store> store;
+            sx::rdzv::Rendezvous rv;
+            std::shared_ptr<sx::rdzv::Store> store;
             std::unique_ptr<sx::comm::Communicator> c;
-            bool good = sx::comm::parse_rendezvous("local://bench-small-step-gloo", r, 2, &rv).ok() &&
-                        sx::comm::open_store(rv, sx::comm::Millis(60000), &store).ok();
+            bool good = sx::rdzv::parse_rendezvous("local://bench-small-step-gloo", r, 2, &rv).ok() &&
+                        sx::rdzv::open_store(rv, sx::Millis(60000), &store).ok();
             sx::comm::GlooOptions o;
             o.bind_address = "127.0.0.1";
             good = good && sx::comm::create_gloo_communicator(store, r, 2, o, &c).ok();

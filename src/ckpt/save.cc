@@ -168,10 +168,10 @@ struct SavePaths {
 struct SaveWatch {
     const SaveFuture *future;  // null: a synchronous save
     const core::ShardAccess *group;
-    comm::Millis timeout;  // of each wait as a whole
+    Millis timeout;  // of each wait as a whole
 };
 
-constexpr comm::Millis kWaitSlice(50);
+constexpr Millis kWaitSlice(50);
 
 // Why the save stops now (cancelled, or the group aborted), or ok.
 Status stopped(const SaveWatch &w, const char *doing) {
@@ -183,13 +183,13 @@ Status stopped(const SaveWatch &w, const char *doing) {
 
 // store.get(key) within w.timeout, in slices, so that a cancellation or an abort ends
 // the wait at once; `who` is whom the key comes from, for the errors.
-Status await_key(comm::Store &store, const std::string &key, std::string *value, const SaveWatch &w,
+Status await_key(rdzv::Store &store, const std::string &key, std::string *value, const SaveWatch &w,
                  const char *who) {
     const std::string doing = format("waiting for %s", who);
     const auto deadline = std::chrono::steady_clock::now() + w.timeout;
     for (;;) {
         SX_TRY(stopped(w, doing.c_str()));
-        const auto left = std::chrono::duration_cast<comm::Millis>(deadline - std::chrono::steady_clock::now());
+        const auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
         if (left.count() <= 0)
             return SX_ERROR(SX_ERR_TIMEOUT, "%s did not answer within the group's timeout (%lld ms; rendezvous key '%s')",
                             who, static_cast<long long>(w.timeout.count()), key.c_str());
@@ -200,7 +200,7 @@ Status await_key(comm::Store &store, const std::string &key, std::string *value,
 
 // Step 1 of persist: rank 0 prepares the temporary directory (clearing leftovers of
 // crashed saves) and tells the others how that went.
-Status open_save(io::FileOps &ops, comm::Store &store, const std::string &prefix, const SavePaths &at, int rank,
+Status open_save(io::FileOps &ops, rdzv::Store &store, const std::string &prefix, const SavePaths &at, int rank,
                  const SaveWatch &watch) {
     if (rank != 0) {
         std::string v;
@@ -281,7 +281,7 @@ std::string encode_report(const Status &st, const FileIndex *index) {
 
 // Step 3, on rank 0: every rank's report; the writers' (ranks [0, shard_size), which
 // wrote file r) file names and indexes go into *m.
-Status gather_file_indexes(comm::Store &store, const std::string &prefix, int world_size, int shard_size,
+Status gather_file_indexes(rdzv::Store &store, const std::string &prefix, int world_size, int shard_size,
                            const SaveWatch &watch, Manifest *m) {
     for (int r = 0; r < world_size; ++r) {
         std::string v;
@@ -504,8 +504,8 @@ Status Checkpointer::stage_and_persist(Snapshot *snap, SaveFuture *future) {
 
 Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedBytes *staged) {
     io::FileOps &ops = *ops_;
-    comm::Store &store = group_->store();
-    const comm::Millis timeout(group_->timeout_ms());
+    rdzv::Store &store = group_->store();
+    const Millis timeout(group_->timeout_ms());
     const std::string prefix = format("ckpt/%llu/", static_cast<unsigned long long>(snap.sequence));
     const SavePaths at(snap.options.path);
     if (progress) progress->set_total(snap.plan.file_bytes);

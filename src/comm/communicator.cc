@@ -38,7 +38,7 @@ Status check_reduce_scatter_16_args(const Communicator &c, const uint16_t *buf, 
     return Status::Ok();
 }
 
-Status create_communicator(std::shared_ptr<Store> store, int rank, int world_size, const CommunicatorSpec &spec,
+Status create_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const CommunicatorSpec &spec,
                            std::unique_ptr<Communicator> *out) {
     if (spec.cuda && world_size == 1) return create_one_device_communicator(spec.device, out);
     if (spec.cuda) {

@@ -1,7 +1,7 @@
-// The collectives a shard group needs, behind one small interface; gloo/ implements
-// it for CPUs, nccl/ for GPUs. Every call either completes, or
-// returns within the timeout given at creation: SX_ERR_TIMEOUT when a peer stalls,
-// SX_ERR_COMM when a peer dies or a socket fails, SX_ERR_ABORTED after abort().
+// The collectives a shard group needs, behind one small interface: shm/ implements it
+// for CPU ranks on one host, gloo/ for CPU ranks across hosts, nccl/ for GPUs. Every call
+// either completes, or returns within the timeout given at creation: SX_ERR_TIMEOUT when a
+// peer stalls, SX_ERR_COMM when a peer dies or a socket fails, SX_ERR_ABORTED after abort().
 // After any error the communicator is unusable (every later call fails fast).
 #pragma once
 
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/store.h"
+#include "rdzv/store.h"
 
 namespace sx {
 namespace comm {
@@ -102,7 +102,7 @@ struct GlooOptions {
 
 // Connects a full mesh of `world_size` ranks through `store` (keys under the store's
 // own key space) with Gloo's TCP transport.
-Status create_gloo_communicator(std::shared_ptr<Store> store, int rank, int world_size,
+Status create_gloo_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size,
                                 const GlooOptions &options, std::unique_ptr<Communicator> *out);
 
 struct ShmOptions {
@@ -117,14 +117,14 @@ struct ShmOptions {
 // process) through one shared-memory segment (shm/shm_communicator.cc), handed out
 // through `store`: every collective of the interface, without sockets. The segment
 // leaves nothing behind in any file system, however the ranks exit. At most 64 ranks.
-Status create_shm_communicator(std::shared_ptr<Store> store, int rank, int world_size, const ShmOptions &options,
+Status create_shm_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const ShmOptions &options,
                                std::unique_ptr<Communicator> *out);
 
 // The CPU communicator of `world_size` ranks: shared memory where every rank runs on
 // this host (their host identities, exchanged through `store`, agree; SX_HOST_ID
 // overrides this host's, and `host` this rank's) and `shared_memory` is set, else Gloo's
 // TCP transport. *shm (if not null) says which it chose.
-Status create_cpu_communicator(std::shared_ptr<Store> store, int rank, int world_size, const GlooOptions &options,
+Status create_cpu_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
                                bool shared_memory, std::unique_ptr<Communicator> *out, bool *shm = nullptr,
                                const std::string &host = "");
 
@@ -141,7 +141,7 @@ struct NcclOptions {
 // fingerprints). Every call returns once its work on the device has finished, or
 // within the timeout (the communicator is then aborted: SX_ERR_TIMEOUT). SX_ERR_UNSUPPORTED
 // in a build without CUDA, or where NCCL or the device cannot be used.
-Status create_nccl_communicator(std::shared_ptr<Store> store, int rank, int world_size, const NcclOptions &options,
+Status create_nccl_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const NcclOptions &options,
                                 std::unique_ptr<Communicator> *out);
 
 // The communicator of a one-rank group on CUDA device `device`, without NCCL: its
@@ -162,7 +162,7 @@ struct CommunicatorSpec {
 
 // The one place a communicator is chosen: CUDA with one rank, the device's own (no NCCL);
 // CUDA, NCCL; CPU, create_cpu_communicator (shared memory on one host, else Gloo).
-Status create_communicator(std::shared_ptr<Store> store, int rank, int world_size, const CommunicatorSpec &spec,
+Status create_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const CommunicatorSpec &spec,
                            std::unique_ptr<Communicator> *out);
 
 }  // namespace comm

@@ -8,8 +8,8 @@
 
 #include "base/log.h"
 #include "comm/abort_at_deadline.h"
-#include "comm/rendezvous.h"
-#include "comm/stores.h"
+#include "rdzv/rendezvous.h"
+#include "rdzv/stores.h"
 #include "optim/custom.h"
 
 namespace sx {
@@ -83,11 +83,11 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
 
     // Every phase below (the store, the ranks' arrival, the transport, the mesh's
     // communicators) counts against this one deadline.
-    const comm::Millis timeout(cfg.timeout_ms);
-    const comm::Clock::time_point deadline = comm::Clock::now() + timeout;
-    comm::Rendezvous rv;
-    SX_TRY(comm::parse_rendezvous(cfg.rendezvous.c_str(), cfg.rank, cfg.world_size, &rv));
-    SX_TRY(comm::apply_rendezvous_guard(cfg.rendezvous_token.c_str(), cfg.rendezvous_bind.c_str(), &rv));
+    const Millis timeout(cfg.timeout_ms);
+    const Clock::time_point deadline = Clock::now() + timeout;
+    rdzv::Rendezvous rv;
+    SX_TRY(rdzv::parse_rendezvous(cfg.rendezvous.c_str(), cfg.rank, cfg.world_size, &rv));
+    SX_TRY(rdzv::apply_rendezvous_guard(cfg.rendezvous_token.c_str(), cfg.rendezvous_bind.c_str(), &rv));
 
     // SX_BACKEND_AUTO: the CUDA backend where this build has CUDA and there is a device.
     const bool cuda =
@@ -112,14 +112,14 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     // The device first: a group that cannot have it fails before it connects.
     std::unique_ptr<DeviceOps> device_ops;
     if (cuda) SX_TRY(make_cuda_ops(cfg.device_ordinal, &device_ops));
-    std::shared_ptr<comm::Store> store;
-    SX_TRY(comm::open_store(rv, timeout, &store));
+    std::shared_ptr<rdzv::Store> store;
+    SX_TRY(rdzv::open_store(rv, timeout, &store));
     // Every rank must be there before any binds a socket per peer (Gloo's full mesh),
     // which for a large world takes longer than the wait: a missing rank then fails the
     // group at its deadline, not after the binding.
-    SX_TRY(comm::await_ranks(*store, rv.rank, rv.world_size, deadline));
+    SX_TRY(rdzv::await_ranks(*store, rv.rank, rv.world_size, deadline));
     if (g->config_.bind_address.empty()) {
-        const bool loopback = rv.scheme == comm::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
+        const bool loopback = rv.scheme == rdzv::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
                               rv.host.compare(0, 4, "127.") == 0;
         if (loopback) g->config_.bind_address = "127.0.0.1";
     }
@@ -137,7 +137,7 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     int threads = cuda ? 1 : cfg.num_threads;  // a CUDA group's work runs on its device
     if (threads == 0) {
         int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-        threads = rv.scheme == comm::Rendezvous::Scheme::kLocal ? std::max(1, hw / rv.world_size) : hw;
+        threads = rv.scheme == rdzv::Rendezvous::Scheme::kLocal ? std::max(1, hw / rv.world_size) : hw;
     }
     g->pool_.reset(new optim::ThreadPool(threads));
     g->ops_ = cuda ? std::move(device_ops) : make_host_ops(g->pool_.get());
@@ -164,7 +164,7 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
         [self](std::unique_ptr<comm::Communicator> *out) {
             // Inside the shard group, through a key space of its own.
             const Mesh &m = self->mesh_;
-            return m.connect(comm::make_prefix_store(m.store_ptr(), format("gather/%d/", m.replica_rank())),
+            return m.connect(rdzv::make_prefix_store(m.store_ptr(), format("gather/%d/", m.replica_rank())),
                              m.shard_rank(), m.shard_size(), out);
         }));
     g->config_.num_threads = threads;

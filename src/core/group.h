@@ -18,7 +18,7 @@
 #include "base/status.h"
 #include "base/trace.h"
 #include "comm/communicator.h"
-#include "comm/store.h"
+#include "rdzv/store.h"
 #include "core/agreement.h"
 #include "core/channel.h"
 #include "core/gathers.h"
@@ -131,7 +131,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status agree_call(const char *call, std::vector<Fact> facts, const Status &local = Status::Ok(),
                       const char *intro = "ranks disagree") override;
     Status collective(const std::function<Status(comm::Communicator &)> &fn) override;
-    comm::Store &store() override { return mesh_.store(); }
+    rdzv::Store &store() override { return mesh_.store(); }
     Status fail(Status s) override;
     Status check_usable() const override;
     bool aborted() const override { return failure_.aborted(); }

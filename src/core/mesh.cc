@@ -2,7 +2,7 @@
 #include "core/mesh.h"
 
 #include "comm/abort_at_deadline.h"
-#include "comm/stores.h"
+#include "rdzv/stores.h"
 
 namespace sx {
 namespace core {
@@ -13,7 +13,7 @@ void Mesh::place(const Settings &settings, int rank, int world_size) {
     world_size_ = world_size;
 }
 
-Status Mesh::open(std::shared_ptr<comm::Store> store, int s, const CallHeaders &headers,
+Status Mesh::open(std::shared_ptr<rdzv::Store> store, int s, const CallHeaders &headers,
                   std::chrono::steady_clock::time_point deadline) {
     store_ = std::move(store);
     SX_TRY(connect(store_, rank_, world_size_, &world_, deadline));
@@ -50,22 +50,22 @@ Status Mesh::open(std::shared_ptr<comm::Store> store, int s, const CallHeaders &
         shard_ = world_.get();
     } else {
         // Shard group k and replica group i connect through key spaces of their own.
-        SX_TRY(connect(comm::make_prefix_store(store_, format("shard/%d/", replica_rank_)), shard_rank_, shard_size_,
+        SX_TRY(connect(rdzv::make_prefix_store(store_, format("shard/%d/", replica_rank_)), shard_rank_, shard_size_,
                        &shard_own_, deadline));
         shard_ = shard_own_.get();
     }
     if (replicas_ > 1)
-        SX_TRY(connect(comm::make_prefix_store(store_, format("replica/%d/", shard_rank_)), replica_rank_, replicas_,
+        SX_TRY(connect(rdzv::make_prefix_store(store_, format("replica/%d/", shard_rank_)), replica_rank_, replicas_,
                        &replica_, deadline));
     return Status::Ok();
 }
 
-Status Mesh::connect(std::shared_ptr<comm::Store> store, int rank, int size, std::unique_ptr<comm::Communicator> *out,
+Status Mesh::connect(std::shared_ptr<rdzv::Store> store, int rank, int size, std::unique_ptr<comm::Communicator> *out,
                      std::chrono::steady_clock::time_point deadline) const {
     comm::CommunicatorSpec spec;
     spec.cuda = settings_.backend == SX_BACKEND_CUDA;
     spec.device = settings_.device_ordinal;
-    spec.timeout = comm::Millis(settings_.timeout_ms);
+    spec.timeout = Millis(settings_.timeout_ms);
     spec.deadline = deadline;
     spec.bind_address = settings_.bind_address;
     spec.shared_memory = settings_.shared_memory;

@@ -11,7 +11,7 @@
 
 #include "base/status.h"
 #include "comm/communicator.h"
-#include "comm/store.h"
+#include "rdzv/store.h"
 #include "core/agreement.h"
 
 namespace sx {
@@ -36,11 +36,11 @@ class Mesh {
     // `headers`, how they differ), a divisor of the world size (SX_ERR_INVALID_ARGUMENT);
     // the shard and replica groups' communicators connected through key spaces of their
     // own. All by `deadline` (SX_ERR_TIMEOUT otherwise).
-    Status open(std::shared_ptr<comm::Store> store, int shard_size, const CallHeaders &headers,
+    Status open(std::shared_ptr<rdzv::Store> store, int shard_size, const CallHeaders &headers,
                 std::chrono::steady_clock::time_point deadline);
     // A communicator of the group's backend among `size` of its ranks through `store`,
     // connected by `deadline` (the zero time point: the timeout from now).
-    Status connect(std::shared_ptr<comm::Store> store, int rank, int size, std::unique_ptr<comm::Communicator> *out,
+    Status connect(std::shared_ptr<rdzv::Store> store, int rank, int size, std::unique_ptr<comm::Communicator> *out,
                    std::chrono::steady_clock::time_point deadline = {}) const;
     // Any thread: every communicator aborted (collectives in flight return at once).
     void abort();
@@ -54,14 +54,14 @@ class Mesh {
     comm::Communicator &world() const { return *world_; }
     comm::Communicator &shard() const { return *shard_; }    // the world's where the mesh is flat
     comm::Communicator *replica() const { return replica_.get(); }  // null with one replica
-    comm::Store &store() const { return *store_; }
-    const std::shared_ptr<comm::Store> &store_ptr() const { return store_; }
+    rdzv::Store &store() const { return *store_; }
+    const std::shared_ptr<rdzv::Store> &store_ptr() const { return store_; }
 
   private:
     Settings settings_;
     int rank_ = 0, world_size_ = 1;
     int shard_size_ = 1, shard_rank_ = 0, replicas_ = 1, replica_rank_ = 0;
-    std::shared_ptr<comm::Store> store_;
+    std::shared_ptr<rdzv::Store> store_;
     std::unique_ptr<comm::Communicator> world_;
     comm::Communicator *shard_ = nullptr;              // world_, or shard_own_
     std::unique_ptr<comm::Communicator> shard_own_;    // a mesh's shard group

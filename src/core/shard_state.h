@@ -16,7 +16,7 @@
 #include "base/status.h"
 #include "base/trace.h"
 #include "comm/communicator.h"
-#include "comm/store.h"
+#include "rdzv/store.h"
 #include "core/device.h"
 #include "core/layout.h"
 #include "core/params.h"
@@ -191,7 +191,7 @@ class ShardAccess {
     virtual Status collective(const std::function<Status(comm::Communicator &)> &fn) = 0;
     // The rendezvous store (a save's commit agrees through it, never through the
     // training communicator).
-    virtual comm::Store &store() = 0;
+    virtual rdzv::Store &store() = 0;
 
     // --- failure ---
     // Marks the group failed with s: every later call fails with its words, and the

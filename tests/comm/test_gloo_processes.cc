@@ -12,14 +12,14 @@
 
 #include "collective_checks.h"
 #include "comm/communicator.h"
-#include "comm/rendezvous.h"
+#include "rdzv/rendezvous.h"
 #include "comm_test_util.h"
 
 extern char **environ;
 
 using sx::Status;
 using sx::comm::Communicator;
-using sx::comm::Millis;
+using sx::Millis;
 using sxtest::ms_since;
 
 namespace {
@@ -36,10 +36,10 @@ int rank_fails(int rank, const std::string &why) {
 
 int run_rank(const std::string &scenario, int r, int p, int port) {
     const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
-    sx::comm::Rendezvous rv;
-    Status s = sx::comm::parse_rendezvous(url.c_str(), r, p, &rv);
-    std::shared_ptr<sx::comm::Store> store;
-    if (s.ok()) s = sx::comm::open_store(rv, Millis(30000), &store);
+    sx::rdzv::Rendezvous rv;
+    Status s = sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv);
+    std::shared_ptr<sx::rdzv::Store> store;
+    if (s.ok()) s = sx::rdzv::open_store(rv, Millis(30000), &store);
     if (!s.ok()) return rank_fails(r, "open_store: " + s.message());
     // Every rank is up before the clock of the (short) fault timeout starts.
     std::vector<std::string> ready;

@@ -10,13 +10,13 @@
 #include "collective_checks.h"
 #include "comm/abort_at_deadline.h"
 #include "comm/communicator.h"
-#include "comm/rendezvous.h"
-#include "comm/stores.h"
+#include "rdzv/rendezvous.h"
+#include "rdzv/stores.h"
 #include "comm_test_util.h"
 
 using sx::Status;
 using sx::comm::Communicator;
-using sx::comm::Millis;
+using sx::Millis;
 using sxtest::contains;
 using sxtest::ms_since;
 
@@ -27,10 +27,10 @@ constexpr long long kSlackMs = 2500;
 // Opens rank r's store on `url` and connects its communicator.
 Status join(const std::string &url, int r, int p, Millis timeout, std::unique_ptr<Communicator> *out,
             const char *bind = "127.0.0.1", size_t segment_bytes = 0, bool in_process = true) {
-    sx::comm::Rendezvous rv;
-    SX_TRY(sx::comm::parse_rendezvous(url.c_str(), r, p, &rv));
-    std::shared_ptr<sx::comm::Store> store;
-    SX_TRY(sx::comm::open_store(rv, Millis(20000), &store));
+    sx::rdzv::Rendezvous rv;
+    SX_TRY(sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv));
+    std::shared_ptr<sx::rdzv::Store> store;
+    SX_TRY(sx::rdzv::open_store(rv, Millis(20000), &store));
     sx::comm::GlooOptions opts;
     opts.bind_address = bind;
     opts.timeout = timeout;
@@ -367,7 +367,7 @@ void test_argument_errors(void **) {
 
 void test_create_errors(void **) {
     std::unique_ptr<Communicator> c;
-    std::shared_ptr<sx::comm::Store> store = sx::comm::open_local_store(sxtest::unique_name("create"));
+    std::shared_ptr<sx::rdzv::Store> store = sx::rdzv::open_local_store(sxtest::unique_name("create"));
     sx::comm::GlooOptions opts;
     opts.bind_address = "127.0.0.1";
     ASSERT_CODE(sx::comm::create_gloo_communicator(store, 2, 2, opts, &c), SX_ERR_INVALID_ARGUMENT);

@@ -14,13 +14,13 @@
 
 #include "base/half.h"
 #include "comm/communicator.h"
-#include "comm/rendezvous.h"
+#include "rdzv/rendezvous.h"
 #include "comm_test_util.h"
 #include "cuda/runtime.h"
 
 using sx::Status;
 using sx::comm::Communicator;
-using sx::comm::Millis;
+using sx::Millis;
 using sx::cuda::DeviceBuffer;
 
 namespace {
@@ -38,10 +38,10 @@ int g_devices = 0;
     } while (0)
 
 Status join(const std::string &url, int r, int p, Millis timeout, std::unique_ptr<Communicator> *out) {
-    sx::comm::Rendezvous rv;
-    SX_TRY(sx::comm::parse_rendezvous(url.c_str(), r, p, &rv));
-    std::shared_ptr<sx::comm::Store> store;
-    SX_TRY(sx::comm::open_store(rv, Millis(20000), &store));
+    sx::rdzv::Rendezvous rv;
+    SX_TRY(sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv));
+    std::shared_ptr<sx::rdzv::Store> store;
+    SX_TRY(sx::rdzv::open_store(rv, Millis(20000), &store));
     sx::comm::NcclOptions o;
     o.device = r;
     o.timeout = timeout;

@@ -13,13 +13,13 @@
 
 #include "collective_checks.h"
 #include "comm/communicator.h"
-#include "comm/rendezvous.h"
-#include "comm/stores.h"
+#include "rdzv/rendezvous.h"
+#include "rdzv/stores.h"
 #include "comm_test_util.h"
 
 using sx::Status;
 using sx::comm::Communicator;
-using sx::comm::Millis;
+using sx::Millis;
 using sxtest::contains;
 using sxtest::ms_since;
 
@@ -31,10 +31,10 @@ std::string url_for(const char *name) { return std::string("local://shm-") + nam
 
 Status join(const std::string &url, int r, int p, Millis timeout, std::unique_ptr<Communicator> *out,
             size_t slot_bytes = 0) {
-    sx::comm::Rendezvous rv;
-    SX_TRY(sx::comm::parse_rendezvous(url.c_str(), r, p, &rv));
-    std::shared_ptr<sx::comm::Store> store;
-    SX_TRY(sx::comm::open_store(rv, Millis(20000), &store));
+    sx::rdzv::Rendezvous rv;
+    SX_TRY(sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv));
+    std::shared_ptr<sx::rdzv::Store> store;
+    SX_TRY(sx::rdzv::open_store(rv, Millis(20000), &store));
     sx::comm::ShmOptions opts;
     opts.timeout = timeout;
     opts.slot_bytes = slot_bytes;
@@ -239,10 +239,10 @@ void test_transport_choice(void **) {
         const std::string url = url_for(same ? "choice-same" : "choice-other");
         std::vector<int> chose(2, -1);
         sxtest::run_ranks(2, [&](int r) -> std::string {
-            sx::comm::Rendezvous rv;
-            Status s = sx::comm::parse_rendezvous(url.c_str(), r, 2, &rv);
-            std::shared_ptr<sx::comm::Store> store;
-            if (s.ok()) s = sx::comm::open_store(rv, Millis(20000), &store);
+            sx::rdzv::Rendezvous rv;
+            Status s = sx::rdzv::parse_rendezvous(url.c_str(), r, 2, &rv);
+            std::shared_ptr<sx::rdzv::Store> store;
+            if (s.ok()) s = sx::rdzv::open_store(rv, Millis(20000), &store);
             sx::comm::GlooOptions opts;
             opts.bind_address = "127.0.0.1";
             opts.timeout = Millis(20000);

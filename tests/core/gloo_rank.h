@@ -5,20 +5,20 @@
 #include <memory>
 #include <string>
 
-#include "comm/rendezvous.h"
-#include "comm/stores.h"
+#include "rdzv/rendezvous.h"
+#include "rdzv/stores.h"
 
 namespace sxtest {
 
 inline sx::Status connect_gloo(const std::string &url, int r, int world,
                                std::unique_ptr<sx::comm::Communicator> *out) {
-    sx::comm::Rendezvous rv;
-    std::shared_ptr<sx::comm::Store> store;
-    SX_TRY(sx::comm::parse_rendezvous(url.c_str(), r, world, &rv));
-    SX_TRY(sx::comm::open_store(rv, sx::comm::Millis(20000), &store));
+    sx::rdzv::Rendezvous rv;
+    std::shared_ptr<sx::rdzv::Store> store;
+    SX_TRY(sx::rdzv::parse_rendezvous(url.c_str(), r, world, &rv));
+    SX_TRY(sx::rdzv::open_store(rv, sx::Millis(20000), &store));
     sx::comm::GlooOptions o;
     o.bind_address = "127.0.0.1";
-    o.timeout = sx::comm::Millis(20000);
+    o.timeout = sx::Millis(20000);
     return sx::comm::create_gloo_communicator(store, r, world, o, out);
 }
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/rendezvous.h"
-#include "comm/stores.h"
+#include "rdzv/rendezvous.h"
+#include "rdzv/stores.h"
 #include "core/mesh.h"
 #include "run_ranks.h"
 // Last: CMocka defines a fail() macro.
@@ -24,10 +24,10 @@ constexpr int kRanks = 4;
 
 // Rank r's mesh of shard groups of `shard_size` over a rendezvous of its own.
 Status open_mesh(const std::string &url, int r, int shard_size, Mesh *m) {
-    sx::comm::Rendezvous rv;
-    std::shared_ptr<sx::comm::Store> store;
-    SX_TRY(sx::comm::parse_rendezvous(url.c_str(), r, kRanks, &rv));
-    SX_TRY(sx::comm::open_store(rv, sx::comm::Millis(20000), &store));
+    sx::rdzv::Rendezvous rv;
+    std::shared_ptr<sx::rdzv::Store> store;
+    SX_TRY(sx::rdzv::parse_rendezvous(url.c_str(), r, kRanks, &rv));
+    SX_TRY(sx::rdzv::open_store(rv, sx::Millis(20000), &store));
     Mesh::Settings s;
     s.timeout_ms = 20000;
     s.bind_address = "127.0.0.1";

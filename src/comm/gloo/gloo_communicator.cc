@@ -39,7 +39,7 @@
 #include "comm/gloo/op_scope.h"
 #include "comm/gloo/ring.h"
 #include "comm/gloo/store_adapter.h"
-#include "comm/sigpipe.h"
+#include "base/sigpipe.h"
 
 namespace sx {
 namespace comm {
@@ -414,7 +414,7 @@ class GlooCommunicator final : public Communicator {
 
 // Whether every rank runs in this process (each tells its process_token through the
 // store); if so, *meeting is the one they share, named by rank 0.
-Status meet_in_process(const std::shared_ptr<Store> &store, int rank, int world_size, Clock::time_point deadline,
+Status meet_in_process(const std::shared_ptr<rdzv::Store> &store, int rank, int world_size, Clock::time_point deadline,
                        std::shared_ptr<Meeting> *meeting) {
     static std::atomic<uint64_t> made{0};
     const std::string token = process_token();
@@ -434,7 +434,7 @@ Status meet_in_process(const std::shared_ptr<Store> &store, int rank, int world_
 
 }  // namespace
 
-Status create_gloo_communicator(std::shared_ptr<Store> store, int rank, int world_size, const GlooOptions &options,
+Status create_gloo_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
                                 std::unique_ptr<Communicator> *out) {
     SX_CHECK_ARG(store != nullptr, "store is NULL");
     SX_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size, "rank %d is not in [0, world_size %d)", rank,

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "comm/stores.h"
+#include "rdzv/stores.h"
 
 namespace sx {
 namespace comm {

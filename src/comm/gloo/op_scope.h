@@ -11,7 +11,7 @@
 #include <mutex>
 #include <vector>
 
-#include "comm/stores.h"
+#include "rdzv/stores.h"
 
 namespace sx {
 namespace comm {

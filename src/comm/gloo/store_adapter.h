@@ -7,7 +7,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "comm/stores.h"
+#include "rdzv/stores.h"
 
 namespace sx {
 namespace comm {
@@ -28,7 +28,7 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
     // Every wait (and get, which Gloo may call before the key exists) ends by
     // `deadline`, whatever timeout Gloo passes: Gloo's own is shortened for the TCP
     // connect phase (see gloo_communicator.cc) and must not shorten the rendezvous.
-    GlooStoreAdapter(std::shared_ptr<comm::Store> store, Clock::time_point deadline)
+    GlooStoreAdapter(std::shared_ptr<rdzv::Store> store, Clock::time_point deadline)
         : store_(std::move(store)), deadline_(deadline) {}
 
     void set(const std::string &key, const std::vector<char> &data) override;
@@ -37,7 +37,7 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
     void wait(const std::vector<std::string> &keys, const std::chrono::milliseconds &timeout) override;
 
   private:
-    const std::shared_ptr<comm::Store> store_;
+    const std::shared_ptr<rdzv::Store> store_;
     const Clock::time_point deadline_;
 };
 

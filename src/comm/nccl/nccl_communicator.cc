@@ -20,7 +20,7 @@
 #include "base/log.h"
 #include "comm/communicator.h"
 #include "comm/nccl/nccl_api.h"
-#include "comm/stores.h"
+#include "rdzv/stores.h"
 #include "cuda/device_scope.h"
 #include "cuda/elementwise.h"
 #include "cuda/status.h"
@@ -69,7 +69,7 @@ class NcclCommunicator final : public Communicator {
     }
 
     // Forms the communicator by `deadline` (the group's creation deadline).
-    Status init(Store &store, Clock::time_point deadline) {
+    Status init(rdzv::Store &store, Clock::time_point deadline) {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
         SX_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the NCCL stream");
@@ -361,7 +361,7 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-Status create_nccl_communicator(std::shared_ptr<Store> store, int rank, int world_size, const NcclOptions &options,
+Status create_nccl_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const NcclOptions &options,
                                 std::unique_ptr<Communicator> *out) {
     SX_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size, "rank %d of %d is not valid", rank, world_size);
     SX_CHECK_ARG(options.device >= 0, "CUDA device %d must be >= 0", options.device);

@@ -4,7 +4,7 @@
 namespace sx {
 namespace comm {
 
-Status create_nccl_communicator(std::shared_ptr<Store>, int, int, const NcclOptions &, std::unique_ptr<Communicator> *) {
+Status create_nccl_communicator(std::shared_ptr<rdzv::Store>, int, int, const NcclOptions &, std::unique_ptr<Communicator> *) {
     return SX_ERROR(SX_ERR_UNSUPPORTED, "this libsx was built without CUDA and NCCL (SX_WITH_CUDA=OFF, or the CUDA "
                                         "toolkit or NCCL was not found at build time)");
 }

@@ -3,12 +3,12 @@
 #include "base/log.h"
 #include "comm/communicator.h"
 #include "comm/shm/segment.h"
-#include "comm/stores.h"
+#include "rdzv/stores.h"
 
 namespace sx {
 namespace comm {
 
-Status create_cpu_communicator(std::shared_ptr<Store> store, int rank, int world_size, const GlooOptions &options,
+Status create_cpu_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
                                bool shared_memory, std::unique_ptr<Communicator> *out, bool *shm,
                                const std::string &host) {
     SX_CHECK_ARG(store != nullptr && out != nullptr, "create_cpu_communicator: store and out must not be NULL");

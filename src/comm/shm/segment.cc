@@ -19,8 +19,6 @@ namespace sx {
 namespace comm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 constexpr const char *kSocketKey = "shm/socket";
 
 // Milliseconds left until `deadline` (at least 0), for poll.
@@ -149,7 +147,7 @@ std::string random_name() {
 
 SharedSegment::~SharedSegment() { ::munmap(data_, bytes_); }
 
-Status SharedSegment::open(Store &store, int rank, int world_size, size_t bytes, Clock::time_point deadline,
+Status SharedSegment::open(rdzv::Store &store, int rank, int world_size, size_t bytes, Clock::time_point deadline,
                            std::unique_ptr<SharedSegment> *out) {
     Fd segment;
     char *data = nullptr;

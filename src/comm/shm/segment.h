@@ -12,7 +12,7 @@
 #include <string>
 
 #include "base/status.h"
-#include "comm/store.h"
+#include "rdzv/store.h"
 
 namespace sx {
 namespace comm {
@@ -28,7 +28,7 @@ class SharedSegment {
     // to every other rank, which maps it. SX_ERR_TIMEOUT at `deadline`; SX_ERR_COMM where
     // the segment or the socket cannot be made or reached (another network namespace: the
     // ranks then do not share this host's abstract sockets).
-    static Status open(Store &store, int rank, int world_size, size_t bytes, std::chrono::steady_clock::time_point deadline,
+    static Status open(rdzv::Store &store, int rank, int world_size, size_t bytes, std::chrono::steady_clock::time_point deadline,
                        std::unique_ptr<SharedSegment> *out);
 
     char *data() const { return data_; }

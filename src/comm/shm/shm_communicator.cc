@@ -41,7 +41,7 @@
 #include "base/log.h"
 #include "comm/communicator.h"
 #include "comm/shm/segment.h"
-#include "comm/stores.h"
+#include "rdzv/stores.h"
 
 namespace sx {
 namespace comm {
@@ -578,7 +578,7 @@ class ShmCommunicator final : public Communicator {
 
 }  // namespace
 
-Status create_shm_communicator(std::shared_ptr<Store> store, int rank, int world_size, const ShmOptions &options,
+Status create_shm_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const ShmOptions &options,
                                std::unique_ptr<Communicator> *out) {
     SX_CHECK_ARG(store != nullptr && out != nullptr, "create_shm_communicator: store and out must not be NULL");
     SX_CHECK_ARG(world_size >= 1 && world_size <= kMaxRanks && rank >= 0 && rank < world_size,

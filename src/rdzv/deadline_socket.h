@@ -7,10 +7,10 @@
 #include <functional>
 #include <string>
 
-#include "comm/stores.h"
+#include "rdzv/stores.h"
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 
 // Why an operation failed, when it did.
 enum class Failure {
@@ -72,5 +72,5 @@ Status connect_with_backoff(DeadlineSocket &sock, const std::string &host, int p
                             const std::function<Status(const std::string &last_error)> &out_of_time,
                             const std::function<Status(const Status &failed)> &stop = nullptr);
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

@@ -7,14 +7,14 @@
 #include <thread>
 #include <vector>
 
-#include "comm/store.h"
+#include "rdzv/store.h"
 #include "comm_test_util.h"
 
 namespace sxtest {
 
 using sx::Status;
-using sx::comm::Millis;
-using sx::comm::Store;
+using sx::Millis;
+using sx::rdzv::Store;
 
 using OpenGroup = std::function<std::vector<std::shared_ptr<Store>>(int world)>;
 

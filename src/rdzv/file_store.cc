@@ -25,10 +25,10 @@
 #include <cstring>
 #include <thread>
 
-#include "comm/stores.h"
+#include "rdzv/stores.h"
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 namespace {
 
 std::string encode_key(const std::string &key) {
@@ -267,5 +267,5 @@ Status open_file_store(const std::string &dir, Millis lock_timeout, std::shared_
     return Status::Ok();
 }
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

@@ -1,7 +1,7 @@
 // The TCP rendezvous store without its sockets: the keys, the held requests, admission
 // (the token's challenge-response) and the limits on what a connection may cost, driven
 // by bytes in and frames out. tcp_store_server.cc runs it on a libuv loop; the fuzz
-// target (tests/comm/fuzz_store_frames.cc) and the tests drive it directly.
+// target (tests/rdzv/fuzz_store_frames.cc) and the tests drive it directly.
 //
 // Invariants (checked by audit()):
 //  - stored_bytes is the sum of the sizes of every key and value held, and at most
@@ -23,10 +23,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "comm/tcp_store_protocol.h"
+#include "rdzv/tcp_store_protocol.h"
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 
 // What one server lets its connections cost it (docs/rendezvous.md lists them).
 struct StoreLimits {
@@ -118,5 +118,5 @@ class StoreCore {
     uint64_t refused_ = 0;
 };
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

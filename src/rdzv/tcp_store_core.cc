@@ -1,16 +1,16 @@
 // The rendezvous store's state machine (tcp_store_core.h).
-#include "comm/tcp_store_core.h"
+#include "rdzv/tcp_store_core.h"
 
 #include <sys/random.h>
 
 #include <cerrno>
 
 #include "base/log.h"
-#include "comm/hmac_sha256.h"
-#include "comm/stores.h"
+#include "rdzv/hmac_sha256.h"
+#include "rdzv/stores.h"
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 
 namespace wire {
 
@@ -369,5 +369,5 @@ std::string StoreCore::audit() const {
     return "";
 }
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

@@ -14,21 +14,21 @@
 
 #include <cstring>
 
-#include "comm/rendezvous.h"
-#include "comm/stores.h"
-#include "comm/tcp_store_server.h"
+#include "rdzv/rendezvous.h"
+#include "rdzv/stores.h"
+#include "rdzv/tcp_store_server.h"
 #include "comm_test_util.h"
 #include "store_checks.h"
 
 extern char **environ;
 
 using sx::Status;
-using sx::comm::Millis;
-using sx::comm::open_c10d_store;
-using sx::comm::open_store;
-using sx::comm::parse_rendezvous;
-using sx::comm::Rendezvous;
-using sx::comm::Store;
+using sx::Millis;
+using sx::rdzv::open_c10d_store;
+using sx::rdzv::open_store;
+using sx::rdzv::parse_rendezvous;
+using sx::rdzv::Rendezvous;
+using sx::rdzv::Store;
 using sxtest::contains;
 using sxtest::kSlackMs;
 using sxtest::kStoreWait;
@@ -321,11 +321,11 @@ void test_wrong_address(void **) {
     assert_true(contains(st.message(), "cannot resolve the rendezvous host 'no-such-host.invalid'"));
 
     const int ours = sxtest::free_port();
-    std::shared_ptr<sx::comm::TcpStoreServer> server;
-    sx::comm::ServerOptions so;
+    std::shared_ptr<sx::rdzv::TcpStoreServer> server;
+    sx::rdzv::ServerOptions so;
     so.host = "127.0.0.1";
     so.port = ours;
-    ASSERT_OK(sx::comm::TcpStoreServer::acquire(so, &server));
+    ASSERT_OK(sx::rdzv::TcpStoreServer::acquire(so, &server));
     st = open_c10d_store("127.0.0.1", ours, Millis(5000), &s);
     ASSERT_CODE(st, SX_ERR_COMM);
     assert_true(contains(st.message(), "handshake") && contains(st.message(), std::to_string(ours).c_str()));

@@ -31,7 +31,7 @@
 #include <string>
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 namespace wire {
 
 enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kWait = 4, kAdd = 5, kCheck = 6, kErase = 7, kAuth = 8 };
@@ -126,5 +126,5 @@ std::string server_proof(const std::string &token, const std::string &server_non
 std::string random_nonce();
 
 }  // namespace wire
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

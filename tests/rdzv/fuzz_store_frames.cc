@@ -9,7 +9,7 @@
 //        mutations reach what only an admitted client may do).
 // Small limits make the caps bite. After every record the core's invariants must hold
 // (StoreCore::audit), and every frame it sends must be a well-formed reply: otherwise
-// the target aborts. (comm_store_frames_corpus replays tests/comm/store_corpus through
+// the target aborts. (rdzv_store_frames_corpus replays tests/rdzv/store_corpus through
 // this entry point in every build.)
 #include <cstdio>
 #include <cstdlib>
@@ -18,13 +18,13 @@
 #include <set>
 #include <string>
 
-#include "comm/tcp_store_core.h"
+#include "rdzv/tcp_store_core.h"
 
 namespace {
 
-using sx::comm::StoreCore;
-using sx::comm::StorePeer;
-namespace wire = sx::comm::wire;
+using sx::rdzv::StoreCore;
+using sx::rdzv::StorePeer;
+namespace wire = sx::rdzv::wire;
 
 const char kToken[] = "fuzz-token";
 
@@ -57,7 +57,7 @@ struct Transport final : StoreCore::Transport {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
     const bool token = (data[0] & 1) != 0;
-    sx::comm::StoreLimits limits;
+    sx::rdzv::StoreLimits limits;
     limits.max_keys = 16;
     limits.max_bytes = 4096;
     limits.max_buffered = 8192;

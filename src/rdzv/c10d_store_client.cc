@@ -2,7 +2,7 @@
 // store torchrun's agent serves on MASTER_ADDR:MASTER_PORT for its workers. It speaks
 // torch's wire protocol, written from torch's sources and checked against both server
 // backends of torch 2.15 (libuv, the default, and the classic one) by
-// tests/comm/test_c10d_store.cc. It needs none of torch's libraries.
+// tests/rdzv/test_c10d_store.cc. It needs none of torch's libraries.
 //
 // The protocol. Integers are little-endian (torch sends them in host order; sx builds
 // for little-endian hosts only). A string, key or value, is a u64 length and its bytes.
@@ -41,11 +41,11 @@
 #include <mutex>
 
 #include "base/log.h"
-#include "comm/deadline_socket.h"
-#include "comm/stores.h"
+#include "rdzv/deadline_socket.h"
+#include "rdzv/stores.h"
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 namespace {
 
 enum Command : uint8_t {
@@ -406,5 +406,5 @@ Status open_c10d_store(const std::string &host, int port, Millis timeout, std::s
     return Status::Ok();
 }
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

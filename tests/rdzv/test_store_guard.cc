@@ -7,14 +7,14 @@
 #include <map>
 #include <set>
 
-#include "comm/hmac_sha256.h"
-#include "comm/tcp_store_core.h"
+#include "rdzv/hmac_sha256.h"
+#include "rdzv/tcp_store_core.h"
 #include "comm_test_util.h"
 
-using sx::comm::StoreCore;
-using sx::comm::StoreLimits;
-using sx::comm::StorePeer;
-namespace wire = sx::comm::wire;
+using sx::rdzv::StoreCore;
+using sx::rdzv::StoreLimits;
+using sx::rdzv::StorePeer;
+namespace wire = sx::rdzv::wire;
 
 namespace {
 
@@ -36,22 +36,22 @@ std::string unhex(const std::string &text) {
 
 void test_sha256_vectors(void **) {
     // FIPS 180-4 examples (csrc.nist.gov, SHA256.pdf and SHA2_Additional.pdf).
-    assert_string_equal(hex(sx::comm::sha256("")).c_str(),
+    assert_string_equal(hex(sx::rdzv::sha256("")).c_str(),
                         "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-    assert_string_equal(hex(sx::comm::sha256("abc")).c_str(),
+    assert_string_equal(hex(sx::rdzv::sha256("abc")).c_str(),
                         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-    assert_string_equal(hex(sx::comm::sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")).c_str(),
+    assert_string_equal(hex(sx::rdzv::sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")).c_str(),
                         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-    assert_string_equal(hex(sx::comm::sha256(std::string(1000000, 'a'))).c_str(),
+    assert_string_equal(hex(sx::rdzv::sha256(std::string(1000000, 'a'))).c_str(),
                         "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
     // Lengths around the padding's block boundary (55, 56, 64 bytes), against the digest
     // of the same bytes given in two ways (one call; a one-byte-longer input differs).
     for (size_t n : {55u, 56u, 63u, 64u, 65u, 119u, 120u}) {
         const std::string a(n, 'x');
-        assert_int_equal(sx::comm::sha256(a).size(), 32);
-        assert_true(sx::comm::sha256(a) != sx::comm::sha256(a + "x"));
+        assert_int_equal(sx::rdzv::sha256(a).size(), 32);
+        assert_true(sx::rdzv::sha256(a) != sx::rdzv::sha256(a + "x"));
     }
-    assert_string_equal(hex(sx::comm::sha256(std::string(64, 'a'))).c_str(),
+    assert_string_equal(hex(sx::rdzv::sha256(std::string(64, 'a'))).c_str(),
                         "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
 }
 
@@ -73,14 +73,14 @@ void test_hmac_rfc4231(void **) {
          "hashed before being used by the HMAC algorithm.",
          "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2"},
     };
-    for (const Case &c : cases) assert_string_equal(hex(sx::comm::hmac_sha256(c.key, c.data)).c_str(), c.mac.c_str());
+    for (const Case &c : cases) assert_string_equal(hex(sx::rdzv::hmac_sha256(c.key, c.data)).c_str(), c.mac.c_str());
     // Case 5 truncates to 128 bits.
-    assert_string_equal(hex(sx::comm::hmac_sha256(std::string(20, '\x0c'), "Test With Truncation")).substr(0, 32).c_str(),
+    assert_string_equal(hex(sx::rdzv::hmac_sha256(std::string(20, '\x0c'), "Test With Truncation")).substr(0, 32).c_str(),
                         "a3b6167473100ee06e0c796c2955552b");
 }
 
 void test_constant_time_compare(void **) {
-    using sx::comm::equal_in_constant_time;
+    using sx::rdzv::equal_in_constant_time;
     assert_true(equal_in_constant_time("", ""));
     assert_true(equal_in_constant_time(std::string("a\0b", 3), std::string("a\0b", 3)));
     assert_false(equal_in_constant_time(std::string("a\0b", 3), std::string("a\0c", 3)));

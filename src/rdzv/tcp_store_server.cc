@@ -7,7 +7,7 @@
 //    callback, after libuv has finished every write and read on it;
 //  - the core forgets a connection before its handle is closed, so it never sends to a
 //    closing one.
-#include "comm/tcp_store_server.h"
+#include "rdzv/tcp_store_server.h"
 
 #include <netdb.h>
 #include <uv.h>
@@ -24,12 +24,12 @@
 #include <vector>
 
 #include "base/log.h"
-#include "comm/hmac_sha256.h"
-#include "comm/sigpipe.h"
-#include "comm/stores.h"
+#include "rdzv/hmac_sha256.h"
+#include "base/sigpipe.h"
+#include "rdzv/stores.h"
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 
 namespace {
 
@@ -473,5 +473,5 @@ Status TcpStoreServer::acquire(const ServerOptions &options, std::shared_ptr<Tcp
     return Status::Ok();
 }
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

@@ -24,12 +24,12 @@
 #include <map>
 #include <mutex>
 
-#include "comm/rendezvous.h"
-#include "comm/stores.h"
-#include "comm/tcp_store_server.h"
+#include "rdzv/rendezvous.h"
+#include "rdzv/stores.h"
+#include "rdzv/tcp_store_server.h"
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 namespace {
 
 // The next group number (1, 2, ...) of `rank` on the rendezvous named `where`.
@@ -99,5 +99,5 @@ Status open_store(const Rendezvous &rv, Millis timeout, std::shared_ptr<Store> *
     return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "unknown rendezvous scheme in '%s'", rv.url.c_str());
 }
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

@@ -10,12 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "base/deadline.h"
 #include "base/status.h"
 
 namespace sx {
-namespace comm {
-
-using Millis = std::chrono::milliseconds;
+namespace rdzv {
 
 class Store {
   public:
@@ -50,5 +49,5 @@ Status await_ranks(Store &store, int rank, int world_size, std::chrono::steady_c
 // one store keep apart this way).
 std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> inner, const std::string &prefix);
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

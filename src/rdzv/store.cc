@@ -8,11 +8,11 @@
 #include <utility>
 #include <vector>
 
-#include "comm/store.h"
-#include "comm/stores.h"
+#include "rdzv/store.h"
+#include "rdzv/stores.h"
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 
 Status Store::erase_prefix(const std::string &prefix) {
     return SX_ERROR(SX_ERR_UNSUPPORTED, "this rendezvous store cannot erase the keys under '%s'",
@@ -183,5 +183,5 @@ std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> inner, const std
     return std::make_shared<PrefixStore>(std::move(inner), prefix);
 }
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

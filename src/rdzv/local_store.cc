@@ -5,10 +5,10 @@
 #include <map>
 #include <mutex>
 
-#include "comm/stores.h"
+#include "rdzv/stores.h"
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 namespace {
 
 class LocalStore final : public Store {
@@ -125,5 +125,5 @@ std::shared_ptr<Store> open_local_store(const std::string &name) {
     return store;
 }
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

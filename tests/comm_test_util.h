@@ -1,4 +1,4 @@
-// Helpers shared by the comm tests: CMocka glue, ranks as threads, timing, free
+// Helpers shared by the comm and rdzv tests: CMocka glue, ranks as threads, timing, free
 // ports, temporary directories.
 #pragma once
 

@@ -4,7 +4,7 @@
 // connections (garbage, half frames, oversized lengths) while a group forms, which still
 // forms, with the server's buffered bytes and the process's resident memory bounded; the
 // store's caps through a real server; the bind address; the bound on the world size and
-// the deadline of creation. `test_comm_rendezvous_security rank R PORT MODE` runs one rank
+// the deadline of creation. `test_rdzv_rendezvous_security rank R PORT MODE` runs one rank
 // of the process test (spawned from /proc/self/exe).
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -18,22 +18,22 @@
 #include <random>
 #include <thread>
 
-#include "comm/rendezvous.h"
-#include "comm/stores.h"
-#include "comm/tcp_store_protocol.h"
-#include "comm/tcp_store_server.h"
+#include "rdzv/rendezvous.h"
+#include "rdzv/stores.h"
+#include "rdzv/tcp_store_protocol.h"
+#include "rdzv/tcp_store_server.h"
 #include "comm_test_util.h"
 #include "store_checks.h"
 #include "sx/sx.h"
 
 extern char **environ;
 
-using sx::comm::ServerOptions;
-using sx::comm::StoreLimits;
-using sx::comm::TcpStoreServer;
+using sx::rdzv::ServerOptions;
+using sx::rdzv::StoreLimits;
+using sx::rdzv::TcpStoreServer;
 using sxtest::contains;
 using sxtest::ms_since;
-namespace wire = sx::comm::wire;
+namespace wire = sx::rdzv::wire;
 
 namespace {
 
@@ -154,7 +154,7 @@ void test_token_on_one_side(void **) {
     expect_ok(a, "rank 0 (token from the environment)");
     expect_ok(b, "rank 1 (token from the environment)");
     // An overlong token is refused by name, without showing it.
-    std::string huge(sx::comm::kMaxTokenBytes + 1, 't');
+    std::string huge(sx::rdzv::kMaxTokenBytes + 1, 't');
     Outcome h = join("127.0.0.1", sxtest::free_port(), 0, 2, huge.c_str(), 1000);
     assert_int_equal(h.status, SX_ERR_INVALID_ARGUMENT);
     assert_true(contains(h.message, "rendezvous_token") && !contains(h.message, "tttt"));
@@ -320,7 +320,7 @@ void test_hostile_connections(void **) {
     for (int k = 0; k < 3; ++k) ts.emplace_back([&, k] { r[k] = join("127.0.0.1", port, k, 3, kToken, 30000); });
     for (std::thread &t : ts) t.join();
     for (int k = 0; k < 3; ++k) expect_ok(r[k], "a rank among the hostile connections");
-    const sx::comm::StoreCore::Stats st = server->stats();
+    const sx::rdzv::StoreCore::Stats st = server->stats();
     std::fprintf(stderr, "hostile: peak buffered %zu bytes, %llu refused, %zu connections at most, VmRSS %lld -> %lld KiB\n",
                  st.peak_buffered_bytes, static_cast<unsigned long long>(st.refused), server->peak_connections(),
                  before, during);
@@ -461,7 +461,7 @@ void test_a_full_server_says_so(void **) {
     const int port = sxtest::free_port();
     auto server = serve(port, "", 1);
     const size_t cap = 2 * 1 + TcpStoreServer::kSpareConnections;
-    const std::string hello = sx::comm::wire::Writer().u8(sx::comm::wire::kHello).frame();
+    const std::string hello = sx::rdzv::wire::Writer().u8(sx::rdzv::wire::kHello).frame();
     std::vector<int> fds;
     for (size_t i = 0; i < cap; ++i) {
         int fd = connect_to("127.0.0.1", port);
@@ -486,10 +486,10 @@ void test_store_caps(void **) {
     limits.max_keys = 40;
     limits.max_bytes = 64 << 10;
     auto server = serve(port, "", 1, limits);
-    sx::comm::Rendezvous rv;
-    ASSERT_OK(sx::comm::parse_rendezvous(("tcp://127.0.0.1:" + std::to_string(port)).c_str(), 0, 1, &rv));
-    std::shared_ptr<sx::comm::Store> store;
-    ASSERT_OK(sx::comm::open_store(rv, sx::comm::Millis(5000), &store));
+    sx::rdzv::Rendezvous rv;
+    ASSERT_OK(sx::rdzv::parse_rendezvous(("tcp://127.0.0.1:" + std::to_string(port)).c_str(), 0, 1, &rv));
+    std::shared_ptr<sx::rdzv::Store> store;
+    ASSERT_OK(sx::rdzv::open_store(rv, sx::Millis(5000), &store));
     sx::Status s = store->set("big", std::string(65 << 10, 'b'));
     ASSERT_CODE(s, SX_ERR_INVALID_STATE);
     assert_true(contains(s.message(), "full"));
@@ -560,8 +560,8 @@ void test_world_size_and_deadline(void **) {
     setenv("WORLD_SIZE", "100000", 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", "4000", 1);
-    sx::comm::Rendezvous rv;
-    sx::Status s = sx::comm::parse_rendezvous("env://", 0, 0, &rv);
+    sx::rdzv::Rendezvous rv;
+    sx::Status s = sx::rdzv::parse_rendezvous("env://", 0, 0, &rv);
     for (const char *v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(v);
     ASSERT_CODE(s, SX_ERR_INVALID_ARGUMENT);
     assert_true(contains(s.message(), "WORLD_SIZE") && contains(s.message(), "SX_MAX_WORLD_SIZE"));

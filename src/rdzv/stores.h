@@ -7,18 +7,10 @@
 #include <memory>
 #include <string>
 
-#include "comm/store.h"
+#include "rdzv/store.h"
 
 namespace sx {
-namespace comm {
-
-using Clock = std::chrono::steady_clock;
-
-// Time left until `deadline`, never negative.
-inline Millis time_left(Clock::time_point deadline) {
-    auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-    return left.count() > 0 ? left : Millis(0);
-}
+namespace rdzv {
 
 // add(key, delta) on a stored value (`old` null when the key is absent): *value is the
 // new counter, to be stored as std::to_string(*value). SX_ERR_INVALID_STATE when the
@@ -55,5 +47,5 @@ Status open_tcp_store(const ServerOptions &options, bool serve, int64_t group, M
 // erase_prefix lists every key of the server and removes those under the prefix.
 Status open_c10d_store(const std::string &host, int port, Millis timeout, std::shared_ptr<Store> *out);
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

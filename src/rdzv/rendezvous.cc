@@ -1,6 +1,6 @@
 // Parsing of rendezvous strings (rendezvous.h). Every error names the variable or the
 // part of the URL that is wrong and says what was expected.
-#include "comm/rendezvous.h"
+#include "rdzv/rendezvous.h"
 
 #include <cerrno>
 #include <cstdlib>
@@ -9,7 +9,7 @@
 #include "base/log.h"
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 namespace {
 
 // Parses all of `text` as a decimal integer in [lo, hi]; false on anything else
@@ -218,5 +218,5 @@ Status apply_rendezvous_guard(const char *token, const char *bind, Rendezvous *r
     return Status::Ok();
 }
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

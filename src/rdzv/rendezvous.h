@@ -4,10 +4,10 @@
 #include <memory>
 #include <string>
 
-#include "comm/store.h"
+#include "rdzv/store.h"
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 
 struct Rendezvous {
     // kC10d: env:// joining the torch TCPStore at host:port (torchrun's agent store).
@@ -59,5 +59,5 @@ Status parse_rendezvous(const char *url, int rank, int world_size, Rendezvous *o
 // store, but a job that crashed leaves its keys behind. Thread-safe; the store is too.
 Status open_store(const Rendezvous &rv, Millis timeout, std::shared_ptr<Store> *out);
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

@@ -2,7 +2,7 @@
 // challenge-response (tcp_store_core.h). Written here rather than linked: one hash for
 // one handshake does not justify a TLS library (and its headers, package and licence) in
 // every build of libsx, its bindings and its wheel. Checked against FIPS 180-4's and
-// RFC 4231's test vectors (tests/comm/test_store_guard.cc).
+// RFC 4231's test vectors (tests/rdzv/test_store_guard.cc).
 #pragma once
 
 #include <cstddef>
@@ -10,7 +10,7 @@
 #include <string>
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 
 constexpr size_t kSha256Bytes = 32;
 
@@ -26,5 +26,5 @@ std::string hmac_sha256(const std::string &key, const std::string &message);
 // secret compared this way.
 bool equal_in_constant_time(const std::string &a, const std::string &b);
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

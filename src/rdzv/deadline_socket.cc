@@ -1,6 +1,6 @@
 // The deadline-bounded client socket (deadline_socket.h): non-blocking underneath, each
 // wait a poll() for the time left.
-#include "comm/deadline_socket.h"
+#include "rdzv/deadline_socket.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -15,7 +15,7 @@
 #include <thread>
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 
 Status DeadlineSocket::connect(const std::string &host, int port, Clock::time_point dl, Failure *why) {
     close();
@@ -142,5 +142,5 @@ Status connect_with_backoff(DeadlineSocket &sock, const std::string &host, int p
     }
 }
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

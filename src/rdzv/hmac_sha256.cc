@@ -1,10 +1,10 @@
 // SHA-256 as FIPS 180-4 section 6.2 gives it, and HMAC (RFC 2104) over it.
-#include "comm/hmac_sha256.h"
+#include "rdzv/hmac_sha256.h"
 
 #include <cstring>
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 namespace {
 
 // FIPS 180-4, 4.2.2: the first 32 bits of the fractional parts of the cube roots of
@@ -93,5 +93,5 @@ bool equal_in_constant_time(const std::string &a, const std::string &b) {
     return diff == 0;
 }
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

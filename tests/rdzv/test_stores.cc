@@ -6,17 +6,17 @@
 
 #include <mutex>
 
-#include "comm/rendezvous.h"
-#include "comm/stores.h"
+#include "rdzv/rendezvous.h"
+#include "rdzv/stores.h"
 #include "comm_test_util.h"
 #include "store_checks.h"
 
 using sx::Status;
-using sx::comm::Millis;
-using sx::comm::open_store;
-using sx::comm::parse_rendezvous;
-using sx::comm::Rendezvous;
-using sx::comm::Store;
+using sx::Millis;
+using sx::rdzv::open_store;
+using sx::rdzv::parse_rendezvous;
+using sx::rdzv::Rendezvous;
+using sx::rdzv::Store;
 using sxtest::contains;
 using sxtest::ms_since;
 
@@ -107,8 +107,8 @@ void test_file_cleanup_when_last_rank_leaves(void **) {
 // afresh after the last one is gone.
 void test_local_store_is_released(void **) {
     const std::string name = sxtest::unique_name("released");
-    std::shared_ptr<Store> s = sx::comm::open_local_store(name);
-    std::shared_ptr<Store> same = sx::comm::open_local_store(name);
+    std::shared_ptr<Store> s = sx::rdzv::open_local_store(name);
+    std::shared_ptr<Store> same = sx::rdzv::open_local_store(name);
     assert_ptr_equal(s.get(), same.get());
     ASSERT_OK(s->set("k", "v"));
     std::weak_ptr<Store> alive = s;
@@ -116,7 +116,7 @@ void test_local_store_is_released(void **) {
     assert_false(alive.expired());
     same.reset();
     assert_true(alive.expired());
-    s = sx::comm::open_local_store(name);
+    s = sx::rdzv::open_local_store(name);
     bool present = true;
     ASSERT_OK(s->check({"k"}, &present));
     assert_false(present);

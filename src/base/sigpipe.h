@@ -8,7 +8,6 @@
 #include <signal.h>
 
 namespace sx {
-namespace comm {
 
 // Blocks SIGPIPE in the calling thread for the lifetime of the object (threads created
 // meanwhile inherit the blocked mask). On destruction a SIGPIPE raised meanwhile is
@@ -35,5 +34,4 @@ class SigpipeBlock {
     sigset_t old_;
 };
 
-}  // namespace comm
 }  // namespace sx

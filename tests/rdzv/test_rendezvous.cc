@@ -1,10 +1,10 @@
 // parse_rendezvous: every scheme, env:// with each launcher's variables (serving sx's
 // store or joining torchrun's), and the errors, which must name what is wrong.
-#include "comm/rendezvous.h"
+#include "rdzv/rendezvous.h"
 #include "comm_test_util.h"
 
-using sx::comm::parse_rendezvous;
-using sx::comm::Rendezvous;
+using sx::rdzv::parse_rendezvous;
+using sx::rdzv::Rendezvous;
 using sxtest::contains;
 
 namespace {

@@ -8,10 +8,10 @@
 #include <string>
 
 #include "base/status.h"
-#include "comm/tcp_store_core.h"
+#include "rdzv/tcp_store_core.h"
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 
 struct ServerOptions {
     int port = 0;
@@ -64,5 +64,5 @@ class TcpStoreServer {
     std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx

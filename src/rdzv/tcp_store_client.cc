@@ -17,14 +17,14 @@
 #include <thread>
 
 #include "base/log.h"
-#include "comm/deadline_socket.h"
-#include "comm/hmac_sha256.h"
-#include "comm/stores.h"
-#include "comm/tcp_store_protocol.h"
-#include "comm/tcp_store_server.h"
+#include "rdzv/deadline_socket.h"
+#include "rdzv/hmac_sha256.h"
+#include "rdzv/stores.h"
+#include "rdzv/tcp_store_protocol.h"
+#include "rdzv/tcp_store_server.h"
 
 namespace sx {
-namespace comm {
+namespace rdzv {
 namespace {
 
 class TcpStoreClient final : public Store {
@@ -369,5 +369,5 @@ Status open_tcp_store(const ServerOptions &options, bool serve, int64_t group, M
     return Status::Ok();
 }
 
-}  // namespace comm
+}  // namespace rdzv
 }  // namespace sx
