@@ -38,6 +38,10 @@ Status check_reduce_scatter_16_args(const Communicator &c, const uint16_t *buf, 
     return Status::Ok();
 }
 
+Status Communicator::attach_rider(const Rider &, std::vector<Rider> *) {
+    return SX_ERROR(SX_ERR_UNSUPPORTED, "this transport carries no riders: exchange the words in a call of their own");
+}
+
 Status create_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const CommunicatorSpec &spec,
                            std::unique_ptr<Communicator> *out) {
     if (spec.cuda && world_size == 1) return create_one_device_communicator(spec.device, out);

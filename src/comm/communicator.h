@@ -2,7 +2,10 @@
 // for CPU ranks on one host, gloo/ for CPU ranks across hosts, nccl/ for GPUs. Every call
 // either completes, or returns within the timeout given at creation: SX_ERR_TIMEOUT when a
 // peer stalls, SX_ERR_COMM when a peer dies or a socket fails, SX_ERR_ABORTED after abort().
-// After any error the communicator is unusable (every later call fails fast).
+// After any error the communicator is unusable (every later call fails fast), with one
+// exception: where ranks are found in different calls at a call's first meeting, before
+// any data moved, the shared-memory transport returns SX_ERR_MISMATCH on every rank and
+// stays usable (the caller may meet its peers again to find out why).
 #pragma once
 
 #include <cstddef>
@@ -24,6 +27,15 @@ uint64_t collectives_started();
 // Counts one (the implementations call it as a collective starts).
 void count_collective();
 
+// A few words that travel with a collective at no extra round trip, where the transport
+// can carry them (Communicator::carries_riders): what a caller would otherwise exchange
+// in a call of its own just before. The ranks compare their tags at the collective's first
+// meeting, before any data moves; each reads every rank's value after it.
+struct Rider {
+    uint64_t tag = 0;  // nonzero
+    double value = 0.0;
+};
+
 // A contiguous piece of memory a collective sends or receives.
 struct Piece {
     void *data = nullptr;
@@ -35,6 +47,18 @@ class Communicator {
     virtual ~Communicator() = default;
     virtual int rank() const = 0;
     virtual int world_size() const = 0;
+
+    // Whether attach_rider works: collectives that meet before moving data carry riders
+    // for free (shared memory); the others do not (a caller exchanges its words itself).
+    virtual bool carries_riders() const { return false; }
+    // The next collective this rank calls on this communicator (a call with data, on the
+    // same thread) carries `mine`. At its first meeting the ranks compare their riders'
+    // tags (a rank without a rider has none): where any differ, or ranks are in different
+    // calls, every rank returns SX_ERR_MISMATCH with nothing moved and the communicator
+    // still usable; otherwise (*all)[r] = rank r's rider once the call returns Ok. *all
+    // (world_size entries) must outlive the call. SX_ERR_UNSUPPORTED where
+    // carries_riders() is false; SX_ERR_INVALID_ARGUMENT for a zero tag.
+    virtual Status attach_rider(const Rider &mine, std::vector<Rider> *all);
 
     // buf holds world_size * shard_elems floats. On return, out[0, shard_elems) is
     // (accumulate ? out + : ) the sum over ranks of their buf[rank*shard_elems, +shard_elems).

@@ -213,6 +213,14 @@ Status CallHeaders::exchange(comm::Communicator &c, const char *call, CallHeader
     std::vector<CallHeader> headers(W);
     headers[static_cast<size_t>(c.rank())] = mine;
     Status s = c.all_gather(headers.data(), sizeof(CallHeader));
+    // A peer whose agreement rides on a collective of its call (ShardGroup::reduce_agreeing)
+    // meets this exchange in another call: the transport turns both back, nothing moved,
+    // and that peer comes here next.
+    if (s.code() == SX_ERR_MISMATCH) {
+        headers.assign(W, CallHeader());
+        headers[static_cast<size_t>(c.rank())] = mine;
+        s = c.all_gather(headers.data(), sizeof(CallHeader));
+    }
     if (!s.ok()) return fail_(s);
     // Another call first (whatever else differs follows from it), then a rank's refusal,
     // then any other difference.

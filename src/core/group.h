@@ -202,6 +202,10 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // --- the step (step.cc) ---
     Status reduce_for_step(const StepOptions &options, double *weight_sum, bool *have_sumsq, double *sumsq);
     Status reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum);
+    int32_t agreement_rider_unit(const Agreement &a, bool accumulate) const;
+    Status reduce_agreeing(size_t u, const Agreement &a, bool accumulate, double weight, double *weight_sum,
+                           float **shard);
+    bool norm_rides_gather(bool defer_gather) const;
     Status update_shard(float grad_scale, int32_t head, double *sumsq);
     Status update_double_buffered(float grad_scale, double *sumsq);
     Status update_param_reductions(float grad_scale, double *sumsq);
@@ -212,7 +216,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, double *sumsq);
     float norm_scale() const;
     Status global_norm(double *sumsq);
-    Status gather_trainable_units();
+    Status gather_trainable_units(const double *local_sumsq = nullptr, double *sumsq = nullptr);
     Status finish_step(bool keep_grads);
     Status skip_step(const StepOptions &options, double norm, StepResult *result);
     Status skip_nonfinite(const StepOptions &options, double norm, StepResult *result);

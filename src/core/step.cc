@@ -29,6 +29,9 @@ std::vector<optim::Segment> elementwise_only(std::vector<optim::Segment> segs) {
     return segs;
 }
 
+// The tag of the rider that carries a rank's sum of squares on the params' all-gather.
+constexpr uint64_t kNormRider = 0x6e6f726d5f737173ULL;  // "norm_sqs"
+
 }  // namespace
 
 // The current mask with every byte 0 or 1 (autodetection reads the trainer's bytes).
@@ -52,9 +55,11 @@ Status ShardGroup::reduce_replicas(size_t u, float *shard) {
 
 // Without a round: the ranks agree (on a, with their weights: *weight_sum), the mask is
 // applied, and every trainable unit is reduced here (accumulate: into the accumulator;
-// the round gets where each reduced shard lives).
+// the round gets where each reduced shard lives). Where it can, the agreement rides on
+// the first unit's reduce-scatter (agreement_rider_unit) instead of an exchange of its own.
 Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum) {
-    SX_TRY(agree(a, weight, weight_sum));
+    const int32_t rider = agreement_rider_unit(a, accumulate);
+    if (rider < 0) SX_TRY(agree(a, weight, weight_sum));
     SX_TRY(prepare(a.mask, accumulate));
     // Stage 1 keeps a micro-batch's gradients in place until the step.
     if (accumulate && config_.stage == 1) return Status::Ok();
@@ -62,13 +67,59 @@ Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weigh
         Unit &unit = units_[u];
         if (!unit.trainable) continue;
         float *shard = nullptr;
-        Status s = units_.reduce(u, mesh_.shard(), accumulate, &shard);
-        if (!s.ok()) return fail(s);
+        if (static_cast<int32_t>(u) == rider) {
+            SX_TRY(reduce_agreeing(u, a, accumulate, weight, weight_sum, &shard));
+        } else {
+            Status s = units_.reduce(u, mesh_.shard(), accumulate, &shard);
+            if (!s.ok()) return fail(s);
+        }
         round_->set_reduced(u, shard);
         if (accumulate) unit.accum_live = true;
         // A mesh's replicas sum their shard groups' sums once, at the step: the
         // accumulator holds this shard group's micro-batches until then.
         if (!accumulate) SX_TRY(reduce_replicas(u, shard));
+    }
+    return Status::Ok();
+}
+
+// The unit whose reduce-scatter carries a step's agreement, or -1 where the ranks agree in
+// an exchange of its own: a step or a micro-batch that reduces now (not stage 1's) in a
+// flat group over a transport that carries riders, under the mask already applied (the
+// call changes no unit's trainability before the ranks have agreed), with a trainable
+// unit. Ranks that choose
+// differently meet in different calls, which the transport tells them (below).
+int32_t ShardGroup::agreement_rider_unit(const Agreement &a, bool accumulate) const {
+    if ((accumulate && config_.stage == 1) || mesh_.world_size() == 1 || mesh_.replicas() != 1 ||
+        !mesh_.shard().carries_riders())
+        return -1;
+    if (a.mask != table_.applied()) return -1;
+    for (size_t u = 0; u < units_.size(); ++u)
+        if (units_[u].trainable) return static_cast<int32_t>(u);
+    return -1;
+}
+
+// Unit u's reduce-scatter with the ranks' agreement riding on it: its fingerprint as the
+// tag, which the ranks compare before any data moves, and the rank's weight as the value
+// (summed in rank order, as agree() does). Where the ranks differ, or are in other calls
+// (a peer in an exchange of its own, which the transport also turns back), they meet in
+// agree(), which says what differs on every rank; should they agree there after all, the
+// unit is reduced as usual. A failed reduction fails the group; a disagreement does not.
+Status ShardGroup::reduce_agreeing(size_t u, const Agreement &a, bool accumulate, double weight, double *weight_sum,
+                                   float **shard) {
+    std::vector<comm::Rider> riders;
+    const uint64_t fingerprint = agreement_fingerprint(a);
+    Status s = mesh_.shard().attach_rider({fingerprint ? fingerprint : 1, weight}, &riders);
+    if (s.ok()) s = units_.reduce(u, mesh_.shard(), accumulate, shard);
+    if (s.code() == SX_ERR_MISMATCH) {
+        SX_TRY(agree(a, weight, weight_sum));
+        s = units_.reduce(u, mesh_.shard(), accumulate, shard);
+        riders.clear();
+    }
+    if (!s.ok()) return fail(s);
+    if (!riders.empty()) {
+        double sum = 0.0;
+        for (const comm::Rider &r : riders) sum += r.value;  // in rank order: the same bits on every rank
+        if (weight_sum) *weight_sum = sum;
     }
     return Status::Ok();
 }
@@ -210,17 +261,22 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
         Status skipped = skip_step(options, norm, result);
         return skipped.ok() ? s : skipped;
     }
-    if (s.ok() && !norm_first) {
+    // The norm's sum over the ranks rides on the params' all-gather where it can.
+    const bool norm_rides = !norm_first && norm_rides_gather(options.defer_gather);
+    if (s.ok() && !norm_first && !norm_rides) {
         SX_TRACE_SPAN(tracer(), "step", "grad_norm");
         s = sum_over_ranks(update_sumsq, &sumsq);
     }
     if (!s.ok()) return fail(s);
-    if (!norm_first) norm = std::sqrt(sumsq);
-    warn_if_no_gradient(norm);
 
     // 4. The updated params: gathered now, or in the background (defer_gather), or at
     //    stage 3 only where a unit is gathered.
-    SX_TRY(gather_after_update(options.defer_gather, head));
+    if (norm_rides)
+        SX_TRY(gather_trainable_units(&update_sumsq, &sumsq));
+    else
+        SX_TRY(gather_after_update(options.defer_gather, head));
+    if (!norm_first) norm = std::sqrt(sumsq);
+    warn_if_no_gradient(norm);
 
     // 5. Per-param step counts, the loss scale's growth, and a clean slate.
     count_step(dynamic);
@@ -389,16 +445,38 @@ void ShardGroup::warn_if_no_gradient(double norm) {
 }
 
 // Collective: all-gathers the params of every trainable unit.
-Status ShardGroup::gather_trainable_units() {
+// Where local_sumsq is given (norm_rides_gather), the first all-gather carries it, and
+// *sumsq = the shard group's sum of them, in rank order (as sum_over_ranks).
+Status ShardGroup::gather_trainable_units(const double *local_sumsq, double *sumsq) {
     if (mesh_.shard_size() == 1) return Status::Ok();
+    std::vector<comm::Rider> riders;
     for (size_t u = 0; u < units_.size(); ++u) {
         if (!units_[u].trainable) continue;
         SX_TRACE_SPAN(tracer(), "step", "all_gather", layout_.units()[u].unit_id, units_[u].params.size());
         const uint64_t S = layout_.units()[u].shard_numel;
-        Status s = mesh_.shard().all_gather(units_[u].params.data(), S * dtype_size(units_[u].dtype));
+        Status s;
+        const bool ride = local_sumsq != nullptr && S > 0;
+        if (ride) s = mesh_.shard().attach_rider({kNormRider, *local_sumsq}, &riders);
+        if (s.ok()) s = mesh_.shard().all_gather(units_[u].params.data(), S * dtype_size(units_[u].dtype));
         if (!s.ok()) return fail(s);
+        if (ride) {
+            double sum = 0.0;
+            for (const comm::Rider &r : riders) sum += r.value;  // in rank order: the same bits on every rank
+            *sumsq = sum;
+            local_sumsq = nullptr;
+        }
     }
     return Status::Ok();
+}
+
+// Whether the step's gradient norm (when the update computed it) can ride on the params'
+// all-gather: gathered now, over a transport that carries riders, a unit to gather.
+bool ShardGroup::norm_rides_gather(bool defer_gather) const {
+    if (config_.stage == 3 || defer_gather || mesh_.shard_size() == 1 || !mesh_.shard().carries_riders())
+        return false;
+    for (size_t u = 0; u < units_.size(); ++u)
+        if (units_[u].trainable && layout_.units()[u].shard_numel > 0) return true;
+    return false;
 }
 
 // A step was taken: per-param step counts, and the dynamic loss scale's growth.

@@ -101,10 +101,75 @@ void test_ranks_in_different_collectives(void **) {
         if (s.code() != SX_ERR_MISMATCH) return "expected SX_ERR_MISMATCH, got " + text(s);
         if (!contains(s.message(), "all_gather") || !contains(s.message(), "all_reduce_sum"))
             return "the message names not both calls: " + s.message();
-        // The communicator is unusable afterwards.
-        if (c->barrier().code() != SX_ERR_MISMATCH) return "a later call did not fail with the first failure";
+        // Nothing moved and the ranks left that call together: the communicator goes on.
+        s = c->barrier();
+        if (!s.ok()) return "a barrier after the mismatch: " + s.message();
+        d.assign(4, static_cast<double>(r + 1));
+        s = c->all_reduce_sum(d.data(), d.size());
+        if (!s.ok() || d[3] != 3.0) return "an all-reduce after the mismatch: " + text(s);
         return "";
     });
+}
+
+// Riders: equal tags give every rank's value, in rank order, on a reduce-scatter (slots and
+// threads' buffers alike), an all-gather and a barrier; differing tags, a rider against
+// none, and ranks in different calls are SX_ERR_MISMATCH on every rank with nothing
+// moved, the communicator usable after; a rider waiting for a call without data, and a
+// zero tag, are refused.
+void test_riders(void **) {
+    for (size_t slot : {size_t(256), size_t(0)}) {
+        const int p = 3;
+        const std::string url = url_for("riders") + "-" + std::to_string(slot);
+        sxtest::run_ranks(p, [&](int r) -> std::string {
+            std::unique_ptr<Communicator> c;
+            Status s = join(url, r, p, Millis(20000), &c, slot);
+            if (!s.ok()) return "join: " + s.message();
+            if (!c->carries_riders()) return "the shared-memory transport says it carries no riders";
+            std::vector<sx::comm::Rider> all;
+            const size_t shard = 100;
+            std::vector<float> buf(shard * p, static_cast<float>(r + 1)), out(shard, -1.0f);
+            // Equal tags on a reduce-scatter.
+            s = c->attach_rider({0x5157u, 0.25 * (r + 1)}, &all);
+            if (s.ok()) s = c->reduce_scatter_sum(buf.data(), shard, out.data(), false);
+            if (!s.ok()) return "reduce-scatter with a rider: " + s.message();
+            if (all.size() != static_cast<size_t>(p)) return "riders: " + std::to_string(all.size()) + " entries";
+            for (int q = 0; q < p; ++q)
+                if (all[q].value != 0.25 * (q + 1) || all[q].tag != 0x5157u)
+                    return "rider of rank " + std::to_string(q) + " reads " + std::to_string(all[q].value);
+            if (out[0] != 6.0f || out[shard - 1] != 6.0f) return "the reduce-scatter under a rider summed wrong";
+            // Differing tags: nothing moved, every rank told, usable after.
+            std::vector<char> g(8 * p, static_cast<char>(r));
+            s = c->attach_rider({r == 1 ? 2u : 1u, 1.0}, &all);
+            if (s.ok()) s = c->all_gather(g.data(), 8);
+            if (s.code() != SX_ERR_MISMATCH || !contains(s.message(), "different riders"))
+                return "differing tags: expected SX_ERR_MISMATCH naming the riders, got " + text(s);
+            for (int q = 0; q < p; ++q)
+                if (q != r && g[static_cast<size_t>(q) * 8] != static_cast<char>(r))
+                    return "an all-gather refused for its riders moved data";
+            // A rider against none.
+            if (r == 0) s = c->attach_rider({7u, 1.0}, &all);
+            if (s.ok() || r != 0) s = c->barrier();
+            if (s.code() != SX_ERR_MISMATCH) return "a rider against none: expected SX_ERR_MISMATCH, got " + text(s);
+            // Equal tags on an all-gather, then on a barrier.
+            s = c->attach_rider({9u, -1.0 * r}, &all);
+            if (s.ok()) s = c->all_gather(g.data(), 8);
+            if (!s.ok() || all[2].value != -2.0 || g[0] != 0 || g[8] != 1 || g[16] != 2)
+                return "all-gather with a rider: " + text(s);
+            s = c->attach_rider({9u, 10.0 + r}, &all);
+            if (s.ok()) s = c->barrier();
+            if (!s.ok() || all[1].value != 11.0) return "barrier with a rider: " + text(s);
+            // Refused locally, meeting nobody.
+            s = c->attach_rider({0u, 1.0}, &all);
+            if (s.code() != SX_ERR_INVALID_ARGUMENT) return "a zero tag: expected SX_ERR_INVALID_ARGUMENT, got " + text(s);
+            s = c->attach_rider({3u, 1.0}, &all);
+            if (s.ok()) s = c->all_gather(g.data(), 0);
+            if (s.code() != SX_ERR_INVALID_ARGUMENT || !contains(s.message(), "carries no rider"))
+                return "a rider on an empty call: expected SX_ERR_INVALID_ARGUMENT, got " + text(s);
+            // And the next call carries none.
+            s = c->barrier();
+            return s.ok() ? "" : "a barrier after the refusals: " + s.message();
+        });
+    }
 }
 
 void test_stalled_rank_times_out(void **) {
@@ -267,6 +332,7 @@ int main(void) {
         cmocka_unit_test(test_every_collective),
         cmocka_unit_test(test_large_and_in_place),
         cmocka_unit_test(test_ranks_in_different_collectives),
+        cmocka_unit_test(test_riders),
         cmocka_unit_test(test_stalled_rank_times_out),
         cmocka_unit_test(test_abort_and_a_destroyed_peer),
         cmocka_unit_test(test_processes_and_sigkill),

@@ -5,16 +5,21 @@
 // timeout of 20; ranks loading different checkpoints fail naming each one's checkpoint
 // and step, and nothing changes; a rank that cannot read its checkpoint fails its peers
 // at once; ranks that disagree on the world size fail at creation. Ranks as threads over
-// local:// and as processes over tcp://, and the group goes on training afterwards.
+// local:// and as processes over tcp://, and the group goes on training afterwards. And
+// the collectives a step makes, counted: over shared memory the step's agreement and norm
+// ride on its reduce-scatter and all-gather.
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "process_ranks.h"
 #include "run_ranks.h"
 #include "sx/sx.h"
@@ -38,7 +43,8 @@ std::string check(sx_status_t s, const char *what) {
 
 // Rank r of 2 over `rv`: one AdamW group, two params in two units, finalized, params set
 // (stage 3: no prefetch, so that every sx_unit_gather communicates).
-std::string make_group(const std::string &rv, int r, sx_shard_group_t **out, int stage = 0) {
+std::string make_group(const std::string &rv, int r, sx_shard_group_t **out, int stage = 0,
+                       int32_t transport = SX_TRANSPORT_AUTO) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     cfg.backend = SX_BACKEND_CPU;
@@ -48,6 +54,7 @@ std::string make_group(const std::string &rv, int r, sx_shard_group_t **out, int
     cfg.num_threads = 1;
     cfg.timeout_ms = kTimeoutMs;
     cfg.stage = stage;
+    cfg.transport = transport;
     if (stage == 3) cfg.prefetch_depth = SX_PREFETCH_NONE;
     std::string e = check(sx_create_shard_group(&cfg, out), "create");
     if (!e.empty()) return e;
@@ -79,7 +86,7 @@ std::string make_group(const std::string &rv, int r, sx_shard_group_t **out, int
 }
 
 // One agreed step: gradients written, sx_step; its step count into *step.
-std::string step(sx_shard_group_t *g, int s, uint64_t *count = nullptr) {
+std::string step(sx_shard_group_t *g, int s, uint64_t *count = nullptr, double *norm = nullptr) {
     for (int p = 0; p < 2; ++p) {
         sx_view_t v;
         sx_view_init(&v, sizeof v);
@@ -90,6 +97,7 @@ std::string step(sx_shard_group_t *g, int s, uint64_t *count = nullptr) {
     sx_step_result_init(&res, sizeof res);
     std::string e = check(sx_step(g, nullptr, &res), "sx_step");
     if (count) *count = res.step;
+    if (norm) *norm = res.grad_norm;
     return e;
 }
 
@@ -252,6 +260,90 @@ void test_stage3_gathers_against_other_calls(void **) {
     const std::string err = sxtest::run_ranks(2, [&](int r) { return gathers_against_other_calls(rv, r, dir); });
     if (!err.empty()) fail_msg("%s", err.c_str());
     sxtest::remove_tree(dir);
+}
+
+// Both ranks, as threads, at the same point (a reusable barrier of 2).
+class Meet {
+  public:
+    void operator()() {
+        std::unique_lock<std::mutex> lock(mu_);
+        const int round = round_;
+        if (++arrived_ == 2) {
+            arrived_ = 0;
+            ++round_;
+            cv_.notify_all();
+        } else {
+            cv_.wait(lock, [&] { return round_ != round; });
+        }
+    }
+
+  private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    int arrived_ = 0, round_ = 0;
+};
+
+// The collectives a step makes, per rank (both ranks' count, halved), after a first step.
+struct Trips {
+    double plain = 0, clipped = 0, accumulated = 0;  // sx_step; with clipping; a micro-batch and a step
+    double norm = 0;                                  // the plain step's grad_norm
+};
+
+std::string count_trips(const std::string &rv, int r, int stage, int32_t transport, Meet &meet, Trips *out) {
+    sx_shard_group_t *g = nullptr;
+    std::string e = make_group(rv, r, &g, stage, transport);
+    if (e.empty()) e = step(g, 1);
+    sx_step_options_t clip;
+    sx_step_options_init(&clip, sizeof clip);
+    clip.max_grad_norm = 0.5;
+    double norm = 0.0;
+    for (int kind = 0; kind < 3; ++kind) {
+        meet();
+        const uint64_t before = sx::comm::collectives_started();
+        meet();
+        if (e.empty() && kind == 0) e = step(g, 2);
+        if (e.empty() && kind == 0) e = step(g, 3, nullptr, &norm);
+        if (e.empty() && kind == 1) e = check(sx_step(g, &clip, nullptr), "sx_step clipped");
+        if (e.empty() && kind == 2) e = check(sx_accumulate_grads(g), "sx_accumulate_grads");
+        if (e.empty() && kind == 2) e = check(sx_step(g, nullptr, nullptr), "sx_step after a micro-batch");
+        meet();
+        const double n = static_cast<double>(sx::comm::collectives_started() - before) / 2;
+        if (r == 0) {
+            // kind 0 made two steps: the count is per step
+            if (kind == 0) out->plain = n / 2, out->norm = norm;
+            if (kind == 1) out->clipped = n;
+            if (kind == 2) out->accumulated = n;
+        }
+        meet();
+    }
+    sx_destroy_shard_group(g);
+    return e;
+}
+
+// A step makes the collectives its math needs: over shared memory, a reduce-scatter and an
+// all-gather per unit (the agreement rides on the first reduce-scatter, the norm on the
+// first all-gather), one more for the norm before the update where clipping needs it, and a
+// micro-batch its reduce-scatters alone (stage 2); over TCP the agreement and the norm are
+// exchanges of their own. The norm is the same either way, to the bit.
+void test_round_trips_per_step(void **) {
+    Trips t[2];
+    const int32_t transports[2] = {SX_TRANSPORT_AUTO, SX_TRANSPORT_TCP};
+    for (int k = 0; k < 2; ++k) {
+        Meet meet;
+        const std::string rv = "local://headers-trips-" + std::to_string(k) + "-" + std::to_string(getpid());
+        const std::string err =
+            sxtest::run_ranks(2, [&](int r) { return count_trips(rv, r, 2, transports[k], meet, &t[k]); });
+        if (!err.empty()) fail_msg("%s", err.c_str());
+    }
+    // 2 units: shared memory 2 + 2, TCP 1 + 2 + 1 + 2.
+    if (t[0].plain != 4 || t[0].clipped != 5 || t[0].accumulated != 6)
+        fail_msg("shared memory: %g, %g and %g collectives per rank, not 4, 5 and 6", t[0].plain, t[0].clipped,
+                 t[0].accumulated);
+    if (t[1].plain != 6 || t[1].clipped != 6 || t[1].accumulated != 9)
+        fail_msg("TCP: %g, %g and %g collectives per rank, not 6, 6 and 9", t[1].plain, t[1].clipped,
+                 t[1].accumulated);
+    if (!(t[0].norm > 0) || std::memcmp(&t[0].norm, &t[1].norm, sizeof(double)) != 0)
+        fail_msg("the step's norm: %.17g over shared memory, %.17g over TCP", t[0].norm, t[1].norm);
 }
 
 void test_ranks_in_different_calls(void **) {
@@ -475,6 +567,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_over_tcp_as_processes),
         cmocka_unit_test(test_world_sizes_that_differ),
         cmocka_unit_test(test_all_reduce),
+        cmocka_unit_test(test_round_trips_per_step),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

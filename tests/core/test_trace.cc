@@ -240,11 +240,15 @@ void check_rank_file(const Summary &s, int rank, int world, int stage, double t0
         if (sp.units != ids) fail_msg("rank %d: %s spans name units other than 3, 5 and 9", rank, name);
         if (sp.bytes != unit_bytes(world)) fail_msg("rank %d: %s spans' bytes are not the units' buffers", rank, name);
     }
-    for (const char *name : {"sx_step", "agreement", "grad_norm", "update", "sx_finalize", "sx_create_shard_group",
+    for (const char *name : {"sx_step", "agreement", "update", "sx_finalize", "sx_create_shard_group",
                              "save.snapshot", "save.stage", "save.persist", "save.open", "save.write", "load",
                              "load.plan", "load.read_values", "load.agree_values", "load.gather_params",
                              "load.read_states", "load.agree", "load.commit"})
         if (!s.has(name)) fail_msg("rank %d (stage %d): no %s span", rank, stage, name);
+    // The gradient norm's sum over the ranks: an exchange of its own at stage 3; at stages 1
+    // and 2 it rides on the params' all-gather (these ranks share memory), so none.
+    if (s.has("grad_norm") != (stage == 3))
+        fail_msg("rank %d (stage %d): %s grad_norm span", rank, stage, stage == 3 ? "no" : "a");
     if (!s.has(rank == 0 ? "save.commit" : "save.wait_commit"))
         fail_msg("rank %d: no %s span", rank, rank == 0 ? "save.commit" : "save.wait_commit");
     // The update's bytes: this rank's elements of the params (not the padding), in fp32,

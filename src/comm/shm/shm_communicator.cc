@@ -9,7 +9,9 @@
 // (sums in rank order: the same bits for any chunking), and they meet again before the
 // slots are reused. At the first barrier of a call the ranks compare what they were
 // called for: ranks in different collectives fail with SX_ERR_MISMATCH before anyone
-// reads a peer's slot. A collective of one chunk is thus one barrier at which every rank
+// reads a peer's slot; they all leave that call together and the communicator stays
+// usable. A call may carry a rider (communicator.h): its tag is compared there too, and
+// its value read from the lines after it. A collective of one chunk is thus one barrier at which every rank
 // brings its data and one after which nobody reads it: a rank whose group is destroyed
 // once it has brought its data (a prefetch in flight) does not fail its peers.
 //
@@ -89,6 +91,8 @@ struct alignas(64) Line {
     std::atomic<int32_t> pid;
     std::atomic<uint64_t> bytes;    // gather/scatter_pieces: the bytes it sends or receives
     std::atomic<uint64_t> buffer;   // ranks of one process: the address of its buffer in this call
+    std::atomic<uint64_t> rider_tag;    // the call's rider (0: none) ...
+    std::atomic<uint64_t> rider_value;  // ... and its value's bits
 };
 static_assert(sizeof(Line) == 64, "one cache line per rank");
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
@@ -164,7 +168,7 @@ class ShmCommunicator final : public Communicator {
     }
 
     Status reduce_scatter_sum(float *buf, size_t shard_elems, float *out, bool accumulate) override {
-        if (shard_elems == 0) return usable("reduce_scatter_sum");
+        if (shard_elems == 0) return empty_call("reduce_scatter_sum");
         SX_TRY(check_reduce_scatter_args(*this, buf, shard_elems, out, accumulate));
         line(rank_).buffer.store(reinterpret_cast<uintptr_t>(buf), std::memory_order_relaxed);
         return run(kReduceScatter, shard_elems, -1, [&](Clock::time_point deadline) -> Status {
@@ -189,7 +193,7 @@ class ShmCommunicator final : public Communicator {
 
     Status reduce_scatter_sum_16(uint16_t *buf, int32_t dtype, size_t shard_elems, float *out, float out_scale,
                                  bool accumulate) override {
-        if (shard_elems == 0) return usable("reduce_scatter_sum_16");
+        if (shard_elems == 0) return empty_call("reduce_scatter_sum_16");
         SX_TRY(check_reduce_scatter_16_args(*this, buf, dtype, shard_elems, out));
         line(rank_).buffer.store(reinterpret_cast<uintptr_t>(buf), std::memory_order_relaxed);
         return run(kReduceScatter16, shard_elems, dtype, [&](Clock::time_point deadline) -> Status {
@@ -207,7 +211,7 @@ class ShmCommunicator final : public Communicator {
     }
 
     Status all_gather(void *buf, size_t shard_bytes) override {
-        if (shard_bytes == 0) return usable("all_gather");
+        if (shard_bytes == 0) return empty_call("all_gather");
         SX_CHECK_ARG(buf != nullptr, "all_gather: buf must not be NULL");
         char *b = static_cast<char *>(buf);
         line(rank_).buffer.store(reinterpret_cast<uintptr_t>(buf), std::memory_order_relaxed);
@@ -245,7 +249,7 @@ class ShmCommunicator final : public Communicator {
 
     Status broadcast(void *data, size_t bytes, int root) override {
         SX_CHECK_ARG(root >= 0 && root < world_size(), "broadcast: root %d is not in [0, %d)", root, world_size());
-        if (bytes == 0) return usable("broadcast");
+        if (bytes == 0) return empty_call("broadcast");
         SX_CHECK_ARG(data != nullptr, "broadcast: data must not be NULL");
         char *d = static_cast<char *>(data);
         line(rank_).buffer.store(reinterpret_cast<uintptr_t>(data), std::memory_order_relaxed);
@@ -285,6 +289,17 @@ class ShmCommunicator final : public Communicator {
             SX_TRY(meet(deadline));
             return meet(deadline, kConsumed);
         });
+    }
+
+    bool carries_riders() const override { return true; }
+
+    Status attach_rider(const Rider &mine, std::vector<Rider> *all) override {
+        SX_CHECK_ARG(mine.tag != 0 && all != nullptr, "attach_rider: the tag must be nonzero and all not NULL");
+        SX_TRY(usable("attach_rider"));
+        rider_ = mine;
+        rider_all_ = all;
+        rider_pending_ = true;
+        return Status::Ok();
     }
 
     void abort() override {
@@ -349,7 +364,7 @@ class ShmCommunicator final : public Communicator {
     template <class T, class Op>
     Status all_reduce(uint32_t op, T *data, size_t n, Op combine) {
         const char *what = op_name(op);
-        if (n == 0) return usable(what);
+        if (n == 0) return empty_call(what);
         SX_CHECK_ARG(data != nullptr, "%s: data must not be NULL", what);
         return run(op, n, -1, [&](Clock::time_point deadline) -> Status {
             const size_t chunk = std::max<size_t>(1, slot_bytes_ / sizeof(T));
@@ -429,9 +444,14 @@ class ShmCommunicator final : public Communicator {
     // root: the ranks compare them at its first barrier), run the body. Every body brings
     // its first chunk into its slot, meets, and ends with a kConsumed barrier, after which
     // nobody reads the lines' calls or the slots: the next call may change them.
+    // A pending rider goes with this call. Ranks found in different calls at the first
+    // barrier meet once more (nobody may change its line before every rank has compared)
+    // and return SX_ERR_MISMATCH, the communicator still usable.
     template <class Body>
     Status run(uint32_t op, uint64_t size, int32_t root, Body body) {
         const char *what = op_name(op);
+        const bool ride = rider_pending_;
+        rider_pending_ = false;
         SX_TRY(usable(what));
         count_collective();
         const Clock::time_point deadline = Clock::now() + timeout_;
@@ -439,13 +459,36 @@ class ShmCommunicator final : public Communicator {
         me.op.store(op, std::memory_order_relaxed);
         me.size.store(size, std::memory_order_relaxed);
         me.root.store(root, std::memory_order_relaxed);
+        uint64_t value_bits = 0;
+        std::memcpy(&value_bits, &rider_.value, sizeof(value_bits));
+        me.rider_tag.store(ride ? rider_.tag : 0, std::memory_order_relaxed);
+        me.rider_value.store(ride ? value_bits : 0, std::memory_order_relaxed);
+        riders_out_ = ride ? rider_all_ : nullptr;
         compare_call_ = true;
+        different_calls_ = false;
         Status s = body(deadline);
+        if (!s.ok() && different_calls_) {
+            Status parted = meet(deadline, kConsumed);
+            if (parted.ok()) {
+                s.prefix(format("%s on rank %d of %d: ", what, rank_, world_size_));
+                return s;
+            }
+            s = parted;
+        }
         if (!s.ok()) {
             s.prefix(format("%s on rank %d of %d: ", what, rank_, world_size_));
             record_failure(s);
         }
         return s;
+    }
+
+    // A call without data meets nobody: fine, unless a rider waited for it.
+    Status empty_call(const char *what) {
+        if (rider_pending_) {
+            rider_pending_ = false;
+            return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: a call without data carries no rider", what);
+        }
+        return usable(what);
     }
 
     // The barriers of a call are of two kinds. At one the ranks need each other's data
@@ -467,24 +510,44 @@ class ShmCommunicator final : public Communicator {
         return compare_call_ ? compare_call() : Status::Ok();
     }
 
-    // At a call's first barrier: whether every rank is in the same call.
+    // At a call's first barrier: whether every rank is in the same call with the same
+    // rider's tag (every rank finds a difference if any rank does); then the riders.
     Status compare_call() {
         compare_call_ = false;
         const Line &me = line(rank_);
         const uint32_t op = me.op.load(std::memory_order_relaxed);
         const uint64_t size = me.size.load(std::memory_order_relaxed);
         const int32_t root = me.root.load(std::memory_order_relaxed);
+        const uint64_t tag = me.rider_tag.load(std::memory_order_relaxed);
         for (int q = 0; q < world_size_; ++q) {
             const Line &l = line(q);
             const uint32_t their = l.op.load(std::memory_order_relaxed);
             const uint64_t their_size = l.size.load(std::memory_order_relaxed);
             const int32_t their_root = l.root.load(std::memory_order_relaxed);
-            if (their != op || their_size != size || their_root != root)
+            const uint64_t their_tag = l.rider_tag.load(std::memory_order_relaxed);
+            if (their != op || their_size != size || their_root != root) {
+                different_calls_ = true;
                 return SX_ERROR(SX_ERR_MISMATCH,
                                 "ranks called different collectives: rank %d %s (size %llu, root %d), rank %d %s (size "
                                 "%llu, root %d)",
                                 rank_, op_name(op), static_cast<unsigned long long>(size), root, q, op_name(their),
                                 static_cast<unsigned long long>(their_size), their_root);
+            }
+            if (their_tag != tag) {
+                different_calls_ = true;
+                return SX_ERROR(SX_ERR_MISMATCH, "ranks carry different riders: rank %d %016llx, rank %d %016llx",
+                                rank_, static_cast<unsigned long long>(tag), q,
+                                static_cast<unsigned long long>(their_tag));
+            }
+        }
+        if (riders_out_) {
+            riders_out_->resize(static_cast<size_t>(world_size_));
+            for (int q = 0; q < world_size_; ++q) {
+                const uint64_t bits = line(q).rider_value.load(std::memory_order_relaxed);
+                Rider &r = (*riders_out_)[static_cast<size_t>(q)];
+                r.tag = tag;
+                std::memcpy(&r.value, &bits, sizeof(bits));
+            }
         }
         return Status::Ok();
     }
@@ -569,7 +632,13 @@ class ShmCommunicator final : public Communicator {
     const Millis timeout_;
     const size_t slot_bytes_;
     uint32_t barriers_ = 0;
-    bool compare_call_ = false;  // the next barrier is a call's first
+    bool compare_call_ = false;    // the next barrier is a call's first
+    bool different_calls_ = false; // this call's first barrier found ranks in other calls
+    bool rider_pending_ = false;   // attach_rider: the next call carries rider_
+    Rider rider_;
+    std::vector<Rider> *rider_all_ = nullptr;   // ... and writes every rank's here
+    std::vector<Rider> *riders_out_ = nullptr;  // the current call's
+
     bool one_process_ = false;
     std::atomic<bool> aborted_{false};
     std::mutex mu_;
