@@ -51,6 +51,15 @@ struct HeapCounter {
 };
 
 
+// The command line that runs `python args` as a user would: where bench_sx chose
+// OpenMP's passive wait policy for itself (main.cc), torch's OpenMP threads get their
+// default back (they spin between parallel regions), so that torch is not slowed by our
+// choice.
+inline std::string torch_command(const std::string &python, const std::string &args) {
+    const bool ours = std::getenv("SX_BENCH_SET_OMP_WAIT_POLICY") != nullptr;
+    return (ours ? "env -u OMP_WAIT_POLICY -u SX_BENCH_SET_OMP_WAIT_POLICY " : "") + python + " " + args;
+}
+
 inline double now_seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -177,6 +186,7 @@ int section_mesh(const Options &opt);
 int section_packed(const Options &opt);
 int mesh_rank_main(int argc, char **argv);
 int section_shm(const Options &opt);
+int section_cache_step(const Options &opt);
 int shm_rank_main(int argc, char **argv);
 #ifdef SX_HAVE_CUDA
 int section_gpu_adamw(const Options &opt);

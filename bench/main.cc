@@ -88,6 +88,7 @@ const Section kSections[] = {
     {"custom_optimizer", section_custom_optimizer},
     {"param_sums", section_param_sums},
     {"shm", section_shm},
+    {"cache_step", section_cache_step},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
     {"gpu_step", section_gpu_step},
@@ -125,6 +126,7 @@ int main(int argc, char **argv) {
     // section_kernel.cc), unless the caller chose a policy.
     if (!std::getenv("OMP_WAIT_POLICY")) {
         ::setenv("OMP_WAIT_POLICY", "passive", 1);
+        ::setenv("SX_BENCH_SET_OMP_WAIT_POLICY", "1", 1);  // torch_command() takes it back for torch
         ::execv("/proc/self/exe", argv);  // returns only if it failed: go on as we are
     }
 #endif

@@ -106,8 +106,9 @@ std::vector<Case> cases() {
 std::map<std::string, double> torch_times(const std::string &python, size_t n, int reps, int threads) {
     std::map<std::string, double> out;
     if (python.empty()) return out;
-    const std::string cmd = python + " " SX_BENCH_SOURCE_DIR "/torch_optimizers.py --elements " + std::to_string(n) +
-                            " --reps " + std::to_string(reps) + " --threads " + std::to_string(threads);
+    const std::string cmd = torch_command(python, SX_BENCH_SOURCE_DIR "/torch_optimizers.py --elements " +
+                                                      std::to_string(n) + " --reps " + std::to_string(reps) +
+                                                      " --threads " + std::to_string(threads));
     FILE *f = popen(cmd.c_str(), "r");
     if (!f) return out;
     char line[1024];

@@ -149,8 +149,9 @@ double fastest_ms(int reps, F f) {
 // "matmul_ms" (fp32), from bench/torch_muon.py; empty where it cannot run.
 std::vector<double> torch_times(const std::string &python, int64_t n, int reps, int threads) {
     if (python.empty()) return {};
-    const std::string cmd = python + " " SX_BENCH_SOURCE_DIR "/torch_muon.py --n " + std::to_string(n) + " --reps " +
-                            std::to_string(reps) + " --threads " + std::to_string(threads);
+    const std::string cmd = torch_command(python, SX_BENCH_SOURCE_DIR "/torch_muon.py --n " + std::to_string(n) +
+                                                      " --reps " + std::to_string(reps) + " --threads " +
+                                                      std::to_string(threads));
     FILE *f = popen(cmd.c_str(), "r");
     if (!f) return {};
     double ns = -1, mm = -1;

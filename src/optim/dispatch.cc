@@ -1,6 +1,7 @@
 // Chooses a kernel flavour for this CPU, derives each segment's constants, splits the
 // segments' elements across the pool's threads and adds up the sums of squares.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <vector>
@@ -220,14 +221,20 @@ int threads_for(size_t total_elements, const ThreadPool *pool, size_t min_elemen
 
 namespace {
 
-// One double per thread on its own cache line, so threads do not write-share lines.
+// One double per part on its own cache line, so threads do not write-share lines.
 struct alignas(64) Partial {
     double value = 0.0;
 };
 
-// Runs piece_fn(segment, begin, end) -> double over every element, split across
-// threads; returns the sum of the results, added in thread order (deterministic for
-// a given thread count).
+// Parts per thread of a split: each thread takes the next part until none is left, so a
+// thread that starts late or runs slowly (its processor shared with another program's
+// threads) takes fewer, and nobody waits for it. A part has at least
+// kMinElementsPerThread / kPartsPerThread elements (4 Ki), so taking one costs nothing.
+constexpr int kPartsPerThread = 8;
+
+// Runs piece_fn(segment, begin, end) -> double over every element, split into parts that
+// the pool's threads take in turn (ThreadPool::run_open); returns the sum of the results,
+// added in part order (deterministic for a given thread count, whoever took which part).
 template <typename PieceFn>
 double run_split(const Segment *segs, size_t num_segs, ThreadPool *pool,
                  size_t min_elements_per_thread, PieceFn &&piece_fn) {
@@ -235,19 +242,22 @@ double run_split(const Segment *segs, size_t num_segs, ThreadPool *pool,
     for (size_t s = 0; s < num_segs; ++s) total += segs[s].n;
     if (total == 0) return 0.0;
     const int threads = threads_for(total, pool, min_elements_per_thread);
-    const std::vector<Cut> cuts = partition(segs, num_segs, threads);
-    std::vector<Partial> partial(static_cast<size_t>(threads));
-    auto work = [&](int t) {
-        if (t >= threads) return;
-        double sum = 0.0;
-        for_each_piece(segs, cuts[t], cuts[t + 1],
-                       [&](size_t s, size_t begin, size_t end) { sum += piece_fn(s, begin, end); });
-        partial[t].value = sum;
+    const int parts = threads == 1 ? 1 : threads * kPartsPerThread;
+    const std::vector<Cut> cuts = partition(segs, num_segs, parts);
+    std::vector<Partial> partial(static_cast<size_t>(parts));
+    std::atomic<int> next{0};
+    auto work = [&](int) {
+        for (int t; (t = next.fetch_add(1, std::memory_order_relaxed)) < parts;) {
+            double sum = 0.0;
+            for_each_piece(segs, cuts[t], cuts[t + 1],
+                           [&](size_t s, size_t begin, size_t end) { sum += piece_fn(s, begin, end); });
+            partial[t].value = sum;
+        }
     };
     if (threads == 1)
         work(0);
     else
-        pool->run(work);
+        pool->run_open(work);
     double sum = 0.0;
     for (const Partial &p : partial) sum += p.value;
     return sum;

@@ -2,7 +2,9 @@
 // number; each worker runs it once per generation it observes, and the last one to
 // finish wakes run(). The generation number (not a flag) is what workers wait on, so
 // a worker that is slow to wake still runs each job exactly once, and run() cannot
-// return before every worker has finished with the job it was given.
+// return before every worker has finished with the job it was given. run_open() is the
+// same but for the count: a worker claims the job (pending_ + 1) only while the caller
+// has not finished its own call of it, and the caller waits for the claimed ones only.
 #include "optim/thread_pool.h"
 
 namespace sx {
@@ -28,17 +30,39 @@ void ThreadPool::run(const std::function<void(int)> &fn) {
         fn(0);
         return;
     }
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        job_ = &fn;
-        pending_ = num_threads_ - 1;
-        ++generation_;
-    }
-    start_cv_.notify_all();
+    start(fn, false);
     fn(0);
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, [this] { return pending_ == 0; });
     job_ = nullptr;
+}
+
+void ThreadPool::run_open(const std::function<void(int)> &fn) {
+    std::lock_guard<std::mutex> one_at_a_time(run_mu_);
+    if (num_threads_ == 1) {
+        fn(0);
+        return;
+    }
+    start(fn, true);
+    fn(0);
+    std::unique_lock<std::mutex> lock(mu_);
+    open_ = false;  // a worker that has not claimed the job yet skips it
+    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    job_ = nullptr;
+}
+
+// Publishes a job: every worker must run it (pending_ counts them), or, open, those that
+// claim it while it is open (each claim adds to pending_).
+void ThreadPool::start(const std::function<void(int)> &fn, bool open) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        job_ = &fn;
+        open_job_ = open;
+        open_ = open;
+        pending_ = open ? 0 : num_threads_ - 1;
+        ++generation_;
+    }
+    start_cv_.notify_all();
 }
 
 void ThreadPool::worker(int index) {
@@ -48,6 +72,10 @@ void ThreadPool::worker(int index) {
         start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
+        if (open_job_) {
+            if (!open_) continue;  // the caller has done the work
+            ++pending_;
+        }
         const std::function<void(int)> *job = job_;
         lock.unlock();
         (*job)(index);

@@ -31,9 +31,17 @@ class ThreadPool {
     // all have returned. fn must not throw. Not reentrant; calls from several threads
     // run one after the other.
     void run(const std::function<void(int)> &fn);
+    // For work that fn takes from a shared counter until none is left: calls fn(0) on
+    // this thread at once, and fn(i) on each worker i that wakes while fn(0) runs; then
+    // returns as soon as the workers that started have returned. A worker that wakes
+    // late (or finds its processor busy with another program's threads, such as a
+    // framework's spinning OpenMP workers) delays nothing: whoever runs takes the work.
+    // Same rules as run().
+    void run_open(const std::function<void(int)> &fn);
 
   private:
     void worker(int index);
+    void start(const std::function<void(int)> &fn, bool open);
 
     int num_threads_;
     std::vector<std::thread> threads_;
@@ -42,7 +50,9 @@ class ThreadPool {
     std::condition_variable start_cv_, done_cv_;
     const std::function<void(int)> *job_ = nullptr;
     uint64_t generation_ = 0;
-    int pending_ = 0;
+    int pending_ = 0;      // workers yet to return from the job
+    bool open_job_ = false;  // the job is run_open's: a worker claims it only while open_
+    bool open_ = false;
     bool stop_ = false;
 };
 

@@ -4,8 +4,11 @@
 // The kernels round exactly where the reference does (kernel_body.h), so every flavour
 // must reproduce the reference bit for bit: any difference is a bug, not noise. Only
 // sums of squares, which are accumulated in a different order, get a tolerance.
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 extern "C" {
@@ -347,6 +350,35 @@ void test_multi_segment_threads(void **) {
     }
 }
 
+// The sum of squares over parts that the pool's threads take in any order (run_open):
+// the same bits at every call with a pool of a given size, whichever thread took which
+// part, here with a worker delayed by a busy loop on some calls.
+void test_split_sums_do_not_depend_on_who_takes_the_parts(void **) {
+    const Layout layout({33, 0, 40999, 1, 10000, 17, 7, 16, 15, 20500});
+    const std::vector<Hyper> hypers = mixed_hypers(layout.lengths.size());
+    SegmentBuffers b(layout.total, 1);
+    Rng rng(99);
+    fill(b, rng, Hyper(), false);
+    const std::vector<Segment> gs = layout.segments(b, hypers, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
+    const in::KernelTable &k = in::kernels_for(runnable_isas().back());
+    const double first = in::sum_of_squares_with(k, gs.data(), gs.size(), 0.5f, g_three, 1);
+    std::atomic<bool> busy{false};
+    std::thread hog([&] {  // takes a processor now and then, so that workers wake late
+        for (int i = 0; i < 400; ++i) {
+            const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(i % 3 ? 50 : 500);
+            while (std::chrono::steady_clock::now() < until) busy.store(!busy.load());
+            std::this_thread::yield();
+        }
+    });
+    int differ = 0;
+    for (int i = 0; i < 200; ++i) {
+        const double again = in::sum_of_squares_with(k, gs.data(), gs.size(), 0.5f, g_three, 1);
+        if (std::memcmp(&again, &first, sizeof(double)) != 0) ++differ;
+    }
+    hog.join();
+    if (differ) fail_msg("%d of 200 sums differ from the first in their bits", differ);
+}
+
 // Segments with a 16-bit compute copy (mixed precision): the fp32 values are exactly the
 // reference's, the copy is each of them rounded to nearest even, block by block across
 // thread splits that fall anywhere, and nothing outside the segments is written.
@@ -598,6 +630,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_match_reference),
         cmocka_unit_test(test_amsgrad_nan_propagates),
         cmocka_unit_test(test_multi_segment_threads),
+        cmocka_unit_test(test_split_sums_do_not_depend_on_who_takes_the_parts),
         cmocka_unit_test(test_compute_copy),
         cmocka_unit_test(test_update_zeroes_the_gradients_it_reads),
         cmocka_unit_test(test_public_entry_points_split),

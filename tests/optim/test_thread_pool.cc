@@ -1,5 +1,6 @@
 // ThreadPool: every index runs exactly once per run(), concurrently, and run() returns
-// only after all have finished; size 1 runs inline on the caller.
+// only after all have finished; size 1 runs inline on the caller; run_open() shares work
+// among whoever runs and waits only for the workers that started.
 //
 // Tests with worker threads assert only after their pool is destroyed: a failed
 // assertion leaves by longjmp, which would skip the destructor and leave workers
@@ -118,6 +119,51 @@ void test_many_runs(void **) {
     for (auto &c : calls) assert_int_equal(c.load(), 2000);
 }
 
+// run_open: the work taken from a shared counter is done exactly once whoever takes it;
+// every call that started has returned when run_open() does (none is inside fn after
+// it); the indexes are the pool's; and back-to-back with run(), which still runs every
+// index once, no worker is lost or runs a closed job. Some jobs keep the caller inside
+// until a worker has taken a part (bounded), so workers do join; others are so small that
+// the caller finishes before any worker wakes.
+void test_run_open(void **) {
+    const int kItems = 64;
+    int bad_run = 0, bad_items = 0, bad_inside = 0, bad_index = 0, joined = 0, run_bad = 0;
+    {
+        ThreadPool pool(3);
+        std::vector<std::atomic<int>> calls(3);
+        for (int r = 1; r <= 3000 && bad_run == 0; ++r) {
+            std::atomic<int> next{0}, done{0}, inside{0}, by_worker{0};
+            const bool wait_for_worker = r % 10 == 0;
+            pool.run_open([&](int i) {
+                inside.fetch_add(1);
+                if (i < 0 || i >= 3) bad_index = i;
+                if (i == 0 && wait_for_worker) {
+                    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+                    while (by_worker.load() == 0 && std::chrono::steady_clock::now() < deadline)
+                        std::this_thread::yield();
+                }
+                for (int k; (k = next.fetch_add(1)) < kItems;) {
+                    done.fetch_add(1);
+                    if (i != 0) by_worker.fetch_add(1);
+                }
+                inside.fetch_sub(1);
+            });
+            if (done.load() != kItems) bad_run = r, bad_items = done.load();
+            if (inside.load() != 0) bad_run = r, bad_inside = inside.load();
+            if (wait_for_worker && by_worker.load() > 0) ++joined;
+            pool.run([&](int i) { calls[i].fetch_add(1); });
+            for (int i = 0; i < 3; ++i)
+                if (calls[i].load() != r && run_bad == 0) run_bad = r;
+        }
+    }
+    if (bad_run != 0)
+        fail_msg("run_open %d: %d of %d items done, %d calls still inside", bad_run, bad_items, kItems, bad_inside);
+    if (bad_index != 0) fail_msg("run_open called fn(%d)", bad_index);
+    if (run_bad != 0) fail_msg("run() %d after run_open did not run every index once", run_bad);
+    // Every job that kept its caller waiting was joined by a worker within 10 s.
+    assert_int_equal(joined, 300);
+}
+
 // Destruction with no run, and right after one.
 void test_destroy(void **) {
     { ThreadPool idle(5); }
@@ -137,6 +183,7 @@ int main(void) {
         cmocka_unit_test(test_nonpositive_size_means_one),
         cmocka_unit_test(test_each_index_once_on_distinct_threads),
         cmocka_unit_test(test_runs_concurrently),
+        cmocka_unit_test(test_run_open),
         cmocka_unit_test(test_many_runs),
         cmocka_unit_test(test_destroy),
     };
