@@ -178,10 +178,12 @@ int free_ports(int n);
 // for all of them; true if every one exited 0.
 bool run_self(int world, const std::function<std::vector<std::string>(int rank)> &args);
 // A group over `url` with one SGD param group (lr 1e-3) and `units` params of
-// `unit_numel` fp32, one per unit, finalized; one thread per rank. Exits the program,
-// naming `section`, on any error.
+// `unit_numel` fp32, one per unit, finalized; one thread per rank; the CPU transport
+// chosen by `transport` (SX_TRANSPORT_*). Exits the program, naming `section`, on any
+// error.
 sx_shard_group_t *make_sgd_group(const char *section, const std::string &url, int rank, int world, int stage,
-                                 int prefetch, int shard_size, int units, int64_t unit_numel);
+                                 int prefetch, int shard_size, int units, int64_t unit_numel,
+                                 int32_t transport = SX_TRANSPORT_AUTO);
 int section_mesh(const Options &opt);
 int section_packed(const Options &opt);
 int mesh_rank_main(int argc, char **argv);

@@ -60,7 +60,7 @@ bool run_self(int world, const std::function<std::vector<std::string>(int rank)>
 }
 
 sx_shard_group_t *make_sgd_group(const char *section, const std::string &url, int rank, int world, int stage,
-                                 int prefetch, int shard_size, int units, int64_t unit_numel) {
+                                 int prefetch, int shard_size, int units, int64_t unit_numel, int32_t transport) {
     auto check = [section](sx_status_t st, const char *what) {
         if (st == SX_OK) return;
         std::fprintf(stderr, "bench_sx %s: %s: %s\n", section, what, sx_last_error_message());
@@ -76,6 +76,7 @@ sx_shard_group_t *make_sgd_group(const char *section, const std::string &url, in
     cfg.num_threads = 1;
     cfg.prefetch_depth = prefetch;
     cfg.shard_size = shard_size;
+    cfg.transport = transport;
     cfg.timeout_ms = 120000;
     sx_shard_group_t *g = nullptr;
     check(sx_create_shard_group(&cfg, &g), "sx_create_shard_group");

@@ -2,9 +2,12 @@
 // model of 8 units of 1 Mi fp32 (32 MiB of gradients, 32 MiB of params), SGD; a training
 // step is a forward (each unit gathered and released: stage 3 gathers it), a backward
 // (each unit in reverse gathered, its gradients written, released and signalled ready)
-// and sx_step: flat ZeRO (one shard group of 4) against a 2 x 2 mesh (shard groups
-// {0, 1} and {2, 3}, replicas {0, 2} and {1, 3}), at stage 2 (ZeRO-2 against hpZ-style
-// HSDP) and stage 3 (FSDP's FULL_SHARD against HYBRID_SHARD).
+// and sx_step: flat ZeRO (one shard group of 4, over Gloo alone: SX_TRANSPORT_TCP)
+// against a 2 x 2 mesh (shard groups {0, 1} and {2, 3}, replicas {0, 2} and {1, 3}), at
+// stage 2 (ZeRO-2 against hpZ-style HSDP) and stage 3 (FSDP's FULL_SHARD against
+// HYBRID_SHARD); and beside them flat ZeRO as it runs by default on two hosts of two
+// ranks (SX_HOST_ID: ranks {0, 1} and {2, 3}), which combines through shared memory on
+// each host and through TCP between host peers ("flat hier").
 //
 // Bytes are those the kernel's TCP stack counts for every socket of a rank
 // (TCP_INFO's tcpi_bytes_acked, before and after the timed steps, nothing else running),
@@ -48,8 +51,9 @@ void check(sx_status_t st, const char *what) {
     }
 }
 
-sx_shard_group_t *make_group(const std::string &url, int rank, int shard_size, int stage, int units, int64_t numel) {
-    return make_sgd_group("mesh", url, rank, kWorld, stage, 0, shard_size, units, numel);
+sx_shard_group_t *make_group(const std::string &url, int rank, int shard_size, int stage, int units, int64_t numel,
+                             int32_t transport = SX_TRANSPORT_AUTO) {
+    return make_sgd_group("mesh", url, rank, kWorld, stage, 0, shard_size, units, numel, transport);
 }
 
 // Forward, backward (units signalled ready), sx_step (its gathers deferred at stage 2:
@@ -157,24 +161,27 @@ int mesh_rank_main(int argc, char **argv) {
     auto url = [&](int k) { return "tcp://127.0.0.1:" + std::to_string(port0 + k); };
     sx_shard_group_t *c = make_group(url(0), rank, 0, 2, 1, 1);
     for (int stage : {2, 3}) {
+        sx_shard_group_t *tcp = make_group(url(stage + 3), rank, 0, stage, kUnits, kUnitNumel, SX_TRANSPORT_TCP);
         sx_shard_group_t *flat = make_group(url(stage * 2 - 3), rank, 0, stage, kUnits, kUnitNumel);
         sx_shard_group_t *mesh = make_group(url(stage * 2 - 2), rank, kShard, stage, kUnits, kUnitNumel);
-        for (int w = 0; w < 2; ++w) step(flat), step(mesh);  // buffers touched, connections made
+        for (int w = 0; w < 2; ++w) step(tcp), step(flat), step(mesh);  // buffers touched, connections made
         const std::string s = std::to_string(stage);
+        count_bytes(c, tcp, dir + "/tcp" + s + "-" + std::to_string(rank));
         count_bytes(c, flat, dir + "/flat" + s + "-" + std::to_string(rank));
         count_bytes(c, mesh, dir + "/mesh" + s + "-" + std::to_string(rank));
-        // Step times, the two alternating.
-        std::vector<double> tf, tm;
+        // Step times, the three taking turns.
+        std::vector<double> tt, tf, tm;
         for (int r = 0; r < reps; ++r) {
+            tt.push_back(median_step(c, tcp, 1));
             tf.push_back(median_step(c, flat, 1));
             tm.push_back(median_step(c, mesh, 1));
         }
         if (rank == 0) {
             std::ofstream out(dir + "/times" + s);
-            out << median(tf) << " " << median(tm) << "\n";
+            out << median(tt) << " " << median(tf) << " " << median(tm) << "\n";
         }
         barrier(c);
-        for (sx_shard_group_t *g : {mesh, flat}) sx_destroy_shard_group(g);
+        for (sx_shard_group_t *g : {mesh, flat, tcp}) sx_destroy_shard_group(g);
     }
     sx_destroy_shard_group(c);
     return 0;
@@ -222,7 +229,7 @@ int section_mesh(const Options &opt) {
     char tmpl[] = "/tmp/sx-bench-mesh-XXXXXX";
     if (!mkdtemp(tmpl)) return 1;
     const std::string dir = tmpl;
-    const int port0 = free_ports(5);
+    const int port0 = free_ports(7);
     bool ok = port0 != 0 && run_self(kWorld, [&](int r) {
                   return std::vector<std::string>{"--mesh-rank", std::to_string(r), std::to_string(port0),
                                                   std::to_string(opt.reps), dir};
@@ -236,26 +243,32 @@ int section_mesh(const Options &opt) {
     std::printf("%5s %-10s %12s %14s %12s %10s\n", "stage", "group", "shard MiB", "replica MiB", "total MiB", "step ms");
     for (int stage : {2, 3}) {
         const std::string s = std::to_string(stage);
-        LinkBytes flat, mesh;
-        double t_flat = 0, t_mesh = 0;
+        LinkBytes flat, mesh, hier;
+        double t_flat = 0, t_hier = 0, t_mesh = 0;
         std::ifstream times(dir + "/times" + s);
-        if (!ok || !link_bytes(dir, "flat" + s, &flat) || !link_bytes(dir, "mesh" + s, &mesh) ||
-            !(times >> t_flat >> t_mesh)) {
+        if (!ok || !link_bytes(dir, "tcp" + s, &flat) || !link_bytes(dir, "flat" + s, &hier) ||
+            !link_bytes(dir, "mesh" + s, &mesh) || !(times >> t_flat >> t_hier >> t_mesh)) {
             ok = false;
             break;
         }
         std::printf("%5d %-10s %12.2f %14.2f %12.2f %10.1f\n", stage, "flat", flat.shard / mib, flat.replica / mib,
                     (flat.shard + flat.replica) / mib, t_flat * 1e3);
+        std::printf("%5d %-10s %12.2f %14.2f %12.2f %10.1f\n", stage, "flat hier", hier.shard / mib,
+                    hier.replica / mib, (hier.shard + hier.replica) / mib, t_hier * 1e3);
         std::printf("%5d %-10s %12.2f %14.2f %12.2f %10.1f\n", stage, "2x2 hsdp", mesh.shard / mib, mesh.replica / mib,
                     (mesh.shard + mesh.replica) / mib, t_mesh * 1e3);
         std::printf("%5d replica-link bytes, 2x2 over flat: %.3f (goal 1/%d = %.3f); step time 2x2 over flat: %.3f\n",
                     stage, mesh.replica / flat.replica, kShard, 1.0 / kShard, t_mesh / t_flat);
+        std::printf("%5d replica-link bytes, flat hierarchical over flat: %.3f; step time: %.3f\n", stage,
+                    hier.replica / flat.replica, t_hier / t_flat);
         std::printf("{\"bench\":\"mesh\",\"ranks\":%d,\"shard_size\":%d,\"stage\":%d,\"gradient_bytes\":%.0f,"
                     "\"flat_shard_link_bytes\":%.0f,\"flat_replica_link_bytes\":%.0f,\"mesh_shard_link_bytes\":%.0f,"
                     "\"mesh_replica_link_bytes\":%.0f,\"ratio_replica_bytes_mesh_over_flat\":%.4f,"
-                    "\"flat_step_ms\":%.3f,\"mesh_step_ms\":%.3f,\"ratio_step_mesh_over_flat\":%.4f}\n",
+                    "\"flat_step_ms\":%.3f,\"mesh_step_ms\":%.3f,\"ratio_step_mesh_over_flat\":%.4f,"
+                    "\"hier_shard_link_bytes\":%.0f,\"hier_replica_link_bytes\":%.0f,\"hier_step_ms\":%.3f}\n",
                     kWorld, kShard, stage, grads, flat.shard, flat.replica, mesh.shard, mesh.replica,
-                    mesh.replica / flat.replica, t_flat * 1e3, t_mesh * 1e3, t_mesh / t_flat);
+                    mesh.replica / flat.replica, t_flat * 1e3, t_mesh * 1e3, t_mesh / t_flat, hier.shard, hier.replica,
+                    t_hier * 1e3);
     }
     std::system(("rm -rf " + dir).c_str());
     if (!ok) {

@@ -144,13 +144,17 @@ struct ShmOptions {
 Status create_shm_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const ShmOptions &options,
                                std::unique_ptr<Communicator> *out);
 
-// The CPU communicator of `world_size` ranks: shared memory where every rank runs on
-// this host (their host identities, exchanged through `store`, agree; SX_HOST_ID
-// overrides this host's, and `host` this rank's) and `shared_memory` is set, else Gloo's
-// TCP transport. *shm (if not null) says which it chose.
+enum class CpuTransport { kGloo, kSharedMemory, kHierarchical };
+
+// The CPU communicator of `world_size` ranks, chosen from where they run (their host
+// identities, exchanged through `store`; SX_HOST_ID overrides this host's, and `host` this
+// rank's) where `shared_memory` is set: shared memory where every rank runs on this host;
+// where there are several hosts, each with the same number of ranks (two or more), shared
+// memory within each host and Gloo between the hosts' peers (shm/hierarchical.h); else
+// Gloo's TCP transport. *chosen (if not null) says which it chose.
 Status create_cpu_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
-                               bool shared_memory, std::unique_ptr<Communicator> *out, bool *shm = nullptr,
-                               const std::string &host = "");
+                               bool shared_memory, std::unique_ptr<Communicator> *out,
+                               CpuTransport *chosen = nullptr, const std::string &host = "");
 
 struct NcclOptions {
     int device = 0;  // CUDA device ordinal of this rank

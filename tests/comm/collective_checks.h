@@ -39,6 +39,16 @@ inline std::string check_reduce_scatter(sx::comm::Communicator &c, size_t shard,
                    ", expected " + std::to_string(want);
         }
     }
+    if (accumulate) return "";
+    // In place: out is this rank's own chunk of buf.
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = rs_input(r, i);
+    float *own = buf.data() + static_cast<size_t>(r) * shard;
+    s = c.reduce_scatter_sum(buf.data(), shard, own, false);
+    if (!s.ok()) return "reduce_scatter_sum in place: " + s.message();
+    for (size_t i = 0; i < shard; ++i)
+        if (own[i] != out[i])
+            return "reduce_scatter_sum in place (shard " + std::to_string(shard) + "): element " + std::to_string(i) +
+                   " = " + std::to_string(own[i]) + ", expected " + std::to_string(out[i]);
     return "";
 }
 
@@ -96,6 +106,14 @@ inline std::string check_all_reduce(sx::comm::Communicator &c, size_t n) {
     }
     sx::Status s = c.all_reduce_sum(sum.data(), n);
     if (!s.ok()) return "all_reduce_sum: " + s.message();
+    std::vector<float> f(n);
+    for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>((r + 1) * static_cast<int>(i % 11));
+    s = c.all_reduce_sum_f32(f.data(), n);
+    if (!s.ok()) return "all_reduce_sum_f32: " + s.message();
+    for (size_t i = 0; i < n; ++i)
+        if (f[i] != static_cast<float>(p * (p + 1) / 2 * static_cast<int>(i % 11)))
+            return "all_reduce_sum_f32(" + std::to_string(n) + "): element " + std::to_string(i) + " = " +
+                   std::to_string(f[i]);
     s = c.all_reduce_max(mx.data(), n);
     if (!s.ok()) return "all_reduce_max: " + s.message();
     for (size_t i = 0; i < n; ++i) {

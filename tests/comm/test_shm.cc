@@ -312,16 +312,63 @@ void test_transport_choice(void **) {
             opts.bind_address = "127.0.0.1";
             opts.timeout = Millis(20000);
             std::unique_ptr<Communicator> c;
-            bool shm = false;
+            sx::comm::CpuTransport chosen = sx::comm::CpuTransport::kHierarchical;
             // Another host for rank 1 where asked.
             if (s.ok())
-                s = sx::comm::create_cpu_communicator(store, r, 2, opts, true, &c, &shm, !same && r == 1 ? "elsewhere" : "");
+                s = sx::comm::create_cpu_communicator(store, r, 2, opts, true, &c, &chosen,
+                                                      !same && r == 1 ? "elsewhere" : "");
             if (!s.ok()) return s.message();
-            chose[static_cast<size_t>(r)] = shm ? 1 : 0;
+            chose[static_cast<size_t>(r)] = chosen == sx::comm::CpuTransport::kSharedMemory ? 1 : 0;
             return sxtest::check_all_collectives(*c);
         });
         assert_int_equal(chose[0], same ? 1 : 0);
         assert_int_equal(chose[1], same ? 1 : 0);
+    }
+}
+
+// Ranks on several hosts of several ranks each (hosts named per rank): shared memory on
+// each host and Gloo between host peers, every collective exact, with hosts whose ranks
+// are contiguous, interleaved, and in three hosts; hosts of different sizes, or a rank
+// alone on its host, take Gloo.
+void test_hierarchy(void **) {
+    struct Case {
+        std::vector<std::string> hosts;
+        sx::comm::CpuTransport want;
+    };
+    using T = sx::comm::CpuTransport;
+    const std::vector<Case> cases = {
+        {{"a", "a", "b", "b"}, T::kHierarchical},
+        {{"a", "b", "a", "b"}, T::kHierarchical},
+        {{"b", "a", "c", "a", "c", "b"}, T::kHierarchical},
+        {{"a", "a", "b"}, T::kGloo},
+        {{"a", "b", "b", "b"}, T::kGloo},
+    };
+    for (size_t k = 0; k < cases.size(); ++k) {
+        const Case &cs = cases[k];
+        const int p = static_cast<int>(cs.hosts.size());
+        const std::string url = url_for("hier") + "-" + std::to_string(k);
+        std::vector<T> chose(static_cast<size_t>(p), T::kSharedMemory);
+        sxtest::run_ranks(p, [&](int r) -> std::string {
+            sx::rdzv::Rendezvous rv;
+            Status s = sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv);
+            std::shared_ptr<sx::rdzv::Store> store;
+            if (s.ok()) s = sx::rdzv::open_store(rv, Millis(20000), &store);
+            sx::comm::GlooOptions opts;
+            opts.bind_address = "127.0.0.1";
+            opts.timeout = Millis(20000);
+            opts.in_process = false;  // the hosts' peers over TCP, as between machines
+            std::unique_ptr<Communicator> c;
+            if (s.ok())
+                s = sx::comm::create_cpu_communicator(store, r, p, opts, true, &c, &chose[static_cast<size_t>(r)],
+                                                      cs.hosts[static_cast<size_t>(r)]);
+            if (!s.ok()) return s.message();
+            if (c->rank() != r || c->world_size() != p) return "wrong rank or world size";
+            return sxtest::check_all_collectives(*c);
+        });
+        for (int r = 0; r < p; ++r)
+            if (chose[static_cast<size_t>(r)] != cs.want)
+                fail_msg("case %zu: rank %d chose transport %d, not %d", k, r, static_cast<int>(chose[static_cast<size_t>(r)]),
+                         static_cast<int>(cs.want));
     }
 }
 
@@ -337,6 +384,7 @@ int main(void) {
         cmocka_unit_test(test_abort_and_a_destroyed_peer),
         cmocka_unit_test(test_processes_and_sigkill),
         cmocka_unit_test(test_transport_choice),
+        cmocka_unit_test(test_hierarchy),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

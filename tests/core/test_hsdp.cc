@@ -366,10 +366,12 @@ int child_main(int argc, char **argv) {
     const bool pipelined = args.get("--pipelined", "0") == "1";
     const bool hosts = args.get("--hosts", "0") == "1";
     if (hosts) ::setenv("SX_HOST_ID", ("host-" + std::to_string(args.rank / 2)).c_str(), 1);
-    static int shared = 0;  // communicators that said they share memory
+    static int shared = 0;        // communicators that said they share memory
+    static int hierarchical = 0;  // ... or that they combine on each host, then across
     sx_set_log_callback(
         [](int32_t, const char *message, void *) {
-            if (std::strstr(message, "through shared memory")) ++shared;
+            if (std::strstr(message, "exchanges through shared memory")) ++shared;
+            if (std::strstr(message, "through TCP with its host peers")) ++hierarchical;
         },
         nullptr, SX_LOG_DEBUG);
     sx_group_config_t cfg;
@@ -405,9 +407,11 @@ int child_main(int argc, char **argv) {
         return 1;
     }
     // One host: the world, the shard and the replica group share memory; two: the shard
-    // group only.
-    if (shared != (hosts ? 1 : 3)) {
-        std::fprintf(stderr, "rank %d: %d communicators share memory, expected %d\n", args.rank, shared, hosts ? 1 : 3);
+    // group does, the world (2 hosts of 2) combines on each host and then across, and the
+    // replica group (a rank on each host) is TCP alone.
+    if (shared != (hosts ? 1 : 3) || hierarchical != (hosts ? 1 : 0)) {
+        std::fprintf(stderr, "rank %d: %d communicators share memory and %d are hierarchical, expected %d and %d\n",
+                     args.rank, shared, hierarchical, hosts ? 1 : 3, hosts ? 1 : 0);
         return 1;
     }
     for (int s = 0; s < 2; ++s) {

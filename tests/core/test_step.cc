@@ -1,6 +1,7 @@
 // The distributed step against an unsharded single-process reference: world sizes 1-4
-// as threads and 2 as processes over tcp://, stages 1 and 2, every optimizer, two
-// param groups, 3 micro-batches, clipping; freezing and unfreezing mid-run.
+// as threads and 2 as processes over tcp://, and 4 as processes on two simulated hosts
+// (shared memory on each, TCP between them), stages 1 and 2, every optimizer, two param
+// groups, 3 micro-batches, clipping; freezing and unfreezing mid-run.
 #include "sx_cmocka.h"
 
 #include <cmath>
@@ -506,16 +507,39 @@ void test_processes_over_tcp(void **) {
     }
 }
 
-// Child process role: one rank of a tcp:// run; exits 0 if its params match the reference.
+// Four processes on two simulated hosts (SX_HOST_ID: ranks 0 and 2 on one, 1 and 3 on
+// the other, so that a host's ranks are not contiguous): the world's communicator
+// combines through shared memory on each host and through TCP between host peers.
+void test_processes_on_two_hosts(void **) {
+    for (int stage = 1; stage <= 2; ++stage) {
+        std::string err = sxtest::run_process_ranks(
+            4, {"--scenario", "adamw", "--stage", std::to_string(stage), "--hosts", "1"}, 90);
+        if (!err.empty()) fail_msg("stage %d: %s", stage, err.c_str());
+    }
+}
+
+// Child process role: one rank of a tcp:// run; exits 0 if its params match the reference
+// (and, with --hosts, if its group's communicator was the hierarchical one).
 int child_main(int argc, char **argv) {
     sxtest::ChildArgs args;
     if (!sxtest::parse_child_args(argc, argv, &args)) return 2;
+    const bool hosts = args.get("--hosts", "0") == "1";
+    static bool hierarchical = false;
+    if (hosts) {
+        ::setenv("SX_HOST_ID", ("host-" + std::to_string(args.rank % 2)).c_str(), 1);
+        sx_set_log_callback(
+            [](int32_t, const char *message, void *) {
+                if (std::strstr(message, "through TCP with its host peers")) hierarchical = true;
+            },
+            nullptr, SX_LOG_DEBUG);
+    }
     Scenario sc = sxtest::two_group_scenario(SX_OPTIM_ADAMW);
     sc.world = args.world;
     sc.stage = std::atoi(args.get("--stage", "2").c_str());
     std::vector<std::vector<float>> got;
     std::string err = sxtest::rank_run(sc, args.rendezvous, args.rank, 30000, &got);
     if (err.empty()) err = sxtest::compare(got, sxtest::reference_run(sc), 1e-6);
+    if (err.empty() && hosts && !hierarchical) err = "the group's communicator was not the hierarchical one";
     if (!err.empty()) {
         std::fprintf(stderr, "rank %d: %s\n", args.rank, err.c_str());
         return 1;
@@ -541,6 +565,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_param_groups_added_at_run_time),
         cmocka_unit_test(test_checkpoints_around_an_added_param_group),
         cmocka_unit_test(test_processes_over_tcp),
+        cmocka_unit_test(test_processes_on_two_hosts),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

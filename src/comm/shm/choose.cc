@@ -1,7 +1,12 @@
 // Which transport a CPU communicator takes (communicator.h, create_cpu_communicator):
-// shared memory when every rank is on this host, Gloo's TCP otherwise.
+// shared memory when every rank is on this host; shared memory within each host and Gloo
+// between hosts when there are several hosts of several ranks each, as many on each;
+// Gloo's TCP otherwise.
+#include <algorithm>
+
 #include "base/log.h"
 #include "comm/communicator.h"
+#include "comm/shm/hierarchical.h"
 #include "comm/shm/segment.h"
 #include "rdzv/stores.h"
 
@@ -9,26 +14,35 @@ namespace sx {
 namespace comm {
 
 Status create_cpu_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
-                               bool shared_memory, std::unique_ptr<Communicator> *out, bool *shm,
+                               bool shared_memory, std::unique_ptr<Communicator> *out, CpuTransport *chosen,
                                const std::string &host) {
     SX_CHECK_ARG(store != nullptr && out != nullptr, "create_cpu_communicator: store and out must not be NULL");
-    bool same_host = false;
+    CpuTransport transport = CpuTransport::kGloo;
+    HostPlacement placement;
     if (shared_memory && world_size > 1) {
         // Every rank says where it runs and reads where the others do: they all decide alike.
         const Clock::time_point deadline =
             options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
         const std::string mine = host.empty() ? host_identity() : "given:" + host;
         SX_TRY(store->set("host/" + std::to_string(rank), mine));
-        same_host = true;
+        std::vector<std::string> hosts(static_cast<size_t>(world_size));
         for (int q = 0; q < world_size; ++q) {
-            std::string theirs;
             const Millis left = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
-            SX_TRY(store->get("host/" + std::to_string(q), &theirs, left));
-            same_host = same_host && theirs == mine;
+            SX_TRY(store->get("host/" + std::to_string(q), &hosts[static_cast<size_t>(q)], left));
         }
+        if (std::all_of(hosts.begin(), hosts.end(), [&](const std::string &h) { return h == mine; }))
+            transport = CpuTransport::kSharedMemory;
+        else if (place_hosts(hosts, &placement))
+            transport = CpuTransport::kHierarchical;
     }
-    if (shm) *shm = same_host;
-    if (!same_host) return create_gloo_communicator(std::move(store), rank, world_size, options, out);
+    if (chosen) *chosen = transport;
+    if (transport == CpuTransport::kGloo) return create_gloo_communicator(std::move(store), rank, world_size, options, out);
+    if (transport == CpuTransport::kHierarchical) {
+        bool hierarchical = false;
+        SX_TRY(create_hierarchical_communicator(std::move(store), rank, placement, options, out, &hierarchical));
+        if (!hierarchical && chosen) *chosen = CpuTransport::kGloo;
+        return Status::Ok();
+    }
     ShmOptions so;
     so.timeout = options.timeout;
     so.deadline = options.deadline;
@@ -37,7 +51,7 @@ Status create_cpu_communicator(std::shared_ptr<rdzv::Store> store, int rank, int
     if (s.code() != SX_ERR_UNSUPPORTED) return s;
     // Every rank learns it alike (rank 0 could not make the segment): Gloo then.
     log(SX_LOG_WARN, "sx: rank %d: %s; the ranks exchange through TCP instead", rank, s.message().c_str());
-    if (shm) *shm = false;
+    if (chosen) *chosen = CpuTransport::kGloo;
     return create_gloo_communicator(std::move(store), rank, world_size, options, out);
 }
 

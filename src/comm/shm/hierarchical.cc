@@ -1,0 +1,257 @@
+// The Communicator of ranks on several hosts with several ranks each
+// (create_cpu_communicator): the ranks of a host combine through their shared memory, and
+// the hosts exchange through Gloo between host peers, the ranks of the same local index
+// on each host (NCCL's hierarchy, in rings of host peers). Three communicators:
+//   local  the ranks of this host (shared memory), local index i of L;
+//   peers  the ranks of local index i on every host (Gloo), host h of H, hosts ordered by
+//          their lowest global rank;
+//   flat   every rank (Gloo), for the small and rare calls.
+// A reduce-scatter packs the buffer so that local index i's part holds, for every host h,
+// the shard of the rank (h, i); a local reduce-scatter sums each part over the host, and
+// a reduce-scatter among the host peers sums the hosts' sums: each rank ends with the sum
+// of its own shard, and only 1/L of the data leaves a host per rank. An all-gather is the
+// reverse (peers, then the host), and an fp32 all-reduce sums over the host, then each
+// local index its slice over the hosts, then the host gathers the slices.
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "base/half.h"
+#include "base/log.h"
+#include "comm/communicator.h"
+#include "comm/shm/hierarchical.h"
+#include "rdzv/store.h"
+
+namespace sx {
+namespace comm {
+namespace {
+
+class HierarchicalCommunicator final : public Communicator {
+  public:
+    HierarchicalCommunicator(const HostPlacement &placement, int rank, std::unique_ptr<Communicator> local,
+                             std::unique_ptr<Communicator> peers, std::unique_ptr<Communicator> flat)
+        : p_(placement), rank_(rank), local_(std::move(local)), peers_(std::move(peers)), flat_(std::move(flat)) {}
+
+    int rank() const override { return rank_; }
+    int world_size() const override { return p_.hosts * p_.per_host; }
+
+    Status reduce_scatter_sum(float *buf, size_t shard_elems, float *out, bool accumulate) override {
+        if (shard_elems == 0) return usable("reduce_scatter_sum");
+        SX_TRY(check_reduce_scatter_args(*this, buf, shard_elems, out, accumulate));
+        SX_TRY(usable("reduce_scatter_sum"));
+        const size_t H = static_cast<size_t>(p_.hosts), S = shard_elems;
+        std::vector<float> &packed = scratch_f32_[0], &host_sum = scratch_f32_[1];
+        packed.resize(H * S * static_cast<size_t>(p_.per_host));
+        host_sum.resize(H * S);
+        pack(buf, packed.data(), S * sizeof(float));
+        Status s = local_->reduce_scatter_sum(packed.data(), H * S, host_sum.data(), false);
+        if (s.ok()) s = peers_->reduce_scatter_sum(host_sum.data(), S, out, accumulate);
+        return checked(s);
+    }
+
+    Status reduce_scatter_sum_16(uint16_t *buf, int32_t dtype, size_t shard_elems, float *out, float out_scale,
+                                 bool accumulate) override {
+        if (shard_elems == 0) return usable("reduce_scatter_sum_16");
+        SX_TRY(check_reduce_scatter_16_args(*this, buf, dtype, shard_elems, out));
+        SX_TRY(usable("reduce_scatter_sum_16"));
+        const size_t H = static_cast<size_t>(p_.hosts), S = shard_elems;
+        std::vector<uint16_t> &packed = scratch_16_[0], &host_sum = scratch_16_[1];
+        std::vector<float> &wide = scratch_f32_[1];
+        packed.resize(H * S * static_cast<size_t>(p_.per_host));
+        host_sum.resize(H * S);
+        wide.resize(H * S);
+        pack(buf, packed.data(), S * sizeof(uint16_t));
+        // The host's sum, in the dtype (widened exactly, and narrowed back exactly), then
+        // the hosts' in the dtype too: every addition rounds to it, as the contract says.
+        Status s = local_->reduce_scatter_sum_16(packed.data(), dtype, H * S, wide.data(), 1.0f, false);
+        if (s.ok()) {
+            half::from_f32(dtype, wide.data(), host_sum.data(), H * S);
+            s = peers_->reduce_scatter_sum_16(host_sum.data(), dtype, S, out, out_scale, accumulate);
+        }
+        return checked(s);
+    }
+
+    Status all_gather(void *buf, size_t shard_bytes) override {
+        if (shard_bytes == 0) return usable("all_gather");
+        SX_CHECK_ARG(buf != nullptr, "all_gather: buf must not be NULL");
+        SX_TRY(usable("all_gather"));
+        const size_t H = static_cast<size_t>(p_.hosts), L = static_cast<size_t>(p_.per_host), B = shard_bytes;
+        std::vector<char> &peers = scratch_bytes_[0], &all = scratch_bytes_[1];
+        peers.resize(H * B);
+        all.resize(L * H * B);
+        char *b = static_cast<char *>(buf);
+        std::memcpy(peers.data() + static_cast<size_t>(p_.host) * B, b + static_cast<size_t>(rank_) * B, B);
+        Status s = peers_->all_gather(peers.data(), B);
+        if (s.ok()) {
+            std::memcpy(all.data() + static_cast<size_t>(p_.local) * H * B, peers.data(), H * B);
+            s = local_->all_gather(all.data(), H * B);
+        }
+        if (s.ok()) unpack(all.data(), b, B);
+        return checked(s);
+    }
+
+    Status all_reduce_sum(double *data, size_t n) override { return checked(flat_->all_reduce_sum(data, n)); }
+    Status all_reduce_max(uint64_t *data, size_t n) override { return checked(flat_->all_reduce_max(data, n)); }
+
+    // The host's sum on every local rank; local index i sums its slice over the hosts;
+    // the host gathers the slices. Every rank ends with the same bits.
+    Status all_reduce_sum_f32(float *data, size_t n) override {
+        if (n == 0) return usable("all_reduce_sum_f32");
+        SX_CHECK_ARG(data != nullptr, "all_reduce_sum_f32: data must not be NULL");
+        SX_TRY(usable("all_reduce_sum_f32"));
+        const size_t L = static_cast<size_t>(p_.per_host), per = (n + L - 1) / L;
+        const size_t lo = std::min(n, per * static_cast<size_t>(p_.local)), hi = std::min(n, lo + per);
+        std::vector<float> &slices = scratch_f32_[0];
+        slices.assign(per * L, 0.0f);
+        Status s = local_->all_reduce_sum_f32(data, n);
+        if (s.ok() && hi > lo) s = peers_->all_reduce_sum_f32(data + lo, hi - lo);
+        if (s.ok()) {
+            std::memcpy(slices.data() + static_cast<size_t>(p_.local) * per, data + lo, (hi - lo) * sizeof(float));
+            s = local_->all_gather(slices.data(), per * sizeof(float));
+        }
+        if (s.ok())
+            for (size_t q = 0; q < L; ++q) {
+                const size_t a = std::min(n, per * q), z = std::min(n, a + per);
+                std::memcpy(data + a, slices.data() + q * per, (z - a) * sizeof(float));
+            }
+        return checked(s);
+    }
+
+    Status broadcast(void *data, size_t bytes, int root) override {
+        return checked(flat_->broadcast(data, bytes, root));
+    }
+    Status gather_pieces(const std::vector<Piece> &mine, const std::vector<std::vector<Piece>> &theirs,
+                         int root) override {
+        return checked(flat_->gather_pieces(mine, theirs, root));
+    }
+    Status scatter_pieces(const std::vector<std::vector<Piece>> &theirs, const std::vector<Piece> &mine,
+                          int root) override {
+        return checked(flat_->scatter_pieces(theirs, mine, root));
+    }
+    Status barrier() override { return checked(flat_->barrier()); }
+
+    void abort() override {
+        local_->abort();
+        peers_->abort();
+        flat_->abort();
+    }
+
+  private:
+    // buf's shards (W of `bytes` each, in global rank order) into `packed`, ordered by
+    // local index, then host: part i of the host's reduce-scatter holds the shards of the
+    // ranks (h, i) for every host h.
+    void pack(const void *buf, void *packed, size_t bytes) const {
+        const char *from = static_cast<const char *>(buf);
+        char *to = static_cast<char *>(packed);
+        for (int i = 0; i < p_.per_host; ++i)
+            for (int h = 0; h < p_.hosts; ++h) {
+                const size_t r = static_cast<size_t>(p_.rank_of[static_cast<size_t>(h * p_.per_host + i)]);
+                std::memcpy(to, from + r * bytes, bytes);
+                to += bytes;
+            }
+    }
+    // The reverse: `packed` (local index, then host) into buf in global rank order.
+    void unpack(const void *packed, void *buf, size_t bytes) const {
+        const char *from = static_cast<const char *>(packed);
+        char *to = static_cast<char *>(buf);
+        for (int i = 0; i < p_.per_host; ++i)
+            for (int h = 0; h < p_.hosts; ++h) {
+                const size_t r = static_cast<size_t>(p_.rank_of[static_cast<size_t>(h * p_.per_host + i)]);
+                std::memcpy(to + r * bytes, from, bytes);
+                from += bytes;
+            }
+    }
+
+    // A failed part fails the whole: the other parts are aborted, so that every peer,
+    // whichever part it waits in, fails at once, and every later call fails fast.
+    Status checked(Status s) {
+        if (s.ok()) return s;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (failure_.ok()) failure_ = s;
+        }
+        abort();
+        return s;
+    }
+
+    Status usable(const char *what) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (failure_.ok()) return Status::Ok();
+        return Status(failure_.code(), format("%s: the communicator failed earlier: %s", what, failure_.message().c_str()),
+                      failure_.file(), failure_.line());
+    }
+
+    const HostPlacement p_;
+    const int rank_;
+    std::unique_ptr<Communicator> local_, peers_, flat_;
+    std::vector<float> scratch_f32_[2];
+    std::vector<uint16_t> scratch_16_[2];
+    std::vector<char> scratch_bytes_[2];
+    std::mutex mu_;
+    Status failure_;
+};
+
+}  // namespace
+
+bool place_hosts(const std::vector<std::string> &hosts, HostPlacement *out) {
+    HostPlacement p;
+    std::vector<std::string> order;  // hosts by their lowest rank
+    std::vector<std::vector<int>> ranks;
+    for (size_t r = 0; r < hosts.size(); ++r) {
+        const size_t h = static_cast<size_t>(std::find(order.begin(), order.end(), hosts[r]) - order.begin());
+        if (h == order.size()) {
+            order.push_back(hosts[r]);
+            ranks.emplace_back();
+        }
+        ranks[h].push_back(static_cast<int>(r));
+    }
+    p.hosts = static_cast<int>(order.size());
+    p.per_host = ranks.empty() ? 0 : static_cast<int>(ranks[0].size());
+    for (const std::vector<int> &on : ranks)
+        if (static_cast<int>(on.size()) != p.per_host) return false;
+    if (p.hosts < 2 || p.per_host < 2) return false;
+    for (int h = 0; h < p.hosts; ++h)
+        for (int i = 0; i < p.per_host; ++i) p.rank_of.push_back(ranks[static_cast<size_t>(h)][static_cast<size_t>(i)]);
+    *out = p;
+    return true;
+}
+
+Status create_hierarchical_communicator(std::shared_ptr<rdzv::Store> store, int rank, const HostPlacement &placement,
+                                        const GlooOptions &options, std::unique_ptr<Communicator> *out,
+                                        bool *hierarchical) {
+    HostPlacement p = placement;
+    const size_t at = static_cast<size_t>(std::find(p.rank_of.begin(), p.rank_of.end(), rank) - p.rank_of.begin());
+    SX_CHECK_ARG(at < p.rank_of.size(), "create_hierarchical_communicator: rank %d is on no host", rank);
+    p.host = static_cast<int>(at) / p.per_host;
+    p.local = static_cast<int>(at) % p.per_host;
+    const int world = p.hosts * p.per_host;
+    std::unique_ptr<Communicator> flat, local, peers;
+    SX_TRY(create_gloo_communicator(rdzv::make_prefix_store(store, "flat/"), rank, world, options, &flat));
+    ShmOptions so;
+    so.timeout = options.timeout;
+    so.deadline = options.deadline;
+    Status s = create_shm_communicator(rdzv::make_prefix_store(store, "host" + std::to_string(p.host) + "/"),
+                                       p.local, p.per_host, so, &local);
+    if (!s.ok() && s.code() != SX_ERR_UNSUPPORTED) return s;
+    // Every rank learns whether every host shares memory: where one cannot, plain Gloo.
+    uint64_t failed = s.ok() ? 0 : 1;
+    SX_TRY(flat->all_reduce_max(&failed, 1));
+    if (failed) {
+        if (!s.ok()) log(SX_LOG_WARN, "sx: rank %d: %s; the ranks exchange through TCP instead", rank, s.message().c_str());
+        *hierarchical = false;
+        *out = std::move(flat);
+        return Status::Ok();
+    }
+    SX_TRY(create_gloo_communicator(rdzv::make_prefix_store(store, "peers" + std::to_string(p.local) + "/"), p.host,
+                                    p.hosts, options, &peers));
+    log(SX_LOG_DEBUG,
+        "sx: rank %d of %d: host %d of %d, local rank %d of %d: its communicator combines through shared memory on its "
+        "host and through TCP with its host peers",
+        rank, world, p.host, p.hosts, p.local, p.per_host);
+    *hierarchical = true;
+    out->reset(new HierarchicalCommunicator(p, rank, std::move(local), std::move(peers), std::move(flat)));
+    return Status::Ok();
+}
+
+}  // namespace comm
+}  // namespace sx
