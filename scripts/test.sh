@@ -67,3 +67,15 @@ cmake --build build/asan -j"$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build/asan --output-on-failure -j"$jobs"
+
+echo "== ThreadSanitizer build: the shared-memory transport, the pool and the agreement =="
+# The tests whose threads share the most: the shared-memory communicator (ranks as threads
+# and as processes, riders, a hierarchy of hosts), the pool, and groups that agree and step
+# over shared memory. Not with ASan (the two exclude each other).
+tsan_tests=(test_comm_shm test_thread_pool test_call_headers)
+cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DSX_TSAN=ON -DSX_BUILD_BENCH=OFF -DSX_BUILD_SAMPLES=OFF \
+  -DSX_BUILD_BINDINGS=OFF -DSX_WITH_CUDA=OFF > /dev/null
+cmake --build build/tsan -j"$jobs" --target "${tsan_tests[@]}"
+# report_signal_unsafe: CMocka's handlers and libnl's exit handlers, not sx's code.
+export TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0
+ctest --test-dir build/tsan --output-on-failure -j"$jobs" -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$"

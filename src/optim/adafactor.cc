@@ -13,11 +13,6 @@ namespace sx {
 namespace optim {
 namespace {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SX_ADAFACTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SX_ADAFACTOR_CLONES
-#endif
 
 // Columns per task of the first pass's column sums.
 constexpr uint64_t kColumnBlock = 64;
@@ -56,7 +51,7 @@ void for_each_row_run(const Segment &seg, const AdafactorShape &sh, size_t lo, s
 // --- the first pass ---
 
 // The sums of a run of one row: of the params' squares and the gradients' squares.
-SX_ADAFACTOR_CLONES void run_sums(const float *p, const float *g, size_t n, float scale, double *psq, double *gsq) {
+SX_PASS_CLONES void run_sums(const float *p, const float *g, size_t n, float scale, double *psq, double *gsq) {
     double ps = 0.0, gs = 0.0;
 #pragma omp simd reduction(+ : ps, gs)
     for (size_t k = 0; k < n; ++k) {
@@ -69,7 +64,7 @@ SX_ADAFACTOR_CLONES void run_sums(const float *p, const float *g, size_t n, floa
 }
 
 // Columns [c0, c1) of a run of one row: acc[c - c0] += (g * scale)^2.
-SX_ADAFACTOR_CLONES void add_column_squares(const float *g, size_t n, float scale, double *acc) {
+SX_PASS_CLONES void add_column_squares(const float *g, size_t n, float scale, double *acc) {
 #pragma omp simd
     for (size_t k = 0; k < n; ++k) {
         const float x = g[k] * scale;
@@ -152,7 +147,7 @@ void first_piece(const Segment &seg, const AdafactorParam &par, const FirstPiece
 
 // Elements [lo, hi) of a segment: u's squares summed (second pass: a 1-D param's variance
 // lerped first), or the update applied (third pass: factor != 0 or not).
-SX_ADAFACTOR_CLONES void unfactored_range(const Segment &seg, const Consts &c, size_t lo, size_t hi, bool apply,
+SX_PASS_CLONES void unfactored_range(const Segment &seg, const Consts &c, size_t lo, size_t hi, bool apply,
                                           float factor, double *usq) {
     float *v = seg.state[0], *p = seg.param;
     const float *grad = seg.grad;
@@ -178,7 +173,7 @@ SX_ADAFACTOR_CLONES void unfactored_range(const Segment &seg, const Consts &c, s
 
 // A run of one row of a factored param: its row_var value r, the matrix's col_var from
 // column `col`, its row mean m.
-SX_ADAFACTOR_CLONES void factored_run(float *p, const float *grad, size_t n, const Consts &c, float r,
+SX_PASS_CLONES void factored_run(float *p, const float *grad, size_t n, const Consts &c, float r,
                                       const float *cv, float m, bool apply, float factor, double *usq) {
     if (!apply) {
         double us = 0.0;

@@ -45,14 +45,9 @@ inline float direction(const Consts &c, float m, float v, float p) {
 // The two passes' loops are compiled for AVX-512, AVX2 and the baseline, chosen when the
 // library loads (target_clones), and vectorised with their sums (omp simd, reordering
 // only the double sums). No FMA: the fp32 roundings are the reference's.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SX_LAMB_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SX_LAMB_CLONES
-#endif
 
 // Elements [lo, hi) of seg: the first pass, adding into *sums and *grad_sumsq.
-SX_LAMB_CLONES void first_range(const Segment &seg, const Consts &c, size_t lo, size_t hi, LambSums *sums, double *grad_sumsq) {
+SX_PASS_CLONES void first_range(const Segment &seg, const Consts &c, size_t lo, size_t hi, LambSums *sums, double *grad_sumsq) {
     float *p = seg.param, *m = seg.state[0], *v = seg.state[1];
     const float *grad = seg.grad;
     double ps = 0.0, us = 0.0, gs = 0.0;
@@ -75,7 +70,7 @@ SX_LAMB_CLONES void first_range(const Segment &seg, const Consts &c, size_t lo, 
     *grad_sumsq += gs;
 }
 
-SX_LAMB_CLONES void second_range(const Segment &seg, const Consts &c, float factor, size_t lo, size_t hi) {
+SX_PASS_CLONES void second_range(const Segment &seg, const Consts &c, float factor, size_t lo, size_t hi) {
     float *p = seg.param;
     const float *m = seg.state[0], *v = seg.state[1];
 #pragma omp simd

@@ -13,11 +13,6 @@ namespace sx {
 namespace optim {
 namespace {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SX_MUON_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SX_MUON_CLONES
-#endif
 
 inline float bf16(float x) { return half::bf16_to_f32(half::f32_to_bf16(x)); }
 
@@ -38,7 +33,7 @@ inline V16 load16(const float *p) {
 }
 inline void store16(float *p, V16 v) { std::memcpy(p, &v, sizeof v); }
 
-SX_MUON_CLONES void matmul_rows(const float *a, const float *b, float *c, int64_t r0, int64_t r1, int64_t kk,
+SX_PASS_CLONES void matmul_rows(const float *a, const float *b, float *c, int64_t r0, int64_t r1, int64_t kk,
                                 int64_t n) {
     for (int64_t i = r0; i < r1; ++i) std::fill(c + i * n, c + (i + 1) * n, 0.0f);
     for (int64_t j0 = 0; j0 < n; j0 += kCols) {

@@ -15,6 +15,15 @@
 namespace sx {
 namespace optim {
 
+// Loops compiled for AVX-512, AVX2 and the baseline, the one for this processor chosen
+// when the library loads (GCC's target_clones, resolved through an ifunc). Not under
+// ThreadSanitizer, whose instrumented resolvers would run before it has started.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+#define SX_PASS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SX_PASS_CLONES
+#endif
+
 // Elements per piece: a piece's partial sums are added in piece order.
 constexpr size_t kPassPiece = 4096;
 
