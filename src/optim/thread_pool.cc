@@ -24,45 +24,31 @@ ThreadPool::~ThreadPool() {
     for (std::thread &t : threads_) t.join();
 }
 
-void ThreadPool::run(const std::function<void(int)> &fn) {
+void ThreadPool::run(const std::function<void(int)> &fn) { run_job(fn, Claim::every); }
+
+void ThreadPool::run_open(const std::function<void(int)> &fn) { run_job(fn, Claim::open); }
+
+// Publishes the job: every worker must run it (pending_ counts them), or, open, those
+// that claim it before the caller has finished its own part (each claim adds to pending_).
+void ThreadPool::run_job(const std::function<void(int)> &fn, Claim claim) {
     std::lock_guard<std::mutex> one_at_a_time(run_mu_);
     if (num_threads_ == 1) {
         fn(0);
         return;
     }
-    start(fn, false);
-    fn(0);
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [this] { return pending_ == 0; });
-    job_ = nullptr;
-}
-
-void ThreadPool::run_open(const std::function<void(int)> &fn) {
-    std::lock_guard<std::mutex> one_at_a_time(run_mu_);
-    if (num_threads_ == 1) {
-        fn(0);
-        return;
-    }
-    start(fn, true);
-    fn(0);
-    std::unique_lock<std::mutex> lock(mu_);
-    open_ = false;  // a worker that has not claimed the job yet skips it
-    done_cv_.wait(lock, [this] { return pending_ == 0; });
-    job_ = nullptr;
-}
-
-// Publishes a job: every worker must run it (pending_ counts them), or, open, those that
-// claim it while it is open (each claim adds to pending_).
-void ThreadPool::start(const std::function<void(int)> &fn, bool open) {
     {
         std::lock_guard<std::mutex> lock(mu_);
         job_ = &fn;
-        open_job_ = open;
-        open_ = open;
-        pending_ = open ? 0 : num_threads_ - 1;
+        claim_ = claim;
+        pending_ = claim == Claim::every ? num_threads_ - 1 : 0;
         ++generation_;
     }
     start_cv_.notify_all();
+    fn(0);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (claim_ == Claim::open) claim_ = Claim::closed;  // a worker yet to claim it skips it
+    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    job_ = nullptr;
 }
 
 void ThreadPool::worker(int index) {
@@ -72,10 +58,8 @@ void ThreadPool::worker(int index) {
         start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
-        if (open_job_) {
-            if (!open_) continue;  // the caller has done the work
-            ++pending_;
-        }
+        if (claim_ == Claim::closed) continue;  // the caller has done the work
+        if (claim_ == Claim::open) ++pending_;
         const std::function<void(int)> *job = job_;
         lock.unlock();
         (*job)(index);

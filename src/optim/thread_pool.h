@@ -40,8 +40,14 @@ class ThreadPool {
     void run_open(const std::function<void(int)> &fn);
 
   private:
+    // Which workers run the published job.
+    enum class Claim {
+        every,   // run()'s: every worker, once
+        open,    // run_open()'s, while the caller runs its part: a worker that wakes claims it
+        closed,  // run_open()'s, after the caller's part: a worker that wakes skips it
+    };
+    void run_job(const std::function<void(int)> &fn, Claim claim);
     void worker(int index);
-    void start(const std::function<void(int)> &fn, bool open);
 
     int num_threads_;
     std::vector<std::thread> threads_;
@@ -50,9 +56,8 @@ class ThreadPool {
     std::condition_variable start_cv_, done_cv_;
     const std::function<void(int)> *job_ = nullptr;
     uint64_t generation_ = 0;
-    int pending_ = 0;      // workers yet to return from the job
-    bool open_job_ = false;  // the job is run_open's: a worker claims it only while open_
-    bool open_ = false;
+    int pending_ = 0;  // workers yet to return from the job
+    Claim claim_ = Claim::every;
     bool stop_ = false;
 };
 
