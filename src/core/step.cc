@@ -32,6 +32,14 @@ std::vector<optim::Segment> elementwise_only(std::vector<optim::Segment> segs) {
 // The tag of the rider that carries a rank's sum of squares on the params' all-gather.
 constexpr uint64_t kNormRider = 0x6e6f726d5f737173ULL;  // "norm_sqs"
 
+// The sum of the riders' values in rank order (as sum_over_ranks adds): the same bits on
+// every rank.
+double sum_in_rank_order(const std::vector<comm::Rider> &riders) {
+    double sum = 0.0;
+    for (const comm::Rider &r : riders) sum += r.value;
+    return sum;
+}
+
 }  // namespace
 
 // The current mask with every byte 0 or 1 (autodetection reads the trainer's bytes).
@@ -86,8 +94,8 @@ Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weigh
 // an exchange of its own: a step or a micro-batch that reduces now (not stage 1's) in a
 // flat group over a transport that carries riders, under the mask already applied (the
 // call changes no unit's trainability before the ranks have agreed), with a trainable
-// unit. Ranks that choose
-// differently meet in different calls, which the transport tells them (below).
+// unit. Ranks that choose differently meet in different calls, which the transport tells
+// them (reduce_agreeing).
 int32_t ShardGroup::agreement_rider_unit(const Agreement &a, bool accumulate) const {
     if ((accumulate && config_.stage == 1) || mesh_.world_size() == 1 || mesh_.replicas() != 1 ||
         !mesh_.shard().carries_riders())
@@ -116,11 +124,7 @@ Status ShardGroup::reduce_agreeing(size_t u, const Agreement &a, bool accumulate
         riders.clear();
     }
     if (!s.ok()) return fail(s);
-    if (!riders.empty()) {
-        double sum = 0.0;
-        for (const comm::Rider &r : riders) sum += r.value;  // in rank order: the same bits on every rank
-        if (weight_sum) *weight_sum = sum;
-    }
+    if (!riders.empty() && weight_sum) *weight_sum = sum_in_rank_order(riders);
     return Status::Ok();
 }
 
@@ -460,9 +464,7 @@ Status ShardGroup::gather_trainable_units(const double *local_sumsq, double *sum
         if (s.ok()) s = mesh_.shard().all_gather(units_[u].params.data(), S * dtype_size(units_[u].dtype));
         if (!s.ok()) return fail(s);
         if (ride) {
-            double sum = 0.0;
-            for (const comm::Rider &r : riders) sum += r.value;  // in rank order: the same bits on every rank
-            *sumsq = sum;
+            *sumsq = sum_in_rank_order(riders);
             local_sumsq = nullptr;
         }
     }
