@@ -14,6 +14,21 @@ uint64_t collectives_started() { return g_collectives.load(std::memory_order_rel
 
 void count_collective() { g_collectives.fetch_add(1, std::memory_order_relaxed); }
 
+bool FailureLatch::record(const Status &s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.load()) return false;
+    failure_ = s;
+    failed_.store(true);
+    return true;
+}
+
+Status FailureLatch::check(const char *what) const {
+    if (!failed_.load()) return Status::Ok();
+    std::lock_guard<std::mutex> lock(mu_);
+    return Status(failure_.code(), format("%s: the communicator failed earlier: %s", what, failure_.message().c_str()),
+                  failure_.file(), failure_.line());
+}
+
 Status check_reduce_scatter_args(const Communicator &c, const float *buf, size_t shard_elems, const float *out,
                                  bool accumulate) {
     SX_CHECK_ARG(buf != nullptr && out != nullptr, "reduce_scatter_sum: buf and out must not be NULL");

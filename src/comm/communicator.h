@@ -8,10 +8,12 @@
 // stays usable (the caller may meet its peers again to find out why).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,21 @@ void count_collective();
 struct Rider {
     uint64_t tag = 0;  // nonzero
     double value = 0.0;
+};
+
+// A communicator's first failure, kept so that every later call fails fast with it (the
+// rule above). Any thread.
+class FailureLatch {
+  public:
+    // Keeps s (an error) unless a failure is kept already; true where s is the first.
+    bool record(const Status &s);
+    // Ok, or the kept failure, as seen by the call `what`.
+    Status check(const char *what) const;
+
+  private:
+    mutable std::mutex mu_;  // guards failure_
+    Status failure_;
+    std::atomic<bool> failed_{false};
 };
 
 // A contiguous piece of memory a collective sends or receives.

@@ -359,18 +359,12 @@ class GlooCommunicator final : public Communicator {
 
     Status usable(const char *what) {
         if (aborted_.load()) return SX_ERROR(SX_ERR_ABORTED, "%s: the communicator was aborted", what);
-        if (!failed_.load()) return Status::Ok();
-        std::lock_guard<std::mutex> lock(mu_);
-        return Status(failure_.code(), format("%s: the communicator failed earlier: %s", what,
-                                              failure_.message().c_str()),
-                      failure_.file(), failure_.line());
+        return failure_.check(what);
     }
 
+    // The first failure also fails the peers: they stop waiting on this rank at once.
     void record_failure(const Status &s) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (failed_.load()) return;
-        failure_ = s;
-        failed_.store(true);
+        if (!failure_.record(s)) return;
         if (meeting_) meeting_->fail(rank(), s.code(), s.message());
         try {
             context_->closeConnections();  // peers fail fast instead of waiting for their timeout
@@ -406,9 +400,7 @@ class GlooCommunicator final : public Communicator {
     InFlight in_flight_;
     uint32_t tag_ = 0;  // calls so far; only the calling thread touches it
 
-    std::mutex mu_;  // guards failure_
-    Status failure_;
-    std::atomic<bool> failed_{false};
+    FailureLatch failure_;
     std::atomic<bool> aborted_{false};
 };
 

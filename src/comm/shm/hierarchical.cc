@@ -139,26 +139,24 @@ class HierarchicalCommunicator final : public Communicator {
   private:
     // buf's shards (W of `bytes` each, in global rank order) into `packed`, ordered by
     // local index, then host: part i of the host's reduce-scatter holds the shards of the
-    // ranks (h, i) for every host h.
+    // ranks (h, i) for every host h. unpack is the reverse.
     void pack(const void *buf, void *packed, size_t bytes) const {
-        const char *from = static_cast<const char *>(buf);
-        char *to = static_cast<char *>(packed);
-        for (int i = 0; i < p_.per_host; ++i)
-            for (int h = 0; h < p_.hosts; ++h) {
-                const size_t r = static_cast<size_t>(p_.rank_of[static_cast<size_t>(h * p_.per_host + i)]);
-                std::memcpy(to, from + r * bytes, bytes);
-                to += bytes;
-            }
+        permute(const_cast<void *>(buf), packed, bytes, true);
     }
-    // The reverse: `packed` (local index, then host) into buf in global rank order.
     void unpack(const void *packed, void *buf, size_t bytes) const {
-        const char *from = static_cast<const char *>(packed);
-        char *to = static_cast<char *>(buf);
+        permute(buf, const_cast<void *>(packed), bytes, false);
+    }
+    // One walk of the packed order (local index, then host) for both directions.
+    void permute(void *by_rank, void *packed, size_t bytes, bool to_packed) const {
+        char *ranked = static_cast<char *>(by_rank), *p = static_cast<char *>(packed);
         for (int i = 0; i < p_.per_host; ++i)
             for (int h = 0; h < p_.hosts; ++h) {
                 const size_t r = static_cast<size_t>(p_.rank_of[static_cast<size_t>(h * p_.per_host + i)]);
-                std::memcpy(to + r * bytes, from, bytes);
-                from += bytes;
+                if (to_packed)
+                    std::memcpy(p, ranked + r * bytes, bytes);
+                else
+                    std::memcpy(ranked + r * bytes, p, bytes);
+                p += bytes;
             }
     }
 
@@ -166,20 +164,12 @@ class HierarchicalCommunicator final : public Communicator {
     // whichever part it waits in, fails at once, and every later call fails fast.
     Status checked(Status s) {
         if (s.ok()) return s;
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            if (failure_.ok()) failure_ = s;
-        }
+        failure_.record(s);
         abort();
         return s;
     }
 
-    Status usable(const char *what) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (failure_.ok()) return Status::Ok();
-        return Status(failure_.code(), format("%s: the communicator failed earlier: %s", what, failure_.message().c_str()),
-                      failure_.file(), failure_.line());
-    }
+    Status usable(const char *what) { return failure_.check(what); }
 
     const HostPlacement p_;
     const int rank_;
@@ -187,8 +177,7 @@ class HierarchicalCommunicator final : public Communicator {
     std::vector<float> scratch_f32_[2];
     std::vector<uint16_t> scratch_16_[2];
     std::vector<char> scratch_bytes_[2];
-    std::mutex mu_;
-    Status failure_;
+    FailureLatch failure_;
 };
 
 }  // namespace

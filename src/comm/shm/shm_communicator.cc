@@ -632,17 +632,11 @@ class ShmCommunicator final : public Communicator {
 
     Status usable(const char *what) {
         if (aborted_.load()) return SX_ERROR(SX_ERR_ABORTED, "%s: the communicator was aborted", what);
-        std::lock_guard<std::mutex> lock(mu_);
-        if (failure_.ok()) return Status::Ok();
-        return Status(failure_.code(), format("%s: the communicator failed earlier: %s", what, failure_.message().c_str()),
-                      failure_.file(), failure_.line());
+        return failure_.check(what);
     }
 
     void record_failure(const Status &s) {
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            if (failure_.ok()) failure_ = s;
-        }
+        failure_.record(s);
         leave(s.code());
     }
 
@@ -660,8 +654,7 @@ class ShmCommunicator final : public Communicator {
 
     bool one_process_ = false;
     std::atomic<bool> aborted_{false};
-    std::mutex mu_;
-    Status failure_;
+    FailureLatch failure_;
 };
 
 }  // namespace
