@@ -445,6 +445,52 @@ struct Workspace::Impl {
         return Status::Ok();
     }
 
+    // The next table slot, once the launch that used it two launches ago is done, with
+    // room for `bytes`.
+    Status take_slot(size_t bytes, Slot **out) {
+        Slot &slot = slots[next];
+        if (slot.in_flight) SX_CUDA_TRY(cudaEventSynchronize(slot.done), "waiting for an earlier optimizer launch");
+        slot.in_flight = false;
+        SX_TRY(reserve(slot, bytes));
+        *out = &slot;
+        return Status::Ok();
+    }
+
+    // The plan's segment table and first-segment index into the slot and onto the device,
+    // on the stream; the kernel's arguments.
+    Status upload(Slot &slot, size_t table_bytes, size_t total, cudaStream_t stream, const TableSegment **table,
+                  const uint32_t **first) {
+        std::memcpy(slot.host, plan.segments.data(), table_bytes);
+        std::memcpy(slot.host + table_bytes, plan.first_segment.data(), total - table_bytes);
+        SX_CUDA_TRY(cudaMemcpyAsync(slot.device, slot.host, total, cudaMemcpyHostToDevice, stream),
+                    "copying the segment table to the device");
+        *table = reinterpret_cast<const TableSegment *>(slot.device);
+        *first = reinterpret_cast<const uint32_t *>(slot.device + table_bytes);
+        return Status::Ok();
+    }
+
+    // The segments kernel of `mode` over the plan.
+    Status enqueue(Mode mode, const TableSegment *table, const uint32_t *first, bool want_stats,
+                   cudaStream_t stream) {
+        const int stats_flag = want_stats ? 1 : 0;
+        switch (mode) {
+        case Mode::kUpdate:
+            internal::segments_kernel<Mode::kUpdate><<<plan.grid, internal::kThreads, 0, stream>>>(
+                table, first, plan.total_chunks, stats_flag, partials);
+            break;
+        case Mode::kStats:
+            internal::segments_kernel<Mode::kStats><<<plan.grid, internal::kThreads, 0, stream>>>(
+                table, first, plan.total_chunks, stats_flag, partials);
+            break;
+        case Mode::kTrafficOnly:
+            internal::segments_kernel<Mode::kTrafficOnly><<<plan.grid, internal::kThreads, 0, stream>>>(
+                table, first, plan.total_chunks, 0, partials);
+            break;
+        }
+        SX_CUDA_TRY(cudaGetLastError(), "launching the optimizer kernel");
+        return Status::Ok();
+    }
+
     Status launch(Mode mode, const CudaSegment *segs, size_t num_segs, float grad_scale, void *stream_ptr,
                   bool want_stats) {
         SX_TRY(init());
@@ -452,43 +498,23 @@ struct Workspace::Impl {
         SX_TRY(internal::build_plan(segs, num_segs, grad_scale, mode, max_grid, &plan));
         const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
         if (plan.grid == 0 && !want_stats) return Status::Ok();
-        Slot &slot = slots[next];
-        if (slot.in_flight) SX_CUDA_TRY(cudaEventSynchronize(slot.done), "waiting for an earlier optimizer launch");
-        slot.in_flight = false;
         const size_t table_bytes = plan.segments.size() * sizeof(TableSegment);
         const size_t total = table_bytes + plan.first_segment.size() * sizeof(uint32_t);
-        SX_TRY(reserve(slot, total));
+        Slot *slot = nullptr;
+        SX_TRY(take_slot(total, &slot));
         if (plan.grid > 0) {
-            std::memcpy(slot.host, plan.segments.data(), table_bytes);
-            std::memcpy(slot.host + table_bytes, plan.first_segment.data(), total - table_bytes);
-            SX_CUDA_TRY(cudaMemcpyAsync(slot.device, slot.host, total, cudaMemcpyHostToDevice, stream),
-                        "copying the segment table to the device");
-            const TableSegment *table = reinterpret_cast<const TableSegment *>(slot.device);
-            const uint32_t *first = reinterpret_cast<const uint32_t *>(slot.device + table_bytes);
-            const int stats_flag = want_stats ? 1 : 0;
-            switch (mode) {
-            case Mode::kUpdate:
-                internal::segments_kernel<Mode::kUpdate><<<plan.grid, internal::kThreads, 0, stream>>>(
-                    table, first, plan.total_chunks, stats_flag, partials);
-                break;
-            case Mode::kStats:
-                internal::segments_kernel<Mode::kStats><<<plan.grid, internal::kThreads, 0, stream>>>(
-                    table, first, plan.total_chunks, stats_flag, partials);
-                break;
-            case Mode::kTrafficOnly:
-                internal::segments_kernel<Mode::kTrafficOnly><<<plan.grid, internal::kThreads, 0, stream>>>(
-                    table, first, plan.total_chunks, 0, partials);
-                break;
-            }
-            SX_CUDA_TRY(cudaGetLastError(), "launching the optimizer kernel");
+            const TableSegment *table = nullptr;
+            const uint32_t *first = nullptr;
+            SX_TRY(upload(*slot, table_bytes, total, stream, &table, &first));
+            SX_TRY(enqueue(mode, table, first, want_stats, stream));
         }
         if (want_stats) {
             internal::finish_stats<<<1, internal::kThreads, 0, stream>>>(partials, plan.grid, stats);
             SX_CUDA_TRY(cudaGetLastError(), "launching the gradient statistics reduction");
             stats_written = true;
         }
-        SX_CUDA_TRY(cudaEventRecord(slot.done, stream), "recording an optimizer event");
-        slot.in_flight = true;
+        SX_CUDA_TRY(cudaEventRecord(slot->done, stream), "recording an optimizer event");
+        slot->in_flight = true;
         next ^= 1;
         last_grid = plan.grid;
         return Status::Ok();
