@@ -88,6 +88,7 @@ const Section kSections[] = {
     {"custom_optimizer", section_custom_optimizer},
     {"param_sums", section_param_sums},
     {"shm", section_shm},
+    {"shm_step", section_shm_step},
     {"cache_step", section_cache_step},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
@@ -133,6 +134,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !std::strcmp(argv[1], "--pipeline-rank")) return pipeline_rank_main(argc, argv);
     if (argc > 1 && !std::strcmp(argv[1], "--mesh-rank")) return mesh_rank_main(argc, argv);
     if (argc > 1 && !std::strcmp(argv[1], "--shm-rank")) return shm_rank_main(argc, argv);
+    if (argc > 1 && !std::strcmp(argv[1], "--shm-step-rank")) return shm_step_rank_main(argc, argv);
     Options opt;
     std::vector<std::string> wanted;
     for (int i = 1; i < argc; ++i) {

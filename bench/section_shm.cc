@@ -1,7 +1,8 @@
 // bench_sx section shm: ranks as processes on this host (2 and 4), the shared-memory
 // communicator against sx's Gloo (TCP) communicator and against the floor of shared
 // memory, all in the same processes, iterations interleaved:
-//   rs+ag   reduce_scatter_sum of --comm-mib MiB per rank, then all_gather of the result
+//   rs+ag   reduce_scatter_sum of --comm-mib MiB per rank, then all_gather of the result,
+//           the buffer from the process's shared arena as a group's flat buffers are
 //   floor   the same work with every rank's buffer in shared memory from the start:
 //           each rank sums its slice of every rank's buffer into its own, a barrier, each
 //           copies the others' summed slices, a barrier (no staging copies at all)
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "base/memory.h"
 #include "comm/communicator.h"
 #include "rdzv/rendezvous.h"
 #include "comm/shm/segment.h"
@@ -62,13 +64,18 @@ Times measure(int r, int world, std::shared_ptr<sx::rdzv::Store> store, int reps
     check(sx::comm::create_gloo_communicator(sx::rdzv::make_prefix_store(store, "gloo/"), r, world, go, &gloo));
 
     const size_t floats = bytes / sizeof(float), shard = floats / static_cast<size_t>(world);
-    std::vector<float> buf(floats, 1.0f);
+    // As a group's flat buffers: from the process's shared arena, which peers read in place.
+    sx::HostBuffer mem;
+    check(mem.allocate(floats * sizeof(float), "the benchmark's buffer", sx::HostBuffer::kPopulate,
+                       sx::HostBuffer::kExchanged));
+    float *const buf = mem.as<float>();
+    std::fill(buf, buf + floats, 1.0f);
     std::fill(floor_buf(r), floor_buf(r) + floats, 1.0f);
     auto rs_ag = [&](sx::comm::Communicator &c) {
         return [&] {
             // In place, as a step does: this rank's sums land in its own part of buf.
-            check(c.reduce_scatter_sum(buf.data(), shard, buf.data() + static_cast<size_t>(r) * shard, false));
-            check(c.all_gather(buf.data(), shard * sizeof(float)));
+            check(c.reduce_scatter_sum(buf, shard, buf + static_cast<size_t>(r) * shard, false));
+            check(c.all_gather(buf, shard * sizeof(float)));
         };
     };
     auto floor_op = [&] {

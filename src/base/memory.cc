@@ -29,17 +29,19 @@ void fail_allocation_after(int64_t n) { g_fail_countdown.store(n < 0 ? 0 : n); }
 HostBuffer &HostBuffer::operator=(HostBuffer &&o) noexcept {
     if (this != &o) {
         reset();
+        block_ = o.block_;
         base_ = o.base_;
         data_ = o.data_;
         size_ = o.size_;
         mapped_ = o.mapped_;
+        o.block_ = arena::Block();
         o.base_ = o.data_ = nullptr;
         o.size_ = o.mapped_ = 0;
     }
     return *this;
 }
 
-Status HostBuffer::allocate(size_t bytes, const char *what, Populate populate) {
+Status HostBuffer::allocate(size_t bytes, const char *what, Populate populate, Placement placement) {
     if (injected_failure())
         return SX_ERROR(SX_ERR_OUT_OF_MEMORY, "allocating %zu bytes for %s failed (injected)", bytes,
                         what);
@@ -50,6 +52,14 @@ Status HostBuffer::allocate(size_t bytes, const char *what, Populate populate) {
     if (bytes > SIZE_MAX - 2 * kPage)
         return SX_ERROR(SX_ERR_OUT_OF_MEMORY, "allocating %zu bytes for %s: size too large", bytes,
                         what);
+    arena::Block block;
+    if (placement == kExchanged && arena::allocate(bytes, offset, populate == kPopulate, &block)) {
+        reset();
+        block_ = block;
+        data_ = block.data;
+        size_ = bytes;
+        return Status::Ok();
+    }
     size_t total = (bytes + offset + kPage - 1) / kPage * kPage;
     const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (populate == kPopulate ? MAP_POPULATE : 0);
     void *p = mmap(nullptr, total, PROT_READ | PROT_WRITE, flags, -1, 0);
@@ -64,6 +74,8 @@ Status HostBuffer::allocate(size_t bytes, const char *what, Populate populate) {
 }
 
 void HostBuffer::reset() {
+    if (block_.owner) arena::release(block_);
+    block_ = arena::Block();
     if (base_) munmap(base_, mapped_);
     base_ = data_ = nullptr;
     size_ = mapped_ = 0;

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/shared_arena.h"
 #include "base/status.h"
 
 namespace sx {
@@ -27,9 +28,13 @@ class HostBuffer {
     // then runs at memory speed); kLazy: on first touch (for memory whose first writer
     // is the kernel, e.g. a read(2) into it, which faults it in while the device works).
     enum Populate { kPopulate, kLazy };
+    // kPrivate: this process's alone; kExchanged: from this process's shared arena
+    // (base/shared_arena.h) where it has room, so that ranks on this host can read it in
+    // place, else private.
+    enum Placement { kPrivate, kExchanged };
     // Allocates `bytes` (zero-filled), 64-byte aligned, staggered.
     // Returns SX_ERR_OUT_OF_MEMORY naming `what` on failure; *this is unchanged then.
-    Status allocate(size_t bytes, const char *what, Populate populate = kPopulate);
+    Status allocate(size_t bytes, const char *what, Populate populate = kPopulate, Placement placement = kPrivate);
     void reset();
 
     void *data() const { return data_; }
@@ -37,8 +42,10 @@ class HostBuffer {
     T *as() const { return static_cast<T *>(data_); }
     size_t size() const { return size_; }
     bool empty() const { return data_ == nullptr; }
+    bool exchanged() const { return block_.owner != nullptr; }
 
   private:
+    arena::Block block_;  // where the arena holds it (owner null: mapped privately)
     void *base_ = nullptr;
     void *data_ = nullptr;
     size_t size_ = 0;

@@ -8,11 +8,16 @@ namespace comm {
 
 namespace {
 std::atomic<uint64_t> g_collectives{0};
+std::atomic<uint64_t> g_in_place{0};
 }  // namespace
 
 uint64_t collectives_started() { return g_collectives.load(std::memory_order_relaxed); }
 
 void count_collective() { g_collectives.fetch_add(1, std::memory_order_relaxed); }
+
+uint64_t collectives_in_place() { return g_in_place.load(std::memory_order_relaxed); }
+
+void count_in_place() { g_in_place.fetch_add(1, std::memory_order_relaxed); }
 
 bool FailureLatch::record(const Status &s) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -28,6 +28,10 @@ namespace comm {
 uint64_t collectives_started();
 // Counts one (the implementations call it as a collective starts).
 void count_collective();
+// Of those, the ones whose data the ranks read from each other's buffers where they lie
+// (processes over shared memory, reads_in_place), counted once per rank and call.
+uint64_t collectives_in_place();
+void count_in_place();
 
 // A few words that travel with a collective at no extra round trip, where the transport
 // can carry them (Communicator::carries_riders): what a caller would otherwise exchange
@@ -64,6 +68,12 @@ class Communicator {
     virtual ~Communicator() = default;
     virtual int rank() const = 0;
     virtual int world_size() const = 0;
+
+    // Whether the large collectives (reduce-scatter, all-gather, broadcast) read the peers'
+    // buffers where they lie, when those come from their processes' shared arenas
+    // (HostBuffer::kExchanged): ranks in processes of one host over shared memory. Where
+    // they do not, the buffers are copied through the transport as any memory is.
+    virtual bool reads_in_place() const { return false; }
 
     // Whether attach_rider works: collectives that meet before moving data carry riders
     // for free (shared memory); the others do not (a caller exchanges its words itself).
@@ -152,6 +162,9 @@ struct ShmOptions {
     // Bytes of each rank's slot of the segment (a collective moves its data in chunks of
     // this size); 0 = 8 MiB. Tests make it small to run many chunks cheaply.
     size_t slot_bytes = 0;
+    // Processes read the buffers that come from each other's shared arenas in place
+    // (reads_in_place); false: every buffer goes through the slots (tests, the benchmark).
+    bool in_place = true;
 };
 
 // Connects `world_size` ranks that run on this host (processes, or threads of one

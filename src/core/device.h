@@ -62,7 +62,10 @@ class DeviceOps {
 
     // `bytes` zero-filled into *out (replaced only on success); SX_ERR_OUT_OF_MEMORY
     // naming `what`. lazy: host pages are faulted in on first touch (see HostBuffer).
-    virtual Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy = false) = 0;
+    // exchanged: host memory that this host's other ranks can read in place, where the
+    // process's shared arena has room (HostBuffer::kExchanged); devices ignore it.
+    virtual Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy = false,
+                            bool exchanged = false) = 0;
     virtual Status zero(void *p, size_t bytes) = 0;
     virtual Status copy(void *dst, const void *src, size_t bytes) = 0;
     virtual Status to_host(void *host_dst, const void *src, size_t bytes) = 0;

@@ -17,9 +17,10 @@ class HostOps final : public DeviceOps {
 
     int32_t device() const override { return SX_DEVICE_CPU; }
 
-    Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy) override {
+    Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy, bool exchanged) override {
         HostBuffer b;
-        SX_TRY(b.allocate(bytes, what, lazy ? HostBuffer::kLazy : HostBuffer::kPopulate));
+        SX_TRY(b.allocate(bytes, what, lazy ? HostBuffer::kLazy : HostBuffer::kPopulate,
+                          exchanged ? HostBuffer::kExchanged : HostBuffer::kPrivate));
         out->device_.reset();
         out->host_ = std::move(b);
         return Status::Ok();

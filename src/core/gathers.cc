@@ -119,7 +119,7 @@ Status Gathers::submit(size_t u, uint64_t *header) {
         } else {
             SX_TRY(drop_spares());
             Buffer full;
-            SX_TRY(ops_.allocate(bytes, "a gathered unit's params", &full, true));
+            SX_TRY(ops_.allocate(bytes, "a gathered unit's params", &full, true, settings_.exchanged));
             slot.whole = std::move(full);
             count_bytes(static_cast<int64_t>(slot.whole.size()));
         }

@@ -34,6 +34,7 @@ class Gathers {
         int stage = 2;
         int shard_rank = 0, shard_size = 1;
         int prefetch_depth = 1;  // stage 3: units gathered ahead of the trainer's calls (0: none)
+        bool exchanged = false;  // gathered buffers from the shared arena (Units::Settings)
     };
     // One unit as the gathers see it, registered at sx_finalize in unit order. The
     // pointers are the group's and outlive this part.

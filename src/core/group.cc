@@ -147,6 +147,7 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     us.shard_size = g->mesh_.shard_size();
     us.grad_dtype = cfg.grad_dtype;
     us.reduce_dtype = cfg.reduce_dtype;
+    us.exchanged = !cuda && g->mesh_.shard().reads_in_place();
     // The ranks whose gradients are summed in 16 bits are a shard group's (GroupConfig).
     us.predivide = cfg.grad_predivide_factor > 0 ? cfg.grad_predivide_factor
                                                  : fsdp_predivide_factor(g->mesh_.shard_size());
@@ -158,6 +159,7 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     gs.shard_rank = g->mesh_.shard_rank();
     gs.shard_size = g->mesh_.shard_size();
     gs.prefetch_depth = cfg.prefetch_depth;
+    gs.exchanged = us.exchanged;
     g->gathers_.reset(new Gathers(
         gs, *g->ops_, g->tracer(), *g->headers_, [self](Status s) { return self->fail(s); },
         [self] { return self->check_usable().ok(); },

@@ -75,8 +75,10 @@ Status Units::allocate(const Layout &layout, size_t first, std::vector<Unit> *ad
         if (settings_.stage == 3)
             SX_TRY(ops_->allocate(ul.shard_numel * dtype_size(unit.dtype), "a param shard", &unit.own));
         else
-            SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.dtype), "a flat param buffer", &unit.params));
-        SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.grad_dtype), "a flat grad buffer", &unit.grads));
+            SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.dtype), "a flat param buffer", &unit.params, false,
+                                  settings_.exchanged));
+        SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.grad_dtype), "a flat grad buffer", &unit.grads, false,
+                              settings_.exchanged));
         if (unit.dtype != SX_DTYPE_F32)
             SX_TRY(ops_->allocate(ul.shard_numel * sizeof(float), "fp32 master weights", &unit.master));
     }
@@ -127,7 +129,8 @@ Status Units::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
     }
     Buffer scratch;
     if (scratch_bytes > reduce_scratch_.size())
-        SX_TRY(ops_->allocate(scratch_bytes, "the fp32 gradient reduction buffer", &scratch));
+        SX_TRY(ops_->allocate(scratch_bytes, "the fp32 gradient reduction buffer", &scratch, false,
+                              settings_.exchanged));
     if (!scratch.empty()) reduce_scratch_ = std::move(scratch);
     for (Pending &pd : pending) {
         Unit &unit = units_[pd.unit];

@@ -56,6 +56,9 @@ class Units {
         int grad_dtype = 0;    // 0: each param's dtype, or SX_DTYPE_F32
         int reduce_dtype = 0;  // 0: the gradients' dtype, or SX_DTYPE_F32
         double predivide = 1.0;  // 16-bit sums: the gradients' divisor before, multiplier after
+        // The shard group's ranks read each other's buffers in place (processes on one
+        // host): the buffers its collectives move come from the shared arena.
+        bool exchanged = false;
     };
     // The group's table: its layout, params, param groups and applied mask (per param).
     struct Table {

@@ -5,15 +5,44 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "base/half.h"
+#include "base/memory.h"
 #include "base/status.h"
 #include "comm/communicator.h"
 
 namespace sxtest {
+
+// Where the checks' buffers of the large collectives come from in this process: private
+// memory (the default), or the process's shared arena, as a group's flat buffers do.
+inline sx::HostBuffer::Placement &check_placement() {
+    static sx::HostBuffer::Placement p = sx::HostBuffer::kPrivate;
+    return p;
+}
+
+// count values of T, each `fill`, placed as check_placement() says.
+template <class T>
+class Placed {
+  public:
+    explicit Placed(size_t count, T fill = T()) : n_(count) {
+        if (!mem_.allocate(std::max<size_t>(1, count) * sizeof(T), "a test buffer", sx::HostBuffer::kPopulate,
+                           check_placement())
+                 .ok())
+            std::abort();
+        std::fill(data(), data() + n_, fill);
+    }
+    T *data() const { return mem_.as<T>(); }
+    size_t size() const { return n_; }
+    T &operator[](size_t i) const { return data()[i]; }
+
+  private:
+    sx::HostBuffer mem_;
+    size_t n_;
+};
 
 // This rank's input element i of a reduce-scatter.
 inline float rs_input(int rank, size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1)); }
@@ -25,7 +54,7 @@ inline uint8_t pattern_byte(int r, size_t i, int salt) {
 
 inline std::string check_reduce_scatter(sx::comm::Communicator &c, size_t shard, bool accumulate) {
     const int p = c.world_size(), r = c.rank();
-    std::vector<float> buf(shard * static_cast<size_t>(p));
+    Placed<float> buf(shard * static_cast<size_t>(p));
     for (size_t i = 0; i < buf.size(); ++i) buf[i] = rs_input(r, i);
     std::vector<float> out(shard, accumulate ? 5.0f : -1.0f);
     sx::Status s = c.reduce_scatter_sum(buf.data(), shard, out.data(), accumulate);
@@ -56,7 +85,7 @@ inline std::string check_reduce_scatter(sx::comm::Communicator &c, size_t shard,
 // are their sums over up to 5 ranks), the result widened and times 2.
 inline std::string check_reduce_scatter_16(sx::comm::Communicator &c, int32_t dtype, size_t shard, bool accumulate) {
     const int p = c.world_size(), r = c.rank();
-    std::vector<uint16_t> buf(shard * static_cast<size_t>(p));
+    Placed<uint16_t> buf(shard * static_cast<size_t>(p));
     for (size_t i = 0; i < buf.size(); ++i) {
         const float x = rs_input(r, i);
         buf[i] = dtype == SX_DTYPE_F16 ? sx::half::f32_to_f16(x) : sx::half::f32_to_bf16(x);
@@ -79,7 +108,7 @@ inline std::string check_reduce_scatter_16(sx::comm::Communicator &c, int32_t dt
 
 inline std::string check_all_gather(sx::comm::Communicator &c, size_t shard_bytes, int salt) {
     const int p = c.world_size(), r = c.rank();
-    std::vector<uint8_t> buf(shard_bytes * static_cast<size_t>(p), 0xEE);
+    Placed<uint8_t> buf(shard_bytes * static_cast<size_t>(p), 0xEE);
     for (size_t i = 0; i < shard_bytes; ++i) buf[static_cast<size_t>(r) * shard_bytes + i] = pattern_byte(r, i, salt);
     sx::Status s = c.all_gather(buf.data(), shard_bytes);
     if (!s.ok()) return "all_gather: " + s.message();
@@ -128,7 +157,7 @@ inline std::string check_all_reduce(sx::comm::Communicator &c, size_t n) {
 }
 
 inline std::string check_broadcast(sx::comm::Communicator &c, size_t bytes, int root) {
-    std::vector<uint8_t> buf(bytes, 0x11);
+    Placed<uint8_t> buf(bytes, 0x11);
     if (c.rank() == root)
         for (size_t i = 0; i < bytes; ++i) buf[i] = pattern_byte(root, i, 3);
     sx::Status s = c.broadcast(buf.data(), bytes, root);

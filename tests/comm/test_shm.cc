@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 
 #include <fstream>
+#include <functional>
 #include <mutex>
 
 #include "collective_checks.h"
@@ -30,7 +31,7 @@ constexpr long long kSlackMs = 2500;
 std::string url_for(const char *name) { return std::string("local://shm-") + name + "-" + std::to_string(::getpid()); }
 
 Status join(const std::string &url, int r, int p, Millis timeout, std::unique_ptr<Communicator> *out,
-            size_t slot_bytes = 0) {
+            size_t slot_bytes = 0, bool in_place = true) {
     sx::rdzv::Rendezvous rv;
     SX_TRY(sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv));
     std::shared_ptr<sx::rdzv::Store> store;
@@ -38,6 +39,7 @@ Status join(const std::string &url, int r, int p, Millis timeout, std::unique_pt
     sx::comm::ShmOptions opts;
     opts.timeout = timeout;
     opts.slot_bytes = slot_bytes;
+    opts.in_place = in_place;
     return sx::comm::create_shm_communicator(store, r, p, opts, out);
 }
 
@@ -248,40 +250,52 @@ std::vector<std::string> leftovers() {
     return out;
 }
 
-// Ranks as processes (forked, over a file:// store): every collective, then rank 2 is
-// killed with SIGKILL while the others wait for it in a reduce-scatter. They fail with
-// SX_ERR_COMM within a second (the process is gone), not at the 20 s timeout; once all
-// have exited nothing of the segment or its socket is left.
-void test_processes_and_sigkill(void **) {
-    sxtest::TempDir dir;
-    const std::string url = "file://" + dir.path();
-    const int p = 3;
+// Forks p processes, rank r running rank(r) and exiting 0 where it returns "" (else 1,
+// saying why on stderr); their pids in rank order.
+std::vector<pid_t> fork_ranks(int p, const std::function<std::string(int)> &rank) {
     std::vector<pid_t> pids;
     for (int r = 0; r < p; ++r) {
         const pid_t pid = ::fork();
         assert_true(pid >= 0);
         if (pid == 0) {
-            std::unique_ptr<Communicator> c;
-            Status s = join(url, r, p, Millis(20000), &c, 4096);
-            std::string e = s.ok() ? sxtest::check_all_collectives(*c) : "join: " + s.message();
-            if (e.empty() && r == 2) {
-                s = c->barrier();
-                ::raise(SIGKILL);
-            }
-            if (e.empty()) s = c->barrier();
-            if (e.empty() && !s.ok()) e = "barrier: " + s.message();
-            if (e.empty()) {
-                std::vector<float> buf(p * 100000, 1.0f), out(100000);
-                const auto start = sxtest::Clock::now();
-                s = c->reduce_scatter_sum(buf.data(), 100000, out.data(), false);
-                if (s.code() != SX_ERR_COMM) e = "after the kill: expected SX_ERR_COMM, got " + text(s);
-                else if (ms_since(start) > 3000) e = "the kill was noticed after " + std::to_string(ms_since(start)) + " ms";
-            }
+            const std::string e = rank(r);
             if (!e.empty()) std::fprintf(stderr, "rank %d: %s\n", r, e.c_str());
             ::_exit(e.empty() ? 0 : 1);
         }
         pids.push_back(pid);
     }
+    return pids;
+}
+
+// Ranks as processes (forked, over a file:// store), their buffers in their shared arenas:
+// every collective, then rank 2 is killed with SIGKILL while the others wait for it in a
+// reduce-scatter. They fail with
+// SX_ERR_COMM within a second (the process is gone), not at the 20 s timeout; once all
+// have exited nothing of the segment, the arenas or the socket is left.
+void test_processes_and_sigkill(void **) {
+    sxtest::TempDir dir;
+    const std::string url = "file://" + dir.path();
+    const int p = 3;
+    const std::vector<pid_t> pids = fork_ranks(p, [&](int r) -> std::string {
+        sxtest::check_placement() = sx::HostBuffer::kExchanged;  // the buffers read in place
+        std::unique_ptr<Communicator> c;
+        Status s = join(url, r, p, Millis(20000), &c, 4096);
+        std::string e = s.ok() ? sxtest::check_all_collectives(*c) : "join: " + s.message();
+        if (e.empty() && r == 2) {
+            s = c->barrier();
+            ::raise(SIGKILL);
+        }
+        if (e.empty()) s = c->barrier();
+        if (e.empty() && !s.ok()) e = "barrier: " + s.message();
+        if (e.empty()) {
+            sxtest::Placed<float> buf(p * 100000, 1.0f), out(100000);
+            const auto start = sxtest::Clock::now();
+            s = c->reduce_scatter_sum(buf.data(), 100000, out.data(), false);
+            if (s.code() != SX_ERR_COMM) e = "after the kill: expected SX_ERR_COMM, got " + text(s);
+            else if (ms_since(start) > 3000) e = "the kill was noticed after " + std::to_string(ms_since(start)) + " ms";
+        }
+        return e;
+    });
     // Rank 2 is reaped as soon as it dies, so that its pid is gone (not a zombie).
     for (int r = p - 1; r >= 0; --r) {
         int status = 0;
@@ -296,6 +310,52 @@ void test_processes_and_sigkill(void **) {
     const std::vector<std::string> left = leftovers();
     for (const std::string &l : left) print_error("left behind: %s\n", l.c_str());
     assert_true(left.empty());
+}
+
+// Ranks as processes whose buffers come from their shared arenas: every collective exact,
+// the large ones read in place (counted), with slots small enough for many chunks where
+// they are not. Where one rank's buffers are private (the others' in place: the late
+// path), where every rank's are, and where the communicator is told not to read in place,
+// every collective is as exact, and only what can be is read in place.
+void test_processes_read_in_place(void **) {
+    enum Mode { kAll, kOnePrivate, kNone, kTurnedOff };
+    for (Mode mode : {kAll, kOnePrivate, kNone, kTurnedOff}) {
+        sxtest::TempDir dir;
+        const std::string url = "file://" + dir.path();
+        const int p = 3;
+        const std::vector<pid_t> pids = fork_ranks(p, [&](int r) -> std::string {
+            const bool exchanged = mode == kAll || mode == kTurnedOff || (mode == kOnePrivate && r != 1);
+            sxtest::check_placement() = exchanged ? sx::HostBuffer::kExchanged : sx::HostBuffer::kPrivate;
+            std::unique_ptr<Communicator> c;
+            Status s = join(url, r, p, Millis(20000), &c, 4096, mode != kTurnedOff);
+            std::string e = s.ok() ? "" : "join: " + s.message();
+            if (e.empty() && c->reads_in_place() != (mode != kTurnedOff)) e = "reads_in_place() is wrong";
+            if (e.empty()) e = sxtest::check_all_collectives(*c);
+            // Which calls read in place: a reduce-scatter and an all-gather need every
+            // rank's buffer there, a broadcast its root's alone.
+            sxtest::Placed<float> buf(3 * 1000, 1.0f);
+            const char *calls[] = {"reduce_scatter_sum", "all_gather", "broadcast from 1", "broadcast from 0"};
+            const bool want[4][4] = {{true, true, true, true}, {false, false, false, true}, {}, {}};
+            for (int k = 0; k < 4 && e.empty(); ++k) {
+                const uint64_t before = sx::comm::collectives_in_place();
+                if (k == 0) s = c->reduce_scatter_sum(buf.data(), 1000, buf.data() + r * 1000, false);
+                if (k == 1) s = c->all_gather(buf.data(), 1000 * sizeof(float));
+                if (k >= 2) s = c->broadcast(buf.data(), 4000, k == 2 ? 1 : 0);
+                const bool read = sx::comm::collectives_in_place() - before == 1;
+                if (!s.ok()) e = std::string(calls[k]) + ": " + s.message();
+                else if (read != want[mode][k])
+                    e = "mode " + std::to_string(mode) + ": " + calls[k] + (read ? " read" : " did not read") +
+                        " in place";
+            }
+            return e;
+        });
+        for (pid_t pid : pids) {
+            int status = 0;
+            assert_int_equal(::waitpid(pid, &status, 0), pid);
+            assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        }
+    }
+    assert_true(leftovers().empty());
 }
 
 // Ranks on one host take shared memory; ranks whose SX_HOST_ID differs take Gloo.
@@ -383,6 +443,7 @@ int main(void) {
         cmocka_unit_test(test_stalled_rank_times_out),
         cmocka_unit_test(test_abort_and_a_destroyed_peer),
         cmocka_unit_test(test_processes_and_sigkill),
+        cmocka_unit_test(test_processes_read_in_place),
         cmocka_unit_test(test_transport_choice),
         cmocka_unit_test(test_hierarchy),
     };

@@ -1,5 +1,6 @@
 // The distributed step against an unsharded single-process reference: world sizes 1-4
-// as threads and 2 as processes over tcp://, and 4 as processes on two simulated hosts
+// as threads and 2 as processes over tcp:// (stages 1-3, reading each other's flat
+// buffers in place through shared memory), and 4 as processes on two simulated hosts
 // (shared memory on each, TCP between them), stages 1 and 2, every optimizer, two param
 // groups, 3 micro-batches, clipping; freezing and unfreezing mid-run.
 #include "sx_cmocka.h"
@@ -13,6 +14,7 @@
 
 #include <unistd.h>
 
+#include "comm/communicator.h"
 #include "process_ranks.h"
 #include "step_scenario.h"
 #include "run_ranks.h"
@@ -500,7 +502,7 @@ void test_freezing_changes_the_trajectory(void **) {
 }
 
 void test_processes_over_tcp(void **) {
-    for (int stage = 1; stage <= 2; ++stage) {
+    for (int stage = 1; stage <= 3; ++stage) {
         std::string err = sxtest::run_process_ranks(2, {"--scenario", "adamw", "--stage", std::to_string(stage)},
                                                     60);
         if (!err.empty()) fail_msg("stage %d: %s", stage, err.c_str());
@@ -540,6 +542,9 @@ int child_main(int argc, char **argv) {
     std::string err = sxtest::rank_run(sc, args.rendezvous, args.rank, 30000, &got);
     if (err.empty()) err = sxtest::compare(got, sxtest::reference_run(sc), 1e-6);
     if (err.empty() && hosts && !hierarchical) err = "the group's communicator was not the hierarchical one";
+    // Processes of one host read each other's flat buffers where they lie.
+    if (err.empty() && !hosts && sx::comm::collectives_in_place() == 0)
+        err = "no collective read the peers' buffers in place";
     if (!err.empty()) {
         std::fprintf(stderr, "rank %d: %s\n", args.rank, err.c_str());
         return 1;

@@ -2,6 +2,8 @@
 // abstract Unix socket to hand it on.
 #include "comm/shm/segment.h"
 
+#include "base/shared_arena.h"
+
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -49,33 +51,106 @@ socklen_t abstract_address(const std::string &name, struct sockaddr_un *addr) {
 // Closes a descriptor when it goes out of scope.
 struct Fd {
     int fd = -1;
+    Fd() = default;
+    Fd(Fd &&o) noexcept : fd(o.fd) { o.fd = -1; }
+    Fd &operator=(Fd &&o) noexcept {
+        std::swap(fd, o.fd);
+        return *this;
+    }
+    Fd(const Fd &) = delete;
     ~Fd() {
         if (fd >= 0) ::close(fd);
     }
 };
 
-// The message that carries the segment: its size, and its descriptor as SCM_RIGHTS.
+// A message with descriptors (SCM_RIGHTS) beside its bytes.
 struct FdMessage {
-    uint64_t size;
     struct iovec iov;
-    char control[CMSG_SPACE(sizeof(int))];
+    std::vector<char> control;
     struct msghdr msg;
-    explicit FdMessage(uint64_t bytes) : size(bytes), iov{&size, sizeof size} {
-        std::memset(control, 0, sizeof control);
+    // Room for `bytes` of payload at `data` and up to max_fds descriptors.
+    FdMessage(void *data, size_t bytes, size_t max_fds)
+        : iov{data, bytes}, control(max_fds ? CMSG_SPACE(sizeof(int) * max_fds) : 0, 0) {
         std::memset(&msg, 0, sizeof msg);
         msg.msg_iov = &iov;
         msg.msg_iovlen = 1;
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
+        msg.msg_control = control.empty() ? nullptr : control.data();
+        msg.msg_controllen = control.size();
     }
     FdMessage(const FdMessage &) = delete;
+    // Sending: these descriptors go with the bytes.
+    void attach(const std::vector<int> &fds) {
+        if (fds.empty()) {
+            msg.msg_control = nullptr;
+            msg.msg_controllen = 0;
+            return;
+        }
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+        std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    // Received: the descriptors that came, each owned by the caller from now on.
+    std::vector<int> received() const {
+        std::vector<int> fds;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(const_cast<struct msghdr *>(&msg), c))
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                const size_t at = fds.size();
+                fds.resize(at + n);
+                std::memcpy(fds.data() + at, CMSG_DATA(c), n * sizeof(int));
+            }
+        return fds;
+    }
 };
 
-// Rank 0: the segment's descriptor to each of the other world_size - 1 ranks, which
-// connect to `listener` and say their rank; peers of another user are refused.
-Status hand_out(int listener, int segment, size_t bytes, int world_size, Clock::time_point deadline) {
-    std::vector<bool> served(static_cast<size_t>(world_size), false);
-    for (int served_count = 1; served_count < world_size;) {
+// What a rank tells rank 0 when it connects (its arena's descriptor, if any, beside it).
+struct Hello {
+    int32_t rank;
+    int32_t pid;
+    uint64_t arena_bytes;  // 0: no arena offered
+};
+
+// What rank 0 answers every rank: the segment's size, then every rank's pid and arena size
+// (W of each); the segment's descriptor, then the arenas' of every other rank that offered
+// one, in rank order, beside it.
+std::vector<char> answer_bytes(uint64_t segment_bytes, const std::vector<SharedSegment::Peer> &peers) {
+    std::vector<char> b(sizeof(uint64_t) + peers.size() * (sizeof(int32_t) + sizeof(uint64_t)));
+    char *at = b.data();
+    std::memcpy(at, &segment_bytes, sizeof segment_bytes);
+    at += sizeof segment_bytes;
+    for (const SharedSegment::Peer &p : peers) {
+        std::memcpy(at, &p.pid, sizeof p.pid);
+        std::memcpy(at + sizeof p.pid, &p.arena_bytes, sizeof p.arena_bytes);
+        at += sizeof p.pid + sizeof p.arena_bytes;
+    }
+    return b;
+}
+
+// Where this rank may offer its arena: its descriptor and size, else -1 and 0.
+void own_arena(bool offer, int *fd, uint64_t *bytes) {
+    size_t n = 0;
+    *bytes = 0;
+    if (offer && arena::describe(fd, &n))
+        *bytes = n;
+    else
+        *fd = -1;
+}
+
+// Rank 0: every other rank connects to `listener` and says who it is (peers of another
+// user are refused); once all have, each gets the segment and the others' arenas.
+Status hand_out(int listener, int segment, size_t bytes, int world_size, bool offer, Clock::time_point deadline,
+                std::vector<SharedSegment::Peer> *peers, std::vector<Fd> *arena_fds) {
+    std::vector<Fd> conns(static_cast<size_t>(world_size));
+    peers->assign(static_cast<size_t>(world_size), SharedSegment::Peer());
+    arena_fds->clear();
+    arena_fds->resize(static_cast<size_t>(world_size));
+    int fd0 = -1;
+    own_arena(offer, &fd0, &(*peers)[0].arena_bytes);
+    (*peers)[0].pid = ::getpid();
+    for (int joined = 1; joined < world_size;) {
         SX_TRY(wait_fd(listener, POLLIN, deadline, "every rank connecting for the segment"));
         Fd peer;
         peer.fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
@@ -86,27 +161,43 @@ Status hand_out(int listener, int segment, size_t bytes, int world_size, Clock::
         struct ucred cred;
         socklen_t len = sizeof cred;
         if (::getsockopt(peer.fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::getuid()) continue;
-        int32_t rank = -1;
         SX_TRY(wait_fd(peer.fd, POLLIN, deadline, "a rank saying who it is"));
-        if (::recv(peer.fd, &rank, sizeof rank, MSG_WAITALL) != sizeof rank || rank <= 0 || rank >= world_size ||
-            served[static_cast<size_t>(rank)])
+        Hello h{};
+        FdMessage m(&h, sizeof h, 1);
+        const ssize_t n = ::recvmsg(peer.fd, &m.msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+        std::vector<int> fds = m.received();
+        Fd offered;
+        if (!fds.empty()) offered.fd = fds[0];
+        for (size_t i = 1; i < fds.size(); ++i) ::close(fds[i]);
+        if (n != static_cast<ssize_t>(sizeof h) || h.rank <= 0 || h.rank >= world_size ||
+            conns[static_cast<size_t>(h.rank)].fd >= 0)
             continue;
-        FdMessage m(bytes);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&m.msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        std::memcpy(CMSG_DATA(c), &segment, sizeof(int));
-        if (::sendmsg(peer.fd, &m.msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof m.size))
-            return SX_ERROR(SX_ERR_COMM, "shared memory: sending the segment to rank %d: %s", rank, std::strerror(errno));
-        served[static_cast<size_t>(rank)] = true;
-        ++served_count;
+        const size_t r = static_cast<size_t>(h.rank);
+        (*peers)[r].pid = h.pid;
+        (*peers)[r].arena_bytes = offered.fd >= 0 ? h.arena_bytes : 0;
+        std::swap((*arena_fds)[r].fd, offered.fd);
+        std::swap(conns[r].fd, peer.fd);
+        ++joined;
+    }
+    const std::vector<char> payload = answer_bytes(bytes, *peers);
+    for (int r = 1; r < world_size; ++r) {
+        std::vector<int> fds{segment};
+        for (int q = 0; q < world_size; ++q) {
+            if (q == r || (*peers)[static_cast<size_t>(q)].arena_bytes == 0) continue;
+            fds.push_back(q == 0 ? fd0 : (*arena_fds)[static_cast<size_t>(q)].fd);
+        }
+        FdMessage m(const_cast<char *>(payload.data()), payload.size(), fds.size());
+        m.attach(fds);
+        if (::sendmsg(conns[static_cast<size_t>(r)].fd, &m.msg, MSG_NOSIGNAL) != static_cast<ssize_t>(payload.size()))
+            return SX_ERROR(SX_ERR_COMM, "shared memory: sending the segment to rank %d: %s", r, std::strerror(errno));
     }
     return Status::Ok();
 }
 
-// A peer: the segment's descriptor and size from rank 0's socket `name`.
-Status take(const std::string &name, int rank, Clock::time_point deadline, int *segment, size_t *bytes) {
+// A peer: says who it is to rank 0's socket `name` (offering its arena), and takes the
+// segment's descriptor and size, and the others' arenas.
+Status take(const std::string &name, int rank, int world_size, bool offer, Clock::time_point deadline, int *segment,
+            size_t *bytes, std::vector<SharedSegment::Peer> *peers, std::vector<Fd> *arena_fds) {
     Fd sock;
     sock.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     SX_CHECK(sock.fd >= 0, SX_ERR_COMM, "shared memory: socket: %s", std::strerror(errno));
@@ -115,17 +206,50 @@ Status take(const std::string &name, int rank, Clock::time_point deadline, int *
     SX_CHECK(::connect(sock.fd, reinterpret_cast<struct sockaddr *>(&addr), len) == 0, SX_ERR_COMM,
              "shared memory: rank %d cannot reach rank 0's socket (%s): another host or network namespace?", rank,
              std::strerror(errno));
-    const int32_t me = rank;
-    SX_CHECK(::send(sock.fd, &me, sizeof me, MSG_NOSIGNAL) == sizeof me, SX_ERR_COMM,
-             "shared memory: rank %d: send: %s", rank, std::strerror(errno));
+    int mine = -1;
+    Hello h{rank, static_cast<int32_t>(::getpid()), 0};
+    own_arena(offer, &mine, &h.arena_bytes);
+    {
+        FdMessage m(&h, sizeof h, 1);
+        m.attach(mine >= 0 ? std::vector<int>{mine} : std::vector<int>{});
+        SX_CHECK(::sendmsg(sock.fd, &m.msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof h), SX_ERR_COMM,
+                 "shared memory: rank %d: send: %s", rank, std::strerror(errno));
+    }
     SX_TRY(wait_fd(sock.fd, POLLIN, deadline, "rank 0 handing out the segment"));
-    FdMessage m(0);
+    peers->assign(static_cast<size_t>(world_size), SharedSegment::Peer());
+    std::vector<char> payload = answer_bytes(0, *peers);
+    FdMessage m(payload.data(), payload.size(), static_cast<size_t>(world_size) + 1);
     const ssize_t n = ::recvmsg(sock.fd, &m.msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m.msg);
-    SX_CHECK(n == static_cast<ssize_t>(sizeof m.size) && c && c->cmsg_type == SCM_RIGHTS, SX_ERR_COMM,
-             "shared memory: rank %d got no segment from rank 0", rank);
-    std::memcpy(segment, CMSG_DATA(c), sizeof(int));
-    *bytes = static_cast<size_t>(m.size);
+    std::vector<Fd> fds(0);
+    for (int fd : m.received()) {
+        fds.emplace_back();
+        fds.back().fd = fd;
+    }
+    SX_CHECK(n == static_cast<ssize_t>(payload.size()) && !fds.empty() && !(m.msg.msg_flags & MSG_CTRUNC),
+             SX_ERR_COMM, "shared memory: rank %d got no segment from rank 0", rank);
+    const char *at = payload.data();
+    uint64_t seg_bytes = 0;
+    std::memcpy(&seg_bytes, at, sizeof seg_bytes);
+    at += sizeof seg_bytes;
+    size_t next_fd = 1;
+    arena_fds->clear();
+    arena_fds->resize(static_cast<size_t>(world_size));
+    for (int q = 0; q < world_size; ++q) {
+        SharedSegment::Peer &p = (*peers)[static_cast<size_t>(q)];
+        std::memcpy(&p.pid, at, sizeof p.pid);
+        std::memcpy(&p.arena_bytes, at + sizeof p.pid, sizeof p.arena_bytes);
+        at += sizeof p.pid + sizeof p.arena_bytes;
+        if (q == rank) {
+            p.arena_bytes = h.arena_bytes;
+            continue;
+        }
+        if (p.arena_bytes == 0) continue;
+        SX_CHECK(next_fd < fds.size(), SX_ERR_COMM, "shared memory: rank %d got too few arenas from rank 0", rank);
+        std::swap((*arena_fds)[static_cast<size_t>(q)].fd, fds[next_fd++].fd);
+    }
+    *segment = fds[0].fd;
+    fds[0].fd = -1;
+    *bytes = static_cast<size_t>(seg_bytes);
     return Status::Ok();
 }
 
@@ -145,12 +269,46 @@ std::string random_name() {
 
 }  // namespace
 
-SharedSegment::~SharedSegment() { ::munmap(data_, bytes_); }
+SharedSegment::~SharedSegment() {
+    ::munmap(data_, bytes_);
+    for (const Peer &m : mappings_) ::munmap(const_cast<char *>(m.arena), m.arena_bytes);
+}
+
+// Maps every other process's arena, read-only; the ranks of this process (this one
+// included) read this process's own. Where one cannot be mapped, none is kept: all or none.
+void SharedSegment::map_arenas(const std::vector<int> &fds) {
+    arenas_mapped_ = true;
+    int own_fd = -1;
+    size_t own_bytes = 0;
+    char *own = nullptr;
+    const bool have_own = arena::describe(&own_fd, &own_bytes, &own);
+    for (size_t q = 0; q < peers_.size() && arenas_mapped_; ++q) {
+        Peer &p = peers_[q];
+        if (p.arena_bytes == 0) continue;
+        if (p.pid == ::getpid()) {
+            if (have_own && own_bytes == p.arena_bytes) p.arena = own;
+            continue;
+        }
+        void *m = fds[q] < 0 ? MAP_FAILED : ::mmap(nullptr, p.arena_bytes, PROT_READ, MAP_SHARED | MAP_NORESERVE, fds[q], 0);
+        if (m == MAP_FAILED) {
+            arenas_mapped_ = false;
+            break;
+        }
+        p.arena = static_cast<const char *>(m);
+        mappings_.push_back(p);
+    }
+    if (arenas_mapped_) return;
+    for (const Peer &m : mappings_) ::munmap(const_cast<char *>(m.arena), m.arena_bytes);
+    mappings_.clear();
+    for (Peer &p : peers_) p.arena = nullptr;
+}
 
 Status SharedSegment::open(rdzv::Store &store, int rank, int world_size, size_t bytes, Clock::time_point deadline,
-                           std::unique_ptr<SharedSegment> *out) {
+                           std::unique_ptr<SharedSegment> *out, bool exchange_arenas) {
     Fd segment;
     char *data = nullptr;
+    std::vector<Peer> peers;
+    std::vector<Fd> arena_fds;
     if (rank == 0) {
         // Where the segment or the socket cannot be made, the others are told ("" for a
         // name), and every rank says SX_ERR_UNSUPPORTED.
@@ -171,18 +329,26 @@ Status SharedSegment::open(rdzv::Store &store, int rank, int world_size, size_t 
         }
         SX_TRY(store.set(kSocketKey, why.empty() ? name : ""));
         SX_CHECK(why.empty(), SX_ERR_UNSUPPORTED, "shared memory is not available on rank 0: %s", why.c_str());
-        SX_TRY(hand_out(listener.fd, segment.fd, bytes, world_size, deadline));
+        SX_TRY(hand_out(listener.fd, segment.fd, bytes, world_size, exchange_arenas, deadline, &peers, &arena_fds));
     } else {
         std::string name;
         SX_TRY(store.get(kSocketKey, &name, std::chrono::milliseconds(remaining_ms(deadline))));
         SX_CHECK(!name.empty(), SX_ERR_UNSUPPORTED, "shared memory is not available on rank 0");
         size_t given = 0;
-        SX_TRY(take(name, rank, deadline, &segment.fd, &given));
+        SX_TRY(take(name, rank, world_size, exchange_arenas, deadline, &segment.fd, &given, &peers, &arena_fds));
         SX_CHECK(given == bytes, SX_ERR_COMM, "shared memory: rank 0 made a segment of %zu bytes, rank %d expected %zu",
                  given, rank, bytes);
     }
     SX_TRY(map(segment.fd, bytes, &data));
-    out->reset(new SharedSegment(data, bytes));
+    std::unique_ptr<SharedSegment> seg(new SharedSegment(data, bytes));
+    seg->peers_ = std::move(peers);
+    if (exchange_arenas) {
+        std::vector<int> fds;
+        for (const Fd &f : arena_fds) fds.push_back(f.fd);
+        fds.resize(static_cast<size_t>(world_size), -1);
+        seg->map_arenas(fds);
+    }
+    *out = std::move(seg);
     return Status::Ok();
 }
 

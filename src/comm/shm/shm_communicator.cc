@@ -15,10 +15,16 @@
 // brings its data and one after which nobody reads it: a rank whose group is destroyed
 // once it has brought its data (a prefetch in flight) does not fail its peers.
 //
-// Ranks that are threads of one process skip the slots for the large exchanges: each
-// leaves its buffer's address in its line, and after the first barrier the others read
-// that buffer where it is (a reduce-scatter sums its slice of every rank's buffer, an
-// all-gather or a broadcast copies from the owner's), then a barrier frees the buffers.
+// The large exchanges (reduce-scatter, all-gather, broadcast) skip the slots where the
+// ranks can read each other's buffers: each leaves where its buffer is in its line (ranks
+// that are threads of one process: its address; processes: its offset in the process's
+// shared arena, base/shared_arena.h, which every rank mapped at setup), and after the
+// first barrier the others read that buffer where it is (a reduce-scatter sums its slice
+// of every rank's buffer, an all-gather or a broadcast copies from the owner's), then a
+// barrier frees the buffers. Whether they can is decided by every rank alike from the
+// lines after that first barrier; where some buffers are not in an arena, those ranks
+// have brought their first chunk to their slots already, the others bring theirs, and all
+// meet once more before the chunks move through the slots.
 //
 // Waiting: a rank spins on a peer's barrier count for 100 µs (yielding), then sleeps on it
 // (a futex on the shared word, woken by the peer's arrival), checking every millisecond
@@ -42,6 +48,7 @@
 #include "base/half.h"
 #include "base/log.h"
 #include "comm/communicator.h"
+#include "base/shared_arena.h"
 #include "comm/shm/segment.h"
 #include "rdzv/stores.h"
 
@@ -90,7 +97,8 @@ struct alignas(64) Line {
     std::atomic<int32_t> root;      // ... and root (-1 where none)
     std::atomic<int32_t> pid;
     std::atomic<uint64_t> bytes;    // gather/scatter_pieces: the bytes it sends or receives
-    std::atomic<uint64_t> buffer;   // ranks of one process: the address of its buffer in this call
+    std::atomic<uint64_t> buffer;   // its buffer in this call: the address (ranks of one process),
+                                    // or 1 + its offset in the rank's arena (0: none)
     std::atomic<uint64_t> rider_tag;    // the call's rider (0: none) ...
     std::atomic<uint64_t> rider_value;  // ... and its value's bits
 };
@@ -174,18 +182,28 @@ class ShmCommunicator final : public Communicator {
     int world_size() const override { return world_size_; }
 
     // Collective, once, before any call: every rank's pid is in its line.
+    // Collective, once, before any call: every rank's pid is in its line, and whether it
+    // mapped every other rank's arena (in `bytes`, before any call uses it).
     Status start() {
+        line(rank_).bytes.store(segment_->arenas_mapped() ? 1 : 0, std::memory_order_relaxed);
         SX_TRY(barrier());
         one_process_ = true;
-        for (int q = 0; q < world_size_; ++q)
+        in_place_ = true;
+        for (int q = 0; q < world_size_; ++q) {
             one_process_ = one_process_ && line(q).pid.load(std::memory_order_relaxed) == ::getpid();
-        return Status::Ok();
+            in_place_ = in_place_ && line(q).bytes.load(std::memory_order_relaxed) == 1;
+        }
+        in_place_ = in_place_ && !one_process_;
+        // Nobody may reuse `bytes` (a gather's) before every rank has read the flags.
+        return barrier();
     }
+
+    bool reads_in_place() const override { return in_place_; }
 
     Status reduce_scatter_sum(float *buf, size_t shard_elems, float *out, bool accumulate) override {
         if (shard_elems == 0) return empty_call("reduce_scatter_sum");
         SX_TRY(check_reduce_scatter_args(*this, buf, shard_elems, out, accumulate));
-        line(rank_).buffer.store(reinterpret_cast<uintptr_t>(buf), std::memory_order_relaxed);
+        publish(buf, static_cast<size_t>(world_size_) * shard_elems * sizeof(float));
         return run(kReduceScatter, shard_elems, -1, [&](Clock::time_point deadline) -> Status {
             return scatter_chunks(buf, shard_elems, deadline, [&](const float *const *parts, size_t m, size_t out_at) {
                 // In rank order: ((p0 + p1) + p2) + ..., the first two in one pass.
@@ -210,7 +228,7 @@ class ShmCommunicator final : public Communicator {
                                  bool accumulate) override {
         if (shard_elems == 0) return empty_call("reduce_scatter_sum_16");
         SX_TRY(check_reduce_scatter_16_args(*this, buf, dtype, shard_elems, out));
-        line(rank_).buffer.store(reinterpret_cast<uintptr_t>(buf), std::memory_order_relaxed);
+        publish(buf, static_cast<size_t>(world_size_) * shard_elems * sizeof(uint16_t));
         return run(kReduceScatter16, shard_elems, dtype, [&](Clock::time_point deadline) -> Status {
             return scatter_chunks(buf, shard_elems, deadline, [&](const uint16_t *const *parts, size_t m, size_t out_at) {
                 // Every addition rounds to the dtype, in rank order, as a 16-bit reduction.
@@ -229,21 +247,30 @@ class ShmCommunicator final : public Communicator {
         if (shard_bytes == 0) return empty_call("all_gather");
         SX_CHECK_ARG(buf != nullptr, "all_gather: buf must not be NULL");
         char *b = static_cast<char *>(buf);
-        line(rank_).buffer.store(reinterpret_cast<uintptr_t>(buf), std::memory_order_relaxed);
+        const size_t extent = static_cast<size_t>(world_size_) * shard_bytes;
+        publish(buf, extent);
         return run(kAllGather, shard_bytes, -1, [&](Clock::time_point deadline) -> Status {
-            if (one_process()) {
-                SX_TRY(meet(deadline));
-                for (int q = 0; q < world_size_; ++q)
-                    if (q != rank_) {
-                        const size_t at = static_cast<size_t>(q) * shard_bytes;
-                        std::memcpy(b + at, peer_buffer<char>(q) + at, shard_bytes);
-                    }
-                return meet(deadline, kConsumed);
-            }
+            const bool mine = readable(rank_, extent);
+            char *own = b + static_cast<size_t>(rank_) * shard_bytes;
             for (size_t off = 0; off < shard_bytes; off += slot_bytes_) {
                 const size_t n = std::min(slot_bytes_, shard_bytes - off);
-                std::memcpy(slot(rank_), b + static_cast<size_t>(rank_) * shard_bytes + off, n);
+                if (off > 0 || !mine) std::memcpy(slot(rank_), own + off, n);
                 SX_TRY(meet(deadline));
+                if (off == 0) {
+                    const Path path = choose_path(extent, -1);
+                    if (path == Path::kInPlace) {
+                        for (int q = 0; q < world_size_; ++q)
+                            if (q != rank_) {
+                                const size_t at = static_cast<size_t>(q) * shard_bytes;
+                                std::memcpy(b + at, peer_buffer<char>(q) + at, shard_bytes);
+                            }
+                        return meet(deadline, kConsumed);
+                    }
+                    if (path == Path::kSlotsLate) {
+                        if (mine) std::memcpy(slot(rank_), own, n);
+                        SX_TRY(meet(deadline));
+                    }
+                }
                 for (int q = 0; q < world_size_; ++q)
                     if (q != rank_) std::memcpy(b + static_cast<size_t>(q) * shard_bytes + off, slot(q), n);
                 SX_TRY(meet(deadline, kConsumed));
@@ -267,17 +294,19 @@ class ShmCommunicator final : public Communicator {
         if (bytes == 0) return empty_call("broadcast");
         SX_CHECK_ARG(data != nullptr, "broadcast: data must not be NULL");
         char *d = static_cast<char *>(data);
-        line(rank_).buffer.store(reinterpret_cast<uintptr_t>(data), std::memory_order_relaxed);
+        publish(data, bytes);
         return run(kBroadcast, bytes, root, [&](Clock::time_point deadline) -> Status {
-            if (one_process()) {
-                SX_TRY(meet(deadline));
-                if (rank_ != root) std::memcpy(d, peer_buffer<char>(root), bytes);
-                return meet(deadline, kConsumed);
-            }
+            // Only root's buffer is read: in place for every rank or for none (root knows
+            // which before the first barrier, the others after it).
+            const bool root_in_place = rank_ == root && readable(root, bytes);
             for (size_t off = 0; off < bytes; off += slot_bytes_) {
                 const size_t n = std::min(slot_bytes_, bytes - off);
-                if (rank_ == root) std::memcpy(slot(root), d + off, n);
+                if (rank_ == root && !(off == 0 && root_in_place)) std::memcpy(slot(root), d + off, n);
                 SX_TRY(meet(deadline));
+                if (off == 0 && choose_path(bytes, root) == Path::kInPlace) {
+                    if (rank_ != root) std::memcpy(d, peer_buffer<char>(root), bytes);
+                    return meet(deadline, kConsumed);
+                }
                 if (rank_ != root) std::memcpy(d + off, slot(root), n);
                 SX_TRY(meet(deadline, kConsumed));
             }
@@ -326,13 +355,50 @@ class ShmCommunicator final : public Communicator {
   private:
     Line &line(int r) const { return reinterpret_cast<Line *>(segment_->data())[r]; }
 
-    // Whether every rank is a thread of this process: the same answer on every rank, known
-    // once start() has passed.
-    bool one_process() const { return one_process_; }
-    // Rank q's buffer in this call (ranks of one process, once the first barrier passed).
+    // Says where this rank's buffer of the call lies (`extent` bytes), so that the peers
+    // read it in place where they can: its address where every rank is a thread of this
+    // process, else 1 + its offset in this process's arena where it lies in it.
+    void publish(const void *p, size_t extent) {
+        uint64_t where = 0, offset = 0;
+        if (one_process_)
+            where = reinterpret_cast<uintptr_t>(p);
+        else if (in_place_ && arena::offset_of(p, extent, &offset))
+            where = offset + 1;
+        line(rank_).buffer.store(where, std::memory_order_relaxed);
+    }
+    // Whether rank q's buffer of the call (`extent` bytes) can be read in place: for this
+    // rank, at once; for the others, once the call's first barrier has passed. Every rank
+    // gives the same answer for q.
+    bool readable(int q, size_t extent) const {
+        if (one_process_) return true;
+        const uint64_t where = line(q).buffer.load(std::memory_order_relaxed);
+        const SharedSegment::Peer &p = segment_->peer(q);
+        return where != 0 && p.arena != nullptr && where - 1 <= p.arena_bytes && extent <= p.arena_bytes - (where - 1);
+    }
+    // How a call's data moves, decided by every rank alike after the call's first barrier
+    // from the buffers it reads (every rank's, or root's alone where root >= 0):
+    //   kInPlace   read where they lie;
+    //   kSlots     every rank brought its first chunk to its slot before the barrier;
+    //   kSlotsLate some did not (their buffers were in place): they bring it now, and the
+    //              ranks meet once more before reading the slots.
+    enum class Path { kInPlace, kSlots, kSlotsLate };
+    Path choose_path(size_t extent, int root) const {
+        bool all = true, none = true;
+        for (int q = 0; q < world_size_; ++q) {
+            if (root >= 0 && q != root) continue;
+            const bool r = readable(q, extent);
+            all = all && r;
+            none = none && !r;
+        }
+        if (all && !one_process_) count_in_place();
+        return all ? Path::kInPlace : none ? Path::kSlots : Path::kSlotsLate;
+    }
+    // Rank q's buffer in this call, where readable(q).
     template <class T>
     T *peer_buffer(int q) const {
-        return reinterpret_cast<T *>(static_cast<uintptr_t>(line(q).buffer.load(std::memory_order_relaxed)));
+        const uint64_t where = line(q).buffer.load(std::memory_order_relaxed);
+        if (one_process_) return reinterpret_cast<T *>(static_cast<uintptr_t>(where));
+        return reinterpret_cast<T *>(const_cast<char *>(segment_->peer(q).arena) + (where - 1));
     }
     char *slot(int r) const { return segment_->data() + kHeaderBytes + static_cast<size_t>(r) * slot_bytes_; }
     template <class T>
@@ -343,28 +409,41 @@ class ShmCommunicator final : public Communicator {
     // A reduce-scatter's chunks: each rank copies its parts for the other ranks into its
     // slot (rank q's at q * n; its own part stays where it is, read by itself alone),
     // meets, and combine(parts, m, out_at) reduces m elements of each rank's part
-    // (parts[p], in rank order) into the output at out_at, block by block.
+    // (parts[p], in rank order) into the output at out_at, block by block. Where every
+    // buffer can be read in place, there are no chunks: every rank's slice where it lies.
     template <class T, class Combine>
     Status scatter_chunks(const T *buf, size_t shard, Clock::time_point deadline, Combine combine) {
         std::vector<const T *> parts(static_cast<size_t>(world_size_));
-        if (one_process()) {  // every rank's slice where it lies
-            SX_TRY(meet(deadline));
-            const size_t at = static_cast<size_t>(rank_) * shard;
-            for (size_t i = 0; i < shard; i += kBlock) {
-                for (int p = 0; p < world_size_; ++p) parts[static_cast<size_t>(p)] = peer_buffer<T>(p) + at + i;
-                combine(parts.data(), std::min(kBlock, shard - i), i);
-            }
-            return meet(deadline, kConsumed);
-        }
+        const size_t extent = static_cast<size_t>(world_size_) * shard * sizeof(T);
+        const bool mine = readable(rank_, extent);
         const size_t part = std::max<size_t>(1, slot_bytes_ / (sizeof(T) * world_size_));
-        for (size_t off = 0; off < shard; off += part) {
-            const size_t n = std::min(part, shard - off);
-            T *mine = slot_as<T>(rank_);
+        auto bring = [&](size_t off, size_t n) {
+            T *slot_part = slot_as<T>(rank_);
             for (int q = 0; q < world_size_; ++q)
                 if (q != rank_)
-                    std::memcpy(mine + static_cast<size_t>(q) * n, buf + static_cast<size_t>(q) * shard + off,
+                    std::memcpy(slot_part + static_cast<size_t>(q) * n, buf + static_cast<size_t>(q) * shard + off,
                                 n * sizeof(T));
+        };
+        for (size_t off = 0; off < shard; off += part) {
+            const size_t n = std::min(part, shard - off);
+            if (off > 0 || !mine) bring(off, n);
             SX_TRY(meet(deadline));
+            if (off == 0) {
+                const Path path = choose_path(extent, -1);
+                if (path == Path::kInPlace) {
+                    const size_t at = static_cast<size_t>(rank_) * shard;
+                    for (size_t i = 0; i < shard; i += kBlock) {
+                        for (int p = 0; p < world_size_; ++p)
+                            parts[static_cast<size_t>(p)] = peer_buffer<T>(p) + at + i;
+                        combine(parts.data(), std::min(kBlock, shard - i), i);
+                    }
+                    return meet(deadline, kConsumed);
+                }
+                if (path == Path::kSlotsLate) {
+                    if (mine) bring(0, n);
+                    SX_TRY(meet(deadline));
+                }
+            }
             for (size_t i = 0; i < n; i += kBlock) {
                 for (int p = 0; p < world_size_; ++p)
                     parts[static_cast<size_t>(p)] = p == rank_ ? buf + static_cast<size_t>(rank_) * shard + off + i
@@ -652,7 +731,8 @@ class ShmCommunicator final : public Communicator {
     std::vector<Rider> *rider_all_ = nullptr;   // ... and writes every rank's here
     std::vector<Rider> *riders_out_ = nullptr;  // the current call's
 
-    bool one_process_ = false;
+    bool one_process_ = false;  // every rank is a thread of this process (known after start())
+    bool in_place_ = false;     // processes that mapped each other's arenas (known after start())
     std::atomic<bool> aborted_{false};
     FailureLatch failure_;
 };
@@ -670,7 +750,7 @@ Status create_shm_communicator(std::shared_ptr<rdzv::Store> store, int rank, int
         options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
     std::unique_ptr<SharedSegment> segment;
     SX_TRY(SharedSegment::open(*store, rank, world_size, kHeaderBytes + slot * static_cast<size_t>(world_size),
-                               deadline, &segment));
+                               deadline, &segment, options.in_place));
     std::unique_ptr<ShmCommunicator> c(new ShmCommunicator(std::move(segment), rank, world_size, options.timeout, slot));
     SX_TRY(c->start());
     *out = std::move(c);
