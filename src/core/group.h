@@ -230,6 +230,8 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     int32_t first_deferred_gather() const;
     Status agree_round(const Agreement &a) override;  // ReductionRound::Work (round.h)
     Status reduce_unit_grads(size_t u, bool accumulate, float **shard) override;
+    bool agreement_rides(bool accumulate) const override;
+    Status reduce_unit_grads_agreeing(size_t u, bool accumulate, const Agreement &a, float **shard) override;
     Status reduce_unit_replicas(size_t u, float *shard) override;
     Status unit_sum_of_squares(size_t u, float *shard, float grad_scale, double *out) override;
     Status fail_group(Status s) override { return fail(s); }

@@ -39,6 +39,21 @@ Status ShardGroup::reduce_unit_grads(size_t u, bool accumulate, float **shard) {
     return s.ok() ? s : fail(s);
 }
 
+// The round's agreement rides on its first reduction where the step's would
+// (agreement_rider_unit's conditions, with the mask the round has applied already).
+bool ShardGroup::agreement_rides(bool accumulate) const {
+    return !(accumulate && config_.stage == 1) && mesh_.world_size() > 1 && mesh_.replicas() == 1 &&
+           mesh_.shard().carries_riders();
+}
+
+Status ShardGroup::reduce_unit_grads_agreeing(size_t u, bool accumulate, const Agreement &a, float **shard) {
+    SX_TRY(reduce_agreeing(u, a, accumulate, 0.0, nullptr, shard));
+    if (!accumulate) return Status::Ok();
+    units_[u].accum_live = true;
+    Status s = ops_->zero(units_[u].grads.data(), units_[u].grads.size());
+    return s.ok() ? s : fail(s);
+}
+
 Status ShardGroup::reduce_unit_replicas(size_t u, float *shard) { return reduce_replicas(u, shard); }
 
 Status ShardGroup::unit_sum_of_squares(size_t u, float *shard, float grad_scale, double *out) {

@@ -72,6 +72,16 @@ void ReductionRound::begin(bool accumulate, std::vector<uint8_t> mask, std::vect
     // the reductions, so that the trainer's call does not wait for the other ranks. (What
     // they agree on was taken on the trainer's thread: by the time the job runs, the
     // trainer may be changing a hyperparameter for the step.)
+    // Where the transport carries riders, it rides on the first reduction instead (the
+    // first unit of the agreed order that is reduced: the same on every rank whose mask
+    // agrees, and the agreement's tag tells the others).
+    if (work_.agreement_rides(accumulate))
+        round_.riding.reset(new Agreement(std::move(a)));
+    else
+        submit_agreement(std::move(a));
+}
+
+void ReductionRound::submit_agreement(Agreement a) {
     channel().submit([this, a = std::move(a)] { return work_.agree_round(a); });
 }
 
@@ -91,9 +101,13 @@ void ReductionRound::submit(bool all) {
         if (!round_.trainable[u] || (round_.accumulate && stage_ == 1)) continue;
         const bool accumulate = round_.accumulate;
         const float grad_scale = round_.grad_scale;
-        channel().submit([this, u, accumulate, grad_scale]() -> Status {
+        std::shared_ptr<Agreement> riding(round_.riding.release());
+        channel().submit([this, u, accumulate, grad_scale, riding]() -> Status {
             float *shard = nullptr;
-            SX_TRY(work_.reduce_unit_grads(static_cast<size_t>(u), accumulate, &shard));
+            if (riding)
+                SX_TRY(work_.reduce_unit_grads_agreeing(static_cast<size_t>(u), accumulate, *riding, &shard));
+            else
+                SX_TRY(work_.reduce_unit_grads(static_cast<size_t>(u), accumulate, &shard));
             reduced_[u] = shard;
             // The last micro-batch: the replicas' all-reduce of the shard (on a channel of
             // its own, so that it overlaps the next unit's reduce-scatter), then the
@@ -118,6 +132,8 @@ Status ReductionRound::end(const World &w, Agreement a, double weight, double *s
                            bool *dropped) {
     *dropped = false;
     submit(true);
+    // Nothing was reduced for the agreement to ride on: it goes alone.
+    if (round_.riding) submit_agreement(std::move(*round_.riding));
     Round round = std::move(round_);
     round_ = Round();
     Status s;

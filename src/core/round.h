@@ -5,7 +5,7 @@
 // in the agreed order are signalled, so that it overlaps the trainer's backward; at a
 // mesh, its replicas' all-reduce follows on a channel of its own; then the unit's part of
 // the step's norm. The ranks agree on the round first (its agreement runs on the channel
-// ahead of the reductions) and at its end (one header: the units signalled, every rank's
+// ahead of the reductions, or rides on the first of them) and at its end (one header: the units signalled, every rank's
 // weight and sum of squares, and rank 0's new order of reductions when it changes).
 // It owns the channels, the order, the round's bookkeeping and where each unit's reduced
 // shard is; the work on a unit's buffers is the group's, asked for through Work.
@@ -37,6 +37,20 @@ class ReductionRound {
         // Collective: unit u's gradients reduced into this rank's shard, at *shard; with
         // `accumulate`, into the unit's accumulator, and its gradients zeroed.
         virtual Status reduce_unit_grads(size_t u, bool accumulate, float **shard) = 0;
+        // Whether the round's opening agreement can ride on its first reduction (the
+        // transport carries riders, as the step's agreement does: ShardGroup::
+        // agreement_rider_unit); otherwise it is an exchange of its own.
+        virtual bool agreement_rides(bool accumulate) const {
+            (void)accumulate;
+            return false;
+        }
+        // Collective: the opening agreement a and then reduce_unit_grads(u), in one
+        // exchange where the agreement rides (SX_ERR_MISMATCH where the ranks differ, with
+        // nothing reduced).
+        virtual Status reduce_unit_grads_agreeing(size_t u, bool accumulate, const Agreement &a, float **shard) {
+            SX_TRY(agree_round(a));
+            return reduce_unit_grads(u, accumulate, shard);
+        }
         // Collective (a mesh's replicas): the replicas' sum of unit u's reduced shard.
         virtual Status reduce_unit_replicas(size_t u, float *shard) = 0;
         // The sum of squares of unit u's reduced shard times grad_scale (its trainable part).
@@ -114,8 +128,11 @@ class ReductionRound {
         std::vector<int32_t> order;      // units in the order this rank signalled them
         size_t next = 0;                 // order_[next] is the next to submit
         float grad_scale = 1.0f;
+        // The opening agreement, while it waits to ride on the round's first reduction.
+        std::unique_ptr<Agreement> riding;
     };
     void submit(bool all);
+    void submit_agreement(Agreement a);
     CommChannel &channel();
 
     Work &work_;

@@ -286,6 +286,7 @@ class Meet {
 // The collectives a step makes, per rank (both ranks' count, halved), after a first step.
 struct Trips {
     double plain = 0, clipped = 0, accumulated = 0;  // sx_step; with clipping; a micro-batch and a step
+    double signalled = 0;                             // both units signalled ready, then sx_step
     double norm = 0;                                  // the plain step's grad_norm
 };
 
@@ -297,7 +298,7 @@ std::string count_trips(const std::string &rv, int r, int stage, int32_t transpo
     sx_step_options_init(&clip, sizeof clip);
     clip.max_grad_norm = 0.5;
     double norm = 0.0;
-    for (int kind = 0; kind < 3; ++kind) {
+    for (int kind = 0; kind < 4; ++kind) {
         meet();
         const uint64_t before = sx::comm::collectives_started();
         meet();
@@ -306,6 +307,9 @@ std::string count_trips(const std::string &rv, int r, int stage, int32_t transpo
         if (e.empty() && kind == 1) e = check(sx_step(g, &clip, nullptr), "sx_step clipped");
         if (e.empty() && kind == 2) e = check(sx_accumulate_grads(g), "sx_accumulate_grads");
         if (e.empty() && kind == 2) e = check(sx_step(g, nullptr, nullptr), "sx_step after a micro-batch");
+        for (int32_t u : {1, 0})
+            if (e.empty() && kind == 3) e = check(sx_unit_grads_ready(g, u, nullptr), "sx_unit_grads_ready");
+        if (e.empty() && kind == 3) e = check(sx_step(g, nullptr, nullptr), "sx_step after the signals");
         meet();
         const double n = static_cast<double>(sx::comm::collectives_started() - before) / 2;
         if (r == 0) {
@@ -313,6 +317,7 @@ std::string count_trips(const std::string &rv, int r, int stage, int32_t transpo
             if (kind == 0) out->plain = n / 2, out->norm = norm;
             if (kind == 1) out->clipped = n;
             if (kind == 2) out->accumulated = n;
+            if (kind == 3) out->signalled = n;
         }
         meet();
     }
@@ -323,8 +328,10 @@ std::string count_trips(const std::string &rv, int r, int stage, int32_t transpo
 // A step makes the collectives its math needs: over shared memory, a reduce-scatter and an
 // all-gather per unit (the agreement rides on the first reduce-scatter, the norm on the
 // first all-gather), one more for the norm before the update where clipping needs it, and a
-// micro-batch its reduce-scatters alone (stage 2); over TCP the agreement and the norm are
-// exchanges of their own. The norm is the same either way, to the bit.
+// micro-batch its reduce-scatters alone (stage 2); a step whose units were signalled ready
+// one exchange more, the round's end (the units signalled, the weights and the norm),
+// its opening agreement riding on the first reduce-scatter; over TCP the agreements and
+// the norm are exchanges of their own. The norm is the same either way, to the bit.
 void test_round_trips_per_step(void **) {
     Trips t[2];
     const int32_t transports[2] = {SX_TRANSPORT_AUTO, SX_TRANSPORT_TCP};
@@ -336,12 +343,12 @@ void test_round_trips_per_step(void **) {
         if (!err.empty()) fail_msg("%s", err.c_str());
     }
     // 2 units: shared memory 2 + 2, TCP 1 + 2 + 1 + 2.
-    if (t[0].plain != 4 || t[0].clipped != 5 || t[0].accumulated != 6)
-        fail_msg("shared memory: %g, %g and %g collectives per rank, not 4, 5 and 6", t[0].plain, t[0].clipped,
-                 t[0].accumulated);
-    if (t[1].plain != 6 || t[1].clipped != 6 || t[1].accumulated != 9)
-        fail_msg("TCP: %g, %g and %g collectives per rank, not 6, 6 and 9", t[1].plain, t[1].clipped,
-                 t[1].accumulated);
+    if (t[0].plain != 4 || t[0].clipped != 5 || t[0].accumulated != 6 || t[0].signalled != 5)
+        fail_msg("shared memory: %g, %g, %g and %g collectives per rank, not 4, 5, 6 and 5", t[0].plain, t[0].clipped,
+                 t[0].accumulated, t[0].signalled);
+    if (t[1].plain != 6 || t[1].clipped != 6 || t[1].accumulated != 9 || t[1].signalled != 6)
+        fail_msg("TCP: %g, %g, %g and %g collectives per rank, not 6, 6, 9 and 6", t[1].plain, t[1].clipped,
+                 t[1].accumulated, t[1].signalled);
     if (!(t[0].norm > 0) || std::memcmp(&t[0].norm, &t[1].norm, sizeof(double)) != 0)
         fail_msg("the step's norm: %.17g over shared memory, %.17g over TCP", t[0].norm, t[1].norm);
 }

@@ -446,11 +446,29 @@ void test_deferred_gathers_follow_the_forward(void **) {
     }
 }
 
-// Ranks that signal different units: every rank's sx_step fails with SX_ERR_MISMATCH
-// well within the timeout, nothing changes, and the group goes on.
-void test_ranks_signalling_different_units(void **) {
+// After a refused step: a step where every rank signals every unit works, counts as the
+// first, and updates the params (*after) from `before`.
+std::string goes_on(sx_shard_group_t *g, int stage, const std::vector<float> &before, std::vector<float> *after) {
+    for (int32_t u = 2; u >= 0; --u) {
+        add_grads(g, u, 0.125f);
+        if (sx_unit_grads_ready(g, u, nullptr) != SX_OK) return std::string("signal after: ") + sx_last_error_message();
+    }
+    sx_step_result_t res;
+    sx_step_result_init(&res, sizeof res);
+    if (sx_step(g, nullptr, &res) != SX_OK) return std::string("step after: ") + sx_last_error_message();
+    if (res.step != 1) return "the failed step was counted";
+    *after = all_values(g, stage);
+    if (*after == before) return "the step after did not update";
+    return "";
+}
+
+// Two ranks at stages 2 and 3 whose step `differ` makes them take differently: every
+// rank's sx_step fails with SX_ERR_MISMATCH well within the timeout, saying `words`;
+// nothing changes; and after `mend` the group goes on.
+void refused_then_goes_on(const char *name, const std::function<sx_status_t(sx_shard_group_t *, int)> &differ,
+                          const char *words, const std::function<std::string(sx_shard_group_t *, int)> &mend) {
     for (int stage = 2; stage <= 3; ++stage) {
-        const std::string rv = "local://differ-" + std::to_string(stage) + "-" + std::to_string(getpid());
+        const std::string rv = std::string("local://") + name + "-" + std::to_string(stage) + "-" + std::to_string(getpid());
         std::vector<std::vector<float>> after(2);
         std::string err = sxtest::run_ranks(2, [&](int r) -> std::string {
             Group grp;
@@ -458,33 +476,55 @@ void test_ranks_signalling_different_units(void **) {
             if (!e.empty()) return e;
             sx_shard_group_t *g = grp.g;
             const std::vector<float> before = all_values(g, stage);
-            for (int32_t u = 0; u < 3; ++u) add_grads(g, u, 0.25f * static_cast<float>(r + 1));
-            if (sx_unit_grads_ready(g, r, nullptr) != SX_OK) return "signal";
             const auto t0 = std::chrono::steady_clock::now();
-            const sx_status_t st = sx_step(g, nullptr, nullptr);
+            const sx_status_t st = differ(g, r);
             const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             if (st != SX_ERR_MISMATCH) return std::string("sx_step returned ") + sx_status_string(st);
-            if (!std::strstr(sx_last_error_message(), "sx_step") ||
-                !std::strstr(sx_last_error_message(), "the units signalled ready: {0} on rank 0, {1} on rank 1"))
+            if (!std::strstr(sx_last_error_message(), "sx_step") || !std::strstr(sx_last_error_message(), words))
                 return std::string("message: ") + sx_last_error_message();
             if (secs > 10.0) return "the mismatch took " + std::to_string(secs) + " s";
             if (all_values(g, stage) != before) return "a failed step changed the params";
+            e = mend(g, r);
+            if (!e.empty()) return e;
             // The group goes on: a step where both signal every unit.
-            for (int32_t u = 2; u >= 0; --u) {
-                add_grads(g, u, 0.125f);
-                if (sx_unit_grads_ready(g, u, nullptr) != SX_OK) return std::string("signal after: ") + sx_last_error_message();
-            }
-            sx_step_result_t res;
-            sx_step_result_init(&res, sizeof res);
-            if (sx_step(g, nullptr, &res) != SX_OK) return std::string("step after: ") + sx_last_error_message();
-            if (res.step != 1) return "the failed step was counted";
-            after[static_cast<size_t>(r)] = all_values(g, stage);
-            if (after[static_cast<size_t>(r)] == before) return "the step after did not update";
-            return "";
+            return goes_on(g, stage, before, &after[static_cast<size_t>(r)]);
         });
-        if (!err.empty()) fail_msg("stage %d: %s", stage, err.c_str());
+        if (!err.empty()) fail_msg("%s, stage %d: %s", name, stage, err.c_str());
         assert_true(after[0] == after[1]);
     }
+}
+
+// Ranks that signal different units.
+void test_ranks_signalling_different_units(void **) {
+    refused_then_goes_on(
+        "differ",
+        [](sx_shard_group_t *g, int r) {
+            for (int32_t u = 0; u < 3; ++u) add_grads(g, u, 0.25f * static_cast<float>(r + 1));
+            const sx_status_t s = sx_unit_grads_ready(g, r, nullptr);
+            return s != SX_OK ? s : sx_step(g, nullptr, nullptr);
+        },
+        "the units signalled ready: {0} on rank 0, {1} on rank 1",
+        [](sx_shard_group_t *, int) { return std::string(); });
+}
+
+// Ranks whose rounds open on different trainable params (rank 1 froze one, and unfreezes
+// it after): the round's opening agreement, which over shared memory rides on its first
+// reduce-scatter, names the param.
+void test_ranks_opening_rounds_differently(void **) {
+    refused_then_goes_on(
+        "opening",
+        [](sx_shard_group_t *g, int r) {
+            sx_status_t s = r == 1 ? sx_set_trainable(g, 0, 0) : SX_OK;
+            for (int32_t u = 2; u >= 0 && s == SX_OK; --u) {
+                add_grads(g, u, 0.25f * static_cast<float>(r + 1));
+                s = sx_unit_grads_ready(g, u, nullptr);
+            }
+            return s != SX_OK ? s : sx_step(g, nullptr, nullptr);
+        },
+        "trainable: yes on rank 0, no on rank 1",
+        [](sx_shard_group_t *g, int r) {
+            return r == 1 && sx_set_trainable(g, 0, 1) != SX_OK ? std::string("unfreeze") : std::string();
+        });
 }
 
 // sx_abort while a reduction waits for a peer that never comes: it returns, and so do
@@ -690,6 +730,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_prefetch_follows_the_last_order),
         cmocka_unit_test(test_deferred_gathers_follow_the_forward),
         cmocka_unit_test(test_ranks_signalling_different_units),
+        cmocka_unit_test(test_ranks_opening_rounds_differently),
         cmocka_unit_test(test_abort_during_inflight_reductions),
         cmocka_unit_test(test_dead_rank_over_tcp),
         cmocka_unit_test(test_stage3_memory_bound),
