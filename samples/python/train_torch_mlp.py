@@ -1,28 +1,40 @@
 """sx for PyTorch users: a small torch model trained by sx.torch.ShardedOptimizer on the
 processes torchrun starts (docs/torch.md walks through it).
 
-    torchrun --standalone --nproc-per-node=2 samples/python/train_torch_mlp.py [STEPS] [CKPT_DIR]
+    torchrun --standalone --nproc-per-node=2 samples/python/train_torch_mlp.py [STEPS] [CKPT_DIR] [RESUME_FROM]
 
 Each process keeps the whole model and its own batches; sx averages the gradients over
 the processes, clips them, updates this process's shard of the AdamW state (ZeRO stage 2)
 and gathers the params. The model is not wrapped: only the optimizer changes. With
 CKPT_DIR, the run saves an sx checkpoint there at the end (loadable into any number of
-processes), and writes the consolidated optimizer state in torch's format beside it.
+processes), the model's buffers (its BatchNorm's running statistics, which are the
+model's, not the optimizer's) in the checkpoint's user blob, and writes the consolidated
+optimizer state in torch's format beside it. With RESUME_FROM (such a checkpoint, saved
+by any number of processes), the run starts from its params, optimizer state and buffers.
+Every process starts from rank 0's model (sx.torch broadcasts it).
 """
 import os
+import pickle
 import sys
 
 import torch
 
+import sx
 import sx.torch
 
 
 def main():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 50
-    ckpt = sys.argv[2] if len(sys.argv) > 2 else None
-    torch.manual_seed(0)  # every process starts from the same weights
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
+    ckpt = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else None
+    resume = sys.argv[3] if len(sys.argv) > 3 else None
+    torch.manual_seed(0)  # reproducible runs (sx.torch gives every process rank 0's model anyway)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.BatchNorm1d(64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 1))
     opt = sx.torch.ShardedOptimizer(model, torch.optim.AdamW, lr=1e-2, weight_decay=0.01, max_grad_norm=1.0)
+    buffer_names = [name for name, _ in model.named_buffers()]
+    if resume:
+        opt.load(resume)  # params and optimizer state, resharded to this many processes
+        model.load_state_dict(pickle.loads(sx.read_user_blob(resume)), strict=False)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     rank, world = opt.group.rank, opt.group.world_size
     teacher = torch.Generator().manual_seed(123)
@@ -44,7 +56,9 @@ def main():
     print(f"rank {rank} of {world}: loss {first:.4f} -> {last:.4f} after {steps} steps "
           f"(grad norm {opt.grad_norm:.4f}, lr {sched.get_last_lr()[0]:.2e})", flush=True)
     if ckpt:
-        opt.save(os.path.join(ckpt, f"step-{steps}"), synchronous=True).wait()
+        os.makedirs(ckpt, exist_ok=True)
+        buffers = {k: v for k, v in model.state_dict().items() if k in buffer_names}
+        opt.save(os.path.join(ckpt, f"step-{steps}"), pickle.dumps(buffers), synchronous=True).wait()
         opt.consolidate_state_dict(to=0)
         if rank == 0:
             torch.save(opt.state_dict(), os.path.join(ckpt, f"optimizer-step-{steps}.pt"))

@@ -23,8 +23,11 @@ Importing this module imports torch; ``import sx`` does not. CPU tensors only (f
 bf16/fp16 with fp32 master weights); stage 3 is not offered here (its params exist only
 while gathered).
 """
+import contextlib
+import functools
 import inspect
 import itertools
+import logging
 import threading
 import warnings
 import weakref
@@ -38,6 +41,43 @@ from .group import ShardGroup
 from .optimizers import register_optimizer
 
 __all__ = ["ShardedOptimizer"]
+
+_log = logging.getLogger("sx.torch")
+
+# Every live ShardedOptimizer (what the clip_grad_norm_ check looks at).
+_live = weakref.WeakSet()
+
+
+def dist_ready():
+    """Whether torch.distributed has a process group this process may use."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+# torch.nn.utils.clip_grad_norm_ over params whose gradients sx holds, with several
+# processes, clips each process's own gradients before sx averages them: not the global
+# norm DDP clips. It still runs as torch's, but warns once (names imported from torch
+# before sx.torch was are not wrapped).
+_torch_clip_grad_norm_ = torch.nn.utils.clip_grad_norm_
+_clip_warned = False
+
+
+@functools.wraps(_torch_clip_grad_norm_)
+def _clip_grad_norm_(parameters, *args, **kwargs):
+    global _clip_warned
+    if not _clip_warned:
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        held = {id(g) for opt in list(_live) if opt._world > 1 for g in opt._grads}
+        if held and any(p.grad is not None and id(p.grad) in held for p in parameters):
+            _clip_warned = True
+            warnings.warn("torch.nn.utils.clip_grad_norm_ over params of an sx.torch.ShardedOptimizer clips this "
+                          "process's own gradients, before sx averages them over the processes (DDP clips the "
+                          "averaged ones): pass max_grad_norm to the optimizer, or call opt.clip_grad_norm_(...), "
+                          "which clips the global norm at the step", stacklevel=2)
+    return _torch_clip_grad_norm_(parameters, *args, **kwargs)
+
+
+torch.nn.utils.clip_grad_norm_ = _clip_grad_norm_
+torch.nn.utils.clip_grad.clip_grad_norm_ = _clip_grad_norm_
 
 # torch's optimizer classes sx runs with its own fused kernels, by the name sx gives them
 # (lion-pytorch's Lion where it is installed).
@@ -253,9 +293,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
     ``bucket_mb`` (params are laid out in units of about this many MiB, in order: the
     grain of communication), ``overlap`` (each unit's gradients are reduced as soon as the
     backward has accumulated them, while the backward goes on with earlier layers; then
-    every step must follow exactly one backward: accumulate micro-batches in the loss,
-    not in .grad), ``timeout_ms``, ``num_threads``, ``transport`` ("auto": processes on one
-    host exchange through shared memory; "tcp": always over TCP).
+    every step must follow exactly one backward: accumulate micro-batches in the loss or
+    inside :meth:`no_sync`), ``timeout_ms``, ``num_threads`` (threads of this process's
+    step; None: torch's own count, ``torch.get_num_threads()``, which under torchrun is
+    its OMP_NUM_THREADS), ``transport`` ("auto": processes on one host exchange through
+    shared memory; "tcp": always over TCP), ``sync_module_states`` (every rank starts from
+    rank 0's params and, given a module, its buffers, as DDP does; False: every rank keeps
+    its own, which it must then have made the same). The settings chosen are logged
+    (logger "sx.torch", INFO).
+
+    ``with opt.no_sync():`` accumulates micro-batches' gradients without reducing them,
+    as DDP's no_sync; with ``overlap`` the first backward after it starts the reductions.
 
     Differences from torch worth knowing: ``zero_grad()`` zeroes the gradients in place
     (a ``.grad`` set to None would no longer be sx's memory); a param whose ``.grad`` is
@@ -264,14 +312,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
     ``zero_grad(set_to_none=True)``; one whose ``.grad`` was replaced by another tensor
     has it copied into sx's memory (with a warning). Params without elements are refused;
     the optimizer cannot be pickled or copied.
-    Clip with ``max_grad_norm`` (or :meth:`clip_grad_norm_`), not with
-    ``torch.nn.utils.clip_grad_norm_``: before the step a rank holds its own gradients,
-    not yet averaged. The norm is ``grad_norm`` after the step.
+    Clip with ``max_grad_norm`` (or :meth:`clip_grad_norm_`, which returns the norm as a
+    tensor the step fills), not with ``torch.nn.utils.clip_grad_norm_``: before the step a
+    rank holds its own gradients, not yet averaged (torch's then warns, once). The norm is
+    ``grad_norm`` after the step.
     """
 
     def __init__(self, params, optimizer_class=torch.optim.AdamW, *, rendezvous="env://", rank=None,
                  world_size=None, stage=2, max_grad_norm=0.0, bucket_mb=25.0, overlap=False, timeout_ms=0,
-                 num_threads=0, transport="auto", **defaults):
+                 num_threads=None, transport="auto", sync_module_states=True, **defaults):
         if stage not in (1, 2):
             raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
                                        f"stage {stage}: sx.torch runs stages 1 and 2 (at stage 3 params "
@@ -304,6 +353,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._clean = False    # the grads are known to be zero (after a step or zero_grad)
         self._finalized = False
         self._overlap = bool(overlap)
+        self._no_sync = False  # inside no_sync(): the hooks signal nothing
+        self._nonfinite = "default"
+        self._norms_due = []   # clip_grad_norm_'s tensors, filled by the next step
         self._units = []       # per param: its unit's index
         self._waiting = {}     # overlap: per unit, its params whose gradients are still to come
         # Per param: a backward has written its gradient since zero_grad(set_to_none=True)
@@ -314,7 +366,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self._overlap and not self._hooks:
             raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, "overlap needs torch's post-accumulate-grad hooks "
                                    "(torch 2.1 or newer)")
-        kw = {"stage": stage, "backend": "cpu", "timeout_ms": timeout_ms, "num_threads": num_threads,
+        # torch's own thread count (OMP_NUM_THREADS, which torchrun sets to 1 for several
+        # processes per host, or torch.set_num_threads) unless told otherwise.
+        threads_from = "num_threads"
+        if num_threads is None:
+            num_threads, threads_from = torch.get_num_threads(), "torch.get_num_threads()"
+        self.num_threads = int(num_threads)
+        kw = {"stage": stage, "backend": "cpu", "timeout_ms": timeout_ms, "num_threads": int(num_threads),
               "transport": transport}
         if rendezvous == "env://" and rank is None and world_size is None:
             self.group = ShardGroup(rendezvous, 0, 0, **kw)
@@ -325,12 +383,43 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # the ranks must agree on the params a step updates, and a param that one rank's
         # batch did not reach is still averaged with the others' gradients.
         self._skip_unreached = self._hooks and self.group.world_size == 1
-        if isinstance(params, torch.nn.Module):
+        module = params if isinstance(params, torch.nn.Module) else None
+        if module is not None:
             params = list(params.named_parameters())
         super().__init__(params, full)
         self.group.finalize()
         self._finalized = True
         self._bind(0)
+        if sync_module_states and self.group.world_size > 1:
+            self._sync_states(module)
+        self._world = self.group.world_size
+        _live.add(self)
+        _log.info("sx.torch: rank %d of %d, stage %d, %d params in %d units, %d thread%s (%s)",
+                  self.group.rank, self.group.world_size, stage, len(self._params), self.group.num_units,
+                  int(num_threads), "" if int(num_threads) == 1 else "s", threads_from)
+
+    def _sync_states(self, module):
+        """Collective: every rank takes rank 0's params (in sx's memory) and, given a
+        module, its buffers (BatchNorm's running statistics), as DDP and FSDP's
+        sync_module_states do."""
+        self.group.broadcast_params(0)
+        if module is None:
+            return
+        buffers = [b for b in module.buffers() if b.numel() > 0]
+        if dist_ready():
+            for b in buffers:
+                torch.distributed.broadcast(b.data, src=0)
+            return
+        # Without torch.distributed: rank 0's values summed with every other rank's zeros,
+        # a call per SX_MAX_ALL_REDUCE values (doubles hold every fp32, fp16, bf16 and
+        # integer below 2^53 exactly).
+        mine = self.group.rank == 0
+        for b in buffers:
+            flat = b.data.reshape(-1)
+            for at in range(0, flat.numel(), _lib.SX_MAX_ALL_REDUCE):
+                part = flat[at:at + _lib.SX_MAX_ALL_REDUCE]
+                values = part.to(torch.float64).tolist() if mine else [0.0] * part.numel()
+                part.copy_(torch.tensor(self.group.all_reduce(values, "sum"), dtype=torch.float64))
 
     # -- torch's Optimizer interface -------------------------------------------------
     def add_param_group(self, param_group):
@@ -440,7 +529,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _accumulated(self, i):
         self._clean = False
         self._touched[i] = True
-        if not self._overlap:
+        if not self._overlap or self._no_sync:
             return
         unit = self._units[i]
         waiting = self._waiting.get(unit)
@@ -501,8 +590,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
                                   "copied into sx's memory (zero_grad keeps .grad in place)", stacklevel=2)
                     grad.copy_(p.grad)
                 p.grad = grad
-        result = self.group.step(max_grad_norm=self.max_grad_norm, weight=weight)
+        if self._no_sync:
+            raise RuntimeError("sx.torch: step() inside no_sync(): the gradients of the micro-batches inside are "
+                               "reduced by the first backward outside it, or by a step outside it")
+        result = self.group.step(max_grad_norm=self.max_grad_norm, weight=weight, nonfinite=self._nonfinite)
         self.grad_norm = result.grad_norm
+        for norm in self._norms_due:
+            norm.fill_(result.grad_norm)
+        self._norms_due = []
         self._clean = True
         self._consolidated = None  # the state moved on
         self._expect()
@@ -517,11 +612,35 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     self.group.set_hyperparameter(gi, key, value)
                     self._pushed[gi][key] = value
 
-    def clip_grad_norm_(self, max_norm):
-        """Clips at the next step(s) to ``max_norm`` (the averaged gradients' global norm,
-        which exists only once the step has reduced them); the norm is ``grad_norm``
-        after the step. Returns None."""
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+        """Clips at the next step(s) to ``max_norm`` the global L2 norm of the averaged
+        gradients (which exists only once the step has reduced them); with
+        ``error_if_nonfinite``, a step whose gradients hold inf or NaN is skipped on every
+        rank and raises NonFiniteError, as torch's. Returns a 0-d tensor, as torch's
+        clip_grad_norm_, which the next step fills with the norm before clipping (NaN
+        until then; also ``grad_norm`` after the step)."""
+        del foreach  # sx clips in its own step
+        if float(norm_type) != 2.0:
+            raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
+                                   f"clip_grad_norm_: norm_type {norm_type}: sx clips the L2 norm (2.0)")
         self.max_grad_norm = float(max_norm)
+        self._nonfinite = "error" if error_if_nonfinite else "default"
+        norm = torch.full((), float("nan"), dtype=torch.float32)
+        self._norms_due.append(norm)
+        return norm
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backwards inside accumulate their gradients in sx's memory without reducing
+        them (as DDP's and FSDP's no_sync): with ``overlap=True`` the units are not
+        signalled; the first backward outside then signals each unit as its gradients
+        (the sum of every micro-batch's) are complete, and step() reduces them once.
+        Without overlap nothing is reduced before step() anyway."""
+        before, self._no_sync = self._no_sync, True
+        try:
+            yield
+        finally:
+            self._no_sync = before
 
     # -- whole state, in torch's format ------------------------------------------------
     def consolidate_state_dict(self, to=0):
@@ -662,4 +781,5 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def close(self):
         """Releases the sx group (once no tensor over its memory is alive: the model's
         params keep it)."""
+        _live.discard(self)
         self.group.close()

@@ -8,10 +8,17 @@ torch.optim.AdamW that continues exactly as sx does, and the reverse; zero_grad 
 backward) the run is the same, and a second backward before a step is refused; sx's
 dynamic loss scaling skips a step that overflowed on one rank on every rank; and a torch
 class sx has no kernel for (Adadelta, Rprop) runs itself on each rank's shard, matching
-DDP and resuming from sx's checkpoint. Exits non-zero on the first difference."""
+DDP and resuming from sx's checkpoint. And: every rank starts from rank 0's params and
+BatchNorm buffers (or keeps its own where told to); sx takes torch's thread count and
+logs it; opt.no_sync() accumulates two micro-batches with overlap=True as DDP's no_sync
+does; opt.clip_grad_norm_ returns the global norm DDP's clipping computes, and
+torch.nn.utils.clip_grad_norm_ over sx's params warns. Exits non-zero on the first
+difference."""
+import logging
 import os
 import shutil
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -121,10 +128,100 @@ def check_class_run_on_shards(rank, world):
             o.close()
 
 
+def check_module_states_and_threads(rank, world):
+    """Ranks seeded differently (and BatchNorm statistics of their own) start from rank
+    0's params and buffers; with sync_module_states=False each keeps its own. sx's step
+    takes torch's thread count (torchrun's OMP_NUM_THREADS) and says so in its log."""
+    def net():
+        torch.manual_seed(rank)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 300), torch.nn.BatchNorm1d(300), torch.nn.Linear(300, 4))
+        m[1].running_mean.uniform_(-1, 1)
+        m[1].num_batches_tracked.fill_(rank + 3)
+        return m
+
+    def states(m):
+        return [t.detach().clone() for t in list(m.parameters()) + list(m.buffers())]
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = Keep(level=logging.INFO)
+    logger = logging.getLogger("sx.torch")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        for sync in (True, False):
+            m = net()
+            opt = sx.torch.ShardedOptimizer(m, torch.optim.AdamW, lr=LR, sync_module_states=sync)
+            mine = states(m)
+            everyone = [None] * world
+            dist.all_gather_object(everyone, mine)
+            for r in range(world):
+                same = all(torch.equal(a, b) for a, b in zip(everyone[r], everyone[0]))
+                if same != (sync or r == 0):
+                    raise AssertionError(f"rank {rank}: sync_module_states={sync}: rank {r}'s params and buffers "
+                                         f"{'differ from' if sync else 'equal'} rank 0's")
+            opt.close()
+    finally:
+        logger.removeHandler(handler)
+    if opt.num_threads != torch.get_num_threads() or opt.num_threads != int(os.environ.get("OMP_NUM_THREADS", "0")):
+        raise AssertionError(f"sx took {opt.num_threads} threads; torch has {torch.get_num_threads()}, "
+                             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+    if not any("torch.get_num_threads()" in r and f"rank {rank} of {world}" in r for r in records):
+        raise AssertionError(f"no log line names the threads' origin: {records}")
+
+
+def check_no_sync_and_clipping(rank, world):
+    """Two micro-batches per step, the first inside no_sync (DDP's and sx's with
+    overlap=True), equal within 1e-5 over 6 steps; the norm opt.clip_grad_norm_ returns is
+    the one DDP's clip_grad_norm_ returns; torch.nn.utils.clip_grad_norm_ over sx's params
+    warns."""
+    a, b = mlp(), mlp()
+    ddp = DistributedDataParallel(a)
+    peer = torch.optim.AdamW(ddp.parameters(), lr=LR, weight_decay=WD)
+    opt = sx.torch.ShardedOptimizer(b, torch.optim.AdamW, lr=LR, weight_decay=WD, bucket_mb=1.0 / 1024,
+                                    overlap=True)
+    for step in range(40, 46):
+        (x1, y1), (x2, y2) = batch(step, rank), batch(step + 100, rank)
+        peer.zero_grad()
+        with ddp.no_sync():
+            loss_of(ddp, x1, y1).backward()
+        loss_of(ddp, x2, y2).backward()
+        want = torch.nn.utils.clip_grad_norm_(ddp.parameters(), MAX_NORM)
+        peer.step()
+        opt.zero_grad()
+        with opt.no_sync():
+            loss_of(b, x1, y1).backward()
+        if not opt._waiting or len(opt._waiting) != opt.group.num_units:
+            raise AssertionError("a backward inside no_sync signalled units ready")
+        loss_of(b, x2, y2).backward()
+        if opt._waiting:
+            raise AssertionError("the backward after no_sync did not signal every unit")
+        got = opt.clip_grad_norm_(MAX_NORM)
+        if not torch.isnan(got):
+            raise AssertionError("clip_grad_norm_'s norm was filled before the step")
+        opt.step()
+        close(got, want, f"step {step}: the norm clip_grad_norm_ returned")
+        compare_params(b, a, f"no_sync, step {step}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss_of(b, *batch(50, rank)).backward()
+        torch.nn.utils.clip_grad_norm_(b.parameters(), MAX_NORM)
+    if not any("clips this process's own gradients" in str(w.message) for w in caught):
+        raise AssertionError("torch.nn.utils.clip_grad_norm_ over sx's params did not warn")
+    opt.zero_grad()
+    opt.close()
+
+
 def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     check_class_run_on_shards(rank, world)
+    check_module_states_and_threads(rank, world)
+    check_no_sync_and_clipping(rank, world)
 
     # The peer: DDP averages the gradients, clip_grad_norm_ clips them, ZeRO steps.
     a = mlp()
