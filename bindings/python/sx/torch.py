@@ -20,8 +20,8 @@ joins torchrun's store)::
         sched.step()
 
 Importing this module imports torch; ``import sx`` does not. CPU tensors only (fp32, and
-bf16/fp16 with fp32 master weights); stage 3 is not offered here (its params exist only
-while gathered).
+bf16/fp16 with fp32 master weights). At stage 3 the params are sharded too, gathered
+around each module's forward and backward from hooks on the modules (as FSDP).
 """
 import contextlib
 import functools
@@ -288,8 +288,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
     needs each param whole otherwise (LBFGS, SparseAdam) is refused.
 
     sx options: ``rendezvous`` ("env://": torchrun's, mpirun's or srun's environment),
-    ``rank`` and ``world_size`` (taken from the environment when None), ``stage`` (1 or
-    2), ``max_grad_norm`` (clip the global norm of the averaged gradients; 0: none),
+    ``rank`` and ``world_size`` (taken from the environment when None), ``stage`` (1, 2,
+    or 3: ``params`` a module, each unit's params present only around its modules'
+    forward and backward, and inside :meth:`full_params`), ``shard_size``,
+    ``grad_dtype``, ``reduce_dtype``, ``prefetch_depth`` (as ShardGroup's), ``max_grad_norm`` (clip the global norm of the averaged gradients; 0: none),
     ``bucket_mb`` (params are laid out in units of about this many MiB, in order: the
     grain of communication), ``overlap`` (each unit's gradients are reduced as soon as the
     backward has accumulated them, while the backward goes on with earlier layers; then
@@ -320,11 +322,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, optimizer_class=torch.optim.AdamW, *, rendezvous="env://", rank=None,
                  world_size=None, stage=2, max_grad_norm=0.0, bucket_mb=25.0, overlap=False, timeout_ms=0,
-                 num_threads=None, transport="auto", sync_module_states=True, **defaults):
-        if stage not in (1, 2):
+                 num_threads=None, transport="auto", sync_module_states=True, shard_size=0, grad_dtype=None,
+                 reduce_dtype=None, prefetch_depth=1, **defaults):
+        if stage not in (1, 2, 3):
+            raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"stage {stage}: sx.torch runs stages 1-3")
+        if stage == 3 and not isinstance(params, torch.nn.Module):
             raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
-                                       f"stage {stage}: sx.torch runs stages 1 and 2 (at stage 3 params "
-                                       "exist only while gathered, which a plain nn.Module does not do)")
+                                       "stage 3 takes an nn.Module: its params exist only while gathered, around "
+                                       "each module's forward and backward, which sx.torch does from the module's "
+                                       "hooks")
         signature = inspect.signature(optimizer_class.__init__)
         full = {k: p.default for k, p in signature.parameters.items()
                 if k not in ("self", "params") and p.default is not inspect.Parameter.empty}
@@ -353,6 +359,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._clean = False    # the grads are known to be zero (after a step or zero_grad)
         self._finalized = False
         self._overlap = bool(overlap)
+        self._unit_params = {}  # stage 3: per unit, its params' indices
+        self._gathered = {}     # stage 3: per unit gathered by this optimizer, how many times
+        self._backward = {}     # stage 3: per unit gathered for the backward, its params still to come
+        self._peak = 0
+        self._whole = False     # stage 3: inside full_params()
         self._no_sync = False  # inside no_sync(): the hooks signal nothing
         self._nonfinite = "default"
         self._norms_due = []   # clip_grad_norm_'s tensors, filled by the next step
@@ -363,9 +374,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._touched = []
         self._unhooked = set()  # bound params without a post-accumulate-grad hook yet
         self._hooks = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
-        if self._overlap and not self._hooks:
-            raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, "overlap needs torch's post-accumulate-grad hooks "
-                                   "(torch 2.1 or newer)")
+        if (self._overlap or stage == 3) and not self._hooks:
+            raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, "overlap and stage 3 need torch's post-accumulate-grad "
+                                   "hooks (torch 2.1 or newer)")
         # torch's own thread count (OMP_NUM_THREADS, which torchrun sets to 1 for several
         # processes per host, or torch.set_num_threads) unless told otherwise.
         threads_from = "num_threads"
@@ -373,7 +384,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             num_threads, threads_from = torch.get_num_threads(), "torch.get_num_threads()"
         self.num_threads = int(num_threads)
         kw = {"stage": stage, "backend": "cpu", "timeout_ms": timeout_ms, "num_threads": int(num_threads),
-              "transport": transport}
+              "transport": transport, "shard_size": shard_size, "grad_dtype": grad_dtype,
+              "reduce_dtype": reduce_dtype, "prefetch_depth": prefetch_depth}
+        self._stage = stage
         if rendezvous == "env://" and rank is None and world_size is None:
             self.group = ShardGroup(rendezvous, 0, 0, **kw)
         else:
@@ -389,9 +402,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().__init__(params, full)
         self.group.finalize()
         self._finalized = True
-        self._bind(0)
+        self._bind(0, sync=sync_module_states and self.group.world_size > 1)
         if sync_module_states and self.group.world_size > 1:
             self._sync_states(module)
+        if stage == 3:
+            self._hook_modules(module)
         self._world = self.group.world_size
         _live.add(self)
         _log.info("sx.torch: rank %d of %d, stage %d, %d params in %d units, %d thread%s (%s)",
@@ -401,8 +416,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _sync_states(self, module):
         """Collective: every rank takes rank 0's params (in sx's memory) and, given a
         module, its buffers (BatchNorm's running statistics), as DDP and FSDP's
-        sync_module_states do."""
-        self.group.broadcast_params(0)
+        sync_module_states do (stage 3: the params were broadcast while bound)."""
+        if self._stage != 3:
+            self.group.broadcast_params(0)
         if module is None:
             return
         buffers = [b for b in module.buffers() if b.numel() > 0]
@@ -428,6 +444,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         keep theirs, their state and their step counts."""
         if not isinstance(param_group, dict):
             raise TypeError(f"param_group must be a dict, not {type(param_group).__name__}")
+        if self._finalized and self._stage == 3:
+            raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, "add_param_group after construction at stage 3: the "
+                                   "new params' modules would need hooks; pass every param group at first")
         params = param_group["params"]
         params = [params] if isinstance(params, (torch.Tensor, tuple)) else list(params)
         names = []
@@ -489,9 +508,160 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self.group.finalize()
             self._bind(first)
 
-    def _bind(self, first):
+    def _bind(self, first, sync=False):
         """Params `first`.. take sx's memory: their values are copied in, then .data and
-        .grad become views of sx's buffers."""
+        .grad become views of sx's buffers. Stage 3: their units are gathered for it (and
+        broadcast from rank 0 where `sync`), then released: .data is empty until a
+        module's hooks gather its units again."""
+        if self._stage == 3:
+            self._bind_sharded(first, sync)
+        else:
+            self._bind_views(first)
+        self._hook_new()
+        self._expect()
+
+    # -- stage 3 -------------------------------------------------------------------------
+    # A param keeps a storage of its own, of full size only while one of its modules runs
+    # (forward or backward): gathering its unit copies sx's gathered values into it, then
+    # sx releases the unit at once; releasing the param resizes its storage to nothing, as
+    # FSDP does (views taken in the forward, which the backward reads, share the storage).
+    # Its .grad is a view of sx's gradient buffer, which stays whole.
+    def _bind_sharded(self, first, sync):
+        """Unit by unit (so that no rank holds more than its shards and one unit): gathered,
+        the params' values written in (and broadcast from rank 0 where `sync`: the units
+        rank 0 holds gathered, this one), released."""
+        by_unit = {}
+        for i in range(first, len(self._params)):
+            by_unit.setdefault(self._units[i], []).append(i)
+        for u in sorted(by_unit):
+            self.group.gather_unit(u)
+            for i in by_unit[u]:
+                p = self._params[i]
+                with torch.no_grad():
+                    self._tensor(self.group.param_view(i), p).copy_(p.data)
+                    if p.untyped_storage().nbytes() != p.numel() * p.element_size() or p.storage_offset() != 0:
+                        p.data = p.data.clone()  # a storage of its own, to resize
+                    grad = self._tensor(self.group.grad_view(i), p)
+                    grad.zero_()
+                p.grad = grad
+                self._grads.append(grad)
+                self._touched.append(not self._skip_unreached)
+                self._unhooked.add(i)
+                self._unit_params.setdefault(u, []).append(i)
+            if sync:
+                self.group.broadcast_params(0)
+            self.group.release_unit(u)
+            self._free(u)
+
+    def _gather(self, u):
+        """Unit u's params present (nested: each needs its _release)."""
+        self._gathered[u] = self._gathered.get(u, 0) + 1
+        if self._gathered[u] > 1:
+            return
+        self.group.gather_unit(u)
+        try:
+            with torch.no_grad():
+                for i in self._unit_params[u]:
+                    p = self._params[i]
+                    p.untyped_storage().resize_(p.numel() * p.element_size())
+                    # Through an alias of the storage: the param's version stays, so that
+                    # autograd still takes what its forward saved of it.
+                    alias = torch.empty(0, dtype=p.dtype).set_(p.untyped_storage(), 0, p.shape, p.stride())
+                    alias.copy_(self._tensor(self.group.param_view(i), p))
+        finally:
+            self.group.release_unit(u)
+        if not self._whole:
+            self._peak = max(self._peak, sum(self._unit_bytes_of(v) for v in self._gathered))
+
+    def _release(self, u):
+        self._gathered[u] -= 1
+        if self._gathered[u] == 0:
+            del self._gathered[u]
+            self._free(u)
+
+    def _free(self, u):
+        for i in self._unit_params[u]:
+            self._params[i].untyped_storage().resize_(0)
+
+    def _unit_bytes_of(self, u):
+        return sum(self._params[i].numel() * self._params[i].element_size() for i in self._unit_params[u])
+
+    @property
+    def peak_param_bytes(self):
+        """Stage 3: the most bytes of full params this process held at once in its
+        modules' storages for their forwards and backwards (not inside full_params(); sx's
+        own shards and gathers are in group.memory_stats())."""
+        return self._peak
+
+    @contextlib.contextmanager
+    def full_params(self):
+        """Stage 3: every param present (whole) inside the block, e.g. to read or save the
+        model; writes into them are not kept. Collective. Elsewhere nothing to do."""
+        if self._stage != 3:
+            yield
+            return
+        units = sorted(self._unit_params)
+        self._whole = True
+        try:
+            for u in units:
+                self._gather(u)
+            yield
+        finally:
+            for u in units:
+                if u in self._gathered:
+                    self._release(u)
+            self._whole = False
+
+    def _hook_modules(self, module):
+        """Stage 3: each module that holds params gathers their units before its forward
+        and its backward, and releases them after (the backward's as each unit's
+        gradients are all accumulated)."""
+        index = {id(p): i for i, p in enumerate(self._params)}
+        for m in module.modules():
+            units = sorted({self._units[index[id(p)]] for p in m.parameters(recurse=False) if id(p) in index})
+            if not units:
+                continue
+
+            def pre(_m, _args, units=units):
+                for u in units:
+                    self._gather(u)
+
+            def post(_m, _args, _out, units=units):
+                for u in units:
+                    self._release(u)
+
+            def backward_pre(_m, _grad_out, units=units):
+                for u in units:
+                    if u in self._backward:
+                        continue
+                    waiting = {i for i in self._unit_params[u] if self._params[i].requires_grad}
+                    if waiting:
+                        self._backward[u] = waiting
+                        self._gather(u)
+
+            m.register_forward_pre_hook(pre)
+            m.register_forward_hook(post)
+            m.register_full_backward_pre_hook(backward_pre)
+
+    def _backward_done(self, i):
+        """Stage 3: param i's gradient is accumulated; its unit is released once all its
+        params' are."""
+        u = self._units[i]
+        waiting = self._backward.get(u)
+        if waiting is None:
+            return
+        waiting.discard(i)
+        if not waiting:
+            del self._backward[u]
+            self._release(u)
+
+    def _release_backward(self):
+        """Stage 3: units gathered for a backward that did not reach all their params."""
+        for u in list(self._backward):
+            del self._backward[u]
+            self._release(u)
+
+    def _bind_views(self, first):
         for i in range(first, len(self._params)):
             p = self._params[i]
             with torch.no_grad():
@@ -504,8 +674,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._grads.append(grad)
             self._touched.append(not self._skip_unreached)
             self._unhooked.add(i)
-        self._hook_new()
-        self._expect()
 
     def _hook_new(self):
         """Hooks the params that require a gradient and have no hook yet (a param frozen
@@ -529,6 +697,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _accumulated(self, i):
         self._clean = False
         self._touched[i] = True
+        if self._stage == 3:
+            self._backward_done(i)
         if not self._overlap or self._no_sync:
             return
         unit = self._units[i]
@@ -590,6 +760,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                                   "copied into sx's memory (zero_grad keeps .grad in place)", stacklevel=2)
                     grad.copy_(p.grad)
                 p.grad = grad
+        if self._stage == 3:
+            self._release_backward()
         if self._no_sync:
             raise RuntimeError("sx.torch: step() inside no_sync(): the gradients of the micro-batches inside are "
                                "reduced by the first backward outside it, or by a step outside it")
@@ -732,7 +904,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 mu = entry.get("mu_product", 0.0)  # NAdam's; 0: sx derives it from the step
                 st.mu_product = float(mu.item() if isinstance(mu, torch.Tensor) else mu)
 
-        self.group.scatter_optim_state(fill if self.group.rank == 0 else None, root=0)
+        with self.full_params():  # stage 3: the masters' values are read from the params
+            self.group.scatter_optim_state(fill if self.group.rank == 0 else None, root=0)
         self._consolidated = None
 
     def __reduce_ex__(self, protocol):  # pickle and copy.copy

@@ -216,12 +216,85 @@ def check_no_sync_and_clipping(rank, world):
     opt.close()
 
 
+def check_stage3(rank, world):
+    """Stage 3 (each Linear a unit, gathered around its forward and backward from module
+    hooks), with and without overlap, against DDP + AdamW with clipping over 50 steps: the
+    losses within 1e-5 at every step, the params within 1e-5 normwise every 10 steps
+    (elementwise, AdamW's division makes the reduction's order show in near-zero
+    elements), and stage 3 the same bits as stage 2. The full params a rank holds at once
+    stay within two units, and sx's shards and gathers within 1/world of the model plus
+    the units in flight."""
+    def deep():
+        torch.manual_seed(0)
+        layers = [torch.nn.Linear(8, 32), torch.nn.Tanh()]
+        for _ in range(6):
+            layers += [torch.nn.Linear(32, 32), torch.nn.Tanh()]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(32, 4))
+
+    a = deep()
+    ddp = DistributedDataParallel(a)
+    peer = torch.optim.AdamW(ddp.parameters(), lr=LR, weight_decay=WD)
+    runs = []
+    # The last: stage 3 over an HSDP mesh of shard groups of 1 (each process replicated).
+    for stage, overlap, shard_size in ((2, False, 0), (3, False, 0), (3, True, 0), (3, False, 1)):
+        m = deep()
+        opt = sx.torch.ShardedOptimizer(m, torch.optim.AdamW, lr=LR, weight_decay=WD, max_grad_norm=MAX_NORM,
+                                        stage=stage, bucket_mb=4.5 / 1024, overlap=overlap, shard_size=shard_size)
+        if opt.group.num_units < 8:
+            raise AssertionError(f"stage {stage}: {opt.group.num_units} units")
+        if stage == 3 and any(p.untyped_storage().nbytes() != 0 for p in m.parameters()):
+            raise AssertionError("stage 3: params stay whole outside the modules' forward")
+        runs.append((m, opt, f"stage {stage}{' overlapped' if overlap else ''}"
+                             f"{f' in shard groups of {shard_size}' if shard_size else ''}"))
+    for step in range(60, 110):
+        x, y = batch(step, rank)
+        peer.zero_grad()
+        want = loss_of(ddp, x, y)
+        want.backward()
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), MAX_NORM)
+        peer.step()
+        for m, opt, what in runs:
+            opt.zero_grad()
+            got = loss_of(m, x, y)
+            got.backward()
+            opt.step()
+            close(got.detach(), want.detach(), f"{what}, step {step}: loss")
+        if step == 68:  # sx's most, before full_params() gathers everything
+            sx_peaks = [opt.group.memory_stats().peak_param_bytes for _, opt, _ in runs]
+        if step % 10 != 9:
+            continue
+        stage2 = [p.detach().clone() for p in runs[0][0].parameters()]
+        for m, opt, what in runs:
+            with opt.full_params():
+                for (name, p), q, p2 in zip(m.named_parameters(), a.parameters(), stage2):
+                    off = ((p - q).norm() / q.norm()).item()
+                    if off > RTOL:
+                        raise AssertionError(f"rank {rank}: {what}, step {step}: param {name} is {off:.3g} off DDP's")
+                    if what == "stage 3" and not torch.equal(p, p2):
+                        raise AssertionError(f"rank {rank}: step {step}: param {name} differs at stage 3 and 2")
+    model_bytes = sum(p.numel() * p.element_size() for p in a.parameters())
+    for (m, opt, what), sx_peak in zip(runs[1:3], sx_peaks[1:3]):
+        biggest = max(opt._unit_bytes_of(u) for u in opt._unit_params)
+        if opt.peak_param_bytes > 2 * biggest:
+            raise AssertionError(f"{what}: {opt.peak_param_bytes} bytes of full params at once; units of at most "
+                                 f"{biggest}")
+        if sx_peak > model_bytes / world + 3 * biggest:
+            raise AssertionError(f"{what}: sx held {sx_peak} param bytes at once; the model has {model_bytes}, "
+                                 f"units of at most {biggest}")
+        if rank == 0:
+            print(f"{what}: full params held at once {opt.peak_param_bytes} bytes, sx's shards and gathers "
+                  f"{sx_peak}; the model {model_bytes} bytes, its largest unit {biggest}", flush=True)
+    for m, opt, what in runs:
+        opt.close()
+
+
 def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     check_class_run_on_shards(rank, world)
     check_module_states_and_threads(rank, world)
     check_no_sync_and_clipping(rank, world)
+    check_stage3(rank, world)
 
     # The peer: DDP averages the gradients, clip_grad_norm_ clips them, ZeRO steps.
     a = mlp()
