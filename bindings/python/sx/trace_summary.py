@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reads one sx trace file (Chrome trace-event JSON) with the standard library's json
-module, checks what Perfetto and chrome://tracing need of it, and prints a summary that
-tests/core/test_trace.cc asserts on:
+module, checks what Perfetto and chrome://tracing need of it, and prints a summary (which
+sx's own trace tests assert on). Installed with the Python package as the command
+``sx-trace-summary TRACE.json`` (or ``python -m sx.trace_summary TRACE.json``):
 
     pid P
     events N            complete ("X") events
@@ -100,7 +101,12 @@ def main(path):
         print("span %s %d units=%s bytes=%s" % (name, n, u, b))
 
 
-if __name__ == "__main__":
+def cli():
+    """The command: sx-trace-summary TRACE.json."""
     if len(sys.argv) != 2:
-        fail("usage: trace_summary.py TRACE.json")
+        fail("usage: sx-trace-summary TRACE.json")
     main(sys.argv[1])
+
+
+if __name__ == "__main__":
+    cli()
