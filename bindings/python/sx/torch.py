@@ -266,6 +266,32 @@ def _state_shape(name, shape):
     return shape
 
 
+def _wrap_units(module, policy):
+    """FSDP's auto-wrap as units: every module for which policy(module) is true, innermost
+    first, makes a unit of its params that no module inside it took; the params left make
+    the root's unit. Units are numbered 0.. in the order of their first param in
+    module.parameters(). Returns id(param) -> unit, and unit -> the module that owns it."""
+    owner = {}
+    owners = []  # per group, its module
+    for m in reversed(list(module.modules())):  # every module after the ones inside it
+        if m is module or not policy(m):
+            continue
+        mine = [p for p in m.parameters() if id(p) not in owner]
+        for p in mine:
+            owner[id(p)] = len(owners)
+        if mine:
+            owners.append(m)
+    rest = [p for p in module.parameters() if id(p) not in owner]
+    for p in rest:
+        owner[id(p)] = len(owners)
+    if rest:
+        owners.append(module)
+    order = {}
+    for p in module.parameters():
+        order.setdefault(owner[id(p)], len(order))
+    return {pid: order[g] for pid, g in owner.items()}, {order[g]: m for g, m in enumerate(owners)}
+
+
 def _as_array(t):
     """A contiguous float32 numpy array of a tensor (or number) of any float dtype."""
     if isinstance(t, torch.Tensor):
@@ -291,7 +317,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
     ``rank`` and ``world_size`` (taken from the environment when None), ``stage`` (1, 2,
     or 3: ``params`` a module, each unit's params present only around its modules'
     forward and backward, and inside :meth:`full_params`), ``shard_size``,
-    ``grad_dtype``, ``reduce_dtype``, ``prefetch_depth`` (as ShardGroup's), ``max_grad_norm`` (clip the global norm of the averaged gradients; 0: none),
+    ``grad_dtype``, ``reduce_dtype``, ``prefetch_depth`` (as ShardGroup's),
+    ``auto_wrap_policy`` (``params`` a module: each module for which ``policy(module)`` is
+    true makes a unit of the params no module inside it took, and the rest a unit of the
+    root's, as FSDP's auto-wrap; ``bucket_mb`` is then not used), ``max_grad_norm`` (clip the global norm of the averaged gradients; 0: none),
     ``bucket_mb`` (params are laid out in units of about this many MiB, in order: the
     grain of communication), ``overlap`` (each unit's gradients are reduced as soon as the
     backward has accumulated them, while the backward goes on with earlier layers; then
@@ -323,7 +352,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, optimizer_class=torch.optim.AdamW, *, rendezvous="env://", rank=None,
                  world_size=None, stage=2, max_grad_norm=0.0, bucket_mb=25.0, overlap=False, timeout_ms=0,
                  num_threads=None, transport="auto", sync_module_states=True, shard_size=0, grad_dtype=None,
-                 reduce_dtype=None, prefetch_depth=1, **defaults):
+                 reduce_dtype=None, prefetch_depth=1, auto_wrap_policy=None, **defaults):
         if stage not in (1, 2, 3):
             raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"stage {stage}: sx.torch runs stages 1-3")
         if stage == 3 and not isinstance(params, torch.nn.Module):
@@ -397,6 +426,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # batch did not reach is still averaged with the others' gradients.
         self._skip_unreached = self._hooks and self.group.world_size == 1
         module = params if isinstance(params, torch.nn.Module) else None
+        self._wrapped = None  # auto_wrap_policy's units: id(param) -> unit
+        if auto_wrap_policy is not None:
+            if module is None:
+                raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                           "auto_wrap_policy needs params to be an nn.Module")
+            self._wrapped, self._wrap_owners = _wrap_units(module, auto_wrap_policy)
         if module is not None:
             params = list(params.named_parameters())
         super().__init__(params, full)
@@ -496,14 +531,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for k, p in enumerate(group["params"]):
             name = names[k] if names[k] is not None else f"param.{first + k}"
             nbytes = p.numel() * p.element_size()
-            if self._unit_bytes + nbytes > self._bucket_bytes and self._unit_bytes > 0:
-                self._unit, self._unit_bytes = self._unit + 1, 0
-            self._unit_bytes += nbytes
-            self.group.add_param(name, tuple(p.shape), param_group=index, unit=self._unit,
+            if self._wrapped is not None and not self._finalized:
+                unit = self._wrapped[id(p)]  # the policy's units, numbered 0.. in param order
+                self._unit = max(self._unit, unit)
+            else:
+                if self._unit_bytes + nbytes > self._bucket_bytes and self._unit_bytes > 0:
+                    self._unit, self._unit_bytes = self._unit + 1, 0
+                self._unit_bytes += nbytes
+                unit = self._unit
+            self.group.add_param(name, tuple(p.shape), param_group=index, unit=unit,
                                  dtype=_DTYPES[p.dtype], frozen=not p.requires_grad)
             self._params.append(p)
             self._names.append(name)
-            self._units.append(self._unit)  # units are numbered in order, from 0: index = id
+            self._units.append(unit)  # unit ids are 0..n-1: a unit's index is its id
         if self._finalized:
             self.group.finalize()
             self._bind(first)
@@ -533,6 +573,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         by_unit = {}
         for i in range(first, len(self._params)):
             by_unit.setdefault(self._units[i], []).append(i)
+        # Units in id order, which need not be the params' (an auto-wrap policy's root unit
+        # holds params of the start and of the end): the lists by param index.
+        self._grads.extend([None] * (len(self._params) - first))
+        self._touched.extend([not self._skip_unreached] * (len(self._params) - first))
         for u in sorted(by_unit):
             self.group.gather_unit(u)
             for i in by_unit[u]:
@@ -544,8 +588,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     grad = self._tensor(self.group.grad_view(i), p)
                     grad.zero_()
                 p.grad = grad
-                self._grads.append(grad)
-                self._touched.append(not self._skip_unreached)
+                self._grads[i] = grad
                 self._unhooked.add(i)
                 self._unit_params.setdefault(u, []).append(i)
             if sync:
@@ -617,10 +660,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
         and its backward, and releases them after (the backward's as each unit's
         gradients are all accumulated)."""
         index = {id(p): i for i, p in enumerate(self._params)}
-        for m in module.modules():
-            units = sorted({self._units[index[id(p)]] for p in m.parameters(recurse=False) if id(p) in index})
-            if not units:
-                continue
+        if self._wrapped is not None:  # the modules that own the policy's units
+            hooked = [(m, [u]) for u, m in sorted(self._wrap_owners.items())]
+        else:  # every module holding params directly
+            hooked = []
+            for m in module.modules():
+                units = sorted({self._units[index[id(p)]] for p in m.parameters(recurse=False) if id(p) in index})
+                if units:
+                    hooked.append((m, units))
+        for m, units in hooked:
 
             def pre(_m, _args, units=units):
                 for u in units:

@@ -1,6 +1,7 @@
 """Runs sx.torch's checks: check_single.py, check_optimizers.py and check_muon.py (sx's optimizers
 against torch's, ranks as threads) in one process each, then, under a real torchrun,
-check_sx_torch.py on 2 processes and check_uneven.py on 3. Run with the Python of a
+check_sx_torch.py on 2 processes and check_uneven.py on 3, and check_gpt_resume.py (which
+starts torchrun itself: the GPT sample saved at 2 processes, resumed at 1 and 3). Run with the Python of a
 torch environment, SX_LIBRARY pointing at libsx and PYTHONPATH at the binding (ctest's
 bindings_torch does)."""
 import os
@@ -23,6 +24,10 @@ def main():
         done = subprocess.run(cmd, timeout=600)
         if done.returncode != 0:
             sys.exit(f"{script} under torchrun failed with exit code {done.returncode}")
+    gpt = [sys.executable, os.path.join(HERE, "check_gpt_resume.py")]
+    print("$", " ".join(gpt), flush=True)
+    if subprocess.run(gpt, timeout=900).returncode != 0:
+        sys.exit("check_gpt_resume.py failed")
 
 
 if __name__ == "__main__":
