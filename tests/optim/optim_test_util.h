@@ -2,6 +2,7 @@
 // cells around an unaligned window, and bitwise comparison of float arrays.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -43,8 +44,11 @@ class Guarded {
     Guarded(size_t n, size_t offset) : n_(n), storage_(n + offset + 2 * kGuard + 16, kSentinel) {
         uintptr_t raw = reinterpret_cast<uintptr_t>(storage_.data());
         size_t skip = ((64 - raw % 64) % 64) / sizeof(float);
-        data_ = storage_.data() + skip + kGuard + offset;
-        for (size_t i = 0; i < n; ++i) data_[i] = 0.0f;
+        const size_t start = skip + kGuard + offset;
+        data_ = storage_.data() + start;
+        // Through the vector's iterators: GCC 12 misjudged the bound of a loop over data_.
+        std::fill(storage_.begin() + static_cast<ptrdiff_t>(start),
+                  storage_.begin() + static_cast<ptrdiff_t>(start + n), 0.0f);
     }
     float *data() { return data_; }
     const float *data() const { return data_; }

@@ -466,11 +466,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # integer below 2^53 exactly).
         mine = self.group.rank == 0
         for b in buffers:
-            flat = b.data.reshape(-1)
+            flat = b.data.contiguous().view(-1)  # the buffer itself, or a copy of a strided one
             for at in range(0, flat.numel(), _lib.SX_MAX_ALL_REDUCE):
                 part = flat[at:at + _lib.SX_MAX_ALL_REDUCE]
                 values = part.to(torch.float64).tolist() if mine else [0.0] * part.numel()
                 part.copy_(torch.tensor(self.group.all_reduce(values, "sum"), dtype=torch.float64))
+            if flat.data_ptr() != b.data.data_ptr():
+                b.data.copy_(flat.view(b.shape))
 
     # -- torch's Optimizer interface -------------------------------------------------
     def add_param_group(self, param_group):

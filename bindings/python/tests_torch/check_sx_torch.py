@@ -128,6 +128,9 @@ def check_class_run_on_shards(rank, world):
             o.close()
 
 
+_dist_ready = sx.torch.dist_ready
+
+
 def check_module_states_and_threads(rank, world):
     """Ranks seeded differently (and BatchNorm statistics of their own) start from rank
     0's params and buffers; with sync_module_states=False each keeps its own. sx's step
@@ -153,9 +156,14 @@ def check_module_states_and_threads(rank, world):
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
-        for sync in (True, False):
+        # Buffers through torch.distributed, then through sx's all-reduce (as without it).
+        for sync, through_dist in ((True, True), (True, False), (False, True)):
             m = net()
-            opt = sx.torch.ShardedOptimizer(m, torch.optim.AdamW, lr=LR, sync_module_states=sync)
+            sx.torch.dist_ready = (lambda: True) if through_dist else (lambda: False)
+            try:
+                opt = sx.torch.ShardedOptimizer(m, torch.optim.AdamW, lr=LR, sync_module_states=sync)
+            finally:
+                sx.torch.dist_ready = _dist_ready
             mine = states(m)
             everyone = [None] * world
             dist.all_gather_object(everyone, mine)
