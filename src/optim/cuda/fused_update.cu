@@ -374,9 +374,10 @@ using internal::LaunchPlan;
 using internal::Mode;
 using internal::TableSegment;
 
-struct Workspace::Impl {
-    // The table in pinned host memory and on the device, twice: launch k uses slot
-    // k % 2, and refilling a slot waits for the launch that used it two launches ago.
+// The segment table in pinned host memory and on the device, twice: launch k uses slot
+// k % 2, and refilling a slot waits for the launch that used it two launches ago.
+class TableSlots {
+  public:
     struct Slot {
         char *host = nullptr;
         char *device = nullptr;
@@ -384,23 +385,67 @@ struct Workspace::Impl {
         cudaEvent_t done = nullptr;
         bool in_flight = false;
     };
+    ~TableSlots() {
+        for (Slot &s : slots_) {
+            if (s.in_flight) cudaEventSynchronize(s.done);
+            if (s.done) cudaEventDestroy(s.done);
+            free(s);
+        }
+    }
+    Status create_events() {
+        for (Slot &s : slots_)
+            SX_CUDA_TRY(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), "creating a CUDA event");
+        return Status::Ok();
+    }
+    // The next slot, once the launch that used it two launches ago is done, with room for
+    // `bytes`.
+    Status take(size_t bytes, Slot **out) {
+        Slot &slot = slots_[next_];
+        if (slot.in_flight) SX_CUDA_TRY(cudaEventSynchronize(slot.done), "waiting for an earlier optimizer launch");
+        slot.in_flight = false;
+        if (bytes > slot.capacity) {
+            free(slot);
+            const size_t want = bytes + bytes / 2;
+            SX_CUDA_TRY(cudaMallocHost(&slot.host, want), "allocating the pinned segment table");
+            SX_CUDA_TRY(cudaMalloc(&slot.device, want), "allocating the device segment table");
+            slot.capacity = want;
+        }
+        *out = &slot;
+        return Status::Ok();
+    }
+    // The launch that used the slot `take` gave is enqueued on `stream`: the slot is busy
+    // until it is done, and the next launch takes the other.
+    Status launched(cudaStream_t stream) {
+        Slot &slot = slots_[next_];
+        SX_CUDA_TRY(cudaEventRecord(slot.done, stream), "recording an optimizer event");
+        slot.in_flight = true;
+        next_ ^= 1;
+        return Status::Ok();
+    }
+
+  private:
+    static void free(Slot &s) {
+        if (s.host) cudaFreeHost(s.host);
+        if (s.device) cudaFree(s.device);
+        s.host = s.device = nullptr;
+        s.capacity = 0;
+    }
+    Slot slots_[2];
+    int next_ = 0;
+};
+
+struct Workspace::Impl {
+    using Slot = TableSlots::Slot;
     int device = -1;
     unsigned max_grid = 0;
     unsigned last_grid = 0;
-    Slot slots[2];
-    int next = 0;
+    TableSlots tables;
     double *partials = nullptr;  // 2 per block, max_grid blocks
     double *stats = nullptr;     // sumsq, nonfinite
     bool stats_written = false;
     LaunchPlan plan;
 
     ~Impl() {
-        for (Slot &s : slots) {
-            if (s.in_flight) cudaEventSynchronize(s.done);
-            if (s.done) cudaEventDestroy(s.done);
-            if (s.host) cudaFreeHost(s.host);
-            if (s.device) cudaFree(s.device);
-        }
         if (partials) cudaFree(partials);
         if (stats) cudaFree(stats);
     }
@@ -423,38 +468,12 @@ struct Workspace::Impl {
         const unsigned grid = static_cast<unsigned>(sms) * static_cast<unsigned>(per_sm);
         SX_CUDA_TRY(cudaMalloc(&partials, sizeof(double) * 2 * grid), "allocating the optimizer's partial sums");
         SX_CUDA_TRY(cudaMalloc(&stats, sizeof(double) * 2), "allocating the optimizer's gradient statistics");
-        for (Slot &s : slots)
-            SX_CUDA_TRY(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), "creating a CUDA event");
+        SX_TRY(tables.create_events());
         max_grid = grid;
         device = current;
         return Status::Ok();
     }
     static int kThreadsInt() { return static_cast<int>(internal::kThreads); }
-
-    Status reserve(Slot &s, size_t bytes) {
-        if (bytes <= s.capacity) return Status::Ok();
-        if (s.host) cudaFreeHost(s.host);
-        if (s.device) cudaFree(s.device);
-        s.host = nullptr;
-        s.device = nullptr;
-        s.capacity = 0;
-        const size_t want = bytes + bytes / 2;
-        SX_CUDA_TRY(cudaMallocHost(&s.host, want), "allocating the pinned segment table");
-        SX_CUDA_TRY(cudaMalloc(&s.device, want), "allocating the device segment table");
-        s.capacity = want;
-        return Status::Ok();
-    }
-
-    // The next table slot, once the launch that used it two launches ago is done, with
-    // room for `bytes`.
-    Status take_slot(size_t bytes, Slot **out) {
-        Slot &slot = slots[next];
-        if (slot.in_flight) SX_CUDA_TRY(cudaEventSynchronize(slot.done), "waiting for an earlier optimizer launch");
-        slot.in_flight = false;
-        SX_TRY(reserve(slot, bytes));
-        *out = &slot;
-        return Status::Ok();
-    }
 
     // The plan's segment table and first-segment index into the slot and onto the device,
     // on the stream; the kernel's arguments.
@@ -501,7 +520,7 @@ struct Workspace::Impl {
         const size_t table_bytes = plan.segments.size() * sizeof(TableSegment);
         const size_t total = table_bytes + plan.first_segment.size() * sizeof(uint32_t);
         Slot *slot = nullptr;
-        SX_TRY(take_slot(total, &slot));
+        SX_TRY(tables.take(total, &slot));
         if (plan.grid > 0) {
             const TableSegment *table = nullptr;
             const uint32_t *first = nullptr;
@@ -513,9 +532,7 @@ struct Workspace::Impl {
             SX_CUDA_TRY(cudaGetLastError(), "launching the gradient statistics reduction");
             stats_written = true;
         }
-        SX_CUDA_TRY(cudaEventRecord(slot->done, stream), "recording an optimizer event");
-        slot->in_flight = true;
-        next ^= 1;
+        SX_TRY(tables.launched(stream));
         last_grid = plan.grid;
         return Status::Ok();
     }
