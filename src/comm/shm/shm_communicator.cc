@@ -257,7 +257,9 @@ class ShmCommunicator final : public Communicator {
                 if (off > 0 || !mine) std::memcpy(slot(rank_), own + off, n);
                 SX_TRY(meet(deadline));
                 if (off == 0) {
-                    const Path path = choose_path(extent, -1);
+                    Path path;
+                    SX_TRY(after_first_meeting(extent, mine, [&] { std::memcpy(slot(rank_), own, n); }, deadline,
+                                               &path));
                     if (path == Path::kInPlace) {
                         for (int q = 0; q < world_size_; ++q)
                             if (q != rank_) {
@@ -265,10 +267,6 @@ class ShmCommunicator final : public Communicator {
                                 std::memcpy(b + at, peer_buffer<char>(q) + at, shard_bytes);
                             }
                         return meet(deadline, kConsumed);
-                    }
-                    if (path == Path::kSlotsLate) {
-                        if (mine) std::memcpy(slot(rank_), own, n);
-                        SX_TRY(meet(deadline));
                     }
                 }
                 for (int q = 0; q < world_size_; ++q)
@@ -393,6 +391,16 @@ class ShmCommunicator final : public Communicator {
         if (all && !one_process_) count_in_place();
         return all ? Path::kInPlace : none ? Path::kSlots : Path::kSlotsLate;
     }
+    // After the first barrier of a call that reads every rank's buffer (extent bytes each):
+    // *path, and on the late path this rank's first chunk brought (`bring_first`) where it
+    // was not, and the ranks met once more.
+    template <class Bring>
+    Status after_first_meeting(size_t extent, bool mine, Bring bring_first, Clock::time_point deadline, Path *path) {
+        *path = choose_path(extent, -1);
+        if (*path != Path::kSlotsLate) return Status::Ok();
+        if (mine) bring_first();
+        return meet(deadline);
+    }
     // Rank q's buffer in this call, where readable(q).
     template <class T>
     T *peer_buffer(int q) const {
@@ -429,7 +437,8 @@ class ShmCommunicator final : public Communicator {
             if (off > 0 || !mine) bring(off, n);
             SX_TRY(meet(deadline));
             if (off == 0) {
-                const Path path = choose_path(extent, -1);
+                Path path;
+                SX_TRY(after_first_meeting(extent, mine, [&] { bring(0, n); }, deadline, &path));
                 if (path == Path::kInPlace) {
                     const size_t at = static_cast<size_t>(rank_) * shard;
                     for (size_t i = 0; i < shard; i += kBlock) {
@@ -438,10 +447,6 @@ class ShmCommunicator final : public Communicator {
                         combine(parts.data(), std::min(kBlock, shard - i), i);
                     }
                     return meet(deadline, kConsumed);
-                }
-                if (path == Path::kSlotsLate) {
-                    if (mine) bring(0, n);
-                    SX_TRY(meet(deadline));
                 }
             }
             for (size_t i = 0; i < n; i += kBlock) {
