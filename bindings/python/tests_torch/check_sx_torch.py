@@ -53,6 +53,16 @@ def close(a, b, what):
         raise AssertionError(f"rank {dist.get_rank()}: {what} differs (worst relative {worst:.3g})")
 
 
+def ddp_step(ddp, opt, x, y):
+    """The peer's step: DDP averages the gradients, torch clips them, `opt` steps; the loss."""
+    opt.zero_grad()
+    loss = loss_of(ddp, x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(ddp.parameters(), MAX_NORM)
+    opt.step()
+    return loss
+
+
 def compare_params(m1, m2, what):
     for (name, p), q in zip(m1.named_parameters(), m2.parameters()):
         close(p.detach(), q.detach(), f"{what}: param {name}")
@@ -256,11 +266,7 @@ def check_stage3(rank, world):
                              f"{f' in shard groups of {shard_size}' if shard_size else ''}"))
     for step in range(60, 110):
         x, y = batch(step, rank)
-        peer.zero_grad()
-        want = loss_of(ddp, x, y)
-        want.backward()
-        torch.nn.utils.clip_grad_norm_(ddp.parameters(), MAX_NORM)
-        peer.step()
+        want = ddp_step(ddp, peer, x, y)
         for m, opt, what in runs:
             opt.zero_grad()
             got = loss_of(m, x, y)
@@ -324,11 +330,7 @@ def main():
     reductions = 0
     for step in range(20):
         x, y = batch(step, rank)
-        zero.zero_grad()
-        la = loss_of(ddp, x, y)
-        la.backward()
-        torch.nn.utils.clip_grad_norm_(ddp.parameters(), MAX_NORM)
-        zero.step()
+        la = ddp_step(ddp, zero, x, y)
         a_sched.step()
         opt.zero_grad()  # torch's default set_to_none=True: the grads stay sx's memory
         lb = loss_of(b, x, y)
