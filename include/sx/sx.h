@@ -858,7 +858,8 @@ SX_API sx_status_t sx_unit_release(sx_shard_group_t *group, int32_t unit);
  * (the trainer's compute copy) and, on the rank whose shard covers it, fp32 master
  * weights; its optimizer state is fp32. All params of one unit share a dtype. The step
  * updates the fp32 masters and writes them, rounded to nearest even, into the 16-bit
- * params of every rank. The masters start from the param views at the first step, and
+ * params of every rank. The masters start from the param views at the first step (or
+ * at an earlier sx_state_view of "master", which can seed them with finer values), and
  * again at the first step after sx_broadcast_params; a checkpoint stores and loads
  * them. Values written into a 16-bit param view at other times are overwritten by
  * the next step. Gradients are in the param's dtype, or fp32 with config->grad_dtype;
@@ -994,11 +995,15 @@ SX_API sx_status_t sx_scatter_optim_state(sx_shard_group_t *group, int32_t root,
  * above, borrowed), in place: zero copy, fp32, out->numel elements, which are the param's
  * elements [shard_begin, shard_end) of sx_param_info_t (numel 0 and data NULL where this
  * rank's shard holds none of it). An embedding service may read it, or write it between
- * steps to seed the state. Valid until the next sx_load_optim_state or
- * sx_scatter_optim_state, which replace the state. Errors: a name the param's optimizer
- * does not keep (SX_ERR_INVALID_ARGUMENT, listing those it keeps), a param without
- * optimizer state yet (SX_ERR_INVALID_STATE: a unit gets its state, zero, at sx_finalize
- * if one of its params is trainable then, else at the first step at which one is). */
+ * steps to seed the state. A view of "master" before the first step fixes the masters
+ * then, from the 16-bit params (as the first step would otherwise): it shows them, and
+ * what is written into it is what the step updates (e.g. fp32 values finer than the
+ * params'); params written after it do not reach the masters. Valid until the next
+ * sx_load_optim_state or sx_scatter_optim_state, which replace the state. Errors: a
+ * name the param's optimizer does not keep (SX_ERR_INVALID_ARGUMENT, listing those it
+ * keeps), a param without optimizer state yet (SX_ERR_INVALID_STATE: a unit gets its
+ * state, zero, at sx_finalize if one of its params is trainable then, else at the first
+ * step at which one is). */
 SX_API sx_status_t sx_state_view(const sx_shard_group_t *group, int32_t param, const char *tensor,
                                  sx_view_t *out);
 

@@ -34,7 +34,7 @@ Status ShardGroup::scatter_state(int root, const StateFn &fn) {
     return whole_state_call("sx_scatter_optim_state", root, false, fn);
 }
 
-Status ShardGroup::state_view(int32_t param, const char *tensor, void **data, uint64_t *numel) const {
+Status ShardGroup::state_view(int32_t param, const char *tensor, void **data, uint64_t *numel) {
     SX_TRY(table_.check_laid_out(param));
     SX_CHECK_ARG(tensor != nullptr, "tensor is NULL");
     const ParamSpec &spec = table_.params()[param];
@@ -47,6 +47,12 @@ Status ShardGroup::state_view(int32_t param, const char *tensor, void **data, ui
         for (const StateTensor &t : all) names += std::string(names.empty() ? "" : ", ") + t.name;
         return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "param '%s' has no tensor '%s'; its optimizer state holds: %s",
                         spec.name.c_str(), tensor, names.empty() ? "nothing" : names.c_str());
+    }
+    if (it->slot < 0 && !unit.master_valid) {
+        // The masters are fixed now, from the params, as the first step would: what the
+        // view shows is current, and what is written into it is what the step takes.
+        SX_TRY(ops_->wait_for(nullptr));
+        SX_TRY(units_.ensure_master(u));
     }
     const float *base = it->slot < 0 ? unit.master.as<float>() : nullptr;
     if (it->slot >= 0) {

@@ -178,7 +178,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // --- whole params' optimizer state (whole_state.h), and this rank's part of it ---
     Status gather_state(int root, const StateFn &fn);   // collective
     Status scatter_state(int root, const StateFn &fn);  // collective
-    Status state_view(int32_t param, const char *tensor, void **data, uint64_t *numel) const;
+    Status state_view(int32_t param, const char *tensor, void **data, uint64_t *numel);
     UnitShard unit_shard(size_t u) const { return units_.shard(u); }  // export_shard's, without its waits
 
   private:

@@ -174,13 +174,16 @@ void *Units::own_params(size_t u) const {
 }
 
 Status Units::ensure_masters() {
-    for (size_t u = 0; u < units_.size(); ++u) {
-        Unit &unit = units_[u];
-        if (unit.master.empty() || unit.master_valid) continue;
-        SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), table_.layout->units()[u].shard_numel,
-                           false));
-        unit.master_valid = true;
-    }
+    for (size_t u = 0; u < units_.size(); ++u) SX_TRY(ensure_master(u));
+    return Status::Ok();
+}
+
+Status Units::ensure_master(size_t u) {
+    Unit &unit = units_[u];
+    if (unit.master.empty() || unit.master_valid) return Status::Ok();
+    SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), table_.layout->units()[u].shard_numel,
+                       false));
+    unit.master_valid = true;
     return Status::Ok();
 }
 

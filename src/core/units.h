@@ -97,6 +97,7 @@ class Units {
     // 16-bit units: the fp32 masters derived from the params where they are not yet, and
     // rounded into this rank's shard of the params (after someone wrote them).
     Status ensure_masters();
+    Status ensure_master(size_t u);  // unit u's alone
     Status masters_to_params();
     // Unit u's shard as ShardState describes it.
     UnitShard shard(size_t u) const;

@@ -334,6 +334,51 @@ void test_masters_and_views(void **) {
     if (!err.empty()) fail_msg("%s", err.c_str());
 }
 
+// A view of a 16-bit param's "master" before the first step shows the params widened
+// (the masters are fixed then, as the first step would), and what is written into it is
+// what the step updates: an fp32 seed finer than bf16 survives the step, and the params
+// become its rounding.
+void test_masters_seeded_through_a_view(void **) {
+    const std::string rv = "local://master-seed-" + std::to_string(getpid());
+    const std::string err = sxtest::run_ranks(2, [&](int r) -> std::string {
+        Pair pr;
+        std::string e = make_pair(rv, r, 0, &pr);
+        if (!e.empty()) return e;
+        sx_shard_group_t *g = pr.g;
+        sx_view_t pv, mv;
+        sx_view_init(&pv, sizeof pv);
+        sx_view_init(&mv, sizeof mv);
+        sx_param_view(g, 0, &pv);
+        auto value = [](uint64_t i) { return 1.0f + static_cast<float>(i % 17) / 8.0f; };
+        for (uint64_t i = 0; i < pv.numel; ++i) static_cast<uint16_t *>(pv.data)[i] = sx::half::f32_to_bf16(value(i));
+        sx_status_t st = sx_state_view(g, 0, "master", &mv);
+        if (st != SX_OK) return text("the master view before the first step", st);
+        sx_param_info_t info;
+        sx_param_info_init(&info, sizeof info);
+        sx_get_param_info(g, 0, &info);
+        if (mv.numel != info.shard_end - info.shard_begin || mv.numel == 0) return "the master view's extent";
+        float *m = static_cast<float *>(mv.data);
+        for (uint64_t i = 0; i < mv.numel; ++i)
+            if (m[i] != value(info.shard_begin + i)) return "the master view does not show the params widened";
+        // Seeds between bf16's steps (1/128 apart at 1..2, 1/64 at 2..4): not the params'.
+        const float fine = 1.0f / 1024.0f;
+        for (uint64_t i = 0; i < mv.numel; ++i) m[i] = value(info.shard_begin + i) + fine;
+        // A step with zero gradients: AdamW moves a master by its weight decay alone,
+        // lr x wd = 1e-5 of it, far less than the seed's offset.
+        if ((st = sx_step(g, nullptr, nullptr)) != SX_OK) return text("step", st);
+        if ((st = sx_state_view(g, 0, "master", &mv)) != SX_OK) return text("the master view after the step", st);
+        m = static_cast<float *>(mv.data);
+        for (uint64_t i = 0; i < mv.numel; ++i) {
+            const float seed = value(info.shard_begin + i) + fine;
+            if (std::fabs(m[i] - seed) > 2e-5f * seed) return "the seeded master was not what the step updated";
+            if (static_cast<uint16_t *>(pv.data)[info.shard_begin + i] != sx::half::f32_to_bf16(m[i]))
+                return "a bf16 param is not its master rounded after the step";
+        }
+        return "";
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
 // A callback that fails: a scatter fails on every rank at the root's failing param and
 // changes nothing on any; a gather fails on every rank.
 void test_a_failing_callback_changes_nothing(void **) {
@@ -471,6 +516,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_consolidate_at_3_and_continue_at_2_and_1),
         cmocka_unit_test(test_consolidate_and_scatter_on_meshes),
         cmocka_unit_test(test_masters_and_views),
+        cmocka_unit_test(test_masters_seeded_through_a_view),
         cmocka_unit_test(test_a_failing_callback_changes_nothing),
         cmocka_unit_test(test_the_roots_memory_stays_within_one_param),
     };
