@@ -37,6 +37,7 @@ import torch
 
 from . import _lib
 from .errors import InvalidArgumentError, UnsupportedError
+from .group import _DTYPES as _SX_DTYPES
 from .group import ShardGroup
 from .optimizers import register_optimizer
 
@@ -292,6 +293,30 @@ def _wrap_units(module, policy):
     return {pid: order[g] for pid, g in owner.items()}, {order[g]: m for g, m in enumerate(owners)}
 
 
+def _dtype_choice(what, value):
+    """grad_dtype's or reduce_dtype's name for ShardGroup, given as a torch dtype or a name."""
+    if value is None or isinstance(value, str):
+        return value
+    if value not in _DTYPES:
+        raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"{what} {value}: one of "
+                                   f"{sorted(str(d) for d in _DTYPES)}")
+    return _DTYPES[value]
+
+
+def _cast_inputs(dtype, _module, args, kwargs):
+    """param_dtype: the root module's floating-point tensor inputs in the params' dtype,
+    as FSDP's MixedPrecisionPolicy(cast_forward_inputs=True) casts them."""
+    def cast(x):
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+            return x.to(dtype)
+        if isinstance(x, (list, tuple)):
+            return type(x)(cast(v) for v in x)
+        if isinstance(x, dict):
+            return {k: cast(v) for k, v in x.items()}
+        return x
+    return cast(args), cast(kwargs)
+
+
 def _as_array(t):
     """A contiguous float32 numpy array of a tensor (or number) of any float dtype."""
     if isinstance(t, torch.Tensor):
@@ -317,7 +342,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
     ``rank`` and ``world_size`` (taken from the environment when None), ``stage`` (1, 2,
     or 3: ``params`` a module, each unit's params present only around its modules'
     forward and backward, and inside :meth:`full_params`), ``shard_size``,
-    ``grad_dtype``, ``reduce_dtype``, ``prefetch_depth`` (as ShardGroup's),
+    ``prefetch_depth`` (as ShardGroup's), ``param_dtype`` (torch.bfloat16 or
+    torch.float16: fp32 params compute in it, as FSDP's MixedPrecisionPolicy: the model's
+    params become 16-bit, sx keeps their fp32 values as master weights, which the step
+    updates and rounds into them, and a module's floating-point inputs are cast to it;
+    the masters are in sx's checkpoints and in :meth:`state_dict`'s "master" entries),
+    ``reduce_dtype`` (torch.float32: 16-bit gradients summed over ranks in fp32),
+    ``grad_dtype`` (the params' own: torch keeps a .grad in its param's dtype),
     ``auto_wrap_policy`` (``params`` a module: each module for which ``policy(module)`` is
     true makes a unit of the params no module inside it took, and the rest a unit of the
     root's, as FSDP's auto-wrap; ``bucket_mb`` is then not used), ``max_grad_norm`` (clip the global norm of the averaged gradients; 0: none),
@@ -352,7 +383,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, optimizer_class=torch.optim.AdamW, *, rendezvous="env://", rank=None,
                  world_size=None, stage=2, max_grad_norm=0.0, bucket_mb=25.0, overlap=False, timeout_ms=0,
                  num_threads=None, transport="auto", sync_module_states=True, shard_size=0, grad_dtype=None,
-                 reduce_dtype=None, prefetch_depth=1, auto_wrap_policy=None, **defaults):
+                 reduce_dtype=None, prefetch_depth=1, auto_wrap_policy=None, param_dtype=None, **defaults):
         if stage not in (1, 2, 3):
             raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"stage {stage}: sx.torch runs stages 1-3")
         if stage == 3 and not isinstance(params, torch.nn.Module):
@@ -360,6 +391,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
                                        "stage 3 takes an nn.Module: its params exist only while gathered, around "
                                        "each module's forward and backward, which sx.torch does from the module's "
                                        "hooks")
+        param_dtype = None if param_dtype == torch.float32 else param_dtype
+        if param_dtype not in (None, torch.bfloat16, torch.float16):
+            raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"param_dtype {param_dtype}: sx.torch computes in "
+                                       "torch.bfloat16, torch.float16 or the params' own dtype (None)")
+        grad_dtype, reduce_dtype = _dtype_choice("grad_dtype", grad_dtype), _dtype_choice("reduce_dtype", reduce_dtype)
         signature = inspect.signature(optimizer_class.__init__)
         full = {k: p.default for k, p in signature.parameters.items()
                 if k not in ("self", "params") and p.default is not inspect.Parameter.empty}
@@ -395,6 +431,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._whole = False     # stage 3: inside full_params()
         self._no_sync = False  # inside no_sync(): the hooks signal nothing
         self._nonfinite = "default"
+        self._param_dtype = param_dtype
+        self._grad_dtype = grad_dtype
+        self._masters = {}     # param_dtype: per param converted, its fp32 values until they seed its masters
         self._norms_due = []   # clip_grad_norm_'s tensors, filled by the next step
         self._units = []       # per param: its unit's index
         self._waiting = {}     # overlap: per unit, its params whose gradients are still to come
@@ -440,6 +479,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._bind(0, sync=sync_module_states and self.group.world_size > 1)
         if sync_module_states and self.group.world_size > 1:
             self._sync_states(module)
+        self._seed_masters(sync_module_states and self.group.world_size > 1)
+        if param_dtype is not None and module is not None:
+            module.register_forward_pre_hook(functools.partial(_cast_inputs, param_dtype), with_kwargs=True)
         if stage == 3:
             self._hook_modules(module)
         self._world = self.group.world_size
@@ -511,6 +553,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
                                        f"{what} has shape {tuple(p.shape)}: sx holds no param without elements "
                                        "(leave it out of the optimizer)")
+            if self._grad_dtype is not None and (_SX_DTYPES[_DTYPES[self._compute_dtype(p)]]
+                                                 != _SX_DTYPES.get(self._grad_dtype)):
+                raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
+                                       f"grad_dtype {self._grad_dtype} for {what}, which computes in "
+                                       f"{self._compute_dtype(p)}: torch's autograd keeps a .grad in its param's "
+                                       "dtype (reduce_dtype=torch.float32 reduces 16-bit gradients in fp32)")
         for key in group:
             if key not in _IGNORED and key != "params" and key not in self.defaults:
                 raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"unknown param group key {key!r}")
@@ -520,6 +568,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         except BaseException:
             if len(self._pushed) < len(self.param_groups):
                 self.param_groups.pop()  # sx did not take the group: torch's view of it goes too
+            for i in [i for i in self._masters if i >= first]:  # param_dtype's conversions undone
+                plain[i - first].data = self._masters.pop(i)
             raise
         self._consolidated = None
 
@@ -541,6 +591,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     self._unit, self._unit_bytes = self._unit + 1, 0
                 self._unit_bytes += nbytes
                 unit = self._unit
+            if self._compute_dtype(p) != p.dtype:  # param_dtype: the fp32 values seed the masters
+                self._masters[first + k] = p.data
+                p.data = p.data.to(self._param_dtype)
             self.group.add_param(name, tuple(p.shape), param_group=index, unit=unit,
                                  dtype=_DTYPES[p.dtype], frozen=not p.requires_grad)
             self._params.append(p)
@@ -549,6 +602,31 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self._finalized:
             self.group.finalize()
             self._bind(first)
+            self._seed_masters(False)
+
+    def _compute_dtype(self, p):
+        """The dtype param p has in sx and in the model: param_dtype's for an fp32 one."""
+        return self._param_dtype if self._param_dtype is not None and p.dtype == torch.float32 else p.dtype
+
+    def _seed_masters(self, from_rank0):
+        """param_dtype: the converted params' fp32 values become their masters (exactly:
+        the step updates them, and the 16-bit params are their rounding). `from_rank0`: a
+        collective; every rank takes rank 0's values (construction with
+        sync_module_states). Else each rank writes its own into its shard in place."""
+        if not self._masters:
+            return
+        masters, self._masters = self._masters, {}
+        if from_rank0:
+            def fill(st):
+                if st.index in masters:
+                    st.tensors["master"][...] = _as_array(masters[st.index])
+            self.group.scatter_optim_state(fill if self.group.rank == 0 else None, root=0)
+            return
+        for i, values in masters.items():
+            info = self.group.param_info(i)
+            if info.shard_end > info.shard_begin:
+                view = self.group.state_view(i, "master")
+                view[...] = _as_array(values)[info.shard_begin:info.shard_end]
 
     def _bind(self, first, sync=False):
         """Params `first`.. take sx's memory: their values are copied in, then .data and
@@ -899,6 +977,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         entry[name] = torch.from_numpy(values).view(_state_shape(name, p.shape)).clone()
                 if self._kind == "nadam":
                     entry["mu_product"] = torch.tensor(st.mu_product, dtype=torch.float32)
+            if self._param_dtype is not None and "master" in st.tensors:
+                entry["master"] = torch.from_numpy(st.tensors["master"]).view(p.shape).clone()
             if entry:
                 state[i] = entry
         groups, index = [], 0
@@ -937,8 +1017,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             entry = saved.get(order[st.index], {})
             p = self._params[st.index]
             for name in st.tensors:
-                if name == "master":
-                    st.tensors[name][...] = _as_array(p.data)  # the current values
+                if name == "master":  # the dict's (param_dtype's state dicts hold them), or the current values
+                    master = entry.get("master")
+                    st.tensors[name][...] = _as_array(p.data if master is None else master)
                 elif name in entry and entry[name] is not None:
                     values = _as_array(entry[name])
                     if values.size != st.tensors[name].size:

@@ -37,6 +37,14 @@ def mlp():
                                torch.nn.Linear(16, 4))
 
 
+def deep_mlp():
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(8, 32), torch.nn.Tanh()]
+    for _ in range(6):
+        layers += [torch.nn.Linear(32, 32), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(32, 4))
+
+
 def batch(step, rank):
     g = torch.Generator().manual_seed(1000 * step + rank)
     return torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)
@@ -242,20 +250,13 @@ def check_stage3(rank, world):
     elements), and stage 3 the same bits as stage 2. The full params a rank holds at once
     stay within two units, and sx's shards and gathers within 1/world of the model plus
     the units in flight."""
-    def deep():
-        torch.manual_seed(0)
-        layers = [torch.nn.Linear(8, 32), torch.nn.Tanh()]
-        for _ in range(6):
-            layers += [torch.nn.Linear(32, 32), torch.nn.Tanh()]
-        return torch.nn.Sequential(*layers, torch.nn.Linear(32, 4))
-
-    a = deep()
+    a = deep_mlp()
     ddp = DistributedDataParallel(a)
     peer = torch.optim.AdamW(ddp.parameters(), lr=LR, weight_decay=WD)
     runs = []
     # The last: stage 3 over an HSDP mesh of shard groups of 1 (each process replicated).
     for stage, overlap, shard_size in ((2, False, 0), (3, False, 0), (3, True, 0), (3, False, 1)):
-        m = deep()
+        m = deep_mlp()
         opt = sx.torch.ShardedOptimizer(m, torch.optim.AdamW, lr=LR, weight_decay=WD, max_grad_norm=MAX_NORM,
                                         stage=stage, bucket_mb=4.5 / 1024, overlap=overlap, shard_size=shard_size)
         if opt.group.num_units < 8:

@@ -1,6 +1,6 @@
 """Runs sx.torch's checks: check_single.py, check_optimizers.py and check_muon.py (sx's optimizers
 against torch's, ranks as threads) in one process each, then, under a real torchrun,
-check_sx_torch.py on 2 processes and check_uneven.py on 3, and check_gpt_resume.py (which
+check_sx_torch.py and check_fsdp2.py on 2 processes and check_uneven.py on 3, and check_gpt_resume.py (which
 starts torchrun itself: the GPT sample saved at 2 processes, resumed at 1 and 3). Run with the Python of a
 torch environment, SX_LIBRARY pointing at libsx and PYTHONPATH at the binding (ctest's
 bindings_torch does)."""
@@ -18,7 +18,7 @@ def main():
         if subprocess.run(single, timeout=600).returncode != 0:
             sys.exit(f"{script} failed")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    for script, procs in (("check_sx_torch.py", 2), ("check_uneven.py", 3)):
+    for script, procs in (("check_sx_torch.py", 2), ("check_fsdp2.py", 2), ("check_uneven.py", 3)):
         cmd = [torchrun, "--standalone", f"--nproc-per-node={procs}", os.path.join(HERE, script)]
         print("$", " ".join(cmd), flush=True)
         done = subprocess.run(cmd, timeout=600)
