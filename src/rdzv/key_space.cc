@@ -91,7 +91,7 @@ Status open_store(const Rendezvous &rv, Millis timeout, std::shared_ptr<Store> *
         server.bind = rv.bind;
         server.token = rv.token;
         server.world_size = rv.world_size;
-        SX_TRY(open_tcp_store(server, rv.rank == 0, n, timeout, &store));
+        SX_TRY(open_tcp_store(server, rv.rank == 0 && !rv.external, rv.rank == 0, n, timeout, &store));
         *out = make_prefix_store(std::move(store), "g" + std::to_string(n) + "/");
         return Status::Ok();
     }

@@ -69,16 +69,20 @@ Status rank_from_environment(int *rank, int *world_size) {
 // serving sx's own there: SX_ENV_STORE says so, or else TORCHELASTIC_USE_AGENT_STORE,
 // which torchrun sets to "True" when its agent serves a c10d TCPStore at
 // MASTER_ADDR:MASTER_PORT for the workers (torch.distributed compares it the same way).
-// mpirun and srun serve nothing: rank 0 serves there.
-Status env_joins_store(bool *join) {
+// mpirun and srun serve nothing: rank 0 serves there. *external: an sx-rendezvous
+// serves sx's store there (SX_ENV_STORE=external).
+Status env_joins_store(bool *join, bool *external) {
+    *external = false;
     const char *choice = std::getenv("SX_ENV_STORE");
     if (choice != nullptr && *choice != '\0') {
         const std::string c = choice;
-        SX_CHECK_ARG(c == "serve" || c == "join",
-                     "SX_ENV_STORE='%s' is neither 'serve' (rank 0 serves sx's store on MASTER_PORT) nor 'join' "
-                     "(every rank joins the torch TCPStore served there)",
+        SX_CHECK_ARG(c == "serve" || c == "join" || c == "external",
+                     "SX_ENV_STORE='%s' is none of 'serve' (rank 0 serves sx's store on MASTER_PORT), 'join' "
+                     "(every rank joins the torch TCPStore served there) and 'external' (the sx-rendezvous "
+                     "command serves sx's store there)",
                      choice);
         *join = c == "join";
+        *external = c == "external";
         return Status::Ok();
     }
     const char *agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
@@ -146,7 +150,7 @@ Status parse_rendezvous(const char *url, int rank, int world_size, Rendezvous *o
         SX_TRY(rank_from_environment(&rv.rank, &rv.world_size));
         rank_read = true;
         bool join = false;
-        SX_TRY(env_joins_store(&join));
+        SX_TRY(env_joins_store(&join, &rv.external));
         rv.scheme = join ? Rendezvous::Scheme::kC10d : Rendezvous::Scheme::kTcp;
         if (join) rv.key_prefix = joined_key_prefix();
         const char *addr = std::getenv("MASTER_ADDR");
@@ -161,7 +165,18 @@ Status parse_rendezvous(const char *url, int rank, int world_size, Rendezvous *o
         SX_TRY(parse_port(port, "MASTER_PORT", &rv.port));
     } else if (starts_with(u, "tcp://")) {
         rv.scheme = Rendezvous::Scheme::kTcp;
-        SX_TRY(parse_host_port(u, u.substr(6), &rv));
+        std::string rest = u.substr(6);
+        const size_t query = rest.find('?');
+        if (query != std::string::npos) {
+            const std::string q = rest.substr(query + 1);
+            SX_CHECK_ARG(q == "server=external",
+                         "'%s': the only option a tcp:// rendezvous takes is '?server=external' (the sx-rendezvous "
+                         "command serves the store; rank 0 serves none), not '?%s'",
+                         url, q.c_str());
+            rv.external = true;
+            rest = rest.substr(0, query);
+        }
+        SX_TRY(parse_host_port(u, rest, &rv));
     } else if (starts_with(u, "file://")) {
         rv.scheme = Rendezvous::Scheme::kFile;
         rv.path = u.substr(7);

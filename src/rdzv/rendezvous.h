@@ -24,6 +24,10 @@ struct Rendezvous {
     // server listens ("" = the address `host` resolves to; "*" = every interface).
     std::string token;
     std::string bind;
+    // kTcp: a server of its own serves the store (the sx-rendezvous command:
+    // tcp://HOST:PORT?server=external, or env:// with SX_ENV_STORE=external), so that it
+    // outlives every rank; rank 0 serves none.
+    bool external = false;
 };
 
 // The largest token accepted, in bytes.
@@ -42,7 +46,8 @@ Status apply_rendezvous_guard(const char *token, const char *bind, Rendezvous *r
 // (mpirun), SLURM_PROCID/SLURM_NTASKS (srun); the address from MASTER_ADDR and
 // MASTER_PORT. env:// then either serves or joins a store there: SX_ENV_STORE=serve
 // makes it a tcp rendezvous (rank 0 serves sx's store), SX_ENV_STORE=join a kC10d one
-// (every rank joins the torch TCPStore served there); unset, it joins exactly when
+// (every rank joins the torch TCPStore served there), SX_ENV_STORE=external a tcp one
+// that the sx-rendezvous command serves there; unset, it joins exactly when
 // TORCHELASTIC_USE_AGENT_STORE is "True" (torchrun's agent serves its store on
 // MASTER_PORT and says so). Otherwise rank/world_size are taken as given and checked
 // (0 <= rank < world_size). Errors name the variable or the part of the URL that is

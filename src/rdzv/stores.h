@@ -27,15 +27,17 @@ Status open_file_store(const std::string &dir, Millis lock_timeout, std::shared_
 
 struct ServerOptions;  // tcp_store_server.h
 
-// tcp://HOST:PORT (options.host, options.port). With `serve` (rank 0) this process also
-// runs the libuv server on PORT, bound and guarded as `options` says (shared by every
-// group of this process on that port, stopped when the last one is gone). Every client
-// answers the server's challenge with options.token, if the server has one. Every rank, rank 0 included, talks to the server as a client. `group` is
-// the caller's group number on this rendezvous (key_space.cc): the client waits until
-// rank 0 has announced that group on the server it reached, so a rank that reaches a
-// server about to shut down (rank 0 leaving an earlier group) never writes into it.
-// `timeout` bounds connecting and every request without a timeout of its own.
-Status open_tcp_store(const ServerOptions &options, bool serve, int64_t group, Millis timeout,
+// tcp://HOST:PORT (options.host, options.port). With `serve` (rank 0, unless the
+// sx-rendezvous command serves) this process also runs the libuv server on PORT, bound
+// and guarded as `options` says (shared by every group of this process on that port,
+// stopped when the last one is gone). Every client answers the server's challenge with
+// options.token, if the server has one. Every rank, rank 0 included, talks to the server
+// as a client. `group` is the caller's group number on this rendezvous (key_space.cc):
+// the rank that `announces` (rank 0) names that group on the server it reached, and every
+// client waits for that, so a rank that reaches a server about to shut down (rank 0
+// leaving an earlier group) never writes into it. `timeout` bounds connecting and every
+// request without a timeout of its own.
+Status open_tcp_store(const ServerOptions &options, bool serve, bool announces, int64_t group, Millis timeout,
                       std::shared_ptr<Store> *out);
 
 // A client of torch's c10d TCPStore at host:port (c10d_store_client.cc): env:// under

@@ -332,19 +332,25 @@ class TcpStoreClient final : public Store {
 
 }  // namespace
 
-Status open_tcp_store(const ServerOptions &options, bool serve, int64_t group, Millis timeout,
+Status open_tcp_store(const ServerOptions &options, bool serve, bool announces, int64_t group, Millis timeout,
                       std::shared_ptr<Store> *out) {
     const Clock::time_point dl = Clock::now() + timeout;
     std::shared_ptr<TcpStoreServer> server;
     if (serve) SX_TRY(TcpStoreServer::acquire(options, &server));
-    const uint64_t served = server ? server->id() : 0;
+    uint64_t served = server ? server->id() : 0;
     auto client = std::make_shared<TcpStoreClient>(options.host, options.port, options.token, timeout, std::move(server));
 
     // Attach: rank 0 announces group `group` on its server; every rank waits for that
     // announcement on the server it reached, so that nobody writes this group's keys
     // into a server that is about to go away with an earlier group of rank 0.
     const std::string announce = "__sx/server/g" + std::to_string(group);
-    if (serve) SX_TRY(client->set(announce, std::to_string(served)));
+    if (announces && !serve) {
+        // The server of its own (sx-rendezvous): its instance is the one this rank reached.
+        bool present = false;
+        SX_TRY(client->check({announce}, &present));
+        served = client->server_id();
+    }
+    if (announces) SX_TRY(client->set(announce, std::to_string(served)));
     std::string id;
     Status s = client->get(announce, &id, time_left(dl));
     const std::string refusal = client->refusal();

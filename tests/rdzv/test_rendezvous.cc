@@ -68,6 +68,15 @@ void test_tcp(void **) {
     ASSERT_OK(parse_rendezvous("tcp://[::1]:65535", 0, 1, &rv));
     assert_string_equal(rv.host.c_str(), "::1");
     assert_int_equal(rv.port, 65535);
+    assert_false(rv.external);
+    // Served by the sx-rendezvous command: rank 0 serves nothing.
+    ASSERT_OK(parse_rendezvous("tcp://10.1.2.3:29500?server=external", 2, 4, &rv));
+    assert_true(rv.external);
+    assert_string_equal(rv.host.c_str(), "10.1.2.3");
+    assert_int_equal(rv.port, 29500);
+    ASSERT_OK(parse_rendezvous("tcp://[::1]:7?server=external", 0, 1, &rv));
+    assert_true(rv.external);
+    assert_string_equal(rv.host.c_str(), "::1");
 }
 
 void test_tcp_errors(void **) {
@@ -80,6 +89,9 @@ void test_tcp_errors(void **) {
     expect_error("tcp://::1:29500", 0, 1, "brackets");
     expect_error("tcp://[::1:29500", 0, 1, "closing ']'");
     expect_error("tcp://[::1]", 0, 1, "no port");
+    expect_error("tcp://node-07:29500?server=rank0", 0, 1, "'?server=rank0'");
+    expect_error("tcp://node-07:29500?", 0, 1, "'?server=external'");
+    expect_error("tcp://node-07?server=external", 0, 1, "no port");
 }
 
 void test_rank_errors(void **) {
@@ -164,6 +176,11 @@ void test_env_serve_or_join(void **) {
     setenv("SX_ENV_STORE", "serve", 1);
     ASSERT_OK(parse_rendezvous("env://", 0, 0, &rv));
     assert_true(rv.scheme == Rendezvous::Scheme::kTcp);
+    assert_false(rv.external);
+    setenv("SX_ENV_STORE", "external", 1);  // the sx-rendezvous command serves at MASTER_PORT
+    ASSERT_OK(parse_rendezvous("env://", 0, 0, &rv));
+    assert_true(rv.scheme == Rendezvous::Scheme::kTcp);
+    assert_true(rv.external);
 
     // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the agent serves nothing at MASTER_PORT.
     unsetenv("SX_ENV_STORE");
