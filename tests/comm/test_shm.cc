@@ -273,43 +273,49 @@ std::vector<pid_t> fork_ranks(int p, const std::function<std::string(int)> &rank
 // SX_ERR_COMM within a second (the process is gone), not at the 20 s timeout; once all
 // have exited nothing of the segment, the arenas or the socket is left.
 void test_processes_and_sigkill(void **) {
-    sxtest::TempDir dir;
-    const std::string url = "file://" + dir.path();
-    const int p = 3;
-    const std::vector<pid_t> pids = fork_ranks(p, [&](int r) -> std::string {
-        sxtest::check_placement() = sx::HostBuffer::kExchanged;  // the buffers read in place
-        std::unique_ptr<Communicator> c;
-        Status s = join(url, r, p, Millis(20000), &c, 4096);
-        std::string e = s.ok() ? sxtest::check_all_collectives(*c) : "join: " + s.message();
-        if (e.empty() && r == 2) {
-            s = c->barrier();
-            ::raise(SIGKILL);
+    // Rank 2 reaped as soon as it dies (its pid gone), or left a zombie until the others
+    // are done, as a launcher that waits for another child first leaves it (kill(pid, 0)
+    // still finds it; its pidfd says it exited).
+    for (bool zombie : {false, true}) {
+        sxtest::TempDir dir;
+        const std::string url = "file://" + dir.path();
+        const int p = 3;
+        const std::vector<pid_t> pids = fork_ranks(p, [&](int r) -> std::string {
+            sxtest::check_placement() = sx::HostBuffer::kExchanged;  // the buffers read in place
+            std::unique_ptr<Communicator> c;
+            Status s = join(url, r, p, Millis(20000), &c, 4096);
+            std::string e = s.ok() ? sxtest::check_all_collectives(*c) : "join: " + s.message();
+            if (e.empty() && r == 2) {
+                s = c->barrier();
+                ::raise(SIGKILL);
+            }
+            if (e.empty()) s = c->barrier();
+            if (e.empty() && !s.ok()) e = "barrier: " + s.message();
+            if (e.empty()) {
+                sxtest::Placed<float> buf(p * 100000, 1.0f), out(100000);
+                const auto start = sxtest::Clock::now();
+                s = c->reduce_scatter_sum(buf.data(), 100000, out.data(), false);
+                if (s.code() != SX_ERR_COMM) e = "after the kill: expected SX_ERR_COMM, got " + text(s);
+                else if (ms_since(start) > 3000) e = "the kill was noticed after " + std::to_string(ms_since(start)) + " ms";
+            }
+            return e;
+        });
+        for (int k = 0; k < p; ++k) {
+            const int r = zombie ? k : p - 1 - k;
+            int status = 0;
+            assert_int_equal(::waitpid(pids[static_cast<size_t>(r)], &status, 0), pids[static_cast<size_t>(r)]);
+            if (r == 2) {
+                assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+            } else {
+                if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                    print_error("rank %d failed%s\n", r, zombie ? " (rank 2 a zombie)" : "");
+                assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+            }
         }
-        if (e.empty()) s = c->barrier();
-        if (e.empty() && !s.ok()) e = "barrier: " + s.message();
-        if (e.empty()) {
-            sxtest::Placed<float> buf(p * 100000, 1.0f), out(100000);
-            const auto start = sxtest::Clock::now();
-            s = c->reduce_scatter_sum(buf.data(), 100000, out.data(), false);
-            if (s.code() != SX_ERR_COMM) e = "after the kill: expected SX_ERR_COMM, got " + text(s);
-            else if (ms_since(start) > 3000) e = "the kill was noticed after " + std::to_string(ms_since(start)) + " ms";
-        }
-        return e;
-    });
-    // Rank 2 is reaped as soon as it dies, so that its pid is gone (not a zombie).
-    for (int r = p - 1; r >= 0; --r) {
-        int status = 0;
-        assert_int_equal(::waitpid(pids[static_cast<size_t>(r)], &status, 0), pids[static_cast<size_t>(r)]);
-        if (r == 2) {
-            assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
-        } else {
-            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) print_error("rank %d failed\n", r);
-            assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        }
+        const std::vector<std::string> left = leftovers();
+        for (const std::string &l : left) print_error("left behind: %s\n", l.c_str());
+        assert_true(left.empty());
     }
-    const std::vector<std::string> left = leftovers();
-    for (const std::string &l : left) print_error("left behind: %s\n", l.c_str());
-    assert_true(left.empty());
 }
 
 // Ranks as processes whose buffers come from their shared arenas: every collective exact,

@@ -33,6 +33,7 @@
 // out) and a peer process that no longer exists (SX_ERR_COMM). No wait is without a
 // deadline. After any failure this rank leaves too, so that its peers fail at once.
 #include <linux/futex.h>
+#include <poll.h>
 #include <signal.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -176,7 +177,11 @@ class ShmCommunicator final : public Communicator {
     }
 
     // Peers waiting on this rank learn that it has gone.
-    ~ShmCommunicator() override { leave(SX_ERR_COMM); }
+    ~ShmCommunicator() override {
+        leave(SX_ERR_COMM);
+        for (int fd : exits_)
+            if (fd >= 0) ::close(fd);
+    }
 
     int rank() const override { return rank_; }
     int world_size() const override { return world_size_; }
@@ -194,6 +199,7 @@ class ShmCommunicator final : public Communicator {
             in_place_ = in_place_ && line(q).bytes.load(std::memory_order_relaxed) == 1;
         }
         in_place_ = in_place_ && !one_process_;
+        watch_peers();
         // Nobody may reuse `bytes` (a gather's) before every rank has read the flags.
         return barrier();
     }
@@ -690,6 +696,27 @@ class ShmCommunicator final : public Communicator {
         }
     }
 
+    // A pidfd per peer of another process (-1: none), readable once it has exited, even
+    // while its parent has not reaped it: kill(pid, 0) still finds a zombie, so a peer
+    // killed under a launcher that waits for another child first would only be noticed
+    // at the timeout. Kernels before 5.3 have no pidfd: kill(pid, 0) alone then.
+    void watch_peers() {
+        exits_.assign(static_cast<size_t>(world_size_), -1);
+#ifdef SYS_pidfd_open
+        for (int q = 0; q < world_size_; ++q) {
+            const int32_t pid = line(q).pid.load(std::memory_order_relaxed);
+            if (pid > 0 && pid != ::getpid()) exits_[q] = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+        }
+#endif
+    }
+
+    bool exited(int q) const {
+        const int fd = q < static_cast<int>(exits_.size()) ? exits_[q] : -1;
+        if (fd < 0) return false;
+        struct pollfd p = {fd, POLLIN, 0};
+        return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
+    }
+
     // Why a wait for peer q cannot go on, if it cannot.
     Status check_waiting(int q, Clock::time_point deadline) {
         if (aborted_.load()) return SX_ERROR(SX_ERR_ABORTED, "the communicator was aborted");
@@ -698,7 +725,7 @@ class ShmCommunicator final : public Communicator {
                             "rank %d left the communicator (%s)", q,
                             sx_status_string(static_cast<sx_status_t>(code)));
         const int32_t pid = line(q).pid.load(std::memory_order_relaxed);
-        if (pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH)
+        if (pid > 0 && pid != ::getpid() && (exited(q) || (::kill(pid, 0) != 0 && errno == ESRCH)))
             return SX_ERROR(SX_ERR_COMM, "rank %d (process %d) has exited", q, pid);
         if (Clock::now() >= deadline)
             return SX_ERROR(SX_ERR_TIMEOUT, "rank %d did not come within the timeout (%lld ms)", q,
@@ -740,6 +767,7 @@ class ShmCommunicator final : public Communicator {
     bool in_place_ = false;     // processes that mapped each other's arenas (known after start())
     std::atomic<bool> aborted_{false};
     FailureLatch failure_;
+    std::vector<int> exits_;  // per peer: its pidfd (watch_peers)
 };
 
 }  // namespace
