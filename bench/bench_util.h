@@ -192,6 +192,8 @@ int section_cache_step(const Options &opt);
 int shm_rank_main(int argc, char **argv);
 int section_shm_step(const Options &opt);
 int shm_step_rank_main(int argc, char **argv);
+int section_regroup(const Options &opt);
+int regroup_rank_main(int argc, char **argv);
 #ifdef SX_HAVE_CUDA
 int section_gpu_adamw(const Options &opt);
 int section_gpu_step(const Options &opt);

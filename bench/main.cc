@@ -34,6 +34,8 @@
 //   param_sums    LAMB (per-param norms summed over the ranks) and Muon (matrices whole on one
 //                 rank) against AdamW on the same models at 2 and 4 ranks, the bytes they
 //                 exchange; Newton-Schulz and the ordered product against torch's
+//   regroup       a rank of 4 SIGKILLed: the survivors' sx_regroup and first step against
+//                 a restart of 3 new processes loading the same checkpoint, flat and 2 x 2
 //   gpu_adamw     (CUDA builds) the fused AdamW kernel on the device vs a traffic-only kernel
 //                 with its memory pattern, and its bandwidth beside the device's peak;
 //                 prints that it was skipped, and why, where there is no device
@@ -90,6 +92,7 @@ const Section kSections[] = {
     {"shm", section_shm},
     {"shm_step", section_shm_step},
     {"cache_step", section_cache_step},
+    {"regroup", section_regroup},
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
     {"gpu_step", section_gpu_step},
@@ -135,6 +138,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !std::strcmp(argv[1], "--mesh-rank")) return mesh_rank_main(argc, argv);
     if (argc > 1 && !std::strcmp(argv[1], "--shm-rank")) return shm_rank_main(argc, argv);
     if (argc > 1 && !std::strcmp(argv[1], "--shm-step-rank")) return shm_step_rank_main(argc, argv);
+    if (argc > 1 && !std::strcmp(argv[1], "--regroup-rank")) return regroup_rank_main(argc, argv);
     Options opt;
     std::vector<std::string> wanted;
     for (int i = 1; i < argc; ++i) {

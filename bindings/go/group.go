@@ -260,6 +260,58 @@ func (g *ShardGroup) Abort() error {
 	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_abort(raw) })
 }
 
+// RegroupOptions says where a regrouped group's state comes from and how long the
+// survivors wait for each other.
+type RegroupOptions struct {
+	Checkpoint        LoadOptions // the checkpoint loaded into the new group (resharded)
+	JoinWindowMs      int32       // how long the survivors wait for each other; 0 = 1000
+	ExpectedWorldSize int32       // close once this many arrived; 0 = the previous world size
+}
+
+// RegroupResult is what Regroup decided: the new epoch, this rank's place before and
+// after, the new mesh's shard size, and the step the restored state is at (the trainer
+// goes on from the step after it).
+type RegroupResult struct {
+	Epoch, Rank, WorldSize, ShardSize, PreviousRank, PreviousWorldSize int32
+	Step                                                               uint64
+}
+
+// Regroup (collective over the ranks still alive, after a call failed because a peer
+// was lost, or after Abort) forms a new group of the survivors at the next epoch on the
+// same rendezvous; g becomes it, with its state loaded from opts.Checkpoint. Every view
+// taken before is invalid afterwards. The rendezvous store must outlive the lost ranks:
+// the sx-rendezvous command ("tcp://HOST:PORT?server=external"), file://, or torchrun's.
+func (g *ShardGroup) Regroup(opts RegroupOptions) (RegroupResult, error) {
+	if err := noNUL("checkpoint", opts.Checkpoint.Path); err != nil {
+		return RegroupResult{}, err
+	}
+	var o C.sx_regroup_options_t
+	C.sx_regroup_options_init(&o, C.size_t(unsafe.Sizeof(o)))
+	path := C.CString(opts.Checkpoint.Path)
+	defer C.free(unsafe.Pointer(path))
+	o.checkpoint = path
+	if opts.Checkpoint.ParamsOnly {
+		o.load_flags |= LoadParamsOnly
+	}
+	if opts.Checkpoint.AllowMissing {
+		o.load_flags |= LoadAllowMissing
+	}
+	if opts.Checkpoint.AllowExtra {
+		o.load_flags |= LoadAllowExtra
+	}
+	o.join_window_ms = C.int32_t(opts.JoinWindowMs)
+	o.expected_world_size = C.int32_t(opts.ExpectedWorldSize)
+	var r C.sx_regroup_result_t
+	C.sx_regroup_result_init(&r, C.size_t(unsafe.Sizeof(r)))
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_regroup(raw, &o, &r) })
+	if err != nil {
+		return RegroupResult{}, err
+	}
+	return RegroupResult{Epoch: int32(r.epoch), Rank: int32(r.rank), WorldSize: int32(r.world_size),
+		ShardSize: int32(r.shard_size), PreviousRank: int32(r.previous_rank),
+		PreviousWorldSize: int32(r.previous_world_size), Step: uint64(r.step)}, nil
+}
+
 // Optimizer kind of a param group.
 type Optimizer int32
 

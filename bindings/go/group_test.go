@@ -1241,3 +1241,63 @@ func TestFinalizeReservesTheCheckpointStagingWhenAsked(t *testing.T) {
 		g.Close()
 	}
 }
+
+// Three ranks save, step on and abort; rank 2 leaves and ranks 0 and 1 regroup into two
+// from the checkpoint: the result names the new places and the checkpoint's step, and
+// the params are the checkpoint's.
+func TestTwoSurvivorsOfThreeRegroup(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "step-2")
+	saved := make([][]float32, 3)
+	var left sync.WaitGroup
+	left.Add(3)
+	runRanks(t, "regroup3", 3, func(rank int32, g *ShardGroup) error {
+		if err := setup(g, 0.05); err != nil {
+			return err
+		}
+		for s := 0; s < 2; s++ {
+			if _, err := trainStep(rank, g); err != nil {
+				return err
+			}
+		}
+		f, err := g.Save(SaveOptions{Path: path, Synchronous: true})
+		if err != nil {
+			return err
+		}
+		err = f.Wait()
+		f.Close()
+		if err != nil {
+			return err
+		}
+		w, _ := g.Param(0)
+		saved[rank] = append([]float32(nil), w...)
+		if _, err := trainStep(rank, g); err != nil { // a step the regroup takes back
+			return err
+		}
+		if err := g.Abort(); err != nil {
+			return err
+		}
+		left.Done()
+		left.Wait()
+		if rank == 2 {
+			return nil // lost
+		}
+		r, err := g.Regroup(RegroupOptions{Checkpoint: LoadOptions{Path: path}, ExpectedWorldSize: 2})
+		if err != nil {
+			return err
+		}
+		want := RegroupResult{Epoch: 1, Rank: rank, WorldSize: 2, ShardSize: 2, PreviousRank: rank,
+			PreviousWorldSize: 3, Step: 2}
+		if r != want {
+			return fmt.Errorf("regroup gave %+v, want %+v", r, want)
+		}
+		if world, err := g.WorldSize(); err != nil || world != 2 {
+			return fmt.Errorf("world size after the regroup %d, %v", world, err)
+		}
+		w, _ = g.Param(0)
+		if !reflect.DeepEqual(w, saved[rank]) {
+			return fmt.Errorf("the params after the regroup are not the checkpoint's")
+		}
+		_, err = trainStep(rank, g)
+		return err
+	})
+}

@@ -39,6 +39,8 @@ func cLayouts() []structLayout {
 	var ui C.sx_unit_info_t
 	var sv C.sx_save_options_t
 	var lo C.sx_load_options_t
+	var ro C.sx_regroup_options_t
+	var rr C.sx_regroup_result_t
 	var ps C.sx_param_state_t
 	var op C.sx_optimizer_piece_t
 	var oh C.sx_optimizer_hyperparameter_t
@@ -205,6 +207,24 @@ func cLayouts() []structLayout {
 			f("path", unsafe.Offsetof(lo.path), unsafe.Sizeof(lo.path)),
 			f("flags", unsafe.Offsetof(lo.flags), unsafe.Sizeof(lo.flags)),
 			f("reserved0", unsafe.Offsetof(lo.reserved0), unsafe.Sizeof(lo.reserved0)),
+		}},
+		{"sx_regroup_options_t", unsafe.Sizeof(ro), unsafe.Alignof(ro), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(ro.struct_size), unsafe.Sizeof(ro.struct_size)),
+			f("checkpoint", unsafe.Offsetof(ro.checkpoint), unsafe.Sizeof(ro.checkpoint)),
+			f("load_flags", unsafe.Offsetof(ro.load_flags), unsafe.Sizeof(ro.load_flags)),
+			f("join_window_ms", unsafe.Offsetof(ro.join_window_ms), unsafe.Sizeof(ro.join_window_ms)),
+			f("expected_world_size", unsafe.Offsetof(ro.expected_world_size), unsafe.Sizeof(ro.expected_world_size)),
+			f("reserved0", unsafe.Offsetof(ro.reserved0), unsafe.Sizeof(ro.reserved0)),
+		}},
+		{"sx_regroup_result_t", unsafe.Sizeof(rr), unsafe.Alignof(rr), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(rr.struct_size), unsafe.Sizeof(rr.struct_size)),
+			f("epoch", unsafe.Offsetof(rr.epoch), unsafe.Sizeof(rr.epoch)),
+			f("rank", unsafe.Offsetof(rr.rank), unsafe.Sizeof(rr.rank)),
+			f("world_size", unsafe.Offsetof(rr.world_size), unsafe.Sizeof(rr.world_size)),
+			f("shard_size", unsafe.Offsetof(rr.shard_size), unsafe.Sizeof(rr.shard_size)),
+			f("previous_rank", unsafe.Offsetof(rr.previous_rank), unsafe.Sizeof(rr.previous_rank)),
+			f("previous_world_size", unsafe.Offsetof(rr.previous_world_size), unsafe.Sizeof(rr.previous_world_size)),
+			f("step", unsafe.Offsetof(rr.step), unsafe.Sizeof(rr.step)),
 		}},
 		{"sx_param_state_t", unsafe.Sizeof(ps), unsafe.Alignof(ps), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(ps.struct_size), unsafe.Sizeof(ps.struct_size)),

@@ -385,6 +385,64 @@ SX_API sx_status_t sx_trace_flush(sx_shard_group_t *group);
 SX_API sx_status_t sx_abort(sx_shard_group_t *group);
 
 /* ---------------------------------------------------------------------------------
+ * Losing a rank: the survivors regroup and go on (docs/recovery.md)
+ * ------------------------------------------------------------------------------- */
+
+typedef struct sx_regroup_options {
+    size_t struct_size;
+    /* The checkpoint the new group's state comes from (copied; required): loaded as
+     * sx_load_optim_state loads it, resharded into the new world size. */
+    const char *checkpoint;
+    uint32_t load_flags;         /* SX_LOAD_* for that load */
+    /* How long the survivors wait for each other, from the first one's arrival, before
+     * the group closes without the ranks that did not come; 0 = 1000 ms. */
+    int32_t join_window_ms;
+    /* The group closes as soon as this many ranks arrived; 0 = the previous world size
+     * (every rank: after sx_abort on all of them). */
+    int32_t expected_world_size;
+    int32_t reserved0;
+} sx_regroup_options_t;
+
+SX_API sx_status_t sx_regroup_options_init(sx_regroup_options_t *options, size_t size);
+
+typedef struct sx_regroup_result {
+    size_t struct_size;
+    int32_t epoch;               /* regroups since the group was created: 1, 2, ... */
+    int32_t rank;                /* this rank in the new group */
+    int32_t world_size;          /* of the new group */
+    int32_t shard_size;          /* of its mesh (its world size if flat) */
+    int32_t previous_rank;       /* this rank in the group before */
+    int32_t previous_world_size;
+    /* The group's step count after the restore: the checkpoint's. The trainer goes on
+     * from the step after it (steps since it are taken again). */
+    uint64_t step;
+} sx_regroup_result_t;
+
+SX_API sx_status_t sx_regroup_result_init(sx_regroup_result_t *result, size_t size);
+
+/* Collective over the ranks still alive, after a call failed because a peer was lost
+ * (or after sx_abort): they form a new group of themselves, at the next epoch, on the
+ * same rendezvous, and `group` becomes that group. Each survivor calls it; they agree
+ * through the rendezvous store on who is in (those that arrived within
+ * options->join_window_ms of the first, or all of options->expected_world_size), and
+ * take new ranks in the order of their previous ones. A mesh keeps its shard size where
+ * the survivors fill whole shard groups of it, else becomes flat. The new group has the
+ * same params, param groups, trainable flags and settings, and its state is
+ * options->checkpoint's, loaded into the new world size: exactly what loading that
+ * checkpoint into a fresh group of the survivors gives. Every view, unit view and
+ * state view of the group is invalid afterwards (take them again); a save in flight is
+ * waited for first (cancel it to make that short). The store must outlive the lost
+ * ranks: the sx-rendezvous command (tcp://HOST:PORT?server=external), file://, or
+ * torchrun's agent store (env:// under torchrun); with tcp:// served by rank 0, losing
+ * rank 0 loses it, and this fails saying so. A rank that arrives after the survivors
+ * closed the group gets SX_ERR_INVALID_STATE. On failure the group is left failed
+ * (destroy it); if the load failed after the new group formed, `group` is the new one,
+ * with zero state, and the error says so. options and result (may be NULL) are
+ * borrowed for the call. Owner's thread. */
+SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_t *options,
+                              sx_regroup_result_t *result);
+
+/* ---------------------------------------------------------------------------------
  * Param groups: optimizer kind and hyperparameters shared by a set of params.
  * ------------------------------------------------------------------------------- */
 

@@ -19,6 +19,16 @@ sx::ckpt::Checkpointer &checkpointer_of(sx_shard_group_t *group) {
     return *group->checkpointer;
 }
 
+Status load_options(const char *path, uint32_t flags, const char *what, sx::ckpt::LoadOptions *out) {
+    const uint32_t known = SX_LOAD_PARAMS_ONLY | SX_LOAD_ALLOW_MISSING | SX_LOAD_ALLOW_EXTRA;
+    SX_CHECK_ARG((flags & ~known) == 0, "%s has unknown bits 0x%x", what, flags & ~known);
+    out->path = path;
+    out->params_only = (flags & SX_LOAD_PARAMS_ONLY) != 0;
+    out->allow_missing = (flags & SX_LOAD_ALLOW_MISSING) != 0;
+    out->allow_extra = (flags & SX_LOAD_ALLOW_EXTRA) != 0;
+    return Status::Ok();
+}
+
 }  // namespace api
 }  // namespace sx
 
@@ -171,14 +181,9 @@ SX_API sx_status_t sx_load_optim_state(sx_shard_group_t *group, const sx_load_op
         std::memset(&o, 0, sizeof o);
         SX_TRY(sx::api::read_input(options, "options", offsetof(sx_load_options_t, path) + sizeof(char *), &o));
         SX_CHECK_ARG(o.path != nullptr && o.path[0] != '\0', "options->path is empty");
-        const uint32_t known = SX_LOAD_PARAMS_ONLY | SX_LOAD_ALLOW_MISSING | SX_LOAD_ALLOW_EXTRA;
-        SX_CHECK_ARG((o.flags & ~known) == 0, "options->flags has unknown bits 0x%x", o.flags & ~known);
-        SX_CHECK_ARG(o.reserved0 == 0, "options->reserved0 is %d; it must be 0", o.reserved0);
         sx::ckpt::LoadOptions lo;
-        lo.path = o.path;
-        lo.params_only = (o.flags & SX_LOAD_PARAMS_ONLY) != 0;
-        lo.allow_missing = (o.flags & SX_LOAD_ALLOW_MISSING) != 0;
-        lo.allow_extra = (o.flags & SX_LOAD_ALLOW_EXTRA) != 0;
+        SX_TRY(sx::api::load_options(o.path, o.flags, "options->flags", &lo));
+        SX_CHECK_ARG(o.reserved0 == 0, "options->reserved0 is %d; it must be 0", o.reserved0);
         return checkpointer_of(group).load(lo, nullptr);
     });
 }

@@ -39,6 +39,8 @@ Status resolve_future(const sx_future *f);
 
 // The group's checkpointer, made at its first use (ckpt_api.cc).
 sx::ckpt::Checkpointer &checkpointer_of(sx_shard_group_t *group);
+// A load of `path` with SX_LOAD_* `flags` (`what` names the flags' field in errors).
+Status load_options(const char *path, uint32_t flags, const char *what, sx::ckpt::LoadOptions *out);
 
 }  // namespace api
 }  // namespace sx

@@ -92,37 +92,51 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     // SX_BACKEND_AUTO: the CUDA backend where this build has CUDA and there is a device.
     const bool cuda =
         cfg.backend == SX_BACKEND_CUDA || (cfg.backend == SX_BACKEND_AUTO && cuda_device_present());
+    GroupConfig c = cfg;
+    c.rendezvous_token.clear();  // the store's client keeps it; nothing else needs it
+    c.backend = cuda ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
+    c.rank = rv.rank;
+    c.world_size = rv.world_size;
+    c.shard_size = cfg.shard_size ? cfg.shard_size : rv.world_size;  // checked by the mesh
+    if (c.bind_address.empty()) {
+        const bool loopback = rv.scheme == rdzv::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
+                              rv.host.compare(0, 4, "127.") == 0;
+        if (loopback) c.bind_address = "127.0.0.1";
+    }
+    std::unique_ptr<ShardGroup> g;
+    SX_TRY(assemble(c, cfg.trace_path, deadline, [&](std::shared_ptr<rdzv::Store> *store) {
+        return rdzv::open_store(rv, timeout, store);
+    }, &g));
+    *out = std::move(g);
+    return Status::Ok();
+}
+
+Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_path, Clock::time_point deadline,
+                            const std::function<Status(std::shared_ptr<rdzv::Store> *)> &open_store,
+                            std::unique_ptr<ShardGroup> *out) {
+    const GroupConfig &cfg = config;
+    const bool cuda = cfg.backend == SX_BACKEND_CUDA;
     std::unique_ptr<ShardGroup> g(new ShardGroup());
     g->config_ = cfg;
-    g->config_.rendezvous_token.clear();  // the store's client keeps it; nothing else needs it
-    g->config_.backend = cuda ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
-    g->config_.rank = rv.rank;
-    g->config_.world_size = rv.world_size;
-    g->config_.shard_size = cfg.shard_size ? cfg.shard_size : rv.world_size;  // checked by the mesh
-    if (!cfg.trace_path.empty()) {
+    if (!trace_path.empty()) {
         // From the start, so that the connections and the mesh's agreement are on it too.
         g->config_.trace_capacity = cfg.trace_capacity ? cfg.trace_capacity : trace::kDefaultCapacity;
-        g->tracer_.reset(new trace::Tracer(trace::rank_path(cfg.trace_path, rv.rank), rv.rank, rv.world_size,
+        g->tracer_.reset(new trace::Tracer(trace::rank_path(trace_path, cfg.rank), cfg.rank, cfg.world_size,
                                            g->config_.trace_capacity));
     }
     SX_TRACE_SPAN(g->tracer(), "group", "sx_create_shard_group");
     ShardGroup *self = g.get();
-    g->headers_.reset(new CallHeaders(rv.rank, g->tracer(), [self](Status s) { return self->fail(s); }));
+    g->headers_.reset(new CallHeaders(cfg.rank, g->tracer(), [self](Status s) { return self->fail(s); }));
 
     // The device first: a group that cannot have it fails before it connects.
     std::unique_ptr<DeviceOps> device_ops;
     if (cuda) SX_TRY(make_cuda_ops(cfg.device_ordinal, &device_ops));
     std::shared_ptr<rdzv::Store> store;
-    SX_TRY(rdzv::open_store(rv, timeout, &store));
+    SX_TRY(open_store(&store));
     // Every rank must be there before any binds a socket per peer (Gloo's full mesh),
     // which for a large world takes longer than the wait: a missing rank then fails the
     // group at its deadline, not after the binding.
-    SX_TRY(rdzv::await_ranks(*store, rv.rank, rv.world_size, deadline));
-    if (g->config_.bind_address.empty()) {
-        const bool loopback = rv.scheme == rdzv::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
-                              rv.host.compare(0, 4, "127.") == 0;
-        if (loopback) g->config_.bind_address = "127.0.0.1";
-    }
+    SX_TRY(rdzv::await_ranks(*store, cfg.rank, cfg.world_size, deadline));
     Mesh::Settings ms;
     ms.backend = g->config_.backend;
     ms.device_ordinal = cfg.device_ordinal;
@@ -131,13 +145,14 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     // SX_TRANSPORT_TCP, or SX_SHARED_MEMORY=0, keeps ranks on one host on Gloo's TCP.
     const char *shm = std::getenv("SX_SHARED_MEMORY");
     ms.shared_memory = cfg.transport != SX_TRANSPORT_TCP && !(shm && std::strcmp(shm, "0") == 0);
-    g->mesh_.place(ms, rv.rank, rv.world_size);
+    g->mesh_.place(ms, cfg.rank, cfg.world_size);
     SX_TRY(g->mesh_.open(std::move(store), g->config_.shard_size, *g->headers_, deadline));
 
     int threads = cuda ? 1 : cfg.num_threads;  // a CUDA group's work runs on its device
     if (threads == 0) {
         int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-        threads = rv.scheme == rdzv::Rendezvous::Scheme::kLocal ? std::max(1, hw / rv.world_size) : hw;
+        const bool threads_of_one_process = cfg.rendezvous.compare(0, 8, "local://") == 0;
+        threads = threads_of_one_process ? std::max(1, hw / cfg.world_size) : hw;
     }
     g->pool_.reset(new optim::ThreadPool(threads));
     g->ops_ = cuda ? std::move(device_ops) : make_host_ops(g->pool_.get());

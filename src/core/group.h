@@ -96,6 +96,18 @@ struct StepResult {
     bool nonfinite = false;   // the norm was inf or NaN
 };
 
+// sx_regroup's choices (sx.h), and what it decided.
+struct RegroupSpec {
+    Millis join_window{1000};  // how long the survivors wait for each other
+    int expected_world_size = 0;  // the new group closes once this many arrived (0: the previous world size)
+};
+struct RegroupInfo {
+    int epoch = 0;
+    int rank = 0, world_size = 0, shard_size = 0;
+    int previous_rank = 0, previous_world_size = 0;
+    std::vector<int> members;  // per new rank, its previous rank
+};
+
 struct MemoryStats {
     uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // staging is the checkpointer's
     uint64_t unsharded_optimizer_bytes = 0;
@@ -107,6 +119,11 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // Each public operation is one of sx.h's, whose contract is there ("collective": every rank, in order).
     static Status create(const GroupConfig &config, std::unique_ptr<ShardGroup> *out);
     ~ShardGroup();
+    // Collective over the ranks still alive (regroup.cc; sx_regroup in sx.h): a group of
+    // them at the next epoch, on the same rendezvous, with this group's params, param
+    // groups, trainable flags and counters, and zero state (the caller restores it).
+    Status regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info);
+    int epoch() const { return epoch_; }
 
     // --- what checkpoints and the whole-state exchange see (ShardAccess: shard_state.h) ---
     int rank() const override { return mesh_.rank(); }
@@ -184,6 +201,13 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
   private:
     using Unit = Units::Unit;
     ShardGroup() = default;
+    // A group of `config`'s rank and world size (resolved) on the store `open_store`
+    // opens: the device, the mesh's communicators, the units' machinery. create's and
+    // regroup's common part.
+    static Status assemble(const GroupConfig &config, const std::string &trace_path, Clock::time_point deadline,
+                           const std::function<Status(std::shared_ptr<rdzv::Store> *)> &open_store,
+                           std::unique_ptr<ShardGroup> *out);
+    Status replay_table(const ShardGroup &from);  // regroup.cc
     // Each private function's contract is at its definition.
     // --- the mesh's work (group.cc; the part: mesh.h) ---
     Status reduce_replicas(size_t u, float *shard);
@@ -251,6 +275,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Units units_;  // the units' memory on this rank (units.h)
     uint64_t steps_ = 0;
     uint64_t checkpoints_ = 0;
+    int epoch_ = 0;  // regroups since the group was created
     LossScaler scaler_;
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;

@@ -18,7 +18,7 @@ export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, par
        trainable_mask, param_info, unit_info, memory_stats, with_group, wait_staged,
        set_loss_scaling!, loss_scale, unit_grads_ready!, gather_unit!, release_unit!, with_unit,
        ParamState, gather_optim_state, scatter_optim_state!, state_view, flush_trace,
-       register_optimizer, OptimizerPiece
+       register_optimizer, OptimizerPiece, regroup!
 
 # The ABI version this binding was written against: the runtime's major must match and
 # its minor must not be older.
@@ -254,6 +254,26 @@ mutable struct LoadOptions  # sx_load_options_t
     path::Ptr{UInt8}
     flags::UInt32
     reserved0::Int32
+end
+
+mutable struct RegroupOptions  # sx_regroup_options_t
+    struct_size::Csize_t
+    checkpoint::Ptr{UInt8}
+    load_flags::UInt32
+    join_window_ms::Int32
+    expected_world_size::Int32
+    reserved0::Int32
+end
+
+mutable struct RegroupResult  # sx_regroup_result_t
+    struct_size::Csize_t
+    epoch::Int32
+    rank::Int32
+    world_size::Int32
+    shard_size::Int32
+    previous_rank::Int32
+    previous_world_size::Int32
+    step::UInt64
 end
 
 # Filled by sx only, for a gather's or a scatter's callback (read with unsafe_load).
@@ -589,6 +609,40 @@ function with_group(f, args...; kw...)
 end
 
 abort!(g::ShardGroup) = check(@ccall libsx.sx_abort(_handle(g)::Ptr{Cvoid})::Int32)
+
+"""
+    regroup!(g, checkpoint; join_window_ms=0, expected_world_size=0, params_only=false,
+             allow_missing=false, allow_extra=false)
+
+Collective over the ranks still alive, after a call failed because a peer was lost (or
+after `abort!`): they form a new group of themselves at the next epoch, on the same
+rendezvous, and `g` becomes it, with its state loaded from `checkpoint` (resharded). The
+survivors wait `join_window_ms` (0: 1000) for each other, or until `expected_world_size`
+arrived. Every view taken before is invalid afterwards. The rendezvous store must outlive
+the lost ranks: the sx-rendezvous command (`tcp://HOST:PORT?server=external`), `file://`,
+or torchrun's. Returns `(epoch, rank, world_size, shard_size, previous_rank,
+previous_world_size, step)`; go on from the step after `step`.
+"""
+function regroup!(g::ShardGroup, checkpoint::AbstractString; join_window_ms::Integer=0,
+                  expected_world_size::Integer=0, params_only::Bool=false, allow_missing::Bool=false,
+                  allow_extra::Bool=false)
+    o, r = _blank(RegroupOptions), _blank(RegroupResult)
+    check(@ccall libsx.sx_regroup_options_init(o::Ref{RegroupOptions}, sizeof(RegroupOptions)::Csize_t)::Int32)
+    check(@ccall libsx.sx_regroup_result_init(r::Ref{RegroupResult}, sizeof(RegroupResult)::Csize_t)::Int32)
+    o.load_flags = (params_only ? SX_LOAD_PARAMS_ONLY : 0x0) | (allow_missing ? SX_LOAD_ALLOW_MISSING : 0x0) |
+                   (allow_extra ? SX_LOAD_ALLOW_EXTRA : 0x0)
+    o.join_window_ms = Int32(join_window_ms)
+    o.expected_world_size = Int32(expected_world_size)
+    p = _c_string("checkpoint", checkpoint)
+    h = _handle(g)
+    GC.@preserve p o r begin
+        o.checkpoint = pointer(p)
+        op, rp = _ptr(o), _ptr(r)
+        check(@blocking @ccall libsx.sx_regroup(h::Ptr{Cvoid}, op::Ptr{RegroupOptions}, rp::Ptr{RegroupResult})::Int32)
+    end
+    (epoch=Int(r.epoch), rank=Int(r.rank), world_size=Int(r.world_size), shard_size=Int(r.shard_size),
+     previous_rank=Int(r.previous_rank), previous_world_size=Int(r.previous_world_size), step=Int(r.step))
+end
 
 """
     flush_trace(g)

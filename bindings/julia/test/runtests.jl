@@ -12,6 +12,7 @@ const MIRRORS = Dict("sx_group_config_t" => SX.GroupConfig, "sx_param_group_desc
                      "sx_memory_stats_t" => SX.MemoryStats, "sx_param_info_t" => SX.ParamInfo,
                      "sx_unit_info_t" => SX.UnitInfo, "sx_save_options_t" => SX.SaveOptions,
                      "sx_load_options_t" => SX.LoadOptions,
+                     "sx_regroup_options_t" => SX.RegroupOptions, "sx_regroup_result_t" => SX.RegroupResult,
                      "sx_unit_ready_options_t" => SX.UnitReadyOptions,
                      "sx_param_state_t" => SX.RawParamState,
                      "sx_optimizer_piece_t" => SX.RawOptimizerPiece,
@@ -504,6 +505,37 @@ end
         end
         @test back[2][4] === nothing
         @test all(same_state(x, y) for (x, y) in zip(states, back[1][4]))
+    end
+end
+
+@testset "regroup!: two survivors of three go on from a checkpoint" begin
+    if enough_threads(3)
+        dir = mktempdir()
+        path = joinpath(dir, "step-3")
+        left = Threads.Atomic{Int}(0)
+        results = run_ranks("regroup3", 3) do rank, g
+            whole_setup!(g)
+            whole_train!(g, 3, rank)
+            save(f -> wait(f), g, path; synchronous=true)
+            saved = [copy(vec(param_view(g, i))) for i in 0:2]
+            whole_train!(g, 1, rank)  # a step the regroup takes back
+            abort!(g)
+            Threads.atomic_add!(left, 1)
+            while left[] < 3
+                yield()
+            end
+            rank == 2 && return nothing  # lost
+            r = regroup!(g, path; expected_world_size=2)
+            (r, SX.world_size(g), saved, [copy(vec(param_view(g, i))) for i in 0:2])
+        end
+        @test results[3] === nothing
+        for rank in 0:1
+            r, world, saved, after = results[rank + 1]
+            @test r == (epoch=1, rank=rank, world_size=2, shard_size=2, previous_rank=rank,
+                        previous_world_size=3, step=3)
+            @test world == 2
+            @test after == saved
+        end
     end
 end
 

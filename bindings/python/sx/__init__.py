@@ -23,7 +23,7 @@ from ._lib import *  # noqa: F401,F403  the SX_* constants
 from ._views import HAVE_NUMPY
 from .errors import *  # noqa: F401,F403  SxError and its subclasses
 from .errors import SxError, check, status_string
-from .group import MemoryStats, ParamInfo, ParamState, ShardGroup, StepResult, UnitInfo
+from .group import MemoryStats, ParamInfo, ParamState, RegroupResult, ShardGroup, StepResult, UnitInfo
 from .checkpoint import Future, read_user_blob
 from .optimizers import CustomOptimizer, Hyperparameter, Piece, register_optimizer
 

@@ -282,6 +282,19 @@ class sx_load_options_t(ctypes.Structure):
                 ("flags", ctypes.c_uint32), ("reserved0", ctypes.c_int32)]
 
 
+class sx_regroup_options_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("checkpoint", ctypes.c_char_p),
+                ("load_flags", ctypes.c_uint32), ("join_window_ms", ctypes.c_int32),
+                ("expected_world_size", ctypes.c_int32), ("reserved0", ctypes.c_int32)]
+
+
+class sx_regroup_result_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("epoch", ctypes.c_int32), ("rank", ctypes.c_int32),
+                ("world_size", ctypes.c_int32), ("shard_size", ctypes.c_int32),
+                ("previous_rank", ctypes.c_int32), ("previous_world_size", ctypes.c_int32),
+                ("step", ctypes.c_uint64)]
+
+
 # Custom optimizers (1.5). The piece is filled by the library only, for the update; its
 # pointers (float *, const float *, float *[3], const double *, char *) are read as plain
 # addresses (c_void_p: an int), which is what building arrays over them (or writing the
@@ -320,7 +333,8 @@ STRUCTS = {cls.__name__: cls for cls in (
     sx_group_config_t, sx_param_group_desc_t, sx_param_desc_t, sx_view_t, sx_step_options_t,
     sx_step_result_t, sx_loss_scaling_t, sx_memory_stats_t, sx_param_info_t, sx_unit_info_t,
     sx_save_options_t, sx_load_options_t, sx_unit_ready_options_t, sx_param_state_t,
-    sx_optimizer_piece_t, sx_optimizer_hyperparameter_t, sx_optimizer_desc_t)}
+    sx_optimizer_piece_t, sx_optimizer_hyperparameter_t, sx_optimizer_desc_t, sx_regroup_options_t,
+    sx_regroup_result_t)}
 
 # ----------------------------------------------------------------------------------
 # Prototypes: name -> (restype, argtypes)
@@ -336,6 +350,9 @@ PROTOTYPES = {
     "sx_create_shard_group": (c_status, [_P(sx_group_config_t), _P(sx_shard_group_p)]),
     "sx_destroy_shard_group": (c_status, [sx_shard_group_p]),
     "sx_abort": (c_status, [sx_shard_group_p]),
+    "sx_regroup_options_init": (c_status, [_P(sx_regroup_options_t), _c.c_size_t]),
+    "sx_regroup_result_init": (c_status, [_P(sx_regroup_result_t), _c.c_size_t]),
+    "sx_regroup": (c_status, [sx_shard_group_p, _P(sx_regroup_options_t), _P(sx_regroup_result_t)]),
     "sx_trace_flush": (c_status, [sx_shard_group_p]),
     "sx_param_group_desc_init": (c_status, [_P(sx_param_group_desc_t), _c.c_size_t, _c.c_int32]),
     "sx_optimizer_desc_init": (c_status, [_P(sx_optimizer_desc_t), _c.c_size_t]),
@@ -474,4 +491,6 @@ INIT_FUNCTIONS = {
     "sx_save_options_t": "sx_save_options_init",
     "sx_load_options_t": "sx_load_optim_state_options_init",
     "sx_optimizer_desc_t": "sx_optimizer_desc_init",
+    "sx_regroup_options_t": "sx_regroup_options_init",
+    "sx_regroup_result_t": "sx_regroup_result_init",
 }

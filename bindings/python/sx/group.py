@@ -208,6 +208,19 @@ class UnitInfo:
     replica_rank: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class RegroupResult:
+    """What ShardGroup.regroup decided: the new epoch, this rank's place before and
+    after, the new mesh's shard size, and the step the restored state is at."""
+    epoch: int
+    rank: int
+    world_size: int
+    shard_size: int
+    previous_rank: int
+    previous_world_size: int
+    step: int
+
+
 class ShardGroup(Handle):
     """This rank's handle of a shard group.
 
@@ -319,6 +332,31 @@ class ShardGroup(Handle):
         """Makes the group fail: collectives in flight on other threads return
         AbortedError, later calls GroupFailedError. Any thread."""
         check(lib.sx_abort(self.handle))
+
+    def regroup(self, checkpoint, *, join_window_ms=0, expected_world_size=0, params_only=False,
+                allow_missing=False, allow_extra=False):
+        """Collective over the ranks still alive, after a call failed because a peer was
+        lost (CommError, TimeoutError) or after abort(): they form a new group of
+        themselves at the next epoch, on the same rendezvous, and this object becomes
+        it, with its state loaded from the checkpoint at ``checkpoint`` (resharded, as
+        load() does). The survivors wait ``join_window_ms`` (0: 1000) for each other,
+        or until ``expected_world_size`` of them arrived. Every view taken before is
+        invalid afterwards. The rendezvous store must outlive the lost ranks (the
+        sx-rendezvous command: "tcp://HOST:PORT?server=external"; file://; torchrun's).
+        Returns a :class:`RegroupResult`; go on from the step after its ``step``."""
+        from .checkpoint import _path
+        options = _lib.init_struct(_lib.sx_regroup_options_t)
+        options.checkpoint = _path("regroup", checkpoint)
+        options.load_flags = ((_lib.SX_LOAD_PARAMS_ONLY if params_only else 0)
+                              | (_lib.SX_LOAD_ALLOW_MISSING if allow_missing else 0)
+                              | (_lib.SX_LOAD_ALLOW_EXTRA if allow_extra else 0))
+        options.join_window_ms = join_window_ms
+        options.expected_world_size = expected_world_size
+        result = _lib.init_struct(_lib.sx_regroup_result_t)
+        check(lib.sx_regroup(self.handle, ctypes.byref(options), ctypes.byref(result)))
+        return RegroupResult(epoch=result.epoch, rank=result.rank, world_size=result.world_size,
+                             shard_size=result.shard_size, previous_rank=result.previous_rank,
+                             previous_world_size=result.previous_world_size, step=result.step)
 
     # -- registration -----------------------------------------------------------------
     def add_param_group(self, optimizer="adamw", *, betas=None, ns_coefficients=None, **hyperparameters):

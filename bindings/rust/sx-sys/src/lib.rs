@@ -374,6 +374,30 @@ pub struct sx_load_options_t {
     pub reserved0: i32,
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_regroup_options_t {
+    pub struct_size: usize,
+    pub checkpoint: *const c_char,
+    pub load_flags: u32,
+    pub join_window_ms: i32,
+    pub expected_world_size: i32,
+    pub reserved0: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_regroup_result_t {
+    pub struct_size: usize,
+    pub epoch: i32,
+    pub rank: i32,
+    pub world_size: i32,
+    pub shard_size: i32,
+    pub previous_rank: i32,
+    pub previous_world_size: i32,
+    pub step: u64,
+}
+
 /// One piece of a param's elements in this rank's shard, filled by the library for a
 /// custom optimizer's [`sx_optimizer_update_fn`] (no init function); borrowed for the call.
 #[repr(C)]
@@ -443,6 +467,13 @@ extern "C" {
     pub fn sx_create_shard_group(config: *const sx_group_config_t, out: *mut *mut sx_shard_group_t) -> sx_status_t;
     pub fn sx_destroy_shard_group(group: *mut sx_shard_group_t) -> sx_status_t;
     pub fn sx_abort(group: *mut sx_shard_group_t) -> sx_status_t;
+    pub fn sx_regroup_options_init(options: *mut sx_regroup_options_t, size: usize) -> sx_status_t;
+    pub fn sx_regroup_result_init(result: *mut sx_regroup_result_t, size: usize) -> sx_status_t;
+    pub fn sx_regroup(
+        group: *mut sx_shard_group_t,
+        options: *const sx_regroup_options_t,
+        result: *mut sx_regroup_result_t,
+    ) -> sx_status_t;
     pub fn sx_trace_flush(group: *mut sx_shard_group_t) -> sx_status_t;
 
     pub fn sx_param_group_desc_init(desc: *mut sx_param_group_desc_t, size: usize, optimizer: i32) -> sx_status_t;

@@ -63,6 +63,20 @@ pub struct StepResult {
     pub nonfinite: bool,
 }
 
+/// What [`ShardGroup::regroup`] decided: the new epoch, this rank's place before and
+/// after, the new mesh's shard size, and the step the restored state is at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegroupResult {
+    pub epoch: i32,
+    pub rank: i32,
+    pub world_size: i32,
+    pub shard_size: i32,
+    pub previous_rank: i32,
+    pub previous_world_size: i32,
+    /// The trainer goes on from the step after this one.
+    pub step: u64,
+}
+
 /// Bytes held by this rank, per category.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryStats {
@@ -231,6 +245,35 @@ impl ShardGroup {
     /// Makes the group fail: later calls return SX_ERR_GROUP_FAILED.
     pub fn abort(&self) -> Result<()> {
         check(unsafe { sys::sx_abort(self.raw) })
+    }
+
+    /// Collective over the ranks still alive, after a call failed because a peer was lost
+    /// (or after [`abort`](Self::abort)): they form a new group of themselves at the next
+    /// epoch, on the same rendezvous, and this handle becomes it, with its state loaded
+    /// from `options`' checkpoint (resharded). The survivors wait `join_window_ms` (0:
+    /// 1000) for each other, or until `expected_world_size` arrived. Views taken before
+    /// are invalid afterwards (the borrow of `&mut self` ends them). The rendezvous store
+    /// must outlive the lost ranks: the sx-rendezvous command
+    /// (`tcp://HOST:PORT?server=external`), `file://`, or torchrun's agent store.
+    pub fn regroup(&mut self, options: &LoadOptions, join_window_ms: i32, expected_world_size: i32)
+        -> Result<RegroupResult> {
+        let path = c_string("checkpoint path", &options.path)?;
+        let mut o: sys::sx_regroup_options_t = init(sys::sx_regroup_options_init);
+        o.checkpoint = path.as_ptr();
+        o.load_flags = options.flags;
+        o.join_window_ms = join_window_ms;
+        o.expected_world_size = expected_world_size;
+        let mut r: sys::sx_regroup_result_t = init(sys::sx_regroup_result_init);
+        check(unsafe { sys::sx_regroup(self.raw, &o, &mut r) })?;
+        Ok(RegroupResult {
+            epoch: r.epoch,
+            rank: r.rank,
+            world_size: r.world_size,
+            shard_size: r.shard_size,
+            previous_rank: r.previous_rank,
+            previous_world_size: r.previous_world_size,
+            step: r.step,
+        })
     }
 
     /// Adds a param group; returns its index. Before [`ShardGroup::finalize`], or between

@@ -526,3 +526,57 @@ fn adagrad_and_rmsprop_groups_take_their_defaults() {
     assert_eq!(hp(0, &[H::Lr, H::Eps, H::LrDecay, H::InitialAccumulatorValue]), [1e-2, 1e-10, 0.0, 0.0]);
     assert_eq!(hp(1, &[H::Lr, H::Alpha, H::Eps, H::Centered, H::Momentum]), [1e-2, 0.99, 1e-8, 1.0, 0.5]);
 }
+
+/// Three ranks save, step on and abort; rank 2 leaves and ranks 0 and 1 regroup into two
+/// from the checkpoint: the result names the new places and the checkpoint's step, and
+/// the params are the checkpoint's, as two fresh ranks loading it have them.
+#[test]
+fn two_survivors_of_three_regroup_from_a_checkpoint() {
+    let dir = common::TempDir::new("regroup");
+    let path = dir.join("step-2");
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let p = path.clone();
+    let results = common::run_ranks("regroup3", 3, move |rank, mut g| {
+        setup(&mut g, 0.05)?;
+        for _ in 0..2 {
+            let mut t = g.tensors_mut()?;
+            grads(rank, t.params[0], t.grads[0]);
+            g.step(None)?;
+        }
+        g.save(SaveOptions::new(&p).synchronous(true))?.wait()?;
+        let mut t = g.tensors_mut()?;
+        grads(rank, t.params[0], t.grads[0]);
+        g.step(None)?; // a step the regroup takes back
+        g.abort()?;
+        barrier.wait();
+        if rank == 2 {
+            return Ok(None); // lost
+        }
+        let r = g.regroup(&LoadOptions::new(&p), 0, 2)?;
+        Ok(Some((r, g.world_size()?, g.param(0)?.to_vec())))
+    });
+    let p = path.clone();
+    let fresh = common::run_ranks("regroupref", 2, move |_rank, mut g| {
+        setup(&mut g, 0.05)?;
+        g.load(&LoadOptions::new(&p))?;
+        Ok(g.param(0)?.to_vec())
+    });
+    for rank in 0..2 {
+        let (r, world, w) = results[rank].clone().expect("a survivor returned nothing");
+        assert_eq!(
+            r,
+            sx::RegroupResult {
+                epoch: 1,
+                rank: rank as i32,
+                world_size: 2,
+                shard_size: 2,
+                previous_rank: rank as i32,
+                previous_world_size: 3,
+                step: 2
+            }
+        );
+        assert_eq!(world, 2);
+        assert_eq!(w, fresh[rank], "a survivor's params differ from the checkpoint's");
+    }
+    assert!(results[2].is_none());
+}

@@ -1,0 +1,83 @@
+"""ShardGroup.regroup through the binding: 3 ranks (threads over local://) save a
+checkpoint, train on, and abort; rank 2 leaves, and ranks 0 and 1 regroup into 2 ranks
+from the checkpoint. The result names the epoch, the new places and the checkpoint's
+step; the params are the checkpoint's and the group steps on at 2 ranks, as a fresh
+group of 2 loading the checkpoint does. A regroup without a checkpoint is refused."""
+import os
+import tempfile
+import threading
+import unittest
+
+import sx
+from _ranks import run_ranks
+
+try:
+    import numpy as np
+except ImportError:
+    np = None
+
+
+def make(rank, name, world):
+    g = sx.ShardGroup(name, rank, world, backend="cpu", num_threads=1, timeout_ms=60000)
+    g.add_param_group("adamw", lr=0.01)
+    g.add_param("w", [37], unit=0)
+    g.add_param("b", [5], unit=1)
+    g.finalize()
+    return g
+
+
+def train(g, steps, first):
+    for s in range(first, first + steps):
+        for p in g.params():
+            g.grad_view(p.index)[...] = ((np.arange(p.numel, dtype=np.float32) * 7 + s * 3 + g.rank) % 11 - 5) / 8
+        g.step()
+
+
+@unittest.skipIf(np is None, "needs numpy")
+class RegroupTest(unittest.TestCase):
+    def test_two_survivors_of_three(self):
+        work = tempfile.mkdtemp(prefix="sx-py-regroup-")
+        ckpt = os.path.join(work, "step-2")
+        left = threading.Barrier(3)
+
+        def rank_fn(rank, name):
+            g = make(rank, name, 3)
+            try:
+                train(g, 2, 0)
+                g.save(ckpt, synchronous=True).wait()
+                train(g, 1, 2)  # a step the regroup takes back
+                g.abort()
+                left.wait()
+                if rank == 2:
+                    return None  # lost: leaves the others to regroup
+                with self.assertRaises(sx.InvalidArgumentError):
+                    g.regroup("")
+                result = g.regroup(ckpt, expected_world_size=2)
+                after = {p.name: np.array(g.param_view(p.index)) for p in g.params()}
+                train(g, 2, result.step)
+                final = {p.name: np.array(g.param_view(p.index)) for p in g.params()}
+                return result, after, final
+            finally:
+                g.close()
+
+        results = run_ranks(3, rank_fn)
+
+        def reference(rank, name):
+            with make(rank, name, 2) as g:
+                g.load(ckpt)
+                before = {p.name: np.array(g.param_view(p.index)) for p in g.params()}
+                train(g, 2, 2)
+                return before, {p.name: np.array(g.param_view(p.index)) for p in g.params()}
+
+        want = run_ranks(2, reference)
+        for rank in (0, 1):
+            result, after, final = results[rank]
+            self.assertEqual(result, sx.RegroupResult(epoch=1, rank=rank, world_size=2, shard_size=2,
+                                                      previous_rank=rank, previous_world_size=3, step=2))
+            for name in ("w", "b"):
+                np.testing.assert_array_equal(after[name], want[rank][0][name])
+                np.testing.assert_array_equal(final[name], want[rank][1][name])
+
+
+if __name__ == "__main__":
+    unittest.main()

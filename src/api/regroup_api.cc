@@ -1,0 +1,80 @@
+// Entry points: the survivors of a lost rank regroup (sx_regroup; docs/recovery.md).
+#include <cstring>
+
+#include "api/guard.h"
+#include "api/handles.h"
+
+using sx::Status;
+using sx::api::guard;
+using sx::api::resolve;
+
+extern "C" {
+
+SX_API sx_status_t sx_regroup_options_init(sx_regroup_options_t *options, size_t size) {
+    return guard(__func__, [&] {
+        sx_regroup_options_t o;
+        std::memset(&o, 0, sizeof o);
+        return sx::api::init_struct(options, size, o, "options");
+    });
+}
+
+SX_API sx_status_t sx_regroup_result_init(sx_regroup_result_t *result, size_t size) {
+    return guard(__func__, [&] {
+        sx_regroup_result_t r;
+        std::memset(&r, 0, sizeof r);
+        return sx::api::init_struct(result, size, r, "result");
+    });
+}
+
+SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_t *options,
+                              sx_regroup_result_t *result) {
+    return guard(__func__, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        sx_regroup_options_t o;
+        std::memset(&o, 0, sizeof o);
+        SX_TRY(sx::api::read_input(options, "options", offsetof(sx_regroup_options_t, checkpoint) + sizeof(char *),
+                                   &o));
+        if (result != nullptr) SX_TRY(sx::api::check_output(result, "result"));
+        SX_CHECK_ARG(o.checkpoint != nullptr && o.checkpoint[0] != '\0',
+                     "options->checkpoint is empty: the new group's state comes from a checkpoint (the lost ranks' "
+                     "shards exist nowhere else)");
+        sx::ckpt::LoadOptions lo;
+        SX_TRY(sx::api::load_options(o.checkpoint, o.load_flags, "options->load_flags", &lo));
+        SX_CHECK_ARG(o.join_window_ms >= 0, "options->join_window_ms is %d; it must be >= 0 (0 = 1000 ms)",
+                     o.join_window_ms);
+        SX_CHECK_ARG(o.reserved0 == 0, "options->reserved0 is %d; it must be 0", o.reserved0);
+        sx::core::RegroupSpec spec;
+        spec.join_window = sx::Millis(o.join_window_ms == 0 ? 1000 : o.join_window_ms);
+        spec.expected_world_size = o.expected_world_size;
+
+        // A save in flight ends first: its checkpointer reads the broken group.
+        group->checkpointer.reset();
+        std::unique_ptr<sx::core::ShardGroup> fresh;
+        sx::core::RegroupInfo info;
+        SX_TRY(g->regroup(spec, &fresh, &info));
+        group->impl = std::move(fresh);  // the broken group goes: its threads and connections end
+        Status loaded = sx::api::checkpointer_of(group).load(lo, nullptr);
+        if (!loaded.ok()) {
+            return SX_ERROR(loaded.code(), "the survivors formed the group of epoch %d (this rank is %d of %d), but "
+                            "loading %s into it failed: %s; its state is zero: load a checkpoint before stepping",
+                            info.epoch, info.rank, info.world_size, o.checkpoint, loaded.message().c_str());
+        }
+        if (result != nullptr) {
+            sx_regroup_result_t r;
+            std::memset(&r, 0, sizeof r);
+            r.struct_size = sizeof r;
+            r.epoch = info.epoch;
+            r.rank = info.rank;
+            r.world_size = info.world_size;
+            r.shard_size = info.shard_size;
+            r.previous_rank = info.previous_rank;
+            r.previous_world_size = info.previous_world_size;
+            r.step = group->impl->steps_taken();
+            sx::api::write_output(result, r);
+        }
+        return Status::Ok();
+    });
+}
+
+}  // extern "C"

@@ -1,0 +1,423 @@
+// Losing a rank and going on (sx_regroup): 4 ranks as processes over tcp:// on a store
+// served by the sx-rendezvous command (with a token) train, saving a checkpoint before
+// each step; one of them (rank 0, 1 or 3) SIGKILLs itself at a random moment of a step.
+// The 3 survivors notice it through the failed call, regroup into 3 ranks loading the
+// last committed checkpoint, and train to the end. Their final params must equal, bit
+// for bit, those of 3 fresh ranks that load the same checkpoint and take the same
+// steps; their sx_regroup result must name the checkpoint's step as the one they are at,
+// and the ranks in the order of the previous ones. Flat groups at stages 1-3, and a
+// 2 x 2 mesh (the 3 survivors fill no whole shard group of 2: they go on flat). And the
+// misuse: no checkpoint, a regroup with the store gone.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "process_ranks.h"
+#include "sx/sx.h"
+#include "sx_cmocka.h"
+#include "test_groups.h"
+
+extern char **environ;
+
+namespace {
+
+constexpr int kSteps = 8;  // steps 1..kSteps; a checkpoint of step s-1 before step s
+constexpr int kKillStep = 5;
+constexpr int64_t kShapes[2] = {200000, 33333};
+
+std::string failed(const char *what, sx_status_t st) {
+    return std::string(what) + ": " + sx_status_string(st) + " (" + sx_last_error_message() + ")";
+}
+
+// The gradient of element i of param p at step s on rank r of a world of w.
+float grad_value(int p, uint64_t i, int s, int r, int w) {
+    return std::sin(0.013f * static_cast<float>(i) + 0.7f * static_cast<float>(s) + 0.37f * static_cast<float>(r) +
+                    1.3f * static_cast<float>(p)) /
+           static_cast<float>(w);
+}
+
+struct Child {
+    sx_shard_group_t *g = nullptr;
+    int rank = 0, world = 0, stage = 2;
+    ~Child() { sx_destroy_shard_group(g); }
+
+    std::string create(const std::string &rendezvous, int shard_size) {
+        sx_group_config_t c;
+        sx_group_config_init(&c, sizeof c);
+        c.rendezvous = rendezvous.c_str();
+        c.rank = rank;
+        c.world_size = world;
+        c.backend = SX_BACKEND_CPU;
+        c.stage = stage;
+        c.num_threads = 1;
+        c.shard_size = shard_size;
+        c.timeout_ms = 20000;
+        sx_status_t st = sx_create_shard_group(&c, &g);
+        if (st != SX_OK) return failed("create", st);
+        sx_param_group_desc_t d;
+        sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_ADAMW);
+        d.lr = 1e-2;
+        d.weight_decay = 0.01;
+        if ((st = sx_add_param_group(g, &d, nullptr)) != SX_OK) return failed("param group", st);
+        const char *names[2] = {"a", "b"};
+        for (int p = 0; p < 2; ++p) {
+            sx_param_desc_t pd;
+            sx_param_desc_init(&pd, sizeof pd);
+            pd.name = names[p];
+            pd.ndim = 1;
+            pd.shape = &kShapes[p];
+            pd.unit = p;
+            if ((st = sx_add_param(g, &pd, nullptr)) != SX_OK) return failed("add_param", st);
+        }
+        if ((st = sx_finalize(g)) != SX_OK) return failed("finalize", st);
+        return "";
+    }
+
+    // Every param's values through its view (stage 3: its unit gathered).
+    sx_status_t read_params(std::vector<float> *out) {
+        out->clear();
+        for (int p = 0; p < 2; ++p) {
+            sx_status_t st;
+            if (stage == 3 && (st = sx_unit_gather(g, p)) != SX_OK) return st;
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            if ((st = sx_param_view(g, p, &v)) != SX_OK) return st;
+            out->insert(out->end(), static_cast<float *>(v.data), static_cast<float *>(v.data) + v.numel);
+            if (stage == 3 && (st = sx_unit_release(g, p)) != SX_OK) return st;
+        }
+        return SX_OK;
+    }
+
+    // The first params' values: the same on every rank (a checkpoint of step 0 holds them).
+    sx_status_t init_params() {
+        for (int p = 0; p < 2; ++p) {
+            sx_status_t st;
+            if (stage == 3 && (st = sx_unit_gather(g, p)) != SX_OK) return st;
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            if ((st = sx_param_view(g, p, &v)) != SX_OK) return st;
+            for (uint64_t i = 0; i < v.numel; ++i) static_cast<float *>(v.data)[i] = std::cos(0.1f * i + p);
+            if (stage == 3 && (st = sx_unit_release(g, p)) != SX_OK) return st;
+        }
+        return sx_broadcast_params(g, 0);
+    }
+
+    sx_status_t step(int s) {
+        for (int p = 0; p < 2; ++p) {
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            sx_status_t st = sx_grad_view(g, p, &v);
+            if (st != SX_OK) return st;
+            for (uint64_t i = 0; i < v.numel; ++i) static_cast<float *>(v.data)[i] = grad_value(p, i, s, rank, world);
+        }
+        return sx_step(g, nullptr, nullptr);
+    }
+
+    sx_status_t save(const std::string &path) { return sxtest::save_synchronously(g, path); }
+
+    sx_status_t load(const std::string &path) {
+        sx_load_options_t lo;
+        sx_load_optim_state_options_init(&lo, sizeof lo);
+        lo.path = path.c_str();
+        return sx_load_optim_state(g, &lo);
+    }
+};
+
+std::string checkpoint(const std::string &dir, int step) { return dir + "/step-" + std::to_string(step); }
+
+bool write_floats(const std::string &path, const std::vector<float> &v, int64_t restored) {
+    std::ofstream f(path + ".tmp", std::ios::binary);
+    f.write(reinterpret_cast<const char *>(&restored), sizeof restored);
+    f.write(reinterpret_cast<const char *>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+    f.close();
+    return f.good() && std::rename((path + ".tmp").c_str(), path.c_str()) == 0;
+}
+
+bool read_file(const std::string &path, std::string *out) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return false;
+    std::stringstream ss;
+    ss << f.rdbuf();
+    *out = ss.str();
+    return true;
+}
+
+// A rank of the 4-rank run: exit 0 = survived and wrote its result (new rank 0 writes
+// the params), 3 = failed; the victim dies by SIGKILL.
+int run_child(const sxtest::ChildArgs &a) {
+    Child c;
+    c.rank = a.rank;
+    c.world = a.world;
+    c.stage = std::stoi(a.get("--stage", "2"));
+    const std::string dir = a.get("--dir", "");
+    const int victim = std::stoi(a.get("--victim", "-1"));
+    const std::string rendezvous = a.get("--store", a.rendezvous);
+    std::string err = c.create(rendezvous, std::stoi(a.get("--shard-size", "0")));
+    if (!err.empty()) {
+        std::fprintf(stderr, "rank %d: %s\n", a.rank, err.c_str());
+        return 3;
+    }
+    sx_status_t st = c.init_params();
+    int committed = -1;  // the last checkpoint every rank committed
+    int s = 1, failed_step = 0;
+    std::chrono::microseconds last_step{0};
+    for (; st == SX_OK && s <= kSteps; ++s) {
+        failed_step = s;
+        if ((st = c.save(checkpoint(dir, s - 1))) != SX_OK) break;
+        committed = s - 1;
+        if (a.rank == victim && s == kKillStep) {
+            // Dies at a random moment of this step: within the time the step before took.
+            std::mt19937 rng(static_cast<uint32_t>(victim * 7919 + c.stage * 31));
+            const int delay_us =
+                std::uniform_int_distribution<int>(0, static_cast<int>(last_step.count()))(rng);
+            std::fprintf(stderr, "rank %d: dies %d us into step %d (step %d took %lld us)\n", a.rank, delay_us, s,
+                         s - 1, static_cast<long long>(last_step.count()));
+            std::thread killer([delay_us] {
+                std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+                raise(SIGKILL);
+            });
+            c.step(s);
+            killer.join();
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        st = c.step(s);
+        last_step = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
+    }
+    if (st == SX_OK) {
+        std::fprintf(stderr, "rank %d: finished every step though rank %d was killed at step %d\n", a.rank, victim,
+                     kKillStep);
+        return 3;
+    }
+    std::fprintf(stderr, "rank %d: step %d failed as rank %d died: %s (%s)\n", a.rank, failed_step, victim,
+                 sx_status_string(st), sx_last_error_message());
+    // Regroup from the last committed checkpoint.
+    sx_regroup_options_t ro;
+    sx_regroup_options_init(&ro, sizeof ro);
+    const std::string from = checkpoint(dir, committed);
+    ro.checkpoint = from.c_str();
+    ro.expected_world_size = 3;
+    ro.join_window_ms = 10000;
+    sx_regroup_result_t rr;
+    sx_regroup_result_init(&rr, sizeof rr);
+    if ((st = sx_regroup(c.g, &ro, &rr)) != SX_OK) {
+        std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("regroup", st).c_str());
+        return 3;
+    }
+    const int want_rank = a.rank - (a.rank > victim ? 1 : 0);
+    if (rr.epoch != 1 || rr.world_size != 3 || rr.rank != want_rank || rr.previous_rank != a.rank ||
+        rr.previous_world_size != 4 || rr.shard_size != 3 || rr.step != static_cast<uint64_t>(committed)) {
+        std::fprintf(stderr, "rank %d: regroup result epoch %d rank %d of %d (shard %d), was %d of %d, step %llu; "
+                     "expected epoch 1, rank %d of 3 (shard 3), step %d\n",
+                     a.rank, rr.epoch, rr.rank, rr.world_size, rr.shard_size, rr.previous_rank,
+                     rr.previous_world_size, static_cast<unsigned long long>(rr.step), want_rank, committed);
+        return 3;
+    }
+    int32_t r = -1, w = -1;
+    sx_get_rank(c.g, &r);
+    sx_get_world_size(c.g, &w);
+    if (r != rr.rank || w != 3) {
+        std::fprintf(stderr, "rank %d: the group says rank %d of %d after the regroup\n", a.rank, r, w);
+        return 3;
+    }
+    c.rank = rr.rank;
+    c.world = rr.world_size;
+    for (s = committed + 1; s <= kSteps; ++s) {
+        if ((st = c.step(s)) != SX_OK) {
+            std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("step after the regroup", st).c_str());
+            return 3;
+        }
+    }
+    std::vector<float> params;
+    if ((st = c.read_params(&params)) != SX_OK) {
+        std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("read params", st).c_str());
+        return 3;
+    }
+    if (c.rank == 0 && !write_floats(a.get("--out", ""), params, committed)) return 3;
+    return 0;
+}
+
+// A rank of the 3-rank reference: loads the checkpoint the survivors restored and
+// takes the same steps.
+int reference_child(const sxtest::ChildArgs &a) {
+    Child c;
+    c.rank = a.rank;
+    c.world = a.world;
+    c.stage = std::stoi(a.get("--stage", "2"));
+    const int from = std::stoi(a.get("--from", "0"));
+    std::string err = c.create(a.rendezvous, 0);
+    sx_status_t st = SX_OK;
+    if (err.empty() && (st = c.load(checkpoint(a.get("--dir", ""), from))) != SX_OK) err = failed("load", st);
+    for (int s = from + 1; err.empty() && s <= kSteps; ++s)
+        if ((st = c.step(s)) != SX_OK) err = failed("step", st);
+    std::vector<float> params;
+    if (err.empty() && (st = c.read_params(&params)) != SX_OK) err = failed("read params", st);
+    if (err.empty() && c.rank == 0 && !write_floats(a.get("--out", ""), params, from)) err = "cannot write";
+    if (!err.empty()) {
+        std::fprintf(stderr, "reference rank %d: %s\n", a.rank, err.c_str());
+        return 3;
+    }
+    return 0;
+}
+
+int child_main(int argc, char **argv) {
+    sxtest::ChildArgs a;
+    if (!sxtest::parse_child_args(argc, argv, &a)) return 2;
+    if (a.get("--mode", "") == "reference") return reference_child(a);
+    return run_child(a);
+}
+
+// The sx-rendezvous command on a free port, with the token of the environment; its pid.
+pid_t start_rendezvous(int port) {
+    std::vector<std::string> args = {SX_RENDEZVOUS_PATH, "--port", std::to_string(port), "--bind", "127.0.0.1",
+                                     "--max-ranks", "8"};
+    std::vector<char *> argv;
+    for (auto &s : args) argv.push_back(&s[0]);
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, SX_RENDEZVOUS_PATH, nullptr, nullptr, argv.data(), environ) != 0) return -1;
+    // Listening once a connection succeeds.
+    for (int i = 0; i < 500; ++i) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in addr;
+        std::memset(&addr, 0, sizeof addr);
+        addr.sin_family = AF_INET;
+        addr.sin_port = htons(static_cast<uint16_t>(port));
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        const bool up = connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) == 0;
+        close(fd);
+        if (up) return pid;
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return -1;
+}
+
+void stop_rendezvous(pid_t pid) {
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+}
+
+std::string temp_dir(const char *what) {
+    char templ[] = "/tmp/sx-regroup-XXXXXX";
+    const char *d = mkdtemp(templ);
+    return d ? std::string(d) + "-" + what : "";
+}
+
+// One scenario: the 4-rank run losing `victim`, then the 3-rank reference.
+void lose_one_of_four(int victim, int stage, int shard_size) {
+    const std::string dir = temp_dir("ckpt");
+    mkdir(dir.c_str(), 0700);
+    const int port = sxtest::free_port();
+    setenv("SX_RENDEZVOUS_TOKEN", "regroup-test-token", 1);
+    const pid_t server = start_rendezvous(port);
+    assert_true(server > 0);
+    const std::string store = "tcp://127.0.0.1:" + std::to_string(port) + "?server=external";
+    const std::string out = dir + "/survivors.bin", ref = dir + "/reference.bin";
+    std::vector<sxtest::ProcessResult> results;
+    sxtest::run_process_ranks(4,
+                              {"--mode", "run", "--stage", std::to_string(stage), "--victim", std::to_string(victim),
+                               "--shard-size", std::to_string(shard_size), "--dir", dir, "--out", out, "--store",
+                               store},
+                              120, &results);
+    stop_rendezvous(server);
+    unsetenv("SX_RENDEZVOUS_TOKEN");
+    for (int r = 0; r < 4; ++r) {
+        if (r == victim) {
+            if (results[r].signal != SIGKILL) fail_msg("the victim, rank %d, was not killed", victim);
+        } else if (results[r].exit_code != 0) {
+            fail_msg("stage %d, shard size %d, rank %d lost: survivor rank %d exited with %d (signal %d)", stage,
+                     shard_size, victim, r, results[r].exit_code, results[r].signal);
+        }
+    }
+    std::string survivors, reference;
+    assert_true(read_file(out, &survivors));
+    int64_t restored = -1;
+    std::memcpy(&restored, survivors.data(), sizeof restored);
+    assert_true(restored >= kKillStep - 1 && restored <= kKillStep);
+    const std::string err = sxtest::run_process_ranks(
+        3, {"--mode", "reference", "--stage", std::to_string(stage), "--dir", dir, "--from", std::to_string(restored),
+            "--out", ref},
+        120);
+    if (!err.empty()) fail_msg("reference: %s", err.c_str());
+    assert_true(read_file(ref, &reference));
+    assert_int_equal(survivors.size(), reference.size());
+    if (survivors != reference)
+        fail_msg("stage %d, shard size %d, rank %d lost: the survivors' params differ from 3 ranks loaded from step "
+                 "%lld",
+                 stage, shard_size, victim, static_cast<long long>(restored));
+    std::printf("stage %d%s: rank %d lost at step %d; the 3 survivors restored step %lld and equal 3 fresh ranks\n",
+                stage, shard_size ? " (2 x 2 mesh)" : "", victim, kKillStep, static_cast<long long>(restored));
+    std::string rm = "rm -rf '" + dir + "'";
+    assert_int_equal(std::system(rm.c_str()), 0);
+}
+
+void test_flat_stage1_rank0_lost(void **) { lose_one_of_four(0, 1, 0); }
+void test_flat_stage2_rank1_lost(void **) { lose_one_of_four(1, 2, 0); }
+void test_flat_stage3_rank3_lost(void **) { lose_one_of_four(3, 3, 0); }
+void test_flat_stage2_rank0_lost(void **) { lose_one_of_four(0, 2, 0); }
+void test_mesh_2x2_rank2_lost(void **) { lose_one_of_four(2, 2, 2); }
+
+// Misuse changes nothing: no checkpoint, a bad struct, a closed group's late arrival.
+void test_misuse(void **) {
+    sx_regroup_options_t ro;
+    assert_int_equal(sx_regroup_options_init(&ro, sizeof ro), SX_OK);
+    assert_int_equal(sx_regroup(nullptr, &ro, nullptr), SX_ERR_INVALID_HANDLE);
+    sx_group_config_t c;
+    sx_group_config_init(&c, sizeof c);
+    c.rendezvous = "local://regroup-misuse";
+    c.world_size = 1;
+    c.backend = SX_BACKEND_CPU;
+    sx_shard_group_t *g = nullptr;
+    assert_int_equal(sx_create_shard_group(&c, &g), SX_OK);
+    sx_param_group_desc_t d;
+    sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_SGD);
+    sx_add_param_group(g, &d, nullptr);
+    sx_param_desc_t pd;
+    sx_param_desc_init(&pd, sizeof pd);
+    pd.name = "w";
+    pd.ndim = 1;
+    pd.shape = &kShapes[1];
+    sx_add_param(g, &pd, nullptr);
+    assert_int_equal(sx_finalize(g), SX_OK);
+    assert_int_equal(sx_regroup(g, &ro, nullptr), SX_ERR_INVALID_ARGUMENT);
+    assert_non_null(std::strstr(sx_last_error_message(), "checkpoint"));
+    ro.checkpoint = "/nonexistent";
+    ro.join_window_ms = -1;
+    assert_int_equal(sx_regroup(g, &ro, nullptr), SX_ERR_INVALID_ARGUMENT);
+    assert_non_null(std::strstr(sx_last_error_message(), "join_window_ms"));
+    // The refused calls left the group working.
+    assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);
+    sx_destroy_shard_group(g);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    if (sxtest::is_child(argc, argv)) return child_main(argc, argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_misuse),
+        cmocka_unit_test(test_flat_stage1_rank0_lost),
+        cmocka_unit_test(test_flat_stage2_rank1_lost),
+        cmocka_unit_test(test_flat_stage3_rank3_lost),
+        cmocka_unit_test(test_flat_stage2_rank0_lost),
+        cmocka_unit_test(test_mesh_2x2_rank2_lost),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
