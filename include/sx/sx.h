@@ -431,14 +431,15 @@ SX_API sx_status_t sx_regroup_result_init(sx_regroup_result_t *result, size_t si
  * options->checkpoint's, loaded into the new world size: exactly what loading that
  * checkpoint into a fresh group of the survivors gives. Every view, unit view and
  * state view of the group is invalid afterwards (take them again); a save in flight is
- * waited for first (cancel it to make that short). The store must outlive the lost
- * ranks: the sx-rendezvous command (tcp://HOST:PORT?server=external), file://, or
- * torchrun's agent store (env:// under torchrun); with tcp:// served by rank 0, losing
- * rank 0 loses it, and this fails saying so. A rank that arrives after the survivors
- * closed the group gets SX_ERR_INVALID_STATE. On failure the group is left failed
- * (destroy it); if the load failed after the new group formed, `group` is the new one,
- * with zero state, and the error says so. options and result (may be NULL) are
- * borrowed for the call. Owner's thread. */
+ * aborted (it commits nothing; its future reports SX_ERR_ABORTED). The store must
+ * outlive the lost ranks: the sx-rendezvous command (tcp://HOST:PORT?server=external),
+ * file://, or torchrun's agent store (env:// under torchrun); with tcp:// served by rank
+ * 0, losing rank 0 loses it, and this fails saying so. A rank that arrives after the
+ * survivors closed the group gets SX_ERR_INVALID_STATE. Invalid options change nothing;
+ * any other failure leaves the group failed (destroy it), and if the load failed after
+ * the new group formed, `group` is the new one, with zero state, and the error says so.
+ * Regrouping again later (another rank lost) forms the next epoch. options and result
+ * (may be NULL) are borrowed for the call. Owner's thread. */
 SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_t *options,
                               sx_regroup_result_t *result);
 

@@ -27,11 +27,19 @@
  * https://ui.perfetto.dev ("Open multiple trace files"), or one at a time in
  * chrome://tracing. The 2 resuming ranks write theirs with "-resume" in the name.
  *
- * usage: train_charlm [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE] [TEXT_FILE] [STEPS]
- *        (default: stage 2, flat, Debian's GPL-3 text, 400 steps, no trace)
+ * With --lose-rank R, rank R is lost at step --lose-at (default 150): its group goes
+ * without a word, as a killed process's would, and the other 3 ranks' step fails. The
+ * ranks save a checkpoint every 50 steps in this mode; the survivors regroup into 3 ranks
+ * (sx_regroup) from the last one, say what happened and how long it took, take the steps
+ * since that checkpoint again, and go on to the end.
+ *
+ * usage: train_charlm [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE]
+ *                     [--lose-rank R [--lose-at STEP]] [TEXT_FILE] [STEPS]
+ *        (default: stage 2, flat, Debian's GPL-3 text, 400 steps, no trace, no rank lost)
  */
 #include <math.h>
 #include <pthread.h>
+#include <time.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +63,9 @@ static int g_stage = 2;
 static int g_overlap = 0;
 static int g_shard_size = 0; /* 0: every rank shards (flat) */
 static const char *g_trace = NULL; /* --trace: the trace file template */
+static int g_lose_rank = -1;       /* --lose-rank: the rank lost (-1: none) */
+static int g_lose_at = 150;        /* --lose-at: at which step */
+#define SAVE_EVERY 50              /* with --lose-rank: a checkpoint every this many steps */
 static char g_resume_trace[512];   /* the resuming ranks' template */
 static unsigned char *g_text; /* the text as vocabulary indices */
 static long g_len, g_train_len;
@@ -66,6 +77,7 @@ typedef struct {
     int world;
     int resume;           /* 1: load g_ckpt_dir instead of training */
     int failed;
+    int lost; /* --lose-rank: this rank was lost */
     double final_eval_loss;
     uint64_t step;
     sx_memory_stats_t mem;
@@ -275,6 +287,17 @@ static double lr_at(int step, double peak) {
     return peak * (0.1 + 0.9 * 0.5 * (1.0 + cos(3.14159265358979 * progress)));
 }
 
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* --lose-rank: the checkpoint of `step` steps, beside the final one. */
+static void periodic_checkpoint(char *out, size_t size, int step) {
+    snprintf(out, size, "%s-step-%d", g_ckpt_dir, step);
+}
+
 static void *rank_main(void *arg) {
     rank_result_t *res = arg;
     sx_shard_group_t *g = NULL;
@@ -366,7 +389,30 @@ static void *rank_main(void *arg) {
     sx_step_options_init(&opt, sizeof opt);
     opt.max_grad_norm = 0.5;
     opt.defer_gather = g_overlap; /* forward's use_unit waits for each unit */
+    int saved_at = -1;            /* --lose-rank: the last checkpoint every rank committed */
     for (int step = 0; step < g_steps; ++step) {
+        if (g_lose_rank >= 0 && step % SAVE_EVERY == 0 && saved_at < step) {
+            char path[512];
+            periodic_checkpoint(path, sizeof path, step);
+            sx_save_options_t so;
+            sx_save_options_init(&so, sizeof so);
+            so.path = path;
+            so.synchronous = 1;
+            sx_future_t *f = NULL;
+            CHECK(sx_save_optim_state(g, &so, &f));
+            sx_status_t saved = sx_future_wait(f, -1);
+            sx_future_destroy(f);
+            CHECK(saved);
+            saved_at = step;
+        }
+        if (res->world == RANKS && res->rank == g_lose_rank && step == g_lose_at) {
+            /* Lost: the group goes without a word, as a killed process's does. */
+            printf("rank %d: lost at step %d\n", res->rank, step + 1);
+            fflush(stdout);
+            res->lost = 1;
+            goto out;
+        }
+        sx_status_t stepped = SX_OK; /* the first failure of this step's calls */
         CHECK(sx_set_lr(g, g_decay, lr_at(step, peak_lr)));
         CHECK(sx_set_lr(g, g_no_decay, lr_at(step, peak_lr)));
         for (int mb = 0; mb < MICRO_BATCHES; ++mb) {
@@ -374,16 +420,47 @@ static void *rank_main(void *arg) {
             for (int k = 0; k < BATCH; ++k)
                 b->t[k] = CONTEXT + (long)(rng_next(&rng) % (uint64_t)(g_train_len - CONTEXT));
             double loss = 0;
-            CHECK(forward(g, &m, b, &loss));
+            if ((stepped = forward(g, &m, b, &loss)) != SX_OK) goto step_failed;
             loss_window += loss;
             window += BATCH;
             const int last = mb + 1 == MICRO_BATCHES;
-            CHECK(backward(g, &m, b, 1.0f / (BATCH * MICRO_BATCHES), !last));
-            if (!last) CHECK(sx_accumulate_grads(g));
+            if ((stepped = backward(g, &m, b, 1.0f / (BATCH * MICRO_BATCHES), !last)) != SX_OK) goto step_failed;
+            if (!last && (stepped = sx_accumulate_grads(g)) != SX_OK) goto step_failed;
         }
         sx_step_result_t r;
         sx_step_result_init(&r, sizeof r);
-        CHECK(sx_step(g, &opt, &r));
+        stepped = sx_step(g, &opt, &r);
+    step_failed:
+        if (stepped != SX_OK && g_lose_rank >= 0 && res->world == RANKS) {
+            /* A peer was lost: regroup with the others from the last checkpoint. */
+            const double t0 = seconds_now();
+            char path[512];
+            periodic_checkpoint(path, sizeof path, saved_at);
+            sx_regroup_options_t ro;
+            sx_regroup_options_init(&ro, sizeof ro);
+            ro.checkpoint = path;
+            ro.expected_world_size = RANKS - 1;
+            sx_regroup_result_t rr;
+            sx_regroup_result_init(&rr, sizeof rr);
+            CHECK(sx_regroup(g, &ro, &rr));
+            printf("rank %d: step %d failed (%s); regrouped in %.3f s as rank %d of %d from the checkpoint of "
+                   "step %llu: steps %llu-%d are taken again\n",
+                   res->rank, step + 1, sx_status_string(stepped), seconds_now() - t0, rr.rank, rr.world_size,
+                   (unsigned long long)rr.step, (unsigned long long)rr.step + 1, step + 1);
+            fflush(stdout);
+            res->rank = rr.rank;
+            res->world = rr.world_size;
+            /* The views are the new group's. */
+            for (int p = 0; p < NUM_PARAMS; ++p) {
+                sx_view_t v;
+                sx_view_init(&v, sizeof v);
+                CHECK(sx_grad_view(g, p, &v));
+                m.g[p] = v.data;
+            }
+            step = (int)rr.step - 1; /* the loop's ++ makes it the checkpoint's next */
+            continue;
+        }
+        CHECK(stepped);
         if (res->rank == 0 && ((step + 1) % 50 == 0 || step == 0)) {
             printf("step %4llu  loss %.4f  grad norm %7.4f  lr %.5f\n", (unsigned long long)r.step,
                    loss_window / window, r.grad_norm, lr_at(step, peak_lr));
@@ -461,6 +538,12 @@ int main(int argc, char **argv) {
             g_trace = argv[++i];
         } else if (strcmp(argv[i], "--overlap") == 0) {
             g_overlap = 1;
+        } else if (strcmp(argv[i], "--lose-rank") == 0 && i + 1 < argc) {
+            g_lose_rank = atoi(argv[++i]);
+            bad |= g_lose_rank < 0 || g_lose_rank >= RANKS;
+        } else if (strcmp(argv[i], "--lose-at") == 0 && i + 1 < argc) {
+            g_lose_at = atoi(argv[++i]);
+            bad |= g_lose_at < 1;
         } else if (argv[i][0] == '-' && argv[i][1] == '-') {
             bad = 1;
         } else if (positional++ == 0) {
@@ -469,8 +552,10 @@ int main(int argc, char **argv) {
             g_steps = atoi(argv[i]);
         }
     }
-    if (bad || positional > 2 || g_steps < 1 || load_text() != 0) {
-        fprintf(stderr, "usage: %s [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE] [TEXT_FILE] [STEPS]\n",
+    if (bad || positional > 2 || g_steps < 1 || (g_lose_rank >= 0 && g_lose_at >= g_steps) || load_text() != 0) {
+        fprintf(stderr,
+                "usage: %s [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE]\n"
+                "          [--lose-rank R [--lose-at STEP < STEPS]] [TEXT_FILE] [STEPS]\n",
                 argv[0]);
         return 2;
     }
@@ -500,10 +585,14 @@ int main(int argc, char **argv) {
     strcat(g_ckpt_dir, "/checkpoint");
     rank_result_t results[RANKS], resumed[2];
     if (run_ranks(results, RANKS, 0) != 0) return 1;
-    printf("held-out loss after %d steps: %.4f\n", g_steps, results[0].final_eval_loss);
-    printf("optimizer state per rank (ZeRO-%d over %d shards) vs one unsharded process:\n", g_stage, shards);
+    /* The first rank that trained to the end (with --lose-rank, the lost one did not). */
+    const rank_result_t *first = &results[g_lose_rank == 0 ? 1 : 0];
+    printf("held-out loss after %d steps: %.4f\n", g_steps, first->final_eval_loss);
+    printf("optimizer state per rank (ZeRO-%d over %d shards) vs one unsharded process%s:\n", g_stage, shards,
+           g_lose_rank >= 0 ? " (the survivors, as 3 ranks)" : "");
     for (int r = 0; r < RANKS; ++r)
-        printf("  rank %d: %8llu bytes  (unsharded: %llu bytes, %.2fx less)\n", r,
+        if (!results[r].lost)
+            printf("  rank %d: %8llu bytes  (unsharded: %llu bytes, %.2fx less)\n", results[r].rank,
                (unsigned long long)results[r].mem.optimizer_bytes,
                (unsigned long long)results[r].mem.unsharded_optimizer_bytes,
                (double)results[r].mem.unsharded_optimizer_bytes / (double)results[r].mem.optimizer_bytes);
@@ -511,15 +600,14 @@ int main(int argc, char **argv) {
         const double model = 4.0 * ((double)g_vocab * EMBED + CONTEXT * EMBED * HIDDEN + HIDDEN +
                                     (double)HIDDEN * g_vocab + g_vocab);
         printf("param bytes on rank 0: %llu between steps, at most %llu (the whole model: %.0f)\n",
-               (unsigned long long)results[0].mem.param_bytes, (unsigned long long)results[0].mem.peak_param_bytes,
-               model);
+               (unsigned long long)first->mem.param_bytes, (unsigned long long)first->mem.peak_param_bytes, model);
     }
     printf("saved a checkpoint at %s\n", g_ckpt_dir);
     /* Resume on a different number of ranks: the model must be exactly the same. */
     if (run_ranks(resumed, 2, 1) != 0) return 1;
-    printf("resumed on 2 ranks from the %d-rank checkpoint: held-out loss %.4f (%s)\n", RANKS,
-           resumed[0].final_eval_loss,
-           resumed[0].final_eval_loss == results[0].final_eval_loss ? "identical" : "DIFFERENT");
+    printf("resumed on 2 ranks from the %d-rank checkpoint: held-out loss %.4f (%s)\n",
+           g_lose_rank >= 0 ? RANKS - 1 : RANKS, resumed[0].final_eval_loss,
+           resumed[0].final_eval_loss == first->final_eval_loss ? "identical" : "DIFFERENT");
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%.*s'", (int)(strlen(g_ckpt_dir) - strlen("/checkpoint")), g_ckpt_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_ckpt_dir);
@@ -528,7 +616,7 @@ int main(int argc, char **argv) {
                "  open them together in https://ui.perfetto.dev (Open multiple trace files), or one at a time in\n"
                "  chrome://tracing: a row per rank, a track per thread, a span per phase (hover for unit and bytes)\n",
                g_trace, g_resume_trace);
-    if (resumed[0].final_eval_loss != results[0].final_eval_loss) return 1;
+    if (resumed[0].final_eval_loss != first->final_eval_loss) return 1;
     free(g_text);
-    return results[0].final_eval_loss < log((double)g_vocab) ? 0 : 1;
+    return first->final_eval_loss < log((double)g_vocab) ? 0 : 1;
 }

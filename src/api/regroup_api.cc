@@ -48,7 +48,11 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
         spec.join_window = sx::Millis(o.join_window_ms == 0 ? 1000 : o.join_window_ms);
         spec.expected_world_size = o.expected_world_size;
 
-        // A save in flight ends first: its checkpointer reads the broken group.
+        SX_TRY(g->check_regroup(spec));
+        // The broken group's calls end now; a save in flight ends within a fraction of a
+        // second (aborted: it commits nothing), and its checkpointer goes, as it reads the
+        // broken group.
+        g->abort();
         group->checkpointer.reset();
         std::unique_ptr<sx::core::ShardGroup> fresh;
         sx::core::RegroupInfo info;

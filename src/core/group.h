@@ -122,6 +122,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // Collective over the ranks still alive (regroup.cc; sx_regroup in sx.h): a group of
     // them at the next epoch, on the same rendezvous, with this group's params, param
     // groups, trainable flags and counters, and zero state (the caller restores it).
+    Status check_regroup(const RegroupSpec &spec) const;  // what regroup() refuses, before anything changes
     Status regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info);
     int epoch() const { return epoch_; }
 

@@ -71,7 +71,7 @@ Status agree_members(rdzv::Store &store, int epoch, int rank, int world, const R
 
 }  // namespace
 
-Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info) {
+Status ShardGroup::check_regroup(const RegroupSpec &spec) const {
     SX_CHECK(table_.finalized() && !table_.pending(), SX_ERR_INVALID_STATE,
              "sx_regroup needs a finalized group with nothing added since sx_finalize");
     SX_CHECK_ARG(spec.join_window.count() > 0, "the join window %lld ms must be > 0",
@@ -79,6 +79,11 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
     SX_CHECK_ARG(spec.expected_world_size >= 0 && spec.expected_world_size <= world_size(),
                  "expected_world_size %d is not in [0, the previous world size %d]", spec.expected_world_size,
                  world_size());
+    return Status::Ok();
+}
+
+Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info) {
+    SX_TRY(check_regroup(spec));
     SX_TRACE_SPAN(tracer(), "group", "sx_regroup");
     // The broken group's collectives end now (a survivor may still be inside one), and no
     // later call of this group runs.

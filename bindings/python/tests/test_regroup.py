@@ -2,7 +2,8 @@
 checkpoint, train on, and abort; rank 2 leaves, and ranks 0 and 1 regroup into 2 ranks
 from the checkpoint. The result names the epoch, the new places and the checkpoint's
 step; the params are the checkpoint's and the group steps on at 2 ranks, as a fresh
-group of 2 loading the checkpoint does. A regroup without a checkpoint is refused."""
+group of 2 loading the checkpoint does; aborted again, the two form epoch 2. A regroup
+without a checkpoint is refused."""
 import os
 import tempfile
 import threading
@@ -56,7 +57,10 @@ class RegroupTest(unittest.TestCase):
                 after = {p.name: np.array(g.param_view(p.index)) for p in g.params()}
                 train(g, 2, result.step)
                 final = {p.name: np.array(g.param_view(p.index)) for p in g.params()}
-                return result, after, final
+                # Both abort again and form the next epoch, the same 2 ranks.
+                g.abort()
+                again = g.regroup(ckpt, expected_world_size=2)
+                return result, after, final, again
             finally:
                 g.close()
 
@@ -71,7 +75,9 @@ class RegroupTest(unittest.TestCase):
 
         want = run_ranks(2, reference)
         for rank in (0, 1):
-            result, after, final = results[rank]
+            result, after, final, again = results[rank]
+            self.assertEqual((again.epoch, again.rank, again.world_size, again.previous_world_size, again.step),
+                             (2, rank, 2, 2, 2))
             self.assertEqual(result, sx.RegroupResult(epoch=1, rank=rank, world_size=2, shard_size=2,
                                                       previous_rank=rank, previous_world_size=3, step=2))
             for name in ("w", "b"):
