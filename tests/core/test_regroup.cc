@@ -214,7 +214,15 @@ int run_child(const sxtest::ChildArgs &a) {
     ro.join_window_ms = 10000;
     sx_regroup_result_t rr;
     sx_regroup_result_init(&rr, sizeof rr);
-    if ((st = sx_regroup(c.g, &ro, &rr)) != SX_OK) {
+    st = sx_regroup(c.g, &ro, &rr);
+    if (a.get("--store-dies", "0") == "1") {
+        // Rank 0 served the store: the survivors cannot agree, and are told why.
+        const std::string why = sx_last_error_message();
+        if (st != SX_OK && why.find("must outlive every rank") != std::string::npos) return 5;
+        std::fprintf(stderr, "rank %d: regroup without the store: %s\n", a.rank, failed("regroup", st).c_str());
+        return 3;
+    }
+    if (st != SX_OK) {
         std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("regroup", st).c_str());
         return 3;
     }
@@ -368,6 +376,26 @@ void lose_one_of_four(int victim, int stage, int shard_size) {
     assert_int_equal(std::system(rm.c_str()), 0);
 }
 
+// With tcp:// served by rank 0, losing rank 0 loses the store: every survivor's
+// sx_regroup fails, saying that the store must outlive every rank, within its timeout.
+void test_the_store_dies_with_rank0(void **) {
+    const std::string dir = temp_dir("store");
+    mkdir(dir.c_str(), 0700);
+    std::vector<sxtest::ProcessResult> results;
+    const auto start = std::chrono::steady_clock::now();
+    sxtest::run_process_ranks(4, {"--mode", "run", "--stage", "2", "--victim", "0", "--dir", dir, "--store-dies", "1"},
+                              120, &results);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    assert_true(results[0].signal == SIGKILL);
+    for (int r = 1; r < 4; ++r)
+        if (results[r].exit_code != 5)
+            fail_msg("survivor %d exited with %d (signal %d), not 5 (told the store is gone)", r,
+                     results[r].exit_code, results[r].signal);
+    std::printf("rank 0 lost with its store: the survivors were told in %.1f s\n", seconds);
+    const std::string rm = "rm -rf '" + dir + "'";
+    assert_int_equal(std::system(rm.c_str()), 0);
+}
+
 void test_flat_stage1_rank0_lost(void **) { lose_one_of_four(0, 1, 0); }
 void test_flat_stage2_rank1_lost(void **) { lose_one_of_four(1, 2, 0); }
 void test_flat_stage3_rank3_lost(void **) { lose_one_of_four(3, 3, 0); }
@@ -413,6 +441,7 @@ int main(int argc, char **argv) {
     if (sxtest::is_child(argc, argv)) return child_main(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_misuse),
+        cmocka_unit_test(test_the_store_dies_with_rank0),
         cmocka_unit_test(test_flat_stage1_rank0_lost),
         cmocka_unit_test(test_flat_stage2_rank1_lost),
         cmocka_unit_test(test_flat_stage3_rank3_lost),

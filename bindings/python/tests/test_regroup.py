@@ -3,10 +3,12 @@ checkpoint, train on, and abort; rank 2 leaves, and ranks 0 and 1 regroup into 2
 from the checkpoint. The result names the epoch, the new places and the checkpoint's
 step; the params are the checkpoint's and the group steps on at 2 ranks, as a fresh
 group of 2 loading the checkpoint does; aborted again, the two form epoch 2. A regroup
-without a checkpoint is refused."""
+without a checkpoint is refused, and a rank that comes after the others' join window is
+told it is not in."""
 import os
 import tempfile
 import threading
+import time
 import unittest
 
 import sx
@@ -83,6 +85,35 @@ class RegroupTest(unittest.TestCase):
             for name in ("w", "b"):
                 np.testing.assert_array_equal(after[name], want[rank][0][name])
                 np.testing.assert_array_equal(final[name], want[rank][1][name])
+
+    def test_a_rank_after_the_window_is_not_in(self):
+        """Ranks 0 and 1 close the group when their 300 ms window ends; rank 2, later, is
+        told it is not in, and the two go on."""
+        left = threading.Barrier(3)
+        work = tempfile.mkdtemp(prefix="sx-py-regroup-late-")
+        ckpt = os.path.join(work, "step-1")
+
+        def rank_fn(rank, name):
+            g = make(rank, name, 3)
+            try:
+                train(g, 1, 0)
+                g.save(ckpt, synchronous=True).wait()
+                g.abort()
+                left.wait()
+                if rank == 2:
+                    time.sleep(1.5)
+                    with self.assertRaises(sx.InvalidStateError) as late:
+                        g.regroup(ckpt, join_window_ms=300)
+                    return str(late.exception)
+                result = g.regroup(ckpt, join_window_ms=300)
+                train(g, 1, result.step)
+                return result
+            finally:
+                g.close()
+
+        results = run_ranks(3, rank_fn)
+        self.assertEqual([(r.rank, r.world_size) for r in results[:2]], [(0, 2), (1, 2)])
+        self.assertIn("after the survivors had closed it", results[2])
 
 
 if __name__ == "__main__":
