@@ -435,7 +435,8 @@ SX_API sx_status_t sx_regroup_result_init(sx_regroup_result_t *result, size_t si
  * outlive the lost ranks: the sx-rendezvous command (tcp://HOST:PORT?server=external),
  * file://, or torchrun's agent store (env:// under torchrun); with tcp:// served by rank
  * 0, losing rank 0 loses it, and this fails saying so. A rank that arrives after the
- * survivors closed the group gets SX_ERR_INVALID_STATE. Invalid options change nothing;
+ * survivors closed the group gets SX_ERR_INVALID_STATE. Invalid options, and a
+ * checkpoint whose MANIFEST cannot be read (its error names the path), change nothing;
  * any other failure leaves the group failed (destroy it), and if the load failed after
  * the new group formed, `group` is the new one, with zero state, and the error says so.
  * Regrouping again later (another rank lost) forms the next epoch. options and result

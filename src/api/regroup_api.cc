@@ -3,6 +3,8 @@
 
 #include "api/guard.h"
 #include "api/handles.h"
+#include "ckpt/directory.h"
+#include "io/file_ops.h"
 
 using sx::Status;
 using sx::api::guard;
@@ -49,6 +51,11 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
         spec.expected_world_size = o.expected_world_size;
 
         SX_TRY(g->check_regroup(spec));
+        {
+            // A checkpoint that cannot be loaded is refused before the group breaks up.
+            std::string blob;
+            SX_TRY(sx::ckpt::read_user_blob(*sx::io::posix_file_ops(), o.checkpoint, &blob));
+        }
         // The broken group's calls end now; a save in flight ends within a fraction of a
         // second (aborted: it commits nothing), and its checkpointer goes, as it reads the
         // broken group.

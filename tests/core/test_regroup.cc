@@ -430,6 +430,10 @@ void test_misuse(void **) {
     ro.join_window_ms = -1;
     assert_int_equal(sx_regroup(g, &ro, nullptr), SX_ERR_INVALID_ARGUMENT);
     assert_non_null(std::strstr(sx_last_error_message(), "join_window_ms"));
+    ro.join_window_ms = 0;
+    sx_status_t st = sx_regroup(g, &ro, nullptr);
+    assert_true(st != SX_OK);
+    assert_non_null(std::strstr(sx_last_error_message(), "/nonexistent"));
     // The refused calls left the group working.
     assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);
     sx_destroy_shard_group(g);
