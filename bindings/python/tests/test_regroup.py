@@ -87,7 +87,7 @@ class RegroupTest(unittest.TestCase):
                 np.testing.assert_array_equal(final[name], want[rank][1][name])
 
     def test_a_rank_after_the_window_is_not_in(self):
-        """Ranks 0 and 1 close the group when their 300 ms window ends; rank 2, later, is
+        """Ranks 0 and 1 close the group when their 1000 ms window ends; rank 2, later, is
         told it is not in, and the two go on."""
         left = threading.Barrier(3)
         work = tempfile.mkdtemp(prefix="sx-py-regroup-late-")
@@ -101,11 +101,11 @@ class RegroupTest(unittest.TestCase):
                 g.abort()
                 left.wait()
                 if rank == 2:
-                    time.sleep(1.5)
+                    time.sleep(3.0)
                     with self.assertRaises(sx.InvalidStateError) as late:
-                        g.regroup(ckpt, join_window_ms=300)
+                        g.regroup(ckpt, join_window_ms=1000)
                     return str(late.exception)
-                result = g.regroup(ckpt, join_window_ms=300)
+                result = g.regroup(ckpt, join_window_ms=1000)
                 train(g, 1, result.step)
                 return result
             finally:
