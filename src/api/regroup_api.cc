@@ -53,8 +53,9 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
         SX_TRY(g->check_regroup(spec));
         {
             // A checkpoint that cannot be loaded is refused before the group breaks up.
-            std::string blob;
-            SX_TRY(sx::ckpt::read_user_blob(*sx::io::posix_file_ops(), o.checkpoint, &blob));
+            sx::ckpt::Manifest manifest;
+            SX_TRY(sx::ckpt::check_checkpoint_name(o.checkpoint, "load"));
+            SX_TRY(sx::ckpt::read_manifest(*sx::io::posix_file_ops(), o.checkpoint, &manifest));
         }
         // The broken group's calls end now; a save in flight ends within a fraction of a
         // second (aborted: it commits nothing), and its checkpointer goes, as it reads the

@@ -28,8 +28,8 @@ namespace sx {
 namespace core {
 namespace {
 
-// The previous ranks of epoch `epoch`'s members, in order, and this rank's arrival
-// number (1-based) in *arrival.
+// The previous ranks of epoch `epoch`'s members, in order (this rank among them, or
+// SX_ERR_INVALID_STATE if it came after the group closed).
 Status agree_members(rdzv::Store &store, int epoch, int rank, int world, const RegroupSpec &spec,
                      Clock::time_point deadline, std::vector<int> *members) {
     const std::string base = format("regroup/%d/", epoch);

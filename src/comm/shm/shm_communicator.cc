@@ -710,9 +710,11 @@ class ShmCommunicator final : public Communicator {
 #endif
     }
 
-    bool exited(int q) const {
+    // Whether peer q's process (`pid`, another than this one) has exited: its pidfd,
+    // or else kill(pid, 0).
+    bool exited(int q, int32_t pid) const {
         const int fd = q < static_cast<int>(exits_.size()) ? exits_[q] : -1;
-        if (fd < 0) return false;
+        if (fd < 0) return ::kill(pid, 0) != 0 && errno == ESRCH;
         struct pollfd p = {fd, POLLIN, 0};
         return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
     }
@@ -725,7 +727,7 @@ class ShmCommunicator final : public Communicator {
                             "rank %d left the communicator (%s)", q,
                             sx_status_string(static_cast<sx_status_t>(code)));
         const int32_t pid = line(q).pid.load(std::memory_order_relaxed);
-        if (pid > 0 && pid != ::getpid() && (exited(q) || (::kill(pid, 0) != 0 && errno == ESRCH)))
+        if (pid > 0 && pid != ::getpid() && exited(q, pid))
             return SX_ERROR(SX_ERR_COMM, "rank %d (process %d) has exited", q, pid);
         if (Clock::now() >= deadline)
             return SX_ERROR(SX_ERR_TIMEOUT, "rank %d did not come within the timeout (%lld ms)", q,
