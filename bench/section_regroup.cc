@@ -8,9 +8,15 @@
 //             restarting the job would, the moment the loss is noticed), each creating a
 //             group, loading the same checkpoint and taking one step: from the start to
 //             the slowest one's step
+// Each from the checkpoint, and from memory copies (config->memory_copy_interval = 1:
+// every rank copies its shard every step, and a flat group's ranks send theirs to the
+// next rank; the survivors regroup with no checkpoint): then also what the copies cost,
+// the step time of the 4 ranks against the run without them, and the bytes each rank
+// holds in copies against its shard of the optimizer state.
 // Flat (stage 2) and a 2 x 2 mesh (the 3 survivors go on flat), the median of --reps
-// rounds (at most 5), with the step time of the 4 ranks before the loss. Times are on
-// CLOCK_MONOTONIC, which every process of the host shares.
+// rounds (at most 5), with the step time of the 4 ranks before the loss (the median of
+// their first 10 steps). Times are on CLOCK_MONOTONIC, which every process of the host
+// shares.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -40,7 +46,8 @@ void fail(const char *what) {
     std::exit(1);
 }
 
-sx_shard_group_t *make_adamw(const std::string &url, int rank, int world, int shard_size, int64_t n) {
+sx_shard_group_t *make_adamw(const std::string &url, int rank, int world, int shard_size, int64_t n,
+                             int memory_copies = 0) {
     sx_group_config_t c;
     sx_group_config_init(&c, sizeof c);
     c.backend = SX_BACKEND_CPU;
@@ -51,6 +58,7 @@ sx_shard_group_t *make_adamw(const std::string &url, int rank, int world, int sh
     c.num_threads = 1;
     c.shard_size = shard_size;
     c.timeout_ms = 60000;
+    c.memory_copy_interval = memory_copies;
     sx_shard_group_t *g = nullptr;
     if (sx_create_shard_group(&c, &g) != SX_OK) fail("sx_create_shard_group");
     sx_param_group_desc_t d;
@@ -112,6 +120,8 @@ bool wait_for_file(const std::string &path, double seconds) {
 //   MODE run: save DIR/ckpt (rank 0 waits for it), step until a step fails, writing
 //     DIR/ready.R after the first steps and DIR/step_ms.R; then sx_regroup from DIR/ckpt
 //     and one step, writing DIR/done.R (the time it completed).
+//   MODE memory: the same with memory copies every step, regrouping without a
+//     checkpoint; also DIR/copy_ratio.R: the bytes in copies / the optimizer state's.
 //   MODE restart: create, load DIR/ckpt, one step, write DIR/done.R.
 int regroup_rank_main(int argc, char **argv) {
     if (argc != 9) return 2;
@@ -119,7 +129,8 @@ int regroup_rank_main(int argc, char **argv) {
     const int rank = std::atoi(argv[3]), world = std::atoi(argv[4]), shard_size = std::atoi(argv[6]);
     const int64_t n = std::strtoll(argv[7], nullptr, 10);
     const std::string me = "." + std::to_string(rank);
-    sx_shard_group_t *g = make_adamw(url, rank, world, shard_size, n);
+    const bool memory = mode == "memory";
+    sx_shard_group_t *g = make_adamw(url, rank, world, shard_size, n, memory ? 1 : 0);
     const std::string ckpt = dir + "/ckpt";
     if (mode == "restart") {
         sx_load_options_t lo;
@@ -145,17 +156,25 @@ int regroup_rank_main(int argc, char **argv) {
         const double t0 = now_seconds();
         st = fill_and_step(g);
         if (st == SX_OK) ms.push_back((now_seconds() - t0) * 1e3);
-        if (s == 3) {
+        if (s == 9) {
             write_number(dir + "/step_ms" + me, median(ms));
+            sx_memory_stats_t m;
+            sx_memory_stats_init(&m, sizeof m);
+            if (sx_get_memory_stats(g, &m) != SX_OK) fail("sx_get_memory_stats");
+            write_number(dir + "/copy_ratio" + me,
+                         static_cast<double>(m.memory_copy_bytes) / static_cast<double>(m.optimizer_bytes));
             write_number(dir + "/ready" + me, 1);
         }
     }
     sx_regroup_options_t ro;
     sx_regroup_options_init(&ro, sizeof ro);
-    ro.checkpoint = ckpt.c_str();
+    ro.checkpoint = memory ? nullptr : ckpt.c_str();
     ro.expected_world_size = world - 1;
     ro.join_window_ms = 30000;
-    if (sx_regroup(g, &ro, nullptr) != SX_OK) fail("sx_regroup");
+    sx_regroup_result_t rr;
+    sx_regroup_result_init(&rr, sizeof rr);
+    if (sx_regroup(g, &ro, &rr) != SX_OK) fail("sx_regroup");
+    if (rr.from_memory != (memory ? 1 : 0)) fail("the regroup's state came from elsewhere than asked");
     if (fill_and_step(g) != SX_OK) fail("the step after the regroup");
     write_number(dir + "/done" + me, now_seconds());
     sx_destroy_shard_group(g);
@@ -165,11 +184,11 @@ int regroup_rank_main(int argc, char **argv) {
 namespace {
 
 struct Figures {
-    double regroup_s = -1, restart_s = -1, step_ms = -1;
+    double regroup_s = -1, restart_s = -1, step_ms = -1, copy_ratio = 0;
 };
 
 // One round: the 4-rank run losing rank 1, then the restart of 3.
-Figures run_round(int shard_size, int64_t n) {
+Figures run_round(int shard_size, int64_t n, bool memory) {
     Figures out;
     char tmpl[] = "/tmp/sx-bench-regroup-XXXXXX";
     if (!mkdtemp(tmpl)) return out;
@@ -179,7 +198,7 @@ Figures run_round(int shard_size, int64_t n) {
     const std::string url = "tcp://127.0.0.1:" + std::to_string(port) + "?server=external";
     std::vector<pid_t> ranks;
     for (int r = 0; r < 4; ++r)
-        ranks.push_back(spawn({"/proc/self/exe", "--regroup-rank", "run", std::to_string(r), "4", url,
+        ranks.push_back(spawn({"/proc/self/exe", "--regroup-rank", memory ? "memory" : "run", std::to_string(r), "4", url,
                                std::to_string(shard_size), std::to_string(n), dir}));
     bool ready = server > 0;
     for (int r = 0; r < 4 && ready; ++r) ready = wait_for_file(dir + "/ready." + std::to_string(r), 120);
@@ -199,6 +218,8 @@ Figures run_round(int shard_size, int64_t n) {
         double done = 0, step = 0;
         for (int r : {0, 2, 3}) done = std::max(done, read_number(dir + "/done." + std::to_string(r)));
         for (int r = 0; r < 4; ++r) step = std::max(step, read_number(dir + "/step_ms." + std::to_string(r)));
+        for (int r = 0; r < 4; ++r)
+            out.copy_ratio = std::max(out.copy_ratio, read_number(dir + "/copy_ratio." + std::to_string(r)));
         out.regroup_s = done - killed;
         out.step_ms = step;
         // The restart: 3 new processes on a new rendezvous, loading the same checkpoint.
@@ -236,32 +257,42 @@ int section_regroup(const Options &opt) {
     const int rounds = std::min(opt.reps, 5);
     std::printf("regroup: 4 ranks as processes over tcp:// (sx-rendezvous's store), AdamW on %lld fp32 elements; "
                 "rank 1 SIGKILLed while stepping. regroup: from the kill to the 3 survivors' first step after "
-                "sx_regroup from the checkpoint; restart: 3 new processes creating a group, loading the same "
-                "checkpoint and stepping. Median of %d rounds\n",
+                "sx_regroup (from the checkpoint, or from memory copies kept every step); restart: 3 new processes "
+                "creating a group, loading the checkpoint and stepping; step_vs_off: the 4 ranks' step with the "
+                "copies against without; copy_bytes: a rank's copies / its optimizer state. Median of %d rounds\n",
                 static_cast<long long>(n), rounds);
-    std::printf("%8s %10s %10s %10s %16s\n", "mesh", "step_ms", "regroup_s", "restart_s", "regroup/restart");
+    std::printf("%8s %11s %10s %10s %10s %16s %12s %11s\n", "mesh", "state_from", "step_ms", "regroup_s", "restart_s",
+                "regroup/restart", "step_vs_off", "copy_bytes");
     std::vector<std::string> json;
     for (int shard_size : {0, 2}) {
-        std::vector<double> regroup, restart, step;
-        for (int k = 0; k < rounds; ++k) {
-            const Figures f = run_round(shard_size, n);
-            if (f.regroup_s < 0 || f.restart_s < 0) {
-                std::printf("%8s (the ranks failed)\n", shard_size ? "2x2" : "flat");
-                return 1;
+        double step_off = 0;
+        for (bool memory : {false, true}) {
+            std::vector<double> regroup, restart, step, ratio;
+            for (int k = 0; k < rounds; ++k) {
+                const Figures f = run_round(shard_size, n, memory);
+                if (f.regroup_s < 0 || f.restart_s < 0) {
+                    std::printf("%8s (the ranks failed)\n", shard_size ? "2x2" : "flat");
+                    return 1;
+                }
+                regroup.push_back(f.regroup_s);
+                restart.push_back(f.restart_s);
+                step.push_back(f.step_ms);
+                ratio.push_back(f.copy_ratio);
             }
-            regroup.push_back(f.regroup_s);
-            restart.push_back(f.restart_s);
-            step.push_back(f.step_ms);
+            const double rg = median(regroup), rs = median(restart), st = median(step), cr = median(ratio);
+            if (!memory) step_off = st;
+            const char *mesh = shard_size ? "2x2" : "flat";
+            const char *from = memory ? "memory" : "checkpoint";
+            std::printf("%8s %11s %10.1f %10.3f %10.3f %16.3f %12.3f %11.2f\n", mesh, from, st, rg, rs, rg / rs,
+                        st / step_off, cr);
+            char line[640];
+            std::snprintf(line, sizeof line,
+                          "{\"bench\":\"regroup\",\"mesh\":\"%s\",\"state_from\":\"%s\",\"elements\":%lld,"
+                          "\"rounds\":%d,\"step_ms\":%.3f,\"regroup_s\":%.4f,\"restart_s\":%.4f,"
+                          "\"regroup_vs_restart\":%.3f,\"step_vs_off\":%.3f,\"copy_bytes_vs_optimizer\":%.3f}",
+                          mesh, from, static_cast<long long>(n), rounds, st, rg, rs, rg / rs, st / step_off, cr);
+            json.push_back(line);
         }
-        const double rg = median(regroup), rs = median(restart), st = median(step);
-        const char *mesh = shard_size ? "2x2" : "flat";
-        std::printf("%8s %10.1f %10.3f %10.3f %16.3f\n", mesh, st, rg, rs, rg / rs);
-        char line[512];
-        std::snprintf(line, sizeof line,
-                      "{\"bench\":\"regroup\",\"mesh\":\"%s\",\"elements\":%lld,\"rounds\":%d,\"step_ms\":%.3f,"
-                      "\"regroup_s\":%.4f,\"restart_s\":%.4f,\"regroup_vs_restart\":%.3f}",
-                      mesh, static_cast<long long>(n), rounds, st, rg, rs, rg / rs);
-        json.push_back(line);
     }
     for (const std::string &j : json) std::printf("%s\n", j.c_str());
     return 0;

@@ -124,6 +124,10 @@ type GroupConfig struct {
 	// How CPU ranks exchange: TransportAuto (0: shared memory between the ranks of one
 	// host, else TCP) or TransportTCP. Every rank passes the same.
 	Transport Transport
+	// Every MemoryCopyInterval steps each rank keeps a copy of its shard of the state in
+	// host memory (a flat group's ranks send theirs to the next rank too), from which
+	// Regroup restores the survivors without a checkpoint; 0 = none. CPU groups only.
+	MemoryCopyInterval int32
 }
 
 // Secret is a rendezvous token. Printed with fmt, it shows that it is set, never what
@@ -195,6 +199,7 @@ func NewShardGroup(cfg GroupConfig) (*ShardGroup, error) {
 	}
 	c.trace_events = C.int32_t(cfg.TraceEvents)
 	c.transport = C.int32_t(cfg.Transport)
+	c.memory_copy_interval = C.int32_t(cfg.MemoryCopyInterval)
 	if cfg.RendezvousToken != "" {
 		if strings.IndexByte(string(cfg.RendezvousToken), 0) >= 0 {
 			return nil, &Error{Status: ErrInvalidArgument, Message: "RendezvousToken contains a NUL byte"}
@@ -263,22 +268,26 @@ func (g *ShardGroup) Abort() error {
 // RegroupOptions says where a regrouped group's state comes from and how long the
 // survivors wait for each other.
 type RegroupOptions struct {
-	Checkpoint        LoadOptions // the checkpoint loaded into the new group (resharded)
+	// The checkpoint loaded into the new group (resharded) where the memory copies
+	// (GroupConfig.MemoryCopyInterval) cannot give its state; Path "": none.
+	Checkpoint        LoadOptions
 	JoinWindowMs      int32       // how long the survivors wait for each other; 0 = 1000
 	ExpectedWorldSize int32       // close once this many arrived; 0 = the previous world size
 }
 
 // RegroupResult is what Regroup decided: the new epoch, this rank's place before and
-// after, the new mesh's shard size, and the step the restored state is at (the trainer
-// goes on from the step after it).
+// after, the new mesh's shard size, the step the restored state is at (the trainer
+// goes on from the step after it), and whether it came from the memory copies.
 type RegroupResult struct {
 	Epoch, Rank, WorldSize, ShardSize, PreviousRank, PreviousWorldSize int32
 	Step                                                               uint64
+	FromMemory                                                         bool
 }
 
 // Regroup (collective over the ranks still alive, after a call failed because a peer
 // was lost, or after Abort) forms a new group of the survivors at the next epoch on the
-// same rendezvous; g becomes it, with its state loaded from opts.Checkpoint. Every view
+// same rendezvous; g becomes it, with its state from the ranks' memory copies where they
+// hold every shard, else loaded from opts.Checkpoint. Every view
 // taken before is invalid afterwards. The rendezvous store must outlive the lost ranks:
 // the sx-rendezvous command ("tcp://HOST:PORT?server=external"), file://, or torchrun's.
 func (g *ShardGroup) Regroup(opts RegroupOptions) (RegroupResult, error) {
@@ -287,9 +296,11 @@ func (g *ShardGroup) Regroup(opts RegroupOptions) (RegroupResult, error) {
 	}
 	var o C.sx_regroup_options_t
 	C.sx_regroup_options_init(&o, C.size_t(unsafe.Sizeof(o)))
-	path := C.CString(opts.Checkpoint.Path)
-	defer C.free(unsafe.Pointer(path))
-	o.checkpoint = path
+	if opts.Checkpoint.Path != "" {
+		path := C.CString(opts.Checkpoint.Path)
+		defer C.free(unsafe.Pointer(path))
+		o.checkpoint = path
+	}
 	if opts.Checkpoint.ParamsOnly {
 		o.load_flags |= LoadParamsOnly
 	}
@@ -309,7 +320,7 @@ func (g *ShardGroup) Regroup(opts RegroupOptions) (RegroupResult, error) {
 	}
 	return RegroupResult{Epoch: int32(r.epoch), Rank: int32(r.rank), WorldSize: int32(r.world_size),
 		ShardSize: int32(r.shard_size), PreviousRank: int32(r.previous_rank),
-		PreviousWorldSize: int32(r.previous_world_size), Step: uint64(r.step)}, nil
+		PreviousWorldSize: int32(r.previous_world_size), Step: uint64(r.step), FromMemory: r.from_memory != 0}, nil
 }
 
 // Optimizer kind of a param group.
@@ -900,6 +911,8 @@ type MemoryStats struct {
 	ParamBytes, GradBytes, OptimizerBytes, StagingBytes, UnshardedOptimizerBytes uint64
 	// The most param bytes held at once (stage 3: shards plus gathered units).
 	PeakParamBytes uint64
+	// Memory copies of the state (GroupConfig.MemoryCopyInterval) held.
+	MemoryCopyBytes uint64
 }
 
 func (g *ShardGroup) MemoryStats() (MemoryStats, error) {
@@ -907,7 +920,7 @@ func (g *ShardGroup) MemoryStats() (MemoryStats, error) {
 	C.sx_memory_stats_init(&s, C.size_t(unsafe.Sizeof(s)))
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_get_memory_stats(raw, &s) })
 	return MemoryStats{uint64(s.param_bytes), uint64(s.grad_bytes), uint64(s.optimizer_bytes), uint64(s.staging_bytes),
-		uint64(s.unsharded_optimizer_bytes), uint64(s.peak_param_bytes)}, err
+		uint64(s.unsharded_optimizer_bytes), uint64(s.peak_param_bytes), uint64(s.memory_copy_bytes)}, err
 }
 
 // ParamInfo describes a registered param and the part of it this rank's shard covers.

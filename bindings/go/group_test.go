@@ -28,6 +28,12 @@ func config(rdv string, rank, world int32) GroupConfig {
 // uses sx; it fails the test with every rank's error.
 func runRanks(t *testing.T, name string, world int32, fn func(rank int32, g *ShardGroup) error) {
 	t.Helper()
+	runRanksWith(t, name, world, nil, fn)
+}
+
+// runRanks with each rank's config changed by edit first.
+func runRanksWith(t *testing.T, name string, world int32, edit func(*GroupConfig), fn func(rank int32, g *ShardGroup) error) {
+	t.Helper()
 	rdv := rendezvous(name)
 	errs := make([]error, world)
 	var wg sync.WaitGroup
@@ -37,7 +43,11 @@ func runRanks(t *testing.T, name string, world int32, fn func(rank int32, g *Sha
 			defer wg.Done()
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
-			g, err := NewShardGroup(config(rdv, rank, world))
+			cfg := config(rdv, rank, world)
+			if edit != nil {
+				edit(&cfg)
+			}
+			g, err := NewShardGroup(cfg)
 			if err != nil {
 				errs[rank] = err
 				return
@@ -1296,6 +1306,52 @@ func TestTwoSurvivorsOfThreeRegroup(t *testing.T) {
 		w, _ = g.Param(0)
 		if !reflect.DeepEqual(w, saved[rank]) {
 			return fmt.Errorf("the params after the regroup are not the checkpoint's")
+		}
+		_, err = trainStep(rank, g)
+		return err
+	})
+}
+
+// The same with memory copies kept every step and no checkpoint: the two survivors'
+// state is their copies' (rank 2's shard from rank 0, its successor).
+func TestTwoSurvivorsOfThreeRegroupFromMemory(t *testing.T) {
+	saved := make([][]float32, 3)
+	var left sync.WaitGroup
+	left.Add(3)
+	runRanksWith(t, "regroupmem", 3, func(c *GroupConfig) { c.MemoryCopyInterval = 1 }, func(rank int32, g *ShardGroup) error {
+		if err := setup(g, 0.05); err != nil {
+			return err
+		}
+		for s := 0; s < 2; s++ {
+			if _, err := trainStep(rank, g); err != nil {
+				return err
+			}
+		}
+		w, _ := g.Param(0)
+		saved[rank] = append([]float32(nil), w...)
+		if m, err := g.MemoryStats(); err != nil || m.MemoryCopyBytes == 0 {
+			return fmt.Errorf("memory stats %+v, %v: no memory copies held", m, err)
+		}
+		if err := g.Abort(); err != nil {
+			return err
+		}
+		left.Done()
+		left.Wait()
+		if rank == 2 {
+			return nil // lost
+		}
+		r, err := g.Regroup(RegroupOptions{ExpectedWorldSize: 2})
+		if err != nil {
+			return err
+		}
+		want := RegroupResult{Epoch: 1, Rank: rank, WorldSize: 2, ShardSize: 2, PreviousRank: rank,
+			PreviousWorldSize: 3, Step: 2, FromMemory: true}
+		if r != want {
+			return fmt.Errorf("regroup gave %+v, want %+v", r, want)
+		}
+		w, _ = g.Param(0)
+		if !reflect.DeepEqual(w, saved[rank]) {
+			return fmt.Errorf("the params after the regroup are not those of step 2")
 		}
 		_, err = trainStep(rank, g)
 		return err

@@ -70,6 +70,7 @@ func cLayouts() []structLayout {
 			f("transport", unsafe.Offsetof(gc.transport), unsafe.Sizeof(gc.transport)),
 			f("rendezvous_token", unsafe.Offsetof(gc.rendezvous_token), unsafe.Sizeof(gc.rendezvous_token)),
 			f("rendezvous_bind", unsafe.Offsetof(gc.rendezvous_bind), unsafe.Sizeof(gc.rendezvous_bind)),
+			f("memory_copy_interval", unsafe.Offsetof(gc.memory_copy_interval), unsafe.Sizeof(gc.memory_copy_interval)),
 		}},
 		{"sx_param_group_desc_t", unsafe.Sizeof(pg), unsafe.Alignof(pg), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pg.struct_size), unsafe.Sizeof(pg.struct_size)),
@@ -161,6 +162,7 @@ func cLayouts() []structLayout {
 			f("staging_bytes", unsafe.Offsetof(ms.staging_bytes), unsafe.Sizeof(ms.staging_bytes)),
 			f("unsharded_optimizer_bytes", unsafe.Offsetof(ms.unsharded_optimizer_bytes), unsafe.Sizeof(ms.unsharded_optimizer_bytes)),
 			f("peak_param_bytes", unsafe.Offsetof(ms.peak_param_bytes), unsafe.Sizeof(ms.peak_param_bytes)),
+			f("memory_copy_bytes", unsafe.Offsetof(ms.memory_copy_bytes), unsafe.Sizeof(ms.memory_copy_bytes)),
 		}},
 		{"sx_param_info_t", unsafe.Sizeof(pi), unsafe.Alignof(pi), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pi.struct_size), unsafe.Sizeof(pi.struct_size)),
@@ -225,6 +227,8 @@ func cLayouts() []structLayout {
 			f("previous_rank", unsafe.Offsetof(rr.previous_rank), unsafe.Sizeof(rr.previous_rank)),
 			f("previous_world_size", unsafe.Offsetof(rr.previous_world_size), unsafe.Sizeof(rr.previous_world_size)),
 			f("step", unsafe.Offsetof(rr.step), unsafe.Sizeof(rr.step)),
+			f("from_memory", unsafe.Offsetof(rr.from_memory), unsafe.Sizeof(rr.from_memory)),
+			f("reserved0", unsafe.Offsetof(rr.reserved0), unsafe.Sizeof(rr.reserved0)),
 		}},
 		{"sx_param_state_t", unsafe.Sizeof(ps), unsafe.Alignof(ps), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(ps.struct_size), unsafe.Sizeof(ps.struct_size)),

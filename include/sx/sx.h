@@ -350,6 +350,20 @@ typedef struct sx_group_config {
      * name of rank 0's host. Other ranks ignore it. (bind_address is the CPU transport's,
      * not this.) (1.5) */
     const char *rendezvous_bind;
+    /* Copies of the state in memory, for sx_regroup (docs/recovery.md): every this many
+     * steps (and at the first step after the state was replaced: a load, a broadcast, a
+     * scatter), each rank copies its shard of the state (fp32 values or masters, optimizer
+     * state, step counts) into host memory at the step boundary, and in a flat group
+     * sends that copy to the next rank (rank r's to rank (r + 1) % world_size) in the
+     * background, on a connection of its own. A mesh needs no peer's copy: another
+     * replica holds each shard. Each rank then holds its last two copies and, in a flat
+     * group, its predecessor's two (sx_memory_stats_t.memory_copy_bytes): up to four
+     * times its shard of the state. The step waits for a copy only where the next one is
+     * due before the last was sent, and its update for the moment its shard is copied.
+     * sx_regroup restores the survivors from the newest copy that every shard has. 0 =
+     * none. CPU groups only (a CUDA group refuses it: SX_ERR_UNSUPPORTED). Every rank
+     * passes the same. */
+    int32_t memory_copy_interval;
 } sx_group_config_t;
 
 #define SX_PREFETCH_NONE (-1)
@@ -390,8 +404,11 @@ SX_API sx_status_t sx_abort(sx_shard_group_t *group);
 
 typedef struct sx_regroup_options {
     size_t struct_size;
-    /* The checkpoint the new group's state comes from (copied; required): loaded as
-     * sx_load_optim_state loads it, resharded into the new world size. */
+    /* The checkpoint the new group's state comes from where memory copies cannot give it
+     * (copied): loaded as sx_load_optim_state loads it, resharded into the new world
+     * size. Required unless the group keeps memory copies
+     * (sx_group_config_t.memory_copy_interval); with them, NULL or "" fails only where
+     * the lost ranks took some shard's every copy with them. */
     const char *checkpoint;
     uint32_t load_flags;         /* SX_LOAD_* for that load */
     /* How long the survivors wait for each other, from the first one's arrival, before
@@ -413,9 +430,12 @@ typedef struct sx_regroup_result {
     int32_t shard_size;          /* of its mesh (its world size if flat) */
     int32_t previous_rank;       /* this rank in the group before */
     int32_t previous_world_size;
-    /* The group's step count after the restore: the checkpoint's. The trainer goes on
-     * from the step after it (steps since it are taken again). */
+    /* The group's step count after the restore: the memory copy's or the checkpoint's.
+     * The trainer goes on from the step after it (steps since it are taken again). */
     uint64_t step;
+    /* 1: the state came from the ranks' memory copies; 0: from options->checkpoint. */
+    int32_t from_memory;
+    int32_t reserved0;
 } sx_regroup_result_t;
 
 SX_API sx_status_t sx_regroup_result_init(sx_regroup_result_t *result, size_t size);
@@ -427,9 +447,13 @@ SX_API sx_status_t sx_regroup_result_init(sx_regroup_result_t *result, size_t si
  * options->join_window_ms of the first, or all of options->expected_world_size), and
  * take new ranks in the order of their previous ones. A mesh keeps its shard size where
  * the survivors fill whole shard groups of it, else becomes flat. The new group has the
- * same params, param groups, trainable flags and settings, and its state is
- * options->checkpoint's, loaded into the new world size: exactly what loading that
- * checkpoint into a fresh group of the survivors gives. Every view, unit view and
+ * same params, param groups, trainable flags and settings. Its state comes from the
+ * survivors' memory copies where the group keeps them (memory_copy_interval) and every
+ * shard of the newest copy that all survivors hold is still held by one of them (its
+ * own, a peer's copy, or another replica's): each survivor is sent the pieces of it that
+ * it owns now. Otherwise it is options->checkpoint's, loaded into the new world size.
+ * Either way it is exactly what loading a checkpoint of that step into a fresh group of
+ * the survivors gives. Every view, unit view and
  * state view of the group is invalid afterwards (take them again); a save in flight is
  * aborted (it commits nothing; its future reports SX_ERR_ABORTED). The store must
  * outlive the lost ranks: the sx-rendezvous command (tcp://HOST:PORT?server=external),
@@ -1092,6 +1116,9 @@ typedef struct sx_memory_stats {
     /* The most param_bytes this rank held at once since sx_finalize (stage 3: its shards
      * plus the units gathered at that moment). */
     uint64_t peak_param_bytes;
+    /* Memory copies (sx_group_config_t.memory_copy_interval) held in host memory: this
+     * rank's copies of its shard and, in a flat group, its predecessor's. */
+    uint64_t memory_copy_bytes;
 } sx_memory_stats_t;
 
 SX_API sx_status_t sx_memory_stats_init(sx_memory_stats_t *stats, size_t size);

@@ -31,10 +31,13 @@
  * without a word, as a killed process's would, and the other 3 ranks' step fails. The
  * ranks save a checkpoint every 50 steps in this mode; the survivors regroup into 3 ranks
  * (sx_regroup) from the last one, say what happened and how long it took, take the steps
- * since that checkpoint again, and go on to the end.
+ * since that checkpoint again, and go on to the end. With --memory-copies N as well, every
+ * rank keeps a copy of its shard in memory every N steps (and sends it to the next rank),
+ * and the survivors' state comes from those copies instead: only the steps since the
+ * newest copy are taken again.
  *
  * usage: train_charlm [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE]
- *                     [--lose-rank R [--lose-at STEP]] [TEXT_FILE] [STEPS]
+ *                     [--lose-rank R [--lose-at STEP] [--memory-copies N]] [TEXT_FILE] [STEPS]
  *        (default: stage 2, flat, Debian's GPL-3 text, 400 steps, no trace, no rank lost)
  */
 #include <math.h>
@@ -65,6 +68,7 @@ static int g_shard_size = 0; /* 0: every rank shards (flat) */
 static const char *g_trace = NULL; /* --trace: the trace file template */
 static int g_lose_rank = -1;       /* --lose-rank: the rank lost (-1: none) */
 static int g_lose_at = 150;        /* --lose-at: at which step */
+static int g_memory_copies = 0;    /* --memory-copies: steps between memory copies (0: none) */
 #define SAVE_EVERY 50              /* with --lose-rank: a checkpoint every this many steps */
 static char g_resume_trace[512];   /* the resuming ranks' template */
 static unsigned char *g_text; /* the text as vocabulary indices */
@@ -321,6 +325,7 @@ static void *rank_main(void *arg) {
     cfg.stage = g_stage;
     cfg.shard_size = res->resume ? 0 : g_shard_size; /* the checkpoint resumes on a flat group */
     cfg.timeout_ms = 60000;
+    cfg.memory_copy_interval = res->resume ? 0 : g_memory_copies;
     cfg.trace_path = res->resume ? (g_trace ? g_resume_trace : NULL) : g_trace; /* written at destroy */
     CHECK(sx_create_shard_group(&cfg, &g));
 
@@ -432,7 +437,8 @@ static void *rank_main(void *arg) {
         stepped = sx_step(g, &opt, &r);
     step_failed:
         if (stepped != SX_OK && g_lose_rank >= 0 && res->world == RANKS) {
-            /* A peer was lost: regroup with the others from the last checkpoint. */
+            /* A peer was lost: regroup with the others, from the memory copies where they
+             * are kept, else from the last checkpoint. */
             const double t0 = seconds_now();
             char path[512];
             periodic_checkpoint(path, sizeof path, saved_at);
@@ -443,10 +449,11 @@ static void *rank_main(void *arg) {
             sx_regroup_result_t rr;
             sx_regroup_result_init(&rr, sizeof rr);
             CHECK(sx_regroup(g, &ro, &rr));
-            printf("rank %d: step %d failed (%s); regrouped in %.3f s as rank %d of %d from the checkpoint of "
-                   "step %llu: steps %llu-%d are taken again\n",
+            printf("rank %d: step %d failed (%s); regrouped in %.3f s as rank %d of %d from %s of step %llu: "
+                   "steps %llu-%d are taken again\n",
                    res->rank, step + 1, sx_status_string(stepped), seconds_now() - t0, rr.rank, rr.world_size,
-                   (unsigned long long)rr.step, (unsigned long long)rr.step + 1, step + 1);
+                   rr.from_memory ? "the memory copies" : "the checkpoint", (unsigned long long)rr.step,
+                   (unsigned long long)rr.step + 1, step + 1);
             fflush(stdout);
             res->rank = rr.rank;
             res->world = rr.world_size;
@@ -541,6 +548,9 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--lose-rank") == 0 && i + 1 < argc) {
             g_lose_rank = atoi(argv[++i]);
             bad |= g_lose_rank < 0 || g_lose_rank >= RANKS;
+        } else if (strcmp(argv[i], "--memory-copies") == 0 && i + 1 < argc) {
+            g_memory_copies = atoi(argv[++i]);
+            bad |= g_memory_copies < 1;
         } else if (strcmp(argv[i], "--lose-at") == 0 && i + 1 < argc) {
             g_lose_at = atoi(argv[++i]);
             bad |= g_lose_at < 1;
@@ -555,7 +565,7 @@ int main(int argc, char **argv) {
     if (bad || positional > 2 || g_steps < 1 || (g_lose_rank >= 0 && g_lose_at >= g_steps) || load_text() != 0) {
         fprintf(stderr,
                 "usage: %s [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE]\n"
-                "          [--lose-rank R [--lose-at STEP < STEPS]] [TEXT_FILE] [STEPS]\n",
+                "          [--lose-rank R [--lose-at STEP < STEPS] [--memory-copies N]] [TEXT_FILE] [STEPS]\n",
                 argv[0]);
         return 2;
     }

@@ -91,6 +91,9 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         SX_CHECK_ARG(c.transport == SX_TRANSPORT_AUTO || c.transport == SX_TRANSPORT_TCP,
                      "config->transport is %d; it must be SX_TRANSPORT_AUTO (0) or SX_TRANSPORT_TCP (1)", c.transport);
         g.transport = c.transport;
+        SX_CHECK_ARG(c.memory_copy_interval >= 0, "config->memory_copy_interval is %d; it must be >= 0 (0 = no "
+                     "memory copies)", c.memory_copy_interval);
+        g.memory_copy_interval = c.memory_copy_interval;
         // The config's path wins over the environment's.
         const char *env_trace = std::getenv("SX_TRACE");
         if (c.trace_path && c.trace_path[0]) {

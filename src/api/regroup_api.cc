@@ -38,11 +38,12 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
         SX_TRY(sx::api::read_input(options, "options", offsetof(sx_regroup_options_t, checkpoint) + sizeof(char *),
                                    &o));
         if (result != nullptr) SX_TRY(sx::api::check_output(result, "result"));
-        SX_CHECK_ARG(o.checkpoint != nullptr && o.checkpoint[0] != '\0',
-                     "options->checkpoint is empty: the new group's state comes from a checkpoint (the lost ranks' "
-                     "shards exist nowhere else)");
+        const bool have_checkpoint = o.checkpoint != nullptr && o.checkpoint[0] != '\0';
+        SX_CHECK_ARG(have_checkpoint || g->config().memory_copy_interval > 0,
+                     "options->checkpoint is empty, and the group keeps no memory copies "
+                     "(config->memory_copy_interval): the lost ranks' shards exist nowhere else");
         sx::ckpt::LoadOptions lo;
-        SX_TRY(sx::api::load_options(o.checkpoint, o.load_flags, "options->load_flags", &lo));
+        if (have_checkpoint) SX_TRY(sx::api::load_options(o.checkpoint, o.load_flags, "options->load_flags", &lo));
         SX_CHECK_ARG(o.join_window_ms >= 0, "options->join_window_ms is %d; it must be >= 0 (0 = 1000 ms)",
                      o.join_window_ms);
         SX_CHECK_ARG(o.reserved0 == 0, "options->reserved0 is %d; it must be 0", o.reserved0);
@@ -51,7 +52,7 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
         spec.expected_world_size = o.expected_world_size;
 
         SX_TRY(g->check_regroup(spec));
-        {
+        if (have_checkpoint) {
             // A checkpoint that cannot be loaded is refused before the group breaks up.
             sx::ckpt::Manifest manifest;
             SX_TRY(sx::ckpt::check_checkpoint_name(o.checkpoint, "load"));
@@ -66,7 +67,13 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
         sx::core::RegroupInfo info;
         SX_TRY(g->regroup(spec, &fresh, &info));
         group->impl = std::move(fresh);  // the broken group goes: its threads and connections end
-        Status loaded = sx::api::checkpointer_of(group).load(lo, nullptr);
+        if (!info.from_memory && !have_checkpoint) {
+            return SX_ERROR(SX_ERR_NOT_FOUND, "the survivors formed the group of epoch %d (this rank is %d of %d), but "
+                            "its state cannot come from the memory copies (%s) and options->checkpoint is empty; its "
+                            "state is zero: load a checkpoint before stepping",
+                            info.epoch, info.rank, info.world_size, info.why_not_memory.c_str());
+        }
+        Status loaded = info.from_memory ? Status::Ok() : sx::api::checkpointer_of(group).load(lo, nullptr);
         if (!loaded.ok()) {
             return SX_ERROR(loaded.code(), "the survivors formed the group of epoch %d (this rank is %d of %d), but "
                             "loading %s into it failed: %s; its state is zero: load a checkpoint before stepping",
@@ -83,6 +90,7 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
             r.previous_rank = info.previous_rank;
             r.previous_world_size = info.previous_world_size;
             r.step = group->impl->steps_taken();
+            r.from_memory = info.from_memory ? 1 : 0;
             sx::api::write_output(result, r);
         }
         return Status::Ok();

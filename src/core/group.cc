@@ -185,6 +185,22 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
                              m.shard_rank(), m.shard_size(), out);
         }));
     g->config_.num_threads = threads;
+    if (cfg.memory_copy_interval > 0) {
+        SX_CHECK(!cuda, SX_ERR_UNSUPPORTED, "config->memory_copy_interval: memory copies are kept for CPU groups only; "
+                 "a CUDA group regroups from a checkpoint");
+        MemoryCopies::Settings cs;
+        cs.interval = cfg.memory_copy_interval;
+        cs.rank = cfg.rank;
+        cs.world_size = cfg.world_size;
+        cs.shard = g->mesh_.shard_rank();
+        // A mesh's other replicas hold each shard; a flat group's ranks send theirs on.
+        cs.peers = g->mesh_.replicas() == 1 && cfg.world_size > 1;
+        std::unique_ptr<comm::Communicator> comm;
+        if (cs.peers)
+            SX_TRY(g->mesh_.connect(rdzv::make_prefix_store(g->mesh_.store_ptr(), "copies/"), cfg.rank, cfg.world_size,
+                                    &comm, deadline));
+        g->copies_.reset(new MemoryCopies(cs, *g->ops_, std::move(comm)));
+    }
     log(SX_LOG_INFO, "sx: rank %d of %d joined %s (stage %d, mesh %d x %d, %s)", g->mesh_.rank(), g->mesh_.world_size(),
         cfg.rendezvous.c_str(), cfg.stage, g->mesh_.shard_size(), g->mesh_.replicas(),
         cuda ? format("CUDA device %d, NCCL", cfg.device_ordinal).c_str() : format("%d threads", threads).c_str());
@@ -251,6 +267,9 @@ void ShardGroup::abort() {
 void ShardGroup::abort_communicators() {
     mesh_.abort();
     if (gathers_) gathers_->abort();
+    // Not the memory copies' sending: it has a communicator of its own, and a copy whose
+    // sending still completes is one more the survivors may restore from (regroup waits
+    // for it, a moment at most; a lost peer fails it at once).
 }
 
 Status ShardGroup::check_usable() const { return failure_.check(); }
@@ -287,6 +306,9 @@ Status ShardGroup::finalize() {
     for (const ParamGroup &pg : table_.groups()) hypers.push_back(pg.hyper);
     SX_TRY(agree_call("sx_finalize", table_facts(table, hypers, table_.params(), table_.flags()), Status::Ok(),
                       "ranks registered different param tables"));
+    // Copies of the layout before cannot be restored into the one after: the next step
+    // keeps the first of the new layout.
+    if (copies_) copies_->reset();
 
     SX_TRY(units_.check_dtypes());
     SX_TRY(check_unit_optimizers(table_.params(), table_.groups()));
@@ -418,6 +440,7 @@ Status ShardGroup::broadcast_params(int root) {
                              ? Status::Ok()
                              : SX_ERROR(SX_ERR_INVALID_ARGUMENT, "root rank %d is outside [0, %d)", root, mesh_.world_size());
     SX_TRY(agree_call("sx_broadcast_params", {{"the root", std::to_string(root)}}, local));
+    if (copies_) copies_->mark_dirty();  // the next step keeps a copy of the new values
     fence_.wait_readers();
     {
         Status s = ops_->wait_for(nullptr);  // the trainer's writes into the param views
@@ -521,7 +544,13 @@ Status ShardGroup::export_shard(ShardState *out) {
     for (size_t u = 0; u < units_.size(); ++u) st.units.push_back(unit_shard(u));
     st.trainable.resize(table_.params().size());
     for (size_t p = 0; p < table_.params().size(); ++p) st.trainable[p] = table_.flags()[p] ? 1 : 0;
-    ShardProgress &pr = st.progress;
+    st.progress = progress();
+    *out = std::move(st);
+    return Status::Ok();
+}
+
+ShardProgress ShardGroup::progress() const {
+    ShardProgress pr;
     pr.steps_taken = steps_;
     for (const ParamSpec &spec : table_.params())
         pr.params.push_back({spec.step, spec.momentum_steps, spec.mu_product, spec.row_var, spec.col_var});
@@ -530,8 +559,7 @@ Status ShardGroup::export_shard(ShardState *out) {
         pr.group_steps.push_back(g.steps);
     }
     pr.scaler = scaler_.state();
-    *out = std::move(st);
-    return Status::Ok();
+    return pr;
 }
 
 Status ShardGroup::restore_shard(const ShardRestore &r) {
@@ -585,6 +613,7 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
     steps_ = pr.steps_taken;
     for (const ParamSpec &ps : table_.params()) steps_ = std::max(steps_, static_cast<uint64_t>(std::max<int64_t>(ps.step, 0)));
     scaler_.restore(pr.scaler);
+    if (copies_) copies_->mark_dirty();  // the next step keeps a copy of the new state
     return Status::Ok();
 }
 
@@ -638,6 +667,7 @@ MemoryStats ShardGroup::memory_stats() const {
     units_.count_bytes(&m.param_bytes, &m.grad_bytes, &m.optimizer_bytes, &m.unsharded_optimizer_bytes);
     for (size_t u = 0; u < units_.size(); ++u) m.param_bytes += gathers_->whole_bytes(u);
     m.peak_param_bytes = gathers_->peak_bytes();
+    m.memory_copy_bytes = copies_ ? copies_->bytes() : 0;
     return m;
 }
 

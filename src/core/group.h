@@ -26,6 +26,7 @@
 #include "core/failure.h"
 #include "core/layout.h"
 #include "core/loss_scaler.h"
+#include "core/memory_copies.h"
 #include "core/mesh.h"
 #include "core/param_table.h"
 #include "core/params.h"
@@ -68,6 +69,8 @@ struct GroupConfig {
     // trace) and the most events kept (0: trace::kDefaultCapacity).
     std::string trace_path;
     size_t trace_capacity = 0;
+    // Steps between memory copies of the state (memory_copies.h); 0 = none.
+    int memory_copy_interval = 0;
 };
 
 // FSDP's gradient pre-divide factor for a 16-bit sum over n ranks: f doubled from 1
@@ -106,12 +109,15 @@ struct RegroupInfo {
     int rank = 0, world_size = 0, shard_size = 0;
     int previous_rank = 0, previous_world_size = 0;
     std::vector<int> members;  // per new rank, its previous rank
+    bool from_memory = false;  // the state came from the survivors' memory copies
+    std::string why_not_memory;  // else why not (with memory copies kept)
 };
 
 struct MemoryStats {
     uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // staging is the checkpointer's
     uint64_t unsharded_optimizer_bytes = 0;
     uint64_t peak_param_bytes = 0;  // the most param_bytes held at once since finalize
+    uint64_t memory_copy_bytes = 0;  // memory_copies.h
 };
 
 class ShardGroup : public ShardAccess, private ReductionRound::Work {
@@ -209,6 +215,10 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
                            const std::function<Status(std::shared_ptr<rdzv::Store> *)> &open_store,
                            std::unique_ptr<ShardGroup> *out);
     Status replay_table(const ShardGroup &from);  // regroup.cc
+    // --- memory copies (regroup.cc; the part: memory_copies.h) ---
+    ShardProgress progress() const;
+    Status keep_copy();
+    Status restore_copies(const ShardGroup &from, const CopyChoice &choice);
     // Each private function's contract is at its definition.
     // --- the mesh's work (group.cc; the part: mesh.h) ---
     Status reduce_replicas(size_t u, float *shard);
@@ -284,6 +294,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // The parts with threads, after the communicators: destroyed first.
     std::unique_ptr<ReductionRound> round_;  // the gradient reductions (round.h)
     std::unique_ptr<Gathers> gathers_;       // the param gathers (gathers.h)
+    std::unique_ptr<MemoryCopies> copies_;   // null without memory copies
 
     Failure failure_;  // the first failure, and sx_abort (failure.h)
     // Held by abort() while it wakes the collectives in flight, and by the destructor: the

@@ -18,6 +18,8 @@
 // store. With tcp:// served by rank 0, losing rank 0 loses the store, and the survivors'
 // regroup fails naming it.
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -29,10 +31,13 @@ namespace core {
 namespace {
 
 // The previous ranks of epoch `epoch`'s members, in order (this rank among them, or
-// SX_ERR_INVALID_STATE if it came after the group closed).
+// SX_ERR_INVALID_STATE if it came after the group closed), and the memory copies each
+// holds (`mine`: this rank's, published before it arrives).
 Status agree_members(rdzv::Store &store, int epoch, int rank, int world, const RegroupSpec &spec,
-                     Clock::time_point deadline, std::vector<int> *members) {
+                     const std::vector<CopyHolding> &mine, Clock::time_point deadline, std::vector<int> *members,
+                     std::vector<std::vector<CopyHolding>> *holdings) {
     const std::string base = format("regroup/%d/", epoch);
+    SX_TRY(store.set(base + "copies/" + std::to_string(rank), describe_holdings(mine)));
     int64_t arrival = 0;
     SX_TRY(store.add(base + "arrived", 1, &arrival));
     SX_TRY(store.set(base + "member/" + std::to_string(arrival), std::to_string(rank)));
@@ -66,7 +71,33 @@ Status agree_members(rdzv::Store &store, int epoch, int rank, int world, const R
         members->push_back(std::stoi(previous));
     }
     std::sort(members->begin(), members->end());
+    holdings->assign(members->size(), {});
+    for (size_t m = 0; m < members->size(); ++m) {
+        std::string text;
+        SX_TRY(store.get(base + "copies/" + std::to_string((*members)[m]), &text, time_left(deadline)));
+        SX_TRY(parse_holdings(text, &(*holdings)[m]));
+    }
     return Status::Ok();
+}
+
+// Calls fn(u, k, from, to, n) for every run of n elements that shard `from_shard` of
+// `from` and shard `to_shard` of `to` have in common: state tensor k (0: the values,
+// then each slot of slots[u]) of unit u, at element `from` of the one's unit shard
+// (tensors one after another) and `to` of the other's. The same order on every rank.
+template <typename Fn>
+void for_each_overlap(const Layout &from, int from_shard, const Layout &to, int to_shard, const std::vector<int> &slots,
+                      Fn fn) {
+    for (size_t u = 0; u < to.units().size(); ++u) {
+        const uint64_t n_from = from.units()[u].shard_numel, n_to = to.units()[u].shard_numel;
+        for (int32_t p : to.units()[u].params) {
+            const ShardPiece a = from.piece(p, from_shard), b = to.piece(p, to_shard);
+            const uint64_t lo = std::max(a.begin, b.begin), hi = std::min(a.end, b.end);
+            if (lo >= hi) continue;
+            for (int k = 0; k <= slots[u]; ++k)
+                fn(u, k, n_from * k + a.shard_offset + (lo - a.begin), n_to * k + b.shard_offset + (lo - b.begin),
+                   hi - lo);
+        }
+    }
 }
 
 }  // namespace
@@ -91,7 +122,13 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
     const Clock::time_point deadline = Clock::now() + Millis(config_.timeout_ms);
     const int epoch = epoch_ + 1;
     std::vector<int> members;
-    Status s = agree_members(mesh_.store(), epoch, rank(), world_size(), spec, deadline, &members);
+    std::vector<std::vector<CopyHolding>> holdings;
+    std::vector<CopyHolding> mine;
+    if (copies_) {
+        copies_->finish(spec.join_window);  // a copy still being sent may complete
+        mine = copies_->holdings();
+    }
+    Status s = agree_members(mesh_.store(), epoch, rank(), world_size(), spec, mine, deadline, &members, &holdings);
     if (!s.ok()) {
         return SX_ERROR(s.code(), "the survivors could not agree on the group of epoch %d through the rendezvous %s: "
                         "%s (the store must outlive every rank: the sx-rendezvous command, file:// or torchrun's "
@@ -119,6 +156,18 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
                     &g));
     g->epoch_ = epoch;
     SX_TRY(g->replay_table(*this));
+    // The state from the memory copies where every shard of one boundary is still held.
+    if (copies_) {
+        const CopyChoice choice = choose_copies(holdings, shard_size());
+        if (choice.found) {
+            SX_TRY(g->restore_copies(*this, choice));
+            info->from_memory = true;
+        } else {
+            info->why_not_memory = choice.why_not;
+            log(SX_LOG_WARN, "sx: epoch %d: rank %d: the memory copies cannot restore the state: %s", epoch,
+                new_rank, choice.why_not.c_str());
+        }
+    }
     log(SX_LOG_INFO, "sx: epoch %d: rank %d of %d is rank %d of %d (mesh %d x %d)", epoch, rank(), world_size(),
         new_rank, new_world, g->shard_size(), new_world / g->shard_size());
     info->epoch = epoch;
@@ -160,6 +209,89 @@ Status ShardGroup::replay_table(const ShardGroup &from) {
     steps_ = from.steps_;
     scaler_.restore(from.scaler_.state());
     return Status::Ok();
+}
+
+}  // namespace core
+}  // namespace sx
+
+namespace sx {
+namespace core {
+
+// Copies out of the live shard at a step boundary (memory_copies.h), holding the fence
+// until they are out, so that the next update waits for them.
+Status ShardGroup::keep_copy() {
+    SX_TRACE_SPAN(tracer(), "step", "memory_copy");
+    SX_TRY(ops_->wait_for(nullptr));
+    {
+        Status s = units_.ensure_masters();
+        if (!s.ok()) return fail(s);
+    }
+    std::vector<UnitShard> shards;
+    for (size_t u = 0; u < units_.size(); ++u) shards.push_back(unit_shard(u));
+    std::unique_ptr<ShardFence::Hold> hold(new ShardFence::Hold(fence_));
+    copies_->take(std::move(shards), progress(), std::move(hold));
+    return Status::Ok();
+}
+
+// This (new) group's state from `from`'s memory copies, as `choice` says (collective):
+// for each shard index of `from`'s layout, the member holding it sends every member the
+// pieces of it that member owns now; the progress is each member's own copy's. Then the
+// params are gathered, as after a load.
+Status ShardGroup::restore_copies(const ShardGroup &from, const CopyChoice &choice) {
+    SX_TRACE_SPAN(tracer(), "group", "restore_memory_copies");
+    const ShardCopy *own = from.copies_->find(choice.seq, true);
+    SX_CHECK(own != nullptr && own->units.size() == units_.size(), SX_ERR_INTERNAL,
+             "rank %d holds no copy %llu of its own shard for %zu units", rank(),
+             static_cast<unsigned long long>(choice.seq), units_.size());
+    const int W = world_size(), S = shard_size(), me = rank();
+    const Layout &old = from.layout_;
+    std::vector<std::vector<float>> staging(units_.size());
+    for (size_t u = 0; u < units_.size(); ++u)
+        staging[u].assign(static_cast<size_t>((1 + own->slots[u]) * layout_.units()[u].shard_numel), 0.0f);
+    for (int i = 0; i < static_cast<int>(choice.provider.size()); ++i) {
+        const int root = choice.provider[i];  // a member's index is its new rank
+        const ShardCopy *src = me == root ? from.copies_->find(choice.seq, choice.provider_own[i]) : nullptr;
+        SX_CHECK(me != root || (src != nullptr && src->shard == i), SX_ERR_INTERNAL,
+                 "rank %d was chosen to send shard %d of copy %llu, which it does not hold", me, i,
+                 static_cast<unsigned long long>(choice.seq));
+        std::vector<comm::Piece> mine;
+        std::vector<std::vector<comm::Piece>> theirs(me == root ? static_cast<size_t>(W) : 0);
+        for (int r = 0; r < W; ++r) {
+            if (r != me && me != root) continue;
+            for_each_overlap(old, i, layout_, r % S, own->slots,
+                             [&](size_t u, int, uint64_t at_from, uint64_t at_to, uint64_t n) {
+                                 float *to = staging[u].data() + at_to;
+                                 const float *there = src ? src->units[u].data() + at_from : nullptr;
+                                 if (r == me && me == root)
+                                     std::memcpy(to, there, n * sizeof(float));
+                                 else if (r == me)
+                                     mine.push_back({to, n * sizeof(float)});
+                                 else
+                                     theirs[r].push_back({const_cast<float *>(there), n * sizeof(float)});
+                             });
+        }
+        if (W > 1) SX_TRY(collective([&](comm::Communicator &c) { return c.scatter_pieces(theirs, mine, root); }));
+    }
+    // Into the group: the values (fp32 masters of 16-bit units) in place, the slots by a
+    // restore, which also takes the progress.
+    Status s = units_.ensure_masters();  // valid from here: the values below replace them
+    std::vector<std::array<Buffer, 3>> state(units_.size());
+    for (size_t u = 0; u < units_.size() && s.ok(); ++u) {
+        const uint64_t n = layout_.units()[u].shard_numel;
+        if (n == 0) continue;
+        s = ops_->from_host(unit_shard(u).values, staging[u].data(), n * sizeof(float));
+        for (int k = 0; k < own->slots[u] && s.ok(); ++k) {
+            s = ops_->allocate(n * sizeof(float), "optimizer state restored from memory copies", &state[u][k]);
+            if (s.ok()) s = ops_->from_host(state[u][k].data(), staging[u].data() + (k + 1) * n, n * sizeof(float));
+        }
+    }
+    if (!s.ok()) return fail(s);
+    ShardRestore r;
+    r.state = &state;
+    r.slots = own->slots;
+    r.progress = &own->progress;
+    SX_TRY(restore_shard(r));
+    return gather_params();
 }
 
 }  // namespace core

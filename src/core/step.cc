@@ -215,6 +215,9 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
         SX_TRACE_SPAN(tracer(), "step", "wait_gathers");
         SX_TRY(settle());
     }
+    // Memory copies: the state was replaced since the last copy (a load, a broadcast, the
+    // first step): this boundary's is kept before the update changes it.
+    if (copies_ && copies_->dirty()) SX_TRY(keep_copy());
     // Uneven inputs: no rank had data, so there is nothing to average; the step is
     // skipped as a dynamic loss scaling skip is (nothing changes, the gradients go).
     if (options.weighted && !(weight_sum > 0)) return skip_step(options, 0.0, result);
@@ -286,6 +289,9 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     count_step(dynamic);
     SX_TRY(finish_step(options.keep_grads));
     ++steps_;
+    // Memory copies: this boundary's, every memory_copy_interval steps, copied and sent
+    // in the background (the next update waits only for the copy out of the shard).
+    if (copies_ && copies_->due(steps_)) SX_TRY(keep_copy());
     report_step(norm, false, result);
     return Status::Ok();
 }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "process_ranks.h"
+#include "run_ranks.h"
 #include "sx/sx.h"
 #include "sx_cmocka.h"
 #include "test_groups.h"
@@ -54,6 +55,7 @@ float grad_value(int p, uint64_t i, int s, int r, int w) {
 struct Child {
     sx_shard_group_t *g = nullptr;
     int rank = 0, world = 0, stage = 2;
+    int memory_copies = 0;  // config->memory_copy_interval
     ~Child() { sx_destroy_shard_group(g); }
 
     std::string create(const std::string &rendezvous, int shard_size) {
@@ -67,6 +69,7 @@ struct Child {
         c.num_threads = 1;
         c.shard_size = shard_size;
         c.timeout_ms = 20000;
+        c.memory_copy_interval = memory_copies;
         sx_status_t st = sx_create_shard_group(&c, &g);
         if (st != SX_OK) return failed("create", st);
         sx_param_group_desc_t d;
@@ -164,6 +167,7 @@ int run_child(const sxtest::ChildArgs &a) {
     c.rank = a.rank;
     c.world = a.world;
     c.stage = std::stoi(a.get("--stage", "2"));
+    c.memory_copies = std::stoi(a.get("--memory", "0"));
     const std::string dir = a.get("--dir", "");
     const int victim = std::stoi(a.get("--victim", "-1"));
     const std::string rendezvous = a.get("--store", a.rendezvous);
@@ -209,7 +213,7 @@ int run_child(const sxtest::ChildArgs &a) {
     sx_regroup_options_t ro;
     sx_regroup_options_init(&ro, sizeof ro);
     const std::string from = checkpoint(dir, committed);
-    ro.checkpoint = from.c_str();
+    ro.checkpoint = c.memory_copies ? nullptr : from.c_str();  // from memory: no checkpoint at all
     ro.expected_world_size = 3;
     ro.join_window_ms = 10000;
     sx_regroup_result_t rr;
@@ -227,12 +231,20 @@ int run_child(const sxtest::ChildArgs &a) {
         return 3;
     }
     const int want_rank = a.rank - (a.rank > victim ? 1 : 0);
+    // From memory: the copy of the last step every survivor finished, or of the one before
+    // where the loss cut the sending of that step's copy short.
+    // (failed_step - 1 is the last step this survivor finished; another may have finished
+    // one fewer.)
+    const bool step_ok = c.memory_copies ? rr.from_memory == 1 && rr.step + 3 >= static_cast<uint64_t>(failed_step) &&
+                                               rr.step + 1 <= static_cast<uint64_t>(failed_step)
+                                         : rr.from_memory == 0 && rr.step == static_cast<uint64_t>(committed);
     if (rr.epoch != 1 || rr.world_size != 3 || rr.rank != want_rank || rr.previous_rank != a.rank ||
-        rr.previous_world_size != 4 || rr.shard_size != 3 || rr.step != static_cast<uint64_t>(committed)) {
-        std::fprintf(stderr, "rank %d: regroup result epoch %d rank %d of %d (shard %d), was %d of %d, step %llu; "
-                     "expected epoch 1, rank %d of 3 (shard 3), step %d\n",
+        rr.previous_world_size != 4 || rr.shard_size != 3 || !step_ok) {
+        std::fprintf(stderr, "rank %d: regroup result epoch %d rank %d of %d (shard %d), was %d of %d, step %llu, "
+                     "from memory %d; expected epoch 1, rank %d of 3 (shard 3), step %d (from memory: %d)\n",
                      a.rank, rr.epoch, rr.rank, rr.world_size, rr.shard_size, rr.previous_rank,
-                     rr.previous_world_size, static_cast<unsigned long long>(rr.step), want_rank, committed);
+                     rr.previous_world_size, static_cast<unsigned long long>(rr.step), rr.from_memory, want_rank,
+                     committed, c.memory_copies);
         return 3;
     }
     int32_t r = -1, w = -1;
@@ -244,7 +256,11 @@ int run_child(const sxtest::ChildArgs &a) {
     }
     c.rank = rr.rank;
     c.world = rr.world_size;
-    for (s = committed + 1; s <= kSteps; ++s) {
+    const int restored = static_cast<int>(rr.step);
+    if (c.memory_copies)
+        std::fprintf(stderr, "rank %d: step %d failed; restored step %d from memory: steps %d-%d are taken again\n",
+                     a.rank, failed_step, restored, restored + 1, failed_step);
+    for (s = restored + 1; s <= kSteps; ++s) {
         if ((st = c.step(s)) != SX_OK) {
             std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("step after the regroup", st).c_str());
             return 3;
@@ -255,7 +271,28 @@ int run_child(const sxtest::ChildArgs &a) {
         std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("read params", st).c_str());
         return 3;
     }
-    if (c.rank == 0 && !write_floats(a.get("--out", ""), params, committed)) return 3;
+    if (c.rank == 0 && !write_floats(a.get("--out", ""), params, restored)) return 3;
+    return 0;
+}
+
+// A rank of 4 that takes steps 1..--until without a loss and saves the checkpoint of
+// that step (where the run that lost a rank restored a step it never committed).
+int clean_child(const sxtest::ChildArgs &a) {
+    Child c;
+    c.rank = a.rank;
+    c.world = a.world;
+    c.stage = std::stoi(a.get("--stage", "2"));
+    const int until = std::stoi(a.get("--until", "0"));
+    std::string err = c.create(a.rendezvous, std::stoi(a.get("--shard-size", "0")));
+    sx_status_t st = SX_OK;
+    if (err.empty() && (st = c.init_params()) != SX_OK) err = failed("init", st);
+    for (int s = 1; err.empty() && s <= until; ++s)
+        if ((st = c.step(s)) != SX_OK) err = failed("step", st);
+    if (err.empty() && (st = c.save(checkpoint(a.get("--dir", ""), until))) != SX_OK) err = failed("save", st);
+    if (!err.empty()) {
+        std::fprintf(stderr, "clean rank %d: %s\n", a.rank, err.c_str());
+        return 3;
+    }
     return 0;
 }
 
@@ -286,6 +323,7 @@ int child_main(int argc, char **argv) {
     sxtest::ChildArgs a;
     if (!sxtest::parse_child_args(argc, argv, &a)) return 2;
     if (a.get("--mode", "") == "reference") return reference_child(a);
+    if (a.get("--mode", "") == "clean") return clean_child(a);
     return run_child(a);
 }
 
@@ -328,8 +366,9 @@ std::string temp_dir(const char *what) {
     return d ? std::string(d) + "-" + what : "";
 }
 
-// One scenario: the 4-rank run losing `victim`, then the 3-rank reference.
-void lose_one_of_four(int victim, int stage, int shard_size) {
+// One scenario: the 4-rank run losing `victim`, then the 3-rank reference. memory: the
+// group keeps memory copies every step, and the survivors regroup without a checkpoint.
+void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false) {
     const std::string dir = temp_dir("ckpt");
     mkdir(dir.c_str(), 0700);
     const int port = sxtest::free_port();
@@ -342,7 +381,7 @@ void lose_one_of_four(int victim, int stage, int shard_size) {
     sxtest::run_process_ranks(4,
                               {"--mode", "run", "--stage", std::to_string(stage), "--victim", std::to_string(victim),
                                "--shard-size", std::to_string(shard_size), "--dir", dir, "--out", out, "--store",
-                               store},
+                               store, "--memory", memory ? "1" : "0"},
                               120, &results);
     stop_rendezvous(server);
     unsetenv("SX_RENDEZVOUS_TOKEN");
@@ -358,7 +397,16 @@ void lose_one_of_four(int victim, int stage, int shard_size) {
     assert_true(read_file(out, &survivors));
     int64_t restored = -1;
     std::memcpy(&restored, survivors.data(), sizeof restored);
-    assert_true(restored >= kKillStep - 1 && restored <= kKillStep);
+    assert_true(restored >= kKillStep - (memory ? 2 : 1) && restored <= kKillStep);
+    struct stat st;
+    if (stat((checkpoint(dir, restored) + "/MANIFEST").c_str(), &st) != 0) {
+        // The survivors restored a step the run never saved: 4 ranks take it without a loss.
+        const std::string clean = sxtest::run_process_ranks(
+            4, {"--mode", "clean", "--stage", std::to_string(stage), "--shard-size", std::to_string(shard_size),
+                "--dir", dir, "--until", std::to_string(restored)},
+            120);
+        if (!clean.empty()) fail_msg("the run without a loss: %s", clean.c_str());
+    }
     const std::string err = sxtest::run_process_ranks(
         3, {"--mode", "reference", "--stage", std::to_string(stage), "--dir", dir, "--from", std::to_string(restored),
             "--out", ref},
@@ -370,8 +418,10 @@ void lose_one_of_four(int victim, int stage, int shard_size) {
         fail_msg("stage %d, shard size %d, rank %d lost: the survivors' params differ from 3 ranks loaded from step "
                  "%lld",
                  stage, shard_size, victim, static_cast<long long>(restored));
-    std::printf("stage %d%s: rank %d lost at step %d; the 3 survivors restored step %lld and equal 3 fresh ranks\n",
-                stage, shard_size ? " (2 x 2 mesh)" : "", victim, kKillStep, static_cast<long long>(restored));
+    std::printf("stage %d%s: rank %d lost at step %d; the 3 survivors restored step %lld from %s and equal 3 fresh "
+                "ranks\n",
+                stage, shard_size ? " (2 x 2 mesh)" : "", victim, kKillStep, static_cast<long long>(restored),
+                memory ? "memory copies" : "the checkpoint");
     std::string rm = "rm -rf '" + dir + "'";
     assert_int_equal(std::system(rm.c_str()), 0);
 }
@@ -401,6 +451,63 @@ void test_flat_stage2_rank1_lost(void **) { lose_one_of_four(1, 2, 0); }
 void test_flat_stage3_rank3_lost(void **) { lose_one_of_four(3, 3, 0); }
 void test_flat_stage2_rank0_lost(void **) { lose_one_of_four(0, 2, 0); }
 void test_mesh_2x2_rank2_lost(void **) { lose_one_of_four(2, 2, 2); }
+// From memory: peer copies in flat groups, the other replica in the mesh.
+void test_memory_flat_stage1_rank0_lost(void **) { lose_one_of_four(0, 1, 0, true); }
+void test_memory_flat_stage2_rank1_lost(void **) { lose_one_of_four(1, 2, 0, true); }
+void test_memory_flat_stage3_rank3_lost(void **) { lose_one_of_four(3, 3, 0, true); }
+void test_memory_flat_stage2_rank2_lost(void **) { lose_one_of_four(2, 2, 0, true); }
+void test_memory_mesh_2x2_rank2_lost(void **) { lose_one_of_four(2, 2, 2, true); }
+void test_memory_mesh_2x2_rank1_lost(void **) { lose_one_of_four(1, 3, 2, true); }
+
+// Every rank aborts after step 5 and all 4 regroup from their memory copies, kept every
+// 2 steps: the state is step 4's (the newest copy), held by each rank (and, flat, by its
+// successor) and sent to the same ranks of the new group; a mesh stays a mesh. Taking
+// step 5 again must give the params step 5 gave the first time, bit for bit; the copies
+// take 2 (mesh) or 4 (flat: the predecessor's too) copies of the shard's state.
+void all_ranks_regroup_from_memory(int stage, int shard_size) {
+    static int run = 0;
+    const std::string rendezvous = "local://regroup-memory-" + std::to_string(run++);
+    const std::string err = sxtest::run_ranks(4, [&](int rank) -> std::string {
+        Child c;
+        c.rank = rank;
+        c.world = 4;
+        c.stage = stage;
+        c.memory_copies = 2;
+        std::string e = c.create(rendezvous, shard_size);
+        if (!e.empty()) return e;
+        sx_status_t st = c.init_params();
+        for (int s = 1; st == SX_OK && s <= 5; ++s) st = c.step(s);
+        std::vector<float> first, again;
+        if (st == SX_OK) st = c.read_params(&first);
+        if (st != SX_OK) return failed("steps", st);
+        sx_memory_stats_t ms;
+        sx_memory_stats_init(&ms, sizeof ms);
+        if ((st = sx_get_memory_stats(c.g, &ms)) != SX_OK) return failed("memory stats", st);
+        // Each copy: the values and AdamW's 2 slots, as many bytes as 1.5 x the optimizer state.
+        const uint64_t copies = shard_size ? 2 : 4;
+        if (ms.memory_copy_bytes != copies * ms.optimizer_bytes * 3 / 2)
+            return "memory_copy_bytes " + std::to_string(ms.memory_copy_bytes) + ", expected " +
+                   std::to_string(copies) + " copies of " + std::to_string(ms.optimizer_bytes * 3 / 2);
+        sx_abort(c.g);
+        sx_regroup_options_t ro;
+        sx_regroup_options_init(&ro, sizeof ro);
+        sx_regroup_result_t rr;
+        sx_regroup_result_init(&rr, sizeof rr);
+        if ((st = sx_regroup(c.g, &ro, &rr)) != SX_OK) return failed("regroup", st);
+        if (rr.from_memory != 1 || rr.step != 4 || rr.rank != rank || rr.world_size != 4 ||
+            rr.shard_size != (shard_size ? shard_size : 4))
+            return "regroup result: from memory " + std::to_string(rr.from_memory) + ", step " +
+                   std::to_string(rr.step) + ", rank " + std::to_string(rr.rank) + " of " +
+                   std::to_string(rr.world_size) + ", shard size " + std::to_string(rr.shard_size);
+        if ((st = c.step(5)) != SX_OK || (st = c.read_params(&again)) != SX_OK) return failed("step 5 again", st);
+        if (again != first) return "step 5 taken again from the memory copy of step 4 differs from the first";
+        return "";
+    });
+    if (!err.empty()) fail_msg("stage %d, shard size %d: %s", stage, shard_size, err.c_str());
+}
+
+void test_memory_all_ranks_flat(void **) { all_ranks_regroup_from_memory(2, 0); }
+void test_memory_all_ranks_mesh(void **) { all_ranks_regroup_from_memory(3, 2); }
 
 // Misuse changes nothing: no checkpoint, a bad struct, a closed group's late arrival.
 void test_misuse(void **) {
@@ -413,6 +520,10 @@ void test_misuse(void **) {
     c.world_size = 1;
     c.backend = SX_BACKEND_CPU;
     sx_shard_group_t *g = nullptr;
+    c.memory_copy_interval = -1;
+    assert_int_equal(sx_create_shard_group(&c, &g), SX_ERR_INVALID_ARGUMENT);
+    assert_non_null(std::strstr(sx_last_error_message(), "memory_copy_interval"));
+    c.memory_copy_interval = 0;
     assert_int_equal(sx_create_shard_group(&c, &g), SX_OK);
     sx_param_group_desc_t d;
     sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_SGD);
@@ -446,11 +557,19 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_misuse),
         cmocka_unit_test(test_the_store_dies_with_rank0),
+        cmocka_unit_test(test_memory_all_ranks_flat),
+        cmocka_unit_test(test_memory_all_ranks_mesh),
         cmocka_unit_test(test_flat_stage1_rank0_lost),
         cmocka_unit_test(test_flat_stage2_rank1_lost),
         cmocka_unit_test(test_flat_stage3_rank3_lost),
         cmocka_unit_test(test_flat_stage2_rank0_lost),
         cmocka_unit_test(test_mesh_2x2_rank2_lost),
+        cmocka_unit_test(test_memory_flat_stage1_rank0_lost),
+        cmocka_unit_test(test_memory_flat_stage2_rank1_lost),
+        cmocka_unit_test(test_memory_flat_stage3_rank3_lost),
+        cmocka_unit_test(test_memory_flat_stage2_rank2_lost),
+        cmocka_unit_test(test_memory_mesh_2x2_rank2_lost),
+        cmocka_unit_test(test_memory_mesh_2x2_rank1_lost),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

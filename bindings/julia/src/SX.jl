@@ -105,6 +105,7 @@ mutable struct GroupConfig  # sx_group_config_t
     transport::Int32
     rendezvous_token::Ptr{UInt8}
     rendezvous_bind::Ptr{UInt8}
+    memory_copy_interval::Int32
 end
 
 mutable struct ParamGroupDesc  # sx_param_group_desc_t
@@ -204,6 +205,7 @@ mutable struct MemoryStats  # sx_memory_stats_t
     staging_bytes::UInt64
     unsharded_optimizer_bytes::UInt64
     peak_param_bytes::UInt64
+    memory_copy_bytes::UInt64
 end
 
 mutable struct ParamInfo  # sx_param_info_t
@@ -274,6 +276,8 @@ mutable struct RegroupResult  # sx_regroup_result_t
     previous_rank::Int32
     previous_world_size::Int32
     step::UInt64
+    from_memory::Int32
+    reserved0::Int32
 end
 
 # Filled by sx only, for a gather's or a scatter's callback (read with unsafe_load).
@@ -495,6 +499,10 @@ Rendezvous security (tcp://, and env:// where rank 0 serves sx's store):
 an `SXError` with `SX_ERR_INVALID_ARGUMENT`. `rendezvous_bind` is where rank 0's server
 listens (`nothing`: SX_RENDEZVOUS_BIND, or the rendezvous host's address; "*": every
 interface).
+
+`memory_copy_interval=N`: every N steps each rank keeps a copy of its shard of the state
+in host memory (a flat group's ranks send theirs to the next rank too), from which
+`regroup!` restores the survivors without a checkpoint; 0 = none. CPU groups only.
 """
 mutable struct ShardGroup
     handle::Ptr{Cvoid}
@@ -511,7 +519,8 @@ mutable struct ShardGroup
                         trace_path::Union{Nothing,AbstractString}=nothing, trace_events::Integer=0,
                         rendezvous_token::Union{Nothing,AbstractString}=nothing,
                         rendezvous_bind::Union{Nothing,AbstractString}=nothing,
-                        transport::Union{Symbol,AbstractString}=:auto)
+                        transport::Union{Symbol,AbstractString}=:auto,
+                        memory_copy_interval::Integer=0)
         transport_value = _transport(transport)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
@@ -530,6 +539,7 @@ mutable struct ShardGroup
             cfg.rendezvous_bind = rbind === nothing ? C_NULL : pointer(rbind)
             cfg.rank, cfg.world_size, cfg.stage, cfg.backend = rank, world_size, stage, backend
             cfg.transport = transport_value
+            cfg.memory_copy_interval = memory_copy_interval
             cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
             cfg.flags = (trainable_autodetect ? UInt32(0) : SX_GROUP_NO_TRAINABLE_AUTODETECT) |
                         (reserve_checkpoint_staging ? SX_GROUP_RESERVE_CHECKPOINT_STAGING : UInt32(0))
@@ -611,19 +621,20 @@ end
 abort!(g::ShardGroup) = check(@ccall libsx.sx_abort(_handle(g)::Ptr{Cvoid})::Int32)
 
 """
-    regroup!(g, checkpoint; join_window_ms=0, expected_world_size=0, params_only=false,
+    regroup!(g, checkpoint=nothing; join_window_ms=0, expected_world_size=0, params_only=false,
              allow_missing=false, allow_extra=false)
 
 Collective over the ranks still alive, after a call failed because a peer was lost (or
 after `abort!`): they form a new group of themselves at the next epoch, on the same
-rendezvous, and `g` becomes it, with its state loaded from `checkpoint` (resharded). The
-survivors wait `join_window_ms` (0: 1000) for each other, or until `expected_world_size`
+rendezvous, and `g` becomes it. Its state comes from the ranks' memory copies where the
+group keeps them (`memory_copy_interval`) and they still hold every shard, else from
+`checkpoint` (resharded; `nothing`: there is none). The survivors wait `join_window_ms` (0: 1000) for each other, or until `expected_world_size`
 arrived. Every view taken before is invalid afterwards. The rendezvous store must outlive
 the lost ranks: the sx-rendezvous command (`tcp://HOST:PORT?server=external`), `file://`,
 or torchrun's. Returns `(epoch, rank, world_size, shard_size, previous_rank,
-previous_world_size, step)`; go on from the step after `step`.
+previous_world_size, step, from_memory)`; go on from the step after `step`.
 """
-function regroup!(g::ShardGroup, checkpoint::AbstractString; join_window_ms::Integer=0,
+function regroup!(g::ShardGroup, checkpoint::Union{Nothing,AbstractString}=nothing; join_window_ms::Integer=0,
                   expected_world_size::Integer=0, params_only::Bool=false, allow_missing::Bool=false,
                   allow_extra::Bool=false)
     o, r = _blank(RegroupOptions), _blank(RegroupResult)
@@ -633,15 +644,16 @@ function regroup!(g::ShardGroup, checkpoint::AbstractString; join_window_ms::Int
                    (allow_extra ? SX_LOAD_ALLOW_EXTRA : 0x0)
     o.join_window_ms = Int32(join_window_ms)
     o.expected_world_size = Int32(expected_world_size)
-    p = _c_string("checkpoint", checkpoint)
+    p = checkpoint === nothing ? nothing : _c_string("checkpoint", checkpoint)
     h = _handle(g)
     GC.@preserve p o r begin
-        o.checkpoint = pointer(p)
+        o.checkpoint = p === nothing ? C_NULL : pointer(p)
         op, rp = _ptr(o), _ptr(r)
         check(@blocking @ccall libsx.sx_regroup(h::Ptr{Cvoid}, op::Ptr{RegroupOptions}, rp::Ptr{RegroupResult})::Int32)
     end
     (epoch=Int(r.epoch), rank=Int(r.rank), world_size=Int(r.world_size), shard_size=Int(r.shard_size),
-     previous_rank=Int(r.previous_rank), previous_world_size=Int(r.previous_world_size), step=Int(r.step))
+     previous_rank=Int(r.previous_rank), previous_world_size=Int(r.previous_world_size), step=Int(r.step),
+     from_memory=r.from_memory != 0)
 end
 
 """
@@ -1068,7 +1080,7 @@ function memory_stats(g::ShardGroup)
     (param_bytes=Int(s.param_bytes), grad_bytes=Int(s.grad_bytes),
      optimizer_bytes=Int(s.optimizer_bytes), staging_bytes=Int(s.staging_bytes),
      unsharded_optimizer_bytes=Int(s.unsharded_optimizer_bytes),
-     peak_param_bytes=Int(s.peak_param_bytes))
+     peak_param_bytes=Int(s.peak_param_bytes), memory_copy_bytes=Int(s.memory_copy_bytes))
 end
 
 # ----------------------------------------------------------------------------------

@@ -296,10 +296,10 @@ end
 
 """`f(rank, g)` on `world` ranks, each a task with a group of its own; their results in
 rank order."""
-function run_ranks(f, name, world)
+function run_ranks(f, name, world; config...)
     rdv = "local://jl-$name-$(getpid())"
     tasks = [Threads.@spawn with_group(g -> f(rank, g), rdv, rank, world; stage=2, backend=SX.SX_BACKEND_CPU,
-                                       num_threads=1, timeout_ms=60000) for rank in 0:world-1]
+                                       num_threads=1, timeout_ms=60000, config...) for rank in 0:world-1]
     fetch.(tasks)
 end
 
@@ -532,8 +532,35 @@ end
         for rank in 0:1
             r, world, saved, after = results[rank + 1]
             @test r == (epoch=1, rank=rank, world_size=2, shard_size=2, previous_rank=rank,
-                        previous_world_size=3, step=3)
+                        previous_world_size=3, step=3, from_memory=false)
             @test world == 2
+            @test after == saved
+        end
+    end
+end
+
+@testset "regroup!: two survivors of three go on from memory copies" begin
+    if enough_threads(3)
+        left = Threads.Atomic{Int}(0)
+        results = run_ranks("regroup3mem", 3; memory_copy_interval=1) do rank, g
+            whole_setup!(g)
+            whole_train!(g, 3, rank)
+            saved = [copy(vec(param_view(g, i))) for i in 0:2]
+            @test memory_stats(g).memory_copy_bytes > 0
+            abort!(g)
+            Threads.atomic_add!(left, 1)
+            while left[] < 3
+                yield()
+            end
+            rank == 2 && return nothing  # lost
+            r = regroup!(g; expected_world_size=2)  # no checkpoint: the copies hold every shard
+            (r, saved, [copy(vec(param_view(g, i))) for i in 0:2])
+        end
+        @test results[3] === nothing
+        for rank in 0:1
+            r, saved, after = results[rank + 1]
+            @test r == (epoch=1, rank=rank, world_size=2, shard_size=2, previous_rank=rank,
+                        previous_world_size=3, step=3, from_memory=true)
             @test after == saved
         end
     end

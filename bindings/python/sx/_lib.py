@@ -156,7 +156,7 @@ class sx_group_config_t(ctypes.Structure):
                 ("shard_size", ctypes.c_int32), ("grad_predivide_factor", ctypes.c_double),
                 ("trace_path", ctypes.c_char_p), ("trace_events", ctypes.c_int32),
                 ("transport", ctypes.c_int32), ("rendezvous_token", ctypes.c_char_p),
-                ("rendezvous_bind", ctypes.c_char_p)]
+                ("rendezvous_bind", ctypes.c_char_p), ("memory_copy_interval", ctypes.c_int32)]
 
 
 class sx_param_group_desc_t(ctypes.Structure):
@@ -225,7 +225,7 @@ class sx_memory_stats_t(ctypes.Structure):
                 ("grad_bytes", ctypes.c_uint64), ("optimizer_bytes", ctypes.c_uint64),
                 ("staging_bytes", ctypes.c_uint64),
                 ("unsharded_optimizer_bytes", ctypes.c_uint64),
-                ("peak_param_bytes", ctypes.c_uint64)]
+                ("peak_param_bytes", ctypes.c_uint64), ("memory_copy_bytes", ctypes.c_uint64)]
 
 
 class sx_unit_ready_options_t(ctypes.Structure):
@@ -292,7 +292,7 @@ class sx_regroup_result_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("epoch", ctypes.c_int32), ("rank", ctypes.c_int32),
                 ("world_size", ctypes.c_int32), ("shard_size", ctypes.c_int32),
                 ("previous_rank", ctypes.c_int32), ("previous_world_size", ctypes.c_int32),
-                ("step", ctypes.c_uint64)]
+                ("step", ctypes.c_uint64), ("from_memory", ctypes.c_int32), ("reserved0", ctypes.c_int32)]
 
 
 # Custom optimizers (1.5). The piece is filled by the library only, for the update; its

@@ -150,6 +150,7 @@ class MemoryStats:
     staging_bytes: int
     unsharded_optimizer_bytes: int
     peak_param_bytes: int
+    memory_copy_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +212,8 @@ class UnitInfo:
 @dataclasses.dataclass(frozen=True)
 class RegroupResult:
     """What ShardGroup.regroup decided: the new epoch, this rank's place before and
-    after, the new mesh's shard size, and the step the restored state is at."""
+    after, the new mesh's shard size, the step the restored state is at, and whether it
+    came from the ranks' memory copies (else from the checkpoint)."""
     epoch: int
     rank: int
     world_size: int
@@ -219,6 +221,7 @@ class RegroupResult:
     previous_rank: int
     previous_world_size: int
     step: int
+    from_memory: bool = False
 
 
 class ShardGroup(Handle):
@@ -270,6 +273,11 @@ class ShardGroup(Handle):
     InvalidArgumentError. ``rendezvous_bind`` is where rank 0's server listens (None:
     SX_RENDEZVOUS_BIND, or the rendezvous host's address; "*": every interface).
 
+    ``memory_copy_interval=N``: every N steps each rank keeps a copy of its shard of the
+    state in host memory (and, in a flat group, sends it to the next rank), from which
+    :meth:`regroup` restores the survivors without a checkpoint (docs/recovery.md);
+    :class:`MemoryStats` ``memory_copy_bytes`` says what they hold. CPU groups only.
+
     ``reserve_checkpoint_staging=True``: finalize reserves the memory the checkpoint
     saves stage this rank's shard in, so that the first save blocks no longer than the
     later ones (SX_GROUP_RESERVE_CHECKPOINT_STAGING).
@@ -280,7 +288,8 @@ class ShardGroup(Handle):
                  reserve_checkpoint_staging=False,
                  bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None,
                  prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0, trace_path=None,
-                 trace_events=0, rendezvous_token=None, rendezvous_bind=None, transport="auto"):
+                 trace_events=0, rendezvous_token=None, rendezvous_bind=None, transport="auto",
+                 memory_copy_interval=0):
         cfg = _lib.init_struct(_lib.sx_group_config_t)
         cfg.rendezvous = _encode("rendezvous", rendezvous)
         cfg.rank, cfg.world_size, cfg.stage = rank, world_size, stage
@@ -306,6 +315,7 @@ class ShardGroup(Handle):
             cfg.rendezvous_token = _encode("rendezvous_token", rendezvous_token)
         if rendezvous_bind is not None:
             cfg.rendezvous_bind = _encode("rendezvous_bind", rendezvous_bind)
+        cfg.memory_copy_interval = memory_copy_interval
         self._group_optimizers = {}  # param group index -> optimizer id, as added here
         handle = _lib.sx_shard_group_p()
         check(lib.sx_create_shard_group(ctypes.byref(cfg), ctypes.byref(handle)))
@@ -333,20 +343,23 @@ class ShardGroup(Handle):
         AbortedError, later calls GroupFailedError. Any thread."""
         check(lib.sx_abort(self.handle))
 
-    def regroup(self, checkpoint, *, join_window_ms=0, expected_world_size=0, params_only=False,
+    def regroup(self, checkpoint=None, *, join_window_ms=0, expected_world_size=0, params_only=False,
                 allow_missing=False, allow_extra=False):
         """Collective over the ranks still alive, after a call failed because a peer was
         lost (CommError, TimeoutError) or after abort(): they form a new group of
         themselves at the next epoch, on the same rendezvous, and this object becomes
-        it, with its state loaded from the checkpoint at ``checkpoint`` (resharded, as
-        load() does). The survivors wait ``join_window_ms`` (0: 1000) for each other,
+        it. Its state comes from the ranks' memory copies where the group keeps them
+        (``memory_copy_interval``) and they still hold every shard, else from the
+        checkpoint at ``checkpoint`` (resharded, as load() does; None: there is none,
+        which fails where the copies cannot serve). The survivors wait ``join_window_ms`` (0: 1000) for each other,
         or until ``expected_world_size`` of them arrived. Every view taken before is
         invalid afterwards. The rendezvous store must outlive the lost ranks (the
         sx-rendezvous command: "tcp://HOST:PORT?server=external"; file://; torchrun's).
         Returns a :class:`RegroupResult`; go on from the step after its ``step``."""
         from .checkpoint import _path
         options = _lib.init_struct(_lib.sx_regroup_options_t)
-        options.checkpoint = _path("regroup", checkpoint)
+        if checkpoint is not None:
+            options.checkpoint = _path("regroup", checkpoint)
         options.load_flags = ((_lib.SX_LOAD_PARAMS_ONLY if params_only else 0)
                               | (_lib.SX_LOAD_ALLOW_MISSING if allow_missing else 0)
                               | (_lib.SX_LOAD_ALLOW_EXTRA if allow_extra else 0))
@@ -356,7 +369,8 @@ class ShardGroup(Handle):
         check(lib.sx_regroup(self.handle, ctypes.byref(options), ctypes.byref(result)))
         return RegroupResult(epoch=result.epoch, rank=result.rank, world_size=result.world_size,
                              shard_size=result.shard_size, previous_rank=result.previous_rank,
-                             previous_world_size=result.previous_world_size, step=result.step)
+                             previous_world_size=result.previous_world_size, step=result.step,
+                             from_memory=bool(result.from_memory))
 
     # -- registration -----------------------------------------------------------------
     def add_param_group(self, optimizer="adamw", *, betas=None, ns_coefficients=None, **hyperparameters):

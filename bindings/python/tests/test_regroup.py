@@ -4,7 +4,8 @@ from the checkpoint. The result names the epoch, the new places and the checkpoi
 step; the params are the checkpoint's and the group steps on at 2 ranks, as a fresh
 group of 2 loading the checkpoint does; aborted again, the two form epoch 2. A regroup
 without a checkpoint is refused, and a rank that comes after the others' join window is
-told it is not in."""
+told it is not in. With memory copies, the two regroup without a checkpoint: their state
+is the copy's, as 2 ranks loading a checkpoint of that step have it."""
 import os
 import tempfile
 import threading
@@ -20,8 +21,8 @@ except ImportError:
     np = None
 
 
-def make(rank, name, world):
-    g = sx.ShardGroup(name, rank, world, backend="cpu", num_threads=1, timeout_ms=60000)
+def make(rank, name, world, **config):
+    g = sx.ShardGroup(name, rank, world, backend="cpu", num_threads=1, timeout_ms=60000, **config)
     g.add_param_group("adamw", lr=0.01)
     g.add_param("w", [37], unit=0)
     g.add_param("b", [5], unit=1)
@@ -34,6 +35,22 @@ def train(g, steps, first):
         for p in g.params():
             g.grad_view(p.index)[...] = ((np.arange(p.numel, dtype=np.float32) * 7 + s * 3 + g.rank) % 11 - 5) / 8
         g.step()
+
+
+def params(g):
+    return {p.name: np.array(g.param_view(p.index)) for p in g.params()}
+
+
+def reference(ckpt, step):
+    """Per rank of 2 fresh ranks loading ckpt (of `step`): the params loaded, and after 2
+    more steps."""
+    def rank_fn(rank, name):
+        with make(rank, name, 2) as g:
+            g.load(ckpt)
+            before = params(g)
+            train(g, 2, step)
+            return before, params(g)
+    return run_ranks(2, rank_fn)
 
 
 @unittest.skipIf(np is None, "needs numpy")
@@ -68,20 +85,49 @@ class RegroupTest(unittest.TestCase):
 
         results = run_ranks(3, rank_fn)
 
-        def reference(rank, name):
-            with make(rank, name, 2) as g:
-                g.load(ckpt)
-                before = {p.name: np.array(g.param_view(p.index)) for p in g.params()}
-                train(g, 2, 2)
-                return before, {p.name: np.array(g.param_view(p.index)) for p in g.params()}
-
-        want = run_ranks(2, reference)
+        want = reference(ckpt, 2)
         for rank in (0, 1):
             result, after, final, again = results[rank]
             self.assertEqual((again.epoch, again.rank, again.world_size, again.previous_world_size, again.step),
                              (2, rank, 2, 2, 2))
             self.assertEqual(result, sx.RegroupResult(epoch=1, rank=rank, world_size=2, shard_size=2,
                                                       previous_rank=rank, previous_world_size=3, step=2))
+            for name in ("w", "b"):
+                np.testing.assert_array_equal(after[name], want[rank][0][name])
+                np.testing.assert_array_equal(final[name], want[rank][1][name])
+
+    def test_from_memory_copies(self):
+        work = tempfile.mkdtemp(prefix="sx-py-regroup-memory-")
+        ckpt = os.path.join(work, "step-3")
+        left = threading.Barrier(3)
+
+        def rank_fn(rank, name):
+            g = make(rank, name, 3, memory_copy_interval=1)
+            try:
+                train(g, 3, 0)
+                g.save(ckpt, synchronous=True).wait()  # the reference's, not the regroup's
+                # This rank's two copies and its predecessor's two: 4 x (values + 2 AdamW slots).
+                stats = g.memory_stats()
+                self.assertEqual(stats.memory_copy_bytes, 4 * stats.optimizer_bytes * 3 // 2)
+                g.abort()
+                left.wait()
+                if rank == 2:
+                    return None
+                result = g.regroup(expected_world_size=2)
+                after = {p.name: np.array(g.param_view(p.index)) for p in g.params()}
+                train(g, 2, result.step)
+                return result, after, {p.name: np.array(g.param_view(p.index)) for p in g.params()}
+            finally:
+                g.close()
+
+        results = run_ranks(3, rank_fn)
+
+        want = reference(ckpt, 3)
+        for rank in (0, 1):
+            result, after, final = results[rank]
+            self.assertEqual(result, sx.RegroupResult(epoch=1, rank=rank, world_size=2, shard_size=2,
+                                                      previous_rank=rank, previous_world_size=3, step=3,
+                                                      from_memory=True))
             for name in ("w", "b"):
                 np.testing.assert_array_equal(after[name], want[rank][0][name])
                 np.testing.assert_array_equal(final[name], want[rank][1][name])

@@ -168,6 +168,7 @@ pub struct sx_group_config_t {
     pub transport: i32,
     pub rendezvous_token: *const c_char,
     pub rendezvous_bind: *const c_char,
+    pub memory_copy_interval: i32,
 }
 
 pub const SX_PREFETCH_NONE: i32 = -1;
@@ -314,6 +315,7 @@ pub struct sx_memory_stats_t {
     pub staging_bytes: u64,
     pub unsharded_optimizer_bytes: u64,
     pub peak_param_bytes: u64,
+    pub memory_copy_bytes: u64,
 }
 
 #[repr(C)]
@@ -396,6 +398,8 @@ pub struct sx_regroup_result_t {
     pub previous_rank: i32,
     pub previous_world_size: i32,
     pub step: u64,
+    pub from_memory: i32,
+    pub reserved0: i32,
 }
 
 /// One piece of a param's elements in this rank's shard, filled by the library for a

@@ -64,7 +64,8 @@ pub struct StepResult {
 }
 
 /// What [`ShardGroup::regroup`] decided: the new epoch, this rank's place before and
-/// after, the new mesh's shard size, and the step the restored state is at.
+/// after, the new mesh's shard size, the step the restored state is at, and where it
+/// came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RegroupResult {
     pub epoch: i32,
@@ -75,6 +76,8 @@ pub struct RegroupResult {
     pub previous_world_size: i32,
     /// The trainer goes on from the step after this one.
     pub step: u64,
+    /// The ranks' memory copies (else the checkpoint).
+    pub from_memory: bool,
 }
 
 /// Bytes held by this rank, per category.
@@ -87,6 +90,8 @@ pub struct MemoryStats {
     pub unsharded_optimizer_bytes: u64,
     /// The most param bytes held at once (stage 3: shards plus gathered units).
     pub peak_param_bytes: u64,
+    /// Memory copies of the state (GroupConfig::memory_copy_interval) held.
+    pub memory_copy_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -249,8 +254,10 @@ impl ShardGroup {
 
     /// Collective over the ranks still alive, after a call failed because a peer was lost
     /// (or after [`abort`](Self::abort)): they form a new group of themselves at the next
-    /// epoch, on the same rendezvous, and this handle becomes it, with its state loaded
-    /// from `options`' checkpoint (resharded). The survivors wait `join_window_ms` (0:
+    /// epoch, on the same rendezvous, and this handle becomes it. Its state comes from the
+    /// ranks' memory copies where the group keeps them
+    /// ([`GroupConfig::memory_copy_interval`]) and they still hold every shard, else from
+    /// `options`' checkpoint (resharded; an empty path: none). The survivors wait `join_window_ms` (0:
     /// 1000) for each other, or until `expected_world_size` arrived. Views taken before
     /// are invalid afterwards (the borrow of `&mut self` ends them). The rendezvous store
     /// must outlive the lost ranks: the sx-rendezvous command
@@ -259,7 +266,7 @@ impl ShardGroup {
         -> Result<RegroupResult> {
         let path = c_string("checkpoint path", &options.path)?;
         let mut o: sys::sx_regroup_options_t = init(sys::sx_regroup_options_init);
-        o.checkpoint = path.as_ptr();
+        o.checkpoint = if options.path.is_empty() { ptr::null() } else { path.as_ptr() };
         o.load_flags = options.flags;
         o.join_window_ms = join_window_ms;
         o.expected_world_size = expected_world_size;
@@ -273,6 +280,7 @@ impl ShardGroup {
             previous_rank: r.previous_rank,
             previous_world_size: r.previous_world_size,
             step: r.step,
+            from_memory: r.from_memory != 0,
         })
     }
 
@@ -575,6 +583,7 @@ impl ShardGroup {
             staging_bytes: s.staging_bytes,
             unsharded_optimizer_bytes: s.unsharded_optimizer_bytes,
             peak_param_bytes: s.peak_param_bytes,
+            memory_copy_bytes: s.memory_copy_bytes,
         })
     }
 

@@ -271,6 +271,14 @@ impl GroupConfig {
         self.rendezvous_bind = Some(address.to_string());
         self
     }
+    /// Every `steps` steps each rank keeps a copy of its shard of the state in host
+    /// memory (a flat group's ranks send theirs to the next rank too), from which
+    /// [`ShardGroup::regroup`](crate::ShardGroup::regroup) restores the survivors without
+    /// a checkpoint; 0 = none. CPU groups only.
+    pub fn memory_copy_interval(mut self, steps: i32) -> Self {
+        self.raw.memory_copy_interval = steps;
+        self
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -572,11 +572,59 @@ fn two_survivors_of_three_regroup_from_a_checkpoint() {
                 shard_size: 2,
                 previous_rank: rank as i32,
                 previous_world_size: 3,
-                step: 2
+                step: 2,
+                from_memory: false
             }
         );
         assert_eq!(world, 2);
         assert_eq!(w, fresh[rank], "a survivor's params differ from the checkpoint's");
+    }
+    assert!(results[2].is_none());
+}
+
+/// The same with memory copies kept every step and no checkpoint for the regroup: the
+/// two survivors' state comes from their copies (and rank 2's shard from rank 0, its
+/// successor), as two fresh ranks loading a checkpoint of that step have it.
+#[test]
+fn two_survivors_of_three_regroup_from_memory_copies() {
+    let dir = common::TempDir::new("regroup-memory");
+    let path = dir.join("step-2");
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let name = common::rendezvous("regroupmem");
+    let handles: Vec<_> = (0..3)
+        .map(|rank| {
+            let (barrier, name, p) = (barrier.clone(), name.clone(), path.clone());
+            std::thread::spawn(move || -> sx::Result<Option<(sx::RegroupResult, Vec<f32>)>> {
+                let mut g = ShardGroup::new(&common::config(&name, rank, 3).memory_copy_interval(1))?;
+                setup(&mut g, 0.05)?;
+                for _ in 0..2 {
+                    let mut t = g.tensors_mut()?;
+                    grads(rank, t.params[0], t.grads[0]);
+                    g.step(None)?;
+                }
+                g.save(SaveOptions::new(&p).synchronous(true))?.wait()?; // the reference's
+                assert!(g.memory_stats()?.memory_copy_bytes > 0);
+                g.abort()?;
+                barrier.wait();
+                if rank == 2 {
+                    return Ok(None);
+                }
+                let r = g.regroup(&LoadOptions::new(""), 0, 2)?;
+                Ok(Some((r, g.param(0)?.to_vec())))
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("rank panicked").expect("rank failed")).collect();
+    let p = path.clone();
+    let fresh = common::run_ranks("regroupmemref", 2, move |_rank, mut g| {
+        setup(&mut g, 0.05)?;
+        g.load(&LoadOptions::new(&p))?;
+        Ok(g.param(0)?.to_vec())
+    });
+    for rank in 0..2 {
+        let (r, w) = results[rank].clone().expect("a survivor returned nothing");
+        assert!(r.from_memory && r.step == 2 && r.world_size == 2 && r.rank == rank as i32, "{:?}", r);
+        assert_eq!(w, fresh[rank], "a survivor's params differ from the checkpoint of the same step");
     }
     assert!(results[2].is_none());
 }

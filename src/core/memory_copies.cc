@@ -1,0 +1,262 @@
+#include "core/memory_copies.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "base/log.h"
+
+namespace sx {
+namespace core {
+
+uint64_t ShardCopy::bytes() const {
+    uint64_t b = 0;
+    for (const std::vector<float> &u : units) b += u.size() * sizeof(float);
+    return b;
+}
+
+std::string describe_holdings(const std::vector<CopyHolding> &h) {
+    std::string out;
+    for (const CopyHolding &c : h)
+        out += format("%s %llu %d;", c.own ? "own" : "peer", static_cast<unsigned long long>(c.seq), c.shard);
+    return out;
+}
+
+Status parse_holdings(const std::string &text, std::vector<CopyHolding> *out) {
+    out->clear();
+    std::istringstream in(text);
+    std::string item;
+    while (std::getline(in, item, ';')) {
+        if (item.empty()) continue;
+        std::istringstream f(item);
+        std::string kind;
+        CopyHolding c;
+        f >> kind >> c.seq >> c.shard;
+        SX_CHECK(f && (kind == "own" || kind == "peer"), SX_ERR_CORRUPT,
+                 "a survivor's list of memory copies in the rendezvous store is unreadable: '%s'", text.c_str());
+        c.own = kind == "own";
+        out->push_back(c);
+    }
+    return Status::Ok();
+}
+
+CopyChoice choose_copies(const std::vector<std::vector<CopyHolding>> &holdings, int shards) {
+    CopyChoice choice;
+    auto holds = [&](size_t m, uint64_t seq, bool own, int shard) {
+        for (const CopyHolding &c : holdings[m])
+            if (c.own == own && c.seq == seq && (shard < 0 || c.shard == shard)) return true;
+        return false;
+    };
+    std::vector<uint64_t> seqs;
+    if (!holdings.empty())
+        for (const CopyHolding &c : holdings[0])
+            if (c.own) seqs.push_back(c.seq);
+    std::sort(seqs.rbegin(), seqs.rend());
+    choice.why_not = "no survivor keeps memory copies";
+    for (uint64_t seq : seqs) {
+        // Every survivor takes the progress (step counts) from its own copy.
+        bool everyone = true;
+        for (size_t m = 0; m < holdings.size(); ++m) everyone = everyone && holds(m, seq, true, -1);
+        if (!everyone) {
+            choice.why_not = format("the survivors hold no copy of one step boundary in common (copy %llu)",
+                                    static_cast<unsigned long long>(seq));
+            continue;
+        }
+        std::vector<int> provider(static_cast<size_t>(shards), -1);
+        std::vector<bool> own(static_cast<size_t>(shards), true);
+        int missing = -1;
+        for (int i = 0; i < shards && missing < 0; ++i) {
+            for (int pass = 0; pass < 2 && provider[i] < 0; ++pass)
+                for (size_t m = 0; m < holdings.size() && provider[i] < 0; ++m)
+                    if (holds(m, seq, pass == 0, i)) {
+                        provider[i] = static_cast<int>(m);
+                        own[i] = pass == 0;
+                    }
+            if (provider[i] < 0) missing = i;
+        }
+        if (missing >= 0) {
+            choice.why_not = format("no survivor holds shard %d of copy %llu (the lost ranks held its every copy)",
+                                    missing, static_cast<unsigned long long>(seq));
+            continue;
+        }
+        choice.found = true;
+        choice.seq = seq;
+        choice.provider = provider;
+        choice.provider_own = own;
+        choice.why_not.clear();
+        return choice;
+    }
+    return choice;
+}
+
+MemoryCopies::MemoryCopies(const Settings &s, DeviceOps &ops, std::unique_ptr<comm::Communicator> comm)
+    : s_(s), ops_(ops), comm_(std::move(comm)) {
+    thread_ = std::thread([this] { run(); });
+}
+
+MemoryCopies::~MemoryCopies() {
+    {
+        std::unique_lock<std::mutex> lock(mu_);
+        // A sending in flight is one the peers take part in: it gets a moment to end.
+        cv_.wait_for(lock, std::chrono::seconds(2), [this] { return !busy_; });
+    }
+    if (comm_) comm_->abort();
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+}
+
+void MemoryCopies::take(std::vector<UnitShard> units, ShardProgress progress, std::unique_ptr<ShardFence::Hold> hold) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return !busy_; });
+    if (broken_ || stop_) return;  // the hold goes: nothing is copied
+    std::unique_ptr<Job> job(new Job());
+    // The slot that does not hold the newest copy every rank has.
+    job->slot = newest_ < 0 ? 0 : 1 - newest_;
+    own_[job->slot].valid = false;
+    peer_[job->slot].valid = false;
+    own_[job->slot].seq = next_seq_++;
+    job->units = std::move(units);
+    job->progress = std::move(progress);
+    job->hold = std::move(hold);
+    job_ = std::move(job);
+    busy_ = true;
+    dirty_ = false;
+    lock.unlock();
+    cv_.notify_all();
+}
+
+void MemoryCopies::reset() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return !busy_; });
+    for (ShardCopy *copy : {&own_[0], &own_[1], &peer_[0], &peer_[1]}) *copy = ShardCopy();
+    newest_ = -1;
+    dirty_ = true;
+}
+
+void MemoryCopies::abort() {
+    if (comm_) comm_->abort();
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = true;
+}
+
+void MemoryCopies::finish(Millis grace) {
+    {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (cv_.wait_for(lock, grace, [this] { return !busy_; })) return;
+    }
+    abort();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return !busy_; });
+}
+
+std::vector<CopyHolding> MemoryCopies::holdings() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<CopyHolding> out;
+    for (const ShardCopy *c : {&own_[0], &own_[1], &peer_[0], &peer_[1]})
+        if (c->valid) out.push_back({c == &own_[0] || c == &own_[1], c->seq, c->shard});
+    return out;
+}
+
+const ShardCopy *MemoryCopies::find(uint64_t seq, bool own) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const ShardCopy *set = own ? own_ : peer_;
+    for (int k = 0; k < 2; ++k)
+        if (set[k].valid && set[k].seq == seq) return &set[k];
+    return nullptr;
+}
+
+uint64_t MemoryCopies::bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return own_[0].bytes() + own_[1].bytes() + peer_[0].bytes() + peer_[1].bytes();
+}
+
+void MemoryCopies::run() {
+    for (;;) {
+        std::unique_ptr<Job> job;
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [this] { return stop_ || job_ != nullptr; });
+            if (!job_) return;
+            job = std::move(job_);
+        }
+        Status s = copy_out(*job);
+        job->hold.reset();  // the live shard may change again
+        if (s.ok() && s_.peers) s = send(job->slot);
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (s.ok()) {
+                newest_ = job->slot;
+            } else if (!broken_) {
+                broken_ = true;
+                log(SX_LOG_WARN, "sx: rank %d: memory copy %llu: %s; no later copy is taken", s_.rank,
+                    static_cast<unsigned long long>(own_[job->slot].seq), s.message().c_str());
+            }
+            busy_ = false;
+        }
+        cv_.notify_all();
+    }
+}
+
+// The live shard into the job's own slot.
+Status MemoryCopies::copy_out(Job &job) {
+    ShardCopy &c = own_[job.slot];
+    c.units.resize(job.units.size());
+    c.slots.resize(job.units.size());
+    for (size_t u = 0; u < job.units.size(); ++u) {
+        const UnitShard &us = job.units[u];
+        const uint64_t n = us.shard_numel;
+        c.slots[u] = us.state_slots;
+        c.units[u].resize(static_cast<size_t>((1 + us.state_slots) * n));
+        if (n == 0) continue;
+        SX_TRY(ops_.to_host(c.units[u].data(), us.values, n * sizeof(float)));
+        for (int k = 0; k < us.state_slots; ++k)
+            SX_TRY(ops_.to_host(c.units[u].data() + (k + 1) * n, us.state[k], n * sizeof(float)));
+    }
+    c.progress = std::move(job.progress);
+    c.shard = s_.shard;
+    c.of_rank = s_.rank;
+    std::lock_guard<std::mutex> lock(mu_);
+    c.valid = true;
+    return Status::Ok();
+}
+
+// The own copy in `slot` to the next rank, the previous rank's into peer_[slot]: one
+// gather per receiving rank, then the barrier that tells every rank each received.
+Status MemoryCopies::send(int slot) {
+    const int W = s_.world_size, r = s_.rank;
+    const ShardCopy &mine = own_[slot];
+    ShardCopy &theirs = peer_[slot];
+    theirs.units.resize(mine.units.size());
+    for (size_t u = 0; u < mine.units.size(); ++u) theirs.units[u].resize(mine.units[u].size());
+    auto pieces = [](const std::vector<std::vector<float>> &units) {
+        std::vector<comm::Piece> out;
+        for (const std::vector<float> &u : units)
+            out.push_back({const_cast<float *>(u.data()), u.size() * sizeof(float)});
+        return out;
+    };
+    for (int root = 0; root < W; ++root) {
+        const int sender = (root + W - 1) % W;
+        std::vector<comm::Piece> send;
+        if (r == sender) send = pieces(mine.units);
+        std::vector<std::vector<comm::Piece>> receive;
+        if (r == root) {
+            receive.resize(static_cast<size_t>(W));
+            receive[static_cast<size_t>(sender)] = pieces(theirs.units);
+        }
+        SX_TRY(comm_->gather_pieces(send, receive, root));
+    }
+    SX_TRY(comm_->barrier());
+    std::lock_guard<std::mutex> lock(mu_);
+    theirs.slots = mine.slots;
+    theirs.seq = mine.seq;
+    theirs.of_rank = (r + W - 1) % W;
+    theirs.shard = theirs.of_rank;  // flat: the shard index is the rank
+    theirs.valid = true;
+    return Status::Ok();
+}
+
+}  // namespace core
+}  // namespace sx
