@@ -8,14 +8,14 @@
 //             restarting the job would, the moment the loss is noticed), each creating a
 //             group, loading the same checkpoint and taking one step: from the start to
 //             the slowest one's step
-// Each from the checkpoint, and from memory copies (config->memory_copy_interval = 1:
-// every rank copies its shard every step, and a flat group's ranks send theirs to the
-// next rank; the survivors regroup with no checkpoint): then also what the copies cost,
-// the step time of the 4 ranks against the run without them, and the bytes each rank
-// holds in copies against its shard of the optimizer state.
+// Each from the checkpoint, and from memory copies (config->memory_copy_interval = 1 and
+// 10: every rank copies its shard every 1 or 10 steps, and a flat group's ranks send
+// theirs to the next rank; the survivors regroup with no checkpoint): then also what the
+// copies cost, the step time of the 4 ranks against the run without them, and the bytes
+// each rank holds in copies against its shard of the optimizer state.
 // Flat (stage 2) and a 2 x 2 mesh (the 3 survivors go on flat), the median of --reps
-// rounds (at most 5), with the step time of the 4 ranks before the loss (the median of
-// their first 10 steps). Times are on CLOCK_MONOTONIC, which every process of the host
+// rounds (at most 5), with the step time of the 4 ranks before the loss (the mean of
+// their first 20 steps, the slowest rank's). Times are on CLOCK_MONOTONIC, which every process of the host
 // shares.
 #include <signal.h>
 #include <spawn.h>
@@ -120,8 +120,9 @@ bool wait_for_file(const std::string &path, double seconds) {
 //   MODE run: save DIR/ckpt (rank 0 waits for it), step until a step fails, writing
 //     DIR/ready.R after the first steps and DIR/step_ms.R; then sx_regroup from DIR/ckpt
 //     and one step, writing DIR/done.R (the time it completed).
-//   MODE memory: the same with memory copies every step, regrouping without a
-//     checkpoint; also DIR/copy_ratio.R: the bytes in copies / the optimizer state's.
+//   MODE memory1, memory10: the same with memory copies every 1 or 10 steps, regrouping
+//     without a checkpoint; also DIR/copy_ratio.R: the bytes in copies / the optimizer
+//     state's.
 //   MODE restart: create, load DIR/ckpt, one step, write DIR/done.R.
 int regroup_rank_main(int argc, char **argv) {
     if (argc != 9) return 2;
@@ -129,8 +130,9 @@ int regroup_rank_main(int argc, char **argv) {
     const int rank = std::atoi(argv[3]), world = std::atoi(argv[4]), shard_size = std::atoi(argv[6]);
     const int64_t n = std::strtoll(argv[7], nullptr, 10);
     const std::string me = "." + std::to_string(rank);
-    const bool memory = mode == "memory";
-    sx_shard_group_t *g = make_adamw(url, rank, world, shard_size, n, memory ? 1 : 0);
+    const int interval = mode == "memory1" ? 1 : mode == "memory10" ? 10 : 0;
+    const bool memory = interval > 0;
+    sx_shard_group_t *g = make_adamw(url, rank, world, shard_size, n, interval);
     const std::string ckpt = dir + "/ckpt";
     if (mode == "restart") {
         sx_load_options_t lo;
@@ -156,8 +158,10 @@ int regroup_rank_main(int argc, char **argv) {
         const double t0 = now_seconds();
         st = fill_and_step(g);
         if (st == SX_OK) ms.push_back((now_seconds() - t0) * 1e3);
-        if (s == 9) {
-            write_number(dir + "/step_ms" + me, median(ms));
+        if (s == 19) {
+            double sum = 0;
+            for (double v : ms) sum += v;
+            write_number(dir + "/step_ms" + me, sum / static_cast<double>(ms.size()));
             sx_memory_stats_t m;
             sx_memory_stats_init(&m, sizeof m);
             if (sx_get_memory_stats(g, &m) != SX_OK) fail("sx_get_memory_stats");
@@ -188,7 +192,7 @@ struct Figures {
 };
 
 // One round: the 4-rank run losing rank 1, then the restart of 3.
-Figures run_round(int shard_size, int64_t n, bool memory) {
+Figures run_round(int shard_size, int64_t n, int interval) {
     Figures out;
     char tmpl[] = "/tmp/sx-bench-regroup-XXXXXX";
     if (!mkdtemp(tmpl)) return out;
@@ -198,7 +202,8 @@ Figures run_round(int shard_size, int64_t n, bool memory) {
     const std::string url = "tcp://127.0.0.1:" + std::to_string(port) + "?server=external";
     std::vector<pid_t> ranks;
     for (int r = 0; r < 4; ++r)
-        ranks.push_back(spawn({"/proc/self/exe", "--regroup-rank", memory ? "memory" : "run", std::to_string(r), "4", url,
+        ranks.push_back(spawn({"/proc/self/exe", "--regroup-rank", interval ? "memory" + std::to_string(interval) : "run",
+                               std::to_string(r), "4", url,
                                std::to_string(shard_size), std::to_string(n), dir}));
     bool ready = server > 0;
     for (int r = 0; r < 4 && ready; ++r) ready = wait_for_file(dir + "/ready." + std::to_string(r), 120);
@@ -257,7 +262,8 @@ int section_regroup(const Options &opt) {
     const int rounds = std::min(opt.reps, 5);
     std::printf("regroup: 4 ranks as processes over tcp:// (sx-rendezvous's store), AdamW on %lld fp32 elements; "
                 "rank 1 SIGKILLed while stepping. regroup: from the kill to the 3 survivors' first step after "
-                "sx_regroup (from the checkpoint, or from memory copies kept every step); restart: 3 new processes "
+                "sx_regroup (from the checkpoint, or from memory copies kept every 1 or 10 steps); restart: 3 new "
+                "processes "
                 "creating a group, loading the checkpoint and stepping; step_vs_off: the 4 ranks' step with the "
                 "copies against without; copy_bytes: a rank's copies / its optimizer state. Median of %d rounds\n",
                 static_cast<long long>(n), rounds);
@@ -266,10 +272,10 @@ int section_regroup(const Options &opt) {
     std::vector<std::string> json;
     for (int shard_size : {0, 2}) {
         double step_off = 0;
-        for (bool memory : {false, true}) {
+        for (int interval : {0, 1, 10}) {
             std::vector<double> regroup, restart, step, ratio;
             for (int k = 0; k < rounds; ++k) {
-                const Figures f = run_round(shard_size, n, memory);
+                const Figures f = run_round(shard_size, n, interval);
                 if (f.regroup_s < 0 || f.restart_s < 0) {
                     std::printf("%8s (the ranks failed)\n", shard_size ? "2x2" : "flat");
                     return 1;
@@ -280,9 +286,10 @@ int section_regroup(const Options &opt) {
                 ratio.push_back(f.copy_ratio);
             }
             const double rg = median(regroup), rs = median(restart), st = median(step), cr = median(ratio);
-            if (!memory) step_off = st;
+            if (!interval) step_off = st;
             const char *mesh = shard_size ? "2x2" : "flat";
-            const char *from = memory ? "memory" : "checkpoint";
+            const std::string from_text = interval ? "memory/" + std::to_string(interval) : "checkpoint";
+            const char *from = from_text.c_str();
             std::printf("%8s %11s %10.1f %10.3f %10.3f %16.3f %12.3f %11.2f\n", mesh, from, st, rg, rs, rg / rs,
                         st / step_off, cr);
             char line[640];

@@ -245,9 +245,25 @@ Status ShardGroup::restore_copies(const ShardGroup &from, const CopyChoice &choi
              static_cast<unsigned long long>(choice.seq), units_.size());
     const int W = world_size(), S = shard_size(), me = rank();
     const Layout &old = from.layout_;
+    // Where each unit's tensors go: the values (fp32 masters of 16-bit units) in place,
+    // each state slot into a new buffer that a restore then swaps in with the progress.
+    // Host memory is written directly; a device's through host staging.
+    const bool host = ops_->device() == SX_DEVICE_CPU;
+    Status s = units_.ensure_masters();  // valid from here: the values below replace them
+    std::vector<std::array<Buffer, 3>> state(units_.size());
     std::vector<std::vector<float>> staging(units_.size());
-    for (size_t u = 0; u < units_.size(); ++u)
-        staging[u].assign(static_cast<size_t>((1 + own->slots[u]) * layout_.units()[u].shard_numel), 0.0f);
+    std::vector<std::array<float *, 4>> into(units_.size());
+    for (size_t u = 0; u < units_.size() && s.ok(); ++u) {
+        const uint64_t n = layout_.units()[u].shard_numel;
+        if (!host) staging[u].assign(static_cast<size_t>((1 + own->slots[u]) * n), 0.0f);
+        into[u][0] = host ? unit_shard(u).values : staging[u].data();
+        if (n == 0) continue;  // no piece lies in it
+        for (int k = 0; k < own->slots[u] && s.ok(); ++k) {
+            s = ops_->allocate(n * sizeof(float), "optimizer state restored from memory copies", &state[u][k]);
+            into[u][k + 1] = host ? state[u][k].as<float>() : staging[u].data() + (k + 1) * n;
+        }
+    }
+    if (!s.ok()) return fail(s);
     for (int i = 0; i < static_cast<int>(choice.provider.size()); ++i) {
         const int root = choice.provider[i];  // a member's index is its new rank
         const ShardCopy *src = me == root ? from.copies_->find(choice.seq, choice.provider_own[i]) : nullptr;
@@ -258,9 +274,11 @@ Status ShardGroup::restore_copies(const ShardGroup &from, const CopyChoice &choi
         std::vector<std::vector<comm::Piece>> theirs(me == root ? static_cast<size_t>(W) : 0);
         for (int r = 0; r < W; ++r) {
             if (r != me && me != root) continue;
+            const std::vector<UnitLayout> &to_units = layout_.units();
             for_each_overlap(old, i, layout_, r % S, own->slots,
-                             [&](size_t u, int, uint64_t at_from, uint64_t at_to, uint64_t n) {
-                                 float *to = staging[u].data() + at_to;
+                             [&](size_t u, int k, uint64_t at_from, uint64_t at_to, uint64_t n) {
+                                 const uint64_t n_to = to_units[u].shard_numel;
+                                 float *to = into[u][k] + (at_to - static_cast<uint64_t>(k) * n_to);
                                  const float *there = src ? src->units[u].data() + at_from : nullptr;
                                  if (r == me && me == root)
                                      std::memcpy(to, there, n * sizeof(float));
@@ -272,18 +290,11 @@ Status ShardGroup::restore_copies(const ShardGroup &from, const CopyChoice &choi
         }
         if (W > 1) SX_TRY(collective([&](comm::Communicator &c) { return c.scatter_pieces(theirs, mine, root); }));
     }
-    // Into the group: the values (fp32 masters of 16-bit units) in place, the slots by a
-    // restore, which also takes the progress.
-    Status s = units_.ensure_masters();  // valid from here: the values below replace them
-    std::vector<std::array<Buffer, 3>> state(units_.size());
-    for (size_t u = 0; u < units_.size() && s.ok(); ++u) {
+    for (size_t u = 0; u < units_.size() && s.ok() && !host; ++u) {
         const uint64_t n = layout_.units()[u].shard_numel;
-        if (n == 0) continue;
         s = ops_->from_host(unit_shard(u).values, staging[u].data(), n * sizeof(float));
-        for (int k = 0; k < own->slots[u] && s.ok(); ++k) {
-            s = ops_->allocate(n * sizeof(float), "optimizer state restored from memory copies", &state[u][k]);
-            if (s.ok()) s = ops_->from_host(state[u][k].data(), staging[u].data() + (k + 1) * n, n * sizeof(float));
-        }
+        for (int k = 0; k < own->slots[u] && s.ok(); ++k)
+            s = ops_->from_host(state[u][k].data(), staging[u].data() + (k + 1) * n, n * sizeof(float));
     }
     if (!s.ok()) return fail(s);
     ShardRestore r;
