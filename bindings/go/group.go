@@ -74,6 +74,12 @@ const GroupFlagNoTrainableAutodetect = 0x1
 // stage this rank's shard in, so that the first save blocks no longer than later ones.
 const GroupFlagReserveCheckpointStaging = 0x2
 
+// GroupFlagJoin: this process joins a running group on the rendezvous (SX_GROUP_JOIN). It
+// connects to nobody (Rank and WorldSize are ignored); register the params and param
+// groups as the members have them, Finalize, then Regroup waits until the members admit it
+// (their PollJoiners, then Regroup with RegroupOptions.Admit).
+const GroupFlagJoin = 0x4
+
 // Limits of param descriptions.
 const (
 	MaxNdim      = 8
@@ -273,6 +279,9 @@ type RegroupOptions struct {
 	Checkpoint        LoadOptions
 	JoinWindowMs      int32       // how long the survivors wait for each other; 0 = 1000
 	ExpectedWorldSize int32       // close once this many arrived; 0 = the previous world size
+	// Joining processes admitted (what PollJoiners returned, on every member); they take
+	// the ranks after the members'.
+	Admit int32
 }
 
 // RegroupResult is what Regroup decided: the new epoch, this rank's place before and
@@ -312,6 +321,7 @@ func (g *ShardGroup) Regroup(opts RegroupOptions) (RegroupResult, error) {
 	}
 	o.join_window_ms = C.int32_t(opts.JoinWindowMs)
 	o.expected_world_size = C.int32_t(opts.ExpectedWorldSize)
+	o.admit = C.int32_t(opts.Admit)
 	var r C.sx_regroup_result_t
 	C.sx_regroup_result_init(&r, C.size_t(unsafe.Sizeof(r)))
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_regroup(raw, &o, &r) })
@@ -321,6 +331,14 @@ func (g *ShardGroup) Regroup(opts RegroupOptions) (RegroupResult, error) {
 	return RegroupResult{Epoch: int32(r.epoch), Rank: int32(r.rank), WorldSize: int32(r.world_size),
 		ShardSize: int32(r.shard_size), PreviousRank: int32(r.previous_rank),
 		PreviousWorldSize: int32(r.previous_world_size), Step: uint64(r.step), FromMemory: r.from_memory != 0}, nil
+}
+
+// PollJoiners (collective) returns how many processes wait to join the group (created
+// with GroupFlagJoin on its rendezvous) and were not admitted yet, the same on every rank.
+func (g *ShardGroup) PollJoiners() (int32, error) {
+	var n C.int32_t
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_poll_joiners(raw, &n) })
+	return int32(n), err
 }
 
 // Optimizer kind of a param group.

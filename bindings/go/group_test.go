@@ -1357,3 +1357,81 @@ func TestTwoSurvivorsOfThreeRegroupFromMemory(t *testing.T) {
 		return err
 	})
 }
+
+// A 4th process (a goroutine with GroupFlagJoin) joins 3 ranks: they poll until they see
+// it and admit it; the 4 then hold the params of the step it joined at.
+func TestAProcessJoins(t *testing.T) {
+	rdv := rendezvous("join")
+	params := make([][]float32, 4)
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for r := int32(0); r < 4; r++ {
+		wg.Add(1)
+		go func(rank int32) {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			cfg := config(rdv, rank, 3)
+			if rank == 3 {
+				cfg = config(rdv, 0, 1)
+				cfg.Flags |= GroupFlagJoin
+			}
+			g, err := NewShardGroup(cfg)
+			if err != nil {
+				errs[rank] = err
+				return
+			}
+			defer g.Close()
+			errs[rank] = func() error {
+				if err := setup(g, 0.05); err != nil {
+					return err
+				}
+				var r RegroupResult
+				if rank == 3 {
+					if r, err = g.Regroup(RegroupOptions{}); err != nil {
+						return err
+					}
+					if r.PreviousRank != -1 {
+						return fmt.Errorf("the joiner's result %+v", r)
+					}
+				} else {
+					for s := 0; s < 2; s++ {
+						if _, err := trainStep(rank, g); err != nil {
+							return err
+						}
+					}
+					w, _ := g.Param(0)
+					params[rank] = append([]float32(nil), w...)
+					var waiting int32
+					for k := 0; k < 3000 && waiting == 0; k++ {
+						if waiting, err = g.PollJoiners(); err != nil {
+							return err
+						}
+						time.Sleep(10 * time.Millisecond)
+					}
+					if r, err = g.Regroup(RegroupOptions{Admit: waiting}); err != nil {
+						return err
+					}
+				}
+				if r.WorldSize != 4 || r.Rank != rank || r.Step != 2 || !r.FromMemory {
+					return fmt.Errorf("regroup gave %+v", r)
+				}
+				if rank == 3 {
+					w, _ := g.Param(0)
+					params[3] = append([]float32(nil), w...)
+				}
+				_, err := trainStep(r.Rank, g)
+				return err
+			}()
+		}(r)
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+	if !t.Failed() && !reflect.DeepEqual(params[3], params[0]) {
+		t.Errorf("the joiner's params are not the members' at the step it joined")
+	}
+}

@@ -216,7 +216,7 @@ func cLayouts() []structLayout {
 			f("load_flags", unsafe.Offsetof(ro.load_flags), unsafe.Sizeof(ro.load_flags)),
 			f("join_window_ms", unsafe.Offsetof(ro.join_window_ms), unsafe.Sizeof(ro.join_window_ms)),
 			f("expected_world_size", unsafe.Offsetof(ro.expected_world_size), unsafe.Sizeof(ro.expected_world_size)),
-			f("reserved0", unsafe.Offsetof(ro.reserved0), unsafe.Sizeof(ro.reserved0)),
+			f("admit", unsafe.Offsetof(ro.admit), unsafe.Sizeof(ro.admit)),
 		}},
 		{"sx_regroup_result_t", unsafe.Sizeof(rr), unsafe.Alignof(rr), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(rr.struct_size), unsafe.Sizeof(rr.struct_size)),

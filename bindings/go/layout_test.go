@@ -105,6 +105,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED": int64(MuonAdjustLRSpectralUnclamped),
 		"SX_GROUP_NO_TRAINABLE_AUTODETECT":     GroupFlagNoTrainableAutodetect,
 		"SX_GROUP_RESERVE_CHECKPOINT_STAGING":  GroupFlagReserveCheckpointStaging,
+		"SX_GROUP_JOIN":                        GroupFlagJoin,
 		"SX_MAX_NDIM":                          MaxNdim, "SX_MAX_NAME_BYTES": MaxNameBytes, "SX_MAX_WORLD_SIZE": MaxWorldSize,
 		"SX_LOAD_PARAMS_ONLY": LoadParamsOnly, "SX_LOAD_ALLOW_MISSING": LoadAllowMissing, "SX_LOAD_ALLOW_EXTRA": LoadAllowExtra,
 		"SX_LOSS_SCALING_NONE": int64(LossScalingNone), "SX_LOSS_SCALING_DYNAMIC": int64(LossScalingDynamic),

@@ -209,6 +209,14 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
  * the first sx_save_optim_state blocks no longer than the later ones, which reuse it. The
  * memory is then held from sx_finalize on (sx_get_memory_stats: staging_bytes). (1.5) */
 #define SX_GROUP_RESERVE_CHECKPOINT_STAGING 0x2
+/* A process that joins a running group (docs/recovery.md, "Growing"): sx_create_shard_group
+ * connects to nobody (rank and world_size are ignored); the params and param groups are
+ * registered and sx_finalize'd as the members have them, then sx_regroup waits until the
+ * members admit it (sx_poll_joiners, then their sx_regroup with options->admit) and makes
+ * it a rank of their next group, after theirs, with its state. Until then every other
+ * collective call is SX_ERR_INVALID_STATE. The rendezvous must be the members' (tcp:// on a
+ * store that outlives rank 0, file://, local://); the members' first group on it. */
+#define SX_GROUP_JOIN 0x4
 
 /* ---------------------------------------------------------------------------------
  * Creating a shard group
@@ -417,7 +425,11 @@ typedef struct sx_regroup_options {
     /* The group closes as soon as this many ranks arrived; 0 = the previous world size
      * (every rank: after sx_abort on all of them). */
     int32_t expected_world_size;
-    int32_t reserved0;
+    /* How many joining processes (SX_GROUP_JOIN) the members admit into the new group, the
+     * longest waiting first: what sx_poll_joiners returned. They take the ranks after the
+     * members'. Every member passes the same (else SX_ERR_MISMATCH); a joining process
+     * passes 0. (Was reserved0, which had to be 0.) */
+    int32_t admit;
 } sx_regroup_options_t;
 
 SX_API sx_status_t sx_regroup_options_init(sx_regroup_options_t *options, size_t size);
@@ -428,8 +440,8 @@ typedef struct sx_regroup_result {
     int32_t rank;                /* this rank in the new group */
     int32_t world_size;          /* of the new group */
     int32_t shard_size;          /* of its mesh (its world size if flat) */
-    int32_t previous_rank;       /* this rank in the group before */
-    int32_t previous_world_size;
+    int32_t previous_rank;       /* this rank in the group before (-1: it joined) */
+    int32_t previous_world_size; /* (a joined process: the members that admitted it) */
     /* The group's step count after the restore: the memory copy's or the checkpoint's.
      * The trainer goes on from the step after it (steps since it are taken again). */
     uint64_t step;
@@ -467,6 +479,13 @@ SX_API sx_status_t sx_regroup_result_init(sx_regroup_result_t *result, size_t si
  * (may be NULL) are borrowed for the call. Owner's thread. */
 SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_t *options,
                               sx_regroup_result_t *result);
+
+/* Collective: *waiting = how many processes wait to join the group (created with
+ * SX_GROUP_JOIN on its rendezvous) and were not admitted yet, the same number on every
+ * rank (rank 0 reads it from the rendezvous store; one that arrives meanwhile waits for
+ * the next poll). To admit them, every member calls sx_regroup with options->admit =
+ * *waiting at the same step boundary. waiting is borrowed for the call. Owner's thread. */
+SX_API sx_status_t sx_poll_joiners(sx_shard_group_t *group, int32_t *waiting);
 
 /* ---------------------------------------------------------------------------------
  * Param groups: optimizer kind and hyperparameters shared by a set of params.

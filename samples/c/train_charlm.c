@@ -34,10 +34,12 @@
  * since that checkpoint again, and go on to the end. With --memory-copies N as well, every
  * rank keeps a copy of its shard in memory every N steps (and sends it to the next rank),
  * and the survivors' state comes from those copies instead: only the steps since the
- * newest copy are taken again.
+ * newest copy are taken again. With --replace as well, the lost rank comes back as a new
+ * process would: it creates a group that joins (SX_GROUP_JOIN), registers the model, and
+ * waits; the 3 others poll for it every step (sx_poll_joiners), admit it, and the 4 go on.
  *
  * usage: train_charlm [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE]
- *                     [--lose-rank R [--lose-at STEP] [--memory-copies N]] [TEXT_FILE] [STEPS]
+ *                     [--lose-rank R [--lose-at STEP] [--memory-copies N] [--replace]] [TEXT_FILE] [STEPS]
  *        (default: stage 2, flat, Debian's GPL-3 text, 400 steps, no trace, no rank lost)
  */
 #include <math.h>
@@ -69,6 +71,8 @@ static const char *g_trace = NULL; /* --trace: the trace file template */
 static int g_lose_rank = -1;       /* --lose-rank: the rank lost (-1: none) */
 static int g_lose_at = 150;        /* --lose-at: at which step */
 static int g_memory_copies = 0;    /* --memory-copies: steps between memory copies (0: none) */
+static int g_replace = 0;          /* --replace: the lost rank comes back as a joining process */
+static int g_lost = 0;             /* a rank was lost (once: the replacement may take its rank) */
 #define SAVE_EVERY 50              /* with --lose-rank: a checkpoint every this many steps */
 static char g_resume_trace[512];   /* the resuming ranks' template */
 static unsigned char *g_text; /* the text as vocabulary indices */
@@ -245,6 +249,18 @@ static sx_status_t use_unit(sx_shard_group_t *g, model_t *m, int u) {
     return s;
 }
 
+/* The gradient views, again after a regroup (the new group's buffers are new). */
+static sx_status_t take_grad_views(sx_shard_group_t *g, model_t *m) {
+    sx_status_t s = SX_OK;
+    for (int p = 0; p < NUM_PARAMS && s == SX_OK; ++p) {
+        sx_view_t v;
+        sx_view_init(&v, sizeof v);
+        s = sx_grad_view(g, p, &v);
+        m->g[p] = v.data;
+    }
+    return s;
+}
+
 /* Ends use_unit (at stage 3 the rank drops all but its shard; otherwise nothing). */
 static sx_status_t done_unit(sx_shard_group_t *g, model_t *m, int u) {
     for (int p = 0; p < NUM_PARAMS; ++p)
@@ -315,7 +331,10 @@ static void *rank_main(void *arg) {
         res->failed = 1;
         return NULL;
     }
+    int joining = 0;    /* --replace: this thread is the lost rank's replacement */
+    int first_step = 0; /* where the training loop starts (a replacement: where it joined) */
 
+rejoin:;
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     cfg.backend = SX_BACKEND_CPU; /* the model computes on the host, in the views */
@@ -327,6 +346,10 @@ static void *rank_main(void *arg) {
     cfg.timeout_ms = 60000;
     cfg.memory_copy_interval = res->resume ? 0 : g_memory_copies;
     cfg.trace_path = res->resume ? (g_trace ? g_resume_trace : NULL) : g_trace; /* written at destroy */
+    if (joining) {
+        cfg.flags = SX_GROUP_JOIN; /* connects to nobody until the members admit it */
+        cfg.trace_path = NULL;
+    }
     CHECK(sx_create_shard_group(&cfg, &g));
 
     /* Two param groups, as in GPT training: weight decay on matrices, none on biases. */
@@ -363,6 +386,24 @@ static void *rank_main(void *arg) {
         CHECK(sx_add_param(g, &d, NULL));
     }
     CHECK(sx_finalize(g));
+    if (joining) {
+        /* Waits until the members admit it; its state is then theirs. */
+        const double t0 = seconds_now();
+        sx_regroup_options_t ro;
+        sx_regroup_options_init(&ro, sizeof ro);
+        sx_regroup_result_t rr;
+        sx_regroup_result_init(&rr, sizeof rr);
+        CHECK(sx_regroup(g, &ro, &rr));
+        printf("replacement: joined as rank %d of %d at step %llu, %.3f s after it started\n", rr.rank,
+               rr.world_size, (unsigned long long)rr.step + 1, seconds_now() - t0);
+        fflush(stdout);
+        res->rank = rr.rank;
+        res->world = rr.world_size;
+        CHECK(take_grad_views(g, &m));
+        for (int p = 0; p < NUM_PARAMS; ++p) m.p[p] = NULL;
+        first_step = (int)rr.step;
+        goto train;
+    }
 
     /* Rank 0 initialises (uniform, scaled by fan-in); the broadcast below copies it. At
      * stage 3 every rank holds every unit gathered for it. */
@@ -390,12 +431,33 @@ static void *rank_main(void *arg) {
         goto evaluate;
     }
 
+train:;
     sx_step_options_t opt;
     sx_step_options_init(&opt, sizeof opt);
     opt.max_grad_norm = 0.5;
     opt.defer_gather = g_overlap; /* forward's use_unit waits for each unit */
     int saved_at = -1;            /* --lose-rank: the last checkpoint every rank committed */
-    for (int step = 0; step < g_steps; ++step) {
+    for (int step = first_step; step < g_steps; ++step) {
+        if (g_replace && res->world == RANKS - 1) {
+            /* A replacement may be waiting: every member polls, and all admit it at once. */
+            int32_t waiting = 0;
+            CHECK(sx_poll_joiners(g, &waiting));
+            if (waiting > 0) {
+                const double t0 = seconds_now();
+                sx_regroup_options_t ro;
+                sx_regroup_options_init(&ro, sizeof ro);
+                ro.admit = waiting;
+                sx_regroup_result_t rr;
+                sx_regroup_result_init(&rr, sizeof rr);
+                CHECK(sx_regroup(g, &ro, &rr));
+                printf("rank %d: admitted %d joining process at step %d in %.3f s: rank %d of %d\n", res->rank,
+                       waiting, step + 1, seconds_now() - t0, rr.rank, rr.world_size);
+                fflush(stdout);
+                res->rank = rr.rank;
+                res->world = rr.world_size;
+                CHECK(take_grad_views(g, &m));
+            }
+        }
         if (g_lose_rank >= 0 && step % SAVE_EVERY == 0 && saved_at < step) {
             char path[512];
             periodic_checkpoint(path, sizeof path, step);
@@ -410,10 +472,18 @@ static void *rank_main(void *arg) {
             CHECK(saved);
             saved_at = step;
         }
-        if (res->world == RANKS && res->rank == g_lose_rank && step == g_lose_at) {
+        if (res->world == RANKS && res->rank == g_lose_rank && step == g_lose_at && !__atomic_load_n(&g_lost, __ATOMIC_ACQUIRE)) {
             /* Lost: the group goes without a word, as a killed process's does. */
+            __atomic_store_n(&g_lost, 1, __ATOMIC_RELEASE);
             printf("rank %d: lost at step %d\n", res->rank, step + 1);
             fflush(stdout);
+            if (g_replace) {
+                /* ... and a new process takes its place. */
+                sx_destroy_shard_group(g);
+                g = NULL;
+                joining = 1;
+                goto rejoin;
+            }
             res->lost = 1;
             goto out;
         }
@@ -457,13 +527,7 @@ static void *rank_main(void *arg) {
             fflush(stdout);
             res->rank = rr.rank;
             res->world = rr.world_size;
-            /* The views are the new group's. */
-            for (int p = 0; p < NUM_PARAMS; ++p) {
-                sx_view_t v;
-                sx_view_init(&v, sizeof v);
-                CHECK(sx_grad_view(g, p, &v));
-                m.g[p] = v.data;
-            }
+            CHECK(take_grad_views(g, &m)); /* the views are the new group's */
             step = (int)rr.step - 1; /* the loop's ++ makes it the checkpoint's next */
             continue;
         }
@@ -551,6 +615,8 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--memory-copies") == 0 && i + 1 < argc) {
             g_memory_copies = atoi(argv[++i]);
             bad |= g_memory_copies < 1;
+        } else if (strcmp(argv[i], "--replace") == 0) {
+            g_replace = 1;
         } else if (strcmp(argv[i], "--lose-at") == 0 && i + 1 < argc) {
             g_lose_at = atoi(argv[++i]);
             bad |= g_lose_at < 1;
@@ -562,10 +628,11 @@ int main(int argc, char **argv) {
             g_steps = atoi(argv[i]);
         }
     }
-    if (bad || positional > 2 || g_steps < 1 || (g_lose_rank >= 0 && g_lose_at >= g_steps) || load_text() != 0) {
+    if (bad || positional > 2 || g_steps < 1 || (g_lose_rank >= 0 && g_lose_at >= g_steps) ||
+        (g_replace && g_lose_rank < 0) || load_text() != 0) {
         fprintf(stderr,
                 "usage: %s [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE]\n"
-                "          [--lose-rank R [--lose-at STEP < STEPS] [--memory-copies N]] [TEXT_FILE] [STEPS]\n",
+                "          [--lose-rank R [--lose-at STEP < STEPS] [--memory-copies N] [--replace]] [TEXT_FILE] [STEPS]\n",
                 argv[0]);
         return 2;
     }
@@ -596,10 +663,10 @@ int main(int argc, char **argv) {
     rank_result_t results[RANKS], resumed[2];
     if (run_ranks(results, RANKS, 0) != 0) return 1;
     /* The first rank that trained to the end (with --lose-rank, the lost one did not). */
-    const rank_result_t *first = &results[g_lose_rank == 0 ? 1 : 0];
+    const rank_result_t *first = &results[g_lose_rank == 0 && !g_replace ? 1 : 0];
     printf("held-out loss after %d steps: %.4f\n", g_steps, first->final_eval_loss);
     printf("optimizer state per rank (ZeRO-%d over %d shards) vs one unsharded process%s:\n", g_stage, shards,
-           g_lose_rank >= 0 ? " (the survivors, as 3 ranks)" : "");
+           g_replace ? " (4 ranks again, the replacement among them)" : g_lose_rank >= 0 ? " (the survivors, as 3 ranks)" : "");
     for (int r = 0; r < RANKS; ++r)
         if (!results[r].lost)
             printf("  rank %d: %8llu bytes  (unsharded: %llu bytes, %.2fx less)\n", results[r].rank,
@@ -616,7 +683,7 @@ int main(int argc, char **argv) {
     /* Resume on a different number of ranks: the model must be exactly the same. */
     if (run_ranks(resumed, 2, 1) != 0) return 1;
     printf("resumed on 2 ranks from the %d-rank checkpoint: held-out loss %.4f (%s)\n",
-           g_lose_rank >= 0 ? RANKS - 1 : RANKS, resumed[0].final_eval_loss,
+           g_lose_rank >= 0 && !g_replace ? RANKS - 1 : RANKS, resumed[0].final_eval_loss,
            resumed[0].final_eval_loss == first->final_eval_loss ? "identical" : "DIFFERENT");
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%.*s'", (int)(strlen(g_ckpt_dir) - strlen("/checkpoint")), g_ckpt_dir);

@@ -62,7 +62,7 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         SX_CHECK_ARG(c.rendezvous != nullptr && c.rendezvous[0] != '\0',
                      "config->rendezvous is empty; expected local://NAME, tcp://HOST:PORT, "
                      "file:///DIR or env://");
-        const uint32_t known = SX_GROUP_NO_TRAINABLE_AUTODETECT | SX_GROUP_RESERVE_CHECKPOINT_STAGING;
+        const uint32_t known = SX_GROUP_NO_TRAINABLE_AUTODETECT | SX_GROUP_RESERVE_CHECKPOINT_STAGING | SX_GROUP_JOIN;
         SX_CHECK_ARG((c.flags & ~known) == 0, "config->flags has unknown bits 0x%x", c.flags & ~known);
         sx::core::GroupConfig g;
         g.rendezvous = c.rendezvous;
@@ -94,6 +94,11 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         SX_CHECK_ARG(c.memory_copy_interval >= 0, "config->memory_copy_interval is %d; it must be >= 0 (0 = no "
                      "memory copies)", c.memory_copy_interval);
         g.memory_copy_interval = c.memory_copy_interval;
+        g.joining = (c.flags & SX_GROUP_JOIN) != 0;
+        if (g.joining) {
+            g.rank = 0;  // a joining process's rank comes from the members at its admission
+            g.world_size = 1;
+        }
         // The config's path wins over the environment's.
         const char *env_trace = std::getenv("SX_TRACE");
         if (c.trace_path && c.trace_path[0]) {

@@ -39,17 +39,20 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
                                    &o));
         if (result != nullptr) SX_TRY(sx::api::check_output(result, "result"));
         const bool have_checkpoint = o.checkpoint != nullptr && o.checkpoint[0] != '\0';
-        SX_CHECK_ARG(have_checkpoint || g->config().memory_copy_interval > 0,
+        // Without a checkpoint the state must come from memory: copies kept, or the shards
+        // of a sound group (one that admits joiners), or the members' (a joining group).
+        SX_CHECK_ARG(have_checkpoint || g->joining() || g->sound() || g->config().memory_copy_interval > 0,
                      "options->checkpoint is empty, and the group keeps no memory copies "
                      "(config->memory_copy_interval): the lost ranks' shards exist nowhere else");
         sx::ckpt::LoadOptions lo;
         if (have_checkpoint) SX_TRY(sx::api::load_options(o.checkpoint, o.load_flags, "options->load_flags", &lo));
         SX_CHECK_ARG(o.join_window_ms >= 0, "options->join_window_ms is %d; it must be >= 0 (0 = 1000 ms)",
                      o.join_window_ms);
-        SX_CHECK_ARG(o.reserved0 == 0, "options->reserved0 is %d; it must be 0", o.reserved0);
+        SX_CHECK_ARG(o.admit >= 0, "options->admit is %d; it must be >= 0", o.admit);
         sx::core::RegroupSpec spec;
         spec.join_window = sx::Millis(o.join_window_ms == 0 ? 1000 : o.join_window_ms);
         spec.expected_world_size = o.expected_world_size;
+        spec.admit = o.admit;
 
         SX_TRY(g->check_regroup(spec));
         if (have_checkpoint) {
@@ -58,6 +61,7 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
             SX_TRY(sx::ckpt::check_checkpoint_name(o.checkpoint, "load"));
             SX_TRY(sx::ckpt::read_manifest(*sx::io::posix_file_ops(), o.checkpoint, &manifest));
         }
+        SX_TRY(g->copy_if_sound());
         // The broken group's calls end now; a save in flight ends within a fraction of a
         // second (aborted: it commits nothing), and its checkpointer goes, as it reads the
         // broken group.
@@ -93,6 +97,18 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
             r.from_memory = info.from_memory ? 1 : 0;
             sx::api::write_output(result, r);
         }
+        return Status::Ok();
+    });
+}
+
+SX_API sx_status_t sx_poll_joiners(sx_shard_group_t *group, int32_t *waiting) {
+    return guard(__func__, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        SX_CHECK_ARG(waiting != nullptr, "waiting is NULL");
+        int count = 0;
+        SX_TRY(g->poll_joiners(&count));
+        *waiting = count;
         return Status::Ok();
     });
 }

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <thread>
 
+#include <unistd.h>
+
 #include "base/log.h"
 #include "comm/abort_at_deadline.h"
 #include "rdzv/rendezvous.h"
@@ -80,6 +82,26 @@ Status validate_config(const GroupConfig &cfg) {
 
 Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *out) {
     SX_TRY(validate_config(cfg));
+    if (cfg.joining) {
+        // Until a regroup admits it: a group of this rank alone on a rendezvous of its own,
+        // where its params are registered and laid out as the members' are.
+        static std::atomic<int> joins{0};
+        GroupConfig own = cfg;
+        own.rendezvous = format("local://sx-joining-%d-%d", static_cast<int>(getpid()), ++joins);
+        own.rank = 0;
+        own.world_size = 1;
+        own.shard_size = 0;
+        own.memory_copy_interval = 0;
+        own.trace_path.clear();
+        own.joining = false;
+        std::unique_ptr<ShardGroup> g;
+        SX_TRY(create(own, &g));
+        g->joining_ = true;
+        g->join_config_ = cfg;
+        g->join_config_.joining = false;
+        *out = std::move(g);
+        return Status::Ok();
+    }
 
     // Every phase below (the store, the ranks' arrival, the transport, the mesh's
     // communicators) counts against this one deadline.
@@ -104,9 +126,13 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
         if (loopback) c.bind_address = "127.0.0.1";
     }
     std::unique_ptr<ShardGroup> g;
+    std::shared_ptr<rdzv::Store> root;
     SX_TRY(assemble(c, cfg.trace_path, deadline, [&](std::shared_ptr<rdzv::Store> *store) {
-        return rdzv::open_store(rv, timeout, store);
+        Status s = rdzv::open_store(rv, timeout, store);
+        root = *store;
+        return s;
     }, &g));
+    g->root_store_ = std::move(root);
     *out = std::move(g);
     return Status::Ok();
 }
@@ -185,7 +211,7 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
                              m.shard_rank(), m.shard_size(), out);
         }));
     g->config_.num_threads = threads;
-    if (cfg.memory_copy_interval > 0) {
+    if (cfg.memory_copy_interval > 0 && !cfg.joining) {
         SX_CHECK(!cuda, SX_ERR_UNSUPPORTED, "config->memory_copy_interval: memory copies are kept for CPU groups only; "
                  "a CUDA group regroups from a checkpoint");
         MemoryCopies::Settings cs;
@@ -275,6 +301,8 @@ void ShardGroup::abort_communicators() {
 Status ShardGroup::check_usable() const { return failure_.check(); }
 
 Status ShardGroup::check_finalized() const {
+    SX_CHECK(!joining_, SX_ERR_INVALID_STATE,
+             "the group is joining (SX_GROUP_JOIN): it takes part in nothing until sx_regroup admits it");
     SX_CHECK(table_.finalized(), SX_ERR_INVALID_STATE, "the group is not finalized yet; call sx_finalize first");
     SX_CHECK(!table_.pending(), SX_ERR_INVALID_STATE,
              "%zu param(s) and %zu param group(s) were added after sx_finalize: call sx_finalize again (on every "
@@ -285,6 +313,15 @@ Status ShardGroup::check_finalized() const {
 
 // ---------------------------------------------------------------------------------
 // Registration
+
+// The layout of every param registered, in `shard_size` shards.
+Status ShardGroup::build_layout(int shard_size, Layout *out) const {
+    std::vector<ParamShape> shapes(table_.params().size());
+    for (size_t i = 0; i < table_.params().size(); ++i)
+        shapes[i] = {table_.params()[i].unit, table_.params()[i].numel,
+                     static_cast<uint32_t>(dtype_size(table_.params()[i].dtype))};
+    return Layout::build(shapes, shard_size, static_cast<uint64_t>(config_.alignment), out);
+}
 
 Status ShardGroup::finalize() {
     SX_TRY(check_usable());
@@ -312,11 +349,8 @@ Status ShardGroup::finalize() {
 
     SX_TRY(units_.check_dtypes());
     SX_TRY(check_unit_optimizers(table_.params(), table_.groups()));
-    std::vector<ParamShape> shapes(table_.params().size());
-    for (size_t i = 0; i < table_.params().size(); ++i)
-        shapes[i] = {table_.params()[i].unit, table_.params()[i].numel, static_cast<uint32_t>(dtype_size(table_.params()[i].dtype))};
     Layout layout;
-    SX_TRY(Layout::build(shapes, mesh_.shard_size(), static_cast<uint64_t>(config_.alignment), &layout));
+    SX_TRY(build_layout(mesh_.shard_size(), &layout));
     // The units laid out before come first, unchanged (new params are in new units with
     // larger ids).
     const size_t old_units = units_.size();

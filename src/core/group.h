@@ -71,6 +71,8 @@ struct GroupConfig {
     size_t trace_capacity = 0;
     // Steps between memory copies of the state (memory_copies.h); 0 = none.
     int memory_copy_interval = 0;
+    // SX_GROUP_JOIN: a process that joins a running group at its next regroup (regroup.cc).
+    bool joining = false;
 };
 
 // FSDP's gradient pre-divide factor for a 16-bit sum over n ranks: f doubled from 1
@@ -103,6 +105,7 @@ struct StepResult {
 struct RegroupSpec {
     Millis join_window{1000};  // how long the survivors wait for each other
     int expected_world_size = 0;  // the new group closes once this many arrived (0: the previous world size)
+    int admit = 0;  // joining processes the members admit (sx_poll_joiners counted them)
 };
 struct RegroupInfo {
     int epoch = 0;
@@ -131,6 +134,16 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status check_regroup(const RegroupSpec &spec) const;  // what regroup() refuses, before anything changes
     Status regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info);
     int epoch() const { return epoch_; }
+    // A joining group (SX_GROUP_JOIN): until sx_regroup admits it, a group of its own
+    // rank alone, on a rendezvous of its own, where params are registered and laid out.
+    bool joining() const { return joining_; }
+    const GroupConfig &join_config() const { return join_config_; }
+    // Collective (the members): how many processes wait to join (sx_poll_joiners).
+    Status poll_joiners(int *waiting);
+    // Before sx_regroup breaks the group up: a sound group's members copy their shard
+    // (regroup.cc), from which the new group's state then comes.
+    Status copy_if_sound();
+    bool sound() const;  // not failed nor aborted, and between steps
 
     // --- what checkpoints and the whole-state exchange see (ShardAccess: shard_state.h) ---
     int rank() const override { return mesh_.rank(); }
@@ -215,10 +228,12 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
                            const std::function<Status(std::shared_ptr<rdzv::Store> *)> &open_store,
                            std::unique_ptr<ShardGroup> *out);
     Status replay_table(const ShardGroup &from);  // regroup.cc
+    Status join(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info);  // regroup.cc
+    Status build_layout(int shard_size, Layout *out) const;
     // --- memory copies (regroup.cc; the part: memory_copies.h) ---
     ShardProgress progress() const;
-    Status keep_copy();
-    Status restore_copies(const ShardGroup &from, const CopyChoice &choice);
+    Status keep_copy(bool send = true);
+    Status restore_copies(const Layout &old, const MemoryCopies *copies, const CopyChoice &choice);
     // Each private function's contract is at its definition.
     // --- the mesh's work (group.cc; the part: mesh.h) ---
     Status reduce_replicas(size_t u, float *shard);
@@ -287,6 +302,12 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     uint64_t steps_ = 0;
     uint64_t checkpoints_ = 0;
     int epoch_ = 0;  // regroups since the group was created
+    // The store through the key space of the group's first epoch ("g<N>/": joining
+    // processes wait there), and this epoch's key space within it ("e1/e2/").
+    std::shared_ptr<rdzv::Store> root_store_;
+    std::string epoch_path_;
+    bool joining_ = false;
+    GroupConfig join_config_;  // a joining group's: the group it joins
     LossScaler scaler_;
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;

@@ -1,6 +1,7 @@
 #include "core/memory_copies.h"
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "base/log.h"
@@ -88,6 +89,77 @@ CopyChoice choose_copies(const std::vector<std::vector<CopyHolding>> &holdings, 
     return choice;
 }
 
+namespace {
+
+template <typename T>
+void put(std::string *out, const T &v) {
+    out->append(reinterpret_cast<const char *>(&v), sizeof v);
+}
+template <typename T>
+void put_vector(std::string *out, const std::vector<T> &v) {
+    put(out, static_cast<uint64_t>(v.size()));
+    if (!v.empty()) out->append(reinterpret_cast<const char *>(v.data()), v.size() * sizeof(T));
+}
+
+class Reader {
+  public:
+    explicit Reader(const std::string &s) : s_(s) {}
+    template <typename T>
+    bool get(T *v) {
+        if (s_.size() - at_ < sizeof *v) return false;
+        std::memcpy(v, s_.data() + at_, sizeof *v);
+        at_ += sizeof *v;
+        return true;
+    }
+    template <typename T>
+    bool get_vector(std::vector<T> *v) {
+        uint64_t n = 0;
+        if (!get(&n) || n > (s_.size() - at_) / sizeof(T)) return false;
+        v->resize(static_cast<size_t>(n));
+        if (n) std::memcpy(v->data(), s_.data() + at_, n * sizeof(T));
+        at_ += n * sizeof(T);
+        return true;
+    }
+    bool done() const { return at_ == s_.size(); }
+
+  private:
+    const std::string &s_;
+    size_t at_ = 0;
+};
+
+}  // namespace
+
+std::string pack_progress(const std::vector<int> &slots, const ShardProgress &p) {
+    std::string out;
+    put_vector(&out, slots);
+    put(&out, p.steps_taken);
+    put(&out, static_cast<uint64_t>(p.params.size()));
+    for (const ParamProgress &q : p.params) {
+        put(&out, q.step);
+        put(&out, q.momentum_steps);
+        put(&out, q.mu_product);
+        put_vector(&out, q.row_var);
+        put_vector(&out, q.col_var);
+    }
+    put_vector(&out, p.hypers);  // plain values: every rank runs the same library
+    put_vector(&out, p.group_steps);
+    put(&out, p.scaler);
+    return out;
+}
+
+Status unpack_progress(const std::string &bytes, std::vector<int> *slots, ShardProgress *p) {
+    Reader r(bytes);
+    uint64_t params = 0;
+    bool ok = r.get_vector(slots) && r.get(&p->steps_taken) && r.get(&params) && params <= bytes.size();
+    p->params.assign(ok ? static_cast<size_t>(params) : 0, ParamProgress());
+    for (ParamProgress &q : p->params)
+        ok = ok && r.get(&q.step) && r.get(&q.momentum_steps) && r.get(&q.mu_product) && r.get_vector(&q.row_var) &&
+             r.get_vector(&q.col_var);
+    ok = ok && r.get_vector(&p->hypers) && r.get_vector(&p->group_steps) && r.get(&p->scaler) && r.done();
+    SX_CHECK(ok, SX_ERR_CORRUPT, "the state's progress sent to a joining rank is truncated (%zu bytes)", bytes.size());
+    return Status::Ok();
+}
+
 MemoryCopies::MemoryCopies(const Settings &s, DeviceOps &ops, std::unique_ptr<comm::Communicator> comm)
     : s_(s), ops_(ops), comm_(std::move(comm)) {
     thread_ = std::thread([this] { run(); });
@@ -108,7 +180,8 @@ MemoryCopies::~MemoryCopies() {
     thread_.join();
 }
 
-void MemoryCopies::take(std::vector<UnitShard> units, ShardProgress progress, std::unique_ptr<ShardFence::Hold> hold) {
+void MemoryCopies::take(std::vector<UnitShard> units, ShardProgress progress, std::unique_ptr<ShardFence::Hold> hold,
+                        bool send) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return !busy_; });
     if (broken_ || stop_) return;  // the hold goes: nothing is copied
@@ -121,6 +194,7 @@ void MemoryCopies::take(std::vector<UnitShard> units, ShardProgress progress, st
     job->units = std::move(units);
     job->progress = std::move(progress);
     job->hold = std::move(hold);
+    job->send = send;
     job_ = std::move(job);
     busy_ = true;
     dirty_ = false;
@@ -134,6 +208,7 @@ void MemoryCopies::reset() {
     for (ShardCopy *copy : {&own_[0], &own_[1], &peer_[0], &peer_[1]}) *copy = ShardCopy();
     newest_ = -1;
     dirty_ = true;
+    bytes_.store(0);
 }
 
 void MemoryCopies::abort() {
@@ -168,10 +243,7 @@ const ShardCopy *MemoryCopies::find(uint64_t seq, bool own) const {
     return nullptr;
 }
 
-uint64_t MemoryCopies::bytes() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return own_[0].bytes() + own_[1].bytes() + peer_[0].bytes() + peer_[1].bytes();
-}
+uint64_t MemoryCopies::bytes() const { return bytes_.load(); }
 
 void MemoryCopies::run() {
     for (;;) {
@@ -184,7 +256,9 @@ void MemoryCopies::run() {
         }
         Status s = copy_out(*job);
         job->hold.reset();  // the live shard may change again
-        if (s.ok() && s_.peers) s = send(job->slot);
+        if (s.ok() && s_.peers && job->send) s = send(job->slot);
+        // Only this thread resizes the slots (reset() waits for it to be idle).
+        bytes_.store(own_[0].bytes() + own_[1].bytes() + peer_[0].bytes() + peer_[1].bytes());
         {
             std::lock_guard<std::mutex> lock(mu_);
             if (s.ok()) {

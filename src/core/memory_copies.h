@@ -16,6 +16,7 @@
 // of which every shard is still held (choose_copies).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -66,6 +67,11 @@ struct CopyChoice {
 // holdings[m]: member m's. Deterministic: every survivor chooses the same.
 CopyChoice choose_copies(const std::vector<std::vector<CopyHolding>> &holdings, int shards);
 
+// A copy's state slots per unit and progress as bytes, for the ranks that hold no copy
+// of their own (a rank joining the group), and back (SX_ERR_CORRUPT if truncated).
+std::string pack_progress(const std::vector<int> &slots, const ShardProgress &p);
+Status unpack_progress(const std::string &bytes, std::vector<int> *slots, ShardProgress *p);
+
 class MemoryCopies {
   public:
     struct Settings {
@@ -88,7 +94,8 @@ class MemoryCopies {
     // then copies `units` (the live shard, read under `hold`, released once copied) and
     // `progress` in the background and sends the copy on. A failure of the sending is
     // logged and stops later sendings (the copies kept stay usable); it fails nothing else.
-    void take(std::vector<UnitShard> units, ShardProgress progress, std::unique_ptr<ShardFence::Hold> hold);
+    void take(std::vector<UnitShard> units, ShardProgress progress, std::unique_ptr<ShardFence::Hold> hold,
+              bool send = true);
     // Drops every copy (the layout changed); the next step keeps a new one. Waits for
     // the copy in flight first.
     void reset();
@@ -108,6 +115,7 @@ class MemoryCopies {
         std::vector<UnitShard> units;
         ShardProgress progress;
         std::unique_ptr<ShardFence::Hold> hold;
+        bool send = true;
     };
     void run();
     Status copy_out(Job &job);
@@ -125,6 +133,7 @@ class MemoryCopies {
     std::condition_variable cv_;
     std::unique_ptr<Job> job_;  // the job queued or running
     bool busy_ = false, stop_ = false, broken_ = false;
+    std::atomic<uint64_t> bytes_{0};  // what the slots hold (the worker resizes them)
     std::thread thread_;
 };
 

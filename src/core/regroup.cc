@@ -19,16 +19,47 @@
 // regroup fails naming it.
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "base/log.h"
 #include "core/group.h"
+#include "rdzv/rendezvous.h"
 
 namespace sx {
 namespace core {
 namespace {
+
+// The members of epoch `epoch`'s group as the store lists them: their previous ranks in
+// order, what each asked to admit, and the memory copies each holds.
+Status read_members(rdzv::Store &store, int epoch, int64_t count, Clock::time_point deadline,
+                    std::vector<int> *members, std::vector<int> *admits,
+                    std::vector<std::vector<CopyHolding>> *holdings) {
+    const std::string base = format("regroup/%d/", epoch);
+    std::vector<std::pair<int, int>> listed;
+    for (int64_t k = 1; k <= count; ++k) {
+        std::string value;
+        SX_TRY(store.get(base + "member/" + std::to_string(k), &value, time_left(deadline)));
+        int previous = -1, admit = 0;
+        SX_CHECK(std::sscanf(value.c_str(), "%d %d", &previous, &admit) == 2, SX_ERR_CORRUPT,
+                 "the rendezvous store's entry of a member of epoch %d is unreadable: '%s'", epoch, value.c_str());
+        listed.push_back({previous, admit});
+    }
+    std::sort(listed.begin(), listed.end());
+    members->clear();
+    admits->clear();
+    holdings->assign(listed.size(), {});
+    for (size_t m = 0; m < listed.size(); ++m) {
+        members->push_back(listed[m].first);
+        admits->push_back(listed[m].second);
+        std::string text;
+        SX_TRY(store.get(base + "copies/" + std::to_string(listed[m].first), &text, time_left(deadline)));
+        SX_TRY(parse_holdings(text, &(*holdings)[m]));
+    }
+    return Status::Ok();
+}
 
 // The previous ranks of epoch `epoch`'s members, in order (this rank among them, or
 // SX_ERR_INVALID_STATE if it came after the group closed), and the memory copies each
@@ -37,10 +68,12 @@ Status agree_members(rdzv::Store &store, int epoch, int rank, int world, const R
                      const std::vector<CopyHolding> &mine, Clock::time_point deadline, std::vector<int> *members,
                      std::vector<std::vector<CopyHolding>> *holdings) {
     const std::string base = format("regroup/%d/", epoch);
-    SX_TRY(store.set(base + "copies/" + std::to_string(rank), describe_holdings(mine)));
+    // The counter first: a store that is gone fails it at once, where a set is retried
+    // (the others read the keys below with waits, so their order does not matter).
     int64_t arrival = 0;
     SX_TRY(store.add(base + "arrived", 1, &arrival));
-    SX_TRY(store.set(base + "member/" + std::to_string(arrival), std::to_string(rank)));
+    SX_TRY(store.set(base + "copies/" + std::to_string(rank), describe_holdings(mine)));
+    SX_TRY(store.set(base + "member/" + std::to_string(arrival), format("%d %d", rank, spec.admit)));
     const int expected = spec.expected_world_size > 0 ? spec.expected_world_size : world;
     std::string closed;
     Status waited = Status::Ok();
@@ -64,19 +97,33 @@ Status agree_members(rdzv::Store &store, int epoch, int rank, int world, const R
              "rank %d reached the regroup of epoch %d after the survivors had closed it with %lld of the %d ranks "
              "(they waited %lld ms from the first arrival: options->join_window_ms)",
              rank, epoch, static_cast<long long>(count), world, static_cast<long long>(spec.join_window.count()));
-    members->clear();
-    for (int64_t k = 1; k <= count; ++k) {
-        std::string previous;
-        SX_TRY(store.get(base + "member/" + std::to_string(k), &previous, time_left(deadline)));
-        members->push_back(std::stoi(previous));
-    }
-    std::sort(members->begin(), members->end());
-    holdings->assign(members->size(), {});
-    for (size_t m = 0; m < members->size(); ++m) {
-        std::string text;
-        SX_TRY(store.get(base + "copies/" + std::to_string((*members)[m]), &text, time_left(deadline)));
-        SX_TRY(parse_holdings(text, &(*holdings)[m]));
-    }
+    std::vector<int> admits;
+    SX_TRY(read_members(store, epoch, count, deadline, members, &admits, holdings));
+    for (size_t m = 0; m < admits.size(); ++m)
+        SX_CHECK(admits[m] == spec.admit, SX_ERR_MISMATCH,
+                 "the members disagree on how many joining processes to admit (options->admit): %d on rank %d, %d "
+                 "on rank %d", admits[m], (*members)[m], spec.admit, rank);
+    return Status::Ok();
+}
+
+// What a joining process reads in the lobby: where and as what it enters.
+struct Admission {
+    int epoch = 0, world_size = 0, rank = 0, shard_size = 0, previous_shards = 0;
+    int memory_copy_interval = 0;  // the members' (a joiner keeps copies as they do)
+    std::string path;  // the new group's key space below the first epoch's
+};
+
+std::string describe(const Admission &a) {
+    return format("%d %d %d %d %d %d %s", a.epoch, a.world_size, a.rank, a.shard_size, a.previous_shards,
+                  a.memory_copy_interval, a.path.c_str());
+}
+
+Status parse(const std::string &text, Admission *a) {
+    char path[512] = {0};
+    SX_CHECK(std::sscanf(text.c_str(), "%d %d %d %d %d %d %511s", &a->epoch, &a->world_size, &a->rank,
+                         &a->shard_size, &a->previous_shards, &a->memory_copy_interval, path) == 7,
+             SX_ERR_CORRUPT, "the admission in the rendezvous store is unreadable: '%s'", text.c_str());
+    a->path = path;
     return Status::Ok();
 }
 
@@ -110,11 +157,57 @@ Status ShardGroup::check_regroup(const RegroupSpec &spec) const {
     SX_CHECK_ARG(spec.expected_world_size >= 0 && spec.expected_world_size <= world_size(),
                  "expected_world_size %d is not in [0, the previous world size %d]", spec.expected_world_size,
                  world_size());
+    SX_CHECK_ARG(spec.admit >= 0 && spec.admit <= SX_MAX_WORLD_SIZE - world_size(),
+                 "admit %d is not in [0, %d]", spec.admit, SX_MAX_WORLD_SIZE - world_size());
+    SX_CHECK_ARG(!joining_ || spec.admit == 0, "a joining group admits nobody (admit is %d)", spec.admit);
+    return Status::Ok();
+}
+
+// A member whose group is sound (a regroup that admits joiners, or shrinks without a
+// loss) is at a step boundary: it copies its shard as it is now, so that the new group
+// starts from this step where every member is sound (no copy is sent: the members all
+// hold theirs). A group without memory copies keeps this one alone.
+bool ShardGroup::sound() const {
+    return !joining_ && check_usable().ok() && !round_->open() && micro_batches_ == 0 && table_.finalized();
+}
+
+Status ShardGroup::copy_if_sound() {
+    if (!sound()) return Status::Ok();
+    if (!copies_) {
+        MemoryCopies::Settings cs;
+        cs.interval = 1;
+        cs.rank = rank();
+        cs.world_size = world_size();
+        cs.shard = shard_rank();
+        copies_.reset(new MemoryCopies(cs, *ops_, nullptr));
+    }
+    SX_TRY(settle());
+    return keep_copy(false);
+}
+
+// How many processes wait in the lobby and have not been admitted: rank 0 reads it, and
+// every member gets rank 0's count (a joiner arriving meanwhile waits for the next).
+Status ShardGroup::poll_joiners(int *waiting) {
+    SX_TRY(check_usable());
+    SX_TRY(check_finalized());
+    SX_TRY(agree_call("sx_poll_joiners", {}));
+    int64_t count = 0;
+    if (rank() == 0) {
+        int64_t arrived = 0, cursor = 0;
+        Status s = root_store_->add("lobby/arrived", 0, &arrived);
+        if (s.ok()) s = root_store_->add("lobby/cursor", 0, &cursor);
+        if (!s.ok()) return fail(s.prefix("reading the processes waiting to join: "));
+        count = arrived - cursor;  // (one that gave up meanwhile is not admitted)
+    }
+    if (world_size() > 1)
+        SX_TRY(collective([&](comm::Communicator &c) { return c.broadcast(&count, sizeof count, 0); }));
+    *waiting = static_cast<int>(count);
     return Status::Ok();
 }
 
 Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info) {
     SX_TRY(check_regroup(spec));
+    if (joining_) return join(spec, out, info);
     SX_TRACE_SPAN(tracer(), "group", "sx_regroup");
     // The broken group's collectives end now (a survivor may still be inside one), and no
     // later call of this group runs.
@@ -135,18 +228,57 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
                         "agent store, not rank 0's)",
                         epoch, config_.rendezvous.c_str(), s.message().c_str());
     }
-    const int new_world = static_cast<int>(members.size());
+    // The survivors keep their order; the admitted joiners come after them: new rank 0
+    // claims the next `admit` places of the lobby whose joiner has not given up (a claim
+    // is a counter: the joiner's own claim, as it gives up, and this one exclude each
+    // other), and says how many it got.
     const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
+    std::vector<int64_t> chosen;
+    int admitted = 0;
+    if (spec.admit > 0) {
+        const std::string key = format("regroup/%d/admitted", epoch);
+        if (new_rank == 0) {
+            int64_t cursor = 0, arrived = 0;
+            SX_TRY(root_store_->add("lobby/cursor", 0, &cursor));
+            SX_TRY(root_store_->add("lobby/arrived", 0, &arrived));
+            int64_t k = cursor + 1;
+            for (; k <= arrived && static_cast<int>(chosen.size()) < spec.admit; ++k) {
+                int64_t claims = 0;
+                SX_TRY(root_store_->add(format("lobby/claim/%lld", static_cast<long long>(k)), 1, &claims));
+                if (claims == 1) chosen.push_back(k);
+            }
+            SX_TRY(root_store_->add("lobby/cursor", (k - 1) - cursor, &cursor));
+            SX_TRY(mesh_.store().set(key, std::to_string(chosen.size())));
+            admitted = static_cast<int>(chosen.size());
+        } else {
+            std::string text;
+            SX_TRY(mesh_.store().get(key, &text, time_left(deadline)));
+            admitted = std::stoi(text);
+        }
+    }
+    const int new_world = static_cast<int>(members.size()) + admitted;
 
     GroupConfig c = config_;
     c.rank = new_rank;
     c.world_size = new_world;
-    // A mesh keeps its shard groups' size where the survivors still fill whole shard
-    // groups of it; else the new group is flat.
+    // A mesh keeps its shard groups' size where the ranks still fill whole shard groups
+    // of it; else the new group is flat.
     const bool flat = shard_size() == world_size();
     c.shard_size = !flat && new_world % shard_size() == 0 ? shard_size() : new_world;
+    const std::string path = epoch_path_ + format("e%d/", epoch);
+    for (int j = 0; j < static_cast<int>(chosen.size()); ++j) {  // each admitted joiner told its place
+        Admission a;
+        a.epoch = epoch;
+        a.world_size = new_world;
+        a.rank = static_cast<int>(members.size()) + j;
+        a.shard_size = c.shard_size;
+        a.previous_shards = shard_size();
+        a.memory_copy_interval = config_.memory_copy_interval;
+        a.path = path;
+        SX_TRY(root_store_->set(format("lobby/admit/%lld", static_cast<long long>(chosen[j])), describe(a)));
+    }
     const std::string trace_path = config_.trace_path.empty() ? "" : config_.trace_path + format(".epoch%d", epoch);
-    std::shared_ptr<rdzv::Store> store = rdzv::make_prefix_store(mesh_.store_ptr(), format("e%d/", epoch));
+    std::shared_ptr<rdzv::Store> store = rdzv::make_prefix_store(root_store_, path);
     std::unique_ptr<ShardGroup> g;
     SX_TRY(assemble(c, trace_path, deadline,
                     [&](std::shared_ptr<rdzv::Store> *opened) {
@@ -155,18 +287,18 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
                     },
                     &g));
     g->epoch_ = epoch;
+    g->root_store_ = root_store_;
+    g->epoch_path_ = path;
     SX_TRY(g->replay_table(*this));
     // The state from the memory copies where every shard of one boundary is still held.
-    if (copies_) {
-        const CopyChoice choice = choose_copies(holdings, shard_size());
-        if (choice.found) {
-            SX_TRY(g->restore_copies(*this, choice));
-            info->from_memory = true;
-        } else {
-            info->why_not_memory = choice.why_not;
-            log(SX_LOG_WARN, "sx: epoch %d: rank %d: the memory copies cannot restore the state: %s", epoch,
-                new_rank, choice.why_not.c_str());
-        }
+    const CopyChoice choice = choose_copies(holdings, shard_size());
+    if (choice.found) {
+        SX_TRY(g->restore_copies(layout_, copies_.get(), choice));
+        info->from_memory = true;
+    } else if (copies_) {
+        info->why_not_memory = choice.why_not;
+        log(SX_LOG_WARN, "sx: epoch %d: rank %d: the memory copies cannot restore the state: %s", epoch, new_rank,
+            choice.why_not.c_str());
     }
     log(SX_LOG_INFO, "sx: epoch %d: rank %d of %d is rank %d of %d (mesh %d x %d)", epoch, rank(), world_size(),
         new_rank, new_world, g->shard_size(), new_world / g->shard_size());
@@ -176,6 +308,96 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
     info->shard_size = g->shard_size();
     info->previous_rank = rank();
     info->previous_world_size = world_size();
+    info->members = members;
+    *out = std::move(g);
+    return Status::Ok();
+}
+
+// A joining process enters a running group: it waits in the lobby of the group's first
+// key space until the members admit it (sx_poll_joiners, then sx_regroup with
+// options->admit), reads where and as which rank, and builds the new group with them;
+// its state comes from the members' memory copies as theirs does, or from the checkpoint
+// the caller loads.
+Status ShardGroup::join(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info) {
+    (void)spec;
+    SX_TRACE_SPAN(tracer(), "group", "sx_regroup (joining)");
+    const GroupConfig &jc = join_config_;
+    const Millis timeout(jc.timeout_ms);
+    rdzv::Rendezvous rv;
+    SX_TRY(rdzv::parse_rendezvous(jc.rendezvous.c_str(), 0, 1, &rv));
+    SX_TRY(rdzv::apply_rendezvous_guard(jc.rendezvous_token.c_str(), jc.rendezvous_bind.c_str(), &rv));
+    rv.joining = true;
+    std::shared_ptr<rdzv::Store> root;
+    SX_TRY(rdzv::open_store(rv, timeout, &root));
+    int64_t place = 0;
+    SX_TRY(root->add("lobby/arrived", 1, &place));
+    std::string text;
+    const std::string admission = format("lobby/admit/%lld", static_cast<long long>(place));
+    Status waited = root->get(admission, &text, timeout);
+    if (waited.code() == SX_ERR_TIMEOUT) {
+        // Giving up: this place is claimed, so that no member admits it later; where a
+        // member claimed it first, it was admitted just now.
+        int64_t claims = 0;
+        SX_TRY(root->add(format("lobby/claim/%lld", static_cast<long long>(place)), 1, &claims));
+        if (claims > 1) waited = root->get(admission, &text, timeout);
+    }
+    if (!waited.ok()) {
+        return SX_ERROR(waited.code(), "no member of the group on %s admitted this process within %d ms (the members "
+                        "admit the processes waiting with sx_poll_joiners and sx_regroup's options->admit): %s",
+                        jc.rendezvous.c_str(), jc.timeout_ms, waited.message().c_str());
+    }
+    Admission a;
+    SX_TRY(parse(text, &a));
+    const Clock::time_point deadline = Clock::now() + timeout;
+    // The members' list and copies, in the key space of the group they leave.
+    const std::string last = format("e%d/", a.epoch);
+    SX_CHECK(a.path.size() >= last.size() && a.path.compare(a.path.size() - last.size(), last.size(), last) == 0,
+             SX_ERR_CORRUPT, "the admission names the key space '%s', not one of epoch %d", a.path.c_str(), a.epoch);
+    std::shared_ptr<rdzv::Store> before = rdzv::make_prefix_store(root, a.path.substr(0, a.path.size() - last.size()));
+    std::string closed;
+    SX_TRY(before->get(format("regroup/%d/closed", a.epoch), &closed, time_left(deadline)));
+    std::vector<int> members, admits;
+    std::vector<std::vector<CopyHolding>> holdings;
+    SX_TRY(read_members(*before, a.epoch, std::stoll(closed), deadline, &members, &admits, &holdings));
+
+    GroupConfig c = jc;
+    c.backend = config_.backend;  // as resolved for this process
+    c.rank = a.rank;
+    c.world_size = a.world_size;
+    c.shard_size = a.shard_size;
+    c.memory_copy_interval = a.memory_copy_interval;
+    if (c.bind_address.empty() && (rv.scheme == rdzv::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
+                                   rv.host.compare(0, 4, "127.") == 0))
+        c.bind_address = "127.0.0.1";
+    c.rendezvous_token.clear();
+    std::unique_ptr<ShardGroup> g;
+    SX_TRY(assemble(c, jc.trace_path, deadline,
+                    [&](std::shared_ptr<rdzv::Store> *opened) {
+                        *opened = rdzv::make_prefix_store(root, a.path);
+                        return Status::Ok();
+                    },
+                    &g));
+    g->epoch_ = a.epoch;
+    g->root_store_ = root;
+    g->epoch_path_ = a.path;
+    SX_TRY(g->replay_table(*this));  // the members' table must be this one (sx_finalize's agreement)
+    const CopyChoice choice = choose_copies(holdings, a.previous_shards);
+    if (choice.found) {
+        Layout old;
+        SX_TRY(build_layout(a.previous_shards, &old));
+        SX_TRY(g->restore_copies(old, nullptr, choice));
+        info->from_memory = true;
+    } else {
+        info->why_not_memory = choice.why_not;
+    }
+    log(SX_LOG_INFO, "sx: epoch %d: a joining process is rank %d of %d (mesh %d x %d)", a.epoch, a.rank,
+        a.world_size, g->shard_size(), a.world_size / g->shard_size());
+    info->epoch = a.epoch;
+    info->rank = a.rank;
+    info->world_size = a.world_size;
+    info->shard_size = g->shard_size();
+    info->previous_rank = -1;
+    info->previous_world_size = static_cast<int>(members.size());
     info->members = members;
     *out = std::move(g);
     return Status::Ok();
@@ -219,7 +441,7 @@ namespace core {
 
 // Copies out of the live shard at a step boundary (memory_copies.h), holding the fence
 // until they are out, so that the next update waits for them.
-Status ShardGroup::keep_copy() {
+Status ShardGroup::keep_copy(bool send) {
     SX_TRACE_SPAN(tracer(), "step", "memory_copy");
     SX_TRY(ops_->wait_for(nullptr));
     {
@@ -229,22 +451,38 @@ Status ShardGroup::keep_copy() {
     std::vector<UnitShard> shards;
     for (size_t u = 0; u < units_.size(); ++u) shards.push_back(unit_shard(u));
     std::unique_ptr<ShardFence::Hold> hold(new ShardFence::Hold(fence_));
-    copies_->take(std::move(shards), progress(), std::move(hold));
+    copies_->take(std::move(shards), progress(), std::move(hold), send);
     return Status::Ok();
 }
 
-// This (new) group's state from `from`'s memory copies, as `choice` says (collective):
-// for each shard index of `from`'s layout, the member holding it sends every member the
-// pieces of it that member owns now; the progress is each member's own copy's. Then the
-// params are gathered, as after a load.
-Status ShardGroup::restore_copies(const ShardGroup &from, const CopyChoice &choice) {
+// This (new) group's state from the memory copies of the group before, as `choice` says
+// (collective): for each shard index of `old`, the layout before, the member holding it
+// sends every rank the pieces of it that rank owns now. `copies`: this rank's (null for a
+// joining rank, which holds none). Then the params are gathered, as after a load.
+Status ShardGroup::restore_copies(const Layout &old, const MemoryCopies *copies, const CopyChoice &choice) {
     SX_TRACE_SPAN(tracer(), "group", "restore_memory_copies");
-    const ShardCopy *own = from.copies_->find(choice.seq, true);
-    SX_CHECK(own != nullptr && own->units.size() == units_.size(), SX_ERR_INTERNAL,
-             "rank %d holds no copy %llu of its own shard for %zu units", rank(),
-             static_cast<unsigned long long>(choice.seq), units_.size());
     const int W = world_size(), S = shard_size(), me = rank();
-    const Layout &old = from.layout_;
+    // The slots and progress of the copy: every member holds them in its own copy; new
+    // rank 0, a member, sends them to all, so that a joining rank has them too.
+    std::string packed;
+    if (me == 0) {
+        const ShardCopy *own = copies ? copies->find(choice.seq, true) : nullptr;
+        SX_CHECK(own != nullptr && own->units.size() == units_.size(), SX_ERR_INTERNAL,
+                 "rank %d holds no copy %llu of its own shard for %zu units", me,
+                 static_cast<unsigned long long>(choice.seq), units_.size());
+        packed = pack_progress(own->slots, own->progress);
+    }
+    if (W > 1) {
+        uint64_t bytes = packed.size();
+        SX_TRY(collective([&](comm::Communicator &c) { return c.broadcast(&bytes, sizeof bytes, 0); }));
+        packed.resize(static_cast<size_t>(bytes));
+        SX_TRY(collective([&](comm::Communicator &c) { return c.broadcast(&packed[0], packed.size(), 0); }));
+    }
+    std::vector<int> slots;
+    ShardProgress progress;
+    SX_TRY(unpack_progress(packed, &slots, &progress));
+    SX_CHECK(slots.size() == units_.size(), SX_ERR_INTERNAL, "the copy has %zu units, the group %zu", slots.size(),
+             units_.size());
     // Where each unit's tensors go: the values (fp32 masters of 16-bit units) in place,
     // each state slot into a new buffer that a restore then swaps in with the progress.
     // Host memory is written directly; a device's through host staging.
@@ -255,10 +493,10 @@ Status ShardGroup::restore_copies(const ShardGroup &from, const CopyChoice &choi
     std::vector<std::array<float *, 4>> into(units_.size());
     for (size_t u = 0; u < units_.size() && s.ok(); ++u) {
         const uint64_t n = layout_.units()[u].shard_numel;
-        if (!host) staging[u].assign(static_cast<size_t>((1 + own->slots[u]) * n), 0.0f);
+        if (!host) staging[u].assign(static_cast<size_t>((1 + slots[u]) * n), 0.0f);
         into[u][0] = host ? unit_shard(u).values : staging[u].data();
         if (n == 0) continue;  // no piece lies in it
-        for (int k = 0; k < own->slots[u] && s.ok(); ++k) {
+        for (int k = 0; k < slots[u] && s.ok(); ++k) {
             s = ops_->allocate(n * sizeof(float), "optimizer state restored from memory copies", &state[u][k]);
             into[u][k + 1] = host ? state[u][k].as<float>() : staging[u].data() + (k + 1) * n;
         }
@@ -266,7 +504,7 @@ Status ShardGroup::restore_copies(const ShardGroup &from, const CopyChoice &choi
     if (!s.ok()) return fail(s);
     for (int i = 0; i < static_cast<int>(choice.provider.size()); ++i) {
         const int root = choice.provider[i];  // a member's index is its new rank
-        const ShardCopy *src = me == root ? from.copies_->find(choice.seq, choice.provider_own[i]) : nullptr;
+        const ShardCopy *src = me == root && copies ? copies->find(choice.seq, choice.provider_own[i]) : nullptr;
         SX_CHECK(me != root || (src != nullptr && src->shard == i), SX_ERR_INTERNAL,
                  "rank %d was chosen to send shard %d of copy %llu, which it does not hold", me, i,
                  static_cast<unsigned long long>(choice.seq));
@@ -275,7 +513,7 @@ Status ShardGroup::restore_copies(const ShardGroup &from, const CopyChoice &choi
         for (int r = 0; r < W; ++r) {
             if (r != me && me != root) continue;
             const std::vector<UnitLayout> &to_units = layout_.units();
-            for_each_overlap(old, i, layout_, r % S, own->slots,
+            for_each_overlap(old, i, layout_, r % S, slots,
                              [&](size_t u, int k, uint64_t at_from, uint64_t at_to, uint64_t n) {
                                  const uint64_t n_to = to_units[u].shard_numel;
                                  float *to = into[u][k] + (at_to - static_cast<uint64_t>(k) * n_to);
@@ -293,14 +531,14 @@ Status ShardGroup::restore_copies(const ShardGroup &from, const CopyChoice &choi
     for (size_t u = 0; u < units_.size() && s.ok() && !host; ++u) {
         const uint64_t n = layout_.units()[u].shard_numel;
         s = ops_->from_host(unit_shard(u).values, staging[u].data(), n * sizeof(float));
-        for (int k = 0; k < own->slots[u] && s.ok(); ++k)
+        for (int k = 0; k < slots[u] && s.ok(); ++k)
             s = ops_->from_host(state[u][k].data(), staging[u].data() + (k + 1) * n, n * sizeof(float));
     }
     if (!s.ok()) return fail(s);
     ShardRestore r;
     r.state = &state;
-    r.slots = own->slots;
-    r.progress = &own->progress;
+    r.slots = slots;
+    r.progress = &progress;
     SX_TRY(restore_shard(r));
     return gather_params();
 }

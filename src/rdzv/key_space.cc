@@ -59,31 +59,38 @@ Status open_store(const Rendezvous &rv, Millis timeout, std::shared_ptr<Store> *
     SX_CHECK_ARG(rv.world_size > 0 && rv.rank >= 0 && rv.rank < rv.world_size,
                  "rank %d is not in [0, world_size %d)", rv.rank, rv.world_size);
     SX_CHECK_ARG(timeout.count() > 0, "timeout %lld ms must be > 0", static_cast<long long>(timeout.count()));
+    // A joining process counts its groups apart from the ranks' (as rank -1), and leaves
+    // the members to count themselves out.
+    const int counted = rv.joining ? -1 : rv.rank;
+    auto key_space = [&](std::shared_ptr<Store> store, const std::string &prefix) {
+        return rv.joining ? make_prefix_store(std::move(store), prefix)
+                          : leaving_key_space(std::move(store), prefix, rv.world_size);
+    };
     switch (rv.scheme) {
     case Rendezvous::Scheme::kLocal: {
-        int64_t n = next_group_number("local://" + rv.name, rv.rank);
-        *out = leaving_key_space(open_local_store(rv.name), "g" + std::to_string(n) + "/", rv.world_size);
+        int64_t n = next_group_number("local://" + rv.name, counted);
+        *out = key_space(open_local_store(rv.name), "g" + std::to_string(n) + "/");
         return Status::Ok();
     }
     case Rendezvous::Scheme::kFile: {
         std::shared_ptr<Store> store;
         SX_TRY(open_file_store(rv.path, timeout, &store));
-        int64_t n = next_group_number("file://" + rv.path, rv.rank);
-        *out = leaving_key_space(std::move(store), "g" + std::to_string(n) + "/", rv.world_size);
+        int64_t n = next_group_number("file://" + rv.path, counted);
+        *out = key_space(std::move(store), "g" + std::to_string(n) + "/");
         return Status::Ok();
     }
     case Rendezvous::Scheme::kC10d: {
         // torchrun's agent store outlives the group, as a file:// directory does: the
         // last rank out removes the group's keys.
         int64_t n = next_group_number("c10d://" + rv.host + ":" + std::to_string(rv.port) + "/" + rv.key_prefix,
-                                      rv.rank);
+                                      counted);
         std::shared_ptr<Store> store;
         SX_TRY(open_c10d_store(rv.host, rv.port, timeout, &store));
-        *out = leaving_key_space(std::move(store), rv.key_prefix + "g" + std::to_string(n) + "/", rv.world_size);
+        *out = key_space(std::move(store), rv.key_prefix + "g" + std::to_string(n) + "/");
         return Status::Ok();
     }
     case Rendezvous::Scheme::kTcp: {
-        int64_t n = next_group_number("tcp://" + rv.host + ":" + std::to_string(rv.port), rv.rank);
+        int64_t n = next_group_number("tcp://" + rv.host + ":" + std::to_string(rv.port), counted);
         std::shared_ptr<Store> store;
         ServerOptions server;
         server.host = rv.host;
@@ -91,7 +98,8 @@ Status open_store(const Rendezvous &rv, Millis timeout, std::shared_ptr<Store> *
         server.bind = rv.bind;
         server.token = rv.token;
         server.world_size = rv.world_size;
-        SX_TRY(open_tcp_store(server, rv.rank == 0 && !rv.external, rv.rank == 0, n, timeout, &store));
+        const bool first = rv.rank == 0 && !rv.joining;
+        SX_TRY(open_tcp_store(server, first && !rv.external, first, n, timeout, &store));
         *out = make_prefix_store(std::move(store), "g" + std::to_string(n) + "/");
         return Status::Ok();
     }

@@ -28,6 +28,11 @@ struct Rendezvous {
     // tcp://HOST:PORT?server=external, or env:// with SX_ENV_STORE=external), so that it
     // outlives every rank; rank 0 serves none.
     bool external = false;
+    // A process joining a running group (SX_GROUP_JOIN): it sees the store through the
+    // key space of the first group on this rendezvous (its own count of groups, apart
+    // from its ranks'), serves nothing, and never counts itself out of that key space
+    // (key_space.cc), whose members do.
+    bool joining = false;
 };
 
 // The largest token accepted, in bytes.

@@ -56,6 +56,7 @@ struct Child {
     sx_shard_group_t *g = nullptr;
     int rank = 0, world = 0, stage = 2;
     int memory_copies = 0;  // config->memory_copy_interval
+    uint32_t flags = 0;     // config->flags
     ~Child() { sx_destroy_shard_group(g); }
 
     std::string create(const std::string &rendezvous, int shard_size) {
@@ -70,6 +71,7 @@ struct Child {
         c.shard_size = shard_size;
         c.timeout_ms = 20000;
         c.memory_copy_interval = memory_copies;
+        c.flags = flags;
         sx_status_t st = sx_create_shard_group(&c, &g);
         if (st != SX_OK) return failed("create", st);
         sx_param_group_desc_t d;
@@ -142,6 +144,14 @@ struct Child {
 };
 
 std::string checkpoint(const std::string &dir, int step) { return dir + "/step-" + std::to_string(step); }
+
+std::string format_result(const sx_regroup_result_t &r) {
+    char text[256];
+    std::snprintf(text, sizeof text, "epoch %d, rank %d of %d (shard %d), was %d of %d, step %llu, from memory %d",
+                  r.epoch, r.rank, r.world_size, r.shard_size, r.previous_rank, r.previous_world_size,
+                  static_cast<unsigned long long>(r.step), r.from_memory);
+    return text;
+}
 
 bool write_floats(const std::string &path, const std::vector<float> &v, int64_t restored) {
     std::ofstream f(path + ".tmp", std::ios::binary);
@@ -319,11 +329,98 @@ int reference_child(const sxtest::ChildArgs &a) {
     return 0;
 }
 
+// Growing back, 4 -> 3 -> 4: ranks 0-3 train with memory copies, --victim SIGKILLs
+// itself in step 5, the other 3 regroup from memory; a 5th process (rank 4 here) has been
+// waiting to join all along. The 3 poll until they see it, save a checkpoint of that step
+// (the reference's, nothing else reads it), and admit it: the 4 then train to the end.
+// Exit 0, new rank 0 writing its params and the step of the join.
+int grow_child(const sxtest::ChildArgs &a) {
+    Child c;
+    c.stage = std::stoi(a.get("--stage", "2"));
+    c.memory_copies = 1;
+    const std::string dir = a.get("--dir", "");
+    const std::string rendezvous = a.get("--store", a.rendezvous);
+    const int victim = std::stoi(a.get("--victim", "1"));
+    sx_regroup_options_t ro;
+    sx_regroup_options_init(&ro, sizeof ro);
+    sx_regroup_result_t rr;
+    sx_regroup_result_init(&rr, sizeof rr);
+    auto fail_with = [&](const std::string &what) {
+        std::fprintf(stderr, "%s %d: %s\n", a.rank == 4 ? "joiner" : "rank", a.rank, what.c_str());
+        return 3;
+    };
+    if (a.rank == 4) {
+        // The joiner: registers as the members do, then waits to be admitted.
+        c.flags = SX_GROUP_JOIN;
+        std::string err = c.create(rendezvous, 0);
+        if (!err.empty()) return fail_with(err);
+        sx_status_t st = sx_step(c.g, nullptr, nullptr);
+        if (st != SX_ERR_INVALID_STATE) return fail_with("a joining group stepped before its admission");
+        ro.join_window_ms = 10000;
+        if ((st = sx_regroup(c.g, &ro, &rr)) != SX_OK) return fail_with(failed("join", st));
+        if (rr.previous_rank != -1 || rr.rank != 3 || rr.world_size != 4 || rr.previous_world_size != 3 ||
+            rr.from_memory != 1)
+            return fail_with(format_result(rr));
+        c.rank = rr.rank;
+        c.world = rr.world_size;
+        for (int s = static_cast<int>(rr.step) + 1; s <= kSteps; ++s)
+            if ((st = c.step(s)) != SX_OK) return fail_with(failed("step after joining", st));
+        std::vector<float> params;  // collective at stage 3 (the units are gathered)
+        if ((st = c.read_params(&params)) != SX_OK) return fail_with(failed("read params", st));
+        return 0;
+    }
+    c.rank = a.rank;
+    c.world = 4;
+    std::string err = c.create(rendezvous, 0);
+    if (!err.empty()) return fail_with(err);
+    sx_status_t st = c.init_params();
+    int s = 1;
+    for (; st == SX_OK && s <= kSteps; ++s) {
+        if (a.rank == victim && s == kKillStep) {
+            std::thread killer([] {
+                std::this_thread::sleep_for(std::chrono::microseconds(300));
+                raise(SIGKILL);
+            });
+            c.step(s);
+            killer.join();
+        }
+        st = c.step(s);
+    }
+    if (st == SX_OK) return fail_with("finished every step though a rank was killed");
+    ro.expected_world_size = 3;
+    ro.join_window_ms = 10000;
+    if ((st = sx_regroup(c.g, &ro, &rr)) != SX_OK || rr.from_memory != 1 || rr.world_size != 3)
+        return fail_with(failed("regroup", st) + " " + format_result(rr));
+    c.rank = rr.rank;
+    c.world = 3;
+    const int joined = static_cast<int>(rr.step);
+    int32_t waiting = 0;
+    for (int k = 0; k < 6000 && waiting == 0; ++k) {
+        if ((st = sx_poll_joiners(c.g, &waiting)) != SX_OK) return fail_with(failed("poll", st));
+        if (waiting == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (waiting != 1) return fail_with("sx_poll_joiners saw " + std::to_string(waiting) + " joining processes, not 1");
+    if ((st = c.save(checkpoint(dir + "/joined", joined))) != SX_OK) return fail_with(failed("save", st));
+    ro.admit = waiting;
+    if ((st = sx_regroup(c.g, &ro, &rr)) != SX_OK) return fail_with(failed("admitting", st));
+    if (rr.world_size != 4 || rr.epoch != 2 || rr.rank != c.rank || rr.step != static_cast<uint64_t>(joined) ||
+        rr.from_memory != 1)
+        return fail_with("admitting: " + format_result(rr));
+    c.world = 4;
+    for (s = joined + 1; s <= kSteps; ++s)
+        if ((st = c.step(s)) != SX_OK) return fail_with(failed("step after admitting", st));
+    std::vector<float> params;
+    if ((st = c.read_params(&params)) != SX_OK) return fail_with(failed("read params", st));
+    if (c.rank == 0 && !write_floats(a.get("--out", ""), params, joined)) return 3;
+    return 0;
+}
+
 int child_main(int argc, char **argv) {
     sxtest::ChildArgs a;
     if (!sxtest::parse_child_args(argc, argv, &a)) return 2;
     if (a.get("--mode", "") == "reference") return reference_child(a);
     if (a.get("--mode", "") == "clean") return clean_child(a);
+    if (a.get("--mode", "") == "grow") return grow_child(a);
     return run_child(a);
 }
 
@@ -360,6 +457,20 @@ void stop_rendezvous(pid_t pid) {
     waitpid(pid, &status, 0);
 }
 
+// sx-rendezvous on a free port with a token (in the environment, for the ranks), and its
+// tcp:// address; stop_external_store ends both.
+std::string start_external_store(pid_t *server) {
+    const int port = sxtest::free_port();
+    setenv("SX_RENDEZVOUS_TOKEN", "regroup-test-token", 1);
+    *server = start_rendezvous(port);
+    return "tcp://127.0.0.1:" + std::to_string(port) + "?server=external";
+}
+
+void stop_external_store(pid_t server) {
+    stop_rendezvous(server);
+    unsetenv("SX_RENDEZVOUS_TOKEN");
+}
+
 std::string temp_dir(const char *what) {
     char templ[] = "/tmp/sx-regroup-XXXXXX";
     const char *d = mkdtemp(templ);
@@ -371,11 +482,9 @@ std::string temp_dir(const char *what) {
 void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false) {
     const std::string dir = temp_dir("ckpt");
     mkdir(dir.c_str(), 0700);
-    const int port = sxtest::free_port();
-    setenv("SX_RENDEZVOUS_TOKEN", "regroup-test-token", 1);
-    const pid_t server = start_rendezvous(port);
+    pid_t server = -1;
+    const std::string store = start_external_store(&server);
     assert_true(server > 0);
-    const std::string store = "tcp://127.0.0.1:" + std::to_string(port) + "?server=external";
     const std::string out = dir + "/survivors.bin", ref = dir + "/reference.bin";
     std::vector<sxtest::ProcessResult> results;
     sxtest::run_process_ranks(4,
@@ -383,8 +492,7 @@ void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false
                                "--shard-size", std::to_string(shard_size), "--dir", dir, "--out", out, "--store",
                                store, "--memory", memory ? "1" : "0"},
                               120, &results);
-    stop_rendezvous(server);
-    unsetenv("SX_RENDEZVOUS_TOKEN");
+    stop_external_store(server);
     for (int r = 0; r < 4; ++r) {
         if (r == victim) {
             if (results[r].signal != SIGKILL) fail_msg("the victim, rank %d, was not killed", victim);
@@ -445,6 +553,53 @@ void test_the_store_dies_with_rank0(void **) {
     const std::string rm = "rm -rf '" + dir + "'";
     assert_int_equal(std::system(rm.c_str()), 0);
 }
+
+// 4 -> 3 -> 4 (grow_child): the 4 ranks after the join equal 4 fresh ranks loading the
+// checkpoint of the step at which it joined, bit for bit.
+void grow_back(int stage, int victim) {
+    const std::string dir = temp_dir("grow");
+    mkdir(dir.c_str(), 0700);
+    mkdir((dir + "/joined").c_str(), 0700);
+    pid_t server = -1;
+    const std::string store = start_external_store(&server);
+    assert_true(server > 0);
+    const std::string out = dir + "/grown.bin", ref = dir + "/reference.bin";
+    std::vector<sxtest::ProcessResult> results;
+    sxtest::run_process_ranks(5,
+                              {"--mode", "grow", "--stage", std::to_string(stage), "--victim", std::to_string(victim),
+                               "--dir", dir, "--out", out, "--store", store},
+                              120, &results);
+    stop_external_store(server);
+    for (int r = 0; r < 5; ++r) {
+        if (r == victim) {
+            if (results[r].signal != SIGKILL) fail_msg("the victim, rank %d, was not killed", victim);
+        } else if (results[r].exit_code != 0) {
+            fail_msg("stage %d, 4 -> 3 -> 4: process %d exited with %d (signal %d)", stage, r, results[r].exit_code,
+                     results[r].signal);
+        }
+    }
+    std::string grown, reference;
+    assert_true(read_file(out, &grown));
+    int64_t joined = -1;
+    std::memcpy(&joined, grown.data(), sizeof joined);
+    const std::string err = sxtest::run_process_ranks(
+        4, {"--mode", "reference", "--stage", std::to_string(stage), "--dir", dir + "/joined", "--from",
+            std::to_string(joined), "--out", ref},
+        120);
+    if (!err.empty()) fail_msg("reference: %s", err.c_str());
+    assert_true(read_file(ref, &reference));
+    assert_int_equal(grown.size(), reference.size());
+    if (grown != reference)
+        fail_msg("stage %d: after the join at step %lld the 4 ranks' params differ from 4 ranks loaded from that step",
+                 stage, static_cast<long long>(joined));
+    std::printf("stage %d: 4 -> 3 (rank %d lost) -> 4 (a new process joined at step %lld): equal to 4 fresh ranks\n",
+                stage, victim, static_cast<long long>(joined));
+    const std::string rm = "rm -rf '" + dir + "'";
+    assert_int_equal(std::system(rm.c_str()), 0);
+}
+
+void test_grow_back_stage2(void **) { grow_back(2, 1); }
+void test_grow_back_stage3(void **) { grow_back(3, 0); }
 
 void test_flat_stage1_rank0_lost(void **) { lose_one_of_four(0, 1, 0); }
 void test_flat_stage2_rank1_lost(void **) { lose_one_of_four(1, 2, 0); }
@@ -535,8 +690,14 @@ void test_misuse(void **) {
     pd.shape = &kShapes[1];
     sx_add_param(g, &pd, nullptr);
     assert_int_equal(sx_finalize(g), SX_OK);
+    ro.admit = -1;
     assert_int_equal(sx_regroup(g, &ro, nullptr), SX_ERR_INVALID_ARGUMENT);
-    assert_non_null(std::strstr(sx_last_error_message(), "checkpoint"));
+    assert_non_null(std::strstr(sx_last_error_message(), "admit"));
+    ro.admit = 0;
+    int32_t waiting = -1;
+    assert_int_equal(sx_poll_joiners(g, nullptr), SX_ERR_INVALID_ARGUMENT);
+    assert_int_equal(sx_poll_joiners(g, &waiting), SX_OK);
+    assert_int_equal(waiting, 0);
     ro.checkpoint = "/nonexistent";
     ro.join_window_ms = -1;
     assert_int_equal(sx_regroup(g, &ro, nullptr), SX_ERR_INVALID_ARGUMENT);
@@ -547,6 +708,28 @@ void test_misuse(void **) {
     assert_non_null(std::strstr(sx_last_error_message(), "/nonexistent"));
     // The refused calls left the group working.
     assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);
+    // A failed group has no state to go on from without a checkpoint or memory copies.
+    sx_abort(g);
+    ro.checkpoint = nullptr;
+    assert_int_equal(sx_regroup(g, &ro, nullptr), SX_ERR_INVALID_ARGUMENT);
+    assert_non_null(std::strstr(sx_last_error_message(), "checkpoint"));
+    sx_destroy_shard_group(g);
+    // A joining group takes part in nothing before its admission, and admits nobody.
+    c.rendezvous = "local://regroup-misuse-join";
+    c.flags = SX_GROUP_JOIN;
+    c.timeout_ms = 300;
+    assert_int_equal(sx_create_shard_group(&c, &g), SX_OK);
+    sx_add_param_group(g, &d, nullptr);
+    sx_add_param(g, &pd, nullptr);
+    assert_int_equal(sx_finalize(g), SX_OK);
+    assert_int_equal(sx_step(g, nullptr, nullptr), SX_ERR_INVALID_STATE);
+    assert_int_equal(sx_poll_joiners(g, &waiting), SX_ERR_INVALID_STATE);
+    ro.admit = 1;
+    assert_int_equal(sx_regroup(g, &ro, nullptr), SX_ERR_INVALID_ARGUMENT);
+    // Nobody admits it: its wait ends at the timeout, saying how the members admit.
+    ro.admit = 0;
+    assert_int_equal(sx_regroup(g, &ro, nullptr), SX_ERR_TIMEOUT);
+    assert_non_null(std::strstr(sx_last_error_message(), "sx_poll_joiners"));
     sx_destroy_shard_group(g);
 }
 
@@ -570,6 +753,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_memory_flat_stage2_rank2_lost),
         cmocka_unit_test(test_memory_mesh_2x2_rank2_lost),
         cmocka_unit_test(test_memory_mesh_2x2_rank1_lost),
+        cmocka_unit_test(test_grow_back_stage2),
+        cmocka_unit_test(test_grow_back_stage3),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -18,7 +18,7 @@ export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, par
        trainable_mask, param_info, unit_info, memory_stats, with_group, wait_staged,
        set_loss_scaling!, loss_scale, unit_grads_ready!, gather_unit!, release_unit!, with_unit,
        ParamState, gather_optim_state, scatter_optim_state!, state_view, flush_trace,
-       register_optimizer, OptimizerPiece, regroup!
+       register_optimizer, OptimizerPiece, regroup!, poll_joiners
 
 # The ABI version this binding was written against: the runtime's major must match and
 # its minor must not be older.
@@ -65,6 +65,7 @@ const SX_OPTIMIZER_ERROR_BYTES = 256  # sx_optimizer_piece_t.error_size
 const SX_OPTIMIZER_IN_PLACE = UInt32(0x1)  # sx_optimizer_desc_t.flags
 const SX_GROUP_NO_TRAINABLE_AUTODETECT = UInt32(0x1)
 const SX_GROUP_RESERVE_CHECKPOINT_STAGING = UInt32(0x2)
+const SX_GROUP_JOIN = UInt32(0x4)
 const SX_MAX_NDIM = 8
 const SX_MAX_WORLD_SIZE = Int32(65536)
 const SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA = UInt32.((0x1, 0x2, 0x4))
@@ -264,7 +265,7 @@ mutable struct RegroupOptions  # sx_regroup_options_t
     load_flags::UInt32
     join_window_ms::Int32
     expected_world_size::Int32
-    reserved0::Int32
+    admit::Int32
 end
 
 mutable struct RegroupResult  # sx_regroup_result_t
@@ -503,6 +504,11 @@ interface).
 `memory_copy_interval=N`: every N steps each rank keeps a copy of its shard of the state
 in host memory (a flat group's ranks send theirs to the next rank too), from which
 `regroup!` restores the survivors without a checkpoint; 0 = none. CPU groups only.
+
+`join=true`: this process joins a running group on `rendezvous` (SX_GROUP_JOIN): it
+connects to nobody (`rank` and `world_size` are ignored); register the params and param
+groups as the members have them, `finalize!`, then `regroup!` waits until the members admit
+it (their `poll_joiners`, then `regroup!(g; admit=n)`).
 """
 mutable struct ShardGroup
     handle::Ptr{Cvoid}
@@ -520,7 +526,7 @@ mutable struct ShardGroup
                         rendezvous_token::Union{Nothing,AbstractString}=nothing,
                         rendezvous_bind::Union{Nothing,AbstractString}=nothing,
                         transport::Union{Symbol,AbstractString}=:auto,
-                        memory_copy_interval::Integer=0)
+                        memory_copy_interval::Integer=0, join::Bool=false)
         transport_value = _transport(transport)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
@@ -542,7 +548,8 @@ mutable struct ShardGroup
             cfg.memory_copy_interval = memory_copy_interval
             cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
             cfg.flags = (trainable_autodetect ? UInt32(0) : SX_GROUP_NO_TRAINABLE_AUTODETECT) |
-                        (reserve_checkpoint_staging ? SX_GROUP_RESERVE_CHECKPOINT_STAGING : UInt32(0))
+                        (reserve_checkpoint_staging ? SX_GROUP_RESERVE_CHECKPOINT_STAGING : UInt32(0)) |
+                        (join ? SX_GROUP_JOIN : UInt32(0))
             cfg.device_ordinal = device_ordinal
             cfg.grad_dtype, cfg.reduce_dtype = grad_dtype, reduce_dtype
             cfg.prefetch_depth = prefetch_depth
@@ -621,7 +628,7 @@ end
 abort!(g::ShardGroup) = check(@ccall libsx.sx_abort(_handle(g)::Ptr{Cvoid})::Int32)
 
 """
-    regroup!(g, checkpoint=nothing; join_window_ms=0, expected_world_size=0, params_only=false,
+    regroup!(g, checkpoint=nothing; join_window_ms=0, expected_world_size=0, admit=0, params_only=false,
              allow_missing=false, allow_extra=false)
 
 Collective over the ranks still alive, after a call failed because a peer was lost (or
@@ -635,7 +642,7 @@ or torchrun's. Returns `(epoch, rank, world_size, shard_size, previous_rank,
 previous_world_size, step, from_memory)`; go on from the step after `step`.
 """
 function regroup!(g::ShardGroup, checkpoint::Union{Nothing,AbstractString}=nothing; join_window_ms::Integer=0,
-                  expected_world_size::Integer=0, params_only::Bool=false, allow_missing::Bool=false,
+                  expected_world_size::Integer=0, admit::Integer=0, params_only::Bool=false, allow_missing::Bool=false,
                   allow_extra::Bool=false)
     o, r = _blank(RegroupOptions), _blank(RegroupResult)
     check(@ccall libsx.sx_regroup_options_init(o::Ref{RegroupOptions}, sizeof(RegroupOptions)::Csize_t)::Int32)
@@ -644,6 +651,7 @@ function regroup!(g::ShardGroup, checkpoint::Union{Nothing,AbstractString}=nothi
                    (allow_extra ? SX_LOAD_ALLOW_EXTRA : 0x0)
     o.join_window_ms = Int32(join_window_ms)
     o.expected_world_size = Int32(expected_world_size)
+    o.admit = Int32(admit)
     p = checkpoint === nothing ? nothing : _c_string("checkpoint", checkpoint)
     h = _handle(g)
     GC.@preserve p o r begin
@@ -654,6 +662,22 @@ function regroup!(g::ShardGroup, checkpoint::Union{Nothing,AbstractString}=nothi
     (epoch=Int(r.epoch), rank=Int(r.rank), world_size=Int(r.world_size), shard_size=Int(r.shard_size),
      previous_rank=Int(r.previous_rank), previous_world_size=Int(r.previous_world_size), step=Int(r.step),
      from_memory=r.from_memory != 0)
+end
+
+"""
+    poll_joiners(g)
+
+Collective: how many processes wait to join the group (`join=true` on its rendezvous) and
+were not admitted yet, the same on every rank. Admit them with `regroup!(g; admit=n)` on
+every member at the same step.
+"""
+function poll_joiners(g::ShardGroup)
+    n, h = Int32[0], _handle(g)
+    GC.@preserve n begin
+        p = pointer(n)
+        check(@blocking @ccall libsx.sx_poll_joiners(h::Ptr{Cvoid}, p::Ptr{Int32})::Int32)
+    end
+    Int(n[1])
 end
 
 """

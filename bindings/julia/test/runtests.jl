@@ -566,6 +566,47 @@ end
     end
 end
 
+@testset "regroup!: a process joins three ranks" begin
+    if enough_threads(4)
+        dir = mktempdir()
+        path = joinpath(dir, "step-3")
+        rdv = "local://jl-join-$(getpid())"
+        tasks = map(0:3) do rank
+            Threads.@spawn begin
+                if rank == 3  # the joining process: registers as the members do, then waits
+                    with_group(rdv, 0, 1; stage=2, backend=SX.SX_BACKEND_CPU, num_threads=1, timeout_ms=60000,
+                               join=true) do g
+                        whole_setup!(g)
+                        r = regroup!(g)
+                        (r, [copy(vec(param_view(g, i))) for i in 0:2])
+                    end
+                else
+                    with_group(rdv, rank, 3; stage=2, backend=SX.SX_BACKEND_CPU, num_threads=1,
+                               timeout_ms=60000) do g
+                        whole_setup!(g)
+                        whole_train!(g, 3, rank)
+                        waiting = 0
+                        for _ in 1:3000
+                            waiting = poll_joiners(g)
+                            waiting > 0 && break
+                            sleep(0.01)
+                        end
+                        r = regroup!(g; admit=waiting)
+                        (r, [copy(vec(param_view(g, i))) for i in 0:2])
+                    end
+                end
+            end
+        end
+        results = fetch.(tasks)
+        for rank in 0:3
+            r, after = results[rank + 1]
+            @test r == (epoch=1, rank=rank, world_size=4, shard_size=4, previous_rank=rank == 3 ? -1 : rank,
+                        previous_world_size=3, step=3, from_memory=true)
+            @test after == results[1][2]
+        end
+    end
+end
+
 @testset "whole optimizer state: callbacks and their exceptions" begin
     if enough_threads(2)
         results = run_ranks("whole-callback", 2) do rank, g

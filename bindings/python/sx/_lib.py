@@ -117,6 +117,7 @@ SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED = 2
 
 SX_GROUP_NO_TRAINABLE_AUTODETECT = 0x1
 SX_GROUP_RESERVE_CHECKPOINT_STAGING = 0x2
+SX_GROUP_JOIN = 0x4
 
 SX_MAX_NDIM = 8
 SX_MAX_WORLD_SIZE = 65536
@@ -285,7 +286,7 @@ class sx_load_options_t(ctypes.Structure):
 class sx_regroup_options_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("checkpoint", ctypes.c_char_p),
                 ("load_flags", ctypes.c_uint32), ("join_window_ms", ctypes.c_int32),
-                ("expected_world_size", ctypes.c_int32), ("reserved0", ctypes.c_int32)]
+                ("expected_world_size", ctypes.c_int32), ("admit", ctypes.c_int32)]
 
 
 class sx_regroup_result_t(ctypes.Structure):
@@ -353,6 +354,7 @@ PROTOTYPES = {
     "sx_regroup_options_init": (c_status, [_P(sx_regroup_options_t), _c.c_size_t]),
     "sx_regroup_result_init": (c_status, [_P(sx_regroup_result_t), _c.c_size_t]),
     "sx_regroup": (c_status, [sx_shard_group_p, _P(sx_regroup_options_t), _P(sx_regroup_result_t)]),
+    "sx_poll_joiners": (c_status, [sx_shard_group_p, _P(ctypes.c_int32)]),
     "sx_trace_flush": (c_status, [sx_shard_group_p]),
     "sx_param_group_desc_init": (c_status, [_P(sx_param_group_desc_t), _c.c_size_t, _c.c_int32]),
     "sx_optimizer_desc_init": (c_status, [_P(sx_optimizer_desc_t), _c.c_size_t]),

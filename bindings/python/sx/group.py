@@ -278,6 +278,12 @@ class ShardGroup(Handle):
     :meth:`regroup` restores the survivors without a checkpoint (docs/recovery.md);
     :class:`MemoryStats` ``memory_copy_bytes`` says what they hold. CPU groups only.
 
+    ``join=True``: this process joins a running group on ``rendezvous`` (SX_GROUP_JOIN):
+    it connects to nobody (``rank`` and ``world_size`` are ignored); register the params
+    and param groups as the members have them, :meth:`finalize`, then :meth:`regroup`
+    waits until the members admit it (their :meth:`poll_joiners` and ``regroup(admit=)``)
+    and makes it a rank of their next group, with its state.
+
     ``reserve_checkpoint_staging=True``: finalize reserves the memory the checkpoint
     saves stage this rank's shard in, so that the first save blocks no longer than the
     later ones (SX_GROUP_RESERVE_CHECKPOINT_STAGING).
@@ -289,7 +295,7 @@ class ShardGroup(Handle):
                  bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None,
                  prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0, trace_path=None,
                  trace_events=0, rendezvous_token=None, rendezvous_bind=None, transport="auto",
-                 memory_copy_interval=0):
+                 memory_copy_interval=0, join=False):
         cfg = _lib.init_struct(_lib.sx_group_config_t)
         cfg.rendezvous = _encode("rendezvous", rendezvous)
         cfg.rank, cfg.world_size, cfg.stage = rank, world_size, stage
@@ -299,6 +305,8 @@ class ShardGroup(Handle):
         cfg.flags = 0 if trainable_autodetect else _lib.SX_GROUP_NO_TRAINABLE_AUTODETECT
         if reserve_checkpoint_staging:
             cfg.flags |= _lib.SX_GROUP_RESERVE_CHECKPOINT_STAGING
+        if join:
+            cfg.flags |= _lib.SX_GROUP_JOIN
         if bind_address is not None:
             cfg.bind_address = _encode("bind_address", bind_address)
         cfg.device_ordinal = device_ordinal
@@ -343,7 +351,15 @@ class ShardGroup(Handle):
         AbortedError, later calls GroupFailedError. Any thread."""
         check(lib.sx_abort(self.handle))
 
-    def regroup(self, checkpoint=None, *, join_window_ms=0, expected_world_size=0, params_only=False,
+    def poll_joiners(self):
+        """Collective: how many processes wait to join the group (``join=True`` on its
+        rendezvous) and were not admitted yet, the same number on every rank. Admit them
+        with ``regroup(admit=n)`` on every member at the same step."""
+        waiting = ctypes.c_int32(0)
+        check(lib.sx_poll_joiners(self.handle, ctypes.byref(waiting)))
+        return waiting.value
+
+    def regroup(self, checkpoint=None, *, join_window_ms=0, expected_world_size=0, admit=0, params_only=False,
                 allow_missing=False, allow_extra=False):
         """Collective over the ranks still alive, after a call failed because a peer was
         lost (CommError, TimeoutError) or after abort(): they form a new group of
@@ -352,7 +368,9 @@ class ShardGroup(Handle):
         (``memory_copy_interval``) and they still hold every shard, else from the
         checkpoint at ``checkpoint`` (resharded, as load() does; None: there is none,
         which fails where the copies cannot serve). The survivors wait ``join_window_ms`` (0: 1000) for each other,
-        or until ``expected_world_size`` of them arrived. Every view taken before is
+        or until ``expected_world_size`` of them arrived; ``admit`` joining processes (what
+        :meth:`poll_joiners` returned) take the ranks after theirs. A joining group's regroup
+        waits to be admitted. Every view taken before is
         invalid afterwards. The rendezvous store must outlive the lost ranks (the
         sx-rendezvous command: "tcp://HOST:PORT?server=external"; file://; torchrun's).
         Returns a :class:`RegroupResult`; go on from the step after its ``step``."""
@@ -365,6 +383,7 @@ class ShardGroup(Handle):
                               | (_lib.SX_LOAD_ALLOW_EXTRA if allow_extra else 0))
         options.join_window_ms = join_window_ms
         options.expected_world_size = expected_world_size
+        options.admit = admit
         result = _lib.init_struct(_lib.sx_regroup_result_t)
         check(lib.sx_regroup(self.handle, ctypes.byref(options), ctypes.byref(result)))
         return RegroupResult(epoch=result.epoch, rank=result.rank, world_size=result.world_size,

@@ -5,7 +5,9 @@ step; the params are the checkpoint's and the group steps on at 2 ranks, as a fr
 group of 2 loading the checkpoint does; aborted again, the two form epoch 2. A regroup
 without a checkpoint is refused, and a rank that comes after the others' join window is
 told it is not in. With memory copies, the two regroup without a checkpoint: their state
-is the copy's, as 2 ranks loading a checkpoint of that step have it."""
+is the copy's, as 2 ranks loading a checkpoint of that step have it. A 4th process joins 3
+ranks (a 4th thread with join=True): after the members admit it, the 4 train as 4 ranks
+loading a checkpoint of the step it joined at."""
 import os
 import tempfile
 import threading
@@ -35,6 +37,16 @@ def train(g, steps, first):
         for p in g.params():
             g.grad_view(p.index)[...] = ((np.arange(p.numel, dtype=np.float32) * 7 + s * 3 + g.rank) % 11 - 5) / 8
         g.step()
+
+
+def reference_of(world, ckpt, step):
+    """Per rank of `world` fresh ranks loading ckpt (of `step`) and taking 2 more steps."""
+    def rank_fn(rank, name):
+        with make(rank, name, world) as g:
+            g.load(ckpt)
+            train(g, 2, step)
+            return params(g)
+    return run_ranks(world, rank_fn)
 
 
 def params(g):
@@ -131,6 +143,45 @@ class RegroupTest(unittest.TestCase):
             for name in ("w", "b"):
                 np.testing.assert_array_equal(after[name], want[rank][0][name])
                 np.testing.assert_array_equal(final[name], want[rank][1][name])
+
+    def test_a_process_joins(self):
+        work = tempfile.mkdtemp(prefix="sx-py-regroup-join-")
+        ckpt = os.path.join(work, "step-2")
+
+        def rank_fn(rank, name):
+            if rank == 3:  # the joining process: registers as the members do, then waits
+                g = make(0, name, 1, join=True)
+                try:
+                    result = g.regroup()
+                    train(g, 2, result.step)
+                    return result, params(g)
+                finally:
+                    g.close()
+            g = make(rank, name, 3)
+            try:
+                train(g, 2, 0)
+                waiting = 0
+                for _ in range(3000):
+                    waiting = g.poll_joiners()
+                    if waiting:
+                        break
+                    time.sleep(0.01)
+                g.save(ckpt, synchronous=True).wait()  # the reference's
+                result = g.regroup(admit=waiting)
+                train(g, 2, result.step)
+                return result, params(g)
+            finally:
+                g.close()
+
+        results = run_ranks(4, rank_fn)
+        want = reference_of(4, ckpt, 2)
+        for rank in range(4):
+            result, final = results[rank]
+            self.assertEqual(result, sx.RegroupResult(epoch=1, rank=rank, world_size=4, shard_size=4,
+                                                      previous_rank=rank if rank < 3 else -1, previous_world_size=3,
+                                                      step=2, from_memory=True))
+            for name in ("w", "b"):
+                np.testing.assert_array_equal(final[name], want[rank][name])
 
     def test_a_rank_after_the_window_is_not_in(self):
         """Ranks 0 and 1 close the group when their 1000 ms window ends; rank 2, later, is

@@ -105,6 +105,7 @@ pub const SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED: i32 = 2;
 
 pub const SX_GROUP_NO_TRAINABLE_AUTODETECT: u32 = 0x1;
 pub const SX_GROUP_RESERVE_CHECKPOINT_STAGING: u32 = 0x2;
+pub const SX_GROUP_JOIN: u32 = 0x4;
 
 pub const SX_MAX_NDIM: usize = 8;
 pub const SX_MAX_WORLD_SIZE: i32 = 65536;
@@ -384,7 +385,7 @@ pub struct sx_regroup_options_t {
     pub load_flags: u32,
     pub join_window_ms: i32,
     pub expected_world_size: i32,
-    pub reserved0: i32,
+    pub admit: i32,
 }
 
 #[repr(C)]
@@ -478,6 +479,7 @@ extern "C" {
         options: *const sx_regroup_options_t,
         result: *mut sx_regroup_result_t,
     ) -> sx_status_t;
+    pub fn sx_poll_joiners(group: *mut sx_shard_group_t, waiting: *mut i32) -> sx_status_t;
     pub fn sx_trace_flush(group: *mut sx_shard_group_t) -> sx_status_t;
 
     pub fn sx_param_group_desc_init(desc: *mut sx_param_group_desc_t, size: usize, optimizer: i32) -> sx_status_t;

@@ -264,12 +264,29 @@ impl ShardGroup {
     /// (`tcp://HOST:PORT?server=external`), `file://`, or torchrun's agent store.
     pub fn regroup(&mut self, options: &LoadOptions, join_window_ms: i32, expected_world_size: i32)
         -> Result<RegroupResult> {
+        self.regroup_admitting(options, join_window_ms, expected_world_size, 0)
+    }
+
+    /// Collective: how many processes wait to join the group (GroupConfig::join on its
+    /// rendezvous) and were not admitted yet, the same number on every rank.
+    pub fn poll_joiners(&mut self) -> Result<i32> {
+        let mut waiting = 0;
+        check(unsafe { sys::sx_poll_joiners(self.raw, &mut waiting) })?;
+        Ok(waiting)
+    }
+
+    /// [`regroup`](Self::regroup), admitting `admit` joining processes (what
+    /// [`poll_joiners`](Self::poll_joiners) returned, on every member), which take the
+    /// ranks after the members'.
+    pub fn regroup_admitting(&mut self, options: &LoadOptions, join_window_ms: i32, expected_world_size: i32,
+                             admit: i32) -> Result<RegroupResult> {
         let path = c_string("checkpoint path", &options.path)?;
         let mut o: sys::sx_regroup_options_t = init(sys::sx_regroup_options_init);
         o.checkpoint = if options.path.is_empty() { ptr::null() } else { path.as_ptr() };
         o.load_flags = options.flags;
         o.join_window_ms = join_window_ms;
         o.expected_world_size = expected_world_size;
+        o.admit = admit;
         let mut r: sys::sx_regroup_result_t = init(sys::sx_regroup_result_init);
         check(unsafe { sys::sx_regroup(self.raw, &o, &mut r) })?;
         Ok(RegroupResult {

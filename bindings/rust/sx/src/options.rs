@@ -207,6 +207,20 @@ impl GroupConfig {
         }
         self
     }
+    /// This process joins a running group on the rendezvous (SX_GROUP_JOIN): it connects
+    /// to nobody (rank and world size are ignored); register the params and param groups
+    /// as the members have them, finalize, then
+    /// [`ShardGroup::regroup`](crate::ShardGroup::regroup) waits until the members admit
+    /// it ([`ShardGroup::poll_joiners`](crate::ShardGroup::poll_joiners), then their
+    /// [`ShardGroup::regroup_admitting`](crate::ShardGroup::regroup_admitting)).
+    pub fn join(mut self, on: bool) -> Self {
+        if on {
+            self.raw.flags |= sys::SX_GROUP_JOIN;
+        } else {
+            self.raw.flags &= !sys::SX_GROUP_JOIN;
+        }
+        self
+    }
     pub fn bind_address(mut self, address: &str) -> Self {
         self.bind_address = Some(address.to_string());
         self

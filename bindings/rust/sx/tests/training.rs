@@ -628,3 +628,57 @@ fn two_survivors_of_three_regroup_from_memory_copies() {
     }
     assert!(results[2].is_none());
 }
+
+/// A 4th process (a thread with GroupConfig::join) joins 3 ranks: they poll until they see
+/// it and admit it; the 4 then hold the 3 ranks' state, as 4 fresh ranks loading a
+/// checkpoint of that step have it.
+#[test]
+fn a_process_joins_three_ranks() {
+    let dir = common::TempDir::new("join");
+    let path = dir.join("step-2");
+    let name = common::rendezvous("join");
+    let handles: Vec<_> = (0..4)
+        .map(|rank| {
+            let (name, p) = (name.clone(), path.clone());
+            std::thread::spawn(move || -> sx::Result<(sx::RegroupResult, Vec<f32>)> {
+                if rank == 3 {
+                    let mut g = ShardGroup::new(&common::config(&name, 0, 1).join(true))?;
+                    setup(&mut g, 0.05)?;
+                    let r = g.regroup(&LoadOptions::new(""), 0, 0)?;
+                    return Ok((r, g.param(0)?.to_vec()));
+                }
+                let mut g = ShardGroup::new(&common::config(&name, rank, 3))?;
+                setup(&mut g, 0.05)?;
+                for _ in 0..2 {
+                    let mut t = g.tensors_mut()?;
+                    grads(rank, t.params[0], t.grads[0]);
+                    g.step(None)?;
+                }
+                let mut waiting = 0;
+                for _ in 0..3000 {
+                    waiting = g.poll_joiners()?;
+                    if waiting > 0 {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                g.save(SaveOptions::new(&p).synchronous(true))?.wait()?; // the reference's
+                let r = g.regroup_admitting(&LoadOptions::new(""), 0, 0, waiting)?;
+                Ok((r, g.param(0)?.to_vec()))
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("rank panicked").expect("rank failed")).collect();
+    let p = path.clone();
+    let fresh = common::run_ranks("joinref", 4, move |_rank, mut g| {
+        setup(&mut g, 0.05)?;
+        g.load(&LoadOptions::new(&p))?;
+        Ok(g.param(0)?.to_vec())
+    });
+    for rank in 0..4 {
+        let (r, w) = &results[rank];
+        assert!(r.world_size == 4 && r.rank == rank as i32 && r.step == 2 && r.from_memory, "{:?}", r);
+        assert_eq!(r.previous_rank, if rank == 3 { -1 } else { rank as i32 });
+        assert_eq!(w, &fresh[rank], "rank {}'s params differ from the checkpoint of the step it joined at", rank);
+    }
+}
