@@ -143,7 +143,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // Before sx_regroup breaks the group up: a sound group's members copy their shard
     // (regroup.cc), from which the new group's state then comes.
     Status copy_if_sound();
-    bool sound() const;  // not failed nor aborted, and between steps
+    bool sound() const;  // a CPU group, not failed nor aborted, and between steps
 
     // --- what checkpoints and the whole-state exchange see (ShardAccess: shard_state.h) ---
     int rank() const override { return mesh_.rank(); }

@@ -168,7 +168,9 @@ Status ShardGroup::check_regroup(const RegroupSpec &spec) const {
 // starts from this step where every member is sound (no copy is sent: the members all
 // hold theirs). A group without memory copies keeps this one alone.
 bool ShardGroup::sound() const {
-    return !joining_ && check_usable().ok() && !round_->open() && micro_batches_ == 0 && table_.finalized();
+    // (CPU groups: the copies are exchanged through host memory.)
+    return !joining_ && config_.backend != SX_BACKEND_CUDA && check_usable().ok() && !round_->open() &&
+           micro_batches_ == 0 && table_.finalized();
 }
 
 Status ShardGroup::copy_if_sound() {
