@@ -10,7 +10,8 @@
 //             the slowest one's step
 // Each from the checkpoint, and from memory copies (config->memory_copy_interval = 1 and
 // 10: every rank copies its shard every 1 or 10 steps, and a flat group's ranks send
-// theirs to the next rank; the survivors regroup with no checkpoint): then also what the
+// theirs to the next rank; "1w": a flat group's steps also wait until the next rank holds
+// the copy, SX_GROUP_MEMORY_COPY_WAIT; the survivors regroup with no checkpoint): then also what the
 // copies cost, the step time of the 4 ranks against the run without them, and the bytes
 // each rank holds in copies against its shard of the optimizer state.
 // Flat (stage 2) and a 2 x 2 mesh (the 3 survivors go on flat), the median of --reps
@@ -47,7 +48,7 @@ void fail(const char *what) {
 }
 
 sx_shard_group_t *make_adamw(const std::string &url, int rank, int world, int shard_size, int64_t n,
-                             int memory_copies = 0) {
+                             int memory_copies = 0, bool wait = false) {
     sx_group_config_t c;
     sx_group_config_init(&c, sizeof c);
     c.backend = SX_BACKEND_CPU;
@@ -59,6 +60,7 @@ sx_shard_group_t *make_adamw(const std::string &url, int rank, int world, int sh
     c.shard_size = shard_size;
     c.timeout_ms = 60000;
     c.memory_copy_interval = memory_copies;
+    if (wait) c.flags |= SX_GROUP_MEMORY_COPY_WAIT;
     sx_shard_group_t *g = nullptr;
     if (sx_create_shard_group(&c, &g) != SX_OK) fail("sx_create_shard_group");
     sx_param_group_desc_t d;
@@ -120,7 +122,8 @@ bool wait_for_file(const std::string &path, double seconds) {
 //   MODE run: save DIR/ckpt (rank 0 waits for it), step until a step fails, writing
 //     DIR/ready.R after the first steps and DIR/step_ms.R; then sx_regroup from DIR/ckpt
 //     and one step, writing DIR/done.R (the time it completed).
-//   MODE memory1, memory10: the same with memory copies every 1 or 10 steps, regrouping
+//   MODE memory1, memory1w, memory10: the same with memory copies every 1 or 10 steps (1w:
+//     each waited for), regrouping
 //     without a checkpoint; also DIR/copy_ratio.R: the bytes in copies / the optimizer
 //     state's.
 //   MODE restart: create, load DIR/ckpt, one step, write DIR/done.R.
@@ -130,9 +133,10 @@ int regroup_rank_main(int argc, char **argv) {
     const int rank = std::atoi(argv[3]), world = std::atoi(argv[4]), shard_size = std::atoi(argv[6]);
     const int64_t n = std::strtoll(argv[7], nullptr, 10);
     const std::string me = "." + std::to_string(rank);
-    const int interval = mode == "memory1" ? 1 : mode == "memory10" ? 10 : 0;
+    // memory1w: every step, and each step waits until the next rank holds its copy.
+    const int interval = mode == "memory1" || mode == "memory1w" ? 1 : mode == "memory10" ? 10 : 0;
     const bool memory = interval > 0;
-    sx_shard_group_t *g = make_adamw(url, rank, world, shard_size, n, interval);
+    sx_shard_group_t *g = make_adamw(url, rank, world, shard_size, n, interval, mode == "memory1w");
     const std::string ckpt = dir + "/ckpt";
     if (mode == "restart") {
         sx_load_options_t lo;
@@ -192,6 +196,7 @@ struct Figures {
 };
 
 // One round: the 4-rank run losing rank 1, then the restart of 3.
+// interval: 0 = from the checkpoint; -1 = memory copies every step, each waited for.
 Figures run_round(int shard_size, int64_t n, int interval) {
     Figures out;
     char tmpl[] = "/tmp/sx-bench-regroup-XXXXXX";
@@ -202,7 +207,9 @@ Figures run_round(int shard_size, int64_t n, int interval) {
     const std::string url = "tcp://127.0.0.1:" + std::to_string(port) + "?server=external";
     std::vector<pid_t> ranks;
     for (int r = 0; r < 4; ++r)
-        ranks.push_back(spawn({"/proc/self/exe", "--regroup-rank", interval ? "memory" + std::to_string(interval) : "run",
+        ranks.push_back(spawn({"/proc/self/exe", "--regroup-rank",
+                               interval < 0 ? std::string("memory1w")
+                                            : interval ? "memory" + std::to_string(interval) : "run",
                                std::to_string(r), "4", url,
                                std::to_string(shard_size), std::to_string(n), dir}));
     bool ready = server > 0;
@@ -272,7 +279,8 @@ int section_regroup(const Options &opt) {
     std::vector<std::string> json;
     for (int shard_size : {0, 2}) {
         double step_off = 0;
-        for (int interval : {0, 1, 10}) {
+        for (int interval : {0, 1, -1, 10}) {
+            if (interval < 0 && shard_size) continue;  // a mesh sends no copy to wait for
             std::vector<double> regroup, restart, step, ratio;
             for (int k = 0; k < rounds; ++k) {
                 const Figures f = run_round(shard_size, n, interval);
@@ -288,7 +296,8 @@ int section_regroup(const Options &opt) {
             const double rg = median(regroup), rs = median(restart), st = median(step), cr = median(ratio);
             if (!interval) step_off = st;
             const char *mesh = shard_size ? "2x2" : "flat";
-            const std::string from_text = interval ? "memory/" + std::to_string(interval) : "checkpoint";
+            const std::string from_text = interval < 0 ? "memory/1w" : interval ? "memory/" + std::to_string(interval)
+                                                                                  : "checkpoint";
             const char *from = from_text.c_str();
             std::printf("%8s %11s %10.1f %10.3f %10.3f %16.3f %12.3f %11.2f\n", mesh, from, st, rg, rs, rg / rs,
                         st / step_off, cr);

@@ -80,6 +80,10 @@ const GroupFlagReserveCheckpointStaging = 0x2
 // (their PollJoiners, then Regroup with RegroupOptions.Admit).
 const GroupFlagJoin = 0x4
 
+// GroupFlagMemoryCopyWait: with MemoryCopyInterval, a step that takes a copy returns once
+// the next rank holds it, so that no step that returned is taken again after a loss.
+const GroupFlagMemoryCopyWait = 0x8
+
 // Limits of param descriptions.
 const (
 	MaxNdim      = 8
@@ -277,8 +281,8 @@ type RegroupOptions struct {
 	// The checkpoint loaded into the new group (resharded) where the memory copies
 	// (GroupConfig.MemoryCopyInterval) cannot give its state; Path "": none.
 	Checkpoint        LoadOptions
-	JoinWindowMs      int32       // how long the survivors wait for each other; 0 = 1000
-	ExpectedWorldSize int32       // close once this many arrived; 0 = the previous world size
+	JoinWindowMs      int32 // how long the survivors wait for each other; 0 = 1000
+	ExpectedWorldSize int32 // close once this many arrived; 0 = the previous world size
 	// Joining processes admitted (what PollJoiners returned, on every member); they take
 	// the ranks after the members'.
 	Admit int32

@@ -217,6 +217,11 @@ SX_API sx_status_t sx_set_log_callback(sx_log_fn fn, void *user, int32_t max_lev
  * collective call is SX_ERR_INVALID_STATE. The rendezvous must be the members' (tcp:// on a
  * store that outlives rank 0, file://, local://); the members' first group on it. */
 #define SX_GROUP_JOIN 0x4
+/* With memory_copy_interval: a step that takes a copy returns only once the next rank holds
+ * it, so that a step that returned on any rank is never taken again after a loss (without
+ * it the copy is sent while the trainer goes on, and a loss within that time costs the
+ * step before the one in flight too). The step then costs the copy's sending. */
+#define SX_GROUP_MEMORY_COPY_WAIT 0x8
 
 /* ---------------------------------------------------------------------------------
  * Creating a shard group

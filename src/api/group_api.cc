@@ -62,7 +62,8 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         SX_CHECK_ARG(c.rendezvous != nullptr && c.rendezvous[0] != '\0',
                      "config->rendezvous is empty; expected local://NAME, tcp://HOST:PORT, "
                      "file:///DIR or env://");
-        const uint32_t known = SX_GROUP_NO_TRAINABLE_AUTODETECT | SX_GROUP_RESERVE_CHECKPOINT_STAGING | SX_GROUP_JOIN;
+        const uint32_t known = SX_GROUP_NO_TRAINABLE_AUTODETECT | SX_GROUP_RESERVE_CHECKPOINT_STAGING | SX_GROUP_JOIN |
+                               SX_GROUP_MEMORY_COPY_WAIT;
         SX_CHECK_ARG((c.flags & ~known) == 0, "config->flags has unknown bits 0x%x", c.flags & ~known);
         sx::core::GroupConfig g;
         g.rendezvous = c.rendezvous;

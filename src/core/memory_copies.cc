@@ -202,6 +202,14 @@ void MemoryCopies::take(std::vector<UnitShard> units, ShardProgress progress, st
     cv_.notify_all();
 }
 
+Status MemoryCopies::wait_sent() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return !busy_; });
+    SX_CHECK(!broken_, SX_ERR_COMM, "rank %d: this step's memory copy did not reach the next rank (a peer is lost); "
+             "the step is taken again after a regroup", s_.rank);
+    return Status::Ok();
+}
+
 void MemoryCopies::reset() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return !busy_; });

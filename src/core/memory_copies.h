@@ -96,6 +96,9 @@ class MemoryCopies {
     // logged and stops later sendings (the copies kept stay usable); it fails nothing else.
     void take(std::vector<UnitShard> units, ShardProgress progress, std::unique_ptr<ShardFence::Hold> hold,
               bool send = true);
+    // Waits until the copy last taken is copied and sent: SX_ERR_COMM where its sending
+    // failed (or one before it did).
+    Status wait_sent();
     // Drops every copy (the layout changed); the next step keeps a new one. Waits for
     // the copy in flight first.
     void reset();

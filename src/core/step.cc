@@ -291,7 +291,15 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     ++steps_;
     // Memory copies: this boundary's, every memory_copy_interval steps, copied and sent
     // in the background (the next update waits only for the copy out of the shard).
-    if (copies_ && copies_->due(steps_)) SX_TRY(keep_copy());
+    if (copies_ && copies_->due(steps_)) {
+        SX_TRY(keep_copy());
+        // SX_GROUP_MEMORY_COPY_WAIT: the step returns once the next rank holds the copy.
+        if ((config_.flags & SX_GROUP_MEMORY_COPY_WAIT) && copies_->settings().peers) {
+            SX_TRACE_SPAN(tracer(), "step", "wait_memory_copy");
+            Status s = copies_->wait_sent();
+            if (!s.ok()) return fail(s);
+        }
+    }
     report_step(norm, false, result);
     return Status::Ok();
 }

@@ -178,6 +178,8 @@ int run_child(const sxtest::ChildArgs &a) {
     c.world = a.world;
     c.stage = std::stoi(a.get("--stage", "2"));
     c.memory_copies = std::stoi(a.get("--memory", "0"));
+    const bool wait = a.get("--wait", "0") == "1";
+    if (wait) c.flags = SX_GROUP_MEMORY_COPY_WAIT;
     const std::string dir = a.get("--dir", "");
     const int victim = std::stoi(a.get("--victim", "-1"));
     const std::string rendezvous = a.get("--store", a.rendezvous);
@@ -245,8 +247,10 @@ int run_child(const sxtest::ChildArgs &a) {
     // where the loss cut the sending of that step's copy short.
     // (failed_step - 1 is the last step this survivor finished; another may have finished
     // one fewer.)
-    const bool step_ok = c.memory_copies ? rr.from_memory == 1 && rr.step + 3 >= static_cast<uint64_t>(failed_step) &&
-                                               rr.step + 1 <= static_cast<uint64_t>(failed_step)
+    // With SX_GROUP_MEMORY_COPY_WAIT no step that returned here is lost.
+    const uint64_t behind = wait ? 1 : 3;
+    const bool step_ok = c.memory_copies ? rr.from_memory == 1 && rr.step + behind >= static_cast<uint64_t>(failed_step) &&
+                                               rr.step <= static_cast<uint64_t>(failed_step)
                                          : rr.from_memory == 0 && rr.step == static_cast<uint64_t>(committed);
     if (rr.epoch != 1 || rr.world_size != 3 || rr.rank != want_rank || rr.previous_rank != a.rank ||
         rr.previous_world_size != 4 || rr.shard_size != 3 || !step_ok) {
@@ -479,7 +483,7 @@ std::string temp_dir(const char *what) {
 
 // One scenario: the 4-rank run losing `victim`, then the 3-rank reference. memory: the
 // group keeps memory copies every step, and the survivors regroup without a checkpoint.
-void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false) {
+void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false, bool wait = false) {
     const std::string dir = temp_dir("ckpt");
     mkdir(dir.c_str(), 0700);
     pid_t server = -1;
@@ -490,7 +494,7 @@ void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false
     sxtest::run_process_ranks(4,
                               {"--mode", "run", "--stage", std::to_string(stage), "--victim", std::to_string(victim),
                                "--shard-size", std::to_string(shard_size), "--dir", dir, "--out", out, "--store",
-                               store, "--memory", memory ? "1" : "0"},
+                               store, "--memory", memory ? "1" : "0", "--wait", wait ? "1" : "0"},
                               120, &results);
     stop_external_store(server);
     for (int r = 0; r < 4; ++r) {
@@ -505,7 +509,7 @@ void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false
     assert_true(read_file(out, &survivors));
     int64_t restored = -1;
     std::memcpy(&restored, survivors.data(), sizeof restored);
-    assert_true(restored >= kKillStep - (memory ? 2 : 1) && restored <= kKillStep);
+    assert_true(restored >= kKillStep - (memory && !wait ? 2 : 1) && restored <= kKillStep);
     struct stat st;
     if (stat((checkpoint(dir, restored) + "/MANIFEST").c_str(), &st) != 0) {
         // The survivors restored a step the run never saved: 4 ranks take it without a loss.
@@ -606,9 +610,10 @@ void test_flat_stage2_rank1_lost(void **) { lose_one_of_four(1, 2, 0); }
 void test_flat_stage3_rank3_lost(void **) { lose_one_of_four(3, 3, 0); }
 void test_flat_stage2_rank0_lost(void **) { lose_one_of_four(0, 2, 0); }
 void test_mesh_2x2_rank2_lost(void **) { lose_one_of_four(2, 2, 2); }
-// From memory: peer copies in flat groups, the other replica in the mesh.
-void test_memory_flat_stage1_rank0_lost(void **) { lose_one_of_four(0, 1, 0, true); }
-void test_memory_flat_stage2_rank1_lost(void **) { lose_one_of_four(1, 2, 0, true); }
+// From memory: peer copies in flat groups (the first two with SX_GROUP_MEMORY_COPY_WAIT:
+// no step that returned is lost), the other replica in the mesh.
+void test_memory_flat_stage1_rank0_lost(void **) { lose_one_of_four(0, 1, 0, true, true); }
+void test_memory_flat_stage2_rank1_lost(void **) { lose_one_of_four(1, 2, 0, true, true); }
 void test_memory_flat_stage3_rank3_lost(void **) { lose_one_of_four(3, 3, 0, true); }
 void test_memory_flat_stage2_rank2_lost(void **) { lose_one_of_four(2, 2, 0, true); }
 void test_memory_mesh_2x2_rank2_lost(void **) { lose_one_of_four(2, 2, 2, true); }

@@ -66,6 +66,7 @@ const SX_OPTIMIZER_IN_PLACE = UInt32(0x1)  # sx_optimizer_desc_t.flags
 const SX_GROUP_NO_TRAINABLE_AUTODETECT = UInt32(0x1)
 const SX_GROUP_RESERVE_CHECKPOINT_STAGING = UInt32(0x2)
 const SX_GROUP_JOIN = UInt32(0x4)
+const SX_GROUP_MEMORY_COPY_WAIT = UInt32(0x8)
 const SX_MAX_NDIM = 8
 const SX_MAX_WORLD_SIZE = Int32(65536)
 const SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA = UInt32.((0x1, 0x2, 0x4))
@@ -504,6 +505,8 @@ interface).
 `memory_copy_interval=N`: every N steps each rank keeps a copy of its shard of the state
 in host memory (a flat group's ranks send theirs to the next rank too), from which
 `regroup!` restores the survivors without a checkpoint; 0 = none. CPU groups only.
+`memory_copy_wait=true`: a step that takes a copy returns once the next rank holds it, so
+that no step that returned is taken again after a loss (SX_GROUP_MEMORY_COPY_WAIT).
 
 `join=true`: this process joins a running group on `rendezvous` (SX_GROUP_JOIN): it
 connects to nobody (`rank` and `world_size` are ignored); register the params and param
@@ -526,7 +529,7 @@ mutable struct ShardGroup
                         rendezvous_token::Union{Nothing,AbstractString}=nothing,
                         rendezvous_bind::Union{Nothing,AbstractString}=nothing,
                         transport::Union{Symbol,AbstractString}=:auto,
-                        memory_copy_interval::Integer=0, join::Bool=false)
+                        memory_copy_interval::Integer=0, memory_copy_wait::Bool=false, join::Bool=false)
         transport_value = _transport(transport)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
@@ -549,7 +552,8 @@ mutable struct ShardGroup
             cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
             cfg.flags = (trainable_autodetect ? UInt32(0) : SX_GROUP_NO_TRAINABLE_AUTODETECT) |
                         (reserve_checkpoint_staging ? SX_GROUP_RESERVE_CHECKPOINT_STAGING : UInt32(0)) |
-                        (join ? SX_GROUP_JOIN : UInt32(0))
+                        (join ? SX_GROUP_JOIN : UInt32(0)) |
+                        (memory_copy_wait ? SX_GROUP_MEMORY_COPY_WAIT : UInt32(0))
             cfg.device_ordinal = device_ordinal
             cfg.grad_dtype, cfg.reduce_dtype = grad_dtype, reduce_dtype
             cfg.prefetch_depth = prefetch_depth

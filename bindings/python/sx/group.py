@@ -277,6 +277,9 @@ class ShardGroup(Handle):
     state in host memory (and, in a flat group, sends it to the next rank), from which
     :meth:`regroup` restores the survivors without a checkpoint (docs/recovery.md);
     :class:`MemoryStats` ``memory_copy_bytes`` says what they hold. CPU groups only.
+    ``memory_copy_wait=True``: a step that takes a copy returns once the next rank holds
+    it, so that no step that returned is taken again after a loss
+    (SX_GROUP_MEMORY_COPY_WAIT).
 
     ``join=True``: this process joins a running group on ``rendezvous`` (SX_GROUP_JOIN):
     it connects to nobody (``rank`` and ``world_size`` are ignored); register the params
@@ -295,7 +298,7 @@ class ShardGroup(Handle):
                  bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None,
                  prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0, trace_path=None,
                  trace_events=0, rendezvous_token=None, rendezvous_bind=None, transport="auto",
-                 memory_copy_interval=0, join=False):
+                 memory_copy_interval=0, memory_copy_wait=False, join=False):
         cfg = _lib.init_struct(_lib.sx_group_config_t)
         cfg.rendezvous = _encode("rendezvous", rendezvous)
         cfg.rank, cfg.world_size, cfg.stage = rank, world_size, stage
@@ -307,6 +310,8 @@ class ShardGroup(Handle):
             cfg.flags |= _lib.SX_GROUP_RESERVE_CHECKPOINT_STAGING
         if join:
             cfg.flags |= _lib.SX_GROUP_JOIN
+        if memory_copy_wait:
+            cfg.flags |= _lib.SX_GROUP_MEMORY_COPY_WAIT
         if bind_address is not None:
             cfg.bind_address = _encode("bind_address", bind_address)
         cfg.device_ordinal = device_ordinal

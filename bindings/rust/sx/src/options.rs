@@ -293,6 +293,16 @@ impl GroupConfig {
         self.raw.memory_copy_interval = steps;
         self
     }
+    /// A step that takes a memory copy returns once the next rank holds it, so that no
+    /// step that returned is taken again after a loss (SX_GROUP_MEMORY_COPY_WAIT).
+    pub fn memory_copy_wait(mut self, on: bool) -> Self {
+        if on {
+            self.raw.flags |= sys::SX_GROUP_MEMORY_COPY_WAIT;
+        } else {
+            self.raw.flags &= !sys::SX_GROUP_MEMORY_COPY_WAIT;
+        }
+        self
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
