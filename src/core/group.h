@@ -230,6 +230,9 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status replay_table(const ShardGroup &from);  // regroup.cc
     Status join(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info);  // regroup.cc
     Status build_layout(int shard_size, Layout *out) const;
+    Status claim_joiners(int epoch, int admit, bool claimer, Clock::time_point deadline, std::vector<int64_t> *chosen,
+                         int *admitted);
+    Status keep_due_copy();  // step.cc
     // --- memory copies (regroup.cc; the part: memory_copies.h) ---
     ShardProgress progress() const;
     Status keep_copy(bool send = true);

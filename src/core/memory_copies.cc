@@ -299,7 +299,6 @@ Status MemoryCopies::copy_out(Job &job) {
     }
     c.progress = std::move(job.progress);
     c.shard = s_.shard;
-    c.of_rank = s_.rank;
     std::lock_guard<std::mutex> lock(mu_);
     c.valid = true;
     return Status::Ok();
@@ -334,8 +333,7 @@ Status MemoryCopies::send(int slot) {
     std::lock_guard<std::mutex> lock(mu_);
     theirs.slots = mine.slots;
     theirs.seq = mine.seq;
-    theirs.of_rank = (r + W - 1) % W;
-    theirs.shard = theirs.of_rank;  // flat: the shard index is the rank
+    theirs.shard = (r + W - 1) % W;  // flat: the predecessor's shard index is its rank
     theirs.valid = true;
     return Status::Ok();
 }

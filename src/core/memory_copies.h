@@ -38,7 +38,6 @@ struct ShardCopy {
     bool valid = false;
     uint64_t seq = 0;     // which copy: the ranks number their copies alike, 1, 2, ...
     int shard = -1;       // the shard index whose values these are (the layout's)
-    int of_rank = -1;     // the rank it came from
     // Per unit: values then each state slot, shard_numel floats each.
     std::vector<std::vector<float>> units;
     std::vector<int> slots;  // per unit

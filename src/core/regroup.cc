@@ -207,6 +207,34 @@ Status ShardGroup::poll_joiners(int *waiting) {
     return Status::Ok();
 }
 
+// The members' part of admitting up to `admit` joiners into epoch `epoch`: the claimer
+// (new rank 0) claims the next places of the lobby whose joiner has not given up (a claim
+// is a counter: the joiner's own claim, as it gives up, and this one exclude each other)
+// into *chosen, and says through the store how many it got; every member reads *admitted.
+Status ShardGroup::claim_joiners(int epoch, int admit, bool claimer, Clock::time_point deadline,
+                                 std::vector<int64_t> *chosen, int *admitted) {
+    const std::string key = format("regroup/%d/admitted", epoch);
+    if (!claimer) {
+        std::string text;
+        SX_TRY(mesh_.store().get(key, &text, time_left(deadline)));
+        *admitted = std::stoi(text);
+        return Status::Ok();
+    }
+    int64_t cursor = 0, arrived = 0;
+    SX_TRY(root_store_->add("lobby/cursor", 0, &cursor));
+    SX_TRY(root_store_->add("lobby/arrived", 0, &arrived));
+    int64_t k = cursor + 1;
+    for (; k <= arrived && static_cast<int>(chosen->size()) < admit; ++k) {
+        int64_t claims = 0;
+        SX_TRY(root_store_->add(format("lobby/claim/%lld", static_cast<long long>(k)), 1, &claims));
+        if (claims == 1) chosen->push_back(k);
+    }
+    SX_TRY(root_store_->add("lobby/cursor", (k - 1) - cursor, &cursor));
+    SX_TRY(mesh_.store().set(key, std::to_string(chosen->size())));
+    *admitted = static_cast<int>(chosen->size());
+    return Status::Ok();
+}
+
 Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info) {
     SX_TRY(check_regroup(spec));
     if (joining_) return join(spec, out, info);
@@ -230,34 +258,11 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
                         "agent store, not rank 0's)",
                         epoch, config_.rendezvous.c_str(), s.message().c_str());
     }
-    // The survivors keep their order; the admitted joiners come after them: new rank 0
-    // claims the next `admit` places of the lobby whose joiner has not given up (a claim
-    // is a counter: the joiner's own claim, as it gives up, and this one exclude each
-    // other), and says how many it got.
+    // The survivors keep their order; the admitted joiners come after them.
     const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
     std::vector<int64_t> chosen;
     int admitted = 0;
-    if (spec.admit > 0) {
-        const std::string key = format("regroup/%d/admitted", epoch);
-        if (new_rank == 0) {
-            int64_t cursor = 0, arrived = 0;
-            SX_TRY(root_store_->add("lobby/cursor", 0, &cursor));
-            SX_TRY(root_store_->add("lobby/arrived", 0, &arrived));
-            int64_t k = cursor + 1;
-            for (; k <= arrived && static_cast<int>(chosen.size()) < spec.admit; ++k) {
-                int64_t claims = 0;
-                SX_TRY(root_store_->add(format("lobby/claim/%lld", static_cast<long long>(k)), 1, &claims));
-                if (claims == 1) chosen.push_back(k);
-            }
-            SX_TRY(root_store_->add("lobby/cursor", (k - 1) - cursor, &cursor));
-            SX_TRY(mesh_.store().set(key, std::to_string(chosen.size())));
-            admitted = static_cast<int>(chosen.size());
-        } else {
-            std::string text;
-            SX_TRY(mesh_.store().get(key, &text, time_left(deadline)));
-            admitted = std::stoi(text);
-        }
-    }
+    if (spec.admit > 0) SX_TRY(claim_joiners(epoch, spec.admit, new_rank == 0, deadline, &chosen, &admitted));
     const int new_world = static_cast<int>(members.size()) + admitted;
 
     GroupConfig c = config_;
@@ -485,22 +490,20 @@ Status ShardGroup::restore_copies(const Layout &old, const MemoryCopies *copies,
     SX_TRY(unpack_progress(packed, &slots, &progress));
     SX_CHECK(slots.size() == units_.size(), SX_ERR_INTERNAL, "the copy has %zu units, the group %zu", slots.size(),
              units_.size());
-    // Where each unit's tensors go: the values (fp32 masters of 16-bit units) in place,
-    // each state slot into a new buffer that a restore then swaps in with the progress.
-    // Host memory is written directly; a device's through host staging.
-    const bool host = ops_->device() == SX_DEVICE_CPU;
+    // Where each unit's tensors go (host memory: the copies are CPU groups'): the values
+    // (fp32 masters of 16-bit units) in place, each state slot into a new buffer that a
+    // restore then swaps in with the progress.
+    SX_CHECK(ops_->device() == SX_DEVICE_CPU, SX_ERR_UNSUPPORTED, "memory copies restore CPU groups only");
     Status s = units_.ensure_masters();  // valid from here: the values below replace them
     std::vector<std::array<Buffer, 3>> state(units_.size());
-    std::vector<std::vector<float>> staging(units_.size());
     std::vector<std::array<float *, 4>> into(units_.size());
     for (size_t u = 0; u < units_.size() && s.ok(); ++u) {
         const uint64_t n = layout_.units()[u].shard_numel;
-        if (!host) staging[u].assign(static_cast<size_t>((1 + slots[u]) * n), 0.0f);
-        into[u][0] = host ? unit_shard(u).values : staging[u].data();
+        into[u][0] = unit_shard(u).values;
         if (n == 0) continue;  // no piece lies in it
         for (int k = 0; k < slots[u] && s.ok(); ++k) {
             s = ops_->allocate(n * sizeof(float), "optimizer state restored from memory copies", &state[u][k]);
-            into[u][k + 1] = host ? state[u][k].as<float>() : staging[u].data() + (k + 1) * n;
+            into[u][k + 1] = state[u][k].as<float>();
         }
     }
     if (!s.ok()) return fail(s);
@@ -530,13 +533,6 @@ Status ShardGroup::restore_copies(const Layout &old, const MemoryCopies *copies,
         }
         if (W > 1) SX_TRY(collective([&](comm::Communicator &c) { return c.scatter_pieces(theirs, mine, root); }));
     }
-    for (size_t u = 0; u < units_.size() && s.ok() && !host; ++u) {
-        const uint64_t n = layout_.units()[u].shard_numel;
-        s = ops_->from_host(unit_shard(u).values, staging[u].data(), n * sizeof(float));
-        for (int k = 0; k < slots[u] && s.ok(); ++k)
-            s = ops_->from_host(state[u][k].data(), staging[u].data() + (k + 1) * n, n * sizeof(float));
-    }
-    if (!s.ok()) return fail(s);
     ShardRestore r;
     r.state = &state;
     r.slots = slots;

@@ -291,17 +291,19 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     ++steps_;
     // Memory copies: this boundary's, every memory_copy_interval steps, copied and sent
     // in the background (the next update waits only for the copy out of the shard).
-    if (copies_ && copies_->due(steps_)) {
-        SX_TRY(keep_copy());
-        // SX_GROUP_MEMORY_COPY_WAIT: the step returns once the next rank holds the copy.
-        if ((config_.flags & SX_GROUP_MEMORY_COPY_WAIT) && copies_->settings().peers) {
-            SX_TRACE_SPAN(tracer(), "step", "wait_memory_copy");
-            Status s = copies_->wait_sent();
-            if (!s.ok()) return fail(s);
-        }
-    }
+    if (copies_ && copies_->due(steps_)) SX_TRY(keep_due_copy());
     report_step(norm, false, result);
     return Status::Ok();
+}
+
+// The memory copy of the boundary a step reached; with SX_GROUP_MEMORY_COPY_WAIT the step
+// returns once the next rank holds it.
+Status ShardGroup::keep_due_copy() {
+    SX_TRY(keep_copy());
+    if (!(config_.flags & SX_GROUP_MEMORY_COPY_WAIT) || !copies_->settings().peers) return Status::Ok();
+    SX_TRACE_SPAN(tracer(), "step", "wait_memory_copy");
+    Status s = copies_->wait_sent();
+    return s.ok() ? s : fail(s);
 }
 
 // A step skipped on every rank: nothing changes, the gradients go, the result says so.
