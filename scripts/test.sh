@@ -26,10 +26,14 @@ fi
 
 echo "== release build: layer check, ABI gate, install check, header checks, launchers, sxckpt and sx.torch against PyTorch, demo =="
 # The binding tests run under the python3 on PATH, the one install-deps.sh gave numpy.
-cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# Every option this stage needs is set here: build/release may hold the cache of another
+# command (the demo configures it without tests), and a cached OFF would leave it nothing
+# to run.
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSX_SANITIZE=OFF -DSX_TSAN=OFF \
+  -DSX_BUILD_TESTS=ON -DSX_BUILD_BENCH=ON -DSX_BUILD_SAMPLES=ON -DSX_BUILD_BINDINGS=ON \
   -DPython3_EXECUTABLE="$(command -v python3)" -DSX_TORCH_PYTHON="$PWD/$torch_py" > /dev/null
 cmake --build build/release -j"$jobs"
-ctest --test-dir build/release --output-on-failure -R '^(layer_check|abi_check|install_consumer|bindings_.*|launch_.*|sample_.*|test_sxckpt_torch)$'
+ctest --test-dir build/release --output-on-failure --no-tests=error -R '^(layer_check|abi_check|install_consumer|bindings_.*|launch_.*|sample_.*|test_sxckpt_torch)$'
 build/release/samples/c/train_charlm /usr/share/common-licenses/GPL-3 100 > /dev/null
 # With its timeline: each rank's file must be a trace Perfetto can draw (trace_summary.py
 # reads it as JSON and checks its spans nest).
@@ -68,19 +72,21 @@ else
 fi
 
 echo "== ASan + UBSan build: the whole suite =="
-cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DSX_SANITIZE=ON -DSX_BUILD_BENCH=OFF \
+cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DSX_SANITIZE=ON -DSX_TSAN=OFF -DSX_BUILD_BENCH=OFF \
+  -DSX_BUILD_TESTS=ON -DSX_BUILD_SAMPLES=ON -DSX_BUILD_BINDINGS=ON \
   -DSX_TORCH_PYTHON="$PWD/$torch_py" > /dev/null
 cmake --build build/asan -j"$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-ctest --test-dir build/asan --output-on-failure -j"$jobs"
+ctest --test-dir build/asan --output-on-failure --no-tests=error -j"$jobs"
 
 echo "== ThreadSanitizer build: the shared-memory transport, the pool and the agreement =="
 # The tests whose threads share the most: the shared-memory communicator (ranks as threads
 # and as processes, riders, a hierarchy of hosts), the pool, and groups that agree and step
 # over shared memory. Not with ASan (the two exclude each other).
 tsan_tests=(test_comm_shm test_thread_pool test_call_headers)
-cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DSX_TSAN=ON -DSX_BUILD_BENCH=OFF -DSX_BUILD_SAMPLES=OFF \
+cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DSX_TSAN=ON -DSX_SANITIZE=OFF -DSX_BUILD_TESTS=ON \
+  -DSX_BUILD_BENCH=OFF -DSX_BUILD_SAMPLES=OFF \
   -DSX_BUILD_BINDINGS=OFF -DSX_WITH_CUDA=OFF > /dev/null
 cmake --build build/tsan -j"$jobs" --target "${tsan_tests[@]}"
 # report_signal_unsafe: CMocka's handlers and libnl's exit handlers, not sx's code.
@@ -89,4 +95,4 @@ export TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0
 # shadow memory on kernels that randomise with more bits than it knows.
 no_aslr=()
 if setarch "$(uname -m)" -R true 2> /dev/null; then no_aslr=(setarch "$(uname -m)" -R); fi
-"${no_aslr[@]}" ctest --test-dir build/tsan --output-on-failure -j"$jobs" -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$"
+"${no_aslr[@]}" ctest --test-dir build/tsan --output-on-failure --no-tests=error -j"$jobs" -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$"

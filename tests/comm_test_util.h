@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "free_port.h"
 
 // cmocka.h (1.1) declares its C functions without extern "C".
 extern "C" {
@@ -80,23 +81,6 @@ inline void run_ranks(int n, const std::function<std::string(int)> &fn) {
 // "" if s is OK, else its text, for rank threads.
 inline std::string why(const sx::Status &s, const char *what) {
     return s.ok() ? std::string() : std::string(what) + ": " + s.message();
-}
-
-// A port that was free a moment ago (bind to port 0, read it back, release it).
-inline int free_port() {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    socklen_t len = sizeof a;
-    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) != 0) {
-        std::perror("free_port");
-        std::abort();
-    }
-    ::close(fd);
-    return ntohs(a.sin_port);
 }
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its files by the destructor.

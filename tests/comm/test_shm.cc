@@ -2,8 +2,8 @@
 // threads, with slots small enough that each collective moves many chunks; ranks
 // calling different collectives; a stalled rank (the timeout); abort() from another
 // thread; a destroyed peer; ranks as processes, one of them killed with SIGKILL (the
-// others fail fast) and, after every process has exited, nothing of theirs left: no file
-// in /dev/shm, no abstract socket. The transport choice: ranks on one host take shared
+// others fail fast) and, after every process has exited, nothing of theirs left: their
+// abstract socket is gone (the segment is a memfd: nothing of it has a name anywhere). The transport choice: ranks on one host take shared
 // memory, ranks that say they are on other hosts (SX_HOST_ID) take Gloo.
 #include <signal.h>
 #include <sys/wait.h>
@@ -30,8 +30,10 @@ constexpr long long kSlackMs = 2500;
 
 std::string url_for(const char *name) { return std::string("local://shm-") + name + "-" + std::to_string(::getpid()); }
 
+// socket: where not null, the name of the abstract socket rank 0 handed the segment out
+// on (what the rendezvous store says), for the checks that nothing of it is left.
 Status join(const std::string &url, int r, int p, Millis timeout, std::unique_ptr<Communicator> *out,
-            size_t slot_bytes = 0, bool in_place = true) {
+            size_t slot_bytes = 0, bool in_place = true, std::string *socket = nullptr) {
     sx::rdzv::Rendezvous rv;
     SX_TRY(sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv));
     std::shared_ptr<sx::rdzv::Store> store;
@@ -40,7 +42,9 @@ Status join(const std::string &url, int r, int p, Millis timeout, std::unique_pt
     opts.timeout = timeout;
     opts.slot_bytes = slot_bytes;
     opts.in_place = in_place;
-    return sx::comm::create_shm_communicator(store, r, p, opts, out);
+    SX_TRY(sx::comm::create_shm_communicator(store, r, p, opts, out));
+    if (socket != nullptr) SX_TRY(store->get("shm/socket", socket, Millis(1000)));
+    return Status::Ok();
 }
 
 std::string text(const Status &s) { return s.ok() ? "" : s.message(); }
@@ -236,17 +240,30 @@ void test_abort_and_a_destroyed_peer(void **) {
     });
 }
 
-// The abstract sockets and /dev/shm entries that are ours, as a sorted list.
-std::vector<std::string> leftovers() {
+// Rank 0's socket of a run of forked ranks, as it wrote its name into `dir`; "" where it
+// wrote none.
+std::string socket_of(const sxtest::TempDir &dir) {
+    std::ifstream f(dir.path() + "/socket");
+    std::string name;
+    std::getline(f, name);
+    return name;
+}
+
+// Rank 0 writes the name of its socket into `dir` (socket_of reads it).
+bool tell_socket(const sxtest::TempDir &dir, const std::string &name) {
+    std::ofstream f(dir.path() + "/socket");
+    f << name << "\n";
+    return f.good();
+}
+
+// What is left of the abstract socket named `name` (made by this test's ranks; other sx
+// processes on the machine have sockets of their own, which are not looked at): the
+// lines of /proc/net/unix that name it.
+std::vector<std::string> leftovers(const std::string &name) {
     std::vector<std::string> out;
     std::ifstream unix_sockets("/proc/net/unix");
     for (std::string line; std::getline(unix_sockets, line);)
-        if (contains(line, "@sx-shm-")) out.push_back(line);
-    if (DIR *d = ::opendir("/dev/shm")) {
-        while (struct dirent *e = ::readdir(d))
-            if (contains(e->d_name, "sx")) out.push_back(std::string("/dev/shm/") + e->d_name);
-        ::closedir(d);
-    }
+        if (contains(line, ("@" + name).c_str())) out.push_back(line);
     return out;
 }
 
@@ -283,8 +300,10 @@ void test_processes_and_sigkill(void **) {
         const std::vector<pid_t> pids = fork_ranks(p, [&](int r) -> std::string {
             sxtest::check_placement() = sx::HostBuffer::kExchanged;  // the buffers read in place
             std::unique_ptr<Communicator> c;
-            Status s = join(url, r, p, Millis(20000), &c, 4096);
+            std::string socket;
+            Status s = join(url, r, p, Millis(20000), &c, 4096, true, &socket);
             std::string e = s.ok() ? sxtest::check_all_collectives(*c) : "join: " + s.message();
+            if (e.empty() && r == 0 && !tell_socket(dir, socket)) e = "cannot write the socket's name";
             if (e.empty() && r == 2) {
                 s = c->barrier();
                 ::raise(SIGKILL);
@@ -312,7 +331,9 @@ void test_processes_and_sigkill(void **) {
                 assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
             }
         }
-        const std::vector<std::string> left = leftovers();
+        const std::string socket = socket_of(dir);
+        assert_true(socket.compare(0, 7, "sx-shm-") == 0);
+        const std::vector<std::string> left = leftovers(socket);
         for (const std::string &l : left) print_error("left behind: %s\n", l.c_str());
         assert_true(left.empty());
     }
@@ -333,8 +354,10 @@ void test_processes_read_in_place(void **) {
             const bool exchanged = mode == kAll || mode == kTurnedOff || (mode == kOnePrivate && r != 1);
             sxtest::check_placement() = exchanged ? sx::HostBuffer::kExchanged : sx::HostBuffer::kPrivate;
             std::unique_ptr<Communicator> c;
-            Status s = join(url, r, p, Millis(20000), &c, 4096, mode != kTurnedOff);
+            std::string socket;
+            Status s = join(url, r, p, Millis(20000), &c, 4096, mode != kTurnedOff, &socket);
             std::string e = s.ok() ? "" : "join: " + s.message();
+            if (e.empty() && r == 0 && !tell_socket(dir, socket)) e = "cannot write the socket's name";
             if (e.empty() && c->reads_in_place() != (mode != kTurnedOff)) e = "reads_in_place() is wrong";
             if (e.empty()) e = sxtest::check_all_collectives(*c);
             // Which calls read in place: a reduce-scatter and an all-gather need every
@@ -360,8 +383,10 @@ void test_processes_read_in_place(void **) {
             assert_int_equal(::waitpid(pid, &status, 0), pid);
             assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         }
+        const std::string socket = socket_of(dir);
+        assert_true(socket.compare(0, 7, "sx-shm-") == 0);
+        assert_true(leftovers(socket).empty());
     }
-    assert_true(leftovers().empty());
 }
 
 // Ranks on one host take shared memory; ranks whose SX_HOST_ID differs take Gloo.

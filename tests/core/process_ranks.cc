@@ -37,22 +37,6 @@ bool parse_child_args(int argc, char **argv, ChildArgs *out) {
     return out->world > 0 && !out->rendezvous.empty();
 }
 
-int free_port() {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a;
-    std::memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    socklen_t len = sizeof a;
-    int port = 0;
-    if (bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
 std::string run_process_ranks(int world, const std::vector<std::string> &extra, int timeout_s,
                               std::vector<ProcessResult> *results) {
     const std::string rv = "tcp://127.0.0.1:" + std::to_string(free_port());

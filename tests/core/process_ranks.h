@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "free_port.h"
+
 namespace sxtest {
 
 struct ChildArgs {
@@ -20,8 +22,6 @@ struct ChildArgs {
 bool is_child(int argc, char **argv);
 bool parse_child_args(int argc, char **argv, ChildArgs *out);
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
-int free_port();
 
 struct ProcessResult {
     int exit_code = -1;  // -1 if killed by a signal or still running at the deadline

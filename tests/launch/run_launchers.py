@@ -15,7 +15,9 @@ usage:
       serves); SCRIPT (env_train.py) run as torchrun's Python workers, with SX_LIBRARY
       and PYTHONPATH from the environment
 """
+import fcntl
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -32,7 +34,33 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER
                       "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 
 
+_held_ports = []  # the locks of the ports chosen, held until this process exits
+
+
 def free_port():
+    """A port below the kernel's ephemeral range (where another test's connect() never
+    draws one), claimed by a lock on /tmp/sx-test-ports/PORT as tests/free_port.h does."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    if low - 20000 >= 1000:
+        os.makedirs("/tmp/sx-test-ports", exist_ok=True)
+        rng = random.Random()
+        for _ in range(200):
+            port = rng.randrange(20000, low)
+            lock = open(f"/tmp/sx-test-ports/{port}", "a")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                with socket.socket() as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                lock.close()
+                continue
+            _held_ports.append(lock)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
