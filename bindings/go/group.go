@@ -282,7 +282,7 @@ type RegroupOptions struct {
 	// (GroupConfig.MemoryCopyInterval) cannot give its state; Path "": none.
 	Checkpoint        LoadOptions
 	JoinWindowMs      int32 // how long the survivors wait for each other; 0 = 1000
-	ExpectedWorldSize int32 // close once this many arrived; 0 = the previous world size
+	ExpectedWorldSize int32 // close once this many arrived; 0 = once every rank arrived or is known lost
 	// Joining processes admitted (what PollJoiners returned, on every member); they take
 	// the ranks after the members'.
 	Admit int32
@@ -300,7 +300,8 @@ type RegroupResult struct {
 // Regroup (collective over the ranks still alive, after a call failed because a peer
 // was lost, or after Abort) forms a new group of the survivors at the next epoch on the
 // same rendezvous; g becomes it, with its state from the ranks' memory copies where they
-// hold every shard, else loaded from opts.Checkpoint. Every view
+// hold every shard, else loaded from opts.Checkpoint. Where it fails, g is still the
+// broken group, and the survivors may regroup again (a new epoch). Every view
 // taken before is invalid afterwards. The rendezvous store must outlive the lost ranks:
 // the sx-rendezvous command ("tcp://HOST:PORT?server=external"), file://, or torchrun's.
 func (g *ShardGroup) Regroup(opts RegroupOptions) (RegroupResult, error) {
@@ -343,6 +344,36 @@ func (g *ShardGroup) PollJoiners() (int32, error) {
 	var n C.int32_t
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_poll_joiners(raw, &n) })
 	return int32(n), err
+}
+
+// LostRanks returns the ranks (ascending) whose process is known to have exited: a peer
+// on this host whose process has gone. Peers on other hosts are known only through the
+// errors their loss causes. After a failure, ExpectedWorldSize = world size -
+// len(LostRanks()) lets Regroup close without waiting for its window. A failed group
+// answers too.
+func (g *ShardGroup) LostRanks() ([]int32, error) {
+	var count C.int32_t
+	if err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t {
+		return C.sx_get_lost_ranks(raw, nil, 0, &count)
+	}); err != nil {
+		return nil, err
+	}
+	for { // (another may be lost between the two calls: then again, with room for it)
+		ranks := make([]C.int32_t, int(count)+1)
+		capacity := C.int32_t(len(ranks))
+		if err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t {
+			return C.sx_get_lost_ranks(raw, &ranks[0], capacity, &count)
+		}); err != nil {
+			return nil, err
+		}
+		if count <= capacity {
+			out := make([]int32, int(count))
+			for i := range out {
+				out[i] = int32(ranks[i])
+			}
+			return out, nil
+		}
+	}
 }
 
 // Optimizer kind of a param group.

@@ -1291,6 +1291,10 @@ func TestTwoSurvivorsOfThreeRegroup(t *testing.T) {
 		if rank == 2 {
 			return nil // lost
 		}
+		// Threads of one process: no process is known to have exited.
+		if lost, err := g.LostRanks(); err != nil || len(lost) != 0 {
+			return fmt.Errorf("LostRanks() = %v, %v; want none", lost, err)
+		}
 		r, err := g.Regroup(RegroupOptions{Checkpoint: LoadOptions{Path: path}, ExpectedWorldSize: 2})
 		if err != nil {
 			return err

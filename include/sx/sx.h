@@ -427,8 +427,10 @@ typedef struct sx_regroup_options {
     /* How long the survivors wait for each other, from the first one's arrival, before
      * the group closes without the ranks that did not come; 0 = 1000 ms. */
     int32_t join_window_ms;
-    /* The group closes as soon as this many ranks arrived; 0 = the previous world size
-     * (every rank: after sx_abort on all of them). */
+    /* The group closes as soon as this many ranks arrived; 0 = once every rank of the
+     * survivors' groups arrived or is known to have exited (sx_get_lost_ranks: a process
+     * on this host; ranks on other hosts are known only by arriving, or by the end of the
+     * join window). */
     int32_t expected_world_size;
     /* How many joining processes (SX_GROUP_JOIN) the members admit into the new group, the
      * longest waiting first: what sx_poll_joiners returned. They take the ranks after the
@@ -460,28 +462,34 @@ SX_API sx_status_t sx_regroup_result_init(sx_regroup_result_t *result, size_t si
 /* Collective over the ranks still alive, after a call failed because a peer was lost
  * (or after sx_abort): they form a new group of themselves, at the next epoch, on the
  * same rendezvous, and `group` becomes that group. Each survivor calls it; they agree
- * through the rendezvous store on who is in (those that arrived within
- * options->join_window_ms of the first, or all of options->expected_world_size), and
- * take new ranks in the order of their previous ones. A mesh keeps its shard size where
- * the survivors fill whole shard groups of it, else becomes flat. The new group has the
- * same params, param groups, trainable flags and settings. Its state comes from the
- * survivors' memory copies where the group keeps them (memory_copy_interval) and every
- * shard of the newest copy that all survivors hold is still held by one of them (its
- * own, a peer's copy, or another replica's): each survivor is sent the pieces of it that
- * it owns now. Otherwise it is options->checkpoint's, loaded into the new world size.
- * Either way it is exactly what loading a checkpoint of that step into a fresh group of
- * the survivors gives. Every view, unit view and
- * state view of the group is invalid afterwards (take them again); a save in flight is
- * aborted (it commits nothing; its future reports SX_ERR_ABORTED). The store must
- * outlive the lost ranks: the sx-rendezvous command (tcp://HOST:PORT?server=external),
- * file://, or torchrun's agent store (env:// under torchrun); with tcp:// served by rank
- * 0, losing rank 0 loses it, and this fails saying so. A rank that arrives after the
- * survivors closed the group gets SX_ERR_INVALID_STATE. Invalid options, and a
- * checkpoint whose MANIFEST cannot be read (its error names the path), change nothing;
- * any other failure leaves the group failed (destroy it), and if the load failed after
- * the new group formed, `group` is the new one, with zero state, and the error says so.
- * Regrouping again later (another rank lost) forms the next epoch. options and result
- * (may be NULL) are borrowed for the call. Owner's thread. */
+ * through the rendezvous store on who is in (those that arrived before the group closed:
+ * options->expected_world_size of them, or every rank not known to be lost, or at the
+ * latest those within options->join_window_ms of the first), and take new ranks in the
+ * order of their previous ones. A mesh keeps its shard size where the survivors fill
+ * whole shard groups of it, else becomes flat. The new group has the same params, param
+ * groups, trainable flags and settings. Its state comes from the survivors' memory
+ * copies where the group keeps them (memory_copy_interval) and every shard of one copy
+ * is still held by one of them (its own, a peer's copy, or another replica's): the
+ * newest such copy, each survivor sent the pieces of it that it owns now. Otherwise it
+ * is options->checkpoint's, loaded into the new world size. Either way it is exactly what
+ * loading a checkpoint of that step into a fresh group of the survivors gives; there is
+ * no third outcome. Every view, unit view and state view of the group is invalid
+ * afterwards (take them again); a save in flight is aborted (it commits nothing; its
+ * future reports SX_ERR_ABORTED). The store must outlive the lost ranks: the
+ * sx-rendezvous command (tcp://HOST:PORT?server=external), file://, or torchrun's agent
+ * store (env:// under torchrun); with tcp:// served by rank 0, losing rank 0 loses it,
+ * and this fails saying so.
+ *
+ * Failure. `group` changes only when the regroup succeeds. Invalid options, and a
+ * checkpoint whose MANIFEST cannot be read (its error names the path), change nothing.
+ * Any other failure (a rank lost inside the regroup, no memory copy holding the state and
+ * no checkpoint: SX_ERR_NOT_FOUND on every survivor before anything is built, a load that
+ * fails) leaves `group` the broken group it was, and the survivors call sx_regroup again:
+ * every try is a new epoch, and its state is again the newest that every shard of is
+ * still held, or the checkpoint's. A rank that arrives after the survivors closed the
+ * group gets SX_ERR_INVALID_STATE naming the ranks that formed it (it may join them with
+ * SX_GROUP_JOIN). options and result (may be NULL) are borrowed for the call. Owner's
+ * thread. */
 SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_t *options,
                               sx_regroup_result_t *result);
 
@@ -491,6 +499,19 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
  * the next poll). To admit them, every member calls sx_regroup with options->admit =
  * *waiting at the same step boundary. waiting is borrowed for the call. Owner's thread. */
 SX_API sx_status_t sx_poll_joiners(sx_shard_group_t *group, int32_t *waiting);
+
+/* The ranks of the group whose process is known to have exited, asked now: a peer on this
+ * host whose process has gone (watched through the shared memory the ranks of a host
+ * exchange through, even while its parent has not reaped it). Peers on other hosts, and
+ * groups whose ranks exchange through TCP alone, are known only through the failures of
+ * calls (their text names the rank), never here: a closed connection may be a live peer
+ * that gave up. Where a call failed because a peer was lost, expected_world_size =
+ * world size - *count is the group of sx_regroup without waiting for the join window.
+ * ranks[0, min(*count, capacity)) get the ranks, ascending; ranks may be NULL with
+ * capacity 0 to ask the count. Not collective; any thread (a failed or aborted group
+ * too). ranks and count are borrowed for the call. */
+SX_API sx_status_t sx_get_lost_ranks(const sx_shard_group_t *group, int32_t *ranks, int32_t capacity,
+                                     int32_t *count);
 
 /* ---------------------------------------------------------------------------------
  * Param groups: optimizer kind and hyperparameters shared by a set of params.

@@ -27,16 +27,20 @@
  * https://ui.perfetto.dev ("Open multiple trace files"), or one at a time in
  * chrome://tracing. The 2 resuming ranks write theirs with "-resume" in the name.
  *
- * With --lose-rank R, rank R is lost at step --lose-at (default 150): its group goes
- * without a word, as a killed process's would, and the other 3 ranks' step fails. The
- * ranks save a checkpoint every 50 steps in this mode; the survivors regroup into 3 ranks
- * (sx_regroup) from the last one, say what happened and how long it took, take the steps
- * since that checkpoint again, and go on to the end. With --memory-copies N as well, every
- * rank keeps a copy of its shard in memory every N steps (and sends it to the next rank),
+ * With --lose-rank R the 4 ranks are processes (forked, meeting on a file:// rendezvous
+ * that outlives them), and rank R's is killed (SIGKILL) at step --lose-at (default 150),
+ * and the other 3 ranks' step fails. The ranks save a checkpoint every 50 steps in this
+ * mode; the survivors ask which ranks were lost (sx_get_lost_ranks: their processes are
+ * gone), regroup into 3 ranks (sx_regroup, expecting 4 less those, so that they do not
+ * wait for the join window) from the last checkpoint, say what happened and how long it
+ * took, take the steps since that checkpoint again, and go on to the end. With
+ * --memory-copies N as well, every rank keeps a copy of its shard in memory every N steps
+ * (and sends it to the next rank, before its step returns: SX_GROUP_MEMORY_COPY_WAIT),
  * and the survivors' state comes from those copies instead: only the steps since the
- * newest copy are taken again. With --replace as well, the lost rank comes back as a new
- * process would: it creates a group that joins (SX_GROUP_JOIN), registers the model, and
- * waits; the 3 others poll for it every step (sx_poll_joiners), admit it, and the 4 go on.
+ * newest copy are taken again. With --replace as well,
+ * a new process takes the lost one's place, as a launcher would start one: it creates a
+ * group that joins (SX_GROUP_JOIN), registers the model, and waits; the 3 others poll for
+ * it every step (sx_poll_joiners), admit it, and the 4 go on.
  *
  * usage: train_charlm [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE]
  *                     [--lose-rank R [--lose-at STEP] [--memory-copies N] [--replace]] [TEXT_FILE] [STEPS]
@@ -44,7 +48,11 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,7 +80,7 @@ static int g_lose_rank = -1;       /* --lose-rank: the rank lost (-1: none) */
 static int g_lose_at = 150;        /* --lose-at: at which step */
 static int g_memory_copies = 0;    /* --memory-copies: steps between memory copies (0: none) */
 static int g_replace = 0;          /* --replace: the lost rank comes back as a joining process */
-static int g_lost = 0;             /* a rank was lost (once: the replacement may take its rank) */
+static char g_rendezvous[300] = "local://charlm"; /* with --lose-rank: file:// in the temporary directory */
 #define SAVE_EVERY 50              /* with --lose-rank: a checkpoint every this many steps */
 static char g_resume_trace[512];   /* the resuming ranks' template */
 static unsigned char *g_text; /* the text as vocabulary indices */
@@ -86,6 +94,8 @@ typedef struct {
     int resume;           /* 1: load g_ckpt_dir instead of training */
     int failed;
     int lost; /* --lose-rank: this rank was lost */
+    int join; /* --replace: this process replaces the lost one (it joins the running group) */
+    int regrouped; /* this rank's group was formed by a regroup (it is no longer the one lost) */
     double final_eval_loss;
     uint64_t step;
     sx_memory_stats_t mem;
@@ -331,20 +341,22 @@ static void *rank_main(void *arg) {
         res->failed = 1;
         return NULL;
     }
-    int joining = 0;    /* --replace: this thread is the lost rank's replacement */
+    int joining = res->join; /* --replace: this process is the lost rank's replacement */
     int first_step = 0; /* where the training loop starts (a replacement: where it joined) */
 
-rejoin:;
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     cfg.backend = SX_BACKEND_CPU; /* the model computes on the host, in the views */
-    cfg.rendezvous = res->resume ? "local://charlm-resume" : "local://charlm";
+    cfg.rendezvous = res->resume ? "local://charlm-resume" : g_rendezvous;
     cfg.rank = res->rank;
     cfg.world_size = res->world;
     cfg.stage = g_stage;
     cfg.shard_size = res->resume ? 0 : g_shard_size; /* the checkpoint resumes on a flat group */
     cfg.timeout_ms = 60000;
     cfg.memory_copy_interval = res->resume ? 0 : g_memory_copies;
+    /* A step that takes a copy returns once the next rank holds it: no step that returned
+     * anywhere is taken again after a loss. */
+    if (cfg.memory_copy_interval) cfg.flags |= SX_GROUP_MEMORY_COPY_WAIT;
     cfg.trace_path = res->resume ? (g_trace ? g_resume_trace : NULL) : g_trace; /* written at destroy */
     if (joining) {
         cfg.flags = SX_GROUP_JOIN; /* connects to nobody until the members admit it */
@@ -455,6 +467,7 @@ train:;
                 fflush(stdout);
                 res->rank = rr.rank;
                 res->world = rr.world_size;
+                res->regrouped = 1;
                 CHECK(take_grad_views(g, &m));
             }
         }
@@ -472,20 +485,12 @@ train:;
             CHECK(saved);
             saved_at = step;
         }
-        if (res->world == RANKS && res->rank == g_lose_rank && step == g_lose_at && !__atomic_load_n(&g_lost, __ATOMIC_ACQUIRE)) {
-            /* Lost: the group goes without a word, as a killed process's does. */
-            __atomic_store_n(&g_lost, 1, __ATOMIC_RELEASE);
+        if (res->rank == g_lose_rank && step == g_lose_at && !res->join && !res->regrouped) {
+            /* Lost: the process is killed, as a preempted machine's is (its parent starts
+             * a replacement with --replace). */
             printf("rank %d: lost at step %d\n", res->rank, step + 1);
             fflush(stdout);
-            if (g_replace) {
-                /* ... and a new process takes its place. */
-                sx_destroy_shard_group(g);
-                g = NULL;
-                joining = 1;
-                goto rejoin;
-            }
-            res->lost = 1;
-            goto out;
+            raise(SIGKILL);
         }
         sx_status_t stepped = SX_OK; /* the first failure of this step's calls */
         CHECK(sx_set_lr(g, g_decay, lr_at(step, peak_lr)));
@@ -508,25 +513,32 @@ train:;
     step_failed:
         if (stepped != SX_OK && g_lose_rank >= 0 && res->world == RANKS) {
             /* A peer was lost: regroup with the others, from the memory copies where they
-             * are kept, else from the last checkpoint. */
+             * are kept, else from the last checkpoint. The ranks whose process is gone
+             * will not come: the group closes once the others are there. */
             const double t0 = seconds_now();
+            int32_t lost[RANKS], nlost = 0;
+            CHECK(sx_get_lost_ranks(g, lost, RANKS, &nlost));
+            char named[64] = "";
+            for (int k = 0; k < nlost && k < RANKS; ++k)
+                snprintf(named + strlen(named), sizeof named - strlen(named), "%s%d", k ? ", " : "", lost[k]);
             char path[512];
             periodic_checkpoint(path, sizeof path, saved_at);
             sx_regroup_options_t ro;
             sx_regroup_options_init(&ro, sizeof ro);
             ro.checkpoint = path;
-            ro.expected_world_size = RANKS - 1;
+            ro.expected_world_size = res->world - nlost;
             sx_regroup_result_t rr;
             sx_regroup_result_init(&rr, sizeof rr);
             CHECK(sx_regroup(g, &ro, &rr));
-            printf("rank %d: step %d failed (%s); regrouped in %.3f s as rank %d of %d from %s of step %llu: "
-                   "steps %llu-%d are taken again\n",
-                   res->rank, step + 1, sx_status_string(stepped), seconds_now() - t0, rr.rank, rr.world_size,
-                   rr.from_memory ? "the memory copies" : "the checkpoint", (unsigned long long)rr.step,
-                   (unsigned long long)rr.step + 1, step + 1);
+            printf("rank %d: step %d failed (%s; lost: rank %s); regrouped in %.3f s as rank %d of %d from %s of "
+                   "step %llu: steps %llu-%d are taken again\n",
+                   res->rank, step + 1, sx_status_string(stepped), nlost ? named : "none known",
+                   seconds_now() - t0, rr.rank, rr.world_size, rr.from_memory ? "the memory copies" : "the checkpoint",
+                   (unsigned long long)rr.step, (unsigned long long)rr.step + 1, step + 1);
             fflush(stdout);
             res->rank = rr.rank;
             res->world = rr.world_size;
+            res->regrouped = 1;
             CHECK(take_grad_views(g, &m)); /* the views are the new group's */
             step = (int)rr.step - 1; /* the loop's ++ makes it the checkpoint's next */
             continue;
@@ -578,22 +590,68 @@ out:
     return NULL;
 }
 
-/* Runs `world` ranks as threads; resume = 1 loads the checkpoint instead of training. */
-static int run_ranks(rank_result_t *results, int world, int resume) {
+/* Runs `world` ranks as threads. */
+static int run_threads(rank_result_t *results, int world) {
     pthread_t threads[RANKS];
-    memset(results, 0, sizeof *results * (size_t)world);
-    for (int r = 0; r < world; ++r) {
-        results[r].rank = r;
-        results[r].world = world;
-        results[r].resume = resume;
-        pthread_create(&threads[r], NULL, rank_main, &results[r]);
-    }
+    for (int r = 0; r < world; ++r) pthread_create(&threads[r], NULL, rank_main, &results[r]);
     int failed = 0;
     for (int r = 0; r < world; ++r) {
         pthread_join(threads[r], NULL);
         failed |= results[r].failed;
     }
     return failed;
+}
+
+/* Forks a process running rank_main(res) (results live in shared memory); its pid. */
+static pid_t fork_rank(rank_result_t *res) {
+    fflush(stdout);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        rank_main(res);
+        fflush(stdout);
+        _exit(res->failed ? 1 : 0);
+    }
+    return pid;
+}
+
+/* --lose-rank: the ranks are processes. The lost one's is killed; with --replace a new
+ * process takes its place once it is gone, as a launcher would start one. */
+static int run_processes(rank_result_t *results, int world) {
+    pid_t pids[RANKS];
+    for (int r = 0; r < world; ++r) pids[r] = fork_rank(&results[r]);
+    int failed = 0, running = world;
+    while (running > 0) {
+        int status = 0;
+        const pid_t pid = wait(&status);
+        if (pid < 0) return 1;
+        for (int r = 0; r < world; ++r) {
+            if (pids[r] != pid) continue;
+            --running;
+            if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && r == g_lose_rank && !results[r].join) {
+                if (g_replace) {
+                    results[r].join = 1;
+                    pids[r] = fork_rank(&results[r]);
+                    ++running;
+                } else {
+                    results[r].lost = 1;
+                }
+            } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                failed = 1;
+            }
+        }
+    }
+    return failed;
+}
+
+/* Runs `world` ranks; resume = 1 loads the checkpoint instead of training. */
+static int run_ranks(rank_result_t *results, int world, int resume) {
+    memset(results, 0, sizeof *results * (size_t)world);
+    for (int r = 0; r < world; ++r) {
+        results[r].rank = r;
+        results[r].world = world;
+        results[r].resume = resume;
+    }
+    return g_lose_rank >= 0 && !resume ? run_processes(results, world) : run_threads(results, world);
 }
 
 int main(int argc, char **argv) {
@@ -659,8 +717,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cannot make a temporary directory\n");
         return 1;
     }
+    if (g_lose_rank >= 0) snprintf(g_rendezvous, sizeof g_rendezvous, "file://%s/rendezvous", g_ckpt_dir);
     strcat(g_ckpt_dir, "/checkpoint");
-    rank_result_t results[RANKS], resumed[2];
+    /* In shared memory: with --lose-rank the ranks are processes, which report here. */
+    rank_result_t *results = mmap(NULL, sizeof(rank_result_t) * RANKS, PROT_READ | PROT_WRITE,
+                                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    rank_result_t resumed[2];
+    if (results == MAP_FAILED) {
+        fprintf(stderr, "cannot map the ranks' results\n");
+        return 1;
+    }
     if (run_ranks(results, RANKS, 0) != 0) return 1;
     /* The first rank that trained to the end (with --lose-rank, the lost one did not). */
     const rank_result_t *first = &results[g_lose_rank == 0 && !g_replace ? 1 : 0];

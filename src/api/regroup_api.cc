@@ -39,9 +39,10 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
                                    &o));
         if (result != nullptr) SX_TRY(sx::api::check_output(result, "result"));
         const bool have_checkpoint = o.checkpoint != nullptr && o.checkpoint[0] != '\0';
-        // Without a checkpoint the state must come from memory: copies kept, or the shards
-        // of a sound group (one that admits joiners), or the members' (a joining group).
-        SX_CHECK_ARG(have_checkpoint || g->joining() || g->sound() || g->config().memory_copy_interval > 0,
+        // Without a checkpoint the state must come from memory: copies kept (of this group
+        // or of those before it), or the shards of a sound group (one that admits joiners),
+        // or the members' (a joining group).
+        SX_CHECK_ARG(have_checkpoint || g->joining() || g->sound() || g->holds_copies(),
                      "options->checkpoint is empty, and the group keeps no memory copies "
                      "(config->memory_copy_interval): the lost ranks' shards exist nowhere else");
         sx::ckpt::LoadOptions lo;
@@ -53,6 +54,7 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
         spec.join_window = sx::Millis(o.join_window_ms == 0 ? 1000 : o.join_window_ms);
         spec.expected_world_size = o.expected_world_size;
         spec.admit = o.admit;
+        spec.have_checkpoint = have_checkpoint;
 
         SX_TRY(g->check_regroup(spec));
         if (have_checkpoint) {
@@ -70,19 +72,21 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
         std::unique_ptr<sx::core::ShardGroup> fresh;
         sx::core::RegroupInfo info;
         SX_TRY(g->regroup(spec, &fresh, &info));
-        group->impl = std::move(fresh);  // the broken group goes: its threads and connections end
-        if (!info.from_memory && !have_checkpoint) {
-            return SX_ERROR(SX_ERR_NOT_FOUND, "the survivors formed the group of epoch %d (this rank is %d of %d), but "
-                            "its state cannot come from the memory copies (%s) and options->checkpoint is empty; its "
-                            "state is zero: load a checkpoint before stepping",
-                            info.epoch, info.rank, info.world_size, info.why_not_memory.c_str());
-        }
-        Status loaded = info.from_memory ? Status::Ok() : sx::api::checkpointer_of(group).load(lo, nullptr);
+        // The new group replaces the broken one only with its state: where it did not come
+        // from the memory copies, the checkpoint's is loaded into it first.
+        std::unique_ptr<sx::ckpt::Checkpointer> ck(
+            new sx::ckpt::Checkpointer(fresh.get(), sx::io::posix_file_ops()));
+        Status loaded = info.from_memory ? Status::Ok() : ck->load(lo, nullptr);
         if (!loaded.ok()) {
-            return SX_ERROR(loaded.code(), "the survivors formed the group of epoch %d (this rank is %d of %d), but "
-                            "loading %s into it failed: %s; its state is zero: load a checkpoint before stepping",
-                            info.epoch, info.rank, info.world_size, o.checkpoint, loaded.message().c_str());
+            fresh->abort();  // its peers' load fails at once, if it has not yet
+            return SX_ERROR(loaded.code(), "the survivors formed the group of epoch %d (this rank would be %d of %d), "
+                            "but loading %s into it failed: %s; the group is still the broken one: call sx_regroup "
+                            "again (it tries epoch %d)",
+                            info.epoch, info.rank, info.world_size, o.checkpoint, loaded.message().c_str(),
+                            info.epoch + 1);
         }
+        group->impl = std::move(fresh);  // the broken group goes: its threads and connections end
+        group->checkpointer = std::move(ck);
         if (result != nullptr) {
             sx_regroup_result_t r;
             std::memset(&r, 0, sizeof r);
@@ -97,6 +101,21 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
             r.from_memory = info.from_memory ? 1 : 0;
             sx::api::write_output(result, r);
         }
+        return Status::Ok();
+    });
+}
+
+SX_API sx_status_t sx_get_lost_ranks(const sx_shard_group_t *group, int32_t *ranks, int32_t capacity,
+                                     int32_t *count) {
+    return guard(__func__, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        SX_CHECK_ARG(count != nullptr, "count is NULL");
+        SX_CHECK_ARG(capacity >= 0, "capacity is %d; it must be >= 0", capacity);
+        SX_CHECK_ARG(ranks != nullptr || capacity == 0, "ranks is NULL but capacity is %d", capacity);
+        const std::vector<int> lost = g->lost_ranks();
+        for (size_t k = 0; k < lost.size() && k < static_cast<size_t>(capacity); ++k) ranks[k] = lost[k];
+        *count = static_cast<int32_t>(lost.size());
         return Status::Ok();
     });
 }

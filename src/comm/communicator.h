@@ -122,6 +122,10 @@ class Communicator {
     // Makes calls in flight on other threads fail with SX_ERR_ABORTED soon, and every
     // later call fail. Thread-safe; may be called any number of times.
     virtual void abort() = 0;
+    // The ranks (ascending) whose process this rank knows to have exited, asked now: where
+    // it shares memory with them, their processes are watched (a pidfd); over TCP alone
+    // nothing is known (a closed connection may be a live peer that gave up). Any thread.
+    virtual std::vector<int> exited_peers() const { return {}; }
 };
 
 // The argument checks of gather_pieces and scatter_pieces: root in range, and on root one

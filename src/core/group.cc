@@ -133,6 +133,7 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
         return s;
     }, &g));
     g->root_store_ = std::move(root);
+    for (int r = 0; r < g->world_size(); ++r) g->member_ids_.push_back(static_cast<uint64_t>(r));
     *out = std::move(g);
     return Status::Ok();
 }
@@ -144,6 +145,7 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
     const bool cuda = cfg.backend == SX_BACKEND_CUDA;
     std::unique_ptr<ShardGroup> g(new ShardGroup());
     g->config_ = cfg;
+    g->epoch_ = g->attempted_epoch_ = cfg.epoch;
     if (!trace_path.empty()) {
         // From the start, so that the connections and the mesh's agreement are on it too.
         g->config_.trace_capacity = cfg.trace_capacity ? cfg.trace_capacity : trace::kDefaultCapacity;
@@ -219,6 +221,8 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
         cs.rank = cfg.rank;
         cs.world_size = cfg.world_size;
         cs.shard = g->mesh_.shard_rank();
+        cs.shards = g->mesh_.shard_size();
+        cs.epoch = cfg.epoch;
         // A mesh's other replicas hold each shard; a flat group's ranks send theirs on.
         cs.peers = g->mesh_.replicas() == 1 && cfg.world_size > 1;
         std::unique_ptr<comm::Communicator> comm;
@@ -280,7 +284,13 @@ Status ShardGroup::fail(Status s) {
     // next collective until their timeout: closing its connections fails those at once.
     // Not under abort_mu_: a channel's thread may fail the group while the destructor,
     // holding it, joins that thread (the communicators outlive the channels).
-    if (failure_.record(s)) abort_communicators();
+    if (failure_.record(s)) {
+        abort_communicators();
+        return s;
+    }
+    // A call that the first failure's abort cut short (another thread's, a channel's)
+    // says what failed, not that it was aborted: nobody called sx_abort.
+    if (s.code() == SX_ERR_ABORTED && !failure_.aborted()) return failure_.check();
     return s;
 }
 
@@ -702,6 +712,7 @@ MemoryStats ShardGroup::memory_stats() const {
     for (size_t u = 0; u < units_.size(); ++u) m.param_bytes += gathers_->whole_bytes(u);
     m.peak_param_bytes = gathers_->peak_bytes();
     m.memory_copy_bytes = copies_ ? copies_->bytes() : 0;
+    for (const std::shared_ptr<const KeptCopies> &k : kept_) m.memory_copy_bytes += k->bytes();
     return m;
 }
 

@@ -73,6 +73,8 @@ struct GroupConfig {
     int memory_copy_interval = 0;
     // SX_GROUP_JOIN: a process that joins a running group at its next regroup (regroup.cc).
     bool joining = false;
+    // Regroups since the group was first created (set by regroup.cc for the groups it makes).
+    int epoch = 0;
 };
 
 // FSDP's gradient pre-divide factor for a 16-bit sum over n ranks: f doubled from 1
@@ -104,14 +106,16 @@ struct StepResult {
 // sx_regroup's choices (sx.h), and what it decided.
 struct RegroupSpec {
     Millis join_window{1000};  // how long the survivors wait for each other
-    int expected_world_size = 0;  // the new group closes once this many arrived (0: the previous world size)
+    // The new group closes once this many arrived (0: once every rank of the survivors'
+    // groups has arrived or is known to have exited).
+    int expected_world_size = 0;
     int admit = 0;  // joining processes the members admit (sx_poll_joiners counted them)
+    bool have_checkpoint = false;  // the caller loads one where no memory copy holds the state
 };
 struct RegroupInfo {
     int epoch = 0;
     int rank = 0, world_size = 0, shard_size = 0;
     int previous_rank = 0, previous_world_size = 0;
-    std::vector<int> members;  // per new rank, its previous rank
     bool from_memory = false;  // the state came from the survivors' memory copies
     std::string why_not_memory;  // else why not (with memory copies kept)
 };
@@ -134,6 +138,8 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status check_regroup(const RegroupSpec &spec) const;  // what regroup() refuses, before anything changes
     Status regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info);
     int epoch() const { return epoch_; }
+    // The ranks of this group whose process is known to have exited (sx_get_lost_ranks).
+    std::vector<int> lost_ranks() const;
     // A joining group (SX_GROUP_JOIN): until sx_regroup admits it, a group of its own
     // rank alone, on a rendezvous of its own, where params are registered and laid out.
     bool joining() const { return joining_; }
@@ -144,6 +150,8 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     // (regroup.cc), from which the new group's state then comes.
     Status copy_if_sound();
     bool sound() const;  // a CPU group, not failed nor aborted, and between steps
+    // Whether it keeps memory copies, or holds some of the groups before it.
+    bool holds_copies() const { return copies_ != nullptr || !kept_.empty(); }
 
     // --- what checkpoints and the whole-state exchange see (ShardAccess: shard_state.h) ---
     int rank() const override { return mesh_.rank(); }
@@ -230,13 +238,15 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status replay_table(const ShardGroup &from);  // regroup.cc
     Status join(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info);  // regroup.cc
     Status build_layout(int shard_size, Layout *out) const;
-    Status claim_joiners(int epoch, int admit, bool claimer, Clock::time_point deadline, std::vector<int64_t> *chosen,
-                         int *admitted);
+    Status claim_joiners(int epoch, int admit, bool claimer, Clock::time_point deadline, std::vector<uint64_t> *ids);
     Status keep_due_copy();  // step.cc
-    // --- memory copies (regroup.cc; the part: memory_copies.h) ---
+    // --- memory copies (regroup_state.cc; the part: memory_copies.h) ---
     ShardProgress progress() const;
     Status keep_copy(bool send = true);
-    Status restore_copies(const Layout &old, const MemoryCopies *copies, const CopyChoice &choice);
+    void keep_copies_for_regroup(Millis grace);
+    std::vector<CopyHolding> held_copies() const;
+    const ShardCopy *find_copy(int epoch, uint64_t seq, bool own) const;
+    Status restore_copies(const CopyChoice &choice);
     // Each private function's contract is at its definition.
     // --- the mesh's work (group.cc; the part: mesh.h) ---
     Status reduce_replicas(size_t u, float *shard);
@@ -305,10 +315,15 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     uint64_t steps_ = 0;
     uint64_t checkpoints_ = 0;
     int epoch_ = 0;  // regroups since the group was created
-    // The store through the key space of the group's first epoch ("g<N>/": joining
-    // processes wait there), and this epoch's key space within it ("e1/e2/").
+    // The last epoch a regroup of this group (or of the one it came from) tried: each try
+    // is a new epoch, whether it formed a group or failed (regroup.cc).
+    int attempted_epoch_ = 0;
+    // Per rank, the identity its process keeps across regroups (its rank when the group
+    // was created; kJoinerIds + its place in the lobby for a process that joined).
+    std::vector<uint64_t> member_ids_;
+    // The store through the key space of the group's first epoch ("g<N>/"): the lobby,
+    // every regroup's agreement ("regroup/E/") and every epoch's key space ("eE/").
     std::shared_ptr<rdzv::Store> root_store_;
-    std::string epoch_path_;
     bool joining_ = false;
     GroupConfig join_config_;  // a joining group's: the group it joins
     LossScaler scaler_;
@@ -319,6 +334,9 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     std::unique_ptr<ReductionRound> round_;  // the gradient reductions (round.h)
     std::unique_ptr<Gathers> gathers_;       // the param gathers (gathers.h)
     std::unique_ptr<MemoryCopies> copies_;   // null without memory copies
+    // The copies of the groups before this one, kept until copies_ holds one every rank
+    // holds (memory_copies.h, "Lineages").
+    std::vector<std::shared_ptr<const KeptCopies>> kept_;
 
     Failure failure_;  // the first failure, and sx_abort (failure.h)
     // Held by abort() while it wakes the collectives in flight, and by the destructor: the

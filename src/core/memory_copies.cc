@@ -15,10 +15,24 @@ uint64_t ShardCopy::bytes() const {
     return b;
 }
 
+const ShardCopy *KeptCopies::find(uint64_t seq, bool own_copy) const {
+    for (const ShardCopy &c : own_copy ? own : peer)
+        if (c.seq == seq) return &c;
+    return nullptr;
+}
+
+uint64_t KeptCopies::bytes() const {
+    uint64_t b = 0;
+    for (const std::vector<ShardCopy> *set : {&own, &peer})
+        for (const ShardCopy &c : *set) b += c.bytes();
+    return b;
+}
+
 std::string describe_holdings(const std::vector<CopyHolding> &h) {
     std::string out;
     for (const CopyHolding &c : h)
-        out += format("%s %llu %d;", c.own ? "own" : "peer", static_cast<unsigned long long>(c.seq), c.shard);
+        out += format("%s %d %llu %d %d;", c.own ? "own" : "peer", c.epoch, static_cast<unsigned long long>(c.seq),
+                      c.shard, c.shards);
     return out;
 }
 
@@ -31,8 +45,9 @@ Status parse_holdings(const std::string &text, std::vector<CopyHolding> *out) {
         std::istringstream f(item);
         std::string kind;
         CopyHolding c;
-        f >> kind >> c.seq >> c.shard;
-        SX_CHECK(f && (kind == "own" || kind == "peer"), SX_ERR_CORRUPT,
+        f >> kind >> c.epoch >> c.seq >> c.shard >> c.shards;
+        SX_CHECK(f && (kind == "own" || kind == "peer") && c.shards > 0 && c.shard >= 0 && c.shard < c.shards,
+                 SX_ERR_CORRUPT,
                  "a survivor's list of memory copies in the rendezvous store is unreadable: '%s'", text.c_str());
         c.own = kind == "own";
         out->push_back(c);
@@ -40,49 +55,61 @@ Status parse_holdings(const std::string &text, std::vector<CopyHolding> *out) {
     return Status::Ok();
 }
 
-CopyChoice choose_copies(const std::vector<std::vector<CopyHolding>> &holdings, int shards) {
+CopyChoice choose_copies(const std::vector<std::vector<CopyHolding>> &holdings) {
     CopyChoice choice;
-    auto holds = [&](size_t m, uint64_t seq, bool own, int shard) {
+    auto holds = [&](size_t m, int epoch, uint64_t seq, bool own, int shard) {
         for (const CopyHolding &c : holdings[m])
-            if (c.own == own && c.seq == seq && (shard < 0 || c.shard == shard)) return true;
+            if (c.own == own && c.epoch == epoch && c.seq == seq && (shard < 0 || c.shard == shard)) return true;
         return false;
     };
-    std::vector<uint64_t> seqs;
-    if (!holdings.empty())
-        for (const CopyHolding &c : holdings[0])
-            if (c.own) seqs.push_back(c.seq);
-    std::sort(seqs.rbegin(), seqs.rend());
+    // Every copy some member holds its own of, newest first: the latest group's, then
+    // the highest number.
+    struct Candidate {
+        int epoch;
+        uint64_t seq;
+        int shards;
+    };
+    std::vector<Candidate> candidates;
+    for (const std::vector<CopyHolding> &h : holdings)
+        for (const CopyHolding &c : h)
+            if (c.own) candidates.push_back({c.epoch, c.seq, c.shards});
+    std::sort(candidates.begin(), candidates.end(), [](const Candidate &a, const Candidate &b) {
+        return a.epoch != b.epoch ? a.epoch > b.epoch : a.seq > b.seq;
+    });
     choice.why_not = "no survivor keeps memory copies";
-    for (uint64_t seq : seqs) {
-        // Every survivor takes the progress (step counts) from its own copy.
-        bool everyone = true;
-        for (size_t m = 0; m < holdings.size(); ++m) everyone = everyone && holds(m, seq, true, -1);
-        if (!everyone) {
-            choice.why_not = format("the survivors hold no copy of one step boundary in common (copy %llu)",
-                                    static_cast<unsigned long long>(seq));
-            continue;
-        }
-        std::vector<int> provider(static_cast<size_t>(shards), -1);
-        std::vector<bool> own(static_cast<size_t>(shards), true);
+    bool explained = false;  // why_not says why the newest copy cannot be taken
+    for (size_t k = 0; k < candidates.size(); ++k) {
+        const Candidate &cand = candidates[k];
+        if (k > 0 && candidates[k - 1].epoch == cand.epoch && candidates[k - 1].seq == cand.seq) continue;
+        // Each shard from an own copy where one is held (its holder took it), else a peer's.
+        std::vector<int> provider(static_cast<size_t>(cand.shards), -1);
+        std::vector<bool> own(static_cast<size_t>(cand.shards), true);
         int missing = -1;
-        for (int i = 0; i < shards && missing < 0; ++i) {
+        for (int i = 0; i < cand.shards && missing < 0; ++i) {
             for (int pass = 0; pass < 2 && provider[i] < 0; ++pass)
                 for (size_t m = 0; m < holdings.size() && provider[i] < 0; ++m)
-                    if (holds(m, seq, pass == 0, i)) {
+                    if (holds(m, cand.epoch, cand.seq, pass == 0, i)) {
                         provider[i] = static_cast<int>(m);
                         own[i] = pass == 0;
                     }
             if (provider[i] < 0) missing = i;
         }
         if (missing >= 0) {
-            choice.why_not = format("no survivor holds shard %d of copy %llu (the lost ranks held its every copy)",
-                                    missing, static_cast<unsigned long long>(seq));
+            if (!explained)
+                choice.why_not = format("no survivor holds shard %d of copy %llu of epoch %d's group (the lost ranks "
+                                        "held its every copy)",
+                                        missing, static_cast<unsigned long long>(cand.seq), cand.epoch);
+            explained = true;
             continue;
         }
         choice.found = true;
-        choice.seq = seq;
+        choice.epoch = cand.epoch;
+        choice.seq = cand.seq;
+        choice.shards = cand.shards;
         choice.provider = provider;
         choice.provider_own = own;
+        for (size_t m = 0; m < holdings.size() && choice.progress_from < 0; ++m)
+            if (holds(m, cand.epoch, cand.seq, true, -1)) choice.progress_from = static_cast<int>(m);
         choice.why_not.clear();
         return choice;
     }
@@ -184,7 +211,7 @@ void MemoryCopies::take(std::vector<UnitShard> units, ShardProgress progress, st
                         bool send) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return !busy_; });
-    if (broken_ || stop_) return;  // the hold goes: nothing is copied
+    if (broken_ || stop_ || stop_taking_) return;  // the hold goes: nothing is copied
     std::unique_ptr<Job> job(new Job());
     // The slot that does not hold the newest copy every rank has.
     job->slot = newest_ < 0 ? 0 : 1 - newest_;
@@ -239,8 +266,28 @@ std::vector<CopyHolding> MemoryCopies::holdings() const {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<CopyHolding> out;
     for (const ShardCopy *c : {&own_[0], &own_[1], &peer_[0], &peer_[1]})
-        if (c->valid) out.push_back({c == &own_[0] || c == &own_[1], c->seq, c->shard});
+        if (c->valid) out.push_back({c == &own_[0] || c == &own_[1], s_.epoch, c->seq, c->shard, s_.shards});
     return out;
+}
+
+bool MemoryCopies::settled() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return s_.peers ? newest_ >= 0 : completed_ >= 2;
+}
+
+std::shared_ptr<const KeptCopies> MemoryCopies::release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_taking_ = true;
+    std::shared_ptr<KeptCopies> kept(new KeptCopies());
+    kept->epoch = s_.epoch;
+    kept->shards = s_.shards;
+    for (ShardCopy *c : {&own_[0], &own_[1]})
+        if (c->valid) kept->own.push_back(std::move(*c));
+    for (ShardCopy *c : {&peer_[0], &peer_[1]})
+        if (c->valid) kept->peer.push_back(std::move(*c));
+    for (ShardCopy *c : {&own_[0], &own_[1], &peer_[0], &peer_[1]}) *c = ShardCopy();
+    bytes_.store(0);
+    return kept;
 }
 
 const ShardCopy *MemoryCopies::find(uint64_t seq, bool own) const {
@@ -271,6 +318,7 @@ void MemoryCopies::run() {
             std::lock_guard<std::mutex> lock(mu_);
             if (s.ok()) {
                 newest_ = job->slot;
+                ++completed_;
             } else if (!broken_) {
                 broken_ = true;
                 log(SX_LOG_WARN, "sx: rank %d: memory copy %llu: %s; no later copy is taken", s_.rank,
@@ -328,14 +376,16 @@ Status MemoryCopies::send(int slot) {
             receive[static_cast<size_t>(sender)] = pieces(theirs.units);
         }
         SX_TRY(comm_->gather_pieces(send, receive, root));
+        if (r == root) {
+            // Held from now: it arrived whole, whatever happens to the barrier.
+            std::lock_guard<std::mutex> lock(mu_);
+            theirs.slots = mine.slots;
+            theirs.seq = mine.seq;
+            theirs.shard = sender;  // flat: the predecessor's shard index is its rank
+            theirs.valid = true;
+        }
     }
-    SX_TRY(comm_->barrier());
-    std::lock_guard<std::mutex> lock(mu_);
-    theirs.slots = mine.slots;
-    theirs.seq = mine.seq;
-    theirs.shard = (r + W - 1) % W;  // flat: the predecessor's shard index is its rank
-    theirs.valid = true;
-    return Status::Ok();
+    return comm_->barrier();
 }
 
 }  // namespace core

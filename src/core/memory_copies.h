@@ -13,7 +13,16 @@
 // newest: a rank overwrites the older slot only after the barrier of the newer copy's
 // sending passed, which no rank passes before every rank received. Every survivor then
 // holds its own copy of some common boundary, and sx_regroup takes the newest boundary
-// of which every shard is still held (choose_copies).
+// of which every shard is still held (choose_copies). A peer's copy counts as held as soon
+// as it has arrived whole, before the barrier: a rank that received it but saw the
+// barrier fail (the sender died just after) still holds it.
+//
+// Lineages. A regroup's new group has a layout of its own, and its copies are numbered
+// from 1 again: a copy is named by the epoch of the group that took it and its number.
+// The copies of the groups before are kept (KeptCopies, shared and never changed) until
+// the new group holds a copy every rank of it holds, so that a regroup that fails, or a
+// loss before the new group's first copy is everywhere, still finds the last step every
+// survivor can prove.
 #pragma once
 
 #include <atomic>
@@ -45,26 +54,43 @@ struct ShardCopy {
     uint64_t bytes() const;
 };
 
+// The copies a group held when a regroup broke it up, for the groups after it.
+struct KeptCopies {
+    int epoch = 0;   // the group's
+    int shards = 0;  // its layout's shard count
+    std::vector<ShardCopy> own, peer;  // valid copies only
+    const ShardCopy *find(uint64_t seq, bool own_copy) const;
+    uint64_t bytes() const;
+};
+
 // What one rank holds, as its peers read it (through the rendezvous store).
 struct CopyHolding {
     bool own = true;
+    int epoch = 0;    // of the group that took it
     uint64_t seq = 0;
-    int shard = -1;
+    int shard = -1;   // of that group's layout
+    int shards = 0;   // that layout's shard count
 };
 std::string describe_holdings(const std::vector<CopyHolding> &h);
 Status parse_holdings(const std::string &text, std::vector<CopyHolding> *out);
 
-// The copy the survivors restore from: seq, and per shard index of the previous layout
-// which member (an index into the members' list) sends it and from which of its copies.
+// The copy the survivors restore from: the epoch of the group that took it, its number,
+// that layout's shard count, per shard index which member (an index into the members'
+// list) sends it and from which of its copies, and which member sends the progress
+// (step counts: in own copies only).
 struct CopyChoice {
     bool found = false;
+    int epoch = 0;
     uint64_t seq = 0;
+    int shards = 0;
     std::vector<int> provider;       // per shard index: the member
     std::vector<bool> provider_own;  // per shard index: its own copy (else its peer's)
+    int progress_from = -1;          // a member holding an own copy
     std::string why_not;             // when !found: which shard no survivor holds
 };
-// holdings[m]: member m's. Deterministic: every survivor chooses the same.
-CopyChoice choose_copies(const std::vector<std::vector<CopyHolding>> &holdings, int shards);
+// holdings[m]: member m's. The newest copy (the latest epoch, then the highest number) of
+// which every shard is held by some member. Deterministic: every survivor chooses the same.
+CopyChoice choose_copies(const std::vector<std::vector<CopyHolding>> &holdings);
 
 // A copy's state slots per unit and progress as bytes, for the ranks that hold no copy
 // of their own (a rank joining the group), and back (SX_ERR_CORRUPT if truncated).
@@ -77,6 +103,8 @@ class MemoryCopies {
         int interval = 0;  // steps between copies
         int rank = 0, world_size = 1;
         int shard = 0;      // this rank's shard index
+        int shards = 1;     // the layout's shard count
+        int epoch = 0;      // the group's (regroups since it was created)
         bool peers = false; // send each copy to the next rank (flat groups)
     };
     // comm: the copies' own communicator (null without peers). ops: where the shard lives.
@@ -110,6 +138,13 @@ class MemoryCopies {
     std::vector<CopyHolding> holdings() const;
     const ShardCopy *find(uint64_t seq, bool own) const;
     uint64_t bytes() const;
+    // Whether the copies of the groups before this one may go: flat, the barrier of a
+    // sending passed (every rank holds that copy, its own and its predecessor's); a mesh,
+    // which sends nothing, once this rank took two (its replicas stepped with it between).
+    bool settled() const;
+    // The copies held, moved out for the groups after this one (after finish(); no copy
+    // is taken later).
+    std::shared_ptr<const KeptCopies> release();
 
   private:
     struct Job {
@@ -129,12 +164,14 @@ class MemoryCopies {
     bool dirty_ = true;
     uint64_t next_seq_ = 1;
     int newest_ = -1;  // the slot of the newest copy every rank holds (after its barrier)
+    int completed_ = 0;  // copies taken (and sent, with peers) whole
     ShardCopy own_[2], peer_[2];
 
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::unique_ptr<Job> job_;  // the job queued or running
     bool busy_ = false, stop_ = false, broken_ = false;
+    bool stop_taking_ = false;  // release()d
     std::atomic<uint64_t> bytes_{0};  // what the slots hold (the worker resizes them)
     std::thread thread_;
 };

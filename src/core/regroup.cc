@@ -3,24 +3,48 @@
 // and each builds that group (a new mesh on the same store, the same params and param
 // groups) beside the broken one, which the caller then drops.
 //
-// Who is in. Each survivor draws an arrival number from the counter
-// "regroup/E/arrived" and writes its previous rank under "regroup/E/member/<n>". The
-// group closes when the previous world has arrived whole (sx_abort on every rank, or
-// a regroup to the same ranks) or, else, when the first survivor's join window ends:
-// that survivor (the first to draw "regroup/E/closer") writes how many had arrived
-// under "regroup/E/closed", and everyone reads it. A survivor that arrives after the
-// group closed is told so and is not in it. New ranks follow the previous ranks'
-// order, so the survivors keep their relative places.
+// Epochs. Every try is an epoch of its own: a regroup that fails (a second loss inside
+// it, a joiner that broke it, no state to restore) leaves its epoch behind, and the next
+// try on the same handle is the epoch after the last one tried. A survivor whose try
+// formed a group and one whose try failed meet again at the same next epoch.
 //
-// The store. Everything goes through the group's key space on the rendezvous; the new
-// group's keys are under "e<E>/" inside it. The store must outlive the lost rank: the
-// sx-rendezvous command (tcp://HOST:PORT?server=external), file://, or torchrun's agent
-// store. With tcp:// served by rank 0, losing rank 0 loses the store, and the survivors'
-// regroup fails naming it.
+// Who is in. Each survivor draws an arrival number from the counter
+// "regroup/E/arrived" and says under "regroup/E/member/<n>" who it is: its identity
+// (kept across regroups: its first rank, or its place in the lobby for a process that
+// joined), its rank and group (epoch, size, mesh), the identities of that group's ranks
+// and those of them it knows to have exited (a process watched through shared memory).
+// The group closes once this many have arrived where the caller said how many to expect
+// (options->expected_world_size), else once every rank of the arrived survivors' groups
+// has arrived or is known to have exited, and at the latest when the first survivor's
+// join window ends, unless a survivor not yet arrived still beats (a survivor inside
+// sx_regroup says so every 200 ms, so that one still failing out of an earlier try is
+// waited for, up to the timeout, instead of being left to form a group of its own): the
+// survivor that finds it complete (the first to draw
+// "regroup/E/closer") writes how many had arrived under "regroup/E/closed", and everyone
+// reads it. A survivor that arrives after the group closed is told who formed it and is
+// not in it. New ranks follow the identities' order, so the survivors keep their
+// relative places and the admitted joiners come after them.
+//
+// The state. Before anything is built the survivors choose, from what each says it holds
+// (regroup/E/copies/<identity>), the newest memory copy of which every shard is held; where
+// there is none and the caller has no checkpoint to load, every survivor fails here, at
+// once, and nothing is built. A handle's group changes only when a regroup succeeds.
+//
+// The store. Everything goes through the key space of the group's first epoch on the
+// rendezvous (the lobby, every regroup's agreement); the group of epoch E has its keys
+// under "eE/" inside it. The store must outlive the lost rank: the sx-rendezvous command
+// (tcp://HOST:PORT?server=external), file://, or torchrun's agent store. With tcp://
+// served by rank 0, losing rank 0 loses the store, and the survivors' regroup fails
+// naming it.
 #include <algorithm>
-#include <array>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -32,119 +56,322 @@ namespace sx {
 namespace core {
 namespace {
 
-// The members of epoch `epoch`'s group as the store lists them: their previous ranks in
-// order, what each asked to admit, and the memory copies each holds.
-Status read_members(rdzv::Store &store, int epoch, int64_t count, Clock::time_point deadline,
-                    std::vector<int> *members, std::vector<int> *admits,
-                    std::vector<std::vector<CopyHolding>> *holdings) {
-    const std::string base = format("regroup/%d/", epoch);
-    std::vector<std::pair<int, int>> listed;
+// A process that joined has an identity above every first rank.
+constexpr uint64_t kJoinerIds = uint64_t(1) << 32;
+
+// What a survivor says of itself when it arrives.
+struct Arrival {
+    uint64_t id = 0;
+    int rank = 0, admit = 0;             // in its group; what it asks to admit
+    int epoch = 0, world = 0, shard_size = 0;  // its group's
+    std::vector<uint64_t> members, lost;  // identities: its group's ranks, those known to have exited
+};
+
+std::string join_ids(const std::vector<uint64_t> &ids) {
+    std::string out;
+    for (uint64_t id : ids) out += format(" %llu", static_cast<unsigned long long>(id));
+    return out;
+}
+
+std::string describe(const Arrival &a) {
+    return format("%llu %d %d %d %d %d;%s;%s", static_cast<unsigned long long>(a.id), a.rank, a.admit, a.epoch,
+                  a.world, a.shard_size, join_ids(a.members).c_str(), join_ids(a.lost).c_str());
+}
+
+Status parse(const std::string &text, Arrival *a) {
+    std::istringstream in(text);
+    std::string head, members, lost;
+    std::getline(in, head, ';');
+    std::getline(in, members, ';');
+    std::getline(in, lost, ';');
+    unsigned long long id = 0;
+    SX_CHECK(std::sscanf(head.c_str(), "%llu %d %d %d %d %d", &id, &a->rank, &a->admit, &a->epoch, &a->world,
+                         &a->shard_size) == 6,
+             SX_ERR_CORRUPT, "the rendezvous store's entry of a survivor is unreadable: '%s'", text.c_str());
+    a->id = id;
+    for (auto *list : {&a->members, &a->lost}) {
+        list->clear();
+        std::istringstream ids(list == &a->members ? members : lost);
+        for (unsigned long long v; ids >> v;) list->push_back(v);
+    }
+    return Status::Ok();
+}
+
+std::string ranks_of(const std::vector<Arrival> &arrivals) {
+    std::string out;
+    for (const Arrival &a : arrivals)
+        out += format("%s%d (epoch %d)", out.empty() ? "" : ", ", a.rank, a.epoch);
+    return out.empty() ? "none" : out;
+}
+
+// The entries of epoch `epoch`'s first `count` arrivals, in arrival order.
+Status read_arrivals(rdzv::Store &store, int epoch, int64_t count, Clock::time_point deadline,
+                     std::vector<Arrival> *out) {
+    out->assign(static_cast<size_t>(count), Arrival());
     for (int64_t k = 1; k <= count; ++k) {
         std::string value;
-        SX_TRY(store.get(base + "member/" + std::to_string(k), &value, time_left(deadline)));
-        int previous = -1, admit = 0;
-        SX_CHECK(std::sscanf(value.c_str(), "%d %d", &previous, &admit) == 2, SX_ERR_CORRUPT,
-                 "the rendezvous store's entry of a member of epoch %d is unreadable: '%s'", epoch, value.c_str());
-        listed.push_back({previous, admit});
+        SX_TRY(store.get(format("regroup/%d/member/%lld", epoch, static_cast<long long>(k)), &value,
+                         time_left(deadline)));
+        SX_TRY(parse(value, &(*out)[static_cast<size_t>(k - 1)]));
     }
-    std::sort(listed.begin(), listed.end());
-    members->clear();
-    admits->clear();
-    holdings->assign(listed.size(), {});
-    for (size_t m = 0; m < listed.size(); ++m) {
-        members->push_back(listed[m].first);
-        admits->push_back(listed[m].second);
+    return Status::Ok();
+}
+
+// The ranks of the arrived survivors' groups (identities) that have neither arrived nor
+// are known to have exited: the group is complete when there is none.
+std::vector<uint64_t> pending(const std::vector<Arrival> &arrivals) {
+    std::set<uint64_t> known, everyone;
+    for (const Arrival &a : arrivals) {
+        known.insert(a.id);
+        known.insert(a.lost.begin(), a.lost.end());
+        everyone.insert(a.members.begin(), a.members.end());
+    }
+    std::vector<uint64_t> out;
+    for (uint64_t id : everyone)
+        if (!known.count(id)) out.push_back(id);
+    return out;
+}
+
+std::string beat_key(uint64_t id) { return format("regroup/beat/%llu", static_cast<unsigned long long>(id)); }
+
+// While a survivor is inside sx_regroup it says so every 200 ms (a counter under
+// "regroup/beat/<identity>"), so that the others wait for one still busy with an earlier
+// try (one whose group lost a member before it connected fails only at its timeout)
+// instead of closing the next epoch without it.
+class Heartbeat {
+  public:
+    Heartbeat(std::shared_ptr<rdzv::Store> store, uint64_t id) : store_(std::move(store)), key_(beat_key(id)) {
+        thread_ = std::thread([this] { run(); });
+    }
+    ~Heartbeat() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+
+  private:
+    void run() {
+        std::unique_lock<std::mutex> lock(mu_);
+        while (!stop_) {
+            lock.unlock();
+            int64_t beats = 0;
+            store_->add(key_, 1, &beats);  // a store that is gone fails the regroup itself
+            lock.lock();
+            cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stop_; });
+        }
+    }
+    std::shared_ptr<rdzv::Store> store_;
+    const std::string key_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool stop_ = false;
+    std::thread thread_;
+};
+
+// Which survivors still beat: sampled every poll (at most every 100 ms), a survivor whose
+// counter moved within the last 2 s is alive; one whose counter stood still for 3 s since
+// it was first sampled is not.
+class Beats {
+  public:
+    Status sample(rdzv::Store &store, const std::vector<uint64_t> &ids) {
+        const Clock::time_point now = Clock::now();
+        if (now - sampled_ < std::chrono::milliseconds(100)) return Status::Ok();
+        sampled_ = now;
+        for (uint64_t id : ids) {
+            int64_t value = 0;
+            SX_TRY(store.add(beat_key(id), 0, &value));
+            auto it = seen_.find(id);
+            if (it == seen_.end())
+                seen_[id] = {value, now, false};
+            else if (value != it->second.value)
+                it->second = {value, now, true};
+        }
+        return Status::Ok();
+    }
+    bool any_alive(const std::vector<uint64_t> &ids) const {
+        for (uint64_t id : ids) {
+            auto it = seen_.find(id);
+            if (it != seen_.end() && it->second.moved && Clock::now() - it->second.since < std::chrono::seconds(2))
+                return true;
+        }
+        return false;
+    }
+    // The first of `ids` whose counter stood still for 3 s; -1 if none.
+    int stalled(const std::vector<uint64_t> &ids) const {
+        for (size_t k = 0; k < ids.size(); ++k) {
+            auto it = seen_.find(ids[k]);
+            if (it != seen_.end() && Clock::now() - it->second.since >= std::chrono::seconds(3))
+                return static_cast<int>(k);
+        }
+        return -1;
+    }
+
+  private:
+    struct Seen {
+        int64_t value = 0;
+        Clock::time_point since;  // of this value
+        bool moved = false;       // since it was first sampled
+    };
+    Clock::time_point sampled_;
+    std::map<uint64_t, Seen> seen_;
+};
+
+// What the new group's forming waits watch (rdzv::make_watched_store): the members
+// (`ids`, new rank order; this one at `me`) are still there: none known to have exited
+// (`lost`: identities), none whose beat stood still. Disarmed when the regroup returns.
+std::shared_ptr<rdzv::StoreWatch> watch_members(std::shared_ptr<rdzv::Store> root, std::vector<uint64_t> ids, int me,
+                                                std::function<std::vector<uint64_t>()> lost) {
+    std::shared_ptr<Beats> beats(new Beats());
+    return std::make_shared<rdzv::StoreWatch>([=]() -> Status {
+        for (uint64_t id : lost()) {
+            const auto at = std::find(ids.begin(), ids.end(), id);
+            SX_CHECK(at == ids.end(), SX_ERR_COMM, "rank %d of the group being formed has exited (it was lost after "
+                     "it arrived)", static_cast<int>(at - ids.begin()));
+        }
+        std::vector<uint64_t> others = ids;
+        others.erase(others.begin() + me);
+        SX_TRY(beats->sample(*root, others));
+        const int k = beats->stalled(others);
+        SX_CHECK(k < 0, SX_ERR_COMM, "rank %d of the group being formed stopped answering (its regroup has not "
+                 "said it is alive for 3 s)", k < me ? k : k + 1);
+        return Status::Ok();
+    });
+}
+
+// Disarms a watch when the regroup returns, so that nothing the watch refers to is asked
+// afterwards.
+struct Disarm {
+    std::shared_ptr<rdzv::StoreWatch> watch;
+    ~Disarm() { watch->disarm(); }
+};
+
+// The members of epoch `epoch`'s group in identity order (the new ranks' order) and the
+// memory copies each holds: `count` arrivals.
+Status read_members(rdzv::Store &store, int epoch, int64_t count, Clock::time_point deadline,
+                    std::vector<Arrival> *members, std::vector<std::vector<CopyHolding>> *holdings) {
+    SX_TRY(read_arrivals(store, epoch, count, deadline, members));
+    std::sort(members->begin(), members->end(), [](const Arrival &a, const Arrival &b) { return a.id < b.id; });
+    holdings->assign(members->size(), {});
+    for (size_t m = 0; m < members->size(); ++m) {
         std::string text;
-        SX_TRY(store.get(base + "copies/" + std::to_string(listed[m].first), &text, time_left(deadline)));
+        SX_TRY(store.get(format("regroup/%d/copies/%llu", epoch, static_cast<unsigned long long>((*members)[m].id)),
+                         &text, time_left(deadline)));
         SX_TRY(parse_holdings(text, &(*holdings)[m]));
     }
     return Status::Ok();
 }
 
-// The previous ranks of epoch `epoch`'s members, in order (this rank among them, or
-// SX_ERR_INVALID_STATE if it came after the group closed), and the memory copies each
-// holds (`mine`: this rank's, published before it arrives).
-Status agree_members(rdzv::Store &store, int epoch, int rank, int world, const RegroupSpec &spec,
-                     const std::vector<CopyHolding> &mine, Clock::time_point deadline, std::vector<int> *members,
+// Arrives at epoch `epoch`'s regroup as `me` (`mine`: the copies it holds; `lost`: asked
+// again while it waits, so that a survivor lost meanwhile completes the group at once)
+// and waits until the group closes: *members (this survivor among them, or
+// SX_ERR_INVALID_STATE if it came after the group closed) and their copies. The join
+// window ends early where every rank is accounted for, and is drawn out (to the deadline)
+// while a survivor not yet arrived still beats.
+Status agree_members(rdzv::Store &store, int epoch, Arrival me, const RegroupSpec &spec,
+                     const std::vector<CopyHolding> &mine, const std::function<std::vector<uint64_t>()> &lost,
+                     Clock::time_point deadline, std::vector<Arrival> *members,
                      std::vector<std::vector<CopyHolding>> *holdings) {
     const std::string base = format("regroup/%d/", epoch);
     // The counter first: a store that is gone fails it at once, where a set is retried
     // (the others read the keys below with waits, so their order does not matter).
     int64_t arrival = 0;
     SX_TRY(store.add(base + "arrived", 1, &arrival));
-    SX_TRY(store.set(base + "copies/" + std::to_string(rank), describe_holdings(mine)));
-    SX_TRY(store.set(base + "member/" + std::to_string(arrival), format("%d %d", rank, spec.admit)));
-    const int expected = spec.expected_world_size > 0 ? spec.expected_world_size : world;
-    std::string closed;
-    Status waited = Status::Ok();
-    if (arrival < expected) {
-        waited = store.get(base + "closed", &closed, std::min(spec.join_window, time_left(deadline)));
-        if (!waited.ok() && waited.code() != SX_ERR_TIMEOUT) return waited;
-    }
-    if (arrival >= expected || !waited.ok()) {
-        // Everyone expected is here, or this survivor's window ended first: close it, once.
-        int64_t closer = 0;
-        SX_TRY(store.add(base + "closer", 1, &closer));
-        if (closer == 1) {
-            int64_t count = 0;
-            SX_TRY(store.add(base + "arrived", 0, &count));
-            SX_TRY(store.set(base + "closed", std::to_string(count)));
+    const std::string entry = base + format("member/%lld", static_cast<long long>(arrival));
+    SX_TRY(store.set(base + format("copies/%llu", static_cast<unsigned long long>(me.id)), describe_holdings(mine)));
+    SX_TRY(store.set(entry, describe(me)));
+    const Clock::time_point window_end = std::min(deadline, Clock::now() + spec.join_window);
+    int64_t evaluated = 0;  // the arrivals counted when the group was last found incomplete
+    std::vector<uint64_t> waiting_for;
+    Beats beats;
+    for (bool close = false; !close;) {
+        bool present = false;
+        SX_TRY(store.check({base + "closed"}, &present));
+        if (present) break;
+        int64_t count = 0;
+        SX_TRY(store.add(base + "arrived", 0, &count));
+        std::vector<uint64_t> now_lost = lost();
+        const bool more_lost = now_lost.size() > me.lost.size();
+        if (more_lost) {
+            me.lost = now_lost;
+            SX_TRY(store.set(entry, describe(me)));
         }
-        SX_TRY(store.get(base + "closed", &closed, time_left(deadline)));
+        if (count != evaluated || more_lost) {
+            std::vector<Arrival> arrived;
+            SX_TRY(read_arrivals(store, epoch, count, deadline, &arrived));
+            waiting_for = pending(arrived);
+            evaluated = count;
+        }
+        SX_TRY(beats.sample(store, waiting_for));
+        if (spec.expected_world_size > 0)
+            close = count >= spec.expected_world_size;
+        else
+            close = waiting_for.empty();
+        // The window ended: the group closes as it is, unless a survivor still beats.
+        close = close || Clock::now() >= deadline || (Clock::now() >= window_end && !beats.any_alive(waiting_for));
+        if (!close) std::this_thread::sleep_for(std::min(Millis(50), time_left(deadline)));
+        if (close) {
+            int64_t closer = 0;
+            SX_TRY(store.add(base + "closer", 1, &closer));
+            if (closer == 1) {
+                SX_TRY(store.add(base + "arrived", 0, &count));
+                SX_TRY(store.set(base + "closed", std::to_string(count)));
+            }
+        }
     }
+    std::string closed;
+    SX_TRY(store.get(base + "closed", &closed, time_left(deadline)));
     const int64_t count = std::stoll(closed);
+    SX_TRY(read_members(store, epoch, count, deadline, members, holdings));
     SX_CHECK(arrival <= count, SX_ERR_INVALID_STATE,
-             "rank %d reached the regroup of epoch %d after the survivors had closed it with %lld of the %d ranks "
-             "(they waited %lld ms from the first arrival: options->join_window_ms)",
-             rank, epoch, static_cast<long long>(count), world, static_cast<long long>(spec.join_window.count()));
-    std::vector<int> admits;
-    SX_TRY(read_members(store, epoch, count, deadline, members, &admits, holdings));
-    for (size_t m = 0; m < admits.size(); ++m)
-        SX_CHECK(admits[m] == spec.admit, SX_ERR_MISMATCH,
+             "rank %d (of epoch %d's group) reached the regroup of epoch %d after it closed: the survivors that were "
+             "there (ranks %s) formed it without this rank, once every rank of their groups had arrived or was known "
+             "to be lost, or at the end of the join window (options->join_window_ms = %lld ms from the first "
+             "arrival); this process may join them as a new one (SX_GROUP_JOIN)",
+             me.rank, me.epoch, epoch, ranks_of(*members).c_str(), static_cast<long long>(spec.join_window.count()));
+    for (const Arrival &m : *members)
+        SX_CHECK(m.admit == spec.admit, SX_ERR_MISMATCH,
                  "the members disagree on how many joining processes to admit (options->admit): %d on rank %d, %d "
-                 "on rank %d", admits[m], (*members)[m], spec.admit, rank);
+                 "on rank %d", m.admit, m.rank, spec.admit, me.rank);
     return Status::Ok();
 }
 
 // What a joining process reads in the lobby: where and as what it enters.
 struct Admission {
-    int epoch = 0, world_size = 0, rank = 0, shard_size = 0, previous_shards = 0;
+    int epoch = 0, world_size = 0, rank = 0, shard_size = 0;
     int memory_copy_interval = 0;  // the members' (a joiner keeps copies as they do)
-    std::string path;  // the new group's key space below the first epoch's
+    unsigned long long id = 0;     // its identity from now on
 };
 
 std::string describe(const Admission &a) {
-    return format("%d %d %d %d %d %d %s", a.epoch, a.world_size, a.rank, a.shard_size, a.previous_shards,
-                  a.memory_copy_interval, a.path.c_str());
+    return format("%d %d %d %d %d %llu", a.epoch, a.world_size, a.rank, a.shard_size, a.memory_copy_interval, a.id);
 }
 
 Status parse(const std::string &text, Admission *a) {
-    char path[512] = {0};
-    SX_CHECK(std::sscanf(text.c_str(), "%d %d %d %d %d %d %511s", &a->epoch, &a->world_size, &a->rank,
-                         &a->shard_size, &a->previous_shards, &a->memory_copy_interval, path) == 7,
+    SX_CHECK(std::sscanf(text.c_str(), "%d %d %d %d %d %llu", &a->epoch, &a->world_size, &a->rank, &a->shard_size,
+                         &a->memory_copy_interval, &a->id) == 6,
              SX_ERR_CORRUPT, "the admission in the rendezvous store is unreadable: '%s'", text.c_str());
-    a->path = path;
     return Status::Ok();
 }
 
-// Calls fn(u, k, from, to, n) for every run of n elements that shard `from_shard` of
-// `from` and shard `to_shard` of `to` have in common: state tensor k (0: the values,
-// then each slot of slots[u]) of unit u, at element `from` of the one's unit shard
-// (tensors one after another) and `to` of the other's. The same order on every rank.
-template <typename Fn>
-void for_each_overlap(const Layout &from, int from_shard, const Layout &to, int to_shard, const std::vector<int> &slots,
-                      Fn fn) {
-    for (size_t u = 0; u < to.units().size(); ++u) {
-        const uint64_t n_from = from.units()[u].shard_numel, n_to = to.units()[u].shard_numel;
-        for (int32_t p : to.units()[u].params) {
-            const ShardPiece a = from.piece(p, from_shard), b = to.piece(p, to_shard);
-            const uint64_t lo = std::max(a.begin, b.begin), hi = std::min(a.end, b.end);
-            if (lo >= hi) continue;
-            for (int k = 0; k <= slots[u]; ++k)
-                fn(u, k, n_from * k + a.shard_offset + (lo - a.begin), n_to * k + b.shard_offset + (lo - b.begin),
-                   hi - lo);
-        }
-    }
+// The identities of the processes admitted at epoch `epoch`, in their ranks' order
+// (the claimer writes them under "regroup/E/admitted").
+Status read_admitted(rdzv::Store &store, int epoch, Clock::time_point deadline, std::vector<uint64_t> *ids) {
+    std::string text;
+    SX_TRY(store.get(format("regroup/%d/admitted", epoch), &text, time_left(deadline)));
+    ids->clear();
+    std::istringstream in(text);
+    for (unsigned long long v; in >> v;) ids->push_back(v);
+    return Status::Ok();
+}
+
+std::string no_state(int epoch, const std::vector<Arrival> &members, const CopyChoice &choice) {
+    return format("the survivors (ranks %s) agreed on the group of epoch %d, but its state can come neither from the "
+                  "memory copies (%s) nor from a checkpoint (options->checkpoint is empty); nothing changed: call "
+                  "sx_regroup again with options->checkpoint (it tries epoch %d)",
+                  ranks_of(members).c_str(), epoch, choice.why_not.c_str(), epoch + 1);
 }
 
 }  // namespace
@@ -161,30 +388,6 @@ Status ShardGroup::check_regroup(const RegroupSpec &spec) const {
                  "admit %d is not in [0, %d]", spec.admit, SX_MAX_WORLD_SIZE - world_size());
     SX_CHECK_ARG(!joining_ || spec.admit == 0, "a joining group admits nobody (admit is %d)", spec.admit);
     return Status::Ok();
-}
-
-// A member whose group is sound (a regroup that admits joiners, or shrinks without a
-// loss) is at a step boundary: it copies its shard as it is now, so that the new group
-// starts from this step where every member is sound (no copy is sent: the members all
-// hold theirs). A group without memory copies keeps this one alone.
-bool ShardGroup::sound() const {
-    // (CPU groups: the copies are exchanged through host memory.)
-    return !joining_ && config_.backend != SX_BACKEND_CUDA && check_usable().ok() && !round_->open() &&
-           micro_batches_ == 0 && table_.finalized();
-}
-
-Status ShardGroup::copy_if_sound() {
-    if (!sound()) return Status::Ok();
-    if (!copies_) {
-        MemoryCopies::Settings cs;
-        cs.interval = 1;
-        cs.rank = rank();
-        cs.world_size = world_size();
-        cs.shard = shard_rank();
-        copies_.reset(new MemoryCopies(cs, *ops_, nullptr));
-    }
-    SX_TRY(settle());
-    return keep_copy(false);
 }
 
 // How many processes wait in the lobby and have not been admitted: rank 0 reads it, and
@@ -209,30 +412,24 @@ Status ShardGroup::poll_joiners(int *waiting) {
 
 // The members' part of admitting up to `admit` joiners into epoch `epoch`: the claimer
 // (new rank 0) claims the next places of the lobby whose joiner has not given up (a claim
-// is a counter: the joiner's own claim, as it gives up, and this one exclude each other)
-// into *chosen, and says through the store how many it got; every member reads *admitted.
+// is a counter: the joiner's own claim, as it gives up, and this one exclude each other),
+// and writes the identities it admitted under "regroup/E/admitted"; every member reads
+// them into *ids (a joiner's identity is kJoinerIds + its place).
 Status ShardGroup::claim_joiners(int epoch, int admit, bool claimer, Clock::time_point deadline,
-                                 std::vector<int64_t> *chosen, int *admitted) {
-    const std::string key = format("regroup/%d/admitted", epoch);
-    if (!claimer) {
-        std::string text;
-        SX_TRY(mesh_.store().get(key, &text, time_left(deadline)));
-        *admitted = std::stoi(text);
-        return Status::Ok();
-    }
+                                 std::vector<uint64_t> *ids) {
+    if (!claimer) return read_admitted(*root_store_, epoch, deadline, ids);
     int64_t cursor = 0, arrived = 0;
     SX_TRY(root_store_->add("lobby/cursor", 0, &cursor));
     SX_TRY(root_store_->add("lobby/arrived", 0, &arrived));
     int64_t k = cursor + 1;
-    for (; k <= arrived && static_cast<int>(chosen->size()) < admit; ++k) {
+    ids->clear();
+    for (; k <= arrived && static_cast<int>(ids->size()) < admit; ++k) {
         int64_t claims = 0;
         SX_TRY(root_store_->add(format("lobby/claim/%lld", static_cast<long long>(k)), 1, &claims));
-        if (claims == 1) chosen->push_back(k);
+        if (claims == 1) ids->push_back(kJoinerIds + static_cast<uint64_t>(k));
     }
     SX_TRY(root_store_->add("lobby/cursor", (k - 1) - cursor, &cursor));
-    SX_TRY(mesh_.store().set(key, std::to_string(chosen->size())));
-    *admitted = static_cast<int>(chosen->size());
-    return Status::Ok();
+    return root_store_->set(format("regroup/%d/admitted", epoch), join_ids(*ids));
 }
 
 Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info) {
@@ -240,52 +437,75 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
     if (joining_) return join(spec, out, info);
     SX_TRACE_SPAN(tracer(), "group", "sx_regroup");
     // The broken group's collectives end now (a survivor may still be inside one), and no
-    // later call of this group runs.
+    // later call of this group runs; its copies are kept for the groups after it.
     abort();
+    Heartbeat beat(root_store_, member_ids_[static_cast<size_t>(rank())]);
+    keep_copies_for_regroup(spec.join_window);
     const Clock::time_point deadline = Clock::now() + Millis(config_.timeout_ms);
-    const int epoch = epoch_ + 1;
-    std::vector<int> members;
+    const int epoch = std::max(epoch_, attempted_epoch_) + 1;
+    attempted_epoch_ = epoch;
+    auto lost_ids = [this] {
+        std::vector<uint64_t> ids;
+        for (int r : lost_ranks()) ids.push_back(member_ids_[static_cast<size_t>(r)]);
+        return ids;
+    };
+    Arrival me;
+    me.id = member_ids_[static_cast<size_t>(rank())];
+    me.rank = rank();
+    me.admit = spec.admit;
+    me.epoch = epoch_;
+    me.world = world_size();
+    me.shard_size = shard_size();
+    me.members = member_ids_;
+    me.lost = lost_ids();
+    std::vector<Arrival> members;
     std::vector<std::vector<CopyHolding>> holdings;
-    std::vector<CopyHolding> mine;
-    if (copies_) {
-        copies_->finish(spec.join_window);  // a copy still being sent may complete
-        mine = copies_->holdings();
-    }
-    Status s = agree_members(mesh_.store(), epoch, rank(), world_size(), spec, mine, deadline, &members, &holdings);
+    Status s = agree_members(*root_store_, epoch, me, spec, held_copies(), lost_ids, deadline, &members, &holdings);
     if (!s.ok()) {
         return SX_ERROR(s.code(), "the survivors could not agree on the group of epoch %d through the rendezvous %s: "
                         "%s (the store must outlive every rank: the sx-rendezvous command, file:// or torchrun's "
                         "agent store, not rank 0's)",
                         epoch, config_.rendezvous.c_str(), s.message().c_str());
     }
+    // Where the state comes from, decided alike by every survivor before anything is built.
+    const CopyChoice choice = choose_copies(holdings);
+    SX_CHECK(choice.found || spec.have_checkpoint, SX_ERR_NOT_FOUND, "%s", no_state(epoch, members, choice).c_str());
     // The survivors keep their order; the admitted joiners come after them.
-    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
-    std::vector<int64_t> chosen;
-    int admitted = 0;
-    if (spec.admit > 0) SX_TRY(claim_joiners(epoch, spec.admit, new_rank == 0, deadline, &chosen, &admitted));
-    const int new_world = static_cast<int>(members.size()) + admitted;
+    std::vector<uint64_t> ids;
+    for (const Arrival &m : members) ids.push_back(m.id);
+    const int new_rank = static_cast<int>(std::find(ids.begin(), ids.end(), me.id) - ids.begin());
+    std::vector<uint64_t> admitted;
+    if (spec.admit > 0) SX_TRY(claim_joiners(epoch, spec.admit, new_rank == 0, deadline, &admitted));
+    ids.insert(ids.end(), admitted.begin(), admitted.end());
+    const int new_world = static_cast<int>(ids.size());
 
     GroupConfig c = config_;
     c.rank = new_rank;
     c.world_size = new_world;
+    c.epoch = epoch;
     // A mesh keeps its shard groups' size where the ranks still fill whole shard groups
-    // of it; else the new group is flat.
-    const bool flat = shard_size() == world_size();
-    c.shard_size = !flat && new_world % shard_size() == 0 ? shard_size() : new_world;
-    const std::string path = epoch_path_ + format("e%d/", epoch);
-    for (int j = 0; j < static_cast<int>(chosen.size()); ++j) {  // each admitted joiner told its place
+    // of it; else the new group is flat. The newest group among the survivors' says
+    // which mesh that was (survivors of a failed try may still hold an older one).
+    const Arrival &newest = *std::max_element(members.begin(), members.end(),
+                                              [](const Arrival &a, const Arrival &b) { return a.epoch < b.epoch; });
+    const bool flat = newest.shard_size == newest.world;
+    c.shard_size = !flat && new_world % newest.shard_size == 0 ? newest.shard_size : new_world;
+    for (size_t j = 0; j < admitted.size(); ++j) {  // each admitted joiner told its place
         Admission a;
         a.epoch = epoch;
         a.world_size = new_world;
-        a.rank = static_cast<int>(members.size()) + j;
+        a.rank = static_cast<int>(members.size() + j);
         a.shard_size = c.shard_size;
-        a.previous_shards = shard_size();
         a.memory_copy_interval = config_.memory_copy_interval;
-        a.path = path;
-        SX_TRY(root_store_->set(format("lobby/admit/%lld", static_cast<long long>(chosen[j])), describe(a)));
+        a.id = admitted[j];
+        if (new_rank == 0)
+            SX_TRY(root_store_->set(format("lobby/admit/%llu", static_cast<unsigned long long>(admitted[j] - kJoinerIds)),
+                                    describe(a)));
     }
     const std::string trace_path = config_.trace_path.empty() ? "" : config_.trace_path + format(".epoch%d", epoch);
-    std::shared_ptr<rdzv::Store> store = rdzv::make_prefix_store(root_store_, path);
+    Disarm watching{watch_members(root_store_, ids, new_rank, lost_ids)};
+    std::shared_ptr<rdzv::Store> store =
+        rdzv::make_watched_store(rdzv::make_prefix_store(root_store_, format("e%d/", epoch)), watching.watch);
     std::unique_ptr<ShardGroup> g;
     SX_TRY(assemble(c, trace_path, deadline,
                     [&](std::shared_ptr<rdzv::Store> *opened) {
@@ -293,16 +513,15 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
                         return Status::Ok();
                     },
                     &g));
-    g->epoch_ = epoch;
     g->root_store_ = root_store_;
-    g->epoch_path_ = path;
+    g->member_ids_ = ids;
+    g->kept_ = kept_;
     SX_TRY(g->replay_table(*this));
     // The state from the memory copies where every shard of one boundary is still held.
-    const CopyChoice choice = choose_copies(holdings, shard_size());
     if (choice.found) {
-        SX_TRY(g->restore_copies(layout_, copies_.get(), choice));
+        SX_TRY(g->restore_copies(choice));
         info->from_memory = true;
-    } else if (copies_) {
+    } else {
         info->why_not_memory = choice.why_not;
         log(SX_LOG_WARN, "sx: epoch %d: rank %d: the memory copies cannot restore the state: %s", epoch, new_rank,
             choice.why_not.c_str());
@@ -315,7 +534,6 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
     info->shard_size = g->shard_size();
     info->previous_rank = rank();
     info->previous_world_size = world_size();
-    info->members = members;
     *out = std::move(g);
     return Status::Ok();
 }
@@ -356,16 +574,19 @@ Status ShardGroup::join(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *ou
     Admission a;
     SX_TRY(parse(text, &a));
     const Clock::time_point deadline = Clock::now() + timeout;
-    // The members' list and copies, in the key space of the group they leave.
-    const std::string last = format("e%d/", a.epoch);
-    SX_CHECK(a.path.size() >= last.size() && a.path.compare(a.path.size() - last.size(), last.size(), last) == 0,
-             SX_ERR_CORRUPT, "the admission names the key space '%s', not one of epoch %d", a.path.c_str(), a.epoch);
-    std::shared_ptr<rdzv::Store> before = rdzv::make_prefix_store(root, a.path.substr(0, a.path.size() - last.size()));
+    // The members and their copies, as they said them at the regroup that admitted this one.
     std::string closed;
-    SX_TRY(before->get(format("regroup/%d/closed", a.epoch), &closed, time_left(deadline)));
-    std::vector<int> members, admits;
+    SX_TRY(root->get(format("regroup/%d/closed", a.epoch), &closed, time_left(deadline)));
+    std::vector<Arrival> members;
     std::vector<std::vector<CopyHolding>> holdings;
-    SX_TRY(read_members(*before, a.epoch, std::stoll(closed), deadline, &members, &admits, &holdings));
+    SX_TRY(read_members(*root, a.epoch, std::stoll(closed), deadline, &members, &holdings));
+    std::vector<uint64_t> ids, admitted;
+    for (const Arrival &m : members) ids.push_back(m.id);
+    SX_TRY(read_admitted(*root, a.epoch, deadline, &admitted));
+    ids.insert(ids.end(), admitted.begin(), admitted.end());
+    SX_CHECK(static_cast<int>(ids.size()) == a.world_size && a.rank < a.world_size && ids[a.rank] == a.id,
+             SX_ERR_CORRUPT, "the admission (rank %d of %d) does not match the %zu members and joiners of epoch %d",
+             a.rank, a.world_size, ids.size(), a.epoch);
 
     GroupConfig c = jc;
     c.backend = config_.backend;  // as resolved for this process
@@ -373,26 +594,27 @@ Status ShardGroup::join(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *ou
     c.world_size = a.world_size;
     c.shard_size = a.shard_size;
     c.memory_copy_interval = a.memory_copy_interval;
+    c.epoch = a.epoch;
     if (c.bind_address.empty() && (rv.scheme == rdzv::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
                                    rv.host.compare(0, 4, "127.") == 0))
         c.bind_address = "127.0.0.1";
     c.rendezvous_token.clear();
     std::unique_ptr<ShardGroup> g;
+    Heartbeat beat(root, a.id);
+    Disarm watching{watch_members(root, ids, a.rank, [] { return std::vector<uint64_t>(); })};
     SX_TRY(assemble(c, jc.trace_path, deadline,
                     [&](std::shared_ptr<rdzv::Store> *opened) {
-                        *opened = rdzv::make_prefix_store(root, a.path);
+                        *opened = rdzv::make_watched_store(rdzv::make_prefix_store(root, format("e%d/", a.epoch)),
+                                                           watching.watch);
                         return Status::Ok();
                     },
                     &g));
-    g->epoch_ = a.epoch;
     g->root_store_ = root;
-    g->epoch_path_ = a.path;
+    g->member_ids_ = ids;
     SX_TRY(g->replay_table(*this));  // the members' table must be this one (sx_finalize's agreement)
-    const CopyChoice choice = choose_copies(holdings, a.previous_shards);
+    const CopyChoice choice = choose_copies(holdings);
     if (choice.found) {
-        Layout old;
-        SX_TRY(build_layout(a.previous_shards, &old));
-        SX_TRY(g->restore_copies(old, nullptr, choice));
+        SX_TRY(g->restore_copies(choice));
         info->from_memory = true;
     } else {
         info->why_not_memory = choice.why_not;
@@ -405,7 +627,6 @@ Status ShardGroup::join(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *ou
     info->shard_size = g->shard_size();
     info->previous_rank = -1;
     info->previous_world_size = static_cast<int>(members.size());
-    info->members = members;
     *out = std::move(g);
     return Status::Ok();
 }
@@ -438,107 +659,6 @@ Status ShardGroup::replay_table(const ShardGroup &from) {
     steps_ = from.steps_;
     scaler_.restore(from.scaler_.state());
     return Status::Ok();
-}
-
-}  // namespace core
-}  // namespace sx
-
-namespace sx {
-namespace core {
-
-// Copies out of the live shard at a step boundary (memory_copies.h), holding the fence
-// until they are out, so that the next update waits for them.
-Status ShardGroup::keep_copy(bool send) {
-    SX_TRACE_SPAN(tracer(), "step", "memory_copy");
-    SX_TRY(ops_->wait_for(nullptr));
-    {
-        Status s = units_.ensure_masters();
-        if (!s.ok()) return fail(s);
-    }
-    std::vector<UnitShard> shards;
-    for (size_t u = 0; u < units_.size(); ++u) shards.push_back(unit_shard(u));
-    std::unique_ptr<ShardFence::Hold> hold(new ShardFence::Hold(fence_));
-    copies_->take(std::move(shards), progress(), std::move(hold), send);
-    return Status::Ok();
-}
-
-// This (new) group's state from the memory copies of the group before, as `choice` says
-// (collective): for each shard index of `old`, the layout before, the member holding it
-// sends every rank the pieces of it that rank owns now. `copies`: this rank's (null for a
-// joining rank, which holds none). Then the params are gathered, as after a load.
-Status ShardGroup::restore_copies(const Layout &old, const MemoryCopies *copies, const CopyChoice &choice) {
-    SX_TRACE_SPAN(tracer(), "group", "restore_memory_copies");
-    const int W = world_size(), S = shard_size(), me = rank();
-    // The slots and progress of the copy: every member holds them in its own copy; new
-    // rank 0, a member, sends them to all, so that a joining rank has them too.
-    std::string packed;
-    if (me == 0) {
-        const ShardCopy *own = copies ? copies->find(choice.seq, true) : nullptr;
-        SX_CHECK(own != nullptr && own->units.size() == units_.size(), SX_ERR_INTERNAL,
-                 "rank %d holds no copy %llu of its own shard for %zu units", me,
-                 static_cast<unsigned long long>(choice.seq), units_.size());
-        packed = pack_progress(own->slots, own->progress);
-    }
-    if (W > 1) {
-        uint64_t bytes = packed.size();
-        SX_TRY(collective([&](comm::Communicator &c) { return c.broadcast(&bytes, sizeof bytes, 0); }));
-        packed.resize(static_cast<size_t>(bytes));
-        SX_TRY(collective([&](comm::Communicator &c) { return c.broadcast(&packed[0], packed.size(), 0); }));
-    }
-    std::vector<int> slots;
-    ShardProgress progress;
-    SX_TRY(unpack_progress(packed, &slots, &progress));
-    SX_CHECK(slots.size() == units_.size(), SX_ERR_INTERNAL, "the copy has %zu units, the group %zu", slots.size(),
-             units_.size());
-    // Where each unit's tensors go (host memory: the copies are CPU groups'): the values
-    // (fp32 masters of 16-bit units) in place, each state slot into a new buffer that a
-    // restore then swaps in with the progress.
-    SX_CHECK(ops_->device() == SX_DEVICE_CPU, SX_ERR_UNSUPPORTED, "memory copies restore CPU groups only");
-    Status s = units_.ensure_masters();  // valid from here: the values below replace them
-    std::vector<std::array<Buffer, 3>> state(units_.size());
-    std::vector<std::array<float *, 4>> into(units_.size());
-    for (size_t u = 0; u < units_.size() && s.ok(); ++u) {
-        const uint64_t n = layout_.units()[u].shard_numel;
-        into[u][0] = unit_shard(u).values;
-        if (n == 0) continue;  // no piece lies in it
-        for (int k = 0; k < slots[u] && s.ok(); ++k) {
-            s = ops_->allocate(n * sizeof(float), "optimizer state restored from memory copies", &state[u][k]);
-            into[u][k + 1] = state[u][k].as<float>();
-        }
-    }
-    if (!s.ok()) return fail(s);
-    for (int i = 0; i < static_cast<int>(choice.provider.size()); ++i) {
-        const int root = choice.provider[i];  // a member's index is its new rank
-        const ShardCopy *src = me == root && copies ? copies->find(choice.seq, choice.provider_own[i]) : nullptr;
-        SX_CHECK(me != root || (src != nullptr && src->shard == i), SX_ERR_INTERNAL,
-                 "rank %d was chosen to send shard %d of copy %llu, which it does not hold", me, i,
-                 static_cast<unsigned long long>(choice.seq));
-        std::vector<comm::Piece> mine;
-        std::vector<std::vector<comm::Piece>> theirs(me == root ? static_cast<size_t>(W) : 0);
-        for (int r = 0; r < W; ++r) {
-            if (r != me && me != root) continue;
-            const std::vector<UnitLayout> &to_units = layout_.units();
-            for_each_overlap(old, i, layout_, r % S, slots,
-                             [&](size_t u, int k, uint64_t at_from, uint64_t at_to, uint64_t n) {
-                                 const uint64_t n_to = to_units[u].shard_numel;
-                                 float *to = into[u][k] + (at_to - static_cast<uint64_t>(k) * n_to);
-                                 const float *there = src ? src->units[u].data() + at_from : nullptr;
-                                 if (r == me && me == root)
-                                     std::memcpy(to, there, n * sizeof(float));
-                                 else if (r == me)
-                                     mine.push_back({to, n * sizeof(float)});
-                                 else
-                                     theirs[r].push_back({const_cast<float *>(there), n * sizeof(float)});
-                             });
-        }
-        if (W > 1) SX_TRY(collective([&](comm::Communicator &c) { return c.scatter_pieces(theirs, mine, root); }));
-    }
-    ShardRestore r;
-    r.state = &state;
-    r.slots = slots;
-    r.progress = &progress;
-    SX_TRY(restore_shard(r));
-    return gather_params();
 }
 
 }  // namespace core

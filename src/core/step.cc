@@ -289,6 +289,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     count_step(dynamic);
     SX_TRY(finish_step(options.keep_grads));
     ++steps_;
+    if (!copies_) kept_.clear();  // the copies of the groups before: only a group keeping its own waits for them
     // Memory copies: this boundary's, every memory_copy_interval steps, copied and sent
     // in the background (the next update waits only for the copy out of the shard).
     if (copies_ && copies_->due(steps_)) SX_TRY(keep_due_copy());

@@ -164,6 +164,7 @@ class PrefixStore final : public Store {
     }
     Status erase(const std::string &key) override { return inner_->erase(prefix_ + key); }
     Status erase_prefix(const std::string &prefix) override { return inner_->erase_prefix(prefix_ + prefix); }
+    Status alive() override { return inner_->alive(); }
 
   private:
     std::vector<std::string> prefixed(const std::vector<std::string> &keys) const {
@@ -177,10 +178,70 @@ class PrefixStore final : public Store {
     const std::string prefix_;
 };
 
+// Waits in short polls (check, then a pause growing from 2 to 50 ms), asking the watch
+// between them while it is armed; everything else goes straight through.
+class WatchedStore final : public Store {
+  public:
+    WatchedStore(std::shared_ptr<Store> inner, std::shared_ptr<StoreWatch> watch)
+        : inner_(std::move(inner)), watch_(std::move(watch)) {}
+
+    Status set(const std::string &key, const std::string &value) override { return inner_->set(key, value); }
+    Status get(const std::string &key, std::string *value, Millis timeout) override {
+        SX_TRY(wait({key}, timeout));
+        return inner_->get(key, value, timeout);
+    }
+    Status wait(const std::vector<std::string> &keys, Millis timeout) override {
+        const Clock::time_point deadline = Clock::now() + timeout;
+        Millis pause(2);
+        for (;;) {
+            bool present = false;
+            SX_TRY(inner_->check(keys, &present));
+            if (present) return Status::Ok();
+            bool armed = false;
+            SX_TRY(watch_->check(&armed));
+            if (!armed) return inner_->wait(keys, time_left(deadline));
+            if (Clock::now() >= deadline) return inner_->wait(keys, Millis(0));  // its own words for the timeout
+            std::this_thread::sleep_for(std::min(pause, time_left(deadline)));
+            pause = std::min(pause * 2, Millis(50));
+        }
+    }
+    Status add(const std::string &key, int64_t delta, int64_t *result) override {
+        return inner_->add(key, delta, result);
+    }
+    Status check(const std::vector<std::string> &keys, bool *present) override { return inner_->check(keys, present); }
+    Status erase(const std::string &key) override { return inner_->erase(key); }
+    Status erase_prefix(const std::string &prefix) override { return inner_->erase_prefix(prefix); }
+    Status alive() override {
+        bool armed = false;
+        return watch_->check(&armed);
+    }
+
+  private:
+    const std::shared_ptr<Store> inner_;
+    const std::shared_ptr<StoreWatch> watch_;
+};
+
 }  // namespace
 
 std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> inner, const std::string &prefix) {
     return std::make_shared<PrefixStore>(std::move(inner), prefix);
+}
+
+StoreWatch::StoreWatch(std::function<Status()> alive) : alive_(std::move(alive)) {}
+
+Status StoreWatch::check(bool *armed) {
+    std::lock_guard<std::mutex> lock(mu_);
+    *armed = static_cast<bool>(alive_);
+    return alive_ ? alive_() : Status::Ok();
+}
+
+void StoreWatch::disarm() {
+    std::lock_guard<std::mutex> lock(mu_);
+    alive_ = nullptr;
+}
+
+std::shared_ptr<Store> make_watched_store(std::shared_ptr<Store> inner, std::shared_ptr<StoreWatch> watch) {
+    return std::make_shared<WatchedStore>(std::move(inner), std::move(watch));
 }
 
 }  // namespace rdzv

@@ -6,7 +6,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,10 @@ class Store {
     // Removes every key that begins with `prefix`. Stores whose keys die with them
     // anyway (TCP: with rank 0's server) answer SX_ERR_UNSUPPORTED.
     virtual Status erase_prefix(const std::string &prefix);
+    // Whether the ranks that the waits on this store are for are still there, for waits
+    // outside the store (a socket a peer should connect to): a watched store asks its
+    // watch (make_watched_store); the others know nothing, and say so (Ok).
+    virtual Status alive() { return Status::Ok(); }
 };
 
 // Returns once all `world_size` ranks of a group have called it on the group's store
@@ -48,6 +54,27 @@ Status await_ranks(Store &store, int rank, int world_size, std::chrono::steady_c
 // A view of `inner` whose keys all begin with `prefix` (groups and purposes sharing
 // one store keep apart this way).
 std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> inner, const std::string &prefix);
+
+// What a watched store asks while it waits: whether the ranks it waits for are still
+// there. Until disarmed; from then on the store's waits are `inner`'s own again, and
+// `alive` is never called after disarm() returns (so it may refer to what dies next).
+class StoreWatch {
+  public:
+    explicit StoreWatch(std::function<Status()> alive);
+    // Ok, or why not to wait any longer; *armed says whether it asked.
+    Status check(bool *armed);
+    void disarm();
+
+  private:
+    std::mutex mu_;
+    std::function<Status()> alive_;  // empty once disarmed
+};
+
+// A view of `inner` whose waits (get, wait), while `watch` is armed, poll and ask it
+// between polls (every 2 ms growing to 50 ms), failing with its error as soon as it has
+// one: a group forming among ranks of which one may be lost before it connects fails at
+// once, not at the timeout. Any thread, as `inner`.
+std::shared_ptr<Store> make_watched_store(std::shared_ptr<Store> inner, std::shared_ptr<StoreWatch> watch);
 
 }  // namespace rdzv
 }  // namespace sx

@@ -22,7 +22,6 @@ struct ChildArgs {
 bool is_child(int argc, char **argv);
 bool parse_child_args(int argc, char **argv, ChildArgs *out);
 
-
 struct ProcessResult {
     int exit_code = -1;  // -1 if killed by a signal or still running at the deadline
     int signal = 0;

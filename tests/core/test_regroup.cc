@@ -9,166 +9,27 @@
 // 2 x 2 mesh (the 3 survivors fill no whole shard group of 2: they go on flat). And the
 // misuse: no checkpoint, a regroup with the store gone.
 #include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "process_ranks.h"
+#include "regroup_ranks.h"
 #include "run_ranks.h"
 #include "sx/sx.h"
 #include "sx_cmocka.h"
 #include "test_groups.h"
 
-extern char **environ;
+using namespace sxtest::regroup;
 
 namespace {
-
-constexpr int kSteps = 8;  // steps 1..kSteps; a checkpoint of step s-1 before step s
-constexpr int kKillStep = 5;
-constexpr int64_t kShapes[2] = {200000, 33333};
-
-std::string failed(const char *what, sx_status_t st) {
-    return std::string(what) + ": " + sx_status_string(st) + " (" + sx_last_error_message() + ")";
-}
-
-// The gradient of element i of param p at step s on rank r of a world of w.
-float grad_value(int p, uint64_t i, int s, int r, int w) {
-    return std::sin(0.013f * static_cast<float>(i) + 0.7f * static_cast<float>(s) + 0.37f * static_cast<float>(r) +
-                    1.3f * static_cast<float>(p)) /
-           static_cast<float>(w);
-}
-
-struct Child {
-    sx_shard_group_t *g = nullptr;
-    int rank = 0, world = 0, stage = 2;
-    int memory_copies = 0;  // config->memory_copy_interval
-    uint32_t flags = 0;     // config->flags
-    ~Child() { sx_destroy_shard_group(g); }
-
-    std::string create(const std::string &rendezvous, int shard_size) {
-        sx_group_config_t c;
-        sx_group_config_init(&c, sizeof c);
-        c.rendezvous = rendezvous.c_str();
-        c.rank = rank;
-        c.world_size = world;
-        c.backend = SX_BACKEND_CPU;
-        c.stage = stage;
-        c.num_threads = 1;
-        c.shard_size = shard_size;
-        c.timeout_ms = 20000;
-        c.memory_copy_interval = memory_copies;
-        c.flags = flags;
-        sx_status_t st = sx_create_shard_group(&c, &g);
-        if (st != SX_OK) return failed("create", st);
-        sx_param_group_desc_t d;
-        sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_ADAMW);
-        d.lr = 1e-2;
-        d.weight_decay = 0.01;
-        if ((st = sx_add_param_group(g, &d, nullptr)) != SX_OK) return failed("param group", st);
-        const char *names[2] = {"a", "b"};
-        for (int p = 0; p < 2; ++p) {
-            sx_param_desc_t pd;
-            sx_param_desc_init(&pd, sizeof pd);
-            pd.name = names[p];
-            pd.ndim = 1;
-            pd.shape = &kShapes[p];
-            pd.unit = p;
-            if ((st = sx_add_param(g, &pd, nullptr)) != SX_OK) return failed("add_param", st);
-        }
-        if ((st = sx_finalize(g)) != SX_OK) return failed("finalize", st);
-        return "";
-    }
-
-    // Every param's values through its view (stage 3: its unit gathered).
-    sx_status_t read_params(std::vector<float> *out) {
-        out->clear();
-        for (int p = 0; p < 2; ++p) {
-            sx_status_t st;
-            if (stage == 3 && (st = sx_unit_gather(g, p)) != SX_OK) return st;
-            sx_view_t v;
-            sx_view_init(&v, sizeof v);
-            if ((st = sx_param_view(g, p, &v)) != SX_OK) return st;
-            out->insert(out->end(), static_cast<float *>(v.data), static_cast<float *>(v.data) + v.numel);
-            if (stage == 3 && (st = sx_unit_release(g, p)) != SX_OK) return st;
-        }
-        return SX_OK;
-    }
-
-    // The first params' values: the same on every rank (a checkpoint of step 0 holds them).
-    sx_status_t init_params() {
-        for (int p = 0; p < 2; ++p) {
-            sx_status_t st;
-            if (stage == 3 && (st = sx_unit_gather(g, p)) != SX_OK) return st;
-            sx_view_t v;
-            sx_view_init(&v, sizeof v);
-            if ((st = sx_param_view(g, p, &v)) != SX_OK) return st;
-            for (uint64_t i = 0; i < v.numel; ++i) static_cast<float *>(v.data)[i] = std::cos(0.1f * i + p);
-            if (stage == 3 && (st = sx_unit_release(g, p)) != SX_OK) return st;
-        }
-        return sx_broadcast_params(g, 0);
-    }
-
-    sx_status_t step(int s) {
-        for (int p = 0; p < 2; ++p) {
-            sx_view_t v;
-            sx_view_init(&v, sizeof v);
-            sx_status_t st = sx_grad_view(g, p, &v);
-            if (st != SX_OK) return st;
-            for (uint64_t i = 0; i < v.numel; ++i) static_cast<float *>(v.data)[i] = grad_value(p, i, s, rank, world);
-        }
-        return sx_step(g, nullptr, nullptr);
-    }
-
-    sx_status_t save(const std::string &path) { return sxtest::save_synchronously(g, path); }
-
-    sx_status_t load(const std::string &path) {
-        sx_load_options_t lo;
-        sx_load_optim_state_options_init(&lo, sizeof lo);
-        lo.path = path.c_str();
-        return sx_load_optim_state(g, &lo);
-    }
-};
-
-std::string checkpoint(const std::string &dir, int step) { return dir + "/step-" + std::to_string(step); }
-
-std::string format_result(const sx_regroup_result_t &r) {
-    char text[256];
-    std::snprintf(text, sizeof text, "epoch %d, rank %d of %d (shard %d), was %d of %d, step %llu, from memory %d",
-                  r.epoch, r.rank, r.world_size, r.shard_size, r.previous_rank, r.previous_world_size,
-                  static_cast<unsigned long long>(r.step), r.from_memory);
-    return text;
-}
-
-bool write_floats(const std::string &path, const std::vector<float> &v, int64_t restored) {
-    std::ofstream f(path + ".tmp", std::ios::binary);
-    f.write(reinterpret_cast<const char *>(&restored), sizeof restored);
-    f.write(reinterpret_cast<const char *>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
-    f.close();
-    return f.good() && std::rename((path + ".tmp").c_str(), path.c_str()) == 0;
-}
-
-bool read_file(const std::string &path, std::string *out) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return false;
-    std::stringstream ss;
-    ss << f.rdbuf();
-    *out = ss.str();
-    return true;
-}
 
 // A rank of the 4-rank run: exit 0 = survived and wrote its result (new rank 0 writes
 // the params), 3 = failed; the victim dies by SIGKILL.
@@ -289,50 +150,6 @@ int run_child(const sxtest::ChildArgs &a) {
     return 0;
 }
 
-// A rank of 4 that takes steps 1..--until without a loss and saves the checkpoint of
-// that step (where the run that lost a rank restored a step it never committed).
-int clean_child(const sxtest::ChildArgs &a) {
-    Child c;
-    c.rank = a.rank;
-    c.world = a.world;
-    c.stage = std::stoi(a.get("--stage", "2"));
-    const int until = std::stoi(a.get("--until", "0"));
-    std::string err = c.create(a.rendezvous, std::stoi(a.get("--shard-size", "0")));
-    sx_status_t st = SX_OK;
-    if (err.empty() && (st = c.init_params()) != SX_OK) err = failed("init", st);
-    for (int s = 1; err.empty() && s <= until; ++s)
-        if ((st = c.step(s)) != SX_OK) err = failed("step", st);
-    if (err.empty() && (st = c.save(checkpoint(a.get("--dir", ""), until))) != SX_OK) err = failed("save", st);
-    if (!err.empty()) {
-        std::fprintf(stderr, "clean rank %d: %s\n", a.rank, err.c_str());
-        return 3;
-    }
-    return 0;
-}
-
-// A rank of the 3-rank reference: loads the checkpoint the survivors restored and
-// takes the same steps.
-int reference_child(const sxtest::ChildArgs &a) {
-    Child c;
-    c.rank = a.rank;
-    c.world = a.world;
-    c.stage = std::stoi(a.get("--stage", "2"));
-    const int from = std::stoi(a.get("--from", "0"));
-    std::string err = c.create(a.rendezvous, 0);
-    sx_status_t st = SX_OK;
-    if (err.empty() && (st = c.load(checkpoint(a.get("--dir", ""), from))) != SX_OK) err = failed("load", st);
-    for (int s = from + 1; err.empty() && s <= kSteps; ++s)
-        if ((st = c.step(s)) != SX_OK) err = failed("step", st);
-    std::vector<float> params;
-    if (err.empty() && (st = c.read_params(&params)) != SX_OK) err = failed("read params", st);
-    if (err.empty() && c.rank == 0 && !write_floats(a.get("--out", ""), params, from)) err = "cannot write";
-    if (!err.empty()) {
-        std::fprintf(stderr, "reference rank %d: %s\n", a.rank, err.c_str());
-        return 3;
-    }
-    return 0;
-}
-
 // Growing back, 4 -> 3 -> 4: ranks 0-3 train with memory copies, --victim SIGKILLs
 // itself in step 5, the other 3 regroup from memory; a 5th process (rank 4 here) has been
 // waiting to join all along. The 3 poll until they see it, save a checkpoint of that step
@@ -428,59 +245,6 @@ int child_main(int argc, char **argv) {
     return run_child(a);
 }
 
-// The sx-rendezvous command on a free port, with the token of the environment; its pid.
-pid_t start_rendezvous(int port) {
-    std::vector<std::string> args = {SX_RENDEZVOUS_PATH, "--port", std::to_string(port), "--bind", "127.0.0.1",
-                                     "--max-ranks", "8"};
-    std::vector<char *> argv;
-    for (auto &s : args) argv.push_back(&s[0]);
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    if (posix_spawn(&pid, SX_RENDEZVOUS_PATH, nullptr, nullptr, argv.data(), environ) != 0) return -1;
-    // Listening once a connection succeeds.
-    for (int i = 0; i < 500; ++i) {
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in addr;
-        std::memset(&addr, 0, sizeof addr);
-        addr.sin_family = AF_INET;
-        addr.sin_port = htons(static_cast<uint16_t>(port));
-        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        const bool up = connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) == 0;
-        close(fd);
-        if (up) return pid;
-        usleep(10000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    return -1;
-}
-
-void stop_rendezvous(pid_t pid) {
-    kill(pid, SIGTERM);
-    int status = 0;
-    waitpid(pid, &status, 0);
-}
-
-// sx-rendezvous on a free port with a token (in the environment, for the ranks), and its
-// tcp:// address; stop_external_store ends both.
-std::string start_external_store(pid_t *server) {
-    const int port = sxtest::free_port();
-    setenv("SX_RENDEZVOUS_TOKEN", "regroup-test-token", 1);
-    *server = start_rendezvous(port);
-    return "tcp://127.0.0.1:" + std::to_string(port) + "?server=external";
-}
-
-void stop_external_store(pid_t server) {
-    stop_rendezvous(server);
-    unsetenv("SX_RENDEZVOUS_TOKEN");
-}
-
-std::string temp_dir(const char *what) {
-    char templ[] = "/tmp/sx-regroup-XXXXXX";
-    const char *d = mkdtemp(templ);
-    return d ? std::string(d) + "-" + what : "";
-}
-
 // One scenario: the 4-rank run losing `victim`, then the 3-rank reference. memory: the
 // group keeps memory copies every step, and the survivors regroup without a checkpoint.
 void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false, bool wait = false) {
@@ -489,7 +253,7 @@ void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false
     pid_t server = -1;
     const std::string store = start_external_store(&server);
     assert_true(server > 0);
-    const std::string out = dir + "/survivors.bin", ref = dir + "/reference.bin";
+    const std::string out = dir + "/survivors.bin";
     std::vector<sxtest::ProcessResult> results;
     sxtest::run_process_ranks(4,
                               {"--mode", "run", "--stage", std::to_string(stage), "--victim", std::to_string(victim),
@@ -505,31 +269,10 @@ void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false
                      shard_size, victim, r, results[r].exit_code, results[r].signal);
         }
     }
-    std::string survivors, reference;
-    assert_true(read_file(out, &survivors));
     int64_t restored = -1;
-    std::memcpy(&restored, survivors.data(), sizeof restored);
+    const std::string err = compare_with_reference(dir, out, stage, 3, 0, 4, shard_size, &restored);
+    if (!err.empty()) fail_msg("stage %d, shard size %d, rank %d lost: %s", stage, shard_size, victim, err.c_str());
     assert_true(restored >= kKillStep - (memory && !wait ? 2 : 1) && restored <= kKillStep);
-    struct stat st;
-    if (stat((checkpoint(dir, restored) + "/MANIFEST").c_str(), &st) != 0) {
-        // The survivors restored a step the run never saved: 4 ranks take it without a loss.
-        const std::string clean = sxtest::run_process_ranks(
-            4, {"--mode", "clean", "--stage", std::to_string(stage), "--shard-size", std::to_string(shard_size),
-                "--dir", dir, "--until", std::to_string(restored)},
-            120);
-        if (!clean.empty()) fail_msg("the run without a loss: %s", clean.c_str());
-    }
-    const std::string err = sxtest::run_process_ranks(
-        3, {"--mode", "reference", "--stage", std::to_string(stage), "--dir", dir, "--from", std::to_string(restored),
-            "--out", ref},
-        120);
-    if (!err.empty()) fail_msg("reference: %s", err.c_str());
-    assert_true(read_file(ref, &reference));
-    assert_int_equal(survivors.size(), reference.size());
-    if (survivors != reference)
-        fail_msg("stage %d, shard size %d, rank %d lost: the survivors' params differ from 3 ranks loaded from step "
-                 "%lld",
-                 stage, shard_size, victim, static_cast<long long>(restored));
     std::printf("stage %d%s: rank %d lost at step %d; the 3 survivors restored step %lld from %s and equal 3 fresh "
                 "ranks\n",
                 stage, shard_size ? " (2 x 2 mesh)" : "", victim, kKillStep, static_cast<long long>(restored),
@@ -567,7 +310,7 @@ void grow_back(int stage, int victim) {
     pid_t server = -1;
     const std::string store = start_external_store(&server);
     assert_true(server > 0);
-    const std::string out = dir + "/grown.bin", ref = dir + "/reference.bin";
+    const std::string out = dir + "/grown.bin";
     std::vector<sxtest::ProcessResult> results;
     sxtest::run_process_ranks(5,
                               {"--mode", "grow", "--stage", std::to_string(stage), "--victim", std::to_string(victim),
@@ -582,20 +325,9 @@ void grow_back(int stage, int victim) {
                      results[r].signal);
         }
     }
-    std::string grown, reference;
-    assert_true(read_file(out, &grown));
     int64_t joined = -1;
-    std::memcpy(&joined, grown.data(), sizeof joined);
-    const std::string err = sxtest::run_process_ranks(
-        4, {"--mode", "reference", "--stage", std::to_string(stage), "--dir", dir + "/joined", "--from",
-            std::to_string(joined), "--out", ref},
-        120);
-    if (!err.empty()) fail_msg("reference: %s", err.c_str());
-    assert_true(read_file(ref, &reference));
-    assert_int_equal(grown.size(), reference.size());
-    if (grown != reference)
-        fail_msg("stage %d: after the join at step %lld the 4 ranks' params differ from 4 ranks loaded from that step",
-                 stage, static_cast<long long>(joined));
+    const std::string err = compare_with_reference(dir + "/joined", out, stage, 4, 0, 4, 0, &joined);
+    if (!err.empty()) fail_msg("stage %d, after the join at step %lld: %s", stage, static_cast<long long>(joined), err.c_str());
     std::printf("stage %d: 4 -> 3 (rank %d lost) -> 4 (a new process joined at step %lld): equal to 4 fresh ranks\n",
                 stage, victim, static_cast<long long>(joined));
     const std::string rm = "rm -rf '" + dir + "'";

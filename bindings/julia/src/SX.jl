@@ -18,7 +18,7 @@ export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, par
        trainable_mask, param_info, unit_info, memory_stats, with_group, wait_staged,
        set_loss_scaling!, loss_scale, unit_grads_ready!, gather_unit!, release_unit!, with_unit,
        ParamState, gather_optim_state, scatter_optim_state!, state_view, flush_trace,
-       register_optimizer, OptimizerPiece, regroup!, poll_joiners
+       register_optimizer, OptimizerPiece, regroup!, poll_joiners, lost_ranks
 
 # The ABI version this binding was written against: the runtime's major must match and
 # its minor must not be older.
@@ -639,8 +639,11 @@ Collective over the ranks still alive, after a call failed because a peer was lo
 after `abort!`): they form a new group of themselves at the next epoch, on the same
 rendezvous, and `g` becomes it. Its state comes from the ranks' memory copies where the
 group keeps them (`memory_copy_interval`) and they still hold every shard, else from
-`checkpoint` (resharded; `nothing`: there is none). The survivors wait `join_window_ms` (0: 1000) for each other, or until `expected_world_size`
-arrived. Every view taken before is invalid afterwards. The rendezvous store must outlive
+`checkpoint` (resharded; `nothing`: there is none). The survivors wait for each other
+until `expected_world_size` arrived, or (0) every rank arrived or is known to be lost
+(`lost_ranks`), or `join_window_ms` (0: 1000) passed. Where it fails, `g` is still the
+broken group, and the survivors may regroup again (a new epoch). Every view taken before
+is invalid afterwards. The rendezvous store must outlive
 the lost ranks: the sx-rendezvous command (`tcp://HOST:PORT?server=external`), `file://`,
 or torchrun's. Returns `(epoch, rank, world_size, shard_size, previous_rank,
 previous_world_size, step, from_memory)`; go on from the step after `step`.
@@ -682,6 +685,30 @@ function poll_joiners(g::ShardGroup)
         check(@blocking @ccall libsx.sx_poll_joiners(h::Ptr{Cvoid}, p::Ptr{Int32})::Int32)
     end
     Int(n[1])
+end
+
+"""
+    lost_ranks(g)
+
+The ranks (ascending) whose process is known to have exited: a peer on this host whose
+process has gone. Peers on other hosts are known only through the errors their loss
+causes. After a failure, `expected_world_size = world_size(g) - length(lost_ranks(g))`
+lets `regroup!` close without waiting for its window. A failed group answers too.
+"""
+function lost_ranks(g::ShardGroup)
+    count, h = Int32[0], _handle(g)
+    GC.@preserve count begin
+        check(@ccall libsx.sx_get_lost_ranks(h::Ptr{Cvoid}, C_NULL::Ptr{Int32}, 0::Int32,
+                                             pointer(count)::Ptr{Int32})::Int32)
+    end
+    while true  # (another may be lost between the two calls: then again, with room for it)
+        ranks = zeros(Int32, count[1] + 1)
+        GC.@preserve ranks count begin
+            check(@ccall libsx.sx_get_lost_ranks(h::Ptr{Cvoid}, pointer(ranks)::Ptr{Int32},
+                                                 Int32(length(ranks))::Int32, pointer(count)::Ptr{Int32})::Int32)
+        end
+        count[1] <= length(ranks) && return Int.(ranks[1:count[1]])
+    end
 end
 
 """

@@ -525,6 +525,7 @@ end
                 yield()
             end
             rank == 2 && return nothing  # lost
+            @test lost_ranks(g) == Int[]  # threads of one process: none known to have exited
             r = regroup!(g, path; expected_world_size=2)
             (r, SX.world_size(g), saved, [copy(vec(param_view(g, i))) for i in 0:2])
         end

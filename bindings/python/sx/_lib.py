@@ -356,6 +356,7 @@ PROTOTYPES = {
     "sx_regroup_result_init": (c_status, [_P(sx_regroup_result_t), _c.c_size_t]),
     "sx_regroup": (c_status, [sx_shard_group_p, _P(sx_regroup_options_t), _P(sx_regroup_result_t)]),
     "sx_poll_joiners": (c_status, [sx_shard_group_p, _P(ctypes.c_int32)]),
+    "sx_get_lost_ranks": (c_status, [sx_shard_group_p, _P(_c.c_int32), _c.c_int32, _P(_c.c_int32)]),
     "sx_trace_flush": (c_status, [sx_shard_group_p]),
     "sx_param_group_desc_init": (c_status, [_P(sx_param_group_desc_t), _c.c_size_t, _c.c_int32]),
     "sx_optimizer_desc_init": (c_status, [_P(sx_optimizer_desc_t), _c.c_size_t]),

@@ -364,6 +364,21 @@ class ShardGroup(Handle):
         check(lib.sx_poll_joiners(self.handle, ctypes.byref(waiting)))
         return waiting.value
 
+    def lost_ranks(self):
+        """The ranks (ascending) whose process is known to have exited: a peer on this
+        host whose process has gone. Peers on other hosts are known only through the text
+        of the errors their loss causes. After a failure, ``expected_world_size =
+        world_size - len(lost_ranks())`` lets :meth:`regroup` close without waiting for
+        its window. Any thread, a failed group too."""
+        count = ctypes.c_int32(0)
+        check(lib.sx_get_lost_ranks(self.handle, None, 0, ctypes.byref(count)))
+        while True:  # (another may be lost between the two calls: then again, with room for it)
+            capacity = count.value
+            ranks = (ctypes.c_int32 * max(capacity, 1))()
+            check(lib.sx_get_lost_ranks(self.handle, ranks, capacity, ctypes.byref(count)))
+            if count.value <= capacity:
+                return list(ranks[:count.value])
+
     def regroup(self, checkpoint=None, *, join_window_ms=0, expected_world_size=0, admit=0, params_only=False,
                 allow_missing=False, allow_extra=False):
         """Collective over the ranks still alive, after a call failed because a peer was
@@ -372,13 +387,16 @@ class ShardGroup(Handle):
         it. Its state comes from the ranks' memory copies where the group keeps them
         (``memory_copy_interval``) and they still hold every shard, else from the
         checkpoint at ``checkpoint`` (resharded, as load() does; None: there is none,
-        which fails where the copies cannot serve). The survivors wait ``join_window_ms`` (0: 1000) for each other,
-        or until ``expected_world_size`` of them arrived; ``admit`` joining processes (what
+        which fails where the copies cannot serve). The survivors wait for each other until
+        ``expected_world_size`` of them arrived, or (0) every rank has arrived or is known to
+        be lost, or ``join_window_ms`` (0: 1000) has passed; ``admit`` joining processes (what
         :meth:`poll_joiners` returned) take the ranks after theirs. A joining group's regroup
         waits to be admitted. Every view taken before is
         invalid afterwards. The rendezvous store must outlive the lost ranks (the
         sx-rendezvous command: "tcp://HOST:PORT?server=external"; file://; torchrun's).
-        Returns a :class:`RegroupResult`; go on from the step after its ``step``."""
+        Returns a :class:`RegroupResult`; go on from the step after its ``step``. Where it
+        raises, this object is still the broken group, and the survivors may call regroup
+        again (a new epoch)."""
         from .checkpoint import _path
         options = _lib.init_struct(_lib.sx_regroup_options_t)
         if checkpoint is not None:

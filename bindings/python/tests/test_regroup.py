@@ -9,6 +9,8 @@ is the copy's, as 2 ranks loading a checkpoint of that step have it. A 4th proce
 ranks (a 4th thread with join=True): after the members admit it, the 4 train as 4 ranks
 loading a checkpoint of the step it joined at."""
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -210,7 +212,43 @@ class RegroupTest(unittest.TestCase):
 
         results = run_ranks(3, rank_fn)
         self.assertEqual([(r.rank, r.world_size) for r in results[:2]], [(0, 2), (1, 2)])
-        self.assertIn("after the survivors had closed it", results[2])
+        self.assertIn("after it closed", results[2])
+        self.assertIn("(ranks 0 (epoch 0), 1 (epoch 0)) formed it without this rank", results[2])
+
+    def test_lost_ranks_of_processes(self):
+        """This process is rank 0 of 3 with two other processes (over file://, sharing
+        memory); rank 2's process exits at once after the group formed, and lost_ranks()
+        names it, and only it, while rank 1 lives; a group of threads knows of no loss."""
+        work = tempfile.mkdtemp(prefix="sx-py-lost-")
+        url = "file://" + work
+        peer = ("import os, sys, time, sx\n"
+                "rank = int(sys.argv[1])\n"
+                "g = sx.ShardGroup(sys.argv[2], rank, 3, backend='cpu', num_threads=1, timeout_ms=60000)\n"
+                "if rank == 2: os._exit(0)\n"
+                "sys.stdin.read()\n")
+        procs = [subprocess.Popen([sys.executable, "-c", peer, str(r), url], stdin=subprocess.PIPE)
+                 for r in (1, 2)]
+        try:
+            g = sx.ShardGroup(url, 0, 3, backend="cpu", num_threads=1, timeout_ms=60000)
+            try:
+                lost = []
+                for _ in range(500):
+                    lost = g.lost_ranks()
+                    if lost:
+                        break
+                    time.sleep(0.01)
+                self.assertEqual(lost, [2])
+            finally:
+                g.close()
+        finally:
+            procs[0].stdin.close()
+            for p in procs:
+                p.wait(timeout=60)
+
+        def rank_fn(rank, name):
+            with make(rank, name, 2) as g:
+                return g.lost_ranks()
+        self.assertEqual(run_ranks(2, rank_fn), [[], []])
 
 
 if __name__ == "__main__":

@@ -136,6 +136,14 @@ class HierarchicalCommunicator final : public Communicator {
         flat_->abort();
     }
 
+    // This host's peers are watched through shared memory; the other hosts' are not.
+    std::vector<int> exited_peers() const override {
+        std::vector<int> out;
+        for (int i : local_->exited_peers()) out.push_back(p_.rank_of[static_cast<size_t>(p_.host * p_.per_host + i)]);
+        std::sort(out.begin(), out.end());
+        return out;
+    }
+
   private:
     // buf's shards (W of `bytes` each, in global rank order) into `packed`, ordered by
     // local index, then host: part i of the host's reduce-scatter holds the shards of the

@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -29,14 +30,19 @@ int remaining_ms(Clock::time_point deadline) {
     return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
 }
 
-// Waits until fd is ready for `events`, or `deadline`.
-Status wait_fd(int fd, short events, Clock::time_point deadline, const char *what) {
+// Waits for `events` on fd, or `deadline`; every 50 ms asks `store` whether the ranks are still there
+// (a watched store knows: rdzv::Store::alive), so that a rank lost before it connects
+// fails the others at once, not at the deadline.
+Status wait_fd(int fd, short events, Clock::time_point deadline, const char *what, rdzv::Store &store) {
     for (;;) {
         struct pollfd p = {fd, events, 0};
-        const int n = ::poll(&p, 1, remaining_ms(deadline));
+        const int n = ::poll(&p, 1, std::min(remaining_ms(deadline), 50));
         if (n > 0) return Status::Ok();
-        if (n == 0) return SX_ERROR(SX_ERR_TIMEOUT, "shared memory: %s did not happen before the deadline", what);
-        if (errno != EINTR) return SX_ERROR(SX_ERR_COMM, "shared memory: poll while %s: %s", what, std::strerror(errno));
+        if (n == 0 && remaining_ms(deadline) <= 0)
+            return SX_ERROR(SX_ERR_TIMEOUT, "shared memory: %s did not happen before the deadline", what);
+        if (n < 0 && errno != EINTR)
+            return SX_ERROR(SX_ERR_COMM, "shared memory: poll while %s: %s", what, std::strerror(errno));
+        SX_TRY(store.alive());
     }
 }
 
@@ -142,7 +148,7 @@ void own_arena(bool offer, int *fd, uint64_t *bytes) {
 // Rank 0: every other rank connects to `listener` and says who it is (peers of another
 // user are refused); once all have, each gets the segment and the others' arenas.
 Status hand_out(int listener, int segment, size_t bytes, int world_size, bool offer, Clock::time_point deadline,
-                std::vector<SharedSegment::Peer> *peers, std::vector<Fd> *arena_fds) {
+                rdzv::Store &store, std::vector<SharedSegment::Peer> *peers, std::vector<Fd> *arena_fds) {
     std::vector<Fd> conns(static_cast<size_t>(world_size));
     peers->assign(static_cast<size_t>(world_size), SharedSegment::Peer());
     arena_fds->clear();
@@ -151,7 +157,7 @@ Status hand_out(int listener, int segment, size_t bytes, int world_size, bool of
     own_arena(offer, &fd0, &(*peers)[0].arena_bytes);
     (*peers)[0].pid = ::getpid();
     for (int joined = 1; joined < world_size;) {
-        SX_TRY(wait_fd(listener, POLLIN, deadline, "every rank connecting for the segment"));
+        SX_TRY(wait_fd(listener, POLLIN, deadline, "every rank connecting for the segment", store));
         Fd peer;
         peer.fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
         if (peer.fd < 0) {
@@ -161,7 +167,7 @@ Status hand_out(int listener, int segment, size_t bytes, int world_size, bool of
         struct ucred cred;
         socklen_t len = sizeof cred;
         if (::getsockopt(peer.fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::getuid()) continue;
-        SX_TRY(wait_fd(peer.fd, POLLIN, deadline, "a rank saying who it is"));
+        SX_TRY(wait_fd(peer.fd, POLLIN, deadline, "a rank saying who it is", store));
         Hello h{};
         FdMessage m(&h, sizeof h, 1);
         const ssize_t n = ::recvmsg(peer.fd, &m.msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
@@ -196,8 +202,9 @@ Status hand_out(int listener, int segment, size_t bytes, int world_size, bool of
 
 // A peer: says who it is to rank 0's socket `name` (offering its arena), and takes the
 // segment's descriptor and size, and the others' arenas.
-Status take(const std::string &name, int rank, int world_size, bool offer, Clock::time_point deadline, int *segment,
-            size_t *bytes, std::vector<SharedSegment::Peer> *peers, std::vector<Fd> *arena_fds) {
+Status take(const std::string &name, int rank, int world_size, bool offer, Clock::time_point deadline,
+            rdzv::Store &store, int *segment, size_t *bytes, std::vector<SharedSegment::Peer> *peers,
+            std::vector<Fd> *arena_fds) {
     Fd sock;
     sock.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     SX_CHECK(sock.fd >= 0, SX_ERR_COMM, "shared memory: socket: %s", std::strerror(errno));
@@ -215,7 +222,7 @@ Status take(const std::string &name, int rank, int world_size, bool offer, Clock
         SX_CHECK(::sendmsg(sock.fd, &m.msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof h), SX_ERR_COMM,
                  "shared memory: rank %d: send: %s", rank, std::strerror(errno));
     }
-    SX_TRY(wait_fd(sock.fd, POLLIN, deadline, "rank 0 handing out the segment"));
+    SX_TRY(wait_fd(sock.fd, POLLIN, deadline, "rank 0 handing out the segment", store));
     peers->assign(static_cast<size_t>(world_size), SharedSegment::Peer());
     std::vector<char> payload = answer_bytes(0, *peers);
     FdMessage m(payload.data(), payload.size(), static_cast<size_t>(world_size) + 1);
@@ -329,13 +336,13 @@ Status SharedSegment::open(rdzv::Store &store, int rank, int world_size, size_t 
         }
         SX_TRY(store.set(kSocketKey, why.empty() ? name : ""));
         SX_CHECK(why.empty(), SX_ERR_UNSUPPORTED, "shared memory is not available on rank 0: %s", why.c_str());
-        SX_TRY(hand_out(listener.fd, segment.fd, bytes, world_size, exchange_arenas, deadline, &peers, &arena_fds));
+        SX_TRY(hand_out(listener.fd, segment.fd, bytes, world_size, exchange_arenas, deadline, store, &peers, &arena_fds));
     } else {
         std::string name;
         SX_TRY(store.get(kSocketKey, &name, std::chrono::milliseconds(remaining_ms(deadline))));
         SX_CHECK(!name.empty(), SX_ERR_UNSUPPORTED, "shared memory is not available on rank 0");
         size_t given = 0;
-        SX_TRY(take(name, rank, world_size, exchange_arenas, deadline, &segment.fd, &given, &peers, &arena_fds));
+        SX_TRY(take(name, rank, world_size, exchange_arenas, deadline, store, &segment.fd, &given, &peers, &arena_fds));
         SX_CHECK(given == bytes, SX_ERR_COMM, "shared memory: rank 0 made a segment of %zu bytes, rank %d expected %zu",
                  given, rank, bytes);
     }

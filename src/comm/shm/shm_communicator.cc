@@ -174,6 +174,7 @@ class ShmCommunicator final : public Communicator {
         : segment_(std::move(segment)), rank_(rank), world_size_(world_size), timeout_(timeout),
           slot_bytes_(slot_bytes) {
         line(rank_).pid.store(static_cast<int32_t>(::getpid()));
+        watch_peers();
     }
 
     // Peers waiting on this rank learn that it has gone.
@@ -186,7 +187,15 @@ class ShmCommunicator final : public Communicator {
     int rank() const override { return rank_; }
     int world_size() const override { return world_size_; }
 
-    // Collective, once, before any call: every rank's pid is in its line.
+    std::vector<int> exited_peers() const override {
+        std::vector<int> out;
+        for (int q = 0; q < world_size_; ++q) {
+            const int32_t pid = segment_->peer(q).pid;
+            if (q != rank_ && pid > 0 && pid != ::getpid() && exited(q, pid)) out.push_back(q);
+        }
+        return out;
+    }
+
     // Collective, once, before any call: every rank's pid is in its line, and whether it
     // mapped every other rank's arena (in `bytes`, before any call uses it).
     Status start() {
@@ -199,7 +208,6 @@ class ShmCommunicator final : public Communicator {
             in_place_ = in_place_ && line(q).bytes.load(std::memory_order_relaxed) == 1;
         }
         in_place_ = in_place_ && !one_process_;
-        watch_peers();
         // Nobody may reuse `bytes` (a gather's) before every rank has read the flags.
         return barrier();
     }
@@ -704,7 +712,7 @@ class ShmCommunicator final : public Communicator {
         exits_.assign(static_cast<size_t>(world_size_), -1);
 #ifdef SYS_pidfd_open
         for (int q = 0; q < world_size_; ++q) {
-            const int32_t pid = line(q).pid.load(std::memory_order_relaxed);
+            const int32_t pid = segment_->peer(q).pid;
             if (pid > 0 && pid != ::getpid()) exits_[q] = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
         }
 #endif
@@ -726,7 +734,7 @@ class ShmCommunicator final : public Communicator {
             return SX_ERROR(code == SX_ERR_TIMEOUT ? SX_ERR_TIMEOUT : SX_ERR_COMM,
                             "rank %d left the communicator (%s)", q,
                             sx_status_string(static_cast<sx_status_t>(code)));
-        const int32_t pid = line(q).pid.load(std::memory_order_relaxed);
+        const int32_t pid = segment_->peer(q).pid;
         if (pid > 0 && pid != ::getpid() && exited(q, pid))
             return SX_ERROR(SX_ERR_COMM, "rank %d (process %d) has exited", q, pid);
         if (Clock::now() >= deadline)

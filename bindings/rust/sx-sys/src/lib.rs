@@ -481,6 +481,8 @@ extern "C" {
         result: *mut sx_regroup_result_t,
     ) -> sx_status_t;
     pub fn sx_poll_joiners(group: *mut sx_shard_group_t, waiting: *mut i32) -> sx_status_t;
+    pub fn sx_get_lost_ranks(group: *const sx_shard_group_t, ranks: *mut i32, capacity: i32, count: *mut i32)
+        -> sx_status_t;
     pub fn sx_trace_flush(group: *mut sx_shard_group_t) -> sx_status_t;
 
     pub fn sx_param_group_desc_init(desc: *mut sx_param_group_desc_t, size: usize, optimizer: i32) -> sx_status_t;

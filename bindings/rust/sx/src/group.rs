@@ -257,14 +257,35 @@ impl ShardGroup {
     /// epoch, on the same rendezvous, and this handle becomes it. Its state comes from the
     /// ranks' memory copies where the group keeps them
     /// ([`GroupConfig::memory_copy_interval`]) and they still hold every shard, else from
-    /// `options`' checkpoint (resharded; an empty path: none). The survivors wait `join_window_ms` (0:
-    /// 1000) for each other, or until `expected_world_size` arrived. Views taken before
+    /// `options`' checkpoint (resharded; an empty path: none). The survivors wait for each
+    /// other until `expected_world_size` arrived, or (0) every rank arrived or is known to
+    /// be lost, or `join_window_ms` (0: 1000) passed. Where it fails, the handle is still
+    /// the broken group, and the survivors may regroup again (a new epoch). Views taken before
     /// are invalid afterwards (the borrow of `&mut self` ends them). The rendezvous store
     /// must outlive the lost ranks: the sx-rendezvous command
     /// (`tcp://HOST:PORT?server=external`), `file://`, or torchrun's agent store.
     pub fn regroup(&mut self, options: &LoadOptions, join_window_ms: i32, expected_world_size: i32)
         -> Result<RegroupResult> {
         self.regroup_admitting(options, join_window_ms, expected_world_size, 0)
+    }
+
+    /// The ranks (ascending) whose process is known to have exited: a peer on this host
+    /// whose process has gone. Peers on other hosts are known only through the errors
+    /// their loss causes. After a failure, `expected_world_size = world_size -
+    /// lost_ranks().len()` lets [`regroup`](Self::regroup) close without waiting for its
+    /// window. A failed group answers too.
+    pub fn lost_ranks(&self) -> Result<Vec<i32>> {
+        let mut count = 0;
+        check(unsafe { sys::sx_get_lost_ranks(self.raw, ptr::null_mut(), 0, &mut count) })?;
+        loop {
+            // (Another may be lost between the two calls: then again, with room for it.)
+            let mut ranks = vec![0i32; count.max(0) as usize];
+            check(unsafe { sys::sx_get_lost_ranks(self.raw, ranks.as_mut_ptr(), ranks.len() as i32, &mut count) })?;
+            if count as usize <= ranks.len() {
+                ranks.truncate(count.max(0) as usize);
+                return Ok(ranks);
+            }
+        }
     }
 
     /// Collective: how many processes wait to join the group (GroupConfig::join on its

@@ -552,6 +552,8 @@ fn two_survivors_of_three_regroup_from_a_checkpoint() {
         if rank == 2 {
             return Ok(None); // lost
         }
+        // Threads of one process: no process is known to have exited.
+        assert_eq!(g.lost_ranks()?, Vec::<i32>::new());
         let r = g.regroup(&LoadOptions::new(&p), 0, 2)?;
         Ok(Some((r, g.world_size()?, g.param(0)?.to_vec())))
     });
