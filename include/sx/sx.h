@@ -395,7 +395,18 @@ SX_API sx_status_t sx_group_config_init(sx_group_config_t *config, size_t size);
 SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_shard_group_t **out);
 
 /* Releases the group and everything it owns (buffers, views, threads, connections).
- * Accepts NULL. Returns even when peers are dead or stalled. */
+ * Accepts NULL. Returns even when peers are dead or stalled.
+ *
+ * Forks. A group (and a future) belongs to the process that created it. In a process
+ * forked from it (fork(), Python's os.fork, multiprocessing's fork start method) the
+ * inherited handle is inert: every call fails at once with SX_ERR_INVALID_STATE naming
+ * the process that owns it, and sx_destroy_shard_group (a finalizer's, at the child's
+ * exit) forgets it and returns SX_OK, releasing nothing that the owner uses: no peer is
+ * told anything, no store key or shared segment is touched, no thread is waited for (the
+ * owner's threads do not exist in the child). The child's copy of the group's memory
+ * and the descriptors it inherited go when it exits; a child that lives on after its
+ * parent died keeps the inherited sockets open, so that peers on other hosts notice the
+ * parent's death only at their timeout. The owner trains on as if there were no fork. */
 SX_API sx_status_t sx_destroy_shard_group(sx_shard_group_t *group);
 
 /* Writes this rank's trace file now (see sx_group_config_t.trace_path): every event the

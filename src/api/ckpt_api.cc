@@ -1,4 +1,6 @@
 // Entry points: saving and loading checkpoints, futures, the user blob.
+#include <unistd.h>
+
 #include <chrono>
 
 #include "api/guard.h"
@@ -71,6 +73,7 @@ SX_API sx_status_t sx_save_optim_state(sx_shard_group_t *group, const sx_save_op
 
         std::unique_ptr<sx_future> f(new sx_future());
         f->magic = sx::api::kFutureMagic;
+        f->owner = ::getpid();
         sx_future *handle = f.get();
         sx::ckpt::SaveFuture::Callback cb;
         if (o.callback) {
@@ -156,6 +159,14 @@ SX_API sx_status_t sx_future_progress(const sx_future_t *future, uint64_t *done_
 SX_API sx_status_t sx_future_destroy(sx_future_t *future) {
     return guard(__func__, [&]() -> Status {
         if (future == nullptr) return Status::Ok();
+        if (sx::api::handle_live(future) && future->magic == sx::api::kFutureMagic &&
+            sx::api::forked_from(future->owner)) {
+            sx::api::unregister_handle(future);  // a fork's: forgotten (handles.h), never waited for
+            sx::api::forget_in_fork(std::move(future->impl));
+            future->magic = 0;
+            delete future;
+            return Status::Ok();
+        }
         SX_TRY(sx::api::resolve_future(future));
         future->impl->wait(std::chrono::milliseconds(-1));
         sx::api::unregister_handle(future);

@@ -1,4 +1,6 @@
 // Entry points: creating and destroying groups, param groups, params, finalize.
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -112,6 +114,7 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         SX_TRY(sx::core::ShardGroup::create(g, &impl));
         std::unique_ptr<sx_shard_group> h(new sx_shard_group());
         h->magic = sx::api::kGroupMagic;
+        h->owner = ::getpid();
         h->impl = std::move(impl);
         sx::api::register_handle(h.get());
         *out = h.release();
@@ -122,6 +125,15 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
 SX_API sx_status_t sx_destroy_shard_group(sx_shard_group_t *group) {
     return guard(__func__, [&]() -> Status {
         if (group == nullptr) return Status::Ok();
+        if (sx::api::handle_live(group) && group->magic == sx::api::kGroupMagic &&
+            sx::api::forked_from(group->owner)) {
+            // A fork of the process that made it: forgotten, nothing released (handles.h).
+            sx::api::unregister_handle(group);
+            sx::api::forget_in_fork(std::move(group->impl), std::move(group->checkpointer));
+            group->magic = 0;
+            delete group;
+            return Status::Ok();
+        }
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         sx::api::unregister_handle(group);

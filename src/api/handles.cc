@@ -1,7 +1,10 @@
 #include "api/handles.h"
 
+#include <unistd.h>
+
 #include <mutex>
 #include <unordered_set>
+#include <vector>
 
 namespace sx {
 namespace api {
@@ -34,11 +37,54 @@ bool handle_live(const void *h) {
     return registry().live.count(h) != 0;
 }
 
+bool forked_from(pid_t owner) { return owner != ::getpid(); }
+
+namespace {
+
+// What handles held in a fork of their owner, kept reachable (not leaked, to a leak
+// checker) and never released.
+struct Forgotten {
+    std::mutex mu;
+    std::vector<std::unique_ptr<core::ShardGroup>> groups;
+    std::vector<std::unique_ptr<ckpt::Checkpointer>> checkpointers;
+    std::vector<std::shared_ptr<ckpt::SaveFuture>> futures;
+};
+
+Forgotten &forgotten() {
+    static Forgotten *f = new Forgotten();  // never destroyed: nothing in it may be released
+    return *f;
+}
+
+Status inert(const char *what, const void *h, pid_t owner) {
+    return SX_ERROR(SX_ERR_INVALID_STATE,
+                    "%s %p belongs to process %d, which created it; this process (%d) is a fork of it, where it "
+                    "cannot be used (its peers, threads and connections are the other process's): create a group "
+                    "of this process's own; destroying this one here is allowed and releases nothing the other "
+                    "process uses",
+                    what, h, static_cast<int>(owner), static_cast<int>(::getpid()));
+}
+
+}  // namespace
+
+void forget_in_fork(std::unique_ptr<core::ShardGroup> group, std::unique_ptr<ckpt::Checkpointer> checkpointer) {
+    Forgotten &f = forgotten();
+    std::lock_guard<std::mutex> lock(f.mu);
+    if (group) f.groups.push_back(std::move(group));
+    if (checkpointer) f.checkpointers.push_back(std::move(checkpointer));
+}
+
+void forget_in_fork(std::shared_ptr<ckpt::SaveFuture> future) {
+    Forgotten &f = forgotten();
+    std::lock_guard<std::mutex> lock(f.mu);
+    if (future) f.futures.push_back(std::move(future));
+}
+
 Status resolve(const sx_shard_group *h, core::ShardGroup **out) {
     SX_CHECK(h != nullptr, SX_ERR_INVALID_HANDLE, "group is NULL");
     SX_CHECK(handle_live(h) && h->magic == kGroupMagic && h->impl, SX_ERR_INVALID_HANDLE,
              "group %p is not a live sx group (destroyed, or not from sx_create_shard_group)",
              static_cast<const void *>(h));
+    if (forked_from(h->owner)) return inert("group", h, h->owner);
     *out = h->impl.get();
     return Status::Ok();
 }
@@ -48,6 +94,7 @@ Status resolve_future(const sx_future *f) {
     SX_CHECK(handle_live(f) && f->magic == kFutureMagic && f->impl, SX_ERR_INVALID_HANDLE,
              "future %p is not a live sx future (destroyed, or not from sx_save_optim_state)",
              static_cast<const void *>(f));
+    if (forked_from(f->owner)) return inert("future", f, f->owner);
     return Status::Ok();
 }
 

@@ -2,6 +2,8 @@
 // garbage pointer is reported as SX_ERR_INVALID_HANDLE instead of being dereferenced.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 
@@ -12,6 +14,7 @@
 
 struct sx_shard_group {
     uint64_t magic;
+    pid_t owner;  // the process that created it: in a fork of it the handle is inert
     std::unique_ptr<sx::core::ShardGroup> impl;
     // Made at the first save or load; destroyed before impl (it waits for saves in flight).
     std::unique_ptr<sx::ckpt::Checkpointer> checkpointer;
@@ -19,6 +22,7 @@ struct sx_shard_group {
 
 struct sx_future {
     uint64_t magic;
+    pid_t owner;  // as sx_shard_group's
     std::shared_ptr<sx::ckpt::SaveFuture> impl;
     std::string message;  // what sx_future_error_message hands out
 };
@@ -33,9 +37,20 @@ void register_handle(const void *h);
 void unregister_handle(const void *h);
 bool handle_live(const void *h);
 
-// *out = the group behind `h`, or SX_ERR_INVALID_HANDLE.
+// *out = the group behind `h`, or SX_ERR_INVALID_HANDLE; SX_ERR_INVALID_STATE in a
+// process forked from the one that created it (forked_from).
 Status resolve(const sx_shard_group *h, core::ShardGroup **out);
 Status resolve_future(const sx_future *f);
+
+// Whether `h` (a live handle) was made by a process this one is a fork of. Such a handle
+// is inert here: every call fails, and destroying it only forgets it (forget_in_fork),
+// touching nothing its owner uses: no message to the peers, no store key, no segment,
+// no thread (the owner's threads do not exist in a fork).
+bool forked_from(pid_t owner);
+// Keeps what a handle held, unreleased, for the rest of this process (the memory is a
+// copy of the owner's, and goes when the fork exits).
+void forget_in_fork(std::unique_ptr<core::ShardGroup> group, std::unique_ptr<ckpt::Checkpointer> checkpointer);
+void forget_in_fork(std::shared_ptr<ckpt::SaveFuture> future);
 
 // The group's checkpointer, made at its first use (ckpt_api.cc).
 sx::ckpt::Checkpointer &checkpointer_of(sx_shard_group_t *group);

@@ -1,0 +1,132 @@
+// A forked child cannot touch its parent's group. 2 ranks as processes over tcp:// train 2
+// steps; each then starts an asynchronous save and forks a child, which
+//   - "exit":  leaves at once through exit(0) (static destructors, atexit), closing nothing;
+//   - "close": destroys the inherited group and future, then exit(0);
+//   - "use":   calls the group and the future (every call must fail at once with
+//              SX_ERR_INVALID_STATE naming the parent's pid, sx_abort included), then
+//              destroys both and exit(0).
+// The parent waits for its child and its save, trains 3 more steps, and writes its final
+// params: they must equal, bit for bit, those of the same run without a fork.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "process_ranks.h"
+#include "regroup_ranks.h"
+#include "sx_cmocka.h"
+
+using namespace sxtest::regroup;
+
+namespace {
+
+std::string text_of(sx_status_t st) { return std::string(sx_status_string(st)) + " " + sx_last_error_message(); }
+
+// In the child: every call on what it inherited fails at once, naming its owner.
+int use_inherited(sx_shard_group_t *g, sx_future_t *f, pid_t owner) {
+    const std::string who = "process " + std::to_string(owner);
+    auto refused = [&](const char *call, sx_status_t st) {
+        if (st == SX_ERR_INVALID_STATE && std::strstr(sx_last_error_message(), who.c_str())) return true;
+        std::fprintf(stderr, "child: %s on the inherited handle returned %s\n", call, text_of(st).c_str());
+        return false;
+    };
+    bool ok = refused("sx_step", sx_step(g, nullptr, nullptr));
+    int32_t rank = -1;
+    ok = refused("sx_get_rank", sx_get_rank(g, &rank)) && ok;
+    ok = refused("sx_abort", sx_abort(g)) && ok;
+    sx_view_t v;
+    sx_view_init(&v, sizeof v);
+    ok = refused("sx_param_view", sx_param_view(g, 0, &v)) && ok;
+    ok = refused("sx_future_wait", sx_future_wait(f, 0)) && ok;
+    ok = refused("sx_future_cancel", sx_future_cancel(f)) && ok;
+    return ok ? 0 : 1;
+}
+
+int child_main(int argc, char **argv) {
+    sxtest::ChildArgs a;
+    if (!sxtest::parse_child_args(argc, argv, &a)) return 2;
+    const std::string mode = a.get("--fork", "none");
+    Child c;
+    c.rank = a.rank;
+    c.world = a.world;
+    std::string err = c.create(a.rendezvous, 0);
+    if (!err.empty()) return std::fprintf(stderr, "rank %d: %s\n", a.rank, err.c_str()), 3;
+    sx_status_t st = c.init_params();
+    for (int s = 1; st == SX_OK && s <= 2; ++s) st = c.step(s);
+    if (st != SX_OK) return std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("step", st).c_str()), 3;
+    const std::string saved = a.get("--dir", "") + "/" + mode + "-step-2";
+    sx_save_options_t so;
+    sx_save_options_init(&so, sizeof so);
+    so.path = saved.c_str();
+    sx_future_t *f = nullptr;
+    if ((st = sx_save_optim_state(c.g, &so, &f)) != SX_OK)
+        return std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("save", st).c_str()), 3;
+    if (mode != "none") {
+        const pid_t parent = ::getpid();
+        std::fflush(nullptr);
+        const pid_t pid = ::fork();
+        if (pid == 0) {
+            int code = 0;
+            if (mode == "use") code = use_inherited(c.g, f, parent);
+            if (mode == "close" || mode == "use") {
+                if (sx_future_destroy(f) != SX_OK || sx_destroy_shard_group(c.g) != SX_OK) {
+                    std::fprintf(stderr, "child: closing the inherited handles: %s\n", sx_last_error_message());
+                    code = 1;
+                }
+                c.g = nullptr;
+            }
+            std::exit(code);  // static destructors and atexit handlers run, as at any exit
+        }
+        int status = 0;
+        if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            return std::fprintf(stderr, "rank %d: the child (%s) failed\n", a.rank, mode.c_str()), 3;
+    }
+    st = sx_future_wait(f, -1);
+    sx_future_destroy(f);
+    for (int s = 3; st == SX_OK && s <= 5; ++s) st = c.step(s);
+    if (st != SX_OK)
+        return std::fprintf(stderr, "rank %d: after the %s fork: %s\n", a.rank, mode.c_str(),
+                            failed("save or step", st).c_str()),
+               3;
+    std::vector<float> params;
+    if ((st = c.read_params(&params)) != SX_OK) return 3;
+    return c.rank == 0 && !write_floats(a.get("--out", ""), params, 5) ? 3 : 0;
+}
+
+// The final params of the 2 ranks' run with the child `mode`.
+std::string run(const std::string &mode, const std::string &dir) {
+    const std::string out = dir + "/" + mode + ".bin";
+    const std::string err = sxtest::run_process_ranks(2, {"--fork", mode, "--dir", dir, "--out", out}, 120);
+    if (!err.empty()) fail_msg("the run whose ranks fork a child that does '%s': %s", mode.c_str(), err.c_str());
+    std::string params;
+    assert_true(read_file(out, &params));
+    return params;
+}
+
+void test_a_fork_leaves_the_parent_alone(void **) {
+    const std::string dir = temp_dir("fork");
+    assert_int_equal(mkdir(dir.c_str(), 0700), 0);
+    const std::string without = run("none", dir);
+    for (const char *mode : {"exit", "close", "use"}) {
+        if (run(mode, dir) != without) fail_msg("the parents' params after a child that does '%s' differ", mode);
+        std::printf("a child that does '%s': the parents trained on to the same bits\n", mode);
+    }
+    const std::string rm = "rm -rf '" + dir + "'";
+    assert_int_equal(std::system(rm.c_str()), 0);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    if (sxtest::is_child(argc, argv)) return child_main(argc, argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a_fork_leaves_the_parent_alone),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
