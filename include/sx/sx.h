@@ -857,7 +857,13 @@ typedef struct sx_step_options {
 } sx_step_options_t;
 
 /* sx_step_options_t.nonfinite. The gradients are checked through their global L2 norm
- * (over every rank, after the reduction): inf or NaN anywhere makes it inf or NaN. */
+ * (over every rank, after the reduction): inf or NaN anywhere makes it inf or NaN. What a
+ * custom optimizer's update writes (a param's values and its state) is checked too, on
+ * every rank, and judged the same way: by default kept and reported (result->nonfinite);
+ * with SX_NONFINITE_SKIP or _ERROR the step is undone on every rank and skipped, as for
+ * gradients (loss scaling does not back off for it), and _ERROR's SX_ERR_NONFINITE names
+ * the optimizer and the param. An optimizer registered SX_OPTIMIZER_IN_PLACE cannot be
+ * undone: there the skip fails the group instead. */
 /* Where the step needs the norm before the update (max_grad_norm > 0, or dynamic loss
  * scaling), a non-finite norm skips the step on every rank: no param, optimizer state or
  * step count changes, the gradients are dropped, result->skipped and result->nonfinite are
@@ -884,7 +890,8 @@ typedef struct sx_step_result {
     int32_t reserved0;
     /* The loss scale to multiply the next losses by (1 without loss scaling). */
     double loss_scale;
-    /* 1 if the gradients' global norm was inf or NaN (1.5). */
+    /* 1 if the gradients' global norm was inf or NaN, or a custom optimizer's update wrote
+     * inf or NaN (1.5). */
     int32_t nonfinite;
     int32_t reserved1;
 } sx_step_result_t;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/agreement.h"
+#include "optim/custom.h"
 
 namespace sx {
 namespace core {
@@ -59,6 +60,39 @@ std::string rank_list(const std::vector<int> &ranks) {
     return s;
 }
 
+// A custom optimizer's own hyperparameters' values in param group g (those the fixed
+// members do not hold).
+void custom_hyper_facts(const optim::Hyper &h, size_t g, std::vector<Fact> *f) {
+    const optim::CustomOptimizer *c =
+        optim::is_custom(h.kind) ? optim::find_custom(static_cast<int32_t>(h.kind)) : nullptr;
+    if (!c) return;
+    for (const optim::CustomHyper &ch : c->hypers)
+        if (ch.key >= SX_HP_CUSTOM)
+            f->push_back({format("param group %zu %s", g, ch.name.c_str()), number_text(optim::hyper_value(h, ch.key))});
+}
+
+// What a custom optimizer was registered with on this rank (its name alone says nothing:
+// each process registers its own): slots, their initial values, hyperparameters with
+// their defaults and ranges, whether it updates in place.
+void custom_optimizer_facts(const optim::CustomOptimizer &c, std::vector<Fact> *f) {
+    const std::string who = "custom optimizer '" + c.name + "'";
+    std::string slots;
+    for (size_t k = 0; k < c.slot_names.size(); ++k) slots += (k ? ", " : "") + ("'" + c.slot_names[k] + "'");
+    f->push_back({who + " slots", slots.empty() ? "none" : slots});
+    for (size_t k = 0; k < c.slot_names.size(); ++k)
+        f->push_back({who + " slot '" + c.slot_names[k] + "' initial value", number_text(c.initial[k])});
+    std::string names;
+    for (size_t i = 0; i < c.hypers.size(); ++i) names += (i ? ", " : "") + ("'" + c.hypers[i].name + "'");
+    f->push_back({who + " hyperparameters", names.empty() ? "none" : names});
+    for (const optim::CustomHyper &h : c.hypers) {
+        f->push_back({who + " hyperparameter '" + h.name + "' default", number_text(h.dflt)});
+        f->push_back({who + " hyperparameter '" + h.name + "' range",
+                      h.min == 0.0 && h.max == 0.0 ? "any finite value"
+                                                   : "[" + number_text(h.min) + ", " + number_text(h.max) + "]"});
+    }
+    f->push_back({who + " updates in place", c.in_place ? "yes" : "no"});
+}
+
 }  // namespace
 
 uint64_t agreement_fingerprint(const Agreement &a) {
@@ -90,6 +124,7 @@ std::vector<Fact> agreement_facts(const Agreement &a, const std::deque<ParamSpec
     f.push_back({format("param group %zu %s", g, #name), number_text(static_cast<double>(h.name))});
         SX_HYPERPARAMETERS(SX_HYPER_FACT)
 #undef SX_HYPER_FACT
+        custom_hyper_facts(h, g, &f);
     }
     f.push_back({"max_grad_norm", number_text(a.max_grad_norm)});
     f.push_back({"loss scaling mode", std::to_string(a.loss_scaling_mode)});
@@ -114,8 +149,18 @@ std::vector<Fact> table_facts(const TableSettings &settings, const std::vector<o
     f.push_back({"reduce_dtype", std::to_string(settings.reduce_dtype)});
     f.push_back({"grad_predivide_factor", number_text(settings.grad_predivide_factor)});
     f.push_back({"the number of param groups", std::to_string(groups.size())});
-    for (size_t g = 0; g < groups.size(); ++g)
-        f.push_back({format("param group %zu optimizer", g), optim::optimizer_name(groups[g].kind)});
+    std::vector<int32_t> described;  // the custom optimizers whose registration is stated
+    for (size_t g = 0; g < groups.size(); ++g) {
+        const optim::Hyper &h = groups[g];
+        f.push_back({format("param group %zu optimizer", g), optim::optimizer_name(h.kind)});
+        const int32_t id = static_cast<int32_t>(h.kind);
+        const optim::CustomOptimizer *c = optim::is_custom(h.kind) ? optim::find_custom(id) : nullptr;
+        if (c && std::find(described.begin(), described.end(), id) == described.end()) {
+            described.push_back(id);
+            custom_optimizer_facts(*c, &f);
+        }
+        custom_hyper_facts(h, g, &f);
+    }
     f.push_back({"the number of params", std::to_string(params.size())});
     for (size_t i = 0; i < params.size(); ++i) {
         const ParamSpec &p = params[i];

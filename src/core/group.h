@@ -269,14 +269,14 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status reduce_agreeing(size_t u, const Agreement &a, bool accumulate, double weight, double *weight_sum,
                            float **shard);
     bool norm_rides_gather(bool defer_gather) const;
-    Status update_shard(float grad_scale, int32_t head, double *sumsq);
-    Status update_double_buffered(float grad_scale, double *sumsq);
+    Status update_shard(float grad_scale, int32_t head, int nonfinite, double *sumsq);
+    Status update_double_buffered(float grad_scale, int nonfinite, double *sumsq);
     Status update_param_reductions(float grad_scale, double *sumsq);
     Status sum_blocks(std::vector<double> &all, size_t width, const char *what, std::vector<double> *whole);
     Status update_whole_params(float grad_scale, double *sumsq);
     Status orthogonalise_on(int owner, const std::vector<int32_t> &covered, const std::vector<int> &owners,
                             const std::vector<int> &seg_of, const std::vector<float *> &pieces);
-    Status update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, double *sumsq);
+    Status update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, int nonfinite, double *sumsq);
     float norm_scale() const;
     Status global_norm(double *sumsq);
     Status gather_trainable_units(const double *local_sumsq = nullptr, double *sumsq = nullptr);
@@ -330,6 +330,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;
     uint64_t zero_grad_steps_ = 0;  // steps in a row whose gradients were all zero
+    bool wrote_nonfinite_ = false;  // this step's custom updates wrote inf or NaN (step.cc)
     // The parts with threads, after the communicators: destroyed first.
     std::unique_ptr<ReductionRound> round_;  // the gradient reductions (round.h)
     std::unique_ptr<Gathers> gathers_;       // the param gathers (gathers.h)

@@ -261,12 +261,16 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     int32_t head = options.defer_gather ? first_deferred_gather() : -1;
     if (head >= 0 && units_.double_buffered(static_cast<size_t>(head))) head = -1;
     units_.mark_zeroed_by_update(!options.keep_grads, round_->reduced());
-    Status s = update_shard(grad_scale, head, norm_first ? nullptr : &update_sumsq);
-    if (s.code() == SX_ERR_OPTIMIZER && check_usable().ok()) {
-        // A custom update failed on some rank: nothing changed on any, and the step ends
-        // as a skipped one does (the gradients go).
+    wrote_nonfinite_ = false;
+    Status s = update_shard(grad_scale, head, options.nonfinite, norm_first ? nullptr : &update_sumsq);
+    if ((s.code() == SX_ERR_OPTIMIZER || s.code() == SX_ERR_NONFINITE) && check_usable().ok()) {
+        // A custom update failed on some rank, or wrote inf or NaN that the policy skips:
+        // nothing changed on any rank, and the step ends as a skipped one does (the
+        // gradients go); SX_NONFINITE_SKIP then returns success.
+        wrote_nonfinite_ = s.code() == SX_ERR_NONFINITE;
         Status skipped = skip_step(options, norm, result);
-        return skipped.ok() ? s : skipped;
+        if (!skipped.ok()) return skipped;
+        return s.code() == SX_ERR_NONFINITE && options.nonfinite == SX_NONFINITE_SKIP ? Status::Ok() : s;
     }
     // The norm's sum over the ranks rides on the params' all-gather where it can.
     const bool norm_rides = !norm_first && norm_rides_gather(options.defer_gather);
@@ -331,7 +335,7 @@ Status ShardGroup::skip_nonfinite(const StepOptions &options, double norm, StepR
 // The step's fused update of this rank's shard of every trainable unit, unit `head` (>=
 // 0) first with its gather started right after it; *sumsq (if not null) gets the sum of
 // squares of the scaled gradients, which the same pass computes.
-Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
+Status ShardGroup::update_shard(float grad_scale, int32_t head, int nonfinite, double *sumsq) {
     // Its bytes: the fp32 elements of this rank's shard that the pass updated, x 4.
     trace::Span span(tracer(), "step", "update");
     uint64_t updated = 0;
@@ -340,7 +344,8 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
     // The units of custom optimizers first: if an update fails anywhere, nothing else
     // has been touched yet.
     double kept_sumsq = 0.0, reduced_sumsq = 0.0, whole_sumsq = 0.0;
-    if (units_.any_double_buffered()) SX_TRY(update_double_buffered(grad_scale, sumsq ? &kept_sumsq : nullptr));
+    if (units_.any_double_buffered())
+        SX_TRY(update_double_buffered(grad_scale, nonfinite, sumsq ? &kept_sumsq : nullptr));
     // Then the params whose update needs sums over the ranks, or their whole matrix on one
     // rank (the head unit's too).
     SX_TRY(update_param_reductions(grad_scale, sumsq ? &reduced_sumsq : nullptr));
@@ -349,13 +354,13 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
         std::vector<optim::Segment> first;
         units_.append_segments(static_cast<size_t>(head), round_->reduced(static_cast<size_t>(head)), &first);
         first = elementwise_only(std::move(first));
-        SX_TRY(update_in_place(first, grad_scale, sumsq ? &head_sumsq : nullptr));
+        SX_TRY(update_in_place(first, grad_scale, nonfinite, sumsq ? &head_sumsq : nullptr));
         if (span.on()) updated += optim::total_elements(first);
         SX_TRY(gathers_->open());
         SX_TRY(gathers_->submit(static_cast<size_t>(head)));
     }
     const std::vector<optim::Segment> segs = elementwise_only(units_.segments(round_->reduced(), head));
-    SX_TRY(update_in_place(segs, grad_scale, sumsq ? &rest : nullptr));
+    SX_TRY(update_in_place(segs, grad_scale, nonfinite, sumsq ? &rest : nullptr));
     if (span.on()) updated += optim::total_elements(segs);
     span.set_bytes(updated * sizeof(float));
     if (sumsq) *sumsq = kept_sumsq + reduced_sumsq + whole_sumsq + head_sumsq + rest;
@@ -363,8 +368,11 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, double *sumsq) {
 }
 
 // Segments updated in place: sx's kernels, and the functions of custom optimizers
-// registered SX_OPTIMIZER_IN_PLACE, whose failure fails the group (the step is half done).
-Status ShardGroup::update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, double *sumsq) {
+// registered SX_OPTIMIZER_IN_PLACE, whose failure fails the group (the step is half done),
+// as inf or NaN they write do where the nonfinite policy would skip the step (it cannot
+// be undone); SX_NONFINITE_DEFAULT keeps them, and the step reports them.
+Status ShardGroup::update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, int nonfinite,
+                                   double *sumsq) {
     const auto is_custom = [](const optim::Segment &seg) { return optim::is_custom(seg.hyper->kind); };
     if (std::none_of(segs.begin(), segs.end(), is_custom))
         return ops_->fused_update(segs.data(), segs.size(), grad_scale, sumsq);
@@ -381,30 +389,48 @@ Status ShardGroup::update_in_place(const std::vector<optim::Segment> &segs, floa
                              "place (SX_OPTIMIZER_IN_PLACE), so the step is half done and the group has failed",
                              failure.optimizer, failure.code, table_.params()[failure.param].name.c_str(), mesh_.rank(),
                              failure.message.empty() ? "" : ": ", failure.message.c_str()));
+    if (failure.nonfinite > 0 && nonfinite != SX_NONFINITE_DEFAULT)
+        return fail(SX_ERROR(SX_ERR_NONFINITE,
+                             "the custom optimizer '%s' wrote inf or NaN into param '%s' (its values or its state) on "
+                             "rank %d; options->nonfinite would skip the step, but the optimizer updates in place "
+                             "(SX_OPTIMIZER_IN_PLACE), so the step is half done and the group has failed",
+                             failure.nonfinite_optimizer, table_.params()[failure.nonfinite_param].name.c_str(),
+                             mesh_.rank()));
+    wrote_nonfinite_ = wrote_nonfinite_ || failure.nonfinite > 0;
     if (sumsq) *sumsq = a + b;
     return Status::Ok();
 }
 
 // The double-buffered units' update (optim/custom.h), kept only if it succeeded on every
-// rank, else undone on every rank: SX_ERR_OPTIMIZER, and nothing has changed.
-Status ShardGroup::update_double_buffered(float grad_scale, double *sumsq) {
+// rank, else undone on every rank: SX_ERR_OPTIMIZER, and nothing has changed. Inf or NaN
+// that a custom update wrote anywhere are judged by the step's nonfinite policy, as the
+// gradients' are: kept (SX_NONFINITE_DEFAULT: the step reports them), or undone on every
+// rank and SX_ERR_NONFINITE returned for the step to end as a skipped one.
+Status ShardGroup::update_double_buffered(float grad_scale, int nonfinite, double *sumsq) {
     SX_TRY(units_.ensure_double_buffers());
     const std::vector<optim::Segment> segs = units_.segments(round_->reduced(), -1, true);
     optim::CustomFailure failure;
     bool ok = true;
     SX_TRY(ops_->custom_update(segs.data(), segs.size(), grad_scale, sumsq, &failure, &ok));
-    // Every rank learns how many failed (replicas of a mesh too: each updates its own copy).
-    double failed = ok ? 0.0 : 1.0;
+    // Every rank learns how many failed and how many inf/NaN were written (replicas of a
+    // mesh too: each updates its own copy).
+    double failed = ok ? 0.0 : 1.0, bad = static_cast<double>(failure.nonfinite);
     if (mesh_.world_size() > 1) {
-        std::vector<double> all(static_cast<size_t>(mesh_.world_size()), 0.0);
-        all[static_cast<size_t>(mesh_.rank())] = failed;
-        Status s = mesh_.world().all_gather(all.data(), sizeof(double));
+        std::vector<double> all(2 * static_cast<size_t>(mesh_.world_size()), 0.0);
+        all[2 * static_cast<size_t>(mesh_.rank())] = failed;
+        all[2 * static_cast<size_t>(mesh_.rank()) + 1] = bad;
+        Status s = mesh_.world().all_gather(all.data(), 2 * sizeof(double));
         if (!s.ok()) return fail(s);
-        failed = 0.0;
-        for (double v : all) failed += v;
+        failed = bad = 0.0;
+        for (size_t r = 0; r < all.size(); r += 2) {
+            failed += all[r];
+            bad += all[r + 1];
+        }
     }
-    if (failed == 0.0) {
+    const bool skip_nonfinite = bad > 0.0 && nonfinite != SX_NONFINITE_DEFAULT;
+    if (failed == 0.0 && !skip_nonfinite) {
         units_.commit_double_buffers();
+        wrote_nonfinite_ = wrote_nonfinite_ || bad > 0.0;
         return Status::Ok();
     }
     SX_TRY(ops_->undo_double_buffered(segs.data(), segs.size()));
@@ -414,11 +440,23 @@ Status ShardGroup::update_double_buffered(float grad_scale, double *sumsq) {
                         "nothing on any rank (params and optimizer state are as before it) and dropped the gradients",
                         failure.optimizer, failure.code, table_.params()[failure.param].name.c_str(), mesh_.rank(),
                         failure.message.empty() ? "" : ": ", failure.message.c_str());
-    return SX_ERROR(SX_ERR_OPTIMIZER,
-                    "a custom optimizer's update reported failure on %g other rank%s (see its error there): the step "
-                    "changed nothing on any rank (params and optimizer state are as before it) and dropped the "
-                    "gradients",
-                    failed, failed == 1.0 ? "" : "s");
+    if (failed > 0.0)
+        return SX_ERROR(SX_ERR_OPTIMIZER,
+                        "a custom optimizer's update reported failure on %g other rank%s (see its error there): the "
+                        "step changed nothing on any rank (params and optimizer state are as before it) and dropped "
+                        "the gradients",
+                        failed, failed == 1.0 ? "" : "s");
+    if (failure.nonfinite_param >= 0)
+        return SX_ERROR(SX_ERR_NONFINITE,
+                        "the custom optimizer '%s' wrote inf or NaN into param '%s' (its values or its state) on rank "
+                        "%d, %g values on all ranks: the step was skipped on every rank (options->nonfinite), nothing "
+                        "changed, and the gradients were dropped",
+                        failure.nonfinite_optimizer, table_.params()[failure.nonfinite_param].name.c_str(),
+                        mesh_.rank(), bad);
+    return SX_ERROR(SX_ERR_NONFINITE,
+                    "a custom optimizer wrote %g inf or NaN values on other ranks (see the error there): the step was "
+                    "skipped on every rank (options->nonfinite), nothing changed, and the gradients were dropped",
+                    bad);
 }
 
 // The gradient scale of the norm: the average over the ranks and the loss scale (1 /
@@ -519,7 +557,7 @@ void ShardGroup::report_step(double grad_norm, bool skipped, StepResult *result)
     result->step = steps_;
     result->skipped = skipped;
     result->loss_scale = scaler_.scale();
-    result->nonfinite = !std::isfinite(grad_norm);
+    result->nonfinite = !std::isfinite(grad_norm) || wrote_nonfinite_;
 }
 
 }  // namespace core

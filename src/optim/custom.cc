@@ -340,7 +340,14 @@ Segment piece_of(const Segment &s, size_t begin, size_t n) {
 // copies; updates the params in place and the working copies; then streams those into
 // the slots' new buffers (state). Returns the custom function's result (0 for
 // built-ins); after a failure the new buffers are not written (they are dropped).
-int32_t update_piece(const Segment &p, float grad_scale, double *sumsq, std::string *message) {
+// The values of n floats at x that are inf or NaN.
+uint64_t count_nonfinite(const float *x, size_t n) {
+    uint64_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += std::isfinite(x[i]) ? 0 : 1;
+    return bad;
+}
+
+int32_t update_piece(const Segment &p, float grad_scale, double *sumsq, std::string *message, uint64_t *nonfinite) {
     const Hyper &h = *p.hyper;
     const CustomOptimizer *c = is_custom(h.kind) ? find_custom(static_cast<int32_t>(h.kind)) : nullptr;
     const int slots = state_slots(h);
@@ -388,6 +395,10 @@ int32_t update_piece(const Segment &p, float grad_scale, double *sumsq, std::str
         piece.error_size = sizeof error;
         rc = c->update(&piece);
         if (rc != 0) message->assign(error, strnlen(error, sizeof error));
+        if (rc == 0) {  // what it wrote, while it is in cache
+            *nonfinite += count_nonfinite(p.param, p.n);
+            for (int k = 0; k < slots; ++k) *nonfinite += count_nonfinite(work[k], p.n);
+        }
         if (rc == 0 && p.compute_out) half::from_f32(p.compute_dtype, p.param, p.compute_out, p.n);
     }
     if (rc == 0 && p.undo)
@@ -425,27 +436,49 @@ bool custom_update(const Segment *segs, size_t num_segs, float grad_scale, Threa
                    CustomFailure *failure) {
     const int most = pool ? pool->size() : 1;
     std::vector<double> sums(static_cast<size_t>(most), 0.0);
-    std::vector<CustomFailure> failed(static_cast<size_t>(most));
+    std::vector<CustomFailure> found(static_cast<size_t>(most));  // per thread: its first failure, its inf/NaN
     for_each_piece(segs, num_segs, pool, [&](int t, const Segment &p) {
+        CustomFailure &f = found[t];
         // After a failure the rest is still copied aside (it is all undone at once), not
         // updated.
-        if (failed[t].param >= 0) {
+        if (f.param >= 0) {
             if (p.undo) stream_copy(p.undo, p.param, p.n);
             return;
         }
         std::string message;
-        const int32_t rc = update_piece(p, grad_scale, sumsq ? &sums[t] : nullptr, &message);
-        if (rc != 0) failed[t] = {rc, p.param_index, spec_of(p.hyper->kind).name, message};
+        uint64_t nonfinite = 0;
+        const int32_t rc = update_piece(p, grad_scale, sumsq ? &sums[t] : nullptr, &message, &nonfinite);
+        const char *name = spec_of(p.hyper->kind).name;
+        if (rc != 0) {
+            f.code = rc;
+            f.param = p.param_index;
+            f.optimizer = name;
+            f.message = message;
+        }
+        if (nonfinite > 0 && f.nonfinite_param < 0) {
+            f.nonfinite_param = p.param_index;
+            f.nonfinite_optimizer = name;
+        }
+        f.nonfinite += nonfinite;
     });
     double total = 0.0;
     for (double s : sums) total += s;
     if (sumsq) *sumsq = total;
-    for (const CustomFailure &f : failed)
-        if (f.param >= 0) {
-            *failure = f;
-            return false;
+    *failure = CustomFailure();
+    for (const CustomFailure &f : found) {  // the first failure and the first inf/NaN, in piece order
+        if (f.param >= 0 && failure->param < 0) {
+            failure->code = f.code;
+            failure->param = f.param;
+            failure->optimizer = f.optimizer;
+            failure->message = f.message;
         }
-    return true;
+        if (f.nonfinite_param >= 0 && failure->nonfinite_param < 0) {
+            failure->nonfinite_param = f.nonfinite_param;
+            failure->nonfinite_optimizer = f.nonfinite_optimizer;
+        }
+        failure->nonfinite += f.nonfinite;
+    }
+    return failure->param < 0;
 }
 
 void undo_double_buffered(const Segment *segs, size_t num_segs, ThreadPool *pool) {

@@ -61,12 +61,17 @@ bool double_buffers(Kind kind);
 // The value of hyperparameter `key` (SX_HP_* or SX_HP_CUSTOM + i) in h, as a double.
 double hyper_value(const Hyper &h, int32_t key);
 
-// A failure reported by a custom update: the first one a thread met (param -1: none).
+// A failure reported by a custom update: the first one a thread met (param -1: none);
+// and the inf or NaN values custom updates wrote (into a param's values or its state),
+// which the step's nonfinite policy then judges as it judges the gradients'.
 struct CustomFailure {
     int32_t code = 0;
     int32_t param = -1;
     const char *optimizer = nullptr;
     std::string message;  // what the update wrote into the piece's error buffer, if anything
+    uint64_t nonfinite = 0;         // values written that are inf or NaN
+    int32_t nonfinite_param = -1;   // the first param they were written into (-1: none)
+    const char *nonfinite_optimizer = nullptr;
 };
 
 // The pass that runs custom optimizers' functions (and, in double-buffered units, the
