@@ -300,7 +300,9 @@ typedef struct sx_group_config {
     /* SX_GROUP_* flags. */
     uint32_t flags;
     /* Address the CPU transport binds to and advertises, copied; NULL = 127.0.0.1 for
-     * local://, and this host's name otherwise. */
+     * local:// and a loopback store; for a store on another host (tcp://, env://), the
+     * address this host reaches it from (its route's source: the interface its peers on
+     * other hosts reach it through too); else this host's name. */
     const char *bind_address;
     /* CUDA device ordinal for SX_BACKEND_CUDA (and AUTO on a machine with a GPU): with
      * several ranks on one host, each its own device (torchrun: LOCAL_RANK). */

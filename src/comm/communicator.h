@@ -122,6 +122,12 @@ class Communicator {
     // Makes calls in flight on other threads fail with SX_ERR_ABORTED soon, and every
     // later call fail. Thread-safe; may be called any number of times.
     virtual void abort() = 0;
+    // abort(), because of `why` (a failure elsewhere): where the peers learn why this rank
+    // left (shared memory), they are told.
+    virtual void abort_because(const Status &why) {
+        (void)why;
+        abort();
+    }
     // The ranks (ascending) whose process this rank knows to have exited, asked now: where
     // it shares memory with them, their processes are watched (a pidfd); over TCP alone
     // nothing is known (a closed connection may be a live peer that gave up). Any thread.
@@ -153,6 +159,9 @@ struct GlooOptions {
     // broadcast copy straight from the peers' buffers instead of going through TCP
     // (the other collectives always use Gloo). Tests turn it off to run the TCP ring.
     bool in_process = true;
+    // Per rank of this communicator, how errors that name a peer call it ("rank 2 (host
+    // 'b')"; empty: "its rank 2").
+    std::vector<std::string> rank_names;
 };
 
 // Connects a full mesh of `world_size` ranks through `store` (keys under the store's

@@ -121,9 +121,12 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     c.world_size = rv.world_size;
     c.shard_size = cfg.shard_size ? cfg.shard_size : rv.world_size;  // checked by the mesh
     if (c.bind_address.empty()) {
+        // Loopback for ranks of one machine; else where the store is reached from, which
+        // the peers on other hosts reach too (this host's name may resolve to a loopback
+        // address, as Debian's does, or to none bound in this network namespace).
         const bool loopback = rv.scheme == rdzv::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
                               rv.host.compare(0, 4, "127.") == 0;
-        if (loopback) c.bind_address = "127.0.0.1";
+        c.bind_address = loopback ? "127.0.0.1" : rdzv::address_towards(rv);
     }
     std::unique_ptr<ShardGroup> g;
     std::shared_ptr<rdzv::Store> root;

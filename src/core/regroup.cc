@@ -595,9 +595,11 @@ Status ShardGroup::join(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *ou
     c.shard_size = a.shard_size;
     c.memory_copy_interval = a.memory_copy_interval;
     c.epoch = a.epoch;
-    if (c.bind_address.empty() && (rv.scheme == rdzv::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
-                                   rv.host.compare(0, 4, "127.") == 0))
-        c.bind_address = "127.0.0.1";
+    if (c.bind_address.empty()) {  // as create() chooses it
+        const bool loopback = rv.scheme == rdzv::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
+                              rv.host.compare(0, 4, "127.") == 0;
+        c.bind_address = loopback ? "127.0.0.1" : rdzv::address_towards(rv);
+    }
     c.rendezvous_token.clear();
     std::unique_ptr<ShardGroup> g;
     Heartbeat beat(root, a.id);

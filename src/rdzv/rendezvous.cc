@@ -2,6 +2,11 @@
 // part of the URL that is wrong and says what was expected.
 #include "rdzv/rendezvous.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -231,6 +236,39 @@ Status apply_rendezvous_guard(const char *token, const char *bind, Rendezvous *r
         break;  // no server: the process or the directory's permissions are the boundary
     }
     return Status::Ok();
+}
+
+std::string address_towards(const Rendezvous &rv) {
+    if ((rv.scheme != Rendezvous::Scheme::kTcp && rv.scheme != Rendezvous::Scheme::kC10d) || rv.host.empty() ||
+        rv.host == "localhost" || rv.host.compare(0, 4, "127.") == 0 || rv.host == "::1")
+        return "";
+    struct addrinfo hints;
+    std::memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_DGRAM;
+    struct addrinfo *res = nullptr;
+    if (::getaddrinfo(rv.host.c_str(), std::to_string(rv.port > 0 ? rv.port : 1).c_str(), &hints, &res) != 0) return "";
+    std::string out;
+    for (struct addrinfo *ai = res; ai != nullptr && out.empty(); ai = ai->ai_next) {
+        // A datagram socket's connect() only picks the route: nothing is sent.
+        const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+        if (fd < 0) continue;
+        struct sockaddr_storage local;
+        socklen_t len = sizeof local;
+        if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+            ::getsockname(fd, reinterpret_cast<struct sockaddr *>(&local), &len) == 0) {
+            char text[INET6_ADDRSTRLEN] = {0};
+            const void *addr = local.ss_family == AF_INET
+                                   ? static_cast<const void *>(&reinterpret_cast<struct sockaddr_in *>(&local)->sin_addr)
+                                   : static_cast<const void *>(&reinterpret_cast<struct sockaddr_in6 *>(&local)->sin6_addr);
+            if (::inet_ntop(local.ss_family, addr, text, sizeof text) != nullptr &&
+                std::strncmp(text, "127.", 4) != 0 && std::strcmp(text, "::1") != 0)
+                out = text;
+        }
+        ::close(fd);
+    }
+    ::freeaddrinfo(res);
+    return out;
 }
 
 }  // namespace rdzv

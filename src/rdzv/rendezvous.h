@@ -69,5 +69,11 @@ Status parse_rendezvous(const char *url, int rank, int world_size, Rendezvous *o
 // store, but a job that crashed leaves its keys behind. Thread-safe; the store is too.
 Status open_store(const Rendezvous &rv, Millis timeout, std::shared_ptr<Store> *out);
 
+// The address this host reaches the store of `rv` from (the source address of its route
+// to a tcp:// or env:// host that is not a loopback one): the interface through which its
+// peers on other hosts reach it too, which is what its transport should bind. "" where
+// there is none to choose (local://, file://, loopback, an unresolvable host).
+std::string address_towards(const Rendezvous &rv);
+
 }  // namespace rdzv
 }  // namespace sx

@@ -121,7 +121,8 @@ class GlooCommunicator final : public Communicator {
           timeout_(options.timeout),
           rs_segment_bytes_(std::max(options.segment_bytes ? options.segment_bytes : kReduceScatterSegmentBytes,
                                      sizeof(float))),
-          ag_segment_bytes_(options.segment_bytes ? options.segment_bytes : kAllGatherSegmentBytes) {}
+          ag_segment_bytes_(options.segment_bytes ? options.segment_bytes : kAllGatherSegmentBytes),
+          names_(options.rank_names) {}
 
     // Destroying the context closes every pair (no I/O, so peers that are dead or
     // stalled cannot hold it up) and joins Gloo's event-loop thread. Peers waiting at
@@ -264,7 +265,7 @@ class GlooCommunicator final : public Communicator {
         uint64_t slot;
         Clock::time_point deadline;
     };
-    OpScope scope(const Call &call) { return OpScope(*context_, in_flight_, call.slot, call.deadline); }
+    OpScope scope(const Call &call) { return OpScope(*context_, in_flight_, call.slot, call.deadline, &waiting_for_); }
 
     // Runs one of Gloo's own algorithms: its options (declared by the caller, so they
     // outlive the scope opened here) get the call's tag and deadline, and their buffer
@@ -289,6 +290,7 @@ class GlooCommunicator final : public Communicator {
         SigpipeBlock no_sigpipe;
         const Clock::time_point start = Clock::now();
         ++tag_;
+        waiting_for_.store(-1);
         Status s;
         try {
             s = body(Call{kRingSlotPrefix | (static_cast<uint64_t>(tag_) << 24), start + timeout_});
@@ -309,7 +311,12 @@ class GlooCommunicator final : public Communicator {
     Status point_to_point(const Call &call, int root, const std::vector<Piece> &mine,
                           const std::vector<std::vector<Piece>> &theirs, bool gather) {
         OpScope op = scope(call);
-        std::vector<std::pair<UnboundBuffer *, bool>> posted;  // (buffer, is a send)
+        struct Posted {
+            UnboundBuffer *buffer;
+            bool send;
+            int peer;
+        };
+        std::vector<Posted> posted;
         auto post = [&](const Piece &p, int peer, bool send) {
             if (p.bytes == 0) return;
             UnboundBuffer *b = op.buffer(p.data, p.bytes);
@@ -318,7 +325,7 @@ class GlooCommunicator final : public Communicator {
             } else {
                 b->recv(peer, op.slot(), 0, p.bytes);
             }
-            posted.emplace_back(b, send);
+            posted.push_back({b, send, peer});
         };
         if (rank() == root) {
             for (int r = 0; r < world_size(); ++r)
@@ -327,8 +334,8 @@ class GlooCommunicator final : public Communicator {
         } else {
             for (const Piece &p : mine) post(p, root, gather);
         }
-        for (const auto &b : posted)
-            if (!(b.second ? op.wait_send(b.first) : op.wait_recv(b.first)))
+        for (const Posted &b : posted)
+            if (!(b.send ? op.wait_send(b.buffer, b.peer) : op.wait_recv(b.buffer, b.peer)))
                 return SX_ERROR(SX_ERR_ABORTED, "aborted");
         op.done();
         return Status::Ok();
@@ -341,20 +348,30 @@ class GlooCommunicator final : public Communicator {
         return s;
     }
 
+    // Which peer a failed wait was on, in words: "; it was waiting for rank 2 (host 'b')".
+    std::string peer_waited_for() const {
+        const int q = waiting_for_.load();
+        if (q < 0 || q >= world_size() || q == rank()) return "";
+        if (names_.empty()) return format("; it was waiting for its rank %d", q);
+        return "; it was waiting for " + names_[static_cast<size_t>(q)];
+    }
+
     Status classify(const char *what, const std::string &text, Millis elapsed) const {
         const long long t = static_cast<long long>(timeout_.count());
+        const std::string peer = peer_waited_for();
         if (mentions_timeout(text)) {
-            return SX_ERROR(SX_ERR_TIMEOUT, "%s timed out on rank %d of %d (timeout %lld ms): gloo: %s", what,
-                            rank(), world_size(), t, text.c_str());
+            return SX_ERROR(SX_ERR_TIMEOUT, "%s timed out on rank %d of %d (timeout %lld ms)%s: gloo: %s", what,
+                            rank(), world_size(), t, peer.c_str(), text.c_str());
         }
         if (elapsed * 4 >= timeout_ * 3) {
             return SX_ERROR(SX_ERR_TIMEOUT,
                             "%s timed out on rank %d of %d: a peer closed its connection after %lld of the %lld ms "
-                            "timeout, as a peer does when it times out waiting for a stalled rank: gloo: %s",
-                            what, rank(), world_size(), static_cast<long long>(elapsed.count()), t, text.c_str());
+                            "timeout, as a peer does when it times out waiting for a stalled rank%s: gloo: %s",
+                            what, rank(), world_size(), static_cast<long long>(elapsed.count()), t, peer.c_str(),
+                            text.c_str());
         }
-        return SX_ERROR(SX_ERR_COMM, "%s failed on rank %d of %d: a peer died or a connection broke: gloo: %s", what,
-                        rank(), world_size(), text.c_str());
+        return SX_ERROR(SX_ERR_COMM, "%s failed on rank %d of %d: a peer died or a connection broke%s: gloo: %s", what,
+                        rank(), world_size(), peer.c_str(), text.c_str());
     }
 
     Status usable(const char *what) {
@@ -399,6 +416,8 @@ class GlooCommunicator final : public Communicator {
     const size_t rs_segment_bytes_, ag_segment_bytes_;
     InFlight in_flight_;
     uint32_t tag_ = 0;  // calls so far; only the calling thread touches it
+    std::atomic<int> waiting_for_{-1};  // the peer the call in flight waits on (-1: unknown)
+    const std::vector<std::string> names_;  // per rank, how errors call it (GlooOptions::rank_names)
 
     FailureLatch failure_;
     std::atomic<bool> aborted_{false};

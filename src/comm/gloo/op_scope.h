@@ -2,6 +2,8 @@
 // deadline, and what must happen if it ends early.
 #pragma once
 
+#include <atomic>
+
 #include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
 
@@ -54,8 +56,11 @@ class InFlight {
 // no longer touches any buffer. Only then are the buffers released.
 class OpScope {
   public:
-    OpScope(gloo::Context &context, InFlight &in_flight, uint64_t slot, Clock::time_point deadline)
-        : context_(context), in_flight_(in_flight), slot_(slot), deadline_(deadline) {}
+    // waiting_for (may be null): where each wait notes the peer it waits on, for the
+    // error that a timeout or a broken connection becomes.
+    OpScope(gloo::Context &context, InFlight &in_flight, uint64_t slot, Clock::time_point deadline,
+            std::atomic<int> *waiting_for = nullptr)
+        : context_(context), in_flight_(in_flight), slot_(slot), deadline_(deadline), waiting_for_(waiting_for) {}
 
     ~OpScope() {
         if (!done_) {
@@ -85,18 +90,27 @@ class OpScope {
         registered_.push_back(b);
     }
 
-    // Wait for the next receive (send) completion on b until the deadline. False if
-    // abort() woke it; Gloo throws on a timeout or a failed peer.
-    bool wait_recv(UnboundBuffer *b) { return b->waitRecv(nullptr, wait_time()); }
-    bool wait_send(UnboundBuffer *b) { return b->waitSend(nullptr, wait_time()); }
+    // Wait for the next receive (send) completion on b, from (to) rank `peer`, until the
+    // deadline. False if abort() woke it; Gloo throws on a timeout or a failed peer.
+    bool wait_recv(UnboundBuffer *b, int peer) {
+        note(peer);
+        return b->waitRecv(nullptr, wait_time());
+    }
+    bool wait_send(UnboundBuffer *b, int peer) {
+        note(peer);
+        return b->waitSend(nullptr, wait_time());
+    }
     // What is left of the deadline, at least 1 ms (0 would be no time at all to Gloo's
     // waits, and -1 its "use the context default").
     std::chrono::milliseconds wait_time() const { return std::max(time_left(deadline_), Millis(1)); }
 
     // The call completed: every posted operation finished.
     void done() { done_ = true; }
-
   private:
+    void note(int peer) {
+        if (waiting_for_) waiting_for_->store(peer);
+    }
+
     gloo::Context &context_;
     InFlight &in_flight_;
     const uint64_t slot_;
@@ -104,6 +118,7 @@ class OpScope {
     std::vector<std::unique_ptr<UnboundBuffer>> owned_;  // destroyed after the destructor body
     std::vector<UnboundBuffer *> registered_;
     bool done_ = false;
+    std::atomic<int> *waiting_for_;
 };
 
 }  // namespace comm

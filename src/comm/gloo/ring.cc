@@ -106,7 +106,7 @@ Status ring_reduce_scatter_with(OpScope &op, const Sum &sum, typename Sum::T *bu
     for (size_t k = 0; k < nseg; ++k, ++sends) post_send(k);  // step 0 sends own data: ready now
     for (size_t u = 0; u < depth; ++u) post_recv(u);
     for (size_t u = 0; u < units; ++u) {
-        if (!op.wait_recv(recv)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+        if (!op.wait_recv(recv, ring.left)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
         const size_t s = u / nseg, k = u % nseg, n = seg_len(k);
         const T *received = scratch.get() + (u % depth) * seg;
         T *partial = buf + ring.chunk_behind(s + 2) * shard + k * seg;
@@ -122,7 +122,7 @@ Status ring_reduce_scatter_with(OpScope &op, const Sum &sum, typename Sum::T *bu
         if (u + depth < units) post_recv(u + depth);  // reuses the scratch slot just consumed
     }
     for (size_t i = 0; i < sends; ++i)
-        if (!op.wait_send(send)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+        if (!op.wait_send(send, ring.right)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
     op.done();
     return Status::Ok();
 }
@@ -186,14 +186,14 @@ Status ring_all_gather(OpScope &op, char *buf, size_t shard_bytes, size_t segmen
     for (size_t k = 0; k < nseg; ++k, ++sends) post_send(k);
     for (size_t u = 0; u < units; ++u) post_recv(u);
     for (size_t u = 0; u < units; ++u) {
-        if (!op.wait_recv(b)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+        if (!op.wait_recv(b, ring.left)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
         if (u / nseg + 1 < steps) {
             post_send(u + nseg);
             ++sends;
         }
     }
     for (size_t i = 0; i < sends; ++i)
-        if (!op.wait_send(b)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+        if (!op.wait_send(b, ring.right)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
     op.done();
     return Status::Ok();
 }

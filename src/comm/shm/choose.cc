@@ -19,13 +19,14 @@ Status create_cpu_communicator(std::shared_ptr<rdzv::Store> store, int rank, int
     SX_CHECK_ARG(store != nullptr && out != nullptr, "create_cpu_communicator: store and out must not be NULL");
     CpuTransport transport = CpuTransport::kGloo;
     HostPlacement placement;
+    std::vector<std::string> hosts;  // per rank, its host's identity (where they said it)
     if (shared_memory && world_size > 1) {
         // Every rank says where it runs and reads where the others do: they all decide alike.
         const Clock::time_point deadline =
             options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
         const std::string mine = host.empty() ? host_identity() : "given:" + host;
         SX_TRY(store->set("host/" + std::to_string(rank), mine));
-        std::vector<std::string> hosts(static_cast<size_t>(world_size));
+        hosts.resize(static_cast<size_t>(world_size));
         for (int q = 0; q < world_size; ++q) {
             const Millis left = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
             SX_TRY(store->get("host/" + std::to_string(q), &hosts[static_cast<size_t>(q)], left));
@@ -36,7 +37,14 @@ Status create_cpu_communicator(std::shared_ptr<rdzv::Store> store, int rank, int
             transport = CpuTransport::kHierarchical;
     }
     if (chosen) *chosen = transport;
-    if (transport == CpuTransport::kGloo) return create_gloo_communicator(std::move(store), rank, world_size, options, out);
+    if (transport == CpuTransport::kGloo) {
+        GlooOptions named = options;  // where the ranks said their hosts, errors name them
+        if (!hosts.empty() && named.rank_names.empty())
+            for (int q = 0; q < world_size; ++q)
+                named.rank_names.push_back(
+                    format("rank %d (host '%s')", q, host_name_of(hosts[static_cast<size_t>(q)]).c_str()));
+        return create_gloo_communicator(std::move(store), rank, world_size, named, out);
+    }
     if (transport == CpuTransport::kHierarchical) {
         bool hierarchical = false;
         SX_TRY(create_hierarchical_communicator(std::move(store), rank, placement, options, out, &hierarchical));

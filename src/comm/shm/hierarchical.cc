@@ -169,11 +169,14 @@ class HierarchicalCommunicator final : public Communicator {
     }
 
     // A failed part fails the whole: the other parts are aborted, so that every peer,
-    // whichever part it waits in, fails at once, and every later call fails fast.
+    // whichever part it waits in, fails at once (this host's peers told why), and every
+    // later call fails fast.
     Status checked(Status s) {
         if (s.ok()) return s;
         failure_.record(s);
-        abort();
+        local_->abort_because(s);
+        peers_->abort();
+        flat_->abort();
         return s;
     }
 
@@ -189,6 +192,13 @@ class HierarchicalCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+std::string host_name_of(const std::string &identity) {
+    for (const char *given : {"override:", "given:"})
+        if (identity.compare(0, std::strlen(given), given) == 0) return identity.substr(std::strlen(given));
+    const size_t slash = identity.find('/');  // "<boot id>/<host name>"
+    return slash == std::string::npos ? identity : identity.substr(slash + 1);
+}
 
 bool place_hosts(const std::vector<std::string> &hosts, HostPlacement *out) {
     HostPlacement p;
@@ -209,6 +219,7 @@ bool place_hosts(const std::vector<std::string> &hosts, HostPlacement *out) {
     if (p.hosts < 2 || p.per_host < 2) return false;
     for (int h = 0; h < p.hosts; ++h)
         for (int i = 0; i < p.per_host; ++i) p.rank_of.push_back(ranks[static_cast<size_t>(h)][static_cast<size_t>(i)]);
+    for (const std::string &h : order) p.names.push_back(host_name_of(h));
     *out = p;
     return true;
 }
@@ -225,7 +236,10 @@ Status create_hierarchical_communicator(std::shared_ptr<rdzv::Store> store, int 
     std::unique_ptr<Communicator> flat, local, peers;
     SX_TRY(create_gloo_communicator(rdzv::make_prefix_store(store, "flat/"), rank, world, options, &flat));
     ShmOptions so;
-    so.timeout = options.timeout;
+    // A little longer than the exchange between hosts waits: where a host peer stalls,
+    // this host's rank that waits on it gives up first and tells its host's ranks why
+    // (which host peer it waited for), rather than they timing out at once on it.
+    so.timeout = options.timeout + std::min(std::max(options.timeout / 4, Millis(250)), Millis(5000));
     so.deadline = options.deadline;
     Status s = create_shm_communicator(rdzv::make_prefix_store(store, "host" + std::to_string(p.host) + "/"),
                                        p.local, p.per_host, so, &local);
@@ -239,8 +253,13 @@ Status create_hierarchical_communicator(std::shared_ptr<rdzv::Store> store, int 
         *out = std::move(flat);
         return Status::Ok();
     }
+    GlooOptions po = options;  // the host peers are named by their ranks in the world and their hosts
+    po.rank_names.clear();
+    for (int h = 0; h < p.hosts; ++h)
+        po.rank_names.push_back(format("rank %d (host '%s')", p.rank_of[static_cast<size_t>(h * p.per_host + p.local)],
+                                       p.names[static_cast<size_t>(h)].c_str()));
     SX_TRY(create_gloo_communicator(rdzv::make_prefix_store(store, "peers" + std::to_string(p.local) + "/"), p.host,
-                                    p.hosts, options, &peers));
+                                    p.hosts, po, &peers));
     log(SX_LOG_DEBUG,
         "sx: rank %d of %d: host %d of %d, local rank %d of %d: its communicator combines through shared memory on its "
         "host and through TCP with its host peers",

@@ -18,7 +18,11 @@ struct HostPlacement {
     int hosts = 0, per_host = 0;
     int host = 0, local = 0;
     std::vector<int> rank_of;
+    std::vector<std::string> names;  // per host, readable (its host name, or SX_HOST_ID)
 };
+
+// A host identity (host_identity()) in words: the host name, or the SX_HOST_ID given.
+std::string host_name_of(const std::string &identity);
 
 // The placement of the ranks whose host identities are `hosts` (one per rank, in rank
 // order), where a hierarchy applies: at least 2 hosts, every one with the same number of

@@ -109,6 +109,9 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t
 
 constexpr size_t kHeaderBytes = 4096;  // the lines (at most 64 ranks per host) and padding
 constexpr int kMaxRanks = static_cast<int>(kHeaderBytes / sizeof(Line));
+// After the lines, per rank: why it left, in words (NUL-terminated; written before
+// `left`), so that the peers it leaves waiting say what went wrong where it did.
+constexpr size_t kReasonBytes = 256;
 constexpr size_t kDefaultSlotBytes = 8 << 20;
 constexpr size_t kBlock = 4096;  // elements summed in a stack buffer at a time
 constexpr size_t kSmall = 1024;  // an all-reduce of at most this many values per chunk: two barriers
@@ -358,9 +361,10 @@ class ShmCommunicator final : public Communicator {
         return Status::Ok();
     }
 
-    void abort() override {
+    void abort() override { abort_because(Status::Ok()); }
+    void abort_because(const Status &why) override {
         if (aborted_.exchange(true)) return;
-        leave(SX_ERR_ABORTED);
+        leave(why.ok() ? SX_ERR_ABORTED : why.code(), why.ok() ? "" : why.message());
         log(SX_LOG_INFO, "sx: rank %d: communicator aborted", rank_);
     }
 
@@ -422,7 +426,11 @@ class ShmCommunicator final : public Communicator {
         if (one_process_) return reinterpret_cast<T *>(static_cast<uintptr_t>(where));
         return reinterpret_cast<T *>(const_cast<char *>(segment_->peer(q).arena) + (where - 1));
     }
-    char *slot(int r) const { return segment_->data() + kHeaderBytes + static_cast<size_t>(r) * slot_bytes_; }
+    char *reason(int r) const { return segment_->data() + kHeaderBytes + static_cast<size_t>(r) * kReasonBytes; }
+    char *slot(int r) const {
+        return segment_->data() + kHeaderBytes + static_cast<size_t>(world_size_) * kReasonBytes +
+               static_cast<size_t>(r) * slot_bytes_;
+    }
     template <class T>
     T *slot_as(int r) const {
         return reinterpret_cast<T *>(slot(r));
@@ -730,10 +738,13 @@ class ShmCommunicator final : public Communicator {
     // Why a wait for peer q cannot go on, if it cannot.
     Status check_waiting(int q, Clock::time_point deadline) {
         if (aborted_.load()) return SX_ERROR(SX_ERR_ABORTED, "the communicator was aborted");
-        if (const uint32_t code = line(q).left.load(std::memory_order_acquire))
+        if (const uint32_t code = line(q).left.load(std::memory_order_acquire)) {
+            const char *why = reason(q);
             return SX_ERROR(code == SX_ERR_TIMEOUT ? SX_ERR_TIMEOUT : SX_ERR_COMM,
-                            "rank %d left the communicator (%s)", q,
-                            sx_status_string(static_cast<sx_status_t>(code)));
+                            "rank %d left the communicator (%s%s%.*s)", q,
+                            sx_status_string(static_cast<sx_status_t>(code)), why[0] ? ": " : "",
+                            static_cast<int>(strnlen(why, kReasonBytes)), why);
+        }
         const int32_t pid = segment_->peer(q).pid;
         if (pid > 0 && pid != ::getpid() && exited(q, pid))
             return SX_ERROR(SX_ERR_COMM, "rank %d (process %d) has exited", q, pid);
@@ -743,11 +754,17 @@ class ShmCommunicator final : public Communicator {
         return Status::Ok();
     }
 
-    // This rank leaves with `code`: peers waiting on it fail at once.
-    void leave(sx_status_t code) {
+    // This rank leaves with `code` (and `why`, in words): peers waiting on it fail at once.
+    void leave(sx_status_t code, const std::string &why = "") {
         Line &me = line(rank_);
+        if (me.left.load(std::memory_order_relaxed) == 0 && !why.empty()) {
+            // Before `left`, which publishes it (release); cut to fit, NUL-terminated.
+            const size_t n = std::min(why.size(), kReasonBytes - 1);
+            std::memcpy(reason(rank_), why.data(), n);
+            reason(rank_)[n] = '\0';
+        }
         uint32_t none = 0;
-        me.left.compare_exchange_strong(none, static_cast<uint32_t>(code));
+        me.left.compare_exchange_strong(none, static_cast<uint32_t>(code), std::memory_order_release);
         for (int q = 0; q < world_size_; ++q) futex(&line(q).arrived, FUTEX_WAKE, INT_MAX, nullptr);
     }
 
@@ -758,7 +775,7 @@ class ShmCommunicator final : public Communicator {
 
     void record_failure(const Status &s) {
         failure_.record(s);
-        leave(s.code());
+        leave(s.code(), s.message());
     }
 
     std::unique_ptr<SharedSegment> segment_;
@@ -792,7 +809,8 @@ Status create_shm_communicator(std::shared_ptr<rdzv::Store> store, int rank, int
     const Clock::time_point deadline =
         options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
     std::unique_ptr<SharedSegment> segment;
-    SX_TRY(SharedSegment::open(*store, rank, world_size, kHeaderBytes + slot * static_cast<size_t>(world_size),
+    SX_TRY(SharedSegment::open(*store, rank, world_size,
+                               kHeaderBytes + (kReasonBytes + slot) * static_cast<size_t>(world_size),
                                deadline, &segment, options.in_place));
     std::unique_ptr<ShmCommunicator> c(new ShmCommunicator(std::move(segment), rank, world_size, options.timeout, slot));
     SX_TRY(c->start());
