@@ -194,6 +194,10 @@ int section_shm_step(const Options &opt);
 int shm_step_rank_main(int argc, char **argv);
 int section_regroup(const Options &opt);
 int regroup_rank_main(int argc, char **argv);
+#ifdef SX_BENCH_NETLAB
+int section_hosts(const Options &opt);
+int hosts_rank_main(int argc, char **argv);
+#endif
 #ifdef SX_HAVE_CUDA
 int section_gpu_adamw(const Options &opt);
 int section_gpu_step(const Options &opt);

@@ -36,6 +36,9 @@
 //                 exchange; Newton-Schulz and the ordered product against torch's
 //   regroup       a rank of 4 SIGKILLed: the survivors' sx_regroup and first step against
 //                 a restart of 3 new processes loading the same checkpoint, flat and 2 x 2
+//   hosts         (builds with the tests; root) a step of 16 Mi fp32 AdamW at 2 hosts x 2
+//                 ranks across a 1 Gbit/s, 0.5 ms link: two-level against flat Gloo over
+//                 every rank, each against the link's ceiling
 //   gpu_adamw     (CUDA builds) the fused AdamW kernel on the device vs a traffic-only kernel
 //                 with its memory pattern, and its bandwidth beside the device's peak;
 //                 prints that it was skipped, and why, where there is no device
@@ -93,6 +96,9 @@ const Section kSections[] = {
     {"shm_step", section_shm_step},
     {"cache_step", section_cache_step},
     {"regroup", section_regroup},
+#ifdef SX_BENCH_NETLAB
+    {"hosts", section_hosts},
+#endif
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
     {"gpu_step", section_gpu_step},
@@ -139,6 +145,9 @@ int main(int argc, char **argv) {
     if (argc > 1 && !std::strcmp(argv[1], "--shm-rank")) return shm_rank_main(argc, argv);
     if (argc > 1 && !std::strcmp(argv[1], "--shm-step-rank")) return shm_step_rank_main(argc, argv);
     if (argc > 1 && !std::strcmp(argv[1], "--regroup-rank")) return regroup_rank_main(argc, argv);
+#ifdef SX_BENCH_NETLAB
+    if (argc > 1 && !std::strcmp(argv[1], "--hosts-rank")) return hosts_rank_main(argc, argv);
+#endif
     Options opt;
     std::vector<std::string> wanted;
     for (int i = 1; i < argc; ++i) {
