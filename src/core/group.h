@@ -140,6 +140,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     int epoch() const { return epoch_; }
     // The ranks of this group whose process is known to have exited (sx_get_lost_ranks).
     std::vector<int> lost_ranks() const;
+    std::vector<uint64_t> lost_ids() const;  // the same, as the identities regroups know them by
     // A joining group (SX_GROUP_JOIN): until sx_regroup admits it, a group of its own
     // rank alone, on a rendezvous of its own, where params are registered and laid out.
     bool joining() const { return joining_; }
@@ -283,6 +284,7 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status finish_step(bool keep_grads);
     Status skip_step(const StepOptions &options, double norm, StepResult *result);
     Status skip_nonfinite(const StepOptions &options, double norm, StepResult *result);
+    Status skip_custom(const Status &why, const StepOptions &options, double norm, StepResult *result);
     void warn_if_no_gradient(double norm);
     void count_step(bool dynamic);
     void report_step(double grad_norm, bool skipped, StepResult *result) const;

@@ -374,6 +374,33 @@ std::string no_state(int epoch, const std::vector<Arrival> &members, const CopyC
                   ranks_of(members).c_str(), epoch, choice.why_not.c_str(), epoch + 1);
 }
 
+// The new group's shard size: a mesh keeps its shard groups' size where the ranks still
+// fill whole shard groups of it, else the new group is flat. The newest group among the
+// survivors' says which mesh that was (survivors of a failed try may hold an older one).
+int shard_size_after(const std::vector<Arrival> &members, int new_world) {
+    const Arrival &newest = *std::max_element(members.begin(), members.end(),
+                                              [](const Arrival &a, const Arrival &b) { return a.epoch < b.epoch; });
+    const bool flat = newest.shard_size == newest.world;
+    return !flat && new_world % newest.shard_size == 0 ? newest.shard_size : new_world;
+}
+
+// The claimer's part of admitting: each admitted joiner (`admitted`, after the `members`
+// survivors) told its place in the new group `c` through its lobby place's key.
+Status tell_joiners(rdzv::Store &root, const GroupConfig &c, size_t members, const std::vector<uint64_t> &admitted) {
+    for (size_t j = 0; j < admitted.size(); ++j) {
+        Admission a;
+        a.epoch = c.epoch;
+        a.world_size = c.world_size;
+        a.rank = static_cast<int>(members + j);
+        a.shard_size = c.shard_size;
+        a.memory_copy_interval = c.memory_copy_interval;
+        a.id = admitted[j];
+        SX_TRY(root.set(format("lobby/admit/%llu", static_cast<unsigned long long>(admitted[j] - kJoinerIds)),
+                        describe(a)));
+    }
+    return Status::Ok();
+}
+
 }  // namespace
 
 Status ShardGroup::check_regroup(const RegroupSpec &spec) const {
@@ -432,6 +459,13 @@ Status ShardGroup::claim_joiners(int epoch, int admit, bool claimer, Clock::time
     return root_store_->set(format("regroup/%d/admitted", epoch), join_ids(*ids));
 }
 
+// The identities of this group's ranks known to have exited.
+std::vector<uint64_t> ShardGroup::lost_ids() const {
+    std::vector<uint64_t> ids;
+    for (int r : lost_ranks()) ids.push_back(member_ids_[static_cast<size_t>(r)]);
+    return ids;
+}
+
 Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info) {
     SX_TRY(check_regroup(spec));
     if (joining_) return join(spec, out, info);
@@ -439,28 +473,17 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
     // The broken group's collectives end now (a survivor may still be inside one), and no
     // later call of this group runs; its copies are kept for the groups after it.
     abort();
-    Heartbeat beat(root_store_, member_ids_[static_cast<size_t>(rank())]);
+    const uint64_t my_id = member_ids_[static_cast<size_t>(rank())];
+    Heartbeat beat(root_store_, my_id);
     keep_copies_for_regroup(spec.join_window);
     const Clock::time_point deadline = Clock::now() + Millis(config_.timeout_ms);
     const int epoch = std::max(epoch_, attempted_epoch_) + 1;
     attempted_epoch_ = epoch;
-    auto lost_ids = [this] {
-        std::vector<uint64_t> ids;
-        for (int r : lost_ranks()) ids.push_back(member_ids_[static_cast<size_t>(r)]);
-        return ids;
-    };
-    Arrival me;
-    me.id = member_ids_[static_cast<size_t>(rank())];
-    me.rank = rank();
-    me.admit = spec.admit;
-    me.epoch = epoch_;
-    me.world = world_size();
-    me.shard_size = shard_size();
-    me.members = member_ids_;
-    me.lost = lost_ids();
+    const Arrival me{my_id, rank(), spec.admit, epoch_, world_size(), shard_size(), member_ids_, lost_ids()};
     std::vector<Arrival> members;
     std::vector<std::vector<CopyHolding>> holdings;
-    Status s = agree_members(*root_store_, epoch, me, spec, held_copies(), lost_ids, deadline, &members, &holdings);
+    Status s = agree_members(*root_store_, epoch, me, spec, held_copies(), [this] { return lost_ids(); }, deadline,
+                             &members, &holdings);
     if (!s.ok()) {
         return SX_ERROR(s.code(), "the survivors could not agree on the group of epoch %d through the rendezvous %s: "
                         "%s (the store must outlive every rank: the sx-rendezvous command, file:// or torchrun's "
@@ -473,37 +496,18 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
     // The survivors keep their order; the admitted joiners come after them.
     std::vector<uint64_t> ids;
     for (const Arrival &m : members) ids.push_back(m.id);
-    const int new_rank = static_cast<int>(std::find(ids.begin(), ids.end(), me.id) - ids.begin());
+    const int new_rank = static_cast<int>(std::find(ids.begin(), ids.end(), my_id) - ids.begin());
     std::vector<uint64_t> admitted;
     if (spec.admit > 0) SX_TRY(claim_joiners(epoch, spec.admit, new_rank == 0, deadline, &admitted));
     ids.insert(ids.end(), admitted.begin(), admitted.end());
-    const int new_world = static_cast<int>(ids.size());
-
     GroupConfig c = config_;
     c.rank = new_rank;
-    c.world_size = new_world;
+    c.world_size = static_cast<int>(ids.size());
     c.epoch = epoch;
-    // A mesh keeps its shard groups' size where the ranks still fill whole shard groups
-    // of it; else the new group is flat. The newest group among the survivors' says
-    // which mesh that was (survivors of a failed try may still hold an older one).
-    const Arrival &newest = *std::max_element(members.begin(), members.end(),
-                                              [](const Arrival &a, const Arrival &b) { return a.epoch < b.epoch; });
-    const bool flat = newest.shard_size == newest.world;
-    c.shard_size = !flat && new_world % newest.shard_size == 0 ? newest.shard_size : new_world;
-    for (size_t j = 0; j < admitted.size(); ++j) {  // each admitted joiner told its place
-        Admission a;
-        a.epoch = epoch;
-        a.world_size = new_world;
-        a.rank = static_cast<int>(members.size() + j);
-        a.shard_size = c.shard_size;
-        a.memory_copy_interval = config_.memory_copy_interval;
-        a.id = admitted[j];
-        if (new_rank == 0)
-            SX_TRY(root_store_->set(format("lobby/admit/%llu", static_cast<unsigned long long>(admitted[j] - kJoinerIds)),
-                                    describe(a)));
-    }
+    c.shard_size = shard_size_after(members, c.world_size);
+    if (new_rank == 0) SX_TRY(tell_joiners(*root_store_, c, members.size(), admitted));
     const std::string trace_path = config_.trace_path.empty() ? "" : config_.trace_path + format(".epoch%d", epoch);
-    Disarm watching{watch_members(root_store_, ids, new_rank, lost_ids)};
+    Disarm watching{watch_members(root_store_, ids, new_rank, [this] { return lost_ids(); })};
     std::shared_ptr<rdzv::Store> store =
         rdzv::make_watched_store(rdzv::make_prefix_store(root_store_, format("e%d/", epoch)), watching.watch);
     std::unique_ptr<ShardGroup> g;
@@ -527,13 +531,9 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
             choice.why_not.c_str());
     }
     log(SX_LOG_INFO, "sx: epoch %d: rank %d of %d is rank %d of %d (mesh %d x %d)", epoch, rank(), world_size(),
-        new_rank, new_world, g->shard_size(), new_world / g->shard_size());
-    info->epoch = epoch;
-    info->rank = new_rank;
-    info->world_size = new_world;
-    info->shard_size = g->shard_size();
-    info->previous_rank = rank();
-    info->previous_world_size = world_size();
+        new_rank, c.world_size, g->shard_size(), c.world_size / g->shard_size());
+    *info = RegroupInfo{epoch, new_rank, c.world_size, g->shard_size(), rank(), world_size(), info->from_memory,
+                        info->why_not_memory};
     *out = std::move(g);
     return Status::Ok();
 }

@@ -263,15 +263,8 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     units_.mark_zeroed_by_update(!options.keep_grads, round_->reduced());
     wrote_nonfinite_ = false;
     Status s = update_shard(grad_scale, head, options.nonfinite, norm_first ? nullptr : &update_sumsq);
-    if ((s.code() == SX_ERR_OPTIMIZER || s.code() == SX_ERR_NONFINITE) && check_usable().ok()) {
-        // A custom update failed on some rank, or wrote inf or NaN that the policy skips:
-        // nothing changed on any rank, and the step ends as a skipped one does (the
-        // gradients go); SX_NONFINITE_SKIP then returns success.
-        wrote_nonfinite_ = s.code() == SX_ERR_NONFINITE;
-        Status skipped = skip_step(options, norm, result);
-        if (!skipped.ok()) return skipped;
-        return s.code() == SX_ERR_NONFINITE && options.nonfinite == SX_NONFINITE_SKIP ? Status::Ok() : s;
-    }
+    if ((s.code() == SX_ERR_OPTIMIZER || s.code() == SX_ERR_NONFINITE) && check_usable().ok())
+        return skip_custom(s, options, norm, result);
     // The norm's sum over the ranks rides on the params' all-gather where it can.
     const bool norm_rides = !norm_first && norm_rides_gather(options.defer_gather);
     if (s.ok() && !norm_first && !norm_rides) {
@@ -316,6 +309,16 @@ Status ShardGroup::skip_step(const StepOptions &options, double norm, StepResult
     SX_TRY(finish_step(options.keep_grads));
     report_step(norm, true, result);
     return Status::Ok();
+}
+
+// A step whose custom updates failed on some rank (`why`: SX_ERR_OPTIMIZER), or wrote inf
+// or NaN that the nonfinite policy skips (SX_ERR_NONFINITE): nothing changed on any rank,
+// and the step ends as a skipped one does (the gradients go); SX_NONFINITE_SKIP then
+// returns success.
+Status ShardGroup::skip_custom(const Status &why, const StepOptions &options, double norm, StepResult *result) {
+    wrote_nonfinite_ = why.code() == SX_ERR_NONFINITE;
+    SX_TRY(skip_step(options, norm, result));
+    return why.code() == SX_ERR_NONFINITE && options.nonfinite == SX_NONFINITE_SKIP ? Status::Ok() : why;
 }
 
 // A step skipped for gradients whose global norm is inf or NaN: dynamic loss scaling

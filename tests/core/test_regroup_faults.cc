@@ -359,23 +359,31 @@ void check_exits(const std::vector<sxtest::ProcessResult> &results, const std::v
     }
 }
 
+// 4 ranks as processes with `args` (and --store: a fresh sx-rendezvous store, --dir: a
+// fresh directory, --out: a file in it); *dir and *out say where.
+std::vector<sxtest::ProcessResult> run_four(std::vector<std::string> args, const char *what, std::string *dir,
+                                            std::string *out) {
+    *dir = temp_dir(what);
+    assert_int_equal(mkdir(dir->c_str(), 0700), 0);
+    *out = *dir + "/survivors.bin";
+    pid_t server = -1;
+    const std::string store = start_external_store(&server);
+    assert_true(server > 0);
+    args.insert(args.end(), {"--dir", *dir, "--out", *out, "--store", store});
+    std::vector<sxtest::ProcessResult> results;
+    sxtest::run_process_ranks(4, args, 120, &results);
+    stop_external_store(server);
+    return results;
+}
+
 void remove_dir(const std::string &dir) {
     const std::string rm = "rm -rf '" + dir + "'";
     assert_int_equal(std::system(rm.c_str()), 0);
 }
 
 void test_neighbours_lost_together(void **) {
-    const std::string dir = temp_dir("neighbours");
-    mkdir(dir.c_str(), 0700);
-    pid_t server = -1;
-    const std::string store = start_external_store(&server);
-    assert_true(server > 0);
-    const std::string out = dir + "/survivors.bin";
-    std::vector<sxtest::ProcessResult> results;
-    sxtest::run_process_ranks(
-        4, {"--mode", "neighbours", "--victim", "1", "--victim2", "2", "--dir", dir, "--out", out, "--store", store},
-        120, &results);
-    stop_external_store(server);
+    std::string dir, out;
+    const auto results = run_four({"--mode", "neighbours", "--victim", "1", "--victim2", "2"}, "neighbours", &dir, &out);
     check_exits(results, {1, 2}, "ranks 1 and 2 lost together");
     check_one_group(out, {0, 3}, 2, "ranks 1 and 2 lost together");
     int64_t restored = -1;
@@ -394,20 +402,12 @@ void second_loss_trials(int stage, int shard_size, int trials, uint32_t seed) {
         if (victim2 >= victim) ++victim2;
         const double when = std::uniform_real_distribution<double>(0, 1)(rng);
         const uint32_t kill_seed = static_cast<uint32_t>(rng());
-        const std::string dir = temp_dir("second");
-        mkdir(dir.c_str(), 0700);
-        pid_t server = -1;
-        const std::string store = start_external_store(&server);
-        assert_true(server > 0);
-        const std::string out = dir + "/survivors.bin";
-        std::vector<sxtest::ProcessResult> results;
-        sxtest::run_process_ranks(
-            4, {"--mode", "second-loss", "--stage", std::to_string(stage), "--shard-size", std::to_string(shard_size),
-                "--victim", std::to_string(victim), "--victim2", std::to_string(victim2), "--when",
-                std::to_string(when), "--seed", std::to_string(kill_seed), "--kill-step", "3", "--dir", dir,
-                "--out", out, "--store", store},
-            120, &results);
-        stop_external_store(server);
+        std::string dir, out;
+        const auto results = run_four({"--mode", "second-loss", "--stage", std::to_string(stage), "--shard-size",
+                                       std::to_string(shard_size), "--victim", std::to_string(victim), "--victim2",
+                                       std::to_string(victim2), "--when", std::to_string(when), "--seed",
+                                       std::to_string(kill_seed), "--kill-step", "3"},
+                                      "second", &dir, &out);
         char what[160];
         std::snprintf(what, sizeof what, "stage %d%s, trial %d: rank %d lost in step 3, rank %d %.0f%% into 4 steps' "
                       "time after it", stage, shard_size ? " (2 x 2 mesh)" : "", t, victim, victim2, when * 100);
@@ -432,18 +432,11 @@ void second_loss_trials(int stage, int shard_size, int trials, uint32_t seed) {
 // checkpoint of the restored step.
 void test_rank0_lost_while_a_copy_is_sent(void **) {
     for (int t = 0; t < 8; ++t) {
-        const std::string dir = temp_dir("window");
-        mkdir(dir.c_str(), 0700);
-        pid_t server = -1;
-        const std::string store = start_external_store(&server);
-        assert_true(server > 0);
-        const std::string out = dir + "/survivors.bin";
         const int stage = 1 + t % 3;
-        std::vector<sxtest::ProcessResult> results;
-        sxtest::run_process_ranks(4, {"--mode", "copy-window", "--stage", std::to_string(stage), "--victim", "0",
-                                      "--seed", std::to_string(1000 + t), "--dir", dir, "--out", out, "--store", store},
-                                  120, &results);
-        stop_external_store(server);
+        std::string dir, out;
+        const auto results = run_four({"--mode", "copy-window", "--stage", std::to_string(stage), "--victim", "0",
+                                       "--seed", std::to_string(1000 + t)},
+                                      "window", &dir, &out);
         char what[96];
         std::snprintf(what, sizeof what, "stage %d, trial %d: rank 0 lost in step %d", stage, t, kKillStep);
         check_exits(results, {0}, what);
@@ -468,16 +461,8 @@ void test_rank0_lost_while_a_copy_is_sent(void **) {
 }
 
 void test_a_joiner_that_breaks_the_regroup(void **) {
-    const std::string dir = temp_dir("badjoin");
-    mkdir(dir.c_str(), 0700);
-    pid_t server = -1;
-    const std::string store = start_external_store(&server);
-    assert_true(server > 0);
-    const std::string out = dir + "/members.bin";
-    std::vector<sxtest::ProcessResult> results;
-    sxtest::run_process_ranks(4, {"--mode", "bad-joiner", "--dir", dir, "--out", out, "--store", store}, 120,
-                              &results);
-    stop_external_store(server);
+    std::string dir, out;
+    const auto results = run_four({"--mode", "bad-joiner"}, "badjoin", &dir, &out);
     check_exits(results, {}, "a joiner with another table");
     check_one_group(out, {0, 1, 2}, 3, "a joiner with another table");
     int64_t restored = -1;
