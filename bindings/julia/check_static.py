@@ -20,7 +20,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "layout"))
-from gen_layout import strip_comments  # noqa: E402  the same reading of sx.h
+from gen_layout import read_header, strip_comments  # noqa: E402  the same reading of sx.h
 
 # Julia type -> (size, alignment) on the 64-bit platforms sx supports.
 SCALARS = {"Int8": 1, "UInt8": 1, "Int16": 2, "UInt16": 2, "Int32": 4, "UInt32": 4,
@@ -132,8 +132,7 @@ def main():
         sys.exit(__doc__)
     with open(sys.argv[1], encoding="utf-8") as f:
         layout = json.load(f)
-    with open(sys.argv[2], encoding="utf-8") as f:
-        arities = c_arities(f.read())
+    arities = c_arities(read_header(sys.argv[2]))
     with open(os.path.join(HERE, "src", "SX.jl"), encoding="utf-8") as f:
         text = f.read()
     problems = []

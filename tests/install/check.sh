@@ -15,6 +15,15 @@ lib=$(ls "$tmp"/prefix/lib*/libsx.so.1 2>/dev/null | head -n 1)
 soname=$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [ "$soname" = "libsx.so.1" ] || { echo "SONAME is '$soname', expected libsx.so.1"; exit 1; }
 libdir=$(dirname "$lib")
+# Every public header is installed, and each compiles alone from the installed prefix
+# (sx.h is an umbrella over the topic headers; a topic header left out breaks every consumer).
+for h in "$here"/../../include/sx/*.h; do
+  name=$(basename "$h")
+  [ -f "$tmp/prefix/include/sx/$name" ] || { echo "include/sx/$name was not installed"; exit 1; }
+  printf '#include <sx/%s>\n' "$name" |
+    cc -std=c99 -pedantic -Wall -Werror -fsyntax-only -I"$tmp/prefix/include" -x c - ||
+    { echo "the installed sx/$name does not compile alone"; exit 1; }
+done
 cmake -S "$here/consumer" -B "$tmp/cmake" -DCMAKE_PREFIX_PATH="$tmp/prefix" > /dev/null
 cmake --build "$tmp/cmake" > /dev/null
 LD_LIBRARY_PATH="$libdir" "$tmp/cmake/consumer"
@@ -39,4 +48,4 @@ env -u SX_LIB_DIR -u SX_LIBRARY CARGO_TARGET_DIR="$tmp/cargo" "$cargo" build --o
 env -u LD_LIBRARY_PATH "$tmp/cargo/debug/sx-install-check"
 "$tmp/prefix/bin/sxckpt" --version > /dev/null || { echo "bin/sxckpt was not installed, or does not run"; exit 1; }
 [ -f "$tmp/prefix/share/sx/sxckpt_torch.py" ] || { echo "share/sx/sxckpt_torch.py was not installed"; exit 1; }
-echo "install check passed (SONAME $soname, find_package and pkg-config, Go and Rust through pkg-config, bin/sxckpt, share/sx/sxckpt_torch.py)"
+echo "install check passed (SONAME $soname, every header under include/sx, find_package and pkg-config, Go and Rust through pkg-config, bin/sxckpt, share/sx/sxckpt_torch.py)"
