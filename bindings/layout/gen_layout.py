@@ -4,8 +4,9 @@ prints the ABI layout as JSON.
 
 The C compiler, not this script, decides every number: the program prints sizeof,
 alignof and offsetof of every public struct and field, the value of every integer
-#define, and the name of every exported function. Bindings compare their struct
-mirrors and constants against the JSON it prints (sx_layout.json), and the wrapper
+#define and enumerator named SX_*, and the name of every exported function. Bindings
+compare their struct mirrors and constants against the JSON it prints (sx_layout.json),
+check_constants.py checks every binding's constants against it, and the wrapper
 coverage check compares their function lists against it.
 
 Usage: gen_layout.py SX_H OUT_C
@@ -58,6 +59,9 @@ def parse(header_text):
         structs.append((typedef, tag, fields))
     defines = re.findall(r"^\s*#\s*define\s+(SX_\w+)[ \t]+\S", text, flags=re.M)
     defines = [d for d in defines if d not in ("SX_API",)]
+    # Enumerators count as constants too (the headers use #defines today).
+    for body in re.findall(r"\benum\b[^{;]*\{(.*?)\}", text, flags=re.S):
+        defines += re.findall(r"\b(SX_\w+)\s*(?:=[^,]*)?(?:,|$)", body.strip())
     functions = re.findall(r"SX_API\s+[^;(]*?\b(sx_\w+)\s*\(", text)
     return structs, defines, functions
 

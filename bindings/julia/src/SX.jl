@@ -20,25 +20,37 @@ export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, par
        ParamState, gather_optim_state, scatter_optim_state!, state_view, flush_trace,
        register_optimizer, OptimizerPiece, regroup!, poll_joiners, lost_ranks
 
-# The ABI version this binding was written against: the runtime's major must match and
-# its minor must not be older.
-const BINDING_VERSION = (1, 5)
+# The ABI version this binding was written against (sx.h's SX_VERSION_*): the runtime's
+# major must match and its minor must not be older.
+const SX_VERSION_MAJOR = 1
+const SX_VERSION_MINOR = 5
+const SX_VERSION_PATCH = 0
+const SX_VERSION_NUMBER = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH
+const BINDING_VERSION = (SX_VERSION_MAJOR, SX_VERSION_MINOR)
 
 # The library name every @ccall uses; __init__ makes it resolve to $SX_LIBRARY.
 const libsx = "libsx"
 
 # ----------------------------------------------------------------------------------
-# Constants (sx.h #defines)
+# Constants (include/sx/*.h #defines; bindings_constants checks each against the headers)
 # ----------------------------------------------------------------------------------
 const SX_OK = Int32(0)
 const SX_ERR_INVALID_ARGUMENT = Int32(1)
 const SX_ERR_INVALID_HANDLE = Int32(2)
 const SX_ERR_INVALID_STATE = Int32(3)
+const SX_ERR_OUT_OF_MEMORY = Int32(4)
 const SX_ERR_NOT_FOUND = Int32(5)
 const SX_ERR_ALREADY_EXISTS = Int32(6)
 const SX_ERR_UNSUPPORTED = Int32(7)
 const SX_ERR_TIMEOUT = Int32(8)
+const SX_ERR_COMM = Int32(9)
+const SX_ERR_GROUP_FAILED = Int32(10)
+const SX_ERR_IO = Int32(11)
+const SX_ERR_CORRUPT = Int32(12)
+const SX_ERR_VERSION = Int32(13)
+const SX_ERR_ABORTED = Int32(14)
 const SX_ERR_MISMATCH = Int32(15)
+const SX_ERR_INTERNAL = Int32(16)
 const SX_ERR_CANCELLED = Int32(17)
 const SX_ERR_NONFINITE = Int32(18)
 const SX_ERR_OPTIMIZER = Int32(19)
@@ -68,6 +80,7 @@ const SX_GROUP_RESERVE_CHECKPOINT_STAGING = UInt32(0x2)
 const SX_GROUP_JOIN = UInt32(0x4)
 const SX_GROUP_MEMORY_COPY_WAIT = UInt32(0x8)
 const SX_MAX_NDIM = 8
+const SX_MAX_NAME_BYTES = 1024
 const SX_MAX_WORLD_SIZE = Int32(65536)
 const SX_LOAD_PARAMS_ONLY, SX_LOAD_ALLOW_MISSING, SX_LOAD_ALLOW_EXTRA = UInt32.((0x1, 0x2, 0x4))
 const SX_LOSS_SCALING_NONE, SX_LOSS_SCALING_DYNAMIC, SX_LOSS_SCALING_STATIC = Int32.(0:2)
