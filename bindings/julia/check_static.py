@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Checks the Julia binding without Julia, then runs its tests where Julia exists.
 
-1. Every struct mirror in src/SX.jl (a `struct` whose line ends in `# sx_..._t`) has
+The module is src/SX.jl and the files by topic it includes; every src/*.jl is read.
+
+1. Every struct mirror in src/*.jl (a `struct` whose line ends in `# sx_..._t`) has
    the fields of the C struct in sx_layout.json, in order, at the offsets and with the
    sizes that Julia's C-compatible layout of isbits fields gives them (each field at the
    next multiple of its alignment, the size rounded up to the largest alignment).
@@ -11,6 +13,7 @@
 
 Usage: check_static.py SX_LAYOUT_JSON SX_H
 """
+import glob
 import json
 import os
 import re
@@ -54,11 +57,11 @@ def julia_structs(text):
 def check_structs(text, layout, problems):
     mirrors = julia_structs(text)
     for name in sorted(set(layout["structs"]) - set(mirrors)):
-        problems.append(f"{name} has no mirror in SX.jl")
+        problems.append(f"{name} has no mirror in src/*.jl")
     for cname, (jname, fields) in mirrors.items():
         spec = layout["structs"].get(cname)
         if spec is None:
-            problems.append(f"SX.jl's {jname} mirrors {cname}, which sx.h does not define")
+            problems.append(f"{jname} mirrors {cname}, which sx.h does not define")
             continue
         want = [f["name"] for f in spec["fields"]]
         if [f for f, _ in fields] != want:
@@ -105,7 +108,7 @@ def split_args(args):
     return [a for a in out + [cur] if a.strip()]
 
 
-def check_ccalls(text, arities, problems):
+def check_ccalls(text, arities, problems, filename="SX.jl"):
     calls = 0
     for m in re.finditer(r"@ccall\(?\s*libsx\.(\w+)\(", text):
         name, start, depth = m.group(1), m.end(), 1
@@ -117,13 +120,13 @@ def check_ccalls(text, arities, problems):
         calls += 1
         line = text.count("\n", 0, m.start()) + 1
         if name not in arities:
-            problems.append(f"SX.jl:{line}: @ccall of {name}, which sx.h does not declare")
+            problems.append(f"{filename}:{line}: @ccall of {name}, which sx.h does not declare")
         elif len(args) != arities[name]:
-            problems.append(f"SX.jl:{line}: {name} gets {len(args)} argument(s); sx.h declares "
+            problems.append(f"{filename}:{line}: {name} gets {len(args)} argument(s); sx.h declares "
                             f"{arities[name]}")
         for a in args:
             if "::" not in a:
-                problems.append(f"SX.jl:{line}: argument {a.strip()!r} of {name} has no ::Type")
+                problems.append(f"{filename}:{line}: argument {a.strip()!r} of {name} has no ::Type")
     return calls
 
 
@@ -133,16 +136,23 @@ def main():
     with open(sys.argv[1], encoding="utf-8") as f:
         layout = json.load(f)
     arities = c_arities(read_header(sys.argv[2]))
-    with open(os.path.join(HERE, "src", "SX.jl"), encoding="utf-8") as f:
-        text = f.read()
+    sources = {}
+    for path in sorted(glob.glob(os.path.join(HERE, "src", "*.jl"))):
+        with open(path, encoding="utf-8") as f:
+            sources[os.path.basename(path)] = f.read()
     problems = []
-    structs = check_structs(text, layout, problems)
-    calls = check_ccalls(text, arities, problems)
+    included = set(re.findall(r'^include\("(\w+\.jl)"\)', sources.get("SX.jl", ""), flags=re.M))
+    for name in sorted(set(sources) - included - {"SX.jl"}):
+        problems.append(f"src/{name} is not included by src/SX.jl")
+    for name in sorted(included - set(sources)):
+        problems.append(f"src/SX.jl includes {name}, which src/ does not hold")
+    structs = check_structs("\n".join(sources.values()), layout, problems)
+    calls = sum(check_ccalls(text, arities, problems, name) for name, text in sources.items())
     for p in problems:
         print("FAIL:", p)
     if problems:
         sys.exit(1)
-    print(f"SX.jl: {structs} struct mirrors match sx_layout.json; {calls} @ccall sites name "
+    print(f"src/*.jl ({len(sources)} files): {structs} struct mirrors match sx_layout.json; {calls} @ccall sites name "
           "sx.h functions with the right number of arguments")
     julia = shutil.which("julia")
     if not julia:
