@@ -21,9 +21,9 @@ type Backend int32
 const (
 	// BackendAuto is CUDA where libsx has CUDA and finds a device, else the CPU. Views
 	// wrapped as slices need host memory: ask for BackendCPU.
-	BackendAuto Backend = 0
-	BackendCPU  Backend = 1
-	BackendCUDA Backend = 2
+	BackendAuto Backend = C.SX_BACKEND_AUTO
+	BackendCPU  Backend = C.SX_BACKEND_CPU
+	BackendCUDA Backend = C.SX_BACKEND_CUDA
 )
 
 // Transport says how CPU ranks exchange (GroupConfig.Transport). CUDA groups use NCCL
@@ -35,18 +35,18 @@ const (
 	// runs on this host (processes or threads; the ranks compare their hosts'
 	// identities), else through Gloo's TCP. The environment variable SX_SHARED_MEMORY=0
 	// has it act as TransportTCP.
-	TransportAuto Transport = 0
+	TransportAuto Transport = C.SX_TRANSPORT_AUTO
 	// TransportTCP exchanges through Gloo's TCP always.
-	TransportTCP Transport = 1
+	TransportTCP Transport = C.SX_TRANSPORT_TCP
 )
 
 // Dtype of a param or a view.
 type Dtype int32
 
 const (
-	DtypeF32  Dtype = 1
-	DtypeF16  Dtype = 2
-	DtypeBF16 Dtype = 3
+	DtypeF32  Dtype = C.SX_DTYPE_F32
+	DtypeF16  Dtype = C.SX_DTYPE_F16
+	DtypeBF16 Dtype = C.SX_DTYPE_BF16
 )
 
 func (d Dtype) String() string {
@@ -63,33 +63,33 @@ func (d Dtype) String() string {
 
 // Where a view's data lives.
 const (
-	DeviceCPU  = 0
-	DeviceCUDA = 1
+	DeviceCPU  = C.SX_DEVICE_CPU
+	DeviceCUDA = C.SX_DEVICE_CUDA
 )
 
 // GroupFlagNoTrainableAutodetect: trainability changes need RefreshTrainable.
-const GroupFlagNoTrainableAutodetect = 0x1
+const GroupFlagNoTrainableAutodetect = C.SX_GROUP_NO_TRAINABLE_AUTODETECT
 
 // GroupFlagReserveCheckpointStaging: Finalize reserves the memory the checkpoint saves
 // stage this rank's shard in, so that the first save blocks no longer than later ones.
-const GroupFlagReserveCheckpointStaging = 0x2
+const GroupFlagReserveCheckpointStaging = C.SX_GROUP_RESERVE_CHECKPOINT_STAGING
 
 // GroupFlagJoin: this process joins a running group on the rendezvous (SX_GROUP_JOIN). It
 // connects to nobody (Rank and WorldSize are ignored); register the params and param
 // groups as the members have them, Finalize, then Regroup waits until the members admit it
 // (their PollJoiners, then Regroup with RegroupOptions.Admit).
-const GroupFlagJoin = 0x4
+const GroupFlagJoin = C.SX_GROUP_JOIN
 
 // GroupFlagMemoryCopyWait: with MemoryCopyInterval, a step that takes a copy returns once
 // the next rank holds it, so that no step that returned is taken again after a loss.
-const GroupFlagMemoryCopyWait = 0x8
+const GroupFlagMemoryCopyWait = C.SX_GROUP_MEMORY_COPY_WAIT
 
 // Limits of param descriptions.
 const (
-	MaxNdim      = 8
-	MaxNameBytes = 1024
+	MaxNdim      = C.SX_MAX_NDIM
+	MaxNameBytes = C.SX_MAX_NAME_BYTES
 	// The most ranks a group may have (GroupConfig.WorldSize and the launchers' variables).
-	MaxWorldSize = 65536
+	MaxWorldSize = C.SX_MAX_WORLD_SIZE
 )
 
 // GroupConfig says how ranks meet and what the group is. Zero fields take sx's defaults.
@@ -155,7 +155,7 @@ func (s Secret) String() string {
 func (s Secret) GoString() string { return s.String() }
 
 // PrefetchNone as GroupConfig.PrefetchDepth: no units are gathered ahead.
-const PrefetchNone = -1
+const PrefetchNone = C.SX_PREFETCH_NONE
 
 // ShardGroup is this rank's handle of a shard group. Close releases it; a finalizer
 // releases a forgotten one. One goroutine uses a group at a time. The slices that
@@ -380,24 +380,24 @@ func (g *ShardGroup) LostRanks() ([]int32, error) {
 type Optimizer int32
 
 const (
-	SGD     Optimizer = 1
-	Adam    Optimizer = 2
-	AdamW   Optimizer = 3
-	Adagrad Optimizer = 4
-	RMSprop Optimizer = 5
-	Adamax  Optimizer = 6
-	NAdam   Optimizer = 7
-	RAdam   Optimizer = 8
-	Lion    Optimizer = 9  // Lion (Chen et al. 2023), as the lion-pytorch package's
-	Lamb    Optimizer = 10 // LAMB (You et al. 2020), as the pytorch-optimizer package's Lamb; CPU groups only
+	SGD     Optimizer = C.SX_OPTIM_SGD
+	Adam    Optimizer = C.SX_OPTIM_ADAM
+	AdamW   Optimizer = C.SX_OPTIM_ADAMW
+	Adagrad Optimizer = C.SX_OPTIM_ADAGRAD
+	RMSprop Optimizer = C.SX_OPTIM_RMSPROP
+	Adamax  Optimizer = C.SX_OPTIM_ADAMAX
+	NAdam   Optimizer = C.SX_OPTIM_NADAM
+	RAdam   Optimizer = C.SX_OPTIM_RADAM
+	Lion    Optimizer = C.SX_OPTIM_LION // Lion (Chen et al. 2023), as the lion-pytorch package's
+	Lamb    Optimizer = C.SX_OPTIM_LAMB // LAMB (You et al. 2020), as the pytorch-optimizer package's Lamb; CPU groups only
 	// Muon, as torch.optim.Muon: 2-D params only (give others a group of another
 	// optimizer, AdamW as usual); CPU groups only.
-	Muon Optimizer = 11
+	Muon Optimizer = C.SX_OPTIM_MUON
 	// Adafactor, as torch.optim.Adafactor: factored second moments for params of two or
 	// more dimensions; CPU groups only.
-	Adafactor Optimizer = 12
+	Adafactor Optimizer = C.SX_OPTIM_ADAFACTOR
 	// The first id RegisterOptimizer returns: a custom optimizer is an Optimizer too.
-	OptimCustomFirst Optimizer = 1000
+	OptimCustomFirst Optimizer = C.SX_OPTIM_CUSTOM_FIRST
 )
 
 // ParamGroup is an optimizer and its hyperparameters. Start from NewParamGroup, which
@@ -436,9 +436,9 @@ type ParamGroup struct {
 type MuonAdjustLR int32
 
 const (
-	MuonAdjustLROriginal          MuonAdjustLR = 0 // lr * sqrt(max(1, A / B)) (torch's None or "original"; the default)
-	MuonAdjustLRMatchRMSAdamW     MuonAdjustLR = 1 // lr * 0.2 * sqrt(max(A, B)) ("match_rms_adamw")
-	MuonAdjustLRSpectralUnclamped MuonAdjustLR = 2 // lr * sqrt(A / B) ("spectral_unclamped")
+	MuonAdjustLROriginal          MuonAdjustLR = C.SX_MUON_ADJUST_LR_ORIGINAL           // lr * sqrt(max(1, A / B)) (torch's None or "original"; the default)
+	MuonAdjustLRMatchRMSAdamW     MuonAdjustLR = C.SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW    // lr * 0.2 * sqrt(max(A, B)) ("match_rms_adamw")
+	MuonAdjustLRSpectralUnclamped MuonAdjustLR = C.SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED // lr * sqrt(A / B) ("spectral_unclamped")
 )
 
 // NewParamGroup returns the optimizer's defaults (torch.optim's; lion-pytorch's for Lion;
@@ -491,40 +491,40 @@ func (g *ShardGroup) AddParamGroup(p ParamGroup) (int32, error) {
 type Hyperparameter int32
 
 const (
-	HPLR          Hyperparameter = 1
-	HPWeightDecay Hyperparameter = 2
-	HPBeta1       Hyperparameter = 3
-	HPBeta2       Hyperparameter = 4
-	HPEps         Hyperparameter = 5
-	HPMomentum    Hyperparameter = 6
-	HPDampening   Hyperparameter = 7
-	HPNesterov    Hyperparameter = 8
-	HPMaximize    Hyperparameter = 9
-	HPAmsgrad     Hyperparameter = 10
+	HPLR          Hyperparameter = C.SX_HP_LR
+	HPWeightDecay Hyperparameter = C.SX_HP_WEIGHT_DECAY
+	HPBeta1       Hyperparameter = C.SX_HP_BETA1
+	HPBeta2       Hyperparameter = C.SX_HP_BETA2
+	HPEps         Hyperparameter = C.SX_HP_EPS
+	HPMomentum    Hyperparameter = C.SX_HP_MOMENTUM
+	HPDampening   Hyperparameter = C.SX_HP_DAMPENING
+	HPNesterov    Hyperparameter = C.SX_HP_NESTEROV
+	HPMaximize    Hyperparameter = C.SX_HP_MAXIMIZE
+	HPAmsgrad     Hyperparameter = C.SX_HP_AMSGRAD
 	// Adagrad.
-	HPLRDecay                 Hyperparameter = 11
-	HPInitialAccumulatorValue Hyperparameter = 12
+	HPLRDecay                 Hyperparameter = C.SX_HP_LR_DECAY
+	HPInitialAccumulatorValue Hyperparameter = C.SX_HP_INITIAL_ACCUMULATOR_VALUE
 	// RMSprop: the smoothing constant; centered (0 or 1, only before the first step).
-	HPAlpha    Hyperparameter = 13
-	HPCentered Hyperparameter = 14
+	HPAlpha    Hyperparameter = C.SX_HP_ALPHA
+	HPCentered Hyperparameter = C.SX_HP_CENTERED
 	// NAdam.
-	HPMomentumDecay Hyperparameter = 15
+	HPMomentumDecay Hyperparameter = C.SX_HP_MOMENTUM_DECAY
 	// NAdam, RAdam, LAMB: 0 or 1 (AdamW-style weight decay; LAMB's default 1).
-	HPDecoupledWeightDecay Hyperparameter = 16
+	HPDecoupledWeightDecay Hyperparameter = C.SX_HP_DECOUPLED_WEIGHT_DECAY
 	// Muon: the Newton-Schulz coefficients, iterations (1 to 99), and a MuonAdjustLR.
-	HPNSA      Hyperparameter = 17
-	HPNSB      Hyperparameter = 18
-	HPNSC      Hyperparameter = 19
-	HPNSSteps  Hyperparameter = 20
-	HPAdjustLR Hyperparameter = 21
+	HPNSA      Hyperparameter = C.SX_HP_NS_A
+	HPNSB      Hyperparameter = C.SX_HP_NS_B
+	HPNSC      Hyperparameter = C.SX_HP_NS_C
+	HPNSSteps  Hyperparameter = C.SX_HP_NS_STEPS
+	HPAdjustLR Hyperparameter = C.SX_HP_ADJUST_LR
 	// Adafactor: the second moments' decay (<= 0), the floor of a param's RMS in its step
 	// size (the second of torch's eps), and the update's RMS clip (>= 1).
-	HPBeta2Decay Hyperparameter = 22
-	HPEps2       Hyperparameter = 23
-	HPD          Hyperparameter = 24
+	HPBeta2Decay Hyperparameter = C.SX_HP_BETA2_DECAY
+	HPEps2       Hyperparameter = C.SX_HP_EPS2
+	HPD          Hyperparameter = C.SX_HP_D
 	// A custom optimizer's own hyperparameter i (counting only its own, in registration
 	// order) is HPCustom + Hyperparameter(i); see CustomHyperparameter.
-	HPCustom Hyperparameter = 1000
+	HPCustom Hyperparameter = C.SX_HP_CUSTOM
 )
 
 // CustomHyperparameter is the key of a custom optimizer's own hyperparameter i.
@@ -615,12 +615,12 @@ func (g *ShardGroup) BroadcastParams(root int32) error {
 type ReduceOp int32
 
 const (
-	ReduceSum  ReduceOp = 1
-	ReduceMean ReduceOp = 2 // the sum divided by the world size
-	ReduceMax  ReduceOp = 3
-	ReduceMin  ReduceOp = 4
+	ReduceSum  ReduceOp = C.SX_REDUCE_SUM
+	ReduceMean ReduceOp = C.SX_REDUCE_MEAN // the sum divided by the world size
+	ReduceMax  ReduceOp = C.SX_REDUCE_MAX
+	ReduceMin  ReduceOp = C.SX_REDUCE_MIN
 	// MaxAllReduce is the most values one AllReduce takes.
-	MaxAllReduce = 64
+	MaxAllReduce = C.SX_MAX_ALL_REDUCE
 )
 
 // AllReduce (collective) combines the trainer's own numbers (a loss, token counts) over
@@ -831,11 +831,11 @@ const (
 	// Where the step needs the global norm first (clipping, dynamic loss scaling), a
 	// non-finite norm skips the step on every rank; otherwise the update runs and inf/NaN
 	// reach the params, as in torch.
-	NonFiniteDefault NonFiniteMode = 0
+	NonFiniteDefault NonFiniteMode = C.SX_NONFINITE_DEFAULT
 	// The norm is always taken first, and a non-finite one skips the step.
-	NonFiniteSkip NonFiniteMode = 1
+	NonFiniteSkip NonFiniteMode = C.SX_NONFINITE_SKIP
 	// As NonFiniteSkip, and Step then returns an error with ErrNonFinite.
-	NonFiniteError NonFiniteMode = 2
+	NonFiniteError NonFiniteMode = C.SX_NONFINITE_ERROR
 )
 
 // UnitReadyOptions of UnitGradsReady. Zero values are the defaults.
@@ -906,9 +906,9 @@ func (g *ShardGroup) Step(opts *StepOptions) (StepResult, error) {
 type LossScalingMode int32
 
 const (
-	LossScalingNone    LossScalingMode = 0 // gradients are used as they are (the default)
-	LossScalingDynamic LossScalingMode = 1 // skip steps with inf/NaN gradients, back off and grow
-	LossScalingStatic  LossScalingMode = 2 // divide by InitScale, never skip
+	LossScalingNone    LossScalingMode = C.SX_LOSS_SCALING_NONE    // gradients are used as they are (the default)
+	LossScalingDynamic LossScalingMode = C.SX_LOSS_SCALING_DYNAMIC // skip steps with inf/NaN gradients, back off and grow
+	LossScalingStatic  LossScalingMode = C.SX_LOSS_SCALING_STATIC  // divide by InitScale, never skip
 )
 
 // LossScaling has torch.cuda.amp.GradScaler's semantics; zero fields take its defaults
@@ -1026,9 +1026,9 @@ func (g *ShardGroup) UnitInfo(index int32) (UnitInfo, error) {
 
 // Load flags (LoadOptions sets them from its booleans).
 const (
-	LoadParamsOnly   = 0x1
-	LoadAllowMissing = 0x2
-	LoadAllowExtra   = 0x4
+	LoadParamsOnly   = C.SX_LOAD_PARAMS_ONLY
+	LoadAllowMissing = C.SX_LOAD_ALLOW_MISSING
+	LoadAllowExtra   = C.SX_LOAD_ALLOW_EXTRA
 )
 
 // LoadOptions of Load.

@@ -10,10 +10,10 @@ import "sync"
 
 // Log levels.
 const (
-	LogError = 1
-	LogWarn  = 2
-	LogInfo  = 3
-	LogDebug = 4
+	LogError = C.SX_LOG_ERROR
+	LogWarn  = C.SX_LOG_WARN
+	LogInfo  = C.SX_LOG_INFO
+	LogDebug = C.SX_LOG_DEBUG
 )
 
 var logger struct {

@@ -19,16 +19,16 @@ import (
 
 // Limits of custom optimizers.
 const (
-	MaxCustomSlots           = 3  // state slots a custom optimizer may keep
-	MaxCustomHyperparameters = 8  // hyperparameters of its own (besides sx's)
-	MaxCustomOptimizers      = 64 // registrations per process
+	MaxCustomSlots           = C.SX_MAX_CUSTOM_SLOTS           // state slots a custom optimizer may keep
+	MaxCustomHyperparameters = C.SX_MAX_CUSTOM_HYPERPARAMETERS // hyperparameters of its own (besides sx's)
+	MaxCustomOptimizers      = C.SX_MAX_CUSTOM_OPTIMIZERS      // registrations per process
 	// OptimizerErrorBytes is the size of the buffer (its NUL included) that carries a
 	// failing update's words into Step's ErrOptimizer message.
-	OptimizerErrorBytes = 256
+	OptimizerErrorBytes = C.SX_OPTIMIZER_ERROR_BYTES
 )
 
 // OptimizerInPlace is SX_OPTIMIZER_IN_PLACE, the flag OptimizerDesc.InPlace sets.
-const OptimizerInPlace = 0x1
+const OptimizerInPlace = C.SX_OPTIMIZER_IN_PLACE
 
 // UpdatePanicked is the code a custom optimizer's update reports to sx when it panicked
 // (the panic is recovered before it reaches C; LastUpdateFailure returns it).

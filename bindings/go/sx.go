@@ -38,26 +38,26 @@ const (
 
 // Status codes (Error.Status).
 const (
-	OK                 = 0
-	ErrInvalidArgument = 1
-	ErrInvalidHandle   = 2
-	ErrInvalidState    = 3
-	ErrOutOfMemory     = 4
-	ErrNotFound        = 5
-	ErrAlreadyExists   = 6
-	ErrUnsupported     = 7
-	ErrTimeout         = 8
-	ErrComm            = 9
-	ErrGroupFailed     = 10
-	ErrIO              = 11
-	ErrCorrupt         = 12
-	ErrVersion         = 13
-	ErrAborted         = 14
-	ErrMismatch        = 15
-	ErrInternal        = 16
-	ErrCancelled       = 17
-	ErrNonFinite       = 18 // the gradients hold inf or NaN (StepOptions.NonFinite = NonFiniteError)
-	ErrOptimizer       = 19 // a custom optimizer's update reported failure; the step changed nothing
+	OK                 = C.SX_OK
+	ErrInvalidArgument = C.SX_ERR_INVALID_ARGUMENT
+	ErrInvalidHandle   = C.SX_ERR_INVALID_HANDLE
+	ErrInvalidState    = C.SX_ERR_INVALID_STATE
+	ErrOutOfMemory     = C.SX_ERR_OUT_OF_MEMORY
+	ErrNotFound        = C.SX_ERR_NOT_FOUND
+	ErrAlreadyExists   = C.SX_ERR_ALREADY_EXISTS
+	ErrUnsupported     = C.SX_ERR_UNSUPPORTED
+	ErrTimeout         = C.SX_ERR_TIMEOUT
+	ErrComm            = C.SX_ERR_COMM
+	ErrGroupFailed     = C.SX_ERR_GROUP_FAILED
+	ErrIO              = C.SX_ERR_IO
+	ErrCorrupt         = C.SX_ERR_CORRUPT
+	ErrVersion         = C.SX_ERR_VERSION
+	ErrAborted         = C.SX_ERR_ABORTED
+	ErrMismatch        = C.SX_ERR_MISMATCH
+	ErrInternal        = C.SX_ERR_INTERNAL
+	ErrCancelled       = C.SX_ERR_CANCELLED
+	ErrNonFinite       = C.SX_ERR_NONFINITE // the gradients hold inf or NaN (StepOptions.NonFinite = NonFiniteError)
+	ErrOptimizer       = C.SX_ERR_OPTIMIZER // a custom optimizer's update reported failure; the step changed nothing
 )
 
 // Error is a failed sx call: its status (one of the Err* constants) and the library's

@@ -7,7 +7,9 @@ binding's constants are read from its sources, without its toolchain:
 
   python  sx/_lib.py           SX_NAME = value
   rust    sx-sys/src/lib.rs    pub const SX_NAME: type = value;
-  go      *.go                 Go names (ErrTimeout, HPLR, ...) in const blocks; which Go
+  go      *.go                 Go names (ErrTimeout, HPLR, ...) in const blocks, each
+                               = C.SX_NAME: cgo takes the value from the header when the
+                               package builds, so only the name can be wrong; which Go
                                name stands for which SX_* constant is the map in
                                layout_test.go ("SX_NAME": int64(GoName))
   julia   src/*.jl             const SX_NAME = Int32(value), and the tuple forms
@@ -34,6 +36,13 @@ LANGS = ("python", "rust", "go", "julia")
 
 
 # ---- evaluating a value -----------------------------------------------------------------
+
+class FromHeader:
+    """A value a binding takes from the header itself when it builds (Go's C.SX_NAME)."""
+
+    def __init__(self, name):
+        self.name = name
+
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.FloorDiv: operator.floordiv, ast.LShift: operator.lshift,
@@ -110,6 +119,11 @@ def go_constants(root):
             for line in block.splitlines():
                 m = re.match(r"^\s*(\w+)\s*(?:\w+\s*)?=\s*(.+)$", strip_line_comment(line, "//"))
                 if not m:
+                    continue
+                cref = re.fullmatch(r"C\.(SX_\w+)", m.group(2).strip())
+                if cref:
+                    values[m.group(1)] = FromHeader(cref.group(1))
+                    where_of[m.group(1)] = path
                     continue
                 try:
                     values[m.group(1)] = evaluate(m.group(2), values)
@@ -221,7 +235,10 @@ def check(constants, bindings_dir, langs):
                                 f"it with a reason in {lang}/CONSTANTS_OMITTED)")
                 continue
             value, where = ours[name]
-            if value is None:
+            if isinstance(value, FromHeader):
+                if value.name != name:
+                    problems.append(f"{lang}: {name} is C.{value.name} at {where}")
+            elif value is None:
                 problems.append(f"{lang}: {name}: {where}")
             elif value != constants[name]:
                 problems.append(f"{lang}: {name} is {value} at {where}; the headers say {constants[name]}")

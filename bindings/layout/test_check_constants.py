@@ -48,8 +48,8 @@ GOOD = {
         \tVersionNumber = VersionMajor*10000 + VersionMinor*100
         )
         const (
-        \tOK         = 0
-        \tErrTimeout = 8 // a comment
+        \tOK         = C.SX_OK
+        \tErrTimeout = C.SX_ERR_TIMEOUT // a comment
         )
         const PrefetchNone Prefetch = -1
         const (
@@ -109,7 +109,7 @@ class CheckConstants(unittest.TestCase):
     def test_a_mistyped_value_is_named_in_every_language(self):
         cases = [("python/sx/_lib.py", "SX_ERR_TIMEOUT = 8", "SX_ERR_TIMEOUT = 9", "python"),
                  ("rust/sx-sys/src/lib.rs", "SX_PREFETCH_NONE: i32 = -1", "SX_PREFETCH_NONE: i32 = 1", "rust"),
-                 ("go/sx.go", "ErrTimeout = 8", "ErrTimeout = 18", "go"),
+                 ("go/sx.go", "SGD   Optimizer = 1", "SGD   Optimizer = 2", "go"),
                  ("julia/src/more.jl", "Int32.(1:3)", "Int32.(0:2)", "julia")]
         for path, old, new, lang in cases:
             with self.subTest(lang=lang):
@@ -117,6 +117,11 @@ class CheckConstants(unittest.TestCase):
                 self.assertTrue(problems)
                 self.assertTrue(all(p.startswith(lang + ":") for p in problems), problems)
                 self.assertTrue(any("the headers say" in p for p in problems), problems)
+
+    def test_a_go_constant_taken_from_the_wrong_c_name_is_named(self):
+        problems = self.run_check(self.edit("go/sx.go", "= C.SX_ERR_TIMEOUT", "= C.SX_ERR_TIME_OUT"))
+        self.assertEqual(len(problems), 1)
+        self.assertIn("go: SX_ERR_TIMEOUT is C.SX_ERR_TIME_OUT at ", problems[0])
 
     def test_a_missing_constant_is_named(self):
         problems = self.run_check(self.edit("julia/src/SX.jl", "const SX_OK = Int32(0)\n", ""))
