@@ -96,9 +96,9 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
         own.joining = false;
         std::unique_ptr<ShardGroup> g;
         SX_TRY(create(own, &g));
-        g->joining_ = true;
-        g->join_config_ = cfg;
-        g->join_config_.joining = false;
+        g->lineage_.joining = true;
+        g->lineage_.join_config = cfg;
+        g->lineage_.join_config.joining = false;
         *out = std::move(g);
         return Status::Ok();
     }
@@ -135,8 +135,8 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
         root = *store;
         return s;
     }, &g));
-    g->root_store_ = std::move(root);
-    for (int r = 0; r < g->world_size(); ++r) g->member_ids_.push_back(static_cast<uint64_t>(r));
+    g->lineage_.root_store = std::move(root);
+    for (int r = 0; r < g->world_size(); ++r) g->lineage_.member_ids.push_back(static_cast<uint64_t>(r));
     *out = std::move(g);
     return Status::Ok();
 }
@@ -148,7 +148,7 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
     const bool cuda = cfg.backend == SX_BACKEND_CUDA;
     std::unique_ptr<ShardGroup> g(new ShardGroup());
     g->config_ = cfg;
-    g->epoch_ = g->attempted_epoch_ = cfg.epoch;
+    g->lineage_.epoch = g->lineage_.attempted_epoch = cfg.epoch;
     if (!trace_path.empty()) {
         // From the start, so that the connections and the mesh's agreement are on it too.
         g->config_.trace_capacity = cfg.trace_capacity ? cfg.trace_capacity : trace::kDefaultCapacity;
@@ -313,8 +313,32 @@ void ShardGroup::abort_communicators() {
 
 Status ShardGroup::check_usable() const { return failure_.check(); }
 
+// A regroup's new group (lineage.h): assembled like create's, on the store the regroup
+// opened for its epoch.
+Status ShardGroup::form(const GroupConfig &c, const std::string &trace_path, Clock::time_point deadline,
+                        std::shared_ptr<rdzv::Store> store, std::unique_ptr<RecoveryAccess> *out) const {
+    std::unique_ptr<ShardGroup> g;
+    SX_TRY(assemble(c, trace_path, deadline,
+                    [&](std::shared_ptr<rdzv::Store> *opened) {
+                        *opened = store;
+                        return Status::Ok();
+                    },
+                    &g));
+    *out = std::move(g);
+    return Status::Ok();
+}
+
+bool ShardGroup::between_steps() const { return !round_->open() && micro_batches_ == 0; }
+
+// A regroup's new group goes on from where `from`'s counters were (after its finalize).
+void ShardGroup::continue_counters(uint64_t steps, const LossScaling &settings, const LossScalerState &state) {
+    steps_ = steps;
+    scaler_.configure(settings);
+    scaler_.restore(state);
+}
+
 Status ShardGroup::check_finalized() const {
-    SX_CHECK(!joining_, SX_ERR_INVALID_STATE,
+    SX_CHECK(!lineage_.joining, SX_ERR_INVALID_STATE,
              "the group is joining (SX_GROUP_JOIN): it takes part in nothing until sx_regroup admits it");
     SX_CHECK(table_.finalized(), SX_ERR_INVALID_STATE, "the group is not finalized yet; call sx_finalize first");
     SX_CHECK(!table_.pending(), SX_ERR_INVALID_STATE,
@@ -715,7 +739,7 @@ MemoryStats ShardGroup::memory_stats() const {
     for (size_t u = 0; u < units_.size(); ++u) m.param_bytes += gathers_->whole_bytes(u);
     m.peak_param_bytes = gathers_->peak_bytes();
     m.memory_copy_bytes = copies_ ? copies_->bytes() : 0;
-    for (const std::shared_ptr<const KeptCopies> &k : kept_) m.memory_copy_bytes += k->bytes();
+    for (const std::shared_ptr<const KeptCopies> &k : lineage_.kept) m.memory_copy_bytes += k->bytes();
     return m;
 }
 

@@ -217,7 +217,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     }
     // Memory copies: the state was replaced since the last copy (a load, a broadcast, the
     // first step): this boundary's is kept before the update changes it.
-    if (copies_ && copies_->dirty()) SX_TRY(keep_copy());
+    if (copies_ && copies_->dirty()) SX_TRY(keep_copy(true));
     // Uneven inputs: no rank had data, so there is nothing to average; the step is
     // skipped as a dynamic loss scaling skip is (nothing changes, the gradients go).
     if (options.weighted && !(weight_sum > 0)) return skip_step(options, 0.0, result);
@@ -286,7 +286,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     count_step(dynamic);
     SX_TRY(finish_step(options.keep_grads));
     ++steps_;
-    if (!copies_) kept_.clear();  // the copies of the groups before: only a group keeping its own waits for them
+    if (!copies_) lineage_.kept.clear();  // the copies of the groups before: only a group keeping its own waits for them
     // Memory copies: this boundary's, every memory_copy_interval steps, copied and sent
     // in the background (the next update waits only for the copy out of the shard).
     if (copies_ && copies_->due(steps_)) SX_TRY(keep_due_copy());
@@ -297,11 +297,29 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
 // The memory copy of the boundary a step reached; with SX_GROUP_MEMORY_COPY_WAIT the step
 // returns once the next rank holds it.
 Status ShardGroup::keep_due_copy() {
-    SX_TRY(keep_copy());
+    SX_TRY(keep_copy(true));
     if (!(config_.flags & SX_GROUP_MEMORY_COPY_WAIT) || !copies_->settings().peers) return Status::Ok();
     SX_TRACE_SPAN(tracer(), "step", "wait_memory_copy");
     Status s = copies_->wait_sent();
     return s.ok() ? s : fail(s);
+}
+
+// Copies out of the live shard at a step boundary (memory_copies.h), holding the fence
+// until they are out, so that the next update waits for them. The copies of the groups
+// before this one go once this group's own are held by every rank.
+Status ShardGroup::keep_copy(bool send) {
+    SX_TRACE_SPAN(tracer(), "step", "memory_copy");
+    SX_TRY(ops_->wait_for(nullptr));
+    {
+        Status s = units_.ensure_masters();
+        if (!s.ok()) return fail(s);
+    }
+    if (!lineage_.kept.empty() && copies_->settled()) lineage_.kept.clear();
+    std::vector<UnitShard> shards;
+    for (size_t u = 0; u < units_.size(); ++u) shards.push_back(unit_shard(u));
+    std::unique_ptr<ShardFence::Hold> hold(new ShardFence::Hold(fence_));
+    copies_->take(std::move(shards), progress(), std::move(hold), send);
+    return Status::Ok();
 }
 
 // A step skipped on every rank: nothing changes, the gradients go, the result says so.
