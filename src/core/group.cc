@@ -332,7 +332,7 @@ bool ShardGroup::between_steps() const { return !round_->open() && micro_batches
 
 // A regroup's new group goes on from where `from`'s counters were (after its finalize).
 void ShardGroup::continue_counters(uint64_t steps, const LossScaling &settings, const LossScalerState &state) {
-    steps_ = steps;
+    record_.set_steps(steps);
     scaler_.configure(settings);
     scaler_.restore(state);
 }
@@ -445,7 +445,7 @@ Status ShardGroup::set_hyperparameter(int32_t group, int32_t key, double value) 
     optim::Hyper &h = table_.groups()[group].hyper;
     optim::Hyper changed = h;
     SX_TRY(core::set_hyperparameter(&changed, key, value));
-    if (steps_ > 0) {
+    if (record_.steps() > 0) {
         // A change that adds or moves a state slot (amsgrad's max_exp_avg_sq,
         // RMSprop's grad_avg) would start it from nothing, as torch cannot either.
         const optim::OptimizerSpec &spec = optim::spec_of(h.kind);
@@ -622,7 +622,7 @@ Status ShardGroup::export_shard(ShardState *out) {
 
 ShardProgress ShardGroup::progress() const {
     ShardProgress pr;
-    pr.steps_taken = steps_;
+    pr.steps_taken = record_.steps();
     for (const ParamSpec &spec : table_.params())
         pr.params.push_back({spec.step, spec.momentum_steps, spec.mu_product, spec.row_var, spec.col_var});
     for (const ParamGroup &g : table_.groups()) {
@@ -681,8 +681,9 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
     // The group has taken at least as many steps as any param has had updates (what a
     // checkpoint records and checks): params a load left as they were, or counts
     // scattered from another optimizer, may bring more than the steps restored.
-    steps_ = pr.steps_taken;
-    for (const ParamSpec &ps : table_.params()) steps_ = std::max(steps_, static_cast<uint64_t>(std::max<int64_t>(ps.step, 0)));
+    uint64_t steps = pr.steps_taken;
+    for (const ParamSpec &ps : table_.params()) steps = std::max(steps, static_cast<uint64_t>(std::max<int64_t>(ps.step, 0)));
+    record_.set_steps(steps);
     scaler_.restore(pr.scaler);
     if (copies_) copies_->mark_dirty();  // the next step keeps a copy of the new state
     return Status::Ok();

@@ -36,6 +36,7 @@
 #include "core/units.h"
 #include "core/whole_state.h"
 #include "core/shard_state.h"
+#include "core/step_record.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
 
@@ -46,28 +47,6 @@ namespace core {
 // FSDP's gradient pre-divide factor for a 16-bit sum over n ranks: f doubled from 1
 // while it divides n and n / f > f (2 for 4 ranks, 4 for 8 or 16, 32 for 1024).
 int fsdp_predivide_factor(int n);
-
-struct StepOptions {
-    double max_grad_norm = 0.0;
-    // Uneven inputs: the gradients are sums over this rank's `weight` samples, and the
-    // step divides their sum over the ranks by the sum of the weights.
-    bool weighted = false;
-    double weight = 0.0;
-    bool keep_grads = false;
-    void *stream = nullptr;  // CUDA: the trainer's stream, whose work the step follows
-    // Stages 1 and 2: return after the update; the params are all-gathered in the
-    // background, unit by unit (unit_gather waits for one).
-    bool defer_gather = false;
-    int nonfinite = SX_NONFINITE_DEFAULT;  // SX_NONFINITE_*
-};
-
-struct StepResult {
-    double grad_norm = 0.0;
-    uint64_t step = 0;
-    bool skipped = false;
-    double loss_scale = 1.0;  // for the next losses
-    bool nonfinite = false;   // the norm was inf or NaN
-};
 
 struct MemoryStats {
     uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // staging is the checkpointer's
@@ -157,7 +136,7 @@ class ShardGroup : public RecoveryAccess, private ReductionRound::Work {
     Status unit_release(int32_t unit);
     Status accumulate_grads();                                     // collective
     Status step(const StepOptions &options, StepResult *result);  // collective
-    uint64_t steps_taken() const override { return steps_; }
+    uint64_t steps_taken() const override { return record_.steps(); }
     uint64_t reductions_run() const { return round_->reductions_run(); }  // any thread
     const std::vector<int32_t> &deferred_gather_order() const { return gathers_->deferred_order(); }
     Status set_loss_scaling(const LossScaling &s);  // resets the scale to s.init_scale
@@ -213,13 +192,12 @@ class ShardGroup : public RecoveryAccess, private ReductionRound::Work {
     float norm_scale() const;
     Status global_norm(double *sumsq);
     Status gather_trainable_units(const double *local_sumsq = nullptr, double *sumsq = nullptr);
+    Status prepare_shard_for_update();
+    Status end_step(const StepOptions &options, bool dynamic, double norm, StepResult *result);
     Status finish_step(bool keep_grads);
     Status skip_step(const StepOptions &options, double norm, StepResult *result);
     Status skip_nonfinite(const StepOptions &options, double norm, StepResult *result);
     Status skip_custom(const Status &why, const StepOptions &options, double norm, StepResult *result);
-    void warn_if_no_gradient(double norm);
-    void count_step(bool dynamic);
-    void report_step(double grad_norm, bool skipped, StepResult *result) const;
     // --- units as a pipeline (pipeline.cc; the parts: round.h, gathers.h) ---
     Status close_round(Agreement a, double weight, double *sumsq, double *weight_sum);
     Status gather_after_update(bool defer, int32_t submitted = -1);
@@ -245,14 +223,12 @@ class ShardGroup : public RecoveryAccess, private ReductionRound::Work {
     ParamTable table_;  // the params, param groups and trainable flags (param_table.h)
     Layout layout_;
     Units units_;  // the units' memory on this rank (units.h)
-    uint64_t steps_ = 0;
+    StepRecord record_;  // the steps taken, and each one's end (step_record.h)
     uint64_t checkpoints_ = 0;
     Lineage lineage_;  // the groups before this one (lineage.h)
     LossScaler scaler_;
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;
-    uint64_t zero_grad_steps_ = 0;  // steps in a row whose gradients were all zero
-    bool wrote_nonfinite_ = false;  // this step's custom updates wrote inf or NaN (step.cc)
     // The parts with threads, after the communicators: destroyed first.
     std::unique_ptr<ReductionRound> round_;  // the gradient reductions (round.h)
     std::unique_ptr<Gathers> gathers_;       // the param gathers (gathers.h)
