@@ -78,6 +78,59 @@ Status validate_config(const GroupConfig &cfg) {
     return Status::Ok();
 }
 
+// The mesh's settings for a group of `cfg` (resolved: its backend and bind address).
+Mesh::Settings mesh_settings(const GroupConfig &cfg) {
+    Mesh::Settings ms;
+    ms.backend = cfg.backend;
+    ms.device_ordinal = cfg.device_ordinal;
+    ms.timeout_ms = cfg.timeout_ms;
+    ms.bind_address = cfg.bind_address;
+    // SX_TRANSPORT_TCP, or SX_SHARED_MEMORY=0, keeps ranks on one host on Gloo's TCP.
+    const char *shm = std::getenv("SX_SHARED_MEMORY");
+    ms.shared_memory = cfg.transport != SX_TRANSPORT_TCP && !(shm && std::strcmp(shm, "0") == 0);
+    return ms;
+}
+
+// The host thread pool's size: num_threads, or every core (shared among the ranks that
+// are threads of one process); 1 for a CUDA group, whose work runs on its device.
+int pool_threads(const GroupConfig &cfg) {
+    int threads = cfg.backend == SX_BACKEND_CUDA ? 1 : cfg.num_threads;
+    if (threads == 0) {
+        int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+        const bool threads_of_one_process = cfg.rendezvous.compare(0, 8, "local://") == 0;
+        threads = threads_of_one_process ? std::max(1, hw / cfg.world_size) : hw;
+    }
+    return threads;
+}
+
+// The units' settings for a group of `cfg` on the opened mesh `mesh`.
+Units::Settings unit_settings(const GroupConfig &cfg, const Mesh &mesh) {
+    Units::Settings us;
+    us.stage = cfg.stage;
+    us.shard_rank = mesh.shard_rank();
+    us.shard_size = mesh.shard_size();
+    us.grad_dtype = cfg.grad_dtype;
+    us.reduce_dtype = cfg.reduce_dtype;
+    us.exchanged = cfg.backend != SX_BACKEND_CUDA && mesh.shard().reads_in_place();
+    // The ranks whose gradients are summed in 16 bits are a shard group's (GroupConfig).
+    us.predivide = cfg.grad_predivide_factor > 0 ? cfg.grad_predivide_factor : fsdp_predivide_factor(mesh.shard_size());
+    return us;
+}
+
+// The memory copies' settings for a group of `cfg` on the opened mesh `mesh`.
+MemoryCopies::Settings copy_settings(const GroupConfig &cfg, const Mesh &mesh) {
+    MemoryCopies::Settings cs;
+    cs.interval = cfg.memory_copy_interval;
+    cs.rank = cfg.rank;
+    cs.world_size = cfg.world_size;
+    cs.shard = mesh.shard_rank();
+    cs.shards = mesh.shard_size();
+    cs.epoch = cfg.epoch;
+    // A mesh's other replicas hold each shard; a flat group's ranks send theirs on.
+    cs.peers = mesh.replicas() == 1 && cfg.world_size > 1;
+    return cs;
+}
+
 }  // namespace
 
 Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *out) {
@@ -168,35 +221,13 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
     // which for a large world takes longer than the wait: a missing rank then fails the
     // group at its deadline, not after the binding.
     SX_TRY(rdzv::await_ranks(*store, cfg.rank, cfg.world_size, deadline));
-    Mesh::Settings ms;
-    ms.backend = g->config_.backend;
-    ms.device_ordinal = cfg.device_ordinal;
-    ms.timeout_ms = cfg.timeout_ms;
-    ms.bind_address = g->config_.bind_address;
-    // SX_TRANSPORT_TCP, or SX_SHARED_MEMORY=0, keeps ranks on one host on Gloo's TCP.
-    const char *shm = std::getenv("SX_SHARED_MEMORY");
-    ms.shared_memory = cfg.transport != SX_TRANSPORT_TCP && !(shm && std::strcmp(shm, "0") == 0);
-    g->mesh_.place(ms, cfg.rank, cfg.world_size);
+    g->mesh_.place(mesh_settings(cfg), cfg.rank, cfg.world_size);
     SX_TRY(g->mesh_.open(std::move(store), g->config_.shard_size, *g->headers_, deadline));
 
-    int threads = cuda ? 1 : cfg.num_threads;  // a CUDA group's work runs on its device
-    if (threads == 0) {
-        int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-        const bool threads_of_one_process = cfg.rendezvous.compare(0, 8, "local://") == 0;
-        threads = threads_of_one_process ? std::max(1, hw / cfg.world_size) : hw;
-    }
+    const int threads = pool_threads(cfg);
     g->pool_.reset(new optim::ThreadPool(threads));
     g->ops_ = cuda ? std::move(device_ops) : make_host_ops(g->pool_.get());
-    Units::Settings us;
-    us.stage = cfg.stage;
-    us.shard_rank = g->mesh_.shard_rank();
-    us.shard_size = g->mesh_.shard_size();
-    us.grad_dtype = cfg.grad_dtype;
-    us.reduce_dtype = cfg.reduce_dtype;
-    us.exchanged = !cuda && g->mesh_.shard().reads_in_place();
-    // The ranks whose gradients are summed in 16 bits are a shard group's (GroupConfig).
-    us.predivide = cfg.grad_predivide_factor > 0 ? cfg.grad_predivide_factor
-                                                 : fsdp_predivide_factor(g->mesh_.shard_size());
+    const Units::Settings us = unit_settings(cfg, g->mesh_);
     g->units_.configure(us, g->ops_.get(), g->tracer(),
                         {&g->layout_, &g->table_.params(), &g->table_.groups(), &g->table_.applied()});
     g->round_.reset(new ReductionRound(*g, g->tracer(), cfg.stage, g->mesh_.replicas() > 1));
@@ -219,15 +250,7 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
     if (cfg.memory_copy_interval > 0 && !cfg.joining) {
         SX_CHECK(!cuda, SX_ERR_UNSUPPORTED, "config->memory_copy_interval: memory copies are kept for CPU groups only; "
                  "a CUDA group regroups from a checkpoint");
-        MemoryCopies::Settings cs;
-        cs.interval = cfg.memory_copy_interval;
-        cs.rank = cfg.rank;
-        cs.world_size = cfg.world_size;
-        cs.shard = g->mesh_.shard_rank();
-        cs.shards = g->mesh_.shard_size();
-        cs.epoch = cfg.epoch;
-        // A mesh's other replicas hold each shard; a flat group's ranks send theirs on.
-        cs.peers = g->mesh_.replicas() == 1 && cfg.world_size > 1;
+        const MemoryCopies::Settings cs = copy_settings(cfg, g->mesh_);
         std::unique_ptr<comm::Communicator> comm;
         if (cs.peers)
             SX_TRY(g->mesh_.connect(rdzv::make_prefix_store(g->mesh_.store_ptr(), "copies/"), cfg.rank, cfg.world_size,
