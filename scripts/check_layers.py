@@ -216,6 +216,8 @@ def self_test(real_root):
         ("src/ckpt/manifest.cc", '#include "core/group.h"\n',
          ['src/ckpt/manifest.cc:3: #include "core/group.h"', "ckpt sees core only through"]),
         ("src/ckpt/load.cc", '#include "../core/channel.h"\n', ["src/ckpt/load.cc:1", "ckpt sees core only through"]),
+        ("src/recovery/regroup.cc", '#include "core/group.h"\n',
+         ['src/recovery/regroup.cc:1: #include "core/group.h"', "recovery sees core only through"]),
         (TABLE, "ckpt sees api only through: api/handles.h\n", ["a seam from ckpt to api"]),
         (TABLE, "late: base\nbase: late\n", ["base is listed twice"]),
     ]

@@ -3,7 +3,7 @@
 # through sudo), the Go and Rust toolchains of the bindings included. The CUDA toolkit
 # and NCCL are optional and not installed here.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config git iproute2
+pkgs=(build-essential cmake pkg-config git iproute2 universal-ctags
       libuv1-dev libgloo-dev libcmocka-dev libisal-dev
       libflatbuffers-dev flatbuffers-compiler
       abigail-tools python3 python3-numpy python3-venv

@@ -5,10 +5,31 @@
 #include "api/handles.h"
 #include "ckpt/directory.h"
 #include "io/file_ops.h"
+#include "recovery/recovery.h"
 
 using sx::Status;
 using sx::api::guard;
 using sx::api::resolve;
+
+namespace {
+
+// What sx_regroup decided, into the caller's result.
+void write_result(const sx::recovery::RegroupInfo &info, uint64_t step, sx_regroup_result_t *result) {
+    sx_regroup_result_t r;
+    std::memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.epoch = info.epoch;
+    r.rank = info.rank;
+    r.world_size = info.world_size;
+    r.shard_size = info.shard_size;
+    r.previous_rank = info.previous_rank;
+    r.previous_world_size = info.previous_world_size;
+    r.step = step;
+    r.from_memory = info.from_memory ? 1 : 0;
+    sx::api::write_output(result, r);
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -39,10 +60,11 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
                                    &o));
         if (result != nullptr) SX_TRY(sx::api::check_output(result, "result"));
         const bool have_checkpoint = o.checkpoint != nullptr && o.checkpoint[0] != '\0';
+        sx::recovery::Recovery recovery(*g);
         // Without a checkpoint the state must come from memory: copies kept (of this group
         // or of those before it), or the shards of a sound group (one that admits joiners),
         // or the members' (a joining group).
-        SX_CHECK_ARG(have_checkpoint || g->joining() || g->sound() || g->holds_copies(),
+        SX_CHECK_ARG(have_checkpoint || recovery.joining() || recovery.sound() || recovery.holds_copies(),
                      "options->checkpoint is empty, and the group keeps no memory copies "
                      "(config->memory_copy_interval): the lost ranks' shards exist nowhere else");
         sx::ckpt::LoadOptions lo;
@@ -50,28 +72,32 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
         SX_CHECK_ARG(o.join_window_ms >= 0, "options->join_window_ms is %d; it must be >= 0 (0 = 1000 ms)",
                      o.join_window_ms);
         SX_CHECK_ARG(o.admit >= 0, "options->admit is %d; it must be >= 0", o.admit);
-        sx::core::RegroupSpec spec;
+        sx::recovery::RegroupSpec spec;
         spec.join_window = sx::Millis(o.join_window_ms == 0 ? 1000 : o.join_window_ms);
         spec.expected_world_size = o.expected_world_size;
         spec.admit = o.admit;
         spec.have_checkpoint = have_checkpoint;
 
-        SX_TRY(g->check_regroup(spec));
+        SX_TRY(recovery.check_regroup(spec));
         if (have_checkpoint) {
             // A checkpoint that cannot be loaded is refused before the group breaks up.
             sx::ckpt::Manifest manifest;
             SX_TRY(sx::ckpt::check_checkpoint_name(o.checkpoint, "load"));
             SX_TRY(sx::ckpt::read_manifest(*sx::io::posix_file_ops(), o.checkpoint, &manifest));
         }
-        SX_TRY(g->copy_if_sound());
+        SX_TRY(recovery.copy_if_sound());
         // The broken group's calls end now; a save in flight ends within a fraction of a
         // second (aborted: it commits nothing), and its checkpointer goes, as it reads the
         // broken group.
         g->abort();
         group->checkpointer.reset();
-        std::unique_ptr<sx::core::ShardGroup> fresh;
-        sx::core::RegroupInfo info;
-        SX_TRY(g->regroup(spec, &fresh, &info));
+        std::unique_ptr<sx::core::RecoveryAccess> formed;
+        sx::recovery::RegroupInfo info;
+        SX_TRY(recovery.regroup(spec, &formed, &info));
+        // A group forms groups of its own kind: the handle's is a ShardGroup.
+        std::unique_ptr<sx::core::ShardGroup> fresh(dynamic_cast<sx::core::ShardGroup *>(formed.get()));
+        SX_CHECK(fresh != nullptr, SX_ERR_INTERNAL, "the regroup formed a group of another kind");
+        formed.release();
         // The new group replaces the broken one only with its state: where it did not come
         // from the memory copies, the checkpoint's is loaded into it first.
         std::unique_ptr<sx::ckpt::Checkpointer> ck(
@@ -87,20 +113,7 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
         }
         group->impl = std::move(fresh);  // the broken group goes: its threads and connections end
         group->checkpointer = std::move(ck);
-        if (result != nullptr) {
-            sx_regroup_result_t r;
-            std::memset(&r, 0, sizeof r);
-            r.struct_size = sizeof r;
-            r.epoch = info.epoch;
-            r.rank = info.rank;
-            r.world_size = info.world_size;
-            r.shard_size = info.shard_size;
-            r.previous_rank = info.previous_rank;
-            r.previous_world_size = info.previous_world_size;
-            r.step = group->impl->steps_taken();
-            r.from_memory = info.from_memory ? 1 : 0;
-            sx::api::write_output(result, r);
-        }
+        if (result != nullptr) write_result(info, group->impl->steps_taken(), result);
         return Status::Ok();
     });
 }
@@ -113,7 +126,7 @@ SX_API sx_status_t sx_get_lost_ranks(const sx_shard_group_t *group, int32_t *ran
         SX_CHECK_ARG(count != nullptr, "count is NULL");
         SX_CHECK_ARG(capacity >= 0, "capacity is %d; it must be >= 0", capacity);
         SX_CHECK_ARG(ranks != nullptr || capacity == 0, "ranks is NULL but capacity is %d", capacity);
-        const std::vector<int> lost = g->lost_ranks();
+        const std::vector<int> lost = sx::recovery::Recovery(*g).lost_ranks();
         for (size_t k = 0; k < lost.size() && k < static_cast<size_t>(capacity); ++k) ranks[k] = lost[k];
         *count = static_cast<int32_t>(lost.size());
         return Status::Ok();
@@ -126,7 +139,7 @@ SX_API sx_status_t sx_poll_joiners(sx_shard_group_t *group, int32_t *waiting) {
         SX_TRY(resolve(group, &g));
         SX_CHECK_ARG(waiting != nullptr, "waiting is NULL");
         int count = 0;
-        SX_TRY(g->poll_joiners(&count));
+        SX_TRY(sx::recovery::Recovery(*g).poll_joiners(&count));
         *waiting = count;
         return Status::Ok();
     });

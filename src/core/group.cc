@@ -78,6 +78,59 @@ Status validate_config(const GroupConfig &cfg) {
     return Status::Ok();
 }
 
+// The mesh's settings for a group of `cfg` (resolved: its backend and bind address).
+Mesh::Settings mesh_settings(const GroupConfig &cfg) {
+    Mesh::Settings ms;
+    ms.backend = cfg.backend;
+    ms.device_ordinal = cfg.device_ordinal;
+    ms.timeout_ms = cfg.timeout_ms;
+    ms.bind_address = cfg.bind_address;
+    // SX_TRANSPORT_TCP, or SX_SHARED_MEMORY=0, keeps ranks on one host on Gloo's TCP.
+    const char *shm = std::getenv("SX_SHARED_MEMORY");
+    ms.shared_memory = cfg.transport != SX_TRANSPORT_TCP && !(shm && std::strcmp(shm, "0") == 0);
+    return ms;
+}
+
+// The host thread pool's size: num_threads, or every core (shared among the ranks that
+// are threads of one process); 1 for a CUDA group, whose work runs on its device.
+int pool_threads(const GroupConfig &cfg) {
+    int threads = cfg.backend == SX_BACKEND_CUDA ? 1 : cfg.num_threads;
+    if (threads == 0) {
+        int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+        const bool threads_of_one_process = cfg.rendezvous.compare(0, 8, "local://") == 0;
+        threads = threads_of_one_process ? std::max(1, hw / cfg.world_size) : hw;
+    }
+    return threads;
+}
+
+// The units' settings for a group of `cfg` on the opened mesh `mesh`.
+Units::Settings unit_settings(const GroupConfig &cfg, const Mesh &mesh) {
+    Units::Settings us;
+    us.stage = cfg.stage;
+    us.shard_rank = mesh.shard_rank();
+    us.shard_size = mesh.shard_size();
+    us.grad_dtype = cfg.grad_dtype;
+    us.reduce_dtype = cfg.reduce_dtype;
+    us.exchanged = cfg.backend != SX_BACKEND_CUDA && mesh.shard().reads_in_place();
+    // The ranks whose gradients are summed in 16 bits are a shard group's (GroupConfig).
+    us.predivide = cfg.grad_predivide_factor > 0 ? cfg.grad_predivide_factor : fsdp_predivide_factor(mesh.shard_size());
+    return us;
+}
+
+// The memory copies' settings for a group of `cfg` on the opened mesh `mesh`.
+MemoryCopies::Settings copy_settings(const GroupConfig &cfg, const Mesh &mesh) {
+    MemoryCopies::Settings cs;
+    cs.interval = cfg.memory_copy_interval;
+    cs.rank = cfg.rank;
+    cs.world_size = cfg.world_size;
+    cs.shard = mesh.shard_rank();
+    cs.shards = mesh.shard_size();
+    cs.epoch = cfg.epoch;
+    // A mesh's other replicas hold each shard; a flat group's ranks send theirs on.
+    cs.peers = mesh.replicas() == 1 && cfg.world_size > 1;
+    return cs;
+}
+
 }  // namespace
 
 Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *out) {
@@ -96,9 +149,9 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
         own.joining = false;
         std::unique_ptr<ShardGroup> g;
         SX_TRY(create(own, &g));
-        g->joining_ = true;
-        g->join_config_ = cfg;
-        g->join_config_.joining = false;
+        g->lineage_.joining = true;
+        g->lineage_.join_config = cfg;
+        g->lineage_.join_config.joining = false;
         *out = std::move(g);
         return Status::Ok();
     }
@@ -135,8 +188,8 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
         root = *store;
         return s;
     }, &g));
-    g->root_store_ = std::move(root);
-    for (int r = 0; r < g->world_size(); ++r) g->member_ids_.push_back(static_cast<uint64_t>(r));
+    g->lineage_.root_store = std::move(root);
+    for (int r = 0; r < g->world_size(); ++r) g->lineage_.member_ids.push_back(static_cast<uint64_t>(r));
     *out = std::move(g);
     return Status::Ok();
 }
@@ -148,7 +201,7 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
     const bool cuda = cfg.backend == SX_BACKEND_CUDA;
     std::unique_ptr<ShardGroup> g(new ShardGroup());
     g->config_ = cfg;
-    g->epoch_ = g->attempted_epoch_ = cfg.epoch;
+    g->lineage_.epoch = g->lineage_.attempted_epoch = cfg.epoch;
     if (!trace_path.empty()) {
         // From the start, so that the connections and the mesh's agreement are on it too.
         g->config_.trace_capacity = cfg.trace_capacity ? cfg.trace_capacity : trace::kDefaultCapacity;
@@ -168,35 +221,13 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
     // which for a large world takes longer than the wait: a missing rank then fails the
     // group at its deadline, not after the binding.
     SX_TRY(rdzv::await_ranks(*store, cfg.rank, cfg.world_size, deadline));
-    Mesh::Settings ms;
-    ms.backend = g->config_.backend;
-    ms.device_ordinal = cfg.device_ordinal;
-    ms.timeout_ms = cfg.timeout_ms;
-    ms.bind_address = g->config_.bind_address;
-    // SX_TRANSPORT_TCP, or SX_SHARED_MEMORY=0, keeps ranks on one host on Gloo's TCP.
-    const char *shm = std::getenv("SX_SHARED_MEMORY");
-    ms.shared_memory = cfg.transport != SX_TRANSPORT_TCP && !(shm && std::strcmp(shm, "0") == 0);
-    g->mesh_.place(ms, cfg.rank, cfg.world_size);
+    g->mesh_.place(mesh_settings(cfg), cfg.rank, cfg.world_size);
     SX_TRY(g->mesh_.open(std::move(store), g->config_.shard_size, *g->headers_, deadline));
 
-    int threads = cuda ? 1 : cfg.num_threads;  // a CUDA group's work runs on its device
-    if (threads == 0) {
-        int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-        const bool threads_of_one_process = cfg.rendezvous.compare(0, 8, "local://") == 0;
-        threads = threads_of_one_process ? std::max(1, hw / cfg.world_size) : hw;
-    }
+    const int threads = pool_threads(cfg);
     g->pool_.reset(new optim::ThreadPool(threads));
     g->ops_ = cuda ? std::move(device_ops) : make_host_ops(g->pool_.get());
-    Units::Settings us;
-    us.stage = cfg.stage;
-    us.shard_rank = g->mesh_.shard_rank();
-    us.shard_size = g->mesh_.shard_size();
-    us.grad_dtype = cfg.grad_dtype;
-    us.reduce_dtype = cfg.reduce_dtype;
-    us.exchanged = !cuda && g->mesh_.shard().reads_in_place();
-    // The ranks whose gradients are summed in 16 bits are a shard group's (GroupConfig).
-    us.predivide = cfg.grad_predivide_factor > 0 ? cfg.grad_predivide_factor
-                                                 : fsdp_predivide_factor(g->mesh_.shard_size());
+    const Units::Settings us = unit_settings(cfg, g->mesh_);
     g->units_.configure(us, g->ops_.get(), g->tracer(),
                         {&g->layout_, &g->table_.params(), &g->table_.groups(), &g->table_.applied()});
     g->round_.reset(new ReductionRound(*g, g->tracer(), cfg.stage, g->mesh_.replicas() > 1));
@@ -219,15 +250,7 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
     if (cfg.memory_copy_interval > 0 && !cfg.joining) {
         SX_CHECK(!cuda, SX_ERR_UNSUPPORTED, "config->memory_copy_interval: memory copies are kept for CPU groups only; "
                  "a CUDA group regroups from a checkpoint");
-        MemoryCopies::Settings cs;
-        cs.interval = cfg.memory_copy_interval;
-        cs.rank = cfg.rank;
-        cs.world_size = cfg.world_size;
-        cs.shard = g->mesh_.shard_rank();
-        cs.shards = g->mesh_.shard_size();
-        cs.epoch = cfg.epoch;
-        // A mesh's other replicas hold each shard; a flat group's ranks send theirs on.
-        cs.peers = g->mesh_.replicas() == 1 && cfg.world_size > 1;
+        const MemoryCopies::Settings cs = copy_settings(cfg, g->mesh_);
         std::unique_ptr<comm::Communicator> comm;
         if (cs.peers)
             SX_TRY(g->mesh_.connect(rdzv::make_prefix_store(g->mesh_.store_ptr(), "copies/"), cfg.rank, cfg.world_size,
@@ -313,8 +336,32 @@ void ShardGroup::abort_communicators() {
 
 Status ShardGroup::check_usable() const { return failure_.check(); }
 
+// A regroup's new group (lineage.h): assembled like create's, on the store the regroup
+// opened for its epoch.
+Status ShardGroup::form(const GroupConfig &c, const std::string &trace_path, Clock::time_point deadline,
+                        std::shared_ptr<rdzv::Store> store, std::unique_ptr<RecoveryAccess> *out) const {
+    std::unique_ptr<ShardGroup> g;
+    SX_TRY(assemble(c, trace_path, deadline,
+                    [&](std::shared_ptr<rdzv::Store> *opened) {
+                        *opened = store;
+                        return Status::Ok();
+                    },
+                    &g));
+    *out = std::move(g);
+    return Status::Ok();
+}
+
+bool ShardGroup::between_steps() const { return !round_->open() && micro_batches_ == 0; }
+
+// A regroup's new group goes on from where `from`'s counters were (after its finalize).
+void ShardGroup::continue_counters(uint64_t steps, const LossScaling &settings, const LossScalerState &state) {
+    record_.set_steps(steps);
+    scaler_.configure(settings);
+    scaler_.restore(state);
+}
+
 Status ShardGroup::check_finalized() const {
-    SX_CHECK(!joining_, SX_ERR_INVALID_STATE,
+    SX_CHECK(!lineage_.joining, SX_ERR_INVALID_STATE,
              "the group is joining (SX_GROUP_JOIN): it takes part in nothing until sx_regroup admits it");
     SX_CHECK(table_.finalized(), SX_ERR_INVALID_STATE, "the group is not finalized yet; call sx_finalize first");
     SX_CHECK(!table_.pending(), SX_ERR_INVALID_STATE,
@@ -421,7 +468,7 @@ Status ShardGroup::set_hyperparameter(int32_t group, int32_t key, double value) 
     optim::Hyper &h = table_.groups()[group].hyper;
     optim::Hyper changed = h;
     SX_TRY(core::set_hyperparameter(&changed, key, value));
-    if (steps_ > 0) {
+    if (record_.steps() > 0) {
         // A change that adds or moves a state slot (amsgrad's max_exp_avg_sq,
         // RMSprop's grad_avg) would start it from nothing, as torch cannot either.
         const optim::OptimizerSpec &spec = optim::spec_of(h.kind);
@@ -598,7 +645,7 @@ Status ShardGroup::export_shard(ShardState *out) {
 
 ShardProgress ShardGroup::progress() const {
     ShardProgress pr;
-    pr.steps_taken = steps_;
+    pr.steps_taken = record_.steps();
     for (const ParamSpec &spec : table_.params())
         pr.params.push_back({spec.step, spec.momentum_steps, spec.mu_product, spec.row_var, spec.col_var});
     for (const ParamGroup &g : table_.groups()) {
@@ -657,8 +704,9 @@ Status ShardGroup::restore_shard(const ShardRestore &r) {
     // The group has taken at least as many steps as any param has had updates (what a
     // checkpoint records and checks): params a load left as they were, or counts
     // scattered from another optimizer, may bring more than the steps restored.
-    steps_ = pr.steps_taken;
-    for (const ParamSpec &ps : table_.params()) steps_ = std::max(steps_, static_cast<uint64_t>(std::max<int64_t>(ps.step, 0)));
+    uint64_t steps = pr.steps_taken;
+    for (const ParamSpec &ps : table_.params()) steps = std::max(steps, static_cast<uint64_t>(std::max<int64_t>(ps.step, 0)));
+    record_.set_steps(steps);
     scaler_.restore(pr.scaler);
     if (copies_) copies_->mark_dirty();  // the next step keeps a copy of the new state
     return Status::Ok();
@@ -715,7 +763,7 @@ MemoryStats ShardGroup::memory_stats() const {
     for (size_t u = 0; u < units_.size(); ++u) m.param_bytes += gathers_->whole_bytes(u);
     m.peak_param_bytes = gathers_->peak_bytes();
     m.memory_copy_bytes = copies_ ? copies_->bytes() : 0;
-    for (const std::shared_ptr<const KeptCopies> &k : kept_) m.memory_copy_bytes += k->bytes();
+    for (const std::shared_ptr<const KeptCopies> &k : lineage_.kept) m.memory_copy_bytes += k->bytes();
     return m;
 }
 

@@ -24,7 +24,9 @@
 #include "core/gathers.h"
 #include "core/device.h"
 #include "core/failure.h"
+#include "core/group_config.h"
 #include "core/layout.h"
+#include "core/lineage.h"
 #include "core/loss_scaler.h"
 #include "core/memory_copies.h"
 #include "core/mesh.h"
@@ -34,91 +36,17 @@
 #include "core/units.h"
 #include "core/whole_state.h"
 #include "core/shard_state.h"
+#include "core/step_record.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
 
 namespace sx {
 namespace core {
 
-struct GroupConfig {
-    std::string rendezvous;
-    int rank = 0;
-    int world_size = 0;  // 0 = from the environment
-    int stage = 2;
-    int backend = SX_BACKEND_CPU;
-    int num_threads = 0;  // 0 = automatic
-    int alignment = 64;   // bytes
-    int timeout_ms = 300000;
-    uint32_t flags = 0;
-    std::string bind_address;
-    // The rendezvous server's guard (sx_group_config_t; "" = from the environment).
-    std::string rendezvous_token;
-    std::string rendezvous_bind;
-    int device_ordinal = 0;
-    int grad_dtype = 0;    // 0 = each param's dtype, or SX_DTYPE_F32
-    int reduce_dtype = 0;  // 0 = the grad dtype, or SX_DTYPE_F32
-    int prefetch_depth = 1;  // stage 3: units gathered ahead of the trainer's calls (0: none)
-    int transport = SX_TRANSPORT_AUTO;  // CPU: shared memory on one host, or TCP always
-    // HSDP: ranks per shard group (a divisor of the world size; 0 = the world size). The
-    // layout has shard_size shards; each is replicated world_size / shard_size times.
-    int shard_size = 0;
-    // 16-bit reductions divide the gradients by this before their sum and multiply the
-    // sum back by it in fp32 after; 0 = FSDP's factor for the ranks summed in 16 bits.
-    double grad_predivide_factor = 0.0;
-    // The step timeline (docs/tracing.md): a file name template ("%r": the rank; empty: no
-    // trace) and the most events kept (0: trace::kDefaultCapacity).
-    std::string trace_path;
-    size_t trace_capacity = 0;
-    // Steps between memory copies of the state (memory_copies.h); 0 = none.
-    int memory_copy_interval = 0;
-    // SX_GROUP_JOIN: a process that joins a running group at its next regroup (regroup.cc).
-    bool joining = false;
-    // Regroups since the group was first created (set by regroup.cc for the groups it makes).
-    int epoch = 0;
-};
 
 // FSDP's gradient pre-divide factor for a 16-bit sum over n ranks: f doubled from 1
 // while it divides n and n / f > f (2 for 4 ranks, 4 for 8 or 16, 32 for 1024).
 int fsdp_predivide_factor(int n);
-
-struct StepOptions {
-    double max_grad_norm = 0.0;
-    // Uneven inputs: the gradients are sums over this rank's `weight` samples, and the
-    // step divides their sum over the ranks by the sum of the weights.
-    bool weighted = false;
-    double weight = 0.0;
-    bool keep_grads = false;
-    void *stream = nullptr;  // CUDA: the trainer's stream, whose work the step follows
-    // Stages 1 and 2: return after the update; the params are all-gathered in the
-    // background, unit by unit (unit_gather waits for one).
-    bool defer_gather = false;
-    int nonfinite = SX_NONFINITE_DEFAULT;  // SX_NONFINITE_*
-};
-
-struct StepResult {
-    double grad_norm = 0.0;
-    uint64_t step = 0;
-    bool skipped = false;
-    double loss_scale = 1.0;  // for the next losses
-    bool nonfinite = false;   // the norm was inf or NaN
-};
-
-// sx_regroup's choices (sx.h), and what it decided.
-struct RegroupSpec {
-    Millis join_window{1000};  // how long the survivors wait for each other
-    // The new group closes once this many arrived (0: once every rank of the survivors'
-    // groups has arrived or is known to have exited).
-    int expected_world_size = 0;
-    int admit = 0;  // joining processes the members admit (sx_poll_joiners counted them)
-    bool have_checkpoint = false;  // the caller loads one where no memory copy holds the state
-};
-struct RegroupInfo {
-    int epoch = 0;
-    int rank = 0, world_size = 0, shard_size = 0;
-    int previous_rank = 0, previous_world_size = 0;
-    bool from_memory = false;  // the state came from the survivors' memory copies
-    std::string why_not_memory;  // else why not (with memory copies kept)
-};
 
 struct MemoryStats {
     uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // staging is the checkpointer's
@@ -127,33 +55,11 @@ struct MemoryStats {
     uint64_t memory_copy_bytes = 0;  // memory_copies.h
 };
 
-class ShardGroup : public ShardAccess, private ReductionRound::Work {
+class ShardGroup : public RecoveryAccess, private ReductionRound::Work {
   public:
     // Each public operation is one of sx.h's, whose contract is there ("collective": every rank, in order).
     static Status create(const GroupConfig &config, std::unique_ptr<ShardGroup> *out);
     ~ShardGroup();
-    // Collective over the ranks still alive (regroup.cc; sx_regroup in sx.h): a group of
-    // them at the next epoch, on the same rendezvous, with this group's params, param
-    // groups, trainable flags and counters, and zero state (the caller restores it).
-    Status check_regroup(const RegroupSpec &spec) const;  // what regroup() refuses, before anything changes
-    Status regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info);
-    int epoch() const { return epoch_; }
-    // The ranks of this group whose process is known to have exited (sx_get_lost_ranks).
-    std::vector<int> lost_ranks() const;
-    std::vector<uint64_t> lost_ids() const;  // the same, as the identities regroups know them by
-    // A joining group (SX_GROUP_JOIN): until sx_regroup admits it, a group of its own
-    // rank alone, on a rendezvous of its own, where params are registered and laid out.
-    bool joining() const { return joining_; }
-    const GroupConfig &join_config() const { return join_config_; }
-    // Collective (the members): how many processes wait to join (sx_poll_joiners).
-    Status poll_joiners(int *waiting);
-    // Before sx_regroup breaks the group up: a sound group's members copy their shard
-    // (regroup.cc), from which the new group's state then comes.
-    Status copy_if_sound();
-    bool sound() const;  // a CPU group, not failed nor aborted, and between steps
-    // Whether it keeps memory copies, or holds some of the groups before it.
-    bool holds_copies() const { return copies_ != nullptr || !kept_.empty(); }
-
     // --- what checkpoints and the whole-state exchange see (ShardAccess: shard_state.h) ---
     int rank() const override { return mesh_.rank(); }
     int world_size() const override { return mesh_.world_size(); }
@@ -183,16 +89,31 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     bool aborted() const override { return failure_.aborted(); }
     trace::Tracer *tracer() const override { return tracer_.get(); }
 
+    // --- what recovery sees (RecoveryAccess: lineage.h; recovery/recovery.h) ---
+    const GroupConfig &config() const override { return config_; }
+    Lineage &lineage() override { return lineage_; }
+    const Lineage &lineage() const override { return lineage_; }
+    std::unique_ptr<MemoryCopies> &memory_copies() override { return copies_; }
+    const MemoryCopies *memory_copies() const override { return copies_.get(); }
+    Status build_layout(int shard_size, Layout *out) const override;
+    Status ensure_masters() override { return units_.ensure_masters(); }
+    std::vector<int> exited_peers() const override { return mesh_.world().exited_peers(); }
+    bool between_steps() const override;
+    Status settle() override;  // pipeline.cc
+    Status keep_copy(bool send) override;  // step.cc
+    void continue_counters(uint64_t steps, const LossScaling &settings, const LossScalerState &state) override;
+    Status form(const GroupConfig &c, const std::string &trace_path, Clock::time_point deadline,
+                std::shared_ptr<rdzv::Store> store, std::unique_ptr<RecoveryAccess> *out) const override;
+
     // --- the group ---
-    const GroupConfig &config() const { return config_; }
     MemoryStats memory_stats() const;
     Status flush_trace();  // the step timeline's file written now (docs/tracing.md)
-    void abort();  // any thread: collectives in flight fail, and later calls
+    void abort() override;  // any thread: collectives in flight fail, and later calls
 
     // --- the param table (param_table.h: registration, trainable flags, what is laid out) ---
-    ParamTable &table() { return table_; }
-    const ParamTable &table() const { return table_; }
-    Status finalize();  // collective: lays out what was added; laid-out units stay as they are
+    ParamTable &table() override { return table_; }
+    const ParamTable &table() const override { return table_; }
+    Status finalize() override;  // collective: lays out what was added; laid-out units stay as they are
     Status set_hyperparameter(int32_t group, int32_t key, double value);  // amsgrad: before the first step
     Status refresh_trainable();
     const Units &units() const { return units_; }  // each unit's memory (units.h)
@@ -215,17 +136,17 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     Status unit_release(int32_t unit);
     Status accumulate_grads();                                     // collective
     Status step(const StepOptions &options, StepResult *result);  // collective
-    uint64_t steps_taken() const { return steps_; }
+    uint64_t steps_taken() const override { return record_.steps(); }
     uint64_t reductions_run() const { return round_->reductions_run(); }  // any thread
     const std::vector<int32_t> &deferred_gather_order() const { return gathers_->deferred_order(); }
     Status set_loss_scaling(const LossScaling &s);  // resets the scale to s.init_scale
-    const LossScalerState &loss_scaler() const { return scaler_.state(); }
+    const LossScalerState &loss_scaler() const override { return scaler_.state(); }
 
     // --- whole params' optimizer state (whole_state.h), and this rank's part of it ---
     Status gather_state(int root, const StateFn &fn);   // collective
     Status scatter_state(int root, const StateFn &fn);  // collective
     Status state_view(int32_t param, const char *tensor, void **data, uint64_t *numel);
-    UnitShard unit_shard(size_t u) const { return units_.shard(u); }  // export_shard's, without its waits
+    UnitShard unit_shard(size_t u) const override { return units_.shard(u); }  // export_shard's, without its waits
 
   private:
     using Unit = Units::Unit;
@@ -236,18 +157,8 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     static Status assemble(const GroupConfig &config, const std::string &trace_path, Clock::time_point deadline,
                            const std::function<Status(std::shared_ptr<rdzv::Store> *)> &open_store,
                            std::unique_ptr<ShardGroup> *out);
-    Status replay_table(const ShardGroup &from);  // regroup.cc
-    Status join(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info);  // regroup.cc
-    Status build_layout(int shard_size, Layout *out) const;
-    Status claim_joiners(int epoch, int admit, bool claimer, Clock::time_point deadline, std::vector<uint64_t> *ids);
     Status keep_due_copy();  // step.cc
-    // --- memory copies (regroup_state.cc; the part: memory_copies.h) ---
-    ShardProgress progress() const;
-    Status keep_copy(bool send = true);
-    void keep_copies_for_regroup(Millis grace);
-    std::vector<CopyHolding> held_copies() const;
-    const ShardCopy *find_copy(int epoch, uint64_t seq, bool own) const;
-    Status restore_copies(const CopyChoice &choice);
+    ShardProgress progress() const;  // what a memory copy holds besides the tensors
     // Each private function's contract is at its definition.
     // --- the mesh's work (group.cc; the part: mesh.h) ---
     Status reduce_replicas(size_t u, float *shard);
@@ -281,16 +192,14 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     float norm_scale() const;
     Status global_norm(double *sumsq);
     Status gather_trainable_units(const double *local_sumsq = nullptr, double *sumsq = nullptr);
+    Status prepare_shard_for_update();
+    Status end_step(const StepOptions &options, bool dynamic, double norm, StepResult *result);
     Status finish_step(bool keep_grads);
     Status skip_step(const StepOptions &options, double norm, StepResult *result);
     Status skip_nonfinite(const StepOptions &options, double norm, StepResult *result);
     Status skip_custom(const Status &why, const StepOptions &options, double norm, StepResult *result);
-    void warn_if_no_gradient(double norm);
-    void count_step(bool dynamic);
-    void report_step(double grad_norm, bool skipped, StepResult *result) const;
     // --- units as a pipeline (pipeline.cc; the parts: round.h, gathers.h) ---
     Status close_round(Agreement a, double weight, double *sumsq, double *weight_sum);
-    Status settle();
     Status gather_after_update(bool defer, int32_t submitted = -1);
     int32_t first_deferred_gather() const;
     Status agree_round(const Agreement &a) override;  // ReductionRound::Work (round.h)
@@ -314,32 +223,16 @@ class ShardGroup : public ShardAccess, private ReductionRound::Work {
     ParamTable table_;  // the params, param groups and trainable flags (param_table.h)
     Layout layout_;
     Units units_;  // the units' memory on this rank (units.h)
-    uint64_t steps_ = 0;
+    StepRecord record_;  // the steps taken, and each one's end (step_record.h)
     uint64_t checkpoints_ = 0;
-    int epoch_ = 0;  // regroups since the group was created
-    // The last epoch a regroup of this group (or of the one it came from) tried: each try
-    // is a new epoch, whether it formed a group or failed (regroup.cc).
-    int attempted_epoch_ = 0;
-    // Per rank, the identity its process keeps across regroups (its rank when the group
-    // was created; kJoinerIds + its place in the lobby for a process that joined).
-    std::vector<uint64_t> member_ids_;
-    // The store through the key space of the group's first epoch ("g<N>/"): the lobby,
-    // every regroup's agreement ("regroup/E/") and every epoch's key space ("eE/").
-    std::shared_ptr<rdzv::Store> root_store_;
-    bool joining_ = false;
-    GroupConfig join_config_;  // a joining group's: the group it joins
+    Lineage lineage_;  // the groups before this one (lineage.h)
     LossScaler scaler_;
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;
-    uint64_t zero_grad_steps_ = 0;  // steps in a row whose gradients were all zero
-    bool wrote_nonfinite_ = false;  // this step's custom updates wrote inf or NaN (step.cc)
     // The parts with threads, after the communicators: destroyed first.
     std::unique_ptr<ReductionRound> round_;  // the gradient reductions (round.h)
     std::unique_ptr<Gathers> gathers_;       // the param gathers (gathers.h)
     std::unique_ptr<MemoryCopies> copies_;   // null without memory copies
-    // The copies of the groups before this one, kept until copies_ holds one every rank
-    // holds (memory_copies.h, "Lineages").
-    std::vector<std::shared_ptr<const KeptCopies>> kept_;
 
     Failure failure_;  // the first failure, and sx_abort (failure.h)
     // Held by abort() while it wakes the collectives in flight, and by the destructor: the

@@ -193,11 +193,7 @@ Status ShardGroup::reduce_for_step(const StepOptions &options, double *weight_su
 Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
-    SX_CHECK_ARG(std::isfinite(options.max_grad_norm) && options.max_grad_norm >= 0,
-                 "max_grad_norm = %g; it must be finite and >= 0 (0 = no clipping)",
-                 options.max_grad_norm);
-    SX_CHECK_ARG(!options.weighted || (std::isfinite(options.weight) && options.weight >= 0),
-                 "weight = %g; it must be finite and >= 0 (0: this rank had no data)", options.weight);
+    SX_TRY(check_step_options(options));
     SX_TRACE_SPAN(tracer(), "step", "sx_step");
     // The trainer's backward wrote the gradients on its stream. Waited for before anything
     // collective, so that a bad stream is this call's error alone and the group stays usable.
@@ -209,15 +205,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     bool have_sumsq = false;
     double sumsq = 0.0;
     SX_TRY(reduce_for_step(options, &weight_sum, &have_sumsq, &sumsq));
-    // The gathers still in flight (deferred, or prefetched) end before the update
-    // writes the shards they read.
-    {
-        SX_TRACE_SPAN(tracer(), "step", "wait_gathers");
-        SX_TRY(settle());
-    }
-    // Memory copies: the state was replaced since the last copy (a load, a broadcast, the
-    // first step): this boundary's is kept before the update changes it.
-    if (copies_ && copies_->dirty()) SX_TRY(keep_copy());
+    SX_TRY(prepare_shard_for_update());
     // Uneven inputs: no rank had data, so there is nothing to average; the step is
     // skipped as a dynamic loss scaling skip is (nothing changes, the gradients go).
     if (options.weighted && !(weight_sum > 0)) return skip_step(options, 0.0, result);
@@ -250,10 +238,6 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     //    masters, which the same pass rounds into the params. With defer_gather, the
     //    unit the next forward reads first is updated first, and its gather starts while
     //    the others are updated.
-    {
-        SX_TRACE_SPAN(tracer(), "step", "wait_checkpoint_staging");
-        fence_.wait_readers();
-    }
     const float grad_scale = static_cast<float>(coef / divisor);
     double update_sumsq = 0.0;
     // A double-buffered unit (a custom optimizer's) is not gathered before every rank's
@@ -261,7 +245,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     int32_t head = options.defer_gather ? first_deferred_gather() : -1;
     if (head >= 0 && units_.double_buffered(static_cast<size_t>(head))) head = -1;
     units_.mark_zeroed_by_update(!options.keep_grads, round_->reduced());
-    wrote_nonfinite_ = false;
+    record_.begin_update();
     Status s = update_shard(grad_scale, head, options.nonfinite, norm_first ? nullptr : &update_sumsq);
     if ((s.code() == SX_ERR_OPTIMIZER || s.code() == SX_ERR_NONFINITE) && check_usable().ok())
         return skip_custom(s, options, norm, result);
@@ -280,34 +264,73 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     else
         SX_TRY(gather_after_update(options.defer_gather, head));
     if (!norm_first) norm = std::sqrt(sumsq);
-    warn_if_no_gradient(norm);
 
     // 5. Per-param step counts, the loss scale's growth, and a clean slate.
-    count_step(dynamic);
+    return end_step(options, dynamic, norm, result);
+}
+
+// Before the update writes the shards: the gathers still in flight (deferred, or
+// prefetched) that read them end, and where the state was replaced since the last
+// memory copy (a load, a broadcast, the first step), this boundary's is kept first.
+Status ShardGroup::prepare_shard_for_update() {
+    {
+        SX_TRACE_SPAN(tracer(), "step", "wait_gathers");
+        SX_TRY(settle());
+    }
+    if (copies_ && copies_->dirty()) SX_TRY(keep_copy(true));
+    return Status::Ok();
+}
+
+// The end of a step taken on every rank (the update and the gathers done): the warning
+// for all-zero gradients, the counts, a clean slate for the next step's gradients, the
+// memory copy due at this boundary, and the result.
+Status ShardGroup::end_step(const StepOptions &options, bool dynamic, double norm, StepResult *result) {
+    bool any_trainable = false;
+    for (const Unit &unit : units_) any_trainable |= unit.trainable;
+    record_.warn_if_no_gradient(norm, any_trainable);
+    record_.count(table_, scaler_, dynamic);
     SX_TRY(finish_step(options.keep_grads));
-    ++steps_;
-    if (!copies_) kept_.clear();  // the copies of the groups before: only a group keeping its own waits for them
+    record_.advance();
+    if (!copies_) lineage_.kept.clear();  // the copies of the groups before: only a group keeping its own waits for them
     // Memory copies: this boundary's, every memory_copy_interval steps, copied and sent
     // in the background (the next update waits only for the copy out of the shard).
-    if (copies_ && copies_->due(steps_)) SX_TRY(keep_due_copy());
-    report_step(norm, false, result);
+    if (copies_ && copies_->due(record_.steps())) SX_TRY(keep_due_copy());
+    record_.report(norm, false, scaler_.scale(), result);
     return Status::Ok();
 }
 
 // The memory copy of the boundary a step reached; with SX_GROUP_MEMORY_COPY_WAIT the step
 // returns once the next rank holds it.
 Status ShardGroup::keep_due_copy() {
-    SX_TRY(keep_copy());
+    SX_TRY(keep_copy(true));
     if (!(config_.flags & SX_GROUP_MEMORY_COPY_WAIT) || !copies_->settings().peers) return Status::Ok();
     SX_TRACE_SPAN(tracer(), "step", "wait_memory_copy");
     Status s = copies_->wait_sent();
     return s.ok() ? s : fail(s);
 }
 
+// Copies out of the live shard at a step boundary (memory_copies.h), holding the fence
+// until they are out, so that the next update waits for them. The copies of the groups
+// before this one go once this group's own are held by every rank.
+Status ShardGroup::keep_copy(bool send) {
+    SX_TRACE_SPAN(tracer(), "step", "memory_copy");
+    SX_TRY(ops_->wait_for(nullptr));
+    {
+        Status s = units_.ensure_masters();
+        if (!s.ok()) return fail(s);
+    }
+    if (!lineage_.kept.empty() && copies_->settled()) lineage_.kept.clear();
+    std::vector<UnitShard> shards;
+    for (size_t u = 0; u < units_.size(); ++u) shards.push_back(unit_shard(u));
+    std::unique_ptr<ShardFence::Hold> hold(new ShardFence::Hold(fence_));
+    copies_->take(std::move(shards), progress(), std::move(hold), send);
+    return Status::Ok();
+}
+
 // A step skipped on every rank: nothing changes, the gradients go, the result says so.
 Status ShardGroup::skip_step(const StepOptions &options, double norm, StepResult *result) {
     SX_TRY(finish_step(options.keep_grads));
-    report_step(norm, true, result);
+    record_.report(norm, true, scaler_.scale(), result);
     return Status::Ok();
 }
 
@@ -316,9 +339,9 @@ Status ShardGroup::skip_step(const StepOptions &options, double norm, StepResult
 // and the step ends as a skipped one does (the gradients go); SX_NONFINITE_SKIP then
 // returns success.
 Status ShardGroup::skip_custom(const Status &why, const StepOptions &options, double norm, StepResult *result) {
-    wrote_nonfinite_ = why.code() == SX_ERR_NONFINITE;
+    record_.set_nonfinite(why.code() == SX_ERR_NONFINITE);
     SX_TRY(skip_step(options, norm, result));
-    return why.code() == SX_ERR_NONFINITE && options.nonfinite == SX_NONFINITE_SKIP ? Status::Ok() : why;
+    return StepRecord::after_custom_skip(why, options.nonfinite);
 }
 
 // A step skipped for gradients whose global norm is inf or NaN: dynamic loss scaling
@@ -327,18 +350,18 @@ Status ShardGroup::skip_nonfinite(const StepOptions &options, double norm, StepR
     // Dynamic loss scaling, as torch.cuda.amp.GradScaler: back off, restart the growth count.
     scaler_.on_nonfinite_step();
     SX_TRY(skip_step(options, norm, result));
-    if (options.nonfinite == SX_NONFINITE_ERROR)
-        return SX_ERROR(SX_ERR_NONFINITE,
-                        "the gradients' global norm is %g: they hold inf or NaN (after the reduction over "
-                        "the ranks); the step was skipped on every rank, and the gradients dropped",
-                        norm);
-    return Status::Ok();
+    return StepRecord::after_nonfinite_norm(norm, options.nonfinite);
 }
 
 // The step's fused update of this rank's shard of every trainable unit, unit `head` (>=
 // 0) first with its gather started right after it; *sumsq (if not null) gets the sum of
 // squares of the scaled gradients, which the same pass computes.
 Status ShardGroup::update_shard(float grad_scale, int32_t head, int nonfinite, double *sumsq) {
+    // Once a checkpoint's snapshot has been copied out of the shard.
+    {
+        SX_TRACE_SPAN(tracer(), "step", "wait_checkpoint_staging");
+        fence_.wait_readers();
+    }
     // Its bytes: the fp32 elements of this rank's shard that the pass updated, x 4.
     trace::Span span(tracer(), "step", "update");
     uint64_t updated = 0;
@@ -399,7 +422,7 @@ Status ShardGroup::update_in_place(const std::vector<optim::Segment> &segs, floa
                              "(SX_OPTIMIZER_IN_PLACE), so the step is half done and the group has failed",
                              failure.nonfinite_optimizer, table_.params()[failure.nonfinite_param].name.c_str(),
                              mesh_.rank()));
-    wrote_nonfinite_ = wrote_nonfinite_ || failure.nonfinite > 0;
+    record_.note_nonfinite(failure.nonfinite > 0);
     if (sumsq) *sumsq = a + b;
     return Status::Ok();
 }
@@ -433,7 +456,7 @@ Status ShardGroup::update_double_buffered(float grad_scale, int nonfinite, doubl
     const bool skip_nonfinite = bad > 0.0 && nonfinite != SX_NONFINITE_DEFAULT;
     if (failed == 0.0 && !skip_nonfinite) {
         units_.commit_double_buffers();
-        wrote_nonfinite_ = wrote_nonfinite_ || bad > 0.0;
+        record_.note_nonfinite(bad > 0.0);
         return Status::Ok();
     }
     SX_TRY(ops_->undo_double_buffered(segs.data(), segs.size()));
@@ -485,27 +508,6 @@ Status ShardGroup::global_norm(double *sumsq) {
     return sum_over_ranks(local, sumsq);
 }
 
-// Logs a warning when a step found every trainable gradient zero on every rank (the
-// first such step in a row, then the 10th, 100th, ...).
-void ShardGroup::warn_if_no_gradient(double norm) {
-    bool any_trainable = false;
-    for (const Unit &unit : units_) any_trainable |= unit.trainable;
-    if (norm != 0.0 || !any_trainable) {
-        zero_grad_steps_ = 0;
-        return;
-    }
-    // The first step, then the 10th, 100th... in a row: enough to be seen, not a flood.
-    const uint64_t n = ++zero_grad_steps_;
-    uint64_t p = 1;
-    while (p < n) p *= 10;
-    if (p != n) return;
-    log(SX_LOG_WARN,
-        "sx_step: the gradients of every trainable param are zero on every rank (%llu step%s in a row): the "
-        "optimizer applied weight decay and momentum alone. Is the backward writing into sx's grad views? (A "
-        "torch user whose zero_grad() set .grad to None, or who replaced .grad, no longer writes there.)",
-        static_cast<unsigned long long>(n), n == 1 ? "" : "s");
-}
-
 // Collective: all-gathers the params of every trainable unit.
 // Where local_sumsq is given (norm_rides_gather), the first all-gather carries it, and
 // *sumsq = the shard group's sum of them, in rank order (as sum_over_ranks).
@@ -537,30 +539,6 @@ bool ShardGroup::norm_rides_gather(bool defer_gather) const {
     for (size_t u = 0; u < units_.size(); ++u)
         if (units_[u].trainable && layout_.units()[u].shard_numel > 0) return true;
     return false;
-}
-
-// A step was taken: per-param step counts, and the dynamic loss scale's growth.
-void ShardGroup::count_step(bool dynamic) {
-    // torch keeps the step count per param; SGD's momentum buffer has its own.
-    for (size_t p = 0; p < table_.params().size(); ++p) {
-        if (!table_.applied()[p]) continue;
-        ParamSpec &spec = table_.params()[p];
-        const optim::Hyper &h = table_.groups()[spec.group].hyper;
-        spec.mu_product = optim::next_mu_product(h, spec.mu_product, spec.step + 1);
-        ++spec.step;
-        if (h.kind == optim::Kind::kSgd && h.momentum != 0) ++spec.momentum_steps;
-    }
-    for (ParamGroup &g : table_.groups()) ++g.steps;
-    if (dynamic) scaler_.on_finite_step();
-}
-
-void ShardGroup::report_step(double grad_norm, bool skipped, StepResult *result) const {
-    if (!result) return;
-    result->grad_norm = grad_norm;
-    result->step = steps_;
-    result->skipped = skipped;
-    result->loss_scale = scaler_.scale();
-    result->nonfinite = !std::isfinite(grad_norm) || wrote_nonfinite_;
 }
 
 }  // namespace core

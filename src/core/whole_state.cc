@@ -278,31 +278,13 @@ Status WholeState::gather(int root, const StateFn &fn) {
 Status WholeState::scatter(int root, const StateFn &fn) {
     ShardState shard;
     SX_TRY(share_outcome(root, g_.export_shard(&shard), "sx_scatter_optim_state"));
-    // Copies of this rank's shard to receive into: every slot any param's optimizer keeps
-    // (zero where the root leaves nothing: the units' padding), and the masters.
-    const size_t nu = shard.units.size();
-    std::vector<std::array<Buffer, 3>> state(nu);
-    std::vector<int> slots(nu, 0);
-    std::vector<Buffer> masters(nu);
-    Buffer staging;
-    std::vector<float> host;
+    Targets targets;
+    SX_TRY(share_outcome(root, catching([&] { return allocate_targets(root, shard.units, &targets); }),
+                         "sx_scatter_optim_state"));
+    std::vector<std::array<Buffer, 3>> &state = targets.state;
+    std::vector<Buffer> &masters = targets.masters;
+    std::vector<float> &host = targets.host;
     DeviceOps &ops = g_.ops();
-    auto allocate = [&]() -> Status {
-        for (size_t u = 0; u < nu; ++u) {
-            const uint64_t bytes = shard.units[u].shard_numel * sizeof(float);
-            slots[u] = std::max(shard.units[u].state_slots, slots_when_trainable(g_, u));
-            for (int k = 0; k < slots[u]; ++k) {
-                SX_TRY(ops.allocate(bytes, "a copy of the optimizer state to scatter into", &state[u][k]));
-                SX_TRY(ops.zero(state[u][k].data(), bytes));
-            }
-            if (shard.units[u].master) {
-                SX_TRY(ops.allocate(bytes, "a copy of the master weights to scatter into", &masters[u]));
-                SX_TRY(ops.zero(masters[u].data(), bytes));
-            }
-        }
-        return root_buffers(root, shard.units, true, &staging, &host);
-    };
-    SX_TRY(share_outcome(root, catching(allocate), "sx_scatter_optim_state"));
 
     const int rank = g_.rank();
     Status outcome;  // the root's callback's, once it fails the root sends zeros
@@ -315,7 +297,7 @@ Status WholeState::scatter(int root, const StateFn &fn) {
         if (tensors.empty() && rank != root) continue;
         const ParamSpec &spec = g_.param(p);
         const uint64_t n = spec.numel;
-        float *full = staging.as<float>();
+        float *full = targets.staging.as<float>();
         if (rank == root) {
             // The root's callback fills the param's whole state (zero where it writes nothing).
             float *data = host.empty() ? full : host.data();
@@ -366,12 +348,35 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     moments.into(&progress);
     ShardRestore restore;
     restore.state = &state;
-    restore.slots = slots;
+    restore.slots = targets.slots;
     restore.masters = &masters;
     restore.progress = &progress;
     SX_TRY(g_.restore_shard(restore));
     const bool sixteen = std::any_of(shard.units.begin(), shard.units.end(), [](const UnitShard &v) { return v.master; });
     return sixteen ? g_.gather_params() : Status::Ok();
+}
+
+// Copies of this rank's shard to receive into: every slot any param's optimizer keeps
+// (zero where the root leaves nothing: the units' padding), and the masters.
+Status WholeState::allocate_targets(int root, const std::vector<UnitShard> &units, Targets *t) {
+    const size_t nu = units.size();
+    t->state.resize(nu);
+    t->slots.assign(nu, 0);
+    t->masters.resize(nu);
+    DeviceOps &ops = g_.ops();
+    for (size_t u = 0; u < nu; ++u) {
+        const uint64_t bytes = units[u].shard_numel * sizeof(float);
+        t->slots[u] = std::max(units[u].state_slots, slots_when_trainable(g_, u));
+        for (int k = 0; k < t->slots[u]; ++k) {
+            SX_TRY(ops.allocate(bytes, "a copy of the optimizer state to scatter into", &t->state[u][k]));
+            SX_TRY(ops.zero(t->state[u][k].data(), bytes));
+        }
+        if (units[u].master) {
+            SX_TRY(ops.allocate(bytes, "a copy of the master weights to scatter into", &t->masters[u]));
+            SX_TRY(ops.zero(t->masters[u].data(), bytes));
+        }
+    }
+    return root_buffers(root, units, true, &t->staging, &t->host);
 }
 
 Status WholeState::scatter_param(int root, int32_t p, float *full, const std::vector<float *> &into) {

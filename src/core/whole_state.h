@@ -13,6 +13,7 @@
 // restored), with the mesh's communicators given explicitly.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -75,6 +76,18 @@ class WholeState {
     Status scatter(int root, const StateFn &fn);
 
   private:
+    // Where a scatter receives this rank's shard: a copy of every state slot any param's
+    // optimizer keeps (zero where the root leaves nothing: the units' padding), and of the
+    // masters; the root's staging for one whole param (and its host copy where the
+    // device is not the host).
+    struct Targets {
+        std::vector<std::array<Buffer, 3>> state;
+        std::vector<int> slots;
+        std::vector<Buffer> masters;
+        Buffer staging;
+        std::vector<float> host;
+    };
+    Status allocate_targets(int root, const std::vector<UnitShard> &units, Targets *t);
     Status root_buffers(int root, const std::vector<UnitShard> &units, bool as_if_allocated, Buffer *staging,
                         std::vector<float> *host);
     Status share_outcome(int root, Status mine, const char *what);

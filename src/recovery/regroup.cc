@@ -49,11 +49,15 @@
 #include <vector>
 
 #include "base/log.h"
-#include "core/group.h"
 #include "rdzv/rendezvous.h"
+#include "recovery/recovery.h"
+#include "recovery/restore.h"
 
 namespace sx {
-namespace core {
+namespace recovery {
+
+using namespace core;
+
 namespace {
 
 // A process that joined has an identity above every first rank.
@@ -401,38 +405,84 @@ Status tell_joiners(rdzv::Store &root, const GroupConfig &c, size_t members, con
     return Status::Ok();
 }
 
+// A joining process's wait in the lobby (`root`: the group's first key space): it takes
+// the next place, and waits up to the timeout for a member to admit it there (*a).
+Status wait_in_lobby(rdzv::Store &root, const GroupConfig &jc, Admission *a) {
+    const Millis timeout(jc.timeout_ms);
+    int64_t place = 0;
+    SX_TRY(root.add("lobby/arrived", 1, &place));
+    std::string text;
+    const std::string admission = format("lobby/admit/%lld", static_cast<long long>(place));
+    Status waited = root.get(admission, &text, timeout);
+    if (waited.code() == SX_ERR_TIMEOUT) {
+        // Giving up: this place is claimed, so that no member admits it later; where a
+        // member claimed it first, it was admitted just now.
+        int64_t claims = 0;
+        SX_TRY(root.add(format("lobby/claim/%lld", static_cast<long long>(place)), 1, &claims));
+        if (claims > 1) waited = root.get(admission, &text, timeout);
+    }
+    if (!waited.ok()) {
+        return SX_ERROR(waited.code(), "no member of the group on %s admitted this process within %d ms (the members "
+                        "admit the processes waiting with sx_poll_joiners and sx_regroup's options->admit): %s",
+                        jc.rendezvous.c_str(), jc.timeout_ms, waited.message().c_str());
+    }
+    return parse(text, a);
+}
+
+// The config of the group a joining process enters: the one it was created to join
+// (`jc`, on the rendezvous `rv`), at the place and mesh its admission `a` says, on the
+// backend this process resolved.
+GroupConfig admitted_config(const GroupConfig &jc, int backend, const rdzv::Rendezvous &rv, const Admission &a) {
+    GroupConfig c = jc;
+    c.backend = backend;
+    c.rank = a.rank;
+    c.world_size = a.world_size;
+    c.shard_size = a.shard_size;
+    c.memory_copy_interval = a.memory_copy_interval;
+    c.epoch = a.epoch;
+    if (c.bind_address.empty()) {  // as create() chooses it
+        const bool loopback = rv.scheme == rdzv::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
+                              rv.host.compare(0, 4, "127.") == 0;
+        c.bind_address = loopback ? "127.0.0.1" : rdzv::address_towards(rv);
+    }
+    c.rendezvous_token.clear();
+    return c;
+}
+
 }  // namespace
 
-Status ShardGroup::check_regroup(const RegroupSpec &spec) const {
-    SX_CHECK(table_.finalized() && !table_.pending(), SX_ERR_INVALID_STATE,
+Status Recovery::check_regroup(const RegroupSpec &spec) const {
+    const int world_size = g_.world_size();
+    SX_CHECK(g_.table().finalized() && !g_.table().pending(), SX_ERR_INVALID_STATE,
              "sx_regroup needs a finalized group with nothing added since sx_finalize");
     SX_CHECK_ARG(spec.join_window.count() > 0, "the join window %lld ms must be > 0",
                  static_cast<long long>(spec.join_window.count()));
-    SX_CHECK_ARG(spec.expected_world_size >= 0 && spec.expected_world_size <= world_size(),
+    SX_CHECK_ARG(spec.expected_world_size >= 0 && spec.expected_world_size <= world_size,
                  "expected_world_size %d is not in [0, the previous world size %d]", spec.expected_world_size,
-                 world_size());
-    SX_CHECK_ARG(spec.admit >= 0 && spec.admit <= SX_MAX_WORLD_SIZE - world_size(),
-                 "admit %d is not in [0, %d]", spec.admit, SX_MAX_WORLD_SIZE - world_size());
-    SX_CHECK_ARG(!joining_ || spec.admit == 0, "a joining group admits nobody (admit is %d)", spec.admit);
+                 world_size);
+    SX_CHECK_ARG(spec.admit >= 0 && spec.admit <= SX_MAX_WORLD_SIZE - world_size,
+                 "admit %d is not in [0, %d]", spec.admit, SX_MAX_WORLD_SIZE - world_size);
+    SX_CHECK_ARG(!joining() || spec.admit == 0, "a joining group admits nobody (admit is %d)", spec.admit);
     return Status::Ok();
 }
 
 // How many processes wait in the lobby and have not been admitted: rank 0 reads it, and
 // every member gets rank 0's count (a joiner arriving meanwhile waits for the next).
-Status ShardGroup::poll_joiners(int *waiting) {
-    SX_TRY(check_usable());
-    SX_TRY(check_finalized());
-    SX_TRY(agree_call("sx_poll_joiners", {}));
+Status Recovery::poll_joiners(int *waiting) {
+    SX_TRY(g_.check_usable());
+    SX_TRY(g_.check_finalized());
+    SX_TRY(g_.agree_call("sx_poll_joiners", {}));
     int64_t count = 0;
-    if (rank() == 0) {
+    if (g_.rank() == 0) {
+        rdzv::Store &root = *g_.lineage().root_store;
         int64_t arrived = 0, cursor = 0;
-        Status s = root_store_->add("lobby/arrived", 0, &arrived);
-        if (s.ok()) s = root_store_->add("lobby/cursor", 0, &cursor);
-        if (!s.ok()) return fail(s.prefix("reading the processes waiting to join: "));
+        Status s = root.add("lobby/arrived", 0, &arrived);
+        if (s.ok()) s = root.add("lobby/cursor", 0, &cursor);
+        if (!s.ok()) return g_.fail(s.prefix("reading the processes waiting to join: "));
         count = arrived - cursor;  // (one that gave up meanwhile is not admitted)
     }
-    if (world_size() > 1)
-        SX_TRY(collective([&](comm::Communicator &c) { return c.broadcast(&count, sizeof count, 0); }));
+    if (g_.world_size() > 1)
+        SX_TRY(g_.collective([&](comm::Communicator &c) { return c.broadcast(&count, sizeof count, 0); }));
     *waiting = static_cast<int>(count);
     return Status::Ok();
 }
@@ -442,53 +492,57 @@ Status ShardGroup::poll_joiners(int *waiting) {
 // is a counter: the joiner's own claim, as it gives up, and this one exclude each other),
 // and writes the identities it admitted under "regroup/E/admitted"; every member reads
 // them into *ids (a joiner's identity is kJoinerIds + its place).
-Status ShardGroup::claim_joiners(int epoch, int admit, bool claimer, Clock::time_point deadline,
-                                 std::vector<uint64_t> *ids) {
-    if (!claimer) return read_admitted(*root_store_, epoch, deadline, ids);
+Status Recovery::claim_joiners(int epoch, int admit, bool claimer, Clock::time_point deadline,
+                               std::vector<uint64_t> *ids) {
+    rdzv::Store &root = *g_.lineage().root_store;
+    if (!claimer) return read_admitted(root, epoch, deadline, ids);
     int64_t cursor = 0, arrived = 0;
-    SX_TRY(root_store_->add("lobby/cursor", 0, &cursor));
-    SX_TRY(root_store_->add("lobby/arrived", 0, &arrived));
+    SX_TRY(root.add("lobby/cursor", 0, &cursor));
+    SX_TRY(root.add("lobby/arrived", 0, &arrived));
     int64_t k = cursor + 1;
     ids->clear();
     for (; k <= arrived && static_cast<int>(ids->size()) < admit; ++k) {
         int64_t claims = 0;
-        SX_TRY(root_store_->add(format("lobby/claim/%lld", static_cast<long long>(k)), 1, &claims));
+        SX_TRY(root.add(format("lobby/claim/%lld", static_cast<long long>(k)), 1, &claims));
         if (claims == 1) ids->push_back(kJoinerIds + static_cast<uint64_t>(k));
     }
-    SX_TRY(root_store_->add("lobby/cursor", (k - 1) - cursor, &cursor));
-    return root_store_->set(format("regroup/%d/admitted", epoch), join_ids(*ids));
+    SX_TRY(root.add("lobby/cursor", (k - 1) - cursor, &cursor));
+    return root.set(format("regroup/%d/admitted", epoch), join_ids(*ids));
 }
 
 // The identities of this group's ranks known to have exited.
-std::vector<uint64_t> ShardGroup::lost_ids() const {
+std::vector<uint64_t> Recovery::lost_ids() const {
     std::vector<uint64_t> ids;
-    for (int r : lost_ranks()) ids.push_back(member_ids_[static_cast<size_t>(r)]);
+    for (int r : lost_ranks()) ids.push_back(g_.lineage().member_ids[static_cast<size_t>(r)]);
     return ids;
 }
 
-Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info) {
+Status Recovery::regroup(const RegroupSpec &spec, std::unique_ptr<RecoveryAccess> *out, RegroupInfo *info) {
     SX_TRY(check_regroup(spec));
-    if (joining_) return join(spec, out, info);
-    SX_TRACE_SPAN(tracer(), "group", "sx_regroup");
+    if (joining()) return join(out, info);
+    SX_TRACE_SPAN(g_.tracer(), "group", "sx_regroup");
     // The broken group's collectives end now (a survivor may still be inside one), and no
     // later call of this group runs; its copies are kept for the groups after it.
-    abort();
-    const uint64_t my_id = member_ids_[static_cast<size_t>(rank())];
-    Heartbeat beat(root_store_, my_id);
-    keep_copies_for_regroup(spec.join_window);
-    const Clock::time_point deadline = Clock::now() + Millis(config_.timeout_ms);
-    const int epoch = std::max(epoch_, attempted_epoch_) + 1;
-    attempted_epoch_ = epoch;
-    const Arrival me{my_id, rank(), spec.admit, epoch_, world_size(), shard_size(), member_ids_, lost_ids()};
+    g_.abort();
+    Lineage &line = g_.lineage();
+    const GroupConfig &config = g_.config();
+    const uint64_t my_id = line.member_ids[static_cast<size_t>(g_.rank())];
+    Heartbeat beat(line.root_store, my_id);
+    keep_copies_for_regroup(g_, spec.join_window);
+    const Clock::time_point deadline = Clock::now() + Millis(config.timeout_ms);
+    const int epoch = std::max(line.epoch, line.attempted_epoch) + 1;
+    line.attempted_epoch = epoch;
+    const Arrival me{my_id, g_.rank(), spec.admit, line.epoch, g_.world_size(), g_.shard_size(), line.member_ids,
+                     lost_ids()};
     std::vector<Arrival> members;
     std::vector<std::vector<CopyHolding>> holdings;
-    Status s = agree_members(*root_store_, epoch, me, spec, held_copies(), [this] { return lost_ids(); }, deadline,
-                             &members, &holdings);
+    Status s = agree_members(*line.root_store, epoch, me, spec, held_copies(g_), [this] { return lost_ids(); },
+                             deadline, &members, &holdings);
     if (!s.ok()) {
         return SX_ERROR(s.code(), "the survivors could not agree on the group of epoch %d through the rendezvous %s: "
                         "%s (the store must outlive every rank: the sx-rendezvous command, file:// or torchrun's "
                         "agent store, not rank 0's)",
-                        epoch, config_.rendezvous.c_str(), s.message().c_str());
+                        epoch, config.rendezvous.c_str(), s.message().c_str());
     }
     // Where the state comes from, decided alike by every survivor before anything is built.
     const CopyChoice choice = choose_copies(holdings);
@@ -500,41 +554,44 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
     std::vector<uint64_t> admitted;
     if (spec.admit > 0) SX_TRY(claim_joiners(epoch, spec.admit, new_rank == 0, deadline, &admitted));
     ids.insert(ids.end(), admitted.begin(), admitted.end());
-    GroupConfig c = config_;
+    GroupConfig c = config;
     c.rank = new_rank;
     c.world_size = static_cast<int>(ids.size());
     c.epoch = epoch;
     c.shard_size = shard_size_after(members, c.world_size);
-    if (new_rank == 0) SX_TRY(tell_joiners(*root_store_, c, members.size(), admitted));
-    const std::string trace_path = config_.trace_path.empty() ? "" : config_.trace_path + format(".epoch%d", epoch);
-    Disarm watching{watch_members(root_store_, ids, new_rank, [this] { return lost_ids(); })};
-    std::shared_ptr<rdzv::Store> store =
-        rdzv::make_watched_store(rdzv::make_prefix_store(root_store_, format("e%d/", epoch)), watching.watch);
-    std::unique_ptr<ShardGroup> g;
-    SX_TRY(assemble(c, trace_path, deadline,
-                    [&](std::shared_ptr<rdzv::Store> *opened) {
-                        *opened = store;
-                        return Status::Ok();
-                    },
-                    &g));
-    g->root_store_ = root_store_;
-    g->member_ids_ = ids;
-    g->kept_ = kept_;
-    SX_TRY(g->replay_table(*this));
-    // The state from the memory copies where every shard of one boundary is still held.
+    if (new_rank == 0) SX_TRY(tell_joiners(*line.root_store, c, members.size(), admitted));
+    const std::string trace_path = config.trace_path.empty() ? "" : config.trace_path + format(".epoch%d", epoch);
+    Disarm watching{watch_members(line.root_store, ids, new_rank, [this] { return lost_ids(); })};
+    std::unique_ptr<RecoveryAccess> g;
+    SX_TRY(g_.form(c, trace_path, deadline,
+                   rdzv::make_watched_store(rdzv::make_prefix_store(line.root_store, format("e%d/", epoch)),
+                                            watching.watch),
+                   &g));
+    g->lineage().root_store = line.root_store;
+    g->lineage().member_ids = ids;
+    g->lineage().kept = line.kept;
+    SX_TRY(settle_state(*g, choice, epoch, info));
+    log(SX_LOG_INFO, "sx: epoch %d: rank %d of %d is rank %d of %d (mesh %d x %d)", epoch, g_.rank(),
+        g_.world_size(), new_rank, c.world_size, g->shard_size(), c.world_size / g->shard_size());
+    *info = RegroupInfo{epoch,         new_rank,          c.world_size,        g->shard_size(), g_.rank(),
+                        g_.world_size(), info->from_memory, info->why_not_memory};
+    *out = std::move(g);
+    return Status::Ok();
+}
+
+// The new group `g` of epoch `epoch` takes this group's table and counters, and its state
+// from the memory copies where `choice` found every shard of one boundary still held.
+Status Recovery::settle_state(RecoveryAccess &g, const CopyChoice &choice, int epoch, RegroupInfo *info) {
+    SX_TRY(replay_table(g, g_));  // a joiner's: the members' table must be this one (sx_finalize's agreement)
     if (choice.found) {
-        SX_TRY(g->restore_copies(choice));
+        SX_TRY(restore_copies(g, choice));
         info->from_memory = true;
     } else {
         info->why_not_memory = choice.why_not;
-        log(SX_LOG_WARN, "sx: epoch %d: rank %d: the memory copies cannot restore the state: %s", epoch, new_rank,
-            choice.why_not.c_str());
+        if (!joining())
+            log(SX_LOG_WARN, "sx: epoch %d: rank %d: the memory copies cannot restore the state: %s", epoch,
+                g.rank(), choice.why_not.c_str());
     }
-    log(SX_LOG_INFO, "sx: epoch %d: rank %d of %d is rank %d of %d (mesh %d x %d)", epoch, rank(), world_size(),
-        new_rank, c.world_size, g->shard_size(), c.world_size / g->shard_size());
-    *info = RegroupInfo{epoch, new_rank, c.world_size, g->shard_size(), rank(), world_size(), info->from_memory,
-                        info->why_not_memory};
-    *out = std::move(g);
     return Status::Ok();
 }
 
@@ -543,37 +600,18 @@ Status ShardGroup::regroup(const RegroupSpec &spec, std::unique_ptr<ShardGroup> 
 // options->admit), reads where and as which rank, and builds the new group with them;
 // its state comes from the members' memory copies as theirs does, or from the checkpoint
 // the caller loads.
-Status ShardGroup::join(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *out, RegroupInfo *info) {
-    (void)spec;
-    SX_TRACE_SPAN(tracer(), "group", "sx_regroup (joining)");
-    const GroupConfig &jc = join_config_;
-    const Millis timeout(jc.timeout_ms);
+Status Recovery::join(std::unique_ptr<RecoveryAccess> *out, RegroupInfo *info) {
+    SX_TRACE_SPAN(g_.tracer(), "group", "sx_regroup (joining)");
+    const GroupConfig &jc = g_.lineage().join_config;
     rdzv::Rendezvous rv;
     SX_TRY(rdzv::parse_rendezvous(jc.rendezvous.c_str(), 0, 1, &rv));
     SX_TRY(rdzv::apply_rendezvous_guard(jc.rendezvous_token.c_str(), jc.rendezvous_bind.c_str(), &rv));
     rv.joining = true;
     std::shared_ptr<rdzv::Store> root;
-    SX_TRY(rdzv::open_store(rv, timeout, &root));
-    int64_t place = 0;
-    SX_TRY(root->add("lobby/arrived", 1, &place));
-    std::string text;
-    const std::string admission = format("lobby/admit/%lld", static_cast<long long>(place));
-    Status waited = root->get(admission, &text, timeout);
-    if (waited.code() == SX_ERR_TIMEOUT) {
-        // Giving up: this place is claimed, so that no member admits it later; where a
-        // member claimed it first, it was admitted just now.
-        int64_t claims = 0;
-        SX_TRY(root->add(format("lobby/claim/%lld", static_cast<long long>(place)), 1, &claims));
-        if (claims > 1) waited = root->get(admission, &text, timeout);
-    }
-    if (!waited.ok()) {
-        return SX_ERROR(waited.code(), "no member of the group on %s admitted this process within %d ms (the members "
-                        "admit the processes waiting with sx_poll_joiners and sx_regroup's options->admit): %s",
-                        jc.rendezvous.c_str(), jc.timeout_ms, waited.message().c_str());
-    }
+    SX_TRY(rdzv::open_store(rv, Millis(jc.timeout_ms), &root));
     Admission a;
-    SX_TRY(parse(text, &a));
-    const Clock::time_point deadline = Clock::now() + timeout;
+    SX_TRY(wait_in_lobby(*root, jc, &a));
+    const Clock::time_point deadline = Clock::now() + Millis(jc.timeout_ms);
     // The members and their copies, as they said them at the regroup that admitted this one.
     std::string closed;
     SX_TRY(root->get(format("regroup/%d/closed", a.epoch), &closed, time_left(deadline)));
@@ -587,40 +625,16 @@ Status ShardGroup::join(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *ou
     SX_CHECK(static_cast<int>(ids.size()) == a.world_size && a.rank < a.world_size && ids[a.rank] == a.id,
              SX_ERR_CORRUPT, "the admission (rank %d of %d) does not match the %zu members and joiners of epoch %d",
              a.rank, a.world_size, ids.size(), a.epoch);
-
-    GroupConfig c = jc;
-    c.backend = config_.backend;  // as resolved for this process
-    c.rank = a.rank;
-    c.world_size = a.world_size;
-    c.shard_size = a.shard_size;
-    c.memory_copy_interval = a.memory_copy_interval;
-    c.epoch = a.epoch;
-    if (c.bind_address.empty()) {  // as create() chooses it
-        const bool loopback = rv.scheme == rdzv::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
-                              rv.host.compare(0, 4, "127.") == 0;
-        c.bind_address = loopback ? "127.0.0.1" : rdzv::address_towards(rv);
-    }
-    c.rendezvous_token.clear();
-    std::unique_ptr<ShardGroup> g;
+    const GroupConfig c = admitted_config(jc, g_.config().backend, rv, a);
+    std::unique_ptr<RecoveryAccess> g;
     Heartbeat beat(root, a.id);
     Disarm watching{watch_members(root, ids, a.rank, [] { return std::vector<uint64_t>(); })};
-    SX_TRY(assemble(c, jc.trace_path, deadline,
-                    [&](std::shared_ptr<rdzv::Store> *opened) {
-                        *opened = rdzv::make_watched_store(rdzv::make_prefix_store(root, format("e%d/", a.epoch)),
-                                                           watching.watch);
-                        return Status::Ok();
-                    },
-                    &g));
-    g->root_store_ = root;
-    g->member_ids_ = ids;
-    SX_TRY(g->replay_table(*this));  // the members' table must be this one (sx_finalize's agreement)
-    const CopyChoice choice = choose_copies(holdings);
-    if (choice.found) {
-        SX_TRY(g->restore_copies(choice));
-        info->from_memory = true;
-    } else {
-        info->why_not_memory = choice.why_not;
-    }
+    SX_TRY(g_.form(c, jc.trace_path, deadline,
+                   rdzv::make_watched_store(rdzv::make_prefix_store(root, format("e%d/", a.epoch)), watching.watch),
+                   &g));
+    g->lineage().root_store = root;
+    g->lineage().member_ids = ids;
+    SX_TRY(settle_state(*g, choose_copies(holdings), a.epoch, info));
     log(SX_LOG_INFO, "sx: epoch %d: a joining process is rank %d of %d (mesh %d x %d)", a.epoch, a.rank,
         a.world_size, g->shard_size(), a.world_size / g->shard_size());
     info->epoch = a.epoch;
@@ -633,35 +647,5 @@ Status ShardGroup::join(const RegroupSpec &spec, std::unique_ptr<ShardGroup> *ou
     return Status::Ok();
 }
 
-// This (new) group takes `from`'s param groups, params (units, dtypes), trainable flags
-// and counters, and lays them out (collective: every member does it).
-Status ShardGroup::replay_table(const ShardGroup &from) {
-    for (const ParamGroup &pg : from.table_.groups()) {
-        int32_t index = 0;
-        SX_TRY(table_.add_group(pg.hyper, &index));
-    }
-    for (size_t i = 0; i < from.table_.params().size(); ++i) {
-        const ParamSpec &p = from.table_.params()[i];
-        int32_t index = 0;
-        SX_TRY(table_.add_param(p.name.c_str(), static_cast<int32_t>(p.shape.size()), p.shape.data(), p.dtype,
-                                p.group, p.unit, !from.table_.trainable(static_cast<int32_t>(i)), &index));
-    }
-    scaler_.configure(from.scaler_.settings());
-    SX_TRY(finalize());
-    for (size_t i = 0; i < from.table_.params().size(); ++i) {
-        const ParamSpec &p = from.table_.params()[i];
-        ParamSpec &q = table_.params()[i];
-        q.step = p.step;
-        q.momentum_steps = p.momentum_steps;
-        q.mu_product = p.mu_product;
-        q.row_var = p.row_var;
-        q.col_var = p.col_var;
-    }
-    for (size_t k = 0; k < from.table_.groups().size(); ++k) table_.groups()[k].steps = from.table_.groups()[k].steps;
-    steps_ = from.steps_;
-    scaler_.restore(from.scaler_.state());
-    return Status::Ok();
-}
-
-}  // namespace core
+}  // namespace recovery
 }  // namespace sx

@@ -1,0 +1,54 @@
+// A shard group's configuration (sx_group_config_t, resolved): what sx_create_shard_group
+// was given, with the rank, world size and backend it resolved, and what a regroup sets
+// for the groups it makes. Its own header so that recovery (src/recovery/) may read and
+// write it without seeing the group.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "sx/sx.h"
+
+namespace sx {
+namespace core {
+
+struct GroupConfig {
+    std::string rendezvous;
+    int rank = 0;
+    int world_size = 0;  // 0 = from the environment
+    int stage = 2;
+    int backend = SX_BACKEND_CPU;
+    int num_threads = 0;  // 0 = automatic
+    int alignment = 64;   // bytes
+    int timeout_ms = 300000;
+    uint32_t flags = 0;
+    std::string bind_address;
+    // The rendezvous server's guard (sx_group_config_t; "" = from the environment).
+    std::string rendezvous_token;
+    std::string rendezvous_bind;
+    int device_ordinal = 0;
+    int grad_dtype = 0;    // 0 = each param's dtype, or SX_DTYPE_F32
+    int reduce_dtype = 0;  // 0 = the grad dtype, or SX_DTYPE_F32
+    int prefetch_depth = 1;  // stage 3: units gathered ahead of the trainer's calls (0: none)
+    int transport = SX_TRANSPORT_AUTO;  // CPU: shared memory on one host, or TCP always
+    // HSDP: ranks per shard group (a divisor of the world size; 0 = the world size). The
+    // layout has shard_size shards; each is replicated world_size / shard_size times.
+    int shard_size = 0;
+    // 16-bit reductions divide the gradients by this before their sum and multiply the
+    // sum back by it in fp32 after; 0 = FSDP's factor for the ranks summed in 16 bits.
+    double grad_predivide_factor = 0.0;
+    // The step timeline (docs/tracing.md): a file name template ("%r": the rank; empty: no
+    // trace) and the most events kept (0: trace::kDefaultCapacity).
+    std::string trace_path;
+    size_t trace_capacity = 0;
+    // Steps between memory copies of the state (memory_copies.h); 0 = none.
+    int memory_copy_interval = 0;
+    // SX_GROUP_JOIN: a process that joins a running group at its next regroup (recovery/regroup.cc).
+    bool joining = false;
+    // Regroups since the group was first created (set by recovery/regroup.cc for the groups it makes).
+    int epoch = 0;
+};
+
+}  // namespace core
+}  // namespace sx

@@ -1,0 +1,215 @@
+// The state side of regrouping (regroup.cc has who is in): the memory copies a group
+// keeps of the groups before it (memory_copies.h, "Lineages"), the copy a sound group
+// takes as a regroup begins, a new group's table and counters from the group it came
+// from, the restore of its shards from the copies the survivors chose, and which ranks
+// are known to be lost.
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "base/log.h"
+#include "recovery/recovery.h"
+#include "recovery/restore.h"
+
+namespace sx {
+namespace recovery {
+
+using namespace core;
+
+namespace {
+
+// Calls fn(u, k, from, to, n) for every run of n elements that shard `from_shard` of
+// `from` and shard `to_shard` of `to` have in common: state tensor k (0: the values,
+// then each slot of slots[u]) of unit u, at element `from` of the one's unit shard
+// (tensors one after another) and `to` of the other's. The same order on every rank.
+template <typename Fn>
+void for_each_overlap(const Layout &from, int from_shard, const Layout &to, int to_shard, const std::vector<int> &slots,
+                      Fn fn) {
+    for (size_t u = 0; u < to.units().size(); ++u) {
+        const uint64_t n_from = from.units()[u].shard_numel, n_to = to.units()[u].shard_numel;
+        for (int32_t p : to.units()[u].params) {
+            const ShardPiece a = from.piece(p, from_shard), b = to.piece(p, to_shard);
+            const uint64_t lo = std::max(a.begin, b.begin), hi = std::min(a.end, b.end);
+            if (lo >= hi) continue;
+            for (int k = 0; k <= slots[u]; ++k)
+                fn(u, k, n_from * k + a.shard_offset + (lo - a.begin), n_to * k + b.shard_offset + (lo - b.begin),
+                   hi - lo);
+        }
+    }
+}
+
+const ShardCopy *find_copy(const RecoveryAccess &g, int epoch, uint64_t seq, bool own) {
+    const MemoryCopies *copies = g.memory_copies();
+    if (copies && copies->settings().epoch == epoch) return copies->find(seq, own);
+    for (const std::shared_ptr<const KeptCopies> &k : g.lineage().kept)
+        if (k->epoch == epoch) return k->find(seq, own);
+    return nullptr;
+}
+
+}  // namespace
+
+std::vector<int> Recovery::lost_ranks() const {
+    if (g_.lineage().joining || g_.world_size() == 1) return {};
+    return g_.exited_peers();
+}
+
+bool Recovery::holds_copies() const {
+    const RecoveryAccess &g = g_;
+    return g.memory_copies() != nullptr || !g.lineage().kept.empty();
+}
+
+// A member whose group is sound (a regroup that admits joiners, or shrinks without a
+// loss) is at a step boundary: it copies its shard as it is now, so that the new group
+// starts from this step where every member is sound (no copy is sent: the members all
+// hold theirs). A group without memory copies keeps this one alone.
+bool Recovery::sound() const {
+    // (CPU groups: the copies are exchanged through host memory.)
+    return !g_.lineage().joining && g_.config().backend != SX_BACKEND_CUDA && g_.check_usable().ok() &&
+           g_.between_steps() && g_.table().finalized();
+}
+
+Status Recovery::copy_if_sound() {
+    if (!sound()) return Status::Ok();
+    std::unique_ptr<MemoryCopies> &copies = g_.memory_copies();
+    if (!copies) {
+        MemoryCopies::Settings cs;
+        cs.interval = 1;
+        cs.rank = g_.rank();
+        cs.world_size = g_.world_size();
+        cs.shard = g_.shard_rank();
+        cs.shards = g_.shard_size();
+        cs.epoch = g_.lineage().epoch;
+        copies.reset(new MemoryCopies(cs, g_.ops(), nullptr));
+    }
+    SX_TRY(g_.settle());
+    return g_.keep_copy(false);
+}
+
+void keep_copies_for_regroup(RecoveryAccess &g, Millis grace) {
+    std::unique_ptr<MemoryCopies> &copies = g.memory_copies();
+    if (!copies) return;
+    copies->finish(grace);
+    std::shared_ptr<const KeptCopies> mine = copies->release();
+    if (!mine->own.empty() || !mine->peer.empty()) g.lineage().kept.push_back(std::move(mine));
+    copies.reset();
+}
+
+std::vector<CopyHolding> held_copies(const RecoveryAccess &g) {
+    const MemoryCopies *copies = g.memory_copies();
+    std::vector<CopyHolding> out = copies ? copies->holdings() : std::vector<CopyHolding>();
+    for (const std::shared_ptr<const KeptCopies> &k : g.lineage().kept)
+        for (bool own : {true, false})
+            for (const ShardCopy &c : own ? k->own : k->peer) out.push_back({own, k->epoch, c.seq, c.shard, k->shards});
+    return out;
+}
+
+// restore.h
+Status restore_copies(RecoveryAccess &g, const CopyChoice &choice) {
+    SX_TRACE_SPAN(g.tracer(), "group", "restore_memory_copies");
+    const int W = g.world_size(), S = g.shard_size(), me = g.rank();
+    Layout old;
+    SX_TRY(g.build_layout(choice.shards, &old));
+    // The slots and progress of the copy: the first member holding its own copy sends
+    // them to all (a joining rank has none).
+    const int progress_root = choice.progress_from;
+    std::string packed;
+    if (me == progress_root) {
+        const ShardCopy *own = find_copy(g, choice.epoch, choice.seq, true);
+        SX_CHECK(own != nullptr && own->units.size() == g.layout().units().size(), SX_ERR_INTERNAL,
+                 "rank %d holds no copy %llu of epoch %d of its own shard for %zu units", me,
+                 static_cast<unsigned long long>(choice.seq), choice.epoch, g.layout().units().size());
+        packed = pack_progress(own->slots, own->progress);
+    }
+    if (W > 1) {
+        uint64_t bytes = packed.size();
+        SX_TRY(g.collective([&](comm::Communicator &c) { return c.broadcast(&bytes, sizeof bytes, progress_root); }));
+        packed.resize(static_cast<size_t>(bytes));
+        SX_TRY(g.collective(
+            [&](comm::Communicator &c) { return c.broadcast(&packed[0], packed.size(), progress_root); }));
+    }
+    std::vector<int> slots;
+    ShardProgress progress;
+    SX_TRY(unpack_progress(packed, &slots, &progress));
+    SX_CHECK(slots.size() == g.layout().units().size(), SX_ERR_INTERNAL, "the copy has %zu units, the group %zu", slots.size(),
+             g.layout().units().size());
+    // Where each unit's tensors go (host memory: the copies are CPU groups'): the values
+    // (fp32 masters of 16-bit units) in place, each state slot into a new buffer that a
+    // restore then swaps in with the progress.
+    SX_CHECK(g.ops().device() == SX_DEVICE_CPU, SX_ERR_UNSUPPORTED, "memory copies restore CPU groups only");
+    Status s = g.ensure_masters();  // valid from here: the values below replace them
+    std::vector<std::array<Buffer, 3>> state(g.layout().units().size());
+    std::vector<std::array<float *, 4>> into(g.layout().units().size());
+    for (size_t u = 0; u < g.layout().units().size() && s.ok(); ++u) {
+        const uint64_t n = g.layout().units()[u].shard_numel;
+        into[u][0] = g.unit_shard(u).values;
+        if (n == 0) continue;  // no piece lies in it
+        for (int k = 0; k < slots[u] && s.ok(); ++k) {
+            s = g.ops().allocate(n * sizeof(float), "optimizer state restored from memory copies", &state[u][k]);
+            into[u][k + 1] = state[u][k].as<float>();
+        }
+    }
+    if (!s.ok()) return g.fail(s);
+    for (int i = 0; i < static_cast<int>(choice.provider.size()); ++i) {
+        const int root = choice.provider[i];  // a member's index is its new rank
+        const ShardCopy *src = me == root ? find_copy(g, choice.epoch, choice.seq, choice.provider_own[i]) : nullptr;
+        SX_CHECK(me != root || (src != nullptr && src->shard == i), SX_ERR_INTERNAL,
+                 "rank %d was chosen to send shard %d of copy %llu of epoch %d, which it does not hold", me, i,
+                 static_cast<unsigned long long>(choice.seq), choice.epoch);
+        std::vector<comm::Piece> mine;
+        std::vector<std::vector<comm::Piece>> theirs(me == root ? static_cast<size_t>(W) : 0);
+        for (int r = 0; r < W; ++r) {
+            if (r != me && me != root) continue;
+            const std::vector<UnitLayout> &to_units = g.layout().units();
+            for_each_overlap(old, i, g.layout(), r % S, slots,
+                             [&](size_t u, int k, uint64_t at_from, uint64_t at_to, uint64_t n) {
+                                 const uint64_t n_to = to_units[u].shard_numel;
+                                 float *to = into[u][k] + (at_to - static_cast<uint64_t>(k) * n_to);
+                                 const float *there = src ? src->units[u].data() + at_from : nullptr;
+                                 if (r == me && me == root)
+                                     std::memcpy(to, there, n * sizeof(float));
+                                 else if (r == me)
+                                     mine.push_back({to, n * sizeof(float)});
+                                 else
+                                     theirs[r].push_back({const_cast<float *>(there), n * sizeof(float)});
+                             });
+        }
+        if (W > 1) SX_TRY(g.collective([&](comm::Communicator &c) { return c.scatter_pieces(theirs, mine, root); }));
+    }
+    ShardRestore r;
+    r.state = &state;
+    r.slots = slots;
+    r.progress = &progress;
+    SX_TRY(g.restore_shard(r));
+    return g.gather_params();
+}
+
+// restore.h
+Status replay_table(RecoveryAccess &to, const RecoveryAccess &from) {
+    for (const ParamGroup &pg : from.table().groups()) {
+        int32_t index = 0;
+        SX_TRY(to.table().add_group(pg.hyper, &index));
+    }
+    for (size_t i = 0; i < from.table().params().size(); ++i) {
+        const ParamSpec &p = from.table().params()[i];
+        int32_t index = 0;
+        SX_TRY(to.table().add_param(p.name.c_str(), static_cast<int32_t>(p.shape.size()), p.shape.data(), p.dtype,
+                                    p.group, p.unit, !from.table().trainable(static_cast<int32_t>(i)), &index));
+    }
+    SX_TRY(to.finalize());
+    for (size_t i = 0; i < from.table().params().size(); ++i) {
+        const ParamSpec &p = from.table().params()[i];
+        ParamSpec &q = to.table().params()[i];
+        q.step = p.step;
+        q.momentum_steps = p.momentum_steps;
+        q.mu_product = p.mu_product;
+        q.row_var = p.row_var;
+        q.col_var = p.col_var;
+    }
+    for (size_t k = 0; k < from.table().groups().size(); ++k)
+        to.table().groups()[k].steps = from.table().groups()[k].steps;
+    to.continue_counters(from.steps_taken(), from.loss_scaling(), from.loss_scaler());
+    return Status::Ok();
+}
+
+}  // namespace recovery
+}  // namespace sx
