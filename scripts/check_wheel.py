@@ -1,7 +1,8 @@
 """Run by scripts/test.sh with the Python of a fresh venv into which a wheel of sx was
 installed: imports sx with no environment variable, trains a step, and checks what the
-wheel carries. With --bundled (a wheel `auditwheel repair` made), the process must map no
-system copy of the libraries libsx links (Gloo, libuv, ISA-L): each from the wheel's own
+wheel carries (every module of the source tree's package, sx.torch's included). With
+--bundled (a wheel `auditwheel repair` made), the process must map no system copy of the
+libraries libsx links (Gloo, libuv, ISA-L): each from the wheel's own
 directory, as on a machine without Debian's packages; and the sxckpt the wheel carries
 must resolve them there too. Also runs the commands the wheel installs (sxckpt,
 sx-trace-summary) on a checkpoint and a trace of that step."""
@@ -13,6 +14,16 @@ import tempfile
 import sx
 
 BUNDLED = ("libgloo", "libuv", "libisal")
+SOURCE_PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bindings", "python", "sx")
+
+
+def python_files(package):
+    """The package's .py files, as paths relative to it (subpackages' included)."""
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(package):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        found.update(os.path.relpath(os.path.join(dirpath, n), package) for n in filenames if n.endswith(".py"))
+    return found
 
 
 def main():
@@ -20,6 +31,8 @@ def main():
     here = os.path.dirname(sx.__file__)
     assert os.path.exists(os.path.join(here, "libsx.so.1")), "libsx is not in the package"
     assert sx.version() == tuple(int(v) for v in sx.__version__.split(".")), (sx.version(), sx.__version__)
+    missing = python_files(SOURCE_PACKAGE) - python_files(here)
+    assert not missing, f"the wheel lacks modules of the source tree's package: {sorted(missing)}"
     work = tempfile.mkdtemp(prefix="sx-wheel-")
     trace = os.path.join(work, "trace.json")
     with sx.ShardGroup("local://wheel-check", 0, 1, backend="cpu", trace_path=trace) as g:

@@ -8,6 +8,7 @@ import os
 
 from . import _lib, _views
 from . import optimizers as _optimizers
+from ._hyperparameters import HYPERPARAMETERS as _HYPERPARAMETERS
 from .errors import InvalidArgumentError, OptimizerError, UnsupportedError, check
 from ._handle import Handle
 from ._lib import lib
@@ -25,18 +26,6 @@ _BACKENDS = {"auto": _lib.SX_BACKEND_AUTO, "cpu": _lib.SX_BACKEND_CPU, "cuda": _
 _TRANSPORTS = {"auto": _lib.SX_TRANSPORT_AUTO, "tcp": _lib.SX_TRANSPORT_TCP}
 _DTYPES = {"f32": _lib.SX_DTYPE_F32, "float32": _lib.SX_DTYPE_F32, "f16": _lib.SX_DTYPE_F16,
            "float16": _lib.SX_DTYPE_F16, "bf16": _lib.SX_DTYPE_BF16, "bfloat16": _lib.SX_DTYPE_BF16}
-_HYPERPARAMETERS = {"lr": _lib.SX_HP_LR, "weight_decay": _lib.SX_HP_WEIGHT_DECAY,
-                    "beta1": _lib.SX_HP_BETA1, "beta2": _lib.SX_HP_BETA2, "eps": _lib.SX_HP_EPS,
-                    "momentum": _lib.SX_HP_MOMENTUM, "dampening": _lib.SX_HP_DAMPENING,
-                    "nesterov": _lib.SX_HP_NESTEROV, "maximize": _lib.SX_HP_MAXIMIZE,
-                    "amsgrad": _lib.SX_HP_AMSGRAD, "lr_decay": _lib.SX_HP_LR_DECAY,
-                    "initial_accumulator_value": _lib.SX_HP_INITIAL_ACCUMULATOR_VALUE,
-                    "alpha": _lib.SX_HP_ALPHA, "centered": _lib.SX_HP_CENTERED,
-                    "momentum_decay": _lib.SX_HP_MOMENTUM_DECAY,
-                    "decoupled_weight_decay": _lib.SX_HP_DECOUPLED_WEIGHT_DECAY,
-                    "ns_a": _lib.SX_HP_NS_A, "ns_b": _lib.SX_HP_NS_B, "ns_c": _lib.SX_HP_NS_C,
-                    "ns_steps": _lib.SX_HP_NS_STEPS, "adjust_lr": _lib.SX_HP_ADJUST_LR,
-                    "beta2_decay": _lib.SX_HP_BETA2_DECAY, "eps2": _lib.SX_HP_EPS2, "d": _lib.SX_HP_D}
 # Muon's adjust_lr, by torch's adjust_lr_fn names (its None is "original").
 _ADJUST_LR = {"original": _lib.SX_MUON_ADJUST_LR_ORIGINAL,
               "match_rms_adamw": _lib.SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW,

@@ -44,6 +44,7 @@ import numbers
 import threading
 
 from . import _lib, _views
+from ._hyperparameters import HYPERPARAMETERS as _STANDARD_HYPERPARAMETERS
 from .errors import InvalidArgumentError, check
 from ._lib import lib
 
@@ -148,9 +149,6 @@ class _Shared:
     def __init__(self):
         self.optimizer, self.failure = None, None
 
-
-# sx's own hyperparameter names (set in group.py's table); filled lazily to avoid a cycle.
-_STANDARD_HYPERPARAMETERS = {}
 
 _lock = threading.Lock()
 _by_name = {}   # name -> CustomOptimizer
@@ -304,9 +302,6 @@ def register_optimizer(name, slots, update, hyperparameters=None, slot_initial_v
             raise _bad(f"slot_initial_values has {len(slot_initial_values)} values for {len(slots)} slot(s)")
     if not isinstance(in_place, bool):
         raise _bad(f"in_place must be a bool, not {type(in_place).__name__}")
-    if not _STANDARD_HYPERPARAMETERS:
-        from .group import _HYPERPARAMETERS
-        _STANDARD_HYPERPARAMETERS.update(_HYPERPARAMETERS)
 
     with _lock:
         known = _by_name.get(name)

@@ -1,0 +1,156 @@
+"""ShardedOptimizer's whole state in and out: torch-format state dicts (consolidated on
+one rank, loaded into every rank's shard) and sx's own checkpoints."""
+import torch
+
+from ._kinds import _ADAFACTOR_EPS1, _ADJUST_LR_FN, _FLAGS, _INSTANCE_KEY, _KEYS, _hyper
+from ._mixed_precision import _as_array
+
+
+def _state_shape(name, shape):
+    """The shape torch keeps a param's state tensor in: the param's, but Adafactor's
+    factored moments of a param of two or more dimensions (torch.optim.Adafactor's
+    row_var [..., R, 1] and col_var [..., 1, C])."""
+    shape = tuple(shape)
+    if name == "row_var":
+        return shape[:-1] + (1,)
+    if name == "col_var":
+        return shape[:-2] + (1, shape[-1])
+    return shape
+
+
+class _StateDicts:
+    """ShardedOptimizer's part that moves the optimizer state: torch's state dicts and sx
+    checkpoints (the consolidated dict is _consolidated until the next step)."""
+
+    # -- whole state, in torch's format ------------------------------------------------
+    def consolidate_state_dict(self, to=0):
+        """Collective: gathers the whole optimizer state onto rank ``to``, one param at a
+        time, as ZeroRedundancyOptimizer.consolidate_state_dict; that rank's
+        :meth:`state_dict` then returns it in torch's format."""
+        states = self.group.gather_optim_state(root=to)
+        self._consolidated = None if states is None else self._torch_state_dict(states)
+
+    def state_dict(self):
+        """The consolidated optimizer state in torch's format (a dict that
+        ``torch.optim.<class>.load_state_dict`` accepts), on the rank it was consolidated
+        to (with one rank, consolidated here if needed)."""
+        if self._consolidated is None and self.group.world_size == 1:
+            self.consolidate_state_dict(to=0)
+        if self._consolidated is None:
+            raise RuntimeError("the optimizer state has not been consolidated on this rank since the last step: "
+                               "call consolidate_state_dict(to=rank) on every rank first")
+        return self._consolidated
+
+    def _torch_state_dict(self, states):
+        state = {}
+        for i, st in enumerate(states):
+            p = self._params[i]
+            entry = {}
+            if self._kind == "sgd":
+                if "momentum_buffer" in st.tensors and st.momentum_steps > 0:
+                    entry["momentum_buffer"] = torch.from_numpy(st.tensors["momentum_buffer"]).view(p.shape).clone()
+            elif st.step > 0:
+                if self._kind not in ("lion", "muon"):  # lion-pytorch and torch's Muon keep no step
+                    entry["step"] = torch.tensor(float(st.step), dtype=torch.float32)
+                for name, values in st.tensors.items():
+                    if name != "master":
+                        entry[name] = torch.from_numpy(values).view(_state_shape(name, p.shape)).clone()
+                if self._kind == "nadam":
+                    entry["mu_product"] = torch.tensor(st.mu_product, dtype=torch.float32)
+            if self._param_dtype is not None and "master" in st.tensors:
+                entry["master"] = torch.from_numpy(st.tensors["master"]).view(p.shape).clone()
+            if entry:
+                state[i] = entry
+        groups, index = [], 0
+        for group in self.param_groups:
+            g = {k: v for k, v in group.items() if k != "params"}
+            g["params"] = list(range(index, index + len(group["params"])))
+            index += len(group["params"])
+            groups.append(g)
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Collective (every rank passes the same dict, as to ZeroRedundancyOptimizer):
+        loads a torch-format optimizer state dict, e.g. one saved by
+        ``torch.optim.AdamW``, into every rank's shard. Hyperparameters come from its
+        param groups; the params' values stay (16-bit params keep theirs as masters)."""
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"the state dict has {len(groups)} param groups, this optimizer "
+                             f"{len(self.param_groups)}")
+        for mine, theirs in zip(self.param_groups, groups):
+            if len(mine["params"]) != len(theirs["params"]):
+                raise ValueError("a param group of the state dict has another number of params")
+        # torch's indices in the dict's groups, in our order
+        order = [i for g in groups for i in g["params"]]
+        for mine, theirs in zip(self.param_groups, groups):
+            for key, value in theirs.items():
+                if key != "params":
+                    mine[key] = value
+        # sx keeps the state tensors its hyperparameters need (a momentum buffer, the
+        # running max of amsgrad): they take the dict's before its state is scattered.
+        self._push_hyperparameters()
+        saved = state_dict["state"]
+        kind = self._kind
+
+        def fill(st):
+            entry = saved.get(order[st.index], {})
+            p = self._params[st.index]
+            for name in st.tensors:
+                if name == "master":  # the dict's (param_dtype's state dicts hold them), or the current values
+                    master = entry.get("master")
+                    st.tensors[name][...] = _as_array(p.data if master is None else master)
+                elif name in entry and entry[name] is not None:
+                    values = _as_array(entry[name])
+                    if values.size != st.tensors[name].size:
+                        raise ValueError(f"param {order[st.index]}: state '{name}' has {values.size} values; "
+                                         f"torch keeps it in shape {list(_state_shape(name, p.shape))}")
+                    st.tensors[name][...] = values
+            if kind == "sgd":
+                st.momentum_steps = 1 if entry.get("momentum_buffer") is not None else 0
+                st.step = st.momentum_steps
+            else:
+                step = entry.get("step", 0)
+                st.step = int(step.item() if isinstance(step, torch.Tensor) else step)
+                mu = entry.get("mu_product", 0.0)  # NAdam's; 0: sx derives it from the step
+                st.mu_product = float(mu.item() if isinstance(mu, torch.Tensor) else mu)
+
+        with self.full_params():  # stage 3: the masters' values are read from the params
+            self.group.scatter_optim_state(fill if self.group.rank == 0 else None, root=0)
+        self._consolidated = None
+
+    # -- sx checkpoints -------------------------------------------------------------
+    def save(self, path, user_blob=b"", **options):
+        """Collective: an sx checkpoint of the params and the optimizer state (see
+        ShardGroup.save; returns its Future)."""
+        return self.group.save(path, user_blob, **options)
+
+    def load(self, path, **options):
+        """Collective: loads an sx checkpoint saved at any world size into the params and
+        the state; the param groups' hyperparameters follow it."""
+        self.group.load(path, **options)
+        for gi, group in enumerate(self.param_groups):
+            def get(key, gi=gi):
+                return self.group.get_hyperparameter(gi, key)
+            for key in ("lr", "weight_decay", "maximize") + _KEYS[self._kind]:
+                if key not in group:
+                    continue
+                if key == "betas":
+                    group["betas"] = (get("beta1"), get("beta2"))
+                elif key == "ns_coefficients":
+                    group[key] = (get("ns_a"), get("ns_b"), get("ns_c"))
+                elif key == "ns_steps":
+                    group[key] = int(get(key))
+                elif key == "adjust_lr_fn":  # the group's own name while it means the same
+                    value = int(get("adjust_lr"))
+                    if _ADJUST_LR_FN.get(group[key]) != value:
+                        group[key] = next(n for n, v in _ADJUST_LR_FN.items() if n is not None and v == value)
+                elif key == "eps" and self._kind == "adafactor":  # torch's (eps1, eps2); None while it means the same
+                    eps1 = get("eps")
+                    group[key] = (None if group[key][0] is None and eps1 == _ADAFACTOR_EPS1 else eps1, get("eps2"))
+                else:
+                    value = get(key)
+                    group[key] = bool(value) if key in _FLAGS else value
+            self._pushed[gi] = _hyper(self._kind, group)
+            if self._instance is not None:  # the checkpoint holds the saving optimizer's number
+                self.group.set_hyperparameter(gi, _INSTANCE_KEY, float(self._instance))
