@@ -15,7 +15,7 @@ sx_status_t view(const char *fn, const sx_shard_group_t *group, int32_t param, s
         SX_TRY(resolve(group, &g));
         SX_TRY(sx::api::check_output(out, "out"));
         SX_TRY(g->table().check_laid_out(param));
-        if (!grad) SX_TRY(g->check_param_present(param));
+        if (!grad) SX_TRY(g->pipeline().check_param_present(param));
         sx_view_t v;
         std::memset(&v, 0, sizeof v);
         v.struct_size = sizeof v;
@@ -248,7 +248,7 @@ SX_API sx_status_t sx_unit_grads_ready(sx_shard_group_t *group, int32_t unit, co
         SX_CHECK_ARG(o.reserved0 == 0, "options->reserved0 is %d; it must be 0", o.reserved0);
         SX_CHECK(o.stream == nullptr || g->ops().device() == SX_DEVICE_CUDA, SX_ERR_INVALID_ARGUMENT,
                  "options->stream is set but the group runs on the CPU backend");
-        return g->unit_grads_ready(unit, o.accumulate != 0, o.stream);
+        return g->pipeline().unit_grads_ready(unit, o.accumulate != 0, o.stream);
     });
 }
 
@@ -256,7 +256,7 @@ SX_API sx_status_t sx_unit_gather(sx_shard_group_t *group, int32_t unit) {
     return guard(__func__, [&]() -> Status {
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
-        return g->unit_gather(unit);
+        return g->pipeline().unit_gather(unit);
     });
 }
 
@@ -264,7 +264,7 @@ SX_API sx_status_t sx_unit_release(sx_shard_group_t *group, int32_t unit) {
     return guard(__func__, [&]() -> Status {
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
-        return g->unit_release(unit);
+        return g->pipeline().unit_release(unit);
     });
 }
 

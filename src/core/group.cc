@@ -230,7 +230,7 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
     const Units::Settings us = unit_settings(cfg, g->mesh_);
     g->units_.configure(us, g->ops_.get(), g->tracer(),
                         {&g->layout_, &g->table_.params(), &g->table_.groups(), &g->table_.applied()});
-    g->round_.reset(new ReductionRound(*g, g->tracer(), cfg.stage, g->mesh_.replicas() > 1));
+    g->round_.reset(new ReductionRound(g->pipeline_, g->tracer(), cfg.stage, g->mesh_.replicas() > 1));
     Gathers::Settings gs;
     gs.stage = cfg.stage;
     gs.shard_rank = g->mesh_.shard_rank();
@@ -743,7 +743,7 @@ Status ShardGroup::gather_params() {
     SX_TRACE_SPAN(tracer(), "ckpt", "load.gather_params");
     SX_TRY(units_.masters_to_params());
     if (config_.stage == 3) {  // the gathered units, again
-        SX_TRY(gather_after_update(false));
+        SX_TRY(pipeline_.gather_after_update(false));
         return gathers_->drop_spares();
     }
     if (mesh_.shard_size() == 1) return Status::Ok();

@@ -32,6 +32,7 @@
 #include "core/mesh.h"
 #include "core/param_table.h"
 #include "core/params.h"
+#include "core/pipeline.h"
 #include "core/round.h"
 #include "core/units.h"
 #include "core/whole_state.h"
@@ -55,7 +56,7 @@ struct MemoryStats {
     uint64_t memory_copy_bytes = 0;  // memory_copies.h
 };
 
-class ShardGroup : public RecoveryAccess, private ReductionRound::Work {
+class ShardGroup : public RecoveryAccess {
   public:
     // Each public operation is one of sx.h's, whose contract is there ("collective": every rank, in order).
     static Status create(const GroupConfig &config, std::unique_ptr<ShardGroup> *out);
@@ -99,7 +100,7 @@ class ShardGroup : public RecoveryAccess, private ReductionRound::Work {
     Status ensure_masters() override { return units_.ensure_masters(); }
     std::vector<int> exited_peers() const override { return mesh_.world().exited_peers(); }
     bool between_steps() const override;
-    Status settle() override;  // pipeline.cc
+    Status settle() override { return pipeline_.settle(); }
     Status keep_copy(bool send) override;  // step.cc
     void continue_counters(uint64_t steps, const LossScaling &settings, const LossScalerState &state) override;
     Status form(const GroupConfig &c, const std::string &trace_path, Clock::time_point deadline,
@@ -125,15 +126,12 @@ class ShardGroup : public RecoveryAccess, private ReductionRound::Work {
     // Unit u's whole flat buffer of params or gradients (sx_unit_view). Stage 3: params
     // only while u is gathered.
     Status unit_buffer(int32_t u, bool grad, void **data, uint64_t *numel, int32_t *dtype) const;
-    // At stage 3 a param's values may be viewed only while its unit is gathered.
-    Status check_param_present(int32_t param) const;
     Status broadcast_params(int root);                             // collective
     Status all_reduce(double *values, int32_t count, int32_t op);  // collective
 
-    // --- the step, units as a pipeline, loss scaling ---
-    Status unit_grads_ready(int32_t unit, bool accumulate, void *stream);
-    Status unit_gather(int32_t unit);   // collective at stage 3
-    Status unit_release(int32_t unit);
+    // --- the step, units as a pipeline (pipeline.h: the trainer's calls on a unit), loss scaling ---
+    Pipeline &pipeline() { return pipeline_; }
+    const Pipeline &pipeline() const { return pipeline_; }
     Status accumulate_grads();                                     // collective
     Status step(const StepOptions &options, StepResult *result);  // collective
     uint64_t steps_taken() const override { return record_.steps(); }
@@ -149,6 +147,7 @@ class ShardGroup : public RecoveryAccess, private ReductionRound::Work {
     UnitShard unit_shard(size_t u) const override { return units_.shard(u); }  // export_shard's, without its waits
 
   private:
+    friend class Pipeline;  // the group's part that runs its units as a pipeline
     using Unit = Units::Unit;
     ShardGroup() = default;
     // A group of `config`'s rank and world size (resolved) on the store `open_store`
@@ -198,18 +197,6 @@ class ShardGroup : public RecoveryAccess, private ReductionRound::Work {
     Status skip_step(const StepOptions &options, double norm, StepResult *result);
     Status skip_nonfinite(const StepOptions &options, double norm, StepResult *result);
     Status skip_custom(const Status &why, const StepOptions &options, double norm, StepResult *result);
-    // --- units as a pipeline (pipeline.cc; the parts: round.h, gathers.h) ---
-    Status close_round(Agreement a, double weight, double *sumsq, double *weight_sum);
-    Status gather_after_update(bool defer, int32_t submitted = -1);
-    int32_t first_deferred_gather() const;
-    Status agree_round(const Agreement &a) override;  // ReductionRound::Work (round.h)
-    Status reduce_unit_grads(size_t u, bool accumulate, float **shard) override;
-    bool agreement_rides(bool accumulate) const override;
-    Status reduce_unit_grads_agreeing(size_t u, bool accumulate, const Agreement &a, float **shard) override;
-    Status reduce_unit_replicas(size_t u, float *shard) override;
-    Status unit_sum_of_squares(size_t u, float *shard, float grad_scale, double *out) override;
-    Status fail_group(Status s) override { return fail(s); }
-    bool usable() const override { return check_usable().ok(); }
     Status whole_state_call(const char *name, int root, bool gather, const StateFn &fn);  // full_state.cc
 
     GroupConfig config_;
@@ -229,6 +216,7 @@ class ShardGroup : public RecoveryAccess, private ReductionRound::Work {
     LossScaler scaler_;
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;
+    Pipeline pipeline_{*this};  // units as a pipeline: what joins the round and the gathers to the group
     // The parts with threads, after the communicators: destroyed first.
     std::unique_ptr<ReductionRound> round_;  // the gradient reductions (round.h)
     std::unique_ptr<Gathers> gathers_;       // the param gathers (gathers.h)

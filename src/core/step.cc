@@ -138,7 +138,7 @@ Status ShardGroup::accumulate_grads() {
         SX_CHECK(round_->accumulating(), SX_ERR_INVALID_STATE,
                  "the units signalled ready in this micro-batch said that sx_step ends it (accumulate = 0), "
                  "not sx_accumulate_grads");
-        SX_TRY(close_round(step_agreement("sx_accumulate_grads", {}, 0.0, 0, false), 0.0, nullptr, nullptr));
+        SX_TRY(pipeline_.close_round(step_agreement("sx_accumulate_grads", {}, 0.0, 0, false), 0.0, nullptr, nullptr));
     } else {
         {
             Status s = ops_->wait_for(nullptr);  // the legacy default stream
@@ -184,7 +184,7 @@ Status ShardGroup::reduce_for_step(const StepOptions &options, double *weight_su
     SX_CHECK(!round_->accumulating(), SX_ERR_INVALID_STATE,
              "the units signalled ready in this micro-batch said that sx_accumulate_grads ends it "
              "(accumulate = 1), not sx_step");
-    SX_TRY(close_round(std::move(a), weight, sumsq,
+    SX_TRY(pipeline_.close_round(std::move(a), weight, sumsq,
                        weight_sum));
     *have_sumsq = true;
     return Status::Ok();
@@ -242,7 +242,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     double update_sumsq = 0.0;
     // A double-buffered unit (a custom optimizer's) is not gathered before every rank's
     // update is known to have succeeded.
-    int32_t head = options.defer_gather ? first_deferred_gather() : -1;
+    int32_t head = options.defer_gather ? pipeline_.first_deferred_gather() : -1;
     if (head >= 0 && units_.double_buffered(static_cast<size_t>(head))) head = -1;
     units_.mark_zeroed_by_update(!options.keep_grads, round_->reduced());
     record_.begin_update();
@@ -262,7 +262,7 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
     if (norm_rides)
         SX_TRY(gather_trainable_units(&update_sumsq, &sumsq));
     else
-        SX_TRY(gather_after_update(options.defer_gather, head));
+        SX_TRY(pipeline_.gather_after_update(options.defer_gather, head));
     if (!norm_first) norm = std::sqrt(sumsq);
 
     // 5. Per-param step counts, the loss scale's growth, and a clean slate.
