@@ -42,17 +42,16 @@ struct ElementwiseConsts {
           lerp_from_end(O::mask(c.lerp_from_end)) {}
 };
 
-// State slots variant kV reads, and writes (a first update writes what it does not read).
+// State slots variant v reads, and writes (SX_ELEMENTWISE_VARIANTS).
 SX_ELEMENTWISE_FN constexpr int elementwise_reads(Variant v) {
-    return v == Variant::kAdagradFirst                                                   ? 0
-           : v == Variant::kRmspropCenteredMomentum                                      ? 3
-           : v == Variant::kRmspropMomentum || v == Variant::kRmspropCentered ||
-                   v == Variant::kAdamax || v == Variant::kNadam || v == Variant::kRadam ||
-                   v == Variant::kRadamRectified                                         ? 2
-                                                                                         : 1;
+#define SX_READS(variant, reads, writes) v == Variant::variant ? reads:
+    return SX_ELEMENTWISE_VARIANTS(SX_READS) 1;
+#undef SX_READS
 }
 SX_ELEMENTWISE_FN constexpr int elementwise_writes(Variant v) {
-    return v == Variant::kAdagradFirst ? 1 : elementwise_reads(v);
+#define SX_WRITES(variant, reads, writes) v == Variant::variant ? writes:
+    return SX_ELEMENTWISE_VARIANTS(SX_WRITES) 1;
+#undef SX_WRITES
 }
 
 // self.lerp_(end, w) as torch evaluates it (SegmentConsts: lerp_coeff, lerp_from_end).

@@ -20,6 +20,22 @@ namespace sx {
 namespace optim {
 namespace internal {
 
+// The specialisations elementwise.h's bodies run, one line each: X(variant, state slots
+// read, state slots written; a first update writes what it does not read). Every switch
+// over them (kernel_body.h's, cuda/fused_update.cu's) expands from this list.
+#define SX_ELEMENTWISE_VARIANTS(X)                                                          \
+    X(kAdagradFirst, 0, 1) /* a param's first update: its sum starts at initial_accumulator_value */ \
+    X(kAdagrad, 1, 1)                                                                       \
+    X(kRmsprop, 1, 1)                 /* square_avg */                                      \
+    X(kRmspropMomentum, 2, 2)         /* square_avg, momentum_buffer */                     \
+    X(kRmspropCentered, 2, 2)         /* square_avg, grad_avg */                            \
+    X(kRmspropCenteredMomentum, 3, 3) /* square_avg, momentum_buffer, grad_avg */           \
+    X(kAdamax, 2, 2)                                                                        \
+    X(kNadam, 2, 2)                                                                         \
+    X(kRadam, 2, 2)          /* while the variance is not tractable (rho_t <= 5) */         \
+    X(kRadamRectified, 2, 2) /* with the rectification term */                              \
+    X(kLion, 1, 1)
+
 // Which specialisation of the update a segment runs. Chosen once per segment so that
 // the per-element loop has no branch on hyperparameters.
 enum class Variant : int {
@@ -29,17 +45,9 @@ enum class Variant : int {
     kAdam,               // Adam and AdamW
     kAdamAmsgrad,        // Adam and AdamW with amsgrad
     // The rest run elementwise.h's bodies.
-    kAdagradFirst,       // Adagrad, a param's first update: its sum starts at initial_accumulator_value
-    kAdagrad,
-    kRmsprop,            // square_avg
-    kRmspropMomentum,    // square_avg, momentum_buffer
-    kRmspropCentered,    // square_avg, grad_avg
-    kRmspropCenteredMomentum,  // square_avg, momentum_buffer, grad_avg
-    kAdamax,
-    kNadam,
-    kRadam,              // RAdam while the variance is not tractable (rho_t <= 5)
-    kRadamRectified,     // RAdam with the rectification term
-    kLion,
+#define SX_VARIANT_NAME(variant, reads, writes) variant,
+    SX_ELEMENTWISE_VARIANTS(SX_VARIANT_NAME)
+#undef SX_VARIANT_NAME
 };
 
 // Per-segment constants. torch.optim computes its scalars as Python floats (double)

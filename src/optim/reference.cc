@@ -276,23 +276,18 @@ void reference_lion(const Segment &seg, float grad_scale) {
     }
 }
 
+// Not elementwise: lamb.h, muon.h and adafactor.h have their own references.
+void reference_not_elementwise(const Segment &, float) {}
+
 }  // namespace
 
 void reference_update(const Segment &seg, float grad_scale) {
     if (seg.n == 0) return;
     switch (seg.hyper->kind) {
-    case Kind::kSgd: return reference_sgd(seg, grad_scale);
-    case Kind::kAdam:
-    case Kind::kAdamW: return reference_adam(seg, grad_scale);
-    case Kind::kAdagrad: return reference_adagrad(seg, grad_scale);
-    case Kind::kRmsprop: return reference_rmsprop(seg, grad_scale);
-    case Kind::kAdamax: return reference_adamax(seg, grad_scale);
-    case Kind::kNadam: return reference_nadam(seg, grad_scale);
-    case Kind::kRadam: return reference_radam(seg, grad_scale);
-    case Kind::kLion: return reference_lion(seg, grad_scale);
-    case Kind::kLamb:
-    case Kind::kMuon:
-    case Kind::kAdafactor: return;  // not elementwise: lamb.h, muon.h, adafactor.h
+#define SX_REFERENCE_CASE(kind, value, stem) \
+    case Kind::kind: return reference_##stem(seg, grad_scale);
+        SX_BUILTIN_OPTIMIZERS(SX_REFERENCE_CASE)
+#undef SX_REFERENCE_CASE
     }
 }
 
