@@ -62,20 +62,20 @@ const KernelTable &kernels_for(Isa resolved) {
     return kScalarKernels;
 }
 
-namespace {
-
-// exp_avg.lerp_(grad, w) for the float weight w = `weight` (see SegmentConsts).
-void set_lerp(double weight, SegmentConsts *c) {
+void lerp_weight(double weight, float *coeff, bool *from_end) {
     const float w = static_cast<float>(weight);
-    c->lerp_from_end = !(std::fabs(w) < 0.5f);
-    c->lerp_coeff = c->lerp_from_end ? -(1.0f - w) : w;
+    *from_end = !(std::fabs(w) < 0.5f);
+    *coeff = *from_end ? -(1.0f - w) : w;
 }
 
-// Weight decay: decoupled (param.mul_(1 - lr*wd)) or L2 (grad.add(param, alpha=wd)).
+void set_lerp(double weight, SegmentConsts *c) { lerp_weight(weight, &c->lerp_coeff, &c->lerp_from_end); }
+
 void set_decay(const Hyper &h, bool decoupled, SegmentConsts *c) {
     c->l2 = !decoupled && h.weight_decay != 0.0;
     if (decoupled && h.weight_decay != 0.0) c->decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
 }
+
+namespace {
 
 void adam_family(const Hyper &h, SegmentConsts *c) {
     set_lerp(1.0 - h.beta1, c);
@@ -83,6 +83,8 @@ void adam_family(const Hyper &h, SegmentConsts *c) {
     c->one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
     c->eps = static_cast<float>(h.eps);
 }
+
+}  // namespace
 
 // Each optimizer's constants (consts_<stem>, SX_BUILTIN_OPTIMIZERS): Python-float
 // arithmetic of torch's single-tensor functions, rounded to float where a tensor op takes
@@ -185,8 +187,6 @@ void consts_lion(const Segment &, const Hyper &h, SegmentConsts &c) {
 
 // Not elementwise (lamb.h, muon.h, adafactor.h): the step never gives them a kernel.
 void consts_not_elementwise(const Segment &, const Hyper &, SegmentConsts &) {}
-
-}  // namespace
 
 SegmentConsts make_consts(const Segment &seg, float grad_scale) {
     const Hyper &h = *seg.hyper;

@@ -88,6 +88,25 @@ struct SegmentConsts {
 
 SegmentConsts make_consts(const Segment &seg, float grad_scale);
 
+// Each built-in optimizer's part of make_consts (c arrives with grad_scale and
+// weight_decay set) and its scalar reference (reference_update's), by the stems of
+// SX_BUILTIN_OPTIMIZERS: consts_adam, reference_adam, ... An optimizer's file may
+// define its own (dispatch.cc and reference.cc hold the older ones').
+#define SX_DECLARE_OPTIMIZER_PARTS(kind, value, stem)                        \
+    void consts_##stem(const Segment &seg, const Hyper &h, SegmentConsts &c); \
+    void reference_##stem(const Segment &seg, float grad_scale);
+SX_BUILTIN_OPTIMIZERS(SX_DECLARE_OPTIMIZER_PARTS)
+#undef SX_DECLARE_OPTIMIZER_PARTS
+
+// Helpers of the consts_* functions. exp_avg.lerp_(grad, w) for the float weight w =
+// `weight`, as torch evaluates it (SegmentConsts::lerp_coeff, lerp_from_end): into
+// *coeff and *from_end, or into c's lerp_coeff and lerp_from_end.
+void lerp_weight(double weight, float *coeff, bool *from_end);
+void set_lerp(double weight, SegmentConsts *c);
+// Weight decay: decoupled (param.mul_(1 - lr*wd), c->decay) or L2 (grad.add(param,
+// alpha=wd), c->l2).
+void set_decay(const Hyper &h, bool decoupled, SegmentConsts *c);
+
 // One kernel flavour. Both functions return the sum over their elements of
 // (grad*grad_scale)^2, accumulated in float lanes over blocks of kSumBlock elements and
 // in double across blocks. update() runs elements [begin, end) of seg.
