@@ -34,7 +34,8 @@ namespace internal {
     X(kNadam, 2, 2)                                                                         \
     X(kRadam, 2, 2)          /* while the variance is not tractable (rho_t <= 5) */         \
     X(kRadamRectified, 2, 2) /* with the rectification term */                              \
-    X(kLion, 1, 1)
+    X(kLion, 1, 1)                                                                          \
+    X(kAdemamix, 3, 3)       /* exp_avg, exp_avg_sq, exp_avg_slow */
 
 // Which specialisation of the update a segment runs. Chosen once per segment so that
 // the per-element loop has no branch on hyperparameters.
@@ -84,6 +85,12 @@ struct SegmentConsts {
     float bias_correction1 = 1, bias_correction2 = 1;
     float rect = 1;
     float grad_coeff = 0, avg_coeff = 0;
+    // AdEMAMix (optim/ademamix.cc): Adam's constants (lerp from 1 - beta1, beta2,
+    // bias_correction1, bias_correction2_sqrt, eps, lr, decay), the slow moment's lerp
+    // from 1 - beta3_t (slow_lerp_coeff, slow_lerp_from_end) and its weight alpha_t.
+    float slow_lerp_coeff = 0;
+    bool slow_lerp_from_end = false;
+    float slow_alpha = 0;
 };
 
 SegmentConsts make_consts(const Segment &seg, float grad_scale);

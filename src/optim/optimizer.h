@@ -32,7 +32,8 @@ class ThreadPool;
     X(kLion, SX_OPTIM_LION, lion)                      \
     X(kLamb, SX_OPTIM_LAMB, not_elementwise)           \
     X(kMuon, SX_OPTIM_MUON, not_elementwise)           \
-    X(kAdafactor, SX_OPTIM_ADAFACTOR, not_elementwise)
+    X(kAdafactor, SX_OPTIM_ADAFACTOR, not_elementwise) \
+    X(kAdemamix, SX_OPTIM_ADEMAMIX, ademamix)
 
 // The optimizers sx runs, by their public SX_OPTIM_* values (a registered optimizer's
 // id is one too: custom.h).
@@ -83,10 +84,12 @@ enum class Rule : int32_t {
     X(adjust_lr, double, 0.0, SX_HP_ADJUST_LR, kNonNegative)                        \
     X(beta2_decay, double, -0.8, SX_HP_BETA2_DECAY, kNonPositive)                   \
     X(eps2, double, 1e-3, SX_HP_EPS2, kNonNegative)                                 \
-    X(d, double, 1.0, SX_HP_D, kNonNegative)
+    X(d, double, 1.0, SX_HP_D, kNonNegative)                                        \
+    X(beta3, double, 0.9999, SX_HP_BETA3, kBeta)                                    \
+    X(t_alpha_beta3, double, 0.0, SX_HP_T_ALPHA_BETA3, kNonNegative)
 
 // The largest SX_HP_* key.
-constexpr int32_t kMaxHyperKey = SX_HP_D;
+constexpr int32_t kMaxHyperKey = SX_HP_T_ALPHA_BETA3;
 
 // The most steps a param (or a group) may count: 2^53, the last count a double holds
 // exactly (the bias corrections raise betas to the step in double); a step a

@@ -47,6 +47,14 @@ Status check_adafactor(const Hyper &h) {
     return Status::Ok();
 }
 
+Status check_ademamix(const Hyper &h) {
+    SX_CHECK_ARG(h.t_alpha_beta3 == 0.0 || (h.beta1 > 0.0 && h.beta3 > 0.0),
+                 "t_alpha_beta3 = %g warms beta3 up through log(beta1) and log(beta3); AdEMAMix needs beta1 > 0 "
+                 "and beta3 > 0 for it (beta1 = %g, beta3 = %g)",
+                 h.t_alpha_beta3, h.beta1, h.beta3);
+    return Status::Ok();
+}
+
 // torch.optim's classes and lion-pytorch's Lion, with their constructors' defaults.
 const OptimizerSpec kOptimizers[] = {
     {Kind::kSgd, "SGD", "torch.optim.SGD", Needs::kElementwise,
@@ -101,6 +109,15 @@ const OptimizerSpec kOptimizers[] = {
      kCommon | bit(SX_HP_EPS) | bit(SX_HP_BETA2_DECAY) | bit(SX_HP_EPS2) | bit(SX_HP_D), 0,
      {{"variance", if_unfactored}}, nullptr, {{SX_HP_LR, 1e-2}, {SX_HP_EPS, 0x1p-23}, {0, 0}}, check_adafactor, nullptr,
      StepCount::kParam, ParamSums::kFactoredMeans, 0, true},
+    // pytorch-optimizer 4.1.0's AdEMAMix (optim/ademamix.cc): betas (beta1, beta2, beta3),
+    // alpha, t_alpha_beta3 (0: its None, no warmup); its weight_decouple is
+    // decoupled_weight_decay; its fixed_decay (p *= 1 - wd) is weight_decay / lr with it off.
+    // Its bias corrections and warmup count the group's steps.
+    {Kind::kAdemamix, "AdEMAMix", "pytorch_optimizer.AdEMAMix", Needs::kElementwise,
+     kCommon | kBetas | bit(SX_HP_BETA3) | bit(SX_HP_EPS) | bit(SX_HP_ALPHA) | bit(SX_HP_T_ALPHA_BETA3) |
+         bit(SX_HP_DECOUPLED_WEIGHT_DECAY),
+     0, {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}, {"exp_avg_slow", nullptr}}, nullptr,
+     {{SX_HP_ALPHA, 5.0}, {0, 0}}, check_ademamix, nullptr, StepCount::kGroup},
 };
 constexpr size_t kNumOptimizers = sizeof kOptimizers / sizeof kOptimizers[0];
 #define SX_COUNT_ONE(kind, value, stem) +1
