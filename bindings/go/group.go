@@ -396,6 +396,8 @@ const (
 	// Adafactor, as torch.optim.Adafactor: factored second moments for params of two or
 	// more dimensions; CPU groups only.
 	Adafactor Optimizer = C.SX_OPTIM_ADAFACTOR
+	// AdEMAMix (Pagliardini et al. 2024), as the pytorch-optimizer package's AdEMAMix.
+	AdEMAMix Optimizer = C.SX_OPTIM_ADEMAMIX
 	// The first id RegisterOptimizer returns: a custom optimizer is an Optimizer too.
 	OptimCustomFirst Optimizer = C.SX_OPTIM_CUSTOM_FIRST
 )
@@ -430,6 +432,9 @@ type ParamGroup struct {
 	// floor of a param's RMS in its step size (the second of torch's eps; its first is
 	// Eps, torch's None 2^-23), and the update's RMS clip (>= 1).
 	Beta2Decay, Eps2, D float64
+	// AdEMAMix: the slow moment's decay (in [0, 1); its weight is Alpha) and the steps
+	// Alpha and Beta3 warm up over (0: none).
+	Beta3, TAlphaBeta3 float64
 }
 
 // MuonAdjustLR is Muon's adjust_lr_fn: the lr a param of shape [A, B] is updated with.
@@ -455,7 +460,8 @@ func NewParamGroup(opt Optimizer) ParamGroup {
 		Alpha: float64(d.alpha), Centered: d.centered != 0, MomentumDecay: float64(d.momentum_decay),
 		DecoupledWeightDecay: d.decoupled_weight_decay != 0, NSA: float64(d.ns_a), NSB: float64(d.ns_b),
 		NSC: float64(d.ns_c), NSSteps: int32(d.ns_steps), AdjustLR: MuonAdjustLR(d.adjust_lr),
-		Beta2Decay: float64(d.beta2_decay), Eps2: float64(d.eps2), D: float64(d.d)}
+		Beta2Decay: float64(d.beta2_decay), Eps2: float64(d.eps2), D: float64(d.d),
+		Beta3: float64(d.beta3), TAlphaBeta3: float64(d.t_alpha_beta3)}
 }
 
 func cbool(b bool) C.int32_t {
@@ -482,6 +488,7 @@ func (g *ShardGroup) AddParamGroup(p ParamGroup) (int32, error) {
 	d.ns_a, d.ns_b, d.ns_c = C.double(p.NSA), C.double(p.NSB), C.double(p.NSC)
 	d.ns_steps, d.adjust_lr = C.int32_t(p.NSSteps), C.int32_t(p.AdjustLR)
 	d.beta2_decay, d.eps2, d.d = C.double(p.Beta2Decay), C.double(p.Eps2), C.double(p.D)
+	d.beta3, d.t_alpha_beta3 = C.double(p.Beta3), C.double(p.TAlphaBeta3)
 	var index C.int32_t = -1
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_add_param_group(raw, &d, &index) })
 	return int32(index), err
@@ -522,6 +529,9 @@ const (
 	HPBeta2Decay Hyperparameter = C.SX_HP_BETA2_DECAY
 	HPEps2       Hyperparameter = C.SX_HP_EPS2
 	HPD          Hyperparameter = C.SX_HP_D
+	// AdEMAMix: the slow moment's decay and the steps of its warmup (0: none).
+	HPBeta3       Hyperparameter = C.SX_HP_BETA3
+	HPTAlphaBeta3 Hyperparameter = C.SX_HP_T_ALPHA_BETA3
 	// A custom optimizer's own hyperparameter i (counting only its own, in registration
 	// order) is HPCustom + Hyperparameter(i); see CustomHyperparameter.
 	HPCustom Hyperparameter = C.SX_HP_CUSTOM

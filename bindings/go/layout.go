@@ -99,6 +99,8 @@ func cLayouts() []structLayout {
 			f("beta2_decay", unsafe.Offsetof(pg.beta2_decay), unsafe.Sizeof(pg.beta2_decay)),
 			f("eps2", unsafe.Offsetof(pg.eps2), unsafe.Sizeof(pg.eps2)),
 			f("d", unsafe.Offsetof(pg.d), unsafe.Sizeof(pg.d)),
+			f("beta3", unsafe.Offsetof(pg.beta3), unsafe.Sizeof(pg.beta3)),
+			f("t_alpha_beta3", unsafe.Offsetof(pg.t_alpha_beta3), unsafe.Sizeof(pg.t_alpha_beta3)),
 		}},
 		{"sx_param_desc_t", unsafe.Sizeof(pd), unsafe.Alignof(pd), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pd.struct_size), unsafe.Sizeof(pd.struct_size)),

@@ -46,6 +46,10 @@ extern "C" {
  * update is scaled by the param's RMS and clipped by its own RMS, sums that sx takes
  * over every rank's piece. CPU groups only (1.5). */
 #define SX_OPTIM_ADAFACTOR 12
+/* AdEMAMix (Pagliardini et al. 2024), as the pytorch-optimizer package's AdEMAMix
+ * (4.1.0): Adam's fast moment plus alpha times a slow one (beta3), with its optional
+ * warmup of alpha and beta3 over t_alpha_beta3 steps; three state slots. */
+#define SX_OPTIM_ADEMAMIX 13
 
 /* Hyperparameter keys for sx_set_hyperparameter / sx_get_hyperparameter. */
 #define SX_HP_LR 1
@@ -72,6 +76,8 @@ extern "C" {
 #define SX_HP_BETA2_DECAY 22 /* Adafactor: the second moments' decay, (1 - beta2_t) = step^beta2_decay, <= 0 */
 #define SX_HP_EPS2 23        /* Adafactor: the floor of a param's RMS in its step size (eps's second) */
 #define SX_HP_D 24           /* Adafactor: the update's RMS is clipped to d, >= 1 */
+#define SX_HP_BETA3 25         /* AdEMAMix: the slow moment's decay, in [0, 1) */
+#define SX_HP_T_ALPHA_BETA3 26 /* AdEMAMix: steps alpha and beta3 warm up over; 0: none */
 
 /* Muon's adjust_lr_fn: the lr a param of shape [A, B] is updated with. */
 #define SX_MUON_ADJUST_LR_ORIGINAL 0             /* lr * sqrt(max(1, A / B)) (torch's None or "original") */
@@ -105,6 +111,8 @@ typedef struct sx_param_group_desc {
     int32_t adjust_lr;              /* Muon: SX_MUON_ADJUST_LR_* */
     /* Appended in 1.5: Adafactor's (defaults -0.8, 1e-3, 1.0); its eps1 is eps. */
     double beta2_decay, eps2, d;
+    /* Appended after 1.5: AdEMAMix's (defaults 0.9999 and 0: no warmup); its alpha is alpha. */
+    double beta3, t_alpha_beta3;
 } sx_param_group_desc_t;
 
 /* Fills *desc with the defaults of `optimizer` (SX_OPTIM_*; 0 = AdamW), torch.optim's
@@ -115,8 +123,10 @@ typedef struct sx_param_group_desc {
  * betas (0.9, 0.999), eps 1e-6, decoupled_weight_decay 1 (pytorch-optimizer's Lamb);
  * Muon lr 1e-3, weight_decay 0.1, momentum 0.95, nesterov 1, eps 1e-7; Adafactor lr
  * 1e-2, eps 2^-23 (torch's eps1 of None: fp32's machine epsilon); ns_a, ns_b, ns_c
- * 3.4445, -4.7750, 2.0315 and ns_steps 5, beta2_decay -0.8, eps2 1e-3 and d 1 for every
- * optimizer (Muon's and Adafactor's); every other value 0. Because zero is a meaningful value for several hyperparameters, the defaults come
+ * 3.4445, -4.7750, 2.0315 and ns_steps 5, beta2_decay -0.8, eps2 1e-3 and d 1, beta3
+ * 0.9999 for every optimizer (Muon's, Adafactor's and AdEMAMix's); AdEMAMix lr 1e-3,
+ * betas (0.9, 0.999, 0.9999), alpha 5, eps 1e-8, t_alpha_beta3 0 (no warmup)
+ * (pytorch-optimizer's); every other value 0. Because zero is a meaningful value for several hyperparameters, the defaults come
  * from this function (and, for an older caller's shorter struct, from the optimizer's
  * defaults), not from zero. Which hyperparameters apply to which optimizer, and the
  * range each must lie in, are in docs/optimizers.md; a value set for a hyperparameter

@@ -378,6 +378,21 @@ bool tensor_kind_of(const char *slot, TensorKind *kind) {
     return false;
 }
 
+Status check_storable(const optim::Hyper &h) {
+    if (optim::is_custom(h.kind)) return Status::Ok();
+    const char *name = fb::EnumNameOptimizer(static_cast<fb::Optimizer>(h.kind));
+    bool slots_named = true;
+    for (int k = 0; k < optim::state_slots(h); ++k) {
+        TensorKind kind;
+        slots_named = slots_named && tensor_kind_of(optim::state_slot_name(h, k), &kind);
+    }
+    SX_CHECK(name && *name && slots_named, SX_ERR_UNSUPPORTED,
+             "a param group of %s cannot be saved: checkpoint format %d.%d has no place for its optimizer or its "
+             "state (sx_gather_optim_state gathers it whole)",
+             optim::optimizer_name(h.kind).c_str(), kFormatMajor, kFormatMinor);
+    return Status::Ok();
+}
+
 std::vector<TensorKind> stored_kinds(const optim::Hyper &h, int ndim) {
     std::vector<TensorKind> kinds = {TensorKind::kParam};
     if (optim::is_custom(h.kind)) {

@@ -54,6 +54,9 @@ bool tensor_kind_of(const char *slot, TensorKind *kind);
 // What a param of `ndim` dimensions in a group with hyperparameters h stores: kParam,
 // then one kind per state slot of its optimizer (optim::state_slot_name), in slot order.
 std::vector<TensorKind> stored_kinds(const optim::Hyper &h, int ndim = -1);
+// SX_ERR_UNSUPPORTED, naming the optimizer, if this format has no Optimizer value for
+// h's optimizer or no TensorKind for one of its state slots (a save would lose it).
+Status check_storable(const optim::Hyper &h);
 
 struct Chunk {
     uint64_t begin = 0, end = 0;  // elements, in the param's own index space

@@ -385,6 +385,7 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
         SX_CHECK_ARG(options.user_blob.size() <= kMaxUserBlobBytes, "the user blob has %zu bytes; at most %llu",
                      options.user_blob.size(), static_cast<unsigned long long>(kMaxUserBlobBytes));
         SX_CHECK_ARG(options.keep_last >= 0, "keep_last is %d; it must be >= 0", options.keep_last);
+        for (int32_t p = 0; p < g.num_params(); ++p) SX_TRY(check_storable(g.hyper(g.param(p).group)));
         return Status::Ok();
     }();
     SX_TRY(g.agree_call("sx_save_optim_state", {{"the checkpoint path", options.path}}, local));

@@ -20,18 +20,20 @@ namespace {
 
 // A unit's params update in one pass per kind of optimizer: a custom optimizer's
 // (double-buffered: undone everywhere if any rank fails) and one that looks at whole
-// params (updated in two passes around an exchange) cannot share a unit. Muon takes 2-D
-// params only, as torch.optim.Muon.
+// params (updated in two passes around an exchange) cannot share a unit. An optimizer
+// whose row names a number of dimensions (Muon's 2, as torch.optim.Muon) takes those only.
 Status check_unit_optimizers(const std::deque<ParamSpec> &params, const std::vector<ParamGroup> &groups) {
     for (size_t i = 0; i < params.size(); ++i) {
         const optim::Kind kind = groups[params[i].group].hyper.kind;
-        if (kind == optim::Kind::kMuon) {
+        const optim::OptimizerSpec &row = optim::spec_of(kind);
+        if (row.param_ndim != 0) {
             std::string dims;
             for (int64_t d : params[i].shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
-            SX_CHECK_ARG(params[i].shape.size() == 2,
-                         "param '%s' has %zu dimensions ([%s]); Muon orthogonalises 2-D params only (as "
-                         "torch.optim.Muon): give it a param group of another optimizer (AdamW, as is usual)",
-                         params[i].name.c_str(), params[i].shape.size(), dims.c_str());
+            SX_CHECK_ARG(static_cast<int32_t>(params[i].shape.size()) == row.param_ndim,
+                         "param '%s' has %zu dimensions ([%s]); %s orthogonalises %d-D params only (as "
+                         "%s): give it a param group of another optimizer (AdamW, as is usual)",
+                         params[i].name.c_str(), params[i].shape.size(), dims.c_str(), row.name,
+                         static_cast<int>(row.param_ndim), row.reference);
         }
         if (!optim::is_custom(kind)) continue;
         for (size_t j = 0; j < params.size(); ++j)

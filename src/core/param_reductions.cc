@@ -17,11 +17,14 @@ namespace sx {
 namespace core {
 namespace {
 
-// The segments of one optimizer, and where each came from in the step's list.
-std::vector<optim::Segment> of_kind(const std::vector<optim::Segment> &segs, optim::Kind kind) {
+// Which sums a param's optimizer exchanges (its row's optim::ParamSums).
+optim::ParamSums sums_of(const optim::Hyper &h) { return optim::spec_of(h.kind).param_sums; }
+
+// The segments whose optimizer exchanges sums of kind `sums`.
+std::vector<optim::Segment> of_sums(const std::vector<optim::Segment> &segs, optim::ParamSums sums) {
     std::vector<optim::Segment> out;
     for (const optim::Segment &s : segs)
-        if (s.hyper->kind == kind) out.push_back(s);
+        if (sums_of(*s.hyper) == sums) out.push_back(s);
     return out;
 }
 
@@ -56,7 +59,7 @@ struct Covered {
         : params(std::move(covered)), offset(params.size() + 1, 0), shapes(params.size()) {
         for (size_t k = 0; k < params.size(); ++k) {
             const ParamSpec &spec = specs[static_cast<size_t>(params[k])];
-            const bool lamb = groups[static_cast<size_t>(spec.group)].hyper.kind == optim::Kind::kLamb;
+            const bool lamb = sums_of(groups[static_cast<size_t>(spec.group)].hyper) == optim::ParamSums::kNorms;
             if (!lamb) shapes[k] = optim::adafactor_shape(spec.shape);
             offset[k + 1] = offset[k] + (lamb ? 2 : shapes[k].first_width());
         }
@@ -80,7 +83,7 @@ size_t move_moments(const Covered &c, std::deque<ParamSpec> &specs, const std::v
     for (size_t k = 0; k < c.params.size(); ++k) {
         ParamSpec &spec = specs[static_cast<size_t>(c.params[k])];
         const optim::Hyper &h = groups[static_cast<size_t>(spec.group)].hyper;
-        if (h.kind != optim::Kind::kAdafactor) continue;
+        if (sums_of(h) != optim::ParamSums::kFactoredMeans) continue;
         (*second)[k] = width++;
         const optim::AdafactorShape &sh = c.shapes[k];
         if (!sh.factored) continue;
@@ -110,8 +113,8 @@ Status ShardGroup::update_param_reductions(float grad_scale, double *sumsq) {
     std::vector<double> all(c.width() * ranks, 0.0);
     double *mine = all.data() + c.width() * me;
     const std::vector<optim::Segment> segs = units_.segments_needing(round_->reduced(), optim::Needs::kParamReduction);
-    const std::vector<optim::Segment> lamb = of_kind(segs, optim::Kind::kLamb);
-    const std::vector<optim::Segment> ada = of_kind(segs, optim::Kind::kAdafactor);
+    const std::vector<optim::Segment> lamb = of_sums(segs, optim::ParamSums::kNorms);
+    const std::vector<optim::Segment> ada = of_sums(segs, optim::ParamSums::kFactoredMeans);
     double lamb_sumsq = 0.0, ada_sumsq = 0.0;
     std::vector<optim::LambSums> sums(lamb.size());
     optim::lamb_first_pass(lamb.data(), lamb.size(), grad_scale, pool_.get(), sums.data(), sumsq ? &lamb_sumsq : nullptr);

@@ -28,7 +28,8 @@ void StepRecord::count(ParamTable &table, LossScaler &scaler, bool dynamic) cons
         const optim::Hyper &h = table.groups()[spec.group].hyper;
         spec.mu_product = optim::next_mu_product(h, spec.mu_product, spec.step + 1);
         ++spec.step;
-        if (h.kind == optim::Kind::kSgd && h.momentum != 0) ++spec.momentum_steps;
+        if (optim::spec_of(h.kind).step_count == optim::StepCount::kMomentumUpdates && h.momentum != 0)
+            ++spec.momentum_steps;
     }
     for (ParamGroup &g : table.groups()) ++g.steps;
     if (dynamic) scaler.on_finite_step();

@@ -321,10 +321,11 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
         seg.param_offset = piece.begin;
         seg.n = piece.end - piece.begin;
         seg.hyper = &(*table_.groups)[spec.group].hyper;
-        // SGD counts the updates that used its momentum buffer; LAMB its group's steps.
-        seg.step = (seg.hyper->kind == optim::Kind::kSgd    ? spec.momentum_steps
-                    : seg.hyper->kind == optim::Kind::kLamb ? (*table_.groups)[spec.group].steps
-                                                            : spec.step) +
+        // The step count the optimizer's row asks for (optim::StepCount).
+        const optim::StepCount counted = optim::spec_of(seg.hyper->kind).step_count;
+        seg.step = (counted == optim::StepCount::kMomentumUpdates ? spec.momentum_steps
+                    : counted == optim::StepCount::kGroup         ? (*table_.groups)[spec.group].steps
+                                                                  : spec.step) +
                    1;
         seg.mu_product = optim::next_mu_product(*seg.hyper, spec.mu_product, spec.step + 1);
         out->push_back(seg);

@@ -44,7 +44,7 @@ ShardProgress scattered_progress(const ShardAccess &g, const ShardProgress &base
         float mu_product = 1.0f;
         const uint32_t bits = static_cast<uint32_t>(steps[3 * p + 2]);
         std::memcpy(&mu_product, &bits, sizeof mu_product);
-        if (h.kind != optim::Kind::kNadam) {
+        if (optim::spec_of(h.kind).param_scalar == nullptr) {
             mu_product = 1.0f;
         } else if (mu_product == 0.0f) {
             const auto key = std::make_pair(group, step);
@@ -55,11 +55,11 @@ ShardProgress scattered_progress(const ShardAccess &g, const ShardProgress &base
         progress.params[p].momentum_steps = steps[3 * p + 1];
         progress.params[p].mu_product = mu_product;
     }
-    // The whole state is per param; an optimizer that counts steps per group (LAMB) takes
+    // The whole state is per param; an optimizer that counts steps per group (kGroup) takes
     // the most any of its params has had: its group's count but where every param of the
     // group sat out steps while it counted on.
     for (size_t grp = 0; grp < progress.group_steps.size(); ++grp) {
-        if (g.hyper(static_cast<int32_t>(grp)).kind != optim::Kind::kLamb) continue;
+        if (optim::spec_of(g.hyper(static_cast<int32_t>(grp)).kind).step_count != optim::StepCount::kGroup) continue;
         int64_t most = 0;
         for (size_t p = 0; p < progress.params.size(); ++p)
             if (g.param(static_cast<int32_t>(p)).group == static_cast<int32_t>(grp)) most = std::max(most, progress.params[p].step);
@@ -85,7 +85,7 @@ std::vector<StateTensor> state_tensors(const ShardAccess &g, const UnitShard &un
 
 Factored factored_moments(const ShardAccess &g, int32_t p) {
     const ParamSpec &spec = g.param(p);
-    if (g.hyper(spec.group).kind != optim::Kind::kAdafactor) return Factored();
+    if (!optim::spec_of(g.hyper(spec.group).kind).factored_moments) return Factored();
     const optim::AdafactorShape sh = optim::adafactor_shape(spec.shape);
     Factored f;
     f.rows = sh.row_count();
@@ -258,7 +258,7 @@ Status WholeState::gather(int root, const StateFn &fn) {
         st.numel = n;
         st.step = spec.step;
         st.momentum_steps = spec.momentum_steps;
-        if (g_.hyper(spec.group).kind == optim::Kind::kNadam) st.mu_product = spec.mu_product;
+        if (optim::spec_of(g_.hyper(spec.group).kind).param_scalar) st.mu_product = spec.mu_product;
         for (size_t t = 0; t < tensors.size(); ++t) {
             st.names.push_back(tensors[t].name);
             st.tensors.push_back(data + t * n);

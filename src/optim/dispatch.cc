@@ -62,20 +62,20 @@ const KernelTable &kernels_for(Isa resolved) {
     return kScalarKernels;
 }
 
-namespace {
-
-// exp_avg.lerp_(grad, w) for the float weight w = `weight` (see SegmentConsts).
-void set_lerp(double weight, SegmentConsts *c) {
+void lerp_weight(double weight, float *coeff, bool *from_end) {
     const float w = static_cast<float>(weight);
-    c->lerp_from_end = !(std::fabs(w) < 0.5f);
-    c->lerp_coeff = c->lerp_from_end ? -(1.0f - w) : w;
+    *from_end = !(std::fabs(w) < 0.5f);
+    *coeff = *from_end ? -(1.0f - w) : w;
 }
 
-// Weight decay: decoupled (param.mul_(1 - lr*wd)) or L2 (grad.add(param, alpha=wd)).
+void set_lerp(double weight, SegmentConsts *c) { lerp_weight(weight, &c->lerp_coeff, &c->lerp_from_end); }
+
 void set_decay(const Hyper &h, bool decoupled, SegmentConsts *c) {
     c->l2 = !decoupled && h.weight_decay != 0.0;
     if (decoupled && h.weight_decay != 0.0) c->decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
 }
+
+namespace {
 
 void adam_family(const Hyper &h, SegmentConsts *c) {
     set_lerp(1.0 - h.beta1, c);
@@ -86,103 +86,118 @@ void adam_family(const Hyper &h, SegmentConsts *c) {
 
 }  // namespace
 
-// Python-float arithmetic of torch's single-tensor functions, rounded to float where a
-// tensor op takes the value (reference.cc repeats it independently).
+// Each optimizer's constants (consts_<stem>, SX_BUILTIN_OPTIMIZERS): Python-float
+// arithmetic of torch's single-tensor functions, rounded to float where a tensor op takes
+// the value (reference.cc repeats it independently). c arrives with grad_scale and
+// weight_decay set.
+
+void consts_sgd(const Segment &seg, const Hyper &h, SegmentConsts &c) {
+    c.l2 = h.weight_decay != 0.0;
+    c.nesterov = h.nesterov;
+    c.lr = static_cast<float>(h.lr);
+    c.momentum = static_cast<float>(h.momentum);
+    c.one_minus_dampening = static_cast<float>(1.0 - h.dampening);
+    if (h.momentum == 0.0)
+        c.variant = Variant::kSgd;
+    else
+        c.variant = seg.step == 1 ? Variant::kSgdMomentumFirst : Variant::kSgdMomentum;
+}
+
+// Adam and AdamW (decoupled weight decay).
+void consts_adam(const Segment &seg, const Hyper &h, SegmentConsts &c) {
+    const double step = static_cast<double>(seg.step);
+    c.variant = h.amsgrad ? Variant::kAdamAmsgrad : Variant::kAdam;
+    set_decay(h, h.kind == Kind::kAdamW, &c);
+    adam_family(h, &c);
+    const double bias_correction1 = 1.0 - std::pow(h.beta1, step);
+    const double bias_correction2 = 1.0 - std::pow(h.beta2, step);
+    c.step_size = static_cast<float>(h.lr / bias_correction1);
+    c.bias_correction2_sqrt = static_cast<float>(std::pow(bias_correction2, 0.5));
+}
+
+void consts_adagrad(const Segment &seg, const Hyper &h, SegmentConsts &c) {
+    const double step = static_cast<double>(seg.step);
+    c.variant = seg.step == 1 ? Variant::kAdagradFirst : Variant::kAdagrad;
+    c.l2 = h.weight_decay != 0.0;
+    c.step_size = static_cast<float>(h.lr / (1.0 + (step - 1.0) * h.lr_decay));
+    c.init = static_cast<float>(h.initial_accumulator_value);
+    c.eps = static_cast<float>(h.eps);
+}
+
+void consts_rmsprop(const Segment &, const Hyper &h, SegmentConsts &c) {
+    c.variant = h.centered ? (h.momentum > 0 ? Variant::kRmspropCenteredMomentum : Variant::kRmspropCentered)
+                           : (h.momentum > 0 ? Variant::kRmspropMomentum : Variant::kRmsprop);
+    c.l2 = h.weight_decay != 0.0;
+    c.beta2 = static_cast<float>(h.alpha);
+    c.one_minus_beta2 = static_cast<float>(1.0 - h.alpha);
+    set_lerp(1.0 - h.alpha, &c);
+    c.eps = static_cast<float>(h.eps);
+    c.momentum = static_cast<float>(h.momentum);
+    c.lr = static_cast<float>(h.lr);
+}
+
+void consts_adamax(const Segment &seg, const Hyper &h, SegmentConsts &c) {
+    c.variant = Variant::kAdamax;
+    c.l2 = h.weight_decay != 0.0;
+    adam_family(h, &c);
+    c.step_size = static_cast<float>(h.lr / (1.0 - std::pow(h.beta1, static_cast<double>(seg.step))));
+}
+
+void consts_nadam(const Segment &seg, const Hyper &h, SegmentConsts &c) {
+    const double step = static_cast<double>(seg.step);
+    c.variant = Variant::kNadam;
+    set_decay(h, h.decoupled_weight_decay, &c);
+    adam_family(h, &c);
+    c.bias_correction2 = static_cast<float>(1.0 - std::pow(h.beta2, step));
+    const double mu = h.beta1 * (1.0 - 0.5 * std::pow(0.96, step * h.momentum_decay));
+    const double mu_next = h.beta1 * (1.0 - 0.5 * std::pow(0.96, (step + 1.0) * h.momentum_decay));
+    const double mu_product = static_cast<double>(seg.mu_product);
+    const double mu_product_next = mu_product * mu_next;
+    c.grad_coeff = static_cast<float>(-h.lr * (1.0 - mu) / (1.0 - mu_product));
+    c.avg_coeff = static_cast<float>((-h.lr * mu_next) / (1.0 - mu_product_next));
+}
+
+void consts_radam(const Segment &seg, const Hyper &h, SegmentConsts &c) {
+    const double step = static_cast<double>(seg.step);
+    set_decay(h, h.decoupled_weight_decay, &c);
+    adam_family(h, &c);
+    const double bias_correction1 = 1.0 - std::pow(h.beta1, step);
+    const double bias_correction2 = 1.0 - std::pow(h.beta2, step);
+    c.bias_correction1 = static_cast<float>(bias_correction1);
+    c.lr = static_cast<float>(h.lr);
+    const double rho_inf = 2.0 / (1.0 - h.beta2) - 1.0;
+    const double rho_t = rho_inf - 2.0 * step * std::pow(h.beta2, step) / bias_correction2;
+    c.variant = rho_t > 5.0 ? Variant::kRadamRectified : Variant::kRadam;
+    if (rho_t > 5.0) {
+        c.rect = static_cast<float>(
+            std::pow((rho_t - 4.0) * (rho_t - 2.0) * rho_inf / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho_t), 0.5));
+        c.bias_correction2_sqrt = static_cast<float>(std::pow(bias_correction2, 0.5));
+    }
+}
+
+void consts_lion(const Segment &, const Hyper &h, SegmentConsts &c) {
+    c.variant = Variant::kLion;
+    c.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+    c.lr = static_cast<float>(h.lr);
+    c.beta1 = static_cast<float>(h.beta1);
+    c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+    c.beta2 = static_cast<float>(h.beta2);
+    c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+}
+
+// Not elementwise (lamb.h, muon.h, adafactor.h): the step never gives them a kernel.
+void consts_not_elementwise(const Segment &, const Hyper &, SegmentConsts &) {}
+
 SegmentConsts make_consts(const Segment &seg, float grad_scale) {
     const Hyper &h = *seg.hyper;
     SegmentConsts c;
     c.grad_scale = h.maximize ? -grad_scale : grad_scale;
     c.weight_decay = static_cast<float>(h.weight_decay);
-    const double step = static_cast<double>(seg.step);
     switch (h.kind) {
-    case Kind::kSgd:
-        c.l2 = h.weight_decay != 0.0;
-        c.nesterov = h.nesterov;
-        c.lr = static_cast<float>(h.lr);
-        c.momentum = static_cast<float>(h.momentum);
-        c.one_minus_dampening = static_cast<float>(1.0 - h.dampening);
-        if (h.momentum == 0.0)
-            c.variant = Variant::kSgd;
-        else
-            c.variant = seg.step == 1 ? Variant::kSgdMomentumFirst : Variant::kSgdMomentum;
-        return c;
-    case Kind::kAdam:
-    case Kind::kAdamW: {
-        c.variant = h.amsgrad ? Variant::kAdamAmsgrad : Variant::kAdam;
-        set_decay(h, h.kind == Kind::kAdamW, &c);
-        adam_family(h, &c);
-        const double bias_correction1 = 1.0 - std::pow(h.beta1, step);
-        const double bias_correction2 = 1.0 - std::pow(h.beta2, step);
-        c.step_size = static_cast<float>(h.lr / bias_correction1);
-        c.bias_correction2_sqrt = static_cast<float>(std::pow(bias_correction2, 0.5));
-        return c;
-    }
-    case Kind::kAdagrad:
-        c.variant = seg.step == 1 ? Variant::kAdagradFirst : Variant::kAdagrad;
-        c.l2 = h.weight_decay != 0.0;
-        c.step_size = static_cast<float>(h.lr / (1.0 + (step - 1.0) * h.lr_decay));
-        c.init = static_cast<float>(h.initial_accumulator_value);
-        c.eps = static_cast<float>(h.eps);
-        return c;
-    case Kind::kRmsprop:
-        c.variant = h.centered ? (h.momentum > 0 ? Variant::kRmspropCenteredMomentum : Variant::kRmspropCentered)
-                               : (h.momentum > 0 ? Variant::kRmspropMomentum : Variant::kRmsprop);
-        c.l2 = h.weight_decay != 0.0;
-        c.beta2 = static_cast<float>(h.alpha);
-        c.one_minus_beta2 = static_cast<float>(1.0 - h.alpha);
-        set_lerp(1.0 - h.alpha, &c);
-        c.eps = static_cast<float>(h.eps);
-        c.momentum = static_cast<float>(h.momentum);
-        c.lr = static_cast<float>(h.lr);
-        return c;
-    case Kind::kAdamax:
-        c.variant = Variant::kAdamax;
-        c.l2 = h.weight_decay != 0.0;
-        adam_family(h, &c);
-        c.step_size = static_cast<float>(h.lr / (1.0 - std::pow(h.beta1, step)));
-        return c;
-    case Kind::kNadam: {
-        c.variant = Variant::kNadam;
-        set_decay(h, h.decoupled_weight_decay, &c);
-        adam_family(h, &c);
-        c.bias_correction2 = static_cast<float>(1.0 - std::pow(h.beta2, step));
-        const double mu = h.beta1 * (1.0 - 0.5 * std::pow(0.96, step * h.momentum_decay));
-        const double mu_next = h.beta1 * (1.0 - 0.5 * std::pow(0.96, (step + 1.0) * h.momentum_decay));
-        const double mu_product = static_cast<double>(seg.mu_product);
-        const double mu_product_next = mu_product * mu_next;
-        c.grad_coeff = static_cast<float>(-h.lr * (1.0 - mu) / (1.0 - mu_product));
-        c.avg_coeff = static_cast<float>((-h.lr * mu_next) / (1.0 - mu_product_next));
-        return c;
-    }
-    case Kind::kRadam: {
-        set_decay(h, h.decoupled_weight_decay, &c);
-        adam_family(h, &c);
-        const double bias_correction1 = 1.0 - std::pow(h.beta1, step);
-        const double bias_correction2 = 1.0 - std::pow(h.beta2, step);
-        c.bias_correction1 = static_cast<float>(bias_correction1);
-        c.lr = static_cast<float>(h.lr);
-        const double rho_inf = 2.0 / (1.0 - h.beta2) - 1.0;
-        const double rho_t = rho_inf - 2.0 * step * std::pow(h.beta2, step) / bias_correction2;
-        c.variant = rho_t > 5.0 ? Variant::kRadamRectified : Variant::kRadam;
-        if (rho_t > 5.0) {
-            c.rect = static_cast<float>(
-                std::pow((rho_t - 4.0) * (rho_t - 2.0) * rho_inf / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho_t), 0.5));
-            c.bias_correction2_sqrt = static_cast<float>(std::pow(bias_correction2, 0.5));
-        }
-        return c;
-    }
-    case Kind::kLamb:
-    case Kind::kMuon:
-    case Kind::kAdafactor: return c;  // not elementwise: lamb.h, muon.h, adafactor.h (the step never gives them a kernel)
-    case Kind::kLion:
-        c.variant = Variant::kLion;
-        c.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
-        c.lr = static_cast<float>(h.lr);
-        c.beta1 = static_cast<float>(h.beta1);
-        c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
-        c.beta2 = static_cast<float>(h.beta2);
-        c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-        return c;
+#define SX_CONSTS_CASE(kind, value, stem) \
+    case Kind::kind: consts_##stem(seg, h, c); break;
+        SX_BUILTIN_OPTIMIZERS(SX_CONSTS_CASE)
+#undef SX_CONSTS_CASE
     }
     return c;
 }

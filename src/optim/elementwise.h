@@ -1,5 +1,5 @@
 // The element formulas of the elementwise optimizers beyond SGD and Adam (Adagrad,
-// RMSprop, Adamax, NAdam, RAdam, Lion), written once over a vector-operations type O and
+// RMSprop, Adamax, NAdam, RAdam, Lion, AdEMAMix), written once over a vector-operations type O and
 // used by every flavour: the CPU loops of kernel_body.h (scalar, AVX2, AVX-512) and the
 // CUDA kernel (cuda/fused_update.cu, whose O rounds through __fmul_rn and its kin).
 //
@@ -29,8 +29,9 @@ template <class O>
 struct ElementwiseConsts {
     using V = typename O::V;
     V grad_scale, weight_decay, decay, lr, momentum, lerp_coeff, beta1, one_minus_beta1, beta2, one_minus_beta2,
-        step_size, eps, init, bias_correction1, bias_correction2, bias_correction2_sqrt, rect, grad_coeff, avg_coeff;
-    typename O::Mask lerp_from_end;
+        step_size, eps, init, bias_correction1, bias_correction2, bias_correction2_sqrt, rect, grad_coeff, avg_coeff,
+        slow_lerp_coeff, slow_alpha;
+    typename O::Mask lerp_from_end, slow_lerp_from_end;
     SX_ELEMENTWISE_FN explicit ElementwiseConsts(const SegmentConsts &c)
         : grad_scale(O::set1(c.grad_scale)), weight_decay(O::set1(c.weight_decay)), decay(O::set1(c.decay)),
           lr(O::set1(c.lr)), momentum(O::set1(c.momentum)), lerp_coeff(O::set1(c.lerp_coeff)),
@@ -39,26 +40,54 @@ struct ElementwiseConsts {
           init(O::set1(c.init)), bias_correction1(O::set1(c.bias_correction1)),
           bias_correction2(O::set1(c.bias_correction2)), bias_correction2_sqrt(O::set1(c.bias_correction2_sqrt)),
           rect(O::set1(c.rect)), grad_coeff(O::set1(c.grad_coeff)), avg_coeff(O::set1(c.avg_coeff)),
-          lerp_from_end(O::mask(c.lerp_from_end)) {}
+          slow_lerp_coeff(O::set1(c.slow_lerp_coeff)), slow_alpha(O::set1(c.slow_alpha)),
+          lerp_from_end(O::mask(c.lerp_from_end)), slow_lerp_from_end(O::mask(c.slow_lerp_from_end)) {}
 };
 
-// State slots variant kV reads, and writes (a first update writes what it does not read).
+// State slots variant v reads, and writes (SX_ELEMENTWISE_VARIANTS).
 SX_ELEMENTWISE_FN constexpr int elementwise_reads(Variant v) {
-    return v == Variant::kAdagradFirst                                                   ? 0
-           : v == Variant::kRmspropCenteredMomentum                                      ? 3
-           : v == Variant::kRmspropMomentum || v == Variant::kRmspropCentered ||
-                   v == Variant::kAdamax || v == Variant::kNadam || v == Variant::kRadam ||
-                   v == Variant::kRadamRectified                                         ? 2
-                                                                                         : 1;
+#define SX_READS(variant, reads, writes) v == Variant::variant ? reads:
+    return SX_ELEMENTWISE_VARIANTS(SX_READS) 1;
+#undef SX_READS
 }
 SX_ELEMENTWISE_FN constexpr int elementwise_writes(Variant v) {
-    return v == Variant::kAdagradFirst ? 1 : elementwise_reads(v);
+#define SX_WRITES(variant, reads, writes) v == Variant::variant ? writes:
+    return SX_ELEMENTWISE_VARIANTS(SX_WRITES) 1;
+#undef SX_WRITES
 }
 
-// self.lerp_(end, w) as torch evaluates it (SegmentConsts: lerp_coeff, lerp_from_end).
+// self.lerp_(end, w) as torch evaluates it (SegmentConsts: lerp_coeff, lerp_from_end),
+// for a weight of coefficient `coeff` and mask `from_end`.
+template <class O>
+SX_ELEMENTWISE_FN typename O::V lerp_with(typename O::V coeff, typename O::Mask from_end, typename O::V self,
+                                          typename O::V end) {
+    return O::add(O::select(from_end, self, end), O::mul(coeff, O::sub(end, self)));
+}
 template <class O>
 SX_ELEMENTWISE_FN typename O::V lerp(const ElementwiseConsts<O> &k, typename O::V self, typename O::V end) {
-    return O::add(O::select(k.lerp_from_end, self, end), O::mul(k.lerp_coeff, O::sub(end, self)));
+    return lerp_with<O>(k.lerp_coeff, k.lerp_from_end, self, end);
+}
+
+// AdEMAMix (optim/ademamix.cc), pytorch-optimizer's AdEMAMix.step (not foreach):
+// weight decay, three moments, one addcdiv_. As elementwise_at's arguments.
+template <class O, bool kL2>
+SX_ELEMENTWISE_FN void ademamix_at(const ElementwiseConsts<O> &k, typename O::V &p, typename O::V g,
+                                   typename O::V *s) {
+    using V = typename O::V;
+    p = O::mul(p, k.decay);  // weight_decouple: p.mul_(1 - wd*lr); 1 otherwise (exact no-op)
+    if (kL2) g = O::add(g, O::mul(k.weight_decay, p));  // grad.add_(p, alpha=wd)
+    const V m = lerp<O>(k, s[0], g);  // exp_avg.lerp_(grad, 1 - beta1)
+    s[0] = m;
+    // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    const V v = O::add(O::mul(s[1], k.beta2), O::mul(O::mul(k.one_minus_beta2, g), g));
+    s[1] = v;
+    const V slow = lerp_with<O>(k.slow_lerp_coeff, k.slow_lerp_from_end, s[2], g);  // lerp_(grad, 1 - beta3_t)
+    s[2] = slow;
+    // de_nom = exp_avg_sq.sqrt().div_(bias_correction2_sq).add_(eps)
+    const V denom = O::add(O::div(O::sqrt(v), k.bias_correction2_sqrt), k.eps);
+    // update = exp_avg.div(bias_correction1).add_(exp_avg_slow, alpha=alpha_t)
+    const V update = O::add(O::div(m, k.bias_correction1), O::mul(k.slow_alpha, slow));
+    p = O::sub(p, O::div(O::mul(k.lr, update), denom));  // p.addcdiv_(update, de_nom, value=-lr)
 }
 
 // One element: p the param (fp32), g the gradient already scaled (grad*grad_scale,
@@ -137,6 +166,8 @@ SX_ELEMENTWISE_FN void elementwise_at(const ElementwiseConsts<O> &k, typename O:
         const V update = O::sign(O::add(O::mul(s[0], k.beta1), O::mul(k.one_minus_beta1, g)));
         p = O::sub(p, O::mul(k.lr, update));  // p.add_(update, alpha=-lr)
         s[0] = O::add(O::mul(s[0], k.beta2), O::mul(k.one_minus_beta2, g));  // exp_avg.mul_(beta2).add_(grad, alpha=1 - beta2)
+    } else if (kV == Variant::kAdemamix) {
+        ademamix_at<O, kL2>(k, p, g, s);
     }
 }
 

@@ -276,19 +276,9 @@ double update_range(const Segment &seg, const SegmentConsts &c, size_t begin, si
     case Variant::kAdamAmsgrad:
         return c.l2 ? adam_range<O, true, true>(seg, c, begin, end)
                     : adam_range<O, false, true>(seg, c, begin, end);
-#define SX_ELEMENTWISE_CASE(v) \
+#define SX_ELEMENTWISE_CASE(v, reads, writes) \
     case Variant::v: return elementwise_pick<O, Variant::v>(seg, c, begin, end);
-    SX_ELEMENTWISE_CASE(kAdagradFirst)
-    SX_ELEMENTWISE_CASE(kAdagrad)
-    SX_ELEMENTWISE_CASE(kRmsprop)
-    SX_ELEMENTWISE_CASE(kRmspropMomentum)
-    SX_ELEMENTWISE_CASE(kRmspropCentered)
-    SX_ELEMENTWISE_CASE(kRmspropCenteredMomentum)
-    SX_ELEMENTWISE_CASE(kAdamax)
-    SX_ELEMENTWISE_CASE(kNadam)
-    SX_ELEMENTWISE_CASE(kRadam)
-    SX_ELEMENTWISE_CASE(kRadamRectified)
-    SX_ELEMENTWISE_CASE(kLion)
+    SX_ELEMENTWISE_VARIANTS(SX_ELEMENTWISE_CASE)
 #undef SX_ELEMENTWISE_CASE
     }
     return 0.0;

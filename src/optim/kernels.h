@@ -20,6 +20,23 @@ namespace sx {
 namespace optim {
 namespace internal {
 
+// The specialisations elementwise.h's bodies run, one line each: X(variant, state slots
+// read, state slots written; a first update writes what it does not read). Every switch
+// over them (kernel_body.h's, cuda/fused_update.cu's) expands from this list.
+#define SX_ELEMENTWISE_VARIANTS(X)                                                          \
+    X(kAdagradFirst, 0, 1) /* a param's first update: its sum starts at initial_accumulator_value */ \
+    X(kAdagrad, 1, 1)                                                                       \
+    X(kRmsprop, 1, 1)                 /* square_avg */                                      \
+    X(kRmspropMomentum, 2, 2)         /* square_avg, momentum_buffer */                     \
+    X(kRmspropCentered, 2, 2)         /* square_avg, grad_avg */                            \
+    X(kRmspropCenteredMomentum, 3, 3) /* square_avg, momentum_buffer, grad_avg */           \
+    X(kAdamax, 2, 2)                                                                        \
+    X(kNadam, 2, 2)                                                                         \
+    X(kRadam, 2, 2)          /* while the variance is not tractable (rho_t <= 5) */         \
+    X(kRadamRectified, 2, 2) /* with the rectification term */                              \
+    X(kLion, 1, 1)                                                                          \
+    X(kAdemamix, 3, 3)       /* exp_avg, exp_avg_sq, exp_avg_slow */
+
 // Which specialisation of the update a segment runs. Chosen once per segment so that
 // the per-element loop has no branch on hyperparameters.
 enum class Variant : int {
@@ -29,17 +46,9 @@ enum class Variant : int {
     kAdam,               // Adam and AdamW
     kAdamAmsgrad,        // Adam and AdamW with amsgrad
     // The rest run elementwise.h's bodies.
-    kAdagradFirst,       // Adagrad, a param's first update: its sum starts at initial_accumulator_value
-    kAdagrad,
-    kRmsprop,            // square_avg
-    kRmspropMomentum,    // square_avg, momentum_buffer
-    kRmspropCentered,    // square_avg, grad_avg
-    kRmspropCenteredMomentum,  // square_avg, momentum_buffer, grad_avg
-    kAdamax,
-    kNadam,
-    kRadam,              // RAdam while the variance is not tractable (rho_t <= 5)
-    kRadamRectified,     // RAdam with the rectification term
-    kLion,
+#define SX_VARIANT_NAME(variant, reads, writes) variant,
+    SX_ELEMENTWISE_VARIANTS(SX_VARIANT_NAME)
+#undef SX_VARIANT_NAME
 };
 
 // Per-segment constants. torch.optim computes its scalars as Python floats (double)
@@ -76,9 +85,34 @@ struct SegmentConsts {
     float bias_correction1 = 1, bias_correction2 = 1;
     float rect = 1;
     float grad_coeff = 0, avg_coeff = 0;
+    // AdEMAMix (optim/ademamix.cc): Adam's constants (lerp from 1 - beta1, beta2,
+    // bias_correction1, bias_correction2_sqrt, eps, lr, decay), the slow moment's lerp
+    // from 1 - beta3_t (slow_lerp_coeff, slow_lerp_from_end) and its weight alpha_t.
+    float slow_lerp_coeff = 0;
+    bool slow_lerp_from_end = false;
+    float slow_alpha = 0;
 };
 
 SegmentConsts make_consts(const Segment &seg, float grad_scale);
+
+// Each built-in optimizer's part of make_consts (c arrives with grad_scale and
+// weight_decay set) and its scalar reference (reference_update's), by the stems of
+// SX_BUILTIN_OPTIMIZERS: consts_adam, reference_adam, ... An optimizer's file may
+// define its own (dispatch.cc and reference.cc hold the older ones').
+#define SX_DECLARE_OPTIMIZER_PARTS(kind, value, stem)                        \
+    void consts_##stem(const Segment &seg, const Hyper &h, SegmentConsts &c); \
+    void reference_##stem(const Segment &seg, float grad_scale);
+SX_BUILTIN_OPTIMIZERS(SX_DECLARE_OPTIMIZER_PARTS)
+#undef SX_DECLARE_OPTIMIZER_PARTS
+
+// Helpers of the consts_* functions. exp_avg.lerp_(grad, w) for the float weight w =
+// `weight`, as torch evaluates it (SegmentConsts::lerp_coeff, lerp_from_end): into
+// *coeff and *from_end, or into c's lerp_coeff and lerp_from_end.
+void lerp_weight(double weight, float *coeff, bool *from_end);
+void set_lerp(double weight, SegmentConsts *c);
+// Weight decay: decoupled (param.mul_(1 - lr*wd), c->decay) or L2 (grad.add(param,
+// alpha=wd), c->l2).
+void set_decay(const Hyper &h, bool decoupled, SegmentConsts *c);
 
 // One kernel flavour. Both functions return the sum over their elements of
 // (grad*grad_scale)^2, accumulated in float lanes over blocks of kSumBlock elements and

@@ -14,20 +14,33 @@ namespace optim {
 
 class ThreadPool;
 
-// The optimizers sx runs, by their public SX_OPTIM_* values.
+// The optimizers sx has built in, one line each: X(kind, SX_OPTIM_* value, stem). Every
+// enum and switch over them expands from this list: the Kind below, each optimizer's
+// per-segment constants (dispatch.cc, consts_<stem>) and its scalar reference
+// (reference.cc, reference_<stem>); its row of the optimizer table (optimizers.cc) says
+// what it keeps, accepts and needs. Optimizers that are not elementwise have the stem
+// not_elementwise (their updates are lamb.h's, muon.h's, adafactor.h's).
+#define SX_BUILTIN_OPTIMIZERS(X)                       \
+    X(kSgd, SX_OPTIM_SGD, sgd)                         \
+    X(kAdam, SX_OPTIM_ADAM, adam)                      \
+    X(kAdamW, SX_OPTIM_ADAMW, adam)                    \
+    X(kAdagrad, SX_OPTIM_ADAGRAD, adagrad)             \
+    X(kRmsprop, SX_OPTIM_RMSPROP, rmsprop)             \
+    X(kAdamax, SX_OPTIM_ADAMAX, adamax)                \
+    X(kNadam, SX_OPTIM_NADAM, nadam)                   \
+    X(kRadam, SX_OPTIM_RADAM, radam)                   \
+    X(kLion, SX_OPTIM_LION, lion)                      \
+    X(kLamb, SX_OPTIM_LAMB, not_elementwise)           \
+    X(kMuon, SX_OPTIM_MUON, not_elementwise)           \
+    X(kAdafactor, SX_OPTIM_ADAFACTOR, not_elementwise) \
+    X(kAdemamix, SX_OPTIM_ADEMAMIX, ademamix)
+
+// The optimizers sx runs, by their public SX_OPTIM_* values (a registered optimizer's
+// id is one too: custom.h).
 enum class Kind : int32_t {
-    kSgd = SX_OPTIM_SGD,
-    kAdam = SX_OPTIM_ADAM,
-    kAdamW = SX_OPTIM_ADAMW,
-    kAdagrad = SX_OPTIM_ADAGRAD,
-    kRmsprop = SX_OPTIM_RMSPROP,
-    kAdamax = SX_OPTIM_ADAMAX,
-    kNadam = SX_OPTIM_NADAM,
-    kRadam = SX_OPTIM_RADAM,
-    kLion = SX_OPTIM_LION,
-    kLamb = SX_OPTIM_LAMB,
-    kMuon = SX_OPTIM_MUON,
-    kAdafactor = SX_OPTIM_ADAFACTOR,
+#define SX_KIND_VALUE(kind, value, stem) kind = value,
+    SX_BUILTIN_OPTIMIZERS(SX_KIND_VALUE)
+#undef SX_KIND_VALUE
 };
 
 // The range a hyperparameter's value must lie in (besides being finite).
@@ -71,10 +84,12 @@ enum class Rule : int32_t {
     X(adjust_lr, double, 0.0, SX_HP_ADJUST_LR, kNonNegative)                        \
     X(beta2_decay, double, -0.8, SX_HP_BETA2_DECAY, kNonPositive)                   \
     X(eps2, double, 1e-3, SX_HP_EPS2, kNonNegative)                                 \
-    X(d, double, 1.0, SX_HP_D, kNonNegative)
+    X(d, double, 1.0, SX_HP_D, kNonNegative)                                        \
+    X(beta3, double, 0.9999, SX_HP_BETA3, kBeta)                                    \
+    X(t_alpha_beta3, double, 0.0, SX_HP_T_ALPHA_BETA3, kNonNegative)
 
 // The largest SX_HP_* key.
-constexpr int32_t kMaxHyperKey = SX_HP_D;
+constexpr int32_t kMaxHyperKey = SX_HP_T_ALPHA_BETA3;
 
 // The most steps a param (or a group) may count: 2^53, the last count a double holds
 // exactly (the bias corrections raise betas to the step in double); a step a
@@ -112,6 +127,22 @@ enum class Needs : int32_t {
     kWholeParam,     // the whole param on one rank (Muon's orthogonalisation)
 };
 
+// Which of a param's step counts its update is told (Segment::step), and so which a
+// checkpoint's whole state must give back.
+enum class StepCount : int32_t {
+    kParam,           // the param's own updates (torch.optim's per-param state["step"])
+    kMomentumUpdates, // the updates that used its momentum buffer (SGD's momentum > 0)
+    kGroup,           // its param group's steps, counted on while the param is frozen
+                      // (pytorch-optimizer's group["step"])
+};
+
+// How a kParamReduction optimizer's per-param sums are laid out (core's exchange).
+enum class ParamSums : int32_t {
+    kNone,
+    kNorms,         // two sums per param: its squares and its direction's (LAMB's trust ratio)
+    kFactoredMeans, // row and column sums of squares (adafactor.h, AdafactorShape)
+};
+
 // One state slot: torch's name for it in the optimizer's state dict, and whether a
 // param of `ndim` dimensions in a group with hyperparameters h keeps it (nullptr:
 // always). ndim -1 asks whether any param of the group may keep it.
@@ -145,6 +176,13 @@ struct OptimizerSpec {
     Status (*check)(const Hyper &h);
     // A registered optimizer (custom.h): the rest of its description; nullptr for sx's own.
     const CustomOptimizer *custom;
+    // Traits the step asks instead of the optimizer's name.
+    StepCount step_count = StepCount::kParam;
+    ParamSums param_sums = ParamSums::kNone;  // kParamReduction: which sums
+    int32_t param_ndim = 0;  // the dimensions every param must have (Muon's 2), or 0: any
+    // Keeps per-param factored moments outside the slots (Adafactor's, ParamSpec::row_var,
+    // col_var) for params of two or more dimensions.
+    bool factored_moments = false;
 };
 
 // The row of SX_OPTIM_* value `optimizer` (or a registered optimizer's id), or nullptr

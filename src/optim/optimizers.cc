@@ -47,11 +47,19 @@ Status check_adafactor(const Hyper &h) {
     return Status::Ok();
 }
 
+Status check_ademamix(const Hyper &h) {
+    SX_CHECK_ARG(h.t_alpha_beta3 == 0.0 || (h.beta1 > 0.0 && h.beta3 > 0.0),
+                 "t_alpha_beta3 = %g warms beta3 up through log(beta1) and log(beta3); AdEMAMix needs beta1 > 0 "
+                 "and beta3 > 0 for it (beta1 = %g, beta3 = %g)",
+                 h.t_alpha_beta3, h.beta1, h.beta3);
+    return Status::Ok();
+}
+
 // torch.optim's classes and lion-pytorch's Lion, with their constructors' defaults.
 const OptimizerSpec kOptimizers[] = {
     {Kind::kSgd, "SGD", "torch.optim.SGD", Needs::kElementwise,
      kCommon | bit(SX_HP_MOMENTUM) | bit(SX_HP_DAMPENING) | bit(SX_HP_NESTEROV), 0,
-     {{"momentum_buffer", if_momentum}}, nullptr, {{0, 0}}, check_sgd, nullptr},
+     {{"momentum_buffer", if_momentum}}, nullptr, {{0, 0}}, check_sgd, nullptr, StepCount::kMomentumUpdates},
     {Kind::kAdam, "Adam", "torch.optim.Adam", Needs::kElementwise,
      kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_AMSGRAD), bit(SX_HP_AMSGRAD),
      {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}, {"max_exp_avg_sq", if_amsgrad}}, nullptr, {{0, 0}}, nullptr, nullptr},
@@ -84,23 +92,37 @@ const OptimizerSpec kOptimizers[] = {
     {Kind::kLamb, "Lamb", "pytorch_optimizer.Lamb", Needs::kParamReduction,
      kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_DECOUPLED_WEIGHT_DECAY), 0,
      {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}}, nullptr,
-     {{SX_HP_EPS, 1e-6}, {SX_HP_DECOUPLED_WEIGHT_DECAY, 1}, {0, 0}}, nullptr, nullptr},
+     {{SX_HP_EPS, 1e-6}, {SX_HP_DECOUPLED_WEIGHT_DECAY, 1}, {0, 0}}, nullptr, nullptr, StepCount::kGroup,
+     ParamSums::kNorms},
     // torch.optim.Muon (optim/muon.h): 2-D params, each orthogonalised whole on one rank.
     {Kind::kMuon, "Muon", "torch.optim.Muon", Needs::kWholeParam,
      bit(SX_HP_LR) | bit(SX_HP_WEIGHT_DECAY) | bit(SX_HP_MOMENTUM) | bit(SX_HP_NESTEROV) | bit(SX_HP_EPS) |
          bit(SX_HP_NS_A) | bit(SX_HP_NS_B) | bit(SX_HP_NS_C) | bit(SX_HP_NS_STEPS) | bit(SX_HP_ADJUST_LR),
      0, {{"momentum_buffer", nullptr}}, nullptr,
      {{SX_HP_WEIGHT_DECAY, 0.1}, {SX_HP_MOMENTUM, 0.95}, {SX_HP_NESTEROV, 1}, {SX_HP_EPS, 1e-7}, {0, 0}}, check_muon,
-     nullptr},
+     nullptr, StepCount::kParam, ParamSums::kNone, 2},
     // torch.optim.Adafactor (optim/adafactor.h): its eps pair is (eps, eps2), eps's
     // default torch's None for fp32 (the machine epsilon, 2^-23); the factored moments of
     // a param of two or more dimensions are kept per param (ParamSpec::factors), not in
     // a slot.
     {Kind::kAdafactor, "Adafactor", "torch.optim.Adafactor", Needs::kParamReduction,
      kCommon | bit(SX_HP_EPS) | bit(SX_HP_BETA2_DECAY) | bit(SX_HP_EPS2) | bit(SX_HP_D), 0,
-     {{"variance", if_unfactored}}, nullptr, {{SX_HP_LR, 1e-2}, {SX_HP_EPS, 0x1p-23}, {0, 0}}, check_adafactor, nullptr},
+     {{"variance", if_unfactored}}, nullptr, {{SX_HP_LR, 1e-2}, {SX_HP_EPS, 0x1p-23}, {0, 0}}, check_adafactor, nullptr,
+     StepCount::kParam, ParamSums::kFactoredMeans, 0, true},
+    // pytorch-optimizer 4.1.0's AdEMAMix (optim/ademamix.cc): betas (beta1, beta2, beta3),
+    // alpha, t_alpha_beta3 (0: its None, no warmup); its weight_decouple is
+    // decoupled_weight_decay; its fixed_decay (p *= 1 - wd) is weight_decay / lr with it off.
+    // Its bias corrections and warmup count the group's steps.
+    {Kind::kAdemamix, "AdEMAMix", "pytorch_optimizer.AdEMAMix", Needs::kElementwise,
+     kCommon | kBetas | bit(SX_HP_BETA3) | bit(SX_HP_EPS) | bit(SX_HP_ALPHA) | bit(SX_HP_T_ALPHA_BETA3) |
+         bit(SX_HP_DECOUPLED_WEIGHT_DECAY),
+     0, {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}, {"exp_avg_slow", nullptr}}, nullptr,
+     {{SX_HP_ALPHA, 5.0}, {0, 0}}, check_ademamix, nullptr, StepCount::kGroup},
 };
 constexpr size_t kNumOptimizers = sizeof kOptimizers / sizeof kOptimizers[0];
+#define SX_COUNT_ONE(kind, value, stem) +1
+static_assert(kNumOptimizers == 0 SX_BUILTIN_OPTIMIZERS(SX_COUNT_ONE), "one row per built-in optimizer");
+#undef SX_COUNT_ONE
 
 double as_double(double v) { return v; }
 double as_double(bool v) { return v ? 1.0 : 0.0; }

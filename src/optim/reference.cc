@@ -21,12 +21,12 @@
 #include <cmath>
 #include <limits>
 
+#include "optim/kernels.h"
 #include "optim/optimizer.h"
 
 namespace sx {
 namespace optim {
-
-namespace {
+namespace internal {
 
 void reference_sgd(const Segment &seg, float grad_scale) {
     const Hyper &h = *seg.hyper;
@@ -96,6 +96,8 @@ void reference_adam(const Segment &seg, float grad_scale) {
     }
 }
 
+namespace {
+
 // exp_avg.lerp_(grad, weight) with a float weight, as torch evaluates it.
 float lerp(float self, float end, float weight) {
     return std::fabs(weight) < 0.5f ? self + weight * (end - self) : end - (end - self) * (1.0f - weight);
@@ -112,6 +114,8 @@ float grad_at(const Segment &seg, size_t i, float grad_scale) {
     const float g = seg.grad[i] * grad_scale;
     return seg.hyper->maximize ? -g : g;
 }
+
+}  // namespace
 
 // torch/optim/adagrad.py, _single_tensor_adagrad (dense gradients).
 void reference_adagrad(const Segment &seg, float grad_scale) {
@@ -187,7 +191,7 @@ void reference_adamax(const Segment &seg, float grad_scale) {
 
 // torch/optim/nadam.py and radam.py: the part they share with Adam (weight decay, the
 // two moments). Returns the param after decoupled decay; g gets L2 decay.
-float nadam_radam_moments(const Segment &seg, size_t i, float grad_scale, float *g_out) {
+static float nadam_radam_moments(const Segment &seg, size_t i, float grad_scale, float *g_out) {
     const Hyper &h = *seg.hyper;
     float g = grad_at(seg, i, grad_scale);
     float p = seg.param[i];
@@ -276,23 +280,18 @@ void reference_lion(const Segment &seg, float grad_scale) {
     }
 }
 
-}  // namespace
+// Not elementwise: lamb.h, muon.h and adafactor.h have their own references.
+void reference_not_elementwise(const Segment &, float) {}
+
+}  // namespace internal
 
 void reference_update(const Segment &seg, float grad_scale) {
     if (seg.n == 0) return;
     switch (seg.hyper->kind) {
-    case Kind::kSgd: return reference_sgd(seg, grad_scale);
-    case Kind::kAdam:
-    case Kind::kAdamW: return reference_adam(seg, grad_scale);
-    case Kind::kAdagrad: return reference_adagrad(seg, grad_scale);
-    case Kind::kRmsprop: return reference_rmsprop(seg, grad_scale);
-    case Kind::kAdamax: return reference_adamax(seg, grad_scale);
-    case Kind::kNadam: return reference_nadam(seg, grad_scale);
-    case Kind::kRadam: return reference_radam(seg, grad_scale);
-    case Kind::kLion: return reference_lion(seg, grad_scale);
-    case Kind::kLamb:
-    case Kind::kMuon:
-    case Kind::kAdafactor: return;  // not elementwise: lamb.h, muon.h, adafactor.h
+#define SX_REFERENCE_CASE(kind, value, stem) \
+    case Kind::kind: return internal::reference_##stem(seg, grad_scale);
+        SX_BUILTIN_OPTIMIZERS(SX_REFERENCE_CASE)
+#undef SX_REFERENCE_CASE
     }
 }
 

@@ -415,7 +415,7 @@ static void test_param_group_errors(void **state) {
     int32_t index = 777;
 
     EXPECT_STATUS(sx_param_group_desc_init(NULL, sizeof d, 0), SX_ERR_INVALID_ARGUMENT, "desc");
-    const int32_t bad_opt[] = {-1, 13, 100, INT32_MAX};
+    const int32_t bad_opt[] = {-1, 14, 100, INT32_MAX};
     for (size_t i = 0; i < 4; ++i) {
         memset(&d, 0xAB, sizeof d);
         EXPECT_STATUS(sx_param_group_desc_init(&d, sizeof d, bad_opt[i]), SX_ERR_INVALID_ARGUMENT,
@@ -494,7 +494,7 @@ static void test_hyperparameter_errors(void **state) {
         EXPECT_STATUS(sx_get_hyperparameter(g, bad_group[i], SX_HP_LR, &v), SX_ERR_INVALID_ARGUMENT,
                       "param group");
     }
-    const int32_t bad_key[] = {0, 25, -1, 999};
+    const int32_t bad_key[] = {0, 27, -1, 999};
     for (size_t i = 0; i < 4; ++i) {
         EXPECT_STATUS(sx_set_hyperparameter(g, adamw, bad_key[i], 0.1), SX_ERR_INVALID_ARGUMENT,
                       "hyperparameter key");

@@ -219,6 +219,9 @@ inline std::vector<Hyper> all_configs() {
     row(Kind::kRadam, [](Hyper &h) { h.weight_decay = 0.1, h.decoupled_weight_decay = true, h.maximize = true; });
     row(Kind::kLion, [](Hyper &) {});
     row(Kind::kLion, [](Hyper &h) { h.weight_decay = 0.5, h.lr = 0.01, h.beta1 = 0.95, h.maximize = true; });
+    row(Kind::kAdemamix, [](Hyper &) {});
+    row(Kind::kAdemamix, [](Hyper &h) { h.weight_decay = 0.1, h.maximize = true, h.beta3 = 0.3; });  // slow lerp's other branch
+    row(Kind::kAdemamix, [](Hyper &h) { h.weight_decay = 0.1, h.decoupled_weight_decay = true, h.t_alpha_beta3 = 7; });
     return v;
 }
 

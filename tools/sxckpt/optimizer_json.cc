@@ -72,6 +72,7 @@ Status optimizer_of(const JsonValue *v, const std::string &what, int32_t *out) {
     const optim::OptimizerSpec *rows = optim::all_optimizers(&count);
     for (size_t k = 0; k < count; ++k)
         if (name == rows[k].name) {
+            SX_TRY(ckpt::check_storable(optim::default_hyper(rows[k].kind)));  // a checkpoint must hold it
             *out = static_cast<int32_t>(rows[k].kind);
             return Status::Ok();
         }

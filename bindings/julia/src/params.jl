@@ -4,13 +4,14 @@ const _OPTIMIZERS = Dict(:sgd => SX_OPTIM_SGD, :adam => SX_OPTIM_ADAM, :adamw =>
                          :adagrad => SX_OPTIM_ADAGRAD, :rmsprop => SX_OPTIM_RMSPROP,
                          :adamax => SX_OPTIM_ADAMAX, :nadam => SX_OPTIM_NADAM,
                          :radam => SX_OPTIM_RADAM, :lion => SX_OPTIM_LION, :lamb => SX_OPTIM_LAMB,
-                         :muon => SX_OPTIM_MUON, :adafactor => SX_OPTIM_ADAFACTOR)
+                         :muon => SX_OPTIM_MUON, :adafactor => SX_OPTIM_ADAFACTOR,
+                         :ademamix => SX_OPTIM_ADEMAMIX)
 # Keywords of add_param_group! that are flags (Int32 fields of the descriptor), numbers
 # and integers.
 const _FLAG_FIELDS = (:nesterov, :maximize, :amsgrad, :centered, :decoupled_weight_decay)
 const _FLOAT_FIELDS = (:lr, :weight_decay, :beta1, :beta2, :eps, :momentum, :dampening,
                        :lr_decay, :initial_accumulator_value, :alpha, :momentum_decay,
-                       :ns_a, :ns_b, :ns_c, :beta2_decay, :eps2, :d)
+                       :ns_a, :ns_b, :ns_c, :beta2_decay, :eps2, :d, :beta3, :t_alpha_beta3)
 const _INT_FIELDS = (:ns_steps,)
 # Adafactor's eps1 where torch's is None: fp32's machine epsilon (sx's masters are fp32).
 const _ADAFACTOR_EPS1 = 2.0^-23

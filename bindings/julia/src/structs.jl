@@ -60,6 +60,8 @@ mutable struct ParamGroupDesc  # sx_param_group_desc_t
     beta2_decay::Float64
     eps2::Float64
     d::Float64
+    beta3::Float64
+    t_alpha_beta3::Float64
 end
 
 mutable struct ParamDesc  # sx_param_desc_t

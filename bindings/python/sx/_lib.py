@@ -77,6 +77,7 @@ SX_OPTIM_LION = 9
 SX_OPTIM_LAMB = 10
 SX_OPTIM_MUON = 11
 SX_OPTIM_ADAFACTOR = 12
+SX_OPTIM_ADEMAMIX = 13
 
 SX_OPTIM_CUSTOM_FIRST = 1000
 SX_HP_CUSTOM = 1000
@@ -110,6 +111,8 @@ SX_HP_ADJUST_LR = 21
 SX_HP_BETA2_DECAY = 22
 SX_HP_EPS2 = 23
 SX_HP_D = 24
+SX_HP_BETA3 = 25
+SX_HP_T_ALPHA_BETA3 = 26
 
 SX_MUON_ADJUST_LR_ORIGINAL = 0
 SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW = 1
@@ -173,7 +176,8 @@ class sx_param_group_desc_t(ctypes.Structure):
                 ("alpha", ctypes.c_double), ("momentum_decay", ctypes.c_double),
                 ("ns_a", ctypes.c_double), ("ns_b", ctypes.c_double), ("ns_c", ctypes.c_double),
                 ("ns_steps", ctypes.c_int32), ("adjust_lr", ctypes.c_int32),
-                ("beta2_decay", ctypes.c_double), ("eps2", ctypes.c_double), ("d", ctypes.c_double)]
+                ("beta2_decay", ctypes.c_double), ("eps2", ctypes.c_double), ("d", ctypes.c_double),
+                ("beta3", ctypes.c_double), ("t_alpha_beta3", ctypes.c_double)]
 
 
 class sx_param_desc_t(ctypes.Structure):

@@ -17,7 +17,8 @@ _OPTIMIZERS = {"sgd": _lib.SX_OPTIM_SGD, "adam": _lib.SX_OPTIM_ADAM, "adamw": _l
                "adagrad": _lib.SX_OPTIM_ADAGRAD, "rmsprop": _lib.SX_OPTIM_RMSPROP,
                "adamax": _lib.SX_OPTIM_ADAMAX, "nadam": _lib.SX_OPTIM_NADAM,
                "radam": _lib.SX_OPTIM_RADAM, "lion": _lib.SX_OPTIM_LION, "lamb": _lib.SX_OPTIM_LAMB,
-               "muon": _lib.SX_OPTIM_MUON, "adafactor": _lib.SX_OPTIM_ADAFACTOR}
+               "muon": _lib.SX_OPTIM_MUON, "adafactor": _lib.SX_OPTIM_ADAFACTOR,
+               "ademamix": _lib.SX_OPTIM_ADEMAMIX}
 _REDUCE_OPS = {"sum": _lib.SX_REDUCE_SUM, "mean": _lib.SX_REDUCE_MEAN, "max": _lib.SX_REDUCE_MAX,
                "min": _lib.SX_REDUCE_MIN}
 _NONFINITE = {"default": _lib.SX_NONFINITE_DEFAULT, "skip": _lib.SX_NONFINITE_SKIP,
@@ -36,7 +37,7 @@ _LOSS_SCALING_MODES = {"none": _lib.SX_LOSS_SCALING_NONE, "dynamic": _lib.SX_LOS
 _FLAG_FIELDS = ("nesterov", "maximize", "amsgrad", "centered", "decoupled_weight_decay")
 _FLOAT_FIELDS = ("lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening",
                  "lr_decay", "initial_accumulator_value", "alpha", "momentum_decay",
-                 "ns_a", "ns_b", "ns_c", "beta2_decay", "eps2", "d")
+                 "ns_a", "ns_b", "ns_c", "beta2_decay", "eps2", "d", "beta3", "t_alpha_beta3")
 # ... that are ints, and Muon's adjust_lr (an _ADJUST_LR name or an SX_MUON_ADJUST_LR_* value).
 _INT_FIELDS = ("ns_steps",)
 _ENUM_FIELDS = ("adjust_lr",)
@@ -406,8 +407,9 @@ class ShardGroup(Handle):
     # -- registration -----------------------------------------------------------------
     def add_param_group(self, optimizer="adamw", *, betas=None, ns_coefficients=None, **hyperparameters):
         """Adds a param group and returns its index. ``optimizer`` is "sgd", "adam",
-        "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam", "lion", "lamb", "muon"
-        or "adafactor" (the last three: CPU groups only; Muon takes 2-D params only), or
+        "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam", "lion", "lamb", "muon",
+        "adafactor" (these three: CPU groups only; Muon takes 2-D params only) or
+        "ademamix", or
         a custom optimizer (what sx.register_optimizer returned, or its name); unspecified
         hyperparameters take the optimizer's defaults (torch.optim's; lion-pytorch's for
         Lion; pytorch-optimizer's for LAMB; a custom optimizer's registered ones).
@@ -420,14 +422,18 @@ class ShardGroup(Handle):
         "original", "match_rms_adamw" or "spectral_unclamped", or adjust_lr as an
         SX_MUON_ADJUST_LR_* value), beta2_decay, eps=(eps1, eps2) or eps/eps2, and d
         (Adafactor, as torch names them; an eps1 of None is fp32's machine epsilon, 2^-23),
-        and a custom optimizer's own hyperparameters by name.
+        betas=(beta1, beta2, beta3) or beta3, alpha and t_alpha_beta3 (AdEMAMix, as
+        pytorch-optimizer names them; a t_alpha_beta3 of None or 0: no warmup), and a
+        custom optimizer's own hyperparameters by name.
         One that does not apply to the optimizer must keep its default or be 0, which
         means the default (else InvalidArgumentError)."""
         kind = _optimizer_kind(optimizer)
         custom = _optimizers.lookup(kind)
         desc = _lib.init_struct(_lib.sx_param_group_desc_t, kind)
-        if betas is not None:
-            hyperparameters["beta1"], hyperparameters["beta2"] = betas
+        if betas is not None:  # AdEMAMix's are (beta1, beta2, beta3)
+            hyperparameters.update(zip(("beta1", "beta2", "beta3"), betas))
+        if "t_alpha_beta3" in hyperparameters and hyperparameters["t_alpha_beta3"] is None:
+            hyperparameters["t_alpha_beta3"] = 0.0  # pytorch-optimizer's None: no warmup
         if ns_coefficients is not None:
             hyperparameters["ns_a"], hyperparameters["ns_b"], hyperparameters["ns_c"] = ns_coefficients
         if "adjust_lr_fn" in hyperparameters:

@@ -288,17 +288,9 @@ __device__ __forceinline__ void run_chunk(const TableSegment &t, uint64_t local,
             SX_CUDA_VARIANT(kSgdMomentum)
             SX_CUDA_VARIANT(kAdam)
             SX_CUDA_VARIANT(kAdamAmsgrad)
-            SX_CUDA_VARIANT(kAdagradFirst)
-            SX_CUDA_VARIANT(kAdagrad)
-            SX_CUDA_VARIANT(kRmsprop)
-            SX_CUDA_VARIANT(kRmspropMomentum)
-            SX_CUDA_VARIANT(kRmspropCentered)
-            SX_CUDA_VARIANT(kRmspropCenteredMomentum)
-            SX_CUDA_VARIANT(kAdamax)
-            SX_CUDA_VARIANT(kNadam)
-            SX_CUDA_VARIANT(kRadam)
-            SX_CUDA_VARIANT(kRadamRectified)
-            SX_CUDA_VARIANT(kLion)
+#define SX_CUDA_ELEMENTWISE(v, reads, writes) SX_CUDA_VARIANT(v)
+            SX_ELEMENTWISE_VARIANTS(SX_CUDA_ELEMENTWISE)
+#undef SX_CUDA_ELEMENTWISE
 #undef SX_CUDA_VARIANT
         }
     }

@@ -62,6 +62,7 @@ pub const SX_OPTIM_LION: i32 = 9;
 pub const SX_OPTIM_LAMB: i32 = 10;
 pub const SX_OPTIM_MUON: i32 = 11;
 pub const SX_OPTIM_ADAFACTOR: i32 = 12;
+pub const SX_OPTIM_ADEMAMIX: i32 = 13;
 
 pub const SX_OPTIM_CUSTOM_FIRST: i32 = 1000;
 pub const SX_HP_CUSTOM: i32 = 1000;
@@ -98,6 +99,8 @@ pub const SX_HP_ADJUST_LR: i32 = 21;
 pub const SX_HP_BETA2_DECAY: i32 = 22;
 pub const SX_HP_EPS2: i32 = 23;
 pub const SX_HP_D: i32 = 24;
+pub const SX_HP_BETA3: i32 = 25;
+pub const SX_HP_T_ALPHA_BETA3: i32 = 26;
 
 pub const SX_MUON_ADJUST_LR_ORIGINAL: i32 = 0;
 pub const SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW: i32 = 1;
@@ -207,6 +210,8 @@ pub struct sx_param_group_desc_t {
     pub beta2_decay: f64,
     pub eps2: f64,
     pub d: f64,
+    pub beta3: f64,
+    pub t_alpha_beta3: f64,
 }
 
 #[repr(C)]

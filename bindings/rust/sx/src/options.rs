@@ -325,6 +325,8 @@ pub enum Optimizer {
     /// Adafactor, as torch.optim.Adafactor: factored second moments for params of two
     /// or more dimensions. CPU groups only.
     Adafactor,
+    /// AdEMAMix (Pagliardini et al. 2024), as the pytorch-optimizer package's AdEMAMix.
+    Ademamix,
     /// A custom optimizer, as [`crate::register_optimizer`] returned it.
     Custom(crate::CustomOptimizer),
 }
@@ -350,6 +352,7 @@ impl Optimizer {
             Optimizer::Lamb => sys::SX_OPTIM_LAMB,
             Optimizer::Muon => sys::SX_OPTIM_MUON,
             Optimizer::Adafactor => sys::SX_OPTIM_ADAFACTOR,
+            Optimizer::Ademamix => sys::SX_OPTIM_ADEMAMIX,
         }
     }
 }
@@ -473,6 +476,16 @@ impl ParamGroup {
     /// Adafactor: the update's RMS is clipped to d, >= 1.
     pub fn d(mut self, v: f64) -> Self {
         self.raw.d = v;
+        self
+    }
+    /// AdEMAMix: the slow moment's decay, in [0, 1) (its alpha is [`ParamGroup::alpha`]).
+    pub fn beta3(mut self, v: f64) -> Self {
+        self.raw.beta3 = v;
+        self
+    }
+    /// AdEMAMix: the steps alpha and beta3 warm up over; 0 (the default): no warmup.
+    pub fn t_alpha_beta3(mut self, v: f64) -> Self {
+        self.raw.t_alpha_beta3 = v;
         self
     }
     /// The C description as filled so far.
