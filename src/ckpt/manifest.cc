@@ -351,6 +351,9 @@ uint64_t dtype_bytes(int32_t dtype) {
     }
 }
 
+static_assert(static_cast<int>(fb::TensorKind::MAX) + 1 == kNumTensorKinds,
+              "every TensorKind of the schema has its value in ckpt::TensorKind");
+
 namespace {
 
 // Each TensorKind's suffix in exports: "." and the state slot's name as torch gives it
@@ -359,7 +362,7 @@ namespace {
 // them where no group is at hand.
 const char *const kSuffixOfKind[kNumTensorKinds] = {"",     ".exp_avg",    ".exp_avg_sq", ".max_exp_avg_sq", ".momentum_buffer",
                                                     ".sum", ".square_avg", ".grad_avg",   ".exp_inf",
-                                                    ".slot0", ".slot1", ".slot2", ".variance"};
+                                                    ".slot0", ".slot1", ".slot2", ".variance",   ".exp_avg_slow"};
 
 }  // namespace
 

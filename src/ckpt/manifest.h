@@ -41,9 +41,10 @@ enum class TensorKind : int8_t {
     kSlot0 = 9,  // a custom optimizer's slot k: kSlot0 + k, named by its group's slot_names
     kSlot1 = 10,
     kSlot2 = 11,
-    kVariance = 12,  // Adafactor's, of a 0-D or 1-D param
+    kVariance = 12,    // Adafactor's, of a 0-D or 1-D param
+    kExpAvgSlow = 13,  // AdEMAMix's slow moment
 };
-constexpr int kNumTensorKinds = 13;
+constexpr int kNumTensorKinds = 14;
 // The manifest's Optimizer value of a registered optimizer (ParamGroupEntry::optimizer_name).
 constexpr int32_t kCustomOptimizer = 100;
 // "", ".exp_avg", ".exp_avg_sq", ...: the suffix of the tensor's name in exports ("."

@@ -354,8 +354,9 @@ void test_refuses_mismatches(void **) {
     expect_refused("unknown-optimizer", w, s, replaced(j, "\"AdamW\"", "\"Adadelta\""),
                    "P.json: param group 0: optimizer \"Adadelta\" is not one sx has (SGD, Adam, AdamW, Adagrad, "
                    "RMSprop, Adamax, NAdam, RAdam, Lion, Lamb, Muon, Adafactor, AdEMAMix)");
-    expect_refused("unstorable-optimizer", w, s, replaced(j, "\"AdamW\"", "\"AdEMAMix\""),
-                   "a param group of AdEMAMix cannot be saved: checkpoint format 3.0 has no place for its optimizer");
+    expect_refused("key-of-another-optimizer", w, s, replaced(j, "\"AdamW\"", "\"AdEMAMix\""),
+                   "P.json: param group 0 (AdEMAMix): unknown key \"amsgrad\"; its keys are optimizer, lr, "
+                   "weight_decay, betas, eps, maximize, alpha, decoupled_weight_decay, beta3, t_alpha_beta3, step, params");
     expect_refused("two-groups", w, s, replaced(j, "\"frozen.table\"]", "\"frozen.table\",\"scale\"]"),
                    "P.json: param \"scale\" is in param group 0 and again in param group 1");
     expect_refused("not-in-weights", w, s, replaced(j, "\"head.bias\"", "\"nohead\"", 0),

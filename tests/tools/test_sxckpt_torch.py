@@ -105,8 +105,10 @@ try:
 except ImportError:  # scripts/test.sh installs it; elsewhere Lion goes unchecked here
     pass
 try:
-    from pytorch_optimizer import Lamb
+    from pytorch_optimizer import AdEMAMix, Lamb
     OTHERS.append(("lamb", Lamb, dict(lr=0.01, weight_decay=0.01)))
+    # Its slow moment and its warmup of alpha and beta3, still under way at the export.
+    OTHERS.append(("ademamix", AdEMAMix, dict(lr=0.01, weight_decay=0.01, alpha=2.0, t_alpha_beta3=7.0)))
 except ImportError:  # likewise
     pass
 

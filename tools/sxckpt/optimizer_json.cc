@@ -6,6 +6,7 @@
 
 #include "checkpoint_dir.h"
 #include "core/params.h"
+#include "optim/custom.h"
 #include "json.h"
 #include "json_value.h"
 
@@ -24,6 +25,11 @@ std::vector<std::string> hyper_keys(optim::Kind kind) {
     SX_HYPERPARAMETERS(SX_KEY)
 #undef SX_KEY
     return keys;
+}
+
+// Whether kind counts its steps per param group rather than per param.
+bool counts_group_steps(optim::Kind kind) {
+    return !optim::is_custom(kind) && optim::spec_of(kind).step_count == optim::StepCount::kGroup;
 }
 
 void write_group(JsonWriter &j, const ckpt::ParamGroupEntry &g, const ckpt::Manifest &m, int32_t index) {
@@ -50,8 +56,9 @@ void write_group(JsonWriter &j, const ckpt::ParamGroupEntry &g, const ckpt::Mani
     }
     if (g.optimizer != ckpt::kCustomOptimizer) SX_HYPERPARAMETERS(SX_WRITE)
 #undef SX_WRITE
-    // pytorch-optimizer's Lamb counts its steps per group (its bias correction's t).
-    if (kind == optim::Kind::kLamb) j.key("step"), j.number(static_cast<uint64_t>(g.steps));
+    // An optimizer that counts its steps per group (pytorch-optimizer's Lamb and AdEMAMix:
+    // their bias corrections' t) keeps the count as the group's "step".
+    if (counts_group_steps(kind)) j.key("step"), j.number(static_cast<uint64_t>(g.steps));
     j.key("params");
     j.begin_array();
     for (const ckpt::ParamEntry &p : m.params)
@@ -91,7 +98,7 @@ Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
     const optim::Kind kind = static_cast<optim::Kind>(g->hyper.optimizer);
     what += " (" + optimizer_name(g->hyper.optimizer) + ")";
     const std::vector<std::string> keys = hyper_keys(kind);
-    const bool group_step = kind == optim::Kind::kLamb;
+    const bool group_step = counts_group_steps(kind);
     for (const auto &m : v.members) {
         bool known = m.first == "optimizer" || m.first == "params" || (group_step && m.first == "step");
         for (const std::string &k : keys) known |= m.first == k;
@@ -101,7 +108,7 @@ Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
         return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: unknown key %s; its keys are optimizer, %s%sparams",
                         what.c_str(), json_quoted(m.first).c_str(), expected.c_str(), group_step ? "step, " : "");
     }
-    if (const JsonValue *step = v.find("step")) {  // Lamb's; 0 where absent
+    if (const JsonValue *step = v.find("step")) {  // a group step count's; 0 where absent
         SX_TRY(json_int64(*step, what + ": \"step\"", &g->hyper.steps));
         SX_CHECK(g->hyper.steps >= 0, SX_ERR_INVALID_ARGUMENT, "%s: \"step\" is %" PRId64 "; it must be >= 0",
                  what.c_str(), g->hyper.steps);

@@ -51,6 +51,7 @@ _STATE_KEYS = {  # torch's per-param state tensors, as the tensors' name suffixe
     # A 0-D or 1-D param's variance; a larger one's factored moments, in torch's shapes
     # [..., R, 1] and [..., 1, C].
     "Adafactor": ("variance", "row_var", "col_var"),
+    "AdEMAMix": ("exp_avg", "exp_avg_sq", "exp_avg_slow"),
 }
 _HYPER_KEYS = {  # the param group keys PREFIX.json holds (torch's names)
     "AdamW": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
@@ -65,6 +66,8 @@ _HYPER_KEYS = {  # the param group keys PREFIX.json holds (torch's names)
     "Lamb": ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"),
     "Muon": ("lr", "weight_decay", "momentum", "nesterov", "eps", "ns_a", "ns_b", "ns_c", "ns_steps", "adjust_lr"),
     "Adafactor": ("lr", "beta2_decay", "eps", "eps2", "d", "weight_decay", "maximize"),
+    "AdEMAMix": ("lr", "betas", "beta3", "eps", "weight_decay", "alpha", "t_alpha_beta3", "decoupled_weight_decay",
+                 "maximize"),
 }
 # Adafactor's eps in torch: (eps1, eps2), eps1 None for the param dtype's machine epsilon
 # (sx's is fp32's: its masters are fp32).
@@ -72,25 +75,30 @@ _ADAFACTOR_EPS1 = 2.0 ** -23
 # Muon's keys in torch: ns_coefficients = (ns_a, ns_b, ns_c), ns_steps an int, adjust_lr_fn
 # a name (None for sx's ORIGINAL).
 _ADJUST_LR_FN = {0: None, 1: "match_rms_adamw", 2: "spectral_unclamped"}
-# Keys a class names otherwise in its param groups (pytorch-optimizer's Lamb).
-_TORCH_NAMES = {"Lamb": {"decoupled_weight_decay": "weight_decouple"}}
+# Keys a class names otherwise in its param groups (pytorch-optimizer's Lamb and AdEMAMix).
+_TORCH_NAMES = {"Lamb": {"decoupled_weight_decay": "weight_decouple"},
+                "AdEMAMix": {"decoupled_weight_decay": "weight_decouple"}}
 # Keys a class takes in its constructor only, not per group: kept in PREFIX.json from the
 # optimizer's attribute, left out of the torch param group (Lamb's maximize).
-_CONSTRUCTOR_ONLY = {"Lamb": ("maximize",)}
-# Classes that count steps per param group, not per param (pytorch-optimizer's Lamb: its
-# group's `step` is its bias correction's t; PREFIX.json keeps it as the group's "step").
-_GROUP_STEP = {"Lamb"}
+_CONSTRUCTOR_ONLY = {"Lamb": ("maximize",), "AdEMAMix": ("maximize",)}
+# Classes that count steps per param group, not per param (pytorch-optimizer's Lamb and
+# AdEMAMix: the group's `step` is their bias corrections' t; PREFIX.json keeps it as the
+# group's "step").
+_GROUP_STEP = {"Lamb", "AdEMAMix"}
 # Options of a class that sx follows at one value (sx's LAMB is Lamb with these): a
 # state dict's groups carry them (Lamb reads them from its groups), and a group that sets
 # another value is refused.
 _FIXED = {"Lamb": {"grad_averaging": True, "fixed_decay": False, "rectify": False, "adam": False,
-                   "adam_debias": False, "adanorm": False, "max_grad_norm": 1.0, "foreach": None}}
+                   "adam_debias": False, "adanorm": False, "max_grad_norm": 1.0, "foreach": None},
+          # fixed_decay (p *= 1 - wd, not 1 - lr * wd) would be a weight decay that changes
+          # with the lr; cautious and stable_adamw change the update.
+          "AdEMAMix": {"fixed_decay": False, "cautious": False, "stable_adamw": False, "foreach": None}}
 # Keys a class's constructor does not take (lion-pytorch's Lion has no maximize): kept in
 # PREFIX.json at this value, left out of the torch param group.
 _NOT_IN_TORCH = {"Lion": {"maximize": False}}
 # Classes whose per-param state has no `step` (lion-pytorch's Lion, pytorch-optimizer's
-# Lamb, torch's Muon).
-_NO_STEP = {"Lion", "Lamb", "Muon"}
+# Lamb and AdEMAMix, torch's Muon).
+_NO_STEP = {"Lion", "Lamb", "Muon", "AdEMAMix"}
 
 
 def read_safetensors(path):
@@ -194,6 +202,9 @@ def _hyper(group):
         out["adjust_lr_fn"] = _ADJUST_LR_FN[int(out.pop("adjust_lr"))]
     if kind == "Adafactor":
         out["eps"] = (out["eps"], out.pop("eps2"))
+    if kind == "AdEMAMix":  # betas (beta1, beta2, beta3); no warmup is t_alpha_beta3 None
+        out["betas"] = out["betas"] + (out.pop("beta3"),)
+        out["t_alpha_beta3"] = out["t_alpha_beta3"] or None
     return out
 
 
@@ -257,7 +268,7 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
     """Writes `params` (a Module or {name: param}, in registration order) as
     WEIGHTS_PATH, and, given an OPTIMIZER_PREFIX, the param groups and state of
     `optimizers` (torch's SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, NAdam, RAdam, Muon,
-    Adafactor, lion-pytorch's Lion or pytorch-optimizer's Lamb) as PREFIX.safetensors and PREFIX.json, for
+    Adafactor, lion-pytorch's Lion or pytorch-optimizer's Lamb or AdEMAMix) as PREFIX.safetensors and PREFIX.json, for
     `sxckpt import`. Every param must be in one group of one optimizer. `step` is the
     checkpoint's step (default: the largest Adam/AdamW step). torch's SGD counts no
     steps: its params get `step` as their step, and as their momentum_steps where a
@@ -291,6 +302,10 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
                 group = dict(group)
                 eps1, group["eps2"] = group["eps"]
                 group["eps"] = _ADAFACTOR_EPS1 if eps1 is None else eps1
+            if kind == "AdEMAMix":  # its betas (beta1, beta2, beta3); t_alpha_beta3 None is sx's 0
+                group = dict(group)
+                *group["betas"], group["beta3"] = group["betas"]
+                group["t_alpha_beta3"] = group["t_alpha_beta3"] or 0.0
             for key in _HYPER_KEYS[kind]:
                 if key in _CONSTRUCTOR_ONLY.get(kind, ()):
                     v = getattr(opt, key)
