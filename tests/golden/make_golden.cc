@@ -1,6 +1,7 @@
 // Writes a golden checkpoint in the format this sx writes (tests/golden/README.md says
 // when to run it: only when a new format version adds new goldens; the committed ones are
-// never rewritten). usage: make_golden OUT_DIR WORLD_SIZE [STAGE [SHARD_SIZE]]
+// never rewritten). usage: make_golden [--every-optimizer] OUT_DIR WORLD_SIZE [STAGE [SHARD_SIZE]]
+// (golden_model.h's AdamW and SGD model, or every_optimizer.h's).
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "api/handles.h"
+#include "every_optimizer_io.h"
 #include "golden_model.h"
 #include "sx/sx.h"
 
@@ -98,13 +100,20 @@ int rank_main(const std::string &out, int rank, int world, int stage, int shard_
 }  // namespace
 
 int main(int argc, char **argv) {
+    const bool every_optimizer = argc > 1 && std::string(argv[1]) == "--every-optimizer";
+    if (every_optimizer) --argc, ++argv;
     if (argc < 3 || argc > 5) {
-        std::fprintf(stderr, "usage: %s OUT_DIR WORLD_SIZE [STAGE [SHARD_SIZE]]\n", argv[0]);
+        std::fprintf(stderr, "usage: make_golden [--every-optimizer] OUT_DIR WORLD_SIZE [STAGE [SHARD_SIZE]]\n");
         return 2;
     }
     const int world = std::atoi(argv[2]);
     const int stage = argc >= 4 ? std::atoi(argv[3]) : 2;
     const int shard = argc == 5 ? std::atoi(argv[4]) : 0;
+    if (every_optimizer) {
+        const std::string err = sxgolden3::write(argv[1], world, stage, shard);
+        if (!err.empty()) std::fprintf(stderr, "make_golden: %s\n", err.c_str());
+        return err.empty() ? 0 : 1;
+    }
     std::vector<int> rc(world, 1);
     std::vector<std::thread> ts;
     for (int r = 0; r < world; ++r) ts.emplace_back([&, r] { rc[r] = rank_main(argv[1], r, world, stage, shard); });

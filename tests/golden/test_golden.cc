@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "api/handles.h"
+#include "every_optimizer.h"
+#include "every_optimizer_io.h"
 #include "golden_model.h"
 #include "sx/sx.h"
 // Last: CMocka defines a fail() macro.
@@ -149,6 +151,27 @@ void test_golden_v2_0_mesh_stage3_loads_bit_for_bit(void **) {
     expect_golden(std::string(SX_GOLDEN_DIR) + "/v2.0/adamw-sgd-w6-mesh3x2-stage3", {{1, 0}, {2, 0}, {4, 2}, {6, 3}});
 }
 
+// Format 3.0, saved by sx 1.6.0 on 3 ranks at stage 2: a param group of every built-in
+// optimizer and one of a registered optimizer (every_optimizer.h), with the state that
+// only 3.0 holds (Adafactor's factored moments in the MANIFEST, NAdam's mu_product, LAMB's
+// and AdEMAMix's group step counts, a custom optimizer's named slots).
+void test_golden_v3_0_every_optimizer_loads_bit_for_bit(void **) {
+    const std::string dir = std::string(SX_GOLDEN_DIR) + "/v3.0/every-optimizer-w3-stage2";
+    for (int stage = 1; stage <= 3; ++stage)
+        for (Mesh mesh : std::vector<Mesh>{{1, 0}, {2, 0}, {4, 2}, {5, 0}})
+            for (bool split : {false, true}) {
+                const std::string err = sxgolden3::load_and_check(dir, mesh.world, mesh.shard, stage, split);
+                if (!err.empty())
+                    fail_msg("%s into stage %d, world %d (shard size %d)%s: %s", dir.c_str(), stage, mesh.world,
+                             mesh.shard, split ? " (units split)" : "", err.c_str());
+            }
+    char blob[64];
+    uint64_t size = 0;
+    assert_int_equal(sx_read_user_blob(dir.c_str(), blob, sizeof blob, &size), SX_OK);
+    assert_int_equal(size, std::strlen(sxgolden3::kUserBlob));
+    assert_memory_equal(blob, sxgolden3::kUserBlob, size);
+}
+
 }  // namespace
 
 int main(void) {
@@ -157,6 +180,7 @@ int main(void) {
         cmocka_unit_test(test_golden_v1_1_stage3_loads_bit_for_bit),
         cmocka_unit_test(test_golden_v1_2_mesh_loads_bit_for_bit),
         cmocka_unit_test(test_golden_v2_0_mesh_stage3_loads_bit_for_bit),
+        cmocka_unit_test(test_golden_v3_0_every_optimizer_loads_bit_for_bit),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

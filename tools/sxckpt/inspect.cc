@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 
 #include "checkpoint_dir.h"
 #include "commands.h"
@@ -67,19 +68,31 @@ std::string pad(const std::string &s, size_t w, bool right = false) {
     return right ? fill + s : s + fill;
 }
 
+std::string text(double v) { return shortest_double(v); }
+std::string text(bool v) { return v ? "true" : "false"; }
+
 std::string hyper_text(const ckpt::ParamGroupEntry &g) {
     const auto d = [](double v) { return shortest_double(v); };
-    const auto b = [](bool v) { return std::string(v ? "true" : "false"); };
     if (g.optimizer == ckpt::kCustomOptimizer) {
         std::string out = "(custom) lr=" + d(g.lr);
         for (size_t i = 0; i < g.custom_names.size(); ++i) out += " " + g.custom_names[i] + "=" + d(g.custom_values[i]);
         return out;
     }
-    if (g.optimizer == SX_OPTIM_SGD)
-        return "lr=" + d(g.lr) + " momentum=" + d(g.momentum) + " dampening=" + d(g.dampening) +
-               " weight_decay=" + d(g.weight_decay) + " nesterov=" + b(g.nesterov) + " maximize=" + b(g.maximize);
-    return "lr=" + d(g.lr) + " betas=(" + d(g.beta1) + ", " + d(g.beta2) + ") eps=" + d(g.eps) +
-           " weight_decay=" + d(g.weight_decay) + " amsgrad=" + b(g.amsgrad) + " maximize=" + b(g.maximize);
+    // The hyperparameters of the group's optimizer (the table's, in its order; beta1 and
+    // beta2 as torch's betas pair).
+    const optim::Kind kind = static_cast<optim::Kind>(g.optimizer);
+    std::string out;
+    const auto item = [&](const char *name, auto v) {
+        if (std::strcmp(name, "beta2") == 0) return;
+        if (!out.empty()) out += " ";
+        out += std::strcmp(name, "beta1") == 0 ? "betas=(" + d(v) + ", " + d(g.beta2) + ")"
+                                               : std::string(name) + "=" + text(v);
+    };
+#define SX_TEXT(name, type, dflt, key, rule) \
+    if (optim::applies_to(key, kind)) item(#name, g.name);
+    SX_HYPERPARAMETERS(SX_TEXT)
+#undef SX_TEXT
+    return out;
 }
 
 void print_text(const CheckpointDir &c, const std::vector<FileInfo> &files) {
