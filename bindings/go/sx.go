@@ -31,7 +31,7 @@ import (
 // Versions this binding was written against.
 const (
 	VersionMajor  = 1
-	VersionMinor  = 5
+	VersionMinor  = 6
 	VersionPatch  = 0
 	VersionNumber = VersionMajor*10000 + VersionMinor*100 + VersionPatch
 )

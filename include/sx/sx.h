@@ -29,7 +29,7 @@
  * ------------------------------------------------------------------------------- */
 
 #define SX_VERSION_MAJOR 1
-#define SX_VERSION_MINOR 5
+#define SX_VERSION_MINOR 6
 #define SX_VERSION_PATCH 0
 #define SX_VERSION_NUMBER (SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH)
 

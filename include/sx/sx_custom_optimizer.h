@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-/* ---- Custom optimizers (1.5) ---------------------------------------------------------
+/* ---- Custom optimizers (1.6) ---------------------------------------------------------
  * A trainer brings its own elementwise optimizer: its name, its state slots and its
  * hyperparameters, and an update function that sx calls on its worker threads with one
  * contiguous piece of this rank's shard at a time. sx allocates, shards, steps,

@@ -171,7 +171,7 @@ typedef struct sx_group_config {
     /* The most events the trace keeps: a ring, whose oldest events go first (the file
      * says how many went). 0 = 65536; at most 16777216 (2^24). */
     int32_t trace_events;
-    /* How CPU ranks exchange (1.5): SX_TRANSPORT_AUTO (0) = through shared memory where
+    /* How CPU ranks exchange (1.6): SX_TRANSPORT_AUTO (0) = through shared memory where
      * every rank of a communicator runs on this host (processes or threads; the ranks
      * compare their hosts' identities), else Gloo's TCP; SX_TRANSPORT_TCP = Gloo's TCP
      * always. The environment variable SX_SHARED_MEMORY=0 has AUTO act as TCP. Every rank

@@ -33,18 +33,18 @@ extern "C" {
 #define SX_OPTIM_LION 9    /* Lion (Chen et al. 2023), as the lion-pytorch package's Lion */
 /* LAMB (You et al. 2020), as the pytorch-optimizer package's Lamb (4.1.0): Adam's
  * direction scaled per param by a trust ratio from the norms of the whole param and of
- * its update, which sx sums over every rank's piece. CPU groups only (1.5). */
+ * its update, which sx sums over every rank's piece. CPU groups only (1.6). */
 #define SX_OPTIM_LAMB 10
 /* Muon, as torch.optim.Muon: momentum, then each 2-D param's whole matrix orthogonalised
  * by Newton-Schulz iterations (in bf16 arithmetic, as torch's) on one rank, which returns
  * each rank its piece of the update. 2-D params only (sx_finalize refuses others: give
- * them a param group of another optimizer, AdamW as usual). CPU groups only (1.5). */
+ * them a param group of another optimizer, AdamW as usual). CPU groups only (1.6). */
 #define SX_OPTIM_MUON 11
 /* Adafactor, as torch.optim.Adafactor: a param of two or more dimensions keeps the means
  * of its squared gradient over its rows and over its columns (factored second moments,
  * far less state than Adam's), a 0-D or 1-D one a second moment per element; each
  * update is scaled by the param's RMS and clipped by its own RMS, sums that sx takes
- * over every rank's piece. CPU groups only (1.5). */
+ * over every rank's piece. CPU groups only (1.6). */
 #define SX_OPTIM_ADAFACTOR 12
 /* AdEMAMix (Pagliardini et al. 2024), as the pytorch-optimizer package's AdEMAMix
  * (4.1.0): Adam's fast moment plus alpha times a slow one (beta3), with its optional
@@ -105,13 +105,13 @@ typedef struct sx_param_group_desc {
     double initial_accumulator_value; /* Adagrad */
     double alpha;                   /* RMSprop */
     double momentum_decay;          /* NAdam */
-    /* Appended in 1.5: Muon's (defaults 3.4445, -4.7750, 2.0315; 5; ORIGINAL). */
+    /* Appended in 1.6: Muon's (defaults 3.4445, -4.7750, 2.0315; 5; ORIGINAL). */
     double ns_a, ns_b, ns_c;        /* Muon: Newton-Schulz coefficients */
     int32_t ns_steps;               /* Muon: Newton-Schulz iterations, 1 to 99 */
     int32_t adjust_lr;              /* Muon: SX_MUON_ADJUST_LR_* */
-    /* Appended in 1.5: Adafactor's (defaults -0.8, 1e-3, 1.0); its eps1 is eps. */
+    /* Appended in 1.6: Adafactor's (defaults -0.8, 1e-3, 1.0); its eps1 is eps. */
     double beta2_decay, eps2, d;
-    /* Appended after 1.5: AdEMAMix's (defaults 0.9999 and 0: no warmup); its alpha is alpha. */
+    /* Appended in 1.6: AdEMAMix's (defaults 0.9999 and 0: no warmup); its alpha is alpha. */
     double beta3, t_alpha_beta3;
 } sx_param_group_desc_t;
 

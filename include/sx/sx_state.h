@@ -85,13 +85,13 @@ typedef struct sx_param_state {
     const char *const *tensor_names; /* num_tensors names, owned by sx */
     float *const *tensors;           /* num_tensors arrays of numel fp32 in host memory, owned
                                       * by sx, valid for the call */
-    /* Appended in 1.5. NAdam: torch's state["mu_product"], the product of the param's
+    /* Appended in 1.6. NAdam: torch's state["mu_product"], the product of the param's
      * momentum coefficients (a float32 value, in (0, 1]); 0 for other optimizers. A
      * scatter's callback may leave it 0 (as sx presets it): sx then derives it from step
      * with the group's beta1 and momentum_decay, which is torch's value unless those
      * changed during training. */
     double mu_product;
-    /* Appended in 1.5: each tensor's element count, num_tensors of them (owned by sx).
+    /* Appended in 1.6: each tensor's element count, num_tensors of them (owned by sx).
      * numel for every tensor but Adafactor's factored moments of a param of shape
      * [..., R, C] (two or more dimensions), which are not param-shaped: "row_var",
      * prod(shape[:-1]) values (torch's shape [..., R, 1]), and "col_var",

@@ -55,7 +55,7 @@ typedef int32_t sx_status_t;
 #define SX_ERR_INTERNAL 16        /* a bug in sx; please report it with the message */
 #define SX_ERR_CANCELLED 17       /* the operation was cancelled */
 #define SX_ERR_NONFINITE 18       /* gradients hold inf or NaN (sx_step with SX_NONFINITE_ERROR) (1.5) */
-#define SX_ERR_OPTIMIZER 19       /* a custom optimizer's update reported failure; the step changed nothing (1.5) */
+#define SX_ERR_OPTIMIZER 19       /* a custom optimizer's update reported failure; the step changed nothing (1.6) */
 
 /* Static text naming a status ("SX_ERR_TIMEOUT: ..."). Never NULL. Any thread. */
 SX_API const char *sx_status_string(sx_status_t status);

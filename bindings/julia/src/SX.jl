@@ -23,7 +23,7 @@ export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, par
 # The ABI version this binding was written against (sx.h's SX_VERSION_*): the runtime's
 # major must match and its minor must not be older.
 const SX_VERSION_MAJOR = 1
-const SX_VERSION_MINOR = 5
+const SX_VERSION_MINOR = 6
 const SX_VERSION_PATCH = 0
 const SX_VERSION_NUMBER = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH
 const BINDING_VERSION = (SX_VERSION_MAJOR, SX_VERSION_MINOR)

@@ -1,7 +1,7 @@
 # Part of module SX (src/SX.jl includes it): custom optimizers.
 
 # ----------------------------------------------------------------------------------
-# Custom optimizers (sx 1.5)
+# Custom optimizers (sx 1.6)
 # ----------------------------------------------------------------------------------
 """
     OptimizerPiece

@@ -19,7 +19,7 @@ BINDING_VERSION = (1, 5)
 # Constants (sx.h #defines); tests/test_layout.py checks each against sx_layout.json.
 # ----------------------------------------------------------------------------------
 SX_VERSION_MAJOR = 1
-SX_VERSION_MINOR = 5
+SX_VERSION_MINOR = 6
 SX_VERSION_PATCH = 0
 SX_VERSION_NUMBER = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH
 

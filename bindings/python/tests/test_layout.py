@@ -62,9 +62,11 @@ class LayoutTest(unittest.TestCase):
                 self.assertEqual(_lib.init_struct(cls, *extra).struct_size, ctypes.sizeof(cls))
 
     def test_version_check(self):
-        _lib.check_version(10500)   # 1.5.0
-        _lib.check_version(10605)   # a newer minor is fine
-        with self.assertRaisesRegex(sx.LibraryError, r"1\.4\.0 does not fit .* x >= 5"):
+        _lib.check_version(10600)   # 1.6.0
+        _lib.check_version(10705)   # a newer minor is fine
+        with self.assertRaisesRegex(sx.LibraryError, r"1\.5\.0 does not fit .* x >= 6"):
+            _lib.check_version(10500)  # an older minor lacks this binding's calls
+        with self.assertRaisesRegex(sx.LibraryError, r"1\.4\.0 does not fit .* x >= 6"):
             _lib.check_version(10400)  # an older minor lacks this binding's calls
         with self.assertRaisesRegex(sx.LibraryError, "2.0.0"):
             _lib.check_version(20000)

@@ -7,7 +7,7 @@
 use std::os::raw::{c_char, c_void};
 
 pub const SX_VERSION_MAJOR: u32 = 1;
-pub const SX_VERSION_MINOR: u32 = 5;
+pub const SX_VERSION_MINOR: u32 = 6;
 pub const SX_VERSION_PATCH: u32 = 0;
 pub const SX_VERSION_NUMBER: u32 = SX_VERSION_MAJOR * 10000 + SX_VERSION_MINOR * 100 + SX_VERSION_PATCH;
 
