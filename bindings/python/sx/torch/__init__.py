@@ -45,7 +45,7 @@ from ..group import ShardGroup
 from ..optimizers import register_optimizer  # noqa: F401  importable from sx.torch, as it always was
 from ._clip import _live  # importing it wraps torch's clip_grad_norm_
 from ._hooks import _Hooks
-from ._kinds import _hyper, _instance_counter, _instances, _kind_of
+from ._kinds import _GROUP_STEP, _hyper, _instance_counter, _instances, _kind_of, _kwargs_options
 from ._mixed_precision import _MixedPrecision, _cast_inputs, _dtype_choice
 from ._params import _Params, _wrap_units
 from ._state_dicts import _StateDicts
@@ -67,10 +67,11 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, torch.opti
     ``(name, tensor)`` pairs, or of param group dicts, as torch's optimizers take them.
     Names key sx's checkpoints; unnamed params are called "param.<i>". Every rank must
     give the same params in the same order. ``optimizer_class``: torch.optim.SGD, Adam,
-    AdamW, Adagrad, RMSprop, Adamax, NAdam, RAdam, Muon, Adafactor (where torch has them)
-    or lion_pytorch.Lion, each run by sx's own kernels (docs/optimizers.md: what each
-    takes, and where sx and the class differ); ``defaults``: its keyword arguments (lr,
-    betas, eps, weight_decay, momentum, ...), with the class's own defaults for the rest.
+    AdamW, Adagrad, RMSprop, Adamax, NAdam, RAdam, Muon, Adafactor (where torch has them),
+    lion_pytorch.Lion, pytorch_optimizer.Lamb or AdEMAMix, each run by sx's own kernels
+    (docs/optimizers.md: what each takes, and where sx and the class differ); ``defaults``:
+    its keyword arguments (lr, betas, eps, weight_decay, momentum, ...), with the class's
+    own defaults for the rest.
     Other elementwise torch.optim.Optimizer classes run on each rank's shard; one that
     needs each param whole otherwise (LBFGS, SparseAdam) is refused.
 
@@ -135,7 +136,7 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, torch.opti
         signature = inspect.signature(optimizer_class.__init__)
         full = {k: p.default for k, p in signature.parameters.items()
                 if k not in ("self", "params") and p.default is not inspect.Parameter.empty}
-        unknown = sorted(set(defaults) - set(full))
+        unknown = sorted(set(defaults) - set(full) - set(_kwargs_options(optimizer_class)))
         if unknown:
             raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
                                        f"{optimizer_class.__name__} has no argument(s) {unknown}")
@@ -157,6 +158,9 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, torch.opti
         self._grads = []       # per param: the grad tensor over sx's memory
         self._pushed = []      # per group: the hyperparameters sx has
         self._consolidated = None
+        # Per-group step counts (_GROUP_STEP): groups whose count sx.torch does not know,
+        # after load() (see _StateDicts.load).
+        self._steps_unknown = set()
         self._clean = False    # the grads are known to be zero (after a step or zero_grad)
         self._finalized = False
         self._overlap = bool(overlap)
@@ -300,6 +304,12 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, torch.opti
                                "reduced by the first backward outside it, or by a step outside it")
         result = self.group.step(max_grad_norm=self.max_grad_norm, weight=weight, nonfinite=self._nonfinite)
         self.grad_norm = result.grad_norm
+        if self._kind in _GROUP_STEP and not result.skipped:
+            # The class counts a step in every param group, as sx does, whether or not its
+            # params were updated: its "step", its bias corrections' t.
+            for gi, group in enumerate(self.param_groups):
+                if gi not in self._steps_unknown:
+                    group["step"] = group.get("step", 0) + 1
         for norm in self._norms_due:
             norm.fill_(result.grad_norm)
         self._norms_due = []

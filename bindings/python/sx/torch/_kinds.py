@@ -26,6 +26,14 @@ try:
     _KINDS[_Lion] = "lion"
 except ImportError:
     _Lion = None
+# pytorch-optimizer's Lamb and AdEMAMix, where it is installed: run on pieces of a shard,
+# as other classes are, each piece would take its own trust ratio (a norm over the whole
+# param) and its own step count (theirs is the param group's).
+try:
+    from pytorch_optimizer import AdEMAMix as _AdEMAMix, Lamb as _Lamb
+    _KINDS[_Lamb], _KINDS[_AdEMAMix] = "lamb", "ademamix"
+except ImportError:
+    _Lamb = _AdEMAMix = None
 # Each kind's param group keys besides lr, weight_decay and maximize, as torch names them
 # ("betas" is sx's beta1 and beta2; Adafactor's "eps" its eps and eps2).
 _KEYS = {"sgd": ("momentum", "dampening", "nesterov"), "adam": ("betas", "eps", "amsgrad"),
@@ -34,8 +42,37 @@ _KEYS = {"sgd": ("momentum", "dampening", "nesterov"), "adam": ("betas", "eps", 
          "nadam": ("betas", "eps", "momentum_decay", "decoupled_weight_decay"),
          "radam": ("betas", "eps", "decoupled_weight_decay"), "lion": ("betas",),
          "muon": ("momentum", "nesterov", "eps", "ns_coefficients", "ns_steps", "adjust_lr_fn"),
-         "adafactor": ("beta2_decay", "eps", "d")}
-_FLAGS = ("nesterov", "amsgrad", "centered", "decoupled_weight_decay", "maximize")
+         "adafactor": ("beta2_decay", "eps", "d"), "lamb": ("betas", "eps", "weight_decouple"),
+         "ademamix": ("betas", "eps", "alpha", "t_alpha_beta3", "weight_decouple")}
+_FLAGS = ("nesterov", "amsgrad", "centered", "decoupled_weight_decay", "maximize", "weight_decouple")
+# Keys a class names otherwise than sx (pytorch-optimizer's decoupled weight decay).
+_SX_NAMES = {"weight_decouple": "decoupled_weight_decay"}
+# Kinds that count steps per param group, not per param (pytorch-optimizer's: the group's
+# "step" is their bias corrections' t, and AdEMAMix's warmup's).
+_GROUP_STEP = ("lamb", "ademamix")
+# The class's constructor arguments it keeps as attributes, not in its param groups
+# (ShardedOptimizer's groups hold them, as every constructor argument; its state dicts
+# leave them out, as the class's do).
+_CONSTRUCTOR_ONLY = {"lamb": ("maximize", "pre_norm", "degenerated_to_sgd", "n_sma_threshold"),
+                     "ademamix": ("maximize",)}
+# Options of pytorch-optimizer's classes that sx follows at one value (docs/optimizers.md):
+# a constructor or a param group that sets another is refused, with what to do instead.
+# Lamb's adam_debias and adanorm and AdEMAMix's cautious and stable_adamw come through the
+# classes' **kwargs into their param groups.
+_FIXED = {
+    "lamb": {"grad_averaging": (True, "sx's LAMB weighs each gradient by 1 - beta1 in exp_avg; leave it True"),
+             "fixed_decay": (False, "for a weight decay that does not scale with the lr, pass weight_decay / lr "
+                                    "(the same while the lr stays the constructor's)"),
+             "rectify": (False, "sx's LAMB has no RAdam rectification; leave it False"),
+             "adam": (False, "sx's LAMB scales every update by its trust ratio; leave it False"),
+             "adam_debias": (False, "sx's LAMB divides the step size by 1 - beta1^t; leave it False"),
+             "adanorm": (False, "sx's LAMB has no AdaNorm; leave it False"),
+             "pre_norm": (False, "clip the gradients with ShardedOptimizer's max_grad_norm instead")},
+    "ademamix": {"fixed_decay": (False, "for a weight decay that does not scale with the lr, pass weight_decay / lr "
+                                        "with weight_decouple=True (the same while the lr stays the constructor's)"),
+                 "cautious": (False, "sx's AdEMAMix has no cautious masking; leave it False"),
+                 "stable_adamw": (False, "sx's AdEMAMix has no StableAdamW scaling; leave it False")}}
+_CLASS_NAMES = {"lamb": "Lamb", "ademamix": "AdEMAMix"}
 # torch classes that need a whole param at once in a way sx does not run (Muon and
 # Adafactor it does).
 _WHOLE_PARAM = tuple(getattr(torch.optim, n) for n in ("LBFGS", "SparseAdam")
@@ -49,15 +86,31 @@ _ADJUST_LR_FN = {None: 0, "original": 0, "match_rms_adamw": 1, "spectral_unclamp
 _ADAFACTOR_EPS1 = 2.0 ** -23
 
 
+def _check_fixed(kind, options):
+    """Refuses an option (a constructor's or a param group's) that sx's optimizer does not
+    follow at the value given."""
+    for key, (fixed, instead) in _FIXED.get(kind, {}).items():
+        if key in options and bool(options[key]) != fixed:
+            name = _CLASS_NAMES[kind]
+            raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
+                                   f"{name}'s {key}={options[key]!r}: sx runs {name} with {key}={fixed} only; "
+                                   f"{instead}")
+
+
 def _hyper(kind, group):
     """sx's hyperparameters of a torch param group (every key sx's optimizer takes; a
     key the group lacks, as lion-pytorch's lacks maximize, keeps sx's default)."""
+    _check_fixed(kind, group)
     h = {"lr": float(group["lr"]), "weight_decay": float(group.get("weight_decay", 0.0)),
          "maximize": bool(group.get("maximize", False))}
     for key in _KEYS[kind]:
-        if key == "betas":
+        if key == "betas" and kind == "ademamix":  # its (beta1, beta2, beta3)
+            h["beta1"], h["beta2"], h["beta3"] = (float(b) for b in group["betas"])
+        elif key == "betas":
             if "betas" in group:
                 h["beta1"], h["beta2"] = (float(b) for b in group["betas"])
+        elif key == "t_alpha_beta3":  # None: no warmup, sx's 0
+            h[key] = 0.0 if group[key] is None else float(group[key])
         elif key == "ns_coefficients":
             h["ns_a"], h["ns_b"], h["ns_c"] = (float(c) for c in group[key])
         elif key == "ns_steps":
@@ -68,13 +121,13 @@ def _hyper(kind, group):
             eps1, eps2 = group[key]
             h["eps"], h["eps2"] = _ADAFACTOR_EPS1 if eps1 is None else float(eps1), float(eps2)
         elif key in group:
-            h[key] = bool(group[key]) if key in _FLAGS else float(group[key])
+            h[_SX_NAMES.get(key, key)] = bool(group[key]) if key in _FLAGS else float(group[key])
     return h
 
 
 def _supported():
     def where(c):
-        return "torch.optim" if c.__module__.startswith("torch.optim") else c.__module__.rsplit(".", 1)[0]
+        return "torch.optim" if c.__module__.startswith("torch.optim") else c.__module__.split(".", 1)[0]
     return ", ".join(f"{where(c)}.{c.__name__}" for c in _KINDS)
 
 
@@ -183,4 +236,11 @@ def _kind_of(optimizer_class, defaults):
         raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
                                "Lion's decoupled_weight_decay=True divides weight_decay by the constructor's lr; "
                                "pass weight_decay / lr and decoupled_weight_decay=False")
+    _check_fixed(kind, defaults)
     return kind
+
+
+def _kwargs_options(optimizer_class):
+    """The options of `optimizer_class` that sx checks (_FIXED), which a class may take
+    through its **kwargs rather than by name."""
+    return tuple(_FIXED.get(_KINDS.get(optimizer_class), ()))

@@ -5,7 +5,7 @@ import torch
 from .. import _lib
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..group import _DTYPES as _SX_DTYPES
-from ._kinds import _IGNORED, _INSTANCE_KEY, _hyper
+from ._kinds import _FIXED, _IGNORED, _INSTANCE_KEY, _hyper
 from ._mixed_precision import _DTYPES
 
 
@@ -83,7 +83,8 @@ class _Params:
                                        f"{self._compute_dtype(p)}: torch's autograd keeps a .grad in its param's "
                                        "dtype (reduce_dtype=torch.float32 reduces 16-bit gradients in fp32)")
         for key in group:
-            if key not in _IGNORED and key != "params" and key not in self.defaults:
+            if (key not in _IGNORED and key != "params" and key not in self.defaults
+                    and key not in _FIXED.get(self._kind, ())):  # those _hyper refuses naming them
                 raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"unknown param group key {key!r}")
         super().add_param_group(group)  # torch's checks and defaults
         try:

@@ -2,7 +2,8 @@
 one rank, loaded into every rank's shard) and sx's own checkpoints."""
 import torch
 
-from ._kinds import _ADAFACTOR_EPS1, _ADJUST_LR_FN, _FLAGS, _INSTANCE_KEY, _KEYS, _hyper
+from ._kinds import (_ADAFACTOR_EPS1, _ADJUST_LR_FN, _CONSTRUCTOR_ONLY, _FLAGS, _GROUP_STEP, _INSTANCE_KEY, _KEYS,
+                     _SX_NAMES, _hyper)
 from ._mixed_precision import _as_array
 
 
@@ -50,7 +51,9 @@ class _StateDicts:
                 if "momentum_buffer" in st.tensors and st.momentum_steps > 0:
                     entry["momentum_buffer"] = torch.from_numpy(st.tensors["momentum_buffer"]).view(p.shape).clone()
             elif st.step > 0:
-                if self._kind not in ("lion", "muon"):  # lion-pytorch and torch's Muon keep no step
+                # lion-pytorch and torch's Muon keep no step; pytorch-optimizer's Lamb and
+                # AdEMAMix keep theirs in the param group
+                if self._kind not in ("lion", "muon") + _GROUP_STEP:
                     entry["step"] = torch.tensor(float(st.step), dtype=torch.float32)
                 for name, values in st.tensors.items():
                     if name != "master":
@@ -62,8 +65,16 @@ class _StateDicts:
             if entry:
                 state[i] = entry
         groups, index = [], 0
-        for group in self.param_groups:
-            g = {k: v for k, v in group.items() if k != "params"}
+        skip = ("params",) + _CONSTRUCTOR_ONLY.get(self._kind, ())
+        for gi, group in enumerate(self.param_groups):
+            g = {k: v for k, v in group.items() if k not in skip}
+            if self._kind in _GROUP_STEP and gi in self._steps_unknown:
+                # The most updates a param of the group has had: its count, but where every
+                # param of it sat out steps while it counted on (sx's own rule for a
+                # whole-state scatter).
+                step = max((st.step for st in states if st.param_group == gi), default=0)
+                if step > 0:
+                    g["step"] = step
             g["params"] = list(range(index, index + len(group["params"])))
             index += len(group["params"])
             groups.append(g)
@@ -84,6 +95,8 @@ class _StateDicts:
         # torch's indices in the dict's groups, in our order
         order = [i for g in groups for i in g["params"]]
         for mine, theirs in zip(self.param_groups, groups):
+            if self._kind in _GROUP_STEP:
+                mine.pop("step", None)  # the dict's, or none before the class's first step
             for key, value in theirs.items():
                 if key != "params":
                     mine[key] = value
@@ -92,6 +105,14 @@ class _StateDicts:
         self._push_hyperparameters()
         saved = state_dict["state"]
         kind = self._kind
+        group_steps, stateful = [], set()
+        if kind in _GROUP_STEP:
+            # The class counts steps per group: a param with state takes its group's count,
+            # which sx's scatter gives the group (the most of its params'). A group none of
+            # whose params has state yet gives every param its count (their state stays
+            # zero, as the class would create it).
+            group_steps = [int(g.get("step", 0)) for g in groups]
+            stateful = {gi for gi, g in enumerate(groups) for i in g["params"] if saved.get(i)}
 
         def fill(st):
             entry = saved.get(order[st.index], {})
@@ -109,6 +130,8 @@ class _StateDicts:
             if kind == "sgd":
                 st.momentum_steps = 1 if entry.get("momentum_buffer") is not None else 0
                 st.step = st.momentum_steps
+            elif kind in _GROUP_STEP:
+                st.step = group_steps[st.param_group] if entry or st.param_group not in stateful else 0
             else:
                 step = entry.get("step", 0)
                 st.step = int(step.item() if isinstance(step, torch.Tensor) else step)
@@ -117,6 +140,7 @@ class _StateDicts:
 
         with self.full_params():  # stage 3: the masters' values are read from the params
             self.group.scatter_optim_state(fill if self.group.rank == 0 else None, root=0)
+        self._steps_unknown.clear()
         self._consolidated = None
 
     # -- sx checkpoints -------------------------------------------------------------
@@ -127,16 +151,25 @@ class _StateDicts:
 
     def load(self, path, **options):
         """Collective: loads an sx checkpoint saved at any world size into the params and
-        the state; the param groups' hyperparameters follow it."""
+        the state; the param groups' hyperparameters follow it. (Lamb and AdEMAMix: sx
+        restores each param group's step count, which the binding does not read back; a
+        group's "step" in state_dict() is then the most updates any of its params has had.)"""
         self.group.load(path, **options)
         for gi, group in enumerate(self.param_groups):
             def get(key, gi=gi):
-                return self.group.get_hyperparameter(gi, key)
+                return self.group.get_hyperparameter(gi, _SX_NAMES.get(key, key))
+            if self._kind in _GROUP_STEP and not options.get("params_only"):
+                group.pop("step", None)
+                self._steps_unknown.add(gi)
             for key in ("lr", "weight_decay", "maximize") + _KEYS[self._kind]:
                 if key not in group:
                     continue
-                if key == "betas":
+                if key == "betas" and self._kind == "ademamix":
+                    group["betas"] = (get("beta1"), get("beta2"), get("beta3"))
+                elif key == "betas":
                     group["betas"] = (get("beta1"), get("beta2"))
+                elif key == "t_alpha_beta3":  # sx's 0: no warmup, the class's None
+                    group[key] = get(key) or None
                 elif key == "ns_coefficients":
                     group[key] = (get("ns_a"), get("ns_b"), get("ns_c"))
                 elif key == "ns_steps":
