@@ -556,6 +556,16 @@ func (g *ShardGroup) GetHyperparameter(paramGroup int32, key Hyperparameter) (fl
 	return float64(v), err
 }
 
+// ParamGroupSteps is the steps a param group took since it was added (LAMB's and
+// AdEMAMix's bias corrections count them; a skipped step does not).
+func (g *ShardGroup) ParamGroupSteps(paramGroup int32) (int64, error) {
+	var steps C.int64_t
+	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t {
+		return C.sx_get_param_group_steps(raw, C.int32_t(paramGroup), &steps)
+	})
+	return int64(steps), err
+}
+
 // SetLR sets a param group's learning rate.
 func (g *ShardGroup) SetLR(paramGroup int32, lr float64) error {
 	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t {

@@ -262,6 +262,12 @@ func TestFourRanksTrainAndTheLossFalls(t *testing.T) {
 		if !reflect.DeepEqual(frozen, frozen0) {
 			return fmt.Errorf("the frozen param changed")
 		}
+		if n, err := g.ParamGroupSteps(0); err != nil || n != 30 {
+			return fmt.Errorf("ParamGroupSteps(0) = %d, %v after 30 steps", n, err)
+		}
+		if _, err := g.ParamGroupSteps(1); statusOf(err) != ErrInvalidArgument {
+			return fmt.Errorf("ParamGroupSteps(1) of a group with one param group gave %v", err)
+		}
 		info, err := g.ParamInfo(0)
 		if err != nil || info.Name != "w" || !reflect.DeepEqual(info.Shape, []int64{nW}) {
 			return fmt.Errorf("ParamInfo(0) = %+v, %v", info, err)

@@ -151,6 +151,13 @@ SX_API sx_status_t sx_get_hyperparameter(const sx_shard_group_t *group, int32_t 
                                          int32_t key, double *value);
 /* Shorthand for sx_set_hyperparameter(group, param_group, SX_HP_LR, lr). */
 SX_API sx_status_t sx_set_lr(sx_shard_group_t *group, int32_t param_group, double lr);
+/* The steps param group `param_group` took since it was added, whether or not its params
+ * were updated (LAMB's and AdEMAMix's bias corrections count them: pytorch-optimizer's
+ * group['step']); a skipped step does not count. Restored by sx_load_optim_state; set by
+ * sx_scatter_optim_state, for an optimizer that counts steps per group, to the most steps
+ * any of the group's params was given. Errors: a param group index out of range
+ * (SX_ERR_INVALID_ARGUMENT), steps NULL. (1.6) */
+SX_API sx_status_t sx_get_param_group_steps(const sx_shard_group_t *group, int32_t param_group, int64_t *steps);
 
 /* ---------------------------------------------------------------------------------
  * Params

@@ -234,6 +234,19 @@ SX_API sx_status_t sx_get_hyperparameter(const sx_shard_group_t *group, int32_t 
     });
 }
 
+SX_API sx_status_t sx_get_param_group_steps(const sx_shard_group_t *group, int32_t param_group, int64_t *steps) {
+    return guard(__func__, [&]() -> Status {
+        sx::core::ShardGroup *g;
+        SX_TRY(resolve(group, &g));
+        SX_CHECK_ARG(steps != nullptr, "steps is NULL");
+        const int32_t n = g->table().num_groups();
+        SX_CHECK_ARG(param_group >= 0 && param_group < n, "param_group %d is not one of this group's %d param groups",
+                     param_group, n);
+        *steps = g->table().groups()[static_cast<size_t>(param_group)].steps;
+        return Status::Ok();
+    });
+}
+
 SX_API sx_status_t sx_set_lr(sx_shard_group_t *group, int32_t param_group, double lr) {
     return guard(__func__, [&]() -> Status {
         sx::core::ShardGroup *g;

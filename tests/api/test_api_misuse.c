@@ -196,12 +196,14 @@ static void expect_handle_rejected(sx_shard_group_t *h, sx_status_t want, const 
     EXPECT_OK(sx_unit_info_init(&ui, sizeof ui));
     int32_t i32 = 12345;
     double d = 42.0;
+    int64_t steps = 0;
     uint8_t *mask = (uint8_t *)&i32;
 
     EXPECT_STATUS(sx_abort(h), want, needle);
     EXPECT_STATUS(sx_add_param_group(h, &pgd, &i32), want, needle);
     EXPECT_STATUS(sx_set_hyperparameter(h, 0, SX_HP_LR, 0.5), want, needle);
     EXPECT_STATUS(sx_get_hyperparameter(h, 0, SX_HP_LR, &d), want, needle);
+    EXPECT_STATUS(sx_get_param_group_steps(h, 0, &steps), want, needle);
     EXPECT_STATUS(sx_set_lr(h, 0, 0.5), want, needle);
     EXPECT_STATUS(sx_add_param(h, &pd, &i32), want, needle);
     EXPECT_STATUS(sx_finalize(h), want, needle);
@@ -478,6 +480,9 @@ static void test_hyperparameter_errors(void **state) {
     EXPECT_STATUS(sx_set_hyperparameter(g, 0, SX_HP_LR, 0.1), SX_ERR_INVALID_ARGUMENT, "param group");
     EXPECT_STATUS(sx_get_hyperparameter(g, 0, SX_HP_LR, &v), SX_ERR_INVALID_ARGUMENT, "param group");
     assert_true(v == -5.0);
+    int64_t steps = -5;
+    EXPECT_STATUS(sx_get_param_group_steps(g, 0, &steps), SX_ERR_INVALID_ARGUMENT, "param group");
+    assert_true(steps == -5);
 
     const int32_t adamw = api_add_group(g, SX_OPTIM_ADAMW);
     const int32_t sgd = api_add_group(g, SX_OPTIM_SGD);
@@ -511,6 +516,10 @@ static void test_hyperparameter_errors(void **state) {
     }
     assert_true(v == -5.0);
     EXPECT_STATUS(sx_get_hyperparameter(g, adamw, SX_HP_LR, NULL), SX_ERR_INVALID_ARGUMENT, "value");
+    EXPECT_STATUS(sx_get_param_group_steps(g, adamw, NULL), SX_ERR_INVALID_ARGUMENT, "steps is NULL");
+    EXPECT_STATUS(sx_get_param_group_steps(g, 2, &steps), SX_ERR_INVALID_ARGUMENT, "param_group 2 is not one");
+    EXPECT_OK(sx_get_param_group_steps(g, sgd, &steps));
+    assert_true(steps == 0);
 
     /* Values out of range, and keys that do not apply to the optimizer. */
     struct {

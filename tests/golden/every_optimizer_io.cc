@@ -5,7 +5,6 @@
 #include <thread>
 #include <vector>
 
-#include "api/handles.h"
 #include "every_optimizer.h"
 
 namespace sxgolden3 {
@@ -172,10 +171,11 @@ std::string check_rank(sx_shard_group_t *g, const std::string &dir, int rank, in
             if (sx_get_hyperparameter(g, static_cast<int32_t>(k), kv.first, &got) != SX_OK || got != kv.second)
                 e = "hyperparameter " + std::to_string(kv.first) + " of param group " + std::to_string(k) + " differs";
         }
-    // Group step counts have no getter of their own: read from the group.
-    for (size_t k = 0; k < groups().size() && e.empty(); ++k)
-        if (g->impl->table().groups()[k].steps != group_steps(k))
+    for (size_t k = 0; k < groups().size() && e.empty(); ++k) {
+        int64_t steps = -1;
+        if (sx_get_param_group_steps(g, static_cast<int32_t>(k), &steps) != SX_OK || steps != group_steps(k))
             e = "the step count of param group " + std::to_string(k) + " differs";
+    }
     std::string state_error;
     if (sx_gather_optim_state(g, 0, rank == 0 ? check_state : nullptr, &state_error) != SX_OK && e.empty())
         e = state_error.empty() ? failed("sx_gather_optim_state") : state_error;

@@ -1,5 +1,4 @@
-// Writing and checking the format-3.0 goldens of every_optimizer.h, through the public API
-// (but the param groups' step counts, which the check reads from the group).
+// Writing and checking the format-3.0 goldens of every_optimizer.h, through the public API.
 #pragma once
 
 #include <string>

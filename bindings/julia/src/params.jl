@@ -112,6 +112,18 @@ function get_hyperparameter(g::ShardGroup, group::Integer, key::Integer)
     value[]
 end
 
+"""
+    param_group_steps(g, group)
+
+The steps param group `group` (0-based, as sx counts) took since it was added (LAMB's and
+AdEMAMix's bias corrections count them; a skipped step does not).
+"""
+function param_group_steps(g::ShardGroup, group::Integer)
+    steps = Ref{Int64}(0)
+    check(@ccall libsx.sx_get_param_group_steps(_handle(g)::Ptr{Cvoid}, group::Int32, steps::Ref{Int64})::Int32)
+    steps[]
+end
+
 set_lr!(g::ShardGroup, group::Integer, lr::Real) =
     check(@ccall libsx.sx_set_lr(_handle(g)::Ptr{Cvoid}, group::Int32, lr::Float64)::Int32)
 

@@ -161,6 +161,8 @@ end
         r = step!(g; nonfinite=:skip)
         @test (r.step, r.skipped, r.nonfinite) == (1, false, false)
         @test all(==(0.5f0), w)
+        @test param_group_steps(g, 0) == 1  # the skipped steps do not count
+        @test_throws SXError param_group_steps(g, 1)
     end
 end
 

@@ -369,6 +369,7 @@ PROTOTYPES = {
     "sx_set_hyperparameter": (c_status, [sx_shard_group_p, _c.c_int32, _c.c_int32, _c.c_double]),
     "sx_get_hyperparameter": (c_status, [sx_shard_group_p, _c.c_int32, _c.c_int32, _P(_c.c_double)]),
     "sx_set_lr": (c_status, [sx_shard_group_p, _c.c_int32, _c.c_double]),
+    "sx_get_param_group_steps": (c_status, [sx_shard_group_p, _c.c_int32, _P(_c.c_int64)]),
     "sx_param_desc_init": (c_status, [_P(sx_param_desc_t), _c.c_size_t]),
     "sx_add_param": (c_status, [sx_shard_group_p, _P(sx_param_desc_t), _P(_c.c_int32)]),
     "sx_finalize": (c_status, [sx_shard_group_p]),

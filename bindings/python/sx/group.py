@@ -553,6 +553,13 @@ class ShardGroup(Handle):
     def set_lr(self, param_group, lr):
         check(lib.sx_set_lr(self.handle, param_group, float(lr)))
 
+    def param_group_steps(self, param_group):
+        """The steps param group `param_group` took since it was added (LAMB's and
+        AdEMAMix's bias corrections count them; a skipped step does not)."""
+        steps = ctypes.c_int64()
+        check(lib.sx_get_param_group_steps(self.handle, param_group, ctypes.byref(steps)))
+        return steps.value
+
     # -- params and views -------------------------------------------------------------
     def param_index(self, name):
         """The index of the param called `name` (NotFoundError if none)."""

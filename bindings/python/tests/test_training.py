@@ -446,6 +446,9 @@ class MixedPrecisionTest(unittest.TestCase):
             result = g.step(nonfinite="skip")
             self.assertEqual((result.step, result.skipped, result.nonfinite), (1, False, False))
             self.assertEqual(tolist(w), [0.5] * 4)
+            self.assertEqual(g.param_group_steps(0), 1)  # the skipped steps do not count
+            with self.assertRaisesRegex(sx.InvalidArgumentError, "param_group 1 is not one of this group's 1"):
+                g.param_group_steps(1)
             with self.assertRaisesRegex(sx.InvalidArgumentError, "nonfinite"):
                 g.step(nonfinite="ignore")
 

@@ -214,6 +214,10 @@ def check_class(cls, ctor, options, others, world, tmp):
         have = [{k: g[k] for k in s} for g, s in zip(opt.param_groups, saved)]
         if have != saved:
             raise SystemExit(f"FAIL {name}: after {how}, param groups {have}; {saved} saved")
+        # The groups' step counts too, the frozen group's (ahead of its params') included.
+        steps, want = [g.get("step") for g in opt.param_groups], [g.get("step") for g in theirs["param_groups"]]
+        if steps != want:
+            raise SystemExit(f"FAIL {name}: after {how}, the param groups' steps are {steps}; {want} saved")
         sx_steps(opt, state, range(STEPS, STEPS + MORE), rank)
         opt.close()
         return values(state)

@@ -158,9 +158,6 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, torch.opti
         self._grads = []       # per param: the grad tensor over sx's memory
         self._pushed = []      # per group: the hyperparameters sx has
         self._consolidated = None
-        # Per-group step counts (_GROUP_STEP): groups whose count sx.torch does not know,
-        # after load() (see _StateDicts.load).
-        self._steps_unknown = set()
         self._clean = False    # the grads are known to be zero (after a step or zero_grad)
         self._finalized = False
         self._overlap = bool(overlap)
@@ -307,9 +304,8 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, torch.opti
         if self._kind in _GROUP_STEP and not result.skipped:
             # The class counts a step in every param group, as sx does, whether or not its
             # params were updated: its "step", its bias corrections' t.
-            for gi, group in enumerate(self.param_groups):
-                if gi not in self._steps_unknown:
-                    group["step"] = group.get("step", 0) + 1
+            for group in self.param_groups:
+                group["step"] = group.get("step", 0) + 1
         for norm in self._norms_due:
             norm.fill_(result.grad_norm)
         self._norms_due = []

@@ -68,13 +68,6 @@ class _StateDicts:
         skip = ("params",) + _CONSTRUCTOR_ONLY.get(self._kind, ())
         for gi, group in enumerate(self.param_groups):
             g = {k: v for k, v in group.items() if k not in skip}
-            if self._kind in _GROUP_STEP and gi in self._steps_unknown:
-                # The most updates a param of the group has had: its count, but where every
-                # param of it sat out steps while it counted on (sx's own rule for a
-                # whole-state scatter).
-                step = max((st.step for st in states if st.param_group == gi), default=0)
-                if step > 0:
-                    g["step"] = step
             g["params"] = list(range(index, index + len(group["params"])))
             index += len(group["params"])
             groups.append(g)
@@ -140,7 +133,6 @@ class _StateDicts:
 
         with self.full_params():  # stage 3: the masters' values are read from the params
             self.group.scatter_optim_state(fill if self.group.rank == 0 else None, root=0)
-        self._steps_unknown.clear()
         self._consolidated = None
 
     # -- sx checkpoints -------------------------------------------------------------
@@ -151,16 +143,18 @@ class _StateDicts:
 
     def load(self, path, **options):
         """Collective: loads an sx checkpoint saved at any world size into the params and
-        the state; the param groups' hyperparameters follow it. (Lamb and AdEMAMix: sx
-        restores each param group's step count, which the binding does not read back; a
-        group's "step" in state_dict() is then the most updates any of its params has had.)"""
+        the state; the param groups' hyperparameters follow it (Lamb's and AdEMAMix's
+        "step" too: the group's step count the checkpoint holds)."""
         self.group.load(path, **options)
         for gi, group in enumerate(self.param_groups):
             def get(key, gi=gi):
                 return self.group.get_hyperparameter(gi, _SX_NAMES.get(key, key))
             if self._kind in _GROUP_STEP and not options.get("params_only"):
-                group.pop("step", None)
-                self._steps_unknown.add(gi)
+                steps = self.group.param_group_steps(gi)
+                if steps > 0:
+                    group["step"] = steps
+                else:  # as the class's group before its first step
+                    group.pop("step", None)
             for key in ("lr", "weight_decay", "maximize") + _KEYS[self._kind]:
                 if key not in group:
                     continue

@@ -506,6 +506,7 @@ extern "C" {
         value: *mut f64,
     ) -> sx_status_t;
     pub fn sx_set_lr(group: *mut sx_shard_group_t, param_group: i32, lr: f64) -> sx_status_t;
+    pub fn sx_get_param_group_steps(group: *const sx_shard_group_t, param_group: i32, steps: *mut i64) -> sx_status_t;
 
     pub fn sx_param_desc_init(desc: *mut sx_param_desc_t, size: usize) -> sx_status_t;
     pub fn sx_add_param(group: *mut sx_shard_group_t, desc: *const sx_param_desc_t, index_out: *mut i32) -> sx_status_t;

@@ -341,6 +341,14 @@ impl ShardGroup {
         Ok(v)
     }
 
+    /// The steps a param group took since it was added (LAMB's and AdEMAMix's bias
+    /// corrections count them; a skipped step does not).
+    pub fn param_group_steps(&self, param_group: i32) -> Result<i64> {
+        let mut steps = 0i64;
+        check(unsafe { sys::sx_get_param_group_steps(self.raw, param_group, &mut steps) })?;
+        Ok(steps)
+    }
+
     pub fn set_lr(&mut self, param_group: i32, lr: f64) -> Result<()> {
         check(unsafe { sys::sx_set_lr(self.raw, param_group, lr) })
     }

@@ -51,6 +51,8 @@ fn four_ranks_train_and_the_loss_falls() {
             assert!(g.grad(0)?.iter().all(|&x| x == 0.0));
         }
         assert_eq!(g.param(1)?, &frozen0[..], "a frozen param changed");
+        assert_eq!(g.param_group_steps(0)?, 30);
+        assert!(g.param_group_steps(1).is_err(), "a param group index out of range");
         let info = g.param_info(0)?;
         assert_eq!((info.name.as_str(), info.shape.clone(), info.numel), ("w", vec![N as i64], N as u64));
         let unit = g.unit_info(0)?;
