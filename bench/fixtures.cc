@@ -49,9 +49,25 @@ void remove_tree(const std::string &path) {
     ::close(fd);
 }
 
+sx_shard_group_t *make_adamw_group(const sx_group_config_t &cfg, int64_t n, int32_t dtype) {
+    sx_shard_group_t *g = nullptr;
+    check(sx_create_shard_group(&cfg, &g), "sx_create_shard_group");
+    sx_param_group_desc_t pg;
+    sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_ADAMW);
+    check(sx_add_param_group(g, &pg, nullptr), "sx_add_param_group");
+    sx_param_desc_t d;
+    sx_param_desc_init(&d, sizeof d);
+    d.name = "w";
+    d.ndim = 1;
+    d.shape = &n;
+    d.dtype = dtype;
+    check(sx_add_param(g, &d, nullptr), "sx_add_param");
+    check(sx_finalize(g), "sx_finalize");
+    return g;
+}
+
 sx_shard_group_t *make_group(const std::string &url, int rank, int world, int threads, size_t n, bool take_step,
                              uint32_t flags, int32_t dtype, int32_t grad_dtype) {
-    sx_shard_group_t *g = nullptr;
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     cfg.backend = SX_BACKEND_CPU;
@@ -62,19 +78,7 @@ sx_shard_group_t *make_group(const std::string &url, int rank, int world, int th
     cfg.num_threads = threads;
     cfg.timeout_ms = 600000;
     cfg.grad_dtype = grad_dtype;
-    check(sx_create_shard_group(&cfg, &g), "sx_create_shard_group");
-    sx_param_group_desc_t pg;
-    sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_ADAMW);
-    check(sx_add_param_group(g, &pg, nullptr), "sx_add_param_group");
-    sx_param_desc_t d;
-    sx_param_desc_init(&d, sizeof d);
-    const int64_t shape[1] = {static_cast<int64_t>(n)};
-    d.name = "w";
-    d.ndim = 1;
-    d.shape = shape;
-    d.dtype = dtype;
-    check(sx_add_param(g, &d, nullptr), "sx_add_param");
-    check(sx_finalize(g), "sx_finalize");
+    sx_shard_group_t *g = make_adamw_group(cfg, static_cast<int64_t>(n), dtype);
     sx_view_t pv, gv;
     sx_view_init(&pv, sizeof pv);
     sx_view_init(&gv, sizeof gv);

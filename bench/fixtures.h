@@ -25,6 +25,10 @@ void check_sys(bool ok, const std::string &what);
 // does not meet the discard of the freed extents.
 void remove_tree(const std::string &path);
 
+// A group made from `cfg` (backend CPU) holding one AdamW param "w" of n elements of
+// `dtype`, finalized. Collective over cfg's ranks; a failure ends the program.
+sx_shard_group_t *make_adamw_group(const sx_group_config_t &cfg, int64_t n, int32_t dtype = SX_DTYPE_F32);
+
 // Rank `rank` of a `world`-rank group (rendezvous `url`, `threads` threads, config flags
 // `flags`) holding one AdamW param "w" of n elements of `dtype`, its gradients of
 // grad_dtype (0: the param's), values and gradients set; take_step: one step, so that the

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "fixtures.h"
 #include "netlab.h"
 #include "sx/sx.h"
 
@@ -60,17 +61,7 @@ int hosts_rank_main(int argc, char **argv) {
     c.num_threads = 1;
     c.timeout_ms = 120000;
     c.transport = mode == "flat" ? SX_TRANSPORT_TCP : SX_TRANSPORT_AUTO;
-    sx_shard_group_t *g = nullptr;
-    if (sx_create_shard_group(&c, &g) != SX_OK) fail("sx_create_shard_group");
-    sx_param_group_desc_t d;
-    sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_ADAMW);
-    if (sx_add_param_group(g, &d, nullptr) != SX_OK) fail("sx_add_param_group");
-    sx_param_desc_t p;
-    sx_param_desc_init(&p, sizeof p);
-    p.name = "w";
-    p.ndim = 1;
-    p.shape = &n;
-    if (sx_add_param(g, &p, nullptr) != SX_OK || sx_finalize(g) != SX_OK) fail("sx_finalize");
+    sx_shard_group_t *g = make_adamw_group(c, n);
     std::ofstream out(dir + "/step_s." + std::to_string(rank));
     for (int s = 0; s < steps + 2; ++s) {
         if (rank == 0 && s == 2) std::ofstream(dir + "/warm") << "1\n";

@@ -61,19 +61,7 @@ sx_shard_group_t *make_adamw(const std::string &url, int rank, int world, int sh
     c.timeout_ms = 60000;
     c.memory_copy_interval = memory_copies;
     if (wait) c.flags |= SX_GROUP_MEMORY_COPY_WAIT;
-    sx_shard_group_t *g = nullptr;
-    if (sx_create_shard_group(&c, &g) != SX_OK) fail("sx_create_shard_group");
-    sx_param_group_desc_t d;
-    sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_ADAMW);
-    if (sx_add_param_group(g, &d, nullptr) != SX_OK) fail("sx_add_param_group");
-    sx_param_desc_t p;
-    sx_param_desc_init(&p, sizeof p);
-    p.name = "w";
-    p.ndim = 1;
-    p.shape = &n;
-    if (sx_add_param(g, &p, nullptr) != SX_OK) fail("sx_add_param");
-    if (sx_finalize(g) != SX_OK) fail("sx_finalize");
-    return g;
+    return make_adamw_group(c, n);
 }
 
 sx_status_t fill_and_step(sx_shard_group_t *g) {
