@@ -19,7 +19,8 @@ class ThreadPool;
 // per-segment constants (dispatch.cc, consts_<stem>) and its scalar reference
 // (reference.cc, reference_<stem>); its row of the optimizer table (optimizers.cc) says
 // what it keeps, accepts and needs. Optimizers that are not elementwise have the stem
-// not_elementwise (their updates are lamb.h's, muon.h's, adafactor.h's).
+// not_elementwise (their updates are lamb.h's, muon.h's, adafactor.h's, which the step
+// runs through their rows' param_passes.h interfaces).
 #define SX_BUILTIN_OPTIMIZERS(X)                       \
     X(kSgd, SX_OPTIM_SGD, sgd)                         \
     X(kAdam, SX_OPTIM_ADAM, adam)                      \
@@ -119,6 +120,9 @@ constexpr int kMaxStateSlots = 3;
 static_assert(SX_MAX_CUSTOM_SLOTS <= kMaxStateSlots, "custom optimizers' slots are the built-ins'");
 
 struct CustomOptimizer;
+struct ParamPasses;
+struct WholeParamUpdate;
+struct WholeTensors;
 
 // What an optimizer needs from the step besides its own segment's elements.
 enum class Needs : int32_t {
@@ -183,6 +187,13 @@ struct OptimizerSpec {
     // Keeps per-param factored moments outside the slots (Adafactor's, ParamSpec::row_var,
     // col_var) for params of two or more dimensions.
     bool factored_moments = false;
+    // How the step runs it (param_passes.h): kParamReduction's passes and exchanges,
+    // kWholeParam's update; nullptr for an elementwise optimizer.
+    const ParamPasses *passes = nullptr;
+    const WholeParamUpdate *whole_update = nullptr;
+    // The per-param tensors it keeps whole on every rank besides its slots (Adafactor's
+    // factored moments), or nullptr.
+    const WholeTensors *whole_tensors = nullptr;
 };
 
 // The row of SX_OPTIM_* value `optimizer` (or a registered optimizer's id), or nullptr
