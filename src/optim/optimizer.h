@@ -140,13 +140,6 @@ enum class StepCount : int32_t {
                       // (pytorch-optimizer's group["step"])
 };
 
-// How a kParamReduction optimizer's per-param sums are laid out (core's exchange).
-enum class ParamSums : int32_t {
-    kNone,
-    kNorms,         // two sums per param: its squares and its direction's (LAMB's trust ratio)
-    kFactoredMeans, // row and column sums of squares (adafactor.h, AdafactorShape)
-};
-
 // One state slot: torch's name for it in the optimizer's state dict, and whether a
 // param of `ndim` dimensions in a group with hyperparameters h keeps it (nullptr:
 // always). ndim -1 asks whether any param of the group may keep it.
@@ -182,11 +175,7 @@ struct OptimizerSpec {
     const CustomOptimizer *custom;
     // Traits the step asks instead of the optimizer's name.
     StepCount step_count = StepCount::kParam;
-    ParamSums param_sums = ParamSums::kNone;  // kParamReduction: which sums
     int32_t param_ndim = 0;  // the dimensions every param must have (Muon's 2), or 0: any
-    // Keeps per-param factored moments outside the slots (Adafactor's, ParamSpec::row_var,
-    // col_var) for params of two or more dimensions.
-    bool factored_moments = false;
     // How the step runs it (param_passes.h): kParamReduction's passes and exchanges,
     // kWholeParam's update; nullptr for an elementwise optimizer.
     const ParamPasses *passes = nullptr;
