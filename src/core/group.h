@@ -37,6 +37,7 @@
 #include "core/units.h"
 #include "core/whole_state.h"
 #include "core/shard_state.h"
+#include "core/step_passes.h"
 #include "core/step_record.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
@@ -182,11 +183,7 @@ class ShardGroup : public RecoveryAccess {
     bool norm_rides_gather(bool defer_gather) const;
     Status update_shard(float grad_scale, int32_t head, int nonfinite, double *sumsq);
     Status update_double_buffered(float grad_scale, int nonfinite, double *sumsq);
-    Status update_param_reductions(float grad_scale, double *sumsq);
-    Status sum_blocks(std::vector<double> &all, size_t width, const char *what, std::vector<double> *whole);
-    Status update_whole_params(float grad_scale, double *sumsq);
-    Status orthogonalise_on(int owner, const std::vector<int32_t> &covered, const std::vector<int> &owners,
-                            const std::vector<int> &seg_of, const std::vector<float *> &pieces);
+    StepPasses step_passes();  // step_passes.cc: what the passes over whole params see
     Status update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, int nonfinite, double *sumsq);
     float norm_scale() const;
     Status global_norm(double *sumsq);

@@ -57,7 +57,7 @@ Status validate_shape(int32_t ndim, const int64_t *shape, uint64_t *numel) {
     for (int32_t d = 0; d < ndim; ++d) {
         SX_CHECK_ARG(shape[d] >= 1,
                      "shape[%d] = %lld; extents must be >= 1 (a zero-sized param holds nothing to update, and "
-                     "Adafactor's row and column means of one would be of nothing)",
+                     "factored moments' row and column means of one would be of nothing)",
                      d, static_cast<long long>(shape[d]));
         SX_CHECK_ARG(static_cast<uint64_t>(shape[d]) <= (1ull << 62) / n,
                      "shape has more than 2^62 elements");

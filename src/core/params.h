@@ -7,6 +7,7 @@
 
 #include "base/status.h"
 #include "optim/optimizer.h"
+#include "optim/param_passes.h"
 
 namespace sx {
 namespace core {
@@ -24,18 +25,22 @@ struct ParamSpec {
     int64_t momentum_steps = 0;
     // NAdam: torch's per-param mu_product (a float32 scalar), 1 before the first update.
     float mu_product = 1.0f;
-    // Adafactor, a param of shape [..., R, C]: the running means of its squared gradient
-    // over each row (prod(shape[:-1]) values) and over each column (prod(shape[:-2]) * C),
-    // torch's row_var and col_var. Every rank of the group keeps them whole (the same
-    // bits: each rank adds the ranks' partial sums in rank order), (R + C) * 4 bytes per
-    // matrix; empty until the param's first update (torch's zeros).
+    // The tensors its optimizer keeps whole besides its slots (optim::WholeTensors: the
+    // factored moments, per row and per column of each matrix, of an optimizer that
+    // factors its second moment), tensors 0 and 1 under the names the checkpoint format
+    // gives them. Every rank of the group keeps them whole (the same bits: each rank adds
+    // the ranks' partial sums in rank order); empty until the param's first update
+    // (torch's zeros).
     std::vector<float> row_var, col_var;
+    std::vector<float> &whole(int t) { return t == 0 ? row_var : col_var; }
+    const std::vector<float> &whole(int t) const { return t == 0 ? row_var : col_var; }
 };
+static_assert(optim::kMaxWholeTensors == 2, "ParamSpec::whole holds two tensors");
 
 struct ParamGroup {
     optim::Hyper hyper;
     // Steps taken since the group was added, whether or not its params were updated:
-    // an optimizer that counts steps per group (pytorch-optimizer's Lamb) uses it.
+    // an optimizer that counts steps per group (optim::StepCount::kGroup) uses it.
     int64_t steps = 0;
 };
 

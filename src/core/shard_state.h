@@ -52,8 +52,10 @@ struct ParamProgress {
     int64_t step = 0;
     int64_t momentum_steps = 0;
     float mu_product = 1.0f;  // NAdam's
-    // Adafactor's factored moments (ParamSpec::row_var, col_var).
+    // The tensors its optimizer keeps whole (ParamSpec::row_var, col_var: whole(t)).
     std::vector<float> row_var, col_var;
+    std::vector<float> &whole(int t) { return t == 0 ? row_var : col_var; }
+    const std::vector<float> &whole(int t) const { return t == 0 ? row_var : col_var; }
 };
 
 // How far the optimizer has come: what a checkpoint holds besides the tensors.

@@ -1,36 +1,35 @@
 // The step's update of the params whose optimizer needs each param's whole matrix
-// (optim::Needs::kWholeParam: Muon). Each such param has an owner in the shard group:
-// the rank holding all of it where one does, else the rank with the least Newton-Schulz
-// work assigned so far (largest params first), so that the ranks share the work. A step
-// runs the momentum over this rank's pieces, gathers each param's pieces on its owner
-// (one gather per owning rank, all its params at once), orthogonalises there, returns
-// each rank its pieces (one scatter per owning rank), and finishes the pieces.
+// (optim::Needs::kWholeParam), as its row's optim::WholeParamUpdate describes it. Each
+// such param has an owner in the shard group: the rank holding all of it where one does,
+// else the rank with the least work (the update's cost) assigned so far (largest params
+// first), so that the ranks share the work. A step runs the first pass over this rank's
+// pieces, gathers each param's pieces on its owner (one gather per owning rank, all its
+// params at once), updates the whole param there, returns each rank its pieces (one
+// scatter per owning rank), and applies the pieces.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <vector>
 
-#include "core/group.h"
-#include "optim/muon.h"
+#include "core/step_passes.h"
+#include "optim/param_passes.h"
 
 namespace sx {
 namespace core {
 namespace {
 
-// Newton-Schulz's multiply-adds for a rows x cols matrix, per iteration (m <= n):
-// X X^T (m m n), G G (m m m), U X (m m n).
-double ns_cost(int64_t rows, int64_t cols) {
-    const double m = static_cast<double>(std::min(rows, cols)), n = static_cast<double>(std::max(rows, cols));
-    return m * m * (2.0 * n + m);
+// The work of covered param k on its owner.
+double cost_of(const ParamTable &t, const std::vector<int32_t> &covered, size_t k) {
+    return row_of(t, covered[k]).whole_update->cost(t.params()[static_cast<size_t>(covered[k])].shape);
 }
 
 // Each covered param's owner among the S ranks of the shard group: the rank that holds
 // all of it where one does; the others, largest first, to the rank with the least work.
-std::vector<int> assign_owners(const Layout &layout, const std::deque<ParamSpec> &params,
-                               const std::vector<int32_t> &covered, int S) {
+std::vector<int> assign_owners(const Layout &layout, const ParamTable &table, const std::vector<int32_t> &covered,
+                               int S) {
     std::vector<int> owner(covered.size(), -1);
     std::vector<double> load(static_cast<size_t>(S), 0.0);
-    const auto cost = [&](size_t k) { return ns_cost(params[covered[k]].shape[0], params[covered[k]].shape[1]); };
+    const auto cost = [&](size_t k) { return cost_of(table, covered, k); };
     for (size_t k = 0; k < covered.size(); ++k) {
         int holders = 0, holder = -1;
         for (int q = 0; q < S; ++q) {
@@ -54,14 +53,13 @@ std::vector<int> assign_owners(const Layout &layout, const std::deque<ParamSpec>
     return owner;
 }
 
-}  // namespace
-
 // Owner o's matrices: its params' pieces gathered from every rank of the shard group,
-// orthogonalised on o, and each rank's pieces returned into pieces[seg_of[k]] (which held
-// this rank's u of covered param k; -1 where it holds none). Collective on the shard group.
-Status ShardGroup::orthogonalise_on(int o, const std::vector<int32_t> &covered, const std::vector<int> &owner,
-                                    const std::vector<int> &seg_of, const std::vector<float *> &pieces) {
-    const int S = mesh_.shard_size(), me = mesh_.shard_rank();
+// updated whole on o, and each rank's pieces returned into pieces[seg_of[k]] (which held
+// this rank's piece of covered param k's first update; -1 where it holds none).
+// Collective on the shard group.
+Status update_on(const StepPasses &c, int o, const std::vector<int32_t> &covered, const std::vector<int> &owner,
+                 const std::vector<int> &seg_of, const std::vector<float *> &pieces) {
+    const int S = c.shard_size, me = c.shard_rank;
     std::vector<comm::Piece> mine;
     std::vector<std::vector<comm::Piece>> theirs(me == o ? static_cast<size_t>(S) : 0);
     std::vector<size_t> owned;
@@ -69,9 +67,9 @@ Status ShardGroup::orthogonalise_on(int o, const std::vector<int32_t> &covered, 
     for (size_t k = 0; k < covered.size(); ++k) {
         if (owner[k] != o) continue;
         owned.push_back(k);
-        if (me == o) matrix[k].assign(table_.params()[covered[k]].numel, 0.0f);
+        if (me == o) matrix[k].assign(c.table->params()[covered[k]].numel, 0.0f);
         for (int q = 0; q < S; ++q) {
-            const ShardPiece piece = layout_.piece(covered[k], q);
+            const ShardPiece piece = c.layout->piece(covered[k], q);
             const size_t bytes = (piece.end - piece.begin) * sizeof(float);
             if (bytes == 0) continue;
             float *here = q == me ? pieces[static_cast<size_t>(seg_of[k])] : nullptr;
@@ -85,63 +83,71 @@ Status ShardGroup::orthogonalise_on(int o, const std::vector<int32_t> &covered, 
     }
     if (owned.empty()) return Status::Ok();
     if (S > 1) {
-        SX_TRACE_SPAN(tracer(), "step", "whole_param_gather");
-        Status st = mesh_.shard().gather_pieces(mine, theirs, o);
-        if (!st.ok()) return fail(st);
+        SX_TRACE_SPAN(c.tracer, "step", "whole_param_gather");
+        Status st = c.shard->gather_pieces(mine, theirs, o);
+        if (!st.ok()) return c.fail(st);
     }
     if (me == o) {
-        SX_TRACE_SPAN(tracer(), "step", "newton_schulz");
-        std::vector<float> orth;
+        const optim::WholeParamUpdate &first = *row_of(*c.table, covered[owned.front()]).whole_update;
+        SX_TRACE_SPAN(c.tracer, "step", first.name);
+        std::vector<float> out;
         for (size_t k : owned) {
-            const ParamSpec &spec = table_.params()[covered[k]];
-            orth.resize(matrix[k].size());
-            optim::newton_schulz(matrix[k].data(), spec.shape[0], spec.shape[1], table_.groups()[spec.group].hyper,
-                                 pool_.get(), orth.data());
-            std::copy(orth.begin(), orth.end(), matrix[k].begin());  // where the scatter's pieces point
+            const ParamSpec &spec = c.table->params()[covered[k]];
+            out.resize(matrix[k].size());
+            row_of(*c.table, covered[k]).whole_update->whole(matrix[k].data(), spec.shape,
+                                                              c.table->groups()[spec.group].hyper, c.pool, out.data());
+            std::copy(out.begin(), out.end(), matrix[k].begin());  // where the scatter's pieces point
             if (seg_of[k] < 0) continue;  // this rank's own piece comes straight from the matrix
-            const ShardPiece piece = layout_.piece(covered[k], me);
+            const ShardPiece piece = c.layout->piece(covered[k], me);
             std::memcpy(pieces[static_cast<size_t>(seg_of[k])], matrix[k].data() + piece.begin,
                         (piece.end - piece.begin) * sizeof(float));
         }
     }
     if (S > 1) {
-        SX_TRACE_SPAN(tracer(), "step", "whole_param_scatter");
-        Status st = mesh_.shard().scatter_pieces(theirs, mine, o);
-        if (!st.ok()) return fail(st);
+        SX_TRACE_SPAN(c.tracer, "step", "whole_param_scatter");
+        Status st = c.shard->scatter_pieces(theirs, mine, o);
+        if (!st.ok()) return c.fail(st);
     }
     return Status::Ok();
 }
 
-Status ShardGroup::update_whole_params(float grad_scale, double *sumsq) {
-    if (sumsq) *sumsq = 0.0;
-    const std::vector<int32_t> covered = units_.params_needing(optim::Needs::kWholeParam);
-    if (covered.empty()) return Status::Ok();
-    SX_CHECK(ops_->device() == SX_DEVICE_CPU, SX_ERR_INTERNAL, "an optimizer of whole params on a CUDA group");
-    trace::Span span(tracer(), "step", "update_whole_params");
-    const std::vector<int> owner = assign_owners(layout_, table_.params(), covered, mesh_.shard_size());
+}  // namespace
 
-    // This rank's pieces: the momentum, and u into a buffer per segment (which the
-    // orthogonalised pieces later replace).
-    const std::vector<optim::Segment> segs = units_.segments_needing(round_->reduced(), optim::Needs::kWholeParam);
+Status update_whole_params(const StepPasses &c, float grad_scale, double *sumsq) {
+    if (sumsq) *sumsq = 0.0;
+    const std::vector<int32_t> covered = c.units->params_needing(optim::Needs::kWholeParam);
+    if (covered.empty()) return Status::Ok();
+    SX_CHECK(c.on_host, SX_ERR_INTERNAL, "an optimizer of whole params on a CUDA group");
+    trace::Span span(c.tracer, "step", "update_whole_params");
+    const std::vector<int> owner = assign_owners(*c.layout, *c.table, covered, c.shard_size);
+
+    // This rank's pieces, each optimizer's together: its first pass, each piece of the
+    // update into a buffer per segment (which the pieces of the whole update later
+    // replace).
+    std::vector<optim::Segment> segs = c.units->segments_needing(*c.reduced, optim::Needs::kWholeParam);
+    const std::vector<OptimizerSegments> runs = by_optimizer(&segs);
     std::vector<std::vector<float>> buffers(segs.size());
     std::vector<float *> pieces(segs.size());
+    std::vector<const std::vector<int64_t> *> shapes(segs.size());
     std::vector<int> seg_of(covered.size(), -1);  // covered param k -> its segment here
     for (size_t s = 0; s < segs.size(); ++s) {
         buffers[s].resize(segs[s].n);
         pieces[s] = buffers[s].data();
+        shapes[s] = &c.table->params()[static_cast<size_t>(segs[s].param_index)].shape;
         const size_t k = static_cast<size_t>(std::lower_bound(covered.begin(), covered.end(), segs[s].param_index) -
                                              covered.begin());
         seg_of[k] = static_cast<int>(s);
     }
-    optim::muon_momentum(segs.data(), segs.size(), grad_scale, pieces.data(), sumsq);
-    for (int o = 0; o < mesh_.shard_size(); ++o) SX_TRY(orthogonalise_on(o, covered, owner, seg_of, pieces));
-
-    std::vector<double> adjusted(segs.size());
-    for (size_t s = 0; s < segs.size(); ++s) {
-        const ParamSpec &spec = table_.params()[segs[s].param_index];
-        adjusted[s] = optim::muon_adjusted_lr(*segs[s].hyper, spec.shape[0], spec.shape[1]);
+    for (const OptimizerSegments &r : runs) {
+        double part = 0.0;
+        r.row->whole_update->first(segs.data() + r.begin, r.end - r.begin, grad_scale, pieces.data() + r.begin,
+                                   sumsq ? &part : nullptr);
+        if (sumsq) *sumsq += part;
     }
-    optim::muon_apply(segs.data(), segs.size(), pieces.data(), adjusted.data());
+    for (int o = 0; o < c.shard_size; ++o) SX_TRY(update_on(c, o, covered, owner, seg_of, pieces));
+    for (const OptimizerSegments &r : runs)
+        r.row->whole_update->apply(segs.data() + r.begin, r.end - r.begin, shapes.data() + r.begin,
+                                   pieces.data() + r.begin);
     span.set_bytes(optim::total_elements(segs) * sizeof(float));
     return Status::Ok();
 }

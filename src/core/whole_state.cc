@@ -8,7 +8,6 @@
 #include <cstring>
 
 #include "base/vector_state.h"
-#include "optim/adafactor.h"
 
 namespace sx {
 namespace core {
@@ -83,67 +82,61 @@ std::vector<StateTensor> state_tensors(const ShardAccess &g, const UnitShard &un
     return t;
 }
 
-Factored factored_moments(const ShardAccess &g, int32_t p) {
+WholeTensorSizes whole_tensor_sizes(const ShardAccess &g, int32_t p) {
     const ParamSpec &spec = g.param(p);
-    if (!optim::spec_of(g.hyper(spec.group).kind).factored_moments) return Factored();
-    const optim::AdafactorShape sh = optim::adafactor_shape(spec.shape);
-    Factored f;
-    f.rows = sh.row_count();
-    f.cols = sh.col_count();
-    return f;
+    WholeTensorSizes w;
+    w.row = optim::spec_of(g.hyper(spec.group).kind).whole_tensors;
+    for (int t = 0; t < w.count(); ++t) w.numel[t] = w.row->numel(t, spec.shape);
+    return w;
 }
 
 namespace {
-constexpr const char *kRowVar = "row_var";
-constexpr const char *kColVar = "col_var";
 
-// Adds Adafactor's factored moments (rows then cols values) to st's tensors.
-void add_moments(ParamState *st, float *row_var, uint64_t rows, float *col_var, uint64_t cols) {
-    st->names.push_back(kRowVar);
-    st->tensors.push_back(row_var);
-    st->numels.push_back(rows);
-    st->names.push_back(kColVar);
-    st->tensors.push_back(col_var);
-    st->numels.push_back(cols);
+// The tensors param p keeps whole, each values[t] of counts[t] elements, added to st's.
+void add_whole(ParamState *st, const WholeTensorSizes &w, float *const *values, const uint64_t *counts) {
+    for (int t = 0; t < w.count(); ++t) {
+        st->names.push_back(w.row->names[t]);
+        st->tensors.push_back(values[t]);
+        st->numels.push_back(counts[t]);
+    }
 }
 
-// Adafactor's factored moments in a scatter: every param's that has them, one after
-// another; the root's callback fills them, and every rank takes them whole.
-class ScatteredMoments {
+// The tensors kept whole in a scatter: every param's that has them, one after another;
+// the root's callback fills them, and every rank takes them whole.
+class ScatteredWhole {
   public:
-    explicit ScatteredMoments(const ShardAccess &g) : g_(g), at_(static_cast<size_t>(g.num_params()) + 1, 0) {
-        for (int32_t p = 0; p < g.num_params(); ++p) {
-            const Factored f = factored_moments(g, p);
-            at_[static_cast<size_t>(p) + 1] = at_[static_cast<size_t>(p)] + f.rows + f.cols;
-        }
+    explicit ScatteredWhole(const ShardAccess &g) : g_(g), at_(static_cast<size_t>(g.num_params()) + 1, 0) {
+        for (int32_t p = 0; p < g.num_params(); ++p)
+            at_[static_cast<size_t>(p) + 1] = at_[static_cast<size_t>(p)] + whole_tensor_sizes(g, p).total();
         values_.assign(at_.back(), 0.0f);
     }
     std::vector<float> &values() { return values_; }
-    // The root: param p's moments among st's tensors (zero for its callback to fill).
+    // The root: param p's whole tensors among st's (zero for its callback to fill).
     void offer(int32_t p, ParamState *st) {
-        const Factored f = factored_moments(g_, p);
-        if (f.any()) add_moments(st, here(p), f.rows, here(p) + f.rows, f.cols);
+        const WholeTensorSizes w = whole_tensor_sizes(g_, p);
+        if (!w.any()) return;
+        float *values[optim::kMaxWholeTensors] = {};
+        float *at = here(p);
+        for (int t = 0; t < w.count(); at += w.numel[t], ++t) values[t] = at;
+        add_whole(st, w, values, w.numel);
     }
-    // The root, after the callback: means of squares are finite and >= 0.
+    // The root, after the callback: every value one its tensor may hold.
     Status check(int32_t p, const char *name) const {
-        const Factored f = factored_moments(g_, p);
+        const WholeTensorSizes w = whole_tensor_sizes(g_, p);
         const float *m = values_.data() + at_[static_cast<size_t>(p)];
-        for (uint64_t i = 0; i < f.rows + f.cols; ++i)
-            SX_CHECK_ARG(std::isfinite(m[i]) && m[i] >= 0.0f,
-                         "param '%s': %s[%llu] is %g; Adafactor's factored moments are means of squares, finite and "
-                         ">= 0",
-                         name, i < f.rows ? kRowVar : kColVar,
-                         static_cast<unsigned long long>(i < f.rows ? i : i - f.rows), static_cast<double>(m[i]));
+        for (int t = 0; t < w.count(); m += w.numel[t], ++t)
+            for (uint64_t i = 0; i < w.numel[t]; ++i)
+                SX_CHECK_ARG(w.row->valid(m[i]), "param '%s': %s[%llu] is %g; %s", name, w.row->names[t],
+                             static_cast<unsigned long long>(i), static_cast<double>(m[i]), w.row->rule);
         return Status::Ok();
     }
-    // Every rank, once they are broadcast: each param's moments into the progress.
+    // Every rank, once they are broadcast: each param's whole tensors into the progress.
     void into(ShardProgress *progress) const {
         for (int32_t p = 0; p < g_.num_params(); ++p) {
-            const Factored f = factored_moments(g_, p);
+            const WholeTensorSizes w = whole_tensor_sizes(g_, p);
             ParamProgress &pp = progress->params[static_cast<size_t>(p)];
             const float *m = values_.data() + at_[static_cast<size_t>(p)];
-            pp.row_var.assign(m, m + f.rows);
-            pp.col_var.assign(m + f.rows, m + f.rows + f.cols);
+            for (int t = 0; t < optim::kMaxWholeTensors; m += w.numel[t], ++t) pp.whole(t).assign(m, m + w.numel[t]);
         }
     }
 
@@ -156,12 +149,12 @@ class ScatteredMoments {
 
 // The root's checks of what its callback gave for a param: the rules a checkpoint's
 // manifest is held to, so that what is scattered in can be saved and stepped on.
-Status check_scattered(const ParamState &st, const ScatteredMoments &moments) {
+Status check_scattered(const ParamState &st, const ScatteredWhole &whole) {
     SX_CHECK_ARG(optim::valid_steps(st.step, st.momentum_steps),
                  "param '%s': step %lld and momentum_steps %lld; they must satisfy 0 <= momentum_steps <= step <= %llu",
                  st.name, static_cast<long long>(st.step), static_cast<long long>(st.momentum_steps),
                  static_cast<unsigned long long>(optim::kMaxSteps));
-    return moments.check(st.param, st.name);
+    return whole.check(st.param, st.name);
 }
 }  // namespace
 
@@ -264,11 +257,16 @@ Status WholeState::gather(int root, const StateFn &fn) {
             st.tensors.push_back(data + t * n);
             st.numels.push_back(n);
         }
-        // Adafactor's factored moments, whole on every rank: the root's own (once the
-        // param has been updated).
+        // The tensors kept whole on every rank: the root's own (once the param has been
+        // updated: empty until then).
         ParamProgress &own = shard.progress.params[static_cast<size_t>(p)];
-        if (factored_moments(g_, p).any() && !own.row_var.empty())
-            add_moments(&st, own.row_var.data(), own.row_var.size(), own.col_var.data(), own.col_var.size());
+        const WholeTensorSizes w = whole_tensor_sizes(g_, p);
+        if (w.any() && !own.whole(0).empty()) {
+            float *values[optim::kMaxWholeTensors] = {};
+            uint64_t counts[optim::kMaxWholeTensors] = {};
+            for (int t = 0; t < w.count(); ++t) values[t] = own.whole(t).data(), counts[t] = own.whole(t).size();
+            add_whole(&st, w, values, counts);
+        }
         leave_vector_state_clean();  // the trainer's code runs next, on this thread
         outcome = catching([&] { return fn(st); });
     }
@@ -290,7 +288,7 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     Status outcome;  // the root's callback's, once it fails the root sends zeros
     // Per param: step, momentum_steps, and mu_product's bits (0: derive it from the step).
     std::vector<int64_t> steps(3 * static_cast<size_t>(g_.num_params()), 0);
-    ScatteredMoments moments(g_);
+    ScatteredWhole whole(g_);
     for (int32_t p = 0; p < g_.num_params(); ++p) {
         const size_t u = static_cast<size_t>(g_.layout().placement(p).unit_index);
         const std::vector<StateTensor> tensors = state_tensors(g_, shard.units[u], p, true);
@@ -312,10 +310,10 @@ Status WholeState::scatter(int root, const StateFn &fn) {
                 st.tensors.push_back(data + t * n);
                 st.numels.push_back(n);
             }
-            moments.offer(p, &st);
+            whole.offer(p, &st);
             leave_vector_state_clean();  // the trainer's code runs next, on this thread
             if (outcome.ok()) outcome = catching([&] { return fn(st); });
-            if (outcome.ok()) outcome = check_scattered(st, moments);
+            if (outcome.ok()) outcome = check_scattered(st, whole);
             steps[3 * p] = st.step;
             steps[3 * p + 1] = st.momentum_steps;
             uint32_t bits = 0;
@@ -335,7 +333,7 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     SX_TRY(share_outcome(root, outcome, "sx_scatter_optim_state"));
     if (mesh_.world) {
         Status s = mesh_.world->broadcast(steps.data(), steps.size() * sizeof(int64_t), root);
-        std::vector<float> &m = moments.values();
+        std::vector<float> &m = whole.values();
         if (s.ok() && !m.empty()) s = mesh_.world->broadcast(m.data(), m.size() * sizeof(float), root);
         if (!s.ok()) return g_.fail(s);
     }
@@ -345,7 +343,7 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     // values from the new masters, on every rank.
     g_.shard_fence().wait_readers();
     ShardProgress progress = scattered_progress(g_, shard.progress, steps);
-    moments.into(&progress);
+    whole.into(&progress);
     ShardRestore restore;
     restore.state = &state;
     restore.slots = targets.slots;

@@ -21,6 +21,7 @@
 #include "base/status.h"
 #include "comm/communicator.h"
 #include "core/shard_state.h"
+#include "optim/param_passes.h"
 
 namespace sx {
 namespace core {
@@ -38,7 +39,7 @@ struct ParamState {
     float mu_product = 0.0f;  // NAdam's (0: other optimizers; in a scatter, derive it from step)
     std::vector<const char *> names;
     std::vector<float *> tensors;
-    std::vector<uint64_t> numels;  // each tensor's elements: numel, but for Adafactor's factored moments
+    std::vector<uint64_t> numels;  // each tensor's elements: numel, but for the whole tensors' (WholeTensorSizes)
 };
 using StateFn = std::function<Status(ParamState &)>;
 
@@ -50,13 +51,22 @@ struct StateTensor {
 };
 std::vector<StateTensor> state_tensors(const ShardAccess &g, const UnitShard &unit, int32_t p, bool as_if_allocated);
 
-// Adafactor's factored moments of param p ("row_var", "col_var": every rank keeps them
-// whole, not sharded): their element counts, or {0, 0} for a param that has none.
-struct Factored {
-    uint64_t rows = 0, cols = 0;
-    bool any() const { return rows > 0; }
+// The tensors param p's optimizer keeps whole besides its slots (optim::WholeTensors:
+// every rank keeps them whole, not sharded), after its slots in gather/scatter order:
+// its row's description (or null) and each tensor's element count (0 for a param that
+// keeps none).
+struct WholeTensorSizes {
+    const optim::WholeTensors *row = nullptr;
+    uint64_t numel[optim::kMaxWholeTensors] = {};
+    int count() const { return row ? row->count : 0; }
+    uint64_t total() const {
+        uint64_t n = 0;
+        for (int t = 0; t < count(); ++t) n += numel[t];
+        return n;
+    }
+    bool any() const { return total() > 0; }
 };
-Factored factored_moments(const ShardAccess &g, int32_t p);
+WholeTensorSizes whole_tensor_sizes(const ShardAccess &g, int32_t p);
 
 class WholeState {
   public:

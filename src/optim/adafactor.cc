@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "base/half.h"
+#include "optim/param_passes.h"
 #include "optim/passes.h"
 
 namespace sx {
@@ -328,6 +330,87 @@ void adafactor_reference(const Segment &seg, const AdafactorShape &sh, float *ro
     for (size_t i = 0; i < seg.n; ++i) seg.param[i] = seg.param[i] * c.decay + factor * u[i];
     if (seg.compute_out) half::from_f32(seg.compute_dtype, seg.param, seg.compute_out, seg.n);
 }
+
+namespace {
+
+// The step's passes (param_passes.h): the first pass; the first exchange (each param's
+// AdafactorShape::first_width sums); every rank's update of every param's factored
+// moments, which it keeps whole (its WholeTensors), and the second pass; the second
+// exchange (each param's sum of u^2); the third pass.
+class AdafactorRun final : public ParamPassRun {
+  public:
+    explicit AdafactorRun(const PassInput &in)
+        : in_(in), shapes_(in.num_params), row_means_(in.num_params), params_(in.num_segs), first_(in.num_params) {
+        for (size_t k = 0; k < in.num_params; ++k) shapes_[k] = adafactor_shape(*in.params[k].shape);
+        for (size_t s = 0; s < in.num_segs; ++s) params_[s].shape = shapes_[in.param_of[s]];
+    }
+    void pass(int pass, const double *const *summed, double *const *mine, double *grad_sumsq) override {
+        if (pass == 0) {
+            for (size_t s = 0; s < in_.num_segs; ++s) params_[s].sums = mine[in_.param_of[s]];
+            adafactor_first_pass(in_.segs, in_.num_segs, params_.data(), in_.grad_scale, in_.pool, grad_sumsq);
+        } else if (pass == 1) {
+            second(summed, mine);
+        } else {
+            std::vector<float> factors(in_.num_segs);
+            for (size_t s = 0; s < in_.num_segs; ++s) {
+                const size_t k = in_.param_of[s];
+                factors[s] = adafactor_factor(*in_.segs[s].hyper, in_.segs[s].step, shapes_[k].numel, first_[k][0],
+                                              summed[k][0]);
+            }
+            adafactor_third_pass(in_.segs, in_.num_segs, params_.data(), factors.data(), in_.grad_scale, in_.pool);
+        }
+    }
+
+  private:
+    // Every param's moments (zeros before its first update), pieces here or not; then the
+    // second pass, each segment's sum of u^2 its param's block.
+    void second(const double *const *summed, double *const *mine) {
+        for (size_t k = 0; k < in_.num_params; ++k) {
+            first_[k] = summed[k];
+            const AdafactorShape &sh = shapes_[k];
+            if (!sh.factored) continue;
+            std::vector<float> &row_var = *in_.params[k].whole[0], &col_var = *in_.params[k].whole[1];
+            row_var.resize(sh.row_count(), 0.0f);
+            col_var.resize(sh.col_count(), 0.0f);
+            row_means_[k].resize(sh.matrices);
+            adafactor_update_factors(*in_.params[k].hyper, in_.params[k].next_step, sh, summed[k], row_var.data(),
+                                     col_var.data(), row_means_[k].data());
+        }
+        for (size_t s = 0; s < in_.num_segs; ++s) {
+            const size_t k = in_.param_of[s];
+            params_[s] = {shapes_[k], nullptr, in_.params[k].whole[0]->data(), in_.params[k].whole[1]->data(),
+                          row_means_[k].data()};
+        }
+        std::vector<double> update_sumsq(in_.num_segs, 0.0);
+        adafactor_second_pass(in_.segs, in_.num_segs, params_.data(), in_.grad_scale, in_.pool, update_sumsq.data());
+        for (size_t s = 0; s < in_.num_segs; ++s) mine[in_.param_of[s]][0] = update_sumsq[s];
+    }
+
+    PassInput in_;
+    std::vector<AdafactorShape> shapes_;       // per param
+    std::vector<std::vector<float>> row_means_;  // per param: per matrix (adafactor_update_factors)
+    std::vector<AdafactorParam> params_;       // per segment
+    std::vector<const double *> first_;        // per param: its block of the first exchange, summed
+};
+
+uint64_t adafactor_block_width(int e, const std::vector<int64_t> &shape) {
+    return e == 0 ? adafactor_shape(shape).first_width() : 1;
+}
+std::unique_ptr<ParamPassRun> adafactor_start(const PassInput &in) { return std::make_unique<AdafactorRun>(in); }
+
+// row_var's values (t 0) or col_var's (t 1).
+uint64_t moments_numel(int t, const std::vector<int64_t> &shape) {
+    const AdafactorShape sh = adafactor_shape(shape);
+    return t == 0 ? sh.row_count() : sh.col_count();
+}
+bool mean_of_squares(float v) { return std::isfinite(v) && v >= 0.0f; }
+
+}  // namespace
+
+const ParamPasses kAdafactorPasses = {2, adafactor_block_width, adafactor_start};
+const WholeTensors kAdafactorWholeTensors = {
+    2, {"row_var", "col_var"}, moments_numel, mean_of_squares,
+    "Adafactor's factored moments are means of squares, finite and >= 0"};
 
 }  // namespace optim
 }  // namespace sx

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "base/half.h"
+#include "optim/param_passes.h"
 #include "optim/passes.h"
 
 namespace sx {
@@ -151,6 +153,43 @@ void lamb_reference(const Segment &seg, float grad_scale) {
     for (size_t i = 0; i < seg.n; ++i) seg.param[i] += factor * u[i];
     if (seg.compute_out) half::from_f32(seg.compute_dtype, seg.param, seg.compute_out, seg.n);
 }
+
+namespace {
+
+// The step's passes (param_passes.h): the first pass, one exchange of two sums per
+// param (its squares, its direction's), the second pass.
+class LambRun final : public ParamPassRun {
+  public:
+    explicit LambRun(const PassInput &in) : in_(in) {}
+    void pass(int pass, const double *const *summed, double *const *mine, double *grad_sumsq) override {
+        if (pass == 0) {
+            std::vector<LambSums> sums(in_.num_segs);
+            lamb_first_pass(in_.segs, in_.num_segs, in_.grad_scale, in_.pool, sums.data(), grad_sumsq);
+            for (size_t s = 0; s < in_.num_segs; ++s) {
+                double *block = mine[in_.param_of[s]];
+                block[0] = sums[s].param;
+                block[1] = sums[s].update;
+            }
+            return;
+        }
+        std::vector<float> factors(in_.num_segs);
+        for (size_t s = 0; s < in_.num_segs; ++s) {
+            const double *block = summed[in_.param_of[s]];
+            factors[s] = lamb_factor(*in_.segs[s].hyper, in_.segs[s].step, LambSums{block[0], block[1]});
+        }
+        lamb_second_pass(in_.segs, in_.num_segs, factors.data(), in_.pool);
+    }
+
+  private:
+    PassInput in_;
+};
+
+uint64_t lamb_block_width(int, const std::vector<int64_t> &) { return 2; }
+std::unique_ptr<ParamPassRun> lamb_start(const PassInput &in) { return std::make_unique<LambRun>(in); }
+
+}  // namespace
+
+const ParamPasses kLambPasses = {1, lamb_block_width, lamb_start};
 
 }  // namespace optim
 }  // namespace sx

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/half.h"
+#include "optim/param_passes.h"
 #include "optim/passes.h"
 
 namespace sx {
@@ -174,6 +175,32 @@ void muon_apply(const Segment *segs, size_t num_segs, const float *const *orth, 
         if (seg.compute_out) half::from_f32(seg.compute_dtype, p, seg.compute_out, seg.n);
     }
 }
+
+namespace {
+
+// Newton-Schulz's multiply-adds for a rows x cols matrix, per iteration (m <= n):
+// X X^T (m m n), G G (m m m), U X (m m n).
+double newton_schulz_cost(const std::vector<int64_t> &shape) {
+    const double m = static_cast<double>(std::min(shape[0], shape[1]));
+    const double n = static_cast<double>(std::max(shape[0], shape[1]));
+    return m * m * (2.0 * n + m);
+}
+
+void orthogonalise(const float *u, const std::vector<int64_t> &shape, const Hyper &h, ThreadPool *pool, float *out) {
+    newton_schulz(u, shape[0], shape[1], h, pool, out);
+}
+
+// The second pass, each segment's lr adjusted to its param's shape.
+void apply_orthogonalised(const Segment *segs, size_t num_segs, const std::vector<int64_t> *const *shapes,
+                          const float *const *orth) {
+    std::vector<double> adjusted(num_segs);
+    for (size_t s = 0; s < num_segs; ++s) adjusted[s] = muon_adjusted_lr(*segs[s].hyper, (*shapes[s])[0], (*shapes[s])[1]);
+    muon_apply(segs, num_segs, orth, adjusted.data());
+}
+
+}  // namespace
+
+const WholeParamUpdate kMuonUpdate = {"newton_schulz", muon_momentum, newton_schulz_cost, orthogonalise, apply_orthogonalised};
 
 }  // namespace optim
 }  // namespace sx

@@ -19,7 +19,8 @@ class ThreadPool;
 // per-segment constants (dispatch.cc, consts_<stem>) and its scalar reference
 // (reference.cc, reference_<stem>); its row of the optimizer table (optimizers.cc) says
 // what it keeps, accepts and needs. Optimizers that are not elementwise have the stem
-// not_elementwise (their updates are lamb.h's, muon.h's, adafactor.h's).
+// not_elementwise (their updates are lamb.h's, muon.h's, adafactor.h's, which the step
+// runs through their rows' param_passes.h interfaces).
 #define SX_BUILTIN_OPTIMIZERS(X)                       \
     X(kSgd, SX_OPTIM_SGD, sgd)                         \
     X(kAdam, SX_OPTIM_ADAM, adam)                      \
@@ -119,6 +120,9 @@ constexpr int kMaxStateSlots = 3;
 static_assert(SX_MAX_CUSTOM_SLOTS <= kMaxStateSlots, "custom optimizers' slots are the built-ins'");
 
 struct CustomOptimizer;
+struct ParamPasses;
+struct WholeParamUpdate;
+struct WholeTensors;
 
 // What an optimizer needs from the step besides its own segment's elements.
 enum class Needs : int32_t {
@@ -134,13 +138,6 @@ enum class StepCount : int32_t {
     kMomentumUpdates, // the updates that used its momentum buffer (SGD's momentum > 0)
     kGroup,           // its param group's steps, counted on while the param is frozen
                       // (pytorch-optimizer's group["step"])
-};
-
-// How a kParamReduction optimizer's per-param sums are laid out (core's exchange).
-enum class ParamSums : int32_t {
-    kNone,
-    kNorms,         // two sums per param: its squares and its direction's (LAMB's trust ratio)
-    kFactoredMeans, // row and column sums of squares (adafactor.h, AdafactorShape)
 };
 
 // One state slot: torch's name for it in the optimizer's state dict, and whether a
@@ -178,11 +175,14 @@ struct OptimizerSpec {
     const CustomOptimizer *custom;
     // Traits the step asks instead of the optimizer's name.
     StepCount step_count = StepCount::kParam;
-    ParamSums param_sums = ParamSums::kNone;  // kParamReduction: which sums
     int32_t param_ndim = 0;  // the dimensions every param must have (Muon's 2), or 0: any
-    // Keeps per-param factored moments outside the slots (Adafactor's, ParamSpec::row_var,
-    // col_var) for params of two or more dimensions.
-    bool factored_moments = false;
+    // How the step runs it (param_passes.h): kParamReduction's passes and exchanges,
+    // kWholeParam's update; nullptr for an elementwise optimizer.
+    const ParamPasses *passes = nullptr;
+    const WholeParamUpdate *whole_update = nullptr;
+    // The per-param tensors it keeps whole on every rank besides its slots (Adafactor's
+    // factored moments), or nullptr.
+    const WholeTensors *whole_tensors = nullptr;
 };
 
 // The row of SX_OPTIM_* value `optimizer` (or a registered optimizer's id), or nullptr

@@ -6,6 +6,7 @@
 
 #include "optim/custom.h"
 #include "optim/optimizer.h"
+#include "optim/param_passes.h"
 
 namespace sx {
 namespace optim {
@@ -92,23 +93,23 @@ const OptimizerSpec kOptimizers[] = {
     {Kind::kLamb, "Lamb", "pytorch_optimizer.Lamb", Needs::kParamReduction,
      kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_DECOUPLED_WEIGHT_DECAY), 0,
      {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}}, nullptr,
-     {{SX_HP_EPS, 1e-6}, {SX_HP_DECOUPLED_WEIGHT_DECAY, 1}, {0, 0}}, nullptr, nullptr, StepCount::kGroup,
-     ParamSums::kNorms},
+     {{SX_HP_EPS, 1e-6}, {SX_HP_DECOUPLED_WEIGHT_DECAY, 1}, {0, 0}}, nullptr, nullptr, StepCount::kGroup, 0,
+     &kLambPasses},
     // torch.optim.Muon (optim/muon.h): 2-D params, each orthogonalised whole on one rank.
     {Kind::kMuon, "Muon", "torch.optim.Muon", Needs::kWholeParam,
      bit(SX_HP_LR) | bit(SX_HP_WEIGHT_DECAY) | bit(SX_HP_MOMENTUM) | bit(SX_HP_NESTEROV) | bit(SX_HP_EPS) |
          bit(SX_HP_NS_A) | bit(SX_HP_NS_B) | bit(SX_HP_NS_C) | bit(SX_HP_NS_STEPS) | bit(SX_HP_ADJUST_LR),
      0, {{"momentum_buffer", nullptr}}, nullptr,
      {{SX_HP_WEIGHT_DECAY, 0.1}, {SX_HP_MOMENTUM, 0.95}, {SX_HP_NESTEROV, 1}, {SX_HP_EPS, 1e-7}, {0, 0}}, check_muon,
-     nullptr, StepCount::kParam, ParamSums::kNone, 2},
+     nullptr, StepCount::kParam, 2, nullptr, &kMuonUpdate},
     // torch.optim.Adafactor (optim/adafactor.h): its eps pair is (eps, eps2), eps's
     // default torch's None for fp32 (the machine epsilon, 2^-23); the factored moments of
-    // a param of two or more dimensions are kept per param (ParamSpec::factors), not in
-    // a slot.
+    // a param of two or more dimensions are kept whole per param (its WholeTensors,
+    // row_var and col_var), not in a slot.
     {Kind::kAdafactor, "Adafactor", "torch.optim.Adafactor", Needs::kParamReduction,
      kCommon | bit(SX_HP_EPS) | bit(SX_HP_BETA2_DECAY) | bit(SX_HP_EPS2) | bit(SX_HP_D), 0,
      {{"variance", if_unfactored}}, nullptr, {{SX_HP_LR, 1e-2}, {SX_HP_EPS, 0x1p-23}, {0, 0}}, check_adafactor, nullptr,
-     StepCount::kParam, ParamSums::kFactoredMeans, 0, true},
+     StepCount::kParam, 0, &kAdafactorPasses, nullptr, &kAdafactorWholeTensors},
     // pytorch-optimizer 4.1.0's AdEMAMix (optim/ademamix.cc): betas (beta1, beta2, beta3),
     // alpha, t_alpha_beta3 (0: its None, no warmup); its weight_decouple is
     // decoupled_weight_decay; its fixed_decay (p *= 1 - wd) is weight_decay / lr with it off.
