@@ -353,8 +353,6 @@ Status ShardGroup::form(const GroupConfig &c, const std::string &trace_path, Clo
     return Status::Ok();
 }
 
-bool ShardGroup::between_steps() const { return !round_->open() && micro_batches_ == 0; }
-
 // A regroup's new group goes on from where `from`'s counters were (after its finalize).
 void ShardGroup::continue_counters(uint64_t steps, const LossScaling &settings, const LossScalerState &state) {
     record_.set_steps(steps);
@@ -394,7 +392,7 @@ Status ShardGroup::finalize() {
     if (table_.finalized()) {
         // Units laid out before stay where they are; nothing of theirs may be in flight.
         SX_TRY(settle());
-        SX_CHECK(!round_->open() && micro_batches_ == 0, SX_ERR_INVALID_STATE,
+        SX_CHECK(stepper_.between_steps(), SX_ERR_INVALID_STATE,
                  "params and param groups added after sx_finalize are laid out between steps, not while "
                  "gradients are being reduced or accumulated");
     }
@@ -435,7 +433,7 @@ Status ShardGroup::finalize() {
     table_.applied().resize(table_.flags().size(), 0);
     const bool first = !table_.finalized();
     table_.set_finalized(true);
-    Status s = prepare(mask);
+    Status s = stepper_.prepare(mask);
     // Stage 3 gathers on a channel of its own from the start.
     if (s.ok() && config_.stage == 3) s = gathers_->open();
     if (!s.ok()) {
@@ -619,7 +617,7 @@ void ShardFence::wait_readers() const {
 Status ShardGroup::refresh_trainable() {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
-    return prepare(table_.flags());
+    return stepper_.prepare(table_.flags());
 }
 
 Status ShardGroup::collective(const std::function<Status(comm::Communicator &)> &fn) {
@@ -640,23 +638,11 @@ Status ShardGroup::export_shard(ShardState *out) {
     for (size_t u = 0; u < units_.size(); ++u) st.units.push_back(unit_shard(u));
     st.trainable.resize(table_.params().size());
     for (size_t p = 0; p < table_.params().size(); ++p) st.trainable[p] = table_.flags()[p] ? 1 : 0;
-    st.progress = progress();
+    st.progress = stepper_.progress();
     *out = std::move(st);
     return Status::Ok();
 }
 
-ShardProgress ShardGroup::progress() const {
-    ShardProgress pr;
-    pr.steps_taken = record_.steps();
-    for (const ParamSpec &spec : table_.params())
-        pr.params.push_back({spec.step, spec.momentum_steps, spec.mu_product, spec.row_var, spec.col_var});
-    for (const ParamGroup &g : table_.groups()) {
-        pr.hypers.push_back(g.hyper);
-        pr.group_steps.push_back(g.steps);
-    }
-    pr.scaler = scaler_.state();
-    return pr;
-}
 
 Status ShardGroup::restore_shard(const ShardRestore &r) {
     // Everything is checked before anything changes.
@@ -769,60 +755,12 @@ MemoryStats ShardGroup::memory_stats() const {
     return m;
 }
 
-// Applies a trainable mask: unit flags, and optimizer state (and stage 2's gradient
-// accumulator) allocated for every unit that needs it under the current
-// hyperparameters. All allocations happen before anything changes.
-Status ShardGroup::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
-    SX_TRY(units_.prepare(mask, accumulate));
-    for (size_t i = 0; i < mask.size(); ++i) table_.applied()[i] = mask[i] ? 1 : 0;
-    return Status::Ok();
-}
 
 // ---------------------------------------------------------------------------------
 // What the ranks agree on (the agreement part: agreement.h)
 
-Agreement ShardGroup::step_agreement(const char *call, std::vector<uint8_t> mask, double max_grad_norm,
-                                     int defer_gather, bool weighted) const {
-    Agreement a;
-    a.call = call;
-    a.mask = std::move(mask);
-    a.max_grad_norm = max_grad_norm;
-    a.defer_gather = defer_gather;
-    a.weighted = weighted;
-    if (config_.stage == 3 && defer_gather >= 0)
-        for (size_t u = 0; u < units_.size(); ++u) a.gathered.push_back(gathers_->pins(u) > 0 ? 1 : 0);
-    for (const ParamGroup &g : table_.groups()) a.hypers.push_back(g.hyper);
-    const LossScaling &ls = scaler_.settings();
-    a.loss_scaling_mode = ls.mode;
-    a.loss_scale = scaler_.scale();
-    a.growth_factor = ls.growth_factor;
-    a.backoff_factor = ls.backoff_factor;
-    a.growth_interval = ls.growth_interval;
-    a.micro_batches = micro_batches_;
-    return a;
-}
 
-// Collective on the world's communicator: CallHeaders::exchange; world size 1: no
-// exchange (*all gets `mine`).
-Status ShardGroup::exchange_header(const char *call, CallHeader mine, const CallHeaders::FactsFn &facts,
-                                   std::vector<CallHeader> *all, const char *intro) {
-    return headers_->exchange(mesh_.world(), call, mine, facts, all, intro);
-}
 
-// Collective: every rank must be in the same call with the same agreement
-// (SX_ERR_MISMATCH naming what differs otherwise, on every rank); *weight_sum (may be
-// null) receives the sum of every rank's `weight`, added in rank order.
-Status ShardGroup::agree(const Agreement &a, double weight, double *weight_sum) {
-    CallHeader mine;
-    mine.fingerprint = agreement_fingerprint(a);
-    mine.weight = weight;
-    std::vector<CallHeader> all;
-    SX_TRY(exchange_header(a.call, mine, [&] { return agreement_facts(a, table_.params()); }, &all));
-    double sum = 0.0;
-    for (const CallHeader &h : all) sum += h.weight;  // in rank order: the same bits on every rank
-    if (weight_sum) *weight_sum = sum;
-    return Status::Ok();
-}
 
 // ShardAccess::agree_call; it settles the channels first (nothing of theirs may share the
 // communicator), and at stage 3 meets the gathers (Gathers::meet).
@@ -834,31 +772,13 @@ Status ShardGroup::agree_call(const char *call, std::vector<Fact> facts, const S
     CallHeader mine;
     mine.fingerprint = facts_fingerprint(facts);
     mine.refused = local.code();
-    Status s = exchange_header(call, mine, [&] { return facts; }, nullptr, intro);
+    Status s = headers_->exchange(mesh_.world(), call, mine, [&] { return facts; }, nullptr, intro);
     // A rank that refused the call returns its own error, unless the ranks were in
     // different calls (which is what each is told).
     if (!local.ok() && (s.ok() || s.code() == local.code())) return local;
     return s;
 }
 
-// Collective: the sum of every shard's `local` (over the shard group's ranks: every
-// replica group holds the same shards), added in shard order (the same bits on every
-// rank, whatever the collective's own order of additions).
-Status ShardGroup::sum_over_ranks(double local, double *total) {
-    // Every replica group holds the same shards: the sum is over the shard group's ranks.
-    if (mesh_.shard_size() == 1) {
-        *total = local;
-        return Status::Ok();
-    }
-    std::vector<double> all(static_cast<size_t>(mesh_.shard_size()), 0.0);
-    all[static_cast<size_t>(mesh_.shard_rank())] = local;
-    Status s = mesh_.shard().all_gather(all.data(), sizeof(double));
-    if (!s.ok()) return fail(s);
-    double sum = 0.0;
-    for (double v : all) sum += v;  // in rank order: the same bits on every rank
-    *total = sum;
-    return Status::Ok();
-}
 
 Status ShardGroup::set_loss_scaling(const LossScaling &s) {
     SX_TRY(check_usable());

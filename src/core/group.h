@@ -38,6 +38,7 @@
 #include "core/whole_state.h"
 #include "core/shard_state.h"
 #include "core/step_record.h"
+#include "core/stepper.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
 
@@ -99,9 +100,9 @@ class ShardGroup : public RecoveryAccess {
     Status build_layout(int shard_size, Layout *out) const override;
     Status ensure_masters() override { return units_.ensure_masters(); }
     std::vector<int> exited_peers() const override { return mesh_.world().exited_peers(); }
-    bool between_steps() const override;
+    bool between_steps() const override { return stepper_.between_steps(); }
     Status settle() override { return pipeline_.settle(); }
-    Status keep_copy(bool send) override;  // step.cc
+    Status keep_copy(bool send) override { return stepper_.keep_copy(send); }
     void continue_counters(uint64_t steps, const LossScaling &settings, const LossScalerState &state) override;
     Status form(const GroupConfig &c, const std::string &trace_path, Clock::time_point deadline,
                 std::shared_ptr<rdzv::Store> store, std::unique_ptr<RecoveryAccess> *out) const override;
@@ -132,8 +133,8 @@ class ShardGroup : public RecoveryAccess {
     // --- the step, units as a pipeline (pipeline.h: the trainer's calls on a unit), loss scaling ---
     Pipeline &pipeline() { return pipeline_; }
     const Pipeline &pipeline() const { return pipeline_; }
-    Status accumulate_grads();                                     // collective
-    Status step(const StepOptions &options, StepResult *result);  // collective
+    Status accumulate_grads() { return stepper_.accumulate_grads(); }  // collective
+    Status step(const StepOptions &options, StepResult *result) { return stepper_.step(options, result); }  // collective
     uint64_t steps_taken() const override { return record_.steps(); }
     uint64_t reductions_run() const { return round_->reductions_run(); }  // any thread
     const std::vector<int32_t> &deferred_gather_order() const { return gathers_->deferred_order(); }
@@ -156,47 +157,18 @@ class ShardGroup : public RecoveryAccess {
     static Status assemble(const GroupConfig &config, const std::string &trace_path, Clock::time_point deadline,
                            const std::function<Status(std::shared_ptr<rdzv::Store> *)> &open_store,
                            std::unique_ptr<ShardGroup> *out);
-    Status keep_due_copy();  // step.cc
-    ShardProgress progress() const;  // what a memory copy holds besides the tensors
     // Each private function's contract is at its definition.
     // --- the mesh's work (group.cc; the part: mesh.h) ---
-    Status reduce_replicas(size_t u, float *shard);
     Status broadcast_gathered(int root);
     void abort_communicators();
-    // --- what the ranks agree on (group.cc; the part: agreement.h) ---
-    Agreement step_agreement(const char *call, std::vector<uint8_t> mask, double max_grad_norm, int defer_gather,
-                             bool weighted) const;
-    Status exchange_header(const char *call, CallHeader mine, const CallHeaders::FactsFn &facts,
-                           std::vector<CallHeader> *all, const char *intro = "ranks disagree");
-    Status agree(const Agreement &a, double weight, double *weight_sum);
-    Status sum_over_ranks(double local, double *total);
-    std::vector<uint8_t> candidate_mask() const;
-    Status prepare(const std::vector<uint8_t> &mask, bool accumulate = false);
     char *params_base(size_t u) const;  // unit u's whole params (stage 3: the gathers')
-    // --- the step (step.cc) ---
-    Status reduce_for_step(const StepOptions &options, double *weight_sum, bool *have_sumsq, double *sumsq);
-    Status reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum);
-    int32_t agreement_rider_unit(const Agreement &a, bool accumulate) const;
-    Status reduce_agreeing(size_t u, const Agreement &a, bool accumulate, double weight, double *weight_sum,
-                           float **shard);
-    bool norm_rides_gather(bool defer_gather) const;
-    Status update_shard(float grad_scale, int32_t head, int nonfinite, double *sumsq);
-    Status update_double_buffered(float grad_scale, int nonfinite, double *sumsq);
+    // The update's passes over params that need more than their own elements, which the
+    // step runs (UpdatePass).
     Status update_param_reductions(float grad_scale, double *sumsq);
     Status sum_blocks(std::vector<double> &all, size_t width, const char *what, std::vector<double> *whole);
     Status update_whole_params(float grad_scale, double *sumsq);
     Status orthogonalise_on(int owner, const std::vector<int32_t> &covered, const std::vector<int> &owners,
                             const std::vector<int> &seg_of, const std::vector<float *> &pieces);
-    Status update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, int nonfinite, double *sumsq);
-    float norm_scale() const;
-    Status global_norm(double *sumsq);
-    Status gather_trainable_units(const double *local_sumsq = nullptr, double *sumsq = nullptr);
-    Status prepare_shard_for_update();
-    Status end_step(const StepOptions &options, bool dynamic, double norm, StepResult *result);
-    Status finish_step(bool keep_grads);
-    Status skip_step(const StepOptions &options, double norm, StepResult *result);
-    Status skip_nonfinite(const StepOptions &options, double norm, StepResult *result);
-    Status skip_custom(const Status &why, const StepOptions &options, double norm, StepResult *result);
     Status whole_state_call(const char *name, int root, bool gather, const StateFn &fn);  // full_state.cc
 
     GroupConfig config_;
@@ -214,9 +186,13 @@ class ShardGroup : public RecoveryAccess {
     uint64_t checkpoints_ = 0;
     Lineage lineage_;  // the groups before this one (lineage.h)
     LossScaler scaler_;
-    int micro_batches_ = 0;  // accumulate_grads calls since the last step
     ShardFence fence_;
     Pipeline pipeline_{*this};  // units as a pipeline: what joins the round and the gathers to the group
+    // The step (stepper.h), on the parts above and the round, gathers and copies below.
+    Stepper stepper_{{*this, config_, headers_, mesh_, ops_, table_, layout_, units_, record_, lineage_, scaler_, fence_,
+                      pipeline_, round_, gathers_, copies_,
+                      [this](float scale, double *sumsq) { return update_param_reductions(scale, sumsq); },
+                      [this](float scale, double *sumsq) { return update_whole_params(scale, sumsq); }}};
     // The parts with threads, after the communicators: destroyed first.
     std::unique_ptr<ReductionRound> round_;  // the gradient reductions (round.h)
     std::unique_ptr<Gathers> gathers_;       // the param gathers (gathers.h)

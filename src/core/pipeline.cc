@@ -30,7 +30,7 @@ Status Pipeline::settle() {
 // ---------------------------------------------------------------------------------
 // Reductions: the round (round.h) and what it asks of the group
 
-Status Pipeline::agree_round(const Agreement &a) { return g_.agree(a, 0.0, nullptr); }
+Status Pipeline::agree_round(const Agreement &a) { return g_.stepper_.agree(a, 0.0, nullptr); }
 
 Status Pipeline::reduce_unit_grads(size_t u, bool accumulate, float **shard) {
     Status s = g_.units_.reduce(u, g_.mesh_.shard(), accumulate, shard);
@@ -49,14 +49,14 @@ bool Pipeline::agreement_rides(bool accumulate) const {
 }
 
 Status Pipeline::reduce_unit_grads_agreeing(size_t u, bool accumulate, const Agreement &a, float **shard) {
-    SX_TRY(g_.reduce_agreeing(u, a, accumulate, 0.0, nullptr, shard));
+    SX_TRY(g_.stepper_.reduce_agreeing(u, a, accumulate, 0.0, nullptr, shard));
     if (!accumulate) return Status::Ok();
     g_.units_[u].accum_live = true;
     Status s = g_.ops_->zero(g_.units_[u].grads.data(), g_.units_[u].grads.size());
     return s.ok() ? s : g_.fail(s);
 }
 
-Status Pipeline::reduce_unit_replicas(size_t u, float *shard) { return g_.reduce_replicas(u, shard); }
+Status Pipeline::reduce_unit_replicas(size_t u, float *shard) { return g_.stepper_.reduce_replicas(u, shard); }
 
 Status Pipeline::fail_group(Status s) { return g_.fail(s); }
 
@@ -84,13 +84,13 @@ Status Pipeline::unit_grads_ready(int32_t unit, bool accumulate, void *stream) {
     if (!g_.round_->open()) {
         // The round's mask, its allocations, and the ranks' agreement, which runs on the
         // reduction channel ahead of the reductions.
-        std::vector<uint8_t> mask = g_.candidate_mask();
-        SX_TRY(g_.prepare(mask, accumulate));
+        std::vector<uint8_t> mask = g_.stepper_.candidate_mask();
+        SX_TRY(g_.stepper_.prepare(mask, accumulate));
         std::vector<uint8_t> trainable(g_.units_.size());
         for (size_t u = 0; u < g_.units_.size(); ++u) trainable[u] = g_.units_[u].trainable ? 1 : 0;
         const char *what = accumulate ? "sx_unit_grads_ready (accumulate)" : "sx_unit_grads_ready";
-        Agreement a = g_.step_agreement(what, mask, 0.0, -1, false);
-        g_.round_->begin(accumulate, std::move(mask), std::move(trainable), std::move(a), g_.norm_scale());
+        Agreement a = g_.stepper_.step_agreement(what, mask, 0.0, -1, false);
+        g_.round_->begin(accumulate, std::move(mask), std::move(trainable), std::move(a), g_.stepper_.norm_scale());
     }
     g_.round_->signal(unit);
     return Status::Ok();
@@ -115,7 +115,7 @@ Status Pipeline::close_round(Agreement a, double weight, double *sumsq, double *
     bool dropped = false;
     Status s = g_.round_->end(w, std::move(a), weight, sumsq, weight_sum, &dropped);
     if (dropped) {
-        Status d = g_.finish_step(false);  // the ranks disagreed: this step's gradients go
+        Status d = g_.stepper_.finish_step(false);  // the ranks disagreed: this step's gradients go
         if (!d.ok()) return d;
     }
     return s;
@@ -137,7 +137,7 @@ int32_t Pipeline::first_deferred_gather() const {
 // the gathered units gathered again.
 Status Pipeline::gather_after_update(bool defer, int32_t submitted) {
     if (g_.config_.stage == 3) return g_.gathers_->regather_held();  // the held units get the new values
-    if (!defer) return g_.gather_trainable_units();
+    if (!defer) return g_.stepper_.gather_trainable_units();
     // The forward reads the units in the reverse of the backward's order, which the ranks
     // agreed on for the reductions: gathered in that order, the unit the next forward
     // reads first is gathered first (first_deferred_gather(), which the step may have
