@@ -77,8 +77,9 @@ class GroupParts : public RecoveryAccess {
     // --- the lineage and the memory copies (recovery's) ---
     Lineage &lineage() override { return lineage_; }
     const Lineage &lineage() const override { return lineage_; }
-    std::unique_ptr<MemoryCopies> &memory_copies() override { return copies_; }
     const MemoryCopies *memory_copies() const override { return copies_.get(); }
+    void set_memory_copies(std::unique_ptr<MemoryCopies> copies) override { copies_ = std::move(copies); }
+    std::unique_ptr<MemoryCopies> take_memory_copies() override { return std::move(copies_); }
 
     // --- the ranks together, and the group's failure ---
     Status collective(const std::function<Status(comm::Communicator &)> &fn) override;

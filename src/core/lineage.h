@@ -51,10 +51,13 @@ class RecoveryAccess : public ShardAccess {
     virtual const GroupConfig &config() const = 0;
     virtual Lineage &lineage() = 0;
     virtual const Lineage &lineage() const = 0;
-    // The group's memory copies (memory_copies.h): null without them; recovery makes or
-    // drops them as a regroup begins.
-    virtual std::unique_ptr<MemoryCopies> &memory_copies() = 0;
+    // The group's memory copies (memory_copies.h): null without them. Recovery gives a
+    // group without them some (set_memory_copies, before its copy of a sound shard), and
+    // takes them from the group it regroups (take_memory_copies: null where it had none),
+    // keeping what they hold in the lineage.
     virtual const MemoryCopies *memory_copies() const = 0;
+    virtual void set_memory_copies(std::unique_ptr<MemoryCopies> copies) = 0;
+    virtual std::unique_ptr<MemoryCopies> take_memory_copies() = 0;
     // The param table (registration, trainable flags, per-param progress).
     virtual ParamTable &table() = 0;
     virtual const ParamTable &table() const = 0;
