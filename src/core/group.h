@@ -114,7 +114,6 @@ class ShardGroup : public GroupParts {
     Status state_view(int32_t param, const char *tensor, void **data, uint64_t *numel);
 
   private:
-    friend class Pipeline;  // the group's part that runs its units as a pipeline
     using Unit = Units::Unit;
     ShardGroup() = default;
     // A group of `config`'s rank and world size (resolved) on the store `open_store`
@@ -135,10 +134,9 @@ class ShardGroup : public GroupParts {
                             const std::vector<int> &seg_of, const std::vector<float *> &pieces);
     Status whole_state_call(const char *name, int root, bool gather, const StateFn &fn);  // full_state.cc
 
-    Pipeline pipeline_{*this};  // units as a pipeline: what joins the round and the gathers to the group
-    // The step (stepper.h), on the parts.
-    Stepper stepper_{{*this, config_, headers_, mesh_, ops_, table_, layout_, units_, record_, lineage_, scaler_, fence_,
-                      pipeline_, round_, gathers_, copies_,
+    // Units as a pipeline (pipeline.h) and the step (stepper.h), on the parts.
+    Pipeline pipeline_{part_refs(), stepper_};
+    Stepper stepper_{{part_refs(), record_, lineage_, scaler_, fence_, pipeline_, copies_,
                       [this](float scale, double *sumsq) { return update_param_reductions(scale, sumsq); },
                       [this](float scale, double *sumsq) { return update_whole_params(scale, sumsq); }}};
 };

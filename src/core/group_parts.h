@@ -32,6 +32,7 @@
 #include "core/memory_copies.h"
 #include "core/mesh.h"
 #include "core/param_table.h"
+#include "core/part_refs.h"
 #include "core/round.h"
 #include "core/shard_state.h"
 #include "core/step_record.h"
@@ -93,6 +94,8 @@ class GroupParts : public RecoveryAccess {
 
   protected:
     GroupParts() = default;
+    // The parts the step and the pipeline share, by reference.
+    PartRefs part_refs() { return {*this, config_, headers_, mesh_, ops_, table_, layout_, units_, round_, gathers_}; }
     void abort_communicators();
 
     GroupConfig config_;

@@ -5,7 +5,8 @@
 // the step's family of calls (agreement.h) and the trainable mask they apply.
 //
 // It works on the group's parts, which the group hands it by reference (StepParts) and
-// owns together with it; the group's failure, checks and trace it reaches through ShardAccess.
+// owns together with it; the group's failure, checks and trace it reaches through
+// ShardAccess (PartRefs).
 // step.cc has the step's order of work, step_update.cc the update and the norm.
 #pragma once
 
@@ -27,6 +28,7 @@
 #include "core/memory_copies.h"
 #include "core/mesh.h"
 #include "core/param_table.h"
+#include "core/part_refs.h"
 #include "core/round.h"
 #include "core/shard_state.h"
 #include "core/step_record.h"
@@ -42,25 +44,14 @@ class Pipeline;
 // null) gets the sum of squares of the scaled gradients it updated.
 using UpdatePass = std::function<Status(float grad_scale, double *sumsq)>;
 
-// The group's parts the step works on: the group owns them, and the Stepper, and they
-// outlive it; the ones held by pointer are made when the group is assembled. Named as
-// the Stepper's members, which they are.
-struct StepParts {
-    ShardAccess &group_;  // the group's failure, checks and trace
-    const GroupConfig &config_;
-    std::unique_ptr<CallHeaders> &headers_;
-    Mesh &mesh_;
-    std::unique_ptr<DeviceOps> &ops_;
-    ParamTable &table_;
-    const Layout &layout_;
-    Units &units_;
+// The parts the step works on besides those it shares with the pipeline (PartRefs):
+// references, as those.
+struct StepParts : PartRefs {
     StepRecord &record_;
     Lineage &lineage_;
     LossScaler &scaler_;
     ShardFence &fence_;
     Pipeline &pipeline_;
-    std::unique_ptr<ReductionRound> &round_;
-    std::unique_ptr<Gathers> &gathers_;
     std::unique_ptr<MemoryCopies> &copies_;
     UpdatePass update_param_reductions;  // param_reductions.cc
     UpdatePass update_whole_params;      // whole_params.cc
@@ -99,12 +90,6 @@ class Stepper : private StepParts {
     Status gather_trainable_units(const double *local_sumsq = nullptr, double *sumsq = nullptr);
 
   private:
-    // The group's, through ShardAccess.
-    Status fail(Status s) { return group_.fail(s); }
-    Status check_usable() const { return group_.check_usable(); }
-    Status check_finalized() const { return group_.check_finalized(); }
-    trace::Tracer *tracer() const { return group_.tracer(); }
-
     // --- the reduction and the update's order (step.cc) ---
     Status reduce_for_step(const StepOptions &options, double *weight_sum, bool *have_sumsq, double *sumsq);
     Status reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum);
