@@ -1,7 +1,8 @@
 // What recovery (src/recovery/, one layer up: regroups, joining, the lobby, memory copies
 // and their restore) reaches of a shard group, and nothing else: the RecoveryAccess
-// interface below, which ShardGroup implements (core/group.h, which recovery never
-// includes: scripts/check_layers.py holds it to that), and the Lineage a group carries
+// interface below, which ShardGroup implements (core/group.h, on its parts' answers in
+// core/group_parts.h, neither of which recovery includes: scripts/check_layers.py holds
+// it to that), and the Lineage a group carries
 // from the groups before it.
 #pragma once
 
