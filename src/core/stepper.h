@@ -44,8 +44,8 @@ class Pipeline;
 // null) gets the sum of squares of the scaled gradients it updated.
 using UpdatePass = std::function<Status(float grad_scale, double *sumsq)>;
 
-// The parts the step works on besides those it shares with the pipeline (PartRefs):
-// references, as those.
+// The parts the step works on besides those it shares with the pipeline (PartRefs),
+// held the same way: references to the group's own, and the update's passes it runs.
 struct StepParts : PartRefs {
     StepRecord &record_;
     Lineage &lineage_;
