@@ -258,7 +258,7 @@ Status CallHeaders::exchange(comm::Communicator &c, const char *call, CallHeader
     std::vector<CallHeader> headers(W);
     headers[static_cast<size_t>(c.rank())] = mine;
     Status s = c.all_gather(headers.data(), sizeof(CallHeader));
-    // A peer whose agreement rides on a collective of its call (ShardGroup::reduce_agreeing)
+    // A peer whose agreement rides on a collective of its call (Stepper::reduce_agreeing)
     // meets this exchange in another call: the transport turns both back, nothing moved,
     // and that peer comes here next.
     if (s.code() == SX_ERR_MISMATCH) {

@@ -17,7 +17,8 @@ Status ShardGroup::whole_state_call(const char *name, int root, bool gather, con
     SX_TRY(settle());
     const std::string call = format("%s (root %d)", name, root);
     SX_TRY(gathers_->meet(call.c_str()));
-    SX_TRY(agree(step_agreement(call.c_str(), candidate_mask(), 0.0, -1, false), 0.0, nullptr));
+    const Agreement a = stepper_.step_agreement(call.c_str(), stepper_.candidate_mask(), 0.0, -1, false);
+    SX_TRY(stepper_.agree(a, 0.0, nullptr));
     WholeState::Mesh mesh;
     mesh.world = mesh_.world_size() > 1 ? &mesh_.world() : nullptr;
     mesh.shard = mesh_.shard_size() > 1 ? &mesh_.shard() : nullptr;

@@ -21,7 +21,7 @@ namespace {
 // A unit's params update in one pass per kind of optimizer: a custom optimizer's
 // (double-buffered: undone everywhere if any rank fails) and one that looks at whole
 // params (updated in two passes around an exchange) cannot share a unit. An optimizer
-// whose row names a number of dimensions (Muon's 2, as torch.optim.Muon) takes those only.
+// whose row names a number of dimensions (param_ndim: 2 for a matrix) takes those only.
 Status check_unit_optimizers(const std::deque<ParamSpec> &params, const std::vector<ParamGroup> &groups) {
     for (size_t i = 0; i < params.size(); ++i) {
         const optim::Kind kind = groups[params[i].group].hyper.kind;
@@ -307,37 +307,6 @@ ShardGroup::~ShardGroup() {
     }
 }
 
-Status ShardGroup::fail(Status s) {
-    // A failed group can only be destroyed, so its peers would wait for this rank in their
-    // next collective until their timeout: closing its connections fails those at once.
-    // Not under abort_mu_: a channel's thread may fail the group while the destructor,
-    // holding it, joins that thread (the communicators outlive the channels).
-    if (failure_.record(s)) {
-        abort_communicators();
-        return s;
-    }
-    // A call that the first failure's abort cut short (another thread's, a channel's)
-    // says what failed, not that it was aborted: nobody called sx_abort.
-    if (s.code() == SX_ERR_ABORTED && !failure_.aborted()) return failure_.check();
-    return s;
-}
-
-void ShardGroup::abort() {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    failure_.set_aborted();
-    abort_communicators();
-}
-
-void ShardGroup::abort_communicators() {
-    mesh_.abort();
-    if (gathers_) gathers_->abort();
-    // Not the memory copies' sending: it has a communicator of its own, and a copy whose
-    // sending still completes is one more the survivors may restore from (regroup waits
-    // for it, a moment at most; a lost peer fails it at once).
-}
-
-Status ShardGroup::check_usable() const { return failure_.check(); }
-
 // A regroup's new group (lineage.h): assembled like create's, on the store the regroup
 // opened for its epoch.
 Status ShardGroup::form(const GroupConfig &c, const std::string &trace_path, Clock::time_point deadline,
@@ -353,37 +322,8 @@ Status ShardGroup::form(const GroupConfig &c, const std::string &trace_path, Clo
     return Status::Ok();
 }
 
-bool ShardGroup::between_steps() const { return !round_->open() && micro_batches_ == 0; }
-
-// A regroup's new group goes on from where `from`'s counters were (after its finalize).
-void ShardGroup::continue_counters(uint64_t steps, const LossScaling &settings, const LossScalerState &state) {
-    record_.set_steps(steps);
-    scaler_.configure(settings);
-    scaler_.restore(state);
-}
-
-Status ShardGroup::check_finalized() const {
-    SX_CHECK(!lineage_.joining, SX_ERR_INVALID_STATE,
-             "the group is joining (SX_GROUP_JOIN): it takes part in nothing until sx_regroup admits it");
-    SX_CHECK(table_.finalized(), SX_ERR_INVALID_STATE, "the group is not finalized yet; call sx_finalize first");
-    SX_CHECK(!table_.pending(), SX_ERR_INVALID_STATE,
-             "%zu param(s) and %zu param group(s) were added after sx_finalize: call sx_finalize again (on every "
-             "rank) to lay them out before the group goes on",
-             table_.pending_params(), table_.pending_groups());
-    return Status::Ok();
-}
-
 // ---------------------------------------------------------------------------------
 // Registration
-
-// The layout of every param registered, in `shard_size` shards.
-Status ShardGroup::build_layout(int shard_size, Layout *out) const {
-    std::vector<ParamShape> shapes(table_.params().size());
-    for (size_t i = 0; i < table_.params().size(); ++i)
-        shapes[i] = {table_.params()[i].unit, table_.params()[i].numel,
-                     static_cast<uint32_t>(dtype_size(table_.params()[i].dtype))};
-    return Layout::build(shapes, shard_size, static_cast<uint64_t>(config_.alignment), out);
-}
 
 Status ShardGroup::finalize() {
     SX_TRY(check_usable());
@@ -394,7 +334,7 @@ Status ShardGroup::finalize() {
     if (table_.finalized()) {
         // Units laid out before stay where they are; nothing of theirs may be in flight.
         SX_TRY(settle());
-        SX_CHECK(!round_->open() && micro_batches_ == 0, SX_ERR_INVALID_STATE,
+        SX_CHECK(stepper_.between_steps(), SX_ERR_INVALID_STATE,
                  "params and param groups added after sx_finalize are laid out between steps, not while "
                  "gradients are being reduced or accumulated");
     }
@@ -435,7 +375,7 @@ Status ShardGroup::finalize() {
     table_.applied().resize(table_.flags().size(), 0);
     const bool first = !table_.finalized();
     table_.set_finalized(true);
-    Status s = prepare(mask);
+    Status s = stepper_.prepare(mask);
     // Stage 3 gathers on a channel of its own from the start.
     if (s.ok() && config_.stage == 3) s = gathers_->open();
     if (!s.ok()) {
@@ -595,37 +535,13 @@ Status ShardGroup::all_reduce(double *values, int32_t count, int32_t op) {
     return Status::Ok();
 }
 
-void ShardFence::hold() {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++holds_;
-}
-
-void ShardFence::release() {
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        --holds_;
-    }
-    cv_.notify_all();
-}
-
-void ShardFence::wait_readers() const {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return holds_ == 0; });
-}
-
 // ---------------------------------------------------------------------------------
 // Trainability and optimizer state
 
 Status ShardGroup::refresh_trainable() {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
-    return prepare(table_.flags());
-}
-
-Status ShardGroup::collective(const std::function<Status(comm::Communicator &)> &fn) {
-    SX_TRY(check_usable());
-    Status s = fn(mesh_.world());
-    return s.ok() ? s : fail(s);
+    return stepper_.prepare(table_.flags());
 }
 
 // ---------------------------------------------------------------------------------
@@ -640,77 +556,8 @@ Status ShardGroup::export_shard(ShardState *out) {
     for (size_t u = 0; u < units_.size(); ++u) st.units.push_back(unit_shard(u));
     st.trainable.resize(table_.params().size());
     for (size_t p = 0; p < table_.params().size(); ++p) st.trainable[p] = table_.flags()[p] ? 1 : 0;
-    st.progress = progress();
+    st.progress = stepper_.progress();
     *out = std::move(st);
-    return Status::Ok();
-}
-
-ShardProgress ShardGroup::progress() const {
-    ShardProgress pr;
-    pr.steps_taken = record_.steps();
-    for (const ParamSpec &spec : table_.params())
-        pr.params.push_back({spec.step, spec.momentum_steps, spec.mu_product, spec.row_var, spec.col_var});
-    for (const ParamGroup &g : table_.groups()) {
-        pr.hypers.push_back(g.hyper);
-        pr.group_steps.push_back(g.steps);
-    }
-    pr.scaler = scaler_.state();
-    return pr;
-}
-
-Status ShardGroup::restore_shard(const ShardRestore &r) {
-    // Everything is checked before anything changes.
-    SX_CHECK(r.state && r.state->size() == units_.size() && r.slots.size() == units_.size(), SX_ERR_INTERNAL,
-             "restoring the shard: state for %zu units, the group has %zu", r.slots.size(), units_.size());
-    for (size_t u = 0; u < units_.size(); ++u) {
-        const uint64_t bytes = layout_.units()[u].shard_numel * sizeof(float);
-        SX_CHECK(r.slots[u] >= 0 && r.slots[u] <= 3, SX_ERR_INTERNAL, "restoring %d state slots of unit %zu",
-                 r.slots[u], u);
-        for (int k = 0; k < r.slots[u]; ++k)
-            SX_CHECK((*r.state)[u][k].size() == bytes, SX_ERR_INTERNAL,
-                     "restoring state slot %d of unit %zu: %zu bytes for a slot of %llu", k, u,
-                     (*r.state)[u][k].size(), static_cast<unsigned long long>(bytes));
-    }
-    if (r.masters) {
-        SX_CHECK(r.masters->size() == units_.size(), SX_ERR_INTERNAL, "restoring the masters of %zu units into %zu",
-                 r.masters->size(), units_.size());
-        for (size_t u = 0; u < units_.size(); ++u) {
-            const Buffer &m = (*r.masters)[u];
-            SX_CHECK(m.empty() || m.size() == units_[u].master.size(), SX_ERR_INTERNAL,
-                     "restoring the masters of unit %zu: %zu bytes for %zu", u, m.size(), units_[u].master.size());
-        }
-    }
-    if (r.progress)
-        SX_CHECK(r.progress->params.size() == table_.params().size() && r.progress->hypers.size() == table_.groups().size(),
-                 SX_ERR_INTERNAL, "restoring the progress of %zu params and %zu param groups into %zu and %zu",
-                 r.progress->params.size(), r.progress->hypers.size(), table_.params().size(), table_.groups().size());
-    for (size_t u = 0; u < units_.size(); ++u) {
-        Unit &unit = units_[u];
-        for (int k = 0; k < r.slots[u]; ++k) std::swap(unit.state[k], (*r.state)[u][k]);
-        unit.state_slots = std::max(unit.state_slots, r.slots[u]);
-        if (r.masters && !(*r.masters)[u].empty()) std::swap(unit.master, (*r.masters)[u]);
-    }
-    if (!r.progress) return Status::Ok();
-    const ShardProgress &pr = *r.progress;
-    for (size_t p = 0; p < table_.params().size(); ++p) {
-        table_.params()[p].step = pr.params[p].step;
-        table_.params()[p].momentum_steps = pr.params[p].momentum_steps;
-        table_.params()[p].mu_product = pr.params[p].mu_product;
-        table_.params()[p].row_var = pr.params[p].row_var;
-        table_.params()[p].col_var = pr.params[p].col_var;
-    }
-    for (size_t g = 0; g < table_.groups().size(); ++g) {
-        table_.groups()[g].hyper = pr.hypers[g];
-        if (g < pr.group_steps.size()) table_.groups()[g].steps = pr.group_steps[g];
-    }
-    // The group has taken at least as many steps as any param has had updates (what a
-    // checkpoint records and checks): params a load left as they were, or counts
-    // scattered from another optimizer, may bring more than the steps restored.
-    uint64_t steps = pr.steps_taken;
-    for (const ParamSpec &ps : table_.params()) steps = std::max(steps, static_cast<uint64_t>(std::max<int64_t>(ps.step, 0)));
-    record_.set_steps(steps);
-    scaler_.restore(pr.scaler);
-    if (copies_) copies_->mark_dirty();  // the next step keeps a copy of the new state
     return Status::Ok();
 }
 
@@ -769,60 +616,8 @@ MemoryStats ShardGroup::memory_stats() const {
     return m;
 }
 
-// Applies a trainable mask: unit flags, and optimizer state (and stage 2's gradient
-// accumulator) allocated for every unit that needs it under the current
-// hyperparameters. All allocations happen before anything changes.
-Status ShardGroup::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
-    SX_TRY(units_.prepare(mask, accumulate));
-    for (size_t i = 0; i < mask.size(); ++i) table_.applied()[i] = mask[i] ? 1 : 0;
-    return Status::Ok();
-}
-
 // ---------------------------------------------------------------------------------
 // What the ranks agree on (the agreement part: agreement.h)
-
-Agreement ShardGroup::step_agreement(const char *call, std::vector<uint8_t> mask, double max_grad_norm,
-                                     int defer_gather, bool weighted) const {
-    Agreement a;
-    a.call = call;
-    a.mask = std::move(mask);
-    a.max_grad_norm = max_grad_norm;
-    a.defer_gather = defer_gather;
-    a.weighted = weighted;
-    if (config_.stage == 3 && defer_gather >= 0)
-        for (size_t u = 0; u < units_.size(); ++u) a.gathered.push_back(gathers_->pins(u) > 0 ? 1 : 0);
-    for (const ParamGroup &g : table_.groups()) a.hypers.push_back(g.hyper);
-    const LossScaling &ls = scaler_.settings();
-    a.loss_scaling_mode = ls.mode;
-    a.loss_scale = scaler_.scale();
-    a.growth_factor = ls.growth_factor;
-    a.backoff_factor = ls.backoff_factor;
-    a.growth_interval = ls.growth_interval;
-    a.micro_batches = micro_batches_;
-    return a;
-}
-
-// Collective on the world's communicator: CallHeaders::exchange; world size 1: no
-// exchange (*all gets `mine`).
-Status ShardGroup::exchange_header(const char *call, CallHeader mine, const CallHeaders::FactsFn &facts,
-                                   std::vector<CallHeader> *all, const char *intro) {
-    return headers_->exchange(mesh_.world(), call, mine, facts, all, intro);
-}
-
-// Collective: every rank must be in the same call with the same agreement
-// (SX_ERR_MISMATCH naming what differs otherwise, on every rank); *weight_sum (may be
-// null) receives the sum of every rank's `weight`, added in rank order.
-Status ShardGroup::agree(const Agreement &a, double weight, double *weight_sum) {
-    CallHeader mine;
-    mine.fingerprint = agreement_fingerprint(a);
-    mine.weight = weight;
-    std::vector<CallHeader> all;
-    SX_TRY(exchange_header(a.call, mine, [&] { return agreement_facts(a, table_.params()); }, &all));
-    double sum = 0.0;
-    for (const CallHeader &h : all) sum += h.weight;  // in rank order: the same bits on every rank
-    if (weight_sum) *weight_sum = sum;
-    return Status::Ok();
-}
 
 // ShardAccess::agree_call; it settles the channels first (nothing of theirs may share the
 // communicator), and at stage 3 meets the gathers (Gathers::meet).
@@ -834,30 +629,11 @@ Status ShardGroup::agree_call(const char *call, std::vector<Fact> facts, const S
     CallHeader mine;
     mine.fingerprint = facts_fingerprint(facts);
     mine.refused = local.code();
-    Status s = exchange_header(call, mine, [&] { return facts; }, nullptr, intro);
+    Status s = headers_->exchange(mesh_.world(), call, mine, [&] { return facts; }, nullptr, intro);
     // A rank that refused the call returns its own error, unless the ranks were in
     // different calls (which is what each is told).
     if (!local.ok() && (s.ok() || s.code() == local.code())) return local;
     return s;
-}
-
-// Collective: the sum of every shard's `local` (over the shard group's ranks: every
-// replica group holds the same shards), added in shard order (the same bits on every
-// rank, whatever the collective's own order of additions).
-Status ShardGroup::sum_over_ranks(double local, double *total) {
-    // Every replica group holds the same shards: the sum is over the shard group's ranks.
-    if (mesh_.shard_size() == 1) {
-        *total = local;
-        return Status::Ok();
-    }
-    std::vector<double> all(static_cast<size_t>(mesh_.shard_size()), 0.0);
-    all[static_cast<size_t>(mesh_.shard_rank())] = local;
-    Status s = mesh_.shard().all_gather(all.data(), sizeof(double));
-    if (!s.ok()) return fail(s);
-    double sum = 0.0;
-    for (double v : all) sum += v;  // in rank order: the same bits on every rank
-    *total = sum;
-    return Status::Ok();
 }
 
 Status ShardGroup::set_loss_scaling(const LossScaling &s) {

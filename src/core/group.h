@@ -1,6 +1,8 @@
 // A shard group: this rank's view of the ranks training one model together, its
 // param table and param groups, the flat buffers, the optimizer state of its shard,
-// and the step (docs/design.md, "The step").
+// and the step (docs/design.md, "The step"). Its parts and what they answer of the
+// interfaces checkpoints and recovery see are in group_parts.h, the step in stepper.h,
+// units as a pipeline in pipeline.h.
 #pragma once
 
 #include <atomic>
@@ -24,6 +26,7 @@
 #include "core/gathers.h"
 #include "core/device.h"
 #include "core/failure.h"
+#include "core/group_parts.h"
 #include "core/group_config.h"
 #include "core/layout.h"
 #include "core/lineage.h"
@@ -37,8 +40,8 @@
 #include "core/units.h"
 #include "core/whole_state.h"
 #include "core/shard_state.h"
-#include "core/step_passes.h"
 #include "core/step_record.h"
+#include "core/stepper.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
 
@@ -57,68 +60,34 @@ struct MemoryStats {
     uint64_t memory_copy_bytes = 0;  // memory_copies.h
 };
 
-class ShardGroup : public RecoveryAccess {
+// The group proper: it assembles its parts (group_parts.h), completes ShardAccess and
+// RecoveryAccess with what needs its step and its pipeline, and holds the trainer's
+// operations. Thread safety as sx.h says of each call.
+class ShardGroup : public GroupParts {
   public:
     // Each public operation is one of sx.h's, whose contract is there ("collective": every rank, in order).
     static Status create(const GroupConfig &config, std::unique_ptr<ShardGroup> *out);
     ~ShardGroup();
-    // --- what checkpoints and the whole-state exchange see (ShardAccess: shard_state.h) ---
-    int rank() const override { return mesh_.rank(); }
-    int world_size() const override { return mesh_.world_size(); }
-    int shard_size() const override { return mesh_.shard_size(); }
-    int shard_rank() const override { return mesh_.shard_rank(); }
-    int replica_rank() const override { return mesh_.replica_rank(); }
-    int stage() const override { return config_.stage; }
-    int alignment() const override { return config_.alignment; }
-    int timeout_ms() const override { return config_.timeout_ms; }
-    int32_t num_params() const override { return table_.num_params(); }
-    const ParamSpec &param(int32_t index) const override { return table_.params()[index]; }
-    const Layout &layout() const override { return layout_; }
-    const optim::Hyper &hyper(int32_t group) const override { return table_.groups()[group].hyper; }
-    const LossScaling &loss_scaling() const override { return scaler_.settings(); }
-    Status check_finalized() const override;
+    // --- what checkpoints and recovery see besides the parts' answers (ShardAccess:
+    // shard_state.h; RecoveryAccess: lineage.h) ---
     Status export_shard(ShardState *out) override;
-    Status restore_shard(const ShardRestore &r) override;
     Status gather_params() override;
-    ShardFence &shard_fence() override { return fence_; }
-    DeviceOps &ops() override { return *ops_; }
     Status agree_call(const char *call, std::vector<Fact> facts, const Status &local = Status::Ok(),
                       const char *intro = "ranks disagree") override;
-    Status collective(const std::function<Status(comm::Communicator &)> &fn) override;
-    rdzv::Store &store() override { return mesh_.store(); }
-    Status fail(Status s) override;
-    Status check_usable() const override;
-    bool aborted() const override { return failure_.aborted(); }
-    trace::Tracer *tracer() const override { return tracer_.get(); }
-
-    // --- what recovery sees (RecoveryAccess: lineage.h; recovery/recovery.h) ---
-    const GroupConfig &config() const override { return config_; }
-    Lineage &lineage() override { return lineage_; }
-    const Lineage &lineage() const override { return lineage_; }
-    std::unique_ptr<MemoryCopies> &memory_copies() override { return copies_; }
-    const MemoryCopies *memory_copies() const override { return copies_.get(); }
-    Status build_layout(int shard_size, Layout *out) const override;
-    Status ensure_masters() override { return units_.ensure_masters(); }
-    std::vector<int> exited_peers() const override { return mesh_.world().exited_peers(); }
-    bool between_steps() const override;
+    bool between_steps() const override { return stepper_.between_steps(); }
     Status settle() override { return pipeline_.settle(); }
-    Status keep_copy(bool send) override;  // step.cc
-    void continue_counters(uint64_t steps, const LossScaling &settings, const LossScalerState &state) override;
+    Status keep_copy(bool send) override { return stepper_.keep_copy(send); }
     Status form(const GroupConfig &c, const std::string &trace_path, Clock::time_point deadline,
                 std::shared_ptr<rdzv::Store> store, std::unique_ptr<RecoveryAccess> *out) const override;
 
     // --- the group ---
     MemoryStats memory_stats() const;
     Status flush_trace();  // the step timeline's file written now (docs/tracing.md)
-    void abort() override;  // any thread: collectives in flight fail, and later calls
 
     // --- the param table (param_table.h: registration, trainable flags, what is laid out) ---
-    ParamTable &table() override { return table_; }
-    const ParamTable &table() const override { return table_; }
     Status finalize() override;  // collective: lays out what was added; laid-out units stay as they are
     Status set_hyperparameter(int32_t group, int32_t key, double value);  // amsgrad: before the first step
     Status refresh_trainable();
-    const Units &units() const { return units_; }  // each unit's memory (units.h)
 
     // --- params and views ---
     void *param_data(int32_t param) const;  // of the param's dtype
@@ -130,25 +99,21 @@ class ShardGroup : public RecoveryAccess {
     Status broadcast_params(int root);                             // collective
     Status all_reduce(double *values, int32_t count, int32_t op);  // collective
 
-    // --- the step, units as a pipeline (pipeline.h: the trainer's calls on a unit), loss scaling ---
+    // --- the step (stepper.h), units as a pipeline (pipeline.h: the trainer's calls on a unit), loss scaling ---
     Pipeline &pipeline() { return pipeline_; }
     const Pipeline &pipeline() const { return pipeline_; }
-    Status accumulate_grads();                                     // collective
-    Status step(const StepOptions &options, StepResult *result);  // collective
-    uint64_t steps_taken() const override { return record_.steps(); }
+    Status accumulate_grads() { return stepper_.accumulate_grads(); }  // collective
+    Status step(const StepOptions &options, StepResult *result) { return stepper_.step(options, result); }  // collective
     uint64_t reductions_run() const { return round_->reductions_run(); }  // any thread
     const std::vector<int32_t> &deferred_gather_order() const { return gathers_->deferred_order(); }
     Status set_loss_scaling(const LossScaling &s);  // resets the scale to s.init_scale
-    const LossScalerState &loss_scaler() const override { return scaler_.state(); }
 
     // --- whole params' optimizer state (whole_state.h), and this rank's part of it ---
     Status gather_state(int root, const StateFn &fn);   // collective
     Status scatter_state(int root, const StateFn &fn);  // collective
     Status state_view(int32_t param, const char *tensor, void **data, uint64_t *numel);
-    UnitShard unit_shard(size_t u) const override { return units_.shard(u); }  // export_shard's, without its waits
 
   private:
-    friend class Pipeline;  // the group's part that runs its units as a pipeline
     using Unit = Units::Unit;
     ShardGroup() = default;
     // A group of `config`'s rank and world size (resolved) on the store `open_store`
@@ -157,73 +122,14 @@ class ShardGroup : public RecoveryAccess {
     static Status assemble(const GroupConfig &config, const std::string &trace_path, Clock::time_point deadline,
                            const std::function<Status(std::shared_ptr<rdzv::Store> *)> &open_store,
                            std::unique_ptr<ShardGroup> *out);
-    Status keep_due_copy();  // step.cc
-    ShardProgress progress() const;  // what a memory copy holds besides the tensors
     // Each private function's contract is at its definition.
-    // --- the mesh's work (group.cc; the part: mesh.h) ---
-    Status reduce_replicas(size_t u, float *shard);
     Status broadcast_gathered(int root);
-    void abort_communicators();
-    // --- what the ranks agree on (group.cc; the part: agreement.h) ---
-    Agreement step_agreement(const char *call, std::vector<uint8_t> mask, double max_grad_norm, int defer_gather,
-                             bool weighted) const;
-    Status exchange_header(const char *call, CallHeader mine, const CallHeaders::FactsFn &facts,
-                           std::vector<CallHeader> *all, const char *intro = "ranks disagree");
-    Status agree(const Agreement &a, double weight, double *weight_sum);
-    Status sum_over_ranks(double local, double *total);
-    std::vector<uint8_t> candidate_mask() const;
-    Status prepare(const std::vector<uint8_t> &mask, bool accumulate = false);
     char *params_base(size_t u) const;  // unit u's whole params (stage 3: the gathers')
-    // --- the step (step.cc) ---
-    Status reduce_for_step(const StepOptions &options, double *weight_sum, bool *have_sumsq, double *sumsq);
-    Status reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum);
-    int32_t agreement_rider_unit(const Agreement &a, bool accumulate) const;
-    Status reduce_agreeing(size_t u, const Agreement &a, bool accumulate, double weight, double *weight_sum,
-                           float **shard);
-    bool norm_rides_gather(bool defer_gather) const;
-    Status update_shard(float grad_scale, int32_t head, int nonfinite, double *sumsq);
-    Status update_double_buffered(float grad_scale, int nonfinite, double *sumsq);
-    StepPasses step_passes();  // step_passes.cc: what the passes over whole params see
-    Status update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, int nonfinite, double *sumsq);
-    float norm_scale() const;
-    Status global_norm(double *sumsq);
-    Status gather_trainable_units(const double *local_sumsq = nullptr, double *sumsq = nullptr);
-    Status prepare_shard_for_update();
-    Status end_step(const StepOptions &options, bool dynamic, double norm, StepResult *result);
-    Status finish_step(bool keep_grads);
-    Status skip_step(const StepOptions &options, double norm, StepResult *result);
-    Status skip_nonfinite(const StepOptions &options, double norm, StepResult *result);
-    Status skip_custom(const Status &why, const StepOptions &options, double norm, StepResult *result);
     Status whole_state_call(const char *name, int root, bool gather, const StateFn &fn);  // full_state.cc
 
-    GroupConfig config_;
-    // First in, last out: every thread of the group (channels, pools) has ended before it goes.
-    std::unique_ptr<trace::Tracer> tracer_;
-    std::unique_ptr<CallHeaders> headers_;  // from the start: the mesh's agreement uses it
-    Mesh mesh_;  // the ranks and their communicators (mesh.h)
-    std::unique_ptr<optim::ThreadPool> pool_;
-    std::unique_ptr<DeviceOps> ops_;
-
-    ParamTable table_;  // the params, param groups and trainable flags (param_table.h)
-    Layout layout_;
-    Units units_;  // the units' memory on this rank (units.h)
-    StepRecord record_;  // the steps taken, and each one's end (step_record.h)
-    uint64_t checkpoints_ = 0;
-    Lineage lineage_;  // the groups before this one (lineage.h)
-    LossScaler scaler_;
-    int micro_batches_ = 0;  // accumulate_grads calls since the last step
-    ShardFence fence_;
-    Pipeline pipeline_{*this};  // units as a pipeline: what joins the round and the gathers to the group
-    // The parts with threads, after the communicators: destroyed first.
-    std::unique_ptr<ReductionRound> round_;  // the gradient reductions (round.h)
-    std::unique_ptr<Gathers> gathers_;       // the param gathers (gathers.h)
-    std::unique_ptr<MemoryCopies> copies_;   // null without memory copies
-
-    Failure failure_;  // the first failure, and sx_abort (failure.h)
-    // Held by abort() while it wakes the collectives in flight, and by the destructor: the
-    // owner's thread, woken by an sx_abort() from another thread, may destroy the group
-    // at once, while abort() still runs in the communicator.
-    std::mutex abort_mu_;
+    // Units as a pipeline (pipeline.h) and the step (stepper.h), on the parts.
+    Pipeline pipeline_{part_refs(), stepper_};
+    Stepper stepper_{{part_refs(), record_, lineage_, scaler_, fence_, pipeline_, copies_}};
 };
 
 }  // namespace core

@@ -1,7 +1,8 @@
 // What recovery (src/recovery/, one layer up: regroups, joining, the lobby, memory copies
 // and their restore) reaches of a shard group, and nothing else: the RecoveryAccess
-// interface below, which ShardGroup implements (core/group.h, which recovery never
-// includes: scripts/check_layers.py holds it to that), and the Lineage a group carries
+// interface below, which ShardGroup implements (core/group.h, on its parts' answers in
+// core/group_parts.h, neither of which recovery includes: scripts/check_layers.py holds
+// it to that), and the Lineage a group carries
 // from the groups before it.
 #pragma once
 
@@ -51,10 +52,13 @@ class RecoveryAccess : public ShardAccess {
     virtual const GroupConfig &config() const = 0;
     virtual Lineage &lineage() = 0;
     virtual const Lineage &lineage() const = 0;
-    // The group's memory copies (memory_copies.h): null without them; recovery makes or
-    // drops them as a regroup begins.
-    virtual std::unique_ptr<MemoryCopies> &memory_copies() = 0;
+    // The group's memory copies (memory_copies.h): null without them. Recovery gives a
+    // group without them some (set_memory_copies, before its copy of a sound shard), and
+    // takes them from the group it regroups (take_memory_copies: null where it had none),
+    // keeping what they hold in the lineage.
     virtual const MemoryCopies *memory_copies() const = 0;
+    virtual void set_memory_copies(std::unique_ptr<MemoryCopies> copies) = 0;
+    virtual std::unique_ptr<MemoryCopies> take_memory_copies() = 0;
     // The param table (registration, trainable flags, per-param progress).
     virtual ParamTable &table() = 0;
     virtual const ParamTable &table() const = 0;

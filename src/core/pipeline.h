@@ -2,7 +2,8 @@
 // that a unit's gradients are ready, its gathers and releases of a unit at stage 3, and
 // the step's use of them (the round's end, the gathers after the update). The parts that
 // run the collectives are the round (round.h) and the gathers (gathers.h); this is what
-// joins them to a shard group, and what the round asks of the group (ReductionRound::Work).
+// joins them to a shard group's parts (PartRefs) and its step (stepper.h), and what the
+// round asks of the group (ReductionRound::Work).
 #pragma once
 
 #include <cstddef>
@@ -10,17 +11,19 @@
 
 #include "base/status.h"
 #include "core/agreement.h"
+#include "core/part_refs.h"
 #include "core/round.h"
 
 namespace sx {
 namespace core {
 
-class ShardGroup;
+class Stepper;
 
-class Pipeline : public ReductionRound::Work {
+class Pipeline : public ReductionRound::Work, private PartRefs {
   public:
-    // The pipeline of `group`, which owns it and outlives it.
-    explicit Pipeline(ShardGroup &group) : g_(group) {}
+    // The pipeline of the group whose parts these are, and of its step: the group owns
+    // them and this, and they outlive it.
+    Pipeline(const PartRefs &parts, Stepper &stepper) : PartRefs(parts), stepper_(stepper) {}
     Pipeline(const Pipeline &) = delete;
     Pipeline &operator=(const Pipeline &) = delete;
 
@@ -50,7 +53,7 @@ class Pipeline : public ReductionRound::Work {
     bool usable() const override;
 
     Status check_unit(int32_t unit) const;  // usable, finalized, and unit in range
-    ShardGroup &g_;
+    Stepper &stepper_;  // the agreement, the reductions and the gathers it runs for the step
 };
 
 }  // namespace core

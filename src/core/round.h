@@ -38,7 +38,7 @@ class ReductionRound {
         // `accumulate`, into the unit's accumulator, and its gradients zeroed.
         virtual Status reduce_unit_grads(size_t u, bool accumulate, float **shard) = 0;
         // Whether the round's opening agreement can ride on its first reduction (the
-        // transport carries riders, as the step's agreement does: ShardGroup::
+        // transport carries riders, as the step's agreement does: Stepper::
         // agreement_rider_unit); otherwise it is an exchange of its own.
         virtual bool agreement_rides(bool accumulate) const {
             (void)accumulate;

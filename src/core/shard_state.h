@@ -1,6 +1,7 @@
 // What checkpoint code (ckpt/, one layer up) reaches of a shard group, and nothing else:
-// the ShardAccess interface below, which ShardGroup implements (core/group.h, which ckpt
-// never includes: scripts/check_layers.py holds it to that), and the structs it trades
+// the ShardAccess interface below, which ShardGroup implements (core/group.h, on its
+// parts' answers in core/group_parts.h, neither of which ckpt includes:
+// scripts/check_layers.py holds it to that), and the structs it trades
 // in. A rank's shard as a checkpoint sees it is what a save copies out of the group
 // (export_shard) and what a load puts back at its commit in one call (restore_shard).
 #pragma once

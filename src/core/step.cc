@@ -1,11 +1,14 @@
 // The step (docs/design.md, "The step"): reduce-scatter the gradients, clip by the
-// global norm, update this rank's shard segment by segment, all-gather the params.
+// global norm, update this rank's shard segment by segment, all-gather the params; the
+// ranks' agreement on it, and its end (stepper.h). The update's passes and the norm are
+// in step_update.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "base/log.h"
-#include "core/group.h"
+#include "core/pipeline.h"
+#include "core/stepper.h"
 
 namespace sx {
 namespace core {
@@ -42,8 +45,13 @@ double sum_in_rank_order(const std::vector<comm::Rider> &riders) {
 
 }  // namespace
 
+bool Stepper::between_steps() const { return !round_->open() && micro_batches_ == 0; }
+
+// ---------------------------------------------------------------------------------
+// What the ranks agree on (the agreement part: agreement.h), and the mask they apply
+
 // The current mask with every byte 0 or 1 (autodetection reads the trainer's bytes).
-std::vector<uint8_t> ShardGroup::candidate_mask() const {
+std::vector<uint8_t> Stepper::candidate_mask() const {
     const std::vector<uint8_t> &src =
         (config_.flags & SX_GROUP_NO_TRAINABLE_AUTODETECT) ? table_.applied() : table_.flags();
     std::vector<uint8_t> m(src.size());
@@ -51,9 +59,79 @@ std::vector<uint8_t> ShardGroup::candidate_mask() const {
     return m;
 }
 
+// Applies a trainable mask: unit flags, and optimizer state (and stage 2's gradient
+// accumulator) allocated for every unit that needs it under the current
+// hyperparameters. All allocations happen before anything changes.
+Status Stepper::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
+    SX_TRY(units_.prepare(mask, accumulate));
+    for (size_t i = 0; i < mask.size(); ++i) table_.applied()[i] = mask[i] ? 1 : 0;
+    return Status::Ok();
+}
+
+// What the ranks agree on for `call`, one of the step's family (agreement.h): the mask
+// to apply, the step's options, the param groups' hyperparameters, the loss scaling, the
+// micro-batches so far, and at stage 3 (defer_gather >= 0) the units each holds gathered.
+Agreement Stepper::step_agreement(const char *call, std::vector<uint8_t> mask, double max_grad_norm,
+                                  int defer_gather, bool weighted) const {
+    Agreement a;
+    a.call = call;
+    a.mask = std::move(mask);
+    a.max_grad_norm = max_grad_norm;
+    a.defer_gather = defer_gather;
+    a.weighted = weighted;
+    if (config_.stage == 3 && defer_gather >= 0)
+        for (size_t u = 0; u < units_.size(); ++u) a.gathered.push_back(gathers_->pins(u) > 0 ? 1 : 0);
+    for (const ParamGroup &g : table_.groups()) a.hypers.push_back(g.hyper);
+    const LossScaling &ls = scaler_.settings();
+    a.loss_scaling_mode = ls.mode;
+    a.loss_scale = scaler_.scale();
+    a.growth_factor = ls.growth_factor;
+    a.backoff_factor = ls.backoff_factor;
+    a.growth_interval = ls.growth_interval;
+    a.micro_batches = micro_batches_;
+    return a;
+}
+
+// Collective: every rank must be in the same call with the same agreement
+// (SX_ERR_MISMATCH naming what differs otherwise, on every rank); *weight_sum (may be
+// null) receives the sum of every rank's `weight`, added in rank order.
+Status Stepper::agree(const Agreement &a, double weight, double *weight_sum) {
+    CallHeader mine;
+    mine.fingerprint = agreement_fingerprint(a);
+    mine.weight = weight;
+    std::vector<CallHeader> all;
+    SX_TRY(headers_->exchange(mesh_.world(), a.call, mine, [&] { return agreement_facts(a, table_.params()); }, &all));
+    double sum = 0.0;
+    for (const CallHeader &h : all) sum += h.weight;  // in rank order: the same bits on every rank
+    if (weight_sum) *weight_sum = sum;
+    return Status::Ok();
+}
+
+// Collective: the sum of every shard's `local` (over the shard group's ranks: every
+// replica group holds the same shards), added in shard order (the same bits on every
+// rank, whatever the collective's own order of additions).
+Status Stepper::sum_over_ranks(double local, double *total) {
+    // Every replica group holds the same shards: the sum is over the shard group's ranks.
+    if (mesh_.shard_size() == 1) {
+        *total = local;
+        return Status::Ok();
+    }
+    std::vector<double> all(static_cast<size_t>(mesh_.shard_size()), 0.0);
+    all[static_cast<size_t>(mesh_.shard_rank())] = local;
+    Status s = mesh_.shard().all_gather(all.data(), sizeof(double));
+    if (!s.ok()) return fail(s);
+    double sum = 0.0;
+    for (double v : all) sum += v;  // in rank order: the same bits on every rank
+    *total = sum;
+    return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------
+// The reduction
+
 // The replicas' all-reduce of unit u's reduced fp32 shard `shard` (a step's last
 // micro-batch), where the mesh has more than one replica. A failure fails the group.
-Status ShardGroup::reduce_replicas(size_t u, float *shard) {
+Status Stepper::reduce_replicas(size_t u, float *shard) {
     if (mesh_.replicas() == 1) return Status::Ok();
     SX_TRACE_SPAN(tracer(), "step", "replica_all_reduce", layout_.units()[u].unit_id,
                   layout_.units()[u].shard_numel * sizeof(float));
@@ -65,7 +143,7 @@ Status ShardGroup::reduce_replicas(size_t u, float *shard) {
 // applied, and every trainable unit is reduced here (accumulate: into the accumulator;
 // the round gets where each reduced shard lives). Where it can, the agreement rides on
 // the first unit's reduce-scatter (agreement_rider_unit) instead of an exchange of its own.
-Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum) {
+Status Stepper::reduce_here(const Agreement &a, bool accumulate, double weight, double *weight_sum) {
     const int32_t rider = agreement_rider_unit(a, accumulate);
     if (rider < 0) SX_TRY(agree(a, weight, weight_sum));
     SX_TRY(prepare(a.mask, accumulate));
@@ -96,7 +174,7 @@ Status ShardGroup::reduce_here(const Agreement &a, bool accumulate, double weigh
 // call changes no unit's trainability before the ranks have agreed), with a trainable
 // unit. Ranks that choose differently meet in different calls, which the transport tells
 // them (reduce_agreeing).
-int32_t ShardGroup::agreement_rider_unit(const Agreement &a, bool accumulate) const {
+int32_t Stepper::agreement_rider_unit(const Agreement &a, bool accumulate) const {
     if ((accumulate && config_.stage == 1) || mesh_.world_size() == 1 || mesh_.replicas() != 1 ||
         !mesh_.shard().carries_riders())
         return -1;
@@ -112,8 +190,8 @@ int32_t ShardGroup::agreement_rider_unit(const Agreement &a, bool accumulate) co
 // (a peer in an exchange of its own, which the transport also turns back), they meet in
 // agree(), which says what differs on every rank; should they agree there after all, the
 // unit is reduced as usual. A failed reduction fails the group; a disagreement does not.
-Status ShardGroup::reduce_agreeing(size_t u, const Agreement &a, bool accumulate, double weight, double *weight_sum,
-                                   float **shard) {
+Status Stepper::reduce_agreeing(size_t u, const Agreement &a, bool accumulate, double weight, double *weight_sum,
+                                float **shard) {
     std::vector<comm::Rider> riders;
     const uint64_t fingerprint = agreement_fingerprint(a);
     Status s = mesh_.shard().attach_rider({fingerprint ? fingerprint : 1, weight}, &riders);
@@ -128,7 +206,7 @@ Status ShardGroup::reduce_agreeing(size_t u, const Agreement &a, bool accumulate
     return Status::Ok();
 }
 
-Status ShardGroup::accumulate_grads() {
+Status Stepper::accumulate_grads() {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
     SX_TRACE_SPAN(tracer(), "step", "sx_accumulate_grads");
@@ -157,7 +235,7 @@ Status ShardGroup::accumulate_grads() {
 }
 
 // Ends a step (taken or skipped): drops accumulated gradients, zeroes grads.
-Status ShardGroup::finish_step(bool keep_grads) {
+Status Stepper::finish_step(bool keep_grads) {
     for (Unit &unit : units_) unit.accum_live = false;
     micro_batches_ = 0;
     Status s = keep_grads ? Status::Ok() : units_.zero_grads(round_->reduced());
@@ -170,8 +248,8 @@ Status ShardGroup::finish_step(bool keep_grads) {
 // sx_step's reduction: the gradients into this rank's shards (closing a round of units
 // signalled ready, or reducing them all now); the ranks' weights summed into
 // *weight_sum; where the round summed the squares too, *sumsq and *have_sumsq = true.
-Status ShardGroup::reduce_for_step(const StepOptions &options, double *weight_sum, bool *have_sumsq,
-                                   double *sumsq) {
+Status Stepper::reduce_for_step(const StepOptions &options, double *weight_sum, bool *have_sumsq,
+                                double *sumsq) {
     // Units signalled ready are on their way (or done), the rest go now. With signals, the
     // reduction channel also summed each unit's squares, and the ranks exchanged them with
     // their agreement, so the norm is known here. The ranks' weights are summed either way.
@@ -190,7 +268,7 @@ Status ShardGroup::reduce_for_step(const StepOptions &options, double *weight_su
     return Status::Ok();
 }
 
-Status ShardGroup::step(const StepOptions &options, StepResult *result) {
+Status Stepper::step(const StepOptions &options, StepResult *result) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
     SX_TRY(check_step_options(options));
@@ -272,10 +350,10 @@ Status ShardGroup::step(const StepOptions &options, StepResult *result) {
 // Before the update writes the shards: the gathers still in flight (deferred, or
 // prefetched) that read them end, and where the state was replaced since the last
 // memory copy (a load, a broadcast, the first step), this boundary's is kept first.
-Status ShardGroup::prepare_shard_for_update() {
+Status Stepper::prepare_shard_for_update() {
     {
         SX_TRACE_SPAN(tracer(), "step", "wait_gathers");
-        SX_TRY(settle());
+        SX_TRY(pipeline_.settle());
     }
     if (copies_ && copies_->dirty()) SX_TRY(keep_copy(true));
     return Status::Ok();
@@ -284,7 +362,7 @@ Status ShardGroup::prepare_shard_for_update() {
 // The end of a step taken on every rank (the update and the gathers done): the warning
 // for all-zero gradients, the counts, a clean slate for the next step's gradients, the
 // memory copy due at this boundary, and the result.
-Status ShardGroup::end_step(const StepOptions &options, bool dynamic, double norm, StepResult *result) {
+Status Stepper::end_step(const StepOptions &options, bool dynamic, double norm, StepResult *result) {
     bool any_trainable = false;
     for (const Unit &unit : units_) any_trainable |= unit.trainable;
     record_.warn_if_no_gradient(norm, any_trainable);
@@ -301,7 +379,7 @@ Status ShardGroup::end_step(const StepOptions &options, bool dynamic, double nor
 
 // The memory copy of the boundary a step reached; with SX_GROUP_MEMORY_COPY_WAIT the step
 // returns once the next rank holds it.
-Status ShardGroup::keep_due_copy() {
+Status Stepper::keep_due_copy() {
     SX_TRY(keep_copy(true));
     if (!(config_.flags & SX_GROUP_MEMORY_COPY_WAIT) || !copies_->settings().peers) return Status::Ok();
     SX_TRACE_SPAN(tracer(), "step", "wait_memory_copy");
@@ -312,7 +390,7 @@ Status ShardGroup::keep_due_copy() {
 // Copies out of the live shard at a step boundary (memory_copies.h), holding the fence
 // until they are out, so that the next update waits for them. The copies of the groups
 // before this one go once this group's own are held by every rank.
-Status ShardGroup::keep_copy(bool send) {
+Status Stepper::keep_copy(bool send) {
     SX_TRACE_SPAN(tracer(), "step", "memory_copy");
     SX_TRY(ops_->wait_for(nullptr));
     {
@@ -321,14 +399,29 @@ Status ShardGroup::keep_copy(bool send) {
     }
     if (!lineage_.kept.empty() && copies_->settled()) lineage_.kept.clear();
     std::vector<UnitShard> shards;
-    for (size_t u = 0; u < units_.size(); ++u) shards.push_back(unit_shard(u));
+    for (size_t u = 0; u < units_.size(); ++u) shards.push_back(units_.shard(u));
     std::unique_ptr<ShardFence::Hold> hold(new ShardFence::Hold(fence_));
     copies_->take(std::move(shards), progress(), std::move(hold), send);
     return Status::Ok();
 }
 
+// What a memory copy or a checkpoint holds besides the tensors: the counts of steps and
+// updates, the hyperparameters, and the loss scale.
+ShardProgress Stepper::progress() const {
+    ShardProgress pr;
+    pr.steps_taken = record_.steps();
+    for (const ParamSpec &spec : table_.params())
+        pr.params.push_back({spec.step, spec.momentum_steps, spec.mu_product, spec.row_var, spec.col_var});
+    for (const ParamGroup &g : table_.groups()) {
+        pr.hypers.push_back(g.hyper);
+        pr.group_steps.push_back(g.steps);
+    }
+    pr.scaler = scaler_.state();
+    return pr;
+}
+
 // A step skipped on every rank: nothing changes, the gradients go, the result says so.
-Status ShardGroup::skip_step(const StepOptions &options, double norm, StepResult *result) {
+Status Stepper::skip_step(const StepOptions &options, double norm, StepResult *result) {
     SX_TRY(finish_step(options.keep_grads));
     record_.report(norm, true, scaler_.scale(), result);
     return Status::Ok();
@@ -338,7 +431,7 @@ Status ShardGroup::skip_step(const StepOptions &options, double norm, StepResult
 // or NaN that the nonfinite policy skips (SX_ERR_NONFINITE): nothing changed on any rank,
 // and the step ends as a skipped one does (the gradients go); SX_NONFINITE_SKIP then
 // returns success.
-Status ShardGroup::skip_custom(const Status &why, const StepOptions &options, double norm, StepResult *result) {
+Status Stepper::skip_custom(const Status &why, const StepOptions &options, double norm, StepResult *result) {
     record_.set_nonfinite(why.code() == SX_ERR_NONFINITE);
     SX_TRY(skip_step(options, norm, result));
     return StepRecord::after_custom_skip(why, options.nonfinite);
@@ -346,7 +439,7 @@ Status ShardGroup::skip_custom(const Status &why, const StepOptions &options, do
 
 // A step skipped for gradients whose global norm is inf or NaN: dynamic loss scaling
 // backs off, and SX_NONFINITE_ERROR makes it SX_ERR_NONFINITE.
-Status ShardGroup::skip_nonfinite(const StepOptions &options, double norm, StepResult *result) {
+Status Stepper::skip_nonfinite(const StepOptions &options, double norm, StepResult *result) {
     // Dynamic loss scaling, as torch.cuda.amp.GradScaler: back off, restart the growth count.
     scaler_.on_nonfinite_step();
     SX_TRY(skip_step(options, norm, result));
@@ -356,7 +449,7 @@ Status ShardGroup::skip_nonfinite(const StepOptions &options, double norm, StepR
 // The step's fused update of this rank's shard of every trainable unit, unit `head` (>=
 // 0) first with its gather started right after it; *sumsq (if not null) gets the sum of
 // squares of the scaled gradients, which the same pass computes.
-Status ShardGroup::update_shard(float grad_scale, int32_t head, int nonfinite, double *sumsq) {
+Status Stepper::update_shard(float grad_scale, int32_t head, int nonfinite, double *sumsq) {
     // Once a checkpoint's snapshot has been copied out of the shard.
     {
         SX_TRACE_SPAN(tracer(), "step", "wait_checkpoint_staging");
@@ -393,125 +486,11 @@ Status ShardGroup::update_shard(float grad_scale, int32_t head, int nonfinite, d
     return Status::Ok();
 }
 
-// Segments updated in place: sx's kernels, and the functions of custom optimizers
-// registered SX_OPTIMIZER_IN_PLACE, whose failure fails the group (the step is half done),
-// as inf or NaN they write do where the nonfinite policy would skip the step (it cannot
-// be undone); SX_NONFINITE_DEFAULT keeps them, and the step reports them.
-Status ShardGroup::update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, int nonfinite,
-                                   double *sumsq) {
-    const auto is_custom = [](const optim::Segment &seg) { return optim::is_custom(seg.hyper->kind); };
-    if (std::none_of(segs.begin(), segs.end(), is_custom))
-        return ops_->fused_update(segs.data(), segs.size(), grad_scale, sumsq);
-    std::vector<optim::Segment> builtin, custom;
-    for (const optim::Segment &seg : segs) (is_custom(seg) ? custom : builtin).push_back(seg);
-    double a = 0.0, b = 0.0;
-    SX_TRY(ops_->fused_update(builtin.data(), builtin.size(), grad_scale, sumsq ? &a : nullptr));
-    optim::CustomFailure failure;
-    bool ok = true;
-    SX_TRY(ops_->custom_update(custom.data(), custom.size(), grad_scale, sumsq ? &b : nullptr, &failure, &ok));
-    if (!ok)
-        return fail(SX_ERROR(SX_ERR_OPTIMIZER,
-                             "the custom optimizer '%s' returned %d updating param '%s' on rank %d%s%s; it updates in "
-                             "place (SX_OPTIMIZER_IN_PLACE), so the step is half done and the group has failed",
-                             failure.optimizer, failure.code, table_.params()[failure.param].name.c_str(), mesh_.rank(),
-                             failure.message.empty() ? "" : ": ", failure.message.c_str()));
-    if (failure.nonfinite > 0 && nonfinite != SX_NONFINITE_DEFAULT)
-        return fail(SX_ERROR(SX_ERR_NONFINITE,
-                             "the custom optimizer '%s' wrote inf or NaN into param '%s' (its values or its state) on "
-                             "rank %d; options->nonfinite would skip the step, but the optimizer updates in place "
-                             "(SX_OPTIMIZER_IN_PLACE), so the step is half done and the group has failed",
-                             failure.nonfinite_optimizer, table_.params()[failure.nonfinite_param].name.c_str(),
-                             mesh_.rank()));
-    record_.note_nonfinite(failure.nonfinite > 0);
-    if (sumsq) *sumsq = a + b;
-    return Status::Ok();
-}
-
-// The double-buffered units' update (optim/custom.h), kept only if it succeeded on every
-// rank, else undone on every rank: SX_ERR_OPTIMIZER, and nothing has changed. Inf or NaN
-// that a custom update wrote anywhere are judged by the step's nonfinite policy, as the
-// gradients' are: kept (SX_NONFINITE_DEFAULT: the step reports them), or undone on every
-// rank and SX_ERR_NONFINITE returned for the step to end as a skipped one.
-Status ShardGroup::update_double_buffered(float grad_scale, int nonfinite, double *sumsq) {
-    SX_TRY(units_.ensure_double_buffers());
-    const std::vector<optim::Segment> segs = units_.segments(round_->reduced(), -1, true);
-    optim::CustomFailure failure;
-    bool ok = true;
-    SX_TRY(ops_->custom_update(segs.data(), segs.size(), grad_scale, sumsq, &failure, &ok));
-    // Every rank learns how many failed and how many inf/NaN were written (replicas of a
-    // mesh too: each updates its own copy).
-    double failed = ok ? 0.0 : 1.0, bad = static_cast<double>(failure.nonfinite);
-    if (mesh_.world_size() > 1) {
-        std::vector<double> all(2 * static_cast<size_t>(mesh_.world_size()), 0.0);
-        all[2 * static_cast<size_t>(mesh_.rank())] = failed;
-        all[2 * static_cast<size_t>(mesh_.rank()) + 1] = bad;
-        Status s = mesh_.world().all_gather(all.data(), 2 * sizeof(double));
-        if (!s.ok()) return fail(s);
-        failed = bad = 0.0;
-        for (size_t r = 0; r < all.size(); r += 2) {
-            failed += all[r];
-            bad += all[r + 1];
-        }
-    }
-    const bool skip_nonfinite = bad > 0.0 && nonfinite != SX_NONFINITE_DEFAULT;
-    if (failed == 0.0 && !skip_nonfinite) {
-        units_.commit_double_buffers();
-        record_.note_nonfinite(bad > 0.0);
-        return Status::Ok();
-    }
-    SX_TRY(ops_->undo_double_buffered(segs.data(), segs.size()));
-    if (!ok)
-        return SX_ERROR(SX_ERR_OPTIMIZER,
-                        "the custom optimizer '%s' returned %d updating param '%s' on rank %d%s%s: the step changed "
-                        "nothing on any rank (params and optimizer state are as before it) and dropped the gradients",
-                        failure.optimizer, failure.code, table_.params()[failure.param].name.c_str(), mesh_.rank(),
-                        failure.message.empty() ? "" : ": ", failure.message.c_str());
-    if (failed > 0.0)
-        return SX_ERROR(SX_ERR_OPTIMIZER,
-                        "a custom optimizer's update reported failure on %g other rank%s (see its error there): the "
-                        "step changed nothing on any rank (params and optimizer state are as before it) and dropped "
-                        "the gradients",
-                        failed, failed == 1.0 ? "" : "s");
-    if (failure.nonfinite_param >= 0)
-        return SX_ERROR(SX_ERR_NONFINITE,
-                        "the custom optimizer '%s' wrote inf or NaN into param '%s' (its values or its state) on rank "
-                        "%d, %g values on all ranks: the step was skipped on every rank (options->nonfinite), nothing "
-                        "changed, and the gradients were dropped",
-                        failure.nonfinite_optimizer, table_.params()[failure.nonfinite_param].name.c_str(),
-                        mesh_.rank(), bad);
-    return SX_ERROR(SX_ERR_NONFINITE,
-                    "a custom optimizer wrote %g inf or NaN values on other ranks (see the error there): the step was "
-                    "skipped on every rank (options->nonfinite), nothing changed, and the gradients were dropped",
-                    bad);
-}
-
-// The gradient scale of the norm: the average over the ranks and the loss scale (1 /
-// (world_size x scale)), as torch takes the norm of the averaged gradients.
-float ShardGroup::norm_scale() const {
-    return static_cast<float>(1.0 / (static_cast<double>(mesh_.world_size()) * scaler_.scale()));
-}
-
-// Collective: the sum of squares of the reduced gradients times norm_scale() over every
-// rank's segments (inf or NaN where one is), unit by unit as an overlapped step sums
-// them.
-Status ShardGroup::global_norm(double *sumsq) {
-    SX_TRACE_SPAN(tracer(), "step", "grad_norm");
-    // Unit by unit, added in unit order, then over the ranks in rank order: the same sum,
-    // bit for bit, as the reduction channel's per-unit sums give an overlapped step.
-    double local = 0.0;
-    for (size_t u = 0; u < units_.size(); ++u) {
-        double part = 0.0;
-        Status s = units_.sum_of_squares(u, round_->reduced(u), norm_scale(), &part);
-        if (!s.ok()) return fail(s);
-        local += part;
-    }
-    return sum_over_ranks(local, sumsq);
-}
 
 // Collective: all-gathers the params of every trainable unit.
 // Where local_sumsq is given (norm_rides_gather), the first all-gather carries it, and
 // *sumsq = the shard group's sum of them, in rank order (as sum_over_ranks).
-Status ShardGroup::gather_trainable_units(const double *local_sumsq, double *sumsq) {
+Status Stepper::gather_trainable_units(const double *local_sumsq, double *sumsq) {
     if (mesh_.shard_size() == 1) return Status::Ok();
     std::vector<comm::Rider> riders;
     for (size_t u = 0; u < units_.size(); ++u) {
@@ -529,16 +508,6 @@ Status ShardGroup::gather_trainable_units(const double *local_sumsq, double *sum
         }
     }
     return Status::Ok();
-}
-
-// Whether the step's gradient norm (when the update computed it) can ride on the params'
-// all-gather: gathered now, over a transport that carries riders, a unit to gather.
-bool ShardGroup::norm_rides_gather(bool defer_gather) const {
-    if (config_.stage == 3 || defer_gather || mesh_.shard_size() == 1 || !mesh_.shard().carries_riders())
-        return false;
-    for (size_t u = 0; u < units_.size(); ++u)
-        if (units_[u].trainable && layout_.units()[u].shard_numel > 0) return true;
-    return false;
 }
 
 }  // namespace core

@@ -3,12 +3,12 @@
 
 #include <algorithm>
 
-#include "core/group.h"
+#include "core/stepper.h"
 
 namespace sx {
 namespace core {
 
-StepPasses ShardGroup::step_passes() {
+StepPasses Stepper::step_passes() {
     StepPasses c;
     c.units = &units_;
     c.reduced = &round_->reduced();
@@ -20,7 +20,7 @@ StepPasses ShardGroup::step_passes() {
     c.pool = pool_.get();
     c.tracer = tracer();
     c.on_host = ops_->device() == SX_DEVICE_CPU;
-    c.fail = [this](Status s) { return fail(std::move(s)); };
+    c.fail = [this](Status s) { return fail(std::move(s)); };  // PartRefs::fail: the group's
     return c;
 }
 

@@ -23,7 +23,7 @@
 namespace sx {
 namespace core {
 
-// What the passes of one step see of the shard group (ShardGroup::step_passes).
+// What the passes of one step see of the shard group (Stepper::step_passes).
 struct StepPasses {
     const Units *units = nullptr;
     const std::vector<float *> *reduced = nullptr;  // each unit's reduced gradient shard

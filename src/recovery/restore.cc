@@ -70,8 +70,7 @@ bool Recovery::sound() const {
 
 Status Recovery::copy_if_sound() {
     if (!sound()) return Status::Ok();
-    std::unique_ptr<MemoryCopies> &copies = g_.memory_copies();
-    if (!copies) {
+    if (g_.memory_copies() == nullptr) {
         MemoryCopies::Settings cs;
         cs.interval = 1;
         cs.rank = g_.rank();
@@ -79,19 +78,18 @@ Status Recovery::copy_if_sound() {
         cs.shard = g_.shard_rank();
         cs.shards = g_.shard_size();
         cs.epoch = g_.lineage().epoch;
-        copies.reset(new MemoryCopies(cs, g_.ops(), nullptr));
+        g_.set_memory_copies(std::unique_ptr<MemoryCopies>(new MemoryCopies(cs, g_.ops(), nullptr)));
     }
     SX_TRY(g_.settle());
     return g_.keep_copy(false);
 }
 
 void keep_copies_for_regroup(RecoveryAccess &g, Millis grace) {
-    std::unique_ptr<MemoryCopies> &copies = g.memory_copies();
+    std::unique_ptr<MemoryCopies> copies = g.take_memory_copies();
     if (!copies) return;
     copies->finish(grace);
     std::shared_ptr<const KeptCopies> mine = copies->release();
     if (!mine->own.empty() || !mine->peer.empty()) g.lineage().kept.push_back(std::move(mine));
-    copies.reset();
 }
 
 std::vector<CopyHolding> held_copies(const RecoveryAccess &g) {
