@@ -467,8 +467,9 @@ Status Stepper::update_shard(float grad_scale, int32_t head, int nonfinite, doub
         SX_TRY(update_double_buffered(grad_scale, nonfinite, sumsq ? &kept_sumsq : nullptr));
     // Then the params whose update needs sums over the ranks, or their whole matrix on one
     // rank (the head unit's too).
-    SX_TRY(update_param_reductions(step_passes(), grad_scale, sumsq ? &reduced_sumsq : nullptr));
-    SX_TRY(update_whole_params(step_passes(), grad_scale, sumsq ? &whole_sumsq : nullptr));
+    const StepPasses passes = step_passes();
+    SX_TRY(update_param_reductions(passes, grad_scale, sumsq ? &reduced_sumsq : nullptr));
+    SX_TRY(update_whole_params(passes, grad_scale, sumsq ? &whole_sumsq : nullptr));
     if (head >= 0) {
         std::vector<optim::Segment> first;
         units_.append_segments(static_cast<size_t>(head), round_->reduced(static_cast<size_t>(head)), &first);

@@ -1,6 +1,7 @@
 // Golden checkpoints, committed under tests/golden/vX.Y/: every later version of sx must
 // keep loading them, at any world size and stage, bit for bit.
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,11 +112,16 @@ std::string load_and_check(const std::string &dir, Mesh mesh, bool split_units, 
     return "";
 }
 
-void expect_golden(const std::string &dir, const std::vector<Mesh> &meshes) {
+// A golden's loads into every stage and each mesh, with its units and one per param,
+// each checked by `check` (golden_model.h's load_and_check by default), and its user blob.
+using LoadAndCheck = std::function<std::string(const std::string &dir, Mesh mesh, bool split_units, int stage)>;
+
+void expect_golden(const std::string &dir, const std::vector<Mesh> &meshes, const LoadAndCheck &check = load_and_check,
+                   const char *user_blob = sxgolden::kUserBlob) {
     for (int stage = 1; stage <= 3; ++stage) {
         for (Mesh mesh : meshes) {
             for (bool split : {false, true}) {
-                const std::string err = load_and_check(dir, mesh, split, stage);
+                const std::string err = check(dir, mesh, split, stage);
                 if (!err.empty())
                     fail_msg("%s into stage %d, world %d (shard size %d)%s: %s", dir.c_str(), stage, mesh.world,
                              mesh.shard, split ? " (units split)" : "", err.c_str());
@@ -125,8 +131,8 @@ void expect_golden(const std::string &dir, const std::vector<Mesh> &meshes) {
     char blob[64];
     uint64_t size = 0;
     assert_int_equal(sx_read_user_blob(dir.c_str(), blob, sizeof blob, &size), SX_OK);
-    assert_int_equal(size, std::strlen(sxgolden::kUserBlob));
-    assert_memory_equal(blob, sxgolden::kUserBlob, size);
+    assert_int_equal(size, std::strlen(user_blob));
+    assert_memory_equal(blob, user_blob, size);
 }
 
 // Format 1.0, saved by sx 1.0.0 on 2 ranks at stage 2.
@@ -156,20 +162,12 @@ void test_golden_v2_0_mesh_stage3_loads_bit_for_bit(void **) {
 // only 3.0 holds (Adafactor's factored moments in the MANIFEST, NAdam's mu_product, LAMB's
 // and AdEMAMix's group step counts, a custom optimizer's named slots).
 void test_golden_v3_0_every_optimizer_loads_bit_for_bit(void **) {
-    const std::string dir = std::string(SX_GOLDEN_DIR) + "/v3.0/every-optimizer-w3-stage2";
-    for (int stage = 1; stage <= 3; ++stage)
-        for (Mesh mesh : std::vector<Mesh>{{1, 0}, {2, 0}, {4, 2}, {5, 0}})
-            for (bool split : {false, true}) {
-                const std::string err = sxgolden3::load_and_check(dir, mesh.world, mesh.shard, stage, split);
-                if (!err.empty())
-                    fail_msg("%s into stage %d, world %d (shard size %d)%s: %s", dir.c_str(), stage, mesh.world,
-                             mesh.shard, split ? " (units split)" : "", err.c_str());
-            }
-    char blob[64];
-    uint64_t size = 0;
-    assert_int_equal(sx_read_user_blob(dir.c_str(), blob, sizeof blob, &size), SX_OK);
-    assert_int_equal(size, std::strlen(sxgolden3::kUserBlob));
-    assert_memory_equal(blob, sxgolden3::kUserBlob, size);
+    expect_golden(
+        std::string(SX_GOLDEN_DIR) + "/v3.0/every-optimizer-w3-stage2", {{1, 0}, {2, 0}, {4, 2}, {5, 0}},
+        [](const std::string &dir, Mesh mesh, bool split, int stage) {
+            return sxgolden3::load_and_check(dir, mesh.world, mesh.shard, stage, split);
+        },
+        sxgolden3::kUserBlob);
 }
 
 }  // namespace
