@@ -23,6 +23,10 @@ extern "C" {
 #define SX_TRANSPORT_AUTO 0 /* shared memory between the ranks of one host, else TCP */
 #define SX_TRANSPORT_TCP 1  /* Gloo's TCP between every pair of ranks */
 
+/* sx_group_config_t.offload (1.7). */
+#define SX_OFFLOAD_NONE 0  /* a CUDA group's masters and optimizer state on its device */
+#define SX_OFFLOAD_STATE 1 /* ... in pinned host memory, updated by the CPU kernels */
+
 /* The most ranks a group may have (sx_group_config_t.world_size, and the launchers'
  * WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS); more is SX_ERR_INVALID_ARGUMENT at once.
  * A CPU group's rendezvous is quadratic in the world size (Gloo's full mesh: each rank
@@ -204,9 +208,23 @@ typedef struct sx_group_config {
      * times its shard of the state. The step waits for a copy only where the next one is
      * due before the last was sent, and its update for the moment its shard is copied.
      * sx_regroup restores the survivors from the newest copy that every shard has. 0 =
-     * none. CPU groups only (a CUDA group refuses it: SX_ERR_UNSUPPORTED). Every rank
-     * passes the same. */
+     * none. CPU groups, and CUDA groups with offload = SX_OFFLOAD_STATE (the copies are of
+     * host memory); another CUDA group refuses it (SX_ERR_UNSUPPORTED). Every rank passes the
+     * same. */
     int32_t memory_copy_interval;
+    /* Where a CUDA group keeps its fp32 masters and optimizer state (docs/offload.md) (1.7):
+     * SX_OFFLOAD_NONE (0) = on its device; SX_OFFLOAD_STATE = in pinned host memory, with the
+     * reduced gradient shard of each unit, where sx's CPU kernels update them (the thread
+     * pool's num_threads then count). The params and gradients stay on the device: each
+     * unit's reduced gradients are copied to the host as its reduction ends (overlapping
+     * the backward where units are signalled ready), and its updated params back before its
+     * gather. Every fp32 param gets an fp32 master on the host too; as 16-bit params' masters,
+     * they are taken from the params at the first step (and after sx_broadcast_params or a
+     * load), and later writes into the params do not reach them. Offloaded, every optimizer
+     * runs on a CUDA group (custom ones, LAMB, Adafactor and Muon too), and memory copies
+     * and sx_regroup from them work as on the CPU. A CPU group's state is on the host
+     * already: it ignores the setting. Every rank passes the same. */
+    int32_t offload;
 } sx_group_config_t;
 
 #define SX_PREFETCH_NONE (-1)

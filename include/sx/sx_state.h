@@ -174,6 +174,11 @@ typedef struct sx_memory_stats {
     /* Memory copies (sx_group_config_t.memory_copy_interval) held in host memory: this
      * rank's copies of its shard and, in a flat group, its predecessor's. */
     uint64_t memory_copy_bytes;
+    /* Of the bytes above (but staging and memory copies, always host memory), those in a
+     * CUDA device's memory: all of the buffers of a CUDA group but for the masters,
+     * optimizer state and reduced gradient shards that SX_OFFLOAD_STATE keeps on the host;
+     * 0 for a CPU group. (1.7) */
+    uint64_t device_bytes;
 } sx_memory_stats_t;
 
 SX_API sx_status_t sx_memory_stats_init(sx_memory_stats_t *stats, size_t size);

@@ -97,6 +97,7 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         SX_CHECK_ARG(c.memory_copy_interval >= 0, "config->memory_copy_interval is %d; it must be >= 0 (0 = no "
                      "memory copies)", c.memory_copy_interval);
         g.memory_copy_interval = c.memory_copy_interval;
+        g.offload = c.offload;
         g.joining = (c.flags & SX_GROUP_JOIN) != 0;
         if (g.joining) {
             g.rank = 0;  // a joining process's rank comes from the members at its admission
@@ -203,13 +204,17 @@ SX_API sx_status_t sx_add_param_group(sx_shard_group_t *group, const sx_param_gr
         SX_TRY(sx::core::check_desc_flags(d));
         if (d.optimizer == 0) d.optimizer = SX_OPTIM_ADAMW;
         SX_TRY(g->check_usable());
-        SX_CHECK(!sx::optim::is_custom(static_cast<sx::optim::Kind>(d.optimizer)) ||
-                     g->ops().device() == SX_DEVICE_CPU,
-                 SX_ERR_UNSUPPORTED, "the custom optimizer '%s' runs on the CPU only; this group's buffers are on a "
-                 "CUDA device", sx::optim::optimizer_name(d.optimizer).c_str());
+        // Where the state lives is where the update runs: the host for CPU groups and for
+        // CUDA groups that offload it.
+        const bool host = g->state_ops().device() == SX_DEVICE_CPU;
+        SX_CHECK(!sx::optim::is_custom(static_cast<sx::optim::Kind>(d.optimizer)) || host, SX_ERR_UNSUPPORTED,
+                 "the custom optimizer '%s' runs on the host only; this group keeps its optimizer state on a CUDA "
+                 "device (config->offload = SX_OFFLOAD_STATE keeps it on the host)",
+                 sx::optim::optimizer_name(d.optimizer).c_str());
         const sx::optim::OptimizerSpec *spec = sx::optim::find_optimizer(d.optimizer);
-        SX_CHECK(!spec || spec->needs == sx::optim::Needs::kElementwise || g->ops().device() == SX_DEVICE_CPU,
-                 SX_ERR_UNSUPPORTED, "%s runs on the CPU only in this version; this group's buffers are on a CUDA device",
+        SX_CHECK(!spec || spec->needs == sx::optim::Needs::kElementwise || host, SX_ERR_UNSUPPORTED,
+                 "%s runs on the host only in this version; this group keeps its optimizer state on a CUDA device "
+                 "(config->offload = SX_OFFLOAD_STATE keeps it on the host)",
                  sx::optim::optimizer_name(d.optimizer).c_str());
         return g->table().add_group(sx::core::hyper_from_desc(d), index_out);
     });

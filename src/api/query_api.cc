@@ -129,6 +129,7 @@ SX_API sx_status_t sx_get_memory_stats(const sx_shard_group_t *group, sx_memory_
         m.unsharded_optimizer_bytes = s.unsharded_optimizer_bytes;
         m.peak_param_bytes = s.peak_param_bytes;
         m.memory_copy_bytes = s.memory_copy_bytes;
+        m.device_bytes = s.device_bytes;
         sx::api::write_output(out, m);
         return Status::Ok();
     });

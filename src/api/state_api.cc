@@ -85,7 +85,7 @@ SX_API sx_status_t sx_state_view(const sx_shard_group_t *group, int32_t param, c
         v.data = data;
         v.numel = numel;
         v.dtype = SX_DTYPE_F32;
-        v.device = g->ops().device();
+        v.device = g->state_ops().device();  // offloaded state is on the host
         sx::api::write_output(out, v);
         return Status::Ok();
     });

@@ -63,7 +63,7 @@ class ValuesRollback {
     void reserve(size_t reads) { kept_.assign(reads, Kept()); }
     // Copies what read i will overwrite, `bytes` at `live`, to `aside`.
     Status keep(size_t i, float *live, float *aside, size_t bytes) {
-        SX_TRY(g_.ops().to_host(aside, live, bytes));
+        SX_TRY(g_.state_ops().to_host(aside, live, bytes));
         kept_[i] = {live, aside, bytes};
         return Status::Ok();
     }
@@ -72,7 +72,7 @@ class ValuesRollback {
         std::vector<Kept> kept;
         kept.swap(kept_);
         for (const Kept &k : kept)
-            if (k.live) SX_TRY(g_.ops().from_host(k.live, k.aside, k.bytes));
+            if (k.live) SX_TRY(g_.state_ops().from_host(k.live, k.aside, k.bytes));
         return Status::Ok();
     }
     // The load committed: nothing goes back.
@@ -131,7 +131,7 @@ Status fill_uncovered(core::DeviceOps &dev, const std::vector<core::UnitShard> &
 class Checkpointer::Load {
   public:
     Load(Checkpointer &ck, const LoadOptions &options)
-        : ck_(ck), g_(*ck.group_), dev_(g_.ops()), options_(options), on_host_(dev_.device() == SX_DEVICE_CPU),
+        : ck_(ck), g_(*ck.group_), dev_(g_.state_ops()), options_(options), on_host_(dev_.device() == SX_DEVICE_CPU),
           keep_spares_(ck.loaded_), tracer_(g_.tracer()), rollback_(g_) {}
     // However the load ends, the spare state buffers stay only if an earlier load
     // succeeded (see Checkpointer::spare_state_).

@@ -458,7 +458,7 @@ Status StagedBytes::wait(uint64_t end) {
 }
 
 Status Checkpointer::stage(Snapshot *snap, StagedBytes *staged) {
-    core::DeviceOps &dev = group_->ops();
+    core::DeviceOps &dev = group_->state_ops();  // where the values and the state live
     char *dst = static_cast<char *>(staging_.data());
     SX_TRACE_SPAN(group_->tracer(), "ckpt", "save.stage", trace::kNoUnit, snap->plan.file_bytes);
     // Whatever happens (an exception too), `staged` hears how it ended: persist() waits on it.

@@ -18,12 +18,15 @@
 namespace sx {
 namespace core {
 
-// Memory on a device, freed by its destructor.
+// Memory a DeviceOps allocated other than as a plain HostBuffer (device memory, or host
+// memory pinned for the device's copies), freed by its destructor.
 class DeviceMemory {
   public:
     virtual ~DeviceMemory() = default;
     virtual void *data() const = 0;
     virtual size_t size() const = 0;
+    // Whether it is the device's memory (false: host memory, e.g. pinned).
+    virtual bool on_device() const { return true; }
 };
 
 // One of a group's buffers: host memory or device memory, as its DeviceOps allocated it.
@@ -38,6 +41,8 @@ class Buffer {
     T *as() const { return static_cast<T *>(data()); }
     size_t size() const { return device_ ? device_->size() : host_.size(); }
     bool empty() const { return data() == nullptr; }
+    // Whether the bytes are the device's (sx_memory_stats_t.device_bytes counts them).
+    bool on_device() const { return device_ && device_->on_device(); }
     void reset() {
         host_.reset();
         device_.reset();
@@ -102,8 +107,50 @@ class DeviceOps {
     }
 };
 
-// The host: the CPU kernels over `pool` (borrowed; it outlives the DeviceOps).
-std::unique_ptr<DeviceOps> make_host_ops(optim::ThreadPool *pool);
+// How a host DeviceOps gets its memory where it is not a plain HostBuffer (pinned for a
+// device's copies; checked by a simulated device). allocate has DeviceOps::allocate's
+// contract.
+class HostAllocator {
+  public:
+    virtual ~HostAllocator() = default;
+    virtual Status allocate(size_t bytes, const char *what, Buffer *out) = 0;
+    // Whether p lies in memory of this allocator's device (a simulated device's check that
+    // host work never touches device memory); false where nothing can tell.
+    virtual bool is_device_memory(const void *p) const {
+        (void)p;
+        return false;
+    }
+};
+
+// The host: the CPU kernels over `pool` (borrowed; it outlives the DeviceOps). With
+// `allocator` (shared), its buffers come from it, and where the allocator can tell device
+// memory from host memory, every call checks that it is given host memory alone
+// (SX_ERR_INTERNAL naming the call otherwise).
+std::unique_ptr<DeviceOps> make_host_ops(optim::ThreadPool *pool,
+                                         std::shared_ptr<HostAllocator> allocator = nullptr);
+
+// Host memory pinned (page-locked) for CUDA device `device`'s copies, which then run at
+// the link's speed and may overlap the device's work: an offloaded group's masters,
+// optimizer state and staging (SX_OFFLOAD_STATE). In a build without CUDA,
+// SX_ERR_UNSUPPORTED.
+Status make_pinned_allocator(int device, std::shared_ptr<HostAllocator> *out);
+
+// A simulated device (tests of the device paths without a GPU; SX_SIMULATED_DEVICE): its
+// memory is host memory of its own, registered so that every call can check that it is
+// handed the device's memory where a CUDA device would need it (a copy's device side, a
+// kernel's operands) and host memory elsewhere; its copies run on a copy thread of its
+// own, each after `copy_delay_us` microseconds (a link's latency, to move the timing of
+// the work around them). Kernels run on the host's kernels over `pool`. device() is
+// SX_DEVICE_CUDA. *host gets the host allocator that goes with it: the host memory of an
+// offloaded group's state, checked to be outside the device.
+struct SimulatedDevice {
+    int copy_delay_us = 0;
+};
+std::unique_ptr<DeviceOps> make_simulated_ops(optim::ThreadPool *pool, const SimulatedDevice &settings,
+                                              std::shared_ptr<HostAllocator> *host);
+// SX_SIMULATED_DEVICE's setting: *on where it is set and not "0" ("1", or "delay_us=N" for a
+// copy delay of N microseconds).
+void simulated_device_from_env(bool *on, SimulatedDevice *settings);
 
 // CUDA device `device`, with a stream of its own: SX_ERR_UNSUPPORTED in a build without
 // CUDA or where there is no device, SX_ERR_INVALID_ARGUMENT for an ordinal out of range.

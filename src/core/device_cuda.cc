@@ -164,7 +164,54 @@ class CudaOps final : public DeviceOps {
     cuda::OwnedStream stream_;
 };
 
+// Host memory registered with the CUDA runtime (page-locked), so that the device's copies
+// from and to it run at the link's speed and asynchronously.
+class PinnedMemory final : public DeviceMemory {
+  public:
+    ~PinnedMemory() override {
+        if (registered) cudaHostUnregister(buffer.data());
+    }
+    void *data() const override { return buffer.data(); }
+    size_t size() const override { return buffer.size(); }
+    bool on_device() const override { return false; }
+
+    HostBuffer buffer;
+    bool registered = false;
+};
+
+class PinnedAllocator final : public HostAllocator {
+  public:
+    explicit PinnedAllocator(int device) : device_(device) {}
+
+    Status allocate(size_t bytes, const char *what, Buffer *out) override {
+        const cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
+        std::unique_ptr<PinnedMemory> m(new PinnedMemory());
+        SX_TRY(m->buffer.allocate(bytes, what));
+        if (bytes) {
+            const cudaError_t e = cudaHostRegister(m->buffer.data(), bytes, cudaHostRegisterDefault);
+            if (e != cudaSuccess) {
+                (void)cudaGetLastError();
+                return SX_ERROR(SX_ERR_OUT_OF_MEMORY, "pinning %zu bytes of host memory for %s: %s", bytes, what,
+                                cudaGetErrorString(e));
+            }
+            m->registered = true;
+        }
+        out->host_.reset();
+        out->device_ = std::move(m);
+        return Status::Ok();
+    }
+
+  private:
+    const int device_;
+};
+
 }  // namespace
+
+Status make_pinned_allocator(int device, std::shared_ptr<HostAllocator> *out) {
+    out->reset(new PinnedAllocator(device));
+    return Status::Ok();
+}
 
 bool cuda_device_present() {
     std::string why;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 
 #include "base/half.h"
 #include "core/device.h"
@@ -13,11 +14,13 @@ namespace {
 
 class HostOps final : public DeviceOps {
   public:
-    explicit HostOps(optim::ThreadPool *pool) : pool_(pool) {}
+    HostOps(optim::ThreadPool *pool, std::shared_ptr<HostAllocator> allocator)
+        : pool_(pool), allocator_(std::move(allocator)) {}
 
     int32_t device() const override { return SX_DEVICE_CPU; }
 
     Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy, bool exchanged) override {
+        if (allocator_) return allocator_->allocate(bytes, what, out);
         HostBuffer b;
         SX_TRY(b.allocate(bytes, what, lazy ? HostBuffer::kLazy : HostBuffer::kPopulate,
                           exchanged ? HostBuffer::kExchanged : HostBuffer::kPrivate));
@@ -27,17 +30,28 @@ class HostOps final : public DeviceOps {
     }
 
     Status zero(void *p, size_t bytes) override {
+        SX_TRY(check("zero", {p}));
         char *c = static_cast<char *>(p);
         parallel_for(bytes, [&](size_t b, size_t e) { std::memset(c + b, 0, e - b); });
         return Status::Ok();
     }
     // Copies run on the calling thread alone: a checkpoint's load copies on two threads
     // at once, and the pool serves one caller at a time.
-    Status copy(void *dst, const void *src, size_t bytes) override { return copy_bytes(dst, src, bytes); }
-    Status to_host(void *dst, const void *src, size_t bytes) override { return copy_bytes(dst, src, bytes); }
-    Status from_host(void *dst, const void *src, size_t bytes) override { return copy_bytes(dst, src, bytes); }
+    Status copy(void *dst, const void *src, size_t bytes) override {
+        SX_TRY(check("copy", {dst, src}));
+        return copy_bytes(dst, src, bytes);
+    }
+    Status to_host(void *dst, const void *src, size_t bytes) override {
+        SX_TRY(check("to_host", {dst, src}));
+        return copy_bytes(dst, src, bytes);
+    }
+    Status from_host(void *dst, const void *src, size_t bytes) override {
+        SX_TRY(check("from_host", {dst, src}));
+        return copy_bytes(dst, src, bytes);
+    }
 
     Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, bool accumulate) override {
+        SX_TRY(check("widen", {in, out}));
         parallel_for(n, [&](size_t b, size_t e) {
             if (accumulate) {
                 half::add_to_f32(dtype, in + b, out + b, e - b);
@@ -48,33 +62,58 @@ class HostOps final : public DeviceOps {
         return Status::Ok();
     }
     Status narrow(int32_t dtype, const float *in, uint16_t *out, size_t n) override {
+        SX_TRY(check("narrow", {in, out}));
         parallel_for(n, [&](size_t b, size_t e) { half::from_f32(dtype, in + b, out + b, e - b); });
         return Status::Ok();
     }
     Status scale16(int32_t dtype, uint16_t *p, float s, size_t n) override {
+        SX_TRY(check("scale16", {p}));
         parallel_for(n, [&](size_t b, size_t e) { half::scale(dtype, p + b, s, e - b); });
         return Status::Ok();
     }
 
     Status sum_of_squares(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
+        SX_TRY(check_segments("sum_of_squares", segs, n));
         *sumsq = optim::sum_of_squares(segs, n, grad_scale, pool_, optim::Isa::kAuto);
         return Status::Ok();
     }
     Status custom_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq,
                                   optim::CustomFailure *failure, bool *ok) override {
+        SX_TRY(check_segments("custom_update", segs, n));
         *ok = optim::custom_update(segs, n, grad_scale, pool_, sumsq, failure);
         return Status::Ok();
     }
     Status undo_double_buffered(const optim::Segment *segs, size_t n) override {
+        SX_TRY(check_segments("undo_double_buffered", segs, n));
         optim::undo_double_buffered(segs, n, pool_);
         return Status::Ok();
     }
     Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
+        SX_TRY(check_segments("fused_update", segs, n));
         optim::fused_update(segs, n, grad_scale, pool_, optim::Isa::kAuto, sumsq);
         return Status::Ok();
     }
 
   private:
+    // Where the allocator tells device memory apart (a simulated device's): none of `ps` is
+    // device memory, which host work must never touch.
+    Status check(const char *call, std::initializer_list<const void *> ps) const {
+        if (!allocator_) return Status::Ok();
+        for (const void *p : ps)
+            SX_CHECK(!p || !allocator_->is_device_memory(p), SX_ERR_INTERNAL,
+                     "the host's %s was handed device memory (%p)", call, p);
+        return Status::Ok();
+    }
+    Status check_segments(const char *call, const optim::Segment *segs, size_t n) const {
+        if (!allocator_) return Status::Ok();
+        for (size_t i = 0; i < n; ++i) {
+            const optim::Segment &g = segs[i];
+            SX_TRY(check(call, {g.param, g.grad, g.compute_out, g.zero_grad, g.undo}));
+            for (int k = 0; k < 3; ++k) SX_TRY(check(call, {g.state[k], g.state_in[k]}));
+        }
+        return Status::Ok();
+    }
+
     static Status copy_bytes(void *dst, const void *src, size_t bytes) {
         if (bytes) std::memcpy(dst, src, bytes);
         return Status::Ok();
@@ -96,12 +135,13 @@ class HostOps final : public DeviceOps {
     }
 
     optim::ThreadPool *pool_;
+    std::shared_ptr<HostAllocator> allocator_;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceOps> make_host_ops(optim::ThreadPool *pool) {
-    return std::unique_ptr<DeviceOps>(new HostOps(pool));
+std::unique_ptr<DeviceOps> make_host_ops(optim::ThreadPool *pool, std::shared_ptr<HostAllocator> allocator) {
+    return std::unique_ptr<DeviceOps>(new HostOps(pool, std::move(allocator)));
 }
 
 }  // namespace core

@@ -74,6 +74,8 @@ Status validate_config(const GroupConfig &cfg) {
     SX_CHECK_ARG(std::isfinite(cfg.grad_predivide_factor) && cfg.grad_predivide_factor >= 0 &&
                      (cfg.grad_predivide_factor == 0 || cfg.grad_predivide_factor >= 1),
                  "grad_predivide_factor %g must be finite and >= 1 (0 = FSDP's factor)", cfg.grad_predivide_factor);
+    SX_CHECK_ARG(cfg.offload == SX_OFFLOAD_NONE || cfg.offload == SX_OFFLOAD_STATE,
+                 "offload %d is not SX_OFFLOAD_NONE or SX_OFFLOAD_STATE", cfg.offload);
     SX_CHECK_ARG(cfg.trace_capacity <= trace::kMaxCapacity, "trace_events %zu is above the most a trace keeps, %zu",
                  cfg.trace_capacity, trace::kMaxCapacity);
 
@@ -83,7 +85,8 @@ Status validate_config(const GroupConfig &cfg) {
 // The mesh's settings for a group of `cfg` (resolved: its backend and bind address).
 Mesh::Settings mesh_settings(const GroupConfig &cfg) {
     Mesh::Settings ms;
-    ms.backend = cfg.backend;
+    // A simulated device's ranks exchange through the CPU transports (its memory is the host's).
+    ms.backend = cfg.simulated_device ? SX_BACKEND_CPU : cfg.backend;
     ms.device_ordinal = cfg.device_ordinal;
     ms.timeout_ms = cfg.timeout_ms;
     ms.bind_address = cfg.bind_address;
@@ -94,9 +97,10 @@ Mesh::Settings mesh_settings(const GroupConfig &cfg) {
 }
 
 // The host thread pool's size: num_threads, or every core (shared among the ranks that
-// are threads of one process); 1 for a CUDA group, whose work runs on its device.
+// are threads of one process); 1 for a CUDA group, whose work runs on its device, but where
+// it offloads its state to the host, whose kernels update it.
 int pool_threads(const GroupConfig &cfg) {
-    int threads = cfg.backend == SX_BACKEND_CUDA ? 1 : cfg.num_threads;
+    int threads = cfg.backend == SX_BACKEND_CUDA && cfg.offload == SX_OFFLOAD_NONE ? 1 : cfg.num_threads;
     if (threads == 0) {
         int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
         const bool threads_of_one_process = cfg.rendezvous.compare(0, 8, "local://") == 0;
@@ -114,6 +118,7 @@ Units::Settings unit_settings(const GroupConfig &cfg, const Mesh &mesh) {
     us.grad_dtype = cfg.grad_dtype;
     us.reduce_dtype = cfg.reduce_dtype;
     us.exchanged = cfg.backend != SX_BACKEND_CUDA && mesh.shard().reads_in_place();
+    us.offload = cfg.offload == SX_OFFLOAD_STATE;
     // The ranks whose gradients are summed in 16 bits are a shard group's (GroupConfig).
     us.predivide = cfg.grad_predivide_factor > 0 ? cfg.grad_predivide_factor : fsdp_predivide_factor(mesh.shard_size());
     return us;
@@ -172,6 +177,16 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     GroupConfig c = cfg;
     c.rendezvous_token.clear();  // the store's client keeps it; nothing else needs it
     c.backend = cuda ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
+    // A CPU group's state is on the host already.
+    if (!cuda) c.offload = SX_OFFLOAD_NONE;
+    if (cuda) {
+        SimulatedDevice sim;
+        simulated_device_from_env(&c.simulated_device, &sim);
+        c.simulated_copy_delay_us = sim.copy_delay_us;
+        if (c.simulated_device)
+            log(SX_LOG_WARN, "sx: SX_SIMULATED_DEVICE is set: this CUDA group runs on a simulated device in host memory "
+                "(for testing sx without a GPU)");
+    }
     c.rank = rv.rank;
     c.world_size = rv.world_size;
     c.shard_size = cfg.shard_size ? cfg.shard_size : rv.world_size;  // checked by the mesh
@@ -216,7 +231,10 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
 
     // The device first: a group that cannot have it fails before it connects.
     std::unique_ptr<DeviceOps> device_ops;
-    if (cuda) SX_TRY(make_cuda_ops(cfg.device_ordinal, &device_ops));
+    std::shared_ptr<HostAllocator> host_memory;  // an offloaded group's state: pinned
+    const bool real_device = cuda && !cfg.simulated_device, offload = cuda && cfg.offload == SX_OFFLOAD_STATE;
+    if (real_device) SX_TRY(make_cuda_ops(cfg.device_ordinal, &device_ops));
+    if (real_device && offload) SX_TRY(make_pinned_allocator(cfg.device_ordinal, &host_memory));
     std::shared_ptr<rdzv::Store> store;
     SX_TRY(open_store(&store));
     // Every rank must be there before any binds a socket per peer (Gloo's full mesh),
@@ -228,9 +246,12 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
 
     const int threads = pool_threads(cfg);
     g->pool_.reset(new optim::ThreadPool(threads));
+    if (cuda && cfg.simulated_device)
+        device_ops = make_simulated_ops(g->pool_.get(), SimulatedDevice{cfg.simulated_copy_delay_us}, &host_memory);
     g->ops_ = cuda ? std::move(device_ops) : make_host_ops(g->pool_.get());
+    if (offload) g->state_ops_ = make_host_ops(g->pool_.get(), host_memory);
     const Units::Settings us = unit_settings(cfg, g->mesh_);
-    g->units_.configure(us, g->ops_.get(), g->tracer(),
+    g->units_.configure(us, g->ops_.get(), g->state_ops_.get(), g->tracer(),
                         {&g->layout_, &g->table_.params(), &g->table_.groups(), &g->table_.applied()});
     g->round_.reset(new ReductionRound(g->pipeline_, g->tracer(), cfg.stage, g->mesh_.replicas() > 1));
     Gathers::Settings gs;
@@ -250,18 +271,23 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
         }));
     g->config_.num_threads = threads;
     if (cfg.memory_copy_interval > 0 && !cfg.joining) {
-        SX_CHECK(!cuda, SX_ERR_UNSUPPORTED, "config->memory_copy_interval: memory copies are kept for CPU groups only; "
-                 "a CUDA group regroups from a checkpoint");
+        SX_CHECK(!cuda || offload, SX_ERR_UNSUPPORTED,
+                 "config->memory_copy_interval: memory copies are kept of state on the host, a CPU group's or an "
+                 "offloaded CUDA group's (SX_OFFLOAD_STATE); this CUDA group regroups from a checkpoint");
         const MemoryCopies::Settings cs = copy_settings(cfg, g->mesh_);
         std::unique_ptr<comm::Communicator> comm;
         if (cs.peers)
             SX_TRY(g->mesh_.connect(rdzv::make_prefix_store(g->mesh_.store_ptr(), "copies/"), cfg.rank, cfg.world_size,
                                     &comm, deadline));
-        g->copies_.reset(new MemoryCopies(cs, *g->ops_, std::move(comm)));
+        g->copies_.reset(new MemoryCopies(cs, g->state_ops(), std::move(comm)));
     }
     log(SX_LOG_INFO, "sx: rank %d of %d joined %s (stage %d, mesh %d x %d, %s)", g->mesh_.rank(), g->mesh_.world_size(),
         cfg.rendezvous.c_str(), cfg.stage, g->mesh_.shard_size(), g->mesh_.replicas(),
-        cuda ? format("CUDA device %d, NCCL", cfg.device_ordinal).c_str() : format("%d threads", threads).c_str());
+        cuda ? format("%s device %d, %s%s", cfg.simulated_device ? "simulated" : "CUDA", cfg.device_ordinal,
+                      cfg.simulated_device ? "CPU transports" : "NCCL",
+                      offload ? format(", state offloaded to the host (%d threads)", threads).c_str() : "")
+                   .c_str()
+             : format("%d threads", threads).c_str());
     if (g->tracer_)
         log(SX_LOG_INFO, "sx: rank %d traces its timeline into %s (written at sx_trace_flush and when the group is "
             "destroyed; open it in https://ui.perfetto.dev)", g->mesh_.rank(), g->tracer_->path().c_str());
@@ -608,8 +634,12 @@ Status ShardGroup::gather_params() {
 
 MemoryStats ShardGroup::memory_stats() const {
     MemoryStats m;
-    units_.count_bytes(&m.param_bytes, &m.grad_bytes, &m.optimizer_bytes, &m.unsharded_optimizer_bytes);
-    for (size_t u = 0; u < units_.size(); ++u) m.param_bytes += gathers_->whole_bytes(u);
+    units_.count_bytes(&m.param_bytes, &m.grad_bytes, &m.optimizer_bytes, &m.unsharded_optimizer_bytes,
+                       &m.device_bytes);
+    for (size_t u = 0; u < units_.size(); ++u) {
+        m.param_bytes += gathers_->whole_bytes(u);
+        if (ops_->device() != SX_DEVICE_CPU) m.device_bytes += gathers_->whole_bytes(u);
+    }
     m.peak_param_bytes = gathers_->peak_bytes();
     m.memory_copy_bytes = copies_ ? copies_->bytes() : 0;
     for (const std::shared_ptr<const KeptCopies> &k : lineage_.kept) m.memory_copy_bytes += k->bytes();

@@ -58,6 +58,7 @@ struct MemoryStats {
     uint64_t unsharded_optimizer_bytes = 0;
     uint64_t peak_param_bytes = 0;  // the most param_bytes held at once since finalize
     uint64_t memory_copy_bytes = 0;  // memory_copies.h
+    uint64_t device_bytes = 0;       // of the above, those in the device's memory
 };
 
 // The group proper: it assembles its parts (group_parts.h), completes ShardAccess and

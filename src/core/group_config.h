@@ -44,6 +44,12 @@ struct GroupConfig {
     size_t trace_capacity = 0;
     // Steps between memory copies of the state (memory_copies.h); 0 = none.
     int memory_copy_interval = 0;
+    // SX_OFFLOAD_*: where a CUDA group keeps its masters and optimizer state.
+    int offload = SX_OFFLOAD_NONE;
+    // SX_BACKEND_CUDA on a simulated device (SX_SIMULATED_DEVICE: device.h), whose ranks
+    // exchange through the CPU transports.
+    bool simulated_device = false;
+    int simulated_copy_delay_us = 0;
     // SX_GROUP_JOIN: a process that joins a running group at its next regroup (recovery/regroup.cc).
     bool joining = false;
     // Regroups since the group was first created (set by recovery/regroup.cc for the groups it makes).

@@ -69,6 +69,7 @@ class GroupParts : public RecoveryAccess {
     Status restore_shard(const ShardRestore &r) override;
     ShardFence &shard_fence() override { return fence_; }
     DeviceOps &ops() override { return *ops_; }
+    DeviceOps &state_ops() override { return state_ops_ ? *state_ops_ : *ops_; }
     UnitShard unit_shard(size_t u) const override { return units_.shard(u); }  // export_shard's, without its waits
     Status ensure_masters() override { return units_.ensure_masters(); }
     uint64_t steps_taken() const override { return record_.steps(); }
@@ -107,6 +108,7 @@ class GroupParts : public RecoveryAccess {
     Mesh mesh_;  // the ranks and their communicators (mesh.h)
     std::unique_ptr<optim::ThreadPool> pool_;
     std::unique_ptr<DeviceOps> ops_;
+    std::unique_ptr<DeviceOps> state_ops_;  // offloaded: the host's, where the state lives; else null
 
     ParamTable table_;  // the params, param groups and trainable flags (param_table.h)
     Layout layout_;

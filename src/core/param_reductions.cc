@@ -114,7 +114,7 @@ Status update_param_reductions(const StepPasses &c, float grad_scale, double *su
     if (sumsq) *sumsq = 0.0;
     const std::vector<int32_t> covered = c.units->params_needing(optim::Needs::kParamReduction);
     if (covered.empty()) return Status::Ok();
-    SX_CHECK(c.on_host, SX_ERR_INTERNAL, "an optimizer of per-param sums on a CUDA group");
+    SX_CHECK(c.on_host, SX_ERR_INTERNAL, "an optimizer of per-param sums on a CUDA group's device");
     trace::Span span(c.tracer, "step", "update_param_reductions");
     const size_t ranks = static_cast<size_t>(c.shard_size), me = static_cast<size_t>(c.shard_rank);
     std::vector<optim::Segment> segs = c.units->segments_needing(*c.reduced, optim::Needs::kParamReduction);

@@ -180,6 +180,9 @@ class ShardAccess {
     virtual ShardFence &shard_fence() = 0;
     // Where the group's buffers live, and the work on them.
     virtual DeviceOps &ops() = 0;
+    // Where the fp32 values (UnitShard::values) and the optimizer state live: ops() but in
+    // a group that offloads them to the host (SX_OFFLOAD_STATE).
+    virtual DeviceOps &state_ops() = 0;
 
     // --- what the ranks do together ---
     // Collective, the first exchange (the header) of a call outside the step's family (a

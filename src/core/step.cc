@@ -476,17 +476,29 @@ Status Stepper::update_shard(float grad_scale, int32_t head, int nonfinite, doub
         first = elementwise_only(std::move(first));
         SX_TRY(update_in_place(first, grad_scale, nonfinite, sumsq ? &head_sumsq : nullptr));
         if (span.on()) updated += optim::total_elements(first);
+        SX_TRY(upload_params(static_cast<size_t>(head)));
         SX_TRY(gathers_->open());
         SX_TRY(gathers_->submit(static_cast<size_t>(head)));
     }
     const std::vector<optim::Segment> segs = elementwise_only(units_.segments(round_->reduced(), head));
     SX_TRY(update_in_place(segs, grad_scale, nonfinite, sumsq ? &rest : nullptr));
     if (span.on()) updated += optim::total_elements(segs);
+    for (size_t u = 0; u < units_.size(); ++u)
+        if (static_cast<int32_t>(u) != head) SX_TRY(upload_params(u));
     span.set_bytes(updated * sizeof(float));
     if (sumsq) *sumsq = kept_sumsq + reduced_sumsq + whole_sumsq + head_sumsq + rest;
     return Status::Ok();
 }
 
+
+// An offloaded unit's params, updated on the host, copied to the device (nothing for the
+// others). A failure fails the group: the update is done, and the params would not follow.
+Status Stepper::upload_params(size_t u) {
+    if (!units_.offloaded()) return Status::Ok();
+    SX_TRACE_SPAN(tracer(), "step", "params_to_device", layout_.units()[u].unit_id);
+    Status s = units_.upload_params(u);
+    return s.ok() ? s : fail(s);
+}
 
 // Collective: all-gathers the params of every trainable unit.
 // Where local_sumsq is given (norm_rides_gather), the first all-gather carries it, and

@@ -16,14 +16,15 @@ Status Stepper::update_in_place(const std::vector<optim::Segment> &segs, float g
                                 double *sumsq) {
     const auto is_custom = [](const optim::Segment &seg) { return optim::is_custom(seg.hyper->kind); };
     if (std::none_of(segs.begin(), segs.end(), is_custom))
-        return ops_->fused_update(segs.data(), segs.size(), grad_scale, sumsq);
+        return units_.state_ops().fused_update(segs.data(), segs.size(), grad_scale, sumsq);
     std::vector<optim::Segment> builtin, custom;
     for (const optim::Segment &seg : segs) (is_custom(seg) ? custom : builtin).push_back(seg);
     double a = 0.0, b = 0.0;
-    SX_TRY(ops_->fused_update(builtin.data(), builtin.size(), grad_scale, sumsq ? &a : nullptr));
+    DeviceOps &ops = units_.state_ops();  // where the state lives (offloaded: the host)
+    SX_TRY(ops.fused_update(builtin.data(), builtin.size(), grad_scale, sumsq ? &a : nullptr));
     optim::CustomFailure failure;
     bool ok = true;
-    SX_TRY(ops_->custom_update(custom.data(), custom.size(), grad_scale, sumsq ? &b : nullptr, &failure, &ok));
+    SX_TRY(ops.custom_update(custom.data(), custom.size(), grad_scale, sumsq ? &b : nullptr, &failure, &ok));
     if (!ok)
         return fail(SX_ERROR(SX_ERR_OPTIMIZER,
                              "the custom optimizer '%s' returned %d updating param '%s' on rank %d%s%s; it updates in "
@@ -52,7 +53,7 @@ Status Stepper::update_double_buffered(float grad_scale, int nonfinite, double *
     const std::vector<optim::Segment> segs = units_.segments(round_->reduced(), -1, true);
     optim::CustomFailure failure;
     bool ok = true;
-    SX_TRY(ops_->custom_update(segs.data(), segs.size(), grad_scale, sumsq, &failure, &ok));
+    SX_TRY(units_.state_ops().custom_update(segs.data(), segs.size(), grad_scale, sumsq, &failure, &ok));
     // Every rank learns how many failed and how many inf/NaN were written (replicas of a
     // mesh too: each updates its own copy).
     double failed = ok ? 0.0 : 1.0, bad = static_cast<double>(failure.nonfinite);
@@ -74,7 +75,7 @@ Status Stepper::update_double_buffered(float grad_scale, int nonfinite, double *
         record_.note_nonfinite(bad > 0.0);
         return Status::Ok();
     }
-    SX_TRY(ops_->undo_double_buffered(segs.data(), segs.size()));
+    SX_TRY(units_.state_ops().undo_double_buffered(segs.data(), segs.size()));
     if (!ok)
         return SX_ERROR(SX_ERR_OPTIMIZER,
                         "the custom optimizer '%s' returned %d updating param '%s' on rank %d%s%s: the step changed "

@@ -17,9 +17,11 @@ const char *dtype_name(int32_t dtype) {
 
 }  // namespace
 
-void Units::configure(const Settings &settings, DeviceOps *ops, trace::Tracer *tracer, const Table &table) {
+void Units::configure(const Settings &settings, DeviceOps *ops, DeviceOps *state_ops, trace::Tracer *tracer,
+                      const Table &table) {
     settings_ = settings;
     ops_ = ops;
+    state_ops_ = state_ops ? state_ops : ops;
     tracer_ = tracer;
     table_ = table;
 }
@@ -29,19 +31,34 @@ void Units::append(std::vector<Unit> *added) {
     added->clear();
 }
 
-void Units::count_bytes(uint64_t *params, uint64_t *grads, uint64_t *optimizer, uint64_t *unsharded) const {
+void Units::count_bytes(uint64_t *params, uint64_t *grads, uint64_t *optimizer, uint64_t *unsharded,
+                        uint64_t *device) const {
+    const auto add = [device](uint64_t *category, const Buffer &b) {
+        *category += b.size();
+        if (b.on_device()) *device += b.size();
+    };
     for (size_t u = 0; u < units_.size(); ++u) {
         const Unit &unit = units_[u];
-        *params += unit.params.size() + unit.own.size();
-        *grads += unit.grads.size() + unit.accum.size();
+        add(params, unit.params);
+        add(params, unit.own);
+        add(params, unit.host_params);
+        add(grads, unit.grads);
+        add(grads, unit.accum);
         // fp32 master weights count as optimizer state, as in ZeRO's accounting.
-        *optimizer += unit.master.size();
-        for (int k = 0; k < unit.state_slots; ++k) *optimizer += unit.state[k].size() + unit.state_next[k].size();
-        *optimizer += unit.undo.size();
-        const int slots = unit.state_slots + (unit.master.empty() ? 0 : 1);
+        add(optimizer, unit.master);
+        for (int k = 0; k < unit.state_slots; ++k) {
+            add(optimizer, unit.state[k]);
+            add(optimizer, unit.state_next[k]);
+        }
+        add(optimizer, unit.undo);
+        // An offloaded fp32 unit's host copy of its values is no master that one process
+        // would keep.
+        const int slots = unit.state_slots + (unit.dtype == SX_DTYPE_F32 || unit.master.empty() ? 0 : 1);
         *unsharded += static_cast<uint64_t>(slots) * table_.layout->units()[u].numel * sizeof(float);
     }
-    *grads += reduce_scratch_.size();
+    add(grads, reduce_scratch_);
+    add(grads, device_sum_);
+    add(grads, host_sum_);
 }
 
 Status Units::check_dtypes() const {
@@ -79,8 +96,13 @@ Status Units::allocate(const Layout &layout, size_t first, std::vector<Unit> *ad
                                   settings_.exchanged));
         SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.grad_dtype), "a flat grad buffer", &unit.grads, false,
                               settings_.exchanged));
-        if (unit.dtype != SX_DTYPE_F32)
-            SX_TRY(ops_->allocate(ul.shard_numel * sizeof(float), "fp32 master weights", &unit.master));
+        // Offloaded, every unit's fp32 values are on the host (the masters), the 16-bit
+        // ones' rounded params beside them.
+        if (unit.dtype != SX_DTYPE_F32 || settings_.offload)
+            SX_TRY(state_ops_->allocate(ul.shard_numel * sizeof(float), "fp32 master weights", &unit.master));
+        if (unit.dtype != SX_DTYPE_F32 && settings_.offload)
+            SX_TRY(state_ops_->allocate(ul.shard_numel * dtype_size(unit.dtype), "the params' shard on the host",
+                                        &unit.host_params));
     }
     return Status::Ok();
 }
@@ -118,8 +140,9 @@ Status Units::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
         pd.unit = u;
         pd.slots = std::max(need, units_[u].state_slots);
         const uint64_t bytes = table_.layout->units()[u].shard_numel * sizeof(float);
-        for (int k = units_[u].state_slots; k < need; ++k) SX_TRY(ops_->allocate(bytes, "optimizer state", &pd.state[k]));
-        if (need_accum) SX_TRY(ops_->allocate(bytes, "the sharded gradient accumulator", &pd.accum));
+        for (int k = units_[u].state_slots; k < need; ++k)
+            SX_TRY(state_ops_->allocate(bytes, "optimizer state", &pd.state[k]));
+        if (need_accum) SX_TRY(state_ops_->allocate(bytes, "the sharded gradient accumulator", &pd.accum));
     }
     // An fp32 reduction of 16-bit gradients widens one unit at a time into one scratch.
     uint64_t scratch_bytes = 0;
@@ -131,7 +154,25 @@ Status Units::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
     if (scratch_bytes > reduce_scratch_.size())
         SX_TRY(ops_->allocate(scratch_bytes, "the fp32 gradient reduction buffer", &scratch, false,
                               settings_.exchanged));
+    // Offloaded: the device's fp32 sum of one unit's 16-bit gradients, and the host's
+    // micro-batch sum on its way into a stage-2 or stage-3 accumulator.
+    Buffer device_sum, host_sum;
+    if (settings_.offload) {
+        uint64_t sum_bytes = 0, host_bytes = 0;
+        for (size_t u = 0; u < units_.size(); ++u) {
+            if (!trainable[u]) continue;
+            const uint64_t bytes = table_.layout->units()[u].shard_numel * sizeof(float);
+            if (units_[u].grad_dtype != SX_DTYPE_F32) sum_bytes = std::max(sum_bytes, bytes);
+            if (accumulate && settings_.stage != 1) host_bytes = std::max(host_bytes, bytes);
+        }
+        if (sum_bytes > device_sum_.size())
+            SX_TRY(ops_->allocate(sum_bytes, "the device's sum of one unit's gradients", &device_sum));
+        if (host_bytes > host_sum_.size())
+            SX_TRY(state_ops_->allocate(host_bytes, "the host's sum of one unit's gradients", &host_sum));
+    }
     if (!scratch.empty()) reduce_scratch_ = std::move(scratch);
+    if (!device_sum.empty()) device_sum_ = std::move(device_sum);
+    if (!host_sum.empty()) host_sum_ = std::move(host_sum);
     for (Pending &pd : pending) {
         Unit &unit = units_[pd.unit];
         for (int k = unit.state_slots; k < pd.slots; ++k) unit.state[k] = std::move(pd.state[k]);
@@ -149,7 +190,7 @@ UnitShard Units::shard(size_t u) const {
     for (int k = 0; k < unit.state_slots; ++k) v.state[k] = unit.state[k].as<float>();
     v.state_slots = unit.state_slots;
     v.shard_numel = table_.layout->units()[u].shard_numel;
-    v.master = !unit.master.empty();
+    v.master = unit.dtype != SX_DTYPE_F32;
     return v;
 }
 
@@ -158,8 +199,8 @@ bool Units::needs_accum(size_t u, bool accumulate) const {
     // stages 1 and 2; an fp32 accumulator beside it holds it for 16-bit gradients (the
     // sum is fp32), at stage 3, and for a stage-2 unit's accumulated micro-batches
     // (allocated at the first sx_accumulate_grads, then kept). Stage 1 keeps
-    // micro-batches in place.
-    return units_[u].grad_dtype != SX_DTYPE_F32 || settings_.stage == 3 || (settings_.stage == 2 && accumulate);
+    // micro-batches in place. Offloaded, the reduced shard is always on the host.
+    return settings_.offload || units_[u].grad_dtype != SX_DTYPE_F32 || settings_.stage == 3 || (settings_.stage == 2 && accumulate);
 }
 
 bool Units::reduces_in_16bit(size_t u) const {
@@ -181,8 +222,15 @@ Status Units::ensure_masters() {
 Status Units::ensure_master(size_t u) {
     Unit &unit = units_[u];
     if (unit.master.empty() || unit.master_valid) return Status::Ok();
-    SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), table_.layout->units()[u].shard_numel,
-                       false));
+    const uint64_t S = table_.layout->units()[u].shard_numel;
+    if (!settings_.offload) {
+        SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), S, false));
+    } else if (unit.dtype == SX_DTYPE_F32) {
+        SX_TRY(ops_->to_host(unit.master.data(), own_params(u), S * sizeof(float)));
+    } else {
+        SX_TRY(ops_->to_host(unit.host_params.data(), own_params(u), S * dtype_size(unit.dtype)));
+        SX_TRY(state_ops_->widen(unit.dtype, unit.host_params.as<uint16_t>(), unit.master.as<float>(), S, false));
+    }
     unit.master_valid = true;
     return Status::Ok();
 }
@@ -191,13 +239,38 @@ Status Units::masters_to_params() {
     for (size_t u = 0; u < units_.size(); ++u) {
         Unit &unit = units_[u];
         if (unit.master.empty()) continue;
-        SX_TRY(ops_->narrow(unit.dtype, unit.master.as<float>(), own_params16(u), table_.layout->units()[u].shard_numel));
+        const uint64_t S = table_.layout->units()[u].shard_numel;
+        if (!settings_.offload) {
+            SX_TRY(ops_->narrow(unit.dtype, unit.master.as<float>(), own_params16(u), S));
+        } else {
+            if (unit.dtype != SX_DTYPE_F32)
+                SX_TRY(state_ops_->narrow(unit.dtype, unit.master.as<float>(), unit.host_params.as<uint16_t>(), S));
+            SX_TRY(upload(u));
+        }
         unit.master_valid = true;
     }
     return Status::Ok();
 }
 
+Status Units::upload_params() {
+    for (size_t u = 0; u < units_.size(); ++u) SX_TRY(upload_params(u));
+    return Status::Ok();
+}
+
+Status Units::upload_params(size_t u) {
+    if (!settings_.offload || !units_[u].trainable) return Status::Ok();
+    return upload(u);
+}
+
+Status Units::upload(size_t u) {
+    const Unit &unit = units_[u];
+    const uint64_t S = table_.layout->units()[u].shard_numel;
+    const Buffer &from = unit.dtype == SX_DTYPE_F32 ? unit.master : unit.host_params;
+    return ops_->from_host(own_params(u), from.data(), S * dtype_size(unit.dtype));
+}
+
 Status Units::reduce(size_t u, comm::Communicator &c, bool into_accum, float **shard_grad) {
+    if (settings_.offload) return reduce_offloaded(u, c, shard_grad);
     Unit &unit = units_[u];
     // The bytes of gradients the unit puts into the sum (its whole flat buffer).
     SX_TRACE_SPAN(tracer_, "step", "reduce_scatter", table_.layout->units()[u].unit_id, unit.grads.size());
@@ -242,6 +315,58 @@ Status Units::reduce(size_t u, comm::Communicator &c, bool into_accum, float **s
         SX_TRY(c.reduce_scatter_sum(wide, S, out, unit.accum_live));
     }
     *shard_grad = out;
+    return Status::Ok();
+}
+
+// Offloaded: the micro-batch's sum on the device (the trainer's gradients reduced over the
+// shard group in the device's memory), then copied into the host's accumulator, or added
+// to what it holds.
+Status Units::reduce_offloaded(size_t u, comm::Communicator &c, float **shard_grad) {
+    Unit &unit = units_[u];
+    SX_TRACE_SPAN(tracer_, "step", "reduce_scatter", table_.layout->units()[u].unit_id, unit.grads.size());
+    const uint64_t S = table_.layout->units()[u].shard_numel;
+    float *sum = nullptr;
+    SX_TRY(reduce_on_device(u, c, &sum));
+    float *acc = unit.accum.as<float>();
+    SX_TRACE_SPAN(tracer_, "step", "grads_to_host", table_.layout->units()[u].unit_id, S * sizeof(float));
+    if (!unit.accum_live) {
+        SX_TRY(ops_->to_host(acc, sum, S * sizeof(float)));
+    } else {
+        float *part = host_sum_.as<float>();
+        SX_TRY(ops_->to_host(part, sum, S * sizeof(float)));
+        for (uint64_t i = 0; i < S; ++i) acc[i] += part[i];
+    }
+    *shard_grad = acc;
+    return Status::Ok();
+}
+
+Status Units::reduce_on_device(size_t u, comm::Communicator &c, float **device_sum) {
+    Unit &unit = units_[u];
+    const uint64_t S = table_.layout->units()[u].shard_numel;
+    if (unit.grad_dtype == SX_DTYPE_F32) {
+        // In place: this rank's shard of the grad buffer receives the sum (with one rank
+        // per shard group, the gradients are the sum).
+        float *grads = unit.grads.as<float>();
+        float *own = grads + static_cast<uint64_t>(settings_.shard_rank) * S;
+        if (settings_.shard_size > 1) SX_TRY(c.reduce_scatter_sum(grads, S, own, false));
+        *device_sum = own;
+        return Status::Ok();
+    }
+    // 16-bit gradients: their fp32 sum, as reduce() makes it, into the device's one-unit sum.
+    uint16_t *grads = unit.grads.as<uint16_t>();
+    float *out = device_sum_.as<float>();
+    if (settings_.shard_size == 1) {
+        SX_TRY(ops_->widen(unit.grad_dtype, grads, out, S, false));
+    } else if (reduces_in_16bit(u)) {
+        const float f = static_cast<float>(settings_.predivide);
+        SX_TRY(ops_->scale16(unit.grad_dtype, grads, 1.0f / f, table_.layout->units()[u].padded_numel));
+        SX_TRY(c.reduce_scatter_sum_16(grads, unit.grad_dtype, S, out, f, false));
+    } else {
+        float *wide = reduce_scratch_.as<float>();
+        SX_TRY(ops_->widen(unit.grad_dtype, grads, wide, table_.layout->units()[u].padded_numel, false));
+        SX_TRY(c.reduce_scatter_sum(wide, S, out, false));
+    }
+    *device_sum = out;
     return Status::Ok();
 }
 
@@ -300,8 +425,10 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
         const ParamSpec &spec = (*table_.params)[p];
         optim::Segment seg;
         seg.param = v.values + piece.shard_offset;  // fp32: the params, or the masters
-        if (!unit.master.empty()) {  // ... rounded into the 16-bit params in the same pass
-            seg.compute_out = own_params16(u) + piece.shard_offset;
+        if (unit.dtype != SX_DTYPE_F32) {  // ... rounded into the 16-bit params in the same pass
+            // (offloaded: their shard on the host, copied up after the update)
+            uint16_t *params16 = settings_.offload ? unit.host_params.as<uint16_t>() : own_params16(u);
+            seg.compute_out = params16 + piece.shard_offset;
             seg.compute_dtype = unit.dtype;
         }
         seg.grad = reduced + piece.shard_offset;
@@ -406,11 +533,11 @@ Status Units::ensure_double_buffers() {
         bool any = false;
         for (int k = 0; k < unit.state_slots; ++k)
             if (unit.state_next[k].empty()) {
-                SX_TRY(ops_->allocate(bytes, "a custom optimizer's second state buffer", &pd.next[k]));
+                SX_TRY(state_ops_->allocate(bytes, "a custom optimizer's second state buffer", &pd.next[k]));
                 any = true;
             }
         if (unit.undo.empty()) {
-            SX_TRY(ops_->allocate(bytes, "a custom optimizer's copy of the params", &pd.undo));
+            SX_TRY(state_ops_->allocate(bytes, "a custom optimizer's copy of the params", &pd.undo));
             any = true;
         }
         if (any) pending.push_back(std::move(pd));
@@ -446,7 +573,7 @@ Status Units::sum_of_squares(size_t u, float *reduced, float grad_scale, double 
     std::vector<optim::Segment> segs;
     append_segments(u, reduced, &segs);
     *out = 0.0;
-    return segs.empty() ? Status::Ok() : ops_->sum_of_squares(segs.data(), segs.size(), grad_scale, out);
+    return segs.empty() ? Status::Ok() : state_ops_->sum_of_squares(segs.data(), segs.size(), grad_scale, out);
 }
 
 }  // namespace core

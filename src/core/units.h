@@ -49,6 +49,9 @@ class Units {
         // Stage 3: this rank's shard of the params, in their dtype (`params` is empty: the
         // whole params exist only while the unit is gathered, in the gathers' buffer).
         Buffer own;
+        // Offloaded 16-bit units: this rank's shard of the params on the host, which the
+        // update rounds the masters into and which is copied to the device after it.
+        Buffer host_params;
     };
     struct Settings {
         int stage = 2;
@@ -59,6 +62,10 @@ class Units {
         // The shard group's ranks read each other's buffers in place (processes on one
         // host): the buffers its collectives move come from the shared arena.
         bool exchanged = false;
+        // SX_OFFLOAD_STATE: the masters (of every unit, fp32 ones too), the optimizer state
+        // and the reduced gradients' shard live on the host (the state ops'), where the
+        // update runs; the params and gradients stay on the device.
+        bool offload = false;
     };
     // The group's table: its layout, params, param groups and applied mask (per param).
     struct Table {
@@ -67,7 +74,13 @@ class Units {
         const std::vector<ParamGroup> *groups = nullptr;
         const std::vector<uint8_t> *applied = nullptr;
     };
-    void configure(const Settings &settings, DeviceOps *ops, trace::Tracer *tracer, const Table &table);
+    // ops: where the params and gradients live; state_ops: where the masters, optimizer
+    // state and reduced gradient shards live and the update runs (ops itself but where
+    // settings.offload says otherwise). Both borrowed; they outlive the units.
+    void configure(const Settings &settings, DeviceOps *ops, DeviceOps *state_ops, trace::Tracer *tracer,
+                   const Table &table);
+    DeviceOps &state_ops() const { return *state_ops_; }
+    bool offloaded() const { return settings_.offload; }
 
     size_t size() const { return units_.size(); }
     Unit &operator[](size_t u) { return units_[u]; }
@@ -99,6 +112,10 @@ class Units {
     Status ensure_masters();
     Status ensure_master(size_t u);  // unit u's alone
     Status masters_to_params();
+    // Offloaded units: the params the update wrote on the host (every trainable unit's, or
+    // unit u's) copied into this rank's shard of them on the device. Nothing elsewhere.
+    Status upload_params();
+    Status upload_params(size_t u);
     // Unit u's shard as ShardState describes it.
     UnitShard shard(size_t u) const;
     // This rank's shard of unit u's params, in their dtype (stage 3: `own`).
@@ -147,19 +164,30 @@ class Units {
 
     // Bytes of params (this part's; stage 3's gathered ones are the gathers'), gradients
     // and optimizer state, as sx_memory_stats_t counts them.
-    void count_bytes(uint64_t *params, uint64_t *grads, uint64_t *optimizer, uint64_t *unsharded) const;
+    // *device: the bytes of all of them in the device's memory.
+    void count_bytes(uint64_t *params, uint64_t *grads, uint64_t *optimizer, uint64_t *unsharded,
+                     uint64_t *device) const;
 
   private:
     bool needs_accum(size_t u, bool accumulate) const;
     bool reduces_in_16bit(size_t u) const;
     uint16_t *own_params16(size_t u) const { return static_cast<uint16_t *>(own_params(u)); }
+    // reduce()'s offloaded path: the sum of this micro-batch's gradients into the device's
+    // fp32 shard, then onto the host.
+    Status reduce_on_device(size_t u, comm::Communicator &c, float **device_sum);
+    Status reduce_offloaded(size_t u, comm::Communicator &c, float **shard_grad);
+    Status upload(size_t u);  // the host's shard of unit u's params to the device
 
     Settings settings_;
     DeviceOps *ops_ = nullptr;
+    DeviceOps *state_ops_ = nullptr;
     trace::Tracer *tracer_ = nullptr;
     Table table_;
     std::vector<Unit> units_;
     Buffer reduce_scratch_;  // fp32 copy of one unit's 16-bit grads, for an fp32 reduction
+    // Offloaded: one unit's fp32 sum of 16-bit gradients on the device, and on the host one
+    // unit's micro-batch sum on its way into the accumulator.
+    Buffer device_sum_, host_sum_;
     // Per unit: this rank's shard of its gradient buffer is zeroed by this step's update
     // (mark_zeroed_by_update), so that zero_grads() zeroes only the rest.
     std::vector<char> zeroed_by_update_;

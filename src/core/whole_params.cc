@@ -117,7 +117,7 @@ Status update_whole_params(const StepPasses &c, float grad_scale, double *sumsq)
     if (sumsq) *sumsq = 0.0;
     const std::vector<int32_t> covered = c.units->params_needing(optim::Needs::kWholeParam);
     if (covered.empty()) return Status::Ok();
-    SX_CHECK(c.on_host, SX_ERR_INTERNAL, "an optimizer of whole params on a CUDA group");
+    SX_CHECK(c.on_host, SX_ERR_INTERNAL, "an optimizer of whole params on a CUDA group's device");
     trace::Span span(c.tracer, "step", "update_whole_params");
     const std::vector<int> owner = assign_owners(*c.layout, *c.table, covered, c.shard_size);
 

@@ -167,8 +167,8 @@ Status WholeState::root_buffers(int root, const std::vector<UnitShard> &units, b
         most = std::max<uint64_t>(most, state_tensors(g_, unit, p, as_if_allocated).size() * g_.param(p).numel);
     }
     if (most == 0) return Status::Ok();
-    SX_TRY(g_.ops().allocate(most * sizeof(float), "one param's whole optimizer state", staging, true));
-    if (g_.ops().device() != SX_DEVICE_CPU) {
+    SX_TRY(g_.state_ops().allocate(most * sizeof(float), "one param's whole optimizer state", staging, true));
+    if (g_.state_ops().device() != SX_DEVICE_CPU) {
         try {
             host->resize(most);
         } catch (const std::bad_alloc &) {
@@ -209,7 +209,7 @@ Status WholeState::gather(int root, const StateFn &fn) {
     // The root's shard group holds every shard: its ranks alone send (the other replica
     // groups have nothing to do but the outcome's exchange).
     const int rank = g_.rank(), S = g_.shard_size(), root_shard = root % S;
-    DeviceOps &ops = g_.ops();
+    DeviceOps &ops = g_.state_ops();
     Status outcome;  // the root's callback's, once it fails no more calls are made
     for (int32_t p = 0; p < g_.num_params() && in_root_group(root); ++p) {
         const size_t u = static_cast<size_t>(g_.layout().placement(p).unit_index);
@@ -282,7 +282,7 @@ Status WholeState::scatter(int root, const StateFn &fn) {
     std::vector<std::array<Buffer, 3>> &state = targets.state;
     std::vector<Buffer> &masters = targets.masters;
     std::vector<float> &host = targets.host;
-    DeviceOps &ops = g_.ops();
+    DeviceOps &ops = g_.state_ops();
 
     const int rank = g_.rank();
     Status outcome;  // the root's callback's, once it fails the root sends zeros
@@ -361,7 +361,7 @@ Status WholeState::allocate_targets(int root, const std::vector<UnitShard> &unit
     t->state.resize(nu);
     t->slots.assign(nu, 0);
     t->masters.resize(nu);
-    DeviceOps &ops = g_.ops();
+    DeviceOps &ops = g_.state_ops();
     for (size_t u = 0; u < nu; ++u) {
         const uint64_t bytes = units[u].shard_numel * sizeof(float);
         t->slots[u] = std::max(units[u].state_slots, slots_when_trainable(g_, u));
@@ -393,7 +393,7 @@ Status WholeState::scatter_param(int root, int32_t p, float *full, const std::ve
             if (q == g_.shard_rank()) mine.push_back({dst, bytes});
             if (rank == root && q != root_shard) theirs[q].push_back({full + t * n + piece.begin, bytes});
             if (rank == root && q == root_shard && bytes) {
-                Status s = g_.ops().copy(dst, full + t * n + piece.begin, bytes);
+                Status s = g_.state_ops().copy(dst, full + t * n + piece.begin, bytes);
                 if (!s.ok()) return g_.fail(s);
             }
         }

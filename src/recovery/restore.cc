@@ -78,7 +78,7 @@ Status Recovery::copy_if_sound() {
         cs.shard = g_.shard_rank();
         cs.shards = g_.shard_size();
         cs.epoch = g_.lineage().epoch;
-        g_.set_memory_copies(std::unique_ptr<MemoryCopies>(new MemoryCopies(cs, g_.ops(), nullptr)));
+        g_.set_memory_copies(std::unique_ptr<MemoryCopies>(new MemoryCopies(cs, g_.state_ops(), nullptr)));
     }
     SX_TRY(g_.settle());
     return g_.keep_copy(false);
@@ -130,10 +130,12 @@ Status restore_copies(RecoveryAccess &g, const CopyChoice &choice) {
     SX_TRY(unpack_progress(packed, &slots, &progress));
     SX_CHECK(slots.size() == g.layout().units().size(), SX_ERR_INTERNAL, "the copy has %zu units, the group %zu", slots.size(),
              g.layout().units().size());
-    // Where each unit's tensors go (host memory: the copies are CPU groups'): the values
-    // (fp32 masters of 16-bit units) in place, each state slot into a new buffer that a
+    // Where each unit's tensors go (host memory: the copies are of state on the host, a
+    // CPU group's or an offloaded CUDA group's): the values (fp32 masters of 16-bit units,
+    // and of every unit offloaded) in place, each state slot into a new buffer that a
     // restore then swaps in with the progress.
-    SX_CHECK(g.ops().device() == SX_DEVICE_CPU, SX_ERR_UNSUPPORTED, "memory copies restore CPU groups only");
+    SX_CHECK(g.state_ops().device() == SX_DEVICE_CPU, SX_ERR_UNSUPPORTED,
+             "memory copies restore state kept on the host only (CPU groups, and CUDA groups with SX_OFFLOAD_STATE)");
     Status s = g.ensure_masters();  // valid from here: the values below replace them
     std::vector<std::array<Buffer, 3>> state(g.layout().units().size());
     std::vector<std::array<float *, 4>> into(g.layout().units().size());
@@ -142,7 +144,7 @@ Status restore_copies(RecoveryAccess &g, const CopyChoice &choice) {
         into[u][0] = g.unit_shard(u).values;
         if (n == 0) continue;  // no piece lies in it
         for (int k = 0; k < slots[u] && s.ok(); ++k) {
-            s = g.ops().allocate(n * sizeof(float), "optimizer state restored from memory copies", &state[u][k]);
+            s = g.state_ops().allocate(n * sizeof(float), "optimizer state restored from memory copies", &state[u][k]);
             into[u][k + 1] = state[u][k].as<float>();
         }
     }

@@ -59,7 +59,7 @@ struct Fixture {
         assert_true(Layout::build(shapes, 1, 64, &layout).ok());
         Units::Settings s;
         s.stage = stage;
-        units.configure(s, ops.get(), nullptr, {&layout, &params, &groups, &applied});
+        units.configure(s, ops.get(), nullptr, nullptr, {&layout, &params, &groups, &applied});
         std::vector<Units::Unit> added;
         assert_true(units.check_dtypes().ok());
         assert_true(units.allocate(layout, 0, &added).ok());
@@ -88,9 +88,10 @@ void test_allocation_and_state(void **) {
     assert_true(f.units.prepare({1, 1, 0}, false).ok());
     assert_false(f.units[1].trainable);
     assert_int_equal(f.units[1].state_slots, 1);
-    uint64_t params = 0, grads = 0, optimizer = 0, unsharded = 0;
-    f.units.count_bytes(&params, &grads, &optimizer, &unsharded);
+    uint64_t params = 0, grads = 0, optimizer = 0, unsharded = 0, device = 0;
+    f.units.count_bytes(&params, &grads, &optimizer, &unsharded, &device);
     assert_true(optimizer == (2 * f.layout.units()[0].shard_numel + 2 * f.layout.units()[1].shard_numel) * 4);
+    assert_int_equal(device, 0);  // the host's
     // A unit that mixes dtypes is refused, naming both params.
     f.params[1].dtype = SX_DTYPE_F16;
     const sx::Status bad = f.units.check_dtypes();

@@ -1,0 +1,235 @@
+// A simulated device (device.h, make_simulated_ops): the device paths of a CUDA group
+// (copies in and out, kernels on device buffers, an offloaded group's host state beside
+// them) run on the host, in memory of the device's own that every call checks it is
+// handed where a CUDA device would need it. What a real device would reject (a host
+// pointer handed to a kernel, a copy's direction wrong, host work on device memory) fails
+// here with SX_ERR_INTERNAL naming the call, so the CPU suite catches it.
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "base/log.h"
+#include "core/device.h"
+
+namespace sx {
+namespace core {
+namespace {
+
+// Every simulated device's memory in this process (ranks that are threads share it):
+// begin -> end.
+class Registry {
+  public:
+    void add(const void *p, size_t bytes) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ranges_[reinterpret_cast<uintptr_t>(p)] = reinterpret_cast<uintptr_t>(p) + bytes;
+    }
+    void remove(const void *p) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ranges_.erase(reinterpret_cast<uintptr_t>(p));
+    }
+    bool contains(const void *p) const {
+        const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = ranges_.upper_bound(a);
+        if (it == ranges_.begin()) return false;
+        --it;
+        return a >= it->first && a < it->second;
+    }
+
+  private:
+    mutable std::mutex mu_;
+    std::map<uintptr_t, uintptr_t> ranges_;
+};
+
+Registry &registry() {
+    static Registry *r = new Registry();  // never destroyed: buffers may outlive statics
+    return *r;
+}
+
+class SimulatedMemory final : public DeviceMemory {
+  public:
+    ~SimulatedMemory() override {
+        if (buffer.data()) registry().remove(buffer.data());
+    }
+    void *data() const override { return buffer.data(); }
+    size_t size() const override { return buffer.size(); }
+
+    HostBuffer buffer;
+};
+
+// The host memory beside the device (an offloaded group's state): plain host buffers,
+// told apart from the device's.
+class SimulatedHost final : public HostAllocator {
+  public:
+    Status allocate(size_t bytes, const char *what, Buffer *out) override {
+        HostBuffer b;
+        SX_TRY(b.allocate(bytes, what));
+        out->device_.reset();
+        out->host_ = std::move(b);
+        return Status::Ok();
+    }
+    bool is_device_memory(const void *p) const override { return registry().contains(p); }
+};
+
+// One thread that runs the device's copies in the order given, each after the delay.
+class CopyEngine {
+  public:
+    explicit CopyEngine(int delay_us) : delay_us_(delay_us), thread_([this] { run(); }) {}
+    ~CopyEngine() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    // Runs the copy on the engine's thread, after the copies before it, and returns once it
+    // is done.
+    void copy(void *dst, const void *src, size_t bytes) {
+        std::unique_lock<std::mutex> lock(mu_);
+        const uint64_t ticket = ++submitted_;
+        jobs_.push_back([this, dst, src, bytes] {
+            if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+            if (bytes) std::memcpy(dst, src, bytes);
+        });
+        cv_.notify_all();
+        done_cv_.wait(lock, [&] { return finished_ >= ticket; });
+    }
+
+  private:
+    void run() {
+        std::unique_lock<std::mutex> lock(mu_);
+        for (;;) {
+            cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+            if (jobs_.empty() && stop_) return;
+            std::function<void()> job = std::move(jobs_.front());
+            jobs_.pop_front();
+            lock.unlock();
+            job();
+            lock.lock();
+            ++finished_;
+            done_cv_.notify_all();
+        }
+    }
+
+    const int delay_us_;
+    std::mutex mu_;
+    std::condition_variable cv_, done_cv_;
+    std::deque<std::function<void()>> jobs_;
+    bool stop_ = false;
+    uint64_t finished_ = 0, submitted_ = 0;
+    std::thread thread_;
+};
+
+class SimulatedOps final : public DeviceOps {
+  public:
+    SimulatedOps(optim::ThreadPool *pool, const SimulatedDevice &settings)
+        : kernels_(make_host_ops(pool)), engine_(settings.copy_delay_us) {}
+
+    int32_t device() const override { return SX_DEVICE_CUDA; }
+
+    Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy, bool exchanged) override {
+        (void)lazy, (void)exchanged;  // a device's memory: never lazy, never exchanged
+        std::unique_ptr<SimulatedMemory> m(new SimulatedMemory());
+        SX_TRY(m->buffer.allocate(bytes, what));
+        if (bytes) registry().add(m->buffer.data(), bytes);
+        out->host_.reset();
+        out->device_ = std::move(m);
+        return Status::Ok();
+    }
+
+    Status zero(void *p, size_t bytes) override {
+        SX_TRY(on_device("zero", {p}));
+        return kernels_->zero(p, bytes);
+    }
+    Status copy(void *dst, const void *src, size_t bytes) override {
+        SX_TRY(on_device("copy", {dst, src}));
+        engine_.copy(dst, src, bytes);
+        return Status::Ok();
+    }
+    Status to_host(void *dst, const void *src, size_t bytes) override {
+        SX_TRY(on_device("to_host's source", {src}));
+        SX_TRY(on_host("to_host's destination", dst));
+        engine_.copy(dst, src, bytes);
+        return Status::Ok();
+    }
+    Status from_host(void *dst, const void *src, size_t bytes) override {
+        SX_TRY(on_device("from_host's destination", {dst}));
+        SX_TRY(on_host("from_host's source", src));
+        engine_.copy(dst, src, bytes);
+        return Status::Ok();
+    }
+
+    Status widen(int32_t dtype, const uint16_t *in, float *out, size_t n, bool accumulate) override {
+        SX_TRY(on_device("widen", {in, out}));
+        return kernels_->widen(dtype, in, out, n, accumulate);
+    }
+    Status narrow(int32_t dtype, const float *in, uint16_t *out, size_t n) override {
+        SX_TRY(on_device("narrow", {in, out}));
+        return kernels_->narrow(dtype, in, out, n);
+    }
+    Status scale16(int32_t dtype, uint16_t *p, float s, size_t n) override {
+        SX_TRY(on_device("scale16", {p}));
+        return kernels_->scale16(dtype, p, s, n);
+    }
+    Status sum_of_squares(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
+        SX_TRY(segments_on_device("sum_of_squares", segs, n));
+        return kernels_->sum_of_squares(segs, n, grad_scale, sumsq);
+    }
+    Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
+        // As the CUDA update: the step zeroes the gradients itself.
+        for (size_t i = 0; i < n; ++i)
+            SX_CHECK(segs[i].zero_grad == nullptr, SX_ERR_INTERNAL,
+                     "the device's update does not zero gradients; the step zeroes them itself");
+        SX_TRY(segments_on_device("fused_update", segs, n));
+        return kernels_->fused_update(segs, n, grad_scale, sumsq);
+    }
+
+  private:
+    static Status on_device(const char *call, std::initializer_list<const void *> ps) {
+        for (const void *p : ps)
+            SX_CHECK(!p || registry().contains(p), SX_ERR_INTERNAL,
+                     "the simulated device's %s was handed host memory (%p) where a device needs its own", call, p);
+        return Status::Ok();
+    }
+    static Status on_host(const char *what, const void *p) {
+        SX_CHECK(!p || !registry().contains(p), SX_ERR_INTERNAL,
+                 "the simulated device's %s is device memory (%p) where the host's is needed", what, p);
+        return Status::Ok();
+    }
+    static Status segments_on_device(const char *call, const optim::Segment *segs, size_t n) {
+        for (size_t i = 0; i < n; ++i) {
+            const optim::Segment &g = segs[i];
+            SX_TRY(on_device(call, {g.param, g.grad, g.compute_out, g.undo}));
+            for (int k = 0; k < 3; ++k) SX_TRY(on_device(call, {g.state[k], g.state_in[k]}));
+        }
+        return Status::Ok();
+    }
+
+    std::unique_ptr<DeviceOps> kernels_;  // the host's, over the group's pool
+    CopyEngine engine_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceOps> make_simulated_ops(optim::ThreadPool *pool, const SimulatedDevice &settings,
+                                              std::shared_ptr<HostAllocator> *host) {
+    if (host) host->reset(new SimulatedHost());
+    return std::unique_ptr<DeviceOps>(new SimulatedOps(pool, settings));
+}
+
+void simulated_device_from_env(bool *on, SimulatedDevice *settings) {
+    const char *v = std::getenv("SX_SIMULATED_DEVICE");
+    *on = v && *v && std::strcmp(v, "0") != 0;
+    *settings = SimulatedDevice();
+    if (*on && std::strncmp(v, "delay_us=", 9) == 0) settings->copy_delay_us = std::atoi(v + 9);
+}
+
+}  // namespace core
+}  // namespace sx

@@ -1,0 +1,379 @@
+// CUDA groups that offload their state to the host (SX_OFFLOAD_STATE), on the simulated
+// device (SX_SIMULATED_DEVICE: device.h), whose memory every call checks it is handed
+// where a device would need it, and whose copies run on a copy thread of its own after an
+// injected delay. Ranks are threads over local://.
+//
+// - Offloaded training equals a CPU group's bit for bit: params after 4 steps at worlds
+//   1-3, stages 1-3, fp32 and bf16 params, for AdamW, SGD with momentum, Lion, LAMB,
+//   Adafactor, Muon and a custom optimizer (each but the elementwise ones refused by a
+//   CUDA group that keeps its state on the device), with clipping, micro-batches and units
+//   signalled ready as the backward goes.
+// - Device memory: an offloaded group's device holds the params and gradients alone (bf16:
+//   4 bytes per element, plus one unit's fp32 gradient sum); a group that does not offload
+//   holds everything there.
+// - Checkpoints of an offloaded group load into CPU groups and into CUDA groups that do
+//   not offload, at other world sizes, and train on to the same bits; and back.
+// - Memory copies are kept of an offloaded group's state, and sx_regroup restores from them.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "custom_adamw.h"
+#include "run_ranks.h"
+#include "sx/sx.h"
+#include "sx_cmocka.h"
+#include "test_files.h"
+
+namespace {
+
+enum class Backend { kCpu, kDevice, kOffload };
+
+struct Case {
+    int world = 1, stage = 2, dtype = SX_DTYPE_F32;
+    int optimizer = SX_OPTIM_ADAMW;  // or the custom one's id
+    bool momentum = false;           // SGD's
+    double clip = 0.0;
+    bool micro_batches = false;  // one sx_accumulate_grads before each step
+    bool signalled = false;      // units signalled ready, last first
+    int steps = 4;
+};
+
+struct ParamDef {
+    const char *name;
+    int64_t rows, cols;
+    int unit;
+};
+const ParamDef kParams[] = {{"w", 12, 10, 0}, {"u", 6, 5, 0}, {"v", 7, 9, 1}};
+constexpr int kParamCount = 3, kUnits = 2;
+
+std::string text(const char *what) { return std::string(what) + ": " + sx_last_error_message(); }
+#define TRY(call, what)                          \
+    do {                                         \
+        if ((call) != SX_OK) return text(what);  \
+    } while (0)
+
+uint16_t to_bf16(float f) {  // values the test makes are exact in bf16
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return static_cast<uint16_t>(b >> 16);
+}
+
+// Deterministic values: exact in bf16 (a multiple of 1/128 in (-1, 1)).
+float value(uint64_t seed) {
+    seed = (seed ^ (seed >> 31)) * 0x7fb5d329728ea185ull;
+    seed = (seed ^ (seed >> 27)) * 0x81dadef4bc2dd44dull;
+    return static_cast<float>(static_cast<int>((seed >> 33) % 255) - 127) / 128.0f;
+}
+
+void write_values(const sx_view_t &v, int dtype, uint64_t seed) {
+    for (uint64_t i = 0; i < v.numel; ++i) {
+        const float f = value(seed * 1000003ull + i);
+        if (dtype == SX_DTYPE_F32)
+            static_cast<float *>(v.data)[i] = f;
+        else
+            static_cast<uint16_t *>(v.data)[i] = to_bf16(f);
+    }
+}
+
+std::string group_config(const std::string &rv, int rank, const Case &c, Backend b, sx_group_config_t *cfg) {
+    sx_group_config_init(cfg, sizeof *cfg);
+    cfg->rendezvous = rv.c_str();
+    cfg->rank = rank;
+    cfg->world_size = c.world;
+    cfg->stage = c.stage;
+    cfg->num_threads = 1;
+    cfg->timeout_ms = 60000;
+    cfg->backend = b == Backend::kCpu ? SX_BACKEND_CPU : SX_BACKEND_CUDA;
+    cfg->offload = b == Backend::kOffload ? SX_OFFLOAD_STATE : SX_OFFLOAD_NONE;
+    return "";
+}
+
+// fn(p, view of param p) for every param, unit by unit (stage 3: each gathered for it).
+std::string with_param_views(sx_shard_group_t *g, const Case &c, const std::function<void(int, const sx_view_t &)> &fn) {
+    for (int u = 0; u < kUnits; ++u) {
+        if (c.stage == 3) TRY(sx_unit_gather(g, u), "gather");
+        for (int p = 0; p < kParamCount; ++p) {
+            if (kParams[p].unit != u) continue;
+            sx_view_t v;
+            v.struct_size = sizeof v;
+            TRY(sx_param_view(g, p, &v), "param_view");
+            fn(p, v);
+        }
+        if (c.stage == 3) TRY(sx_unit_release(g, u), "release");
+    }
+    return "";
+}
+
+// A group of c's params under optimizer c.optimizer, finalized, with the params' starting
+// values written (every rank the same).
+std::string make_group(const std::string &rv, int rank, const Case &c, Backend b, sx_shard_group_t **out,
+                       int memory_copy_interval = 0) {
+    sx_group_config_t cfg;
+    group_config(rv, rank, c, b, &cfg);
+    cfg.memory_copy_interval = memory_copy_interval;
+    TRY(sx_create_shard_group(&cfg, out), "create");
+    sx_shard_group_t *g = *out;
+    sx_param_group_desc_t d;
+    sx_param_group_desc_init(&d, sizeof d, c.optimizer);
+    d.lr = c.optimizer == SX_OPTIM_SGD ? 0.1 : 0.01;
+    d.weight_decay = 0.01;
+    if (c.momentum) d.momentum = 0.9;
+    TRY(sx_add_param_group(g, &d, nullptr), "add_param_group");
+    for (const ParamDef &p : kParams) {
+        sx_param_desc_t pd;
+        sx_param_desc_init(&pd, sizeof pd);
+        const int64_t shape[2] = {p.rows, p.cols};
+        pd.name = p.name;
+        pd.ndim = 2;
+        pd.shape = shape;
+        pd.dtype = c.dtype;
+        pd.unit = p.unit;
+        TRY(sx_add_param(g, &pd, nullptr), "add_param");
+    }
+    TRY(sx_finalize(g), "finalize");
+    return with_param_views(g, c, [&](int p, const sx_view_t &v) { write_values(v, c.dtype, 7 + static_cast<uint64_t>(p)); });
+}
+
+// The gradients of micro-batch `mb` of step `step` on `rank`, added into the views.
+std::string write_grads(sx_shard_group_t *g, const Case &c, int rank, int step, int mb, int unit) {
+    for (int p = 0; p < kParamCount; ++p) {
+        if (unit >= 0 && kParams[p].unit != unit) continue;
+        sx_view_t v;
+        v.struct_size = sizeof v;
+        TRY(sx_grad_view(g, p, &v), "grad_view");
+        write_values(v, c.dtype, 1000 + static_cast<uint64_t>(((step * 2 + mb) * 8 + rank) * 4 + p));
+    }
+    return "";
+}
+
+std::string train(sx_shard_group_t *g, const Case &c, int rank, int first_step, int steps) {
+    for (int s = first_step; s < first_step + steps; ++s) {
+        if (c.micro_batches) {
+            std::string e = write_grads(g, c, rank, s, 1, -1);
+            if (!e.empty()) return e;
+            TRY(sx_accumulate_grads(g), "accumulate_grads");
+        }
+        if (c.signalled) {
+            for (int u = kUnits - 1; u >= 0; --u) {
+                std::string e = write_grads(g, c, rank, s, 0, u);
+                if (!e.empty()) return e;
+                sx_unit_ready_options_t o;
+                sx_unit_ready_options_init(&o, sizeof o);
+                TRY(sx_unit_grads_ready(g, u, &o), "unit_grads_ready");
+            }
+        } else {
+            std::string e = write_grads(g, c, rank, s, 0, -1);
+            if (!e.empty()) return e;
+        }
+        sx_step_options_t o;
+        sx_step_options_init(&o, sizeof o);
+        o.max_grad_norm = c.clip;
+        TRY(sx_step(g, &o, nullptr), "step");
+    }
+    return "";
+}
+
+// Every param's values, as bits (stage 3: gathered for it).
+std::string read_params(sx_shard_group_t *g, const Case &c, std::vector<std::vector<uint8_t>> *out) {
+    out->assign(kParamCount, {});
+    return with_param_views(g, c, [&](int p, const sx_view_t &v) {
+        const size_t bytes = v.numel * (c.dtype == SX_DTYPE_F32 ? 4 : 2);
+        (*out)[p].assign(static_cast<uint8_t *>(v.data), static_cast<uint8_t *>(v.data) + bytes);
+    });
+}
+
+// A rendezvous name of its own for every group the program makes.
+std::string tag() {
+    static int made = 0;
+    return std::to_string(getpid()) + "-" + std::to_string(++made);
+}
+
+// Trains c on backend b; rank 0's params after it.
+std::vector<std::vector<uint8_t>> run(const Case &c, Backend b, const std::string &name) {
+    std::vector<std::vector<uint8_t>> params;
+    const std::string rv = "local://off-" + name + "-" + tag();
+    const std::string err = sxtest::run_ranks(c.world, [&](int rank) -> std::string {
+        sx_shard_group_t *g = nullptr;
+        std::string e = make_group(rv, rank, c, b, &g);
+        if (e.empty()) e = train(g, c, rank, 0, c.steps);
+        std::vector<std::vector<uint8_t>> mine;
+        if (e.empty()) e = read_params(g, c, &mine);
+        if (e.empty() && rank == 0) params = mine;
+        sx_destroy_shard_group(g);
+        return e;
+    });
+    if (!err.empty()) fail_msg("%s: %s", name.c_str(), err.c_str());
+    return params;
+}
+
+std::string describe(const Case &c) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "optimizer %d%s world %d stage %d %s%s%s%s", c.optimizer,
+                  c.momentum ? " (momentum)" : "", c.world, c.stage, c.dtype == SX_DTYPE_F32 ? "fp32" : "bf16",
+                  c.clip > 0 ? " clipped" : "", c.micro_batches ? " micro-batches" : "",
+                  c.signalled ? " signalled" : "");
+    return buf;
+}
+
+void expect_same(const Case &c, Backend a, Backend b) {
+    const std::string what = describe(c);
+    const auto pa = run(c, a, "a"), pb = run(c, b, "b");
+    for (int p = 0; p < kParamCount; ++p) {
+        assert_int_equal(pa[p].size(), pb[p].size());
+        if (std::memcmp(pa[p].data(), pb[p].data(), pa[p].size()) != 0)
+            fail_msg("%s: param '%s' differs from the CPU group's", what.c_str(), kParams[p].name);
+    }
+    // The run changed the params (the comparison is of something).
+    sx_view_t start;
+    std::vector<uint8_t> bytes(pa[0].size());
+    start.data = bytes.data();
+    start.numel = static_cast<uint64_t>(kParams[0].rows * kParams[0].cols);
+    write_values(start, c.dtype, 7);
+    assert_true(std::memcmp(bytes.data(), pa[0].data(), bytes.size()) != 0);
+}
+
+int custom_id() {
+    static int32_t id = -1;
+    if (id < 0) assert_int_equal(custom_adamw_register(&id), SX_OK);
+    return id;
+}
+
+void test_every_optimizer_offloaded_equals_the_cpu(void **) {
+    struct Opt {
+        int kind;
+        bool momentum;
+    };
+    const Opt opts[] = {{SX_OPTIM_ADAMW, false}, {SX_OPTIM_SGD, true},    {SX_OPTIM_LION, false},
+                        {SX_OPTIM_LAMB, false},  {SX_OPTIM_ADAFACTOR, false}, {SX_OPTIM_MUON, false},
+                        {custom_id(), false}};
+    for (const Opt &o : opts)
+        for (int world = 1; world <= 3; ++world)
+            for (int stage = 1; stage <= 3; ++stage)
+                for (int dtype : {SX_DTYPE_F32, SX_DTYPE_BF16}) {
+                    Case c;
+                    c.optimizer = o.kind;
+                    c.momentum = o.momentum;
+                    c.world = world;
+                    c.stage = stage;
+                    c.dtype = dtype;
+                    c.clip = world == 2 ? 0.5 : 0.0;
+                    expect_same(c, Backend::kCpu, Backend::kOffload);
+                }
+}
+
+void test_micro_batches_and_signals_offloaded(void **) {
+    for (int stage = 1; stage <= 3; ++stage)
+        for (int dtype : {SX_DTYPE_F32, SX_DTYPE_BF16})
+            for (int variant = 0; variant < 3; ++variant) {
+                Case c;
+                c.world = 2;
+                c.stage = stage;
+                c.dtype = dtype;
+                c.micro_batches = variant != 1;
+                c.signalled = variant != 0;
+                c.clip = 1.0;
+                expect_same(c, Backend::kCpu, Backend::kOffload);
+            }
+}
+
+// The simulated device without offload runs the device's paths with the host's kernels:
+// the same bits as the CPU for the elementwise optimizers it supports.
+void test_device_state_equals_the_cpu(void **) {
+    for (int stage = 1; stage <= 3; ++stage)
+        for (int dtype : {SX_DTYPE_F32, SX_DTYPE_BF16}) {
+            Case c;
+            c.world = 2;
+            c.stage = stage;
+            c.dtype = dtype;
+            expect_same(c, Backend::kCpu, Backend::kDevice);
+        }
+}
+
+void test_device_state_refuses_host_optimizers(void **) {
+    const std::string rv = "local://off-refuse-" + tag();
+    Case c;
+    sx_group_config_t cfg;
+    group_config(rv, 0, c, Backend::kDevice, &cfg);
+    sx_shard_group_t *g = nullptr;
+    assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
+    for (int kind : {SX_OPTIM_LAMB, SX_OPTIM_ADAFACTOR, SX_OPTIM_MUON, custom_id()}) {
+        sx_param_group_desc_t d;
+        sx_param_group_desc_init(&d, sizeof d, kind);
+        assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_ERR_UNSUPPORTED);
+        assert_non_null(std::strstr(sx_last_error_message(), "SX_OFFLOAD_STATE"));
+    }
+    sx_destroy_shard_group(g);
+    // A bad offload setting names itself.
+    group_config(rv + "x", 0, c, Backend::kOffload, &cfg);
+    cfg.offload = 7;
+    assert_int_equal(sx_create_shard_group(&cfg, &g), SX_ERR_INVALID_ARGUMENT);
+    if (!std::strstr(sx_last_error_message(), "offload 7")) fail_msg("%s", sx_last_error_message());
+}
+
+void test_device_bytes(void **) {
+    for (Backend b : {Backend::kOffload, Backend::kDevice, Backend::kCpu}) {
+        const std::string rv = "local://off-bytes-" + std::to_string(static_cast<int>(b)) + "-" + tag();
+        Case c;
+        c.world = 2;
+        c.stage = 2;
+        c.dtype = SX_DTYPE_BF16;
+        std::vector<sx_memory_stats_t> stats(2);
+        std::vector<std::vector<uint64_t>> padded(2), shard(2);
+        const std::string err = sxtest::run_ranks(2, [&](int rank) -> std::string {
+            sx_shard_group_t *g = nullptr;
+            std::string e = make_group(rv, rank, c, b, &g);
+            if (e.empty()) e = train(g, c, rank, 0, 1);
+            if (e.empty()) {
+                stats[rank].struct_size = sizeof stats[rank];
+                if (sx_get_memory_stats(g, &stats[rank]) != SX_OK) e = text("memory_stats");
+            }
+            for (int u = 0; u < kUnits && e.empty(); ++u) {
+                sx_unit_info_t info;
+                sx_unit_info_init(&info, sizeof info);
+                if (sx_get_unit_info(g, u, &info) != SX_OK) e = text("unit_info");
+                padded[rank].push_back(info.padded_numel);
+                shard[rank].push_back(info.shard_numel);
+            }
+            sx_destroy_shard_group(g);
+            return e;
+        });
+        if (!err.empty()) fail_msg("%s", err.c_str());
+        const sx_memory_stats_t &m = stats[0];
+        uint64_t elements = 0, most_shard = 0;
+        for (int u = 0; u < kUnits; ++u) {
+            elements += padded[0][u];
+            most_shard = std::max<uint64_t>(most_shard, shard[0][u]);
+        }
+        if (b == Backend::kCpu) {
+            assert_int_equal(m.device_bytes, 0);
+        } else if (b == Backend::kDevice) {
+            assert_int_equal(m.device_bytes, m.param_bytes + m.grad_bytes + m.optimizer_bytes);
+        } else {
+            // bf16 params and gradients (2 + 2 bytes per element) and one unit's fp32 sum
+            // of its 16-bit gradients: the rest is on the host.
+            assert_int_equal(m.device_bytes, 4 * elements + 4 * most_shard);
+            assert_true(m.optimizer_bytes >= 3 * 4 * (elements / 2));  // masters + 2 slots, on the host
+        }
+    }
+}
+
+}  // namespace
+
+int main() {
+    // Every CUDA group of this program runs on the simulated device, its copies delayed.
+    setenv("SX_SIMULATED_DEVICE", "delay_us=20", 1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_optimizer_offloaded_equals_the_cpu),
+        cmocka_unit_test(test_micro_batches_and_signals_offloaded),
+        cmocka_unit_test(test_device_state_equals_the_cpu),
+        cmocka_unit_test(test_device_state_refuses_host_optimizers),
+        cmocka_unit_test(test_device_bytes),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
