@@ -29,6 +29,7 @@
 #include "sx/sx.h"
 #include "sx_cmocka.h"
 #include "test_files.h"
+#include "test_groups.h"
 
 namespace {
 
@@ -41,6 +42,7 @@ struct Case {
     double clip = 0.0;
     bool micro_batches = false;  // one sx_accumulate_grads before each step
     bool signalled = false;      // units signalled ready, last first
+    bool same_grads = false;     // every rank writes the same gradients (their mean is exact)
     int steps = 4;
 };
 
@@ -81,6 +83,7 @@ void write_values(const sx_view_t &v, int dtype, uint64_t seed) {
     }
 }
 
+// cfg of rank `rank` of c on b; rv is borrowed (it must outlive cfg's use).
 std::string group_config(const std::string &rv, int rank, const Case &c, Backend b, sx_group_config_t *cfg) {
     sx_group_config_init(cfg, sizeof *cfg);
     cfg->rendezvous = rv.c_str();
@@ -147,7 +150,8 @@ std::string write_grads(sx_shard_group_t *g, const Case &c, int rank, int step, 
         sx_view_t v;
         v.struct_size = sizeof v;
         TRY(sx_grad_view(g, p, &v), "grad_view");
-        write_values(v, c.dtype, 1000 + static_cast<uint64_t>(((step * 2 + mb) * 8 + rank) * 4 + p));
+        const int from = c.same_grads ? 0 : rank;
+        write_values(v, c.dtype, 1000 + static_cast<uint64_t>(((step * 2 + mb) * 8 + from) * 4 + p));
     }
     return "";
 }
@@ -310,7 +314,8 @@ void test_device_state_refuses_host_optimizers(void **) {
     }
     sx_destroy_shard_group(g);
     // A bad offload setting names itself.
-    group_config(rv + "x", 0, c, Backend::kOffload, &cfg);
+    const std::string rv2 = rv + "x";
+    group_config(rv2, 0, c, Backend::kOffload, &cfg);
     cfg.offload = 7;
     assert_int_equal(sx_create_shard_group(&cfg, &g), SX_ERR_INVALID_ARGUMENT);
     if (!std::strstr(sx_last_error_message(), "offload 7")) fail_msg("%s", sx_last_error_message());
@@ -363,6 +368,119 @@ void test_device_bytes(void **) {
     }
 }
 
+// Runs fn(rank, group) on c.world ranks of a new group of c on backend b, after `load` (if
+// not empty) was loaded into it; rank 0's params after fn.
+std::vector<std::vector<uint8_t>> with_group(const Case &c, Backend b, const std::string &load,
+                                             const std::function<std::string(int, sx_shard_group_t *)> &fn) {
+    std::vector<std::vector<uint8_t>> params;
+    const std::string rv = "local://off-ck-" + tag();
+    const std::string err = sxtest::run_ranks(c.world, [&](int rank) -> std::string {
+        sx_shard_group_t *g = nullptr;
+        std::string e = make_group(rv, rank, c, b, &g);
+        if (e.empty() && !load.empty()) {
+            sx_load_options_t lo;
+            sx_load_optim_state_options_init(&lo, sizeof lo);
+            lo.path = load.c_str();
+            if (sx_load_optim_state(g, &lo) != SX_OK) e = text("load");
+        }
+        if (e.empty()) e = fn(rank, g);
+        std::vector<std::vector<uint8_t>> mine;
+        if (e.empty()) e = read_params(g, c, &mine);
+        if (e.empty() && rank == 0) params = mine;
+        sx_destroy_shard_group(g);
+        return e;
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    return params;
+}
+
+std::string save(sx_shard_group_t *g, const std::string &path) {
+    return sxtest::save_synchronously(g, path) == SX_OK ? "" : text("save");
+}
+
+void expect_params(const std::vector<std::vector<uint8_t>> &want, const std::vector<std::vector<uint8_t>> &got,
+                   const char *what) {
+    for (int p = 0; p < kParamCount; ++p)
+        if (want[p] != got[p]) fail_msg("%s: param '%s' differs from the uninterrupted run's", what, kParams[p].name);
+}
+
+// An offloaded group's checkpoint (2 ranks, stage 2, bf16) resumes in CPU groups and in a
+// CUDA group that keeps its state on the device, at other world sizes and stages, and a
+// CPU group's checkpoint of it resumes in an offloaded group: the same bits as the run
+// that went on. The gradients after the save are the same on every rank, so that their
+// mean is exact at any world size.
+void test_checkpoints_move_between_offloaded_and_other_groups(void **) {
+    const std::string dir = sxtest::make_tmpdir("offload");
+    const std::string a = dir + "/a", b = dir + "/b";
+    Case c;
+    c.world = 2;
+    c.stage = 2;
+    c.dtype = SX_DTYPE_BF16;
+    Case after = c;
+    after.same_grads = true;
+    const auto uninterrupted = with_group(c, Backend::kOffload, "", [&](int rank, sx_shard_group_t *g) {
+        std::string e = train(g, c, rank, 0, 3);
+        if (e.empty()) e = save(g, a);
+        return e.empty() ? train(g, after, rank, 3, 2) : e;
+    });
+    struct Resume {
+        Backend backend;
+        int world, stage;
+        const char *what;
+    };
+    for (const Resume &r : {Resume{Backend::kCpu, 1, 1, "a CPU group of 1 rank at stage 1"},
+                            Resume{Backend::kCpu, 4, 3, "a CPU group of 4 ranks at stage 3"},
+                            Resume{Backend::kDevice, 1, 2, "a CUDA group that keeps its state on the device"},
+                            Resume{Backend::kOffload, 4, 1, "an offloaded group of 4 ranks at stage 1"}}) {
+        Case rc = after;
+        rc.world = r.world;
+        rc.stage = r.stage;
+        expect_params(uninterrupted,
+                      with_group(rc, r.backend, a, [&](int rank, sx_shard_group_t *g) { return train(g, rc, rank, 3, 2); }),
+                      r.what);
+    }
+    // And back: a CPU group's save of the loaded state resumes in an offloaded group.
+    Case cpu = after;
+    cpu.world = 1;
+    with_group(cpu, Backend::kCpu, a, [&](int, sx_shard_group_t *g) { return save(g, b); });
+    Case back = after;
+    back.stage = 3;
+    expect_params(uninterrupted,
+                  with_group(back, Backend::kOffload, b, [&](int rank, sx_shard_group_t *g) { return train(g, back, rank, 3, 2); }),
+                  "an offloaded group from a CPU group's checkpoint");
+    sxtest::remove_tree(dir);
+}
+
+// Memory copies are of host memory: an offloaded group keeps them (its shard of the state,
+// and its predecessor's), where a CUDA group that keeps its state on the device refuses them.
+void test_memory_copies_of_offloaded_state(void **) {
+    Case c;
+    c.world = 3;
+    std::vector<uint64_t> copy_bytes(3), optimizer_bytes(3);
+    const std::string rv = "local://off-copies-" + tag();
+    const std::string err = sxtest::run_ranks(3, [&](int rank) -> std::string {
+        sx_shard_group_t *g = nullptr;
+        std::string e = make_group(rv, rank, c, Backend::kOffload, &g, 1);
+        if (e.empty()) e = train(g, c, rank, 0, 2);
+        sx_memory_stats_t m;
+        m.struct_size = sizeof m;
+        if (e.empty() && sx_get_memory_stats(g, &m) != SX_OK) e = text("memory_stats");
+        copy_bytes[rank] = m.memory_copy_bytes;
+        optimizer_bytes[rank] = m.optimizer_bytes;
+        sx_destroy_shard_group(g);
+        return e;
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    for (int r = 0; r < 3; ++r) assert_true(copy_bytes[r] >= optimizer_bytes[r]);  // its own copy, at least
+    sx_group_config_t cfg;
+    const std::string rv2 = "local://off-copies-refused-" + tag();
+    group_config(rv2, 0, Case(), Backend::kDevice, &cfg);
+    cfg.memory_copy_interval = 1;
+    sx_shard_group_t *g = nullptr;
+    assert_int_equal(sx_create_shard_group(&cfg, &g), SX_ERR_UNSUPPORTED);
+    assert_non_null(std::strstr(sx_last_error_message(), "SX_OFFLOAD_STATE"));
+}
+
 }  // namespace
 
 int main() {
@@ -374,6 +492,8 @@ int main() {
         cmocka_unit_test(test_device_state_equals_the_cpu),
         cmocka_unit_test(test_device_state_refuses_host_optimizers),
         cmocka_unit_test(test_device_bytes),
+        cmocka_unit_test(test_checkpoints_move_between_offloaded_and_other_groups),
+        cmocka_unit_test(test_memory_copies_of_offloaded_state),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
