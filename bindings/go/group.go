@@ -67,6 +67,13 @@ const (
 	DeviceCUDA = C.SX_DEVICE_CUDA
 )
 
+// Where a CUDA group keeps its fp32 masters and optimizer state: the values that
+// GroupConfig.Offload false and true pass.
+const (
+	OffloadNone  = C.SX_OFFLOAD_NONE  // on its device
+	OffloadState = C.SX_OFFLOAD_STATE // in pinned host memory, updated by sx's CPU kernels
+)
+
 // GroupFlagNoTrainableAutodetect: trainability changes need RefreshTrainable.
 const GroupFlagNoTrainableAutodetect = C.SX_GROUP_NO_TRAINABLE_AUTODETECT
 
@@ -136,8 +143,14 @@ type GroupConfig struct {
 	Transport Transport
 	// Every MemoryCopyInterval steps each rank keeps a copy of its shard of the state in
 	// host memory (a flat group's ranks send theirs to the next rank too), from which
-	// Regroup restores the survivors without a checkpoint; 0 = none. CPU groups only.
+	// Regroup restores the survivors without a checkpoint; 0 = none. CPU groups, and
+	// CUDA groups with Offload.
 	MemoryCopyInterval int32
+	// Offload true (OffloadState): a CUDA group keeps its fp32 masters and optimizer state
+	// in pinned host memory, where sx's CPU kernels update them, so that every optimizer
+	// runs on it (MemoryStats.DeviceBytes says what stays on the device); false
+	// (OffloadNone): on its device. CPU groups ignore it.
+	Offload bool
 }
 
 // Secret is a rendezvous token. Printed with fmt, it shows that it is set, never what
@@ -210,6 +223,10 @@ func NewShardGroup(cfg GroupConfig) (*ShardGroup, error) {
 	c.trace_events = C.int32_t(cfg.TraceEvents)
 	c.transport = C.int32_t(cfg.Transport)
 	c.memory_copy_interval = C.int32_t(cfg.MemoryCopyInterval)
+	c.offload = C.SX_OFFLOAD_NONE
+	if cfg.Offload {
+		c.offload = C.SX_OFFLOAD_STATE
+	}
 	if cfg.RendezvousToken != "" {
 		if strings.IndexByte(string(cfg.RendezvousToken), 0) >= 0 {
 			return nil, &Error{Status: ErrInvalidArgument, Message: "RendezvousToken contains a NUL byte"}
@@ -389,12 +406,14 @@ const (
 	NAdam   Optimizer = C.SX_OPTIM_NADAM
 	RAdam   Optimizer = C.SX_OPTIM_RADAM
 	Lion    Optimizer = C.SX_OPTIM_LION // Lion (Chen et al. 2023), as the lion-pytorch package's
-	Lamb    Optimizer = C.SX_OPTIM_LAMB // LAMB (You et al. 2020), as the pytorch-optimizer package's Lamb; CPU groups only
+	// LAMB (You et al. 2020), as the pytorch-optimizer package's Lamb; CPU groups, and
+	// CUDA groups with GroupConfig.Offload.
+	Lamb Optimizer = C.SX_OPTIM_LAMB
 	// Muon, as torch.optim.Muon: 2-D params only (give others a group of another
-	// optimizer, AdamW as usual); CPU groups only.
+	// optimizer, AdamW as usual); CPU groups, and CUDA groups with GroupConfig.Offload.
 	Muon Optimizer = C.SX_OPTIM_MUON
 	// Adafactor, as torch.optim.Adafactor: factored second moments for params of two or
-	// more dimensions; CPU groups only.
+	// more dimensions; CPU groups, and CUDA groups with GroupConfig.Offload.
 	Adafactor Optimizer = C.SX_OPTIM_ADAFACTOR
 	// AdEMAMix (Pagliardini et al. 2024), as the pytorch-optimizer package's AdEMAMix.
 	AdEMAMix Optimizer = C.SX_OPTIM_ADEMAMIX
@@ -986,6 +1005,9 @@ type MemoryStats struct {
 	PeakParamBytes uint64
 	// Memory copies of the state (GroupConfig.MemoryCopyInterval) held.
 	MemoryCopyBytes uint64
+	// Of the bytes above (but staging and memory copies), those in a CUDA device's memory
+	// (GroupConfig.Offload keeps the masters and optimizer state off it); 0 for CPU groups.
+	DeviceBytes uint64
 }
 
 func (g *ShardGroup) MemoryStats() (MemoryStats, error) {
@@ -993,7 +1015,8 @@ func (g *ShardGroup) MemoryStats() (MemoryStats, error) {
 	C.sx_memory_stats_init(&s, C.size_t(unsafe.Sizeof(s)))
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_get_memory_stats(raw, &s) })
 	return MemoryStats{uint64(s.param_bytes), uint64(s.grad_bytes), uint64(s.optimizer_bytes), uint64(s.staging_bytes),
-		uint64(s.unsharded_optimizer_bytes), uint64(s.peak_param_bytes), uint64(s.memory_copy_bytes)}, err
+		uint64(s.unsharded_optimizer_bytes), uint64(s.peak_param_bytes), uint64(s.memory_copy_bytes),
+		uint64(s.device_bytes)}, err
 }
 
 // ParamInfo describes a registered param and the part of it this rank's shard covers.

@@ -71,6 +71,7 @@ func cLayouts() []structLayout {
 			f("rendezvous_token", unsafe.Offsetof(gc.rendezvous_token), unsafe.Sizeof(gc.rendezvous_token)),
 			f("rendezvous_bind", unsafe.Offsetof(gc.rendezvous_bind), unsafe.Sizeof(gc.rendezvous_bind)),
 			f("memory_copy_interval", unsafe.Offsetof(gc.memory_copy_interval), unsafe.Sizeof(gc.memory_copy_interval)),
+			f("offload", unsafe.Offsetof(gc.offload), unsafe.Sizeof(gc.offload)),
 		}},
 		{"sx_param_group_desc_t", unsafe.Sizeof(pg), unsafe.Alignof(pg), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pg.struct_size), unsafe.Sizeof(pg.struct_size)),
@@ -165,6 +166,7 @@ func cLayouts() []structLayout {
 			f("unsharded_optimizer_bytes", unsafe.Offsetof(ms.unsharded_optimizer_bytes), unsafe.Sizeof(ms.unsharded_optimizer_bytes)),
 			f("peak_param_bytes", unsafe.Offsetof(ms.peak_param_bytes), unsafe.Sizeof(ms.peak_param_bytes)),
 			f("memory_copy_bytes", unsafe.Offsetof(ms.memory_copy_bytes), unsafe.Sizeof(ms.memory_copy_bytes)),
+			f("device_bytes", unsafe.Offsetof(ms.device_bytes), unsafe.Sizeof(ms.device_bytes)),
 		}},
 		{"sx_param_info_t", unsafe.Sizeof(pi), unsafe.Alignof(pi), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pi.struct_size), unsafe.Sizeof(pi.struct_size)),

@@ -89,6 +89,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_DTYPE_F32": int64(DtypeF32), "SX_DTYPE_F16": int64(DtypeF16), "SX_DTYPE_BF16": int64(DtypeBF16),
 		"SX_BACKEND_AUTO": int64(BackendAuto), "SX_BACKEND_CPU": int64(BackendCPU), "SX_BACKEND_CUDA": int64(BackendCUDA),
 		"SX_DEVICE_CPU": DeviceCPU, "SX_DEVICE_CUDA": DeviceCUDA,
+		"SX_OFFLOAD_NONE": OffloadNone, "SX_OFFLOAD_STATE": OffloadState,
 		"SX_OPTIM_SGD": int64(SGD), "SX_OPTIM_ADAM": int64(Adam), "SX_OPTIM_ADAMW": int64(AdamW),
 		"SX_OPTIM_ADAGRAD": int64(Adagrad), "SX_OPTIM_RMSPROP": int64(RMSprop), "SX_OPTIM_ADAMAX": int64(Adamax),
 		"SX_OPTIM_NADAM": int64(NAdam), "SX_OPTIM_RADAM": int64(RAdam), "SX_OPTIM_LION": int64(Lion), "SX_OPTIM_LAMB": int64(Lamb),

@@ -48,9 +48,15 @@ interface).
 
 `memory_copy_interval=N`: every N steps each rank keeps a copy of its shard of the state
 in host memory (a flat group's ranks send theirs to the next rank too), from which
-`regroup!` restores the survivors without a checkpoint; 0 = none. CPU groups only.
+`regroup!` restores the survivors without a checkpoint; 0 = none. CPU groups, and CUDA
+groups with `offload`.
 `memory_copy_wait=true`: a step that takes a copy returns once the next rank holds it, so
 that no step that returned is taken again after a loss (SX_GROUP_MEMORY_COPY_WAIT).
+
+`offload=true` (SX_OFFLOAD_STATE): a CUDA group keeps its fp32 masters and optimizer state
+in pinned host memory, where sx's CPU kernels update them, so that every optimizer runs on
+it (`memory_stats(g).device_bytes` says what stays on the device); `false`
+(SX_OFFLOAD_NONE): on its device. CPU groups ignore it.
 
 `join=true`: this process joins a running group on `rendezvous` (SX_GROUP_JOIN): it
 connects to nobody (`rank` and `world_size` are ignored); register the params and param
@@ -73,7 +79,8 @@ mutable struct ShardGroup
                         rendezvous_token::Union{Nothing,AbstractString}=nothing,
                         rendezvous_bind::Union{Nothing,AbstractString}=nothing,
                         transport::Union{Symbol,AbstractString}=:auto,
-                        memory_copy_interval::Integer=0, memory_copy_wait::Bool=false, join::Bool=false)
+                        memory_copy_interval::Integer=0, memory_copy_wait::Bool=false, join::Bool=false,
+                        offload::Bool=false)
         transport_value = _transport(transport)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
@@ -93,6 +100,7 @@ mutable struct ShardGroup
             cfg.rank, cfg.world_size, cfg.stage, cfg.backend = rank, world_size, stage, backend
             cfg.transport = transport_value
             cfg.memory_copy_interval = memory_copy_interval
+            cfg.offload = offload ? SX_OFFLOAD_STATE : SX_OFFLOAD_NONE
             cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms
             cfg.flags = (trainable_autodetect ? UInt32(0) : SX_GROUP_NO_TRAINABLE_AUTODETECT) |
                         (reserve_checkpoint_staging ? SX_GROUP_RESERVE_CHECKPOINT_STAGING : UInt32(0)) |

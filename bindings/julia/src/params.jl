@@ -38,7 +38,8 @@ end
 
 Adds a param group and returns its 0-based index. `optimizer` is one of `:sgd`, `:adam`,
 `:adamw`, `:adagrad`, `:rmsprop`, `:adamax`, `:nadam`, `:radam`, `:lion`, `:lamb`, `:muon`,
-`:adafactor` (the last three: CPU groups only; Muon takes 2-D params only); what is not
+`:adafactor` (the last three: CPU groups, or CUDA groups with `offload`; Muon takes 2-D
+params only); what is not
 given takes the optimizer's defaults (torch.optim's; lion-pytorch's for Lion;
 pytorch-optimizer's for LAMB). Keywords: `lr`, `weight_decay`, `betas=(beta1, beta2)` or
 `beta1`/`beta2`, `eps`, `momentum`, `dampening`, `nesterov`, `maximize`, `amsgrad`

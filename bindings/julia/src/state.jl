@@ -12,7 +12,8 @@ num_params(g::ShardGroup) = _query((h, v) -> @ccall(libsx.sx_get_num_params(h::P
 num_units(g::ShardGroup) = _query((h, v) -> @ccall(libsx.sx_get_num_units(h::Ptr{Cvoid}, v::Ref{Int32})::Int32), g)
 num_param_groups(g::ShardGroup) = _query((h, v) -> @ccall(libsx.sx_get_num_param_groups(h::Ptr{Cvoid}, v::Ref{Int32})::Int32), g)
 
-"""Bytes this rank holds per category, as a NamedTuple."""
+"""Bytes this rank holds per category, as a NamedTuple. `device_bytes`: of those (but
+staging and memory copies), the ones in a CUDA device's memory; 0 for CPU groups."""
 function memory_stats(g::ShardGroup)
     s = _blank(MemoryStats)
     check(@ccall libsx.sx_memory_stats_init(s::Ref{MemoryStats}, sizeof(MemoryStats)::Csize_t)::Int32)
@@ -20,7 +21,8 @@ function memory_stats(g::ShardGroup)
     (param_bytes=Int(s.param_bytes), grad_bytes=Int(s.grad_bytes),
      optimizer_bytes=Int(s.optimizer_bytes), staging_bytes=Int(s.staging_bytes),
      unsharded_optimizer_bytes=Int(s.unsharded_optimizer_bytes),
-     peak_param_bytes=Int(s.peak_param_bytes), memory_copy_bytes=Int(s.memory_copy_bytes))
+     peak_param_bytes=Int(s.peak_param_bytes), memory_copy_bytes=Int(s.memory_copy_bytes),
+     device_bytes=Int(s.device_bytes))
 end
 
 # ----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ mutable struct GroupConfig  # sx_group_config_t
     rendezvous_token::Ptr{UInt8}
     rendezvous_bind::Ptr{UInt8}
     memory_copy_interval::Int32
+    offload::Int32
 end
 
 mutable struct ParamGroupDesc  # sx_param_group_desc_t
@@ -133,6 +134,7 @@ mutable struct MemoryStats  # sx_memory_stats_t
     unsharded_optimizer_bytes::UInt64
     peak_param_bytes::UInt64
     memory_copy_bytes::UInt64
+    device_bytes::UInt64
 end
 
 mutable struct ParamInfo  # sx_param_info_t

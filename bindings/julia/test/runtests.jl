@@ -449,6 +449,72 @@ end
     end
 end
 
+# offload=true: a CUDA group on the simulated device (SX_SIMULATED_DEVICE=1: host memory
+# behind a device's calls) keeps LAMB's state on the host, which a CUDA group that does not
+# offload refuses. The simulated device's memory is host memory, but param_view and
+# grad_view wrap host memory only: offload_floats takes the C view itself.
+function offload_floats(g, i; grad=false)
+    v = SX._blank(SX.View)
+    SX.check(ccall((:sx_view_init, "libsx"), Int32, (Ref{SX.View}, Csize_t), v, sizeof(SX.View)))
+    h = SX._handle(g)
+    SX.check(grad ? ccall((:sx_grad_view, "libsx"), Int32, (Ptr{Cvoid}, Int32, Ref{SX.View}), h, i, v) :
+                    ccall((:sx_param_view, "libsx"), Int32, (Ptr{Cvoid}, Int32, Ref{SX.View}), h, i, v))
+    v.dtype == SX.SX_DTYPE_F32 || error("param $i's view is of dtype $(v.dtype), not fp32")
+    unsafe_wrap(Array, Ptr{Float32}(v.data), Int(v.numel); own=false), v.device
+end
+
+# 2 ranks of a group of `backend` with `offload`: LAMB over one 2-D fp32 param, two steps;
+# per rank the param before and after, the memory stats and the view's device.
+function offload_run(name, backend, offload)
+    run_ranks(name, 2; backend=backend, offload=offload) do rank, g
+        add_param_group!(g, :lamb; lr=0.01)
+        add_param!(g, "w", (6, 4))
+        finalize!(g)
+        w, device = offload_floats(g, 0)
+        for k in eachindex(w)
+            w[k] = Float32((k - 1) % 7 - 3) / 8
+        end
+        before = copy(w)
+        for s in 0:1
+            dw, _ = offload_floats(g, 0; grad=true)
+            for k in eachindex(dw)
+                dw[k] = Float32(((k - 1) * 5 + s + rank) % 9 - 4) / 16
+            end
+            step!(g)
+        end
+        (before, copy(offload_floats(g, 0)[1]), memory_stats(g), device)
+    end
+end
+
+@testset "offload: a CUDA group on the simulated device steps LAMB with its state on the host" begin
+    if enough_threads(2)
+        withenv("SX_SIMULATED_DEVICE" => "1") do  # read when a CUDA group is created
+            runs = offload_run("offload-lamb", SX.SX_BACKEND_CUDA, true)
+            for (before, after, stats, device) in runs
+                @test device == SX.SX_DEVICE_CUDA
+                @test before != after
+                @test stats.optimizer_bytes > 0
+                # The params and their flat gradient buffer (fp32: as large) are on the
+                # device; the masters, LAMB's state and the reduced gradient shard are not.
+                @test stats.device_bytes == 2 * stats.param_bytes
+                @test 0 < stats.device_bytes < stats.param_bytes + stats.grad_bytes + stats.optimizer_bytes
+            end
+            @test runs[1][2] == runs[2][2]  # the replicated param, the same on both ranks
+            errs = run_ranks("offload-refused", 2; backend=SX.SX_BACKEND_CUDA) do rank, g
+                caught(() -> add_param_group!(g, :lamb))
+            end
+            for e in errs
+                @test e isa SXError && e.status == SX.SX_ERR_UNSUPPORTED && occursin("SX_OFFLOAD_STATE", e.message)
+            end
+            for (before, after, stats, device) in offload_run("offload-cpu", SX.SX_BACKEND_CPU, true)
+                @test device == SX.SX_DEVICE_CPU
+                @test before != after
+                @test stats.device_bytes == 0 && stats.param_bytes > 0
+            end
+        end
+    end
+end
+
 @testset "rendezvous token: a wrong one refused, the right one admitted" begin
     port = let s = Sockets.listen(Sockets.IPv4(127, 0, 0, 1), 0)
         p = Int(Sockets.getsockname(s)[2]); close(s); p

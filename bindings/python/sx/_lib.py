@@ -65,6 +65,9 @@ SX_BACKEND_CUDA = 2
 SX_DEVICE_CPU = 0
 SX_DEVICE_CUDA = 1
 
+SX_OFFLOAD_NONE = 0
+SX_OFFLOAD_STATE = 1
+
 SX_OPTIM_SGD = 1
 SX_OPTIM_ADAM = 2
 SX_OPTIM_ADAMW = 3
@@ -161,7 +164,8 @@ class sx_group_config_t(ctypes.Structure):
                 ("shard_size", ctypes.c_int32), ("grad_predivide_factor", ctypes.c_double),
                 ("trace_path", ctypes.c_char_p), ("trace_events", ctypes.c_int32),
                 ("transport", ctypes.c_int32), ("rendezvous_token", ctypes.c_char_p),
-                ("rendezvous_bind", ctypes.c_char_p), ("memory_copy_interval", ctypes.c_int32)]
+                ("rendezvous_bind", ctypes.c_char_p), ("memory_copy_interval", ctypes.c_int32),
+                ("offload", ctypes.c_int32)]
 
 
 class sx_param_group_desc_t(ctypes.Structure):
@@ -231,7 +235,8 @@ class sx_memory_stats_t(ctypes.Structure):
                 ("grad_bytes", ctypes.c_uint64), ("optimizer_bytes", ctypes.c_uint64),
                 ("staging_bytes", ctypes.c_uint64),
                 ("unsharded_optimizer_bytes", ctypes.c_uint64),
-                ("peak_param_bytes", ctypes.c_uint64), ("memory_copy_bytes", ctypes.c_uint64)]
+                ("peak_param_bytes", ctypes.c_uint64), ("memory_copy_bytes", ctypes.c_uint64),
+                ("device_bytes", ctypes.c_uint64)]
 
 
 class sx_unit_ready_options_t(ctypes.Structure):

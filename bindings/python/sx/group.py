@@ -133,7 +133,8 @@ class StepResult:
 
 @dataclasses.dataclass(frozen=True)
 class MemoryStats:
-    """Bytes this rank holds, per category (sx_memory_stats_t)."""
+    """Bytes this rank holds, per category (sx_memory_stats_t). ``device_bytes``: of those
+    (but staging and memory copies), the ones in a CUDA device's memory; 0 for CPU groups."""
     param_bytes: int
     grad_bytes: int
     optimizer_bytes: int
@@ -141,6 +142,7 @@ class MemoryStats:
     unsharded_optimizer_bytes: int
     peak_param_bytes: int
     memory_copy_bytes: int = 0
+    device_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,10 +268,16 @@ class ShardGroup(Handle):
     ``memory_copy_interval=N``: every N steps each rank keeps a copy of its shard of the
     state in host memory (and, in a flat group, sends it to the next rank), from which
     :meth:`regroup` restores the survivors without a checkpoint (docs/recovery.md);
-    :class:`MemoryStats` ``memory_copy_bytes`` says what they hold. CPU groups only.
+    :class:`MemoryStats` ``memory_copy_bytes`` says what they hold. CPU groups, and CUDA
+    groups with ``offload``.
     ``memory_copy_wait=True``: a step that takes a copy returns once the next rank holds
     it, so that no step that returned is taken again after a loss
     (SX_GROUP_MEMORY_COPY_WAIT).
+
+    ``offload=True`` (or SX_OFFLOAD_STATE): a CUDA group keeps its fp32 masters and optimizer
+    state in pinned host memory, where sx's CPU kernels update them, so that every optimizer
+    runs on it (SX_OFFLOAD_NONE or False: on its device); CPU groups ignore it.
+    :class:`MemoryStats` ``device_bytes`` says what stays in the device's memory.
 
     ``join=True``: this process joins a running group on ``rendezvous`` (SX_GROUP_JOIN):
     it connects to nobody (``rank`` and ``world_size`` are ignored); register the params
@@ -288,7 +296,7 @@ class ShardGroup(Handle):
                  bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None,
                  prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0, trace_path=None,
                  trace_events=0, rendezvous_token=None, rendezvous_bind=None, transport="auto",
-                 memory_copy_interval=0, memory_copy_wait=False, join=False):
+                 memory_copy_interval=0, memory_copy_wait=False, join=False, offload=False):
         cfg = _lib.init_struct(_lib.sx_group_config_t)
         cfg.rendezvous = _encode("rendezvous", rendezvous)
         cfg.rank, cfg.world_size, cfg.stage = rank, world_size, stage
@@ -319,6 +327,7 @@ class ShardGroup(Handle):
         if rendezvous_bind is not None:
             cfg.rendezvous_bind = _encode("rendezvous_bind", rendezvous_bind)
         cfg.memory_copy_interval = memory_copy_interval
+        cfg.offload = int(offload) if isinstance(offload, bool) else _whole("offload", offload)
         self._group_optimizers = {}  # param group index -> optimizer id, as added here
         handle = _lib.sx_shard_group_p()
         check(lib.sx_create_shard_group(ctypes.byref(cfg), ctypes.byref(handle)))
@@ -408,7 +417,8 @@ class ShardGroup(Handle):
     def add_param_group(self, optimizer="adamw", *, betas=None, ns_coefficients=None, **hyperparameters):
         """Adds a param group and returns its index. ``optimizer`` is "sgd", "adam",
         "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam", "lion", "lamb", "muon",
-        "adafactor" (these three: CPU groups only; Muon takes 2-D params only) or
+        "adafactor" (these three: CPU groups, or CUDA groups with ``offload``; Muon takes 2-D
+        params only) or
         "ademamix", or
         a custom optimizer (what sx.register_optimizer returned, or its name); unspecified
         hyperparameters take the optimizer's defaults (torch.optim's; lion-pytorch's for

@@ -50,6 +50,9 @@ pub const SX_BACKEND_CUDA: i32 = 2;
 pub const SX_DEVICE_CPU: i32 = 0;
 pub const SX_DEVICE_CUDA: i32 = 1;
 
+pub const SX_OFFLOAD_NONE: i32 = 0;
+pub const SX_OFFLOAD_STATE: i32 = 1;
+
 pub const SX_OPTIM_SGD: i32 = 1;
 pub const SX_OPTIM_ADAM: i32 = 2;
 pub const SX_OPTIM_ADAMW: i32 = 3;
@@ -174,6 +177,7 @@ pub struct sx_group_config_t {
     pub rendezvous_token: *const c_char,
     pub rendezvous_bind: *const c_char,
     pub memory_copy_interval: i32,
+    pub offload: i32,
 }
 
 pub const SX_PREFETCH_NONE: i32 = -1;
@@ -323,6 +327,7 @@ pub struct sx_memory_stats_t {
     pub unsharded_optimizer_bytes: u64,
     pub peak_param_bytes: u64,
     pub memory_copy_bytes: u64,
+    pub device_bytes: u64,
 }
 
 #[repr(C)]

@@ -92,6 +92,10 @@ pub struct MemoryStats {
     pub peak_param_bytes: u64,
     /// Memory copies of the state (GroupConfig::memory_copy_interval) held.
     pub memory_copy_bytes: u64,
+    /// Of the bytes above (but staging and memory copies), those in a CUDA device's
+    /// memory (GroupConfig::offload keeps the masters and optimizer state off it); 0 for
+    /// CPU groups.
+    pub device_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -630,6 +634,7 @@ impl ShardGroup {
             unsharded_optimizer_bytes: s.unsharded_optimizer_bytes,
             peak_param_bytes: s.peak_param_bytes,
             memory_copy_bytes: s.memory_copy_bytes,
+            device_bytes: s.device_bytes,
         })
     }
 

@@ -288,7 +288,7 @@ impl GroupConfig {
     /// Every `steps` steps each rank keeps a copy of its shard of the state in host
     /// memory (a flat group's ranks send theirs to the next rank too), from which
     /// [`ShardGroup::regroup`](crate::ShardGroup::regroup) restores the survivors without
-    /// a checkpoint; 0 = none. CPU groups only.
+    /// a checkpoint; 0 = none. CPU groups, and CUDA groups with [`GroupConfig::offload`].
     pub fn memory_copy_interval(mut self, steps: i32) -> Self {
         self.raw.memory_copy_interval = steps;
         self
@@ -301,6 +301,14 @@ impl GroupConfig {
         } else {
             self.raw.flags &= !sys::SX_GROUP_MEMORY_COPY_WAIT;
         }
+        self
+    }
+    /// `true` (SX_OFFLOAD_STATE): a CUDA group keeps its fp32 masters and optimizer state in
+    /// pinned host memory, where sx's CPU kernels update them, so that every optimizer runs
+    /// on it ([`MemoryStats::device_bytes`](crate::MemoryStats::device_bytes) says what stays
+    /// on the device); `false` (default, SX_OFFLOAD_NONE): on its device. CPU groups ignore it.
+    pub fn offload(mut self, on: bool) -> Self {
+        self.raw.offload = if on { sys::SX_OFFLOAD_STATE } else { sys::SX_OFFLOAD_NONE };
         self
     }
 }
@@ -317,13 +325,14 @@ pub enum Optimizer {
     Radam,
     /// Lion (Chen et al. 2023), as the lion-pytorch package's.
     Lion,
-    /// LAMB (You et al. 2020), as the pytorch-optimizer package's Lamb. CPU groups only.
+    /// LAMB (You et al. 2020), as the pytorch-optimizer package's Lamb. CPU groups, and CUDA
+    /// groups with [`GroupConfig::offload`].
     Lamb,
     /// Muon, as torch.optim.Muon: 2-D params only (give others a group of another
-    /// optimizer, AdamW as usual). CPU groups only.
+    /// optimizer, AdamW as usual). CPU groups, and CUDA groups with [`GroupConfig::offload`].
     Muon,
     /// Adafactor, as torch.optim.Adafactor: factored second moments for params of two
-    /// or more dimensions. CPU groups only.
+    /// or more dimensions. CPU groups, and CUDA groups with [`GroupConfig::offload`].
     Adafactor,
     /// AdEMAMix (Pagliardini et al. 2024), as the pytorch-optimizer package's AdEMAMix.
     Ademamix,
