@@ -109,6 +109,15 @@ int pool_threads(const GroupConfig &cfg) {
     return threads;
 }
 
+// Where a group of `cfg` runs, in words for its log line.
+std::string where_it_runs(const GroupConfig &cfg, int threads) {
+    if (cfg.backend != SX_BACKEND_CUDA) return format("%d threads", threads);
+    return format("%s device %d, %s%s", cfg.simulated_device ? "simulated" : "CUDA", cfg.device_ordinal,
+                  cfg.simulated_device ? "CPU transports" : "NCCL",
+                  cfg.offload == SX_OFFLOAD_STATE ? format(", state offloaded to the host (%d threads)", threads).c_str()
+                                                  : "");
+}
+
 // The units' settings for a group of `cfg` on the opened mesh `mesh`.
 Units::Settings unit_settings(const GroupConfig &cfg, const Mesh &mesh) {
     Units::Settings us;
@@ -282,12 +291,7 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
         g->copies_.reset(new MemoryCopies(cs, g->state_ops(), std::move(comm)));
     }
     log(SX_LOG_INFO, "sx: rank %d of %d joined %s (stage %d, mesh %d x %d, %s)", g->mesh_.rank(), g->mesh_.world_size(),
-        cfg.rendezvous.c_str(), cfg.stage, g->mesh_.shard_size(), g->mesh_.replicas(),
-        cuda ? format("%s device %d, %s%s", cfg.simulated_device ? "simulated" : "CUDA", cfg.device_ordinal,
-                      cfg.simulated_device ? "CPU transports" : "NCCL",
-                      offload ? format(", state offloaded to the host (%d threads)", threads).c_str() : "")
-                   .c_str()
-             : format("%d threads", threads).c_str());
+        cfg.rendezvous.c_str(), cfg.stage, g->mesh_.shard_size(), g->mesh_.replicas(), where_it_runs(cfg, threads).c_str());
     if (g->tracer_)
         log(SX_LOG_INFO, "sx: rank %d traces its timeline into %s (written at sx_trace_flush and when the group is "
             "destroyed; open it in https://ui.perfetto.dev)", g->mesh_.rank(), g->tracer_->path().c_str());
