@@ -245,28 +245,40 @@ Status Units::masters_to_params() {
         } else {
             if (unit.dtype != SX_DTYPE_F32)
                 SX_TRY(state_ops_->narrow(unit.dtype, unit.master.as<float>(), unit.host_params.as<uint16_t>(), S));
-            SX_TRY(upload(u));
+            SX_TRY(upload(u, 0, S));
         }
         unit.master_valid = true;
     }
     return Status::Ok();
 }
 
-Status Units::upload_params() {
-    for (size_t u = 0; u < units_.size(); ++u) SX_TRY(upload_params(u));
-    return Status::Ok();
-}
-
+// The pieces of the params the step updated alone, runs of them copied at once (what
+// lies between two is padding): a frozen param's values on the device are the trainer's,
+// which the host's copy may not know.
 Status Units::upload_params(size_t u) {
     if (!settings_.offload || !units_[u].trainable) return Status::Ok();
-    return upload(u);
+    uint64_t begin = 0, end = 0;  // the run of updated elements of the shard not copied yet
+    for (int32_t p : table_.layout->units()[u].params) {
+        const ShardPiece piece = table_.layout->piece(p, settings_.shard_rank);
+        if (piece.begin == piece.end) continue;
+        if (!(*table_.applied)[p]) {
+            SX_TRY(upload(u, begin, end));
+            begin = end = 0;
+            continue;
+        }
+        if (begin == end) begin = piece.shard_offset;
+        end = piece.shard_offset + (piece.end - piece.begin);
+    }
+    return upload(u, begin, end);
 }
 
-Status Units::upload(size_t u) {
+Status Units::upload(size_t u, uint64_t begin, uint64_t end) {
+    if (begin >= end) return Status::Ok();
     const Unit &unit = units_[u];
-    const uint64_t S = table_.layout->units()[u].shard_numel;
+    const size_t es = dtype_size(unit.dtype);
     const Buffer &from = unit.dtype == SX_DTYPE_F32 ? unit.master : unit.host_params;
-    return ops_->from_host(own_params(u), from.data(), S * dtype_size(unit.dtype));
+    return ops_->from_host(static_cast<char *>(own_params(u)) + begin * es, from.as<char>() + begin * es,
+                           (end - begin) * es);
 }
 
 Status Units::reduce(size_t u, comm::Communicator &c, bool into_accum, float **shard_grad) {

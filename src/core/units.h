@@ -112,9 +112,9 @@ class Units {
     Status ensure_masters();
     Status ensure_master(size_t u);  // unit u's alone
     Status masters_to_params();
-    // Offloaded units: the params the update wrote on the host (every trainable unit's, or
-    // unit u's) copied into this rank's shard of them on the device. Nothing elsewhere.
-    Status upload_params();
+    // Offloaded units: the params the update wrote on the host (unit u's, its trainable
+    // params' pieces alone) copied into this rank's shard of them
+    // on the device. Nothing elsewhere.
     Status upload_params(size_t u);
     // Unit u's shard as ShardState describes it.
     UnitShard shard(size_t u) const;
@@ -176,7 +176,8 @@ class Units {
     // fp32 shard, then onto the host.
     Status reduce_on_device(size_t u, comm::Communicator &c, float **device_sum);
     Status reduce_offloaded(size_t u, comm::Communicator &c, float **shard_grad);
-    Status upload(size_t u);  // the host's shard of unit u's params to the device
+    // Elements [begin, end) of the host's shard of unit u's params to the device.
+    Status upload(size_t u, uint64_t begin, uint64_t end);
 
     Settings settings_;
     DeviceOps *ops_ = nullptr;

@@ -43,6 +43,7 @@ struct Case {
     bool micro_batches = false;  // one sx_accumulate_grads before each step
     bool signalled = false;      // units signalled ready, last first
     bool same_grads = false;     // every rank writes the same gradients (their mean is exact)
+    bool freeze = false;         // after step 1, param 'u' frozen and given new values
     int steps = 4;
 };
 
@@ -179,6 +180,14 @@ std::string train(sx_shard_group_t *g, const Case &c, int rank, int first_step, 
         sx_step_options_init(&o, sizeof o);
         o.max_grad_norm = c.clip;
         TRY(sx_step(g, &o, nullptr), "step");
+        if (c.freeze && s == 1) {
+            // The trainer's own values for a frozen param, which the updates must leave.
+            TRY(sx_set_trainable(g, 1, 0), "set_trainable");
+            std::string e = with_param_views(g, c, [&](int p, const sx_view_t &v) {
+                if (p == 1) write_values(v, c.dtype, 99);
+            });
+            if (!e.empty()) return e;
+        }
     }
     return "";
 }
@@ -269,6 +278,20 @@ void test_every_optimizer_offloaded_equals_the_cpu(void **) {
                     c.clip = world == 2 ? 0.5 : 0.0;
                     expect_same(c, Backend::kCpu, Backend::kOffload);
                 }
+}
+
+// A param frozen mid-run keeps the values the trainer gives it: the host's copy of the
+// params goes to the device for the updated params alone.
+void test_frozen_params_keep_the_trainers_values(void **) {
+    for (int stage = 1; stage <= 3; ++stage)
+        for (int dtype : {SX_DTYPE_F32, SX_DTYPE_BF16}) {
+            Case c;
+            c.world = 2;
+            c.stage = stage;
+            c.dtype = dtype;
+            c.freeze = true;
+            expect_same(c, Backend::kCpu, Backend::kOffload);
+        }
 }
 
 void test_micro_batches_and_signals_offloaded(void **) {
@@ -489,6 +512,7 @@ int main() {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_optimizer_offloaded_equals_the_cpu),
         cmocka_unit_test(test_micro_batches_and_signals_offloaded),
+        cmocka_unit_test(test_frozen_params_keep_the_trainers_values),
         cmocka_unit_test(test_device_state_equals_the_cpu),
         cmocka_unit_test(test_device_state_refuses_host_optimizers),
         cmocka_unit_test(test_device_bytes),
