@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "base/memory.h"
 #include "base/status.h"
@@ -98,6 +99,16 @@ class DeviceOps {
         (void)segs, (void)n;
         return SX_ERROR(SX_ERR_UNSUPPORTED, "custom optimizers run on the CPU only");
     }
+
+    // Whether p points into this device's memory (false on the host).
+    virtual bool holds(const void *p) const {
+        (void)p;
+        return false;
+    }
+    // Which device this is, the same string in every process that uses it (a CUDA
+    // device's UUID); "" for the host. Ranks on one host whose devices say the same share
+    // one device, which NCCL cannot put two ranks on.
+    virtual std::string identity() const { return ""; }
 
     // What follows is ordered after the work enqueued so far on the trainer's `stream`
     // (a cudaStream_t; null: the legacy default stream). The host has nothing to wait for.

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/device.h"
@@ -109,6 +110,29 @@ class CudaOps final : public DeviceOps {
         SX_TRY(workspace_.fused_update(cs.data(), cs.size(), grad_scale, stream_.get(), sumsq != nullptr));
         if (sumsq) return read(sumsq);
         return finish("the optimizer update");
+    }
+
+    bool holds(const void *p) const override {
+        cudaPointerAttributes a;
+        if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+            (void)cudaGetLastError();  // not the runtime's: host memory
+            return false;
+        }
+        return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+    }
+    std::string identity() const override {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, device_) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return "cuda:" + std::to_string(device_);
+        }
+        static const char kHex[] = "0123456789abcdef";
+        std::string id = "cuda:";
+        for (unsigned char c : prop.uuid.bytes) {
+            id += kHex[c >> 4];
+            id += kHex[c & 15];
+        }
+        return id;
     }
 
     Status wait_for(void *stream) override {

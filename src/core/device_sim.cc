@@ -178,6 +178,10 @@ class SimulatedOps final : public DeviceOps {
         SX_TRY(on_device("scale16", {p}));
         return kernels_->scale16(dtype, p, s, n);
     }
+    bool holds(const void *p) const override { return registry().contains(p); }
+    // One simulated device per process and host: its ranks always share it.
+    std::string identity() const override { return "simulated"; }
+
     Status sum_of_squares(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
         SX_TRY(segments_on_device("sum_of_squares", segs, n));
         return kernels_->sum_of_squares(segs, n, grad_scale, sumsq);

@@ -82,11 +82,13 @@ Status validate_config(const GroupConfig &cfg) {
     return Status::Ok();
 }
 
-// The mesh's settings for a group of `cfg` (resolved: its backend and bind address).
-Mesh::Settings mesh_settings(const GroupConfig &cfg) {
+// The mesh's settings for a group of `cfg` (resolved: its backend and bind address) on
+// `device` (its buffers' DeviceOps).
+Mesh::Settings mesh_settings(const GroupConfig &cfg, DeviceOps *device) {
     Mesh::Settings ms;
-    // A simulated device's ranks exchange through the CPU transports (its memory is the host's).
-    ms.backend = cfg.simulated_device ? SX_BACKEND_CPU : cfg.backend;
+    ms.backend = cfg.backend;
+    ms.device = device;
+    ms.simulated_device = cfg.simulated_device;
     ms.device_ordinal = cfg.device_ordinal;
     ms.timeout_ms = cfg.timeout_ms;
     ms.bind_address = cfg.bind_address;
@@ -244,21 +246,21 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
     const bool real_device = cuda && !cfg.simulated_device, offload = cuda && cfg.offload == SX_OFFLOAD_STATE;
     if (real_device) SX_TRY(make_cuda_ops(cfg.device_ordinal, &device_ops));
     if (real_device && offload) SX_TRY(make_pinned_allocator(cfg.device_ordinal, &host_memory));
-    std::shared_ptr<rdzv::Store> store;
-    SX_TRY(open_store(&store));
-    // Every rank must be there before any binds a socket per peer (Gloo's full mesh),
-    // which for a large world takes longer than the wait: a missing rank then fails the
-    // group at its deadline, not after the binding.
-    SX_TRY(rdzv::await_ranks(*store, cfg.rank, cfg.world_size, deadline));
-    g->mesh_.place(mesh_settings(cfg), cfg.rank, cfg.world_size);
-    SX_TRY(g->mesh_.open(std::move(store), g->config_.shard_size, *g->headers_, deadline));
-
     const int threads = pool_threads(cfg);
     g->pool_.reset(new optim::ThreadPool(threads));
     if (cuda && cfg.simulated_device)
         device_ops = make_simulated_ops(g->pool_.get(), SimulatedDevice{cfg.simulated_copy_delay_us}, &host_memory);
     g->ops_ = cuda ? std::move(device_ops) : make_host_ops(g->pool_.get());
     if (offload) g->state_ops_ = make_host_ops(g->pool_.get(), host_memory);
+    std::shared_ptr<rdzv::Store> store;
+    SX_TRY(open_store(&store));
+    // Every rank must be there before any binds a socket per peer (Gloo's full mesh),
+    // which for a large world takes longer than the wait: a missing rank then fails the
+    // group at its deadline, not after the binding.
+    SX_TRY(rdzv::await_ranks(*store, cfg.rank, cfg.world_size, deadline));
+    g->mesh_.place(mesh_settings(cfg, g->ops_.get()), cfg.rank, cfg.world_size);
+    SX_TRY(g->mesh_.open(std::move(store), g->config_.shard_size, *g->headers_, deadline));
+
     const Units::Settings us = unit_settings(cfg, g->mesh_);
     g->units_.configure(us, g->ops_.get(), g->state_ops_.get(), g->tracer(),
                         {&g->layout_, &g->table_.params(), &g->table_.groups(), &g->table_.applied()});

@@ -1,7 +1,13 @@
 // The mesh part (mesh.h).
 #include "core/mesh.h"
 
+#include <algorithm>
+#include <set>
+
+#include "base/log.h"
 #include "comm/abort_at_deadline.h"
+#include "comm/shm/segment.h"
+#include "core/staged_comm.h"
 #include "rdzv/stores.h"
 
 namespace sx {
@@ -60,10 +66,47 @@ Status Mesh::open(std::shared_ptr<rdzv::Store> store, int s, const CallHeaders &
     return Status::Ok();
 }
 
+// Whether two of the `size` ranks meeting through `store` share a device: each says its
+// host's and its device's identities, and reads the others'.
+Status Mesh::share_a_device(rdzv::Store &store, int rank, int size, std::chrono::steady_clock::time_point deadline,
+                            bool *shared) const {
+    const Clock::time_point until =
+        deadline == Clock::time_point() ? Clock::now() + Millis(settings_.timeout_ms) : deadline;
+    SX_TRY(store.set("device/" + std::to_string(rank), comm::host_identity() + "|" + settings_.device->identity()));
+    std::set<std::string> seen;
+    *shared = false;
+    for (int q = 0; q < size; ++q) {
+        std::string id;
+        const Millis left = std::max(Millis(0), std::chrono::duration_cast<Millis>(until - Clock::now()));
+        SX_TRY(store.get("device/" + std::to_string(q), &id, left));
+        *shared = *shared || !seen.insert(id).second;
+    }
+    return Status::Ok();
+}
+
 Status Mesh::connect(std::shared_ptr<rdzv::Store> store, int rank, int size, std::unique_ptr<comm::Communicator> *out,
                      std::chrono::steady_clock::time_point deadline) const {
     comm::CommunicatorSpec spec;
     spec.cuda = settings_.backend == SX_BACKEND_CUDA;
+    // (A simulated device has no NCCL, nor the device's own communicator of one rank.)
+    if (spec.cuda && settings_.device && (size > 1 || settings_.simulated_device)) {
+        bool staged = settings_.simulated_device;
+        if (!staged) SX_TRY(share_a_device(*store, rank, size, deadline, &staged));
+        if (staged) {
+            spec.cuda = false;
+            spec.timeout = Millis(settings_.timeout_ms);
+            spec.deadline = deadline;
+            spec.bind_address = settings_.bind_address;
+            spec.shared_memory = settings_.shared_memory;
+            std::unique_ptr<comm::Communicator> inner;
+            SX_TRY(comm::create_communicator(std::move(store), rank, size, spec, &inner));
+            if (rank == 0 && size > 1)
+                log(SX_LOG_INFO, "sx: %d ranks share a %s device: they exchange through the CPU transports, staged "
+                    "through host memory", size, settings_.simulated_device ? "simulated" : "CUDA");
+            *out = make_staged_communicator(std::move(inner), *settings_.device);
+            return Status::Ok();
+        }
+    }
     spec.device = settings_.device_ordinal;
     spec.timeout = Millis(settings_.timeout_ms);
     spec.deadline = deadline;

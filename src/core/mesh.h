@@ -13,6 +13,7 @@
 #include "comm/communicator.h"
 #include "rdzv/store.h"
 #include "core/agreement.h"
+#include "core/device.h"
 
 namespace sx {
 namespace core {
@@ -27,6 +28,12 @@ class Mesh {
         // CPU: ranks that all run on this host exchange through shared memory (else, and
         // across hosts, Gloo's TCP).
         bool shared_memory = true;
+        // CUDA: where the group's buffers live (borrowed). Ranks that share a device (its
+        // identity, on one host), and every rank of a simulated device, exchange through
+        // the CPU transports with their device buffers staged through host memory
+        // (staged_comm.h): NCCL puts one rank on each device.
+        DeviceOps *device = nullptr;
+        bool simulated_device = false;
     };
     // This rank's place in the world, known from the rendezvous before anything connects.
     void place(const Settings &settings, int rank, int world_size);
@@ -58,6 +65,9 @@ class Mesh {
     const std::shared_ptr<rdzv::Store> &store_ptr() const { return store_; }
 
   private:
+    Status share_a_device(rdzv::Store &store, int rank, int size, std::chrono::steady_clock::time_point deadline,
+                          bool *shared) const;
+
     Settings settings_;
     int rank_ = 0, world_size_ = 1;
     int shard_size_ = 1, shard_rank_ = 0, replicas_ = 1, replica_rank_ = 0;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "custom_adamw.h"
+#include "process_ranks.h"
 #include "run_ranks.h"
 #include "sx/sx.h"
 #include "sx_cmocka.h"
@@ -504,11 +505,58 @@ void test_memory_copies_of_offloaded_state(void **) {
     assert_non_null(std::strstr(sx_last_error_message(), "SX_OFFLOAD_STATE"));
 }
 
+// The case the process ranks run: 3 processes over tcp:// at stage 3, bf16, LAMB.
+Case process_case() {
+    Case c;
+    c.world = 3;
+    c.stage = 3;
+    c.dtype = SX_DTYPE_BF16;
+    c.optimizer = SX_OPTIM_LAMB;
+    c.clip = 1.0;
+    return c;
+}
+
+// A rank of test_ranks_as_processes: its offloaded group trains the case; rank 0 writes
+// its params into the file `out`.
+int child_main(int argc, char **argv) {
+    sxtest::ChildArgs a;
+    if (!sxtest::parse_child_args(argc, argv, &a)) return 2;
+    const Case c = process_case();
+    sx_shard_group_t *g = nullptr;
+    std::string e = make_group(a.rendezvous, a.rank, c, Backend::kOffload, &g);
+    if (e.empty()) e = train(g, c, a.rank, 0, c.steps);
+    std::vector<std::vector<uint8_t>> params;
+    if (e.empty()) e = read_params(g, c, &params);
+    sx_destroy_shard_group(g);
+    if (!e.empty()) {
+        std::fprintf(stderr, "rank %d: %s\n", a.rank, e.c_str());
+        return 1;
+    }
+    std::string bytes;
+    for (const std::vector<uint8_t> &p : params) bytes.append(p.begin(), p.end());
+    return a.rank != 0 || sxtest::write_file(a.get("out", ""), bytes) ? 0 : 1;
+}
+
+// Ranks as processes over tcp:// (shared memory between them, staged from the simulated
+// device): the same bits as CPU ranks that are threads.
+void test_ranks_as_processes(void **) {
+    const std::string dir = sxtest::make_tmpdir("offload-ranks");
+    const std::string out = dir + "/params";
+    const std::string err = sxtest::run_process_ranks(3, {"out", out}, 120);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    const auto want = run(process_case(), Backend::kCpu, "proc");
+    std::string bytes;
+    for (const std::vector<uint8_t> &p : want) bytes.append(p.begin(), p.end());
+    assert_true(sxtest::read_file(out) == bytes);
+    sxtest::remove_tree(dir);
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char **argv) {
     // Every CUDA group of this program runs on the simulated device, its copies delayed.
     setenv("SX_SIMULATED_DEVICE", "delay_us=20", 1);
+    if (sxtest::is_child(argc, argv)) return child_main(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_optimizer_offloaded_equals_the_cpu),
         cmocka_unit_test(test_micro_batches_and_signals_offloaded),
@@ -518,6 +566,7 @@ int main() {
         cmocka_unit_test(test_device_bytes),
         cmocka_unit_test(test_checkpoints_move_between_offloaded_and_other_groups),
         cmocka_unit_test(test_memory_copies_of_offloaded_state),
+        cmocka_unit_test(test_ranks_as_processes),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
