@@ -22,8 +22,9 @@ extern "C" {
  * NOT YET RUN ON A DEVICE: SX_BACKEND_CUDA with more than one rank, that is NCCL's
  * collectives between devices (its reduce-scatter, all-gather, the pipeline's channels
  * on NCCL, HSDP meshes on NCCL) and AUTO on a host with several GPUs (each rank needs
- * its own device_ordinal), and offload = SX_OFFLOAD_STATE (pinned host state, its copies;
- * tested on a simulated device, docs/offload.md). It compiles and its tests skip without
+ * its own device_ordinal), several ranks on one device (the CPU transports, staged through
+ * host memory), and offload = SX_OFFLOAD_STATE (pinned host state, its copies); these are
+ * tested on a simulated device (docs/offload.md). It compiles and its tests skip without
  * devices; until a
  * release says it has run, its behaviour may change in a minor release
  * (docs/versioning.md, "Not yet run on a device").

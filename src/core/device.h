@@ -156,11 +156,14 @@ Status make_pinned_allocator(int device, std::shared_ptr<HostAllocator> *out);
 // offloaded group's state, checked to be outside the device.
 struct SimulatedDevice {
     int copy_delay_us = 0;
+    // Its ranks exchange as ranks on separate devices would, through NCCL (whose memory
+    // rules a CPU communicator then keeps), rather than as ranks that share one.
+    bool nccl = false;
 };
 std::unique_ptr<DeviceOps> make_simulated_ops(optim::ThreadPool *pool, const SimulatedDevice &settings,
                                               std::shared_ptr<HostAllocator> *host);
-// SX_SIMULATED_DEVICE's setting: *on where it is set and not "0" ("1", or "delay_us=N" for a
-// copy delay of N microseconds).
+// SX_SIMULATED_DEVICE's setting: *on where it is set and not "0": "1", or a comma-separated
+// list of "delay_us=N" (a copy delay of N microseconds) and "nccl" (SimulatedDevice::nccl).
 void simulated_device_from_env(bool *on, SimulatedDevice *settings);
 
 // CUDA device `device`, with a stream of its own: SX_ERR_UNSUPPORTED in a build without

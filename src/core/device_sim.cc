@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "base/log.h"
@@ -232,7 +233,14 @@ void simulated_device_from_env(bool *on, SimulatedDevice *settings) {
     const char *v = std::getenv("SX_SIMULATED_DEVICE");
     *on = v && *v && std::strcmp(v, "0") != 0;
     *settings = SimulatedDevice();
-    if (*on && std::strncmp(v, "delay_us=", 9) == 0) settings->copy_delay_us = std::atoi(v + 9);
+    if (!*on) return;
+    for (const char *p = v; *p;) {
+        const char *end = std::strchr(p, ',');
+        const std::string item(p, end ? static_cast<size_t>(end - p) : std::strlen(p));
+        if (item.compare(0, 9, "delay_us=") == 0) settings->copy_delay_us = std::atoi(item.c_str() + 9);
+        if (item == "nccl") settings->nccl = true;
+        p = end ? end + 1 : p + item.size();
+    }
 }
 
 }  // namespace core

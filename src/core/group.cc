@@ -89,6 +89,7 @@ Mesh::Settings mesh_settings(const GroupConfig &cfg, DeviceOps *device) {
     ms.backend = cfg.backend;
     ms.device = device;
     ms.simulated_device = cfg.simulated_device;
+    ms.simulated_nccl = cfg.simulated_nccl;
     ms.device_ordinal = cfg.device_ordinal;
     ms.timeout_ms = cfg.timeout_ms;
     ms.bind_address = cfg.bind_address;
@@ -194,6 +195,7 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
         SimulatedDevice sim;
         simulated_device_from_env(&c.simulated_device, &sim);
         c.simulated_copy_delay_us = sim.copy_delay_us;
+        c.simulated_nccl = sim.nccl;
         if (c.simulated_device)
             log(SX_LOG_WARN, "sx: SX_SIMULATED_DEVICE is set: this CUDA group runs on a simulated device in host memory "
                 "(for testing sx without a GPU)");

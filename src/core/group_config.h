@@ -50,6 +50,7 @@ struct GroupConfig {
     // exchange through the CPU transports.
     bool simulated_device = false;
     int simulated_copy_delay_us = 0;
+    bool simulated_nccl = false;  // its ranks exchange as NCCL's on separate devices would
     // SX_GROUP_JOIN: a process that joins a running group at its next regroup (recovery/regroup.cc).
     bool joining = false;
     // Regroups since the group was first created (set by recovery/regroup.cc for the groups it makes).

@@ -88,31 +88,28 @@ Status Mesh::connect(std::shared_ptr<rdzv::Store> store, int rank, int size, std
                      std::chrono::steady_clock::time_point deadline) const {
     comm::CommunicatorSpec spec;
     spec.cuda = settings_.backend == SX_BACKEND_CUDA;
-    // (A simulated device has no NCCL, nor the device's own communicator of one rank.)
-    if (spec.cuda && settings_.device && (size > 1 || settings_.simulated_device)) {
-        bool staged = settings_.simulated_device;
-        if (!staged) SX_TRY(share_a_device(*store, rank, size, deadline, &staged));
-        if (staged) {
-            spec.cuda = false;
-            spec.timeout = Millis(settings_.timeout_ms);
-            spec.deadline = deadline;
-            spec.bind_address = settings_.bind_address;
-            spec.shared_memory = settings_.shared_memory;
-            std::unique_ptr<comm::Communicator> inner;
-            SX_TRY(comm::create_communicator(std::move(store), rank, size, spec, &inner));
-            if (rank == 0 && size > 1)
-                log(SX_LOG_INFO, "sx: %d ranks share a %s device: they exchange through the CPU transports, staged "
-                    "through host memory", size, settings_.simulated_device ? "simulated" : "CUDA");
-            *out = make_staged_communicator(std::move(inner), *settings_.device);
-            return Status::Ok();
-        }
-    }
     spec.device = settings_.device_ordinal;
     spec.timeout = Millis(settings_.timeout_ms);
     spec.deadline = deadline;
     spec.bind_address = settings_.bind_address;
     spec.shared_memory = settings_.shared_memory;
-    return comm::create_communicator(std::move(store), rank, size, spec, out);
+    // One rank of a real device: the device's own communicator, which moves no data.
+    if (!spec.cuda || !settings_.device || (size == 1 && !settings_.simulated_device))
+        return comm::create_communicator(std::move(store), rank, size, spec, out);
+    // Ranks that share a device exchange through the host; a simulated device's ranks share
+    // it unless it stands in for NCCL between devices.
+    bool shared = settings_.simulated_device && !settings_.simulated_nccl;
+    if (!settings_.simulated_device && size > 1) SX_TRY(share_a_device(*store, rank, size, deadline, &shared));
+    // A simulated device has no NCCL: the CPU transports under NCCL's memory rules stand in.
+    spec.cuda = !shared && !settings_.simulated_device;
+    std::unique_ptr<comm::Communicator> inner;
+    SX_TRY(comm::create_communicator(std::move(store), rank, size, spec, &inner));
+    if (!shared && settings_.simulated_device) inner = make_device_only_communicator(std::move(inner), *settings_.device);
+    if (shared && rank == 0 && size > 1)
+        log(SX_LOG_INFO, "sx: %d ranks share a %s device: they exchange through the CPU transports, staged through host "
+            "memory", size, settings_.simulated_device ? "simulated" : "CUDA");
+    *out = make_staged_communicator(std::move(inner), *settings_.device, shared ? StagedSide::kHost : StagedSide::kDevice);
+    return Status::Ok();
 }
 
 void Mesh::abort() {

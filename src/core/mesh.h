@@ -32,8 +32,11 @@ class Mesh {
         // identity, on one host), and every rank of a simulated device, exchange through
         // the CPU transports with their device buffers staged through host memory
         // (staged_comm.h): NCCL puts one rank on each device.
+        // NCCL takes device memory for its data: host memory handed to a CUDA group's
+        // communicator is staged through the device. A simulated device stands in for
+        // NCCL between devices where simulated_nccl (else its ranks share it).
         DeviceOps *device = nullptr;
-        bool simulated_device = false;
+        bool simulated_device = false, simulated_nccl = false;
     };
     // This rank's place in the world, known from the rendezvous before anything connects.
     void place(const Settings &settings, int rank, int world_size);

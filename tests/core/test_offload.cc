@@ -295,6 +295,30 @@ void test_frozen_params_keep_the_trainers_values(void **) {
         }
 }
 
+// The same over NCCL's memory rules (SX_SIMULATED_DEVICE=...,nccl: ranks on separate
+// devices, where the transport takes device memory for data and host memory for its small
+// all-reduces): host memory handed to the group's communicators (the norm's and the
+// optimizers' small exchanges, the custom optimizers' verdicts) is staged through the
+// device.
+void test_offloaded_over_nccl_rules(void **) {
+    setenv("SX_SIMULATED_DEVICE", "delay_us=20,nccl", 1);
+    for (int kind : {SX_OPTIM_ADAMW, SX_OPTIM_LAMB, SX_OPTIM_ADAFACTOR, SX_OPTIM_MUON, custom_id()})
+        for (int world = 2; world <= 3; ++world)
+            for (int stage = 1; stage <= 3; ++stage)
+                for (int dtype : {SX_DTYPE_F32, SX_DTYPE_BF16}) {
+                    Case c;
+                    c.optimizer = kind;
+                    c.world = world;
+                    c.stage = stage;
+                    c.dtype = dtype;
+                    c.clip = 0.5;
+                    c.signalled = stage == 2;
+                    expect_same(c, Backend::kCpu, Backend::kOffload);
+                    if (kind == SX_OPTIM_ADAMW) expect_same(c, Backend::kCpu, Backend::kDevice);
+                }
+    setenv("SX_SIMULATED_DEVICE", "delay_us=20", 1);
+}
+
 void test_micro_batches_and_signals_offloaded(void **) {
     for (int stage = 1; stage <= 3; ++stage)
         for (int dtype : {SX_DTYPE_F32, SX_DTYPE_BF16})
@@ -560,6 +584,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_optimizer_offloaded_equals_the_cpu),
         cmocka_unit_test(test_micro_batches_and_signals_offloaded),
+        cmocka_unit_test(test_offloaded_over_nccl_rules),
         cmocka_unit_test(test_frozen_params_keep_the_trainers_values),
         cmocka_unit_test(test_device_state_equals_the_cpu),
         cmocka_unit_test(test_device_state_refuses_host_optimizers),
