@@ -100,6 +100,27 @@ class DeviceOps {
         return SX_ERROR(SX_ERR_UNSUPPORTED, "custom optimizers run on the CPU only");
     }
 
+    // Copies between this device and host memory that overlap what the caller does next
+    // (an offloaded group's gradients down and params up): queued in order on the
+    // device's copy engine for that direction (one each way, apart from the calls above),
+    // *ticket naming the copy for wait_copy. The memory on both sides must stay as it is
+    // until the copy is waited for. Where there is no engine (the host), the copy is done
+    // when the call returns, and *ticket is 0.
+    virtual Status to_host_async(void *host_dst, const void *src, size_t bytes, uint64_t *ticket) {
+        *ticket = 0;
+        return to_host(host_dst, src, bytes);
+    }
+    virtual Status from_host_async(void *dst, const void *host_src, size_t bytes, uint64_t *ticket) {
+        *ticket = 0;
+        return from_host(dst, host_src, bytes);
+    }
+    // Returns once copy `ticket` (and those queued before it in its direction) is done, or
+    // with its failure; 0 returns at once. Any thread.
+    virtual Status wait_copy(uint64_t ticket) {
+        (void)ticket;
+        return Status::Ok();
+    }
+
     // Whether p points into this device's memory (false on the host).
     virtual bool holds(const void *p) const {
         (void)p;
@@ -131,6 +152,9 @@ class HostAllocator {
         (void)p;
         return false;
     }
+    // Called by the host DeviceOps at each call it runs (a simulated device counts the
+    // ones made while its copies were in flight).
+    virtual void note_host_work() const {}
 };
 
 // The host: the CPU kernels over `pool` (borrowed; it outlives the DeviceOps). With
@@ -165,6 +189,10 @@ std::unique_ptr<DeviceOps> make_simulated_ops(optim::ThreadPool *pool, const Sim
 // SX_SIMULATED_DEVICE's setting: *on where it is set and not "0": "1", or a comma-separated
 // list of "delay_us=N" (a copy delay of N microseconds) and "nccl" (SimulatedDevice::nccl).
 void simulated_device_from_env(bool *on, SimulatedDevice *settings);
+// Calls of the simulated devices' host ops so far (an offloaded group's update), and those
+// made while one of the devices' copies was queued or running: the overlap of the host's
+// work with the copies, as tests see it. Any thread.
+void simulated_overlap_counts(uint64_t *host_calls, uint64_t *overlapped);
 
 // CUDA device `device`, with a stream of its own: SX_ERR_UNSUPPORTED in a build without
 // CUDA or where there is no device, SX_ERR_INVALID_ARGUMENT for an ordinal out of range.

@@ -10,6 +10,9 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <deque>
+#include <mutex>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -37,7 +40,15 @@ class CudaOps final : public DeviceOps {
   public:
     explicit CudaOps(int device) : device_(device) {}
 
-    Status init() { return stream_.create(device_, "creating the group's stream"); }
+    Status init() {
+        SX_TRY(copies_[0].stream.create(device_, "creating the group's stream for copies to the host"));
+        SX_TRY(copies_[1].stream.create(device_, "creating the group's stream for copies to the device"));
+        return stream_.create(device_, "creating the group's stream");
+    }
+    ~CudaOps() override {
+        for (CopyQueue &q : copies_)
+            for (const auto &e : q.events) cudaEventDestroy(e.second);
+    }
 
     int32_t device() const override { return SX_DEVICE_CUDA; }
 
@@ -112,6 +123,31 @@ class CudaOps final : public DeviceOps {
         return finish("the optimizer update");
     }
 
+    // Tickets: the queue's copy number, times two, plus 1 for the copies to the device. Each
+    // copy records an event after it on its direction's stream, destroyed once waited for.
+    Status to_host_async(void *dst, const void *src, size_t bytes, uint64_t *ticket) override {
+        return enqueue(0, dst, src, bytes, cudaMemcpyDeviceToHost, "copying from the device", ticket);
+    }
+    Status from_host_async(void *dst, const void *src, size_t bytes, uint64_t *ticket) override {
+        return enqueue(1, dst, src, bytes, cudaMemcpyHostToDevice, "copying to the device", ticket);
+    }
+    Status wait_copy(uint64_t ticket) override {
+        if (ticket == 0) return Status::Ok();
+        CopyQueue &q = copies_[ticket & 1];
+        const uint64_t n = ticket / 2;
+        const cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
+        std::lock_guard<std::mutex> lock(q.mu);
+        cudaError_t e = cudaSuccess;
+        while (!q.events.empty() && q.events.front().first <= n) {
+            if (e == cudaSuccess) e = cudaEventSynchronize(q.events.front().second);
+            cudaEventDestroy(q.events.front().second);
+            q.events.pop_front();
+        }
+        SX_CUDA_TRY(e, "waiting for a copy between the device and the host");
+        return Status::Ok();
+    }
+
     bool holds(const void *p) const override {
         cudaPointerAttributes a;
         if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -152,6 +188,32 @@ class CudaOps final : public DeviceOps {
     }
 
   private:
+    // One direction's copies: their stream, and an event after each copy not yet waited for.
+    struct CopyQueue {
+        cuda::OwnedStream stream;
+        std::mutex mu;
+        uint64_t submitted = 0;
+        std::deque<std::pair<uint64_t, cudaEvent_t>> events;
+    };
+    Status enqueue(int dir, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *what,
+                   uint64_t *ticket) {
+        CopyQueue &q = copies_[dir];
+        const cuda::DeviceScope scope(device_);
+        SX_TRY(scope.status());
+        std::lock_guard<std::mutex> lock(q.mu);
+        cudaEvent_t ev = nullptr;
+        SX_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "creating an event");
+        cudaError_t e = bytes ? cudaMemcpyAsync(dst, src, bytes, kind, q.stream.get()) : cudaSuccess;
+        if (e == cudaSuccess) e = cudaEventRecord(ev, q.stream.get());
+        if (e != cudaSuccess) {
+            cudaEventDestroy(ev);
+            SX_CUDA_TRY(e, what);
+        }
+        q.events.emplace_back(++q.submitted, ev);
+        *ticket = q.submitted * 2 + static_cast<uint64_t>(dir);
+        return Status::Ok();
+    }
+
     Status finish(const char *what) { return stream_.synchronize(what); }
     Status copy_kind(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *what) {
         const cuda::DeviceScope scope(device_);
@@ -184,6 +246,7 @@ class CudaOps final : public DeviceOps {
 
     const int device_;
     optim::cuda::Workspace workspace_;
+    CopyQueue copies_[2];  // to the host, to the device
     // Declared last, so destroyed first: waited for before the workspace is freed.
     cuda::OwnedStream stream_;
 };

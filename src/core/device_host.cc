@@ -99,6 +99,7 @@ class HostOps final : public DeviceOps {
     // device memory, which host work must never touch.
     Status check(const char *call, std::initializer_list<const void *> ps) const {
         if (!allocator_) return Status::Ok();
+        allocator_->note_host_work();
         for (const void *p : ps)
             SX_CHECK(!p || !allocator_->is_device_memory(p), SX_ERR_INTERNAL,
                      "the host's %s was handed device memory (%p)", call, p);

@@ -4,6 +4,7 @@
 // handed where a CUDA device would need it. What a real device would reject (a host
 // pointer handed to a kernel, a copy's direction wrong, host work on device memory) fails
 // here with SX_ERR_INTERNAL naming the call, so the CPU suite catches it.
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <initializer_list>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -64,6 +66,82 @@ class SimulatedMemory final : public DeviceMemory {
     HostBuffer buffer;
 };
 
+// One thread that runs one direction's copies in the order given, each after the delay.
+class CopyEngine {
+  public:
+    explicit CopyEngine(int delay_us) : delay_us_(delay_us), thread_([this] { run(); }) {}
+    ~CopyEngine() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    // Queues the copy after those before it; returns its number (from 1).
+    uint64_t submit(void *dst, const void *src, size_t bytes) {
+        std::lock_guard<std::mutex> lock(mu_);
+        jobs_.push_back({dst, src, bytes});
+        cv_.notify_all();
+        return ++submitted_;
+    }
+    // Returns once copy `ticket` is done.
+    void wait(uint64_t ticket) {
+        std::unique_lock<std::mutex> lock(mu_);
+        done_cv_.wait(lock, [&] { return finished_ >= ticket; });
+    }
+    void copy(void *dst, const void *src, size_t bytes) { wait(submit(dst, src, bytes)); }
+    // Whether a copy is queued or running now.
+    bool busy() const {
+        std::lock_guard<std::mutex> lock(mu_);
+        return finished_ < submitted_;
+    }
+
+  private:
+    struct Job {
+        void *dst;
+        const void *src;
+        size_t bytes;
+    };
+    void run() {
+        std::unique_lock<std::mutex> lock(mu_);
+        for (;;) {
+            cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+            if (jobs_.empty() && stop_) return;
+            const Job job = jobs_.front();
+            jobs_.pop_front();
+            lock.unlock();
+            if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+            if (job.bytes) std::memcpy(job.dst, job.src, job.bytes);
+            lock.lock();
+            ++finished_;
+            done_cv_.notify_all();
+        }
+    }
+
+    const int delay_us_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_, done_cv_;
+    std::deque<Job> jobs_;
+    bool stop_ = false;
+    uint64_t finished_ = 0, submitted_ = 0;
+    std::thread thread_;
+};
+
+// Host work done while a simulated device's copy was in flight (overlap_counts): what a
+// test of the offloaded step's overlap asks.
+std::atomic<uint64_t> g_host_calls{0}, g_host_calls_overlapped{0};
+// The engines of every simulated device, for SimulatedHost's question "is a copy running?".
+std::mutex g_engines_mu;
+std::set<const CopyEngine *> g_engines;
+
+bool any_copy_in_flight() {
+    std::lock_guard<std::mutex> lock(g_engines_mu);
+    for (const CopyEngine *e : g_engines)
+        if (e->busy()) return true;
+    return false;
+}
+
 // The host memory beside the device (an offloaded group's state): plain host buffers,
 // told apart from the device's.
 class SimulatedHost final : public HostAllocator {
@@ -76,62 +154,25 @@ class SimulatedHost final : public HostAllocator {
         return Status::Ok();
     }
     bool is_device_memory(const void *p) const override { return registry().contains(p); }
-};
-
-// One thread that runs the device's copies in the order given, each after the delay.
-class CopyEngine {
-  public:
-    explicit CopyEngine(int delay_us) : delay_us_(delay_us), thread_([this] { run(); }) {}
-    ~CopyEngine() {
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            stop_ = true;
-        }
-        cv_.notify_all();
-        thread_.join();
+    void note_host_work() const override {
+        ++g_host_calls;
+        if (any_copy_in_flight()) ++g_host_calls_overlapped;
     }
-    // Runs the copy on the engine's thread, after the copies before it, and returns once it
-    // is done.
-    void copy(void *dst, const void *src, size_t bytes) {
-        std::unique_lock<std::mutex> lock(mu_);
-        const uint64_t ticket = ++submitted_;
-        jobs_.push_back([this, dst, src, bytes] {
-            if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
-            if (bytes) std::memcpy(dst, src, bytes);
-        });
-        cv_.notify_all();
-        done_cv_.wait(lock, [&] { return finished_ >= ticket; });
-    }
-
-  private:
-    void run() {
-        std::unique_lock<std::mutex> lock(mu_);
-        for (;;) {
-            cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-            if (jobs_.empty() && stop_) return;
-            std::function<void()> job = std::move(jobs_.front());
-            jobs_.pop_front();
-            lock.unlock();
-            job();
-            lock.lock();
-            ++finished_;
-            done_cv_.notify_all();
-        }
-    }
-
-    const int delay_us_;
-    std::mutex mu_;
-    std::condition_variable cv_, done_cv_;
-    std::deque<std::function<void()>> jobs_;
-    bool stop_ = false;
-    uint64_t finished_ = 0, submitted_ = 0;
-    std::thread thread_;
 };
 
 class SimulatedOps final : public DeviceOps {
   public:
     SimulatedOps(optim::ThreadPool *pool, const SimulatedDevice &settings)
-        : kernels_(make_host_ops(pool)), engine_(settings.copy_delay_us) {}
+        : kernels_(make_host_ops(pool)), down_(settings.copy_delay_us), up_(settings.copy_delay_us) {
+        std::lock_guard<std::mutex> lock(g_engines_mu);
+        g_engines.insert(&down_);
+        g_engines.insert(&up_);
+    }
+    ~SimulatedOps() override {
+        std::lock_guard<std::mutex> lock(g_engines_mu);
+        g_engines.erase(&down_);
+        g_engines.erase(&up_);
+    }
 
     int32_t device() const override { return SX_DEVICE_CUDA; }
 
@@ -151,19 +192,34 @@ class SimulatedOps final : public DeviceOps {
     }
     Status copy(void *dst, const void *src, size_t bytes) override {
         SX_TRY(on_device("copy", {dst, src}));
-        engine_.copy(dst, src, bytes);
+        down_.copy(dst, src, bytes);
         return Status::Ok();
     }
     Status to_host(void *dst, const void *src, size_t bytes) override {
-        SX_TRY(on_device("to_host's source", {src}));
-        SX_TRY(on_host("to_host's destination", dst));
-        engine_.copy(dst, src, bytes);
-        return Status::Ok();
+        uint64_t ticket = 0;
+        SX_TRY(to_host_async(dst, src, bytes, &ticket));
+        return wait_copy(ticket);
     }
     Status from_host(void *dst, const void *src, size_t bytes) override {
+        uint64_t ticket = 0;
+        SX_TRY(from_host_async(dst, src, bytes, &ticket));
+        return wait_copy(ticket);
+    }
+    // Tickets: the engine's copy number, times two, plus 1 for the copies up.
+    Status to_host_async(void *dst, const void *src, size_t bytes, uint64_t *ticket) override {
+        SX_TRY(on_device("to_host's source", {src}));
+        SX_TRY(on_host("to_host's destination", dst));
+        *ticket = down_.submit(dst, src, bytes) * 2;
+        return Status::Ok();
+    }
+    Status from_host_async(void *dst, const void *src, size_t bytes, uint64_t *ticket) override {
         SX_TRY(on_device("from_host's destination", {dst}));
         SX_TRY(on_host("from_host's source", src));
-        engine_.copy(dst, src, bytes);
+        *ticket = up_.submit(dst, src, bytes) * 2 + 1;
+        return Status::Ok();
+    }
+    Status wait_copy(uint64_t ticket) override {
+        if (ticket != 0) (ticket & 1 ? up_ : down_).wait(ticket / 2);
         return Status::Ok();
     }
 
@@ -218,7 +274,7 @@ class SimulatedOps final : public DeviceOps {
     }
 
     std::unique_ptr<DeviceOps> kernels_;  // the host's, over the group's pool
-    CopyEngine engine_;
+    CopyEngine down_, up_;                // to the host (and within the device), and from it
 };
 
 }  // namespace
@@ -227,6 +283,11 @@ std::unique_ptr<DeviceOps> make_simulated_ops(optim::ThreadPool *pool, const Sim
                                               std::shared_ptr<HostAllocator> *host) {
     if (host) host->reset(new SimulatedHost());
     return std::unique_ptr<DeviceOps>(new SimulatedOps(pool, settings));
+}
+
+void simulated_overlap_counts(uint64_t *host_calls, uint64_t *overlapped) {
+    *host_calls = g_host_calls.load();
+    *overlapped = g_host_calls_overlapped.load();
 }
 
 void simulated_device_from_env(bool *on, SimulatedDevice *settings) {

@@ -135,7 +135,8 @@ Status Stepper::reduce_replicas(size_t u, float *shard) {
     if (mesh_.replicas() == 1) return Status::Ok();
     SX_TRACE_SPAN(tracer(), "step", "replica_all_reduce", layout_.units()[u].unit_id,
                   layout_.units()[u].shard_numel * sizeof(float));
-    Status s = mesh_.replica()->all_reduce_sum_f32(shard, layout_.units()[u].shard_numel);
+    Status s = units_.wait_grads(u);  // offloaded: the shard on its way to the host
+    if (s.ok()) s = mesh_.replica()->all_reduce_sum_f32(shard, layout_.units()[u].shard_numel);
     return s.ok() ? s : fail(s);
 }
 
@@ -238,7 +239,8 @@ Status Stepper::accumulate_grads() {
 Status Stepper::finish_step(bool keep_grads) {
     for (Unit &unit : units_) unit.accum_live = false;
     micro_batches_ = 0;
-    Status s = keep_grads ? Status::Ok() : units_.zero_grads(round_->reduced());
+    // Offloaded: no copy reads the gradients or writes the params once the step returns.
+    Status s = keep_grads ? units_.wait_copies() : units_.zero_grads(round_->reduced());
     if (!s.ok()) return fail(s);
     // Stage 3: this step's gathers are the order the next one prefetches in, and the
     // next forward's first units are gathered while the trainer goes on.
@@ -461,8 +463,10 @@ Status Stepper::update_shard(float grad_scale, int32_t head, int nonfinite, doub
     double head_sumsq = 0.0, rest = 0.0;
     SX_TRY(units_.ensure_masters());
     // The units of custom optimizers first: if an update fails anywhere, nothing else
-    // has been touched yet.
+    // has been touched yet. (Offloaded, the passes over several units read their gradients
+    // on the host: every unit's copy is waited for first.)
     double kept_sumsq = 0.0, reduced_sumsq = 0.0, whole_sumsq = 0.0;
+    if (units_.offloaded() && units_.any_looks_beyond_a_unit()) SX_TRY(units_.wait_copies());
     if (units_.any_double_buffered())
         SX_TRY(update_double_buffered(grad_scale, nonfinite, sumsq ? &kept_sumsq : nullptr));
     // Then the params whose update needs sums over the ranks, or their whole matrix on one
@@ -474,30 +478,64 @@ Status Stepper::update_shard(float grad_scale, int32_t head, int nonfinite, doub
         std::vector<optim::Segment> first;
         units_.append_segments(static_cast<size_t>(head), round_->reduced(static_cast<size_t>(head)), &first);
         first = elementwise_only(std::move(first));
+        SX_TRY(units_.wait_grads(static_cast<size_t>(head)));
         SX_TRY(update_in_place(first, grad_scale, nonfinite, sumsq ? &head_sumsq : nullptr));
         if (span.on()) updated += optim::total_elements(first);
         SX_TRY(upload_params(static_cast<size_t>(head)));
+        SX_TRY(units_.wait_params(static_cast<size_t>(head)));
         SX_TRY(gathers_->open());
         SX_TRY(gathers_->submit(static_cast<size_t>(head)));
     }
-    const std::vector<optim::Segment> segs = elementwise_only(units_.segments(round_->reduced(), head));
-    SX_TRY(update_in_place(segs, grad_scale, nonfinite, sumsq ? &rest : nullptr));
-    if (span.on()) updated += optim::total_elements(segs);
-    for (size_t u = 0; u < units_.size(); ++u)
-        if (static_cast<int32_t>(u) != head) SX_TRY(upload_params(u));
+    if (units_.offloaded()) {
+        SX_TRY(update_offloaded_units(grad_scale, head, nonfinite, sumsq ? &rest : nullptr, &updated));
+    } else {
+        const std::vector<optim::Segment> segs = elementwise_only(units_.segments(round_->reduced(), head));
+        SX_TRY(update_in_place(segs, grad_scale, nonfinite, sumsq ? &rest : nullptr));
+        if (span.on()) updated += optim::total_elements(segs);
+    }
     span.set_bytes(updated * sizeof(float));
     if (sumsq) *sumsq = kept_sumsq + reduced_sumsq + whole_sumsq + head_sumsq + rest;
     return Status::Ok();
 }
 
 
-// An offloaded unit's params, updated on the host, copied to the device (nothing for the
+// An offloaded unit's params, updated on the host, queued for the device (nothing for the
 // others). A failure fails the group: the update is done, and the params would not follow.
 Status Stepper::upload_params(size_t u) {
     if (!units_.offloaded()) return Status::Ok();
     SX_TRACE_SPAN(tracer(), "step", "params_to_device", layout_.units()[u].unit_id);
     Status s = units_.upload_params(u);
     return s.ok() ? s : fail(s);
+}
+
+// The offloaded units but `head` (and the double-buffered ones, updated before), unit by
+// unit: each waits for its gradients' copy to the host alone, and its params' copy to the
+// device runs while the next unit is updated (and the next units' gradients still come
+// down). Returns once every copy up is done, for the gathers. *sumsq (if not null): the
+// units' sums of squares, added in unit order.
+Status Stepper::update_offloaded_units(float grad_scale, int32_t head, int nonfinite, double *sumsq,
+                                       uint64_t *updated) {
+    double total = 0.0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+        if (static_cast<int32_t>(u) == head || !units_[u].trainable) continue;
+        if (!units_.double_buffered(u)) {
+            std::vector<optim::Segment> segs;
+            units_.append_segments(u, round_->reduced(u), &segs);
+            segs = elementwise_only(std::move(segs));
+            double part = 0.0;
+            SX_TRY(units_.wait_grads(u));
+            SX_TRY(update_in_place(segs, grad_scale, nonfinite, sumsq ? &part : nullptr));
+            total += part;
+            *updated += optim::total_elements(segs);
+        }
+        SX_TRY(upload_params(u));
+    }
+    for (size_t u = 0; u < units_.size(); ++u) {
+        Status s = units_.wait_params(u);
+        if (!s.ok()) return fail(s);
+    }
+    if (sumsq) *sumsq = total;
+    return Status::Ok();
 }
 
 // Collective: all-gathers the params of every trainable unit.

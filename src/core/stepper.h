@@ -92,6 +92,7 @@ class Stepper : private StepParts {
     Status prepare_shard_for_update();
     Status update_shard(float grad_scale, int32_t head, int nonfinite, double *sumsq);
     Status upload_params(size_t u);
+    Status update_offloaded_units(float grad_scale, int32_t head, int nonfinite, double *sumsq, uint64_t *updated);
     StepPasses step_passes();  // step_passes.cc: what the passes over whole params see
     // --- the update's passes and the norm (step_update.cc) ---
     bool norm_rides_gather(bool defer_gather) const;

@@ -57,7 +57,8 @@ void Units::count_bytes(uint64_t *params, uint64_t *grads, uint64_t *optimizer, 
         *unsharded += static_cast<uint64_t>(slots) * table_.layout->units()[u].numel * sizeof(float);
     }
     add(grads, reduce_scratch_);
-    add(grads, device_sum_);
+    add(grads, device_sum_[0]);
+    add(grads, device_sum_[1]);
     add(grads, host_sum_);
 }
 
@@ -154,9 +155,10 @@ Status Units::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
     if (scratch_bytes > reduce_scratch_.size())
         SX_TRY(ops_->allocate(scratch_bytes, "the fp32 gradient reduction buffer", &scratch, false,
                               settings_.exchanged));
-    // Offloaded: the device's fp32 sum of one unit's 16-bit gradients, and the host's
-    // micro-batch sum on its way into a stage-2 or stage-3 accumulator.
-    Buffer device_sum, host_sum;
+    // Offloaded: the device's fp32 sums of two units' 16-bit gradients (one copied to the
+    // host while the next is reduced), and the host's micro-batch sum on its way into a
+    // stage-2 or stage-3 accumulator.
+    Buffer device_sum[2], host_sum;
     if (settings_.offload) {
         uint64_t sum_bytes = 0, host_bytes = 0;
         for (size_t u = 0; u < units_.size(); ++u) {
@@ -165,13 +167,18 @@ Status Units::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
             if (units_[u].grad_dtype != SX_DTYPE_F32) sum_bytes = std::max(sum_bytes, bytes);
             if (accumulate && settings_.stage != 1) host_bytes = std::max(host_bytes, bytes);
         }
-        if (sum_bytes > device_sum_.size())
-            SX_TRY(ops_->allocate(sum_bytes, "the device's sum of one unit's gradients", &device_sum));
+        for (int k = 0; k < 2 && sum_bytes > device_sum_[k].size(); ++k)
+            SX_TRY(ops_->allocate(sum_bytes, "the device's sum of one unit's gradients", &device_sum[k]));
         if (host_bytes > host_sum_.size())
             SX_TRY(state_ops_->allocate(host_bytes, "the host's sum of one unit's gradients", &host_sum));
     }
     if (!scratch.empty()) reduce_scratch_ = std::move(scratch);
-    if (!device_sum.empty()) device_sum_ = std::move(device_sum);
+    for (int k = 0; k < 2; ++k)
+        if (!device_sum[k].empty()) {
+            SX_TRY(ops_->wait_copy(device_sum_copy_[k]));  // the old one's last copy
+            device_sum_copy_[k] = 0;
+            device_sum_[k] = std::move(device_sum[k]);
+        }
     if (!host_sum.empty()) host_sum_ = std::move(host_sum);
     for (Pending &pd : pending) {
         Unit &unit = units_[pd.unit];
@@ -274,15 +281,40 @@ Status Units::upload_params(size_t u) {
 
 Status Units::upload(size_t u, uint64_t begin, uint64_t end) {
     if (begin >= end) return Status::Ok();
-    const Unit &unit = units_[u];
+    Unit &unit = units_[u];
     const size_t es = dtype_size(unit.dtype);
     const Buffer &from = unit.dtype == SX_DTYPE_F32 ? unit.master : unit.host_params;
-    return ops_->from_host(static_cast<char *>(own_params(u)) + begin * es, from.as<char>() + begin * es,
-                           (end - begin) * es);
+    return ops_->from_host_async(static_cast<char *>(own_params(u)) + begin * es, from.as<char>() + begin * es,
+                                 (end - begin) * es, &unit.params_copy);
+}
+
+Status Units::wait_grads(size_t u) const {
+    const uint64_t t = units_[u].grads_copy;
+    units_[u].grads_copy = 0;
+    return ops_->wait_copy(t);
+}
+
+Status Units::wait_params(size_t u) {
+    const uint64_t t = units_[u].params_copy;
+    units_[u].params_copy = 0;
+    return ops_->wait_copy(t);
+}
+
+Status Units::wait_copies() {
+    for (size_t u = 0; u < units_.size(); ++u) {
+        SX_TRY(wait_grads(u));
+        SX_TRY(wait_params(u));
+    }
+    return Status::Ok();
+}
+
+Units::~Units() {
+    // Copies in flight write into the units' buffers, which go with them.
+    if (ops_) (void)wait_copies();
 }
 
 Status Units::reduce(size_t u, comm::Communicator &c, bool into_accum, float **shard_grad) {
-    if (settings_.offload) return reduce_offloaded(u, c, shard_grad);
+    if (settings_.offload) return reduce_offloaded(u, c, into_accum, shard_grad);
     Unit &unit = units_[u];
     // The bytes of gradients the unit puts into the sum (its whole flat buffer).
     SX_TRACE_SPAN(tracer_, "step", "reduce_scatter", table_.layout->units()[u].unit_id, unit.grads.size());
@@ -333,16 +365,23 @@ Status Units::reduce(size_t u, comm::Communicator &c, bool into_accum, float **s
 // Offloaded: the micro-batch's sum on the device (the trainer's gradients reduced over the
 // shard group in the device's memory), then copied into the host's accumulator, or added
 // to what it holds.
-Status Units::reduce_offloaded(size_t u, comm::Communicator &c, float **shard_grad) {
+// The step's last micro-batch is copied in the background (wait_grads, before the host
+// reads it), while the next unit is reduced; an earlier micro-batch's copy is waited for,
+// as its gradients are zeroed next.
+Status Units::reduce_offloaded(size_t u, comm::Communicator &c, bool into_accum, float **shard_grad) {
     Unit &unit = units_[u];
     SX_TRACE_SPAN(tracer_, "step", "reduce_scatter", table_.layout->units()[u].unit_id, unit.grads.size());
     const uint64_t S = table_.layout->units()[u].shard_numel;
     float *sum = nullptr;
-    SX_TRY(reduce_on_device(u, c, &sum));
+    int slot = -1;
+    SX_TRY(wait_grads(u));  // the accumulator is written again
+    SX_TRY(reduce_on_device(u, c, &sum, &slot));
     float *acc = unit.accum.as<float>();
     SX_TRACE_SPAN(tracer_, "step", "grads_to_host", table_.layout->units()[u].unit_id, S * sizeof(float));
     if (!unit.accum_live) {
-        SX_TRY(ops_->to_host(acc, sum, S * sizeof(float)));
+        SX_TRY(ops_->to_host_async(acc, sum, S * sizeof(float), &unit.grads_copy));
+        if (slot >= 0) device_sum_copy_[slot] = unit.grads_copy;
+        if (into_accum) SX_TRY(wait_grads(u));
     } else {
         float *part = host_sum_.as<float>();
         SX_TRY(ops_->to_host(part, sum, S * sizeof(float)));
@@ -352,7 +391,7 @@ Status Units::reduce_offloaded(size_t u, comm::Communicator &c, float **shard_gr
     return Status::Ok();
 }
 
-Status Units::reduce_on_device(size_t u, comm::Communicator &c, float **device_sum) {
+Status Units::reduce_on_device(size_t u, comm::Communicator &c, float **device_sum, int *slot) {
     Unit &unit = units_[u];
     const uint64_t S = table_.layout->units()[u].shard_numel;
     if (unit.grad_dtype == SX_DTYPE_F32) {
@@ -366,7 +405,12 @@ Status Units::reduce_on_device(size_t u, comm::Communicator &c, float **device_s
     }
     // 16-bit gradients: their fp32 sum, as reduce() makes it, into the device's one-unit sum.
     uint16_t *grads = unit.grads.as<uint16_t>();
-    float *out = device_sum_.as<float>();
+    // The sum the copy before the last one read (two alternate), once that copy is done.
+    *slot = next_sum_;
+    next_sum_ ^= 1;
+    SX_TRY(ops_->wait_copy(device_sum_copy_[*slot]));
+    device_sum_copy_[*slot] = 0;
+    float *out = device_sum_[*slot].as<float>();
     if (settings_.shard_size == 1) {
         SX_TRY(ops_->widen(unit.grad_dtype, grads, out, S, false));
     } else if (reduces_in_16bit(u)) {
@@ -383,6 +427,7 @@ Status Units::reduce_on_device(size_t u, comm::Communicator &c, float **device_s
 }
 
 Status Units::zero_grads(const std::vector<float *> &reduced) {
+    SX_TRY(wait_copies());  // the gradients' copies read the buffers
     for (size_t u = 0; u < units_.size(); ++u) {
         Buffer &grads = units_[u].grads;
         if (u >= zeroed_by_update_.size() || !zeroed_by_update_[u]) {
@@ -523,6 +568,12 @@ std::vector<optim::Segment> Units::segments_needing(const std::vector<float *> &
     return segs;
 }
 
+bool Units::any_looks_beyond_a_unit() const {
+    for (size_t u = 0; u < units_.size(); ++u)
+        if (units_[u].trainable && (double_buffered(u) || looks_at_whole_params(u))) return true;
+    return false;
+}
+
 bool Units::any_double_buffered() const {
     for (size_t u = 0; u < units_.size(); ++u)
         if (double_buffered(u)) return true;
@@ -585,7 +636,9 @@ Status Units::sum_of_squares(size_t u, float *reduced, float grad_scale, double 
     std::vector<optim::Segment> segs;
     append_segments(u, reduced, &segs);
     *out = 0.0;
-    return segs.empty() ? Status::Ok() : state_ops_->sum_of_squares(segs.data(), segs.size(), grad_scale, out);
+    if (segs.empty()) return Status::Ok();
+    SX_TRY(wait_grads(u));
+    return state_ops_->sum_of_squares(segs.data(), segs.size(), grad_scale, out);
 }
 
 }  // namespace core

@@ -52,7 +52,15 @@ class Units {
         // Offloaded 16-bit units: this rank's shard of the params on the host, which the
         // update rounds the masters into and which is copied to the device after it.
         Buffer host_params;
+        // Offloaded: the copies in flight (DeviceOps tickets; 0: none) of the reduced
+        // gradients to the host's accumulator, and of the updated params to the device.
+        mutable uint64_t grads_copy = 0;
+        uint64_t params_copy = 0;
     };
+    Units() = default;
+    ~Units();
+    Units(const Units &) = delete;
+    Units &operator=(const Units &) = delete;
     struct Settings {
         int stage = 2;
         int shard_rank = 0, shard_size = 1;
@@ -116,6 +124,11 @@ class Units {
     // params' pieces alone) copied into this rank's shard of them
     // on the device. Nothing elsewhere.
     Status upload_params(size_t u);
+    // Offloaded: once unit u's reduced gradients are on the host (its accumulator may be
+    // read), or its updated params on the device; every copy of every unit.
+    Status wait_grads(size_t u) const;
+    Status wait_params(size_t u);
+    Status wait_copies();
     // Unit u's shard as ShardState describes it.
     UnitShard shard(size_t u) const;
     // This rank's shard of unit u's params, in their dtype (stage 3: `own`).
@@ -148,6 +161,9 @@ class Units {
     // sums over the ranks, or the whole matrix on one rank): the step updates those params
     // in passes of their own.
     bool looks_at_whole_params(size_t u) const;
+    // Whether a pass of the step reads several units' gradients at once: a unit is
+    // double-buffered (custom optimizers) or looks at whole params.
+    bool any_looks_beyond_a_unit() const;
     // The params the step updates whose optimizer needs `needs`, in index order (the same
     // list on every rank: the mask and the param groups agree), and this rank's segments
     // of them (their reduced gradients at `reduced`).
@@ -174,8 +190,8 @@ class Units {
     uint16_t *own_params16(size_t u) const { return static_cast<uint16_t *>(own_params(u)); }
     // reduce()'s offloaded path: the sum of this micro-batch's gradients into the device's
     // fp32 shard, then onto the host.
-    Status reduce_on_device(size_t u, comm::Communicator &c, float **device_sum);
-    Status reduce_offloaded(size_t u, comm::Communicator &c, float **shard_grad);
+    Status reduce_on_device(size_t u, comm::Communicator &c, float **device_sum, int *slot);
+    Status reduce_offloaded(size_t u, comm::Communicator &c, bool into_accum, float **shard_grad);
     // Elements [begin, end) of the host's shard of unit u's params to the device.
     Status upload(size_t u, uint64_t begin, uint64_t end);
 
@@ -188,7 +204,9 @@ class Units {
     Buffer reduce_scratch_;  // fp32 copy of one unit's 16-bit grads, for an fp32 reduction
     // Offloaded: one unit's fp32 sum of 16-bit gradients on the device, and on the host one
     // unit's micro-batch sum on its way into the accumulator.
-    Buffer device_sum_, host_sum_;
+    Buffer device_sum_[2], host_sum_;
+    uint64_t device_sum_copy_[2] = {0, 0};  // the last copy out of each device sum
+    int next_sum_ = 0;
     // Per unit: this rank's shard of its gradient buffer is zeroed by this step's update
     // (mark_zeroed_by_update), so that zero_grads() zeroes only the rest.
     std::vector<char> zeroed_by_update_;

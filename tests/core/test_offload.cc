@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "custom_adamw.h"
 #include "process_ranks.h"
 #include "run_ranks.h"
@@ -295,6 +296,27 @@ void test_frozen_params_keep_the_trainers_values(void **) {
         }
 }
 
+// The host's updates overlap the copies: with each copy taking 2 ms, an offloaded step's
+// host work (updates of one unit) runs while another unit's gradients come down or its
+// params go up, as the simulated device counts.
+void test_updates_overlap_the_copies(void **) {
+    setenv("SX_SIMULATED_DEVICE", "delay_us=2000", 1);
+    uint64_t calls0 = 0, overlapped0 = 0, calls1 = 0, overlapped1 = 0;
+    sx::core::simulated_overlap_counts(&calls0, &overlapped0);
+    Case c;
+    c.steps = 2;
+    for (int dtype : {SX_DTYPE_F32, SX_DTYPE_BF16}) {
+        c.dtype = dtype;
+        expect_same(c, Backend::kCpu, Backend::kOffload);
+    }
+    sx::core::simulated_overlap_counts(&calls1, &overlapped1);
+    setenv("SX_SIMULATED_DEVICE", "delay_us=20", 1);
+    assert_true(calls1 > calls0);
+    if (overlapped1 == overlapped0)
+        fail_msg("none of %llu host calls ran while a copy was in flight",
+                 static_cast<unsigned long long>(calls1 - calls0));
+}
+
 // The same over NCCL's memory rules (SX_SIMULATED_DEVICE=...,nccl: ranks on separate
 // devices, where the transport takes device memory for data and host memory for its small
 // all-reduces): host memory handed to the group's communicators (the norm's and the
@@ -408,9 +430,10 @@ void test_device_bytes(void **) {
         } else if (b == Backend::kDevice) {
             assert_int_equal(m.device_bytes, m.param_bytes + m.grad_bytes + m.optimizer_bytes);
         } else {
-            // bf16 params and gradients (2 + 2 bytes per element) and one unit's fp32 sum
-            // of its 16-bit gradients: the rest is on the host.
-            assert_int_equal(m.device_bytes, 4 * elements + 4 * most_shard);
+            // bf16 params and gradients (2 + 2 bytes per element) and two units' fp32 sums
+            // of their 16-bit gradients (one copied down while the next is reduced): the
+            // rest is on the host.
+            assert_int_equal(m.device_bytes, 4 * elements + 2 * 4 * most_shard);
             assert_true(m.optimizer_bytes >= 3 * 4 * (elements / 2));  // masters + 2 slots, on the host
         }
     }
@@ -585,6 +608,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_every_optimizer_offloaded_equals_the_cpu),
         cmocka_unit_test(test_micro_batches_and_signals_offloaded),
         cmocka_unit_test(test_offloaded_over_nccl_rules),
+        cmocka_unit_test(test_updates_overlap_the_copies),
         cmocka_unit_test(test_frozen_params_keep_the_trainers_values),
         cmocka_unit_test(test_device_state_equals_the_cpu),
         cmocka_unit_test(test_device_state_refuses_host_optimizers),
