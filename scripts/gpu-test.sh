@@ -17,7 +17,9 @@
 #       and runs, each program under its own time limit, with LD_LIBRARY_PATH set to the
 #       bundle's lib/:
 #         1. the GPU tests (test_cuda_kernels, test_cuda_plan, test_nccl, test_cuda_group,
-#            test_cuda_pipeline, test_cuda_training);
+#            test_cuda_pipeline, test_cuda_training), and test_offload on the device
+#            (SX_OFFLOAD_TEST_DEVICE=cuda: offloaded state, several ranks on the one
+#            device, as threads and as processes, equal to CPU groups);
 #         2. compute-sanitizer's memcheck and racecheck over the GPU tests (see
 #            memchecked and racechecked), where the machine has compute-sanitizer;
 #         3. the compiled programs of the ctest suite (the CPU suite, run against this
@@ -140,6 +142,14 @@ run() {
         [[ -x $dir/bin/$t ]] || { echo "$(basename "$t"): FAILED (not in the bundle)" | tee -a "$summary"; continue; }
         run_one "$out/gpu-tests.log" "${SX_GPU_TEST_LIMIT:-300}" "$(basename "$t")" "$dir/bin/$t" | tee -a "$summary"
     done
+    # The offload tests, which the CPU suite runs on the simulated device, on this one.
+    t=tests/core/test_offload
+    if [[ -x $dir/bin/$t ]]; then
+        run_one "$out/gpu-tests.log" "${SX_GPU_TEST_LIMIT:-300}" "test_offload (on the device)" \
+            env SX_OFFLOAD_TEST_DEVICE=cuda "$dir/bin/$t" | tee -a "$summary"
+    else
+        echo "test_offload (on the device): FAILED (not in the bundle)" | tee -a "$summary"
+    fi
 
     # The CPU suite runs on the host's cores meanwhile (it uses no device).
     python3 scripts/bundle_suite.py run "$bundle/suite.json" "$dir/bin" "$PWD" "$out/suite.log" > "$out/suite.txt" 2>&1 &

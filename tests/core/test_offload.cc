@@ -24,6 +24,10 @@
 #include <string>
 #include <vector>
 
+#ifdef SX_TEST_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include "core/device.h"
 #include "custom_adamw.h"
 #include "process_ranks.h"
@@ -76,14 +80,49 @@ float value(uint64_t seed) {
     return static_cast<float>(static_cast<int>((seed >> 33) % 255) - 127) / 128.0f;
 }
 
+// Whether this run is on a real CUDA device (SX_OFFLOAD_TEST_DEVICE=cuda, as
+// scripts/gpu-test.sh runs it), not the simulated one.
+bool g_real_device = false;
+
+// Copies between the test's host memory and a view's: a real device's, or the host's (a
+// simulated device's memory is the host's).
+void to_view(const sx_view_t &v, const void *src, size_t bytes) {
+#ifdef SX_TEST_CUDA
+    if (g_real_device && v.device == SX_DEVICE_CUDA) {
+        const cudaError_t e = cudaMemcpy(v.data, src, bytes, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess) return;
+        std::fprintf(stderr, "copying into a view: %s\n", cudaGetErrorString(e));
+        std::abort();
+    }
+#endif
+    std::memcpy(v.data, src, bytes);
+}
+void from_view(void *dst, const sx_view_t &v, size_t bytes) {
+#ifdef SX_TEST_CUDA
+    if (g_real_device && v.device == SX_DEVICE_CUDA) {
+        const cudaError_t e = cudaMemcpy(dst, v.data, bytes, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) return;
+        std::fprintf(stderr, "copying out of a view: %s\n", cudaGetErrorString(e));
+        std::abort();
+    }
+#endif
+    std::memcpy(dst, v.data, bytes);
+}
+
 void write_values(const sx_view_t &v, int dtype, uint64_t seed) {
+    std::vector<float> f32(dtype == SX_DTYPE_F32 ? v.numel : 0);
+    std::vector<uint16_t> b16(dtype == SX_DTYPE_F32 ? 0 : v.numel);
     for (uint64_t i = 0; i < v.numel; ++i) {
         const float f = value(seed * 1000003ull + i);
         if (dtype == SX_DTYPE_F32)
-            static_cast<float *>(v.data)[i] = f;
+            f32[i] = f;
         else
-            static_cast<uint16_t *>(v.data)[i] = to_bf16(f);
+            b16[i] = to_bf16(f);
     }
+    if (dtype == SX_DTYPE_F32)
+        to_view(v, f32.data(), f32.size() * sizeof(float));
+    else
+        to_view(v, b16.data(), b16.size() * sizeof(uint16_t));
 }
 
 // cfg of rank `rank` of c on b; rv is borrowed (it must outlive cfg's use).
@@ -198,8 +237,8 @@ std::string train(sx_shard_group_t *g, const Case &c, int rank, int first_step, 
 std::string read_params(sx_shard_group_t *g, const Case &c, std::vector<std::vector<uint8_t>> *out) {
     out->assign(kParamCount, {});
     return with_param_views(g, c, [&](int p, const sx_view_t &v) {
-        const size_t bytes = v.numel * (c.dtype == SX_DTYPE_F32 ? 4 : 2);
-        (*out)[p].assign(static_cast<uint8_t *>(v.data), static_cast<uint8_t *>(v.data) + bytes);
+        (*out)[p].resize(v.numel * (c.dtype == SX_DTYPE_F32 ? 4 : 2));
+        from_view((*out)[p].data(), v, (*out)[p].size());
     });
 }
 
@@ -246,6 +285,7 @@ void expect_same(const Case &c, Backend a, Backend b) {
     }
     // The run changed the params (the comparison is of something).
     sx_view_t start;
+    start.device = SX_DEVICE_CPU;
     std::vector<uint8_t> bytes(pa[0].size());
     start.data = bytes.data();
     start.numel = static_cast<uint64_t>(kParams[0].rows * kParams[0].cols);
@@ -503,6 +543,8 @@ void test_checkpoints_move_between_offloaded_and_other_groups(void **) {
                             Resume{Backend::kCpu, 4, 3, "a CPU group of 4 ranks at stage 3"},
                             Resume{Backend::kDevice, 1, 2, "a CUDA group that keeps its state on the device"},
                             Resume{Backend::kOffload, 4, 1, "an offloaded group of 4 ranks at stage 1"}}) {
+        // A real device's kernels round as torch's CUDA ones do, not bit for bit as the host's.
+        if (g_real_device && r.backend == Backend::kDevice) continue;
         Case rc = after;
         rc.world = r.world;
         rc.stage = r.stage;
@@ -600,10 +642,41 @@ void test_ranks_as_processes(void **) {
 
 }  // namespace
 
+// On a real device (SX_OFFLOAD_TEST_DEVICE=cuda): the tests whose groups it runs as the
+// simulated device does. The others compare a device-state group's CUDA kernels with the
+// CPU's bit for bit, or count the simulated device's overlap, or stand in for NCCL.
+int run_on_a_real_device() {
+#ifndef SX_TEST_CUDA
+    std::printf("SX_OFFLOAD_TEST_DEVICE=cuda: this build has no CUDA\n");
+    return 77;
+#else
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        std::printf("SX_OFFLOAD_TEST_DEVICE=cuda: no CUDA device here\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_optimizer_offloaded_equals_the_cpu),
+        cmocka_unit_test(test_micro_batches_and_signals_offloaded),
+        cmocka_unit_test(test_frozen_params_keep_the_trainers_values),
+        cmocka_unit_test(test_device_state_refuses_host_optimizers),
+        cmocka_unit_test(test_device_bytes),
+        cmocka_unit_test(test_checkpoints_move_between_offloaded_and_other_groups),
+        cmocka_unit_test(test_memory_copies_of_offloaded_state),
+        cmocka_unit_test(test_ranks_as_processes),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+#endif
+}
+
 int main(int argc, char **argv) {
-    // Every CUDA group of this program runs on the simulated device, its copies delayed.
-    setenv("SX_SIMULATED_DEVICE", "delay_us=20", 1);
+    const char *device = std::getenv("SX_OFFLOAD_TEST_DEVICE");
+    g_real_device = device && std::strcmp(device, "cuda") == 0;
+    // Otherwise every CUDA group of this program runs on the simulated device, its copies
+    // delayed.
+    if (!g_real_device) setenv("SX_SIMULATED_DEVICE", "delay_us=20", 1);
     if (sxtest::is_child(argc, argv)) return child_main(argc, argv);
+    if (g_real_device) return run_on_a_real_device();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_optimizer_offloaded_equals_the_cpu),
         cmocka_unit_test(test_micro_batches_and_signals_offloaded),
