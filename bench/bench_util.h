@@ -16,6 +16,12 @@
 #include "optim/optimizer.h"
 #include "sx/sx.h"
 
+namespace sx {
+namespace optim {
+class ThreadPool;
+}  // namespace optim
+}  // namespace sx
+
 namespace sxbench {
 
 using sx::HostBuffer;
@@ -158,6 +164,11 @@ struct Streams {
 
 // Sections: each prints a readable table and one JSON line per figure; 0 = success.
 int section_adamw_kernel(const Options &opt);
+// The host's fused AdamW kernel (isa's) on *seg against the memory-traffic ceiling with
+// its pattern (4 streams read, 3 written), both split across `pool` as the kernel splits
+// its work, timed in alternation (section adamw_kernel's measure; a: the kernel).
+PairTimes adamw_kernel_vs_ceiling(sx::optim::Segment *seg, sx::optim::Isa isa, sx::optim::ThreadPool &pool,
+                                  int reps);
 int section_step(const Options &opt);
 int section_comm(const Options &opt);
 int section_checkpoint(const Options &opt);
@@ -199,8 +210,12 @@ int section_hosts(const Options &opt);
 int hosts_rank_main(int argc, char **argv);
 #endif
 #ifdef SX_HAVE_CUDA
+// Where there is no CUDA device: prints that `section` was skipped and why (its table line
+// and its JSON line), and returns true.
+bool gpu_skipped(const char *section);
 int section_gpu_adamw(const Options &opt);
 int section_gpu_step(const Options &opt);
+int section_gpu_offload(const Options &opt);
 #endif
 
 }  // namespace sxbench

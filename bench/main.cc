@@ -43,12 +43,15 @@
 //                 with its memory pattern, and its bandwidth beside the device's peak;
 //                 prints that it was skipped, and why, where there is no device
 //   gpu_step      (CUDA builds) sx_step of a one-rank CUDA group vs the fused kernel alone
+//   gpu_offload   (CUDA builds) a group offloading its state to the host vs one keeping it on
+//                 the device: device bytes per param, the step, the host kernel vs its
+//                 ceiling, and the share of the offloaded step a simulated backward hides
 // A new section is a function of the Options, appended to kSections.
 //
 // usage: bench_sx [--elements N] [--comm-mib M] [--reps R] [--ckpt-mib M] [--ckpt-dir DIR]
 //                 [--gpu-elements N] [--scale-worlds W,...] [--scale-load FROM:INTO]
 //                 [--scale-reps R] [--scale-unit-per-param] [SECTION...]
-//   --gpu-elements  gpu_adamw and gpu_step sections: elements (2^28)
+//   --gpu-elements  gpu_adamw, gpu_step and gpu_offload sections: elements (2^28)
 //   --ckpt-mib  checkpoint and load sections: MiB of values + optimizer state in the files (576)
 //   --torch-python  optimizers section: a Python with torch (and lion-pytorch), which times torch's
 //                   optimizers in the same run (else SX_BENCH_TORCH_PYTHON; neither: no torch column)
@@ -102,6 +105,7 @@ const Section kSections[] = {
 #ifdef SX_HAVE_CUDA
     {"gpu_adamw", section_gpu_adamw},
     {"gpu_step", section_gpu_step},
+    {"gpu_offload", section_gpu_offload},
 #endif
 };
 

@@ -63,13 +63,16 @@ struct EventTimer {
 
 }  // namespace
 
-int section_gpu_adamw(const Options &opt) {
+bool gpu_skipped(const char *section) {
     std::string reason;
-    if (!sx::cuda::device_available(&reason)) {
-        std::printf("gpu_adamw: skipped: no CUDA device: %s\n", reason.c_str());
-        std::printf("{\"bench\":\"gpu_adamw\",\"skipped\":\"no CUDA device: %s\"}\n", reason.c_str());
-        return 0;
-    }
+    if (sx::cuda::device_available(&reason)) return false;
+    std::printf("%s: skipped: no CUDA device: %s\n", section, reason.c_str());
+    std::printf("{\"bench\":\"%s\",\"skipped\":\"no CUDA device: %s\"}\n", section, reason.c_str());
+    return true;
+}
+
+int section_gpu_adamw(const Options &opt) {
+    if (gpu_skipped("gpu_adamw")) return 0;
     int dev = 0, clock_khz = 0, bus_bits = 0;
     cudaDeviceProp prop;
     if (!cuda_ok(cudaGetDevice(&dev), "cudaGetDevice") || !cuda_ok(cudaGetDeviceProperties(&prop, dev), "properties") ||

@@ -113,12 +113,7 @@ bool fill(sx_shard_group_t *g, size_t n, bool bf16, bool grads_only) {
 }  // namespace
 
 int section_gpu_step(const Options &opt) {
-    std::string reason;
-    if (!sx::cuda::device_available(&reason)) {
-        std::printf("gpu_step: skipped: no CUDA device: %s\n", reason.c_str());
-        std::printf("{\"bench\":\"gpu_step\",\"skipped\":\"no CUDA device: %s\"}\n", reason.c_str());
-        return 0;
-    }
+    if (gpu_skipped("gpu_step")) return 0;
     const size_t n = opt.gpu_elements;
     const size_t bytes = n * sizeof(float);
     // The kernel alone: its own buffers, the same size, random values.

@@ -163,6 +163,22 @@ void on_openmp(const Segment &seg, const ThreadPool &pool, const Piece &piece) {
 
 }  // namespace
 
+PairTimes adamw_kernel_vs_ceiling(Segment *seg, Isa isa, ThreadPool &pool, int reps) {
+    const in::KernelTable &k = in::kernels_for(in::resolve_isa(isa));
+    auto kernel = [&] {
+        ++seg->step;
+        double sumsq = 0.0;
+        in::fused_update_with(k, seg, 1, 1.0f, &pool, in::kMinElementsPerThread, &sumsq);
+    };
+    const CeilingFn ceiling_fn = ceiling_for(isa);
+    auto ceiling = [&] {
+        on_pool(*seg, pool, [&](size_t b, size_t e) {
+            ceiling_fn(seg->param + b, seg->grad + b, seg->state[0] + b, seg->state[1] + b, e - b);
+        });
+    };
+    return time_pair(kernel, ceiling, reps);
+}
+
 int section_adamw_kernel(const Options &opt) {
     Streams s;
     if (!s.allocate(opt.elements)) return 1;
@@ -204,8 +220,7 @@ int section_adamw_kernel(const Options &opt) {
             auto ceiling_piece = [&](size_t b, size_t e) {
                 ceiling_fn(seg.param + b, seg.grad + b, seg.state[0] + b, seg.state[1] + b, e - b);
             };
-            auto ceiling = [&] { on_pool(seg, pool, ceiling_piece); };
-            const PairTimes t = time_pair(kernel, ceiling, opt.reps);
+            const PairTimes t = adamw_kernel_vs_ceiling(&seg, isa, pool, opt.reps);
             const double tk = t.min_a(), tc = t.min_b();
             const double ratio = t.paired_ratio(), ratio_of_mins = tc / tk;
             // The arithmetic floor, against the kernel, both on the pool.

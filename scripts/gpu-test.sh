@@ -24,7 +24,7 @@
 #            memchecked and racechecked), where the machine has compute-sanitizer;
 #         3. the compiled programs of the ctest suite (the CPU suite, run against this
 #            CUDA-enabled build on a machine with a device), several at a time;
-#         4. bench_sx's gpu_adamw and gpu_step sections and bench/torch_adamw.py (the
+#         4. bench_sx's gpu_adamw, gpu_step and gpu_offload sections and bench/torch_adamw.py (the
 #            system's python3: torch needs its own libstdc++).
 #       Logs go to OUT_DIR ($OUT where set, else build/gpu-out): summary.txt, gpu-tests.log,
 #       sanitizer.log, suite.log, bench.log. Exits 1 if a test failed. The time limits, in
@@ -195,9 +195,9 @@ run() {
 
     echo "-- benchmarks" | tee -a "$summary"
     local rc=0
-    timeout "${SX_GPU_BENCH_LIMIT:-300}" "$dir/bin/bench/bench_sx" gpu_adamw gpu_step > "$out/bench.log" 2>&1 || rc=$?
+    timeout "${SX_GPU_BENCH_LIMIT:-300}" "$dir/bin/bench/bench_sx" gpu_adamw gpu_step gpu_offload > "$out/bench.log" 2>&1 || rc=$?
     grep -v '^{' "$out/bench.log" | tee -a "$summary" || true
-    echo "bench_sx gpu_adamw gpu_step: exit $rc" | tee -a "$summary"
+    echo "bench_sx gpu_adamw gpu_step gpu_offload: exit $rc" | tee -a "$summary"
     rc=0
     if command -v python3 > /dev/null; then
         env -u LD_LIBRARY_PATH timeout "${SX_GPU_BENCH_LIMIT:-300}" python3 bench/torch_adamw.py >> "$out/bench.log" 2>&1 || rc=$?
