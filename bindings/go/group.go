@@ -143,8 +143,8 @@ type GroupConfig struct {
 	Transport Transport
 	// Every MemoryCopyInterval steps each rank keeps a copy of its shard of the state in
 	// host memory (a flat group's ranks send theirs to the next rank too), from which
-	// Regroup restores the survivors without a checkpoint; 0 = none. CPU groups, and
-	// CUDA groups with Offload.
+	// Regroup restores the survivors without a checkpoint; 0 = none. Any backend (a CUDA
+	// group's copies are in host memory too).
 	MemoryCopyInterval int32
 	// Offload true (OffloadState): a CUDA group keeps its fp32 masters and optimizer state
 	// in pinned host memory, where sx's CPU kernels update them, so that every optimizer

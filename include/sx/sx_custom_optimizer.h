@@ -23,8 +23,9 @@ extern "C" {
  * where an SX_OPTIM_* value is (sx_param_group_desc_init, sx_param_group_desc_t.optimizer).
  * Every rank registers the same optimizers (name, slots, hyperparameters) before adding
  * the param groups that use them; the ranks' agreement compares them.
- * CPU groups only (a CUDA group's param group with a custom optimizer is
- * SX_ERR_UNSUPPORTED). docs/optimizers.md, "Custom optimizers", has the details.
+ * CPU groups, and CUDA groups that keep their state on the host (sx_group_config_t.offload
+ * = SX_OFFLOAD_STATE, 1.7); another CUDA group's param group with a custom optimizer is
+ * SX_ERR_UNSUPPORTED. docs/optimizers.md, "Custom optimizers", has the details.
  * ------------------------------------------------------------------------------- */
 
 #define SX_OPTIM_CUSTOM_FIRST 1000      /* the first id sx_register_optimizer returns */

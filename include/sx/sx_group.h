@@ -208,9 +208,9 @@ typedef struct sx_group_config {
      * times its shard of the state. The step waits for a copy only where the next one is
      * due before the last was sent, and its update for the moment its shard is copied.
      * sx_regroup restores the survivors from the newest copy that every shard has. 0 =
-     * none. CPU groups, and CUDA groups with offload = SX_OFFLOAD_STATE (the copies are of
-     * host memory); another CUDA group refuses it (SX_ERR_UNSUPPORTED). Every rank passes the
-     * same. */
+     * none. The copies are in host memory for every backend (a CUDA group's state is copied
+     * down on the device's copy engine, apart from the step's work) (CUDA groups: 1.7). Every
+     * rank passes the same. */
     int32_t memory_copy_interval;
     /* Where a CUDA group keeps its fp32 masters and optimizer state (docs/offload.md) (1.7):
      * SX_OFFLOAD_NONE (0) = on its device; SX_OFFLOAD_STATE = in pinned host memory, with the
@@ -221,9 +221,8 @@ typedef struct sx_group_config {
      * gather. Every fp32 param gets an fp32 master on the host too; as 16-bit params' masters,
      * they are taken from the params at the first step (and after sx_broadcast_params or a
      * load), and later writes into the params do not reach them. Offloaded, every optimizer
-     * runs on a CUDA group (custom ones, LAMB, Adafactor and Muon too), and memory copies
-     * and sx_regroup from them work as on the CPU. A CPU group's state is on the host
-     * already: it ignores the setting. Every rank passes the same. */
+     * runs on a CUDA group (custom ones, LAMB, Adafactor and Muon too). A CPU group's state
+     * is on the host already: it ignores the setting. Every rank passes the same. */
     int32_t offload;
 } sx_group_config_t;
 

@@ -33,18 +33,21 @@ extern "C" {
 #define SX_OPTIM_LION 9    /* Lion (Chen et al. 2023), as the lion-pytorch package's Lion */
 /* LAMB (You et al. 2020), as the pytorch-optimizer package's Lamb (4.1.0): Adam's
  * direction scaled per param by a trust ratio from the norms of the whole param and of
- * its update, which sx sums over every rank's piece. CPU groups only (1.6). */
+ * its update, which sx sums over every rank's piece. CPU groups, and CUDA groups with
+ * offload = SX_OFFLOAD_STATE (1.7). */
 #define SX_OPTIM_LAMB 10
 /* Muon, as torch.optim.Muon: momentum, then each 2-D param's whole matrix orthogonalised
  * by Newton-Schulz iterations (in bf16 arithmetic, as torch's) on one rank, which returns
  * each rank its piece of the update. 2-D params only (sx_finalize refuses others: give
- * them a param group of another optimizer, AdamW as usual). CPU groups only (1.6). */
+ * them a param group of another optimizer, AdamW as usual). CPU groups, and CUDA groups with
+ * offload = SX_OFFLOAD_STATE (1.7). */
 #define SX_OPTIM_MUON 11
 /* Adafactor, as torch.optim.Adafactor: a param of two or more dimensions keeps the means
  * of its squared gradient over its rows and over its columns (factored second moments,
  * far less state than Adam's), a 0-D or 1-D one a second moment per element; each
  * update is scaled by the param's RMS and clipped by its own RMS, sums that sx takes
- * over every rank's piece. CPU groups only (1.6). */
+ * over every rank's piece. CPU groups, and CUDA groups with
+ * offload = SX_OFFLOAD_STATE (1.7). */
 #define SX_OPTIM_ADAFACTOR 12
 /* AdEMAMix (Pagliardini et al. 2024), as the pytorch-optimizer package's AdEMAMix
  * (4.1.0): Adam's fast moment plus alpha times a slow one (beta3), with its optional

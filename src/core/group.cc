@@ -284,9 +284,6 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
         }));
     g->config_.num_threads = threads;
     if (cfg.memory_copy_interval > 0 && !cfg.joining) {
-        SX_CHECK(!cuda || offload, SX_ERR_UNSUPPORTED,
-                 "config->memory_copy_interval: memory copies are kept of state on the host, a CPU group's or an "
-                 "offloaded CUDA group's (SX_OFFLOAD_STATE); this CUDA group regroups from a checkpoint");
         const MemoryCopies::Settings cs = copy_settings(cfg, g->mesh_);
         std::unique_ptr<comm::Communicator> comm;
         if (cs.peers)

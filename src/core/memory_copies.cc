@@ -330,8 +330,10 @@ void MemoryCopies::run() {
     }
 }
 
-// The live shard into the job's own slot.
+// The live shard into the job's own slot: on a device, on its copy engine to the host (a
+// stream of its own), apart from the step's work, and waited for at the end.
 Status MemoryCopies::copy_out(Job &job) {
+    uint64_t last = 0;
     ShardCopy &c = own_[job.slot];
     c.units.resize(job.units.size());
     c.slots.resize(job.units.size());
@@ -341,10 +343,11 @@ Status MemoryCopies::copy_out(Job &job) {
         c.slots[u] = us.state_slots;
         c.units[u].resize(static_cast<size_t>((1 + us.state_slots) * n));
         if (n == 0) continue;
-        SX_TRY(ops_.to_host(c.units[u].data(), us.values, n * sizeof(float)));
+        SX_TRY(ops_.to_host_async(c.units[u].data(), us.values, n * sizeof(float), &last));
         for (int k = 0; k < us.state_slots; ++k)
-            SX_TRY(ops_.to_host(c.units[u].data() + (k + 1) * n, us.state[k], n * sizeof(float)));
+            SX_TRY(ops_.to_host_async(c.units[u].data() + (k + 1) * n, us.state[k], n * sizeof(float), &last));
     }
+    SX_TRY(ops_.wait_copy(last));  // and every copy before it
     c.progress = std::move(job.progress);
     c.shard = s_.shard;
     std::lock_guard<std::mutex> lock(mu_);

@@ -130,12 +130,10 @@ Status restore_copies(RecoveryAccess &g, const CopyChoice &choice) {
     SX_TRY(unpack_progress(packed, &slots, &progress));
     SX_CHECK(slots.size() == g.layout().units().size(), SX_ERR_INTERNAL, "the copy has %zu units, the group %zu", slots.size(),
              g.layout().units().size());
-    // Where each unit's tensors go (host memory: the copies are of state on the host, a
-    // CPU group's or an offloaded CUDA group's): the values (fp32 masters of 16-bit units,
-    // and of every unit offloaded) in place, each state slot into a new buffer that a
-    // restore then swaps in with the progress.
-    SX_CHECK(g.state_ops().device() == SX_DEVICE_CPU, SX_ERR_UNSUPPORTED,
-             "memory copies restore state kept on the host only (CPU groups, and CUDA groups with SX_OFFLOAD_STATE)");
+    // Where each unit's tensors go (where the group keeps its state: the host's, or a
+    // device's, which the group's communicators reach through staging): the values (fp32
+    // masters of 16-bit units, and of every unit offloaded) in place, each state slot into
+    // a new buffer that a restore then swaps in with the progress.
     Status s = g.ensure_masters();  // valid from here: the values below replace them
     std::vector<std::array<Buffer, 3>> state(g.layout().units().size());
     std::vector<std::array<float *, 4>> into(g.layout().units().size());
@@ -157,6 +155,10 @@ Status restore_copies(RecoveryAccess &g, const CopyChoice &choice) {
                  static_cast<unsigned long long>(choice.seq), choice.epoch);
         std::vector<comm::Piece> mine;
         std::vector<std::vector<comm::Piece>> theirs(me == root ? static_cast<size_t>(W) : 0);
+        // The provider's own pieces, copied in place after (into the group's memory, which
+        // may be a device's).
+        std::vector<std::pair<float *, const float *>> local;
+        std::vector<uint64_t> local_n;
         for (int r = 0; r < W; ++r) {
             if (r != me && me != root) continue;
             const std::vector<UnitLayout> &to_units = g.layout().units();
@@ -165,14 +167,18 @@ Status restore_copies(RecoveryAccess &g, const CopyChoice &choice) {
                                  const uint64_t n_to = to_units[u].shard_numel;
                                  float *to = into[u][k] + (at_to - static_cast<uint64_t>(k) * n_to);
                                  const float *there = src ? src->units[u].data() + at_from : nullptr;
-                                 if (r == me && me == root)
-                                     std::memcpy(to, there, n * sizeof(float));
-                                 else if (r == me)
+                                 if (r == me && me == root) {
+                                     local.emplace_back(to, there);
+                                     local_n.push_back(n);
+                                 } else if (r == me)
                                      mine.push_back({to, n * sizeof(float)});
                                  else
                                      theirs[r].push_back({const_cast<float *>(there), n * sizeof(float)});
                              });
         }
+        for (size_t k = 0; k < local.size() && s.ok(); ++k)
+            s = g.state_ops().from_host(local[k].first, local[k].second, local_n[k] * sizeof(float));
+        if (!s.ok()) return g.fail(s);
         if (W > 1) SX_TRY(g.collective([&](comm::Communicator &c) { return c.scatter_pieces(theirs, mine, root); }));
     }
     ShardRestore r;

@@ -40,7 +40,7 @@ std::string Child::create(const std::string &rendezvous, int shard_size) {
     c.rendezvous = rendezvous.c_str();
     c.rank = rank;
     c.world_size = world;
-    c.backend = offload ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
+    c.backend = cuda || offload ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
     c.offload = offload ? SX_OFFLOAD_STATE : SX_OFFLOAD_NONE;
     c.stage = stage;
     c.num_threads = 1;

@@ -32,9 +32,9 @@ struct Child {
     sx_shard_group_t *g = nullptr;
     int rank = 0, world = 0, stage = 2;
     int memory_copies = 0;  // config->memory_copy_interval
-    // A CUDA group that offloads its state (SX_SIMULATED_DEVICE must be set: the views are
-    // written from the host).
-    bool offload = false;
+    // A CUDA group, keeping its state on the device or offloading it to the host
+    // (SX_SIMULATED_DEVICE must be set: the views are written from the host).
+    bool cuda = false, offload = false;
     uint32_t flags = 0;     // config->flags
     int timeout_ms = 20000;
     int64_t b_extra = 0;  // elements param "b" has beyond kShapes[1] (another table)

@@ -39,7 +39,8 @@ int run_child(const sxtest::ChildArgs &a) {
     c.world = a.world;
     c.stage = std::stoi(a.get("--stage", "2"));
     c.memory_copies = std::stoi(a.get("--memory", "0"));
-    c.offload = a.get("--offload", "0") == "1";
+    c.offload = a.get("--device", "cpu") == "offload";
+    c.cuda = a.get("--device", "cpu") == "cuda";
     const bool wait = a.get("--wait", "0") == "1";
     if (wait) c.flags = SX_GROUP_MEMORY_COPY_WAIT;
     const std::string dir = a.get("--dir", "");
@@ -248,10 +249,11 @@ int child_main(int argc, char **argv) {
 
 // One scenario: the 4-rank run losing `victim`, then the 3-rank reference. memory: the
 // group keeps memory copies every step, and the survivors regroup without a checkpoint.
-// offload: the 4 ranks are a CUDA group on the simulated device that offloads its state
-// (the reference is CPU ranks: offloaded training equals theirs bit for bit).
+// device: "cpu", or the 4 ranks are a CUDA group on the simulated device that keeps its
+// state there ("cuda") or offloads it ("offload"); the reference is CPU ranks (the
+// simulated device's kernels and offloaded training are the CPU's bit for bit).
 void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false, bool wait = false,
-                      bool offload = false) {
+                      const char *device = "cpu") {
     const std::string dir = temp_dir("ckpt");
     mkdir(dir.c_str(), 0700);
     pid_t server = -1;
@@ -262,8 +264,7 @@ void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false
     sxtest::run_process_ranks(4,
                               {"--mode", "run", "--stage", std::to_string(stage), "--victim", std::to_string(victim),
                                "--shard-size", std::to_string(shard_size), "--dir", dir, "--out", out, "--store",
-                               store, "--memory", memory ? "1" : "0", "--wait", wait ? "1" : "0", "--offload",
-                               offload ? "1" : "0"},
+                               store, "--memory", memory ? "1" : "0", "--wait", wait ? "1" : "0", "--device", device},
                               120, &results);
     stop_external_store(server);
     for (int r = 0; r < 4; ++r) {
@@ -355,16 +356,20 @@ void test_memory_flat_stage3_rank3_lost(void **) { lose_one_of_four(3, 3, 0, tru
 void test_memory_flat_stage2_rank2_lost(void **) { lose_one_of_four(2, 2, 0, true); }
 void test_memory_mesh_2x2_rank2_lost(void **) { lose_one_of_four(2, 2, 2, true); }
 void test_memory_mesh_2x2_rank1_lost(void **) { lose_one_of_four(1, 3, 2, true); }
-// A CUDA group that offloads its state to the host keeps memory copies of it, and its
-// survivors regroup from them (on the simulated device, which the ranks inherit).
-void lose_one_offloaded(int victim, int stage, bool memory) {
+// CUDA groups keep memory copies of their state (on the host, or copied down from the
+// device), and their survivors regroup from them, or from a checkpoint (on the simulated
+// device, which the ranks inherit: its ranks share it).
+void lose_one_on_a_device(int victim, int stage, bool memory, const char *device) {
     setenv("SX_SIMULATED_DEVICE", "1", 1);
-    lose_one_of_four(victim, stage, 0, memory, false, true);
+    lose_one_of_four(victim, stage, 0, memory, false, device);
     unsetenv("SX_SIMULATED_DEVICE");
 }
-void test_offloaded_memory_stage2_rank1_lost(void **) { lose_one_offloaded(1, 2, true); }
-void test_offloaded_memory_stage3_rank0_lost(void **) { lose_one_offloaded(0, 3, true); }
-void test_offloaded_checkpoint_stage1_rank2_lost(void **) { lose_one_offloaded(2, 1, false); }
+void test_offloaded_memory_stage2_rank1_lost(void **) { lose_one_on_a_device(1, 2, true, "offload"); }
+void test_offloaded_memory_stage3_rank0_lost(void **) { lose_one_on_a_device(0, 3, true, "offload"); }
+void test_offloaded_checkpoint_stage1_rank2_lost(void **) { lose_one_on_a_device(2, 1, false, "offload"); }
+void test_device_memory_stage2_rank2_lost(void **) { lose_one_on_a_device(2, 2, true, "cuda"); }
+void test_device_memory_stage3_rank1_lost(void **) { lose_one_on_a_device(1, 3, true, "cuda"); }
+void test_device_checkpoint_stage2_rank0_lost(void **) { lose_one_on_a_device(0, 2, false, "cuda"); }
 
 // Every rank aborts after step 5 and all 4 regroup from their memory copies, kept every
 // 2 steps: the state is step 4's (the newest copy), held by each rank (and, flat, by its
@@ -508,6 +513,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_offloaded_memory_stage2_rank1_lost),
         cmocka_unit_test(test_offloaded_memory_stage3_rank0_lost),
         cmocka_unit_test(test_offloaded_checkpoint_stage1_rank2_lost),
+        cmocka_unit_test(test_device_memory_stage2_rank2_lost),
+        cmocka_unit_test(test_device_memory_stage3_rank1_lost),
+        cmocka_unit_test(test_device_checkpoint_stage2_rank0_lost),
         cmocka_unit_test(test_grow_back_stage2),
         cmocka_unit_test(test_grow_back_stage3),
     };

@@ -48,8 +48,8 @@ interface).
 
 `memory_copy_interval=N`: every N steps each rank keeps a copy of its shard of the state
 in host memory (a flat group's ranks send theirs to the next rank too), from which
-`regroup!` restores the survivors without a checkpoint; 0 = none. CPU groups, and CUDA
-groups with `offload`.
+`regroup!` restores the survivors without a checkpoint; 0 = none. Any backend (a CUDA
+group's copies are in host memory too).
 `memory_copy_wait=true`: a step that takes a copy returns once the next rank holds it, so
 that no step that returned is taken again after a loss (SX_GROUP_MEMORY_COPY_WAIT).
 

@@ -268,8 +268,8 @@ class ShardGroup(Handle):
     ``memory_copy_interval=N``: every N steps each rank keeps a copy of its shard of the
     state in host memory (and, in a flat group, sends it to the next rank), from which
     :meth:`regroup` restores the survivors without a checkpoint (docs/recovery.md);
-    :class:`MemoryStats` ``memory_copy_bytes`` says what they hold. CPU groups, and CUDA
-    groups with ``offload``.
+    :class:`MemoryStats` ``memory_copy_bytes`` says what they hold. Any backend (a CUDA
+    group's copies are in host memory too).
     ``memory_copy_wait=True``: a step that takes a copy returns once the next rank holds
     it, so that no step that returned is taken again after a loss
     (SX_GROUP_MEMORY_COPY_WAIT).

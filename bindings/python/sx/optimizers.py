@@ -36,7 +36,8 @@ update that cannot fail.
 
 sx calls the update on its worker threads, several pieces at once; ctypes takes the GIL
 for each call, so Python updates run one at a time (numpy releases the GIL inside large
-array operations). The update must not call sx. CPU groups only.
+array operations). The update must not call sx. CPU groups, and CUDA groups that offload
+their state (``offload=True``).
 """
 import ctypes
 import dataclasses

@@ -288,7 +288,7 @@ impl GroupConfig {
     /// Every `steps` steps each rank keeps a copy of its shard of the state in host
     /// memory (a flat group's ranks send theirs to the next rank too), from which
     /// [`ShardGroup::regroup`](crate::ShardGroup::regroup) restores the survivors without
-    /// a checkpoint; 0 = none. CPU groups, and CUDA groups with [`GroupConfig::offload`].
+    /// a checkpoint; 0 = none. Any backend (a CUDA group's copies are in host memory too).
     pub fn memory_copy_interval(mut self, steps: i32) -> Self {
         self.raw.memory_copy_interval = steps;
         self
