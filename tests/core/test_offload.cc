@@ -50,6 +50,9 @@ struct Case {
     bool signalled = false;      // units signalled ready, last first
     bool same_grads = false;     // every rank writes the same gradients (their mean is exact)
     bool freeze = false;         // after step 1, param 'u' frozen and given new values
+    bool scaled = false;         // dynamic loss scaling (from 1024, growing every 2 steps)
+    int inf_step = -1;           // the step whose gradient on rank 0 holds an inf
+    int nonfinite = SX_NONFINITE_DEFAULT;  // the steps' policy
     int steps = 4;
 };
 
@@ -194,11 +197,28 @@ std::string write_grads(sx_shard_group_t *g, const Case &c, int rank, int step, 
         TRY(sx_grad_view(g, p, &v), "grad_view");
         const int from = c.same_grads ? 0 : rank;
         write_values(v, c.dtype, 1000 + static_cast<uint64_t>(((step * 2 + mb) * 8 + from) * 4 + p));
+        if (step == c.inf_step && rank == 0 && p == 2 && mb == 0) {
+            const float inf = INFINITY;
+            const uint16_t inf16 = to_bf16(inf);
+            // Its last element (in the last rank's shard).
+            sx_view_t last = v;
+            last.data = static_cast<char *>(v.data) + (v.numel - 1) * (c.dtype == SX_DTYPE_F32 ? 4 : 2);
+            to_view(last, c.dtype == SX_DTYPE_F32 ? static_cast<const void *>(&inf) : &inf16,
+                    c.dtype == SX_DTYPE_F32 ? 4 : 2);
+        }
     }
     return "";
 }
 
 std::string train(sx_shard_group_t *g, const Case &c, int rank, int first_step, int steps) {
+    if (c.scaled && first_step == 0) {
+        sx_loss_scaling_t ls;
+        sx_loss_scaling_init(&ls, sizeof ls);
+        ls.mode = SX_LOSS_SCALING_DYNAMIC;
+        ls.init_scale = 1024;
+        ls.growth_interval = 2;
+        TRY(sx_set_loss_scaling(g, &ls), "set_loss_scaling");
+    }
     for (int s = first_step; s < first_step + steps; ++s) {
         if (c.micro_batches) {
             std::string e = write_grads(g, c, rank, s, 1, -1);
@@ -220,7 +240,28 @@ std::string train(sx_shard_group_t *g, const Case &c, int rank, int first_step, 
         sx_step_options_t o;
         sx_step_options_init(&o, sizeof o);
         o.max_grad_norm = c.clip;
-        TRY(sx_step(g, &o, nullptr), "step");
+        o.nonfinite = c.nonfinite;
+        sx_step_result_t r;
+        sx_step_result_init(&r, sizeof r);
+        TRY(sx_step(g, &o, &r), "step");
+        // Skipped exactly where an inf was written and the policy or the scaling skips.
+        const bool skips = s == c.inf_step && (c.scaled || c.nonfinite == SX_NONFINITE_SKIP);
+        if (r.skipped != (skips ? 1 : 0)) return "step " + std::to_string(s) + ": skipped " + std::to_string(r.skipped);
+        if (c.scaled) {
+            // torch.cuda.amp.GradScaler's: halved at the inf's step, doubled after every 2
+            // steps in a row without one.
+            double want = 1024;
+            for (int k = 0, in_a_row = 0; k <= s; ++k) {
+                in_a_row = k == c.inf_step ? 0 : in_a_row + 1;
+                want = k == c.inf_step ? want * 0.5 : in_a_row == 2 ? want * 2 : want;
+                if (in_a_row == 2) in_a_row = 0;
+            }
+            double scale = 0;
+            TRY(sx_get_loss_scale(g, &scale), "get_loss_scale");
+            if (scale != want)
+                return "step " + std::to_string(s) + ": loss scale " + std::to_string(scale) + ", not " +
+                       std::to_string(want);
+        }
         if (c.freeze && s == 1) {
             // The trainer's own values for a frozen param, which the updates must leave.
             TRY(sx_set_trainable(g, 1, 0), "set_trainable");
@@ -379,6 +420,25 @@ void test_offloaded_over_nccl_rules(void **) {
                     if (kind == SX_OPTIM_ADAMW) expect_same(c, Backend::kCpu, Backend::kDevice);
                 }
     setenv("SX_SIMULATED_DEVICE", "delay_us=20", 1);
+}
+
+// Loss scaling and non-finite gradients as on the CPU: an inf in one rank's gradient at
+// step 2 skips the step under dynamic loss scaling (which backs off) and under
+// SX_NONFINITE_SKIP, and is kept under the default policy (which then writes it).
+void test_loss_scaling_and_nonfinite_offloaded(void **) {
+    for (int stage = 1; stage <= 3; ++stage)
+        for (int variant = 0; variant < 3; ++variant) {
+            Case c;
+            c.world = 2;
+            c.stage = stage;
+            c.dtype = SX_DTYPE_BF16;
+            c.inf_step = 2;
+            c.scaled = variant == 0;
+            c.nonfinite = variant == 1 ? SX_NONFINITE_SKIP : SX_NONFINITE_DEFAULT;
+            c.clip = variant == 2 ? 0.0 : 1.0;
+            c.signalled = stage == 2;
+            expect_same(c, Backend::kCpu, Backend::kOffload);
+        }
 }
 
 void test_micro_batches_and_signals_offloaded(void **) {
@@ -654,6 +714,7 @@ int run_on_a_real_device() {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_optimizer_offloaded_equals_the_cpu),
         cmocka_unit_test(test_micro_batches_and_signals_offloaded),
+        cmocka_unit_test(test_loss_scaling_and_nonfinite_offloaded),
         cmocka_unit_test(test_frozen_params_keep_the_trainers_values),
         cmocka_unit_test(test_device_state_refuses_host_optimizers),
         cmocka_unit_test(test_device_bytes),
@@ -676,6 +737,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_optimizer_offloaded_equals_the_cpu),
         cmocka_unit_test(test_micro_batches_and_signals_offloaded),
+        cmocka_unit_test(test_loss_scaling_and_nonfinite_offloaded),
         cmocka_unit_test(test_offloaded_over_nccl_rules),
         cmocka_unit_test(test_updates_overlap_the_copies),
         cmocka_unit_test(test_frozen_params_keep_the_trainers_values),
