@@ -101,10 +101,54 @@ std::vector<CopyHolding> held_copies(const RecoveryAccess &g) {
     return out;
 }
 
+namespace {
+
+// Shard i of the copy, from the member chosen to provide it, into every rank's pieces of
+// it (`into`: per unit, where its values and each state slot go, in the group's memory).
+Status scatter_shard(RecoveryAccess &g, const CopyChoice &choice, const Layout &old, int i,
+                     const std::vector<int> &slots, const std::vector<std::array<float *, 4>> &into) {
+    const int W = g.world_size(), S = g.shard_size(), me = g.rank();
+    const int root = choice.provider[i];  // a member's index is its new rank
+    const ShardCopy *src = me == root ? find_copy(g, choice.epoch, choice.seq, choice.provider_own[i]) : nullptr;
+    SX_CHECK(me != root || (src != nullptr && src->shard == i), SX_ERR_INTERNAL,
+             "rank %d was chosen to send shard %d of copy %llu of epoch %d, which it does not hold", me, i,
+             static_cast<unsigned long long>(choice.seq), choice.epoch);
+    std::vector<comm::Piece> mine;
+    std::vector<std::vector<comm::Piece>> theirs(me == root ? static_cast<size_t>(W) : 0);
+    // The provider's own pieces: the copy's bytes (host memory) put in place after.
+    std::vector<comm::Piece> local_to, local_from;
+    for (int r = 0; r < W; ++r) {
+        if (r != me && me != root) continue;
+        const std::vector<UnitLayout> &to_units = g.layout().units();
+        for_each_overlap(old, i, g.layout(), r % S, slots, [&](size_t u, int k, uint64_t at_from, uint64_t at_to, uint64_t n) {
+            const uint64_t n_to = to_units[u].shard_numel;
+            float *to = into[u][k] + (at_to - static_cast<uint64_t>(k) * n_to);
+            float *there = src ? const_cast<float *>(src->units[u].data() + at_from) : nullptr;
+            if (r == me && me == root) {
+                local_to.push_back({to, n * sizeof(float)});
+                local_from.push_back({there, n * sizeof(float)});
+            } else if (r == me) {
+                mine.push_back({to, n * sizeof(float)});
+            } else {
+                theirs[r].push_back({there, n * sizeof(float)});
+            }
+        });
+    }
+    for (size_t k = 0; k < local_to.size(); ++k) {
+        // Into the group's memory, which may be a device's.
+        Status s = g.state_ops().from_host(local_to[k].data, local_from[k].data, local_to[k].bytes);
+        if (!s.ok()) return g.fail(s);
+    }
+    if (W > 1) SX_TRY(g.collective([&](comm::Communicator &c) { return c.scatter_pieces(theirs, mine, root); }));
+    return Status::Ok();
+}
+
+}  // namespace
+
 // restore.h
 Status restore_copies(RecoveryAccess &g, const CopyChoice &choice) {
     SX_TRACE_SPAN(g.tracer(), "group", "restore_memory_copies");
-    const int W = g.world_size(), S = g.shard_size(), me = g.rank();
+    const int W = g.world_size(), me = g.rank();
     Layout old;
     SX_TRY(g.build_layout(choice.shards, &old));
     // The slots and progress of the copy: the first member holding its own copy sends
@@ -147,40 +191,7 @@ Status restore_copies(RecoveryAccess &g, const CopyChoice &choice) {
         }
     }
     if (!s.ok()) return g.fail(s);
-    for (int i = 0; i < static_cast<int>(choice.provider.size()); ++i) {
-        const int root = choice.provider[i];  // a member's index is its new rank
-        const ShardCopy *src = me == root ? find_copy(g, choice.epoch, choice.seq, choice.provider_own[i]) : nullptr;
-        SX_CHECK(me != root || (src != nullptr && src->shard == i), SX_ERR_INTERNAL,
-                 "rank %d was chosen to send shard %d of copy %llu of epoch %d, which it does not hold", me, i,
-                 static_cast<unsigned long long>(choice.seq), choice.epoch);
-        std::vector<comm::Piece> mine;
-        std::vector<std::vector<comm::Piece>> theirs(me == root ? static_cast<size_t>(W) : 0);
-        // The provider's own pieces, copied in place after (into the group's memory, which
-        // may be a device's).
-        std::vector<std::pair<float *, const float *>> local;
-        std::vector<uint64_t> local_n;
-        for (int r = 0; r < W; ++r) {
-            if (r != me && me != root) continue;
-            const std::vector<UnitLayout> &to_units = g.layout().units();
-            for_each_overlap(old, i, g.layout(), r % S, slots,
-                             [&](size_t u, int k, uint64_t at_from, uint64_t at_to, uint64_t n) {
-                                 const uint64_t n_to = to_units[u].shard_numel;
-                                 float *to = into[u][k] + (at_to - static_cast<uint64_t>(k) * n_to);
-                                 const float *there = src ? src->units[u].data() + at_from : nullptr;
-                                 if (r == me && me == root) {
-                                     local.emplace_back(to, there);
-                                     local_n.push_back(n);
-                                 } else if (r == me)
-                                     mine.push_back({to, n * sizeof(float)});
-                                 else
-                                     theirs[r].push_back({const_cast<float *>(there), n * sizeof(float)});
-                             });
-        }
-        for (size_t k = 0; k < local.size() && s.ok(); ++k)
-            s = g.state_ops().from_host(local[k].first, local[k].second, local_n[k] * sizeof(float));
-        if (!s.ok()) return g.fail(s);
-        if (W > 1) SX_TRY(g.collective([&](comm::Communicator &c) { return c.scatter_pieces(theirs, mine, root); }));
-    }
+    for (int i = 0; i < static_cast<int>(choice.provider.size()); ++i) SX_TRY(scatter_shard(g, choice, old, i, slots, into));
     ShardRestore r;
     r.state = &state;
     r.slots = slots;
