@@ -145,7 +145,9 @@ Status Gathers::submit(size_t u, uint64_t *header) {
     slot.gather_ticket = channel_->submit([this, full, own, S, es, unmark, bytes, id, stage3, mine_at, shards]() -> Status {
         SX_TRACE_SPAN(tracer_, "step", "all_gather", id, bytes);
         if (unmark) unmark_released(full, bytes);  // a spare's, marked when its unit was released
-        Status s = stage3 ? ops_.copy(full + mine_at, own, S * es) : Status::Ok();
+        Status s = !stage3                 ? Status::Ok()
+                   : settings_.own_on_host ? ops_.from_host(full + mine_at, own, S * es)
+                                           : ops_.copy(full + mine_at, own, S * es);
         if (s.ok() && shards > 1) s = comm_->all_gather(full, S * es);
         return s.ok() ? s : fail_(s);
     });
@@ -354,7 +356,7 @@ Status Gathers::release(size_t u) {
     const void *mine = slot.whole.as<char>() + static_cast<uint64_t>(settings_.shard_rank) * bytes;
     slot.copy_back_ticket = channel_->submit(
         [this, own, mine, bytes]() -> Status {
-            Status s = ops_.copy(own, mine, bytes);
+            Status s = settings_.own_on_host ? ops_.to_host(own, mine, bytes) : ops_.copy(own, mine, bytes);
             return s.ok() ? s : fail_(s);
         },
         true);

@@ -35,6 +35,9 @@ class Gathers {
         int shard_rank = 0, shard_size = 1;
         int prefetch_depth = 1;  // stage 3: units gathered ahead of the trainer's calls (0: none)
         bool exchanged = false;  // gathered buffers from the shared arena (Units::Settings)
+        // Stage 3, offloaded: each unit's own shard is host memory (Units::own_on_host),
+        // copied to the device into its gathered buffer and back at its release.
+        bool own_on_host = false;
     };
     // One unit as the gathers see it, registered at sx_finalize in unit order. The
     // pointers are the group's and outlive this part.

@@ -273,6 +273,7 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
     gs.shard_size = g->mesh_.shard_size();
     gs.prefetch_depth = cfg.prefetch_depth;
     gs.exchanged = us.exchanged;
+    gs.own_on_host = g->units_.own_on_host();
     g->gathers_.reset(new Gathers(
         gs, *g->ops_, g->tracer(), *g->headers_, [self](Status s) { return self->fail(s); },
         [self] { return self->check_usable().ok(); },
@@ -611,8 +612,9 @@ Status ShardGroup::broadcast_gathered(int root) {
         void *full = held ? gathers_->whole(u) : scratch.data();
         if (mesh_.world_size() > 1)
             SX_TRY(collective([&](comm::Communicator &c) { return c.broadcast(full, layout_.units()[u].padded_numel * es, root); }));
-        Status s =
-            ops_->copy(unit.own.data(), static_cast<char *>(full) + static_cast<uint64_t>(mesh_.shard_rank()) * S * es, S * es);
+        const char *mine = static_cast<char *>(full) + static_cast<uint64_t>(mesh_.shard_rank()) * S * es;
+        Status s = units_.own_on_host() ? ops_->to_host(unit.own.data(), mine, S * es)
+                                        : ops_->copy(unit.own.data(), mine, S * es);
         if (!s.ok()) return fail(s);
         unit.master_valid = false;  // the next step takes the masters from the new values
     }

@@ -91,7 +91,8 @@ Status Units::allocate(const Layout &layout, size_t first, std::vector<Unit> *ad
                  static_cast<unsigned long long>(ul.padded_numel));
         // Stage 3 keeps this rank's shard of the params; the whole exists only while gathered.
         if (settings_.stage == 3)
-            SX_TRY(ops_->allocate(ul.shard_numel * dtype_size(unit.dtype), "a param shard", &unit.own));
+            SX_TRY((own_on_host() ? state_ops_ : ops_)
+                       ->allocate(ul.shard_numel * dtype_size(unit.dtype), "a param shard", &unit.own));
         else
             SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.dtype), "a flat param buffer", &unit.params, false,
                                   settings_.exchanged));
@@ -101,7 +102,7 @@ Status Units::allocate(const Layout &layout, size_t first, std::vector<Unit> *ad
         // ones' rounded params beside them.
         if (unit.dtype != SX_DTYPE_F32 || settings_.offload)
             SX_TRY(state_ops_->allocate(ul.shard_numel * sizeof(float), "fp32 master weights", &unit.master));
-        if (unit.dtype != SX_DTYPE_F32 && settings_.offload)
+        if (unit.dtype != SX_DTYPE_F32 && settings_.offload && !own_on_host())
             SX_TRY(state_ops_->allocate(ul.shard_numel * dtype_size(unit.dtype), "the params' shard on the host",
                                         &unit.host_params));
     }
@@ -232,6 +233,11 @@ Status Units::ensure_master(size_t u) {
     const uint64_t S = table_.layout->units()[u].shard_numel;
     if (!settings_.offload) {
         SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), S, false));
+    } else if (own_on_host()) {
+        if (unit.dtype == SX_DTYPE_F32)
+            SX_TRY(state_ops_->copy(unit.master.data(), own_params(u), S * sizeof(float)));
+        else
+            SX_TRY(state_ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), S, false));
     } else if (unit.dtype == SX_DTYPE_F32) {
         SX_TRY(ops_->to_host(unit.master.data(), own_params(u), S * sizeof(float)));
     } else {
@@ -251,7 +257,8 @@ Status Units::masters_to_params() {
             SX_TRY(ops_->narrow(unit.dtype, unit.master.as<float>(), own_params16(u), S));
         } else {
             if (unit.dtype != SX_DTYPE_F32)
-                SX_TRY(state_ops_->narrow(unit.dtype, unit.master.as<float>(), unit.host_params.as<uint16_t>(), S));
+                SX_TRY(state_ops_->narrow(unit.dtype, unit.master.as<float>(),
+                                          own_on_host() ? own_params16(u) : unit.host_params.as<uint16_t>(), S));
             SX_TRY(upload(u, 0, S));
         }
         unit.master_valid = true;
@@ -283,6 +290,11 @@ Status Units::upload(size_t u, uint64_t begin, uint64_t end) {
     if (begin >= end) return Status::Ok();
     Unit &unit = units_[u];
     const size_t es = dtype_size(unit.dtype);
+    // Stage 3: the update wrote a 16-bit shard in place; an fp32 one takes the masters.
+    if (own_on_host())
+        return unit.dtype == SX_DTYPE_F32 ? state_ops_->copy(static_cast<float *>(own_params(u)) + begin,
+                                                             unit.master.as<float>() + begin, (end - begin) * es)
+                                          : Status::Ok();
     const Buffer &from = unit.dtype == SX_DTYPE_F32 ? unit.master : unit.host_params;
     return ops_->from_host_async(static_cast<char *>(own_params(u)) + begin * es, from.as<char>() + begin * es,
                                  (end - begin) * es, &unit.params_copy);
@@ -484,7 +496,7 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
         seg.param = v.values + piece.shard_offset;  // fp32: the params, or the masters
         if (unit.dtype != SX_DTYPE_F32) {  // ... rounded into the 16-bit params in the same pass
             // (offloaded: their shard on the host, copied up after the update)
-            uint16_t *params16 = settings_.offload ? unit.host_params.as<uint16_t>() : own_params16(u);
+            uint16_t *params16 = settings_.offload && !own_on_host() ? unit.host_params.as<uint16_t>() : own_params16(u);
             seg.compute_out = params16 + piece.shard_offset;
             seg.compute_dtype = unit.dtype;
         }

@@ -49,8 +49,9 @@ class Units {
         // Stage 3: this rank's shard of the params, in their dtype (`params` is empty: the
         // whole params exist only while the unit is gathered, in the gathers' buffer).
         Buffer own;
-        // Offloaded 16-bit units: this rank's shard of the params on the host, which the
-        // update rounds the masters into and which is copied to the device after it.
+        // Offloaded 16-bit units at stages 1-2: this rank's shard of the params on the
+        // host, which the update rounds the masters into and which is copied to the
+        // device after it (at stage 3, `own` is on the host and takes them).
         Buffer host_params;
         // Offloaded: the copies in flight (DeviceOps tickets; 0: none) of the reduced
         // gradients to the host's accumulator, and of the updated params to the device.
@@ -89,6 +90,9 @@ class Units {
                    const Table &table);
     DeviceOps &state_ops() const { return *state_ops_; }
     bool offloaded() const { return settings_.offload; }
+    // Stage 3, offloaded: each unit's own shard of the params (`own`) is on the host, where
+    // the update writes it; the gathers copy it to the device.
+    bool own_on_host() const { return settings_.offload && settings_.stage == 3; }
 
     size_t size() const { return units_.size(); }
     Unit &operator[](size_t u) { return units_[u]; }

@@ -492,11 +492,12 @@ void test_device_state_refuses_host_optimizers(void **) {
 }
 
 void test_device_bytes(void **) {
+    for (int stage : {2, 3})
     for (Backend b : {Backend::kOffload, Backend::kDevice, Backend::kCpu}) {
         const std::string rv = "local://off-bytes-" + std::to_string(static_cast<int>(b)) + "-" + tag();
         Case c;
         c.world = 2;
-        c.stage = 2;
+        c.stage = stage;
         c.dtype = SX_DTYPE_BF16;
         std::vector<sx_memory_stats_t> stats(2);
         std::vector<std::vector<uint64_t>> padded(2), shard(2);
@@ -520,20 +521,26 @@ void test_device_bytes(void **) {
         });
         if (!err.empty()) fail_msg("%s", err.c_str());
         const sx_memory_stats_t &m = stats[0];
-        uint64_t elements = 0, most_shard = 0;
+        uint64_t elements = 0, most_shard = 0, shards = 0;
         for (int u = 0; u < kUnits; ++u) {
             elements += padded[0][u];
+            shards += shard[0][u];
             most_shard = std::max<uint64_t>(most_shard, shard[0][u]);
         }
         if (b == Backend::kCpu) {
             assert_int_equal(m.device_bytes, 0);
         } else if (b == Backend::kDevice) {
             assert_int_equal(m.device_bytes, m.param_bytes + m.grad_bytes + m.optimizer_bytes);
-        } else {
+        } else if (stage == 2) {
             // bf16 params and gradients (2 + 2 bytes per element) and two units' fp32 sums
             // of their 16-bit gradients (one copied down while the next is reduced): the
             // rest is on the host.
             assert_int_equal(m.device_bytes, 4 * elements + 2 * 4 * most_shard);
+        } else {
+            // Stage 3: the gradients, the two sums and the units gathered now (param_bytes
+            // but for this rank's own shard of the params, which is on the host).
+            assert_int_equal(m.device_bytes, 2 * elements + 2 * 4 * most_shard + m.param_bytes - 2 * shards);
+            assert_true(m.param_bytes > 2 * shards);  // a unit is gathered (the prefetch)
             assert_true(m.optimizer_bytes >= 3 * 4 * (elements / 2));  // masters + 2 slots, on the host
         }
     }
