@@ -10,7 +10,7 @@ import (
 
 // GroupConfig.Offload: 2 ranks of a CUDA group on the simulated device
 // (SX_SIMULATED_DEVICE=1: host memory behind a device's calls) keep LAMB's state on the
-// host, which a CUDA group that does not offload refuses. Two steps change the param; the
+// host (a CUDA group that does not offload refuses Muon). Two steps change the param; the
 // memory stats' DeviceBytes count the params and gradients on the device but not the
 // optimizer state, and are 0 for a CPU group.
 
@@ -115,13 +115,13 @@ func TestAnOffloadedCUDAGroupStepsLAMBWithItsStateOnTheHost(t *testing.T) {
 	}
 }
 
-func TestACUDAGroupThatKeepsItsStateOnTheDeviceRefusesLAMB(t *testing.T) {
+func TestACUDAGroupThatKeepsItsStateOnTheDeviceRefusesMuon(t *testing.T) {
 	t.Setenv("SX_SIMULATED_DEVICE", "1")
 	edit := func(c *GroupConfig) { c.Backend = BackendCUDA }
 	runRanksWith(t, "offload-refused", 2, edit, func(rank int32, g *ShardGroup) error {
-		_, err := g.AddParamGroup(NewParamGroup(Lamb))
+		_, err := g.AddParamGroup(NewParamGroup(Muon))
 		if statusOf(err) != ErrUnsupported || !strings.Contains(err.Error(), "SX_OFFLOAD_STATE") {
-			return fmt.Errorf("LAMB on a CUDA group that does not offload: %v, not ErrUnsupported", err)
+			return fmt.Errorf("Muon on a CUDA group that does not offload: %v, not ErrUnsupported", err)
 		}
 		return nil
 	})

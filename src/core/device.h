@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "optim/custom.h"
 #include "optim/optimizer.h"
+#include "optim/param_passes.h"
 #include "optim/thread_pool.h"
 
 namespace sx {
@@ -88,6 +89,23 @@ class DeviceOps {
     // (a segment's compute_out, if any, gets the updated value in compute_dtype).
     virtual Status sum_of_squares(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) = 0;
     virtual Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) = 0;
+    // Whether the optimizer of row `spec` can keep its state here and update it: the host
+    // runs every one; a device the elementwise ones and those of per-param sums (LAMB,
+    // Adafactor), not those that need a param's whole matrix on one rank (Muon) or call
+    // the trainer's functions (custom optimizers).
+    virtual bool runs(const optim::OptimizerSpec &spec) const {
+        (void)spec;
+        return true;
+    }
+    // The passes of an optimizer of per-param sums (spec.passes, param_passes.h) over
+    // segments of this DeviceOps's buffers: *run's passes read and write the segments here
+    // (the blocks of sums handed to them are host memory), its row's own loops on the host.
+    virtual Status start_param_passes(const optim::OptimizerSpec &spec, const optim::PassInput &in,
+                                      std::unique_ptr<optim::ParamPassRun> *run) {
+        *run = spec.passes->start(in);
+        return Status::Ok();
+    }
+
     // Custom optimizers (host only; elsewhere SX_ERR_UNSUPPORTED): optim/custom.h's
     // custom_update (*ok: whether every update succeeded) and its undo.
     virtual Status custom_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq,

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <string>
@@ -46,8 +47,7 @@ class CudaOps final : public DeviceOps {
         return stream_.create(device_, "creating the group's stream");
     }
     ~CudaOps() override {
-        for (CopyQueue &q : copies_)
-            for (const auto &e : q.events) cudaEventDestroy(e.second);
+        for (CopyQueue &q : copies_) q.events.clear();
     }
 
     int32_t device() const override { return SX_DEVICE_CUDA; }
@@ -123,6 +123,16 @@ class CudaOps final : public DeviceOps {
         return finish("the optimizer update");
     }
 
+    // LAMB's and Adafactor's passes run as the device's kernels (optim/device_passes.h).
+    bool runs(const optim::OptimizerSpec &spec) const override {
+        return spec.needs != optim::Needs::kWholeParam && spec.custom == nullptr;
+    }
+    Status start_param_passes(const optim::OptimizerSpec &spec, const optim::PassInput &in,
+                              std::unique_ptr<optim::ParamPassRun> *run) override {
+        return optim::start_device_passes(spec.kind, in, optim::cuda::make_cuda_pass_launcher(device_, stream_.get()),
+                                          run);
+    }
+
     // Tickets: the queue's copy number, times two, plus 1 for the copies to the device. Each
     // copy records an event after it on its direction's stream, destroyed once waited for.
     Status to_host_async(void *dst, const void *src, size_t bytes, uint64_t *ticket) override {
@@ -131,20 +141,26 @@ class CudaOps final : public DeviceOps {
     Status from_host_async(void *dst, const void *src, size_t bytes, uint64_t *ticket) override {
         return enqueue(1, dst, src, bytes, cudaMemcpyHostToDevice, "copying to the device", ticket);
     }
+    // The wait runs outside the queue's lock, so that copies can be queued meanwhile (the
+    // next unit's, while this one's is awaited). The copies of one direction run in order
+    // on its stream: once copy n is done, so are those before it, and their events go.
     Status wait_copy(uint64_t ticket) override {
         if (ticket == 0) return Status::Ok();
         CopyQueue &q = copies_[ticket & 1];
         const uint64_t n = ticket / 2;
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
-        std::lock_guard<std::mutex> lock(q.mu);
-        cudaError_t e = cudaSuccess;
-        while (!q.events.empty() && q.events.front().first <= n) {
-            if (e == cudaSuccess) e = cudaEventSynchronize(q.events.front().second);
-            cudaEventDestroy(q.events.front().second);
-            q.events.pop_front();
+        std::shared_ptr<CopyEvent> ev;
+        {
+            std::lock_guard<std::mutex> lock(q.mu);
+            for (const auto &e : q.events)
+                if (e->number == n) ev = e;
         }
-        SX_CUDA_TRY(e, "waiting for a copy between the device and the host");
+        // Gone from the queue: another wait saw it done.
+        if (!ev) return Status::Ok();
+        SX_CUDA_TRY(cudaEventSynchronize(ev->event), "waiting for a copy between the device and the host");
+        std::lock_guard<std::mutex> lock(q.mu);
+        while (!q.events.empty() && q.events.front()->number <= n) q.events.pop_front();
         return Status::Ok();
     }
 
@@ -188,12 +204,21 @@ class CudaOps final : public DeviceOps {
     }
 
   private:
+    // The event recorded after copy `number` of a direction, destroyed with the last
+    // reference to it (a wait may hold one outside the queue's lock).
+    struct CopyEvent {
+        uint64_t number = 0;
+        cudaEvent_t event = nullptr;
+        ~CopyEvent() {
+            if (event) cudaEventDestroy(event);
+        }
+    };
     // One direction's copies: their stream, and an event after each copy not yet waited for.
     struct CopyQueue {
         cuda::OwnedStream stream;
         std::mutex mu;
         uint64_t submitted = 0;
-        std::deque<std::pair<uint64_t, cudaEvent_t>> events;
+        std::deque<std::shared_ptr<CopyEvent>> events;
     };
     Status enqueue(int dir, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *what,
                    uint64_t *ticket) {
@@ -201,15 +226,12 @@ class CudaOps final : public DeviceOps {
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());
         std::lock_guard<std::mutex> lock(q.mu);
-        cudaEvent_t ev = nullptr;
-        SX_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "creating an event");
-        cudaError_t e = bytes ? cudaMemcpyAsync(dst, src, bytes, kind, q.stream.get()) : cudaSuccess;
-        if (e == cudaSuccess) e = cudaEventRecord(ev, q.stream.get());
-        if (e != cudaSuccess) {
-            cudaEventDestroy(ev);
-            SX_CUDA_TRY(e, what);
-        }
-        q.events.emplace_back(++q.submitted, ev);
+        auto ev = std::make_shared<CopyEvent>();
+        SX_CUDA_TRY(cudaEventCreateWithFlags(&ev->event, cudaEventDisableTiming), "creating an event");
+        if (bytes) SX_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, q.stream.get()), what);
+        SX_CUDA_TRY(cudaEventRecord(ev->event, q.stream.get()), what);
+        ev->number = ++q.submitted;
+        q.events.push_back(std::move(ev));
         *ticket = q.submitted * 2 + static_cast<uint64_t>(dir);
         return Status::Ok();
     }

@@ -19,6 +19,7 @@
 
 #include "base/log.h"
 #include "core/device.h"
+#include "optim/device_passes.h"
 
 namespace sx {
 namespace core {
@@ -250,6 +251,18 @@ class SimulatedOps final : public DeviceOps {
                      "the device's update does not zero gradients; the step zeroes them itself");
         SX_TRY(segments_on_device("fused_update", segs, n));
         return kernels_->fused_update(segs, n, grad_scale, sumsq);
+    }
+
+    // As a CUDA device: LAMB's and Adafactor's passes run where the state is, through the
+    // device passes' host launcher (the CUDA kernels' bodies and runs, one element at a time).
+    bool runs(const optim::OptimizerSpec &spec) const override {
+        return spec.needs != optim::Needs::kWholeParam && spec.custom == nullptr;
+    }
+    Status start_param_passes(const optim::OptimizerSpec &spec, const optim::PassInput &in,
+                              std::unique_ptr<optim::ParamPassRun> *run) override {
+        SX_CHECK(runs(spec), SX_ERR_INTERNAL, "%s's passes on the simulated device", spec.name);
+        SX_TRY(segments_on_device("start_param_passes", in.segs, in.num_segs));
+        return optim::start_device_passes(spec.kind, in, optim::make_host_pass_launcher(), run);
     }
 
   private:

@@ -84,7 +84,6 @@ std::map<int32_t, Optimizer> start_runs(const StepPasses &c, const std::vector<i
         o.in.num_params = o.params.size();
         o.in.grad_scale = grad_scale;
         o.in.pool = c.pool;
-        o.run = o.passes->start(o.in);
     }
     return out;
 }
@@ -114,11 +113,14 @@ Status update_param_reductions(const StepPasses &c, float grad_scale, double *su
     if (sumsq) *sumsq = 0.0;
     const std::vector<int32_t> covered = c.units->params_needing(optim::Needs::kParamReduction);
     if (covered.empty()) return Status::Ok();
-    SX_CHECK(c.on_host, SX_ERR_INTERNAL, "an optimizer of per-param sums on a CUDA group's device");
     trace::Span span(c.tracer, "step", "update_param_reductions");
     const size_t ranks = static_cast<size_t>(c.shard_size), me = static_cast<size_t>(c.shard_rank);
     std::vector<optim::Segment> segs = c.units->segments_needing(*c.reduced, optim::Needs::kParamReduction);
     std::map<int32_t, Optimizer> optimizers = start_runs(c, covered, &segs, grad_scale);
+    // Where the state lives, the passes run: the host's loops, or a device's kernels.
+    for (auto &entry : optimizers)
+        SX_TRY(c.units->state_ops().start_param_passes(optim::spec_of(static_cast<optim::Kind>(entry.first)),
+                                                         entry.second.in, &entry.second.run));
     const Blocks blocks(c, covered);
     std::vector<double> whole[optim::kMaxParamExchanges];
     for (int pass = 0; pass <= blocks.exchanges; ++pass) {
@@ -136,7 +138,8 @@ Status update_param_reductions(const StepPasses &c, float grad_scale, double *su
                 if (pass < o.passes->exchanges) mine[j] = all.data() + width * me + blocks.offset[pass][k];
             }
             double part = 0.0;
-            o.run->pass(pass, summed.data(), mine.data(), pass == 0 && sumsq ? &part : nullptr);
+            Status st = o.run->pass(pass, summed.data(), mine.data(), pass == 0 && sumsq ? &part : nullptr);
+            if (!st.ok()) return c.fail(st);  // the segments are partly updated
             if (pass == 0 && sumsq) *sumsq += part;
         }
         if (pass < blocks.exchanges) SX_TRY(sum_blocks(c, all, width, kExchangeNames[pass], &whole[pass]));

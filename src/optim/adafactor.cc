@@ -277,6 +277,17 @@ void adafactor_update_factors(const Hyper &h, int64_t step, const AdafactorShape
     }
 }
 
+void adafactor_update_whole(const PassParam &param, const AdafactorShape &sh, const double *summed,
+                            std::vector<float> *row_means) {
+    if (!sh.factored) return;
+    std::vector<float> &row_var = *param.whole[0], &col_var = *param.whole[1];
+    row_var.resize(sh.row_count(), 0.0f);
+    col_var.resize(sh.col_count(), 0.0f);
+    row_means->resize(sh.matrices);
+    adafactor_update_factors(*param.hyper, param.next_step, sh, summed, row_var.data(), col_var.data(),
+                             row_means->data());
+}
+
 void adafactor_second_pass(const Segment *segs, size_t num_segs, const AdafactorParam *params, float grad_scale,
                            ThreadPool *pool, double *update_sumsq) {
     later_pass(segs, num_segs, params, nullptr, grad_scale, pool, update_sumsq);
@@ -344,7 +355,7 @@ class AdafactorRun final : public ParamPassRun {
         for (size_t k = 0; k < in.num_params; ++k) shapes_[k] = adafactor_shape(*in.params[k].shape);
         for (size_t s = 0; s < in.num_segs; ++s) params_[s].shape = shapes_[in.param_of[s]];
     }
-    void pass(int pass, const double *const *summed, double *const *mine, double *grad_sumsq) override {
+    Status pass(int pass, const double *const *summed, double *const *mine, double *grad_sumsq) override {
         if (pass == 0) {
             for (size_t s = 0; s < in_.num_segs; ++s) params_[s].sums = mine[in_.param_of[s]];
             adafactor_first_pass(in_.segs, in_.num_segs, params_.data(), in_.grad_scale, in_.pool, grad_sumsq);
@@ -359,6 +370,7 @@ class AdafactorRun final : public ParamPassRun {
             }
             adafactor_third_pass(in_.segs, in_.num_segs, params_.data(), factors.data(), in_.grad_scale, in_.pool);
         }
+        return Status::Ok();
     }
 
   private:
@@ -367,14 +379,7 @@ class AdafactorRun final : public ParamPassRun {
     void second(const double *const *summed, double *const *mine) {
         for (size_t k = 0; k < in_.num_params; ++k) {
             first_[k] = summed[k];
-            const AdafactorShape &sh = shapes_[k];
-            if (!sh.factored) continue;
-            std::vector<float> &row_var = *in_.params[k].whole[0], &col_var = *in_.params[k].whole[1];
-            row_var.resize(sh.row_count(), 0.0f);
-            col_var.resize(sh.col_count(), 0.0f);
-            row_means_[k].resize(sh.matrices);
-            adafactor_update_factors(*in_.params[k].hyper, in_.params[k].next_step, sh, summed[k], row_var.data(),
-                                     col_var.data(), row_means_[k].data());
+            adafactor_update_whole(in_.params[k], shapes_[k], summed[k], &row_means_[k]);
         }
         for (size_t s = 0; s < in_.num_segs; ++s) {
             const size_t k = in_.param_of[s];

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "optim/optimizer.h"
+#include "optim/param_passes.h"
 
 namespace sx {
 namespace optim {
@@ -72,6 +73,13 @@ void adafactor_first_pass(const Segment *segs, size_t num_segs, const AdafactorP
 // gradient, then row_means[m] = max(mean of matrix m's row_var, eps1).
 void adafactor_update_factors(const Hyper &h, int64_t step, const AdafactorShape &shape, const double *whole,
                               float *row_var, float *col_var, float *row_means);
+
+// A step's param (of shape sh, factored): its factored moments, which every rank keeps
+// whole (its WholeTensors, sized at its first update), updated from its first exchange's
+// block added over the ranks, `summed` (adafactor_update_factors), and *row_means its
+// matrices' means. Nothing for a param that is not factored.
+void adafactor_update_whole(const PassParam &param, const AdafactorShape &sh, const double *summed,
+                            std::vector<float> *row_means);
 
 // The second pass: a 1-D param's variance lerped (its segment's state slot 0), and
 // update_sumsq[s] the sum of u^2 over segment s.

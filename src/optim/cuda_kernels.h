@@ -16,8 +16,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "base/status.h"
+#include "optim/device_passes.h"
 #include "optim/optimizer.h"
 
 namespace sx {
@@ -94,6 +96,11 @@ class Workspace {
   private:
     Impl *impl_;
 };
+
+// The launcher of LAMB's and Adafactor's device passes (device_passes.h) on CUDA device
+// `device`, on `stream` (a cudaStream_t; borrowed, it outlives the launcher). Each
+// launch waits for the stream before it returns.
+std::unique_ptr<PassLauncher> make_cuda_pass_launcher(int device, void *stream);
 
 }  // namespace cuda
 }  // namespace optim

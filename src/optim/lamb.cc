@@ -15,30 +15,9 @@ namespace sx {
 namespace optim {
 namespace {
 
-// The constants of one param group's step, each a Python float rounded to fp32 where a
-// tensor op takes it.
-struct Consts {
-    float grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, weight_decay;
-    bool l2;
-};
-
-Consts consts_of(const Hyper &h, float grad_scale) {
-    Consts c;
-    c.grad_scale = h.maximize ? -grad_scale : grad_scale;
-    c.beta1 = static_cast<float>(h.beta1);
-    c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
-    c.beta2 = static_cast<float>(h.beta2);
-    c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-    c.eps = static_cast<float>(h.eps);
-    const bool decoupled = h.decoupled_weight_decay && h.weight_decay != 0.0;
-    c.decay = decoupled ? static_cast<float>(1.0 - h.weight_decay * h.lr) : 1.0f;
-    c.l2 = !h.decoupled_weight_decay && h.weight_decay > 0.0;
-    c.weight_decay = static_cast<float>(h.weight_decay);
-    return c;
-}
 
 // u from the element's moments and param (the same operations in both passes).
-inline float direction(const Consts &c, float m, float v, float p) {
+inline float direction(const LambConsts &c, float m, float v, float p) {
     float u = m / (std::sqrt(v) + c.eps);
     if (c.l2) u = u + c.weight_decay * p;
     return u;
@@ -49,7 +28,7 @@ inline float direction(const Consts &c, float m, float v, float p) {
 // only the double sums). No FMA: the fp32 roundings are the reference's.
 
 // Elements [lo, hi) of seg: the first pass, adding into *sums and *grad_sumsq.
-SX_PASS_CLONES void first_range(const Segment &seg, const Consts &c, size_t lo, size_t hi, LambSums *sums, double *grad_sumsq) {
+SX_PASS_CLONES void first_range(const Segment &seg, const LambConsts &c, size_t lo, size_t hi, LambSums *sums, double *grad_sumsq) {
     float *p = seg.param, *m = seg.state[0], *v = seg.state[1];
     const float *grad = seg.grad;
     double ps = 0.0, us = 0.0, gs = 0.0;
@@ -72,7 +51,7 @@ SX_PASS_CLONES void first_range(const Segment &seg, const Consts &c, size_t lo, 
     *grad_sumsq += gs;
 }
 
-SX_PASS_CLONES void second_range(const Segment &seg, const Consts &c, float factor, size_t lo, size_t hi) {
+SX_PASS_CLONES void second_range(const Segment &seg, const LambConsts &c, float factor, size_t lo, size_t hi) {
     float *p = seg.param;
     const float *m = seg.state[0], *v = seg.state[1];
 #pragma omp simd
@@ -82,14 +61,29 @@ SX_PASS_CLONES void second_range(const Segment &seg, const Consts &c, float fact
 
 }  // namespace
 
+LambConsts lamb_consts(const Hyper &h, float grad_scale) {
+    LambConsts c;
+    c.grad_scale = h.maximize ? -grad_scale : grad_scale;
+    c.beta1 = static_cast<float>(h.beta1);
+    c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+    c.beta2 = static_cast<float>(h.beta2);
+    c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+    c.eps = static_cast<float>(h.eps);
+    const bool decoupled = h.decoupled_weight_decay && h.weight_decay != 0.0;
+    c.decay = decoupled ? static_cast<float>(1.0 - h.weight_decay * h.lr) : 1.0f;
+    c.l2 = !h.decoupled_weight_decay && h.weight_decay > 0.0;
+    c.weight_decay = static_cast<float>(h.weight_decay);
+    return c;
+}
+
 void lamb_first_pass(const Segment *segs, size_t num_segs, float grad_scale, ThreadPool *pool, LambSums *sums,
                      double *grad_sumsq) {
     const std::vector<PassPiece> pieces = pass_pieces(segs, num_segs);
     std::vector<LambSums> part(pieces.size());
     std::vector<double> grad_part(pieces.size(), 0.0);
-    std::vector<Consts> consts(num_segs);
+    std::vector<LambConsts> consts(num_segs);
     for (size_t s = 0; s < num_segs; ++s)
-        if (segs[s].n > 0) consts[s] = consts_of(*segs[s].hyper, grad_scale);
+        if (segs[s].n > 0) consts[s] = lamb_consts(*segs[s].hyper, grad_scale);
     for_each_index(pieces.size(), pool, [&](size_t i) {
         const PassPiece &pc = pieces[i];
         first_range(segs[pc.seg], consts[pc.seg], pc.lo, pc.hi, &part[i], &grad_part[i]);
@@ -118,9 +112,9 @@ float lamb_factor(const Hyper &h, int64_t step, const LambSums &whole) {
 
 void lamb_second_pass(const Segment *segs, size_t num_segs, const float *factors, ThreadPool *pool) {
     const std::vector<PassPiece> pieces = pass_pieces(segs, num_segs);
-    std::vector<Consts> consts(num_segs);
+    std::vector<LambConsts> consts(num_segs);
     for (size_t s = 0; s < num_segs; ++s)
-        if (segs[s].n > 0) consts[s] = consts_of(*segs[s].hyper, 1.0f);
+        if (segs[s].n > 0) consts[s] = lamb_consts(*segs[s].hyper, 1.0f);
     for_each_index(pieces.size(), pool, [&](size_t i) {
         const PassPiece &pc = pieces[i];
         second_range(segs[pc.seg], consts[pc.seg], factors[pc.seg], pc.lo, pc.hi);
@@ -161,7 +155,7 @@ namespace {
 class LambRun final : public ParamPassRun {
   public:
     explicit LambRun(const PassInput &in) : in_(in) {}
-    void pass(int pass, const double *const *summed, double *const *mine, double *grad_sumsq) override {
+    Status pass(int pass, const double *const *summed, double *const *mine, double *grad_sumsq) override {
         if (pass == 0) {
             std::vector<LambSums> sums(in_.num_segs);
             lamb_first_pass(in_.segs, in_.num_segs, in_.grad_scale, in_.pool, sums.data(), grad_sumsq);
@@ -170,7 +164,7 @@ class LambRun final : public ParamPassRun {
                 block[0] = sums[s].param;
                 block[1] = sums[s].update;
             }
-            return;
+            return Status::Ok();
         }
         std::vector<float> factors(in_.num_segs);
         for (size_t s = 0; s < in_.num_segs; ++s) {
@@ -178,6 +172,7 @@ class LambRun final : public ParamPassRun {
             factors[s] = lamb_factor(*in_.segs[s].hyper, in_.segs[s].step, LambSums{block[0], block[1]});
         }
         lamb_second_pass(in_.segs, in_.num_segs, factors.data(), in_.pool);
+        return Status::Ok();
     }
 
   private:

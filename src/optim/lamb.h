@@ -42,6 +42,15 @@ struct LambSums {
     double update = 0.0;
 };
 
+// The constants of one param group's step, each a Python float rounded to fp32 where a
+// tensor op takes it (grad_scale negated under maximize; decay 1 without decoupled decay;
+// l2: the decay added to the direction instead).
+struct LambConsts {
+    float grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, weight_decay;
+    bool l2;
+};
+LambConsts lamb_consts(const Hyper &h, float grad_scale);
+
 // The first pass over every segment (hyper->kind == kLamb, n > 0 or skipped): moments and
 // the decoupled decay written, sums[s] the sums of segment s (in an order that does not
 // depend on the pool's size), *grad_sumsq (if not null) the sum of (grad*grad_scale)^2.

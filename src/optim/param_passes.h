@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "base/status.h"
 #include "optim/optimizer.h"
 
 namespace sx {
@@ -75,7 +76,9 @@ class ParamPassRun {
     // the ranks (the blocks of every exchange stay valid until the run ends). mine (pass <
     // E): per param k, this rank's block of exchange `pass`, zeroed, for its segments' sums.
     // grad_sumsq (pass 0, if not null): the sum of (grad * grad_scale)^2 over the segments.
-    virtual void pass(int pass, const double *const *summed, double *const *mine, double *grad_sumsq) = 0;
+    // A failure (a device's; the host's passes cannot fail) leaves the segments partly
+    // updated: the step fails the group.
+    virtual Status pass(int pass, const double *const *summed, double *const *mine, double *grad_sumsq) = 0;
 };
 
 // What a Needs::kParamReduction row gives the step.

@@ -450,8 +450,8 @@ end
 end
 
 # offload=true: a CUDA group on the simulated device (SX_SIMULATED_DEVICE=1: host memory
-# behind a device's calls) keeps LAMB's state on the host, which a CUDA group that does not
-# offload refuses. The simulated device's memory is host memory, but param_view and
+# behind a device's calls) keeps LAMB's state on the host; a CUDA group that does not
+# offload refuses Muon. The simulated device's memory is host memory, but param_view and
 # grad_view wrap host memory only: offload_floats takes the C view itself.
 function offload_floats(g, i; grad=false)
     v = SX._blank(SX.View)
@@ -501,7 +501,7 @@ end
             end
             @test runs[1][2] == runs[2][2]  # the replicated param, the same on both ranks
             errs = run_ranks("offload-refused", 2; backend=SX.SX_BACKEND_CUDA) do rank, g
-                caught(() -> add_param_group!(g, :lamb))
+                caught(() -> add_param_group!(g, :muon))
             end
             for e in errs
                 @test e isa SXError && e.status == SX.SX_ERR_UNSUPPORTED && occursin("SX_OFFLOAD_STATE", e.message)

@@ -1,6 +1,6 @@
 """offload=True through the binding: 2 ranks (threads over local://) of a CUDA group on
 the simulated device (SX_SIMULATED_DEVICE=1, host memory behind a device's calls) keep
-LAMB's state on the host, which a CUDA group that does not offload refuses. Two steps
+LAMB's state on the host; a CUDA group that does not offload refuses Muon. Two steps
 change the param; the memory stats' device_bytes count the params and gradients on the
 device but not the optimizer state, and are 0 for a CPU group."""
 import ctypes
@@ -74,11 +74,11 @@ class OffloadTest(unittest.TestCase):
                 # Both ranks stepped the same replicated param.
                 self.assertEqual(results[0][1], results[1][1])
 
-    def test_a_cuda_group_that_keeps_its_state_on_the_device_refuses_lamb(self):
+    def test_a_cuda_group_that_keeps_its_state_on_the_device_refuses_muon(self):
         def rank_fn(rank, name):
             with make(rank, name, "cuda", False) as g:
                 with self.assertRaises(sx.UnsupportedError) as caught:
-                    g.add_param_group("lamb", lr=0.01)
+                    g.add_param_group("muon", lr=0.01)
                 self.assertIn("SX_OFFLOAD_STATE", str(caught.exception))
         run_ranks(2, rank_fn)
 

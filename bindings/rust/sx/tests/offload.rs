@@ -1,6 +1,6 @@
 //! GroupConfig::offload: 2 ranks (threads over local://) of a CUDA group on the simulated
 //! device (SX_SIMULATED_DEVICE=1: host memory behind a device's calls) keep LAMB's state on
-//! the host, which a CUDA group that does not offload refuses. Two steps change the param;
+//! the host (a CUDA group that does not offload refuses Muon). Two steps change the param;
 //! the memory stats' device_bytes count the params and gradients on the device but not the
 //! optimizer state, and are 0 for a CPU group.
 //!
@@ -97,9 +97,9 @@ fn an_offloaded_cuda_group_steps_lamb_with_its_state_on_the_host() {
 }
 
 #[test]
-fn a_cuda_group_that_keeps_its_state_on_the_device_refuses_lamb() {
+fn a_cuda_group_that_keeps_its_state_on_the_device_refuses_muon() {
     run_ranks("offload-refused", Backend::Cuda, false, |_, mut g| {
-        let e = g.add_param_group(&ParamGroup::new(Optimizer::Lamb).lr(0.01)).unwrap_err();
+        let e = g.add_param_group(&ParamGroup::new(Optimizer::Muon).lr(0.01)).unwrap_err();
         assert_eq!(e.status(), SX_ERR_UNSUPPORTED);
         assert!(e.to_string().contains("SX_OFFLOAD_STATE"), "{}", e);
         Ok(())
