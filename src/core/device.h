@@ -89,6 +89,11 @@ class DeviceOps {
     // (a segment's compute_out, if any, gets the updated value in compute_dtype).
     virtual Status sum_of_squares(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) = 0;
     virtual Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) = 0;
+    // Whether sum_of_squares and fused_update read 16-bit gradients (a segment's grad16),
+    // widening them as they go: a one-rank shard group's 16-bit gradients then reach the
+    // update without a pass that widens them into fp32 first. The host's kernels do not.
+    virtual bool reads_16bit_grads() const { return false; }
+
     // Whether the optimizer of row `spec` can keep its state here and update it: the host
     // runs every one; a device the elementwise ones and those of per-param sums (LAMB,
     // Adafactor), not those that need a param's whole matrix on one rank (Muon) or call
@@ -211,6 +216,10 @@ void simulated_device_from_env(bool *on, SimulatedDevice *settings);
 // made while one of the devices' copies was queued or running: the overlap of the host's
 // work with the copies, as tests see it. Any thread.
 void simulated_overlap_counts(uint64_t *host_calls, uint64_t *overlapped);
+
+// The elements of 16-bit gradients the simulated devices' sums and updates widened as
+// they read them (DeviceOps::reads_16bit_grads), so far. Any thread.
+uint64_t simulated_widened_grads();
 
 // CUDA device `device`, with a stream of its own: SX_ERR_UNSUPPORTED in a build without
 // CUDA or where there is no device, SX_ERR_INVALID_ARGUMENT for an ordinal out of range.

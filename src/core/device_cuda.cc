@@ -123,6 +123,8 @@ class CudaOps final : public DeviceOps {
         return finish("the optimizer update");
     }
 
+    bool reads_16bit_grads() const override { return true; }
+
     // LAMB's and Adafactor's passes run as the device's kernels (optim/device_passes.h).
     bool runs(const optim::OptimizerSpec &spec) const override {
         return spec.needs != optim::Needs::kWholeParam && spec.custom == nullptr;

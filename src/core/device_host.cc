@@ -106,6 +106,9 @@ class HostOps final : public DeviceOps {
         return Status::Ok();
     }
     Status check_segments(const char *call, const optim::Segment *segs, size_t n) const {
+        for (size_t i = 0; i < n; ++i)
+            SX_CHECK(segs[i].grad16 == nullptr, SX_ERR_INTERNAL,
+                     "the host's %s was handed 16-bit gradients, which it does not read", call);
         if (!allocator_) return Status::Ok();
         for (size_t i = 0; i < n; ++i) {
             const optim::Segment &g = segs[i];

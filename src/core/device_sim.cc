@@ -16,7 +16,9 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "base/half.h"
 #include "base/log.h"
 #include "core/device.h"
 #include "optim/device_passes.h"
@@ -132,6 +134,8 @@ class CopyEngine {
 // Host work done while a simulated device's copy was in flight (overlap_counts): what a
 // test of the offloaded step's overlap asks.
 std::atomic<uint64_t> g_host_calls{0}, g_host_calls_overlapped{0};
+// Elements of 16-bit gradients widened for the sums and updates (simulated_widened_grads).
+std::atomic<uint64_t> g_widened{0};
 // The engines of every simulated device, for SimulatedHost's question "is a copy running?".
 std::mutex g_engines_mu;
 std::set<const CopyEngine *> g_engines;
@@ -240,9 +244,13 @@ class SimulatedOps final : public DeviceOps {
     // One simulated device per process and host: its ranks always share it.
     std::string identity() const override { return "simulated"; }
 
+    // As a CUDA device, the sums and the update read 16-bit gradients: here widened into
+    // host memory of the call's own first (the host's kernels read fp32 alone).
+    bool reads_16bit_grads() const override { return true; }
     Status sum_of_squares(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
         SX_TRY(segments_on_device("sum_of_squares", segs, n));
-        return kernels_->sum_of_squares(segs, n, grad_scale, sumsq);
+        Widened w(segs, n);
+        return kernels_->sum_of_squares(w.segs.data(), n, grad_scale, sumsq);
     }
     Status fused_update(const optim::Segment *segs, size_t n, float grad_scale, double *sumsq) override {
         // As the CUDA update: the step zeroes the gradients itself.
@@ -250,7 +258,8 @@ class SimulatedOps final : public DeviceOps {
             SX_CHECK(segs[i].zero_grad == nullptr, SX_ERR_INTERNAL,
                      "the device's update does not zero gradients; the step zeroes them itself");
         SX_TRY(segments_on_device("fused_update", segs, n));
-        return kernels_->fused_update(segs, n, grad_scale, sumsq);
+        Widened w(segs, n);
+        return kernels_->fused_update(w.segs.data(), n, grad_scale, sumsq);
     }
 
     // As a CUDA device: LAMB's and Adafactor's passes run where the state is, through the
@@ -266,6 +275,22 @@ class SimulatedOps final : public DeviceOps {
     }
 
   private:
+    // The segments with each one's 16-bit gradients widened into an fp32 copy of its own.
+    struct Widened {
+        std::vector<optim::Segment> segs;
+        std::vector<std::vector<float>> grads;
+        Widened(const optim::Segment *in, size_t n) : segs(in, in + n), grads(n) {
+            for (size_t i = 0; i < n; ++i) {
+                if (!segs[i].grad16) continue;
+                grads[i].resize(segs[i].n);
+                half::to_f32(segs[i].grad_dtype, segs[i].grad16, grads[i].data(), segs[i].n);
+                g_widened += segs[i].n;
+                segs[i].grad = grads[i].data();
+                segs[i].grad16 = nullptr;
+            }
+        }
+    };
+
     static Status on_device(const char *call, std::initializer_list<const void *> ps) {
         for (const void *p : ps)
             SX_CHECK(!p || registry().contains(p), SX_ERR_INTERNAL,
@@ -280,7 +305,7 @@ class SimulatedOps final : public DeviceOps {
     static Status segments_on_device(const char *call, const optim::Segment *segs, size_t n) {
         for (size_t i = 0; i < n; ++i) {
             const optim::Segment &g = segs[i];
-            SX_TRY(on_device(call, {g.param, g.grad, g.compute_out, g.undo}));
+            SX_TRY(on_device(call, {g.param, g.grad, g.grad16, g.compute_out, g.undo}));
             for (int k = 0; k < 3; ++k) SX_TRY(on_device(call, {g.state[k], g.state_in[k]}));
         }
         return Status::Ok();
@@ -297,6 +322,8 @@ std::unique_ptr<DeviceOps> make_simulated_ops(optim::ThreadPool *pool, const Sim
     if (host) host->reset(new SimulatedHost());
     return std::unique_ptr<DeviceOps>(new SimulatedOps(pool, settings));
 }
+
+uint64_t simulated_widened_grads() { return g_widened.load(); }
 
 void simulated_overlap_counts(uint64_t *host_calls, uint64_t *overlapped) {
     *host_calls = g_host_calls.load();

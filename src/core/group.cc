@@ -263,7 +263,8 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
     g->mesh_.place(mesh_settings(cfg, g->ops_.get()), cfg.rank, cfg.world_size);
     SX_TRY(g->mesh_.open(std::move(store), g->config_.shard_size, *g->headers_, deadline));
 
-    const Units::Settings us = unit_settings(cfg, g->mesh_);
+    Units::Settings us = unit_settings(cfg, g->mesh_);
+    us.widen_in_update = g->ops_->reads_16bit_grads() && !us.offload && g->mesh_.replicas() == 1;
     g->units_.configure(us, g->ops_.get(), g->state_ops_.get(), g->tracer(),
                         {&g->layout_, &g->table_.params(), &g->table_.groups(), &g->table_.applied()});
     g->round_.reset(new ReductionRound(g->pipeline_, g->tracer(), cfg.stage, g->mesh_.replicas() > 1));

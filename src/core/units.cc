@@ -354,6 +354,12 @@ Status Units::reduce(size_t u, comm::Communicator &c, bool into_accum, float **s
     uint16_t *grads = unit.grads.as<uint16_t>();
     float *out = unit.accum.as<float>();
     const uint64_t total = table_.layout->units()[u].padded_numel;
+    unit.grads16_pending = settings_.shard_size == 1 && widens_in_update(u, into_accum);
+    if (unit.grads16_pending) {
+        // The update widens them as it reads them (append_segments).
+        *shard_grad = out;
+        return Status::Ok();
+    }
     if (settings_.shard_size == 1) {
         // Nothing to sum: widen (or add) this rank's gradients into the fp32 shard.
         SX_TRY(ops_->widen(unit.grad_dtype, grads, out, S, unit.accum_live));
@@ -380,6 +386,15 @@ Status Units::reduce(size_t u, comm::Communicator &c, bool into_accum, float **s
 // The step's last micro-batch is copied in the background (wait_grads, before the host
 // reads it), while the next unit is reduced; an earlier micro-batch's copy is waited for,
 // as its gradients are zeroed next.
+// Whether unit u's 16-bit gradients, this rank's whole sum, can reach the update as they
+// are: the device reads them so, nothing is accumulated, and only the elementwise update
+// reads the unit's reduced shard (the passes over whole params and custom optimizers
+// read fp32).
+bool Units::widens_in_update(size_t u, bool into_accum) const {
+    return settings_.widen_in_update && !into_accum && !units_[u].accum_live && !has_custom(u) &&
+           !looks_at_whole_params(u);
+}
+
 Status Units::reduce_offloaded(size_t u, comm::Communicator &c, bool into_accum, float **shard_grad) {
     Unit &unit = units_[u];
     SX_TRACE_SPAN(tracer_, "step", "reduce_scatter", table_.layout->units()[u].unit_id, unit.grads.size());
@@ -440,6 +455,7 @@ Status Units::reduce_on_device(size_t u, comm::Communicator &c, float **device_s
 
 Status Units::zero_grads(const std::vector<float *> &reduced) {
     SX_TRY(wait_copies());  // the gradients' copies read the buffers
+    for (Unit &unit : units_) unit.grads16_pending = false;
     for (size_t u = 0; u < units_.size(); ++u) {
         Buffer &grads = units_[u].grads;
         if (u >= zeroed_by_update_.size() || !zeroed_by_update_[u]) {
@@ -500,7 +516,12 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
             seg.compute_out = params16 + piece.shard_offset;
             seg.compute_dtype = unit.dtype;
         }
-        seg.grad = reduced + piece.shard_offset;
+        if (unit.grads16_pending && reduced == unit.accum.as<float>()) {
+            seg.grad16 = unit.grads.as<uint16_t>() + piece.shard_offset;
+            seg.grad_dtype = unit.grad_dtype;
+        } else {
+            seg.grad = reduced + piece.shard_offset;
+        }
         if (u < zeroed_by_update_.size() && zeroed_by_update_[u]) seg.zero_grad = reduced + piece.shard_offset;
         for (int k = 0; k < unit.state_slots; ++k) seg.state[k] = v.state[k] + piece.shard_offset;
         if (twice) {

@@ -57,6 +57,10 @@ class Units {
         // gradients to the host's accumulator, and of the updated params to the device.
         mutable uint64_t grads_copy = 0;
         uint64_t params_copy = 0;
+        // The step's reduced shard (`accum`) is the unit's 16-bit gradients themselves, not
+        // yet widened: its segments hand the update `grads` (optim::Segment::grad16),
+        // which widens them as it reads them. Until the gradients are zeroed.
+        bool grads16_pending = false;
     };
     Units() = default;
     ~Units();
@@ -75,6 +79,11 @@ class Units {
         // and the reduced gradients' shard live on the host (the state ops'), where the
         // update runs; the params and gradients stay on the device.
         bool offload = false;
+        // The device's update reads 16-bit gradients (DeviceOps::reads_16bit_grads), and
+        // nothing but the update reads a reduced shard (no replicas to all-reduce it, not
+        // offloaded): a one-rank shard group's 16-bit gradients then go to the update as
+        // they are (Unit::grads16_pending).
+        bool widen_in_update = false;
     };
     // The group's table: its layout, params, param groups and applied mask (per param).
     struct Table {
@@ -190,6 +199,7 @@ class Units {
 
   private:
     bool needs_accum(size_t u, bool accumulate) const;
+    bool widens_in_update(size_t u, bool into_accum) const;
     bool reduces_in_16bit(size_t u) const;
     uint16_t *own_params16(size_t u) const { return static_cast<uint16_t *>(own_params(u)); }
     // reduce()'s offloaded path: the sum of this micro-batch's gradients into the device's

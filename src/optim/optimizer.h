@@ -252,6 +252,12 @@ struct Segment {
     // of them, block by block while they are still in cache.
     uint16_t *compute_out = nullptr;
     int32_t compute_dtype = 0;
+    // Device kernels only (core's DeviceOps::reads_16bit_grads): the gradient in 16 bits,
+    // of grad_dtype (SX_DTYPE_BF16 or SX_DTYPE_F16), widened as the update reads it, with
+    // `grad` null: a one-rank shard group's 16-bit gradients, which would otherwise be
+    // widened into an fp32 sum in a pass of their own first.
+    const uint16_t *grad16 = nullptr;
+    int32_t grad_dtype = 0;
     // If set (host kernels only), the update zeroes these n floats as it reads each
     // gradient: `grad` itself, when the next backward adds into the same buffer, so that
     // the step needs no pass of its own to zero it.

@@ -495,22 +495,43 @@ void test_micro_batches_and_signals_offloaded(void **) {
 // LAMB's and Adafactor's device passes (their runs' sums added on the host; on the
 // simulated device the kernels' bodies run one element at a time), give the CPU's bits.
 // The passes add their double sums in another order than the CPU's loops, which the
-// floats derived from them (29 bits shorter) do not see.
+// floats derived from them (29 bits shorter) do not see. A group of one rank hands the
+// update its bf16 gradients as they are (the device widens them as it reads them), and
+// the elements so widened are counted (simulated device).
 void test_device_state_equals_the_cpu(void **) {
     for (int kind : {SX_OPTIM_ADAMW, SX_OPTIM_LAMB, SX_OPTIM_ADAFACTOR})
         for (int world = 1; world <= 3; ++world)
             for (int stage = 1; stage <= 3; ++stage)
                 for (int dtype : {SX_DTYPE_F32, SX_DTYPE_BF16}) {
-                    if (kind == SX_OPTIM_ADAMW && world != 2) continue;
+                    const uint64_t widened = sx::core::simulated_widened_grads();
                     Case c;
                     c.optimizer = kind;
                     c.world = world;
                     c.stage = stage;
                     c.dtype = dtype;
-                    c.clip = world == 3 ? 0.5 : 0.0;
+                    c.clip = world != 2 ? 0.5 : 0.0;
                     c.signalled = stage == 2;
                     expect_same(c, Backend::kCpu, Backend::kDevice);
+                    // AdamW's bf16 gradients at one rank: the update's own (4 steps, each
+                    // of every element); the device passes read fp32 sums.
+                    const uint64_t numel = 12 * 10 + 6 * 5 + 7 * 9;
+                    const bool fused = kind == SX_OPTIM_ADAMW && world == 1 && dtype == SX_DTYPE_BF16;
+                    if (!g_real_device && (sx::core::simulated_widened_grads() - widened >= 4 * numel) != fused)
+                        fail_msg("%s: %llu gradients widened by the update", describe(c).c_str(),
+                                 static_cast<unsigned long long>(sx::core::simulated_widened_grads() - widened));
                 }
+    // The 16-bit gradients read as they are under loss scaling, an inf in them, and the
+    // nonfinite policies: the same skips and bits as the CPU.
+    for (int stage = 1; stage <= 3; ++stage)
+        for (int variant = 0; variant < 2; ++variant) {
+            Case c;
+            c.stage = stage;
+            c.dtype = SX_DTYPE_BF16;
+            c.inf_step = 2;
+            c.scaled = variant == 0;
+            c.nonfinite = variant == 1 ? SX_NONFINITE_SKIP : SX_NONFINITE_DEFAULT;
+            expect_same(c, Backend::kCpu, Backend::kDevice);
+        }
 }
 
 void test_device_state_refuses_host_optimizers(void **) {

@@ -23,6 +23,7 @@
 #include "cuda/runtime.h"
 #include "optim/cuda_kernels.h"
 #include "optim/cuda_test_util.h"
+#include "sx/sx.h"
 
 using sx::optim::Hyper;
 using sx::optim::Kind;
@@ -317,6 +318,83 @@ void test_grad_stats(void **) {
     assert_non_null(ws.stats_device());
 }
 
+// n floats on the device at `offset` elements past a 256-byte boundary (and their host values).
+struct OnDevice {
+    sx::cuda::DeviceBuffer buf;
+    size_t offset;
+    OnDevice(const void *host, size_t bytes, size_t offset_bytes) : offset(offset_bytes) {
+        check_ok(buf.allocate(bytes + offset_bytes + 64, "a test buffer"), "allocate");
+        check_ok(buf.upload(host, bytes, offset_bytes), "upload");
+    }
+    template <typename T>
+    T *at() const { return reinterpret_cast<T *>(buf.as<char>() + offset); }
+};
+
+// 16-bit gradients that the update reads and widens itself (Segment::grad16) give the bits
+// of the same gradients widened to fp32 first: params, moments, bf16 output and the
+// statistics, in both 16-bit dtypes, at every alignment, with an inf among them too.
+void test_16bit_gradients_match_fp32(void **) {
+    REQUIRE_DEVICE();
+    Workspace ws;
+    Hyper h = sx::optim::default_hyper(Kind::kAdamW);
+    h.weight_decay = 0.01;
+    for (int32_t dtype : {SX_DTYPE_BF16, SX_DTYPE_F16})
+        for (size_t n : {1, 5, 1023, 4099, 9000})
+            for (size_t offset = 0; offset < 4; ++offset) {
+                Rng rng(n * 13 + offset + static_cast<size_t>(dtype));
+                std::vector<float> p(n), m(n), v(n), g(n);
+                std::vector<uint16_t> g16(n);
+                for (size_t i = 0; i < n; ++i) {
+                    p[i] = rng.uniform(-1.0f, 1.0f), m[i] = rng.uniform(-0.1f, 0.1f), v[i] = rng.uniform(0.0f, 0.01f);
+                    const float x = rng.uniform(-2.0f, 2.0f);
+                    sx::half::from_f32(dtype, &x, &g16[i], 1);
+                }
+                if (n > 1000) g16[n / 3] = dtype == SX_DTYPE_BF16 ? 0x7f80 : 0x7c00;  // +inf
+                sx::half::to_f32(dtype, g16.data(), g.data(), n);
+                GradStats stats[2], pre[2];
+                std::vector<float> out_p[2], out_m[2], out_v[2];
+                std::vector<uint16_t> out16[2];
+                for (int way = 0; way < 2; ++way) {
+                    OnDevice dp(p.data(), n * 4, offset * 4), dm(m.data(), n * 4, offset * 4),
+                        dv(v.data(), n * 4, offset * 4), dg(g.data(), n * 4, offset * 4),
+                        dg16(g16.data(), n * 2, offset * 2), dout(g16.data(), n * 2, offset * 2);
+                    CudaSegment cs;
+                    cs.seg.param = dp.at<float>();
+                    if (way == 0) {
+                        cs.seg.grad = dg.at<float>();
+                    } else {
+                        cs.seg.grad16 = dg16.at<uint16_t>();
+                        cs.seg.grad_dtype = dtype;
+                    }
+                    cs.seg.state[0] = dm.at<float>();
+                    cs.seg.state[1] = dv.at<float>();
+                    cs.seg.n = n;
+                    cs.seg.hyper = &h;
+                    cs.seg.step = 3;
+                    cs.compute_out = dout.at<uint16_t>();
+                    cs.compute_dtype = ComputeDtype::kBf16;
+                    check_ok(ws.grad_stats(&cs, 1, 0.5f, nullptr), "grad_stats");
+                    check_ok(ws.read_stats(nullptr, &pre[way]), "read_stats");
+                    check_ok(ws.fused_update(&cs, 1, 0.5f, nullptr, true), "fused_update");
+                    check_ok(ws.read_stats(nullptr, &stats[way]), "read_stats");
+                    out_p[way].resize(n), out_m[way].resize(n), out_v[way].resize(n), out16[way].resize(n);
+                    check_ok(dp.buf.download(out_p[way].data(), n * 4, offset * 4), "download");
+                    check_ok(dm.buf.download(out_m[way].data(), n * 4, offset * 4), "download");
+                    check_ok(dv.buf.download(out_v[way].data(), n * 4, offset * 4), "download");
+                    check_ok(dout.buf.download(out16[way].data(), n * 2, offset * 2), "download");
+                }
+                if (std::memcmp(out_p[0].data(), out_p[1].data(), n * 4) != 0 ||
+                    std::memcmp(out_m[0].data(), out_m[1].data(), n * 4) != 0 ||
+                    std::memcmp(out_v[0].data(), out_v[1].data(), n * 4) != 0 ||
+                    std::memcmp(out16[0].data(), out16[1].data(), n * 2) != 0)
+                    fail_msg("dtype %d n %zu offset %zu: the update of 16-bit gradients differs from fp32's", dtype, n,
+                             offset);
+                assert_memory_equal(&stats[0], &stats[1], sizeof(GradStats));
+                assert_memory_equal(&pre[0], &pre[1], sizeof(GradStats));
+                assert_true(pre[1].nonfinite == (n > 1000 ? 1.0 : 0.0));
+            }
+}
+
 // Where there is no device, a launch fails with SX_ERR_UNSUPPORTED and the runtime's
 // reason instead of crashing; the library was loaded and ran without a driver.
 void test_without_device_launch_fails_cleanly(void **) {
@@ -416,6 +494,7 @@ int main(void) {
         cmocka_unit_test(test_mixed_alignment),
         cmocka_unit_test(test_multi_segment_one_launch),
         cmocka_unit_test(test_grad_stats),
+        cmocka_unit_test(test_16bit_gradients_match_fp32),
         cmocka_unit_test(test_conversions_match_half),
         cmocka_unit_test(test_without_device_launch_fails_cleanly),
     };

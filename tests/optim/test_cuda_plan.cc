@@ -9,6 +9,7 @@
 
 #include "optim/cuda/launch_plan.h"
 #include "optim/cuda_test_util.h"
+#include "sx/sx.h"
 
 using sx::optim::Hyper;
 using sx::optim::Kind;
@@ -190,6 +191,47 @@ void test_plan_alignment_and_constants(void **) {
     assert_true(plan.segments[0].c.grad_scale == 2.0f);
 }
 
+// 16-bit gradients (read and widened by the kernel): their position within 8 bytes must
+// match the others' within 16 for the vector path; the stats pass takes theirs.
+void test_plan_with_16bit_gradients(void **) {
+    Hyper h;
+    h.kind = Kind::kAdamW;
+    auto with16 = [&](uintptr_t param, uintptr_t grad16, int32_t dtype) {
+        CudaSegment cs = adam_segment(param, 1000, &h, 3);
+        cs.seg.grad = nullptr;
+        cs.seg.grad16 = reinterpret_cast<const uint16_t *>(grad16);
+        cs.seg.grad_dtype = dtype;
+        return cs;
+    };
+    const CudaSegment segs[] = {with16(0x1008, 0x60004, SX_DTYPE_BF16),  // 2 in, both: vector
+                                with16(0x1008, 0x60006, SX_DTYPE_F16),   // 3 halves in: scalar
+                                with16(0x1000, 0x60000, SX_DTYPE_F16)};
+    ci::LaunchPlan plan;
+    assert_true(ci::build_plan(segs, 3, 1.0f, ci::Mode::kUpdate, 1000, &plan).ok());
+    assert_int_equal(plan.segments.size(), 3);
+    assert_int_equal(plan.segments[0].vector, 1);
+    assert_int_equal(plan.segments[0].lead, 2);
+    assert_int_equal(plan.segments[0].grad_dtype, static_cast<int>(ComputeDtype::kBf16));
+    assert_null(plan.segments[0].grad);
+    assert_true(plan.segments[0].grad16 == segs[0].seg.grad16);
+    assert_int_equal(plan.segments[1].vector, 0);
+    assert_int_equal(plan.segments[2].vector, 1);
+    assert_int_equal(plan.segments[2].lead, 0);
+    assert_int_equal(plan.segments[2].grad_dtype, static_cast<int>(ComputeDtype::kFp16));
+    check_coverage(plan);
+    // fp32 gradients say so.
+    const CudaSegment plain = adam_segment(0x1000, 10, &h, 1);
+    assert_true(ci::build_plan(&plain, 1, 1.0f, ci::Mode::kUpdate, 4, &plan).ok());
+    assert_int_equal(plan.segments[0].grad_dtype, static_cast<int>(ComputeDtype::kNone));
+    // The stats pass: the gradients' own position.
+    CudaSegment g;
+    g.seg.grad16 = reinterpret_cast<const uint16_t *>(0x3006);
+    g.seg.grad_dtype = SX_DTYPE_BF16;
+    g.seg.n = 5;
+    assert_true(ci::build_plan(&g, 1, 2.0f, ci::Mode::kStats, 8, &plan).ok());
+    assert_int_equal(plan.segments[0].lead, 3);
+}
+
 void test_plan_rejects_bad_segments(void **) {
     Hyper adam;
     ci::LaunchPlan plan;
@@ -218,6 +260,16 @@ void test_plan_rejects_bad_segments(void **) {
     CudaSegment g;
     g.seg.n = 3;  // no grad
     rejects(g, ci::Mode::kStats);
+    g.seg.grad = addr(0x3000);  // both kinds of gradients
+    g.seg.grad16 = reinterpret_cast<const uint16_t *>(0x4000);
+    g.seg.grad_dtype = SX_DTYPE_BF16;
+    rejects(g, ci::Mode::kStats);
+    g.seg.grad = nullptr;
+    g.seg.grad_dtype = SX_DTYPE_F32;  // 16-bit gradients of no 16-bit dtype
+    rejects(g, ci::Mode::kStats);
+    g.seg.grad_dtype = SX_DTYPE_BF16;
+    g.seg.grad16 = reinterpret_cast<const uint16_t *>(0x4001);  // odd address
+    rejects(g, ci::Mode::kStats);
     // Empty segments are skipped unread, even with nothing set.
     CudaSegment empty;
     assert_true(ci::build_plan(&empty, 1, 1.0f, ci::Mode::kUpdate, 4, &plan).ok());
@@ -233,6 +285,7 @@ int main(void) {
         cmocka_unit_test(test_fp16_rne_hand_values),
         cmocka_unit_test(test_plan_covers_every_element_once),
         cmocka_unit_test(test_plan_alignment_and_constants),
+        cmocka_unit_test(test_plan_with_16bit_gradients),
         cmocka_unit_test(test_plan_rejects_bad_segments),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -151,6 +151,15 @@ __device__ __forceinline__ unsigned short to_compute_moved(float x) {
     return static_cast<unsigned short>(__float_as_uint(x) >> 16);
 }
 
+// Gradient e of segment t in fp32: read, or widened from 16 bits (exactly).
+__device__ __forceinline__ float widen16(uint16_t h, int32_t dtype) {
+    if (dtype == static_cast<int32_t>(ComputeDtype::kBf16)) return __uint_as_float(static_cast<unsigned>(h) << 16);
+    return __half2float(__ushort_as_half(h));
+}
+__device__ __forceinline__ float grad_at(const TableSegment &t, uint64_t e) {
+    return t.grad16 ? widen16(t.grad16[e], t.grad_dtype) : t.grad[e];
+}
+
 template <Mode M, Variant kV>
 __device__ __forceinline__ void element(const TableSegment &t, float &p, float g, float &s0, float &s1, float &s2,
                                         bool stats, Acc &acc) {
@@ -169,7 +178,7 @@ constexpr int kWrites = M == Mode::kStats ? 0 : slots_written(kV);
 // Element e of segment t, one at a time (segment ends and misaligned segments).
 template <Mode M, Variant kV>
 __device__ __forceinline__ void scalar_at(const TableSegment &t, uint64_t e, bool stats, Acc &acc) {
-    const float g = t.grad[e];
+    const float g = grad_at(t, e);
     if (M == Mode::kStats) {
         account(acc, mul(g, t.c.grad_scale));
         return;
@@ -199,6 +208,15 @@ __device__ __forceinline__ float4 load4(const float *base, uint64_t e) {
 __device__ __forceinline__ void store4(float *base, uint64_t e, float4 v) {
     *reinterpret_cast<float4 *>(base + e) = v;
 }
+// Gradients e..e+3 of segment t (16-bit ones: 8 bytes, aligned as the plan checked).
+__device__ __forceinline__ float4 grad4(const TableSegment &t, uint64_t e) {
+    if (!t.grad16) return load4(t.grad, e);
+    const uint2 raw = *reinterpret_cast<const uint2 *>(t.grad16 + e);
+    return make_float4(widen16(static_cast<uint16_t>(raw.x & 0xffffu), t.grad_dtype),
+                       widen16(static_cast<uint16_t>(raw.x >> 16), t.grad_dtype),
+                       widen16(static_cast<uint16_t>(raw.y & 0xffffu), t.grad_dtype),
+                       widen16(static_cast<uint16_t>(raw.y >> 16), t.grad_dtype));
+}
 
 // Groups [g0, g1) of 4 positions (16-byte aligned in every buffer), kIlp groups per
 // thread in flight: all loads first, then the arithmetic, then the stores.
@@ -213,7 +231,7 @@ __device__ __forceinline__ void vector_range(const TableSegment &t, uint64_t g0,
             live[k] = grp < g1;
             if (!live[k]) continue;
             const uint64_t e = grp * 4 - t.lead;
-            g[k] = load4(t.grad, e);
+            g[k] = grad4(t, e);
             if (M == Mode::kStats) continue;
             p[k] = load4(t.param, e);
 #pragma unroll

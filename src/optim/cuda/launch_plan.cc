@@ -1,6 +1,8 @@
 // Builds the segment table and the blocks' starting points (see launch_plan.h).
 #include "optim/cuda/launch_plan.h"
 
+#include "sx/sx.h"
+
 namespace sx {
 namespace optim {
 namespace cuda {
@@ -13,6 +15,38 @@ int lead_of(const void *p) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
     if (a % sizeof(float) != 0) return -1;
     return static_cast<int>((a / sizeof(float)) % 4);
+}
+// The same for 16-bit values within an 8-byte group (4 of them per float4 of the others).
+int lead16_of(const void *p) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    if (a % 2 != 0) return -1;
+    return static_cast<int>((a / 2) % 4);
+}
+
+// The 16-bit dtype of a segment's gradients as the kernel takes it (kNone: fp32).
+ComputeDtype grad_dtype_of(const Segment &s) {
+    if (s.grad16 == nullptr) return ComputeDtype::kNone;
+    return s.grad_dtype == SX_DTYPE_BF16  ? ComputeDtype::kBf16
+           : s.grad_dtype == SX_DTYPE_F16 ? ComputeDtype::kFp16
+                                          : ComputeDtype(-1);
+}
+
+// Segment i's gradients into t, and *lead: where its positions start within 16 bytes.
+// 16-bit gradients: the positions follow the param's alignment (the stats' pass has no
+// param: their own), and the gradients must agree to be read 4 at a time.
+Status gradients_of(const Segment &s, size_t i, TableSegment *t, int *lead) {
+    const ComputeDtype gd = grad_dtype_of(s);
+    SX_CHECK_ARG(gd != ComputeDtype(-1), "segment %zu: grad_dtype %d is not SX_DTYPE_BF16 or SX_DTYPE_F16", i,
+                 s.grad_dtype);
+    SX_CHECK_ARG((s.grad == nullptr) != (s.grad16 == nullptr), "segment %zu: exactly one of grad and grad16 must be set",
+                 i);
+    *lead = s.grad ? lead_of(s.grad) : lead16_of(s.grad16);
+    SX_CHECK_ARG(*lead >= 0, "segment %zu: grad must be a device address aligned to its element size (got %p)", i,
+                 s.grad ? static_cast<const void *>(s.grad) : static_cast<const void *>(s.grad16));
+    t->grad = s.grad;
+    t->grad16 = s.grad16;
+    t->grad_dtype = static_cast<int32_t>(gd);
+    return Status::Ok();
 }
 
 }  // namespace
@@ -31,12 +65,9 @@ Status build_plan(const CudaSegment *segs, size_t num_segs, float grad_scale, Mo
         const CudaSegment &cs = segs[i];
         const Segment &s = cs.seg;
         if (s.n == 0) continue;
-        const int lead = lead_of(s.grad);
-        SX_CHECK_ARG(s.grad != nullptr && lead >= 0,
-                     "segment %zu: grad must be a device address aligned to 4 bytes (got %p)", i,
-                     static_cast<const void *>(s.grad));
         TableSegment t{};
-        t.grad = s.grad;
+        int lead = 0;
+        SX_TRY(gradients_of(s, i, &t, &lead));
         t.n = s.n;
         t.out_dtype = static_cast<int32_t>(ComputeDtype::kNone);
         bool vector = true;

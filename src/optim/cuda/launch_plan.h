@@ -5,7 +5,8 @@
 //
 // Every segment is cut into chunks of kChunk positions. Position q of a segment is
 // element q - lead, where lead (0..3) is how far element 0 lies past a 16-byte boundary
-// (its grad pointer's), so every chunk but a segment's first and last starts and ends
+// (its grad pointer's; of 16-bit gradients, past an 8-byte one, and the param's must
+// agree), so every chunk but a segment's first and last starts and ends
 // on 16-byte boundaries: the kernel reads and writes its inside as float4 and only up
 // to 3 elements at each end of a segment one by one. A segment whose other buffers do
 // not share grad's alignment (or whose compute output is not 2-byte aligned alike)
@@ -60,7 +61,8 @@ enum class Mode : int32_t {
 // device).
 struct TableSegment {
     float *param;
-    const float *grad;
+    const float *grad;       // or null: grad16
+    const uint16_t *grad16;  // 16-bit gradients of grad_dtype, widened as they are read
     float *state[3];
     void *out;
     uint64_t n;
@@ -68,7 +70,7 @@ struct TableSegment {
     uint32_t lead;                    // see above; 0 when vector == 0
     int32_t vector;                   // 1: float4 inside the chunks
     int32_t out_dtype;                // ComputeDtype
-    int32_t pad_;
+    int32_t grad_dtype;               // ComputeDtype of grad16 (kNone: grad is fp32)
     optim::internal::SegmentConsts c;  // from make_consts(), as the CPU kernels use them
 };
 
