@@ -57,6 +57,7 @@ struct Case {
     int inf_step = -1;           // the step whose gradient on rank 0 holds an inf
     int nonfinite = SX_NONFINITE_DEFAULT;  // the steps' policy
     int steps = 4;
+    int shard_size = 0;  // a mesh: shard groups of this many ranks (0: one group of all)
 };
 
 struct ParamDef {
@@ -142,6 +143,7 @@ std::string group_config(const std::string &rv, int rank, const Case &c, Backend
     cfg->timeout_ms = 60000;
     cfg->backend = b == Backend::kCpu ? SX_BACKEND_CPU : SX_BACKEND_CUDA;
     cfg->offload = b == Backend::kOffload ? SX_OFFLOAD_STATE : SX_OFFLOAD_NONE;
+    cfg->shard_size = c.shard_size;
     return "";
 }
 
@@ -534,6 +536,30 @@ void test_device_state_equals_the_cpu(void **) {
         }
 }
 
+// A mesh of CUDA groups (2 shard groups of 2 ranks, replicas of each other, all on one
+// device): each shard group reduces and gathers its own, the replicas all-reduce their
+// shards, offloaded or not, at stages 1-3, as CPU groups do; and over NCCL's memory rules
+// (the simulated device's stand-in: each rank on a device of its own).
+void test_meshes_equal_the_cpu(void **) {
+    for (bool nccl : {false, true})
+    for (Backend b : {Backend::kDevice, Backend::kOffload})
+        for (int stage = 1; stage <= 3; ++stage)
+            for (int dtype : {SX_DTYPE_F32, SX_DTYPE_BF16}) {
+                if (nccl && (g_real_device || dtype == SX_DTYPE_F32)) continue;
+                if (!g_real_device) setenv("SX_SIMULATED_DEVICE", nccl ? "delay_us=20,nccl" : "delay_us=20", 1);
+                Case c;
+                c.world = 4;
+                c.shard_size = 2;
+                c.stage = stage;
+                c.dtype = dtype;
+                c.clip = stage == 2 ? 0.5 : 0.0;
+                c.signalled = stage != 1;
+                c.optimizer = stage == 3 ? SX_OPTIM_LAMB : SX_OPTIM_ADAMW;
+                expect_same(c, Backend::kCpu, b);
+            }
+    if (!g_real_device) setenv("SX_SIMULATED_DEVICE", "delay_us=20", 1);
+}
+
 void test_device_state_refuses_host_optimizers(void **) {
     const std::string rv = "local://off-refuse-" + tag();
     Case c;
@@ -789,6 +815,7 @@ int run_on_a_real_device() {
         cmocka_unit_test(test_loss_scaling_and_nonfinite_offloaded),
         cmocka_unit_test(test_frozen_params_keep_the_trainers_values),
         cmocka_unit_test(test_device_state_equals_the_cpu),
+        cmocka_unit_test(test_meshes_equal_the_cpu),
         cmocka_unit_test(test_device_state_refuses_host_optimizers),
         cmocka_unit_test(test_device_bytes),
         cmocka_unit_test(test_checkpoints_move_between_offloaded_and_other_groups),
@@ -815,6 +842,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_updates_overlap_the_copies),
         cmocka_unit_test(test_frozen_params_keep_the_trainers_values),
         cmocka_unit_test(test_device_state_equals_the_cpu),
+        cmocka_unit_test(test_meshes_equal_the_cpu),
         cmocka_unit_test(test_device_state_refuses_host_optimizers),
         cmocka_unit_test(test_device_bytes),
         cmocka_unit_test(test_checkpoints_move_between_offloaded_and_other_groups),

@@ -358,10 +358,10 @@ void test_memory_mesh_2x2_rank2_lost(void **) { lose_one_of_four(2, 2, 2, true);
 void test_memory_mesh_2x2_rank1_lost(void **) { lose_one_of_four(1, 3, 2, true); }
 // CUDA groups keep memory copies of their state (on the host, or copied down from the
 // device), and their survivors regroup from them, or from a checkpoint (on the simulated
-// device, which the ranks inherit: its ranks share it).
-void lose_one_on_a_device(int victim, int stage, bool memory, const char *device) {
+// device, which the ranks inherit: its ranks share it); a 2 x 2 mesh too.
+void lose_one_on_a_device(int victim, int stage, bool memory, const char *device, int shard_size = 0) {
     setenv("SX_SIMULATED_DEVICE", "1", 1);
-    lose_one_of_four(victim, stage, 0, memory, false, device);
+    lose_one_of_four(victim, stage, shard_size, memory, false, device);
     unsetenv("SX_SIMULATED_DEVICE");
 }
 void test_offloaded_memory_stage2_rank1_lost(void **) { lose_one_on_a_device(1, 2, true, "offload"); }
@@ -370,6 +370,8 @@ void test_offloaded_checkpoint_stage1_rank2_lost(void **) { lose_one_on_a_device
 void test_device_memory_stage2_rank2_lost(void **) { lose_one_on_a_device(2, 2, true, "cuda"); }
 void test_device_memory_stage3_rank1_lost(void **) { lose_one_on_a_device(1, 3, true, "cuda"); }
 void test_device_checkpoint_stage2_rank0_lost(void **) { lose_one_on_a_device(0, 2, false, "cuda"); }
+void test_offloaded_mesh_2x2_rank3_lost(void **) { lose_one_on_a_device(3, 2, true, "offload", 2); }
+void test_device_mesh_2x2_rank0_lost(void **) { lose_one_on_a_device(0, 3, true, "cuda", 2); }
 
 // Every rank aborts after step 5 and all 4 regroup from their memory copies, kept every
 // 2 steps: the state is step 4's (the newest copy), held by each rank (and, flat, by its
@@ -516,6 +518,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_device_memory_stage2_rank2_lost),
         cmocka_unit_test(test_device_memory_stage3_rank1_lost),
         cmocka_unit_test(test_device_checkpoint_stage2_rank0_lost),
+        cmocka_unit_test(test_offloaded_mesh_2x2_rank3_lost),
+        cmocka_unit_test(test_device_mesh_2x2_rank0_lost),
         cmocka_unit_test(test_grow_back_stage2),
         cmocka_unit_test(test_grow_back_stage3),
     };
