@@ -3,16 +3,16 @@ package sx
 import (
 	"fmt"
 	"reflect"
-	"strings"
 	"testing"
 	"unsafe"
 )
 
 // GroupConfig.Offload: 2 ranks of a CUDA group on the simulated device
 // (SX_SIMULATED_DEVICE=1: host memory behind a device's calls) keep LAMB's state on the
-// host (a CUDA group that does not offload refuses Muon). Two steps change the param; the
-// memory stats' DeviceBytes count the params and gradients on the device but not the
-// optimizer state, and are 0 for a CPU group.
+// host (a CUDA group that does not offload keeps it, and runs LAMB, on the device). Two
+// steps change the param; the memory stats' DeviceBytes count the params and gradients on
+// the device but not the optimizer state (all of it without offload), and are 0 for a
+// CPU group.
 
 const offloadRows, offloadCols = 6, 4
 
@@ -115,16 +115,20 @@ func TestAnOffloadedCUDAGroupStepsLAMBWithItsStateOnTheHost(t *testing.T) {
 	}
 }
 
-func TestACUDAGroupThatKeepsItsStateOnTheDeviceRefusesMuon(t *testing.T) {
-	t.Setenv("SX_SIMULATED_DEVICE", "1")
-	edit := func(c *GroupConfig) { c.Backend = BackendCUDA }
-	runRanksWith(t, "offload-refused", 2, edit, func(rank int32, g *ShardGroup) error {
-		_, err := g.AddParamGroup(NewParamGroup(Muon))
-		if statusOf(err) != ErrUnsupported || !strings.Contains(err.Error(), "SX_OFFLOAD_STATE") {
-			return fmt.Errorf("Muon on a CUDA group that does not offload: %v, not ErrUnsupported", err)
+func TestACUDAGroupThatKeepsItsStateOnTheDeviceStepsLAMBThere(t *testing.T) {
+	runs := trainOffloaded(t, "offload-none", BackendCUDA, false)
+	for r, run := range runs {
+		s := run.stats
+		if run.device != DeviceCUDA || reflect.DeepEqual(run.before, run.after) {
+			t.Errorf("rank %d: device %d, param %v -> %v", r, run.device, run.before, run.after)
 		}
-		return nil
-	})
+		if s.OptimizerBytes == 0 || s.DeviceBytes != s.ParamBytes+s.GradBytes+s.OptimizerBytes {
+			t.Errorf("rank %d: memory stats %+v: DeviceBytes should be all of them", r, s)
+		}
+	}
+	if !reflect.DeepEqual(runs[0].after, runs[1].after) {
+		t.Errorf("the ranks' replicated params differ: %v and %v", runs[0].after, runs[1].after)
+	}
 }
 
 func TestACPUGroupHasNoDeviceBytes(t *testing.T) {

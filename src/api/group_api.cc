@@ -212,11 +212,7 @@ SX_API sx_status_t sx_add_param_group(sx_shard_group_t *group, const sx_param_gr
                  "device (config->offload = SX_OFFLOAD_STATE keeps it on the host)",
                  sx::optim::optimizer_name(d.optimizer).c_str());
         const sx::optim::OptimizerSpec *spec = sx::optim::find_optimizer(d.optimizer);
-        SX_CHECK(!spec || g->state_ops().runs(*spec), SX_ERR_UNSUPPORTED,
-                 "%s needs a param's whole matrix on one rank, which runs on the host only in this version; this "
-                 "group keeps its optimizer state on a CUDA device (config->offload = SX_OFFLOAD_STATE keeps it on "
-                 "the host)",
-                 sx::optim::optimizer_name(d.optimizer).c_str());
+        if (spec) SX_TRY(g->state_ops().check_runs(*spec));
         return g->table().add_group(sx::core::hyper_from_desc(d), index_out);
     });
 }

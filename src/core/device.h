@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/memory.h"
 #include "base/status.h"
@@ -95,12 +96,12 @@ class DeviceOps {
     virtual bool reads_16bit_grads() const { return false; }
 
     // Whether the optimizer of row `spec` can keep its state here and update it: the host
-    // runs every one; a device the elementwise ones and those of per-param sums (LAMB,
-    // Adafactor), not those that need a param's whole matrix on one rank (Muon) or call
-    // the trainer's functions (custom optimizers).
-    virtual bool runs(const optim::OptimizerSpec &spec) const {
+    // runs every one; a CUDA device every built-in one (Muon where cuBLAS can be opened),
+    // not custom optimizers, which call the trainer's functions on host memory.
+    // SX_ERR_UNSUPPORTED saying why not.
+    virtual Status check_runs(const optim::OptimizerSpec &spec) const {
         (void)spec;
-        return true;
+        return Status::Ok();
     }
     // The passes of an optimizer of per-param sums (spec.passes, param_passes.h) over
     // segments of this DeviceOps's buffers: *run's passes read and write the segments here
@@ -108,6 +109,27 @@ class DeviceOps {
     virtual Status start_param_passes(const optim::OptimizerSpec &spec, const optim::PassInput &in,
                                       std::unique_ptr<optim::ParamPassRun> *run) {
         *run = spec.passes->start(in);
+        return Status::Ok();
+    }
+
+    // An optimizer of whole params (spec.whole_update, param_passes.h) over segments and
+    // buffers of this DeviceOps (pieces: one per segment, of its n values): its first pass,
+    // a whole param's update on the rank that owns it (u and out: its values), and its last
+    // pass. Here: the row's own functions (the host's override shares the whole update
+    // over its pool).
+    virtual Status whole_first(const optim::OptimizerSpec &spec, const optim::Segment *segs, size_t n,
+                               float grad_scale, float *const *pieces, double *grad_sumsq) {
+        spec.whole_update->first(segs, n, grad_scale, pieces, grad_sumsq);
+        return Status::Ok();
+    }
+    virtual Status whole_update(const optim::OptimizerSpec &spec, const float *u, const std::vector<int64_t> &shape,
+                                const optim::Hyper &h, float *out) {
+        spec.whole_update->whole(u, shape, h, nullptr, out);
+        return Status::Ok();
+    }
+    virtual Status whole_apply(const optim::OptimizerSpec &spec, const optim::Segment *segs, size_t n,
+                               const std::vector<int64_t> *const *shapes, const float *const *pieces) {
+        spec.whole_update->apply(segs, n, shapes, pieces);
         return Status::Ok();
     }
 

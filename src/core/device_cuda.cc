@@ -125,9 +125,32 @@ class CudaOps final : public DeviceOps {
 
     bool reads_16bit_grads() const override { return true; }
 
-    // LAMB's and Adafactor's passes run as the device's kernels (optim/device_passes.h).
-    bool runs(const optim::OptimizerSpec &spec) const override {
-        return spec.needs != optim::Needs::kWholeParam && spec.custom == nullptr;
+    // LAMB's and Adafactor's passes run as the device's kernels (optim/device_passes.h),
+    // and Muon's, its Newton-Schulz iterations through cuBLAS where it can be opened.
+    Status check_runs(const optim::OptimizerSpec &spec) const override {
+        SX_CHECK(spec.custom == nullptr, SX_ERR_UNSUPPORTED, "the custom optimizer '%s' runs on the host only",
+                 spec.name);
+        std::string why;
+        SX_CHECK(spec.needs != optim::Needs::kWholeParam || optim::cuda::cublas_available(&why), SX_ERR_UNSUPPORTED,
+                 "%s", why.c_str());
+        return Status::Ok();
+    }
+    Status whole_first(const optim::OptimizerSpec &spec, const optim::Segment *segs, size_t n, float grad_scale,
+                       float *const *pieces, double *grad_sumsq) override {
+        SX_CHECK(spec.kind == optim::Kind::kMuon, SX_ERR_UNSUPPORTED, "%s does not run on a CUDA device", spec.name);
+        const auto launcher = optim::cuda::make_cuda_pass_launcher(device_, stream_.get());
+        return optim::device_muon_momentum(*launcher, segs, n, grad_scale, pieces, grad_sumsq);
+    }
+    Status whole_update(const optim::OptimizerSpec &spec, const float *u, const std::vector<int64_t> &shape,
+                        const optim::Hyper &h, float *out) override {
+        SX_CHECK(spec.kind == optim::Kind::kMuon, SX_ERR_UNSUPPORTED, "%s does not run on a CUDA device", spec.name);
+        return optim::cuda::newton_schulz_cuda(device_, stream_.get(), u, shape[0], shape[1], h, out);
+    }
+    Status whole_apply(const optim::OptimizerSpec &spec, const optim::Segment *segs, size_t n,
+                       const std::vector<int64_t> *const *shapes, const float *const *pieces) override {
+        SX_CHECK(spec.kind == optim::Kind::kMuon, SX_ERR_UNSUPPORTED, "%s does not run on a CUDA device", spec.name);
+        const auto launcher = optim::cuda::make_cuda_pass_launcher(device_, stream_.get());
+        return optim::device_muon_apply(*launcher, segs, n, shapes, pieces);
     }
     Status start_param_passes(const optim::OptimizerSpec &spec, const optim::PassInput &in,
                               std::unique_ptr<optim::ParamPassRun> *run) override {

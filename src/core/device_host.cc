@@ -94,6 +94,13 @@ class HostOps final : public DeviceOps {
         return Status::Ok();
     }
 
+    Status whole_update(const optim::OptimizerSpec &spec, const float *u, const std::vector<int64_t> &shape,
+                        const optim::Hyper &h, float *out) override {
+        SX_TRY(check("whole_update", {u, out}));
+        spec.whole_update->whole(u, shape, h, pool_, out);
+        return Status::Ok();
+    }
+
   private:
     // Where the allocator tells device memory apart (a simulated device's): none of `ps` is
     // device memory, which host work must never touch.

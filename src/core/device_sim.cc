@@ -264,14 +264,40 @@ class SimulatedOps final : public DeviceOps {
 
     // As a CUDA device: LAMB's and Adafactor's passes run where the state is, through the
     // device passes' host launcher (the CUDA kernels' bodies and runs, one element at a time).
-    bool runs(const optim::OptimizerSpec &spec) const override {
-        return spec.needs != optim::Needs::kWholeParam && spec.custom == nullptr;
+    Status check_runs(const optim::OptimizerSpec &spec) const override {
+        SX_CHECK(spec.custom == nullptr, SX_ERR_UNSUPPORTED, "the custom optimizer '%s' runs on the host only",
+                 spec.name);
+        return Status::Ok();
     }
     Status start_param_passes(const optim::OptimizerSpec &spec, const optim::PassInput &in,
                               std::unique_ptr<optim::ParamPassRun> *run) override {
-        SX_CHECK(runs(spec), SX_ERR_INTERNAL, "%s's passes on the simulated device", spec.name);
+        SX_TRY(check_runs(spec));
         SX_TRY(segments_on_device("start_param_passes", in.segs, in.num_segs));
         return optim::start_device_passes(spec.kind, in, optim::make_host_pass_launcher(), run);
+    }
+
+    // Muon's passes through the device passes' host launcher (the CUDA kernels' bodies);
+    // its Newton-Schulz iterations as the host's (a device's run through cuBLAS).
+    Status whole_first(const optim::OptimizerSpec &spec, const optim::Segment *segs, size_t n, float grad_scale,
+                       float *const *pieces, double *grad_sumsq) override {
+        SX_TRY(segments_on_device("whole_first", segs, n));
+        for (size_t s = 0; s < n; ++s) SX_TRY(on_device("whole_first", {pieces[s]}));
+        SX_CHECK(spec.kind == optim::Kind::kMuon, SX_ERR_INTERNAL, "%s's passes on the simulated device", spec.name);
+        const std::unique_ptr<optim::PassLauncher> launcher = optim::make_host_pass_launcher();
+        return optim::device_muon_momentum(*launcher, segs, n, grad_scale, pieces, grad_sumsq);
+    }
+    Status whole_update(const optim::OptimizerSpec &spec, const float *u, const std::vector<int64_t> &shape,
+                        const optim::Hyper &h, float *out) override {
+        SX_TRY(on_device("whole_update", {u, out}));
+        return kernels_->whole_update(spec, u, shape, h, out);
+    }
+    Status whole_apply(const optim::OptimizerSpec &spec, const optim::Segment *segs, size_t n,
+                       const std::vector<int64_t> *const *shapes, const float *const *pieces) override {
+        SX_TRY(segments_on_device("whole_apply", segs, n));
+        for (size_t s = 0; s < n; ++s) SX_TRY(on_device("whole_apply", {pieces[s]}));
+        SX_CHECK(spec.kind == optim::Kind::kMuon, SX_ERR_INTERNAL, "%s's passes on the simulated device", spec.name);
+        const std::unique_ptr<optim::PassLauncher> launcher = optim::make_host_pass_launcher();
+        return optim::device_muon_apply(*launcher, segs, n, shapes, pieces);
     }
 
   private:

@@ -19,7 +19,6 @@ StepPasses Stepper::step_passes() {
     c.shard_rank = mesh_.shard_rank();
     c.pool = pool_.get();
     c.tracer = tracer();
-    c.on_host = units_.state_ops().device() == SX_DEVICE_CPU;  // the state's, offloaded or not
     c.fail = [this](Status s) { return fail(std::move(s)); };  // PartRefs::fail: the group's
     return c;
 }

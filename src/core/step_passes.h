@@ -33,7 +33,6 @@ struct StepPasses {
     int shard_size = 1, shard_rank = 0;
     optim::ThreadPool *pool = nullptr;
     trace::Tracer *tracer = nullptr;
-    bool on_host = true;  // the state is on the host (a CPU group's, or offloaded): where whole params update
     std::function<Status(Status)> fail;  // the group's: a failed collective fails the group
 };
 

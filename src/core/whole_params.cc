@@ -5,7 +5,8 @@
 // first), so that the ranks share the work. A step runs the first pass over this rank's
 // pieces, gathers each param's pieces on its owner (one gather per owning rank, all its
 // params at once), updates the whole param there, returns each rank its pieces (one
-// scatter per owning rank), and applies the pieces.
+// scatter per owning rank), and applies the pieces. The buffers are where the state
+// lives (its DeviceOps's: the host's, or a device's), and so is the work.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -53,6 +54,26 @@ std::vector<int> assign_owners(const Layout &layout, const ParamTable &table, co
     return owner;
 }
 
+// On the owner: each owned param's whole update from its matrix, written back into the
+// matrix (where the scatter's pieces point) and into this rank's own piece.
+Status update_owned(const StepPasses &c, const std::vector<int32_t> &covered, const std::vector<size_t> &owned,
+                    const std::vector<int> &seg_of, const std::vector<float *> &pieces, std::vector<Buffer> *matrix) {
+    DeviceOps &ops = c.units->state_ops();
+    for (size_t k : owned) {
+        const ParamSpec &spec = c.table->params()[covered[k]];
+        Buffer out;
+        SX_TRY(ops.allocate((*matrix)[k].size(), "a whole param's orthogonalised update", &out));
+        SX_TRY(ops.whole_update(row_of(*c.table, covered[k]), (*matrix)[k].as<float>(), spec.shape,
+                                c.table->groups()[spec.group].hyper, out.as<float>()));
+        SX_TRY(ops.copy((*matrix)[k].data(), out.data(), out.size()));  // where the scatter's pieces point
+        if (seg_of[k] < 0) continue;  // this rank's own piece comes straight from the matrix
+        const ShardPiece piece = c.layout->piece(covered[k], c.shard_rank);
+        SX_TRY(ops.copy(pieces[static_cast<size_t>(seg_of[k])], (*matrix)[k].as<float>() + piece.begin,
+                        (piece.end - piece.begin) * sizeof(float)));
+    }
+    return Status::Ok();
+}
+
 // Owner o's matrices: its params' pieces gathered from every rank of the shard group,
 // updated whole on o, and each rank's pieces returned into pieces[seg_of[k]] (which held
 // this rank's piece of covered param k's first update; -1 where it holds none).
@@ -60,25 +81,32 @@ std::vector<int> assign_owners(const Layout &layout, const ParamTable &table, co
 Status update_on(const StepPasses &c, int o, const std::vector<int32_t> &covered, const std::vector<int> &owner,
                  const std::vector<int> &seg_of, const std::vector<float *> &pieces) {
     const int S = c.shard_size, me = c.shard_rank;
+    DeviceOps &ops = c.units->state_ops();
     std::vector<comm::Piece> mine;
     std::vector<std::vector<comm::Piece>> theirs(me == o ? static_cast<size_t>(S) : 0);
     std::vector<size_t> owned;
-    std::vector<std::vector<float>> matrix(covered.size());  // the owner's, of its params
+    std::vector<Buffer> matrix(covered.size());  // the owner's, of its params
     for (size_t k = 0; k < covered.size(); ++k) {
         if (owner[k] != o) continue;
         owned.push_back(k);
-        if (me == o) matrix[k].assign(c.table->params()[covered[k]].numel, 0.0f);
+        if (me == o) {
+            const size_t bytes = c.table->params()[covered[k]].numel * sizeof(float);
+            Status st = ops.allocate(bytes, "a whole param's update", &matrix[k]);
+            if (!st.ok()) return c.fail(st);  // the first pass is done: the step is half done
+        }
         for (int q = 0; q < S; ++q) {
             const ShardPiece piece = c.layout->piece(covered[k], q);
             const size_t bytes = (piece.end - piece.begin) * sizeof(float);
             if (bytes == 0) continue;
             float *here = q == me ? pieces[static_cast<size_t>(seg_of[k])] : nullptr;
-            if (q == me && me == o)
-                std::memcpy(matrix[k].data() + piece.begin, here, bytes);
-            else if (q == me)
+            if (q == me && me == o) {
+                Status st = ops.copy(matrix[k].as<float>() + piece.begin, here, bytes);
+                if (!st.ok()) return c.fail(st);
+            } else if (q == me) {
                 mine.push_back({here, bytes});
-            else if (me == o)
-                theirs[static_cast<size_t>(q)].push_back({matrix[k].data() + piece.begin, bytes});
+            } else if (me == o) {
+                theirs[static_cast<size_t>(q)].push_back({matrix[k].as<float>() + piece.begin, bytes});
+            }
         }
     }
     if (owned.empty()) return Status::Ok();
@@ -90,18 +118,8 @@ Status update_on(const StepPasses &c, int o, const std::vector<int32_t> &covered
     if (me == o) {
         const optim::WholeParamUpdate &first = *row_of(*c.table, covered[owned.front()]).whole_update;
         SX_TRACE_SPAN(c.tracer, "step", first.name);
-        std::vector<float> out;
-        for (size_t k : owned) {
-            const ParamSpec &spec = c.table->params()[covered[k]];
-            out.resize(matrix[k].size());
-            row_of(*c.table, covered[k]).whole_update->whole(matrix[k].data(), spec.shape,
-                                                              c.table->groups()[spec.group].hyper, c.pool, out.data());
-            std::copy(out.begin(), out.end(), matrix[k].begin());  // where the scatter's pieces point
-            if (seg_of[k] < 0) continue;  // this rank's own piece comes straight from the matrix
-            const ShardPiece piece = c.layout->piece(covered[k], me);
-            std::memcpy(pieces[static_cast<size_t>(seg_of[k])], matrix[k].data() + piece.begin,
-                        (piece.end - piece.begin) * sizeof(float));
-        }
+        Status st = update_owned(c, covered, owned, seg_of, pieces, &matrix);
+        if (!st.ok()) return c.fail(st);
     }
     if (S > 1) {
         SX_TRACE_SPAN(c.tracer, "step", "whole_param_scatter");
@@ -117,7 +135,6 @@ Status update_whole_params(const StepPasses &c, float grad_scale, double *sumsq)
     if (sumsq) *sumsq = 0.0;
     const std::vector<int32_t> covered = c.units->params_needing(optim::Needs::kWholeParam);
     if (covered.empty()) return Status::Ok();
-    SX_CHECK(c.on_host, SX_ERR_INTERNAL, "an optimizer of whole params on a CUDA group's device");
     trace::Span span(c.tracer, "step", "update_whole_params");
     const std::vector<int> owner = assign_owners(*c.layout, *c.table, covered, c.shard_size);
 
@@ -126,28 +143,33 @@ Status update_whole_params(const StepPasses &c, float grad_scale, double *sumsq)
     // replace).
     std::vector<optim::Segment> segs = c.units->segments_needing(*c.reduced, optim::Needs::kWholeParam);
     const std::vector<OptimizerSegments> runs = by_optimizer(&segs);
-    std::vector<std::vector<float>> buffers(segs.size());
+    DeviceOps &ops = c.units->state_ops();
+    std::vector<Buffer> buffers(segs.size());
     std::vector<float *> pieces(segs.size());
     std::vector<const std::vector<int64_t> *> shapes(segs.size());
     std::vector<int> seg_of(covered.size(), -1);  // covered param k -> its segment here
     for (size_t s = 0; s < segs.size(); ++s) {
-        buffers[s].resize(segs[s].n);
-        pieces[s] = buffers[s].data();
+        SX_TRY(ops.allocate(segs[s].n * sizeof(float), "a piece of a whole param's update", &buffers[s]));
+        pieces[s] = buffers[s].as<float>();
         shapes[s] = &c.table->params()[static_cast<size_t>(segs[s].param_index)].shape;
         const size_t k = static_cast<size_t>(std::lower_bound(covered.begin(), covered.end(), segs[s].param_index) -
                                              covered.begin());
         seg_of[k] = static_cast<int>(s);
     }
+    // A failure from the first pass on leaves the state partly updated: the group fails.
     for (const OptimizerSegments &r : runs) {
         double part = 0.0;
-        r.row->whole_update->first(segs.data() + r.begin, r.end - r.begin, grad_scale, pieces.data() + r.begin,
-                                   sumsq ? &part : nullptr);
+        Status st = ops.whole_first(*r.row, segs.data() + r.begin, r.end - r.begin, grad_scale,
+                                    pieces.data() + r.begin, sumsq ? &part : nullptr);
+        if (!st.ok()) return c.fail(st);
         if (sumsq) *sumsq += part;
     }
     for (int o = 0; o < c.shard_size; ++o) SX_TRY(update_on(c, o, covered, owner, seg_of, pieces));
-    for (const OptimizerSegments &r : runs)
-        r.row->whole_update->apply(segs.data() + r.begin, r.end - r.begin, shapes.data() + r.begin,
-                                   pieces.data() + r.begin);
+    for (const OptimizerSegments &r : runs) {
+        Status st = ops.whole_apply(*r.row, segs.data() + r.begin, r.end - r.begin, shapes.data() + r.begin,
+                                    pieces.data() + r.begin);
+        if (!st.ok()) return c.fail(st);
+    }
     span.set_bytes(optim::total_elements(segs) * sizeof(float));
     return Status::Ok();
 }

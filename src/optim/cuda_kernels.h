@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "base/status.h"
 #include "optim/device_passes.h"
@@ -96,6 +97,18 @@ class Workspace {
   private:
     Impl *impl_;
 };
+
+// Muon's Newton-Schulz iterations (muon.h's newton_schulz) on CUDA device `device`, as
+// torch.optim.Muon runs them there: every product a bf16 matrix product through cuBLAS
+// (fp32 sums in cuBLAS's order; each result, with addmm's epilogue, rounded to bf16
+// once). u and out: the rows x cols matrix, row-major fp32, in device memory (out does
+// not alias u); on `stream` (a cudaStream_t), waited for before it returns.
+// SX_ERR_UNSUPPORTED where cuBLAS cannot be opened (libcublas.so.13, or the file
+// SX_CUBLAS_LIBRARY names), saying so.
+Status newton_schulz_cuda(int device, void *stream, const float *u, int64_t rows, int64_t cols, const Hyper &h,
+                          float *out);
+// Whether cuBLAS can be opened here (*why, if not null: why not).
+bool cublas_available(std::string *why);
 
 // The launcher of LAMB's and Adafactor's device passes (device_passes.h) on CUDA device
 // `device`, on `stream` (a cudaStream_t; borrowed, it outlives the launcher). Each

@@ -108,6 +108,26 @@ SX_PASS_BODY void adafactor_apply_at(const PassSegment &s, const float *aux, uin
     write_compute<O>(s, i, p);
 }
 
+// --- Muon (muon.cc's muon_momentum and muon_apply) ---
+
+template <class O>
+SX_PASS_BODY void muon_momentum_at(const PassSegment &s, uint64_t i, double *acc) {
+    const float g = O::mul(s.grad[i], s.grad_scale);
+    acc[0] += static_cast<double>(g) * g;
+    const float self = s.state0[i];  // buf.lerp_(grad, 1 - momentum)
+    const float b = O::add(s.lerp_from_end ? g : self, O::mul(s.lerp_coeff, O::sub(g, self)));
+    s.state0[i] = b;
+    // grad.lerp(buf, momentum) with Nesterov, else buf
+    s.pieces[i] = s.nesterov ? O::add(s.nesterov_from_end ? b : g, O::mul(s.nesterov_coeff, O::sub(b, g))) : b;
+}
+
+template <class O>
+SX_PASS_BODY void muon_apply_at(const PassSegment &s, uint64_t i) {
+    const float p = O::add(O::mul(s.param[i], s.decay), O::mul(s.factor, s.pieces[i]));
+    s.param[i] = p;
+    write_compute<O>(s, i, p);
+}
+
 // Element i of a run of `kernel` (all but kAdafactorColumns), its sums added into acc.
 template <class O>
 SX_PASS_BODY void element_at(PassKernel kernel, const PassSegment &s, const float *aux, uint64_t i, double *acc) {
@@ -121,6 +141,8 @@ SX_PASS_BODY void element_at(PassKernel kernel, const PassSegment &s, const floa
             break;
         }
         case PassKernel::kAdafactorApply: adafactor_apply_at<O>(s, aux, i); break;
+        case PassKernel::kMuonMomentum: muon_momentum_at<O>(s, i, acc); break;
+        case PassKernel::kMuonApply: muon_apply_at<O>(s, i); break;
         case PassKernel::kAdafactorColumns: break;
     }
 }

@@ -9,6 +9,7 @@
 #include "optim/adafactor.h"
 #include "optim/device_pass_body.h"
 #include "optim/lamb.h"
+#include "optim/muon.h"
 #include "optim/passes.h"
 
 namespace sx {
@@ -245,6 +246,53 @@ class AdafactorDeviceRun final : public ParamPassRun {
 };
 
 }  // namespace
+
+Status device_muon_momentum(PassLauncher &launcher, const Segment *segs, size_t num_segs, float grad_scale,
+                            float *const *pieces, double *grad_sumsq) {
+    std::vector<PassSegment> table;
+    uint64_t runs = 0, items = 0;
+    for (size_t s = 0; s < num_segs; ++s) {
+        PassSegment t = table_segment(segs[s], nullptr, &runs, &items);
+        t.pieces = pieces[s];
+        t.grad_scale = grad_scale;
+        if (segs[s].n > 0) {  // muon.cc's Lerps: into the buffer, and Nesterov's
+            const Hyper &h = *segs[s].hyper;
+            const Lerp into_buf(1.0 - h.momentum), nesterov(h.momentum);
+            t.lerp_coeff = into_buf.coeff;
+            t.lerp_from_end = into_buf.from_end;
+            t.nesterov_coeff = nesterov.coeff;
+            t.nesterov_from_end = nesterov.from_end;
+            t.nesterov = h.nesterov ? 1 : 0;
+        }
+        table.push_back(t);
+    }
+    std::vector<double> out;
+    SX_TRY(launcher.launch(PassKernel::kMuonMomentum, table, {}, &out));
+    if (grad_sumsq) {
+        double g = 0.0;
+        for (const PassSegment &t : table) g += run_sum(t, out, 0);
+        *grad_sumsq = g;
+    }
+    return Status::Ok();
+}
+
+Status device_muon_apply(PassLauncher &launcher, const Segment *segs, size_t num_segs,
+                         const std::vector<int64_t> *const *shapes, const float *const *pieces) {
+    std::vector<PassSegment> table;
+    uint64_t runs = 0, items = 0;
+    for (size_t s = 0; s < num_segs; ++s) {
+        PassSegment t = table_segment(segs[s], nullptr, &runs, &items);
+        t.pieces = const_cast<float *>(pieces[s]);  // read only by the apply
+        if (segs[s].n > 0) {  // muon.cc's muon_apply
+            const Hyper &h = *segs[s].hyper;
+            t.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+            t.factor = static_cast<float>(-muon_adjusted_lr(h, (*shapes[s])[0], (*shapes[s])[1]));
+        }
+        table.push_back(t);
+    }
+    std::vector<double> out;
+    return launcher.launch(PassKernel::kMuonApply, table, {}, &out);
+}
 
 std::unique_ptr<PassLauncher> make_host_pass_launcher() { return std::unique_ptr<PassLauncher>(new HostLauncher()); }
 

@@ -50,6 +50,8 @@ enum class PassKernel : int32_t {
     kAdafactorColumns = 3,  // per column item: sum g^2
     kAdafactorSecond = 4,   // a 1-D param's variance lerped; per run: sum u^2
     kAdafactorApply = 5,    // p = p * decay + factor * u; compute_out
+    kMuonMomentum = 6,      // momentum written, u into `pieces`; per run: sum g^2
+    kMuonApply = 7,         // p = p * decay + factor * pieces; compute_out
 };
 
 // Doubles a launch writes per run (kAdafactorColumns: one per column item).
@@ -60,7 +62,8 @@ constexpr int kRunSums = 3;
 struct PassSegment {
     float *param;
     const float *grad;
-    float *state0, *state1;  // LAMB: exp_avg, exp_avg_sq; Adafactor: a 1-D param's variance
+    float *state0, *state1;  // LAMB: exp_avg, exp_avg_sq; Adafactor: a 1-D param's variance; Muon: its buffer
+    float *pieces;           // Muon: this segment's piece of u (momentum), then of O (apply)
     uint16_t *compute_out;   // or null
     int32_t compute_dtype;   // SX_DTYPE_BF16 or SX_DTYPE_F16 where compute_out is set
     int32_t l2;              // LAMB: weight decay added to the direction
@@ -73,9 +76,11 @@ struct PassSegment {
     // fp32 constants of the step, as lamb.cc and adafactor.cc round them.
     float grad_scale;  // negated under maximize
     float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, weight_decay;
-    float eps1_sq, lerp_coeff;
+    float eps1_sq, lerp_coeff;  // Adafactor's; Muon's lerp into its buffer
     int32_t lerp_from_end;
-    float factor;  // the apply launches'
+    float factor;  // the apply launches' (Muon: -adjusted_lr)
+    float nesterov_coeff;  // Muon with Nesterov: g.lerp(buf, momentum)'s
+    int32_t nesterov_from_end, nesterov;
 };
 
 // Run k of segment s: elements [*lo, *hi) of it.
@@ -110,6 +115,14 @@ std::unique_ptr<PassLauncher> make_host_pass_launcher();
 // kernels run) through `launcher`. SX_ERR_UNSUPPORTED for another optimizer.
 Status start_device_passes(Kind kind, const PassInput &in, std::unique_ptr<PassLauncher> launcher,
                            std::unique_ptr<ParamPassRun> *out);
+
+// Muon's first and last passes (muon.h's muon_momentum and muon_apply) through `launcher`:
+// segments and pieces in the launcher's memory, *grad_sumsq (if not null) the sum of
+// (grad * grad_scale)^2 added in run order; shapes[s] segment s's param's.
+Status device_muon_momentum(PassLauncher &launcher, const Segment *segs, size_t num_segs, float grad_scale,
+                            float *const *pieces, double *grad_sumsq);
+Status device_muon_apply(PassLauncher &launcher, const Segment *segs, size_t num_segs,
+                         const std::vector<int64_t> *const *shapes, const float *const *pieces);
 
 }  // namespace optim
 }  // namespace sx

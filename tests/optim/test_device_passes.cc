@@ -1,4 +1,4 @@
-// LAMB's and Adafactor's device passes (optim/device_passes.h), through the host's
+// LAMB's, Adafactor's and Muon's device passes (optim/device_passes.h), through the host's
 // launcher (the CUDA kernels' bodies, runs and column items, one element at a time),
 // against the host's passes (lamb.cc, adafactor.cc): params of awkward shapes (a 1-D one
 // of several runs, a matrix of more rows than a column item holds, a 3-D one of several
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "optim/device_passes.h"
+#include "optim/muon.h"
 #include "optim/optimizer.h"
 #include "optim/param_passes.h"
 #include "sx/sx.h"
@@ -211,6 +212,72 @@ void test_adafactor(void **) {
     compare(Kind::kAdafactor, h);
 }
 
+// Muon's first and last passes through the host launcher against muon.cc's, on segments
+// of awkward lengths, with and without Nesterov: the buffer, u, the params and their bf16
+// copies bit for bit, the gradients' sum of squares within its rounding.
+void test_muon_passes(void **) {
+    for (int nesterov : {1, 0}) {
+        Hyper h = sx::optim::default_hyper(Kind::kMuon);
+        h.nesterov = nesterov;
+        h.weight_decay = 0.05;
+        std::vector<Param> host = make_params(2), dev = make_params(2);
+        const std::vector<int64_t> shapes[] = {{90, 100}, {600, 7}, {15, 4}, {1, 1}};
+        for (int t = 1; t <= 3; ++t) {
+            new_grads(host, t);
+            new_grads(dev, t);
+            double sums[2] = {0.0, 0.0};
+            std::vector<Param> *both[2] = {&host, &dev};
+            std::vector<std::vector<float>> u[2];
+            for (int w = 0; w < 2; ++w) {
+                std::vector<Segment> segs;
+                std::vector<float *> pieces;
+                std::vector<const std::vector<int64_t> *> shape_of;
+                u[w].resize(both[w]->size());
+                for (size_t k = 0; k < both[w]->size(); ++k) {
+                    Param &q = (*both[w])[k];
+                    u[w][k].assign(q.numel, 0.0f);
+                    Segment s;
+                    s.param = q.p.data(), s.grad = q.g.data(), s.state[0] = q.s0.data();
+                    s.compute_out = q.out.data(), s.compute_dtype = SX_DTYPE_BF16;
+                    s.n = q.numel, s.hyper = &h, s.step = t;
+                    segs.push_back(s);
+                    pieces.push_back(u[w][k].data());
+                    shape_of.push_back(&shapes[k]);
+                }
+                const float scale = t == 2 ? 0.5f : 1.0f;
+                const std::unique_ptr<sx::optim::PassLauncher> launcher = sx::optim::make_host_pass_launcher();
+                if (w == 0) {
+                    sx::optim::kMuonUpdate.first(segs.data(), segs.size(), scale, pieces.data(), &sums[0]);
+                } else {
+                    assert_int_equal(sx::optim::device_muon_momentum(*launcher, segs.data(), segs.size(), scale,
+                                                                     pieces.data(), &sums[1]).code(),
+                                     SX_OK);
+                }
+                // Stand-in for the orthogonalised update: u scaled, the same on both sides.
+                for (std::vector<float> &x : u[w])
+                    for (float &v : x) v *= 0.75f;
+                std::vector<const float *> orth(pieces.begin(), pieces.end());
+                if (w == 0) {
+                    sx::optim::kMuonUpdate.apply(segs.data(), segs.size(), shape_of.data(), orth.data());
+                } else {
+                    assert_int_equal(sx::optim::device_muon_apply(*launcher, segs.data(), segs.size(), shape_of.data(),
+                                                                  orth.data()).code(),
+                                     SX_OK);
+                }
+            }
+            assert_true(std::fabs(sums[0] - sums[1]) <= 1e-12 * sums[0]);
+            for (size_t k = 0; k < host.size(); ++k) {
+                expect_equal(dev[k].s0, host[k].s0, "momentum buffer", k);
+                expect_equal(u[1][k], u[0][k], "update", k);
+                expect_equal(dev[k].p, host[k].p, "param", k);
+                assert_memory_equal(dev[k].out.data(), host[k].out.data(), host[k].out.size() * 2);
+            }
+        }
+        const std::vector<Param> start = make_params(2);
+        assert_true(std::memcmp(start[0].p.data(), host[0].p.data(), host[0].p.size() * 4) != 0);
+    }
+}
+
 void test_other_optimizers_have_none(void **) {
     std::unique_ptr<sx::optim::ParamPassRun> run;
     sx::optim::PassInput in;
@@ -225,6 +292,7 @@ int main() {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lamb),
         cmocka_unit_test(test_adafactor),
+        cmocka_unit_test(test_muon_passes),
         cmocka_unit_test(test_other_optimizers_have_none),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -1,6 +1,6 @@
 """offload=True through the binding: 2 ranks (threads over local://) of a CUDA group on
 the simulated device (SX_SIMULATED_DEVICE=1, host memory behind a device's calls) keep
-LAMB's state on the host; a CUDA group that does not offload refuses Muon. Two steps
+LAMB's state on the host; a CUDA group that does not offload keeps it, and runs LAMB, on the device. Two steps
 change the param; the memory stats' device_bytes count the params and gradients on the
 device but not the optimizer state, and are 0 for a CPU group."""
 import ctypes
@@ -74,13 +74,14 @@ class OffloadTest(unittest.TestCase):
                 # Both ranks stepped the same replicated param.
                 self.assertEqual(results[0][1], results[1][1])
 
-    def test_a_cuda_group_that_keeps_its_state_on_the_device_refuses_muon(self):
-        def rank_fn(rank, name):
-            with make(rank, name, "cuda", False) as g:
-                with self.assertRaises(sx.UnsupportedError) as caught:
-                    g.add_param_group("muon", lr=0.01)
-                self.assertIn("SX_OFFLOAD_STATE", str(caught.exception))
-        run_ranks(2, rank_fn)
+    def test_a_cuda_group_that_keeps_its_state_on_the_device_steps_lamb_there(self):
+        results = run_ranks(2, train, "cuda", False)
+        for before, after, stats, device in results:
+            self.assertEqual(device, sx.SX_DEVICE_CUDA)
+            self.assertNotEqual(before, after)
+            self.assertGreater(stats.optimizer_bytes, 0)
+            self.assertEqual(stats.device_bytes, stats.param_bytes + stats.grad_bytes + stats.optimizer_bytes)
+        self.assertEqual(results[0][1], results[1][1])
 
     def test_a_cpu_group_has_no_device_bytes(self):
         for before, after, stats, device in run_ranks(2, train, "cpu", True):

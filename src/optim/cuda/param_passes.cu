@@ -15,6 +15,7 @@
 
 #include "cuda/device_scope.h"
 #include "cuda/status.h"
+#include "optim/cuda/stream_memory.h"
 #include "optim/cuda_kernels.h"
 #include "optim/device_pass_body.h"
 #include "sx/sx.h"
@@ -96,26 +97,6 @@ __global__ void __launch_bounds__(kPassThreads) columns_kernel(const PassSegment
     }
 }
 
-// Device memory from the stream-ordered pool, given back in stream order.
-class StreamMemory {
-  public:
-    explicit StreamMemory(cudaStream_t stream) : stream_(stream) {}
-    ~StreamMemory() {
-        if (p_) cudaFreeAsync(p_, stream_);
-    }
-    Status allocate(size_t bytes, const char *what) {
-        if (bytes == 0) return Status::Ok();
-        SX_CUDA_TRY(cudaMallocAsync(&p_, bytes, stream_), what);
-        return Status::Ok();
-    }
-    template <typename T>
-    T *as() const { return static_cast<T *>(p_); }
-
-  private:
-    cudaStream_t stream_;
-    void *p_ = nullptr;
-};
-
 class CudaLauncher final : public PassLauncher {
   public:
     CudaLauncher(int device, void *stream) : device_(device), stream_(static_cast<cudaStream_t>(stream)) {}
@@ -160,6 +141,8 @@ class CudaLauncher final : public PassLauncher {
                 SX_RUNS_KERNEL(kAdafactorSums)
                 SX_RUNS_KERNEL(kAdafactorSecond)
                 SX_RUNS_KERNEL(kAdafactorApply)
+                SX_RUNS_KERNEL(kMuonMomentum)
+                SX_RUNS_KERNEL(kMuonApply)
 #undef SX_RUNS_KERNEL
                 case PassKernel::kAdafactorColumns: break;
             }

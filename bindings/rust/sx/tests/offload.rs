@@ -1,8 +1,9 @@
 //! GroupConfig::offload: 2 ranks (threads over local://) of a CUDA group on the simulated
 //! device (SX_SIMULATED_DEVICE=1: host memory behind a device's calls) keep LAMB's state on
-//! the host (a CUDA group that does not offload refuses Muon). Two steps change the param;
-//! the memory stats' device_bytes count the params and gradients on the device but not the
-//! optimizer state, and are 0 for a CPU group.
+//! the host (a CUDA group that does not offload keeps it, and runs LAMB, on the device).
+//! Two steps change the param; the memory stats' device_bytes count the params and
+//! gradients on the device but not the optimizer state (all of it without offload), and
+//! are 0 for a CPU group.
 //!
 //! A test binary of its own: SX_SIMULATED_DEVICE is set in the process (once, before any
 //! group of this binary is made) and must not reach the other tests' groups.
@@ -11,7 +12,6 @@ mod common;
 use std::sync::{Arc, Once};
 use std::thread;
 
-use sx::status::SX_ERR_UNSUPPORTED;
 use sx::{Backend, MemoryStats, Optimizer, Param, ParamGroup, ShardGroup};
 
 const ROWS: i64 = 6;
@@ -97,13 +97,15 @@ fn an_offloaded_cuda_group_steps_lamb_with_its_state_on_the_host() {
 }
 
 #[test]
-fn a_cuda_group_that_keeps_its_state_on_the_device_refuses_muon() {
-    run_ranks("offload-refused", Backend::Cuda, false, |_, mut g| {
-        let e = g.add_param_group(&ParamGroup::new(Optimizer::Muon).lr(0.01)).unwrap_err();
-        assert_eq!(e.status(), SX_ERR_UNSUPPORTED);
-        assert!(e.to_string().contains("SX_OFFLOAD_STATE"), "{}", e);
-        Ok(())
-    });
+fn a_cuda_group_that_keeps_its_state_on_the_device_steps_lamb_there() {
+    let results = train("offload-none", Backend::Cuda, false);
+    for (before, after, stats, device) in &results {
+        assert_eq!(*device, sx::sys::SX_DEVICE_CUDA);
+        assert_ne!(before, after, "two steps left the param as it was");
+        assert!(stats.optimizer_bytes > 0, "{:?}", stats);
+        assert_eq!(stats.device_bytes, stats.param_bytes + stats.grad_bytes + stats.optimizer_bytes, "{:?}", stats);
+    }
+    assert_eq!(results[0].1, results[1].1, "the ranks' replicated params differ");
 }
 
 #[test]
