@@ -331,7 +331,7 @@ Status Units::reduce(size_t u, comm::Communicator &c, bool into_accum, float **s
     // The bytes of gradients the unit puts into the sum (its whole flat buffer).
     SX_TRACE_SPAN(tracer_, "step", "reduce_scatter", table_.layout->units()[u].unit_id, unit.grads.size());
     const uint64_t S = table_.layout->units()[u].shard_numel;
-        if (unit.grad_dtype == SX_DTYPE_F32) {
+    if (unit.grad_dtype == SX_DTYPE_F32) {
         float *grads = unit.grads.as<float>();
         // One rank per shard group with nothing accumulated: the gradients are already its
         // shard's sum. (Otherwise one rank goes through the communicator too, which then

@@ -1,7 +1,8 @@
 // The element work of LAMB's and Adafactor's device passes (device_passes.h), one body for
 // the CUDA kernels and the host's launcher: O supplies the fp32 operations, each rounded
 // once (the host's operators under -ffp-contract=off, the device's __fmul_rn and kin),
-// so both give lamb.cc's and adafactor.cc's values bit for bit.
+// so from the same inputs both give lamb.cc's, adafactor.cc's and muon.cc's element values
+// bit for bit.
 #pragma once
 
 #include <cstdint>

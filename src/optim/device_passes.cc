@@ -245,10 +245,19 @@ class AdafactorDeviceRun final : public ParamPassRun {
     std::vector<float> aux_;                     // the moments the second and third passes read
 };
 
+// The passes read fp32 gradients alone (a segment's grad16 is the elementwise update's).
+Status check_gradients(const Segment *segs, size_t num_segs) {
+    for (size_t s = 0; s < num_segs; ++s)
+        SX_CHECK(segs[s].n == 0 || (segs[s].grad != nullptr && segs[s].grad16 == nullptr), SX_ERR_INTERNAL,
+                 "segment %zu of the device passes has no fp32 gradient (16-bit ones are the elementwise update's)", s);
+    return Status::Ok();
+}
+
 }  // namespace
 
 Status device_muon_momentum(PassLauncher &launcher, const Segment *segs, size_t num_segs, float grad_scale,
                             float *const *pieces, double *grad_sumsq) {
+    SX_TRY(check_gradients(segs, num_segs));
     std::vector<PassSegment> table;
     uint64_t runs = 0, items = 0;
     for (size_t s = 0; s < num_segs; ++s) {
@@ -298,6 +307,7 @@ std::unique_ptr<PassLauncher> make_host_pass_launcher() { return std::unique_ptr
 
 Status start_device_passes(Kind kind, const PassInput &in, std::unique_ptr<PassLauncher> launcher,
                            std::unique_ptr<ParamPassRun> *out) {
+    SX_TRY(check_gradients(in.segs, in.num_segs));
     if (kind == Kind::kLamb) {
         *out = std::make_unique<LambDeviceRun>(in, std::move(launcher));
     } else if (kind == Kind::kAdafactor) {

@@ -12,8 +12,11 @@
 // column over those rows (the elements the segment holds). Every sum is in double, each
 // run's added by the device in one fixed order, and the host adds the runs' (and the
 // column items') in their order: the same inputs give the same bits every time, on any
-// device of one kind. The element formulas are those of lamb.cc and adafactor.cc,
-// operation for operation (device_pass_body.h), so the fp32 values equal the host's.
+// device of one kind. The element formulas are those of lamb.cc, adafactor.cc and muon.cc,
+// operation for operation (device_pass_body.h): given the same sums, the fp32 values are
+// the host's. The double sums themselves are added in another order than the host's
+// loops add them, so a float derived from them (a norm, a factor, a moment) may rarely
+// differ from the host's in its last bit.
 //
 // What launches the kernels is a PassLauncher: the CUDA one (optim/cuda_kernels.h's
 // make_cuda_pass_launcher) or the host one here, which runs the same bodies one element

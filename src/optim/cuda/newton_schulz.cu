@@ -44,20 +44,15 @@ struct Cublas {
 
 Status open_cublas(Cublas *api) {
     const char *env = std::getenv("SX_CUBLAS_LIBRARY");
-    const char *names[] = {env && *env ? env : "libcublas.so.13", "libcublas.so.12", "libcublas.so"};
-    std::string tried;
-    void *lib = nullptr;
-    for (const char *name : names) {
-        lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-        if (lib) break;
+    // The cuBLAS of the CUDA 13 runtime sx is built with (or the one the user names).
+    const std::string name = env && *env ? env : "libcublas.so.13";
+    void *lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
         const char *why = dlerror();
-        tried += std::string(tried.empty() ? "" : "; ") + name + ": " + (why ? why : "not found");
-        if (env && *env) break;  // the one the user named, alone
-    }
-    if (!lib)
-        return SX_ERROR(SX_ERR_UNSUPPORTED, "Muon on a CUDA device needs cuBLAS, which could not be opened (%s); "
+        return SX_ERROR(SX_ERR_UNSUPPORTED, "Muon on a CUDA device needs cuBLAS, which could not be opened (%s: %s); "
                         "install it, set SX_CUBLAS_LIBRARY to its path, or keep the state on the host "
-                        "(SX_OFFLOAD_STATE)", tried.c_str());
+                        "(SX_OFFLOAD_STATE)", name.c_str(), why ? why : "not found");
+    }
     api->create = reinterpret_cast<decltype(api->create)>(dlsym(lib, "cublasCreate_v2"));
     api->destroy = reinterpret_cast<decltype(api->destroy)>(dlsym(lib, "cublasDestroy_v2"));
     api->set_stream = reinterpret_cast<decltype(api->set_stream)>(dlsym(lib, "cublasSetStream_v2"));
@@ -168,7 +163,8 @@ Status iterate(const Cublas &api, cublasHandle_t h, cudaStream_t stream, const H
     return Status::Ok();
 }
 
-// One cuBLAS handle per device, used under a lock (a handle's stream is set per call).
+// One cuBLAS handle per device, used under a lock from setting its stream until that
+// stream's products are done.
 std::mutex g_handles_mu;
 cublasHandle_t g_handles[64] = {};
 
@@ -210,17 +206,23 @@ Status newton_schulz_cuda(int device, void *stream_ptr, const float *u, int64_t 
     const float norm = std::max(round_bf16(static_cast<float>(std::sqrt(sumsq))), round_bf16(static_cast<float>(hp.eps)));
     divide_kernel<<<grid_for(n * m), kThreads, 0, stream>>>(y.as<__nv_bfloat16>(), n * m, norm);
     SX_CUDA_TRY(cudaGetLastError(), "launching Newton-Schulz's normalisation");
-    {
-        std::lock_guard<std::mutex> lock(g_handles_mu);
-        cublasHandle_t &h = g_handles[device];
-        if (!h) SX_TRY(cublas_status(api->create(&h), "creating a cuBLAS handle"));
-        SX_TRY(cublas_status(api->set_stream(h, stream), "setting cuBLAS's stream"));
-        SX_TRY(iterate(*api, h, stream, hp, n, m, y.as<__nv_bfloat16>(), y2.as<__nv_bfloat16>(),
-                       g.as<__nv_bfloat16>(), uu.as<__nv_bfloat16>()));
+    // The handle (and its one workspace) serves one stream at a time: held until this
+    // stream's products are done, so that another group's on the same device never run
+    // beside them in the same workspace.
+    std::lock_guard<std::mutex> lock(g_handles_mu);
+    cublasHandle_t &h = g_handles[device];
+    if (!h) SX_TRY(cublas_status(api->create(&h), "creating a cuBLAS handle"));
+    SX_TRY(cublas_status(api->set_stream(h, stream), "setting cuBLAS's stream"));
+    Status st = iterate(*api, h, stream, hp, n, m, y.as<__nv_bfloat16>(), y2.as<__nv_bfloat16>(),
+                        g.as<__nv_bfloat16>(), uu.as<__nv_bfloat16>());
+    if (st.ok()) {
+        store_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(y.as<__nv_bfloat16>(), rows, cols, tall, n, out);
+        st = ::sx::cuda::cuda_status(cudaGetLastError(), "launching Newton-Schulz's last kernel", __FILE__, __LINE__);
     }
-    store_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(y.as<__nv_bfloat16>(), rows, cols, tall, n, out);
-    SX_CUDA_TRY(cudaGetLastError(), "launching Newton-Schulz's last kernel");
-    SX_CUDA_TRY(cudaStreamSynchronize(stream), "Newton-Schulz's iterations");
+    // Waited for even after a failure: nothing of this call may still run on the handle.
+    const cudaError_t done = cudaStreamSynchronize(stream);
+    SX_TRY(st);
+    SX_CUDA_TRY(done, "Newton-Schulz's iterations");
     return Status::Ok();
 }
 
