@@ -37,7 +37,8 @@ class HostLauncher final : public PassLauncher {
         uint64_t runs = 0, items = 0;
         for (const PassSegment &s : segs) runs += s.run_count, items += s.column_count;
         const bool columns = kernel == PassKernel::kAdafactorColumns;
-        out->assign(columns ? items : runs * kRunSums, 0.0);
+        out->assign(!gives_sums(kernel) ? 0 : columns ? items : runs * kRunSums, 0.0);
+        double scratch[kRunSums] = {};  // an apply's (whose sums are none)
         for (const PassSegment &s : segs) {
             if (columns) {
                 for (uint64_t j = 0; j < s.column_count; ++j)
@@ -47,7 +48,7 @@ class HostLauncher final : public PassLauncher {
             for (uint64_t j = 0; j < s.run_count; ++j) {
                 uint64_t lo, hi;
                 pass_run(s, j, &lo, &hi);
-                double *acc = out->data() + (s.run_begin + j) * kRunSums;
+                double *acc = out->empty() ? scratch : out->data() + (s.run_begin + j) * kRunSums;
                 for (uint64_t i = lo; i < hi; ++i) pass_body::element_at<HostOps>(kernel, s, aux.data(), i, acc);
             }
         }

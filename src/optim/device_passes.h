@@ -60,6 +60,12 @@ enum class PassKernel : int32_t {
 // Doubles a launch writes per run (kAdafactorColumns: one per column item).
 constexpr int kRunSums = 3;
 
+// Whether a launch of `kernel` gives sums (the apply launches give none).
+SX_PASS_BODY bool gives_sums(PassKernel kernel) {
+    return kernel != PassKernel::kLambApply && kernel != PassKernel::kAdafactorApply &&
+           kernel != PassKernel::kMuonApply;
+}
+
 // One segment as the kernels read it (trivially copyable, the same layout on host and
 // device). Pointers are device addresses; `aux` indexes the launch's floats.
 struct PassSegment {
@@ -105,7 +111,8 @@ class PassLauncher {
     virtual ~PassLauncher() = default;
     // Runs `kernel` over every run (kAdafactorColumns: every column item) of `segs`, whose
     // runs and items are numbered in order from 0 (pass_plan sets them), with `aux` the
-    // floats the kernel reads; *out gets kRunSums doubles per run (one per column item).
+    // floats the kernel reads; *out gets kRunSums doubles per run (one per column item),
+    // or nothing where the kernel gives no sums (gives_sums).
     // The table and aux are read during the call; it returns once the kernel is done.
     virtual Status launch(PassKernel kernel, const std::vector<PassSegment> &segs, const std::vector<float> &aux,
                           std::vector<double> *out) = 0;

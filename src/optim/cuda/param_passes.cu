@@ -81,6 +81,7 @@ __global__ void __launch_bounds__(kPassThreads) runs_kernel(const PassSegment *s
         double acc[kRunSums] = {0.0, 0.0, 0.0};
         for (uint64_t i = lo + threadIdx.x; i < hi; i += kPassThreads)
             pass_body::element_at<PassOps>(K, s, aux, i, acc);
+        if (!gives_sums(K)) continue;  // uniform over the block: none of it reaches block_sums
         block_sums(acc);
         if (threadIdx.x == 0)
             for (int j = 0; j < kRunSums; ++j) out[r * kRunSums + j] = acc[j];
@@ -109,7 +110,7 @@ class CudaLauncher final : public PassLauncher {
         for (const PassSegment &s : segs) runs += s.run_count, items += s.column_count;
         const bool columns = kernel == PassKernel::kAdafactorColumns;
         const uint64_t count = columns ? items : runs;
-        out->assign(columns ? items : runs * kRunSums, 0.0);
+        out->assign(!gives_sums(kernel) ? 0 : columns ? items : runs * kRunSums, 0.0);
         if (count == 0) return Status::Ok();
         StreamMemory table(stream_), floats(stream_), sums(stream_);
         SX_TRY(table.allocate(segs.size() * sizeof(PassSegment), "the passes' segment table"));
@@ -148,9 +149,10 @@ class CudaLauncher final : public PassLauncher {
             }
         }
         SX_CUDA_TRY(cudaGetLastError(), "launching an optimizer pass");
-        SX_CUDA_TRY(cudaMemcpyAsync(out->data(), sums.as<void>(), out->size() * sizeof(double),
-                                    cudaMemcpyDeviceToHost, stream_),
-                    "copying an optimizer pass's sums to the host");
+        if (!out->empty())
+            SX_CUDA_TRY(cudaMemcpyAsync(out->data(), sums.as<void>(), out->size() * sizeof(double),
+                                        cudaMemcpyDeviceToHost, stream_),
+                        "copying an optimizer pass's sums to the host");
         SX_CUDA_TRY(cudaStreamSynchronize(stream_), "running an optimizer pass");
         return Status::Ok();
     }
