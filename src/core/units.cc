@@ -380,12 +380,6 @@ Status Units::reduce(size_t u, comm::Communicator &c, bool into_accum, float **s
     return Status::Ok();
 }
 
-// Offloaded: the micro-batch's sum on the device (the trainer's gradients reduced over the
-// shard group in the device's memory), then copied into the host's accumulator, or added
-// to what it holds.
-// The step's last micro-batch is copied in the background (wait_grads, before the host
-// reads it), while the next unit is reduced; an earlier micro-batch's copy is waited for,
-// as its gradients are zeroed next.
 // Whether unit u's 16-bit gradients, this rank's whole sum, can reach the update as they
 // are: the device reads them so, nothing is accumulated, and only the elementwise update
 // reads the unit's reduced shard (the passes over whole params and custom optimizers
@@ -395,6 +389,12 @@ bool Units::widens_in_update(size_t u, bool into_accum) const {
            !looks_at_whole_params(u);
 }
 
+// Offloaded: the micro-batch's sum on the device (the trainer's gradients reduced over the
+// shard group in the device's memory), then copied into the host's accumulator, or added
+// to what it holds.
+// The step's last micro-batch is copied in the background (wait_grads, before the host
+// reads it), while the next unit is reduced; an earlier micro-batch's copy is waited for,
+// as its gradients are zeroed next.
 Status Units::reduce_offloaded(size_t u, comm::Communicator &c, bool into_accum, float **shard_grad) {
     Unit &unit = units_[u];
     SX_TRACE_SPAN(tracer_, "step", "reduce_scatter", table_.layout->units()[u].unit_id, unit.grads.size());
