@@ -495,24 +495,21 @@ void test_micro_batches_and_signals_offloaded(void **) {
             }
 }
 
-// A group that keeps its state on the device: the elementwise optimizers' kernels, and
-// LAMB's, Adafactor's and Muon's device passes (their runs' sums added on the host; on the
-// simulated device the kernels' bodies run one element at a time, and Muon's
-// Newton-Schulz iterations are the host's), give the CPU's bits (a real device's Muon
-// products are cuBLAS's: close to them).
-// The passes add their double sums in another order than the CPU's loops, which the
-// floats derived from them (29 bits shorter) do not see. A group of one rank hands the
-// update its bf16 gradients as they are (the device widens them as it reads them), and
-// the elements so widened are counted (simulated device).
-// Whether a CUDA group that keeps its state on the device takes a Muon param group: on a
-// real device, where cuBLAS can be opened (the refusal printed where not).
-bool device_runs_muon() {
-    const std::string rv = "local://off-muon-" + tag();
+// A group of one rank that keeps its state on the device; the caller destroys it.
+sx_shard_group_t *one_device_state_rank(const char *name) {
+    const std::string rv = std::string("local://off-") + name + "-" + tag();
     Case c;
     sx_group_config_t cfg;
     group_config(rv, 0, c, Backend::kDevice, &cfg);
     sx_shard_group_t *g = nullptr;
     assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
+    return g;
+}
+
+// Whether a CUDA group that keeps its state on the device takes a Muon param group: on a
+// real device, where cuBLAS can be opened (the refusal printed where not).
+bool device_runs_muon() {
+    sx_shard_group_t *g = one_device_state_rank("muon");
     sx_param_group_desc_t d;
     sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_MUON);
     const sx_status_t s = sx_add_param_group(g, &d, nullptr);
@@ -525,6 +522,15 @@ bool device_runs_muon() {
     return s == SX_OK;
 }
 
+// A group that keeps its state on the device: the elementwise optimizers' kernels, and
+// LAMB's, Adafactor's and Muon's device passes (their runs' sums added on the host; on the
+// simulated device the kernels' bodies run one element at a time, and Muon's
+// Newton-Schulz iterations are the host's), give the CPU's bits (a real device's Muon
+// products are cuBLAS's: close to them).
+// The passes add their double sums in another order than the CPU's loops, which the
+// floats derived from them (29 bits shorter) do not see. A group of one rank hands the
+// update its bf16 gradients as they are (the device widens them as it reads them), and
+// the elements so widened are counted (simulated device).
 void test_device_state_equals_the_cpu(void **) {
     const bool muon = device_runs_muon();
     if (!g_real_device) assert_true(muon);  // the simulated device runs the host's iterations
@@ -589,21 +595,16 @@ void test_meshes_equal_the_cpu(void **) {
 }
 
 void test_device_state_refuses_host_optimizers(void **) {
-    const std::string rv = "local://off-refuse-" + tag();
-    Case c;
-    sx_group_config_t cfg;
-    group_config(rv, 0, c, Backend::kDevice, &cfg);
-    sx_shard_group_t *g = nullptr;
-    assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
-    for (int kind : {custom_id()}) {
-        sx_param_group_desc_t d;
-        sx_param_group_desc_init(&d, sizeof d, kind);
-        assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_ERR_UNSUPPORTED);
-        assert_non_null(std::strstr(sx_last_error_message(), "SX_OFFLOAD_STATE"));
-    }
+    sx_shard_group_t *g = one_device_state_rank("refuse");
+    sx_param_group_desc_t d;
+    sx_param_group_desc_init(&d, sizeof d, custom_id());
+    assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_ERR_UNSUPPORTED);
+    assert_non_null(std::strstr(sx_last_error_message(), "SX_OFFLOAD_STATE"));
     sx_destroy_shard_group(g);
     // A bad offload setting names itself.
-    const std::string rv2 = rv + "x";
+    const std::string rv2 = "local://off-refuse-" + tag();
+    Case c;
+    sx_group_config_t cfg;
     group_config(rv2, 0, c, Backend::kOffload, &cfg);
     cfg.offload = 7;
     assert_int_equal(sx_create_shard_group(&cfg, &g), SX_ERR_INVALID_ARGUMENT);
