@@ -12,16 +12,18 @@ jobs=$(nproc)
 echo "== a Python environment with PyTorch, the peer of the tests that compare with it =="
 # torch from PyPI (with its CUDA libraries: PyPI has no CPU-only wheel), pinned so that
 # the comparisons stay reproducible; made once, then reused. lion-pytorch and
-# pytorch-optimizer are the references of sx's Lion and LAMB (torch has neither).
+# pytorch-optimizer are the references of sx's Lion and LAMB (torch has neither), torchao
+# of its 8-bit optimizer state (its step is compiled by torch's inductor, with the g++
+# install-deps.sh gave).
 torch_py=build/venv-torch/bin/python
-if ! "$torch_py" -c 'import torch, numpy, lion_pytorch, pytorch_optimizer' 2>/dev/null; then
+if ! "$torch_py" -c 'import torch, numpy, lion_pytorch, pytorch_optimizer, torchao' 2>/dev/null; then
   if ! "$torch_py" -c 'import torch, numpy' 2>/dev/null; then
     rm -rf build/venv-torch
     python3 -m venv build/venv-torch
     "$torch_py" -m pip install --quiet --upgrade pip
     "$torch_py" -m pip install --quiet 'torch==2.15.0' numpy
   fi
-  "$torch_py" -m pip install --quiet --no-deps 'lion-pytorch==0.2.5' 'pytorch-optimizer==4.1.0'
+  "$torch_py" -m pip install --quiet --no-deps 'lion-pytorch==0.2.5' 'pytorch-optimizer==4.1.0' 'torchao==0.18.0'
 fi
 
 echo "== release build: layer check, ABI gate, install check, header checks, launchers, sxckpt and sx.torch against PyTorch, demo =="

@@ -454,6 +454,8 @@ type ParamGroup struct {
 	// AdEMAMix: the slow moment's decay (in [0, 1); its weight is Alpha) and the steps
 	// Alpha and Beta3 warm up over (0: none).
 	Beta3, TAlphaBeta3 float64
+	// How the group keeps its optimizer state slots (the default: StateDtypeFP32).
+	StateDtype StateDtype
 }
 
 // MuonAdjustLR is Muon's adjust_lr_fn: the lr a param of shape [A, B] is updated with.
@@ -463,6 +465,21 @@ const (
 	MuonAdjustLROriginal          MuonAdjustLR = C.SX_MUON_ADJUST_LR_ORIGINAL           // lr * sqrt(max(1, A / B)) (torch's None or "original"; the default)
 	MuonAdjustLRMatchRMSAdamW     MuonAdjustLR = C.SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW    // lr * 0.2 * sqrt(max(A, B)) ("match_rms_adamw")
 	MuonAdjustLRSpectralUnclamped MuonAdjustLR = C.SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED // lr * sqrt(A / B) ("spectral_unclamped")
+)
+
+// StateDtype is how a param group keeps its optimizer state slots. Every update is
+// computed in fp32 whatever the slots hold. StateDtypeBF16 and StateDtype8Bit apply to
+// the elementwise optimizers (SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, NAdam, RAdam,
+// Lion, AdEMAMix); LAMB's, Muon's, Adafactor's and custom optimizers' slots stay fp32.
+type StateDtype int32
+
+const (
+	StateDtypeFP32 StateDtype = C.SX_STATE_FP32 // fp32 slots (the default)
+	StateDtypeBF16 StateDtype = C.SX_STATE_BF16 // bf16 slots, rounded to nearest even after each update
+	// 8-bit block-wise slots, torchao's AdamW8bit quantization: blocks of 256 elements,
+	// each a scale and 256 codes; a param of fewer than 4096 elements, or not a multiple
+	// of 256, keeps fp32 slots.
+	StateDtype8Bit StateDtype = C.SX_STATE_8BIT
 )
 
 // NewParamGroup returns the optimizer's defaults (torch.optim's; lion-pytorch's for Lion;
@@ -480,7 +497,7 @@ func NewParamGroup(opt Optimizer) ParamGroup {
 		DecoupledWeightDecay: d.decoupled_weight_decay != 0, NSA: float64(d.ns_a), NSB: float64(d.ns_b),
 		NSC: float64(d.ns_c), NSSteps: int32(d.ns_steps), AdjustLR: MuonAdjustLR(d.adjust_lr),
 		Beta2Decay: float64(d.beta2_decay), Eps2: float64(d.eps2), D: float64(d.d),
-		Beta3: float64(d.beta3), TAlphaBeta3: float64(d.t_alpha_beta3)}
+		Beta3: float64(d.beta3), TAlphaBeta3: float64(d.t_alpha_beta3), StateDtype: StateDtype(d.state_dtype)}
 }
 
 func cbool(b bool) C.int32_t {
@@ -508,6 +525,7 @@ func (g *ShardGroup) AddParamGroup(p ParamGroup) (int32, error) {
 	d.ns_steps, d.adjust_lr = C.int32_t(p.NSSteps), C.int32_t(p.AdjustLR)
 	d.beta2_decay, d.eps2, d.d = C.double(p.Beta2Decay), C.double(p.Eps2), C.double(p.D)
 	d.beta3, d.t_alpha_beta3 = C.double(p.Beta3), C.double(p.TAlphaBeta3)
+	d.state_dtype = C.int32_t(p.StateDtype)
 	var index C.int32_t = -1
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_add_param_group(raw, &d, &index) })
 	return int32(index), err
@@ -551,6 +569,8 @@ const (
 	// AdEMAMix: the slow moment's decay and the steps of its warmup (0: none).
 	HPBeta3       Hyperparameter = C.SX_HP_BETA3
 	HPTAlphaBeta3 Hyperparameter = C.SX_HP_T_ALPHA_BETA3
+	// A StateDtype; only before the first step.
+	HPStateDtype Hyperparameter = C.SX_HP_STATE_DTYPE
 	// A custom optimizer's own hyperparameter i (counting only its own, in registration
 	// order) is HPCustom + Hyperparameter(i); see CustomHyperparameter.
 	HPCustom Hyperparameter = C.SX_HP_CUSTOM

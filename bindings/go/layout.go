@@ -102,6 +102,7 @@ func cLayouts() []structLayout {
 			f("d", unsafe.Offsetof(pg.d), unsafe.Sizeof(pg.d)),
 			f("beta3", unsafe.Offsetof(pg.beta3), unsafe.Sizeof(pg.beta3)),
 			f("t_alpha_beta3", unsafe.Offsetof(pg.t_alpha_beta3), unsafe.Sizeof(pg.t_alpha_beta3)),
+			f("state_dtype", unsafe.Offsetof(pg.state_dtype), unsafe.Sizeof(pg.state_dtype)),
 		}},
 		{"sx_param_desc_t", unsafe.Sizeof(pd), unsafe.Alignof(pd), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pd.struct_size), unsafe.Sizeof(pd.struct_size)),

@@ -81,6 +81,21 @@ extern "C" {
 #define SX_HP_D 24           /* Adafactor: the update's RMS is clipped to d, >= 1 */
 #define SX_HP_BETA3 25         /* AdEMAMix: the slow moment's decay, in [0, 1) */
 #define SX_HP_T_ALPHA_BETA3 26 /* AdEMAMix: steps alpha and beta3 warm up over; 0: none */
+#define SX_HP_STATE_DTYPE 27   /* SX_STATE_*; may only change before sx_finalize lays its group out */
+
+/* How a param group keeps its optimizer state slots (sx_param_group_desc_t::state_dtype).
+ * Every update is computed in fp32 whatever the slots hold. SX_STATE_BF16 and
+ * SX_STATE_8BIT apply to the elementwise optimizers (SGD, Adam, AdamW, Adagrad, RMSprop,
+ * Adamax, NAdam, RAdam, Lion, AdEMAMix); LAMB's, Muon's, Adafactor's and custom
+ * optimizers' slots stay fp32. docs/optimizers.md says more. */
+#define SX_STATE_FP32 0 /* fp32 slots (the default) */
+#define SX_STATE_BF16 1 /* bf16 slots, rounded to nearest even after each update */
+#define SX_STATE_8BIT 2 /* 8-bit block-wise slots: torchao's AdamW8bit (0.18) quantization:
+                         * blocks of 256 elements of a param, each a scale (its absmax)
+                         * and 256 codes of its dynamic map, signed for moments that can
+                         * be negative; a param of fewer than 4096 elements, or not a
+                         * multiple of 256, keeps fp32 slots as torchao's does. Adam and
+                         * AdamW then compute as torchao's AdamW8bit does. */
 
 /* Muon's adjust_lr_fn: the lr a param of shape [A, B] is updated with. */
 #define SX_MUON_ADJUST_LR_ORIGINAL 0             /* lr * sqrt(max(1, A / B)) (torch's None or "original") */
@@ -116,6 +131,8 @@ typedef struct sx_param_group_desc {
     double beta2_decay, eps2, d;
     /* Appended in 1.6: AdEMAMix's (defaults 0.9999 and 0: no warmup); its alpha is alpha. */
     double beta3, t_alpha_beta3;
+    /* Appended in 1.7: SX_STATE_* (0 = SX_STATE_FP32). */
+    int32_t state_dtype;
 } sx_param_group_desc_t;
 
 /* Fills *desc with the defaults of `optimizer` (SX_OPTIM_*; 0 = AdamW), torch.optim's

@@ -232,6 +232,11 @@ class Checkpointer::Load {
         // saved) keeps its hyperparameters where missing params are allowed; one this
         // group lacks is ignored where extra params are.
         const size_t saved = m_.param_groups.size(), here = shard_.progress.hypers.size();
+        // Its hyperparameters would replace the group's, and its slots are read as fp32.
+        for (size_t i = 0; i < saved && !options_.params_only; ++i)
+            SX_CHECK(m_.param_groups[i].state_dtype == SX_STATE_FP32, SX_ERR_UNSUPPORTED,
+                     "the checkpoint's param group %zu keeps %s optimizer state; this version loads fp32 state only",
+                     i, optim::state_dtype_name(m_.param_groups[i].state_dtype));
         if (!options_.params_only)
             SX_CHECK(saved == here || (saved < here && options_.allow_missing) || (saved > here && options_.allow_extra),
                      SX_ERR_MISMATCH,
@@ -604,6 +609,7 @@ class Checkpointer::Load {
 Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     SX_TRY(group_->check_usable());
     SX_TRY(group_->check_finalized());
+    SX_TRY(group_->check_fp32_state("sx_load_optim_state"));
     // A save in flight reads the shard (and owns staging) until it completes.
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
     Load load(*this, options);

@@ -376,6 +376,7 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     core::ShardAccess &g = *group_;
     SX_TRY(g.check_usable());
     SX_TRY(g.check_finalized());
+    SX_TRY(g.check_fp32_state("sx_save_optim_state"));
     SX_TRACE_SPAN(g.tracer(), "ckpt", "save.snapshot", trace::kNoUnit, trace::kNoBytes, options.path.c_str());
     // This rank's verdict on its arguments goes into the call's header with its path, so
     // that a rank that refuses the call, or saves elsewhere, fails every rank at once.

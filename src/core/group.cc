@@ -443,6 +443,17 @@ Status ShardGroup::set_hyperparameter(int32_t group, int32_t key, double value) 
     optim::Hyper &h = table_.groups()[group].hyper;
     optim::Hyper changed = h;
     SX_TRY(core::set_hyperparameter(&changed, key, value));
+    // The layout follows the state dtype (8-bit blocks never straddle shards): it is
+    // fixed once sx_finalize laid the group out.
+    const bool laid_out = table_.finalized() && static_cast<size_t>(group) < table_.groups().size() - table_.pending_groups();
+    SX_CHECK(key != SX_HP_STATE_DTYPE || changed.state_dtype == h.state_dtype || !laid_out, SX_ERR_INVALID_STATE,
+             "state_dtype of param group %d is %s and can only change before sx_finalize lays the group out "
+             "(set it in its descriptor)",
+             group, optim::state_dtype_name(h.state_dtype));
+    SX_CHECK(key != SX_HP_STATE_DTYPE || changed.state_dtype == SX_STATE_FP32 ||
+                 (ops_->device() == SX_DEVICE_CPU && config_.memory_copy_interval == 0),
+             SX_ERR_UNSUPPORTED, "state_dtype = %s runs on CPU groups without memory copies only in this version",
+             optim::state_dtype_name(changed.state_dtype));
     if (record_.steps() > 0) {
         // A change that adds or moves a state slot (amsgrad's max_exp_avg_sq,
         // RMSprop's grad_avg) would start it from nothing, as torch cannot either.

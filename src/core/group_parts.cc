@@ -18,12 +18,25 @@ Status GroupParts::check_finalized() const {
     return Status::Ok();
 }
 
+Status GroupParts::check_fp32_state(const char *what) const {
+    for (size_t g = 0; g < table_.groups().size(); ++g) {
+        const double dtype = table_.groups()[g].hyper.state_dtype;
+        SX_CHECK(dtype == SX_STATE_FP32, SX_ERR_UNSUPPORTED,
+                 "%s: param group %zu keeps %s optimizer state, and %s carries fp32 state only in this version", what,
+                 g, optim::state_dtype_name(dtype), what);
+    }
+    return Status::Ok();
+}
+
 // The layout of every param registered, in `shard_size` shards.
 Status GroupParts::build_layout(int shard_size, Layout *out) const {
     std::vector<ParamShape> shapes(table_.params().size());
-    for (size_t i = 0; i < table_.params().size(); ++i)
-        shapes[i] = {table_.params()[i].unit, table_.params()[i].numel,
-                     static_cast<uint32_t>(dtype_size(table_.params()[i].dtype))};
+    for (size_t i = 0; i < table_.params().size(); ++i) {
+        const ParamSpec &spec = table_.params()[i];
+        shapes[i] = {spec.unit, spec.numel, static_cast<uint32_t>(dtype_size(spec.dtype))};
+        // 8-bit state's blocks never straddle a shard boundary (optim/state_codec.h).
+        if (param_state_dtype(spec, table_.groups()[spec.group]) == SX_STATE_8BIT) shapes[i].block = static_cast<uint32_t>(optim::kQuantBlock);
+    }
     return Layout::build(shapes, shard_size, static_cast<uint64_t>(config_.alignment), out);
 }
 

@@ -51,14 +51,21 @@ Status Layout::build(const std::vector<ParamShape> &params, int world_size, uint
         // one before ends).
         const uint64_t align_elems = std::max<uint64_t>(1, align_bytes / u.elem_bytes);
         u.align_elems = align_elems;
-        const uint64_t granule = align_elems * static_cast<uint64_t>(world_size);
+        for (int32_t p : u.params) {
+            SX_CHECK_ARG(params[p].block >= 1 && (params[p].block & (params[p].block - 1)) == 0,
+                         "param %d has a block of %u elements (a power of two)", p, params[p].block);
+            u.block = std::max<uint64_t>(u.block, params[p].block);
+        }
+        // Powers of two both: the larger is a multiple of the smaller.
+        const uint64_t granule = std::max(align_elems, u.block) * static_cast<uint64_t>(world_size);
         uint64_t cursor = 0;
         for (int32_t p : u.params) {
             SX_CHECK_ARG(params[p].elem_bytes == u.elem_bytes,
                          "unit %d mixes element sizes (param %d has %u bytes, param %d has %u)", u.unit_id,
                          u.params[0], u.elem_bytes, p, params[p].elem_bytes);
             uint64_t start;
-            if (!round_up(cursor, align_elems, &start) || start > UINT64_MAX - params[p].numel)
+            if (!round_up(cursor, std::max<uint64_t>(align_elems, params[p].block), &start) ||
+                start > UINT64_MAX - params[p].numel)
                 return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "unit %d is too large to lay out", u.unit_id);
             l.placement_[p].unit_index = static_cast<int32_t>(l.units_.size());
             l.placement_[p].offset = start;

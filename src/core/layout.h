@@ -19,6 +19,11 @@ struct ParamShape {
     int32_t unit = 0;        // the trainer's unit id
     uint64_t numel = 0;      // >= 1
     uint32_t elem_bytes = 4; // 4 (fp32) or 2 (fp16, bf16); the same for every param of a unit
+    // Elements no shard boundary may split (a power of two): the quantization blocks of
+    // 8-bit state (optim/state_codec.h). The param starts on a multiple of it, and its
+    // unit's shards are multiples of it, so every shard holds whole blocks of it at any
+    // world size.
+    uint32_t block = 1;
 };
 
 struct UnitLayout {
@@ -28,7 +33,8 @@ struct UnitLayout {
     uint64_t padded_numel = 0;    // multiple of world_size * align_elems
     uint64_t shard_numel = 0;     // padded_numel / world_size
     uint32_t elem_bytes = 4;      // of every param in the unit
-    uint64_t align_elems = 1;     // param starts are multiples of this
+    uint64_t align_elems = 1;     // param starts are multiples of this (and of their block)
+    uint64_t block = 1;           // shard_numel is a multiple of every param's block
 };
 
 // Where one param lives.

@@ -7,6 +7,7 @@
 
 #include "base/status.h"
 #include "optim/optimizer.h"
+#include "optim/state_codec.h"
 #include "optim/param_passes.h"
 
 namespace sx {
@@ -46,6 +47,13 @@ struct ParamGroup {
 
 // Bytes per element of an SX_DTYPE_*.
 inline size_t dtype_size(int32_t dtype) { return dtype == SX_DTYPE_F32 ? 4 : 2; }
+
+// How a param of group `group` keeps its optimizer state slots (SX_STATE_*): its group's
+// state dtype, but fp32 for a param too small or uneven for 8-bit blocks
+// (optim/state_codec.h).
+inline int32_t param_state_dtype(const ParamSpec &spec, const ParamGroup &group) {
+    return optim::param_state_dtype(static_cast<int32_t>(group.hyper.state_dtype), spec.numel);
+}
 
 // Checks a param name: non-empty, at most SX_MAX_NAME_BYTES, valid UTF-8 without NUL.
 Status validate_param_name(const char *name);

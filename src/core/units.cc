@@ -48,13 +48,25 @@ void Units::count_bytes(uint64_t *params, uint64_t *grads, uint64_t *optimizer, 
         add(optimizer, unit.master);
         for (int k = 0; k < unit.state_slots; ++k) {
             add(optimizer, unit.state[k]);
+            add(optimizer, unit.scales[k]);
             add(optimizer, unit.state_next[k]);
         }
         add(optimizer, unit.undo);
         // An offloaded fp32 unit's host copy of its values is no master that one process
         // would keep.
-        const int slots = unit.state_slots + (unit.dtype == SX_DTYPE_F32 || unit.master.empty() ? 0 : 1);
-        *unsharded += static_cast<uint64_t>(slots) * table_.layout->units()[u].numel * sizeof(float);
+        const uint64_t numel = table_.layout->units()[u].numel;
+        const bool master = unit.dtype != SX_DTYPE_F32 && !unit.master.empty();
+        *unsharded += (master ? 1 : 0) * numel * sizeof(float);
+        if (unit.state_pieces.empty()) {
+            *unsharded += static_cast<uint64_t>(unit.state_slots) * numel * sizeof(float);
+            continue;
+        }
+        for (int32_t p : table_.layout->units()[u].params) {  // packed: each param's slots as one process keeps them
+            const ParamSpec &spec = (*table_.params)[p];
+            const int32_t dtype = param_state_dtype(spec, (*table_.groups)[spec.group]);
+            const uint64_t scales = dtype == SX_STATE_8BIT ? spec.numel / optim::kQuantBlock * sizeof(float) : 0;
+            *unsharded += static_cast<uint64_t>(unit.state_slots) * (spec.numel * optim::state_elem_bytes(dtype) + scales);
+        }
     }
     add(grads, reduce_scratch_);
     add(grads, device_sum_[0]);
@@ -109,6 +121,47 @@ Status Units::allocate(const Layout &layout, size_t first, std::vector<Unit> *ad
     return Status::Ok();
 }
 
+std::vector<StatePiece> Units::state_pieces(size_t u, uint64_t *bytes, uint64_t *scales) const {
+    const UnitLayout &ul = table_.layout->units()[u];
+    std::vector<StatePiece> pieces;
+    bool packed = false;
+    for (int32_t p : ul.params) {
+        const ParamSpec &spec = (*table_.params)[p];
+        packed = packed || param_state_dtype(spec, (*table_.groups)[spec.group]) != SX_STATE_FP32;
+    }
+    *bytes = packed ? 0 : ul.shard_numel * sizeof(float);
+    *scales = 0;
+    if (!packed) return pieces;
+    for (int32_t p : ul.params) {
+        const ShardPiece sp = table_.layout->piece(p, settings_.shard_rank);
+        if (sp.begin == sp.end) continue;
+        const ParamSpec &spec = (*table_.params)[p];
+        StatePiece piece;
+        piece.param = p;
+        piece.dtype = param_state_dtype(spec, (*table_.groups)[spec.group]);
+        piece.shard_offset = sp.shard_offset;
+        piece.n = sp.end - sp.begin;
+        // Each piece starts 64-byte aligned, as the kernels' dense slots do.
+        piece.byte_offset = (*bytes + 63) / 64 * 64;
+        piece.scale_offset = *scales;
+        *bytes = piece.byte_offset + piece.n * optim::state_elem_bytes(piece.dtype);
+        if (piece.dtype == SX_STATE_8BIT) *scales += piece.n / optim::kQuantBlock;
+        pieces.push_back(piece);
+    }
+    return pieces;
+}
+
+Status Units::allocate_slots(size_t u, int need, Buffer *state, Buffer *scales,
+                             std::vector<StatePiece> *pieces) const {
+    uint64_t slot_bytes = 0, count = 0;
+    *pieces = state_pieces(u, &slot_bytes, &count);
+    for (int k = units_[u].state_slots; k < need; ++k) {
+        SX_TRY(state_ops_->allocate(slot_bytes, "optimizer state", &state[k]));
+        if (count > 0) SX_TRY(state_ops_->allocate(count * sizeof(float), "8-bit optimizer state's scales", &scales[k]));
+    }
+    return Status::Ok();
+}
+
 int Units::required_slots(size_t u, const std::vector<uint8_t> &mask) const {
     int slots = 0;
     for (int32_t p : table_.layout->units()[u].params)
@@ -125,7 +178,8 @@ Status Units::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
     struct Pending {
         size_t unit;
         int slots;
-        Buffer state[3];
+        Buffer state[3], scales[3];
+        std::vector<StatePiece> pieces;
         Buffer accum;
     };
     std::vector<Pending> pending;
@@ -142,8 +196,7 @@ Status Units::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
         pd.unit = u;
         pd.slots = std::max(need, units_[u].state_slots);
         const uint64_t bytes = table_.layout->units()[u].shard_numel * sizeof(float);
-        for (int k = units_[u].state_slots; k < need; ++k)
-            SX_TRY(state_ops_->allocate(bytes, "optimizer state", &pd.state[k]));
+        SX_TRY(allocate_slots(u, need, pd.state, pd.scales, &pd.pieces));
         if (need_accum) SX_TRY(state_ops_->allocate(bytes, "the sharded gradient accumulator", &pd.accum));
     }
     // An fp32 reduction of 16-bit gradients widens one unit at a time into one scratch.
@@ -183,8 +236,12 @@ Status Units::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
     if (!host_sum.empty()) host_sum_ = std::move(host_sum);
     for (Pending &pd : pending) {
         Unit &unit = units_[pd.unit];
-        for (int k = unit.state_slots; k < pd.slots; ++k) unit.state[k] = std::move(pd.state[k]);
+        for (int k = unit.state_slots; k < pd.slots; ++k) {
+            unit.state[k] = std::move(pd.state[k]);
+            unit.scales[k] = std::move(pd.scales[k]);
+        }
         unit.state_slots = pd.slots;
+        unit.state_pieces = std::move(pd.pieces);
         if (!pd.accum.empty()) unit.accum = std::move(pd.accum);
     }
     for (size_t u = 0; u < units_.size(); ++u) units_[u].trainable = trainable[u] != 0;
@@ -498,6 +555,26 @@ void Units::mark_zeroed_by_update(bool zero, const std::vector<float *> &reduced
     }
 }
 
+namespace {
+
+// A segment of param p in a unit of packed state: its slots where its state piece says.
+void point_at_packed_state(const Units::Unit &unit, int32_t p, optim::Segment *seg) {
+    for (const StatePiece &piece : unit.state_pieces) {
+        if (piece.param != p) continue;
+        seg->state_dtype = piece.dtype;
+        for (int k = 0; k < unit.state_slots; ++k) {
+            char *bytes = unit.state[k].as<char>() + piece.byte_offset;
+            seg->state[k] = piece.dtype == SX_STATE_FP32 ? reinterpret_cast<float *>(bytes) : nullptr;
+            seg->state16[k] = piece.dtype == SX_STATE_BF16 ? reinterpret_cast<uint16_t *>(bytes) : nullptr;
+            seg->codes[k] = piece.dtype == SX_STATE_8BIT ? reinterpret_cast<uint8_t *>(bytes) : nullptr;
+            seg->scales[k] = piece.dtype == SX_STATE_8BIT ? unit.scales[k].as<float>() + piece.scale_offset : nullptr;
+        }
+        return;
+    }
+}
+
+}  // namespace
+
 void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment> *out) const {
     const Unit &unit = units_[u];
     if (!unit.trainable) return;
@@ -524,6 +601,7 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
         }
         if (u < zeroed_by_update_.size() && zeroed_by_update_[u]) seg.zero_grad = reduced + piece.shard_offset;
         for (int k = 0; k < unit.state_slots; ++k) seg.state[k] = v.state[k] + piece.shard_offset;
+        if (!unit.state_pieces.empty()) point_at_packed_state(unit, p, &seg);
         if (twice) {
             // The update reads the slots' values from `state` and writes `state_next`
             // (mark_zeroed_by_update leaves the unit's gradients to zero_grads).

@@ -26,6 +26,17 @@
 namespace sx {
 namespace core {
 
+// Where one param's piece of this rank's shard keeps its optimizer state in a unit of
+// packed state (Units::Unit::state_pieces): in each slot's bytes from byte_offset on, in
+// its dtype (SX_STATE_*), and for 8-bit state its scales in the slot's scales from
+// scale_offset on (one per optim::kQuantBlock elements).
+struct StatePiece {
+    int32_t param = -1;
+    int32_t dtype = SX_STATE_FP32;
+    uint64_t shard_offset = 0, n = 0;
+    uint64_t byte_offset = 0, scale_offset = 0;
+};
+
 class Units {
   public:
     struct Unit {
@@ -39,6 +50,12 @@ class Units {
         Buffer accum;
         Buffer state[3];         // this rank's shard of each optimizer state slot
         int state_slots = 0;     // slots allocated
+        // A unit with a param group of bf16 or 8-bit state: each slot's bytes follow these
+        // pieces, one per param in this rank's shard (padding keeps none), and `scales`
+        // hold its 8-bit pieces' scales. Empty for a unit of fp32 state only, whose slots
+        // are shard_numel floats each, padding included.
+        std::vector<StatePiece> state_pieces;
+        Buffer scales[3];
         // Units with a custom optimizer's params: the step writes the slots' new values
         // here and swaps them in once every rank's update succeeded; `undo` keeps the
         // params the update overwrote (optim/custom.h).
@@ -126,6 +143,10 @@ class Units {
     // needs it under the current hyperparameters. All allocations happen before anything
     // changes.
     Status prepare(const std::vector<uint8_t> &mask, bool accumulate);
+    // Unit u's state pieces (empty: fp32 state only), and the bytes and scales of one slot.
+    std::vector<StatePiece> state_pieces(size_t u, uint64_t *bytes, uint64_t *scales) const;
+    // Unit u's slots [state_slots, need) into state[k] and scales[k], laid out as *pieces.
+    Status allocate_slots(size_t u, int need, Buffer *state, Buffer *scales, std::vector<StatePiece> *pieces) const;
     // The state slots unit u's trainable params need under `mask`.
     int required_slots(size_t u, const std::vector<uint8_t> &mask) const;
     // 16-bit units: the fp32 masters derived from the params where they are not yet, and

@@ -84,6 +84,23 @@ void adam_family(const Hyper &h, SegmentConsts *c) {
     c->eps = static_cast<float>(h.eps);
 }
 
+// Adam and AdamW of an 8-bit group (elementwise.h, adam8_at), every fp32 param of it
+// too: torchao's compiled single_param_adam takes lr as an fp32 tensor, its betas,
+// weight decay and eps as Python floats rounded to fp32 where they meet a tensor, and
+// its step as an fp32 tensor raised to by powf.
+void consts_adam8(const Segment &seg, const Hyper &h, SegmentConsts &c) {
+    c.variant = h.amsgrad ? Variant::kAdam8Amsgrad : Variant::kAdam8;
+    c.l2 = h.kind == Kind::kAdam;
+    c.lr = static_cast<float>(h.lr);
+    c.lr_wd = c.lr * c.weight_decay;
+    set_lerp(1.0 - h.beta1, &c);
+    lerp_weight(1.0 - h.beta2, &c.sq_lerp_coeff, &c.sq_lerp_from_end);
+    const float step = static_cast<float>(seg.step);
+    c.bias_correction1 = 1.0f - powf(static_cast<float>(h.beta1), step);
+    c.bias_correction2_sqrt = sqrtf(1.0f - powf(static_cast<float>(h.beta2), step));
+    c.eps = static_cast<float>(h.eps);
+}
+
 }  // namespace
 
 // Each optimizer's constants (consts_<stem>, SX_BUILTIN_OPTIMIZERS): Python-float
@@ -105,6 +122,7 @@ void consts_sgd(const Segment &seg, const Hyper &h, SegmentConsts &c) {
 
 // Adam and AdamW (decoupled weight decay).
 void consts_adam(const Segment &seg, const Hyper &h, SegmentConsts &c) {
+    if (h.state_dtype == SX_STATE_8BIT) return consts_adam8(seg, h, c);
     const double step = static_cast<double>(seg.step);
     c.variant = h.amsgrad ? Variant::kAdamAmsgrad : Variant::kAdam;
     set_decay(h, h.kind == Kind::kAdamW, &c);
@@ -219,7 +237,8 @@ std::vector<Cut> partition(const Segment *segs, size_t num_segs, int parts) {
             cuts.push_back({num_segs, 0});
             continue;
         }
-        const size_t offset = (target - seg_start) / kSplitGrain * kSplitGrain;
+        const size_t grain = split_grain(segs[s]);
+        const size_t offset = (target - seg_start) / grain * grain;
         cuts.push_back({s, offset});
     }
     cuts.push_back({num_segs, 0});

@@ -1,5 +1,5 @@
 // The element formulas of the elementwise optimizers beyond SGD and Adam (Adagrad,
-// RMSprop, Adamax, NAdam, RAdam, Lion, AdEMAMix), written once over a vector-operations type O and
+// RMSprop, Adamax, NAdam, RAdam, Lion, AdEMAMix, and Adam of 8-bit state), written once over a vector-operations type O and
 // used by every flavour: the CPU loops of kernel_body.h (scalar, AVX2, AVX-512) and the
 // CUDA kernel (cuda/fused_update.cu, whose O rounds through __fmul_rn and its kin).
 //
@@ -30,8 +30,8 @@ struct ElementwiseConsts {
     using V = typename O::V;
     V grad_scale, weight_decay, decay, lr, momentum, lerp_coeff, beta1, one_minus_beta1, beta2, one_minus_beta2,
         step_size, eps, init, bias_correction1, bias_correction2, bias_correction2_sqrt, rect, grad_coeff, avg_coeff,
-        slow_lerp_coeff, slow_alpha;
-    typename O::Mask lerp_from_end, slow_lerp_from_end;
+        slow_lerp_coeff, slow_alpha, lr_wd, sq_lerp_coeff;
+    typename O::Mask lerp_from_end, slow_lerp_from_end, sq_lerp_from_end;
     SX_ELEMENTWISE_FN explicit ElementwiseConsts(const SegmentConsts &c)
         : grad_scale(O::set1(c.grad_scale)), weight_decay(O::set1(c.weight_decay)), decay(O::set1(c.decay)),
           lr(O::set1(c.lr)), momentum(O::set1(c.momentum)), lerp_coeff(O::set1(c.lerp_coeff)),
@@ -40,8 +40,9 @@ struct ElementwiseConsts {
           init(O::set1(c.init)), bias_correction1(O::set1(c.bias_correction1)),
           bias_correction2(O::set1(c.bias_correction2)), bias_correction2_sqrt(O::set1(c.bias_correction2_sqrt)),
           rect(O::set1(c.rect)), grad_coeff(O::set1(c.grad_coeff)), avg_coeff(O::set1(c.avg_coeff)),
-          slow_lerp_coeff(O::set1(c.slow_lerp_coeff)), slow_alpha(O::set1(c.slow_alpha)),
-          lerp_from_end(O::mask(c.lerp_from_end)), slow_lerp_from_end(O::mask(c.slow_lerp_from_end)) {}
+          slow_lerp_coeff(O::set1(c.slow_lerp_coeff)), slow_alpha(O::set1(c.slow_alpha)), lr_wd(O::set1(c.lr_wd)),
+          sq_lerp_coeff(O::set1(c.sq_lerp_coeff)), lerp_from_end(O::mask(c.lerp_from_end)),
+          slow_lerp_from_end(O::mask(c.slow_lerp_from_end)), sq_lerp_from_end(O::mask(c.sq_lerp_from_end)) {}
 };
 
 // State slots variant v reads, and writes (SX_ELEMENTWISE_VARIANTS).
@@ -88,6 +89,30 @@ SX_ELEMENTWISE_FN void ademamix_at(const ElementwiseConsts<O> &k, typename O::V 
     // update = exp_avg.div(bias_correction1).add_(exp_avg_slow, alpha=alpha_t)
     const V update = O::add(O::div(m, k.bias_correction1), O::mul(k.slow_alpha, slow));
     p = O::sub(p, O::div(O::mul(k.lr, update), denom));  // p.addcdiv_(update, de_nom, value=-lr)
+}
+
+// Adam and AdamW of an 8-bit group: torchao 0.18's single_param_adam
+// (torchao/optim/adam.py) as its compiled CPU kernel rounds it, one operation at a time,
+// no fused multiply-add (kL2: Adam, whose weight decay is always added to the gradient;
+// else AdamW, whose decay always scales the param). The moments are used unquantized.
+template <class O, bool kL2, bool kAmsgrad>
+SX_ELEMENTWISE_FN void adam8_at(const ElementwiseConsts<O> &k, typename O::V &p, typename O::V g, typename O::V *s) {
+    using V = typename O::V;
+    if (kL2)
+        g = O::add(g, O::mul(k.weight_decay, p));  // grad_f32 + weight_decay * p_f32
+    else
+        p = O::sub(p, O::mul(k.lr_wd, p));  // p_f32 - lr * weight_decay * p_f32
+    const V m = lerp<O>(k, s[0], g);  // exp_avg.float().lerp(grad_f32, 1 - beta1)
+    s[0] = m;
+    V v = lerp_with<O>(k.sq_lerp_coeff, k.sq_lerp_from_end, s[1], O::mul(g, g));  // .lerp(grad.square(), 1 - beta2)
+    s[1] = v;
+    if (kAmsgrad) {  // torch.maximum(max_exp_avg_sq.float(), exp_avg_sq_f32)
+        v = O::maximum(s[2], v);
+        s[2] = v;
+    }
+    // denom = (v.sqrt() / bias_correction2.sqrt()) + eps; p - lr * (m / bias_correction1) / denom
+    const V denom = O::add(O::div(O::sqrt(v), k.bias_correction2_sqrt), k.eps);
+    p = O::sub(p, O::div(O::mul(k.lr, O::div(m, k.bias_correction1)), denom));
 }
 
 // One element: p the param (fp32), g the gradient already scaled (grad*grad_scale,
@@ -168,6 +193,8 @@ SX_ELEMENTWISE_FN void elementwise_at(const ElementwiseConsts<O> &k, typename O:
         s[0] = O::add(O::mul(s[0], k.beta2), O::mul(k.one_minus_beta2, g));  // exp_avg.mul_(beta2).add_(grad, alpha=1 - beta2)
     } else if (kV == Variant::kAdemamix) {
         ademamix_at<O, kL2>(k, p, g, s);
+    } else if (kV == Variant::kAdam8 || kV == Variant::kAdam8Amsgrad) {
+        adam8_at<O, kL2, kV == Variant::kAdam8Amsgrad>(k, p, g, s);
     }
 }
 

@@ -20,9 +20,12 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 
 #include "optim/elementwise.h"
 #include "optim/kernels.h"
+#include "optim/state_codec.h"
 
 namespace sx {
 namespace optim {
@@ -51,6 +54,8 @@ struct ScalarOps {
     static V abs(V a) { return __builtin_fabsf(a); }
     static V sign(V a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
     static V recip(V a) { return 1.0f / a; }
+    // A block of 8-bit state: its scale and codes (state_codec.h's encode_block).
+    static float encode8(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes);
 };
 
 enum Momentum { kNoMomentum, kMomentumFirst, kMomentumLater };
@@ -258,10 +263,133 @@ double elementwise_pick(const Segment &seg, const SegmentConsts &c, size_t begin
                 : elementwise_range<O, kV, false>(seg, c, begin, end);
 }
 
+// ------------------------------------------------- packed slots (state_codec.h)
+//
+// The same bits as state_codec.cc's encode_block and decode_block and half.h's bf16
+// conversions (the reference uses those), written as loops the flavour's compiler
+// vectorises (omp simd: gathers from the maps, no fused multiply-add in this module).
+
+inline float widen_bf16(uint16_t h) {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// Round to nearest even; NaN stays a quiet NaN.
+inline uint16_t narrow_bf16(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : rounded);
+}
+
+inline void decode_slot(const uint8_t *codes, size_t n, float scale, const float *map, float *out) {
+#pragma omp simd
+    for (size_t i = 0; i < n; ++i) out[i] = map[codes[i]] * scale;
+}
+
+// encode_block's pieces. A block's scale from its largest magnitude (NaN if any element
+// is NaN), and the code of y = x / scale: the largest c with map[c] <= y (0 if none or NaN;
+// the map's index, state_codec.h's code_lut, gives it or the one below it), then one step
+// up where y is at least half-way to the next entry, as encode_block's binary search
+// finds. The flavours' encode8 vectorise them.
+inline float block_scale(float absmax, bool nan) {
+    return nan ? __builtin_nanf("") : (absmax < 1e-12f ? 1e-12f : absmax);
+}
+
+inline uint8_t nearest_code(float y, const float *map, const uint8_t *lut) {
+    if (y != y) return 0;
+    uint32_t bits;
+    std::memcpy(&bits, &y, 4);
+    int c = lut[lut_key(bits)];
+    const int next = c < 255 ? c + 1 : 255;
+    c = y >= map[next] ? next : c;
+    const int up = c < 255 ? c + 1 : 255;
+    return static_cast<uint8_t>((y - map[c]) >= (map[up] - map[c]) * 0.5f ? up : c);
+}
+
+// Elements [from, n) of a block: its absmax and NaN so far folded in (the vector part
+// did [0, from)), then their codes once the scale is known.
+inline void absmax_tail(const float *x, size_t from, size_t n, float *absmax, bool *nan) {
+    for (size_t i = from; i < n; ++i) {
+        const float a = __builtin_fabsf(x[i]);
+        *absmax = a > *absmax ? a : *absmax;
+        *nan = *nan || a != a;
+    }
+}
+inline void codes_tail(const float *x, size_t from, size_t n, float scale, const float *map, const uint8_t *lut,
+                       uint8_t *codes) {
+    for (size_t i = from; i < n; ++i) codes[i] = nearest_code(x[i] / scale, map, lut);
+}
+
+inline float ScalarOps::encode8(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes) {
+    float absmax = 0.0f;
+    bool nan = false;
+    absmax_tail(x, 0, n, &absmax, &nan);
+    const float scale = block_scale(absmax, nan);
+    codes_tail(x, 0, n, scale, map, lut, codes);
+    return scale;
+}
+
+template <class O>
+double update_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end);
+
+// A segment of packed slots, a block of its param at a time (an 8-bit segment starts on
+// one and is cut between them): its slots decoded into fp32, updated by the fp32 loops,
+// encoded back.
+template <class O>
+double packed_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end) {
+    const int slots = state_slots(*seg.hyper);
+    const float *maps[kMaxStateSlots];
+    const uint8_t *luts[kMaxStateSlots];
+    for (int j = 0; j < slots; ++j) {
+        maps[j] = state_slot_nonnegative(*seg.hyper, j) ? kUnsignedMap : kSignedMap;
+        luts[j] = code_lut(maps[j]);
+    }
+    alignas(64) float slot[kMaxStateSlots][kQuantBlock];
+    const bool bf16 = seg.state_dtype == SX_STATE_BF16;
+    double total = 0.0;
+    for (size_t b = begin; b < end;) {
+        const size_t e = end < (b / kQuantBlock + 1) * kQuantBlock ? end : (b / kQuantBlock + 1) * kQuantBlock;
+        const size_t n = e - b;
+        Segment piece = seg;
+        piece.state_dtype = SX_STATE_FP32;
+        piece.param = seg.param + b;
+        if (seg.grad) piece.grad = seg.grad + b;
+        if (seg.zero_grad) piece.zero_grad = seg.zero_grad + b;
+        piece.param_offset = seg.param_offset + b;
+        piece.n = n;
+        for (int j = 0; j < slots; ++j) {
+            if (bf16) {
+                const uint16_t *in = seg.state16[j] + b;
+#pragma omp simd
+                for (size_t i = 0; i < n; ++i) slot[j][i] = widen_bf16(in[i]);
+            } else {
+                decode_slot(seg.codes[j] + b, n, seg.scales[j][b / kQuantBlock], maps[j], slot[j]);
+            }
+            piece.state[j] = slot[j];
+        }
+        total += update_range<O>(piece, c, 0, n);
+        for (int j = 0; j < slots; ++j) {
+            if (bf16) {
+                uint16_t *out = seg.state16[j] + b;
+#pragma omp simd
+                for (size_t i = 0; i < n; ++i) out[i] = narrow_bf16(slot[j][i]);
+            } else {
+                seg.scales[j][b / kQuantBlock] = O::encode8(slot[j], n, maps[j], luts[j], seg.codes[j] + b);
+            }
+        }
+        b = e;
+    }
+    return total;
+}
+
 // ------------------------------------------------------------------- entry points
 
 template <class O>
 double update_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end) {
+    if (seg.state_dtype != SX_STATE_FP32) return packed_range<O>(seg, c, begin, end);
     switch (c.variant) {
     case Variant::kSgd:
         return c.l2 ? sgd_range<O, true, kNoMomentum, false>(seg, c, begin, end)

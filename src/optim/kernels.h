@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "optim/optimizer.h"
@@ -35,7 +36,9 @@ namespace internal {
     X(kRadam, 2, 2)          /* while the variance is not tractable (rho_t <= 5) */         \
     X(kRadamRectified, 2, 2) /* with the rectification term */                              \
     X(kLion, 1, 1)                                                                          \
-    X(kAdemamix, 3, 3)       /* exp_avg, exp_avg_sq, exp_avg_slow */
+    X(kAdemamix, 3, 3)       /* exp_avg, exp_avg_sq, exp_avg_slow */                \
+    X(kAdam8, 2, 2)          /* Adam, AdamW of 8-bit state: torchao's AdamW8bit */  \
+    X(kAdam8Amsgrad, 3, 3)   /* ... with amsgrad (max_exp_avg_sq) */
 
 // Which specialisation of the update a segment runs. Chosen once per segment so that
 // the per-element loop has no branch on hyperparameters.
@@ -91,6 +94,14 @@ struct SegmentConsts {
     float slow_lerp_coeff = 0;
     bool slow_lerp_from_end = false;
     float slow_alpha = 0;
+    // Adam and AdamW of an 8-bit group, as torchao 0.18's single_param_adam computes
+    // (optim/state_codec.h): lr, lr_wd = lr*wd (in fp32), weight_decay (Adam's L2 is
+    // always applied, l2 set), the first moment's lerp, the second's (sq_lerp_*: of
+    // g*g with 1 - beta2), bias_correction1 and bias_correction2_sqrt in fp32 from powf,
+    // eps.
+    float lr_wd = 0;
+    float sq_lerp_coeff = 0;
+    bool sq_lerp_from_end = false;
 };
 
 SegmentConsts make_consts(const Segment &seg, float grad_scale);
@@ -121,6 +132,10 @@ struct KernelTable {
     const char *name;
     double (*update)(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end);
     double (*sum_of_squares)(const float *grad, size_t n, float grad_scale);
+    // One block of 8-bit state (n <= kQuantBlock): state_codec.h's encode_block, with the
+    // map's index `lut` (code_lut(map)). The update calls it; the tests hold it to the
+    // reference.
+    float (*encode8)(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes);
 };
 constexpr size_t kSumBlock = 1024;  // a multiple of every flavour's vector width
 // Elements updated between two roundings into a segment's compute copy (16 KiB of
@@ -147,6 +162,9 @@ struct Cut {
     size_t offset;
 };
 constexpr size_t kSplitGrain = 16;  // floats: one 64-byte cache line
+// A segment of 8-bit state is cut only between its blocks (state_codec.h).
+size_t split_grain(const Segment &seg);
+
 std::vector<Cut> partition(const Segment *segs, size_t num_segs, int parts);
 
 // Calls fn(segment_index, begin, end) for every non-empty piece of part t.

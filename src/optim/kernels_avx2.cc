@@ -37,6 +37,50 @@ struct Avx2Ops {
                              _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ), one));
     }
     static V recip(V a) { return _mm256_div_ps(_mm256_set1_ps(1.0f), a); }
+    // kernel_body.h's scalar encode8, 8 lanes at a time: the map's index and the entries
+    // each lane compares with gathered.
+    static float encode8(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes) {
+        const size_t vec = n - n % W;
+        V top = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+        for (size_t i = 0; i < vec; i += W) {
+            const V a = abs(load(x + i));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+            top = _mm256_max_ps(top, a);  // NaN lanes are told by `nan`
+        }
+        alignas(32) float lanes[W];
+        _mm256_store_ps(lanes, top);
+        float absmax = 0.0f;
+        for (float l : lanes) absmax = l > absmax ? l : absmax;
+        bool any_nan = _mm256_movemask_ps(nan) != 0;
+        absmax_tail(x, vec, n, &absmax, &any_nan);
+        const float scale = block_scale(absmax, any_nan);
+        const V s = set1(scale), half = set1(0.5f);
+        alignas(32) int32_t out[W];
+        const __m256i one = _mm256_set1_epi32(1), last = _mm256_set1_epi32(255), byte = _mm256_set1_epi32(0xff);
+        const __m256i base = _mm256_set1_epi32(102 << 8), buckets = _mm256_set1_epi32(kLutBuckets);
+        const __m256i top_bucket = _mm256_set1_epi32(kLutBuckets - 1), magnitude = _mm256_set1_epi32(0x7fffffff);
+        for (size_t i = 0; i < vec; i += W) {
+            const V y = div(load(x + i), s);
+            // state_codec.h's lut_key, 8 lanes
+            const __m256i bits = _mm256_castps_si256(y);
+            __m256i key = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_and_si256(bits, magnitude), 15), base);
+            key = _mm256_min_epi32(_mm256_max_epi32(key, _mm256_setzero_si256()), top_bucket);
+            key = _mm256_add_epi32(key, _mm256_mullo_epi32(_mm256_srli_epi32(bits, 31), buckets));
+            __m256i c = _mm256_and_si256(_mm256_i32gather_epi32(reinterpret_cast<const int *>(lut), key, 1), byte);
+            const __m256i next = _mm256_min_epi32(_mm256_add_epi32(c, one), last);
+            const V ge = _mm256_cmp_ps(y, _mm256_i32gather_ps(map, next, 4), _CMP_GE_OQ);
+            c = _mm256_blendv_epi8(c, next, _mm256_castps_si256(ge));
+            const __m256i up = _mm256_min_epi32(_mm256_add_epi32(c, one), last);
+            const V qc = _mm256_i32gather_ps(map, c, 4), qu = _mm256_i32gather_ps(map, up, 4);
+            const V round_up = _mm256_cmp_ps(sub(y, qc), mul(sub(qu, qc), half), _CMP_GE_OQ);
+            c = _mm256_blendv_epi8(c, up, _mm256_castps_si256(round_up));
+            c = _mm256_and_si256(c, _mm256_castps_si256(_mm256_cmp_ps(y, y, _CMP_ORD_Q)));  // NaN: code 0
+            _mm256_store_si256(reinterpret_cast<__m256i *>(out), c);
+            for (size_t l = 0; l < W; ++l) codes[i + l] = static_cast<uint8_t>(out[l]);
+        }
+        codes_tail(x, vec, n, scale, map, lut, codes);
+        return scale;
+    }
     static double hsum(V acc) {
         __m256d d = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(acc)),
                                   _mm256_cvtps_pd(_mm256_extractf128_ps(acc, 1)));
@@ -47,7 +91,8 @@ struct Avx2Ops {
 
 }  // namespace
 
-const KernelTable kAvx2Kernels = {"avx2", &update_range<Avx2Ops>, &sum_of_squares_range<Avx2Ops>};
+const KernelTable kAvx2Kernels = {"avx2", &update_range<Avx2Ops>, &sum_of_squares_range<Avx2Ops>,
+                                  &Avx2Ops::encode8};
 
 }  // namespace internal
 }  // namespace optim

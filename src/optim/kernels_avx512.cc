@@ -43,12 +43,56 @@ struct Avx512Ops {
                                   _mm512_cvtps_pd(_mm512_extractf32x8_ps(acc, 1)));
         return _mm512_reduce_add_pd(d);
     }
+    // kernel_body.h's scalar encode8, 16 lanes at a time, the map's entries looked up in
+    // registers (state_codec.h's code_rows; gathers are slow on many CPUs): the code below y
+    // is 16h + f, h by a binary search over every 16th entry (row 0), f by counting the
+    // entries of h's row of 16 at or below y; then one step up where y is at least half-way
+    // to the next entry. NaN fails every comparison: code 0, as the scalar encoder gives.
+    static float encode8(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes) {
+        const size_t vec = n - n % W;
+        __m512 top = _mm512_setzero_ps();
+        __mmask16 nan = 0;
+        for (size_t i = 0; i < vec; i += W) {
+            const V a = abs(load(x + i));
+            nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+            top = _mm512_max_ps(top, a);  // NaN lanes are told by `nan`
+        }
+        float absmax = vec ? _mm512_reduce_max_ps(top) : 0.0f;
+        bool any_nan = nan != 0;
+        absmax_tail(x, vec, n, &absmax, &any_nan);
+        const float scale = block_scale(absmax, any_nan);
+        const float *rows = code_rows(map);
+        const V s = set1(scale), half = set1(0.5f), row0 = load(rows);
+        const __m512i one = _mm512_set1_epi32(1), last = _mm512_set1_epi32(255);
+        for (size_t i = 0; i < vec; i += W) {
+            const V y = div(load(x + i), s);
+            __m512i h = _mm512_setzero_si512();
+            for (int k = 8; k >= 1; k >>= 1) {
+                const __m512i at = _mm512_add_epi32(h, _mm512_set1_epi32(k));
+                h = _mm512_mask_mov_epi32(h, _mm512_cmp_ps_mask(y, _mm512_permutexvar_ps(at, row0), _CMP_GE_OQ), at);
+            }
+            __m512i c = _mm512_slli_epi32(h, 4);
+            V below = _mm512_permutexvar_ps(h, row0), above = _mm512_permutexvar_ps(h, load(rows + 16 * 16));
+            for (int l = 1; l < 16; ++l) {
+                const V entry = _mm512_permutexvar_ps(h, load(rows + 16 * l));
+                const __mmask16 ge = _mm512_cmp_ps_mask(y, entry, _CMP_GE_OQ);
+                c = _mm512_mask_add_epi32(c, ge, c, one);
+                below = _mm512_mask_mov_ps(below, ge, entry);
+                above = _mm512_mask_min_ps(above, static_cast<__mmask16>(~ge), above, entry);
+            }
+            const __mmask16 round_up = _mm512_cmp_ps_mask(sub(y, below), mul(sub(above, below), half), _CMP_GE_OQ);
+            c = _mm512_mask_mov_epi32(c, round_up, _mm512_min_epi32(_mm512_add_epi32(c, one), last));
+            _mm_storeu_si128(reinterpret_cast<__m128i *>(codes + i), _mm512_cvtepi32_epi8(c));
+        }
+        codes_tail(x, vec, n, scale, map, lut, codes);
+        return scale;
+    }
 };
 
 }  // namespace
 
-const KernelTable kAvx512Kernels = {"avx512", &update_range<Avx512Ops>,
-                                    &sum_of_squares_range<Avx512Ops>};
+const KernelTable kAvx512Kernels = {"avx512", &update_range<Avx512Ops>, &sum_of_squares_range<Avx512Ops>,
+                                    &Avx512Ops::encode8};
 
 }  // namespace internal
 }  // namespace optim

@@ -6,8 +6,8 @@ namespace sx {
 namespace optim {
 namespace internal {
 
-const KernelTable kScalarKernels = {"scalar", &update_range<ScalarOps>,
-                                    &sum_of_squares_range<ScalarOps>};
+const KernelTable kScalarKernels = {"scalar", &update_range<ScalarOps>, &sum_of_squares_range<ScalarOps>,
+                                    &ScalarOps::encode8};
 
 }  // namespace internal
 }  // namespace optim

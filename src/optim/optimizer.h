@@ -8,6 +8,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "sx/sx_params.h"
 
 namespace sx {
 namespace optim {
@@ -51,6 +52,7 @@ enum class Rule : int32_t {
     kNonPositive,  // <= 0
     kBeta,         // in [0, 1)
     kFlag,         // 0 or 1
+    kStateDtype,   // SX_STATE_FP32, SX_STATE_BF16 or SX_STATE_8BIT
 };
 
 // Every hyperparameter, with torch.optim's names and meanings: the one table from which
@@ -87,10 +89,11 @@ enum class Rule : int32_t {
     X(eps2, double, 1e-3, SX_HP_EPS2, kNonNegative)                                 \
     X(d, double, 1.0, SX_HP_D, kNonNegative)                                        \
     X(beta3, double, 0.9999, SX_HP_BETA3, kBeta)                                    \
-    X(t_alpha_beta3, double, 0.0, SX_HP_T_ALPHA_BETA3, kNonNegative)
+    X(t_alpha_beta3, double, 0.0, SX_HP_T_ALPHA_BETA3, kNonNegative)               \
+    X(state_dtype, double, 0.0, SX_HP_STATE_DTYPE, kStateDtype)
 
 // The largest SX_HP_* key.
-constexpr int32_t kMaxHyperKey = SX_HP_T_ALPHA_BETA3;
+constexpr int32_t kMaxHyperKey = SX_HP_STATE_DTYPE;
 
 // The most steps a param (or a group) may count: 2^53, the last count a double holds
 // exactly (the bias corrections raise betas to the step in double); a step a
@@ -146,6 +149,9 @@ enum class StepCount : int32_t {
 struct StateSlot {
     const char *name;
     bool (*kept)(const Hyper &h, int ndim);
+    // Never negative (a second moment, a sum of squares, a max): kept in 8 bits, it uses
+    // the unsigned map (optim/state_codec.h).
+    bool nonnegative = false;
 };
 
 // A hyperparameter value an optimizer's row sets in place of the table's default.
@@ -196,6 +202,9 @@ const OptimizerSpec *all_optimizers(size_t *count);
 // "SGD, Adam, AdamW, ..." for messages naming what is accepted.
 std::string optimizer_list();
 
+// "fp32", "bf16" or "8-bit": an SX_STATE_* value (Hyper::state_dtype), for messages.
+const char *state_dtype_name(double state_dtype);
+
 // An SX_OPTIM_* value as torch names the optimizer ("SGD", "Adam", "AdamW"), or
 // "optimizer N" for another value, for messages.
 std::string optimizer_name(int32_t optimizer);
@@ -223,6 +232,9 @@ Hyper with_unused_defaults(const Hyper &h);
 // `variance`; a larger one keeps its factored moments outside the slots).
 int state_slots(const Hyper &h, int ndim = -1);
 const char *state_slot_name(const Hyper &h, int slot, int ndim = -1);
+// Whether slot `slot` is never negative (StateSlot::nonnegative: its 8-bit map is the
+// unsigned one).
+bool state_slot_nonnegative(const Hyper &h, int slot, int ndim = -1);
 
 // NAdam: the param's product of momentum coefficients after update `step` (1 for its
 // first), from the product before it, as torch computes it (a float32 tensor times
@@ -267,6 +279,14 @@ struct Segment {
     // values are saved. Null for segments updated in place.
     const float *state_in[kMaxStateSlots] = {nullptr, nullptr, nullptr};
     float *undo = nullptr;
+    // How the slots are stored (Hyper::state_dtype, optim/state_codec.h): SX_STATE_FP32 in
+    // `state`; SX_STATE_BF16 in `state16`; SX_STATE_8BIT in `codes` with one scale per
+    // kQuantBlock elements in `scales` (param_offset and n then whole blocks). Packed
+    // slots are decoded, updated and encoded block by block (host kernels only).
+    int32_t state_dtype = SX_STATE_FP32;
+    uint16_t *state16[kMaxStateSlots] = {nullptr, nullptr, nullptr};
+    uint8_t *codes[kMaxStateSlots] = {nullptr, nullptr, nullptr};
+    float *scales[kMaxStateSlots] = {nullptr, nullptr, nullptr};
     // Which param the elements belong to, its param group, and param[0]'s offset in it.
     int32_t param_index = -1;
     int32_t param_group = -1;

@@ -17,6 +17,9 @@ constexpr uint32_t bit(int32_t key) { return 1u << key; }
 // Hyperparameters most optimizers share.
 constexpr uint32_t kCommon = bit(SX_HP_LR) | bit(SX_HP_WEIGHT_DECAY) | bit(SX_HP_MAXIMIZE);
 constexpr uint32_t kBetas = bit(SX_HP_BETA1) | bit(SX_HP_BETA2);
+// The elementwise optimizers' slots may be kept in bf16 or 8 bits (a fixed key: it
+// decides how the slots are stored, so it changes only before the first step).
+constexpr uint32_t kState = bit(SX_HP_STATE_DTYPE);
 
 bool if_momentum(const Hyper &h, int) { return h.momentum != 0.0; }
 bool if_amsgrad(const Hyper &h, int) { return h.amsgrad; }
@@ -59,40 +62,42 @@ Status check_ademamix(const Hyper &h) {
 // torch.optim's classes and lion-pytorch's Lion, with their constructors' defaults.
 const OptimizerSpec kOptimizers[] = {
     {Kind::kSgd, "SGD", "torch.optim.SGD", Needs::kElementwise,
-     kCommon | bit(SX_HP_MOMENTUM) | bit(SX_HP_DAMPENING) | bit(SX_HP_NESTEROV), 0,
+     kCommon | bit(SX_HP_MOMENTUM) | bit(SX_HP_DAMPENING) | bit(SX_HP_NESTEROV) | kState, kState,
      {{"momentum_buffer", if_momentum}}, nullptr, {{0, 0}}, check_sgd, nullptr, StepCount::kMomentumUpdates},
     {Kind::kAdam, "Adam", "torch.optim.Adam", Needs::kElementwise,
-     kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_AMSGRAD), bit(SX_HP_AMSGRAD),
-     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}, {"max_exp_avg_sq", if_amsgrad}}, nullptr, {{0, 0}}, nullptr, nullptr},
+     kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_AMSGRAD) | kState, bit(SX_HP_AMSGRAD) | kState,
+     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr, true}, {"max_exp_avg_sq", if_amsgrad, true}}, nullptr, {{0, 0}}, nullptr, nullptr},
     {Kind::kAdamW, "AdamW", "torch.optim.AdamW", Needs::kElementwise,
-     kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_AMSGRAD), bit(SX_HP_AMSGRAD),
-     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}, {"max_exp_avg_sq", if_amsgrad}}, nullptr,
+     kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_AMSGRAD) | kState, bit(SX_HP_AMSGRAD) | kState,
+     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr, true}, {"max_exp_avg_sq", if_amsgrad, true}}, nullptr,
      {{SX_HP_WEIGHT_DECAY, 1e-2}, {0, 0}}, nullptr, nullptr},
     {Kind::kAdagrad, "Adagrad", "torch.optim.Adagrad", Needs::kElementwise,
-     kCommon | bit(SX_HP_EPS) | bit(SX_HP_LR_DECAY) | bit(SX_HP_INITIAL_ACCUMULATOR_VALUE), 0,
-     {{"sum", nullptr}}, nullptr, {{SX_HP_LR, 1e-2}, {SX_HP_EPS, 1e-10}, {0, 0}}, nullptr, nullptr},
+     kCommon | bit(SX_HP_EPS) | bit(SX_HP_LR_DECAY) | bit(SX_HP_INITIAL_ACCUMULATOR_VALUE) | kState, kState,
+     {{"sum", nullptr, true}}, nullptr, {{SX_HP_LR, 1e-2}, {SX_HP_EPS, 1e-10}, {0, 0}}, nullptr, nullptr},
     {Kind::kRmsprop, "RMSprop", "torch.optim.RMSprop", Needs::kElementwise,
-     kCommon | bit(SX_HP_EPS) | bit(SX_HP_ALPHA) | bit(SX_HP_MOMENTUM) | bit(SX_HP_CENTERED), bit(SX_HP_CENTERED),
-     {{"square_avg", nullptr}, {"momentum_buffer", if_momentum}, {"grad_avg", if_centered}}, nullptr,
+     kCommon | bit(SX_HP_EPS) | bit(SX_HP_ALPHA) | bit(SX_HP_MOMENTUM) | bit(SX_HP_CENTERED) | kState,
+     bit(SX_HP_CENTERED) | kState,
+     {{"square_avg", nullptr, true}, {"momentum_buffer", if_momentum}, {"grad_avg", if_centered}}, nullptr,
      {{SX_HP_LR, 1e-2}, {0, 0}}, nullptr, nullptr},
-    {Kind::kAdamax, "Adamax", "torch.optim.Adamax", Needs::kElementwise, kCommon | kBetas | bit(SX_HP_EPS), 0,
-     {{"exp_avg", nullptr}, {"exp_inf", nullptr}}, nullptr, {{SX_HP_LR, 2e-3}, {0, 0}}, nullptr, nullptr},
+    {Kind::kAdamax, "Adamax", "torch.optim.Adamax", Needs::kElementwise, kCommon | kBetas | bit(SX_HP_EPS) | kState, kState,
+     {{"exp_avg", nullptr}, {"exp_inf", nullptr, true}}, nullptr, {{SX_HP_LR, 2e-3}, {0, 0}}, nullptr, nullptr},
     {Kind::kNadam, "NAdam", "torch.optim.NAdam", Needs::kElementwise,
-     kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_MOMENTUM_DECAY) | bit(SX_HP_DECOUPLED_WEIGHT_DECAY), 0,
-     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}}, "mu_product", {{SX_HP_LR, 2e-3}, {0, 0}}, nullptr, nullptr},
+     kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_MOMENTUM_DECAY) | bit(SX_HP_DECOUPLED_WEIGHT_DECAY) | kState, kState,
+     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr, true}}, "mu_product", {{SX_HP_LR, 2e-3}, {0, 0}}, nullptr, nullptr},
     {Kind::kRadam, "RAdam", "torch.optim.RAdam", Needs::kElementwise,
-     kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_DECOUPLED_WEIGHT_DECAY), 0,
-     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}}, nullptr, {{0, 0}}, nullptr, nullptr},
+     kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_DECOUPLED_WEIGHT_DECAY) | kState, kState,
+     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr, true}}, nullptr, {{0, 0}}, nullptr, nullptr},
     // lion-pytorch 0.2.5's Lion: decoupled weight decay (p *= 1 - lr*wd) always; its
     // own decoupled_weight_decay option (wd divided by the constructor's lr) is the
     // caller's to apply to weight_decay.
-    {Kind::kLion, "Lion", "lion_pytorch.Lion", Needs::kElementwise, kCommon | kBetas, 0, {{"exp_avg", nullptr}},
+    {Kind::kLion, "Lion", "lion_pytorch.Lion", Needs::kElementwise, kCommon | kBetas | kState, kState,
+     {{"exp_avg", nullptr}},
      nullptr, {{SX_HP_LR, 1e-4}, {SX_HP_BETA2, 0.99}, {0, 0}}, nullptr, nullptr},
     // pytorch-optimizer 4.1.0's Lamb (optim/lamb.h): its weight_decouple is
     // decoupled_weight_decay (default on); its other options at their defaults.
     {Kind::kLamb, "Lamb", "pytorch_optimizer.Lamb", Needs::kParamReduction,
      kCommon | kBetas | bit(SX_HP_EPS) | bit(SX_HP_DECOUPLED_WEIGHT_DECAY), 0,
-     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}}, nullptr,
+     {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr, true}}, nullptr,
      {{SX_HP_EPS, 1e-6}, {SX_HP_DECOUPLED_WEIGHT_DECAY, 1}, {0, 0}}, nullptr, nullptr, StepCount::kGroup, 0,
      &kLambPasses},
     // torch.optim.Muon (optim/muon.h): 2-D params, each orthogonalised whole on one rank.
@@ -116,8 +121,8 @@ const OptimizerSpec kOptimizers[] = {
     // Its bias corrections and warmup count the group's steps.
     {Kind::kAdemamix, "AdEMAMix", "pytorch_optimizer.AdEMAMix", Needs::kElementwise,
      kCommon | kBetas | bit(SX_HP_BETA3) | bit(SX_HP_EPS) | bit(SX_HP_ALPHA) | bit(SX_HP_T_ALPHA_BETA3) |
-         bit(SX_HP_DECOUPLED_WEIGHT_DECAY),
-     0, {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr}, {"exp_avg_slow", nullptr}}, nullptr,
+         bit(SX_HP_DECOUPLED_WEIGHT_DECAY) | kState,
+     kState, {{"exp_avg", nullptr}, {"exp_avg_sq", nullptr, true}, {"exp_avg_slow", nullptr}}, nullptr,
      {{SX_HP_ALPHA, 5.0}, {0, 0}}, check_ademamix, nullptr, StepCount::kGroup},
 };
 constexpr size_t kNumOptimizers = sizeof kOptimizers / sizeof kOptimizers[0];
@@ -143,7 +148,23 @@ std::string users_of(int32_t key) {
     return out;
 }
 
+// "exp_avg, exp_avg_sq": the slots of a row, for messages; "no slots" for none.
+std::string slot_list(const OptimizerSpec &s) {
+    std::string out;
+    for (const StateSlot &slot : s.slots)
+        if (slot.name) out += (out.empty() ? "" : ", ") + std::string(slot.name);
+    if (s.whole_tensors) out += out.empty() ? "its factored moments" : " and its factored moments";
+    return out.empty() ? "no slots" : out;
+}
+
 }  // namespace
+
+const char *state_dtype_name(double state_dtype) {
+    if (state_dtype == SX_STATE_FP32) return "fp32";
+    if (state_dtype == SX_STATE_BF16) return "bf16";
+    if (state_dtype == SX_STATE_8BIT) return "8-bit";
+    return "?";
+}
 
 const OptimizerSpec *find_optimizer(int32_t optimizer) {
     for (const OptimizerSpec &s : kOptimizers)
@@ -204,6 +225,12 @@ Status validate(const Hyper &h) {
     const Hyper dflt = default_hyper(h.kind);
     const char *const optimizer = s->name;
     const uint32_t keys = s->keys;
+    SX_CHECK_ARG(h.state_dtype == SX_STATE_FP32 || h.state_dtype == SX_STATE_BF16 || h.state_dtype == SX_STATE_8BIT,
+                 "state_dtype = %g; it is SX_STATE_FP32 (0), SX_STATE_BF16 (1) or SX_STATE_8BIT (2)", h.state_dtype);
+    SX_CHECK_ARG(h.state_dtype == SX_STATE_FP32 || (keys & kState),
+                 "state_dtype = %s: %s keeps its state slots (%s) in fp32; bf16 and 8-bit state are for the "
+                 "elementwise optimizers (%s)",
+                 state_dtype_name(h.state_dtype), optimizer, slot_list(*s).c_str(), users_of(SX_HP_STATE_DTYPE).c_str());
 #define SX_CHECK_ONE(name, type, d, key, rule)                                                                    \
     {                                                                                                             \
         const double v = as_double(h.name);                                                                       \
@@ -263,6 +290,14 @@ const char *state_slot_name(const Hyper &h, int slot, int ndim) {
     for (const StateSlot &sl : s.slots)
         if (sl.name && (!sl.kept || sl.kept(h, ndim)) && n++ == slot) return sl.name;
     return "?";
+}
+
+bool state_slot_nonnegative(const Hyper &h, int slot, int ndim) {
+    const OptimizerSpec &s = spec_of(h.kind);
+    int n = 0;
+    for (const StateSlot &sl : s.slots)
+        if (sl.name && (!sl.kept || sl.kept(h, ndim)) && n++ == slot) return sl.nonnegative;
+    return false;
 }
 
 float next_mu_product(const Hyper &h, float before, int64_t step) {

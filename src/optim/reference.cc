@@ -21,8 +21,12 @@
 #include <cmath>
 #include <limits>
 
+#include <vector>
+
+#include "base/half.h"
 #include "optim/kernels.h"
 #include "optim/optimizer.h"
+#include "optim/state_codec.h"
 
 namespace sx {
 namespace optim {
@@ -51,8 +55,11 @@ void reference_sgd(const Segment &seg, float grad_scale) {
     }
 }
 
+void reference_adam8(const Segment &seg, float grad_scale);
+
 void reference_adam(const Segment &seg, float grad_scale) {
     const Hyper &h = *seg.hyper;
+    if (h.state_dtype == SX_STATE_8BIT) return reference_adam8(seg, grad_scale);
     const bool decoupled = h.kind == Kind::kAdamW;
     // step is a float32 tensor in torch; step.item() is an exact double for any
     // realistic count, and beta ** step is Python's pow(double, double).
@@ -116,6 +123,41 @@ float grad_at(const Segment &seg, size_t i, float grad_scale) {
 }
 
 }  // namespace
+
+// Adam and AdamW of an 8-bit group: torchao 0.18's single_param_adam
+// (torchao/optim/adam.py) as inductor compiles it for the CPU: fp32 throughout, lr an
+// fp32 tensor, the Python floats rounded to fp32 where they meet a tensor, each
+// operation rounded, no fused multiply-add, the bias corrections 1 - powf(beta, step)
+// with the step an fp32 tensor. Weight decay applies even when it is 0 (Adam adds
+// 0 * p to the gradient; AdamW subtracts 0 * p), as there.
+void reference_adam8(const Segment &seg, float grad_scale) {
+    const Hyper &h = *seg.hyper;
+    const float lr = static_cast<float>(h.lr), wd = static_cast<float>(h.weight_decay);
+    const float t = static_cast<float>(seg.step);
+    const float bc1 = 1.0f - powf(static_cast<float>(h.beta1), t);
+    const float bc2 = 1.0f - powf(static_cast<float>(h.beta2), t);
+    const float w1 = static_cast<float>(1.0 - h.beta1), w2 = static_cast<float>(1.0 - h.beta2);
+    const float eps = static_cast<float>(h.eps);
+    for (size_t i = 0; i < seg.n; ++i) {
+        float g = grad_at(seg, i, grad_scale);
+        float p = seg.param[i];
+        if (h.kind == Kind::kAdamW)
+            p = p - (lr * wd) * p;
+        else
+            g = g + wd * p;
+        float &m = seg.state[0][i];
+        float &v = seg.state[1][i];
+        m = lerp(m, g, w1);
+        v = lerp(v, g * g, w2);
+        float s = v;
+        if (h.amsgrad) {
+            seg.state[2][i] = maximum(seg.state[2][i], v);
+            s = seg.state[2][i];
+        }
+        const float denom = sqrtf(s) / sqrtf(bc2) + eps;
+        seg.param[i] = p - (lr * (m / bc1)) / denom;
+    }
+}
 
 // torch/optim/adagrad.py, _single_tensor_adagrad (dense gradients).
 void reference_adagrad(const Segment &seg, float grad_scale) {
@@ -285,8 +327,42 @@ void reference_not_elementwise(const Segment &, float) {}
 
 }  // namespace internal
 
+namespace {
+
+// A segment of packed slots (state_codec.h): the whole segment's slots decoded into fp32,
+// the fp32 reference run over it, the slots encoded again (bf16 rounded to nearest even;
+// 8 bits a block at a time).
+void reference_packed(const Segment &seg, float grad_scale) {
+    const int slots = state_slots(*seg.hyper);
+    std::vector<float> values[kMaxStateSlots];
+    Segment wide = seg;
+    wide.state_dtype = SX_STATE_FP32;
+    for (int j = 0; j < slots; ++j) {
+        values[j].resize(seg.n);
+        const float *map = state_slot_nonnegative(*seg.hyper, j) ? kUnsignedMap : kSignedMap;
+        for (size_t i = 0; i < seg.n; ++i)
+            values[j][i] = seg.state_dtype == SX_STATE_BF16 ? half::bf16_to_f32(seg.state16[j][i])
+                                                            : map[seg.codes[j][i]] * seg.scales[j][i / kQuantBlock];
+        wide.state[j] = values[j].data();
+    }
+    reference_update(wide, grad_scale);
+    for (int j = 0; j < slots; ++j) {
+        const float *map = state_slot_nonnegative(*seg.hyper, j) ? kUnsignedMap : kSignedMap;
+        if (seg.state_dtype == SX_STATE_BF16) {
+            for (size_t i = 0; i < seg.n; ++i) seg.state16[j][i] = half::f32_to_bf16(values[j][i]);
+        } else {
+            for (size_t b = 0; b < seg.n; b += kQuantBlock)
+                seg.scales[j][b / kQuantBlock] = encode_block(values[j].data() + b, std::min(kQuantBlock, seg.n - b),
+                                                              map, seg.codes[j] + b);
+        }
+    }
+}
+
+}  // namespace
+
 void reference_update(const Segment &seg, float grad_scale) {
     if (seg.n == 0) return;
+    if (seg.state_dtype != SX_STATE_FP32) return reference_packed(seg, grad_scale);
     switch (seg.hyper->kind) {
 #define SX_REFERENCE_CASE(kind, value, stem) \
     case Kind::kind: return internal::reference_##stem(seg, grad_scale);

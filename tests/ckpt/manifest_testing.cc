@@ -252,7 +252,7 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
             b.add_eps2(g.eps2);
             b.add_d(g.d);
         }
-        extras(major >= 3 ? fb::ParamGroup::VT_T_ALPHA_BETA3 : fb::ParamGroup::VT_AMSGRAD);
+        extras(major >= 3 ? fb::ParamGroup::VT_STATE_DTYPE : fb::ParamGroup::VT_AMSGRAD);
         groups.push_back(b.Finish());
     }
     std::vector<Offset<fb::Param>> params;

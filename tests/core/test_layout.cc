@@ -169,6 +169,34 @@ void test_an_alignment_below_the_element_packs(void **) {
     assert_int_equal(Layout::build(params, 3, 3, &l).code(), SX_ERR_INVALID_ARGUMENT);  // not a power of two
 }
 
+// Params with blocks (8-bit state's) start on a block and every shard holds whole blocks
+// of them, at any world size; their neighbours without blocks stay packed as before.
+void test_blocks_follow_shards(void **) {
+    const uint32_t block = 256;
+    for (int world = 1; world <= 7; ++world) {
+        std::vector<ParamShape> params = {{0, 300, 4, 1}, {0, 4096 + 3 * block, 4, block}, {0, 17, 4, 1},
+                                          {0, 8 * block, 4, block}, {1, 5 * block, 4, block}};
+        Layout l;
+        assert_int_equal(Layout::build(params, world, 64, &l).code(), SX_OK);
+        for (int32_t p = 0; p < static_cast<int32_t>(params.size()); ++p) {
+            if (params[p].block == 1) continue;
+            assert_int_equal(l.placement(p).offset % block, 0);
+            uint64_t covered = 0;
+            for (int r = 0; r < world; ++r) {
+                const ShardPiece s = l.piece(p, r);
+                assert_int_equal(s.begin % block, 0);
+                if (s.end != params[p].numel) assert_int_equal(s.end % block, 0);
+                covered += s.end - s.begin;
+            }
+            assert_int_equal(covered, params[p].numel);
+        }
+        for (const auto &u : l.units()) assert_int_equal(u.shard_numel % block, 0);
+        // A block that is no power of two is refused.
+        params[1].block = 384;
+        assert_int_equal(Layout::build(params, world, 64, &l).code(), SX_ERR_INVALID_ARGUMENT);
+    }
+}
+
 void test_mixed_element_sizes_in_a_unit_are_rejected(void **) {
     std::vector<ParamShape> params = {{0, 3, 2}, {0, 5, 4}};
     Layout l;
@@ -189,6 +217,7 @@ int main(void) {
         cmocka_unit_test(test_exact_boundaries),
         cmocka_unit_test(test_two_byte_units_align_in_bytes),
         cmocka_unit_test(test_mixed_element_sizes_in_a_unit_are_rejected),
+        cmocka_unit_test(test_blocks_follow_shards),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

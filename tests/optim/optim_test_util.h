@@ -196,6 +196,12 @@ inline std::vector<Hyper> all_configs() {
         adam(k, 1e-2, 0, true, false, 0.9, 0.999, 1e-8);
         adam(k, 1e-2, 0.05, true, true, 0.9, 0.99, 1e-6);
         adam(k, 3e-3, 0.01, false, true, 0.3, 0.95, 1e-8);  // lerp weight 0.7: other branch
+        // Of an 8-bit group (torchao's formulas), on fp32 slots here: a param torchao
+        // leaves unquantized, or the slots decoded (test_state_codec.cc packs them).
+        for (int i = 0; i < 3; ++i) {
+            adam(k, i == 0 ? 1e-3 : 1e-2, i == 0 ? 0.0 : 0.1, i == 1, i == 2, i == 2 ? 0.3 : 0.9, 0.999, 1e-8);
+            v.back().state_dtype = SX_STATE_8BIT;
+        }
     }
     // The other rows of the optimizer table, each option that changes the maths.
     auto row = [&](Kind kind, auto set) {

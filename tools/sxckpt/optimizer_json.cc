@@ -15,12 +15,19 @@ namespace tool {
 
 namespace {
 
+// Whether hyperparameter hp_key is a key of a torch param group of `kind`: one that applies
+// to it, but for how sx stores the state (state_dtype), which torch's state dict does not
+// say (its tensors here are fp32).
+bool torch_key(int32_t hp_key, optim::Kind kind) {
+    return optim::applies_to(hp_key, kind) && hp_key != SX_HP_STATE_DTYPE;
+}
+
 // Every key of a param group of `kind`, as torch names them: the hyperparameters of
 // optim/optimizer.h's table that apply to it, with beta1 and beta2 as one "betas".
 std::vector<std::string> hyper_keys(optim::Kind kind) {
     std::vector<std::string> keys;
 #define SX_KEY(name, type, dflt, hp_key, rule)                                  \
-    if (optim::applies_to(hp_key, kind) && std::strcmp(#name, "beta2") != 0) \
+    if (torch_key(hp_key, kind) && std::strcmp(#name, "beta2") != 0)          \
         keys.push_back(std::strcmp(#name, "beta1") == 0 ? "betas" : #name);
     SX_HYPERPARAMETERS(SX_KEY)
 #undef SX_KEY
@@ -46,7 +53,7 @@ void write_group(JsonWriter &j, const ckpt::ParamGroupEntry &g, const ckpt::Mani
         j.key("optimizer"), j.string(optimizer_name(g.optimizer));
     }
 #define SX_WRITE(name, type, dflt, hp_key, rule)                                      \
-    if (optim::applies_to(hp_key, kind)) {                                            \
+    if (torch_key(hp_key, kind)) {                                                    \
         if (std::strcmp(#name, "beta1") == 0) {                                       \
             j.key("betas"), j.begin_array(), j.number(g.beta1), j.number(g.beta2);     \
             j.end_array();                                                            \
@@ -122,7 +129,7 @@ Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
         SX_TRY(json_double(betas->items[1], what + ": betas[1]", &g->hyper.beta2));
     }
 #define SX_READ(name, type, dflt, hp_key, rule)                                                           \
-    if (optim::applies_to(hp_key, kind) && std::strcmp(#name, "beta1") != 0 &&                            \
+    if (torch_key(hp_key, kind) && std::strcmp(#name, "beta1") != 0 &&                                    \
         std::strcmp(#name, "beta2") != 0)                                                                 \
         SX_TRY(read_value(*v.find(#name), what + ": \"" #name "\"", &g->hyper.name));
     SX_HYPERPARAMETERS(SX_READ)

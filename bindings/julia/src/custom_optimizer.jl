@@ -54,7 +54,8 @@ end
 const _STANDARD_HYPERPARAMETERS = ("lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening",
                                    "nesterov", "maximize", "amsgrad", "lr_decay", "initial_accumulator_value",
                                    "alpha", "centered", "momentum_decay", "decoupled_weight_decay",
-                                   "ns_a", "ns_b", "ns_c", "ns_steps", "adjust_lr", "beta2_decay", "eps2", "d")
+                                   "ns_a", "ns_b", "ns_c", "ns_steps", "adjust_lr", "beta2_decay", "eps2", "d",
+                                   "beta3", "t_alpha_beta3", "state_dtype")
 
 # Writes `message` into the piece's error buffer, which sx puts in the step's
 # SX_ERR_OPTIMIZER message: at most error_size - 1 bytes, cut at a UTF-8 character

@@ -33,6 +33,24 @@ function _adjust_lr(f::Integer)
     Int32(f)
 end
 
+# How a param group keeps its optimizer state slots, by name or SX_STATE_* value.
+const _STATE_DTYPE = Dict(:fp32 => SX_STATE_FP32, :float32 => SX_STATE_FP32,
+                          :bf16 => SX_STATE_BF16, :bfloat16 => SX_STATE_BF16,
+                          Symbol("8bit") => SX_STATE_8BIT)
+
+_state_dtype(f::AbstractString) = _state_dtype(Symbol(f))
+function _state_dtype(f::Symbol)
+    haskey(_STATE_DTYPE, f) ||
+        throw(SXError(SX_ERR_INVALID_ARGUMENT,
+                      "state_dtype must be one of $(sort(String.(collect(keys(_STATE_DTYPE))))), not \"$f\""))
+    _STATE_DTYPE[f]
+end
+function _state_dtype(f::Integer)
+    f in values(_STATE_DTYPE) ||
+        throw(SXError(SX_ERR_INVALID_ARGUMENT, "state_dtype $f is not an SX_STATE_* value"))
+    Int32(f)
+end
+
 """
     add_param_group!(g, optimizer=:adamw; lr, weight_decay, betas, eps, momentum, ...)
 
@@ -50,8 +68,11 @@ is on by default, pytorch-optimizer's weight_decouple), `ns_coefficients=(a, b, 
 `adjust_lr_fn` `nothing`, `:original`, `:match_rms_adamw` or `:spectral_unclamped`, or
 `adjust_lr` as an `SX_MUON_ADJUST_LR_*` value), `beta2_decay`, `eps=(eps1, eps2)` or
 `eps`/`eps2`, and `d` (Adafactor, as torch names them; an eps1 of `nothing` is fp32's
-machine epsilon, 2^-23). One that does not apply to the optimizer must keep its default or
-be 0, which means the default (else an `SXError` with SX_ERR_INVALID_ARGUMENT).
+machine epsilon, 2^-23), `beta3` and `t_alpha_beta3` (AdEMAMix), and `state_dtype`
+(`"fp32"`, `"bf16"` or `"8bit"`, as a string or symbol, or an `SX_STATE_*` value: how the
+elementwise optimizers keep their state slots; `"8bit"` is torchao's AdamW8bit's
+block-wise quantization). One that does not apply to the optimizer must keep its default
+or be 0, which means the default (else an `SXError` with SX_ERR_INVALID_ARGUMENT).
 Before `finalize!`, or between steps after it (torch's add_param_group): the group and the
 params added with it then wait for the next `finalize!`, which every rank calls after
 adding the same.
@@ -90,6 +111,8 @@ function _add_param_group!(g::ShardGroup, kind::Int32, custom; betas=nothing, ns
             setfield!(desc, k, Int32(v))
         elseif k === :adjust_lr || k === :adjust_lr_fn
             desc.adjust_lr = _adjust_lr(v)
+        elseif k === :state_dtype
+            desc.state_dtype = _state_dtype(v)
         elseif custom !== nothing && String(k) in custom.own_names
             push!(own, (SX_HP_CUSTOM + Int32(findfirst(==(String(k)), custom.own_names) - 1)) => Float64(v))
         else

@@ -63,6 +63,7 @@ mutable struct ParamGroupDesc  # sx_param_group_desc_t
     d::Float64
     beta3::Float64
     t_alpha_beta3::Float64
+    state_dtype::Int32
 end
 
 mutable struct ParamDesc  # sx_param_desc_t

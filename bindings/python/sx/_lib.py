@@ -116,6 +116,11 @@ SX_HP_EPS2 = 23
 SX_HP_D = 24
 SX_HP_BETA3 = 25
 SX_HP_T_ALPHA_BETA3 = 26
+SX_HP_STATE_DTYPE = 27
+
+SX_STATE_FP32 = 0
+SX_STATE_BF16 = 1
+SX_STATE_8BIT = 2
 
 SX_MUON_ADJUST_LR_ORIGINAL = 0
 SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW = 1
@@ -181,7 +186,8 @@ class sx_param_group_desc_t(ctypes.Structure):
                 ("ns_a", ctypes.c_double), ("ns_b", ctypes.c_double), ("ns_c", ctypes.c_double),
                 ("ns_steps", ctypes.c_int32), ("adjust_lr", ctypes.c_int32),
                 ("beta2_decay", ctypes.c_double), ("eps2", ctypes.c_double), ("d", ctypes.c_double),
-                ("beta3", ctypes.c_double), ("t_alpha_beta3", ctypes.c_double)]
+                ("beta3", ctypes.c_double), ("t_alpha_beta3", ctypes.c_double),
+                ("state_dtype", ctypes.c_int32)]
 
 
 class sx_param_desc_t(ctypes.Structure):

@@ -31,6 +31,9 @@ _DTYPES = {"f32": _lib.SX_DTYPE_F32, "float32": _lib.SX_DTYPE_F32, "f16": _lib.S
 _ADJUST_LR = {"original": _lib.SX_MUON_ADJUST_LR_ORIGINAL,
               "match_rms_adamw": _lib.SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW,
               "spectral_unclamped": _lib.SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED}
+# How a param group keeps its optimizer state (SX_STATE_*).
+_STATE_DTYPES = {"fp32": _lib.SX_STATE_FP32, "float32": _lib.SX_STATE_FP32,
+                 "bf16": _lib.SX_STATE_BF16, "bfloat16": _lib.SX_STATE_BF16, "8bit": _lib.SX_STATE_8BIT}
 _LOSS_SCALING_MODES = {"none": _lib.SX_LOSS_SCALING_NONE, "dynamic": _lib.SX_LOSS_SCALING_DYNAMIC,
                        "static": _lib.SX_LOSS_SCALING_STATIC}
 # Keyword arguments of add_param_group that are flags (int fields of the descriptor).
@@ -38,9 +41,10 @@ _FLAG_FIELDS = ("nesterov", "maximize", "amsgrad", "centered", "decoupled_weight
 _FLOAT_FIELDS = ("lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening",
                  "lr_decay", "initial_accumulator_value", "alpha", "momentum_decay",
                  "ns_a", "ns_b", "ns_c", "beta2_decay", "eps2", "d", "beta3", "t_alpha_beta3")
-# ... that are ints, and Muon's adjust_lr (an _ADJUST_LR name or an SX_MUON_ADJUST_LR_* value).
+# ... that are ints, Muon's adjust_lr (an _ADJUST_LR name or an SX_MUON_ADJUST_LR_* value)
+# and the state dtype (a _STATE_DTYPES name or an SX_STATE_* value).
 _INT_FIELDS = ("ns_steps",)
-_ENUM_FIELDS = ("adjust_lr",)
+_ENUM_FIELDS = ("adjust_lr", "state_dtype")
 # Adafactor's eps1 where torch's is None: fp32's machine epsilon (sx's masters are fp32).
 _ADAFACTOR_EPS1 = 2.0 ** -23
 
@@ -433,8 +437,11 @@ class ShardGroup(Handle):
         SX_MUON_ADJUST_LR_* value), beta2_decay, eps=(eps1, eps2) or eps/eps2, and d
         (Adafactor, as torch names them; an eps1 of None is fp32's machine epsilon, 2^-23),
         betas=(beta1, beta2, beta3) or beta3, alpha and t_alpha_beta3 (AdEMAMix, as
-        pytorch-optimizer names them; a t_alpha_beta3 of None or 0: no warmup), and a
-        custom optimizer's own hyperparameters by name.
+        pytorch-optimizer names them; a t_alpha_beta3 of None or 0: no warmup),
+        state_dtype ("fp32", "bf16" or "8bit", or an SX_STATE_* value: how the
+        elementwise optimizers keep their state on CPU groups; "8bit" is torchao's
+        AdamW8bit's block-wise quantization), and a custom optimizer's own
+        hyperparameters by name.
         One that does not apply to the optimizer must keep its default or be 0, which
         means the default (else InvalidArgumentError)."""
         kind = _optimizer_kind(optimizer)
@@ -459,6 +466,8 @@ class ShardGroup(Handle):
                 setattr(desc, key, 1 if value else 0)
             elif key in _INT_FIELDS:
                 setattr(desc, key, _whole(f"add_param_group: {key}", value))
+            elif key == "state_dtype":
+                setattr(desc, key, _choice(key, value, _STATE_DTYPES))
             elif key in _ENUM_FIELDS:
                 setattr(desc, key, _adjust_lr(value))
             elif custom is not None and key in custom.own_hyperparameters:

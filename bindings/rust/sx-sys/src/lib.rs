@@ -104,6 +104,12 @@ pub const SX_HP_EPS2: i32 = 23;
 pub const SX_HP_D: i32 = 24;
 pub const SX_HP_BETA3: i32 = 25;
 pub const SX_HP_T_ALPHA_BETA3: i32 = 26;
+pub const SX_HP_STATE_DTYPE: i32 = 27;
+
+/// [`sx_param_group_desc_t::state_dtype`]: how a param group keeps its optimizer state slots.
+pub const SX_STATE_FP32: i32 = 0;
+pub const SX_STATE_BF16: i32 = 1;
+pub const SX_STATE_8BIT: i32 = 2;
 
 pub const SX_MUON_ADJUST_LR_ORIGINAL: i32 = 0;
 pub const SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW: i32 = 1;
@@ -216,6 +222,7 @@ pub struct sx_param_group_desc_t {
     pub d: f64,
     pub beta3: f64,
     pub t_alpha_beta3: f64,
+    pub state_dtype: i32,
 }
 
 #[repr(C)]

@@ -26,7 +26,7 @@ pub use log::{clear_log_callback, set_log_callback, LogLevel};
 pub use optimizer::{register_optimizer, CustomOptimizer, OptimizerDesc, Piece, UPDATE_PANICKED};
 pub use options::{
     Backend, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, LossScalingMode, MuonAdjustLr, NonFinite,
-    Optimizer, Param, ParamGroup, ReduceOp, SaveOptions, StepOptions, Transport, UnitReadyOptions,
+    Optimizer, Param, ParamGroup, ReduceOp, SaveOptions, StateDtype, StepOptions, Transport, UnitReadyOptions,
 };
 pub use state::{ParamState, ParamStateMut, ParamStateRef};
 

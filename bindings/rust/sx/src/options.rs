@@ -497,6 +497,11 @@ impl ParamGroup {
         self.raw.t_alpha_beta3 = v;
         self
     }
+    /// How the group keeps its optimizer state slots (the default: [`StateDtype::Fp32`]).
+    pub fn state_dtype(mut self, dtype: StateDtype) -> Self {
+        self.raw.state_dtype = dtype.value();
+        self
+    }
     /// The C description as filled so far.
     pub fn raw(&self) -> &sys::sx_param_group_desc_t {
         &self.raw
@@ -522,6 +527,34 @@ impl MuonAdjustLr {
             MuonAdjustLr::Original => sys::SX_MUON_ADJUST_LR_ORIGINAL,
             MuonAdjustLr::MatchRmsAdamW => sys::SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW,
             MuonAdjustLr::SpectralUnclamped => sys::SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED,
+        }
+    }
+}
+
+/// How a param group keeps its optimizer state slots ([`ParamGroup::state_dtype`],
+/// [`Hyperparameter::StateDtype`]). Every update is computed in fp32 whatever the slots
+/// hold. Bf16 and 8-bit slots apply to the elementwise optimizers (SGD, Adam, AdamW,
+/// Adagrad, RMSprop, Adamax, NAdam, RAdam, Lion, AdEMAMix); LAMB's, Muon's, Adafactor's
+/// and custom optimizers' slots stay fp32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateDtype {
+    /// fp32 slots (the default).
+    Fp32,
+    /// bf16 slots, rounded to nearest even after each update.
+    Bf16,
+    /// 8-bit block-wise slots, torchao's AdamW8bit quantization: blocks of 256 elements,
+    /// each a scale and 256 codes; a param of fewer than 4096 elements, or not a multiple
+    /// of 256, keeps fp32 slots.
+    EightBit,
+}
+
+impl StateDtype {
+    /// The `SX_STATE_*` value (as [`Hyperparameter::StateDtype`] takes it, as f64).
+    pub fn value(self) -> i32 {
+        match self {
+            StateDtype::Fp32 => sys::SX_STATE_FP32,
+            StateDtype::Bf16 => sys::SX_STATE_BF16,
+            StateDtype::EightBit => sys::SX_STATE_8BIT,
         }
     }
 }
@@ -558,6 +591,12 @@ pub enum Hyperparameter {
     Beta2Decay,
     Eps2,
     D,
+    /// AdEMAMix: the slow moment's decay, in [0, 1), and the steps alpha and beta3 warm
+    /// up over (0: none).
+    Beta3,
+    TAlphaBeta3,
+    /// A [`StateDtype`] value; only before sx_finalize lays its group out.
+    StateDtype,
     /// A custom optimizer's own hyperparameter i (counting only its own, in registration
     /// order): key `SX_HP_CUSTOM + i`.
     Custom(u32),
@@ -590,6 +629,9 @@ impl Hyperparameter {
             Hyperparameter::Beta2Decay => sys::SX_HP_BETA2_DECAY,
             Hyperparameter::Eps2 => sys::SX_HP_EPS2,
             Hyperparameter::D => sys::SX_HP_D,
+            Hyperparameter::Beta3 => sys::SX_HP_BETA3,
+            Hyperparameter::TAlphaBeta3 => sys::SX_HP_T_ALPHA_BETA3,
+            Hyperparameter::StateDtype => sys::SX_HP_STATE_DTYPE,
             Hyperparameter::Custom(i) => sys::SX_HP_CUSTOM.saturating_add(i.min(i32::MAX as u32) as i32),
         }
     }

@@ -1,0 +1,150 @@
+"""Optimizer state in 8 bits and in bf16 (add_param_group's state_dtype), against the
+libraries it follows, with ranks as threads over local:// at worlds 1 to 3 and stages 1
+to 3:
+
+- 8-bit AdamW and Adam (with amsgrad) against torchao's AdamW8bit and Adam8bit (0.18.0,
+  whose step torch.compile builds for the CPU): after every run the params are equal
+  bit for bit, for params that torchao quantizes (a whole number of 256-element blocks,
+  at least 4096 elements; one of them split unevenly between ranks) and for one it
+  leaves in fp32 (300 elements). Each step's gradient of a param lives on rank 0 alone
+  (the other ranks' are zero), so that sx's sum over ranks is that gradient exactly,
+  and torchao is given it times fp32(1 / world), as sx scales it.
+- bf16 moments (Adam, Lion, SGD with momentum, RMSprop, Adagrad) against the torch
+  optimizers (single-tensor loops) whose state is rounded to bf16 after every step, to
+  within TOL_BF16 normwise, and at least ten times closer to it than to torch's run of
+  fp32 state (so the state was bf16 indeed).
+
+Run with the Python of a torch environment that has torchao, SX_LIBRARY pointing at
+libsx and PYTHONPATH at the binding (run_torch_tests.py does); exits non-zero on the
+first difference."""
+import os
+import sys
+
+import numpy as np
+import torch
+
+import sx
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from _ranks import run_ranks  # noqa: E402
+
+STEPS = 12
+# name, shape, unit: "w" and "v" are quantized (32 and 17 blocks: at 2 and 3 ranks a
+# shard boundary falls inside them), "b" is too small and keeps fp32 state.
+PARAMS = [("w", (64, 128), 0), ("b", (300,), 0), ("v", (17, 256), 1)]
+TOL_BF16 = 1e-6
+
+
+def initial(name, shape):
+    return np.random.default_rng(sum(map(ord, name))).uniform(-1, 1, size=shape).astype(np.float32)
+
+
+def grad_of(name, shape, step):
+    seed = 1000 * step + sum(map(ord, name))
+    return (np.random.default_rng(seed).standard_normal(size=shape) * 0.1).astype(np.float32)
+
+
+def run_sx(kind, options, world, stage):
+    def rank_main(rank, rendezvous):
+        with sx.ShardGroup(rendezvous, rank, world, stage=stage, backend="cpu", num_threads=1,
+                           timeout_ms=60000) as g:
+            g.add_param_group(kind, **options)
+            for name, shape, unit in PARAMS:
+                g.add_param(name, list(shape), unit=unit, param_group=0)
+            g.finalize()
+            for u in (0, 1):
+                with g.unit(u):
+                    for name, shape, unit in PARAMS:
+                        if unit == u:
+                            g.param_view(name)[...] = initial(name, shape)
+            for step in range(STEPS):
+                for u in (0, 1):
+                    with g.unit(u):
+                        for name, shape, unit in PARAMS:
+                            if unit == u:
+                                grad = grad_of(name, shape, step) if rank == 0 else np.zeros(shape, np.float32)
+                                g.grad_view(name)[...] = grad
+                g.step()
+            out = {}
+            for u in (0, 1):
+                with g.unit(u):
+                    for name, _, unit in PARAMS:
+                        if unit == u:
+                            out[name] = np.array(g.param_view(name))
+            return out
+
+    return run_ranks(world, rank_main)
+
+
+def run_reference(make, world, after_step=None):
+    params = {name: torch.nn.Parameter(torch.from_numpy(initial(name, shape))) for name, shape, _ in PARAMS}
+    opt = make(list(params.values()))
+    scale = np.float32(1.0 / world)
+    for step in range(STEPS):
+        for name, shape, _ in PARAMS:
+            params[name].grad = torch.from_numpy(grad_of(name, shape, step) * scale)
+        opt.step()
+        if after_step:
+            after_step(opt)
+    return {name: p.detach().numpy() for name, p in params.items()}
+
+
+def round_state_to_bf16(opt):
+    for state in opt.state.values():
+        for key, value in state.items():
+            if key != "step" and torch.is_tensor(value) and value.dtype == torch.float32 and value.dim() > 0:
+                value.copy_(value.bfloat16().float())
+
+
+def check_8bit():
+    from torchao.optim import Adam8bit, AdamW8bit
+    configs = [("adamw", dict(lr=1e-2, weight_decay=0.1, betas=(0.8, 0.95)), AdamW8bit),
+               ("adam", dict(lr=3e-3, weight_decay=0.01), Adam8bit)]
+    for kind, options, cls in configs:
+        for world in (1, 2, 3):
+            want = run_reference(lambda ps: cls(ps, **options), world)
+            for stage in (1, 2, 3):
+                for rank, got in enumerate(run_sx(kind, dict(options, state_dtype="8bit"), world, stage)):
+                    for name in want:
+                        if not np.array_equal(got[name].view(np.uint32), want[name].view(np.uint32)):
+                            bad = int(np.sum(got[name].view(np.uint32) != want[name].view(np.uint32)))
+                            sys.exit(f"FAIL 8-bit {kind} {options} world {world} stage {stage} rank {rank}: "
+                                     f"{bad} of param {name}'s elements differ from torchao's {cls.__name__}")
+                print(f"ok   8-bit {kind:5s} world {world} stage {stage}: bit for bit torchao's {cls.__name__}",
+                      flush=True)
+
+
+def check_bf16():
+    configs = [("adam", dict(lr=1e-2, weight_decay=0.01), lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.01,
+                                                                                     foreach=False)),
+               ("sgd", dict(lr=1e-2, momentum=0.9), lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9,
+                                                                              foreach=False)),
+               ("rmsprop", dict(lr=1e-3, centered=True, momentum=0.5),
+                lambda ps: torch.optim.RMSprop(ps, lr=1e-3, centered=True, momentum=0.5, foreach=False)),
+               ("adagrad", dict(lr=1e-2), lambda ps: torch.optim.Adagrad(ps, lr=1e-2, foreach=False))]
+    for kind, options, make in configs:
+        for world in (1, 3):
+            want = run_reference(make, world, round_state_to_bf16)
+            fp32 = run_reference(make, world)
+            for stage in (1, 3):
+                got = run_sx(kind, dict(options, state_dtype="bf16"), world, stage)[0]
+                err, err_fp32 = normwise(got, want), normwise(got, fp32)
+                if not (err <= TOL_BF16 and err * 10 <= err_fp32):
+                    sys.exit(f"FAIL bf16 {kind} world {world} stage {stage}: normwise relative error {err:.3g} "
+                             f"against torch's with its state rounded to bf16, {err_fp32:.3g} against its fp32 state")
+                print(f"ok   bf16  {kind:7s} world {world} stage {stage}: error {err:.2e} "
+                      f"({err_fp32:.2e} against fp32 state)", flush=True)
+
+
+def normwise(got, want):
+    diff = np.sqrt(sum(np.sum((got[n].astype(np.float64) - want[n]) ** 2) for n in want))
+    return diff / np.sqrt(sum(np.sum(want[n].astype(np.float64) ** 2) for n in want))
+
+
+def main():
+    check_8bit()
+    check_bf16()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+// How a param group's optimizer state slots are stored when they are not fp32
+// (Hyper::state_dtype, SX_STATE_*): bf16, or 8-bit block-wise. Every update is computed
+// in fp32: a piece of a slot is decoded into fp32, updated, and encoded again
+// (packed_range in kernel_body.h, in each kernel flavour).
+//
+// 8-bit block-wise follows torchao 0.18's OptimState8bit (torchao/optim/subclass_8bit.py,
+// quant_utils.py), chosen over bitsandbytes because its quantizer is exact (the nearest
+// code of the map, found by binary search) on every device, where bitsandbytes' CPU path
+// uses an approximate lookup table and its CUDA kernel another rounding:
+// - a param's elements, flattened, are cut into blocks of kQuantBlock; each block keeps
+//   one fp32 scale, its largest magnitude (at least 1e-12), and one code per element,
+//   an index into a 256-entry map of [-1, 1] (signed) or [0, 1] (unsigned, for slots that
+//   are never negative: StateSlot::nonnegative);
+// - a param of fewer than kMin8bitNumel elements, or not a whole number of blocks, keeps
+//   its slots in fp32 (torchao's rule);
+// - decoding is map[code] * scale; encoding divides by the scale and takes the nearest
+//   code, ties to the larger.
+// Blocks belong to the param, not to the shard: the layout starts every shard of such a
+// param on a block boundary (core/layout.h, ParamShape::block), so any world size holds
+// the same blocks and a reshard moves codes and scales as they are.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "sx/sx_params.h"
+
+namespace sx {
+namespace optim {
+
+constexpr size_t kQuantBlock = 256;
+constexpr uint64_t kMin8bitNumel = 4096;
+
+// torchao's create_dynamic_map(signed, 7, 8) values, ascending (state_maps.cc).
+extern const float kSignedMap[256];
+extern const float kUnsignedMap[256];
+
+// How a param of `numel` elements in a group of state dtype `group_dtype` (SX_STATE_*)
+// keeps its slots: SX_STATE_8BIT falls back to SX_STATE_FP32 for a param torchao would
+// not quantize.
+inline int32_t param_state_dtype(int32_t group_dtype, uint64_t numel) {
+    if (group_dtype == SX_STATE_8BIT && (numel < kMin8bitNumel || numel % kQuantBlock != 0)) return SX_STATE_FP32;
+    return group_dtype;
+}
+
+// Bytes a slot keeps per element, and scales per element (1 / kQuantBlock for 8 bits).
+inline size_t state_elem_bytes(int32_t dtype) { return dtype == SX_STATE_BF16 ? 2 : dtype == SX_STATE_8BIT ? 1 : 4; }
+
+// The kernels' index of a map, so that an encoder needs no binary search: y's bits pick
+// a bucket (its sign, and its magnitude's exponent and top 8 bits of mantissa, every
+// magnitude below 2^-25 in bucket 0), and the code below y, the largest c with map[c] <= y,
+// is the bucket's entry or the one above it (no bucket holds two entries of a map:
+// code_lut_exact() says so of both maps). Buckets per sign:
+constexpr uint32_t kLutBuckets = 26 * 256;
+inline uint32_t lut_key(uint32_t bits) {
+    const int32_t k = static_cast<int32_t>((bits & 0x7fffffffu) >> 15) - (102 << 8);
+    const uint32_t clamped = k < 0 ? 0u : (k >= static_cast<int32_t>(kLutBuckets) ? kLutBuckets - 1 : static_cast<uint32_t>(k));
+    return clamped + (bits >> 31) * kLutBuckets;
+}
+// The index of kSignedMap or kUnsignedMap (2 * kLutBuckets entries, readable 3 bytes past
+// the end: a vector gather reads 4 bytes at a time). Built once, thread-safe.
+const uint8_t *code_lut(const float *map);
+// Whether no bucket of either map holds two of its entries (the tests ask).
+bool code_lut_exact();
+// The map in 17 rows of 16 for encoders that look entries up in registers: row l, column
+// h holds map[min(16h + l, 255)] (row 0: every 16th entry; row 16: the entry after each
+// row's last). 64-byte aligned; built once, thread-safe.
+const float *code_rows(const float *map);
+
+// One block of n <= kQuantBlock elements: its scale, and the codes of x / scale in map.
+// NaN in x gives a NaN scale (torch's amax propagates it).
+float encode_block(const float *x, size_t n, const float *map, uint8_t *codes);
+// map[codes[i]] * scale, for n elements.
+void decode_block(const uint8_t *codes, size_t n, float scale, const float *map, float *out);
+
+}  // namespace optim
+}  // namespace sx
