@@ -31,6 +31,8 @@
 //                 micro-batches accumulated) against one all_gather of a call's header
 //   packed        the packed layout (alignment 4) against the default 64: a one-rank AdamW step
 //                 over params of odd sizes
+//   state_dtype   AdamW with fp32, bf16 and 8-bit state, each against a ceiling of its own bytes
+//                 and against fp32's; 8 bits against torchao's AdamW8bit (--torch-python)
 //   param_sums    LAMB (per-param norms summed over the ranks) and Muon (matrices whole on one
 //                 rank) against AdamW on the same models at 2 and 4 ranks, the bytes they
 //                 exchange; Newton-Schulz and the ordered product against torch's
@@ -53,8 +55,9 @@
 //                 [--scale-reps R] [--scale-unit-per-param] [SECTION...]
 //   --gpu-elements  gpu_adamw, gpu_step and gpu_offload sections: elements (2^28)
 //   --ckpt-mib  checkpoint and load sections: MiB of values + optimizer state in the files (576)
-//   --torch-python  optimizers section: a Python with torch (and lion-pytorch), which times torch's
-//                   optimizers in the same run (else SX_BENCH_TORCH_PYTHON; neither: no torch column)
+//   --torch-python  optimizers and state_dtype sections: a Python with torch (and lion-pytorch,
+//                   torchao), which times torch's optimizers (torchao's AdamW8bit) in the same run
+//                   (else SX_BENCH_TORCH_PYTHON; neither: no torch column)
 //   --ckpt-dir  checkpoint and load sections: where its mkdtemp directory goes (/tmp); that directory
 //               is removed at the end
 //   --scale-worlds  scale section: the saving jobs' ranks (1024,4096,16384), each flat and as
@@ -93,6 +96,7 @@ const Section kSections[] = {
     {"small_step", section_small_step},
     {"packed", section_packed},
     {"optimizers", section_optimizers},
+    {"state_dtype", section_state_dtype},
     {"custom_optimizer", section_custom_optimizer},
     {"param_sums", section_param_sums},
     {"shm", section_shm},

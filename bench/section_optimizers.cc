@@ -15,6 +15,7 @@
 #include "bench_util.h"
 #include "optim/kernels.h"
 #include "optim/optimizer.h"
+#include "optim/state_codec.h"
 #include "optim/thread_pool.h"
 
 #if SX_OPTIM_X86
@@ -102,13 +103,15 @@ std::vector<Case> cases() {
 }
 
 // torch's fastest time per class (ms) at n elements, from bench/torch_optimizers.py run
-// by `python`; empty where it cannot run.
-std::map<std::string, double> torch_times(const std::string &python, size_t n, int reps, int threads) {
+// by `python` (with `extra` arguments: --torchao for torchao's AdamW8bit); empty where it
+// cannot run.
+std::map<std::string, double> torch_times(const std::string &python, size_t n, int reps, int threads,
+                                          const std::string &extra = "") {
     std::map<std::string, double> out;
     if (python.empty()) return out;
     const std::string cmd = torch_command(python, SX_BENCH_SOURCE_DIR "/torch_optimizers.py --elements " +
                                                       std::to_string(n) + " --reps " + std::to_string(reps) +
-                                                      " --threads " + std::to_string(threads));
+                                                      " --threads " + std::to_string(threads) + " " + extra);
     FILE *f = popen(cmd.c_str(), "r");
     if (!f) return out;
     char line[1024];
@@ -127,6 +130,12 @@ std::map<std::string, double> torch_times(const std::string &python, size_t n, i
     return out;
 }
 
+// The Python that times the peers: --torch-python, else SX_BENCH_TORCH_PYTHON, else none.
+std::string torch_python(const Options &opt) {
+    if (opt.torch_python.empty() && std::getenv("SX_BENCH_TORCH_PYTHON")) return std::getenv("SX_BENCH_TORCH_PYTHON");
+    return opt.torch_python;
+}
+
 }  // namespace
 
 int section_optimizers(const Options &opt) {
@@ -134,8 +143,7 @@ int section_optimizers(const Options &opt) {
     const in::KernelTable &k = in::kernels_for(in::resolve_isa(isa));
     const int threads = 2;
     ThreadPool pool(threads);
-    std::string python = opt.torch_python;
-    if (python.empty() && std::getenv("SX_BENCH_TORCH_PYTHON")) python = std::getenv("SX_BENCH_TORCH_PYTHON");
+    const std::string python = torch_python(opt);
     std::printf("optimizers: each optimizer fused (%s, %d threads) vs a ceiling with its memory pattern (param, grad "
                 "and its state slots read, param and state written, trivial arithmetic), %d reps of the pair; "
                 "ratio = median over reps of ceiling time / kernel time; vs_torch = torch's fastest CPU "
@@ -188,6 +196,124 @@ int section_optimizers(const Options &opt) {
                           t.paired_ratio(), torch_ms, vs_torch);
             json.push_back(line);
         }
+    }
+    for (const std::string &l : json) std::printf("%s\n", l.c_str());
+    return 0;
+}
+
+}  // namespace sxbench
+
+// bench_sx section state_dtype: AdamW at --elements (64 Mi) with its two slots in fp32,
+// bf16 and 8 bits (optim/state_codec.h), each fused (2 pool threads) against a
+// traffic-only ceiling of its own bytes (param and grad read, param written, each slot's
+// bytes read and written, 8-bit scales included), and 8 bits against torchao's AdamW8bit
+// (bench/torch_optimizers.py --torchao, same elements and threads) where --torch-python names a
+// Python with torch and torchao (or SX_BENCH_TORCH_PYTHON does).
+namespace sxbench {
+namespace {
+
+// One pass over n elements: p += g, and each of two packed slots' elements read and
+// written (T: uint16_t for bf16, uint8_t for codes), vectorised with AVX2 (which every
+// CPU that runs the SIMD kernels has).
+template <typename T>
+#if SX_OPTIM_X86
+__attribute__((target("avx2"), optimize("O3")))
+#endif
+void packed_ceiling(float *p, const float *g, T *a, T *b, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        p[i] += g[i];
+        a[i] = static_cast<T>(a[i] + 1);
+        b[i] = static_cast<T>(b[i] + 1);
+    }
+}
+
+// The ceiling's pass over elements [b, e) of seg (b a block boundary where 8-bit): fp32's
+// is the optimizers section's, with prefetch.
+void state_ceiling_piece(const Segment &seg, Isa isa, size_t b, size_t e) {
+    if (seg.state_dtype == SX_STATE_FP32) {
+        float *st[2] = {seg.state[0] + b, seg.state[1] + b};
+        ceiling<2>(isa, seg.param + b, seg.grad + b, st, e - b);
+    } else if (seg.state_dtype == SX_STATE_BF16) {
+        packed_ceiling(seg.param + b, seg.grad + b, seg.state16[0] + b, seg.state16[1] + b, e - b);
+    } else {
+        packed_ceiling(seg.param + b, seg.grad + b, seg.codes[0] + b, seg.codes[1] + b, e - b);
+        for (size_t k = b / sx::optim::kQuantBlock; k < e / sx::optim::kQuantBlock; ++k)
+            seg.scales[0][k] += 1.0f, seg.scales[1][k] += 1.0f;
+    }
+}
+
+}  // namespace
+
+int section_state_dtype(const Options &opt) {
+    const Isa isa = sx::optim::detect_isa();
+    const in::KernelTable &k = in::kernels_for(in::resolve_isa(isa));
+    const int threads = 2;
+    ThreadPool pool(threads);
+    const std::string python = torch_python(opt);
+    const size_t n = opt.elements / sx::optim::kQuantBlock * sx::optim::kQuantBlock;
+    std::printf("state_dtype: AdamW over %zu elements with its slots in fp32, bf16 and 8 bits (%s, %d threads), each "
+                "vs a ceiling of its own bytes, %d reps of the pair; ratio = median over reps of ceiling time / kernel "
+                "time; vs_fp32 = fp32's fastest / this one's; torchao = AdamW8bit's fastest step (%s)\n",
+                n, sx::optim::isa_name(isa), threads, opt.reps,
+                python.empty() ? "not run: no --torch-python or SX_BENCH_TORCH_PYTHON" : python.c_str());
+    const std::map<std::string, double> peer = torch_times(python, n, opt.reps, threads, "--torchao");
+    Streams s;
+    HostBuffer packed[2], scales[2];
+    if (!s.allocate(n)) return 1;
+    for (int j = 0; j < 2; ++j)
+        if (!packed[j].allocate(2 * n, "benchmark slot").ok() ||
+            !scales[j].allocate(n / sx::optim::kQuantBlock * sizeof(float), "benchmark scales").ok())
+            return 1;
+    std::printf("%-6s %10s %11s %12s %8s %8s %11s %11s\n", "state", "kernel_ms", "ceiling_ms", "B/element", "ratio",
+                "vs_fp32", "torchao_ms", "vs_torchao");
+    std::vector<std::string> json;
+    double fp32_ms = 0;
+    for (int32_t dtype : {SX_STATE_FP32, SX_STATE_BF16, SX_STATE_8BIT}) {
+        Hyper h = sx::optim::default_hyper(Kind::kAdamW);
+        h.state_dtype = dtype;
+        std::memset(s.m.as<float>(), 0, n * sizeof(float));
+        std::memset(s.v.as<float>(), 0, n * sizeof(float));
+        for (int j = 0; j < 2; ++j) {
+            std::memset(packed[j].data(), 0, 2 * n);
+            std::memset(scales[j].data(), 0, n / sx::optim::kQuantBlock * sizeof(float));
+        }
+        Segment seg = s.adamw_segment(&h, n);
+        seg.state_dtype = dtype;
+        for (int j = 0; j < 2 && dtype != SX_STATE_FP32; ++j) {
+            seg.state[j] = nullptr;
+            seg.state16[j] = dtype == SX_STATE_BF16 ? packed[j].as<uint16_t>() : nullptr;
+            seg.codes[j] = dtype == SX_STATE_8BIT ? packed[j].as<uint8_t>() : nullptr;
+            seg.scales[j] = dtype == SX_STATE_8BIT ? scales[j].as<float>() : nullptr;
+        }
+        seg.step = 10;
+        auto kernel = [&] { in::fused_update_with(k, &seg, 1, 1.0f, &pool, in::kMinElementsPerThread, nullptr); };
+        auto ceil = [&] {
+            const int parts = in::threads_for(n, &pool, in::kMinElementsPerThread);
+            const std::vector<in::Cut> cuts = in::partition(&seg, 1, parts);
+            pool.run([&](int t) {
+                if (t < parts)
+                    in::for_each_piece(&seg, cuts[t], cuts[t + 1],
+                                       [&](size_t, size_t b, size_t e) { state_ceiling_piece(seg, isa, b, e); });
+            });
+        };
+        const PairTimes t = time_pair(kernel, ceil, opt.reps);
+        const double tk = t.min_a() * 1e3, tc = t.min_b() * 1e3;
+        if (dtype == SX_STATE_FP32) fp32_ms = tk;
+        const double slot = dtype == SX_STATE_8BIT ? 1.0 + 4.0 / sx::optim::kQuantBlock
+                                                   : static_cast<double>(sx::optim::state_elem_bytes(dtype));
+        const double per_element = 12.0 + 4.0 * slot;  // p, g read; p written; two slots read and written
+        const auto found = peer.find("AdamW8bit");
+        const double torchao_ms = dtype == SX_STATE_8BIT && found != peer.end() ? found->second : 0.0;
+        std::printf("%-6s %10.2f %11.2f %12.3f %8.3f %8.2f %11.2f %11.2f\n", sx::optim::state_dtype_name(dtype), tk,
+                    tc, per_element, t.paired_ratio(), fp32_ms / tk, torchao_ms, torchao_ms > 0 ? torchao_ms / tk : 0.0);
+        char line[512];
+        std::snprintf(line, sizeof line,
+                      "{\"bench\":\"state_dtype\",\"state\":\"%s\",\"isa\":\"%s\",\"threads\":%d,\"elements\":%zu,"
+                      "\"reps\":%d,\"kernel_ms\":%.4f,\"ceiling_ms\":%.4f,\"bytes_per_element\":%.4f,"
+                      "\"ratio_vs_ceiling\":%.4f,\"ratio_vs_fp32\":%.4f,\"torchao_ms\":%.4f,\"ratio_vs_torchao\":%.4f}",
+                      sx::optim::state_dtype_name(dtype), sx::optim::isa_name(isa), threads, n, opt.reps, tk, tc,
+                      per_element, t.paired_ratio(), fp32_ms / tk, torchao_ms, torchao_ms > 0 ? torchao_ms / tk : 0.0);
+        json.push_back(line);
     }
     for (const std::string &l : json) std::printf("%s\n", l.c_str());
     return 0;

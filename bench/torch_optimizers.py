@@ -9,7 +9,10 @@ each class's default hyperparameters; each implementation torch has for it on th
 over R steps after 2 warm-up steps, and its fastest step kept. One JSON line per class:
 the fastest implementation and its time. Exits 0 with a message where torch is missing.
 
-usage: bench/torch_optimizers.py [--elements N] [--reps R] [--threads T]
+With --torchao it times torchao's AdamW8bit instead (its step compiled by torch.compile
+on the first call; weight decay 0.01): the peer of bench_sx's state_dtype section.
+
+usage: bench/torch_optimizers.py [--elements N] [--reps R] [--threads T] [--torchao]
 """
 import argparse
 import json
@@ -22,6 +25,7 @@ def main():
     ap.add_argument("--elements", type=int, default=1 << 26)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=0, help="torch's intra-op threads (0: torch's default)")
+    ap.add_argument("--torchao", action="store_true", help="time torchao's AdamW8bit alone")
     args = ap.parse_args()
     try:
         import torch
@@ -37,11 +41,20 @@ def main():
         classes.append(Lion)
     except ImportError:
         pass
+    if args.torchao:
+        try:
+            from torchao.optim import AdamW8bit
+        except ImportError as e:
+            print(f"torch_optimizers: skipped: torchao is not installed ({e})")
+            return 0
+        classes = [AdamW8bit]
     n = args.elements
     gen = torch.Generator().manual_seed(12345)
     for cls in classes:
         times = {}
         impls = (("single_tensor", {"foreach": False}), ("foreach", {"foreach": True}), ("fused", {"fused": True}))
+        if cls.__module__.startswith("torchao"):
+            impls = (("compiled", {"weight_decay": 0.01}),)  # torchao's one implementation
         if cls.__module__.startswith("lion_pytorch"):
             impls = (("update_fn", {}),)  # lion-pytorch's one CPU implementation
         for impl, kw in impls:
