@@ -42,9 +42,14 @@
  * group that joins (SX_GROUP_JOIN), registers the model, and waits; the 3 others poll for
  * it every step (sx_poll_joiners), admit it, and the 4 go on.
  *
+ * With --state-dtype bf16 or 8bit, AdamW keeps its moments in bf16, or in torchao's 8-bit
+ * blocks (the two weight matrices; the embeddings and biases are too small and stay
+ * fp32). Checkpoints hold fp32 state only so far: the demo then skips its save and resume.
+ *
  * usage: train_charlm [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE]
- *                     [--lose-rank R [--lose-at STEP] [--memory-copies N] [--replace]] [TEXT_FILE] [STEPS]
- *        (default: stage 2, flat, Debian's GPL-3 text, 400 steps, no trace, no rank lost)
+ *                     [--lose-rank R [--lose-at STEP] [--memory-copies N] [--replace]]
+ *                     [--state-dtype fp32|bf16|8bit] [TEXT_FILE] [STEPS]
+ *        (default: stage 2, flat, Debian's GPL-3 text, 400 steps, no trace, no rank lost, fp32 state)
  */
 #include <math.h>
 #include <pthread.h>
@@ -102,6 +107,7 @@ typedef struct {
 } rank_result_t;
 
 static char g_ckpt_dir[256]; /* where the 4 ranks save, and 2 ranks resume from */
+static int32_t g_state_dtype = SX_STATE_FP32; /* --state-dtype */
 
 #define CHECK(call)                                                                          \
     do {                                                                                     \
@@ -369,6 +375,7 @@ static void *rank_main(void *arg) {
     sx_param_group_desc_init(&decay, sizeof decay, SX_OPTIM_ADAMW);
     decay.lr = peak_lr;
     decay.weight_decay = 0.01;
+    decay.state_dtype = g_state_dtype;
     no_decay = decay;
     no_decay.weight_decay = 0.0;
     int32_t g_decay, g_no_decay;
@@ -553,7 +560,7 @@ train:;
         }
     }
 
-    {
+    if (g_state_dtype == SX_STATE_FP32) {
         /* Save the trained state. The call returns after the snapshot; the files are
          * written in the background, and the future says when they are committed. */
         sx_save_options_t so;
@@ -678,6 +685,12 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--lose-at") == 0 && i + 1 < argc) {
             g_lose_at = atoi(argv[++i]);
             bad |= g_lose_at < 1;
+        } else if (strcmp(argv[i], "--state-dtype") == 0 && i + 1 < argc) {
+            ++i;
+            g_state_dtype = strcmp(argv[i], "bf16") == 0   ? SX_STATE_BF16
+                            : strcmp(argv[i], "8bit") == 0 ? SX_STATE_8BIT
+                                                           : SX_STATE_FP32;
+            bad |= g_state_dtype == SX_STATE_FP32 && strcmp(argv[i], "fp32") != 0;
         } else if (argv[i][0] == '-' && argv[i][1] == '-') {
             bad = 1;
         } else if (positional++ == 0) {
@@ -686,11 +699,13 @@ int main(int argc, char **argv) {
             g_steps = atoi(argv[i]);
         }
     }
+    /* A lost rank is recovered from checkpoints or memory copies: fp32 state only. */
     if (bad || positional > 2 || g_steps < 1 || (g_lose_rank >= 0 && g_lose_at >= g_steps) ||
-        (g_replace && g_lose_rank < 0) || load_text() != 0) {
+        (g_replace && g_lose_rank < 0) || (g_lose_rank >= 0 && g_state_dtype != SX_STATE_FP32) || load_text() != 0) {
         fprintf(stderr,
                 "usage: %s [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE]\n"
-                "          [--lose-rank R [--lose-at STEP < STEPS] [--memory-copies N] [--replace]] [TEXT_FILE] [STEPS]\n",
+                "          [--lose-rank R [--lose-at STEP < STEPS] [--memory-copies N] [--replace]]\n"
+                "          [--state-dtype fp32|bf16|8bit (not with --lose-rank)] [TEXT_FILE] [STEPS]\n",
                 argv[0]);
         return 2;
     }
@@ -708,9 +723,10 @@ int main(int argc, char **argv) {
                  json ? ".json" : "");
     }
     const int shards = g_shard_size ? g_shard_size : RANKS;
-    printf("sx %u.%u.%u: %d ranks (%d shards x %d replicas), ZeRO-%d AdamW%s, text %s (%ld bytes, %d distinct)\n",
+    printf("sx %u.%u.%u: %d ranks (%d shards x %d replicas), ZeRO-%d AdamW%s%s, text %s (%ld bytes, %d distinct)\n",
            sx_version() / 10000, sx_version() / 100 % 100, sx_version() % 100, RANKS, shards, RANKS / shards,
-           g_stage, g_overlap ? ", communication overlapped unit by unit" : "", g_path, g_len, g_vocab);
+           g_stage, g_state_dtype == SX_STATE_BF16 ? " (bf16 state)" : g_state_dtype == SX_STATE_8BIT ? " (8-bit state)" : "",
+           g_overlap ? ", communication overlapped unit by unit" : "", g_path, g_len, g_vocab);
     printf("uniform guess loss: %.4f\n", log((double)g_vocab));
     snprintf(g_ckpt_dir, sizeof g_ckpt_dir, "/tmp/sx-charlm-XXXXXX");
     if (!mkdtemp(g_ckpt_dir)) {
@@ -745,12 +761,17 @@ int main(int argc, char **argv) {
         printf("param bytes on rank 0: %llu between steps, at most %llu (the whole model: %.0f)\n",
                (unsigned long long)first->mem.param_bytes, (unsigned long long)first->mem.peak_param_bytes, model);
     }
-    printf("saved a checkpoint at %s\n", g_ckpt_dir);
-    /* Resume on a different number of ranks: the model must be exactly the same. */
-    if (run_ranks(resumed, 2, 1) != 0) return 1;
-    printf("resumed on 2 ranks from the %d-rank checkpoint: held-out loss %.4f (%s)\n",
-           g_lose_rank >= 0 && !g_replace ? RANKS - 1 : RANKS, resumed[0].final_eval_loss,
-           resumed[0].final_eval_loss == first->final_eval_loss ? "identical" : "DIFFERENT");
+    if (g_state_dtype == SX_STATE_FP32) {
+        printf("saved a checkpoint at %s\n", g_ckpt_dir);
+        /* Resume on a different number of ranks: the model must be exactly the same. */
+        if (run_ranks(resumed, 2, 1) != 0) return 1;
+        printf("resumed on 2 ranks from the %d-rank checkpoint: held-out loss %.4f (%s)\n",
+               g_lose_rank >= 0 && !g_replace ? RANKS - 1 : RANKS, resumed[0].final_eval_loss,
+               resumed[0].final_eval_loss == first->final_eval_loss ? "identical" : "DIFFERENT");
+    } else {
+        printf("no checkpoint: checkpoints hold fp32 optimizer state only so far\n");
+        resumed[0].final_eval_loss = first->final_eval_loss;
+    }
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%.*s'", (int)(strlen(g_ckpt_dir) - strlen("/checkpoint")), g_ckpt_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_ckpt_dir);
