@@ -14,9 +14,13 @@ to 3:
   within TOL_BF16 normwise, and at least ten times closer to it than to torch's run of
   fp32 state (so the state was bf16 indeed).
 
+- sx.torch with torchao's AdamW8bit as its optimizer class, in one process, bit for bit
+  torchao's own on a copy of the model.
+
 Run with the Python of a torch environment that has torchao, SX_LIBRARY pointing at
 libsx and PYTHONPATH at the binding (run_torch_tests.py does); exits non-zero on the
 first difference."""
+import copy
 import os
 import sys
 
@@ -141,9 +145,47 @@ def normwise(got, want):
     return diff / np.sqrt(sum(np.sum(want[n].astype(np.float64) ** 2) for n in want))
 
 
+def check_sx_torch():
+    """sx.torch with torchao's AdamW8bit as its class, one process, against AdamW8bit on a
+    copy of the model: the params equal bit for bit after every step (a 64 x 128 weight in
+    8-bit blocks, its bias in fp32); a block_size torchao allows but sx does not take is
+    refused, and so is state_dtype on a class run through a custom optimizer."""
+    import sx.torch
+    from sx.errors import UnsupportedError
+    from torchao.optim import AdamW8bit
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+    ref_model = copy.deepcopy(model)
+    opt = sx.torch.ShardedOptimizer(model, AdamW8bit, rendezvous="local://state-dtype-torch", rank=0, world_size=1,
+                                    lr=1e-2, weight_decay=0.1)
+    ref = AdamW8bit(ref_model.parameters(), lr=1e-2, weight_decay=0.1)
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(16, 128, generator=g), torch.randn(16, 4, generator=g)
+        for m, o in ((model, opt), (ref_model, ref)):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+        for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+            if not torch.equal(p.detach().view(torch.int32), q.detach().view(torch.int32)):
+                sys.exit(f"FAIL sx.torch with AdamW8bit: {name} differs from torchao's after step {step + 1}")
+    opt.close()
+    for bad, what in ((dict(block_size=128), "block_size"), (dict(bf16_stochastic_round=True), "stochastic")):
+        try:
+            sx.torch.ShardedOptimizer(torch.nn.Linear(4, 4), AdamW8bit, rendezvous="local://state-dtype-bad",
+                                      rank=0, world_size=1, **bad)
+            sys.exit(f"FAIL sx.torch took AdamW8bit with {bad}")
+        except UnsupportedError as e:
+            if what not in str(e):
+                sys.exit(f"FAIL sx.torch refused {bad} without naming {what}: {e}")
+    print(f"ok   sx.torch with torchao's AdamW8bit: bit for bit over {STEPS} steps; block_size=128 and "
+          "bf16_stochastic_round=True refused", flush=True)
+
+
 def main():
     check_8bit()
     check_bf16()
+    check_sx_torch()
 
 
 if __name__ == "__main__":

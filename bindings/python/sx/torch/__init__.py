@@ -45,7 +45,8 @@ from ..group import ShardGroup
 from ..optimizers import register_optimizer  # noqa: F401  importable from sx.torch, as it always was
 from ._clip import _live  # importing it wraps torch's clip_grad_norm_
 from ._hooks import _Hooks
-from ._kinds import _GROUP_STEP, _hyper, _instance_counter, _instances, _kind_of, _kwargs_options
+from ._kinds import (_GROUP_STEP, _hyper, _instance_counter, _instances, _kind_of, _kwargs_options,
+                     _state_dtype)
 from ._mixed_precision import _MixedPrecision, _cast_inputs, _dtype_choice
 from ._params import _Params, _wrap_units
 from ._state_dicts import _StateDicts
@@ -68,7 +69,8 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, torch.opti
     Names key sx's checkpoints; unnamed params are called "param.<i>". Every rank must
     give the same params in the same order. ``optimizer_class``: torch.optim.SGD, Adam,
     AdamW, Adagrad, RMSprop, Adamax, NAdam, RAdam, Muon, Adafactor (where torch has them),
-    lion_pytorch.Lion, pytorch_optimizer.Lamb or AdEMAMix, each run by sx's own kernels
+    lion_pytorch.Lion, pytorch_optimizer.Lamb or AdEMAMix, torchao.optim.AdamW8bit or
+    Adam8bit (block_size 256, no bf16_stochastic_round), each run by sx's own kernels
     (docs/optimizers.md: what each takes, and where sx and the class differ); ``defaults``:
     its keyword arguments (lr, betas, eps, weight_decay, momentum, ...), with the class's
     own defaults for the rest.
@@ -84,6 +86,10 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, torch.opti
     params become 16-bit, sx keeps their fp32 values as master weights, which the step
     updates and rounds into them, and a module's floating-point inputs are cast to it;
     the masters are in sx's checkpoints and in :meth:`state_dict`'s "master" entries),
+    ``state_dtype`` ("fp32", "bf16" or "8bit": how the optimizer state is kept, for the
+    classes sx runs with its own elementwise kernels; None: fp32, and torchao's 8-bit
+    classes' "8bit"; docs/optimizers.md "State in fewer bytes": state_dict and load_state_dict
+    carry fp32 state only so far),
     ``reduce_dtype`` (torch.float32: 16-bit gradients summed over ranks in fp32),
     ``grad_dtype`` (the params' own: torch keeps a .grad in its param's dtype),
     ``auto_wrap_policy`` (``params`` a module: each module for which ``policy(module)`` is
@@ -120,7 +126,8 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, torch.opti
     def __init__(self, params, optimizer_class=torch.optim.AdamW, *, rendezvous="env://", rank=None,
                  world_size=None, stage=2, max_grad_norm=0.0, bucket_mb=25.0, overlap=False, timeout_ms=0,
                  num_threads=None, transport="auto", sync_module_states=True, shard_size=0, grad_dtype=None,
-                 reduce_dtype=None, prefetch_depth=1, auto_wrap_policy=None, param_dtype=None, **defaults):
+                 reduce_dtype=None, prefetch_depth=1, auto_wrap_policy=None, param_dtype=None, state_dtype=None,
+                 **defaults):
         if stage not in (1, 2, 3):
             raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"stage {stage}: sx.torch runs stages 1-3")
         if stage == 3 and not isinstance(params, torch.nn.Module):
@@ -142,6 +149,11 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, torch.opti
                                        f"{optimizer_class.__name__} has no argument(s) {unknown}")
         full.update(defaults)
         self._kind = _kind_of(optimizer_class, full)
+        self._state_dtype = _state_dtype(optimizer_class, state_dtype)
+        if self._state_dtype != "fp32" and not isinstance(self._kind, str):
+            raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, f"state_dtype {self._state_dtype!r}: "
+                                   f"{optimizer_class.__name__} runs on the shards through a custom optimizer, "
+                                   "whose state stays fp32")
         self.optimizer_class = optimizer_class
         self._class_args = tuple(full)  # the constructor's keywords, which its param groups hold
         self._instance = None

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .. import _lib
-from ..errors import UnsupportedError
+from ..errors import InvalidArgumentError, UnsupportedError
 from ..optimizers import register_optimizer
 
 # torch's optimizer classes sx runs with its own fused kernels, by the name sx gives them
@@ -34,6 +34,19 @@ try:
     _KINDS[_Lamb], _KINDS[_AdEMAMix] = "lamb", "ademamix"
 except ImportError:
     _Lamb = _AdEMAMix = None
+# torchao's 8-bit Adam and AdamW, where it is installed: sx's Adam and AdamW with their
+# state in torchao's 8-bit blocks (state_dtype "8bit"), computed as torchao computes them.
+_STATE_DTYPE_OF = {}
+try:
+    from torchao.optim import Adam8bit as _Adam8bit, AdamW8bit as _AdamW8bit
+    _KINDS[_Adam8bit], _KINDS[_AdamW8bit] = "adam", "adamw"
+    _STATE_DTYPE_OF[_Adam8bit] = _STATE_DTYPE_OF[_AdamW8bit] = "8bit"
+except ImportError:
+    pass
+# torchao's options that sx follows at one value.
+_TORCHAO_FIXED = {"block_size": (256, "sx's 8-bit blocks are torchao's default, 256 elements"),
+                  "bf16_stochastic_round": (False, "sx keeps fp32 masters of bf16 params (param_dtype) and rounds "
+                                                   "them to nearest")}
 # Each kind's param group keys besides lr, weight_decay and maximize, as torch names them
 # ("betas" is sx's beta1 and beta2; Adafactor's "eps" its eps and eps2).
 _KEYS = {"sgd": ("momentum", "dampening", "nesterov"), "adam": ("betas", "eps", "amsgrad"),
@@ -84,6 +97,29 @@ _ADJUST_LR_FN = {None: 0, "original": 0, "match_rms_adamw": 1, "spectral_unclamp
 # Adafactor's eps1 where torch's is None: torch takes the param dtype's machine epsilon,
 # sx fp32's (its masters are fp32).
 _ADAFACTOR_EPS1 = 2.0 ** -23
+
+
+def _check_torchao(options):
+    """Refuses an option of torchao's 8-bit classes that sx does not follow at the value given."""
+    for key, (fixed, instead) in _TORCHAO_FIXED.items():
+        if key in options and options[key] != fixed:
+            raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, f"{key}={options[key]!r}: sx runs torchao's 8-bit "
+                                   f"optimizers with {key}={fixed!r} only; {instead}")
+
+
+def _state_dtype(optimizer_class, state_dtype):
+    """The state dtype sx keeps a class's state in: the class's own (torchao's 8-bit classes'
+    "8bit"), or `state_dtype` ("fp32", "bf16" or "8bit"; None: the class's)."""
+    own = _STATE_DTYPE_OF.get(optimizer_class)
+    if state_dtype is None:
+        return own or "fp32"
+    if state_dtype not in ("fp32", "bf16", "8bit"):
+        raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                   f"state_dtype {state_dtype!r}: it is \"fp32\", \"bf16\" or \"8bit\"")
+    if own is not None and state_dtype != own:
+        raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"state_dtype {state_dtype!r}: "
+                                   f"{optimizer_class.__name__} keeps its state in {own}")
+    return state_dtype
 
 
 def _check_fixed(kind, options):
@@ -230,6 +266,8 @@ def _kind_of(optimizer_class, defaults):
                                f"torch.optim.Optimizer class (sx runs {_supported()} itself, and runs any other "
                                "elementwise Optimizer class on each rank's shard)")
     kind = _KINDS[optimizer_class]
+    if optimizer_class in _STATE_DTYPE_OF:
+        _check_torchao(defaults)
     if kind == "adam" and defaults.get("decoupled_weight_decay"):
         kind = "adamw"  # torch's Adam with decoupled weight decay is AdamW
     if kind == "lion" and defaults.get("decoupled_weight_decay"):
@@ -244,3 +282,8 @@ def _kwargs_options(optimizer_class):
     """The options of `optimizer_class` that sx checks (_FIXED), which a class may take
     through its **kwargs rather than by name."""
     return tuple(_FIXED.get(_KINDS.get(optimizer_class), ()))
+
+
+def _fixed_keys(optimizer_class, kind):
+    """Param group keys sx checks rather than takes (_FIXED's, torchao's)."""
+    return tuple(_FIXED.get(kind, ())) + (tuple(_TORCHAO_FIXED) if optimizer_class in _STATE_DTYPE_OF else ())

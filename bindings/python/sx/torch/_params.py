@@ -5,7 +5,7 @@ import torch
 from .. import _lib
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..group import _DTYPES as _SX_DTYPES
-from ._kinds import _FIXED, _IGNORED, _INSTANCE_KEY, _hyper
+from ._kinds import _FIXED, _IGNORED, _INSTANCE_KEY, _STATE_DTYPE_OF, _check_torchao, _hyper
 from ._mixed_precision import _DTYPES
 
 
@@ -99,6 +99,10 @@ class _Params:
 
     def _add_to_sx(self, group, names, first):
         extra = {} if self._instance is None else {_INSTANCE_KEY: float(self._instance)}
+        if self.optimizer_class in _STATE_DTYPE_OF:
+            _check_torchao(group)
+        if self._state_dtype != "fp32":
+            extra["state_dtype"] = self._state_dtype
         index = self.group.add_param_group(self._kind, **_hyper(self._kind, group), **extra)
         self._pushed.append(_hyper(self._kind, group))
         if self._finalized:
