@@ -8,7 +8,8 @@ to 3:
   at least 4096 elements; one of them split unevenly between ranks) and for one it
   leaves in fp32 (300 elements). Each step's gradient of a param lives on rank 0 alone
   (the other ranks' are zero), so that sx's sum over ranks is that gradient exactly,
-  and torchao is given it times fp32(1 / world), as sx scales it.
+  and torchao is given it times fp32(1 / world), as sx scales it. The same on HSDP meshes
+  of 2 x 2 and 2 x 3 ranks.
 - bf16 moments (Adam, Lion, SGD with momentum, RMSprop, Adagrad) against the torch
   optimizers (single-tensor loops) whose state is rounded to bf16 after every step, to
   within TOL_BF16 normwise, and at least ten times closer to it than to torch's run of
@@ -48,10 +49,10 @@ def grad_of(name, shape, step):
     return (np.random.default_rng(seed).standard_normal(size=shape) * 0.1).astype(np.float32)
 
 
-def run_sx(kind, options, world, stage):
+def run_sx(kind, options, world, stage, shard_size=0):
     def rank_main(rank, rendezvous):
         with sx.ShardGroup(rendezvous, rank, world, stage=stage, backend="cpu", num_threads=1,
-                           timeout_ms=60000) as g:
+                           timeout_ms=60000, shard_size=shard_size) as g:
             g.add_param_group(kind, **options)
             for name, shape, unit in PARAMS:
                 g.add_param(name, list(shape), unit=unit, param_group=0)
@@ -116,6 +117,16 @@ def check_8bit():
                                      f"{bad} of param {name}'s elements differ from torchao's {cls.__name__}")
                 print(f"ok   8-bit {kind:5s} world {world} stage {stage}: bit for bit torchao's {cls.__name__}",
                       flush=True)
+        # HSDP meshes: 2 x 2 and 2 x 3 (shard groups of 2 and 3, replicated).
+        for world, shard_size in ((4, 2), (6, 3)):
+            want = run_reference(lambda ps: cls(ps, **options), world)
+            for rank, got in enumerate(run_sx(kind, dict(options, state_dtype="8bit"), world, 2, shard_size)):
+                for name in want:
+                    if not np.array_equal(got[name].view(np.uint32), want[name].view(np.uint32)):
+                        sys.exit(f"FAIL 8-bit {kind} mesh {world // shard_size} x {shard_size} rank {rank}: param "
+                                 f"{name} differs from torchao's {cls.__name__}")
+            print(f"ok   8-bit {kind:5s} mesh {world // shard_size} x {shard_size}: bit for bit torchao's "
+                  f"{cls.__name__}", flush=True)
 
 
 def check_bf16():
