@@ -44,9 +44,10 @@ struct Avx512Ops {
         return _mm512_reduce_add_pd(d);
     }
     // kernel_body.h's scalar encode8, 16 lanes at a time, the map's entries looked up in
-    // registers (state_codec.h's code_rows; gathers are slow on many CPUs): the code below y
-    // is 16h + f, h by a binary search over every 16th entry (row 0), f by counting the
-    // entries of h's row of 16 at or below y; then one step up where y is at least half-way
+    // registers (state_codec.h's search_tables; gathers are slow on many CPUs): an 8-step
+    // binary search for the largest c with map[c] <= y, which also leaves map[c] (the last
+    // threshold passed; map[0] if none) and map[c + 1] (the least threshold failed; the
+    // step of c's lowest zero bit tested it) for the step up where y is at least half-way
     // to the next entry. NaN fails every comparison: code 0, as the scalar encoder gives.
     static float encode8(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes) {
         const size_t vec = n - n % W;
@@ -61,22 +62,36 @@ struct Avx512Ops {
         bool any_nan = nan != 0;
         absmax_tail(x, vec, n, &absmax, &any_nan);
         const float scale = block_scale(absmax, any_nan);
-        const float *rows = code_rows(map);
-        const V s = set1(scale), half = set1(0.5f), row0 = load(rows);
+        const float *t = search_tables(map);
+        const V s = set1(scale), half = set1(0.5f), first = set1(map[0]), last_entry = set1(map[255]);
         const __m512i one = _mm512_set1_epi32(1), last = _mm512_set1_epi32(255);
         for (size_t i = 0; i < vec; i += W) {
             const V y = div(load(x + i), s);
-            __m512i h = _mm512_setzero_si512();
-            for (int k = 8; k >= 1; k >>= 1) {
-                const __m512i at = _mm512_add_epi32(h, _mm512_set1_epi32(k));
-                h = _mm512_mask_mov_epi32(h, _mm512_cmp_ps_mask(y, _mm512_permutexvar_ps(at, row0), _CMP_GE_OQ), at);
-            }
-            __m512i c = _mm512_slli_epi32(h, 4);
-            V below = _mm512_permutexvar_ps(h, row0), above = _mm512_permutexvar_ps(h, load(rows + 16 * 16));
-            for (int l = 1; l < 16; ++l) {
-                const V entry = _mm512_permutexvar_ps(h, load(rows + 16 * l));
+            __m512i c = _mm512_setzero_si512();
+            V below = first, above = last_entry;
+            for (int step = 0; step < 8; ++step) {
+                const int k = 128 >> step;
+                const __m512i at = _mm512_srli_epi32(c, 8 - step);  // c / 2k
+                const float *tk = t + kSearchTableOffset[step];
+                V entry;
+                if (step <= 4) {
+                    entry = _mm512_permutexvar_ps(at, load(tk));
+                } else if (step == 5) {
+                    entry = _mm512_permutex2var_ps(load(tk), at, load(tk + 16));
+                } else {
+                    // 64 or 128 entries: pairs of registers chosen by bits 5 and 6 of `at`.
+                    const __mmask16 b5 = _mm512_test_epi32_mask(at, _mm512_set1_epi32(32));
+                    V e0 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(load(tk), at, load(tk + 16)),
+                                                _mm512_permutex2var_ps(load(tk + 32), at, load(tk + 48)));
+                    if (step == 7) {
+                        const V e1 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(load(tk + 64), at, load(tk + 80)),
+                                                          _mm512_permutex2var_ps(load(tk + 96), at, load(tk + 112)));
+                        e0 = _mm512_mask_blend_ps(_mm512_test_epi32_mask(at, _mm512_set1_epi32(64)), e0, e1);
+                    }
+                    entry = e0;
+                }
                 const __mmask16 ge = _mm512_cmp_ps_mask(y, entry, _CMP_GE_OQ);
-                c = _mm512_mask_add_epi32(c, ge, c, one);
+                c = _mm512_mask_add_epi32(c, ge, c, _mm512_set1_epi32(k));
                 below = _mm512_mask_mov_ps(below, ge, entry);
                 above = _mm512_mask_min_ps(above, static_cast<__mmask16>(~ge), above, entry);
             }

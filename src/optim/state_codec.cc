@@ -69,19 +69,21 @@ const uint8_t *code_lut(const float *map) { return lut_of(map == kUnsignedMap).e
 
 namespace {
 
-struct CodeRows {
-    alignas(64) float rows[17][16];
-    explicit CodeRows(const float *map) {
-        for (int l = 0; l < 17; ++l)
-            for (int h = 0; h < 16; ++h) rows[l][h] = map[std::min(16 * h + l, 255)];
+struct SearchTables {
+    alignas(64) float entries[304] = {};
+    explicit SearchTables(const float *map) {
+        for (int step = 0; step < 8; ++step) {
+            const int k = 128 >> step;
+            for (int i = 0; i < 128 / k; ++i) entries[kSearchTableOffset[step] + i] = map[(2 * i + 1) * k];
+        }
     }
 };
 
 }  // namespace
 
-const float *code_rows(const float *map) {
-    static const CodeRows signed_rows(kSignedMap), unsigned_rows(kUnsignedMap);
-    return (map == kUnsignedMap ? unsigned_rows : signed_rows).rows[0];
+const float *search_tables(const float *map) {
+    static const SearchTables signed_tables(kSignedMap), unsigned_tables(kUnsignedMap);
+    return (map == kUnsignedMap ? unsigned_tables : signed_tables).entries;
 }
 
 bool code_lut_exact() { return lut_of(false).exact && lut_of(true).exact; }

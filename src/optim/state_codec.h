@@ -62,10 +62,14 @@ inline uint32_t lut_key(uint32_t bits) {
 const uint8_t *code_lut(const float *map);
 // Whether no bucket of either map holds two of its entries (the tests ask).
 bool code_lut_exact();
-// The map in 17 rows of 16 for encoders that look entries up in registers: row l, column
-// h holds map[min(16h + l, 255)] (row 0: every 16th entry; row 16: the entry after each
-// row's last). 64-byte aligned; built once, thread-safe.
-const float *code_rows(const float *map);
+// The thresholds of a binary search over the map, for encoders that look entries up in
+// registers: the step of stride k (128, 64, ..., 1) compares y with map[c + k], c a
+// multiple of 2k, which is entry c / 2k of table k: map[(2i + 1)k] for i < 128 / k.
+// Tables 128 to 8 take 16 floats each (the first 128/k used), table 4 32, table 2 64,
+// table 1 128, in that order from kSearchTableOffset[...]: 304 floats, 64-byte aligned;
+// built once, thread-safe.
+constexpr int kSearchTableOffset[8] = {0, 16, 32, 48, 64, 80, 112, 176};  // k = 128, 64, ..., 1
+const float *search_tables(const float *map);
 
 // One block of n <= kQuantBlock elements: its scale, and the codes of x / scale in map.
 // NaN in x gives a NaN scale (torch's amax propagates it).
