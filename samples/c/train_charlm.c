@@ -44,7 +44,7 @@
  *
  * With --state-dtype bf16 or 8bit, AdamW keeps its moments in bf16, or in torchao's 8-bit
  * blocks (the two weight matrices; the embeddings and biases are too small and stay
- * fp32). Checkpoints hold fp32 state only so far: the demo then skips its save and resume.
+ * fp32). Checkpoints carry packed state as it is: the resume is identical at any state dtype.
  *
  * usage: train_charlm [--stage 1|2|3] [--overlap] [--shard-size 1|2|4] [--trace FILE]
  *                     [--lose-rank R [--lose-at STEP] [--memory-copies N] [--replace]]
@@ -560,7 +560,7 @@ train:;
         }
     }
 
-    if (g_state_dtype == SX_STATE_FP32) {
+    {
         /* Save the trained state. The call returns after the snapshot; the files are
          * written in the background, and the future says when they are committed. */
         sx_save_options_t so;
@@ -699,7 +699,7 @@ int main(int argc, char **argv) {
             g_steps = atoi(argv[i]);
         }
     }
-    /* A lost rank is recovered from checkpoints or memory copies: fp32 state only. */
+    /* A lost rank is recovered through sx_regroup: fp32 state only so far. */
     if (bad || positional > 2 || g_steps < 1 || (g_lose_rank >= 0 && g_lose_at >= g_steps) ||
         (g_replace && g_lose_rank < 0) || (g_lose_rank >= 0 && g_state_dtype != SX_STATE_FP32) || load_text() != 0) {
         fprintf(stderr,
@@ -761,16 +761,13 @@ int main(int argc, char **argv) {
         printf("param bytes on rank 0: %llu between steps, at most %llu (the whole model: %.0f)\n",
                (unsigned long long)first->mem.param_bytes, (unsigned long long)first->mem.peak_param_bytes, model);
     }
-    if (g_state_dtype == SX_STATE_FP32) {
+    {
         printf("saved a checkpoint at %s\n", g_ckpt_dir);
         /* Resume on a different number of ranks: the model must be exactly the same. */
         if (run_ranks(resumed, 2, 1) != 0) return 1;
         printf("resumed on 2 ranks from the %d-rank checkpoint: held-out loss %.4f (%s)\n",
                g_lose_rank >= 0 && !g_replace ? RANKS - 1 : RANKS, resumed[0].final_eval_loss,
                resumed[0].final_eval_loss == first->final_eval_loss ? "identical" : "DIFFERENT");
-    } else {
-        printf("no checkpoint: checkpoints hold fp32 optimizer state only so far\n");
-        resumed[0].final_eval_loss = first->final_eval_loss;
     }
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%.*s'", (int)(strlen(g_ckpt_dir) - strlen("/checkpoint")), g_ckpt_dir);

@@ -62,7 +62,7 @@ struct Snapshot {
     int shard_rank = 0, shard_size = 1;
     bool writer = true;
     WritePlan plan;
-    std::vector<const float *> sources;  // per plan chunk: its first element in live memory
+    std::vector<const void *> sources;  // per plan chunk: its first byte in live memory
     std::unique_ptr<core::ShardFence::Hold> hold;     // released once staged
     Manifest skeleton;  // everything but files and chunks
     SaveOptions options;
@@ -152,6 +152,7 @@ class Checkpointer {
     // carry a shard of unused memory into training. A save releases them too, so that a
     // trainer that saves keeps the save's staging alone.
     std::vector<std::array<core::Buffer, 3>> spare_state_;  // where the group keeps its state
+    std::vector<std::array<core::Buffer, 3>> spare_scales_;  // and its 8-bit slots' scales
     bool loaded_ = false;  // a load has succeeded
     std::unique_ptr<io::IoLoop> loop_;        // started by the first asynchronous save
     std::shared_ptr<SaveFuture> in_flight_;   // the last asynchronous save

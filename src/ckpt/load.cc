@@ -36,17 +36,32 @@ bool reads_values(const ReadOp &op) { return op.kind == TensorKind::kParam; }
 bool whole(const ReadOp &op) { return op.copy_begin == op.chunk->begin && op.copy_end == op.chunk->end; }
 
 // Region of `kind` in a unit's staging: want lists a param's kinds in slot order, so
-// kinds[k] lives in region k (0: values, k: state slot k - 1).
-int slot_of(const std::vector<TensorKind> &kinds, TensorKind kind) {
+// kinds[k] lives in region k (0: values, k: state slot k - 1); the scales of slot k in
+// region kScalesRegion + k.
+constexpr int kScalesRegion = 4, kRegions = 7;
+int region_of(const std::vector<TensorKind> &kinds, TensorKind kind) {
+    if (is_scales(kind)) return kScalesRegion + scales_slot(kind);
     return static_cast<int>(std::find(kinds.begin(), kinds.end(), kind) - kinds.begin());
 }
 
-// Where one unit's shard is read, each region shard_numel floats in the group's memory.
+// Where one unit's shard is read, in the group's memory: the values (shard_numel
+// floats), each state slot laid out as the unit keeps it (UnitShard::slot_bytes) and a
+// packed unit's scales (slot_scales floats).
 struct UnitStage {
-    float *region[4] = {nullptr, nullptr, nullptr, nullptr};  // [0] values (live), [1..3] state slots
+    // [0] values (live), [1..3] state slots, [4..6] their scales
+    char *region[kRegions] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
     float *kept = nullptr;  // staging: the values as they were before the load
     int slots = 0;          // state slots read
 };
+
+// Bytes of region r of unit shard v, and where the group keeps it now (null: nowhere yet).
+uint64_t region_bytes(const core::UnitShard &v, int r) {
+    return r == 0 ? v.shard_numel * sizeof(float) : r < kScalesRegion ? v.slot_bytes : v.slot_scales * sizeof(float);
+}
+const char *live_region(const core::UnitShard &v, int r) {
+    const float *live = r == 0 ? v.values : r < kScalesRegion ? v.state[r - 1] : v.scales[r - kScalesRegion];
+    return reinterpret_cast<const char *>(live);
+}
 
 // The values a load overwrites in place, each range copied aside (into staging) before
 // its read: put back unless the load commits. A device that fails the copy back fails
@@ -88,35 +103,31 @@ class ValuesRollback {
     std::vector<Kept> kept_;  // per read
 };
 
-// Copies the live values into every part of the staging regions that no read covers
-// (params the checkpoint lacks, padding), so that staging ends up as the whole new
-// shard; a state slot the unit does not have yet gets zeros, as a new slot holds.
-// region(u, k) is unit u's staging region k (or the live buffer itself, left alone),
-// in the group's memory.
-Status fill_uncovered(core::DeviceOps &dev, const std::vector<core::UnitShard> &units,
-                      const std::vector<ReadOp> &reads, const std::vector<std::vector<TensorKind>> &want,
-                      const std::function<float *(int32_t, int)> &region) {
-    // Covered intervals per (unit, region).
-    std::map<std::pair<int32_t, int>, std::vector<std::pair<uint64_t, uint64_t>>> covered;
-    for (const ReadOp &op : reads)
-        covered[{op.unit_index, slot_of(want[op.param], op.kind)}].push_back(
-            {op.shard_offset, op.shard_offset + (op.copy_end - op.copy_begin)});
+// Copies the live values and state into every part of the staging regions that no read
+// covers (params the checkpoint lacks, padding, the gaps between a packed unit's pieces),
+// so that staging ends up as the whole new shard; a state slot the unit does not have yet
+// gets zeros, as a new slot holds. covered[{u, r}] lists the byte ranges the reads fill
+// of unit u's region r, region(u, r) is that region (or the live buffer itself, left
+// alone), in the group's memory.
+using Covered = std::map<std::pair<int32_t, int>, std::vector<std::pair<uint64_t, uint64_t>>>;
+Status fill_uncovered(core::DeviceOps &dev, const std::vector<core::UnitShard> &units, Covered covered,
+                      const std::function<char *(int32_t, int)> &region) {
     for (size_t u = 0; u < units.size(); ++u) {
         const core::UnitShard &v = units[u];
-        for (int k = 0; k <= v.state_slots; ++k) {
-            float *dst = region(static_cast<int32_t>(u), k);
+        for (int r = 0; r < kRegions; ++r) {
+            char *dst = region(static_cast<int32_t>(u), r);
             if (dst == nullptr) continue;
-            const float *live = k == 0 ? v.values : v.state[k - 1];
+            const char *live = live_region(v, r);
             if (dst == live) continue;  // read in place: what no read covers stays as it is
-            std::vector<std::pair<uint64_t, uint64_t>> &iv = covered[{static_cast<int32_t>(u), k}];
+            std::vector<std::pair<uint64_t, uint64_t>> &iv = covered[{static_cast<int32_t>(u), r}];
             std::sort(iv.begin(), iv.end());
             uint64_t at = 0;
-            iv.push_back({v.shard_numel, v.shard_numel});
-            for (const auto &r : iv) {
-                const size_t bytes = (r.first - at) * sizeof(float);
-                if (r.first > at && live) SX_TRY(dev.copy(dst + at, live + at, bytes));
-                if (r.first > at && !live) SX_TRY(dev.zero(dst + at, bytes));
-                at = std::max(at, r.second);
+            const uint64_t size = region_bytes(v, r);
+            iv.push_back({size, size});
+            for (const auto &c : iv) {
+                if (c.first > at && live) SX_TRY(dev.copy(dst + at, live + at, c.first - at));
+                if (c.first > at && !live) SX_TRY(dev.zero(dst + at, c.first - at));
+                at = std::max(at, c.second);
             }
         }
     }
@@ -137,7 +148,10 @@ class Checkpointer::Load {
     // succeeded (see Checkpointer::spare_state_).
     ~Load() {
         reader_.reset();
-        if (!keep_spares_) ck_.spare_state_.clear();
+        if (!keep_spares_) {
+            ck_.spare_state_.clear();
+            ck_.spare_scales_.clear();
+        }
     }
 
     Status run(std::string *user_blob) {
@@ -206,6 +220,16 @@ class Checkpointer::Load {
     Status match_params() {
         const int32_t np = g_.num_params();
         index_.assign(static_cast<size_t>(np), -1);
+        // A checkpoint's param group's hyperparameters replace the group's, and its slots
+        // are read as they are, in the layout the group's state dtype gives them (blocks
+        // follow every layout's shards: no requantization).
+        for (size_t i = 0; i < std::min(m_.param_groups.size(), shard_.progress.hypers.size()) && !options_.params_only; ++i)
+            SX_CHECK(m_.param_groups[i].state_dtype == shard_.progress.hypers[i].state_dtype, SX_ERR_MISMATCH,
+                     "param group %zu keeps %s optimizer state here but %s in the checkpoint (give it the "
+                     "checkpoint's state_dtype before sx_finalize, or load params only)",
+                     i, optim::state_dtype_name(shard_.progress.hypers[i].state_dtype),
+                     optim::state_dtype_name(m_.param_groups[i].state_dtype));
+
         std::unordered_map<std::string, int32_t> by_name;
         for (size_t i = 0; i < m_.params.size(); ++i) by_name.emplace(m_.params[i].name, static_cast<int32_t>(i));
         std::vector<bool> used(m_.params.size(), false);
@@ -232,11 +256,6 @@ class Checkpointer::Load {
         // saved) keeps its hyperparameters where missing params are allowed; one this
         // group lacks is ignored where extra params are.
         const size_t saved = m_.param_groups.size(), here = shard_.progress.hypers.size();
-        // Its hyperparameters would replace the group's, and its slots are read as fp32.
-        for (size_t i = 0; i < saved && !options_.params_only; ++i)
-            SX_CHECK(m_.param_groups[i].state_dtype == SX_STATE_FP32, SX_ERR_UNSUPPORTED,
-                     "the checkpoint's param group %zu keeps %s optimizer state; this version loads fp32 state only",
-                     i, optim::state_dtype_name(m_.param_groups[i].state_dtype));
         if (!options_.params_only)
             SX_CHECK(saved == here || (saved < here && options_.allow_missing) || (saved > here && options_.allow_extra),
                      SX_ERR_MISMATCH,
@@ -253,6 +272,11 @@ class Checkpointer::Load {
         if (!m_.chunks_in_files()) return Status::Ok();
         return read_file_indexes(*ck_.ops_, options_.path, files_for_shard(m_, g_.layout(), g_.shard_rank(), index_),
                                  &m_);
+    }
+
+    // How param `spec` keeps its state slots in a param group of state dtype `group_dtype`.
+    static int32_t state_dtype_of(const core::ParamSpec &spec, double group_dtype) {
+        return optim::param_state_dtype(static_cast<int32_t>(group_dtype), spec.numel);
     }
 
     // "AdamW", "the custom optimizer 'MyLion'", for messages.
@@ -273,11 +297,20 @@ class Checkpointer::Load {
                      "param '%s' uses %s here but %s in the checkpoint (load params only to start afresh)",
                      spec.name.c_str(), optimizer_label(here).c_str(), optimizer_label(there).c_str());
         }
-        // This build reads fp32 tensors only; anything else is refused, not misread.
+        // The values are fp32; anything else is refused, not misread.
         for (const Tensor &t : e.tensors)
-            SX_CHECK(t.dtype == SX_DTYPE_F32, SX_ERR_UNSUPPORTED,
-                     "param '%s'%s is stored as dtype %d; this build loads fp32 tensors only", spec.name.c_str(),
-                     tensor_suffix(t.kind), t.dtype);
+            SX_CHECK(t.kind != TensorKind::kParam || t.dtype == SX_DTYPE_F32, SX_ERR_UNSUPPORTED,
+                     "param '%s' is stored as dtype %d; this build loads fp32 values only", spec.name.c_str(), t.dtype);
+        // Its state is read as it is stored: the param keeps it the same way here (its
+        // group's state dtype matched in match_params; validate() matched its tensors').
+        if (!options_.params_only) {
+            const int32_t here = state_dtype_of(spec, shard_.progress.hypers[spec.group].state_dtype);
+            const int32_t there = state_dtype_of(spec, m_.param_groups[e.param_group].state_dtype);
+            SX_CHECK(here == there, SX_ERR_MISMATCH,
+                     "param '%s' keeps %s optimizer state here but %s in the checkpoint (load params only to start "
+                     "afresh)",
+                     spec.name.c_str(), optim::state_dtype_name(here), optim::state_dtype_name(there));
+        }
         return Status::Ok();
     }
 
@@ -296,7 +329,7 @@ class Checkpointer::Load {
             for (const std::string &n : here.slot_names) listed += (listed.empty() ? "" : ", ") + n;
             for (Tensor &t : e.tensors) {
                 const int k = static_cast<int>(t.kind) - static_cast<int>(TensorKind::kSlot0);
-                if (k < 0) continue;
+                if (k < 0 || t.kind > TensorKind::kSlot2) continue;
                 const std::string &name = there.slot_names[static_cast<size_t>(k)];
                 const auto it = std::find(here.slot_names.begin(), here.slot_names.end(), name);
                 SX_CHECK(it != here.slot_names.end(), SX_ERR_MISMATCH,
@@ -347,7 +380,7 @@ class Checkpointer::Load {
             // state would start from zero instead. Refused, as the reverse is above, once
             // an update has written it (before, it is what a new slot starts from).
             for (const Tensor &t : e.tensors)
-                SX_CHECK(e.step == 0 || t.kind == TensorKind::kParam ||
+                SX_CHECK(e.step == 0 || t.kind == TensorKind::kParam || is_scales(t.kind) ||
                              std::find(kinds.begin(), kinds.end(), t.kind) != kinds.end(),
                          SX_ERR_MISMATCH,
                          "param '%s': the checkpoint has %s state (%s), which its optimizer here (%s) does not keep: "
@@ -355,6 +388,9 @@ class Checkpointer::Load {
                          e.name.c_str(), tensor_suffix(t.kind) + 1, optimizer_text(m_.param_groups[e.param_group]).c_str(),
                          optimizer_text(param_group_entry(shard_.progress.hypers[g_.param(p).group])).c_str());
             want_[p] = kinds;
+            // 8-bit slots: their scales too (region kScalesRegion + slot).
+            if (state_dtype_of(g_.param(p), shard_.progress.hypers[g_.param(p).group].state_dtype) == SX_STATE_8BIT)
+                for (size_t k = 1; k < kinds.size(); ++k) want_[p].push_back(scales_kind(static_cast<int>(k) - 1));
             int &need = slots_[layout.placement(p).unit_index];
             need = std::max(need, static_cast<int>(kinds.size()) - 1);
         }
@@ -384,23 +420,41 @@ class Checkpointer::Load {
         SX_TRY(ck_.grow_staging(floats * sizeof(float), HostBuffer::kLazy));
         float *next = ck_.staging_.as<float>();
         ck_.spare_state_.resize(units);
+        ck_.spare_scales_.resize(units);
         stage_.assign(units, UnitStage());
+        piece_of_.assign(static_cast<size_t>(g_.num_params()), nullptr);
         for (size_t u = 0; u < units; ++u) {
-            const uint64_t n = shard_.units[u].shard_numel;
+            const core::UnitShard &v = shard_.units[u];
+            for (const core::StatePiece &piece : v.pieces) piece_of_[piece.param] = &piece;
             UnitStage &us = stage_[u];
             us.slots = slots_[u];
-            us.region[0] = shard_.units[u].values;
+            us.region[0] = reinterpret_cast<char *>(v.values);
             us.kept = next;
-            next += n;
+            next += v.shard_numel;
             for (int k = 0; k < us.slots; ++k) {
-                core::Buffer &spare = ck_.spare_state_[u][k];
-                if (spare.size() != n * sizeof(float))
-                    SX_TRY(dev_.allocate(n * sizeof(float), "checkpoint load staging", &spare, true));
-                us.region[k + 1] = spare.as<float>();
+                SX_TRY(spare(&ck_.spare_state_[u][k], v.slot_bytes, &us.region[k + 1]));
+                SX_TRY(spare(&ck_.spare_scales_[u][k], v.slot_scales * sizeof(float), &us.region[kScalesRegion + k]));
             }
         }
-        return fill_uncovered(dev_, shard_.units, reads_, want_,
-                              [&](int32_t u, int k) { return stage_[u].region[k]; });
+        Covered covered;
+        for (const ReadOp &op : reads_) {
+            const int r = region_of(want_[op.param], op.kind);
+            const uint64_t at = static_cast<uint64_t>(target(op) - stage_[op.unit_index].region[r]);
+            covered[{op.unit_index, r}].push_back({at, at + (op.copy_end - op.copy_begin) * op.elem_bytes});
+        }
+        return fill_uncovered(dev_, shard_.units, std::move(covered),
+                              [&](int32_t u, int r) { return stage_[u].region[r]; });
+    }
+
+    // *b as a spare buffer of `bytes` (none: no region), reused if it has that size.
+    Status spare(core::Buffer *b, uint64_t bytes, char **region) {
+        if (bytes == 0) {
+            *b = core::Buffer();
+            return Status::Ok();
+        }
+        if (b->size() != bytes) SX_TRY(dev_.allocate(bytes, "checkpoint load staging", b, true));
+        *region = b->as<char>();
+        return Status::Ok();
     }
 
     // Phase 4: the reader's threads start. Whole chunks are read straight to their place
@@ -414,7 +468,7 @@ class Checkpointer::Load {
         reader_.reset(new ChunkReader(*ck_.ops_, options_.path, m_, reads_, [this](size_t i, char **into) -> Status {
             if (!direct(i)) return Status::Ok();
             SX_TRY(keep(i));
-            *into = reinterpret_cast<char *>(target(reads_[i]));
+            *into = target(reads_[i]);
             return Status::Ok();
         }));
         return Status::Ok();
@@ -422,15 +476,22 @@ class Checkpointer::Load {
 
     bool direct(size_t i) const { return on_host_ && whole(reads_[i]); }
 
-    float *target(const ReadOp &op) const {
-        return stage_[op.unit_index].region[slot_of(want_[op.param], op.kind)] + op.shard_offset;
+    // Where read op goes: its region at the element's place (values, fp32 state), or in
+    // a packed unit at the param's piece's bytes or scales.
+    char *target(const ReadOp &op) const {
+        const int r = region_of(want_[op.param], op.kind);
+        char *base = stage_[op.unit_index].region[r];
+        if (r == 0 || shard_.units[op.unit_index].pieces.empty()) return base + op.shard_offset * sizeof(float);
+        const core::StatePiece &piece = *piece_of_[op.param];
+        if (is_scales(op.kind)) return base + (piece.scale_offset + op.piece_offset) * sizeof(float);
+        return base + piece.byte_offset + op.piece_offset * op.elem_bytes;
     }
 
     // Before read i overwrites values: their copy aside.
     Status keep(size_t i) {
         const ReadOp &op = reads_[i];
         if (!reads_values(op)) return Status::Ok();
-        return rollback_.keep(i, target(op), stage_[op.unit_index].kept + op.shard_offset,
+        return rollback_.keep(i, reinterpret_cast<float *>(target(op)), stage_[op.unit_index].kept + op.shard_offset,
                               (op.copy_end - op.copy_begin) * sizeof(float));
     }
 
@@ -459,8 +520,8 @@ class Checkpointer::Load {
                  static_cast<unsigned long long>(c.offset));
         if (!direct(i)) {
             SX_TRY(keep(i));
-            SX_TRY(dev_.from_host(target(op), data + (op.copy_begin - c.begin) * sizeof(float),
-                                  (op.copy_end - op.copy_begin) * sizeof(float)));
+            SX_TRY(dev_.from_host(target(op), data + (op.copy_begin - c.begin) * op.elem_bytes,
+                                  (op.copy_end - op.copy_begin) * op.elem_bytes));
         }
         reader_->release(i);
         return Status::Ok();
@@ -546,6 +607,7 @@ class Checkpointer::Load {
     Status commit(std::string *user_blob) {
         core::ShardRestore r;
         r.state = &ck_.spare_state_;
+        r.scales = &ck_.spare_scales_;
         for (const UnitStage &us : stage_) r.slots.push_back(us.slots);
         core::ShardProgress progress;
         if (!options_.params_only) {
@@ -601,6 +663,7 @@ class Checkpointer::Load {
     std::vector<ReadOp> reads_;                    // values first
     size_t values_reads_ = 0;                      // reads_[0, values_reads_) read values
     std::vector<UnitStage> stage_;                 // per unit
+    std::vector<const core::StatePiece *> piece_of_;  // per param: its piece of a packed unit's state
     Status local_;                                 // this rank's vote
     ValuesRollback rollback_;                      // destroyed after the reader
     std::unique_ptr<ChunkReader> reader_;          // its threads write into stage_ and rollback_
@@ -609,7 +672,6 @@ class Checkpointer::Load {
 Status Checkpointer::load(const LoadOptions &options, std::string *user_blob) {
     SX_TRY(group_->check_usable());
     SX_TRY(group_->check_finalized());
-    SX_TRY(group_->check_fp32_state("sx_load_optim_state"));
     // A save in flight reads the shard (and owns staging) until it completes.
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
     Load load(*this, options);

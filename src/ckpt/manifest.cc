@@ -329,6 +329,11 @@ optim::Hyper hyper_of(const ParamGroupEntry &e) {
 
 std::string tensor_name(const ParamGroupEntry &g, TensorKind kind) {
     if (kind == TensorKind::kParam) return "param";
+    if (is_scales(kind)) {  // "exp_avg.scales": the scales of the group's slot
+        const std::vector<TensorKind> kinds = stored_kinds(g);
+        const size_t slot = static_cast<size_t>(scales_slot(kind)) + 1;
+        return slot < kinds.size() ? tensor_name(g, kinds[slot]) + ".scales" : tensor_suffix(kind) + 1;
+    }
     const int k = static_cast<int>(kind) - static_cast<int>(TensorKind::kSlot0);
     const bool named = g.optimizer == kCustomOptimizer && k >= 0 && static_cast<size_t>(k) < g.slot_names.size();
     return named ? g.slot_names[static_cast<size_t>(k)] : tensor_suffix(kind) + 1;
@@ -347,8 +352,19 @@ uint64_t dtype_bytes(int32_t dtype) {
         case SX_DTYPE_F32: return 4;
         case SX_DTYPE_F16:
         case SX_DTYPE_BF16: return 2;
+        case kDTypeQ8: return 1;
         default: return 0;
     }
+}
+
+int32_t state_tensor_dtype(int32_t state_dtype) {
+    return state_dtype == SX_STATE_BF16 ? SX_DTYPE_BF16 : state_dtype == SX_STATE_8BIT ? kDTypeQ8 : SX_DTYPE_F32;
+}
+
+uint16_t written_format_major(const Manifest &m) {
+    for (const ParamGroupEntry &g : m.param_groups)
+        if (g.state_dtype != SX_STATE_FP32) return kFormatMajor;
+    return kFp32FormatMajor;
 }
 
 static_assert(static_cast<int>(fb::TensorKind::MAX) + 1 == kNumTensorKinds,
@@ -362,7 +378,8 @@ namespace {
 // them where no group is at hand.
 const char *const kSuffixOfKind[kNumTensorKinds] = {"",     ".exp_avg",    ".exp_avg_sq", ".max_exp_avg_sq", ".momentum_buffer",
                                                     ".sum", ".square_avg", ".grad_avg",   ".exp_inf",
-                                                    ".slot0", ".slot1", ".slot2", ".variance",   ".exp_avg_slow"};
+                                                    ".slot0", ".slot1", ".slot2", ".variance",   ".exp_avg_slow",
+                                                    ".scales0", ".scales1", ".scales2"};
 
 }  // namespace
 
@@ -374,7 +391,7 @@ const char *tensor_suffix(TensorKind kind) {
 bool tensor_kind_of(const char *slot, TensorKind *kind) {
     for (int k = 1; k < kNumTensorKinds; ++k)
         if ((k < static_cast<int>(TensorKind::kSlot0) || k > static_cast<int>(TensorKind::kSlot2)) &&
-            std::strcmp(kSuffixOfKind[k] + 1, slot) == 0) {
+            !is_scales(static_cast<TensorKind>(k)) && std::strcmp(kSuffixOfKind[k] + 1, slot) == 0) {
             *kind = static_cast<TensorKind>(k);
             return true;
         }
@@ -416,10 +433,10 @@ uint64_t ParamEntry::numel() const {
     return n;
 }
 
-Status encode_manifest(const Manifest &m, std::string *bytes) {
-    SX_CHECK_ARG(bytes != nullptr, "bytes is NULL");
-    SX_CHECK_ARG(m.format_major == kFormatMajor, "the manifest says format %u.%u; this library writes only %u.%u",
-                 m.format_major, m.format_minor, kFormatMajor, kFormatMinor);
+namespace {
+
+// encode_manifest of a manifest that states the format it is written as.
+Status encode_as_written(const Manifest &m, std::string *bytes) {
     Status valid = validate(m);
     if (!valid.ok()) return Status(SX_ERR_INVALID_ARGUMENT, valid.message(), valid.file(), valid.line());
     const uint64_t bound = encoded_size_bound(m);
@@ -459,7 +476,7 @@ Status encode_manifest(const Manifest &m, std::string *bytes) {
     params.reserve(m.params.size());
     for (const ParamEntry &p : m.params) params.push_back(build_param(fbb, p));
     const LossScalerEntry &ls = m.loss_scaler;
-    const auto format_version = fb::CreateVersion(fbb, kFormatMajor, kFormatMinor);
+    const auto format_version = fb::CreateVersion(fbb, written_format_major(m), 0);
     const auto group_vector = fbb.CreateVector(groups);
     const auto param_vector = fbb.CreateVector(params);
     const auto loss_scaler = fb::CreateLossScaler(fbb, ls.scale, ls.growth_tracker, ls.growth_interval,
@@ -489,6 +506,22 @@ Status encode_manifest(const Manifest &m, std::string *bytes) {
     store_le(fb_size, 8, &out);
     *bytes = std::move(out);
     return Status::Ok();
+}
+
+}  // namespace
+
+Status encode_manifest(const Manifest &m, std::string *bytes) {
+    SX_CHECK_ARG(bytes != nullptr, "bytes is NULL");
+    SX_CHECK_ARG(m.format_major == kFormatMajor || m.format_major == kFp32FormatMajor,
+                 "the manifest says format %u.%u; this library writes only %u.0 and %u.%u", m.format_major,
+                 m.format_minor, kFp32FormatMajor, kFormatMajor, kFormatMinor);
+    // Validated as what it is written as.
+    const uint16_t major = written_format_major(m);
+    if (m.format_major == major && m.format_minor == 0) return encode_as_written(m, bytes);
+    Manifest as_written = m;
+    as_written.format_major = major;
+    as_written.format_minor = 0;
+    return encode_as_written(as_written, bytes);
 }
 
 Status decode_manifest(const void *data, size_t size, Manifest *out) {

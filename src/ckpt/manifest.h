@@ -15,8 +15,12 @@ namespace ckpt {
 // 1.1: the stage may be 3 (format 1.0 readers refuse such a manifest as corrupt).
 // 1.2: the mesh's shard_size (older readers ignore it: the files and chunks say all).
 // 2.0: the chunks are in an index at the end of each shard file, not in the MANIFEST.
-constexpr uint16_t kFormatMajor = 3;
+// 3.0: ten more optimizers and registered ones.
+// 4.0: packed optimizer state (bf16 slots, 8-bit codes and their scales). A checkpoint
+// without it is written as kFp32FormatMajor.0, byte for byte what 3.0 writers wrote.
+constexpr uint16_t kFormatMajor = 4;  // the newest this library reads and writes
 constexpr uint16_t kFormatMinor = 0;
+constexpr uint16_t kFp32FormatMajor = 3;  // what a checkpoint of fp32 state only is written as
 constexpr uint16_t kOldestMajor = 1;  // the oldest major this library reads
 constexpr uint64_t kChunkAlignment = 4096;     // every chunk starts on a 4 KiB boundary
 constexpr uint64_t kMaxManifestBytes = 1ull << 30;  // refuse larger manifests unread
@@ -25,8 +29,15 @@ constexpr uint64_t kMaxFileNameBytes = 255;       // a shard file name (NAME_MAX
 constexpr uint64_t kMaxSteps = optim::kMaxSteps;  // the most steps a manifest may count
 constexpr size_t kTrailerBytes = 16;               // magic "SXCT", crc32c, FlatBuffer size
 
-// Bytes per element of SX_DTYPE_*; 0 for a value that is not one.
+// The manifest's DType of 8-bit optimizer state's codes (4.0; not an SX_DTYPE_*).
+constexpr int32_t kDTypeQ8 = 4;
+// Elements per scale of 8-bit state (optim::kQuantBlock).
+constexpr uint64_t kScaleBlock = 256;
+
+// Bytes per element of SX_DTYPE_* and kDTypeQ8; 0 for a value that is not one.
 uint64_t dtype_bytes(int32_t dtype);
+// The DType a state slot of SX_STATE_* `state_dtype` is stored as (F32, BF16, Q8).
+int32_t state_tensor_dtype(int32_t state_dtype);
 
 enum class TensorKind : int8_t {
     kParam = 0,
@@ -43,8 +54,20 @@ enum class TensorKind : int8_t {
     kSlot2 = 11,
     kVariance = 12,    // Adafactor's, of a 0-D or 1-D param
     kExpAvgSlow = 13,  // AdEMAMix's slow moment
+    kScales0 = 14,     // 4.0: the scales of the param's 8-bit state slot k: kScales0 + k
+    kScales1 = 15,
+    kScales2 = 16,
 };
-constexpr int kNumTensorKinds = 14;
+constexpr int kNumTensorKinds = 17;
+// Whether `kind` holds scales (block space), and the state slot they belong to.
+inline bool is_scales(TensorKind kind) { return kind >= TensorKind::kScales0 && kind <= TensorKind::kScales2; }
+inline int scales_slot(TensorKind kind) { return static_cast<int>(kind) - static_cast<int>(TensorKind::kScales0); }
+inline TensorKind scales_kind(int slot) {
+    return static_cast<TensorKind>(static_cast<int>(TensorKind::kScales0) + slot);
+}
+// Elements of a param's index space per element of a tensor of `kind`: kScaleBlock for
+// scales, 1 for every other.
+inline uint64_t kind_block(TensorKind kind) { return is_scales(kind) ? kScaleBlock : 1; }
 // The manifest's Optimizer value of a registered optimizer (ParamGroupEntry::optimizer_name).
 constexpr int32_t kCustomOptimizer = 100;
 // "", ".exp_avg", ".exp_avg_sq", ...: the suffix of the tensor's name in exports ("."
@@ -92,6 +115,8 @@ struct ParamEntry {
     uint64_t unit_offset = 0, unit_shard_numel = 0;
     // Product of the extents (1 for a scalar); meaningful once validate() accepted it.
     uint64_t numel() const;
+    // Elements of its tensor of `kind`: numel(), or its blocks for scales.
+    uint64_t numel(TensorKind kind) const { return numel() / kind_block(kind); }
 };
 
 // A param group: its optimizer and every hyperparameter of optim/optimizer.h's table
@@ -143,9 +168,9 @@ struct LossScalerEntry {
 };
 
 struct Manifest {
-    // The version decode_manifest read. encode_manifest always writes this library's
-    // kFormatMajor.kFormatMinor, whatever these hold.
-    uint16_t format_major = kFormatMajor, format_minor = kFormatMinor;
+    // The version decode_manifest read. encode_manifest writes written_format_major(m).0,
+    // whatever these hold; a manifest made here starts as what one of fp32 state is.
+    uint16_t format_major = kFp32FormatMajor, format_minor = 0;
     uint32_t library_version = 0;
     uint64_t step = 0;
     int32_t world_size = 1, stage = 2, alignment = 64;
@@ -164,9 +189,13 @@ struct Manifest {
     bool chunks_in_files() const { return format_major >= 2; }
 };
 
+// The format a manifest is written as: kFormatMajor.0 if a param group keeps packed
+// state (state_dtype not SX_STATE_FP32), else kFp32FormatMajor.0.
+uint16_t written_format_major(const Manifest &m);
+
 // Serialises (FlatBuffer + trailer) into *bytes (replaced), as format
-// kFormatMajor.kFormatMinor (so `m` must be a 2.0 manifest: no chunks, one FileIndex per
-// file; see validate()). SX_ERR_INVALID_ARGUMENT if the manifest is not self-consistent
+// written_format_major(m).0 (so `m` must be a 2.0-style manifest: no chunks, one
+// FileIndex per file; see validate()). SX_ERR_INVALID_ARGUMENT if the manifest is not self-consistent
 // or would exceed kMaxManifestBytes; *bytes is then unchanged. Deterministic: equal
 // manifests give equal bytes. Any thread.
 Status encode_manifest(const Manifest &m, std::string *bytes);

@@ -10,6 +10,7 @@
 #include "ckpt/manifest.h"
 #include "ckpt/shard_index.h"
 #include "core/params.h"
+#include "optim/state_codec.h"
 
 namespace sx {
 namespace ckpt {
@@ -198,6 +199,58 @@ bool kind_fits(TensorKind kind, const ParamGroupEntry &g, int ndim) {
     return false;
 }
 
+// 4.0: a param's state tensors are stored in its group's state dtype (as the param keeps
+// it: an 8-bit group's param too small or not a multiple of kScaleBlock keeps fp32), and
+// the Q8 codes of state slot k come with their scales (kScales0 + k), and only they.
+// 2.0: a param with scales lay in the files so that every file boundary inside it is a
+// block boundary (sx's layouts make blocks follow shards), so that each file holds whole
+// blocks of it and their scales.
+Status validate_blocks_in_files(const Manifest &m, const ParamEntry &p, const std::string &label) {
+    bool scaled = false;
+    for (const Tensor &t : p.tensors) scaled = scaled || is_scales(t.kind);
+    if (!scaled || !m.chunks_in_files() || p.unit_shard_numel == 0) return Status::Ok();
+    const uint64_t s = p.unit_shard_numel, numel = p.numel();
+    for (uint64_t q = p.unit_offset / s + 1; q < m.files.size() && q * s < p.unit_offset + numel; ++q)
+        SX_CHECK((q * s - p.unit_offset) % kScaleBlock == 0, SX_ERR_CORRUPT,
+                 "manifest: %s: shard file %llu begins at its element %llu, inside a block of its 8-bit state",
+                 label.c_str(), static_cast<unsigned long long>(q), static_cast<unsigned long long>(q * s - p.unit_offset));
+    return Status::Ok();
+}
+
+Status validate_state_dtypes(const ParamEntry &p, const ParamGroupEntry &group, const std::string &label) {
+    const int ndim = static_cast<int>(p.shape.size());
+    const std::vector<TensorKind> kinds = stored_kinds(group, ndim);
+    const int32_t state = optim::param_state_dtype(static_cast<int32_t>(group.state_dtype), p.numel());
+    const int32_t want = state_tensor_dtype(state);
+    auto has = [&](TensorKind kind) {
+        for (const Tensor &t : p.tensors)
+            if (t.kind == kind) return true;
+        return false;
+    };
+    for (const Tensor &t : p.tensors) {
+        const char *kind = kind_name(t.kind);
+        if (t.kind == TensorKind::kParam) {
+            SX_CHECK(t.dtype != kDTypeQ8, SX_ERR_CORRUPT, "manifest: %s: its values are stored as Q8 codes",
+                     label.c_str());
+        } else if (is_scales(t.kind)) {
+            const size_t slot = static_cast<size_t>(scales_slot(t.kind)) + 1;
+            SX_CHECK(state == SX_STATE_8BIT && slot < kinds.size() && has(kinds[slot]) && t.dtype == SX_DTYPE_F32,
+                     SX_ERR_CORRUPT,
+                     "manifest: %s: tensor %s (dtype %d) is no F32 scales of an 8-bit state slot it stores (its group "
+                     "keeps %s state)",
+                     label.c_str(), kind, t.dtype, optim::state_dtype_name(group.state_dtype));
+        } else {
+            SX_CHECK(t.dtype == want, SX_ERR_CORRUPT,
+                     "manifest: %s: tensor %s is stored as dtype %d; its param group keeps %s state, stored as %d",
+                     label.c_str(), kind, t.dtype, optim::state_dtype_name(state), want);
+            const int slot = static_cast<int>(std::find(kinds.begin(), kinds.end(), t.kind) - kinds.begin()) - 1;
+            SX_CHECK(want != kDTypeQ8 || (slot >= 0 && slot < 3 && has(scales_kind(slot))), SX_ERR_CORRUPT,
+                     "manifest: %s: tensor %s holds 8-bit codes without their scales", label.c_str(), kind);
+        }
+    }
+    return Status::Ok();
+}
+
 // Where a chunk sits, for the check that chunks of one file do not overlap.
 struct Extent {
     uint32_t file;
@@ -305,13 +358,15 @@ Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents
         const char *kind = kind_name(t.kind);
         SX_CHECK(kind != nullptr, SX_ERR_CORRUPT, "manifest: %s, tensor #%zu: kind %d is unknown", label.c_str(), ti,
                  static_cast<int>(t.kind));
-        SX_CHECK(dtype_bytes(t.dtype) != 0, SX_ERR_CORRUPT,
-                 "manifest: %s, tensor %s: dtype %d is not SX_DTYPE_F32, F16 or BF16", label.c_str(), kind, t.dtype);
+        SX_CHECK(dtype_bytes(t.dtype) != 0 && (m.format_major >= 4 || t.dtype != kDTypeQ8), SX_ERR_CORRUPT,
+                 "manifest: %s, tensor %s: dtype %d is not F32, F16, BF16 or (from 4.0) Q8", label.c_str(), kind,
+                 t.dtype);
         const unsigned bit = 1u << static_cast<int>(t.kind);
         SX_CHECK((seen_kinds & bit) == 0, SX_ERR_CORRUPT, "manifest: %s: tensor %s is listed twice", label.c_str(),
                  kind);
         seen_kinds |= bit;
-        SX_CHECK(kind_fits(t.kind, group, static_cast<int>(p.shape.size())), SX_ERR_CORRUPT,
+        SX_CHECK(is_scales(t.kind) ? m.format_major >= 4 : kind_fits(t.kind, group, static_cast<int>(p.shape.size())),
+                 SX_ERR_CORRUPT,
                  "manifest: %s: tensor %s does not belong to its param group %d (%s)", label.c_str(), kind,
                  p.param_group, optimizer_text(group).c_str());
         if (m.chunks_in_files())
@@ -319,8 +374,9 @@ Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents
                      "manifest: %s, tensor %s lists chunks; from format 2.0 they are in the files' indexes",
                      label.c_str(), kind);
         else
-            SX_TRY(validate_chunks(m, pi, ti, numel, extents));
+            SX_TRY(validate_chunks(m, pi, ti, numel / kind_block(t.kind), extents));
     }
+    SX_TRY(validate_state_dtypes(p, group, label));
     SX_TRY(validate_factors(p, group, label));
     if (m.chunks_in_files()) {
         // The param lay in the saving layout within the files: file q holds the part
@@ -334,13 +390,18 @@ Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents
                  label.c_str(), static_cast<unsigned long long>(p.unit_offset), static_cast<unsigned long long>(numel),
                  m.files.size(), static_cast<unsigned long long>(p.unit_shard_numel));
     }
-    return Status::Ok();
+    return validate_blocks_in_files(m, p, label);
 }
 
 }  // namespace
 
 Status validate(const Manifest &m) {
     SX_TRY(validate_header(m));
+    // Packed state is new in 4.0: an older major's group keeps fp32 state.
+    for (size_t g = 0; g < m.param_groups.size(); ++g)
+        SX_CHECK(m.format_major >= 4 || m.param_groups[g].state_dtype == SX_STATE_FP32, SX_ERR_CORRUPT,
+                 "manifest: param group %zu keeps %s state, which format %u.%u cannot hold (from 4.0)", g,
+                 optim::state_dtype_name(m.param_groups[g].state_dtype), m.format_major, m.format_minor);
     std::unordered_map<std::string, size_t> names;
     names.reserve(m.params.size());
     std::vector<Extent> extents;

@@ -101,9 +101,31 @@ Status apply_retention(io::FileOps &ops, const std::string &parent, const std::s
     return Status::Ok();
 }
 
+// How each param keeps its state slots (SX_STATE_*, core::param_state_dtype) under the
+// hyperparameters `hypers` (per param group).
+std::vector<int32_t> state_dtypes_of(const core::ShardAccess &g, const std::vector<optim::Hyper> &hypers) {
+    std::vector<int32_t> out(static_cast<size_t>(g.num_params()));
+    for (int32_t p = 0; p < g.num_params(); ++p)
+        out[p] = optim::param_state_dtype(static_cast<int32_t>(hypers[g.param(p).group].state_dtype), g.param(p).numel);
+    return out;
+}
+
+// Where chunk c's bytes are in the group's memory: the values, a state slot (fp32 at its
+// shard offset, or a packed unit's piece of the param) or a slot's scales.
+const void *source_of(const core::UnitShard &v, const WriteChunk &c) {
+    if (c.slot < 0) return v.values + c.shard_offset;
+    if (v.pieces.empty()) return v.state[c.slot] + c.shard_offset;
+    const core::StatePiece *piece = nullptr;
+    for (const core::StatePiece &sp : v.pieces)
+        if (sp.param == c.param) piece = &sp;
+    if (is_scales(c.kind)) return v.scales[c.slot] + piece->scale_offset + c.piece_offset;
+    return reinterpret_cast<const char *>(v.state[c.slot]) + piece->byte_offset + c.piece_offset * dtype_bytes(c.dtype);
+}
+
 // The manifest of a save but for its files and their indexes.
 Manifest skeleton_of(const core::ShardAccess &g, const core::ShardState &shard,
-                     const std::vector<std::vector<TensorKind>> &kinds, const SaveOptions &options) {
+                     const std::vector<std::vector<TensorKind>> &kinds, const std::vector<int32_t> &state_dtypes,
+                     const SaveOptions &options) {
     Manifest m;
     m.library_version = SX_VERSION_NUMBER;
     m.step = shard.progress.steps_taken;
@@ -145,6 +167,12 @@ Manifest skeleton_of(const core::ShardAccess &g, const core::ShardState &shard,
         for (TensorKind k : kinds[p]) {
             Tensor t;
             t.kind = k;
+            if (k != TensorKind::kParam) t.dtype = state_tensor_dtype(state_dtypes[p]);
+            e.tensors.push_back(t);
+        }
+        for (size_t k = 1; k < kinds[p].size() && state_dtypes[p] == SX_STATE_8BIT; ++k) {
+            Tensor t;
+            t.kind = scales_kind(static_cast<int>(k) - 1);
             e.tensors.push_back(t);
         }
         m.params.push_back(std::move(e));
@@ -258,7 +286,7 @@ Status write_shard(io::FileOps &ops, const Snapshot &snap, const char *data, con
         r.begin = ch.begin;
         r.end = ch.end;
         r.offset = ch.file_offset;
-        r.length = (ch.end - ch.begin) * sizeof(float);
+        r.length = ch.bytes;
         r.crc32c = io::crc32c(data + ch.file_offset, r.length);
         records.push_back(r);
     }
@@ -340,6 +368,8 @@ uint64_t Checkpointer::staging_bytes() const {
     uint64_t bytes = staging_.size();
     for (const auto &slots : spare_state_)
         for (const core::Buffer &b : slots) bytes += b.size();
+    for (const auto &slots : spare_scales_)
+        for (const core::Buffer &b : slots) bytes += b.size();
     return bytes;
 }
 
@@ -359,9 +389,16 @@ Status Checkpointer::reserve_staging() {
     if (g.replica_rank() != 0) return Status::Ok();
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
     std::vector<std::vector<TensorKind>> kinds(static_cast<size_t>(g.num_params()));
+    std::vector<optim::Hyper> hypers;
     for (int32_t p = 0; p < g.num_params(); ++p)
         kinds[p] = stored_kinds(g.hyper(g.param(p).group), static_cast<int>(g.param(p).shape.size()));
-    return grow_staging(plan_write(g.layout(), g.shard_rank(), kinds).file_bytes, HostBuffer::kPopulate);
+    for (int32_t p = 0; p < g.num_params(); ++p) {
+        const int32_t group = g.param(p).group;
+        if (static_cast<size_t>(group) >= hypers.size()) hypers.resize(static_cast<size_t>(group) + 1);
+        hypers[group] = g.hyper(group);
+    }
+    return grow_staging(plan_write(g.layout(), g.shard_rank(), kinds, state_dtypes_of(g, hypers)).file_bytes,
+                        HostBuffer::kPopulate);
 }
 
 Status Checkpointer::grow_staging(uint64_t bytes, HostBuffer::Populate populate) {
@@ -376,7 +413,6 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     core::ShardAccess &g = *group_;
     SX_TRY(g.check_usable());
     SX_TRY(g.check_finalized());
-    SX_TRY(g.check_fp32_state("sx_save_optim_state"));
     SX_TRACE_SPAN(g.tracer(), "ckpt", "save.snapshot", trace::kNoUnit, trace::kNoBytes, options.path.c_str());
     // This rank's verdict on its arguments goes into the call's header with its path, so
     // that a rank that refuses the call, or saves elsewhere, fails every rank at once.
@@ -412,20 +448,18 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     s.shard_rank = g.shard_rank();
     s.shard_size = g.shard_size();
     s.writer = g.replica_rank() == 0;
-    if (s.writer) s.plan = plan_write(layout, s.shard_rank, kinds);
+    const std::vector<int32_t> state_dtypes = state_dtypes_of(g, shard.progress.hypers);
+    if (s.writer) s.plan = plan_write(layout, s.shard_rank, kinds, state_dtypes);
     s.options = options;
 
     // Staging: allocated once, grown when needed, pre-faulted (HostBuffer populates it).
     // A load's spare state buffers go first (see spare_state_).
     spare_state_.clear();
+    spare_scales_.clear();
     SX_TRY(grow_staging(s.plan.file_bytes, HostBuffer::kPopulate));
     s.sources.reserve(s.plan.chunks.size());
-    for (const WriteChunk &c : s.plan.chunks) {
-        const core::UnitShard &v = shard.units[c.unit_index];
-        const float *src = c.slot < 0 ? v.values : v.state[c.slot];
-        s.sources.push_back(src + c.shard_offset);
-    }
-    s.skeleton = skeleton_of(g, shard, kinds, options);
+    for (const WriteChunk &c : s.plan.chunks) s.sources.push_back(source_of(shard.units[c.unit_index], c));
+    s.skeleton = skeleton_of(g, shard, kinds, state_dtypes, options);
     s.sequence = shard.sequence;
     s.hold.reset(new core::ShardFence::Hold(g.shard_fence()));
     *out = std::move(s);
@@ -469,7 +503,7 @@ Status Checkpointer::stage(Snapshot *snap, StagedBytes *staged) {
             const WriteChunk &c = snap->plan.chunks[i];
             // Alignment gaps are zeroed: staging is reused, and its bytes all reach the file.
             if (c.file_offset > cursor) std::memset(dst + cursor, 0, c.file_offset - cursor);
-            const uint64_t bytes = (c.end - c.begin) * sizeof(float);
+            const uint64_t bytes = c.bytes;
             Status st = dev.to_host(dst + c.file_offset, snap->sources[i], bytes);
             if (!st.ok()) return st.prefix("checkpoint staging: ");
             cursor = c.file_offset + bytes;

@@ -92,12 +92,17 @@ Status decode_index(const Manifest &m, uint32_t file, const void *data, size_t s
     // the param's piece in this file. Only params with a piece here take part.
     std::vector<size_t> first_tensor(m.params.size() + 1, 0);
     for (size_t p = 0; p < m.params.size(); ++p) first_tensor[p + 1] = first_tensor[p] + m.params[p].tensors.size();
-    std::vector<uint64_t> next(first_tensor.back()), piece_end(m.params.size());
+    // Scales are in block space: validate() made every file boundary inside a param of
+    // 8-bit state a block boundary.
+    std::vector<uint64_t> next(first_tensor.back()), piece_end(first_tensor.back());
     for (size_t p = 0; p < m.params.size(); ++p) {
         uint64_t b = 0, e = 0;
         piece_in_file(m.params[p], file, &b, &e);
-        piece_end[p] = e;
-        for (size_t t = first_tensor[p]; t < first_tensor[p + 1]; ++t) next[t] = b;
+        for (size_t t = first_tensor[p]; t < first_tensor[p + 1]; ++t) {
+            const uint64_t block = kind_block(m.params[p].tensors[t - first_tensor[p]].kind);
+            next[t] = b / block;
+            piece_end[t] = e / block;
+        }
     }
 
     std::vector<IndexRecord> records(count);
@@ -112,12 +117,13 @@ Status decode_index(const Manifest &m, uint32_t file, const void *data, size_t s
         SX_CHECK(t >= 0 && r.zero == 0, SX_ERR_CORRUPT,
                  "index record %u: param '%s' has no tensor of kind %d in the MANIFEST", i, p.name.c_str(), r.kind);
         uint64_t &at = next[first_tensor[r.param] + t];
-        SX_CHECK(r.begin == at && r.end > r.begin && r.end <= piece_end[r.param], SX_ERR_CORRUPT,
+        const uint64_t end = piece_end[first_tensor[r.param] + t];
+        SX_CHECK(r.begin == at && r.end > r.begin && r.end <= end, SX_ERR_CORRUPT,
                  "index record %u: param '%s'%s elements [%llu, %llu); this file's chunks of it must go on from "
                  "element %llu to at most %llu, in order",
                  i, p.name.c_str(), tensor_suffix(p.tensors[t].kind), static_cast<unsigned long long>(r.begin),
                  static_cast<unsigned long long>(r.end), static_cast<unsigned long long>(at),
-                 static_cast<unsigned long long>(piece_end[r.param]));
+                 static_cast<unsigned long long>(end));
         at = r.end;
         const uint64_t elem = dtype_bytes(p.tensors[t].dtype);
         SX_CHECK(r.length == (r.end - r.begin) * elem, SX_ERR_CORRUPT,
@@ -135,10 +141,10 @@ Status decode_index(const Manifest &m, uint32_t file, const void *data, size_t s
     }
     for (size_t p = 0; p < m.params.size(); ++p)
         for (size_t t = first_tensor[p]; t < first_tensor[p + 1]; ++t)
-            SX_CHECK(next[t] == piece_end[p], SX_ERR_CORRUPT,
+            SX_CHECK(next[t] == piece_end[t], SX_ERR_CORRUPT,
                      "its chunks of param '%s'%s end at element %llu; the file holds it up to %llu",
                      m.params[p].name.c_str(), tensor_suffix(m.params[p].tensors[t - first_tensor[p]].kind),
-                     static_cast<unsigned long long>(next[t]), static_cast<unsigned long long>(piece_end[p]));
+                     static_cast<unsigned long long>(next[t]), static_cast<unsigned long long>(piece_end[t]));
     out->insert(out->end(), records.begin(), records.end());
     return Status::Ok();
 }

@@ -30,9 +30,12 @@ constexpr uint64_t kMaxChunkBytes = 4ull << 20;
 struct WriteChunk {
     int32_t param = 0;
     TensorKind kind = TensorKind::kParam;
-    int32_t slot = -1;            // -1: the param buffer; else the optimizer state slot
-    uint64_t begin = 0, end = 0;  // elements, param index space
+    int32_t slot = -1;            // -1: the param buffer; else the optimizer state slot (or its scales)
+    int32_t dtype = SX_DTYPE_F32; // as stored: F32, BF16 or kDTypeQ8
+    uint64_t begin = 0, end = 0;  // elements, param index space (blocks for scales)
     uint64_t shard_offset = 0;    // element offset of `begin` in this rank's shard of the unit
+    uint64_t piece_offset = 0;    // of `begin` from the start of the param's piece, in its index space
+    uint64_t bytes = 0;           // (end - begin) * the dtype's size
     int32_t unit_index = 0;
     uint64_t file_offset = 0;     // bytes, a multiple of kChunkAlignment
 };
@@ -44,13 +47,17 @@ struct WritePlan {
 };
 
 // What rank `rank` writes. kinds_of[p] lists the kinds stored for param p (from
-// stored_kinds of its group, restricted to what its unit has allocated). The file holds
+// stored_kinds of its group, restricted to what its unit has allocated); state_dtype_of[p]
+// how its state slots are kept (SX_STATE_*, as the param keeps them; empty: every param's
+// in fp32): each is stored in
+// its own dtype, an 8-bit slot as its codes, then its scales (kScales0 + slot), split
+// into chunks on block boundaries only. The file holds
 // every param's values first, then every param's first state, and so on: a load of the
 // params alone reads one contiguous range of each file, and a whole load reads the values
 // (which it gathers across ranks while the states are read) and then the rest, each
 // sequentially.
-WritePlan plan_write(const core::Layout &layout, int rank,
-                     const std::vector<std::vector<TensorKind>> &kinds_of);
+WritePlan plan_write(const core::Layout &layout, int rank, const std::vector<std::vector<TensorKind>> &kinds_of,
+                     const std::vector<int32_t> &state_dtype_of = {});
 
 // One read a rank makes: the whole chunk, then the part [copy_begin, copy_end) of it
 // (elements, param index space) goes to the destination.
@@ -59,13 +66,15 @@ struct ReadOp {
     int32_t manifest_param = 0;   // index in the manifest
     TensorKind kind = TensorKind::kParam;
     const Chunk *chunk = nullptr;
-    uint64_t copy_begin = 0, copy_end = 0;
+    uint64_t copy_begin = 0, copy_end = 0;  // elements (blocks for scales), param index space
     int32_t unit_index = 0;
-    uint64_t shard_offset = 0;    // element offset of copy_begin in this rank's shard
+    uint64_t shard_offset = 0;    // element offset of copy_begin in this rank's shard (not for scales)
+    uint64_t piece_offset = 0;    // copy_begin's offset from the param's piece's start, in its index space
+    uint64_t elem_bytes = 4;      // of the tensor's dtype
 };
 
 // Plans the reads of `rank` under `layout` for every (param, kind) wanted: want[p] lists
-// the kinds to load for current param p, and manifest_index[p] its index in `m` (-1:
+// the kinds to load for current param p (scales kinds read the piece's blocks), and manifest_index[p] its index in `m` (-1:
 // not in the checkpoint; such params are skipped). SX_ERR_CORRUPT if the manifest does
 // not cover a wanted range (validate() makes that impossible for a verified manifest).
 Status plan_read(const Manifest &m, const core::Layout &layout, int rank,

@@ -42,16 +42,23 @@ Status GroupParts::build_layout(int shard_size, Layout *out) const {
 
 Status GroupParts::restore_shard(const ShardRestore &r) {
     // Everything is checked before anything changes.
-    SX_CHECK(r.state && r.state->size() == units_.size() && r.slots.size() == units_.size(), SX_ERR_INTERNAL,
-             "restoring the shard: state for %zu units, the group has %zu", r.slots.size(), units_.size());
+    SX_CHECK(r.state && r.state->size() == units_.size() && r.slots.size() == units_.size() &&
+                 (!r.scales || r.scales->size() == units_.size()),
+             SX_ERR_INTERNAL, "restoring the shard: state for %zu units, the group has %zu", r.slots.size(),
+             units_.size());
+    std::vector<std::vector<StatePiece>> pieces(units_.size());
     for (size_t u = 0; u < units_.size(); ++u) {
-        const uint64_t bytes = layout_.units()[u].shard_numel * sizeof(float);
+        uint64_t bytes = 0, scales = 0;
+        pieces[u] = units_.state_pieces(u, &bytes, &scales);
         SX_CHECK(r.slots[u] >= 0 && r.slots[u] <= 3, SX_ERR_INTERNAL, "restoring %d state slots of unit %zu",
                  r.slots[u], u);
-        for (int k = 0; k < r.slots[u]; ++k)
-            SX_CHECK((*r.state)[u][k].size() == bytes, SX_ERR_INTERNAL,
-                     "restoring state slot %d of unit %zu: %zu bytes for a slot of %llu", k, u,
-                     (*r.state)[u][k].size(), static_cast<unsigned long long>(bytes));
+        for (int k = 0; k < r.slots[u]; ++k) {
+            const size_t scale_bytes = r.scales ? (*r.scales)[u][k].size() : 0;
+            SX_CHECK((*r.state)[u][k].size() == bytes && scale_bytes == scales * sizeof(float), SX_ERR_INTERNAL,
+                     "restoring state slot %d of unit %zu: %zu bytes and %zu of scales for a slot of %llu and %llu",
+                     k, u, (*r.state)[u][k].size(), scale_bytes, static_cast<unsigned long long>(bytes),
+                     static_cast<unsigned long long>(scales * sizeof(float)));
+        }
     }
     if (r.masters) {
         SX_CHECK(r.masters->size() == units_.size(), SX_ERR_INTERNAL, "restoring the masters of %zu units into %zu",
@@ -68,7 +75,11 @@ Status GroupParts::restore_shard(const ShardRestore &r) {
                  r.progress->params.size(), r.progress->hypers.size(), table_.params().size(), table_.groups().size());
     for (size_t u = 0; u < units_.size(); ++u) {
         Units::Unit &unit = units_[u];
-        for (int k = 0; k < r.slots[u]; ++k) std::swap(unit.state[k], (*r.state)[u][k]);
+        for (int k = 0; k < r.slots[u]; ++k) {
+            std::swap(unit.state[k], (*r.state)[u][k]);
+            if (r.scales) std::swap(unit.scales[k], (*r.scales)[u][k]);
+        }
+        if (r.slots[u] > 0) unit.state_pieces = std::move(pieces[u]);
         unit.state_slots = std::max(unit.state_slots, r.slots[u]);
         if (r.masters && !(*r.masters)[u].empty()) std::swap(unit.master, (*r.masters)[u]);
     }

@@ -34,6 +34,17 @@ struct LossScalerState {
     int64_t growth_tracker = 0;
 };
 
+// Where one param's piece of this rank's shard keeps its optimizer state in a unit of
+// packed state (Units::Unit::state_pieces): in each slot's bytes from byte_offset on, in
+// its dtype (SX_STATE_*), and for 8-bit state its scales in the slot's scales from
+// scale_offset on (one per optim::kQuantBlock elements).
+struct StatePiece {
+    int32_t param = -1;
+    int32_t dtype = SX_STATE_FP32;
+    uint64_t shard_offset = 0, n = 0;
+    uint64_t byte_offset = 0, scale_offset = 0;
+};
+
 // Where one unit's shard lives, in the group's memory (host or device, as its DeviceOps
 // allocated it). Valid until the group next changes its buffers (a change of
 // trainability allocates state; a load's commit swaps it).
@@ -44,6 +55,13 @@ struct UnitShard {
     float *state[3] = {nullptr, nullptr, nullptr};  // each allocated optimizer state slot
     int state_slots = 0;
     uint64_t shard_numel = 0;
+    // How each slot is laid out: packed (a unit with a param group of bf16 or 8-bit
+    // state) as these pieces, each slot slot_bytes bytes and its 8-bit pieces' scales
+    // slot_scales floats at scales[k]; else (pieces empty) shard_numel floats, padding
+    // included, and no scales. Described whether or not the slots are allocated yet.
+    std::vector<StatePiece> pieces;
+    uint64_t slot_bytes = 0, slot_scales = 0;
+    float *scales[3] = {nullptr, nullptr, nullptr};
     bool master = false;  // `values` are the fp32 master weights of a 16-bit unit
 };
 
@@ -80,10 +98,13 @@ struct ShardState {
 
 // What a load puts in place at its commit (the values, read in place, are there already).
 struct ShardRestore {
-    // Per unit u: state slots [0, slots[u]) were read into (*state)[u][k], shard_numel
-    // floats each. Each is exchanged with the group's slot (a slot the unit lacks is
-    // added), so that (*state)[u][k] then holds the state it replaced.
+    // Per unit u: state slots [0, slots[u]) were read into (*state)[u][k], laid out as
+    // the unit's (UnitShard: slot_bytes each), and a packed unit's scales into
+    // (*scales)[u][k] (slot_scales floats each; may be null where no unit has any). Each
+    // is exchanged with the group's (a slot the unit lacks is added), so that they then
+    // hold the state they replaced.
     std::vector<std::array<Buffer, 3>> *state = nullptr;
+    std::vector<std::array<Buffer, 3>> *scales = nullptr;
     std::vector<int> slots;
     // Per unit (may be null): a 16-bit unit's new fp32 master weights, exchanged with the
     // group's (an empty buffer leaves them). The params take their values from them at

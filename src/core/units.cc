@@ -256,6 +256,8 @@ UnitShard Units::shard(size_t u) const {
     v.state_slots = unit.state_slots;
     v.shard_numel = table_.layout->units()[u].shard_numel;
     v.master = unit.dtype != SX_DTYPE_F32;
+    v.pieces = state_pieces(u, &v.slot_bytes, &v.slot_scales);
+    for (int k = 0; k < unit.state_slots; ++k) v.scales[k] = unit.scales[k].empty() ? nullptr : unit.scales[k].as<float>();
     return v;
 }
 

@@ -26,17 +26,6 @@
 namespace sx {
 namespace core {
 
-// Where one param's piece of this rank's shard keeps its optimizer state in a unit of
-// packed state (Units::Unit::state_pieces): in each slot's bytes from byte_offset on, in
-// its dtype (SX_STATE_*), and for 8-bit state its scales in the slot's scales from
-// scale_offset on (one per optim::kQuantBlock elements).
-struct StatePiece {
-    int32_t param = -1;
-    int32_t dtype = SX_STATE_FP32;
-    uint64_t shard_offset = 0, n = 0;
-    uint64_t byte_offset = 0, scale_offset = 0;
-};
-
 class Units {
   public:
     struct Unit {

@@ -57,7 +57,7 @@ Manifest small_manifest() { return as_v2(small_manifest_v1()); }
 
 Manifest as_v2(const Manifest &v1) {
     Manifest m = v1;
-    m.format_major = kFormatMajor;
+    m.format_major = kFp32FormatMajor;  // fp32 state: what a save writes it as
     m.format_minor = kFormatMinor;
     const uint64_t files = m.files.size();
     m.file_indexes.assign(files, FileIndex());

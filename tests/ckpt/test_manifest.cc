@@ -72,8 +72,8 @@ void test_round_trip_field_by_field(void **) {
     const std::string bytes = encode(m);
     const Manifest d = decode(bytes);
     assert_int_equal(d.shard_size, 3);
-    assert_int_equal(d.format_major, kFormatMajor);
-    assert_int_equal(d.format_minor, kFormatMinor);
+    assert_int_equal(d.format_major, kFp32FormatMajor);  // no packed state: still 3.0
+    assert_int_equal(d.format_minor, 0);
     assert_int_equal(d.library_version, 10000);
     assert_int_equal(d.step, 12);
     assert_int_equal(d.world_size, 6);
@@ -468,7 +468,7 @@ void test_v1_is_read_not_written(void **) {
     std::string bytes = "unchanged";
     Status e = encode_manifest(d, &bytes);
     assert_int_equal(e.code(), SX_ERR_INVALID_ARGUMENT);
-    assert_contains(e.message(), "format 1.2; this library writes only 3.0");
+    assert_contains(e.message(), "format 1.2; this library writes only 3.0 and 4.0");
     assert_string_equal(bytes.c_str(), "unchanged");
     // Its readers never see file indexes (the decoder reads them from 2.0 on).
     Manifest with_indexes = v1;
@@ -515,18 +515,19 @@ void test_shared_data_cannot_amplify(void **) {
 
 void test_stored_defaults_decode_alike(void **) {
     // The library's encoder leaves default values implied; a writer may store them.
+    // (Of fp32 state: written as kFp32FormatMajor.0.)
     const Manifest m = rich_manifest();
-    assert_same(m, decode(raw_encode(m, kFormatMajor, kFormatMinor)), true);
+    assert_same(m, decode(raw_encode(m, kFp32FormatMajor, 0)), true);
     const Manifest empty = empty_manifest();
-    assert_same(empty, decode(raw_encode(empty, kFormatMajor, kFormatMinor)), true);
+    assert_same(empty, decode(raw_encode(empty, kFp32FormatMajor, 0)), true);
     const Manifest v1 = rich_manifest_v1();
     assert_same(v1, decode(raw_encode(v1, 1, 2)), true);
 }
 
-const std::string kNewer = "checkpoint format 4.0 is newer than this library's 3.0";
+const std::string kNewer = "checkpoint format 5.0 is newer than this library's 4.0";
 
 void test_newer_major_is_a_version_error(void **) {
-    const std::string raw = raw_encode(rich_manifest(), 4, 0);
+    const std::string raw = raw_encode(rich_manifest(), 5, 0);
     Manifest out;
     Status s = decode_manifest(raw.data(), raw.size(), &out);
     assert_int_equal(s.code(), SX_ERR_VERSION);
@@ -537,12 +538,12 @@ void test_newer_major_with_retyped_fields(void **) {
     // A later major may change every table but Manifest.format and Version: fields
     // retyped so that format 1.0's verifier rejects them still yield SX_ERR_VERSION.
     Manifest out;
-    const std::string v3 = retyped_manifest(4);
+    const std::string v3 = retyped_manifest(5);
     Status s = decode_manifest(v3.data(), v3.size(), &out);
     assert_int_equal(s.code(), SX_ERR_VERSION);
     assert_contains(s.message(), kNewer);
-    // The same bytes stating 3.0, 2.0 or 1.0 are corrupt: the test above means something.
-    for (uint16_t major : {3, 2, 1}) {
+    // The same bytes stating 4.0, 3.0, 2.0 or 1.0 are corrupt: the test above means something.
+    for (uint16_t major : {4, 3, 2, 1}) {
         const std::string v = retyped_manifest(major);
         s = decode_manifest(v.data(), v.size(), &out);
         assert_int_equal(s.code(), SX_ERR_CORRUPT);
@@ -560,17 +561,19 @@ void test_older_major_is_a_version_error(void **) {
 }
 
 void test_same_and_newer_minor_load(void **) {
+    // (A manifest of fp32 state: 3.x; one of packed state would be 4.x alike.)
     const Manifest m = rich_manifest();
-    Manifest d = decode(raw_encode(m, kFormatMajor, kFormatMinor, /*unknown_fields=*/true));
+    Manifest d = decode(raw_encode(m, kFp32FormatMajor, 0, /*unknown_fields=*/true));
     assert_same(m, d, true);
     // A later minor appended fields to every table: this reader ignores them.
-    d = decode(raw_encode(m, kFormatMajor, 7, /*unknown_fields=*/true));
-    assert_int_equal(d.format_major, kFormatMajor);
+    d = decode(raw_encode(m, kFp32FormatMajor, 7, /*unknown_fields=*/true));
+    assert_int_equal(d.format_major, kFp32FormatMajor);
     assert_int_equal(d.format_minor, 7);
     assert_same(m, d, false);
-    // Encoding again writes this library's version, without the unknown fields.
+    // Encoding again writes this library's version for it, without the unknown fields.
     const Manifest again = decode(encode(d));
-    assert_int_equal(again.format_minor, kFormatMinor);
+    assert_int_equal(again.format_major, kFp32FormatMajor);
+    assert_int_equal(again.format_minor, 0);
     assert_same(m, again, true);
 }
 

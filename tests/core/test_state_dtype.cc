@@ -106,16 +106,14 @@ void test_memory_per_rank_is_the_theory(void **) {
     }
 }
 
-// What carries fp32 state only so far refuses packed state, and changes nothing.
+// What carries fp32 state only so far refuses packed state, and changes nothing
+// (checkpoints carry it: tests/ckpt/test_packed_state.cc).
 void test_fp32_only_calls_refuse(void **) {
     sx_param_group_desc_t d = adamw(SX_STATE_8BIT);
     sx_shard_group_t *g = sxtest::one_rank_group("state-dtype-refuse", {{"w", {kRows, kCols}}}, &d);
     assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);
-    const std::string dir = "/tmp/sx-state-dtype-" + std::to_string(getpid());
-    assert_int_equal(sxtest::save_synchronously(g, dir), SX_ERR_UNSUPPORTED);
-    assert_non_null(std::strstr(sx_last_error_message(), "8-bit"));
-    assert_int_not_equal(access(dir.c_str(), F_OK), 0);  // nothing written
     sx_view_t view;
+    sx_view_init(&view, sizeof view);
     assert_int_equal(sx_state_view(g, 0, "exp_avg", &view), SX_ERR_UNSUPPORTED);
     assert_int_equal(sx_gather_optim_state(g, 0, [](sx_param_state_t *, void *) -> sx_status_t { return SX_OK; }, nullptr),
                      SX_ERR_UNSUPPORTED);

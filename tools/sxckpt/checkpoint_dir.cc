@@ -134,6 +134,7 @@ std::string dtype_name(int32_t dtype) {
         case SX_DTYPE_F32: return "F32";
         case SX_DTYPE_F16: return "F16";
         case SX_DTYPE_BF16: return "BF16";
+        case ckpt::kDTypeQ8: return "Q8";
         default: return format("dtype %d", dtype);
     }
 }

@@ -76,7 +76,7 @@ Status read_chunk(io::FileOps &ops, int fd, const std::string &path, const ckpt:
                   const std::function<Status(const char *, size_t, uint64_t)> &sink);
 
 // --- text ---
-// "F32", "F16", "BF16" (safetensors' names for them), or "dtype N".
+// "F32", "F16", "BF16" (safetensors' names for them), "Q8" (8-bit state's codes), or "dtype N".
 std::string dtype_name(int32_t dtype);
 // "SGD", "Adam", "AdamW", or "optimizer N".
 using optim::optimizer_name;

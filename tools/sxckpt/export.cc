@@ -74,6 +74,14 @@ Status plan_export(const ckpt::Manifest &m, ExportPlan *plan) {
     std::vector<std::unordered_set<std::string>> names(plan->files.size(), {kMetadataKey});
     std::vector<uint64_t> cursor(plan->files.size(), 0);
     plan->route.clear();
+    // 4.0's packed state (bf16 slots, 8-bit codes and scales) has no torch optimizer's
+    // form yet; the params alone export as from any checkpoint.
+    for (size_t g = 0; g < m.param_groups.size() && plan->files.size() > 1; ++g)
+        SX_CHECK(m.param_groups[g].state_dtype == SX_STATE_FP32, SX_ERR_UNSUPPORTED,
+                 "param group %zu keeps %s optimizer state, which sxckpt does not export yet (export without "
+                 "--optimizer to get the params)",
+                 g, sx::optim::state_dtype_name(m.param_groups[g].state_dtype));
+    plan->route.clear();
     for (const ckpt::ParamEntry &p : m.params) {
         std::vector<Route> routes;
         for (const ckpt::Tensor &t : p.tensors) {

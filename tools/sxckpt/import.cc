@@ -254,7 +254,8 @@ Status plan_import(const Inputs &in, int world_size, ImportPlan *plan) {
 Status write_shard(io::FileOps &ops, const Inputs &in, const int fds[2], const core::Layout &layout,
                    const std::vector<std::vector<ckpt::TensorKind>> &kinds_of, int rank, const std::string &path,
                    ImportPlan *plan, std::vector<float> *buffer, std::vector<char> *scratch) {
-    const ckpt::WritePlan wp = ckpt::plan_write(layout, rank, kinds_of);
+    // An imported group keeps fp32 state.
+    const ckpt::WritePlan wp = ckpt::plan_write(layout, rank, kinds_of, std::vector<int32_t>(kinds_of.size(), SX_STATE_FP32));
     int fd = -1;
     SX_TRY(ops.open_write(path, &fd));
     Status s;

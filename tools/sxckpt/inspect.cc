@@ -51,7 +51,8 @@ std::vector<FileInfo> file_infos(io::FileOps &ops, const CheckpointDir &c) {
 std::string tensors_text(const ckpt::Manifest &m, const ckpt::ParamEntry &p) {
     std::string s;
     for (const ckpt::Tensor &t : p.tensors)
-        s += (s.empty() ? "" : " ") + ckpt::tensor_name(m.param_groups[static_cast<size_t>(p.param_group)], t.kind);
+        s += (s.empty() ? "" : " ") + ckpt::tensor_name(m.param_groups[static_cast<size_t>(p.param_group)], t.kind) +
+             (t.dtype == SX_DTYPE_F32 ? "" : ":" + dtype_name(t.dtype));  // 4.0: packed state
     return s;
 }
 
