@@ -70,7 +70,7 @@ void test_encode_takes_the_nearest_code(void **) {
     // The midpoint between two codes goes to the larger: with scale 1 (x[0] = 1).
     x[0] = 1.0f;
     x[1] = kSignedMap[200] + (kSignedMap[201] - kSignedMap[200]) * 0.5f;
-    uint8_t codes[2];
+    uint8_t codes[3];
     encode_block(x, 2, kSignedMap, codes);
     assert_int_equal(codes[1], 201);
     // All zeros: the scale floor 1e-12 and the code of 0; NaN: a NaN scale.
