@@ -115,9 +115,7 @@ std::vector<int32_t> state_dtypes_of(const core::ShardAccess &g, const std::vect
 const void *source_of(const core::UnitShard &v, const WriteChunk &c) {
     if (c.slot < 0) return v.values + c.shard_offset;
     if (v.pieces.empty()) return v.state[c.slot] + c.shard_offset;
-    const core::StatePiece *piece = nullptr;
-    for (const core::StatePiece &sp : v.pieces)
-        if (sp.param == c.param) piece = &sp;
+    const core::StatePiece *piece = core::find_state_piece(v.pieces, c.param);
     if (is_scales(c.kind)) return v.scales[c.slot] + piece->scale_offset + c.piece_offset;
     return reinterpret_cast<const char *>(v.state[c.slot]) + piece->byte_offset + c.piece_offset * dtype_bytes(c.dtype);
 }

@@ -6,6 +6,7 @@
 // (export_shard) and what a load puts back at its commit in one call (restore_shard).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <condition_variable>
 #include <cstdint>
@@ -44,6 +45,13 @@ struct StatePiece {
     uint64_t shard_offset = 0, n = 0;
     uint64_t byte_offset = 0, scale_offset = 0;
 };
+// The piece of `param` among a unit's pieces (in ascending param order, as a unit's
+// params are), or null where this rank's shard holds none of it. O(log pieces).
+inline const StatePiece *find_state_piece(const std::vector<StatePiece> &pieces, int32_t param) {
+    auto it = std::lower_bound(pieces.begin(), pieces.end(), param,
+                               [](const StatePiece &sp, int32_t p) { return sp.param < p; });
+    return it != pieces.end() && it->param == param ? &*it : nullptr;
+}
 
 // Where one unit's shard lives, in the group's memory (host or device, as its DeviceOps
 // allocated it). Valid until the group next changes its buffers (a change of

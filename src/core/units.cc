@@ -561,17 +561,15 @@ namespace {
 
 // A segment of param p in a unit of packed state: its slots where its state piece says.
 void point_at_packed_state(const Units::Unit &unit, int32_t p, optim::Segment *seg) {
-    for (const StatePiece &piece : unit.state_pieces) {
-        if (piece.param != p) continue;
-        seg->state_dtype = piece.dtype;
-        for (int k = 0; k < unit.state_slots; ++k) {
-            char *bytes = unit.state[k].as<char>() + piece.byte_offset;
-            seg->state[k] = piece.dtype == SX_STATE_FP32 ? reinterpret_cast<float *>(bytes) : nullptr;
-            seg->state16[k] = piece.dtype == SX_STATE_BF16 ? reinterpret_cast<uint16_t *>(bytes) : nullptr;
-            seg->codes[k] = piece.dtype == SX_STATE_8BIT ? reinterpret_cast<uint8_t *>(bytes) : nullptr;
-            seg->scales[k] = piece.dtype == SX_STATE_8BIT ? unit.scales[k].as<float>() + piece.scale_offset : nullptr;
-        }
-        return;
+    const StatePiece *piece = find_state_piece(unit.state_pieces, p);
+    if (!piece) return;
+    seg->state_dtype = piece->dtype;
+    for (int k = 0; k < unit.state_slots; ++k) {
+        char *bytes = unit.state[k].as<char>() + piece->byte_offset;
+        seg->state[k] = piece->dtype == SX_STATE_FP32 ? reinterpret_cast<float *>(bytes) : nullptr;
+        seg->state16[k] = piece->dtype == SX_STATE_BF16 ? reinterpret_cast<uint16_t *>(bytes) : nullptr;
+        seg->codes[k] = piece->dtype == SX_STATE_8BIT ? reinterpret_cast<uint8_t *>(bytes) : nullptr;
+        seg->scales[k] = piece->dtype == SX_STATE_8BIT ? unit.scales[k].as<float>() + piece->scale_offset : nullptr;
     }
 }
 

@@ -9,6 +9,7 @@
 #include "base/half.h"
 #include "optim/kernels.h"
 #include "optim/optimizer.h"
+#include "optim/state_codec.h"
 #include "optim/thread_pool.h"
 
 namespace sx {
@@ -218,6 +219,10 @@ SegmentConsts make_consts(const Segment &seg, float grad_scale) {
 #undef SX_CONSTS_CASE
     }
     return c;
+}
+
+size_t split_grain(const Segment &seg) {
+    return seg.state_dtype == SX_STATE_8BIT ? kQuantBlock : kSplitGrain;
 }
 
 std::vector<Cut> partition(const Segment *segs, size_t num_segs, int parts) {

@@ -106,13 +106,5 @@ void decode_block(const uint8_t *codes, size_t n, float scale, const float *map,
     for (size_t i = 0; i < n; ++i) out[i] = map[codes[i]] * scale;
 }
 
-namespace internal {
-
-size_t split_grain(const Segment &seg) {
-    return seg.state_dtype == SX_STATE_8BIT ? kQuantBlock : kSplitGrain;
-}
-
-}  // namespace internal
-
 }  // namespace optim
 }  // namespace sx
