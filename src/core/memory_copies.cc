@@ -11,7 +11,7 @@ namespace core {
 
 uint64_t ShardCopy::bytes() const {
     uint64_t b = 0;
-    for (const std::vector<float> &u : units) b += u.size() * sizeof(float);
+    for (const std::vector<uint8_t> &u : units) b += u.size();
     return b;
 }
 
@@ -339,13 +339,16 @@ Status MemoryCopies::copy_out(Job &job) {
     c.slots.resize(job.units.size());
     for (size_t u = 0; u < job.units.size(); ++u) {
         const UnitShard &us = job.units[u];
-        const uint64_t n = us.shard_numel;
+        const CopiedUnit at(us.shard_numel, us.state_slots, us.slot_bytes, us.slot_scales);
         c.slots[u] = us.state_slots;
-        c.units[u].resize(static_cast<size_t>((1 + us.state_slots) * n));
-        if (n == 0) continue;
-        SX_TRY(ops_.to_host_async(c.units[u].data(), us.values, n * sizeof(float), &last));
-        for (int k = 0; k < us.state_slots; ++k)
-            SX_TRY(ops_.to_host_async(c.units[u].data() + (k + 1) * n, us.state[k], n * sizeof(float), &last));
+        c.units[u].resize(static_cast<size_t>(at.bytes()));
+        uint8_t *to = c.units[u].data();
+        if (us.shard_numel == 0) continue;
+        SX_TRY(ops_.to_host_async(to, us.values, at.values_bytes, &last));
+        for (int k = 0; k < us.state_slots; ++k) {
+            if (at.slot_bytes) SX_TRY(ops_.to_host_async(to + at.slot_at(k), us.state[k], at.slot_bytes, &last));
+            if (at.scale_bytes) SX_TRY(ops_.to_host_async(to + at.scales_at(k), us.scales[k], at.scale_bytes, &last));
+        }
     }
     SX_TRY(ops_.wait_copy(last));  // and every copy before it
     c.progress = std::move(job.progress);
@@ -363,10 +366,9 @@ Status MemoryCopies::send(int slot) {
     ShardCopy &theirs = peer_[slot];
     theirs.units.resize(mine.units.size());
     for (size_t u = 0; u < mine.units.size(); ++u) theirs.units[u].resize(mine.units[u].size());
-    auto pieces = [](const std::vector<std::vector<float>> &units) {
+    auto pieces = [](const std::vector<std::vector<uint8_t>> &units) {
         std::vector<comm::Piece> out;
-        for (const std::vector<float> &u : units)
-            out.push_back({const_cast<float *>(u.data()), u.size() * sizeof(float)});
+        for (const std::vector<uint8_t> &u : units) out.push_back({const_cast<uint8_t *>(u.data()), u.size()});
         return out;
     };
     for (int root = 0; root < W; ++root) {

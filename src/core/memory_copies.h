@@ -47,11 +47,27 @@ struct ShardCopy {
     bool valid = false;
     uint64_t seq = 0;     // which copy: the ranks number their copies alike, 1, 2, ...
     int shard = -1;       // the shard index whose values these are (the layout's)
-    // Per unit: values then each state slot, shard_numel floats each.
-    std::vector<std::vector<float>> units;
+    // Per unit, bytes: the fp32 values (shard_numel floats), then each state slot as the
+    // unit lays it out (UnitShard::slot_bytes: shard_numel floats, or packed pieces of
+    // bf16 and 8-bit state), then each slot's 8-bit block scales (slot_scales floats).
+    // CopiedUnit says where each begins.
+    std::vector<std::vector<uint8_t>> units;
     std::vector<int> slots;  // per unit
     ShardProgress progress;  // own copies only
     uint64_t bytes() const;
+};
+
+// Where a copied unit's tensors begin in its bytes (ShardCopy::units), from the unit's
+// shard as the layout describes it.
+struct CopiedUnit {
+    uint64_t values_bytes = 0, slot_bytes = 0, scale_bytes = 0;
+    int slots = 0;
+    CopiedUnit(uint64_t shard_numel, int state_slots, uint64_t slot_bytes_, uint64_t slot_scales)
+        : values_bytes(shard_numel * sizeof(float)), slot_bytes(slot_bytes_), scale_bytes(slot_scales * sizeof(float)),
+          slots(state_slots) {}
+    uint64_t slot_at(int k) const { return values_bytes + static_cast<uint64_t>(k) * slot_bytes; }
+    uint64_t scales_at(int k) const { return slot_at(slots) + static_cast<uint64_t>(k) * scale_bytes; }
+    uint64_t bytes() const { return scales_at(slots); }
 };
 
 // The copies a group held when a regroup broke it up, for the groups after it.

@@ -10,6 +10,7 @@
 #include <array>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -52,6 +53,15 @@ inline const StatePiece *find_state_piece(const std::vector<StatePiece> &pieces,
                                [](const StatePiece &sp, int32_t p) { return sp.param < p; });
     return it != pieces.end() && it->param == param ? &*it : nullptr;
 }
+
+// How unit u of `layout` keeps its optimizer state in shard `shard`: where a param of the
+// unit keeps bf16 or 8-bit state, as pieces (in ascending param order, 64-byte aligned,
+// each slot *bytes bytes and *scales 8-bit block scales), else densely (no pieces,
+// *bytes = shard_numel floats, padding included). A function of the params, their
+// groups' state dtypes and the layout only, so any rank can describe any shard of any
+// layout (a regroup reads copies taken under another).
+std::vector<StatePiece> state_pieces_of(const Layout &layout, int shard, size_t u, const std::deque<ParamSpec> &params,
+                                        const std::vector<ParamGroup> &groups, uint64_t *bytes, uint64_t *scales);
 
 // Where one unit's shard lives, in the group's memory (host or device, as its DeviceOps
 // allocated it). Valid until the group next changes its buffers (a change of

@@ -121,24 +121,21 @@ Status Units::allocate(const Layout &layout, size_t first, std::vector<Unit> *ad
     return Status::Ok();
 }
 
-std::vector<StatePiece> Units::state_pieces(size_t u, uint64_t *bytes, uint64_t *scales) const {
-    const UnitLayout &ul = table_.layout->units()[u];
+std::vector<StatePiece> state_pieces_of(const Layout &layout, int shard, size_t u, const std::deque<ParamSpec> &params,
+                                        const std::vector<ParamGroup> &groups, uint64_t *bytes, uint64_t *scales) {
+    const UnitLayout &ul = layout.units()[u];
     std::vector<StatePiece> pieces;
     bool packed = false;
-    for (int32_t p : ul.params) {
-        const ParamSpec &spec = (*table_.params)[p];
-        packed = packed || param_state_dtype(spec, (*table_.groups)[spec.group]) != SX_STATE_FP32;
-    }
+    for (int32_t p : ul.params) packed = packed || param_state_dtype(params[p], groups[params[p].group]) != SX_STATE_FP32;
     *bytes = packed ? 0 : ul.shard_numel * sizeof(float);
     *scales = 0;
     if (!packed) return pieces;
     for (int32_t p : ul.params) {
-        const ShardPiece sp = table_.layout->piece(p, settings_.shard_rank);
+        const ShardPiece sp = layout.piece(p, shard);
         if (sp.begin == sp.end) continue;
-        const ParamSpec &spec = (*table_.params)[p];
         StatePiece piece;
         piece.param = p;
-        piece.dtype = param_state_dtype(spec, (*table_.groups)[spec.group]);
+        piece.dtype = param_state_dtype(params[p], groups[params[p].group]);
         piece.shard_offset = sp.shard_offset;
         piece.n = sp.end - sp.begin;
         // Each piece starts 64-byte aligned, as the kernels' dense slots do.
@@ -149,6 +146,10 @@ std::vector<StatePiece> Units::state_pieces(size_t u, uint64_t *bytes, uint64_t 
         pieces.push_back(piece);
     }
     return pieces;
+}
+
+std::vector<StatePiece> Units::state_pieces(size_t u, uint64_t *bytes, uint64_t *scales) const {
+    return state_pieces_of(*table_.layout, settings_.shard_rank, u, *table_.params, *table_.groups, bytes, scales);
 }
 
 Status Units::allocate_slots(size_t u, int need, Buffer *state, Buffer *scales,

@@ -455,7 +455,6 @@ Status Recovery::check_regroup(const RegroupSpec &spec) const {
     const int world_size = g_.world_size();
     SX_CHECK(g_.table().finalized() && !g_.table().pending(), SX_ERR_INVALID_STATE,
              "sx_regroup needs a finalized group with nothing added since sx_finalize");
-    SX_TRY(g_.check_fp32_state("sx_regroup"));
     SX_CHECK_ARG(spec.join_window.count() > 0, "the join window %lld ms must be > 0",
                  static_cast<long long>(spec.join_window.count()));
     SX_CHECK_ARG(spec.expected_world_size >= 0 && spec.expected_world_size <= world_size,

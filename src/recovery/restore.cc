@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "base/log.h"
+#include "optim/state_codec.h"
 #include "recovery/recovery.h"
 #include "recovery/restore.h"
 
@@ -18,22 +19,57 @@ using namespace core;
 
 namespace {
 
-// Calls fn(u, k, from, to, n) for every run of n elements that shard `from_shard` of
-// `from` and shard `to_shard` of `to` have in common: state tensor k (0: the values,
-// then each slot of slots[u]) of unit u, at element `from` of the one's unit shard
-// (tensors one after another) and `to` of the other's. The same order on every rank.
+// How unit u keeps shard `shard` of `layout`: its state pieces (packed units) and where
+// a copy of it holds each tensor.
+struct ShardGeometry {
+    std::vector<StatePiece> pieces;
+    uint64_t slot_bytes = 0, slot_scales = 0;
+    ShardGeometry(const RecoveryAccess &g, const Layout &layout, int shard, size_t u) {
+        pieces = state_pieces_of(layout, shard, u, g.table().params(), g.table().groups(), &slot_bytes, &slot_scales);
+    }
+    // Where element `at` (in the param's index space) of param p's piece `sp` lies in a
+    // slot's bytes, and how many bytes an element takes there.
+    uint64_t slot_offset(const ShardPiece &sp, int32_t p, uint64_t at, uint64_t *elem_bytes) const {
+        const StatePiece *piece = find_state_piece(pieces, p);
+        *elem_bytes = piece ? optim::state_elem_bytes(piece->dtype) : sizeof(float);
+        return piece ? piece->byte_offset + (at - sp.begin) * *elem_bytes : (sp.shard_offset + at - sp.begin) * sizeof(float);
+    }
+    // Where element `at`'s block scale lies in a slot's scales (8-bit pieces; else none).
+    bool scale_offset(const ShardPiece &sp, int32_t p, uint64_t at, uint64_t *offset) const {
+        const StatePiece *piece = find_state_piece(pieces, p);
+        if (!piece || piece->dtype != SX_STATE_8BIT) return false;
+        *offset = (piece->scale_offset + (at - sp.begin) / optim::kQuantBlock) * sizeof(float);
+        return true;
+    }
+};
+
+// Calls fn(u, t, from, to, bytes) for every run that shard `from_shard` of `from` (a
+// copy's layout) and shard `to_shard` of `to` have in common: tensor t of unit u (0: the
+// values, 1 + k: state slot k, 1 + slots[u] + k: slot k's 8-bit block scales), at byte
+// `from` of the copy's unit (CopiedUnit) and byte `to` of that tensor in the other
+// shard. Blocks follow shards in both layouts, so an 8-bit run is whole blocks. The same
+// order on every rank.
 template <typename Fn>
-void for_each_overlap(const Layout &from, int from_shard, const Layout &to, int to_shard, const std::vector<int> &slots,
-                      Fn fn) {
+void for_each_overlap(const RecoveryAccess &g, const Layout &from, int from_shard, const Layout &to, int to_shard,
+                      const std::vector<int> &slots, Fn fn) {
     for (size_t u = 0; u < to.units().size(); ++u) {
-        const uint64_t n_from = from.units()[u].shard_numel, n_to = to.units()[u].shard_numel;
+        const ShardGeometry gf(g, from, from_shard, u), gt(g, to, to_shard, u);
+        const CopiedUnit copied(from.units()[u].shard_numel, slots[u], gf.slot_bytes, gf.slot_scales);
         for (int32_t p : to.units()[u].params) {
             const ShardPiece a = from.piece(p, from_shard), b = to.piece(p, to_shard);
             const uint64_t lo = std::max(a.begin, b.begin), hi = std::min(a.end, b.end);
             if (lo >= hi) continue;
-            for (int k = 0; k <= slots[u]; ++k)
-                fn(u, k, n_from * k + a.shard_offset + (lo - a.begin), n_to * k + b.shard_offset + (lo - b.begin),
-                   hi - lo);
+            fn(u, 0, (a.shard_offset + lo - a.begin) * sizeof(float), (b.shard_offset + lo - b.begin) * sizeof(float),
+               (hi - lo) * sizeof(float));
+            uint64_t eb = 0, from_scale = 0, to_scale = 0;
+            const uint64_t from_at = gf.slot_offset(a, p, lo, &eb), to_at = gt.slot_offset(b, p, lo, &eb);
+            const bool scaled = gf.scale_offset(a, p, lo, &from_scale) && gt.scale_offset(b, p, lo, &to_scale);
+            for (int k = 0; k < slots[u]; ++k) {
+                fn(u, 1 + k, copied.slot_at(k) + from_at, to_at, (hi - lo) * eb);
+                if (scaled)
+                    fn(u, 1 + slots[u] + k, copied.scales_at(k) + from_scale, to_scale,
+                       (hi - lo) / optim::kQuantBlock * sizeof(float));
+            }
         }
     }
 }
@@ -103,10 +139,14 @@ std::vector<CopyHolding> held_copies(const RecoveryAccess &g) {
 
 namespace {
 
+// Where each of a unit's tensors goes in the group's memory (the values, then each state
+// slot, then each slot's scales: for_each_overlap's t).
+using UnitTargets = std::array<uint8_t *, 7>;
+
 // Shard i of the copy, from the member chosen to provide it, into every rank's pieces of
-// it (`into`: per unit, where its values and each state slot go, in the group's memory).
+// it (`into`: per unit, in the group's memory).
 Status scatter_shard(RecoveryAccess &g, const CopyChoice &choice, const Layout &old, int i,
-                     const std::vector<int> &slots, const std::vector<std::array<float *, 4>> &into) {
+                     const std::vector<int> &slots, const std::vector<UnitTargets> &into) {
     const int W = g.world_size(), S = g.shard_size(), me = g.rank();
     const int root = choice.provider[i];  // a member's index is its new rank
     const ShardCopy *src = me == root ? find_copy(g, choice.epoch, choice.seq, choice.provider_own[i]) : nullptr;
@@ -119,18 +159,16 @@ Status scatter_shard(RecoveryAccess &g, const CopyChoice &choice, const Layout &
     std::vector<comm::Piece> local_to, local_from;
     for (int r = 0; r < W; ++r) {
         if (r != me && me != root) continue;
-        const std::vector<UnitLayout> &to_units = g.layout().units();
-        for_each_overlap(old, i, g.layout(), r % S, slots, [&](size_t u, int k, uint64_t at_from, uint64_t at_to, uint64_t n) {
-            const uint64_t n_to = to_units[u].shard_numel;
-            float *to = into[u][k] + (at_to - static_cast<uint64_t>(k) * n_to);
-            float *there = src ? const_cast<float *>(src->units[u].data() + at_from) : nullptr;
+        for_each_overlap(g, old, i, g.layout(), r % S, slots, [&](size_t u, int t, uint64_t at_from, uint64_t at_to, uint64_t n) {
+            uint8_t *to = r == me ? into[u][t] + at_to : nullptr;
+            uint8_t *there = src ? const_cast<uint8_t *>(src->units[u].data() + at_from) : nullptr;
             if (r == me && me == root) {
-                local_to.push_back({to, n * sizeof(float)});
-                local_from.push_back({there, n * sizeof(float)});
+                local_to.push_back({to, n});
+                local_from.push_back({there, n});
             } else if (r == me) {
-                mine.push_back({to, n * sizeof(float)});
+                mine.push_back({to, n});
             } else {
-                theirs[r].push_back({there, n * sizeof(float)});
+                theirs[r].push_back({there, n});
             }
         });
     }
@@ -179,21 +217,28 @@ Status restore_copies(RecoveryAccess &g, const CopyChoice &choice) {
     // masters of 16-bit units, and of every unit offloaded) in place, each state slot into
     // a new buffer that a restore then swaps in with the progress.
     Status s = g.ensure_masters();  // valid from here: the values below replace them
-    std::vector<std::array<Buffer, 3>> state(g.layout().units().size());
-    std::vector<std::array<float *, 4>> into(g.layout().units().size());
-    for (size_t u = 0; u < g.layout().units().size() && s.ok(); ++u) {
-        const uint64_t n = g.layout().units()[u].shard_numel;
-        into[u][0] = g.unit_shard(u).values;
-        if (n == 0) continue;  // no piece lies in it
+    const size_t units = g.layout().units().size();
+    std::vector<std::array<Buffer, 3>> state(units), scales(units);
+    std::vector<UnitTargets> into(units);
+    for (size_t u = 0; u < units && s.ok(); ++u) {
+        const UnitShard shard = g.unit_shard(u);
+        into[u].fill(nullptr);
+        into[u][0] = reinterpret_cast<uint8_t *>(shard.values);
+        if (shard.shard_numel == 0) continue;  // no piece lies in it
         for (int k = 0; k < slots[u] && s.ok(); ++k) {
-            s = g.state_ops().allocate(n * sizeof(float), "optimizer state restored from memory copies", &state[u][k]);
-            into[u][k + 1] = state[u][k].as<float>();
+            s = g.state_ops().allocate(shard.slot_bytes, "optimizer state restored from memory copies", &state[u][k]);
+            if (s.ok() && shard.slot_scales)
+                s = g.state_ops().allocate(shard.slot_scales * sizeof(float),
+                                           "8-bit optimizer state's scales restored from memory copies", &scales[u][k]);
+            into[u][1 + k] = state[u][k].as<uint8_t>();
+            into[u][1 + slots[u] + k] = scales[u][k].empty() ? nullptr : scales[u][k].as<uint8_t>();
         }
     }
     if (!s.ok()) return g.fail(s);
     for (int i = 0; i < static_cast<int>(choice.provider.size()); ++i) SX_TRY(scatter_shard(g, choice, old, i, slots, into));
     ShardRestore r;
     r.state = &state;
+    r.scales = &scales;
     r.slots = slots;
     r.progress = &progress;
     SX_TRY(g.restore_shard(r));

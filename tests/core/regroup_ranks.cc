@@ -54,16 +54,17 @@ std::string Child::create(const std::string &rendezvous, int shard_size) {
     sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_ADAMW);
     d.lr = 1e-2;
     d.weight_decay = 0.01;
+    d.state_dtype = state_dtype;
     if ((st = sx_add_param_group(g, &d, nullptr)) != SX_OK) return failed("param group", st);
-    const char *names[2] = {"a", "b"};
-    const int64_t shapes[2] = {kShapes[0], kShapes[1] + b_extra};
-    for (int p = 0; p < 2; ++p) {
+    const char *names[3] = {"a", "b", "c"};
+    const int64_t shapes[3] = {state_dtype == SX_STATE_8BIT ? kShape8bit : kShapes[0], kShapes[1] + b_extra, kShapeC};
+    for (int p = 0; p < num_params(); ++p) {
         sx_param_desc_t pd;
         sx_param_desc_init(&pd, sizeof pd);
         pd.name = names[p];
         pd.ndim = 1;
         pd.shape = &shapes[p];
-        pd.unit = p;
+        pd.unit = unit_of(p);
         if ((st = sx_add_param(g, &pd, nullptr)) != SX_OK) return failed("add_param", st);
     }
     if ((st = sx_finalize(g)) != SX_OK) return failed("finalize", st);
@@ -72,33 +73,33 @@ std::string Child::create(const std::string &rendezvous, int shard_size) {
 
 sx_status_t Child::read_params(std::vector<float> *out) {
     out->clear();
-    for (int p = 0; p < 2; ++p) {
+    for (int p = 0; p < num_params(); ++p) {
         sx_status_t st;
-        if (stage == 3 && (st = sx_unit_gather(g, p)) != SX_OK) return st;
+        if (stage == 3 && (st = sx_unit_gather(g, unit_of(p))) != SX_OK) return st;
         sx_view_t v;
         sx_view_init(&v, sizeof v);
         if ((st = sx_param_view(g, p, &v)) != SX_OK) return st;
         out->insert(out->end(), static_cast<float *>(v.data), static_cast<float *>(v.data) + v.numel);
-        if (stage == 3 && (st = sx_unit_release(g, p)) != SX_OK) return st;
+        if (stage == 3 && (st = sx_unit_release(g, unit_of(p))) != SX_OK) return st;
     }
     return SX_OK;
 }
 
 sx_status_t Child::init_params() {
-    for (int p = 0; p < 2; ++p) {
+    for (int p = 0; p < num_params(); ++p) {
         sx_status_t st;
-        if (stage == 3 && (st = sx_unit_gather(g, p)) != SX_OK) return st;
+        if (stage == 3 && (st = sx_unit_gather(g, unit_of(p))) != SX_OK) return st;
         sx_view_t v;
         sx_view_init(&v, sizeof v);
         if ((st = sx_param_view(g, p, &v)) != SX_OK) return st;
         for (uint64_t i = 0; i < v.numel; ++i) static_cast<float *>(v.data)[i] = std::cos(0.1f * i + p);
-        if (stage == 3 && (st = sx_unit_release(g, p)) != SX_OK) return st;
+        if (stage == 3 && (st = sx_unit_release(g, unit_of(p))) != SX_OK) return st;
     }
     return sx_broadcast_params(g, 0);
 }
 
 sx_status_t Child::step(int s) {
-    for (int p = 0; p < 2; ++p) {
+    for (int p = 0; p < num_params(); ++p) {
         sx_view_t v;
         sx_view_init(&v, sizeof v);
         sx_status_t st = sx_grad_view(g, p, &v);
@@ -150,6 +151,7 @@ int clean_child(const ChildArgs &a) {
     c.rank = a.rank;
     c.world = a.world;
     c.stage = std::stoi(a.get("--stage", "2"));
+    c.state_dtype = std::stoi(a.get("--state-dtype", "0"));
     const int until = std::stoi(a.get("--until", "0"));
     std::string err = c.create(a.rendezvous, std::stoi(a.get("--shard-size", "0")));
     sx_status_t st = SX_OK;
@@ -169,6 +171,7 @@ int reference_child(const ChildArgs &a) {
     c.rank = a.rank;
     c.world = a.world;
     c.stage = std::stoi(a.get("--stage", "2"));
+    c.state_dtype = std::stoi(a.get("--state-dtype", "0"));
     const int from = std::stoi(a.get("--from", "0"));
     std::string err = c.create(a.rendezvous, std::stoi(a.get("--shard-size", "0")));
     sx_status_t st = SX_OK;
@@ -187,7 +190,8 @@ int reference_child(const ChildArgs &a) {
 
 
 std::string compare_with_reference(const std::string &dir, const std::string &out, int stage, int world,
-                                   int shard_size, int clean_world, int clean_shard_size, int64_t *restored) {
+                                   int shard_size, int clean_world, int clean_shard_size, int64_t *restored,
+                                   int state_dtype) {
     std::string survivors, reference;
     if (!read_file(out, &survivors) || survivors.size() < sizeof *restored) return "no result in " + out;
     std::memcpy(restored, survivors.data(), sizeof *restored);
@@ -196,14 +200,16 @@ std::string compare_with_reference(const std::string &dir, const std::string &ou
         // The survivors restored a step the run never saved: ranks take it without a loss.
         const std::string clean = run_process_ranks(
             clean_world, {"--mode", "clean", "--stage", std::to_string(stage), "--shard-size",
-                          std::to_string(clean_shard_size), "--dir", dir, "--until", std::to_string(*restored)},
+                          std::to_string(clean_shard_size), "--dir", dir, "--until", std::to_string(*restored),
+                          "--state-dtype", std::to_string(state_dtype)},
             120);
         if (!clean.empty()) return "the run without a loss: " + clean;
     }
     const std::string ref = out + ".reference";
     const std::string err = run_process_ranks(
         world, {"--mode", "reference", "--stage", std::to_string(stage), "--shard-size", std::to_string(shard_size),
-                "--dir", dir, "--from", std::to_string(*restored), "--out", ref},
+                "--dir", dir, "--from", std::to_string(*restored), "--out", ref, "--state-dtype",
+                std::to_string(state_dtype)},
         120);
     if (!err.empty()) return "reference: " + err;
     if (!read_file(ref, &reference)) return "no reference result";

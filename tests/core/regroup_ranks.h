@@ -20,6 +20,7 @@ namespace regroup {
 constexpr int kSteps = 8;  // steps 1..kSteps; a checkpoint of step s-1 before step s
 constexpr int kKillStep = 5;
 constexpr int64_t kShapes[2] = {200000, 33333};
+constexpr int64_t kShape8bit = 200192, kShapeC = 3000;
 
 // "what: STATUS (the last error message)".
 std::string failed(const char *what, sx_status_t st);
@@ -38,7 +39,14 @@ struct Child {
     uint32_t flags = 0;     // config->flags
     int timeout_ms = 20000;
     int64_t b_extra = 0;  // elements param "b" has beyond kShapes[1] (another table)
+    // The param group's state dtype. SX_STATE_8BIT: "a" is a whole number of 8-bit
+    // blocks (kShape8bit), "b" keeps fp32 state (too few elements for blocks) and a third
+    // param "c" (kShapeC, fp32 state too) shares "a"'s unit.
+    int state_dtype = SX_STATE_FP32;
     ~Child() { sx_destroy_shard_group(g); }
+
+    int num_params() const { return state_dtype == SX_STATE_8BIT ? 3 : 2; }
+    int unit_of(int p) const { return p == 2 ? 0 : p; }
 
     // The group, its params and param group: "" or what failed.
     std::string create(const std::string &rendezvous, int shard_size);
@@ -71,7 +79,8 @@ int reference_child(const ChildArgs &a);
 // by a run of `clean_world` ranks (mesh clean_shard_size) without a loss. *restored: the
 // step.
 std::string compare_with_reference(const std::string &dir, const std::string &out, int stage, int world,
-                                   int shard_size, int clean_world, int clean_shard_size, int64_t *restored);
+                                   int shard_size, int clean_world, int clean_shard_size, int64_t *restored,
+                                   int state_dtype = SX_STATE_FP32);
 
 // sx-rendezvous on a free port with a token (in the environment, for the ranks), and its
 // tcp:// address; stop_external_store ends both.

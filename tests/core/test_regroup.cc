@@ -41,6 +41,7 @@ int run_child(const sxtest::ChildArgs &a) {
     c.memory_copies = std::stoi(a.get("--memory", "0"));
     c.offload = a.get("--device", "cpu") == "offload";
     c.cuda = a.get("--device", "cpu") == "cuda";
+    c.state_dtype = std::stoi(a.get("--state-dtype", "0"));
     const bool wait = a.get("--wait", "0") == "1";
     if (wait) c.flags = SX_GROUP_MEMORY_COPY_WAIT;
     const std::string dir = a.get("--dir", "");
@@ -253,7 +254,7 @@ int child_main(int argc, char **argv) {
 // state there ("cuda") or offloads it ("offload"); the reference is CPU ranks (the
 // simulated device's kernels and offloaded training are the CPU's bit for bit).
 void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false, bool wait = false,
-                      const char *device = "cpu") {
+                      const char *device = "cpu", int state_dtype = SX_STATE_FP32) {
     const std::string dir = temp_dir("ckpt");
     mkdir(dir.c_str(), 0700);
     pid_t server = -1;
@@ -264,7 +265,8 @@ void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false
     sxtest::run_process_ranks(4,
                               {"--mode", "run", "--stage", std::to_string(stage), "--victim", std::to_string(victim),
                                "--shard-size", std::to_string(shard_size), "--dir", dir, "--out", out, "--store",
-                               store, "--memory", memory ? "1" : "0", "--wait", wait ? "1" : "0", "--device", device},
+                               store, "--memory", memory ? "1" : "0", "--wait", wait ? "1" : "0", "--device", device,
+                               "--state-dtype", std::to_string(state_dtype)},
                               120, &results);
     stop_external_store(server);
     for (int r = 0; r < 4; ++r) {
@@ -276,13 +278,14 @@ void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false
         }
     }
     int64_t restored = -1;
-    const std::string err = compare_with_reference(dir, out, stage, 3, 0, 4, shard_size, &restored);
+    const std::string err = compare_with_reference(dir, out, stage, 3, 0, 4, shard_size, &restored, state_dtype);
     if (!err.empty()) fail_msg("stage %d, shard size %d, rank %d lost: %s", stage, shard_size, victim, err.c_str());
     assert_true(restored >= kKillStep - (memory && !wait ? 2 : 1) && restored <= kKillStep);
-    std::printf("stage %d%s: rank %d lost at step %d; the 3 survivors restored step %lld from %s and equal 3 fresh "
-                "ranks\n",
-                stage, shard_size ? " (2 x 2 mesh)" : "", victim, kKillStep, static_cast<long long>(restored),
-                memory ? "memory copies" : "the checkpoint");
+    std::printf("stage %d%s%s: rank %d lost at step %d; the 3 survivors restored step %lld from %s and equal 3 "
+                "fresh ranks\n",
+                stage, shard_size ? " (2 x 2 mesh)" : "",
+                state_dtype == SX_STATE_8BIT ? ", 8-bit state" : state_dtype == SX_STATE_BF16 ? ", bf16 state" : "",
+                victim, kKillStep, static_cast<long long>(restored), memory ? "memory copies" : "the checkpoint");
     std::string rm = "rm -rf '" + dir + "'";
     assert_int_equal(std::system(rm.c_str()), 0);
 }
@@ -356,6 +359,16 @@ void test_memory_flat_stage3_rank3_lost(void **) { lose_one_of_four(3, 3, 0, tru
 void test_memory_flat_stage2_rank2_lost(void **) { lose_one_of_four(2, 2, 0, true); }
 void test_memory_mesh_2x2_rank2_lost(void **) { lose_one_of_four(2, 2, 2, true); }
 void test_memory_mesh_2x2_rank1_lost(void **) { lose_one_of_four(1, 3, 2, true); }
+// Packed optimizer state: 4 ranks' copies (8-bit codes and scales, bf16 slots, fp32 pieces
+// beside them) restored into 3 ranks' layout, equal to fresh ranks loading a checkpoint.
+void test_memory_8bit_flat_stage2_rank1_lost(void **) {
+    lose_one_of_four(1, 2, 0, true, true, "cpu", SX_STATE_8BIT);
+}
+void test_memory_8bit_mesh_2x2_rank3_lost(void **) { lose_one_of_four(3, 3, 2, true, false, "cpu", SX_STATE_8BIT); }
+void test_memory_bf16_flat_stage3_rank0_lost(void **) {
+    lose_one_of_four(0, 3, 0, true, true, "cpu", SX_STATE_BF16);
+}
+void test_checkpoint_8bit_stage1_rank2_lost(void **) { lose_one_of_four(2, 1, 0, false, false, "cpu", SX_STATE_8BIT); }
 // CUDA groups keep memory copies of their state (on the host, or copied down from the
 // device), and their survivors regroup from them, or from a checkpoint (on the simulated
 // device, which the ranks inherit: its ranks share it); a 2 x 2 mesh too.
@@ -378,7 +391,7 @@ void test_device_mesh_2x2_rank0_lost(void **) { lose_one_on_a_device(0, 3, true,
 // successor) and sent to the same ranks of the new group; a mesh stays a mesh. Taking
 // step 5 again must give the params step 5 gave the first time, bit for bit; the copies
 // take 2 (mesh) or 4 (flat: the predecessor's too) copies of the shard's state.
-void all_ranks_regroup_from_memory(int stage, int shard_size) {
+void all_ranks_regroup_from_memory(int stage, int shard_size, int state_dtype = SX_STATE_FP32) {
     static int run = 0;
     const std::string rendezvous = "local://regroup-memory-" + std::to_string(run++);
     const std::string err = sxtest::run_ranks(4, [&](int rank) -> std::string {
@@ -387,6 +400,7 @@ void all_ranks_regroup_from_memory(int stage, int shard_size) {
         c.world = 4;
         c.stage = stage;
         c.memory_copies = 2;
+        c.state_dtype = state_dtype;
         std::string e = c.create(rendezvous, shard_size);
         if (!e.empty()) return e;
         sx_status_t st = c.init_params();
@@ -397,11 +411,14 @@ void all_ranks_regroup_from_memory(int stage, int shard_size) {
         sx_memory_stats_t ms;
         sx_memory_stats_init(&ms, sizeof ms);
         if ((st = sx_get_memory_stats(c.g, &ms)) != SX_OK) return failed("memory stats", st);
-        // Each copy: the values and AdamW's 2 slots, as many bytes as 1.5 x the optimizer state.
+        // Each copy: the fp32 values of the shard (stage 3: param_bytes; else the full
+        // buffers' 1/shards) and AdamW's 2 slots as the shard keeps them (the optimizer
+        // state: fp32, or bf16, or 8-bit codes and scales beside fp32 pieces).
         const uint64_t copies = shard_size ? 2 : 4;
-        if (ms.memory_copy_bytes != copies * ms.optimizer_bytes * 3 / 2)
+        const uint64_t values = stage == 3 ? ms.param_bytes : ms.param_bytes / (shard_size ? shard_size : 4);
+        if (ms.memory_copy_bytes != copies * (ms.optimizer_bytes + values))
             return "memory_copy_bytes " + std::to_string(ms.memory_copy_bytes) + ", expected " +
-                   std::to_string(copies) + " copies of " + std::to_string(ms.optimizer_bytes * 3 / 2);
+                   std::to_string(copies) + " copies of " + std::to_string(ms.optimizer_bytes + values);
         sx_abort(c.g);
         sx_regroup_options_t ro;
         sx_regroup_options_init(&ro, sizeof ro);
@@ -417,11 +434,13 @@ void all_ranks_regroup_from_memory(int stage, int shard_size) {
         if (again != first) return "step 5 taken again from the memory copy of step 4 differs from the first";
         return "";
     });
-    if (!err.empty()) fail_msg("stage %d, shard size %d: %s", stage, shard_size, err.c_str());
+    if (!err.empty()) fail_msg("stage %d, shard size %d, state dtype %d: %s", stage, shard_size, state_dtype, err.c_str());
 }
 
 void test_memory_all_ranks_flat(void **) { all_ranks_regroup_from_memory(2, 0); }
 void test_memory_all_ranks_mesh(void **) { all_ranks_regroup_from_memory(3, 2); }
+void test_memory_all_ranks_8bit_flat(void **) { all_ranks_regroup_from_memory(2, 0, SX_STATE_8BIT); }
+void test_memory_all_ranks_bf16_mesh(void **) { all_ranks_regroup_from_memory(3, 2, SX_STATE_BF16); }
 
 // Misuse changes nothing: no checkpoint, a bad struct, a closed group's late arrival.
 void test_misuse(void **) {
@@ -501,6 +520,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_the_store_dies_with_rank0),
         cmocka_unit_test(test_memory_all_ranks_flat),
         cmocka_unit_test(test_memory_all_ranks_mesh),
+        cmocka_unit_test(test_memory_all_ranks_8bit_flat),
+        cmocka_unit_test(test_memory_all_ranks_bf16_mesh),
         cmocka_unit_test(test_flat_stage1_rank0_lost),
         cmocka_unit_test(test_flat_stage2_rank1_lost),
         cmocka_unit_test(test_flat_stage3_rank3_lost),
@@ -512,6 +533,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_memory_flat_stage2_rank2_lost),
         cmocka_unit_test(test_memory_mesh_2x2_rank2_lost),
         cmocka_unit_test(test_memory_mesh_2x2_rank1_lost),
+        cmocka_unit_test(test_memory_8bit_flat_stage2_rank1_lost),
+        cmocka_unit_test(test_memory_8bit_mesh_2x2_rank3_lost),
+        cmocka_unit_test(test_memory_bf16_flat_stage3_rank0_lost),
+        cmocka_unit_test(test_checkpoint_8bit_stage1_rank2_lost),
         cmocka_unit_test(test_offloaded_memory_stage2_rank1_lost),
         cmocka_unit_test(test_offloaded_memory_stage3_rank0_lost),
         cmocka_unit_test(test_offloaded_checkpoint_stage1_rank2_lost),
