@@ -15,8 +15,9 @@
 // O provides: V (W floats), Mask (all lanes true or all false, fixed per segment),
 // load/store (unaligned), set1, add, sub, mul, div, sqrt, maximum (torch.maximum: the
 // larger operand, NaN if either is NaN), select(m, a, b) (b where m, else a),
-// sq_acc(acc, x) (acc + x*x) and hsum (the lanes' sum, in double), and elementwise.h's
-// abs, sign and recip.
+// sq_acc(acc, x) (acc + x*x) and hsum (the lanes' sum, in double), load16/store16 (bf16
+// state: widened, and rounded to nearest even), encode8 (a block of 8-bit state), and
+// elementwise.h's abs, sign and recip.
 #pragma once
 
 #include <cstddef>
@@ -56,6 +57,9 @@ struct ScalarOps {
     static V recip(V a) { return 1.0f / a; }
     // A block of 8-bit state: its scale and codes (state_codec.h's encode_block).
     static float encode8(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes);
+    // bf16 state: widened exactly, narrowed to nearest even (NaN stays a quiet NaN).
+    static V load16(const uint16_t *p);
+    static void store16(uint16_t *p, V v);
 };
 
 enum Momentum { kNoMomentum, kMomentumFirst, kMomentumLater };
@@ -69,8 +73,8 @@ enum Momentum { kNoMomentum, kMomentumFirst, kMomentumLater };
 // flavour would issue one per element, far too many, so it does not prefetch.
 constexpr size_t kPrefetchAhead = 512;
 
-template <class O>
-inline void prefetch(const float *stream, size_t i) {
+template <class O, class T>
+inline void prefetch(const T *stream, size_t i) {
     if (O::W >= 8) __builtin_prefetch(stream + i + kPrefetchAhead);
 }
 
@@ -95,6 +99,23 @@ inline double blocked_loop(size_t n, VecFn &&vec_fn, TailFn &&tail_fn) {
 
 // ---------------------------------------------------------------------------- SGD
 
+// A state slot's element as fp32, from fp32 slots or bf16 ones (O::load16: the same bits
+// as packed_range's widening and narrowing, without the round trip through a block).
+template <class O>
+inline typename O::V load_slot(const float *p) { return O::load(p); }
+template <class O>
+inline typename O::V load_slot(const uint16_t *p) { return O::load16(p); }
+template <class O>
+inline void store_slot(float *p, typename O::V v) { O::store(p, v); }
+template <class O>
+inline void store_slot(uint16_t *p, typename O::V v) { O::store16(p, v); }
+template <class T>
+inline T *const *slots_of(const Segment &seg);
+template <>
+inline float *const *slots_of<float>(const Segment &seg) { return seg.state; }
+template <>
+inline uint16_t *const *slots_of<uint16_t>(const Segment &seg) { return seg.state16; }
+
 template <class O>
 struct SgdConsts {
     typename O::V grad_scale, weight_decay, lr, momentum, one_minus_dampening;
@@ -105,8 +126,8 @@ struct SgdConsts {
 };
 
 // torch.optim.SGD (_single_tensor_sgd), element i.
-template <class O, bool kL2, int kMomentum, bool kNesterov>
-inline void sgd_at(const SgdConsts<O> &k, size_t i, float *p, const float *grad, float *buf, float *zero_grad,
+template <class O, bool kL2, int kMomentum, bool kNesterov, class T>
+inline void sgd_at(const SgdConsts<O> &k, size_t i, float *p, const float *grad, T *buf, float *zero_grad,
                    typename O::V &acc) {
     using V = typename O::V;
     V g = O::mul(O::load(grad + i), k.grad_scale);  // maximize is folded into the sign
@@ -115,22 +136,22 @@ inline void sgd_at(const SgdConsts<O> &k, size_t i, float *p, const float *grad,
     V pv = O::load(p + i);
     if (kL2) g = O::add(g, O::mul(k.weight_decay, pv));  // grad.add(param, alpha=wd)
     if (kMomentum == kMomentumFirst) {
-        O::store(buf + i, g);                                     // clone(grad)
+        store_slot<O>(buf + i, g);                                // clone(grad)
         if (kNesterov) g = O::add(g, O::mul(k.momentum, g));      // grad.add(buf, alpha=mom)
     } else if (kMomentum == kMomentumLater) {
         // buf.mul_(momentum).add_(grad, alpha=1 - dampening)
-        V b = O::add(O::mul(O::load(buf + i), k.momentum), O::mul(k.one_minus_dampening, g));
-        O::store(buf + i, b);
+        V b = O::add(O::mul(load_slot<O>(buf + i), k.momentum), O::mul(k.one_minus_dampening, g));
+        store_slot<O>(buf + i, b);
         g = kNesterov ? O::add(g, O::mul(k.momentum, b)) : b;
     }
     O::store(p + i, O::sub(pv, O::mul(k.lr, g)));  // param.add_(grad, alpha=-lr)
 }
 
-template <class O, bool kL2, int kMomentum, bool kNesterov>
+template <class O, bool kL2, int kMomentum, bool kNesterov, class T>
 double sgd_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end) {
     float *p = seg.param + begin;
     const float *g = seg.grad + begin;
-    float *buf = kMomentum != kNoMomentum ? seg.state[0] + begin : nullptr;
+    T *buf = kMomentum != kNoMomentum ? slots_of<T>(seg)[0] + begin : nullptr;
     float *gz = seg.zero_grad ? seg.zero_grad + begin : nullptr;
     const SgdConsts<O> kv(c);
     const SgdConsts<ScalarOps> ks(c);
@@ -140,20 +161,20 @@ double sgd_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_
             prefetch<O>(p, i);
             prefetch<O>(g, i);
             if (kMomentum != kNoMomentum) prefetch<O>(buf, i);
-            sgd_at<O, kL2, kMomentum, kNesterov>(kv, i, p, g, buf, gz, acc);
+            sgd_at<O, kL2, kMomentum, kNesterov, T>(kv, i, p, g, buf, gz, acc);
         },
         [&](size_t i, float &acc) {
-            sgd_at<ScalarOps, kL2, kMomentum, kNesterov>(ks, i, p, g, buf, gz, acc);
+            sgd_at<ScalarOps, kL2, kMomentum, kNesterov, T>(ks, i, p, g, buf, gz, acc);
         });
 }
 
-template <class O, int kMomentum>
+template <class O, int kMomentum, class T>
 double sgd_pick(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end) {
     if (c.l2)
-        return c.nesterov ? sgd_range<O, true, kMomentum, true>(seg, c, begin, end)
-                          : sgd_range<O, true, kMomentum, false>(seg, c, begin, end);
-    return c.nesterov ? sgd_range<O, false, kMomentum, true>(seg, c, begin, end)
-                      : sgd_range<O, false, kMomentum, false>(seg, c, begin, end);
+        return c.nesterov ? sgd_range<O, true, kMomentum, true, T>(seg, c, begin, end)
+                          : sgd_range<O, true, kMomentum, false, T>(seg, c, begin, end);
+    return c.nesterov ? sgd_range<O, false, kMomentum, true, T>(seg, c, begin, end)
+                      : sgd_range<O, false, kMomentum, false, T>(seg, c, begin, end);
 }
 
 // ---------------------------------------------------------------------- Adam, AdamW
@@ -171,40 +192,44 @@ struct AdamConsts {
           lerp_from_end(O::mask(c.lerp_from_end)) {}
 };
 
-// torch.optim.Adam / AdamW (_single_tensor_adam), element i.
-template <class O, bool kL2, bool kAmsgrad>
-inline void adam_at(const AdamConsts<O> &k, size_t i, float *p, const float *grad, float *m,
-                    float *v, float *vmax, float *zero_grad, typename O::V &acc) {
+// torch.optim.Adam / AdamW (_single_tensor_adam), element i. T: the slots' type (float,
+// or uint16_t for bf16 state: the moments are computed in fp32 and used unrounded for the
+// param's update, and only their stored copies are rounded, as in reference_packed).
+template <class O, bool kL2, bool kAmsgrad, class T>
+inline void adam_at(const AdamConsts<O> &k, size_t i, float *p, const float *grad, T *m, T *v, T *vmax,
+                    float *zero_grad, typename O::V &acc) {
     using V = typename O::V;
     V g = O::mul(O::load(grad + i), k.grad_scale);
     if (zero_grad) O::store(zero_grad + i, O::set1(0.0f));  // the next backward's clean slate
     acc = O::sq_acc(acc, g);
     V pv = O::mul(O::load(p + i), k.decay);              // AdamW: param.mul_(1 - lr*wd)
     if (kL2) g = O::add(g, O::mul(k.weight_decay, pv));  // Adam: grad.add(param, alpha=wd)
-    V mv = O::load(m + i);
+    V mv = load_slot<O>(m + i);
     // exp_avg.lerp_(grad, 1 - beta1)
     mv = O::add(O::select(k.lerp_from_end, mv, g), O::mul(k.lerp_coeff, O::sub(g, mv)));
-    O::store(m + i, mv);
+    store_slot<O>(m + i, mv);
     // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    V vv = O::add(O::mul(O::load(v + i), k.beta2), O::mul(O::mul(k.one_minus_beta2, g), g));
-    O::store(v + i, vv);
+    V vv = O::add(O::mul(load_slot<O>(v + i), k.beta2), O::mul(O::mul(k.one_minus_beta2, g), g));
+    store_slot<O>(v + i, vv);
     if (kAmsgrad) {  // torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
-        vv = O::maximum(O::load(vmax + i), vv);
-        O::store(vmax + i, vv);
+        vv = O::maximum(load_slot<O>(vmax + i), vv);
+        store_slot<O>(vmax + i, vv);
     }
+
     // denom = (v.sqrt() / bias_correction2_sqrt).add_(eps)
     V denom = O::add(O::div(O::sqrt(vv), k.bias_correction2_sqrt), k.eps);
     // param.addcdiv_(exp_avg, denom, value=-step_size): p + ((-s)*m)/denom == p - (s*m)/denom
     O::store(p + i, O::sub(pv, O::div(O::mul(k.step_size, mv), denom)));
 }
 
-template <class O, bool kL2, bool kAmsgrad>
+template <class O, bool kL2, bool kAmsgrad, class T>
 double adam_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end) {
+    T *const *state = slots_of<T>(seg);
     float *p = seg.param + begin;
     const float *g = seg.grad + begin;
-    float *m = seg.state[0] + begin;
-    float *v = seg.state[1] + begin;
-    float *vmax = kAmsgrad ? seg.state[2] + begin : nullptr;
+    T *m = state[0] + begin;
+    T *v = state[1] + begin;
+    T *vmax = kAmsgrad ? state[2] + begin : nullptr;
     float *gz = seg.zero_grad ? seg.zero_grad + begin : nullptr;
     const AdamConsts<O> kv(c);
     const AdamConsts<ScalarOps> ks(c);
@@ -216,20 +241,20 @@ double adam_range(const Segment &seg, const SegmentConsts &c, size_t begin, size
             prefetch<O>(m, i);
             prefetch<O>(v, i);
             if (kAmsgrad) prefetch<O>(vmax, i);
-            adam_at<O, kL2, kAmsgrad>(kv, i, p, g, m, v, vmax, gz, acc);
+            adam_at<O, kL2, kAmsgrad, T>(kv, i, p, g, m, v, vmax, gz, acc);
         },
-        [&](size_t i, float &acc) { adam_at<ScalarOps, kL2, kAmsgrad>(ks, i, p, g, m, v, vmax, gz, acc); });
+        [&](size_t i, float &acc) { adam_at<ScalarOps, kL2, kAmsgrad, T>(ks, i, p, g, m, v, vmax, gz, acc); });
 }
 
 // ------------------------------------------- Adagrad, RMSprop, Adamax, NAdam, RAdam, Lion
 
-template <class O, Variant kV, bool kL2>
+template <class O, Variant kV, bool kL2, class T>
 double elementwise_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end) {
     constexpr int kReads = elementwise_reads(kV), kWrites = elementwise_writes(kV);
     float *p = seg.param + begin;
     const float *g = seg.grad + begin;
-    float *st[kMaxStateSlots] = {nullptr, nullptr, nullptr};
-    for (int k = 0; k < kWrites; ++k) st[k] = seg.state[k] + begin;
+    T *st[kMaxStateSlots] = {nullptr, nullptr, nullptr};
+    for (int k = 0; k < kWrites; ++k) st[k] = slots_of<T>(seg)[k] + begin;
     float *gz = seg.zero_grad ? seg.zero_grad + begin : nullptr;
     const ElementwiseConsts<O> kv(c);
     const ElementwiseConsts<ScalarOps> ks(c);
@@ -241,10 +266,10 @@ double elementwise_range(const Segment &seg, const SegmentConsts &c, size_t begi
         acc = Ops::sq_acc(acc, gv);
         V pv = Ops::load(p + i);
         V sv[kMaxStateSlots];
-        for (int j = 0; j < kReads; ++j) sv[j] = Ops::load(st[j] + i);
+        for (int j = 0; j < kReads; ++j) sv[j] = load_slot<Ops>(st[j] + i);
         elementwise_at<Ops, kV, kL2>(k, pv, gv, sv);
         Ops::store(p + i, pv);
-        for (int j = 0; j < kWrites; ++j) Ops::store(st[j] + i, sv[j]);
+        for (int j = 0; j < kWrites; ++j) store_slot<Ops>(st[j] + i, sv[j]);
     };
     return blocked_loop<O>(
         end - begin,
@@ -257,10 +282,10 @@ double elementwise_range(const Segment &seg, const SegmentConsts &c, size_t begi
         [&](size_t i, float &acc) { at(ScalarOps{}, ks, i, acc); });
 }
 
-template <class O, Variant kV>
+template <class O, Variant kV, class T>
 double elementwise_pick(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end) {
-    return c.l2 ? elementwise_range<O, kV, true>(seg, c, begin, end)
-                : elementwise_range<O, kV, false>(seg, c, begin, end);
+    return c.l2 ? elementwise_range<O, kV, true, T>(seg, c, begin, end)
+                : elementwise_range<O, kV, false, T>(seg, c, begin, end);
 }
 
 // ------------------------------------------------- packed slots (state_codec.h)
@@ -283,6 +308,9 @@ inline uint16_t narrow_bf16(float f) {
     const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
     return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : rounded);
 }
+
+inline float ScalarOps::load16(const uint16_t *p) { return widen_bf16(*p); }
+inline void ScalarOps::store16(uint16_t *p, float v) { *p = narrow_bf16(v); }
 
 inline void decode_slot(const uint8_t *codes, size_t n, float scale, const float *map, float *out) {
 #pragma omp simd
@@ -335,9 +363,8 @@ inline float ScalarOps::encode8(const float *x, size_t n, const float *map, cons
 template <class O>
 double update_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end);
 
-// A segment of packed slots, a block of its param at a time (an 8-bit segment starts on
-// one and is cut between them): its slots decoded into fp32, updated by the fp32 loops,
-// encoded back.
+// A segment of 8-bit slots, a block of its param at a time (it starts on one and is cut
+// between them): its slots decoded into fp32, updated by the fp32 loops, encoded back.
 template <class O>
 double packed_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end) {
     const int slots = state_slots(*seg.hyper);
@@ -348,7 +375,6 @@ double packed_range(const Segment &seg, const SegmentConsts &c, size_t begin, si
         luts[j] = code_lut(maps[j]);
     }
     alignas(64) float slot[kMaxStateSlots][kQuantBlock];
-    const bool bf16 = seg.state_dtype == SX_STATE_BF16;
     double total = 0.0;
     for (size_t b = begin; b < end;) {
         const size_t e = end < (b / kQuantBlock + 1) * kQuantBlock ? end : (b / kQuantBlock + 1) * kQuantBlock;
@@ -361,25 +387,12 @@ double packed_range(const Segment &seg, const SegmentConsts &c, size_t begin, si
         piece.param_offset = seg.param_offset + b;
         piece.n = n;
         for (int j = 0; j < slots; ++j) {
-            if (bf16) {
-                const uint16_t *in = seg.state16[j] + b;
-#pragma omp simd
-                for (size_t i = 0; i < n; ++i) slot[j][i] = widen_bf16(in[i]);
-            } else {
-                decode_slot(seg.codes[j] + b, n, seg.scales[j][b / kQuantBlock], maps[j], slot[j]);
-            }
+            decode_slot(seg.codes[j] + b, n, seg.scales[j][b / kQuantBlock], maps[j], slot[j]);
             piece.state[j] = slot[j];
         }
         total += update_range<O>(piece, c, 0, n);
-        for (int j = 0; j < slots; ++j) {
-            if (bf16) {
-                uint16_t *out = seg.state16[j] + b;
-#pragma omp simd
-                for (size_t i = 0; i < n; ++i) out[i] = narrow_bf16(slot[j][i]);
-            } else {
-                seg.scales[j][b / kQuantBlock] = O::encode8(slot[j], n, maps[j], luts[j], seg.codes[j] + b);
-            }
-        }
+        for (int j = 0; j < slots; ++j)
+            seg.scales[j][b / kQuantBlock] = O::encode8(slot[j], n, maps[j], luts[j], seg.codes[j] + b);
         b = e;
     }
     return total;
@@ -387,29 +400,37 @@ double packed_range(const Segment &seg, const SegmentConsts &c, size_t begin, si
 
 // ------------------------------------------------------------------- entry points
 
-template <class O>
-double update_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end) {
-    if (seg.state_dtype != SX_STATE_FP32) return packed_range<O>(seg, c, begin, end);
+// The update of fp32 slots (T = float) or bf16 ones (T = uint16_t: widened and narrowed
+// in the loop itself, the same bits as packed_range's blocks through fp32).
+template <class O, class T>
+double update_slots(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end) {
     switch (c.variant) {
     case Variant::kSgd:
-        return c.l2 ? sgd_range<O, true, kNoMomentum, false>(seg, c, begin, end)
-                    : sgd_range<O, false, kNoMomentum, false>(seg, c, begin, end);
+        return c.l2 ? sgd_range<O, true, kNoMomentum, false, T>(seg, c, begin, end)
+                    : sgd_range<O, false, kNoMomentum, false, T>(seg, c, begin, end);
     case Variant::kSgdMomentumFirst:
-        return sgd_pick<O, kMomentumFirst>(seg, c, begin, end);
+        return sgd_pick<O, kMomentumFirst, T>(seg, c, begin, end);
     case Variant::kSgdMomentum:
-        return sgd_pick<O, kMomentumLater>(seg, c, begin, end);
+        return sgd_pick<O, kMomentumLater, T>(seg, c, begin, end);
     case Variant::kAdam:
-        return c.l2 ? adam_range<O, true, false>(seg, c, begin, end)
-                    : adam_range<O, false, false>(seg, c, begin, end);
+        return c.l2 ? adam_range<O, true, false, T>(seg, c, begin, end)
+                    : adam_range<O, false, false, T>(seg, c, begin, end);
     case Variant::kAdamAmsgrad:
-        return c.l2 ? adam_range<O, true, true>(seg, c, begin, end)
-                    : adam_range<O, false, true>(seg, c, begin, end);
+        return c.l2 ? adam_range<O, true, true, T>(seg, c, begin, end)
+                    : adam_range<O, false, true, T>(seg, c, begin, end);
 #define SX_ELEMENTWISE_CASE(v, reads, writes) \
-    case Variant::v: return elementwise_pick<O, Variant::v>(seg, c, begin, end);
+    case Variant::v: return elementwise_pick<O, Variant::v, T>(seg, c, begin, end);
     SX_ELEMENTWISE_VARIANTS(SX_ELEMENTWISE_CASE)
 #undef SX_ELEMENTWISE_CASE
     }
     return 0.0;
+}
+
+template <class O>
+double update_range(const Segment &seg, const SegmentConsts &c, size_t begin, size_t end) {
+    if (seg.state_dtype == SX_STATE_BF16) return update_slots<O, uint16_t>(seg, c, begin, end);
+    if (seg.state_dtype == SX_STATE_8BIT) return packed_range<O>(seg, c, begin, end);
+    return update_slots<O, float>(seg, c, begin, end);
 }
 
 // Two accumulators: with one, the add latency, not memory, would bound a single stream.

@@ -37,6 +37,26 @@ struct Avx2Ops {
                              _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ), one));
     }
     static V recip(V a) { return _mm256_div_ps(_mm256_set1_ps(1.0f), a); }
+    // bf16 state (kernel_body.h's widen_bf16 and narrow_bf16, 8 lanes at a time).
+    static V load16(const uint16_t *p) {
+        const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+    }
+    static void store16(uint16_t *p, V v) {
+        const __m256i x = _mm256_castps_si256(v);
+        const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+        const __m256i rounded =
+            _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
+        // NaN (magnitude above infinity's bits; both operands are below 2^31): quieted.
+        const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)),
+                                               _mm256_set1_epi32(0x7f800000));
+        const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+        const __m256i h = _mm256_blendv_epi8(rounded, quiet, nan);
+        // 32-bit lanes of at most 0xffff into 16 bits: pack within each 128-bit half, then
+        // put the halves' results side by side.
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0xD8);
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(p), _mm256_castsi256_si128(packed));
+    }
     // kernel_body.h's scalar encode8, 8 lanes at a time: the map's index and the entries
     // each lane compares with gathered.
     static float encode8(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes) {

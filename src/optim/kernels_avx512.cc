@@ -38,6 +38,21 @@ struct Avx512Ops {
                              _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, zero, _CMP_LT_OQ), one));
     }
     static V recip(V a) { return _mm512_div_ps(_mm512_set1_ps(1.0f), a); }
+    // bf16 state (kernel_body.h's widen_bf16 and narrow_bf16, 16 lanes at a time).
+    static V load16(const uint16_t *p) {
+        const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+    }
+    static void store16(uint16_t *p, V v) {
+        const __m512i x = _mm512_castps_si512(v);
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+        __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
+        // NaN (magnitude above infinity's bits; both operands are below 2^31): quieted.
+        const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
+                                                      _mm512_set1_epi32(0x7f800000));
+        h = _mm512_mask_or_epi32(h, nan, _mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), _mm512_cvtepi32_epi16(h));
+    }
     static double hsum(V acc) {
         __m512d d = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(acc)),
                                   _mm512_cvtps_pd(_mm512_extractf32x8_ps(acc, 1)));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "optim/state_codec.h"
@@ -121,6 +122,13 @@ void test_flavours_encode_as_the_reference(void **) {
     }
 }
 
+float widen(uint16_t h) {
+    const uint32_t x = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+}
+
 // One segment's packed slots: codes and scales (8-bit) or bf16 values.
 struct Packed {
     int32_t dtype;
@@ -160,7 +168,8 @@ struct Packed {
         size_t bad = 0;
         for (int k = 0; k < kMaxStateSlots; ++k) {
             bad += codes[k] != o.codes[k];
-            bad += wide16[k] != o.wide16[k];
+            for (size_t i = 0; i < n; ++i)  // any NaN matches any NaN, as Guarded::same
+                bad += !Guarded::same(widen(wide16[k][i]), widen(o.wide16[k][i]));
             for (size_t i = 0; i < scales[k].size(); ++i) bad += bits(scales[k][i]) != bits(o.scales[k][i]);
         }
         return bad;
@@ -184,6 +193,12 @@ void check_packed(const Hyper &h, int32_t dtype, size_t n, ThreadPool *pool) {
             }
             for (int64_t step = phase ? 10 : 1; step < (phase ? 12 : 4); ++step) {
                 for (size_t i = 0; i < n; ++i) grad[i] = rng.uniform(-2.0f, 2.0f);
+                // bf16 slots narrow NaN and infinities as the reference does (quiet NaN).
+                const bool special = dtype == SX_STATE_BF16 && step == 11;
+                if (special) {
+                    grad[n / 3] = std::numeric_limits<float>::quiet_NaN();
+                    grad[n / 2] = -std::numeric_limits<float>::infinity();
+                }
                 Segment gs, rs;
                 gs.param = param.data();
                 rs.param = param_ref.data();
@@ -202,7 +217,7 @@ void check_packed(const Hyper &h, int32_t dtype, size_t n, ThreadPool *pool) {
                     fail_msg("%s kind %d state %s wd %g amsgrad %d: n %zu step %lld: %zu mismatches",
                              in::kernels_for(in::resolve_isa(isa)).name, static_cast<int>(h.kind),
                              state_dtype_name(dtype), h.weight_decay, h.amsgrad, n, static_cast<long long>(step), bad);
-                assert_true(std::fabs(sumsq - sumsq_of_scaled(grad.data(), n, 0.5f)) <= 1e-5 * sumsq);
+                if (!special) assert_true(std::fabs(sumsq - sumsq_of_scaled(grad.data(), n, 0.5f)) <= 1e-5 * sumsq);
             }
         }
     }
