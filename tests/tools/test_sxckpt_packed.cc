@@ -1,6 +1,7 @@
 // sxckpt export and import of packed optimizer state (format 4.0), against a checkpoint
-// two ranks (threads over local://) save after training an 8-bit AdamW group (params of
-// 32 and 17 blocks, and one of 100 elements that keeps fp32 state) and a bf16 Adam group:
+// two ranks (threads over local://) save after training an 8-bit AdamW group with
+// amsgrad (params of 32, 17 and 4700 blocks, and one of 100 elements that keeps fp32
+// state) and a bf16 Adam group:
 //
 // - export (the default, torch's form): every 8-bit slot as fp32, each element the
 //   slot's map entry of its code times its block's scale, read here from the shard files
@@ -39,9 +40,12 @@ struct Def {
     int64_t rows, cols;
     int32_t group;
 };
-// Group 0: 8-bit AdamW ("small" keeps fp32 state); group 1: bf16 Adam.
-const Def kDefs[] = {{"w", 64, 128, 0}, {"v", 17, 256, 0}, {"small", 10, 10, 0}, {"c", 48, 100, 1}};
-constexpr int kDefCount = 4;
+// Group 0: 8-bit AdamW with amsgrad ("small" keeps fp32 state); group 1: bf16 Adam. "big"
+// and "c2" are larger than the pieces the tool converts and reads at once (2^16 and 2^20
+// elements), and "big"'s values take two chunks (4 MiB each).
+const Def kDefs[] = {{"w", 64, 128, 0},  {"v", 17, 256, 0},     {"small", 10, 10, 0},
+                     {"c", 48, 100, 1},  {"big", 4700, 256, 0}, {"c2", 1100, 1000, 1}};
+constexpr int kDefCount = sizeof kDefs / sizeof kDefs[0];
 
 std::string text(const char *what, sx_status_t st) {
     return std::string(what) + ": " + sx_status_string(st) + ": " + sx_last_error_message();
@@ -67,7 +71,7 @@ std::string rank_main(int world, const std::string &rv, int rank, const std::str
     for (int i = 0; i < 2 && err.empty(); ++i) {
         sx_param_group_desc_t d;
         sx_param_group_desc_init(&d, sizeof d, optimizers[i]);
-        d.lr = 0.01, d.weight_decay = 0.05, d.state_dtype = dtypes[i];
+        d.lr = 0.01, d.weight_decay = 0.05, d.state_dtype = dtypes[i], d.amsgrad = i == 0;
         if ((st = sx_add_param_group(g, &d, nullptr)) != SX_OK) err = text("param group", st);
     }
     for (const Def &p : kDefs) {
@@ -202,13 +206,14 @@ void test_export_dequantized(void **) {
                   0);
     const sxtest::StoredTensors stored = sxtest::stored_tensors(ck());
     const StMap out = read_st(prefix + ".safetensors");
-    for (const char *p : {"w", "v"})
-        for (int slot = 0; slot < 2; ++slot) {
-            const TensorKind kind = slot == 0 ? TensorKind::kExpAvg : TensorKind::kExpAvgSq;
-            const std::string &codes = stored.at(kind_key(p, kind)).second;
+    const TensorKind kinds[3] = {TensorKind::kExpAvg, TensorKind::kExpAvgSq, TensorKind::kMaxExpAvgSq};
+    const char *const names[3] = {".exp_avg", ".exp_avg_sq", ".max_exp_avg_sq"};
+    for (const char *p : {"w", "v", "big"})
+        for (int slot = 0; slot < 3; ++slot) {
+            const std::string &codes = stored.at(kind_key(p, kinds[slot])).second;
             const std::string &scales = stored.at(kind_key(p, sx::ckpt::scales_kind(slot))).second;
             const float *map = slot == 0 ? sx::optim::kSignedMap : sx::optim::kUnsignedMap;
-            const StT &t = get(out, std::string(p) + (slot == 0 ? ".exp_avg" : ".exp_avg_sq"));
+            const StT &t = get(out, p + std::string(names[slot]));
             assert_string_equal(t.dtype.c_str(), "F32");
             assert_int_equal(t.bytes.size(), codes.size() * 4);
             size_t nonzero = 0;
@@ -222,13 +227,16 @@ void test_export_dequantized(void **) {
             }
             assert_true(nonzero > codes.size() / 2);  // the state is real
         }
-    const std::string &bf16 = stored.at(kind_key("c", TensorKind::kExpAvg)).second;
-    const StT &c = get(out, "c.exp_avg");
-    assert_string_equal(c.dtype.c_str(), "F32");
-    for (size_t i = 0; i < bf16.size() / 2; ++i) {
-        uint32_t bits = 0;
-        std::memcpy(reinterpret_cast<char *>(&bits) + 2, bf16.data() + 2 * i, 2);  // little-endian: the high half
-        assert_memory_equal(&bits, c.bytes.data() + 4 * i, 4);
+    for (const char *p : {"c", "c2"}) {
+        const std::string &bf16 = stored.at(kind_key(p, TensorKind::kExpAvg)).second;
+        const StT &c = get(out, p + std::string(".exp_avg"));
+        assert_string_equal(c.dtype.c_str(), "F32");
+        assert_int_equal(c.bytes.size(), bf16.size() * 2);
+        for (size_t i = 0; i < bf16.size() / 2; ++i) {
+            uint32_t bits = 0;
+            std::memcpy(reinterpret_cast<char *>(&bits) + 2, bf16.data() + 2 * i, 2);  // little-endian: the high half
+            if (std::memcmp(&bits, c.bytes.data() + 4 * i, 4) != 0) fail_msg("%s.exp_avg element %zu", p, i);
+        }
     }
     assert_true(get(out, "small.exp_avg").bytes == stored.at(kind_key("small", TensorKind::kExpAvg)).second);
     assert_false(has(out, "w.exp_avg.codes"));
@@ -284,18 +292,21 @@ void test_import_fp32_form(void **) {
     expect_status(sxckpt({"import", "--safetensors", fx->dir + "/deq-w.safetensors", "--optimizer", prefix, back}), 0);
     const sxtest::StoredTensors stored = sxtest::stored_tensors(back), orig = sxtest::stored_tensors(ck());
     const StMap in = read_st(prefix + ".safetensors");
-    const StT &values = get(in, "w.exp_avg");
-    const std::string &codes = stored.at(kind_key("w", TensorKind::kExpAvg)).second;
-    const std::string &scales = stored.at(kind_key("w", TensorKind::kScales0)).second;
-    assert_int_equal(stored.at(kind_key("w", TensorKind::kExpAvg)).first, sx::ckpt::kDTypeQ8);
-    for (size_t b = 0; b < codes.size() / 256; ++b) {
-        uint8_t want[256];
-        const float scale = sx::optim::encode_block(reinterpret_cast<const float *>(values.bytes.data()) + b * 256, 256,
-                                                    sx::optim::kSignedMap, want);
-        assert_memory_equal(want, codes.data() + b * 256, 256);
-        assert_memory_equal(&scale, scales.data() + b * 4, 4);
+    for (const char *p : {"w", "big"}) {
+        const StT &values = get(in, p + std::string(".exp_avg_sq"));
+        const std::string &codes = stored.at(kind_key(p, TensorKind::kExpAvgSq)).second;
+        const std::string &scales = stored.at(kind_key(p, TensorKind::kScales1)).second;
+        assert_int_equal(stored.at(kind_key(p, TensorKind::kExpAvgSq)).first, sx::ckpt::kDTypeQ8);
+        assert_int_equal(codes.size() * 4, values.bytes.size());
+        for (size_t b = 0; b < codes.size() / 256; ++b) {
+            uint8_t want[256];
+            const float scale = sx::optim::encode_block(reinterpret_cast<const float *>(values.bytes.data()) + b * 256,
+                                                        256, sx::optim::kUnsignedMap, want);
+            if (std::memcmp(want, codes.data() + b * 256, 256) != 0 || std::memcmp(&scale, scales.data() + b * 4, 4) != 0)
+                fail_msg("%s.exp_avg_sq block %zu: not sx's encoding of the fp32 values", p, b);
+        }
     }
-    for (const char *key : {"c/1", "c/2", "small/1", "small/2", "w/0", "c/0"})
+    for (const char *key : {"c/1", "c/2", "c2/1", "small/1", "small/2", "small/3", "w/0", "big/0", "c/0"})
         assert_true(stored.at(key) == orig.at(key));
     run_group(1, "load-fp32-form", back, 3, 1, "");
 }
