@@ -55,7 +55,8 @@ inline void expect_same_tensors(const std::string &a, const std::string &b) {
     for (const auto &t : ta) {
         const auto it = tb.find(t.first);
         assert_true(it != tb.end());
-        if (it->second != t.second) print_error("%s differs between %s and %s\n", t.first.c_str(), a.c_str(), b.c_str());
+        if (it->second != t.second)
+            print_error("%s differs between %s and %s\n", t.first.c_str(), a.c_str(), b.c_str());
         assert_true(it->second == t.second);
     }
 }
