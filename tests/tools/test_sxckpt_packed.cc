@@ -395,7 +395,8 @@ void test_import_refusals(void **) {
     expect_refused("truncated-file", [](StMap *) {}, same_json, "truncated", 100);
 }
 
-// --state-format needs --optimizer, and is torch or torchao: usage errors (exit 2).
+// --state-format needs --optimizer, and is torch or torchao: usage errors (exit 2). The
+// params alone export from a checkpoint of packed state as from any other.
 void test_export_usage(void **) {
     const std::string w = fx->dir + "/usage.safetensors";
     auto r = sxckpt({"export", "--safetensors", w, "--state-format", "torchao", ck()});
@@ -405,6 +406,11 @@ void test_export_usage(void **) {
     expect_status(r, 2);
     expect_has(r.err, "--state-format is 'bnb'; it is torch or torchao");
     assert_false(exists(w));
+    // Without --optimizer, the params alone, as stored.
+    expect_status(sxckpt({"export", "--safetensors", w, ck()}), 0);
+    const StMap params = read_st(w);
+    assert_int_equal(params.size(), kDefCount);
+    assert_true(get(params, "big").bytes == sxtest::stored_tensors(ck()).at("big/0").second);
 }
 
 }  // namespace
