@@ -23,6 +23,7 @@
 // Last: CMocka defines a fail() macro.
 #include "sx_cmocka.h"
 #include "run_ranks.h"
+#include "stored_tensors.h"
 #include "test_files.h"
 #include "test_groups.h"
 
@@ -123,44 +124,11 @@ void run_ranks(const Run &run, const std::string &tag) {
     assert_true(err.empty());
 }
 
-// Every stored tensor of the checkpoint in `dir`, whole, by "param/kind", with its dtype.
-std::map<std::string, std::pair<int32_t, std::string>> tensors_of(const std::string &dir, Manifest *out = nullptr) {
-    auto ops = sx::io::posix_file_ops();
-    Manifest m;
-    assert_true(sx::ckpt::read_manifest(*ops, dir, &m).ok());
-    assert_true(sx::ckpt::read_all_file_indexes(*ops, dir, &m).ok());
-    std::map<std::string, std::pair<int32_t, std::string>> all;
-    for (const sx::ckpt::ParamEntry &p : m.params)
-        for (const sx::ckpt::Tensor &t : p.tensors) {
-            std::string bytes;
-            uint64_t next = 0;
-            for (const sx::ckpt::Chunk &c : t.chunks) {
-                assert_int_equal(c.begin, next);
-                next = c.end;
-                std::string part(c.length, '\0');
-                const int fd = open((dir + "/" + m.files[c.file]).c_str(), O_RDONLY);
-                assert_true(fd >= 0);
-                assert_int_equal(pread(fd, &part[0], part.size(), static_cast<off_t>(c.offset)),
-                                 static_cast<ssize_t>(part.size()));
-                close(fd);
-                bytes += part;
-            }
-            assert_int_equal(next, p.numel(t.kind));
-            all[p.name + "/" + std::to_string(static_cast<int>(t.kind))] = {t.dtype, bytes};
-        }
-    if (out) *out = m;
-    return all;
-}
+using sxtest::expect_same_tensors;
 
-void expect_same_tensors(const std::string &a, const std::string &b) {
-    const auto ta = tensors_of(a), tb = tensors_of(b);
-    assert_int_equal(ta.size(), tb.size());
-    for (const auto &t : ta) {
-        const auto it = tb.find(t.first);
-        assert_true(it != tb.end());
-        if (it->second != t.second) print_error("%s differs between %s and %s\n", t.first.c_str(), a.c_str(), b.c_str());
-        assert_true(it->second == t.second);
-    }
+// Every stored tensor of the checkpoint in `dir`, whole, by "param/kind", with its dtype.
+sxtest::StoredTensors tensors_of(const std::string &dir, Manifest *out = nullptr) {
+    return sxtest::stored_tensors(dir, out);
 }
 
 void test_save_and_load_across_layouts(void **) {

@@ -349,14 +349,16 @@ void test_refuses_mismatches(void **) {
                    "P.safetensors: tensor 'embed.weight.exp_avg' has shape [17, 300], but param 'embed.weight' "
                    "has [300, 17]");
     expect_refused("not-f32", replaced(w, "\"F32\"", "\"I32\""), s, j,
-                   "W.safetensors: tensor \"embed.weight\" has dtype \"I32\"; sx keeps fp32");
+                   "W.safetensors: tensor \"embed.weight\" has dtype \"I32\"; sx imports F32, F16 and BF16 "
+                   "tensors, and U8 ones as 8-bit optimizer state's codes only");
     expect_refused("not-f32-state", w, replaced(s, "\"F32\"", "\"F64\""), j, "has dtype \"F64\"");
     expect_refused("unknown-optimizer", w, s, replaced(j, "\"AdamW\"", "\"Adadelta\""),
                    "P.json: param group 0: optimizer \"Adadelta\" is not one sx has (SGD, Adam, AdamW, Adagrad, "
                    "RMSprop, Adamax, NAdam, RAdam, Lion, Lamb, Muon, Adafactor, AdEMAMix)");
     expect_refused("key-of-another-optimizer", w, s, replaced(j, "\"AdamW\"", "\"AdEMAMix\""),
                    "P.json: param group 0 (AdEMAMix): unknown key \"amsgrad\"; its keys are optimizer, lr, "
-                   "weight_decay, betas, eps, maximize, alpha, decoupled_weight_decay, beta3, t_alpha_beta3, step, params");
+                   "weight_decay, betas, eps, maximize, alpha, decoupled_weight_decay, beta3, t_alpha_beta3, step, "
+                   "state_dtype, params");
     expect_refused("two-groups", w, s, replaced(j, "\"frozen.table\"]", "\"frozen.table\",\"scale\"]"),
                    "P.json: param \"scale\" is in param group 0 and again in param group 1");
     expect_refused("not-in-weights", w, s, replaced(j, "\"head.bias\"", "\"nohead\"", 0),

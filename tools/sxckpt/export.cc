@@ -1,6 +1,7 @@
-// sxckpt export --safetensors OUT [--optimizer PREFIX] DIR: the full, unsharded params
-// as one safetensors file (safetensors.h), and on request the optimizer state as
-// PREFIX.safetensors and PREFIX.json (optimizer_json.h), in torch's names:
+// sxckpt export --safetensors OUT [--optimizer PREFIX [--state-format torch|torchao]] DIR:
+// the full, unsharded params as one safetensors file (safetensors.h), and on request the
+// optimizer state as PREFIX.safetensors and PREFIX.json (optimizer_json.h), in torch's
+// names:
 //
 //   OUT                  NAME for every param, in its shape ([] for a scalar): what
 //                        torch's Module.load_state_dict(strict=True) takes
@@ -10,31 +11,50 @@
 //                        the MANIFEST, in torch's shapes [..., R, 1] and [..., 1, C])
 //   PREFIX.json          the param groups in torch's key names, each param's steps
 //
-// Each tensor keeps the dtype its chunks are stored in ("F32": sx stores fp32 master
-// weights and state).
+// Values and fp32 state are exported as stored ("F32"). Packed state (format 4.0) is
+// exported, by default ("torch"), as fp32 in the param's shape: a bf16 slot widened, an
+// 8-bit slot decoded as sx's kernels decode it (map[code] x its block's scale); with
+// "torchao", in the form of torchao's OptimState8bit: a bf16 slot as BF16, an 8-bit slot
+// as NAME.SLOT.codes (U8, the param's shape) and NAME.SLOT.scale (F32, one per block of
+// 256), both copied as stored.
 //
 // Streaming: the headers come from the MANIFEST alone (every tensor's size is known
 // from its shape), then the shard files are read one at a time, chunk by chunk in
 // file order, each chunk's CRC32C checked while its bytes go straight to their place
-// in their output. Memory: the manifest, the headers and one buffer of at most
-// kPieceBytes, whatever the size of the checkpoint. Every output is written as
+// in their output (an 8-bit chunk's scales are read first, from their own chunks).
+// Memory: the manifest, the headers, one buffer of at most kPieceBytes and small
+// conversion buffers, whatever the size of the checkpoint. Every output is written as
 // NAME.tmp and fsynced; only once all are complete are they renamed into place, and
 // their directories fsynced. A failure leaves no .tmp behind and none of the outputs
 // this run renamed.
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <unordered_set>
 
+#include <algorithm>
+
+#include "base/half.h"
 #include "checkpoint_dir.h"
 #include "ckpt/directory.h"
 #include "commands.h"
 #include "optimizer_json.h"
+#include "optim/state_codec.h"
 #include "safetensors.h"
 
 namespace sx {
 namespace tool {
 
 namespace {
+
+// Elements converted at a time (kWidenBf16, kDecode8): the size of the fp32 buffer.
+constexpr size_t kConvertElems = 1u << 16;
+
+// How packed optimizer state is exported (--state-format).
+enum class StateFormat {
+    kTorch,    // fp32 in torch's names: what torch.optim's state dicts hold
+    kTorchao,  // torchao's OptimState8bit: NAME.SLOT.codes and NAME.SLOT.scale; bf16 as BF16
+};
 
 // One safetensors output.
 struct OutFile {
@@ -48,18 +68,76 @@ struct OutFile {
     std::vector<std::pair<uint64_t, const std::vector<float> *>> from_manifest;
 };
 
+// How a stored tensor's bytes become the exported ones.
+enum class Conversion {
+    kCopy,       // as stored
+    kWidenBf16,  // bf16 state as fp32 (exact)
+    kDecode8,    // 8-bit codes as fp32: map[code] x the block's scale
+};
+
 // Where a stored tensor goes: file index into ExportPlan::files (-1: not exported) and
-// the tensor's index there.
+// the tensor's index there; for kDecode8 the map and the index of the scales' tensor
+// (into the param's tensors).
 struct Route {
     int file = -1;
     size_t tensor = 0;
+    Conversion conversion = Conversion::kCopy;
+    const float *map = nullptr;
+    size_t scales = 0;
 };
 
 struct ExportPlan {
+    StateFormat state_format = StateFormat::kTorch;
     std::vector<OutFile> files;               // [0] the params, [1] the optimizer state
     std::vector<std::vector<Route>> route;    // [param][tensor], as in the manifest
     std::string optimizer_json;               // "" unless asked for
 };
+
+// Where tensor i of param p goes, as what: *o gets its name, dtype and shape. The
+// params go to file 0; their optimizer state to file 1 (which exists only with
+// --optimizer). Packed state in StateFormat::kTorch: fp32 in the param's shape (the
+// scales are read for decoding, not exported); in kTorchao: bf16 as it is, 8-bit as
+// NAME.SLOT.codes (U8) and NAME.SLOT.scale (F32, [blocks]).
+Route route_of(const ckpt::Manifest &m, const ckpt::ParamEntry &p, size_t i, StateFormat format, StTensor *o) {
+    const ckpt::Tensor &t = p.tensors[i];
+    const ckpt::ParamGroupEntry &g = m.param_groups[static_cast<size_t>(p.param_group)];
+    Route r;
+    r.file = t.kind == ckpt::TensorKind::kParam ? 0 : 1;
+    o->dtype = t.dtype;
+    o->shape = p.shape;
+    if (t.kind == ckpt::TensorKind::kParam) {
+        o->name = p.name;
+        return r;
+    }
+    const bool torchao = format == StateFormat::kTorchao;
+    const int ndim = static_cast<int>(p.shape.size());
+    if (ckpt::is_scales(t.kind)) {
+        if (!torchao) r.file = -1;  // read while decoding its slot
+        const std::vector<ckpt::TensorKind> kinds = ckpt::stored_kinds(g, ndim);
+        o->name = p.name + "." + ckpt::tensor_name(g, kinds[static_cast<size_t>(ckpt::scales_slot(t.kind)) + 1]) +
+                  ".scale";
+        o->shape = {static_cast<int64_t>(p.numel(t.kind))};
+        return r;
+    }
+    // A custom optimizer's slots carry the names it registered.
+    o->name = p.name + "." + ckpt::tensor_name(g, t.kind);
+    if (t.dtype == ckpt::kDTypeQ8 && torchao) {
+        o->name += ".codes";
+    } else if (t.dtype == ckpt::kDTypeQ8) {
+        o->dtype = SX_DTYPE_F32;
+        r.conversion = Conversion::kDecode8;
+        const std::vector<ckpt::TensorKind> kinds = ckpt::stored_kinds(g, ndim);
+        const int slot = static_cast<int>(std::find(kinds.begin(), kinds.end(), t.kind) - kinds.begin()) - 1;
+        r.map = optim::state_slot_nonnegative(ckpt::hyper_of(g), slot, ndim) ? optim::kUnsignedMap
+                                                                               : optim::kSignedMap;
+        for (size_t j = 0; j < p.tensors.size(); ++j)
+            if (p.tensors[j].kind == ckpt::scales_kind(slot)) r.scales = j;
+    } else if (t.dtype == SX_DTYPE_BF16 && !torchao) {
+        o->dtype = SX_DTYPE_F32;
+        r.conversion = Conversion::kWidenBf16;
+    }
+    return r;
+}
 
 // Names, offsets and headers, from the manifest alone. The params go to file 0; their
 // optimizer state to file 1 if there is one, else nowhere.
@@ -74,41 +152,26 @@ Status plan_export(const ckpt::Manifest &m, ExportPlan *plan) {
     std::vector<std::unordered_set<std::string>> names(plan->files.size(), {kMetadataKey});
     std::vector<uint64_t> cursor(plan->files.size(), 0);
     plan->route.clear();
-    // 4.0's packed state (bf16 slots, 8-bit codes and scales) has no torch optimizer's
-    // form yet; the params alone export as from any checkpoint.
-    for (size_t g = 0; g < m.param_groups.size() && plan->files.size() > 1; ++g)
-        SX_CHECK(m.param_groups[g].state_dtype == SX_STATE_FP32, SX_ERR_UNSUPPORTED,
-                 "param group %zu keeps %s optimizer state, which sxckpt does not export yet (export without "
-                 "--optimizer to get the params)",
-                 g, sx::optim::state_dtype_name(m.param_groups[g].state_dtype));
-    plan->route.clear();
     for (const ckpt::ParamEntry &p : m.params) {
         std::vector<Route> routes;
-        for (const ckpt::Tensor &t : p.tensors) {
-            Route r;
-            r.file = t.kind == ckpt::TensorKind::kParam ? 0 : 1;
+        for (size_t i = 0; i < p.tensors.size(); ++i) {
+            StTensor o;
+            Route r = route_of(m, p, i, plan->state_format, &o);
             if (static_cast<size_t>(r.file) >= plan->files.size()) {
                 routes.push_back(Route());
                 continue;
             }
             OutFile &f = plan->files[r.file];
-            StTensor o;
-            // A custom optimizer's slots carry the names it registered.
-            o.name = t.kind == ckpt::TensorKind::kParam
-                         ? p.name
-                         : p.name + "." + ckpt::tensor_name(m.param_groups[static_cast<size_t>(p.param_group)], t.kind);
             // A param named like the metadata key would give two entries one name:
-            // refuse rather than lose one. (State names cannot collide: every suffix
-            // begins with the only '.' it holds.)
+            // refuse rather than lose one; and so any other collision of names.
             SX_CHECK(names[r.file].insert(o.name).second, SX_ERR_INVALID_ARGUMENT,
                      "the checkpoint would give two tensors of %s the name '%s' (param '%s' %s); safetensors "
                      "names must be unique",
                      printable(f.path).c_str(), printable(o.name).c_str(), printable(p.name).c_str(),
-                     kind_name(t.kind).c_str());
-            o.dtype = t.dtype;
-            o.shape = p.shape;
+                     kind_name(p.tensors[i].kind).c_str());
             // numel < 2^62 (validate), so bytes fit; the running total is checked.
-            const uint64_t bytes = p.numel() * ckpt::dtype_bytes(t.dtype);
+            uint64_t bytes = ckpt::dtype_bytes(o.dtype);
+            for (int64_t e : o.shape) bytes *= static_cast<uint64_t>(e);
             SX_CHECK(cursor[r.file] + bytes >= cursor[r.file], SX_ERR_INVALID_ARGUMENT,
                      "the tensors exceed 2^64 bytes");
             o.begin = cursor[r.file];
@@ -148,6 +211,99 @@ Status plan_export(const ckpt::Manifest &m, ExportPlan *plan) {
     return Status::Ok();
 }
 
+// Blocks [b, e) of the scales (tensor `scales` of param `param`) into *out, from their
+// chunks, each read whole through `buffer` and its CRC32C checked.
+Status read_scales(io::FileOps &ops, const CheckpointDir &c, int32_t param, size_t scales, uint64_t b, uint64_t e,
+                   std::vector<char> *buffer, std::vector<float> *out) {
+    const ckpt::Tensor &t = c.manifest.params[static_cast<size_t>(param)].tensors[scales];
+    out->assign(e - b, 0.0f);
+    char *dst = reinterpret_cast<char *>(out->data());
+    uint64_t covered = 0;
+    for (const ckpt::Chunk &ch : t.chunks) {
+        if (ch.end <= b || ch.begin >= e) continue;
+        const std::string path = c.file_path(ch.file);
+        int fd = -1;
+        SX_TRY(ops.open_read(path, &fd));
+        // The bytes of blocks [max(b, begin), min(e, end)) of the chunk's.
+        const uint64_t lo = (std::max(b, ch.begin) - ch.begin) * 4, hi = (std::min(e, ch.end) - ch.begin) * 4;
+        Status s = read_chunk(ops, fd, path, ch, buffer, [&](const char *data, size_t n, uint64_t off) {
+            const uint64_t from = std::max(off, lo), to = std::min<uint64_t>(off + n, hi);
+            if (from < to) std::memcpy(dst + (ch.begin * 4 + from - b * 4), data + (from - off), to - from);
+            return Status::Ok();
+        });
+        ops.close(fd, path);
+        if (!s.ok())
+            return s.prefix(format("%s at byte %" PRIu64 ": ", printable(c.manifest.files[ch.file]).c_str(), ch.offset));
+        covered += hi - lo;
+    }
+    SX_CHECK(covered == (e - b) * 4, SX_ERR_CORRUPT, "param '%s': the scales of blocks [%" PRIu64 ", %" PRIu64
+             ") are not all in the checkpoint", printable(c.manifest.params[static_cast<size_t>(param)].name).c_str(),
+             b, e);
+    return Status::Ok();
+}
+
+// Converts n stored elements of a chunk (the first is element `first` of the param) into
+// fp32 in `out` (n <= kConvertElems): bf16 widened, or 8-bit codes decoded with the
+// scales of blocks from `block0` on.
+void convert(const Route &r, const char *data, size_t n, uint64_t first, uint64_t block0,
+             const std::vector<float> &scales, float *out) {
+    if (r.conversion == Conversion::kWidenBf16) {
+        std::vector<uint16_t> bits(n);  // the piece may not be 2-byte aligned
+        std::memcpy(bits.data(), data, n * 2);
+        half::to_f32(SX_DTYPE_BF16, bits.data(), out, n);
+        return;
+    }
+    const uint8_t *codes = reinterpret_cast<const uint8_t *>(data);
+    for (size_t i = 0; i < n;) {
+        const uint64_t e = first + i;
+        const size_t run = std::min<size_t>(n - i, optim::kQuantBlock - e % optim::kQuantBlock);
+        optim::decode_block(codes + i, run, scales[e / optim::kQuantBlock - block0], r.map, out + i);
+        i += run;
+    }
+}
+
+// Writes chunk `ref` of the open file `fd` at its place in its output: as stored, or
+// converted to fp32 (Conversion) kConvertElems at a time.
+Status export_chunk(io::FileOps &ops, const CheckpointDir &c, int fd, const std::string &path, const ChunkRef &ref,
+                    const ExportPlan &plan, std::vector<char> *buffer) {
+    const Route &r = plan.route[ref.param][ref.tensor];
+    const OutFile &out = plan.files[r.file];
+    const StTensor &t = out.tensors[r.tensor];
+    const ckpt::Chunk &ch = *ref.chunk;
+    const uint64_t at = out.head.size() + t.begin + ch.begin * ckpt::dtype_bytes(t.dtype);
+    const std::string out_tmp = out.path + ".tmp";
+    if (r.conversion == Conversion::kCopy)
+        return read_chunk(ops, fd, path, ch, buffer, [&](const char *data, size_t n, uint64_t off) {
+            return ops.pwrite_all(out.fd, data, n, at + off, out_tmp);
+        });
+    const uint64_t elem = r.conversion == Conversion::kWidenBf16 ? 2 : 1;
+    const uint64_t block0 = ch.begin / optim::kQuantBlock;
+    std::vector<float> scales, converted(kConvertElems);
+    if (r.conversion == Conversion::kDecode8)
+        SX_TRY(read_scales(ops, c, ref.param, r.scales, block0,
+                           (ch.end + optim::kQuantBlock - 1) / optim::kQuantBlock, buffer, &scales));
+    std::vector<char> carry;  // a bf16 split between two pieces: its first byte
+    return read_chunk(ops, fd, path, ch, buffer, [&](const char *data, size_t n, uint64_t off) {
+        std::vector<char> joined;
+        if (!carry.empty()) {  // pieces are whole elements unless a chunk is larger than the buffer
+            joined.assign(carry.begin(), carry.end());
+            joined.insert(joined.end(), data, data + n);
+            data = joined.data(), n = joined.size(), off -= carry.size();
+            carry.clear();
+        }
+        const size_t whole = n / elem;
+        carry.assign(data + whole * elem, data + n);
+        for (size_t i = 0; i < whole; i += kConvertElems) {
+            const size_t k = std::min<size_t>(kConvertElems, whole - i);
+            const uint64_t first = ch.begin + off / elem + i;
+            convert(r, data + i * elem, k, first, block0, scales, converted.data());
+            SX_TRY(ops.pwrite_all(out.fd, converted.data(), k * sizeof(float), at + (off / elem + i) * sizeof(float),
+                                  out_tmp));
+        }
+        return Status::Ok();
+    });
+}
+
 // Writes every exported chunk of shard file f at its place in its output.
 Status copy_file(io::FileOps &ops, const CheckpointDir &c, uint32_t f, const std::vector<ChunkRef> &chunks,
                  const ExportPlan &plan, std::vector<char> *buffer) {
@@ -159,15 +315,8 @@ Status copy_file(io::FileOps &ops, const CheckpointDir &c, uint32_t f, const std
     SX_TRY(ops.open_read(path, &fd));
     Status s;
     for (const ChunkRef &ref : chunks) {
-        const Route &r = plan.route[ref.param][ref.tensor];
-        if (r.file < 0) continue;
-        const OutFile &out = plan.files[r.file];
-        const StTensor &t = out.tensors[r.tensor];
-        const uint64_t at = out.head.size() + t.begin + ref.chunk->begin * ckpt::dtype_bytes(t.dtype);
-        const std::string out_tmp = out.path + ".tmp";
-        s = read_chunk(ops, fd, path, *ref.chunk, buffer, [&](const char *data, size_t n, uint64_t off) {
-            return ops.pwrite_all(out.fd, data, n, at + off, out_tmp);
-        });
+        if (plan.route[ref.param][ref.tensor].file < 0) continue;
+        s = export_chunk(ops, c, fd, path, ref, plan, buffer);
         if (!s.ok()) {
             s.prefix(format("%s at byte %" PRIu64 " (%" PRIu64 " bytes): %s: ",
                             printable(c.manifest.files[f]).c_str(), ref.chunk->offset, ref.chunk->length,
@@ -250,19 +399,26 @@ Status export_files(io::FileOps &ops, const CheckpointDir &c, const std::string 
 }  // namespace
 
 int export_command(const std::vector<std::string> &args) {
-    std::string out, prefix;
+    std::string out, prefix, state_format;
     std::vector<std::string> dirs;
-    const int parsed = parse_args("export", args, {{"--safetensors", &out}, {"--optimizer", &prefix}}, &dirs);
+    const int parsed = parse_args(
+        "export", args, {{"--safetensors", &out}, {"--optimizer", &prefix}, {"--state-format", &state_format}}, &dirs);
     if (parsed >= 0) return parsed;
     if (out.empty()) return usage_error("export needs --safetensors OUT");
     if (dirs.size() != 1) return usage_error("export takes one checkpoint directory");
+    ExportPlan plan;
+    if (!state_format.empty() && prefix.empty())
+        return usage_error("export: --state-format applies to the optimizer state; it needs --optimizer PREFIX");
+    if (state_format == "torchao")
+        plan.state_format = StateFormat::kTorchao;
+    else if (!state_format.empty() && state_format != "torch")
+        return usage_error("export: --state-format is '" + printable(state_format) + "'; it is torch or torchao");
     if (!prefix.empty() && (out == prefix + ".safetensors" || out == prefix + ".json"))
         return usage_error("export: OUT and the files of --optimizer " + prefix + " must differ");
     auto ops = io::posix_file_ops();
     CheckpointDir c;
     Status s = open_checkpoint(*ops, dirs[0], &c);
     if (!s.ok()) return failure(s);
-    ExportPlan plan;
     s = export_files(*ops, c, out, prefix, &plan);
     if (!s.ok()) return failure(s.prefix("export to " + printable(out) + " failed: "));
     std::printf("wrote %s: %zu params, %s\n", printable(out).c_str(), plan.files[0].tensors.size(),

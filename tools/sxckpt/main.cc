@@ -2,7 +2,7 @@
 // them to and from torch's tensors.
 //   sxckpt inspect [--json] DIR             what the checkpoint holds
 //   sxckpt verify DIR                       every byte checked against its CRC32C
-//   sxckpt export --safetensors OUT [--optimizer PREFIX] DIR
+//   sxckpt export --safetensors OUT [--optimizer PREFIX [--state-format torch|torchao]] DIR
 //                                           the unsharded params; their optimizer state
 //   sxckpt import --safetensors IN [--optimizer PREFIX] [--world-size N] DIR
 //                                           a new checkpoint from such files
@@ -19,7 +19,7 @@ namespace tool {
 const char *const kUsage =
     "usage: sxckpt inspect [--json] DIR\n"
     "       sxckpt verify DIR\n"
-    "       sxckpt export --safetensors OUT [--optimizer PREFIX] DIR\n"
+    "       sxckpt export --safetensors OUT [--optimizer PREFIX [--state-format F]] DIR\n"
     "       sxckpt import --safetensors IN [--optimizer PREFIX] [--world-size N] DIR\n"
     "       sxckpt --help | --version\n"
     "\n"
@@ -34,10 +34,17 @@ const char *const kUsage =
     "           --optimizer, also PREFIX.safetensors (NAME.exp_avg, NAME.exp_avg_sq,\n"
     "           NAME.max_exp_avg_sq, NAME.momentum_buffer) and PREFIX.json (the param\n"
     "           groups in torch's names, every param's step). Streams chunk by chunk;\n"
-    "           the files appear only whole.\n"
+    "           the files appear only whole. Optimizer state kept in bf16 or 8 bits is\n"
+    "           written as fp32 (--state-format torch, the default: 8-bit codes decoded\n"
+    "           with their scales), or with --state-format torchao as torchao's\n"
+    "           OptimState8bit holds it: NAME.exp_avg.codes (U8) and NAME.exp_avg.scale\n"
+    "           (F32, one per block of 256), bf16 as BF16, all copied as stored.\n"
     "  import   makes the new checkpoint DIR from such files, as if saved by N ranks\n"
     "           (default 1). Without --optimizer it holds the values only: load it with\n"
-    "           SX_LOAD_PARAMS_ONLY. DIR must not exist; it appears only whole.\n"
+    "           SX_LOAD_PARAMS_ONLY. A param group whose \"state_dtype\" in PREFIX.json\n"
+    "           is \"bf16\" or \"8bit\" gets its state in that form: fp32 tensors rounded\n"
+    "           or quantized, torchao's codes and scales copied. DIR must not exist; it\n"
+    "           appears only whole.\n"
     "\n"
     "exit status: 0 success (verify: intact), 1 failure (verify: broken), 2 usage error\n";
 

@@ -16,8 +16,8 @@ namespace tool {
 namespace {
 
 // Whether hyperparameter hp_key is a key of a torch param group of `kind`: one that applies
-// to it, but for how sx stores the state (state_dtype), which torch's state dict does not
-// say (its tensors here are fp32).
+// to it, but for how sx stores the state (state_dtype), which is no torch hyperparameter:
+// it is written apart ("state_dtype", by name), and only where it is not fp32.
 bool torch_key(int32_t hp_key, optim::Kind kind) {
     return optim::applies_to(hp_key, kind) && hp_key != SX_HP_STATE_DTYPE;
 }
@@ -32,6 +32,22 @@ std::vector<std::string> hyper_keys(optim::Kind kind) {
     SX_HYPERPARAMETERS(SX_KEY)
 #undef SX_KEY
     return keys;
+}
+
+// The names of the state dtypes in the JSON, by SX_STATE_* value (the Python binding's
+// and train_charlm's).
+const char *const kStateDtypeNames[] = {"fp32", "bf16", "8bit"};
+
+Status read_state_dtype(const JsonValue &v, const std::string &what, double *out) {
+    std::string name;
+    SX_TRY(json_string(v, what + ": \"state_dtype\"", &name));
+    for (int i = 0; i < 3; ++i)
+        if (name == kStateDtypeNames[i]) {
+            *out = i;
+            return Status::Ok();
+        }
+    return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: \"state_dtype\" is %s; it is \"fp32\", \"bf16\" or \"8bit\"",
+                    what.c_str(), json_quoted(name).c_str());
 }
 
 // Whether kind counts its steps per param group rather than per param.
@@ -66,6 +82,9 @@ void write_group(JsonWriter &j, const ckpt::ParamGroupEntry &g, const ckpt::Mani
     // An optimizer that counts its steps per group (pytorch-optimizer's Lamb and AdEMAMix:
     // their bias corrections' t) keeps the count as the group's "step".
     if (counts_group_steps(kind)) j.key("step"), j.number(static_cast<uint64_t>(g.steps));
+    // How sx kept the state the exported tensors came from (fp32 is torch's, and unsaid).
+    const int state_dtype = static_cast<int>(g.state_dtype);
+    if (state_dtype > 0 && state_dtype < 3) j.key("state_dtype"), j.string(kStateDtypeNames[state_dtype]);
     j.key("params");
     j.begin_array();
     for (const ckpt::ParamEntry &p : m.params)
@@ -107,12 +126,13 @@ Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
     const std::vector<std::string> keys = hyper_keys(kind);
     const bool group_step = counts_group_steps(kind);
     for (const auto &m : v.members) {
-        bool known = m.first == "optimizer" || m.first == "params" || (group_step && m.first == "step");
+        bool known = m.first == "optimizer" || m.first == "params" || m.first == "state_dtype" ||
+                     (group_step && m.first == "step");
         for (const std::string &k : keys) known |= m.first == k;
         if (known) continue;
         std::string expected;
         for (const std::string &k : keys) expected += k + ", ";
-        return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: unknown key %s; its keys are optimizer, %s%sparams",
+        return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: unknown key %s; its keys are optimizer, %s%sstate_dtype, params",
                         what.c_str(), json_quoted(m.first).c_str(), expected.c_str(), group_step ? "step, " : "");
     }
     if (const JsonValue *step = v.find("step")) {  // a group step count's; 0 where absent
@@ -134,6 +154,7 @@ Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
         SX_TRY(read_value(*v.find(#name), what + ": \"" #name "\"", &g->hyper.name));
     SX_HYPERPARAMETERS(SX_READ)
 #undef SX_READ
+    if (const JsonValue *dtype = v.find("state_dtype")) SX_TRY(read_state_dtype(*dtype, what, &g->hyper.state_dtype));
     Status valid = optim::validate(ckpt::hyper_of(g->hyper));
     if (!valid.ok()) return valid.prefix(what + ": ");
     const JsonValue *params = v.find("params");

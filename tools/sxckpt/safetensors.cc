@@ -13,11 +13,13 @@ namespace tool {
 
 namespace {
 
-// The tensors' dtypes sx reads: its own (fp32), and the 16-bit ones, widened exactly.
+// The tensors' dtypes sx reads: its own (fp32), the 16-bit ones, and bytes (torchao's
+// 8-bit state's codes, ckpt::kDTypeQ8).
 int32_t dtype_of(const std::string &name) {
     if (name == "F32") return SX_DTYPE_F32;
     if (name == "F16") return SX_DTYPE_F16;
     if (name == "BF16") return SX_DTYPE_BF16;
+    if (name == "U8") return ckpt::kDTypeQ8;
     return 0;
 }
 
@@ -43,8 +45,8 @@ Status parse_entry(const std::string &name, const JsonValue &v, uint64_t data_by
     SX_TRY(as_corrupt(json_string(*dtype, what + ": dtype", &dtype_text)));
     t->dtype = dtype_of(dtype_text);
     SX_CHECK(t->dtype != 0, SX_ERR_UNSUPPORTED,
-             "%s has dtype %s; sx keeps fp32 values and state, and imports F32 (or F16 and BF16, widened) "
-             "tensors only",
+             "%s has dtype %s; sx imports F32, F16 and BF16 tensors, and U8 ones as 8-bit optimizer state's "
+             "codes only",
              what.c_str(), json_quoted(dtype_text).c_str());
     SX_CHECK(shape->is_array(), SX_ERR_CORRUPT, "%s: shape is %s, not an array", what.c_str(),
              json_kind_name(shape->kind));
@@ -138,6 +140,8 @@ Status read_header(io::FileOps &ops, int fd, const std::string &path, StFile *f)
 
 }  // namespace
 
+std::string st_dtype_name(int32_t dtype) { return dtype == ckpt::kDTypeQ8 ? "U8" : dtype_name(dtype); }
+
 uint64_t StTensor::numel() const {
     uint64_t n = 1;
     for (int64_t e : shape) n *= static_cast<uint64_t>(e);
@@ -155,7 +159,7 @@ Status safetensors_header(const std::vector<std::pair<std::string, std::string>>
     for (const StTensor &t : tensors) {
         j.key(t.name);
         j.begin_object();
-        j.key("dtype"), j.string(dtype_name(t.dtype));
+        j.key("dtype"), j.string(st_dtype_name(t.dtype));
         j.key("shape");
         j.begin_array();
         for (int64_t e : t.shape) j.number(e);
@@ -197,22 +201,25 @@ Status read_safetensors(io::FileOps &ops, const std::string &path, StFile *out) 
     return Status::Ok();
 }
 
-Status read_f32(io::FileOps &ops, int fd, const StFile &file, const StTensor &t, uint64_t first, uint64_t n,
-                float *dst, std::vector<char> *scratch) {
+Status read_raw(io::FileOps &ops, int fd, const StFile &file, const StTensor &t, uint64_t first, uint64_t n,
+                void *dst) {
     const uint64_t elem = ckpt::dtype_bytes(t.dtype);
-    const uint64_t at = file.data_start + t.begin + first * elem;
-    Status s;
-    if (t.dtype == SX_DTYPE_F32) {
-        s = ops.pread_all(fd, dst, n * elem, at, file.path);
-    } else {
-        scratch->resize(n * elem);
-        s = ops.pread_all(fd, scratch->data(), n * elem, at, file.path);
-        if (s.ok()) half::to_f32(t.dtype, reinterpret_cast<const uint16_t *>(scratch->data()), dst, n);
-    }
+    Status s = ops.pread_all(fd, dst, n * elem, file.data_start + t.begin + first * elem, file.path);
     if (s.code() == SX_ERR_CORRUPT)
         return SX_ERROR(SX_ERR_CORRUPT, "%s: the file ends inside tensor %s (did it change while it was read?)",
                         printable(file.path).c_str(), json_quoted(t.name).c_str());
     return s;
+}
+
+Status read_f32(io::FileOps &ops, int fd, const StFile &file, const StTensor &t, uint64_t first, uint64_t n,
+                float *dst, std::vector<char> *scratch) {
+    SX_CHECK(t.dtype != ckpt::kDTypeQ8, SX_ERR_INVALID_ARGUMENT, "%s: tensor %s holds U8 codes, not numbers",
+             printable(file.path).c_str(), json_quoted(t.name).c_str());
+    if (t.dtype == SX_DTYPE_F32) return read_raw(ops, fd, file, t, first, n, dst);
+    scratch->resize(n * ckpt::dtype_bytes(t.dtype));
+    SX_TRY(read_raw(ops, fd, file, t, first, n, scratch->data()));
+    half::to_f32(t.dtype, reinterpret_cast<const uint16_t *>(scratch->data()), dst, n);
+    return Status::Ok();
 }
 
 }  // namespace tool

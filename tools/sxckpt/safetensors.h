@@ -27,7 +27,7 @@ constexpr const char *kMetadataKey = "__metadata__";
 
 struct StTensor {
     std::string name;
-    int32_t dtype = SX_DTYPE_F32;  // SX_DTYPE_F32, F16 or BF16
+    int32_t dtype = SX_DTYPE_F32;  // SX_DTYPE_F32, F16, BF16, or ckpt::kDTypeQ8 for "U8" (bytes)
     std::vector<int64_t> shape;    // [] for a scalar
     uint64_t begin = 0, end = 0;   // data_offsets: bytes, relative to the data's start
     uint64_t numel() const;
@@ -50,9 +50,12 @@ struct StFile {
     const StTensor *find(const std::string &name) const;
 };
 
+// safetensors' name of a dtype: "F32", "F16", "BF16", "U8" (ckpt::kDTypeQ8).
+std::string st_dtype_name(int32_t dtype);
+
 // Reads and checks the header of `path`: the length field and the file's size, JSON
 // (parse_json's rules: no duplicate names), every entry exactly {dtype, shape,
-// data_offsets}, dtypes F32, F16 or BF16 (others are refused, naming the tensor),
+// data_offsets}, dtypes F32, F16, BF16 or U8 (others are refused, naming the tensor),
 // extents >= 0, each tensor's bytes = its element count x element size, and the
 // tensors' bytes back to back from 0 to the end of the file (so a truncated file is
 // caught here). __metadata__, if there, must be an object of strings; it is not kept.
@@ -62,7 +65,12 @@ struct StFile {
 Status read_safetensors(io::FileOps &ops, const std::string &path, StFile *out);
 
 // Reads elements [first, first + n) of tensor `t` of the file open as `fd` into `dst`
-// as fp32, widening F16 and BF16 exactly. `scratch` holds the 16-bit bytes meanwhile.
+// as they are stored (n x the dtype's size bytes). SX_ERR_CORRUPT if the file ends early.
+Status read_raw(io::FileOps &ops, int fd, const StFile &file, const StTensor &t, uint64_t first, uint64_t n,
+                void *dst);
+
+// Reads elements [first, first + n) of tensor `t` of the file open as `fd` into `dst`
+// as fp32, widening F16 and BF16 exactly (SX_ERR_INVALID_ARGUMENT for U8). `scratch` holds the 16-bit bytes meanwhile.
 // SX_ERR_CORRUPT if the file ends early (it changed since it was read).
 Status read_f32(io::FileOps &ops, int fd, const StFile &file, const StTensor &t, uint64_t first, uint64_t n,
                 float *dst, std::vector<char> *scratch);

@@ -22,6 +22,16 @@ From torch to sx:
 A checkpoint whose param groups use several optimizers (AdamW and SGD) becomes one
 torch optimizer per kind: pass the kind ("AdamW", "SGD", "RMSprop", ...) to param_groups and
 optimizer_state_dict; a torch index counts the params of that kind's groups only.
+
+8-bit optimizer state (torchao 0.18's AdamW8bit and Adam8bit), both ways:
+
+    sxckpt export --safetensors model.safetensors --optimizer optim --state-format torchao CKPT
+
+    doc, state = sxckpt_torch.read_optimizer("optim")
+    opt = torchao.optim.AdamW8bit(sxckpt_torch.torchao_param_groups(doc, model, "AdamW"))
+    opt.load_state_dict(sxckpt_torch.torchao_state_dict(doc, state, "AdamW"))
+
+    sxckpt_torch.write(model, [opt], "model.safetensors", "optim")  # an AdamW8bit too
 """
 import ctypes
 import json
@@ -31,11 +41,17 @@ import struct
 import torch
 
 __all__ = ["read_safetensors", "write_safetensors", "load_weights", "read_optimizer",
-           "param_groups", "optimizer_state_dict", "write"]
+           "param_groups", "optimizer_state_dict", "torchao_param_groups", "torchao_state_dict", "write"]
 
 SCHEMA_VERSION = 1
 
-_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "U8": torch.uint8}
+# torchao's 8-bit optimizers: the torch class whose maths each follows. sx keeps their state
+# in 8 bits ("state_dtype": "8bit") in blocks of 256 elements, torchao's default.
+_TORCHAO_8BIT = {"AdamW8bit": "AdamW", "Adam8bit": "Adam"}
+_TORCHAO_BLOCK = 256
+# The 8-bit form of a slot in PREFIX.safetensors: NAME.SLOT.codes (U8) and NAME.SLOT.scale.
+_CODES, _SCALE = ".codes", ".scale"
 _STATE_KEYS = {  # torch's per-param state tensors, as the tensors' name suffixes
     "AdamW": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
     "Adam": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
@@ -103,7 +119,7 @@ _NO_STEP = {"Lion", "Lamb", "Muon", "AdEMAMix"}
 
 def read_safetensors(path):
     """(metadata, {name: tensor}) of a safetensors file, the tensors in the order of
-    their data, each a new CPU tensor of its dtype (F32, F16 or BF16)."""
+    their data, each a new CPU tensor of its dtype (F32, F16, BF16 or U8)."""
     with open(path, "rb") as f:
         data = f.read()
     if len(data) < 8:
@@ -117,7 +133,7 @@ def read_safetensors(path):
     for name, info in header.items():
         dtype = _DTYPES.get(info["dtype"])
         if dtype is None:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}; F32, F16 or BF16 expected")
+            raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}; F32, F16, BF16 or U8 expected")
         begin, end = info["data_offsets"]
         if not 0 <= begin <= end <= len(data) - start:
             raise ValueError(f"{path}: tensor {name!r} lies outside the file (truncated?)")
@@ -132,13 +148,15 @@ def read_safetensors(path):
 
 def write_safetensors(path, tensors, metadata=None):
     """Writes {name: tensor} as a safetensors file of F32 tensors (sx keeps fp32 values
-    and state), in the given order, with `metadata` ({str: str}). The file appears whole:
-    it is written as PATH.tmp, fsynced and renamed."""
+    and state) and U8 ones (8-bit state's codes, uint8 tensors), in the given order, with
+    `metadata` ({str: str}). The file appears whole: it is written as PATH.tmp, fsynced
+    and renamed."""
     header, blobs, offset = {"__metadata__": dict(metadata or {})}, [], 0
     for name, t in tensors.items():
-        t = t.detach().to(device="cpu", dtype=torch.float32).contiguous()
-        blob = ctypes.string_at(t.data_ptr(), t.numel() * 4)  # little-endian, as sx is
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+        dtype, size, st = (torch.uint8, 1, "U8") if t.dtype == torch.uint8 else (torch.float32, 4, "F32")
+        t = t.detach().to(device="cpu", dtype=dtype).contiguous()
+        blob = ctypes.string_at(t.data_ptr(), t.numel() * size)  # little-endian, as sx is
+        header[name] = {"dtype": st, "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
     text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
@@ -214,13 +232,14 @@ def param_groups(doc, params, optimizer=None):
     params, looked up by name in `params` (a Module or {name: param}), and its
     hyperparameters."""
     named = _named(params)
-    out = []
-    for g in _groups_of(doc, optimizer):
-        missing = [n for n in g["params"] if n not in named]
-        if missing:
-            raise KeyError(f"the checkpoint's params {missing} are not among the given params")
-        out.append({"params": [named[n] for n in g["params"]], **_hyper(g)})
-    return out
+    return [{"params": _params_of(g, named), **_hyper(g)} for g in _groups_of(doc, optimizer)]
+
+
+def _params_of(group, named):
+    missing = [n for n in group["params"] if n not in named]
+    if missing:
+        raise KeyError(f"the checkpoint's params {missing} are not among the given params")
+    return [named[n] for n in group["params"]]
 
 
 def optimizer_state_dict(doc, tensors, optimizer=None):
@@ -255,8 +274,72 @@ def optimizer_state_dict(doc, tensors, optimizer=None):
     return {"state": state, "param_groups": groups}
 
 
+def _torchao_groups(doc, optimizer):
+    groups = _groups_of(doc, optimizer)
+    for g in groups:
+        if g["optimizer"] not in _TORCHAO_8BIT.values():
+            raise ValueError(f"torchao's 8-bit optimizers are Adam and AdamW; the group is {g['optimizer']}")
+        if g.get("maximize", False):
+            raise ValueError("torchao's 8-bit optimizers have no maximize; the group has maximize=True")
+    return groups
+
+
+def _torchao_hyper(group):
+    return {k: (tuple(group[k]) if k == "betas" else group[k]) for k in ("lr", "betas", "eps", "weight_decay",
+                                                                         "amsgrad")}
+
+
+def torchao_param_groups(doc, params, optimizer=None):
+    """The param groups of `optimizer` ("AdamW" or "Adam") as torchao's AdamW8bit or
+    Adam8bit constructor takes them (torch's keys but maximize, which they lack and which
+    must be False)."""
+    named = _named(params)
+    return [{"params": _params_of(g, named), **_torchao_hyper(g)} for g in _torchao_groups(doc, optimizer)]
+
+
+def torchao_state_dict(doc, tensors, optimizer=None):
+    """The state dict torchao's AdamW8bit or Adam8bit (0.18) made from
+    torchao_param_groups(doc, ..., optimizer) loads, from the files of `sxckpt export
+    --state-format torchao`: each 8-bit slot an OptimState8bit of its codes and scales
+    (signed map for exp_avg, unsigned for the second moments), each param torchao keeps
+    in fp32 (fewer than 4096 elements, or not whole blocks of 256) its fp32 tensors, the
+    step a float32 tensor, and each group's lr a float32 tensor, as torchao keeps them."""
+    from torchao.optim.subclass_8bit import OptimState8bit, get_qmap_signed, get_qmap_unsigned
+    state, groups, index = {}, [], 0
+    for g in _torchao_groups(doc, optimizer):
+        indices = []
+        for name in g["params"]:
+            entry, st = doc["state"][name], {}
+            for key in _STATE_KEYS[g["optimizer"]]:
+                plain, codes = tensors.get(f"{name}.{key}"), tensors.get(f"{name}.{key}{_CODES}")
+                if codes is not None:
+                    signed = key == "exp_avg"
+                    qmap = torch.tensor(get_qmap_signed() if signed else get_qmap_unsigned(), dtype=torch.float32)
+                    st[key] = OptimState8bit(codes.clone(), tensors[f"{name}.{key}{_SCALE}"].clone(), qmap, signed)
+                elif plain is not None:
+                    if plain.numel() >= 4096 and plain.numel() % _TORCHAO_BLOCK == 0:
+                        raise ValueError(f"{name}.{key} is fp32, but torchao keeps param {name!r} in 8 bits: "
+                                         "export with --state-format torchao from a group of 8-bit state")
+                    st[key] = plain.float().clone()
+            if st:
+                state[index] = {"step": torch.tensor(float(entry["step"])), **st}
+            indices.append(index)
+            index += 1
+        hyper = _torchao_hyper(g)
+        hyper["lr"] = torch.tensor(hyper["lr"], dtype=torch.float32)
+        groups.append({**hyper, "params": indices})
+    return {"state": state, "param_groups": groups}
+
+
 def _kind(opt, group):
     name = type(opt).__name__
+    if name in _TORCHAO_8BIT:
+        if getattr(opt, "block_size", _TORCHAO_BLOCK) != _TORCHAO_BLOCK or getattr(opt, "bf16_stochastic_round",
+                                                                                     False):
+            raise ValueError(f"{name} with block_size={opt.block_size} and bf16_stochastic_round="
+                             f"{opt.bf16_stochastic_round}: sx's 8-bit state has blocks of {_TORCHAO_BLOCK} and no "
+                             "stochastic rounding")
+        return _TORCHAO_8BIT[name]
     if name == "Adam" and group.get("decoupled_weight_decay", False):
         return "AdamW"
     if name not in _HYPER_KEYS:
@@ -268,7 +351,9 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
     """Writes `params` (a Module or {name: param}, in registration order) as
     WEIGHTS_PATH, and, given an OPTIMIZER_PREFIX, the param groups and state of
     `optimizers` (torch's SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, NAdam, RAdam, Muon,
-    Adafactor, lion-pytorch's Lion or pytorch-optimizer's Lamb or AdEMAMix) as PREFIX.safetensors and PREFIX.json, for
+    Adafactor, lion-pytorch's Lion, pytorch-optimizer's Lamb or AdEMAMix, or torchao's
+    AdamW8bit or Adam8bit, whose groups get "state_dtype": "8bit" and whose 8-bit slots
+    are written as NAME.SLOT.codes and NAME.SLOT.scale) as PREFIX.safetensors and PREFIX.json, for
     `sxckpt import`. Every param must be in one group of one optimizer. `step` is the
     checkpoint's step (default: the largest Adam/AdamW step). torch's SGD counts no
     steps: its params get `step` as their step, and as their momentum_steps where a
@@ -309,6 +394,8 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
             for key in _HYPER_KEYS[kind]:
                 if key in _CONSTRUCTOR_ONLY.get(kind, ()):
                     v = getattr(opt, key)
+                elif type(opt).__name__ in _TORCHAO_8BIT and key == "maximize":
+                    v = False  # torchao's 8-bit optimizers have none
                 else:
                     v = group[names.get(key, key)] if names.get(key, key) in group else _NOT_IN_TORCH[kind][key]
                 if key == "betas":
@@ -333,6 +420,8 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
                 if kind == "NAdam":
                     entries[name]["mu_product"] = float(st["mu_product"]) if "mu_product" in st else 1.0
             groups.append({"optimizer": kind, **hyper, "params": names})
+            if type(opt).__name__ in _TORCHAO_8BIT:
+                groups[-1]["state_dtype"] = "8bit"
             if kind in _GROUP_STEP:
                 groups[-1]["step"] = int(group.get("step", 0))
     unplaced = [n for n in named if n not in entries]
@@ -352,7 +441,13 @@ def write(params, optimizers, weights_path, optimizer_prefix=None, step=None):
             state[name] = {"step": e["step"], "trainable": e["trainable"]}
             if "mu_product" in e:
                 state[name]["mu_product"] = e["mu_product"]
-        tensors.update({f"{name}.{k}": t for k, t in e["tensors"].items()})
+        for k, t in e["tensors"].items():
+            if hasattr(t, "codes") and hasattr(t, "scale"):  # torchao's OptimState8bit
+                if t.block_size != _TORCHAO_BLOCK:
+                    raise ValueError(f"{name}.{k} has blocks of {t.block_size}; sx's are {_TORCHAO_BLOCK}")
+                tensors[f"{name}.{k}{_CODES}"], tensors[f"{name}.{k}{_SCALE}"] = t.codes, t.scale
+            else:
+                tensors[f"{name}.{k}"] = t
     doc = {"schema_version": SCHEMA_VERSION, "step": step, "param_groups": groups, "state": state}
     text = json.dumps(doc, ensure_ascii=False, allow_nan=False)
     write_safetensors(weights_path, named, {"writer": "sxckpt_torch.py"})
