@@ -21,12 +21,14 @@ using flatbuffers::Offset;
 
 // Stores `kind` of param `p` in chunks of about numel / files.size() elements, chunk i
 // in file i at the next 4 KiB boundary after what that file holds so far.
+// (Scales of 8-bit state lie in block space: one per kScaleBlock elements.)
 void add_tensor(Manifest *m, size_t p, TensorKind kind, int32_t dtype, std::vector<uint64_t> *file_end) {
     ParamEntry &param = m->params[p];
     Tensor t;
     t.kind = kind;
     t.dtype = dtype;
-    const uint64_t numel = param.numel(), files = m->files.size();
+    const uint64_t numel = is_scales(kind) ? param.numel() / kScaleBlock : param.numel(),
+                   files = m->files.size();
     const uint64_t per_chunk = (numel + files - 1) / files;
     for (uint64_t begin = 0, f = 0; begin < numel; begin += per_chunk, ++f) {
         Chunk c;
@@ -172,6 +174,56 @@ Manifest rich_manifest_v1() {
     return m;
 }
 
+Manifest packed_manifest() {
+    Manifest m = small_manifest_v1();
+    ParamGroupEntry eight;
+    eight.optimizer = SX_OPTIM_ADAMW;
+    eight.lr = 1e-3;
+    eight.weight_decay = 0.01;
+    eight.beta1 = 0.9;
+    eight.beta2 = 0.999;
+    eight.eps = 1e-8;
+    eight.state_dtype = SX_STATE_8BIT;
+    ParamGroupEntry bf16 = eight;
+    bf16.state_dtype = SX_STATE_BF16;
+    m.param_groups = {eight, bf16};
+    m.params.clear();
+    struct Def {
+        const char *name;
+        std::vector<int64_t> shape;
+        int32_t group, unit, state;
+    };
+    // "w" in 8-bit blocks, "b" (too small for them) keeping fp32 state in the same group
+    // and unit, "v" of bf16 state in a unit of its own.
+    const Def defs[] = {{"w", {16, 256}, 0, 0, SX_STATE_8BIT}, {"b", {300}, 0, 0, SX_STATE_FP32},
+                        {"v", {5, 7}, 1, 1, SX_STATE_BF16}};
+    std::vector<uint64_t> file_end(1, 0);
+    for (const Def &d : defs) {
+        ParamEntry p;
+        p.name = d.name;
+        p.shape = d.shape;
+        p.param_group = d.group;
+        p.unit = d.unit;
+        p.step = 3;
+        m.params.push_back(p);
+        const size_t i = m.params.size() - 1;
+        const int32_t slot_dtype = d.state == SX_STATE_8BIT ? kDTypeQ8 : d.state == SX_STATE_BF16 ? SX_DTYPE_BF16
+                                                                                                  : SX_DTYPE_F32;
+        add_tensor(&m, i, TensorKind::kParam, SX_DTYPE_F32, &file_end);
+        add_tensor(&m, i, TensorKind::kExpAvg, slot_dtype, &file_end);
+        add_tensor(&m, i, TensorKind::kExpAvgSq, slot_dtype, &file_end);
+        if (d.state != SX_STATE_8BIT) continue;
+        add_tensor(&m, i, TensorKind::kScales0, SX_DTYPE_F32, &file_end);
+        add_tensor(&m, i, TensorKind::kScales1, SX_DTYPE_F32, &file_end);
+    }
+    Manifest packed = as_v2(m);
+    packed.format_major = kFormatMajor;
+    packed.format_minor = 0;
+    for (ParamGroupEntry &g : packed.param_groups) g.steps = static_cast<int64_t>(packed.step);
+    // 8-bit blocks never straddle a shard: "w" starts its unit, whose one shard is whole.
+    return packed;
+}
+
 Manifest small_manifest_v1() {
     Manifest m;
     m.format_major = 1;
@@ -251,6 +303,9 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
             b.add_beta2_decay(g.beta2_decay);
             b.add_eps2(g.eps2);
             b.add_d(g.d);
+            // 4.0's (a packed group's): written into a 3.x file too where a test asks,
+            // which a 3.x reader must refuse.
+            if (g.state_dtype != 0) b.add_state_dtype(g.state_dtype);
         }
         extras(major >= 3 ? fb::ParamGroup::VT_STATE_DTYPE : fb::ParamGroup::VT_AMSGRAD);
         groups.push_back(b.Finish());

@@ -25,13 +25,19 @@ Manifest rich_manifest_v1();
 Manifest small_manifest();
 Manifest small_manifest_v1();
 
+// A format 4.0 manifest of packed optimizer state in one file: an 8-bit AdamW group
+// holding a param of 16 blocks ("w": Q8 codes and their scales for both moments) and one
+// too small for blocks ("b", fp32 state), and a bf16 AdamW group ("v", BF16 moments).
+Manifest packed_manifest();
+
 // The format 2.0 manifest of the same checkpoint as the 1.x manifest `m`: no chunks;
 // units laid out as the library would (params in order, each unit split evenly over the
 // files); per file an index of as many records as the file's chunks in `m`.
 Manifest as_v2(const Manifest &m);
 
 // The FlatBuffer and trailer of `m`, built without validate() and stating format
-// major.minor (the fields of 1.2 and before, and from major 2 those of 2.0). With
+// major.minor (the fields of 1.2 and before, from major 2 those of 2.0, from major 3 those
+// of 3.0, and a param group's 4.0 state_dtype wherever it is not fp32). With
 // `unknown_fields`, every table also carries fields after the last one that format
 // defines (a scalar, a string, a table of a type it lacks), as a writer of a later minor
 // might.

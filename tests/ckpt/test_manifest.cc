@@ -16,6 +16,7 @@
 using sx::Status;
 using namespace sx::ckpt;
 using sx::ckpt::testing::manifest_equal;
+using sx::ckpt::testing::packed_manifest;
 using sx::ckpt::testing::raw_encode;
 using sx::ckpt::testing::retyped_manifest;
 using sx::ckpt::testing::rich_manifest;
@@ -577,6 +578,50 @@ void test_same_and_newer_minor_load(void **) {
     assert_same(m, again, true);
 }
 
+// 4.0: packed optimizer state (8-bit codes with their scales, bf16 slots, and a param of
+// an 8-bit group that keeps fp32 state) round-trips, and each of its rules is enforced
+// both ways; a 3.0 manifest may not hold it.
+void test_packed_state(void **) {
+    const Manifest packed = packed_manifest();
+    const Status valid = validate(packed);
+    if (!valid.ok()) print_error("the packed manifest: %s\n", valid.message().c_str());
+    assert_true(valid.ok());
+    const Manifest d = decode(encode(packed));
+    assert_same(packed, d, true);
+    assert_int_equal(d.format_major, kFormatMajor);
+    assert_int_equal(d.params[0].tensors[1].dtype, kDTypeQ8);
+    assert_int_equal(d.params[0].tensors[3].kind, static_cast<int>(TensorKind::kScales0));
+    assert_int_equal(d.params[2].tensors[1].dtype, SX_DTYPE_BF16);
+    auto tensor = [](Manifest *m, size_t p, TensorKind kind) -> Tensor & {
+        for (Tensor &t : m->params[p].tensors)
+            if (t.kind == kind) return t;
+        return m->params[p].tensors[0];
+    };
+    const std::vector<Rule> broken = {
+        {"8-bit codes without their scales",
+         [](Manifest *m) { m->params[0].tensors.pop_back(); }, "'w' (#0): tensor exp_avg_sq holds 8-bit codes without"},
+        {"scales of a slot kept in fp32",
+         [](Manifest *m) { m->params[1].tensors.push_back(Tensor{TensorKind::kScales0, SX_DTYPE_F32, {}}); },
+         "is no F32 scales of an 8-bit state slot"},
+        {"scales in bf16",
+         [&](Manifest *m) { tensor(m, 0, TensorKind::kScales0).dtype = SX_DTYPE_BF16; },
+         "is no F32 scales of an 8-bit state slot"},
+        {"a bf16 slot stored as fp32", [&](Manifest *m) { tensor(m, 2, TensorKind::kExpAvg).dtype = SX_DTYPE_F32; },
+         "keeps bf16 state, stored as 3"},
+        {"codes for a param too small for blocks",
+         [&](Manifest *m) { tensor(m, 1, TensorKind::kExpAvg).dtype = kDTypeQ8; }, "keeps fp32 state, stored as 1"},
+        {"param values as codes", [&](Manifest *m) { tensor(m, 0, TensorKind::kParam).dtype = kDTypeQ8; },
+         "its values are stored as Q8 codes"},
+    };
+    expect_every_rule_rejected(packed, broken);
+    // Packed state in a manifest that says 3.0 (as the seed corpus's packed-state-in-3.0).
+    const std::string old = raw_encode(packed, kFp32FormatMajor, 0);
+    Manifest out;
+    const Status s = decode_manifest(old.data(), old.size(), &out);
+    assert_int_equal(s.code(), SX_ERR_CORRUPT);
+    assert_contains(s.message(), "param group 0 keeps 8-bit state, which format 3.0 cannot hold");
+}
+
 }  // namespace
 
 int main(void) {
@@ -598,6 +643,7 @@ int main(void) {
         cmocka_unit_test(test_newer_major_with_retyped_fields),
         cmocka_unit_test(test_older_major_is_a_version_error),
         cmocka_unit_test(test_same_and_newer_minor_load),
+        cmocka_unit_test(test_packed_state),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

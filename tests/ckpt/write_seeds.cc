@@ -1,6 +1,7 @@
 // Writes the fuzz corpus's seed manifests into a directory: ckpt_manifest_seeds DIR.
 // valid-* files are manifests this format writes or must read (replay_corpus checks
-// that they keep decoding): 2.0, and the 1.0 to 1.2 that earlier releases wrote (no 1.x
+// that they keep decoding): 4.0 (packed optimizer state), 3.0, 2.0, and the 1.0 to 1.2
+// that earlier releases wrote (no 1.x
 // minor after 1.2 was ever written, and 2.0 took the field slots one would have used);
 // the others are refused for one reason each.
 #include <cstdio>
@@ -27,12 +28,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     const std::string dir = argv[1];
-    std::string rich, small, empty;
+    std::string rich, small, empty, packed;
     Manifest none;  // a group of one rank with no params: one file, an empty index
     none.files = {"shard-00000-of-00001.bin"};
     none.file_indexes = {FileIndex{0, 8, 0, 0}};
     if (!encode_manifest(testing::rich_manifest(), &rich).ok() ||
-        !encode_manifest(testing::small_manifest(), &small).ok() || !encode_manifest(none, &empty).ok()) {
+        !encode_manifest(testing::small_manifest(), &small).ok() || !encode_manifest(none, &empty).ok() ||
+        !encode_manifest(testing::packed_manifest(), &packed).ok()) {
         std::fprintf(stderr, "cannot encode the example manifests\n");
         return 1;
     }
@@ -43,7 +45,9 @@ int main(int argc, char **argv) {
     Manifest outside = testing::small_manifest();
     outside.params[0].unit_offset = 1;
     bool ok = write(dir, "valid-rich-3.0", rich) && write(dir, "valid-small-3.0", small) &&
-              write(dir, "valid-empty-3.0", empty) &&
+              write(dir, "valid-empty-3.0", empty) && write(dir, "valid-packed-4.0", packed) &&
+              write(dir, "packed-state-in-3.0",
+                    testing::raw_encode(testing::packed_manifest(), 3, 0)) &&
               write(dir, "valid-rich-3.0-stored-defaults", testing::raw_encode(testing::rich_manifest(), 3, 0)) &&
               write(dir, "valid-rich-2.0-stored-defaults", testing::raw_encode(testing::rich_manifest(), 2, 0)) &&
               write(dir, "valid-rich-3.9-unknown-fields", testing::raw_encode(testing::rich_manifest(), 3, 9, true)) &&
