@@ -450,8 +450,11 @@ Status ShardGroup::set_hyperparameter(int32_t group, int32_t key, double value) 
              "state_dtype of param group %d is %s and can only change before sx_finalize lays the group out "
              "(set it in its descriptor)",
              group, optim::state_dtype_name(h.state_dtype));
-    SX_CHECK(key != SX_HP_STATE_DTYPE || changed.state_dtype == SX_STATE_FP32 || ops_->device() == SX_DEVICE_CPU,
-             SX_ERR_UNSUPPORTED, "state_dtype = %s runs on CPU groups only in this version",
+    SX_CHECK(key != SX_HP_STATE_DTYPE || changed.state_dtype == SX_STATE_FP32 ||
+                 state_ops().device() == SX_DEVICE_CPU,
+             SX_ERR_UNSUPPORTED,
+             "state_dtype = %s runs where the optimizer state is in host memory only in this version (CPU groups, "
+             "and CUDA groups with SX_OFFLOAD_STATE); this CUDA group keeps its state on the device",
              optim::state_dtype_name(changed.state_dtype));
     if (record_.steps() > 0) {
         // A change that adds or moves a state slot (amsgrad's max_exp_avg_sq,

@@ -358,28 +358,35 @@ Status MemoryCopies::copy_out(Job &job) {
     return Status::Ok();
 }
 
-// The own copy in `slot` to the next rank, the previous rank's into peer_[slot]: one
-// gather per receiving rank, then the barrier that tells every rank each received.
+// The own copy in `slot` to the next rank, the previous rank's into peer_[slot]: per
+// receiving rank one gather of the units' sizes (a shard of packed state takes as many
+// bytes as its pieces: another rank's may differ from this one's) and one of the bytes,
+// then the barrier that tells every rank each received.
 Status MemoryCopies::send(int slot) {
     const int W = s_.world_size, r = s_.rank;
     const ShardCopy &mine = own_[slot];
     ShardCopy &theirs = peer_[slot];
-    theirs.units.resize(mine.units.size());
-    for (size_t u = 0; u < mine.units.size(); ++u) theirs.units[u].resize(mine.units[u].size());
-    auto pieces = [](const std::vector<std::vector<uint8_t>> &units) {
+    const size_t units = mine.units.size();
+    std::vector<uint64_t> my_sizes(units), their_sizes(units);
+    for (size_t u = 0; u < units; ++u) my_sizes[u] = mine.units[u].size();
+    theirs.units.resize(units);
+    auto pieces = [](const std::vector<std::vector<uint8_t>> &bytes) {
         std::vector<comm::Piece> out;
-        for (const std::vector<uint8_t> &u : units) out.push_back({const_cast<uint8_t *>(u.data()), u.size()});
+        for (const std::vector<uint8_t> &u : bytes) out.push_back({const_cast<uint8_t *>(u.data()), u.size()});
         return out;
     };
     for (int root = 0; root < W; ++root) {
         const int sender = (root + W - 1) % W;
         std::vector<comm::Piece> send;
-        if (r == sender) send = pieces(mine.units);
-        std::vector<std::vector<comm::Piece>> receive;
+        std::vector<std::vector<comm::Piece>> receive(r == root ? static_cast<size_t>(W) : 0);
+        if (r == sender) send = {{my_sizes.data(), units * sizeof(uint64_t)}};
+        if (r == root) receive[static_cast<size_t>(sender)] = {{their_sizes.data(), units * sizeof(uint64_t)}};
+        SX_TRY(comm_->gather_pieces(send, receive, root));
         if (r == root) {
-            receive.resize(static_cast<size_t>(W));
+            for (size_t u = 0; u < units; ++u) theirs.units[u].resize(static_cast<size_t>(their_sizes[u]));
             receive[static_cast<size_t>(sender)] = pieces(theirs.units);
         }
+        if (r == sender) send = pieces(mine.units);
         SX_TRY(comm_->gather_pieces(send, receive, root));
         if (r == root) {
             // Held from now: it arrived whole, whatever happens to the barrier.

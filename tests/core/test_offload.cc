@@ -59,6 +59,7 @@ struct Case {
     int nonfinite = SX_NONFINITE_DEFAULT;  // the steps' policy
     int steps = 4;
     int shard_size = 0;  // a mesh: shard groups of this many ranks (0: one group of all)
+    int state_dtype = SX_STATE_FP32;  // the param group's; 8-bit makes "w" 64 x 64 (16 blocks)
 };
 
 struct ParamDef {
@@ -178,11 +179,13 @@ std::string make_group(const std::string &rv, int rank, const Case &c, Backend b
     d.lr = c.optimizer == SX_OPTIM_SGD ? 0.1 : 0.01;
     d.weight_decay = 0.01;
     if (c.momentum) d.momentum = 0.9;
+    d.state_dtype = c.state_dtype;
     TRY(sx_add_param_group(g, &d, nullptr), "add_param_group");
     for (const ParamDef &p : kParams) {
         sx_param_desc_t pd;
         sx_param_desc_init(&pd, sizeof pd);
-        const int64_t shape[2] = {p.rows, p.cols};
+        const bool blocks = c.state_dtype == SX_STATE_8BIT && &p == &kParams[0];
+        const int64_t shape[2] = {blocks ? 64 : p.rows, blocks ? 64 : p.cols};
         pd.name = p.name;
         pd.ndim = 2;
         pd.shape = shape;
@@ -314,11 +317,14 @@ std::vector<std::vector<uint8_t>> run(const Case &c, Backend b, const std::strin
 }
 
 std::string describe(const Case &c) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "optimizer %d%s world %d stage %d %s%s%s%s", c.optimizer,
+    char buf[192];
+    std::snprintf(buf, sizeof buf, "optimizer %d%s world %d stage %d %s%s%s%s%s", c.optimizer,
                   c.momentum ? " (momentum)" : "", c.world, c.stage, c.dtype == SX_DTYPE_F32 ? "fp32" : "bf16",
                   c.clip > 0 ? " clipped" : "", c.micro_batches ? " micro-batches" : "",
-                  c.signalled ? " signalled" : "");
+                  c.signalled ? " signalled" : "",
+                  c.state_dtype == SX_STATE_8BIT   ? " 8-bit state"
+                  : c.state_dtype == SX_STATE_BF16 ? " bf16 state"
+                                                   : "");
     return buf;
 }
 
@@ -368,7 +374,7 @@ void expect_same(const Case &c, Backend a, Backend b) {
     start.device = SX_DEVICE_CPU;
     std::vector<uint8_t> bytes(pa[0].size());
     start.data = bytes.data();
-    start.numel = static_cast<uint64_t>(kParams[0].rows * kParams[0].cols);
+    start.numel = pa[0].size() / (c.dtype == SX_DTYPE_F32 ? 4 : 2);
     write_values(start, c.dtype, 7);
     assert_true(std::memcmp(bytes.data(), pa[0].data(), bytes.size()) != 0);
 }
@@ -400,6 +406,33 @@ void test_every_optimizer_offloaded_equals_the_cpu(void **) {
                     c.clip = world == 2 ? 0.5 : 0.0;
                     expect_same(c, Backend::kCpu, Backend::kOffload);
                 }
+}
+
+// Packed optimizer state (bf16 slots, 8-bit codes and scales) on an offloaded CUDA group:
+// in host memory, stepped by the CPU kernels as a CPU group's, bit for bit; a group that
+// keeps its state on the device refuses it.
+void test_packed_state_offloaded_equals_the_cpu(void **) {
+    for (int state : {SX_STATE_BF16, SX_STATE_8BIT})
+        for (int optimizer : {SX_OPTIM_ADAMW, SX_OPTIM_SGD})
+            for (int world = 1; world <= 3; ++world)
+                for (int stage = 1; stage <= 3; ++stage) {
+                    Case c;
+                    c.optimizer = optimizer;
+                    c.momentum = optimizer == SX_OPTIM_SGD;
+                    c.world = world;
+                    c.stage = stage;
+                    c.dtype = stage == 2 ? SX_DTYPE_BF16 : SX_DTYPE_F32;
+                    c.clip = world == 2 ? 0.5 : 0.0;
+                    c.state_dtype = state;
+                    expect_same(c, Backend::kCpu, Backend::kOffload);
+                }
+    Case c;
+    c.state_dtype = SX_STATE_8BIT;
+    sx_shard_group_t *g = nullptr;
+    const std::string err = make_group("local://off-packed-device-" + tag(), 0, c, Backend::kDevice, &g);
+    assert_true(err.find("add_param_group") == 0);
+    assert_non_null(std::strstr(err.c_str(), "keeps its state on the device"));
+    sx_destroy_shard_group(g);
 }
 
 // A param frozen mid-run keeps the values the trainer gives it: the host's copy of the
@@ -840,6 +873,7 @@ int run_on_a_real_device() {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_optimizer_offloaded_equals_the_cpu),
+        cmocka_unit_test(test_packed_state_offloaded_equals_the_cpu),
         cmocka_unit_test(test_micro_batches_and_signals_offloaded),
         cmocka_unit_test(test_loss_scaling_and_nonfinite_offloaded),
         cmocka_unit_test(test_frozen_params_keep_the_trainers_values),
@@ -865,6 +899,7 @@ int main(int argc, char **argv) {
     if (g_real_device) return run_on_a_real_device();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_optimizer_offloaded_equals_the_cpu),
+        cmocka_unit_test(test_packed_state_offloaded_equals_the_cpu),
         cmocka_unit_test(test_micro_batches_and_signals_offloaded),
         cmocka_unit_test(test_loss_scaling_and_nonfinite_offloaded),
         cmocka_unit_test(test_offloaded_over_nccl_rules),
