@@ -219,7 +219,7 @@ Status own_fp32(const ShardAccess &g, PieceCodec &codec, const UnitShard &unit, 
         if (slot < 0 || unit.pieces.empty()) {
             at->push_back(state_pointer(unit, slot) + piece.shard_offset);
         } else if (sp == nullptr) {
-            at->push_back(nullptr);  // this rank holds none of the param
+            at->push_back(scratch);  // this rank holds none of the param: nothing is read there
         } else {
             at->push_back(scratch + t * sp->n);
             SX_TRY(codec.decode(*sp, unit.state[slot], unit.scales[slot], slot_map(g, p, slot), at->back()));
@@ -552,7 +552,7 @@ std::vector<float *> WholeState::own_targets(const UnitShard &unit, int32_t p, c
         const int slot = tensors[k].slot;
         if (slot < 0) own.push_back(t->masters[u].as<float>() + offset);
         else if (unit.pieces.empty()) own.push_back(t->state[u][slot].as<float>() + offset);
-        else own.push_back(sp ? t->pieces.as<float>() + k * sp->n : nullptr);
+        else own.push_back(t->pieces.as<float>() + (sp ? k * sp->n : 0));  // none of it here: nothing lands
     }
     return own;
 }
