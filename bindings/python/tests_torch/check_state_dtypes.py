@@ -238,67 +238,73 @@ def _same_state(what, mine, theirs):
                 sys.exit(f"FAIL {what}: param {i} {name} differs")
 
 
-def check_sx_torch_state_dicts():
-    """sx.torch's state_dict and load_state_dict of packed state against the live peer:
-    torchao's AdamW8bit trained 3 steps, its state dict loaded into sx.torch, then one
-    more step each: params, codes and scales equal bit for bit; the reverse (sx.torch's
-    state dict into a fresh AdamW8bit) too. sx.torch's OptimState8bit holds sx's own codes
-    and scales (its state views'); a bf16 group's state dict holds its bf16 bits, and
-    loading it back changes nothing."""
+def _state_dicts_both_ways(cls, options, base, tag):
+    """torchao's `cls` trained 3 steps, its state dict loaded into sx.torch, one more step
+    each; then sx.torch trained 3 steps, its state dict loaded into a fresh `cls`, one more
+    step each: params, codes and scales bit for bit."""
     import sx.torch
-    from torchao.optim import AdamW8bit
     from torchao.optim.subclass_8bit import OptimState8bit
-    torch.manual_seed(1)
-    base = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
-    options = dict(lr=1e-2, weight_decay=0.1)
-
-    # torchao -> sx.torch
+    what = f"{cls.__name__}{options}"
     ref_model, model = copy.deepcopy(base), copy.deepcopy(base)
-    ref = AdamW8bit(ref_model.parameters(), **options)
+    ref = cls(ref_model.parameters(), **options)
     _train(ref_model, ref, 3)
     with torch.no_grad():
         for p, q in zip(model.parameters(), ref_model.parameters()):
             p.copy_(q)
-    opt = sx.torch.ShardedOptimizer(model, AdamW8bit, rendezvous="local://state-dtype-sd-in", rank=0,
+    opt = sx.torch.ShardedOptimizer(model, cls, rendezvous=f"local://state-dtype-sd-in-{tag}", rank=0,
                                     world_size=1, **options)
     opt.load_state_dict(_copied(ref.state_dict()))
-    _same_state("torchao's state dict loaded into sx.torch, then state_dict()", opt.state_dict()["state"],
+    _same_state(f"{what}'s state dict loaded into sx.torch, then state_dict()", opt.state_dict()["state"],
                 ref.state_dict()["state"])
     _train(ref_model, ref, 1, first=3)
     _train(model, opt, 1, first=3)
     for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
         if not _same_bits(p.detach(), q.detach()):
-            sys.exit(f"FAIL torchao's state dict loaded into sx.torch: {name} differs after one more step")
+            sys.exit(f"FAIL {what}'s state dict loaded into sx.torch: {name} differs after one more step")
     mine = opt.state_dict()["state"]
-    _same_state("one step after the load", mine, ref.state_dict()["state"])
-    # sx.torch's OptimState8bit holds sx's own codes and scales.
-    q = mine[0]["exp_avg"]
-    if not isinstance(q, OptimState8bit) or not isinstance(mine[1]["exp_avg"], torch.Tensor) or \
-            isinstance(mine[1]["exp_avg"], OptimState8bit):
-        sys.exit("FAIL sx.torch's state dict: the weight's exp_avg is not an OptimState8bit or the bias's is")
-    if not (np.array_equal(q.codes.reshape(-1).numpy(), opt.group.state_view(0, "exp_avg")) and
-            np.array_equal(q.scale.numpy(), opt.group.state_view(0, "exp_avg.scale"))):
-        sys.exit("FAIL sx.torch's OptimState8bit does not hold sx's codes and scales")
+    _same_state(f"{what}: one step after the load", mine, ref.state_dict()["state"])
+    # sx.torch's OptimState8bit holds sx's own codes and scales; the bias keeps fp32.
+    for slot in [k for k in mine[0] if k != "step"]:
+        q = mine[0][slot]
+        if not isinstance(q, OptimState8bit) or isinstance(mine[1][slot], OptimState8bit):
+            sys.exit(f"FAIL {what}: the weight's {slot} is not an OptimState8bit, or the bias's is")
+        if not (np.array_equal(q.codes.reshape(-1).numpy(), opt.group.state_view(0, slot)) and
+                np.array_equal(q.scale.numpy(), opt.group.state_view(0, slot + ".scale"))):
+            sys.exit(f"FAIL {what}: sx.torch's OptimState8bit {slot} does not hold sx's codes and scales")
     opt.close()
 
-    # sx.torch -> torchao
     model, ref_model = copy.deepcopy(base), copy.deepcopy(base)
-    opt = sx.torch.ShardedOptimizer(model, AdamW8bit, rendezvous="local://state-dtype-sd-out", rank=0,
+    opt = sx.torch.ShardedOptimizer(model, cls, rendezvous=f"local://state-dtype-sd-out-{tag}", rank=0,
                                     world_size=1, **options)
     _train(model, opt, 3)
     with torch.no_grad():
         for p, q in zip(ref_model.parameters(), model.parameters()):
             p.copy_(q)
-    ref = AdamW8bit(ref_model.parameters(), **options)
+    ref = cls(ref_model.parameters(), **options)
     ref.load_state_dict(_copied(opt.state_dict()))
-    _same_state("sx.torch's state dict loaded into AdamW8bit", ref.state_dict()["state"], opt.state_dict()["state"])
+    _same_state(f"sx.torch's state dict loaded into {what}", ref.state_dict()["state"], opt.state_dict()["state"])
     _train(ref_model, ref, 1, first=3)
     _train(model, opt, 1, first=3)
     for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
         if not _same_bits(p.detach(), q.detach()):
-            sys.exit(f"FAIL sx.torch's state dict loaded into AdamW8bit: {name} differs after one more step")
-    _same_state("one step after the load into AdamW8bit", opt.state_dict()["state"], ref.state_dict()["state"])
+            sys.exit(f"FAIL sx.torch's state dict loaded into {what}: {name} differs after one more step")
+    _same_state(f"one step after the load into {what}", opt.state_dict()["state"], ref.state_dict()["state"])
     opt.close()
+
+
+def check_sx_torch_state_dicts():
+    """sx.torch's state_dict and load_state_dict of packed state against the live peer,
+    torchao's AdamW8bit and Adam8bit (torchao 0.18 cannot step amsgrad), both ways
+    (_state_dicts_both_ways); sx.torch's OptimState8bit holds sx's own codes and scales
+    (its state views). A bf16 group's state dict holds its bf16 bits, and loading it back
+    changes nothing."""
+    import sx.torch
+    from torchao.optim import Adam8bit, AdamW8bit
+    torch.manual_seed(1)
+    base = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+    options = dict(lr=1e-2, weight_decay=0.1)
+    _state_dicts_both_ways(AdamW8bit, options, base, "adamw")
+    _state_dicts_both_ways(Adam8bit, dict(lr=1e-2, betas=(0.8, 0.99)), base, "adam")
 
     # bf16 state: bf16 tensors, sx's bits; loading them back changes nothing.
     model = copy.deepcopy(base)
@@ -315,9 +321,9 @@ def check_sx_torch_state_dicts():
     if not np.array_equal(before, opt.group.state_view(0, "exp_avg")):
         sys.exit("FAIL a bf16 group's state dict loaded back changed its state")
     opt.close()
-    print("ok   sx.torch's state dicts of 8-bit and bf16 state: torchao's AdamW8bit's loaded into sx.torch and "
-          "sx.torch's into AdamW8bit, one more step each bit for bit (params, codes, scales); bf16 as sx's bits",
-          flush=True)
+    print("ok   sx.torch's state dicts of 8-bit and bf16 state: torchao's AdamW8bit's and Adam8bit's "
+          "loaded into sx.torch and sx.torch's into them, one more step each bit for bit (params, codes, scales); "
+          "bf16 as sx's bits", flush=True)
 
 
 def main():

@@ -99,7 +99,9 @@ class _StateDicts:
     def state_dict(self):
         """The consolidated optimizer state in torch's format (a dict that
         ``torch.optim.<class>.load_state_dict`` accepts), on the rank it was consolidated
-        to (with one rank, consolidated here if needed)."""
+        to (with one rank, consolidated here if needed). Packed state as its peer keeps
+        it: torchao's 8-bit classes' quantized slots as OptimState8bit with sx's codes and
+        scales, bf16 state as bf16 tensors."""
         if self._consolidated is None and self.group.world_size == 1:
             self.consolidate_state_dict(to=0)
         if self._consolidated is None:
@@ -145,7 +147,9 @@ class _StateDicts:
         """Collective (every rank passes the same dict, as to ZeroRedundancyOptimizer):
         loads a torch-format optimizer state dict, e.g. one saved by
         ``torch.optim.AdamW``, into every rank's shard. Hyperparameters come from its
-        param groups; the params' values stay (16-bit params keep theirs as masters)."""
+        param groups; the params' values stay (16-bit params keep theirs as masters).
+        torchao's OptimState8bit slots are dequantized and stored again in sx's 8-bit
+        state with the same codes and scales."""
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
             raise ValueError(f"the state dict has {len(groups)} param groups, this optimizer "
