@@ -120,6 +120,15 @@ class ShardGroup : public GroupParts {
         int32_t dtype = SX_DTYPE_F32;
     };
     Status state_view(int32_t param, const char *tensor, StateViewOut *out);
+    // The same where the caller takes fp32 only (SX_ERR_UNSUPPORTED for packed state).
+    Status state_view(int32_t param, const char *tensor, void **data, uint64_t *numel) {
+        StateViewOut out;
+        SX_TRY(state_view(param, tensor, &out));
+        SX_CHECK(out.dtype == SX_DTYPE_F32, SX_ERR_UNSUPPORTED, "the state '%s' of param %d is not fp32", tensor, param);
+        *data = out.data;
+        *numel = out.numel;
+        return Status::Ok();
+    }
 
   private:
     using Unit = Units::Unit;

@@ -102,6 +102,8 @@ const StatePiece *packed_piece(const UnitShard &unit, int32_t p) {
     return nullptr;
 }
 
+}  // namespace
+
 // Packed state as the whole-state calls carry it: fp32, through host memory.
 //
 // Decoding is the step's: a bf16 value widened (exact), an 8-bit code's map value times
@@ -129,8 +131,6 @@ const StatePiece *packed_piece(const UnitShard &unit, int32_t p) {
 // comes back as it was under the signed map; under the unsigned map it decodes to +0.0
 // as a block of zeros after a step does, and takes that block's scale (1e-12): the same
 // values in other bytes.
-}  // namespace
-
 class PieceCodec {
   public:
     explicit PieceCodec(DeviceOps &ops) : ops_(ops) {}
