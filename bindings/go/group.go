@@ -47,6 +47,9 @@ const (
 	DtypeF32  Dtype = C.SX_DTYPE_F32
 	DtypeF16  Dtype = C.SX_DTYPE_F16
 	DtypeBF16 Dtype = C.SX_DTYPE_BF16
+	// DtypeU8: unsigned bytes, the codes of 8-bit optimizer state as StateView shows them
+	// (not a param's dtype).
+	DtypeU8 Dtype = C.SX_DTYPE_U8
 )
 
 func (d Dtype) String() string {
@@ -57,6 +60,8 @@ func (d Dtype) String() string {
 		return "f16"
 	case DtypeBF16:
 		return "bf16"
+	case DtypeU8:
+		return "u8"
 	}
 	return fmt.Sprintf("Dtype(%d)", int32(d))
 }
@@ -756,6 +761,18 @@ func (v View) Uint16s() ([]uint16, error) {
 		return []uint16{}, nil
 	}
 	return unsafe.Slice((*uint16)(v.Data), int(v.Numel)), nil
+}
+
+// Uint8s is the view's unsigned bytes in host memory (8-bit optimizer state's codes) as a
+// zero-copy slice.
+func (v View) Uint8s() ([]uint8, error) {
+	if err := v.hostOf("uint8", DtypeU8); err != nil {
+		return nil, err
+	}
+	if v.Numel == 0 {
+		return []uint8{}, nil
+	}
+	return unsafe.Slice((*uint8)(v.Data), int(v.Numel)), nil
 }
 
 func (g *ShardGroup) view(grad bool, param int32) (View, error) {

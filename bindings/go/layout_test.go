@@ -87,6 +87,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_OPTIMIZER_ERROR_BYTES": OptimizerErrorBytes, "SX_LOG_ERROR": LogError, "SX_LOG_WARN": LogWarn,
 		"SX_LOG_INFO": LogInfo, "SX_LOG_DEBUG": LogDebug,
 		"SX_DTYPE_F32": int64(DtypeF32), "SX_DTYPE_F16": int64(DtypeF16), "SX_DTYPE_BF16": int64(DtypeBF16),
+		"SX_DTYPE_U8":     int64(DtypeU8),
 		"SX_BACKEND_AUTO": int64(BackendAuto), "SX_BACKEND_CPU": int64(BackendCPU), "SX_BACKEND_CUDA": int64(BackendCUDA),
 		"SX_DEVICE_CPU": DeviceCPU, "SX_DEVICE_CUDA": DeviceCUDA,
 		"SX_OFFLOAD_NONE": OffloadNone, "SX_OFFLOAD_STATE": OffloadState,

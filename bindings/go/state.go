@@ -238,7 +238,9 @@ func (g *ShardGroup) StateView(param int32, tensor string) (View, error) {
 
 // State is this rank's part of a param's optimizer-state tensor as a zero-copy slice
 // (host memory; see StateView): read it, or write it between steps to seed the state.
-// Valid until Close, Load or ScatterOptimState.
+// Valid until Close, Load or ScatterOptimState. fp32 state only: a packed slot's view
+// (StateView) holds bf16 bits (View.Uint16s) or 8-bit codes (View.Uint8s, with the block
+// scales, fp32, as the tensor "<slot>.scale").
 func (g *ShardGroup) State(param int32, tensor string) ([]float32, error) {
 	v, err := g.StateView(param, tensor)
 	if err != nil {

@@ -511,6 +511,66 @@ func TestStateViewsAreThisRanksPartAndSeedTheState(t *testing.T) {
 	}
 }
 
+// An 8-bit group's slots are viewed as codes (Uint8s) with their block scales
+// ("exp_avg.scale"); a gather decodes them: each block's extreme is its scale times an end
+// of the map.
+func TestPackedStateViewsAreCodesAndScales(t *testing.T) {
+	runRanks(t, "whole-packed", 2, func(rank int32, g *ShardGroup) error {
+		adamw := NewParamGroup(AdamW)
+		adamw.LR, adamw.StateDtype = 0.01, StateDtype8Bit
+		if _, err := g.AddParamGroup(adamw); err != nil {
+			return err
+		}
+		if _, err := g.AddParam(Param{Name: "w", Shape: []int64{64, 128}}); err != nil {
+			return err
+		}
+		if err := g.Finalize(); err != nil {
+			return err
+		}
+		if err := wholeTrain(g, 2, int(rank)); err != nil {
+			return err
+		}
+		info, err := g.ParamInfo(0)
+		if err != nil {
+			return err
+		}
+		if _, err := g.State(0, "exp_avg"); statusOf(err) != ErrUnsupported || !strings.Contains(err.Error(), "u8") {
+			return fmt.Errorf("State of 8-bit codes gave %v", err)
+		}
+		v, err := g.StateView(0, "exp_avg")
+		if err != nil {
+			return err
+		}
+		codes, err := v.Uint8s()
+		if err != nil || uint64(len(codes)) != info.ShardEnd-info.ShardBegin {
+			return fmt.Errorf("the codes %d, the shard [%d, %d): %v", len(codes), info.ShardBegin, info.ShardEnd, err)
+		}
+		scales, err := g.State(0, "exp_avg.scale")
+		if err != nil || len(scales) != len(codes)/256 {
+			return fmt.Errorf("%d scales for %d codes: %v", len(scales), len(codes), err)
+		}
+		mine := append([]float32(nil), scales...)
+		all, err := g.GatherOptimState(0)
+		if err != nil || rank != 0 {
+			return err
+		}
+		// Each block decodes its extreme to exactly its scale times an end of the signed
+		// map: 1.0 or its lowest entry.
+		lowest := float32(-0.99296874)
+		m := all[0].Tensors["exp_avg"]
+		for b, s := range mine {
+			hi, lo := float32(math.Inf(-1)), float32(math.Inf(1))
+			for _, x := range m[b*256 : (b+1)*256] {
+				hi, lo = float32(math.Max(float64(hi), float64(x))), float32(math.Min(float64(lo), float64(x)))
+			}
+			if (hi != s && lo != lowest*s) || s == 0 {
+				return fmt.Errorf("block %d: decoded in [%v, %v], scale %v", b, lo, hi, s)
+			}
+		}
+		return nil
+	})
+}
+
 func TestWeightedStepAveragesOverTheSamples(t *testing.T) {
 	// Ranks hold 3, 2 and 0 samples; each adds the sum of its samples' gradients. SGD
 	// with lr 1 from zero: the params become minus the mean over the 5 samples.

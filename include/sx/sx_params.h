@@ -16,10 +16,13 @@
 extern "C" {
 #endif
 
-/* Element types (sx_param_desc_t.dtype). */
+/* Element types (sx_param_desc_t.dtype: F32, F16 or BF16). */
 #define SX_DTYPE_F32 1
 #define SX_DTYPE_F16 2
 #define SX_DTYPE_BF16 3
+/* Unsigned bytes: the codes of 8-bit optimizer state as sx_state_view shows them (not
+ * a param's dtype). (1.7) */
+#define SX_DTYPE_U8 4
 
 /* Built-in optimizers (sx_param_group_desc_t.optimizer, sx_param_group_desc_init). */
 #define SX_OPTIM_SGD 1   /* torch.optim.SGD */

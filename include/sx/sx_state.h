@@ -64,8 +64,22 @@ SX_API sx_status_t sx_find_param(const sx_shard_group_t *group, const char *name
  * "exp_avg", "exp_avg_sq" and (amsgrad) "max_exp_avg_sq" for Adam and AdamW,
  * "momentum_buffer" for SGD with momentum, "variance" (0-D and 1-D params) or "row_var"
  * and "col_var" (others) for Adafactor, each optimizer's as docs/optimizers.md lists
- * them, and "master" (the fp32 master weights) for 16-bit params. Hyperparameters are read and set as always (sx_get_hyperparameter,
- * sx_set_hyperparameter).
+ * them, and "master" (the fp32 master weights) for 16-bit params. Hyperparameters are
+ * read and set as always (sx_get_hyperparameter, sx_set_hyperparameter).
+ *
+ * Packed state (sx_param_group_desc_t.state_dtype SX_STATE_BF16 or SX_STATE_8BIT) travels
+ * as fp32 too (1.7). A gather gives bf16 slots widened to fp32 (exact) and 8-bit slots
+ * decoded as the step decodes them: each code's map value times its block's scale. A
+ * scatter stores the fp32 values in the group's state dtype as the step stores its
+ * results: bf16 rounded to nearest even, 8-bit quantized block by block (each block of
+ * 256 elements of the param takes its largest magnitude as its scale, and each element
+ * the nearest code of the map: torchao's AdamW8bit quantization), but that a block of
+ * values a decoding gave (every value a map entry times one scale) takes back the codes
+ * and scale it was decoded from. A param that keeps fp32 slots in an 8-bit group (fewer
+ * than 4096 elements, or not a whole number of blocks) carries them unchanged. So
+ * scattering what a gather gave stores the same bytes again (codes, scales, bf16
+ * values), at any world size and stage, and so does scattering torchao's dequantized
+ * state.
  * ------------------------------------------------------------------------------- */
 
 typedef struct sx_param_state {
@@ -131,9 +145,17 @@ SX_API sx_status_t sx_scatter_optim_state(sx_shard_group_t *group, int32_t root,
                                           void *user);
 
 /* This rank's own part of one of a param's optimizer-state tensors (`tensor`, a name as
- * above, borrowed), in place: zero copy, fp32, out->numel elements, which are the param's
+ * above, borrowed), in place: zero copy, out->numel elements, which are the param's
  * elements [shard_begin, shard_end) of sx_param_info_t (numel 0 and data NULL where this
- * rank's shard holds none of it). An embedding service may read it, or write it between
+ * rank's shard holds none of it). out->dtype says what they hold (1.7): SX_DTYPE_F32 for
+ * fp32 state and "master"; a bf16 slot's SX_DTYPE_BF16 values; an 8-bit slot's codes,
+ * SX_DTYPE_U8 (one byte per element: an index into torchao's map, signed for exp_avg and
+ * the like, unsigned for slots never negative such as exp_avg_sq). An 8-bit slot's block
+ * scales are the tensor "<slot>.scale" (e.g. "exp_avg.scale", torchao's name), fp32, one
+ * per 256 elements of the rank's part in order (element i's value is map[code i] *
+ * scale[i / 256]; every rank's part starts on a block boundary). A param that keeps fp32
+ * slots in an 8-bit group has fp32 views and no ".scale". Writing packed views seeds the
+ * state as written: codes and scales are not checked. An embedding service may read it, or write it between
  * steps to seed the state. A view of "master" before the first step fixes the masters
  * then, from the 16-bit params (as the first step would otherwise): it shows them, and
  * what is written into it is what the step updates (e.g. fp32 values finer than the

@@ -76,15 +76,14 @@ SX_API sx_status_t sx_state_view(const sx_shard_group_t *group, int32_t param, c
         sx::core::ShardGroup *g;
         SX_TRY(resolve(group, &g));
         SX_TRY(sx::api::check_output(out, "out"));
-        void *data = nullptr;
-        uint64_t numel = 0;
-        SX_TRY(g->state_view(param, tensor, &data, &numel));
+        sx::core::ShardGroup::StateViewOut where;
+        SX_TRY(g->state_view(param, tensor, &where));
         sx_view_t v;
         std::memset(&v, 0, sizeof v);
         v.struct_size = sizeof v;
-        v.data = data;
-        v.numel = numel;
-        v.dtype = SX_DTYPE_F32;
+        v.data = where.data;
+        v.numel = where.numel;
+        v.dtype = where.dtype;
         v.device = g->state_ops().device();  // offloaded state is on the host
         sx::api::write_output(out, v);
         return Status::Ok();

@@ -29,8 +29,9 @@ constexpr uint64_t kMaxFileNameBytes = 255;       // a shard file name (NAME_MAX
 constexpr uint64_t kMaxSteps = optim::kMaxSteps;  // the most steps a manifest may count
 constexpr size_t kTrailerBytes = 16;               // magic "SXCT", crc32c, FlatBuffer size
 
-// The manifest's DType of 8-bit optimizer state's codes (4.0; not an SX_DTYPE_*).
-constexpr int32_t kDTypeQ8 = 4;
+// The manifest's DType of 8-bit optimizer state's codes (4.0): the value of SX_DTYPE_U8,
+// the dtype sx_state_view gives them.
+constexpr int32_t kDTypeQ8 = SX_DTYPE_U8;
 // Elements per scale of 8-bit state (optim::kQuantBlock).
 constexpr uint64_t kScaleBlock = 256;
 

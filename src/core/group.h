@@ -112,7 +112,23 @@ class ShardGroup : public GroupParts {
     // --- whole params' optimizer state (whole_state.h), and this rank's part of it ---
     Status gather_state(int root, const StateFn &fn);   // collective
     Status scatter_state(int root, const StateFn &fn);  // collective
-    Status state_view(int32_t param, const char *tensor, void **data, uint64_t *numel);
+    // sx_state_view: where this rank's piece of a state tensor is, and in which SX_DTYPE_*
+    // (packed state in its own: bf16, or 8-bit codes, and "<slot>.scale" their scales).
+    struct StateViewOut {
+        void *data = nullptr;
+        uint64_t numel = 0;
+        int32_t dtype = SX_DTYPE_F32;
+    };
+    Status state_view(int32_t param, const char *tensor, StateViewOut *out);
+    // The same where the caller takes fp32 only (SX_ERR_UNSUPPORTED for packed state).
+    Status state_view(int32_t param, const char *tensor, void **data, uint64_t *numel) {
+        StateViewOut out;
+        SX_TRY(state_view(param, tensor, &out));
+        SX_CHECK(out.dtype == SX_DTYPE_F32, SX_ERR_UNSUPPORTED, "the state '%s' of param %d is not fp32", tensor, param);
+        *data = out.data;
+        *numel = out.numel;
+        return Status::Ok();
+    }
 
   private:
     using Unit = Units::Unit;

@@ -18,16 +18,6 @@ Status GroupParts::check_finalized() const {
     return Status::Ok();
 }
 
-Status GroupParts::check_fp32_state(const char *what) const {
-    for (size_t g = 0; g < table_.groups().size(); ++g) {
-        const double dtype = table_.groups()[g].hyper.state_dtype;
-        SX_CHECK(dtype == SX_STATE_FP32, SX_ERR_UNSUPPORTED,
-                 "%s: param group %zu keeps %s optimizer state, and %s carries fp32 state only in this version", what,
-                 g, optim::state_dtype_name(dtype), what);
-    }
-    return Status::Ok();
-}
-
 // The layout of every param registered, in `shard_size` shards.
 Status GroupParts::build_layout(int shard_size, Layout *out) const {
     std::vector<ParamShape> shapes(table_.params().size());

@@ -63,7 +63,6 @@ class GroupParts : public RecoveryAccess {
     const ParamTable &table() const override { return table_; }
     const Units &units() const { return units_; }  // each unit's memory (units.h)
     Status check_finalized() const override;
-    Status check_fp32_state(const char *what) const override;
     Status build_layout(int shard_size, Layout *out) const override;
 
     // --- the shard and its counters ---

@@ -199,10 +199,6 @@ class ShardAccess {
     virtual const LossScaling &loss_scaling() const = 0;
     // Finalized, with nothing added since (SX_ERR_INVALID_STATE saying which otherwise).
     virtual Status check_finalized() const = 0;
-    // SX_ERR_UNSUPPORTED naming `what` and a param group whose state is bf16 or 8-bit,
-    // where one is: checkpoints, whole-state calls, state views, memory copies and
-    // regroup carry fp32 state only so far.
-    virtual Status check_fp32_state(const char *what) const = 0;
 
     // --- the shard ---
     // Collective in order (every rank exports for the same save or load). Waits for the

@@ -68,6 +68,8 @@ struct WholeTensorSizes {
 };
 WholeTensorSizes whole_tensor_sizes(const ShardAccess &g, int32_t p);
 
+class PieceCodec;  // packed state to and from fp32 (whole_state.cc)
+
 class WholeState {
   public:
     // The mesh and its communicators (null where a group has one rank).
@@ -91,17 +93,28 @@ class WholeState {
     // masters; the root's staging for one whole param (and its host copy where the
     // device is not the host).
     struct Targets {
-        std::vector<std::array<Buffer, 3>> state;
+        std::vector<std::array<Buffer, 3>> state, scales;
         std::vector<int> slots;
         std::vector<Buffer> masters;
         Buffer staging;
         std::vector<float> host;
+        Buffer pieces;  // this rank's pieces of one param's packed slots, as fp32
     };
-    Status allocate_targets(int root, const std::vector<UnitShard> &units, Targets *t);
+    Status allocate_targets(int root, const std::vector<UnitShard> &units, PieceCodec *codec, Targets *t);
+    // Where this rank's own pieces of one param's packed slots are held as fp32 (the
+    // largest piece, times three slots, in the state's memory), and the codec's room.
+    Status packed_scratch(const std::vector<UnitShard> &units, PieceCodec *codec, Buffer *pieces);
+    std::vector<float *> own_targets(const UnitShard &unit, int32_t p, const std::vector<StateTensor> &tensors,
+                                     Targets *t);
+    // A packed param's received pieces (t->pieces) encoded into the copies of its slots.
+    Status encode_own(const UnitShard &unit, int32_t p, const std::vector<StateTensor> &tensors, PieceCodec *codec,
+                      Targets *t);
     Status root_buffers(int root, const std::vector<UnitShard> &units, bool as_if_allocated, Buffer *staging,
                         std::vector<float> *host);
     Status share_outcome(int root, Status mine, const char *what);
-    Status scatter_param(int root, int32_t p, float *full, const std::vector<float *> &into);
+    ParamState gathered(int32_t p, const std::vector<StateTensor> &tensors, float *data, ParamProgress &own);
+    // Param p's whole tensors (root: full) scattered; this rank's piece of tensor t goes to own[t].
+    Status scatter_param(int root, int32_t p, float *full, const std::vector<float *> &own);
     bool in_root_group(int root) const { return g_.replica_rank() == root / g_.shard_size(); }
 
     ShardAccess &g_;

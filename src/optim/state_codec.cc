@@ -4,6 +4,7 @@
 #include "optim/state_codec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "optim/kernels.h"
@@ -104,6 +105,41 @@ float encode_block(const float *x, size_t n, const float *map, uint8_t *codes) {
 
 void decode_block(const uint8_t *codes, size_t n, float scale, const float *map, float *out) {
     for (size_t i = 0; i < n; ++i) out[i] = map[codes[i]] * scale;
+}
+
+namespace {
+
+// Whether codes under scale decode to exactly x (NaN where x is NaN).
+bool decodes_to(const float *x, size_t n, const uint8_t *codes, float scale, const float *map) {
+    for (size_t i = 0; i < n; ++i) {
+        const float d = map[codes[i]] * scale;
+        uint32_t a, b;
+        std::memcpy(&a, &d, 4);
+        std::memcpy(&b, &x[i], 4);
+        if (a != b && !(d != d && x[i] != x[i])) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+float encode_decoded_block(const float *x, size_t n, const float *map, uint8_t *codes) {
+    const float scale = encode_block(x, n, map, codes);
+    if (n > kQuantBlock || decodes_to(x, n, codes, scale, map)) return scale;
+    // The element that set the scale decoded to map[0] * scale: the most negative.
+    float lowest = x[0];
+    for (size_t i = 1; i < n; ++i) lowest = x[i] < lowest ? x[i] : lowest;
+    const float near = lowest / map[0];
+    uint8_t trial[kQuantBlock];
+    for (float s : {near, std::nextafter(near, 0.0f), std::nextafter(near, 1.0f)}) {
+        if (!(s >= 0.0f)) continue;
+        for (size_t i = 0; i < n; ++i) trial[i] = nearest_code(x[i] / s, map);
+        if (decodes_to(x, n, trial, s, map)) {
+            std::memcpy(codes, trial, n);
+            return s;
+        }
+    }
+    return scale;  // not a decoded block: encode_block's codes, already in place
 }
 
 }  // namespace optim

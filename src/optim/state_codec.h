@@ -76,6 +76,17 @@ const float *search_tables(const float *map);
 float encode_block(const float *x, size_t n, const float *map, uint8_t *codes);
 // map[codes[i]] * scale, for n elements.
 void decode_block(const uint8_t *codes, size_t n, float scale, const float *map, float *out);
+// The codes and scale that decode_block turns into exactly x (bit for bit; NaN for NaN)
+// where x is a decoded block, else encode_block's. encode_block alone does not give back
+// the encoding a decoded block came from when its largest magnitude is negative and
+// signed: the signed map's lowest entry is -0.99297 (its highest 1.0), so that element
+// decoded to -0.99297 * scale, and encoding the decoded block takes a smaller scale. The
+// scale it came from is then found from that element (its value over map[0], give or
+// take an ulp), and taken where the block's codes under it decode to x exactly. A block
+// never updated (scale 0, every code 0) comes back as it was with the signed map (it
+// decodes to -0.0); with the unsigned map it decodes to +0.0, as zeros encoded by a step
+// do, and takes their scale, 1e-12.
+float encode_decoded_block(const float *x, size_t n, const float *map, uint8_t *codes);
 
 }  // namespace optim
 }  // namespace sx

@@ -25,6 +25,7 @@
 #include "run_ranks.h"
 #include "stored_tensors.h"
 #include "test_files.h"
+#include "packed_params.h"
 #include "test_groups.h"
 
 namespace {
@@ -32,14 +33,8 @@ namespace {
 using sx::ckpt::Manifest;
 using sx::ckpt::TensorKind;
 
-struct Def {
-    const char *name;
-    int64_t rows, cols;
-    int32_t group, unit;
-};
 // Group 0: 8-bit; 1: bf16; 2: fp32. "small" keeps fp32 state in the 8-bit group.
-const Def kParams[] = {{"a", 64, 128, 0, 0}, {"b", 40, 256, 0, 0}, {"small", 10, 10, 0, 0},
-                       {"c", 48, 100, 1, 0}, {"d", 30, 30, 2, 1}};
+const auto &kParams = sxtest::kPackedParams;
 constexpr int kGradSteps = 3, kZeroSteps = 2;
 
 std::string text(const char *what, sx_status_t st) {
@@ -70,26 +65,8 @@ std::string rank_main(const Run &run, const std::string &rv, int rank) {
     sx_shard_group_t *g = nullptr;
     sx_status_t st = sx_create_shard_group(&cfg, &g);
     if (st != SX_OK) return text("create", st);
-    const int32_t dtypes[3] = {run.dtype0, SX_STATE_BF16, SX_STATE_FP32};
-    for (int32_t dt : dtypes) {
-        sx_param_group_desc_t d;
-        sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_ADAMW);
-        d.lr = 0.01;
-        d.state_dtype = dt;
-        if ((st = sx_add_param_group(g, &d, nullptr)) != SX_OK) return text("param group", st);
-    }
-    for (const Def &p : kParams) {
-        const int64_t shape[2] = {p.rows, p.cols};
-        sx_param_desc_t d;
-        sx_param_desc_init(&d, sizeof d);
-        d.name = p.name;
-        d.ndim = 2;
-        d.shape = shape;
-        d.param_group = p.group;
-        d.unit = p.unit;
-        if ((st = sx_add_param(g, &d, nullptr)) != SX_OK) return text("param", st);
-    }
-    std::string err;
+    std::string err = sxtest::add_packed_params(g, run.dtype0);
+    if (!err.empty()) return err;
     if ((st = sx_finalize(g)) != SX_OK) err = text("finalize", st);
     if (err.empty() && !run.load.empty()) {
         sx_load_options_t lo;

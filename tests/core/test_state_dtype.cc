@@ -1,6 +1,7 @@
 // A param group's state dtype (sx_param_group_desc_t.state_dtype) through the public API:
-// which optimizers take it, what the group's memory then holds at worlds 1, 2 and 4
-// against the theory, and the calls that refuse packed state with a clear error.
+// which optimizers take it, and what the group's memory then holds at worlds 1, 2 and 4
+// against the theory (the whole-state calls and views of packed state:
+// test_packed_whole_state.cc).
 #include <cstring>
 #include <string>
 
@@ -106,28 +107,12 @@ void test_memory_per_rank_is_the_theory(void **) {
     }
 }
 
-// What carries fp32 state only so far refuses packed state, and changes nothing
-// (checkpoints carry it: tests/ckpt/test_packed_state.cc).
-void test_fp32_only_calls_refuse(void **) {
-    sx_param_group_desc_t d = adamw(SX_STATE_8BIT);
-    sx_shard_group_t *g = sxtest::one_rank_group("state-dtype-refuse", {{"w", {kRows, kCols}}}, &d);
-    assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);
-    sx_view_t view;
-    sx_view_init(&view, sizeof view);
-    assert_int_equal(sx_state_view(g, 0, "exp_avg", &view), SX_ERR_UNSUPPORTED);
-    assert_int_equal(sx_gather_optim_state(g, 0, [](sx_param_state_t *, void *) -> sx_status_t { return SX_OK; }, nullptr),
-                     SX_ERR_UNSUPPORTED);
-    assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);  // the group goes on
-    sx_destroy_shard_group(g);
-}
-
 }  // namespace
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_descriptor_checks),
         cmocka_unit_test(test_memory_per_rank_is_the_theory),
-        cmocka_unit_test(test_fp32_only_calls_refuse),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -82,6 +82,44 @@ void test_encode_takes_the_nearest_code(void **) {
     assert_true(std::isnan(encode_block(with_nan, 3, kSignedMap, codes)));
 }
 
+// encode_decoded_block gives back the codes and scale a block was decoded from: random
+// codes under scales over a wide range (with the signed map about half the blocks have
+// no code of the map's 1.0, so their extreme decodes to -0.99297 * scale, which
+// encode_block alone turns into a smaller scale), a block never updated (scale 0, codes
+// 0), a NaN block; and values no decoding gave get encode_block's codes and scale.
+void test_decoded_blocks_encode_back(void **) {
+    Rng rng(11);
+    uint8_t codes[kQuantBlock], again[kQuantBlock], plain[kQuantBlock];
+    float x[kQuantBlock];
+    int plain_differs = 0;
+    for (int round = 0; round < 400; ++round) {
+        const bool nonnegative = round % 2 == 1;
+        const float *map = nonnegative ? kUnsignedMap : kSignedMap;
+        for (size_t i = 0; i < kQuantBlock; ++i) codes[i] = static_cast<uint8_t>(rng.uniform(0.0f, 255.99f));
+        // As an encoding leaves a block: the element that set the scale took an end of the
+        // map (code 255, 1.0; or, signed, code 0, -0.99297), and the scale is at least 1e-12.
+        if (round % 4 == 0) std::replace(codes, codes + kQuantBlock, uint8_t{255}, uint8_t{254});
+        codes[static_cast<size_t>(round) % kQuantBlock] = round % 4 == 0 ? 0 : 255;
+        float scale = std::pow(10.0f, rng.uniform(-12.0f, 6.0f));
+        if (round == 8) scale = 0.0f, std::fill(codes, codes + kQuantBlock, uint8_t{0});  // never updated
+        if (round == 10) scale = NAN, std::fill(codes, codes + kQuantBlock, uint8_t{0});  // as a NaN step leaves it
+        decode_block(codes, kQuantBlock, scale, map, x);
+        const float s = encode_decoded_block(x, kQuantBlock, map, again);
+        assert_int_equal(bits(s), bits(scale));
+        assert_memory_equal(again, codes, kQuantBlock);
+        plain_differs += bits(encode_block(x, kQuantBlock, map, plain)) != bits(scale);
+    }
+    assert_true(plain_differs >= 50);  // the blocks without code 255 under the signed map
+    // Values no decoding gave: encode_block's.
+    for (int round = 0; round < 50; ++round) {
+        for (size_t i = 0; i < kQuantBlock; ++i)
+            x[i] = rng.uniform(-1.0f, 1.0f) * std::pow(10.0f, rng.uniform(-7.0f, 0.0f));
+        const float s = encode_decoded_block(x, kQuantBlock, kSignedMap, again);
+        assert_int_equal(bits(s), bits(encode_block(x, kQuantBlock, kSignedMap, plain)));
+        assert_memory_equal(again, plain, kQuantBlock);
+    }
+}
+
 // Every flavour's block encoder gives encode_block's scale and codes on awkward blocks:
 // the map's own entries and the midpoints between them (times the scale), both zeros,
 // magnitudes far below the smallest entry, denormals, NaN, and wide random ranges.
@@ -257,6 +295,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_maps),
         cmocka_unit_test(test_encode_takes_the_nearest_code),
+        cmocka_unit_test(test_decoded_blocks_encode_back),
         cmocka_unit_test(test_flavours_encode_as_the_reference),
         cmocka_unit_test(test_packed_kernels_match_reference),
         cmocka_unit_test(test_partition_keeps_blocks_whole),

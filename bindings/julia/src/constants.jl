@@ -25,6 +25,7 @@ const SX_ERR_NONFINITE = Int32(18)
 const SX_ERR_OPTIMIZER = Int32(19)
 const SX_LOG_ERROR, SX_LOG_WARN, SX_LOG_INFO, SX_LOG_DEBUG = Int32.(1:4)
 const SX_DTYPE_F32, SX_DTYPE_F16, SX_DTYPE_BF16 = Int32.(1:3)
+const SX_DTYPE_U8 = Int32(4)  # 8-bit optimizer state's codes, as state_view shows them
 const SX_BACKEND_AUTO, SX_BACKEND_CPU, SX_BACKEND_CUDA = Int32.(0:2)
 const SX_DEVICE_CPU, SX_DEVICE_CUDA = Int32.(0:1)
 # Where a CUDA group keeps its fp32 masters and optimizer state (ShardGroup's `offload`).

@@ -243,7 +243,8 @@ function unit_info(g::ShardGroup, index::Integer)
      replica_rank=Int(info.replica_rank))
 end
 
-const _ELTYPES = Dict(SX_DTYPE_F32 => Float32, SX_DTYPE_F16 => Float16, SX_DTYPE_BF16 => UInt16)
+const _ELTYPES = Dict(SX_DTYPE_F32 => Float32, SX_DTYPE_F16 => Float16, SX_DTYPE_BF16 => UInt16,
+                     SX_DTYPE_U8 => UInt8)
 
 function _view(g::ShardGroup, p, grad::Bool)
     i = _index(g, p)

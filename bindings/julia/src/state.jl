@@ -200,9 +200,11 @@ end
     state_view(g, p, tensor)
 
 This rank's own part of a param's optimizer-state tensor (`tensor`: "exp_avg", ...,
-"master"; `p` a name or 0-based index) as a zero-copy `Vector{Float32}` over sx's memory:
-the param's elements `shard_begin+1:shard_end` of `param_info` (empty where this rank
-holds none of it). Read it, or write it between steps to seed the state. Invalid after
+"master"; `p` a name or 0-based index) as a zero-copy vector over sx's memory: the
+param's elements `shard_begin+1:shard_end` of `param_info` (empty where this rank holds
+none of it). `Vector{Float32}` for fp32 state; packed state in its own type: a bf16
+slot's raw bits as `Vector{UInt16}`, an 8-bit slot's codes as `Vector{UInt8}`, whose
+block scales (one per 256 elements) are the `Float32` tensor "<slot>.scale". Read it, or write it between steps to seed the state. Invalid after
 `close(g)`, `load!` or `scatter_optim_state!`. Errors: a tensor the param's optimizer
 does not keep (SX_ERR_INVALID_ARGUMENT, listing those it keeps), a param without
 optimizer state yet (SX_ERR_INVALID_STATE: its unit gets it once one of its params is
@@ -215,6 +217,7 @@ function state_view(g::ShardGroup, p, tensor::AbstractString)
     check(@ccall libsx.sx_state_view(_handle(g)::Ptr{Cvoid}, i::Int32, tensor::Cstring, v::Ref{View})::Int32)
     v.device == SX_DEVICE_CPU ||
         throw(SXError(SX_ERR_UNSUPPORTED, "the state of param $i lives in device memory, which cannot be wrapped as an Array"))
-    v.numel == 0 && return Float32[]
-    _lend(g, unsafe_wrap(Array, Ptr{Float32}(v.data), Int(v.numel); own=false))
+    T = _ELTYPES[v.dtype]
+    v.numel == 0 && return T[]
+    _lend(g, unsafe_wrap(Array, Ptr{T}(v.data), Int(v.numel); own=false))
 end

@@ -759,6 +759,30 @@ end
         @test all(==(1f0), m[info.shard_begin+1:info.shard_end])
         @test all(==(2f0), m[info.shard_end+1:end])
     end
+    # Packed state: an 8-bit slot's codes (UInt8) and block scales, a bf16 slot's bits (UInt16).
+    with_group("local://jl-whole-packed-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1) do g
+        add_param_group!(g, :adamw; lr=0.01, state_dtype="8bit")
+        add_param_group!(g, :adamw; lr=0.01, state_dtype=:bf16)
+        add_param!(g, "w", (64, 128); param_group=0)
+        add_param!(g, "c", (48, 100); param_group=1)
+        finalize!(g)
+        for s in 1:2
+            for i in 0:1
+                grad = vec(grad_view(g, i))
+                grad .= Float32.(((0:length(grad)-1) .* 7 .+ s .+ i) .% 11 .- 5) ./ 8
+            end
+            step!(g)
+        end
+        codes, scales = state_view(g, "w", "exp_avg"), state_view(g, "w", "exp_avg.scale")
+        @test codes isa Vector{UInt8} && length(codes) == 64 * 128
+        @test scales isa Vector{Float32} && length(scales) == 32
+        @test state_view(g, "c", "exp_avg_sq") isa Vector{UInt16}
+        m = gather_optim_state(g)[1].tensors["exp_avg"]
+        # Each block decodes its extreme to exactly its scale times an end of the signed map.
+        lowest = -0.99296874f0
+        @test all(maximum(m[256b+1:256b+256]) == scales[b+1] || minimum(m[256b+1:256b+256]) == lowest * scales[b+1]
+                  for b in 0:31)
+    end
     # A param never trainable has no state yet, but is delivered.
     with_group("local://jl-whole-frozen-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1) do g
         add_param_group!(g, :adam)

@@ -30,6 +30,7 @@ DTYPES = {
     _lib.SX_DTYPE_F32: (4, "f", "float32"),
     _lib.SX_DTYPE_F16: (2, "H", "float16"),
     _lib.SX_DTYPE_BF16: (2, "H", "uint16"),
+    _lib.SX_DTYPE_U8: (1, "B", "uint8"),  # 8-bit optimizer state's codes
 }
 
 

@@ -835,16 +835,19 @@ class ShardGroup(Handle):
 
     def state_view(self, param, tensor):
         """This rank's own part of a param's optimizer-state tensor ("exp_avg", ...,
-        "master") as a zero-copy 1-D float32 array: the param's elements [shard_begin,
-        shard_end) of param_info(). Read it, or write it between steps to seed state.
-        Invalid after a load or scatter_optim_state."""
+        "master") as a zero-copy 1-D array: the param's elements [shard_begin, shard_end)
+        of param_info(). float32 for fp32 state; packed state in its own dtype: a bf16
+        slot's raw bits as uint16, an 8-bit slot's codes as uint8, whose block scales are
+        the float32 tensor "<slot>.scale" (one per 256 elements). Read it, or write it
+        between steps to seed state. Invalid after a load or scatter_optim_state."""
         view = _lib.init_struct(_lib.sx_view_t)
         check(lib.sx_state_view(self.handle, self._index(param), _encode("tensor", tensor), ctypes.byref(view)))
         if view.device != _lib.SX_DEVICE_CPU:
             raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED, "the state lives in device memory; use raw views")
+        itemsize, fmt, npdtype = _views.DTYPES[view.dtype]
         if view.numel == 0:
-            return _views.np.zeros(0, dtype="float32") if _views.HAVE_NUMPY else memoryview(b"").cast("f")
-        return _views.wrap(view.data, view.numel, 4, "f", "float32", (view.numel,), self)
+            return _views.np.zeros(0, dtype=npdtype) if _views.HAVE_NUMPY else memoryview(b"").cast(fmt)
+        return _views.wrap(view.data, view.numel, itemsize, fmt, npdtype, (view.numel,), self)
 
     # -- units as a pipeline -------------------------------------------------------------
     def unit_grads_ready(self, unit, *, accumulate=False, stream=None):

@@ -244,6 +244,44 @@ class WholeStateTest(unittest.TestCase):
                     self.assertTrue(np.all(np.isin(buf, [1.0, 2.0])))
         run_ranks(2, rank_main)
 
+    def test_packed_state_views_and_round_trip(self):
+        # 8-bit AdamW: "w" (8192 elements, 32 blocks, 16 per rank) keeps codes and scales,
+        # "small" fp32 slots; a bf16 group's "c" keeps bf16 slots.
+        def rank_main(rank, name):
+            with sx.ShardGroup(name, rank, 2, backend="cpu", num_threads=1, timeout_ms=60000) as g:
+                g.add_param_group("adamw", lr=0.01, state_dtype="8bit")
+                g.add_param_group("adamw", lr=0.01, state_dtype="bf16")
+                g.add_param("w", [64, 128], param_group=0, unit=0)
+                g.add_param("small", [10, 10], param_group=0, unit=0)
+                g.add_param("c", [48, 100], param_group=1, unit=0)
+                g.finalize()
+                train(g, 2, rank)
+                info = g.param_info("w")
+                codes, scale = g.state_view("w", "exp_avg"), g.state_view("w", "exp_avg.scale")
+                self.assertEqual((codes.dtype, codes.size), (np.uint8, info.shard_end - info.shard_begin))
+                self.assertEqual((scale.dtype, scale.size), (np.float32, codes.size // 256))
+                self.assertEqual(g.state_view("small", "exp_avg_sq").dtype, np.float32)
+                self.assertEqual(g.state_view("c", "exp_avg").dtype, np.uint16)
+                with self.assertRaisesRegex(sx.InvalidArgumentError, "exp_avg.scale"):
+                    g.state_view("w", "exp_avg.scales")
+                before = {(p, t): np.array(g.state_view(p, t)) for p in ("w", "small", "c")
+                          for t in ("exp_avg", "exp_avg_sq")}
+                before[("w", "exp_avg.scale")] = np.array(scale)
+                whole = g.gather_optim_state(root=0)
+                g.scatter_optim_state({s.name: s for s in whole} if rank == 0 else None, root=0)
+                for (p, t), was in before.items():
+                    self.assertTrue(np.array_equal(was, g.state_view(p, t)), f"{p} {t} changed")
+                return whole, info.shard_begin, before[("w", "exp_avg.scale")]
+
+        results = run_ranks(2, rank_main)
+        whole = {s.name: s for s in results[0][0]}
+        lowest = np.float32(-0.99296874)  # the signed map's ends: this and 1.0
+        for _, begin, scale in results:
+            # Each block decodes its extreme to exactly its scale times an end of the map.
+            blocks = whole["w"].tensors["exp_avg"][begin:begin + scale.size * 256].reshape(-1, 256)
+            ends = (blocks.max(axis=1) == scale) | (blocks.min(axis=1) == lowest * scale)
+            self.assertTrue(np.all(ends) and np.all(scale > 0))
+
 
 @unittest.skipIf(np is None, "needs numpy")
 class UnevenInputsTest(unittest.TestCase):

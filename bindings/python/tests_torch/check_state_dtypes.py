@@ -16,7 +16,7 @@ to 3:
   fp32 state (so the state was bf16 indeed).
 
 - sx.torch with torchao's AdamW8bit as its optimizer class, in one process, bit for bit
-  torchao's own on a copy of the model.
+  torchao's own on a copy of the model; its state dicts against torchao's, both ways.
 
 Run with the Python of a torch environment that has torchao, SX_LIBRARY pointing at
 libsx and PYTHONPATH at the binding (run_torch_tests.py does); exits non-zero on the
@@ -193,10 +193,144 @@ def check_sx_torch():
           "bf16_stochastic_round=True refused", flush=True)
 
 
+def _train(model, opt, steps, first=0):
+    for step in range(first, first + steps):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(16, 128, generator=g), torch.randn(16, 4, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+def _same_bits(a, b):
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.reshape(-1).view(torch.uint8),
+                                                                     b.reshape(-1).view(torch.uint8))
+
+
+def _copied(sd):
+    """A state dict's copy (torchao's OptimState8bit has no deepcopy: its parts are copied)."""
+    from torchao.optim.subclass_8bit import OptimState8bit
+
+    def copy_of(v):
+        if isinstance(v, OptimState8bit):
+            return OptimState8bit(v.codes.clone(), v.scale.clone(), v.qmap.clone(), v.signed, dtype=v.dtype)
+        return v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+    return {"state": {i: {k: copy_of(v) for k, v in e.items()} for i, e in sd["state"].items()},
+            "param_groups": [{k: copy_of(v) for k, v in g.items()} for g in sd["param_groups"]]}
+
+
+def _same_state(what, mine, theirs):
+    """Two state dicts' "state" entries, the same bytes: torchao's OptimState8bit by codes
+    and scale, other tensors bit for bit."""
+    from torchao.optim.subclass_8bit import OptimState8bit
+    if sorted(mine) != sorted(theirs):
+        sys.exit(f"FAIL {what}: params {sorted(mine)} and {sorted(theirs)}")
+    for i in mine:
+        for name in set(mine[i]) | set(theirs[i]):
+            a, b = mine[i].get(name), theirs[i].get(name)
+            if isinstance(a, OptimState8bit) != isinstance(b, OptimState8bit):
+                sys.exit(f"FAIL {what}: param {i} {name}: {type(a).__name__} and {type(b).__name__}")
+            if isinstance(a, OptimState8bit):
+                same = _same_bits(a.codes, b.codes) and _same_bits(a.scale, b.scale) and a.signed == b.signed
+            else:
+                same = a is not None and b is not None and _same_bits(a.detach().float(), b.detach().float())
+            if not same:
+                sys.exit(f"FAIL {what}: param {i} {name} differs")
+
+
+def _state_dicts_both_ways(cls, options, base, tag):
+    """torchao's `cls` trained 3 steps, its state dict loaded into sx.torch, one more step
+    each; then sx.torch trained 3 steps, its state dict loaded into a fresh `cls`, one more
+    step each: params, codes and scales bit for bit."""
+    import sx.torch
+    from torchao.optim.subclass_8bit import OptimState8bit
+    what = f"{cls.__name__}{options}"
+    ref_model, model = copy.deepcopy(base), copy.deepcopy(base)
+    ref = cls(ref_model.parameters(), **options)
+    _train(ref_model, ref, 3)
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), ref_model.parameters()):
+            p.copy_(q)
+    opt = sx.torch.ShardedOptimizer(model, cls, rendezvous=f"local://state-dtype-sd-in-{tag}", rank=0,
+                                    world_size=1, **options)
+    opt.load_state_dict(_copied(ref.state_dict()))
+    _same_state(f"{what}'s state dict loaded into sx.torch, then state_dict()", opt.state_dict()["state"],
+                ref.state_dict()["state"])
+    _train(ref_model, ref, 1, first=3)
+    _train(model, opt, 1, first=3)
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        if not _same_bits(p.detach(), q.detach()):
+            sys.exit(f"FAIL {what}'s state dict loaded into sx.torch: {name} differs after one more step")
+    mine = opt.state_dict()["state"]
+    _same_state(f"{what}: one step after the load", mine, ref.state_dict()["state"])
+    # sx.torch's OptimState8bit holds sx's own codes and scales; the bias keeps fp32.
+    for slot in [k for k in mine[0] if k != "step"]:
+        q = mine[0][slot]
+        if not isinstance(q, OptimState8bit) or isinstance(mine[1][slot], OptimState8bit):
+            sys.exit(f"FAIL {what}: the weight's {slot} is not an OptimState8bit, or the bias's is")
+        if not (np.array_equal(q.codes.reshape(-1).numpy(), opt.group.state_view(0, slot)) and
+                np.array_equal(q.scale.numpy(), opt.group.state_view(0, slot + ".scale"))):
+            sys.exit(f"FAIL {what}: sx.torch's OptimState8bit {slot} does not hold sx's codes and scales")
+    opt.close()
+
+    model, ref_model = copy.deepcopy(base), copy.deepcopy(base)
+    opt = sx.torch.ShardedOptimizer(model, cls, rendezvous=f"local://state-dtype-sd-out-{tag}", rank=0,
+                                    world_size=1, **options)
+    _train(model, opt, 3)
+    with torch.no_grad():
+        for p, q in zip(ref_model.parameters(), model.parameters()):
+            p.copy_(q)
+    ref = cls(ref_model.parameters(), **options)
+    ref.load_state_dict(_copied(opt.state_dict()))
+    _same_state(f"sx.torch's state dict loaded into {what}", ref.state_dict()["state"], opt.state_dict()["state"])
+    _train(ref_model, ref, 1, first=3)
+    _train(model, opt, 1, first=3)
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        if not _same_bits(p.detach(), q.detach()):
+            sys.exit(f"FAIL sx.torch's state dict loaded into {what}: {name} differs after one more step")
+    _same_state(f"one step after the load into {what}", opt.state_dict()["state"], ref.state_dict()["state"])
+    opt.close()
+
+
+def check_sx_torch_state_dicts():
+    """sx.torch's state_dict and load_state_dict of packed state against the live peer,
+    torchao's AdamW8bit and Adam8bit (torchao 0.18 cannot step amsgrad), both ways
+    (_state_dicts_both_ways); sx.torch's OptimState8bit holds sx's own codes and scales
+    (its state views). A bf16 group's state dict holds its bf16 bits, and loading it back
+    changes nothing."""
+    import sx.torch
+    from torchao.optim import Adam8bit, AdamW8bit
+    torch.manual_seed(1)
+    base = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+    options = dict(lr=1e-2, weight_decay=0.1)
+    _state_dicts_both_ways(AdamW8bit, options, base, "adamw")
+    _state_dicts_both_ways(Adam8bit, dict(lr=1e-2, betas=(0.8, 0.99)), base, "adam")
+
+    # bf16 state: bf16 tensors, sx's bits; loading them back changes nothing.
+    model = copy.deepcopy(base)
+    opt = sx.torch.ShardedOptimizer(model, torch.optim.AdamW, rendezvous="local://state-dtype-sd-bf16", rank=0,
+                                    world_size=1, state_dtype="bf16", **options)
+    _train(model, opt, 2)
+    sd = opt.state_dict()
+    t = sd["state"][0]["exp_avg_sq"]
+    if t.dtype != torch.bfloat16 or not np.array_equal(t.reshape(-1).view(torch.int16).numpy().view(np.uint16),
+                                                      opt.group.state_view(0, "exp_avg_sq")):
+        sys.exit(f"FAIL a bf16 group's state dict: exp_avg_sq is {t.dtype}, or not sx's bits")
+    before = np.array(opt.group.state_view(0, "exp_avg"))
+    opt.load_state_dict(_copied(sd))
+    if not np.array_equal(before, opt.group.state_view(0, "exp_avg")):
+        sys.exit("FAIL a bf16 group's state dict loaded back changed its state")
+    opt.close()
+    print("ok   sx.torch's state dicts of 8-bit and bf16 state: torchao's AdamW8bit's and Adam8bit's "
+          "loaded into sx.torch and sx.torch's into them, one more step each bit for bit (params, codes, scales); "
+          "bf16 as sx's bits", flush=True)
+
+
 def main():
     check_8bit()
     check_bf16()
     check_sx_torch()
+    check_sx_torch_state_dicts()
 
 
 if __name__ == "__main__":

@@ -88,8 +88,9 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, torch.opti
     the masters are in sx's checkpoints and in :meth:`state_dict`'s "master" entries),
     ``state_dtype`` ("fp32", "bf16" or "8bit": how the optimizer state is kept, for the
     classes sx runs with its own elementwise kernels; None: fp32, and torchao's 8-bit
-    classes' "8bit"; docs/optimizers.md "State in fewer bytes": sx checkpoints carry it,
-    state_dict and load_state_dict fp32 state only so far),
+    classes' "8bit"; docs/optimizers.md "State in fewer bytes": sx checkpoints carry it
+    exactly, and so do :meth:`state_dict` and :meth:`load_state_dict`: bf16 state as bf16
+    tensors, torchao's classes' 8-bit slots as torchao's OptimState8bit),
     ``reduce_dtype`` (torch.float32: 16-bit gradients summed over ranks in fp32),
     ``grad_dtype`` (the params' own: torch keeps a .grad in its param's dtype),
     ``auto_wrap_policy`` (``params`` a module: each module for which ``policy(module)`` is

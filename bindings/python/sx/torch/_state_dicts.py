@@ -3,8 +3,73 @@ one rank, loaded into every rank's shard) and sx's own checkpoints."""
 import torch
 
 from ._kinds import (_ADAFACTOR_EPS1, _ADJUST_LR_FN, _CONSTRUCTOR_ONLY, _FLAGS, _GROUP_STEP, _INSTANCE_KEY, _KEYS,
-                     _SX_NAMES, _hyper)
+                     _STATE_DTYPE_OF, _SX_NAMES, _hyper)
 from ._mixed_precision import _as_array
+
+try:
+    from torchao.optim.quant_utils import dequant_with_qmap as _dequant, quantize_8bit_with_qmap as _quantize
+    from torchao.optim.subclass_8bit import OptimState8bit as _OptimState8bit
+except ImportError:
+    _OptimState8bit = None
+
+# torchao's rule (and sx's): a param of fewer elements, or not a whole number of blocks,
+# keeps fp32 state in an 8-bit group.
+_MIN_8BIT_NUMEL, _BLOCK = 4096, 256
+# Slots never negative, which torchao quantizes with its unsigned map.
+_UNSIGNED_SLOTS = ("exp_avg_sq", "max_exp_avg_sq")
+
+
+def _bits_equal(a, b):
+    """Per row of two [blocks, 256] float32 tensors: every element the same bits (or both NaN)."""
+    return ((a.view(torch.int32) == b.view(torch.int32)) | (a.isnan() & b.isnan())).all(dim=1)
+
+
+def _quantized(t, signed, dtype):
+    """torchao's OptimState8bit holding the codes and scales that sx's decoding of them
+    gave `t` (fp32, whole blocks). torchao's quantization (OptimState8bit.copy_) finds
+    them where a block's extreme decodes to its scale times 1.0; where it decodes to the
+    signed map's lowest entry (-0.99297, a block whose largest magnitude is negative), the
+    scale is that value over the entry (give or take an ulp), and the codes torchao's
+    quantizer gives under it (sx's scatter finds them so too)."""
+    q = _OptimState8bit.zeros(t.shape, signed, _BLOCK, dtype=dtype)
+    q.copy_(t)  # torchao's quantization: scale_tensor, quantize_8bit_with_qmap
+    flat = t.reshape(-1, _BLOCK)
+    codes = q.codes.view(-1, _BLOCK)
+    undone = ~_bits_equal(_dequant(codes, q.qmap, q.scale), flat)
+    if not undone.any():
+        return q
+    rows = undone.nonzero().reshape(-1)
+    near = flat[rows].amin(dim=1) / q.qmap[0]
+    for scale in (near, torch.nextafter(near, torch.zeros_like(near)), torch.nextafter(near, torch.ones_like(near))):
+        trial = _quantize(flat[rows] / scale.view(-1, 1), q.qmap)
+        found = _bits_equal(_dequant(trial, q.qmap, scale), flat[rows]) & (scale >= 0) & undone[rows]
+        codes[rows[found]] = trial[found]
+        q.scale[rows[found]] = scale[found]
+        undone[rows[found]] = False
+    return q
+
+
+def _slot_tensor(values, name, p, state_dtype, as_torchao):
+    """A slot's whole values (fp32, as sx's gather decodes them) in the form its peer keeps
+    them: bf16 state as bf16 tensors (exact: the values are bf16's); torchao's 8-bit
+    classes' quantized slots as torchao's OptimState8bit with sx's codes and scales
+    (_quantized); fp32 tensors otherwise (a param too small for 8 bits, as torchao keeps
+    it)."""
+    t = torch.from_numpy(values).view(_state_shape(name, p.shape)).clone()
+    if state_dtype == "bf16":
+        return t.to(torch.bfloat16)
+    if as_torchao and state_dtype == "8bit" and t.numel() >= _MIN_8BIT_NUMEL and t.numel() % _BLOCK == 0:
+        return _quantized(t, name not in _UNSIGNED_SLOTS, p.dtype)
+    return t
+
+
+def _slot_array(t):
+    """What a state dict's slot holds, as fp32 values to scatter: torchao's 8-bit state
+    dequantized (each code's map entry times its block's scale, which sx's scatter
+    quantizes back to the same codes and scales)."""
+    if _OptimState8bit is not None and isinstance(t, _OptimState8bit):
+        t = t.dequantize(torch.float32)
+    return _as_array(t)
 
 
 def _state_shape(name, shape):
@@ -34,7 +99,9 @@ class _StateDicts:
     def state_dict(self):
         """The consolidated optimizer state in torch's format (a dict that
         ``torch.optim.<class>.load_state_dict`` accepts), on the rank it was consolidated
-        to (with one rank, consolidated here if needed)."""
+        to (with one rank, consolidated here if needed). Packed state as its peer keeps
+        it: torchao's 8-bit classes' quantized slots as OptimState8bit with sx's codes and
+        scales, bf16 state as bf16 tensors."""
         if self._consolidated is None and self.group.world_size == 1:
             self.consolidate_state_dict(to=0)
         if self._consolidated is None:
@@ -43,6 +110,7 @@ class _StateDicts:
         return self._consolidated
 
     def _torch_state_dict(self, states):
+        as_torchao = self.optimizer_class in _STATE_DTYPE_OF
         state = {}
         for i, st in enumerate(states):
             p = self._params[i]
@@ -57,7 +125,7 @@ class _StateDicts:
                     entry["step"] = torch.tensor(float(st.step), dtype=torch.float32)
                 for name, values in st.tensors.items():
                     if name != "master":
-                        entry[name] = torch.from_numpy(values).view(_state_shape(name, p.shape)).clone()
+                        entry[name] = _slot_tensor(values, name, p, self._state_dtype, as_torchao)
                 if self._kind == "nadam":
                     entry["mu_product"] = torch.tensor(st.mu_product, dtype=torch.float32)
             if self._param_dtype is not None and "master" in st.tensors:
@@ -68,6 +136,8 @@ class _StateDicts:
         skip = ("params",) + _CONSTRUCTOR_ONLY.get(self._kind, ())
         for gi, group in enumerate(self.param_groups):
             g = {k: v for k, v in group.items() if k not in skip}
+            if as_torchao and not isinstance(g.get("lr"), torch.Tensor):
+                g["lr"] = torch.tensor(g["lr"], dtype=torch.float32)  # torchao's classes keep it so
             g["params"] = list(range(index, index + len(group["params"])))
             index += len(group["params"])
             groups.append(g)
@@ -77,7 +147,9 @@ class _StateDicts:
         """Collective (every rank passes the same dict, as to ZeroRedundancyOptimizer):
         loads a torch-format optimizer state dict, e.g. one saved by
         ``torch.optim.AdamW``, into every rank's shard. Hyperparameters come from its
-        param groups; the params' values stay (16-bit params keep theirs as masters)."""
+        param groups; the params' values stay (16-bit params keep theirs as masters).
+        torchao's OptimState8bit slots are dequantized and stored again in sx's 8-bit
+        state with the same codes and scales."""
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
             raise ValueError(f"the state dict has {len(groups)} param groups, this optimizer "
@@ -115,7 +187,7 @@ class _StateDicts:
                     master = entry.get("master")
                     st.tensors[name][...] = _as_array(p.data if master is None else master)
                 elif name in entry and entry[name] is not None:
-                    values = _as_array(entry[name])
+                    values = _slot_array(entry[name])
                     if values.size != st.tensors[name].size:
                         raise ValueError(f"param {order[st.index]}: state '{name}' has {values.size} values; "
                                          f"torch keeps it in shape {list(_state_shape(name, p.shape))}")

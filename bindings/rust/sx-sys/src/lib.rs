@@ -42,6 +42,8 @@ pub const SX_LOG_DEBUG: i32 = 4;
 pub const SX_DTYPE_F32: i32 = 1;
 pub const SX_DTYPE_F16: i32 = 2;
 pub const SX_DTYPE_BF16: i32 = 3;
+/// Unsigned bytes: the codes of 8-bit optimizer state as `sx_state_view` shows them.
+pub const SX_DTYPE_U8: i32 = 4;
 
 pub const SX_BACKEND_AUTO: i32 = 0;
 pub const SX_BACKEND_CPU: i32 = 1;

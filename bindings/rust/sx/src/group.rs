@@ -159,7 +159,17 @@ impl Element for u16 {
     const HOLDS: &'static str = "fp16 or bf16";
 }
 
+/// 8-bit optimizer state's codes.
+impl Element for u8 {
+    const DTYPES: &'static [i32] = &[sys::SX_DTYPE_U8];
+    const NAME: &'static str = "u8";
+    const HOLDS: &'static str = "u8";
+}
+
 fn dtype_name(dtype: i32) -> String {
+    if dtype == sys::SX_DTYPE_U8 {
+        return "u8".to_string();
+    }
     match Dtype::from_raw(dtype) {
         Some(Dtype::F32) => "fp32".to_string(),
         Some(Dtype::F16) => "fp16".to_string(),
@@ -177,6 +187,7 @@ pub(crate) fn host_slice<T: Element>(v: sys::sx_view_t, what: &str, param: i32) 
         let instead = match Dtype::from_raw(v.dtype) {
             Some(Dtype::F32) if host => format!("{0} or {0}_mut", what),
             Some(Dtype::F16) | Some(Dtype::Bf16) if host => format!("{0}_u16 or {0}_u16_mut", what),
+            None if host && v.dtype == sys::SX_DTYPE_U8 => format!("{0}_u8 or {0}_u8_mut", what),
             _ => format!("{}_view for the raw view", what),
         };
         return Err(Error::new(

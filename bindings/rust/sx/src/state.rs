@@ -391,4 +391,29 @@ impl ShardGroup {
         let (p, n) = host_slice::<f32>(self.state_view(param, tensor)?, "state", param)?;
         Ok(unsafe { std::slice::from_raw_parts_mut(p, n) })
     }
+
+    /// This rank's part of a bf16 slot (a param group of `StateDtype::Bf16`), as raw bits.
+    pub fn state_u16(&self, param: i32, tensor: &str) -> Result<&[u16]> {
+        let (p, n) = host_slice::<u16>(self.state_view(param, tensor)?, "state", param)?;
+        Ok(unsafe { std::slice::from_raw_parts(p, n) })
+    }
+
+    /// This rank's part of a bf16 slot, writable.
+    pub fn state_u16_mut(&mut self, param: i32, tensor: &str) -> Result<&mut [u16]> {
+        let (p, n) = host_slice::<u16>(self.state_view(param, tensor)?, "state", param)?;
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, n) })
+    }
+
+    /// This rank's part of an 8-bit slot's codes (a param group of `StateDtype::EightBit`);
+    /// its block scales, one per 256 codes, are the f32 tensor "<slot>.scale" (`state`).
+    pub fn state_u8(&self, param: i32, tensor: &str) -> Result<&[u8]> {
+        let (p, n) = host_slice::<u8>(self.state_view(param, tensor)?, "state", param)?;
+        Ok(unsafe { std::slice::from_raw_parts(p, n) })
+    }
+
+    /// This rank's part of an 8-bit slot's codes, writable.
+    pub fn state_u8_mut(&mut self, param: i32, tensor: &str) -> Result<&mut [u8]> {
+        let (p, n) = host_slice::<u8>(self.state_view(param, tensor)?, "state", param)?;
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, n) })
+    }
 }

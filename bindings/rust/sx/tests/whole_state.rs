@@ -8,7 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use sx::status::*;
-use sx::{Error, Optimizer, Param, ParamGroup, ParamState, ShardGroup, StepOptions};
+use sx::{Error, Optimizer, Param, ParamGroup, ParamState, ShardGroup, StateDtype, StepOptions};
 
 const NAMES: [&str; 4] = ["w", "b", "s", "n"];
 
@@ -255,6 +255,41 @@ fn state_views_are_this_ranks_part_and_seed_the_state() {
             let m = &all[w as usize].tensors["exp_avg"];
             assert!(m[shard.start as usize..shard.end as usize].iter().all(|&x| x == 1.0));
             assert!(m[shard.end as usize..].iter().all(|&x| x == 2.0), "{:?}", m);
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn packed_state_views_are_codes_with_scales_and_bf16_bits() {
+    common::run_ranks("whole-packed", 2, |rank, mut g| {
+        g.add_param_group(&ParamGroup::new(Optimizer::AdamW).lr(0.01).state_dtype(StateDtype::EightBit))?;
+        g.add_param_group(&ParamGroup::new(Optimizer::AdamW).lr(0.01).state_dtype(StateDtype::Bf16))?;
+        let w = g.add_param(&Param::new("w", &[64, 128]).param_group(0))?;
+        let c = g.add_param(&Param::new("c", &[48, 100]).param_group(1))?;
+        g.finalize()?;
+        train(&mut g, 2, rank)?;
+        let shard = g.param_info(w)?.shard;
+        let e = g.state(w, "exp_avg").unwrap_err();
+        assert_eq!(e.status(), SX_ERR_UNSUPPORTED);
+        assert!(e.message().contains("state_u8"), "{}", e);
+        let codes = g.state_u8(w, "exp_avg")?.to_vec();
+        assert_eq!(codes.len() as u64, shard.end - shard.start);
+        let scales = g.state(w, "exp_avg.scale")?.to_vec();
+        assert_eq!(scales.len(), codes.len() / 256);
+        let c_shard = g.param_info(c)?.shard;
+        assert_eq!(g.state_u16(c, "exp_avg_sq")?.len() as u64, c_shard.end - c_shard.start);
+        if let Some(all) = g.gather_optim_state(0)? {
+            // Rank 0's part starts the param: each block decodes its extreme to exactly its
+            // scale times an end of the signed map (1.0, or its lowest entry).
+            let lowest = -0.99296874f32;
+            let m = &all[w as usize].tensors["exp_avg"];
+            for (b, &s) in scales.iter().enumerate() {
+                let block = &m[b * 256..(b + 1) * 256];
+                let hi = block.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                let lo = block.iter().fold(f32::INFINITY, |a, &x| a.min(x));
+                assert!((hi == s || lo == lowest * s) && s > 0.0, "block {}: [{}, {}] and scale {}", b, lo, hi, s);
+            }
         }
         Ok(())
     });
