@@ -15,6 +15,7 @@
 // - bad input (a truncated codes tensor, a scale count that does not match, U8 tensors for
 //   an fp32 group, both forms of one slot, a bad state_dtype, --state-format misused)
 //   fails with a message naming it, and leaves no checkpoint or partial directory.
+#include <algorithm>
 #include <cinttypes>
 #include <cstring>
 #include <functional>
@@ -94,8 +95,10 @@ std::string rank_main(int world, const std::string &rv, int rank, const std::str
             sx_view_init(&v, sizeof v);
             if ((st = sx_grad_view(g, p, &v)) != SX_OK) err = text("grad view", st);
             for (uint64_t i = 0; err.empty() && i < v.numel; ++i)
+                // Skewed negative, so that many of exp_avg's blocks have a negative
+                // extreme (the end of the signed map that is not -1).
                 static_cast<float *>(v.data)[i] =
-                    0.001f * static_cast<float>(static_cast<int>((i * 7919 + 31 * p + 101 * s) % 2001) - 1000);
+                    0.001f * static_cast<float>(static_cast<int>((i * 7919 + 31 * p + 101 * s) % 2001) - 1100);
         }
         if (err.empty() && (st = sx_step(g, nullptr, nullptr)) != SX_OK) err = text("step", st);
     }
@@ -308,6 +311,20 @@ void test_import_fp32_form(void **) {
     }
     for (const char *key : {"c/1", "c/2", "c2/1", "small/1", "small/2", "small/3", "w/0", "big/0", "c/0"})
         assert_true(stored.at(key) == orig.at(key));
+    // The signed slot's values were decoded from codes: they take back those codes and
+    // scales, blocks whose largest magnitude is negative included (there are some).
+    size_t negative = 0;
+    const StT &w = get(in, "w.exp_avg");
+    for (size_t b = 0; b < w.bytes.size() / 1024; ++b) {
+        const float *f = reinterpret_cast<const float *>(w.bytes.data()) + b * 256;
+        negative += -*std::min_element(f, f + 256) > *std::max_element(f, f + 256);
+    }
+    assert_true(negative > 0);
+    for (const char *p : {"w", "big"})
+        for (TensorKind kind : {TensorKind::kExpAvg, TensorKind::kScales0, TensorKind::kExpAvgSq, TensorKind::kScales1})
+            if (stored.at(kind_key(p, kind)) != orig.at(kind_key(p, kind)))
+                fail_msg("%s: tensor kind %d imported from the fp32 form differs from the checkpoint's", p,
+                         static_cast<int>(kind));
     run_group(1, "load-fp32-form", back, 3, 1, "");
 }
 

@@ -332,7 +332,9 @@ Status plan_import(const Inputs &in, int world_size, ImportPlan *plan) {
 // Elements [first, first + n) of chunk c (blocks, for scales) in the chunk's dtype,
 // into *out, from `src`: fp32 values and state read (widened from F16, BF16); bf16 state
 // copied from BF16, else rounded to nearest even; 8-bit codes and scales copied from
-// torchao's, else quantized by sx's encoder (optim::encode_block), each block on its own.
+// torchao's, else quantized by sx's encoder, each block on its own (encode_decoded_block:
+// values an 8-bit slot decoded to, as the default export writes them, take back their
+// codes and scale).
 Status chunk_bytes(io::FileOps &ops, const Inputs &in, const int fds[2], const Source &src,
                    const ckpt::WriteChunk &c, const float *map, uint64_t first, uint64_t n, std::vector<char> *out,
                    std::vector<float> *values, std::vector<char> *scratch) {
@@ -354,7 +356,7 @@ Status chunk_bytes(io::FileOps &ops, const Inputs &in, const int fds[2], const S
         uint8_t codes[optim::kQuantBlock];
         for (uint64_t b = 0; b < n * per; b += optim::kQuantBlock) {
             uint8_t *dst = scales ? codes : reinterpret_cast<uint8_t *>(out->data()) + b;
-            const float scale = optim::encode_block(values->data() + b, optim::kQuantBlock, map, dst);
+            const float scale = optim::encode_decoded_block(values->data() + b, optim::kQuantBlock, map, dst);
             if (scales) std::memcpy(out->data() + b / optim::kQuantBlock * sizeof(float), &scale, sizeof scale);
         }
     }
