@@ -217,6 +217,7 @@ SX_API sx_status_t sx_add_param_group(sx_shard_group_t *group, const sx_param_gr
         SX_CHECK(d.state_dtype == SX_STATE_FP32 || g->ops().device() == SX_DEVICE_CPU, SX_ERR_UNSUPPORTED,
                  "desc->state_dtype = %d: bf16 and 8-bit optimizer state run on CPU groups only in this version; "
                  "this is a CUDA group", d.state_dtype);
+        if (d.bf16_stochastic_round) SX_TRY(g->check_stochastic_round_runs());
         return g->table().add_group(sx::core::hyper_from_desc(d), index_out);
     });
 }

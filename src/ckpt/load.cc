@@ -229,6 +229,12 @@ class Checkpointer::Load {
                      "checkpoint's state_dtype before sx_finalize, or load params only)",
                      i, optim::state_dtype_name(shard_.progress.hypers[i].state_dtype),
                      optim::state_dtype_name(m_.param_groups[i].state_dtype));
+        // sx writes none (sx_save_optim_state refuses such groups): one would replace a
+        // group's hyperparameters with a way of keeping values it was not laid out for.
+        for (size_t i = 0; i < m_.param_groups.size(); ++i)
+            SX_CHECK(!m_.param_groups[i].bf16_stochastic_round, SX_ERR_UNSUPPORTED,
+                     "param group %zu of the checkpoint has bf16_stochastic_round = 1 (bf16 params without fp32 "
+                     "masters), which this version does not load", i);
 
         std::unordered_map<std::string, int32_t> by_name;
         for (size_t i = 0; i < m_.params.size(); ++i) by_name.emplace(m_.params[i].name, static_cast<int32_t>(i));

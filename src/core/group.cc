@@ -453,6 +453,13 @@ Status ShardGroup::set_hyperparameter(int32_t group, int32_t key, double value) 
     SX_CHECK(key != SX_HP_STATE_DTYPE || changed.state_dtype == SX_STATE_FP32 || ops_->device() == SX_DEVICE_CPU,
              SX_ERR_UNSUPPORTED, "state_dtype = %s runs on CPU groups only in this version",
              optim::state_dtype_name(changed.state_dtype));
+    SX_CHECK(key != SX_HP_BF16_STOCHASTIC_ROUND || changed.bf16_stochastic_round == h.bf16_stochastic_round ||
+                 !laid_out,
+             SX_ERR_INVALID_STATE,
+             "bf16_stochastic_round of param group %d is %d and can only change before sx_finalize lays the group "
+             "out (set it in its descriptor)",
+             group, h.bf16_stochastic_round ? 1 : 0);
+    if (key == SX_HP_BF16_STOCHASTIC_ROUND && changed.bf16_stochastic_round) SX_TRY(check_stochastic_round_runs());
     if (record_.steps() > 0) {
         // A change that adds or moves a state slot (amsgrad's max_exp_avg_sq,
         // RMSprop's grad_avg) would start it from nothing, as torch cannot either.

@@ -33,6 +33,9 @@ class Units {
         int32_t grad_dtype = SX_DTYPE_F32;  // of the grads
         Buffer params, grads;
         Buffer master;              // 16-bit params: this rank's shard in fp32
+        // bf16 params of bf16_stochastic_round groups: no masters; the update widens the
+        // params, computes in fp32 and rounds stochastically back (optim/stochastic_round.h).
+        bool stochastic_round = false;
         bool master_valid = false;  // master holds the current values
         // Stage 2, or 16-bit grads: this rank's shard of the reduced (and accumulated)
         // gradients in fp32.
@@ -120,6 +123,9 @@ class Units {
     // --- sx_finalize ---
     // Every unit's params share one dtype (SX_ERR_INVALID_ARGUMENT naming two that do not).
     Status check_dtypes() const;
+    // Every param of a bf16_stochastic_round group is bf16, and a unit's params all take
+    // it or none does (SX_ERR_INVALID_ARGUMENT naming the params otherwise).
+    Status check_stochastic_round() const;
     // The buffers of the units of `layout` from index `first` on, into *added (nothing
     // here changes); then append them, or drop the units from `count` on (an undo).
     Status allocate(const Layout &layout, size_t first, std::vector<Unit> *added) const;

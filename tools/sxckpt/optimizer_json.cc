@@ -17,9 +17,11 @@ namespace {
 
 // Whether hyperparameter hp_key is a key of a torch param group of `kind`: one that applies
 // to it, but for how sx stores the state (state_dtype), which is no torch hyperparameter:
-// it is written apart ("state_dtype", by name), and only where it is not fp32.
+// it is written apart ("state_dtype", by name), and only where it is not fp32; and
+// bf16_stochastic_round (torchao's), which no checkpoint holds set: never written, and
+// read where given only as false.
 bool torch_key(int32_t hp_key, optim::Kind kind) {
-    return optim::applies_to(hp_key, kind) && hp_key != SX_HP_STATE_DTYPE;
+    return optim::applies_to(hp_key, kind) && hp_key != SX_HP_STATE_DTYPE && hp_key != SX_HP_BF16_STOCHASTIC_ROUND;
 }
 
 // Every key of a param group of `kind`, as torch names them: the hyperparameters of
@@ -127,6 +129,7 @@ Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
     const bool group_step = counts_group_steps(kind);
     for (const auto &m : v.members) {
         bool known = m.first == "optimizer" || m.first == "params" || m.first == "state_dtype" ||
+                     m.first == "bf16_stochastic_round" ||
                      (group_step && m.first == "step");
         for (const std::string &k : keys) known |= m.first == k;
         if (known) continue;
@@ -155,6 +158,14 @@ Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
     SX_HYPERPARAMETERS(SX_READ)
 #undef SX_READ
     if (const JsonValue *dtype = v.find("state_dtype")) SX_TRY(read_state_dtype(*dtype, what, &g->hyper.state_dtype));
+    if (const JsonValue *sr = v.find("bf16_stochastic_round")) {
+        bool on = false;
+        SX_TRY(json_bool(*sr, what + ": \"bf16_stochastic_round\"", &on));
+        SX_CHECK(!on, SX_ERR_UNSUPPORTED,
+                 "%s: \"bf16_stochastic_round\" is true; a checkpoint holds fp32 master weights, and sx loads none "
+                 "of a group without them in this version (give false, or leave it out)",
+                 what.c_str());
+    }
     Status valid = optim::validate(ckpt::hyper_of(g->hyper));
     if (!valid.ok()) return valid.prefix(what + ": ");
     const JsonValue *params = v.find("params");
