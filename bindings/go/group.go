@@ -460,7 +460,8 @@ type ParamGroup struct {
 	// master weights; each update is computed in fp32 and rounded stochastically into
 	// them, with random bits that depend on the param, its step and the element only (the
 	// same at any world size and stage). Elementwise optimizers on CPU groups;
-	// checkpoints, memory copies, the whole-state calls and state views refuse such a group.
+	// checkpoints store its params widened to fp32; memory copies, Regroup, the
+	// whole-state calls and state views refuse such a group.
 	BF16StochasticRound bool
 }
 

@@ -141,9 +141,10 @@ typedef struct sx_param_group_desc {
      * from a hash of (param index, the param's step count, element index), so that a run
      * gives the same bits at any world size and stage. Elementwise optimizers (those
      * that take state_dtype) on CPU groups only; a unit may not mix params of groups with
-     * and without it. Checkpoints, memory copies, sx_regroup, the whole-state calls and
-     * state views refuse such a group (SX_ERR_UNSUPPORTED) in this version.
-     * docs/optimizers.md. */
+     * and without it. Checkpoints store its params widened to fp32 (exact), and a load
+     * rounds a checkpoint's values to nearest into them; the group keeps its own setting
+     * across a load. Memory copies, sx_regroup, the whole-state calls and state views
+     * refuse such a group (SX_ERR_UNSUPPORTED) in this version. docs/optimizers.md. */
     int32_t bf16_stochastic_round;
 } sx_param_group_desc_t;
 

@@ -56,7 +56,6 @@ SX_API sx_status_t sx_save_optim_state(sx_shard_group_t *group, const sx_save_op
         std::memset(&o, 0, sizeof o);
         SX_TRY(sx::api::read_input(options, "options", offsetof(sx_save_options_t, path) + sizeof(char *), &o));
         SX_CHECK_ARG(o.path != nullptr && o.path[0] != '\0', "options->path is empty");
-        SX_TRY(g->check_masters_kept("sx_save_optim_state"));
         SX_CHECK_ARG(o.user_blob != nullptr || o.user_blob_size == 0,
                      "options->user_blob is NULL but options->user_blob_size is %llu",
                      static_cast<unsigned long long>(o.user_blob_size));
@@ -196,7 +195,6 @@ SX_API sx_status_t sx_load_optim_state(sx_shard_group_t *group, const sx_load_op
         sx::ckpt::LoadOptions lo;
         SX_TRY(sx::api::load_options(o.path, o.flags, "options->flags", &lo));
         SX_CHECK_ARG(o.reserved0 == 0, "options->reserved0 is %d; it must be 0", o.reserved0);
-        SX_TRY(g->check_masters_kept("sx_load_optim_state"));
         return checkpointer_of(group).load(lo, nullptr);
     });
 }

@@ -229,12 +229,6 @@ class Checkpointer::Load {
                      "checkpoint's state_dtype before sx_finalize, or load params only)",
                      i, optim::state_dtype_name(shard_.progress.hypers[i].state_dtype),
                      optim::state_dtype_name(m_.param_groups[i].state_dtype));
-        // sx writes none (sx_save_optim_state refuses such groups): one would replace a
-        // group's hyperparameters with a way of keeping values it was not laid out for.
-        for (size_t i = 0; i < m_.param_groups.size(); ++i)
-            SX_CHECK(!m_.param_groups[i].bf16_stochastic_round, SX_ERR_UNSUPPORTED,
-                     "param group %zu of the checkpoint has bf16_stochastic_round = 1 (bf16 params without fp32 "
-                     "masters), which this version does not load", i);
 
         std::unordered_map<std::string, int32_t> by_name;
         for (size_t i = 0; i < m_.params.size(); ++i) by_name.emplace(m_.params[i].name, static_cast<int32_t>(i));
@@ -641,8 +635,13 @@ class Checkpointer::Load {
         }
         for (size_t i = 0; i < m_.param_groups.size() && i < pr.hypers.size(); ++i) {
             const optim::Kind kind = pr.hypers[i].kind;
+            // How the group keeps its values stays (its units were laid out for it): the
+            // checkpoint's fp32 values become its masters, or are rounded to nearest into
+            // its bf16 params where it keeps none (bf16_stochastic_round).
+            const bool stochastic_round = pr.hypers[i].bf16_stochastic_round;
             pr.hypers[i] = hyper_of(m_.param_groups[i]);
             pr.hypers[i].kind = kind;
+            pr.hypers[i].bf16_stochastic_round = stochastic_round;
             if (i < pr.group_steps.size()) pr.group_steps[i] = m_.param_groups[i].steps;
         }
         pr.steps_taken = m_.step;

@@ -602,7 +602,7 @@ Status ShardGroup::export_shard(ShardState *out) {
     st.sequence = ++checkpoints_;  // first: every rank draws it, whatever fails below
     SX_TRY(settle());  // deferred or prefetched gathers read the shard
     SX_TRY(ops_->wait_for(nullptr));
-    SX_TRY(units_.ensure_masters());
+    SX_TRY(units_.ensure_masters(true));  // bf16_stochastic_round units: an fp32 copy
     for (size_t u = 0; u < units_.size(); ++u) st.units.push_back(unit_shard(u));
     st.trainable.resize(table_.params().size());
     for (size_t p = 0; p < table_.params().size(); ++p) st.trainable[p] = table_.flags()[p] ? 1 : 0;

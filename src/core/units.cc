@@ -275,11 +275,11 @@ Status Units::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
 UnitShard Units::shard(size_t u) const {
     const Unit &unit = units_[u];
     UnitShard v;
-    // A stochastic-rounding unit has no fp32 values (check_masters_kept refuses the
-    // callers that would read them).
-    v.values = unit.stochastic_round ? nullptr
-               : unit.master.empty() ? static_cast<float *>(own_params(u))
-                                     : unit.master.as<float>();
+    // A stochastic-rounding unit has fp32 values only while a checkpoint's copy exists
+    // (check_masters_kept refuses the other callers that would read them).
+    v.values = !unit.master.empty()     ? unit.master.as<float>()
+               : unit.stochastic_round ? nullptr
+                                       : static_cast<float *>(own_params(u));
     for (int k = 0; k < unit.state_slots; ++k) v.state[k] = unit.state[k].as<float>();
     v.state_slots = unit.state_slots;
     v.shard_numel = table_.layout->units()[u].shard_numel;
@@ -309,15 +309,31 @@ void *Units::own_params(size_t u) const {
            static_cast<uint64_t>(settings_.shard_rank) * table_.layout->units()[u].shard_numel * dtype_size(unit.dtype);
 }
 
-Status Units::ensure_masters() {
-    for (size_t u = 0; u < units_.size(); ++u) SX_TRY(ensure_master(u));
+Status Units::ensure_masters(bool checkpoint) {
+    for (size_t u = 0; u < units_.size(); ++u) SX_TRY(ensure_master(u, checkpoint));
     return Status::Ok();
 }
 
-Status Units::ensure_master(size_t u) {
+void Units::drop_checkpoint_copies() {
+    for (Unit &unit : units_)
+        if (unit.stochastic_round && !unit.master.empty()) {
+            unit.master = Buffer();
+            unit.master_valid = false;
+        }
+}
+
+Status Units::ensure_master(size_t u, bool checkpoint) {
     Unit &unit = units_[u];
-    if (unit.master.empty() || unit.master_valid) return Status::Ok();
     const uint64_t S = table_.layout->units()[u].shard_numel;
+    if (unit.stochastic_round) {  // CPU groups only (no offload): the params are on the host
+        if (!checkpoint) return Status::Ok();
+        if (unit.master.empty())
+            SX_TRY(state_ops_->allocate(S * sizeof(float), "the fp32 values of bf16 params for a checkpoint", &unit.master));
+        SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), S, false));
+        unit.master_valid = true;
+        return Status::Ok();
+    }
+    if (unit.master.empty() || unit.master_valid) return Status::Ok();
     if (!settings_.offload) {
         SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), S, false));
     } else if (own_on_host()) {

@@ -13,6 +13,7 @@
 
 #include "optim/stochastic_round.h"
 #include "sx_cmocka.h"
+#include "test_files.h"
 #include "test_groups.h"
 
 namespace {
@@ -128,7 +129,8 @@ sx_param_group_desc_t sr_adamw(double lr = 3e-3) {
     return d;
 }
 
-sx_shard_group_t *make_group(const std::string &rv, int rank, int world, int stage, double lr, std::string *err) {
+sx_shard_group_t *make_group(const std::string &rv, int rank, int world, int stage, double lr, std::string *err,
+                             int stochastic_round = 1) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     cfg.rendezvous = rv.c_str();
@@ -143,6 +145,7 @@ sx_shard_group_t *make_group(const std::string &rv, int rank, int world, int sta
         return nullptr;
     }
     sx_param_group_desc_t d = sr_adamw(lr);
+    d.bf16_stochastic_round = stochastic_round;
     bool ok = sx_add_param_group(g, &d, nullptr) == SX_OK;
     for (const Def &p : kParams) {
         sx_param_desc_t pd;
@@ -187,18 +190,33 @@ float gradient(int32_t p, int64_t i, int step) {
 // Writes the same initial values on every rank, then kSteps steps whose gradients are
 // rank 0's (others' zero, weight 0): every world reduces the same fp32 sums. Returns the
 // params' bits (rank 0's), or the error.
+// A checkpoint to save after the steps, or to load before them (whose steps then count
+// on from the checkpoint's `first`).
+struct Checkpoint {
+    std::string save, load;
+    int first = 1;
+    int stochastic_round = 1;  // the group's
+};
+
 std::string train(int world, int stage, std::vector<std::vector<uint16_t>> *out, int steps = kSteps,
-                  double lr = 3e-3) {
+                  double lr = 3e-3, const Checkpoint &ck = Checkpoint()) {
     const std::string rv = "local://sr-train-" + std::to_string(world) + "-" + std::to_string(stage) + "-" +
-                           std::to_string(steps) + "-" + std::to_string(lr) + "-" + std::to_string(getpid());
+                           std::to_string(steps) + "-" + std::to_string(lr) + "-" + std::to_string(ck.first) +
+                           std::to_string(ck.stochastic_round) + "-" + std::to_string(getpid());
     return sxtest::run_ranks(world, [&](int rank) -> std::string {
         std::string err;
-        sx_shard_group_t *g = make_group(rv, rank, world, stage, lr, &err);
+        sx_shard_group_t *g = make_group(rv, rank, world, stage, lr, &err, ck.stochastic_round);
         if (!g) return err;
         bool ok = each_param(g, stage, [](int32_t p, uint16_t *v) {
             for (int64_t i = 0; i < numel(kParams[p]); ++i) v[i] = bf16_nearest(initial(p, i));
         });
-        for (int s = 1; ok && s <= steps; ++s) {
+        if (ok && !ck.load.empty()) {
+            sx_load_options_t lo;
+            sx_load_optim_state_options_init(&lo, sizeof lo);
+            lo.path = ck.load.c_str();
+            ok = sx_load_optim_state(g, &lo) == SX_OK;
+        }
+        for (int s = ck.first; ok && s < ck.first + steps; ++s) {
             for (int32_t p = 0; ok && p < static_cast<int32_t>(kParams.size()); ++p) {
                 sx_view_t v;
                 sx_view_init(&v, sizeof v);
@@ -213,6 +231,7 @@ std::string train(int world, int stage, std::vector<std::vector<uint16_t>> *out,
             so.weight = rank == 0 ? 1.0 : 0.0;
             ok = ok && sx_step(g, &so, nullptr) == SX_OK;
         }
+        if (ok && !ck.save.empty()) ok = sxtest::save_synchronously(g, ck.save) == SX_OK;
         if (ok && rank == 0) {
             out->assign(kParams.size(), {});
             ok = each_param(g, stage, [&](int32_t p, uint16_t *v) { (*out)[p].assign(v, v + numel(kParams[p])); });
@@ -272,6 +291,51 @@ void test_small_updates_are_not_lost(void **) {
     if (changed < 10 || changed * 10 > total)
         fail_msg("%zu of %zu elements of magnitude >= 0.25 changed in %d steps of lr 1e-5; expected a few percent",
                  changed, total, kSteps);
+}
+
+// A checkpoint saved by 3 ranks at stage 2 after 3 steps, loaded by 2 ranks at stage 3 and
+// by 1 at stage 1, continues to the same params, bit for bit, as the 6 steps without it
+// (its param tensors are the bf16 params widened, and a load rounds them back exactly).
+void test_checkpoint_resumes_at_another_world(void **) {
+    std::vector<std::vector<uint16_t>> want, got, saved;
+    std::string err = train(1, 1, &want);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    const std::string tmp = sxtest::make_tmpdir("sr-ckpt"), dir = tmp + "/rounding";
+    Checkpoint save;
+    save.save = dir;
+    err = train(3, 2, &saved, kSteps / 2, 3e-3, save);
+    if (!err.empty()) fail_msg("saving: %s", err.c_str());
+    for (const auto &run : {std::make_pair(2, 3), std::make_pair(1, 1)}) {
+        Checkpoint load;
+        load.load = dir;
+        load.first = kSteps / 2 + 1;
+        err = train(run.first, run.second, &got, kSteps - kSteps / 2, 3e-3, load);
+        if (!err.empty()) fail_msg("resuming at world %d stage %d: %s", run.first, run.second, err.c_str());
+        if (got != want) fail_msg("resumed at world %d stage %d: the params differ from the run without a checkpoint",
+                                  run.first, run.second);
+    }
+    // A group with masters takes the params as its masters (its first steps from them are
+    // those of a group whose masters were the bf16 params); a group without, loading a
+    // checkpoint of one with masters, rounds them to nearest: the saved group's params.
+    Checkpoint zero_steps;
+    zero_steps.load = dir;
+    zero_steps.stochastic_round = 0;
+    err = train(2, 1, &got, 0, 3e-3, zero_steps);
+    if (!err.empty()) fail_msg("loading into a group with masters: %s", err.c_str());
+    if (got != saved) fail_msg("a group with masters loaded other params than those saved");
+    const std::string mastered = tmp + "/masters";
+    Checkpoint save_mastered;
+    save_mastered.save = mastered;
+    save_mastered.stochastic_round = 0;
+    std::vector<std::vector<uint16_t>> mastered_params;
+    err = train(2, 2, &mastered_params, 2, 3e-3, save_mastered);
+    if (!err.empty()) fail_msg("saving a group with masters: %s", err.c_str());
+    Checkpoint into_rounding;
+    into_rounding.load = mastered;
+    err = train(3, 3, &got, 0, 3e-3, into_rounding);
+    if (!err.empty()) fail_msg("loading masters into a group without: %s", err.c_str());
+    if (got != mastered_params) fail_msg("a group without masters loaded other params than the saved group's");
+    sxtest::remove_tree(tmp);
 }
 
 // bf16 params, bf16 grads, AdamW with bf16 moments: the optimizer bytes are the moments'
@@ -406,9 +470,11 @@ void test_finalize_refusals(void **) {
     sx_destroy_shard_group(g);
 }
 
-// What would read or write fp32 masters refuses the group, and changes nothing.
+// What would read or write fp32 masters refuses the group, and changes nothing
+// (checkpoints carry its bf16 params: test_checkpoint_resumes_at_another_world).
 void test_calls_without_masters_refuse(void **) {
     sx_param_group_desc_t d = sr_adamw();
+    d.state_dtype = SX_STATE_FP32;  // (bf16 state is refused there too, and first)
     sx_shard_group_t *g = bare_group("sr-calls");
     assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_OK);
     assert_int_equal(add(g, "w", SX_DTYPE_BF16, 0, 0), SX_OK);
@@ -420,15 +486,7 @@ void test_calls_without_masters_refuse(void **) {
     assert_int_equal(sx_state_view(g, 0, "master", &view), SX_ERR_UNSUPPORTED);
     assert_int_equal(sx_gather_optim_state(g, 0, [](sx_param_state_t *, void *) -> sx_status_t { return SX_OK; }, nullptr),
                      SX_ERR_UNSUPPORTED);
-    const std::string dir = "/tmp/sx-test-sr-" + std::to_string(getpid());
-    assert_int_equal(sxtest::save_synchronously(g, dir), SX_ERR_UNSUPPORTED);
-    assert_true(says("sx_save_optim_state") && says("bf16_stochastic_round"));
-    assert_int_equal(access(dir.c_str(), F_OK), -1);  // nothing written
-    sx_load_options_t lo;
-    sx_load_optim_state_options_init(&lo, sizeof lo);
-    lo.path = dir.c_str();
-    assert_int_equal(sx_load_optim_state(g, &lo), SX_ERR_UNSUPPORTED);
-    assert_true(says("sx_load_optim_state"));
+    assert_true(says("bf16_stochastic_round"));
     assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);  // the group goes on
     sx_destroy_shard_group(g);
 }
@@ -441,6 +499,7 @@ int main(void) {
         cmocka_unit_test(test_rounding_is_unbiased),
         cmocka_unit_test(test_same_bits_at_every_world_and_stage),
         cmocka_unit_test(test_small_updates_are_not_lost),
+        cmocka_unit_test(test_checkpoint_resumes_at_another_world),
         cmocka_unit_test(test_no_masters_in_memory),
         cmocka_unit_test(test_descriptor_refusals),
         cmocka_unit_test(test_finalize_refusals),

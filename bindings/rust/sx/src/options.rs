@@ -505,8 +505,9 @@ impl ParamGroup {
     /// torchao's bf16_stochastic_round: the group's params, every one bf16, keep no fp32
     /// master weights; each update is computed in fp32 and rounded stochastically into
     /// them, with random bits that depend on the param, its step and the element only (the
-    /// same at any world size and stage). Elementwise optimizers on CPU groups; checkpoints,
-    /// memory copies, the whole-state calls and state views refuse such a group.
+    /// same at any world size and stage). Elementwise optimizers on CPU groups; checkpoints
+    /// store its params widened to fp32; memory copies, regroup, the whole-state calls and
+    /// state views refuse such a group.
     pub fn bf16_stochastic_round(mut self, on: bool) -> Self {
         self.raw.bf16_stochastic_round = on as i32;
         self
