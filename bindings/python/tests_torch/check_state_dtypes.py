@@ -225,7 +225,7 @@ def check_sx_torch_stochastic_round():
             loss.backward()
             o.step()
             first = float(loss.detach()) if first is None else first
-        losses[o is opt] = (first, float(torch.nn.functional.mse_loss(m(x).float(), y.float())))
+        losses[o is opt] = (first, float(torch.nn.functional.mse_loss(m(x).float(), y.float()).detach()))
     if opt.group.get_hyperparameter(0, "bf16_stochastic_round") != 1.0:
         sys.exit("FAIL sx.torch did not pass bf16_stochastic_round to sx")
     if opt.group.memory_stats().optimizer_bytes != 2 * (16384 + 64 * 4):
