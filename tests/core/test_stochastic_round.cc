@@ -109,8 +109,9 @@ struct Def {
     std::vector<int64_t> shape;
     int32_t unit;
 };
-// Unit 0: one odd-sized param; unit 1: a small one and one over a cast block (4096).
-const std::vector<Def> kParams = {{"a", {37, 29}, 0}, {"b", {300}, 1}, {"c", {5001}, 1}};
+// Unit 0: one odd-sized param; unit 1: a small one, one over a cast block (4096), and one
+// of whole 8-bit blocks (32 of 256: 8-bit state quantizes it, the others keep fp32).
+const std::vector<Def> kParams = {{"a", {37, 29}, 0}, {"b", {300}, 1}, {"c", {5001}, 1}, {"d", {32, 256}, 1}};
 constexpr int kSteps = 6;
 
 int64_t numel(const Def &d) {
@@ -130,7 +131,7 @@ sx_param_group_desc_t sr_adamw(double lr = 3e-3) {
 }
 
 sx_shard_group_t *make_group(const std::string &rv, int rank, int world, int stage, double lr, std::string *err,
-                             int stochastic_round = 1) {
+                             int stochastic_round = 1, int32_t state_dtype = SX_STATE_BF16) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     cfg.rendezvous = rv.c_str();
@@ -146,6 +147,7 @@ sx_shard_group_t *make_group(const std::string &rv, int rank, int world, int sta
     }
     sx_param_group_desc_t d = sr_adamw(lr);
     d.bf16_stochastic_round = stochastic_round;
+    d.state_dtype = state_dtype;
     bool ok = sx_add_param_group(g, &d, nullptr) == SX_OK;
     for (const Def &p : kParams) {
         sx_param_desc_t pd;
@@ -196,16 +198,18 @@ struct Checkpoint {
     std::string save, load;
     int first = 1;
     int stochastic_round = 1;  // the group's
+    int32_t state_dtype = SX_STATE_BF16;
 };
 
 std::string train(int world, int stage, std::vector<std::vector<uint16_t>> *out, int steps = kSteps,
                   double lr = 3e-3, const Checkpoint &ck = Checkpoint()) {
     const std::string rv = "local://sr-train-" + std::to_string(world) + "-" + std::to_string(stage) + "-" +
                            std::to_string(steps) + "-" + std::to_string(lr) + "-" + std::to_string(ck.first) +
-                           std::to_string(ck.stochastic_round) + "-" + std::to_string(getpid());
+                           std::to_string(ck.stochastic_round) + std::to_string(ck.state_dtype) + "-" +
+                           std::to_string(getpid());
     return sxtest::run_ranks(world, [&](int rank) -> std::string {
         std::string err;
-        sx_shard_group_t *g = make_group(rv, rank, world, stage, lr, &err, ck.stochastic_round);
+        sx_shard_group_t *g = make_group(rv, rank, world, stage, lr, &err, ck.stochastic_round, ck.state_dtype);
         if (!g) return err;
         bool ok = each_param(g, stage, [](int32_t p, uint16_t *v) {
             for (int64_t i = 0; i < numel(kParams[p]); ++i) v[i] = bf16_nearest(initial(p, i));
@@ -270,6 +274,24 @@ void test_same_bits_at_every_world_and_stage(void **) {
     err = train(1, 1, &more, kSteps + 1);
     if (!err.empty()) fail_msg("%s", err.c_str());
     assert_true(more != want);
+}
+
+// The same with AdamW's 8-bit state (torchao's blocks, which follow every layout's shards).
+void test_same_bits_with_8bit_state(void **) {
+    Checkpoint eight;
+    eight.state_dtype = SX_STATE_8BIT;
+    std::vector<std::vector<uint16_t>> want, got;
+    std::string err = train(1, 1, &want, kSteps, 3e-3, eight);
+    if (!err.empty()) fail_msg("world 1 stage 1: %s", err.c_str());
+    for (const auto &run : {std::make_pair(2, 3), std::make_pair(3, 2)}) {
+        err = train(run.first, run.second, &got, kSteps, 3e-3, eight);
+        if (!err.empty()) fail_msg("world %d stage %d: %s", run.first, run.second, err.c_str());
+        if (got != want) fail_msg("8-bit state, world %d stage %d: the params differ from world 1's", run.first, run.second);
+    }
+    std::vector<std::vector<uint16_t>> bf16_state;
+    err = train(1, 1, &bf16_state);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    assert_true(bf16_state[3] != want[3]);  // "d"'s state was 8-bit indeed
 }
 
 // Updates far below half a bf16 step (lr 1e-5 against a spacing of 2^-9 near 0.5), which
@@ -498,6 +520,7 @@ int main(void) {
         cmocka_unit_test(test_vector_loops_match_the_reference),
         cmocka_unit_test(test_rounding_is_unbiased),
         cmocka_unit_test(test_same_bits_at_every_world_and_stage),
+        cmocka_unit_test(test_same_bits_with_8bit_state),
         cmocka_unit_test(test_small_updates_are_not_lost),
         cmocka_unit_test(test_checkpoint_resumes_at_another_world),
         cmocka_unit_test(test_no_masters_in_memory),
