@@ -2,6 +2,7 @@
 // rounding itself (the vectorised loops against the scalar reference, unbiasedness), the
 // same params bit for bit at worlds 1 to 3 and stages 1 to 3 after several AdamW steps
 // with bf16 state, no masters in the memory counts, and the calls that refuse it.
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -470,6 +471,51 @@ void test_descriptor_refusals(void **) {
     sx_destroy_shard_group(g);
 }
 
+int32_t no_update(const sx_optimizer_piece_t *) { return 0; }
+
+// A custom optimizer is refused even where it takes the key as its own hyperparameter;
+// a CUDA group (the simulated device), offloaded or not, refuses it.
+void test_custom_and_cuda_refusals(void **) {
+    sx_optimizer_hyperparameter_t hp[2] = {{"lr", 0.1, 0, 0}, {"bf16_stochastic_round", 0, 0, 1}};
+    sx_optimizer_desc_t od;
+    sx_optimizer_desc_init(&od, sizeof od);
+    od.name = "sr_probe";
+    od.num_hyperparameters = 2;
+    od.hyperparameters = hp;
+    od.update = no_update;
+    int32_t id = -1;
+    assert_int_equal(sx_register_optimizer(&od, &id), SX_OK);
+    sx_shard_group_t *g = bare_group("sr-custom");
+    sx_param_group_desc_t d;
+    sx_param_group_desc_init(&d, sizeof d, id);
+    d.bf16_stochastic_round = 1;
+    assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_ERR_INVALID_ARGUMENT);
+    assert_true(says("sr_probe") && says("bf16_stochastic_round"));
+    sx_destroy_shard_group(g);
+    setenv("SX_SIMULATED_DEVICE", "1", 1);  // read when a CUDA group is made
+    for (int32_t offload : {SX_OFFLOAD_NONE, SX_OFFLOAD_STATE}) {
+        sx_group_config_t cfg;
+        sx_group_config_init(&cfg, sizeof cfg);
+        const std::string rv = "local://sr-cuda-" + std::to_string(offload) + "-" + std::to_string(getpid());
+        cfg.rendezvous = rv.c_str();
+        cfg.world_size = 1;
+        cfg.num_threads = 1;
+        cfg.backend = SX_BACKEND_CUDA;
+        cfg.offload = offload;
+        g = nullptr;
+        assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
+        sx_param_group_desc_t sr = sr_adamw();
+        sr.state_dtype = SX_STATE_FP32;
+        assert_int_equal(sx_add_param_group(g, &sr, nullptr), SX_ERR_UNSUPPORTED);
+        assert_true(says("CUDA group"));
+        sr.bf16_stochastic_round = 0;
+        assert_int_equal(sx_add_param_group(g, &sr, nullptr), SX_OK);
+        assert_int_equal(sx_set_hyperparameter(g, 0, SX_HP_BF16_STOCHASTIC_ROUND, 1), SX_ERR_UNSUPPORTED);
+        sx_destroy_shard_group(g);
+    }
+    unsetenv("SX_SIMULATED_DEVICE");
+}
+
 // sx_finalize refuses a param not bf16, and a unit that mixes groups with and without it,
 // naming the params.
 void test_finalize_refusals(void **) {
@@ -527,6 +573,7 @@ int main(void) {
         cmocka_unit_test(test_descriptor_refusals),
         cmocka_unit_test(test_finalize_refusals),
         cmocka_unit_test(test_calls_without_masters_refuse),
+        cmocka_unit_test(test_custom_and_cuda_refusals),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
