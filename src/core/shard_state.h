@@ -204,8 +204,9 @@ class ShardAccess {
     // regroup carry fp32 state only so far.
     virtual Status check_fp32_state(const char *what) const = 0;
     // SX_ERR_UNSUPPORTED naming `what` and a param group with bf16_stochastic_round, where
-    // one is: its bf16 params have no fp32 masters for checkpoints, whole-state calls,
-    // state views, memory copies and regroup to carry in this version.
+    // one is: its bf16 params have no fp32 masters for whole-state calls, state views,
+    // memory copies and regroup to carry in this version (checkpoints take an fp32 copy:
+    // Units::ensure_masters).
     virtual Status check_masters_kept(const char *what) const = 0;
 
     // --- the shard ---
