@@ -228,7 +228,7 @@ Status validate(const Hyper &h) {
     const uint32_t keys = s->keys;
     SX_CHECK_ARG(h.state_dtype == SX_STATE_FP32 || h.state_dtype == SX_STATE_BF16 || h.state_dtype == SX_STATE_8BIT,
                  "state_dtype = %g; it is SX_STATE_FP32 (0), SX_STATE_BF16 (1) or SX_STATE_8BIT (2)", h.state_dtype);
-    SX_CHECK_ARG(h.state_dtype == SX_STATE_FP32 || (keys & kState),
+    SX_CHECK_ARG(h.state_dtype == SX_STATE_FP32 || (keys & bit(SX_HP_STATE_DTYPE)),
                  "state_dtype = %s: %s keeps its state slots (%s) in fp32; bf16 and 8-bit state are for the "
                  "elementwise optimizers (%s)",
                  state_dtype_name(h.state_dtype), optimizer, slot_list(*s).c_str(), users_of(SX_HP_STATE_DTYPE).c_str());
