@@ -19,6 +19,7 @@ struct ParamDef {
     std::string name;
     std::vector<int64_t> shape;
     bool frozen = false;
+    int32_t dtype = 0;  // SX_DTYPE_*; 0 = fp32
 };
 
 // Rank 0 of 1 over local://TAG-PID with one thread: one param group `desc` (NULL: AdamW
@@ -44,6 +45,7 @@ inline sx_shard_group_t *one_rank_group(const std::string &tag, const std::vecto
         d.ndim = static_cast<int32_t>(p.shape.size());
         d.shape = p.shape.data();
         d.frozen = p.frozen ? 1 : 0;
+        d.dtype = p.dtype;
         assert_int_equal(sx_add_param(g, &d, nullptr), SX_OK);
     }
     assert_int_equal(sx_finalize(g), SX_OK);

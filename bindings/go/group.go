@@ -461,6 +461,13 @@ type ParamGroup struct {
 	Beta3, TAlphaBeta3 float64
 	// How the group keeps its optimizer state slots (the default: StateDtypeFP32).
 	StateDtype StateDtype
+	// torchao's bf16_stochastic_round: the group's params, every one bf16, keep no fp32
+	// master weights; each update is computed in fp32 and rounded stochastically into
+	// them, with random bits that depend on the param, its step and the element only (the
+	// same at any world size and stage). Elementwise optimizers on CPU groups;
+	// checkpoints store its params widened to fp32; memory copies, Regroup, the
+	// whole-state calls and state views refuse such a group.
+	BF16StochasticRound bool
 }
 
 // MuonAdjustLR is Muon's adjust_lr_fn: the lr a param of shape [A, B] is updated with.
@@ -502,7 +509,8 @@ func NewParamGroup(opt Optimizer) ParamGroup {
 		DecoupledWeightDecay: d.decoupled_weight_decay != 0, NSA: float64(d.ns_a), NSB: float64(d.ns_b),
 		NSC: float64(d.ns_c), NSSteps: int32(d.ns_steps), AdjustLR: MuonAdjustLR(d.adjust_lr),
 		Beta2Decay: float64(d.beta2_decay), Eps2: float64(d.eps2), D: float64(d.d),
-		Beta3: float64(d.beta3), TAlphaBeta3: float64(d.t_alpha_beta3), StateDtype: StateDtype(d.state_dtype)}
+		Beta3: float64(d.beta3), TAlphaBeta3: float64(d.t_alpha_beta3), StateDtype: StateDtype(d.state_dtype),
+		BF16StochasticRound: d.bf16_stochastic_round != 0}
 }
 
 func cbool(b bool) C.int32_t {
@@ -531,6 +539,7 @@ func (g *ShardGroup) AddParamGroup(p ParamGroup) (int32, error) {
 	d.beta2_decay, d.eps2, d.d = C.double(p.Beta2Decay), C.double(p.Eps2), C.double(p.D)
 	d.beta3, d.t_alpha_beta3 = C.double(p.Beta3), C.double(p.TAlphaBeta3)
 	d.state_dtype = C.int32_t(p.StateDtype)
+	d.bf16_stochastic_round = cbool(p.BF16StochasticRound)
 	var index C.int32_t = -1
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_add_param_group(raw, &d, &index) })
 	return int32(index), err
@@ -576,6 +585,8 @@ const (
 	HPTAlphaBeta3 Hyperparameter = C.SX_HP_T_ALPHA_BETA3
 	// A StateDtype; only before the first step.
 	HPStateDtype Hyperparameter = C.SX_HP_STATE_DTYPE
+	// 0 or 1 (ParamGroup.BF16StochasticRound); only before Finalize lays its group out.
+	HPBF16StochasticRound Hyperparameter = C.SX_HP_BF16_STOCHASTIC_ROUND
 	// A custom optimizer's own hyperparameter i (counting only its own, in registration
 	// order) is HPCustom + Hyperparameter(i); see CustomHyperparameter.
 	HPCustom Hyperparameter = C.SX_HP_CUSTOM

@@ -103,6 +103,7 @@ func cLayouts() []structLayout {
 			f("beta3", unsafe.Offsetof(pg.beta3), unsafe.Sizeof(pg.beta3)),
 			f("t_alpha_beta3", unsafe.Offsetof(pg.t_alpha_beta3), unsafe.Sizeof(pg.t_alpha_beta3)),
 			f("state_dtype", unsafe.Offsetof(pg.state_dtype), unsafe.Sizeof(pg.state_dtype)),
+			f("bf16_stochastic_round", unsafe.Offsetof(pg.bf16_stochastic_round), unsafe.Sizeof(pg.bf16_stochastic_round)),
 		}},
 		{"sx_param_desc_t", unsafe.Sizeof(pd), unsafe.Alignof(pd), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pd.struct_size), unsafe.Sizeof(pd.struct_size)),

@@ -104,7 +104,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_HP_NS_C": int64(HPNSC), "SX_HP_NS_STEPS": int64(HPNSSteps), "SX_HP_ADJUST_LR": int64(HPAdjustLR),
 		"SX_HP_BETA2_DECAY": int64(HPBeta2Decay), "SX_HP_EPS2": int64(HPEps2), "SX_HP_D": int64(HPD), "SX_HP_BETA3": int64(HPBeta3), "SX_HP_T_ALPHA_BETA3": int64(HPTAlphaBeta3),
 		"SX_HP_STATE_DTYPE": int64(HPStateDtype), "SX_STATE_FP32": int64(StateDtypeFP32),
-		"SX_STATE_BF16": int64(StateDtypeBF16), "SX_STATE_8BIT": int64(StateDtype8Bit),
+		"SX_STATE_BF16": int64(StateDtypeBF16), "SX_STATE_8BIT": int64(StateDtype8Bit), "SX_HP_BF16_STOCHASTIC_ROUND": int64(HPBF16StochasticRound),
 		"SX_MUON_ADJUST_LR_ORIGINAL": int64(MuonAdjustLROriginal), "SX_MUON_ADJUST_LR_MATCH_RMS_ADAMW": int64(MuonAdjustLRMatchRMSAdamW),
 		"SX_MUON_ADJUST_LR_SPECTRAL_UNCLAMPED": int64(MuonAdjustLRSpectralUnclamped),
 		"SX_GROUP_NO_TRAINABLE_AUTODETECT":     GroupFlagNoTrainableAutodetect,

@@ -85,6 +85,7 @@ extern "C" {
 #define SX_HP_BETA3 25         /* AdEMAMix: the slow moment's decay, in [0, 1) */
 #define SX_HP_T_ALPHA_BETA3 26 /* AdEMAMix: steps alpha and beta3 warm up over; 0: none */
 #define SX_HP_STATE_DTYPE 27   /* SX_STATE_*; may only change before sx_finalize lays its group out */
+#define SX_HP_BF16_STOCHASTIC_ROUND 28 /* 0 or 1; may only change before sx_finalize lays its group out */
 
 /* How a param group keeps its optimizer state slots (sx_param_group_desc_t::state_dtype).
  * Every update is computed in fp32 whatever the slots hold. SX_STATE_BF16 and
@@ -138,6 +139,18 @@ typedef struct sx_param_group_desc {
     double beta3, t_alpha_beta3;
     /* Appended in 1.7: SX_STATE_* (0 = SX_STATE_FP32). */
     int32_t state_dtype;
+    /* Appended in 1.7: 0 or 1 (torchao's bf16_stochastic_round). 1: the group's params,
+     * every one SX_DTYPE_BF16, keep no fp32 master weights; each update is computed in
+     * fp32 from the bf16 param and written back rounded stochastically (16 random bits
+     * added below the bf16's last bit, then truncated; NaN stays NaN), the bits drawn
+     * from a hash of (param index, the param's step count, element index), so that a run
+     * gives the same bits at any world size and stage. Elementwise optimizers (those
+     * that take state_dtype) on CPU groups only; a unit may not mix params of groups with
+     * and without it. Checkpoints store its params widened to fp32 (exact), and a load
+     * rounds a checkpoint's values to nearest into them; the group keeps its own setting
+     * across a load. Memory copies, sx_regroup, the whole-state calls and state views
+     * refuse such a group (SX_ERR_UNSUPPORTED) in this version. docs/optimizers.md. */
+    int32_t bf16_stochastic_round;
 } sx_param_group_desc_t;
 
 /* Fills *desc with the defaults of `optimizer` (SX_OPTIM_*; 0 = AdamW), torch.optim's

@@ -126,7 +126,9 @@ SX_API sx_status_t sx_step(sx_shard_group_t *group, const sx_step_options_t *opt
  *
  * A param registered with dtype SX_DTYPE_BF16 or SX_DTYPE_F16 has a 16-bit param view
  * (the trainer's compute copy) and, on the rank whose shard covers it, fp32 master
- * weights; its optimizer state is fp32. All params of one unit share a dtype. The step
+ * weights (none for a param group with bf16_stochastic_round, sx_params.h: its bf16
+ * params are updated in fp32 and rounded back stochastically); its optimizer state is
+ * fp32 unless its group's state_dtype says otherwise. All params of one unit share a dtype. The step
  * updates the fp32 masters and writes them, rounded to nearest even, into the 16-bit
  * params of every rank. The masters start from the param views at the first step (or
  * at an earlier sx_state_view of "master", which can seed them with finer values), and

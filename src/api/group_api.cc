@@ -219,6 +219,7 @@ SX_API sx_status_t sx_add_param_group(sx_shard_group_t *group, const sx_param_gr
                  "in this version (CPU groups, and CUDA groups with config->offload = SX_OFFLOAD_STATE); this CUDA "
                  "group keeps its state on the device",
                  d.state_dtype);
+        if (d.bf16_stochastic_round) SX_TRY(g->check_stochastic_round_runs());
         return g->table().add_group(sx::core::hyper_from_desc(d), index_out);
     });
 }

@@ -635,8 +635,13 @@ class Checkpointer::Load {
         }
         for (size_t i = 0; i < m_.param_groups.size() && i < pr.hypers.size(); ++i) {
             const optim::Kind kind = pr.hypers[i].kind;
+            // How the group keeps its values stays (its units were laid out for it): the
+            // checkpoint's fp32 values become its masters, or are rounded to nearest into
+            // its bf16 params where it keeps none (bf16_stochastic_round).
+            const bool stochastic_round = pr.hypers[i].bf16_stochastic_round;
             pr.hypers[i] = hyper_of(m_.param_groups[i]);
             pr.hypers[i].kind = kind;
+            pr.hypers[i].bf16_stochastic_round = stochastic_round;
             if (i < pr.group_steps.size()) pr.group_steps[i] = m_.param_groups[i].steps;
         }
         pr.steps_taken = m_.step;

@@ -13,6 +13,7 @@ namespace core {
 Status ShardGroup::whole_state_call(const char *name, int root, bool gather, const StateFn &fn) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
+    SX_TRY(check_masters_kept(name));
     SX_CHECK_ARG(root >= 0 && root < mesh_.world_size(), "root rank %d is outside [0, %d)", root, mesh_.world_size());
     SX_TRY(settle());
     const std::string call = format("%s (root %d)", name, root);
@@ -60,6 +61,7 @@ int32_t view_dtype(int32_t state) {
 Status ShardGroup::state_view(int32_t param, const char *tensor, StateViewOut *out) {
     SX_TRY(table_.check_laid_out(param));
     SX_CHECK_ARG(tensor != nullptr, "tensor is NULL");
+    SX_TRY(check_masters_kept("sx_state_view"));
     const ParamSpec &spec = table_.params()[param];
     const size_t u = static_cast<size_t>(layout_.placement(param).unit_index);
     const Unit &unit = units_[u];

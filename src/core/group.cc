@@ -456,6 +456,13 @@ Status ShardGroup::set_hyperparameter(int32_t group, int32_t key, double value) 
              "state_dtype = %s runs where the optimizer state is in host memory only in this version (CPU groups, "
              "and CUDA groups with SX_OFFLOAD_STATE); this CUDA group keeps its state on the device",
              optim::state_dtype_name(changed.state_dtype));
+    SX_CHECK(key != SX_HP_BF16_STOCHASTIC_ROUND || changed.bf16_stochastic_round == h.bf16_stochastic_round ||
+                 !laid_out,
+             SX_ERR_INVALID_STATE,
+             "bf16_stochastic_round of param group %d is %d and can only change before sx_finalize lays the group "
+             "out (set it in its descriptor)",
+             group, h.bf16_stochastic_round ? 1 : 0);
+    if (key == SX_HP_BF16_STOCHASTIC_ROUND && changed.bf16_stochastic_round) SX_TRY(check_stochastic_round_runs());
     if (record_.steps() > 0) {
         // A change that adds or moves a state slot (amsgrad's max_exp_avg_sq,
         // RMSprop's grad_avg) would start it from nothing, as torch cannot either.
@@ -598,7 +605,7 @@ Status ShardGroup::export_shard(ShardState *out) {
     st.sequence = ++checkpoints_;  // first: every rank draws it, whatever fails below
     SX_TRY(settle());  // deferred or prefetched gathers read the shard
     SX_TRY(ops_->wait_for(nullptr));
-    SX_TRY(units_.ensure_masters());
+    SX_TRY(units_.ensure_masters(true));  // bf16_stochastic_round units: an fp32 copy
     for (size_t u = 0; u < units_.size(); ++u) st.units.push_back(unit_shard(u));
     st.trainable.resize(table_.params().size());
     for (size_t p = 0; p < table_.params().size(); ++p) st.trainable[p] = table_.flags()[p] ? 1 : 0;

@@ -199,6 +199,11 @@ class ShardAccess {
     virtual const LossScaling &loss_scaling() const = 0;
     // Finalized, with nothing added since (SX_ERR_INVALID_STATE saying which otherwise).
     virtual Status check_finalized() const = 0;
+    // SX_ERR_UNSUPPORTED naming `what` and a param group with bf16_stochastic_round, where
+    // one is: its bf16 params have no fp32 masters for whole-state calls, state views,
+    // memory copies and regroup to carry in this version (checkpoints take an fp32 copy:
+    // Units::ensure_masters).
+    virtual Status check_masters_kept(const char *what) const = 0;
 
     // --- the shard ---
     // Collective in order (every rank exports for the same save or load). Waits for the

@@ -457,6 +457,8 @@ Status Stepper::update_shard(float grad_scale, int32_t head, int nonfinite, doub
         SX_TRACE_SPAN(tracer(), "step", "wait_checkpoint_staging");
         fence_.wait_readers();
     }
+    // ... and so no checkpoint reads the fp32 copies of bf16_stochastic_round units now.
+    units_.drop_checkpoint_copies();
     // Its bytes: the fp32 elements of this rank's shard that the pass updated, x 4.
     trace::Span span(tracer(), "step", "update");
     uint64_t updated = 0;

@@ -86,6 +86,28 @@ Status Units::check_dtypes() const {
                      (*table_.params)[i].unit, first.name.c_str(), dtype_name(first.dtype), (*table_.params)[i].name.c_str(),
                      dtype_name((*table_.params)[i].dtype));
     }
+    return check_stochastic_round();
+}
+
+Status Units::check_stochastic_round() const {
+    // bf16_stochastic_round is a unit's way of keeping its values: every param of the unit
+    // takes it, and every one is bf16.
+    std::unordered_map<int32_t, int32_t> first_of_unit;
+    for (size_t i = 0; i < table_.params->size(); ++i) {
+        const ParamSpec &spec = (*table_.params)[i];
+        const bool sr = (*table_.groups)[spec.group].hyper.bf16_stochastic_round;
+        SX_CHECK_ARG(!sr || spec.dtype == SX_DTYPE_BF16,
+                     "param '%s' is %s, but its param group %d has bf16_stochastic_round = 1, which takes bf16 "
+                     "params only",
+                     spec.name.c_str(), dtype_name(spec.dtype), spec.group);
+        const ParamSpec &first = (*table_.params)[first_of_unit.emplace(spec.unit, static_cast<int32_t>(i)).first->second];
+        const bool first_sr = (*table_.groups)[first.group].hyper.bf16_stochastic_round;
+        SX_CHECK_ARG(sr == first_sr,
+                     "unit %d mixes params with and without bf16_stochastic_round: param '%s' (param group %d) %s it, "
+                     "param '%s' (param group %d) %s; a unit keeps fp32 masters for all its params or for none",
+                     spec.unit, first.name.c_str(), first.group, first_sr ? "takes it" : "does not",
+                     spec.name.c_str(), spec.group, sr ? "takes it" : "does not");
+    }
     return Status::Ok();
 }
 
@@ -95,6 +117,7 @@ Status Units::allocate(const Layout &layout, size_t first, std::vector<Unit> *ad
         const UnitLayout &ul = layout.units()[first + k];
         Unit &unit = (*added)[k];
         unit.dtype = (*table_.params)[ul.params[0]].dtype;
+        unit.stochastic_round = (*table_.groups)[(*table_.params)[ul.params[0]].group].hyper.bf16_stochastic_round;
         unit.grad_dtype = settings_.grad_dtype ? settings_.grad_dtype : unit.dtype;
         // Elements are bounded (2^62 per param) but a unit's byte size may still not fit
         // in 64 bits; wrapped around, it would allocate a tiny buffer behind a huge view.
@@ -112,7 +135,7 @@ Status Units::allocate(const Layout &layout, size_t first, std::vector<Unit> *ad
                               settings_.exchanged));
         // Offloaded, every unit's fp32 values are on the host (the masters), the 16-bit
         // ones' rounded params beside them.
-        if (unit.dtype != SX_DTYPE_F32 || settings_.offload)
+        if ((unit.dtype != SX_DTYPE_F32 && !unit.stochastic_round) || settings_.offload)
             SX_TRY(state_ops_->allocate(ul.shard_numel * sizeof(float), "fp32 master weights", &unit.master));
         if (unit.dtype != SX_DTYPE_F32 && settings_.offload && !own_on_host())
             SX_TRY(state_ops_->allocate(ul.shard_numel * dtype_size(unit.dtype), "the params' shard on the host",
@@ -252,11 +275,15 @@ Status Units::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
 UnitShard Units::shard(size_t u) const {
     const Unit &unit = units_[u];
     UnitShard v;
-    v.values = unit.master.empty() ? static_cast<float *>(own_params(u)) : unit.master.as<float>();
+    // A stochastic-rounding unit has fp32 values only while a checkpoint's copy exists
+    // (check_masters_kept refuses the other callers that would read them).
+    v.values = !unit.master.empty()     ? unit.master.as<float>()
+               : unit.stochastic_round ? nullptr
+                                       : static_cast<float *>(own_params(u));
     for (int k = 0; k < unit.state_slots; ++k) v.state[k] = unit.state[k].as<float>();
     v.state_slots = unit.state_slots;
     v.shard_numel = table_.layout->units()[u].shard_numel;
-    v.master = unit.dtype != SX_DTYPE_F32;
+    v.master = unit.dtype != SX_DTYPE_F32 && !unit.stochastic_round;
     v.pieces = state_pieces(u, &v.slot_bytes, &v.slot_scales);
     for (int k = 0; k < unit.state_slots; ++k) v.scales[k] = unit.scales[k].empty() ? nullptr : unit.scales[k].as<float>();
     return v;
@@ -282,15 +309,31 @@ void *Units::own_params(size_t u) const {
            static_cast<uint64_t>(settings_.shard_rank) * table_.layout->units()[u].shard_numel * dtype_size(unit.dtype);
 }
 
-Status Units::ensure_masters() {
-    for (size_t u = 0; u < units_.size(); ++u) SX_TRY(ensure_master(u));
+Status Units::ensure_masters(bool checkpoint) {
+    for (size_t u = 0; u < units_.size(); ++u) SX_TRY(ensure_master(u, checkpoint));
     return Status::Ok();
 }
 
-Status Units::ensure_master(size_t u) {
+void Units::drop_checkpoint_copies() {
+    for (Unit &unit : units_)
+        if (unit.stochastic_round && !unit.master.empty()) {
+            unit.master = Buffer();
+            unit.master_valid = false;
+        }
+}
+
+Status Units::ensure_master(size_t u, bool checkpoint) {
     Unit &unit = units_[u];
-    if (unit.master.empty() || unit.master_valid) return Status::Ok();
     const uint64_t S = table_.layout->units()[u].shard_numel;
+    if (unit.stochastic_round) {  // CPU groups only (no offload): the params are on the host
+        if (!checkpoint) return Status::Ok();
+        if (unit.master.empty())
+            SX_TRY(state_ops_->allocate(S * sizeof(float), "the fp32 values of bf16 params for a checkpoint", &unit.master));
+        SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), S, false));
+        unit.master_valid = true;
+        return Status::Ok();
+    }
+    if (unit.master.empty() || unit.master_valid) return Status::Ok();
     if (!settings_.offload) {
         SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), S, false));
     } else if (own_on_host()) {
@@ -587,7 +630,10 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
         if (piece.begin == piece.end) continue;
         const ParamSpec &spec = (*table_.params)[p];
         optim::Segment seg;
-        seg.param = v.values + piece.shard_offset;  // fp32: the params, or the masters
+        // fp32: the params, or the masters; none where the update widens the bf16 params
+        // itself and rounds them back stochastically.
+        seg.param = unit.stochastic_round ? nullptr : v.values + piece.shard_offset;
+        seg.stochastic_round = unit.stochastic_round;
         if (unit.dtype != SX_DTYPE_F32) {  // ... rounded into the 16-bit params in the same pass
             // (offloaded: their shard on the host, copied up after the update)
             uint16_t *params16 = settings_.offload && !own_on_host() ? unit.host_params.as<uint16_t>() : own_params16(u);

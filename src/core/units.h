@@ -33,6 +33,11 @@ class Units {
         int32_t grad_dtype = SX_DTYPE_F32;  // of the grads
         Buffer params, grads;
         Buffer master;              // 16-bit params: this rank's shard in fp32
+        // bf16 params of bf16_stochastic_round groups: no masters (`master` holds only a
+        // checkpoint's fp32 copy, from a save or load until the next step: ensure_masters);
+        // the update widens the params, computes in fp32 and rounds stochastically back
+        // (optim/stochastic_round.h).
+        bool stochastic_round = false;
         bool master_valid = false;  // master holds the current values
         // Stage 2, or 16-bit grads: this rank's shard of the reduced (and accumulated)
         // gradients in fp32.
@@ -120,6 +125,9 @@ class Units {
     // --- sx_finalize ---
     // Every unit's params share one dtype (SX_ERR_INVALID_ARGUMENT naming two that do not).
     Status check_dtypes() const;
+    // Every param of a bf16_stochastic_round group is bf16, and a unit's params all take
+    // it or none does (SX_ERR_INVALID_ARGUMENT naming the params otherwise).
+    Status check_stochastic_round() const;
     // The buffers of the units of `layout` from index `first` on, into *added (nothing
     // here changes); then append them, or drop the units from `count` on (an undo).
     Status allocate(const Layout &layout, size_t first, std::vector<Unit> *added) const;
@@ -140,8 +148,14 @@ class Units {
     int required_slots(size_t u, const std::vector<uint8_t> &mask) const;
     // 16-bit units: the fp32 masters derived from the params where they are not yet, and
     // rounded into this rank's shard of the params (after someone wrote them).
-    Status ensure_masters();
-    Status ensure_master(size_t u);  // unit u's alone
+    // With checkpoint set (a save's or load's export), the bf16_stochastic_round units too:
+    // their bf16 params widened into an fp32 copy (allocated then, at every such export
+    // taken afresh), which a checkpoint stores and a load reads into, and which
+    // masters_to_params rounds to nearest into the params. The step drops these copies
+    // (drop_checkpoint_copies) once no save reads them.
+    Status ensure_masters(bool checkpoint = false);
+    Status ensure_master(size_t u, bool checkpoint = false);  // unit u's alone
+    void drop_checkpoint_copies();
     Status masters_to_params();
     // Offloaded units: the params the update wrote on the host (unit u's, its trainable
     // params' pieces alone) copied into this rank's shard of them

@@ -10,6 +10,7 @@
 #include "optim/kernels.h"
 #include "optim/optimizer.h"
 #include "optim/state_codec.h"
+#include "optim/stochastic_round.h"
 #include "optim/thread_pool.h"
 
 namespace sx {
@@ -302,6 +303,25 @@ double run_split(const Segment *segs, size_t num_segs, ThreadPool *pool,
     return sum;
 }
 
+// A segment of bf16 params without masters: each cache-sized block widened into fp32 on
+// the stack, updated there by the kernel, and rounded stochastically back.
+double update_rounding_stochastically(const KernelTable &k, const Segment &seg, const SegmentConsts &c,
+                                      size_t begin, size_t end) {
+    alignas(64) float block[kCastBlock];
+    Segment local = seg;
+    const uint64_t key = stochastic_round_key(seg.param_index, seg.step);
+    double total = 0.0;
+    for (size_t b = begin; b < end; b += kCastBlock) {
+        const size_t e = std::min(end, b + kCastBlock);
+        half::to_f32(SX_DTYPE_BF16, seg.compute_out + b, block, e - b);
+        // The kernel indexes the param by the element's place in the segment.
+        local.param = block - b;
+        total += k.update(local, c, b, e);
+        stochastic_round(block, seg.compute_out + b, e - b, key, seg.param_offset + b);
+    }
+    return total;
+}
+
 }  // namespace
 
 void fused_update_with(const KernelTable &k, const Segment *segs, size_t num_segs,
@@ -315,6 +335,8 @@ void fused_update_with(const KernelTable &k, const Segment *segs, size_t num_seg
                                  [&](size_t s, size_t begin, size_t end) {
                                      const Segment &seg = segs[s];
                                      if (seg.compute_out == nullptr) return k.update(seg, consts[s], begin, end);
+                                     if (seg.stochastic_round)
+                                         return update_rounding_stochastically(k, seg, consts[s], begin, end);
                                      // The compute copy, a cache-sized block at a time: the rounding
                                      // reads the params the update has just written, not memory.
                                      double total = 0.0;

@@ -90,10 +90,11 @@ enum class Rule : int32_t {
     X(d, double, 1.0, SX_HP_D, kNonNegative)                                        \
     X(beta3, double, 0.9999, SX_HP_BETA3, kBeta)                                    \
     X(t_alpha_beta3, double, 0.0, SX_HP_T_ALPHA_BETA3, kNonNegative)               \
-    X(state_dtype, double, 0.0, SX_HP_STATE_DTYPE, kStateDtype)
+    X(state_dtype, double, 0.0, SX_HP_STATE_DTYPE, kStateDtype)                     \
+    X(bf16_stochastic_round, bool, false, SX_HP_BF16_STOCHASTIC_ROUND, kFlag)
 
 // The largest SX_HP_* key.
-constexpr int32_t kMaxHyperKey = SX_HP_STATE_DTYPE;
+constexpr int32_t kMaxHyperKey = SX_HP_BF16_STOCHASTIC_ROUND;
 
 // The most steps a param (or a group) may count: 2^53, the last count a double holds
 // exactly (the bias corrections raise betas to the step in double); a step a
@@ -264,6 +265,11 @@ struct Segment {
     // of them, block by block while they are still in cache.
     uint16_t *compute_out = nullptr;
     int32_t compute_dtype = 0;
+    // bf16_stochastic_round (host kernels only): `param` is null and compute_out holds the
+    // bf16 params themselves; the update widens them a block at a time, computes in fp32
+    // and rounds them back stochastically (stochastic_round.h), with bits keyed by
+    // param_index, step and param_offset + i.
+    bool stochastic_round = false;
     // Device kernels only (core's DeviceOps::reads_16bit_grads): the gradient in 16 bits,
     // of grad_dtype (SX_DTYPE_BF16 or SX_DTYPE_F16), widened as the update reads it, with
     // `grad` null: a one-rank shard group's 16-bit gradients, which would otherwise be

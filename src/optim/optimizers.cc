@@ -17,9 +17,10 @@ constexpr uint32_t bit(int32_t key) { return 1u << key; }
 // Hyperparameters most optimizers share.
 constexpr uint32_t kCommon = bit(SX_HP_LR) | bit(SX_HP_WEIGHT_DECAY) | bit(SX_HP_MAXIMIZE);
 constexpr uint32_t kBetas = bit(SX_HP_BETA1) | bit(SX_HP_BETA2);
-// The elementwise optimizers' slots may be kept in bf16 or 8 bits (a fixed key: it
-// decides how the slots are stored, so it changes only before the first step).
-constexpr uint32_t kState = bit(SX_HP_STATE_DTYPE);
+// The elementwise optimizers' slots may be kept in bf16 or 8 bits, and their bf16 params
+// without masters (fixed keys: they decide how the slots and values are stored, so they
+// change only before the first step).
+constexpr uint32_t kState = bit(SX_HP_STATE_DTYPE) | bit(SX_HP_BF16_STOCHASTIC_ROUND);
 
 bool if_momentum(const Hyper &h, int) { return h.momentum != 0.0; }
 bool if_amsgrad(const Hyper &h, int) { return h.amsgrad; }
@@ -227,10 +228,15 @@ Status validate(const Hyper &h) {
     const uint32_t keys = s->keys;
     SX_CHECK_ARG(h.state_dtype == SX_STATE_FP32 || h.state_dtype == SX_STATE_BF16 || h.state_dtype == SX_STATE_8BIT,
                  "state_dtype = %g; it is SX_STATE_FP32 (0), SX_STATE_BF16 (1) or SX_STATE_8BIT (2)", h.state_dtype);
-    SX_CHECK_ARG(h.state_dtype == SX_STATE_FP32 || (keys & kState),
+    SX_CHECK_ARG(h.state_dtype == SX_STATE_FP32 || (keys & bit(SX_HP_STATE_DTYPE)),
                  "state_dtype = %s: %s keeps its state slots (%s) in fp32; bf16 and 8-bit state are for the "
                  "elementwise optimizers (%s)",
                  state_dtype_name(h.state_dtype), optimizer, slot_list(*s).c_str(), users_of(SX_HP_STATE_DTYPE).c_str());
+    // A custom optimizer sees its params as fp32 arrays: it cannot run on bf16 values alone.
+    SX_CHECK_ARG(!h.bf16_stochastic_round || (!s->custom && (keys & bit(SX_HP_BF16_STOCHASTIC_ROUND))),
+                 "bf16_stochastic_round = 1: %s cannot update bf16 params without fp32 masters; stochastic "
+                 "rounding is for the built-in elementwise optimizers (%s)",
+                 optimizer, users_of(SX_HP_BF16_STOCHASTIC_ROUND).c_str());
 #define SX_CHECK_ONE(name, type, d, key, rule)                                                                    \
     {                                                                                                             \
         const double v = as_double(h.name);                                                                       \

@@ -92,6 +92,12 @@ void fail_with(const Field &f, const char *where) {
     fail();
 }
 
+// The param "w" of f's groups: bf16 where f is bf16_stochastic_round (which takes bf16
+// params only).
+std::vector<sxtest::ParamDef> w_of(const Field &f) {
+    return {{"w", {2, 2}, false, f.key == SX_HP_BF16_STOCHASTIC_ROUND ? SX_DTYPE_BF16 : 0}};
+}
+
 std::string tag_of(const Field &f, const char *what) { return std::string("hyper-") + what + "-" + f.name; }
 
 // The descriptor's defaults, and what sx_add_param_group makes of a descriptor.
@@ -100,7 +106,7 @@ void test_descriptor(void **) {
         // sx_param_group_desc_init states torch's default of every hyperparameter.
         {
             sx_param_group_desc_t d = desc_with(f, false);
-            sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "default"), {{"w", {2, 2}}}, &d);
+            sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "default"), w_of(f), &d);
             // The optimizer's row may set its own default (AdamW's weight decay is 1e-2).
             double expected = NAN;
             assert_int_equal(sx::core::get_hyperparameter(
@@ -113,7 +119,7 @@ void test_descriptor(void **) {
             sx_destroy_shard_group(g);
         }
         sx_param_group_desc_t d = desc_with(f, true);
-        sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "desc"), {{"w", {2, 2}}}, &d);
+        sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "desc"), w_of(f), &d);
         if (get(g, f) != f.value) fail_with(f, "the descriptor's reading (sx_add_param_group)");
         sx_destroy_shard_group(g);
     }
@@ -125,8 +131,9 @@ void test_keys(void **) {
         assert_non_null(sx::core::hyperparameter_name(f.key));
         assert_string_equal(sx::core::hyperparameter_name(f.key), f.name);
         sx_param_group_desc_t d = desc_with(f, false);
-        sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "key"), {{"w", {2, 2}}}, &d);
-        if (f.key == SX_HP_STATE_DTYPE) {  // the layout follows it: fixed once laid out
+        sx_shard_group_t *g = sxtest::one_rank_group(tag_of(f, "key"), w_of(f), &d);
+        // The layout follows them (8-bit blocks; masters or none): fixed once laid out.
+        if (f.key == SX_HP_STATE_DTYPE || f.key == SX_HP_BF16_STOCHASTIC_ROUND) {
             assert_int_equal(sx_set_hyperparameter(g, 0, f.key, f.value), SX_ERR_INVALID_STATE);
             assert_true(get(g, f) == f.dflt);
             sx_destroy_shard_group(g);
@@ -160,6 +167,7 @@ void test_agreement(void **) {
             p.name = "w";
             p.ndim = 2;
             p.shape = shape;
+            if (f.key == SX_HP_BF16_STOCHASTIC_ROUND) p.dtype = SX_DTYPE_BF16;
             std::string out;
             if (sx_add_param_group(g, &d, nullptr) != SX_OK || sx_add_param(g, &p, nullptr) != SX_OK ||
                 sx_finalize(g) != SX_OK)
@@ -182,7 +190,7 @@ void test_save_and_load(void **) {
     for (const Field &f : table()) {
         const std::string path = dir + "/" + f.name;
         sx_param_group_desc_t d = desc_with(f, true);
-        sx_shard_group_t *saved = sxtest::one_rank_group(tag_of(f, "save"), {{"w", {2, 2}}}, &d);
+        sx_shard_group_t *saved = sxtest::one_rank_group(tag_of(f, "save"), w_of(f), &d);
         // Every built-in optimizer's group has its place in the format (a row of the table
         // without one would have its saves refused).
         if (!sx::ckpt::check_storable(sx::core::hyper_from_desc(d)).ok())
@@ -196,14 +204,17 @@ void test_save_and_load(void **) {
         if (f.key == SX_HP_STATE_DTYPE) {
             // A group must keep its state as the checkpoint did (it is fixed at sx_finalize):
             // another state dtype is refused, and the same one loads.
-            sx_shard_group_t *other = sxtest::one_rank_group(tag_of(f, "other"), {{"w", {2, 2}}}, &plain);
+            sx_shard_group_t *other = sxtest::one_rank_group(tag_of(f, "other"), w_of(f), &plain);
             assert_int_equal(sx_load_optim_state(other, &lo), SX_ERR_MISMATCH);
             assert_non_null(std::strstr(sx_last_error_message(), "fp32 optimizer state here but 8-bit"));
             sx_destroy_shard_group(other);
             plain = d;
         }
-        sx_shard_group_t *loaded = sxtest::one_rank_group(tag_of(f, "load"), {{"w", {2, 2}}}, &plain);
-        assert_true(f.key == SX_HP_STATE_DTYPE || get(loaded, f) != f.value);
+        // A group keeps its own way of holding values (its units were laid out for it): a
+        // load leaves bf16_stochastic_round as it is, so it is loaded into one that has it.
+        if (f.key == SX_HP_BF16_STOCHASTIC_ROUND) plain = d;
+        sx_shard_group_t *loaded = sxtest::one_rank_group(tag_of(f, "load"), w_of(f), &plain);
+        assert_true(f.key == SX_HP_STATE_DTYPE || f.key == SX_HP_BF16_STOCHASTIC_ROUND || get(loaded, f) != f.value);
         assert_int_equal(sx_load_optim_state(loaded, &lo), SX_OK);
         if (get(loaded, f) != f.value) fail_with(f, "the MANIFEST (save, encoding, decoding or load)");
         sx_destroy_shard_group(loaded);

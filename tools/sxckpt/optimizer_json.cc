@@ -17,9 +17,11 @@ namespace {
 
 // Whether hyperparameter hp_key is a key of a torch param group of `kind`: one that applies
 // to it, but for how sx stores the state (state_dtype), which is no torch hyperparameter:
-// it is written apart ("state_dtype", by name), and only where it is not fp32.
+// it is written apart ("state_dtype", by name), and only where it is not fp32; and
+// bf16_stochastic_round (torchao's AdamW option, no key of torch.optim's), written apart
+// only where set.
 bool torch_key(int32_t hp_key, optim::Kind kind) {
-    return optim::applies_to(hp_key, kind) && hp_key != SX_HP_STATE_DTYPE;
+    return optim::applies_to(hp_key, kind) && hp_key != SX_HP_STATE_DTYPE && hp_key != SX_HP_BF16_STOCHASTIC_ROUND;
 }
 
 // Every key of a param group of `kind`, as torch names them: the hyperparameters of
@@ -85,6 +87,7 @@ void write_group(JsonWriter &j, const ckpt::ParamGroupEntry &g, const ckpt::Mani
     // How sx kept the state the exported tensors came from (fp32 is torch's, and unsaid).
     const int state_dtype = static_cast<int>(g.state_dtype);
     if (state_dtype > 0 && state_dtype < 3) j.key("state_dtype"), j.string(kStateDtypeNames[state_dtype]);
+    if (g.bf16_stochastic_round) j.key("bf16_stochastic_round"), j.value(true);
     j.key("params");
     j.begin_array();
     for (const ckpt::ParamEntry &p : m.params)
@@ -127,6 +130,7 @@ Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
     const bool group_step = counts_group_steps(kind);
     for (const auto &m : v.members) {
         bool known = m.first == "optimizer" || m.first == "params" || m.first == "state_dtype" ||
+                     m.first == "bf16_stochastic_round" ||
                      (group_step && m.first == "step");
         for (const std::string &k : keys) known |= m.first == k;
         if (known) continue;
@@ -155,6 +159,8 @@ Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
     SX_HYPERPARAMETERS(SX_READ)
 #undef SX_READ
     if (const JsonValue *dtype = v.find("state_dtype")) SX_TRY(read_state_dtype(*dtype, what, &g->hyper.state_dtype));
+    if (const JsonValue *sr = v.find("bf16_stochastic_round"))
+        SX_TRY(read_value(*sr, what + ": \"bf16_stochastic_round\"", &g->hyper.bf16_stochastic_round));
     Status valid = optim::validate(ckpt::hyper_of(g->hyper));
     if (!valid.ok()) return valid.prefix(what + ": ");
     const JsonValue *params = v.find("params");

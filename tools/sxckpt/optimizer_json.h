@@ -48,7 +48,8 @@ std::string optimizer_json(const ckpt::Manifest &m);
 // Reads PREFIX.json's text, checking the schema: the schema version; every key known
 // and every required one there; optimizers SGD, Adam, AdamW with exactly their
 // hyperparameters, as sx_add_param_group accepts them, and optionally "state_dtype"
-// ("fp32", "bf16", "8bit": how the imported group keeps its state); each param in exactly one
+// ("fp32", "bf16", "8bit": how the imported group keeps its state) and
+// "bf16_stochastic_round" (a bool: the group keeps its bf16 params without masters); each param in exactly one
 // group and with exactly one "state" entry; 0 <= momentum_steps <= step, and
 // momentum_steps only for SGD. SX_ERR_INVALID_ARGUMENT naming the group, the param and
 // the field; SX_ERR_VERSION for a newer schema. `what` names the file in messages.

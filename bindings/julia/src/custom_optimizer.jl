@@ -55,7 +55,8 @@ const _STANDARD_HYPERPARAMETERS = ("lr", "weight_decay", "beta1", "beta2", "eps"
                                    "nesterov", "maximize", "amsgrad", "lr_decay", "initial_accumulator_value",
                                    "alpha", "centered", "momentum_decay", "decoupled_weight_decay",
                                    "ns_a", "ns_b", "ns_c", "ns_steps", "adjust_lr", "beta2_decay", "eps2", "d",
-                                   "beta3", "t_alpha_beta3", "state_dtype")
+                                   "beta3", "t_alpha_beta3", "state_dtype",
+                                   "bf16_stochastic_round")
 
 # Writes `message` into the piece's error buffer, which sx puts in the step's
 # SX_ERR_OPTIMIZER message: at most error_size - 1 bytes, cut at a UTF-8 character

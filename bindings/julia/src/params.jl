@@ -8,7 +8,7 @@ const _OPTIMIZERS = Dict(:sgd => SX_OPTIM_SGD, :adam => SX_OPTIM_ADAM, :adamw =>
                          :ademamix => SX_OPTIM_ADEMAMIX)
 # Keywords of add_param_group! that are flags (Int32 fields of the descriptor), numbers
 # and integers.
-const _FLAG_FIELDS = (:nesterov, :maximize, :amsgrad, :centered, :decoupled_weight_decay)
+const _FLAG_FIELDS = (:nesterov, :maximize, :amsgrad, :centered, :decoupled_weight_decay, :bf16_stochastic_round)
 const _FLOAT_FIELDS = (:lr, :weight_decay, :beta1, :beta2, :eps, :momentum, :dampening,
                        :lr_decay, :initial_accumulator_value, :alpha, :momentum_decay,
                        :ns_a, :ns_b, :ns_c, :beta2_decay, :eps2, :d, :beta3, :t_alpha_beta3)
@@ -71,7 +71,9 @@ is on by default, pytorch-optimizer's weight_decouple), `ns_coefficients=(a, b, 
 machine epsilon, 2^-23), `beta3` and `t_alpha_beta3` (AdEMAMix), and `state_dtype`
 (`"fp32"`, `"bf16"` or `"8bit"`, as a string or symbol, or an `SX_STATE_*` value: how the
 elementwise optimizers keep their state slots; `"8bit"` is torchao's AdamW8bit's
-block-wise quantization). One that does not apply to the optimizer must keep its default
+block-wise quantization), and `bf16_stochastic_round` (`true` or `false`, torchao's: the
+group's params, all bf16, keep no fp32 masters and each update is rounded stochastically
+into them; elementwise optimizers on CPU groups). One that does not apply to the optimizer must keep its default
 or be 0, which means the default (else an `SXError` with SX_ERR_INVALID_ARGUMENT).
 Before `finalize!`, or between steps after it (torch's add_param_group): the group and the
 params added with it then wait for the next `finalize!`, which every rank calls after

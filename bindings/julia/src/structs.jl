@@ -64,6 +64,7 @@ mutable struct ParamGroupDesc  # sx_param_group_desc_t
     beta3::Float64
     t_alpha_beta3::Float64
     state_dtype::Int32
+    bf16_stochastic_round::Int32
 end
 
 mutable struct ParamDesc  # sx_param_desc_t

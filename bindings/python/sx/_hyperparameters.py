@@ -19,4 +19,5 @@ HYPERPARAMETERS = {"lr": _lib.SX_HP_LR, "weight_decay": _lib.SX_HP_WEIGHT_DECAY,
                    "ns_steps": _lib.SX_HP_NS_STEPS, "adjust_lr": _lib.SX_HP_ADJUST_LR,
                    "beta2_decay": _lib.SX_HP_BETA2_DECAY, "eps2": _lib.SX_HP_EPS2, "d": _lib.SX_HP_D,
                    "beta3": _lib.SX_HP_BETA3, "t_alpha_beta3": _lib.SX_HP_T_ALPHA_BETA3,
-                   "state_dtype": _lib.SX_HP_STATE_DTYPE}
+                   "state_dtype": _lib.SX_HP_STATE_DTYPE,
+                   "bf16_stochastic_round": _lib.SX_HP_BF16_STOCHASTIC_ROUND}

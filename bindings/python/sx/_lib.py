@@ -118,6 +118,7 @@ SX_HP_D = 24
 SX_HP_BETA3 = 25
 SX_HP_T_ALPHA_BETA3 = 26
 SX_HP_STATE_DTYPE = 27
+SX_HP_BF16_STOCHASTIC_ROUND = 28
 
 SX_STATE_FP32 = 0
 SX_STATE_BF16 = 1
@@ -188,7 +189,7 @@ class sx_param_group_desc_t(ctypes.Structure):
                 ("ns_steps", ctypes.c_int32), ("adjust_lr", ctypes.c_int32),
                 ("beta2_decay", ctypes.c_double), ("eps2", ctypes.c_double), ("d", ctypes.c_double),
                 ("beta3", ctypes.c_double), ("t_alpha_beta3", ctypes.c_double),
-                ("state_dtype", ctypes.c_int32)]
+                ("state_dtype", ctypes.c_int32), ("bf16_stochastic_round", ctypes.c_int32)]
 
 
 class sx_param_desc_t(ctypes.Structure):

@@ -37,7 +37,7 @@ _STATE_DTYPES = {"fp32": _lib.SX_STATE_FP32, "float32": _lib.SX_STATE_FP32,
 _LOSS_SCALING_MODES = {"none": _lib.SX_LOSS_SCALING_NONE, "dynamic": _lib.SX_LOSS_SCALING_DYNAMIC,
                        "static": _lib.SX_LOSS_SCALING_STATIC}
 # Keyword arguments of add_param_group that are flags (int fields of the descriptor).
-_FLAG_FIELDS = ("nesterov", "maximize", "amsgrad", "centered", "decoupled_weight_decay")
+_FLAG_FIELDS = ("nesterov", "maximize", "amsgrad", "centered", "decoupled_weight_decay", "bf16_stochastic_round")
 _FLOAT_FIELDS = ("lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "dampening",
                  "lr_decay", "initial_accumulator_value", "alpha", "momentum_decay",
                  "ns_a", "ns_b", "ns_c", "beta2_decay", "eps2", "d", "beta3", "t_alpha_beta3")
@@ -243,7 +243,8 @@ class ShardGroup(Handle):
     one as a safety net. Views returned by the group point into memory it owns and must
     not be used after close. One thread uses a group at a time.
 
-    Mixed precision: params added with dtype "bf16" or "f16" get fp32 master weights.
+    Mixed precision: params added with dtype "bf16" or "f16" get fp32 master weights
+    (none for bf16 params of a param group with bf16_stochastic_round).
     ``grad_dtype="f32"`` gives every param an fp32 gradient (default: the param's own
     dtype); ``reduce_dtype="f32"`` sums 16-bit gradients over ranks in fp32 (default: in
     their own dtype).
@@ -440,7 +441,9 @@ class ShardGroup(Handle):
         pytorch-optimizer names them; a t_alpha_beta3 of None or 0: no warmup),
         state_dtype ("fp32", "bf16" or "8bit", or an SX_STATE_* value: how the
         elementwise optimizers keep their state on CPU groups; "8bit" is torchao's
-        AdamW8bit's block-wise quantization), and a custom optimizer's own
+        AdamW8bit's block-wise quantization), bf16_stochastic_round (torchao's: the
+        group's params, all bf16, keep no fp32 masters; each update is rounded
+        stochastically into them), and a custom optimizer's own
         hyperparameters by name.
         One that does not apply to the optimizer must keep its default or be 0, which
         means the default (else InvalidArgumentError)."""

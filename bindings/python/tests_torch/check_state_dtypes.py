@@ -162,7 +162,7 @@ def check_sx_torch():
     8-bit blocks, its bias in fp32); a block_size torchao allows but sx does not take is
     refused, and so is state_dtype on a class run through a custom optimizer."""
     import sx.torch
-    from sx.errors import UnsupportedError
+    from sx.errors import InvalidArgumentError, UnsupportedError
     from torchao.optim import AdamW8bit
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
@@ -181,16 +181,61 @@ def check_sx_torch():
             if not torch.equal(p.detach().view(torch.int32), q.detach().view(torch.int32)):
                 sys.exit(f"FAIL sx.torch with AdamW8bit: {name} differs from torchao's after step {step + 1}")
     opt.close()
-    for bad, what in ((dict(block_size=128), "block_size"), (dict(bf16_stochastic_round=True), "stochastic")):
+    # block_size sx does not take; bf16_stochastic_round on an fp32 model (its params must
+    # be bf16) or through param_dtype (whose fp32 values would seed masters).
+    for bad, what, error in ((dict(block_size=128), "block_size", UnsupportedError),
+                             (dict(bf16_stochastic_round=True), "bf16_stochastic_round", InvalidArgumentError),
+                             (dict(bf16_stochastic_round=True, param_dtype=torch.bfloat16), "param_dtype",
+                              UnsupportedError)):
         try:
             sx.torch.ShardedOptimizer(torch.nn.Linear(4, 4), AdamW8bit, rendezvous="local://state-dtype-bad",
                                       rank=0, world_size=1, **bad)
             sys.exit(f"FAIL sx.torch took AdamW8bit with {bad}")
-        except UnsupportedError as e:
+        except error as e:
             if what not in str(e):
                 sys.exit(f"FAIL sx.torch refused {bad} without naming {what}: {e}")
-    print(f"ok   sx.torch with torchao's AdamW8bit: bit for bit over {STEPS} steps; block_size=128 and "
-          "bf16_stochastic_round=True refused", flush=True)
+    check_sx_torch_stochastic_round()
+    print(f"ok   sx.torch with torchao's AdamW8bit: bit for bit over {STEPS} steps; block_size=128, "
+          "bf16_stochastic_round=True on fp32 params and with param_dtype refused; a bf16 model with "
+          "bf16_stochastic_round=True keeps no masters and learns", flush=True)
+
+
+def check_sx_torch_stochastic_round():
+    """sx.torch with AdamW8bit(bf16_stochastic_round=True) on a bf16 model: the group takes the
+    option, its optimizer bytes are the 8-bit moments' alone (no fp32 masters), and the loss
+    falls as torchao's own does on a copy (within a tenth of torchao's decrease: the random
+    bits differ, check_stochastic_round.py compares the two as samples)."""
+    import sx.torch
+    from torchao.optim import AdamW8bit
+    torch.manual_seed(1)
+    model = torch.nn.Linear(256, 64, bias=False).to(torch.bfloat16)  # 16384 elements: 64 blocks
+    ref_model = copy.deepcopy(model)
+    opt = sx.torch.ShardedOptimizer(model, AdamW8bit, rendezvous="local://state-dtype-torch-sr", rank=0,
+                                    world_size=1, lr=1e-3, bf16_stochastic_round=True)
+    ref = AdamW8bit(ref_model.parameters(), lr=1e-3, bf16_stochastic_round=True)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 256, generator=g).to(torch.bfloat16)
+    y = torch.randn(64, 64, generator=g).to(torch.bfloat16)
+    losses = {}
+    for m, o in ((model, opt), (ref_model, ref)):
+        first = None
+        for step in range(60):
+            o.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(x).float(), y.float())
+            loss.backward()
+            o.step()
+            first = float(loss.detach()) if first is None else first
+        losses[o is opt] = (first, float(torch.nn.functional.mse_loss(m(x).float(), y.float()).detach()))
+    if opt.group.get_hyperparameter(0, "bf16_stochastic_round") != 1.0:
+        sys.exit("FAIL sx.torch did not pass bf16_stochastic_round to sx")
+    if opt.group.memory_stats().optimizer_bytes != 2 * (16384 + 64 * 4):
+        sys.exit(f"FAIL sx.torch with bf16_stochastic_round: optimizer bytes "
+                 f"{opt.group.memory_stats().optimizer_bytes}, not the 8-bit moments' {2 * (16384 + 64 * 4)}")
+    (sx_first, sx_last), (ao_first, ao_last) = losses[True], losses[False]
+    if sx_first != ao_first or abs(sx_last - ao_last) > 0.1 * (ao_first - ao_last):
+        sys.exit(f"FAIL sx.torch with bf16_stochastic_round: loss {sx_first:.5f} -> {sx_last:.5f}, torchao's "
+                 f"{ao_first:.5f} -> {ao_last:.5f}")
+    opt.close()
 
 
 def _train(model, opt, steps, first=0):

@@ -43,10 +43,9 @@ try:
     _STATE_DTYPE_OF[_Adam8bit] = _STATE_DTYPE_OF[_AdamW8bit] = "8bit"
 except ImportError:
     pass
-# torchao's options that sx follows at one value.
-_TORCHAO_FIXED = {"block_size": (256, "sx's 8-bit blocks are torchao's default, 256 elements"),
-                  "bf16_stochastic_round": (False, "sx keeps fp32 masters of bf16 params (param_dtype) and rounds "
-                                                   "them to nearest")}
+# torchao's options that sx follows at one value. (bf16_stochastic_round passes through:
+# the param group's, whose params must then be bf16, kept without fp32 masters.)
+_TORCHAO_FIXED = {"block_size": (256, "sx's 8-bit blocks are torchao's default, 256 elements")}
 # Each kind's param group keys besides lr, weight_decay and maximize, as torch names them
 # ("betas" is sx's beta1 and beta2; Adafactor's "eps" its eps and eps2).
 _KEYS = {"sgd": ("momentum", "dampening", "nesterov"), "adam": ("betas", "eps", "amsgrad"),

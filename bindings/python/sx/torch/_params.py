@@ -103,6 +103,13 @@ class _Params:
             _check_torchao(group)
         if self._state_dtype != "fp32":
             extra["state_dtype"] = self._state_dtype
+        if self.optimizer_class in _STATE_DTYPE_OF and group.get("bf16_stochastic_round"):
+            if self._param_dtype is not None:
+                raise UnsupportedError(_lib.SX_ERR_UNSUPPORTED,
+                                       "bf16_stochastic_round=True keeps bf16 params without fp32 masters; "
+                                       "give sx.torch a bf16 model rather than param_dtype, whose fp32 values "
+                                       "would seed masters")
+            extra["bf16_stochastic_round"] = True
         index = self.group.add_param_group(self._kind, **_hyper(self._kind, group), **extra)
         self._pushed.append(_hyper(self._kind, group))
         if self._finalized:

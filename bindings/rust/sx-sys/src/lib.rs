@@ -107,6 +107,7 @@ pub const SX_HP_D: i32 = 24;
 pub const SX_HP_BETA3: i32 = 25;
 pub const SX_HP_T_ALPHA_BETA3: i32 = 26;
 pub const SX_HP_STATE_DTYPE: i32 = 27;
+pub const SX_HP_BF16_STOCHASTIC_ROUND: i32 = 28;
 
 /// [`sx_param_group_desc_t::state_dtype`]: how a param group keeps its optimizer state slots.
 pub const SX_STATE_FP32: i32 = 0;
@@ -225,6 +226,7 @@ pub struct sx_param_group_desc_t {
     pub beta3: f64,
     pub t_alpha_beta3: f64,
     pub state_dtype: i32,
+    pub bf16_stochastic_round: i32,
 }
 
 #[repr(C)]

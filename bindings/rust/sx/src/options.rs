@@ -502,6 +502,16 @@ impl ParamGroup {
         self.raw.state_dtype = dtype.value();
         self
     }
+    /// torchao's bf16_stochastic_round: the group's params, every one bf16, keep no fp32
+    /// master weights; each update is computed in fp32 and rounded stochastically into
+    /// them, with random bits that depend on the param, its step and the element only (the
+    /// same at any world size and stage). Elementwise optimizers on CPU groups; checkpoints
+    /// store its params widened to fp32; memory copies, regroup, the whole-state calls and
+    /// state views refuse such a group.
+    pub fn bf16_stochastic_round(mut self, on: bool) -> Self {
+        self.raw.bf16_stochastic_round = on as i32;
+        self
+    }
     /// The C description as filled so far.
     pub fn raw(&self) -> &sys::sx_param_group_desc_t {
         &self.raw
@@ -597,6 +607,9 @@ pub enum Hyperparameter {
     TAlphaBeta3,
     /// A [`StateDtype`] value; only before sx_finalize lays its group out.
     StateDtype,
+    /// 0 or 1 ([`ParamGroup::bf16_stochastic_round`]); only before sx_finalize lays its
+    /// group out.
+    Bf16StochasticRound,
     /// A custom optimizer's own hyperparameter i (counting only its own, in registration
     /// order): key `SX_HP_CUSTOM + i`.
     Custom(u32),
@@ -632,6 +645,7 @@ impl Hyperparameter {
             Hyperparameter::Beta3 => sys::SX_HP_BETA3,
             Hyperparameter::TAlphaBeta3 => sys::SX_HP_T_ALPHA_BETA3,
             Hyperparameter::StateDtype => sys::SX_HP_STATE_DTYPE,
+            Hyperparameter::Bf16StochasticRound => sys::SX_HP_BF16_STOCHASTIC_ROUND,
             Hyperparameter::Custom(i) => sys::SX_HP_CUSTOM.saturating_add(i.min(i32::MAX as u32) as i32),
         }
     }

@@ -1,0 +1,579 @@
+// bf16 params without fp32 masters (sx_param_group_desc_t.bf16_stochastic_round): the
+// rounding itself (the vectorised loops against the scalar reference, unbiasedness), the
+// same params bit for bit at worlds 1 to 3 and stages 1 to 3 after several AdamW steps
+// with bf16 state, no masters in the memory counts, and the calls that refuse it.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "optim/stochastic_round.h"
+#include "sx_cmocka.h"
+#include "test_files.h"
+#include "test_groups.h"
+
+namespace {
+
+using sx::optim::bf16_round_stochastic;
+using sx::optim::random16;
+using sx::optim::stochastic_round;
+using sx::optim::stochastic_round_key;
+using sx::optim::stochastic_round_reference;
+
+float bf16_value(uint16_t h) {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+uint16_t bf16_nearest(float f) {  // round to nearest even (finite f)
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+float from_bits(uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// The update's loops give the reference's bits on awkward sizes and offsets, specials
+// included; NaN stays NaN, and values bf16 holds exactly are kept.
+void test_vector_loops_match_the_reference(void **) {
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<uint32_t> any_bits;
+    const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, from_bits(0x7F800001u),
+                              from_bits(0xFF80FFFFu), from_bits(0x7F7FFFFFu), from_bits(0x00000001u), 1.0f, -3.5f};
+    for (size_t n : {0, 1, 7, 255, 256, 257, 1000, 4097}) {
+        std::vector<float> x(n);
+        for (size_t i = 0; i < n; ++i) x[i] = i < 12 ? specials[i] : from_bits(any_bits(rng));
+        for (uint64_t first : {0ull, 3ull, 1000003ull}) {
+            const uint64_t key = stochastic_round_key(static_cast<int32_t>(n % 5), static_cast<int64_t>(first + 1));
+            std::vector<uint16_t> want(n, 0xAAAA), got(n, 0x5555);
+            stochastic_round_reference(x.data(), want.data(), n, key, first);
+            stochastic_round(x.data(), got.data(), n, key, first);
+            for (size_t i = 0; i < n; ++i) {
+                uint32_t bits;
+                std::memcpy(&bits, &x[i], sizeof bits);
+                if (want[i] != got[i])
+                    fail_msg("n %zu first %llu element %zu (x bits 0x%08x): reference 0x%04x, loops 0x%04x", n,
+                             static_cast<unsigned long long>(first), i, bits, want[i], got[i]);
+                if (std::isnan(x[i])) assert_true(std::isnan(bf16_value(got[i])));
+                if ((bits & 0xFFFFu) == 0 && !std::isnan(x[i])) assert_int_equal(got[i], bits >> 16);
+            }
+        }
+    }
+}
+
+// The mean of many roundings of x (each element its own bits) lies within 4 standard
+// deviations of x: sigma = spacing * sqrt(p (1 - p) / M) <= spacing / (2 sqrt(M)); every
+// rounding is one of x's two bf16 neighbours.
+void test_rounding_is_unbiased(void **) {
+    constexpr size_t M = 1 << 16;
+    const float xs[] = {1.0f + 0.1f * 0x1p-7f, 1.0f + 0.5f * 0x1p-7f, -3.0f - 0.9f * 0x1p-6f, 1e-30f * 1.3f, 1234.567f};
+    std::vector<float> x(M);
+    std::vector<uint16_t> out(M);
+    for (float v : xs) {
+        std::fill(x.begin(), x.end(), v);
+        stochastic_round(x.data(), out.data(), M, stochastic_round_key(3, 11), 17);
+        uint32_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        const float down = bf16_value(static_cast<uint16_t>(bits >> 16));
+        const float up = bf16_value(static_cast<uint16_t>((bits >> 16) + 1));
+        const double spacing = std::fabs(static_cast<double>(up) - down);
+        double sum = 0.0;
+        for (size_t i = 0; i < M; ++i) {
+            const float r = bf16_value(out[i]);
+            if (r != down && r != up) fail_msg("%g rounded to %g, not %g or %g", v, r, down, up);
+            sum += r;
+        }
+        const double mean = sum / M, bound = 4.0 * spacing / (2.0 * std::sqrt(static_cast<double>(M)));
+        if (std::fabs(mean - v) > bound)
+            fail_msg("%.9g: the mean of %zu roundings is %.9g, %.3g away (bound %.3g)", v, M, mean,
+                     std::fabs(mean - v), bound);
+    }
+    // The bits of one element differ between steps and params (the key changes them).
+    assert_true(random16(stochastic_round_key(0, 1), 5) != random16(stochastic_round_key(0, 2), 5) ||
+                random16(stochastic_round_key(0, 1), 6) != random16(stochastic_round_key(0, 2), 6));
+    assert_true(stochastic_round_key(1, 1) != stochastic_round_key(0, 1));
+}
+
+struct Def {
+    const char *name;
+    std::vector<int64_t> shape;
+    int32_t unit;
+};
+// Unit 0: one odd-sized param; unit 1: a small one, one over a cast block (4096), and one
+// of whole 8-bit blocks (32 of 256: 8-bit state quantizes it, the others keep fp32).
+const std::vector<Def> kParams = {{"a", {37, 29}, 0}, {"b", {300}, 1}, {"c", {5001}, 1}, {"d", {32, 256}, 1}};
+constexpr int kSteps = 6;
+
+int64_t numel(const Def &d) {
+    int64_t n = 1;
+    for (int64_t e : d.shape) n *= e;
+    return n;
+}
+
+sx_param_group_desc_t sr_adamw(double lr = 3e-3) {
+    sx_param_group_desc_t d;
+    sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_ADAMW);
+    d.lr = lr;
+    d.weight_decay = 0.1;
+    d.state_dtype = SX_STATE_BF16;
+    d.bf16_stochastic_round = 1;
+    return d;
+}
+
+sx_shard_group_t *make_group(const std::string &rv, int rank, int world, int stage, double lr, std::string *err,
+                             int stochastic_round = 1, int32_t state_dtype = SX_STATE_BF16) {
+    sx_group_config_t cfg;
+    sx_group_config_init(&cfg, sizeof cfg);
+    cfg.rendezvous = rv.c_str();
+    cfg.rank = rank;
+    cfg.world_size = world;
+    cfg.stage = stage;
+    cfg.num_threads = 2;
+    cfg.reduce_dtype = SX_DTYPE_F32;  // rank 0's gradients + zeros: exact in any order
+    sx_shard_group_t *g = nullptr;
+    if (sx_create_shard_group(&cfg, &g) != SX_OK) {
+        *err = sx_last_error_message();
+        return nullptr;
+    }
+    sx_param_group_desc_t d = sr_adamw(lr);
+    d.bf16_stochastic_round = stochastic_round;
+    d.state_dtype = state_dtype;
+    bool ok = sx_add_param_group(g, &d, nullptr) == SX_OK;
+    for (const Def &p : kParams) {
+        sx_param_desc_t pd;
+        sx_param_desc_init(&pd, sizeof pd);
+        pd.name = p.name;
+        pd.ndim = static_cast<int32_t>(p.shape.size());
+        pd.shape = p.shape.data();
+        pd.dtype = SX_DTYPE_BF16;
+        pd.unit = p.unit;
+        ok = ok && sx_add_param(g, &pd, nullptr) == SX_OK;
+    }
+    if (!ok || sx_finalize(g) != SX_OK) {
+        *err = sx_last_error_message();
+        sx_destroy_shard_group(g);
+        return nullptr;
+    }
+    return g;
+}
+
+// Calls fn(param index, its bf16 view) for every param, its unit gathered at stage 3.
+template <class Fn>
+bool each_param(sx_shard_group_t *g, int stage, Fn fn) {
+    for (int32_t unit = 0; unit < 2; ++unit) {
+        if (stage == 3 && sx_unit_gather(g, unit) != SX_OK) return false;
+        for (int32_t p = 0; p < static_cast<int32_t>(kParams.size()); ++p) {
+            if (kParams[p].unit != unit) continue;
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            if (sx_param_view(g, p, &v) != SX_OK || v.dtype != SX_DTYPE_BF16) return false;
+            fn(p, static_cast<uint16_t *>(v.data));
+        }
+        if (stage == 3 && sx_unit_release(g, unit) != SX_OK) return false;
+    }
+    return true;
+}
+
+float initial(int32_t p, int64_t i) { return 0.5f * std::sin(0.37f * static_cast<float>(i) + 1.3f * p); }
+float gradient(int32_t p, int64_t i, int step) {
+    return 0.01f * std::cos(0.11f * static_cast<float>(i * (p + 1)) + 0.7f * step) + 1e-4f * step;
+}
+
+// Writes the same initial values on every rank, then kSteps steps whose gradients are
+// rank 0's (others' zero, weight 0): every world reduces the same fp32 sums. Returns the
+// params' bits (rank 0's), or the error.
+// A checkpoint to save after the steps, or to load before them (whose steps then count
+// on from the checkpoint's `first`).
+struct Checkpoint {
+    std::string save, load;
+    int first = 1;
+    int stochastic_round = 1;  // the group's
+    int32_t state_dtype = SX_STATE_BF16;
+};
+
+std::string train(int world, int stage, std::vector<std::vector<uint16_t>> *out, int steps = kSteps,
+                  double lr = 3e-3, const Checkpoint &ck = Checkpoint()) {
+    const std::string rv = "local://sr-train-" + std::to_string(world) + "-" + std::to_string(stage) + "-" +
+                           std::to_string(steps) + "-" + std::to_string(lr) + "-" + std::to_string(ck.first) +
+                           std::to_string(ck.stochastic_round) + std::to_string(ck.state_dtype) + "-" +
+                           std::to_string(getpid());
+    return sxtest::run_ranks(world, [&](int rank) -> std::string {
+        std::string err;
+        sx_shard_group_t *g = make_group(rv, rank, world, stage, lr, &err, ck.stochastic_round, ck.state_dtype);
+        if (!g) return err;
+        bool ok = each_param(g, stage, [](int32_t p, uint16_t *v) {
+            for (int64_t i = 0; i < numel(kParams[p]); ++i) v[i] = bf16_nearest(initial(p, i));
+        });
+        if (ok && !ck.load.empty()) {
+            sx_load_options_t lo;
+            sx_load_optim_state_options_init(&lo, sizeof lo);
+            lo.path = ck.load.c_str();
+            ok = sx_load_optim_state(g, &lo) == SX_OK;
+        }
+        for (int s = ck.first; ok && s < ck.first + steps; ++s) {
+            for (int32_t p = 0; ok && p < static_cast<int32_t>(kParams.size()); ++p) {
+                sx_view_t v;
+                sx_view_init(&v, sizeof v);
+                ok = sx_grad_view(g, p, &v) == SX_OK && v.dtype == SX_DTYPE_BF16;
+                uint16_t *grad = ok ? static_cast<uint16_t *>(v.data) : nullptr;
+                for (int64_t i = 0; ok && i < numel(kParams[p]); ++i)
+                    grad[i] = rank == 0 ? bf16_nearest(gradient(p, i, s)) : 0;
+            }
+            sx_step_options_t so;
+            sx_step_options_init(&so, sizeof so);
+            so.weighted = 1;
+            so.weight = rank == 0 ? 1.0 : 0.0;
+            ok = ok && sx_step(g, &so, nullptr) == SX_OK;
+        }
+        if (ok && !ck.save.empty()) ok = sxtest::save_synchronously(g, ck.save) == SX_OK;
+        if (ok && rank == 0) {
+            out->assign(kParams.size(), {});
+            ok = each_param(g, stage, [&](int32_t p, uint16_t *v) { (*out)[p].assign(v, v + numel(kParams[p])); });
+        } else if (ok && stage == 3) {
+            ok = each_param(g, stage, [](int32_t, uint16_t *) {});  // the gathers are collective
+        }
+        if (!ok) err = sx_last_error_message();
+        sx_destroy_shard_group(g);
+        return err;
+    });
+}
+
+// The same params, bit for bit, at every world size and stage (the steps changed most
+// elements, and one step more changes them again).
+void test_same_bits_at_every_world_and_stage(void **) {
+    std::vector<std::vector<uint16_t>> want;
+    std::string err = train(1, 1, &want);
+    if (!err.empty()) fail_msg("world 1 stage 1: %s", err.c_str());
+    size_t changed = 0, total = 0;
+    for (int32_t p = 0; p < static_cast<int32_t>(kParams.size()); ++p)
+        for (int64_t i = 0; i < numel(kParams[p]); ++i, ++total) changed += want[p][i] != bf16_nearest(initial(p, i));
+    if (changed * 2 < total) fail_msg("only %zu of %zu elements changed in %d steps", changed, total, kSteps);
+    const int runs[][2] = {{1, 2}, {1, 3}, {2, 1}, {2, 2}, {2, 3}, {3, 1}, {3, 2}, {3, 3}};
+    for (const auto &run : runs) {
+        std::vector<std::vector<uint16_t>> got;
+        err = train(run[0], run[1], &got);
+        if (!err.empty()) fail_msg("world %d stage %d: %s", run[0], run[1], err.c_str());
+        for (size_t p = 0; p < kParams.size(); ++p)
+            for (size_t i = 0; i < want[p].size(); ++i)
+                if (got[p][i] != want[p][i])
+                    fail_msg("world %d stage %d: param %s element %zu is 0x%04x, world 1 stage 1's 0x%04x", run[0],
+                             run[1], kParams[p].name, i, got[p][i], want[p][i]);
+    }
+    // One step more changes them again (the bits follow the step count).
+    std::vector<std::vector<uint16_t>> more;
+    err = train(1, 1, &more, kSteps + 1);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    assert_true(more != want);
+}
+
+// The same with AdamW's 8-bit state (torchao's blocks, which follow every layout's shards).
+void test_same_bits_with_8bit_state(void **) {
+    Checkpoint eight;
+    eight.state_dtype = SX_STATE_8BIT;
+    std::vector<std::vector<uint16_t>> want, got;
+    std::string err = train(1, 1, &want, kSteps, 3e-3, eight);
+    if (!err.empty()) fail_msg("world 1 stage 1: %s", err.c_str());
+    for (const auto &run : {std::make_pair(2, 3), std::make_pair(3, 2)}) {
+        err = train(run.first, run.second, &got, kSteps, 3e-3, eight);
+        if (!err.empty()) fail_msg("world %d stage %d: %s", run.first, run.second, err.c_str());
+        if (got != want) fail_msg("8-bit state, world %d stage %d: the params differ from world 1's", run.first, run.second);
+    }
+    std::vector<std::vector<uint16_t>> bf16_state;
+    err = train(1, 1, &bf16_state);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    assert_true(bf16_state[3] != want[3]);  // "d"'s state was 8-bit indeed
+}
+
+// Updates far below half a bf16 step (lr 1e-5 against a spacing of 2^-9 near 0.5), which
+// rounding to nearest would drop every time, move some elements: with probability about
+// |update| / spacing each, so about 0.5% of the elements per step.
+void test_small_updates_are_not_lost(void **) {
+    std::vector<std::vector<uint16_t>> got;
+    const std::string err = train(2, 2, &got, kSteps, 1e-5);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    // Elements of magnitude >= 0.25 (spacing >= 2^-10): each update is under a tenth of
+    // half a spacing, so rounding to nearest would keep every one of them.
+    size_t changed = 0, total = 0;
+    for (int32_t p = 0; p < static_cast<int32_t>(kParams.size()); ++p)
+        for (int64_t i = 0; i < numel(kParams[p]); ++i) {
+            if (std::fabs(initial(p, i)) < 0.25f) continue;
+            ++total;
+            changed += got[p][i] != bf16_nearest(initial(p, i));
+        }
+    if (changed < 10 || changed * 10 > total)
+        fail_msg("%zu of %zu elements of magnitude >= 0.25 changed in %d steps of lr 1e-5; expected a few percent",
+                 changed, total, kSteps);
+}
+
+// A checkpoint saved by 3 ranks at stage 2 after 3 steps, loaded by 2 ranks at stage 3 and
+// by 1 at stage 1, continues to the same params, bit for bit, as the 6 steps without it
+// (its param tensors are the bf16 params widened, and a load rounds them back exactly).
+void test_checkpoint_resumes_at_another_world(void **) {
+    std::vector<std::vector<uint16_t>> want, got, saved;
+    std::string err = train(1, 1, &want);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    const std::string tmp = sxtest::make_tmpdir("sr-ckpt"), dir = tmp + "/rounding";
+    Checkpoint save;
+    save.save = dir;
+    err = train(3, 2, &saved, kSteps / 2, 3e-3, save);
+    if (!err.empty()) fail_msg("saving: %s", err.c_str());
+    for (const auto &run : {std::make_pair(2, 3), std::make_pair(1, 1)}) {
+        Checkpoint load;
+        load.load = dir;
+        load.first = kSteps / 2 + 1;
+        err = train(run.first, run.second, &got, kSteps - kSteps / 2, 3e-3, load);
+        if (!err.empty()) fail_msg("resuming at world %d stage %d: %s", run.first, run.second, err.c_str());
+        if (got != want) fail_msg("resumed at world %d stage %d: the params differ from the run without a checkpoint",
+                                  run.first, run.second);
+    }
+    // A group with masters takes the params as its masters (its first steps from them are
+    // those of a group whose masters were the bf16 params); a group without, loading a
+    // checkpoint of one with masters, rounds them to nearest: the saved group's params.
+    Checkpoint zero_steps;
+    zero_steps.load = dir;
+    zero_steps.stochastic_round = 0;
+    err = train(2, 1, &got, 0, 3e-3, zero_steps);
+    if (!err.empty()) fail_msg("loading into a group with masters: %s", err.c_str());
+    if (got != saved) fail_msg("a group with masters loaded other params than those saved");
+    const std::string mastered = tmp + "/masters";
+    Checkpoint save_mastered;
+    save_mastered.save = mastered;
+    save_mastered.stochastic_round = 0;
+    std::vector<std::vector<uint16_t>> mastered_params;
+    err = train(2, 2, &mastered_params, 2, 3e-3, save_mastered);
+    if (!err.empty()) fail_msg("saving a group with masters: %s", err.c_str());
+    Checkpoint into_rounding;
+    into_rounding.load = mastered;
+    err = train(3, 3, &got, 0, 3e-3, into_rounding);
+    if (!err.empty()) fail_msg("loading masters into a group without: %s", err.c_str());
+    if (got != mastered_params) fail_msg("a group without masters loaded other params than the saved group's");
+    sxtest::remove_tree(tmp);
+}
+
+// bf16 params, bf16 grads, AdamW with bf16 moments: the optimizer bytes are the moments'
+// 4 per element, divided by the world size; a group with masters holds 4 more.
+void test_no_masters_in_memory(void **) {
+    constexpr int64_t kN = 1 << 16;  // a multiple of every alignment: no padding
+    for (int sr : {1, 0}) {
+        for (int world : {1, 2}) {
+            const std::string rv = "local://sr-mem-" + std::to_string(sr) + "-" + std::to_string(world) + "-" +
+                                   std::to_string(getpid());
+            const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
+                sx_group_config_t cfg;
+                sx_group_config_init(&cfg, sizeof cfg);
+                cfg.rendezvous = rv.c_str();
+                cfg.rank = rank;
+                cfg.world_size = world;
+                cfg.num_threads = 1;
+                sx_shard_group_t *g = nullptr;
+                if (sx_create_shard_group(&cfg, &g) != SX_OK) return sx_last_error_message();
+                sx_param_group_desc_t d = sr_adamw();
+                d.bf16_stochastic_round = sr;
+                sx_param_desc_t pd;
+                sx_param_desc_init(&pd, sizeof pd);
+                pd.name = "w";
+                pd.ndim = 1;
+                pd.shape = &kN;
+                pd.dtype = SX_DTYPE_BF16;
+                sx_memory_stats_t m;
+                sx_memory_stats_init(&m, sizeof m);
+                std::string out;
+                if (sx_add_param_group(g, &d, nullptr) != SX_OK || sx_add_param(g, &pd, nullptr) != SX_OK ||
+                    sx_finalize(g) != SX_OK || sx_step(g, nullptr, nullptr) != SX_OK ||
+                    sx_get_memory_stats(g, &m) != SX_OK)
+                    out = sx_last_error_message();
+                const uint64_t want = (sr ? 4u : 8u) * static_cast<uint64_t>(kN) / static_cast<uint64_t>(world);
+                if (out.empty() && (m.optimizer_bytes != want || m.unsharded_optimizer_bytes != want * world ||
+                                    m.param_bytes != 2u * kN))
+                    out = "bf16_stochastic_round " + std::to_string(sr) + " world " + std::to_string(world) +
+                          ": optimizer bytes " + std::to_string(m.optimizer_bytes) + " (unsharded " +
+                          std::to_string(m.unsharded_optimizer_bytes) + "), expected " + std::to_string(want) +
+                          "; param bytes " + std::to_string(m.param_bytes);
+                sx_destroy_shard_group(g);
+                return out;
+            });
+            if (!err.empty()) fail_msg("%s", err.c_str());
+        }
+    }
+}
+
+bool says(const char *what) { return std::strstr(sx_last_error_message(), what) != nullptr; }
+
+sx_shard_group_t *bare_group(const std::string &tag, int memory_copies = 0) {
+    sx_group_config_t cfg;
+    sx_group_config_init(&cfg, sizeof cfg);
+    const std::string rv = "local://" + tag + "-" + std::to_string(getpid());
+    cfg.rendezvous = rv.c_str();
+    cfg.world_size = 1;
+    cfg.num_threads = 1;
+    cfg.memory_copy_interval = memory_copies;
+    sx_shard_group_t *g = nullptr;
+    assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
+    return g;
+}
+
+sx_status_t add(sx_shard_group_t *g, const char *name, int32_t dtype, int32_t group, int32_t unit) {
+    static const int64_t shape[1] = {64};
+    sx_param_desc_t pd;
+    sx_param_desc_init(&pd, sizeof pd);
+    pd.name = name;
+    pd.ndim = 1;
+    pd.shape = shape;
+    pd.dtype = dtype;
+    pd.param_group = group;
+    pd.unit = unit;
+    return sx_add_param(g, &pd, nullptr);
+}
+
+// Optimizers that are not elementwise, and memory copies, refuse it at the descriptor.
+void test_descriptor_refusals(void **) {
+    sx_shard_group_t *g = bare_group("sr-desc");
+    for (int32_t opt : {SX_OPTIM_LAMB, SX_OPTIM_MUON, SX_OPTIM_ADAFACTOR}) {
+        sx_param_group_desc_t d;
+        sx_param_group_desc_init(&d, sizeof d, opt);
+        d.bf16_stochastic_round = 1;
+        assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_ERR_INVALID_ARGUMENT);
+        assert_true(says("bf16_stochastic_round"));
+    }
+    sx_param_group_desc_t d = sr_adamw();
+    d.bf16_stochastic_round = 2;
+    assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_ERR_INVALID_ARGUMENT);
+    int32_t groups = -1;
+    assert_int_equal(sx_get_num_param_groups(g, &groups), SX_OK);
+    assert_int_equal(groups, 0);
+    // Before sx_finalize it may be set by key; after, it is fixed.
+    sx_param_group_desc_t plain = sr_adamw();
+    plain.bf16_stochastic_round = 0;
+    assert_int_equal(sx_add_param_group(g, &plain, nullptr), SX_OK);
+    assert_int_equal(sx_set_hyperparameter(g, 0, SX_HP_BF16_STOCHASTIC_ROUND, 1), SX_OK);
+    assert_int_equal(add(g, "w", SX_DTYPE_BF16, 0, 0), SX_OK);
+    assert_int_equal(sx_finalize(g), SX_OK);
+    assert_int_equal(sx_set_hyperparameter(g, 0, SX_HP_BF16_STOCHASTIC_ROUND, 0), SX_ERR_INVALID_STATE);
+    double value = -1;
+    assert_int_equal(sx_get_hyperparameter(g, 0, SX_HP_BF16_STOCHASTIC_ROUND, &value), SX_OK);
+    assert_true(value == 1.0);
+    sx_destroy_shard_group(g);
+    g = bare_group("sr-copies", 2);
+    d = sr_adamw();
+    assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_ERR_UNSUPPORTED);
+    assert_true(says("memory copies"));
+    sx_destroy_shard_group(g);
+}
+
+int32_t no_update(const sx_optimizer_piece_t *) { return 0; }
+
+// A custom optimizer is refused even where it takes the key as its own hyperparameter;
+// a CUDA group (the simulated device), offloaded or not, refuses it.
+void test_custom_and_cuda_refusals(void **) {
+    sx_optimizer_hyperparameter_t hp[2] = {{"lr", 0.1, 0, 0}, {"bf16_stochastic_round", 0, 0, 1}};
+    sx_optimizer_desc_t od;
+    sx_optimizer_desc_init(&od, sizeof od);
+    od.name = "sr_probe";
+    od.num_hyperparameters = 2;
+    od.hyperparameters = hp;
+    od.update = no_update;
+    int32_t id = -1;
+    assert_int_equal(sx_register_optimizer(&od, &id), SX_OK);
+    sx_shard_group_t *g = bare_group("sr-custom");
+    sx_param_group_desc_t d;
+    sx_param_group_desc_init(&d, sizeof d, id);
+    d.bf16_stochastic_round = 1;
+    assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_ERR_INVALID_ARGUMENT);
+    assert_true(says("sr_probe") && says("bf16_stochastic_round"));
+    sx_destroy_shard_group(g);
+    setenv("SX_SIMULATED_DEVICE", "1", 1);  // read when a CUDA group is made
+    for (int32_t offload : {SX_OFFLOAD_NONE, SX_OFFLOAD_STATE}) {
+        sx_group_config_t cfg;
+        sx_group_config_init(&cfg, sizeof cfg);
+        const std::string rv = "local://sr-cuda-" + std::to_string(offload) + "-" + std::to_string(getpid());
+        cfg.rendezvous = rv.c_str();
+        cfg.world_size = 1;
+        cfg.num_threads = 1;
+        cfg.backend = SX_BACKEND_CUDA;
+        cfg.offload = offload;
+        g = nullptr;
+        assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
+        sx_param_group_desc_t sr = sr_adamw();
+        sr.state_dtype = SX_STATE_FP32;
+        assert_int_equal(sx_add_param_group(g, &sr, nullptr), SX_ERR_UNSUPPORTED);
+        assert_true(says("CUDA group"));
+        sr.bf16_stochastic_round = 0;
+        assert_int_equal(sx_add_param_group(g, &sr, nullptr), SX_OK);
+        assert_int_equal(sx_set_hyperparameter(g, 0, SX_HP_BF16_STOCHASTIC_ROUND, 1), SX_ERR_UNSUPPORTED);
+        sx_destroy_shard_group(g);
+    }
+    unsetenv("SX_SIMULATED_DEVICE");
+}
+
+// sx_finalize refuses a param not bf16, and a unit that mixes groups with and without it,
+// naming the params.
+void test_finalize_refusals(void **) {
+    sx_shard_group_t *g = bare_group("sr-fin-dtype");
+    sx_param_group_desc_t d = sr_adamw();
+    assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_OK);
+    assert_int_equal(add(g, "fp32_weight", SX_DTYPE_F32, 0, 0), SX_OK);
+    assert_int_equal(sx_finalize(g), SX_ERR_INVALID_ARGUMENT);
+    assert_true(says("'fp32_weight'"));
+    sx_destroy_shard_group(g);
+    g = bare_group("sr-fin-mix");
+    sx_param_group_desc_t plain = sr_adamw();
+    plain.bf16_stochastic_round = 0;
+    assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_OK);
+    assert_int_equal(sx_add_param_group(g, &plain, nullptr), SX_OK);
+    assert_int_equal(add(g, "rounded", SX_DTYPE_BF16, 0, 4), SX_OK);
+    assert_int_equal(add(g, "mastered", SX_DTYPE_BF16, 1, 4), SX_OK);
+    assert_int_equal(sx_finalize(g), SX_ERR_INVALID_ARGUMENT);
+    assert_true(says("'rounded'") && says("'mastered'"));
+    sx_destroy_shard_group(g);
+}
+
+// What would read or write fp32 masters refuses the group, and changes nothing
+// (checkpoints carry its bf16 params: test_checkpoint_resumes_at_another_world).
+void test_calls_without_masters_refuse(void **) {
+    sx_param_group_desc_t d = sr_adamw();
+    d.state_dtype = SX_STATE_FP32;  // (bf16 state is refused there too, and first)
+    sx_shard_group_t *g = bare_group("sr-calls");
+    assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_OK);
+    assert_int_equal(add(g, "w", SX_DTYPE_BF16, 0, 0), SX_OK);
+    assert_int_equal(sx_finalize(g), SX_OK);
+    assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);
+    sx_view_t view;
+    sx_view_init(&view, sizeof view);
+    assert_int_equal(sx_state_view(g, 0, "exp_avg", &view), SX_ERR_UNSUPPORTED);
+    assert_int_equal(sx_state_view(g, 0, "master", &view), SX_ERR_UNSUPPORTED);
+    assert_int_equal(sx_gather_optim_state(g, 0, [](sx_param_state_t *, void *) -> sx_status_t { return SX_OK; }, nullptr),
+                     SX_ERR_UNSUPPORTED);
+    assert_true(says("bf16_stochastic_round"));
+    assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);  // the group goes on
+    sx_destroy_shard_group(g);
+}
+
+}  // namespace
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_vector_loops_match_the_reference),
+        cmocka_unit_test(test_rounding_is_unbiased),
+        cmocka_unit_test(test_same_bits_at_every_world_and_stage),
+        cmocka_unit_test(test_same_bits_with_8bit_state),
+        cmocka_unit_test(test_small_updates_are_not_lost),
+        cmocka_unit_test(test_checkpoint_resumes_at_another_world),
+        cmocka_unit_test(test_no_masters_in_memory),
+        cmocka_unit_test(test_descriptor_refusals),
+        cmocka_unit_test(test_finalize_refusals),
+        cmocka_unit_test(test_calls_without_masters_refuse),
+        cmocka_unit_test(test_custom_and_cuda_refusals),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
