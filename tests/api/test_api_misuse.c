@@ -499,7 +499,7 @@ static void test_hyperparameter_errors(void **state) {
         EXPECT_STATUS(sx_get_hyperparameter(g, bad_group[i], SX_HP_LR, &v), SX_ERR_INVALID_ARGUMENT,
                       "param group");
     }
-    const int32_t bad_key[] = {0, 28, -1, 999};
+    const int32_t bad_key[] = {0, 29, -1, 999};
     for (size_t i = 0; i < 4; ++i) {
         EXPECT_STATUS(sx_set_hyperparameter(g, adamw, bad_key[i], 0.1), SX_ERR_INVALID_ARGUMENT,
                       "hyperparameter key");
