@@ -49,8 +49,22 @@ def grad_of(name, shape, step):
     return (np.random.default_rng(seed).standard_normal(size=shape) * 0.1).astype(np.float32)
 
 
-def run_sx(kind, options, world, stage, shard_size=0):
+def run_sx(kind, options, world, stage, shard_size=0, steps=STEPS, grad=None, history=False):
+    """Every rank's params after `steps` steps (with `history`, after each step, a list).
+    Each step's gradient of a param is rank 0's alone (the others' are zero):
+    grad(name, shape, param, step), the param's values before the step; grad_of by
+    default."""
+    def params_of(g):
+        out = {}
+        for u in (0, 1):  # (every rank: at stage 3 a view is of a gathered unit)
+            with g.unit(u):
+                for name, _, unit in PARAMS:
+                    if unit == u:
+                        out[name] = np.array(g.param_view(name))
+        return out
+
     def rank_main(rank, rendezvous):
+        seen = []
         with sx.ShardGroup(rendezvous, rank, world, stage=stage, backend="cpu", num_threads=1,
                            timeout_ms=60000, shard_size=shard_size) as g:
             g.add_param_group(kind, **options)
@@ -62,21 +76,22 @@ def run_sx(kind, options, world, stage, shard_size=0):
                     for name, shape, unit in PARAMS:
                         if unit == u:
                             g.param_view(name)[...] = initial(name, shape)
-            for step in range(STEPS):
+            for step in range(steps):
                 for u in (0, 1):
                     with g.unit(u):
                         for name, shape, unit in PARAMS:
-                            if unit == u:
-                                grad = grad_of(name, shape, step) if rank == 0 else np.zeros(shape, np.float32)
-                                g.grad_view(name)[...] = grad
+                            if unit != u:
+                                continue
+                            if rank != 0:
+                                g.grad_view(name)[...] = 0.0
+                            elif grad is None:
+                                g.grad_view(name)[...] = grad_of(name, shape, step)
+                            else:
+                                g.grad_view(name)[...] = grad(name, shape, np.array(g.param_view(name)), step)
                 g.step()
-            out = {}
-            for u in (0, 1):
-                with g.unit(u):
-                    for name, _, unit in PARAMS:
-                        if unit == u:
-                            out[name] = np.array(g.param_view(name))
-            return out
+                if history:
+                    seen.append(params_of(g))
+            return seen if history else params_of(g)
 
     return run_ranks(world, rank_main)
 

@@ -17,10 +17,9 @@ import sys
 import numpy as np
 import torch
 
-import sx
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from _ranks import run_ranks  # noqa: E402
+import check_state_dtypes  # noqa: E402
 from check_state_dtypes import PARAMS, initial  # noqa: E402
 
 STEPS = 200
@@ -55,40 +54,10 @@ def run_torchao(world):
 
 
 def run_sx(world, stage):
-    """Rank 0's params after every step. Each step's gradient is rank 0's alone (the others
-    give zeros), so that sx's mean over ranks is exactly what run_torchao(world) gives
-    torchao."""
-    def rank_main(rank, rendezvous):
-        history = []
-        with sx.ShardGroup(rendezvous, rank, world, stage=stage, backend="cpu", num_threads=1,
-                           timeout_ms=60000) as g:
-            g.add_param_group("adamw", state_dtype="8bit", **OPTIONS)
-            for name, shape, unit in PARAMS:
-                g.add_param(name, list(shape), unit=unit, param_group=0)
-            g.finalize()
-            for u in (0, 1):
-                with g.unit(u):
-                    for name, shape, unit in PARAMS:
-                        if unit == u:
-                            g.param_view(name)[...] = initial(name, shape)
-            for step in range(STEPS):
-                for u in (0, 1):
-                    with g.unit(u):
-                        for name, shape, unit in PARAMS:
-                            if unit == u:
-                                p = np.array(g.param_view(name))
-                                g.grad_view(name)[...] = grad(name, shape, p, step) if rank == 0 else 0.0
-                g.step()
-                seen = {}
-                for u in (0, 1):  # (every rank: at stage 3 a view is of a gathered unit)
-                    with g.unit(u):
-                        for name, _, unit in PARAMS:
-                            if unit == u:
-                                seen[name] = np.array(g.param_view(name))
-                history.append(seen)
-        return history
-
-    return run_ranks(world, rank_main)[0]
+    """Rank 0's params after every step, its gradients grad(...) (the other ranks' are
+    zero), so that sx's mean over ranks is exactly what run_torchao(world) gives torchao."""
+    return check_state_dtypes.run_sx("adamw", dict(OPTIONS, state_dtype="8bit"), world, stage, steps=STEPS,
+                                     grad=grad, history=True)[0]
 
 
 def first_difference(got, want):
