@@ -57,6 +57,7 @@ struct ScalarOps {
     static V recip(V a) { return 1.0f / a; }
     // A block of 8-bit state: its scale and codes (state_codec.h's encode_block).
     static float encode8(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes);
+    static void decode8(const uint8_t *codes, size_t n, float scale, const float *map, float *out);
     // bf16 state: widened exactly, narrowed to nearest even (NaN stays a quiet NaN).
     static V load16(const uint16_t *p);
     static void store16(uint16_t *p, V v);
@@ -312,9 +313,12 @@ inline uint16_t narrow_bf16(float f) {
 inline float ScalarOps::load16(const uint16_t *p) { return widen_bf16(*p); }
 inline void ScalarOps::store16(uint16_t *p, float v) { *p = narrow_bf16(v); }
 
-inline void decode_slot(const uint8_t *codes, size_t n, float scale, const float *map, float *out) {
-#pragma omp simd
-    for (size_t i = 0; i < n; ++i) out[i] = map[codes[i]] * scale;
+// map[code] * scale, element by element: the flavours' decode8 from `from` on.
+inline void decode_tail(const uint8_t *codes, size_t from, size_t n, float scale, const float *map, float *out) {
+    for (size_t i = from; i < n; ++i) out[i] = map[codes[i]] * scale;
+}
+inline void ScalarOps::decode8(const uint8_t *codes, size_t n, float scale, const float *map, float *out) {
+    decode_tail(codes, 0, n, scale, map, out);
 }
 
 // encode_block's pieces. A block's scale from its largest magnitude (NaN if any element
@@ -387,7 +391,7 @@ double packed_range(const Segment &seg, const SegmentConsts &c, size_t begin, si
         piece.param_offset = seg.param_offset + b;
         piece.n = n;
         for (int j = 0; j < slots; ++j) {
-            decode_slot(seg.codes[j] + b, n, seg.scales[j][b / kQuantBlock], maps[j], slot[j]);
+            O::decode8(seg.codes[j] + b, n, seg.scales[j][b / kQuantBlock], maps[j], slot[j]);
             piece.state[j] = slot[j];
         }
         total += update_range<O>(piece, c, 0, n);

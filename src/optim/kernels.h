@@ -136,6 +136,8 @@ struct KernelTable {
     // map's index `lut` (code_lut(map)). The update calls it; the tests hold it to the
     // reference.
     float (*encode8)(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes);
+    // Its inverse, state_codec.h's decode_block.
+    void (*decode8)(const uint8_t *codes, size_t n, float scale, const float *map, float *out);
 };
 constexpr size_t kSumBlock = 1024;  // a multiple of every flavour's vector width
 // Elements updated between two roundings into a segment's compute copy (16 KiB of

@@ -57,6 +57,16 @@ struct Avx2Ops {
         const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0xD8);
         _mm_storeu_si128(reinterpret_cast<__m128i *>(p), _mm256_castsi256_si128(packed));
     }
+    // The map's entries gathered 8 at a time.
+    static void decode8(const uint8_t *codes, size_t n, float scale, const float *map, float *out) {
+        const size_t vec = n - n % W;
+        const V s = set1(scale);
+        for (size_t i = 0; i < vec; i += W) {
+            const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(codes + i)));
+            store(out + i, mul(_mm256_i32gather_ps(map, c, 4), s));
+        }
+        decode_tail(codes, vec, n, scale, map, out);
+    }
     // kernel_body.h's scalar encode8, 8 lanes at a time: the map's index and the entries
     // each lane compares with gathered.
     static float encode8(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes) {
@@ -112,7 +122,7 @@ struct Avx2Ops {
 }  // namespace
 
 const KernelTable kAvx2Kernels = {"avx2", &update_range<Avx2Ops>, &sum_of_squares_range<Avx2Ops>,
-                                  &Avx2Ops::encode8};
+                                  &Avx2Ops::encode8, &Avx2Ops::decode8};
 
 }  // namespace internal
 }  // namespace optim

@@ -58,12 +58,101 @@ struct Avx512Ops {
                                   _mm512_cvtps_pd(_mm512_extractf32x8_ps(acc, 1)));
         return _mm512_reduce_add_pd(d);
     }
-    // kernel_body.h's scalar encode8, 16 lanes at a time, the map's entries looked up in
+    // The map's entries looked up in registers (gathers are slow on many CPUs): a
+    // two-source permute picks each lane's entry among 32, and bits 5-7 of its code choose
+    // among the eight permutes' results (each bit moved into the sign to make its mask).
+    // Written out: loops over register arrays end up in memory.
+    static void decode8(const uint8_t *codes, size_t n, float scale, const float *map, float *out) {
+        const size_t vec = n - n % W;
+        const V s = set1(scale);
+        const V t0 = load(map), t1 = load(map + 16), t2 = load(map + 32), t3 = load(map + 48);
+        const V t4 = load(map + 64), t5 = load(map + 80), t6 = load(map + 96), t7 = load(map + 112);
+        const V t8 = load(map + 128), t9 = load(map + 144), t10 = load(map + 160), t11 = load(map + 176);
+        const V t12 = load(map + 192), t13 = load(map + 208), t14 = load(map + 224), t15 = load(map + 240);
+        for (size_t i = 0; i < vec; i += W) {
+            const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(codes + i)));
+            const __mmask16 b5 = _mm512_movepi32_mask(_mm512_slli_epi32(c, 26));
+            const __mmask16 b6 = _mm512_movepi32_mask(_mm512_slli_epi32(c, 25));
+            const __mmask16 b7 = _mm512_movepi32_mask(_mm512_slli_epi32(c, 24));
+            const V e0 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t0, c, t1), _mm512_permutex2var_ps(t2, c, t3));
+            const V e1 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t4, c, t5), _mm512_permutex2var_ps(t6, c, t7));
+            const V e2 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t8, c, t9), _mm512_permutex2var_ps(t10, c, t11));
+            const V e3 =
+                _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t12, c, t13), _mm512_permutex2var_ps(t14, c, t15));
+            const V low = _mm512_mask_blend_ps(b6, e0, e1), high = _mm512_mask_blend_ps(b6, e2, e3);
+            store(out + i, mul(_mm512_mask_blend_ps(b7, low, high), s));
+        }
+        decode_tail(codes, vec, n, scale, map, out);
+    }
+    // The reference's code of y = x / scale for 16 lanes, the map's entries looked up in
     // registers (state_codec.h's search_tables; gathers are slow on many CPUs): an 8-step
     // binary search for the largest c with map[c] <= y, which also leaves map[c] (the last
     // threshold passed; map[0] if none) and map[c + 1] (the least threshold failed; the
     // step of c's lowest zero bit tested it) for the step up where y is at least half-way
     // to the next entry. NaN fails every comparison: code 0, as the scalar encoder gives.
+    static __m512i searched_codes(V y, const float *map) {
+        const float *t = search_tables(map);
+        __m512i c = _mm512_setzero_si512();
+        V below = set1(map[0]), above = set1(map[255]);
+        for (int step = 0; step < 8; ++step) {
+            const int k = 128 >> step;
+            const __m512i at = _mm512_srli_epi32(c, 8 - step);  // c / 2k
+            const float *tk = t + kSearchTableOffset[step];
+            V entry;
+            if (step <= 4) {
+                entry = _mm512_permutexvar_ps(at, load(tk));
+            } else if (step == 5) {
+                entry = _mm512_permutex2var_ps(load(tk), at, load(tk + 16));
+            } else {
+                // 64 or 128 entries: pairs of registers chosen by bits 5 and 6 of `at`.
+                const __mmask16 b5 = _mm512_test_epi32_mask(at, _mm512_set1_epi32(32));
+                V e0 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(load(tk), at, load(tk + 16)),
+                                            _mm512_permutex2var_ps(load(tk + 32), at, load(tk + 48)));
+                if (step == 7) {
+                    const V e1 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(load(tk + 64), at, load(tk + 80)),
+                                                      _mm512_permutex2var_ps(load(tk + 96), at, load(tk + 112)));
+                    e0 = _mm512_mask_blend_ps(_mm512_test_epi32_mask(at, _mm512_set1_epi32(64)), e0, e1);
+                }
+                entry = e0;
+            }
+            const __mmask16 ge = _mm512_cmp_ps_mask(y, entry, _CMP_GE_OQ);
+            c = _mm512_mask_add_epi32(c, ge, c, _mm512_set1_epi32(k));
+            below = _mm512_mask_mov_ps(below, ge, entry);
+            above = _mm512_mask_min_ps(above, static_cast<__mmask16>(~ge), above, entry);
+        }
+        const __mmask16 round_up = _mm512_cmp_ps_mask(sub(y, below), mul(sub(above, below), set1(0.5f)), _CMP_GE_OQ);
+        return _mm512_mask_mov_epi32(c, round_up, _mm512_min_epi32(_mm512_add_epi32(c, _mm512_set1_epi32(1)),
+                                                                    _mm512_set1_epi32(255)));
+    }
+    // The code computed from a = |x| / scale (state_codec.h's FastCodeTables): the class
+    // from the octave's entries, then floor(a F - G) within it, mirrored for negative x;
+    // `near` gets the lanes too close to a threshold for the estimate to be trusted.
+    static __m512i estimated_codes(V x, V recip_scale, const FastCodeTables &ft, __mmask16 *near) {
+        const V a = mul(abs(x), recip_scale);
+        const __m512i e = _mm512_srli_epi32(_mm512_castps_si512(a), 23);
+        const __m512i o = _mm512_min_epi32(_mm512_max_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(kFastOctaveBase)),
+                                                            _mm512_setzero_si512()),
+                                           _mm512_set1_epi32(31));
+        __m512i q = _mm512_permutex2var_epi32(_mm512_load_si512(ft.octave_class), o,
+                                              _mm512_load_si512(ft.octave_class + 16));
+        const V bound = _mm512_permutex2var_ps(load(ft.octave_bound), o, load(ft.octave_bound + 16));
+        q = _mm512_mask_add_epi32(q, _mm512_cmp_ps_mask(a, bound, _CMP_GE_OQ), q, _mm512_set1_epi32(1));
+        // Infinite bounds: inf - a is inf, and inf < inf fails.
+        __mmask16 close = _mm512_cmp_ps_mask(abs(sub(a, bound)), mul(bound, set1(kFastGuardRel)), _CMP_LT_OQ);
+        const V t = _mm512_fmsub_ps(a, _mm512_permutexvar_ps(q, load(ft.factor)), _mm512_permutexvar_ps(q, load(ft.offset)));
+        const __m512i k = _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        const V frac = sub(t, _mm512_cvtepi32_ps(k));  // [0, 1)
+        close |= _mm512_cmp_ps_mask(abs(sub(frac, set1(0.5f))), set1(0.5f - kFastGuardT), _CMP_GT_OQ);
+        *near = close;
+        const __m512i code = _mm512_min_epi32(_mm512_add_epi32(_mm512_max_epi32(k, _mm512_setzero_si512()),
+                                                               _mm512_permutexvar_epi32(q, _mm512_load_si512(ft.first))),
+                                              _mm512_permutexvar_epi32(q, _mm512_load_si512(ft.last)));
+        const __m512i mirrored = _mm512_max_epi32(_mm512_sub_epi32(_mm512_set1_epi32(ft.mirror), code),
+                                                  _mm512_setzero_si512());
+        return _mm512_mask_mov_epi32(code, _mm512_movepi32_mask(_mm512_castps_si512(x)), mirrored);
+    }
+    // kernel_body.h's scalar encode8, 16 lanes at a time: codes estimated where the block's
+    // scale is finite and no lane of the vector is near a threshold, searched elsewhere.
     static float encode8(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes) {
         const size_t vec = n - n % W;
         __m512 top = _mm512_setzero_ps();
@@ -77,41 +166,14 @@ struct Avx512Ops {
         bool any_nan = nan != 0;
         absmax_tail(x, vec, n, &absmax, &any_nan);
         const float scale = block_scale(absmax, any_nan);
-        const float *t = search_tables(map);
-        const V s = set1(scale), half = set1(0.5f), first = set1(map[0]), last_entry = set1(map[255]);
-        const __m512i one = _mm512_set1_epi32(1), last = _mm512_set1_epi32(255);
+        const FastCodeTables &ft = fast_code_tables(map);
+        const bool estimate = ft.exact && scale <= 3.0e38f;  // finite
+        const V s = set1(scale), r = set1(1.0f / scale);
         for (size_t i = 0; i < vec; i += W) {
-            const V y = div(load(x + i), s);
-            __m512i c = _mm512_setzero_si512();
-            V below = first, above = last_entry;
-            for (int step = 0; step < 8; ++step) {
-                const int k = 128 >> step;
-                const __m512i at = _mm512_srli_epi32(c, 8 - step);  // c / 2k
-                const float *tk = t + kSearchTableOffset[step];
-                V entry;
-                if (step <= 4) {
-                    entry = _mm512_permutexvar_ps(at, load(tk));
-                } else if (step == 5) {
-                    entry = _mm512_permutex2var_ps(load(tk), at, load(tk + 16));
-                } else {
-                    // 64 or 128 entries: pairs of registers chosen by bits 5 and 6 of `at`.
-                    const __mmask16 b5 = _mm512_test_epi32_mask(at, _mm512_set1_epi32(32));
-                    V e0 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(load(tk), at, load(tk + 16)),
-                                                _mm512_permutex2var_ps(load(tk + 32), at, load(tk + 48)));
-                    if (step == 7) {
-                        const V e1 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(load(tk + 64), at, load(tk + 80)),
-                                                          _mm512_permutex2var_ps(load(tk + 96), at, load(tk + 112)));
-                        e0 = _mm512_mask_blend_ps(_mm512_test_epi32_mask(at, _mm512_set1_epi32(64)), e0, e1);
-                    }
-                    entry = e0;
-                }
-                const __mmask16 ge = _mm512_cmp_ps_mask(y, entry, _CMP_GE_OQ);
-                c = _mm512_mask_add_epi32(c, ge, c, _mm512_set1_epi32(k));
-                below = _mm512_mask_mov_ps(below, ge, entry);
-                above = _mm512_mask_min_ps(above, static_cast<__mmask16>(~ge), above, entry);
-            }
-            const __mmask16 round_up = _mm512_cmp_ps_mask(sub(y, below), mul(sub(above, below), half), _CMP_GE_OQ);
-            c = _mm512_mask_mov_epi32(c, round_up, _mm512_min_epi32(_mm512_add_epi32(c, one), last));
+            const V xi = load(x + i);
+            __mmask16 near = 0xFFFF;
+            __m512i c = estimate ? estimated_codes(xi, r, ft, &near) : _mm512_setzero_si512();
+            if (near) c = searched_codes(div(xi, s), map);
             _mm_storeu_si128(reinterpret_cast<__m128i *>(codes + i), _mm512_cvtepi32_epi8(c));
         }
         codes_tail(x, vec, n, scale, map, lut, codes);
@@ -122,7 +184,7 @@ struct Avx512Ops {
 }  // namespace
 
 const KernelTable kAvx512Kernels = {"avx512", &update_range<Avx512Ops>, &sum_of_squares_range<Avx512Ops>,
-                                    &Avx512Ops::encode8};
+                                    &Avx512Ops::encode8, &Avx512Ops::decode8};
 
 }  // namespace internal
 }  // namespace optim

@@ -7,7 +7,7 @@ namespace optim {
 namespace internal {
 
 const KernelTable kScalarKernels = {"scalar", &update_range<ScalarOps>, &sum_of_squares_range<ScalarOps>,
-                                    &ScalarOps::encode8};
+                                    &ScalarOps::encode8, &ScalarOps::decode8};
 
 }  // namespace internal
 }  // namespace optim

@@ -87,6 +87,106 @@ const float *search_tables(const float *map) {
     return (map == kUnsignedMap ? unsigned_tables : signed_tables).entries;
 }
 
+namespace {
+
+// The least non-negative float whose nearest code is at least c (the reference encoder's
+// codes rise with y >= 0).
+float least_with_code(int c, const float *map) {
+    uint32_t lo = 0, hi = 0x3f800000u;  // [0, 1.0]
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (nearest_code(from_bits(mid), map) >= c)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return from_bits(lo);
+}
+
+// The least magnitude a whose negation's nearest code is at most c.
+float least_negated_with_code(int c, const float *map) {
+    uint32_t lo = 0, hi = 0x3f800000u;
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (nearest_code(-from_bits(mid), map) <= c)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return from_bits(lo);
+}
+
+float ulps_away(float a, int n) {
+    uint32_t b;
+    std::memcpy(&b, &a, 4);
+    return from_bits(static_cast<uint32_t>(static_cast<int64_t>(b) + n));
+}
+
+struct FastTables {
+    FastCodeTables t = {};
+    explicit FastTables(const float *map) {
+        const bool is_signed = map[0] < 0.0f;
+        const int zero = is_signed ? 127 : 0;
+        t.mirror = is_signed ? 254 : 0;
+        // Classes: the zero code, decades 0..6, the 1.0 code; each one's least magnitude.
+        float least[9];
+        least[0] = 0.0f;
+        int first = zero + 1;
+        for (int d = 0; d < 7; ++d) {
+            const int n = is_signed ? 1 << d : 2 << d;
+            least[1 + d] = least_with_code(first, map);
+            t.first[1 + d] = first;
+            t.last[1 + d] = first + n - 1;
+            t.factor[1 + d] = static_cast<float>(std::pow(10.0, 6 - d) * n / 0.9);
+            t.offset[1 + d] = static_cast<float>(n / 9.0);
+            first += n;
+        }
+        least[8] = least_with_code(255, map);
+        t.first[0] = t.last[0] = zero;
+        t.first[8] = t.last[8] = 255;
+        for (int q : {0, 8}) t.offset[q] = -0.5f;
+        t.exact = first == 255;
+        for (int o = 0; o < 32; ++o) {
+            const float lo = o == 0 ? 0.0f : from_bits(static_cast<uint32_t>(kFastOctaveBase + o) << 23);
+            const float hi = from_bits(static_cast<uint32_t>(kFastOctaveBase + o + 1) << 23);
+            int q = 0, changes = 0;
+            t.octave_bound[o] = INFINITY;
+            for (int k = 1; k < 9; ++k) {
+                if (least[k] <= lo) q = k;
+                if (least[k] > lo && least[k] < hi) {
+                    t.octave_bound[o] = least[k];
+                    ++changes;
+                }
+            }
+            t.octave_class[o] = q;
+            t.exact = t.exact && changes <= 1;
+        }
+        // Every threshold inside a decade, and a few ulps either side, lies within a
+        // quarter of the guard of its grid line.
+        for (int d = 0; d < 7; ++d)
+            for (int c = t.first[1 + d] + 1; c <= t.last[1 + d]; ++c) {
+                const float at = least_with_code(c, map);
+                for (int u = -8; u <= 8; ++u) {
+                    const float tt = std::fmaf(ulps_away(at, u), t.factor[1 + d], -t.offset[1 + d]);
+                    t.exact = t.exact && std::fabs(tt - static_cast<float>(c - t.first[1 + d])) < kFastGuardT / 4;
+                }
+            }
+        // A negative magnitude's thresholds are the positive ones', give or take an ulp.
+        if (is_signed)
+            for (int c = 128; c <= 254; ++c) {
+                const float pos = least_with_code(c, map), neg = least_negated_with_code(254 - c, map);
+                t.exact = t.exact && neg >= ulps_away(pos, -4) && neg <= ulps_away(pos, 4);
+            }
+    }
+};
+
+}  // namespace
+
+const FastCodeTables &fast_code_tables(const float *map) {
+    static const FastTables signed_tables(kSignedMap), unsigned_tables(kUnsignedMap);
+    return (map == kUnsignedMap ? unsigned_tables : signed_tables).t;
+}
+
 bool code_lut_exact() { return lut_of(false).exact && lut_of(true).exact; }
 
 float encode_block(const float *x, size_t n, const float *map, uint8_t *codes) {

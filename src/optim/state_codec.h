@@ -71,6 +71,33 @@ bool code_lut_exact();
 constexpr int kSearchTableOffset[8] = {0, 16, 32, 48, 64, 80, 112, 176};  // k = 128, 64, ..., 1
 const float *search_tables(const float *map);
 
+// The tables of an encoder that computes a code instead of searching for it (the AVX-512
+// flavour's). The maps' positive entries come in decades: decade d (0..6) holds n_d codes
+// (2^d signed, 2^(d+1) unsigned) at 10^(d-6) (0.1 + (k + 1/2) 0.9 / n_d), so the nearest
+// code of a magnitude a inside decade d is floor(t), t = a F_d - G_d, F_d = 10^(6-d) n_d / 0.9,
+// G_d = n_d / 9, up to rounding near the thresholds between codes. A magnitude's "class"
+// is the zero code (0), decade d (1 + d) or the 1.0 code (8). Classes change at the exact
+// thresholds of the reference encoder (the least a whose code is the class's first), at
+// most one inside each binary octave, so an octave's table entries give the class at its
+// lower end and the threshold inside it. An encoder takes the estimate only where a is
+// farther than the guards from every threshold (kFastGuardT in units of t, kFastGuardRel
+// relative to a class threshold), which covers a = |x| * (1 / scale) being an ulp or two
+// off x / scale; elsewhere it searches. `exact` says that every threshold lies well inside
+// its guard (built once per map, checked against the reference encoder; thread-safe).
+constexpr int kFastOctaveBase = 100;  // octave o holds biased exponents 100 + o (0: below)
+constexpr float kFastGuardT = 1.0f / 1024, kFastGuardRel = 1.0f / 262144;
+struct FastCodeTables {
+    alignas(64) int32_t octave_class[32];
+    alignas(64) float octave_bound[32];  // +inf where the octave holds no class change
+    alignas(64) float factor[16];        // F by class (0 for the zero and 1.0 codes)
+    alignas(64) float offset[16];        // G by class (-0.5: t = 0.5, never near a threshold)
+    alignas(64) int32_t first[16];       // the class's first code
+    alignas(64) int32_t last[16];        // and its last
+    int32_t mirror;                      // a negative y's code is max(mirror - code(|y|), 0)
+    bool exact;
+};
+const FastCodeTables &fast_code_tables(const float *map);
+
 // One block of n <= kQuantBlock elements: its scale, and the codes of x / scale in map.
 // NaN in x gives a NaN scale (torch's amax propagates it).
 float encode_block(const float *x, size_t n, const float *map, uint8_t *codes);

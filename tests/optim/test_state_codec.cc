@@ -17,6 +17,15 @@ namespace in = sx::optim::internal;
 
 namespace {
 
+float ulps_from(float f, int n) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    // Floats of one sign are ordered as their bits: n ulps up in magnitude for n > 0.
+    b = static_cast<uint32_t>(static_cast<int64_t>(b) + n);
+    std::memcpy(&f, &b, 4);
+    return f;
+}
+
 uint32_t bits(float f) {
     uint32_t u;
     std::memcpy(&u, &f, 4);
@@ -120,6 +129,20 @@ void test_decoded_blocks_encode_back(void **) {
     }
 }
 
+// A flavour's encode8 of x gives encode_block's scale and codes (left in `got`, if given).
+float expect_reference_codes(const in::KernelTable &k, const float *x, size_t n, const float *map,
+                             uint8_t *got = nullptr) {
+    uint8_t mine[kQuantBlock], want[kQuantBlock];
+    if (!got) got = mine;
+    const float s_got = k.encode8(x, n, map, code_lut(map), got), s_want = encode_block(x, n, map, want);
+    assert_int_equal(bits(s_got), bits(s_want));
+    for (size_t i = 0; i < n; ++i)
+        if (got[i] != want[i])
+            fail_msg("%s: x[%zu] = %a (scale %a): code %d, the reference's %d", k.name, i, static_cast<double>(x[i]),
+                     static_cast<double>(s_want), got[i], want[i]);
+    return s_got;
+}
+
 // Every flavour's block encoder gives encode_block's scale and codes on awkward blocks:
 // the map's own entries and the midpoints between them (times the scale), both zeros,
 // magnitudes far below the smallest entry, denormals, NaN, and wide random ranges.
@@ -128,7 +151,6 @@ void test_flavours_encode_as_the_reference(void **) {
     for (Isa isa : runnable_isas()) {
         const in::KernelTable &k = in::kernels_for(in::resolve_isa(isa));
         for (const float *map : {kSignedMap, kUnsignedMap}) {
-            const uint8_t *lut = code_lut(map);
             for (int round = 0; round < 64; ++round) {
                 float x[kQuantBlock];
                 const float scale = round % 4 == 0 ? 1.0f : rng.uniform(1e-6f, 3.0f);
@@ -148,13 +170,45 @@ void test_flavours_encode_as_the_reference(void **) {
                 if (round % 16 == 5) x[1 + rng.next() % (kQuantBlock - 1)] = NAN;
                 if (round % 16 == 9) std::fill(x, x + kQuantBlock, 0.0f);  // the scale's floor
                 const size_t n = round % 8 == 7 ? 1 + rng.next() % (kQuantBlock - 1) : kQuantBlock;  // tails
-                uint8_t got[kQuantBlock], want[kQuantBlock];
-                const float s_got = k.encode8(x, n, map, lut, got), s_want = encode_block(x, n, map, want);
-                assert_int_equal(bits(s_got), bits(s_want));
-                for (size_t i = 0; i < n; ++i)
-                    if (got[i] != want[i])
-                        fail_msg("%s: x[%zu] = %a (scale %a): code %d, the reference's %d", k.name, i,
-                                 static_cast<double>(x[i]), static_cast<double>(s_want), got[i], want[i]);
+                expect_reference_codes(k, x, n, map);
+            }
+        }
+    }
+}
+
+// The estimate some encoders take in place of a search (state_codec.h's FastCodeTables)
+// holds for both maps, and every flavour's encoder gives the reference's codes for every
+// float within 48 ulps of each midpoint between entries (where a code changes; both signs),
+// times scales that make x / scale exact and inexact, and the decoders give map * scale.
+void test_flavours_encode_near_every_threshold(void **) {
+    for (const float *map : {kSignedMap, kUnsignedMap}) {
+        const FastCodeTables &ft = fast_code_tables(map);
+        assert_true(ft.exact);
+        assert_int_equal(ft.mirror, map == kSignedMap ? 254 : 0);
+    }
+    Rng rng(5);
+    for (Isa isa : runnable_isas()) {
+        const in::KernelTable &k = in::kernels_for(in::resolve_isa(isa));
+        for (const float *map : {kSignedMap, kUnsignedMap}) {
+            std::vector<float> ys;
+            for (int c = 0; c < 255; ++c) {
+                const float mid = map[c] + (map[c + 1] - map[c]) * 0.5f;
+                for (int u = -48; u <= 48; ++u) ys.push_back(ulps_from(mid, u));
+            }
+            for (float scale : {1.0f, 0.37f, 3.1e-5f, 1.7e3f}) {
+                for (size_t b = 0; b < ys.size(); b += kQuantBlock - 1) {
+                    float x[kQuantBlock];
+                    x[0] = scale * (rng.next() % 2 ? 1.0f : -1.0f);  // |y| <= 1: the scale is this
+                    if (map == kUnsignedMap) x[0] = scale;
+                    const size_t n = std::min(kQuantBlock, ys.size() - b + 1);
+                    for (size_t i = 1; i < n; ++i) x[i] = ys[b + i - 1] * scale;
+                    uint8_t got[kQuantBlock];
+                    const float s_got = expect_reference_codes(k, x, n, map, got);
+                    float back[kQuantBlock], ref[kQuantBlock];
+                    k.decode8(got, n, s_got, map, back);
+                    decode_block(got, n, s_got, map, ref);
+                    for (size_t i = 0; i < n; ++i) assert_int_equal(bits(back[i]), bits(ref[i]));
+                }
             }
         }
     }
@@ -297,6 +351,7 @@ int main(void) {
         cmocka_unit_test(test_encode_takes_the_nearest_code),
         cmocka_unit_test(test_decoded_blocks_encode_back),
         cmocka_unit_test(test_flavours_encode_as_the_reference),
+        cmocka_unit_test(test_flavours_encode_near_every_threshold),
         cmocka_unit_test(test_packed_kernels_match_reference),
         cmocka_unit_test(test_partition_keeps_blocks_whole),
     };
