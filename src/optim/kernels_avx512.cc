@@ -129,10 +129,10 @@ struct Avx512Ops {
     // `near` gets the lanes too close to a threshold for the estimate to be trusted.
     static __m512i estimated_codes(V x, V recip_scale, const FastCodeTables &ft, __mmask16 *near) {
         const V a = mul(abs(x), recip_scale);
-        const __m512i e = _mm512_srli_epi32(_mm512_castps_si512(a), 23);
-        const __m512i o = _mm512_min_epi32(_mm512_max_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(kFastOctaveBase)),
-                                                            _mm512_setzero_si512()),
-                                           _mm512_set1_epi32(31));
+        // The octave's exponent, whose low 5 bits index its entries (a < 2 here: |x| <= scale).
+        const __m512i o = _mm512_srli_epi32(
+            _mm512_castps_si512(_mm512_max_ps(a, _mm512_castsi512_ps(_mm512_set1_epi32(kFastLowestExponent << 23)))),
+            23);
         __m512i q = _mm512_permutex2var_epi32(_mm512_load_si512(ft.octave_class), o,
                                               _mm512_load_si512(ft.octave_class + 16));
         const V bound = _mm512_permutex2var_ps(load(ft.octave_bound), o, load(ft.octave_bound + 16));
@@ -141,8 +141,8 @@ struct Avx512Ops {
         __mmask16 close = _mm512_cmp_ps_mask(abs(sub(a, bound)), mul(bound, set1(kFastGuardRel)), _CMP_LT_OQ);
         const V t = _mm512_fmsub_ps(a, _mm512_permutexvar_ps(q, load(ft.factor)), _mm512_permutexvar_ps(q, load(ft.offset)));
         const __m512i k = _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        const V frac = sub(t, _mm512_cvtepi32_ps(k));  // [0, 1)
-        close |= _mm512_cmp_ps_mask(abs(sub(frac, set1(0.5f))), set1(0.5f - kFastGuardT), _CMP_GT_OQ);
+        // t - round(t), nearest: the distance to the closest grid line.
+        close |= _mm512_cmp_ps_mask(abs(_mm512_reduce_ps(t, _MM_FROUND_TO_NEAREST_INT)), set1(kFastGuardT), _CMP_LT_OQ);
         *near = close;
         const __m512i code = _mm512_min_epi32(_mm512_add_epi32(_mm512_max_epi32(k, _mm512_setzero_si512()),
                                                                _mm512_permutexvar_epi32(q, _mm512_load_si512(ft.first))),

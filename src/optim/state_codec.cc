@@ -146,9 +146,9 @@ struct FastTables {
         t.first[8] = t.last[8] = 255;
         for (int q : {0, 8}) t.offset[q] = -0.5f;
         t.exact = first == 255;
-        for (int o = 0; o < 32; ++o) {
-            const float lo = o == 0 ? 0.0f : from_bits(static_cast<uint32_t>(kFastOctaveBase + o) << 23);
-            const float hi = from_bits(static_cast<uint32_t>(kFastOctaveBase + o + 1) << 23);
+        for (uint32_t e = kFastLowestExponent; e < 127 + 1; ++e) {
+            const float lo = e == kFastLowestExponent ? 0.0f : from_bits(e << 23), hi = from_bits((e + 1) << 23);
+            const uint32_t o = e % 32;
             int q = 0, changes = 0;
             t.octave_bound[o] = INFINITY;
             for (int k = 1; k < 9; ++k) {

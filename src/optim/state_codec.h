@@ -78,13 +78,15 @@ const float *search_tables(const float *map);
 // G_d = n_d / 9, up to rounding near the thresholds between codes. A magnitude's "class"
 // is the zero code (0), decade d (1 + d) or the 1.0 code (8). Classes change at the exact
 // thresholds of the reference encoder (the least a whose code is the class's first), at
-// most one inside each binary octave, so an octave's table entries give the class at its
-// lower end and the threshold inside it. An encoder takes the estimate only where a is
+// most one inside each binary octave, so an octave's table entries (at its biased
+// exponent e modulo 32, e from kFastLowestExponent, which also holds every magnitude
+// below, up to 127, which holds 1.0) give the class at its lower end and the threshold
+// inside it. An encoder takes the estimate only where a is
 // farther than the guards from every threshold (kFastGuardT in units of t, kFastGuardRel
 // relative to a class threshold), which covers a = |x| * (1 / scale) being an ulp or two
 // off x / scale; elsewhere it searches. `exact` says that every threshold lies well inside
 // its guard (built once per map, checked against the reference encoder; thread-safe).
-constexpr int kFastOctaveBase = 100;  // octave o holds biased exponents 100 + o (0: below)
+constexpr uint32_t kFastLowestExponent = 100;
 constexpr float kFastGuardT = 1.0f / 1024, kFastGuardRel = 1.0f / 262144;
 struct FastCodeTables {
     alignas(64) int32_t octave_class[32];
