@@ -272,14 +272,19 @@ Status Units::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
     return Status::Ok();
 }
 
+float *Units::shard_values(size_t u) const {
+    const Unit &unit = units_[u];
+    // A stochastic-rounding unit has fp32 values only while a checkpoint's copy exists
+    // (check_masters_kept refuses the other callers that would read them).
+    return !unit.master.empty()     ? unit.master.as<float>()
+           : unit.stochastic_round ? nullptr
+                                   : static_cast<float *>(own_params(u));
+}
+
 UnitShard Units::shard(size_t u) const {
     const Unit &unit = units_[u];
     UnitShard v;
-    // A stochastic-rounding unit has fp32 values only while a checkpoint's copy exists
-    // (check_masters_kept refuses the other callers that would read them).
-    v.values = !unit.master.empty()     ? unit.master.as<float>()
-               : unit.stochastic_round ? nullptr
-                                       : static_cast<float *>(own_params(u));
+    v.values = shard_values(u);
     for (int k = 0; k < unit.state_slots; ++k) v.state[k] = unit.state[k].as<float>();
     v.state_slots = unit.state_slots;
     v.shard_numel = table_.layout->units()[u].shard_numel;
@@ -622,7 +627,7 @@ void point_at_packed_state(const Units::Unit &unit, int32_t p, optim::Segment *s
 void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment> *out) const {
     const Unit &unit = units_[u];
     if (!unit.trainable) return;
-    const UnitShard v = shard(u);
+    float *const values = shard_values(u);  // not shard(u): the step has no use for its pieces
     const bool twice = double_buffered(u);
     for (int32_t p : table_.layout->units()[u].params) {
         if (!(*table_.applied)[p]) continue;
@@ -632,7 +637,7 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
         optim::Segment seg;
         // fp32: the params, or the masters; none where the update widens the bf16 params
         // itself and rounds them back stochastically.
-        seg.param = unit.stochastic_round ? nullptr : v.values + piece.shard_offset;
+        seg.param = unit.stochastic_round ? nullptr : values + piece.shard_offset;
         seg.stochastic_round = unit.stochastic_round;
         if (unit.dtype != SX_DTYPE_F32) {  // ... rounded into the 16-bit params in the same pass
             // (offloaded: their shard on the host, copied up after the update)
@@ -647,7 +652,7 @@ void Units::append_segments(size_t u, float *reduced, std::vector<optim::Segment
             seg.grad = reduced + piece.shard_offset;
         }
         if (u < zeroed_by_update_.size() && zeroed_by_update_[u]) seg.zero_grad = reduced + piece.shard_offset;
-        for (int k = 0; k < unit.state_slots; ++k) seg.state[k] = v.state[k] + piece.shard_offset;
+        for (int k = 0; k < unit.state_slots; ++k) seg.state[k] = unit.state[k].as<float>() + piece.shard_offset;
         if (!unit.state_pieces.empty()) point_at_packed_state(unit, p, &seg);
         if (twice) {
             // The update reads the slots' values from `state` and writes `state_next`

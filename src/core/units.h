@@ -168,6 +168,8 @@ class Units {
     Status wait_copies();
     // Unit u's shard as ShardState describes it.
     UnitShard shard(size_t u) const;
+    // Its fp32 values alone (UnitShard::values), without the pieces shard() lays out.
+    float *shard_values(size_t u) const;
     // This rank's shard of unit u's params, in their dtype (stage 3: `own`).
     void *own_params(size_t u) const;
 
