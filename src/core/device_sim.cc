@@ -332,7 +332,8 @@ class SimulatedOps final : public DeviceOps {
         for (size_t i = 0; i < n; ++i) {
             const optim::Segment &g = segs[i];
             SX_TRY(on_device(call, {g.param, g.grad, g.grad16, g.compute_out, g.undo}));
-            for (int k = 0; k < 3; ++k) SX_TRY(on_device(call, {g.state[k], g.state_in[k]}));
+            for (int k = 0; k < 3; ++k)
+                SX_TRY(on_device(call, {g.state[k], g.state_in[k], g.state16[k], g.codes[k], g.scales[k]}));
         }
         return Status::Ok();
     }
