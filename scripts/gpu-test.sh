@@ -19,8 +19,10 @@
 #         1. the GPU tests (test_cuda_kernels, test_cuda_plan, test_nccl, test_cuda_group,
 #            test_cuda_pipeline, test_cuda_training), and test_offload on the device
 #            (SX_OFFLOAD_TEST_DEVICE=cuda: offloaded state, several ranks on the one
-#            device, as threads and as processes, meshes, and LAMB's, Adafactor's and
-#            Muon's device passes, equal to CPU groups; Muon's products need the
+#            device, as threads and as processes, meshes, LAMB's, Adafactor's and
+#            Muon's device passes, and bf16 and 8-bit optimizer state kept on the device
+#            (test_cuda_kernels compares those kernels with the CPU's bit for bit),
+#            equal to CPU groups; Muon's products need the
 #            machine's cuBLAS, libcublas.so.13 or SX_CUBLAS_LIBRARY, which the bundle
 #            does not carry: without it test_offload says Muon was not tested);
 #         2. compute-sanitizer's memcheck and racecheck over the GPU tests (see

@@ -91,9 +91,10 @@ extern "C" {
  * Every update is computed in fp32 whatever the slots hold. SX_STATE_BF16 and
  * SX_STATE_8BIT apply to the elementwise optimizers (SGD, Adam, AdamW, Adagrad, RMSprop,
  * Adamax, NAdam, RAdam, Lion, AdEMAMix); LAMB's, Muon's, Adafactor's and custom
- * optimizers' slots stay fp32. They run where the state is in host memory: CPU groups
- * and CUDA groups with SX_OFFLOAD_STATE (a CUDA group keeping its state on the device
- * refuses them). docs/optimizers.md says more. */
+ * optimizers' slots stay fp32. They run on CPU groups, on CUDA groups with
+ * SX_OFFLOAD_STATE (in host memory, with the CPU kernels) and on CUDA groups that keep
+ * their state on the device (with its kernels), with the same bits everywhere.
+ * docs/optimizers.md says more. */
 #define SX_STATE_FP32 0 /* fp32 slots (the default) */
 #define SX_STATE_BF16 1 /* bf16 slots, rounded to nearest even after each update */
 #define SX_STATE_8BIT 2 /* 8-bit block-wise slots: torchao's AdamW8bit (0.18) quantization:

@@ -213,12 +213,6 @@ SX_API sx_status_t sx_add_param_group(sx_shard_group_t *group, const sx_param_gr
                  sx::optim::optimizer_name(d.optimizer).c_str());
         const sx::optim::OptimizerSpec *spec = sx::optim::find_optimizer(d.optimizer);
         if (spec) SX_TRY(g->state_ops().check_runs(*spec));
-        // Packed state is stepped by the CPU kernels, over state in host memory.
-        SX_CHECK(d.state_dtype == SX_STATE_FP32 || host, SX_ERR_UNSUPPORTED,
-                 "desc->state_dtype = %d: bf16 and 8-bit optimizer state run where the state is in host memory only "
-                 "in this version (CPU groups, and CUDA groups with config->offload = SX_OFFLOAD_STATE); this CUDA "
-                 "group keeps its state on the device",
-                 d.state_dtype);
         if (d.bf16_stochastic_round) SX_TRY(g->check_stochastic_round_runs());
         return g->table().add_group(sx::core::hyper_from_desc(d), index_out);
     });

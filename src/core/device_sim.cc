@@ -22,6 +22,7 @@
 #include "base/log.h"
 #include "core/device.h"
 #include "optim/device_passes.h"
+#include "optim/state_codec.h"
 
 namespace sx {
 namespace core {
@@ -258,6 +259,11 @@ class SimulatedOps final : public DeviceOps {
             SX_CHECK(segs[i].zero_grad == nullptr, SX_ERR_INTERNAL,
                      "the device's update does not zero gradients; the step zeroes them itself");
         SX_TRY(segments_on_device("fused_update", segs, n));
+        // As the CUDA plan requires (its 8-bit chunks are whole quantization blocks).
+        for (size_t i = 0; i < n; ++i)
+            SX_CHECK(segs[i].state_dtype != SX_STATE_8BIT || segs[i].n % optim::kQuantBlock == 0, SX_ERR_INTERNAL,
+                     "a segment of 8-bit state of %zu elements, not whole blocks of %zu, reached the device's update",
+                     segs[i].n, optim::kQuantBlock);
         Widened w(segs, n);
         return kernels_->fused_update(w.segs.data(), n, grad_scale, sumsq);
     }
@@ -332,7 +338,8 @@ class SimulatedOps final : public DeviceOps {
         for (size_t i = 0; i < n; ++i) {
             const optim::Segment &g = segs[i];
             SX_TRY(on_device(call, {g.param, g.grad, g.grad16, g.compute_out, g.undo}));
-            for (int k = 0; k < 3; ++k) SX_TRY(on_device(call, {g.state[k], g.state_in[k]}));
+            for (int k = 0; k < 3; ++k)
+                SX_TRY(on_device(call, {g.state[k], g.state_in[k], g.state16[k], g.codes[k], g.scales[k]}));
         }
         return Status::Ok();
     }

@@ -450,12 +450,6 @@ Status ShardGroup::set_hyperparameter(int32_t group, int32_t key, double value) 
              "state_dtype of param group %d is %s and can only change before sx_finalize lays the group out "
              "(set it in its descriptor)",
              group, optim::state_dtype_name(h.state_dtype));
-    SX_CHECK(key != SX_HP_STATE_DTYPE || changed.state_dtype == SX_STATE_FP32 ||
-                 state_ops().device() == SX_DEVICE_CPU,
-             SX_ERR_UNSUPPORTED,
-             "state_dtype = %s runs where the optimizer state is in host memory only in this version (CPU groups, "
-             "and CUDA groups with SX_OFFLOAD_STATE); this CUDA group keeps its state on the device",
-             optim::state_dtype_name(changed.state_dtype));
     SX_CHECK(key != SX_HP_BF16_STOCHASTIC_ROUND || changed.bf16_stochastic_round == h.bf16_stochastic_round ||
                  !laid_out,
              SX_ERR_INVALID_STATE,

@@ -408,31 +408,28 @@ void test_every_optimizer_offloaded_equals_the_cpu(void **) {
                 }
 }
 
-// Packed optimizer state (bf16 slots, 8-bit codes and scales) on an offloaded CUDA group:
-// in host memory, stepped by the CPU kernels as a CPU group's, bit for bit; a group that
-// keeps its state on the device refuses it.
-void test_packed_state_offloaded_equals_the_cpu(void **) {
-    for (int state : {SX_STATE_BF16, SX_STATE_8BIT})
-        for (int optimizer : {SX_OPTIM_ADAMW, SX_OPTIM_SGD})
-            for (int world = 1; world <= 3; ++world)
-                for (int stage = 1; stage <= 3; ++stage) {
-                    Case c;
-                    c.optimizer = optimizer;
-                    c.momentum = optimizer == SX_OPTIM_SGD;
-                    c.world = world;
-                    c.stage = stage;
-                    c.dtype = stage == 2 ? SX_DTYPE_BF16 : SX_DTYPE_F32;
-                    c.clip = world == 2 ? 0.5 : 0.0;
-                    c.state_dtype = state;
-                    expect_same(c, Backend::kCpu, Backend::kOffload);
-                }
-    Case c;
-    c.state_dtype = SX_STATE_8BIT;
-    sx_shard_group_t *g = nullptr;
-    const std::string err = make_group("local://off-packed-device-" + tag(), 0, c, Backend::kDevice, &g);
-    assert_true(err.find("add_param_group") == 0);
-    assert_non_null(std::strstr(err.c_str(), "keeps its state on the device"));
-    sx_destroy_shard_group(g);
+// Packed optimizer state (bf16 slots, 8-bit codes and scales) on a CUDA group, as a CPU
+// group's, bit for bit: offloaded, in host memory and stepped by the CPU kernels; kept on
+// the device, in its memory and stepped by its kernels (on a real device the CUDA
+// kernels, whose 8-bit blocks are one thread block each; on the simulated one the
+// host's). "w" is 16 blocks of 8-bit state, split between ranks at block boundaries.
+void test_packed_state_equals_the_cpu(void **) {
+    for (Backend b : {Backend::kOffload, Backend::kDevice})
+        for (int state : {SX_STATE_BF16, SX_STATE_8BIT})
+            for (int optimizer : {SX_OPTIM_ADAMW, SX_OPTIM_SGD})
+                for (int world = 1; world <= 3; ++world)
+                    for (int stage = 1; stage <= 3; ++stage) {
+                        Case c;
+                        c.optimizer = optimizer;
+                        c.momentum = optimizer == SX_OPTIM_SGD;
+                        c.world = world;
+                        c.stage = stage;
+                        c.dtype = stage == 2 ? SX_DTYPE_BF16 : SX_DTYPE_F32;
+                        c.clip = world == 2 ? 0.5 : 0.0;
+                        c.signalled = b == Backend::kDevice && stage == 3;
+                        c.state_dtype = state;
+                        expect_same(c, Backend::kCpu, b);
+                    }
 }
 
 // A param frozen mid-run keeps the values the trainer gives it: the host's copy of the
@@ -735,6 +732,38 @@ void expect_params(const std::vector<std::vector<uint8_t>> &want, const std::vec
         if (want[p] != got[p]) fail_msg("%s: param '%s' differs from the uninterrupted run's", what, kParams[p].name);
 }
 
+// The run the checkpoint tests save: 2 ranks at stage 2, bf16 params.
+Case saved_case(int state_dtype) {
+    Case c;
+    c.world = 2;
+    c.stage = 2;
+    c.dtype = SX_DTYPE_BF16;
+    c.state_dtype = state_dtype;
+    return c;
+}
+
+// A resume of a checkpoint in a group of `backend`, at another world size and stage.
+struct Resume {
+    Backend backend;
+    int world, stage;
+    const char *what;
+};
+
+// Each resume (where `compared` takes its backend) of checkpoint `path`, trained 2 steps
+// more as `after` says, gives the uninterrupted run's params.
+void expect_resumes(const std::vector<std::vector<uint8_t>> &uninterrupted, const Case &after, const std::string &path,
+                    const std::vector<Resume> &resumes, const std::function<bool(Backend)> &compared) {
+    for (const Resume &r : resumes) {
+        if (!compared(r.backend)) continue;
+        Case rc = after;
+        rc.world = r.world;
+        rc.stage = r.stage;
+        expect_params(uninterrupted,
+                      with_group(rc, r.backend, path, [&](int rank, sx_shard_group_t *g) { return train(g, rc, rank, 3, 2); }),
+                      r.what);
+    }
+}
+
 // An offloaded group's checkpoint (2 ranks, stage 2, bf16) resumes in CPU groups and in a
 // CUDA group that keeps its state on the device, at other world sizes and stages, and a
 // CPU group's checkpoint of it resumes in an offloaded group: the same bits as the run
@@ -743,10 +772,7 @@ void expect_params(const std::vector<std::vector<uint8_t>> &want, const std::vec
 void test_checkpoints_move_between_offloaded_and_other_groups(void **) {
     const std::string dir = sxtest::make_tmpdir("offload");
     const std::string a = dir + "/a", b = dir + "/b";
-    Case c;
-    c.world = 2;
-    c.stage = 2;
-    c.dtype = SX_DTYPE_BF16;
+    const Case c = saved_case(SX_STATE_FP32);
     Case after = c;
     after.same_grads = true;
     const auto uninterrupted = with_group(c, Backend::kOffload, "", [&](int rank, sx_shard_group_t *g) {
@@ -754,24 +780,13 @@ void test_checkpoints_move_between_offloaded_and_other_groups(void **) {
         if (e.empty()) e = save(g, a);
         return e.empty() ? train(g, after, rank, 3, 2) : e;
     });
-    struct Resume {
-        Backend backend;
-        int world, stage;
-        const char *what;
-    };
-    for (const Resume &r : {Resume{Backend::kCpu, 1, 1, "a CPU group of 1 rank at stage 1"},
-                            Resume{Backend::kCpu, 4, 3, "a CPU group of 4 ranks at stage 3"},
-                            Resume{Backend::kDevice, 1, 2, "a CUDA group that keeps its state on the device"},
-                            Resume{Backend::kOffload, 4, 1, "an offloaded group of 4 ranks at stage 1"}}) {
-        // A real device's kernels round as torch's CUDA ones do, not bit for bit as the host's.
-        if (g_real_device && r.backend == Backend::kDevice) continue;
-        Case rc = after;
-        rc.world = r.world;
-        rc.stage = r.stage;
-        expect_params(uninterrupted,
-                      with_group(rc, r.backend, a, [&](int rank, sx_shard_group_t *g) { return train(g, rc, rank, 3, 2); }),
-                      r.what);
-    }
+    // A real device's kernels round as torch's CUDA ones do, not bit for bit as the host's.
+    expect_resumes(uninterrupted, after, a,
+                   {Resume{Backend::kCpu, 1, 1, "a CPU group of 1 rank at stage 1"},
+                    Resume{Backend::kCpu, 4, 3, "a CPU group of 4 ranks at stage 3"},
+                    Resume{Backend::kDevice, 1, 2, "a CUDA group that keeps its state on the device"},
+                    Resume{Backend::kOffload, 4, 1, "an offloaded group of 4 ranks at stage 1"}},
+                   [](Backend b) { return !(g_real_device && b == Backend::kDevice); });
     // And back: a CPU group's save of the loaded state resumes in an offloaded group.
     Case cpu = after;
     cpu.world = 1;
@@ -782,6 +797,49 @@ void test_checkpoints_move_between_offloaded_and_other_groups(void **) {
                   with_group(back, Backend::kOffload, b, [&](int rank, sx_shard_group_t *g) { return train(g, back, rank, 3, 2); }),
                   "an offloaded group from a CPU group's checkpoint");
     sxtest::remove_tree(dir);
+}
+
+// A device-state group's packed state (2 ranks, stage 2, 8-bit and bf16) saves with its
+// codes and scales read back from the device, and loads into CPU groups and into device
+// groups at other world sizes and stages (1 and 4: the mean of equal bf16 gradients is
+// exact there), which train on to the same bits as the run that went on; a CPU group's checkpoint of it loads back into a device group. Its memory stats
+// count the packed slots on the device.
+void test_packed_checkpoints_move_between_device_and_cpu(void **) {
+    for (int state : {SX_STATE_8BIT, SX_STATE_BF16}) {
+        const std::string dir = sxtest::make_tmpdir("offload-packed");
+        const std::string a = dir + "/a", b = dir + "/b";
+        const Case c = saved_case(state);
+        Case after = c;
+        after.same_grads = true;
+        std::vector<sx_memory_stats_t> stats(2);
+        const auto uninterrupted = with_group(c, Backend::kDevice, "", [&](int rank, sx_shard_group_t *g) {
+            std::string e = train(g, c, rank, 0, 3);
+            stats[rank].struct_size = sizeof stats[rank];
+            if (e.empty() && sx_get_memory_stats(g, &stats[rank]) != SX_OK) e = text("memory_stats");
+            if (e.empty()) e = save(g, a);
+            return e.empty() ? train(g, after, rank, 3, 2) : e;
+        });
+        const sx_memory_stats_t &m = stats[0];
+        assert_int_equal(m.device_bytes, m.param_bytes + m.grad_bytes + m.optimizer_bytes);
+        // A real device's run is compared with device runs alone, as above.
+        expect_resumes(uninterrupted, after, a,
+                       {Resume{Backend::kCpu, 1, 1, "a CPU group of 1 rank at stage 1"},
+                        Resume{Backend::kCpu, 4, 3, "a CPU group of 4 ranks at stage 3"},
+                        Resume{Backend::kDevice, 4, 1, "a device-state group of 4 ranks at stage 1"},
+                        Resume{Backend::kOffload, 1, 3, "an offloaded group of 1 rank at stage 3"}},
+                       [](Backend b) { return !g_real_device || b == Backend::kDevice; });
+        Case cpu = after;
+        cpu.world = 4;
+        cpu.stage = 1;
+        with_group(cpu, Backend::kCpu, a, [&](int, sx_shard_group_t *g) { return save(g, b); });
+        Case back = after;
+        back.stage = 3;
+        expect_params(uninterrupted,
+                      with_group(back, Backend::kDevice, b,
+                                 [&](int rank, sx_shard_group_t *g) { return train(g, back, rank, 3, 2); }),
+                      "a device-state group from a CPU group's checkpoint");
+        sxtest::remove_tree(dir);
+    }
 }
 
 // Memory copies of a CUDA group's state are in host memory, whether the state is there
@@ -873,7 +931,7 @@ int run_on_a_real_device() {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_optimizer_offloaded_equals_the_cpu),
-        cmocka_unit_test(test_packed_state_offloaded_equals_the_cpu),
+        cmocka_unit_test(test_packed_state_equals_the_cpu),
         cmocka_unit_test(test_micro_batches_and_signals_offloaded),
         cmocka_unit_test(test_loss_scaling_and_nonfinite_offloaded),
         cmocka_unit_test(test_frozen_params_keep_the_trainers_values),
@@ -882,6 +940,7 @@ int run_on_a_real_device() {
         cmocka_unit_test(test_device_state_refuses_host_optimizers),
         cmocka_unit_test(test_device_bytes),
         cmocka_unit_test(test_checkpoints_move_between_offloaded_and_other_groups),
+        cmocka_unit_test(test_packed_checkpoints_move_between_device_and_cpu),
         cmocka_unit_test(test_memory_copies_of_cuda_groups),
         cmocka_unit_test(test_ranks_as_processes),
     };
@@ -899,7 +958,7 @@ int main(int argc, char **argv) {
     if (g_real_device) return run_on_a_real_device();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_optimizer_offloaded_equals_the_cpu),
-        cmocka_unit_test(test_packed_state_offloaded_equals_the_cpu),
+        cmocka_unit_test(test_packed_state_equals_the_cpu),
         cmocka_unit_test(test_micro_batches_and_signals_offloaded),
         cmocka_unit_test(test_loss_scaling_and_nonfinite_offloaded),
         cmocka_unit_test(test_offloaded_over_nccl_rules),
@@ -910,6 +969,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_device_state_refuses_host_optimizers),
         cmocka_unit_test(test_device_bytes),
         cmocka_unit_test(test_checkpoints_move_between_offloaded_and_other_groups),
+        cmocka_unit_test(test_packed_checkpoints_move_between_device_and_cpu),
         cmocka_unit_test(test_memory_copies_of_cuda_groups),
         cmocka_unit_test(test_ranks_as_processes),
     };

@@ -12,9 +12,12 @@
 //   gathered values are the same before and after.
 // - A scatter of arbitrary values stores what the reference encoder gives: bf16 rounded
 //   to nearest even, each block's codes and scale as optim::encode_block computes them.
+// All of it for CPU groups, and (SX_SIMULATED_DEVICE set) for CUDA groups whose state is
+// in the simulated device's memory, whose bytes the test reads in place.
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -112,7 +115,10 @@ std::string views_of(sx_shard_group_t *g, Views *out) {
 sx_shard_group_t *make_group(int world, int stage, int rank, const std::string &rv, std::string *err) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
-    cfg.backend = SX_BACKEND_CPU;
+    // Under SX_SIMULATED_DEVICE (ctest's test_packed_whole_state_simulated), CUDA groups
+    // that keep their state in the simulated device's memory.
+    const char *simulated = std::getenv("SX_SIMULATED_DEVICE");
+    cfg.backend = simulated && *simulated && std::strcmp(simulated, "0") != 0 ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
     cfg.rendezvous = rv.c_str();
     cfg.rank = rank;
     cfg.world_size = world;

@@ -382,6 +382,12 @@ void lose_one_on_a_device(int victim, int stage, bool memory, const char *device
 void test_offloaded_memory_8bit_stage2_rank3_lost(void **) {
     lose_one_on_a_device(3, 2, true, "offload", 0, SX_STATE_8BIT);
 }
+// Device-state CUDA groups keep packed state in device memory: copied down and restored
+// into it, or loaded from the checkpoint's codes and scales.
+void test_device_memory_8bit_stage3_rank1_lost(void **) { lose_one_on_a_device(1, 3, true, "cuda", 0, SX_STATE_8BIT); }
+void test_device_checkpoint_bf16_stage2_rank0_lost(void **) {
+    lose_one_on_a_device(0, 2, false, "cuda", 0, SX_STATE_BF16);
+}
 void test_offloaded_memory_stage2_rank1_lost(void **) { lose_one_on_a_device(1, 2, true, "offload"); }
 void test_offloaded_memory_stage3_rank0_lost(void **) { lose_one_on_a_device(0, 3, true, "offload"); }
 void test_offloaded_checkpoint_stage1_rank2_lost(void **) { lose_one_on_a_device(2, 1, false, "offload"); }
@@ -558,6 +564,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_offloaded_checkpoint_stage1_rank2_lost),
         cmocka_unit_test(test_device_memory_stage2_rank2_lost),
         cmocka_unit_test(test_device_memory_stage3_rank1_lost),
+        cmocka_unit_test(test_device_memory_8bit_stage3_rank1_lost),
+        cmocka_unit_test(test_device_checkpoint_bf16_stage2_rank0_lost),
         cmocka_unit_test(test_device_checkpoint_stage2_rank0_lost),
         cmocka_unit_test(test_offloaded_mesh_2x2_rank3_lost),
         cmocka_unit_test(test_device_mesh_2x2_rank0_lost),

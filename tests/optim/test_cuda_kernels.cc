@@ -10,6 +10,7 @@
 // Without a device every test but one reports itself skipped with the runtime's reason,
 // and the program exits with 77, which ctest shows as "Skipped" (SKIP_RETURN_CODE).
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <cstdio>
 #include <memory>
@@ -23,6 +24,7 @@
 #include "cuda/runtime.h"
 #include "optim/cuda_kernels.h"
 #include "optim/cuda_test_util.h"
+#include "optim/state_codec.h"
 #include "sx/sx.h"
 
 using sx::optim::Hyper;
@@ -484,6 +486,196 @@ void test_conversions_match_half(void **) {
     }
 }
 
+// ------------------------------------------------- packed state (state_codec.h)
+
+// One segment of packed state on the host (the CPU kernels' operands) and its device copy.
+struct PackedCase {
+    int32_t dtype;  // SX_STATE_BF16 or SX_STATE_8BIT
+    size_t n;
+    std::vector<float> param, grad;
+    std::vector<uint16_t> state16[3];
+    std::vector<uint8_t> codes[3];
+    std::vector<float> scales[3];
+    sx::cuda::DeviceBuffer d_param, d_grad, d_state[3], d_scales[3];
+
+    PackedCase(int32_t dtype_, size_t n_) : dtype(dtype_), n(n_), param(n_), grad(n_) {
+        for (int k = 0; k < 3; ++k) {
+            state16[k].assign(dtype == SX_STATE_BF16 ? n : 0, 0);
+            codes[k].assign(dtype == SX_STATE_8BIT ? n : 0, 0);
+            scales[k].assign(dtype == SX_STATE_8BIT ? n / sx::optim::kQuantBlock : 0, 0.0f);
+        }
+    }
+    size_t slot_bytes() const { return dtype == SX_STATE_BF16 ? n * 2 : n; }
+    void *slot_host(int k) { return dtype == SX_STATE_BF16 ? static_cast<void *>(state16[k].data()) : codes[k].data(); }
+    void upload() {
+        check_ok(d_param.allocate(n * 4, "param"), "allocate");
+        check_ok(d_param.upload(param.data(), n * 4), "upload param");
+        check_ok(d_grad.allocate(n * 4, "grad"), "allocate");
+        check_ok(d_grad.upload(grad.data(), n * 4), "upload grad");
+        for (int k = 0; k < 3; ++k) {
+            check_ok(d_state[k].allocate(slot_bytes(), "slot"), "allocate");
+            check_ok(d_state[k].upload(slot_host(k), slot_bytes()), "upload slot");
+            if (scales[k].empty()) continue;
+            check_ok(d_scales[k].allocate(scales[k].size() * 4, "scales"), "allocate");
+            check_ok(d_scales[k].upload(scales[k].data(), scales[k].size() * 4), "upload scales");
+        }
+    }
+    // The segment over the host's buffers (device: false) or the device's.
+    Segment segment(const Hyper *h, int64_t step, bool device) {
+        Segment seg;
+        seg.param = device ? d_param.as<float>() : param.data();
+        seg.grad = device ? d_grad.as<float>() : grad.data();
+        seg.n = n;
+        seg.hyper = h;
+        seg.step = step;
+        seg.state_dtype = dtype;
+        for (int k = 0; k < sx::optim::state_slots(*h); ++k) {
+            if (dtype == SX_STATE_BF16) {
+                seg.state16[k] = device ? d_state[k].as<uint16_t>() : state16[k].data();
+            } else {
+                seg.codes[k] = device ? d_state[k].as<uint8_t>() : codes[k].data();
+                seg.scales[k] = device ? d_scales[k].as<float>() : scales[k].data();
+            }
+        }
+        return seg;
+    }
+    // Whether the device's buffers hold the host's bytes (NaN scales compared as bits:
+    // both sides write 0x7fc00000).
+    bool device_equals_host(const Hyper &h, std::string *what) {
+        std::vector<char> got(n * 4);
+        check_ok(d_param.download(got.data(), n * 4), "download param");
+        if (std::memcmp(got.data(), param.data(), n * 4) != 0) return *what = "param", false;
+        for (int k = 0; k < sx::optim::state_slots(h); ++k) {
+            check_ok(d_state[k].download(got.data(), slot_bytes()), "download slot");
+            if (std::memcmp(got.data(), slot_host(k), slot_bytes()) != 0) return *what = "slot " + std::to_string(k), false;
+            if (scales[k].empty()) continue;
+            check_ok(d_scales[k].download(got.data(), scales[k].size() * 4), "download scales");
+            if (std::memcmp(got.data(), scales[k].data(), scales[k].size() * 4) != 0)
+                return *what = "scales of slot " + std::to_string(k), false;
+        }
+        return true;
+    }
+};
+
+// Gradients of step `step`: mostly in (-1, 1) at several magnitudes, with awkward blocks
+// (8-bit: block 1 all zero, block 2's largest magnitude negative, the last block a NaN
+// and an inf; bf16: the same positions).
+void packed_grads(PackedCase &pc, Rng &rng, int64_t step) {
+    const size_t b = sx::optim::kQuantBlock;
+    for (size_t i = 0; i < pc.n; ++i) {
+        const float mag = (i / 37) % 3 == 0 ? 1e-3f : (i / 37) % 3 == 1 ? 1.0f : 30.0f;
+        pc.grad[i] = mag * rng.uniform(-1.0f, 1.0f);
+    }
+    if (pc.n >= 3 * b) {
+        for (size_t i = b; i < 2 * b; ++i) pc.grad[i] = 0.0f;
+        pc.grad[2 * b + 5] = -100.0f;  // the extreme of block 2, negative
+    }
+    if (step == 3 && pc.n >= 2 * b) {
+        pc.grad[pc.n - 3] = NAN;
+        pc.grad[pc.n - 7] = -INFINITY;
+    }
+}
+
+// The CUDA kernels' update of packed state (bf16 slots, 8-bit blocks) equals the CPU
+// kernels', bit for bit: params, slots, scales, for SGD with momentum (its first step
+// writes the buffer unread), Adam, AdamW (8-bit: torchao's Adam), amsgrad, RMSprop
+// centered with momentum (three slots) and Lion, over several steps, at sizes of one
+// block, several, and more than a chunk of the launch, with gradients that make blocks of
+// zeros, blocks whose extreme is negative and NaN and inf (their blocks' scales NaN).
+// Several segments, packed and fp32, go in one launch too.
+void test_packed_state_matches_the_cpu(void **) {
+    REQUIRE_DEVICE();
+    Workspace ws;
+    std::vector<Hyper> hypers;
+    Hyper h = sx::optim::default_hyper(Kind::kSgd);
+    h.lr = 0.1, h.momentum = 0.9, h.weight_decay = 0.01;
+    hypers.push_back(h);
+    for (Kind kind : {Kind::kAdam, Kind::kAdamW}) {
+        h = sx::optim::default_hyper(kind);
+        h.lr = 0.01, h.weight_decay = 0.01;
+        hypers.push_back(h);
+        h.amsgrad = true;
+        hypers.push_back(h);
+    }
+    h = sx::optim::default_hyper(Kind::kRmsprop);
+    h.centered = true, h.momentum = 0.5;
+    hypers.push_back(h);
+    hypers.push_back(sx::optim::default_hyper(Kind::kLion));
+    for (int32_t dtype : {SX_STATE_BF16, SX_STATE_8BIT})
+        for (Hyper hp : hypers)
+            for (size_t n : {size_t(256), size_t(256 * 3), size_t(256 * 9), size_t(256 * 17 + (dtype == SX_STATE_BF16 ? 5 : 0))}) {
+                hp.state_dtype = dtype;
+                PackedCase pc(dtype, n);
+                Rng rng(n * 13 + static_cast<uint64_t>(hp.kind) * 7 + static_cast<uint64_t>(dtype));
+                for (size_t i = 0; i < n; ++i) pc.param[i] = rng.uniform(-1.0f, 1.0f);
+                packed_grads(pc, rng, 1);
+                pc.upload();
+                for (int64_t step = 1; step <= 4; ++step) {
+                    if (step > 1) {
+                        packed_grads(pc, rng, step);
+                        check_ok(pc.d_grad.upload(pc.grad.data(), n * 4), "upload grad");
+                    }
+                    Segment host = pc.segment(&hp, step, false);
+                    double want = 0.0;
+                    sx::optim::fused_update(&host, 1, 0.5f, nullptr, sx::optim::Isa::kAuto, &want);
+                    CudaSegment cs;
+                    cs.seg = pc.segment(&hp, step, true);
+                    check_ok(ws.fused_update(&cs, 1, 0.5f, nullptr, true), "fused_update");
+                    std::string what;
+                    if (!pc.device_equals_host(hp, &what))
+                        fail_msg("kind %d amsgrad %d state_dtype %d n %zu step %lld: %s differs from the CPU's",
+                                 static_cast<int>(hp.kind), hp.amsgrad, dtype, n, static_cast<long long>(step),
+                                 what.c_str());
+                }
+            }
+}
+
+// A launch of 8-bit, bf16 and fp32 segments together: each as the CPU updates it, and the
+// statistics over all of them.
+void test_packed_and_fp32_segments_in_one_launch(void **) {
+    REQUIRE_DEVICE();
+    Workspace ws;
+    Hyper h = sx::optim::default_hyper(Kind::kAdamW);
+    h.weight_decay = 0.01;
+    Hyper h8 = h, h16 = h;
+    h8.state_dtype = SX_STATE_8BIT;
+    h16.state_dtype = SX_STATE_BF16;
+    PackedCase a(SX_STATE_8BIT, 256 * 10), b(SX_STATE_BF16, 1001), c(SX_STATE_8BIT, 256 * 2);
+    Rng rng(5);
+    for (PackedCase *pc : {&a, &b, &c}) {
+        for (size_t i = 0; i < pc->n; ++i) pc->param[i] = rng.uniform(-1.0f, 1.0f);
+        packed_grads(*pc, rng, 2);
+        pc->upload();
+    }
+    // An fp32 segment: c's param with fp32 slots, as a param too small for 8 bits keeps.
+    std::vector<float> p32(300), g32(300), m32(300, 0.0f), v32(300, 0.0f);
+    for (size_t i = 0; i < 300; ++i) p32[i] = rng.uniform(-1.0f, 1.0f), g32[i] = rng.uniform(-0.5f, 0.5f);
+    OnDevice dp(p32.data(), 1200, 0), dg(g32.data(), 1200, 0), dm(m32.data(), 1200, 0), dv(v32.data(), 1200, 0);
+    for (int64_t step = 1; step <= 2; ++step) {
+        Segment host[4] = {a.segment(&h8, step, false), b.segment(&h16, step, false), c.segment(&h8, step, false), {}};
+        host[3].param = p32.data(), host[3].grad = g32.data(), host[3].n = 300, host[3].hyper = &h8, host[3].step = step;
+        host[3].state[0] = m32.data(), host[3].state[1] = v32.data();
+        double want = 0.0;
+        sx::optim::fused_update(host, 4, 1.0f, nullptr, sx::optim::Isa::kAuto, &want);
+        CudaSegment cs[4];
+        cs[0].seg = a.segment(&h8, step, true), cs[1].seg = b.segment(&h16, step, true), cs[2].seg = c.segment(&h8, step, true);
+        cs[3].seg = host[3];
+        cs[3].seg.param = dp.at<float>(), cs[3].seg.grad = dg.at<float>();
+        cs[3].seg.state[0] = dm.at<float>(), cs[3].seg.state[1] = dv.at<float>();
+        check_ok(ws.fused_update(cs, 4, 1.0f, nullptr, true), "fused_update");
+        GradStats st;
+        check_ok(ws.read_stats(nullptr, &st), "read_stats");
+        std::string what;
+        if (!a.device_equals_host(h8, &what) || !b.device_equals_host(h16, &what) || !c.device_equals_host(h8, &what))
+            fail_msg("step %lld: %s differs from the CPU's", static_cast<long long>(step), what.c_str());
+        std::vector<float> got(300);
+        check_ok(dp.buf.download(got.data(), 1200), "download");
+        assert_memory_equal(got.data(), p32.data(), 1200);
+        assert_true(st.nonfinite == 0.0);
+        assert_close_rel(st.sumsq, want, "sum of squares");
+    }
+}
+
 }  // namespace
 
 int main(void) {
@@ -496,6 +688,8 @@ int main(void) {
         cmocka_unit_test(test_grad_stats),
         cmocka_unit_test(test_16bit_gradients_match_fp32),
         cmocka_unit_test(test_conversions_match_half),
+        cmocka_unit_test(test_packed_state_matches_the_cpu),
+        cmocka_unit_test(test_packed_and_fp32_segments_in_one_launch),
         cmocka_unit_test(test_without_device_launch_fails_cleanly),
     };
     const int failed = cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -277,6 +277,56 @@ void test_plan_rejects_bad_segments(void **) {
     assert_int_equal(plan.total_chunks, 0);
 }
 
+// Packed state: bf16 and 8-bit segments run one element (or block) at a time, with their
+// slots' pointers, dtype, slot count and maps in the table, and make the launch the
+// packed kernel's; an 8-bit segment of a part of a block, or without its codes or scales,
+// and packed state in the traffic-only pass are refused.
+void test_plan_of_packed_state(void **) {
+    Hyper adamw = sx::optim::default_hyper(Kind::kAdamW);
+    ci::LaunchPlan plan;
+    CudaSegment cs[3] = {adam_segment(0x1000, 512, &adamw, 1), adam_segment(0x2000, 100, &adamw, 1),
+                         adam_segment(0x3000, 64, &adamw, 1)};
+    cs[0].seg.state_dtype = SX_STATE_8BIT;
+    cs[1].seg.state_dtype = SX_STATE_BF16;
+    for (int k = 0; k < 2; ++k) {
+        cs[0].seg.codes[k] = reinterpret_cast<uint8_t *>(0x50000001 + 0x1000 * k);
+        cs[0].seg.scales[k] = addr(0x60000000 + 0x1000 * k);
+        cs[1].seg.state16[k] = reinterpret_cast<uint16_t *>(0x70000002 + 0x1000 * k);
+    }
+    assert_true(ci::build_plan(cs, 3, 1.0f, ci::Mode::kUpdate, 8, &plan).ok());
+    assert_true(plan.packed);
+    const ci::TableSegment &eight = plan.segments[0], &bf16 = plan.segments[1];
+    assert_int_equal(eight.state_dtype, SX_STATE_8BIT);
+    assert_int_equal(eight.vector, 0);
+    assert_int_equal(eight.lead, 0);
+    assert_int_equal(eight.slots, 2);
+    assert_int_equal(eight.unsigned_maps, 2);  // exp_avg signed, exp_avg_sq unsigned
+    assert_ptr_equal(eight.codes[1], cs[0].seg.codes[1]);
+    assert_ptr_equal(eight.scales[1], cs[0].seg.scales[1]);
+    assert_int_equal(bf16.vector, 0);
+    assert_ptr_equal(bf16.state16[1], cs[1].seg.state16[1]);
+    assert_int_equal(plan.segments[2].state_dtype, SX_STATE_FP32);
+    assert_true(ci::build_plan(&cs[2], 1, 1.0f, ci::Mode::kUpdate, 8, &plan).ok());
+    assert_false(plan.packed);
+    auto rejects = [&](const CudaSegment &c, ci::Mode mode, const char *what) {
+        const sx::Status s = ci::build_plan(&c, 1, 1.0f, mode, 4, &plan);
+        if (s.code() != SX_ERR_INVALID_ARGUMENT || s.message().find(what) == std::string::npos)
+            fail_msg("want a refusal naming '%s', got code %d: %s", what, s.code(), s.message().c_str());
+    };
+    rejects(cs[0], ci::Mode::kTrafficOnly, "traffic-only");
+    CudaSegment bad = cs[0];
+    bad.seg.n = 300;
+    rejects(bad, ci::Mode::kUpdate, "whole blocks");
+    bad = cs[0];
+    bad.seg.scales[1] = nullptr;
+    rejects(bad, ci::Mode::kUpdate, "scales[1]");
+    bad = cs[1];
+    bad.seg.state16[0] = reinterpret_cast<uint16_t *>(0x70000001);
+    rejects(bad, ci::Mode::kUpdate, "state16[0]");
+    bad.seg.state_dtype = 7;
+    rejects(bad, ci::Mode::kUpdate, "state_dtype 7");
+}
+
 }  // namespace
 
 int main(void) {
@@ -287,6 +337,7 @@ int main(void) {
         cmocka_unit_test(test_plan_alignment_and_constants),
         cmocka_unit_test(test_plan_with_16bit_gradients),
         cmocka_unit_test(test_plan_rejects_bad_segments),
+        cmocka_unit_test(test_plan_of_packed_state),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -6,7 +6,10 @@
 // with an explicitly rounded intrinsic (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn,
 // __fsqrt_rn), which nvcc never contracts into a fused multiply-add, and denormals are
 // kept (no -ftz); the constants are the CPU's (make_consts, in double on the host). So
-// every element equals reference_update()'s bit for bit. The bf16/fp16 outputs are
+// every element equals reference_update()'s bit for bit. Packed state (state_codec.h) is
+// decoded into fp32, updated by the same element bodies and encoded again with the host
+// kernels' operations (kernel_body.h): bf16 slots one element at a time, 8-bit slots a
+// quantization block per thread block (packed8_chunk). The bf16/fp16 outputs are
 // __float2bfloat16_rn / __float2half_rn of the updated fp32 value: round to nearest
 // even, NaN stays NaN, overflow gives inf.
 #include <cuda_bf16.h>
@@ -175,7 +178,41 @@ constexpr int kReads = M == Mode::kStats ? 0 : slots_read(kV);
 template <Mode M, Variant kV>
 constexpr int kWrites = M == Mode::kStats ? 0 : slots_written(kV);
 
-// Element e of segment t, one at a time (segment ends and misaligned segments).
+// bf16 state: kernel_body.h's widen_bf16 and narrow_bf16 (round to nearest even; a NaN
+// keeps its high half with the quiet bit set, where __float2bfloat16_rn would give
+// another NaN's bits).
+__device__ __forceinline__ float widen_bf16(uint16_t h) { return __uint_as_float(static_cast<unsigned>(h) << 16); }
+__device__ __forceinline__ uint16_t narrow_bf16(float f) {
+    const unsigned x = __float_as_uint(f);
+    const unsigned rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : rounded);
+}
+
+// Slot k's element e as fp32 (fp32 or bf16 slots; 8-bit ones go a block at a time).
+// Only the packed kernel (kUpdatePacked) asks.
+template <Mode M>
+__device__ __forceinline__ float load_slot(const TableSegment &t, int k, uint64_t e) {
+    return M == Mode::kUpdatePacked && t.state_dtype == SX_STATE_BF16 ? widen_bf16(t.state16[k][e]) : t.state[k][e];
+}
+template <Mode M>
+__device__ __forceinline__ void store_slot(const TableSegment &t, int k, uint64_t e, float v) {
+    if (M == Mode::kUpdatePacked && t.state_dtype == SX_STATE_BF16)
+        t.state16[k][e] = narrow_bf16(v);
+    else
+        t.state[k][e] = v;
+}
+
+// The updated param e, and its copy in the compute dtype if the segment has one.
+template <Mode M>
+__device__ __forceinline__ void store_param(const TableSegment &t, uint64_t e, float p) {
+    t.param[e] = p;
+    if (t.out_dtype != static_cast<int32_t>(ComputeDtype::kNone)) {
+        unsigned short *out = static_cast<unsigned short *>(t.out);
+        out[e] = M == Mode::kTrafficOnly ? to_compute_moved(p) : to_compute(p, t.out_dtype);
+    }
+}
+
+// Element e of segment t, one at a time (segment ends, misaligned segments, bf16 state).
 template <Mode M, Variant kV>
 __device__ __forceinline__ void scalar_at(const TableSegment &t, uint64_t e, bool stats, Acc &acc) {
     const float g = grad_at(t, e);
@@ -186,15 +223,11 @@ __device__ __forceinline__ void scalar_at(const TableSegment &t, uint64_t e, boo
     float p = t.param[e];
     float s[3] = {0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int k = 0; k < kReads<M, kV>; ++k) s[k] = t.state[k][e];
+    for (int k = 0; k < kReads<M, kV>; ++k) s[k] = load_slot<M>(t, k, e);
     element<M, kV>(t, p, g, s[0], s[1], s[2], stats, acc);
-    t.param[e] = p;
+    store_param<M>(t, e, p);
 #pragma unroll
-    for (int k = 0; k < kWrites<M, kV>; ++k) t.state[k][e] = s[k];
-    if (t.out_dtype != static_cast<int32_t>(ComputeDtype::kNone)) {
-        unsigned short *out = static_cast<unsigned short *>(t.out);
-        out[e] = M == Mode::kTrafficOnly ? to_compute_moved(p) : to_compute(p, t.out_dtype);
-    }
+    for (int k = 0; k < kWrites<M, kV>; ++k) store_slot<M>(t, k, e, s[k]);
 }
 
 template <Mode M, Variant kV>
@@ -292,15 +325,104 @@ __device__ __forceinline__ void run_chunk_of(const TableSegment &t, uint64_t loc
     scalar_range<M, kV>(t, vhi, hi, stats, acc);
 }
 
+// ------------------------------------------------- 8-bit block-wise state (state_codec.h)
+
+// kSignedMap and kUnsignedMap, copied here by Workspace::Impl::init (per device).
+__device__ float g_state_maps[2][kQuantBlock];
+
+// What a block's threads share while they update 8-bit state: the maps, read by each
+// encoder's binary search at addresses of its own (shared memory serves those in one pass
+// where the constant cache would serialise them), and the warps' part of a reduction.
+struct PackedShared {
+    float maps[2][kQuantBlock];
+    float warp_max[kThreads / 32];
+    int warp_nan[kThreads / 32];
+};
+__device__ __forceinline__ PackedShared &packed_shared() {
+    __shared__ PackedShared shared;
+    return shared;
+}
+
+// The scale of the block whose element on this thread is x, on every thread: its largest
+// magnitude clipped to at least 1e-12, NaN (0x7fc00000, kernel_body.h's block_scale) if any
+// element is NaN. The maximum of magnitudes that are not NaN is the same in any order.
+__device__ __forceinline__ float block_scale(float x, PackedShared &sh) {
+    const float a = fabsf(x);
+    const bool nan = a != a;
+    float most = nan ? 0.0f : a;
+    for (int offset = 16; offset > 0; offset /= 2) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, offset));
+    const bool warp_nan = __any_sync(0xffffffffu, nan) != 0;
+    const unsigned warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) {
+        sh.warp_max[warp] = most;
+        sh.warp_nan[warp] = warp_nan ? 1 : 0;
+    }
+    __syncthreads();
+    bool any_nan = false;
+    for (unsigned w = 0; w < kThreads / 32; ++w) {
+        most = fmaxf(most, sh.warp_max[w]);
+        any_nan = any_nan || sh.warp_nan[w] != 0;
+    }
+    __syncthreads();  // the warps' parts are rewritten by the next call
+    return any_nan ? __uint_as_float(0x7fc00000u) : (most < 1e-12f ? 1e-12f : most);
+}
+
+// The nearest code of y in map, ties to the larger: state_codec.cc's nearest_code (a
+// binary search for the largest c with map[c] <= y, 0 if none or y is NaN, then a step up
+// where y lies at least half-way to the next entry), each operation rounded once.
+__device__ __forceinline__ uint8_t nearest_code(float y, const float *map) {
+    int c = y >= map[128] ? 128 : 0;
+#pragma unroll
+    for (int k = 64; k >= 1; k /= 2)
+        if (y >= map[c + k]) c += k;
+    const int up = c < 255 ? c + 1 : 255;
+    return static_cast<uint8_t>(sub(y, map[c]) >= mul(sub(map[up], map[c]), 0.5f) ? up : c);
+}
+
+// Chunk `local` of a segment of 8-bit state, a quantization block at a time (kernel_body.h's
+// packed_range): every slot decoded (map[code] * scale), the element updated as the fp32
+// kernel updates it, every slot encoded again under its block's new scale; slots the
+// update does not write are so re-encoded too, as the host's kernels do.
+template <Mode M, Variant kV>
+__device__ __forceinline__ void packed8_chunk(const TableSegment &t, uint64_t local, bool stats, Acc &acc) {
+    PackedShared &sh = packed_shared();
+    for (unsigned i = threadIdx.x; i < 2 * kQuantBlock; i += kThreads)
+        sh.maps[i / kQuantBlock][i % kQuantBlock] = g_state_maps[i / kQuantBlock][i % kQuantBlock];
+    __syncthreads();
+    const uint64_t first = local * kChunk;
+    const uint64_t end = first + kChunk < t.n ? first + kChunk : t.n;
+    for (uint64_t b = first; b < end; b += kQuantBlock) {
+        const uint64_t e = b + threadIdx.x, block = b / kQuantBlock;
+        float s[3] = {0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int k = 0; k < 3; ++k)
+            if (k < t.slots) s[k] = mul(sh.maps[(t.unsigned_maps >> k) & 1][t.codes[k][e]], t.scales[k][block]);
+        float p = t.param[e];
+        element<M, kV>(t, p, grad_at(t, e), s[0], s[1], s[2], stats, acc);
+        store_param<M>(t, e, p);
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            if (k >= t.slots) break;  // t.slots is the same on every thread
+            const float scale = block_scale(s[k], sh);  // after every thread read the old one
+            t.codes[k][e] = nearest_code(div(s[k], scale), sh.maps[(t.unsigned_maps >> k) & 1]);
+            if (threadIdx.x == 0) t.scales[k][block] = scale;
+        }
+    }
+    __syncthreads();  // the maps stay as they are until every thread is done with them
+}
+
 // run_chunk_of for the segment's variant (the statistics pass reads no state: one body).
 template <Mode M>
 __device__ __forceinline__ void run_chunk(const TableSegment &t, uint64_t local, bool stats, Acc &acc) {
     if constexpr (M == Mode::kStats) {
         run_chunk_of<M, Variant::kSgd>(t, local, stats, acc);
     } else {
+        const bool blocks = M == Mode::kUpdatePacked && t.state_dtype == SX_STATE_8BIT;
         switch (t.c.variant) {
-#define SX_CUDA_VARIANT(v) \
-    case Variant::v: return run_chunk_of<M, Variant::v>(t, local, stats, acc);
+#define SX_CUDA_VARIANT(v)                                                               \
+    case Variant::v:                                                                     \
+        if (blocks) return packed8_chunk<M, Variant::v>(t, local, stats, acc);           \
+        return run_chunk_of<M, Variant::v>(t, local, stats, acc);
             SX_CUDA_VARIANT(kSgd)
             SX_CUDA_VARIANT(kSgdMomentumFirst)
             SX_CUDA_VARIANT(kSgdMomentum)
@@ -339,15 +461,18 @@ __device__ __forceinline__ void block_sum(double &sumsq, double &nonfinite) {
 
 // Block b runs chunks [b*T/G, (b+1)*T/G), walking the table from first_segment[b];
 // with stats it leaves its (sumsq, nonfinite) in partials[2b], partials[2b+1].
+// The packed kernel asks for 2 blocks per multiprocessor, not kMinBlocks: capped at 80
+// registers, its decoding, block reductions and encoding spilled to local memory.
 template <Mode M>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) segments_kernel(const TableSegment *segs, const uint32_t *first_segment,
-                                                            uint64_t total_chunks, int stats, double *partials) {
+__global__ void __launch_bounds__(kThreads, M == Mode::kUpdatePacked ? 2 : kMinBlocks)
+    segments_kernel(const TableSegment *segs, const uint32_t *first_segment, uint64_t total_chunks, int stats,
+                    double *partials) {
     const uint64_t grid = gridDim.x;
     uint64_t c = block_chunk_begin(blockIdx.x, total_chunks, grid);
     const uint64_t c_end = block_chunk_begin(blockIdx.x + 1, total_chunks, grid);
     uint32_t s = first_segment[blockIdx.x];
     Acc acc = {0.0, 0u};
-    const bool want = M == Mode::kStats || (M == Mode::kUpdate && stats != 0);
+    const bool want = M == Mode::kStats || ((M == Mode::kUpdate || M == Mode::kUpdatePacked) && stats != 0);
     while (c < c_end) {
         const TableSegment t = segs[s];
         const uint64_t stop = t.chunk_end < c_end ? t.chunk_end : c_end;
@@ -479,6 +604,12 @@ struct Workspace::Impl {
         SX_CUDA_TRY(cudaMalloc(&partials, sizeof(double) * 2 * grid), "allocating the optimizer's partial sums");
         SX_CUDA_TRY(cudaMalloc(&stats, sizeof(double) * 2), "allocating the optimizer's gradient statistics");
         SX_TRY(tables.create_events());
+        // Every workspace of the device copies the same values: the maps never change.
+        SX_CUDA_TRY(cudaMemcpyToSymbol(internal::g_state_maps, kSignedMap, sizeof(float) * kQuantBlock, 0),
+                    "copying the 8-bit state's signed map to the device");
+        SX_CUDA_TRY(cudaMemcpyToSymbol(internal::g_state_maps, kUnsignedMap, sizeof(float) * kQuantBlock,
+                                       sizeof(float) * kQuantBlock),
+                    "copying the 8-bit state's unsigned map to the device");
         max_grid = grid;
         device = current;
         return Status::Ok();
@@ -505,6 +636,10 @@ struct Workspace::Impl {
         switch (mode) {
         case Mode::kUpdate:
             internal::segments_kernel<Mode::kUpdate><<<plan.grid, internal::kThreads, 0, stream>>>(
+                table, first, plan.total_chunks, stats_flag, partials);
+            break;
+        case Mode::kUpdatePacked:
+            internal::segments_kernel<Mode::kUpdatePacked><<<plan.grid, internal::kThreads, 0, stream>>>(
                 table, first, plan.total_chunks, stats_flag, partials);
             break;
         case Mode::kStats:
@@ -535,7 +670,8 @@ struct Workspace::Impl {
             const TableSegment *table = nullptr;
             const uint32_t *first = nullptr;
             SX_TRY(upload(*slot, table_bytes, total, stream, &table, &first));
-            SX_TRY(enqueue(mode, table, first, want_stats, stream));
+            SX_TRY(enqueue(mode == Mode::kUpdate && plan.packed ? Mode::kUpdatePacked : mode, table, first, want_stats,
+                           stream));
         }
         if (want_stats) {
             internal::finish_stats<<<1, internal::kThreads, 0, stream>>>(partials, plan.grid, stats);

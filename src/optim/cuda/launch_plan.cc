@@ -49,6 +49,44 @@ Status gradients_of(const Segment &s, size_t i, TableSegment *t, int *lead) {
     return Status::Ok();
 }
 
+// Segment i's state slots into t (fp32, bf16, or 8-bit codes and scales: Segment's
+// state_dtype), and whether they allow float4 access at `lead` (fp32 slots alone do).
+Status slots_of(const Segment &s, size_t i, int lead, TableSegment *t, bool *vector) {
+    const int32_t dtype = s.state_dtype;
+    SX_CHECK_ARG(dtype == SX_STATE_FP32 || dtype == SX_STATE_BF16 || dtype == SX_STATE_8BIT,
+                 "segment %zu: state_dtype %d is not SX_STATE_FP32, SX_STATE_BF16 or SX_STATE_8BIT", i, dtype);
+    SX_CHECK_ARG(dtype != SX_STATE_8BIT || s.n % kQuantBlock == 0,
+                 "segment %zu: 8-bit state needs whole blocks of %zu elements (n is %zu)", i, kQuantBlock, s.n);
+    const int slots = state_slots(*s.hyper);
+    t->state_dtype = dtype;
+    t->slots = slots;
+    for (int k = 0; k < slots; ++k) {
+        if (dtype == SX_STATE_FP32) {
+            SX_CHECK_ARG(s.state[k] != nullptr && lead_of(s.state[k]) >= 0,
+                         "segment %zu: state[%d] must be a device address aligned to 4 bytes "
+                         "(this optimizer keeps %d state slots; got %p)",
+                         i, k, slots, static_cast<void *>(s.state[k]));
+            *vector = *vector && lead_of(s.state[k]) == lead;
+            t->state[k] = s.state[k];
+        } else if (dtype == SX_STATE_BF16) {
+            SX_CHECK_ARG(s.state16[k] != nullptr && lead16_of(s.state16[k]) >= 0,
+                         "segment %zu: state16[%d] must be a device address aligned to 2 bytes (bf16 state, "
+                         "%d slots; got %p)", i, k, slots, static_cast<void *>(s.state16[k]));
+            t->state16[k] = s.state16[k];
+        } else {
+            SX_CHECK_ARG(s.codes[k] != nullptr && s.scales[k] != nullptr && lead_of(s.scales[k]) >= 0,
+                         "segment %zu: codes[%d] and scales[%d] must be device addresses, the scales aligned to 4 "
+                         "bytes (8-bit state, %d slots; got %p and %p)",
+                         i, k, k, slots, static_cast<void *>(s.codes[k]), static_cast<void *>(s.scales[k]));
+            t->codes[k] = s.codes[k];
+            t->scales[k] = s.scales[k];
+            if (state_slot_nonnegative(*s.hyper, k)) t->unsigned_maps |= 1 << k;
+        }
+    }
+    *vector = *vector && dtype == SX_STATE_FP32;
+    return Status::Ok();
+}
+
 }  // namespace
 
 Status build_plan(const CudaSegment *segs, size_t num_segs, float grad_scale, Mode mode,
@@ -59,6 +97,7 @@ Status build_plan(const CudaSegment *segs, size_t num_segs, float grad_scale, Mo
     plan->first_segment.clear();
     plan->total_chunks = 0;
     plan->grid = 0;
+    plan->packed = false;
     const bool stats_only = mode == Mode::kStats;
     uint64_t chunks = 0;
     for (size_t i = 0; i < num_segs; ++i) {
@@ -80,15 +119,10 @@ Status build_plan(const CudaSegment *segs, size_t num_segs, float grad_scale, Mo
                          static_cast<void *>(s.param));
             vector = lead_of(s.param) == lead;
             t.param = s.param;
-            const int slots = state_slots(*s.hyper);
-            for (int k = 0; k < slots; ++k) {
-                SX_CHECK_ARG(s.state[k] != nullptr && lead_of(s.state[k]) >= 0,
-                             "segment %zu: state[%d] must be a device address aligned to 4 bytes "
-                             "(this optimizer keeps %d state slots; got %p)",
-                             i, k, slots, static_cast<void *>(s.state[k]));
-                vector = vector && lead_of(s.state[k]) == lead;
-                t.state[k] = s.state[k];
-            }
+            SX_TRY(slots_of(s, i, lead, &t, &vector));
+            SX_CHECK_ARG(mode != Mode::kTrafficOnly || t.state_dtype == SX_STATE_FP32,
+                         "segment %zu: the traffic-only pass moves fp32 state alone", i);
+            plan->packed = plan->packed || t.state_dtype != SX_STATE_FP32;
             SX_CHECK_ARG(cs.compute_dtype == ComputeDtype::kNone || cs.compute_dtype == ComputeDtype::kBf16 ||
                              cs.compute_dtype == ComputeDtype::kFp16,
                          "segment %zu: compute_dtype %d is not kNone, kBf16 or kFp16", i,

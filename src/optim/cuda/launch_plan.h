@@ -10,7 +10,8 @@
 // on 16-byte boundaries: the kernel reads and writes its inside as float4 and only up
 // to 3 elements at each end of a segment one by one. A segment whose other buffers do
 // not share grad's alignment (or whose compute output is not 2-byte aligned alike)
-// runs one element at a time (vector = 0, lead = 0).
+// runs one element at a time (vector = 0, lead = 0), and so do segments of packed state:
+// bf16 slots one element at a time, 8-bit ones a quantization block at a time.
 //
 // The chunks of all segments are numbered one after another (chunk_begin/chunk_end);
 // block b of a grid of G runs chunks [b*T/G, (b+1)*T/G) of the T in all, in order:
@@ -26,6 +27,7 @@
 #include "base/status.h"
 #include "optim/cuda_kernels.h"
 #include "optim/kernels.h"
+#include "optim/state_codec.h"
 
 // Functions both the host (planning) and the kernel call.
 #ifdef __CUDACC__
@@ -49,12 +51,18 @@ constexpr unsigned kIlp = 2;        // float4 per thread per stream in flight
 // gpu_adamw; one float4 per stream with 4 or 6 blocks: 1.93 and 1.94 ms).
 constexpr unsigned kMinBlocks = 3;
 constexpr uint64_t kChunk = uint64_t(kThreads) * 4 * kIlp;  // positions per chunk
+// An 8-bit segment's chunk is whole quantization blocks (the segment starts on one, with
+// lead 0), each updated by the block's threads one element apiece.
+static_assert(kThreads == kQuantBlock && kChunk % kQuantBlock == 0, "a chunk of 8-bit state is whole blocks");
 
 // What a launch computes.
 enum class Mode : int32_t {
     kUpdate = 0,       // the optimizer step (+ GradStats if stats)
     kStats = 1,        // GradStats of the gradients alone
     kTrafficOnly = 2,  // the update's loads and stores with no arithmetic (benchmark ceiling)
+    // kUpdate where a segment keeps packed state (LaunchPlan::packed): a kernel of its own,
+    // so that the fp32 update's registers are not sized for the packed one's.
+    kUpdatePacked = 3,
 };
 
 // One segment as the kernel reads it (trivially copyable; the same layout on host and
@@ -63,7 +71,10 @@ struct TableSegment {
     float *param;
     const float *grad;       // or null: grad16
     const uint16_t *grad16;  // 16-bit gradients of grad_dtype, widened as they are read
-    float *state[3];
+    float *state[3];           // fp32 slots (state_dtype SX_STATE_FP32)
+    uint16_t *state16[3];      // bf16 slots: widened as read, rounded to nearest even as written
+    uint8_t *codes[3];         // 8-bit slots: a code per element, and per kQuantBlock
+    float *scales[3];          // elements (from element 0) one scale
     void *out;
     uint64_t n;
     uint64_t chunk_begin, chunk_end;  // this segment's chunks in the launch's numbering
@@ -71,6 +82,9 @@ struct TableSegment {
     int32_t vector;                   // 1: float4 inside the chunks
     int32_t out_dtype;                // ComputeDtype
     int32_t grad_dtype;               // ComputeDtype of grad16 (kNone: grad is fp32)
+    int32_t state_dtype;              // SX_STATE_* of the slots (8-bit: n is whole blocks, vector == 0)
+    int32_t slots;                    // state_slots(*hyper): an 8-bit segment decodes and encodes each
+    int32_t unsigned_maps;            // bit k: 8-bit slot k's codes index kUnsignedMap, else kSignedMap
     optim::internal::SegmentConsts c;  // from make_consts(), as the CPU kernels use them
 };
 
@@ -79,12 +93,13 @@ struct LaunchPlan {
     std::vector<uint32_t> first_segment;    // per block: the segment holding its first chunk
     uint64_t total_chunks = 0;
     uint32_t grid = 0;                      // min(total_chunks, max_grid); 0: nothing to do
+    bool packed = false;                    // a segment keeps bf16 or 8-bit state
 };
 
 // Fills *plan for segs with at most max_grid blocks (max_grid >= 1). Checks every
 // segment (see Workspace::fused_update) and returns SX_ERR_INVALID_ARGUMENT naming the
 // segment and what is wrong; *plan is unspecified then. In kStats mode only grad is
-// needed and checked.
+// needed and checked; kTrafficOnly takes fp32 state alone.
 Status build_plan(const CudaSegment *segs, size_t num_segs, float grad_scale, Mode mode,
                   uint32_t max_grid, LaunchPlan *plan);
 
