@@ -276,14 +276,15 @@ UnitShard Units::shard(size_t u) const {
     const Unit &unit = units_[u];
     UnitShard v;
     // A stochastic-rounding unit has fp32 values only while a checkpoint's copy exists
-    // (check_masters_kept refuses the other callers that would read them).
+    // (an export_shard's); its bf16 params are its values always.
     v.values = !unit.master.empty()     ? unit.master.as<float>()
                : unit.stochastic_round ? nullptr
                                        : static_cast<float *>(own_params(u));
+    v.bf16_params = unit.stochastic_round ? own_params16(u) : nullptr;
     for (int k = 0; k < unit.state_slots; ++k) v.state[k] = unit.state[k].as<float>();
     v.state_slots = unit.state_slots;
     v.shard_numel = table_.layout->units()[u].shard_numel;
-    v.master = unit.dtype != SX_DTYPE_F32 && !unit.stochastic_round;
+    v.master = unit.dtype != SX_DTYPE_F32;
     v.pieces = state_pieces(u, &v.slot_bytes, &v.slot_scales);
     for (int k = 0; k < unit.state_slots; ++k) v.scales[k] = unit.scales[k].empty() ? nullptr : unit.scales[k].as<float>();
     return v;
