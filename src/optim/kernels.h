@@ -136,6 +136,11 @@ struct KernelTable {
     // map's index `lut` (code_lut(map)). The update calls it; the tests hold it to the
     // reference.
     float (*encode8)(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes);
+    // bf16_stochastic_round's rounding of n fp32 values into bf16 (stochastic_round.h,
+    // bit for bit its stochastic_round_reference): the scalar flavour's is the loops the
+    // compiler vectorises, the others' are written by hand (the hash's 64-bit multiplies
+    // cost the compiler's loops more than the memory they touch).
+    void (*round_stochastic)(const float *x, uint16_t *out, size_t n, uint64_t key, uint64_t first_element);
 };
 constexpr size_t kSumBlock = 1024;  // a multiple of every flavour's vector width
 // Elements updated between two roundings into a segment's compute copy (16 KiB of

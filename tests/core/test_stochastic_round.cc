@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "optim/kernels.h"
 #include "optim/stochastic_round.h"
 #include "sx_cmocka.h"
 #include "test_files.h"
@@ -45,29 +46,52 @@ float from_bits(uint32_t bits) {
     return f;
 }
 
-// The update's loops give the reference's bits on awkward sizes and offsets, specials
-// included; NaN stays NaN, and values bf16 holds exactly are kept.
+struct Flavour {
+    const char *name;
+    void (*round)(const float *x, uint16_t *out, size_t n, uint64_t key, uint64_t first_element);
+};
+// stochastic_round, and every kernel flavour this CPU runs.
+std::vector<Flavour> flavours() {
+    namespace in = sx::optim::internal;
+    using sx::optim::Isa;
+    std::vector<Flavour> f = {{"stochastic_round", &stochastic_round}};
+    const Isa best = sx::optim::detect_isa();
+    std::vector<Isa> isas = {Isa::kScalar};
+    if (best == Isa::kAvx2 || best == Isa::kAvx512) isas.push_back(Isa::kAvx2);
+    if (best == Isa::kAvx512) isas.push_back(Isa::kAvx512);
+    for (Isa isa : isas) f.push_back({in::kernels_for(isa).name, in::kernels_for(isa).round_stochastic});
+    return f;
+}
+
+// The update's loops give the reference's bits on awkward sizes and offsets (around each
+// flavour's vector width, and counters that wrap), specials included; NaN stays NaN, and
+// values bf16 holds exactly are kept.
 void test_vector_loops_match_the_reference(void **) {
     std::mt19937 rng(7);
     std::uniform_int_distribution<uint32_t> any_bits;
     const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, from_bits(0x7F800001u),
                               from_bits(0xFF80FFFFu), from_bits(0x7F7FFFFFu), from_bits(0x00000001u), 1.0f, -3.5f};
-    for (size_t n : {0, 1, 7, 255, 256, 257, 1000, 4097}) {
+    for (size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 33, 255, 256, 257, 1000, 4095, 4096, 4097}) {
         std::vector<float> x(n);
         for (size_t i = 0; i < n; ++i) x[i] = i < 12 ? specials[i] : from_bits(any_bits(rng));
-        for (uint64_t first : {0ull, 3ull, 1000003ull}) {
+        for (uint64_t first : {0ull, 3ull, 1000003ull, (1ull << 62) + 5}) {
             const uint64_t key = stochastic_round_key(static_cast<int32_t>(n % 5), static_cast<int64_t>(first + 1));
-            std::vector<uint16_t> want(n, 0xAAAA), got(n, 0x5555);
+            std::vector<uint16_t> want(n, 0xAAAA);
             stochastic_round_reference(x.data(), want.data(), n, key, first);
-            stochastic_round(x.data(), got.data(), n, key, first);
-            for (size_t i = 0; i < n; ++i) {
-                uint32_t bits;
-                std::memcpy(&bits, &x[i], sizeof bits);
-                if (want[i] != got[i])
-                    fail_msg("n %zu first %llu element %zu (x bits 0x%08x): reference 0x%04x, loops 0x%04x", n,
-                             static_cast<unsigned long long>(first), i, bits, want[i], got[i]);
-                if (std::isnan(x[i])) assert_true(std::isnan(bf16_value(got[i])));
-                if ((bits & 0xFFFFu) == 0 && !std::isnan(x[i])) assert_int_equal(got[i], bits >> 16);
+            // The loops the compiler vectorises, then each flavour's the CPU runs (the
+            // scalar flavour's are those loops; AVX2's and AVX-512's are hand-written).
+            for (const Flavour &f : flavours()) {
+                std::vector<uint16_t> got(n, 0x5555);
+                f.round(x.data(), got.data(), n, key, first);
+                for (size_t i = 0; i < n; ++i) {
+                    uint32_t bits;
+                    std::memcpy(&bits, &x[i], sizeof bits);
+                    if (want[i] != got[i])
+                        fail_msg("%s, n %zu first %llu element %zu (x bits 0x%08x): reference 0x%04x, got 0x%04x",
+                                 f.name, n, static_cast<unsigned long long>(first), i, bits, want[i], got[i]);
+                    if (std::isnan(x[i])) assert_true(std::isnan(bf16_value(got[i])));
+                    if ((bits & 0xFFFFu) == 0 && !std::isnan(x[i])) assert_int_equal(got[i], bits >> 16);
+                }
             }
         }
     }
