@@ -33,6 +33,9 @@
 //                 over params of odd sizes
 //   state_dtype   AdamW with fp32, bf16 and 8-bit state, each against a ceiling of its own bytes
 //                 and against fp32's; 8 bits against torchao's AdamW8bit (--torch-python)
+//   stochastic_round  bf16_stochastic_round's rounding (a cache-sized block, and a stream)
+//                 against truncation of the same bytes, and its AdamW update against a
+//                 traffic-only pass of its bytes
 //   param_sums    LAMB (per-param norms summed over the ranks) and Muon (matrices whole on one
 //                 rank) against AdamW on the same models at 2 and 4 ranks, the bytes they
 //                 exchange; Newton-Schulz and the ordered product against torch's
@@ -97,6 +100,7 @@ const Section kSections[] = {
     {"packed", section_packed},
     {"optimizers", section_optimizers},
     {"state_dtype", section_state_dtype},
+    {"stochastic_round", section_stochastic_round},
     {"custom_optimizer", section_custom_optimizer},
     {"param_sums", section_param_sums},
     {"shm", section_shm},

@@ -465,8 +465,9 @@ type ParamGroup struct {
 	// master weights; each update is computed in fp32 and rounded stochastically into
 	// them, with random bits that depend on the param, its step and the element only (the
 	// same at any world size and stage). Elementwise optimizers on CPU groups;
-	// checkpoints store its params widened to fp32; memory copies, Regroup, the
-	// whole-state calls and state views refuse such a group.
+	// checkpoints and the whole-state calls carry its params as fp32 (widened, and
+	// rounded to nearest back); a state view of "master" is the bf16 params; memory
+	// copies and Regroup carry them as bf16.
 	BF16StochasticRound bool
 }
 

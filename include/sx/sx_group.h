@@ -199,8 +199,9 @@ typedef struct sx_group_config {
     const char *rendezvous_bind;
     /* Copies of the state in memory, for sx_regroup (docs/recovery.md): every this many
      * steps (and at the first step after the state was replaced: a load, a broadcast, a
-     * scatter), each rank copies its shard of the state (fp32 values or masters, optimizer
-     * state, step counts) into host memory at the step boundary, and in a flat group
+     * scatter), each rank copies its shard of the state (fp32 values or masters, or the
+     * bf16 params of a param group with bf16_stochastic_round, which has no masters;
+     * optimizer state, step counts) into host memory at the step boundary, and in a flat group
      * sends that copy to the next rank (rank r's to rank (r + 1) % world_size) in the
      * background, on a connection of its own. A mesh needs no peer's copy: another
      * replica holds each shard. Each rank then holds its last two copies and, in a flat

@@ -149,8 +149,10 @@ typedef struct sx_param_group_desc {
      * that take state_dtype) on CPU groups only; a unit may not mix params of groups with
      * and without it. Checkpoints store its params widened to fp32 (exact), and a load
      * rounds a checkpoint's values to nearest into them; the group keeps its own setting
-     * across a load. Memory copies, sx_regroup, the whole-state calls and state views
-     * refuse such a group (SX_ERR_UNSUPPORTED) in this version. docs/optimizers.md. */
+     * across a load. The whole-state calls carry the params as "master" likewise (widened
+     * by a gather, rounded to nearest even by a scatter); a state view of "master" is the
+     * bf16 params in place (SX_DTYPE_BF16); memory copies hold the bf16 params, and
+     * sx_regroup restores them exactly. docs/optimizers.md. */
     int32_t bf16_stochastic_round;
 } sx_param_group_desc_t;
 

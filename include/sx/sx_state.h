@@ -136,7 +136,9 @@ SX_API sx_status_t sx_gather_optim_state(sx_shard_group_t *group, int32_t root, 
  * state (every tensor its optimizer keeps, and "master" for 16-bit params; a tensor left
  * zero is zero state, as torch's when it has none) and its step counts, and every rank's
  * shard takes its part; 16-bit params then take their values from the new masters on
- * every rank. Nothing changes unless every rank and every call of fn succeeded: each rank
+ * every rank, rounded to nearest even (bf16 params of a group with bf16_stochastic_round,
+ * which have no masters, take "master" so: what a gather gave, the params widened,
+ * comes back exactly). Nothing changes unless every rank and every call of fn succeeded: each rank
  * receives into a copy of its shard's state, which replaces the shard at the end (so a
  * rank holds its optimizer state twice meanwhile). Views from sx_state_view are invalid
  * afterwards. fn may be NULL on the ranks that are not root (NULL on the root fails the
@@ -148,7 +150,9 @@ SX_API sx_status_t sx_scatter_optim_state(sx_shard_group_t *group, int32_t root,
  * above, borrowed), in place: zero copy, out->numel elements, which are the param's
  * elements [shard_begin, shard_end) of sx_param_info_t (numel 0 and data NULL where this
  * rank's shard holds none of it). out->dtype says what they hold (1.7): SX_DTYPE_F32 for
- * fp32 state and "master"; a bf16 slot's SX_DTYPE_BF16 values; an 8-bit slot's codes,
+ * fp32 state and "master" (SX_DTYPE_BF16 for a param of a group with
+ * bf16_stochastic_round, which keeps no fp32 masters: "master" is its bf16 params, in
+ * place); a bf16 slot's SX_DTYPE_BF16 values; an 8-bit slot's codes,
  * SX_DTYPE_U8 (one byte per element: an index into torchao's map, signed for exp_avg and
  * the like, unsigned for slots never negative such as exp_avg_sq). An 8-bit slot's block
  * scales are the tensor "<slot>.scale" (e.g. "exp_avg.scale", torchao's name), fp32, one

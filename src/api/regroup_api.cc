@@ -59,7 +59,6 @@ SX_API sx_status_t sx_regroup(sx_shard_group_t *group, const sx_regroup_options_
         SX_TRY(sx::api::read_input(options, "options", offsetof(sx_regroup_options_t, checkpoint) + sizeof(char *),
                                    &o));
         if (result != nullptr) SX_TRY(sx::api::check_output(result, "result"));
-        SX_TRY(g->check_masters_kept("sx_regroup"));
         const bool have_checkpoint = o.checkpoint != nullptr && o.checkpoint[0] != '\0';
         sx::recovery::Recovery recovery(*g);
         // Without a checkpoint the state must come from memory: copies kept (of this group

@@ -13,7 +13,6 @@ namespace core {
 Status ShardGroup::whole_state_call(const char *name, int root, bool gather, const StateFn &fn) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
-    SX_TRY(check_masters_kept(name));
     SX_CHECK_ARG(root >= 0 && root < mesh_.world_size(), "root rank %d is outside [0, %d)", root, mesh_.world_size());
     SX_TRY(settle());
     const std::string call = format("%s (root %d)", name, root);
@@ -61,7 +60,6 @@ int32_t view_dtype(int32_t state) {
 Status ShardGroup::state_view(int32_t param, const char *tensor, StateViewOut *out) {
     SX_TRY(table_.check_laid_out(param));
     SX_CHECK_ARG(tensor != nullptr, "tensor is NULL");
-    SX_TRY(check_masters_kept("sx_state_view"));
     const ParamSpec &spec = table_.params()[param];
     const size_t u = static_cast<size_t>(layout_.placement(param).unit_index);
     const Unit &unit = units_[u];
@@ -77,7 +75,7 @@ Status ShardGroup::state_view(int32_t param, const char *tensor, StateViewOut *o
     if (it == all.end() || (scale && it->slot < 0))
         return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "param '%s' has no tensor '%s'; its optimizer state holds: %s",
                         spec.name.c_str(), tensor, view_names(all, state == SX_STATE_8BIT).c_str());
-    if (it->slot < 0 && !unit.master_valid) {
+    if (it->slot < 0 && !unit.master_valid && !unit.stochastic_round) {
         // The masters are fixed now, from the params, as the first step would: what the
         // view shows is current, and what is written into it is what the step takes.
         SX_TRY(ops_->wait_for(nullptr));
@@ -86,6 +84,16 @@ Status ShardGroup::state_view(int32_t param, const char *tensor, StateViewOut *o
     const ShardPiece piece = layout_.piece(param, mesh_.shard_rank());
     const uint64_t n = piece.end - piece.begin;
     *out = StateViewOut();
+    if (it->slot < 0 && unit.stochastic_round) {
+        // No fp32 masters: "master" is this rank's piece of the bf16 params themselves,
+        // which the update widens and rounds back (a checkpoint's fp32 copy of them, where
+        // one exists, is taken afresh at every export and is no value of the group's).
+        out->numel = n;
+        out->dtype = SX_DTYPE_BF16;
+        uint16_t *params = static_cast<uint16_t *>(units_.own_params(u));
+        out->data = n ? static_cast<void *>(params + piece.shard_offset) : nullptr;
+        return Status::Ok();
+    }
     if (it->slot < 0) {
         out->numel = n;
         out->data = n ? unit.master.as<float>() + piece.shard_offset : nullptr;

@@ -18,24 +18,11 @@ Status GroupParts::check_finalized() const {
     return Status::Ok();
 }
 
-Status GroupParts::check_masters_kept(const char *what) const {
-    for (size_t g = 0; g < table_.groups().size(); ++g)
-        SX_CHECK(!table_.groups()[g].hyper.bf16_stochastic_round, SX_ERR_UNSUPPORTED,
-                 "%s: param group %zu has bf16_stochastic_round = 1 (bf16 params without fp32 masters), which %s "
-                 "does not carry in this version",
-                 what, g, what);
-    return Status::Ok();
-}
-
 Status GroupParts::check_stochastic_round_runs() const {
     // The update widens and rounds the params in the CPU kernels' blocks.
     SX_CHECK(ops_->device() == SX_DEVICE_CPU && !config_.offload, SX_ERR_UNSUPPORTED,
              "bf16_stochastic_round = 1 runs on CPU groups only in this version; this is a CUDA group%s",
              config_.offload ? " with config->offload = SX_OFFLOAD_STATE" : "");
-    SX_CHECK(config_.memory_copy_interval == 0, SX_ERR_UNSUPPORTED,
-             "bf16_stochastic_round = 1: memory copies (config->memory_copy_interval = %d) carry fp32 master "
-             "weights, which such a group does not keep, and do not carry its bf16 params in this version",
-             config_.memory_copy_interval);
     return Status::Ok();
 }
 

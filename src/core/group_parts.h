@@ -63,9 +63,8 @@ class GroupParts : public RecoveryAccess {
     const ParamTable &table() const override { return table_; }
     const Units &units() const { return units_; }  // each unit's memory (units.h)
     Status check_finalized() const override;
-    Status check_masters_kept(const char *what) const override;
     // SX_ERR_UNSUPPORTED unless bf16_stochastic_round can run here: a CPU group, state
-    // on the host where the params are (no offload), no memory copies.
+    // on the host where the params are (no offload).
     Status check_stochastic_round_runs() const;
     Status build_layout(int shard_size, Layout *out) const override;
 

@@ -339,12 +339,15 @@ Status MemoryCopies::copy_out(Job &job) {
     c.slots.resize(job.units.size());
     for (size_t u = 0; u < job.units.size(); ++u) {
         const UnitShard &us = job.units[u];
-        const CopiedUnit at(us.shard_numel, us.state_slots, us.slot_bytes, us.slot_scales);
+        // A bf16_stochastic_round unit's bf16 params, never a checkpoint's fp32 copy of them.
+        const void *values = us.bf16_params ? static_cast<const void *>(us.bf16_params) : us.values;
+        const CopiedUnit at(us.shard_numel, us.bf16_params ? sizeof(uint16_t) : sizeof(float), us.state_slots,
+                            us.slot_bytes, us.slot_scales);
         c.slots[u] = us.state_slots;
         c.units[u].resize(static_cast<size_t>(at.bytes()));
         uint8_t *to = c.units[u].data();
         if (us.shard_numel == 0) continue;
-        SX_TRY(ops_.to_host_async(to, us.values, at.values_bytes, &last));
+        SX_TRY(ops_.to_host_async(to, values, at.values_bytes, &last));
         for (int k = 0; k < us.state_slots; ++k) {
             if (at.slot_bytes) SX_TRY(ops_.to_host_async(to + at.slot_at(k), us.state[k], at.slot_bytes, &last));
             if (at.scale_bytes) SX_TRY(ops_.to_host_async(to + at.scales_at(k), us.scales[k], at.scale_bytes, &last));

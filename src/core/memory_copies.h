@@ -2,10 +2,10 @@
 // checkpoint on disk (sx_group_config_t.memory_copy_interval; docs/recovery.md).
 //
 // At a step boundary each rank copies its shard of the state (the fp32 values or
-// masters, each optimizer state slot, and the progress: step counts, hyperparameters,
-// loss scale) into one of two slots of host memory; in a flat group a thread of its own
-// then sends that copy to the next rank (r to (r + 1) % W) over a communicator of its
-// own, and ends with a barrier. A mesh sends nothing: another replica holds each shard.
+// masters, or the bf16 params of a unit without masters, each optimizer state slot, and
+// the progress: step counts, hyperparameters, loss scale) into one of two slots of host
+// memory; in a flat group a thread of its own then sends that copy to the next rank (r
+// to (r + 1) % W) over a communicator of its own, and ends with a barrier. A mesh sends nothing: another replica holds each shard.
 //
 // Why two slots, and why the barrier. A failure mid-step can leave the survivors one
 // boundary apart (one finished the step, another did not), and a copy's sending can be
@@ -47,8 +47,9 @@ struct ShardCopy {
     bool valid = false;
     uint64_t seq = 0;     // which copy: the ranks number their copies alike, 1, 2, ...
     int shard = -1;       // the shard index whose values these are (the layout's)
-    // Per unit, bytes: the fp32 values (shard_numel floats), then each state slot as the
-    // unit lays it out (UnitShard::slot_bytes: shard_numel floats, or packed pieces of
+    // Per unit, bytes: the values (shard_numel floats; a bf16_stochastic_round unit's
+    // bf16 params, shard_numel bf16s, which restore it exactly without fp32 masters), then
+    // each state slot as the unit lays it out (UnitShard::slot_bytes: shard_numel floats, or packed pieces of
     // bf16 and 8-bit state), then each slot's 8-bit block scales (slot_scales floats).
     // CopiedUnit says where each begins.
     std::vector<std::vector<uint8_t>> units;
@@ -58,12 +59,13 @@ struct ShardCopy {
 };
 
 // Where a copied unit's tensors begin in its bytes (ShardCopy::units), from the unit's
-// shard as the layout describes it.
+// shard as the layout describes it; value_size: the bytes of one value (4, or 2 for the
+// bf16 params of a bf16_stochastic_round unit).
 struct CopiedUnit {
     uint64_t values_bytes = 0, slot_bytes = 0, scale_bytes = 0;
     int slots = 0;
-    CopiedUnit(uint64_t shard_numel, int state_slots, uint64_t slot_bytes_, uint64_t slot_scales)
-        : values_bytes(shard_numel * sizeof(float)), slot_bytes(slot_bytes_), scale_bytes(slot_scales * sizeof(float)),
+    CopiedUnit(uint64_t shard_numel, uint64_t value_size, int state_slots, uint64_t slot_bytes_, uint64_t slot_scales)
+        : values_bytes(shard_numel * value_size), slot_bytes(slot_bytes_), scale_bytes(slot_scales * sizeof(float)),
           slots(state_slots) {}
     uint64_t slot_at(int k) const { return values_bytes + static_cast<uint64_t>(k) * slot_bytes; }
     uint64_t scales_at(int k) const { return slot_at(slots) + static_cast<uint64_t>(k) * scale_bytes; }

@@ -68,8 +68,13 @@ std::vector<StatePiece> state_pieces_of(const Layout &layout, int shard, size_t 
 // trainability allocates state; a load's commit swaps it).
 struct UnitShard {
     // This rank's shard of the fp32 values: the fp32 master weights of a 16-bit unit,
-    // else its own shard of the flat param buffer.
+    // else its own shard of the flat param buffer. A unit of a bf16_stochastic_round
+    // group has none (null) but while a checkpoint's fp32 copy of its bf16 params exists:
+    // from an export_shard (a save, a load, a whole-state call) until the next step.
     float *values = nullptr;
+    // bf16_stochastic_round units: this rank's shard of the bf16 params, their only
+    // values, in the group's memory (what memory copies hold and restore); else null.
+    uint16_t *bf16_params = nullptr;
     float *state[3] = {nullptr, nullptr, nullptr};  // each allocated optimizer state slot
     int state_slots = 0;
     uint64_t shard_numel = 0;
@@ -80,7 +85,10 @@ struct UnitShard {
     std::vector<StatePiece> pieces;
     uint64_t slot_bytes = 0, slot_scales = 0;
     float *scales[3] = {nullptr, nullptr, nullptr};
-    bool master = false;  // `values` are the fp32 master weights of a 16-bit unit
+    // A 16-bit unit: `values` are its fp32 master weights, or, for a bf16_stochastic_round
+    // unit, the checkpoint copy (its bf16 params widened, exactly; what is written there
+    // is rounded to nearest into the params: Units::masters_to_params).
+    bool master = false;
 };
 
 // A param's updates so far (torch's per-param `step`) and, for SGD, the updates that
@@ -199,17 +207,13 @@ class ShardAccess {
     virtual const LossScaling &loss_scaling() const = 0;
     // Finalized, with nothing added since (SX_ERR_INVALID_STATE saying which otherwise).
     virtual Status check_finalized() const = 0;
-    // SX_ERR_UNSUPPORTED naming `what` and a param group with bf16_stochastic_round, where
-    // one is: its bf16 params have no fp32 masters for whole-state calls, state views,
-    // memory copies and regroup to carry in this version (checkpoints take an fp32 copy:
-    // Units::ensure_masters).
-    virtual Status check_masters_kept(const char *what) const = 0;
 
     // --- the shard ---
     // Collective in order (every rank exports for the same save or load). Waits for the
     // trainer's writes into the views (the legacy default stream), derives the fp32
     // masters of 16-bit units where they are not yet (they are what a checkpoint
-    // stores), and describes the shard.
+    // stores), widens the bf16 params of bf16_stochastic_round units into a fresh fp32
+    // copy (UnitShard::values, until the next step), and describes the shard.
     virtual Status export_shard(ShardState *out) = 0;
     // A load's commit: checks everything first (SX_ERR_INTERNAL, and nothing changes, if
     // r does not fit the group), then swaps the state buffers in and replaces the

@@ -275,7 +275,7 @@ Status Units::prepare(const std::vector<uint8_t> &mask, bool accumulate) {
 float *Units::shard_values(size_t u) const {
     const Unit &unit = units_[u];
     // A stochastic-rounding unit has fp32 values only while a checkpoint's copy exists
-    // (check_masters_kept refuses the other callers that would read them).
+    // (an export_shard's); its bf16 params are its values always (UnitShard::bf16_params).
     return !unit.master.empty()     ? unit.master.as<float>()
            : unit.stochastic_round ? nullptr
                                    : static_cast<float *>(own_params(u));
@@ -285,10 +285,11 @@ UnitShard Units::shard(size_t u) const {
     const Unit &unit = units_[u];
     UnitShard v;
     v.values = shard_values(u);
+    v.bf16_params = unit.stochastic_round ? own_params16(u) : nullptr;
     for (int k = 0; k < unit.state_slots; ++k) v.state[k] = unit.state[k].as<float>();
     v.state_slots = unit.state_slots;
     v.shard_numel = table_.layout->units()[u].shard_numel;
-    v.master = unit.dtype != SX_DTYPE_F32 && !unit.stochastic_round;
+    v.master = unit.dtype != SX_DTYPE_F32;
     v.pieces = state_pieces(u, &v.slot_bytes, &v.slot_scales);
     for (int k = 0; k < unit.state_slots; ++k) v.scales[k] = unit.scales[k].empty() ? nullptr : unit.scales[k].as<float>();
     return v;

@@ -148,9 +148,10 @@ class Units {
     int required_slots(size_t u, const std::vector<uint8_t> &mask) const;
     // 16-bit units: the fp32 masters derived from the params where they are not yet, and
     // rounded into this rank's shard of the params (after someone wrote them).
-    // With checkpoint set (a save's or load's export), the bf16_stochastic_round units too:
-    // their bf16 params widened into an fp32 copy (allocated then, at every such export
-    // taken afresh), which a checkpoint stores and a load reads into, and which
+    // With checkpoint set (export_shard's: a save, a load, a whole-state call), the
+    // bf16_stochastic_round units too: their bf16 params widened into an fp32 copy
+    // (allocated then, at every such export taken afresh), which a checkpoint stores, a
+    // gather gives as "master", and a load or scatter writes into, and which
     // masters_to_params rounds to nearest into the params. The step drops these copies
     // (drop_checkpoint_copies) once no save reads them.
     Status ensure_masters(bool checkpoint = false);

@@ -317,7 +317,7 @@ double update_rounding_stochastically(const KernelTable &k, const Segment &seg, 
         // The kernel indexes the param by the element's place in the segment.
         local.param = block - b;
         total += k.update(local, c, b, e);
-        stochastic_round(block, seg.compute_out + b, e - b, key, seg.param_offset + b);
+        k.round_stochastic(block, seg.compute_out + b, e - b, key, seg.param_offset + b);
     }
     return total;
 }

@@ -138,6 +138,11 @@ struct KernelTable {
     float (*encode8)(const float *x, size_t n, const float *map, const uint8_t *lut, uint8_t *codes);
     // Its inverse, state_codec.h's decode_block.
     void (*decode8)(const uint8_t *codes, size_t n, float scale, const float *map, float *out);
+    // bf16_stochastic_round's rounding of n fp32 values into bf16 (stochastic_round.h,
+    // bit for bit its stochastic_round_reference): the scalar flavour's is the loops the
+    // compiler vectorises, the others' are written by hand (the hash's 64-bit multiplies
+    // cost the compiler's loops more than the memory they touch).
+    void (*round_stochastic)(const float *x, uint16_t *out, size_t n, uint64_t key, uint64_t first_element);
 };
 constexpr size_t kSumBlock = 1024;  // a multiple of every flavour's vector width
 // Elements updated between two roundings into a segment's compute copy (16 KiB of

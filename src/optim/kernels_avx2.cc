@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "optim/kernel_body.h"
+#include "optim/stochastic_round.h"
 
 namespace sx {
 namespace optim {
@@ -119,10 +120,53 @@ struct Avx2Ops {
     }
 };
 
+// a * c mod 2^64 in each of 4 lanes, c a constant: AVX2 multiplies 32 x 32 bits only, so
+// lo(a) lo(c) + (hi(a) lo(c) + lo(a) hi(c)) << 32.
+__m256i mul64(__m256i a, uint64_t c) {
+    const __m256i c_lo = _mm256_set1_epi64x(static_cast<long long>(c & 0xFFFFFFFFu));
+    const __m256i c_hi = _mm256_set1_epi64x(static_cast<long long>(c >> 32));
+    const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(a, 32), c_lo), _mm256_mul_epu32(a, c_hi));
+    return _mm256_add_epi64(_mm256_mul_epu32(a, c_lo), _mm256_slli_epi64(cross, 32));
+}
+
+// The top 16 bits of mix64(z), 4 lanes (its last xor-shift leaves them as they are).
+__m256i top16_of_mix64(__m256i z) {
+    z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), 0xBF58476D1CE4E5B9ull);
+    z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), 0x94D049BB133111EBull);
+    return _mm256_srli_epi64(z, 48);
+}
+
+// stochastic_round_reference, 8 elements at a time: their counters in two registers of 4
+// x 64 bits, whose low halves are gathered into one of 8 x 32; the bits added below each
+// float's bf16 part, NaN quieted; the tail is the reference's.
+void round_stochastic(const float *x, uint16_t *out, size_t n, uint64_t key, uint64_t first_element) {
+    const size_t vec = n - n % 8;
+    alignas(32) uint64_t start[4];
+    for (int l = 0; l < 4; ++l) start[l] = key + (first_element + 1 + static_cast<uint64_t>(l)) * kGoldenGamma;
+    __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i *>(start));
+    const __m256i four = _mm256_set1_epi64x(static_cast<long long>(4 * kGoldenGamma));
+    const __m256i eight = _mm256_set1_epi64x(static_cast<long long>(8 * kGoldenGamma));
+    const __m256i low_halves = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000);
+    for (size_t i = 0; i < vec; i += 8, lo = _mm256_add_epi64(lo, eight)) {
+        const __m256i r0 = _mm256_permutevar8x32_epi32(top16_of_mix64(lo), low_halves);
+        const __m256i r1 = _mm256_permutevar8x32_epi32(top16_of_mix64(_mm256_add_epi64(lo, four)), low_halves);
+        const __m256i rand = _mm256_blend_epi32(r0, r1, 0xF0);
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + i));
+        const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(v, magnitude), inf);
+        const __m256i h = _mm256_blendv_epi8(_mm256_srli_epi32(_mm256_add_epi32(v, rand), 16),
+                                             _mm256_or_si256(_mm256_srli_epi32(v, 16), _mm256_set1_epi32(0x40)), nan);
+        // Each lane < 2^16: packus keeps it; the two 128-bit halves' words then joined.
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(out + i), _mm256_castsi256_si128(packed));
+    }
+    stochastic_round_reference(x + vec, out + vec, n - vec, key, first_element + vec);
+}
+
 }  // namespace
 
 const KernelTable kAvx2Kernels = {"avx2", &update_range<Avx2Ops>, &sum_of_squares_range<Avx2Ops>,
-                                  &Avx2Ops::encode8, &Avx2Ops::decode8};
+                                  &Avx2Ops::encode8, &Avx2Ops::decode8, &round_stochastic};
 
 }  // namespace internal
 }  // namespace optim

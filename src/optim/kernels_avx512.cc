@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include "optim/kernel_body.h"
+#include "optim/stochastic_round.h"
 
 namespace sx {
 namespace optim {
@@ -181,10 +182,45 @@ struct Avx512Ops {
     }
 };
 
+// The top 16 bits of mix64(z), 8 lanes: its last xor-shift (z ^ z >> 31) leaves the top
+// 33 bits as they are, so two rounds and the shift give random16's bits.
+__m512i top16_of_mix64(__m512i z) {
+    const __m512i c1 = _mm512_set1_epi64(static_cast<long long>(0xBF58476D1CE4E5B9ull));
+    const __m512i c2 = _mm512_set1_epi64(static_cast<long long>(0x94D049BB133111EBull));
+    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), c1);
+    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), c2);
+    return _mm512_srli_epi64(z, 48);
+}
+
+// stochastic_round_reference, 16 elements at a time: their 16 counters (key + (element +
+// 1) * kGoldenGamma, wrapping) in two registers of 8 x 64 bits (AVX-512DQ's 64-bit
+// multiplies), the bits added below each float's bf16 part, NaN quieted; the tail is the
+// reference's.
+void round_stochastic(const float *x, uint16_t *out, size_t n, uint64_t key, uint64_t first_element) {
+    const size_t vec = n - n % 16;
+    alignas(64) uint64_t start[8];
+    for (int l = 0; l < 8; ++l) start[l] = key + (first_element + 1 + static_cast<uint64_t>(l)) * kGoldenGamma;
+    __m512i lo = _mm512_load_si512(start);
+    const __m512i eight = _mm512_set1_epi64(static_cast<long long>(8 * kGoldenGamma));
+    const __m512i sixteen = _mm512_set1_epi64(static_cast<long long>(16 * kGoldenGamma));
+    const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+    for (size_t i = 0; i < vec; i += 16, lo = _mm512_add_epi64(lo, sixteen)) {
+        const __m256i r0 = _mm512_cvtepi64_epi32(top16_of_mix64(lo));
+        const __m256i r1 = _mm512_cvtepi64_epi32(top16_of_mix64(_mm512_add_epi64(lo, eight)));
+        const __m512i rand = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
+        const __m512i v = _mm512_loadu_si512(x + i);
+        const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(v, magnitude), inf);
+        __m512i h = _mm512_srli_epi32(_mm512_add_epi32(v, rand), 16);
+        h = _mm512_mask_or_epi32(h, nan, _mm512_srli_epi32(v, 16), _mm512_set1_epi32(0x40));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i), _mm512_cvtepi32_epi16(h));
+    }
+    stochastic_round_reference(x + vec, out + vec, n - vec, key, first_element + vec);
+}
+
 }  // namespace
 
 const KernelTable kAvx512Kernels = {"avx512", &update_range<Avx512Ops>, &sum_of_squares_range<Avx512Ops>,
-                                    &Avx512Ops::encode8, &Avx512Ops::decode8};
+                                    &Avx512Ops::encode8, &Avx512Ops::decode8, &round_stochastic};
 
 }  // namespace internal
 }  // namespace optim

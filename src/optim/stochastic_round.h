@@ -52,7 +52,9 @@ inline uint16_t bf16_round_stochastic(float x, uint32_t rand16) {
 // out[i] = x[i] rounded stochastically, with the bits of element first_element + i under
 // key: the scalar reference.
 void stochastic_round_reference(const float *x, uint16_t *out, size_t n, uint64_t key, uint64_t first_element);
-// The same, bit for bit, in loops the compiler vectorises (the update's).
+// The same, bit for bit, in loops the compiler vectorises: the scalar kernel flavour's
+// (the update rounds with its flavour's, KernelTable::round_stochastic; AVX2's and
+// AVX-512's are hand-written).
 void stochastic_round(const float *x, uint16_t *out, size_t n, uint64_t key, uint64_t first_element);
 
 }  // namespace optim

@@ -24,8 +24,14 @@ namespace {
 struct ShardGeometry {
     std::vector<StatePiece> pieces;
     uint64_t slot_bytes = 0, slot_scales = 0;
+    // Bytes of one value: the bf16 params of a bf16_stochastic_round unit (a unit's
+    // params all take it or none does), else fp32 values.
+    uint64_t value_size = sizeof(float);
     ShardGeometry(const RecoveryAccess &g, const Layout &layout, int shard, size_t u) {
         pieces = state_pieces_of(layout, shard, u, g.table().params(), g.table().groups(), &slot_bytes, &slot_scales);
+        const std::vector<int32_t> &params = layout.units()[u].params;
+        if (!params.empty() && g.table().groups()[g.table().params()[params[0]].group].hyper.bf16_stochastic_round)
+            value_size = sizeof(uint16_t);
     }
     // Where element `at` (in the param's index space) of param p's piece `sp` lies in a
     // slot's bytes, and how many bytes an element takes there.
@@ -48,19 +54,19 @@ struct ShardGeometry {
 // values, 1 + k: state slot k, 1 + slots[u] + k: slot k's 8-bit block scales), at byte
 // `from` of the copy's unit (CopiedUnit) and byte `to` of that tensor in the other
 // shard. Blocks follow shards in both layouts, so an 8-bit run is whole blocks. The same
-// order on every rank.
+// order on every rank. The values are fp32, or bf16 (ShardGeometry::value_size) in both.
 template <typename Fn>
 void for_each_overlap(const RecoveryAccess &g, const Layout &from, int from_shard, const Layout &to, int to_shard,
                       const std::vector<int> &slots, Fn fn) {
     for (size_t u = 0; u < to.units().size(); ++u) {
         const ShardGeometry gf(g, from, from_shard, u), gt(g, to, to_shard, u);
-        const CopiedUnit copied(from.units()[u].shard_numel, slots[u], gf.slot_bytes, gf.slot_scales);
+        const uint64_t vs = gf.value_size;
+        const CopiedUnit copied(from.units()[u].shard_numel, vs, slots[u], gf.slot_bytes, gf.slot_scales);
         for (int32_t p : to.units()[u].params) {
             const ShardPiece a = from.piece(p, from_shard), b = to.piece(p, to_shard);
             const uint64_t lo = std::max(a.begin, b.begin), hi = std::min(a.end, b.end);
             if (lo >= hi) continue;
-            fn(u, 0, (a.shard_offset + lo - a.begin) * sizeof(float), (b.shard_offset + lo - b.begin) * sizeof(float),
-               (hi - lo) * sizeof(float));
+            fn(u, 0, (a.shard_offset + lo - a.begin) * vs, (b.shard_offset + lo - b.begin) * vs, (hi - lo) * vs);
             uint64_t eb = 0, from_scale = 0, to_scale = 0;
             const uint64_t from_at = gf.slot_offset(a, p, lo, &eb), to_at = gt.slot_offset(b, p, lo, &eb);
             const bool scaled = gf.scale_offset(a, p, lo, &from_scale) && gt.scale_offset(b, p, lo, &to_scale);
@@ -214,8 +220,9 @@ Status restore_copies(RecoveryAccess &g, const CopyChoice &choice) {
              g.layout().units().size());
     // Where each unit's tensors go (where the group keeps its state: the host's, or a
     // device's, which the group's communicators reach through staging): the values (fp32
-    // masters of 16-bit units, and of every unit offloaded) in place, each state slot into
-    // a new buffer that a restore then swaps in with the progress.
+    // masters of 16-bit units, and of every unit offloaded; the bf16 params themselves of
+    // a unit without masters) in place, each state slot into a new buffer that a restore
+    // then swaps in with the progress.
     Status s = g.ensure_masters();  // valid from here: the values below replace them
     const size_t units = g.layout().units().size();
     std::vector<std::array<Buffer, 3>> state(units), scales(units);
@@ -223,7 +230,8 @@ Status restore_copies(RecoveryAccess &g, const CopyChoice &choice) {
     for (size_t u = 0; u < units && s.ok(); ++u) {
         const UnitShard shard = g.unit_shard(u);
         into[u].fill(nullptr);
-        into[u][0] = reinterpret_cast<uint8_t *>(shard.values);
+        into[u][0] = shard.bf16_params ? reinterpret_cast<uint8_t *>(shard.bf16_params)
+                                       : reinterpret_cast<uint8_t *>(shard.values);
         if (shard.shard_numel == 0) continue;  // no piece lies in it
         for (int k = 0; k < slots[u] && s.ok(); ++k) {
             s = g.state_ops().allocate(shard.slot_bytes, "optimizer state restored from memory copies", &state[u][k]);

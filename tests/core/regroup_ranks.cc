@@ -18,6 +18,7 @@
 
 #include "sx_cmocka.h"
 #include "test_groups.h"
+#include "view_values.h"
 
 extern char **environ;
 
@@ -54,7 +55,8 @@ std::string Child::create(const std::string &rendezvous, int shard_size) {
     sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_ADAMW);
     d.lr = 1e-2;
     d.weight_decay = 0.01;
-    d.state_dtype = state_dtype;
+    d.state_dtype = stochastic_round() ? SX_STATE_FP32 : state_dtype;
+    d.bf16_stochastic_round = stochastic_round() ? 1 : 0;
     if ((st = sx_add_param_group(g, &d, nullptr)) != SX_OK) return failed("param group", st);
     const char *names[3] = {"a", "b", "c"};
     const int64_t shapes[3] = {state_dtype == SX_STATE_8BIT ? kShape8bit : kShapes[0], kShapes[1] + b_extra, kShapeC};
@@ -65,6 +67,7 @@ std::string Child::create(const std::string &rendezvous, int shard_size) {
         pd.ndim = 1;
         pd.shape = &shapes[p];
         pd.unit = unit_of(p);
+        pd.dtype = stochastic_round() ? SX_DTYPE_BF16 : SX_DTYPE_F32;
         if ((st = sx_add_param(g, &pd, nullptr)) != SX_OK) return failed("add_param", st);
     }
     if ((st = sx_finalize(g)) != SX_OK) return failed("finalize", st);
@@ -79,7 +82,7 @@ sx_status_t Child::read_params(std::vector<float> *out) {
         sx_view_t v;
         sx_view_init(&v, sizeof v);
         if ((st = sx_param_view(g, p, &v)) != SX_OK) return st;
-        out->insert(out->end(), static_cast<float *>(v.data), static_cast<float *>(v.data) + v.numel);
+        for (uint64_t i = 0; i < v.numel; ++i) out->push_back(view_get(v, i));
         if (stage == 3 && (st = sx_unit_release(g, unit_of(p))) != SX_OK) return st;
     }
     return SX_OK;
@@ -92,7 +95,7 @@ sx_status_t Child::init_params() {
         sx_view_t v;
         sx_view_init(&v, sizeof v);
         if ((st = sx_param_view(g, p, &v)) != SX_OK) return st;
-        for (uint64_t i = 0; i < v.numel; ++i) static_cast<float *>(v.data)[i] = std::cos(0.1f * i + p);
+        for (uint64_t i = 0; i < v.numel; ++i) view_put(v, i, std::cos(0.1f * i + p));
         if (stage == 3 && (st = sx_unit_release(g, unit_of(p))) != SX_OK) return st;
     }
     return sx_broadcast_params(g, 0);
@@ -104,7 +107,7 @@ sx_status_t Child::step(int s) {
         sx_view_init(&v, sizeof v);
         sx_status_t st = sx_grad_view(g, p, &v);
         if (st != SX_OK) return st;
-        for (uint64_t i = 0; i < v.numel; ++i) static_cast<float *>(v.data)[i] = grad_value(p, i, s, rank, world);
+        for (uint64_t i = 0; i < v.numel; ++i) view_put(v, i, grad_value(p, i, s, rank, world));
     }
     return sx_step(g, nullptr, nullptr);
 }

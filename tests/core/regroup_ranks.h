@@ -21,6 +21,9 @@ constexpr int kSteps = 8;  // steps 1..kSteps; a checkpoint of step s-1 before s
 constexpr int kKillStep = 5;
 constexpr int64_t kShapes[2] = {200000, 33333};
 constexpr int64_t kShape8bit = 200192, kShapeC = 3000;
+// Not an SX_STATE_* value: Child::state_dtype's model of bf16 params without fp32 masters
+// (bf16_stochastic_round = 1: fp32 AdamW state, bf16 params and gradients).
+constexpr int kBf16StochasticRound = 100;
 
 // "what: STATUS (the last error message)".
 std::string failed(const char *what, sx_status_t st);
@@ -28,7 +31,8 @@ std::string failed(const char *what, sx_status_t st);
 // The gradient of element i of param p at step s on rank r of a world of w.
 float grad_value(int p, uint64_t i, int s, int r, int w);
 
-// One rank of the model.
+// One rank of the model. Params and gradients are read and written through views as
+// fp32 (bf16 ones widened and rounded to nearest).
 struct Child {
     sx_shard_group_t *g = nullptr;
     int rank = 0, world = 0, stage = 2;
@@ -42,8 +46,11 @@ struct Child {
     // The param group's state dtype. SX_STATE_8BIT: "a" is a whole number of 8-bit
     // blocks (kShape8bit), "b" keeps fp32 state (too few elements for blocks) and a third
     // param "c" (kShapeC, fp32 state too) shares "a"'s unit.
+    // kBf16StochasticRound: the params are bf16 without masters.
     int state_dtype = SX_STATE_FP32;
     ~Child() { sx_destroy_shard_group(g); }
+
+    bool stochastic_round() const { return state_dtype == kBf16StochasticRound; }
 
     int num_params() const { return state_dtype == SX_STATE_8BIT ? 3 : 2; }
     int unit_of(int p) const { return p == 2 ? 0 : p; }

@@ -284,7 +284,10 @@ void lose_one_of_four(int victim, int stage, int shard_size, bool memory = false
     std::printf("stage %d%s%s: rank %d lost at step %d; the 3 survivors restored step %lld from %s and equal 3 "
                 "fresh ranks\n",
                 stage, shard_size ? " (2 x 2 mesh)" : "",
-                state_dtype == SX_STATE_8BIT ? ", 8-bit state" : state_dtype == SX_STATE_BF16 ? ", bf16 state" : "",
+                state_dtype == SX_STATE_8BIT               ? ", 8-bit state"
+                : state_dtype == SX_STATE_BF16             ? ", bf16 state"
+                : state_dtype == kBf16StochasticRound      ? ", bf16 params without masters"
+                                                           : "",
                 victim, kKillStep, static_cast<long long>(restored), memory ? "memory copies" : "the checkpoint");
     std::string rm = "rm -rf '" + dir + "'";
     assert_int_equal(std::system(rm.c_str()), 0);
@@ -369,6 +372,19 @@ void test_memory_bf16_flat_stage3_rank0_lost(void **) {
     lose_one_of_four(0, 3, 0, true, true, "cpu", SX_STATE_BF16);
 }
 void test_checkpoint_8bit_stage1_rank2_lost(void **) { lose_one_of_four(2, 1, 0, false, false, "cpu", SX_STATE_8BIT); }
+// bf16 params without fp32 masters (bf16_stochastic_round): the copies hold the bf16
+// params themselves and the fp32 state; the survivors, restored from them (or from a
+// checkpoint), go on with the random bits of each param's own step and elements, and
+// equal fresh ranks loading the checkpoint of that step.
+void test_memory_sr_flat_stage2_last_rank_lost(void **) {
+    lose_one_of_four(3, 2, 0, true, true, "cpu", kBf16StochasticRound);
+}
+void test_memory_sr_flat_stage3_rank1_lost(void **) { lose_one_of_four(1, 3, 0, true, false, "cpu", kBf16StochasticRound); }
+void test_memory_sr_mesh_2x2_rank0_lost(void **) { lose_one_of_four(0, 2, 2, true, false, "cpu", kBf16StochasticRound); }
+void test_memory_sr_mesh_2x2_last_rank_lost(void **) {
+    lose_one_of_four(3, 3, 2, true, false, "cpu", kBf16StochasticRound);
+}
+void test_checkpoint_sr_stage3_rank2_lost(void **) { lose_one_of_four(2, 3, 0, false, false, "cpu", kBf16StochasticRound); }
 // CUDA groups keep memory copies of their state (on the host, or copied down from the
 // device), and their survivors regroup from them, or from a checkpoint (on the simulated
 // device, which the ranks inherit: its ranks share it); a 2 x 2 mesh too.
@@ -423,8 +439,8 @@ void all_ranks_regroup_from_memory(int stage, int shard_size, int state_dtype = 
         sx_memory_stats_t ms;
         sx_memory_stats_init(&ms, sizeof ms);
         if ((st = sx_get_memory_stats(c.g, &ms)) != SX_OK) return failed("memory stats", st);
-        // Each copy: the fp32 values of the shard (stage 3: param_bytes; else the full
-        // buffers' 1/shards) and AdamW's 2 slots as the shard keeps them (the optimizer
+        // Each copy: the values of the shard, fp32 or bf16 params without masters (stage
+        // 3: param_bytes; else the full buffers' 1/shards) and AdamW's 2 slots as the shard keeps them (the optimizer
         // state: fp32, or bf16, or 8-bit codes and scales beside fp32 pieces).
         const uint64_t values = stage == 3 ? ms.param_bytes : ms.param_bytes / (shard_size ? shard_size : 4);
         copy_of[rank] = ms.optimizer_bytes + values;
@@ -462,6 +478,10 @@ void test_memory_all_ranks_flat(void **) { all_ranks_regroup_from_memory(2, 0); 
 void test_memory_all_ranks_mesh(void **) { all_ranks_regroup_from_memory(3, 2); }
 void test_memory_all_ranks_8bit_flat(void **) { all_ranks_regroup_from_memory(2, 0, SX_STATE_8BIT); }
 void test_memory_all_ranks_bf16_mesh(void **) { all_ranks_regroup_from_memory(3, 2, SX_STATE_BF16); }
+// Without masters, step 5 taken again rounds with step 5's bits again; a copy holds the
+// bf16 params (param_bytes) and the fp32 state.
+void test_memory_all_ranks_sr_flat(void **) { all_ranks_regroup_from_memory(2, 0, kBf16StochasticRound); }
+void test_memory_all_ranks_sr_mesh(void **) { all_ranks_regroup_from_memory(3, 2, kBf16StochasticRound); }
 
 // Misuse changes nothing: no checkpoint, a bad struct, a closed group's late arrival.
 void test_misuse(void **) {
@@ -543,6 +563,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_memory_all_ranks_mesh),
         cmocka_unit_test(test_memory_all_ranks_8bit_flat),
         cmocka_unit_test(test_memory_all_ranks_bf16_mesh),
+        cmocka_unit_test(test_memory_all_ranks_sr_flat),
+        cmocka_unit_test(test_memory_all_ranks_sr_mesh),
         cmocka_unit_test(test_flat_stage1_rank0_lost),
         cmocka_unit_test(test_flat_stage2_rank1_lost),
         cmocka_unit_test(test_flat_stage3_rank3_lost),
@@ -558,6 +580,11 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_memory_8bit_mesh_2x2_rank3_lost),
         cmocka_unit_test(test_memory_bf16_flat_stage3_rank0_lost),
         cmocka_unit_test(test_checkpoint_8bit_stage1_rank2_lost),
+        cmocka_unit_test(test_memory_sr_flat_stage2_last_rank_lost),
+        cmocka_unit_test(test_memory_sr_flat_stage3_rank1_lost),
+        cmocka_unit_test(test_memory_sr_mesh_2x2_rank0_lost),
+        cmocka_unit_test(test_memory_sr_mesh_2x2_last_rank_lost),
+        cmocka_unit_test(test_checkpoint_sr_stage3_rank2_lost),
         cmocka_unit_test(test_offloaded_memory_8bit_stage2_rank3_lost),
         cmocka_unit_test(test_offloaded_memory_stage2_rank1_lost),
         cmocka_unit_test(test_offloaded_memory_stage3_rank0_lost),

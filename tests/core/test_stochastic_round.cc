@@ -1,7 +1,8 @@
 // bf16 params without fp32 masters (sx_param_group_desc_t.bf16_stochastic_round): the
 // rounding itself (the vectorised loops against the scalar reference, unbiasedness), the
 // same params bit for bit at worlds 1 to 3 and stages 1 to 3 after several AdamW steps
-// with bf16 state, no masters in the memory counts, and the calls that refuse it.
+// with bf16 state, no masters in the memory counts, the whole state gathered and
+// scattered (the params as "master"), memory copies, and the calls that refuse it.
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "optim/kernels.h"
 #include "optim/stochastic_round.h"
 #include "sx_cmocka.h"
 #include "test_files.h"
@@ -44,29 +46,52 @@ float from_bits(uint32_t bits) {
     return f;
 }
 
-// The update's loops give the reference's bits on awkward sizes and offsets, specials
-// included; NaN stays NaN, and values bf16 holds exactly are kept.
+struct Flavour {
+    const char *name;
+    void (*round)(const float *x, uint16_t *out, size_t n, uint64_t key, uint64_t first_element);
+};
+// stochastic_round, and every kernel flavour this CPU runs.
+std::vector<Flavour> flavours() {
+    namespace in = sx::optim::internal;
+    using sx::optim::Isa;
+    std::vector<Flavour> f = {{"stochastic_round", &stochastic_round}};
+    const Isa best = sx::optim::detect_isa();
+    std::vector<Isa> isas = {Isa::kScalar};
+    if (best == Isa::kAvx2 || best == Isa::kAvx512) isas.push_back(Isa::kAvx2);
+    if (best == Isa::kAvx512) isas.push_back(Isa::kAvx512);
+    for (Isa isa : isas) f.push_back({in::kernels_for(isa).name, in::kernels_for(isa).round_stochastic});
+    return f;
+}
+
+// The update's loops give the reference's bits on awkward sizes and offsets (around each
+// flavour's vector width, and counters that wrap), specials included; NaN stays NaN, and
+// values bf16 holds exactly are kept.
 void test_vector_loops_match_the_reference(void **) {
     std::mt19937 rng(7);
     std::uniform_int_distribution<uint32_t> any_bits;
     const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, from_bits(0x7F800001u),
                               from_bits(0xFF80FFFFu), from_bits(0x7F7FFFFFu), from_bits(0x00000001u), 1.0f, -3.5f};
-    for (size_t n : {0, 1, 7, 255, 256, 257, 1000, 4097}) {
+    for (size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 33, 255, 256, 257, 1000, 4095, 4096, 4097}) {
         std::vector<float> x(n);
         for (size_t i = 0; i < n; ++i) x[i] = i < 12 ? specials[i] : from_bits(any_bits(rng));
-        for (uint64_t first : {0ull, 3ull, 1000003ull}) {
+        for (uint64_t first : {0ull, 3ull, 1000003ull, (1ull << 62) + 5}) {
             const uint64_t key = stochastic_round_key(static_cast<int32_t>(n % 5), static_cast<int64_t>(first + 1));
-            std::vector<uint16_t> want(n, 0xAAAA), got(n, 0x5555);
+            std::vector<uint16_t> want(n, 0xAAAA);
             stochastic_round_reference(x.data(), want.data(), n, key, first);
-            stochastic_round(x.data(), got.data(), n, key, first);
-            for (size_t i = 0; i < n; ++i) {
-                uint32_t bits;
-                std::memcpy(&bits, &x[i], sizeof bits);
-                if (want[i] != got[i])
-                    fail_msg("n %zu first %llu element %zu (x bits 0x%08x): reference 0x%04x, loops 0x%04x", n,
-                             static_cast<unsigned long long>(first), i, bits, want[i], got[i]);
-                if (std::isnan(x[i])) assert_true(std::isnan(bf16_value(got[i])));
-                if ((bits & 0xFFFFu) == 0 && !std::isnan(x[i])) assert_int_equal(got[i], bits >> 16);
+            // The loops the compiler vectorises, then each flavour's the CPU runs (the
+            // scalar flavour's are those loops; AVX2's and AVX-512's are hand-written).
+            for (const Flavour &f : flavours()) {
+                std::vector<uint16_t> got(n, 0x5555);
+                f.round(x.data(), got.data(), n, key, first);
+                for (size_t i = 0; i < n; ++i) {
+                    uint32_t bits;
+                    std::memcpy(&bits, &x[i], sizeof bits);
+                    if (want[i] != got[i])
+                        fail_msg("%s, n %zu first %llu element %zu (x bits 0x%08x): reference 0x%04x, got 0x%04x",
+                                 f.name, n, static_cast<unsigned long long>(first), i, bits, want[i], got[i]);
+                    if (std::isnan(x[i])) assert_true(std::isnan(bf16_value(got[i])));
+                    if ((bits & 0xFFFFu) == 0 && !std::isnan(x[i])) assert_int_equal(got[i], bits >> 16);
+                }
             }
         }
     }
@@ -200,13 +225,61 @@ struct Checkpoint {
     int first = 1;
     int stochastic_round = 1;  // the group's
     int32_t state_dtype = SX_STATE_BF16;
+    // After this many steps (0: never), the whole state is gathered onto rank 0 and
+    // scattered back as it came (whole_state_round_trip) before the steps go on.
+    int round_trip_after = 0;
 };
+
+// Every param's whole state as a gather gives it: "<param>/<tensor>" -> values, and
+// "<param>/step" -> the step count.
+using WholeState = std::map<std::string, std::vector<float>>;
+
+sx_status_t gather_into(sx_param_state_t *st, void *user) {
+    WholeState &w = *static_cast<WholeState *>(user);
+    for (int32_t t = 0; t < st->num_tensors; ++t)
+        w[std::string(st->name) + "/" + st->tensor_names[t]].assign(st->tensors[t], st->tensors[t] + st->tensor_numels[t]);
+    w[std::string(st->name) + "/step"] = {static_cast<float>(st->step)};
+    return SX_OK;
+}
+
+sx_status_t scatter_from(sx_param_state_t *st, void *user) {
+    const WholeState &w = *static_cast<const WholeState *>(user);
+    for (int32_t t = 0; t < st->num_tensors; ++t) {
+        auto it = w.find(std::string(st->name) + "/" + st->tensor_names[t]);
+        if (it == w.end() || it->second.size() != st->tensor_numels[t]) return SX_ERR_INVALID_ARGUMENT;
+        std::memcpy(st->tensors[t], it->second.data(), it->second.size() * sizeof(float));
+    }
+    st->step = static_cast<int64_t>(w.at(std::string(st->name) + "/step")[0]);
+    return SX_OK;
+}
+
+// Collective: gather, scatter what came, gather again. "" if the second gather equals the
+// first bit for bit and every param's "master" is its bf16 params widened (rank 0's).
+std::string whole_state_round_trip(sx_shard_group_t *g, int rank, int stage) {
+    WholeState first, again;
+    if (sx_gather_optim_state(g, 0, gather_into, &first) != SX_OK ||
+        sx_scatter_optim_state(g, 0, scatter_from, &first) != SX_OK ||
+        sx_gather_optim_state(g, 0, gather_into, &again) != SX_OK)
+        return sx_last_error_message();
+    std::string err;
+    if (rank == 0 && (first.size() != 4 * kParams.size() || again != first))
+        err = "the whole state gathered after scattering it differs from the first gather";
+    const bool ok = each_param(g, stage, [&](int32_t p, uint16_t *v) {
+        if (rank != 0 || !err.empty()) return;
+        const std::vector<float> &m = first[std::string(kParams[p].name) + "/master"];
+        for (int64_t i = 0; i < numel(kParams[p]) && err.empty(); ++i)
+            if (m.size() != static_cast<size_t>(numel(kParams[p])) || m[i] != bf16_value(v[i]))
+                err = std::string("param ") + kParams[p].name + "'s gathered master is not its bf16 params widened";
+    });
+    return ok ? err : sx_last_error_message();
+}
 
 std::string train(int world, int stage, std::vector<std::vector<uint16_t>> *out, int steps = kSteps,
                   double lr = 3e-3, const Checkpoint &ck = Checkpoint()) {
     const std::string rv = "local://sr-train-" + std::to_string(world) + "-" + std::to_string(stage) + "-" +
                            std::to_string(steps) + "-" + std::to_string(lr) + "-" + std::to_string(ck.first) +
                            std::to_string(ck.stochastic_round) + std::to_string(ck.state_dtype) + "-" +
+                           std::to_string(ck.round_trip_after) + "-" +
                            std::to_string(getpid());
     return sxtest::run_ranks(world, [&](int rank) -> std::string {
         std::string err;
@@ -235,6 +308,14 @@ std::string train(int world, int stage, std::vector<std::vector<uint16_t>> *out,
             so.weighted = 1;
             so.weight = rank == 0 ? 1.0 : 0.0;
             ok = ok && sx_step(g, &so, nullptr) == SX_OK;
+            if (ok && s + 1 - ck.first == ck.round_trip_after) {
+                err = whole_state_round_trip(g, rank, stage);
+                ok = err.empty();
+            }
+        }
+        if (!err.empty()) {
+            sx_destroy_shard_group(g);
+            return err;
         }
         if (ok && !ck.save.empty()) ok = sxtest::save_synchronously(g, ck.save) == SX_OK;
         if (ok && rank == 0) {
@@ -361,6 +442,24 @@ void test_checkpoint_resumes_at_another_world(void **) {
     sxtest::remove_tree(tmp);
 }
 
+// Gathering the whole state and scattering it back mid-run changes nothing: the params
+// (widened exactly as "master", rounded back to themselves), the moments and the step
+// counts that key the random bits come back bit for bit, and the run ends where one
+// without the round trip does, at every world size and stage.
+void test_whole_state_round_trip(void **) {
+    std::vector<std::vector<uint16_t>> want, got;
+    std::string err = train(1, 1, &want);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    Checkpoint trip;
+    trip.round_trip_after = kSteps / 2;
+    for (const auto &run : {std::make_pair(1, 1), std::make_pair(2, 2), std::make_pair(3, 3), std::make_pair(2, 1)}) {
+        err = train(run.first, run.second, &got, kSteps, 3e-3, trip);
+        if (!err.empty()) fail_msg("world %d stage %d: %s", run.first, run.second, err.c_str());
+        if (got != want) fail_msg("world %d stage %d: the params after a whole-state round trip differ", run.first,
+                                  run.second);
+    }
+}
+
 // bf16 params, bf16 grads, AdamW with bf16 moments: the optimizer bytes are the moments'
 // 4 per element, divided by the world size; a group with masters holds 4 more.
 void test_no_masters_in_memory(void **) {
@@ -436,7 +535,7 @@ sx_status_t add(sx_shard_group_t *g, const char *name, int32_t dtype, int32_t gr
     return sx_add_param(g, &pd, nullptr);
 }
 
-// Optimizers that are not elementwise, and memory copies, refuse it at the descriptor.
+// Optimizers that are not elementwise refuse it at the descriptor; memory copies carry it.
 void test_descriptor_refusals(void **) {
     sx_shard_group_t *g = bare_group("sr-desc");
     for (int32_t opt : {SX_OPTIM_LAMB, SX_OPTIM_MUON, SX_OPTIM_ADAFACTOR}) {
@@ -464,10 +563,19 @@ void test_descriptor_refusals(void **) {
     assert_int_equal(sx_get_hyperparameter(g, 0, SX_HP_BF16_STOCHASTIC_ROUND, &value), SX_OK);
     assert_true(value == 1.0);
     sx_destroy_shard_group(g);
-    g = bare_group("sr-copies", 2);
+    // Memory copies carry it: a copy holds the bf16 params (2 bytes each) and the bf16
+    // moments (4), two copies of one rank's shard of 64 elements.
+    g = bare_group("sr-copies", 1);
     d = sr_adamw();
-    assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_ERR_UNSUPPORTED);
-    assert_true(says("memory copies"));
+    assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_OK);
+    assert_int_equal(add(g, "w", SX_DTYPE_BF16, 0, 0), SX_OK);
+    assert_int_equal(sx_finalize(g), SX_OK);
+    assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);
+    assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);
+    sx_memory_stats_t m;
+    sx_memory_stats_init(&m, sizeof m);
+    assert_int_equal(sx_get_memory_stats(g, &m), SX_OK);
+    assert_int_equal(m.memory_copy_bytes, 2 * m.param_bytes + 2 * m.optimizer_bytes);
     sx_destroy_shard_group(g);
 }
 
@@ -538,23 +646,44 @@ void test_finalize_refusals(void **) {
     sx_destroy_shard_group(g);
 }
 
-// What would read or write fp32 masters refuses the group, and changes nothing
-// (checkpoints carry its bf16 params: test_checkpoint_resumes_at_another_world).
-void test_calls_without_masters_refuse(void **) {
+// Without masters, a state view of "master" is this rank's piece of the bf16 params
+// themselves (SX_DTYPE_BF16, in place), and a scatter's "master" is rounded to nearest
+// even into the params, as a load rounds a checkpoint's fp32 values.
+void test_master_view_and_scatter(void **) {
     sx_param_group_desc_t d = sr_adamw();
-    d.state_dtype = SX_STATE_FP32;  // (bf16 state is refused there too, and first)
+    d.state_dtype = SX_STATE_FP32;
     sx_shard_group_t *g = bare_group("sr-calls");
     assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_OK);
     assert_int_equal(add(g, "w", SX_DTYPE_BF16, 0, 0), SX_OK);
     assert_int_equal(sx_finalize(g), SX_OK);
     assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);
-    sx_view_t view;
+    sx_view_t pv, view;
+    sx_view_init(&pv, sizeof pv);
     sx_view_init(&view, sizeof view);
-    assert_int_equal(sx_state_view(g, 0, "exp_avg", &view), SX_ERR_UNSUPPORTED);
-    assert_int_equal(sx_state_view(g, 0, "master", &view), SX_ERR_UNSUPPORTED);
-    assert_int_equal(sx_gather_optim_state(g, 0, [](sx_param_state_t *, void *) -> sx_status_t { return SX_OK; }, nullptr),
-                     SX_ERR_UNSUPPORTED);
-    assert_true(says("bf16_stochastic_round"));
+    assert_int_equal(sx_param_view(g, 0, &pv), SX_OK);
+    assert_int_equal(sx_state_view(g, 0, "master", &view), SX_OK);
+    assert_int_equal(view.dtype, SX_DTYPE_BF16);
+    assert_int_equal(view.numel, 64);
+    assert_ptr_equal(view.data, pv.data);
+    assert_int_equal(sx_state_view(g, 0, "exp_avg", &view), SX_OK);
+    assert_int_equal(view.dtype, SX_DTYPE_F32);
+    // Values between bf16's steps (1/128 apart in [1, 2)): the params take the nearest,
+    // ties to even.
+    auto value = [](int64_t i) { return 1.0f + static_cast<float>(i) / 512.0f; };
+    WholeState w;
+    w["w/exp_avg"].assign(64, 0.5f);
+    w["w/exp_avg_sq"].assign(64, 0.25f);
+    w["w/step"] = {7.0f};
+    for (int64_t i = 0; i < 64; ++i) w["w/master"].push_back(value(i));
+    assert_int_equal(sx_scatter_optim_state(g, 0, scatter_from, &w), SX_OK);
+    assert_int_equal(sx_param_view(g, 0, &pv), SX_OK);
+    for (int64_t i = 0; i < 64; ++i)
+        if (static_cast<uint16_t *>(pv.data)[i] != bf16_nearest(value(i)))
+            fail_msg("element %lld: 0x%04x, not %g rounded to nearest (0x%04x)", static_cast<long long>(i),
+                     static_cast<uint16_t *>(pv.data)[i], value(i), bf16_nearest(value(i)));
+    WholeState back;
+    assert_int_equal(sx_gather_optim_state(g, 0, gather_into, &back), SX_OK);
+    assert_true(back["w/exp_avg"] == w["w/exp_avg"] && back["w/step"] == w["w/step"]);
     assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);  // the group goes on
     sx_destroy_shard_group(g);
 }
@@ -572,7 +701,8 @@ int main(void) {
         cmocka_unit_test(test_no_masters_in_memory),
         cmocka_unit_test(test_descriptor_refusals),
         cmocka_unit_test(test_finalize_refusals),
-        cmocka_unit_test(test_calls_without_masters_refuse),
+        cmocka_unit_test(test_master_view_and_scatter),
+        cmocka_unit_test(test_whole_state_round_trip),
         cmocka_unit_test(test_custom_and_cuda_refusals),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
