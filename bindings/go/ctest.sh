@@ -1,7 +1,8 @@
 #!/bin/sh
 # The bindings_go test: `go test` of package sx, the custom optimizer example, then the
-# sample, built into the build tree and compared with the C reference. No network:
-# modules come from the tree.
+# sample, built into the build tree and compared with the C reference, and the README's
+# first program in a module of its own (newcomer.sh). No network: modules come from the
+# tree.
 # The binding finds sx through pkg-config: PKG_CONFIG_PATH names the build tree, whose
 # sx.pc has the header and the library where they are (not installed) and an rpath to the
 # library, so that the test binaries run from here without LD_LIBRARY_PATH.
@@ -20,3 +21,5 @@ cd "$here" && "$go" run ./examples/custom_lion
 mkdir -p "$(dirname "$sample_out")"
 cd "$here/../../samples/go" && "$go" build -o "$sample_out" .
 "$here/../compare_linreg.sh" "$ref" "$sample_out"
+# A newcomer's path: README.md's first program, in a fresh module outside the tree.
+"$here/newcomer.sh" "$go" "$(cd "$here/../.." && pwd)" "$root" "$GOCACHE"
