@@ -392,6 +392,7 @@ class IndexFiles final : public sx::io::FileOps {
     Status remove_tree(const std::string &path) override { return refused(path); }
     Status list_dir(const std::string &path, std::vector<std::string> *) override { return refused(path); }
     Status exists(const std::string &path, bool *) override { return refused(path); }
+    Status is_directory(const std::string &path, bool *) override { return refused(path); }
 
   private:
     static Status refused(const std::string &path) {

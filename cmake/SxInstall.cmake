@@ -17,8 +17,32 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/sxConfigVersion.cmake
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMajorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/sxConfig.cmake ${PROJECT_BINARY_DIR}/sxConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/sx)
-# sx.pc finds its prefix relative to itself, so an install moved or made with
-# `cmake --install --prefix` stays correct.
+# The installed sx.pc finds its prefix relative to itself, so an install moved or made
+# with `cmake --install --prefix` stays correct. It is written under CMakeFiles/, out of
+# the way: the build tree's own sx.pc (below) is the one to use in place.
+# SX_PC_RPATH puts an rpath to the library into its Libs (a program linked through it
+# runs without LD_LIBRARY_PATH wherever the prefix is); a distribution that installs into
+# the loader's own directories may turn it off.
+option(SX_PC_RPATH "the installed sx.pc's Libs carry -Wl,-rpath to its libdir" ON)
 file(RELATIVE_PATH SX_PC_PREFIX_FROM_PCDIR "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
-configure_file(${PROJECT_SOURCE_DIR}/cmake/sx.pc.in ${PROJECT_BINARY_DIR}/sx.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/sx.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+set(SX_PC_LIBS_RPATH "")
+if(SX_PC_RPATH)
+  set(SX_PC_LIBS_RPATH " -Wl,-rpath,\${libdir}")
+endif()
+configure_file(${PROJECT_SOURCE_DIR}/cmake/sx.pc.in ${PROJECT_BINARY_DIR}/CMakeFiles/sx-install/sx.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/CMakeFiles/sx-install/sx.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+# sx.pc for this build tree, usable in place (PKG_CONFIG_PATH=<build dir>): the headers
+# in the source tree, libsx where this build writes it, and an rpath to it, so that a
+# program built through it (a Go one through `#cgo pkg-config: sx`) runs from anywhere
+# without LD_LIBRARY_PATH.
+file(GENERATE OUTPUT ${PROJECT_BINARY_DIR}/sx.pc CONTENT
+"# sx in its build tree (${PROJECT_BINARY_DIR}); `cmake --install` installs another sx.pc.
+libdir=$<TARGET_FILE_DIR:sx>
+includedir=${PROJECT_SOURCE_DIR}/include
+
+Name: sx
+Description: training runtime with ZeRO-style sharded optimizer state behind a C ABI (build tree)
+Version: ${PROJECT_VERSION}
+Libs: -L\${libdir} -Wl,-rpath,\${libdir} -lsx
+Cflags: -I\${includedir}
+")

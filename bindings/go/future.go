@@ -18,7 +18,8 @@ import (
 
 // SaveOptions of Save.
 type SaveOptions struct {
-	// The checkpoint directory to create; it must not exist, its parent must.
+	// The checkpoint directory to create; it must not exist, and its parent must: a
+	// missing parent fails Save itself (ErrNotFound, naming it) before anything is written.
 	Path string
 	// Opaque bytes stored in the manifest (data-loader position, RNG state); at most 64 MiB.
 	UserBlob []byte

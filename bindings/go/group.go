@@ -106,16 +106,42 @@ const (
 
 // GroupConfig says how ranks meet and what the group is. Zero fields take sx's defaults.
 type GroupConfig struct {
-	Rendezvous    string // "local://NAME", "tcp://HOST:PORT", "file:///DIR" or "env://"
-	Rank          int32
-	WorldSize     int32 // 0: rank and world size from the environment (env://)
-	Stage         int32 // ZeRO stage 1 or 2; 0 = 2
-	Backend       Backend
-	NumThreads    int32
-	Alignment     int32
-	TimeoutMs     int32
-	Flags         uint32
-	BindAddress   string
+	// How ranks find each other. "local://NAME": the ranks are goroutines (threads) of
+	// this process, meeting under NAME (any name unique among this process's groups); a
+	// single process, world 1 included, uses it. "tcp://HOST:PORT": rank 0 serves a store
+	// there. "file:///DIR": a directory every rank can reach. "env://": torchrun's,
+	// mpirun's or srun's variables. Required.
+	Rendezvous string
+	Rank       int32 // this process's rank in [0, WorldSize); ignored when WorldSize is 0
+	WorldSize  int32 // number of ranks, at most MaxWorldSize; 0: rank and world size from the environment (env://)
+	Stage      int32 // ZeRO stage 1, 2 or 3 (params sharded too: GatherUnit); 0 = 2
+	// Where the buffers live: BackendCPU (host memory, what Param and Grad wrap as
+	// slices), BackendCUDA, or 0 = BackendAuto, which picks CUDA where libsx was built
+	// with CUDA and finds a device, else the CPU. A trainer that computes on the host
+	// asks for BackendCPU: on a machine with a GPU, Auto's views are device memory and
+	// Param and Grad fail.
+	Backend Backend
+	// Threads of the group's own pool for the optimizer kernels (a count, >= 0); 0 = the
+	// machine's cores divided by the ranks on it (local://), or all of them.
+	NumThreads int32
+	// Alignment in bytes of the start of every param in the flat buffers: a power of two
+	// in [1, 2^20]; 0 = 64. Below a param's element size (1: for every dtype) the params
+	// are packed, each starting where the one before ends, so that a unit's flat buffer
+	// (UnitView; UnitLayout says whether it is packed) holds them as one block, as a
+	// trainer that keeps all its params in one array (llm.c) has them.
+	Alignment int32
+	// Milliseconds every collective and rendezvous wait may take before it fails
+	// (NewShardGroup's phases share one such deadline); 0 = 300000 (5 minutes).
+	TimeoutMs int32
+	// GroupFlag* bits, or'ed; 0 = none.
+	Flags uint32
+	// The address the CPU transport binds to and advertises; "" = 127.0.0.1 for local://
+	// and a loopback store, for a store on another host the address this host reaches it
+	// from, else this host's name.
+	BindAddress string
+	// The CUDA device (an ordinal, as cudaSetDevice's) for BackendCUDA, and for
+	// BackendAuto on a machine with a GPU; 0 = the first device. With several ranks on
+	// one host, each its own (torchrun: LOCAL_RANK). The CPU backend ignores it.
 	DeviceOrdinal int32
 	// Mixed precision. GradDtype DtypeF32: fp32 gradients for every param, whatever its
 	// dtype (0: each param's own dtype). ReduceDtype DtypeF32: 16-bit gradients are
@@ -431,6 +457,14 @@ const (
 // pytorch-optimizer's for LAMB). A hyperparameter that does not apply to the optimizer
 // must keep its default (or be 0, which means the default), else AddParamGroup fails
 // with ErrInvalidArgument.
+//
+// Precision: sx keeps hyperparameters as the float64 values given, and computes a step's
+// scalars from them in float64, as torch does with Python floats (lr / (1 - beta1^t),
+// 1 - lr*weight_decay, ...), rounding each to float32 where it meets the fp32 tensors
+// (docs/optimizers.md, "Exactness"). A trainer that holds its hyperparameters as
+// float32 (llm.c) passes float64(x) of its float32 x, an exact conversion, so that sx
+// uses the very value it holds: float32(3e-4) is 3.0000001e-4, not the 3e-4 a literal
+// gives, and the scalars derived in float64 from the two may round differently.
 type ParamGroup struct {
 	Optimizer                     Optimizer
 	LR, WeightDecay, Beta1, Beta2 float64
@@ -622,7 +656,9 @@ func (g *ShardGroup) ParamGroupSteps(paramGroup int32) (int64, error) {
 	return int64(steps), err
 }
 
-// SetLR sets a param group's learning rate.
+// SetLR sets a param group's learning rate from the next step on. Like every
+// hyperparameter it is a float64 (see ParamGroup on precision: a float32 trainer passes
+// float64(lr), the value it holds).
 func (g *ShardGroup) SetLR(paramGroup int32, lr float64) error {
 	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t {
 		return C.sx_set_lr(raw, C.int32_t(paramGroup), C.double(lr))
@@ -830,7 +866,8 @@ func (g *ShardGroup) Param(param int32) ([]float32, error) { return g.f32(false,
 // UnitView is the raw view of unit's whole flat buffer (an index, as GatherUnit's): its
 // params, or with grad its gradients; PaddedNumel elements, each param at its
 // OffsetInUnit. With GroupConfig.Alignment 1 the params are packed: one block, as a
-// trainer that keeps all its params in one array has them (UnitView(u, g).Float32s()).
+// trainer that keeps all its params in one array has them (UnitView(u, g).Float32s());
+// UnitLayout says whether a unit is packed, and how much padding follows its params.
 func (g *ShardGroup) UnitView(unit int32, grad bool) (View, error) {
 	var v C.sx_view_t
 	C.sx_view_init(&v, C.size_t(unsafe.Sizeof(v)))
@@ -886,16 +923,22 @@ func (g *ShardGroup) RefreshTrainable() error {
 	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_refresh_trainable(raw) })
 }
 
-// AccumulateGrads (collective) folds the current gradients into the step's accumulation.
+// AccumulateGrads (collective) folds the current gradients into the step's accumulation:
+// call it after the backward of every micro-batch but a step's last. At stage 2 (and 3)
+// it then zeroes the gradients; at stage 1 it keeps them, and the next micro-batch adds
+// to them.
 func (g *ShardGroup) AccumulateGrads() error {
 	return g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_accumulate_grads(raw) })
 }
 
 // StepOptions of Step. Zero values are the defaults.
 type StepOptions struct {
-	MaxGradNorm float64        // clip the global gradient norm to this; 0 = no clipping
-	KeepGrads   bool           // leave the grads as they are after the step
-	Stream      unsafe.Pointer // a cudaStream_t (C memory), or nil
+	MaxGradNorm float64 // clip the global gradient norm to this; 0 = no clipping
+	// Do not zero the grads after the step (a backward that overwrites its gradients, or
+	// zeroes them itself, saves a pass over memory). Their contents after the step are
+	// then unspecified, not the gradients: the reduction may use them as scratch.
+	KeepGrads bool
+	Stream    unsafe.Pointer // a cudaStream_t (C memory), or nil
 	// Stages 1 and 2: return after the update and gather the params in the background;
 	// GatherUnit waits for a unit's.
 	DeferGather bool
@@ -966,8 +1009,11 @@ type StepResult struct {
 	NonFinite bool    // the gradients' global norm was inf or NaN
 }
 
-// Step (collective) averages the gradients over ranks, clips, updates and gathers.
-// opts may be nil.
+// Step (collective) averages the gradients over ranks, clips, updates and gathers the
+// params, then zeroes the gradients (every Grad slice, and UnitView's gradient buffers),
+// so that the next backward adds into zeros as torch's does after zero_grad: a trainer
+// that adds into them does not clear them itself (StepOptions.KeepGrads skips the
+// zeroing and leaves them unspecified). opts may be nil.
 func (g *ShardGroup) Step(opts *StepOptions) (StepResult, error) {
 	var o C.sx_step_options_t
 	C.sx_step_options_init(&o, C.size_t(unsafe.Sizeof(o)))
@@ -1114,6 +1160,57 @@ func (g *ShardGroup) UnitInfo(index int32) (UnitInfo, error) {
 	return UnitInfo{int32(u.unit), int32(u.num_params), uint64(u.numel), uint64(u.padded_numel), uint64(u.shard_numel),
 		uint64(u.shard_begin), u.trainable != 0, u.has_optimizer_state != 0, int32(u.shard_size), int32(u.shard_rank),
 		int32(u.replicas), int32(u.replica_rank)}, err
+}
+
+// UnitLayout is how a unit's params lie in its flat buffer (UnitView), from their
+// offsets (ParamInfo.OffsetInUnit) and UnitInfo: what a trainer that keeps all its
+// params in one array checks before it takes the buffer as that array.
+type UnitLayout struct {
+	// The unit's params, in the order of the buffer (registration order), and where
+	// each starts in it, in elements.
+	Params  []int32
+	Offsets []uint64
+	// Packed: the first param starts at element 0 and each other where the one before
+	// ends, so that the buffer's first UnitInfo.Numel elements are the params as one
+	// block. GroupConfig.Alignment 1 packs every unit; with the default alignment a unit
+	// is packed only where each param's size is a multiple of it.
+	Packed bool
+	// Elements between params (alignment gaps; 0 when Packed), and after the last param
+	// up to UnitInfo.PaddedNumel (so that the buffer splits into equal shards; zero, and
+	// ignored by the step).
+	Gaps, Padding uint64
+}
+
+// UnitLayout of the index-th unit (as UnitInfo's and UnitView's). After Finalize. The C
+// API has no such call: the binding derives it from sx_get_unit_info and every param's
+// sx_get_param_info (a call per param of the group).
+func (g *ShardGroup) UnitLayout(index int32) (UnitLayout, error) {
+	info, err := g.UnitInfo(index)
+	if err != nil {
+		return UnitLayout{}, err
+	}
+	n, err := g.NumParams()
+	if err != nil {
+		return UnitLayout{}, err
+	}
+	var l UnitLayout
+	var end uint64
+	for p := int32(0); p < n; p++ {
+		pi, err := g.ParamInfo(p)
+		if err != nil {
+			return UnitLayout{}, err
+		}
+		if pi.Unit != info.Unit {
+			continue
+		}
+		l.Params = append(l.Params, p)
+		l.Offsets = append(l.Offsets, pi.OffsetInUnit)
+		l.Gaps += pi.OffsetInUnit - end
+		end = pi.OffsetInUnit + pi.Numel
+	}
+	l.Packed = l.Gaps == 0
+	l.Padding = info.PaddedNumel - end
+	return l, nil
 }
 
 // Load flags (LoadOptions sets them from its booleans).

@@ -661,6 +661,13 @@ func TestAPackedUnitIsOneBlockBehindOneSlice(t *testing.T) {
 	if err := g.Finalize(); err != nil {
 		t.Fatal(err)
 	}
+	if l, err := g.UnitLayout(0); err != nil || !l.Packed || l.Gaps != 0 || l.Padding != 0 ||
+		!reflect.DeepEqual(l.Params, []int32{0, 1}) || !reflect.DeepEqual(l.Offsets, []uint64{0, 6}) {
+		t.Fatalf("the packed unit's layout: %+v, %v", l, err)
+	}
+	if _, err := g.UnitLayout(1); statusOf(err) != ErrInvalidArgument {
+		t.Errorf("the layout of a unit out of range gave %v", err)
+	}
 	pv, err := g.UnitView(0, false)
 	if err != nil {
 		t.Fatal(err)
@@ -688,6 +695,67 @@ func TestAPackedUnitIsOneBlockBehindOneSlice(t *testing.T) {
 	}
 	if _, err := g.UnitView(1, false); statusOf(err) != ErrInvalidArgument {
 		t.Errorf("a unit out of range gave %v", err)
+	}
+}
+
+// With the default alignment (64 bytes: 16 floats) a unit of params of 6 and 5 floats
+// is not packed: the second param starts at 16, and the buffer ends padded to 32 (a
+// multiple of world size times the alignment); one of 16 and 5 floats is.
+func TestUnitLayoutSaysWhetherAUnitIsPacked(t *testing.T) {
+	g, err := NewShardGroup(config(rendezvous("layout"), 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.AddParamGroup(NewParamGroup(SGD)); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []Param{{Name: "a", Shape: []int64{2, 3}}, {Name: "b", Shape: []int64{5}, Unit: 0},
+		{Name: "c", Shape: []int64{4, 4}, Unit: 1}, {Name: "d", Shape: []int64{5}, Unit: 1}} {
+		if _, err := g.AddParam(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := g.Finalize(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := g.UnitLayout(0)
+	if err != nil || l.Packed || l.Gaps != 10 || l.Padding != 11 || !reflect.DeepEqual(l.Offsets, []uint64{0, 16}) {
+		t.Errorf("unit 0: %+v, %v", l, err)
+	}
+	l, err = g.UnitLayout(1)
+	if err != nil || !l.Packed || l.Padding != 11 || !reflect.DeepEqual(l.Params, []int32{2, 3}) {
+		t.Errorf("unit 1: %+v, %v", l, err)
+	}
+}
+
+// A save whose parent directory is missing fails in Save itself, naming the directory,
+// not later in Wait; one into an existing directory then succeeds.
+func TestASaveIntoAMissingDirectoryFailsAtOnce(t *testing.T) {
+	g, err := NewShardGroup(config(rendezvous("save-missing"), 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := setup(g, 0.1); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "no-such-dir")
+	f, err := g.Save(SaveOptions{Path: filepath.Join(missing, "step-1")})
+	if f != nil || statusOf(err) != ErrNotFound || !strings.Contains(err.Error(), "'"+missing+"' does not exist") {
+		t.Fatalf("a save into a missing directory: future %v, error %v", f, err)
+	}
+	if _, err := os.Stat(missing); !os.IsNotExist(err) {
+		t.Errorf("the failed save made %s: %v", missing, err)
+	}
+	f, err = g.Save(SaveOptions{Path: filepath.Join(dir, "step-1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Wait(); err != nil {
+		t.Fatal(err)
 	}
 }
 

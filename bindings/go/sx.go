@@ -3,14 +3,15 @@
 // (include/sx/sx.h).
 //
 // The build finds the header and the library through pkg-config (`#cgo pkg-config: sx`):
-// after `cmake --install`, sx.pc is in the install's lib/pkgconfig, which the default
-// search path holds for /usr/local (else PKG_CONFIG_PATH names it). A library outside
-// the loader's directories is found at run time through LD_LIBRARY_PATH or an rpath
-// (CGO_LDFLAGS="-Wl,-rpath,$PREFIX/lib").
+// PKG_CONFIG_PATH names a build tree (its sx.pc is for use in place) or an install's
+// lib/pkgconfig (which the default search path holds for /usr/local and /usr). Both
+// sx.pc files carry an rpath to the library, so that a program runs without
+// LD_LIBRARY_PATH. README.md's "A first program" is a whole module that uses the package.
 //
-// A ShardGroup is used by one goroutine at a time; sx reports a failed call's message
+// A ShardGroup is used by one goroutine at a time. sx reports a failed call's message
 // through thread-local state, so every call here runs with its goroutine locked to its
-// OS thread until the message is read.
+// OS thread until the message is read: callers need not call runtime.LockOSThread for
+// sx's sake (only for thread-bound code of their own, such as a CUDA context).
 package sx
 
 /*

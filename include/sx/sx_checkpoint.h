@@ -32,8 +32,10 @@ typedef void (*sx_future_callback)(sx_future_t *future, sx_status_t status, void
 
 typedef struct sx_save_options {
     size_t struct_size;
-    /* The checkpoint directory to create, copied. It must not exist; its parent must.
-     * The parent also receives `latest` (the name of the newest committed checkpoint)
+    /* The checkpoint directory to create, copied. It must not exist; its parent must (sx
+     * creates the checkpoint's own directory only): a missing parent fails the call itself
+     * with SX_ERR_NOT_FOUND naming it, a parent that is no directory with
+     * SX_ERR_INVALID_ARGUMENT, before anything is written. The parent also receives `latest` (the name of the newest committed checkpoint)
      * and holds the ones keep_last considers. Its last component may not be `latest`,
      * `latest.tmp` or end in `.sx-partial` (an unfinished save's directory, which the
      * next save removes). Every rank passes the same path. Required. */

@@ -50,6 +50,25 @@ Status check_save_name(const std::string &path) {
     return check_checkpoint_name(path, "a save");
 }
 
+// The save creates the checkpoint directory, never its parent: a parent that is missing
+// (or not a directory) fails the call itself, naming it, rather than the save in the
+// background, where the first thing to fail would be listing it.
+Status check_save_parent(io::FileOps &ops, const std::string &path) {
+    std::string parent, base;
+    split_path(path, &parent, &base);
+    bool is_dir = false;
+    SX_TRY(ops.is_directory(parent, &is_dir));
+    if (is_dir) return Status::Ok();
+    bool exists = false;
+    SX_TRY(ops.exists(parent, &exists));
+    SX_CHECK_ARG(!exists, "the checkpoint path '%s': its parent '%s' is not a directory", path.c_str(),
+                 parent.c_str());
+    return SX_ERROR(SX_ERR_NOT_FOUND,
+                    "the checkpoint path '%s': its parent directory '%s' does not exist (a save creates only "
+                    "the checkpoint's own directory: create its parent first)",
+                    path.c_str(), parent.c_str());
+}
+
 uint64_t now_unix_ms() {
     return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                      std::chrono::system_clock::now().time_since_epoch())
@@ -417,6 +436,7 @@ Status Checkpointer::snapshot(const SaveOptions &options, Snapshot *out) {
     const Status local = [&]() -> Status {
         SX_CHECK_ARG(!options.path.empty(), "the checkpoint path is empty");
         SX_TRY(check_save_name(options.path));
+        SX_TRY(check_save_parent(*ops_, options.path));
         SX_CHECK_ARG(options.user_blob.size() <= kMaxUserBlobBytes, "the user blob has %zu bytes; at most %llu",
                      options.user_blob.size(), static_cast<unsigned long long>(kMaxUserBlobBytes));
         SX_CHECK_ARG(options.keep_last >= 0, "keep_last is %d; it must be >= 0", options.keep_last);

@@ -150,5 +150,10 @@ Status FaultFileOps::exists(const std::string &path, bool *exists) {
     return inner_->exists(path, exists);
 }
 
+Status FaultFileOps::is_directory(const std::string &path, bool *is_dir) {
+    SX_TRY(check(OpKind::kStat, "stat", path));
+    return inner_->is_directory(path, is_dir);
+}
+
 }  // namespace io
 }  // namespace sx

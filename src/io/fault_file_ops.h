@@ -13,8 +13,8 @@
 namespace sx {
 namespace io {
 
-// kOpen: open_write and open_read. kStat: file_size and exists. kAny (last) stands for
-// every kind.
+// kOpen: open_write and open_read. kStat: file_size, exists and is_directory. kAny (last)
+// stands for every kind.
 enum class OpKind { kOpen, kWrite, kRead, kFsync, kClose, kMkdir, kRename, kFsyncDir, kUnlink, kRemove, kList, kStat, kAny };
 
 // Thread-safe. With calls on several threads, "the n-th call" and "after it" follow
@@ -53,6 +53,7 @@ class FaultFileOps : public FileOps {
     Status remove_tree(const std::string &path) override;
     Status list_dir(const std::string &path, std::vector<std::string> *names) override;
     Status exists(const std::string &path, bool *exists) override;
+    Status is_directory(const std::string &path, bool *is_dir) override;
 
   private:
     static constexpr size_t kKinds = static_cast<size_t>(OpKind::kAny) + 1;

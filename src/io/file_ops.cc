@@ -50,6 +50,21 @@ bool range_fits(uint64_t offset, size_t n) {
     return offset <= max_off && static_cast<uint64_t>(n) <= max_off - offset;
 }
 
+// stat(2) of path (follow) or lstat(2) (a symbolic link itself): *found false where nothing
+// is there, or where a component of the path is a file (ENOTDIR: nothing can be below it).
+Status stat_path(const std::string &path, bool follow, struct stat *st, bool *found) {
+    if ((follow ? ::stat(path.c_str(), st) : ::lstat(path.c_str(), st)) == 0) {
+        *found = true;
+        return Status::Ok();
+    }
+    const int err = errno;
+    if (err == ENOENT || err == ENOTDIR) {
+        *found = false;
+        return Status::Ok();
+    }
+    return SX_IO_ERROR(err, "stat", path);
+}
+
 class PosixFileOps final : public FileOps {
   public:
     Status open_write(const std::string &path, int *fd) override {
@@ -218,17 +233,15 @@ class PosixFileOps final : public FileOps {
 
     Status exists(const std::string &path, bool *exists) override {
         struct stat st;
-        if (::lstat(path.c_str(), &st) == 0) {
-            *exists = true;
-            return Status::Ok();
-        }
-        const int err = errno;
-        // ENOTDIR: a component of the path is a file, so nothing can be below it.
-        if (err == ENOENT || err == ENOTDIR) {
-            *exists = false;
-            return Status::Ok();
-        }
-        return SX_IO_ERROR(err, "stat", path);
+        return stat_path(path, false, &st, exists);
+    }
+
+    Status is_directory(const std::string &path, bool *is_dir) override {
+        struct stat st;
+        bool found = false;
+        SX_TRY(stat_path(path, true, &st, &found));
+        *is_dir = found && S_ISDIR(st.st_mode);
+        return Status::Ok();
     }
 
   private:

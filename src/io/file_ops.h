@@ -66,6 +66,9 @@ class FileOps {
     virtual Status list_dir(const std::string &path, std::vector<std::string> *names) = 0;
     // Whether an entry of any type is at path (a symbolic link is not followed).
     virtual Status exists(const std::string &path, bool *exists) = 0;
+    // Whether path is a directory, a symbolic link to one included: *is_dir false where
+    // nothing is there (or a component of the path is not a directory) or something else is.
+    virtual Status is_directory(const std::string &path, bool *is_dir) = 0;
 };
 
 // The real thing (POSIX).

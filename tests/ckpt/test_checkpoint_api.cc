@@ -543,6 +543,46 @@ void test_bad_arguments(void **) {
     sx_destroy_shard_group(g);
 }
 
+// A save whose parent directory is missing, or is a file, fails in the call itself (the
+// asynchronous one too, not at its wait), naming the parent, and writes nothing; the
+// group saves fine afterwards.
+void test_a_missing_parent_fails_the_save_at_once(void **) {
+    const std::string dir = make_tmpdir();
+    sx_shard_group_t *g = make_group("api-ckpt-parent");
+    sx_save_options_t so;
+    sx_save_options_init(&so, sizeof so);
+    const std::string missing = dir + "/no-such-dir", ck = missing + "/step-1";
+    so.path = ck.c_str();
+    for (int32_t sync = 0; sync <= 1; ++sync) {
+        so.synchronous = sync;
+        sx_future_t *f = nullptr;
+        assert_int_equal(sx_save_optim_state(g, &so, &f), SX_ERR_NOT_FOUND);
+        assert_null(f);
+        const char *msg = sx_last_error_message();
+        if (!std::strstr(msg, ("parent directory '" + missing + "' does not exist").c_str()))
+            fail_msg("message: %s", msg);
+        assert_int_equal(access(missing.c_str(), F_OK), -1);
+    }
+    const std::string file = dir + "/a-file", under_file = file + "/step-1";
+    sxtest::write_file(file, "x");
+    so.path = under_file.c_str();
+    sx_future_t *f = nullptr;
+    assert_int_equal(sx_save_optim_state(g, &so, &f), SX_ERR_INVALID_ARGUMENT);
+    assert_null(f);
+    if (!std::strstr(sx_last_error_message(), ("'" + file + "' is not a directory").c_str()))
+        fail_msg("message: %s", sx_last_error_message());
+    assert_string_equal(read_file(file).c_str(), "x");
+    const std::string good = dir + "/step-1";
+    so.path = good.c_str();
+    so.synchronous = 0;
+    assert_int_equal(sx_save_optim_state(g, &so, &f), SX_OK);
+    assert_int_equal(sx_future_wait(f, -1), SX_OK);
+    sx_future_destroy(f);
+    assert_int_equal(access((good + "/MANIFEST").c_str(), F_OK), 0);
+    sx_destroy_shard_group(g);
+    remove_tree(dir);
+}
+
 }  // namespace
 
 int main(void) {
@@ -558,6 +598,7 @@ int main(void) {
         cmocka_unit_test(test_calls_leave_the_vector_state_clean),
         cmocka_unit_test(test_reserved_names_are_not_read),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_a_missing_parent_fails_the_save_at_once),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

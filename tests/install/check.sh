@@ -29,7 +29,11 @@ cmake --build "$tmp/cmake" > /dev/null
 LD_LIBRARY_PATH="$libdir" "$tmp/cmake/consumer"
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 cc -std=c99 -o "$tmp/pc_consumer" "$here/consumer/main.c" $(pkg-config --cflags --libs sx)
-LD_LIBRARY_PATH="$libdir" "$tmp/pc_consumer"
+# sx.pc's Libs carry an rpath to the installed library (unless configured
+# -DSX_PC_RPATH=OFF): its consumers run without LD_LIBRARY_PATH.
+pc_run="env -u LD_LIBRARY_PATH"
+if ! grep -q -- "-Wl,-rpath," "$libdir/pkgconfig/sx.pc"; then pc_run="env LD_LIBRARY_PATH=$libdir"; fi
+$pc_run "$tmp/pc_consumer"
 # The Go binding through `#cgo pkg-config: sx` (no CGO_CFLAGS/CGO_LDFLAGS), and the Rust
 # one through sx-sys's pkg-config search (no SX_LIB_DIR), its binary running without
 # LD_LIBRARY_PATH. Both build offline from the tree's bindings.
@@ -37,7 +41,7 @@ go=$(command -v go || true)
 if [ -n "$go" ]; then
   (cd "$here/go_consumer" && env -u CGO_CFLAGS -u CGO_LDFLAGS CGO_ENABLED=1 GOPROXY=off GOTOOLCHAIN=local \
      GOFLAGS=-mod=mod GOCACHE="$tmp/gocache" GOPATH="$tmp/gopath" "$go" build -o "$tmp/go_consumer" .)
-  LD_LIBRARY_PATH="$libdir" "$tmp/go_consumer"
+  $pc_run "$tmp/go_consumer"
 else
   echo "install check: no go on PATH (scripts/install-deps.sh installs golang-go)"; exit 1
 fi
@@ -48,4 +52,4 @@ env -u SX_LIB_DIR -u SX_LIBRARY CARGO_TARGET_DIR="$tmp/cargo" "$cargo" build --o
 env -u LD_LIBRARY_PATH "$tmp/cargo/debug/sx-install-check"
 "$tmp/prefix/bin/sxckpt" --version > /dev/null || { echo "bin/sxckpt was not installed, or does not run"; exit 1; }
 [ -f "$tmp/prefix/share/sx/sxckpt_torch.py" ] || { echo "share/sx/sxckpt_torch.py was not installed"; exit 1; }
-echo "install check passed (SONAME $soname, every header under include/sx, find_package and pkg-config, Go and Rust through pkg-config, bin/sxckpt, share/sx/sxckpt_torch.py)"
+echo "install check passed (SONAME $soname, every header under include/sx, find_package and pkg-config (its rpath), Go and Rust through pkg-config, bin/sxckpt, share/sx/sxckpt_torch.py)"

@@ -8,7 +8,7 @@
 //
 //	cd bindings/go && go run ./examples/custom_lion
 //
-// (with PKG_CONFIG_PATH and CGO_LDFLAGS as for `go test`, see the binding's README).
+// (with PKG_CONFIG_PATH naming the build tree, whose sx.pc has an rpath: see the binding's README).
 package main
 
 import (
