@@ -136,6 +136,14 @@ pub struct Tensors<'a> {
     pub grads: Vec<&'a mut [f32]>,
 }
 
+/// A unit's whole flat buffers of params and of gradients at once, as disjoint mutable
+/// slices ([`ShardGroup::unit_tensors_mut`]).
+#[derive(Debug)]
+pub struct UnitTensors<'a> {
+    pub params: &'a mut [f32],
+    pub grads: &'a mut [f32],
+}
+
 type ViewFn = unsafe extern "C" fn(*const sys::sx_shard_group_t, i32, *mut sys::sx_view_t) -> sys::sx_status_t;
 
 /// An element type a view can be seen as, and the dtypes whose elements it holds.
@@ -346,8 +354,9 @@ impl ShardGroup {
         Ok(index)
     }
 
-    pub fn set_hyperparameter(&mut self, param_group: i32, key: Hyperparameter, value: f64) -> Result<()> {
-        check(unsafe { sys::sx_set_hyperparameter(self.raw, param_group, key.raw(), value) })
+    /// Sets a hyperparameter (an `f32` converts exactly; README.md, "Precision").
+    pub fn set_hyperparameter(&mut self, param_group: i32, key: Hyperparameter, value: impl Into<f64>) -> Result<()> {
+        check(unsafe { sys::sx_set_hyperparameter(self.raw, param_group, key.raw(), value.into()) })
     }
 
     pub fn hyperparameter(&self, param_group: i32, key: Hyperparameter) -> Result<f64> {
@@ -364,8 +373,8 @@ impl ShardGroup {
         Ok(steps)
     }
 
-    pub fn set_lr(&mut self, param_group: i32, lr: f64) -> Result<()> {
-        check(unsafe { sys::sx_set_lr(self.raw, param_group, lr) })
+    pub fn set_lr(&mut self, param_group: i32, lr: impl Into<f64>) -> Result<()> {
+        check(unsafe { sys::sx_set_lr(self.raw, param_group, lr.into()) })
     }
 
     /// Registers a param; returns its index. After [`ShardGroup::finalize`] (between
@@ -373,6 +382,9 @@ impl ShardGroup {
     /// and has no views until the next `finalize` lays it out.
     pub fn add_param(&mut self, p: &Param) -> Result<i32> {
         let name = c_string("param name", &p.name)?;
+        if let Some(bad) = &p.bad_dim {
+            return Err(invalid_argument(format!("param {:?}: {}", p.name, bad)));
+        }
         let ndim = i32::try_from(p.shape.len())
             .map_err(|_| invalid_argument(format!("param {:?} has {} dimensions", p.name, p.shape.len())))?;
         let mut d: sys::sx_param_desc_t = init(sys::sx_param_desc_init);
@@ -433,20 +445,53 @@ impl ShardGroup {
     /// Unit `unit`'s params (or with `grad` its gradients) as one writable fp32 slice of
     /// host memory: a trainer that keeps all its params in one array points it here.
     pub fn unit_mut(&mut self, unit: i32, grad: bool) -> Result<&mut [f32]> {
+        let (data, len) = self.unit_slice(unit, grad)?;
+        Ok(unsafe { std::slice::from_raw_parts_mut(data, len) })
+    }
+
+    /// Unit `unit`'s params and gradients together, as two disjoint writable fp32 slices
+    /// of host memory (`padded_numel` elements each, every param at its `offset_in_unit`):
+    /// one borrow of the group gives both, for a trainer whose forward reads all its params
+    /// from one array and whose backward adds into one array of gradients (llm.c's
+    /// `params_memory` and `grads_memory`; with `GroupConfig::alignment(1)` and one unit
+    /// they are exactly those arrays). Take them again after each step (one C call each):
+    /// the step takes `&mut self`, so no view outlives it (README.md, "A model that owns its
+    /// group").
+    ///
+    /// ```compile_fail
+    /// # fn f(mut g: sx::ShardGroup) -> sx::Result<()> {
+    /// let t = g.unit_tensors_mut(0)?;
+    /// g.step(None)?;
+    /// t.grads[0] = 1.0;
+    /// # Ok(()) }
+    /// ```
+    pub fn unit_tensors_mut(&mut self, unit: i32) -> Result<UnitTensors<'_>> {
+        let (p, np) = self.unit_slice(unit, false)?;
+        let (g, ng) = self.unit_slice(unit, true)?;
+        // Two buffers of the group (sx_unit_view): the params and the gradients never
+        // share memory, and `&mut self` keeps every other view away while these live.
+        Ok(UnitTensors {
+            params: unsafe { std::slice::from_raw_parts_mut(p, np) },
+            grads: unsafe { std::slice::from_raw_parts_mut(g, ng) },
+        })
+    }
+
+    fn unit_slice(&self, unit: i32, grad: bool) -> Result<(*mut f32, usize)> {
         let v = self.unit_view(unit, grad)?;
         if v.dtype != sys::SX_DTYPE_F32 || v.device != sys::SX_DEVICE_CPU {
             return Err(Error::new(
                 sys::SX_ERR_UNSUPPORTED,
                 format!(
-                    "unit {} holds {} in {} memory; only fp32 host memory can be viewed as &mut [f32] (use unit_view)",
+                    "unit {} holds {} {} in {} memory; only fp32 host memory can be viewed as &mut [f32] (use unit_view)",
                     unit,
+                    if grad { "gradients" } else { "params" },
                     dtype_name(v.dtype),
                     if v.device == sys::SX_DEVICE_CPU { "host" } else { "device" }
                 ),
             ));
         }
         let data = if v.numel == 0 { ptr::NonNull::<f32>::dangling().as_ptr() } else { v.data as *mut f32 };
-        Ok(unsafe { std::slice::from_raw_parts_mut(data, v.numel as usize) })
+        Ok((data, v.numel as usize))
     }
 
     fn view(&self, f: ViewFn, param: i32) -> Result<sys::sx_view_t> {

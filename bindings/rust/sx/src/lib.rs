@@ -21,7 +21,7 @@ mod state;
 
 pub use error::{status_string, Error, Result};
 pub use future::SaveFuture;
-pub use group::{MemoryStats, ParamInfo, RegroupResult, ShardGroup, StepResult, Tensors, UnitInfo};
+pub use group::{MemoryStats, ParamInfo, RegroupResult, ShardGroup, StepResult, Tensors, UnitInfo, UnitTensors};
 pub use log::{clear_log_callback, set_log_callback, LogLevel};
 pub use optimizer::{register_optimizer, CustomOptimizer, OptimizerDesc, Piece, UPDATE_PANICKED};
 pub use options::{

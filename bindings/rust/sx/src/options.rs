@@ -255,8 +255,8 @@ impl GroupConfig {
     }
     /// 16-bit gradients are divided by `factor` (>= 1) before their sum and multiplied
     /// back in fp32 after (0: FSDP's factor for the shard group).
-    pub fn grad_predivide_factor(mut self, factor: f64) -> Self {
-        self.raw.grad_predivide_factor = factor;
+    pub fn grad_predivide_factor(mut self, factor: impl Into<f64>) -> Self {
+        self.raw.grad_predivide_factor = factor.into();
         self
     }
     /// The step timeline (docs/tracing.md): the Chrome trace-event JSON file this rank
@@ -385,29 +385,29 @@ impl ParamGroup {
         assert_eq!(s, sys::SX_OK, "sx_param_group_desc_init failed for a known optimizer");
         ParamGroup { raw: unsafe { raw.assume_init() } }
     }
-    pub fn lr(mut self, v: f64) -> Self {
-        self.raw.lr = v;
+    pub fn lr(mut self, v: impl Into<f64>) -> Self {
+        self.raw.lr = v.into();
         self
     }
-    pub fn weight_decay(mut self, v: f64) -> Self {
-        self.raw.weight_decay = v;
+    pub fn weight_decay(mut self, v: impl Into<f64>) -> Self {
+        self.raw.weight_decay = v.into();
         self
     }
-    pub fn betas(mut self, beta1: f64, beta2: f64) -> Self {
-        self.raw.beta1 = beta1;
-        self.raw.beta2 = beta2;
+    pub fn betas(mut self, beta1: impl Into<f64>, beta2: impl Into<f64>) -> Self {
+        self.raw.beta1 = beta1.into();
+        self.raw.beta2 = beta2.into();
         self
     }
-    pub fn eps(mut self, v: f64) -> Self {
-        self.raw.eps = v;
+    pub fn eps(mut self, v: impl Into<f64>) -> Self {
+        self.raw.eps = v.into();
         self
     }
-    pub fn momentum(mut self, v: f64) -> Self {
-        self.raw.momentum = v;
+    pub fn momentum(mut self, v: impl Into<f64>) -> Self {
+        self.raw.momentum = v.into();
         self
     }
-    pub fn dampening(mut self, v: f64) -> Self {
-        self.raw.dampening = v;
+    pub fn dampening(mut self, v: impl Into<f64>) -> Self {
+        self.raw.dampening = v.into();
         self
     }
     pub fn nesterov(mut self, on: bool) -> Self {
@@ -424,18 +424,18 @@ impl ParamGroup {
         self
     }
     /// Adagrad.
-    pub fn lr_decay(mut self, v: f64) -> Self {
-        self.raw.lr_decay = v;
+    pub fn lr_decay(mut self, v: impl Into<f64>) -> Self {
+        self.raw.lr_decay = v.into();
         self
     }
     /// Adagrad.
-    pub fn initial_accumulator_value(mut self, v: f64) -> Self {
-        self.raw.initial_accumulator_value = v;
+    pub fn initial_accumulator_value(mut self, v: impl Into<f64>) -> Self {
+        self.raw.initial_accumulator_value = v.into();
         self
     }
     /// RMSprop's smoothing constant.
-    pub fn alpha(mut self, v: f64) -> Self {
-        self.raw.alpha = v;
+    pub fn alpha(mut self, v: impl Into<f64>) -> Self {
+        self.raw.alpha = v.into();
         self
     }
     /// RMSprop.
@@ -444,8 +444,8 @@ impl ParamGroup {
         self
     }
     /// NAdam.
-    pub fn momentum_decay(mut self, v: f64) -> Self {
-        self.raw.momentum_decay = v;
+    pub fn momentum_decay(mut self, v: impl Into<f64>) -> Self {
+        self.raw.momentum_decay = v.into();
         self
     }
     /// NAdam, RAdam, LAMB: AdamW-style (decoupled) weight decay (LAMB's default: on,
@@ -455,10 +455,10 @@ impl ParamGroup {
         self
     }
     /// Muon: the Newton-Schulz coefficients (a, b, c), torch's ns_coefficients.
-    pub fn ns_coefficients(mut self, a: f64, b: f64, c: f64) -> Self {
-        self.raw.ns_a = a;
-        self.raw.ns_b = b;
-        self.raw.ns_c = c;
+    pub fn ns_coefficients(mut self, a: impl Into<f64>, b: impl Into<f64>, c: impl Into<f64>) -> Self {
+        self.raw.ns_a = a.into();
+        self.raw.ns_b = b.into();
+        self.raw.ns_c = c.into();
         self
     }
     /// Muon: Newton-Schulz iterations, 1 to 99.
@@ -472,29 +472,29 @@ impl ParamGroup {
         self
     }
     /// Adafactor: the second moments' decay, (1 - beta2_t) = step^beta2_decay, <= 0.
-    pub fn beta2_decay(mut self, v: f64) -> Self {
-        self.raw.beta2_decay = v;
+    pub fn beta2_decay(mut self, v: impl Into<f64>) -> Self {
+        self.raw.beta2_decay = v.into();
         self
     }
     /// Adafactor: the floor of a param's RMS in its step size, the second of torch's eps
     /// (its first is [`ParamGroup::eps`]; torch's None is 2^-23, the default).
-    pub fn eps2(mut self, v: f64) -> Self {
-        self.raw.eps2 = v;
+    pub fn eps2(mut self, v: impl Into<f64>) -> Self {
+        self.raw.eps2 = v.into();
         self
     }
     /// Adafactor: the update's RMS is clipped to d, >= 1.
-    pub fn d(mut self, v: f64) -> Self {
-        self.raw.d = v;
+    pub fn d(mut self, v: impl Into<f64>) -> Self {
+        self.raw.d = v.into();
         self
     }
     /// AdEMAMix: the slow moment's decay, in [0, 1) (its alpha is [`ParamGroup::alpha`]).
-    pub fn beta3(mut self, v: f64) -> Self {
-        self.raw.beta3 = v;
+    pub fn beta3(mut self, v: impl Into<f64>) -> Self {
+        self.raw.beta3 = v.into();
         self
     }
     /// AdEMAMix: the steps alpha and beta3 warm up over; 0 (the default): no warmup.
-    pub fn t_alpha_beta3(mut self, v: f64) -> Self {
-        self.raw.t_alpha_beta3 = v;
+    pub fn t_alpha_beta3(mut self, v: impl Into<f64>) -> Self {
+        self.raw.t_alpha_beta3 = v.into();
         self
     }
     /// How the group keeps its optimizer state slots (the default: [`StateDtype::Fp32`]).
@@ -652,11 +652,14 @@ impl Hyperparameter {
     }
 }
 
-/// A param to register: `Param::new("w", &[8, 16]).unit(0)`.
+/// A param to register: `Param::new("w", &[8, 16]).unit(0)`; `&[]` for a scalar.
+/// A shape of `usize` (a Rust model's dimensions): `Param::new_usize("w", &[c, 4 * c])`.
 #[derive(Clone, Debug)]
 pub struct Param {
     pub(crate) name: String,
     pub(crate) shape: Vec<i64>,
+    /// A dimension that does not fit in i64, reported by add_param.
+    pub(crate) bad_dim: Option<String>,
     pub(crate) dtype: Dtype,
     pub(crate) param_group: i32,
     pub(crate) unit: i32,
@@ -665,7 +668,27 @@ pub struct Param {
 
 impl Param {
     pub fn new(name: &str, shape: &[i64]) -> Param {
-        Param { name: name.to_string(), shape: shape.to_vec(), dtype: Dtype::F32, param_group: 0, unit: 0, frozen: false }
+        Param {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            bad_dim: None,
+            dtype: Dtype::F32,
+            param_group: 0,
+            unit: 0,
+            frozen: false,
+        }
+    }
+    /// [`Param::new`] with a shape of `usize`; a dimension above `i64::MAX` fails
+    /// `add_param` with SX_ERR_INVALID_ARGUMENT.
+    pub fn new_usize(name: &str, shape: &[usize]) -> Param {
+        let mut p = Param::new(name, &[]);
+        for (i, &d) in shape.iter().enumerate() {
+            p.shape.push(i64::try_from(d).unwrap_or_else(|_| {
+                p.bad_dim = Some(format!("dimension {} is {}, above i64::MAX", i, d));
+                -1
+            }));
+        }
+        p
     }
     pub fn dtype(mut self, dtype: Dtype) -> Self {
         self.dtype = dtype;
@@ -696,8 +719,8 @@ impl StepOptions {
         StepOptions { raw: init(sys::sx_step_options_init) }
     }
     /// Clip the global gradient norm to this value (0 = no clipping).
-    pub fn max_grad_norm(mut self, v: f64) -> Self {
-        self.raw.max_grad_norm = v;
+    pub fn max_grad_norm(mut self, v: impl Into<f64>) -> Self {
+        self.raw.max_grad_norm = v.into();
         self
     }
     /// Leave the grads as they are after the step instead of zeroing them.
@@ -723,9 +746,9 @@ impl StepOptions {
     /// zero; if every rank passes 0, the step is skipped ([`crate::StepResult::skipped`])
     /// and nothing changes. Either every rank sets a weight (finite, >= 0) or none does
     /// (the default: each rank's gradients are its mean, averaged over the ranks).
-    pub fn weight(mut self, weight: f64) -> Self {
+    pub fn weight(mut self, weight: impl Into<f64>) -> Self {
         self.raw.weighted = 1;
-        self.raw.weight = weight;
+        self.raw.weight = weight.into();
         self
     }
     /// What gradients holding inf or NaN do (every rank passes the same).
@@ -814,18 +837,18 @@ impl LossScaling {
         LossScaling::new(LossScalingMode::Dynamic)
     }
     /// The first scale (finite, > 0), and the only one under `LossScalingMode::Static`.
-    pub fn init_scale(mut self, v: f64) -> Self {
-        self.raw.init_scale = v;
+    pub fn init_scale(mut self, v: impl Into<f64>) -> Self {
+        self.raw.init_scale = v.into();
         self
     }
     /// > 1.
-    pub fn growth_factor(mut self, v: f64) -> Self {
-        self.raw.growth_factor = v;
+    pub fn growth_factor(mut self, v: impl Into<f64>) -> Self {
+        self.raw.growth_factor = v.into();
         self
     }
     /// In (0, 1).
-    pub fn backoff_factor(mut self, v: f64) -> Self {
-        self.raw.backoff_factor = v;
+    pub fn backoff_factor(mut self, v: impl Into<f64>) -> Self {
+        self.raw.backoff_factor = v.into();
         self
     }
     /// Steps in a row without inf/NaN before the scale grows (> 0).

@@ -257,6 +257,59 @@ fn a_packed_unit_is_one_block_behind_one_slice() {
 }
 
 #[test]
+fn a_units_params_and_grads_are_lent_together() {
+    let config = common::config(&common::rendezvous("unit-tensors"), 0, 1).alignment(1);
+    let mut g = ShardGroup::new(&config).unwrap();
+    g.add_param_group(&ParamGroup::new(Optimizer::Sgd).lr(0.5f32)).unwrap();
+    g.add_param(&Param::new_usize("a", &[2usize, 3])).unwrap();
+    g.add_param(&Param::new("b", &[5])).unwrap();
+    g.finalize().unwrap();
+    for step in 1..=3u64 {
+        let sx::UnitTensors { params, grads } = g.unit_tensors_mut(0).unwrap();
+        assert_eq!((params.len(), grads.len()), (11, 11));
+        // The step zeroed the gradients: the backward adds into zeros.
+        assert!(grads.iter().all(|&x| x == 0.0), "step {}: {:?}", step, grads);
+        for (k, (p, gr)) in params.iter().zip(grads.iter_mut()).enumerate() {
+            *gr += *p + k as f32; // params and grads at once, from one borrow
+        }
+        assert_eq!(g.step(None).unwrap().step, step);
+    }
+    // p' = p - 0.5 * (p + k) = p / 2 - k / 2 from p = 0: -k/2, then -3k/4, then -7k/8.
+    let t = g.unit_tensors_mut(0).unwrap();
+    let want: Vec<f32> = (0..11).map(|k| -7.0 * k as f32 / 8.0).collect();
+    assert_eq!(t.params, &want[..]);
+    assert_eq!(g.unit_tensors_mut(1).unwrap_err().status(), sx::status::SX_ERR_INVALID_ARGUMENT);
+}
+
+#[test]
+fn a_group_moves_to_another_thread_and_reports_its_errors_there() {
+    let mut g = ShardGroup::new(&common::config(&common::rendezvous("send"), 0, 1)).unwrap();
+    g.add_param_group(&ParamGroup::new(Optimizer::Sgd).lr(0.5)).unwrap();
+    g.add_param(&Param::new("w", &[4])).unwrap();
+    g.finalize().unwrap();
+    let g = std::thread::spawn(move || {
+        // The error's text is read on the thread that made the call (it is thread-local in C).
+        let e = g.param(7).unwrap_err();
+        assert_eq!(e.status(), sx::status::SX_ERR_INVALID_ARGUMENT);
+        assert!(e.message().contains('7'), "{}", e);
+        g
+    })
+    .join()
+    .unwrap();
+    // Shared between threads behind a Mutex.
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(g));
+    let other = shared.clone();
+    std::thread::spawn(move || {
+        let mut g = other.lock().unwrap();
+        g.grad_mut(0).unwrap().iter_mut().for_each(|x| *x = 1.0);
+        g.step(None).unwrap();
+    })
+    .join()
+    .unwrap();
+    assert_eq!(shared.lock().unwrap().param(0).unwrap(), &[-0.5f32; 4][..]);
+}
+
+#[test]
 fn nonfinite_gradients_skip_the_step_or_fail_it() {
     let mut g = ShardGroup::new(&common::config(&common::rendezvous("nonfinite"), 0, 1)).unwrap();
     g.add_param_group(&ParamGroup::new(Optimizer::Sgd).lr(0.5)).unwrap();
