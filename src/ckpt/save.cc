@@ -3,7 +3,6 @@
 #include <thread>
 #include <chrono>
 #include <cstring>
-#include <future>
 
 #include "base/log.h"
 #include "ckpt/checkpointer.h"
@@ -395,14 +394,8 @@ Status Checkpointer::reserve_staging() {
     SX_TRY(g.check_usable());
     SX_TRY(g.check_finalized());
     // The threads that persist asynchronous saves, started as the first save would start
-    // them: the loop's, and (by one empty job, waited for) libuv's pool's.
-    if (!loop_) {
-        SX_TRY(io::IoLoop::create(&loop_));
-        auto ran = std::make_shared<std::promise<void>>();
-        std::future<void> done = ran->get_future();
-        loop_->submit([] { return Status::Ok(); }, [ran](Status) { ran->set_value(); });
-        done.wait();
-    }
+    // them.
+    if (!loop_) SX_TRY(io::IoLoop::create(&loop_));
     if (g.replica_rank() != 0) return Status::Ok();
     if (in_flight_) in_flight_->wait(std::chrono::milliseconds(-1));
     std::vector<std::vector<TensorKind>> kinds(static_cast<size_t>(g.num_params()));

@@ -1,6 +1,8 @@
-// The libuv loop thread that checkpoint saves run on: work is queued with
-// uv_queue_work (so it runs on libuv's thread pool, whose size UV_THREADPOOL_SIZE sets)
-// and its completion callback runs on the loop thread.
+// The threads that asynchronous checkpoint saves run on: one I/O thread runs each item's
+// work, and the loop thread runs its completion. Both belong to the IoLoop and end with
+// it. Neither is a process-wide pool (libuv's, for one): a process-wide pool outlives
+// every group, and libuv's joins its threads from the library's exit handler, which in a
+// child forked after a save joins threads that do not exist there.
 #pragma once
 
 #include <functional>
@@ -13,17 +15,19 @@ namespace io {
 
 class IoLoop {
   public:
-    // Starts the loop thread. SX_ERR_INTERNAL if libuv fails to initialise.
+    // Starts the loop thread and the I/O thread. SX_ERR_INTERNAL if a thread cannot start.
     static Status create(std::unique_ptr<IoLoop> *out);
-    // Stops the loop after the work already queued has completed, and joins it. Work
-    // that done callbacks submit meanwhile completes too. Must not run on the loop
-    // thread (from a done callback), nor race with submit() from other threads.
+    // Stops the loop after the work already queued has completed, and joins both threads.
+    // Work that done callbacks submit meanwhile completes too. Must not run on the loop
+    // thread (from a done callback) or the I/O thread, nor race with submit() from other
+    // threads.
     ~IoLoop();
 
-    // Runs work() on libuv's thread pool, then done(status of work) on the loop thread.
+    // Runs work() on the I/O thread, then done(status of work) on the loop thread.
     // Thread-safe; done may submit more work. done must not block. An exception from
     // work becomes SX_ERR_INTERNAL for done; one from done is logged and dropped. An
-    // empty done is allowed. Items run concurrently, in no promised order.
+    // empty done is allowed. Works run one at a time, in the order submitted; a done may
+    // run while the next work does.
     void submit(std::function<Status()> work, std::function<void(Status)> done);
 
     // Whether the caller is the loop thread (where done callbacks run).

@@ -7,6 +7,11 @@
 //              destroys both and exit(0).
 // The parent waits for its child and its save, trains 3 more steps, and writes its final
 // params: they must equal, bit for bit, those of the same run without a fork.
+//
+// And a group that saved leaves no thread behind once destroyed: a thread that outlived
+// it (a process-wide pool's) would be joined by whoever runs the exit handlers, a forked
+// child included, where it does not exist.
+#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -124,6 +129,48 @@ std::string run(const std::string &mode, const std::string &dir) {
     return params;
 }
 
+// The threads of this process (its /proc/self/task entries).
+int threads_now() {
+    DIR *d = ::opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    while (const dirent *e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+    return n;
+}
+
+void test_a_saved_group_leaves_no_thread(void **) {
+    const std::string dir = temp_dir("fork-threads");
+    assert_int_equal(mkdir(dir.c_str(), 0700), 0);
+    const int before = threads_now();
+    assert_true(before >= 1);
+    int during = 0;
+    {
+        Child c;
+        c.world = 1;
+        const std::string err = c.create("local://sx-fork-threads-" + std::to_string(::getpid()), 0);
+        if (!err.empty()) fail_msg("%s", err.c_str());
+        assert_int_equal(c.init_params(), SX_OK);
+        assert_int_equal(c.step(1), SX_OK);
+        sx_save_options_t so;
+        sx_save_options_init(&so, sizeof so);
+        const std::string path = dir + "/step-1";
+        so.path = path.c_str();
+        sx_future_t *f = nullptr;
+        assert_int_equal(sx_save_optim_state(c.g, &so, &f), SX_OK);
+        during = threads_now();
+        assert_int_equal(sx_future_wait(f, -1), SX_OK);
+        sx_future_destroy(f);
+        assert_int_equal(c.step(2), SX_OK);
+    }
+    const int after = threads_now();
+    std::printf("threads: %d before the group, %d during its save, %d after it\n", before, during, after);
+    assert_true(during > before);  // the save's threads, which the count can see
+    assert_int_equal(after, before);
+    const std::string rm = "rm -rf '" + dir + "'";
+    assert_int_equal(std::system(rm.c_str()), 0);
+}
+
 void test_a_fork_leaves_the_parent_alone(void **) {
     const std::string dir = temp_dir("fork");
     assert_int_equal(mkdir(dir.c_str(), 0700), 0);
@@ -141,6 +188,7 @@ void test_a_fork_leaves_the_parent_alone(void **) {
 int main(int argc, char **argv) {
     if (sxtest::is_child(argc, argv)) return child_main(argc, argv);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a_saved_group_leaves_no_thread),
         cmocka_unit_test(test_a_fork_leaves_the_parent_alone),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
