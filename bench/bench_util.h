@@ -180,6 +180,8 @@ int section_small_step(const Options &opt);
 int section_optimizers(const Options &opt);
 int section_state_dtype(const Options &opt);
 int section_stochastic_round(const Options &opt);
+int section_context(const Options &opt);
+int context_rank_main(int argc, char **argv);
 int section_custom_optimizer(const Options &opt);
 int section_param_sums(const Options &opt);
 // One rank of the pipeline section (bench_sx runs itself once per rank with --pipeline-rank).

@@ -39,6 +39,8 @@
 //   param_sums    LAMB (per-param norms summed over the ranks) and Muon (matrices whole on one
 //                 rank) against AdamW on the same models at 2 and 4 ranks, the bytes they
 //                 exchange; Newton-Schulz and the ordered product against torch's
+//   context       groups made in a context (sx_context.h) vs groups of their own: the time to
+//                 make one (the 100th of a context's), and 8 tenants stepping at once
 //   regroup       a rank of 4 SIGKILLed: the survivors' sx_regroup and first step against
 //                 a restart of 3 new processes loading the same checkpoint, flat and 2 x 2
 //   hosts         (builds with the tests; root) a step of 16 Mi fp32 AdamW at 2 hosts x 2
@@ -107,6 +109,7 @@ const Section kSections[] = {
     {"shm_step", section_shm_step},
     {"cache_step", section_cache_step},
     {"regroup", section_regroup},
+    {"context", section_context},
 #ifdef SX_BENCH_NETLAB
     {"hosts", section_hosts},
 #endif
@@ -157,6 +160,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !std::strcmp(argv[1], "--shm-rank")) return shm_rank_main(argc, argv);
     if (argc > 1 && !std::strcmp(argv[1], "--shm-step-rank")) return shm_step_rank_main(argc, argv);
     if (argc > 1 && !std::strcmp(argv[1], "--regroup-rank")) return regroup_rank_main(argc, argv);
+    if (argc > 1 && !std::strcmp(argv[1], "--context-rank")) return context_rank_main(argc, argv);
 #ifdef SX_BENCH_NETLAB
     if (argc > 1 && !std::strcmp(argv[1], "--hosts-rank")) return hosts_rank_main(argc, argv);
 #endif

@@ -182,6 +182,15 @@ type GroupConfig struct {
 	// runs on it (MemoryStats.DeviceBytes says what stays on the device); false
 	// (OffloadNone): on its device. CPU groups ignore it.
 	Offload bool
+	// Context makes the group in a context (NewContext): it takes the context's
+	// rendezvous, ranks, backend, pool, timeout and transport, so Rendezvous, Rank,
+	// WorldSize, Backend, NumThreads, TimeoutMs, Transport, BindAddress, RendezvousToken,
+	// RendezvousBind and DeviceOrdinal stay zero (or equal the context's). nil: none.
+	Context *Context
+	// Name is the group's name in its context, the same on every rank; no two live groups
+	// of a context share one (ErrInvalidState otherwise). Required with a Context: at most
+	// 128 bytes of letters, digits and "-_.".
+	Name string
 }
 
 // Secret is a rendezvous token. Printed with fmt, it shows that it is set, never what
@@ -217,16 +226,23 @@ func NewShardGroup(cfg GroupConfig) (*ShardGroup, error) {
 		return nil, err
 	}
 	for _, s := range [][2]string{{"Rendezvous", cfg.Rendezvous}, {"BindAddress", cfg.BindAddress},
-		{"TracePath", cfg.TracePath}, {"RendezvousBind", cfg.RendezvousBind}} {
+		{"TracePath", cfg.TracePath}, {"RendezvousBind", cfg.RendezvousBind}, {"Name", cfg.Name}} {
 		if err := noNUL(s[0], s[1]); err != nil {
 			return nil, err
 		}
 	}
 	var c C.sx_group_config_t
 	C.sx_group_config_init(&c, C.size_t(unsafe.Sizeof(c)))
-	rdv := C.CString(cfg.Rendezvous)
-	defer C.free(unsafe.Pointer(rdv))
-	c.rendezvous = rdv
+	if cfg.Context == nil || cfg.Rendezvous != "" {
+		rdv := C.CString(cfg.Rendezvous)
+		defer C.free(unsafe.Pointer(rdv))
+		c.rendezvous = rdv
+	}
+	if cfg.Name != "" {
+		name := C.CString(cfg.Name)
+		defer C.free(unsafe.Pointer(name))
+		c.name = name
+	}
 	if cfg.BindAddress != "" {
 		bind := C.CString(cfg.BindAddress)
 		defer C.free(unsafe.Pointer(bind))
@@ -271,8 +287,21 @@ func NewShardGroup(cfg GroupConfig) (*ShardGroup, error) {
 		defer C.free(unsafe.Pointer(rbind))
 		c.rendezvous_bind = rbind
 	}
+	create := func(context *C.sx_context_t) (*C.sx_shard_group_t, error) {
+		c.context = context
+		var raw *C.sx_shard_group_t
+		err := call(func() C.sx_status_t { return C.sx_create_shard_group(&c, &raw) })
+		return raw, err
+	}
 	var raw *C.sx_shard_group_t
-	if err := call(func() C.sx_status_t { return C.sx_create_shard_group(&c, &raw) }); err != nil {
+	var err error
+	if cfg.Context != nil {
+		// The context's handle is borrowed for the call, held against its Close meanwhile.
+		raw, err = cfg.Context.handle(create)
+	} else {
+		raw, err = create(nil)
+	}
+	if err != nil {
 		return nil, err
 	}
 	g := &ShardGroup{g: raw}

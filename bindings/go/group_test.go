@@ -35,6 +35,24 @@ func runRanks(t *testing.T, name string, world int32, fn func(rank int32, g *Sha
 func runRanksWith(t *testing.T, name string, world int32, edit func(*GroupConfig), fn func(rank int32, g *ShardGroup) error) {
 	t.Helper()
 	rdv := rendezvous(name)
+	eachRank(t, world, func(rank int32) error {
+		cfg := config(rdv, rank, world)
+		if edit != nil {
+			edit(&cfg)
+		}
+		g, err := NewShardGroup(cfg)
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		return fn(rank, g)
+	})
+}
+
+// eachRank runs fn on world goroutines, one per rank, each locked to its OS thread while it
+// uses sx; it fails the test with every rank's error.
+func eachRank(t *testing.T, world int32, fn func(rank int32) error) {
+	t.Helper()
 	errs := make([]error, world)
 	var wg sync.WaitGroup
 	for r := int32(0); r < world; r++ {
@@ -43,17 +61,7 @@ func runRanksWith(t *testing.T, name string, world int32, edit func(*GroupConfig
 			defer wg.Done()
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
-			cfg := config(rdv, rank, world)
-			if edit != nil {
-				edit(&cfg)
-			}
-			g, err := NewShardGroup(cfg)
-			if err != nil {
-				errs[rank] = err
-				return
-			}
-			defer g.Close()
-			errs[rank] = fn(rank, g)
+			errs[rank] = fn(rank)
 		}(r)
 	}
 	wg.Wait()

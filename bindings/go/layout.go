@@ -45,6 +45,8 @@ func cLayouts() []structLayout {
 	var op C.sx_optimizer_piece_t
 	var oh C.sx_optimizer_hyperparameter_t
 	var od C.sx_optimizer_desc_t
+	var cc C.sx_context_config_t
+	var cs C.sx_context_stats_t
 	return []structLayout{
 		{"sx_group_config_t", unsafe.Sizeof(gc), unsafe.Alignof(gc), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(gc.struct_size), unsafe.Sizeof(gc.struct_size)),
@@ -72,6 +74,9 @@ func cLayouts() []structLayout {
 			f("rendezvous_bind", unsafe.Offsetof(gc.rendezvous_bind), unsafe.Sizeof(gc.rendezvous_bind)),
 			f("memory_copy_interval", unsafe.Offsetof(gc.memory_copy_interval), unsafe.Sizeof(gc.memory_copy_interval)),
 			f("offload", unsafe.Offsetof(gc.offload), unsafe.Sizeof(gc.offload)),
+			f("reserved1", unsafe.Offsetof(gc.reserved1), unsafe.Sizeof(gc.reserved1)),
+			f("context", unsafe.Offsetof(gc.context), unsafe.Sizeof(gc.context)),
+			f("name", unsafe.Offsetof(gc.name), unsafe.Sizeof(gc.name)),
 		}},
 		{"sx_param_group_desc_t", unsafe.Sizeof(pg), unsafe.Alignof(pg), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(pg.struct_size), unsafe.Sizeof(pg.struct_size)),
@@ -287,6 +292,32 @@ func cLayouts() []structLayout {
 			f("user_data", unsafe.Offsetof(od.user_data), unsafe.Sizeof(od.user_data)),
 			f("flags", unsafe.Offsetof(od.flags), unsafe.Sizeof(od.flags)),
 			f("reserved0", unsafe.Offsetof(od.reserved0), unsafe.Sizeof(od.reserved0)),
+		}},
+		{"sx_context_config_t", unsafe.Sizeof(cc), unsafe.Alignof(cc), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(cc.struct_size), unsafe.Sizeof(cc.struct_size)),
+			f("rendezvous", unsafe.Offsetof(cc.rendezvous), unsafe.Sizeof(cc.rendezvous)),
+			f("rank", unsafe.Offsetof(cc.rank), unsafe.Sizeof(cc.rank)),
+			f("world_size", unsafe.Offsetof(cc.world_size), unsafe.Sizeof(cc.world_size)),
+			f("backend", unsafe.Offsetof(cc.backend), unsafe.Sizeof(cc.backend)),
+			f("num_threads", unsafe.Offsetof(cc.num_threads), unsafe.Sizeof(cc.num_threads)),
+			f("timeout_ms", unsafe.Offsetof(cc.timeout_ms), unsafe.Sizeof(cc.timeout_ms)),
+			f("transport", unsafe.Offsetof(cc.transport), unsafe.Sizeof(cc.transport)),
+			f("bind_address", unsafe.Offsetof(cc.bind_address), unsafe.Sizeof(cc.bind_address)),
+			f("rendezvous_token", unsafe.Offsetof(cc.rendezvous_token), unsafe.Sizeof(cc.rendezvous_token)),
+			f("rendezvous_bind", unsafe.Offsetof(cc.rendezvous_bind), unsafe.Sizeof(cc.rendezvous_bind)),
+			f("device_ordinal", unsafe.Offsetof(cc.device_ordinal), unsafe.Sizeof(cc.device_ordinal)),
+			f("reserved0", unsafe.Offsetof(cc.reserved0), unsafe.Sizeof(cc.reserved0)),
+			f("memory_budget_bytes", unsafe.Offsetof(cc.memory_budget_bytes), unsafe.Sizeof(cc.memory_budget_bytes)),
+		}},
+		{"sx_context_stats_t", unsafe.Sizeof(cs), unsafe.Alignof(cs), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(cs.struct_size), unsafe.Sizeof(cs.struct_size)),
+			f("groups", unsafe.Offsetof(cs.groups), unsafe.Sizeof(cs.groups)),
+			f("groups_created", unsafe.Offsetof(cs.groups_created), unsafe.Sizeof(cs.groups_created)),
+			f("channels", unsafe.Offsetof(cs.channels), unsafe.Sizeof(cs.channels)),
+			f("memory_bytes", unsafe.Offsetof(cs.memory_bytes), unsafe.Sizeof(cs.memory_bytes)),
+			f("memory_budget_bytes", unsafe.Offsetof(cs.memory_budget_bytes), unsafe.Sizeof(cs.memory_budget_bytes)),
+			f("shared_memory", unsafe.Offsetof(cs.shared_memory), unsafe.Sizeof(cs.shared_memory)),
+			f("reserved0", unsafe.Offsetof(cs.reserved0), unsafe.Sizeof(cs.reserved0)),
 		}},
 	}
 }

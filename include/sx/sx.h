@@ -37,6 +37,7 @@
  * the one to include. */
 #include "sx_status.h"
 #include "sx_group.h"
+#include "sx_context.h"
 #include "sx_recovery.h"
 #include "sx_params.h"
 #include "sx_custom_optimizer.h"

@@ -85,6 +85,8 @@ extern "C" {
  * ------------------------------------------------------------------------------- */
 
 typedef struct sx_shard_group sx_shard_group_t;
+/* A context (sx_context.h): what groups on the same ranks share. (1.7) */
+typedef struct sx_context sx_context_t;
 
 typedef struct sx_group_config {
     size_t struct_size;
@@ -225,6 +227,17 @@ typedef struct sx_group_config {
      * runs on a CUDA group (custom ones, LAMB, Adafactor and Muon too). A CPU group's state
      * is on the host already: it ignores the setting. Every rank passes the same. */
     int32_t offload;
+    int32_t reserved1;
+    /* The context to make the group in (sx_context.h), borrowed for the call; NULL = none:
+     * the group opens its own rendezvous, transport and pool. In a context, rendezvous,
+     * rank, world_size, backend, num_threads, timeout_ms, transport, bind_address,
+     * rendezvous_token, rendezvous_bind and device_ordinal are the context's: leave them
+     * NULL or 0 (or equal to the context's). (1.7) */
+    sx_context_t *context;
+    /* The group's name in its context, copied: every rank passes the same, and no two live
+     * groups of a context share one. Required with a context; at most 128 bytes of
+     * letters, digits and "-_.". (1.7) */
+    const char *name;
 } sx_group_config_t;
 
 #define SX_PREFETCH_NONE (-1)

@@ -42,6 +42,85 @@ Status check_flag(int32_t v, const char *what) {
     return Status::Ok();
 }
 
+// The core's configuration of a group from c (a context's fields are checked by
+// in_context).
+Status core_config(const sx_group_config_t &c, sx::core::GroupConfig *out) {
+    sx::core::GroupConfig &g = *out;
+    const uint32_t known = SX_GROUP_NO_TRAINABLE_AUTODETECT | SX_GROUP_RESERVE_CHECKPOINT_STAGING | SX_GROUP_JOIN |
+                           SX_GROUP_MEMORY_COPY_WAIT;
+    SX_CHECK_ARG((c.flags & ~known) == 0, "config->flags has unknown bits 0x%x", c.flags & ~known);
+    g.rendezvous = c.rendezvous ? c.rendezvous : "";
+    g.rank = c.rank;
+    g.world_size = c.world_size;
+    g.stage = c.stage == 0 ? 2 : c.stage;
+    g.backend = c.backend;
+    g.num_threads = c.num_threads;
+    g.alignment = c.alignment == 0 ? 64 : c.alignment;
+    g.timeout_ms = c.timeout_ms == 0 ? 300000 : c.timeout_ms;
+    g.flags = c.flags;
+    g.bind_address = c.bind_address ? c.bind_address : "";
+    g.rendezvous_token = c.rendezvous_token ? c.rendezvous_token : "";
+    g.rendezvous_bind = c.rendezvous_bind ? c.rendezvous_bind : "";
+    g.device_ordinal = c.device_ordinal;
+    g.grad_dtype = c.grad_dtype;
+    g.reduce_dtype = c.reduce_dtype;
+    SX_CHECK_ARG(c.prefetch_depth >= SX_PREFETCH_NONE, "config->prefetch_depth is %d; it must be >= 0 or "
+                 "SX_PREFETCH_NONE", c.prefetch_depth);
+    g.prefetch_depth = c.prefetch_depth == 0 ? 1 : c.prefetch_depth == SX_PREFETCH_NONE ? 0 : c.prefetch_depth;
+    g.shard_size = c.shard_size;
+    g.grad_predivide_factor = c.grad_predivide_factor;
+    SX_CHECK_ARG(c.trace_events >= 0, "config->trace_events is %d; it must be >= 0 (0 = %zu)", c.trace_events,
+                 sx::trace::kDefaultCapacity);
+    SX_CHECK_ARG(c.reserved0 == 0, "config->reserved0 is %d; it must be 0", c.reserved0);
+    SX_CHECK_ARG(c.transport == SX_TRANSPORT_AUTO || c.transport == SX_TRANSPORT_TCP,
+                 "config->transport is %d; it must be SX_TRANSPORT_AUTO (0) or SX_TRANSPORT_TCP (1)", c.transport);
+    g.transport = c.transport;
+    SX_CHECK_ARG(c.memory_copy_interval >= 0, "config->memory_copy_interval is %d; it must be >= 0 (0 = no "
+                 "memory copies)", c.memory_copy_interval);
+    g.memory_copy_interval = c.memory_copy_interval;
+    g.offload = c.offload;
+    g.joining = (c.flags & SX_GROUP_JOIN) != 0;
+    if (g.joining) {
+        g.rank = 0;  // a joining process's rank comes from the members at its admission
+        g.world_size = 1;
+    }
+    // The config's path wins over the environment's.
+    const char *env_trace = std::getenv("SX_TRACE");
+    if (c.trace_path && c.trace_path[0]) {
+        g.trace_path = c.trace_path;
+    } else if (env_trace && env_trace[0]) {
+        g.trace_path = env_trace;
+    }
+    g.trace_capacity = static_cast<size_t>(c.trace_events);
+    return Status::Ok();
+}
+
+// A group of c.context: the fields the context owns must be left empty (or equal its own).
+Status in_context(const sx_group_config_t &c, sx::core::GroupConfig *g) {
+    SX_TRY(sx::api::resolve_context(c.context, &g->context));
+    const sx::core::GroupConfig &b = g->context->base();
+    SX_CHECK_ARG(c.name != nullptr && c.name[0] != '\0', "config->name is empty: a group made in a context needs a "
+                 "name (the same on every rank)");
+    g->name = c.name;
+    auto empty_or = [](const char *v, const std::string &ctx) { return v == nullptr || v[0] == '\0' || ctx == v; };
+    SX_CHECK_ARG(empty_or(c.rendezvous, b.rendezvous),
+                 "config->rendezvous is '%s', but a group made in a context takes the context's ('%s'): leave it NULL",
+                 c.rendezvous, b.rendezvous.c_str());
+    SX_CHECK_ARG(c.world_size == 0 || (c.world_size == b.world_size && c.rank == b.rank),
+                 "config->rank %d and world_size %d are not the context's (%d of %d): leave them 0", c.rank,
+                 c.world_size, b.rank, b.world_size);
+    SX_CHECK_ARG(c.backend == SX_BACKEND_AUTO || c.backend == b.backend,
+                 "config->backend %d is not the context's (%d): leave it 0", c.backend, b.backend);
+    SX_CHECK_ARG(c.num_threads == 0 && c.transport == 0 && c.device_ordinal == 0 &&
+                     empty_or(c.bind_address, "") && empty_or(c.rendezvous_token, "") &&
+                     empty_or(c.rendezvous_bind, ""),
+                 "config->num_threads, transport, device_ordinal, bind_address, rendezvous_token and rendezvous_bind "
+                 "are the context's: a group made in a context leaves them 0 or NULL");
+    SX_CHECK_ARG(c.timeout_ms == 0 || c.timeout_ms == b.timeout_ms,
+                 "config->timeout_ms %d is not the context's (%d): leave it 0", c.timeout_ms, b.timeout_ms);
+    return Status::Ok();
+}
+
 }  // namespace
 
 extern "C" {
@@ -61,56 +140,15 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
         sx_group_config_t c = default_config();
         SX_TRY(sx::api::read_input(config, "config",
                                    offsetof(sx_group_config_t, rendezvous) + sizeof(char *), &c));
-        SX_CHECK_ARG(c.rendezvous != nullptr && c.rendezvous[0] != '\0',
+        SX_CHECK_ARG(c.context != nullptr || (c.rendezvous != nullptr && c.rendezvous[0] != '\0'),
                      "config->rendezvous is empty; expected local://NAME, tcp://HOST:PORT, "
                      "file:///DIR or env://");
-        const uint32_t known = SX_GROUP_NO_TRAINABLE_AUTODETECT | SX_GROUP_RESERVE_CHECKPOINT_STAGING | SX_GROUP_JOIN |
-                               SX_GROUP_MEMORY_COPY_WAIT;
-        SX_CHECK_ARG((c.flags & ~known) == 0, "config->flags has unknown bits 0x%x", c.flags & ~known);
+        SX_CHECK_ARG(c.context != nullptr || c.name == nullptr || c.name[0] == '\0',
+                     "config->name '%s' is for a group made in a context, and config->context is NULL", c.name);
+        SX_CHECK_ARG(c.reserved1 == 0, "config->reserved1 is %d; it must be 0", c.reserved1);
         sx::core::GroupConfig g;
-        g.rendezvous = c.rendezvous;
-        g.rank = c.rank;
-        g.world_size = c.world_size;
-        g.stage = c.stage == 0 ? 2 : c.stage;
-        g.backend = c.backend;
-        g.num_threads = c.num_threads;
-        g.alignment = c.alignment == 0 ? 64 : c.alignment;
-        g.timeout_ms = c.timeout_ms == 0 ? 300000 : c.timeout_ms;
-        g.flags = c.flags;
-        g.bind_address = c.bind_address ? c.bind_address : "";
-        g.rendezvous_token = c.rendezvous_token ? c.rendezvous_token : "";
-        g.rendezvous_bind = c.rendezvous_bind ? c.rendezvous_bind : "";
-        g.device_ordinal = c.device_ordinal;
-        g.grad_dtype = c.grad_dtype;
-        g.reduce_dtype = c.reduce_dtype;
-        SX_CHECK_ARG(c.prefetch_depth >= SX_PREFETCH_NONE, "config->prefetch_depth is %d; it must be >= 0 or "
-                     "SX_PREFETCH_NONE", c.prefetch_depth);
-        g.prefetch_depth = c.prefetch_depth == 0 ? 1 : c.prefetch_depth == SX_PREFETCH_NONE ? 0 : c.prefetch_depth;
-        g.shard_size = c.shard_size;
-        g.grad_predivide_factor = c.grad_predivide_factor;
-        SX_CHECK_ARG(c.trace_events >= 0, "config->trace_events is %d; it must be >= 0 (0 = %zu)", c.trace_events,
-                     sx::trace::kDefaultCapacity);
-        SX_CHECK_ARG(c.reserved0 == 0, "config->reserved0 is %d; it must be 0", c.reserved0);
-        SX_CHECK_ARG(c.transport == SX_TRANSPORT_AUTO || c.transport == SX_TRANSPORT_TCP,
-                     "config->transport is %d; it must be SX_TRANSPORT_AUTO (0) or SX_TRANSPORT_TCP (1)", c.transport);
-        g.transport = c.transport;
-        SX_CHECK_ARG(c.memory_copy_interval >= 0, "config->memory_copy_interval is %d; it must be >= 0 (0 = no "
-                     "memory copies)", c.memory_copy_interval);
-        g.memory_copy_interval = c.memory_copy_interval;
-        g.offload = c.offload;
-        g.joining = (c.flags & SX_GROUP_JOIN) != 0;
-        if (g.joining) {
-            g.rank = 0;  // a joining process's rank comes from the members at its admission
-            g.world_size = 1;
-        }
-        // The config's path wins over the environment's.
-        const char *env_trace = std::getenv("SX_TRACE");
-        if (c.trace_path && c.trace_path[0]) {
-            g.trace_path = c.trace_path;
-        } else if (env_trace && env_trace[0]) {
-            g.trace_path = env_trace;
-        }
-        g.trace_capacity = static_cast<size_t>(c.trace_events);
+        SX_TRY(core_config(c, &g));
+        if (c.context) SX_TRY(in_context(c, &g));
         std::unique_ptr<sx::core::ShardGroup> impl;
         SX_TRY(sx::core::ShardGroup::create(g, &impl));
         std::unique_ptr<sx_shard_group> h(new sx_shard_group());

@@ -48,6 +48,7 @@ struct Forgotten {
     std::vector<std::unique_ptr<core::ShardGroup>> groups;
     std::vector<std::unique_ptr<ckpt::Checkpointer>> checkpointers;
     std::vector<std::shared_ptr<ckpt::SaveFuture>> futures;
+    std::vector<std::shared_ptr<core::Context>> contexts;
 };
 
 Forgotten &forgotten() {
@@ -77,6 +78,22 @@ void forget_in_fork(std::shared_ptr<ckpt::SaveFuture> future) {
     Forgotten &f = forgotten();
     std::lock_guard<std::mutex> lock(f.mu);
     if (future) f.futures.push_back(std::move(future));
+}
+
+void forget_in_fork(std::shared_ptr<core::Context> context) {
+    Forgotten &f = forgotten();
+    std::lock_guard<std::mutex> lock(f.mu);
+    if (context) f.contexts.push_back(std::move(context));
+}
+
+Status resolve_context(const sx_context *h, std::shared_ptr<core::Context> *out) {
+    SX_CHECK(h != nullptr, SX_ERR_INVALID_HANDLE, "context is NULL");
+    SX_CHECK(handle_live(h) && h->magic == kContextMagic && h->impl, SX_ERR_INVALID_HANDLE,
+             "context %p is not a live sx context (destroyed, or not from sx_create_context)",
+             static_cast<const void *>(h));
+    if (forked_from(h->owner)) return inert("context", h, h->owner);
+    *out = h->impl;
+    return Status::Ok();
 }
 
 Status resolve(const sx_shard_group *h, core::ShardGroup **out) {

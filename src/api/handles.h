@@ -10,6 +10,7 @@
 #include "base/status.h"
 #include "ckpt/checkpointer.h"
 #include "ckpt/future.h"
+#include "core/context.h"
 #include "core/group.h"
 
 struct sx_shard_group {
@@ -18,6 +19,12 @@ struct sx_shard_group {
     std::unique_ptr<sx::core::ShardGroup> impl;
     // Made at the first save or load; destroyed before impl (it waits for saves in flight).
     std::unique_ptr<sx::ckpt::Checkpointer> checkpointer;
+};
+
+struct sx_context {
+    uint64_t magic;
+    pid_t owner;  // as sx_shard_group's
+    std::shared_ptr<sx::core::Context> impl;  // its groups hold it too
 };
 
 struct sx_future {
@@ -32,6 +39,7 @@ namespace api {
 
 constexpr uint64_t kGroupMagic = 0x5358475250303031ull;  // "SXGRP001"
 constexpr uint64_t kFutureMagic = 0x5358465554303031ull; // "SXFUT001"
+constexpr uint64_t kContextMagic = 0x5358435458303031ull; // "SXCTX001"
 
 void register_handle(const void *h);
 void unregister_handle(const void *h);
@@ -41,6 +49,8 @@ bool handle_live(const void *h);
 // process forked from the one that created it (forked_from).
 Status resolve(const sx_shard_group *h, core::ShardGroup **out);
 Status resolve_future(const sx_future *f);
+// *out = the context behind `h`, as resolve.
+Status resolve_context(const sx_context *h, std::shared_ptr<core::Context> *out);
 
 // Whether `h` (a live handle) was made by a process this one is a fork of. Such a handle
 // is inert here: every call fails, and destroying it only forgets it (forget_in_fork),
@@ -51,6 +61,7 @@ bool forked_from(pid_t owner);
 // copy of the owner's, and goes when the fork exits).
 void forget_in_fork(std::unique_ptr<core::ShardGroup> group, std::unique_ptr<ckpt::Checkpointer> checkpointer);
 void forget_in_fork(std::shared_ptr<ckpt::SaveFuture> future);
+void forget_in_fork(std::shared_ptr<core::Context> context);
 
 // The group's checkpointer, made at its first use (ckpt_api.cc).
 sx::ckpt::Checkpointer &checkpointer_of(sx_shard_group_t *group);

@@ -72,6 +72,13 @@ Status create_communicator(std::shared_ptr<rdzv::Store> store, int rank, int wor
         n.deadline = spec.deadline;
         return create_nccl_communicator(std::move(store), rank, world_size, n, out);
     }
+    if (spec.channels) {
+        ShmOptions so;
+        so.timeout = spec.timeout;
+        so.deadline = spec.deadline;
+        so.channels = spec.channels;
+        return create_shm_communicator(std::move(store), rank, world_size, so, out);
+    }
     GlooOptions g;
     g.timeout = spec.timeout;
     g.deadline = spec.deadline;

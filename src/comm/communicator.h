@@ -169,6 +169,8 @@ struct GlooOptions {
 Status create_gloo_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size,
                                 const GlooOptions &options, std::unique_ptr<Communicator> *out);
 
+class SharedChannels;  // shm/segment.h
+
 struct ShmOptions {
     Millis timeout{300000};
     std::chrono::steady_clock::time_point deadline{};  // as GlooOptions::deadline
@@ -178,6 +180,9 @@ struct ShmOptions {
     // Processes read the buffers that come from each other's shared arenas in place
     // (reads_in_place); false: every buffer goes through the slots (tests, the benchmark).
     bool in_place = true;
+    // A context's shared memory: the communicator is a channel of it (a region of the
+    // context's segment, taken through the store), and connects nothing.
+    std::shared_ptr<SharedChannels> channels;
 };
 
 // Connects `world_size` ranks that run on this host (processes, or threads of one
@@ -229,6 +234,9 @@ struct CommunicatorSpec {
     std::chrono::steady_clock::time_point deadline{};  // of the connection (as GlooOptions::deadline)
     std::string bind_address;  // CPU, Gloo: the address its TCP transport binds
     bool shared_memory = true; // CPU: ranks all on this host share memory
+    // CPU: a context's shared memory (its ranks all on this host): the communicator is a
+    // channel of it, whatever shared_memory says.
+    std::shared_ptr<SharedChannels> channels;
 };
 
 // The one place a communicator is chosen: CUDA with one rank, the device's own (no NCCL);

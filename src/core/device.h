@@ -13,6 +13,7 @@
 
 #include "base/memory.h"
 #include "base/status.h"
+#include "core/memory_budget.h"
 #include "optim/custom.h"
 #include "optim/optimizer.h"
 #include "optim/param_passes.h"
@@ -49,11 +50,14 @@ class Buffer {
     void reset() {
         host_.reset();
         device_.reset();
+        charge_.reset();
     }
 
     // Set by the DeviceOps that allocates (exactly one of them non-empty).
     HostBuffer host_;
     std::unique_ptr<DeviceMemory> device_;
+    // Its bytes charged to a context's memory budget (memory_budget.h), given back with it.
+    std::shared_ptr<void> charge_;
 };
 
 // Every call is ordered after the calls before it on the same DeviceOps; a call that
@@ -69,11 +73,19 @@ class DeviceOps {
     virtual int32_t device() const = 0;
 
     // `bytes` zero-filled into *out (replaced only on success); SX_ERR_OUT_OF_MEMORY
-    // naming `what`. lazy: host pages are faulted in on first touch (see HostBuffer).
+    // naming `what`, or naming the budget where a context's (set_budget) has no room for
+    // them. lazy: host pages are faulted in on first touch (see HostBuffer).
     // exchanged: host memory that this host's other ranks can read in place, where the
     // process's shared arena has room (HostBuffer::kExchanged); devices ignore it.
-    virtual Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy = false,
-                            bool exchanged = false) = 0;
+    Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy = false, bool exchanged = false) {
+        std::shared_ptr<void> charge;
+        if (budget_) SX_TRY(budget_->charge(bytes, what, &charge));
+        SX_TRY(allocate_memory(bytes, what, out, lazy, exchanged));
+        out->charge_ = std::move(charge);
+        return Status::Ok();
+    }
+    // Every allocation from now on is charged to `budget` (null: none).
+    void set_budget(std::shared_ptr<MemoryBudget> budget) { budget_ = std::move(budget); }
     virtual Status zero(void *p, size_t bytes) = 0;
     virtual Status copy(void *dst, const void *src, size_t bytes) = 0;
     virtual Status to_host(void *host_dst, const void *src, size_t bytes) = 0;
@@ -182,6 +194,13 @@ class DeviceOps {
         (void)stream;
         return Status::Ok();
     }
+
+  protected:
+    // allocate() without the budget: each DeviceOps's own.
+    virtual Status allocate_memory(size_t bytes, const char *what, Buffer *out, bool lazy, bool exchanged) = 0;
+
+  private:
+    std::shared_ptr<MemoryBudget> budget_;
 };
 
 // How a host DeviceOps gets its memory where it is not a plain HostBuffer (pinned for a

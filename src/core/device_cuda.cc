@@ -52,7 +52,7 @@ class CudaOps final : public DeviceOps {
 
     int32_t device() const override { return SX_DEVICE_CUDA; }
 
-    Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy, bool exchanged) override {
+    Status allocate_memory(size_t bytes, const char *what, Buffer *out, bool lazy, bool exchanged) override {
         (void)lazy, (void)exchanged;
         const cuda::DeviceScope scope(device_);
         SX_TRY(scope.status());

@@ -19,7 +19,7 @@ class HostOps final : public DeviceOps {
 
     int32_t device() const override { return SX_DEVICE_CPU; }
 
-    Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy, bool exchanged) override {
+    Status allocate_memory(size_t bytes, const char *what, Buffer *out, bool lazy, bool exchanged) override {
         if (allocator_) return allocator_->allocate(bytes, what, out);
         HostBuffer b;
         SX_TRY(b.allocate(bytes, what, lazy ? HostBuffer::kLazy : HostBuffer::kPopulate,

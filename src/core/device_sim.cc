@@ -182,7 +182,7 @@ class SimulatedOps final : public DeviceOps {
 
     int32_t device() const override { return SX_DEVICE_CUDA; }
 
-    Status allocate(size_t bytes, const char *what, Buffer *out, bool lazy, bool exchanged) override {
+    Status allocate_memory(size_t bytes, const char *what, Buffer *out, bool lazy, bool exchanged) override {
         (void)lazy, (void)exchanged;  // a device's memory: never lazy, never exchanged
         std::unique_ptr<SimulatedMemory> m(new SimulatedMemory());
         SX_TRY(m->buffer.allocate(bytes, what));

@@ -10,6 +10,7 @@
 
 #include "base/log.h"
 #include "comm/abort_at_deadline.h"
+#include "core/context.h"
 #include "rdzv/rendezvous.h"
 #include "rdzv/stores.h"
 #include "optim/custom.h"
@@ -96,8 +97,11 @@ Mesh::Settings mesh_settings(const GroupConfig &cfg, DeviceOps *device) {
     // SX_TRANSPORT_TCP, or SX_SHARED_MEMORY=0, keeps ranks on one host on Gloo's TCP.
     const char *shm = std::getenv("SX_SHARED_MEMORY");
     ms.shared_memory = cfg.transport != SX_TRANSPORT_TCP && !(shm && std::strcmp(shm, "0") == 0);
+    if (cfg.context) ms.channels = cfg.context->channels();
     return ms;
 }
+
+}  // namespace
 
 // The host thread pool's size: num_threads, or every core (shared among the ranks that
 // are threads of one process); 1 for a CUDA group, whose work runs on its device, but where
@@ -111,6 +115,8 @@ int pool_threads(const GroupConfig &cfg) {
     }
     return threads;
 }
+
+namespace {
 
 // Where a group of `cfg` runs, in words for its log line.
 std::string where_it_runs(const GroupConfig &cfg, int threads) {
@@ -152,8 +158,49 @@ MemoryCopies::Settings copy_settings(const GroupConfig &cfg, const Mesh &mesh) {
 
 }  // namespace
 
+// cfg with its rendezvous read (*rv: rank and world size from the environment where
+// asked), its backend decided (AUTO: CUDA where there is a device), a simulated device
+// taken from the environment, and its bind address chosen. A group's creation and a
+// context's (context.h) resolve alike.
+Status resolve_config(const GroupConfig &cfg, rdzv::Rendezvous *rv, GroupConfig *out) {
+    SX_TRY(rdzv::parse_rendezvous(cfg.rendezvous.c_str(), cfg.rank, cfg.world_size, rv));
+    SX_TRY(rdzv::apply_rendezvous_guard(cfg.rendezvous_token.c_str(), cfg.rendezvous_bind.c_str(), rv));
+
+    // SX_BACKEND_AUTO: the CUDA backend where this build has CUDA and there is a device.
+    const bool cuda =
+        cfg.backend == SX_BACKEND_CUDA || (cfg.backend == SX_BACKEND_AUTO && cuda_device_present());
+    GroupConfig c = cfg;
+    c.rendezvous_token.clear();  // the store's client keeps it; nothing else needs it
+    c.backend = cuda ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
+    // A CPU group's state is on the host already.
+    if (!cuda) c.offload = SX_OFFLOAD_NONE;
+    if (cuda) {
+        SimulatedDevice sim;
+        simulated_device_from_env(&c.simulated_device, &sim);
+        c.simulated_copy_delay_us = sim.copy_delay_us;
+        c.simulated_nccl = sim.nccl;
+        if (c.simulated_device)
+            log(SX_LOG_WARN, "sx: SX_SIMULATED_DEVICE is set: this CUDA group runs on a simulated device in host memory "
+                "(for testing sx without a GPU)");
+    }
+    c.rank = rv->rank;
+    c.world_size = rv->world_size;
+    c.shard_size = cfg.shard_size ? cfg.shard_size : rv->world_size;  // checked by the mesh
+    if (c.bind_address.empty()) {
+        // Loopback for ranks of one machine; else where the store is reached from, which
+        // the peers on other hosts reach too (this host's name may resolve to a loopback
+        // address, as Debian's does, or to none bound in this network namespace).
+        const bool loopback = rv->scheme == rdzv::Rendezvous::Scheme::kLocal || rv->host == "localhost" ||
+                              rv->host.compare(0, 4, "127.") == 0;
+        c.bind_address = loopback ? "127.0.0.1" : rdzv::address_towards(*rv);
+    }
+    *out = std::move(c);
+    return Status::Ok();
+}
+
 Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *out) {
     SX_TRY(validate_config(cfg));
+    if (cfg.context) return create_in_context(cfg, out);
     if (cfg.joining) {
         // Until a regroup admits it: a group of this rank alone on a rendezvous of its own,
         // where its params are registered and laid out as the members' are.
@@ -180,37 +227,8 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     const Millis timeout(cfg.timeout_ms);
     const Clock::time_point deadline = Clock::now() + timeout;
     rdzv::Rendezvous rv;
-    SX_TRY(rdzv::parse_rendezvous(cfg.rendezvous.c_str(), cfg.rank, cfg.world_size, &rv));
-    SX_TRY(rdzv::apply_rendezvous_guard(cfg.rendezvous_token.c_str(), cfg.rendezvous_bind.c_str(), &rv));
-
-    // SX_BACKEND_AUTO: the CUDA backend where this build has CUDA and there is a device.
-    const bool cuda =
-        cfg.backend == SX_BACKEND_CUDA || (cfg.backend == SX_BACKEND_AUTO && cuda_device_present());
-    GroupConfig c = cfg;
-    c.rendezvous_token.clear();  // the store's client keeps it; nothing else needs it
-    c.backend = cuda ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
-    // A CPU group's state is on the host already.
-    if (!cuda) c.offload = SX_OFFLOAD_NONE;
-    if (cuda) {
-        SimulatedDevice sim;
-        simulated_device_from_env(&c.simulated_device, &sim);
-        c.simulated_copy_delay_us = sim.copy_delay_us;
-        c.simulated_nccl = sim.nccl;
-        if (c.simulated_device)
-            log(SX_LOG_WARN, "sx: SX_SIMULATED_DEVICE is set: this CUDA group runs on a simulated device in host memory "
-                "(for testing sx without a GPU)");
-    }
-    c.rank = rv.rank;
-    c.world_size = rv.world_size;
-    c.shard_size = cfg.shard_size ? cfg.shard_size : rv.world_size;  // checked by the mesh
-    if (c.bind_address.empty()) {
-        // Loopback for ranks of one machine; else where the store is reached from, which
-        // the peers on other hosts reach too (this host's name may resolve to a loopback
-        // address, as Debian's does, or to none bound in this network namespace).
-        const bool loopback = rv.scheme == rdzv::Rendezvous::Scheme::kLocal || rv.host == "localhost" ||
-                              rv.host.compare(0, 4, "127.") == 0;
-        c.bind_address = loopback ? "127.0.0.1" : rdzv::address_towards(rv);
-    }
+    GroupConfig c;
+    SX_TRY(resolve_config(cfg, &rv, &c));
     std::unique_ptr<ShardGroup> g;
     std::shared_ptr<rdzv::Store> root;
     SX_TRY(assemble(c, cfg.trace_path, deadline, [&](std::shared_ptr<rdzv::Store> *store) {
@@ -224,11 +242,76 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
     return Status::Ok();
 }
 
+Status ShardGroup::create_in_context(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *out) {
+    const std::shared_ptr<Context> ctx = cfg.context;
+    SX_CHECK_ARG(!cfg.joining, "SX_GROUP_JOIN is not for a group made in a context: a joining process has no "
+                 "context of the members' yet");
+    // The context's rendezvous, ranks, backend, pool and transport; the group's own
+    // settings for the rest.
+    GroupConfig c = ctx->base();
+    c.stage = cfg.stage;
+    c.alignment = cfg.alignment;
+    c.flags = cfg.flags;
+    c.grad_dtype = cfg.grad_dtype;
+    c.reduce_dtype = cfg.reduce_dtype;
+    c.prefetch_depth = cfg.prefetch_depth;
+    c.shard_size = cfg.shard_size ? cfg.shard_size : c.world_size;
+    c.grad_predivide_factor = cfg.grad_predivide_factor;
+    c.trace_path = cfg.trace_path;
+    c.trace_capacity = cfg.trace_capacity;
+    c.memory_copy_interval = cfg.memory_copy_interval;
+    c.offload = c.backend == SX_BACKEND_CUDA ? cfg.offload : SX_OFFLOAD_NONE;
+    c.context = ctx;
+    c.name = cfg.name;
+    std::string key_space;
+    SX_TRY(ctx->claim(cfg.name, &key_space));
+    const std::shared_ptr<rdzv::Store> store = rdzv::make_prefix_store(ctx->store(), key_space);
+    std::unique_ptr<ShardGroup> g;
+    Status s = assemble(c, cfg.trace_path, Clock::now() + Millis(c.timeout_ms),
+                        [&](std::shared_ptr<rdzv::Store> *opened) {
+                            *opened = store;
+                            return Status::Ok();
+                        },
+                        &g);
+    if (!s.ok()) {
+        ctx->release(cfg.name);
+        return s;
+    }
+    // A regroup's rendezvous lies in the group's key space too; its group is made out of the
+    // context (recovery/regroup.cc).
+    g->lineage_.root_store = store;
+    for (int r = 0; r < g->world_size(); ++r) g->lineage_.member_ids.push_back(static_cast<uint64_t>(r));
+    *out = std::move(g);
+    return Status::Ok();
+}
+
+// The group's device, pool and DeviceOps (assemble's first step): a context's groups share
+// its pool and charge their memory to its budget.
+Status ShardGroup::make_device() {
+    const GroupConfig &cfg = config_;
+    const bool cuda = cfg.backend == SX_BACKEND_CUDA;
+    std::unique_ptr<DeviceOps> device_ops;
+    std::shared_ptr<HostAllocator> host_memory;  // an offloaded group's state: pinned
+    const bool real_device = cuda && !cfg.simulated_device, offload = cuda && cfg.offload == SX_OFFLOAD_STATE;
+    if (real_device) SX_TRY(make_cuda_ops(cfg.device_ordinal, &device_ops));
+    if (real_device && offload) SX_TRY(make_pinned_allocator(cfg.device_ordinal, &host_memory));
+    // A context's groups share its pool, and charge their memory to its budget.
+    pool_ = cfg.context ? cfg.context->pool() : std::make_shared<optim::ThreadPool>(pool_threads(cfg));
+    if (cuda && cfg.simulated_device)
+        device_ops = make_simulated_ops(pool_.get(), SimulatedDevice{cfg.simulated_copy_delay_us}, &host_memory);
+    ops_ = cuda ? std::move(device_ops) : make_host_ops(pool_.get());
+    if (offload) state_ops_ = make_host_ops(pool_.get(), host_memory);
+    if (cfg.context) {
+        ops_->set_budget(cfg.context->budget());
+        if (state_ops_) state_ops_->set_budget(cfg.context->budget());
+    }
+    return Status::Ok();
+}
+
 Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_path, Clock::time_point deadline,
                             const std::function<Status(std::shared_ptr<rdzv::Store> *)> &open_store,
                             std::unique_ptr<ShardGroup> *out) {
     const GroupConfig &cfg = config;
-    const bool cuda = cfg.backend == SX_BACKEND_CUDA;
     std::unique_ptr<ShardGroup> g(new ShardGroup());
     g->config_ = cfg;
     g->lineage_.epoch = g->lineage_.attempted_epoch = cfg.epoch;
@@ -243,17 +326,8 @@ Status ShardGroup::assemble(const GroupConfig &config, const std::string &trace_
     g->headers_.reset(new CallHeaders(cfg.rank, g->tracer(), [self](Status s) { return self->fail(s); }));
 
     // The device first: a group that cannot have it fails before it connects.
-    std::unique_ptr<DeviceOps> device_ops;
-    std::shared_ptr<HostAllocator> host_memory;  // an offloaded group's state: pinned
-    const bool real_device = cuda && !cfg.simulated_device, offload = cuda && cfg.offload == SX_OFFLOAD_STATE;
-    if (real_device) SX_TRY(make_cuda_ops(cfg.device_ordinal, &device_ops));
-    if (real_device && offload) SX_TRY(make_pinned_allocator(cfg.device_ordinal, &host_memory));
-    const int threads = pool_threads(cfg);
-    g->pool_.reset(new optim::ThreadPool(threads));
-    if (cuda && cfg.simulated_device)
-        device_ops = make_simulated_ops(g->pool_.get(), SimulatedDevice{cfg.simulated_copy_delay_us}, &host_memory);
-    g->ops_ = cuda ? std::move(device_ops) : make_host_ops(g->pool_.get());
-    if (offload) g->state_ops_ = make_host_ops(g->pool_.get(), host_memory);
+    SX_TRY(g->make_device());
+    const int threads = g->pool_->size();
     std::shared_ptr<rdzv::Store> store;
     SX_TRY(open_store(&store));
     // Every rank must be there before any binds a socket per peer (Gloo's full mesh),
@@ -338,6 +412,7 @@ ShardGroup::~ShardGroup() {
         Status s = tracer_->flush();
         if (!s.ok()) log(SX_LOG_WARN, "sx: rank %d: %s", mesh_.rank(), s.message().c_str());
     }
+    if (config_.context) config_.context->release(config_.name);
 }
 
 // A regroup's new group (lineage.h): assembled like create's, on the store the regroup
@@ -358,6 +433,19 @@ Status ShardGroup::form(const GroupConfig &c, const std::string &trace_path, Clo
 // ---------------------------------------------------------------------------------
 // Registration
 
+// Whether what sx_finalize would lay out fits the context's budget (each rank has its own,
+// so the answer goes into the call's agreement): asked before anything is allocated, and
+// every allocation is charged to it too (DeviceOps::allocate).
+Status ShardGroup::fits_budget() {
+    if (!config_.context) return Status::Ok();
+    Layout probe;
+    if (!build_layout(mesh_.shard_size(), &probe).ok()) return Status::Ok();  // the agreed checks say why
+    std::vector<uint8_t> trainable;
+    for (const auto &f : table_.flags()) trainable.push_back(f ? 1 : 0);
+    return config_.context->budget()->check(units_.planned_bytes(probe, units_.size(), trainable),
+                                            "the params, gradients and optimizer state that sx_finalize lays out");
+}
+
 Status ShardGroup::finalize() {
     SX_TRY(check_usable());
     SX_TRACE_SPAN(tracer(), "group", "sx_finalize");
@@ -376,7 +464,7 @@ Status ShardGroup::finalize() {
     TableSettings table{config_.stage, config_.grad_dtype, config_.reduce_dtype, config_.grad_predivide_factor};
     std::vector<optim::Hyper> hypers;
     for (const ParamGroup &pg : table_.groups()) hypers.push_back(pg.hyper);
-    SX_TRY(agree_call("sx_finalize", table_facts(table, hypers, table_.params(), table_.flags()), Status::Ok(),
+    SX_TRY(agree_call("sx_finalize", table_facts(table, hypers, table_.params(), table_.flags()), fits_budget(),
                       "ranks registered different param tables"));
     // Copies of the layout before cannot be restored into the one after: the next step
     // keeps the first of the new layout.

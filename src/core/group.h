@@ -139,8 +139,13 @@ class ShardGroup : public GroupParts {
     static Status assemble(const GroupConfig &config, const std::string &trace_path, Clock::time_point deadline,
                            const std::function<Status(std::shared_ptr<rdzv::Store> *)> &open_store,
                            std::unique_ptr<ShardGroup> *out);
+    // create's for a group of config.context (context.h): the context's rendezvous, ranks,
+    // pool and transport, in a key space of the group's own.
+    static Status create_in_context(const GroupConfig &config, std::unique_ptr<ShardGroup> *out);
     // Each private function's contract is at its definition.
     Status broadcast_gathered(int root);
+    Status fits_budget();
+    Status make_device();
     char *params_base(size_t u) const;  // unit u's whole params (stage 3: the gathers')
     Status whole_state_call(const char *name, int root, bool gather, const StateFn &fn);  // full_state.cc
 

@@ -6,12 +6,17 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "base/status.h"
+#include "rdzv/rendezvous.h"
 #include "sx/sx.h"
 
 namespace sx {
 namespace core {
+
+class Context;  // context.h
 
 struct GroupConfig {
     std::string rendezvous;
@@ -55,7 +60,19 @@ struct GroupConfig {
     bool joining = false;
     // Regroups since the group was first created (set by recovery/regroup.cc for the groups it makes).
     int epoch = 0;
+    // The context the group is made in (context.h), and its name there; none: a group of
+    // its own rendezvous, transport and pool. A regroup's group is made out of the context.
+    std::shared_ptr<Context> context;
+    std::string name;
 };
+
+// cfg with its rendezvous read (*rv: rank and world size from the environment where asked),
+// its backend decided, a simulated device taken from the environment and its bind address
+// chosen (group.cc). A group's creation and a context's resolve alike.
+Status resolve_config(const GroupConfig &cfg, rdzv::Rendezvous *rv, GroupConfig *out);
+// The host thread pool's size for cfg (resolved): num_threads, or every core (shared among
+// the ranks that are threads of one process); 1 for a CUDA group whose state is on its device.
+int pool_threads(const GroupConfig &cfg);
 
 }  // namespace core
 }  // namespace sx

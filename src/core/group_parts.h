@@ -109,7 +109,7 @@ class GroupParts : public RecoveryAccess {
     std::unique_ptr<trace::Tracer> tracer_;
     std::unique_ptr<CallHeaders> headers_;  // from the start: the mesh's agreement uses it
     Mesh mesh_;  // the ranks and their communicators (mesh.h)
-    std::unique_ptr<optim::ThreadPool> pool_;
+    std::shared_ptr<optim::ThreadPool> pool_;  // a context's groups share its pool
     std::unique_ptr<DeviceOps> ops_;
     std::unique_ptr<DeviceOps> state_ops_;  // offloaded: the host's, where the state lives; else null
 

@@ -37,6 +37,8 @@ class Mesh {
         // NCCL between devices where simulated_nccl (else its ranks share it).
         DeviceOps *device = nullptr;
         bool simulated_device = false, simulated_nccl = false;
+        // A context's shared memory (context.h): every CPU communicator is a channel of it.
+        std::shared_ptr<comm::SharedChannels> channels;
     };
     // This rank's place in the world, known from the rendezvous before anything connects.
     void place(const Settings &settings, int rank, int world_size);

@@ -35,7 +35,7 @@ struct PartRefs {
     Units &units_;
     std::unique_ptr<ReductionRound> &round_;
     std::unique_ptr<Gathers> &gathers_;
-    std::unique_ptr<optim::ThreadPool> &pool_;
+    std::shared_ptr<optim::ThreadPool> &pool_;
 
     // The group's, through ShardAccess.
     Status fail(Status s) const { return group_.fail(s); }

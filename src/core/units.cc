@@ -144,6 +144,31 @@ Status Units::allocate(const Layout &layout, size_t first, std::vector<Unit> *ad
     return Status::Ok();
 }
 
+uint64_t Units::planned_bytes(const Layout &layout, size_t first, const std::vector<uint8_t> &trainable) const {
+    uint64_t total = 0;
+    for (size_t u = first; u < layout.units().size(); ++u) {
+        const UnitLayout &ul = layout.units()[u];
+        const ParamSpec &p0 = (*table_.params)[ul.params[0]];
+        const bool sr = (*table_.groups)[p0.group].hyper.bf16_stochastic_round;
+        const uint64_t dsize = dtype_size(p0.dtype);
+        total += (settings_.stage == 3 ? ul.shard_numel : ul.padded_numel) * dsize;
+        total += ul.padded_numel * dtype_size(settings_.grad_dtype ? settings_.grad_dtype : p0.dtype);
+        if ((p0.dtype != SX_DTYPE_F32 && !sr) || settings_.offload) total += ul.shard_numel * sizeof(float);
+        if (p0.dtype != SX_DTYPE_F32 && settings_.offload && !own_on_host()) total += ul.shard_numel * dsize;
+        int slots = 0;
+        for (int32_t p : ul.params) {
+            if (static_cast<size_t>(p) >= trainable.size() || !trainable[p]) continue;
+            const ParamSpec &spec = (*table_.params)[p];
+            slots = std::max(slots, optim::state_slots((*table_.groups)[spec.group].hyper,
+                                                       static_cast<int>(spec.shape.size())));
+        }
+        uint64_t slot_bytes = 0, scales = 0;
+        state_pieces_of(layout, settings_.shard_rank, u, *table_.params, *table_.groups, &slot_bytes, &scales);
+        total += static_cast<uint64_t>(slots) * (slot_bytes + scales * sizeof(float));
+    }
+    return total;
+}
+
 std::vector<StatePiece> state_pieces_of(const Layout &layout, int shard, size_t u, const std::deque<ParamSpec> &params,
                                         const std::vector<ParamGroup> &groups, uint64_t *bytes, uint64_t *scales) {
     const UnitLayout &ul = layout.units()[u];

@@ -131,6 +131,10 @@ class Units {
     // The buffers of the units of `layout` from index `first` on, into *added (nothing
     // here changes); then append them, or drop the units from `count` on (an undo).
     Status allocate(const Layout &layout, size_t first, std::vector<Unit> *added) const;
+    // The bytes that allocate() and then the optimizer state of the trainable params
+    // (trainable[p]) would take for those units: what a context's budget is asked for
+    // before anything is allocated.
+    uint64_t planned_bytes(const Layout &layout, size_t first, const std::vector<uint8_t> &trainable) const;
     void append(std::vector<Unit> *added);
     void truncate(size_t count) { units_.resize(count); }
 

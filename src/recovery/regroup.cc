@@ -555,6 +555,10 @@ Status Recovery::regroup(const RegroupSpec &spec, std::unique_ptr<RecoveryAccess
     if (spec.admit > 0) SX_TRY(claim_joiners(epoch, spec.admit, new_rank == 0, deadline, &admitted));
     ids.insert(ids.end(), admitted.begin(), admitted.end());
     GroupConfig c = config;
+    // A context's group regroups out of it: the context's transport and pool are those of
+    // the ranks it was made with.
+    c.context.reset();
+    c.name.clear();
     c.rank = new_rank;
     c.world_size = static_cast<int>(ids.size());
     c.epoch = epoch;

@@ -245,6 +245,10 @@ static void test_null_handle(void **state) {
     (void)state;
     EXPECT_OK(sx_destroy_shard_group(NULL));
     expect_handle_rejected(NULL, SX_ERR_INVALID_HANDLE, "group");
+    EXPECT_OK(sx_destroy_context(NULL));
+    sx_context_stats_t s;
+    EXPECT_OK(sx_context_stats_init(&s, sizeof s));
+    EXPECT_STATUS(sx_get_context_stats(NULL, &s), SX_ERR_INVALID_HANDLE, "context");
 }
 
 static void test_garbage_handle(void **state) {

@@ -46,6 +46,10 @@ static sx_status_t init_result(void *p, size_t s) { return sx_step_result_init((
 static sx_status_t init_stats(void *p, size_t s) { return sx_memory_stats_init((sx_memory_stats_t *)p, s); }
 static sx_status_t init_pinfo(void *p, size_t s) { return sx_param_info_init((sx_param_info_t *)p, s); }
 static sx_status_t init_uinfo(void *p, size_t s) { return sx_unit_info_init((sx_unit_info_t *)p, s); }
+static sx_status_t init_ctx_config(void *p, size_t s) {
+    return sx_context_config_init((sx_context_config_t *)p, s);
+}
+static sx_status_t init_ctx_stats(void *p, size_t s) { return sx_context_stats_init((sx_context_stats_t *)p, s); }
 
 static const struct {
     const char *function;
@@ -65,6 +69,9 @@ static const struct {
     {"sx_memory_stats_init", init_stats, sizeof(sx_memory_stats_t), sizeof(size_t), "stats"},
     {"sx_param_info_init", init_pinfo, sizeof(sx_param_info_t), sizeof(size_t), "info"},
     {"sx_unit_info_init", init_uinfo, sizeof(sx_unit_info_t), sizeof(size_t), "info"},
+    {"sx_context_config_init", init_ctx_config, sizeof(sx_context_config_t),
+     offsetof(sx_context_config_t, rendezvous) + sizeof(char *), "config"},
+    {"sx_context_stats_init", init_ctx_stats, sizeof(sx_context_stats_t), sizeof(size_t), "stats"},
 };
 
 static void test_init_functions(void **state) {

@@ -58,6 +58,11 @@ in pinned host memory, where sx's CPU kernels update them, so that every optimiz
 it (`memory_stats(g).device_bytes` says what stays on the device); `false`
 (SX_OFFLOAD_NONE): on its device. CPU groups ignore it.
 
+`context`, `name`: the group is made in a `Context` under a name every rank passes (see
+`ShardGroup(ctx, name; kw...)`, which passes them); it takes the context's rendezvous,
+ranks, backend, pool, timeout and transport, so those arguments stay "", 0 or their
+defaults (or equal the context's).
+
 `join=true`: this process joins a running group on `rendezvous` (SX_GROUP_JOIN): it
 connects to nobody (`rank` and `world_size` are ignored); register the params and param
 groups as the members have them, `finalize!`, then `regroup!` waits until the members admit
@@ -80,18 +85,24 @@ mutable struct ShardGroup
                         rendezvous_bind::Union{Nothing,AbstractString}=nothing,
                         transport::Union{Symbol,AbstractString}=:auto,
                         memory_copy_interval::Integer=0, memory_copy_wait::Bool=false, join::Bool=false,
-                        offload::Bool=false)
+                        offload::Bool=false, context::Union{Nothing,Context}=nothing,
+                        name::Union{Nothing,AbstractString}=nothing)
         transport_value = _transport(transport)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
-        rdv = _c_string("rendezvous", rendezvous)
+        rdv = context !== nothing && isempty(rendezvous) ? nothing : _c_string("rendezvous", rendezvous)
+        # The context's handle, borrowed for the call (the context lives while its groups do).
+        ctx_handle = context === nothing ? C_NULL : _handle(context)
+        group_name = name === nothing ? nothing : _c_string("name", name)
         bind = bind_address === nothing ? nothing : _c_string("bind_address", bind_address)
         trace = trace_path === nothing ? nothing : _c_string("trace_path", trace_path)
         token = rendezvous_token === nothing ? nothing : _c_string("rendezvous_token", rendezvous_token)
         rbind = rendezvous_bind === nothing ? nothing : _c_string("rendezvous_bind", rendezvous_bind)
         out = Ref{Ptr{Cvoid}}(C_NULL)
-        GC.@preserve rdv bind trace token rbind cfg out begin
-            cfg.rendezvous = pointer(rdv)
+        GC.@preserve rdv bind trace token rbind group_name context cfg out begin
+            cfg.rendezvous = rdv === nothing ? C_NULL : pointer(rdv)
+            cfg.context = ctx_handle
+            cfg.name = group_name === nothing ? C_NULL : pointer(group_name)
             cfg.bind_address = bind === nothing ? C_NULL : pointer(bind)
             cfg.trace_path = trace === nothing ? C_NULL : pointer(trace)
             cfg.trace_events = trace_events
@@ -117,6 +128,15 @@ mutable struct ShardGroup
         finalizer(_finalize_group, g)
     end
 end
+
+"""
+    ShardGroup(ctx::Context, name; stage=0, ...)
+
+A group made in the context `ctx` under `name` (collective; see `Context`). The keywords
+are the other constructor's, but those the context owns (backend, num_threads, timeout_ms,
+transport, the addresses, the token, device_ordinal), which stay at their defaults.
+"""
+ShardGroup(ctx::Context, name::AbstractString; kw...) = ShardGroup("", 0, 0; context=ctx, name=name, kw...)
 
 const _TRANSPORTS = Dict(:auto => SX_TRANSPORT_AUTO, :tcp => SX_TRANSPORT_TCP)
 

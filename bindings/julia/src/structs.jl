@@ -32,6 +32,9 @@ mutable struct GroupConfig  # sx_group_config_t
     rendezvous_bind::Ptr{UInt8}
     memory_copy_interval::Int32
     offload::Int32
+    reserved1::Int32
+    context::Ptr{Cvoid}
+    name::Ptr{UInt8}
 end
 
 mutable struct ParamGroupDesc  # sx_param_group_desc_t
@@ -208,6 +211,34 @@ mutable struct RegroupResult  # sx_regroup_result_t
     previous_world_size::Int32
     step::UInt64
     from_memory::Int32
+    reserved0::Int32
+end
+
+mutable struct ContextConfig  # sx_context_config_t
+    struct_size::Csize_t
+    rendezvous::Ptr{UInt8}
+    rank::Int32
+    world_size::Int32
+    backend::Int32
+    num_threads::Int32
+    timeout_ms::Int32
+    transport::Int32
+    bind_address::Ptr{UInt8}
+    rendezvous_token::Ptr{UInt8}
+    rendezvous_bind::Ptr{UInt8}
+    device_ordinal::Int32
+    reserved0::Int32
+    memory_budget_bytes::UInt64
+end
+
+mutable struct ContextStats  # sx_context_stats_t
+    struct_size::Csize_t
+    groups::Int64
+    groups_created::Int64
+    channels::Int64
+    memory_bytes::UInt64
+    memory_budget_bytes::UInt64
+    shared_memory::Int32
     reserved0::Int32
 end
 

@@ -17,7 +17,8 @@ const MIRRORS = Dict("sx_group_config_t" => SX.GroupConfig, "sx_param_group_desc
                      "sx_param_state_t" => SX.RawParamState,
                      "sx_optimizer_piece_t" => SX.RawOptimizerPiece,
                      "sx_optimizer_hyperparameter_t" => SX.OptimizerHyperparameter,
-                     "sx_optimizer_desc_t" => SX.OptimizerDesc)
+                     "sx_optimizer_desc_t" => SX.OptimizerDesc,
+                     "sx_context_config_t" => SX.ContextConfig, "sx_context_stats_t" => SX.ContextStats)
 
 # sx_layout.json is written by a C program in a fixed shape: one struct header line and
 # one line per field; reading it with regexes avoids a JSON dependency.
@@ -135,6 +136,57 @@ end
              end for rank in 0:2]
     for t in tasks
         @test fetch(t) == [[3.0, -3.0, 1.5], [1.0, -1.0, 0.5], [2.0, 0.0, 0.5], [0.0, -2.0, 0.5]]
+    end
+end
+
+# Two ranks' contexts, each with two groups made in it by name, finalized and stepped
+# once; the stats; a duplicate live name refused; the groups outlive the handle.
+function context_train_once(g, n)
+    add_param_group!(g, :sgd; lr=1.0)
+    add_param!(g, "w", (n,))
+    finalize!(g)
+    grad_view(g, "w") .= 1.0f0
+    r = step!(g)
+    r.step, copy(vec(param_view(g, "w")))
+end
+
+@testset "contexts" begin
+    rdv = "local://jl-context-$(getpid())"
+    tasks = [Threads.@spawn with_context(rdv, rank, 2; backend=SX.SX_BACKEND_CPU, num_threads=1,
+                                         timeout_ms=60000) do ctx
+                 a = ShardGroup(ctx, "tenant-a")
+                 b = ShardGroup(ctx, "tenant-b"; stage=1)
+                 trained = (context_train_once(a, 16), context_train_once(b, 8))
+                 with_two = context_stats(ctx)
+                 duplicate = try
+                     ShardGroup(ctx, "tenant-a")
+                 catch e
+                     e
+                 end
+                 close(a)
+                 close(b)
+                 after = context_stats(ctx)
+                 kept = ShardGroup(ctx, "kept")
+                 close(ctx)
+                 refused = try
+                     ShardGroup(ctx, "refused")
+                 catch e
+                     e
+                 end
+                 # The group goes on in the context after its handle went.
+                 kept_trained = context_train_once(kept, 4)
+                 close(kept)
+                 (trained, with_two, duplicate, after, refused, kept_trained)
+             end for rank in 0:1]
+    for t in tasks
+        trained, with_two, duplicate, after, refused, kept_trained = fetch(t)
+        @test trained == ((1, fill(-1.0f0, 16)), (1, fill(-1.0f0, 8)))
+        @test with_two.groups == 2 && with_two.groups_created == 2
+        @test with_two.shared_memory && with_two.memory_bytes > 0
+        @test duplicate isa SXError && duplicate.status == SX.SX_ERR_INVALID_STATE
+        @test after.groups == 0 && after.memory_bytes == 0 && after.groups_created == 2
+        @test refused isa SXError && refused.status == SX.SX_ERR_INVALID_HANDLE
+        @test kept_trained == (1, fill(-1.0f0, 4))
     end
 end
 

@@ -25,6 +25,7 @@ from .errors import *  # noqa: F401,F403  SxError and its subclasses
 from .errors import SxError, check, status_string
 from .group import MemoryStats, ParamInfo, ParamState, RegroupResult, ShardGroup, StepResult, UnitInfo
 from .checkpoint import Future, read_user_blob
+from .context import Context, ContextStats
 from .optimizers import CustomOptimizer, Hyperparameter, Piece, register_optimizer
 
 from ._version import __version__  # noqa: E402

@@ -159,6 +159,25 @@ SX_NONFINITE_ERROR = 2
 c_status = ctypes.c_int32
 
 
+# The handles are opaque; a distinct pointer type keeps each from being mixed up with
+# the others.
+class sx_future(ctypes.Structure):
+    pass
+
+
+class sx_shard_group(ctypes.Structure):
+    pass
+
+
+class sx_context(ctypes.Structure):
+    pass
+
+
+sx_future_p = ctypes.POINTER(sx_future)
+sx_shard_group_p = ctypes.POINTER(sx_shard_group)
+sx_context_p = ctypes.POINTER(sx_context)
+
+
 class sx_group_config_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("rendezvous", ctypes.c_char_p),
                 ("rank", ctypes.c_int32), ("world_size", ctypes.c_int32),
@@ -172,7 +191,8 @@ class sx_group_config_t(ctypes.Structure):
                 ("trace_path", ctypes.c_char_p), ("trace_events", ctypes.c_int32),
                 ("transport", ctypes.c_int32), ("rendezvous_token", ctypes.c_char_p),
                 ("rendezvous_bind", ctypes.c_char_p), ("memory_copy_interval", ctypes.c_int32),
-                ("offload", ctypes.c_int32)]
+                ("offload", ctypes.c_int32), ("reserved1", ctypes.c_int32),
+                ("context", sx_context_p), ("name", ctypes.c_char_p)]
 
 
 class sx_param_group_desc_t(ctypes.Structure):
@@ -272,17 +292,22 @@ class sx_unit_info_t(ctypes.Structure):
                 ("replica_rank", ctypes.c_int32)]
 
 
-# The future is opaque; a distinct pointer type keeps it from being mixed up with others.
-class sx_future(ctypes.Structure):
-    pass
+class sx_context_config_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("rendezvous", ctypes.c_char_p),
+                ("rank", ctypes.c_int32), ("world_size", ctypes.c_int32),
+                ("backend", ctypes.c_int32), ("num_threads", ctypes.c_int32),
+                ("timeout_ms", ctypes.c_int32), ("transport", ctypes.c_int32),
+                ("bind_address", ctypes.c_char_p), ("rendezvous_token", ctypes.c_char_p),
+                ("rendezvous_bind", ctypes.c_char_p), ("device_ordinal", ctypes.c_int32),
+                ("reserved0", ctypes.c_int32), ("memory_budget_bytes", ctypes.c_uint64)]
 
 
-class sx_shard_group(ctypes.Structure):
-    pass
+class sx_context_stats_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("groups", ctypes.c_int64),
+                ("groups_created", ctypes.c_int64), ("channels", ctypes.c_int64),
+                ("memory_bytes", ctypes.c_uint64), ("memory_budget_bytes", ctypes.c_uint64),
+                ("shared_memory", ctypes.c_int32), ("reserved0", ctypes.c_int32)]
 
-
-sx_future_p = ctypes.POINTER(sx_future)
-sx_shard_group_p = ctypes.POINTER(sx_shard_group)
 
 sx_log_fn = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_char_p, ctypes.c_void_p)
 sx_future_callback = ctypes.CFUNCTYPE(None, sx_future_p, c_status, ctypes.c_void_p)
@@ -353,7 +378,7 @@ STRUCTS = {cls.__name__: cls for cls in (
     sx_step_result_t, sx_loss_scaling_t, sx_memory_stats_t, sx_param_info_t, sx_unit_info_t,
     sx_save_options_t, sx_load_options_t, sx_unit_ready_options_t, sx_param_state_t,
     sx_optimizer_piece_t, sx_optimizer_hyperparameter_t, sx_optimizer_desc_t, sx_regroup_options_t,
-    sx_regroup_result_t)}
+    sx_regroup_result_t, sx_context_config_t, sx_context_stats_t)}
 
 # ----------------------------------------------------------------------------------
 # Prototypes: name -> (restype, argtypes)
@@ -375,6 +400,11 @@ PROTOTYPES = {
     "sx_poll_joiners": (c_status, [sx_shard_group_p, _P(ctypes.c_int32)]),
     "sx_get_lost_ranks": (c_status, [sx_shard_group_p, _P(_c.c_int32), _c.c_int32, _P(_c.c_int32)]),
     "sx_trace_flush": (c_status, [sx_shard_group_p]),
+    "sx_context_config_init": (c_status, [_P(sx_context_config_t), _c.c_size_t]),
+    "sx_context_stats_init": (c_status, [_P(sx_context_stats_t), _c.c_size_t]),
+    "sx_create_context": (c_status, [_P(sx_context_config_t), _P(sx_context_p)]),
+    "sx_destroy_context": (c_status, [sx_context_p]),
+    "sx_get_context_stats": (c_status, [sx_context_p, _P(sx_context_stats_t)]),
     "sx_param_group_desc_init": (c_status, [_P(sx_param_group_desc_t), _c.c_size_t, _c.c_int32]),
     "sx_optimizer_desc_init": (c_status, [_P(sx_optimizer_desc_t), _c.c_size_t]),
     "sx_register_optimizer": (c_status, [_P(sx_optimizer_desc_t), _P(_c.c_int32)]),
@@ -515,4 +545,6 @@ INIT_FUNCTIONS = {
     "sx_optimizer_desc_t": "sx_optimizer_desc_init",
     "sx_regroup_options_t": "sx_regroup_options_init",
     "sx_regroup_result_t": "sx_regroup_result_init",
+    "sx_context_config_t": "sx_context_config_init",
+    "sx_context_stats_t": "sx_context_stats_init",
 }

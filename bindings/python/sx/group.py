@@ -293,18 +293,42 @@ class ShardGroup(Handle):
     ``reserve_checkpoint_staging=True``: finalize reserves the memory the checkpoint
     saves stage this rank's shard in, so that the first save blocks no longer than the
     later ones (SX_GROUP_RESERVE_CHECKPOINT_STAGING).
+
+    ``context=ctx, name="..."``: the group is made in an :class:`sx.Context` (see
+    :meth:`sx.Context.group`), under a name every rank passes and no live group of the
+    context has (InvalidStateError otherwise). It takes the context's rendezvous, ranks,
+    backend, pool, timeout and transport: leave those arguments out (``rank`` and
+    ``world_size`` then default to the context's; without a context, to 0 and 1). The
+    group keeps the context alive: it may be closed before its groups.
     """
 
-    def __init__(self, rendezvous, rank=0, world_size=1, *, stage=0, backend="auto",
+    def __init__(self, rendezvous=None, rank=None, world_size=None, *, stage=0, backend="auto",
                  num_threads=0, alignment=0, timeout_ms=0, trainable_autodetect=True,
                  reserve_checkpoint_staging=False,
                  bind_address=None, device_ordinal=0, grad_dtype=None, reduce_dtype=None,
                  prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0, trace_path=None,
                  trace_events=0, rendezvous_token=None, rendezvous_bind=None, transport="auto",
-                 memory_copy_interval=0, memory_copy_wait=False, join=False, offload=False):
+                 memory_copy_interval=0, memory_copy_wait=False, join=False, offload=False,
+                 context=None, name=None):
         cfg = _lib.init_struct(_lib.sx_group_config_t)
-        cfg.rendezvous = _encode("rendezvous", rendezvous)
-        cfg.rank, cfg.world_size, cfg.stage = rank, world_size, stage
+        if context is None:
+            if rendezvous is None:
+                raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                           "rendezvous is required for a group made without a context")
+            rank = 0 if rank is None else rank
+            world_size = 1 if world_size is None else world_size
+        else:
+            # The context's: borrowed for the call (the context lives while its groups do).
+            handle = context.handle if isinstance(context, Handle) else None
+            if not isinstance(handle, _lib.sx_context_p):
+                raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                           f"context must be an sx.Context, not {type(context).__name__}")
+            cfg.context = handle
+        if name is not None:
+            cfg.name = _encode("name", name)
+        if rendezvous is not None:
+            cfg.rendezvous = _encode("rendezvous", rendezvous)
+        cfg.rank, cfg.world_size, cfg.stage = rank or 0, world_size or 0, stage
         cfg.backend = _choice("backend", backend, _BACKENDS)
         cfg.transport = _choice("transport", transport, _TRANSPORTS)
         cfg.num_threads, cfg.alignment, cfg.timeout_ms = num_threads, alignment, timeout_ms

@@ -5,12 +5,15 @@
 #include "base/shared_arena.h"
 
 #include <poll.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +26,12 @@ namespace comm {
 namespace {
 
 constexpr const char *kSocketKey = "shm/socket";
+constexpr size_t kPage = 4096;
+// A channel's region begins with a page of its own: the count of ranks that let it go.
+constexpr size_t kChannelHeader = kPage;
+// The address space of a context's segment (SharedChannels): sparse, so it costs nothing
+// but what the channels touch, and enough for a million channels of 64 MiB.
+constexpr uint64_t kContextBytes = 1ull << 46;
 
 // Milliseconds left until `deadline` (at least 0), for poll.
 int remaining_ms(Clock::time_point deadline) {
@@ -260,8 +269,8 @@ Status take(const std::string &name, int rank, int world_size, bool offer, Clock
     return Status::Ok();
 }
 
-Status map(int fd, size_t bytes, char **data) {
-    void *p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+Status map(int fd, size_t bytes, uint64_t offset, char **data) {
+    void *p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
     SX_CHECK(p != MAP_FAILED, SX_ERR_OUT_OF_MEMORY, "shared memory: mapping %zu bytes: %s", bytes, std::strerror(errno));
     *data = static_cast<char *>(p);
     return Status::Ok();
@@ -277,7 +286,11 @@ std::string random_name() {
 }  // namespace
 
 SharedSegment::~SharedSegment() {
-    ::munmap(data_, bytes_);
+    if (channels_) {
+        channels_->close_channel(data_ - kChannelHeader, channel_offset_, bytes_ + kChannelHeader, channel_ranks_);
+        return;
+    }
+    ::munmap(data_, map_bytes_);
     for (const Peer &m : mappings_) ::munmap(const_cast<char *>(m.arena), m.arena_bytes);
 }
 
@@ -311,7 +324,8 @@ void SharedSegment::map_arenas(const std::vector<int> &fds) {
 }
 
 Status SharedSegment::open(rdzv::Store &store, int rank, int world_size, size_t bytes, Clock::time_point deadline,
-                           std::unique_ptr<SharedSegment> *out, bool exchange_arenas) {
+                           std::unique_ptr<SharedSegment> *out, bool exchange_arenas, size_t map_bytes, int *fd) {
+    if (map_bytes == 0) map_bytes = bytes;
     Fd segment;
     char *data = nullptr;
     std::vector<Peer> peers;
@@ -346,8 +360,9 @@ Status SharedSegment::open(rdzv::Store &store, int rank, int world_size, size_t 
         SX_CHECK(given == bytes, SX_ERR_COMM, "shared memory: rank 0 made a segment of %zu bytes, rank %d expected %zu",
                  given, rank, bytes);
     }
-    SX_TRY(map(segment.fd, bytes, &data));
+    SX_TRY(map(segment.fd, map_bytes, 0, &data));
     std::unique_ptr<SharedSegment> seg(new SharedSegment(data, bytes));
+    seg->map_bytes_ = map_bytes;
     seg->peers_ = std::move(peers);
     if (exchange_arenas) {
         std::vector<int> fds;
@@ -355,8 +370,84 @@ Status SharedSegment::open(rdzv::Store &store, int rank, int world_size, size_t 
         fds.resize(static_cast<size_t>(world_size), -1);
         seg->map_arenas(fds);
     }
+    if (fd) std::swap(*fd, segment.fd);
     *out = std::move(seg);
     return Status::Ok();
+}
+
+Status SharedChannels::open(rdzv::Store &store, int rank, int world_size, Clock::time_point deadline,
+                            std::shared_ptr<SharedChannels> *out) {
+    std::shared_ptr<SharedChannels> c(new SharedChannels());
+    SX_TRY(SharedSegment::open(store, rank, world_size, kContextBytes, deadline, &c->context_, true, kPage, &c->fd_));
+    c->rank_ = rank;
+    *out = std::move(c);
+    return Status::Ok();
+}
+
+SharedChannels::~SharedChannels() {
+    context_.reset();
+    if (fd_ >= 0) ::close(fd_);
+}
+
+int64_t SharedChannels::channels_open() const { return open_.load(); }
+
+Status SharedChannels::open_channel(rdzv::Store &store, int rank, int world_size, size_t bytes, Clock::time_point deadline,
+                                    std::unique_ptr<SharedSegment> *out) {
+    const uint64_t region = kChannelHeader + (bytes + kPage - 1) / kPage * kPage;
+    const int context_ranks = static_cast<int>(context_->peers_.size());
+    // Who the channel's ranks are in the context (their processes and arenas).
+    SX_TRY(store.set("channel/member/" + std::to_string(rank), std::to_string(rank_)));
+    std::vector<int> members(static_cast<size_t>(world_size));
+    for (int q = 0; q < world_size; ++q) {
+        std::string v;
+        SX_TRY(store.get("channel/member/" + std::to_string(q), &v, std::chrono::milliseconds(remaining_ms(deadline))));
+        char *end = nullptr;
+        const long m = std::strtol(v.c_str(), &end, 10);
+        SX_CHECK(!v.empty() && *end == '\0' && m >= 0 && m < context_ranks, SX_ERR_COMM,
+                 "shared memory: channel rank %d says it is context rank '%s' (of %d)", q, v.c_str(), context_ranks);
+        members[static_cast<size_t>(q)] = static_cast<int>(m);
+    }
+    uint64_t offset = 0;
+    if (rank == 0) {
+        auto *next = reinterpret_cast<std::atomic<uint64_t> *>(context_->data_);
+        offset = kPage + next->fetch_add(region);
+        const bool room = offset + region <= kContextBytes;
+        SX_TRY(store.set("channel/region", room ? std::to_string(offset) + ":" + std::to_string(region) : ""));
+        SX_CHECK(room, SX_ERR_OUT_OF_MEMORY, "shared memory: the context's segment has no room left for a channel of "
+                 "%llu bytes", static_cast<unsigned long long>(region));
+    } else {
+        std::string v;
+        SX_TRY(store.get("channel/region", &v, std::chrono::milliseconds(remaining_ms(deadline))));
+        unsigned long long at = 0, size = 0;
+        SX_CHECK(std::sscanf(v.c_str(), "%llu:%llu", &at, &size) == 2, SX_ERR_OUT_OF_MEMORY,
+                 "shared memory: the channel's rank 0 found no room for it in the context's segment");
+        SX_CHECK(size == region && at % kPage == 0, SX_ERR_COMM,
+                 "shared memory: the channel's rank 0 made a region of %llu bytes, rank %d expected %llu", size, rank,
+                 static_cast<unsigned long long>(region));
+        offset = at;
+    }
+    char *base = nullptr;
+    SX_TRY(map(fd_, region, offset, &base));
+    std::unique_ptr<SharedSegment> seg(new SharedSegment(base + kChannelHeader, region - kChannelHeader));
+    for (int m : members) seg->peers_.push_back(context_->peers_[static_cast<size_t>(m)]);
+    seg->arenas_mapped_ = context_->arenas_mapped_;
+    seg->channels_ = shared_from_this();
+    seg->channel_offset_ = offset;
+    seg->channel_ranks_ = world_size;
+    open_.fetch_add(1);
+    *out = std::move(seg);
+    return Status::Ok();
+}
+
+// The last of the channel's ranks to let it go gives its pages back (its range of the
+// segment is never handed out again, so nobody reads them after).
+void SharedChannels::close_channel(char *base, uint64_t offset, size_t region, int world_size) {
+    auto *released = reinterpret_cast<std::atomic<uint32_t> *>(base);
+    const bool last = released->fetch_add(1) + 1 == static_cast<uint32_t>(world_size);
+    ::munmap(base, region);
+    if (last) ::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                          static_cast<off_t>(region));
+    open_.fetch_sub(1);
 }
 
 std::string host_identity() {

@@ -809,9 +809,11 @@ Status create_shm_communicator(std::shared_ptr<rdzv::Store> store, int rank, int
     const Clock::time_point deadline =
         options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
     std::unique_ptr<SharedSegment> segment;
-    SX_TRY(SharedSegment::open(*store, rank, world_size,
-                               kHeaderBytes + (kReasonBytes + slot) * static_cast<size_t>(world_size),
-                               deadline, &segment, options.in_place));
+    const size_t bytes = kHeaderBytes + (kReasonBytes + slot) * static_cast<size_t>(world_size);
+    if (options.channels)
+        SX_TRY(options.channels->open_channel(*store, rank, world_size, bytes, deadline, &segment));
+    else
+        SX_TRY(SharedSegment::open(*store, rank, world_size, bytes, deadline, &segment, options.in_place));
     std::unique_ptr<ShmCommunicator> c(new ShmCommunicator(std::move(segment), rank, world_size, options.timeout, slot));
     SX_TRY(c->start());
     *out = std::move(c);

@@ -155,6 +155,12 @@ pub struct sx_future_t {
     _opaque: [u8; 0],
 }
 
+/// A context (sx_context.h): what groups on the same ranks share.
+#[repr(C)]
+pub struct sx_context_t {
+    _opaque: [u8; 0],
+}
+
 pub type sx_log_fn = Option<unsafe extern "C" fn(level: i32, message: *const c_char, user: *mut c_void)>;
 pub type sx_future_callback =
     Option<unsafe extern "C" fn(future: *mut sx_future_t, status: sx_status_t, user: *mut c_void)>;
@@ -187,6 +193,12 @@ pub struct sx_group_config_t {
     pub rendezvous_bind: *const c_char,
     pub memory_copy_interval: i32,
     pub offload: i32,
+    /// Must be 0.
+    pub reserved1: i32,
+    /// Appended in 1.7: the context to make the group in (borrowed for the call); NULL = none.
+    pub context: *mut sx_context_t,
+    /// Appended in 1.7: the group's name in its context (copied); required with a context.
+    pub name: *const c_char,
 }
 
 pub const SX_PREFETCH_NONE: i32 = -1;
@@ -425,6 +437,40 @@ pub struct sx_regroup_result_t {
     pub reserved0: i32,
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_context_config_t {
+    pub struct_size: usize,
+    pub rendezvous: *const c_char,
+    pub rank: i32,
+    pub world_size: i32,
+    pub backend: i32,
+    pub num_threads: i32,
+    pub timeout_ms: i32,
+    pub transport: i32,
+    pub bind_address: *const c_char,
+    pub rendezvous_token: *const c_char,
+    pub rendezvous_bind: *const c_char,
+    pub device_ordinal: i32,
+    /// Must be 0.
+    pub reserved0: i32,
+    /// The most bytes the context's groups may hold on this rank; 0 = no budget.
+    pub memory_budget_bytes: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_context_stats_t {
+    pub struct_size: usize,
+    pub groups: i64,
+    pub groups_created: i64,
+    pub channels: i64,
+    pub memory_bytes: u64,
+    pub memory_budget_bytes: u64,
+    pub shared_memory: i32,
+    pub reserved0: i32,
+}
+
 /// One piece of a param's elements in this rank's shard, filled by the library for a
 /// custom optimizer's [`sx_optimizer_update_fn`] (no init function); borrowed for the call.
 #[repr(C)]
@@ -505,6 +551,12 @@ extern "C" {
     pub fn sx_get_lost_ranks(group: *const sx_shard_group_t, ranks: *mut i32, capacity: i32, count: *mut i32)
         -> sx_status_t;
     pub fn sx_trace_flush(group: *mut sx_shard_group_t) -> sx_status_t;
+
+    pub fn sx_context_config_init(config: *mut sx_context_config_t, size: usize) -> sx_status_t;
+    pub fn sx_context_stats_init(stats: *mut sx_context_stats_t, size: usize) -> sx_status_t;
+    pub fn sx_create_context(config: *const sx_context_config_t, out: *mut *mut sx_context_t) -> sx_status_t;
+    pub fn sx_destroy_context(context: *mut sx_context_t) -> sx_status_t;
+    pub fn sx_get_context_stats(context: *const sx_context_t, out: *mut sx_context_stats_t) -> sx_status_t;
 
     pub fn sx_param_group_desc_init(desc: *mut sx_param_group_desc_t, size: usize, optimizer: i32) -> sx_status_t;
     pub fn sx_optimizer_desc_init(desc: *mut sx_optimizer_desc_t, size: usize) -> sx_status_t;

@@ -6,8 +6,8 @@ use sx_sys as sys;
 use crate::error::{check, cstr_lossy, invalid_argument, Error, Result};
 use crate::future::{self, SaveFuture};
 use crate::options::{
-    c_string, init, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, Param, ParamGroup, SaveOptions,
-    StepOptions, UnitReadyOptions,
+    c_ptr, c_secret, c_string, c_string_opt, init, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, Param,
+    ParamGroup, SaveOptions, StepOptions, UnitReadyOptions,
 };
 
 /// This rank's handle of a shard group. Released when dropped (or by [`ShardGroup::close`]).
@@ -223,31 +223,24 @@ impl ShardGroup {
     pub fn new(config: &GroupConfig) -> Result<ShardGroup> {
         crate::check_version()?;
         let rendezvous = c_string("rendezvous", &config.rendezvous)?;
-        let bind = match &config.bind_address {
-            Some(a) => Some(c_string("bind_address", a)?),
-            None => None,
-        };
-        let trace = match &config.trace_path {
-            Some(p) => Some(c_string("trace_path", p)?),
-            None => None,
-        };
-        // The token's own text stays out of the error (c_string would show it).
-        let token = match &config.rendezvous_token {
-            Some(t) => Some(std::ffi::CString::new(t.0.as_str()).map_err(|_| {
-                crate::error::invalid_argument("rendezvous_token contains a NUL byte".to_string())
-            })?),
-            None => None,
-        };
-        let rendezvous_bind = match &config.rendezvous_bind {
-            Some(a) => Some(c_string("rendezvous_bind", a)?),
-            None => None,
-        };
+        let bind = c_string_opt("bind_address", &config.bind_address)?;
+        let trace = c_string_opt("trace_path", &config.trace_path)?;
+        let token = c_secret(&config.rendezvous_token)?;
+        let rendezvous_bind = c_string_opt("rendezvous_bind", &config.rendezvous_bind)?;
+        let name = c_string_opt("name", &config.name)?;
         let mut raw = config.raw;
-        raw.rendezvous = rendezvous.as_ptr();
-        raw.bind_address = bind.as_ref().map_or(ptr::null(), |b| b.as_ptr());
-        raw.trace_path = trace.as_ref().map_or(ptr::null(), |t| t.as_ptr());
-        raw.rendezvous_token = token.as_ref().map_or(ptr::null(), |t| t.as_ptr());
-        raw.rendezvous_bind = rendezvous_bind.as_ref().map_or(ptr::null(), |b| b.as_ptr());
+        raw.rendezvous = if config.rendezvous.is_empty() && config.context.is_some() {
+            ptr::null()
+        } else {
+            rendezvous.as_ptr()
+        };
+        raw.bind_address = c_ptr(&bind);
+        raw.trace_path = c_ptr(&trace);
+        raw.rendezvous_token = c_ptr(&token);
+        raw.rendezvous_bind = c_ptr(&rendezvous_bind);
+        raw.name = c_ptr(&name);
+        // Borrowed for the call: config holds the context's handle meanwhile.
+        raw.context = config.context.as_ref().map_or(ptr::null_mut(), |c| c.as_ptr());
         let mut g = ptr::null_mut();
         check(unsafe { sys::sx_create_shard_group(&raw, &mut g) })?;
         Ok(ShardGroup { raw: g })

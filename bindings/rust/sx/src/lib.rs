@@ -11,6 +11,7 @@
 //! g.step(None)?;
 //! # Ok::<(), sx::Error>(())
 //! ```
+mod context;
 mod error;
 mod future;
 mod group;
@@ -19,6 +20,7 @@ mod optimizer;
 mod options;
 mod state;
 
+pub use context::{Context, ContextConfig, ContextStats};
 pub use error::{status_string, Error, Result};
 pub use future::SaveFuture;
 pub use group::{MemoryStats, ParamInfo, RegroupResult, ShardGroup, StepResult, Tensors, UnitInfo, UnitTensors};

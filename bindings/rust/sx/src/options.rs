@@ -13,6 +13,24 @@ pub(crate) fn c_string(what: &str, s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| invalid_argument(format!("{} {:?} contains a NUL byte", what, s)))
 }
 
+/// An optional string as an optional C string (None stays None).
+pub(crate) fn c_string_opt(what: &str, s: &Option<String>) -> Result<Option<CString>> {
+    s.as_ref().map(|s| c_string(what, s)).transpose()
+}
+
+/// A rendezvous token as a C string: its own text stays out of the error (c_string would
+/// show it).
+pub(crate) fn c_secret(s: &Option<Secret>) -> Result<Option<CString>> {
+    s.as_ref()
+        .map(|t| CString::new(t.0.as_str()).map_err(|_| invalid_argument("rendezvous_token contains a NUL byte".to_string())))
+        .transpose()
+}
+
+/// The pointer C reads for an optional C string: NULL for None.
+pub(crate) fn c_ptr(s: &Option<CString>) -> *const std::os::raw::c_char {
+    s.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())
+}
+
 /// Calls an `sx_*_init(p, size)` function on a fresh struct. The init functions only
 /// fail on a NULL pointer or a too-small size, neither possible here.
 pub(crate) fn init<T>(f: unsafe extern "C" fn(*mut T, usize) -> sys::sx_status_t) -> T {
@@ -67,7 +85,7 @@ pub enum Backend {
 }
 
 impl Backend {
-    fn raw(self) -> i32 {
+    pub(crate) fn raw(self) -> i32 {
         match self {
             Backend::Auto => sys::SX_BACKEND_AUTO,
             Backend::Cpu => sys::SX_BACKEND_CPU,
@@ -89,7 +107,7 @@ pub enum Transport {
 }
 
 impl Transport {
-    fn raw(self) -> i32 {
+    pub(crate) fn raw(self) -> i32 {
         match self {
             Transport::Auto => sys::SX_TRANSPORT_AUTO,
             Transport::Tcp => sys::SX_TRANSPORT_TCP,
@@ -123,7 +141,8 @@ impl Dtype {
     }
 }
 
-/// How ranks meet and what the group is: `GroupConfig::new("local://name").rank(r).world_size(n)`.
+/// How ranks meet and what the group is: `GroupConfig::new("local://name").rank(r).world_size(n)`,
+/// or, for a group made in a [`Context`](crate::Context), `GroupConfig::in_context(&ctx, "name")`.
 #[derive(Clone, Debug)]
 pub struct GroupConfig {
     pub(crate) raw: sys::sx_group_config_t,
@@ -132,6 +151,8 @@ pub struct GroupConfig {
     pub(crate) trace_path: Option<String>,
     pub(crate) rendezvous_token: Option<Secret>,
     pub(crate) rendezvous_bind: Option<String>,
+    pub(crate) context: Option<std::sync::Arc<crate::context::RawContext>>,
+    pub(crate) name: Option<String>,
 }
 
 /// A rendezvous token: its Debug shows that there is one, never what it is.
@@ -154,7 +175,26 @@ impl GroupConfig {
             trace_path: None,
             rendezvous_token: None,
             rendezvous_bind: None,
+            context: None,
+            name: None,
         }
+    }
+    /// A group made in `context` under `name` (the same on every rank; no two live groups
+    /// of a context share one, SX_ERR_INVALID_STATE otherwise). It takes the context's
+    /// rendezvous, ranks, backend, pool, timeout and transport: leave those unset (or set
+    /// them to the context's). The config holds the context's handle until it is dropped.
+    pub fn in_context(context: &crate::Context, name: &str) -> GroupConfig {
+        GroupConfig::new("").context(context).name(name)
+    }
+    /// The context to make the group in (see [`GroupConfig::in_context`]).
+    pub fn context(mut self, context: &crate::Context) -> Self {
+        self.context = Some(context.raw.clone());
+        self
+    }
+    /// The group's name in its context: at most 128 bytes of letters, digits and "-_.".
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = Some(name.to_string());
+        self
     }
     pub fn rank(mut self, rank: i32) -> Self {
         self.raw.rank = rank;

@@ -1,0 +1,119 @@
+#include "core/context.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "base/log.h"
+#include "comm/shm/segment.h"
+#include "rdzv/stores.h"
+
+namespace sx {
+namespace core {
+namespace {
+
+// Whether every rank of the context runs on this host (each says where it runs through
+// `store`, and all decide alike), so that its groups' channels can share memory.
+Status all_on_this_host(rdzv::Store &store, int rank, int world_size, Clock::time_point deadline, bool *out) {
+    const std::string mine = comm::host_identity();
+    SX_TRY(store.set("host/" + std::to_string(rank), mine));
+    *out = true;
+    for (int q = 0; q < world_size; ++q) {
+        std::string theirs;
+        const Millis left = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
+        SX_TRY(store.get("host/" + std::to_string(q), &theirs, left));
+        *out = *out && theirs == mine;
+    }
+    return Status::Ok();
+}
+
+bool valid_name(const std::string &name) {
+    if (name.empty() || name.size() > 128) return false;
+    return std::all_of(name.begin(), name.end(), [](char ch) {
+        return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+               ch == '_' || ch == '.';
+    });
+}
+
+}  // namespace
+
+Status Context::create(const GroupConfig &cfg, uint64_t budget, std::shared_ptr<Context> *out) {
+    const Millis timeout(cfg.timeout_ms);
+    const Clock::time_point deadline = Clock::now() + timeout;
+    std::shared_ptr<Context> c(new Context());
+    rdzv::Rendezvous rv;
+    SX_TRY(resolve_config(cfg, &rv, &c->base_));
+    GroupConfig &b = c->base_;
+    SX_TRY(rdzv::open_store(rv, timeout, &c->store_));
+    std::shared_ptr<rdzv::Store> own = rdzv::make_prefix_store(c->store_, "context/");
+    SX_TRY(rdzv::await_ranks(*own, b.rank, b.world_size, deadline));
+    b.num_threads = pool_threads(b);
+    c->pool_ = std::make_shared<optim::ThreadPool>(b.num_threads);
+    c->budget_ = std::make_shared<MemoryBudget>(budget);
+    // SX_TRANSPORT_TCP, or SX_SHARED_MEMORY=0, keeps the groups on their own connections.
+    const char *shm = std::getenv("SX_SHARED_MEMORY");
+    const bool may_share = b.backend == SX_BACKEND_CPU && b.transport != SX_TRANSPORT_TCP &&
+                           !(shm && std::strcmp(shm, "0") == 0);
+    bool one_host = false;
+    if (may_share) SX_TRY(all_on_this_host(*own, b.rank, b.world_size, deadline, &one_host));
+    if (one_host) {
+        Status s = comm::SharedChannels::open(*rdzv::make_prefix_store(own, "shm/"), b.rank, b.world_size, deadline,
+                                              &c->channels_);
+        if (s.code() != SX_ERR_UNSUPPORTED) SX_TRY(s);
+        // Every rank learns it alike (rank 0 could not make the segment).
+        if (!s.ok()) log(SX_LOG_WARN, "sx: rank %d: %s; the context's groups connect on their own", b.rank,
+                         s.message().c_str());
+    }
+    log(SX_LOG_INFO, "sx: rank %d of %d made a context on %s (%d threads, %s%s)", b.rank, b.world_size,
+        b.rendezvous.c_str(), b.num_threads, c->channels_ ? "its groups' channels in shared memory" : "its groups connect on their own",
+        budget ? format(", a budget of %llu bytes", static_cast<unsigned long long>(budget)).c_str() : "");
+    *out = std::move(c);
+    return Status::Ok();
+}
+
+Context::~Context() = default;
+
+Status Context::claim(const std::string &name, std::string *key_space) {
+    SX_CHECK_ARG(valid_name(name),
+                 "the group's name '%s' in its context must be 1 to 128 letters, digits, '-', '_' or '.'",
+                 name.c_str());
+    std::lock_guard<std::mutex> lock(mu_);
+    SX_CHECK(!closed_, SX_ERR_INVALID_STATE,
+             "the context was destroyed (sx_destroy_context): no group may be made in it any more");
+    SX_CHECK(!live_[name], SX_ERR_INVALID_STATE,
+             "a live group of the context is named '%s' already: each group of a context has a name of its own",
+             name.c_str());
+    live_[name] = true;
+    const int64_t n = made_[name]++;
+    ++created_;
+    *key_space = format("groups/%s/%lld/", name.c_str(), static_cast<long long>(n));
+    return Status::Ok();
+}
+
+void Context::release(const std::string &name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.erase(name);
+}
+
+void Context::close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+}
+
+Context::Stats Context::stats() const {
+    Stats s;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        s.groups = static_cast<int64_t>(live_.size());
+        s.groups_created = created_;
+    }
+    s.channels = channels_ ? channels_->channels_open() : 0;
+    s.memory_bytes = budget_->used();
+    s.memory_budget_bytes = budget_->limit();
+    s.shared_memory = channels_ != nullptr;
+    return s;
+}
+
+}  // namespace core
+}  // namespace sx

@@ -1,0 +1,77 @@
+// A context (sx_context.h): what the groups on the same ranks share. The store, opened
+// once, in which each group takes a key space of its own; the thread pool; the transport,
+// where every rank runs on this host (shared memory, whose channels the groups' communicators
+// become: comm/shm/segment.h, SharedChannels); and a memory budget. Groups hold it (a
+// shared pointer in their GroupConfig), so it lives while any of them does.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "base/status.h"
+#include "core/group_config.h"
+#include "core/memory_budget.h"
+#include "optim/thread_pool.h"
+#include "rdzv/store.h"
+
+namespace sx {
+namespace comm {
+class SharedChannels;
+}
+namespace core {
+
+class Context {
+  public:
+    // Collective over base's ranks: opens the rendezvous, waits for every rank, starts the
+    // pool, and where every rank runs on this host (and the CPU transport may share memory)
+    // opens the shared memory its groups' channels come from. budget: bytes per rank (0: none).
+    static Status create(const GroupConfig &base, uint64_t budget, std::shared_ptr<Context> *out);
+    ~Context();
+
+    // What every group of the context takes from it: rendezvous, rank, world size, backend,
+    // pool size, timeout, transport and bind address, resolved.
+    const GroupConfig &base() const { return base_; }
+    const std::shared_ptr<rdzv::Store> &store() const { return store_; }
+    const std::shared_ptr<optim::ThreadPool> &pool() const { return pool_; }
+    // Null where the context's ranks do not all share this host's memory.
+    const std::shared_ptr<comm::SharedChannels> &channels() const { return channels_; }
+    const std::shared_ptr<MemoryBudget> &budget() const { return budget_; }
+
+    // A group named `name` joins: SX_ERR_INVALID_ARGUMENT for a bad name, SX_ERR_INVALID_STATE
+    // for one a live group has or after close(). *key_space: the group's own prefix of the
+    // store ("groups/NAME/N/": N counts the groups of that name so far, alike on every rank
+    // that makes and destroys its groups in the same order, so that no group reads what an
+    // earlier one of its name left). Any thread.
+    Status claim(const std::string &name, std::string *key_space);
+    void release(const std::string &name);  // the group went; any thread
+    // The handle went: no group may join from now on. Any thread.
+    void close();
+
+    struct Stats {
+        int64_t groups = 0, groups_created = 0, channels = 0;
+        uint64_t memory_bytes = 0, memory_budget_bytes = 0;
+        bool shared_memory = false;
+    };
+    Stats stats() const;  // any thread
+
+  private:
+    Context() = default;
+    GroupConfig base_;
+    std::shared_ptr<rdzv::Store> store_;
+    std::shared_ptr<optim::ThreadPool> pool_;
+    std::shared_ptr<comm::SharedChannels> channels_;
+    std::shared_ptr<MemoryBudget> budget_;
+
+    mutable std::mutex mu_;
+    std::map<std::string, int64_t> made_;  // under mu_: per name, groups made so far
+    std::map<std::string, bool> live_;     // under mu_: names of live groups
+    int64_t created_ = 0;                  // under mu_
+    bool closed_ = false;                  // under mu_
+};
+
+}  // namespace core
+}  // namespace sx

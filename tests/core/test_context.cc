@@ -1,0 +1,490 @@
+// Contexts (sx_context.h): many tenants' groups on one rendezvous, one transport and one
+// pool.
+//  - Tenants stepped at once from threads of their own, in different orders on each rank,
+//    train to the bits of the same tenants made without a context.
+//  - A tenant's failure (ranks in different calls: SX_ERR_MISMATCH; a load of a checkpoint
+//    that is not there) fails that tenant alone; the others go on to the same bits.
+//  - A budget refuses a group's sx_finalize on every rank before anything is allocated,
+//    naming the budget, the request and the use; the stats count what the groups hold.
+//  - Names: unique among live groups, reusable after one goes; a destroyed handle lets its
+//    groups live and refuses new ones; groups made in a context open channels, no socket.
+//  - Ranks as processes over tcp://: the same tenants; a peer's death fails them all, and
+//    each regroups on its own from its memory copies.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "process_ranks.h"
+#include "run_ranks.h"
+#include "sx_cmocka.h"
+#include "view_values.h"
+
+namespace {
+
+using sxtest::view_get;
+using sxtest::view_put;
+
+constexpr int kElems = 1000;
+
+std::string failed(const char *what, sx_status_t st) {
+    return std::string(what) + ": " + sx_status_string(st) + " (" + sx_last_error_message() + ")";
+}
+
+// One tenant: a group with params "w" (kElems fp32 values, AdamW) and "b" (7 values, SGD
+// with momentum), in `ctx` (or on `rendezvous` of its own where ctx is null).
+struct Tenant {
+    sx_shard_group_t *g = nullptr;
+    int id = 0, rank = 0, world = 0, stage = 2, memory_copies = 0;
+    ~Tenant() { sx_destroy_shard_group(g); }
+
+    sx_status_t create(sx_context_t *ctx, const std::string &rendezvous, const std::string &name) {
+        sx_group_config_t c;
+        sx_group_config_init(&c, sizeof c);
+        c.stage = stage;
+        c.memory_copy_interval = memory_copies;
+        c.timeout_ms = ctx ? 0 : 20000;
+        if (ctx) {
+            c.context = ctx;
+            c.name = name.c_str();
+        } else {
+            c.rendezvous = rendezvous.c_str();
+            c.rank = rank;
+            c.world_size = world;
+            c.num_threads = 1;
+        }
+        sx_status_t st = sx_create_shard_group(&c, &g);
+        if (st != SX_OK) return st;
+        return add_params(this->stage);
+    }
+
+    sx_status_t add_params(int) {
+        sx_param_group_desc_t d;
+        sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_ADAMW);
+        d.lr = 1e-2 * (1 + id);
+        d.weight_decay = 0.01;
+        sx_status_t st = sx_add_param_group(g, &d, nullptr);
+        sx_param_group_desc_init(&d, sizeof d, SX_OPTIM_SGD);
+        d.lr = 0.1;
+        d.momentum = 0.9;
+        if (st == SX_OK) st = sx_add_param_group(g, &d, nullptr);
+        const int64_t shapes[2] = {kElems, 7};
+        const char *names[2] = {"w", "b"};
+        for (int p = 0; p < 2 && st == SX_OK; ++p) {
+            sx_param_desc_t pd;
+            sx_param_desc_init(&pd, sizeof pd);
+            pd.name = names[p];
+            pd.ndim = 1;
+            pd.shape = &shapes[p];
+            pd.param_group = p;
+            pd.unit = p;
+            st = sx_add_param(g, &pd, nullptr);
+        }
+        return st;
+    }
+
+    sx_status_t init() {
+        for (int p = 0; p < 2; ++p) {
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            sx_status_t st = sx_param_view(g, p, &v);
+            if (st != SX_OK) return st;
+            for (uint64_t i = 0; i < v.numel; ++i) view_put(v, i, std::cos(0.01f * i + p + id));
+        }
+        return SX_OK;
+    }
+
+    sx_status_t step(int s) {
+        for (int p = 0; p < 2; ++p) {
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            sx_status_t st = sx_grad_view(g, p, &v);
+            if (st != SX_OK) return st;
+            for (uint64_t i = 0; i < v.numel; ++i)
+                view_put(v, i, std::sin(0.1f * (i + 1) * (s + 1) + id + 0.3f * rank + p));
+        }
+        return sx_step(g, nullptr, nullptr);
+    }
+
+    sx_status_t params(std::vector<float> *out) {
+        out->clear();
+        for (int p = 0; p < 2; ++p) {
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            sx_status_t st = sx_param_view(g, p, &v);
+            if (st != SX_OK) return st;
+            for (uint64_t i = 0; i < v.numel; ++i) out->push_back(view_get(v, i));
+        }
+        return SX_OK;
+    }
+
+    // finalize, init and `steps` steps: "" or what failed.
+    std::string train(int steps) {
+        sx_status_t st = sx_finalize(g);
+        if (st != SX_OK) return failed("finalize", st);
+        if ((st = init()) != SX_OK) return failed("init", st);
+        for (int s = 0; s < steps; ++s)
+            if ((st = step(s)) != SX_OK) return failed("step", st);
+        return "";
+    }
+};
+
+sx_context_t *make_context(const std::string &rendezvous, int rank, int world, uint64_t budget, sx_status_t *st) {
+    sx_context_config_t c;
+    sx_context_config_init(&c, sizeof c);
+    c.rendezvous = rendezvous.c_str();
+    c.rank = rank;
+    c.world_size = world;
+    c.backend = SX_BACKEND_CPU;
+    c.num_threads = 1;
+    c.timeout_ms = 20000;
+    c.memory_budget_bytes = budget;
+    sx_context_t *ctx = nullptr;
+    *st = sx_create_context(&c, &ctx);
+    return ctx;
+}
+
+// The final params of `tenants` tenants trained `steps` steps each without a context.
+std::vector<std::vector<float>> reference(int world, int tenants, int steps, const std::string &tag) {
+    std::vector<std::vector<float>> out(static_cast<size_t>(tenants));
+    for (int t = 0; t < tenants; ++t) {
+        const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
+            Tenant x;
+            x.id = t;
+            x.rank = rank;
+            x.world = world;
+            sx_status_t st = x.create(nullptr, "local://ctx-ref-" + tag + std::to_string(t), "");
+            if (st != SX_OK) return failed("create", st);
+            std::string e = x.train(steps);
+            if (!e.empty()) return e;
+            if (rank == 0 && (st = x.params(&out[static_cast<size_t>(t)])) != SX_OK) return failed("params", st);
+            return "";
+        });
+        if (!err.empty()) fail_msg("reference tenant %d: %s", t, err.c_str());
+    }
+    return out;
+}
+
+// 3 tenants in one context of `world` ranks, each stepped on a thread of its own (started
+// in a different order on each rank), train to the bits of the same tenants alone.
+void tenants_at_once(int world) {
+    const int tenants = 3, steps = 4;
+    const std::vector<std::vector<float>> want = reference(world, tenants, steps, "a" + std::to_string(world));
+    std::vector<std::vector<float>> got(static_cast<size_t>(tenants));
+    const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
+        sx_status_t st;
+        sx_context_t *ctx = make_context("local://ctx-at-once-" + std::to_string(world), rank, world, 0, &st);
+        if (!ctx) return failed("context", st);
+        std::vector<std::string> errs(static_cast<size_t>(tenants));
+        std::vector<std::thread> threads;
+        for (int k = 0; k < tenants; ++k) {
+            const int t = (k + rank) % tenants;  // each rank starts them in another order
+            threads.emplace_back([&, t] {
+                Tenant x;
+                x.id = t;
+                x.rank = rank;
+                sx_status_t s = x.create(ctx, "", "tenant-" + std::to_string(t));
+                std::string e = s == SX_OK ? x.train(steps) : failed("create", s);
+                if (e.empty() && rank == 0 && (s = x.params(&got[static_cast<size_t>(t)])) != SX_OK)
+                    e = failed("params", s);
+                errs[static_cast<size_t>(t)] = e;
+            });
+        }
+        for (auto &t : threads) t.join();
+        sx_destroy_context(ctx);
+        for (int t = 0; t < tenants; ++t)
+            if (!errs[static_cast<size_t>(t)].empty()) return "tenant " + std::to_string(t) + ": " + errs[static_cast<size_t>(t)];
+        return "";
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    for (int t = 0; t < tenants; ++t) {
+        assert_int_equal(got[static_cast<size_t>(t)].size(), want[static_cast<size_t>(t)].size());
+        assert_memory_equal(got[static_cast<size_t>(t)].data(), want[static_cast<size_t>(t)].data(),
+                            want[static_cast<size_t>(t)].size() * sizeof(float));
+    }
+}
+
+void test_tenants_at_once_2(void **) { tenants_at_once(2); }
+void test_tenants_at_once_3(void **) { tenants_at_once(3); }
+
+// Tenant 1 fails three times (ranks in different calls; a load of no checkpoint; NaN
+// gradients under SX_NONFINITE_ERROR); tenants 0 and 2 step on around it and end on the
+// bits of tenants alone.
+void test_a_tenants_failure_stays_in_it(void **) {
+    const int world = 2, steps = 3;
+    const std::vector<std::vector<float>> want = reference(world, 3, steps, "f");
+    std::vector<std::vector<float>> got(3);
+    const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
+        sx_status_t st;
+        sx_context_t *ctx = make_context("local://ctx-failure", rank, world, 0, &st);
+        if (!ctx) return failed("context", st);
+        std::string out;
+        {
+            Tenant t[3];
+            for (int k = 0; k < 3 && out.empty(); ++k) {
+                t[k].id = k;
+                t[k].rank = rank;
+                if ((st = t[k].create(ctx, "", "t" + std::to_string(k))) != SX_OK) out = failed("create", st);
+                if (out.empty() && (st = sx_finalize(t[k].g)) != SX_OK) out = failed("finalize", st);
+                if (out.empty() && (st = t[k].init()) != SX_OK) out = failed("init", st);
+            }
+            for (int s = 0; s < steps && out.empty(); ++s) {
+                if ((st = t[0].step(s)) != SX_OK) out = failed("tenant 0 step", st);
+                if (s == 1) {
+                    // Rank 0 steps tenant 1, rank 1 broadcasts its params: both told at once.
+                    st = rank == 0 ? t[1].step(s) : sx_broadcast_params(t[1].g, 0);
+                    if (st != SX_ERR_MISMATCH) out = "tenant 1's mixed calls gave " + failed("", st);
+                    sx_load_options_t lo;
+                    sx_load_optim_state_options_init(&lo, sizeof lo);
+                    lo.path = "/nonexistent/sx-context-test/step-1";
+                    st = sx_load_optim_state(t[1].g, &lo);
+                    if (out.empty() && st == SX_OK) out = "tenant 1 loaded a checkpoint that is not there";
+                }
+                if (s == 2 && out.empty()) {
+                    // Tenant 1's gradients are NaN, and its policy makes that an error.
+                    sx_view_t v;
+                    sx_view_init(&v, sizeof v);
+                    sx_grad_view(t[1].g, 0, &v);
+                    sxtest::view_put(v, 3, std::nanf(""));
+                    sx_step_options_t so;
+                    sx_step_options_init(&so, sizeof so);
+                    so.nonfinite = SX_NONFINITE_ERROR;
+                    if ((st = sx_step(t[1].g, &so, nullptr)) != SX_ERR_NONFINITE)
+                        out = "tenant 1's NaN gradients under SX_NONFINITE_ERROR gave " + failed("", st);
+                }
+                if (out.empty() && (st = t[2].step(s)) != SX_OK) out = failed("tenant 2 step", st);
+            }
+            if (out.empty() && rank == 0) {
+                t[0].params(&got[0]);
+                t[2].params(&got[2]);
+            }
+        }
+        sx_destroy_context(ctx);
+        return out;
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    for (int t : {0, 2}) {
+        assert_int_equal(got[t].size(), want[t].size());
+        assert_memory_equal(got[t].data(), want[t].data(), want[t].size() * sizeof(float));
+    }
+}
+
+// A budget that holds tenant 0 but not tenant 0 and 1: tenant 1's finalize is refused on
+// both ranks (rank 1's budget is the small one), naming the budget, and nothing is held for
+// it; destroying tenant 0 gives its bytes back.
+void test_budget(void **) {
+    const int world = 2;
+    const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
+        sx_status_t st;
+        // A tenant holds about 12 KB (its params and grads, 4 KiB each, AdamW's two slots
+        // and SGD's one of its shard): room for one.
+        sx_context_t *ctx = make_context("local://ctx-budget", rank, world, rank == 1 ? 20000 : 0, &st);
+        if (!ctx) return failed("context", st);
+        std::string out;
+        sx_context_stats_t s0, s1, s2, s3;
+        for (sx_context_stats_t *s : {&s0, &s1, &s2, &s3}) sx_context_stats_init(s, sizeof *s);
+        {
+            Tenant a, b;
+            a.rank = b.rank = rank;
+            b.id = 1;
+            if ((st = a.create(ctx, "", "a")) != SX_OK || (st = sx_finalize(a.g)) != SX_OK) out = failed("tenant a", st);
+            sx_get_context_stats(ctx, &s0);
+            if (out.empty() && (st = b.create(ctx, "", "b")) != SX_OK) out = failed("create b", st);
+            if (out.empty()) {
+                st = sx_finalize(b.g);
+                const std::string msg = sx_last_error_message();
+                if (st != SX_ERR_OUT_OF_MEMORY) out = "tenant b's finalize over the budget gave " + failed("", st);
+                else if (rank == 1 && (msg.find("budget of") == std::string::npos || msg.find("requested") == std::string::npos ||
+                                       msg.find("held by its groups") == std::string::npos))
+                    out = "the refusal does not name the budget, the request and the use: " + msg;
+                else if (rank == 1)
+                    std::printf("rank 1's refusal: %s\n", msg.c_str());
+                else if (rank == 0 && msg.find("rank 1") == std::string::npos)
+                    out = "rank 0 is not told which rank refused: " + msg;
+            }
+            sx_get_context_stats(ctx, &s1);
+            if (out.empty() && (st = a.step(0)) != SX_OK) out = failed("tenant a steps on", st);
+        }
+        sx_get_context_stats(ctx, &s2);
+        if (out.empty() && rank == 1) {
+            if (s0.memory_bytes < 10000 || s0.memory_bytes > 20000 || s0.memory_budget_bytes != 20000)
+                out = "tenant a holds " + std::to_string(s0.memory_bytes) + " bytes of a budget of " +
+                      std::to_string(s0.memory_budget_bytes);
+            else if (s1.memory_bytes != s0.memory_bytes)
+                out = "the refused finalize holds " + std::to_string(s1.memory_bytes - s0.memory_bytes) + " bytes";
+            else if (s2.memory_bytes != 0 || s2.groups != 0 || s1.groups != 2 || s2.groups_created != 2)
+                out = "after both went: " + std::to_string(s2.memory_bytes) + " bytes, " + std::to_string(s2.groups) +
+                      " groups";
+            else if (s0.shared_memory != 1 || s0.channels < 1)
+                out = "the context's groups are not on its shared memory";
+        }
+        sx_destroy_context(ctx);
+        return out;
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
+// Names: a live group's name is refused, a gone one's reused (its keys are not read
+// again); a group with no name, or the context's fields set otherwise, is refused; 100
+// groups in turn open channels of the context only; a destroyed handle refuses new groups
+// while the live ones go on.
+void test_names_and_lifetime(void **) {
+    const int world = 2;
+    const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
+        sx_status_t st;
+        sx_context_t *ctx = make_context("local://ctx-names", rank, world, 0, &st);
+        if (!ctx) return failed("context", st);
+        Tenant keep;
+        keep.rank = rank;
+        if ((st = keep.create(ctx, "", "keep")) != SX_OK) return failed("create keep", st);
+        sx_group_config_t c;
+        sx_group_config_init(&c, sizeof c);
+        c.context = ctx;
+        c.name = "keep";
+        sx_shard_group_t *g = nullptr;
+        if ((st = sx_create_shard_group(&c, &g)) != SX_ERR_INVALID_STATE || g)
+            return "a second live 'keep' gave " + failed("", st);
+        c.name = nullptr;
+        if ((st = sx_create_shard_group(&c, &g)) != SX_ERR_INVALID_ARGUMENT) return "no name gave " + failed("", st);
+        c.name = "x";
+        c.rendezvous = "local://elsewhere";
+        if ((st = sx_create_shard_group(&c, &g)) != SX_ERR_INVALID_ARGUMENT) return "a rendezvous gave " + failed("", st);
+        c.rendezvous = nullptr;
+        c.name = "bad name!";
+        if ((st = sx_create_shard_group(&c, &g)) != SX_ERR_INVALID_ARGUMENT) return "a bad name gave " + failed("", st);
+        for (int i = 0; i < 100; ++i) {
+            Tenant t;
+            t.rank = rank;
+            t.id = i % 3;
+            if ((st = t.create(ctx, "", "again")) != SX_OK) return "group " + std::to_string(i) + ": " + failed("", st);
+            std::string e = t.train(1);
+            if (!e.empty()) return "group " + std::to_string(i) + ": " + e;
+        }
+        sx_context_stats_t s;
+        sx_context_stats_init(&s, sizeof s);
+        sx_get_context_stats(ctx, &s);
+        if (s.groups != 1 || s.groups_created != 101) return "stats: " + std::to_string(s.groups) + " groups";
+        sx_destroy_context(ctx);
+        std::string e = keep.train(2);
+        if (!e.empty()) return "after the context's handle went: " + e;
+        return "";
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
+// ----------------------------------------------------------------------------------
+// Processes over tcp://
+
+// The sockets this process holds open (its /proc/self/fd entries that are sockets).
+int sockets_open() {
+    int n = 0;
+    for (int fd = 0; fd < 4096; ++fd) {
+        char link[64], target[128];
+        std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        const ssize_t len = ::readlink(link, target, sizeof target - 1);
+        if (len > 0) n += std::strncmp(target, "socket:", 7) == 0;
+    }
+    return n;
+}
+
+int child_main(int argc, char **argv) {
+    sxtest::ChildArgs a;
+    if (!sxtest::parse_child_args(argc, argv, &a)) return 2;
+    const std::string mode = a.get("--mode", "train");
+    sx_status_t st;
+    sx_context_t *ctx = make_context(a.rendezvous, a.rank, a.world, 0, &st);
+    if (!ctx) return std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("context", st).c_str()), 3;
+    const int sockets_before = sockets_open();
+    Tenant t[2];
+    for (int k = 0; k < 2; ++k) {
+        t[k].id = k;
+        t[k].rank = a.rank;
+        t[k].memory_copies = mode == "regroup" ? 1 : 0;
+        std::string e = (st = t[k].create(ctx, "", "p" + std::to_string(k))) == SX_OK ? t[k].train(2) : failed("create", st);
+        if (!e.empty()) return std::fprintf(stderr, "rank %d tenant %d: %s\n", a.rank, k, e.c_str()), 3;
+    }
+    if (mode == "regroup") {
+        // The last rank dies; the survivors' tenants fail, then each regroups on its own
+        // from the memory copies, out of the context, and steps on.
+        if (a.rank == a.world - 1) ::raise(SIGKILL);
+        for (int k = 0; k < 2; ++k) {
+            while ((st = t[k].step(2)) == SX_OK) ::usleep(10000);
+            sx_regroup_options_t ro;
+            sx_regroup_options_init(&ro, sizeof ro);
+            ro.expected_world_size = a.world - 1;
+            sx_regroup_result_t rr;
+            sx_regroup_result_init(&rr, sizeof rr);
+            if ((st = sx_regroup(t[k].g, &ro, &rr)) != SX_OK || rr.world_size != a.world - 1 || !rr.from_memory)
+                return std::fprintf(stderr, "tenant %d: %s (world %d)\n", k, failed("regroup", st).c_str(), rr.world_size), 3;
+            t[k].rank = rr.rank;
+            if ((st = t[k].step(3)) != SX_OK)
+                return std::fprintf(stderr, "tenant %d: %s\n", k, failed("step after the regroup", st).c_str()), 3;
+        }
+        return 0;
+    }
+    if (mode == "die") {
+        if (a.rank == 1) ::raise(SIGKILL);
+        ::sleep(1);
+        // Both tenants fail, naming the lost peer, at their next step.
+        for (int k = 0; k < 2; ++k) {
+            st = t[k].step(2);
+            if (st != SX_ERR_COMM && st != SX_ERR_TIMEOUT)
+                return std::fprintf(stderr, "tenant %d after the peer's death: %s\n", k, failed("step", st).c_str()), 3;
+        }
+        return 0;
+    }
+    sx_context_stats_t s;
+    sx_context_stats_init(&s, sizeof s);
+    sx_get_context_stats(ctx, &s);
+    if (s.shared_memory != 1) return std::fprintf(stderr, "processes of one host: no shared memory\n"), 3;
+    // Two live groups, trained: they opened channels, and no connection.
+    if (sockets_open() != sockets_before || s.channels < 2)
+        return std::fprintf(stderr, "rank %d: %d sockets before the groups, %d with them; %lld channels\n", a.rank,
+                            sockets_before, sockets_open(), static_cast<long long>(s.channels)), 3;
+    return 0;
+}
+
+void test_processes(void **) {
+    const std::string err = sxtest::run_process_ranks(2, {"--mode", "train"}, 120);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
+void test_every_tenant_regroups(void **) {
+    std::vector<sxtest::ProcessResult> results;
+    sxtest::run_process_ranks(3, {"--mode", "regroup"}, 120, &results);
+    assert_int_equal(results.size(), 3);
+    assert_int_equal(results[0].exit_code, 0);
+    assert_int_equal(results[1].exit_code, 0);
+    assert_int_equal(results[2].signal, SIGKILL);
+}
+
+void test_a_peers_death_fails_every_tenant(void **) {
+    std::vector<sxtest::ProcessResult> results;
+    sxtest::run_process_ranks(2, {"--mode", "die"}, 120, &results);
+    assert_int_equal(results.size(), 2);
+    assert_int_equal(results[0].exit_code, 0);
+    assert_int_equal(results[1].signal, SIGKILL);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    if (sxtest::is_child(argc, argv)) return child_main(argc, argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tenants_at_once_2),
+        cmocka_unit_test(test_tenants_at_once_3),
+        cmocka_unit_test(test_a_tenants_failure_stays_in_it),
+        cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_names_and_lifetime),
+        cmocka_unit_test(test_processes),
+        cmocka_unit_test(test_a_peers_death_fails_every_tenant),
+        cmocka_unit_test(test_every_tenant_regroups),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
