@@ -18,7 +18,8 @@ export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, par
        trainable_mask, param_info, unit_info, memory_stats, with_group, wait_staged,
        set_loss_scaling!, loss_scale, unit_grads_ready!, gather_unit!, release_unit!, with_unit,
        ParamState, gather_optim_state, scatter_optim_state!, state_view, flush_trace,
-       register_optimizer, OptimizerPiece, regroup!, poll_joiners, lost_ranks, param_group_steps
+       register_optimizer, OptimizerPiece, regroup!, poll_joiners, lost_ranks, param_group_steps,
+       export_hf, export_peft, import_hf!, ImportReport
 
 # The ABI version this binding was written against (sx.h's SX_VERSION_*): the runtime's
 # major must match and its minor must not be older.
@@ -43,5 +44,6 @@ include("step.jl")
 include("state.jl")
 include("custom_optimizer.jl")
 include("checkpoint.jl")
+include("interop.jl")
 
 end # module

@@ -14,6 +14,7 @@
 mod error;
 mod future;
 mod group;
+mod interop;
 mod log;
 mod optimizer;
 mod options;
@@ -21,6 +22,7 @@ mod state;
 
 pub use error::{status_string, Error, Result};
 pub use future::SaveFuture;
+pub use interop::{HfExportOptions, HfImportOptions, HfImportReport, PeftConfig};
 pub use group::{MemoryStats, ParamInfo, RegroupResult, ShardGroup, StepResult, Tensors, UnitInfo, UnitTensors};
 pub use log::{clear_log_callback, set_log_callback, LogLevel};
 pub use optimizer::{register_optimizer, CustomOptimizer, OptimizerDesc, Piece, UPDATE_PANICKED};
