@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """A PEFT adapter out of and into sx against peft's own, in one run: export
-(sx.torch's save_adapter, sx_export_peft) against PeftModel.save_pretrained, and import
+(sx.torch's save_adapter, sx_export_peft) against PeftModel.save_pretrained (which does
+not fsync; and against it followed by an fsync of its files and directory, which sx's
+atomic export does), and import
 (sx.torch's load_adapter, sx_import_hf) against PeftModel.load_adapter and against
 set_peft_model_state_dict of safetensors' load_file (peft's load without its module
 injection).
@@ -45,6 +47,18 @@ def build(mib, rank):
     return peft.get_peft_model(base, lora), lora
 
 
+def fsync_tree(path):
+    """What sx's export does and peft's save_pretrained does not: every file and the
+    directory made durable."""
+    for name in os.listdir(path):
+        fd = os.open(os.path.join(path, name), os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+
 def timed(fn):
     t = time.perf_counter()
     fn()
@@ -54,7 +68,7 @@ def timed(fn):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mib", type=int, default=100)
-    ap.add_argument("--rank", type=int, default=64)
+    ap.add_argument("--rank", type=int, default=256)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
@@ -73,13 +87,16 @@ def main():
     root = tempfile.mkdtemp(prefix="sx-hf-adapters-", dir=args.dir)
     peer_dir = os.path.join(root, "peft")
     model.save_pretrained(peer_dir)  # the file the imports read
-    times = {k: [] for k in ("sx export", "peft save_pretrained", "sx import", "peft load_adapter",
-                             "peft set_state_dict")}
+    times = {k: [] for k in ("sx export", "peft save_pretrained", "peft save_pretrained+fsync", "sx import",
+                             "peft load_adapter", "peft set_state_dict")}
     try:
         for rep in range(args.reps):
             out_sx, out_peft = os.path.join(root, f"sx-{rep}"), os.path.join(root, f"peft-{rep}")
+            out_durable = os.path.join(root, f"peft-fsync-{rep}")
             exports = [("sx export", lambda: opt.save_adapter(out_sx, lora)),
-                       ("peft save_pretrained", lambda: model.save_pretrained(out_peft))]
+                       ("peft save_pretrained", lambda: model.save_pretrained(out_peft)),
+                       ("peft save_pretrained+fsync", lambda: (model.save_pretrained(out_durable),
+                                                               fsync_tree(out_durable)))]
             imports = [("sx import", lambda: opt.load_adapter(peer_dir)),
                        ("peft load_adapter", lambda: model.load_adapter(peer_dir, adapter_name=f"extra{rep}")),
                        ("peft set_state_dict", lambda: peft.set_peft_model_state_dict(
@@ -89,19 +106,20 @@ def main():
                     times[name].append(timed(fn))
             model.delete_adapter(f"extra{rep}")
             model.set_adapter("default")
-            shutil.rmtree(out_sx)
-            shutil.rmtree(out_peft)
+            for d in (out_sx, out_peft, out_durable):
+                shutil.rmtree(d)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"hf_adapters: a LoRA adapter of {adapter_bytes / 2**20:.1f} MiB (fp32, rank {args.rank}), "
           f"one process; medians of {args.reps} repetitions, files in the page cache")
-    print(f"{'figure':<28} {'sx':>10} {'peer':>10} {'ratio':>8}")
+    print(f"{'figure':<32} {'sx':>10} {'peer':>10} {'ratio':>8}")
     for figure, ours, peer in (("export / save_pretrained", "sx export", "peft save_pretrained"),
+                               ("export / save_pretrained+fsync", "sx export", "peft save_pretrained+fsync"),
                                ("import / load_adapter", "sx import", "peft load_adapter"),
                                ("import / set_state_dict", "sx import", "peft set_state_dict")):
         ratios = [p / s for p, s in zip(times[peer], times[ours])]
         s, p, r = statistics.median(times[ours]), statistics.median(times[peer]), statistics.median(ratios)
-        print(f"{figure:<28} {s * 1e3:7.1f} ms {p * 1e3:7.1f} ms {r:8.2f}")
+        print(f"{figure:<32} {s * 1e3:7.1f} ms {p * 1e3:7.1f} ms {r:8.2f}")
         print(json.dumps({"bench": "hf_adapters", "figure": figure, "adapter_mib": round(adapter_bytes / 2**20, 1),
                           "sx_ms": round(s * 1e3, 2), "peer_ms": round(p * 1e3, 2), "ratio": round(r, 3)}))
 
