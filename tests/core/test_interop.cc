@@ -5,7 +5,8 @@
 // as the files held them; the params of each rank equal them too. Bad input is named and
 // changes nothing: missing and unexpected keys, a shape or dtype that does not fit, a
 // truncated or damaged file, a name map naming no param, an export into an existing
-// directory; an export whose rename fails leaves no directory behind.
+// directory; an export whose rename fails leaves no directory behind; the ABI's misuse
+// rules (bad handle, NULL path, a newer struct's non-zero tail, a bad root or dtype).
 #include <unistd.h>
 
 #include <cmath>
@@ -511,6 +512,39 @@ void test_a_failed_export_leaves_nothing(void **) {
     }
 }
 
+// The ABI's rules on the new calls: a bad handle, a NULL path, an options struct from a
+// newer caller whose unknown tail is not zero, an out-of-range root, and a dtype the files
+// do not take are refused, and nothing is written.
+void test_misuse_is_refused(void **) {
+    const std::string dir = tmp_dir("misuse");
+    assert_int_equal(sx_export_hf(nullptr, dir.c_str(), nullptr), SX_ERR_INVALID_HANDLE);
+    sx_shard_group_t *g = filled_group("misuse");
+    assert_int_equal(sx_export_hf(g, nullptr, nullptr), SX_ERR_INVALID_ARGUMENT);
+    assert_int_equal(sx_import_hf(g, "", nullptr, nullptr), SX_ERR_INVALID_ARGUMENT);
+    struct {
+        sx_hf_export_options_t o;
+        uint64_t tail;
+    } newer;
+    std::memset(&newer, 0, sizeof newer);
+    sx_hf_export_options_init(&newer.o, sizeof newer);
+    newer.tail = 1;
+    assert_int_equal(sx_export_hf(g, dir.c_str(), &newer.o), SX_ERR_INVALID_ARGUMENT);
+    newer.tail = 0;
+    newer.o.root = 1;
+    assert_int_equal(sx_export_hf(g, dir.c_str(), &newer.o), SX_ERR_INVALID_ARGUMENT);
+    newer.o.root = 0;
+    newer.o.dtype = SX_DTYPE_U8;
+    assert_int_equal(sx_export_hf(g, dir.c_str(), &newer.o), SX_ERR_INVALID_ARGUMENT);
+    assert_non_null(std::strstr(sx_last_error_message(), "options->dtype"));
+    bool exists = true;
+    sx::io::posix_file_ops()->exists(dir, &exists);
+    assert_false(exists);
+    newer.o.dtype = SX_DTYPE_F16;
+    assert_int_equal(sx_export_hf(g, dir.c_str(), &newer.o), SX_OK);  // the same struct, fixed, works
+    sx_destroy_shard_group(g);
+    sx::io::posix_file_ops()->remove_tree(dir);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -522,6 +556,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_bad_input_is_named_and_changes_nothing),
         cmocka_unit_test(test_a_peft_adapter),
         cmocka_unit_test(test_a_failed_export_leaves_nothing),
+        cmocka_unit_test(test_misuse_is_refused),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
