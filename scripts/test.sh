@@ -16,7 +16,7 @@ echo "== a Python environment with PyTorch, the peer of the tests that compare w
 # of its 8-bit optimizer state (its step is compiled by torch's inductor, with the g++
 # install-deps.sh gave).
 torch_py=build/venv-torch/bin/python
-if ! "$torch_py" -c 'import torch, numpy, lion_pytorch, pytorch_optimizer, torchao' 2>/dev/null; then
+if ! "$torch_py" -c 'import torch, numpy, lion_pytorch, pytorch_optimizer, torchao, peft, transformers, safetensors' 2>/dev/null; then
   if ! "$torch_py" -c 'import torch, numpy' 2>/dev/null; then
     rm -rf build/venv-torch
     python3 -m venv build/venv-torch
@@ -24,6 +24,10 @@ if ! "$torch_py" -c 'import torch, numpy, lion_pytorch, pytorch_optimizer, torch
     "$torch_py" -m pip install --quiet 'torch==2.15.0' numpy
   fi
   "$torch_py" -m pip install --quiet --no-deps 'lion-pytorch==0.2.5' 'pytorch-optimizer==4.1.0' 'torchao==0.18.0'
+  # The Hugging Face libraries sx's checkpoints and adapters are tested against
+  # (test_hf_interop_torch): with their dependencies (tokenizers, huggingface_hub,
+  # accelerate, safetensors...), which a fresh venv lacks.
+  "$torch_py" -m pip install --quiet 'peft==0.21.2' 'transformers==5.24.0' 'safetensors==0.8.0'
 fi
 
 echo "== release build: layer check, ABI gate, install check, header checks, launchers, sxckpt and sx.torch against PyTorch, demo =="

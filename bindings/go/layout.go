@@ -45,6 +45,10 @@ func cLayouts() []structLayout {
 	var op C.sx_optimizer_piece_t
 	var oh C.sx_optimizer_hyperparameter_t
 	var od C.sx_optimizer_desc_t
+	var he C.sx_hf_export_options_t
+	var pc C.sx_peft_config_t
+	var hi C.sx_hf_import_options_t
+	var hr C.sx_hf_import_report_t
 	var cc C.sx_context_config_t
 	var cs C.sx_context_stats_t
 	return []structLayout{
@@ -318,6 +322,51 @@ func cLayouts() []structLayout {
 			f("memory_budget_bytes", unsafe.Offsetof(cs.memory_budget_bytes), unsafe.Sizeof(cs.memory_budget_bytes)),
 			f("shared_memory", unsafe.Offsetof(cs.shared_memory), unsafe.Sizeof(cs.shared_memory)),
 			f("reserved0", unsafe.Offsetof(cs.reserved0), unsafe.Sizeof(cs.reserved0)),
+		}},
+		{"sx_hf_export_options_t", unsafe.Sizeof(he), unsafe.Alignof(he), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(he.struct_size), unsafe.Sizeof(he.struct_size)),
+			f("root", unsafe.Offsetof(he.root), unsafe.Sizeof(he.root)),
+			f("dtype", unsafe.Offsetof(he.dtype), unsafe.Sizeof(he.dtype)),
+			f("max_shard_bytes", unsafe.Offsetof(he.max_shard_bytes), unsafe.Sizeof(he.max_shard_bytes)),
+			f("num_names", unsafe.Offsetof(he.num_names), unsafe.Sizeof(he.num_names)),
+			f("only_named", unsafe.Offsetof(he.only_named), unsafe.Sizeof(he.only_named)),
+			f("sx_names", unsafe.Offsetof(he.sx_names), unsafe.Sizeof(he.sx_names)),
+			f("file_names", unsafe.Offsetof(he.file_names), unsafe.Sizeof(he.file_names)),
+		}},
+		{"sx_peft_config_t", unsafe.Sizeof(pc), unsafe.Alignof(pc), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(pc.struct_size), unsafe.Sizeof(pc.struct_size)),
+			f("base_model_name_or_path", unsafe.Offsetof(pc.base_model_name_or_path), unsafe.Sizeof(pc.base_model_name_or_path)),
+			f("task_type", unsafe.Offsetof(pc.task_type), unsafe.Sizeof(pc.task_type)),
+			f("bias", unsafe.Offsetof(pc.bias), unsafe.Sizeof(pc.bias)),
+			f("extra_json", unsafe.Offsetof(pc.extra_json), unsafe.Sizeof(pc.extra_json)),
+			f("target_modules", unsafe.Offsetof(pc.target_modules), unsafe.Sizeof(pc.target_modules)),
+			f("num_target_modules", unsafe.Offsetof(pc.num_target_modules), unsafe.Sizeof(pc.num_target_modules)),
+			f("r", unsafe.Offsetof(pc.r), unsafe.Sizeof(pc.r)),
+			f("lora_alpha", unsafe.Offsetof(pc.lora_alpha), unsafe.Sizeof(pc.lora_alpha)),
+			f("lora_dropout", unsafe.Offsetof(pc.lora_dropout), unsafe.Sizeof(pc.lora_dropout)),
+			f("use_rslora", unsafe.Offsetof(pc.use_rslora), unsafe.Sizeof(pc.use_rslora)),
+			f("fan_in_fan_out", unsafe.Offsetof(pc.fan_in_fan_out), unsafe.Sizeof(pc.fan_in_fan_out)),
+		}},
+		{"sx_hf_import_options_t", unsafe.Sizeof(hi), unsafe.Alignof(hi), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(hi.struct_size), unsafe.Sizeof(hi.struct_size)),
+			f("root", unsafe.Offsetof(hi.root), unsafe.Sizeof(hi.root)),
+			f("num_names", unsafe.Offsetof(hi.num_names), unsafe.Sizeof(hi.num_names)),
+			f("only_named", unsafe.Offsetof(hi.only_named), unsafe.Sizeof(hi.only_named)),
+			f("allow_missing", unsafe.Offsetof(hi.allow_missing), unsafe.Sizeof(hi.allow_missing)),
+			f("allow_unexpected", unsafe.Offsetof(hi.allow_unexpected), unsafe.Sizeof(hi.allow_unexpected)),
+			f("reserved0", unsafe.Offsetof(hi.reserved0), unsafe.Sizeof(hi.reserved0)),
+			f("sx_names", unsafe.Offsetof(hi.sx_names), unsafe.Sizeof(hi.sx_names)),
+			f("file_names", unsafe.Offsetof(hi.file_names), unsafe.Sizeof(hi.file_names)),
+		}},
+		{"sx_hf_import_report_t", unsafe.Sizeof(hr), unsafe.Alignof(hr), []fieldLayout{
+			f("struct_size", unsafe.Offsetof(hr.struct_size), unsafe.Sizeof(hr.struct_size)),
+			f("num_loaded", unsafe.Offsetof(hr.num_loaded), unsafe.Sizeof(hr.num_loaded)),
+			f("num_missing", unsafe.Offsetof(hr.num_missing), unsafe.Sizeof(hr.num_missing)),
+			f("num_unexpected", unsafe.Offsetof(hr.num_unexpected), unsafe.Sizeof(hr.num_unexpected)),
+			f("reserved0", unsafe.Offsetof(hr.reserved0), unsafe.Sizeof(hr.reserved0)),
+			f("missing", unsafe.Offsetof(hr.missing), unsafe.Sizeof(hr.missing)),
+			f("missing_keys", unsafe.Offsetof(hr.missing_keys), unsafe.Sizeof(hr.missing_keys)),
+			f("unexpected", unsafe.Offsetof(hr.unexpected), unsafe.Sizeof(hr.unexpected)),
 		}},
 	}
 }

@@ -44,6 +44,7 @@
 #include "sx_step.h"
 #include "sx_state.h"
 #include "sx_checkpoint.h"
+#include "sx_interop.h"
 #include "sx_cuda.h"
 
 #endif /* SX_SX_H */

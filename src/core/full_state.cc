@@ -10,21 +10,37 @@ namespace core {
 
 // sx_gather_optim_state and sx_scatter_optim_state: checks, the call's header, then the
 // whole-state part (whole_state.h).
-Status ShardGroup::whole_state_call(const char *name, int root, bool gather, const StateFn &fn) {
+// The checks and the header (`call`, which the ranks agree on) of a whole-param call
+// with `root`; *mesh: the communicators it exchanges through.
+Status ShardGroup::whole_call_header(const std::string &call, int root, WholeState::Mesh *mesh) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
     SX_CHECK_ARG(root >= 0 && root < mesh_.world_size(), "root rank %d is outside [0, %d)", root, mesh_.world_size());
     SX_TRY(settle());
-    const std::string call = format("%s (root %d)", name, root);
     SX_TRY(gathers_->meet(call.c_str()));
     const Agreement a = stepper_.step_agreement(call.c_str(), stepper_.candidate_mask(), 0.0, -1, false);
     SX_TRY(stepper_.agree(a, 0.0, nullptr));
+    mesh->world = mesh_.world_size() > 1 ? &mesh_.world() : nullptr;
+    mesh->shard = mesh_.shard_size() > 1 ? &mesh_.shard() : nullptr;
+    mesh->replica = mesh_.replica();
+    return Status::Ok();
+}
+
+Status ShardGroup::whole_state_call(const char *name, int root, bool gather, const StateFn &fn) {
     WholeState::Mesh mesh;
-    mesh.world = mesh_.world_size() > 1 ? &mesh_.world() : nullptr;
-    mesh.shard = mesh_.shard_size() > 1 ? &mesh_.shard() : nullptr;
-    mesh.replica = mesh_.replica();
+    SX_TRY(whole_call_header(format("%s (root %d)", name, root), root, &mesh));
     WholeState whole(*this, mesh);
     return gather ? whole.gather(root, fn) : whole.scatter(root, fn);
+}
+
+// The interop calls (sx_export_hf, sx_export_peft, sx_import_hf): checks, the call's
+// header (its name, root and path must agree on every rank), then the values' part.
+Status ShardGroup::values_call(const char *name, const std::string &what, int root, bool gather,
+                               const ValuesCall &call, std::string *note) {
+    WholeState::Mesh mesh;
+    SX_TRY(whole_call_header(format("%s (root %d, %s)", name, root, what.c_str()), root, &mesh));
+    WholeValues values(*this, mesh);
+    return gather ? values.gather(root, call, note) : values.scatter(root, call, note);
 }
 
 Status ShardGroup::gather_state(int root, const StateFn &fn) {

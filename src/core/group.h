@@ -39,6 +39,7 @@
 #include "core/round.h"
 #include "core/units.h"
 #include "core/whole_state.h"
+#include "core/whole_values.h"
 #include "core/shard_state.h"
 #include "core/step_record.h"
 #include "core/stepper.h"
@@ -112,6 +113,11 @@ class ShardGroup : public GroupParts {
     // --- whole params' optimizer state (whole_state.h), and this rank's part of it ---
     Status gather_state(int root, const StateFn &fn);   // collective
     Status scatter_state(int root, const StateFn &fn);  // collective
+    // --- whole params' values (whole_values.h): the interop calls' exchange ---
+    // Collective: `name` and `what` (the path, which every rank must give alike) are the
+    // call's header the ranks agree on first. *note: the root plan's note, on every rank.
+    Status values_call(const char *name, const std::string &what, int root, bool gather, const ValuesCall &call,
+                       std::string *note);
     // sx_state_view: where this rank's piece of a state tensor is, and in which SX_DTYPE_*
     // (packed state in its own: bf16, or 8-bit codes, and "<slot>.scale" their scales).
     struct StateViewOut {
@@ -147,6 +153,7 @@ class ShardGroup : public GroupParts {
     Status fits_budget();
     Status make_device();
     char *params_base(size_t u) const;  // unit u's whole params (stage 3: the gathers')
+    Status whole_call_header(const std::string &call, int root, WholeState::Mesh *mesh);  // full_state.cc
     Status whole_state_call(const char *name, int root, bool gather, const StateFn &fn);  // full_state.cc
 
     // Units as a pipeline (pipeline.h) and the step (stepper.h), on the parts.

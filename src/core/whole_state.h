@@ -86,6 +86,10 @@ class WholeState {
     // and every rank's shard takes its part; nothing changes unless every rank and every
     // call of fn succeeded. Each rank holds a second copy of its shard's state meanwhile.
     Status scatter(int root, const StateFn &fn);
+    // Collective within a call: param p's whole tensors (on the root: `full`, numel each,
+    // in the state's memory) scattered; this rank's piece of tensor t goes to own[t]
+    // (where its shard holds a piece of p). Also the whole values' (whole_values.h).
+    Status scatter_param(int root, int32_t p, float *full, const std::vector<float *> &own);
 
   private:
     // Where a scatter receives this rank's shard: a copy of every state slot any param's
@@ -113,8 +117,6 @@ class WholeState {
                         std::vector<float> *host);
     Status share_outcome(int root, Status mine, const char *what);
     ParamState gathered(int32_t p, const std::vector<StateTensor> &tensors, float *data, ParamProgress &own);
-    // Param p's whole tensors (root: full) scattered; this rank's piece of tensor t goes to own[t].
-    Status scatter_param(int root, int32_t p, float *full, const std::vector<float *> &own);
     bool in_root_group(int root) const { return g_.replica_rank() == root / g_.shard_size(); }
 
     ShardAccess &g_;

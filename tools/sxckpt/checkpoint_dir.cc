@@ -143,24 +143,6 @@ std::string kind_name(ckpt::TensorKind kind) {
     return kind == ckpt::TensorKind::kParam ? "param" : ckpt::tensor_suffix(kind) + 1;
 }
 
-std::string shape_text(const std::vector<int64_t> &shape) {
-    std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + format("%" PRId64, shape[i]);
-    return s + "]";
-}
-
-std::string printable(const std::string &s) {
-    std::string out;
-    for (const char ch : s) {
-        const unsigned char c = static_cast<unsigned char>(ch);
-        if (c < 0x20 || c == 0x7F)
-            out += format("\\x%02x", c);
-        else
-            out.push_back(ch);
-    }
-    return out;
-}
-
 std::string library_version_text(uint32_t v) {
     return format("%u.%u.%u", v / 10000, v / 100 % 100, v % 100);
 }

@@ -10,10 +10,16 @@
 
 #include "base/status.h"
 #include "ckpt/manifest.h"
+#include "interop/json.h"
+#include "interop/json_value.h"
+#include "interop/safetensors.h"
 #include "io/file_ops.h"
 
 namespace sx {
 namespace tool {
+
+// JSON and safetensors are libsx's (src/interop), shared with sx_export_hf and sx_import_hf.
+using namespace interop;  // NOLINT(google-build-using-namespace): the tool's own names stay distinct
 
 // The most bytes read at once: one piece of a chunk. The writer never makes a chunk
 // larger (ckpt::kMaxChunkBytes); a larger one from another writer is read in pieces,
@@ -82,10 +88,6 @@ std::string dtype_name(int32_t dtype);
 using optim::optimizer_name;
 // "param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer".
 std::string kind_name(ckpt::TensorKind kind);
-// "[300, 17]"; "[]" for a scalar.
-std::string shape_text(const std::vector<int64_t> &shape);
-// s with control bytes (and DEL) as \xNN, for terminal output.
-std::string printable(const std::string &s);
 // MAJOR*10000 + MINOR*100 + PATCH as "MAJOR.MINOR.PATCH".
 std::string library_version_text(uint32_t v);
 // Milliseconds since the Unix epoch as "2025-01-31T12:34:56.789Z".

@@ -40,7 +40,6 @@
 #include "commands.h"
 #include "optimizer_json.h"
 #include "optim/state_codec.h"
-#include "safetensors.h"
 
 namespace sx {
 namespace tool {

@@ -36,7 +36,6 @@
 #include "io/crc32c.h"
 #include "optim/state_codec.h"
 #include "optimizer_json.h"
-#include "safetensors.h"
 
 namespace sx {
 namespace tool {

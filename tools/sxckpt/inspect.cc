@@ -7,7 +7,6 @@
 
 #include "checkpoint_dir.h"
 #include "commands.h"
-#include "json.h"
 
 namespace sx {
 namespace tool {

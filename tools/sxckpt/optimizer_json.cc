@@ -7,8 +7,6 @@
 #include "checkpoint_dir.h"
 #include "core/params.h"
 #include "optim/custom.h"
-#include "json.h"
-#include "json_value.h"
 
 namespace sx {
 namespace tool {

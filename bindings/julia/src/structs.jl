@@ -301,6 +301,55 @@ mutable struct OptimizerDesc  # sx_optimizer_desc_t
     reserved0::Int32
 end
 
+mutable struct HFExportOptions  # sx_hf_export_options_t
+    struct_size::Csize_t
+    root::Int32
+    dtype::Int32
+    max_shard_bytes::UInt64
+    num_names::Int32
+    only_named::Int32
+    sx_names::Ptr{Ptr{UInt8}}
+    file_names::Ptr{Ptr{UInt8}}
+end
+
+mutable struct PEFTConfig  # sx_peft_config_t
+    struct_size::Csize_t
+    base_model_name_or_path::Ptr{UInt8}
+    task_type::Ptr{UInt8}
+    bias::Ptr{UInt8}
+    extra_json::Ptr{UInt8}
+    target_modules::Ptr{Ptr{UInt8}}
+    num_target_modules::Int32
+    r::Int32
+    lora_alpha::Float64
+    lora_dropout::Float64
+    use_rslora::Int32
+    fan_in_fan_out::Int32
+end
+
+mutable struct HFImportOptions  # sx_hf_import_options_t
+    struct_size::Csize_t
+    root::Int32
+    num_names::Int32
+    only_named::Int32
+    allow_missing::Int32
+    allow_unexpected::Int32
+    reserved0::Int32
+    sx_names::Ptr{Ptr{UInt8}}
+    file_names::Ptr{Ptr{UInt8}}
+end
+
+mutable struct HFImportReport  # sx_hf_import_report_t
+    struct_size::Csize_t
+    num_loaded::Int32
+    num_missing::Int32
+    num_unexpected::Int32
+    reserved0::Int32
+    missing::Ptr{Ptr{UInt8}}
+    missing_keys::Ptr{Ptr{UInt8}}
+    unexpected::Ptr{Ptr{UInt8}}
+end
+
 _zero(::Type{T}) where {T<:Number} = zero(T)
 _zero(::Type{Ptr{T}}) where {T} = Ptr{T}(C_NULL)
 _zero(::Type{NTuple{N,T}}) where {N,T} = ntuple(_ -> zero(T), N)

@@ -27,6 +27,7 @@ from .group import MemoryStats, ParamInfo, ParamState, RegroupResult, ShardGroup
 from .checkpoint import Future, read_user_blob
 from .context import Context, ContextStats
 from .optimizers import CustomOptimizer, Hyperparameter, Piece, register_optimizer
+from .interop import ImportReport, export_hf, export_peft, import_hf
 
 from ._version import __version__  # noqa: E402
 

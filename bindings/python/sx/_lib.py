@@ -372,13 +372,43 @@ class sx_optimizer_desc_t(ctypes.Structure):
                 ("flags", ctypes.c_uint32), ("reserved0", ctypes.c_int32)]
 
 
+class sx_hf_export_options_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("root", ctypes.c_int32), ("dtype", ctypes.c_int32),
+                ("max_shard_bytes", ctypes.c_uint64), ("num_names", ctypes.c_int32),
+                ("only_named", ctypes.c_int32), ("sx_names", ctypes.POINTER(ctypes.c_char_p)),
+                ("file_names", ctypes.POINTER(ctypes.c_char_p))]
+
+
+class sx_peft_config_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("base_model_name_or_path", ctypes.c_char_p),
+                ("task_type", ctypes.c_char_p), ("bias", ctypes.c_char_p), ("extra_json", ctypes.c_char_p),
+                ("target_modules", ctypes.POINTER(ctypes.c_char_p)), ("num_target_modules", ctypes.c_int32),
+                ("r", ctypes.c_int32), ("lora_alpha", ctypes.c_double), ("lora_dropout", ctypes.c_double),
+                ("use_rslora", ctypes.c_int32), ("fan_in_fan_out", ctypes.c_int32)]
+
+
+class sx_hf_import_options_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("root", ctypes.c_int32), ("num_names", ctypes.c_int32),
+                ("only_named", ctypes.c_int32), ("allow_missing", ctypes.c_int32),
+                ("allow_unexpected", ctypes.c_int32), ("reserved0", ctypes.c_int32),
+                ("sx_names", ctypes.POINTER(ctypes.c_char_p)), ("file_names", ctypes.POINTER(ctypes.c_char_p))]
+
+
+class sx_hf_import_report_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("num_loaded", ctypes.c_int32),
+                ("num_missing", ctypes.c_int32), ("num_unexpected", ctypes.c_int32),
+                ("reserved0", ctypes.c_int32), ("missing", ctypes.POINTER(ctypes.c_char_p)),
+                ("missing_keys", ctypes.POINTER(ctypes.c_char_p)), ("unexpected", ctypes.POINTER(ctypes.c_char_p))]
+
+
 # Every public struct, by its C typedef name (the keys of sx_layout.json's "structs").
 STRUCTS = {cls.__name__: cls for cls in (
     sx_group_config_t, sx_param_group_desc_t, sx_param_desc_t, sx_view_t, sx_step_options_t,
     sx_step_result_t, sx_loss_scaling_t, sx_memory_stats_t, sx_param_info_t, sx_unit_info_t,
     sx_save_options_t, sx_load_options_t, sx_unit_ready_options_t, sx_param_state_t,
     sx_optimizer_piece_t, sx_optimizer_hyperparameter_t, sx_optimizer_desc_t, sx_regroup_options_t,
-    sx_regroup_result_t, sx_context_config_t, sx_context_stats_t)}
+    sx_regroup_result_t, sx_context_config_t, sx_context_stats_t, sx_hf_export_options_t, sx_peft_config_t,
+    sx_hf_import_options_t, sx_hf_import_report_t)}
 
 # ----------------------------------------------------------------------------------
 # Prototypes: name -> (restype, argtypes)
@@ -386,6 +416,15 @@ STRUCTS = {cls.__name__: cls for cls in (
 _P = ctypes.POINTER
 _c = ctypes
 PROTOTYPES = {
+    "sx_hf_export_options_init": (c_status, [_P(sx_hf_export_options_t), _c.c_size_t]),
+    "sx_export_hf": (c_status, [sx_shard_group_p, _c.c_char_p, _P(sx_hf_export_options_t)]),
+    "sx_peft_config_init": (c_status, [_P(sx_peft_config_t), _c.c_size_t]),
+    "sx_export_peft": (c_status, [sx_shard_group_p, _c.c_char_p, _P(sx_hf_export_options_t),
+                                  _P(sx_peft_config_t)]),
+    "sx_hf_import_options_init": (c_status, [_P(sx_hf_import_options_t), _c.c_size_t]),
+    "sx_hf_import_report_init": (c_status, [_P(sx_hf_import_report_t), _c.c_size_t]),
+    "sx_import_hf": (c_status, [sx_shard_group_p, _c.c_char_p, _P(sx_hf_import_options_t),
+                                _P(sx_hf_import_report_t)]),
     "sx_version": (_c.c_uint32, []),
     "sx_status_string": (_c.c_char_p, [c_status]),
     "sx_last_error_message": (_c.c_char_p, []),
@@ -547,4 +586,8 @@ INIT_FUNCTIONS = {
     "sx_regroup_result_t": "sx_regroup_result_init",
     "sx_context_config_t": "sx_context_config_init",
     "sx_context_stats_t": "sx_context_stats_init",
+    "sx_hf_export_options_t": "sx_hf_export_options_init",
+    "sx_peft_config_t": "sx_peft_config_init",
+    "sx_hf_import_options_t": "sx_hf_import_options_init",
+    "sx_hf_import_report_t": "sx_hf_import_report_init",
 }

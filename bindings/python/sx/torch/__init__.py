@@ -27,7 +27,7 @@ The package: ``ShardedOptimizer`` (here: its construction and torch's Optimizer 
 is composed of parts, each a module: ``_params`` (param groups added to sx and bound to
 its memory), ``_hooks`` (autograd and module hooks, stage 3's gathering),
 ``_mixed_precision`` (param_dtype and its master weights), ``_state_dicts`` (torch-format
-state dicts and sx checkpoints); ``_kinds`` maps torch's optimizer classes to sx's, and
+state dicts and sx checkpoints), ``_hf`` (Hugging Face checkpoints and PEFT adapters); ``_kinds`` maps torch's optimizer classes to sx's, and
 ``_clip`` wraps torch's clip_grad_norm_. ``dist_ready`` stays here: the constructor looks it
 up here when it runs, so that replacing ``sx.torch.dist_ready`` takes effect.
 """
@@ -50,8 +50,9 @@ from ._kinds import (_GROUP_STEP, _hyper, _instance_counter, _instances, _kind_o
 from ._mixed_precision import _MixedPrecision, _cast_inputs, _dtype_choice
 from ._params import _Params, _wrap_units
 from ._state_dicts import _StateDicts
+from ._hf import IncompatibleKeys, _HF
 
-__all__ = ["ShardedOptimizer"]
+__all__ = ["ShardedOptimizer", "IncompatibleKeys"]
 
 _log = logging.getLogger("sx.torch")
 
@@ -61,7 +62,7 @@ def dist_ready():
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, torch.optim.Optimizer):
+class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, _HF, torch.optim.Optimizer):
     """A torch optimizer whose params, gradients and sharded state live in sx.
 
     ``params``: an ``nn.Module`` (its named parameters), an iterable of tensors, of

@@ -471,6 +471,64 @@ pub struct sx_context_stats_t {
     pub reserved0: i32,
 }
 
+/// sx_interop.h (1.7): Hugging Face checkpoints and PEFT adapters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_hf_export_options_t {
+    pub struct_size: usize,
+    pub root: i32,
+    pub dtype: i32,
+    pub max_shard_bytes: u64,
+    pub num_names: i32,
+    pub only_named: i32,
+    pub sx_names: *const *const c_char,
+    pub file_names: *const *const c_char,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_peft_config_t {
+    pub struct_size: usize,
+    pub base_model_name_or_path: *const c_char,
+    pub task_type: *const c_char,
+    pub bias: *const c_char,
+    pub extra_json: *const c_char,
+    pub target_modules: *const *const c_char,
+    pub num_target_modules: i32,
+    pub r: i32,
+    pub lora_alpha: f64,
+    pub lora_dropout: f64,
+    pub use_rslora: i32,
+    pub fan_in_fan_out: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_hf_import_options_t {
+    pub struct_size: usize,
+    pub root: i32,
+    pub num_names: i32,
+    pub only_named: i32,
+    pub allow_missing: i32,
+    pub allow_unexpected: i32,
+    pub reserved0: i32,
+    pub sx_names: *const *const c_char,
+    pub file_names: *const *const c_char,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sx_hf_import_report_t {
+    pub struct_size: usize,
+    pub num_loaded: i32,
+    pub num_missing: i32,
+    pub num_unexpected: i32,
+    pub reserved0: i32,
+    pub missing: *const *const c_char,
+    pub missing_keys: *const *const c_char,
+    pub unexpected: *const *const c_char,
+}
+
 /// One piece of a param's elements in this rank's shard, filled by the library for a
 /// custom optimizer's [`sx_optimizer_update_fn`] (no init function); borrowed for the call.
 #[repr(C)]
@@ -541,6 +599,24 @@ extern "C" {
     pub fn sx_destroy_shard_group(group: *mut sx_shard_group_t) -> sx_status_t;
     pub fn sx_abort(group: *mut sx_shard_group_t) -> sx_status_t;
     pub fn sx_regroup_options_init(options: *mut sx_regroup_options_t, size: usize) -> sx_status_t;
+    pub fn sx_hf_export_options_init(options: *mut sx_hf_export_options_t, size: usize) -> sx_status_t;
+    pub fn sx_export_hf(group: *mut sx_shard_group_t, dir: *const c_char, options: *const sx_hf_export_options_t)
+        -> sx_status_t;
+    pub fn sx_peft_config_init(config: *mut sx_peft_config_t, size: usize) -> sx_status_t;
+    pub fn sx_export_peft(
+        group: *mut sx_shard_group_t,
+        dir: *const c_char,
+        options: *const sx_hf_export_options_t,
+        config: *const sx_peft_config_t,
+    ) -> sx_status_t;
+    pub fn sx_hf_import_options_init(options: *mut sx_hf_import_options_t, size: usize) -> sx_status_t;
+    pub fn sx_hf_import_report_init(report: *mut sx_hf_import_report_t, size: usize) -> sx_status_t;
+    pub fn sx_import_hf(
+        group: *mut sx_shard_group_t,
+        path: *const c_char,
+        options: *const sx_hf_import_options_t,
+        report: *mut sx_hf_import_report_t,
+    ) -> sx_status_t;
     pub fn sx_regroup_result_init(result: *mut sx_regroup_result_t, size: usize) -> sx_status_t;
     pub fn sx_regroup(
         group: *mut sx_shard_group_t,

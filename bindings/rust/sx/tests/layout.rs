@@ -202,6 +202,14 @@ fn structs_match_the_c_layout() {
             memory_budget_bytes, shared_memory, reserved0]),
         mirror!(sys::sx_optimizer_desc_t, [struct_size, name, num_slots, slot_names, slot_initial_values,
             num_hyperparameters, hyperparameters, update, user_data, flags, reserved0]),
+        mirror!(sys::sx_hf_export_options_t, [struct_size, root, dtype, max_shard_bytes, num_names, only_named,
+            sx_names, file_names]),
+        mirror!(sys::sx_peft_config_t, [struct_size, base_model_name_or_path, task_type, bias, extra_json,
+            target_modules, num_target_modules, r, lora_alpha, lora_dropout, use_rslora, fan_in_fan_out]),
+        mirror!(sys::sx_hf_import_options_t, [struct_size, root, num_names, only_named, allow_missing,
+            allow_unexpected, reserved0, sx_names, file_names]),
+        mirror!(sys::sx_hf_import_report_t, [struct_size, num_loaded, num_missing, num_unexpected, reserved0,
+            missing, missing_keys, unexpected]),
     ];
     let mut problems = Vec::new();
     for (name, size, align, fields) in &mirrors {

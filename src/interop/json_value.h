@@ -1,6 +1,6 @@
-// Reading JSON (RFC 8259) for `sxckpt import`: a safetensors header and the optimizer
-// JSON of docs/format.md. A small strict parser of its own rather than a library: the
-// tool may take no new dependency, and what it reads needs things a general library
+// Reading JSON (RFC 8259): a safetensors header, a Hugging Face checkpoint's index, and
+// `sxckpt import`'s optimizer JSON of docs/format.md. A small strict parser of its own
+// rather than a library: libsx takes no new dependency for it, and what it reads needs things a general library
 // does not all give: numbers kept as their text (so that a double reads back exactly,
 // through strtod, and an integer past 2^53 exactly, as an integer), duplicate keys
 // refused rather than one silently dropped, and errors that give the byte offset.
@@ -14,7 +14,7 @@
 #include "base/status.h"
 
 namespace sx {
-namespace tool {
+namespace interop {
 
 struct JsonValue {
     enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
@@ -52,5 +52,5 @@ Status json_string(const JsonValue &v, const std::string &what, std::string *out
 // v must be of `kind`.
 Status json_expect(const JsonValue &v, JsonValue::Kind kind, const std::string &what);
 
-}  // namespace tool
+}  // namespace interop
 }  // namespace sx

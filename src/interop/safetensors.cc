@@ -1,25 +1,42 @@
-#include "safetensors.h"
+#include "interop/safetensors.h"
 
 #include <algorithm>
 #include <cinttypes>
 
 #include "base/half.h"
-#include "checkpoint_dir.h"
-#include "json.h"
-#include "json_value.h"
+#include "interop/json.h"
+#include "interop/json_value.h"
 
 namespace sx {
-namespace tool {
+namespace interop {
 
 namespace {
 
 // The tensors' dtypes sx reads: its own (fp32), the 16-bit ones, and bytes (torchao's
-// 8-bit state's codes, ckpt::kDTypeQ8).
+// 8-bit state's codes, SX_DTYPE_U8).
 int32_t dtype_of(const std::string &name) {
     if (name == "F32") return SX_DTYPE_F32;
     if (name == "F16") return SX_DTYPE_F16;
     if (name == "BF16") return SX_DTYPE_BF16;
-    if (name == "U8") return ckpt::kDTypeQ8;
+    if (name == "U8") return SX_DTYPE_U8;
+    return 0;
+}
+
+// The element size of every other dtype the format defines (safetensors' Dtype), so that
+// a file holding them can be read for the tensors sx takes: 0 for a name it does not define.
+uint64_t other_dtype_bytes(const std::string &name) {
+    static const char *const one[] = {"BOOL", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"};
+    static const char *const two[] = {"I16", "U16"};
+    static const char *const four[] = {"I32", "U32"};
+    static const char *const eight[] = {"I64", "U64", "F64"};
+    for (const char *n : one)
+        if (name == n) return 1;
+    for (const char *n : two)
+        if (name == n) return 2;
+    for (const char *n : four)
+        if (name == n) return 4;
+    for (const char *n : eight)
+        if (name == n) return 8;
     return 0;
 }
 
@@ -29,7 +46,7 @@ Status as_corrupt(const Status &s) {
 }
 
 // One header entry: {"dtype": ..., "shape": [...], "data_offsets": [begin, end]}.
-Status parse_entry(const std::string &name, const JsonValue &v, uint64_t data_bytes, StTensor *t) {
+Status parse_entry(const std::string &name, const JsonValue &v, uint64_t data_bytes, bool any_dtype, StTensor *t) {
     const std::string what = "tensor " + json_quoted(name);
     SX_CHECK(v.is_object(), SX_ERR_CORRUPT, "%s: its entry is %s, not an object", what.c_str(),
              json_kind_name(v.kind));
@@ -44,7 +61,9 @@ Status parse_entry(const std::string &name, const JsonValue &v, uint64_t data_by
     std::string dtype_text;
     SX_TRY(as_corrupt(json_string(*dtype, what + ": dtype", &dtype_text)));
     t->dtype = dtype_of(dtype_text);
-    SX_CHECK(t->dtype != 0, SX_ERR_UNSUPPORTED,
+    t->dtype_text = dtype_text;
+    t->elem_bytes = t->dtype != 0 ? st_dtype_bytes(t->dtype) : any_dtype ? other_dtype_bytes(dtype_text) : 0;
+    SX_CHECK(t->elem_bytes != 0, SX_ERR_UNSUPPORTED,
              "%s has dtype %s; sx imports F32, F16 and BF16 tensors, and U8 ones as 8-bit optimizer state's "
              "codes only",
              what.c_str(), json_quoted(dtype_text).c_str());
@@ -71,7 +90,7 @@ Status parse_entry(const std::string &name, const JsonValue &v, uint64_t data_by
     t->begin = static_cast<uint64_t>(begin);
     t->end = static_cast<uint64_t>(end);
     uint64_t bytes = 0;
-    SX_CHECK(!__builtin_mul_overflow(numel, ckpt::dtype_bytes(t->dtype), &bytes) && bytes == t->end - t->begin,
+    SX_CHECK(!__builtin_mul_overflow(numel, t->elem_bytes, &bytes) && bytes == t->end - t->begin,
              SX_ERR_CORRUPT, "%s: shape %s of %s needs %" PRIu64 " bytes, data_offsets give %" PRIu64,
              what.c_str(), shape_text(t->shape).c_str(), dtype_text.c_str(), bytes, t->end - t->begin);
     return Status::Ok();
@@ -85,7 +104,7 @@ Status check_metadata(const JsonValue &v) {
     return Status::Ok();
 }
 
-Status read_header(io::FileOps &ops, int fd, const std::string &path, StFile *f) {
+Status read_header(io::FileOps &ops, int fd, const std::string &path, bool any_dtype, StFile *f) {
     uint64_t size = 0;
     SX_TRY(ops.file_size(fd, &size, path));
     SX_CHECK(size >= 8, SX_ERR_CORRUPT, "the file has %" PRIu64 " bytes, too few for a safetensors header", size);
@@ -116,7 +135,7 @@ Status read_header(io::FileOps &ops, int fd, const std::string &path, StFile *f)
             continue;
         }
         StTensor t;
-        SX_TRY(parse_entry(m.first, m.second, data_bytes, &t));
+        SX_TRY(parse_entry(m.first, m.second, data_bytes, any_dtype, &t));
         f->tensors.push_back(std::move(t));
     }
     // Back to back from 0 to the end: then no two tensors share bytes, and a file cut
@@ -140,7 +159,37 @@ Status read_header(io::FileOps &ops, int fd, const std::string &path, StFile *f)
 
 }  // namespace
 
-std::string st_dtype_name(int32_t dtype) { return dtype == ckpt::kDTypeQ8 ? "U8" : dtype_name(dtype); }
+std::string st_dtype_name(int32_t dtype) {
+    switch (dtype) {
+        case SX_DTYPE_F32: return "F32";
+        case SX_DTYPE_F16: return "F16";
+        case SX_DTYPE_BF16: return "BF16";
+        case SX_DTYPE_U8: return "U8";
+        default: return format("dtype %d", dtype);
+    }
+}
+
+uint64_t st_dtype_bytes(int32_t dtype) {
+    return dtype == SX_DTYPE_F32 ? 4 : dtype == SX_DTYPE_F16 || dtype == SX_DTYPE_BF16 ? 2 : 1;
+}
+
+std::string shape_text(const std::vector<int64_t> &shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + format("%" PRId64, shape[i]);
+    return s + "]";
+}
+
+std::string printable(const std::string &s) {
+    std::string out;
+    for (const char ch : s) {
+        const unsigned char c = static_cast<unsigned char>(ch);
+        if (c < 0x20 || c == 0x7F)
+            out += format("\\x%02x", c);
+        else
+            out.push_back(ch);
+    }
+    return out;
+}
 
 uint64_t StTensor::numel() const {
     uint64_t n = 1;
@@ -159,7 +208,7 @@ Status safetensors_header(const std::vector<std::pair<std::string, std::string>>
     for (const StTensor &t : tensors) {
         j.key(t.name);
         j.begin_object();
-        j.key("dtype"), j.string(st_dtype_name(t.dtype));
+        j.key("dtype"), j.string(t.dtype != 0 ? st_dtype_name(t.dtype) : t.dtype_text);
         j.key("shape");
         j.begin_array();
         for (int64_t e : t.shape) j.number(e);
@@ -189,12 +238,12 @@ const StTensor *StFile::find(const std::string &name) const {
     return it == index.end() ? nullptr : &tensors[it->second];
 }
 
-Status read_safetensors(io::FileOps &ops, const std::string &path, StFile *out) {
+Status read_safetensors(io::FileOps &ops, const std::string &path, StFile *out, bool any_dtype) {
     int fd = -1;
     SX_TRY(ops.open_read_named(path, &fd));
     StFile f;
     f.path = path;
-    Status s = read_header(ops, fd, path, &f);
+    Status s = read_header(ops, fd, path, any_dtype, &f);
     ops.close(fd, path);
     if (!s.ok()) return s.prefix(printable(path) + ": ");
     *out = std::move(f);
@@ -203,7 +252,7 @@ Status read_safetensors(io::FileOps &ops, const std::string &path, StFile *out) 
 
 Status read_raw(io::FileOps &ops, int fd, const StFile &file, const StTensor &t, uint64_t first, uint64_t n,
                 void *dst) {
-    const uint64_t elem = ckpt::dtype_bytes(t.dtype);
+    const uint64_t elem = t.elem_bytes;
     Status s = ops.pread_all(fd, dst, n * elem, file.data_start + t.begin + first * elem, file.path);
     if (s.code() == SX_ERR_CORRUPT)
         return SX_ERROR(SX_ERR_CORRUPT, "%s: the file ends inside tensor %s (did it change while it was read?)",
@@ -213,14 +262,15 @@ Status read_raw(io::FileOps &ops, int fd, const StFile &file, const StTensor &t,
 
 Status read_f32(io::FileOps &ops, int fd, const StFile &file, const StTensor &t, uint64_t first, uint64_t n,
                 float *dst, std::vector<char> *scratch) {
-    SX_CHECK(t.dtype != ckpt::kDTypeQ8, SX_ERR_INVALID_ARGUMENT, "%s: tensor %s holds U8 codes, not numbers",
-             printable(file.path).c_str(), json_quoted(t.name).c_str());
+    SX_CHECK(t.dtype == SX_DTYPE_F32 || t.dtype == SX_DTYPE_F16 || t.dtype == SX_DTYPE_BF16, SX_ERR_INVALID_ARGUMENT,
+             "%s: tensor %s holds %s values; sx reads F32, F16 and BF16 tensors as numbers",
+             printable(file.path).c_str(), json_quoted(t.name).c_str(), t.dtype_text.c_str());
     if (t.dtype == SX_DTYPE_F32) return read_raw(ops, fd, file, t, first, n, dst);
-    scratch->resize(n * ckpt::dtype_bytes(t.dtype));
+    scratch->resize(n * t.elem_bytes);
     SX_TRY(read_raw(ops, fd, file, t, first, n, scratch->data()));
     half::to_f32(t.dtype, reinterpret_cast<const uint16_t *>(scratch->data()), dst, n);
     return Status::Ok();
 }
 
-}  // namespace tool
+}  // namespace interop
 }  // namespace sx

@@ -1,14 +1,14 @@
-#include "json_value.h"
+#include "interop/json_value.h"
 
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <unordered_set>
 
-#include "json.h"
+#include "interop/json.h"
 
 namespace sx {
-namespace tool {
+namespace interop {
 
 namespace {
 
@@ -314,5 +314,5 @@ Status json_string(const JsonValue &v, const std::string &what, std::string *out
     return Status::Ok();
 }
 
-}  // namespace tool
+}  // namespace interop
 }  // namespace sx

@@ -1,12 +1,14 @@
-#include "json.h"
+#include "interop/json.h"
 
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
+#include "interop/json_value.h"
+
 namespace sx {
-namespace tool {
+namespace interop {
 
 size_t utf8_sequence(const std::string &s, size_t i) {
     const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
@@ -150,10 +152,32 @@ void JsonWriter::boolean(bool v) {
     out_ += v ? "true" : "false";
 }
 
+void JsonWriter::raw_number(const std::string &text) {
+    before_value();
+    out_ += text;
+}
+
+void JsonWriter::value_of(const JsonValue &v) {
+    switch (v.kind) {
+        case JsonValue::Kind::kNull: return null();
+        case JsonValue::Kind::kBool: return boolean(v.boolean);
+        case JsonValue::Kind::kNumber: return raw_number(v.text);
+        case JsonValue::Kind::kString: return string(v.text);
+        case JsonValue::Kind::kArray:
+            begin_array();
+            for (const JsonValue &item : v.items) value_of(item);
+            return end_array();
+        case JsonValue::Kind::kObject:
+            begin_object();
+            for (const auto &m : v.members) key(m.first), value_of(m.second);
+            return end_object();
+    }
+}
+
 void JsonWriter::null() {
     before_value();
     out_ += "null";
 }
 
-}  // namespace tool
+}  // namespace interop
 }  // namespace sx

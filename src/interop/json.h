@@ -1,4 +1,5 @@
-// JSON text (RFC 8259) for `inspect --json` and the safetensors header: strings
+// JSON text (RFC 8259) for safetensors headers, Hugging Face and PEFT files, and
+// `sxckpt inspect --json`: strings
 // escaped, numbers that read back exactly, commas placed by the writer.
 #pragma once
 
@@ -7,7 +8,9 @@
 #include <vector>
 
 namespace sx {
-namespace tool {
+namespace interop {
+
+struct JsonValue;  // json_value.h
 
 // Length of the valid UTF-8 sequence at s[i] (RFC 3629: no overlong forms, no
 // surrogates, nothing above U+10FFFF), or 0 if the bytes there are not one. i < s.size().
@@ -48,6 +51,10 @@ class JsonWriter {
     void value(double v) { number(v); }
     void value(bool v) { boolean(v); }
     void null();
+    // A number exactly as `text` spells it (a JSON number parse_json kept as written).
+    void raw_number(const std::string &text);
+    // A parsed value as it was (numbers as written, members in order).
+    void value_of(const JsonValue &v);
 
     const std::string &text() const { return out_; }
 
@@ -58,5 +65,5 @@ class JsonWriter {
     bool after_key_ = false;
 };
 
-}  // namespace tool
+}  // namespace interop
 }  // namespace sx

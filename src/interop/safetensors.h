@@ -1,5 +1,5 @@
 // The safetensors format (https://github.com/huggingface/safetensors, "Format"), as
-// sxckpt writes and reads it:
+// sx writes and reads it (sxckpt, and Hugging Face checkpoints: interop/hf_files.h):
 //
 //   8 bytes   N, little-endian uint64
 //   N bytes   JSON: {"__metadata__": {str: str}, NAME: {"dtype": "F32", "shape": [...],
@@ -19,7 +19,7 @@
 #include "io/file_ops.h"
 
 namespace sx {
-namespace tool {
+namespace interop {
 
 // safetensors' reference reader refuses larger headers (MAX_HEADER_SIZE).
 constexpr uint64_t kMaxSafetensorsHeaderBytes = 100000000;
@@ -27,7 +27,9 @@ constexpr const char *kMetadataKey = "__metadata__";
 
 struct StTensor {
     std::string name;
-    int32_t dtype = SX_DTYPE_F32;  // SX_DTYPE_F32, F16, BF16, or ckpt::kDTypeQ8 for "U8" (bytes)
+    int32_t dtype = SX_DTYPE_F32;  // SX_DTYPE_F32, F16, BF16, U8 (bytes), or 0: another (read with any_dtype)
+    std::string dtype_text;        // as the file names it ("F32", "I64"...); what a writer writes for dtype 0
+    uint64_t elem_bytes = 4;       // bytes per element
     std::vector<int64_t> shape;    // [] for a scalar
     uint64_t begin = 0, end = 0;   // data_offsets: bytes, relative to the data's start
     uint64_t numel() const;
@@ -50,8 +52,14 @@ struct StFile {
     const StTensor *find(const std::string &name) const;
 };
 
-// safetensors' name of a dtype: "F32", "F16", "BF16", "U8" (ckpt::kDTypeQ8).
+// safetensors' name of a dtype: "F32", "F16", "BF16", "U8" (SX_DTYPE_U8), else "dtype N".
 std::string st_dtype_name(int32_t dtype);
+// Bytes per element of SX_DTYPE_F32 (4), F16 and BF16 (2), U8 (1).
+uint64_t st_dtype_bytes(int32_t dtype);
+// "[300, 17]"; "[]" for a scalar.
+std::string shape_text(const std::vector<int64_t> &shape);
+// s with control bytes (and DEL) as \xNN, for messages.
+std::string printable(const std::string &s);
 
 // Reads and checks the header of `path`: the length field and the file's size, JSON
 // (parse_json's rules: no duplicate names), every entry exactly {dtype, shape,
@@ -59,10 +67,13 @@ std::string st_dtype_name(int32_t dtype);
 // extents >= 0, each tensor's bytes = its element count x element size, and the
 // tensors' bytes back to back from 0 to the end of the file (so a truncated file is
 // caught here). __metadata__, if there, must be an object of strings; it is not kept.
+// With any_dtype, tensors of the format's other dtypes (I64, BOOL, F64...) are kept too,
+// with dtype 0 and their element size (a Hugging Face checkpoint's buffers may be such);
+// read_f32 refuses them.
 // Errors: SX_ERR_NOT_FOUND / SX_ERR_IO from the file, SX_ERR_CORRUPT for a file that is
 // not a well-formed safetensors file, SX_ERR_UNSUPPORTED for another dtype, each
 // prefixed with the path and naming the tensor.
-Status read_safetensors(io::FileOps &ops, const std::string &path, StFile *out);
+Status read_safetensors(io::FileOps &ops, const std::string &path, StFile *out, bool any_dtype = false);
 
 // Reads elements [first, first + n) of tensor `t` of the file open as `fd` into `dst`
 // as they are stored (n x the dtype's size bytes). SX_ERR_CORRUPT if the file ends early.
@@ -70,10 +81,10 @@ Status read_raw(io::FileOps &ops, int fd, const StFile &file, const StTensor &t,
                 void *dst);
 
 // Reads elements [first, first + n) of tensor `t` of the file open as `fd` into `dst`
-// as fp32, widening F16 and BF16 exactly (SX_ERR_INVALID_ARGUMENT for U8). `scratch` holds the 16-bit bytes meanwhile.
+// as fp32, widening F16 and BF16 exactly (SX_ERR_INVALID_ARGUMENT for U8 and others). `scratch` holds the 16-bit bytes meanwhile.
 // SX_ERR_CORRUPT if the file ends early (it changed since it was read).
 Status read_f32(io::FileOps &ops, int fd, const StFile &file, const StTensor &t, uint64_t first, uint64_t n,
                 float *dst, std::vector<char> *scratch);
 
-}  // namespace tool
+}  // namespace interop
 }  // namespace sx
