@@ -81,10 +81,9 @@ Status Context::claim(const std::string &name, std::string *key_space) {
     std::lock_guard<std::mutex> lock(mu_);
     SX_CHECK(!closed_, SX_ERR_INVALID_STATE,
              "the context was destroyed (sx_destroy_context): no group may be made in it any more");
-    SX_CHECK(!live_[name], SX_ERR_INVALID_STATE,
+    SX_CHECK(live_.insert(name).second, SX_ERR_INVALID_STATE,
              "a live group of the context is named '%s' already: each group of a context has a name of its own",
              name.c_str());
-    live_[name] = true;
     const int64_t n = made_[name]++;
     ++created_;
     *key_space = format("groups/%s/%lld/", name.c_str(), static_cast<long long>(n));

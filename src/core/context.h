@@ -5,11 +5,11 @@
 // shared pointer in their GroupConfig), so it lives while any of them does.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "base/status.h"
@@ -68,7 +68,7 @@ class Context {
 
     mutable std::mutex mu_;
     std::map<std::string, int64_t> made_;  // under mu_: per name, groups made so far
-    std::map<std::string, bool> live_;     // under mu_: names of live groups
+    std::set<std::string> live_;           // under mu_: names of live groups
     int64_t created_ = 0;                  // under mu_
     bool closed_ = false;                  // under mu_
 };

@@ -50,6 +50,16 @@ static sx_status_t init_ctx_config(void *p, size_t s) {
     return sx_context_config_init((sx_context_config_t *)p, s);
 }
 static sx_status_t init_ctx_stats(void *p, size_t s) { return sx_context_stats_init((sx_context_stats_t *)p, s); }
+static sx_status_t init_hf_export(void *p, size_t s) {
+    return sx_hf_export_options_init((sx_hf_export_options_t *)p, s);
+}
+static sx_status_t init_peft(void *p, size_t s) { return sx_peft_config_init((sx_peft_config_t *)p, s); }
+static sx_status_t init_hf_import(void *p, size_t s) {
+    return sx_hf_import_options_init((sx_hf_import_options_t *)p, s);
+}
+static sx_status_t init_hf_report(void *p, size_t s) {
+    return sx_hf_import_report_init((sx_hf_import_report_t *)p, s);
+}
 
 static const struct {
     const char *function;
@@ -72,6 +82,10 @@ static const struct {
     {"sx_context_config_init", init_ctx_config, sizeof(sx_context_config_t),
      offsetof(sx_context_config_t, rendezvous) + sizeof(char *), "config"},
     {"sx_context_stats_init", init_ctx_stats, sizeof(sx_context_stats_t), sizeof(size_t), "stats"},
+    {"sx_hf_export_options_init", init_hf_export, sizeof(sx_hf_export_options_t), sizeof(size_t), "options"},
+    {"sx_peft_config_init", init_peft, sizeof(sx_peft_config_t), sizeof(size_t), "config"},
+    {"sx_hf_import_options_init", init_hf_import, sizeof(sx_hf_import_options_t), sizeof(size_t), "options"},
+    {"sx_hf_import_report_init", init_hf_report, sizeof(sx_hf_import_report_t), sizeof(size_t), "report"},
 };
 
 static void test_init_functions(void **state) {
@@ -498,6 +512,12 @@ static sx_status_t fill_uinfo(sx_shard_group_t *g, void *o) {
 static sx_status_t fill_result(sx_shard_group_t *g, void *o) {
     return sx_step(g, NULL, (sx_step_result_t *)o);
 }
+/* The context the first group was made in (test_output_structs makes it). */
+static sx_context_t *output_context;
+static sx_status_t fill_ctx_stats(sx_shard_group_t *g, void *o) {
+    (void)g;
+    return sx_get_context_stats(output_context, (sx_context_stats_t *)o);
+}
 
 static const struct {
     const char *function;
@@ -511,11 +531,27 @@ static const struct {
     {"sx_get_param_info", fill_pinfo, sizeof(sx_param_info_t), offsetof(sx_param_info_t, ndim)},
     {"sx_get_unit_info", fill_uinfo, sizeof(sx_unit_info_t), offsetof(sx_unit_info_t, num_params)},
     {"sx_step", fill_result, sizeof(sx_step_result_t), offsetof(sx_step_result_t, step)},
+    {"sx_get_context_stats", fill_ctx_stats, sizeof(sx_context_stats_t), offsetof(sx_context_stats_t, groups_created)},
 };
 
 static void test_output_structs(void **state) {
     (void)state;
     sx_shard_group_t *g = api_small_group(1);
+    /* A context of one rank with one group in it, for sx_get_context_stats. */
+    char rv[128];
+    api_unique_rendezvous(rv, sizeof rv);
+    sx_context_config_t cc;
+    EXPECT_OK(sx_context_config_init(&cc, sizeof cc));
+    cc.rendezvous = rv;
+    cc.rank = 0;
+    cc.world_size = 1;
+    EXPECT_OK(sx_create_context(&cc, &output_context));
+    sx_group_config_t gc;
+    EXPECT_OK(sx_group_config_init(&gc, sizeof gc));
+    gc.context = output_context;
+    gc.name = "tenant";
+    sx_shard_group_t *tenant = NULL;
+    EXPECT_OK(sx_create_shard_group(&gc, &tenant));
     static scratch buf, full;
     for (size_t k = 0; k < sizeof kOutputs / sizeof kOutputs[0]; ++k) {
         const char *fn = kOutputs[k].function;
@@ -587,6 +623,15 @@ static void test_output_structs(void **state) {
     EXPECT_OK(sx_step(g, NULL, &r));
     assert_int_equal(r.step, 5);
     EXPECT_OK(sx_destroy_shard_group(g));
+    /* The context's stats are its own: one group alive in it. */
+    sx_context_stats_t cs;
+    EXPECT_OK(sx_context_stats_init(&cs, sizeof cs));
+    EXPECT_OK(sx_get_context_stats(output_context, &cs));
+    assert_int_equal(cs.groups, 1);
+    assert_int_equal(cs.groups_created, 1);
+    EXPECT_OK(sx_destroy_shard_group(tenant));
+    EXPECT_OK(sx_destroy_context(output_context));
+    output_context = NULL;
 }
 
 int main(void) {

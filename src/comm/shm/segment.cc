@@ -287,7 +287,8 @@ std::string random_name() {
 
 SharedSegment::~SharedSegment() {
     if (channels_) {
-        channels_->close_channel(data_ - kChannelHeader, channel_offset_, bytes_ + kChannelHeader, channel_ranks_);
+        channels_->close_channel(data_ - kChannelHeader, channel_offset_, bytes_ + kChannelHeader, bytes_ + kChannelHeader,
+                                  channel_ranks_);
         return;
     }
     ::munmap(data_, map_bytes_);
@@ -427,7 +428,16 @@ Status SharedChannels::open_channel(rdzv::Store &store, int rank, int world_size
         offset = at;
     }
     char *base = nullptr;
-    SX_TRY(map(fd_, region, offset, &base));
+    if (Status mapped = map(fd_, region, offset, &base); !mapped.ok()) {
+        // This rank will never close the channel, so it counts itself out now: through
+        // the header page alone, for the last rank to give the region back.
+        char *header = nullptr;
+        if (map(fd_, kPage, offset, &header).ok()) {
+            open_.fetch_add(1);
+            close_channel(header, offset, region, kPage, world_size);
+        }
+        return mapped;
+    }
     std::unique_ptr<SharedSegment> seg(new SharedSegment(base + kChannelHeader, region - kChannelHeader));
     for (int m : members) seg->peers_.push_back(context_->peers_[static_cast<size_t>(m)]);
     seg->arenas_mapped_ = context_->arenas_mapped_;
@@ -441,10 +451,10 @@ Status SharedChannels::open_channel(rdzv::Store &store, int rank, int world_size
 
 // The last of the channel's ranks to let it go gives its pages back (its range of the
 // segment is never handed out again, so nobody reads them after).
-void SharedChannels::close_channel(char *base, uint64_t offset, size_t region, int world_size) {
+void SharedChannels::close_channel(char *base, uint64_t offset, size_t region, size_t mapped, int world_size) {
     auto *released = reinterpret_cast<std::atomic<uint32_t> *>(base);
     const bool last = released->fetch_add(1) + 1 == static_cast<uint32_t>(world_size);
-    ::munmap(base, region);
+    ::munmap(base, mapped);
     if (last) ::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
                           static_cast<off_t>(region));
     open_.fetch_sub(1);

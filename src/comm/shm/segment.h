@@ -101,8 +101,10 @@ class SharedChannels : public std::enable_shared_from_this<SharedChannels> {
   private:
     friend class SharedSegment;
     SharedChannels() = default;
-    // SharedSegment's destructor: the channel's mapping at base, of `region` bytes at offset.
-    void close_channel(char *base, uint64_t offset, size_t region, int world_size);
+    // A rank lets the channel go: `mapped` bytes of it are mapped at base (its whole
+    // `region` at offset, or the header page alone where mapping the region failed). The
+    // last of its world_size ranks punches the region out of the segment.
+    void close_channel(char *base, uint64_t offset, size_t region, size_t mapped, int world_size);
 
     std::unique_ptr<SharedSegment> context_;  // its first page: the allocation word
     int fd_ = -1;
