@@ -2,8 +2,9 @@
 // collective through one shared segment (segment.h), the ranks meeting at barriers of
 // their own.
 //
-// The segment holds a line of 64 bytes per rank (the barriers it reached, the call it
-// is in, whether it left) and a slot of `slot_bytes` per rank. A collective moves its
+// The segment holds a line of 64 bytes per rank (the barriers it reached, whether it
+// left), two call lines per rank (the call it is in, used by its calls in turn, each with
+// room for a small all-reduce's values) and a slot of `slot_bytes` per rank. A collective moves its
 // data in chunks that fit the slots: each rank copies its part of a chunk into its own
 // slot, the ranks meet at a barrier, each reads what it needs from the others' slots
 // (sums in rank order: the same bits for any chunking), and they meet again before the
@@ -13,7 +14,9 @@
 // usable. A call may carry a rider (communicator.h): its tag is compared there too, and
 // its value read from the lines after it. A collective of one chunk is thus one barrier at which every rank
 // brings its data and one after which nobody reads it: a rank whose group is destroyed
-// once it has brought its data (a prefetch in flight) does not fail its peers.
+// once it has brought its data (a prefetch in flight) does not fail its peers. A small
+// all-reduce (at most 8 KiB) is one barrier: its values go in the call's line, which the
+// rank's next call but one reuses, by when every rank has read them.
 //
 // The large exchanges (reduce-scatter, all-gather, broadcast) skip the slots where the
 // ranks can read each other's buffers: each leaves where its buffer is in its line (ranks
@@ -93,17 +96,26 @@ struct alignas(64) Line {
     std::atomic<uint32_t> arrived;  // the last barrier it reached (a futex word)
     std::atomic<uint32_t> waiters;  // ranks asleep on `arrived`
     std::atomic<uint32_t> left;     // 0, or the sx_status_t with which it left
-    std::atomic<uint32_t> op;       // the call it is in (Op) ...
-    std::atomic<uint64_t> size;     // ... its size (elements or bytes, as the call counts)
-    std::atomic<int32_t> root;      // ... and root (-1 where none)
     std::atomic<int32_t> pid;
     std::atomic<uint64_t> bytes;    // gather/scatter_pieces: the bytes it sends or receives
     std::atomic<uint64_t> buffer;   // its buffer in this call: the address (ranks of one process),
                                     // or 1 + its offset in the rank's arena (0: none)
+};
+static_assert(sizeof(Line) == 64, "one cache line per rank");
+
+// What a rank's call is, as the ranks compare it at the call's first barrier. Each rank
+// has two, used by its calls in turn (by the parity of the call's number), followed by
+// room for a small all-reduce's values: a rank writes call k + 2's only once every rank
+// has reached call k + 1's first barrier, and so has done with call k's, which lets a
+// small all-reduce end at its one barrier.
+struct alignas(64) CallLine {
+    std::atomic<uint32_t> op;           // the call (Op) ...
+    std::atomic<int32_t> root;          // ... its root (-1 where none)
+    std::atomic<uint64_t> size;         // ... and size (elements or bytes, as the call counts)
     std::atomic<uint64_t> rider_tag;    // the call's rider (0: none) ...
     std::atomic<uint64_t> rider_value;  // ... and its value's bits
 };
-static_assert(sizeof(Line) == 64, "one cache line per rank");
+static_assert(sizeof(CallLine) == 64, "one cache line per call");
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free");
 
@@ -115,6 +127,9 @@ constexpr size_t kReasonBytes = 256;
 constexpr size_t kDefaultSlotBytes = 8 << 20;
 constexpr size_t kBlock = 4096;  // elements summed in a stack buffer at a time
 constexpr size_t kSmall = 1024;  // an all-reduce of at most this many values per chunk: two barriers
+// An all-reduce of at most this many bytes goes through its call's line: one barrier.
+constexpr size_t kSmallBytes = 8192;
+constexpr size_t kCallBytes = sizeof(CallLine) + kSmallBytes;  // per rank and parity
 constexpr std::chrono::microseconds kSpin(100);  // a wait spins (yielding) this long, then sleeps
 constexpr std::chrono::microseconds kCheck(500);  // how often a wait looks at its peer and deadline
 
@@ -427,8 +442,18 @@ class ShmCommunicator final : public Communicator {
         return reinterpret_cast<T *>(const_cast<char *>(segment_->peer(q).arena) + (where - 1));
     }
     char *reason(int r) const { return segment_->data() + kHeaderBytes + static_cast<size_t>(r) * kReasonBytes; }
-    char *slot(int r) const {
+    // Rank r's line of the current call (its parity's), and the small values after it.
+    char *call_area(int r) const {
         return segment_->data() + kHeaderBytes + static_cast<size_t>(world_size_) * kReasonBytes +
+               (parity_ * static_cast<size_t>(world_size_) + static_cast<size_t>(r)) * kCallBytes;
+    }
+    CallLine &call_line(int r) const { return *reinterpret_cast<CallLine *>(call_area(r)); }
+    template <class T>
+    T *small_as(int r) const {
+        return reinterpret_cast<T *>(call_area(r) + sizeof(CallLine));
+    }
+    char *slot(int r) const {
+        return segment_->data() + kHeaderBytes + static_cast<size_t>(world_size_) * (kReasonBytes + 2 * kCallBytes) +
                static_cast<size_t>(r) * slot_bytes_;
     }
     template <class T>
@@ -488,6 +513,19 @@ class ShmCommunicator final : public Communicator {
         if (n == 0) return empty_call(what);
         SX_CHECK_ARG(data != nullptr, "%s: data must not be NULL", what);
         return run(op, n, -1, [&](Clock::time_point deadline) -> Status {
+            if (n * sizeof(T) <= kSmallBytes) {
+                // Through the call's line: every rank combines all the values in rank
+                // order (the same bits everywhere) after the one barrier; nobody writes
+                // them again before every rank has reached the next call.
+                std::memcpy(small_as<T>(rank_), data, n * sizeof(T));
+                SX_TRY(meet(deadline));
+                for (size_t i = 0; i < n; ++i) {
+                    T v = small_as<T>(0)[i];
+                    for (int p = 1; p < world_size_; ++p) v = combine(v, small_as<T>(p)[i]);
+                    data[i] = v;
+                }
+                return Status::Ok();
+            }
             const size_t chunk = std::max<size_t>(1, slot_bytes_ / sizeof(T));
             for (size_t off = 0; off < n; off += chunk) {
                 const size_t m = std::min(chunk, n - off);
@@ -576,7 +614,8 @@ class ShmCommunicator final : public Communicator {
         SX_TRY(usable(what));
         count_collective();
         const Clock::time_point deadline = Clock::now() + timeout_;
-        Line &me = line(rank_);
+        parity_ = calls_++ & 1u;
+        CallLine &me = call_line(rank_);
         me.op.store(op, std::memory_order_relaxed);
         me.size.store(size, std::memory_order_relaxed);
         me.root.store(root, std::memory_order_relaxed);
@@ -636,13 +675,13 @@ class ShmCommunicator final : public Communicator {
     // rider's tag (every rank finds a difference if any rank does); then the riders.
     Status compare_call() {
         compare_call_ = false;
-        const Line &me = line(rank_);
+        const CallLine &me = call_line(rank_);
         const uint32_t op = me.op.load(std::memory_order_relaxed);
         const uint64_t size = me.size.load(std::memory_order_relaxed);
         const int32_t root = me.root.load(std::memory_order_relaxed);
         const uint64_t tag = me.rider_tag.load(std::memory_order_relaxed);
         for (int q = 0; q < world_size_; ++q) {
-            const Line &l = line(q);
+            const CallLine &l = call_line(q);
             const uint32_t their = l.op.load(std::memory_order_relaxed);
             const uint64_t their_size = l.size.load(std::memory_order_relaxed);
             const int32_t their_root = l.root.load(std::memory_order_relaxed);
@@ -665,7 +704,7 @@ class ShmCommunicator final : public Communicator {
         if (riders_out_) {
             riders_out_->resize(static_cast<size_t>(world_size_));
             for (int q = 0; q < world_size_; ++q) {
-                const uint64_t bits = line(q).rider_value.load(std::memory_order_relaxed);
+                const uint64_t bits = call_line(q).rider_value.load(std::memory_order_relaxed);
                 Rider &r = (*riders_out_)[static_cast<size_t>(q)];
                 r.tag = tag;
                 std::memcpy(&r.value, &bits, sizeof(bits));
@@ -783,6 +822,8 @@ class ShmCommunicator final : public Communicator {
     const Millis timeout_;
     const size_t slot_bytes_;
     uint32_t barriers_ = 0;
+    uint32_t calls_ = 0;   // calls run so far (the same count on every rank)
+    size_t parity_ = 0;    // the current call's: which of its two call lines a rank uses
     bool compare_call_ = false;    // the next barrier is a call's first
     bool different_calls_ = false; // this call's first barrier found ranks in other calls
     bool rider_pending_ = false;   // attach_rider: the next call carries rider_
@@ -809,7 +850,7 @@ Status create_shm_communicator(std::shared_ptr<rdzv::Store> store, int rank, int
     const Clock::time_point deadline =
         options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
     std::unique_ptr<SharedSegment> segment;
-    const size_t bytes = kHeaderBytes + (kReasonBytes + slot) * static_cast<size_t>(world_size);
+    const size_t bytes = kHeaderBytes + (kReasonBytes + 2 * kCallBytes + slot) * static_cast<size_t>(world_size);
     if (options.channels)
         SX_TRY(options.channels->open_channel(*store, rank, world_size, bytes, deadline, &segment));
     else
