@@ -34,6 +34,10 @@ const maxBody = 1 << 20
 
 func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	if r.URL.Path == "/stats" && r.Method == http.MethodGet {
+		s.stats(w)
+		return
+	}
 	if parts[0] != "jobs" {
 		httpError(w, http.StatusNotFound, "no such route: %s (the routes are under /jobs)", r.URL.Path)
 		return
@@ -130,6 +134,18 @@ func (s *Service) list(w http.ResponseWriter) {
 	}
 	s.mu.Unlock()
 	writeJSONResponse(w, http.StatusOK, jobs)
+}
+
+// stats is GET /stats: what the context holds on rank 0.
+func (s *Service) stats(w http.ResponseWriter) {
+	st, err := s.ranks.ctxs[0].Stats()
+	if err != nil {
+		httpError(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	writeJSONResponse(w, http.StatusOK, map[string]interface{}{"ranks": len(s.ranks.ctxs), "groups": st.Groups,
+		"groups_created": st.GroupsCreated, "channels": st.Channels, "memory_bytes": st.MemoryBytes,
+		"shared_memory": st.SharedMemory})
 }
 
 func (s *Service) cancel(w http.ResponseWriter, j *Job) {

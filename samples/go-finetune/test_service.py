@@ -6,6 +6,7 @@ downloaded) and saved with save_pretrained. The service (the Go binary) starts o
 loopback port; three jobs are posted at once, with bad descriptions beside them (each
 refused with 400 naming what was wrong); one job is cancelled mid-run. Then:
 
+- every job was a group of the service's one context (GET /stats), over 2 ranks;
 - the finished jobs ran every step, the cancelled one stopped at a step boundary with its
   checkpoint and adapter written;
 - each job's losses, as its progress stream printed them, equal those of the same job run
@@ -224,6 +225,10 @@ def main():
             assert status == 404 and "job-999" in answer["error"], (status, answer)
             status, answer = client.json("POST", f"/jobs/{ids['a']}/cancel")
             assert status == 409 and "finished" in answer["error"], (status, answer)
+            status, stats = client.json("GET", "/stats")
+            # Every job was a group of the one context; all are gone now, their channels with them.
+            assert status == 200 and stats["ranks"] == 2 and stats["groups_created"] == 3, stats
+            assert stats["groups"] == 0 and stats["channels"] == 0 and stats["shared_memory"], stats
             for name, cfg in jobs.items():
                 losses, final = check_stream(name, streams[name], cfg, cancelled=(name == "c"))
                 alone_cfg = dict(cfg, steps=final["step"])
