@@ -1,6 +1,6 @@
 #!/bin/sh
 # The bindings_go test: `go test` of package sx, the custom optimizer example, then the
-# sample, built into the build tree and compared with the C reference, and the README's
+# samples, built into the build tree and compared with the C reference, and the README's
 # first program in a module of its own (newcomer.sh). No network: modules come from the
 # tree.
 # The binding finds sx through pkg-config: PKG_CONFIG_PATH names the build tree, whose
@@ -21,5 +21,8 @@ cd "$here" && "$go" run ./examples/custom_lion
 mkdir -p "$(dirname "$sample_out")"
 cd "$here/../../samples/go" && "$go" build -o "$sample_out" .
 "$here/../compare_linreg.sh" "$ref" "$sample_out"
+# The fine-tune service sample's own tests (its backward against finite differences);
+# sample_go_finetune drives the service itself over HTTP.
+cd "$here/../../samples/go-finetune" && "$go" vet . && "$go" test -count=1 .
 # A newcomer's path: README.md's first program, in a fresh module outside the tree.
 "$here/newcomer.sh" "$go" "$(cd "$here/../.." && pwd)" "$root" "$GOCACHE"
