@@ -148,14 +148,5 @@ bool describe(int *fd, size_t *bytes, char **base) {
     return true;
 }
 
-bool offset_of(const void *p, size_t bytes, uint64_t *offset) {
-    Arena *a = current(false);
-    if (!a) return false;
-    const uintptr_t b = reinterpret_cast<uintptr_t>(a->base), q = reinterpret_cast<uintptr_t>(p);
-    if (q < b || q - b > a->size || bytes > a->size - (q - b)) return false;
-    *offset = q - b;
-    return true;
-}
-
 }  // namespace arena
 }  // namespace sx

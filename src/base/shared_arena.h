@@ -42,8 +42,6 @@ void release(const Block &b);
 // the arena; a caller that hands it on sends or duplicates it) and size in bytes. Any thread.
 // *base (where given): where it is mapped in this process.
 bool describe(int *fd, size_t *bytes, char **base = nullptr);
-// The offset of [p, p + bytes) in this process's arena, if it lies wholly within it.
-bool offset_of(const void *p, size_t bytes, uint64_t *offset);
 
 }  // namespace arena
 }  // namespace sx

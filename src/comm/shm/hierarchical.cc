@@ -18,6 +18,7 @@
 
 #include "base/half.h"
 #include "base/log.h"
+#include "base/memory.h"
 #include "comm/communicator.h"
 #include "comm/shm/hierarchical.h"
 #include "rdzv/store.h"
@@ -40,12 +41,12 @@ class HierarchicalCommunicator final : public Communicator {
         SX_TRY(check_reduce_scatter_args(*this, buf, shard_elems, out, accumulate));
         SX_TRY(usable("reduce_scatter_sum"));
         const size_t H = static_cast<size_t>(p_.hosts), S = shard_elems;
-        std::vector<float> &packed = scratch_f32_[0], &host_sum = scratch_f32_[1];
-        packed.resize(H * S * static_cast<size_t>(p_.per_host));
-        host_sum.resize(H * S);
-        pack(buf, packed.data(), S * sizeof(float));
-        Status s = local_->reduce_scatter_sum(packed.data(), H * S, host_sum.data(), false);
-        if (s.ok()) s = peers_->reduce_scatter_sum(host_sum.data(), S, out, accumulate);
+        float *packed = nullptr, *host_sum = nullptr;
+        SX_TRY(scratch(0, H * S * static_cast<size_t>(p_.per_host), &packed));
+        SX_TRY(scratch(1, H * S, &host_sum));
+        pack(buf, packed, S * sizeof(float));
+        Status s = local_->reduce_scatter_sum(packed, H * S, host_sum, false);
+        if (s.ok()) s = peers_->reduce_scatter_sum(host_sum, S, out, accumulate);
         return checked(s);
     }
 
@@ -55,18 +56,18 @@ class HierarchicalCommunicator final : public Communicator {
         SX_TRY(check_reduce_scatter_16_args(*this, buf, dtype, shard_elems, out));
         SX_TRY(usable("reduce_scatter_sum_16"));
         const size_t H = static_cast<size_t>(p_.hosts), S = shard_elems;
-        std::vector<uint16_t> &packed = scratch_16_[0], &host_sum = scratch_16_[1];
-        std::vector<float> &wide = scratch_f32_[1];
-        packed.resize(H * S * static_cast<size_t>(p_.per_host));
-        host_sum.resize(H * S);
-        wide.resize(H * S);
-        pack(buf, packed.data(), S * sizeof(uint16_t));
+        uint16_t *packed = nullptr, *host_sum = nullptr;
+        float *wide = nullptr;
+        SX_TRY(scratch(0, H * S * static_cast<size_t>(p_.per_host), &packed));
+        SX_TRY(scratch(1, H * S, &wide));
+        SX_TRY(scratch(2, H * S, &host_sum));
+        pack(buf, packed, S * sizeof(uint16_t));
         // The host's sum, in the dtype (widened exactly, and narrowed back exactly), then
         // the hosts' in the dtype too: every addition rounds to it, as the contract says.
-        Status s = local_->reduce_scatter_sum_16(packed.data(), dtype, H * S, wide.data(), 1.0f, false);
+        Status s = local_->reduce_scatter_sum_16(packed, dtype, H * S, wide, 1.0f, false);
         if (s.ok()) {
-            half::from_f32(dtype, wide.data(), host_sum.data(), H * S);
-            s = peers_->reduce_scatter_sum_16(host_sum.data(), dtype, S, out, out_scale, accumulate);
+            half::from_f32(dtype, wide, host_sum, H * S);
+            s = peers_->reduce_scatter_sum_16(host_sum, dtype, S, out, out_scale, accumulate);
         }
         return checked(s);
     }
@@ -76,17 +77,17 @@ class HierarchicalCommunicator final : public Communicator {
         SX_CHECK_ARG(buf != nullptr, "all_gather: buf must not be NULL");
         SX_TRY(usable("all_gather"));
         const size_t H = static_cast<size_t>(p_.hosts), L = static_cast<size_t>(p_.per_host), B = shard_bytes;
-        std::vector<char> &peers = scratch_bytes_[0], &all = scratch_bytes_[1];
-        peers.resize(H * B);
-        all.resize(L * H * B);
+        char *peers = nullptr, *all = nullptr;
+        SX_TRY(scratch(0, H * B, &peers));
+        SX_TRY(scratch(1, L * H * B, &all));
         char *b = static_cast<char *>(buf);
-        std::memcpy(peers.data() + static_cast<size_t>(p_.host) * B, b + static_cast<size_t>(rank_) * B, B);
-        Status s = peers_->all_gather(peers.data(), B);
+        std::memcpy(peers + static_cast<size_t>(p_.host) * B, b + static_cast<size_t>(rank_) * B, B);
+        Status s = peers_->all_gather(peers, B);
         if (s.ok()) {
-            std::memcpy(all.data() + static_cast<size_t>(p_.local) * H * B, peers.data(), H * B);
-            s = local_->all_gather(all.data(), H * B);
+            std::memcpy(all + static_cast<size_t>(p_.local) * H * B, peers, H * B);
+            s = local_->all_gather(all, H * B);
         }
-        if (s.ok()) unpack(all.data(), b, B);
+        if (s.ok()) unpack(all, b, B);
         return checked(s);
     }
 
@@ -101,18 +102,18 @@ class HierarchicalCommunicator final : public Communicator {
         SX_TRY(usable("all_reduce_sum_f32"));
         const size_t L = static_cast<size_t>(p_.per_host), per = (n + L - 1) / L;
         const size_t lo = std::min(n, per * static_cast<size_t>(p_.local)), hi = std::min(n, lo + per);
-        std::vector<float> &slices = scratch_f32_[0];
-        slices.assign(per * L, 0.0f);
+        float *slices = nullptr;
+        SX_TRY(scratch(0, per * L, &slices));
         Status s = local_->all_reduce_sum_f32(data, n);
         if (s.ok() && hi > lo) s = peers_->all_reduce_sum_f32(data + lo, hi - lo);
         if (s.ok()) {
-            std::memcpy(slices.data() + static_cast<size_t>(p_.local) * per, data + lo, (hi - lo) * sizeof(float));
-            s = local_->all_gather(slices.data(), per * sizeof(float));
+            std::memcpy(slices + static_cast<size_t>(p_.local) * per, data + lo, (hi - lo) * sizeof(float));
+            s = local_->all_gather(slices, per * sizeof(float));
         }
         if (s.ok())
             for (size_t q = 0; q < L; ++q) {
                 const size_t a = std::min(n, per * q), z = std::min(n, a + per);
-                std::memcpy(data + a, slices.data() + q * per, (z - a) * sizeof(float));
+                std::memcpy(data + a, slices + q * per, (z - a) * sizeof(float));
             }
         return checked(s);
     }
@@ -145,6 +146,21 @@ class HierarchicalCommunicator final : public Communicator {
     }
 
   private:
+    // Scratch buffer k, of n T's at least, from this process's shared arena where it has
+    // room, so that the host's ranks read each other's in place (else private, through
+    // the slots); kept, and grown as calls need.
+    template <class T>
+    Status scratch(int k, size_t n, T **out) {
+        HostBuffer &b = scratch_[k];
+        if (b.size() < n * sizeof(T)) {
+            b.reset();
+            SX_TRY(b.allocate(n * sizeof(T), "a scratch buffer of the hierarchical communicator", HostBuffer::kLazy,
+                              HostBuffer::kExchanged));
+        }
+        *out = b.as<T>();
+        return Status::Ok();
+    }
+
     // buf's shards (W of `bytes` each, in global rank order) into `packed`, ordered by
     // local index, then host: part i of the host's reduce-scatter holds the shards of the
     // ranks (h, i) for every host h. unpack is the reverse.
@@ -185,9 +201,7 @@ class HierarchicalCommunicator final : public Communicator {
     const HostPlacement p_;
     const int rank_;
     std::unique_ptr<Communicator> local_, peers_, flat_;
-    std::vector<float> scratch_f32_[2];
-    std::vector<uint16_t> scratch_16_[2];
-    std::vector<char> scratch_bytes_[2];
+    HostBuffer scratch_[3];
     FailureLatch failure_;
 };
 

@@ -226,6 +226,9 @@ class ShmCommunicator final : public Communicator {
             in_place_ = in_place_ && line(q).bytes.load(std::memory_order_relaxed) == 1;
         }
         in_place_ = in_place_ && !one_process_;
+        // Where this process's arena lies, once: publish() then takes no lock.
+        int fd = -1;
+        if (in_place_ && !arena::describe(&fd, &arena_bytes_, &arena_base_)) arena_base_ = nullptr;
         // Nobody may reuse `bytes` (a gather's) before every rank has read the flags.
         return barrier();
     }
@@ -393,9 +396,16 @@ class ShmCommunicator final : public Communicator {
         uint64_t where = 0, offset = 0;
         if (one_process_)
             where = reinterpret_cast<uintptr_t>(p);
-        else if (in_place_ && arena::offset_of(p, extent, &offset))
+        else if (in_place_ && in_arena(p, extent, &offset))
             where = offset + 1;
         line(rank_).buffer.store(where, std::memory_order_relaxed);
+    }
+    // Whether [p, p + extent) lies wholly in this process's arena, and at which offset.
+    bool in_arena(const void *p, size_t extent, uint64_t *offset) const {
+        const uintptr_t b = reinterpret_cast<uintptr_t>(arena_base_), q = reinterpret_cast<uintptr_t>(p);
+        if (arena_base_ == nullptr || q < b || q - b > arena_bytes_ || extent > arena_bytes_ - (q - b)) return false;
+        *offset = q - b;
+        return true;
     }
     // Whether rank q's buffer of the call (`extent` bytes) can be read in place: for this
     // rank, at once; for the others, once the call's first barrier has passed. Every rank
@@ -833,6 +843,8 @@ class ShmCommunicator final : public Communicator {
 
     bool one_process_ = false;  // every rank is a thread of this process (known after start())
     bool in_place_ = false;     // processes that mapped each other's arenas (known after start())
+    char *arena_base_ = nullptr;  // where in_place_: this process's arena, and its size
+    size_t arena_bytes_ = 0;
     std::atomic<bool> aborted_{false};
     FailureLatch failure_;
     std::vector<int> exits_;  // per peer: its pidfd (watch_peers)
