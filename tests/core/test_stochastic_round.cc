@@ -800,6 +800,14 @@ void master_view_and_scatter(int device) {
     assert_int_equal(sx_param_view(g, 0, &pv), SX_OK);
     assert_int_equal(sx_state_view(g, 0, "master", &view), SX_OK);
     assert_memory_equal(view.data, pv.data, 64 * sizeof(uint16_t));
+    // The trainer's own params, broadcast: the view (offloaded, the host's copy, taken
+    // from the device again) and the next step start from them.
+    std::vector<uint16_t> fresh(64);
+    for (int64_t i = 0; i < 64; ++i) fresh[i] = bf16_nearest(0.25f + static_cast<float>(i) / 1024.0f);
+    std::memcpy(pv.data, fresh.data(), 64 * sizeof(uint16_t));
+    assert_int_equal(sx_broadcast_params(g, 0), SX_OK);
+    assert_int_equal(sx_state_view(g, 0, "master", &view), SX_OK);
+    assert_memory_equal(view.data, fresh.data(), 64 * sizeof(uint16_t));
     sx_destroy_shard_group(g);
 }
 
