@@ -21,7 +21,8 @@
 #            (SX_OFFLOAD_TEST_DEVICE=cuda: offloaded state, several ranks on the one
 #            device, as threads and as processes, meshes, LAMB's, Adafactor's and
 #            Muon's device passes, and bf16 and 8-bit optimizer state kept on the device
-#            (test_cuda_kernels compares those kernels with the CPU's bit for bit),
+#            (test_cuda_kernels compares those kernels with the CPU's bit for bit, and
+#            the update of bf16 params without masters, bf16_stochastic_round, too),
 #            equal to CPU groups; Muon's products need the
 #            machine's cuBLAS, libcublas.so.13 or SX_CUBLAS_LIBRARY, which the bundle
 #            does not carry: without it test_offload says Muon was not tested);

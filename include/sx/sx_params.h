@@ -145,13 +145,15 @@ typedef struct sx_param_group_desc {
      * fp32 from the bf16 param and written back rounded stochastically (16 random bits
      * added below the bf16's last bit, then truncated; NaN stays NaN), the bits drawn
      * from a hash of (param index, the param's step count, element index), so that a run
-     * gives the same bits at any world size and stage. Elementwise optimizers (those
-     * that take state_dtype) on CPU groups only; a unit may not mix params of groups with
-     * and without it. Checkpoints store its params widened to fp32 (exact), and a load
+     * gives the same bits at any world size and stage, on CPU and CUDA groups alike (a
+     * CUDA group's device kernel or, offloaded, the host's update of the params' shard
+     * copied to the host give the CPU's bits). Elementwise optimizers (those that take
+     * state_dtype); a unit may not mix params of groups with and without it. Checkpoints store its params widened to fp32 (exact), and a load
      * rounds a checkpoint's values to nearest into them; the group keeps its own setting
      * across a load. The whole-state calls carry the params as "master" likewise (widened
      * by a gather, rounded to nearest even by a scatter); a state view of "master" is the
-     * bf16 params in place (SX_DTYPE_BF16); memory copies hold the bf16 params, and
+     * bf16 params in place (SX_DTYPE_BF16; offloaded, their shard's copy on the host, which
+     * the step updates and copies to the device); memory copies hold the bf16 params, and
      * sx_regroup restores them exactly. docs/optimizers.md. */
     int32_t bf16_stochastic_round;
 } sx_param_group_desc_t;

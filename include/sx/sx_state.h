@@ -152,7 +152,7 @@ SX_API sx_status_t sx_scatter_optim_state(sx_shard_group_t *group, int32_t root,
  * rank's shard holds none of it). out->dtype says what they hold (1.7): SX_DTYPE_F32 for
  * fp32 state and "master" (SX_DTYPE_BF16 for a param of a group with
  * bf16_stochastic_round, which keeps no fp32 masters: "master" is its bf16 params, in
- * place); a bf16 slot's SX_DTYPE_BF16 values; an 8-bit slot's codes,
+ * place, or offloaded, their copy on the host that the step updates); a bf16 slot's SX_DTYPE_BF16 values; an 8-bit slot's codes,
  * SX_DTYPE_U8 (one byte per element: an index into torchao's map, signed for exp_avg and
  * the like, unsigned for slots never negative such as exp_avg_sq). An 8-bit slot's block
  * scales are the tensor "<slot>.scale" (e.g. "exp_avg.scale", torchao's name), fp32, one

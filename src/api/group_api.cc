@@ -251,7 +251,6 @@ SX_API sx_status_t sx_add_param_group(sx_shard_group_t *group, const sx_param_gr
                  sx::optim::optimizer_name(d.optimizer).c_str());
         const sx::optim::OptimizerSpec *spec = sx::optim::find_optimizer(d.optimizer);
         if (spec) SX_TRY(g->state_ops().check_runs(*spec));
-        if (d.bf16_stochastic_round) SX_TRY(g->check_stochastic_round_runs());
         return g->table().add_group(sx::core::hyper_from_desc(d), index_out);
     });
 }

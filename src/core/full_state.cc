@@ -91,7 +91,9 @@ Status ShardGroup::state_view(int32_t param, const char *tensor, StateViewOut *o
     if (it == all.end() || (scale && it->slot < 0))
         return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "param '%s' has no tensor '%s'; its optimizer state holds: %s",
                         spec.name.c_str(), tensor, view_names(all, state == SX_STATE_8BIT).c_str());
-    if (it->slot < 0 && !unit.master_valid && !unit.stochastic_round) {
+    // (An offloaded bf16_stochastic_round unit's values: its params' copy on the host.)
+    const bool stale = unit.stochastic_round ? units_.offloaded() && !unit.host_valid : !unit.master_valid;
+    if (it->slot < 0 && stale) {
         // The masters are fixed now, from the params, as the first step would: what the
         // view shows is current, and what is written into it is what the step takes.
         SX_TRY(ops_->wait_for(nullptr));
@@ -103,10 +105,11 @@ Status ShardGroup::state_view(int32_t param, const char *tensor, StateViewOut *o
     if (it->slot < 0 && unit.stochastic_round) {
         // No fp32 masters: "master" is this rank's piece of the bf16 params themselves,
         // which the update widens and rounds back (a checkpoint's fp32 copy of them, where
-        // one exists, is taken afresh at every export and is no value of the group's).
+        // one exists, is taken afresh at every export and is no value of the group's);
+        // offloaded, their copy on the host, which the step updates.
         out->numel = n;
         out->dtype = SX_DTYPE_BF16;
-        uint16_t *params = static_cast<uint16_t *>(units_.own_params(u));
+        uint16_t *params = units_.rounded_params(u);
         out->data = n ? static_cast<void *>(params + piece.shard_offset) : nullptr;
         return Status::Ok();
     }

@@ -544,7 +544,6 @@ Status ShardGroup::set_hyperparameter(int32_t group, int32_t key, double value) 
              "bf16_stochastic_round of param group %d is %d and can only change before sx_finalize lays the group "
              "out (set it in its descriptor)",
              group, h.bf16_stochastic_round ? 1 : 0);
-    if (key == SX_HP_BF16_STOCHASTIC_ROUND && changed.bf16_stochastic_round) SX_TRY(check_stochastic_round_runs());
     if (record_.steps() > 0) {
         // A change that adds or moves a state slot (amsgrad's max_exp_avg_sq,
         // RMSprop's grad_avg) would start it from nothing, as torch cannot either.
@@ -619,11 +618,11 @@ Status ShardGroup::broadcast_params(int root) {
     }
     if (config_.stage == 3) return broadcast_gathered(root);
     if (mesh_.world_size() == 1) {
-        for (Unit &u : units_) u.master_valid = false;
+        for (Unit &u : units_) u.master_valid = u.host_valid = false;
         return Status::Ok();
     }
     for (Unit &u : units_) {
-        u.master_valid = false;  // the next step takes the masters from the new values
+        u.master_valid = u.host_valid = false;  // the next step takes the masters from the new values
         Status s = mesh_.world().broadcast(u.params.data(), u.params.size(), root);
         if (!s.ok()) return fail(s);
     }

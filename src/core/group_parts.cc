@@ -18,14 +18,6 @@ Status GroupParts::check_finalized() const {
     return Status::Ok();
 }
 
-Status GroupParts::check_stochastic_round_runs() const {
-    // The update widens and rounds the params in the CPU kernels' blocks.
-    SX_CHECK(ops_->device() == SX_DEVICE_CPU && !config_.offload, SX_ERR_UNSUPPORTED,
-             "bf16_stochastic_round = 1 runs on CPU groups only in this version; this is a CUDA group%s",
-             config_.offload ? " with config->offload = SX_OFFLOAD_STATE" : "");
-    return Status::Ok();
-}
-
 // The layout of every param registered, in `shard_size` shards.
 Status GroupParts::build_layout(int shard_size, Layout *out) const {
     std::vector<ParamShape> shapes(table_.params().size());

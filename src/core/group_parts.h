@@ -63,9 +63,6 @@ class GroupParts : public RecoveryAccess {
     const ParamTable &table() const override { return table_; }
     const Units &units() const { return units_; }  // each unit's memory (units.h)
     Status check_finalized() const override;
-    // SX_ERR_UNSUPPORTED unless bf16_stochastic_round can run here: a CPU group, state
-    // on the host where the params are (no offload).
-    Status check_stochastic_round_runs() const;
     Status build_layout(int shard_size, Layout *out) const override;
 
     // --- the shard and its counters ---
@@ -74,7 +71,14 @@ class GroupParts : public RecoveryAccess {
     DeviceOps &ops() override { return *ops_; }
     DeviceOps &state_ops() override { return state_ops_ ? *state_ops_ : *ops_; }
     UnitShard unit_shard(size_t u) const override { return units_.shard(u); }  // export_shard's, without its waits
-    Status ensure_masters() override { return units_.ensure_masters(); }
+    // (A restore writes the bf16 params of bf16_stochastic_round units themselves: a
+    // checkpoint's fp32 copy of older ones, which gather_params would round over them,
+    // goes first, once no save reads it.)
+    Status ensure_masters() override {
+        fence_.wait_readers();
+        units_.drop_checkpoint_copies();
+        return units_.ensure_masters();
+    }
     uint64_t steps_taken() const override { return record_.steps(); }
     const LossScalerState &loss_scaler() const override { return scaler_.state(); }
     void continue_counters(uint64_t steps, const LossScaling &settings, const LossScalerState &state) override;

@@ -135,7 +135,9 @@ Status Units::allocate(const Layout &layout, size_t first, std::vector<Unit> *ad
                               settings_.exchanged));
         // Offloaded, every unit's fp32 values are on the host (the masters), the 16-bit
         // ones' rounded params beside them.
-        if ((unit.dtype != SX_DTYPE_F32 && !unit.stochastic_round) || settings_.offload)
+        // (None for bf16_stochastic_round units, offloaded or not: their bf16 params are
+        // their values.)
+        if (!unit.stochastic_round && (unit.dtype != SX_DTYPE_F32 || settings_.offload))
             SX_TRY(state_ops_->allocate(ul.shard_numel * sizeof(float), "fp32 master weights", &unit.master));
         if (unit.dtype != SX_DTYPE_F32 && settings_.offload && !own_on_host())
             SX_TRY(state_ops_->allocate(ul.shard_numel * dtype_size(unit.dtype), "the params' shard on the host",
@@ -153,7 +155,7 @@ uint64_t Units::planned_bytes(const Layout &layout, size_t first, const std::vec
         const uint64_t dsize = dtype_size(p0.dtype);
         total += (settings_.stage == 3 ? ul.shard_numel : ul.padded_numel) * dsize;
         total += ul.padded_numel * dtype_size(settings_.grad_dtype ? settings_.grad_dtype : p0.dtype);
-        if ((p0.dtype != SX_DTYPE_F32 && !sr) || settings_.offload) total += ul.shard_numel * sizeof(float);
+        if (!sr && (p0.dtype != SX_DTYPE_F32 || settings_.offload)) total += ul.shard_numel * sizeof(float);
         if (p0.dtype != SX_DTYPE_F32 && settings_.offload && !own_on_host()) total += ul.shard_numel * dsize;
         int slots = 0;
         for (int32_t p : ul.params) {
@@ -310,7 +312,7 @@ UnitShard Units::shard(size_t u) const {
     const Unit &unit = units_[u];
     UnitShard v;
     v.values = shard_values(u);
-    v.bf16_params = unit.stochastic_round ? own_params16(u) : nullptr;
+    v.bf16_params = unit.stochastic_round ? rounded_params(u) : nullptr;
     for (int k = 0; k < unit.state_slots; ++k) v.state[k] = unit.state[k].as<float>();
     v.state_slots = unit.state_slots;
     v.shard_numel = table_.layout->units()[u].shard_numel;
@@ -340,6 +342,10 @@ void *Units::own_params(size_t u) const {
            static_cast<uint64_t>(settings_.shard_rank) * table_.layout->units()[u].shard_numel * dtype_size(unit.dtype);
 }
 
+uint16_t *Units::rounded_params(size_t u) const {
+    return settings_.offload && !own_on_host() ? units_[u].host_params.as<uint16_t>() : own_params16(u);
+}
+
 Status Units::ensure_masters(bool checkpoint) {
     for (size_t u = 0; u < units_.size(); ++u) SX_TRY(ensure_master(u, checkpoint));
     return Status::Ok();
@@ -356,11 +362,17 @@ void Units::drop_checkpoint_copies() {
 Status Units::ensure_master(size_t u, bool checkpoint) {
     Unit &unit = units_[u];
     const uint64_t S = table_.layout->units()[u].shard_numel;
-    if (unit.stochastic_round) {  // CPU groups only (no offload): the params are on the host
+    if (unit.stochastic_round) {
+        // Offloaded at stages 1-2, the host's copy of the params is taken from the device
+        // where the device's are newer (the host's kernels update it, as the masters).
+        if (settings_.offload && !own_on_host() && !unit.host_valid) {
+            SX_TRY(ops_->to_host(unit.host_params.data(), own_params(u), S * dtype_size(unit.dtype)));
+            unit.host_valid = true;
+        }
         if (!checkpoint) return Status::Ok();
         if (unit.master.empty())
             SX_TRY(state_ops_->allocate(S * sizeof(float), "the fp32 values of bf16 params for a checkpoint", &unit.master));
-        SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), S, false));
+        SX_TRY(state_ops_->widen(unit.dtype, rounded_params(u), unit.master.as<float>(), S, false));
         unit.master_valid = true;
         return Status::Ok();
     }
@@ -385,8 +397,14 @@ Status Units::ensure_master(size_t u, bool checkpoint) {
 Status Units::masters_to_params() {
     for (size_t u = 0; u < units_.size(); ++u) {
         Unit &unit = units_[u];
-        if (unit.master.empty()) continue;
         const uint64_t S = table_.layout->units()[u].shard_numel;
+        // An offloaded bf16_stochastic_round unit without a checkpoint's copy: its params
+        // on the host (which a restore may have written) go to the device as they are.
+        if (unit.master.empty() && unit.stochastic_round && settings_.offload && unit.host_valid) {
+            SX_TRY(upload(u, 0, S));
+            SX_TRY(wait_params(u));
+        }
+        if (unit.master.empty()) continue;
         if (!settings_.offload) {
             SX_TRY(ops_->narrow(unit.dtype, unit.master.as<float>(), own_params16(u), S));
         } else {
@@ -394,8 +412,10 @@ Status Units::masters_to_params() {
                 SX_TRY(state_ops_->narrow(unit.dtype, unit.master.as<float>(),
                                           own_on_host() ? own_params16(u) : unit.host_params.as<uint16_t>(), S));
             SX_TRY(upload(u, 0, S));
+            SX_TRY(wait_params(u));  // the params are gathered next, on the device
         }
         unit.master_valid = true;
+        unit.host_valid = true;
     }
     return Status::Ok();
 }

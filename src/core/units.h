@@ -37,8 +37,14 @@ class Units {
         // checkpoint's fp32 copy, from a save or load until the next step: ensure_masters);
         // the update widens the params, computes in fp32 and rounds stochastically back
         // (optim/stochastic_round.h).
+        // Offloaded, their values are on the host as every offloaded unit's are (`own` at
+        // stage 3, `host_params` at stages 1-2), where the host's kernels update them.
         bool stochastic_round = false;
         bool master_valid = false;  // master holds the current values
+        // Offloaded bf16_stochastic_round units at stages 1-2: host_params holds the
+        // current params (false: the device's are newer, and are copied down before the
+        // host reads them; what master_valid is to the masters of other units).
+        bool host_valid = false;
         // Stage 2, or 16-bit grads: this rank's shard of the reduced (and accumulated)
         // gradients in fp32.
         Buffer accum;
@@ -177,6 +183,9 @@ class Units {
     float *shard_values(size_t u) const;
     // This rank's shard of unit u's params, in their dtype (stage 3: `own`).
     void *own_params(size_t u) const;
+    // A bf16_stochastic_round unit's values, in the state ops' memory: this rank's shard
+    // of its bf16 params, or, offloaded at stages 1-2, their copy on the host.
+    uint16_t *rounded_params(size_t u) const;
 
     // --- the step ---
     // Collective on c (the shard group's): reduces unit u's gradients into this rank's

@@ -9,12 +9,22 @@
 // function (Steele, Lea and Flood 2014) applied to a counter, so that every rank, world
 // size and stage, and any split of the update among threads, gives each element the same
 // bits.
+//
+// The hash and the rounding of one element are host and device functions alike: a CUDA
+// group's update (optim/cuda/fused_update.cu) rounds with these very lines, so that its
+// params are a CPU group's bit for bit.
 #ifndef SX_OPTIM_STOCHASTIC_ROUND_H
 #define SX_OPTIM_STOCHASTIC_ROUND_H
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#ifdef __CUDACC__
+#define SX_SR_HOST_DEVICE __host__ __device__
+#else
+#define SX_SR_HOST_DEVICE
+#endif
 
 namespace sx {
 namespace optim {
@@ -23,27 +33,31 @@ constexpr uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ull;  // SplitMix64's increm
 
 // SplitMix64's output function: a bijection of 64 bits whose outputs for consecutive
 // inputs pass BigCrush.
-inline uint64_t mix64(uint64_t z) {
+SX_SR_HOST_DEVICE inline uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
 
 // The key of param `param`'s update number `step` (its step count including it, >= 1).
-inline uint64_t stochastic_round_key(int32_t param, int64_t step) {
+SX_SR_HOST_DEVICE inline uint64_t stochastic_round_key(int32_t param, int64_t step) {
     return mix64(mix64(static_cast<uint64_t>(static_cast<uint32_t>(param)) + kGoldenGamma) ^
                  static_cast<uint64_t>(step));
 }
 
 // The 16 random bits of element `element` (of the whole param, not of a shard) under `key`.
-inline uint32_t random16(uint64_t key, uint64_t element) {
+SX_SR_HOST_DEVICE inline uint32_t random16(uint64_t key, uint64_t element) {
     return static_cast<uint32_t>(mix64(key + (element + 1) * kGoldenGamma) >> 48);
 }
 
 // x rounded to bf16 with the random bits `rand16` (< 2^16).
-inline uint16_t bf16_round_stochastic(float x, uint32_t rand16) {
+SX_SR_HOST_DEVICE inline uint16_t bf16_round_stochastic(float x, uint32_t rand16) {
+#ifdef __CUDA_ARCH__
+    const uint32_t bits = __float_as_uint(x);
+#else
     uint32_t bits;
     std::memcpy(&bits, &x, sizeof bits);
+#endif
     // NaN: a quiet NaN of its sign (adding to it could carry it into infinity).
     if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
     return static_cast<uint16_t>((bits + rand16) >> 16);

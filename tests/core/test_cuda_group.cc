@@ -2,7 +2,8 @@
 // public API: every param after every step equal bit for bit (fp32, and bf16 with fp32
 // masters, loss scaling and an injected overflow), within 1e-6 once clipping (whose
 // norm each backend sums in its own way) is on, the trainer's stream, views on the
-// device, and a checkpoint saved from the device and loaded on the CPU.
+// device, a checkpoint saved from the device and loaded on the CPU, and bf16 params
+// without masters (bf16_stochastic_round) on the device and offloaded.
 //
 // Without a CUDA device each test reports why and the program exits with 77, which
 // ctest shows as "Skipped" (SKIP_RETURN_CODE).
@@ -49,7 +50,10 @@ struct P {
 const P kParams[] = {{"w1", 4099, 0, 0}, {"b1", 37, 0, 0}, {"w2", 1000, 1, 1}, {"b2", 3, 0, 1}};
 constexpr int kNp = 4;
 
-sx_shard_group_t *make(int32_t backend, int32_t dtype, int32_t grad_dtype) {
+// stochastic_round: both param groups keep their bf16 params without masters (AdamW's
+// moments in bf16).
+sx_shard_group_t *make(int32_t backend, int32_t dtype, int32_t grad_dtype, int32_t offload = SX_OFFLOAD_NONE,
+                       bool stochastic_round = false) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     const std::string url = unique(backend == SX_BACKEND_CUDA ? "cuda-group" : "cpu-group");
@@ -59,6 +63,7 @@ sx_shard_group_t *make(int32_t backend, int32_t dtype, int32_t grad_dtype) {
     cfg.backend = backend;
     cfg.num_threads = 1;
     cfg.grad_dtype = grad_dtype;
+    cfg.offload = offload;
     sx_shard_group_t *g = nullptr;
     ok(sx_create_shard_group(&cfg, &g), "sx_create_shard_group");
     sx_param_group_desc_t a, b;
@@ -66,6 +71,10 @@ sx_shard_group_t *make(int32_t backend, int32_t dtype, int32_t grad_dtype) {
     a.lr = 0.01, a.weight_decay = 0.1;
     sx_param_group_desc_init(&b, sizeof b, SX_OPTIM_SGD);
     b.lr = 0.05, b.momentum = 0.9, b.nesterov = 1;
+    if (stochastic_round) {
+        a.bf16_stochastic_round = b.bf16_stochastic_round = 1;
+        a.state_dtype = SX_STATE_BF16;
+    }
     ok(sx_add_param_group(g, &a, nullptr), "add_param_group");
     ok(sx_add_param_group(g, &b, nullptr), "add_param_group");
     for (const P &p : kParams) {
@@ -247,6 +256,28 @@ void test_bf16_with_loss_scaling_matches_the_cpu(void **) {
     sx_destroy_shard_group(cpu);
 }
 
+// bf16 params without masters (bf16_stochastic_round): a CUDA group's update kernel,
+// and an offloaded group's host update of the params' shard copied to the host, give a
+// CPU group's params bit for bit, step after step (one rank: the device's update reads
+// the bf16 gradients as they are).
+void test_stochastic_round_matches_the_cpu(void **) {
+    if (skip_without_device()) return;
+    for (int32_t offload : {SX_OFFLOAD_NONE, SX_OFFLOAD_STATE}) {
+        sx_shard_group_t *cuda = make(SX_BACKEND_CUDA, SX_DTYPE_BF16, 0, offload, true),
+                         *cpu = make(SX_BACKEND_CPU, SX_DTYPE_BF16, 0, SX_OFFLOAD_NONE, true);
+        init_both(cuda, cpu);
+        for (int s = 1; s <= 4; ++s) {
+            grads_both(cuda, cpu, s, 1.0f);
+            step(cuda, 0.0, nullptr);
+            step(cpu, 0.0, nullptr);
+            const std::string when = std::string(offload ? "offloaded" : "on the device") + ", step " + std::to_string(s);
+            same_params(cuda, cpu, when.c_str());
+        }
+        sx_destroy_shard_group(cuda);
+        sx_destroy_shard_group(cpu);
+    }
+}
+
 void test_saved_on_the_device_loads_on_the_cpu(void **) {
     if (skip_without_device()) return;
     const std::string dir = sxtest::make_tmpdir("cuda-group");
@@ -364,6 +395,7 @@ int main() {
         cmocka_unit_test(test_fp32_steps_match_the_cpu),
         cmocka_unit_test(test_bf16_with_loss_scaling_matches_the_cpu),
         cmocka_unit_test(test_saved_on_the_device_loads_on_the_cpu),
+        cmocka_unit_test(test_stochastic_round_matches_the_cpu),
         cmocka_unit_test(test_bad_device_ordinal),
         cmocka_unit_test(test_custom_optimizer_is_refused),
     };

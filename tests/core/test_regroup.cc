@@ -411,6 +411,15 @@ void test_device_memory_stage2_rank2_lost(void **) { lose_one_on_a_device(2, 2, 
 void test_device_memory_stage3_rank1_lost(void **) { lose_one_on_a_device(1, 3, true, "cuda"); }
 void test_device_checkpoint_stage2_rank0_lost(void **) { lose_one_on_a_device(0, 2, false, "cuda"); }
 void test_offloaded_mesh_2x2_rank3_lost(void **) { lose_one_on_a_device(3, 2, true, "offload", 2); }
+// bf16 params without masters on CUDA groups: offloaded, the copies hold the params' shard
+// on the host (which the host's update steps); on the device, the device's params copied
+// down; either way restored as a CPU group's are, and equal to fresh ranks.
+void test_offloaded_memory_sr_stage2_rank1_lost(void **) {
+    lose_one_on_a_device(1, 2, true, "offload", 0, kBf16StochasticRound);
+}
+void test_device_memory_sr_stage3_rank2_lost(void **) {
+    lose_one_on_a_device(2, 3, true, "cuda", 0, kBf16StochasticRound);
+}
 void test_device_mesh_2x2_rank0_lost(void **) { lose_one_on_a_device(0, 3, true, "cuda", 2); }
 
 // Every rank aborts after step 5 and all 4 regroup from their memory copies, kept every
@@ -595,6 +604,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_device_checkpoint_bf16_stage2_rank0_lost),
         cmocka_unit_test(test_device_checkpoint_stage2_rank0_lost),
         cmocka_unit_test(test_offloaded_mesh_2x2_rank3_lost),
+        cmocka_unit_test(test_offloaded_memory_sr_stage2_rank1_lost),
+        cmocka_unit_test(test_device_memory_sr_stage3_rank2_lost),
         cmocka_unit_test(test_device_mesh_2x2_rank0_lost),
         cmocka_unit_test(test_grow_back_stage2),
         cmocka_unit_test(test_grow_back_stage3),

@@ -2,7 +2,10 @@
 // rounding itself (the vectorised loops against the scalar reference, unbiasedness), the
 // same params bit for bit at worlds 1 to 3 and stages 1 to 3 after several AdamW steps
 // with bf16 state, no masters in the memory counts, the whole state gathered and
-// scattered (the params as "master"), memory copies, and the calls that refuse it.
+// scattered (the params as "master"), memory copies, and the calls that refuse it; and
+// all of it on CUDA groups (the simulated device), keeping their state on the device or
+// offloading it to the host, bit for bit a CPU group's, checkpoints saved on one kind of
+// group loaded into another.
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -140,6 +143,23 @@ struct Def {
 const std::vector<Def> kParams = {{"a", {37, 29}, 0}, {"b", {300}, 1}, {"c", {5001}, 1}, {"d", {32, 256}, 1}};
 constexpr int kSteps = 6;
 
+// Where a group runs: a CPU group, or a CUDA group on the simulated device (which
+// SX_SIMULATED_DEVICE must name when it is made: SimulatedDevice below) keeping its state
+// on the device or offloading it (SX_OFFLOAD_STATE).
+enum Device { kCpu = 0, kOnDevice = 1, kOffloaded = 2 };
+const char *device_name(int device) {
+    return device == kCpu ? "CPU" : device == kOnDevice ? "CUDA (state on the device)" : "CUDA (offloaded)";
+}
+void configure_device(sx_group_config_t *cfg, int device) {
+    cfg->backend = device == kCpu ? SX_BACKEND_CPU : SX_BACKEND_CUDA;
+    cfg->offload = device == kOffloaded ? SX_OFFLOAD_STATE : SX_OFFLOAD_NONE;
+}
+// SX_SIMULATED_DEVICE set while it lives (read when a CUDA group is made).
+struct SimulatedDevice {
+    SimulatedDevice() { setenv("SX_SIMULATED_DEVICE", "1", 1); }
+    ~SimulatedDevice() { unsetenv("SX_SIMULATED_DEVICE"); }
+};
+
 int64_t numel(const Def &d) {
     int64_t n = 1;
     for (int64_t e : d.shape) n *= e;
@@ -157,9 +177,10 @@ sx_param_group_desc_t sr_adamw(double lr = 3e-3) {
 }
 
 sx_shard_group_t *make_group(const std::string &rv, int rank, int world, int stage, double lr, std::string *err,
-                             int stochastic_round = 1, int32_t state_dtype = SX_STATE_BF16) {
+                             int stochastic_round = 1, int32_t state_dtype = SX_STATE_BF16, int device = kCpu) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    configure_device(&cfg, device);
     cfg.rendezvous = rv.c_str();
     cfg.rank = rank;
     cfg.world_size = world;
@@ -228,6 +249,7 @@ struct Checkpoint {
     // After this many steps (0: never), the whole state is gathered onto rank 0 and
     // scattered back as it came (whole_state_round_trip) before the steps go on.
     int round_trip_after = 0;
+    int device = kCpu;  // where the group runs (Device)
 };
 
 // Every param's whole state as a gather gives it: "<param>/<tensor>" -> values, and
@@ -279,11 +301,11 @@ std::string train(int world, int stage, std::vector<std::vector<uint16_t>> *out,
     const std::string rv = "local://sr-train-" + std::to_string(world) + "-" + std::to_string(stage) + "-" +
                            std::to_string(steps) + "-" + std::to_string(lr) + "-" + std::to_string(ck.first) +
                            std::to_string(ck.stochastic_round) + std::to_string(ck.state_dtype) + "-" +
-                           std::to_string(ck.round_trip_after) + "-" +
+                           std::to_string(ck.round_trip_after) + "-" + std::to_string(ck.device) + "-" +
                            std::to_string(getpid());
     return sxtest::run_ranks(world, [&](int rank) -> std::string {
         std::string err;
-        sx_shard_group_t *g = make_group(rv, rank, world, stage, lr, &err, ck.stochastic_round, ck.state_dtype);
+        sx_shard_group_t *g = make_group(rv, rank, world, stage, lr, &err, ck.stochastic_round, ck.state_dtype, ck.device);
         if (!g) return err;
         bool ok = each_param(g, stage, [](int32_t p, uint16_t *v) {
             for (int64_t i = 0; i < numel(kParams[p]); ++i) v[i] = bf16_nearest(initial(p, i));
@@ -462,15 +484,20 @@ void test_whole_state_round_trip(void **) {
 
 // bf16 params, bf16 grads, AdamW with bf16 moments: the optimizer bytes are the moments'
 // 4 per element, divided by the world size; a group with masters holds 4 more.
+// The same on CUDA groups, their state on the device or offloaded (where the params' shard
+// on the host, which the host's update steps, counts as params).
 void test_no_masters_in_memory(void **) {
     constexpr int64_t kN = 1 << 16;  // a multiple of every alignment: no padding
+    SimulatedDevice sim;
+    for (int device : {kCpu, kOnDevice, kOffloaded}) {
     for (int sr : {1, 0}) {
         for (int world : {1, 2}) {
             const std::string rv = "local://sr-mem-" + std::to_string(sr) + "-" + std::to_string(world) + "-" +
-                                   std::to_string(getpid());
+                                   std::to_string(device) + "-" + std::to_string(getpid());
             const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
                 sx_group_config_t cfg;
                 sx_group_config_init(&cfg, sizeof cfg);
+                configure_device(&cfg, device);
                 cfg.rendezvous = rv.c_str();
                 cfg.rank = rank;
                 cfg.world_size = world;
@@ -493,23 +520,28 @@ void test_no_masters_in_memory(void **) {
                     sx_get_memory_stats(g, &m) != SX_OK)
                     out = sx_last_error_message();
                 const uint64_t want = (sr ? 4u : 8u) * static_cast<uint64_t>(kN) / static_cast<uint64_t>(world);
+                const uint64_t params = 2u * kN + (device == kOffloaded ? 2u * kN / world : 0u);
+                // (A CUDA group's params are the device's: device_bytes counts them.)
                 if (out.empty() && (m.optimizer_bytes != want || m.unsharded_optimizer_bytes != want * world ||
-                                    m.param_bytes != 2u * kN))
-                    out = "bf16_stochastic_round " + std::to_string(sr) + " world " + std::to_string(world) +
+                                    m.param_bytes != params || (m.device_bytes >= 2u * kN) != (device != kCpu)))
+                    out = std::string(device_name(device)) + ": bf16_stochastic_round " + std::to_string(sr) +
+                          " world " + std::to_string(world) +
                           ": optimizer bytes " + std::to_string(m.optimizer_bytes) + " (unsharded " +
                           std::to_string(m.unsharded_optimizer_bytes) + "), expected " + std::to_string(want) +
-                          "; param bytes " + std::to_string(m.param_bytes);
+                          "; param bytes " + std::to_string(m.param_bytes) + ", device bytes " +
+                          std::to_string(m.device_bytes);
                 sx_destroy_shard_group(g);
                 return out;
             });
             if (!err.empty()) fail_msg("%s", err.c_str());
         }
     }
+    }
 }
 
 bool says(const char *what) { return std::strstr(sx_last_error_message(), what) != nullptr; }
 
-sx_shard_group_t *bare_group(const std::string &tag, int memory_copies = 0) {
+sx_shard_group_t *bare_group(const std::string &tag, int memory_copies = 0, int device = kCpu) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
     const std::string rv = "local://" + tag + "-" + std::to_string(getpid());
@@ -517,6 +549,7 @@ sx_shard_group_t *bare_group(const std::string &tag, int memory_copies = 0) {
     cfg.world_size = 1;
     cfg.num_threads = 1;
     cfg.memory_copy_interval = memory_copies;
+    configure_device(&cfg, device);
     sx_shard_group_t *g = nullptr;
     assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
     return g;
@@ -581,9 +614,8 @@ void test_descriptor_refusals(void **) {
 
 int32_t no_update(const sx_optimizer_piece_t *) { return 0; }
 
-// A custom optimizer is refused even where it takes the key as its own hyperparameter;
-// a CUDA group (the simulated device), offloaded or not, refuses it.
-void test_custom_and_cuda_refusals(void **) {
+// A custom optimizer is refused even where it takes the key as its own hyperparameter.
+void test_custom_refusal(void **) {
     sx_optimizer_hyperparameter_t hp[2] = {{"lr", 0.1, 0, 0}, {"bf16_stochastic_round", 0, 0, 1}};
     sx_optimizer_desc_t od;
     sx_optimizer_desc_init(&od, sizeof od);
@@ -600,28 +632,103 @@ void test_custom_and_cuda_refusals(void **) {
     assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_ERR_INVALID_ARGUMENT);
     assert_true(says("sr_probe") && says("bf16_stochastic_round"));
     sx_destroy_shard_group(g);
-    setenv("SX_SIMULATED_DEVICE", "1", 1);  // read when a CUDA group is made
-    for (int32_t offload : {SX_OFFLOAD_NONE, SX_OFFLOAD_STATE}) {
-        sx_group_config_t cfg;
-        sx_group_config_init(&cfg, sizeof cfg);
-        const std::string rv = "local://sr-cuda-" + std::to_string(offload) + "-" + std::to_string(getpid());
-        cfg.rendezvous = rv.c_str();
-        cfg.world_size = 1;
-        cfg.num_threads = 1;
-        cfg.backend = SX_BACKEND_CUDA;
-        cfg.offload = offload;
-        g = nullptr;
-        assert_int_equal(sx_create_shard_group(&cfg, &g), SX_OK);
-        sx_param_group_desc_t sr = sr_adamw();
-        sr.state_dtype = SX_STATE_FP32;
-        assert_int_equal(sx_add_param_group(g, &sr, nullptr), SX_ERR_UNSUPPORTED);
-        assert_true(says("CUDA group"));
-        sr.bf16_stochastic_round = 0;
-        assert_int_equal(sx_add_param_group(g, &sr, nullptr), SX_OK);
-        assert_int_equal(sx_set_hyperparameter(g, 0, SX_HP_BF16_STOCHASTIC_ROUND, 1), SX_ERR_UNSUPPORTED);
-        sx_destroy_shard_group(g);
+}
+
+// Compares a run's params with `want` (the CPU group's at world 1, stage 1).
+void expect_same_params(const std::vector<std::vector<uint16_t>> &want, const std::vector<std::vector<uint16_t>> &got,
+                        const char *what) {
+    for (size_t p = 0; p < kParams.size(); ++p)
+        for (size_t i = 0; i < want[p].size(); ++i)
+            if (got.size() != want.size() || got[p].size() != want[p].size() || got[p][i] != want[p][i])
+                fail_msg("%s: param %s element %zu is 0x%04x, a CPU group's 0x%04x", what, kParams[p].name, i,
+                         got.size() == want.size() && i < got[p].size() ? got[p][i] : 0, want[p][i]);
+}
+
+// CUDA groups (the simulated device, whose update runs the CPU kernels over its memory
+// as a device's runs its own: the same hash, the same arithmetic; the device kernel
+// itself is test_cuda_kernels' on a GPU), keeping their state on the device or
+// offloading it to the host (the bf16 params' shard stepped there and copied up), end
+// with a CPU group's params bit for bit at worlds 1 to 3 and stages 1 to 3, with bf16,
+// 8-bit and fp32 state.
+void test_cuda_groups_match_a_cpu_group(void **) {
+    SimulatedDevice sim;
+    std::vector<std::vector<uint16_t>> want, got;
+    for (int32_t state : {SX_STATE_BF16, SX_STATE_8BIT, SX_STATE_FP32}) {
+        Checkpoint run;
+        run.state_dtype = state;
+        std::string err = train(1, 1, &want, kSteps, 3e-3, run);
+        if (!err.empty()) fail_msg("CPU: %s", err.c_str());
+        const int runs[][2] = {{1, 1}, {2, 2}, {3, 3}, {3, 1}, {2, 3}};
+        for (int device : {kOnDevice, kOffloaded})
+            for (size_t r = 0; r < (state == SX_STATE_BF16 ? 5u : 2u); ++r) {
+                run.device = device;
+                err = train(runs[r][0], runs[r][1], &got, kSteps, 3e-3, run);
+                const std::string what = std::string(device_name(device)) + ", state dtype " + std::to_string(state) +
+                                         ", world " + std::to_string(runs[r][0]) + " stage " +
+                                         std::to_string(runs[r][1]);
+                if (!err.empty()) fail_msg("%s: %s", what.c_str(), err.c_str());
+                expect_same_params(want, got, what.c_str());
+            }
     }
-    unsetenv("SX_SIMULATED_DEVICE");
+}
+
+// Checkpoints go between CPU and CUDA groups at any world size: saved by a CUDA group
+// after 3 steps (state on the device, or offloaded), loaded into a CPU group and into
+// the other kind of CUDA group, and saved by a CPU group and loaded into both kinds, each
+// continues to the params of the 6 steps without a checkpoint, bit for bit.
+void test_checkpoints_between_cpu_and_cuda_groups(void **) {
+    SimulatedDevice sim;
+    std::vector<std::vector<uint16_t>> want, got, saved;
+    std::string err = train(1, 1, &want);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    const std::string tmp = sxtest::make_tmpdir("sr-cuda-ckpt");
+    struct Leg {
+        int save_device, save_world, save_stage, load_device, load_world, load_stage;
+    };
+    const Leg legs[] = {{kOnDevice, 3, 2, kCpu, 2, 3},       {kOffloaded, 2, 1, kCpu, 3, 2},
+                        {kCpu, 3, 3, kOnDevice, 2, 1},       {kCpu, 2, 2, kOffloaded, 3, 3},
+                        {kOnDevice, 2, 3, kOffloaded, 1, 1}, {kOffloaded, 3, 3, kOnDevice, 2, 2}};
+    int k = 0;
+    for (const Leg &leg : legs) {
+        const std::string dir = tmp + "/leg" + std::to_string(k++);
+        Checkpoint save;
+        save.save = dir;
+        save.device = leg.save_device;
+        err = train(leg.save_world, leg.save_stage, &saved, kSteps / 2, 3e-3, save);
+        if (!err.empty()) fail_msg("saving on a %s group: %s", device_name(leg.save_device), err.c_str());
+        Checkpoint load;
+        load.load = dir;
+        load.first = kSteps / 2 + 1;
+        load.device = leg.load_device;
+        err = train(leg.load_world, leg.load_stage, &got, kSteps - kSteps / 2, 3e-3, load);
+        const std::string what = std::string("saved by a ") + device_name(leg.save_device) + " group of " +
+                                 std::to_string(leg.save_world) + " at stage " + std::to_string(leg.save_stage) +
+                                 ", resumed by a " + device_name(leg.load_device) + " group of " +
+                                 std::to_string(leg.load_world) + " at stage " + std::to_string(leg.load_stage);
+        if (!err.empty()) fail_msg("%s: %s", what.c_str(), err.c_str());
+        expect_same_params(want, got, what.c_str());
+    }
+    sxtest::remove_tree(tmp);
+}
+
+// The whole state gathered and scattered back mid-run on CUDA groups changes nothing:
+// they end where a CPU group without the round trip does.
+void test_whole_state_round_trip_on_cuda_groups(void **) {
+    SimulatedDevice sim;
+    std::vector<std::vector<uint16_t>> want, got;
+    std::string err = train(1, 1, &want);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    Checkpoint trip;
+    trip.round_trip_after = kSteps / 2;
+    for (int device : {kOnDevice, kOffloaded})
+        for (const auto &run : {std::make_pair(1, 1), std::make_pair(2, 2), std::make_pair(3, 3)}) {
+            trip.device = device;
+            err = train(run.first, run.second, &got, kSteps, 3e-3, trip);
+            const std::string what = std::string(device_name(device)) + ", world " + std::to_string(run.first) +
+                                     " stage " + std::to_string(run.second) + ", a whole-state round trip";
+            if (!err.empty()) fail_msg("%s: %s", what.c_str(), err.c_str());
+            expect_same_params(want, got, what.c_str());
+        }
 }
 
 // sx_finalize refuses a param not bf16, and a unit that mixes groups with and without it,
@@ -647,12 +754,13 @@ void test_finalize_refusals(void **) {
 }
 
 // Without masters, a state view of "master" is this rank's piece of the bf16 params
-// themselves (SX_DTYPE_BF16, in place), and a scatter's "master" is rounded to nearest
-// even into the params, as a load rounds a checkpoint's fp32 values.
-void test_master_view_and_scatter(void **) {
+// themselves (SX_DTYPE_BF16, in place; offloaded, their copy on the host that the step
+// updates, holding the same bits), and a scatter's "master" is rounded to nearest even
+// into the params, as a load rounds a checkpoint's fp32 values; on CPU and CUDA groups.
+void master_view_and_scatter(int device) {
     sx_param_group_desc_t d = sr_adamw();
     d.state_dtype = SX_STATE_FP32;
-    sx_shard_group_t *g = bare_group("sr-calls");
+    sx_shard_group_t *g = bare_group("sr-calls-" + std::to_string(device), 0, device);
     assert_int_equal(sx_add_param_group(g, &d, nullptr), SX_OK);
     assert_int_equal(add(g, "w", SX_DTYPE_BF16, 0, 0), SX_OK);
     assert_int_equal(sx_finalize(g), SX_OK);
@@ -664,7 +772,10 @@ void test_master_view_and_scatter(void **) {
     assert_int_equal(sx_state_view(g, 0, "master", &view), SX_OK);
     assert_int_equal(view.dtype, SX_DTYPE_BF16);
     assert_int_equal(view.numel, 64);
-    assert_ptr_equal(view.data, pv.data);
+    if (device == kOffloaded)
+        assert_memory_equal(view.data, pv.data, 64 * sizeof(uint16_t));
+    else
+        assert_ptr_equal(view.data, pv.data);
     assert_int_equal(sx_state_view(g, 0, "exp_avg", &view), SX_OK);
     assert_int_equal(view.dtype, SX_DTYPE_F32);
     // Values between bf16's steps (1/128 apart in [1, 2)): the params take the nearest,
@@ -685,7 +796,24 @@ void test_master_view_and_scatter(void **) {
     assert_int_equal(sx_gather_optim_state(g, 0, gather_into, &back), SX_OK);
     assert_true(back["w/exp_avg"] == w["w/exp_avg"] && back["w/step"] == w["w/step"]);
     assert_int_equal(sx_step(g, nullptr, nullptr), SX_OK);  // the group goes on
+    // ... from the scattered params: the master view shows them after the step too.
+    assert_int_equal(sx_param_view(g, 0, &pv), SX_OK);
+    assert_int_equal(sx_state_view(g, 0, "master", &view), SX_OK);
+    assert_memory_equal(view.data, pv.data, 64 * sizeof(uint16_t));
+    // The trainer's own params, broadcast: the view (offloaded, the host's copy, taken
+    // from the device again) and the next step start from them.
+    std::vector<uint16_t> fresh(64);
+    for (int64_t i = 0; i < 64; ++i) fresh[i] = bf16_nearest(0.25f + static_cast<float>(i) / 1024.0f);
+    std::memcpy(pv.data, fresh.data(), 64 * sizeof(uint16_t));
+    assert_int_equal(sx_broadcast_params(g, 0), SX_OK);
+    assert_int_equal(sx_state_view(g, 0, "master", &view), SX_OK);
+    assert_memory_equal(view.data, fresh.data(), 64 * sizeof(uint16_t));
     sx_destroy_shard_group(g);
+}
+
+void test_master_view_and_scatter(void **) {
+    SimulatedDevice sim;
+    for (int device : {kCpu, kOnDevice, kOffloaded}) master_view_and_scatter(device);
 }
 
 }  // namespace
@@ -703,7 +831,10 @@ int main(void) {
         cmocka_unit_test(test_finalize_refusals),
         cmocka_unit_test(test_master_view_and_scatter),
         cmocka_unit_test(test_whole_state_round_trip),
-        cmocka_unit_test(test_custom_and_cuda_refusals),
+        cmocka_unit_test(test_custom_refusal),
+        cmocka_unit_test(test_cuda_groups_match_a_cpu_group),
+        cmocka_unit_test(test_checkpoints_between_cpu_and_cuda_groups),
+        cmocka_unit_test(test_whole_state_round_trip_on_cuda_groups),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

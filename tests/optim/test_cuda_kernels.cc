@@ -5,10 +5,12 @@
 // bit; sums of squares (exact squares, in double, of the scaled gradients the update
 // uses, each grad*grad_scale rounded to fp32; added in another order than the
 // reference's double sum) within a relative 1e-12; non-finite counts exactly. Also the
-// cuda module's 16-bit conversions (cuda/elementwise.h) against base/half.h, bit for bit.
+// cuda module's 16-bit conversions (cuda/elementwise.h) against base/half.h, bit for bit,
+// and bf16 params without masters (bf16_stochastic_round) against the CPU kernels.
 //
 // Without a device every test but one reports itself skipped with the runtime's reason,
 // and the program exits with 77, which ctest shows as "Skipped" (SKIP_RETURN_CODE).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -676,6 +678,179 @@ void test_packed_and_fp32_segments_in_one_launch(void **) {
     }
 }
 
+// ------------------------------------------------- bf16 params without masters
+
+// One segment of bf16 params that the update rounds stochastically (bf16_stochastic_round:
+// no fp32 param; the bf16 params are the compute output), with fp32, bf16 or 8-bit state
+// and fp32 or bf16 gradients, on the host and on the device.
+struct RoundedCase {
+    int32_t dtype;  // the slots' SX_STATE_*
+    size_t n;
+    bool grads16;
+    std::vector<uint16_t> params, grad16;
+    std::vector<float> grad;
+    std::vector<char> slot[3];
+    std::vector<float> scales[3];
+    sx::cuda::DeviceBuffer d_params, d_grad, d_slot[3], d_scales[3];
+
+    RoundedCase(int32_t dtype_, size_t n_, bool grads16_) : dtype(dtype_), n(n_), grads16(grads16_), params(n_), grad16(n_), grad(n_) {
+        for (int k = 0; k < 3; ++k) {
+            slot[k].assign(slot_bytes(), 0);
+            scales[k].assign(dtype == SX_STATE_8BIT ? n / sx::optim::kQuantBlock : 0, 0.0f);
+        }
+    }
+    size_t slot_bytes() const { return dtype == SX_STATE_FP32 ? n * 4 : dtype == SX_STATE_BF16 ? n * 2 : n; }
+    void upload_grads() {
+        if (grads16)
+            check_ok(d_grad.upload(grad16.data(), n * 2), "upload grad16");
+        else
+            check_ok(d_grad.upload(grad.data(), n * 4), "upload grad");
+    }
+    void upload() {
+        check_ok(d_params.allocate(n * 2, "params"), "allocate");
+        check_ok(d_params.upload(params.data(), n * 2), "upload params");
+        check_ok(d_grad.allocate(n * 4, "grad"), "allocate");
+        upload_grads();
+        for (int k = 0; k < 3; ++k) {
+            check_ok(d_slot[k].allocate(slot_bytes(), "slot"), "allocate");
+            check_ok(d_slot[k].upload(slot[k].data(), slot_bytes()), "upload slot");
+            if (scales[k].empty()) continue;
+            check_ok(d_scales[k].allocate(scales[k].size() * 4, "scales"), "allocate");
+            check_ok(d_scales[k].upload(scales[k].data(), scales[k].size() * 4), "upload scales");
+        }
+    }
+    // The host's segment (the CPU kernels' operands), or the device's.
+    Segment segment(const Hyper *h, int64_t step, int32_t param, uint64_t offset, bool device) {
+        Segment seg;
+        seg.stochastic_round = true;
+        seg.compute_out = device ? nullptr : params.data();
+        seg.compute_dtype = device ? 0 : SX_DTYPE_BF16;
+        // The host's kernels read fp32 gradients: the bf16 ones widened (exactly).
+        seg.grad = device && grads16 ? nullptr : device ? d_grad.as<float>() : grad.data();
+        if (device && grads16) {
+            seg.grad16 = d_grad.as<uint16_t>();
+            seg.grad_dtype = SX_DTYPE_BF16;
+        }
+        seg.n = n;
+        seg.hyper = h;
+        seg.step = step;
+        seg.param_index = param;
+        seg.param_offset = offset;
+        seg.state_dtype = dtype;
+        for (int k = 0; k < sx::optim::state_slots(*h); ++k) {
+            char *bytes = device ? d_slot[k].as<char>() : slot[k].data();
+            if (dtype == SX_STATE_FP32) seg.state[k] = reinterpret_cast<float *>(bytes);
+            if (dtype == SX_STATE_BF16) seg.state16[k] = reinterpret_cast<uint16_t *>(bytes);
+            if (dtype == SX_STATE_8BIT) {
+                seg.codes[k] = reinterpret_cast<uint8_t *>(bytes);
+                seg.scales[k] = device ? d_scales[k].as<float>() : scales[k].data();
+            }
+        }
+        return seg;
+    }
+    bool device_equals_host(const Hyper &h, std::string *what) {
+        std::vector<char> got(std::max(n * 4, slot_bytes()));
+        check_ok(d_params.download(got.data(), n * 2), "download params");
+        if (std::memcmp(got.data(), params.data(), n * 2) != 0) return *what = "params", false;
+        for (int k = 0; k < sx::optim::state_slots(h); ++k) {
+            check_ok(d_slot[k].download(got.data(), slot_bytes()), "download slot");
+            if (std::memcmp(got.data(), slot[k].data(), slot_bytes()) != 0) return *what = "slot " + std::to_string(k), false;
+            if (scales[k].empty()) continue;
+            check_ok(d_scales[k].download(got.data(), scales[k].size() * 4), "download scales");
+            if (std::memcmp(got.data(), scales[k].data(), scales[k].size() * 4) != 0)
+                return *what = "scales of slot " + std::to_string(k), false;
+        }
+        return true;
+    }
+    // Gradients of a step: bf16 values (so that fp32 and bf16 gradients are the same numbers).
+    void new_grads(Rng &rng) {
+        for (size_t i = 0; i < n; ++i) {
+            const float mag = (i / 37) % 3 == 0 ? 1e-3f : (i / 37) % 3 == 1 ? 0.1f : 3.0f;
+            grad16[i] = bf16_rne(mag * rng.uniform(-1.0f, 1.0f));
+            const uint32_t bits = static_cast<uint32_t>(grad16[i]) << 16;
+            std::memcpy(&grad[i], &bits, 4);
+        }
+    }
+};
+
+// bf16_stochastic_round's update on the device equals the CPU kernels', bit for bit: the
+// bf16 params (widened, updated, rounded with the same hash of param, step and element)
+// and the slots, for AdamW, SGD with momentum and Lion, with fp32, bf16 and 8-bit state,
+// fp32 and bf16 gradients, over several steps, at sizes of one block, several, and more
+// than a chunk of the launch, at offsets into the param (the element index keys the bits);
+// and one launch of several such segments beside an fp32 one.
+void test_stochastic_round_matches_the_cpu(void **) {
+    REQUIRE_DEVICE();
+    Workspace ws;
+    std::vector<Hyper> hypers;
+    Hyper h = sx::optim::default_hyper(Kind::kAdamW);
+    h.lr = 3e-3, h.weight_decay = 0.1;
+    hypers.push_back(h);
+    h = sx::optim::default_hyper(Kind::kSgd);
+    h.lr = 0.05, h.momentum = 0.9;
+    hypers.push_back(h);
+    hypers.push_back(sx::optim::default_hyper(Kind::kLion));
+    for (int32_t dtype : {SX_STATE_FP32, SX_STATE_BF16, SX_STATE_8BIT})
+        for (Hyper hp : hypers)
+            for (size_t n : {size_t(256), size_t(256 * 9), size_t(256 * 17)})
+                for (bool grads16 : {false, true}) {
+                    hp.state_dtype = dtype;
+                    const size_t size = dtype == SX_STATE_8BIT ? n : n + 5;
+                    const uint64_t offset = dtype == SX_STATE_8BIT ? 256 * 3 : 1000003;
+                    RoundedCase rc(dtype, size, grads16);
+                    Rng rng(size * 17 + static_cast<uint64_t>(hp.kind) * 5 + static_cast<uint64_t>(dtype));
+                    for (size_t i = 0; i < size; ++i) rc.params[i] = bf16_rne(rng.uniform(-1.0f, 1.0f));
+                    rc.new_grads(rng);
+                    rc.upload();
+                    for (int64_t step = 1; step <= 4; ++step) {
+                        if (step > 1) {
+                            rc.new_grads(rng);
+                            rc.upload_grads();
+                        }
+                        Segment host = rc.segment(&hp, step, 7, offset, false);
+                        double want = 0.0;
+                        sx::optim::fused_update(&host, 1, 0.5f, nullptr, sx::optim::Isa::kAuto, &want);
+                        CudaSegment cs;
+                        cs.seg = rc.segment(&hp, step, 7, offset, true);
+                        cs.compute_out = rc.d_params.as<uint16_t>();
+                        cs.compute_dtype = ComputeDtype::kBf16;
+                        check_ok(ws.fused_update(&cs, 1, 0.5f, nullptr, true), "fused_update");
+                        GradStats st;
+                        check_ok(ws.read_stats(nullptr, &st), "read_stats");
+                        assert_close_rel(st.sumsq, want, "sum of squares");
+                        std::string what;
+                        if (!rc.device_equals_host(hp, &what))
+                            fail_msg("kind %d state_dtype %d n %zu grads16 %d step %lld: %s differ from the CPU's",
+                                     static_cast<int>(hp.kind), dtype, size, grads16, static_cast<long long>(step),
+                                     what.c_str());
+                    }
+                }
+    // Segments of two params and an fp32 one in one launch: each as on the host.
+    Hyper h16 = hypers[0];
+    h16.state_dtype = SX_STATE_BF16;
+    Hyper h8 = hypers[0];
+    h8.state_dtype = SX_STATE_8BIT;
+    RoundedCase a(SX_STATE_BF16, 3001, false), b(SX_STATE_8BIT, 256 * 5, false);
+    Rng rng(11);
+    for (RoundedCase *rc : {&a, &b}) {
+        for (size_t i = 0; i < rc->n; ++i) rc->params[i] = bf16_rne(rng.uniform(-1.0f, 1.0f));
+        rc->new_grads(rng);
+        rc->upload();
+    }
+    for (int64_t step = 1; step <= 2; ++step) {
+        Segment host[2] = {a.segment(&h16, step, 0, 17, false), b.segment(&h8, step, 1, 0, false)};
+        sx::optim::fused_update(host, 2, 1.0f, nullptr, sx::optim::Isa::kAuto, nullptr);
+        CudaSegment cs[2];
+        cs[0].seg = a.segment(&h16, step, 0, 17, true), cs[1].seg = b.segment(&h8, step, 1, 0, true);
+        cs[0].compute_out = a.d_params.as<uint16_t>(), cs[1].compute_out = b.d_params.as<uint16_t>();
+        cs[0].compute_dtype = cs[1].compute_dtype = ComputeDtype::kBf16;
+        check_ok(ws.fused_update(cs, 2, 1.0f, nullptr, false), "fused_update");
+        std::string what;
+        if (!a.device_equals_host(h16, &what) || !b.device_equals_host(h8, &what))
+            fail_msg("one launch, step %lld: %s differ from the CPU's", static_cast<long long>(step), what.c_str());
+    }
+}
+
 }  // namespace
 
 int main(void) {
@@ -690,6 +865,7 @@ int main(void) {
         cmocka_unit_test(test_conversions_match_half),
         cmocka_unit_test(test_packed_state_matches_the_cpu),
         cmocka_unit_test(test_packed_and_fp32_segments_in_one_launch),
+        cmocka_unit_test(test_stochastic_round_matches_the_cpu),
         cmocka_unit_test(test_without_device_launch_fails_cleanly),
     };
     const int failed = cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -9,6 +9,7 @@
 
 #include "optim/cuda/launch_plan.h"
 #include "optim/cuda_test_util.h"
+#include "optim/stochastic_round.h"
 #include "sx/sx.h"
 
 using sx::optim::Hyper;
@@ -327,6 +328,50 @@ void test_plan_of_packed_state(void **) {
     rejects(bad, ci::Mode::kUpdate, "state_dtype 7");
 }
 
+// bf16_stochastic_round: a segment of bf16 params without an fp32 param runs one element
+// at a time, its params the 16-bit output, with the key of its param and step (the host's
+// stochastic_round_key) and its offset into the param in the table; one with an fp32
+// param, without bf16 params or in the traffic-only pass is refused.
+void test_plan_of_stochastically_rounded_params(void **) {
+    Hyper adamw = sx::optim::default_hyper(Kind::kAdamW);
+    ci::LaunchPlan plan;
+    CudaSegment cs = adam_segment(0x1000, 300, &adamw, 4);
+    cs.seg.param = nullptr;
+    cs.seg.stochastic_round = true;
+    cs.seg.param_index = 5;
+    cs.seg.param_offset = 1234;
+    cs.compute_out = reinterpret_cast<void *>(0x9000002);
+    cs.compute_dtype = ComputeDtype::kBf16;
+    assert_true(ci::build_plan(&cs, 1, 1.0f, ci::Mode::kUpdate, 8, &plan).ok());
+    const ci::TableSegment &t = plan.segments[0];
+    assert_int_equal(t.stochastic_round, 1);
+    assert_int_equal(t.vector, 0);
+    assert_int_equal(t.lead, 0);
+    assert_null(t.param);
+    assert_ptr_equal(t.out, cs.compute_out);
+    assert_int_equal(t.out_dtype, static_cast<int32_t>(ComputeDtype::kBf16));
+    assert_true(t.sr_key == sx::optim::stochastic_round_key(5, 4));
+    assert_true(t.param_offset == 1234);
+    assert_false(plan.packed);
+    auto rejects = [&](const CudaSegment &c, ci::Mode mode, const char *what) {
+        const sx::Status s = ci::build_plan(&c, 1, 1.0f, mode, 4, &plan);
+        if (s.code() != SX_ERR_INVALID_ARGUMENT || s.message().find(what) == std::string::npos)
+            fail_msg("want a refusal naming '%s', got code %d: %s", what, s.code(), s.message().c_str());
+    };
+    rejects(cs, ci::Mode::kTrafficOnly, "traffic-only");
+    CudaSegment bad = cs;
+    bad.seg.param = addr(0x1000);
+    rejects(bad, ci::Mode::kUpdate, "stochastically rounded");
+    bad = cs;
+    bad.compute_dtype = ComputeDtype::kFp16;
+    rejects(bad, ci::Mode::kUpdate, "stochastically rounded");
+    bad = cs;
+    bad.compute_out = reinterpret_cast<void *>(0x9000001);
+    rejects(bad, ci::Mode::kUpdate, "aligned to 2 bytes");
+    // The statistics pass reads its gradients alone.
+    assert_true(ci::build_plan(&cs, 1, 1.0f, ci::Mode::kStats, 8, &plan).ok());
+}
+
 }  // namespace
 
 int main(void) {
@@ -338,6 +383,7 @@ int main(void) {
         cmocka_unit_test(test_plan_with_16bit_gradients),
         cmocka_unit_test(test_plan_rejects_bad_segments),
         cmocka_unit_test(test_plan_of_packed_state),
+        cmocka_unit_test(test_plan_of_stochastically_rounded_params),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -73,7 +73,7 @@ machine epsilon, 2^-23), `beta3` and `t_alpha_beta3` (AdEMAMix), and `state_dtyp
 elementwise optimizers keep their state slots; `"8bit"` is torchao's AdamW8bit's
 block-wise quantization), and `bf16_stochastic_round` (`true` or `false`, torchao's: the
 group's params, all bf16, keep no fp32 masters and each update is rounded stochastically
-into them; elementwise optimizers on CPU groups). One that does not apply to the optimizer must keep its default
+into them; elementwise optimizers, on CPU and CUDA groups). One that does not apply to the optimizer must keep its default
 or be 0, which means the default (else an `SXError` with SX_ERR_INVALID_ARGUMENT).
 Before `finalize!`, or between steps after it (torch's add_param_group): the group and the
 params added with it then wait for the next `finalize!`, which every rank calls after

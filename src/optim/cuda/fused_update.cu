@@ -11,7 +11,9 @@
 // kernels' operations (kernel_body.h): bf16 slots one element at a time, 8-bit slots a
 // quantization block per thread block (packed8_chunk). The bf16/fp16 outputs are
 // __float2bfloat16_rn / __float2half_rn of the updated fp32 value: round to nearest
-// even, NaN stays NaN, overflow gives inf.
+// even, NaN stays NaN, overflow gives inf. bf16 params without masters
+// (bf16_stochastic_round) are widened, updated by the same bodies and rounded back with
+// stochastic_round.h's own functions, one element at a time.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -21,6 +23,7 @@
 #include "cuda/status.h"
 #include "optim/cuda/launch_plan.h"
 #include "optim/elementwise.h"
+#include "optim/stochastic_round.h"
 
 namespace sx {
 namespace optim {
@@ -202,9 +205,20 @@ __device__ __forceinline__ void store_slot(const TableSegment &t, int k, uint64_
         t.state[k][e] = v;
 }
 
-// The updated param e, and its copy in the compute dtype if the segment has one.
+// Param e in fp32: read, or (bf16_stochastic_round) its bf16 value widened, exactly.
+__device__ __forceinline__ float load_param(const TableSegment &t, uint64_t e) {
+    return t.stochastic_round ? widen_bf16(static_cast<const uint16_t *>(t.out)[e]) : t.param[e];
+}
+
+// The updated param e, and its copy in the compute dtype if the segment has one; a
+// segment of bf16 params without masters rounds it stochastically into them, with the
+// host's hash and rounding (stochastic_round.h), so that its bits are the CPU's.
 template <Mode M>
 __device__ __forceinline__ void store_param(const TableSegment &t, uint64_t e, float p) {
+    if (t.stochastic_round) {
+        static_cast<uint16_t *>(t.out)[e] = bf16_round_stochastic(p, random16(t.sr_key, t.param_offset + e));
+        return;
+    }
     t.param[e] = p;
     if (t.out_dtype != static_cast<int32_t>(ComputeDtype::kNone)) {
         unsigned short *out = static_cast<unsigned short *>(t.out);
@@ -220,7 +234,7 @@ __device__ __forceinline__ void scalar_at(const TableSegment &t, uint64_t e, boo
         account(acc, mul(g, t.c.grad_scale));
         return;
     }
-    float p = t.param[e];
+    float p = load_param(t, e);
     float s[3] = {0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int k = 0; k < kReads<M, kV>; ++k) s[k] = load_slot<M>(t, k, e);
@@ -397,7 +411,7 @@ __device__ __forceinline__ void packed8_chunk(const TableSegment &t, uint64_t lo
 #pragma unroll
         for (int k = 0; k < 3; ++k)
             if (k < t.slots) s[k] = mul(sh.maps[(t.unsigned_maps >> k) & 1][t.codes[k][e]], t.scales[k][block]);
-        float p = t.param[e];
+        float p = load_param(t, e);
         element<M, kV>(t, p, grad_at(t, e), s[0], s[1], s[2], stats, acc);
         store_param<M>(t, e, p);
 #pragma unroll

@@ -1,6 +1,7 @@
 // Builds the segment table and the blocks' starting points (see launch_plan.h).
 #include "optim/cuda/launch_plan.h"
 
+#include "optim/stochastic_round.h"
 #include "sx/sx.h"
 
 namespace sx {
@@ -87,6 +88,46 @@ Status slots_of(const Segment &s, size_t i, int lead, TableSegment *t, bool *vec
     return Status::Ok();
 }
 
+// Segment i's params and their compute copy into t (bf16_stochastic_round: the bf16
+// params alone, in compute_out), and whether they allow float4 access at `lead`.
+Status params_of(const CudaSegment &cs, size_t i, Mode mode, int lead, TableSegment *t, bool *vector) {
+    const Segment &s = cs.seg;
+    SX_CHECK_ARG(cs.compute_dtype == ComputeDtype::kNone || cs.compute_dtype == ComputeDtype::kBf16 ||
+                     cs.compute_dtype == ComputeDtype::kFp16,
+                 "segment %zu: compute_dtype %d is not kNone, kBf16 or kFp16", i, static_cast<int>(cs.compute_dtype));
+    if (s.stochastic_round) {
+        // One element at a time: the random bits are a hash per element anyway.
+        SX_CHECK_ARG(mode != Mode::kTrafficOnly, "segment %zu: the traffic-only pass moves fp32 params alone", i);
+        SX_CHECK_ARG(s.param == nullptr && cs.compute_dtype == ComputeDtype::kBf16 && cs.compute_out != nullptr &&
+                         reinterpret_cast<uintptr_t>(cs.compute_out) % 2 == 0,
+                     "segment %zu: a stochastically rounded segment takes no fp32 param and its bf16 params in "
+                     "compute_out, a device address aligned to 2 bytes (got param %p, compute_out %p, "
+                     "compute_dtype %d)",
+                     i, static_cast<void *>(s.param), cs.compute_out, static_cast<int>(cs.compute_dtype));
+        t->stochastic_round = 1;
+        t->sr_key = stochastic_round_key(s.param_index, s.step);
+        t->param_offset = s.param_offset;
+        t->out = cs.compute_out;
+        t->out_dtype = static_cast<int32_t>(ComputeDtype::kBf16);
+        *vector = false;
+        return Status::Ok();
+    }
+    SX_CHECK_ARG(s.param != nullptr && lead_of(s.param) >= 0,
+                 "segment %zu: param must be a device address aligned to 4 bytes (got %p)", i,
+                 static_cast<void *>(s.param));
+    *vector = lead_of(s.param) == lead;
+    t->param = s.param;
+    if (cs.compute_dtype == ComputeDtype::kNone) return Status::Ok();
+    const uintptr_t a = reinterpret_cast<uintptr_t>(cs.compute_out);
+    SX_CHECK_ARG(cs.compute_out != nullptr && a % 2 == 0,
+                 "segment %zu: compute_out must be a device address aligned to 2 bytes (got %p)", i, cs.compute_out);
+    // 4 outputs (8 bytes) per float4: the same lead within 8-byte groups.
+    *vector = *vector && static_cast<int>((a / 2) % 4) == lead;
+    t->out = cs.compute_out;
+    t->out_dtype = static_cast<int32_t>(cs.compute_dtype);
+    return Status::Ok();
+}
+
 }  // namespace
 
 Status build_plan(const CudaSegment *segs, size_t num_segs, float grad_scale, Mode mode,
@@ -114,29 +155,11 @@ Status build_plan(const CudaSegment *segs, size_t num_segs, float grad_scale, Mo
             SX_CHECK_ARG(s.hyper != nullptr, "segment %zu: hyper is null", i);
             SX_CHECK_ARG(s.step >= 1, "segment %zu: step must be at least 1 (got %lld)", i,
                          static_cast<long long>(s.step));
-            SX_CHECK_ARG(s.param != nullptr && lead_of(s.param) >= 0,
-                         "segment %zu: param must be a device address aligned to 4 bytes (got %p)", i,
-                         static_cast<void *>(s.param));
-            vector = lead_of(s.param) == lead;
-            t.param = s.param;
+            SX_TRY(params_of(cs, i, mode, lead, &t, &vector));
             SX_TRY(slots_of(s, i, lead, &t, &vector));
             SX_CHECK_ARG(mode != Mode::kTrafficOnly || t.state_dtype == SX_STATE_FP32,
                          "segment %zu: the traffic-only pass moves fp32 state alone", i);
             plan->packed = plan->packed || t.state_dtype != SX_STATE_FP32;
-            SX_CHECK_ARG(cs.compute_dtype == ComputeDtype::kNone || cs.compute_dtype == ComputeDtype::kBf16 ||
-                             cs.compute_dtype == ComputeDtype::kFp16,
-                         "segment %zu: compute_dtype %d is not kNone, kBf16 or kFp16", i,
-                         static_cast<int>(cs.compute_dtype));
-            if (cs.compute_dtype != ComputeDtype::kNone) {
-                const uintptr_t a = reinterpret_cast<uintptr_t>(cs.compute_out);
-                SX_CHECK_ARG(cs.compute_out != nullptr && a % 2 == 0,
-                             "segment %zu: compute_out must be a device address aligned to 2 bytes "
-                             "(got %p)", i, cs.compute_out);
-                // 4 outputs (8 bytes) per float4: the same lead within 8-byte groups.
-                vector = vector && static_cast<int>((a / 2) % 4) == lead;
-                t.out = cs.compute_out;
-                t.out_dtype = static_cast<int32_t>(cs.compute_dtype);
-            }
             t.c = optim::internal::make_consts(s, grad_scale);
         } else {
             t.c.grad_scale = grad_scale;

@@ -11,7 +11,9 @@
 // to 3 elements at each end of a segment one by one. A segment whose other buffers do
 // not share grad's alignment (or whose compute output is not 2-byte aligned alike)
 // runs one element at a time (vector = 0, lead = 0), and so do segments of packed state:
-// bf16 slots one element at a time, 8-bit ones a quantization block at a time.
+// bf16 slots one element at a time, 8-bit ones a quantization block at a time; so do
+// segments of bf16 params without masters (bf16_stochastic_round), whose params are the
+// 16-bit output itself.
 //
 // The chunks of all segments are numbered one after another (chunk_begin/chunk_end);
 // block b of a grid of G runs chunks [b*T/G, (b+1)*T/G) of the T in all, in order:
@@ -85,6 +87,12 @@ struct TableSegment {
     int32_t state_dtype;              // SX_STATE_* of the slots (8-bit: n is whole blocks, vector == 0)
     int32_t slots;                    // state_slots(*hyper): an 8-bit segment decodes and encodes each
     int32_t unsigned_maps;            // bit k: 8-bit slot k's codes index kUnsignedMap, else kSignedMap
+    // bf16_stochastic_round (Segment::stochastic_round): param is null and `out` holds
+    // the bf16 params themselves, widened as read and rounded stochastically as written,
+    // element e with the bits of element param_offset + e under sr_key (stochastic_round.h).
+    int32_t stochastic_round;
+    uint64_t sr_key;
+    uint64_t param_offset;
     optim::internal::SegmentConsts c;  // from make_consts(), as the CPU kernels use them
 };
 

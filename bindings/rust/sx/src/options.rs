@@ -545,7 +545,7 @@ impl ParamGroup {
     /// torchao's bf16_stochastic_round: the group's params, every one bf16, keep no fp32
     /// master weights; each update is computed in fp32 and rounded stochastically into
     /// them, with random bits that depend on the param, its step and the element only (the
-    /// same at any world size and stage). Elementwise optimizers on CPU groups; checkpoints
+    /// same at any world size and stage). Elementwise optimizers, on CPU and CUDA groups; checkpoints
     /// and the whole-state calls carry its params as fp32 (widened, and rounded to nearest
     /// back); a state view of "master" is the bf16 params; memory copies and regroup carry
     /// them as bf16.
