@@ -1,6 +1,7 @@
 // Channels on a context's one Gloo mesh (comm/gloo/channels.h), ranks as threads over
 // local://:
-//  - channels over all 5 ranks and over subsets ({1, 3, 4}, {2, 0}: a rank map), each
+//  - channels over all 5 ranks and over subsets ({4, 3, 1} in small segments, {2, 0}: a
+//    rank map), each
 //    run from a thread of its own at once on every rank, pass every collective check;
 //  - a channel whose call passes its timeout fails alone (SX_ERR_TIMEOUT), as does one
 //    aborted in a call: the other channels go on, and new ones open.
@@ -50,7 +51,7 @@ Status channel(const std::shared_ptr<sx::comm::GlooChannels> &ch, const std::sha
 
 void test_channels_at_once(void **) {
     const int world = 5;
-    const std::vector<std::vector<int>> groups = {{0, 1, 2, 3, 4}, {1, 3, 4}, {2, 0}, {4, 3, 2, 1, 0}};
+    const std::vector<std::vector<int>> groups = {{0, 1, 2, 3, 4}, {4, 3, 1}, {2, 0}};
     const std::string err = sxtest::run_ranks(world, [&](int r) -> std::string {
         std::shared_ptr<sx::rdzv::Store> store;
         std::shared_ptr<sx::comm::GlooChannels> ch;
@@ -58,7 +59,7 @@ void test_channels_at_once(void **) {
         if (!s.ok()) return "context: " + s.message();
         std::vector<std::unique_ptr<Communicator>> comms(groups.size());
         for (size_t g = 0; g < groups.size(); ++g) {
-            s = channel(ch, store, "c" + std::to_string(g), groups[g], Millis(30000), &comms[g], g == 3 ? 4096 : 0);
+            s = channel(ch, store, "c" + std::to_string(g), groups[g], Millis(30000), &comms[g], g == 1 ? 65536 : 0);
             if (!s.ok()) return "channel " + std::to_string(g) + ": " + s.message();
         }
         std::vector<std::string> errs(groups.size());
@@ -68,7 +69,7 @@ void test_channels_at_once(void **) {
         for (auto &t : threads) t.join();
         for (size_t g = 0; g < groups.size(); ++g)
             if (!errs[g].empty()) return "channel " + std::to_string(g) + ": " + errs[g];
-        if (sx::comm::gloo_channels_open(*ch) != 3)  // every rank is in 3 of the 4
+        if (sx::comm::gloo_channels_open(*ch) != 2)  // every rank is in 2 of the 3
             return "channels open: " + std::to_string(sx::comm::gloo_channels_open(*ch));
         return "";
     });
