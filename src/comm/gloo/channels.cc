@@ -230,7 +230,14 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
 
 GlooChannels::GlooChannels(std::shared_ptr<gloo::rendezvous::Context> context, std::shared_ptr<rdzv::Store> store)
     : context_(std::move(context)), store_(std::move(store)) {
-    timer_ = std::thread([this] { run_timer(); });
+    timer_ = std::thread([this] {
+        // Nothing unwinds out of it (a wait or an abort that threw would end the process).
+        Status s = catching([&] {
+            run_timer();
+            return Status::Ok();
+        });
+        if (!s.ok()) log(SX_LOG_ERROR, "sx: the context's channel timer stopped: %s", s.message().c_str());
+    });
 }
 
 GlooChannels::~GlooChannels() {
@@ -290,8 +297,11 @@ Status open_gloo_channels(std::shared_ptr<rdzv::Store> store, int rank, int worl
                           std::shared_ptr<GlooChannels> *out) {
     std::shared_ptr<gloo::rendezvous::Context> context;
     SX_TRY(connect_gloo_mesh(store, rank, world_size, options, &context));
-    *out = std::make_shared<GlooChannels>(std::move(context), std::move(store));
-    return Status::Ok();
+    // Its timer thread may not start (std::system_error): the context is not made.
+    return catching([&] {
+        *out = std::make_shared<GlooChannels>(std::move(context), std::move(store));
+        return Status::Ok();
+    });
 }
 
 int64_t gloo_channels_open(const GlooChannels &channels) { return channels.open.load(); }
