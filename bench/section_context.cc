@@ -5,7 +5,10 @@
 //           (store, rendezvous, transport, pool: what every group without a context does)
 //           against the 1st..100th group made in one context (its channels only); the
 //           ratio is the median fresh time over the median in-context time, and the
-//           100th in-context creation's own time is printed beside it.
+//           100th in-context creation's own time is printed beside it. "hosts apart":
+//           the processes say they run on hosts of their own (SX_HOST_ID), as ranks on
+//           two hosts: a fresh group connects Gloo's TCP mesh, a context's group takes
+//           channels on the context's one mesh.
 //   tenants 8 small tenant groups (64 Ki AdamW params each) stepped at once, each on a
 //           thread of its own per rank, for 20 steps: in one context against as 8 groups of
 //           their own; steps per second of all tenants, and their ratio.
@@ -140,14 +143,14 @@ double tenant_rate(bool in_context, int tenants, int steps, int64_t elements) {
 
 // The processes' variant of creation_times: this program again per rank (context_rank_main),
 // over tcp:// on free ports (each fresh group a rendezvous of its own); rank 0's times.
-std::vector<double> creation_times_processes(bool in_context, int n) {
+std::vector<double> creation_times_processes(bool in_context, int n, bool apart = false) {
     const int port = free_ports(in_context ? 1 : n);
     char path[] = "/tmp/sx-bench-context-XXXXXX";
     const int fd = ::mkstemp(path);
     if (fd >= 0) ::close(fd);
     const bool ok = port != 0 && fd >= 0 && run_self(kWorld, [&](int r) {
         return std::vector<std::string>{"--context-rank", in_context ? "context" : "fresh", std::to_string(port),
-                                        std::to_string(r), std::to_string(n), path};
+                                        std::to_string(r), std::to_string(n), path, apart ? "apart" : "one"};
     });
     std::vector<double> times;
     std::ifstream f(path);
@@ -170,9 +173,10 @@ void print_create(const char *how, const std::vector<double> &fresh, const std::
 
 }  // namespace
 
-// One rank of creation_times_processes: argv = --context-rank MODE PORT RANK N FILE.
+// One rank of creation_times_processes: argv = --context-rank MODE PORT RANK N FILE HOSTS.
 int context_rank_main(int argc, char **argv) {
-    if (argc != 7) return 2;
+    if (argc != 8) return 2;
+    if (std::string(argv[7]) == "apart") ::setenv("SX_HOST_ID", (std::string("bench-host-") + argv[4]).c_str(), 1);
     const bool in_context = std::string(argv[2]) == "context";
     const int port = std::atoi(argv[3]), rank = std::atoi(argv[4]), n = std::atoi(argv[5]);
     const std::string url = "tcp://127.0.0.1:";
@@ -199,6 +203,8 @@ int section_context(const Options &opt) {
     std::printf("%-28s %12s %12s %14s %8s\n", "create (median)", "fresh_ms", "context_ms", "last_ms", "ratio");
     print_create("threads over local://", creation_times(false, 20), creation_times(true, n));
     print_create("processes over tcp://", creation_times_processes(false, 20), creation_times_processes(true, n));
+    print_create("tcp://, hosts apart", creation_times_processes(false, 20, true),
+                 creation_times_processes(true, n, true));
     const int tenants = 8, steps = 20;
     std::vector<double> own, shared;
     for (int r = 0; r < std::max(3, opt.reps / 5); ++r) {

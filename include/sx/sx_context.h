@@ -10,7 +10,10 @@
  * it (sx_group_config_t.context and .name) then takes its own key space in the context's
  * store and its own channels on the context's transport, and makes no new connection:
  * where the context's ranks all run on one host, a channel is a region of the context's
- * shared memory, handed out through the store. The groups of a context keep everything
+ * shared memory, handed out through the store; elsewhere (a CPU context whose ranks span
+ * hosts, or whose transport is SX_TRANSPORT_TCP) the context connects one Gloo full mesh
+ * and a channel is a slot space of its own on those connections, its id handed out
+ * through the store. The groups of a context keep everything
  * else to themselves: their agreement checks, their failures (a mismatch, a custom
  * optimizer's failure, a non-finite policy error or a bad load fails its group alone; the
  * context and its other groups go on), their checkpoints and their memory. A peer's
@@ -73,8 +76,9 @@ typedef struct sx_context_stats {
     int64_t channels;            /* channels open on its transport now (a group has 1-4) */
     uint64_t memory_bytes;       /* what its groups hold on this rank, as the budget counts */
     uint64_t memory_budget_bytes;/* the budget (0 = none) */
-    /* Where its transport is shared memory (every rank on this host): 1; else 0, and each
-     * group connects its own channels as a group without a context does. */
+    /* Where its transport is shared memory (every rank on this host): 1; else 0: a CPU
+     * context's channels are on its one Gloo mesh (counted in channels), a CUDA context's
+     * groups connect their own NCCL communicators as groups without a context do. */
     int32_t shared_memory;
     int32_t reserved0;
 } sx_context_stats_t;

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "comm/gloo/channels.h"
+
 namespace sx {
 namespace comm {
 
@@ -83,6 +85,7 @@ Status create_communicator(std::shared_ptr<rdzv::Store> store, int rank, int wor
     g.timeout = spec.timeout;
     g.deadline = spec.deadline;
     g.bind_address = spec.bind_address;
+    if (spec.gloo_channels) return create_gloo_channel(spec.gloo_channels, std::move(store), rank, world_size, g, out);
     return create_cpu_communicator(std::move(store), rank, world_size, g, spec.shared_memory, out);
 }
 

@@ -170,6 +170,18 @@ Status create_gloo_communicator(std::shared_ptr<rdzv::Store> store, int rank, in
                                 const GlooOptions &options, std::unique_ptr<Communicator> *out);
 
 class SharedChannels;  // shm/segment.h
+class GlooChannels;    // gloo/channels.h
+
+// A context's one Gloo full mesh (its ranks span hosts, or may not share memory),
+// connected through `store` (keys under its own space; the channels' ids are counted
+// there too), on which each communicator of the context's groups is a channel: a slot
+// space of its own on the shared connections (create_communicator with
+// CommunicatorSpec::gloo_channels). Collective over the context's ranks; errors as
+// create_gloo_communicator's.
+Status open_gloo_channels(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
+                          std::shared_ptr<GlooChannels> *out);
+// The channels open on it now. Any thread.
+int64_t gloo_channels_open(const GlooChannels &channels);
 
 struct ShmOptions {
     Millis timeout{300000};
@@ -237,6 +249,9 @@ struct CommunicatorSpec {
     // CPU: a context's shared memory (its ranks all on this host): the communicator is a
     // channel of it, whatever shared_memory says.
     std::shared_ptr<SharedChannels> channels;
+    // CPU: a context's Gloo mesh (where it has no shared memory): the communicator is a
+    // channel of it, and connects nothing.
+    std::shared_ptr<GlooChannels> gloo_channels;
 };
 
 // The one place a communicator is chosen: CUDA with one rank, the device's own (no NCCL);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/log.h"
+#include "comm/communicator.h"
 #include "comm/shm/segment.h"
 #include "rdzv/stores.h"
 
@@ -38,6 +39,17 @@ bool valid_name(const std::string &name) {
 
 }  // namespace
 
+// The one Gloo full mesh of a CPU context without shared memory, under "gloo/" of its own
+// key space (the channels' ids are counted there).
+Status Context::open_gloo(Context &c, const std::shared_ptr<rdzv::Store> &own, Clock::time_point deadline) {
+    comm::GlooOptions o;
+    o.timeout = Millis(c.base_.timeout_ms);
+    o.deadline = deadline;
+    o.bind_address = c.base_.bind_address;
+    return comm::open_gloo_channels(rdzv::make_prefix_store(own, "gloo-mesh/"), c.base_.rank, c.base_.world_size, o,
+                                    &c.gloo_channels_);
+}
+
 Status Context::create(const GroupConfig &cfg, uint64_t budget, std::shared_ptr<Context> *out) {
     const Millis timeout(cfg.timeout_ms);
     const Clock::time_point deadline = Clock::now() + timeout;
@@ -62,11 +74,14 @@ Status Context::create(const GroupConfig &cfg, uint64_t budget, std::shared_ptr<
                                               &c->channels_);
         if (s.code() != SX_ERR_UNSUPPORTED) SX_TRY(s);
         // Every rank learns it alike (rank 0 could not make the segment).
-        if (!s.ok()) log(SX_LOG_WARN, "sx: rank %d: %s; the context's groups connect on their own", b.rank,
+        if (!s.ok()) log(SX_LOG_WARN, "sx: rank %d: %s; the context's groups take channels on Gloo", b.rank,
                          s.message().c_str());
     }
+    if (!c->channels_ && b.backend == SX_BACKEND_CPU && b.world_size > 1) SX_TRY(open_gloo(*c, own, deadline));
     log(SX_LOG_INFO, "sx: rank %d of %d made a context on %s (%d threads, %s%s)", b.rank, b.world_size,
-        b.rendezvous.c_str(), b.num_threads, c->channels_ ? "its groups' channels in shared memory" : "its groups connect on their own",
+        b.rendezvous.c_str(), b.num_threads,
+        c->channels_ ? "its groups' channels in shared memory"
+                     : c->gloo_channels_ ? "its groups' channels on one Gloo mesh" : "its groups connect on their own",
         budget ? format(", a budget of %llu bytes", static_cast<unsigned long long>(budget)).c_str() : "");
     *out = std::move(c);
     return Status::Ok();
@@ -107,7 +122,7 @@ Context::Stats Context::stats() const {
         s.groups = static_cast<int64_t>(live_.size());
         s.groups_created = created_;
     }
-    s.channels = channels_ ? channels_->channels_open() : 0;
+    s.channels = channels_ ? channels_->channels_open() : gloo_channels_ ? comm::gloo_channels_open(*gloo_channels_) : 0;
     s.memory_bytes = budget_->used();
     s.memory_budget_bytes = budget_->limit();
     s.shared_memory = channels_ != nullptr;

@@ -1,7 +1,9 @@
 // A context (sx_context.h): what the groups on the same ranks share. The store, opened
 // once, in which each group takes a key space of its own; the thread pool; the transport,
 // where every rank runs on this host (shared memory, whose channels the groups' communicators
-// become: comm/shm/segment.h, SharedChannels); and a memory budget. Groups hold it (a
+// become: comm/shm/segment.h, SharedChannels), else for a CPU context one Gloo full mesh
+// (comm/gloo/channels.h, GlooChannels), the groups' communicators its channels; and a
+// memory budget. Groups hold it (a
 // shared pointer in their GroupConfig), so it lives while any of them does.
 #pragma once
 
@@ -21,6 +23,7 @@
 namespace sx {
 namespace comm {
 class SharedChannels;
+class GlooChannels;
 }
 namespace core {
 
@@ -28,7 +31,8 @@ class Context {
   public:
     // Collective over base's ranks: opens the rendezvous, waits for every rank, starts the
     // pool, and where every rank runs on this host (and the CPU transport may share memory)
-    // opens the shared memory its groups' channels come from. budget: bytes per rank (0: none).
+    // opens the shared memory its groups' channels come from; else (a CPU context of more
+    // than one rank) connects the Gloo mesh they come from. budget: bytes per rank (0: none).
     static Status create(const GroupConfig &base, uint64_t budget, std::shared_ptr<Context> *out);
     ~Context();
 
@@ -39,6 +43,8 @@ class Context {
     const std::shared_ptr<optim::ThreadPool> &pool() const { return pool_; }
     // Null where the context's ranks do not all share this host's memory.
     const std::shared_ptr<comm::SharedChannels> &channels() const { return channels_; }
+    // Null where it has shared memory, or is not a CPU context of several ranks.
+    const std::shared_ptr<comm::GlooChannels> &gloo_channels() const { return gloo_channels_; }
     const std::shared_ptr<MemoryBudget> &budget() const { return budget_; }
 
     // A group named `name` joins: SX_ERR_INVALID_ARGUMENT for a bad name, SX_ERR_INVALID_STATE
@@ -60,10 +66,12 @@ class Context {
 
   private:
     Context() = default;
+    static Status open_gloo(Context &c, const std::shared_ptr<rdzv::Store> &own, Clock::time_point deadline);
     GroupConfig base_;
     std::shared_ptr<rdzv::Store> store_;
     std::shared_ptr<optim::ThreadPool> pool_;
     std::shared_ptr<comm::SharedChannels> channels_;
+    std::shared_ptr<comm::GlooChannels> gloo_channels_;
     std::shared_ptr<MemoryBudget> budget_;
 
     mutable std::mutex mu_;

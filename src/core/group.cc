@@ -97,7 +97,10 @@ Mesh::Settings mesh_settings(const GroupConfig &cfg, DeviceOps *device) {
     // SX_TRANSPORT_TCP, or SX_SHARED_MEMORY=0, keeps ranks on one host on Gloo's TCP.
     const char *shm = std::getenv("SX_SHARED_MEMORY");
     ms.shared_memory = cfg.transport != SX_TRANSPORT_TCP && !(shm && std::strcmp(shm, "0") == 0);
-    if (cfg.context) ms.channels = cfg.context->channels();
+    if (cfg.context) {
+        ms.channels = cfg.context->channels();
+        ms.gloo_channels = cfg.context->gloo_channels();
+    }
     return ms;
 }
 

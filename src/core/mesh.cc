@@ -94,6 +94,7 @@ Status Mesh::connect(std::shared_ptr<rdzv::Store> store, int rank, int size, std
     spec.bind_address = settings_.bind_address;
     spec.shared_memory = settings_.shared_memory;
     spec.channels = settings_.channels;
+    spec.gloo_channels = settings_.gloo_channels;
     // One rank of a real device: the device's own communicator, which moves no data.
     if (!spec.cuda || !settings_.device || (size == 1 && !settings_.simulated_device))
         return comm::create_communicator(std::move(store), rank, size, spec, out);

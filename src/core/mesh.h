@@ -39,6 +39,9 @@ class Mesh {
         bool simulated_device = false, simulated_nccl = false;
         // A context's shared memory (context.h): every CPU communicator is a channel of it.
         std::shared_ptr<comm::SharedChannels> channels;
+        // A context's Gloo mesh (context.h; where it has no shared memory): every CPU
+        // communicator is a channel of it.
+        std::shared_ptr<comm::GlooChannels> gloo_channels;
     };
     // This rank's place in the world, known from the rendezvous before anything connects.
     void place(const Settings &settings, int rank, int world_size);

@@ -41,7 +41,8 @@ std::string failed(const char *what, sx_status_t st) {
 // with momentum), in `ctx` (or on `rendezvous` of its own where ctx is null).
 struct Tenant {
     sx_shard_group_t *g = nullptr;
-    int id = 0, rank = 0, world = 0, stage = 2, memory_copies = 0;
+    int id = 0, rank = 0, world = 0, stage = 2, memory_copies = 0, shard_size = 0;
+    bool tcp = false;  // alone: Gloo's TCP (the transport of a context across hosts)
     ~Tenant() { sx_destroy_shard_group(g); }
 
     sx_status_t create(sx_context_t *ctx, const std::string &rendezvous, const std::string &name) {
@@ -49,6 +50,7 @@ struct Tenant {
         sx_group_config_init(&c, sizeof c);
         c.stage = stage;
         c.memory_copy_interval = memory_copies;
+        c.shard_size = shard_size;
         c.timeout_ms = ctx ? 0 : 20000;
         if (ctx) {
             c.context = ctx;
@@ -58,6 +60,7 @@ struct Tenant {
             c.rank = rank;
             c.world_size = world;
             c.num_threads = 1;
+            if (tcp) c.transport = SX_TRANSPORT_TCP;
         }
         sx_status_t st = sx_create_shard_group(&c, &g);
         if (st != SX_OK) return st;
@@ -135,9 +138,13 @@ struct Tenant {
     }
 };
 
-sx_context_t *make_context(const std::string &rendezvous, int rank, int world, uint64_t budget, sx_status_t *st) {
+// tcp: the context's transport may not share memory (SX_TRANSPORT_TCP): its groups take
+// channels on its one Gloo mesh, as where its ranks span hosts.
+sx_context_t *make_context(const std::string &rendezvous, int rank, int world, uint64_t budget, sx_status_t *st,
+                           bool tcp = false) {
     sx_context_config_t c;
     sx_context_config_init(&c, sizeof c);
+    if (tcp) c.transport = SX_TRANSPORT_TCP;
     c.rendezvous = rendezvous.c_str();
     c.rank = rank;
     c.world_size = world;
@@ -151,7 +158,8 @@ sx_context_t *make_context(const std::string &rendezvous, int rank, int world, u
 }
 
 // The final params of `tenants` tenants trained `steps` steps each without a context.
-std::vector<std::vector<float>> reference(int world, int tenants, int steps, const std::string &tag) {
+std::vector<std::vector<float>> reference(int world, int tenants, int steps, const std::string &tag, bool tcp = false,
+                                          int shard_size = 0) {
     std::vector<std::vector<float>> out(static_cast<size_t>(tenants));
     for (int t = 0; t < tenants; ++t) {
         const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
@@ -159,6 +167,8 @@ std::vector<std::vector<float>> reference(int world, int tenants, int steps, con
             x.id = t;
             x.rank = rank;
             x.world = world;
+            x.tcp = tcp;
+            x.shard_size = shard_size;
             sx_status_t st = x.create(nullptr, "local://ctx-ref-" + tag + std::to_string(t), "");
             if (st != SX_OK) return failed("create", st);
             std::string e = x.train(steps);
@@ -173,13 +183,16 @@ std::vector<std::vector<float>> reference(int world, int tenants, int steps, con
 
 // 3 tenants in one context of `world` ranks, each stepped on a thread of its own (started
 // in a different order on each rank), train to the bits of the same tenants alone.
-void tenants_at_once(int world) {
+// tcp: on the context's Gloo channels, against tenants alone on Gloo's TCP; shard_size: an
+// HSDP mesh (its shard and replica groups are channels too).
+void tenants_at_once(int world, bool tcp = false, int shard_size = 0) {
     const int tenants = 3, steps = 4;
-    const std::vector<std::vector<float>> want = reference(world, tenants, steps, "a" + std::to_string(world));
+    const std::string tag = (tcp ? "tcp" : "a") + std::to_string(world) + "-" + std::to_string(shard_size);
+    const std::vector<std::vector<float>> want = reference(world, tenants, steps, tag, tcp, shard_size);
     std::vector<std::vector<float>> got(static_cast<size_t>(tenants));
     const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
         sx_status_t st;
-        sx_context_t *ctx = make_context("local://ctx-at-once-" + std::to_string(world), rank, world, 0, &st);
+        sx_context_t *ctx = make_context("local://ctx-at-once-" + tag, rank, world, 0, &st, tcp);
         if (!ctx) return failed("context", st);
         std::vector<std::string> errs(static_cast<size_t>(tenants));
         std::vector<std::thread> threads;
@@ -189,8 +202,16 @@ void tenants_at_once(int world) {
                 Tenant x;
                 x.id = t;
                 x.rank = rank;
+                x.shard_size = shard_size;
                 sx_status_t s = x.create(ctx, "", "tenant-" + std::to_string(t));
                 std::string e = s == SX_OK ? x.train(steps) : failed("create", s);
+                sx_context_stats_t cs;
+                sx_context_stats_init(&cs, sizeof cs);
+                sx_get_context_stats(ctx, &cs);
+                // On Gloo, each tenant's communicators (3 for a mesh) are channels of the context.
+                if (e.empty() && tcp && (cs.shared_memory != 0 || cs.channels < (shard_size ? 3 : 1)))
+                    e = "the context's channels: " + std::to_string(cs.channels) + ", shared memory " +
+                        std::to_string(cs.shared_memory);
                 if (e.empty() && rank == 0 && (s = x.params(&got[static_cast<size_t>(t)])) != SX_OK)
                     e = failed("params", s);
                 errs[static_cast<size_t>(t)] = e;
@@ -212,17 +233,21 @@ void tenants_at_once(int world) {
 
 void test_tenants_at_once_2(void **) { tenants_at_once(2); }
 void test_tenants_at_once_3(void **) { tenants_at_once(3); }
+void test_tenants_at_once_on_gloo_channels_2(void **) { tenants_at_once(2, true); }
+void test_tenants_at_once_on_gloo_channels_3(void **) { tenants_at_once(3, true); }
+// 4 ranks, shard groups of 2 and 2 replicas: each tenant's 3 communicators are channels.
+void test_mesh_tenants_on_gloo_channels(void **) { tenants_at_once(4, true, 2); }
 
 // Tenant 1 fails three times (ranks in different calls; a load of no checkpoint; NaN
 // gradients under SX_NONFINITE_ERROR); tenants 0 and 2 step on around it and end on the
 // bits of tenants alone.
-void test_a_tenants_failure_stays_in_it(void **) {
+void a_tenants_failure_stays_in_it(bool tcp) {
     const int world = 2, steps = 3;
-    const std::vector<std::vector<float>> want = reference(world, 3, steps, "f");
+    const std::vector<std::vector<float>> want = reference(world, 3, steps, tcp ? "ftcp" : "f", tcp);
     std::vector<std::vector<float>> got(3);
     const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
         sx_status_t st;
-        sx_context_t *ctx = make_context("local://ctx-failure", rank, world, 0, &st);
+        sx_context_t *ctx = make_context(tcp ? "local://ctx-failure-tcp" : "local://ctx-failure", rank, world, 0, &st, tcp);
         if (!ctx) return failed("context", st);
         std::string out;
         {
@@ -274,6 +299,9 @@ void test_a_tenants_failure_stays_in_it(void **) {
         assert_memory_equal(got[t].data(), want[t].data(), want[t].size() * sizeof(float));
     }
 }
+
+void test_a_tenants_failure_stays_in_it(void **) { a_tenants_failure_stays_in_it(false); }
+void test_a_tenants_failure_stays_in_it_on_gloo_channels(void **) { a_tenants_failure_stays_in_it(true); }
 
 // A budget that holds tenant 0 but not tenant 0 and 1: tenant 1's finalize is refused on
 // both ranks (rank 1's budget is the small one), naming the budget, and nothing is held for
@@ -393,10 +421,37 @@ int sockets_open() {
     return n;
 }
 
+// Ranks on hosts of their own: the context has no shared memory; 20 more groups, trained a
+// step each and kept alive, are 22 channels at least (a group has 1 or more) and open no
+// socket (sockets_before: with the context alone).
+int many_groups_no_socket(sx_context_t *ctx, int rank, const sx_context_stats_t &before, int sockets_before) {
+    if (before.shared_memory != 0) return std::fprintf(stderr, "ranks on hosts of their own: shared memory\n"), 3;
+    std::vector<Tenant> more(20);
+    for (size_t k = 0; k < more.size(); ++k) {
+        more[k].id = static_cast<int>(k % 3);
+        more[k].rank = rank;
+        sx_status_t st = more[k].create(ctx, "", "more-" + std::to_string(k));
+        std::string e = st == SX_OK ? more[k].train(1) : failed("create", st);
+        if (!e.empty()) return std::fprintf(stderr, "rank %d group %zu: %s\n", rank, k, e.c_str()), 3;
+    }
+    sx_context_stats_t s;
+    sx_context_stats_init(&s, sizeof s);
+    sx_get_context_stats(ctx, &s);
+    const int sockets = sockets_open();
+    if (sockets != sockets_before || s.channels < 22 || s.shared_memory != 0 || s.groups != 22)
+        return std::fprintf(stderr, "rank %d: %d sockets before the groups, %d with 22 of them; %lld channels\n", rank,
+                            sockets_before, sockets, static_cast<long long>(s.channels)), 3;
+    return 0;
+}
+
 int child_main(int argc, char **argv) {
     sxtest::ChildArgs a;
     if (!sxtest::parse_child_args(argc, argv, &a)) return 2;
     const std::string mode = a.get("--mode", "train");
+    // "apart": each rank says it runs on a host of its own (SX_HOST_ID), as ranks on several
+    // hosts do: the context's groups take channels on its one Gloo mesh.
+    const bool apart = a.get("--hosts", "one") == "apart";
+    if (apart) ::setenv("SX_HOST_ID", ("ctx-test-host-" + std::to_string(a.rank)).c_str(), 1);
     sx_status_t st;
     sx_context_t *ctx = make_context(a.rendezvous, a.rank, a.world, 0, &st);
     if (!ctx) return std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("context", st).c_str()), 3;
@@ -442,6 +497,7 @@ int child_main(int argc, char **argv) {
     sx_context_stats_t s;
     sx_context_stats_init(&s, sizeof s);
     sx_get_context_stats(ctx, &s);
+    if (apart) return many_groups_no_socket(ctx, a.rank, s, sockets_before);
     if (s.shared_memory != 1) return std::fprintf(stderr, "processes of one host: no shared memory\n"), 3;
     // Two live groups, trained: they opened channels, and no connection.
     if (sockets_open() != sockets_before || s.channels < 2)
@@ -455,22 +511,33 @@ void test_processes(void **) {
     if (!err.empty()) fail_msg("%s", err.c_str());
 }
 
-void test_every_tenant_regroups(void **) {
+void test_processes_on_hosts_apart(void **) {
+    const std::string err = sxtest::run_process_ranks(3, {"--mode", "train", "--hosts", "apart"}, 120);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
+void every_tenant_regroups(const char *hosts) {
     std::vector<sxtest::ProcessResult> results;
-    sxtest::run_process_ranks(3, {"--mode", "regroup"}, 120, &results);
+    sxtest::run_process_ranks(3, {"--mode", "regroup", "--hosts", hosts}, 120, &results);
     assert_int_equal(results.size(), 3);
     assert_int_equal(results[0].exit_code, 0);
     assert_int_equal(results[1].exit_code, 0);
     assert_int_equal(results[2].signal, SIGKILL);
 }
 
-void test_a_peers_death_fails_every_tenant(void **) {
+void test_every_tenant_regroups(void **) { every_tenant_regroups("one"); }
+void test_every_tenant_regroups_on_hosts_apart(void **) { every_tenant_regroups("apart"); }
+
+void a_peers_death_fails_every_tenant(const char *hosts) {
     std::vector<sxtest::ProcessResult> results;
-    sxtest::run_process_ranks(2, {"--mode", "die"}, 120, &results);
+    sxtest::run_process_ranks(2, {"--mode", "die", "--hosts", hosts}, 120, &results);
     assert_int_equal(results.size(), 2);
     assert_int_equal(results[0].exit_code, 0);
     assert_int_equal(results[1].signal, SIGKILL);
 }
+
+void test_a_peers_death_fails_every_tenant(void **) { a_peers_death_fails_every_tenant("one"); }
+void test_a_peers_death_fails_every_tenant_on_hosts_apart(void **) { a_peers_death_fails_every_tenant("apart"); }
 
 }  // namespace
 
@@ -479,12 +546,19 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tenants_at_once_2),
         cmocka_unit_test(test_tenants_at_once_3),
+        cmocka_unit_test(test_tenants_at_once_on_gloo_channels_2),
+        cmocka_unit_test(test_tenants_at_once_on_gloo_channels_3),
+        cmocka_unit_test(test_mesh_tenants_on_gloo_channels),
         cmocka_unit_test(test_a_tenants_failure_stays_in_it),
+        cmocka_unit_test(test_a_tenants_failure_stays_in_it_on_gloo_channels),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_names_and_lifetime),
         cmocka_unit_test(test_processes),
         cmocka_unit_test(test_a_peers_death_fails_every_tenant),
         cmocka_unit_test(test_every_tenant_regroups),
+        cmocka_unit_test(test_processes_on_hosts_apart),
+        cmocka_unit_test(test_a_peers_death_fails_every_tenant_on_hosts_apart),
+        cmocka_unit_test(test_every_tenant_regroups_on_hosts_apart),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -35,6 +35,7 @@
 
 #include "base/log.h"
 #include "comm/communicator.h"
+#include "comm/gloo/channels.h"
 #include "comm/gloo/in_process.h"
 #include "comm/gloo/op_scope.h"
 #include "comm/gloo/ring.h"
@@ -51,13 +52,6 @@ namespace {
 constexpr uint64_t kRingSlotPrefix = 0x53ull << 56;
 constexpr uint64_t kPoisonSlot = 0x54ull << 56;
 
-// Default segment sizes of the rings (GlooOptions::segment_bytes): large enough that
-// the per-message cost (a notification round trip in Gloo's rendezvous protocol)
-// vanishes, small enough that the pipeline fills quickly. Measured with bench_comm
-// (2 ranks, 64 MiB): smaller segments cost up to 10%, larger ones gain nothing.
-constexpr size_t kReduceScatterSegmentBytes = 1 << 20;
-constexpr size_t kAllGatherSegmentBytes = 4 << 20;
-
 // Gloo's option classes keep their buffers protected; these expose them for abort().
 struct AllreduceOptions : gloo::AllreduceOptions {
     using gloo::AllreduceOptions::AllreduceOptions;
@@ -71,12 +65,6 @@ struct BarrierOptions : gloo::BarrierOptions {
     using gloo::BarrierOptions::BarrierOptions;
     UnboundBuffer *scratch() { return buffer.get(); }
 };
-
-bool mentions_timeout(const std::string &text) {
-    std::string lower(text);
-    for (char &c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
-}
 
 // Whether this host can bind a TCP socket to an address `host` resolves to: what
 // Gloo's CreateDevice looks for. Checked here first because Gloo 0.5 mishandles both
@@ -214,13 +202,19 @@ class GlooCommunicator final : public Communicator {
     Status gather_pieces(const std::vector<Piece> &mine, const std::vector<std::vector<Piece>> &theirs,
                          int root) override {
         SX_TRY(check_pieces_args(*this, "gather_pieces", theirs, root));
-        return run("gather_pieces", [&](const Call &call) { return point_to_point(call, root, mine, theirs, true); });
+        return run("gather_pieces", [&](const Call &call) {
+            OpScope op = scope(call);
+            return exchange_pieces(op, root, mine, theirs, true);
+        });
     }
 
     Status scatter_pieces(const std::vector<std::vector<Piece>> &theirs, const std::vector<Piece> &mine,
                           int root) override {
         SX_TRY(check_pieces_args(*this, "scatter_pieces", theirs, root));
-        return run("scatter_pieces", [&](const Call &call) { return point_to_point(call, root, mine, theirs, false); });
+        return run("scatter_pieces", [&](const Call &call) {
+            OpScope op = scope(call);
+            return exchange_pieces(op, root, mine, theirs, false);
+        });
     }
 
     Status barrier() override {
@@ -303,42 +297,6 @@ class GlooCommunicator final : public Communicator {
         if (aborted_.load()) s = SX_ERROR(SX_ERR_ABORTED, "%s was aborted (abort() was called)", what);
         if (!s.ok()) record_failure(s);
         return s;
-    }
-
-    // Root exchanges pieces with every other rank on the call's slot: to root (`gather`)
-    // or from it. Each piece has a buffer of its own, whose one send or receive is waited
-    // for; pieces between one pair on one slot match in the order they are posted.
-    Status point_to_point(const Call &call, int root, const std::vector<Piece> &mine,
-                          const std::vector<std::vector<Piece>> &theirs, bool gather) {
-        OpScope op = scope(call);
-        struct Posted {
-            UnboundBuffer *buffer;
-            bool send;
-            int peer;
-        };
-        std::vector<Posted> posted;
-        auto post = [&](const Piece &p, int peer, bool send) {
-            if (p.bytes == 0) return;
-            UnboundBuffer *b = op.buffer(p.data, p.bytes);
-            if (send) {
-                b->send(peer, op.slot(), 0, p.bytes);
-            } else {
-                b->recv(peer, op.slot(), 0, p.bytes);
-            }
-            posted.push_back({b, send, peer});
-        };
-        if (rank() == root) {
-            for (int r = 0; r < world_size(); ++r)
-                if (r != root)
-                    for (const Piece &p : theirs[static_cast<size_t>(r)]) post(p, r, !gather);
-        } else {
-            for (const Piece &p : mine) post(p, root, gather);
-        }
-        for (const Posted &b : posted)
-            if (!(b.send ? op.wait_send(b.buffer, b.peer) : op.wait_recv(b.buffer, b.peer)))
-                return SX_ERROR(SX_ERR_ABORTED, "aborted");
-        op.done();
-        return Status::Ok();
     }
 
     Status meet(const char *what, const std::string &call_text, const Call &call, void *mine,
@@ -445,8 +403,8 @@ Status meet_in_process(const std::shared_ptr<rdzv::Store> &store, int rank, int 
 
 }  // namespace
 
-Status create_gloo_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
-                                std::unique_ptr<Communicator> *out) {
+Status connect_gloo_mesh(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
+                         std::shared_ptr<gloo::rendezvous::Context> *out) {
     SX_CHECK_ARG(store != nullptr, "store is NULL");
     SX_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size, "rank %d is not in [0, world_size %d)", rank,
                  world_size);
@@ -485,12 +443,24 @@ Status create_gloo_communicator(std::shared_ptr<rdzv::Store> store, int rank, in
                         static_cast<long long>(options.timeout.count()), e.what());
     }
     context->setTimeout(options.timeout);
+    log(SX_LOG_DEBUG, "sx: rank %d of %d: Gloo connected on %s", rank, world_size, address.c_str());
+    *out = std::move(context);
+    return Status::Ok();
+}
+
+Status create_gloo_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
+                                std::unique_ptr<Communicator> *out) {
+    const Clock::time_point deadline =
+        options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
+    GlooOptions o = options;
+    o.deadline = deadline;
+    std::shared_ptr<gloo::rendezvous::Context> context;
+    SX_TRY(connect_gloo_mesh(store, rank, world_size, o, &context));
     std::shared_ptr<Meeting> meeting;
     if (world_size > 1 && options.in_process)
         SX_TRY(meet_in_process(make_prefix_store(store, "inproc/"), rank, world_size, deadline, &meeting)
                    .prefix(format("rank %d of %d: ", rank, world_size)));
     out->reset(new GlooCommunicator(std::move(context), options, std::move(meeting)));
-    log(SX_LOG_DEBUG, "sx: rank %d of %d: Gloo connected on %s", rank, world_size, address.c_str());
     return Status::Ok();
 }
 

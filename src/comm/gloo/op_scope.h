@@ -60,10 +60,22 @@ class OpScope {
     // error that a timeout or a broken connection becomes.
     OpScope(gloo::Context &context, InFlight &in_flight, uint64_t slot, Clock::time_point deadline,
             std::atomic<int> *waiting_for = nullptr)
-        : context_(context), in_flight_(in_flight), slot_(slot), deadline_(deadline), waiting_for_(waiting_for) {}
+        : context_(context), in_flight_(in_flight), slot_(slot), deadline_(deadline), waiting_for_(waiting_for),
+          rank_(context.rank), size_(context.size) {}
+
+    // A call on a channel of a shared context (gloo/channels.h): its ranks are `ranks`
+    // (channel rank -> the context's rank; borrowed for the scope's life), `rank` among
+    // them. If the call ends early, the connections stay: they are every channel's, and
+    // Gloo releases a destroyed buffer's pending operations (its weak pointers) without
+    // touching its memory. Waits get `grace` more than the deadline, so that the
+    // channel's own timer (not Gloo's timeout, which fails every pair) ends a late call.
+    OpScope(gloo::Context &context, InFlight &in_flight, uint64_t slot, Clock::time_point deadline,
+            std::atomic<int> *waiting_for, const std::vector<int> &ranks, int rank, Millis grace)
+        : context_(context), in_flight_(in_flight), slot_(slot), deadline_(deadline), waiting_for_(waiting_for),
+          rank_(rank), size_(static_cast<int>(ranks.size())), ranks_(&ranks), grace_(grace) {}
 
     ~OpScope() {
-        if (!done_) {
+        if (!done_ && ranks_ == nullptr) {
             try {
                 context_.closeConnections();
             } catch (...) {
@@ -76,6 +88,11 @@ class OpScope {
     OpScope &operator=(const OpScope &) = delete;
 
     gloo::Context &context() { return context_; }
+    // This rank and the number of ranks of the call (the context's, or its channel's), and
+    // the context's rank of the call's rank q.
+    int rank() const { return rank_; }
+    int size() const { return size_; }
+    int peer(int q) const { return ranks_ ? (*ranks_)[static_cast<size_t>(q)] : q; }
     uint64_t slot() const { return slot_; }
     Clock::time_point deadline() const { return deadline_; }
 
@@ -90,15 +107,15 @@ class OpScope {
         registered_.push_back(b);
     }
 
-    // Wait for the next receive (send) completion on b, from (to) rank `peer`, until the
-    // deadline. False if abort() woke it; Gloo throws on a timeout or a failed peer.
+    // Wait for the next receive (send) completion on b, from (to) the call's rank `peer`,
+    // until the deadline. False if abort() woke it; Gloo throws on a timeout or a failed peer.
     bool wait_recv(UnboundBuffer *b, int peer) {
         note(peer);
-        return b->waitRecv(nullptr, wait_time());
+        return b->waitRecv(nullptr, wait_time() + grace_);
     }
     bool wait_send(UnboundBuffer *b, int peer) {
         note(peer);
-        return b->waitSend(nullptr, wait_time());
+        return b->waitSend(nullptr, wait_time() + grace_);
     }
     // What is left of the deadline, at least 1 ms (0 would be no time at all to Gloo's
     // waits, and -1 its "use the context default").
@@ -119,6 +136,9 @@ class OpScope {
     std::vector<UnboundBuffer *> registered_;
     bool done_ = false;
     std::atomic<int> *waiting_for_;
+    const int rank_, size_;
+    const std::vector<int> *ranks_ = nullptr;  // a channel's ranks (null: the context's)
+    const Millis grace_{0};
 };
 
 }  // namespace comm

@@ -1,6 +1,7 @@
 #include "comm/gloo/ring.h"
 
 #include <algorithm>
+#include <cctype>
 #include <memory>
 
 #include "base/half.h"
@@ -15,15 +16,17 @@ constexpr size_t kRecvDepth = 4;
 // Elements converted at a time through a stack buffer (16-bit sums).
 constexpr size_t kPiece = 1024;
 
-// The ring position of a call: rank, size, neighbours, and the chunk index helper.
+// The ring position of a call: rank, size, neighbours (the call's ranks; to_right and
+// to_left: the context's ranks they are), and the chunk index helper.
 struct Ring {
-    explicit Ring(const gloo::Context &c)
-        : rank(c.rank), size(c.size), right((c.rank + 1) % c.size), left((c.rank + c.size - 1) % c.size) {}
+    explicit Ring(const OpScope &op)
+        : rank(op.rank()), size(op.size()), right((rank + 1) % size), left((rank + size - 1) % size),
+          to_right(op.peer(right)), to_left(op.peer(left)) {}
     // Chunk (rank - back) mod size.
     size_t chunk_behind(size_t back) const {
         return static_cast<size_t>((rank - static_cast<int>(back % size) + size) % size);
     }
-    const int rank, size, right, left;
+    const int rank, size, right, left, to_right, to_left;
 };
 
 // The sums a ring reduce-scatter needs, over element type T; the result is fp32.
@@ -82,7 +85,7 @@ template <class Sum>
 Status ring_reduce_scatter_with(OpScope &op, const Sum &sum, typename Sum::T *buf, size_t shard, float *out,
                                 bool accumulate, size_t segment_elems) {
     using T = typename Sum::T;
-    const Ring ring(op.context());
+    const Ring ring(op);
     const size_t seg = std::min(segment_elems, shard);
     const size_t nseg = (shard + seg - 1) / seg;
     const size_t steps = static_cast<size_t>(ring.size - 1);
@@ -96,10 +99,10 @@ Status ring_reduce_scatter_with(OpScope &op, const Sum &sum, typename Sum::T *bu
     auto post_send = [&](size_t u) {
         const size_t s = u / nseg, k = u % nseg;
         const size_t c = ring.chunk_behind(s + 1);
-        send->send(ring.right, op.slot(), (c * shard + k * seg) * sizeof(T), seg_len(k) * sizeof(T));
+        send->send(ring.to_right, op.slot(), (c * shard + k * seg) * sizeof(T), seg_len(k) * sizeof(T));
     };
     auto post_recv = [&](size_t u) {
-        recv->recv(ring.left, op.slot(), (u % depth) * seg * sizeof(T), seg_len(u % nseg) * sizeof(T));
+        recv->recv(ring.to_left, op.slot(), (u % depth) * seg * sizeof(T), seg_len(u % nseg) * sizeof(T));
     };
 
     size_t sends = 0;
@@ -132,7 +135,7 @@ Status ring_reduce_scatter_with(OpScope &op, const Sum &sum, typename Sum::T *bu
 Status ring_reduce_scatter(OpScope &op, float *buf, size_t shard, float *out, bool accumulate,
                            size_t segment_elems) {
     const FloatSum sum;
-    if (op.context().size == 1 || shard == 0) {
+    if (op.size() == 1 || shard == 0) {
         if (shard != 0 && out != buf) {
             if (accumulate) {
                 sum.add_into(out, buf, shard);
@@ -149,7 +152,7 @@ Status ring_reduce_scatter(OpScope &op, float *buf, size_t shard, float *out, bo
 Status ring_reduce_scatter_16(OpScope &op, int32_t dtype, uint16_t *buf, size_t shard, float *out,
                               float out_scale, bool accumulate, size_t segment_elems) {
     const HalfSum sum{dtype, out_scale};
-    if (op.context().size == 1 || shard == 0) {
+    if (op.size() == 1 || shard == 0) {
         sum.widen_into(out, buf, shard, accumulate);  // one rank: the sum is its own chunk
         op.done();
         return Status::Ok();
@@ -161,7 +164,7 @@ Status ring_reduce_scatter_16(OpScope &op, int32_t dtype, uint16_t *buf, size_t 
 // step s-1) and receives chunk r-s-1 straight into place. Receives land in distinct
 // places, so all of them are posted at once and the sender never waits for one.
 Status ring_all_gather(OpScope &op, char *buf, size_t shard_bytes, size_t segment_bytes) {
-    const Ring ring(op.context());
+    const Ring ring(op);
     if (ring.size == 1 || shard_bytes == 0) {
         op.done();
         return Status::Ok();
@@ -175,11 +178,11 @@ Status ring_all_gather(OpScope &op, char *buf, size_t shard_bytes, size_t segmen
     auto seg_len = [&](size_t k) { return std::min(seg, shard_bytes - k * seg); };
     auto post_send = [&](size_t u) {
         const size_t s = u / nseg, k = u % nseg;
-        b->send(ring.right, op.slot(), ring.chunk_behind(s) * shard_bytes + k * seg, seg_len(k));
+        b->send(ring.to_right, op.slot(), ring.chunk_behind(s) * shard_bytes + k * seg, seg_len(k));
     };
     auto post_recv = [&](size_t u) {
         const size_t s = u / nseg, k = u % nseg;
-        b->recv(ring.left, op.slot(), ring.chunk_behind(s + 1) * shard_bytes + k * seg, seg_len(k));
+        b->recv(ring.to_left, op.slot(), ring.chunk_behind(s + 1) * shard_bytes + k * seg, seg_len(k));
     };
 
     size_t sends = 0;
@@ -196,6 +199,44 @@ Status ring_all_gather(OpScope &op, char *buf, size_t shard_bytes, size_t segmen
         if (!op.wait_send(b, ring.right)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
     op.done();
     return Status::Ok();
+}
+
+Status exchange_pieces(OpScope &op, int root, const std::vector<Piece> &mine,
+                       const std::vector<std::vector<Piece>> &theirs, bool gather) {
+    struct Posted {
+        UnboundBuffer *buffer;
+        bool send;
+        int peer;
+    };
+    std::vector<Posted> posted;
+    auto post = [&](const Piece &p, int peer, bool send) {
+        if (p.bytes == 0) return;
+        UnboundBuffer *b = op.buffer(p.data, p.bytes);
+        if (send) {
+            b->send(op.peer(peer), op.slot(), 0, p.bytes);
+        } else {
+            b->recv(op.peer(peer), op.slot(), 0, p.bytes);
+        }
+        posted.push_back({b, send, peer});
+    };
+    if (op.rank() == root) {
+        for (int r = 0; r < op.size(); ++r)
+            if (r != root)
+                for (const Piece &p : theirs[static_cast<size_t>(r)]) post(p, r, !gather);
+    } else {
+        for (const Piece &p : mine) post(p, root, gather);
+    }
+    for (const Posted &b : posted)
+        if (!(b.send ? op.wait_send(b.buffer, b.peer) : op.wait_recv(b.buffer, b.peer)))
+            return SX_ERROR(SX_ERR_ABORTED, "aborted");
+    op.done();
+    return Status::Ok();
+}
+
+bool mentions_timeout(const std::string &text) {
+    std::string lower(text);
+    for (char &c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
 }
 
 }  // namespace comm

@@ -1,0 +1,353 @@
+// Channels on a context's one Gloo mesh (channels.h).
+#include "comm/gloo/channels.h"
+
+#include <gloo/math.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "base/log.h"
+#include "base/sigpipe.h"
+#include "comm/gloo/op_scope.h"
+#include "comm/gloo/ring.h"
+#include "rdzv/stores.h"
+
+namespace sx {
+namespace comm {
+namespace {
+
+constexpr uint64_t kChannelSlotPrefix = 0x55ull << 56;
+constexpr int kIdBits = 28, kCallBits = 28;
+constexpr uint64_t kIdMask = (1ull << kIdBits) - 1, kCallMask = (1ull << kCallBits) - 1;
+
+using Reduce = void (*)(void *, const void *, const void *, size_t);
+
+class GlooChannel final : public Communicator, private GlooChannels::Watched {
+  public:
+    GlooChannel(std::shared_ptr<GlooChannels> channels, uint64_t id, std::vector<int> ranks, int rank,
+                const GlooOptions &options)
+        : channels_(std::move(channels)),
+          id_(id),
+          ranks_(std::move(ranks)),
+          rank_(rank),
+          timeout_(options.timeout),
+          grace_(std::max(Millis(2000), options.timeout / 4)),
+          rs_segment_bytes_(std::max(options.segment_bytes ? options.segment_bytes : kReduceScatterSegmentBytes,
+                                     sizeof(float))),
+          ag_segment_bytes_(options.segment_bytes ? options.segment_bytes : kAllGatherSegmentBytes) {
+        channels_->open.fetch_add(1);
+    }
+    ~GlooChannel() override { channels_->open.fetch_sub(1); }
+
+    int rank() const override { return rank_; }
+    int world_size() const override { return static_cast<int>(ranks_.size()); }
+
+    Status reduce_scatter_sum(float *buf, size_t shard_elems, float *out, bool accumulate) override {
+        if (shard_elems == 0) return usable("reduce_scatter_sum");
+        SX_TRY(check_reduce_scatter_args(*this, buf, shard_elems, out, accumulate));
+        return run("reduce_scatter_sum", [&](OpScope &op) {
+            return ring_reduce_scatter(op, buf, shard_elems, out, accumulate, rs_segment_bytes_ / sizeof(float));
+        });
+    }
+
+    Status reduce_scatter_sum_16(uint16_t *buf, int32_t dtype, size_t shard_elems, float *out, float out_scale,
+                                 bool accumulate) override {
+        if (shard_elems == 0) return usable("reduce_scatter_sum_16");
+        SX_TRY(check_reduce_scatter_16_args(*this, buf, dtype, shard_elems, out));
+        return run("reduce_scatter_sum_16", [&](OpScope &op) {
+            return ring_reduce_scatter_16(op, dtype, buf, shard_elems, out, out_scale, accumulate,
+                                          rs_segment_bytes_ / sizeof(uint16_t));
+        });
+    }
+
+    Status all_gather(void *buf, size_t shard_bytes) override {
+        if (shard_bytes == 0) return usable("all_gather");
+        SX_CHECK_ARG(buf != nullptr, "all_gather: buf must not be NULL");
+        return run("all_gather", [&](OpScope &op) {
+            return ring_all_gather(op, static_cast<char *>(buf), shard_bytes, ag_segment_bytes_);
+        });
+    }
+
+    Status all_reduce_sum(double *data, size_t n) override {
+        return all_reduce("all_reduce_sum", data, n, &gloo::sum<double>);
+    }
+    Status all_reduce_max(uint64_t *data, size_t n) override {
+        return all_reduce("all_reduce_max", data, n, &gloo::max<uint64_t>);
+    }
+    Status all_reduce_sum_f32(float *data, size_t n) override {
+        return all_reduce("all_reduce_sum_f32", data, n, &gloo::sum<float>);
+    }
+
+    Status broadcast(void *data, size_t bytes, int root) override {
+        SX_CHECK_ARG(root >= 0 && root < world_size(), "broadcast: root %d is not in [0, %d)", root, world_size());
+        if (bytes == 0) return usable("broadcast");
+        SX_CHECK_ARG(data != nullptr, "broadcast: data must not be NULL");
+        return run("broadcast", [&](OpScope &op) {
+            UnboundBuffer *b = op.buffer(data, bytes);
+            if (rank_ != root) {
+                b->recv(op.peer(root), op.slot(), 0, bytes);
+                if (!op.wait_recv(b, root)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+            } else {
+                for (int q = 0; q < world_size(); ++q)
+                    if (q != root) b->send(op.peer(q), op.slot(), 0, bytes);
+                for (int q = 0; q < world_size(); ++q)
+                    if (q != root && !op.wait_send(b, q)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+            }
+            op.done();
+            return Status::Ok();
+        });
+    }
+
+    Status gather_pieces(const std::vector<Piece> &mine, const std::vector<std::vector<Piece>> &theirs,
+                         int root) override {
+        SX_TRY(check_pieces_args(*this, "gather_pieces", theirs, root));
+        return run("gather_pieces", [&](OpScope &op) { return exchange_pieces(op, root, mine, theirs, true); });
+    }
+
+    Status scatter_pieces(const std::vector<std::vector<Piece>> &theirs, const std::vector<Piece> &mine,
+                          int root) override {
+        SX_TRY(check_pieces_args(*this, "scatter_pieces", theirs, root));
+        return run("scatter_pieces", [&](OpScope &op) { return exchange_pieces(op, root, mine, theirs, false); });
+    }
+
+    Status barrier() override {
+        uint64_t one = 1;
+        return all_reduce("barrier", &one, 1, &gloo::max<uint64_t>);
+    }
+
+    // The channel's own waits only: the transport and the other channels go on.
+    void abort() override {
+        if (aborted_.exchange(true)) return;
+        in_flight_.abort_waits();
+        log(SX_LOG_INFO, "sx: rank %d: channel %llu aborted", rank_, static_cast<unsigned long long>(id_));
+    }
+
+  private:
+    void expire() override {
+        timed_out_.store(true);
+        in_flight_.abort_waits();
+    }
+
+    // Gathers to rank 0, which combines in rank order and sends the result back: the
+    // same bits on every rank.
+    template <class T>
+    Status all_reduce(const char *what, T *data, size_t n, Reduce reduce) {
+        if (n == 0) return usable(what);
+        SX_CHECK_ARG(data != nullptr, "%s: data must not be NULL", what);
+        return run(what, [&](OpScope &op) {
+            const size_t bytes = n * sizeof(T), others = static_cast<size_t>(world_size() - 1);
+            UnboundBuffer *mine = op.buffer(data, bytes);
+            if (rank_ != 0) {
+                mine->send(op.peer(0), op.slot(), 0, bytes);
+                if (!op.wait_send(mine, 0)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+                mine->recv(op.peer(0), op.slot(), 0, bytes);
+                if (!op.wait_recv(mine, 0)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+                op.done();
+                return Status::Ok();
+            }
+            std::vector<T> theirs(others * n);
+            UnboundBuffer *in = op.buffer(theirs.data(), others * bytes);
+            for (size_t q = 1; q <= others; ++q) in->recv(op.peer(static_cast<int>(q)), op.slot(), (q - 1) * bytes, bytes);
+            for (size_t q = 1; q <= others; ++q)
+                if (!op.wait_recv(in, -1)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+            for (size_t q = 1; q <= others; ++q) reduce(data, data, theirs.data() + (q - 1) * n, n);
+            for (size_t q = 1; q <= others; ++q) mine->send(op.peer(static_cast<int>(q)), op.slot(), 0, bytes);
+            for (size_t q = 1; q <= others; ++q)
+                if (!op.wait_send(mine, static_cast<int>(q))) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+            op.done();
+            return Status::Ok();
+        });
+    }
+
+    // Every collective: fail fast if unusable; the call's slot, deadline and timer; what
+    // Gloo threw, as a Status (a comm failure fails the whole transport).
+    template <class Body>
+    Status run(const char *what, Body body) {
+        SX_TRY(usable(what));
+        count_collective();
+        SigpipeBlock no_sigpipe;
+        const Clock::time_point start = Clock::now(), deadline = start + timeout_;
+        const uint64_t slot = kChannelSlotPrefix | ((id_ & kIdMask) << kCallBits) | (++calls_ & kCallMask);
+        waiting_for_.store(-1);
+        timed_out_.store(false);
+        channels_->watch(this, deadline);
+        Status s;
+        bool broken = false;
+        try {
+            OpScope op(channels_->context(), in_flight_, slot, deadline, &waiting_for_, ranks_, rank_, grace_);
+            s = body(op);
+        } catch (const std::exception &e) {
+            s = SX_ERROR(mentions_timeout(e.what()) ? SX_ERR_TIMEOUT : SX_ERR_COMM,
+                         "%s failed on rank %d of %d: a peer died or a connection of the context broke%s: gloo: %s",
+                         what, rank_, world_size(), peer_waited_for().c_str(), e.what());
+            broken = true;
+        } catch (...) {
+            s = SX_ERROR(SX_ERR_COMM, "%s failed on rank %d of %d: unknown exception from Gloo", what, rank_,
+                         world_size());
+            broken = true;
+        }
+        channels_->unwatch(this);
+        if (!s.ok() && aborted_.load()) {
+            s = SX_ERROR(SX_ERR_ABORTED, "%s was aborted (abort() was called)", what);
+        } else if (!s.ok() && !broken && timed_out_.load()) {
+            s = SX_ERROR(SX_ERR_TIMEOUT, "%s timed out on rank %d of %d (timeout %lld ms)%s", what, rank_,
+                         world_size(), static_cast<long long>(timeout_.count()), peer_waited_for().c_str());
+        }
+        if (!s.ok()) {
+            failure_.record(s);
+            if (broken) channels_->fail(s);
+        }
+        return s;
+    }
+
+    std::string peer_waited_for() const {
+        const int q = waiting_for_.load();
+        if (q < 0 || q >= world_size() || q == rank_) return "";
+        return format("; it was waiting for its rank %d (rank %d of the context)", q, ranks_[static_cast<size_t>(q)]);
+    }
+
+    Status usable(const char *what) {
+        if (aborted_.load()) return SX_ERROR(SX_ERR_ABORTED, "%s: the communicator was aborted", what);
+        SX_TRY(failure_.check(what));
+        return channels_->usable(what);
+    }
+
+    const std::shared_ptr<GlooChannels> channels_;
+    const uint64_t id_;
+    const std::vector<int> ranks_;  // channel rank -> the context's rank
+    const int rank_;
+    const Millis timeout_, grace_;
+    const size_t rs_segment_bytes_, ag_segment_bytes_;
+    InFlight in_flight_;
+    uint64_t calls_ = 0;                // only the calling thread touches it
+    std::atomic<int> waiting_for_{-1};  // the channel rank the call in flight waits on
+    std::atomic<bool> timed_out_{false}, aborted_{false};
+    FailureLatch failure_;
+};
+
+}  // namespace
+
+GlooChannels::GlooChannels(std::shared_ptr<gloo::rendezvous::Context> context, std::shared_ptr<rdzv::Store> store)
+    : context_(std::move(context)), store_(std::move(store)) {
+    timer_ = std::thread([this] {
+        // Nothing unwinds out of it (a wait or an abort that threw would end the process).
+        Status s = catching([&] {
+            run_timer();
+            return Status::Ok();
+        });
+        if (!s.ok()) log(SX_LOG_ERROR, "sx: the context's channel timer stopped: %s", s.message().c_str());
+    });
+}
+
+GlooChannels::~GlooChannels() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    timer_.join();
+}
+
+void GlooChannels::fail(const Status &why) {
+    if (!failure_.record(Status(why).prefix("the context's Gloo transport failed: "))) return;
+    SigpipeBlock no_sigpipe;
+    try {
+        context_->closeConnections();  // every channel's waits, here and at the peers, fail now
+    } catch (...) {
+    }
+}
+
+void GlooChannels::watch(Watched *w, Clock::time_point deadline) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        watched_[w] = deadline;
+    }
+    cv_.notify_all();
+}
+
+void GlooChannels::unwatch(Watched *w) {
+    std::lock_guard<std::mutex> lock(mu_);
+    watched_.erase(w);
+}
+
+void GlooChannels::run_timer() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+        Clock::time_point next = Clock::time_point::max();
+        const Clock::time_point now = Clock::now();
+        for (auto it = watched_.begin(); it != watched_.end();) {
+            if (it->second <= now) {
+                it->first->expire();
+                it = watched_.erase(it);
+            } else {
+                next = std::min(next, it->second);
+                ++it;
+            }
+        }
+        if (next == Clock::time_point::max()) {
+            cv_.wait(lock);
+        } else {
+            cv_.wait_until(lock, next);
+        }
+    }
+}
+
+Status open_gloo_channels(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
+                          std::shared_ptr<GlooChannels> *out) {
+    std::shared_ptr<gloo::rendezvous::Context> context;
+    SX_TRY(connect_gloo_mesh(store, rank, world_size, options, &context));
+    // Its timer thread may not start (std::system_error): the context is not made.
+    return catching([&] {
+        *out = std::make_shared<GlooChannels>(std::move(context), std::move(store));
+        return Status::Ok();
+    });
+}
+
+int64_t gloo_channels_open(const GlooChannels &channels) { return channels.open.load(); }
+
+// The channel's rank 0 takes an id from the context's counter and names it with the
+// channel's ranks ("id r0 r1 ..."); the others read it.
+Status create_gloo_channel(const std::shared_ptr<GlooChannels> &channels, std::shared_ptr<rdzv::Store> store, int rank,
+                           int world_size, const GlooOptions &options, std::unique_ptr<Communicator> *out) {
+    SX_CHECK_ARG(channels != nullptr && store != nullptr, "create_gloo_channel: channels and store must not be NULL");
+    SX_CHECK_ARG(world_size >= 1 && world_size <= channels->world_size() && rank >= 0 && rank < world_size,
+                 "rank %d is not in [0, world_size %d), or the channel has more ranks than its context's %d", rank,
+                 world_size, channels->world_size());
+    SX_TRY(channels->usable("a new channel"));
+    const Clock::time_point deadline =
+        options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
+    SX_TRY(store->set(format("gloo-channel/rank/%d", rank), std::to_string(channels->rank())));
+    std::string named;
+    if (rank == 0) {
+        std::ostringstream text;
+        int64_t id = 0;
+        SX_TRY(channels->store().add("gloo-channels", 1, &id));
+        SX_CHECK(static_cast<uint64_t>(id) <= kIdMask, SX_ERR_UNSUPPORTED,
+                 "the context has made %lld channels, the most its Gloo slots can tell apart: make a new context",
+                 static_cast<long long>(id));
+        text << id;
+        for (int q = 0; q < world_size; ++q) {
+            std::string theirs;
+            SX_TRY(store->get(format("gloo-channel/rank/%d", q), &theirs, time_left(deadline)));
+            text << ' ' << theirs;
+        }
+        named = text.str();
+        SX_TRY(store->set("gloo-channel", named));
+    } else {
+        SX_TRY(store->get("gloo-channel", &named, time_left(deadline)));
+    }
+    std::istringstream in(named);
+    uint64_t id = 0;
+    in >> id;
+    std::vector<int> ranks(static_cast<size_t>(world_size), -1);
+    for (int &r : ranks) in >> r;
+    SX_CHECK(in && ranks[static_cast<size_t>(rank)] == channels->rank(), SX_ERR_INTERNAL,
+             "the channel's ranks '%s' do not place this rank (%d of the context) at %d", named.c_str(),
+             channels->rank(), rank);
+    out->reset(new GlooChannel(channels, id, std::move(ranks), rank, options));
+    return Status::Ok();
+}
+
+}  // namespace comm
+}  // namespace sx

@@ -1,0 +1,110 @@
+// Channels on a context's one Gloo full mesh (sx_context.h): where a context's ranks span
+// hosts (or may not share memory), it connects Gloo's TCP mesh once, and every
+// communicator of its groups is a channel on it. A channel connects nothing: its rank 0
+// takes an id from the context's counter in the store and names it, with the channel's
+// ranks (channel rank -> the context's rank), through the channel's own key space.
+//
+// Slots. Every operation of a channel is on a slot of its own namespace:
+//   bits 56-63  0x55, a prefix no Gloo algorithm and no non-context sx communicator uses;
+//   bits 28-55  the channel's id (28 bits: a context refuses its 2^28-th channel, so two
+//               channels, live or gone, never share an id);
+//   bits  0-27  the channel's call counter, which wraps after 2^28 calls: a channel's
+//               calls run one after another, so the call it meets again is long done.
+// Gloo matches sends and receives per pair and slot, so no channel's call ever meets
+// another's, in whatever order the groups' threads run them.
+//
+// Gloo's own algorithms (allreduce, broadcast, barrier) run over the whole context and
+// ignore aborted waits, so a channel has its own, over its ranks, on UnboundBuffers: the
+// small all-reduce gathers to the channel's rank 0, which combines in rank order and
+// sends the result back (every rank gets the same bits); broadcast sends from the root
+// to each rank; barrier is a one-word all-reduce. The ring reduce-scatter and all-gather
+// (ring.h) take the channel's ranks.
+//
+// Concurrency: Gloo's TCP context lets threads create unbound buffers and post sends and
+// receives on them at once (each pair serialises its operations under its own lock; a
+// buffer's waits are under the buffer's); every call of a channel uses buffers of its own.
+//
+// Failures:
+//  - a Gloo exception (a peer died, a connection broke) means the shared transport is
+//    broken: the channel closes every connection of the context, so that every channel of
+//    every group fails at its next wait (SX_ERR_COMM), peers too, and no new channel opens;
+//  - a call that passes its timeout fails its channel alone (SX_ERR_TIMEOUT): the context's
+//    timer aborts that call's waits (Gloo's own timeout, which would fail every pair, is
+//    set later by a grace). Its peers in the call fail alike at their own deadlines;
+//  - abort() aborts the channel's own waits and leaves the transport alone.
+// A call ended early leaves the connections open: Gloo drops a destroyed buffer's
+// pending operations (it holds buffers by weak pointers) and never touches its memory.
+#pragma once
+
+#include <gloo/rendezvous/context.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "comm/communicator.h"
+
+namespace sx {
+namespace comm {
+
+// Connects `world_size` ranks' Gloo full mesh through `store` (keys under "gloo/" of it)
+// by options.deadline (or options.timeout from now): the connection every Gloo
+// communicator and every context's GlooChannels makes.
+Status connect_gloo_mesh(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
+                         std::shared_ptr<gloo::rendezvous::Context> *out);
+
+// The communicator of a channel on `channels` over `world_size` of the context's ranks
+// (any of them, `rank` among them), agreed through `store` (the channel's own key space),
+// by options.deadline. SX_ERR_COMM once the context's transport has failed.
+Status create_gloo_channel(const std::shared_ptr<GlooChannels> &channels, std::shared_ptr<rdzv::Store> store, int rank,
+                           int world_size, const GlooOptions &options, std::unique_ptr<Communicator> *out);
+
+class GlooChannels {
+  public:
+    // What the timer aborts at a deadline (a channel's call in flight).
+    class Watched {
+      public:
+        virtual void expire() = 0;  // under the timer's lock: the watched must still be alive
+
+      protected:
+        ~Watched() = default;
+    };
+
+    GlooChannels(std::shared_ptr<gloo::rendezvous::Context> context, std::shared_ptr<rdzv::Store> store);
+    ~GlooChannels();  // stops the timer; the context, going, closes every pair
+    GlooChannels(const GlooChannels &) = delete;
+    GlooChannels &operator=(const GlooChannels &) = delete;
+
+    gloo::Context &context() { return *context_; }
+    int rank() const { return context_->rank; }
+    int world_size() const { return context_->size; }
+    rdzv::Store &store() { return *store_; }
+
+    // A comm failure of any channel: every connection of the context is closed, once.
+    void fail(const Status &why);
+    Status usable(const char *what) const { return failure_.check(what); }
+
+    // w's call must end by `deadline`, else w->expire() runs (on the timer's thread).
+    void watch(Watched *w, Clock::time_point deadline);
+    void unwatch(Watched *w);  // after it, expire() is neither running nor to come
+
+    std::atomic<int64_t> open{0};
+
+  private:
+    void run_timer();
+
+    std::shared_ptr<gloo::rendezvous::Context> context_;
+    std::shared_ptr<rdzv::Store> store_;
+    FailureLatch failure_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::map<Watched *, Clock::time_point> watched_;  // under mu_
+    bool stop_ = false;                              // under mu_
+    std::thread timer_;
+};
+
+}  // namespace comm
+}  // namespace sx

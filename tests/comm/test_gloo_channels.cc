@@ -1,0 +1,124 @@
+// Channels on a context's one Gloo mesh (comm/gloo/channels.h), ranks as threads over
+// local://:
+//  - channels over all 5 ranks and over subsets ({4, 3, 1} in small segments, {2, 0}: a
+//    rank map), each
+//    run from a thread of its own at once on every rank, pass every collective check;
+//  - a channel whose call passes its timeout fails alone (SX_ERR_TIMEOUT), as does one
+//    aborted in a call: the other channels go on, and new ones open.
+#include <memory>
+#include <thread>
+
+#include "collective_checks.h"
+#include "comm/gloo/channels.h"
+#include "rdzv/rendezvous.h"
+#include "rdzv/stores.h"
+#include "run_ranks.h"
+#include "sx_cmocka.h"
+
+using sx::Millis;
+using sx::Status;
+using sx::comm::Communicator;
+
+namespace {
+
+// Rank r's store on `url`, and its context's channels.
+Status open_context(const std::string &url, int r, int p, std::shared_ptr<sx::rdzv::Store> *store,
+                    std::shared_ptr<sx::comm::GlooChannels> *out) {
+    sx::rdzv::Rendezvous rv;
+    SX_TRY(sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv));
+    SX_TRY(sx::rdzv::open_store(rv, Millis(20000), store));
+    sx::comm::GlooOptions o;
+    o.bind_address = "127.0.0.1";
+    o.timeout = Millis(20000);
+    return sx::comm::open_gloo_channels(sx::rdzv::make_prefix_store(*store, "context/"), r, p, o, out);
+}
+
+// The channel `name` over `ranks` (the context's, in channel order), or null where this
+// rank is not one of them.
+Status channel(const std::shared_ptr<sx::comm::GlooChannels> &ch, const std::shared_ptr<sx::rdzv::Store> &store,
+               const std::string &name, const std::vector<int> &ranks, Millis timeout,
+               std::unique_ptr<Communicator> *out, size_t segment_bytes = 0) {
+    int mine = -1;
+    for (size_t i = 0; i < ranks.size(); ++i)
+        if (ranks[i] == ch->rank()) mine = static_cast<int>(i);
+    if (mine < 0) return Status::Ok();
+    sx::comm::GlooOptions o;
+    o.timeout = timeout;
+    o.segment_bytes = segment_bytes;
+    return sx::comm::create_gloo_channel(ch, sx::rdzv::make_prefix_store(store, name + "/"), mine,
+                                         static_cast<int>(ranks.size()), o, out);
+}
+
+void test_channels_at_once(void **) {
+    const int world = 5;
+    const std::vector<std::vector<int>> groups = {{0, 1, 2, 3, 4}, {4, 3, 1}, {2, 0}};
+    const std::string err = sxtest::run_ranks(world, [&](int r) -> std::string {
+        std::shared_ptr<sx::rdzv::Store> store;
+        std::shared_ptr<sx::comm::GlooChannels> ch;
+        Status s = open_context("local://gloo-channels-at-once", r, world, &store, &ch);
+        if (!s.ok()) return "context: " + s.message();
+        std::vector<std::unique_ptr<Communicator>> comms(groups.size());
+        for (size_t g = 0; g < groups.size(); ++g) {
+            s = channel(ch, store, "c" + std::to_string(g), groups[g], Millis(30000), &comms[g], g == 1 ? 65536 : 0);
+            if (!s.ok()) return "channel " + std::to_string(g) + ": " + s.message();
+        }
+        std::vector<std::string> errs(groups.size());
+        std::vector<std::thread> threads;
+        for (size_t g = 0; g < groups.size(); ++g)
+            if (comms[g]) threads.emplace_back([&, g] { errs[g] = sxtest::check_all_collectives(*comms[g]); });
+        for (auto &t : threads) t.join();
+        for (size_t g = 0; g < groups.size(); ++g)
+            if (!errs[g].empty()) return "channel " + std::to_string(g) + ": " + errs[g];
+        if (sx::comm::gloo_channels_open(*ch) != 2)  // every rank is in 2 of the 3
+            return "channels open: " + std::to_string(sx::comm::gloo_channels_open(*ch));
+        return "";
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
+// Channel "late": rank 1 never calls, so rank 0's all-reduce times out; channel "gone":
+// rank 1 waits in a barrier that rank 0 never joins, aborted from another thread. Channel
+// "on" goes on through both, and a new channel opens after.
+void test_a_channels_failure_stays_in_it(void **) {
+    const int world = 2;
+    const std::string err = sxtest::run_ranks(world, [&](int r) -> std::string {
+        std::shared_ptr<sx::rdzv::Store> store;
+        std::shared_ptr<sx::comm::GlooChannels> ch;
+        Status s = open_context("local://gloo-channels-failure", r, world, &store, &ch);
+        if (!s.ok()) return "context: " + s.message();
+        std::unique_ptr<Communicator> late, gone, on, after;
+        if (!(s = channel(ch, store, "late", {0, 1}, Millis(500), &late)).ok()) return s.message();
+        if (!(s = channel(ch, store, "gone", {0, 1}, Millis(30000), &gone)).ok()) return s.message();
+        if (!(s = channel(ch, store, "on", {0, 1}, Millis(30000), &on)).ok()) return s.message();
+        std::string e;
+        if (r == 0) {
+            double v = 1;
+            s = late->all_reduce_sum(&v, 1);
+            if (s.code() != SX_ERR_TIMEOUT) return "the late channel gave " + s.message();
+        } else {
+            std::thread aborter([&] {
+                std::this_thread::sleep_for(Millis(300));
+                gone->abort();
+            });
+            s = gone->barrier();
+            aborter.join();
+            if (s.code() != SX_ERR_ABORTED) return "the aborted channel gave " + s.message();
+        }
+        if (!(e = sxtest::check_all_reduce(*on, 1000)).empty()) return "after: " + e;
+        if (!(e = sxtest::check_reduce_scatter(*on, 1000, false)).empty()) return "after: " + e;
+        if (!(s = channel(ch, store, "after", {1, 0}, Millis(30000), &after)).ok()) return "a new channel: " + s.message();
+        if (!(e = sxtest::check_all_gather(*after, 333, 3)).empty()) return "new channel: " + e;
+        return "";
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
+}  // namespace
+
+int main() {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_channels_at_once),
+        cmocka_unit_test(test_a_channels_failure_stays_in_it),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
