@@ -91,7 +91,7 @@ echo "== ThreadSanitizer build: the shared-memory transport, the pool and the ag
 # and as processes, riders, a hierarchy of hosts), the pool, and groups that agree and step
 # over shared memory, and tenants of one context stepping at once. Not with ASan (the two
 # exclude each other).
-tsan_tests=(test_comm_shm test_thread_pool test_call_headers test_context)
+tsan_tests=(test_comm_shm test_thread_pool test_call_headers test_context test_comm_gloo_channels)
 cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DSX_TSAN=ON -DSX_SANITIZE=OFF -DSX_BUILD_TESTS=ON \
   -DSX_BUILD_BENCH=OFF -DSX_BUILD_SAMPLES=OFF \
   -DSX_BUILD_BINDINGS=OFF -DSX_WITH_CUDA=OFF > /dev/null

@@ -111,37 +111,48 @@ Status Units::check_stochastic_round() const {
     return Status::Ok();
 }
 
+Units::UnitBuffers Units::buffers_of(const UnitLayout &ul) const {
+    UnitBuffers b;
+    const ParamSpec &first = (*table_.params)[ul.params[0]];
+    b.dtype = first.dtype;
+    b.stochastic_round = (*table_.groups)[first.group].hyper.bf16_stochastic_round;
+    b.grad_dtype = settings_.grad_dtype ? settings_.grad_dtype : b.dtype;
+    const uint64_t dsize = dtype_size(b.dtype);
+    // Stage 3 keeps this rank's shard of the params; the whole exists only while gathered.
+    b.params = (settings_.stage == 3 ? ul.shard_numel : ul.padded_numel) * dsize;
+    b.grads = ul.padded_numel * dtype_size(b.grad_dtype);
+    // Offloaded, every unit's fp32 values are on the host (the masters), the 16-bit ones'
+    // rounded params beside them. (No masters for bf16_stochastic_round units, offloaded
+    // or not: their bf16 params are their values.)
+    b.has_master = !b.stochastic_round && (b.dtype != SX_DTYPE_F32 || settings_.offload);
+    b.master = b.has_master ? ul.shard_numel * sizeof(float) : 0;
+    b.has_host_params = b.dtype != SX_DTYPE_F32 && settings_.offload && !own_on_host();
+    b.host_params = b.has_host_params ? ul.shard_numel * dsize : 0;
+    return b;
+}
+
 Status Units::allocate(const Layout &layout, size_t first, std::vector<Unit> *added) const {
     added->resize(layout.units().size() - first);
     for (size_t k = 0; k < added->size(); ++k) {
         const UnitLayout &ul = layout.units()[first + k];
         Unit &unit = (*added)[k];
-        unit.dtype = (*table_.params)[ul.params[0]].dtype;
-        unit.stochastic_round = (*table_.groups)[(*table_.params)[ul.params[0]].group].hyper.bf16_stochastic_round;
-        unit.grad_dtype = settings_.grad_dtype ? settings_.grad_dtype : unit.dtype;
         // Elements are bounded (2^62 per param) but a unit's byte size may still not fit
         // in 64 bits; wrapped around, it would allocate a tiny buffer behind a huge view.
         SX_CHECK(ul.padded_numel <= SIZE_MAX / sizeof(float), SX_ERR_OUT_OF_MEMORY,
                  "unit %d holds %llu elements, more bytes than this machine can address", ul.unit_id,
                  static_cast<unsigned long long>(ul.padded_numel));
-        // Stage 3 keeps this rank's shard of the params; the whole exists only while gathered.
+        const UnitBuffers b = buffers_of(ul);
+        unit.dtype = b.dtype;
+        unit.stochastic_round = b.stochastic_round;
+        unit.grad_dtype = b.grad_dtype;
         if (settings_.stage == 3)
-            SX_TRY((own_on_host() ? state_ops_ : ops_)
-                       ->allocate(ul.shard_numel * dtype_size(unit.dtype), "a param shard", &unit.own));
+            SX_TRY((own_on_host() ? state_ops_ : ops_)->allocate(b.params, "a param shard", &unit.own));
         else
-            SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.dtype), "a flat param buffer", &unit.params, false,
-                                  settings_.exchanged));
-        SX_TRY(ops_->allocate(ul.padded_numel * dtype_size(unit.grad_dtype), "a flat grad buffer", &unit.grads, false,
-                              settings_.exchanged));
-        // Offloaded, every unit's fp32 values are on the host (the masters), the 16-bit
-        // ones' rounded params beside them.
-        // (None for bf16_stochastic_round units, offloaded or not: their bf16 params are
-        // their values.)
-        if (!unit.stochastic_round && (unit.dtype != SX_DTYPE_F32 || settings_.offload))
-            SX_TRY(state_ops_->allocate(ul.shard_numel * sizeof(float), "fp32 master weights", &unit.master));
-        if (unit.dtype != SX_DTYPE_F32 && settings_.offload && !own_on_host())
-            SX_TRY(state_ops_->allocate(ul.shard_numel * dtype_size(unit.dtype), "the params' shard on the host",
-                                        &unit.host_params));
+            SX_TRY(ops_->allocate(b.params, "a flat param buffer", &unit.params, false, settings_.exchanged));
+        SX_TRY(ops_->allocate(b.grads, "a flat grad buffer", &unit.grads, false, settings_.exchanged));
+        if (b.has_master) SX_TRY(state_ops_->allocate(b.master, "fp32 master weights", &unit.master));
+        if (b.has_host_params)
+            SX_TRY(state_ops_->allocate(b.host_params, "the params' shard on the host", &unit.host_params));
     }
     return Status::Ok();
 }
@@ -150,13 +161,7 @@ uint64_t Units::planned_bytes(const Layout &layout, size_t first, const std::vec
     uint64_t total = 0;
     for (size_t u = first; u < layout.units().size(); ++u) {
         const UnitLayout &ul = layout.units()[u];
-        const ParamSpec &p0 = (*table_.params)[ul.params[0]];
-        const bool sr = (*table_.groups)[p0.group].hyper.bf16_stochastic_round;
-        const uint64_t dsize = dtype_size(p0.dtype);
-        total += (settings_.stage == 3 ? ul.shard_numel : ul.padded_numel) * dsize;
-        total += ul.padded_numel * dtype_size(settings_.grad_dtype ? settings_.grad_dtype : p0.dtype);
-        if (!sr && (p0.dtype != SX_DTYPE_F32 || settings_.offload)) total += ul.shard_numel * sizeof(float);
-        if (p0.dtype != SX_DTYPE_F32 && settings_.offload && !own_on_host()) total += ul.shard_numel * dsize;
+        total += buffers_of(ul).total();
         int slots = 0;
         for (int32_t p : ul.params) {
             if (static_cast<size_t>(p) >= trainable.size() || !trainable[p]) continue;

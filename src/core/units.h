@@ -141,6 +141,20 @@ class Units {
     // (trainable[p]) would take for those units: what a context's budget is asked for
     // before anything is allocated.
     uint64_t planned_bytes(const Layout &layout, size_t first, const std::vector<uint8_t> &trainable) const;
+    // The buffers allocate() makes for a unit and their bytes, from its first param: the
+    // one place their sizes and presence are decided.
+    struct UnitBuffers {
+        int32_t dtype = 0, grad_dtype = 0;
+        bool stochastic_round = false;
+        uint64_t params = 0;       // the flat params (stages 1-2) or this rank's shard (stage 3)
+        uint64_t grads = 0;        // the flat gradients
+        bool has_master = false;   // fp32 masters of this rank's shard ...
+        uint64_t master = 0;       // ... of these bytes
+        bool has_host_params = false;  // offloaded: the 16-bit params' shard on the host ...
+        uint64_t host_params = 0;      // ... of these bytes
+        uint64_t total() const { return params + grads + master + host_params; }
+    };
+    UnitBuffers buffers_of(const UnitLayout &ul) const;
     void append(std::vector<Unit> *added);
     void truncate(size_t count) { units_.resize(count); }
 
