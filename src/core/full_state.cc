@@ -91,9 +91,7 @@ Status ShardGroup::state_view(int32_t param, const char *tensor, StateViewOut *o
     if (it == all.end() || (scale && it->slot < 0))
         return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "param '%s' has no tensor '%s'; its optimizer state holds: %s",
                         spec.name.c_str(), tensor, view_names(all, state == SX_STATE_8BIT).c_str());
-    // (An offloaded bf16_stochastic_round unit's values: its params' copy on the host.)
-    const bool stale = unit.stochastic_round ? units_.offloaded() && !unit.host_valid : !unit.master_valid;
-    if (it->slot < 0 && stale) {
+    if (it->slot < 0 && !unit.values_valid) {
         // The masters are fixed now, from the params, as the first step would: what the
         // view shows is current, and what is written into it is what the step takes.
         SX_TRY(ops_->wait_for(nullptr));

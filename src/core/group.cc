@@ -621,11 +621,11 @@ Status ShardGroup::broadcast_params(int root) {
     }
     if (config_.stage == 3) return broadcast_gathered(root);
     if (mesh_.world_size() == 1) {
-        for (Unit &u : units_) u.master_valid = u.host_valid = false;
+        for (Unit &u : units_) u.values_valid = false;
         return Status::Ok();
     }
     for (Unit &u : units_) {
-        u.master_valid = u.host_valid = false;  // the next step takes the masters from the new values
+        u.values_valid = false;  // the next step takes the masters from the new values
         Status s = mesh_.world().broadcast(u.params.data(), u.params.size(), root);
         if (!s.ok()) return fail(s);
     }
@@ -721,7 +721,7 @@ Status ShardGroup::broadcast_gathered(int root) {
         Status s = units_.own_on_host() ? ops_->to_host(unit.own.data(), mine, S * es)
                                         : ops_->copy(unit.own.data(), mine, S * es);
         if (!s.ok()) return fail(s);
-        unit.master_valid = false;  // the next step takes the masters from the new values
+        unit.values_valid = false;  // the next step takes the masters from the new values
     }
     return Status::Ok();
 }

@@ -360,7 +360,6 @@ void Units::drop_checkpoint_copies() {
     for (Unit &unit : units_)
         if (unit.stochastic_round && !unit.master.empty()) {
             unit.master = Buffer();
-            unit.master_valid = false;
         }
 }
 
@@ -370,18 +369,16 @@ Status Units::ensure_master(size_t u, bool checkpoint) {
     if (unit.stochastic_round) {
         // Offloaded at stages 1-2, the host's copy of the params is taken from the device
         // where the device's are newer (the host's kernels update it, as the masters).
-        if (settings_.offload && !own_on_host() && !unit.host_valid) {
+        // Elsewhere the params themselves are the values the update takes.
+        if (settings_.offload && !own_on_host() && !unit.values_valid)
             SX_TRY(ops_->to_host(unit.host_params.data(), own_params(u), S * dtype_size(unit.dtype)));
-            unit.host_valid = true;
-        }
+        unit.values_valid = true;
         if (!checkpoint) return Status::Ok();
         if (unit.master.empty())
             SX_TRY(state_ops_->allocate(S * sizeof(float), "the fp32 values of bf16 params for a checkpoint", &unit.master));
-        SX_TRY(state_ops_->widen(unit.dtype, rounded_params(u), unit.master.as<float>(), S, false));
-        unit.master_valid = true;
-        return Status::Ok();
+        return state_ops_->widen(unit.dtype, rounded_params(u), unit.master.as<float>(), S, false);
     }
-    if (unit.master.empty() || unit.master_valid) return Status::Ok();
+    if (unit.master.empty() || unit.values_valid) return Status::Ok();
     if (!settings_.offload) {
         SX_TRY(ops_->widen(unit.dtype, own_params16(u), unit.master.as<float>(), S, false));
     } else if (own_on_host()) {
@@ -395,7 +392,7 @@ Status Units::ensure_master(size_t u, bool checkpoint) {
         SX_TRY(ops_->to_host(unit.host_params.data(), own_params(u), S * dtype_size(unit.dtype)));
         SX_TRY(state_ops_->widen(unit.dtype, unit.host_params.as<uint16_t>(), unit.master.as<float>(), S, false));
     }
-    unit.master_valid = true;
+    unit.values_valid = true;
     return Status::Ok();
 }
 
@@ -405,7 +402,7 @@ Status Units::masters_to_params() {
         const uint64_t S = table_.layout->units()[u].shard_numel;
         // An offloaded bf16_stochastic_round unit without a checkpoint's copy: its params
         // on the host (which a restore may have written) go to the device as they are.
-        if (unit.master.empty() && unit.stochastic_round && settings_.offload && unit.host_valid) {
+        if (unit.master.empty() && unit.stochastic_round && settings_.offload && unit.values_valid) {
             SX_TRY(upload(u, 0, S));
             SX_TRY(wait_params(u));
         }
@@ -419,8 +416,7 @@ Status Units::masters_to_params() {
             SX_TRY(upload(u, 0, S));
             SX_TRY(wait_params(u));  // the params are gathered next, on the device
         }
-        unit.master_valid = true;
-        unit.host_valid = true;
+        unit.values_valid = true;
     }
     return Status::Ok();
 }

@@ -40,11 +40,13 @@ class Units {
         // Offloaded, their values are on the host as every offloaded unit's are (`own` at
         // stage 3, `host_params` at stages 1-2), where the host's kernels update them.
         bool stochastic_round = false;
-        bool master_valid = false;  // master holds the current values
-        // Offloaded bf16_stochastic_round units at stages 1-2: host_params holds the
-        // current params (false: the device's are newer, and are copied down before the
-        // host reads them; what master_valid is to the masters of other units).
-        bool host_valid = false;
+        // The state side's copy of the values is current: the masters, or for an offloaded
+        // bf16_stochastic_round unit at stages 1-2 (no masters) host_params, which the
+        // host's kernels update. False: the device's params are newer (the trainer wrote
+        // them, or a broadcast did), and the next step or state view takes them first.
+        // A bf16_stochastic_round unit's checkpoint copy in `master` is taken afresh at
+        // every save and never counts.
+        bool values_valid = false;
         // Stage 2, or 16-bit grads: this rank's shard of the reduced (and accumulated)
         // gradients in fp32.
         Buffer accum;
