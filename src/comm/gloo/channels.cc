@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "base/log.h"
 #include "base/sigpipe.h"
@@ -22,6 +23,10 @@ constexpr int kIdBits = 28, kCallBits = 28;
 constexpr uint64_t kIdMask = (1ull << kIdBits) - 1, kCallMask = (1ull << kCallBits) - 1;
 
 using Reduce = void (*)(void *, const void *, const void *, size_t);
+
+// From this size a float all-reduce goes round the ring (ring_all_reduce); below it,
+// where latency and not bandwidth counts, it gathers to rank 0 in one round trip.
+constexpr size_t kRingAllReduceBytes = 64 << 10;
 
 class GlooChannel final : public Communicator, private GlooChannels::Watched {
   public:
@@ -76,7 +81,9 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
         return all_reduce("all_reduce_max", data, n, &gloo::max<uint64_t>);
     }
     Status all_reduce_sum_f32(float *data, size_t n) override {
-        return all_reduce("all_reduce_sum_f32", data, n, &gloo::sum<float>);
+        if (n * sizeof(float) < kRingAllReduceBytes || world_size() == 1)
+            return all_reduce("all_reduce_sum_f32", data, n, &gloo::sum<float>);
+        return ring_all_reduce(data, n);
     }
 
     Status broadcast(void *data, size_t bytes, int root) override {
@@ -158,6 +165,30 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
             op.done();
             return Status::Ok();
         });
+    }
+
+    // A large float all-reduce (a mesh's replica all-reduce of a unit's shard, a trainer's
+    // sx_all_reduce): the ring's reduce-scatter, then its all-gather, so that every rank
+    // sends and receives 2 (P-1)/P of the data and none gathers all of it. Each part is
+    // summed once, in its ring order, by the rank that owns it: the same bits on every rank.
+    // Data not divisible into P equal parts is staged through a zero-padded copy.
+    Status ring_all_reduce(float *data, size_t n) {
+        SX_CHECK_ARG(data != nullptr, "all_reduce_sum_f32: data must not be NULL");
+        const size_t P = static_cast<size_t>(world_size()), shard = (n + P - 1) / P;
+        std::vector<float> padded;
+        float *whole = data;
+        if (shard * P != n) {
+            padded.assign(shard * P, 0.0f);
+            std::copy(data, data + n, padded.begin());
+            whole = padded.data();
+        }
+        SX_TRY(run("all_reduce_sum_f32", [&](OpScope &op) {
+            SX_TRY(ring_reduce_scatter(op, whole, shard, whole + static_cast<size_t>(rank_) * shard, false,
+                                       rs_segment_bytes_ / sizeof(float)));
+            return ring_all_gather(op, reinterpret_cast<char *>(whole), shard * sizeof(float), ag_segment_bytes_);
+        }));
+        if (whole != data) std::copy(padded.begin(), padded.begin() + static_cast<std::ptrdiff_t>(n), data);
+        return Status::Ok();
     }
 
     // Every collective: fail fast if unusable; the call's slot, deadline and timer; what

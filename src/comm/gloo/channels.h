@@ -16,7 +16,8 @@
 // Gloo's own algorithms (allreduce, broadcast, barrier) run over the whole context and
 // ignore aborted waits, so a channel has its own, over its ranks, on UnboundBuffers: the
 // small all-reduce gathers to the channel's rank 0, which combines in rank order and
-// sends the result back (every rank gets the same bits); broadcast sends from the root
+// sends the result back (every rank gets the same bits), a float one of 64 KiB or more is
+// the ring's reduce-scatter then all-gather; broadcast sends from the root
 // to each rank; barrier is a one-word all-reduce. The ring reduce-scatter and all-gather
 // (ring.h) take the channel's ranks.
 //
