@@ -93,21 +93,45 @@ Status Context::claim(const std::string &name, std::string *key_space) {
     SX_CHECK_ARG(valid_name(name),
                  "the group's name '%s' in its context must be 1 to 128 letters, digits, '-', '_' or '.'",
                  name.c_str());
+    forget_released();
     std::lock_guard<std::mutex> lock(mu_);
     SX_CHECK(!closed_, SX_ERR_INVALID_STATE,
              "the context was destroyed (sx_destroy_context): no group may be made in it any more");
-    SX_CHECK(live_.insert(name).second, SX_ERR_INVALID_STATE,
+    SX_CHECK(live_.count(name) == 0, SX_ERR_INVALID_STATE,
              "a live group of the context is named '%s' already: each group of a context has a name of its own",
              name.c_str());
     const int64_t n = made_[name]++;
     ++created_;
     *key_space = format("groups/%s/%lld/", name.c_str(), static_cast<long long>(n));
+    live_[name] = *key_space;
     return Status::Ok();
 }
 
-void Context::release(const std::string &name) {
+void Context::release(const std::string &name, bool erasable) {
     std::lock_guard<std::mutex> lock(mu_);
-    live_.erase(name);
+    auto it = live_.find(name);
+    if (it == live_.end()) return;
+    if (erasable) released_.push_back(it->second);
+    live_.erase(it);
+}
+
+// Each gone group's key space: this rank counts itself out ("__sx/left"), and the last of
+// the context's ranks to do so erases the space. A request that fails leaves the keys
+// where they are (the claim that follows meets the store's trouble itself).
+void Context::forget_released() {
+    std::vector<std::string> gone;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        gone.swap(released_);
+    }
+    for (const std::string &space : gone) {
+        int64_t left = 0;
+        Status s = store_->add(space + "__sx/left", 1, &left);
+        if (s.ok() && left == base_.world_size) s = store_->erase_prefix(space);
+        if (!s.ok())
+            log(SX_LOG_DEBUG, "sx: rank %d: the keys of a gone group stay in the store (%s): %s", base_.rank,
+                space.c_str(), s.message().c_str());
+    }
 }
 
 void Context::close() {

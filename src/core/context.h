@@ -11,7 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
+#include <vector>
 #include <string>
 
 #include "base/status.h"
@@ -52,8 +52,12 @@ class Context {
     // store ("groups/NAME/N/": N counts the groups of that name so far, alike on every rank
     // that makes and destroys its groups in the same order, so that no group reads what an
     // earlier one of its name left). Any thread.
+    // Before it claims, it erases what groups gone since the last claim left in the store
+    // (forget_released).
     Status claim(const std::string &name, std::string *key_space);
-    void release(const std::string &name);  // the group went; any thread
+    // The group went; any thread. `erasable`: its key space may be erased once every rank's
+    // group of that name has gone (false where a regroup of it may still use the space).
+    void release(const std::string &name, bool erasable);
     // The handle went: no group may join from now on. Any thread.
     void close();
 
@@ -67,6 +71,7 @@ class Context {
   private:
     Context() = default;
     static Status open_gloo(Context &c, const std::shared_ptr<rdzv::Store> &own, Clock::time_point deadline);
+    void forget_released();
     GroupConfig base_;
     std::shared_ptr<rdzv::Store> store_;
     std::shared_ptr<optim::ThreadPool> pool_;
@@ -76,7 +81,13 @@ class Context {
 
     mutable std::mutex mu_;
     std::map<std::string, int64_t> made_;  // under mu_: per name, groups made so far
-    std::set<std::string> live_;           // under mu_: names of live groups
+    std::map<std::string, std::string> live_;  // under mu_: live groups' names and key spaces
+    // Under mu_: the key spaces of gone groups, which this rank has not yet counted itself
+    // out of. A release makes no request to the store (it may come when the store's server
+    // is gone or stalled, as the last thing a process does); the next claim, which talks to
+    // the store anyway, counts this rank out of each, and the last rank erases it: a
+    // context's store lives as long as the context, which a service keeps for its life.
+    std::vector<std::string> released_;
     int64_t created_ = 0;                  // under mu_
     bool closed_ = false;                  // under mu_
 };

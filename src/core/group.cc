@@ -277,7 +277,7 @@ Status ShardGroup::create_in_context(const GroupConfig &cfg, std::unique_ptr<Sha
                         },
                         &g);
     if (!s.ok()) {
-        ctx->release(cfg.name);
+        ctx->release(cfg.name, true);
         return s;
     }
     // A regroup's rendezvous lies in the group's key space too; its group is made out of the
@@ -415,7 +415,8 @@ ShardGroup::~ShardGroup() {
         Status s = tracer_->flush();
         if (!s.ok()) log(SX_LOG_WARN, "sx: rank %d: %s", mesh_.rank(), s.message().c_str());
     }
-    if (config_.context) config_.context->release(config_.name);
+    // A group a regroup was tried from may have a successor on its key space (lineage.h).
+    if (config_.context) config_.context->release(config_.name, lineage_.attempted_epoch == 0);
 }
 
 // A regroup's new group (lineage.h): assembled like create's, on the store the regroup

@@ -36,8 +36,8 @@ class Store {
     virtual Status check(const std::vector<std::string> &keys, bool *present) = 0;
     // Removes key if present.
     virtual Status erase(const std::string &key) = 0;
-    // Removes every key that begins with `prefix`. Stores whose keys die with them
-    // anyway (TCP: with rank 0's server) answer SX_ERR_UNSUPPORTED.
+    // Removes every key that begins with `prefix`. A store that cannot answers
+    // SX_ERR_UNSUPPORTED (the default).
     virtual Status erase_prefix(const std::string &prefix);
     // Whether the ranks that the waits on this store are for are still there, for waits
     // outside the store (a socket a peer should connect to): a watched store asks its

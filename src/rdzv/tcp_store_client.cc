@@ -101,6 +101,12 @@ class TcpStoreClient final : public Store {
                     key);
     }
 
+    Status erase_prefix(const std::string &prefix) override {
+        std::string reply;
+        return call(wire::Writer().u8(wire::kErasePrefix).str(prefix).frame(), deadline(timeout_), true, &reply,
+                    "erase the keys under", prefix);
+    }
+
     // From now on only server instance `id` is acceptable.
     void pin(uint64_t id) {
         std::lock_guard<std::mutex> lock(mu_);

@@ -267,20 +267,25 @@ bool StoreCore::handle(StorePeer *p, const std::string &body) {
         transport_->send(p, wire::Writer().u8(wire::kOk).u8(all_present(keys) ? 1 : 0).frame());
         return true;
     }
-    case wire::kErase: {
-        std::string key = r.str();
-        if (!r.done()) return false;
-        auto it = data_.find(key);
-        if (it != data_.end()) {
-            stored_bytes_ -= it->first.size() + it->second.size();
-            data_.erase(it);
-        }
-        transport_->send(p, wire::Writer().u8(wire::kOk).frame());
-        return true;
-    }
+    case wire::kErase:
+    case wire::kErasePrefix:
+        return handle_erase(p, r, op == wire::kErasePrefix);
     default:
         return false;
     }
+}
+
+// ERASE (the key) and ERASE_PREFIX (every key that begins with it); false if malformed.
+bool StoreCore::handle_erase(StorePeer *p, wire::Reader &r, bool prefix) {
+    const std::string key = r.str();
+    if (!r.done()) return false;
+    auto it = prefix ? data_.lower_bound(key) : data_.find(key);
+    while (it != data_.end() && it->first.compare(0, key.size(), key) == 0 && (prefix || it->first == key)) {
+        stored_bytes_ -= it->first.size() + it->second.size();
+        it = data_.erase(it);
+    }
+    transport_->send(p, wire::Writer().u8(wire::kOk).frame());
+    return true;
 }
 
 // Answers p's held request if its keys are all present; otherwise (re)registers p as a

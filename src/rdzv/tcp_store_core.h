@@ -99,6 +99,7 @@ class StoreCore {
     bool handle(StorePeer *p, const std::string &body);
     bool handle_hello(StorePeer *p, wire::Reader &r);
     bool handle_auth(StorePeer *p, wire::Reader &r);
+    bool handle_erase(StorePeer *p, wire::Reader &r, bool prefix);
     bool store(StorePeer *p, const std::string &key, std::string value);
     bool all_present(const std::vector<std::string> &keys) const;
     bool examine(StorePeer *p);

@@ -13,6 +13,7 @@
 //     ADD    key i64 delta       -> i64 new value
 //     CHECK  u32 n, n keys       -> u8 all present
 //     ERASE  key                 -> (nothing)
+//     ERASE_PREFIX prefix        -> (nothing)    (every key that begins with prefix)
 //   reply body: u8 status (0 ok, 1 error), then the op's result, or a string message.
 // A client has at most one request outstanding per connection; the server holds GET and
 // WAIT without a deadline: the client enforces timeouts by closing the connection.
@@ -34,7 +35,7 @@ namespace sx {
 namespace rdzv {
 namespace wire {
 
-enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kWait = 4, kAdd = 5, kCheck = 6, kErase = 7, kAuth = 8 };
+enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kWait = 4, kAdd = 5, kCheck = 6, kErase = 7, kAuth = 8, kErasePrefix = 9 };
 enum Reply : uint8_t { kOk = 0, kError = 1 };
 
 // Frames larger than this are refused. The largest value sx writes is Gloo's list of a

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "process_ranks.h"
+#include "rdzv/stores.h"
 #include "run_ranks.h"
 #include "sx_cmocka.h"
 #include "view_values.h"
@@ -406,6 +407,48 @@ void test_names_and_lifetime(void **) {
     if (!err.empty()) fail_msg("%s", err.c_str());
 }
 
+// A gone group's keys leave the context's store: once both ranks' group "a" went, the
+// next group made in the context erases them (each rank counts itself out, the last
+// erases), and the live group's stay.
+void test_gone_groups_keys_are_erased(void **) {
+    const int world = 2;
+    const std::string name = "ctx-keys-" + std::to_string(::getpid());
+    std::shared_ptr<sx::rdzv::Store> raw = sx::rdzv::open_local_store(name);  // the context's, in this process
+    auto present = [&](const std::string &key) {
+        bool p = false;
+        return raw->check({"g1/" + key}, &p).ok() && p;
+    };
+    std::atomic<int> stage{0};
+    const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
+        sx_status_t st;
+        sx_context_t *ctx = make_context("local://" + name, rank, world, 0, &st);
+        if (!ctx) return failed("context", st);
+        {
+            Tenant a;
+            a.rank = rank;
+            if ((st = a.create(ctx, "", "a")) != SX_OK) return failed("create a", st);
+            std::string e = a.train(1);
+            if (!e.empty()) return e;
+            if (!present("groups/a/0/__sx/said/" + std::to_string(rank))) return "group a's keys are not where expected";
+        }
+        Tenant b;
+        b.rank = rank;
+        if ((st = b.create(ctx, "", "b")) != SX_OK) return failed("create b", st);
+        std::string e = b.train(1);
+        if (!e.empty()) return e;
+        // Both ranks made b: both counted themselves out of a first.
+        stage.fetch_add(1);
+        while (stage.load() < world) std::this_thread::yield();
+        for (int r = 0; r < world; ++r)
+            if (present("groups/a/0/__sx/said/" + std::to_string(r))) return "a gone group's keys stayed";
+        if (present("groups/a/0/__sx/left")) return "a gone group's count of leavers stayed";
+        if (!present("groups/b/0/__sx/said/" + std::to_string(rank))) return "the live group's keys went";
+        sx_destroy_context(ctx);
+        return "";
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
 // ----------------------------------------------------------------------------------
 // Processes over tcp://
 
@@ -553,6 +596,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_a_tenants_failure_stays_in_it_on_gloo_channels),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_names_and_lifetime),
+        cmocka_unit_test(test_gone_groups_keys_are_erased),
         cmocka_unit_test(test_processes),
         cmocka_unit_test(test_a_peers_death_fails_every_tenant),
         cmocka_unit_test(test_every_tenant_regroups),

@@ -1,6 +1,6 @@
 // The rendezvous stores (local://, file://, tcp://) through open_store: the Store
-// contract, timeouts, concurrent adds, fresh key spaces for successive groups, and
-// the TCP store's restart and port cases.
+// contract, timeouts, concurrent adds, fresh key spaces for successive groups,
+// erase_prefix, and the TCP store's restart and port cases.
 #include <netdb.h>
 #include <sys/socket.h>
 
@@ -81,6 +81,25 @@ void test_concurrent_adds_tcp(void **) { check(sxtest::check_concurrent_adds, Ki
 void test_fresh_key_spaces_local(void **) { check(sxtest::check_fresh_key_spaces, Kind::kLocal); }
 void test_fresh_key_spaces_file(void **) { check(sxtest::check_fresh_key_spaces, Kind::kFile); }
 void test_fresh_key_spaces_tcp(void **) { check(sxtest::check_fresh_key_spaces, Kind::kTcp); }
+
+// erase_prefix removes the keys under a prefix and only those (a context erases a gone
+// group's key space so: core/context.h).
+void check_erase_prefix(Kind kind) {
+    Url url(kind);
+    std::vector<std::shared_ptr<Store>> base = open_group(url.text, 3);
+    ASSERT_OK(base[0]->set("x/a/1", "1"));
+    ASSERT_OK(base[1]->set("x/ab", "2"));
+    ASSERT_OK(base[2]->erase_prefix("x/a/"));
+    bool present = true;
+    ASSERT_OK(base[0]->check({"x/a/1"}, &present));
+    assert_false(present);
+    ASSERT_OK(base[0]->check({"x/ab"}, &present));
+    assert_true(present);
+}
+
+void test_erase_prefix_local(void **) { check_erase_prefix(Kind::kLocal); }
+void test_erase_prefix_file(void **) { check_erase_prefix(Kind::kFile); }
+void test_erase_prefix_tcp(void **) { check_erase_prefix(Kind::kTcp); }
 
 // file://: a group's keys are removed when its last rank leaves, not before.
 void test_file_cleanup_when_last_rank_leaves(void **) {
@@ -232,6 +251,9 @@ int main() {
         cmocka_unit_test(test_fresh_key_spaces_local),
         cmocka_unit_test(test_fresh_key_spaces_file),
         cmocka_unit_test(test_fresh_key_spaces_tcp),
+        cmocka_unit_test(test_erase_prefix_local),
+        cmocka_unit_test(test_erase_prefix_file),
+        cmocka_unit_test(test_erase_prefix_tcp),
         cmocka_unit_test(test_file_cleanup_when_last_rank_leaves),
         cmocka_unit_test(test_local_store_is_released),
         cmocka_unit_test(test_tcp_rank_reaches_old_server),
