@@ -200,6 +200,7 @@ sx_shard_group_t *make_sgd_group(const char *section, const std::string &url, in
                                  int prefetch, int shard_size, int units, int64_t unit_numel,
                                  int32_t transport = SX_TRANSPORT_AUTO);
 int section_mesh(const Options &opt);
+int section_norm_domain(const Options &opt);
 int section_packed(const Options &opt);
 int mesh_rank_main(int argc, char **argv);
 int section_shm(const Options &opt);

@@ -41,6 +41,8 @@
 //                 exchange; Newton-Schulz and the ordered product against torch's
 //   context       groups made in a context (sx_context.h) vs groups of their own: the time to
 //                 make one (the 100th of a context's), and 8 tenants stepping at once
+//   norm_domain   TP=2 x DP=2 groups joined to a norm domain (sx_step.h) vs the same groups
+//                 alone, clipping: time per step, collectives per step, the domain's bytes
 //   regroup       a rank of 4 SIGKILLed: the survivors' sx_regroup and first step against
 //                 a restart of 3 new processes loading the same checkpoint, flat and 2 x 2
 //   hosts         (builds with the tests; root) a step of 16 Mi fp32 AdamW at 2 hosts x 2
@@ -110,6 +112,7 @@ const Section kSections[] = {
     {"cache_step", section_cache_step},
     {"regroup", section_regroup},
     {"context", section_context},
+    {"norm_domain", section_norm_domain},
 #ifdef SX_BENCH_NETLAB
     {"hosts", section_hosts},
 #endif

@@ -703,6 +703,38 @@ type Param struct {
 	ParamGroup int32
 	Unit       int32
 	Frozen     bool
+	// Placement in a model the trainer splits itself (docs/model-parallel.md); the zero
+	// value is PlacementWhole. PlacementSplit: the piece [SplitOffset, SplitOffset +
+	// Shape[SplitDim]) on dimension SplitDim of a logical tensor of GlobalShape.
+	// PlacementReplicated: copy Replica of Replicas identical copies (copy 0 alone
+	// counts in a norm domain's gradient norm).
+	Placement   Placement
+	GlobalShape []int64
+	SplitDim    int32
+	SplitOffset int64
+	Replica     int32
+	Replicas    int32
+}
+
+// Placement of a param (Param.Placement).
+type Placement int32
+
+const (
+	PlacementWhole      Placement = C.SX_PLACEMENT_WHOLE
+	PlacementReplicated Placement = C.SX_PLACEMENT_REPLICATED
+	PlacementSplit      Placement = C.SX_PLACEMENT_SPLIT
+)
+
+// cInt64s copies v into C memory (nil for an empty v), which the caller frees.
+func cInt64s(v []int64) *C.int64_t {
+	if len(v) == 0 {
+		return nil
+	}
+	out := (*C.int64_t)(C.malloc(C.size_t(8 * len(v))))
+	for i, x := range v {
+		unsafe.Slice(out, len(v))[i] = C.int64_t(x)
+	}
+	return out
 }
 
 // AddParam registers a param and returns its index. After Finalize (between steps), a
@@ -722,18 +754,20 @@ func (g *ShardGroup) AddParam(p Param) (int32, error) {
 	d.name = name
 	d.ndim = C.int32_t(len(p.Shape))
 	d.dtype = C.int32_t(p.Dtype)
-	if len(p.Shape) > 0 {
-		// In C memory: d is Go memory passed to C and may not hold Go pointers.
-		shape := (*C.int64_t)(C.malloc(C.size_t(8 * len(p.Shape))))
-		defer C.free(unsafe.Pointer(shape))
-		for i, v := range p.Shape {
-			unsafe.Slice(shape, len(p.Shape))[i] = C.int64_t(v)
-		}
-		d.shape = shape
-	}
+	// In C memory: d is Go memory passed to C and may not hold Go pointers.
+	shape, global := cInt64s(p.Shape), cInt64s(p.GlobalShape)
+	defer C.free(unsafe.Pointer(shape))
+	defer C.free(unsafe.Pointer(global))
+	d.shape = shape
 	d.param_group = C.int32_t(p.ParamGroup)
 	d.unit = C.int32_t(p.Unit)
 	d.frozen = cbool(p.Frozen)
+	d.placement = C.int32_t(p.Placement)
+	d.global_shape = global
+	d.split_dim = C.int32_t(p.SplitDim)
+	d.split_offset = C.int64_t(p.SplitOffset)
+	d.replica = C.int32_t(p.Replica)
+	d.replicas = C.int32_t(p.Replicas)
 	var index C.int32_t = -1
 	err := g.do(func(raw *C.sx_shard_group_t) C.sx_status_t { return C.sx_add_param(raw, &d, &index) })
 	return int32(index), err

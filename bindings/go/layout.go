@@ -124,6 +124,12 @@ func cLayouts() []structLayout {
 			f("unit", unsafe.Offsetof(pd.unit), unsafe.Sizeof(pd.unit)),
 			f("frozen", unsafe.Offsetof(pd.frozen), unsafe.Sizeof(pd.frozen)),
 			f("reserved0", unsafe.Offsetof(pd.reserved0), unsafe.Sizeof(pd.reserved0)),
+			f("placement", unsafe.Offsetof(pd.placement), unsafe.Sizeof(pd.placement)),
+			f("split_dim", unsafe.Offsetof(pd.split_dim), unsafe.Sizeof(pd.split_dim)),
+			f("global_shape", unsafe.Offsetof(pd.global_shape), unsafe.Sizeof(pd.global_shape)),
+			f("split_offset", unsafe.Offsetof(pd.split_offset), unsafe.Sizeof(pd.split_offset)),
+			f("replica", unsafe.Offsetof(pd.replica), unsafe.Sizeof(pd.replica)),
+			f("replicas", unsafe.Offsetof(pd.replicas), unsafe.Sizeof(pd.replicas)),
 		}},
 		{"sx_view_t", unsafe.Sizeof(v), unsafe.Alignof(v), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(v.struct_size), unsafe.Sizeof(v.struct_size)),

@@ -119,8 +119,10 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_NONFINITE_ERROR": int64(NonFiniteError),
 		"SX_REDUCE_SUM":      int64(ReduceSum), "SX_REDUCE_MEAN": int64(ReduceMean), "SX_REDUCE_MAX": int64(ReduceMax),
 		"SX_REDUCE_MIN": int64(ReduceMin), "SX_MAX_ALL_REDUCE": MaxAllReduce,
-		"SX_PREFETCH_NONE":  int64(PrefetchNone),
-		"SX_TRANSPORT_AUTO": int64(TransportAuto), "SX_TRANSPORT_TCP": int64(TransportTCP),
+		"SX_PREFETCH_NONE":   int64(PrefetchNone),
+		"SX_PLACEMENT_WHOLE": int64(PlacementWhole), "SX_PLACEMENT_REPLICATED": int64(PlacementReplicated),
+		"SX_PLACEMENT_SPLIT": int64(PlacementSplit),
+		"SX_TRANSPORT_AUTO":  int64(TransportAuto), "SX_TRANSPORT_TCP": int64(TransportTCP),
 	}
 	for name, v := range ours {
 		w, ok := l.Constants[name]

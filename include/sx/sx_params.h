@@ -219,7 +219,31 @@ typedef struct sx_param_desc {
     int32_t unit;          /* >= 0; params of one unit share one flat buffer */
     int32_t frozen;        /* 0 = trainable (default), 1 = frozen */
     int32_t reserved0;
+    /* Placement (1.7; docs/model-parallel.md): where the param sits in a model the
+     * trainer splits itself across model-parallel slices (tensor-parallel ranks, pipeline
+     * stages), each slice a group of its own. SX_PLACEMENT_* (0 = SX_PLACEMENT_WHOLE: the
+     * param is the whole logical tensor, as before). The fields below are those of the
+     * placement named; the others must be 0 (NULL). */
+    int32_t placement;
+    /* SX_PLACEMENT_SPLIT: the dimension the logical tensor is split on, 0..ndim-1. */
+    int32_t split_dim;
+    /* SX_PLACEMENT_SPLIT: the logical tensor's ndim extents (copied): those of `shape`
+     * but on split_dim, where it is at least shape[split_dim]. */
+    const int64_t *global_shape;
+    /* SX_PLACEMENT_SPLIT: this piece's first index on split_dim; the piece
+     * [split_offset, split_offset + shape[split_dim]) lies within global_shape[split_dim]. */
+    int64_t split_offset;
+    /* SX_PLACEMENT_REPLICATED: this copy's index among the `replicas` identical copies
+     * (0..replicas-1), and their number (>= 1). In a norm domain (sx_step.h) copy 0
+     * alone adds the param's gradient to the norm, so that it counts once. */
+    int32_t replica;
+    int32_t replicas;
 } sx_param_desc_t;
+
+/* sx_param_desc_t.placement (1.7). */
+#define SX_PLACEMENT_WHOLE 0      /* the whole logical tensor (the default) */
+#define SX_PLACEMENT_REPLICATED 1 /* one of `replicas` identical copies (a layer norm on every tensor-parallel rank) */
+#define SX_PLACEMENT_SPLIT 2      /* a piece of a larger logical tensor (Megatron's column- or row-parallel weight) */
 
 SX_API sx_status_t sx_param_desc_init(sx_param_desc_t *desc, size_t size);
 

@@ -122,6 +122,62 @@ SX_API sx_status_t sx_step(sx_shard_group_t *group, const sx_step_options_t *opt
                            sx_step_result_t *result);
 
 /* ---------------------------------------------------------------------------------
+ * Norm domains (1.7; docs/model-parallel.md)
+ *
+ * A trainer that splits its model itself (tensor-parallel ranks, pipeline stages) runs one
+ * group per model-parallel slice: the data-parallel ranks of that slice. Each group's
+ * gradient norm would then be its slice's alone. A norm domain joins the groups of every
+ * slice so that sx_step's gradient norm (clipping and result->grad_norm), its non-finite
+ * check and the loss scale's skip and backoff are decided over all of them: every rank
+ * of every group gets the same bits, and skips the same steps.
+ *
+ * Every process of the domain (all slices' ranks: TP x PP x DP of them) makes the domain,
+ * collectively, as it makes a group: from an sx_group_config_t whose rendezvous, rank,
+ * world_size, timeout_ms, transport (or context and name) say how the domain's ranks meet
+ * (only the fields that say how ranks meet are read; a context must hold all of them).
+ * Then each joins its group (sx_join_norm_domain, collective over the domain) with the
+ * index of its slice. From then on each sx_step of the group sums its shard's squares
+ * (a param declared SX_PLACEMENT_REPLICATED counts on its copy 0 only, so a replicated
+ * param counts once) and makes one exchange over the domain (an all-gather of a few
+ * values per rank, in place of the group's own sum): the sum is taken in domain rank
+ * order on every rank. The norm is then always taken before the update (as
+ * SX_NONFINITE_SKIP does; without clipping, loss scaling or a non-finite policy a
+ * non-finite norm is still reported and not acted upon).
+ *
+ * Every group of the domain calls sx_step the same number of times, with the same
+ * max_grad_norm, nonfinite policy and loss scaling (mode and current scale); the exchange
+ * compares them and on a difference every rank of the domain skips the step (nothing
+ * changes, the gradients are dropped) and returns SX_ERR_MISMATCH naming the value and
+ * the ranks. A step that fails in one group before the exchange (a mismatch inside the
+ * group, a refused option) leaves the other groups waiting in it until the domain's
+ * timeout. options->weighted is refused (SX_ERR_UNSUPPORTED) in a domain. Why a domain
+ * and not a step that takes an outside sum: see docs/model-parallel.md.
+ * ------------------------------------------------------------------------------- */
+
+typedef struct sx_norm_domain sx_norm_domain_t;
+
+/* Creates this rank's handle of a norm domain over config's ranks and connects them.
+ * Collective over the domain's ranks: blocks until every rank has joined or
+ * config->timeout_ms passes. config is borrowed for the call. On success *out owns the
+ * handle; on failure *out is set to NULL. Errors as sx_create_shard_group's. */
+SX_API sx_status_t sx_create_norm_domain(const sx_group_config_t *config, sx_norm_domain_t **out);
+
+/* Releases the caller's handle; the domain lives on while a group joined to it does.
+ * Accepts NULL. Not collective. In a forked child the inherited handle is inert. */
+SX_API sx_status_t sx_destroy_norm_domain(sx_norm_domain_t *domain);
+
+/* Collective over the domain (every rank of it, each with its own group): joins `group`
+ * to `domain` as a part of model-parallel slice `slice` (0, 1, ...). Between steps (no
+ * micro-batch accumulated). The ranks check together that every slice 0..S-1 is joined
+ * by exactly its group's world size of ranks, each with a distinct rank in its group;
+ * else every rank returns SX_ERR_MISMATCH naming what differs and nothing is joined.
+ * Errors (on every rank, nothing joined): a group already in a domain, a domain that
+ * already has a group on this rank, slice < 0 (SX_ERR_INVALID_ARGUMENT or
+ * SX_ERR_INVALID_STATE, naming the rank). The group holds the domain until it is
+ * destroyed. One thread uses the group and the domain at a time. */
+SX_API sx_status_t sx_join_norm_domain(sx_shard_group_t *group, sx_norm_domain_t *domain, int32_t slice);
+
+/* ---------------------------------------------------------------------------------
  * Mixed precision
  *
  * A param registered with dtype SX_DTYPE_BF16 or SX_DTYPE_F16 has a 16-bit param view

@@ -123,6 +123,28 @@ Status in_context(const sx_group_config_t &c, sx::core::GroupConfig *g) {
 
 }  // namespace
 
+namespace sx {
+namespace api {
+
+Status create_core_group(const sx_group_config_t *config, std::unique_ptr<sx::core::ShardGroup> *out) {
+    sx_group_config_t c = default_config();
+    SX_TRY(sx::api::read_input(config, "config",
+                               offsetof(sx_group_config_t, rendezvous) + sizeof(char *), &c));
+    SX_CHECK_ARG(c.context != nullptr || (c.rendezvous != nullptr && c.rendezvous[0] != '\0'),
+                 "config->rendezvous is empty; expected local://NAME, tcp://HOST:PORT, "
+                 "file:///DIR or env://");
+    SX_CHECK_ARG(c.context != nullptr || c.name == nullptr || c.name[0] == '\0',
+                 "config->name '%s' is for a group made in a context, and config->context is NULL", c.name);
+    SX_CHECK_ARG(c.reserved1 == 0, "config->reserved1 is %d; it must be 0", c.reserved1);
+    sx::core::GroupConfig g;
+    SX_TRY(core_config(c, &g));
+    if (c.context) SX_TRY(in_context(c, &g));
+    return sx::core::ShardGroup::create(g, out);
+}
+
+}  // namespace api
+}  // namespace sx
+
 extern "C" {
 
 SX_API sx_status_t sx_group_config_init(sx_group_config_t *config, size_t size) {
@@ -137,20 +159,8 @@ SX_API sx_status_t sx_create_shard_group(const sx_group_config_t *config, sx_sha
     if (out) *out = nullptr;
     return guard(__func__, [&]() -> Status {
         SX_CHECK_ARG(out != nullptr, "out is NULL");
-        sx_group_config_t c = default_config();
-        SX_TRY(sx::api::read_input(config, "config",
-                                   offsetof(sx_group_config_t, rendezvous) + sizeof(char *), &c));
-        SX_CHECK_ARG(c.context != nullptr || (c.rendezvous != nullptr && c.rendezvous[0] != '\0'),
-                     "config->rendezvous is empty; expected local://NAME, tcp://HOST:PORT, "
-                     "file:///DIR or env://");
-        SX_CHECK_ARG(c.context != nullptr || c.name == nullptr || c.name[0] == '\0',
-                     "config->name '%s' is for a group made in a context, and config->context is NULL", c.name);
-        SX_CHECK_ARG(c.reserved1 == 0, "config->reserved1 is %d; it must be 0", c.reserved1);
-        sx::core::GroupConfig g;
-        SX_TRY(core_config(c, &g));
-        if (c.context) SX_TRY(in_context(c, &g));
         std::unique_ptr<sx::core::ShardGroup> impl;
-        SX_TRY(sx::core::ShardGroup::create(g, &impl));
+        SX_TRY(sx::api::create_core_group(config, &impl));
         std::unique_ptr<sx_shard_group> h(new sx_shard_group());
         h->magic = sx::api::kGroupMagic;
         h->owner = ::getpid();
@@ -313,8 +323,19 @@ SX_API sx_status_t sx_add_param(sx_shard_group_t *group, const sx_param_desc_t *
         SX_TRY(check_flag(d.frozen, "desc->frozen"));
         SX_CHECK_ARG(d.reserved0 == 0, "desc->reserved0 is %d; it must be 0", d.reserved0);
         SX_TRY(g->check_usable());
+        SX_CHECK_ARG(d.global_shape == nullptr || d.placement == SX_PLACEMENT_SPLIT,
+                     "desc->global_shape is for SX_PLACEMENT_SPLIT; it must be NULL for placement %d", d.placement);
+        sx::core::Placement placement;
+        placement.kind = d.placement;
+        placement.split_dim = d.split_dim;
+        // The extents are read only where the shape is sound (add_param checks it first).
+        if (d.global_shape != nullptr && d.ndim > 0 && d.ndim <= SX_MAX_NDIM)
+            placement.global_shape.assign(d.global_shape, d.global_shape + d.ndim);
+        placement.offset = d.split_offset;
+        placement.replica = d.replica;
+        placement.replicas = d.replicas;
         return g->table().add_param(d.name, d.ndim, d.shape, d.dtype, d.param_group, d.unit, d.frozen != 0,
-                                    index_out);
+                                    index_out, placement);
     });
 }
 

@@ -49,6 +49,7 @@ struct Forgotten {
     std::vector<std::unique_ptr<ckpt::Checkpointer>> checkpointers;
     std::vector<std::shared_ptr<ckpt::SaveFuture>> futures;
     std::vector<std::shared_ptr<core::Context>> contexts;
+    std::vector<std::shared_ptr<core::NormDomain>> domains;
 };
 
 Forgotten &forgotten() {
@@ -84,6 +85,22 @@ void forget_in_fork(std::shared_ptr<core::Context> context) {
     Forgotten &f = forgotten();
     std::lock_guard<std::mutex> lock(f.mu);
     if (context) f.contexts.push_back(std::move(context));
+}
+
+void forget_in_fork(std::shared_ptr<core::NormDomain> domain) {
+    Forgotten &f = forgotten();
+    std::lock_guard<std::mutex> lock(f.mu);
+    if (domain) f.domains.push_back(std::move(domain));
+}
+
+Status resolve_domain(const sx_norm_domain *h, std::shared_ptr<core::NormDomain> *out) {
+    SX_CHECK(h != nullptr, SX_ERR_INVALID_HANDLE, "domain is NULL");
+    SX_CHECK(handle_live(h) && h->magic == kDomainMagic && h->impl, SX_ERR_INVALID_HANDLE,
+             "domain %p is not a live sx norm domain (destroyed, or not from sx_create_norm_domain)",
+             static_cast<const void *>(h));
+    if (forked_from(h->owner)) return inert("norm domain", h, h->owner);
+    *out = h->impl;
+    return Status::Ok();
 }
 
 Status resolve_context(const sx_context *h, std::shared_ptr<core::Context> *out) {

@@ -12,6 +12,7 @@
 #include "ckpt/future.h"
 #include "core/context.h"
 #include "core/group.h"
+#include "core/norm_domain.h"
 
 struct sx_shard_group {
     uint64_t magic;
@@ -27,6 +28,12 @@ struct sx_context {
     std::shared_ptr<sx::core::Context> impl;  // its groups hold it too
 };
 
+struct sx_norm_domain {
+    uint64_t magic;
+    pid_t owner;  // as sx_shard_group's
+    std::shared_ptr<sx::core::NormDomain> impl;  // the groups joined to it hold it too
+};
+
 struct sx_future {
     uint64_t magic;
     pid_t owner;  // as sx_shard_group's
@@ -40,6 +47,7 @@ namespace api {
 constexpr uint64_t kGroupMagic = 0x5358475250303031ull;  // "SXGRP001"
 constexpr uint64_t kFutureMagic = 0x5358465554303031ull; // "SXFUT001"
 constexpr uint64_t kContextMagic = 0x5358435458303031ull; // "SXCTX001"
+constexpr uint64_t kDomainMagic = 0x53584e444d303031ull;  // "SXNDM001"
 
 void register_handle(const void *h);
 void unregister_handle(const void *h);
@@ -62,6 +70,12 @@ bool forked_from(pid_t owner);
 void forget_in_fork(std::unique_ptr<core::ShardGroup> group, std::unique_ptr<ckpt::Checkpointer> checkpointer);
 void forget_in_fork(std::shared_ptr<ckpt::SaveFuture> future);
 void forget_in_fork(std::shared_ptr<core::Context> context);
+void forget_in_fork(std::shared_ptr<core::NormDomain> domain);
+// *out = the norm domain behind `h`, as resolve_context.
+Status resolve_domain(const sx_norm_domain *h, std::shared_ptr<core::NormDomain> *out);
+// A group's core from the trainer's config (group_api.cc): sx_create_shard_group's, and a
+// norm domain's (which is a group with no params).
+Status create_core_group(const sx_group_config_t *config, std::unique_ptr<core::ShardGroup> *out);
 
 // The group's checkpointer, made at its first use (ckpt_api.cc).
 sx::ckpt::Checkpointer &checkpointer_of(sx_shard_group_t *group);

@@ -75,7 +75,8 @@ uint64_t encoded_size_bound(const Manifest &m) {
     bound += vector(m.params.size(), 4);
     bound += vector(m.file_indexes.size(), 4) + m.file_indexes.size() * table(4);
     for (const ParamEntry &p : m.params) {
-        bound += table(14) + string(p.name.size()) + vector(p.shape.size(), 8) + vector(p.tensors.size(), 4) +
+        bound += table(20) + string(p.name.size()) + vector(p.shape.size(), 8) + vector(p.global_shape.size(), 8) +
+                 vector(p.tensors.size(), 4) +
                  vector(p.row_var.size(), 4) + vector(p.col_var.size(), 4);
         for (const Tensor &t : p.tensors)
             bound += table(3) + vector(t.chunks.size(), 4) + t.chunks.size() * table(6);
@@ -101,9 +102,11 @@ Offset<fb::Param> build_param(FlatBufferBuilder &fbb, const ParamEntry &p) {
     const auto tensor_vector = fbb.CreateVector(tensors);
     const auto row_var = p.row_var.empty() ? 0 : fbb.CreateVector(p.row_var);
     const auto col_var = p.col_var.empty() ? 0 : fbb.CreateVector(p.col_var);
+    const auto global_shape = p.global_shape.empty() ? 0 : fbb.CreateVector(p.global_shape);
     return fb::CreateParam(fbb, name, shape, static_cast<fb::DType>(p.dtype), p.unit, p.param_group,
                            p.trainable, p.step, p.momentum_steps, tensor_vector, p.unit_offset, p.unit_shard_numel,
-                           p.mu_product, row_var, col_var);
+                           p.mu_product, row_var, col_var, p.placement, p.split_dim, global_shape, p.split_offset,
+                           p.replica, p.replicas);
 }
 
 // Reads the format version before anything else is verified: a later major may
@@ -233,6 +236,22 @@ class Reader {
         return Status::Ok();
     }
 
+    // The param's placement (0s where the file predates it: a whole param).
+    Status placement(const fb::Param &in, flatbuffers::uoffset_t i, ParamEntry *p) {
+        p->placement = in.placement();
+        p->split_dim = in.split_dim();
+        p->split_offset = in.split_offset();
+        p->replica = in.replica();
+        p->replicas = in.replicas();
+        const auto *global = in.global_shape();
+        if (!global) return Status::Ok();
+        SX_CHECK(global->size() == 0 || reinterpret_cast<uintptr_t>(global->data()) % alignof(int64_t) == 0,
+                 SX_ERR_CORRUPT, "manifest: param #%u: its global_shape vector is not 8-byte aligned", i);
+        SX_TRY(take(global->size() * sizeof(int64_t), format("param #%u's global_shape", i)));
+        p->global_shape.assign(global->begin(), global->end());
+        return Status::Ok();
+    }
+
     Status param(const fb::Param &in, flatbuffers::uoffset_t i, ParamEntry *p) {
         const flatbuffers::String *name = in.name();  // required: the verifier saw it
         SX_TRY(take(name->size(), format("param #%u's name", i)));
@@ -258,6 +277,7 @@ class Reader {
         p->mu_product = in.mu_product();
         p->unit_offset = in.unit_offset();
         p->unit_shard_numel = in.unit_shard_numel();
+        SX_TRY(placement(in, i, p));
         for (int which = 0; which < 2; ++which) {
             const auto *v = which == 0 ? in.row_var() : in.col_var();
             if (!v) continue;

@@ -114,6 +114,11 @@ struct ParamEntry {
     // its unit, whose shards were unit_shard_numel elements each; shard file q holds (at
     // most) its elements [q * S - unit_offset, (q + 1) * S - unit_offset). 0 in 1.x.
     uint64_t unit_offset = 0, unit_shard_numel = 0;
+    // Written since 1.7 (0 before: whole): the param's placement (sx_param_desc_t,
+    // SX_PLACEMENT_*) and its fields.
+    int32_t placement = 0, split_dim = 0, replica = 0, replicas = 0;
+    std::vector<int64_t> global_shape;
+    int64_t split_offset = 0;
     // Product of the extents (1 for a scalar); meaningful once validate() accepted it.
     uint64_t numel() const;
     // Elements of its tensor of `kind`: numel(), or its blocks for scales.

@@ -326,6 +326,19 @@ Status validate_factors(const ParamEntry &p, const ParamGroupEntry &group, const
     return Status::Ok();
 }
 
+// A param's placement (written since 1.7; whole in older files), by the rules
+// sx_add_param applies.
+Status validate_param_placement(const ParamEntry &p, const std::string &label) {
+    core::Placement at;
+    at.kind = p.placement;
+    at.split_dim = p.split_dim;
+    at.global_shape = p.global_shape;
+    at.offset = p.split_offset;
+    at.replica = p.replica;
+    at.replicas = p.replicas;
+    return as_corrupt(core::validate_placement(p.name.c_str(), p.shape, at), label);
+}
+
 Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents) {
     const ParamEntry &p = m.params[pi];
     const std::string label = param_label(pi, p);
@@ -347,6 +360,7 @@ Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents
              label.c_str(), static_cast<long long>(p.step), static_cast<long long>(p.momentum_steps));
     SX_CHECK(std::isfinite(p.mu_product) && p.mu_product >= 0.0f && p.mu_product <= 1.0f, SX_ERR_CORRUPT,
              "manifest: %s: mu_product %g is not in [0, 1]", label.c_str(), static_cast<double>(p.mu_product));
+    SX_TRY(validate_param_placement(p, label));
     // No param is updated more often than the group steps.
     SX_CHECK(static_cast<uint64_t>(p.step) <= m.step, SX_ERR_CORRUPT,
              "manifest: %s: step %lld is more than the checkpoint's %llu steps", label.c_str(),

@@ -177,6 +177,12 @@ Manifest skeleton_of(const core::ShardAccess &g, const core::ShardState &shard,
         e.mu_product = shard.progress.params[p].mu_product;
         e.row_var = shard.progress.params[p].row_var;
         e.col_var = shard.progress.params[p].col_var;
+        e.placement = spec.placement.kind;
+        e.split_dim = spec.placement.split_dim;
+        e.global_shape = spec.placement.global_shape;
+        e.split_offset = spec.placement.offset;
+        e.replica = spec.placement.replica;
+        e.replicas = spec.placement.replicas;
         const core::ParamPlacement &at = g.layout().placement(p);
         e.unit_offset = at.offset;
         e.unit_shard_numel = g.layout().units()[at.unit_index].shard_numel;

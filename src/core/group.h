@@ -109,6 +109,8 @@ class ShardGroup : public GroupParts {
     uint64_t reductions_run() const { return round_->reductions_run(); }  // any thread
     const std::vector<int32_t> &deferred_gather_order() const { return gathers_->deferred_order(); }
     Status set_loss_scaling(const LossScaling &s);  // resets the scale to s.init_scale
+    // Collective over the domain: joins it as model-parallel slice `slice` (norm_domain.cc).
+    Status join_norm_domain(std::shared_ptr<NormDomain> domain, int32_t slice);
 
     // --- whole params' optimizer state (whole_state.h), and this rank's part of it ---
     Status gather_state(int root, const StateFn &fn);   // collective

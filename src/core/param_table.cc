@@ -14,7 +14,7 @@ Status ParamTable::add_group(const optim::Hyper &hyper, int32_t *index) {
 }
 
 Status ParamTable::add_param(const char *name, int32_t ndim, const int64_t *shape, int32_t dtype, int32_t group,
-                             int32_t unit, bool frozen, int32_t *index) {
+                             int32_t unit, bool frozen, int32_t *index, const Placement &placement) {
     SX_TRY(validate_param_name(name));
     ParamSpec p;
     Status shaped = validate_shape(ndim, shape, &p.numel);
@@ -34,8 +34,10 @@ Status ParamTable::add_param(const char *name, int32_t ndim, const int64_t *shap
                      "param '%s': unit %d is laid out already, or precedes one that is; params added after "
                      "sx_finalize go in new units, with ids above %d (the largest laid out)",
                      name, unit, last_unit_);
-    p.name = name;
     p.shape.assign(shape, shape + ndim);
+    SX_TRY(validate_placement(name, p.shape, placement));
+    p.placement = placement;
+    p.name = name;
     p.dtype = dtype;
     p.group = group;
     p.unit = unit;

@@ -24,7 +24,7 @@ class ParamTable {
     Status add_group(const optim::Hyper &hyper, int32_t *index);
     // After sx_finalize, a param goes in a new unit, with an id above every laid-out one.
     Status add_param(const char *name, int32_t ndim, const int64_t *shape, int32_t dtype, int32_t group,
-                     int32_t unit, bool frozen, int32_t *index);
+                     int32_t unit, bool frozen, int32_t *index, const Placement &placement = Placement());
     Status get_hyperparameter(int32_t group, int32_t key, double *value) const;
     Status check_group(int32_t group) const;  // exists (SX_ERR_INVALID_ARGUMENT otherwise)
 

@@ -67,6 +67,57 @@ Status validate_shape(int32_t ndim, const int64_t *shape, uint64_t *numel) {
     return Status::Ok();
 }
 
+// A split piece: split_dim in range, global_shape equal to shape but on split_dim, and
+// the piece within the logical tensor there.
+static Status validate_split(const char *name, const std::vector<int64_t> &shape, const Placement &p) {
+    const int32_t ndim = static_cast<int32_t>(shape.size());
+    SX_CHECK_ARG(ndim >= 1, "param '%s': SX_PLACEMENT_SPLIT needs a dimension to split, and the param is a scalar",
+                 name);
+    SX_CHECK_ARG(p.split_dim >= 0 && p.split_dim < ndim, "param '%s': desc->split_dim %d is outside [0, %d)", name,
+                 p.split_dim, ndim);
+    SX_CHECK_ARG(static_cast<int32_t>(p.global_shape.size()) == ndim,
+                 "param '%s': desc->global_shape is NULL; SX_PLACEMENT_SPLIT needs the logical tensor's %d extents",
+                 name, ndim);
+    for (int32_t d = 0; d < ndim; ++d) {
+        if (d == p.split_dim) continue;
+        SX_CHECK_ARG(p.global_shape[d] == shape[d],
+                     "param '%s': desc->global_shape[%d] = %lld differs from shape[%d] = %lld; a piece split on "
+                     "dimension %d has the logical tensor's extent on every other dimension",
+                     name, d, static_cast<long long>(p.global_shape[d]), d, static_cast<long long>(shape[d]),
+                     p.split_dim);
+    }
+    const int64_t extent = shape[p.split_dim], global = p.global_shape[p.split_dim];
+    SX_CHECK_ARG(p.offset >= 0 && global >= extent && p.offset <= global - extent,
+                 "param '%s': the piece [%lld, %lld) on dimension %d does not fit in the logical tensor's extent "
+                 "%lld there (desc->split_offset %lld, shape[%d] = %lld, desc->global_shape[%d] = %lld)",
+                 name, static_cast<long long>(p.offset), static_cast<long long>(p.offset + extent), p.split_dim,
+                 static_cast<long long>(global), static_cast<long long>(p.offset), p.split_dim,
+                 static_cast<long long>(extent), p.split_dim, static_cast<long long>(global));
+    SX_CHECK_ARG(p.replica == 0 && p.replicas == 0,
+                 "param '%s': desc->replica and desc->replicas are for SX_PLACEMENT_REPLICATED; they must be 0 for "
+                 "SX_PLACEMENT_SPLIT", name);
+    return Status::Ok();
+}
+
+Status validate_placement(const char *name, const std::vector<int64_t> &shape, const Placement &p) {
+    SX_CHECK_ARG(p.kind >= SX_PLACEMENT_WHOLE && p.kind <= SX_PLACEMENT_SPLIT,
+                 "param '%s': desc->placement %d is not SX_PLACEMENT_WHOLE, _REPLICATED or _SPLIT", name, p.kind);
+    if (p.kind == SX_PLACEMENT_SPLIT) return validate_split(name, shape, p);
+    SX_CHECK_ARG(p.split_dim == 0 && p.global_shape.empty() && p.offset == 0,
+                 "param '%s': desc->split_dim, global_shape and split_offset are for SX_PLACEMENT_SPLIT; they must be "
+                 "0 (NULL) for placement %d", name, p.kind);
+    if (p.kind == SX_PLACEMENT_WHOLE) {
+        SX_CHECK_ARG(p.replica == 0 && p.replicas == 0,
+                     "param '%s': desc->replica and desc->replicas are for SX_PLACEMENT_REPLICATED; they must be 0 "
+                     "for SX_PLACEMENT_WHOLE", name);
+        return Status::Ok();
+    }
+    SX_CHECK_ARG(p.replicas >= 1 && p.replica >= 0 && p.replica < p.replicas,
+                 "param '%s': desc->replica %d is outside [0, desc->replicas = %d); SX_PLACEMENT_REPLICATED needs "
+                 "replicas >= 1 and 0 <= replica < replicas", name, p.replica, p.replicas);
+    return Status::Ok();
+}
+
 namespace {
 
 // A hyperparameter's value as a double (flags are 0 or 1).

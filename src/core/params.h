@@ -13,6 +13,24 @@
 namespace sx {
 namespace core {
 
+// Where a param sits in a model the trainer splits itself (sx_param_desc_t.placement,
+// docs/model-parallel.md): the whole logical tensor, one of `replicas` identical copies,
+// or the piece [offset, offset + shape[split_dim]) of a logical tensor of global_shape.
+struct Placement {
+    int32_t kind = SX_PLACEMENT_WHOLE;
+    int32_t split_dim = 0;
+    std::vector<int64_t> global_shape;  // SPLIT only
+    int64_t offset = 0;
+    int32_t replica = 0, replicas = 0;  // REPLICATED only
+    // Whether the param's gradient adds to a norm domain's sum of squares: every param but
+    // the copies of a replicated one other than copy 0.
+    bool counts_in_norm() const { return kind != SX_PLACEMENT_REPLICATED || replica == 0; }
+};
+
+// Checks a param's placement against its shape (`name` for the errors): each kind's
+// fields in range and the others 0, a piece within its logical tensor.
+Status validate_placement(const char *name, const std::vector<int64_t> &shape, const Placement &p);
+
 struct ParamSpec {
     std::string name;
     std::vector<int64_t> shape;
@@ -20,6 +38,7 @@ struct ParamSpec {
     int32_t group = 0;
     int32_t unit = 0;
     uint64_t numel = 1;
+    Placement placement;
     // Updates applied to this param (torch's per-param `step`); and, for SGD, updates
     // that used the momentum buffer (the first one initialises it from the gradient).
     int64_t step = 0;

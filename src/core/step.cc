@@ -274,6 +274,8 @@ Status Stepper::step(const StepOptions &options, StepResult *result) {
     SX_TRY(check_usable());
     SX_TRY(check_finalized());
     SX_TRY(check_step_options(options));
+    SX_CHECK(!(domain_ && options.weighted), SX_ERR_UNSUPPORTED,
+             "options->weighted: a group joined to a norm domain takes no weighted steps");
     SX_TRACE_SPAN(tracer(), "step", "sx_step");
     // The trainer's backward wrote the gradients on its stream. Waited for before anything
     // collective, so that a bad stream is this call's error alone and the group stays usable.
@@ -299,16 +301,16 @@ Status Stepper::step(const StepOptions &options, StepResult *result) {
     // Non-finite gradients are checked where the norm comes first: clipping and dynamic
     // loss scaling need it, and options.nonfinite may ask for it (docs: SX_NONFINITE_*).
     const bool checked = options.max_grad_norm > 0 || dynamic || options.nonfinite != SX_NONFINITE_DEFAULT;
-    const bool norm_first = have_sumsq || checked;
+    const bool norm_first = have_sumsq || checked || domain_;  // a norm domain's norm comes first
     double norm = 0.0, coef = 1.0;
     if (norm_first) {
-        if (!have_sumsq) SX_TRY(global_norm(&sumsq));
+        if (domain_) SX_TRY(domain_norm(options, &sumsq, result));  // docs/model-parallel.md
+        else if (!have_sumsq) SX_TRY(global_norm(&sumsq));
         // The sums are of the gradients times norm_scale(), as torch's norm of the averaged
         // gradients; a weighted step's average has the weights' sum for the rank count.
         norm = std::sqrt(sumsq);
         if (options.weighted) norm *= static_cast<double>(mesh_.world_size()) / weight_sum;
-        // Every rank saw the same sum, so every rank skips.
-        if (checked && !std::isfinite(norm)) return skip_nonfinite(options, norm, result);
+        if (checked && !std::isfinite(norm)) return skip_nonfinite(options, norm, result);  // the same sum everywhere
         coef = clip_coefficient(norm, options.max_grad_norm);
     }
 

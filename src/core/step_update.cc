@@ -2,11 +2,32 @@
 // segments updated in place and the double-buffered units of custom optimizers; and the
 // global norm of the gradients where the step needs it before the update.
 #include <algorithm>
+#include <cmath>
 
 #include "core/stepper.h"
 
 namespace sx {
 namespace core {
+namespace {
+
+// Every rank of a norm domain steps with the same loss scale (word 3), max_grad_norm (4),
+// loss scaling mode (5) and nonfinite policy (6); else SX_ERR_MISMATCH naming the first
+// rank that differs from rank 0.
+Status same_step_settings(const std::vector<double> &all, int me) {
+    static const char *const kWhat[] = {"", "", "", "loss scale", "options->max_grad_norm", "loss scaling mode",
+                                        "options->nonfinite"};
+    const size_t K = NormDomain::kWords;
+    for (size_t r = K; r < all.size(); r += K)
+        for (size_t w = 3; w <= 6; ++w)
+            SX_CHECK(all[r + w] == all[w] || (std::isnan(all[r + w]) && std::isnan(all[w])), SX_ERR_MISMATCH,
+                     "norm domain: the groups' steps differ: %s is %g on domain rank %zu and %g on domain rank 0 "
+                     "(this is domain rank %d); every group of a norm domain steps with the same max_grad_norm, "
+                     "nonfinite policy and loss scaling. The step was skipped on every rank of the domain",
+                     kWhat[w], all[r + w], r / K, all[w], me);
+    return Status::Ok();
+}
+
+}  // namespace
 
 // Segments updated in place: sx's kernels, and the functions of custom optimizers
 // registered SX_OPTIMIZER_IN_PLACE, whose failure fails the group (the step is half done),
@@ -124,6 +145,45 @@ Status Stepper::global_norm(double *sumsq) {
     return sum_over_ranks(local, sumsq);
 }
 
+// Collective over the norm domain (norm_domain.h): the sum of squares of every group's
+// reduced gradients (times each group's norm_scale()), each replicated param's on its copy
+// 0 alone, added in domain rank order on every rank; inf or NaN where any gradient of any
+// rank is, counted or not. The groups' options and loss scales are compared in the same
+// exchange: where they differ, the step is skipped on every rank of the domain (nothing
+// changes, the gradients go) and SX_ERR_MISMATCH says what differs.
+Status Stepper::domain_norm(const StepOptions &options, double *sumsq, StepResult *result) {
+    SX_TRACE_SPAN(tracer(), "step", "domain_norm");
+    double counted = 0.0, others = 0.0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+        double c = 0.0, o = 0.0;
+        Status s = units_.sum_of_squares(u, round_->reduced(u), norm_scale(), &c, &o);
+        if (!s.ok()) return fail(s);
+        counted += c;
+        others += o;
+    }
+    // A mesh's replica groups hold the same shards: the first one's ranks count them.
+    const bool counts = mesh_.replica_rank() == 0;
+    const NormDomain::Words mine = {NormDomain::kStep, counts ? counted : 0.0,
+                                    counts && !std::isfinite(others) ? others : 0.0, scaler_.scale(),
+                                    options.max_grad_norm, static_cast<double>(scaler_.settings().mode),
+                                    static_cast<double>(options.nonfinite), static_cast<double>(slice_)};
+    std::vector<double> all;
+    Status s = domain_->exchange(mine, &all);
+    if (!s.ok()) return fail(s);
+    Status agreed = domain_->same_call(all, NormDomain::kStep, "sx_step");
+    if (agreed.ok()) agreed = same_step_settings(all, domain_->rank());
+    if (!agreed.ok()) {
+        SX_TRY(skip_step(options, 0.0, result));
+        return agreed;
+    }
+    double sum = 0.0;
+    for (size_t r = 0; r < all.size(); r += NormDomain::kWords) {
+        sum += all[r + 1];
+        sum += all[r + 2];  // 0 (exact) unless a replica's gradient was inf or NaN
+    }
+    *sumsq = sum;
+    return Status::Ok();
+}
 
 // Whether the step's gradient norm (when the update computed it) can ride on the params'
 // all-gather: gathered now, over a transport that carries riders, a unit to gather.

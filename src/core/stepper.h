@@ -27,6 +27,7 @@
 #include "core/loss_scaler.h"
 #include "core/memory_copies.h"
 #include "core/mesh.h"
+#include "core/norm_domain.h"
 #include "core/param_table.h"
 #include "core/part_refs.h"
 #include "core/round.h"
@@ -62,6 +63,12 @@ class Stepper : private StepParts {
     Status accumulate_grads();
     // No reduction round open and no micro-batch accumulated.
     bool between_steps() const;
+    // The norm domain (norm_domain.h) joined as slice `slice`; null: none.
+    const std::shared_ptr<NormDomain> &norm_domain() const { return domain_; }
+    void join_norm_domain(std::shared_ptr<NormDomain> domain, int32_t slice) {
+        domain_ = std::move(domain);
+        slice_ = slice;
+    }
     // Copies the live shard into the memory copies (sent to the peers where `send`).
     Status keep_copy(bool send);
     // What a memory copy or a checkpoint holds besides the tensors.
@@ -99,6 +106,7 @@ class Stepper : private StepParts {
     Status update_double_buffered(float grad_scale, int nonfinite, double *sumsq);
     Status update_in_place(const std::vector<optim::Segment> &segs, float grad_scale, int nonfinite, double *sumsq);
     Status global_norm(double *sumsq);
+    Status domain_norm(const StepOptions &options, double *sumsq, StepResult *result);
     // --- the step's end, taken or skipped (step.cc) ---
     Status end_step(const StepOptions &options, bool dynamic, double norm, StepResult *result);
     Status keep_due_copy();
@@ -108,6 +116,8 @@ class Stepper : private StepParts {
 
     using Unit = Units::Unit;
     int micro_batches_ = 0;  // accumulate_grads calls since the last step
+    std::shared_ptr<NormDomain> domain_;  // the norm domain joined (norm_domain.h), or null
+    int32_t slice_ = -1;                  // this group's model-parallel slice in it
 };
 
 }  // namespace core

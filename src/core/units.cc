@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <unordered_map>
 
 namespace sx {
@@ -849,6 +850,22 @@ Status Units::sum_of_squares(size_t u, float *reduced, float grad_scale, double 
     if (segs.empty()) return Status::Ok();
     SX_TRY(wait_grads(u));
     return state_ops_->sum_of_squares(segs.data(), segs.size(), grad_scale, out);
+}
+
+Status Units::sum_of_squares(size_t u, float *reduced, float grad_scale, double *counted, double *others) const {
+    std::vector<optim::Segment> segs, copies;
+    append_segments(u, reduced, &segs);
+    *counted = *others = 0.0;
+    if (segs.empty()) return Status::Ok();
+    const auto copy = [&](const optim::Segment &s) {
+        return !(*table_.params)[static_cast<size_t>(s.param_index)].placement.counts_in_norm();
+    };
+    std::copy_if(segs.begin(), segs.end(), std::back_inserter(copies), copy);
+    segs.erase(std::remove_if(segs.begin(), segs.end(), copy), segs.end());
+    SX_TRY(wait_grads(u));
+    if (!segs.empty()) SX_TRY(state_ops_->sum_of_squares(segs.data(), segs.size(), grad_scale, counted));
+    if (!copies.empty()) SX_TRY(state_ops_->sum_of_squares(copies.data(), copies.size(), grad_scale, others));
+    return Status::Ok();
 }
 
 }  // namespace core

@@ -245,6 +245,9 @@ class Units {
     // its state (the slots of params the step did not update carried over).
     void commit_double_buffers();
     // The sum of squares of unit u's reduced gradients (at `reduced`) times grad_scale.
+    // The same split in two: the params that count in a norm domain's sum (*counted) and
+    // the copies of replicated ones but copy 0 (*others), each in one pass over its segments.
+    Status sum_of_squares(size_t u, float *reduced, float grad_scale, double *counted, double *others) const;
     Status sum_of_squares(size_t u, float *reduced, float grad_scale, double *out) const;
 
     // Bytes of params (this part's; stage 3's gathered ones are the gathers'), gradients

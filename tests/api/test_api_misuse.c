@@ -249,6 +249,11 @@ static void test_null_handle(void **state) {
     sx_context_stats_t s;
     EXPECT_OK(sx_context_stats_init(&s, sizeof s));
     EXPECT_STATUS(sx_get_context_stats(NULL, &s), SX_ERR_INVALID_HANDLE, "context");
+    EXPECT_OK(sx_destroy_norm_domain(NULL));
+    EXPECT_STATUS(sx_join_norm_domain(NULL, NULL, 0), SX_ERR_INVALID_HANDLE, "group");
+    sx_norm_domain_t *d = (sx_norm_domain_t *)&s;  /* not a domain */
+    EXPECT_STATUS(sx_destroy_norm_domain(d), SX_ERR_INVALID_HANDLE, "not a live sx norm domain");
+    EXPECT_STATUS(sx_create_norm_domain(NULL, NULL), SX_ERR_INVALID_ARGUMENT, "out is NULL");
 }
 
 static void test_garbage_handle(void **state) {

@@ -339,6 +339,7 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
         const auto tensor_vector = fbb.CreateVector(tensors);
         const auto row_var = major >= 3 && !p.row_var.empty() ? fbb.CreateVector(p.row_var) : 0;
         const auto col_var = major >= 3 && !p.col_var.empty() ? fbb.CreateVector(p.col_var) : 0;
+        const auto global_shape = major >= 3 && !p.global_shape.empty() ? fbb.CreateVector(p.global_shape) : 0;
         fb::ParamBuilder b(fbb);
         b.add_name(name);
         b.add_shape(shape);
@@ -357,8 +358,15 @@ std::string raw_encode(const Manifest &m, uint16_t major, uint16_t minor, bool u
             b.add_mu_product(p.mu_product);
             if (!row_var.IsNull()) b.add_row_var(row_var);
             if (!col_var.IsNull()) b.add_col_var(col_var);
+            // Placement (written since 1.7, in 3.x and 4.x files alike).
+            b.add_placement(p.placement);
+            b.add_split_dim(p.split_dim);
+            if (!global_shape.IsNull()) b.add_global_shape(global_shape);
+            b.add_split_offset(p.split_offset);
+            b.add_replica(p.replica);
+            b.add_replicas(p.replicas);
         }
-        extras(major >= 3   ? fb::Param::VT_COL_VAR
+        extras(major >= 3   ? fb::Param::VT_REPLICAS
                : major >= 2 ? fb::Param::VT_UNIT_SHARD_NUMEL
                             : fb::Param::VT_TENSORS);
         params.push_back(b.Finish());
@@ -497,6 +505,9 @@ bool manifest_equal(const Manifest &a, const Manifest &b, bool compare_format, s
             x.step != y.step || x.momentum_steps != y.momentum_steps || x.unit_offset != y.unit_offset ||
             x.unit_shard_numel != y.unit_shard_numel)
             return differ(p + " scalars");
+        if (x.placement != y.placement || x.split_dim != y.split_dim || x.global_shape != y.global_shape ||
+            x.split_offset != y.split_offset || x.replica != y.replica || x.replicas != y.replicas)
+            return differ(p + " placement");
         if (x.tensors.size() != y.tensors.size()) return differ(p + " tensors (count)");
         for (size_t t = 0; t < x.tensors.size(); ++t) {
             const Tensor &u = x.tensors[t], &v = y.tensors[t];

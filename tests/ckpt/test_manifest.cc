@@ -413,6 +413,21 @@ std::vector<Rule> v2_rules() {
          [](Manifest *m) { m->params[2].unit_offset = 3 * m->params[2].unit_shard_numel; }, kScale},
         {"unit offset overflows", [](Manifest *m) { m->params[2].unit_offset = ~uint64_t(0); }, kScale},
         {"files times shard overflows", [](Manifest *m) { m->params[0].unit_shard_numel = 1ull << 63; }, kEmbed},
+        {"a piece past its logical tensor",
+         [](Manifest *m) {
+             m->params[0].placement = SX_PLACEMENT_SPLIT;
+             m->params[0].global_shape = {150, 64};
+             m->params[0].split_offset = 60;
+         },
+         "does not fit in the logical tensor's extent 150"},
+        {"a placement of no kind", [](Manifest *m) { m->params[1].placement = 9; }, "placement 9 is not"},
+        {"a copy past the copies",
+         [](Manifest *m) {
+             m->params[1].placement = SX_PLACEMENT_REPLICATED;
+             m->params[1].replica = 2;
+             m->params[1].replicas = 2;
+         },
+         "replica 2 is outside"},
     };
 }
 
@@ -561,6 +576,29 @@ void test_older_major_is_a_version_error(void **) {
     assert_contains(s.message(), "1.x");
 }
 
+// Placement (written since 1.7): a split piece and a replicated copy round-trip, and a
+// file without it (every older one) reads as whole params.
+void test_placement_round_trips(void **) {
+    Manifest m = rich_manifest();
+    m.params[0].placement = SX_PLACEMENT_SPLIT;
+    m.params[0].global_shape = {300, 64};
+    m.params[0].split_dim = 0;
+    m.params[0].split_offset = 200;
+    m.params[1].placement = SX_PLACEMENT_REPLICATED;
+    m.params[1].replica = 1;
+    m.params[1].replicas = 4;
+    assert_true(validate(m).ok());
+    const Manifest d = decode(encode(m));
+    assert_same(m, d, true);
+    assert_true(d.params[0].global_shape == std::vector<int64_t>({300, 64}));
+    assert_int_equal(d.params[1].replicas, 4);
+    const Manifest whole = decode(encode(rich_manifest()));
+    for (const ParamEntry &p : whole.params) {
+        assert_int_equal(p.placement, SX_PLACEMENT_WHOLE);
+        assert_true(p.global_shape.empty());
+    }
+}
+
 void test_same_and_newer_minor_load(void **) {
     // (A manifest of fp32 state: 3.x; one of packed state would be 4.x alike.)
     const Manifest m = rich_manifest();
@@ -643,6 +681,7 @@ int main(void) {
         cmocka_unit_test(test_newer_major_with_retyped_fields),
         cmocka_unit_test(test_older_major_is_a_version_error),
         cmocka_unit_test(test_same_and_newer_minor_load),
+        cmocka_unit_test(test_placement_round_trips),
         cmocka_unit_test(test_packed_state),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);

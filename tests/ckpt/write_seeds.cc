@@ -2,7 +2,8 @@
 // valid-* files are manifests this format writes or must read (replay_corpus checks
 // that they keep decoding): 4.0 (packed optimizer state), 3.0, 2.0, and the 1.0 to 1.2
 // that earlier releases wrote (no 1.x
-// minor after 1.2 was ever written, and 2.0 took the field slots one would have used);
+// minor after 1.2 was ever written, and 2.0 took the field slots one would have used; so
+// did the params' placement, written since 1.7, for the 3.9 seed's unknown fields);
 // the others are refused for one reason each.
 #include <cstdio>
 #include <fstream>

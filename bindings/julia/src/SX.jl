@@ -19,7 +19,7 @@ export ShardGroup, SXError, Future, add_param_group!, add_param!, finalize!, par
        set_loss_scaling!, loss_scale, unit_grads_ready!, gather_unit!, release_unit!, with_unit,
        ParamState, gather_optim_state, scatter_optim_state!, state_view, flush_trace,
        register_optimizer, OptimizerPiece, regroup!, poll_joiners, lost_ranks, param_group_steps,
-       Context, context_stats, with_context,
+       Context, context_stats, with_context, NormDomain, join_norm_domain!,
        export_hf, export_peft, import_hf!, ImportReport
 
 # The ABI version this binding was written against (sx.h's SX_VERSION_*): the runtime's
@@ -43,6 +43,7 @@ include("group.jl")
 include("recovery.jl")
 include("params.jl")
 include("step.jl")
+include("norm_domain.jl")
 include("state.jl")
 include("custom_optimizer.jl")
 include("checkpoint.jl")

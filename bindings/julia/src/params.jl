@@ -163,14 +163,24 @@ param goes in a new unit, whose id is above every unit laid out so far, and has 
 until the next `finalize!` lays it out.
 """
 function add_param!(g::ShardGroup, name::AbstractString, shape; param_group::Integer=0,
-                    unit::Integer=0, dtype::Integer=SX_DTYPE_F32, frozen::Bool=false)
+                    unit::Integer=0, dtype::Integer=SX_DTYPE_F32, frozen::Bool=false,
+                    split=nothing, replica=nothing)
     desc = _blank(ParamDesc)
     check(@ccall libsx.sx_param_desc_init(desc::Ref{ParamDesc}, sizeof(ParamDesc)::Csize_t)::Int32)
     s, dims = _c_string("name", name), _dims(name, shape)
+    # Placement (docs/model-parallel.md): split = (global_shape, dim, offset), replica = (index, count).
+    global_dims = split === nothing ? Int64[] : Int64.(collect(split[1]))
     index = Ref{Int32}(0)
-    GC.@preserve s dims begin  # borrowed for the call; sx copies both
+    GC.@preserve s dims global_dims begin  # borrowed for the call; sx copies them
         desc.name, desc.shape, desc.ndim = pointer(s), pointer(dims), length(dims)
         desc.dtype, desc.param_group, desc.unit, desc.frozen = dtype, param_group, unit, frozen
+        if split !== nothing
+            desc.placement, desc.global_shape = SX_PLACEMENT_SPLIT, pointer(global_dims)
+            desc.split_dim, desc.split_offset = split[2], split[3]
+        end
+        if replica !== nothing
+            desc.placement, desc.replica, desc.replicas = SX_PLACEMENT_REPLICATED, replica[1], replica[2]
+        end
         check(@ccall libsx.sx_add_param(_handle(g)::Ptr{Cvoid}, desc::Ref{ParamDesc}, index::Ref{Int32})::Int32)
     end
     Int(index[])

@@ -80,6 +80,12 @@ mutable struct ParamDesc  # sx_param_desc_t
     unit::Int32
     frozen::Int32
     reserved0::Int32
+    placement::Int32
+    split_dim::Int32
+    global_shape::Ptr{Int64}
+    split_offset::Int64
+    replica::Int32
+    replicas::Int32
 end
 
 mutable struct View  # sx_view_t

@@ -190,6 +190,38 @@ end
     end
 end
 
+@testset "norm domains: two slices clip by the whole norm" begin
+    rdv = "local://jl-norm-domain-$(getpid())"
+    tasks = [Threads.@spawn begin
+                 g = ShardGroup("local://jl-nd-g$(rank)-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU,
+                                num_threads=1, timeout_ms=60000)
+                 add_param_group!(g, :sgd; lr=1.0)
+                 add_param!(g, "w", [2]; split=([4], 0, 2 * rank))
+                 add_param!(g, "b", [1]; replica=(rank, 2))
+                 finalize!(g)
+                 d = NormDomain(rdv, rank, 2; timeout_ms=60000)
+                 join_norm_domain!(g, d, rank)
+                 close(d)  # the group keeps the domain alive
+                 grad_view(g, "w") .= rank == 0 ? Float32[3, 0] : Float32[0, 4]
+                 grad_view(g, "b") .= 1.0f0
+                 r = step!(g; max_grad_norm=1.0)
+                 w = copy(vec(param_view(g, "w")))
+                 bad = try
+                     add_param!(g, "x", [4, 5]; split=([8, 5], 0, 6))
+                 catch e
+                     e
+                 end
+                 close(g)
+                 (r.grad_norm, w, bad)
+             end for rank in 0:1]
+    outs = fetch.(tasks)
+    @test outs[1][1] == outs[2][1]
+    @test isapprox(outs[1][1], sqrt(26.0); atol=1e-12)
+    coef = 1 / (sqrt(26.0) + 1e-6)
+    @test isapprox(outs[1][2][1], -3 * coef; atol=1e-6) && isapprox(outs[2][2][2], -4 * coef; atol=1e-6)
+    @test outs[1][3] isa SXError && outs[1][3].status == SX.SX_ERR_INVALID_ARGUMENT
+end
+
 @testset "non-finite gradients" begin
     with_group("local://jl-nonfinite-$(getpid())", 0, 1; backend=SX.SX_BACKEND_CPU, num_threads=1) do g
         add_param_group!(g, :sgd; lr=0.5)

@@ -26,6 +26,7 @@ from .errors import SxError, check, status_string
 from .group import MemoryStats, ParamInfo, ParamState, RegroupResult, ShardGroup, StepResult, UnitInfo
 from .checkpoint import Future, read_user_blob
 from .context import Context, ContextStats
+from .norm_domain import NormDomain
 from .optimizers import CustomOptimizer, Hyperparameter, Piece, register_optimizer
 from .interop import ImportReport, export_hf, export_peft, import_hf
 

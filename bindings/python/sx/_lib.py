@@ -56,6 +56,9 @@ SX_DTYPE_U8 = 4
 
 SX_PREFETCH_NONE = -1
 
+SX_PLACEMENT_WHOLE = 0
+SX_PLACEMENT_REPLICATED = 1
+SX_PLACEMENT_SPLIT = 2
 SX_TRANSPORT_AUTO = 0
 SX_TRANSPORT_TCP = 1
 
@@ -178,6 +181,13 @@ sx_shard_group_p = ctypes.POINTER(sx_shard_group)
 sx_context_p = ctypes.POINTER(sx_context)
 
 
+class sx_norm_domain(ctypes.Structure):
+    pass
+
+
+sx_norm_domain_p = ctypes.POINTER(sx_norm_domain)
+
+
 class sx_group_config_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("rendezvous", ctypes.c_char_p),
                 ("rank", ctypes.c_int32), ("world_size", ctypes.c_int32),
@@ -217,7 +227,10 @@ class sx_param_desc_t(ctypes.Structure):
                 ("ndim", ctypes.c_int32), ("dtype", ctypes.c_int32),
                 ("shape", ctypes.POINTER(ctypes.c_int64)), ("param_group", ctypes.c_int32),
                 ("unit", ctypes.c_int32), ("frozen", ctypes.c_int32),
-                ("reserved0", ctypes.c_int32)]
+                ("reserved0", ctypes.c_int32), ("placement", ctypes.c_int32),
+                ("split_dim", ctypes.c_int32), ("global_shape", ctypes.POINTER(ctypes.c_int64)),
+                ("split_offset", ctypes.c_int64), ("replica", ctypes.c_int32),
+                ("replicas", ctypes.c_int32)]
 
 
 class sx_view_t(ctypes.Structure):
@@ -442,6 +455,9 @@ PROTOTYPES = {
     "sx_context_config_init": (c_status, [_P(sx_context_config_t), _c.c_size_t]),
     "sx_context_stats_init": (c_status, [_P(sx_context_stats_t), _c.c_size_t]),
     "sx_create_context": (c_status, [_P(sx_context_config_t), _P(sx_context_p)]),
+    "sx_create_norm_domain": (c_status, [_P(sx_group_config_t), _P(sx_norm_domain_p)]),
+    "sx_destroy_norm_domain": (c_status, [sx_norm_domain_p]),
+    "sx_join_norm_domain": (c_status, [sx_shard_group_p, sx_norm_domain_p, _c.c_int32]),
     "sx_destroy_context": (c_status, [sx_context_p]),
     "sx_get_context_stats": (c_status, [sx_context_p, _P(sx_context_stats_t)]),
     "sx_param_group_desc_init": (c_status, [_P(sx_param_group_desc_t), _c.c_size_t, _c.c_int32]),

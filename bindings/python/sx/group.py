@@ -528,8 +528,14 @@ class ShardGroup(Handle):
                                        f"[{spec.min!r}, {spec.max!r}]")
         return float(value)
 
-    def add_param(self, name, shape, *, param_group=0, unit=0, dtype="f32", frozen=False):
-        """Registers a param (same on every rank, same order) and returns its index."""
+    def add_param(self, name, shape, *, param_group=0, unit=0, dtype="f32", frozen=False,
+                  split=None, replica=None):
+        """Registers a param (same on every rank, same order) and returns its index.
+
+        Placement (docs/model-parallel.md): ``split=(global_shape, dim, offset)`` declares
+        the param the piece [offset, offset + shape[dim]) on dimension `dim` of a logical
+        tensor of `global_shape`; ``replica=(index, count)`` one of `count` identical
+        copies, of which copy 0 alone counts in a norm domain's gradient norm."""
         dims = _dims(name, shape)
         desc = _lib.init_struct(_lib.sx_param_desc_t)
         desc.name = _encode("name", name)
@@ -538,9 +544,24 @@ class ShardGroup(Handle):
         desc.shape = ctypes.cast(c_shape, ctypes.POINTER(ctypes.c_int64))
         desc.dtype = _choice("dtype", dtype, _DTYPES)
         desc.param_group, desc.unit, desc.frozen = param_group, unit, 1 if frozen else 0
+        if split is not None:
+            global_shape, desc.split_dim, desc.split_offset = split
+            c_global = (ctypes.c_int64 * max(len(global_shape), 1))(*global_shape)
+            desc.placement = _lib.SX_PLACEMENT_SPLIT
+            desc.global_shape = ctypes.cast(c_global, ctypes.POINTER(ctypes.c_int64))
+        if replica is not None:
+            desc.placement = _lib.SX_PLACEMENT_REPLICATED
+            desc.replica, desc.replicas = replica
         index = ctypes.c_int32()
         check(lib.sx_add_param(self.handle, ctypes.byref(desc), ctypes.byref(index)))
         return index.value
+
+    def join_norm_domain(self, domain, slice):
+        """Collective over the domain: joins this group to `domain` (an
+        :class:`sx.NormDomain`) as model-parallel slice `slice`; from then on each step's
+        gradient norm, non-finite check and loss-scale decision are taken over every
+        group of the domain (docs/model-parallel.md). The group keeps the domain alive."""
+        check(lib.sx_join_norm_domain(self.handle, domain.handle, slice))
 
     def finalize(self):
         """Collective: checks every rank registered the same table, lays out and

@@ -161,6 +161,12 @@ pub struct sx_context_t {
     _opaque: [u8; 0],
 }
 
+/// A norm domain (sx_step.h): groups whose steps take one gradient norm.
+#[repr(C)]
+pub struct sx_norm_domain_t {
+    _opaque: [u8; 0],
+}
+
 pub type sx_log_fn = Option<unsafe extern "C" fn(level: i32, message: *const c_char, user: *mut c_void)>;
 pub type sx_future_callback =
     Option<unsafe extern "C" fn(future: *mut sx_future_t, status: sx_status_t, user: *mut c_void)>;
@@ -203,6 +209,9 @@ pub struct sx_group_config_t {
 
 pub const SX_PREFETCH_NONE: i32 = -1;
 
+pub const SX_PLACEMENT_WHOLE: i32 = 0;
+pub const SX_PLACEMENT_REPLICATED: i32 = 1;
+pub const SX_PLACEMENT_SPLIT: i32 = 2;
 pub const SX_TRANSPORT_AUTO: i32 = 0;
 pub const SX_TRANSPORT_TCP: i32 = 1;
 
@@ -253,6 +262,12 @@ pub struct sx_param_desc_t {
     pub unit: i32,
     pub frozen: i32,
     pub reserved0: i32,
+    pub placement: i32,
+    pub split_dim: i32,
+    pub global_shape: *const i64,
+    pub split_offset: i64,
+    pub replica: i32,
+    pub replicas: i32,
 }
 
 #[repr(C)]
@@ -632,6 +647,9 @@ extern "C" {
     pub fn sx_context_stats_init(stats: *mut sx_context_stats_t, size: usize) -> sx_status_t;
     pub fn sx_create_context(config: *const sx_context_config_t, out: *mut *mut sx_context_t) -> sx_status_t;
     pub fn sx_destroy_context(context: *mut sx_context_t) -> sx_status_t;
+    pub fn sx_create_norm_domain(config: *const sx_group_config_t, out: *mut *mut sx_norm_domain_t) -> sx_status_t;
+    pub fn sx_destroy_norm_domain(domain: *mut sx_norm_domain_t) -> sx_status_t;
+    pub fn sx_join_norm_domain(group: *mut sx_shard_group_t, domain: *mut sx_norm_domain_t, slice: i32) -> sx_status_t;
     pub fn sx_get_context_stats(context: *const sx_context_t, out: *mut sx_context_stats_t) -> sx_status_t;
 
     pub fn sx_param_group_desc_init(desc: *mut sx_param_group_desc_t, size: usize, optimizer: i32) -> sx_status_t;

@@ -6,8 +6,8 @@ use sx_sys as sys;
 use crate::error::{check, cstr_lossy, invalid_argument, Error, Result};
 use crate::future::{self, SaveFuture};
 use crate::options::{
-    c_ptr, c_secret, c_string, c_string_opt, init, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, Param,
-    ParamGroup, SaveOptions, StepOptions, UnitReadyOptions,
+    c_string, init, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, Param, ParamGroup, SaveOptions,
+    StepOptions, UnitReadyOptions,
 };
 
 /// This rank's handle of a shard group. Released when dropped (or by [`ShardGroup::close`]).
@@ -222,27 +222,8 @@ impl ShardGroup {
     /// libsx has a compatible version.
     pub fn new(config: &GroupConfig) -> Result<ShardGroup> {
         crate::check_version()?;
-        let rendezvous = c_string("rendezvous", &config.rendezvous)?;
-        let bind = c_string_opt("bind_address", &config.bind_address)?;
-        let trace = c_string_opt("trace_path", &config.trace_path)?;
-        let token = c_secret(&config.rendezvous_token)?;
-        let rendezvous_bind = c_string_opt("rendezvous_bind", &config.rendezvous_bind)?;
-        let name = c_string_opt("name", &config.name)?;
-        let mut raw = config.raw;
-        raw.rendezvous = if config.rendezvous.is_empty() && config.context.is_some() {
-            ptr::null()
-        } else {
-            rendezvous.as_ptr()
-        };
-        raw.bind_address = c_ptr(&bind);
-        raw.trace_path = c_ptr(&trace);
-        raw.rendezvous_token = c_ptr(&token);
-        raw.rendezvous_bind = c_ptr(&rendezvous_bind);
-        raw.name = c_ptr(&name);
-        // Borrowed for the call: config holds the context's handle meanwhile.
-        raw.context = config.context.as_ref().map_or(ptr::null_mut(), |c| c.as_ptr());
         let mut g = ptr::null_mut();
-        check(unsafe { sys::sx_create_shard_group(&raw, &mut g) })?;
+        config.with_raw(|raw| check(unsafe { sys::sx_create_shard_group(raw, &mut g) }))?;
         Ok(ShardGroup { raw: g })
     }
 
@@ -388,9 +369,23 @@ impl ShardGroup {
         d.param_group = p.param_group;
         d.unit = p.unit;
         d.frozen = p.frozen as i32;
+        d.placement = p.placement;
+        d.global_shape = if p.global_shape.is_empty() { ptr::null() } else { p.global_shape.as_ptr() };
+        d.split_dim = p.split_dim;
+        d.split_offset = p.split_offset;
+        d.replica = p.replica;
+        d.replicas = p.replicas;
         let mut index = -1;
         check(unsafe { sys::sx_add_param(self.raw, &d, &mut index) })?;
         Ok(index)
+    }
+
+    /// Collective over the domain: joins this group to `domain` as model-parallel slice
+    /// `slice`; from then on each step's gradient norm, non-finite check and loss-scale
+    /// decision are taken over every group of the domain (docs/model-parallel.md). The
+    /// group keeps the domain alive.
+    pub fn join_norm_domain(&mut self, domain: &crate::NormDomain, slice: i32) -> Result<()> {
+        check(unsafe { sys::sx_join_norm_domain(self.raw, domain.as_ptr(), slice) })
     }
 
     /// Collective: checks every rank registered the same params, lays out and allocates.

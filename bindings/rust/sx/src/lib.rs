@@ -17,6 +17,7 @@ mod future;
 mod group;
 mod interop;
 mod log;
+mod norm_domain;
 mod optimizer;
 mod options;
 mod state;
@@ -27,6 +28,7 @@ pub use future::SaveFuture;
 pub use interop::{HfExportOptions, HfImportOptions, HfImportReport, PeftConfig};
 pub use group::{MemoryStats, ParamInfo, RegroupResult, ShardGroup, StepResult, Tensors, UnitInfo, UnitTensors};
 pub use log::{clear_log_callback, set_log_callback, LogLevel};
+pub use norm_domain::NormDomain;
 pub use optimizer::{register_optimizer, CustomOptimizer, OptimizerDesc, Piece, UPDATE_PANICKED};
 pub use options::{
     Backend, Dtype, GroupConfig, Hyperparameter, LoadOptions, LossScaling, LossScalingMode, MuonAdjustLr, NonFinite,

@@ -166,6 +166,27 @@ impl std::fmt::Debug for Secret {
 }
 
 impl GroupConfig {
+    /// Calls `f` with the C struct, its strings in C memory and its context's handle
+    /// borrowed for the call (config holds the handle meanwhile).
+    pub(crate) fn with_raw<R>(&self, f: impl FnOnce(&sys::sx_group_config_t) -> Result<R>) -> Result<R> {
+        let rendezvous = c_string("rendezvous", &self.rendezvous)?;
+        let bind = c_string_opt("bind_address", &self.bind_address)?;
+        let trace = c_string_opt("trace_path", &self.trace_path)?;
+        let token = c_secret(&self.rendezvous_token)?;
+        let rendezvous_bind = c_string_opt("rendezvous_bind", &self.rendezvous_bind)?;
+        let name = c_string_opt("name", &self.name)?;
+        let mut raw = self.raw;
+        raw.rendezvous =
+            if self.rendezvous.is_empty() && self.context.is_some() { std::ptr::null() } else { rendezvous.as_ptr() };
+        raw.bind_address = c_ptr(&bind);
+        raw.trace_path = c_ptr(&trace);
+        raw.rendezvous_token = c_ptr(&token);
+        raw.rendezvous_bind = c_ptr(&rendezvous_bind);
+        raw.name = c_ptr(&name);
+        raw.context = self.context.as_ref().map_or(std::ptr::null_mut(), |c| c.as_ptr());
+        f(&raw)
+    }
+
     /// `rendezvous`: "local://NAME", "tcp://HOST:PORT", "file:///DIR" or "env://".
     pub fn new(rendezvous: &str) -> GroupConfig {
         GroupConfig {
@@ -704,6 +725,13 @@ pub struct Param {
     pub(crate) param_group: i32,
     pub(crate) unit: i32,
     pub(crate) frozen: bool,
+    /// Placement (docs/model-parallel.md): SX_PLACEMENT_*, and its fields.
+    pub(crate) placement: i32,
+    pub(crate) global_shape: Vec<i64>,
+    pub(crate) split_dim: i32,
+    pub(crate) split_offset: i64,
+    pub(crate) replica: i32,
+    pub(crate) replicas: i32,
 }
 
 impl Param {
@@ -716,6 +744,12 @@ impl Param {
             param_group: 0,
             unit: 0,
             frozen: false,
+            placement: sys::SX_PLACEMENT_WHOLE,
+            global_shape: Vec::new(),
+            split_dim: 0,
+            split_offset: 0,
+            replica: 0,
+            replicas: 0,
         }
     }
     /// [`Param::new`] with a shape of `usize`; a dimension above `i64::MAX` fails
@@ -744,6 +778,23 @@ impl Param {
     }
     pub fn frozen(mut self, frozen: bool) -> Self {
         self.frozen = frozen;
+        self
+    }
+    /// The piece `[offset, offset + shape[dim])` on dimension `dim` of a logical tensor of
+    /// `global_shape` (a tensor-parallel slice's part of a weight).
+    pub fn split(mut self, global_shape: &[i64], dim: i32, offset: i64) -> Self {
+        self.placement = sys::SX_PLACEMENT_SPLIT;
+        self.global_shape = global_shape.to_vec();
+        self.split_dim = dim;
+        self.split_offset = offset;
+        self
+    }
+    /// Copy `index` of `count` identical copies (a layer norm on every tensor-parallel
+    /// rank): copy 0 alone counts in a norm domain's gradient norm.
+    pub fn replica(mut self, index: i32, count: i32) -> Self {
+        self.placement = sys::SX_PLACEMENT_REPLICATED;
+        self.replica = index;
+        self.replicas = count;
         self
     }
 }

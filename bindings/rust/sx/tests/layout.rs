@@ -167,7 +167,7 @@ fn structs_match_the_c_layout() {
             beta1, beta2, eps, momentum, dampening, centered, decoupled_weight_decay, lr_decay,
             initial_accumulator_value, alpha, momentum_decay, ns_a, ns_b, ns_c, ns_steps, adjust_lr, beta2_decay,
             eps2, d, beta3, t_alpha_beta3, state_dtype, bf16_stochastic_round]),
-        mirror!(sys::sx_param_desc_t, [struct_size, name, ndim, dtype, shape, param_group, unit, frozen, reserved0]),
+        mirror!(sys::sx_param_desc_t, [struct_size, name, ndim, dtype, shape, param_group, unit, frozen, reserved0, placement, split_dim, global_shape, split_offset, replica, replicas]),
         mirror!(sys::sx_view_t, [struct_size, data, numel, dtype, device]),
         mirror!(sys::sx_step_options_t, [struct_size, max_grad_norm, stream, keep_grads, defer_gather, weighted,
             reserved0, weight, nonfinite, reserved1]),
@@ -285,6 +285,7 @@ fn constants_match_the_header() {
         SX_NONFINITE_DEFAULT, SX_NONFINITE_SKIP, SX_NONFINITE_ERROR,
         SX_REDUCE_SUM, SX_REDUCE_MEAN, SX_REDUCE_MAX, SX_REDUCE_MIN, SX_MAX_ALL_REDUCE,
         SX_PREFETCH_NONE, SX_TRANSPORT_AUTO, SX_TRANSPORT_TCP,
+        SX_PLACEMENT_WHOLE, SX_PLACEMENT_REPLICATED, SX_PLACEMENT_SPLIT,
     );
     let mut problems = Vec::new();
     for (name, value) in &ours {
