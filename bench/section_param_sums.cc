@@ -7,7 +7,8 @@
 // its ranks send to the owners and get back, from the layout; both against the gradients'
 // reduce-scatter; Adafactor (each matrix's row and column sums over the ranks, then its
 // update's RMS: two all-gathers) with the bytes of both and its state per element. Then
-// Newton-Schulz itself and sx's ordered matrix product against
+// Newton-Schulz itself with each of sx's product flavours (optim/gemm.h: OpenBLAS's
+// where built with it, and sx's ordered one) and the default flavour's product against
 // torch's (torch.optim.Muon's bf16 iterations, torch.matmul in fp32) in the same run,
 // where --torch-python names a Python with torch.
 #include <unistd.h>
