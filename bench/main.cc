@@ -38,7 +38,8 @@
 //                 traffic-only pass of its bytes
 //   param_sums    LAMB (per-param norms summed over the ranks) and Muon (matrices whole on one
 //                 rank) against AdamW on the same models at 2 and 4 ranks, the bytes they
-//                 exchange; Newton-Schulz and the ordered product against torch's
+//                 exchange; Newton-Schulz and its products (OpenBLAS's where built with it,
+//                 and sx's ordered one) against torch's
 //   context       groups made in a context (sx_context.h) vs groups of their own: the time to
 //                 make one (the 100th of a context's), and 8 tenants stepping at once
 //   norm_domain   TP=2 x DP=2 groups joined to a norm domain (sx_step.h) vs the same groups

@@ -7,7 +7,8 @@
 // its ranks send to the owners and get back, from the layout; both against the gradients'
 // reduce-scatter; Adafactor (each matrix's row and column sums over the ranks, then its
 // update's RMS: two all-gathers) with the bytes of both and its state per element. Then
-// Newton-Schulz itself and sx's ordered matrix product against
+// Newton-Schulz itself with each of sx's product flavours (optim/gemm.h: OpenBLAS's
+// where built with it, and sx's ordered one) and the default flavour's product against
 // torch's (torch.optim.Muon's bf16 iterations, torch.matmul in fp32) in the same run,
 // where --torch-python names a Python with torch.
 #include <unistd.h>
@@ -259,28 +260,35 @@ int section_param_sums(const Options &opt) {
     const int threads = 2;
     sx::optim::ThreadPool pool(threads);
     const sx::optim::Hyper h = sx::optim::default_hyper(sx::optim::Kind::kMuon);
+    // sx's products: gemm.h's default flavour (OpenBLAS's where built with it) and sx's own
+    // ordered one, side by side.
+    const sx::optim::Gemm fast = sx::optim::default_gemm(), own = sx::optim::Gemm::kOrdered;
     std::printf("\nNewton-Schulz (5 iterations, bf16 arithmetic) and an n x n x n fp32 product, %d threads, fastest of "
-                "%d; torch: %s\n",
-                threads, opt.reps, python.empty() ? "not run (no --torch-python or SX_BENCH_TORCH_PYTHON)" : python.c_str());
-    std::printf("%6s %10s %10s %9s %11s %13s %12s %9s\n", "n", "ns_ms", "torch_ns", "vs_torch", "matmul_ms",
-                "matmul_GF/s", "torch_mm_ms", "vs_torch");
-    for (int64_t n : {256, 512, 1024}) {
+                "%d; sx's products: %s (and %s); torch: %s\n",
+                threads, opt.reps, sx::optim::gemm_name(fast), sx::optim::gemm_name(own),
+                python.empty() ? "not run (no --torch-python or SX_BENCH_TORCH_PYTHON)" : python.c_str());
+    std::printf("%6s %9s %11s %9s %9s %11s %11s %11s %9s\n", "n", "ns_ms", "ordered_ms", "torch_ns", "vs_torch",
+                "matmul_ms", "matmul_GF/s", "torch_mm_ms", "vs_torch");
+    for (int64_t n : {256, 384, 512, 1024}) {
         std::vector<float> a(static_cast<size_t>(n * n)), b(a.size()), c(a.size());
         for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.0f - 1.0f, b[i] = a[i] * 0.5f;
-        const double ns = fastest_ms(opt.reps, [&] { sx::optim::newton_schulz(a.data(), n, n, h, &pool, c.data()); });
-        const double mm = fastest_ms(opt.reps, [&] { sx::optim::matmul_ordered(a.data(), b.data(), c.data(), n, n, n, &pool); });
+        const double ns = fastest_ms(opt.reps, [&] { sx::optim::newton_schulz(a.data(), n, n, h, &pool, c.data(), fast); });
+        const double ordered = fast == own ? ns : fastest_ms(opt.reps, [&] {
+            sx::optim::newton_schulz(a.data(), n, n, h, &pool, c.data(), own);
+        });
+        const double mm = fastest_ms(opt.reps, [&] { sx::optim::gemm_ab(fast, a.data(), b.data(), c.data(), n, n, n, &pool); });
         const std::vector<double> tt = torch_times(python, n, opt.reps, threads);
         const double gf = 2.0 * static_cast<double>(n) * n * n / (mm * 1e-3) / 1e9;
-        std::printf("%6lld %10.3f %10.3f %9.3f %11.3f %13.1f %12.3f %9.3f\n", static_cast<long long>(n), ns,
+        std::printf("%6lld %9.3f %11.3f %9.3f %9.3f %11.3f %11.1f %11.3f %9.3f\n", static_cast<long long>(n), ns, ordered,
                     tt.empty() ? 0.0 : tt[0], tt.empty() ? 0.0 : tt[0] / ns, mm, gf, tt.empty() ? 0.0 : tt[1],
                     tt.empty() ? 0.0 : tt[1] / mm);
-        char line[512];
+        char line[640];
         std::snprintf(line, sizeof line,
                       "{\"bench\":\"param_sums\",\"kernel\":\"newton_schulz\",\"n\":%lld,\"threads\":%d,"
-                      "\"ns_ms\":%.4f,\"torch_ns_ms\":%.4f,\"matmul_ms\":%.4f,\"matmul_gflops\":%.2f,"
-                      "\"torch_matmul_ms\":%.4f}",
-                      static_cast<long long>(n), threads, ns, tt.empty() ? -1.0 : tt[0], mm, gf,
-                      tt.empty() ? -1.0 : tt[1]);
+                      "\"gemm\":\"%s\",\"ns_ms\":%.4f,\"ordered_ns_ms\":%.4f,\"torch_ns_ms\":%.4f,"
+                      "\"ratio_torch_vs_sx\":%.4f,\"matmul_ms\":%.4f,\"matmul_gflops\":%.2f,\"torch_matmul_ms\":%.4f}",
+                      static_cast<long long>(n), threads, sx::optim::gemm_name(fast), ns, ordered,
+                      tt.empty() ? -1.0 : tt[0], tt.empty() ? -1.0 : tt[0] / ns, mm, gf, tt.empty() ? -1.0 : tt[1]);
         json.push_back(line);
     }
     for (const std::string &l : json) std::printf("%s\n", l.c_str());

@@ -60,3 +60,33 @@ if(SX_HAVE_CUDA)
                                            INTERFACE_LINK_LIBRARIES "${SX_NCCL_LIBRARY}")
 endif()
 message(STATUS "sx: CUDA toolkit ${CMAKE_CUDA_COMPILER}, NCCL ${SX_NCCL_LIBRARY}: GPU support ${SX_HAVE_CUDA}")
+
+# OpenBLAS: optional, for Muon's Newton-Schulz products (src/optim/gemm.h). The serial
+# build's static archive and cblas.h, from libopenblas-serial-dev (Debian's per-variant
+# directories; SX_OPENBLAS_ROOT names another root holding the same tree). Serial, so that
+# it starts no thread of its own and sx's pool decides how many run; static, linked into
+# libsx with its symbols hidden (libsx exports sx_* only), so that a process that loads
+# another OpenBLAS (numpy's, threaded) neither shares its state nor resolves to it, and the
+# wheel carries no extra library. Without it sx's own product runs (gemm_ordered.cc).
+set(SX_HAVE_OPENBLAS OFF)
+if(NOT SX_WITH_BLAS STREQUAL "OFF")
+  set(_sx_blas_roots ${SX_OPENBLAS_ROOT} $ENV{SX_OPENBLAS_ROOT} /)
+  set(_sx_blas_inc "")
+  set(_sx_blas_lib "")
+  foreach(root IN LISTS _sx_blas_roots)
+    list(APPEND _sx_blas_inc ${root}/usr/include/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-serial)
+    list(APPEND _sx_blas_lib ${root}/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-serial)
+  endforeach()
+  find_path(SX_OPENBLAS_INCLUDE_DIR cblas.h PATHS ${_sx_blas_inc} NO_DEFAULT_PATH)
+  find_library(SX_OPENBLAS_LIBRARY NAMES libopenblas.a PATHS ${_sx_blas_lib} NO_DEFAULT_PATH)
+  if(SX_OPENBLAS_INCLUDE_DIR AND SX_OPENBLAS_LIBRARY)
+    set(SX_HAVE_OPENBLAS ON)
+    add_library(sx_openblas INTERFACE IMPORTED)
+    set_target_properties(sx_openblas PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${SX_OPENBLAS_INCLUDE_DIR}"
+                                                 INTERFACE_LINK_LIBRARIES "${SX_OPENBLAS_LIBRARY};Threads::Threads;m")
+  elseif(SX_WITH_BLAS STREQUAL "ON")
+    message(FATAL_ERROR "SX_WITH_BLAS=ON but OpenBLAS's serial build (libopenblas-serial-dev: cblas.h and libopenblas.a "
+                        "under openblas-serial/) was not found; install it, set SX_OPENBLAS_ROOT, or use SX_WITH_BLAS=AUTO/OFF")
+  endif()
+endif()
+message(STATUS "sx: OpenBLAS (serial) ${SX_OPENBLAS_LIBRARY}: Muon's products through it ${SX_HAVE_OPENBLAS}")

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs what sx builds, tests and runs with, from Debian 12's packages (as root, or
 # through sudo), the Go and Rust toolchains of the bindings included. The CUDA toolkit
-# and NCCL are optional and not installed here.
+# and NCCL are optional and not installed here. libopenblas-serial-dev (Muon's products) is
+# optional to the build, which falls back to sx's own product without it; it is installed
+# here so that the tests, the benchmarks and the wheel use it.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config git iproute2 universal-ctags
       libuv1-dev libgloo-dev libcmocka-dev libisal-dev
+      libopenblas-serial-dev
       libflatbuffers-dev flatbuffers-compiler
       abigail-tools python3 python3-numpy python3-venv
       golang-go)

@@ -14,13 +14,15 @@
 // A param's pieces lie on several ranks: the step (core/whole_params.cc) runs
 // muon_momentum over this rank's pieces, assembles each param's u on one rank, which runs
 // newton_schulz, returns each rank its piece of O, and muon_apply finishes the pieces. The
-// product's sums run over k in ascending order for every element, whatever the thread
-// count or vector width, so O, and the params, are the same bits at any world size.
+// products are gemm.h's: OpenBLAS's where libsx was built with it, else sx's own ordered
+// one. Either gives an element the same sums whatever the pool's size and whichever rank
+// runs it, so on one kind of CPU O, and the params, are the same bits at any world size.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "optim/gemm.h"
 #include "optim/optimizer.h"
 
 namespace sx {
@@ -36,8 +38,9 @@ void muon_momentum(const Segment *segs, size_t num_segs, float grad_scale, float
 
 // O of the rows x cols matrix u (row-major fp32) into out (the same shape, each value a
 // bf16 value), with h's ns_a, ns_b, ns_c, ns_steps and eps. out may not alias u. pool
-// (or null) splits each product's rows.
-void newton_schulz(const float *u, int64_t rows, int64_t cols, const Hyper &h, ThreadPool *pool, float *out);
+// (or null) splits each product's rows; flavour: whose products (gemm.h).
+void newton_schulz(const float *u, int64_t rows, int64_t cols, const Hyper &h, ThreadPool *pool, float *out,
+                   Gemm flavour = default_gemm());
 
 // torch's _adjust_lr: the lr a param of shape [rows, cols] is updated with.
 double muon_adjusted_lr(const Hyper &h, int64_t rows, int64_t cols);
@@ -45,10 +48,6 @@ double muon_adjusted_lr(const Hyper &h, int64_t rows, int64_t cols);
 // The second pass: p = p * (1 - lr * wd) + (-adjusted_lr[s]) * orth[s][i] over segment s;
 // 16-bit params (compute_out) rounded from the result.
 void muon_apply(const Segment *segs, size_t num_segs, const float *const *orth, const double *adjusted_lr);
-
-// C (m x n) = A (m x kk) B (kk x n), row-major fp32, each element summed over k in
-// ascending order (exported for its test and bench).
-void matmul_ordered(const float *a, const float *b, float *c, int64_t m, int64_t kk, int64_t n, ThreadPool *pool);
 
 }  // namespace optim
 }  // namespace sx

@@ -1,14 +1,21 @@
-// Muon's pieces (optim/muon.h): the ordered matrix product against a plain triple loop
-// with the same order of sums (the same bits, at any pool size); Newton-Schulz against
-// the same iterations in double (within bf16's rounding), the same bits at any pool size,
-// a tall matrix as its transpose's transpose; the adjusted lr of each adjust_lr.
+// Muon's pieces (optim/muon.h, optim/gemm.h): the ordered matrix product against a plain
+// triple loop with the same order of sums (the same bits, at any pool size); each product
+// flavour this build has (OpenBLAS's where found) against products in double, within
+// fp32's rounding of its sums, the same bits at any pool size and run after run, the
+// caller's vector registers left clean; Newton-Schulz with each flavour against the same
+// iterations in double (within bf16's rounding), the same bits at any pool size, a tall
+// matrix as its transpose's transpose, the flavours within a few bf16 roundings of each
+// other; the adjusted lr of each adjust_lr.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "base/vector_state.h"
 #include "optim/muon.h"
 #include "optim/thread_pool.h"
 #include "sx_cmocka.h"
+#include "vector_state_check.h"
 
 namespace {
 
@@ -39,6 +46,71 @@ void test_ordered_product(void **) {
         sx::optim::matmul_ordered(a.data(), b.data(), three.data(), m, k, n, &pool);
         assert_memory_equal(one.data(), want.data(), want.size() * sizeof(float));
         assert_memory_equal(three.data(), want.data(), want.size() * sizeof(float));
+    }
+}
+
+std::vector<sx::optim::Gemm> flavours() {
+    std::vector<sx::optim::Gemm> out;
+    for (sx::optim::Gemm f : {sx::optim::Gemm::kOrdered, sx::optim::Gemm::kBlas})
+        if (sx::optim::gemm_available(f)) out.push_back(f);
+    return out;
+}
+
+// Rounded values of bf16 precision, as Newton-Schulz multiplies (exact products in fp32).
+std::vector<float> bf16_matrix(int64_t rows, int64_t cols, unsigned seed) {
+    std::vector<float> m = random_matrix(rows, cols, seed);
+    for (float &v : m) {
+        uint32_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        bits &= 0xFFFF0000u;
+        std::memcpy(&v, &bits, sizeof bits);
+    }
+    return m;
+}
+
+// Each flavour's A B and A B^T against double sums: an fp32 sum of k exact products is
+// within k * 2^-24 of the sum of their magnitudes (any order); a wrong index, a missed
+// block or a transposed operand is off by far more. The same bits with 1, 2 and 3
+// threads and when repeated; the vector registers left clean.
+void test_gemm_flavours(void **) {
+    sx::optim::ThreadPool two(2), three(3);
+    // Rows past one block (kGemmRows) and its tail; k of 0 and 1; a wide and a tall C.
+    const int64_t sizes[][3] = {{1, 1, 1}, {3, 0, 5}, {5, 1, 4}, {17, 130, 33}, {64, 64, 64}, {150, 70, 9}, {9, 300, 140}};
+    for (sx::optim::Gemm f : flavours()) {
+        for (const auto &s : sizes) {
+            const int64_t m = s[0], k = s[1], n = s[2];
+            const std::vector<float> a = bf16_matrix(m, k, 3), b = bf16_matrix(k, n, 4), bt = bf16_matrix(n, k, 4);
+            for (int transposed = 0; transposed < 2; ++transposed) {
+                std::vector<float> c1(static_cast<size_t>(m * n), -7.0f), c2(c1.size(), -7.0f), c3(c1.size(), -7.0f),
+                    again(c1.size(), -7.0f);
+                auto run = [&](std::vector<float> &c, sx::optim::ThreadPool *pool) {
+                    if (transposed)
+                        sx::optim::gemm_abt(f, a.data(), bt.data(), c.data(), m, k, n, pool);
+                    else
+                        sx::optim::gemm_ab(f, a.data(), b.data(), c.data(), m, k, n, pool);
+                };
+                sx::leave_vector_state_clean();
+                run(c1, nullptr), run(c2, &two), run(c3, &three), run(again, &three);
+                if (sxtest::upper_halves_in_use() == 1) fail_msg("%s left the vector registers' upper halves in use", sx::optim::gemm_name(f));
+                assert_memory_equal(c1.data(), c2.data(), c1.size() * sizeof(float));
+                assert_memory_equal(c1.data(), c3.data(), c1.size() * sizeof(float));
+                assert_memory_equal(c3.data(), again.data(), c1.size() * sizeof(float));
+                for (int64_t i = 0; i < m; ++i)
+                    for (int64_t j = 0; j < n; ++j) {
+                        double want = 0.0, mag = 0.0;
+                        for (int64_t q = 0; q < k; ++q) {
+                            const double x = a[i * k + q], y = transposed ? bt[j * k + q] : b[q * n + j];
+                            want += x * y, mag += std::fabs(x * y);
+                        }
+                        const double got = c1[i * n + j];
+                        if (!(std::fabs(got - want) <= static_cast<double>(k) * 0x1p-24 * mag))
+                            fail_msg("%s %s %lld x %lld x %lld: [%lld, %lld] = %.9g, want %.9g", sx::optim::gemm_name(f),
+                                     transposed ? "A B^T" : "A B", static_cast<long long>(m), static_cast<long long>(k),
+                                     static_cast<long long>(n), static_cast<long long>(i), static_cast<long long>(j), got,
+                                     want);
+                    }
+            }
+        }
     }
 }
 
@@ -80,27 +152,45 @@ std::vector<double> ns_double(const std::vector<float> &u, int64_t rows, int64_t
 void test_newton_schulz(void **) {
     sx::optim::ThreadPool pool(2);
     const sx::optim::Hyper h = sx::optim::default_hyper(sx::optim::Kind::kMuon);
-    const int64_t shapes[][2] = {{5, 9}, {24, 7}, {16, 16}, {1, 6}};
+    // 70 x 150: rows past one of the BLAS flavour's blocks.
+    const int64_t shapes[][2] = {{5, 9}, {24, 7}, {16, 16}, {1, 6}, {70, 150}, {150, 70}};
     for (const auto &s : shapes) {
         const std::vector<float> u = random_matrix(s[0], s[1], static_cast<unsigned>(s[0] * 100 + s[1]));
-        std::vector<float> alone(u.size()), pooled(u.size());
-        sx::optim::newton_schulz(u.data(), s[0], s[1], h, nullptr, alone.data());
-        sx::optim::newton_schulz(u.data(), s[0], s[1], h, &pool, pooled.data());
-        assert_memory_equal(alone.data(), pooled.data(), u.size() * sizeof(float));
         const std::vector<double> want = ns_double(u, s[0], s[1], h);
-        double diff = 0.0, norm = 0.0;
-        for (size_t i = 0; i < u.size(); ++i) {
-            // Every value is a bf16 value: its low 16 bits are zero.
-            uint32_t bits;
-            std::memcpy(&bits, &alone[i], sizeof bits);
-            assert_int_equal(bits & 0xFFFFu, 0);
-            diff += (alone[i] - want[i]) * (alone[i] - want[i]);
-            norm += want[i] * want[i];
+        std::vector<std::vector<float>> by_flavour;
+        for (sx::optim::Gemm f : flavours()) {
+            std::vector<float> alone(u.size()), pooled(u.size());
+            sx::optim::newton_schulz(u.data(), s[0], s[1], h, nullptr, alone.data(), f);
+            sx::optim::newton_schulz(u.data(), s[0], s[1], h, &pool, pooled.data(), f);
+            assert_memory_equal(alone.data(), pooled.data(), u.size() * sizeof(float));
+            double diff = 0.0, norm = 0.0;
+            for (size_t i = 0; i < u.size(); ++i) {
+                // Every value is a bf16 value: its low 16 bits are zero.
+                uint32_t bits;
+                std::memcpy(&bits, &alone[i], sizeof bits);
+                assert_int_equal(bits & 0xFFFFu, 0);
+                diff += (alone[i] - want[i]) * (alone[i] - want[i]);
+                norm += want[i] * want[i];
+            }
+            // Five iterations of bf16 products: a few of bf16's roundings (2^-8) normwise.
+            if (!(std::sqrt(diff / norm) < 0.05))
+                fail_msg("%s, %lld x %lld: %g from the double iterations", sx::optim::gemm_name(f),
+                         static_cast<long long>(s[0]), static_cast<long long>(s[1]), std::sqrt(diff / norm));
+            by_flavour.push_back(alone);
         }
-        // Five iterations of bf16 products: a few of bf16's roundings (2^-8) normwise.
-        if (!(std::sqrt(diff / norm) < 0.05))
-            fail_msg("%lld x %lld: %g from the double iterations", static_cast<long long>(s[0]),
-                     static_cast<long long>(s[1]), std::sqrt(diff / norm));
+        // The flavours sum in other orders, so an element may round to a neighbouring bf16
+        // value and carry that through the iterations: within a few of bf16's roundings
+        // (2^-8) of each other normwise, as each is of the double iterations.
+        for (size_t f = 1; f < by_flavour.size(); ++f) {
+            double diff = 0.0, norm = 0.0;
+            for (size_t i = 0; i < u.size(); ++i) {
+                const double d = by_flavour[f][i] - by_flavour[0][i];
+                diff += d * d, norm += static_cast<double>(by_flavour[0][i]) * by_flavour[0][i];
+            }
+            if (!(std::sqrt(diff / norm) < 4 * 0x1p-8))
+                fail_msg("%lld x %lld: the flavours %g apart", static_cast<long long>(s[0]), static_cast<long long>(s[1]),
+                         std::sqrt(diff / norm));
+        }
     }
 }
 
@@ -120,6 +210,7 @@ void test_adjusted_lr(void **) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ordered_product),
+        cmocka_unit_test(test_gemm_flavours),
         cmocka_unit_test(test_newton_schulz),
         cmocka_unit_test(test_adjusted_lr),
     };
