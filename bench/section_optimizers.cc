@@ -242,6 +242,70 @@ void state_ceiling_piece(const Segment &seg, Isa isa, size_t b, size_t e) {
     }
 }
 
+// Nanoseconds per element of fn(), which handles `elements` elements: the fastest of 7
+// timings of `rounds` calls, after one untimed call.
+template <typename Fn>
+double ns_per_element(Fn &&fn, size_t elements, int rounds) {
+    fn();
+    double best = 1e30;
+    for (int r = 0; r < 7; ++r) {
+        const double t0 = now_seconds();
+        for (int i = 0; i < rounds; ++i) fn();
+        best = std::min(best, (now_seconds() - t0) / rounds);
+    }
+    return best * 1e9 / static_cast<double>(elements);
+}
+
+// What the 8-bit update spends per element on one thread, in cache (16 blocks of
+// kQuantBlock, 64 KiB of fp32 params, grads and slots): one slot's encode (k.encode8),
+// one slot's decode (k.decode8), AdamW8bit's formula on fp32 slots (the update without
+// the codec), and the whole 8-bit update; against what the ceiling allows a thread per
+// element (its time x threads / elements).
+void state_block_costs(const in::KernelTable &k, double budget_ns, std::vector<std::string> *json) {
+    constexpr size_t kElems = 16 * sx::optim::kQuantBlock;
+    std::vector<float> p(kElems), g(kElems), m(kElems), v(kElems), scratch(kElems), sc0(16), sc1(16);
+    std::vector<uint8_t> c0(kElems), c1(kElems);
+    uint32_t x = 777;
+    for (size_t i = 0; i < kElems; ++i) {
+        x = x * 1664525u + 1013904223u;
+        g[i] = static_cast<float>(static_cast<int32_t>(x)) * (1.0f / 2147483648.0f);
+        p[i] = 0.5f * g[i] + 0.25f, m[i] = 0.1f * g[i], v[i] = 0.01f * g[i] * g[i];
+    }
+    const float *signed_map = sx::optim::kSignedMap, *unsigned_map = sx::optim::kUnsignedMap;
+    for (size_t b = 0; b < 16; ++b) {
+        sc0[b] = sx::optim::encode_block(&m[b * 256], 256, signed_map, &c0[b * 256]);
+        sc1[b] = sx::optim::encode_block(&v[b * 256], 256, unsigned_map, &c1[b * 256]);
+    }
+    const uint8_t *lut = sx::optim::code_lut(signed_map);
+    uint8_t out[sx::optim::kQuantBlock];
+    const double enc = ns_per_element([&] {
+        for (size_t b = 0; b < kElems; b += 256) k.encode8(&m[b], 256, signed_map, lut, out);
+    }, kElems, 200);
+    const double dec = ns_per_element([&] {
+        for (size_t b = 0; b < kElems; b += 256) k.decode8(&c0[b], 256, sc0[b / 256], signed_map, &scratch[b]);
+    }, kElems, 200);
+    Hyper h = sx::optim::default_hyper(Kind::kAdamW);
+    h.state_dtype = SX_STATE_8BIT;
+    Segment seg;
+    seg.param = p.data(), seg.grad = g.data(), seg.state[0] = m.data(), seg.state[1] = v.data();
+    seg.n = kElems, seg.hyper = &h, seg.step = 10;
+    const in::SegmentConsts consts = in::make_consts(seg, 1.0f);
+    const double formula = ns_per_element([&] { k.update(seg, consts, 0, kElems); }, kElems, 200);
+    seg.state_dtype = SX_STATE_8BIT;
+    seg.state[0] = seg.state[1] = nullptr;
+    seg.codes[0] = c0.data(), seg.codes[1] = c1.data(), seg.scales[0] = sc0.data(), seg.scales[1] = sc1.data();
+    const double whole = ns_per_element([&] { k.update(seg, consts, 0, kElems); }, kElems, 200);
+    std::printf("8-bit in cache, ns per element on one thread (the ceiling allows %.3f): encode a slot %.3f, decode "
+                "a slot %.3f, AdamW8bit's formula on fp32 slots %.3f, the whole 8-bit update %.3f\n",
+                budget_ns, enc, dec, formula, whole);
+    char line[400];
+    std::snprintf(line, sizeof line,
+                  "{\"bench\":\"state_dtype_in_cache\",\"isa\":\"%s\",\"budget_ns\":%.4f,\"encode_ns\":%.4f,"
+                  "\"decode_ns\":%.4f,\"formula_ns\":%.4f,\"update_8bit_ns\":%.4f}",
+                  k.name, budget_ns, enc, dec, formula, whole);
+    json->push_back(line);
+}
+
 }  // namespace
 
 int section_state_dtype(const Options &opt) {
@@ -314,6 +378,7 @@ int section_state_dtype(const Options &opt) {
                       sx::optim::state_dtype_name(dtype), sx::optim::isa_name(isa), threads, n, opt.reps, tk, tc,
                       per_element, t.paired_ratio(), fp32_ms / tk, torchao_ms, torchao_ms > 0 ? torchao_ms / tk : 0.0);
         json.push_back(line);
+        if (dtype == SX_STATE_8BIT) state_block_costs(k, tc * 1e6 * threads / static_cast<double>(n), &json);
     }
     for (const std::string &l : json) std::printf("%s\n", l.c_str());
     return 0;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "optim/kernels.h"
 
@@ -89,10 +90,8 @@ const float *search_tables(const float *map) {
 
 namespace {
 
-// The least non-negative float whose nearest code is at least c (the reference encoder's
-// codes rise with y >= 0).
-float least_with_code(int c, const float *map) {
-    uint32_t lo = 0, hi = 0x3f800000u;  // [0, 1.0]
+// The least bits in [lo, hi] whose code is at least c (the codes of y >= 0 rise with y).
+uint32_t least_bits_with_code(uint32_t lo, uint32_t hi, int c, const float *map) {
     while (lo < hi) {
         const uint32_t mid = lo + (hi - lo) / 2;
         if (nearest_code(from_bits(mid), map) >= c)
@@ -100,8 +99,11 @@ float least_with_code(int c, const float *map) {
         else
             lo = mid + 1;
     }
-    return from_bits(lo);
+    return lo;
 }
+
+// The least non-negative float whose nearest code is at least c.
+float least_with_code(int c, const float *map) { return from_bits(least_bits_with_code(0, 0x3f800000u, c, map)); }
 
 // The least magnitude a whose negation's nearest code is at most c.
 float least_negated_with_code(int c, const float *map) {
@@ -184,6 +186,67 @@ struct FastTables {
 
 const FastCodeTables &fast_code_tables(const float *map) {
     static const FastTables signed_tables(kSignedMap), unsigned_tables(kUnsignedMap);
+    return (map == kUnsignedMap ? unsigned_tables : signed_tables).t;
+}
+
+namespace {
+
+uint32_t bits_of(float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return b;
+}
+
+struct MagnitudeTables {
+    MagnitudeIndex t = {};
+    explicit MagnitudeTables(const float *map) {
+        const bool is_signed = map[0] < 0.0f;
+        t.mirror = is_signed ? 254 : 0;
+        t.exact = true;
+        // Each bucket's first bits, the code just below them (the previous bucket's last
+        // bits; bucket 0's own), and its own threshold (0 if none): the least bits of the
+        // bucket whose code is above that.
+        std::vector<uint32_t> first(kMagnitudeBuckets + 1), own(kMagnitudeBuckets, 0);
+        std::vector<int> code(kMagnitudeBuckets);
+        for (uint32_t k = 0; k <= kMagnitudeBuckets; ++k) first[k] = k == 0 ? 0 : (k + kMagnitudeKeyBase) << 16;
+        for (uint32_t k = 0; k < kMagnitudeBuckets; ++k) {
+            // The last bucket holds everything from 1.0 up: its code is 255's throughout.
+            const uint32_t last = k + 1 < kMagnitudeBuckets ? first[k + 1] - 1 : 0x7f7fffffu;
+            code[k] = nearest_code(from_bits(k == 0 ? 0 : first[k] - 1), map);
+            const int top = nearest_code(from_bits(last), map);
+            t.exact = t.exact && top - code[k] <= 1;
+            if (top != code[k]) own[k] = least_bits_with_code(first[k], last, top, map);
+        }
+        for (uint32_t k = 0; k < kMagnitudeBuckets; ++k) {
+            // A neighbour's threshold within the guard of this bucket's edge.
+            const bool below = k > 0 && own[k - 1] != 0 && first[k] - own[k - 1] <= kMagnitudeGuard;
+            const bool above = k + 1 < kMagnitudeBuckets && own[k + 1] != 0 && own[k + 1] - first[k + 1] <= kMagnitudeGuard;
+            // Bucket 0 holds every smaller magnitude and the last every larger one, so
+            // neither may have a threshold.
+            const bool end = k == 0 || k + 1 == kMagnitudeBuckets;
+            t.exact = t.exact && (own[k] != 0) + below + above <= (end ? 0 : 1);
+            uint32_t threshold = own[k];
+            int below_code = code[k];
+            if (below) threshold = own[k - 1], below_code = code[k - 1];
+            if (above) threshold = own[k + 1];
+            const uint32_t field =
+                threshold == 0 ? kMagnitudeNone : threshold - first[k] + kMagnitudeBias;  // wraps below first[k]
+            t.entries[k] = static_cast<uint32_t>(below_code) | (field & 0xffffffu) << 8;
+        }
+        // A negative y's thresholds lie within 4 ulps of the positive ones' (mirrored).
+        if (is_signed)
+            for (int c = 128; c <= 254; ++c) {
+                const float pos = least_with_code(c, map), neg = least_negated_with_code(254 - c, map);
+                const int64_t apart = static_cast<int64_t>(bits_of(pos)) - static_cast<int64_t>(bits_of(neg));
+                t.exact = t.exact && apart >= -4 && apart <= 4;
+            }
+    }
+};
+
+}  // namespace
+
+const MagnitudeIndex &magnitude_index(const float *map) {
+    static const MagnitudeTables signed_tables(kSignedMap), unsigned_tables(kUnsignedMap);
     return (map == kUnsignedMap ? unsigned_tables : signed_tables).t;
 }
 

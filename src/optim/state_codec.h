@@ -100,6 +100,45 @@ struct FastCodeTables {
 };
 const FastCodeTables &fast_code_tables(const float *map);
 
+// The index of an encoder that multiplies by the scale's reciprocal instead of dividing
+// (the AVX2 flavour's): a magnitude a = |x| * (1 / scale), as bits, picks a bucket (its
+// exponent and top 7 bits of mantissa; every magnitude below 2^-24 in bucket 0, every one
+// from 1.0 up in the last), and the bucket's entry holds the code of non-negative y just
+// below the one threshold that matters there (bits 0-7) and that threshold T (bits 8-31:
+// bits(T) - the bucket's first bits + kMagnitudeBias; kMagnitudeNone if none), so that
+// code(a) = entry's code + (bits(a) >= bits(T)). T is the bucket's own threshold (the least
+// y whose code is one more), or a neighbour's that lies within kMagnitudeGuard ulps of
+// the bucket's edge. A negative x's code is max(mirror - code(|x| / scale), 0). The
+// estimate is the reference's wherever bits(a) is more than kMagnitudeGuard ulps from T:
+// |x| * (1 / scale) is within 2 ulps of x / scale, and a negative y's thresholds are the
+// positive ones' within 4 ulps (`exact` says so of the map, checked against the reference
+// encoder when the index is built); nearer, an encoder divides and searches.
+constexpr uint32_t kMagnitudeKeyBase = 103u << 7;         // the bucket of 2^-24
+constexpr uint32_t kMagnitudeBuckets = (24u << 7) + 1;    // 2^-24 up to 1.0's bucket
+constexpr uint32_t kMagnitudeBias = 1u << 20, kMagnitudeNone = 0xffffffu;
+constexpr int32_t kMagnitudeGuard = 8;
+struct MagnitudeIndex {
+    alignas(64) uint32_t entries[kMagnitudeBuckets];
+    int32_t mirror;  // 254 for the signed map, 0 for the unsigned one
+    bool exact;
+};
+// Built once per map, thread-safe.
+const MagnitudeIndex &magnitude_index(const float *map);
+// The bucket of a magnitude's bits (sign clear).
+inline uint32_t magnitude_key(uint32_t abs_bits) {
+    const int32_t k = static_cast<int32_t>(abs_bits >> 16) - static_cast<int32_t>(kMagnitudeKeyBase);
+    return k < 0 ? 0u : (k >= static_cast<int32_t>(kMagnitudeBuckets) ? kMagnitudeBuckets - 1 : static_cast<uint32_t>(k));
+}
+// The estimate for a magnitude's bits `a` (the encoders' vector form, one lane): the code
+// of a, or of -a where `negative`, and whether a lies within the guard of the threshold.
+inline int magnitude_estimate(const MagnitudeIndex &mi, uint32_t a, bool negative, bool *near) {
+    const uint32_t e = mi.entries[magnitude_key(a)];
+    const int32_t d = static_cast<int32_t>((a & 0xffffu) + kMagnitudeBias) - static_cast<int32_t>(e >> 8);
+    *near = d >= -kMagnitudeGuard && d <= kMagnitudeGuard;
+    const int code = static_cast<int>(e & 0xffu) + (d >= 0);
+    return negative ? (mi.mirror - code > 0 ? mi.mirror - code : 0) : code;
+}
+
 // One block of n <= kQuantBlock elements: its scale, and the codes of x / scale in map.
 // NaN in x gives a NaN scale (torch's amax propagates it).
 float encode_block(const float *x, size_t n, const float *map, uint8_t *codes);

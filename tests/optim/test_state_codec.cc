@@ -32,6 +32,12 @@ uint32_t bits(float f) {
     return u;
 }
 
+float from_bits(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
 void test_maps(void **) {
     for (int i = 0; i < 255; ++i) {
         assert_true(kSignedMap[i] < kSignedMap[i + 1]);
@@ -214,6 +220,60 @@ void test_flavours_encode_near_every_threshold(void **) {
     }
 }
 
+// The reference's codes of ys (each of magnitude at most 1: x / 1.0 is exact).
+std::vector<uint8_t> reference_codes(const std::vector<float> &ys, const float *map) {
+    std::vector<uint8_t> out(ys.size());
+    float x[kQuantBlock];
+    uint8_t codes[kQuantBlock];
+    for (size_t b = 0; b < ys.size(); b += kQuantBlock - 1) {
+        const size_t n = std::min(kQuantBlock - 1, ys.size() - b);
+        x[0] = 1.0f;
+        std::copy(ys.begin() + static_cast<ptrdiff_t>(b), ys.begin() + static_cast<ptrdiff_t>(b + n), x + 1);
+        assert_true(encode_block(x, n + 1, map, codes) == 1.0f);
+        std::copy(codes + 1, codes + 1 + n, out.begin() + static_cast<ptrdiff_t>(b));
+    }
+    return out;
+}
+
+// The AVX2 encoder's estimate (state_codec.h's MagnitudeIndex) is the reference's code, or
+// says it is near a threshold, for every magnitude within 2 ulps (the error of |x| times
+// the scale's reciprocal against x / scale) of every float near a threshold or a bucket's
+// edge, and of every 251st float in [0, 1], both signs; and it says so of both maps.
+void test_magnitude_index_estimates_the_reference(void **) {
+    for (const float *map : {kSignedMap, kUnsignedMap}) {
+        const MagnitudeIndex &mi = magnitude_index(map);
+        assert_true(mi.exact);
+        assert_int_equal(mi.mirror, map == kSignedMap ? 254 : 0);
+        std::vector<uint32_t> around;  // floats' bits worth a close look
+        for (int c = 0; c < 255; ++c) around.push_back(bits(map[c] + (map[c + 1] - map[c]) * 0.5f));
+        for (uint32_t k = 1; k < kMagnitudeBuckets; ++k) around.push_back((k + kMagnitudeKeyBase) << 16);
+        std::vector<float> ys;
+        for (uint32_t a : around)
+            for (int u = -24; u <= 24; ++u) ys.push_back(std::fabs(ulps_from(from_bits(a), u)));
+        for (uint32_t a = 0; a <= bits(1.0f); a += 251) ys.push_back(from_bits(a));
+        size_t near_count = 0;
+        for (int negative = 0; negative < 2; ++negative) {
+            std::vector<float> signed_ys(ys);
+            for (float &y : signed_ys) y = std::fmin(y, 1.0f) * (negative ? -1.0f : 1.0f);
+            const std::vector<uint8_t> want = reference_codes(signed_ys, map);
+            for (size_t i = 0; i < signed_ys.size(); ++i) {
+                const uint32_t a = bits(std::fabs(signed_ys[i]));
+                for (int u = -2; u <= 2; ++u) {
+                    if (u < 0 && a < static_cast<uint32_t>(-u)) continue;
+                    bool near;
+                    const int got = magnitude_estimate(mi, a + static_cast<uint32_t>(u), negative, &near);
+                    near_count += near;
+                    if (!near && got != want[i])
+                        fail_msg("map %s: y = %a, estimate from %d ulps away %d, the reference's %d",
+                                 map == kSignedMap ? "signed" : "unsigned", static_cast<double>(signed_ys[i]), u, got,
+                                 want[i]);
+                }
+            }
+        }
+        assert_true(near_count > 0 && near_count < ys.size() / 10);  // the guard is narrow
+    }
+}
+
 float widen(uint16_t h) {
     const uint32_t x = static_cast<uint32_t>(h) << 16;
     float f;
@@ -352,6 +412,7 @@ int main(void) {
         cmocka_unit_test(test_decoded_blocks_encode_back),
         cmocka_unit_test(test_flavours_encode_as_the_reference),
         cmocka_unit_test(test_flavours_encode_near_every_threshold),
+        cmocka_unit_test(test_magnitude_index_estimates_the_reference),
         cmocka_unit_test(test_packed_kernels_match_reference),
         cmocka_unit_test(test_partition_keeps_blocks_whole),
     };
