@@ -1,12 +1,14 @@
 // OpenBLAS's sgemm for gemm.h's kBlas flavour. libsx links the serial build's static
-// archive (cmake/SxDependencies.cmake): its symbols stay inside libsx, it starts no
-// thread, and it takes its locks around its own buffers only, so sx's pool threads may
-// call it at once.
+// archive (cmake/SxDependencies.cmake): its symbols stay inside libsx and it starts no
+// thread. That build is not safe to call from several threads at once (its work buffers
+// are shared: concurrent calls from the ranks of one process gave wrong products), so
+// every call holds one process-wide lock.
 #include "optim/gemm_openblas.h"
 
 #include <cblas.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "base/vector_state.h"
 
@@ -19,6 +21,8 @@ void openblas_rows(bool trans_b, const float *a, const float *b, float *c, int64
         std::fill(c, c + rows * n, 0.0f);
         return;
     }
+    static std::mutex *const one_at_a_time = new std::mutex();  // never destroyed: callers may outlive statics
+    std::lock_guard<std::mutex> lock(*one_at_a_time);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(rows),
                 static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(k), b,
                 static_cast<blasint>(trans_b ? k : n), 0.0f, c, static_cast<blasint>(n));
