@@ -1,9 +1,8 @@
-// gemm.h's dispatch: the BLAS flavour's blocks of rows over sx's pool, sx's own product
+// gemm.h's dispatch: the BLAS flavour in one call, sx's own product (over sx's pool)
 // otherwise.
 #include "optim/gemm.h"
 
 #include <algorithm>
-#include <atomic>
 #include <limits>
 #include <vector>
 
@@ -23,23 +22,11 @@ bool fits_blas(int64_t m, int64_t k, int64_t n) {
     return m <= most && k <= most && n <= most;
 }
 
-// Blocks of kGemmRows rows of C, each one sgemm call, taken from a counter by whichever
-// of the pool's threads is free: the blocks, and so every element's bits, are the same
-// at any pool size. A k of 0 gives zeros (sgemm's beta 0).
-void blas_blocks(bool trans_b, const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n,
-                 ThreadPool *pool) {
-    const int64_t blocks = (m + kGemmRows - 1) / kGemmRows;
-    std::atomic<int64_t> next{0};
-    auto work = [&](int) {
-        for (int64_t i = next.fetch_add(1); i < blocks; i = next.fetch_add(1)) {
-            const int64_t r0 = i * kGemmRows, rows = std::min(kGemmRows, m - r0);
-            openblas_rows(trans_b, a + r0 * k, b, c + r0 * n, rows, k, n);
-        }
-    };
-    if (pool && pool->size() > 1 && blocks > 1)
-        pool->run_open(work);
-    else
-        work(0);
+// One sgemm call for the whole product: calls into OpenBLAS run one at a time in the
+// process (gemm_openblas.cc), so splitting C over sx's pool would only add calls. The
+// bits of C then cannot depend on the pool's size. A k of 0 gives zeros (sgemm's beta 0).
+void blas_product(bool trans_b, const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n) {
+    openblas_rows(trans_b, a, b, c, m, k, n);
 }
 #endif
 
@@ -66,7 +53,7 @@ const char *gemm_name(Gemm flavour) { return flavour == Gemm::kBlas ? "openblas"
 void gemm_ab(Gemm flavour, const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n,
              ThreadPool *pool) {
 #ifdef SX_HAVE_OPENBLAS
-    if (flavour == Gemm::kBlas && fits_blas(m, k, n)) return blas_blocks(false, a, b, c, m, k, n, pool);
+    if (flavour == Gemm::kBlas && fits_blas(m, k, n)) return blas_product(false, a, b, c, m, k, n);
 #endif
     (void)flavour;
     matmul_ordered(a, b, c, m, k, n, pool);
@@ -75,7 +62,7 @@ void gemm_ab(Gemm flavour, const float *a, const float *b, float *c, int64_t m, 
 void gemm_abt(Gemm flavour, const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n,
               ThreadPool *pool) {
 #ifdef SX_HAVE_OPENBLAS
-    if (flavour == Gemm::kBlas && fits_blas(m, k, n)) return blas_blocks(true, a, b, c, m, k, n, pool);
+    if (flavour == Gemm::kBlas && fits_blas(m, k, n)) return blas_product(true, a, b, c, m, k, n);
 #endif
     (void)flavour;
     std::vector<float> bt(static_cast<size_t>(k * n));

@@ -3,11 +3,11 @@
 //
 // - kBlas: OpenBLAS's sgemm (Debian's libopenblas-serial-dev, its static archive linked
 //   into libsx with every symbol hidden, so that no other copy of OpenBLAS in the process,
-//   threaded or not, is seen or changed). The serial build starts no thread: sx's pool
-//   splits C into blocks of kGemmRows rows, taken from a shared counter, one sgemm call
-//   each, so the sums of an element, and its bits, do not depend on the pool's size or
-//   on which thread ran the block. The order of the sums within an element is OpenBLAS's
-//   (its kernel for this CPU, with fused multiply-adds): another CPU may give other bits.
+//   threaded or not, is seen or changed). The serial build starts no thread; a product is
+//   one sgemm call, and the process's calls run one at a time (gemm_openblas.cc says
+//   why), so the pool is not used and an element's bits cannot depend on its size. The
+//   order of the sums within an element is OpenBLAS's (its kernel for this CPU, with fused
+//   multiply-adds): another CPU may give other bits.
 // - kOrdered: sx's own product (gemm_ordered.cc), every element summed over k in
 //   ascending order with no fused multiply-add: the same bits on every CPU. Always built;
 //   the one used where OpenBLAS was not found at build time (SX_WITH_BLAS, README.md).
@@ -28,9 +28,6 @@ enum class Gemm {
     kBlas,     // OpenBLAS's sgemm, where libsx was built with it
 };
 
-// Rows of C per block of the BLAS flavour (and per sgemm call).
-constexpr int64_t kGemmRows = 64;
-
 // Whether this build has the flavour (kOrdered: always).
 bool gemm_available(Gemm flavour);
 // The flavour Newton-Schulz uses: kBlas where built with it, else kOrdered.
@@ -38,7 +35,7 @@ Gemm default_gemm();
 // "openblas" or "ordered".
 const char *gemm_name(Gemm flavour);
 
-// C (m x n) = A (m x k) B (k x n). pool (or null) splits C's rows; c must not alias a or
+// C (m x n) = A (m x k) B (k x n). pool (or null) splits C's rows (kOrdered); c must not alias a or
 // b. A flavour this build lacks is computed by kOrdered.
 void gemm_ab(Gemm flavour, const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n,
              ThreadPool *pool);

@@ -1,8 +1,11 @@
 // OpenBLAS's sgemm for gemm.h's kBlas flavour. libsx links the serial build's static
 // archive (cmake/SxDependencies.cmake): its symbols stay inside libsx and it starts no
-// thread. That build is not safe to call from several threads at once (its work buffers
-// are shared: concurrent calls from the ranks of one process gave wrong products), so
-// every call holds one process-wide lock.
+// thread. Calls run one at a time in the process, under one lock: with torch (and its
+// MKL) loaded in the same process, concurrent calls from ranks that were threads of it
+// gave wrong products now and then (Muon resumed by 4 ranks as a 2 x 2 mesh: 9 runs in
+// 20 wrong without the lock; none in 20 with sx's ordered product, none in 15 with torch
+// not loaded, none of test_muon's threads at once in a plain process). Why was not
+// found, so the lock stays until it is.
 #include "optim/gemm_openblas.h"
 
 #include <cblas.h>

@@ -7,8 +7,10 @@
 // matrix as its transpose's transpose, the flavours within a few bf16 roundings of each
 // other; the adjusted lr of each adjust_lr.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "base/vector_state.h"
@@ -74,7 +76,7 @@ std::vector<float> bf16_matrix(int64_t rows, int64_t cols, unsigned seed) {
 // threads and when repeated; the vector registers left clean.
 void test_gemm_flavours(void **) {
     sx::optim::ThreadPool two(2), three(3);
-    // Rows past one block (kGemmRows) and its tail; k of 0 and 1; a wide and a tall C.
+    // Rows past one 64-row block and its tail; k of 0 and 1; a wide and a tall C.
     const int64_t sizes[][3] = {{1, 1, 1}, {3, 0, 5}, {5, 1, 4}, {17, 130, 33}, {64, 64, 64}, {150, 70, 9}, {9, 300, 140}};
     for (sx::optim::Gemm f : flavours()) {
         for (const auto &s : sizes) {
@@ -111,6 +113,50 @@ void test_gemm_flavours(void **) {
                     }
             }
         }
+    }
+}
+
+// Several threads of one process (ranks as threads, each with its pool) multiplying at
+// once, Muon's shapes and larger, each flavour: every product the same bits as when it ran
+// alone.
+// A B for even rows of sizes, A B^T (B stored n x k) for odd ones.
+void product(sx::optim::Gemm f, const std::vector<float> *a, const std::vector<float> *b, std::vector<float> *c,
+             const int64_t *mkn, sx::optim::ThreadPool *pool) {
+    if (mkn[3])
+        sx::optim::gemm_abt(f, a->data(), b->data(), c->data(), mkn[0], mkn[1], mkn[2], pool);
+    else
+        sx::optim::gemm_ab(f, a->data(), b->data(), c->data(), mkn[0], mkn[1], mkn[2], pool);
+}
+
+void test_gemm_threads_at_once(void **) {
+    const int64_t sizes[][4] = {{6, 13, 6, 1}, {9, 24, 9, 1}, {16, 16, 16, 0}, {16, 16, 16, 1}, {64, 200, 64, 1},
+                                {130, 96, 130, 0}, {7, 300, 5, 0}, {6, 6, 13, 0}};
+    constexpr int kThreads = 6, kRounds = 40;
+    for (sx::optim::Gemm f : flavours()) {
+        std::vector<std::vector<float>> as, bs, alone;
+        for (const auto &s : sizes) {
+            as.push_back(bf16_matrix(s[0], s[1], 5)), bs.push_back(bf16_matrix(s[1], s[2], 6));  // n x k when transposed: same size
+            alone.emplace_back(static_cast<size_t>(s[0] * s[2]));
+            product(f, &as.back(), &bs.back(), &alone.back(), s, nullptr);
+        }
+        std::atomic<int> wrong{0};
+        for (int r = 0; r < kRounds; ++r) {  // new threads every round, as ranks' threads come and go
+            std::vector<std::thread> threads;
+            for (int t = 0; t < kThreads; ++t)
+                threads.emplace_back([&, t, r] {
+                    sx::optim::ThreadPool pool(t % 2 + 1);
+                    for (int j = 0; j < 2; ++j) {
+                        const size_t i = static_cast<size_t>(t + r + j) % alone.size();
+                        std::vector<float> c(alone[i].size(), -7.0f);
+                        product(f, &as[i], &bs[i], &c, sizes[i], &pool);
+                        if (std::memcmp(c.data(), alone[i].data(), c.size() * sizeof(float)) != 0) wrong.fetch_add(1);
+                    }
+                });
+            for (std::thread &t : threads) t.join();
+        }
+        if (wrong.load() != 0)
+            fail_msg("%s: %d of %d products made by %d threads at once differ from the same product alone",
+                     sx::optim::gemm_name(f), wrong.load(), 2 * kThreads * kRounds, kThreads);
     }
 }
 
@@ -211,6 +257,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ordered_product),
         cmocka_unit_test(test_gemm_flavours),
+        cmocka_unit_test(test_gemm_threads_at_once),
         cmocka_unit_test(test_newton_schulz),
         cmocka_unit_test(test_adjusted_lr),
     };
