@@ -23,11 +23,7 @@ namespace sx {
 namespace ckpt {
 namespace {
 
-std::string shape_text(const std::vector<int64_t> &shape) {
-    std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-    return s + "]";
-}
+using core::shape_text;
 
 // The read goes to the fp32 values (region 0), in place, rather than to a state slot.
 bool reads_values(const ReadOp &op) { return op.kind == TensorKind::kParam; }
@@ -288,6 +284,13 @@ class Checkpointer::Load {
     Status check_entry(const core::ParamSpec &spec, const ParamEntry &e) const {
         SX_CHECK(e.shape == spec.shape, SX_ERR_MISMATCH, "param '%s' has shape %s here but %s in the checkpoint",
                  spec.name.c_str(), shape_text(spec.shape).c_str(), shape_text(e.shape).c_str());
+        // A saved piece of a split tensor loads only into that piece (another degree of
+        // tensor parallelism, or another slice's checkpoint, would load the wrong values).
+        const core::Placement saved = entry_placement(e);
+        SX_CHECK(core::placement_loads_into(saved, spec.placement), SX_ERR_MISMATCH,
+                 "param '%s' is %s here but %s in the checkpoint: a checkpoint of a piece of a split tensor loads "
+                 "only into the same piece",
+                 spec.name.c_str(), core::placement_text(spec.placement).c_str(), core::placement_text(saved).c_str());
         // The dtypes may differ: the stored values are fp32 (the masters of 16-bit params).
         if (!options_.params_only) {
             // A custom optimizer is the one registered here under the checkpoint's name.

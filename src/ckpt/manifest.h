@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "core/params.h"
 #include "optim/optimizer.h"
 
 namespace sx {
@@ -230,6 +231,8 @@ Status decode_manifest(const void *data, size_t size, Manifest *out);
 // finite loss scale, user_blob at most kMaxUserBlobBytes. SX_ERR_CORRUPT naming the
 // param (and tensor and chunk), the param group, the file or the field. Any thread.
 Status validate(const Manifest &m);
+// A param entry's placement as sx_add_param takes it (whole where the file predates it).
+core::Placement entry_placement(const ParamEntry &p);
 
 }  // namespace ckpt
 }  // namespace sx

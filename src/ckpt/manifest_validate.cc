@@ -329,14 +329,7 @@ Status validate_factors(const ParamEntry &p, const ParamGroupEntry &group, const
 // A param's placement (written since 1.7; whole in older files), by the rules
 // sx_add_param applies.
 Status validate_param_placement(const ParamEntry &p, const std::string &label) {
-    core::Placement at;
-    at.kind = p.placement;
-    at.split_dim = p.split_dim;
-    at.global_shape = p.global_shape;
-    at.offset = p.split_offset;
-    at.replica = p.replica;
-    at.replicas = p.replicas;
-    return as_corrupt(core::validate_placement(p.name.c_str(), p.shape, at), label);
+    return as_corrupt(core::validate_placement(p.name.c_str(), p.shape, entry_placement(p)), label);
 }
 
 Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents) {
@@ -408,6 +401,17 @@ Status validate_param(const Manifest &m, size_t pi, std::vector<Extent> *extents
 }
 
 }  // namespace
+
+core::Placement entry_placement(const ParamEntry &p) {
+    core::Placement at;
+    at.kind = p.placement;
+    at.split_dim = p.split_dim;
+    at.global_shape = p.global_shape;
+    at.offset = p.split_offset;
+    at.replica = p.replica;
+    at.replicas = p.replicas;
+    return at;
+}
 
 Status validate(const Manifest &m) {
     SX_TRY(validate_header(m));

@@ -22,12 +22,6 @@ const char *dtype_text(int32_t dtype) {
     return dtype == SX_DTYPE_F32 ? "fp32" : dtype == SX_DTYPE_F16 ? "fp16" : dtype == SX_DTYPE_BF16 ? "bf16" : "0";
 }
 
-std::string shape_text(const std::vector<int64_t> &shape) {
-    std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-    return s + "]";
-}
-
 // The shortest of %.15g and %.17g that reads back as v.
 std::string number_text(double v) {
     std::string s = format("%.15g", v);
@@ -171,6 +165,7 @@ std::vector<Fact> table_facts(const TableSettings &settings, const std::vector<o
         f.push_back({name + " param group", std::to_string(p.group)});
         f.push_back({name + " unit", std::to_string(p.unit)});
         f.push_back({name + " frozen", mask[i] ? "no" : "yes"});
+        f.push_back({name + " placement", placement_text(p.placement)});
     }
     return f;
 }

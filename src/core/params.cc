@@ -99,6 +99,30 @@ static Status validate_split(const char *name, const std::vector<int64_t> &shape
     return Status::Ok();
 }
 
+std::string shape_text(const std::vector<int64_t> &shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
+std::string placement_text(const Placement &p) {
+    if (p.kind == SX_PLACEMENT_REPLICATED)
+        return "copy " + std::to_string(p.replica) + " of " + std::to_string(p.replicas);
+    if (p.kind != SX_PLACEMENT_SPLIT) return "whole";
+    const size_t d = static_cast<size_t>(p.split_dim);
+    const int64_t global = d < p.global_shape.size() ? p.global_shape[d] : 0;
+    // The piece's end is the offset plus the param's extent, which the caller's shape
+    // gives; here the piece is named by its start and the logical tensor.
+    return "the piece at " + std::to_string(p.offset) + " on dimension " + std::to_string(p.split_dim) + " (of " +
+           std::to_string(global) + ") of " + shape_text(p.global_shape);
+}
+
+bool placement_loads_into(const Placement &saved, const Placement &here) {
+    if (saved.kind != SX_PLACEMENT_SPLIT) return true;
+    return here.kind == SX_PLACEMENT_SPLIT && here.split_dim == saved.split_dim &&
+           here.global_shape == saved.global_shape && here.offset == saved.offset;
+}
+
 Status validate_placement(const char *name, const std::vector<int64_t> &shape, const Placement &p) {
     SX_CHECK_ARG(p.kind >= SX_PLACEMENT_WHOLE && p.kind <= SX_PLACEMENT_SPLIT,
                  "param '%s': desc->placement %d is not SX_PLACEMENT_WHOLE, _REPLICATED or _SPLIT", name, p.kind);

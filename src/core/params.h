@@ -27,6 +27,17 @@ struct Placement {
     bool counts_in_norm() const { return kind != SX_PLACEMENT_REPLICATED || replica == 0; }
 };
 
+// "[8, 3]".
+std::string shape_text(const std::vector<int64_t> &shape);
+// A placement in words: "whole", "copy 1 of 2", "the piece at 4 on dimension 0 (of 8) of
+// [8, 3]".
+std::string placement_text(const Placement &p);
+// Whether a param of placement `here` can take the values a checkpoint saved for one of
+// placement `saved` (the same shape already checked): a saved piece of a split tensor
+// only into the same piece. A saved whole or replicated param goes anywhere its shape
+// fits (files written before placements were recorded read as whole).
+bool placement_loads_into(const Placement &saved, const Placement &here);
+
 // Checks a param's placement against its shape (`name` for the errors): each kind's
 // fields in range and the others 0, a piece within its logical tensor.
 Status validate_placement(const char *name, const std::vector<int64_t> &shape, const Placement &p);

@@ -13,7 +13,11 @@
 //  - Refusals: joins that do not make whole slices, a group joined twice, a bad slice,
 //    groups stepping with different max_grad_norm (the step skipped everywhere, nothing
 //    changed), a weighted step, and placements that do not fit, each with its words.
-//  - The MANIFEST records each param's placement, and a checkpoint of them loads again.
+//  - The MANIFEST records each param's placement, and a checkpoint of them loads again;
+//    a saved piece of a split tensor loads only into the same piece (another piece, or
+//    the param declared whole, is refused naming both, and nothing changes), while a
+//    replicated param loads into another copy. The ranks of a group that declare a param's
+//    placement differently fail sx_finalize, naming it.
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -559,8 +563,68 @@ void test_the_manifest_records_placement(void **) {
     lo.path = path.c_str();
     assert_int_equal(sx_load_optim_state(g, &lo), SX_OK);
     sx_destroy_shard_group(g);
+    // Another piece of w2 (TP rank 0's where rank 1 saved), then w2 declared whole: both
+    // refused, naming the two placements, the values left as they were. The replicated b
+    // as another copy, and "whole" declared as a piece: loaded.
+    struct Other {
+        int placement;
+        std::vector<int64_t> global;
+        int64_t offset;
+        const char *words;
+    } others[] = {
+        {SX_PLACEMENT_SPLIT, {kO, kH}, 0, "is the piece at 0 on dimension 1 (of 6) of [2, 6] here but the piece at 3"},
+        {SX_PLACEMENT_WHOLE, {}, 0, "is whole here but the piece at 3 on dimension 1 (of 6) of [2, 6] in the checkpoint"},
+        {SX_PLACEMENT_SPLIT, {kO, kH}, 3, nullptr},
+    };
+    for (const Other &o : others) {
+        sx_shard_group_t *h = one_rank_sgd_group("local://nd-manifest-other");
+        assert_int_equal(add(h, "w2", {kO, 3}, o.placement, o.global, o.placement ? 1 : 0, o.offset, 0, 0), SX_OK);
+        assert_int_equal(add(h, "b", {kO}, SX_PLACEMENT_REPLICATED, {}, 0, 0, 0, 2), SX_OK);
+        assert_int_equal(add(h, "whole", {5}, SX_PLACEMENT_SPLIT, {10}, 0, 5, 0, 0), SX_OK);
+        assert_int_equal(sx_finalize(h), SX_OK);
+        sx_view_t v;
+        sx_view_init(&v, sizeof v);
+        assert_int_equal(sx_param_view(h, 0, &v), SX_OK);
+        for (int i = 0; i < kO * 3; ++i) static_cast<float *>(v.data)[i] = -5.0f;
+        const sx_status_t st = sx_load_optim_state(h, &lo);
+        if (o.words) {
+            if (st != SX_ERR_MISMATCH || !std::strstr(sx_last_error_message(), o.words))
+                fail_msg("%s, not '%s'", failed("loading another placement", st).c_str(), o.words);
+            for (int i = 0; i < kO * 3; ++i) assert_true(static_cast<float *>(v.data)[i] == -5.0f);
+        } else if (st != SX_OK) {
+            fail_msg("%s", failed("loading the same piece, another copy of b", st).c_str());
+        }
+        sx_destroy_shard_group(h);
+    }
     std::string rm = std::string("rm -rf ") + dir;
     assert_int_equal(std::system(rm.c_str()), 0);
+}
+
+// Two ranks of one group that place a param differently (another offset) fail
+// sx_finalize on both, naming the param's placement.
+void test_ranks_that_place_a_param_differently_fail_finalize(void **) {
+    const std::string err = sxtest::run_ranks(2, [&](int r) -> std::string {
+        sx_shard_group_t *g = nullptr;
+        const std::string rv = "local://nd-finalize-placement";
+        sx_group_config_t c = config(rv, r, 2);
+        sx_status_t st = sx_create_shard_group(&c, &g);
+        sx_param_group_desc_t pg;
+        sx_param_group_desc_init(&pg, sizeof pg, SX_OPTIM_SGD);
+        if (st == SX_OK) st = sx_add_param_group(g, &pg, nullptr);
+        if (st == SX_OK) st = add(g, "w", {4}, SX_PLACEMENT_SPLIT, {8}, 0, 4 * r, 0, 0);
+        if (st != SX_OK) {
+            sx_destroy_shard_group(g);
+            return failed("setup", st);
+        }
+        st = sx_finalize(g);
+        const std::string msg = sx_last_error_message();
+        sx_destroy_shard_group(g);
+        if (st != SX_ERR_MISMATCH || msg.find("param 'w' placement") == std::string::npos ||
+            msg.find("the piece at 4 on dimension 0") == std::string::npos)
+            return "finalize with placements that differ: " + std::string(sx_status_string(st)) + " (" + msg + ")";
+        return "";
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
 }
 
 }  // namespace
@@ -577,6 +641,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_steps_that_differ_are_refused),
         cmocka_unit_test(test_bad_placements_are_refused),
         cmocka_unit_test(test_the_manifest_records_placement),
+        cmocka_unit_test(test_ranks_that_place_a_param_differently_fail_finalize),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
