@@ -6,7 +6,8 @@
 //    TP=2 x DP=2 (threads over local://, processes over tcp://) and TP=3 x DP=1: every
 //    step's gradient norm is the same bits on every rank, and equals that of one group of
 //    DP ranks training the unsharded model, as do the params after the steps (<= 1e-6
-//    relative: see kTolerance).
+//    relative: see kTolerance); also with data-parallel groups that are 2 x 2 meshes, and
+//    at stage 3.
 //  - A NaN in one slice's gradient (a split param's, or a replicated one's on the copy that
 //    does not count in the norm) skips the step on every rank of every group; dynamic loss
 //    scaling backs off alike on all.
@@ -63,6 +64,7 @@ struct Run {
     int bad_rank = -1;        // ... on this domain rank
     int bad_param = 0;        // ... in this param: 0 W1, 1 W2, 2 b
     bool loss_scaling = false;
+    int stage = 2, shard_size = 0;  // the data-parallel groups' stage and mesh
     std::string tag;
 };
 
@@ -123,7 +125,8 @@ std::string train(const Run &run, int r, const Places &at, Seen *seen) {
     Rank k;
     sx_status_t st;
     sx_group_config_t c = config(at.dp, d, run.dp);
-    c.stage = 2;
+    c.stage = run.stage;
+    c.shard_size = run.shard_size;
     if ((st = sx_create_shard_group(&c, &k.dp)) != SX_OK) return failed("dp group", st);
     if (run.tp > 1) {
         sx_group_config_t ct = config(at.tp, t, run.tp);
@@ -156,22 +159,33 @@ std::string train(const Run &run, int r, const Places &at, Seen *seen) {
         if ((st = sx_create_norm_domain(&cd, &k.domain)) != SX_OK) return failed("domain", st);
         if ((st = sx_join_norm_domain(k.dp, k.domain, t)) != SX_OK) return failed("join", st);
     }
+    // Stage 3: the unit is gathered around each step's forward and backward (and the
+    // initial values' writes, and the final read); the views are taken inside.
     sx_view_t pv[3], gv[3];
-    for (int p = 0; p < 3; ++p) {
-        sx_view_init(&pv[p], sizeof pv[p]);
-        sx_view_init(&gv[p], sizeof gv[p]);
-        if (sx_param_view(k.dp, p, &pv[p]) != SX_OK || sx_grad_view(k.dp, p, &gv[p]) != SX_OK)
-            return failed("views", SX_ERR_INTERNAL);
-    }
-    float *w1 = static_cast<float *>(pv[0].data), *w2 = static_cast<float *>(pv[1].data),
-          *b = static_cast<float *>(pv[2].data);
+    float *w1 = nullptr, *w2 = nullptr, *b = nullptr;
+    auto gather = [&]() -> sx_status_t {
+        sx_status_t gs = run.stage == 3 ? sx_unit_gather(k.dp, 0) : SX_OK;
+        for (int p = 0; p < 3 && gs == SX_OK; ++p) {
+            sx_view_init(&pv[p], sizeof pv[p]);
+            sx_view_init(&gv[p], sizeof gv[p]);
+            gs = sx_param_view(k.dp, p, &pv[p]);
+            if (gs == SX_OK) gs = sx_grad_view(k.dp, p, &gv[p]);
+        }
+        w1 = static_cast<float *>(pv[0].data), w2 = static_cast<float *>(pv[1].data);
+        b = static_cast<float *>(pv[2].data);
+        return gs;
+    };
+    auto release = [&]() { return run.stage == 3 ? sx_unit_release(k.dp, 0) : SX_OK; };
+    if ((st = gather()) != SX_OK) return failed("views", st);
     for (int j = 0; j < H; ++j)
         for (int q = 0; q < kD; ++q) w1[j * kD + q] = static_cast<float>(init_w1(t * H + j, q));
     for (int o = 0; o < kO; ++o) {
         for (int j = 0; j < H; ++j) w2[o * H + j] = static_cast<float>(init_w2(o, t * H + j));
         b[o] = static_cast<float>(init_b(o));
     }
+    if ((st = release()) != SX_OK) return failed("release", st);
     for (int s = 0; s < run.steps; ++s) {
+        if ((st = gather()) != SX_OK) return failed("gather", st);
         double scale = 1.0;
         if ((st = sx_get_loss_scale(k.dp, &scale)) != SX_OK) return failed("loss scale", st);
         // Forward: this slice's hidden units, and its part of y (summed over the slices).
@@ -213,14 +227,17 @@ std::string train(const Run &run, int r, const Places &at, Seen *seen) {
         so.max_grad_norm = run.max_grad_norm;
         sx_step_result_t res;
         sx_step_result_init(&res, sizeof res);
+        if ((st = release()) != SX_OK) return failed("release", st);
         if ((st = sx_step(k.dp, &so, &res)) != SX_OK) return failed("step", st);
         seen->norms.push_back(res.grad_norm);
         seen->skipped.push_back(res.skipped);
         seen->scales.push_back(res.loss_scale);
     }
+    if ((st = gather()) != SX_OK) return failed("gather", st);
     seen->w1.assign(w1, w1 + H * kD);
     seen->w2.assign(w2, w2 + kO * H);
     seen->b.assign(b, b + kO);
+    if ((st = release()) != SX_OK) return failed("release", st);
     return "";
 }
 
@@ -289,6 +306,24 @@ Run reference_of(Run run) {
 void test_tp2_dp2_threads_equal_the_unsharded_model(void **) {
     Run run;
     run.tag = "tp2dp2";
+    compare(run, run_threads(run), run_threads(reference_of(run)));
+}
+
+// Data-parallel groups that are meshes (HSDP: 2 replicas of 2 shards), at stage 1.
+void test_tp2_dp4_meshes_equal_the_unsharded_model(void **) {
+    Run run;
+    run.dp = 4;
+    run.shard_size = 2;
+    run.stage = 1;
+    run.tag = "tp2dp4mesh";
+    compare(run, run_threads(run), run_threads(reference_of(run)));
+}
+
+// Data-parallel groups at stage 3 (each rank holds a shard of the params between steps).
+void test_tp2_dp2_stage3_equal_the_unsharded_model(void **) {
+    Run run;
+    run.stage = 3;
+    run.tag = "tp2dp2s3";
     compare(run, run_threads(run), run_threads(reference_of(run)));
 }
 
@@ -633,6 +668,8 @@ int main(int argc, char **argv) {
     if (sxtest::is_child(argc, argv)) return child_main(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tp2_dp2_threads_equal_the_unsharded_model),
+        cmocka_unit_test(test_tp2_dp4_meshes_equal_the_unsharded_model),
+        cmocka_unit_test(test_tp2_dp2_stage3_equal_the_unsharded_model),
         cmocka_unit_test(test_tp3_dp1_threads_equal_the_unsharded_model),
         cmocka_unit_test(test_a_nonfinite_slice_skips_every_group),
         cmocka_unit_test(test_loss_scaling_backs_off_on_every_group),
