@@ -15,6 +15,14 @@ unset CGO_LDFLAGS LD_LIBRARY_PATH
 export SX_LAYOUT_JSON="$layout" GOCACHE="$build/gocache" GOPATH="$build/gopath" GOTOOLCHAIN=local \
   GOPROXY=off GOFLAGS=-buildvcs=false GO111MODULE=on
 "$go" version
+# The Go sources are as gofmt writes them (the binding and both samples).
+gofmt=$(dirname "$go")/gofmt
+[ -x "$gofmt" ] || gofmt=gofmt
+unformatted=$("$gofmt" -l "$here" "$here/../../samples/go" "$here/../../samples/go-finetune")
+if [ -n "$unformatted" ]; then
+  echo "bindings_go: not gofmt-formatted (run gofmt -w on them): $unformatted" >&2
+  exit 1
+fi
 cd "$here" && "$go" vet ./... && "$go" test -count=1 ./...
 # The custom optimizer sample: Lion in Go against the built-in Lion, bit for bit.
 cd "$here" && "$go" run ./examples/custom_lion

@@ -25,7 +25,7 @@ type NamePair struct {
 // param under its own name, in fp32, in files of at most 5e9 bytes, from rank 0.
 type HFExportOptions struct {
 	Root          int32
-	DType         Dtype // DtypeF32 (0: fp32), DtypeBF16 or DtypeF16
+	DType         Dtype  // DtypeF32 (0: fp32), DtypeBF16 or DtypeF16
 	MaxShardBytes uint64 // ExportHF: bytes of tensors per file (0: 5000000000, transformers' "5GB")
 	Names         []NamePair
 	OnlyNamed     bool // only the params Names names (ExportPEFT: always)
