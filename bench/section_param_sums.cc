@@ -2,18 +2,21 @@
 // against AdamW's on the same model, at 2 and 4 ranks (threads of this process over
 // local://, one pool thread each): the slower rank's step time, the two groups stepped
 // alternately. LAMB (per-param sums over the ranks: its trust ratio's norms) with the
-// bytes a rank exchanges per step for the sums (one all-gather of 16 bytes per param and
-// rank); Muon (each matrix orthogonalised whole on one rank) with the bytes of the pieces
+// bytes a rank exchanges per step for the sums (one all-reduce of 16 bytes per param);
+// Muon (each matrix orthogonalised whole on one rank) with the bytes of the pieces
 // its ranks send to the owners and get back, from the layout; both against the gradients'
 // reduce-scatter; Adafactor (each matrix's row and column sums over the ranks, then its
-// update's RMS: two all-gathers) with the bytes of both and its state per element. Then
+// update's RMS: two all-reduces) with the bytes of both, measured from a step's trace over
+// shared memory and over TCP (which gathers), and its state per element. Then
 // Newton-Schulz itself with each of sx's product flavours (optim/gemm.h: OpenBLAS's
 // where built with it, and sx's ordered one) and the default flavour's product against
 // torch's (torch.optim.Muon's bf16 iterations, torch.matmul in fp32) in the same run,
 // where --torch-python names a Python with torch.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,9 +32,13 @@ namespace sxbench {
 namespace {
 
 // `count` square params of rows x rows elements, one unit, one param group of `optimizer`.
-sx_shard_group_t *model(const std::string &url, int rank, int world, int32_t optimizer, int count, int64_t rows) {
+// transport and trace: sx_group_config_t's (0 and null: the defaults).
+sx_shard_group_t *model(const std::string &url, int rank, int world, int32_t optimizer, int count, int64_t rows,
+                        int32_t transport = 0, const char *trace = nullptr) {
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
+    cfg.transport = transport;
+    cfg.trace_path = trace;
     cfg.rendezvous = url.c_str();
     cfg.rank = rank;
     cfg.world_size = world;
@@ -97,6 +104,56 @@ PairTimes steps(int world, int count, int64_t rows, int reps, int32_t other) {
     rank_main(0);
     for (std::thread &th : others) th.join();
     return t;
+}
+
+// The bytes of the spans named `name` in a rank's trace file (their "bytes" args).
+double span_bytes(const std::string &path, const char *name) {
+    FILE *f = std::fopen(path.c_str(), "r");
+    if (!f) return -1.0;
+    std::string text;
+    char buf[65536];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+    const std::string key = std::string("\"name\":\"") + name + "\"";
+    double bytes = 0.0;
+    for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1)) {
+        const size_t b = text.find("\"bytes\":", at), end = text.find('}', at);
+        if (b != std::string::npos && b < end) bytes += std::atof(text.c_str() + b + 8);
+    }
+    return bytes;
+}
+
+// Per rank and step, the bytes of Adafactor's two exchanges (the per-param sums: the spans
+// param_sums_exchange and update_sums_exchange, each the bytes of its collective's buffer
+// on the rank), measured from the traces of `steps` steps of `world` ranks (threads over
+// local://) over `transport`: the largest over the ranks.
+double adafactor_exchange_bytes(int world, int count, int64_t rows, int32_t transport, int steps) {
+    char tmpl[] = "/tmp/sx-bench-param-sums-XXXXXX";
+    if (!mkdtemp(tmpl)) return -1.0;
+    const std::string dir = tmpl, trace = dir + "/trace.json";
+    const std::string url = "local://bench-adafactor-bytes-" + std::to_string(::getpid()) + "-" +
+                            std::to_string(world) + "-" + std::to_string(transport);
+    auto rank_main = [&](int r) {
+        sx_shard_group_t *g = model(url, r, world, SX_OPTIM_ADAFACTOR, count, rows, transport, trace.c_str());
+        sx_step_options_t keep;
+        sx_step_options_init(&keep, sizeof keep);
+        keep.keep_grads = 1;
+        for (int i = 0; i < steps; ++i) check(sx_step(g, &keep, nullptr), "sx_step");
+        sx_destroy_shard_group(g);
+    };
+    std::vector<std::thread> others;
+    for (int r = 1; r < world; ++r) others.emplace_back(rank_main, r);
+    rank_main(0);
+    for (std::thread &th : others) th.join();
+    double most = 0.0;
+    for (int r = 0; r < world; ++r) {
+        const std::string path = dir + "/trace.rank" + std::to_string(r) + ".json";
+        const double b = span_bytes(path, "param_sums_exchange") + span_bytes(path, "update_sums_exchange");
+        most = std::max(most, b / steps);
+        std::remove(path.c_str());
+    }
+    ::rmdir(dir.c_str());
+    return most;
 }
 
 }  // namespace
@@ -180,10 +237,10 @@ int section_param_sums(const Options &opt) {
     std::vector<std::string> json;
     for (int world : {2, 4}) {
         const PairTimes t = steps(world, count, rows, opt.reps, SX_OPTIM_LAMB);
-        // Per rank and step: the all-gather of every rank's 2 doubles per LAMB param
-        // (received from the world - 1 others), against the reduce-scatter of the fp32
-        // gradients (the world - 1 shards it sends).
-        const double sums = 16.0 * count * (world - 1);
+        // Per rank and step: the all-reduce of 2 doubles per LAMB param (shared memory adds
+        // in rank order: one block per rank; a TCP group gathers world_size of them),
+        // against the reduce-scatter of the fp32 gradients (the world - 1 shards it sends).
+        const double sums = 16.0 * count;
         const double scatter = 4.0 * elements * (world - 1) / world;
         std::printf("%6d %11.3f %10.3f %8.3f %16.0f %18.0f %12.2e\n", world, t.min_a() * 1e3, t.min_b() * 1e3,
                     t.paired_ratio(), sums, scatter, sums / scatter);
@@ -206,9 +263,9 @@ int section_param_sums(const Options &opt) {
                 "reduce_scatter_b/r", "bytes_ratio");
     for (int world : {2, 4}) {
         const PairTimes t = steps(world, count, rows, opt.reps, SX_OPTIM_ADAFACTOR);
-        // Per rank and step, received from the world - 1 others: the first all-gather's
-        // 1 + rows + cols doubles per param, the second's 1.
-        const double sums = 8.0 * count * (1.0 + 2.0 * static_cast<double>(rows) + 1.0) * (world - 1);
+        // Per rank and step, the all-reduces' blocks (as LAMB's): the first's 1 + rows +
+        // cols doubles per param, the second's 1 (measured below).
+        const double sums = 8.0 * count * (1.0 + 2.0 * static_cast<double>(rows) + 1.0);
         const double scatter = 4.0 * elements * (world - 1) / world;
         std::printf("%6d %11.3f %13.3f %8.3f %16.0f %18.0f %12.2e\n", world, t.min_a() * 1e3, t.min_b() * 1e3,
                     t.paired_ratio(), sums, scatter, sums / scatter);
@@ -220,6 +277,24 @@ int section_param_sums(const Options &opt) {
                       "\"reduce_scatter_bytes_per_rank\":%.0f}",
                       world, elements, count, opt.reps, t.min_a() * 1e3, t.min_b() * 1e3, t.paired_ratio(), sums,
                       scatter);
+        json.push_back(line);
+    }
+    // The exchanges' bytes per rank, measured from the step's trace: shared memory sums
+    // with its all-reduce (which adds in rank order: width doubles per rank); TCP (Gloo,
+    // whose all-reduce adds in an order of its own) gathers every rank's block.
+    std::printf("\nAdafactor's per-param sums per rank and step (the two exchanges' collective buffers, from the "
+                "trace of 3 steps): shared memory (all-reduce) vs TCP (all-gather), ranks as threads\n");
+    std::printf("%6s %16s %16s %10s\n", "ranks", "shm_bytes/rank", "tcp_bytes/rank", "tcp / shm");
+    for (int world : {2, 4}) {
+        const double shm = adafactor_exchange_bytes(world, count, rows, SX_TRANSPORT_AUTO, 3);
+        const double tcp = adafactor_exchange_bytes(world, count, rows, SX_TRANSPORT_TCP, 3);
+        std::printf("%6d %16.0f %16.0f %10.2f\n", world, shm, tcp, shm > 0 ? tcp / shm : 0.0);
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "{\"bench\":\"param_sums\",\"optimizer\":\"Adafactor\",\"figure\":\"exchange_bytes\","
+                      "\"ranks\":%d,\"shm_bytes_per_rank\":%.0f,\"tcp_bytes_per_rank\":%.0f,"
+                      "\"ratio_tcp_vs_shm\":%.4f}",
+                      world, shm, tcp, shm > 0 ? tcp / shm : 0.0);
         json.push_back(line);
     }
     // Every rank keeps each matrix's row and column means whole: (rows + cols) x 4 bytes.

@@ -103,6 +103,11 @@ class Communicator {
     // on return every part holds its rank's bytes.
     virtual Status all_gather(void *buf, size_t shard_bytes) = 0;
     virtual Status all_reduce_sum(double *data, size_t n) = 0;
+    // Whether all_reduce_sum adds the ranks' values in rank order, ((d_0 + d_1) + d_2) + ...,
+    // every element so on every rank (shared memory). Gloo's and NCCL's orders are their
+    // algorithms' own (the same bits on every rank, but not these): RankOrderedSum
+    // (ordered_sum.h) then gathers and adds itself.
+    virtual bool sums_in_rank_order() const { return false; }
     // data[0, n) = the sum over ranks of their data, the same bits on every rank (NCCL:
     // device memory; the others host). A mesh's replicas sum their gradient shards so.
     virtual Status all_reduce_sum_f32(float *data, size_t n) = 0;

@@ -2,14 +2,17 @@
 // param (optim::Needs::kParamReduction), each optimizer's passes as its row's
 // optim::ParamPasses describes them: pass 0 of every such optimizer over this rank's
 // pieces, exchange 0 of all their params' blocks, pass 1, and so on until each has made
-// its last pass. Each exchange is one all-gather for all params of the step; each rank
-// adds the ranks' blocks in rank order, so that every rank has the same sums, bit for
-// bit (and the tensors kept whole on every rank that the passes derive from them).
+// its last pass. Each exchange is one collective for all params of the step, whose sums
+// every rank gets added in rank order (comm/ordered_sum.h: the transport's all-reduce where
+// it adds so, as shared memory does, else an all-gather of every rank's blocks), so that
+// every rank has the same sums, bit for bit, on any transport (and the tensors kept whole
+// on every rank that the passes derive from them).
 #include <algorithm>
 #include <map>
 #include <memory>
 #include <vector>
 
+#include "comm/ordered_sum.h"
 #include "core/step_passes.h"
 #include "optim/param_passes.h"
 
@@ -21,20 +24,17 @@ namespace {
 // sums over their updates.
 const char *const kExchangeNames[optim::kMaxParamExchanges] = {"param_sums_exchange", "update_sums_exchange"};
 
-// Every shard-group rank's `width` doubles at `all` (this rank's in its place), added in
-// rank order into whole. Collective on the shard group when it has several ranks.
-Status sum_blocks(const StepPasses &c, std::vector<double> &all, size_t width, const char *what,
-                  std::vector<double> *whole) {
-    const size_t ranks = static_cast<size_t>(c.shard_size);
-    if (ranks > 1 && width > 0) {
-        SX_TRACE_SPAN(c.tracer, "step", what, trace::kNoUnit, all.size() * sizeof(double));
-        Status st = c.shard->all_gather(all.data(), width * sizeof(double));
+// Every shard-group rank's block (at sums.mine()), added in rank order into whole
+// (comm/ordered_sum.h: an all-reduce where the transport adds in rank order, else an
+// all-gather). Collective on the shard group when it has several ranks.
+Status sum_blocks(const StepPasses &c, comm::RankOrderedSum &sums, const char *what, std::vector<double> *whole) {
+    if (sums.exchanged_bytes() > 0) {
+        SX_TRACE_SPAN(c.tracer, "step", what, trace::kNoUnit, sums.exchanged_bytes());
+        Status st = sums.sum(whole);
         if (!st.ok()) return c.fail(st);
+        return Status::Ok();
     }
-    whole->assign(width, 0.0);
-    for (size_t r = 0; r < ranks; ++r)
-        for (size_t j = 0; j < width; ++j) (*whole)[j] += all[r * width + j];
-    return Status::Ok();
+    return sums.sum(whole);
 }
 
 // One optimizer's part of the step: the covered params it updates (their places in the
@@ -114,7 +114,6 @@ Status update_param_reductions(const StepPasses &c, float grad_scale, double *su
     const std::vector<int32_t> covered = c.units->params_needing(optim::Needs::kParamReduction);
     if (covered.empty()) return Status::Ok();
     trace::Span span(c.tracer, "step", "update_param_reductions");
-    const size_t ranks = static_cast<size_t>(c.shard_size), me = static_cast<size_t>(c.shard_rank);
     std::vector<optim::Segment> segs = c.units->segments_needing(*c.reduced, optim::Needs::kParamReduction);
     std::map<int32_t, Optimizer> optimizers = start_runs(c, covered, &segs, grad_scale);
     // Where the state lives, the passes run: the host's loops, or a device's kernels.
@@ -124,9 +123,9 @@ Status update_param_reductions(const StepPasses &c, float grad_scale, double *su
     const Blocks blocks(c, covered);
     std::vector<double> whole[optim::kMaxParamExchanges];
     for (int pass = 0; pass <= blocks.exchanges; ++pass) {
-        // This rank's blocks of exchange `pass`, in their places among every rank's.
+        // This rank's blocks of exchange `pass`, written at sums.mine().
         const size_t width = pass < blocks.exchanges ? blocks.width(pass) : 0;
-        std::vector<double> all(width * ranks, 0.0);
+        comm::RankOrderedSum sums(c.shard_size > 1 ? c.shard : nullptr, width);
         for (auto &entry : optimizers) {
             Optimizer &o = entry.second;
             if (pass > o.passes->exchanges) continue;
@@ -135,14 +134,14 @@ Status update_param_reductions(const StepPasses &c, float grad_scale, double *su
             for (size_t j = 0; j < o.covered.size(); ++j) {
                 const size_t k = o.covered[j];
                 if (pass > 0) summed[j] = whole[pass - 1].data() + blocks.offset[pass - 1][k];
-                if (pass < o.passes->exchanges) mine[j] = all.data() + width * me + blocks.offset[pass][k];
+                if (pass < o.passes->exchanges) mine[j] = sums.mine() + blocks.offset[pass][k];
             }
             double part = 0.0;
             Status st = o.run->pass(pass, summed.data(), mine.data(), pass == 0 && sumsq ? &part : nullptr);
             if (!st.ok()) return c.fail(st);  // the segments are partly updated
             if (pass == 0 && sumsq) *sumsq += part;
         }
-        if (pass < blocks.exchanges) SX_TRY(sum_blocks(c, all, width, kExchangeNames[pass], &whole[pass]));
+        if (pass < blocks.exchanges) SX_TRY(sum_blocks(c, sums, kExchangeNames[pass], &whole[pass]));
     }
     span.set_bytes(optim::total_elements(segs) * sizeof(float));
     return Status::Ok();

@@ -20,6 +20,7 @@ class Wrapping : public comm::Communicator {
     int rank() const override { return inner_->rank(); }
     int world_size() const override { return inner_->world_size(); }
     bool carries_riders() const override { return inner_->carries_riders(); }
+    bool sums_in_rank_order() const override { return inner_->sums_in_rank_order(); }
     Status attach_rider(const comm::Rider &mine, std::vector<comm::Rider> *all) override {
         return inner_->attach_rider(mine, all);
     }

@@ -65,36 +65,50 @@ void test_every_collective(void **) {
 
 // Small all-reduces (one barrier each: their values go through the call's lines, which
 // every other call reuses) back to back with other calls, on both sides of the 8 KiB
-// threshold, one rank at a time late: every result is the exact sum of that call's values.
-void test_small_all_reduces_back_to_back(void **) {
-    const int p = 3;
-    const std::string url = url_for("small");
-    sxtest::run_ranks(p, [&](int r) -> std::string {
-        std::unique_ptr<Communicator> c;
-        Status s = join(url, r, p, Millis(20000), &c, 4096);
-        if (!s.ok()) return "join: " + s.message();
-        for (int i = 0; i < 1500; ++i) {
-            if (i % 100 < 3 && (i / 100) % p == r) std::this_thread::sleep_for(std::chrono::microseconds(300));
-            const size_t n = i % 50 == 0 ? 1025 : i % 50 == 1 ? 1024 : 1 + static_cast<size_t>(i) % 9;
-            std::vector<double> v(n);
-            for (size_t k = 0; k < n; ++k) v[k] = r * 1000.0 + i + static_cast<double>(k);
-            if (!(s = c->all_reduce_sum(v.data(), n)).ok()) return "all_reduce_sum: " + s.message();
-            for (size_t k = 0; k < n; ++k)
-                if (v[k] != 3000.0 + p * (i + static_cast<double>(k)))
-                    return "call " + std::to_string(i) + ": element " + std::to_string(k) + " = " + std::to_string(v[k]);
-            if (i % 3 == 0) {
-                uint64_t m = static_cast<uint64_t>(r * 7 + i);
-                if (!(s = c->all_reduce_max(&m, 1)).ok()) return "all_reduce_max: " + s.message();
-                if (m != static_cast<uint64_t>((p - 1) * 7 + i)) return "call " + std::to_string(i) + ": max wrong";
-            }
-            if (i % 7 == 0) {
-                int32_t b = r == i % p ? i : -1;
-                if (!(s = c->broadcast(&b, sizeof b, i % p)).ok()) return "broadcast: " + s.message();
-                if (b != i) return "call " + std::to_string(i) + ": broadcast wrong";
-            }
+// threshold, one rank at a time late: every result is the exact sum of that call's values
+// (each call's values differ from the last's, so a line read a call late is found).
+std::string small_all_reduces_back_to_back(Communicator &c, int r, int p) {
+    Status s;
+    for (int i = 0; i < 1500; ++i) {
+        if (i % 100 < 3 && (i / 100) % p == r) std::this_thread::sleep_for(std::chrono::microseconds(300));
+        const size_t n = i % 50 == 0 ? 1025 : i % 50 == 1 ? 1024 : 1 + static_cast<size_t>(i) % 9;
+        std::vector<double> v(n);
+        for (size_t k = 0; k < n; ++k) v[k] = r * 1000.0 + i + static_cast<double>(k);
+        if (!(s = c.all_reduce_sum(v.data(), n)).ok()) return "all_reduce_sum: " + s.message();
+        const double ranks = p * (p - 1) / 2 * 1000.0;
+        for (size_t k = 0; k < n; ++k)
+            if (v[k] != ranks + p * (i + static_cast<double>(k)))
+                return "call " + std::to_string(i) + ": element " + std::to_string(k) + " = " + std::to_string(v[k]);
+        if (i % 3 == 0) {
+            uint64_t m = static_cast<uint64_t>(r * 7 + i);
+            if (!(s = c.all_reduce_max(&m, 1)).ok()) return "all_reduce_max: " + s.message();
+            if (m != static_cast<uint64_t>((p - 1) * 7 + i)) return "call " + std::to_string(i) + ": max wrong";
         }
-        return "";
-    });
+        if (i % 7 == 0) {
+            int32_t b = r == i % p ? i : -1;
+            if (!(s = c.broadcast(&b, sizeof b, i % p)).ok()) return "broadcast: " + s.message();
+            if (b != i) return "call " + std::to_string(i) + ": broadcast wrong";
+        }
+        if (i % 11 == 0) {
+            float f = static_cast<float>(r + i);
+            if (!(s = c.all_reduce_sum_f32(&f, 1)).ok()) return "all_reduce_sum_f32: " + s.message();
+            if (f != static_cast<float>(p * i + p * (p - 1) / 2)) return "call " + std::to_string(i) + ": f32 sum wrong";
+        }
+    }
+    return "";
+}
+
+// ... with ranks as threads (3 and 5), and as forked processes (3).
+void test_small_all_reduces_back_to_back(void **) {
+    for (int p : {3, 5}) {
+        const std::string url = url_for("small") + "-" + std::to_string(p);
+        sxtest::run_ranks(p, [&](int r) -> std::string {
+            std::unique_ptr<Communicator> c;
+            Status s = join(url, r, p, Millis(20000), &c, 4096);
+            if (!s.ok()) return "join: " + s.message();
+            return small_all_reduces_back_to_back(*c, r, p);
+        });
+    }
 }
 
 // A reduce-scatter of 1 Mi floats per rank through 64 KiB slots gives the sums, in place
@@ -319,6 +333,24 @@ std::vector<pid_t> fork_ranks(int p, const std::function<std::string(int)> &rank
     return pids;
 }
 
+// Small all-reduces back to back (above), ranks as forked processes over a file:// store.
+void test_small_all_reduces_between_processes(void **) {
+    sxtest::TempDir dir;
+    const std::string url = "file://" + dir.path();
+    const int p = 3;
+    const std::vector<pid_t> pids = fork_ranks(p, [&](int r) -> std::string {
+        std::unique_ptr<Communicator> c;
+        Status s = join(url, r, p, Millis(20000), &c, 4096);
+        if (!s.ok()) return "join: " + s.message();
+        return small_all_reduces_back_to_back(*c, r, p);
+    });
+    for (pid_t pid : pids) {
+        int status = 0;
+        assert_int_equal(::waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+}
+
 // Ranks as processes (forked, over a file:// store), their buffers in their shared arenas:
 // every collective, then rank 2 is killed with SIGKILL while the others wait for it in a
 // reduce-scatter. They fail with
@@ -505,6 +537,7 @@ int main(void) {
         cmocka_unit_test(test_every_collective),
         cmocka_unit_test(test_large_and_in_place),
         cmocka_unit_test(test_small_all_reduces_back_to_back),
+        cmocka_unit_test(test_small_all_reduces_between_processes),
         cmocka_unit_test(test_ranks_in_different_collectives),
         cmocka_unit_test(test_riders),
         cmocka_unit_test(test_stalled_rank_times_out),

@@ -77,6 +77,8 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
     Status all_reduce_sum(double *data, size_t n) override {
         return all_reduce("all_reduce_sum", data, n, &gloo::sum<double>);
     }
+    // Rank 0 adds the ranks' values in rank order and sends every rank the sums (all_reduce).
+    bool sums_in_rank_order() const override { return true; }
     Status all_reduce_max(uint64_t *data, size_t n) override {
         return all_reduce("all_reduce_max", data, n, &gloo::max<uint64_t>);
     }

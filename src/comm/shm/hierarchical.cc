@@ -92,6 +92,7 @@ class HierarchicalCommunicator final : public Communicator {
     }
 
     Status all_reduce_sum(double *data, size_t n) override { return checked(flat_->all_reduce_sum(data, n)); }
+    bool sums_in_rank_order() const override { return flat_->sums_in_rank_order(); }
     Status all_reduce_max(uint64_t *data, size_t n) override { return checked(flat_->all_reduce_max(data, n)); }
 
     // The host's sum on every local rank; local index i sums its slice over the hosts;

@@ -312,6 +312,9 @@ class ShmCommunicator final : public Communicator {
         });
     }
 
+    // Every element of an all-reduce is combined in rank order (all_reduce, below).
+    bool sums_in_rank_order() const override { return true; }
+
     Status all_reduce_sum(double *data, size_t n) override {
         return all_reduce(kAllReduceSum, data, n, [](double a, double b) { return a + b; });
     }

@@ -1,0 +1,219 @@
+// Rank-ordered sums (comm/ordered_sum.h), what the per-param sums of LAMB and Adafactor go
+// through: on every transport each rank gets (((0 + d_0) + d_1) + ...) + d_{W-1}, bit for
+// bit, for values whose sum depends on the order (wide exponents, mixed signs) and for
+// zeros of both signs. Shared memory sums with its all-reduce (a rank's call holds `width`
+// doubles), between threads at 3, 4 and 5 ranks and between forked processes at 3, through
+// its call lines (at most 8 KiB), its slots in parts and its slots whole; so does a
+// context's Gloo channel (its rank 0 adds in rank order); a Gloo communicator gathers
+// every rank's block (world_size x width) and adds it in rank order.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/gloo/channels.h"
+#include "comm/ordered_sum.h"
+#include "rdzv/rendezvous.h"
+#include "rdzv/stores.h"
+#include "comm_test_util.h"
+
+using sx::Millis;
+using sx::Status;
+using sx::comm::Communicator;
+using sx::comm::RankOrderedSum;
+
+namespace {
+
+// Rank r's value j in round `round`: zeros of both signs (every rank's -0.0, or some
+// ranks' -0.0 and others' +0.0), and doubles of exponents 2^-40 to 2^40 of both signs.
+double value(int r, size_t j, int round) {
+    const uint64_t h = (static_cast<uint64_t>(r) * 0x9E3779B97F4A7C15ull) ^ ((j + 1) * 0xBF58476D1CE4E5B9ull) ^
+                       (static_cast<uint64_t>(round + 1) * 0x94D049BB133111EBull);
+    const uint64_t x = h ^ (h >> 29) ^ (h << 17);
+    switch ((j + static_cast<size_t>(round)) % 7) {
+        case 0: return -0.0;
+        case 1: return r % 2 ? -0.0 : 0.0;
+        default: {
+            const double m = static_cast<double>(x % 1000003) / 1000003.0 + 0.5;
+            const int e = static_cast<int>((x >> 20) % 81) - 40;
+            return ((x >> 40) & 1 ? -m : m) * std::ldexp(1.0, e);
+        }
+    }
+}
+
+// Every rank's sums of `width` values over c, checked against the rank-ordered sum from
+// 0.0, bit for bit; `reduces`: whether they must go through the transport's all-reduce.
+std::string check_sums(Communicator &c, size_t width, int round, bool reduces) {
+    const int p = c.world_size();
+    RankOrderedSum sums(&c, width);
+    if (p > 1 && sums.reduces() != reduces) return std::string("reduces() is ") + (reduces ? "false" : "true");
+    const size_t bytes = p == 1 ? 0 : (reduces ? 1 : static_cast<size_t>(p)) * width * sizeof(double);
+    if (sums.exchanged_bytes() != bytes)
+        return "exchanged_bytes() = " + std::to_string(sums.exchanged_bytes()) + ", expected " + std::to_string(bytes);
+    for (size_t j = 0; j < width; ++j) sums.mine()[j] = value(c.rank(), j, round);
+    std::vector<double> whole;
+    Status s = sums.sum(&whole);
+    if (!s.ok()) return "sum: " + s.message();
+    if (whole.size() != width) return "the sums have " + std::to_string(whole.size()) + " values";
+    size_t order_matters = 0;
+    for (size_t j = 0; j < width; ++j) {
+        double want = 0.0, backwards = 0.0;
+        for (int q = 0; q < p; ++q) want += value(q, j, round);
+        for (int q = p - 1; q >= 0; --q) backwards += value(q, j, round);
+        if (std::memcmp(&want, &backwards, sizeof want) != 0) ++order_matters;
+        if (std::memcmp(&want, &whole[j], sizeof want) != 0)
+            return "width " + std::to_string(width) + ", value " + std::to_string(j) + ": " +
+                   std::to_string(whole[j]) + (std::signbit(whole[j]) ? " (negative)" : "") + ", expected " +
+                   std::to_string(want) + (std::signbit(want) ? " (negative)" : "");
+    }
+    // The values are such that another order would give other bits (at 3 ranks or more).
+    if (p >= 3 && width >= 100 && order_matters == 0) return "no value whose sum depends on the order";
+    return "";
+}
+
+// Widths through the call lines (1, 7, 1024 doubles: at most 8 KiB), and past them: through
+// 4 KiB slots (chunks of 512) or the default slots (5000 doubles, combined in parts).
+std::string every_width(Communicator &c, bool reduces) {
+    int round = 0;
+    for (size_t width : {size_t(1), size_t(7), size_t(1024), size_t(1025), size_t(5000)})
+        for (int again = 0; again < 3; ++again)
+            if (std::string e = check_sums(c, width, round++, reduces); !e.empty()) return e;
+    return "";
+}
+
+Status join_shm(const std::string &url, int r, int p, size_t slot_bytes, std::unique_ptr<Communicator> *out) {
+    sx::rdzv::Rendezvous rv;
+    SX_TRY(sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv));
+    std::shared_ptr<sx::rdzv::Store> store;
+    SX_TRY(sx::rdzv::open_store(rv, Millis(20000), &store));
+    sx::comm::ShmOptions opts;
+    opts.timeout = Millis(20000);
+    opts.slot_bytes = slot_bytes;
+    return sx::comm::create_shm_communicator(store, r, p, opts, out);
+}
+
+Status join_gloo(const std::string &url, int r, int p, std::unique_ptr<Communicator> *out) {
+    sx::rdzv::Rendezvous rv;
+    SX_TRY(sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv));
+    std::shared_ptr<sx::rdzv::Store> store;
+    SX_TRY(sx::rdzv::open_store(rv, Millis(20000), &store));
+    sx::comm::GlooOptions opts;
+    opts.bind_address = "127.0.0.1";
+    opts.timeout = Millis(20000);
+    return sx::comm::create_gloo_communicator(store, r, p, opts, out);
+}
+
+std::string url_for(const char *name, int p, size_t slot) {
+    return std::string("local://ordered-sum-") + name + "-" + std::to_string(::getpid()) + "-" + std::to_string(p) +
+           "-" + std::to_string(slot);
+}
+
+void test_shared_memory_threads(void **) {
+    for (int p : {1, 3, 4, 5})
+        for (size_t slot : {size_t(4096), size_t(0)}) {
+            const std::string url = url_for("shm", p, slot);
+            sxtest::run_ranks(p, [&](int r) -> std::string {
+                std::unique_ptr<Communicator> c;
+                Status s = join_shm(url, r, p, slot, &c);
+                if (!s.ok()) return "join: " + s.message();
+                if (!c->sums_in_rank_order()) return "shared memory does not say it sums in rank order";
+                return every_width(*c, true);
+            });
+        }
+}
+
+void test_shared_memory_processes(void **) {
+    sxtest::TempDir dir;
+    const std::string url = "file://" + dir.path();
+    const int p = 3;
+    std::vector<pid_t> pids;
+    for (int r = 0; r < p; ++r) {
+        const pid_t pid = ::fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            std::unique_ptr<Communicator> c;
+            Status s = join_shm(url, r, p, 4096, &c);
+            const std::string e = s.ok() ? every_width(*c, true) : "join: " + s.message();
+            if (!e.empty()) std::fprintf(stderr, "rank %d: %s\n", r, e.c_str());
+            ::_exit(e.empty() ? 0 : 1);
+        }
+        pids.push_back(pid);
+    }
+    for (pid_t pid : pids) {
+        int status = 0;
+        assert_int_equal(::waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+}
+
+void test_gloo_gathers(void **) {
+    const int p = 3;
+    const std::string url = url_for("gloo", p, 0);
+    sxtest::run_ranks(p, [&](int r) -> std::string {
+        std::unique_ptr<Communicator> c;
+        Status s = join_gloo(url, r, p, &c);
+        if (!s.ok()) return "join: " + s.message();
+        if (c->sums_in_rank_order()) return "Gloo says it sums in rank order";
+        return every_width(*c, false);
+    });
+}
+
+// A context's Gloo channel over 3 of its 4 ranks (in another order).
+void test_gloo_channel_reduces(void **) {
+    const int world = 4;
+    const std::vector<int> members = {3, 0, 2};
+    const std::string url = url_for("channel", world, 0);
+    sxtest::run_ranks(world, [&](int r) -> std::string {
+        sx::rdzv::Rendezvous rv;
+        Status s = sx::rdzv::parse_rendezvous(url.c_str(), r, world, &rv);
+        std::shared_ptr<sx::rdzv::Store> store;
+        if (s.ok()) s = sx::rdzv::open_store(rv, Millis(20000), &store);
+        sx::comm::GlooOptions o;
+        o.bind_address = "127.0.0.1";
+        o.timeout = Millis(20000);
+        std::shared_ptr<sx::comm::GlooChannels> ch;
+        if (s.ok()) s = sx::comm::open_gloo_channels(sx::rdzv::make_prefix_store(store, "context/"), r, world, o, &ch);
+        if (!s.ok()) return "context: " + s.message();
+        int mine = -1;
+        for (size_t i = 0; i < members.size(); ++i)
+            if (members[i] == r) mine = static_cast<int>(i);
+        if (mine < 0) return "";
+        std::unique_ptr<Communicator> c;
+        s = sx::comm::create_gloo_channel(ch, sx::rdzv::make_prefix_store(store, "c/"), mine,
+                                          static_cast<int>(members.size()), o, &c);
+        if (!s.ok()) return "channel: " + s.message();
+        if (!c->sums_in_rank_order()) return "the channel does not say it sums in rank order";
+        return every_width(*c, true);
+    });
+}
+
+// Without a communicator (a group of one rank): 0 + d_0, nothing exchanged.
+void test_one_rank(void **) {
+    RankOrderedSum sums(nullptr, 3);
+    assert_false(sums.reduces());
+    assert_int_equal(sums.exchanged_bytes(), 0);
+    sums.mine()[0] = -0.0, sums.mine()[1] = 1.5, sums.mine()[2] = -2.0;
+    std::vector<double> whole;
+    ASSERT_OK(sums.sum(&whole));
+    assert_int_equal(whole.size(), 3);
+    assert_false(std::signbit(whole[0]));
+    assert_true(whole[1] == 1.5 && whole[2] == -2.0);
+}
+
+}  // namespace
+
+int main() {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shared_memory_threads),
+        cmocka_unit_test(test_shared_memory_processes),
+        cmocka_unit_test(test_gloo_gathers),
+        cmocka_unit_test(test_gloo_channel_reduces),
+        cmocka_unit_test(test_one_rank),
+    };
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
