@@ -11,7 +11,15 @@
 static atomic_int fail_param = -1;
 static atomic_int fail_rank_call = 0;
 
+static atomic_int fail_piece_param = -1;
+static _Atomic uint64_t fail_piece_offset = 0;
+
 void custom_adamw_fail_on(int32_t param) { atomic_store(&fail_param, param); }
+
+void custom_adamw_fail_at(int32_t param, uint64_t offset) {
+    atomic_store(&fail_piece_offset, offset);
+    atomic_store(&fail_piece_param, param);
+}
 
 static int32_t adamw_update(const sx_optimizer_piece_t *piece) {
     const double lr = piece->hyperparameters[HP_LR], beta1 = piece->hyperparameters[HP_BETA1],
@@ -23,6 +31,13 @@ static int32_t adamw_update(const sx_optimizer_piece_t *piece) {
         atomic_fetch_add(&fail_rank_call, 1);
         snprintf(piece->error, piece->error_size, "param %d told to fail", piece->param_index);
         return 42;
+    }
+    if (piece->param_index == atomic_load(&fail_piece_param)) {
+        const uint64_t at = atomic_load(&fail_piece_offset);
+        if (at >= piece->offset && at - piece->offset < piece->n) {
+            snprintf(piece->error, piece->error_size, "piece at %llu told to fail", (unsigned long long)piece->offset);
+            return 43;
+        }
     }
     /* torch: bias corrections in double, step sizes rounded to float once. */
     const double step = (double)piece->step;

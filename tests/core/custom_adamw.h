@@ -20,6 +20,10 @@ sx_status_t custom_adamw_register_in_place(int32_t *id);
 /* From now on its update fails (returns 42) for param `param` (-1: never). */
 void custom_adamw_fail_on(int32_t param);
 
+/* From now on its update fails (returns 43) for the piece of param `param` that holds
+ * element `offset` of it, and only that piece (param -1: never). */
+void custom_adamw_fail_at(int32_t param, uint64_t offset);
+
 #ifdef __cplusplus
 }
 #endif

@@ -364,6 +364,135 @@ void test_failed_update_changes_nothing(void **) {
     if (!err.empty()) fail_msg("%s", err.c_str());
 }
 
+// Bytes of a view (fp32 or 16-bit).
+size_t view_bytes(const sx_view_t &v) { return v.numel * (v.dtype == SX_DTYPE_F32 ? 4 : 2); }
+
+// A failure in a late piece, after the pieces before it (on both pool threads) were
+// updated: world 3, an fp32 param and a bf16 one (its fp32 masters double-buffered too)
+// in two units, each rank's shard many pieces long. Failing on rank 2 (the last piece of
+// its pass) and then on rank 0 (the last piece of its first thread's run), the steps
+// change nothing on any rank, neither params nor masters nor slots, and the run goes on
+// as one that never tried them.
+void test_failure_in_a_late_piece_changes_nothing(void **) {
+    const int32_t id = custom_id();
+    const int64_t sizes[] = {60011, 30013};
+    const std::string rv_t = tag("late"), rv_r = tag("late-ref");
+    std::atomic<int> arrived{0};
+    const auto make = [&](const std::string &rv, int rank, sx_shard_group_t **out) -> std::string {
+        sx_group_config_t cfg;
+        sx_group_config_init(&cfg, sizeof cfg);
+        cfg.backend = SX_BACKEND_CPU;
+        cfg.rendezvous = rv.c_str();
+        cfg.rank = rank;
+        cfg.world_size = 3;
+        cfg.stage = 2;
+        cfg.num_threads = 2;
+        REQUIRE(sx_create_shard_group(&cfg, out));
+        sx_param_group_desc_t d;
+        REQUIRE(sx_param_group_desc_init(&d, sizeof d, id));
+        d.lr = 0.01;
+        d.weight_decay = 0.1;
+        REQUIRE(sx_add_param_group(*out, &d, nullptr));
+        for (int p = 0; p < 2; ++p) {
+            sx_param_desc_t pd;
+            sx_param_desc_init(&pd, sizeof pd);
+            const std::string name = "w" + std::to_string(p);
+            pd.name = name.c_str();
+            pd.ndim = 1;
+            pd.shape = &sizes[p];
+            pd.dtype = p == 0 ? SX_DTYPE_F32 : SX_DTYPE_BF16;
+            pd.unit = p;
+            REQUIRE(sx_add_param(*out, &pd, nullptr));
+        }
+        REQUIRE(sx_finalize(*out));
+        return "";
+    };
+    const auto step = [&](sx_shard_group_t *g, int rank, int k, sx_status_t *status) -> std::string {
+        for (int p = 0; p < 2; ++p) {
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            REQUIRE(sx_grad_view(g, p, &v));
+            for (uint64_t i = 0; i < v.numel; ++i) {
+                const float x = std::cos(0.013f * i * (rank + 1) + 0.7f * k + p);
+                if (v.dtype == SX_DTYPE_F32)
+                    static_cast<float *>(v.data)[i] = x;
+                else
+                    sx::half::from_f32(v.dtype, &x, static_cast<uint16_t *>(v.data) + i, 1);
+            }
+        }
+        *status = sx_step(g, nullptr, nullptr);
+        return "";
+    };
+    // The params whole, and this rank's masters and slots.
+    const auto state = [&](sx_shard_group_t *g, std::vector<char> *out) -> std::string {
+        out->clear();
+        for (int p = 0; p < 2; ++p) {
+            sx_view_t v;
+            sx_view_init(&v, sizeof v);
+            REQUIRE(sx_param_view(g, p, &v));
+            out->insert(out->end(), static_cast<char *>(v.data), static_cast<char *>(v.data) + view_bytes(v));
+            for (const char *slot : {"exp_avg", "exp_avg_sq", "master"}) {
+                if (p == 0 && std::strcmp(slot, "master") == 0) continue;
+                REQUIRE(sx_state_view(g, p, slot, &v));
+                out->insert(out->end(), static_cast<char *>(v.data), static_cast<char *>(v.data) + view_bytes(v));
+            }
+        }
+        return "";
+    };
+    const std::string err = sxtest::run_ranks(3, [&](int rank) -> std::string {
+        sx_shard_group_t *t = nullptr, *r = nullptr;
+        std::string e = make(rv_t, rank, &t);
+        if (e.empty()) e = make(rv_r, rank, &r);
+        sx_status_t s = SX_OK;
+        for (int k = 1; k <= 2 && e.empty(); ++k) {
+            e = step(t, rank, k, &s);
+            if (e.empty() && s != SX_OK) e = std::string("step: ") + sx_last_error_message();
+            if (e.empty()) e = step(r, rank, k, &s);
+            if (e.empty() && s != SX_OK) e = std::string("reference step: ") + sx_last_error_message();
+        }
+        std::vector<char> before, after;
+        if (e.empty()) e = state(t, &before);
+        // w1's last element lies in rank 2's shard (the last piece of its pass); w0's
+        // element 15000 in rank 0's (the last piece of its first thread's run).
+        const struct {
+            int32_t param;
+            uint64_t offset;
+            int rank;
+        } fails[] = {{1, 30012, 2}, {0, 15000, 0}};
+        int n = 0;
+        for (const auto &f : fails) {
+            meet(&arrived, 3 * ++n);
+            if (rank == 0) custom_adamw_fail_at(f.param, f.offset);
+            meet(&arrived, 3 * ++n);
+            if (e.empty()) e = step(t, rank, 3, &s);
+            const std::string msg = sx_last_error_message();
+            meet(&arrived, 3 * ++n);
+            if (rank == 0) custom_adamw_fail_at(-1, 0);
+            if (e.empty() && s != SX_ERR_OPTIMIZER)
+                e = "the step failing on rank " + std::to_string(f.rank) + " returned " + sx_status_string(s);
+            if (e.empty() && rank == f.rank && msg.find("returned 43") == std::string::npos)
+                e = "the failing rank's message: " + msg;
+            if (e.empty() && rank != f.rank && msg.find("on 1 other rank") == std::string::npos)
+                e = "a peer's message: " + msg;
+            if (e.empty()) e = state(t, &after);
+            if (e.empty() && after != before)
+                e = "the step failing on rank " + std::to_string(f.rank) + " changed params, masters or slots";
+        }
+        if (e.empty()) e = step(t, rank, 4, &s);
+        if (e.empty() && s != SX_OK) e = std::string("step 4: ") + sx_last_error_message();
+        if (e.empty()) e = step(r, rank, 4, &s);
+        if (e.empty() && s != SX_OK) e = std::string("reference step 4: ") + sx_last_error_message();
+        std::vector<char> st, sr;
+        if (e.empty()) e = state(t, &st);
+        if (e.empty()) e = state(r, &sr);
+        if (e.empty() && st != sr) e = "after the failed steps, the run differs from one that never tried them";
+        sx_destroy_shard_group(t);
+        sx_destroy_shard_group(r);
+        return e;
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
 // Registered SX_OPTIMIZER_IN_PLACE, a failing update cannot be undone: the step fails
 // and so does the group, on the failing rank at once and on its peer at its next
 // exchange.
@@ -618,6 +747,7 @@ int main() {
         cmocka_unit_test(test_custom_update_rounds_masters),
         cmocka_unit_test(test_ranks_with_other_custom_optimizers_disagree),
         cmocka_unit_test(test_failed_update_changes_nothing),
+        cmocka_unit_test(test_failure_in_a_late_piece_changes_nothing),
         cmocka_unit_test(test_failed_in_place_update_fails_the_group),
         cmocka_unit_test(test_custom_whole_state),
         cmocka_unit_test(test_custom_checkpoint_resumes_exactly),
