@@ -596,6 +596,142 @@ void test_memory_is_bounded(void **) {
     sxtest::remove_tree(parent);
 }
 
+// --- several checkpoints: the slices of a model-parallel trainer ---
+
+// A logical tensor's value at flat index i.
+float logical_value(int tensor, int64_t i) { return static_cast<float>(tensor * 100 + i) * 0.25f; }
+
+// One param of a slice: its shape and placement, and the logical tensor it is part of.
+struct SliceParam {
+    const char *name;
+    std::vector<int64_t> shape;
+    int placement;
+    std::vector<int64_t> global;  // SPLIT: the logical shape
+    int split_dim;
+    int64_t offset;
+    int replica, replicas;
+    int tensor;  // logical_value's tensor
+};
+
+// Saves a one-rank checkpoint of `params` at parent/ck, each param holding its piece of
+// its logical tensor (logical_value), and returns ck's path.
+std::string slice_checkpoint(const std::string &parent, const std::vector<SliceParam> &params) {
+    sx_group_config_t cfg;
+    sx_group_config_init(&cfg, sizeof cfg);
+    const std::string rv = "local://sxckpt-" + parent.substr(parent.rfind('/') + 1) + "-" + std::to_string(getpid());
+    cfg.rendezvous = rv.c_str();
+    cfg.world_size = 1;
+    cfg.num_threads = 1;
+    sx_shard_group_t *h = nullptr;
+    assert_int_equal(sx_create_shard_group(&cfg, &h), SX_OK);
+    sx_param_group_desc_t sgd;
+    sx_param_group_desc_init(&sgd, sizeof sgd, SX_OPTIM_SGD);
+    assert_int_equal(sx_add_param_group(h, &sgd, nullptr), SX_OK);
+    for (const SliceParam &p : params) {
+        sx_param_desc_t d;
+        sx_param_desc_init(&d, sizeof d);
+        d.name = p.name;
+        d.ndim = static_cast<int32_t>(p.shape.size());
+        d.shape = p.shape.data();
+        d.placement = p.placement;
+        d.global_shape = p.global.empty() ? nullptr : p.global.data();
+        d.split_dim = p.split_dim;
+        d.split_offset = p.offset;
+        d.replica = p.replica;
+        d.replicas = p.replicas;
+        assert_int_equal(sx_add_param(h, &d, nullptr), SX_OK);
+    }
+    assert_int_equal(sx_finalize(h), SX_OK);
+    for (int32_t i = 0; i < static_cast<int32_t>(params.size()); ++i) {
+        const SliceParam &p = params[static_cast<size_t>(i)];
+        sx_view_t v;
+        sx_view_init(&v, sizeof v);
+        assert_int_equal(sx_param_view(h, i, &v), SX_OK);
+        // Element e of the piece is element base + (e / run) * stride + e % run of the
+        // logical tensor (row-major).
+        int64_t inner = 1, run = static_cast<int64_t>(v.numel), stride = 0, base = 0;
+        if (p.placement == SX_PLACEMENT_SPLIT) {
+            for (size_t k = static_cast<size_t>(p.split_dim) + 1; k < p.shape.size(); ++k) inner *= p.shape[k];
+            run = p.shape[static_cast<size_t>(p.split_dim)] * inner;
+            stride = p.global[static_cast<size_t>(p.split_dim)] * inner;
+            base = p.offset * inner;
+        }
+        for (int64_t e = 0; e < static_cast<int64_t>(v.numel); ++e)
+            static_cast<float *>(v.data)[e] = logical_value(p.tensor, base + (e / run) * stride + e % run);
+    }
+    const std::string ck = parent + "/ck";
+    save_and_destroy(h, parent, ck);
+    return ck;
+}
+
+// A TP = 2 trainer's two slices: a column-parallel weight split on dimension 0 (pieces
+// of 2 and 4 rows), a row-parallel one on dimension 1, a replicated norm and a whole
+// param in each slice of its own. export of both writes each logical tensor whole,
+// value for value; of checkpoints whose pieces leave a gap, of a slice twice (overlap),
+// with two whole params of one name, or with --optimizer, it refuses, naming what is
+// wrong, and writes nothing. (One checkpoint alone exports its pieces as they are.)
+void test_export_joins_the_slices(void **) {
+    const std::vector<int64_t> col{6, 3}, row{2, 6};
+    const std::string a = slice_checkpoint(fx->dir + "/slice-a", {
+        {"col", {2, 3}, SX_PLACEMENT_SPLIT, col, 0, 0, 0, 0, 0},
+        {"row", {2, 4}, SX_PLACEMENT_SPLIT, row, 1, 0, 0, 0, 1},
+        {"norm", {3}, SX_PLACEMENT_REPLICATED, {}, 0, 0, 0, 2, 2},
+        {"embed", {5}, SX_PLACEMENT_WHOLE, {}, 0, 0, 0, 0, 3},
+    });
+    const std::string b = slice_checkpoint(fx->dir + "/slice-b", {
+        {"row", {2, 2}, SX_PLACEMENT_SPLIT, row, 1, 4, 0, 0, 1},
+        {"norm", {3}, SX_PLACEMENT_REPLICATED, {}, 0, 0, 1, 2, 2},
+        {"col", {4, 3}, SX_PLACEMENT_SPLIT, col, 0, 2, 0, 0, 0},
+        {"head", {2, 2}, SX_PLACEMENT_WHOLE, {}, 0, 0, 0, 0, 4},
+    });
+    const std::string out = fx->dir + "/joined.safetensors";
+    const Run r = sxckpt({"export", "--safetensors", out, a, b});
+    expect_status(r, 0);
+    expect_has(r.out, "wrote " + out + ": 5 params");
+    const std::string header = read_file(out);
+    for (const char *s : {"\"col\":{\"dtype\":\"F32\",\"shape\":[6,3],", "\"row\":{\"dtype\":\"F32\",\"shape\":[2,6],",
+                          "\"norm\":{\"dtype\":\"F32\",\"shape\":[3],", "\"head\":{\"dtype\":\"F32\",\"shape\":[2,2],",
+                          "\"checkpoints\":\"2\""})
+        expect_has(header, s);
+    if (have_python()) {
+        const std::string text = fx->dir + "/joined.values.txt";
+        expect_status(run({SX_PYTHON3, READ_SAFETENSORS_PY, out, "--values", text}), 0);
+        std::map<std::string, Known> got;
+        std::map<std::string, std::string> meta;
+        read_values(text, &got, &meta);
+        const std::map<std::string, std::pair<int, std::vector<int64_t>>> want = {
+            {"col", {0, col}}, {"row", {1, row}}, {"norm", {2, {3}}}, {"embed", {3, {5}}}, {"head", {4, {2, 2}}}};
+        assert_int_equal(got.size(), want.size());
+        for (const auto &[name, w] : want) {
+            const Known &k = got.at(name);
+            assert_true(k.shape == w.second);
+            for (size_t i = 0; i < k.values.size(); ++i)
+                if (k.values[i] != logical_value(w.first, static_cast<int64_t>(i)))
+                    fail_msg("%s[%zu] = %g, want %g", name.c_str(), i, k.values[i],
+                             logical_value(w.first, static_cast<int64_t>(i)));
+        }
+    }
+    const std::string c = slice_checkpoint(fx->dir + "/slice-c", {{"embed", {5}, SX_PLACEMENT_WHOLE, {}, 0, 0, 0, 0, 3}});
+    const std::string bad = fx->dir + "/bad.safetensors";
+    const std::vector<std::pair<std::vector<std::string>, std::string>> refusals = {
+        {{a, c}, "param 'col': [2, 6) of dimension 0 (of 6) is in none of the checkpoints"},
+        {{a, b, a}, "param 'col': the pieces in the checkpoints overlap at 0 of dimension 0 (" + a + " holds [0, 2))"},
+        {{a, b, c}, "param 'embed' is whole in both " + a + " and " + c},
+    };
+    for (const auto &[dirs, words] : refusals) {
+        std::vector<std::string> args = {"export", "--safetensors", bad};
+        args.insert(args.end(), dirs.begin(), dirs.end());
+        const Run refused = sxckpt(args);
+        expect_status(refused, 1);
+        expect_has(refused.err, words);
+        assert_false(exists(bad));
+        assert_false(exists(bad + ".tmp"));
+    }
+    const Run optim = sxckpt({"export", "--safetensors", bad, "--optimizer", fx->dir + "/o", a, b});
+    expect_status(optim, 2);
+    expect_has(optim.err, "--optimizer takes one checkpoint directory");
+}
+
 }  // namespace
 
 int main(void) {
@@ -616,6 +752,7 @@ int main(void) {
         cmocka_unit_test(test_memory_is_bounded),
         cmocka_unit_test(test_export_names),
         cmocka_unit_test(test_tensor_of_two_chunks),
+        cmocka_unit_test(test_export_joins_the_slices),
     };
     return cmocka_run_group_tests(tests, setup, fixture_teardown);
 }

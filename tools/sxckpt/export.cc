@@ -30,6 +30,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <unordered_set>
 
 #include <algorithm>
@@ -37,6 +38,7 @@
 #include "base/half.h"
 #include "checkpoint_dir.h"
 #include "ckpt/directory.h"
+#include "core/params.h"
 #include "commands.h"
 #include "optimizer_json.h"
 #include "optim/state_codec.h"
@@ -83,12 +85,15 @@ struct Route {
     Conversion conversion = Conversion::kCopy;
     const float *map = nullptr;
     size_t scales = 0;
+    // A piece of a split tensor (several checkpoints): its element i is element
+    // base + (i / run) * stride + i % run of the logical tensor. run 0: element i is i.
+    uint64_t base = 0, run = 0, stride = 0;
 };
 
 struct ExportPlan {
     StateFormat state_format = StateFormat::kTorch;
     std::vector<OutFile> files;               // [0] the params, [1] the optimizer state
-    std::vector<std::vector<Route>> route;    // [param][tensor], as in the manifest
+    std::vector<std::vector<std::vector<Route>>> route;  // [checkpoint][param][tensor], as in its manifest
     std::string optimizer_json;               // "" unless asked for
 };
 
@@ -150,7 +155,7 @@ Status plan_export(const ckpt::Manifest &m, ExportPlan *plan) {
     };
     std::vector<std::unordered_set<std::string>> names(plan->files.size(), {kMetadataKey});
     std::vector<uint64_t> cursor(plan->files.size(), 0);
-    plan->route.clear();
+    plan->route.assign(1, {});
     for (const ckpt::ParamEntry &p : m.params) {
         std::vector<Route> routes;
         for (size_t i = 0; i < p.tensors.size(); ++i) {
@@ -179,7 +184,7 @@ Status plan_export(const ckpt::Manifest &m, ExportPlan *plan) {
             f.tensors.push_back(std::move(o));
             routes.push_back(r);
         }
-        plan->route.push_back(std::move(routes));
+        plan->route[0].push_back(std::move(routes));
         if (plan->files.size() < 2 || p.row_var.empty()) continue;
         // Adafactor's factored moments, in torch's shapes: row_var [..., R, 1], col_var
         // [..., 1, C].
@@ -207,6 +212,147 @@ Status plan_export(const ckpt::Manifest &m, ExportPlan *plan) {
         SX_TRY(safetensors_header(metadata, plan->files[i].tensors, &plan->files[i].head));
         plan->files[i].data_bytes = cursor[i];
     }
+    return Status::Ok();
+}
+
+// --- Several checkpoints: the slices of a model-parallel trainer ---
+
+// Param `param` of checkpoint `ck`.
+struct Piece {
+    size_t ck = 0, param = 0;
+};
+
+std::string placement_words(const ckpt::ParamEntry &e) {
+    return e.placement == SX_PLACEMENT_SPLIT ? "split" : e.placement == SX_PLACEMENT_REPLICATED ? "replicated" : "whole";
+}
+
+// A split param's pieces, sorted by offset, must tile its dimension of the logical tensor.
+Status check_tiling(const std::vector<CheckpointDir> &cs, const std::string &name, std::vector<Piece> *pieces) {
+    const ckpt::ParamEntry &first = cs[(*pieces)[0].ck].manifest.params[(*pieces)[0].param];
+    for (const Piece &p : *pieces) {
+        const ckpt::ParamEntry &e = cs[p.ck].manifest.params[p.param];
+        SX_CHECK(e.split_dim == first.split_dim && e.global_shape == first.global_shape, SX_ERR_INVALID_ARGUMENT,
+                 "param '%s' is split on dimension %d of %s in %s but on dimension %d of %s in %s", printable(name).c_str(),
+                 first.split_dim, core::shape_text(first.global_shape).c_str(), printable(cs[(*pieces)[0].ck].path).c_str(),
+                 e.split_dim, core::shape_text(e.global_shape).c_str(), printable(cs[p.ck].path).c_str());
+    }
+    const auto offset = [&](const Piece &p) { return cs[p.ck].manifest.params[p.param].split_offset; };
+    std::stable_sort(pieces->begin(), pieces->end(), [&](const Piece &a, const Piece &b) { return offset(a) < offset(b); });
+    const size_t d = static_cast<size_t>(first.split_dim);
+    int64_t next = 0;
+    for (const Piece &p : *pieces) {
+        const ckpt::ParamEntry &e = cs[p.ck].manifest.params[p.param];
+        SX_CHECK(e.split_offset <= next, SX_ERR_INVALID_ARGUMENT,
+                 "param '%s': [%" PRId64 ", %" PRId64 ") of dimension %zu (of %" PRId64 ") is in none of the checkpoints",
+                 printable(name).c_str(), next, e.split_offset, d, first.global_shape[d]);
+        SX_CHECK(e.split_offset == next, SX_ERR_INVALID_ARGUMENT,
+                 "param '%s': the pieces in the checkpoints overlap at %" PRId64 " of dimension %zu (%s holds [%" PRId64
+                 ", %" PRId64 "))",
+                 printable(name).c_str(), e.split_offset, d, printable(cs[p.ck].path).c_str(), e.split_offset,
+                 e.split_offset + e.shape[d]);
+        next += e.shape[d];
+    }
+    SX_CHECK(next == first.global_shape[d], SX_ERR_INVALID_ARGUMENT,
+             "param '%s': [%" PRId64 ", %" PRId64 ") of dimension %zu (of %" PRId64 ") is in none of the checkpoints",
+             printable(name).c_str(), next, first.global_shape[d], d, first.global_shape[d]);
+    return Status::Ok();
+}
+
+// Which of a name's pieces make its logical tensor, and its shape: a whole param's one
+// piece, a replicated param's first copy, or every piece of a split one, by offset.
+Status join_pieces(const std::vector<CheckpointDir> &cs, const std::string &name, std::vector<Piece> *pieces,
+                   std::vector<int64_t> *shape) {
+    const Piece p0 = (*pieces)[0];
+    const ckpt::ParamEntry &first = cs[p0.ck].manifest.params[p0.param];
+    for (const Piece &p : *pieces) {
+        const ckpt::ParamEntry &e = cs[p.ck].manifest.params[p.param];
+        SX_CHECK(e.placement == first.placement, SX_ERR_INVALID_ARGUMENT, "param '%s' is %s in %s but %s in %s",
+                 printable(name).c_str(), placement_words(first).c_str(), printable(cs[p0.ck].path).c_str(),
+                 placement_words(e).c_str(), printable(cs[p.ck].path).c_str());
+        SX_CHECK(first.placement != SX_PLACEMENT_WHOLE || p.ck == p0.ck, SX_ERR_INVALID_ARGUMENT,
+                 "param '%s' is whole in both %s and %s: the checkpoints' params must be distinct (pipeline stages), "
+                 "or declared replicated or split (sx_param_desc_t.placement)",
+                 printable(name).c_str(), printable(cs[p0.ck].path).c_str(), printable(cs[p.ck].path).c_str());
+        SX_CHECK(first.placement != SX_PLACEMENT_REPLICATED || e.shape == first.shape, SX_ERR_INVALID_ARGUMENT,
+                 "param '%s' is replicated with shape %s in %s but %s in %s", printable(name).c_str(),
+                 core::shape_text(first.shape).c_str(), printable(cs[p0.ck].path).c_str(),
+                 core::shape_text(e.shape).c_str(), printable(cs[p.ck].path).c_str());
+    }
+    if (first.placement != SX_PLACEMENT_SPLIT) {
+        pieces->resize(1);
+        *shape = first.shape;
+        return Status::Ok();
+    }
+    *shape = first.global_shape;
+    return check_tiling(cs, name, pieces);
+}
+
+// Where a piece's values go in its logical tensor (Route's base, run and stride).
+void place_piece(const ckpt::ParamEntry &e, Route *r) {
+    if (e.placement != SX_PLACEMENT_SPLIT) return;
+    const size_t d = static_cast<size_t>(e.split_dim);
+    uint64_t inner = 1;
+    for (size_t i = d + 1; i < e.shape.size(); ++i) inner *= static_cast<uint64_t>(e.shape[i]);
+    r->run = static_cast<uint64_t>(e.shape[d]) * inner;
+    r->stride = static_cast<uint64_t>(e.global_shape[d]) * inner;
+    r->base = static_cast<uint64_t>(e.split_offset) * inner;
+}
+
+// The params of several checkpoints (the slices of one model) as logical tensors, in
+// file 0, in the order their names first appear. Every checkpoint must be of one step.
+Status plan_joined(const std::vector<CheckpointDir> &cs, ExportPlan *plan) {
+    std::vector<std::string> order;
+    std::map<std::string, std::vector<Piece>> by_name;
+    plan->route.assign(cs.size(), {});
+    for (size_t k = 0; k < cs.size(); ++k) {
+        const ckpt::Manifest &m = cs[k].manifest;
+        SX_CHECK(m.step == cs[0].manifest.step, SX_ERR_INVALID_ARGUMENT,
+                 "%s is of step %" PRIu64 " but %s of step %" PRIu64 ": the slices of one model are saved together",
+                 printable(cs[0].path).c_str(), cs[0].manifest.step, printable(cs[k].path).c_str(), m.step);
+        for (size_t p = 0; p < m.params.size(); ++p) {
+            plan->route[k].emplace_back(m.params[p].tensors.size());
+            auto &list = by_name[m.params[p].name];
+            if (list.empty()) order.push_back(m.params[p].name);
+            list.push_back({k, p});
+        }
+    }
+    OutFile &f = plan->files[0];
+    uint64_t cursor = 0;
+    for (const std::string &name : order) {
+        SX_CHECK(name != kMetadataKey, SX_ERR_INVALID_ARGUMENT,
+                 "the checkpoints would give two tensors of %s the name '%s'", printable(f.path).c_str(), kMetadataKey);
+        std::vector<Piece> &pieces = by_name[name];
+        StTensor o;
+        SX_TRY(join_pieces(cs, name, &pieces, &o.shape));
+        o.name = name;
+        o.dtype = SX_DTYPE_F32;
+        uint64_t bytes = sizeof(float);
+        for (int64_t e : o.shape) bytes *= static_cast<uint64_t>(e);
+        SX_CHECK(cursor + bytes >= cursor, SX_ERR_INVALID_ARGUMENT, "the tensors exceed 2^64 bytes");
+        o.begin = cursor;
+        o.end = cursor += bytes;
+        for (const Piece &p : pieces) {
+            const ckpt::ParamEntry &e = cs[p.ck].manifest.params[p.param];
+            for (size_t i = 0; i < e.tensors.size(); ++i) {
+                if (e.tensors[i].kind != ckpt::TensorKind::kParam) continue;
+                Route &r = plan->route[p.ck][p.param][i];
+                r.file = 0;
+                r.tensor = f.tensors.size();
+                place_piece(e, &r);
+            }
+        }
+        f.tensors.push_back(std::move(o));
+    }
+    const ckpt::Manifest &m = cs[0].manifest;
+    const std::vector<std::pair<std::string, std::string>> metadata = {
+        {"writer", "sxckpt"},
+        {"sx_format_version", format("%u.%u", m.format_major, m.format_minor)},
+        {"sx_library_version", library_version_text(m.library_version)},
+        {"step", format("%" PRIu64, m.step)},
+        {"checkpoints", format("%zu", cs.size())},
+    };
+    SX_TRY(safetensors_header(metadata, f.tensors, &f.head));
+    f.data_bytes = cursor;
     return Status::Ok();
 }
 
@@ -261,16 +407,35 @@ void convert(const Route &r, const char *data, size_t n, uint64_t first, uint64_
     }
 }
 
+// Writes n bytes of a piece of a split tensor, from byte `from` of the piece on, at their
+// places in the logical tensor t: runs of r.run elements, r.stride elements apart.
+Status scatter_write(io::FileOps &ops, const OutFile &out, const StTensor &t, const Route &r, const char *data,
+                     size_t n, uint64_t from) {
+    const uint64_t es = ckpt::dtype_bytes(t.dtype), run = r.run * es;
+    const uint64_t at = out.head.size() + t.begin + r.base * es;
+    while (n > 0) {
+        const uint64_t q = from / run, in_run = from % run;
+        const size_t len = static_cast<size_t>(std::min<uint64_t>(n, run - in_run));
+        SX_TRY(ops.pwrite_all(out.fd, data, len, at + q * r.stride * es + in_run, out.path + ".tmp"));
+        data += len, n -= len, from += len;
+    }
+    return Status::Ok();
+}
+
 // Writes chunk `ref` of the open file `fd` at its place in its output: as stored, or
 // converted to fp32 (Conversion) kConvertElems at a time.
 Status export_chunk(io::FileOps &ops, const CheckpointDir &c, int fd, const std::string &path, const ChunkRef &ref,
-                    const ExportPlan &plan, std::vector<char> *buffer) {
-    const Route &r = plan.route[ref.param][ref.tensor];
+                    const ExportPlan &plan, const std::vector<std::vector<Route>> &routes, std::vector<char> *buffer) {
+    const Route &r = routes[ref.param][ref.tensor];
     const OutFile &out = plan.files[r.file];
     const StTensor &t = out.tensors[r.tensor];
     const ckpt::Chunk &ch = *ref.chunk;
     const uint64_t at = out.head.size() + t.begin + ch.begin * ckpt::dtype_bytes(t.dtype);
     const std::string out_tmp = out.path + ".tmp";
+    if (r.conversion == Conversion::kCopy && r.run)
+        return read_chunk(ops, fd, path, ch, buffer, [&](const char *data, size_t n, uint64_t off) {
+            return scatter_write(ops, out, t, r, data, n, ch.begin * ckpt::dtype_bytes(t.dtype) + off);
+        });
     if (r.conversion == Conversion::kCopy)
         return read_chunk(ops, fd, path, ch, buffer, [&](const char *data, size_t n, uint64_t off) {
             return ops.pwrite_all(out.fd, data, n, at + off, out_tmp);
@@ -305,17 +470,17 @@ Status export_chunk(io::FileOps &ops, const CheckpointDir &c, int fd, const std:
 
 // Writes every exported chunk of shard file f at its place in its output.
 Status copy_file(io::FileOps &ops, const CheckpointDir &c, uint32_t f, const std::vector<ChunkRef> &chunks,
-                 const ExportPlan &plan, std::vector<char> *buffer) {
+                 const ExportPlan &plan, const std::vector<std::vector<Route>> &routes, std::vector<char> *buffer) {
     bool any = false;
-    for (const ChunkRef &ref : chunks) any |= plan.route[ref.param][ref.tensor].file >= 0;
+    for (const ChunkRef &ref : chunks) any |= routes[ref.param][ref.tensor].file >= 0;
     if (!any) return Status::Ok();
     const std::string path = c.file_path(f);
     int fd = -1;
     SX_TRY(ops.open_read(path, &fd));
     Status s;
     for (const ChunkRef &ref : chunks) {
-        if (plan.route[ref.param][ref.tensor].file < 0) continue;
-        s = export_chunk(ops, c, fd, path, ref, plan, buffer);
+        if (routes[ref.param][ref.tensor].file < 0) continue;
+        s = export_chunk(ops, c, fd, path, ref, plan, routes, buffer);
         if (!s.ok()) {
             s.prefix(format("%s at byte %" PRIu64 " (%" PRIu64 " bytes): %s: ",
                             printable(c.manifest.files[f]).c_str(), ref.chunk->offset, ref.chunk->length,
@@ -335,7 +500,7 @@ std::string parent_of(const std::string &path) {
 
 // Writes every output as PATH.tmp: the safetensors files streamed from the shard files,
 // then the JSON.
-Status write_temporaries(io::FileOps &ops, const CheckpointDir &c, ExportPlan *plan,
+Status write_temporaries(io::FileOps &ops, const std::vector<CheckpointDir> &cs, ExportPlan *plan,
                          const std::string &json_path) {
     Status s;
     for (OutFile &f : plan->files) {
@@ -348,12 +513,14 @@ Status write_temporaries(io::FileOps &ops, const CheckpointDir &c, ExportPlan *p
                                    f.head.size() + at, tmp);
         if (!s.ok()) break;
     }
-    if (s.ok()) s = c.indexes_ok();  // a file whose chunks are unknown cannot be exported
-    if (s.ok()) {
+    for (size_t k = 0; k < cs.size() && s.ok(); ++k) {
+        const CheckpointDir &c = cs[k];
+        s = c.indexes_ok();  // a file whose chunks are unknown cannot be exported
+        if (!s.ok()) break;
         const auto by_file = chunks_by_file(c.manifest);
         std::vector<char> buffer(piece_buffer_bytes(c.manifest));
         for (uint32_t f = 0; f < c.manifest.files.size() && s.ok(); ++f)
-            s = copy_file(ops, c, f, by_file[f], *plan, &buffer);
+            s = copy_file(ops, c, f, by_file[f], *plan, plan->route[k], &buffer);
     }
     for (OutFile &f : plan->files) {
         if (f.fd < 0) continue;
@@ -367,8 +534,8 @@ Status write_temporaries(io::FileOps &ops, const CheckpointDir &c, ExportPlan *p
     return s;
 }
 
-Status export_files(io::FileOps &ops, const CheckpointDir &c, const std::string &out, const std::string &prefix,
-                    ExportPlan *plan) {
+Status export_files(io::FileOps &ops, const std::vector<CheckpointDir> &cs, const std::string &out,
+                    const std::string &prefix, ExportPlan *plan) {
     plan->files.resize(prefix.empty() ? 1 : 2);
     plan->files[0].path = out;
     std::vector<std::string> finals = {out};
@@ -376,12 +543,12 @@ Status export_files(io::FileOps &ops, const CheckpointDir &c, const std::string 
     if (!prefix.empty()) {
         plan->files[1].path = prefix + ".safetensors";
         json_path = prefix + ".json";
-        plan->optimizer_json = optimizer_json(c.manifest);
+        plan->optimizer_json = optimizer_json(cs[0].manifest);
         finals.push_back(plan->files[1].path);
         finals.push_back(json_path);
     }
-    SX_TRY(plan_export(c.manifest, plan));
-    Status s = write_temporaries(ops, c, plan, json_path);
+    SX_TRY(cs.size() == 1 ? plan_export(cs[0].manifest, plan) : plan_joined(cs, plan));
+    Status s = write_temporaries(ops, cs, plan, json_path);
     size_t renamed = 0;
     for (; s.ok() && renamed < finals.size(); ++renamed) s = ops.rename(finals[renamed] + ".tmp", finals[renamed]);
     if (!s.ok()) {
@@ -404,7 +571,9 @@ int export_command(const std::vector<std::string> &args) {
         "export", args, {{"--safetensors", &out}, {"--optimizer", &prefix}, {"--state-format", &state_format}}, &dirs);
     if (parsed >= 0) return parsed;
     if (out.empty()) return usage_error("export needs --safetensors OUT");
-    if (dirs.size() != 1) return usage_error("export takes one checkpoint directory");
+    if (dirs.empty()) return usage_error("export takes a checkpoint directory");
+    if (dirs.size() > 1 && !prefix.empty())
+        return usage_error("export: --optimizer takes one checkpoint directory (several are joined as params only)");
     ExportPlan plan;
     if (!state_format.empty() && prefix.empty())
         return usage_error("export: --state-format applies to the optimizer state; it needs --optimizer PREFIX");
@@ -415,10 +584,11 @@ int export_command(const std::vector<std::string> &args) {
     if (!prefix.empty() && (out == prefix + ".safetensors" || out == prefix + ".json"))
         return usage_error("export: OUT and the files of --optimizer " + prefix + " must differ");
     auto ops = io::posix_file_ops();
-    CheckpointDir c;
-    Status s = open_checkpoint(*ops, dirs[0], &c);
+    std::vector<CheckpointDir> cs(dirs.size());
+    Status s;
+    for (size_t k = 0; k < dirs.size() && s.ok(); ++k) s = open_checkpoint(*ops, dirs[k], &cs[k]);
     if (!s.ok()) return failure(s);
-    s = export_files(*ops, c, out, prefix, &plan);
+    s = export_files(*ops, cs, out, prefix, &plan);
     if (!s.ok()) return failure(s.prefix("export to " + printable(out) + " failed: "));
     std::printf("wrote %s: %zu params, %s\n", printable(out).c_str(), plan.files[0].tensors.size(),
                 bytes_text(plan.files[0].head.size() + plan.files[0].data_bytes).c_str());
@@ -427,10 +597,10 @@ int export_command(const std::vector<std::string> &args) {
                     plan.files[1].tensors.size(),
                     bytes_text(plan.files[1].head.size() + plan.files[1].data_bytes).c_str());
         std::printf("wrote %s: %zu param groups\n", printable(prefix + ".json").c_str(),
-                    c.manifest.param_groups.size());
+                    cs[0].manifest.param_groups.size());
     }
-    std::printf("step %" PRIu64 ", format %u.%u\n", c.manifest.step, c.manifest.format_major,
-                c.manifest.format_minor);
+    const ckpt::Manifest &m = cs[0].manifest;
+    std::printf("step %" PRIu64 ", format %u.%u\n", m.step, m.format_major, m.format_minor);
     return kExitOk;
 }
 

@@ -2,7 +2,7 @@
 // them to and from torch's tensors.
 //   sxckpt inspect [--json] DIR             what the checkpoint holds
 //   sxckpt verify DIR                       every byte checked against its CRC32C
-//   sxckpt export --safetensors OUT [--optimizer PREFIX [--state-format torch|torchao]] DIR
+//   sxckpt export --safetensors OUT [--optimizer PREFIX [--state-format torch|torchao]] DIR...
 //                                           the unsharded params; their optimizer state
 //   sxckpt import --safetensors IN [--optimizer PREFIX] [--world-size N] DIR
 //                                           a new checkpoint from such files
@@ -19,7 +19,7 @@ namespace tool {
 const char *const kUsage =
     "usage: sxckpt inspect [--json] DIR\n"
     "       sxckpt verify DIR\n"
-    "       sxckpt export --safetensors OUT [--optimizer PREFIX [--state-format F]] DIR\n"
+    "       sxckpt export --safetensors OUT [--optimizer PREFIX [--state-format F]] DIR...\n"
     "       sxckpt import --safetensors IN [--optimizer PREFIX] [--world-size N] DIR\n"
     "       sxckpt --help | --version\n"
     "\n"
@@ -39,6 +39,9 @@ const char *const kUsage =
     "           with their scales), or with --state-format torchao as torchao's\n"
     "           OptimState8bit holds it: NAME.exp_avg.codes (U8) and NAME.exp_avg.scale\n"
     "           (F32, one per block of 256), bf16 as BF16, all copied as stored.\n"
+    "           Several DIRs (the checkpoints of a model-parallel trainer's slices,\n"
+    "           without --optimizer): each logical tensor whole, its pieces joined by\n"
+    "           the placements the checkpoints record, a replicated param once.\n"
     "  import   makes the new checkpoint DIR from such files, as if saved by N ranks\n"
     "           (default 1). Without --optimizer it holds the values only: load it with\n"
     "           SX_LOAD_PARAMS_ONLY. A param group whose \"state_dtype\" in PREFIX.json\n"
