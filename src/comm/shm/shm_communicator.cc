@@ -747,7 +747,14 @@ class ShmCommunicator final : public Communicator {
             if (spins == 64) spin_until = now + kSpin;
             if (now >= checked) {
                 if (consumed && peer.left.load(std::memory_order_acquire) != 0) return Status::Ok();
-                SX_TRY(check_waiting(q, deadline));
+                if (Status why = check_waiting(q, deadline); !why.ok()) {
+                    // The peer may have arrived, finished the call and left (destroyed its
+                    // group) since `have` was read: it arrived before it left, so a look
+                    // now sees its arrival, and the barrier was met.
+                    if (!reached(peer.arrived.load(std::memory_order_acquire), k)) return why;
+                    barrier_acquired();
+                    return Status::Ok();
+                }
                 checked = now + kCheck;
             }
             if (now < spin_until) {
