@@ -21,13 +21,6 @@ bool fits_blas(int64_t m, int64_t k, int64_t n) {
     const int64_t most = std::numeric_limits<int32_t>::max();
     return m <= most && k <= most && n <= most;
 }
-
-// One sgemm call for the whole product: calls into OpenBLAS run one at a time in the
-// process (gemm_openblas.cc), so splitting C over sx's pool would only add calls. The
-// bits of C then cannot depend on the pool's size. A k of 0 gives zeros (sgemm's beta 0).
-void blas_product(bool trans_b, const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n) {
-    openblas_rows(trans_b, a, b, c, m, k, n);
-}
 #endif
 
 // x (rows x cols) transposed into t (cols x rows).
@@ -53,7 +46,7 @@ const char *gemm_name(Gemm flavour) { return flavour == Gemm::kBlas ? "openblas"
 void gemm_ab(Gemm flavour, const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n,
              ThreadPool *pool) {
 #ifdef SX_HAVE_OPENBLAS
-    if (flavour == Gemm::kBlas && fits_blas(m, k, n)) return blas_product(false, a, b, c, m, k, n);
+    if (flavour == Gemm::kBlas && fits_blas(m, k, n)) return openblas_product(false, a, b, c, m, k, n);  // one call: see gemm.h
 #endif
     (void)flavour;
     matmul_ordered(a, b, c, m, k, n, pool);
@@ -62,7 +55,7 @@ void gemm_ab(Gemm flavour, const float *a, const float *b, float *c, int64_t m, 
 void gemm_abt(Gemm flavour, const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n,
               ThreadPool *pool) {
 #ifdef SX_HAVE_OPENBLAS
-    if (flavour == Gemm::kBlas && fits_blas(m, k, n)) return blas_product(true, a, b, c, m, k, n);
+    if (flavour == Gemm::kBlas && fits_blas(m, k, n)) return openblas_product(true, a, b, c, m, k, n);
 #endif
     (void)flavour;
     std::vector<float> bt(static_cast<size_t>(k * n));

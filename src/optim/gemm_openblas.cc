@@ -18,15 +18,15 @@
 namespace sx {
 namespace optim {
 
-void openblas_rows(bool trans_b, const float *a, const float *b, float *c, int64_t rows, int64_t k, int64_t n) {
-    if (rows <= 0 || n <= 0) return;
+void openblas_product(bool trans_b, const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n) {
+    if (m <= 0 || n <= 0) return;
     if (k == 0) {  // sgemm would reject lda = 0 (and print why): C is zeros
-        std::fill(c, c + rows * n, 0.0f);
+        std::fill(c, c + m * n, 0.0f);
         return;
     }
     static std::mutex *const one_at_a_time = new std::mutex();  // never destroyed: callers may outlive statics
     std::lock_guard<std::mutex> lock(*one_at_a_time);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(rows),
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
                 static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(k), b,
                 static_cast<blasint>(trans_b ? k : n), 0.0f, c, static_cast<blasint>(n));
     // OpenBLAS's kernel for this CPU may leave 256- or 512-bit registers' upper halves in
