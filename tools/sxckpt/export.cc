@@ -143,16 +143,22 @@ Route route_of(const ckpt::Manifest &m, const ckpt::ParamEntry &p, size_t i, Sta
     return r;
 }
 
-// Names, offsets and headers, from the manifest alone. The params go to file 0; their
-// optimizer state to file 1 if there is one, else nowhere.
-Status plan_export(const ckpt::Manifest &m, ExportPlan *plan) {
-    const std::vector<std::pair<std::string, std::string>> metadata = {
+// The outputs' metadata: the writer, the checkpoint's versions and step, and `last`.
+std::vector<std::pair<std::string, std::string>> export_metadata(const ckpt::Manifest &m, const char *last,
+                                                                 const std::string &value) {
+    return {
         {"writer", "sxckpt"},
         {"sx_format_version", format("%u.%u", m.format_major, m.format_minor)},
         {"sx_library_version", library_version_text(m.library_version)},
         {"step", format("%" PRIu64, m.step)},
-        {"world_size", format("%d", m.world_size)},
+        {last, value},
     };
+}
+
+// Names, offsets and headers, from the manifest alone. The params go to file 0; their
+// optimizer state to file 1 if there is one, else nowhere.
+Status plan_export(const ckpt::Manifest &m, ExportPlan *plan) {
+    const auto metadata = export_metadata(m, "world_size", format("%d", m.world_size));
     std::vector<std::unordered_set<std::string>> names(plan->files.size(), {kMetadataKey});
     std::vector<uint64_t> cursor(plan->files.size(), 0);
     plan->route.assign(1, {});
@@ -343,15 +349,8 @@ Status plan_joined(const std::vector<CheckpointDir> &cs, ExportPlan *plan) {
         }
         f.tensors.push_back(std::move(o));
     }
-    const ckpt::Manifest &m = cs[0].manifest;
-    const std::vector<std::pair<std::string, std::string>> metadata = {
-        {"writer", "sxckpt"},
-        {"sx_format_version", format("%u.%u", m.format_major, m.format_minor)},
-        {"sx_library_version", library_version_text(m.library_version)},
-        {"step", format("%" PRIu64, m.step)},
-        {"checkpoints", format("%zu", cs.size())},
-    };
-    SX_TRY(safetensors_header(metadata, f.tensors, &f.head));
+    SX_TRY(safetensors_header(export_metadata(cs[0].manifest, "checkpoints", format("%zu", cs.size())), f.tensors,
+                              &f.head));
     f.data_bytes = cursor;
     return Status::Ok();
 }
