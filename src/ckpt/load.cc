@@ -216,6 +216,7 @@ class Checkpointer::Load {
     Status match_params() {
         const int32_t np = g_.num_params();
         index_.assign(static_cast<size_t>(np), -1);
+        cuts_.assign(static_cast<size_t>(np), PieceCut());
         // A checkpoint's param group's hyperparameters replace the group's, and its slots
         // are read as they are, in the layout the group's state dtype gives them (blocks
         // follow every layout's shards: no requantization).
@@ -238,7 +239,7 @@ class Checkpointer::Load {
                          spec.name.c_str());
                 continue;
             }
-            SX_TRY(check_entry(spec, m_.params[it->second]));
+            SX_TRY(check_entry(spec, m_.params[it->second], &cuts_[p]));
             index_[p] = it->second;
             used[it->second] = true;
         }
@@ -266,8 +267,8 @@ class Checkpointer::Load {
     // number of files.
     Status read_indexes() {
         if (!m_.chunks_in_files()) return Status::Ok();
-        return read_file_indexes(*ck_.ops_, options_.path, files_for_shard(m_, g_.layout(), g_.shard_rank(), index_),
-                                 &m_);
+        return read_file_indexes(*ck_.ops_, options_.path,
+                                 files_for_shard(m_, g_.layout(), g_.shard_rank(), index_, cuts_), &m_);
     }
 
     // How param `spec` keeps its state slots in a param group of state dtype `group_dtype`.
@@ -280,17 +281,30 @@ class Checkpointer::Load {
         return g.optimizer == kCustomOptimizer ? optimizer_text(g) : optim::optimizer_name(g.optimizer);
     }
 
-    // A param and its entry in the manifest can be loaded into each other.
-    Status check_entry(const core::ParamSpec &spec, const ParamEntry &e) const {
-        SX_CHECK(e.shape == spec.shape, SX_ERR_MISMATCH, "param '%s' has shape %s here but %s in the checkpoint",
-                 spec.name.c_str(), shape_text(spec.shape).c_str(), shape_text(e.shape).c_str());
-        // A saved piece of a split tensor loads only into that piece (another degree of
-        // tensor parallelism, or another slice's checkpoint, would load the wrong values).
+    // Where param `spec`'s values are in its entry `e` of the manifest (*cut): the same
+    // shape and a placement that loads into it, or a piece of a split tensor within the
+    // saved tensor (docs/model-parallel.md). Anything else would load the wrong values.
+    Status find_piece(const core::ParamSpec &spec, const ParamEntry &e, PieceCut *cut) const {
         const core::Placement saved = entry_placement(e);
-        SX_CHECK(core::placement_loads_into(saved, spec.placement), SX_ERR_MISMATCH,
-                 "param '%s' is %s here but %s in the checkpoint: a checkpoint of a piece of a split tensor loads "
-                 "only into the same piece",
+        if (cut_of(e.shape, saved, spec.shape, spec.placement, cut)) return Status::Ok();
+        SX_CHECK(e.shape != spec.shape, SX_ERR_MISMATCH,
+                 "param '%s' is %s here but %s in the checkpoint: a saved piece of a split tensor loads only into "
+                 "a piece within it (join the slices' checkpoints with `sxckpt join` first)",
                  spec.name.c_str(), core::placement_text(spec.placement).c_str(), core::placement_text(saved).c_str());
+        SX_CHECK(spec.placement.kind != SX_PLACEMENT_SPLIT, SX_ERR_MISMATCH,
+                 "param '%s' is %s with shape %s here, which is not within what the checkpoint holds: %s, shape %s "
+                 "(a piece loads from its logical tensor whole, or from a saved piece of it on the same dimension "
+                 "that contains it; join the slices' checkpoints with `sxckpt join` first)",
+                 spec.name.c_str(), core::placement_text(spec.placement).c_str(), shape_text(spec.shape).c_str(),
+                 core::placement_text(saved).c_str(), shape_text(e.shape).c_str());
+        SX_CHECK(false, SX_ERR_MISMATCH, "param '%s' has shape %s here but %s in the checkpoint", spec.name.c_str(),
+                 shape_text(spec.shape).c_str(), shape_text(e.shape).c_str());
+        return Status::Ok();
+    }
+
+    // A param and its entry in the manifest can be loaded into each other; *cut says where.
+    Status check_entry(const core::ParamSpec &spec, const ParamEntry &e, PieceCut *cut) const {
+        SX_TRY(find_piece(spec, e, cut));
         // The dtypes may differ: the stored values are fp32 (the masters of 16-bit params).
         if (!options_.params_only) {
             // A custom optimizer is the one registered here under the checkpoint's name.
@@ -304,16 +318,30 @@ class Checkpointer::Load {
         for (const Tensor &t : e.tensors)
             SX_CHECK(t.kind != TensorKind::kParam || t.dtype == SX_DTYPE_F32, SX_ERR_UNSUPPORTED,
                      "param '%s' is stored as dtype %d; this build loads fp32 values only", spec.name.c_str(), t.dtype);
-        // Its state is read as it is stored: the param keeps it the same way here (its
-        // group's state dtype matched in match_params; validate() matched its tensors').
-        if (!options_.params_only) {
-            const int32_t here = state_dtype_of(spec, shard_.progress.hypers[spec.group].state_dtype);
-            const int32_t there = state_dtype_of(spec, m_.param_groups[e.param_group].state_dtype);
-            SX_CHECK(here == there, SX_ERR_MISMATCH,
-                     "param '%s' keeps %s optimizer state here but %s in the checkpoint (load params only to start "
-                     "afresh)",
-                     spec.name.c_str(), optim::state_dtype_name(here), optim::state_dtype_name(there));
-        }
+        return options_.params_only ? Status::Ok() : check_state_cut(spec, e, *cut);
+    }
+
+    // Its state is read as it is stored: the param keeps it the same way here (its
+    // group's state dtype matched in match_params; validate() matched its tensors'). A
+    // piece cut from a larger saved tensor takes elementwise state only: 8-bit blocks
+    // and Adafactor's factored moments are the saved tensor's, not the piece's.
+    Status check_state_cut(const core::ParamSpec &spec, const ParamEntry &e, const PieceCut &cut) const {
+        const int32_t here = state_dtype_of(spec, shard_.progress.hypers[spec.group].state_dtype);
+        const int32_t there =
+            optim::param_state_dtype(static_cast<int32_t>(m_.param_groups[e.param_group].state_dtype), e.numel());
+        SX_CHECK(here == there, SX_ERR_MISMATCH,
+                 "param '%s' keeps %s optimizer state here but %s in the checkpoint (load params only to start "
+                 "afresh)",
+                 spec.name.c_str(), optim::state_dtype_name(here), optim::state_dtype_name(there));
+        if (cut.identity()) return Status::Ok();
+        SX_CHECK(there != SX_STATE_8BIT, SX_ERR_UNSUPPORTED,
+                 "param '%s': its 8-bit optimizer state cannot be cut exactly from the checkpoint's %s (its blocks "
+                 "are the saved tensor's, not the piece's): load params only, or keep the state in fp32 or bf16",
+                 spec.name.c_str(), shape_text(e.shape).c_str());
+        SX_CHECK(e.row_var.empty() && e.col_var.empty(), SX_ERR_UNSUPPORTED,
+                 "param '%s': Adafactor's factored moments of the checkpoint's %s cannot be cut exactly into a "
+                 "piece (a piece's row or column means are not the whole's): load params only",
+                 spec.name.c_str(), shape_text(e.shape).c_str());
         return Status::Ok();
     }
 
@@ -397,7 +425,7 @@ class Checkpointer::Load {
             int &need = slots_[layout.placement(p).unit_index];
             need = std::max(need, static_cast<int>(kinds.size()) - 1);
         }
-        SX_TRY(plan_read(m_, layout, g_.shard_rank(), index_, want_, &reads_));
+        SX_TRY(plan_read(m_, layout, g_.shard_rank(), index_, want_, &reads_, cuts_));
         std::sort(reads_.begin(), reads_.end(), [](const ReadOp &a, const ReadOp &b) {
             if (reads_values(a) != reads_values(b)) return reads_values(a);
             return a.chunk->file != b.chunk->file ? a.chunk->file < b.chunk->file : a.chunk->offset < b.chunk->offset;
@@ -666,6 +694,7 @@ class Checkpointer::Load {
     core::ShardState shard_;                       // the group's, at the start
     Manifest m_;
     std::vector<int32_t> index_;                   // per param: its entry in m_, or -1
+    std::vector<PieceCut> cuts_;                   // per param: where its piece lies in its entry's tensor
     std::vector<std::vector<TensorKind>> want_;    // per param: the kinds to read, in slot order
     std::vector<int> slots_;                       // per unit: the state slots to read
     std::vector<ReadOp> reads_;                    // values first

@@ -53,16 +53,20 @@ void piece_in_file(const ParamEntry &p, uint32_t file, uint64_t *begin, uint64_t
 }
 
 std::vector<uint32_t> files_for_shard(const Manifest &m, const core::Layout &layout, int shard,
-                                      const std::vector<int32_t> &manifest_index) {
+                                      const std::vector<int32_t> &manifest_index,
+                                      const std::vector<PieceCut> &cuts) {
     std::vector<bool> needed(m.files.size(), false);
     for (size_t p = 0; p < manifest_index.size(); ++p) {
         if (manifest_index[p] < 0) continue;
         const core::ShardPiece piece = layout.piece(static_cast<int32_t>(p), shard);
         if (piece.begin == piece.end) continue;
         // File q holds the entry's elements [q * S - unit_offset, (q + 1) * S - unit_offset).
+        // Through a cut, the saved elements from the part's first to its last (a range
+        // the part's runs lie within).
         const ParamEntry &e = m.params[manifest_index[p]];
-        const uint64_t first = (e.unit_offset + piece.begin) / e.unit_shard_numel;
-        const uint64_t last = (e.unit_offset + piece.end - 1) / e.unit_shard_numel;
+        const PieceCut cut = cuts.empty() ? PieceCut() : cuts[p];
+        const uint64_t first = (e.unit_offset + cut.at(piece.begin)) / e.unit_shard_numel;
+        const uint64_t last = (e.unit_offset + cut.at(piece.end - 1)) / e.unit_shard_numel;
         for (uint64_t f = first; f <= last && f < needed.size(); ++f) needed[f] = true;
     }
     std::vector<uint32_t> files;

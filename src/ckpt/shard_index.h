@@ -17,6 +17,7 @@
 
 #include "base/status.h"
 #include "ckpt/manifest.h"
+#include "ckpt/shard_plan.h"
 #include "core/layout.h"
 #include "io/file_ops.h"
 
@@ -49,10 +50,12 @@ Status append_index(io::FileOps &ops, int fd, const std::string &path, uint64_t 
 void piece_in_file(const ParamEntry &p, uint32_t file, uint64_t *begin, uint64_t *end);
 
 // The files (ascending) holding what shard `shard` of `layout` owns of the params the
-// manifest has: manifest_index[p] is current param p's entry in `m`, or -1 (not there).
-// Found from each entry's place in the saving layout alone. 2.0 manifests.
+// manifest has: manifest_index[p] is current param p's entry in `m`, or -1 (not there),
+// and cuts[p] where p's piece lies in it (empty: nowhere but its own tensor). Found from
+// each entry's place in the saving layout alone. 2.0 manifests.
 std::vector<uint32_t> files_for_shard(const Manifest &m, const core::Layout &layout, int shard,
-                                      const std::vector<int32_t> &manifest_index);
+                                      const std::vector<int32_t> &manifest_index,
+                                      const std::vector<PieceCut> &cuts = {});
 
 // Reads the indexes of `files` (of the checkpoint in `dir`, whose MANIFEST decoded into
 // *m, format 2.0) and adds their chunks to m's tensors, each tensor's sorted by element.

@@ -59,6 +59,27 @@ struct WritePlan {
 WritePlan plan_write(const core::Layout &layout, int rank, const std::vector<std::vector<TensorKind>> &kinds_of,
                      const std::vector<int32_t> &state_dtype_of = {});
 
+// Where a param's piece lies in the tensor a checkpoint saved for it: element i of the
+// piece (its own row-major index space) is element base + (i / run) * stride + i % run
+// of the saved tensor. run 0: the saved tensor is the piece (element i is i).
+struct PieceCut {
+    uint64_t base = 0, run = 0, stride = 0;
+    bool identity() const { return run == 0; }
+    uint64_t at(uint64_t i) const { return run == 0 ? i : base + (i / run) * stride + i % run; }
+};
+
+// Whether a param of shape `shape` and placement `here` takes its values from a tensor
+// a checkpoint saved with shape `saved_shape` and placement `saved`, and where (*cut):
+// - the same shape: a whole or replicated saved tensor loads into any placement, a saved
+//   piece of a split tensor only into the same piece (cut: identity);
+// - a piece of a split tensor (here) within the saved tensor: the saved logical tensor
+//   whole (a checkpoint of a run at a lower tensor-parallel degree, or the slices'
+//   checkpoints joined by `sxckpt join`), or a saved piece of the same logical tensor,
+//   split on the same dimension, that contains it (2 -> 4 tensor-parallel ranks).
+// Anything else (a piece not within the saved one, another logical shape) is false.
+bool cut_of(const std::vector<int64_t> &saved_shape, const core::Placement &saved, const std::vector<int64_t> &shape,
+            const core::Placement &here, PieceCut *cut);
+
 // One read a rank makes: the whole chunk, then the part [copy_begin, copy_end) of it
 // (elements, param index space) goes to the destination.
 struct ReadOp {
@@ -66,20 +87,23 @@ struct ReadOp {
     int32_t manifest_param = 0;   // index in the manifest
     TensorKind kind = TensorKind::kParam;
     const Chunk *chunk = nullptr;
-    uint64_t copy_begin = 0, copy_end = 0;  // elements (blocks for scales), param index space
+    uint64_t copy_begin = 0, copy_end = 0;  // elements (blocks for scales), the saved tensor's index space
     int32_t unit_index = 0;
-    uint64_t shard_offset = 0;    // element offset of copy_begin in this rank's shard (not for scales)
-    uint64_t piece_offset = 0;    // copy_begin's offset from the param's piece's start, in its index space
+    uint64_t shard_offset = 0;    // where copy_begin's value goes: its element offset in this rank's shard (not for scales)
+    uint64_t piece_offset = 0;    // and its offset from the start of this rank's part of the param, in the param's index space
     uint64_t elem_bytes = 4;      // of the tensor's dtype
 };
 
 // Plans the reads of `rank` under `layout` for every (param, kind) wanted: want[p] lists
 // the kinds to load for current param p (scales kinds read the piece's blocks), and manifest_index[p] its index in `m` (-1:
-// not in the checkpoint; such params are skipped). SX_ERR_CORRUPT if the manifest does
-// not cover a wanted range (validate() makes that impossible for a verified manifest).
+// not in the checkpoint; such params are skipped), cuts[p] where its piece lies in the
+// saved tensor (empty: every param is its saved tensor; a cut param wants no scales).
+// SX_ERR_CORRUPT if the manifest does not cover a wanted range (validate() makes that
+// impossible for a verified manifest).
 Status plan_read(const Manifest &m, const core::Layout &layout, int rank,
                  const std::vector<int32_t> &manifest_index,
-                 const std::vector<std::vector<TensorKind>> &want, std::vector<ReadOp> *ops);
+                 const std::vector<std::vector<TensorKind>> &want, std::vector<ReadOp> *ops,
+                 const std::vector<PieceCut> &cuts = {});
 
 }  // namespace ckpt
 }  // namespace sx
