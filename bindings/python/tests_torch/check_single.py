@@ -337,6 +337,23 @@ def check_adafactor():
                   "an Adafactor row_var of the param's shape")
 
 
+def check_placements_are_checked():
+    """placements: a key that names no param, and a value that is no Split or Replicated,
+    are refused naming them; a piece that does not fit is refused by sx, naming it."""
+    from sx.errors import InvalidArgumentError
+    model = net()
+    split = sx.torch.Split((32, 8), 0, 16)
+    expect_raises(InvalidArgumentError, "'0.wieght'", lambda: sx_opt(model, placements={"0.wieght": split}),
+                  "a placement for no param")
+    expect_raises(InvalidArgumentError, "sx.torch.Split(global_shape, dim, offset)",
+                  lambda: sx_opt(model, placements={"0.weight": ((32, 8), 0, 16)}), "a tuple for a placement")
+    expect_raises(InvalidArgumentError, "does not fit",
+                  lambda: sx_opt(model, placements={"0.weight": sx.torch.Split((32, 8), 0, 24)}), "a piece too far")
+    opt = sx_opt(model, placements={"0.weight": split, model[2].bias: sx.torch.Replicated(1, 2)})
+    train(model, opt, 2)
+    opt.close()
+
+
 def main():
     check_every_class()
     check_muon()
@@ -349,6 +366,7 @@ def main():
     check_loaded_hyperparameters()
     check_no_copies()
     check_overlap_with_frozen_param()
+    check_placements_are_checked()
 
 
 if __name__ == "__main__":

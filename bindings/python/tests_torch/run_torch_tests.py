@@ -4,7 +4,8 @@ Lamb and AdEMAMix, ranks as threads), check_state_dtypes.py (8-bit state against
 state against torch's), check_state_dtypes_long.py (8-bit AdamW against torchao over 200 steps) and
 check_stochastic_round.py (bf16 params without masters against torchao's _AdamW with
 bf16_stochastic_round) in one process each, then, under a real torchrun,
-check_sx_torch.py and check_fsdp2.py on 2 processes and check_uneven.py on 3, and check_gpt_resume.py (which
+check_sx_torch.py and check_fsdp2.py on 2 processes, check_uneven.py on 3 and check_tp.py (tensor parallelism
+with placements and a norm domain) on 4, and check_gpt_resume.py (which
 starts torchrun itself: the GPT sample saved at 2 processes, resumed at 1 and 3). Run with the Python of a
 torch environment, SX_LIBRARY pointing at libsx and PYTHONPATH at the binding (ctest's
 bindings_torch does)."""
@@ -23,7 +24,7 @@ def main():
         if subprocess.run(single, timeout=600).returncode != 0:
             sys.exit(f"{script} failed")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    for script, procs in (("check_sx_torch.py", 2), ("check_fsdp2.py", 2), ("check_uneven.py", 3)):
+    for script, procs in (("check_sx_torch.py", 2), ("check_fsdp2.py", 2), ("check_uneven.py", 3), ("check_tp.py", 4)):
         cmd = [torchrun, "--standalone", f"--nproc-per-node={procs}", os.path.join(HERE, script)]
         print("$", " ".join(cmd), flush=True)
         done = subprocess.run(cmd, timeout=600)

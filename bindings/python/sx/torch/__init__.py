@@ -48,11 +48,11 @@ from ._hooks import _Hooks
 from ._kinds import (_GROUP_STEP, _hyper, _instance_counter, _instances, _kind_of, _kwargs_options,
                      _state_dtype)
 from ._mixed_precision import _MixedPrecision, _cast_inputs, _dtype_choice
-from ._params import _Params, _wrap_units
+from ._params import Replicated, Split, _Params, _placement_table, _wrap_units
 from ._state_dicts import _StateDicts
 from ._hf import IncompatibleKeys, _HF
 
-__all__ = ["ShardedOptimizer", "IncompatibleKeys"]
+__all__ = ["ShardedOptimizer", "IncompatibleKeys", "Split", "Replicated"]
 
 _log = logging.getLogger("sx.torch")
 
@@ -94,6 +94,12 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, _HF, torch
     tensors, torchao's classes' 8-bit slots as torchao's OptimState8bit),
     ``reduce_dtype`` (torch.float32: 16-bit gradients summed over ranks in fp32),
     ``grad_dtype`` (the params' own: torch keeps a .grad in its param's dtype),
+    ``placements`` (a model split across tensor-parallel ranks or pipeline stages by the
+    trainer, each slice's data-parallel ranks one optimizer: {param name or the param
+    itself: ``sx.torch.Split(global_shape, dim, offset)`` or ``sx.torch.Replicated(index,
+    count)``}, what each param is of the logical model; checkpoints record it, a norm
+    domain (``self.group.join_norm_domain``) counts a replicated param once, and a
+    checkpoint of whole tensors loads into the pieces; docs/model-parallel.md),
     ``auto_wrap_policy`` (``params`` a module: each module for which ``policy(module)`` is
     true makes a unit of the params no module inside it took, and the rest a unit of the
     root's, as FSDP's auto-wrap; ``bucket_mb`` is then not used), ``max_grad_norm`` (clip the global norm of the averaged gradients; 0: none),
@@ -129,7 +135,7 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, _HF, torch
                  world_size=None, stage=2, max_grad_norm=0.0, bucket_mb=25.0, overlap=False, timeout_ms=0,
                  num_threads=None, transport="auto", sync_module_states=True, shard_size=0, grad_dtype=None,
                  reduce_dtype=None, prefetch_depth=1, auto_wrap_policy=None, param_dtype=None, state_dtype=None,
-                 **defaults):
+                 placements=None, **defaults):
         if stage not in (1, 2, 3):
             raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"stage {stage}: sx.torch runs stages 1-3")
         if stage == 3 and not isinstance(params, torch.nn.Module):
@@ -224,7 +230,14 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, _HF, torch
             self._wrapped, self._wrap_owners = _wrap_units(module, auto_wrap_policy)
         if module is not None:
             params = list(params.named_parameters())
+        self._placements, self._placed = _placement_table(placements, params), set()
         super().__init__(params, full)
+        unused = [k for k in self._placements if k not in self._placed]
+        if unused:
+            self.group.close()
+            raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                       f"placements names {len(unused)} key(s) that are no param of the optimizer: "
+                                       + ", ".join(repr(k) if isinstance(k, str) else "a tensor" for k in unused))
         self.group.finalize()
         self._finalized = True
         self._bind(0, sync=sync_module_states and self.group.world_size > 1)

@@ -1,5 +1,7 @@
 """ShardedOptimizer's params: param groups added (at construction and after), laid out
 in sx's units, and bound to sx's memory (.data and .grad views of sx's buffers)."""
+import collections
+
 import torch
 
 from .. import _lib
@@ -7,6 +9,38 @@ from ..errors import InvalidArgumentError, UnsupportedError
 from ..group import _DTYPES as _SX_DTYPES
 from ._kinds import _FIXED, _IGNORED, _INSTANCE_KEY, _STATE_DTYPE_OF, _check_torchao, _hyper
 from ._mixed_precision import _DTYPES
+
+
+class Split(collections.namedtuple("Split", "global_shape dim offset")):
+    """sx.torch's `placements` value for a piece of a larger logical tensor: the param is
+    [offset, offset + shape[dim]) on dimension `dim` of a tensor of `global_shape` (a
+    Megatron column-parallel weight: dim 0; a row-parallel one: dim 1)."""
+
+
+class Replicated(collections.namedtuple("Replicated", "index count")):
+    """sx.torch's `placements` value for copy `index` of `count` identical copies (a
+    layer norm or a bias on every tensor-parallel rank): in a norm domain copy 0 alone
+    counts in the gradient norm."""
+
+
+def _placement_table(placements, params):
+    """The constructor's `placements` as {name or id(tensor): Split or Replicated},
+    checked: each value of those types, each key a name (str) or a tensor."""
+    table = {}
+    for key, where in dict(placements or {}).items():
+        if not isinstance(where, (Split, Replicated)):
+            raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                       f"placements[{key!r}] is a {type(where).__name__}; it is sx.torch.Split"
+                                       "(global_shape, dim, offset) or sx.torch.Replicated(index, count)")
+        if isinstance(key, torch.Tensor):
+            table[id(key)] = where
+        elif isinstance(key, str):
+            table[key] = where
+        else:
+            raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT,
+                                       f"placements has a key of type {type(key).__name__}: it names a param "
+                                       "(str) or is the param itself")
+    return table
 
 
 def _wrap_units(module, policy):
@@ -130,7 +164,7 @@ class _Params:
                 self._masters[first + k] = p.data
                 p.data = p.data.to(self._param_dtype)
             self.group.add_param(name, tuple(p.shape), param_group=index, unit=unit,
-                                 dtype=_DTYPES[p.dtype], frozen=not p.requires_grad)
+                                 dtype=_DTYPES[p.dtype], frozen=not p.requires_grad, **self._placement_of(name, p))
             self._params.append(p)
             self._names.append(name)
             self._units.append(unit)  # unit ids are 0..n-1: a unit's index is its id
@@ -138,6 +172,19 @@ class _Params:
             self.group.finalize()
             self._bind(first)
             self._seed_masters(False)
+
+    def _placement_of(self, name, p):
+        """add_param's placement keywords for param `p` called `name`, from the
+        constructor's `placements` (by name, or by the tensor itself); each key used is
+        marked, so that one naming no param is refused."""
+        key = name if name in self._placements else id(p) if id(p) in self._placements else None
+        if key is None:
+            return {}
+        self._placed.add(key)
+        where = self._placements[key]
+        if isinstance(where, Split):
+            return {"split": (tuple(where.global_shape), where.dim, where.offset)}
+        return {"replica": (where.index, where.count)}
 
     def _bind(self, first, sync=False):
         """Params `first`.. take sx's memory: their values are copied in, then .data and
