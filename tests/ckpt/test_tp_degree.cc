@@ -10,6 +10,8 @@
 //    (AdamW's moments and step counts came along: any slot missed would change the bits).
 //  - That TP = 2 run's slices save; a TP = 4 x DP = 1 run at stage 3 loads each piece from
 //    the slice whose piece contains it (2 -> 4), and ends equal too.
+//  - Another pipeline split: stages {w1} | {w2, b} save; stages {w1, w2} | {b} load each
+//    param from the old stage's checkpoint that holds it, and end equal too.
 //  - Refusals: a piece that straddles two saved pieces, 8-bit state and Adafactor's
 //    factored moments cut from a larger tensor (each named; nothing changes), while the
 //    same loads of params only succeed.
@@ -60,27 +62,34 @@ struct Values {
     std::vector<float> v[3];
 };
 
+// tp slices of dp ranks each at ZeRO stage `stage`; with `stages` given, the slices are
+// pipeline stages instead, slice t holding the whole params stages[t].
 struct Layout {
     int tp = 1, dp = 2, stage = 2;
     std::string tag;
+    std::vector<std::vector<int>> stages;
+    // How many ways the params are split, and which slice t holds.
+    int split() const { return stages.empty() ? tp : 1; }
+    std::vector<int> held(int t) const { return stages.empty() ? std::vector<int>{0, 1, 2} : stages[t]; }
 };
 
 sx_status_t add_params(sx_shard_group_t *g, const Layout &l, int t) {
-    const int64_t h = kH / l.tp;
+    const int64_t h = kH / l.split();
     const std::vector<int64_t> shapes[3] = {{h, kD}, {kO, h}, {kO}};
     sx_status_t st = SX_OK;
-    for (int p = 0; p < 3 && st == SX_OK; ++p) {
+    for (int p : l.held(t)) {
+        if (st != SX_OK) break;
         sx_param_desc_t d;
         sx_param_desc_init(&d, sizeof d);
         d.name = kNames[p];
         d.ndim = static_cast<int32_t>(shapes[p].size());
         d.shape = shapes[p].data();
-        if (l.tp > 1 && p < 2) {
+        if (l.split() > 1 && p < 2) {
             d.placement = SX_PLACEMENT_SPLIT;
             d.split_dim = p;
             d.global_shape = kShapes[p].data();
             d.split_offset = t * h;
-        } else if (l.tp > 1) {
+        } else if (l.split() > 1) {
             d.placement = SX_PLACEMENT_REPLICATED;
             d.replica = t;
             d.replicas = l.tp;
@@ -90,11 +99,13 @@ sx_status_t add_params(sx_shard_group_t *g, const Layout &l, int t) {
     return st;
 }
 
-// One rank's part of a run: its group loaded from `from` (empty: initialised), saved into
+// One rank's part of a run: its group loaded from the checkpoints `from` in turn (none:
+// initialised; a pipeline stage's group takes from each what it holds), saved into
 // `save_at_load` right after that (if not empty), kSteps steps from step `first`, saved
 // into `save_at_end` (if not empty).
 struct Leg {
-    std::string from, save_at_load, save_at_end;
+    std::vector<std::string> from;
+    std::string save_at_load, save_at_end;
     int first = 0;
 };
 
@@ -119,40 +130,45 @@ std::string run_rank(const Layout &l, int t, int d, const Leg &leg, Values *at_l
     if (st == SX_OK) st = add_params(g, l, t);
     if (st == SX_OK) st = sx_finalize(g);
     std::string err = st == SX_OK ? "" : failed("setup", st);
+    const int n = l.split();
     // Each param's values (and gradient) through its view, gathered around at stage 3.
     auto with_views = [&](const char *what, const std::function<void(int, float *, float *)> &fn) {
         if (!err.empty()) return;
         sx_status_t s = l.stage == 3 ? sx_unit_gather(g, 0) : SX_OK;
-        for (int p = 0; p < 3 && s == SX_OK; ++p) {
+        const std::vector<int> held = l.held(t);
+        for (int k = 0; k < static_cast<int>(held.size()) && s == SX_OK; ++k) {
             sx_view_t pv, gv;
             sx_view_init(&pv, sizeof pv);
             sx_view_init(&gv, sizeof gv);
-            s = sx_param_view(g, p, &pv);
-            if (s == SX_OK) s = sx_grad_view(g, p, &gv);
-            if (s == SX_OK) fn(p, static_cast<float *>(pv.data), static_cast<float *>(gv.data));
+            s = sx_param_view(g, k, &pv);
+            if (s == SX_OK) s = sx_grad_view(g, k, &gv);
+            if (s == SX_OK) fn(held[k], static_cast<float *>(pv.data), static_cast<float *>(gv.data));
         }
         if (s == SX_OK && l.stage == 3) s = sx_unit_release(g, 0);
         if (s != SX_OK) err = failed(what, s);
     };
     auto keep = [&](Values *into) {
-        with_views("views", [&](int p, float *v, float *) { into->v[p].assign(v, v + piece_numel(p, l.tp)); });
+        with_views("views", [&](int p, float *v, float *) { into->v[p].assign(v, v + piece_numel(p, n)); });
     };
     if (leg.from.empty()) {
         with_views("init", [&](int p, float *v, float *) {
-            for (int64_t i = 0; i < piece_numel(p, l.tp); ++i) v[i] = init_value(p, logical(p, l.tp, t, i));
+            for (int64_t i = 0; i < piece_numel(p, n); ++i) v[i] = init_value(p, logical(p, n, t, i));
         });
-    } else if (err.empty()) {
+    }
+    for (const std::string &from : leg.from) {
+        if (!err.empty()) break;
         sx_load_options_t lo;
         sx_load_optim_state_options_init(&lo, sizeof lo);
-        lo.path = leg.from.c_str();
-        if ((st = sx_load_optim_state(g, &lo)) != SX_OK) err = failed(("loading " + leg.from).c_str(), st);
+        lo.path = from.c_str();
+        if (!l.stages.empty()) lo.flags = SX_LOAD_ALLOW_MISSING | SX_LOAD_ALLOW_EXTRA;
+        if ((st = sx_load_optim_state(g, &lo)) != SX_OK) err = failed(("loading " + from).c_str(), st);
     }
     keep(at_load);
     if (err.empty() && !leg.save_at_load.empty() && (st = sxtest::save_synchronously(g, leg.save_at_load)) != SX_OK)
         err = failed("save", st);
     for (int s = leg.first; s < leg.first + kSteps && err.empty(); ++s) {
         with_views("grads", [&](int p, float *, float *gr) {
-            for (int64_t i = 0; i < piece_numel(p, l.tp); ++i) gr[i] = grad_value(p, s, logical(p, l.tp, t, i));
+            for (int64_t i = 0; i < piece_numel(p, n); ++i) gr[i] = grad_value(p, s, logical(p, n, t, i));
         });
         if (err.empty() && (st = sx_step(g, nullptr, nullptr)) != SX_OK) err = failed("step", st);
     }
@@ -182,10 +198,12 @@ void run_layout(const Layout &l, const std::function<Leg(int)> &leg_of, std::vec
     *after = std::move(ended);
 }
 
-// Every slice's pieces are the unsharded values' sub-boxes, bit for bit.
-void expect_pieces(const char *what, int tp, const std::vector<Values> &pieces, const Values &whole) {
-    for (int t = 0; t < tp; ++t)
-        for (int p = 0; p < 3; ++p)
+// Every slice's pieces (of the params it holds) are the unsharded values' sub-boxes, bit
+// for bit.
+void expect_pieces(const char *what, const Layout &l, const std::vector<Values> &pieces, const Values &whole) {
+    const int tp = l.split();
+    for (int t = 0; t < l.tp; ++t)
+        for (int p : l.held(t))
             for (int64_t i = 0; i < piece_numel(p, tp); ++i) {
                 const float got = pieces[t].v[p][i], want = whole.v[p][logical(p, tp, t, i)];
                 if (std::memcmp(&got, &want, sizeof got) != 0)
@@ -202,30 +220,64 @@ std::string temp_dir() {
 
 void remove_dir(const std::string &dir) { assert_int_equal(std::system(("rm -rf " + dir).c_str()), 0); }
 
+// The unsharded run: 3 steps, saved into `whole`, loaded again and 3 more: *mid and *end
+// its values after 3 and 6 steps.
+void run_unsharded(const std::string &whole, const std::string &pid, Values *mid, Values *end) {
+    std::vector<Values> start, at3, loaded, at6;
+    const Layout u1{1, 2, 2, "tpd-u1-" + pid, {}}, u2{1, 2, 2, "tpd-u2-" + pid, {}};
+    run_layout(u1, [&](int) { return Leg{{}, "", whole, 0}; }, &start, &at3);
+    run_layout(u2, [&](int) { return Leg{{whole}, "", "", kSteps}; }, &loaded, &at6);
+    expect_pieces("the unsharded run, loaded", u2, loaded, at3[0]);
+    // The optimizer state matters: the second 3 steps move the params as the first did not.
+    assert_true(at6[0].v[0] != at3[0].v[0]);
+    *mid = at3[0];
+    *end = at6[0];
+}
+
 void test_a_whole_checkpoint_loads_into_tp2_and_on_into_tp4(void **) {
     const std::string dir = temp_dir(), pid = std::to_string(getpid()), whole = dir + "/whole";
-    // The unsharded run: 3 steps, saved; loaded again and 3 more steps.
-    std::vector<Values> start, mid, loaded, end;
-    run_layout({1, 2, 2, "tpd-u1-" + pid}, [&](int) { return Leg{"", "", whole, 0}; }, &start, &mid);
-    run_layout({1, 2, 2, "tpd-u2-" + pid}, [&](int) { return Leg{whole, "", "", kSteps}; }, &loaded, &end);
-    expect_pieces("the unsharded run, loaded", 1, loaded, mid[0]);
-    // The optimizer state matters: the second 3 steps move the params as the first did not.
-    assert_true(end[0].v[0] != mid[0].v[0]);
+    Values mid, end;
+    run_unsharded(whole, pid, &mid, &end);
     // TP = 2 x DP = 2 from the whole checkpoint; each slice saves what it loaded, into a
     // directory of its own (a save owns its parent directory: its `latest`, its retention).
     for (const char *slice : {"/tp2-0", "/tp2-1"}) assert_int_equal(mkdir((dir + slice).c_str(), 0755), 0);
     std::vector<Values> tp2_loaded, tp2_end;
-    run_layout({2, 2, 2, "tpd-t2-" + pid},
-               [&](int t) { return Leg{whole, dir + "/tp2-" + std::to_string(t) + "/ck", "", kSteps}; }, &tp2_loaded, &tp2_end);
-    expect_pieces("TP = 2, loaded from the whole tensors", 2, tp2_loaded, mid[0]);
-    expect_pieces("TP = 2, 3 steps after", 2, tp2_end, end[0]);
+    const Layout tp2{2, 2, 2, "tpd-t2-" + pid, {}};
+    run_layout(tp2, [&](int t) { return Leg{{whole}, dir + "/tp2-" + std::to_string(t) + "/ck", "", kSteps}; },
+               &tp2_loaded, &tp2_end);
+    expect_pieces("TP = 2, loaded from the whole tensors", tp2, tp2_loaded, mid);
+    expect_pieces("TP = 2, 3 steps after", tp2, tp2_end, end);
     // TP = 4 x DP = 1 at stage 3, each piece from the TP = 2 slice that holds it.
     std::vector<Values> tp4_loaded, tp4_end;
-    run_layout({4, 1, 3, "tpd-t4-" + pid},
-               [&](int t) { return Leg{dir + "/tp2-" + std::to_string(t / 2) + "/ck", "", "", kSteps}; }, &tp4_loaded,
-               &tp4_end);
-    expect_pieces("TP = 4, loaded from the TP = 2 slices", 4, tp4_loaded, mid[0]);
-    expect_pieces("TP = 4, 3 steps after", 4, tp4_end, end[0]);
+    const Layout tp4{4, 1, 3, "tpd-t4-" + pid, {}};
+    run_layout(tp4, [&](int t) { return Leg{{dir + "/tp2-" + std::to_string(t / 2) + "/ck"}, "", "", kSteps}; },
+               &tp4_loaded, &tp4_end);
+    expect_pieces("TP = 4, loaded from the TP = 2 slices", tp4, tp4_loaded, mid);
+    expect_pieces("TP = 4, 3 steps after", tp4, tp4_end, end);
+    remove_dir(dir);
+}
+
+// Another pipeline split: stages {w1} | {w2, b} of 2 data-parallel ranks each save after
+// 3 steps; stages {w1, w2} | {b} of one rank (the first at ZeRO stage 3) take each param
+// from the old stage's checkpoint that holds it (one load per checkpoint, missing and
+// extra params allowed), and go on equal to the unsharded run, bit for bit.
+void test_a_pipeline_split_resumes_as_another(void **) {
+    const std::string dir = temp_dir(), pid = std::to_string(getpid());
+    Values mid, end;
+    run_unsharded(dir + "/whole", pid, &mid, &end);
+    for (const char *stage : {"/pp-0", "/pp-1"}) assert_int_equal(mkdir((dir + stage).c_str(), 0755), 0);
+    Layout old_split{2, 2, 2, "tpd-pp-old-" + pid, {{0}, {1, 2}}};
+    std::vector<Values> started, saved;
+    run_layout(old_split, [&](int t) { return Leg{{}, "", dir + "/pp-" + std::to_string(t) + "/ck", 0}; }, &started,
+               &saved);
+    expect_pieces("the old split after 3 steps", old_split, saved, mid);
+    Layout new_split{2, 1, 2, "tpd-pp-new-" + pid, {{0, 1}, {2}}};
+    new_split.stage = 3;
+    std::vector<Values> loaded, ended;
+    run_layout(new_split, [&](int) { return Leg{{dir + "/pp-0/ck", dir + "/pp-1/ck"}, "", "", kSteps}; }, &loaded,
+               &ended);
+    expect_pieces("the new split, loaded", new_split, loaded, mid);
+    expect_pieces("the new split, 3 steps after", new_split, ended, end);
     remove_dir(dir);
 }
 
@@ -348,6 +400,7 @@ int main(int argc, char **argv) {
     (void)argv;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_whole_checkpoint_loads_into_tp2_and_on_into_tp4),
+        cmocka_unit_test(test_a_pipeline_split_resumes_as_another),
         cmocka_unit_test(test_what_cannot_be_cut_exactly_is_refused),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
