@@ -381,12 +381,15 @@ static void run_rank(const rank_plan_t *plan, rank_out_t *out) {
         sx_load_optim_state_options_init(&lo, sizeof lo);
         lo.path = plan->load;
         CHECK(sx_load_optim_state(g, &lo));
-        int64_t steps = -1;
-        CHECK(sx_get_param_group_steps(g, pg_decay, &steps));
-        if (steps != plan->first_step) {
-            fprintf(stderr, "%s holds step %lld, not %d\n", plan->load, (long long)steps, plan->first_step);
-            out->failed = 1;
-            goto done;
+        for (int32_t pg = 0; pg < 2; ++pg) { /* the checkpoint's step counts came back */
+            int64_t steps = -1;
+            CHECK(sx_get_param_group_steps(g, pg, &steps));
+            if (steps != plan->first_step) {
+                fprintf(stderr, "after loading %s, param group %d has taken %lld steps, not %d\n", plan->load, pg,
+                        (long long)steps, plan->first_step);
+                out->failed = 1;
+                goto done;
+            }
         }
     }
 
