@@ -40,7 +40,11 @@
  *      slices' checkpoints by `sxckpt join JOINED DIR/ckpt/tp0/step-10
  *      DIR/ckpt/tp1/step-10`, resumes at TP = 1 x DP = 2 (the unsharded model in one group
  *      of 2 processes) to the end, equal to the uninterrupted run that `--dir DIR` wrote.
- * The program fails (exit status 1) where a difference is above 1e-6.
+ * The program fails (exit status 1) where a difference is above 1e-6. DIR/uninterrupted
+ * records the TP = 2 x DP = 2 run for (c) and for samples/python/compare_tp_mlp_torch.py
+ * (the same model under torch's DTensor and FSDP2): STEPS losses and STEPS gradient
+ * norms (doubles), then the params in k_names' order, row-major (floats), in the
+ * machine's byte order (summary_t).
  *
  * usage: train_tp_mlp [--dir DIR]                (a) and (b); DIR kept (default: a
  *                                                temporary directory, removed)
