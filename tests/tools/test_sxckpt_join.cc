@@ -34,6 +34,7 @@ struct Def {
     int owner;
     int group;
     int tensor;  // its values' seed
+    int dtype = SX_DTYPE_F32;  // SX_DTYPE_BF16: its own unit 1, with fp32 masters
     // Filled for one slice's piece (piece_of).
     int64_t offset = 0, extent = 0;
     int replica = 0;
@@ -90,6 +91,26 @@ float grad_of(int step, const Def &d, int64_t i) {
     return static_cast<float>(static_cast<int64_t>(h % 65) - 32) / 64.0f;
 }
 
+// A view's element e as fp32 (bf16 widened), and v's element e set to x (exact in bf16
+// for the values here: multiples of 1/128 of magnitude below 1).
+float get(const sx_view_t &v, uint64_t e) {
+    if (v.dtype != SX_DTYPE_BF16) return static_cast<const float *>(v.data)[e];
+    const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t *>(v.data)[e]) << 16;
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+void set(const sx_view_t &v, uint64_t e, float x) {
+    if (v.dtype != SX_DTYPE_BF16) {
+        static_cast<float *>(v.data)[e] = x;
+        return;
+    }
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    static_cast<uint16_t *>(v.data)[e] = static_cast<uint16_t>(bits >> 16);
+}
+
 // What the ranks hold, as logical tensors: "NAME" (values), "NAME.SLOT" (gathered
 // state, fp32), "NAME#step".
 using Values = std::map<std::string, std::vector<float>>;
@@ -124,8 +145,10 @@ std::string record(sx_shard_group_t *h, int r, const Recorder &rec) {
             sx_view_t v;
             sx_view_init(&v, sizeof v);
             if (sx_param_view(h, static_cast<int32_t>(p), &v) != SX_OK) return err_text("param_view");
+            std::vector<float> values(v.numel);
+            for (uint64_t e = 0; e < v.numel; ++e) values[e] = get(v, e);
             std::lock_guard<std::mutex> lock(*rec.mu);
-            put(rec, (*rec.defs)[p], (*rec.defs)[p].name, static_cast<const float *>(v.data), v.numel);
+            put(rec, (*rec.defs)[p], (*rec.defs)[p].name, values.data(), v.numel);
         }
     Recorder copy = rec;
     if (sx_gather_optim_state(h, 0, r == 0 ? on_state : nullptr, &copy) != SX_OK) return err_text("gather");
@@ -158,6 +181,8 @@ std::string make(const std::string &rv, int r, int world, const std::vector<Grou
         pd.ndim = static_cast<int32_t>(shape.size());
         pd.shape = shape.data();
         pd.param_group = d.group;
+        pd.dtype = d.dtype;
+        pd.unit = d.dtype == SX_DTYPE_BF16 ? 1 : 0;
         pd.placement = d.placement;
         if (d.placement == SX_PLACEMENT_SPLIT) {
             pd.global_shape = d.logical.data();
@@ -179,7 +204,7 @@ std::string step_with(sx_shard_group_t *h, const std::vector<Def> &defs, int ste
         sx_view_init(&v, sizeof v);
         if (sx_grad_view(h, static_cast<int32_t>(p), &v) != SX_OK) return err_text("grad_view");
         for (int64_t e = 0; e < static_cast<int64_t>(v.numel); ++e)
-            static_cast<float *>(v.data)[e] = grad_of(step, defs[p], logical_index(defs[p], e));
+            set(v, static_cast<uint64_t>(e), grad_of(step, defs[p], logical_index(defs[p], e)));
     }
     return sx_step(h, nullptr, nullptr) == SX_OK ? "" : err_text("step");
 }
@@ -209,7 +234,7 @@ std::string run_slice(const Slice &s, int t, int r, int world, std::mutex *mu) {
         sx_view_init(&v, sizeof v);
         sx_param_view(h, static_cast<int32_t>(p), &v);
         for (int64_t i = 0; i < static_cast<int64_t>(v.numel); ++i)
-            static_cast<float *>(v.data)[i] = init_of(defs[p], logical_index(defs[p], i));
+            set(v, static_cast<uint64_t>(i), init_of(defs[p], logical_index(defs[p], i)));
     }
     for (int step = 1; step <= s.steps && e.empty(); ++step) {
         if (s.before_step) s.before_step(h, defs, t, step);
@@ -295,9 +320,10 @@ const std::vector<GroupDef> kGroups = {
 
 // A Megatron-style block over TP = 2, each slice a group of 2: a column-parallel weight
 // (split on dimension 0), a row-parallel one (dimension 1, its group's state bf16), a
-// replicated norm, an 8-bit weight split on dimension 0 into whole blocks, and a whole
-// param in each slice. join, then the unsharded model at world size 1 and 3 loads it:
-// values, masters (the values: fp32 params), every slot and every step count equal the
+// replicated norm, an 8-bit weight split on dimension 0 into whole blocks, a whole param
+// in each slice, and a bf16 param (fp32 masters) split on dimension 1. join, then the
+// unsharded model at world size 1 and 3 loads it: values, masters, every slot and every
+// step count equal the
 // slices' bit for bit, and one more step with the same gradients stays equal. export
 // --optimizer of the slices gives the same tensors (8-bit decoded), each param once.
 void test_join_resumes_unsharded(void **) {
@@ -313,19 +339,22 @@ void test_join_resumes_unsharded(void **) {
         {"big", {32, 256}, SX_PLACEMENT_SPLIT, 0, 0, 2, 4},
         {"embed", {6}, SX_PLACEMENT_WHOLE, 0, 0, 0, 5},
         {"head", {2, 3}, SX_PLACEMENT_WHOLE, 0, 1, 1, 6},
+        {"proj", {4, 6}, SX_PLACEMENT_SPLIT, 1, 0, 0, 7, SX_DTYPE_BF16},
     };
     s.saved = &saved;
     s.after = &after;
     save_slices(s, 2);
-    // What the slices hold covers every logical tensor: 6 values, 12 slots, 6 step counts.
-    assert_int_equal(saved.size(), 24);
+    // What the slices hold covers every logical tensor: 7 values, 14 slots, 1 master, 7
+    // step counts.
+    assert_int_equal(saved.size(), 29);
+    assert_int_equal(saved.count("proj.master"), 1);
     for (const auto &[key, v] : saved)
         for (float x : v)
             if (std::isnan(x)) fail_msg("the slices hold no %s of every element", key.c_str());
     const std::string out = s.parent + "/joined";
     const Run r = sxckpt({"join", "--world-size", "2", out, ck_of(s, 0), ck_of(s, 1)});
     expect_status(r, 0);
-    expect_has(r.out, "wrote " + out + ": 6 params");
+    expect_has(r.out, "wrote " + out + ": 7 params");
     expect_has(r.out, "joined 2 checkpoints");
     assert_true(listing(s.parent) == (std::vector<std::string>{"joined", "slice-0", "slice-1"}));
     const sx::ckpt::Manifest m = manifest_of(out);
@@ -337,7 +366,7 @@ void test_join_resumes_unsharded(void **) {
     assert_true(m.loss_scaler.scale == ls.scale && m.loss_scaler.growth_tracker == ls.growth_tracker &&
                 m.loss_scaler.growth_interval == ls.growth_interval && m.loss_scaler.growth_factor == ls.growth_factor &&
                 m.loss_scaler.backoff_factor == ls.backoff_factor);
-    assert_int_equal(m.params.size(), 6);
+    assert_int_equal(m.params.size(), 7);
     for (const sx::ckpt::ParamEntry &p : m.params) assert_int_equal(p.placement, SX_PLACEMENT_WHOLE);
     expect_status(sxckpt({"verify", out}), 0);
     for (int world : {1, 3}) {
@@ -349,7 +378,7 @@ void test_join_resumes_unsharded(void **) {
     const std::string st = s.parent + "/model.safetensors", prefix = s.parent + "/optim";
     const Run e = sxckpt({"export", "--safetensors", st, "--optimizer", prefix, ck_of(s, 0), ck_of(s, 1)});
     expect_status(e, 0);
-    expect_has(e.out, "wrote " + prefix + ".safetensors: 12 optimizer state tensors");
+    expect_has(e.out, "wrote " + prefix + ".safetensors: 14 optimizer state tensors");
     const std::string json = read_file(prefix + ".json");
     expect_has(json, "\"schema_version\":1,");
     expect_has(json, "\"params\":[\"big\"]");
@@ -369,8 +398,13 @@ void test_join_resumes_unsharded(void **) {
     }
     Values exported, want;
     for (const auto &[name, k] : got) exported[name] = k.values;
-    for (const auto &[key, v] : saved)
-        if (key.find('#') == std::string::npos) want[key] = v;
+    for (const auto &[key, v] : saved) {  // a 16-bit param is exported as its masters
+        const size_t master = key.rfind(".master");
+        if (master != std::string::npos && master + 7 == key.size())
+            want[key.substr(0, master)] = v;
+        else if (key.find('#') == std::string::npos)
+            want[key] = v;
+    }
     expect_same(want, exported, "exported");
 }
 
