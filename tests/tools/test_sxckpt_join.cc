@@ -132,9 +132,13 @@ sx_status_t on_state(sx_param_state_t *s, void *user) {
     const Def &d = (*rec.defs)[static_cast<size_t>(s->param)];
     std::lock_guard<std::mutex> lock(*rec.mu);
     (*rec.values)[std::string(d.name) + "#step"] = {static_cast<float>(s->step), static_cast<float>(s->momentum_steps)};
-    for (int32_t k = 0; k < s->num_tensors; ++k)
+    for (int32_t k = 0; k < s->num_tensors; ++k) {
+        const std::string key = std::string(d.name) + "." + s->tensor_names[k];
         if (s->tensor_numels[k] == s->numel)
-            put(rec, d, std::string(d.name) + "." + s->tensor_names[k], s->tensors[k], s->numel);
+            put(rec, d, key, s->tensors[k], s->numel);
+        else  // Adafactor's factored moments, of a whole param here
+            (*rec.values)[key].assign(s->tensors[k], s->tensors[k] + s->tensor_numels[k]);
+    }
     return SX_OK;
 }
 
@@ -315,17 +319,19 @@ std::vector<std::string> listing(const std::string &dir) {
     return names;
 }
 
-const std::vector<GroupDef> kGroups = {
-    {SX_OPTIM_ADAMW, SX_STATE_FP32, 0.01}, {SX_OPTIM_ADAMW, SX_STATE_BF16, 0.02}, {SX_OPTIM_ADAMW, SX_STATE_8BIT, 0.03}};
+const std::vector<GroupDef> kGroups = {{SX_OPTIM_ADAMW, SX_STATE_FP32, 0.01},
+                                      {SX_OPTIM_ADAMW, SX_STATE_BF16, 0.02},
+                                      {SX_OPTIM_ADAMW, SX_STATE_8BIT, 0.03},
+                                      {SX_OPTIM_ADAFACTOR, SX_STATE_FP32, 0.01}};
 
 // A Megatron-style block over TP = 2, each slice a group of 2: a column-parallel weight
 // (split on dimension 0), a row-parallel one (dimension 1, its group's state bf16), a
 // replicated norm, an 8-bit weight split on dimension 0 into whole blocks, a whole param
-// in each slice, and a bf16 param (fp32 masters) split on dimension 1. join, then the
-// unsharded model at world size 1 and 3 loads it: values, masters, every slot and every
-// step count equal the
-// slices' bit for bit, and one more step with the same gradients stays equal. export
-// --optimizer of the slices gives the same tensors (8-bit decoded), each param once.
+// in each slice (one of them Adafactor's, factored), and a bf16 param (fp32 masters)
+// split on dimension 1. join, then the unsharded model at world size 1 and 3 loads it:
+// values, masters, every slot and every step count equal the slices' bit for bit, and
+// one more step with the same gradients stays equal. export --optimizer of the slices
+// gives the same tensors (8-bit decoded), each param once.
 void test_join_resumes_unsharded(void **) {
     Values saved, after;
     Slice s;
@@ -340,13 +346,14 @@ void test_join_resumes_unsharded(void **) {
         {"embed", {6}, SX_PLACEMENT_WHOLE, 0, 0, 0, 5},
         {"head", {2, 3}, SX_PLACEMENT_WHOLE, 0, 1, 1, 6},
         {"proj", {4, 6}, SX_PLACEMENT_SPLIT, 1, 0, 0, 7, SX_DTYPE_BF16},
+        {"ada", {3, 4}, SX_PLACEMENT_WHOLE, 0, 1, 3, 8},
     };
     s.saved = &saved;
     s.after = &after;
     save_slices(s, 2);
-    // What the slices hold covers every logical tensor: 7 values, 14 slots, 1 master, 7
-    // step counts.
-    assert_int_equal(saved.size(), 29);
+    // What the slices hold covers every logical tensor: 8 values, 14 slots, Adafactor's
+    // row_var and col_var, 1 master, 8 step counts.
+    assert_int_equal(saved.size(), 33);
     assert_int_equal(saved.count("proj.master"), 1);
     for (const auto &[key, v] : saved)
         for (float x : v)
@@ -354,7 +361,7 @@ void test_join_resumes_unsharded(void **) {
     const std::string out = s.parent + "/joined";
     const Run r = sxckpt({"join", "--world-size", "2", out, ck_of(s, 0), ck_of(s, 1)});
     expect_status(r, 0);
-    expect_has(r.out, "wrote " + out + ": 7 params");
+    expect_has(r.out, "wrote " + out + ": 8 params");
     expect_has(r.out, "joined 2 checkpoints");
     assert_true(listing(s.parent) == (std::vector<std::string>{"joined", "slice-0", "slice-1"}));
     const sx::ckpt::Manifest m = manifest_of(out);
@@ -366,7 +373,7 @@ void test_join_resumes_unsharded(void **) {
     assert_true(m.loss_scaler.scale == ls.scale && m.loss_scaler.growth_tracker == ls.growth_tracker &&
                 m.loss_scaler.growth_interval == ls.growth_interval && m.loss_scaler.growth_factor == ls.growth_factor &&
                 m.loss_scaler.backoff_factor == ls.backoff_factor);
-    assert_int_equal(m.params.size(), 7);
+    assert_int_equal(m.params.size(), 8);
     for (const sx::ckpt::ParamEntry &p : m.params) assert_int_equal(p.placement, SX_PLACEMENT_WHOLE);
     expect_status(sxckpt({"verify", out}), 0);
     for (int world : {1, 3}) {
@@ -378,7 +385,7 @@ void test_join_resumes_unsharded(void **) {
     const std::string st = s.parent + "/model.safetensors", prefix = s.parent + "/optim";
     const Run e = sxckpt({"export", "--safetensors", st, "--optimizer", prefix, ck_of(s, 0), ck_of(s, 1)});
     expect_status(e, 0);
-    expect_has(e.out, "wrote " + prefix + ".safetensors: 14 optimizer state tensors");
+    expect_has(e.out, "wrote " + prefix + ".safetensors: 16 optimizer state tensors");
     const std::string json = read_file(prefix + ".json");
     expect_has(json, "\"schema_version\":1,");
     expect_has(json, "\"params\":[\"big\"]");
