@@ -374,8 +374,8 @@ void test_refuses_mismatches(void **) {
     expect_refused("missing-key", w, s, replaced(j, "\"eps\":1e-08,", ""),
                    "P.json: param group 0 (AdamW) has no \"eps\"");
     expect_refused("bad-hyper", w, s, replaced(j, "\"lr\":0.05", "\"lr\":-1"), "P.json: param group 1 (SGD): ");
-    expect_refused("newer-schema", w, s, replaced(j, "\"schema_version\":1", "\"schema_version\":2"),
-                   "P.json: schema_version is 2, newer than this sxckpt's 1");
+    expect_refused("newer-schema", w, s, replaced(j, "\"schema_version\":1", "\"schema_version\":3"),
+                   "P.json: schema_version is 3, newer than this sxckpt's 2");
     expect_refused("momentum-steps", w, s, replaced(j, "\"momentum_steps\":3", "\"momentum_steps\":4"),
                    "they must satisfy 0 <= momentum_steps <= step");
     expect_refused("no-state-entry", w, s,
@@ -384,6 +384,33 @@ void test_refuses_mismatches(void **) {
     expect_refused("duplicate-key", w, s,
                    replaced(j, "\"step\":3,\"param_groups\"", "\"step\":3,\"step\":3,\"param_groups\""),
                    "P.json: JSON: the key \"step\" at byte ");
+}
+
+// Schema 2's optional "loss_scaler" and "user_blob" (what sxckpt join carries) reach the
+// MANIFEST; malformed ones are refused, naming the key.
+void test_loss_scaler_and_user_blob(void **) {
+    const std::string w = read_file(g_weights), s = read_file(g_prefix + ".safetensors"),
+                      j = read_file(g_prefix + ".json");
+    const std::string scaler = "\"loss_scaler\":{\"scale\":1024,\"growth_tracker\":7,\"growth_interval\":2000,"
+                               "\"growth_factor\":2,\"backoff_factor\":0.5}";
+    const std::string with = replaced(replaced(j, "\"schema_version\":1", "\"schema_version\":2"),
+                                      "\"step\":3,\"param_groups\"",
+                                      "\"step\":3," + scaler + ",\"user_blob\":\"00ff41\",\"param_groups\"");
+    const std::string dir = fx->dir + "/run-state";
+    assert_int_equal(mkdir(dir.c_str(), 0755), 0);
+    assert_true(sxtest::write_file(dir + "/W.safetensors", w));
+    assert_true(sxtest::write_file(dir + "/P.safetensors", s));
+    assert_true(sxtest::write_file(dir + "/P.json", with));
+    expect_status(sxckpt({"import", "--safetensors", dir + "/W.safetensors", "--optimizer", dir + "/P", dir + "/ck"}), 0);
+    const sx::ckpt::Manifest m = manifest_of(dir + "/ck");
+    assert_true(m.loss_scaler.scale == 1024 && m.loss_scaler.growth_tracker == 7 &&
+                m.loss_scaler.growth_interval == 2000 && m.loss_scaler.growth_factor == 2 &&
+                m.loss_scaler.backoff_factor == 0.5);
+    assert_true(m.user_blob == std::string("\x00\xff\x41", 3));
+    expect_refused("bad-blob", w, s, replaced(with, "\"00ff41\"", "\"0g\""),
+                   "P.json: \"user_blob\" is not pairs of hexadecimal digits");
+    expect_refused("scaler-key", w, s, replaced(with, ",\"backoff_factor\":0.5", ""),
+                   "P.json: \"loss_scaler\" has no \"backoff_factor\"");
 }
 
 // DIR exists: refused, and left as it was. A leftover DIR.sx-partial is no checkpoint:
@@ -433,6 +460,7 @@ int main(void) {
         cmocka_unit_test(test_widens_16_bit_weights),
         cmocka_unit_test(test_refuses_damaged_files),
         cmocka_unit_test(test_refuses_mismatches),
+        cmocka_unit_test(test_loss_scaler_and_user_blob),
         cmocka_unit_test(test_output_directory),
         cmocka_unit_test(test_usage),
     };

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "io/file_ops.h"
 
 namespace sx {
 namespace tool {
@@ -20,6 +21,22 @@ int inspect_command(const std::vector<std::string> &args);
 int verify_command(const std::vector<std::string> &args);
 int export_command(const std::vector<std::string> &args);
 int import_command(const std::vector<std::string> &args);
+int join_command(const std::vector<std::string> &args);
+
+// What `join` is made of (join.cc). export_for_join: the checkpoints `dirs` joined into
+// the logical model's files, WEIGHTS and PREFIX.{safetensors,json}, as `export` writes
+// them but for packed state copied as stored (torchao's form), PREFIX.json carrying the
+// first checkpoint's loss scaler and user blob, and refusing what import would not store
+// again exactly (a split param whose pieces keep a state dtype the logical tensor would
+// not). import_for_join: `import` of those files into the new checkpoint DIR as saved by
+// `world_size` ranks; *summary says what it wrote.
+Status export_for_join(io::FileOps &ops, const std::vector<std::string> &dirs, const std::string &weights,
+                       const std::string &prefix);
+Status import_for_join(io::FileOps &ops, const std::string &weights, const std::string &prefix, int world_size,
+                       const std::string &dir, std::string *summary);
+// Parses --world-size's value into *n (1 .. the most ranks a checkpoint's file names
+// allow); false if it is no such number.
+bool parse_world_size(const std::string &text, int *n);
 
 // The usage text of every command.
 extern const char *const kUsage;

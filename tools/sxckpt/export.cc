@@ -95,6 +95,13 @@ struct ExportPlan {
     std::vector<OutFile> files;               // [0] the params, [1] the optimizer state
     std::vector<std::vector<std::vector<Route>>> route;  // [checkpoint][param][tensor], as in its manifest
     std::string optimizer_json;               // "" unless asked for
+    // Several checkpoints: the logical model's manifest, for PREFIX.json (each logical
+    // param once, with its group and step counts; unit 0).
+    ckpt::Manifest logical;
+    // For `sxckpt join`: refuse what import would not store again exactly (a split
+    // param whose pieces keep another state dtype than the logical tensor would), and
+    // carry the loss scaler and the user blob in PREFIX.json.
+    bool exact = false;
 };
 
 // Where tensor i of param p goes, as what: *o gets its name, dtype and shape. The
@@ -155,6 +162,31 @@ std::vector<std::pair<std::string, std::string>> export_metadata(const ckpt::Man
     };
 }
 
+// Adafactor's factored moments of p (if it has them) into f, which the MANIFEST holds,
+// in torch's shapes: row_var [..., R, 1], col_var [..., 1, C].
+Status add_factored(const ckpt::ParamEntry &p, OutFile *f, std::unordered_set<std::string> *names, uint64_t *cursor) {
+    if (p.row_var.empty()) return Status::Ok();
+    std::vector<int64_t> rows(p.shape.begin(), p.shape.end() - 1), cols(p.shape.begin(), p.shape.end() - 2);
+    rows.push_back(1);
+    cols.push_back(1);
+    cols.push_back(p.shape.back());
+    for (const auto &[suffix, shape, values] :
+         {std::make_tuple(".row_var", rows, &p.row_var), std::make_tuple(".col_var", cols, &p.col_var)}) {
+        StTensor o;
+        o.name = p.name + suffix;
+        SX_CHECK(names->insert(o.name).second, SX_ERR_INVALID_ARGUMENT,
+                 "the checkpoint would give two tensors of %s the name '%s'", printable(f->path).c_str(),
+                 printable(o.name).c_str());
+        o.dtype = SX_DTYPE_F32;
+        o.shape = shape;
+        o.begin = *cursor;
+        o.end = *cursor = o.begin + values->size() * sizeof(float);
+        f->from_manifest.emplace_back(o.begin, values);
+        f->tensors.push_back(std::move(o));
+    }
+    return Status::Ok();
+}
+
 // Names, offsets and headers, from the manifest alone. The params go to file 0; their
 // optimizer state to file 1 if there is one, else nowhere.
 Status plan_export(const ckpt::Manifest &m, ExportPlan *plan) {
@@ -191,28 +223,7 @@ Status plan_export(const ckpt::Manifest &m, ExportPlan *plan) {
             routes.push_back(r);
         }
         plan->route[0].push_back(std::move(routes));
-        if (plan->files.size() < 2 || p.row_var.empty()) continue;
-        // Adafactor's factored moments, in torch's shapes: row_var [..., R, 1], col_var
-        // [..., 1, C].
-        OutFile &f = plan->files[1];
-        std::vector<int64_t> rows(p.shape.begin(), p.shape.end() - 1), cols(p.shape.begin(), p.shape.end() - 2);
-        rows.push_back(1);
-        cols.push_back(1);
-        cols.push_back(p.shape.back());
-        for (const auto &[suffix, shape, values] :
-             {std::make_tuple(".row_var", rows, &p.row_var), std::make_tuple(".col_var", cols, &p.col_var)}) {
-            StTensor o;
-            o.name = p.name + suffix;
-            SX_CHECK(names[1].insert(o.name).second, SX_ERR_INVALID_ARGUMENT,
-                     "the checkpoint would give two tensors of %s the name '%s'", printable(f.path).c_str(),
-                     printable(o.name).c_str());
-            o.dtype = SX_DTYPE_F32;
-            o.shape = shape;
-            o.begin = cursor[1];
-            o.end = cursor[1] = o.begin + values->size() * sizeof(float);
-            f.from_manifest.emplace_back(o.begin, values);
-            f.tensors.push_back(std::move(o));
-        }
+        if (plan->files.size() >= 2) SX_TRY(add_factored(p, &plan->files[1], &names[1], &cursor[1]));
     }
     for (size_t i = 0; i < plan->files.size(); ++i) {
         SX_TRY(safetensors_header(metadata, plan->files[i].tensors, &plan->files[i].head));
@@ -304,8 +315,209 @@ void place_piece(const ckpt::ParamEntry &e, Route *r) {
     r->base = static_cast<uint64_t>(e.split_offset) * inner;
 }
 
+// What differs between two param groups ("" if nothing): the optimizer, a
+// hyperparameter (the state dtype is one), a custom optimizer's own, or the group's steps.
+std::string group_difference(const ckpt::ParamGroupEntry &a, const ckpt::ParamGroupEntry &b) {
+    if (a.optimizer != b.optimizer || a.optimizer_name != b.optimizer_name || a.slot_names != b.slot_names)
+        return "the optimizer is " + ckpt::optimizer_text(a) + " in one and " + ckpt::optimizer_text(b) + " in the other";
+#define SX_DIFFERS(name, type, dflt, key, rule) \
+    if (a.name != b.name) return format(#name " is %g in one and %g in the other", double(a.name), double(b.name));
+    SX_HYPERPARAMETERS(SX_DIFFERS)
+#undef SX_DIFFERS
+    if (a.custom_names != b.custom_names || a.custom_values != b.custom_values)
+        return "the custom optimizer's hyperparameters differ";
+    if (a.steps != b.steps) return format("the group's steps are %" PRId64 " in one and %" PRId64 " in the other",
+                                          a.steps, b.steps);
+    return "";
+}
+
+// The optimizer state of several checkpoints joins only where their param group tables
+// are equal: group g the same optimizer, hyperparameters and state dtype in every one.
+Status check_groups(const std::vector<CheckpointDir> &cs) {
+    const auto &first = cs[0].manifest.param_groups;
+    for (size_t k = 1; k < cs.size(); ++k) {
+        const auto &groups = cs[k].manifest.param_groups;
+        SX_CHECK(groups.size() == first.size(), SX_ERR_INVALID_ARGUMENT,
+                 "%s has %zu param groups but %s has %zu: the slices' optimizer state joins only where every "
+                 "checkpoint has the same param groups",
+                 printable(cs[0].path).c_str(), first.size(), printable(cs[k].path).c_str(), groups.size());
+        for (size_t g = 0; g < first.size(); ++g) {
+            const std::string why = group_difference(first[g], groups[g]);
+            SX_CHECK(why.empty(), SX_ERR_INVALID_ARGUMENT,
+                     "param group %zu differs between %s and %s (%s): the slices' optimizer state joins only where "
+                     "every checkpoint has the same param groups",
+                     g, printable(cs[0].path).c_str(), printable(cs[k].path).c_str(), why.c_str());
+        }
+    }
+    return Status::Ok();
+}
+
+std::string kinds_text(const ckpt::ParamEntry &e) {
+    std::string text;
+    for (const ckpt::Tensor &t : e.tensors)
+        if (t.kind != ckpt::TensorKind::kParam)
+            text += (text.empty() ? "" : ", ") + kind_name(t.kind) + (t.dtype == ckpt::kDTypeQ8 ? " (8-bit)" : "");
+    return text.empty() ? "none" : text;
+}
+
+// Every piece (every copy) of a name must have taken the same steps, be in the same
+// group, trainable alike, with the same state tensors; Adafactor's factored moments of
+// a split param are refused (a piece's column means are not the logical tensor's).
+Status check_state_agrees(const std::vector<CheckpointDir> &cs, const std::string &name,
+                          const std::vector<Piece> &all, StateFormat state_format) {
+    const ckpt::ParamEntry &a = cs[all[0].ck].manifest.params[all[0].param];
+    const std::string at = printable(cs[all[0].ck].path), n = printable(name);
+    for (const Piece &p : all) {
+        const ckpt::ParamEntry &e = cs[p.ck].manifest.params[p.param];
+        const std::string here = printable(cs[p.ck].path);
+        SX_CHECK(e.step == a.step && e.momentum_steps == a.momentum_steps && e.mu_product == a.mu_product,
+                 SX_ERR_INVALID_ARGUMENT,
+                 "param '%s' has taken %" PRId64 " steps (momentum_steps %" PRId64 ", mu_product %g) in %s but %" PRId64
+                 " (momentum_steps %" PRId64 ", mu_product %g) in %s: its pieces' optimizer state cannot be joined",
+                 n.c_str(), a.step, a.momentum_steps, double(a.mu_product), at.c_str(), e.step, e.momentum_steps,
+                 double(e.mu_product), here.c_str());
+        SX_CHECK(e.param_group == a.param_group && e.trainable == a.trainable, SX_ERR_INVALID_ARGUMENT,
+                 "param '%s' is in param group %d (%s) in %s but in param group %d (%s) in %s", n.c_str(),
+                 a.param_group, a.trainable ? "trainable" : "frozen", at.c_str(), e.param_group,
+                 e.trainable ? "trainable" : "frozen", here.c_str());
+        bool same = e.tensors.size() == a.tensors.size();
+        for (size_t i = 0; same && i < e.tensors.size(); ++i)
+            same = e.tensors[i].kind == a.tensors[i].kind &&
+                   (state_format == StateFormat::kTorch || e.tensors[i].dtype == a.tensors[i].dtype);
+        SX_CHECK(same, SX_ERR_INVALID_ARGUMENT, "param '%s' has optimizer state %s in %s but %s in %s", n.c_str(),
+                 kinds_text(a).c_str(), at.c_str(), kinds_text(e).c_str(), here.c_str());
+        SX_CHECK(e.placement != SX_PLACEMENT_SPLIT || e.row_var.empty(), SX_ERR_INVALID_ARGUMENT,
+                 "param '%s' is split (on dimension %d) and has Adafactor's factored moments (row_var, col_var) in %s: "
+                 "the means over a piece's rows or columns cannot be joined into the logical tensor's exactly",
+                 n.c_str(), e.split_dim, here.c_str());
+    }
+    return Status::Ok();
+}
+
+// A split param's 8-bit codes and scales join as they are only where every piece's
+// blocks of 256 are blocks of the logical tensor: each piece one run of it (no dimension
+// before the split one longer than 1) of whole blocks. With `exact` (join), also: the
+// logical tensor keeps the pieces' state dtype (import would quantize fp32 pieces).
+Status check_blocks(const std::vector<CheckpointDir> &cs, const std::string &name, const std::vector<Piece> &pieces,
+                    uint64_t logical_numel, bool exact) {
+    const ckpt::ParamEntry &a = cs[pieces[0].ck].manifest.params[pieces[0].param];
+    if (a.placement != SX_PLACEMENT_SPLIT || a.tensors.size() < 2) return Status::Ok();
+    const ckpt::ParamGroupEntry &g = cs[0].manifest.param_groups[static_cast<size_t>(a.param_group)];
+    const int32_t logical = optim::param_state_dtype(static_cast<int32_t>(g.state_dtype), logical_numel);
+    bool q8 = false;
+    for (const ckpt::Tensor &t : a.tensors) q8 |= t.dtype == ckpt::kDTypeQ8;
+    const char *how = exact ? "join would quantize them again; it refuses"
+                            : "export it with --state-format torch (each piece decoded with its own scales)";
+    for (const Piece &p : pieces) {
+        const ckpt::ParamEntry &e = cs[p.ck].manifest.params[p.param];
+        const int32_t kept = optim::param_state_dtype(static_cast<int32_t>(g.state_dtype), e.numel());
+        SX_CHECK(!exact || kept == logical, SX_ERR_INVALID_ARGUMENT,
+                 "param '%s': its piece in %s (%" PRIu64 " elements) keeps %s state, but the logical tensor (%" PRIu64
+                 " elements) would keep %s state: %s",
+                 printable(name).c_str(), printable(cs[p.ck].path).c_str(), e.numel(), optim::state_dtype_name(kept),
+                 logical_numel, optim::state_dtype_name(logical), how);
+        int64_t before = 1;
+        for (int d = 0; d < e.split_dim; ++d) before *= e.global_shape[static_cast<size_t>(d)];
+        SX_CHECK(!q8 || (before == 1 && e.numel() % optim::kQuantBlock == 0), SX_ERR_INVALID_ARGUMENT,
+                 "param '%s' keeps 8-bit state and is split on dimension %d of %s: the blocks of %zu elements of "
+                 "its piece in %s are not blocks of the logical tensor, so their codes and scales cannot be joined "
+                 "as they are; %s",
+                 printable(name).c_str(), e.split_dim, core::shape_text(e.global_shape).c_str(), optim::kQuantBlock,
+                 printable(cs[p.ck].path).c_str(), how);
+    }
+    return Status::Ok();
+}
+
+// Where a piece's block scales go in the logical tensor's (contiguous: check_blocks).
+void place_scales(const ckpt::ParamEntry &e, uint64_t logical_numel, Route *r) {
+    if (e.placement != SX_PLACEMENT_SPLIT) return;
+    place_piece(e, r);
+    r->base /= optim::kQuantBlock;
+    r->run = e.numel() / optim::kQuantBlock;
+    r->stride = logical_numel / optim::kQuantBlock;
+}
+
+// The optimizer state of one logical param into file 1: each state tensor in the
+// logical shape, every piece routed to its place; and the param into plan->logical.
+Status plan_joined_state(const std::vector<CheckpointDir> &cs, const std::string &name,
+                         const std::vector<Piece> &pieces, const std::vector<int64_t> &shape, ExportPlan *plan,
+                         std::unordered_set<std::string> *names, uint64_t *cursor) {
+    const ckpt::ParamEntry &a = cs[pieces[0].ck].manifest.params[pieces[0].param];
+    uint64_t numel = 1;
+    for (int64_t d : shape) numel *= static_cast<uint64_t>(d);
+    if (plan->state_format == StateFormat::kTorchao || plan->exact)
+        SX_TRY(check_blocks(cs, name, pieces, numel, plan->exact));
+    OutFile &f = plan->files[1];
+    for (size_t i = 0; i < a.tensors.size(); ++i) {
+        StTensor o;
+        if (route_of(cs[pieces[0].ck].manifest, a, i, plan->state_format, &o).file != 1) continue;
+        const bool scales = ckpt::is_scales(a.tensors[i].kind);
+        o.shape = scales ? std::vector<int64_t>{static_cast<int64_t>(numel / optim::kQuantBlock)} : shape;
+        SX_CHECK(names->insert(o.name).second, SX_ERR_INVALID_ARGUMENT,
+                 "the checkpoints would give two tensors of %s the name '%s'", printable(f.path).c_str(),
+                 printable(o.name).c_str());
+        const uint64_t bytes = (scales ? numel / optim::kQuantBlock : numel) * ckpt::dtype_bytes(o.dtype);
+        SX_CHECK(*cursor + bytes >= *cursor, SX_ERR_INVALID_ARGUMENT, "the tensors exceed 2^64 bytes");
+        o.begin = *cursor;
+        o.end = *cursor += bytes;
+        for (const Piece &p : pieces) {
+            const ckpt::ParamEntry &e = cs[p.ck].manifest.params[p.param];
+            StTensor ignored;
+            Route &r = plan->route[p.ck][p.param][i];
+            r = route_of(cs[p.ck].manifest, e, i, plan->state_format, &ignored);
+            r.tensor = f.tensors.size();
+            if (scales)
+                place_scales(e, numel, &r);
+            else
+                place_piece(e, &r);
+        }
+        f.tensors.push_back(std::move(o));
+    }
+    SX_TRY(add_factored(a, &f, names, cursor));  // whole and replicated params only (check_state_agrees)
+    ckpt::ParamEntry logical;
+    logical.name = name;
+    logical.shape = shape;
+    logical.param_group = a.param_group;
+    logical.trainable = a.trainable;
+    logical.step = a.step;
+    logical.momentum_steps = a.momentum_steps;
+    logical.mu_product = a.mu_product;
+    plan->logical.params.push_back(std::move(logical));
+    return Status::Ok();
+}
+
+// One logical param's values into file 0, every piece routed to its place.
+Status plan_joined_param(const std::vector<CheckpointDir> &cs, const std::string &name,
+                         const std::vector<Piece> &pieces, const std::vector<int64_t> &shape, ExportPlan *plan,
+                         uint64_t *cursor) {
+    OutFile &f = plan->files[0];
+    StTensor o;
+    o.shape = shape;
+    o.name = name;
+    o.dtype = SX_DTYPE_F32;
+    uint64_t bytes = sizeof(float);
+    for (int64_t e : o.shape) bytes *= static_cast<uint64_t>(e);
+    SX_CHECK(*cursor + bytes >= *cursor, SX_ERR_INVALID_ARGUMENT, "the tensors exceed 2^64 bytes");
+    o.begin = *cursor;
+    o.end = *cursor += bytes;
+    for (const Piece &p : pieces) {
+        const ckpt::ParamEntry &e = cs[p.ck].manifest.params[p.param];
+        for (size_t i = 0; i < e.tensors.size(); ++i) {
+            if (e.tensors[i].kind != ckpt::TensorKind::kParam) continue;
+            Route &r = plan->route[p.ck][p.param][i];
+            r.file = 0;
+            r.tensor = f.tensors.size();
+            place_piece(e, &r);
+        }
+    }
+    f.tensors.push_back(std::move(o));
+    return Status::Ok();
+}
+
 // The params of several checkpoints (the slices of one model) as logical tensors, in
-// file 0, in the order their names first appear. Every checkpoint must be of one step.
+// file 0, in the order their names first appear; with file 1, their optimizer state
+// joined the same way (the checkpoints' param groups equal, each name's pieces agreeing
+// on their steps). Every checkpoint must be of one step.
 Status plan_joined(const std::vector<CheckpointDir> &cs, ExportPlan *plan) {
     std::vector<std::string> order;
     std::map<std::string, std::vector<Piece>> by_name;
@@ -322,36 +534,26 @@ Status plan_joined(const std::vector<CheckpointDir> &cs, ExportPlan *plan) {
             list.push_back({k, p});
         }
     }
-    OutFile &f = plan->files[0];
-    uint64_t cursor = 0;
+    const bool state = plan->files.size() > 1;
+    if (state) SX_TRY(check_groups(cs));
+    std::vector<uint64_t> cursor(plan->files.size(), 0);
+    std::unordered_set<std::string> names = {kMetadataKey};
     for (const std::string &name : order) {
-        SX_CHECK(name != kMetadataKey, SX_ERR_INVALID_ARGUMENT,
-                 "the checkpoints would give two tensors of %s the name '%s'", printable(f.path).c_str(), kMetadataKey);
+        SX_CHECK(name != kMetadataKey, SX_ERR_INVALID_ARGUMENT, "the checkpoints would give two tensors of %s the name '%s'",
+                 printable(plan->files[0].path).c_str(), kMetadataKey);
         std::vector<Piece> &pieces = by_name[name];
-        StTensor o;
-        SX_TRY(join_pieces(cs, name, &pieces, &o.shape));
-        o.name = name;
-        o.dtype = SX_DTYPE_F32;
-        uint64_t bytes = sizeof(float);
-        for (int64_t e : o.shape) bytes *= static_cast<uint64_t>(e);
-        SX_CHECK(cursor + bytes >= cursor, SX_ERR_INVALID_ARGUMENT, "the tensors exceed 2^64 bytes");
-        o.begin = cursor;
-        o.end = cursor += bytes;
-        for (const Piece &p : pieces) {
-            const ckpt::ParamEntry &e = cs[p.ck].manifest.params[p.param];
-            for (size_t i = 0; i < e.tensors.size(); ++i) {
-                if (e.tensors[i].kind != ckpt::TensorKind::kParam) continue;
-                Route &r = plan->route[p.ck][p.param][i];
-                r.file = 0;
-                r.tensor = f.tensors.size();
-                place_piece(e, &r);
-            }
-        }
-        f.tensors.push_back(std::move(o));
+        const std::vector<Piece> all = pieces;  // join_pieces keeps one copy of a replicated param
+        std::vector<int64_t> shape;
+        SX_TRY(join_pieces(cs, name, &pieces, &shape));
+        if (state) SX_TRY(check_state_agrees(cs, name, all, plan->state_format));
+        SX_TRY(plan_joined_param(cs, name, pieces, shape, plan, &cursor[0]));
+        if (state) SX_TRY(plan_joined_state(cs, name, pieces, shape, plan, &names, &cursor[1]));
     }
-    SX_TRY(safetensors_header(export_metadata(cs[0].manifest, "checkpoints", format("%zu", cs.size())), f.tensors,
-                              &f.head));
-    f.data_bytes = cursor;
+    const auto metadata = export_metadata(cs[0].manifest, "checkpoints", format("%zu", cs.size()));
+    for (size_t i = 0; i < plan->files.size(); ++i) {
+        SX_TRY(safetensors_header(metadata, plan->files[i].tensors, &plan->files[i].head));
+        plan->files[i].data_bytes = cursor[i];
+    }
     return Status::Ok();
 }
 
@@ -460,8 +662,10 @@ Status export_chunk(io::FileOps &ops, const CheckpointDir &c, int fd, const std:
             const size_t k = std::min<size_t>(kConvertElems, whole - i);
             const uint64_t first = ch.begin + off / elem + i;
             convert(r, data + i * elem, k, first, block0, scales, converted.data());
-            SX_TRY(ops.pwrite_all(out.fd, converted.data(), k * sizeof(float), at + (off / elem + i) * sizeof(float),
-                                  out_tmp));
+            const uint64_t pos = (off / elem + i) * sizeof(float);  // into the chunk's output
+            const char *bytes = reinterpret_cast<const char *>(converted.data());
+            SX_TRY(r.run ? scatter_write(ops, out, t, r, bytes, k * sizeof(float), ch.begin * sizeof(float) + pos)
+                         : ops.pwrite_all(out.fd, bytes, k * sizeof(float), at + pos, out_tmp));
         }
         return Status::Ok();
     });
@@ -542,11 +746,23 @@ Status export_files(io::FileOps &ops, const std::vector<CheckpointDir> &cs, cons
     if (!prefix.empty()) {
         plan->files[1].path = prefix + ".safetensors";
         json_path = prefix + ".json";
-        plan->optimizer_json = optimizer_json(cs[0].manifest);
         finals.push_back(plan->files[1].path);
         finals.push_back(json_path);
     }
-    SX_TRY(cs.size() == 1 ? plan_export(cs[0].manifest, plan) : plan_joined(cs, plan));
+    const bool joined = cs.size() > 1 || plan->exact;
+    SX_TRY(joined ? plan_joined(cs, plan) : plan_export(cs[0].manifest, plan));
+    if (!prefix.empty() && !joined) plan->optimizer_json = optimizer_json(cs[0].manifest);
+    if (!prefix.empty() && joined) {
+        // The logical model's: the first checkpoint's groups (all equal: check_groups),
+        // step, loss scaler and user blob.
+        const ckpt::Manifest &m = cs[0].manifest;
+        ckpt::Manifest &l = plan->logical;
+        l.format_major = m.format_major, l.format_minor = m.format_minor, l.step = m.step;
+        l.param_groups = m.param_groups;
+        l.loss_scaler = m.loss_scaler;
+        l.user_blob = m.user_blob;
+        plan->optimizer_json = optimizer_json(l, /*run_state=*/plan->exact);
+    }
     Status s = write_temporaries(ops, cs, plan, json_path);
     size_t renamed = 0;
     for (; s.ok() && renamed < finals.size(); ++renamed) s = ops.rename(finals[renamed] + ".tmp", finals[renamed]);
@@ -563,6 +779,16 @@ Status export_files(io::FileOps &ops, const std::vector<CheckpointDir> &cs, cons
 
 }  // namespace
 
+Status export_for_join(io::FileOps &ops, const std::vector<std::string> &dirs, const std::string &weights,
+                       const std::string &prefix) {
+    std::vector<CheckpointDir> cs(dirs.size());
+    for (size_t k = 0; k < dirs.size(); ++k) SX_TRY(open_checkpoint(ops, dirs[k], &cs[k]));
+    ExportPlan plan;
+    plan.state_format = StateFormat::kTorchao;  // packed state copied as stored
+    plan.exact = true;
+    return export_files(ops, cs, weights, prefix, &plan);
+}
+
 int export_command(const std::vector<std::string> &args) {
     std::string out, prefix, state_format;
     std::vector<std::string> dirs;
@@ -571,8 +797,6 @@ int export_command(const std::vector<std::string> &args) {
     if (parsed >= 0) return parsed;
     if (out.empty()) return usage_error("export needs --safetensors OUT");
     if (dirs.empty()) return usage_error("export takes a checkpoint directory");
-    if (dirs.size() > 1 && !prefix.empty())
-        return usage_error("export: --optimizer takes one checkpoint directory (several are joined as params only)");
     ExportPlan plan;
     if (!state_format.empty() && prefix.empty())
         return usage_error("export: --state-format applies to the optimizer state; it needs --optimizer PREFIX");

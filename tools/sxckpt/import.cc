@@ -297,6 +297,8 @@ Status plan_import(const Inputs &in, int world_size, ImportPlan *plan) {
     }
     const OptimizerDoc &doc = in.doc;
     m.step = doc.step;
+    if (doc.has_loss_scaler) m.loss_scaler = doc.loss_scaler;
+    m.user_blob = doc.user_blob;
     for (const OptimizerGroup &g : doc.groups) m.param_groups.push_back(g.hyper);
     std::unordered_map<std::string, const OptimizerParam *> listed;
     for (const OptimizerParam &p : doc.params) listed.emplace(p.name, &p);
@@ -501,7 +503,32 @@ Status import_checkpoint(io::FileOps &ops, const std::string &weights, const std
     return s;
 }
 
+// What import wrote, in a line.
+std::string import_summary(const std::string &dir, const ImportPlan &plan) {
+    const ckpt::Manifest &m = plan.manifest;
+    return format("wrote %s: %zu params, %zu optimizer state tensors, %zu param groups, as %d ranks' shards; step "
+                  "%" PRIu64 ", format %u.%u\n",
+                  printable(dir).c_str(), m.params.size(), plan.state_tensors, m.param_groups.size(), m.world_size,
+                  m.step, ckpt::kFormatMajor, ckpt::kFormatMinor);
+}
+
 }  // namespace
+
+bool parse_world_size(const std::string &text, int *n) {
+    char *end = nullptr;
+    const long v = std::strtol(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || v < 1 || v > kMaxWorldSize) return false;
+    *n = static_cast<int>(v);
+    return true;
+}
+
+Status import_for_join(io::FileOps &ops, const std::string &weights, const std::string &prefix, int world_size,
+                       const std::string &dir, std::string *summary) {
+    ImportPlan plan;
+    SX_TRY(import_checkpoint(ops, weights, prefix, world_size, dir, &plan));
+    *summary = import_summary(dir, plan);
+    return Status::Ok();
+}
 
 int import_command(const std::vector<std::string> &args) {
     std::string weights, prefix, world = "1";
@@ -511,20 +538,15 @@ int import_command(const std::vector<std::string> &args) {
     if (parsed >= 0) return parsed;
     if (weights.empty()) return usage_error("import needs --safetensors WEIGHTS");
     if (dirs.size() != 1) return usage_error("import takes one checkpoint directory to create");
-    char *end = nullptr;
-    const long n = std::strtol(world.c_str(), &end, 10);
-    if (*end != '\0' || n < 1 || n > kMaxWorldSize)
+    int n = 0;
+    if (!parse_world_size(world, &n))
         return usage_error(format("import: --world-size is '%s'; it must be a number from 1 to %d", world.c_str(),
                                   kMaxWorldSize));
     auto ops = io::posix_file_ops();
     ImportPlan plan;
-    Status s = import_checkpoint(*ops, weights, prefix, static_cast<int>(n), dirs[0], &plan);
+    Status s = import_checkpoint(*ops, weights, prefix, n, dirs[0], &plan);
     if (!s.ok()) return failure(s.prefix("import into " + printable(dirs[0]) + " failed: "));
-    const ckpt::Manifest &m = plan.manifest;
-    std::printf("wrote %s: %zu params, %zu optimizer state tensors, %zu param groups, as %d ranks' shards; step "
-                "%" PRIu64 ", format %u.%u\n",
-                printable(dirs[0]).c_str(), m.params.size(), plan.state_tensors, m.param_groups.size(),
-                m.world_size, m.step, ckpt::kFormatMajor, ckpt::kFormatMinor);
+    std::fputs(import_summary(dirs[0], plan).c_str(), stdout);
     if (prefix.empty())
         std::printf("values only (no optimizer state): load it with SX_LOAD_PARAMS_ONLY\n");
     return kExitOk;

@@ -7,6 +7,7 @@
 
 #include "checkpoint_dir.h"
 #include "commands.h"
+#include "optimizer_json.h"
 
 namespace sx {
 namespace tool {
@@ -184,14 +185,7 @@ void print_json(const CheckpointDir &c, const std::vector<FileInfo> &files) {
     j.key("created_unix_ms"), j.number(m.created_unix_ms);
     j.key("created"), j.string(utc_time_text(m.created_unix_ms));
     j.key("user_blob_bytes"), j.number(static_cast<uint64_t>(m.user_blob.size()));
-    j.key("loss_scaler");
-    j.begin_object();
-    j.key("scale"), j.number(m.loss_scaler.scale);
-    j.key("growth_tracker"), j.number(m.loss_scaler.growth_tracker);
-    j.key("growth_interval"), j.number(m.loss_scaler.growth_interval);
-    j.key("growth_factor"), j.number(m.loss_scaler.growth_factor);
-    j.key("backoff_factor"), j.number(m.loss_scaler.backoff_factor);
-    j.end_object();
+    j.key("loss_scaler"), write_loss_scaler(j, m.loss_scaler);
 
     j.key("params");
     j.begin_array();

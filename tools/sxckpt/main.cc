@@ -6,6 +6,8 @@
 //                                           the unsharded params; their optimizer state
 //   sxckpt import --safetensors IN [--optimizer PREFIX] [--world-size N] DIR
 //                                           a new checkpoint from such files
+//   sxckpt join [--world-size N] OUT DIR... the slices' checkpoints as one of the
+//                                           logical model
 #include <algorithm>
 #include <cstdio>
 #include <exception>
@@ -21,6 +23,7 @@ const char *const kUsage =
     "       sxckpt verify DIR\n"
     "       sxckpt export --safetensors OUT [--optimizer PREFIX [--state-format F]] DIR...\n"
     "       sxckpt import --safetensors IN [--optimizer PREFIX] [--world-size N] DIR\n"
+    "       sxckpt join [--world-size N] OUT DIR...\n"
     "       sxckpt --help | --version\n"
     "\n"
     "DIR is an sx checkpoint directory (MANIFEST and shard-RRRRR-of-WWWWW.bin files).\n"
@@ -39,15 +42,29 @@ const char *const kUsage =
     "           with their scales), or with --state-format torchao as torchao's\n"
     "           OptimState8bit holds it: NAME.exp_avg.codes (U8) and NAME.exp_avg.scale\n"
     "           (F32, one per block of 256), bf16 as BF16, all copied as stored.\n"
-    "           Several DIRs (the checkpoints of a model-parallel trainer's slices,\n"
-    "           without --optimizer): each logical tensor whole, its pieces joined by\n"
-    "           the placements the checkpoints record, a replicated param once.\n"
+    "           Several DIRs (the checkpoints of a model-parallel trainer's slices):\n"
+    "           each logical tensor whole, its pieces joined by the placements the\n"
+    "           checkpoints record, a replicated param once; with --optimizer, every\n"
+    "           state tensor joined so too (the checkpoints' param groups equal, each\n"
+    "           param's pieces of equal steps; refused: Adafactor's row_var and col_var\n"
+    "           of a split param, and torchao's 8-bit form of a split param whose\n"
+    "           pieces' blocks are not the logical tensor's).\n"
     "  import   makes the new checkpoint DIR from such files, as if saved by N ranks\n"
     "           (default 1). Without --optimizer it holds the values only: load it with\n"
     "           SX_LOAD_PARAMS_ONLY. A param group whose \"state_dtype\" in PREFIX.json\n"
     "           is \"bf16\" or \"8bit\" gets its state in that form: fp32 tensors rounded\n"
     "           or quantized, torchao's codes and scales copied. DIR must not exist; it\n"
     "           appears only whole.\n"
+    "  join     makes the new checkpoint OUT of the logical model from the checkpoints\n"
+    "           of a model-parallel trainer's slices, as if saved by N ranks (default\n"
+    "           1): every param whole, its values and optimizer state joined from its\n"
+    "           pieces exactly (bf16 and 8-bit state copied, never quantized again),\n"
+    "           steps, param groups, and the first DIR's loss scaler and user blob. It\n"
+    "           loads into a group of the unsharded model at any world size. Refused,\n"
+    "           naming the param: what export --optimizer refuses, and a split param\n"
+    "           whose pieces keep another state dtype than the whole would, or keep\n"
+    "           8-bit state in blocks that are not the whole's. OUT must not exist;\n"
+    "           it appears only whole, and a failed join leaves nothing.\n"
     "\n"
     "exit status: 0 success (verify: intact), 1 failure (verify: broken), 2 usage error\n";
 
@@ -115,6 +132,7 @@ int main(int argc, char **argv) {
         if (command == "verify") return verify_command(args);
         if (command == "export") return export_command(args);
         if (command == "import") return import_command(args);
+        if (command == "join") return join_command(args);
         return usage_error("unknown command '" + command + "'");
     } catch (const std::exception &e) {
         // Allocation failures and the like: say so rather than abort.

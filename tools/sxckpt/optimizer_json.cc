@@ -1,6 +1,8 @@
 #include "optimizer_json.h"
 
+#include <algorithm>
 #include <cinttypes>
+#include <iterator>
 #include <cstring>
 #include <unordered_map>
 
@@ -214,14 +216,54 @@ Status read_state(const std::string &name, const JsonValue &v, const OptimizerGr
     return Status::Ok();
 }
 
+// Schema 2's "loss_scaler": {"scale", "growth_tracker", "growth_interval",
+// "growth_factor", "backoff_factor"}, as the MANIFEST holds it.
+Status read_loss_scaler(const JsonValue &v, ckpt::LossScalerEntry *out) {
+    SX_TRY(json_expect(v, JsonValue::Kind::kObject, "\"loss_scaler\""));
+    const char *const keys[] = {"scale", "growth_tracker", "growth_interval", "growth_factor", "backoff_factor"};
+    for (const auto &m : v.members)
+        SX_CHECK(std::find_if(std::begin(keys), std::end(keys), [&](const char *k) { return m.first == k; }) !=
+                     std::end(keys),
+                 SX_ERR_INVALID_ARGUMENT,
+                 "\"loss_scaler\": unknown key %s; its keys are scale, growth_tracker, growth_interval, "
+                 "growth_factor, backoff_factor",
+                 json_quoted(m.first).c_str());
+    for (const char *k : keys)
+        SX_CHECK(v.find(k) != nullptr, SX_ERR_INVALID_ARGUMENT, "\"loss_scaler\" has no \"%s\"", k);
+    SX_TRY(json_double(*v.find("scale"), "\"loss_scaler\": \"scale\"", &out->scale));
+    SX_TRY(json_int64(*v.find("growth_tracker"), "\"loss_scaler\": \"growth_tracker\"", &out->growth_tracker));
+    SX_TRY(json_int64(*v.find("growth_interval"), "\"loss_scaler\": \"growth_interval\"", &out->growth_interval));
+    SX_TRY(json_double(*v.find("growth_factor"), "\"loss_scaler\": \"growth_factor\"", &out->growth_factor));
+    return json_double(*v.find("backoff_factor"), "\"loss_scaler\": \"backoff_factor\"", &out->backoff_factor);
+}
+
+// Schema 2's "user_blob": the bytes as pairs of hexadecimal digits.
+Status read_user_blob(const JsonValue &v, std::string *out) {
+    std::string hex;
+    SX_TRY(json_string(v, "\"user_blob\"", &hex));
+    SX_CHECK(hex.size() % 2 == 0 && hex.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos,
+             SX_ERR_INVALID_ARGUMENT, "\"user_blob\" is not pairs of hexadecimal digits");
+    out->clear();
+    for (size_t i = 0; i < hex.size(); i += 2)
+        out->push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+    return Status::Ok();
+}
+
 Status read_doc(const JsonValue &root, OptimizerDoc *doc) {
     SX_TRY(json_expect(root, JsonValue::Kind::kObject, "the document"));
     for (const auto &m : root.members)
         SX_CHECK(m.first == "schema_version" || m.first == "format_version" || m.first == "step" ||
-                     m.first == "param_groups" || m.first == "state",
+                     m.first == "param_groups" || m.first == "state" || m.first == "loss_scaler" ||
+                     m.first == "user_blob",
                  SX_ERR_INVALID_ARGUMENT,
-                 "unknown key %s; the keys are schema_version, format_version, step, param_groups, state",
+                 "unknown key %s; the keys are schema_version, format_version, step, param_groups, state, "
+                 "loss_scaler, user_blob",
                  json_quoted(m.first).c_str());
+    if (const JsonValue *ls = root.find("loss_scaler")) {
+        SX_TRY(read_loss_scaler(*ls, &doc->loss_scaler));
+        doc->has_loss_scaler = true;
+    }
+    if (const JsonValue *blob = root.find("user_blob")) SX_TRY(read_user_blob(*blob, &doc->user_blob));
     const JsonValue *version = root.find("schema_version");
     SX_CHECK(version != nullptr, SX_ERR_INVALID_ARGUMENT, "there is no \"schema_version\"");
     int64_t v = 0;
@@ -275,12 +317,28 @@ Status read_doc(const JsonValue &root, OptimizerDoc *doc) {
 
 }  // namespace
 
-std::string optimizer_json(const ckpt::Manifest &m) {
+void write_loss_scaler(JsonWriter &j, const ckpt::LossScalerEntry &ls) {
+    j.begin_object();
+    j.key("scale"), j.number(ls.scale);
+    j.key("growth_tracker"), j.number(ls.growth_tracker);
+    j.key("growth_interval"), j.number(ls.growth_interval);
+    j.key("growth_factor"), j.number(ls.growth_factor);
+    j.key("backoff_factor"), j.number(ls.backoff_factor);
+    j.end_object();
+}
+
+std::string optimizer_json(const ckpt::Manifest &m, bool run_state) {
     JsonWriter j;
     j.begin_object();
-    j.key("schema_version"), j.number(kOptimizerSchemaVersion);
+    j.key("schema_version"), j.number(static_cast<int64_t>(run_state ? 2 : 1));
     j.key("format_version"), j.string(format("%u.%u", m.format_major, m.format_minor));
     j.key("step"), j.number(m.step);
+    if (run_state) {
+        j.key("loss_scaler"), write_loss_scaler(j, m.loss_scaler);
+        std::string hex;
+        for (unsigned char c : m.user_blob) hex += format("%02x", c);
+        j.key("user_blob"), j.string(hex);
+    }
     j.key("param_groups");
     j.begin_array();
     for (size_t g = 0; g < m.param_groups.size(); ++g) write_group(j, m.param_groups[g], m, static_cast<int32_t>(g));

@@ -12,12 +12,16 @@
 
 #include "base/status.h"
 #include "ckpt/manifest.h"
+#include "interop/json.h"
 
 namespace sx {
 namespace tool {
 
-// The schema's own version; a reader refuses a newer one.
-constexpr int64_t kOptimizerSchemaVersion = 1;
+// The schema's own version; a reader refuses a newer one. Version 2 adds the optional
+// "loss_scaler" and "user_blob" (what `sxckpt join` carries from its first checkpoint);
+// a writer says 2 only where it writes them, so that files without them stay readable
+// by readers of version 1.
+constexpr int64_t kOptimizerSchemaVersion = 2;
 
 struct OptimizerParam {
     std::string name;
@@ -39,11 +43,20 @@ struct OptimizerDoc {
     std::string format_version;      // the checkpoint format it came from ("" if not given)
     std::vector<OptimizerGroup> groups;
     std::vector<OptimizerParam> params;  // every param of every group, in the order of "state"
+    // Schema 2, optional: the checkpoint's loss scaler state and user blob.
+    bool has_loss_scaler = false;
+    ckpt::LossScalerEntry loss_scaler;
+    std::string user_blob;
 };
 
+// A loss scaler's state as one JSON object, {"scale", "growth_tracker", "growth_interval",
+// "growth_factor", "backoff_factor"}: PREFIX.json's "loss_scaler" and inspect --json's.
+void write_loss_scaler(interop::JsonWriter &j, const ckpt::LossScalerEntry &ls);
+
 // PREFIX.json for the checkpoint `m`: every param group, every param's step counts,
-// unit and trainable flag, the step and the format version. One line, UTF-8.
-std::string optimizer_json(const ckpt::Manifest &m);
+// unit and trainable flag, the step and the format version. One line, UTF-8. With
+// `run_state`, also (schema 2) m's loss scaler and its user blob (in hexadecimal).
+std::string optimizer_json(const ckpt::Manifest &m, bool run_state = false);
 
 // Reads PREFIX.json's text, checking the schema: the schema version; every key known
 // and every required one there; optimizers SGD, Adam, AdamW with exactly their
@@ -51,7 +64,8 @@ std::string optimizer_json(const ckpt::Manifest &m);
 // ("fp32", "bf16", "8bit": how the imported group keeps its state) and
 // "bf16_stochastic_round" (a bool: the group keeps its bf16 params without masters); each param in exactly one
 // group and with exactly one "state" entry; 0 <= momentum_steps <= step, and
-// momentum_steps only for SGD. SX_ERR_INVALID_ARGUMENT naming the group, the param and
+// momentum_steps only for SGD; "loss_scaler" with exactly its five keys and "user_blob"
+// of hexadecimal digit pairs, where given. SX_ERR_INVALID_ARGUMENT naming the group, the param and
 // the field; SX_ERR_VERSION for a newer schema. `what` names the file in messages.
 Status parse_optimizer_json(const std::string &text, const std::string &what, OptimizerDoc *out);
 
