@@ -142,8 +142,17 @@ sx_status_t on_state(sx_param_state_t *s, void *user) {
     return SX_OK;
 }
 
-// Rank r's params' values (rank 0) and every param's gathered state, into rec.
+// Rank r's params' values and param groups' step counts (rank 0) and every param's
+// gathered state, into rec.
 std::string record(sx_shard_group_t *h, int r, const Recorder &rec) {
+    int32_t groups = 0;
+    if (r == 0 && sx_get_num_param_groups(h, &groups) != SX_OK) return err_text("num_param_groups");
+    for (int32_t g = 0; g < groups; ++g) {
+        int64_t steps = -1;
+        if (sx_get_param_group_steps(h, g, &steps) != SX_OK) return err_text("param_group_steps");
+        std::lock_guard<std::mutex> lock(*rec.mu);
+        (*rec.values)["#group-steps-" + std::to_string(g)] = {static_cast<float>(steps)};
+    }
     if (r == 0)
         for (size_t p = 0; p < rec.defs->size(); ++p) {
             sx_view_t v;
@@ -352,8 +361,8 @@ void test_join_resumes_unsharded(void **) {
     s.after = &after;
     save_slices(s, 2);
     // What the slices hold covers every logical tensor: 8 values, 14 slots, Adafactor's
-    // row_var and col_var, 1 master, 8 step counts.
-    assert_int_equal(saved.size(), 33);
+    // row_var and col_var, 1 master, 8 step counts, 4 param groups' step counts.
+    assert_int_equal(saved.size(), 37);
     assert_int_equal(saved.count("proj.master"), 1);
     for (const auto &[key, v] : saved)
         for (float x : v)

@@ -57,7 +57,8 @@ bool counts_group_steps(optim::Kind kind) {
     return !optim::is_custom(kind) && optim::spec_of(kind).step_count == optim::StepCount::kGroup;
 }
 
-void write_group(JsonWriter &j, const ckpt::ParamGroupEntry &g, const ckpt::Manifest &m, int32_t index) {
+void write_group(JsonWriter &j, const ckpt::ParamGroupEntry &g, const ckpt::Manifest &m, int32_t index,
+                 bool run_state) {
     const optim::Kind kind = static_cast<optim::Kind>(g.optimizer);
     j.begin_object();
     if (g.optimizer == ckpt::kCustomOptimizer) {
@@ -84,6 +85,9 @@ void write_group(JsonWriter &j, const ckpt::ParamGroupEntry &g, const ckpt::Mani
     // An optimizer that counts its steps per group (pytorch-optimizer's Lamb and AdEMAMix:
     // their bias corrections' t) keeps the count as the group's "step".
     if (counts_group_steps(kind)) j.key("step"), j.number(static_cast<uint64_t>(g.steps));
+    // Schema 2 (a join, which must resume exactly): the steps the group took
+    // (sx_get_param_group_steps), which torch's other classes do not keep.
+    else if (run_state) j.key("group_steps"), j.number(static_cast<uint64_t>(g.steps));
     // How sx kept the state the exported tensors came from (fp32 is torch's, and unsaid).
     const int state_dtype = static_cast<int>(g.state_dtype);
     if (state_dtype > 0 && state_dtype < 3) j.key("state_dtype"), j.string(kStateDtypeNames[state_dtype]);
@@ -131,18 +135,22 @@ Status read_group(const JsonValue &v, size_t index, OptimizerGroup *g) {
     for (const auto &m : v.members) {
         bool known = m.first == "optimizer" || m.first == "params" || m.first == "state_dtype" ||
                      m.first == "bf16_stochastic_round" ||
-                     (group_step && m.first == "step");
+                     (group_step && m.first == "step") || (!group_step && m.first == "group_steps");
         for (const std::string &k : keys) known |= m.first == k;
         if (known) continue;
         std::string expected;
         for (const std::string &k : keys) expected += k + ", ";
         return SX_ERROR(SX_ERR_INVALID_ARGUMENT, "%s: unknown key %s; its keys are optimizer, %s%sstate_dtype, params",
-                        what.c_str(), json_quoted(m.first).c_str(), expected.c_str(), group_step ? "step, " : "");
+                        what.c_str(), json_quoted(m.first).c_str(), expected.c_str(), group_step ? "step, " : "group_steps, ");
     }
-    if (const JsonValue *step = v.find("step")) {  // a group step count's; 0 where absent
-        SX_TRY(json_int64(*step, what + ": \"step\"", &g->hyper.steps));
-        SX_CHECK(g->hyper.steps >= 0, SX_ERR_INVALID_ARGUMENT, "%s: \"step\" is %" PRId64 "; it must be >= 0",
-                 what.c_str(), g->hyper.steps);
+    // The group's step count (0 where absent): torch's "step" where the class keeps one,
+    // else schema 2's "group_steps".
+    for (const char *key : {"step", "group_steps"}) {
+        const JsonValue *step = v.find(key);
+        if (step == nullptr) continue;
+        SX_TRY(json_int64(*step, what + ": \"" + key + "\"", &g->hyper.steps));
+        SX_CHECK(g->hyper.steps >= 0, SX_ERR_INVALID_ARGUMENT, "%s: \"%s\" is %" PRId64 "; it must be >= 0",
+                 what.c_str(), key, g->hyper.steps);
     }
     for (const std::string &k : keys)
         SX_CHECK(v.find(k) != nullptr, SX_ERR_INVALID_ARGUMENT, "%s has no %s", what.c_str(), json_quoted(k).c_str());
@@ -341,7 +349,8 @@ std::string optimizer_json(const ckpt::Manifest &m, bool run_state) {
     }
     j.key("param_groups");
     j.begin_array();
-    for (size_t g = 0; g < m.param_groups.size(); ++g) write_group(j, m.param_groups[g], m, static_cast<int32_t>(g));
+    for (size_t g = 0; g < m.param_groups.size(); ++g)
+        write_group(j, m.param_groups[g], m, static_cast<int32_t>(g), run_state);
     j.end_array();
     j.key("state");
     j.begin_object();
