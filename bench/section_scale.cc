@@ -37,9 +37,10 @@
 // bench/heap_counter.cc): what the rank holds for that step and nothing else.
 //
 // Then the store traffic of creating a Gloo communicator (the full mesh every group
-// connects), measured at small world sizes through a counting store around the
-// in-process one, the ranks as threads.
+// connects, comm/gloo/full_mesh.h), measured at small world sizes through a counting
+// store around the in-process one, the ranks as threads.
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -470,14 +471,28 @@ LoadFigures simulate_load(const Model &model, const SaveFigures &save, Topology 
 
 // ---------------------------------------------------------------------- rendezvous
 
+// What the ranks' views share: the keys set and not yet erased (every key the mesh's
+// connect sets is a new one, and it erases only keys that exist), and the most at once.
+struct KeysHeld {
+    std::atomic<int64_t> now{0}, most{0};
+    void add(int64_t d) {
+        const int64_t n = now.fetch_add(d) + d;
+        int64_t m = most.load();
+        while (n > m && !most.compare_exchange_weak(m, n)) {
+        }
+    }
+};
+
 // A rank's view of the store that counts its requests and bytes.
 class CountingStore final : public rdzv::Store {
   public:
-    explicit CountingStore(std::shared_ptr<rdzv::Store> inner) : inner_(std::move(inner)) {}
+    CountingStore(std::shared_ptr<rdzv::Store> inner, std::shared_ptr<KeysHeld> held)
+        : inner_(std::move(inner)), held_(std::move(held)) {}
 
     Status set(const std::string &key, const std::string &value) override {
         count(key.size() + value.size(), 0);
         ++sets;
+        held_->add(1);
         return inner_->set(key, value);
     }
     Status get(const std::string &key, std::string *value, Millis timeout) override {
@@ -499,6 +514,7 @@ class CountingStore final : public rdzv::Store {
     }
     Status erase(const std::string &key) override {
         count(key.size(), 0);
+        held_->add(-1);
         return inner_->erase(key);
     }
 
@@ -516,12 +532,13 @@ class CountingStore final : public rdzv::Store {
         received += static_cast<int64_t>(in);
     }
     std::shared_ptr<rdzv::Store> inner_;
+    std::shared_ptr<KeysHeld> held_;
 };
 
 struct RendezvousFigures {
     int world = 0;
     double ms = 0;
-    int64_t requests_max = 0, keys = 0;
+    int64_t requests_max = 0, keys = 0, keys_held_most = 0;
     double requests_mean = 0, received_mean = 0, sent_mean = 0;
 };
 
@@ -532,8 +549,9 @@ RendezvousFigures gloo_rendezvous(int world) {
     RendezvousFigures f;
     f.world = world;
     std::shared_ptr<rdzv::Store> inner = rdzv::open_local_store("bench-scale-" + std::to_string(world));
+    auto held = std::make_shared<KeysHeld>();
     std::vector<std::shared_ptr<CountingStore>> views;
-    for (int r = 0; r < world; ++r) views.push_back(std::make_shared<CountingStore>(inner));
+    for (int r = 0; r < world; ++r) views.push_back(std::make_shared<CountingStore>(inner, held));
     std::vector<std::unique_ptr<comm::Communicator>> comms(world);
     std::vector<Status> status(world);
     comm::GlooOptions o;
@@ -554,6 +572,7 @@ RendezvousFigures gloo_rendezvous(int world) {
         f.sent_mean += static_cast<double>(views[r]->sent) / world;
         f.keys += views[r]->sets;
     }
+    f.keys_held_most = held->most.load();
     // Each rank's own thread tears its communicator down: Gloo closes a pair in a tick of
     // its device's loop (up to 10 ms), one pair after another.
     threads.clear();
@@ -640,37 +659,39 @@ void print_loads(const std::vector<LoadFigures> &loads, const Options &opt) {
 }
 
 void print_rendezvous(const std::vector<RendezvousFigures> &rv, const std::vector<int> &opts_worlds) {
-    std::printf("\ngroup creation: the store traffic of Gloo's full mesh (measured, ranks as threads, 127.0.0.1)\n");
-    std::printf("%6s | %9s %9s %6s | %12s %12s %14s | %9s\n", "ranks", "req/rank", "req max", "keys", "sent B/rank",
-                "recv B/rank", "recv/(W-1)^2", "ms");
+    std::printf("\ngroup creation: the store traffic of connecting Gloo's full mesh (measured, ranks as threads, "
+                "127.0.0.1)\n");
+    std::printf("%6s | %9s %9s %8s %9s | %12s %12s %11s | %9s\n", "ranks", "req/rank", "req max", "keys",
+                "held most", "sent B/rank", "recv B/rank", "recv/(W-1)", "ms");
     for (const RendezvousFigures &f : rv) {
         const double w1 = static_cast<double>(f.world - 1);
-        std::printf("%6d | %9.1f %9lld %6lld | %12.0f %12.0f %14.1f | %9.1f\n", f.world, f.requests_mean,
-                    static_cast<long long>(f.requests_max), static_cast<long long>(f.keys), f.sent_mean,
-                    f.received_mean, f.received_mean / (w1 * w1), f.ms);
+        std::printf("%6d | %9.1f %9lld %8lld %9lld | %12.0f %12.0f %11.1f | %9.1f\n", f.world, f.requests_mean,
+                    static_cast<long long>(f.requests_max), static_cast<long long>(f.keys),
+                    static_cast<long long>(f.keys_held_most), f.sent_mean, f.received_mean, f.received_mean / w1,
+                    f.ms);
     }
-    // Requests per rank grow linearly and bytes with (W-1)^2 (the table shows both): the
-    // line through the last two rows, and the last row's bytes per (W-1)^2.
+    // Requests and bytes per rank grow linearly in W (the table shows both): the line
+    // through the last two rows' requests, and the last row's bytes per peer.
     if (rv.size() >= 2) {
         const RendezvousFigures &a = rv[rv.size() - 2], &b = rv.back();
         const double slope = (b.requests_mean - a.requests_mean) / (b.world - a.world);
-        const double per_pair = b.received_mean / ((b.world - 1.0) * (b.world - 1.0));
-        std::printf("  at scale (requests/rank = %.2f + %.2f W, received = %.1f (W-1)^2 B/rank):\n",
-                    b.requests_mean - slope * b.world, slope, per_pair);
+        const double per_peer = b.received_mean / (b.world - 1.0);
+        std::printf("  at scale (requests/rank = %.2f + %.2f W, received = %.1f (W-1) B/rank):\n",
+                    b.requests_mean - slope * b.world, slope, per_peer);
         for (int w : opts_worlds) {
             const double req = b.requests_mean + slope * (w - b.world);
-            const double got = per_pair * (w - 1.0) * (w - 1.0);
-            std::printf("    %6d ranks: %8.0f requests and %8.2f GiB per rank; %12.0f requests and %9.2f TiB "
+            const double got = per_peer * (w - 1.0);
+            std::printf("    %6d ranks: %8.0f requests and %8.1f KiB per rank; %12.0f requests and %9.1f MiB "
                         "through rank 0's store\n",
-                        w, req, got / (kMiB * 1024), req * w, got * w / (kMiB * kMiB));
+                        w, req, got / 1024, req * w, got * w / kMiB);
         }
     }
     for (const RendezvousFigures &f : rv) {
         std::printf("{\"bench\":\"scale\",\"figure\":\"gloo_rendezvous\",\"ranks\":%d,\"requests_per_rank\":%.1f,"
-                    "\"requests_max\":%lld,\"keys\":%lld,\"sent_bytes_per_rank\":%.0f,"
+                    "\"requests_max\":%lld,\"keys\":%lld,\"keys_held_most\":%lld,\"sent_bytes_per_rank\":%.0f,"
                     "\"received_bytes_per_rank\":%.0f,\"ms\":%.1f}\n",
                     f.world, f.requests_mean, static_cast<long long>(f.requests_max), static_cast<long long>(f.keys),
-                    f.sent_mean, f.received_mean, f.ms);
+                    static_cast<long long>(f.keys_held_most), f.sent_mean, f.received_mean, f.ms);
     }
 }
 

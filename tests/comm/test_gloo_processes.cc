@@ -1,5 +1,7 @@
 // The Gloo communicator with ranks as processes over tcp:// on 127.0.0.1: every
-// collective, a rank killed with SIGKILL, and a rank stopped with SIGSTOP.
+// collective, a rank killed with SIGKILL, and a rank stopped with SIGSTOP; the full
+// mesh's connection through the store (comm/gloo/full_mesh.h): what it asks of the
+// store, and a rank that never arrives.
 //
 // The test program is its own rank program: `test_comm_gloo_processes rank SCENARIO
 // RANK WORLD PORT` runs one rank (spawned from /proc/self/exe by the tests below)
@@ -8,11 +10,14 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "collective_checks.h"
 #include "comm/communicator.h"
 #include "rdzv/rendezvous.h"
+#include "rdzv/store.h"
 #include "comm_test_util.h"
 
 extern char **environ;
@@ -26,13 +31,95 @@ namespace {
 
 constexpr int kFaultTimeoutMs = 1500;
 constexpr long long kSlackMs = 2500;
-
-// --- the rank program ---
+constexpr int kAbsentRank = 2;  // the rank that never arrives in the "absent" scenario
 
 int rank_fails(int rank, const std::string &why) {
     std::fprintf(stderr, "rank %d: %s\n", rank, why.c_str());
     return 1;
 }
+
+// A rank's view of its store that counts what the mesh's connection asks of it.
+class CountingStore final : public sx::rdzv::Store {
+  public:
+    explicit CountingStore(std::shared_ptr<sx::rdzv::Store> inner) : inner_(std::move(inner)) {}
+    Status set(const std::string &key, const std::string &value) override {
+        ++sets;
+        return inner_->set(key, value);
+    }
+    Status get(const std::string &key, std::string *value, Millis timeout) override {
+        ++gets;
+        Status s = inner_->get(key, value, timeout);
+        if (s.ok()) received += value->size(), largest = std::max(largest, value->size());
+        return s;
+    }
+    Status wait(const std::vector<std::string> &keys, Millis timeout) override {
+        ++others;
+        return inner_->wait(keys, timeout);
+    }
+    Status add(const std::string &key, int64_t delta, int64_t *result) override {
+        ++others;
+        return inner_->add(key, delta, result);
+    }
+    Status check(const std::vector<std::string> &keys, bool *present) override {
+        ++others;
+        return inner_->check(keys, present);
+    }
+    Status erase(const std::string &key) override {
+        ++erases;
+        return inner_->erase(key);
+    }
+    int sets = 0, gets = 0, erases = 0, others = 0;
+    size_t received = 0, largest = 0;
+
+  private:
+    std::shared_ptr<sx::rdzv::Store> inner_;
+};
+
+// "mesh": the connection asked the store for one SET, one GET and one ERASE per peer,
+// got one socket address (at most 28 bytes) per GET, and left no key of the mesh behind.
+std::string check_mesh_traffic(const CountingStore &counted, sx::rdzv::Store &store, int r, int p) {
+    const int peers = p - 1;
+    if (counted.sets != peers || counted.gets != peers || counted.erases != peers || counted.others != 0)
+        return sx::format("the connection made %d SETs, %d GETs, %d ERASEs and %d other requests; expected %d, %d, "
+                          "%d and 0",
+                          counted.sets, counted.gets, counted.erases, counted.others, peers, peers, peers);
+    if (counted.largest > 28 || counted.received > 28u * static_cast<size_t>(peers))
+        return sx::format("the connection received %zu bytes (the largest value %zu) for %d peers", counted.received,
+                          counted.largest, peers);
+    for (int a = 0; a < p && r == 0; ++a) {
+        for (int b = 0; b < p; ++b) {
+            bool present = true;
+            Status s = store.check({"gloo/" + std::to_string(a) + "/" + std::to_string(b)}, &present);
+            if (!s.ok() || present) return sx::format("key gloo/%d/%d is still in the store (%s)", a, b,
+                                                      s.message().c_str());
+        }
+    }
+    return "";
+}
+
+// "absent": rank kAbsentRank never arrives; every other rank fails to connect within its
+// timeout, naming that rank. Rank 0 (whose process serves the store) waits for the
+// others to have failed before it goes.
+int run_absent(std::unique_ptr<Communicator> *c, const std::shared_ptr<sx::rdzv::Store> &store,
+               const sx::comm::GlooOptions &opts, int r, int p) {
+    const auto start = sxtest::Clock::now();
+    Status s = sx::comm::create_gloo_communicator(store, r, p, opts, c);
+    const long long took = ms_since(start);
+    const std::string absent = "rank " + std::to_string(kAbsentRank);
+    if (s.code() != SX_ERR_TIMEOUT || s.message().find("no address came from " + absent) == std::string::npos)
+        return rank_fails(r, "create returned " + std::to_string(s.code()) + ": " + s.message());
+    if (took < kFaultTimeoutMs * 3 / 4 || took > kFaultTimeoutMs + kSlackMs)
+        return rank_fails(r, "the error came after " + std::to_string(took) + " ms");
+    std::fprintf(stderr, "rank %d: %lld ms: %s\n", r, took, s.message().c_str());
+    s = store->set("failed/" + std::to_string(r), "");
+    std::vector<std::string> failed;
+    for (int q = 1; q < p && r == 0; ++q)
+        if (q != kAbsentRank) failed.push_back("failed/" + std::to_string(q));
+    if (s.ok() && r == 0) s = store->wait(failed, Millis(30000));
+    return s.ok() ? 0 : rank_fails(r, "failed/: " + s.message());
+}
+
+// --- the rank program ---
 
 int run_rank(const std::string &scenario, int r, int p, int port) {
     const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
@@ -43,20 +130,28 @@ int run_rank(const std::string &scenario, int r, int p, int port) {
     if (!s.ok()) return rank_fails(r, "open_store: " + s.message());
     // Every rank is up before the clock of the (short) fault timeout starts.
     std::vector<std::string> ready;
-    for (int q = 0; q < p; ++q) ready.push_back("ready/" + std::to_string(q));
-    s = store->set(ready[static_cast<size_t>(r)], "");
+    for (int q = 0; q < p; ++q)
+        if (scenario != "absent" || q != kAbsentRank) ready.push_back("ready/" + std::to_string(q));
+    s = store->set("ready/" + std::to_string(r), "");
     if (s.ok()) s = store->wait(ready, Millis(30000));
     if (!s.ok()) return rank_fails(r, "ready: " + s.message());
 
+    const bool connects = scenario == "collectives" || scenario == "mesh";
     sx::comm::GlooOptions opts;
     opts.bind_address = "127.0.0.1";
-    opts.timeout = Millis(scenario == "collectives" ? 30000 : kFaultTimeoutMs);
+    opts.timeout = Millis(connects ? 30000 : kFaultTimeoutMs);
     std::unique_ptr<Communicator> c;
-    s = sx::comm::create_gloo_communicator(store, r, p, opts, &c);
+    if (scenario == "absent") return run_absent(&c, store, opts, r, p);
+    opts.in_process = scenario != "mesh";  // "mesh" counts the connection's requests alone
+    auto counted = std::make_shared<CountingStore>(store);
+    s = sx::comm::create_gloo_communicator(counted, r, p, opts, &c);
     if (!s.ok()) return rank_fails(r, "create: " + s.message());
 
-    if (scenario == "collectives") {
+    if (connects) {
         std::string e = sxtest::check_all_collectives(*c);
+        if (e.empty()) s = c->barrier();  // every rank has connected, and read its keys
+        if (e.empty() && !s.ok()) e = "barrier: " + s.message();
+        if (e.empty() && scenario == "mesh") e = check_mesh_traffic(*counted, *store, r, p);
         return e.empty() ? 0 : rank_fails(r, e);
     }
 
@@ -123,21 +218,22 @@ bool exited_cleanly(int status) { return status != -1 && WIFEXITED(status) && WE
 
 void run_world(const std::string &scenario, int p) {
     const int port = sxtest::free_port();
+    const bool absent = scenario == "absent";
     std::vector<pid_t> pids;
-    for (int r = 0; r < p; ++r) pids.push_back(spawn_rank(scenario, r, p, port));
+    for (int r = 0; r < p; ++r) pids.push_back(absent && r == kAbsentRank ? 0 : spawn_rank(scenario, r, p, port));
     const auto deadline = sxtest::Clock::now() + std::chrono::seconds(50);
     bool ok = true;
     // The last rank is the faulty one in the fault scenarios: wait for the others first.
     for (int r = 0; r < p; ++r) {
-        const bool faulty = scenario != "collectives" && r == p - 1;
-        if (faulty) continue;
+        const bool faulty = (scenario == "killed" || scenario == "stalled") && r == p - 1;
+        if (faulty || pids[static_cast<size_t>(r)] == 0) continue;
         int status = wait_rank(pids[static_cast<size_t>(r)], deadline);
         if (!exited_cleanly(status)) {
             print_error("%s: rank %d of %d ended with wait status %d\n", scenario.c_str(), r, p, status);
             ok = false;
         }
     }
-    if (scenario != "collectives") {
+    if (scenario == "killed" || scenario == "stalled") {
         pid_t faulty = pids.back();
         if (scenario == "stalled") kill(faulty, SIGKILL);  // stopped, waiting for this
         int status = wait_rank(faulty, deadline);
@@ -153,6 +249,11 @@ void test_collectives_world_2(void **) { run_world("collectives", 2); }
 void test_collectives_world_3(void **) { run_world("collectives", 3); }
 void test_killed_rank(void **) { run_world("killed", 3); }
 void test_stalled_rank(void **) { run_world("stalled", 3); }
+// Five processes connect their full mesh, one SET, GET and ERASE per peer each, and run
+// every collective on it.
+void test_mesh_world_5(void **) { run_world("mesh", 5); }
+// Rank 2 of 5 never arrives: the four others fail at their timeout, naming it.
+void test_absent_rank_world_5(void **) { run_world("absent", 5); }
 
 }  // namespace
 
@@ -164,6 +265,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_collectives_world_3),
         cmocka_unit_test(test_killed_rank),
         cmocka_unit_test(test_stalled_rank),
+        cmocka_unit_test(test_mesh_world_5),
+        cmocka_unit_test(test_absent_rank_world_5),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -36,10 +36,10 @@
 #include "base/log.h"
 #include "comm/communicator.h"
 #include "comm/gloo/channels.h"
+#include "comm/gloo/full_mesh.h"
 #include "comm/gloo/in_process.h"
 #include "comm/gloo/op_scope.h"
 #include "comm/gloo/ring.h"
-#include "comm/gloo/store_adapter.h"
 #include "base/sigpipe.h"
 
 namespace sx {
@@ -427,21 +427,13 @@ Status connect_gloo_mesh(std::shared_ptr<rdzv::Store> store, int rank, int world
         return SX_ERROR(SX_ERR_COMM, "cannot bind Gloo's TCP transport to '%s': %s", address.c_str(), e.what());
     }
 
-    auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
+    auto context = std::make_shared<FullMeshContext>(rank, world_size);
     // Gloo waits up to 5x its timeout for a TCP connection to a peer to come up; give
     // it a fifth, so that creation stays within the timeout. The store waits (the long
-    // part: ranks start at different times) use the full deadline (store_adapter.h).
+    // part: ranks start at different times) use the full deadline.
     context->setTimeout(std::max(time_left(deadline) / 5, Millis(1)));
-    GlooStoreAdapter adapter(make_prefix_store(store, "gloo/"), deadline);
-    try {
-        context->connectFullMesh(adapter, device);
-    } catch (const StoreFailure &e) {
-        return Status(e.status()).prefix(format("rank %d of %d: Gloo rendezvous: ", rank, world_size));
-    } catch (const std::exception &e) {
-        return SX_ERROR(mentions_timeout(e.what()) ? SX_ERR_TIMEOUT : SX_ERR_COMM,
-                        "rank %d of %d: Gloo could not connect to its peers within %lld ms: %s", rank, world_size,
-                        static_cast<long long>(options.timeout.count()), e.what());
-    }
+    SX_TRY(context->connect(*make_prefix_store(store, "gloo/"), device, deadline)
+               .prefix(format("rank %d of %d: Gloo rendezvous: ", rank, world_size)));
     context->setTimeout(options.timeout);
     log(SX_LOG_DEBUG, "sx: rank %d of %d: Gloo connected on %s", rank, world_size, address.c_str());
     *out = std::move(context);
