@@ -297,9 +297,8 @@ class Checkpointer::Load {
                  "that contains it; join the slices' checkpoints with `sxckpt join` first)",
                  spec.name.c_str(), core::placement_text(spec.placement).c_str(), shape_text(spec.shape).c_str(),
                  core::placement_text(saved).c_str(), shape_text(e.shape).c_str());
-        SX_CHECK(false, SX_ERR_MISMATCH, "param '%s' has shape %s here but %s in the checkpoint", spec.name.c_str(),
-                 shape_text(spec.shape).c_str(), shape_text(e.shape).c_str());
-        return Status::Ok();
+        return SX_ERROR(SX_ERR_MISMATCH, "param '%s' has shape %s here but %s in the checkpoint", spec.name.c_str(),
+                        shape_text(spec.shape).c_str(), shape_text(e.shape).c_str());
     }
 
     // A param and its entry in the manifest can be loaded into each other; *cut says where.
