@@ -96,6 +96,12 @@ const GroupFlagJoin = C.SX_GROUP_JOIN
 // the next rank holds it, so that no step that returned is taken again after a loss.
 const GroupFlagMemoryCopyWait = C.SX_GROUP_MEMORY_COPY_WAIT
 
+// GroupFlagOpenMPThreads: in a process that runs an OpenMP runtime of its own, the
+// optimizer work of this group's calls runs on the calling thread's OpenMP team instead of
+// the group's own pool (docs/threads.md). Without such a runtime loaded, creation fails
+// with ErrUnsupported.
+const GroupFlagOpenMPThreads = C.SX_GROUP_OPENMP_THREADS
+
 // Limits of param descriptions.
 const (
 	MaxNdim      = C.SX_MAX_NDIM

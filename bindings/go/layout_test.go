@@ -111,6 +111,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"SX_GROUP_RESERVE_CHECKPOINT_STAGING":  GroupFlagReserveCheckpointStaging,
 		"SX_GROUP_JOIN":                        GroupFlagJoin,
 		"SX_GROUP_MEMORY_COPY_WAIT":            GroupFlagMemoryCopyWait,
+		"SX_GROUP_OPENMP_THREADS":              GroupFlagOpenMPThreads,
 		"SX_MAX_NDIM":                          MaxNdim, "SX_MAX_NAME_BYTES": MaxNameBytes, "SX_MAX_WORLD_SIZE": MaxWorldSize,
 		"SX_LOAD_PARAMS_ONLY": LoadParamsOnly, "SX_LOAD_ALLOW_MISSING": LoadAllowMissing, "SX_LOAD_ALLOW_EXTRA": LoadAllowExtra,
 		"SX_LOSS_SCALING_NONE": int64(LossScalingNone), "SX_LOSS_SCALING_DYNAMIC": int64(LossScalingDynamic),

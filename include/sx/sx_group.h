@@ -54,6 +54,18 @@ extern "C" {
  * it the copy is sent while the trainer goes on, and a loss within that time costs the
  * step before the one in flight too). The step then costs the copy's sending. */
 #define SX_GROUP_MEMORY_COPY_WAIT 0x8
+/* For a program that runs an OpenMP runtime of its own (PyTorch: libgomp), in the same
+ * process: the optimizer work that this group's calls do on the calling thread runs on
+ * that thread's OpenMP team (num_threads of its threads, the caller one of them) instead
+ * of on the group's own pool. The host's workers are awake (by default libgomp's spin for
+ * a while after each of the host's parallel regions), so they start at once, and no pool
+ * thread competes with them for the processors. Work that sx does on its own threads (a
+ * pipeline's, a save's) and calls from inside a parallel region keep the pool. sx loads no
+ * OpenMP runtime: one must be loaded already (libgomp.so.1, libomp.so.5, libomp.so or
+ * libiomp5.so), else sx_create_shard_group fails with SX_ERR_UNSUPPORTED saying so. Results
+ * are the same bits either way. sx.torch sets it where torch's parallel backend is OpenMP
+ * (docs/threads.md). (1.7) */
+#define SX_GROUP_OPENMP_THREADS 0x10
 
 /* ---------------------------------------------------------------------------------
  * Creating a shard group

@@ -8,6 +8,7 @@
 #include "api/guard.h"
 #include "api/handles.h"
 #include "optim/custom.h"
+#include "optim/openmp_team.h"
 
 using sx::Status;
 using sx::api::guard;
@@ -47,8 +48,12 @@ Status check_flag(int32_t v, const char *what) {
 Status core_config(const sx_group_config_t &c, sx::core::GroupConfig *out) {
     sx::core::GroupConfig &g = *out;
     const uint32_t known = SX_GROUP_NO_TRAINABLE_AUTODETECT | SX_GROUP_RESERVE_CHECKPOINT_STAGING | SX_GROUP_JOIN |
-                           SX_GROUP_MEMORY_COPY_WAIT;
+                           SX_GROUP_MEMORY_COPY_WAIT | SX_GROUP_OPENMP_THREADS;
     SX_CHECK_ARG((c.flags & ~known) == 0, "config->flags has unknown bits 0x%x", c.flags & ~known);
+    if (c.flags & SX_GROUP_OPENMP_THREADS) {
+        Status found = sx::optim::OpenMpTeam::find(&g.openmp_team);
+        if (!found.ok()) return found.prefix("config->flags has SX_GROUP_OPENMP_THREADS, but ");
+    }
     g.rendezvous = c.rendezvous ? c.rendezvous : "";
     g.rank = c.rank;
     g.world_size = c.world_size;

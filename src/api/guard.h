@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/status.h"
 #include "base/vector_state.h"
+#include "optim/openmp_team.h"
 
 namespace sx {
 namespace api {
@@ -20,10 +21,12 @@ sx_status_t report(const char *function, const Status &s);
 
 // Runs fn (returning Status) so that nothing unwinds across the C boundary.
 // Whatever wide-vector code ran on the caller's thread (sx's kernels, the libraries it
-// calls), the caller gets its registers back clean (base/vector_state.h).
+// calls), the caller gets its registers back clean (base/vector_state.h), and the OpenMP
+// team that resolve() chose for the call's pool jobs is forgotten.
 template <typename F>
 sx_status_t guard(const char *function, F &&fn) {
     const Status s = catching(std::forward<F>(fn));
+    optim::set_caller_openmp_team(nullptr);  // resolve() set it for this call alone
     leave_vector_state_clean();
     return s.ok() ? SX_OK : report(function, s);
 }

@@ -6,6 +6,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "optim/openmp_team.h"
+
 namespace sx {
 namespace api {
 namespace {
@@ -120,6 +122,9 @@ Status resolve(const sx_shard_group *h, core::ShardGroup **out) {
              static_cast<const void *>(h));
     if (forked_from(h->owner)) return inert("group", h, h->owner);
     *out = h->impl.get();
+    // Until the call returns (guard clears it), the pool's jobs started on this thread run
+    // where the group asked (SX_GROUP_OPENMP_THREADS).
+    optim::set_caller_openmp_team((*out)->config().openmp_team);
     return Status::Ok();
 }
 

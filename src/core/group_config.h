@@ -14,6 +14,9 @@
 #include "sx/sx.h"
 
 namespace sx {
+namespace optim {
+class OpenMpTeam;  // optim/openmp_team.h
+}
 namespace core {
 
 class Context;  // context.h
@@ -56,6 +59,9 @@ struct GroupConfig {
     bool simulated_device = false;
     int simulated_copy_delay_us = 0;
     bool simulated_nccl = false;  // its ranks exchange as NCCL's on separate devices would
+    // SX_GROUP_OPENMP_THREADS: the host's OpenMP runtime, whose team runs the pool's jobs
+    // on the thread of the group's API calls (optim/openmp_team.h); nullptr = the pool's.
+    const optim::OpenMpTeam *openmp_team = nullptr;
     // SX_GROUP_JOIN: a process that joins a running group at its next regroup (recovery/regroup.cc).
     bool joining = false;
     // Regroups since the group was first created (set by recovery/regroup.cc for the groups it makes).

@@ -5,7 +5,11 @@
 // return before every worker has finished with the job it was given. run_open() is the
 // same but for the count: a worker claims the job (pending_ + 1) only while the caller
 // has not finished its own call of it, and the caller waits for the claimed ones only.
+// On the thread of an API call that asked for it, a job runs on the host's OpenMP team
+// instead (openmp_team.h), still one at a time.
 #include "optim/thread_pool.h"
+
+#include "optim/openmp_team.h"
 
 namespace sx {
 namespace optim {
@@ -36,6 +40,11 @@ void ThreadPool::run_job(const std::function<void(int)> &fn, Claim claim) {
         fn(0);
         return;
     }
+    // A call made for a group with SX_GROUP_OPENMP_THREADS, on the trainer's thread: the
+    // host's OpenMP team takes the job (every index at once, as run() promises; run_open's
+    // callers share their work whoever runs, so it needs nothing more).
+    if (const OpenMpTeam *team = caller_openmp_team())
+        if (team->run(fn, num_threads_)) return;
     {
         std::lock_guard<std::mutex> lock(mu_);
         job_ = &fn;

@@ -4,6 +4,9 @@
 // thread it waits for whenever the scheduler puts both on one processor (seen often on
 // small virtual machines), and takes processors from the host program's other threads
 // and processes. bench_sx adamw_kernel compares the pool with OpenMP (bench/README.md).
+// Where the host program runs an OpenMP runtime of its own and a group asks for it
+// (SX_GROUP_OPENMP_THREADS), jobs started on the thread of that group's API call run on
+// the host's team instead (openmp_team.h): its workers are awake already.
 #pragma once
 
 #include <condition_variable>

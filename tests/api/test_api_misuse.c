@@ -390,7 +390,7 @@ static void test_create_errors(void **state) {
     EXPECT_CREATE_FAILS(&b, SX_ERR_INVALID_ARGUMENT, "num_threads");
     b.num_threads = 1 << 20;
     EXPECT_CREATE_FAILS(&b, SX_ERR_INVALID_ARGUMENT, "num_threads");
-    const uint32_t bad_flags[] = {0x10, 0x80000000u, 0xffffffffu};
+    const uint32_t bad_flags[] = {0x20, 0x80000000u, 0xffffffffu};
     for (size_t i = 0; i < 3; ++i) {
         b = c;
         b.flags = bad_flags[i];

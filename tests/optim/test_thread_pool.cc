@@ -6,6 +6,7 @@
 // assertion leaves by longjmp, which would skip the destructor and leave workers
 // waiting on a condition variable in a dead stack frame.
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <set>
 #include <thread>
@@ -20,8 +21,12 @@ extern "C" {
 #include <cmocka.h>
 }
 
+#include <dlfcn.h>
+
+#include "optim/openmp_team.h"
 #include "optim/thread_pool.h"
 
+using sx::optim::OpenMpTeam;
 using sx::optim::ThreadPool;
 
 namespace {
@@ -175,6 +180,99 @@ void test_destroy(void **) {
     assert_int_equal(sum.load(), 0 + 1 + 2 + 3 + 4);
 }
 
+// On a thread whose caller team is set, run() calls each index once on the OpenMP team
+// (index i on team thread i, 0 the caller), and run_open() too; cleared, the pool's own
+// threads run it again. Inside a parallel region the team declines, and the pool runs it.
+void test_caller_openmp_team(void **) {
+    void *gomp = dlopen("libgomp.so.1", RTLD_NOW | RTLD_GLOBAL);
+    assert_non_null(gomp);
+    auto thread_num = reinterpret_cast<int (*)()>(dlsym(gomp, "omp_get_thread_num"));
+    auto in_parallel = reinterpret_cast<int (*)()>(dlsym(gomp, "omp_in_parallel"));
+    using Parallel = void (*)(void (*)(void *), void *, unsigned, unsigned);
+    auto parallel = reinterpret_cast<Parallel>(dlsym(gomp, "GOMP_parallel"));
+    assert_true(thread_num && in_parallel && parallel);
+    setenv("SX_OPENMP_LATE_START_US", "0", 1);  // never cold: the team takes every job
+    const OpenMpTeam *team = nullptr;
+    assert_true(OpenMpTeam::find(&team).ok());
+    assert_string_equal(team->library().c_str(), "libgomp.so.1");
+    std::vector<int> team_index(3, -1), in_region(3, -1);
+    std::vector<std::atomic<int>> calls(3);
+    int after_clear_in_region = 0, open_sum = 0;
+    {
+        ThreadPool pool(3);
+        sx::optim::set_caller_openmp_team(team);
+        pool.run([&](int i) {
+            calls[static_cast<size_t>(i)].fetch_add(1);
+            team_index[static_cast<size_t>(i)] = thread_num();
+            in_region[static_cast<size_t>(i)] = in_parallel();
+        });
+        std::atomic<int> next{0}, sum{0};
+        pool.run_open([&](int) {
+            for (int k; (k = next.fetch_add(1)) < 100;) sum.fetch_add(k);
+        });
+        open_sum = sum.load();
+        sx::optim::set_caller_openmp_team(nullptr);
+        std::atomic<int> regions{0};
+        pool.run([&](int) { regions.fetch_add(in_parallel()); });
+        after_clear_in_region = regions.load();
+    }
+    for (int i = 0; i < 3; ++i) {
+        assert_int_equal(calls[static_cast<size_t>(i)].load(), 1);
+        assert_int_equal(team_index[static_cast<size_t>(i)], i);
+        assert_int_equal(in_region[static_cast<size_t>(i)], 1);
+    }
+    assert_int_equal(open_sum, 99 * 100 / 2);
+    assert_int_equal(after_clear_in_region, 0);
+    // Nested: a team of one would serialise the job, so run() declines it.
+    struct Nested {
+        const OpenMpTeam *team;
+        int (*thread_num)();
+        std::atomic<int> declined{0}, ran{0};
+    } nested{team, thread_num};
+    parallel([](void *p) {
+        Nested *n = static_cast<Nested *>(p);
+        if (n->thread_num() != 0) return;
+        const bool ran = n->team->run([&](int) { n->ran.fetch_add(1); }, 2);
+        if (!ran) n->declined.fetch_add(1);
+    }, &nested, 2, 0);
+    assert_int_equal(nested.declined.load(), 1);
+    assert_int_equal(nested.ran.load(), 0);
+}
+
+// A team thread that starts late (here: more than 1 us after the call, as the team's
+// threads of a new thread are created by its first region) makes the team cold on that
+// thread: the pool takes its next 64 jobs, then the team is tried again.
+void test_late_team_goes_cold(void **) {
+    void *gomp = dlopen("libgomp.so.1", RTLD_NOW | RTLD_GLOBAL);
+    assert_non_null(gomp);
+    auto in_parallel = reinterpret_cast<int (*)()>(dlsym(gomp, "omp_in_parallel"));
+    const OpenMpTeam *team = nullptr;
+    setenv("SX_OPENMP_LATE_START_US", "x", 1);
+    assert_false(OpenMpTeam::find(&team).ok());
+    setenv("SX_OPENMP_LATE_START_US", "1", 1);
+    assert_true(OpenMpTeam::find(&team).ok());
+    std::vector<int> on_team;  // per job: whether it ran in a parallel region
+    {
+        ThreadPool pool(2);
+        std::thread fresh([&] {
+            sx::optim::set_caller_openmp_team(team);
+            for (int job = 0; job < 66; ++job) {
+                std::atomic<int> regions{0};
+                pool.run([&](int) { regions.fetch_add(in_parallel()); });
+                on_team.push_back(regions.load() > 0 ? 1 : 0);
+            }
+            sx::optim::set_caller_openmp_team(nullptr);
+        });
+        fresh.join();
+    }
+    setenv("SX_OPENMP_LATE_START_US", "0", 1);
+    assert_true(OpenMpTeam::find(&team).ok());
+    assert_int_equal(on_team.size(), 66);
+    assert_int_equal(on_team[0], 1);
+    for (int job = 1; job <= 64; ++job) assert_int_equal(on_team[static_cast<size_t>(job)], 0);
+    assert_int_equal(on_team[65], 1);
+}
+
 }  // namespace
 
 int main(void) {
@@ -186,6 +284,8 @@ int main(void) {
         cmocka_unit_test(test_run_open),
         cmocka_unit_test(test_many_runs),
         cmocka_unit_test(test_destroy),
+        cmocka_unit_test(test_caller_openmp_team),
+        cmocka_unit_test(test_late_team_goes_cold),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

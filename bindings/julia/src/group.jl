@@ -52,6 +52,10 @@ in host memory (a flat group's ranks send theirs to the next rank too), from whi
 group's copies are in host memory too).
 `memory_copy_wait=true`: a step that takes a copy returns once the next rank holds it, so
 that no step that returned is taken again after a loss (SX_GROUP_MEMORY_COPY_WAIT).
+`openmp_threads=true`: in a process that runs an OpenMP runtime of its own, the optimizer
+work of this group's calls runs on the calling thread's OpenMP team instead of the group's
+own pool (SX_GROUP_OPENMP_THREADS; without such a runtime loaded, an SxError with
+SX_ERR_UNSUPPORTED).
 
 `offload=true` (SX_OFFLOAD_STATE): a CUDA group keeps its fp32 masters and optimizer state
 in pinned host memory, where sx's CPU kernels update them, so that every optimizer runs on
@@ -86,7 +90,7 @@ mutable struct ShardGroup
                         transport::Union{Symbol,AbstractString}=:auto,
                         memory_copy_interval::Integer=0, memory_copy_wait::Bool=false, join::Bool=false,
                         offload::Bool=false, context::Union{Nothing,Context}=nothing,
-                        name::Union{Nothing,AbstractString}=nothing)
+                        name::Union{Nothing,AbstractString}=nothing, openmp_threads::Bool=false)
         transport_value = _transport(transport)
         cfg = _blank(GroupConfig)
         check(@ccall libsx.sx_group_config_init(cfg::Ref{GroupConfig}, sizeof(GroupConfig)::Csize_t)::Int32)
@@ -116,7 +120,8 @@ mutable struct ShardGroup
             cfg.flags = (trainable_autodetect ? UInt32(0) : SX_GROUP_NO_TRAINABLE_AUTODETECT) |
                         (reserve_checkpoint_staging ? SX_GROUP_RESERVE_CHECKPOINT_STAGING : UInt32(0)) |
                         (join ? SX_GROUP_JOIN : UInt32(0)) |
-                        (memory_copy_wait ? SX_GROUP_MEMORY_COPY_WAIT : UInt32(0))
+                        (memory_copy_wait ? SX_GROUP_MEMORY_COPY_WAIT : UInt32(0)) |
+                        (openmp_threads ? SX_GROUP_OPENMP_THREADS : UInt32(0))
             cfg.device_ordinal = device_ordinal
             cfg.grad_dtype, cfg.reduce_dtype = grad_dtype, reduce_dtype
             cfg.prefetch_depth = prefetch_depth

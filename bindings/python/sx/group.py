@@ -290,6 +290,13 @@ class ShardGroup(Handle):
     waits until the members admit it (their :meth:`poll_joiners` and ``regroup(admit=)``)
     and makes it a rank of their next group, with its state.
 
+    ``openmp_threads=True``: in a process that runs an OpenMP runtime of its own (torch's
+    libgomp), the optimizer work of this group's calls runs on the calling thread's OpenMP
+    team instead of the group's own pool, whose threads would compete with the host's
+    spinning workers for the processors (SX_GROUP_OPENMP_THREADS; docs/threads.md).
+    Without such a runtime loaded, UnsupportedError. :mod:`sx.torch` sets it where torch's
+    parallel backend is OpenMP.
+
     ``reserve_checkpoint_staging=True``: finalize reserves the memory the checkpoint
     saves stage this rank's shard in, so that the first save blocks no longer than the
     later ones (SX_GROUP_RESERVE_CHECKPOINT_STAGING).
@@ -309,7 +316,7 @@ class ShardGroup(Handle):
                  prefetch_depth=0, shard_size=0, grad_predivide_factor=0.0, trace_path=None,
                  trace_events=0, rendezvous_token=None, rendezvous_bind=None, transport="auto",
                  memory_copy_interval=0, memory_copy_wait=False, join=False, offload=False,
-                 context=None, name=None):
+                 context=None, name=None, openmp_threads=False):
         cfg = _lib.init_struct(_lib.sx_group_config_t)
         if context is None:
             if rendezvous is None:
@@ -339,6 +346,8 @@ class ShardGroup(Handle):
             cfg.flags |= _lib.SX_GROUP_JOIN
         if memory_copy_wait:
             cfg.flags |= _lib.SX_GROUP_MEMORY_COPY_WAIT
+        if openmp_threads:
+            cfg.flags |= _lib.SX_GROUP_OPENMP_THREADS
         if bind_address is not None:
             cfg.bind_address = _encode("bind_address", bind_address)
         cfg.device_ordinal = device_ordinal

@@ -1,4 +1,5 @@
 """sx's statuses become Python exceptions carrying the status and sx's message."""
+import array
 import os
 import tempfile
 import unittest
@@ -145,6 +146,26 @@ class ErrorTest(unittest.TestCase):
             self.assertIn("none", cm.exception.message)
             with self.assertRaises(sx.SxError):
                 sx.read_user_blob(missing)
+
+    def test_openmp_threads_needs_a_loaded_runtime(self):
+        def runtime_loaded():
+            with open("/proc/self/maps") as f:
+                return any(lib in f.read() for lib in ("libgomp", "libomp", "libiomp5"))
+
+        if not runtime_loaded():
+            with self.assertRaises(sx.UnsupportedError) as cm:
+                single_rank_group(openmp_threads=True)
+            self.assertIn("SX_GROUP_OPENMP_THREADS", cm.exception.message)
+            self.assertIn("no OpenMP runtime is loaded", cm.exception.message)
+        import ctypes
+        ctypes.CDLL("libgomp.so.1", mode=ctypes.RTLD_GLOBAL)  # as torch loads its own
+        with single_rank_group(openmp_threads=True) as g:
+            g.add_param_group("sgd", lr=0.5)
+            g.add_param("w", [3])
+            g.finalize()
+            g.grad_view("w")[:] = array.array("f", [1.0, 2.0, 4.0])
+            g.step()
+            self.assertEqual(list(g.param_view("w")), [-0.5, -1.0, -2.0])
 
     def test_status_strings(self):
         self.assertTrue(sx.status_string(sx.SX_ERR_TIMEOUT).startswith("SX_ERR_TIMEOUT"))

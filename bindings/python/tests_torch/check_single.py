@@ -354,6 +354,31 @@ def check_placements_are_checked():
     opt.close()
 
 
+def check_openmp_threads():
+    """By default sx.torch steps on torch's own OpenMP team where torch's parallel backend
+    is OpenMP (this wheel's), and the params end on the bits of a step on sx's pool."""
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        raise SystemExit("FAIL this torch's parallel backend is not OpenMP: the check needs a wheel whose is")
+
+    def big(seed):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(8, 512), torch.nn.Tanh(), torch.nn.Linear(512, 512),
+                                   torch.nn.Tanh(), torch.nn.Linear(512, 2))
+
+    a, b = big(3), big(3)
+    oa, ob = sx_opt(a, num_threads=2), sx_opt(b, num_threads=2, openmp_threads=False)
+    if not oa.openmp_threads or ob.openmp_threads:
+        raise SystemExit(f"FAIL openmp_threads: default {oa.openmp_threads}, asked False {ob.openmp_threads}")
+    for model, opt in ((a, oa), (b, ob)):
+        train(model, opt, 3)
+    same = all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    if not same:
+        raise SystemExit(f"FAIL openmp_threads: params differ from sx's pool's by {max_diff(a, b)}")
+    print("ok   sx.torch steps on torch's OpenMP team, the same bits as on sx's pool")
+    oa.close()
+    ob.close()
+
+
 def main():
     check_every_class()
     check_muon()
@@ -367,6 +392,7 @@ def main():
     check_no_copies()
     check_overlap_with_frozen_param()
     check_placements_are_checked()
+    check_openmp_threads()
 
 
 if __name__ == "__main__":

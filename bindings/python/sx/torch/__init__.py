@@ -57,6 +57,12 @@ __all__ = ["ShardedOptimizer", "IncompatibleKeys", "Split", "Replicated"]
 _log = logging.getLogger("sx.torch")
 
 
+def _openmp_backend():
+    """Whether torch runs its intra-op work on OpenMP (its libgomp is then loaded, and its
+    workers are the ones an sx step would otherwise compete with)."""
+    return "parallel backend: OpenMP" in torch.__config__.parallel_info()
+
+
 def dist_ready():
     """Whether torch.distributed has a process group this process may use."""
     return torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -109,7 +115,10 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, _HF, torch
     every step must follow exactly one backward: accumulate micro-batches in the loss or
     inside :meth:`no_sync`), ``timeout_ms``, ``num_threads`` (threads of this process's
     step; None: torch's own count, ``torch.get_num_threads()``, which under torchrun is
-    its OMP_NUM_THREADS), ``transport`` ("auto": processes on one host exchange through
+    its OMP_NUM_THREADS), ``openmp_threads`` (the step's work runs on torch's own OpenMP
+    team, whose workers are awake after torch's last operation, instead of on sx's pool,
+    whose threads would compete with them for the processors; None: where torch's parallel
+    backend is OpenMP; docs/threads.md), ``transport`` ("auto": processes on one host exchange through
     shared memory; "tcp": always over TCP), ``sync_module_states`` (every rank starts from
     rank 0's params and, given a module, its buffers, as DDP does; False: every rank keeps
     its own, which it must then have made the same). The settings chosen are logged
@@ -135,7 +144,7 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, _HF, torch
                  world_size=None, stage=2, max_grad_norm=0.0, bucket_mb=25.0, overlap=False, timeout_ms=0,
                  num_threads=None, transport="auto", sync_module_states=True, shard_size=0, grad_dtype=None,
                  reduce_dtype=None, prefetch_depth=1, auto_wrap_policy=None, param_dtype=None, state_dtype=None,
-                 placements=None, **defaults):
+                 placements=None, openmp_threads=None, **defaults):
         if stage not in (1, 2, 3):
             raise InvalidArgumentError(_lib.SX_ERR_INVALID_ARGUMENT, f"stage {stage}: sx.torch runs stages 1-3")
         if stage == 3 and not isinstance(params, torch.nn.Module):
@@ -208,8 +217,10 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, _HF, torch
         if num_threads is None:
             num_threads, threads_from = torch.get_num_threads(), "torch.get_num_threads()"
         self.num_threads = int(num_threads)
+        if openmp_threads is None:
+            openmp_threads = _openmp_backend()
         kw = {"stage": stage, "backend": "cpu", "timeout_ms": timeout_ms, "num_threads": int(num_threads),
-              "transport": transport, "shard_size": shard_size, "grad_dtype": grad_dtype,
+              "openmp_threads": bool(openmp_threads), "transport": transport, "shard_size": shard_size, "grad_dtype": grad_dtype,
               "reduce_dtype": reduce_dtype, "prefetch_depth": prefetch_depth}
         self._stage = stage
         if rendezvous == "env://" and rank is None and world_size is None:
@@ -250,9 +261,11 @@ class ShardedOptimizer(_Params, _Hooks, _MixedPrecision, _StateDicts, _HF, torch
             self._hook_modules(module)
         self._world = self.group.world_size
         _live.add(self)
-        _log.info("sx.torch: rank %d of %d, stage %d, %d params in %d units, %d thread%s (%s)",
+        _log.info("sx.torch: rank %d of %d, stage %d, %d params in %d units, %d thread%s (%s) of %s",
                   self.group.rank, self.group.world_size, stage, len(self._params), self.group.num_units,
-                  int(num_threads), "" if int(num_threads) == 1 else "s", threads_from)
+                  int(num_threads), "" if int(num_threads) == 1 else "s", threads_from,
+                  "torch's OpenMP team" if openmp_threads else "sx's pool")
+        self.openmp_threads = bool(openmp_threads)
 
     def _sync_states(self, module):
         """Collective: every rank takes rank 0's params (in sx's memory) and, given a

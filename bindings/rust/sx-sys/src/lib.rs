@@ -122,6 +122,7 @@ pub const SX_GROUP_NO_TRAINABLE_AUTODETECT: u32 = 0x1;
 pub const SX_GROUP_RESERVE_CHECKPOINT_STAGING: u32 = 0x2;
 pub const SX_GROUP_JOIN: u32 = 0x4;
 pub const SX_GROUP_MEMORY_COPY_WAIT: u32 = 0x8;
+pub const SX_GROUP_OPENMP_THREADS: u32 = 0x10;
 
 pub const SX_MAX_NDIM: usize = 8;
 pub const SX_MAX_WORLD_SIZE: i32 = 65536;

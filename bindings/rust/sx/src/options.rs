@@ -364,6 +364,18 @@ impl GroupConfig {
         }
         self
     }
+    /// In a process that runs an OpenMP runtime of its own, the optimizer work of this
+    /// group's calls runs on the calling thread's OpenMP team instead of the group's own
+    /// pool (SX_GROUP_OPENMP_THREADS; without such a runtime loaded, creation fails with
+    /// an error whose code is `SX_ERR_UNSUPPORTED`).
+    pub fn openmp_threads(mut self, on: bool) -> Self {
+        if on {
+            self.raw.flags |= sys::SX_GROUP_OPENMP_THREADS;
+        } else {
+            self.raw.flags &= !sys::SX_GROUP_OPENMP_THREADS;
+        }
+        self
+    }
     /// `true` (SX_OFFLOAD_STATE): a CUDA group keeps its fp32 masters and optimizer state in
     /// pinned host memory, where sx's CPU kernels update them, so that every optimizer runs
     /// on it ([`MemoryStats::device_bytes`](crate::MemoryStats::device_bytes) says what stays
