@@ -13,10 +13,14 @@ Status rooted_all_reduce(OpScope &op, void *data, size_t n, size_t elem_bytes, R
     const size_t bytes = n * elem_bytes, others = static_cast<size_t>(op.size() - 1);
     UnboundBuffer *mine = op.buffer(data, bytes);
     if (op.rank() != 0) {
+        // The result's receive is posted before the send, into a buffer of its own, so that
+        // rank 0's reply never waits for it.
+        std::vector<char> result(bytes);
+        UnboundBuffer *back = op.buffer(result.data(), bytes);
+        back->recv(op.peer(0), op.slot(), 0, bytes);
         mine->send(op.peer(0), op.slot(), 0, bytes);
-        if (!op.wait_send(mine, 0)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
-        mine->recv(op.peer(0), op.slot(), 0, bytes);
-        if (!op.wait_recv(mine, 0)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+        if (!op.wait_send(mine, 0) || !op.wait_recv(back, 0)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+        std::copy(result.begin(), result.end(), static_cast<char *>(data));
         op.done();
         return Status::Ok();
     }
