@@ -7,7 +7,8 @@
 // its ranks send to the owners and get back, from the layout; both against the gradients'
 // reduce-scatter; Adafactor (each matrix's row and column sums over the ranks, then its
 // update's RMS: two all-reduces) with the bytes of both, measured from a step's trace over
-// shared memory and over TCP (which gathers), and its state per element. Then
+// shared memory and over TCP, and its state per element; the TCP mesh's rank-ordered sum
+// through rank 0, in parts, and as the all-gather it replaced, timed at 4 ranks. Then
 // Newton-Schulz itself with each of sx's product flavours (optim/gemm.h: OpenBLAS's
 // where built with it, and sx's ordered one) and the default flavour's product against
 // torch's (torch.optim.Muon's bf16 iterations, torch.matmul in fp32) in the same run,
@@ -16,17 +17,22 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bench_util.h"
+#include "comm/communicator.h"
 #include "core/layout.h"
 #include "fixtures.h"
 #include "optim/muon.h"
 #include "optim/thread_pool.h"
+#include "rdzv/rendezvous.h"
 #include "sx/sx.h"
+#include "trace_spans.h"
 
 namespace sxbench {
 namespace {
@@ -106,23 +112,6 @@ PairTimes steps(int world, int count, int64_t rows, int reps, int32_t other) {
     return t;
 }
 
-// The bytes of the spans named `name` in a rank's trace file (their "bytes" args).
-double span_bytes(const std::string &path, const char *name) {
-    FILE *f = std::fopen(path.c_str(), "r");
-    if (!f) return -1.0;
-    std::string text;
-    char buf[65536];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
-    std::fclose(f);
-    const std::string key = std::string("\"name\":\"") + name + "\"";
-    double bytes = 0.0;
-    for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1)) {
-        const size_t b = text.find("\"bytes\":", at), end = text.find('}', at);
-        if (b != std::string::npos && b < end) bytes += std::atof(text.c_str() + b + 8);
-    }
-    return bytes;
-}
-
 // Per rank and step, the bytes of Adafactor's two exchanges (the per-param sums: the spans
 // param_sums_exchange and update_sums_exchange, each the bytes of its collective's buffer
 // on the rank), measured from the traces of `steps` steps of `world` ranks (threads over
@@ -148,12 +137,80 @@ double adafactor_exchange_bytes(int world, int count, int64_t rows, int32_t tran
     double most = 0.0;
     for (int r = 0; r < world; ++r) {
         const std::string path = dir + "/trace.rank" + std::to_string(r) + ".json";
-        const double b = span_bytes(path, "param_sums_exchange") + span_bytes(path, "update_sums_exchange");
+        const double b =
+            sxtest::span_bytes(path, "param_sums_exchange") + sxtest::span_bytes(path, "update_sums_exchange");
         most = std::max(most, b / steps);
         std::remove(path.c_str());
     }
     ::rmdir(dir.c_str());
     return most;
+}
+
+// The ways a group's own Gloo mesh can add `n` doubles per rank in rank order, timed at
+// `world` ranks (threads over local://, every byte through TCP): its all_reduce_sum through
+// rank 0 and in parts (GlooOptions::rooted_sum_bytes), and what RankOrderedSum did before
+// it (a ring all-gather of every rank's block, added on each). Medians over `reps` of the
+// slower rank's milliseconds; each call's result checked against the first way's.
+struct SumTimes {
+    double rooted_ms, parts_ms, gather_ms;
+};
+
+SumTimes ordered_sum_times(int world, size_t n, int reps) {
+    enum { kRooted, kParts, kGather, kWays };
+    std::vector<double> ms[kWays];
+    std::vector<double> rank_ms(static_cast<size_t>(world));
+    Barrier barrier(world);
+    const std::string url = "local://bench-ordered-sum-" + std::to_string(::getpid()) + "-" + std::to_string(world) +
+                            "-" + std::to_string(n);
+    auto ok = [](const sx::Status &s, const char *what) {
+        if (!s.ok()) die(std::string("ordered sums: ") + what + ": " + s.message());
+    };
+    auto rank_main = [&](int r) {
+        std::unique_ptr<sx::comm::Communicator> c[2];
+        for (int k = 0; k < 2; ++k) {
+            sx::comm::GlooOptions o;
+            o.bind_address = "127.0.0.1";
+            o.timeout = std::chrono::milliseconds(120000);
+            o.in_process = false;
+            o.rooted_sum_bytes = k == 0 ? SIZE_MAX : 1;
+            sx::rdzv::Rendezvous rv;
+            std::shared_ptr<sx::rdzv::Store> store;
+            const std::string where = url + "-" + std::to_string(k);
+            sx::Status s = sx::rdzv::parse_rendezvous(where.c_str(), r, world, &rv);
+            if (s.ok()) s = sx::rdzv::open_store(rv, o.timeout, &store);
+            if (s.ok()) s = sx::comm::create_gloo_communicator(store, r, world, o, &c[k]);
+            if (!s.ok()) die("ordered sums: " + s.message());
+        }
+        std::vector<double> data(n), all(n * static_cast<size_t>(world)), want;
+        for (int it = 0; it <= reps; ++it)
+            for (int way = 0; way < kWays; ++way) {
+                for (size_t i = 0; i < n; ++i) data[i] = 1.0 / static_cast<double>(r + 1 + static_cast<int>(i % 7));
+                barrier.wait();
+                const double t0 = now_seconds();
+                if (way == kGather) {
+                    std::copy(data.begin(), data.end(), all.begin() + static_cast<std::ptrdiff_t>(r * n));
+                    ok(c[0]->all_gather(all.data(), n * sizeof(double)), "all_gather");
+                    for (size_t i = 0; i < n; ++i) {
+                        double sum = 0.0;
+                        for (int q = 0; q < world; ++q) sum += all[static_cast<size_t>(q) * n + i];
+                        data[i] = sum;
+                    }
+                } else {
+                    ok(c[way]->all_reduce_sum(data.data(), n), "all_reduce_sum");
+                }
+                rank_ms[static_cast<size_t>(r)] = (now_seconds() - t0) * 1e3;
+                if (way == kRooted) want = data;
+                for (size_t i = 0; i < n; ++i)
+                    if (data[i] != want[i]) die("ordered sums: the ways disagree");
+                barrier.wait();
+                if (r == 0 && it > 0) ms[way].push_back(max_of(rank_ms.data(), world));
+            }
+    };
+    std::vector<std::thread> others;
+    for (int r = 1; r < world; ++r) others.emplace_back(rank_main, r);
+    rank_main(0);
+    for (std::thread &th : others) th.join();
+    return {median(ms[kRooted]), median(ms[kParts]), median(ms[kGather])};
 }
 
 }  // namespace
@@ -279,11 +336,10 @@ int section_param_sums(const Options &opt) {
                       scatter);
         json.push_back(line);
     }
-    // The exchanges' bytes per rank, measured from the step's trace: shared memory sums
-    // with its all-reduce (which adds in rank order: width doubles per rank); TCP (Gloo,
-    // whose all-reduce adds in an order of its own) gathers every rank's block.
+    // The exchanges' bytes per rank, measured from the step's trace: both transports sum
+    // with their all-reduce, which adds in rank order (width doubles per rank).
     std::printf("\nAdafactor's per-param sums per rank and step (the two exchanges' collective buffers, from the "
-                "trace of 3 steps): shared memory (all-reduce) vs TCP (all-gather), ranks as threads\n");
+                "trace of 3 steps): shared memory vs TCP (Gloo), each its all-reduce in rank order, ranks as threads\n");
     std::printf("%6s %16s %16s %10s\n", "ranks", "shm_bytes/rank", "tcp_bytes/rank", "tcp / shm");
     for (int world : {2, 4}) {
         const double shm = adafactor_exchange_bytes(world, count, rows, SX_TRANSPORT_AUTO, 3);
@@ -295,6 +351,27 @@ int section_param_sums(const Options &opt) {
                       "\"ranks\":%d,\"shm_bytes_per_rank\":%.0f,\"tcp_bytes_per_rank\":%.0f,"
                       "\"ratio_tcp_vs_shm\":%.4f}",
                       world, shm, tcp, shm > 0 ? tcp / shm : 0.0);
+        json.push_back(line);
+    }
+    // The group's own Gloo mesh's rank-ordered sum: through rank 0 against in parts, and
+    // against the all-gather it replaced, at sizes from LAMB's few sums per param to past
+    // the Adafactor model's 131,328 bytes (the default: rooted up to 16 KiB).
+    std::printf("\nrank-ordered sums of n doubles over a group's own Gloo mesh (TCP, %d ranks as threads): through "
+                "rank 0 vs in parts vs the ring all-gather of every rank's block (median of %d, slower rank)\n",
+                4, opt.reps * 10);
+    std::printf("%9s %10s %10s %10s %12s %14s\n", "bytes", "rooted_ms", "parts_ms", "gather_ms", "parts/rooted",
+                "parts/gather");
+    for (size_t n : {size_t(16), size_t(256), size_t(1024), size_t(2048), size_t(4096), size_t(16416),
+                     size_t(131072)}) {
+        const SumTimes t = ordered_sum_times(4, n, opt.reps * 10);
+        std::printf("%9zu %10.3f %10.3f %10.3f %12.2f %14.2f\n", n * 8, t.rooted_ms, t.parts_ms, t.gather_ms,
+                    t.parts_ms / t.rooted_ms, t.parts_ms / t.gather_ms);
+        char line[320];
+        std::snprintf(line, sizeof line,
+                      "{\"bench\":\"param_sums\",\"figure\":\"gloo_ordered_sum\",\"ranks\":4,\"bytes\":%zu,"
+                      "\"rooted_ms\":%.4f,\"parts_ms\":%.4f,\"gather_ms\":%.4f,\"ratio_parts_vs_rooted\":%.4f,"
+                      "\"ratio_parts_vs_gather\":%.4f}",
+                      n * 8, t.rooted_ms, t.parts_ms, t.gather_ms, t.parts_ms / t.rooted_ms, t.parts_ms / t.gather_ms);
         json.push_back(line);
     }
     // Every rank keeps each matrix's row and column means whole: (rows + cols) x 4 bytes.

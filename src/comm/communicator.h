@@ -104,9 +104,9 @@ class Communicator {
     virtual Status all_gather(void *buf, size_t shard_bytes) = 0;
     virtual Status all_reduce_sum(double *data, size_t n) = 0;
     // Whether all_reduce_sum adds the ranks' values in rank order, ((d_0 + d_1) + d_2) + ...,
-    // every element so on every rank (shared memory). Gloo's and NCCL's orders are their
-    // algorithms' own (the same bits on every rank, but not these): RankOrderedSum
-    // (ordered_sum.h) then gathers and adds itself.
+    // every element so on every rank (shared memory, Gloo: gloo/ordered_all_reduce.h).
+    // NCCL's order is its algorithm's own (the same bits on every rank, but not these):
+    // RankOrderedSum (ordered_sum.h) then gathers and adds itself.
     virtual bool sums_in_rank_order() const { return false; }
     // data[0, n) = the sum over ranks of their data, the same bits on every rank (NCCL:
     // device memory; the others host). A mesh's replicas sum their gradient shards so.
@@ -160,6 +160,10 @@ struct GlooOptions {
     // Pipeline segment of the ring reduce-scatter and all-gather, in bytes; 0 = tuned
     // defaults (1 MiB and 4 MiB). Tests make it small to run many segments cheaply.
     size_t segment_bytes = 0;
+    // all_reduce_sum (its doubles added in rank order) of at most this many bytes goes
+    // through the call's rank 0, larger ones are scattered in parts over the ranks
+    // (gloo/ordered_all_reduce.h); 0 = the tuned default (16 KiB). Tests set it to run each.
+    size_t rooted_sum_bytes = 0;
     // Where every rank turns out to be a thread of this process, all_gather and
     // broadcast copy straight from the peers' buffers instead of going through TCP
     // (the other collectives always use Gloo). Tests turn it off to run the TCP ring.

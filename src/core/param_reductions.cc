@@ -4,7 +4,7 @@
 // pieces, exchange 0 of all their params' blocks, pass 1, and so on until each has made
 // its last pass. Each exchange is one collective for all params of the step, whose sums
 // every rank gets added in rank order (comm/ordered_sum.h: the transport's all-reduce where
-// it adds so, as shared memory does, else an all-gather of every rank's blocks), so that
+// it adds so, as shared memory and Gloo do, else an all-gather of every rank's blocks), so that
 // every rank has the same sums, bit for bit, on any transport (and the tensors kept whole
 // on every rank that the passes derive from them).
 #include <algorithm>

@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "base/sigpipe.h"
 #include "comm/gloo/op_scope.h"
+#include "comm/gloo/ordered_all_reduce.h"
 #include "comm/gloo/ring.h"
 #include "rdzv/stores.h"
 
@@ -21,8 +22,6 @@ namespace {
 constexpr uint64_t kChannelSlotPrefix = 0x55ull << 56;
 constexpr int kIdBits = 28, kCallBits = 28;
 constexpr uint64_t kIdMask = (1ull << kIdBits) - 1, kCallMask = (1ull << kCallBits) - 1;
-
-using Reduce = void (*)(void *, const void *, const void *, size_t);
 
 // From this size a float all-reduce goes round the ring (ring_all_reduce); below it,
 // where latency and not bandwidth counts, it gathers to rank 0 in one round trip.
@@ -40,7 +39,8 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
           grace_(std::max(Millis(2000), options.timeout / 4)),
           rs_segment_bytes_(std::max(options.segment_bytes ? options.segment_bytes : kReduceScatterSegmentBytes,
                                      sizeof(float))),
-          ag_segment_bytes_(options.segment_bytes ? options.segment_bytes : kAllGatherSegmentBytes) {
+          ag_segment_bytes_(options.segment_bytes ? options.segment_bytes : kAllGatherSegmentBytes),
+          rooted_sum_bytes_(options.rooted_sum_bytes) {
         channels_->open.fetch_add(1);
     }
     ~GlooChannel() override { channels_->open.fetch_sub(1); }
@@ -74,10 +74,12 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
         });
     }
 
+    // Added in rank order (gloo/ordered_all_reduce.h): through rank 0 when small, else in parts.
     Status all_reduce_sum(double *data, size_t n) override {
-        return all_reduce("all_reduce_sum", data, n, &gloo::sum<double>);
+        if (n == 0) return usable("all_reduce_sum");
+        SX_CHECK_ARG(data != nullptr, "all_reduce_sum: data must not be NULL");
+        return run("all_reduce_sum", [&](OpScope &op) { return rank_ordered_sum(op, data, n, rooted_sum_bytes_); });
     }
-    // Rank 0 adds the ranks' values in rank order and sends every rank the sums (all_reduce).
     bool sums_in_rank_order() const override { return true; }
     Status all_reduce_max(uint64_t *data, size_t n) override {
         return all_reduce("all_reduce_max", data, n, &gloo::max<uint64_t>);
@@ -141,32 +143,10 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
     // Gathers to rank 0, which combines in rank order and sends the result back: the
     // same bits on every rank.
     template <class T>
-    Status all_reduce(const char *what, T *data, size_t n, Reduce reduce) {
+    Status all_reduce(const char *what, T *data, size_t n, ReduceFn reduce) {
         if (n == 0) return usable(what);
         SX_CHECK_ARG(data != nullptr, "%s: data must not be NULL", what);
-        return run(what, [&](OpScope &op) {
-            const size_t bytes = n * sizeof(T), others = static_cast<size_t>(world_size() - 1);
-            UnboundBuffer *mine = op.buffer(data, bytes);
-            if (rank_ != 0) {
-                mine->send(op.peer(0), op.slot(), 0, bytes);
-                if (!op.wait_send(mine, 0)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
-                mine->recv(op.peer(0), op.slot(), 0, bytes);
-                if (!op.wait_recv(mine, 0)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
-                op.done();
-                return Status::Ok();
-            }
-            std::vector<T> theirs(others * n);
-            UnboundBuffer *in = op.buffer(theirs.data(), others * bytes);
-            for (size_t q = 1; q <= others; ++q) in->recv(op.peer(static_cast<int>(q)), op.slot(), (q - 1) * bytes, bytes);
-            for (size_t q = 1; q <= others; ++q)
-                if (!op.wait_recv(in, -1)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
-            for (size_t q = 1; q <= others; ++q) reduce(data, data, theirs.data() + (q - 1) * n, n);
-            for (size_t q = 1; q <= others; ++q) mine->send(op.peer(static_cast<int>(q)), op.slot(), 0, bytes);
-            for (size_t q = 1; q <= others; ++q)
-                if (!op.wait_send(mine, static_cast<int>(q))) return SX_ERROR(SX_ERR_ABORTED, "aborted");
-            op.done();
-            return Status::Ok();
-        });
+        return run(what, [&](OpScope &op) { return rooted_all_reduce(op, data, n, sizeof(T), reduce); });
     }
 
     // A large float all-reduce (a mesh's replica all-reduce of a unit's shard, a trainer's
@@ -251,7 +231,7 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
     const std::vector<int> ranks_;  // channel rank -> the context's rank
     const int rank_;
     const Millis timeout_, grace_;
-    const size_t rs_segment_bytes_, ag_segment_bytes_;
+    const size_t rs_segment_bytes_, ag_segment_bytes_, rooted_sum_bytes_;
     InFlight in_flight_;
     uint64_t calls_ = 0;                // only the calling thread touches it
     std::atomic<int> waiting_for_{-1};  // the channel rank the call in flight waits on

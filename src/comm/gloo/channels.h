@@ -17,7 +17,8 @@
 // ignore aborted waits, so a channel has its own, over its ranks, on UnboundBuffers: the
 // small all-reduce gathers to the channel's rank 0, which combines in rank order and
 // sends the result back (every rank gets the same bits), a float one of 64 KiB or more is
-// the ring's reduce-scatter then all-gather; broadcast sends from the root
+// the ring's reduce-scatter then all-gather, a double sum of more than 16 KiB is added in
+// rank order in parts (gloo/ordered_all_reduce.h); broadcast sends from the root
 // to each rank; barrier is a one-word all-reduce. The ring reduce-scatter and all-gather
 // (ring.h) take the channel's ranks.
 //

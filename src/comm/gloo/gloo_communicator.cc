@@ -39,6 +39,7 @@
 #include "comm/gloo/full_mesh.h"
 #include "comm/gloo/in_process.h"
 #include "comm/gloo/op_scope.h"
+#include "comm/gloo/ordered_all_reduce.h"
 #include "comm/gloo/ring.h"
 #include "base/sigpipe.h"
 
@@ -110,6 +111,7 @@ class GlooCommunicator final : public Communicator {
           rs_segment_bytes_(std::max(options.segment_bytes ? options.segment_bytes : kReduceScatterSegmentBytes,
                                      sizeof(float))),
           ag_segment_bytes_(options.segment_bytes ? options.segment_bytes : kAllGatherSegmentBytes),
+          rooted_sum_bytes_(options.rooted_sum_bytes),
           names_(options.rank_names) {}
 
     // Destroying the context closes every pair (no I/O, so peers that are dead or
@@ -165,9 +167,16 @@ class GlooCommunicator final : public Communicator {
         });
     }
 
+    // Added in rank order (gloo/ordered_all_reduce.h), over TCP also between threads.
     Status all_reduce_sum(double *data, size_t n) override {
-        return all_reduce("all_reduce_sum", data, n, &gloo::sum<double>);
+        if (n == 0) return usable("all_reduce_sum");
+        SX_CHECK_ARG(data != nullptr, "all_reduce_sum: data must not be NULL");
+        return run("all_reduce_sum", [&](const Call &call) {
+            OpScope op = scope(call);
+            return rank_ordered_sum(op, data, n, rooted_sum_bytes_);
+        });
     }
+    bool sums_in_rank_order() const override { return true; }
 
     Status all_reduce_max(uint64_t *data, size_t n) override {
         return all_reduce("all_reduce_max", data, n, &gloo::max<uint64_t>);
@@ -371,7 +380,7 @@ class GlooCommunicator final : public Communicator {
     std::shared_ptr<gloo::rendezvous::Context> context_;
     std::shared_ptr<Meeting> meeting_;  // when every rank is a thread of this process
     const Millis timeout_;
-    const size_t rs_segment_bytes_, ag_segment_bytes_;
+    const size_t rs_segment_bytes_, ag_segment_bytes_, rooted_sum_bytes_;
     InFlight in_flight_;
     uint32_t tag_ = 0;  // calls so far; only the calling thread touches it
     std::atomic<int> waiting_for_{-1};  // the peer the call in flight waits on (-1: unknown)
