@@ -133,6 +133,12 @@ class Communicator {
         (void)why;
         abort();
     }
+    // abort_because(why), and where the communicator is a channel of a context (shared
+    // memory, or the context's Gloo mesh) every other rank's call on it, in flight or
+    // later, fails within about a second (not at its own timeout) with an error naming its
+    // label, this rank and `why`: SX_ERR_TIMEOUT where why is a timeout, else SX_ERR_COMM.
+    // The first rank to fail a channel is the one every rank names. Any thread.
+    virtual void fail_channel(const Status &why) { abort_because(why); }
     // The ranks (ascending) whose process this rank knows to have exited, asked now: where
     // it shares memory with them, their processes are watched (a pidfd); over TCP alone
     // nothing is known (a closed connection may be a live peer that gave up). Any thread.
@@ -167,6 +173,8 @@ struct GlooOptions {
     // Per rank of this communicator, how errors that name a peer call it ("rank 2 (host
     // 'b')"; empty: "its rank 2").
     std::vector<std::string> rank_names;
+    // A context's channel: what its errors call the communicator's owner ("group 'a'").
+    std::string label;
 };
 
 // Connects a full mesh of `world_size` ranks through `store` (keys under the store's
@@ -200,6 +208,8 @@ struct ShmOptions {
     // A context's shared memory: the communicator is a channel of it (a region of the
     // context's segment, taken through the store), and connects nothing.
     std::shared_ptr<SharedChannels> channels;
+    // A context's channel: what its errors call the communicator's owner ("group 'a'").
+    std::string label;
 };
 
 // Connects `world_size` ranks that run on this host (processes, or threads of one
@@ -257,6 +267,8 @@ struct CommunicatorSpec {
     // CPU: a context's Gloo mesh (where it has no shared memory): the communicator is a
     // channel of it, and connects nothing.
     std::shared_ptr<GlooChannels> gloo_channels;
+    // A context's channel: what its errors call the communicator's owner ("group 'a'").
+    std::string label;
 };
 
 // The one place a communicator is chosen: CUDA with one rank, the device's own (no NCCL);
