@@ -133,12 +133,16 @@ class Communicator {
         (void)why;
         abort();
     }
-    // abort_because(why), and where the communicator is a channel of a context (shared
-    // memory, or the context's Gloo mesh) every other rank's call on it, in flight or
+    // Where the communicator is a channel of a context (shared memory, or the context's
+    // Gloo mesh): abort_because(why), and every other rank's call on it, in flight or
     // later, fails within about a second (not at its own timeout) with an error naming its
     // label, this rank and `why`: SX_ERR_TIMEOUT where why is a timeout, else SX_ERR_COMM.
-    // The first rank to fail a channel is the one every rank names. Any thread.
-    virtual void fail_channel(const Status &why) { abort_because(why); }
+    // The first rank to fail a channel is the one every rank names. Elsewhere abort(), as
+    // ever. Any thread.
+    virtual void fail_channel(const Status &why) {
+        (void)why;
+        abort();
+    }
     // The ranks (ascending) whose process this rank knows to have exited, asked now: where
     // it shares memory with them, their processes are watched (a pidfd); over TCP alone
     // nothing is known (a closed connection may be a live peer that gave up). Any thread.

@@ -403,7 +403,8 @@ class ShmCommunicator final : public Communicator {
 
     void abort() override { abort_because(Status::Ok()); }
     void fail_channel(const Status &why) override {
-        if (tells_ && !why.ok()) post_notice(why);
+        if (!tells_ || why.ok()) return abort();
+        post_notice(why);
         abort_because(why);
     }
     void abort_because(const Status &why) override {
