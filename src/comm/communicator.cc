@@ -79,12 +79,14 @@ Status create_communicator(std::shared_ptr<rdzv::Store> store, int rank, int wor
         so.timeout = spec.timeout;
         so.deadline = spec.deadline;
         so.channels = spec.channels;
+        so.label = spec.label;
         return create_shm_communicator(std::move(store), rank, world_size, so, out);
     }
     GlooOptions g;
     g.timeout = spec.timeout;
     g.deadline = spec.deadline;
     g.bind_address = spec.bind_address;
+    g.label = spec.label;
     if (spec.gloo_channels) return create_gloo_channel(spec.gloo_channels, std::move(store), rank, world_size, g, out);
     return create_cpu_communicator(std::move(store), rank, world_size, g, spec.shared_memory, out);
 }

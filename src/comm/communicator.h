@@ -133,6 +133,16 @@ class Communicator {
         (void)why;
         abort();
     }
+    // Where the communicator is a channel of a context (shared memory, or the context's
+    // Gloo mesh): abort_because(why), and every other rank's call on it, in flight or
+    // later, fails within about a second (not at its own timeout) with an error naming its
+    // label, this rank and `why`: SX_ERR_TIMEOUT where why is a timeout, else SX_ERR_COMM.
+    // The first rank to fail a channel is the one every rank names. Elsewhere abort(), as
+    // ever. Any thread.
+    virtual void fail_channel(const Status &why) {
+        (void)why;
+        abort();
+    }
     // The ranks (ascending) whose process this rank knows to have exited, asked now: where
     // it shares memory with them, their processes are watched (a pidfd); over TCP alone
     // nothing is known (a closed connection may be a live peer that gave up). Any thread.
@@ -171,6 +181,8 @@ struct GlooOptions {
     // Per rank of this communicator, how errors that name a peer call it ("rank 2 (host
     // 'b')"; empty: "its rank 2").
     std::vector<std::string> rank_names;
+    // A context's channel: what its errors call the communicator's owner ("group 'a'").
+    std::string label;
 };
 
 // Connects a full mesh of `world_size` ranks through `store` (keys under the store's
@@ -204,6 +216,8 @@ struct ShmOptions {
     // A context's shared memory: the communicator is a channel of it (a region of the
     // context's segment, taken through the store), and connects nothing.
     std::shared_ptr<SharedChannels> channels;
+    // A context's channel: what its errors call the communicator's owner ("group 'a'").
+    std::string label;
 };
 
 // Connects `world_size` ranks that run on this host (processes, or threads of one
@@ -261,6 +275,8 @@ struct CommunicatorSpec {
     // CPU: a context's Gloo mesh (where it has no shared memory): the communicator is a
     // channel of it, and connects nothing.
     std::shared_ptr<GlooChannels> gloo_channels;
+    // A context's channel: what its errors call the communicator's owner ("group 'a'").
+    std::string label;
 };
 
 // The one place a communicator is chosen: CUDA with one rank, the device's own (no NCCL);

@@ -72,9 +72,10 @@ Status Gathers::open() {
     return Status::Ok();
 }
 
-void Gathers::abort() {
+void Gathers::abort(const Status &why) {
     std::lock_guard<std::mutex> lock(comm_mu_);
-    if (comm_) comm_->abort();
+    if (comm_ && why.ok()) comm_->abort();
+    if (comm_ && !why.ok()) comm_->fail_channel(why);
 }
 
 bool Gathers::busy() { return channel_ && channel_->busy(); }

@@ -77,8 +77,9 @@ class Gathers {
     // Waits for every job.
     Status drain();
     bool busy();
-    // Any thread: the communicator aborted, so that a job waiting on a peer returns.
-    void abort();
+    // Any thread: the communicator aborted, so that a job waiting on a peer returns; with
+    // a failure `why`, the peers' calls fail too (Communicator::fail_channel).
+    void abort(const Status &why = Status::Ok());
 
     // Stage 3, the trainer's sx_unit_gather and sx_unit_release of unit u (checked by
     // the caller): see sx.h. A disagreement on the call's header is returned with

@@ -100,6 +100,7 @@ Mesh::Settings mesh_settings(const GroupConfig &cfg, DeviceOps *device) {
     if (cfg.context) {
         ms.channels = cfg.context->channels();
         ms.gloo_channels = cfg.context->gloo_channels();
+        ms.label = "group '" + cfg.name + "'";
     }
     return ms;
 }

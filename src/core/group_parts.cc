@@ -116,7 +116,7 @@ Status GroupParts::fail(Status s) {
     // Not under abort_mu_: a channel's thread may fail the group while the destructor,
     // holding it, joins that thread (the communicators outlive the channels).
     if (failure_.record(s)) {
-        abort_communicators();
+        abort_communicators(s);
         return s;
     }
     // A call that the first failure's abort cut short (another thread's, a channel's)
@@ -130,12 +130,12 @@ Status GroupParts::check_usable() const { return failure_.check(); }
 void GroupParts::abort() {
     std::lock_guard<std::mutex> lock(abort_mu_);
     failure_.set_aborted();
-    abort_communicators();
+    abort_communicators(SX_ERROR(SX_ERR_ABORTED, "sx_abort was called on that rank"));
 }
 
-void GroupParts::abort_communicators() {
-    mesh_.abort();
-    if (gathers_) gathers_->abort();
+void GroupParts::abort_communicators(const Status &why) {
+    mesh_.abort(why);
+    if (gathers_) gathers_->abort(why);
     // Not the memory copies' sending: it has a communicator of its own, and a copy whose
     // sending still completes is one more the survivors may restore from (regroup waits
     // for it, a moment at most; a lost peer fails it at once).

@@ -106,7 +106,9 @@ class GroupParts : public RecoveryAccess {
     PartRefs part_refs() {
         return {*this, config_, headers_, mesh_, ops_, table_, layout_, units_, round_, gathers_, pool_};
     }
-    void abort_communicators();
+    // Every communicator aborted; with a failure `why` (this rank's group failed, or
+    // sx_abort), the peers' calls on a context's channels fail at once too.
+    void abort_communicators(const Status &why = Status::Ok());
 
     GroupConfig config_;
     // First in, last out: every thread of the group (channels, pools) has ended before it goes.

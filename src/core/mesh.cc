@@ -95,6 +95,7 @@ Status Mesh::connect(std::shared_ptr<rdzv::Store> store, int rank, int size, std
     spec.shared_memory = settings_.shared_memory;
     spec.channels = settings_.channels;
     spec.gloo_channels = settings_.gloo_channels;
+    spec.label = settings_.label;
     // One rank of a real device: the device's own communicator, which moves no data.
     if (!spec.cuda || !settings_.device || (size == 1 && !settings_.simulated_device))
         return comm::create_communicator(std::move(store), rank, size, spec, out);
@@ -114,9 +115,11 @@ Status Mesh::connect(std::shared_ptr<rdzv::Store> store, int rank, int size, std
     return Status::Ok();
 }
 
-void Mesh::abort() {
-    for (comm::Communicator *c : {world_.get(), shard_own_.get(), replica_.get()})
-        if (c) c->abort();
+void Mesh::abort(const Status &why) {
+    for (comm::Communicator *c : {world_.get(), shard_own_.get(), replica_.get()}) {
+        if (c && why.ok()) c->abort();
+        if (c && !why.ok()) c->fail_channel(why);
+    }
 }
 
 }  // namespace core

@@ -42,6 +42,8 @@ class Mesh {
         // A context's Gloo mesh (context.h; where it has no shared memory): every CPU
         // communicator is a channel of it.
         std::shared_ptr<comm::GlooChannels> gloo_channels;
+        // A context's group: what its channels' errors call it ("group 'a'").
+        std::string label;
     };
     // This rank's place in the world, known from the rendezvous before anything connects.
     void place(const Settings &settings, int rank, int world_size);
@@ -57,8 +59,9 @@ class Mesh {
     // connected by `deadline` (the zero time point: the timeout from now).
     Status connect(std::shared_ptr<rdzv::Store> store, int rank, int size, std::unique_ptr<comm::Communicator> *out,
                    std::chrono::steady_clock::time_point deadline = {}) const;
-    // Any thread: every communicator aborted (collectives in flight return at once).
-    void abort();
+    // Any thread: every communicator aborted (collectives in flight return at once); with
+    // a failure `why`, the peers' calls fail too (Communicator::fail_channel).
+    void abort(const Status &why = Status::Ok());
 
     int rank() const { return rank_; }
     int world_size() const { return world_size_; }

@@ -27,6 +27,7 @@ class Wrapping : public comm::Communicator {
     Status barrier() override { return inner_->barrier(); }
     void abort() override { inner_->abort(); }
     void abort_because(const Status &why) override { inner_->abort_because(why); }
+    void fail_channel(const Status &why) override { inner_->fail_channel(why); }
     std::vector<int> exited_peers() const override { return inner_->exited_peers(); }
 
   protected:

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -142,7 +143,7 @@ struct Tenant {
 // tcp: the context's transport may not share memory (SX_TRANSPORT_TCP): its groups take
 // channels on its one Gloo mesh, as where its ranks span hosts.
 sx_context_t *make_context(const std::string &rendezvous, int rank, int world, uint64_t budget, sx_status_t *st,
-                           bool tcp = false) {
+                           bool tcp = false, int timeout_ms = 20000) {
     sx_context_config_t c;
     sx_context_config_init(&c, sizeof c);
     if (tcp) c.transport = SX_TRANSPORT_TCP;
@@ -151,7 +152,7 @@ sx_context_t *make_context(const std::string &rendezvous, int rank, int world, u
     c.world_size = world;
     c.backend = SX_BACKEND_CPU;
     c.num_threads = 1;
-    c.timeout_ms = 20000;
+    c.timeout_ms = timeout_ms;
     c.memory_budget_bytes = budget;
     sx_context_t *ctx = nullptr;
     *st = sx_create_context(&c, &ctx);
@@ -303,6 +304,90 @@ void a_tenants_failure_stays_in_it(bool tcp) {
 
 void test_a_tenants_failure_stays_in_it(void **) { a_tenants_failure_stays_in_it(false); }
 void test_a_tenants_failure_stays_in_it_on_gloo_channels(void **) { a_tenants_failure_stays_in_it(true); }
+
+// One rank fails tenant a's call, and the others' calls on it fail at once, not at their
+// own timeouts; tenant b steps on. 3 ranks: rank 1 stalls (it is not in the call), rank 0
+// and rank 2 are. `timeout`: the context's timeout is 4 s; rank 2 comes 2.5 s after rank 0,
+// whose call times out, and fails about 1.5 s into its own (not 4 s); rank 1 calls later
+// and fails at once. Else (sx_abort): a timeout of 60 s; rank 0's call is aborted 0.5 s
+// into it, rank 2 fails at once, and rank 1, calling 2 s later, too. Each peer's error
+// names the group, rank 0 and why. returned (threads; null for processes): rank 1 calls
+// once ranks 0 and 2 have returned, rather than at a time. "" or what went wrong.
+std::string peers_fail_at_once(sx_context_t *ctx, int rank, bool timeout, std::vector<float> *b_params,
+                               std::atomic<int> *returned = nullptr) {
+    using Ms = std::chrono::milliseconds;
+    Tenant a, b;
+    a.rank = b.rank = rank;
+    b.id = 1;
+    sx_status_t st;
+    if ((st = a.create(ctx, "", "a")) != SX_OK || (st = b.create(ctx, "", "b")) != SX_OK) return failed("create", st);
+    std::string e = a.train(1);
+    if (e.empty() && (st = sx_finalize(b.g)) != SX_OK) e = failed("finalize b", st);
+    if (e.empty() && (st = b.init()) != SX_OK) e = failed("init b", st);
+    if (!e.empty()) return e;
+    const auto start = std::chrono::steady_clock::now();
+    const int come_at = rank == 0 ? 0 : rank == 2 ? (timeout ? 2500 : 0) : (timeout ? 7000 : 2000);
+    if (rank == 1 && returned) {
+        while (returned->load() < 2 && std::chrono::steady_clock::now() < start + Ms(30000))
+            std::this_thread::sleep_for(Ms(10));
+    } else {
+        std::this_thread::sleep_until(start + Ms(come_at));
+    }
+    std::thread aborter;
+    if (rank == 0 && !timeout)
+        aborter = std::thread([&] {
+            std::this_thread::sleep_for(Ms(500));
+            sx_abort(a.g);
+        });
+    double v[2] = {1.0, 2.0};
+    const auto called = std::chrono::steady_clock::now();
+    st = sx_all_reduce(a.g, v, 2, SX_REDUCE_SUM);
+    const long long took = std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now() - called).count();
+    const std::string msg = sx_last_error_message();
+    if (returned && rank != 1) returned->fetch_add(1);
+    if (aborter.joinable()) aborter.join();
+    const sx_status_t want = rank == 0 ? (timeout ? SX_ERR_TIMEOUT : SX_ERR_ABORTED) : timeout ? SX_ERR_TIMEOUT : SX_ERR_COMM;
+    // Rank 2 fails when rank 0 does (1.5 s into its call, or 0.5 s); rank 1 at once.
+    const long long most = rank == 0 ? 60000 : rank == 2 ? (timeout ? 3000 : 5000) : 1500;
+    if (st != want || took > most)
+        return "tenant a's call gave " + failed("", st) + " after " + std::to_string(took) + " ms, not " +
+               sx_status_string(want) + " within " + std::to_string(most) + " ms";
+    if (rank != 0 && (msg.find("group 'a'") == std::string::npos || msg.find("its rank 0") == std::string::npos ||
+                      msg.find(timeout ? "timeout" : "sx_abort") == std::string::npos))
+        return "the error does not name the group, rank 0 and why: " + msg;
+    if (rank == 2) std::printf("rank 2's error after %lld ms: %s\n", took, msg.c_str());
+    for (int s = 0; s < 3; ++s)
+        if ((st = b.step(s)) != SX_OK) return failed("tenant b steps on", st);
+    if (rank == 0 && (st = b.params(b_params)) != SX_OK) return failed("params", st);
+    return "";
+}
+
+// Ranks as threads, over shared memory or (tcp) the Gloo channels; tenant b ends on the
+// bits of the same tenant trained alone.
+void peers_fail_at_once_threads(bool tcp, bool timeout) {
+    const int world = 3;
+    const std::string tag = std::string(tcp ? "tcp" : "shm") + (timeout ? "-timeout" : "-abort");
+    const std::vector<std::vector<float>> want = reference(world, 2, 3, "notice-" + tag, tcp);
+    std::vector<float> got;
+    std::atomic<int> returned{0};
+    const std::string err = sxtest::run_ranks(world, [&](int rank) -> std::string {
+        sx_status_t st;
+        sx_context_t *ctx =
+            make_context("local://ctx-notice-" + tag, rank, world, 0, &st, tcp, timeout ? 4000 : 60000);
+        if (!ctx) return failed("context", st);
+        std::string e = peers_fail_at_once(ctx, rank, timeout, &got, &returned);
+        sx_destroy_context(ctx);
+        return e;
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+    assert_int_equal(got.size(), want[1].size());
+    assert_memory_equal(got.data(), want[1].data(), want[1].size() * sizeof(float));
+}
+
+void test_peers_fail_at_once_abort(void **) { peers_fail_at_once_threads(false, false); }
+void test_peers_fail_at_once_timeout(void **) { peers_fail_at_once_threads(false, true); }
+void test_peers_fail_at_once_abort_on_gloo_channels(void **) { peers_fail_at_once_threads(true, false); }
+void test_peers_fail_at_once_timeout_on_gloo_channels(void **) { peers_fail_at_once_threads(true, true); }
 
 // A budget that holds tenant 0 but not tenant 0 and 1: tenant 1's finalize is refused on
 // both ranks (rank 1's budget is the small one), naming the budget, and nothing is held for
@@ -496,7 +581,7 @@ int child_main(int argc, char **argv) {
     const bool apart = a.get("--hosts", "one") == "apart";
     if (apart) ::setenv("SX_HOST_ID", ("ctx-test-host-" + std::to_string(a.rank)).c_str(), 1);
     sx_status_t st;
-    sx_context_t *ctx = make_context(a.rendezvous, a.rank, a.world, 0, &st);
+    sx_context_t *ctx = make_context(a.rendezvous, a.rank, a.world, 0, &st, false, mode == "notice" ? 60000 : 20000);
     if (!ctx) return std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("context", st).c_str()), 3;
     const int sockets_before = sockets_open();
     Tenant t[2];
@@ -524,6 +609,18 @@ int child_main(int argc, char **argv) {
             if ((st = t[k].step(3)) != SX_OK)
                 return std::fprintf(stderr, "tenant %d: %s\n", k, failed("step after the regroup", st).c_str()), 3;
         }
+        return 0;
+    }
+    if (mode == "notice") {
+        // Tenant a fails on rank 0 (sx_abort); tenant b steps on to the bits of the same
+        // tenant trained alone (by threads of this process).
+        std::vector<float> got;
+        std::string e = peers_fail_at_once(ctx, a.rank, false, &got);
+        if (e.empty() && a.rank == 0) {
+            const std::vector<std::vector<float>> want = reference(a.world, 2, 3, "notice-child", apart);
+            if (got != want[1]) e = "tenant b's params differ from the same tenant trained alone";
+        }
+        if (!e.empty()) return std::fprintf(stderr, "rank %d: %s\n", a.rank, e.c_str()), 3;
         return 0;
     }
     if (mode == "die") {
@@ -568,6 +665,15 @@ void every_tenant_regroups(const char *hosts) {
     assert_int_equal(results[2].signal, SIGKILL);
 }
 
+// 3 processes: shared memory on one host, Gloo channels on hosts apart.
+void peers_fail_at_once_processes(const char *hosts) {
+    const std::string err = sxtest::run_process_ranks(3, {"--mode", "notice", "--hosts", hosts}, 120);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
+void test_peers_fail_at_once_processes(void **) { peers_fail_at_once_processes("one"); }
+void test_peers_fail_at_once_processes_on_hosts_apart(void **) { peers_fail_at_once_processes("apart"); }
+
 void test_every_tenant_regroups(void **) { every_tenant_regroups("one"); }
 void test_every_tenant_regroups_on_hosts_apart(void **) { every_tenant_regroups("apart"); }
 
@@ -594,6 +700,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_mesh_tenants_on_gloo_channels),
         cmocka_unit_test(test_a_tenants_failure_stays_in_it),
         cmocka_unit_test(test_a_tenants_failure_stays_in_it_on_gloo_channels),
+        cmocka_unit_test(test_peers_fail_at_once_abort),
+        cmocka_unit_test(test_peers_fail_at_once_timeout),
+        cmocka_unit_test(test_peers_fail_at_once_abort_on_gloo_channels),
+        cmocka_unit_test(test_peers_fail_at_once_timeout_on_gloo_channels),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_names_and_lifetime),
         cmocka_unit_test(test_gone_groups_keys_are_erased),
@@ -603,6 +713,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_processes_on_hosts_apart),
         cmocka_unit_test(test_a_peers_death_fails_every_tenant_on_hosts_apart),
         cmocka_unit_test(test_every_tenant_regroups_on_hosts_apart),
+        cmocka_unit_test(test_peers_fail_at_once_processes),
+        cmocka_unit_test(test_peers_fail_at_once_processes_on_hosts_apart),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -4,6 +4,7 @@
 #include <gloo/math.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -22,12 +23,19 @@ namespace {
 constexpr uint64_t kChannelSlotPrefix = 0x55ull << 56;
 constexpr int kIdBits = 28, kCallBits = 28;
 constexpr uint64_t kIdMask = (1ull << kIdBits) - 1, kCallMask = (1ull << kCallBits) - 1;
+// The context's one slot for failure notices (channels.h), from any peer.
+constexpr uint64_t kNoticeSlot = 0x56ull << 56;
+// The notice thread's wait: the timer wakes it every kNoticePoke, long before Gloo's own
+// timeout of the wait would fail every pair of the context.
+constexpr Millis kNoticeWait(3600 * 1000), kNoticePoke(600 * 1000);
+// Notices sent that are kept for Gloo to send from (the oldest go; long delivered).
+constexpr size_t kNoticesKept = 64, kEarlyKept = 256;
 
 // From this size a float all-reduce goes round the ring (ring_all_reduce); below it,
 // where latency and not bandwidth counts, it gathers to rank 0 in one round trip.
 constexpr size_t kRingAllReduceBytes = 64 << 10;
 
-class GlooChannel final : public Communicator, private GlooChannels::Watched {
+class GlooChannel final : public Communicator, private GlooChannels::Watched, public GlooChannels::Noticed {
   public:
     GlooChannel(std::shared_ptr<GlooChannels> channels, uint64_t id, std::vector<int> ranks, int rank,
                 const GlooOptions &options)
@@ -35,6 +43,7 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
           id_(id),
           ranks_(std::move(ranks)),
           rank_(rank),
+          label_(options.label.empty() ? "the communicator" : options.label),
           timeout_(options.timeout),
           grace_(std::max(Millis(2000), options.timeout / 4)),
           rs_segment_bytes_(std::max(options.segment_bytes ? options.segment_bytes : kReduceScatterSegmentBytes,
@@ -43,7 +52,12 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
           rooted_sum_bytes_(options.rooted_sum_bytes) {
         channels_->open.fetch_add(1);
     }
-    ~GlooChannel() override { channels_->open.fetch_sub(1); }
+    ~GlooChannel() override {
+        channels_->withdraw(id_);
+        channels_->open.fetch_sub(1);
+    }
+    // Notices for it reach it from now on (create_gloo_channel, once it is made).
+    void enlist() { channels_->enlist(id_, this); }
 
     int rank() const override { return rank_; }
     int world_size() const override { return static_cast<int>(ranks_.size()); }
@@ -133,8 +147,43 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
         in_flight_.abort_waits();
         log(SX_LOG_INFO, "sx: rank %d: channel %llu aborted", rank_, static_cast<unsigned long long>(id_));
     }
+    // This rank failed the channel first (unless a peer's notice came before): the other
+    // ranks are told.
+    void fail_channel(const Status &why) override {
+        if (!why.ok()) tell_peers(why);
+        abort();
+    }
+
+    void notice(int from, sx_status_t code, const std::string &why) override {
+        int r = -1;
+        for (size_t q = 0; q < ranks_.size(); ++q)
+            if (ranks_[q] == from) r = static_cast<int>(q);
+        {
+            std::lock_guard<std::mutex> lock(notice_mu_);
+            if (noticed_.load()) return;
+            notice_ = SX_ERROR(code == SX_ERR_TIMEOUT ? SX_ERR_TIMEOUT : SX_ERR_COMM,
+                               "%s: its rank %d (rank %d of the context) failed first, and every rank's calls on this "
+                               "channel fail with it (%s: %s)",
+                               label_.c_str(), r, from, sx_status_string(code), why.c_str());
+            noticed_.store(true);
+        }
+        told_.store(true);  // the first failure is the peer's: nothing to tell
+        in_flight_.stop_waits();
+    }
 
   private:
+    void tell_peers(const Status &why) {
+        if (noticed_.load() || told_.exchange(true)) return;
+        std::vector<int> to;
+        for (size_t q = 0; q < ranks_.size(); ++q)
+            if (static_cast<int>(q) != rank_) to.push_back(ranks_[q]);
+        channels_->tell(id_, to, why);
+    }
+    Status notice_status(const char *what) {
+        std::lock_guard<std::mutex> lock(notice_mu_);
+        return Status(notice_).prefix(format("%s on rank %d of %d: ", what, rank_, world_size()));
+    }
+
     void expire() override {
         timed_out_.store(true);
         in_flight_.abort_waits();
@@ -203,9 +252,12 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
         channels_->unwatch(this);
         if (!s.ok() && aborted_.load()) {
             s = SX_ERROR(SX_ERR_ABORTED, "%s was aborted (abort() was called)", what);
+        } else if (!s.ok() && !broken && noticed_.load()) {
+            s = notice_status(what);
         } else if (!s.ok() && !broken && timed_out_.load()) {
             s = SX_ERROR(SX_ERR_TIMEOUT, "%s timed out on rank %d of %d (timeout %lld ms)%s", what, rank_,
                          world_size(), static_cast<long long>(timeout_.count()), peer_waited_for().c_str());
+            tell_peers(s);
         }
         if (!s.ok()) {
             failure_.record(s);
@@ -223,6 +275,7 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
     Status usable(const char *what) {
         if (aborted_.load()) return SX_ERROR(SX_ERR_ABORTED, "%s: the communicator was aborted", what);
         SX_TRY(failure_.check(what));
+        if (noticed_.load()) return notice_status(what);
         return channels_->usable(what);
     }
 
@@ -230,6 +283,7 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
     const uint64_t id_;
     const std::vector<int> ranks_;  // channel rank -> the context's rank
     const int rank_;
+    const std::string label_;  // what errors call the channel's owner
     const Millis timeout_, grace_;
     const size_t rs_segment_bytes_, ag_segment_bytes_, rooted_sum_bytes_;
     InFlight in_flight_;
@@ -237,20 +291,47 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched {
     std::atomic<int> waiting_for_{-1};  // the channel rank the call in flight waits on
     std::atomic<bool> timed_out_{false}, aborted_{false};
     FailureLatch failure_;
+    // A peer's notice (notice()): the channel's first failure, a peer's.
+    std::mutex notice_mu_;
+    Status notice_;  // under notice_mu_
+    std::atomic<bool> noticed_{false}, told_{false};  // told_: this rank's failure was told, or needs not be
 };
 
 }  // namespace
 
+// A failure notice, as it travels (every one of this size).
+struct GlooChannels::Notice {
+    uint64_t channel = 0;
+    int32_t from = -1;  // the context rank that failed first
+    int32_t code = 0;   // sx_status_t
+    char why[496] = {0};
+};
+
 GlooChannels::GlooChannels(std::shared_ptr<gloo::rendezvous::Context> context, std::shared_ptr<rdzv::Store> store)
-    : context_(std::move(context)), store_(std::move(store)) {
+    : context_(std::move(context)), store_(std::move(store)), inbox_(new Notice()) {
+    for (int q = 0; q < context_->size; ++q)
+        if (q != context_->rank) peers_.push_back(q);
+    inbox_buffer_ = context_->createUnboundBuffer(inbox_.get(), sizeof(Notice));
+    if (!peers_.empty()) inbox_buffer_->recv(peers_, kNoticeSlot, 0, sizeof(Notice));
+    // Nothing unwinds out of either thread (a wait or an abort that threw would end the process).
     timer_ = std::thread([this] {
-        // Nothing unwinds out of it (a wait or an abort that threw would end the process).
         Status s = catching([&] {
             run_timer();
             return Status::Ok();
         });
         if (!s.ok()) log(SX_LOG_ERROR, "sx: the context's channel timer stopped: %s", s.message().c_str());
     });
+    try {
+        if (!peers_.empty()) listener_ = std::thread([this] { listen(); });
+    } catch (...) {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        timer_.join();
+        throw;
+    }
 }
 
 GlooChannels::~GlooChannels() {
@@ -259,7 +340,87 @@ GlooChannels::~GlooChannels() {
         stop_ = true;
     }
     cv_.notify_all();
+    inbox_buffer_->abortWaitRecv();
     timer_.join();
+    if (listener_.joinable()) listener_.join();
+}
+
+// Waits for the peers' notices, one at a time (the receive is posted again before one is
+// delivered). A wait that throws (the transport failed) ends it: the channels then fail
+// as their calls do.
+void GlooChannels::listen() {
+    for (;;) {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (stop_) return;
+        }
+        Notice n;
+        try {
+            if (!inbox_buffer_->waitRecv(nullptr, kNoticeWait)) continue;  // woken: stop, or the timer's poke
+            n = *inbox_;
+            inbox_buffer_->recv(peers_, kNoticeSlot, 0, sizeof(Notice));
+        } catch (const std::exception &e) {
+            log(SX_LOG_DEBUG, "sx: rank %d: the context's failure notices stop: gloo: %s", context_->rank, e.what());
+            return;
+        }
+        deliver(n);
+    }
+}
+
+void GlooChannels::deliver(const Notice &n) {
+    const std::string why(n.why, strnlen(n.why, sizeof n.why));
+    const sx_status_t code = static_cast<sx_status_t>(n.code);
+    std::lock_guard<std::mutex> lock(notice_mu_);
+    auto it = enlisted_.find(n.channel);
+    if (it != enlisted_.end()) {
+        it->second->notice(n.from, code, why);
+        return;
+    }
+    early_[n.channel] = Early{n.from, code, why};
+    if (early_.size() > kEarlyKept) early_.erase(early_.begin());  // the oldest channel's
+}
+
+void GlooChannels::enlist(uint64_t id, Noticed *c) {
+    std::lock_guard<std::mutex> lock(notice_mu_);
+    enlisted_[id] = c;
+    auto it = early_.find(id);
+    if (it == early_.end()) return;
+    c->notice(it->second.from, it->second.code, it->second.why);
+    early_.erase(it);
+}
+
+void GlooChannels::withdraw(uint64_t id) {
+    std::lock_guard<std::mutex> lock(notice_mu_);
+    enlisted_.erase(id);
+}
+
+void GlooChannels::tell(uint64_t id, const std::vector<int> &to, const Status &why) {
+    if (to.empty()) return;
+    std::unique_ptr<Notice> n(new Notice());
+    n->channel = id;
+    n->from = context_->rank;
+    n->code = why.code();
+    std::snprintf(n->why, sizeof n->why, "%s", why.message().c_str());
+    SigpipeBlock no_sigpipe;
+    std::lock_guard<std::mutex> lock(sent_mu_);
+    std::unique_ptr<gloo::transport::UnboundBuffer> b;
+    Status made = catching([&] {
+        b = context_->createUnboundBuffer(n.get(), sizeof(Notice));
+        return Status::Ok();
+    });
+    if (!made.ok()) return;
+    // A peer whose connection broke is not told (the others still are).
+    for (int r : to) {
+        Status sent = catching([&] {
+            b->send(r, kNoticeSlot, 0, sizeof(Notice));
+            return Status::Ok();
+        });
+        if (!sent.ok())
+            log(SX_LOG_DEBUG, "sx: rank %d: a failure notice to rank %d was not sent: %s", context_->rank, r,
+                sent.message().c_str());
+    }
+    sent_.emplace_back(std::move(n), std::move(b));
+    while (sent_.size() > kNoticesKept) sent_.pop_front();
 }
 
 void GlooChannels::fail(const Status &why) {
@@ -286,9 +447,15 @@ void GlooChannels::unwatch(Watched *w) {
 
 void GlooChannels::run_timer() {
     std::unique_lock<std::mutex> lock(mu_);
+    Clock::time_point poke = Clock::now() + kNoticePoke;
     while (!stop_) {
         Clock::time_point next = Clock::time_point::max();
         const Clock::time_point now = Clock::now();
+        if (now >= poke) {
+            inbox_buffer_->abortWaitRecv();  // the notice thread waits again, never to Gloo's timeout
+            poke = now + kNoticePoke;
+        }
+        next = poke;
         for (auto it = watched_.begin(); it != watched_.end();) {
             if (it->second <= now) {
                 it->first->expire();
@@ -298,11 +465,7 @@ void GlooChannels::run_timer() {
                 ++it;
             }
         }
-        if (next == Clock::time_point::max()) {
-            cv_.wait(lock);
-        } else {
-            cv_.wait_until(lock, next);
-        }
+        cv_.wait_until(lock, next);
     }
 }
 
@@ -358,7 +521,9 @@ Status create_gloo_channel(const std::shared_ptr<GlooChannels> &channels, std::s
     SX_CHECK(in && ranks[static_cast<size_t>(rank)] == channels->rank(), SX_ERR_INTERNAL,
              "the channel's ranks '%s' do not place this rank (%d of the context) at %d", named.c_str(),
              channels->rank(), rank);
-    out->reset(new GlooChannel(channels, id, std::move(ranks), rank, options));
+    std::unique_ptr<GlooChannel> c(new GlooChannel(channels, id, std::move(ranks), rank, options));
+    c->enlist();
+    *out = std::move(c);
     return Status::Ok();
 }
 

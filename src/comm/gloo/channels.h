@@ -32,16 +32,25 @@
 //    every group fails at its next wait (SX_ERR_COMM), peers too, and no new channel opens;
 //  - a call that passes its timeout fails its channel alone (SX_ERR_TIMEOUT): the context's
 //    timer aborts that call's waits (Gloo's own timeout, which would fail every pair, is
-//    set later by a grace). Its peers in the call fail alike at their own deadlines;
-//  - abort() aborts the channel's own waits and leaves the transport alone.
+//    set later by a grace);
+//  - abort() aborts the channel's own waits and leaves the transport alone;
+//  - a channel's first failure on a rank (its call's timeout, or fail_channel: its group
+//    failed, or sx_abort) is told to the channel's other ranks: a notice of a few hundred
+//    bytes on the context's one notice slot (prefix 0x56), which every rank keeps a
+//    receive posted on, from any peer, and a thread of the context's waits for. A notice
+//    aborts the named channel's waits there (or waits for the channel, if it is not yet
+//    made there), so that its peers' calls, in flight or later, fail at once, naming the
+//    rank that failed first and why; the other channels go on.
 // A call ended early leaves the connections open: Gloo drops a destroyed buffer's
 // pending operations (it holds buffers by weak pointers) and never touches its memory.
 #pragma once
 
 #include <gloo/rendezvous/context.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -75,6 +84,19 @@ class GlooChannels {
         ~Watched() = default;
     };
 
+    // What a notice reaches: a channel of this rank.
+    class Noticed {
+      public:
+        // Channel `id` failed first on context rank `from`, with code and why. On the
+        // notice thread, under the registry's lock: the channel is alive.
+        virtual void notice(int from, sx_status_t code, const std::string &why) = 0;
+
+      protected:
+        ~Noticed() = default;
+    };
+
+    // Throws (gloo's exceptions, std::system_error) where its notice receive or its
+    // threads cannot be started.
     GlooChannels(std::shared_ptr<gloo::rendezvous::Context> context, std::shared_ptr<rdzv::Store> store);
     ~GlooChannels();  // stops the timer; the context, going, closes every pair
     GlooChannels(const GlooChannels &) = delete;
@@ -93,10 +115,21 @@ class GlooChannels {
     void watch(Watched *w, Clock::time_point deadline);
     void unwatch(Watched *w);  // after it, expire() is neither running nor to come
 
+    // Channel `id`'s notices go to c (one that came before it, at once); until withdraw(id),
+    // after which no notice() is running or to come.
+    void enlist(uint64_t id, Noticed *c);
+    void withdraw(uint64_t id);
+    // Tells the context ranks `to` that channel `id` failed first on this rank, because
+    // of `why`. Any thread; sends without waiting.
+    void tell(uint64_t id, const std::vector<int> &to, const Status &why);
+
     std::atomic<int64_t> open{0};
 
   private:
+    struct Notice;
     void run_timer();
+    void listen();
+    void deliver(const Notice &n);
 
     std::shared_ptr<gloo::rendezvous::Context> context_;
     std::shared_ptr<rdzv::Store> store_;
@@ -106,6 +139,23 @@ class GlooChannels {
     std::map<Watched *, Clock::time_point> watched_;  // under mu_
     bool stop_ = false;                              // under mu_
     std::thread timer_;
+
+    // Notices (tell, listen): the channels they reach, and those that came for a channel
+    // not made here yet (the last few).
+    std::mutex notice_mu_;
+    std::map<uint64_t, Noticed *> enlisted_;  // under notice_mu_
+    struct Early {
+        int from;
+        sx_status_t code;
+        std::string why;
+    };
+    std::map<uint64_t, Early> early_;  // under notice_mu_
+    std::unique_ptr<Notice> inbox_;    // the posted receive's memory, and its buffer
+    std::unique_ptr<gloo::transport::UnboundBuffer> inbox_buffer_;
+    std::vector<int> peers_;           // every context rank but this one
+    std::mutex sent_mu_;               // the notices sent lately (Gloo sends from their memory)
+    std::deque<std::pair<std::unique_ptr<Notice>, std::unique_ptr<gloo::transport::UnboundBuffer>>> sent_;
+    std::thread listener_;
 };
 
 }  // namespace comm

@@ -27,6 +27,10 @@ class InFlight {
     void add(UnboundBuffer *b) {
         std::lock_guard<std::mutex> lock(mu_);
         buffers_.push_back(b);
+        if (stopped_) {
+            b->abortWaitRecv();
+            b->abortWaitSend();
+        }
     }
     void remove(UnboundBuffer *b) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -40,9 +44,19 @@ class InFlight {
             b->abortWaitSend();
         }
     }
+    // abort_waits(), and the waits of every buffer registered from now on: a call that
+    // registers its buffers after it, however soon, ends at its first wait.
+    void stop_waits() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stopped_ = true;
+        }
+        abort_waits();
+    }
 
   private:
     std::mutex mu_;
+    bool stopped_ = false;  // under mu_
     std::vector<UnboundBuffer *> buffers_;
 };
 

@@ -34,7 +34,10 @@
 // or so for its deadline (SX_ERR_TIMEOUT), abort() (SX_ERR_ABORTED), a peer that left (it
 // failed, aborted or was destroyed: SX_ERR_COMM, or SX_ERR_TIMEOUT where that peer timed
 // out) and a peer process that no longer exists (SX_ERR_COMM). No wait is without a
-// deadline. After any failure this rank leaves too, so that its peers fail at once.
+// deadline. After any failure this rank leaves too, so that its peers fail at once. A
+// context's channel also posts its first failure (or fail_channel's reason) in the
+// channel's notice, which every wait looks at with its peer: the peers waiting on other
+// ranks, and every later call, fail at once too, naming the rank that failed first.
 #include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
@@ -124,6 +127,16 @@ constexpr int kMaxRanks = static_cast<int>(kHeaderBytes / sizeof(Line));
 // After the lines, per rank: why it left, in words (NUL-terminated; written before
 // `left`), so that the peers it leaves waiting say what went wrong where it did.
 constexpr size_t kReasonBytes = 256;
+// Then the channel's notice (a context's channels: fail_channel): the first rank to fail a
+// call, or to fail the channel with a reason, says so here, once; every other rank's waits
+// (which look at it as they look at their peers) and later calls then fail with it, not at
+// their own timeouts. Its reason follows it.
+struct alignas(64) Notice {
+    std::atomic<uint32_t> state;  // 0: none; 1: its one writer is writing; 2: published
+    std::atomic<int32_t> rank;    // who failed first
+    std::atomic<uint32_t> code;   // and why (sx_status_t)
+};
+constexpr size_t kNoticeBytes = sizeof(Notice) + kReasonBytes;
 constexpr size_t kDefaultSlotBytes = 8 << 20;
 constexpr size_t kBlock = 4096;  // elements summed in a stack buffer at a time
 constexpr size_t kSmall = 1024;  // an all-reduce of at most this many values per chunk: two barriers
@@ -382,7 +395,18 @@ class ShmCommunicator final : public Communicator {
         return Status::Ok();
     }
 
+    // A context's channel: failures are told to every rank (the notice), as `label`'s.
+    void tell_peers(const std::string &label) {
+        tells_ = true;
+        label_ = label;
+    }
+
     void abort() override { abort_because(Status::Ok()); }
+    void fail_channel(const Status &why) override {
+        if (!tells_ || why.ok()) return abort();
+        post_notice(why);
+        abort_because(why);
+    }
     void abort_because(const Status &why) override {
         if (aborted_.exchange(true)) return;
         leave(why.ok() ? SX_ERR_ABORTED : why.code(), why.ok() ? "" : why.message());
@@ -454,10 +478,13 @@ class ShmCommunicator final : public Communicator {
         if (one_process_) return reinterpret_cast<T *>(static_cast<uintptr_t>(where));
         return reinterpret_cast<T *>(const_cast<char *>(segment_->peer(q).arena) + (where - 1));
     }
-    char *reason(int r) const { return segment_->data() + kHeaderBytes + static_cast<size_t>(r) * kReasonBytes; }
+    Notice &notice() const { return *reinterpret_cast<Notice *>(segment_->data() + kHeaderBytes); }
+    char *notice_reason() const { return segment_->data() + kHeaderBytes + sizeof(Notice); }
+    char *reason(int r) const { return body() + static_cast<size_t>(r) * kReasonBytes; }
+    char *body() const { return segment_->data() + kHeaderBytes + kNoticeBytes; }
     // Rank r's line of the current call (its parity's), and the small values after it.
     char *call_area(int r) const {
-        return segment_->data() + kHeaderBytes + static_cast<size_t>(world_size_) * kReasonBytes +
+        return body() + static_cast<size_t>(world_size_) * kReasonBytes +
                (parity_ * static_cast<size_t>(world_size_) + static_cast<size_t>(r)) * kCallBytes;
     }
     CallLine &call_line(int r) const { return *reinterpret_cast<CallLine *>(call_area(r)); }
@@ -466,7 +493,7 @@ class ShmCommunicator final : public Communicator {
         return reinterpret_cast<T *>(call_area(r) + sizeof(CallLine));
     }
     char *slot(int r) const {
-        return segment_->data() + kHeaderBytes + static_cast<size_t>(world_size_) * (kReasonBytes + 2 * kCallBytes) +
+        return body() + static_cast<size_t>(world_size_) * (kReasonBytes + 2 * kCallBytes) +
                static_cast<size_t>(r) * slot_bytes_;
     }
     template <class T>
@@ -797,6 +824,7 @@ class ShmCommunicator final : public Communicator {
     // Why a wait for peer q cannot go on, if it cannot.
     Status check_waiting(int q, Clock::time_point deadline) {
         if (aborted_.load()) return SX_ERROR(SX_ERR_ABORTED, "the communicator was aborted");
+        SX_TRY(noticed());
         if (const uint32_t code = line(q).left.load(std::memory_order_acquire)) {
             const char *why = reason(q);
             return SX_ERROR(code == SX_ERR_TIMEOUT ? SX_ERR_TIMEOUT : SX_ERR_COMM,
@@ -829,12 +857,45 @@ class ShmCommunicator final : public Communicator {
 
     Status usable(const char *what) {
         if (aborted_.load()) return SX_ERROR(SX_ERR_ABORTED, "%s: the communicator was aborted", what);
-        return failure_.check(what);
+        SX_TRY(failure_.check(what));
+        Status told = noticed();
+        return told.ok() ? told : told.prefix(format("%s on rank %d of %d: ", what, rank_, world_size_));
     }
 
     void record_failure(const Status &s) {
         failure_.record(s);
+        if (tells_) post_notice(s);
         leave(s.code(), s.message());
+    }
+
+    // The first failure of the channel, told to every rank: this rank's, unless another
+    // rank's came first.
+    void post_notice(const Status &why) {
+        Notice &n = notice();
+        uint32_t none = 0;
+        if (!n.state.compare_exchange_strong(none, 1, std::memory_order_acq_rel)) return;
+        n.rank.store(rank_, std::memory_order_relaxed);
+        n.code.store(static_cast<uint32_t>(why.code()), std::memory_order_relaxed);
+        const size_t len = std::min(why.message().size(), kReasonBytes - 1);
+        std::memcpy(notice_reason(), why.message().data(), len);
+        notice_reason()[len] = '\0';
+        n.state.store(2, std::memory_order_release);
+        for (int q = 0; q < world_size_; ++q) futex(&line(q).arrived, FUTEX_WAKE, INT_MAX, nullptr);
+    }
+
+    // Another rank's notice, as this rank's failure: SX_ERR_TIMEOUT where that rank timed
+    // out, else SX_ERR_COMM.
+    Status noticed() const {
+        if (!tells_) return Status::Ok();
+        const Notice &n = notice();
+        if (n.state.load(std::memory_order_acquire) != 2) return Status::Ok();
+        const int32_t r = n.rank.load(std::memory_order_relaxed);
+        if (r == rank_) return Status::Ok();
+        const uint32_t code = n.code.load(std::memory_order_relaxed);
+        return SX_ERROR(code == SX_ERR_TIMEOUT ? SX_ERR_TIMEOUT : SX_ERR_COMM,
+                        "%s: its rank %d failed first, and every rank's calls on this channel fail with it (%s: %.*s)",
+                        label_.c_str(), r, sx_status_string(static_cast<sx_status_t>(code)),
+                        static_cast<int>(strnlen(notice_reason(), kReasonBytes)), notice_reason());
     }
 
     std::unique_ptr<SharedSegment> segment_;
@@ -858,6 +919,8 @@ class ShmCommunicator final : public Communicator {
     std::atomic<bool> aborted_{false};
     FailureLatch failure_;
     std::vector<int> exits_;  // per peer: its pidfd (watch_peers)
+    bool tells_ = false;      // a context's channel: failures go in the notice (tell_peers)
+    std::string label_;
 };
 
 }  // namespace
@@ -872,12 +935,14 @@ Status create_shm_communicator(std::shared_ptr<rdzv::Store> store, int rank, int
     const Clock::time_point deadline =
         options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
     std::unique_ptr<SharedSegment> segment;
-    const size_t bytes = kHeaderBytes + (kReasonBytes + 2 * kCallBytes + slot) * static_cast<size_t>(world_size);
+    const size_t bytes =
+        kHeaderBytes + kNoticeBytes + (kReasonBytes + 2 * kCallBytes + slot) * static_cast<size_t>(world_size);
     if (options.channels)
         SX_TRY(options.channels->open_channel(*store, rank, world_size, bytes, deadline, &segment));
     else
         SX_TRY(SharedSegment::open(*store, rank, world_size, bytes, deadline, &segment, options.in_place));
     std::unique_ptr<ShmCommunicator> c(new ShmCommunicator(std::move(segment), rank, world_size, options.timeout, slot));
+    if (options.channels) c->tell_peers(options.label.empty() ? "the communicator" : options.label);
     SX_TRY(c->start());
     *out = std::move(c);
     return Status::Ok();
