@@ -5,11 +5,10 @@
 
 #include <dlfcn.h>
 
-#include <cstdlib>
-
 #include <atomic>
 #include <chrono>
-#include <climits>
+#include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 

@@ -180,6 +180,24 @@ void test_destroy(void **) {
     assert_int_equal(sum.load(), 0 + 1 + 2 + 3 + 4);
 }
 
+// libgomp, loaded as a PyTorch program has it, and the entry points the tests call.
+struct Gomp {
+    int (*thread_num)();
+    int (*in_parallel)();
+    void (*parallel)(void (*)(void *), void *, unsigned, unsigned);
+};
+
+Gomp load_gomp() {
+    void *h = dlopen("libgomp.so.1", RTLD_NOW | RTLD_GLOBAL);
+    assert_non_null(h);
+    Gomp g;
+    g.thread_num = reinterpret_cast<int (*)()>(dlsym(h, "omp_get_thread_num"));
+    g.in_parallel = reinterpret_cast<int (*)()>(dlsym(h, "omp_in_parallel"));
+    g.parallel = reinterpret_cast<decltype(g.parallel)>(dlsym(h, "GOMP_parallel"));
+    assert_true(g.thread_num && g.in_parallel && g.parallel);
+    return g;
+}
+
 // On a thread whose caller team is set, run() calls each index once on the OpenMP team
 // (index i on team thread i, 0 the caller), and run_open() too; cleared, the pool's own
 // threads run it again. Inside a parallel region the team declines, and the pool runs it.
@@ -187,13 +205,9 @@ void test_caller_openmp_team(void **) {
 #ifdef __SANITIZE_THREAD__
     skip();  // libgomp is not built for ThreadSanitizer: its barriers would read as races
 #endif
-    void *gomp = dlopen("libgomp.so.1", RTLD_NOW | RTLD_GLOBAL);
-    assert_non_null(gomp);
-    auto thread_num = reinterpret_cast<int (*)()>(dlsym(gomp, "omp_get_thread_num"));
-    auto in_parallel = reinterpret_cast<int (*)()>(dlsym(gomp, "omp_in_parallel"));
-    using Parallel = void (*)(void (*)(void *), void *, unsigned, unsigned);
-    auto parallel = reinterpret_cast<Parallel>(dlsym(gomp, "GOMP_parallel"));
-    assert_true(thread_num && in_parallel && parallel);
+    const Gomp gomp = load_gomp();
+    auto thread_num = gomp.thread_num, in_parallel = gomp.in_parallel;
+    auto parallel = gomp.parallel;
     setenv("SX_OPENMP_LATE_START_US", "0", 1);  // never cold: the team takes every job
     const OpenMpTeam *team = nullptr;
     assert_true(OpenMpTeam::find(&team).ok());
@@ -249,9 +263,7 @@ void test_late_team_goes_cold(void **) {
 #ifdef __SANITIZE_THREAD__
     skip();  // libgomp is not built for ThreadSanitizer: its barriers would read as races
 #endif
-    void *gomp = dlopen("libgomp.so.1", RTLD_NOW | RTLD_GLOBAL);
-    assert_non_null(gomp);
-    auto in_parallel = reinterpret_cast<int (*)()>(dlsym(gomp, "omp_in_parallel"));
+    auto in_parallel = load_gomp().in_parallel;
     const OpenMpTeam *team = nullptr;
     setenv("SX_OPENMP_LATE_START_US", "x", 1);
     assert_false(OpenMpTeam::find(&team).ok());
