@@ -97,7 +97,8 @@ cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DSX_TSAN=ON -DSX_SANITIZE=OFF
   -DSX_BUILD_BINDINGS=OFF -DSX_WITH_CUDA=OFF > /dev/null
 cmake --build build/tsan -j"$jobs" --target "${tsan_tests[@]}"
 # report_signal_unsafe: CMocka's handlers and libnl's exit handlers, not sx's code.
-export TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0
+# tests/tsan.supp: what the uninstrumented Gloo library orders where TSan cannot see it.
+export TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0:suppressions=$root/tests/tsan.supp
 # Without address randomisation where the system allows it: GCC 12's TSan cannot map its
 # shadow memory on kernels that randomise with more bits than it knows.
 no_aslr=()
