@@ -37,8 +37,10 @@ typedef struct sx_save_options {
      * with SX_ERR_NOT_FOUND naming it, a parent that is no directory with
      * SX_ERR_INVALID_ARGUMENT, before anything is written. The parent also receives `latest` (the name of the newest committed checkpoint)
      * and holds the ones keep_last considers. Its last component may not be `latest`,
-     * `latest.tmp` or end in `.sx-partial` (an unfinished save's directory, which the
-     * next save removes). Every rank passes the same path. Required. */
+     * begin with `latest.tmp` or end in `.sx-partial` (an unfinished save's directory,
+     * which the next save removes once no live process holds it). Saves of other
+     * groups or processes may share the parent at the same time; retention and `latest`
+     * then count their checkpoints too. Every rank passes the same path. Required. */
     const char *path;
     /* Opaque bytes stored in the manifest (a data-loader position, RNG state), copied
      * during the call; at most 64 MiB. May be NULL with size 0. */

@@ -79,11 +79,17 @@ uint64_t now_unix_ms() {
 // (to name.sx-partial, what a save that never committed is called, and what the next
 // save in `parent` removes), then its MANIFEST is removed and that made durable, and only
 // then the rest.
+// The directory stays locked throughout (the lock follows it through the rename), so
+// that another process's save sees the removal as live; one that another process is
+// removing already is left to it.
 Status remove_checkpoint(io::FileOps &ops, const std::string &parent, const std::string &name) {
     const std::string dir = parent + "/" + name, doomed = dir + kPartialSuffix;
-    bool exists = false;
-    SX_TRY(ops.exists(doomed, &exists));
-    if (exists) SX_TRY(ops.remove_tree(doomed));
+    DirectoryLock lock;
+    bool busy = false;
+    const Status locked = lock.acquire(ops, dir, &busy);
+    if (locked.code() == SX_ERR_NOT_FOUND || busy) return Status::Ok();
+    SX_TRY(locked);
+    SX_TRY(clear_unfinished(ops, doomed));
     SX_TRY(ops.rename(dir, doomed));
     SX_TRY(ops.fsync_dir(parent));
     SX_TRY(ops.unlink(doomed + "/" + kManifestName));
@@ -249,9 +255,10 @@ Status await_key(rdzv::Store &store, const std::string &key, std::string *value,
 }
 
 // Step 1 of persist: rank 0 prepares the temporary directory (clearing leftovers of
-// crashed saves) and tells the others how that went.
+// crashed saves, never a live one's) and tells the others how that went; it holds `lock`
+// on the directory until persist returns.
 Status open_save(io::FileOps &ops, rdzv::Store &store, const std::string &prefix, const SavePaths &at, int rank,
-                 const SaveWatch &watch) {
+                 const SaveWatch &watch, DirectoryLock *lock) {
     if (rank != 0) {
         std::string v;
         SX_TRY(await_key(store, prefix + "start", &v, watch, "rank 0 to open the save"));
@@ -263,9 +270,11 @@ Status open_save(io::FileOps &ops, rdzv::Store &store, const std::string &prefix
         SX_CHECK(!exists, SX_ERR_ALREADY_EXISTS, "the checkpoint directory %s already exists", at.final_dir.c_str());
         std::vector<std::string> names;
         SX_TRY(ops.list_dir(at.parent, &names));
-        for (const std::string &name : names)
-            if (is_partial_name(name)) SX_TRY(ops.remove_tree(at.parent + "/" + name));
-        return ops.mkdir(at.tmp_dir);
+        for (const std::string &name : names) {
+            if (is_partial_name(name)) SX_TRY(clear_unfinished(ops, at.parent + "/" + name));
+            if (is_latest_temporary_name(name)) SX_TRY(clear_stale_temporary(ops, at.parent + "/" + name));
+        }
+        return make_unfinished_directory(ops, at.final_dir, at.tmp_dir, lock);
     }();
     SX_TRY(store.set(prefix + "start", encode_status(st)));
     return st;
@@ -571,10 +580,11 @@ Status Checkpointer::persist(const Snapshot &snap, SaveFuture *progress, StagedB
 
     const SaveWatch watch{progress, group_, timeout};
     Status opened;
+    DirectoryLock lock;  // rank 0's, on the save's directory
     {
         // Rank 0 clears what crashed saves left and makes the directory; the others wait for it.
         SX_TRACE_SPAN(tracer, "ckpt", "save.open");
-        opened = open_save(ops, store, prefix, at, snap.rank, watch);
+        opened = open_save(ops, store, prefix, at, snap.rank, watch, &lock);
     }
     FileIndex index;
     Status written = opened;

@@ -54,6 +54,15 @@ class FaultFileOps : public FileOps {
     Status list_dir(const std::string &path, std::vector<std::string> *names) override;
     Status exists(const std::string &path, bool *exists) override;
     Status is_directory(const std::string &path, bool *is_dir) override;
+    // Forwarded, neither counted nor failed: a lock changes nothing on disk, and fault
+    // tests number the calls that do.
+    Status lock_directory(const std::string &path, int *fd, LockState *state) override {
+        return inner_->lock_directory(path, fd, state);
+    }
+    void unlock_directory(int fd) override { inner_->unlock_directory(fd); }
+    Status latest_change_ms(const std::string &path, uint64_t *ms) override {
+        return inner_->latest_change_ms(path, ms);
+    }
 
   private:
     static constexpr size_t kKinds = static_cast<size_t>(OpKind::kAny) + 1;

@@ -8,10 +8,12 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -244,7 +246,79 @@ class PosixFileOps final : public FileOps {
         return Status::Ok();
     }
 
+    Status lock_directory(const std::string &path, int *fd, LockState *state) override {
+        *fd = -1;
+        int dir;
+        do {
+            dir = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        } while (dir < 0 && errno == EINTR);
+        if (dir < 0) {
+            const int err = errno;
+            return SX_IO_ERROR(err, "open directory", path);
+        }
+        int rc;
+        do {
+            rc = ::flock(dir, LOCK_EX | LOCK_NB);
+        } while (rc != 0 && errno == EINTR);
+        if (rc != 0) {
+            const int err = errno;
+            ::close(dir);
+            if (err == EWOULDBLOCK) {
+                *state = LockState::kBusy;
+                return Status::Ok();
+            }
+            // NFS takes a directory's flock as a write lock of a file opened for reading.
+            if (err == ENOLCK || err == EOPNOTSUPP || err == EBADF || err == EINVAL) {
+                *state = LockState::kUnsupported;
+                return Status::Ok();
+            }
+            return SX_IO_ERROR(err, "lock directory", path);
+        }
+        // The path may have been removed, or renamed and made again, between the open and
+        // the lock: then what was locked is not what the path names now.
+        struct stat locked, now;
+        bool found = false;
+        Status st = ::fstat(dir, &locked) == 0 ? stat_path(path, false, &now, &found)
+                                               : SX_IO_ERROR(errno, "stat directory", path);
+        if (st.ok() && (!found || locked.st_nlink == 0 || locked.st_ino != now.st_ino || locked.st_dev != now.st_dev))
+            st = SX_ERROR(SX_ERR_NOT_FOUND, "lock directory '%s': it was removed or replaced while it was locked",
+                          path.c_str());
+        if (!st.ok()) {
+            ::close(dir);
+            return st;
+        }
+        *fd = dir;
+        *state = LockState::kHeld;
+        return Status::Ok();
+    }
+
+    void unlock_directory(int fd) override {
+        if (fd >= 0) ::close(fd);  // releases the flock: the descriptor is its only holder
+    }
+
+    Status latest_change_ms(const std::string &path, uint64_t *ms) override {
+        struct stat st;
+        bool found = false;
+        SX_TRY(stat_path(path, false, &st, &found));
+        if (!found) return SX_IO_ERROR(ENOENT, "stat", path);
+        uint64_t latest = mtime_ms(st);
+        if (!S_ISDIR(st.st_mode)) {
+            *ms = latest;
+            return Status::Ok();
+        }
+        std::vector<std::string> names;
+        SX_TRY(list_dir(path, &names));
+        for (const std::string &name : names)
+            if (stat_path(path + "/" + name, false, &st, &found).ok() && found) latest = std::max(latest, mtime_ms(st));
+        *ms = latest;
+        return Status::Ok();
+    }
+
   private:
+    static uint64_t mtime_ms(const struct stat &st) {
+        return static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000u + static_cast<uint64_t>(st.st_mtim.tv_nsec) / 1000000u;
+    }
+
     // Opens for reading what is a regular file; O_NONBLOCK so that a FIFO does not wait
     // for a writer before fstat can refuse it (it changes nothing for a regular file).
     static Status open_regular(const std::string &path, int extra_flags, int *fd) {
@@ -373,8 +447,12 @@ std::shared_ptr<FileOps> posix_file_ops() {
 
 Status write_file_atomic(FileOps &ops, const std::string &dir, const std::string &name, const void *data,
                          size_t n) {
+    // A temporary name of this call's own: writers of one file in several processes (two
+    // jobs saving into one directory) or threads never write into each other's.
+    static std::atomic<uint64_t> calls{0};
     const std::string path = dir + "/" + name;
-    const std::string tmp = path + ".tmp";
+    const std::string tmp = path + ".tmp." + std::to_string(static_cast<long long>(::getpid())) + "." +
+                            std::to_string(calls.fetch_add(1, std::memory_order_relaxed));
     int fd = -1;
     bool renamed = false;
     auto steps = [&]() -> Status {

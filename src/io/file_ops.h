@@ -69,17 +69,43 @@ class FileOps {
     // Whether path is a directory, a symbolic link to one included: *is_dir false where
     // nothing is there (or a component of the path is not a directory) or something else is.
     virtual Status is_directory(const std::string &path, bool *is_dir) = 0;
+
+    // An advisory lock on a directory (flock(2), exclusive), held until unlock_directory
+    // or until the process ends, whichever comes first: what tells one process's
+    // unfinished save from another's that died. On success *state says how it went:
+    // kHeld (*fd is the lock's descriptor), kBusy (another descriptor, in this process
+    // or another, holds it; *fd = -1) or kUnsupported (the filesystem keeps no such
+    // locks, as NFS for directories; *fd = -1). A path that does not exist, or that no
+    // longer names the directory the lock was taken on (removed or renamed meanwhile),
+    // is SX_ERR_NOT_FOUND. The defaults: kUnsupported, and nothing to release.
+    enum class LockState { kHeld, kBusy, kUnsupported };
+    virtual Status lock_directory(const std::string &path, int *fd, LockState *state) {
+        (void)path;
+        *fd = -1;
+        *state = LockState::kUnsupported;
+        return Status::Ok();
+    }
+    virtual void unlock_directory(int fd) { (void)fd; }
+    // The latest modification time (milliseconds since the Unix epoch) of a file, or of a
+    // directory and the entries directly in it (a save's shard files, while they are
+    // written); a symbolic link's own.
+    // The default: SX_ERR_UNSUPPORTED.
+    virtual Status latest_change_ms(const std::string &path, uint64_t *ms) {
+        (void)ms;
+        return Status(SX_ERR_UNSUPPORTED, "no modification times for '" + path + "'", __FILE__, __LINE__);
+    }
 };
 
 // The real thing (POSIX).
 std::shared_ptr<FileOps> posix_file_ops();
 
-// Writes a whole small file atomically as dir/name: dir/name.tmp is written, fsynced,
-// closed, renamed over dir/name, and dir is fsynced. Readers see the old file or the
-// new one, never a part. A failure before the rename leaves dir/name as it was; a
-// failure of the final directory fsync leaves the new file in place, perhaps not yet
-// durable. On failure the .tmp is unlinked (unless that fails too, as after a crash).
-// One writer per dir/name at a time.
+// Writes a whole small file atomically as dir/name: dir/name.tmp.PID.N (a name of the
+// call's own) is written, fsynced, closed, renamed over dir/name, and dir is fsynced.
+// Readers see the old file or the new one, never a part. A failure before the rename
+// leaves dir/name as it was; a failure of the final directory fsync leaves the new file
+// in place, perhaps not yet durable. On failure the temporary file is unlinked (unless
+// that fails too, as after a crash). Writers of one dir/name in several threads or
+// processes at once never mix their bytes: the last rename wins.
 Status write_file_atomic(FileOps &ops, const std::string &dir, const std::string &name,
                          const void *data, size_t n);
 // Reads a whole small file (at most max_bytes, else SX_ERR_CORRUPT), opened with

@@ -1291,7 +1291,7 @@ static void test_checkpoint_names_and_calls(void **state) {
     EXPECT_OK(sx_finalize(g));
 
     /* The names sx gives other things beside a checkpoint are refused, and nothing is made. */
-    const char *reserved[] = {"latest", "latest.tmp", "good.sx-partial", ".sx-partial", "..", "."};
+    const char *reserved[] = {"latest", "latest.tmp", "latest.tmp.123.0", "good.sx-partial", ".sx-partial", "..", "."};
     for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; ++i) {
         snprintf(path, sizeof path, "%s/%s", dir, reserved[i]);
         save_to(g, path, 1, SX_ERR_INVALID_ARGUMENT, "checkpoint path");

@@ -3,6 +3,7 @@
 // follows the run that never stopped. Also: params only, mismatches, a save refused
 // over an existing directory, `latest` and retention.
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "api/handles.h"
 #include "ckpt/checkpointer.h"
 #include "ckpt/chunk_reader.h"
+#include "ckpt/directory.h"
 #include "io/crc32c.h"
 #include "io/fault_file_ops.h"
 #include "process_ranks.h"
@@ -933,6 +935,17 @@ void test_an_exception_while_reading_fails_the_load(void **) {
     remove_tree(dir);
 }
 
+// Removes the temporary files of `latest` that crashed writes left in `dir`.
+void remove_latest_temporaries(const std::string &dir) {
+    DIR *d = opendir(dir.c_str());
+    assert_non_null(d);
+    std::vector<std::string> doomed;
+    while (struct dirent *e = readdir(d))
+        if (sx::ckpt::is_latest_temporary_name(e->d_name)) doomed.push_back(dir + "/" + e->d_name);
+    closedir(d);
+    for (const std::string &p : doomed) assert_int_equal(unlink(p.c_str()), 0);
+}
+
 // No save or removal left a .sx-partial directory in `dir`.
 void expect_nothing_left_over(const std::string &dir) {
     DIR *d = opendir(dir.c_str());
@@ -1054,6 +1067,7 @@ void test_crash_at_every_call_of_a_retention(void **) {
     for (int64_t n = 1; n <= calls; ++n) {
         for (const char *name : {"a", "b", "c", "a.sx-partial", "b.sx-partial", "c.sx-partial"})
             if (file_exists(dir + "/" + name)) remove_tree(dir + "/" + name);
+        remove_latest_temporaries(dir);  // what the crash before left: as before the count
         save_ab();
         auto faulty = std::make_shared<sx::io::FaultFileOps>(posix);
         faulty->arm(sx::io::OpKind::kAny, n, true);
@@ -1333,6 +1347,58 @@ void test_every_world_size_pair(void **) {
     remove_tree(dir);
 }
 
+// On a filesystem that keeps no directory locks (NFS), an unfinished save is taken for
+// a dead process's only once neither it nor any file in it changed for
+// ckpt::kUnlockedPartialQuietMs; a directory that is gone already is no error. The
+// temporary file of `latest` that a crashed write left goes by the same rule.
+void test_unfinished_saves_without_locks_wait_until_quiet(void **) {
+    class NoLocks final : public sx::io::FaultFileOps {
+      public:
+        NoLocks() : FaultFileOps(sx::io::posix_file_ops()) {}
+        sx::Status lock_directory(const std::string &, int *fd, LockState *state) override {
+            *fd = -1;
+            *state = LockState::kUnsupported;
+            return sx::Status::Ok();
+        }
+    } ops;
+    const std::string dir = make_tmpdir(), partial = dir + "/step-5.sx-partial";
+    assert_int_equal(mkdir(partial.c_str(), 0755), 0);
+    assert_true(sxtest::write_file(partial + "/shard-00000-of-00002.bin", "being written"));
+    bool removed = true;
+    assert_true(sx::ckpt::clear_unfinished(ops, partial, &removed).ok());
+    assert_false(removed);
+    assert_true(file_exists(partial + "/shard-00000-of-00002.bin"));
+    // Quiet for longer than the wait, the directory and its file: a dead save's.
+    const time_t quiet = time(nullptr) - static_cast<time_t>(sx::ckpt::kUnlockedPartialQuietMs / 1000) - 5;
+    const struct timespec then[2] = {{quiet, 0}, {quiet, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, (partial + "/shard-00000-of-00002.bin").c_str(), then, 0), 0);
+    assert_true(sx::ckpt::clear_unfinished(ops, partial, &removed).ok());
+    assert_false(removed);  // the directory itself changed recently
+    assert_int_equal(utimensat(AT_FDCWD, partial.c_str(), then, 0), 0);
+    assert_true(sx::ckpt::clear_unfinished(ops, partial, &removed).ok());
+    assert_true(removed);
+    assert_false(file_exists(partial));
+    assert_true(sx::ckpt::clear_unfinished(ops, partial, &removed).ok());
+    assert_false(removed);
+
+    // A save clears an old temporary file of `latest`, and keeps a fresh one (a live
+    // writer's, in another process).
+    const std::string old_tmp = dir + "/latest.tmp.999.3", fresh_tmp = dir + "/latest.tmp.998.0";
+    assert_true(sxtest::write_file(old_tmp, "step-1\n"));
+    assert_true(sxtest::write_file(fresh_tmp, "step-2\n"));
+    assert_int_equal(utimensat(AT_FDCWD, old_tmp.c_str(), then, 0), 0);
+    Single g("ck-nolocks");
+    assert_true(g.error.empty());
+    sx::ckpt::Checkpointer ck(g.rk.g, sx::io::posix_file_ops());
+    sx::ckpt::SaveOptions so;
+    so.path = dir + "/step-7";
+    assert_true(ck.save(so).ok());
+    assert_false(file_exists(old_tmp));
+    assert_true(file_exists(fresh_tmp));
+    assert_string_equal(read_file(dir + "/latest").c_str(), "step-7\n");
+    remove_tree(dir);
+}
+
 }  // namespace
 
 // Ranks as processes over tcp://: 3 save asynchronously while they train on, 2 load
@@ -1420,6 +1486,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_crash_at_every_io_call),
         cmocka_unit_test(test_damaged_shard_files_never_load_wrong),
         cmocka_unit_test(test_non_fp32_tensors_are_refused),
+        cmocka_unit_test(test_unfinished_saves_without_locks_wait_until_quiet),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -2,6 +2,9 @@
 // taken while steps continue against a synchronous one at the same step, retention and
 // `latest`, the user blob, cancellation, and bad arguments.
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -583,6 +586,97 @@ void test_a_missing_parent_fails_the_save_at_once(void **) {
     remove_tree(dir);
 }
 
+sx_status_t save_at(sx_shard_group_t *g, const std::string &path) {
+    sx_save_options_t so;
+    sx_save_options_init(&so, sizeof so);
+    so.path = path.c_str();
+    sx_future_t *f = nullptr;
+    sx_status_t s = sx_save_optim_state(g, &so, &f);
+    if (s == SX_OK) s = sx_future_wait(f, -1);
+    sx_future_destroy(f);
+    return s;
+}
+
+// An unfinished save that a live process holds (its rank 0 locks the directory, here
+// flock(2) on a descriptor of the test's own, as another process's sx would) is left
+// alone by every other save in the directory; one whose process died (no lock) is
+// cleared. A save into the same checkpoint as the live one is refused, naming it.
+void test_a_live_save_of_another_process_is_left_alone(void **) {
+    const std::string dir = make_tmpdir();
+    const std::string live = dir + "/other.sx-partial", dead = dir + "/crashed.sx-partial";
+    assert_int_equal(mkdir(live.c_str(), 0755), 0);
+    assert_int_equal(mkdir(dead.c_str(), 0755), 0);
+    assert_true(sxtest::write_file(live + "/shard-00000-of-00001.bin", "being written"));
+    assert_true(sxtest::write_file(dead + "/shard-00000-of-00001.bin", "left by a crash"));
+    const int held = open(live.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    assert_true(held >= 0);
+    assert_int_equal(flock(held, LOCK_EX | LOCK_NB), 0);
+
+    sx_shard_group_t *g = make_group("api-live-partial");
+    steps(g, 1, 1);
+    assert_int_equal(save_at(g, dir + "/step-1"), SX_OK);
+    assert_int_equal(access((dir + "/step-1/MANIFEST").c_str(), F_OK), 0);
+    assert_string_equal(read_file(live + "/shard-00000-of-00001.bin").c_str(), "being written");
+    assert_int_equal(access(dead.c_str(), F_OK), -1);
+
+    // The same checkpoint as the live save: refused, and the live one untouched.
+    assert_int_equal(save_at(g, dir + "/other"), SX_ERR_ALREADY_EXISTS);
+    const std::string msg = sx_last_error_message();
+    if (msg.find("another save into the checkpoint directory " + dir + "/other is under way") == std::string::npos ||
+        msg.find(live) == std::string::npos)
+        fail_msg("message: %s", msg.c_str());
+    assert_string_equal(read_file(live + "/shard-00000-of-00001.bin").c_str(), "being written");
+    assert_int_equal(access((dir + "/other").c_str(), F_OK), -1);
+
+    // Its process gone (the lock released): the next save clears it.
+    close(held);
+    steps(g, 2, 1);
+    assert_int_equal(save_at(g, dir + "/step-2"), SX_OK);
+    assert_int_equal(access(live.c_str(), F_OK), -1);
+    assert_int_equal(access((dir + "/step-2/MANIFEST").c_str(), F_OK), 0);
+    sx_destroy_shard_group(g);
+    remove_tree(dir);
+}
+
+// Two jobs (groups of their own) saving into one directory at the same time: each
+// save's rank 0 clears the unfinished saves it finds there, and never the other's
+// save under way. Every save commits, and each loads back into its own group.
+void test_two_jobs_save_into_one_directory_at_once(void **) {
+    const std::string dir = make_tmpdir();
+    const int kSaves = 12;
+    sx_shard_group_t *g[2] = {make_group("api-two-jobs-a"), make_group("api-two-jobs-b")};
+    sx_status_t failed[2] = {SX_OK, SX_OK};
+    std::string messages[2];
+    std::vector<std::thread> jobs;
+    for (int j = 0; j < 2; ++j)
+        jobs.emplace_back([&, j] {
+            for (int i = 0; i < kSaves && failed[j] == SX_OK; ++i) {
+                steps(g[j], i + 1, 1);
+                failed[j] = save_at(g[j], dir + "/job" + std::to_string(j) + "-" + std::to_string(i));
+                if (failed[j] != SX_OK) messages[j] = sx_last_error_message();
+            }
+        });
+    for (std::thread &t : jobs) t.join();
+    for (int j = 0; j < 2; ++j)
+        if (failed[j] != SX_OK) fail_msg("job %d's save failed: %s", j, messages[j].c_str());
+    for (int j = 0; j < 2; ++j) {
+        const std::vector<float> last = params_of(g[j]);
+        steps(g[j], kSaves + 1, 1);
+        sx_load_options_t lo;
+        sx_load_optim_state_options_init(&lo, sizeof lo);
+        const std::string p = dir + "/job" + std::to_string(j) + "-" + std::to_string(kSaves - 1);
+        lo.path = p.c_str();
+        assert_int_equal(sx_load_optim_state(g[j], &lo), SX_OK);
+        assert_true(params_of(g[j]) == last);
+        for (int i = 0; i < kSaves; ++i)
+            assert_int_equal(
+                access((dir + "/job" + std::to_string(j) + "-" + std::to_string(i) + "/MANIFEST").c_str(), F_OK), 0);
+    }
+    sx_destroy_shard_group(g[0]);
+    sx_destroy_shard_group(g[1]);
+    remove_tree(dir);
+}
+
 }  // namespace
 
 int main(void) {
@@ -599,6 +693,8 @@ int main(void) {
         cmocka_unit_test(test_reserved_names_are_not_read),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_a_missing_parent_fails_the_save_at_once),
+        cmocka_unit_test(test_a_live_save_of_another_process_is_left_alone),
+        cmocka_unit_test(test_two_jobs_save_into_one_directory_at_once),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

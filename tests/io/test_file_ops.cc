@@ -2,13 +2,16 @@
 // test: each operation's effect on disk, and each error's code and message (which must
 // name the path).
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -299,7 +302,37 @@ void test_write_file_atomic_failures(void **state) {
     faults->arm(OpKind::kWrite, 1, true);
     ASSERT_STATUS(write_file_atomic(*faults, dir, "f", "newer", 5), SX_ERR_IO, "injected");
     assert_string_equal(read_whole(dir + "/f").c_str(), "old");
-    assert_string_equal(read_whole(dir + "/f.tmp").c_str(), "ne");
+    std::vector<std::string> names;
+    ASSERT_OK(posix_file_ops()->list_dir(dir, &names));
+    assert_int_equal(names.size(), 2);
+    assert_string_equal(names[0].c_str(), "f");
+    const std::string tmp = "f.tmp." + std::to_string(static_cast<long long>(getpid())) + ".";
+    if (names[1].compare(0, tmp.size(), tmp) != 0) fail_msg("the temporary file: %s", names[1].c_str());
+    assert_string_equal(read_whole(dir + "/" + names[1]).c_str(), "ne");
+}
+
+// Writers of one file in several threads at once: each call writes a temporary file of
+// its own, every call succeeds, the file is one writer's whole bytes, and no temporary
+// file stays.
+void test_write_file_atomic_from_threads_at_once(void **state) {
+    const std::string dir = dir_of(state);
+    auto ops = posix_file_ops();
+    std::atomic<int> failures{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+        threads.emplace_back([&, t] {
+            const std::string bytes(64 + t, static_cast<char>('a' + t));
+            for (int i = 0; i < 200; ++i)
+                if (!write_file_atomic(*ops, dir, "latest", bytes.data(), bytes.size()).ok()) failures++;
+        });
+    for (std::thread &th : threads) th.join();
+    assert_int_equal(failures.load(), 0);
+    const std::string got = read_whole(dir + "/latest");
+    assert_true(got.size() >= 64 && got.size() < 68);
+    assert_true(got == std::string(got.size(), static_cast<char>('a' + (got.size() - 64))));
+    std::vector<std::string> names;
+    ASSERT_OK(ops->list_dir(dir, &names));
+    assert_true(names == std::vector<std::string>{"latest"});
 }
 
 void test_read_file(void **state) {
@@ -395,6 +428,73 @@ void test_start_writeback_is_only_a_hint(void **state) {
     assert_true(got == a);
 }
 
+// A directory's lock: held once at a time (another descriptor, here of this process as
+// of any other, finds it busy, whether sx's or flock(2)'s own), free again once released;
+// a missing path is SX_ERR_NOT_FOUND; the lock follows the directory through a rename.
+void test_lock_directory(void **state) {
+    const std::string dir = dir_of(state) + "/save.sx-partial";
+    auto ops = posix_file_ops();
+    ASSERT_OK(ops->mkdir(dir));
+    int fd = -1, other = -1;
+    FileOps::LockState st = FileOps::LockState::kUnsupported;
+    ASSERT_OK(ops->lock_directory(dir, &fd, &st));
+    assert_true(st == FileOps::LockState::kHeld);
+    assert_true(fd >= 0);
+    ASSERT_OK(ops->lock_directory(dir, &other, &st));
+    assert_true(st == FileOps::LockState::kBusy);
+    assert_int_equal(other, -1);
+    // Renamed (a save's commit): still held, under its new name.
+    const std::string moved = dir_of(state) + "/save";
+    ASSERT_OK(ops->rename(dir, moved));
+    ASSERT_OK(ops->lock_directory(moved, &other, &st));
+    assert_true(st == FileOps::LockState::kBusy);
+    ops->unlock_directory(fd);
+    ASSERT_OK(ops->lock_directory(moved, &fd, &st));
+    assert_true(st == FileOps::LockState::kHeld);
+    ops->unlock_directory(fd);
+    // flock(2) by another descriptor, as another process's sx holds it.
+    const int raw = ::open(moved.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    assert_true(raw >= 0);
+    assert_int_equal(::flock(raw, LOCK_EX | LOCK_NB), 0);
+    ASSERT_OK(ops->lock_directory(moved, &fd, &st));
+    assert_true(st == FileOps::LockState::kBusy);
+    ::close(raw);
+    ASSERT_OK(ops->lock_directory(moved, &fd, &st));
+    assert_true(st == FileOps::LockState::kHeld);
+    ops->unlock_directory(fd);
+    ops->unlock_directory(-1);  // nothing held: nothing to do
+    sx::Status missing = ops->lock_directory(dir, &fd, &st);
+    assert_int_equal(missing.code(), SX_ERR_NOT_FOUND);
+    assert_non_null(std::strstr(missing.message().c_str(), dir.c_str()));
+    // A fault-injecting FileOps forwards the lock.
+    FaultFileOps faults(ops);
+    faults.arm(OpKind::kAny, 1, true);
+    ASSERT_OK(faults.lock_directory(moved, &fd, &st));
+    assert_true(st == FileOps::LockState::kHeld);
+    faults.unlock_directory(fd);
+}
+
+// The latest modification time of a directory and the entries in it.
+void test_latest_change(void **state) {
+    const std::string dir = dir_of(state) + "/d";
+    auto ops = posix_file_ops();
+    ASSERT_OK(ops->mkdir(dir));
+    write_whole(dir + "/a", "x");
+    write_whole(dir + "/b", "y");
+    const struct timespec old_times[2] = {{1000000000, 0}, {1000000000, 0}};  // 2001-09-09
+    const struct timespec newer[2] = {{1500000000, 250000000}, {1500000000, 250000000}};
+    assert_int_equal(::utimensat(AT_FDCWD, (dir + "/a").c_str(), old_times, 0), 0);
+    assert_int_equal(::utimensat(AT_FDCWD, (dir + "/b").c_str(), newer, 0), 0);
+    assert_int_equal(::utimensat(AT_FDCWD, dir.c_str(), old_times, 0), 0);
+    uint64_t ms = 0;
+    ASSERT_OK(ops->latest_change_ms(dir, &ms));
+    assert_int_equal(ms, 1500000000250ull);  // b's, the newest
+    assert_int_equal(::utimensat(AT_FDCWD, (dir + "/b").c_str(), old_times, 0), 0);
+    ASSERT_OK(ops->latest_change_ms(dir, &ms));
+    assert_int_equal(ms, 1000000000000ull);
+    assert_int_equal(ops->latest_change_ms(dir + "/none", &ms).code(), SX_ERR_NOT_FOUND);
+}
+
 }  // namespace
 
 #define T(fn) cmocka_unit_test_setup_teardown(fn, make_temp_dir, remove_temp_dir)
@@ -415,9 +515,12 @@ int main() {
         T(test_remove_tree_error_names_the_entry),
         T(test_write_file_atomic),
         T(test_write_file_atomic_failures),
+        T(test_write_file_atomic_from_threads_at_once),
         T(test_read_file),
         T(test_start_writeback_is_only_a_hint),
         T(test_open_read_takes_regular_files_only),
+        T(test_lock_directory),
+        T(test_latest_change),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -490,11 +490,12 @@ Status import_checkpoint(io::FileOps &ops, const std::string &weights, const std
     SX_TRY(read_inputs(ops, weights, prefix, &in));
     SX_TRY(plan_import(in, world_size, plan));
     SX_TRY(read_factored(ops, in, plan));
-    SX_TRY(ops.exists(tmp_dir, &exists));
-    // A directory with this suffix never holds a checkpoint: it is what an import or
-    // a save left when it did not commit (sx's own saves remove such directories too).
-    if (exists) SX_TRY(ops.remove_tree(tmp_dir));
-    SX_TRY(ops.mkdir(tmp_dir));
+    // A directory with this suffix never holds a checkpoint: it is what an import or a
+    // save left when it did not commit, removed here unless a live process (another
+    // import, or a save's rank 0) holds it; this import holds its own until it is done.
+    SX_TRY(ckpt::clear_unfinished(ops, tmp_dir));
+    ckpt::DirectoryLock lock;
+    SX_TRY(ckpt::make_unfinished_directory(ops, trimmed, tmp_dir, &lock));
     Status s = write_checkpoint(ops, in, world_size, plan, tmp_dir, trimmed, parent);
     if (!s.ok()) {
         bool left = false;
