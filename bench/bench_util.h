@@ -37,6 +37,7 @@ struct Options {
     int scale_load_from = 4096, scale_load_into = 3072;   // scale section: the resharding load
     bool scale_unit_per_param = false;                    // scale section: one unit per param
     int scale_reps = 3;                                   // scale section: timed runs per figure
+    std::vector<int> form_worlds = {8, 32, 64, 128};      // form section: the worlds of processes
     std::string torch_python;  // optimizers section: a Python with torch, to time torch's optimizers
 };
 
@@ -182,6 +183,8 @@ int section_state_dtype(const Options &opt);
 int section_stochastic_round(const Options &opt);
 int section_context(const Options &opt);
 int context_rank_main(int argc, char **argv);
+int section_form(const Options &opt);
+int form_rank_main(int argc, char **argv);
 int section_custom_optimizer(const Options &opt);
 int section_param_sums(const Options &opt);
 // One rank of the pipeline section (bench_sx runs itself once per rank with --pipeline-rank).

@@ -40,6 +40,9 @@
 //                 rank) against AdamW on the same models at 2 and 4 ranks, the bytes they
 //                 exchange; Newton-Schulz and its products (OpenBLAS's where built with it,
 //                 and sx's ordered one) against torch's
+//   form          W real processes forming a group on this machine (--form-worlds, default
+//                 8,32,64,128), all on one host (shared memory) and each a host of its own
+//                 (Gloo's mesh): each rank's create, finalize and first step
 //   context       groups made in a context (sx_context.h) vs groups of their own: the time to
 //                 make one (the 100th of a context's), and 8 tenants stepping at once
 //   norm_domain   TP=2 x DP=2 groups joined to a norm domain (sx_step.h) vs the same groups
@@ -113,6 +116,7 @@ const Section kSections[] = {
     {"cache_step", section_cache_step},
     {"regroup", section_regroup},
     {"context", section_context},
+    {"form", section_form},
     {"norm_domain", section_norm_domain},
 #ifdef SX_BENCH_NETLAB
     {"hosts", section_hosts},
@@ -144,6 +148,7 @@ const char kUsage[] =
     "usage: %s [--elements N] [--comm-mib M] [--reps R] [--ckpt-mib M] [--ckpt-dir DIR] [--gpu-elements N]\n"
     "          [--torch-python PYTHON]\n"
     "          [--scale-worlds W,...] [--scale-load FROM:INTO] [--scale-reps R] [--scale-unit-per-param]\n"
+    "          [--form-worlds W,...]\n"
     "          [SECTION...]\n";
 
 }  // namespace
@@ -165,6 +170,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !std::strcmp(argv[1], "--shm-step-rank")) return shm_step_rank_main(argc, argv);
     if (argc > 1 && !std::strcmp(argv[1], "--regroup-rank")) return regroup_rank_main(argc, argv);
     if (argc > 1 && !std::strcmp(argv[1], "--context-rank")) return context_rank_main(argc, argv);
+    if (argc > 1 && !std::strcmp(argv[1], "--form-rank")) return form_rank_main(argc, argv);
 #ifdef SX_BENCH_NETLAB
     if (argc > 1 && !std::strcmp(argv[1], "--hosts-rank")) return hosts_rank_main(argc, argv);
 #endif
@@ -197,6 +203,11 @@ int main(int argc, char **argv) {
             }
         } else if (!std::strcmp(argv[i], "--scale-reps") && i + 1 < argc) {
             opt.scale_reps = std::atoi(argv[++i]);
+        } else if (!std::strcmp(argv[i], "--form-worlds") && i + 1 < argc) {
+            if (!parse_list(argv[++i], &opt.form_worlds)) {
+                std::fprintf(stderr, "bench_sx: --form-worlds takes positive numbers separated by commas\n");
+                return 2;
+            }
         } else if (!std::strcmp(argv[i], "--scale-unit-per-param")) {
             opt.scale_unit_per_param = true;
         } else if (argv[i][0] == '-') {

@@ -223,7 +223,7 @@ struct ShmOptions {
 // Connects `world_size` ranks that run on this host (processes, or threads of one
 // process) through one shared-memory segment (shm/shm_communicator.cc), handed out
 // through `store`: every collective of the interface, without sockets. The segment
-// leaves nothing behind in any file system, however the ranks exit. At most 64 ranks.
+// leaves nothing behind in any file system, however the ranks exit. At most 512 ranks.
 Status create_shm_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const ShmOptions &options,
                                std::unique_ptr<Communicator> *out);
 

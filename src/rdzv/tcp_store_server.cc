@@ -438,7 +438,11 @@ Status TcpStoreServer::acquire(const ServerOptions &options, std::shared_ptr<Tcp
     impl->listener.data = impl.get();
     std::string error = bind_listener(impl.get(), options);
     if (error.empty()) {
-        rc = uv_listen(reinterpret_cast<uv_stream_t *>(&impl->listener), 128, Impl::on_connection);
+        // A backlog for every rank at once (the kernel caps it at net.core.somaxconn):
+        // ranks start together, and a connection past the backlog waits a second or more
+        // for its SYN to be sent again.
+        const int backlog = static_cast<int>(std::min<size_t>(std::max<size_t>(128, impl->max_connections), 65535));
+        rc = uv_listen(reinterpret_cast<uv_stream_t *>(&impl->listener), backlog, Impl::on_connection);
         if (rc != 0) error = uv_strerror(rc);
     }
     if (!error.empty()) {

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/shared_arena.h"
 #include "collective_checks.h"
 #include "comm/communicator.h"
 #include "rdzv/rendezvous.h"
@@ -351,6 +352,44 @@ void test_small_all_reduces_between_processes(void **) {
     }
 }
 
+// A host's communicator of more ranks than one message can hand descriptors to: 210
+// processes (forked, over a file:// store), each with a shared arena, so that each is
+// handed the segment and 209 arenas' descriptors, in runs of 200 (whether it can map
+// them all is another matter: under ThreadSanitizer it cannot); each rank sums and
+// broadcasts.
+// 513 ranks, one past the most, are refused by name.
+void test_many_ranks_on_one_host(void **) {
+    sxtest::TempDir dir;
+    const std::string url = "file://" + dir.path();
+    const int p = 210;
+    const std::vector<pid_t> pids = fork_ranks(p, [&](int r) -> std::string {
+        sx::arena::Block block;  // the arena this rank offers
+        if (!sx::arena::allocate(4096, 0, false, &block)) return "no shared arena";
+        std::unique_ptr<Communicator> c;
+        Status s = join(url, r, p, Millis(120000), &c, 4096);
+        if (!s.ok()) return "join: " + s.message();
+        double v[3] = {static_cast<double>(r), 1.0, static_cast<double>(r % 7)};
+        if (!(s = c->all_reduce_sum(v, 3)).ok()) return "all_reduce_sum: " + s.message();
+        double sevens = 0;
+        for (int q = 0; q < p; ++q) sevens += q % 7;
+        if (v[0] != p * (p - 1) / 2.0 || v[1] != p || v[2] != sevens) return "wrong sums";
+        int32_t b = r == p - 1 ? 12345 : -1;
+        if (!(s = c->broadcast(&b, sizeof b, p - 1)).ok()) return "broadcast: " + s.message();
+        return b == 12345 ? "" : "broadcast wrong";
+    });
+    int failed = 0;
+    for (pid_t pid : pids) {
+        int status = 0;
+        assert_int_equal(::waitpid(pid, &status, 0), pid);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+    }
+    assert_int_equal(failed, 0);
+    std::unique_ptr<Communicator> c;
+    const Status s = join(url_for("too-many"), 0, 513, Millis(1000), &c);
+    assert_int_equal(s.code(), SX_ERR_INVALID_ARGUMENT);
+    assert_true(contains(s.message(), "rank 0 of 513 (shared memory takes 1 to 512 ranks per host)"));
+}
+
 // Ranks as processes (forked, over a file:// store), their buffers in their shared arenas:
 // every collective, then rank 2 is killed with SIGKILL while the others wait for it in a
 // reduce-scatter. They fail with
@@ -535,6 +574,7 @@ void test_hierarchy(void **) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_collective),
+        cmocka_unit_test(test_many_ranks_on_one_host),
         cmocka_unit_test(test_large_and_in_place),
         cmocka_unit_test(test_small_all_reduces_back_to_back),
         cmocka_unit_test(test_small_all_reduces_between_processes),

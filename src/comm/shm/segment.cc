@@ -144,6 +144,23 @@ std::vector<char> answer_bytes(uint64_t segment_bytes, const std::vector<SharedS
     return b;
 }
 
+// Descriptors sent with one message: SCM_RIGHTS takes at most 253 (SCM_MAX_FD), and a
+// host's communicator has up to 512 ranks, each with an arena to hand out.
+constexpr size_t kFdsPerMessage = 200;
+
+// How many of the other ranks' arenas (rank `rank` aside) rank 0's answer `payload`
+// says come with it: those of a non-zero size.
+size_t arenas_offered(const std::vector<char> &payload, int rank, int world_size) {
+    size_t n = 0;
+    const char *at = payload.data() + sizeof(uint64_t);
+    for (int q = 0; q < world_size; ++q, at += sizeof(int32_t) + sizeof(uint64_t)) {
+        uint64_t arena_bytes = 0;
+        std::memcpy(&arena_bytes, at + sizeof(int32_t), sizeof arena_bytes);
+        if (q != rank && arena_bytes != 0) ++n;
+    }
+    return n;
+}
+
 // Where this rank may offer its arena: its descriptor and size, else -1 and 0.
 void own_arena(bool offer, int *fd, uint64_t *bytes) {
     size_t n = 0;
@@ -201,10 +218,20 @@ Status hand_out(int listener, int segment, size_t bytes, int world_size, bool of
             if (q == r || (*peers)[static_cast<size_t>(q)].arena_bytes == 0) continue;
             fds.push_back(q == 0 ? fd0 : (*arena_fds)[static_cast<size_t>(q)].fd);
         }
-        FdMessage m(const_cast<char *>(payload.data()), payload.size(), fds.size());
-        m.attach(fds);
-        if (::sendmsg(conns[static_cast<size_t>(r)].fd, &m.msg, MSG_NOSIGNAL) != static_cast<ssize_t>(payload.size()))
-            return SX_ERROR(SX_ERR_COMM, "shared memory: sending the segment to rank %d: %s", r, std::strerror(errno));
+        // The payload with the first kFdsPerMessage descriptors, then a byte with each
+        // further run of them.
+        char more = '+';
+        for (size_t at = 0; at < fds.size(); at += kFdsPerMessage) {
+            const std::vector<int> part(fds.begin() + static_cast<std::ptrdiff_t>(at),
+                                        fds.begin() + static_cast<std::ptrdiff_t>(std::min(fds.size(), at + kFdsPerMessage)));
+            void *data = at == 0 ? const_cast<char *>(payload.data()) : &more;
+            const size_t n = at == 0 ? payload.size() : 1;
+            FdMessage m(data, n, part.size());
+            m.attach(part);
+            if (::sendmsg(conns[static_cast<size_t>(r)].fd, &m.msg, MSG_NOSIGNAL) != static_cast<ssize_t>(n))
+                return SX_ERROR(SX_ERR_COMM, "shared memory: sending the segment to rank %d: %s", r,
+                                std::strerror(errno));
+        }
     }
     return Status::Ok();
 }
@@ -234,15 +261,30 @@ Status take(const std::string &name, int rank, int world_size, bool offer, Clock
     SX_TRY(wait_fd(sock.fd, POLLIN, deadline, "rank 0 handing out the segment", store));
     peers->assign(static_cast<size_t>(world_size), SharedSegment::Peer());
     std::vector<char> payload = answer_bytes(0, *peers);
-    FdMessage m(payload.data(), payload.size(), static_cast<size_t>(world_size) + 1);
+    FdMessage m(payload.data(), payload.size(), kFdsPerMessage);
     const ssize_t n = ::recvmsg(sock.fd, &m.msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
     std::vector<Fd> fds(0);
-    for (int fd : m.received()) {
-        fds.emplace_back();
-        fds.back().fd = fd;
-    }
+    auto keep = [&fds](const std::vector<int> &got) {
+        for (int fd : got) {
+            fds.emplace_back();
+            fds.back().fd = fd;
+        }
+    };
+    keep(m.received());
     SX_CHECK(n == static_cast<ssize_t>(payload.size()) && !fds.empty() && !(m.msg.msg_flags & MSG_CTRUNC),
              SX_ERR_COMM, "shared memory: rank %d got no segment from rank 0", rank);
+    // The rest of the descriptors (more than one message holds), a byte with each run.
+    const size_t want = 1 + arenas_offered(payload, rank, world_size);
+    while (fds.size() < want) {
+        SX_TRY(wait_fd(sock.fd, POLLIN, deadline, "rank 0 handing out the ranks' arenas", store));
+        char more = 0;
+        FdMessage next(&more, 1, kFdsPerMessage);
+        const ssize_t got = ::recvmsg(sock.fd, &next.msg, MSG_CMSG_CLOEXEC);
+        const size_t before = fds.size();
+        keep(next.received());
+        SX_CHECK(got == 1 && fds.size() > before && !(next.msg.msg_flags & MSG_CTRUNC), SX_ERR_COMM,
+                 "shared memory: rank %d got %zu of the %zu descriptors from rank 0", rank, fds.size(), want);
+    }
     const char *at = payload.data();
     uint64_t seg_bytes = 0;
     std::memcpy(&seg_bytes, at, sizeof seg_bytes);

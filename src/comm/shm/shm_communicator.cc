@@ -122,8 +122,12 @@ static_assert(sizeof(CallLine) == 64, "one cache line per call");
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free");
 
-constexpr size_t kHeaderBytes = 4096;  // the lines (at most 64 ranks per host) and padding
-constexpr int kMaxRanks = static_cast<int>(kHeaderBytes / sizeof(Line));
+// The most ranks of one host's communicator: a machine's cores (512 hardware threads on
+// two of today's largest CPUs), one rank each. Each rank has one slot of the region, and
+// the barriers scan every rank's line.
+constexpr int kMaxRanks = 512;
+// The lines, one per rank, padded to whole pages (4 KiB, 64 ranks, at the least).
+size_t header_bytes(int world_size) { return (static_cast<size_t>(world_size) * sizeof(Line) + 4095) / 4096 * 4096; }
 // After the lines, per rank: why it left, in words (NUL-terminated; written before
 // `left`), so that the peers it leaves waiting say what went wrong where it did.
 constexpr size_t kReasonBytes = 256;
@@ -478,10 +482,10 @@ class ShmCommunicator final : public Communicator {
         if (one_process_) return reinterpret_cast<T *>(static_cast<uintptr_t>(where));
         return reinterpret_cast<T *>(const_cast<char *>(segment_->peer(q).arena) + (where - 1));
     }
-    Notice &notice() const { return *reinterpret_cast<Notice *>(segment_->data() + kHeaderBytes); }
-    char *notice_reason() const { return segment_->data() + kHeaderBytes + sizeof(Notice); }
+    Notice &notice() const { return *reinterpret_cast<Notice *>(segment_->data() + header_bytes(world_size_)); }
+    char *notice_reason() const { return segment_->data() + header_bytes(world_size_) + sizeof(Notice); }
     char *reason(int r) const { return body() + static_cast<size_t>(r) * kReasonBytes; }
-    char *body() const { return segment_->data() + kHeaderBytes + kNoticeBytes; }
+    char *body() const { return segment_->data() + header_bytes(world_size_) + kNoticeBytes; }
     // Rank r's line of the current call (its parity's), and the small values after it.
     char *call_area(int r) const {
         return body() + static_cast<size_t>(world_size_) * kReasonBytes +
@@ -936,7 +940,7 @@ Status create_shm_communicator(std::shared_ptr<rdzv::Store> store, int rank, int
         options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
     std::unique_ptr<SharedSegment> segment;
     const size_t bytes =
-        kHeaderBytes + kNoticeBytes + (kReasonBytes + 2 * kCallBytes + slot) * static_cast<size_t>(world_size);
+        header_bytes(world_size) + kNoticeBytes + (kReasonBytes + 2 * kCallBytes + slot) * static_cast<size_t>(world_size);
     if (options.channels)
         SX_TRY(options.channels->open_channel(*store, rank, world_size, bytes, deadline, &segment));
     else
