@@ -55,6 +55,14 @@ Formed form(int world, bool apart) {
 
 double most(const std::vector<double> &v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
 
+// The ports of this machine's ephemeral range (net.ipv4.ip_local_port_range), which every
+// listening socket bound to port 0 and every connection's near end take one of.
+long ephemeral_ports() {
+    std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+    long lo = 0, hi = 0;
+    return f >> lo >> hi && hi >= lo ? hi - lo + 1 : 0;
+}
+
 }  // namespace
 
 // One rank: argv = --form-rank PORT RANK WORLD FILE HOSTS. Appends "rank create finalize
@@ -112,6 +120,14 @@ int section_form(const Options &opt) {
         for (int world : opt.form_worlds) {
             const char *how = apart ? "a host each (Gloo mesh)" : "one host (shared memory)";
             if (!apart && world > 512) continue;  // one host's shared memory takes 512 ranks
+            // Every rank's Gloo pairs each listen on a port of their own, and half of them
+            // connect from another: W (W - 1) * 3 / 2 ports of this one machine's range.
+            const long ports = 3L * world * (world - 1) / 2;
+            if (apart && ports > ephemeral_ports()) {
+                std::printf("%-26s %6d | skipped: %ld ports, the machine's ephemeral range has %ld\n", how, world,
+                            ports, ephemeral_ports());
+                continue;
+            }
             const Formed f = form(world, apart);
             if (!f.ok) {
                 std::printf("%-26s %6d | failed\n", how, world);
