@@ -75,13 +75,13 @@ void DirectoryLock::release() {
     ops_ = nullptr;
 }
 
-namespace {
-
 uint64_t now_unix_ms() {
     return static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
             .count());
 }
+
+namespace {
 
 // Whether `path` (a file, or a directory and its files) has gone unchanged for
 // kUnlockedPartialQuietMs; a path whose times cannot be read counts as quiet, and

@@ -77,6 +77,10 @@ class DirectoryLock {
     int fd_ = -1;
 };
 
+// The wall-clock time in milliseconds since the Unix epoch: a MANIFEST's creation time,
+// and what file modification times are compared with.
+uint64_t now_unix_ms();
+
 // How long an unfinished save on a filesystem without directory locks must have gone
 // unchanged (its directory and its files) before another save removes it as dead.
 constexpr uint64_t kUnlockedPartialQuietMs = 10 * 60 * 1000;

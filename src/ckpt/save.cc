@@ -68,12 +68,6 @@ Status check_save_parent(io::FileOps &ops, const std::string &path) {
                     path.c_str(), parent.c_str());
 }
 
-uint64_t now_unix_ms() {
-    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                     std::chrono::system_clock::now().time_since_epoch())
-                                     .count());
-}
-
 // Removes the checkpoint parent/name so that no directory holding a MANIFEST is ever
 // incomplete, whenever the process stops: the directory is renamed out of the way first
 // (to name.sx-partial, what a save that never committed is called, and what the next
