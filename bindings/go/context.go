@@ -39,10 +39,10 @@ type ContextConfig struct {
 type ContextStats struct {
 	Groups            int64  // groups of the context alive on this rank
 	GroupsCreated     int64  // groups made in it since its creation
-	Channels          int64  // channels open on its transport (a group has 1-4)
+	Channels          int64  // channels open on its transport (a group has 1 or more)
 	MemoryBytes       uint64 // what its groups hold on this rank, as the budget counts
 	MemoryBudgetBytes uint64 // the budget (0 = none)
-	SharedMemory      bool   // its transport is shared memory (every rank on this host)
+	SharedMemory      bool   // its channels share memory: every rank on this host, or within each of several hosts of as many ranks
 }
 
 // Context is this rank's handle of a context: what the groups made in it on the same ranks

@@ -195,7 +195,8 @@ type GroupConfig struct {
 	Context *Context
 	// Name is the group's name in its context, the same on every rank; no two live groups
 	// of a context share one (ErrInvalidState otherwise). Required with a Context: at most
-	// 128 bytes of letters, digits and "-_.".
+	// 128 bytes of letters, digits and "-_.". Without one, only with GroupFlagJoin: the
+	// context's group (on Rendezvous) that this process joins.
 	Name string
 }
 

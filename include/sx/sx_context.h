@@ -73,12 +73,16 @@ typedef struct sx_context_stats {
     size_t struct_size;
     int64_t groups;              /* groups of the context alive on this rank now */
     int64_t groups_created;      /* groups made in it since its creation */
-    int64_t channels;            /* channels open on its transport now (a group has 1-4) */
+    int64_t channels;            /* channels open on its transport now (a group has 1 or more) */
     uint64_t memory_bytes;       /* what its groups hold on this rank, as the budget counts */
     uint64_t memory_budget_bytes;/* the budget (0 = none) */
-    /* Where its transport is shared memory (every rank on this host): 1; else 0: a CPU
-     * context's channels are on its one Gloo mesh (counted in channels), a CUDA context's
-     * groups connect their own NCCL communicators as groups without a context do. */
+    /* Where its transport is shared memory (every rank on this host): 1. Where its ranks
+     * run on several hosts of the same number of ranks (two or more) each: 2, shared memory
+     * within each host and its one Gloo mesh between the hosts (a group's channel is one of
+     * each, and a Gloo channel among every rank for small calls: all counted in channels).
+     * Else 0: a CPU context's channels are on its one Gloo mesh (counted in channels), a
+     * CUDA context's groups connect their own NCCL communicators as groups without a
+     * context do. */
     int32_t shared_memory;
     int32_t reserved0;
 } sx_context_stats_t;

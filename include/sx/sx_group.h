@@ -47,7 +47,10 @@ extern "C" {
  * members admit it (sx_poll_joiners, then their sx_regroup with options->admit) and makes
  * it a rank of their next group, after theirs, with its state. Until then every other
  * collective call is SX_ERR_INVALID_STATE. The rendezvous must be the members' (tcp:// on a
- * store that outlives rank 0, file://, local://); the members' first group on it. */
+ * store that outlives rank 0, file://, local://); the members' first group on it, or, with
+ * `name`, the live group of that name in the context made on it (the process makes its
+ * group without a context: it is not one of the context's ranks, and the group it enters
+ * is out of the context, as any regroup's). (1.7) */
 #define SX_GROUP_JOIN 0x4
 /* With memory_copy_interval: a step that takes a copy returns only once the next rank holds
  * it, so that a step that returned on any rank is never taken again after a loss (without
@@ -248,7 +251,8 @@ typedef struct sx_group_config {
     sx_context_t *context;
     /* The group's name in its context, copied: every rank passes the same, and no two live
      * groups of a context share one. Required with a context; at most 128 bytes of
-     * letters, digits and "-_.". (1.7) */
+     * letters, digits and "-_.". Without a context, only with SX_GROUP_JOIN: the context's
+     * group that the process joins. (1.7) */
     const char *name;
 } sx_group_config_t;
 

@@ -138,12 +138,20 @@ Status create_core_group(const sx_group_config_t *config, std::unique_ptr<sx::co
     SX_CHECK_ARG(c.context != nullptr || (c.rendezvous != nullptr && c.rendezvous[0] != '\0'),
                  "config->rendezvous is empty; expected local://NAME, tcp://HOST:PORT, "
                  "file:///DIR or env://");
-    SX_CHECK_ARG(c.context != nullptr || c.name == nullptr || c.name[0] == '\0',
-                 "config->name '%s' is for a group made in a context, and config->context is NULL", c.name);
+    const bool joining = (c.flags & SX_GROUP_JOIN) != 0;
+    SX_CHECK_ARG(c.context != nullptr || joining || c.name == nullptr || c.name[0] == '\0',
+                 "config->name '%s' is for a group made in a context (or one that joins such a group: "
+                 "SX_GROUP_JOIN), and config->context is NULL", c.name);
     SX_CHECK_ARG(c.reserved1 == 0, "config->reserved1 is %d; it must be 0", c.reserved1);
     sx::core::GroupConfig g;
     SX_TRY(core_config(c, &g));
     if (c.context) SX_TRY(in_context(c, &g));
+    if (!c.context && joining && c.name && c.name[0]) {
+        SX_CHECK_ARG(sx::core::valid_group_name(c.name),
+                     "config->name '%s' (the context's group to join) must be 1 to 128 letters, digits, '-', '_' or "
+                     "'.'", c.name);
+        g.name = c.name;
+    }
     return sx::core::ShardGroup::create(g, out);
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "comm/gloo/channels.h"
+#include "comm/shm/hierarchical.h"
 
 namespace sx {
 namespace comm {
@@ -74,6 +75,7 @@ Status create_communicator(std::shared_ptr<rdzv::Store> store, int rank, int wor
         n.deadline = spec.deadline;
         return create_nccl_communicator(std::move(store), rank, world_size, n, out);
     }
+    if (spec.channels && spec.gloo_channels) return create_context_channel(std::move(store), rank, world_size, spec, out);
     if (spec.channels) {
         ShmOptions so;
         so.timeout = spec.timeout;

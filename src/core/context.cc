@@ -7,29 +7,13 @@
 
 #include "base/log.h"
 #include "comm/communicator.h"
+#include "comm/shm/hierarchical.h"
 #include "comm/shm/segment.h"
 #include "rdzv/stores.h"
 
 namespace sx {
 namespace core {
-namespace {
-
-// Whether every rank of the context runs on this host (each says where it runs through
-// `store`, and all decide alike), so that its groups' channels can share memory.
-Status all_on_this_host(rdzv::Store &store, int rank, int world_size, Clock::time_point deadline, bool *out) {
-    const std::string mine = comm::host_identity();
-    SX_TRY(store.set("host/" + std::to_string(rank), mine));
-    *out = true;
-    for (int q = 0; q < world_size; ++q) {
-        std::string theirs;
-        const Millis left = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
-        SX_TRY(store.get("host/" + std::to_string(q), &theirs, left));
-        *out = *out && theirs == mine;
-    }
-    return Status::Ok();
-}
-
-bool valid_name(const std::string &name) {
+bool valid_group_name(const std::string &name) {
     if (name.empty() || name.size() > 128) return false;
     return std::all_of(name.begin(), name.end(), [](char ch) {
         return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
@@ -37,7 +21,32 @@ bool valid_name(const std::string &name) {
     });
 }
 
-}  // namespace
+
+// Ranks on several hosts of the same number each: the shared memory of this host's ranks,
+// under "shm/host<h>/" of the context's key space, which every rank of the context then
+// learns each host could make ("shm-made/<rank>"), so that all decide alike whether its
+// groups' channels share memory within the hosts (else every channel is on the Gloo mesh).
+Status Context::open_hosts_memory(Context &c, const std::shared_ptr<rdzv::Store> &own, const comm::HostPlacement &p,
+                                  Clock::time_point deadline) {
+    const GroupConfig &b = c.base_;
+    Status s = comm::SharedChannels::open(*rdzv::make_prefix_store(own, "shm/host" + std::to_string(p.host) + "/"),
+                                          p.local, p.per_host, deadline, &c.channels_);
+    if (s.code() != SX_ERR_UNSUPPORTED) SX_TRY(s);
+    SX_TRY(own->set("shm-made/" + std::to_string(b.rank), s.ok() ? "1" : "0"));
+    bool every = true;
+    for (int q = 0; q < b.world_size; ++q) {
+        std::string made;
+        const Millis left = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
+        SX_TRY(own->get("shm-made/" + std::to_string(q), &made, left));
+        every = every && made == "1";
+    }
+    if (!every) {
+        if (!s.ok()) log(SX_LOG_WARN, "sx: rank %d: %s; the context's groups take channels on Gloo", b.rank,
+                         s.message().c_str());
+        c.channels_.reset();
+    }
+    return Status::Ok();
+}
 
 // The one Gloo full mesh of a CPU context without shared memory, under "gloo/" of its own
 // key space (the channels' ids are counted there).
@@ -67,8 +76,12 @@ Status Context::create(const GroupConfig &cfg, uint64_t budget, std::shared_ptr<
     const char *shm = std::getenv("SX_SHARED_MEMORY");
     const bool may_share = b.backend == SX_BACKEND_CPU && b.transport != SX_TRANSPORT_TCP &&
                            !(shm && std::strcmp(shm, "0") == 0);
-    bool one_host = false;
-    if (may_share) SX_TRY(all_on_this_host(*own, b.rank, b.world_size, deadline, &one_host));
+    std::vector<std::string> hosts;
+    if (may_share) SX_TRY(comm::exchange_host_identities(*own, b.rank, b.world_size, comm::host_identity(), deadline,
+                                                         &hosts));
+    const bool one_host =
+        may_share && std::all_of(hosts.begin(), hosts.end(), [&](const std::string &h) { return h == hosts[0]; });
+    comm::HostPlacement placement;
     if (one_host) {
         Status s = comm::SharedChannels::open(*rdzv::make_prefix_store(own, "shm/"), b.rank, b.world_size, deadline,
                                               &c->channels_);
@@ -76,12 +89,18 @@ Status Context::create(const GroupConfig &cfg, uint64_t budget, std::shared_ptr<
         // Every rank learns it alike (rank 0 could not make the segment).
         if (!s.ok()) log(SX_LOG_WARN, "sx: rank %d: %s; the context's groups take channels on Gloo", b.rank,
                          s.message().c_str());
+    } else if (may_share && comm::place_hosts(hosts, &placement) && comm::locate_rank(&placement, b.rank)) {
+        SX_TRY(open_hosts_memory(*c, own, placement, deadline));
     }
-    if (!c->channels_ && b.backend == SX_BACKEND_CPU && b.world_size > 1) SX_TRY(open_gloo(*c, own, deadline));
+    // Several hosts, with shared memory within each or without: the Gloo mesh between them.
+    if (b.backend == SX_BACKEND_CPU && b.world_size > 1 && !(one_host && c->channels_))
+        SX_TRY(open_gloo(*c, own, deadline));
     log(SX_LOG_INFO, "sx: rank %d of %d made a context on %s (%d threads, %s%s)", b.rank, b.world_size,
         b.rendezvous.c_str(), b.num_threads,
-        c->channels_ ? "its groups' channels in shared memory"
-                     : c->gloo_channels_ ? "its groups' channels on one Gloo mesh" : "its groups connect on their own",
+        c->channels_ && c->gloo_channels_ ? "its groups' channels in shared memory on each host and on one Gloo mesh between"
+        : c->channels_                    ? "its groups' channels in shared memory"
+        : c->gloo_channels_               ? "its groups' channels on one Gloo mesh"
+                                          : "its groups connect on their own",
         budget ? format(", a budget of %llu bytes", static_cast<unsigned long long>(budget)).c_str() : "");
     *out = std::move(c);
     return Status::Ok();
@@ -90,7 +109,7 @@ Status Context::create(const GroupConfig &cfg, uint64_t budget, std::shared_ptr<
 Context::~Context() = default;
 
 Status Context::claim(const std::string &name, std::string *key_space) {
-    SX_CHECK_ARG(valid_name(name),
+    SX_CHECK_ARG(valid_group_name(name),
                  "the group's name '%s' in its context must be 1 to 128 letters, digits, '-', '_' or '.'",
                  name.c_str());
     forget_released();
@@ -146,10 +165,11 @@ Context::Stats Context::stats() const {
         s.groups = static_cast<int64_t>(live_.size());
         s.groups_created = created_;
     }
-    s.channels = channels_ ? channels_->channels_open() : gloo_channels_ ? comm::gloo_channels_open(*gloo_channels_) : 0;
+    s.channels = (channels_ ? channels_->channels_open() : 0) +
+                 (gloo_channels_ ? comm::gloo_channels_open(*gloo_channels_) : 0);
     s.memory_bytes = budget_->used();
     s.memory_budget_bytes = budget_->limit();
-    s.shared_memory = channels_ != nullptr;
+    s.shared_memory = !channels_ ? 0 : gloo_channels_ ? 2 : 1;
     return s;
 }
 

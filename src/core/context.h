@@ -1,10 +1,12 @@
 // A context (sx_context.h): what the groups on the same ranks share. The store, opened
-// once, in which each group takes a key space of its own; the thread pool; the transport,
-// where every rank runs on this host (shared memory, whose channels the groups' communicators
-// become: comm/shm/segment.h, SharedChannels), else for a CPU context one Gloo full mesh
-// (comm/gloo/channels.h, GlooChannels), the groups' communicators its channels; and a
-// memory budget. Groups hold it (a
-// shared pointer in their GroupConfig), so it lives while any of them does.
+// once, in which each group takes a key space of its own; the thread pool; the transport:
+// where every rank runs on this host, shared memory (comm/shm/segment.h, SharedChannels),
+// whose channels the groups' communicators become; where the ranks run on several hosts of
+// the same number (two or more) each, each host's shared memory and one Gloo full mesh
+// (comm/gloo/channels.h, GlooChannels), the groups' communicators combining a channel of
+// each (comm/shm/hierarchical.h, create_context_channel); else, for a CPU context, the Gloo
+// mesh alone; and a memory budget. Groups hold it (a shared pointer in their GroupConfig),
+// so it lives while any of them does.
 #pragma once
 
 #include <cstdint>
@@ -24,15 +26,21 @@ namespace sx {
 namespace comm {
 class SharedChannels;
 class GlooChannels;
+struct HostPlacement;
 }
 namespace core {
+
+// Whether `name` may name a group of a context: 1 to 128 letters, digits, '-', '_' or '.'.
+bool valid_group_name(const std::string &name);
 
 class Context {
   public:
     // Collective over base's ranks: opens the rendezvous, waits for every rank, starts the
-    // pool, and where every rank runs on this host (and the CPU transport may share memory)
-    // opens the shared memory its groups' channels come from; else (a CPU context of more
-    // than one rank) connects the Gloo mesh they come from. budget: bytes per rank (0: none).
+    // pool, and where the CPU transport may share memory, opens the shared memory its
+    // groups' channels come from: all of it where every rank runs on this host, else each
+    // host's where there are several of the same number of ranks (two or more) each. A CPU
+    // context of more than one rank on several hosts also connects the Gloo mesh. budget:
+    // bytes per rank (0: none).
     static Status create(const GroupConfig &base, uint64_t budget, std::shared_ptr<Context> *out);
     ~Context();
 
@@ -41,9 +49,11 @@ class Context {
     const GroupConfig &base() const { return base_; }
     const std::shared_ptr<rdzv::Store> &store() const { return store_; }
     const std::shared_ptr<optim::ThreadPool> &pool() const { return pool_; }
-    // Null where the context's ranks do not all share this host's memory.
+    // This host's ranks' shared memory; null where there is none (its ranks span hosts of
+    // unequal numbers of ranks, or a rank alone on a host, or memory may not be shared).
     const std::shared_ptr<comm::SharedChannels> &channels() const { return channels_; }
-    // Null where it has shared memory, or is not a CPU context of several ranks.
+    // Null where every rank shares this host's memory, or it is not a CPU context of
+    // several ranks. Where both are set, a group's channel combines the two.
     const std::shared_ptr<comm::GlooChannels> &gloo_channels() const { return gloo_channels_; }
     const std::shared_ptr<MemoryBudget> &budget() const { return budget_; }
 
@@ -64,13 +74,15 @@ class Context {
     struct Stats {
         int64_t groups = 0, groups_created = 0, channels = 0;
         uint64_t memory_bytes = 0, memory_budget_bytes = 0;
-        bool shared_memory = false;
+        int shared_memory = 0;  // sx_context_stats_t's: 0, 1 (one host) or 2 (within each host)
     };
     Stats stats() const;  // any thread
 
   private:
     Context() = default;
     static Status open_gloo(Context &c, const std::shared_ptr<rdzv::Store> &own, Clock::time_point deadline);
+    static Status open_hosts_memory(Context &c, const std::shared_ptr<rdzv::Store> &own, const comm::HostPlacement &placement,
+                                    Clock::time_point deadline);
     void forget_released();
     GroupConfig base_;
     std::shared_ptr<rdzv::Store> store_;

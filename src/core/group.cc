@@ -216,6 +216,7 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
         own.shard_size = 0;
         own.memory_copy_interval = 0;
         own.trace_path.clear();
+        own.name.clear();  // that of the context's group it joins, if any
         own.joining = false;
         std::unique_ptr<ShardGroup> g;
         SX_TRY(create(own, &g));
@@ -248,8 +249,8 @@ Status ShardGroup::create(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *o
 
 Status ShardGroup::create_in_context(const GroupConfig &cfg, std::unique_ptr<ShardGroup> *out) {
     const std::shared_ptr<Context> ctx = cfg.context;
-    SX_CHECK_ARG(!cfg.joining, "SX_GROUP_JOIN is not for a group made in a context: a joining process has no "
-                 "context of the members' yet");
+    SX_CHECK_ARG(!cfg.joining, "SX_GROUP_JOIN is not for a group made in a context: a process that joins a "
+                 "context's group makes its group without one, on the context's rendezvous, with the group's name");
     // The context's rendezvous, ranks, backend, pool and transport; the group's own
     // settings for the rest.
     GroupConfig c = ctx->base();
@@ -282,7 +283,11 @@ Status ShardGroup::create_in_context(const GroupConfig &cfg, std::unique_ptr<Sha
         return s;
     }
     // A regroup's rendezvous lies in the group's key space too; its group is made out of the
-    // context (recovery/regroup.cc).
+    // context (recovery/regroup.cc). Joining processes find the space by the group's name.
+    if (c.rank == 0) {
+        s = ctx->store()->set(group_space_key(cfg.name), key_space);
+        if (!s.ok()) return s;
+    }
     g->lineage_.root_store = store;
     for (int r = 0; r < g->world_size(); ++r) g->lineage_.member_ids.push_back(static_cast<uint64_t>(r));
     *out = std::move(g);

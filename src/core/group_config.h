@@ -69,6 +69,8 @@ struct GroupConfig {
     // The context the group is made in (context.h), and its name there; none: a group of
     // its own rendezvous, transport and pool. A regroup's group is made out of the context.
     std::shared_ptr<Context> context;
+    // The group's name in its context; for a joining process without a context, the name
+    // of the context's group it joins (its key space: group_space_key).
     std::string name;
 };
 
@@ -79,6 +81,11 @@ Status resolve_config(const GroupConfig &cfg, rdzv::Rendezvous *rv, GroupConfig 
 // The host thread pool's size for cfg (resolved): num_threads, or every core (shared among
 // the ranks that are threads of one process); 1 for a CUDA group whose state is on its device.
 int pool_threads(const GroupConfig &cfg);
+
+// Where a context's live group named `name` has its key space (a key of the context's
+// store, whose value is the space, "groups/NAME/N/"): its rank 0 writes it when the group is
+// made, and a process that joins the group (SX_GROUP_JOIN with that name) reads it there.
+inline std::string group_space_key(const std::string &name) { return "groups/" + name + "/live"; }
 
 }  // namespace core
 }  // namespace sx

@@ -429,6 +429,19 @@ Status wait_in_lobby(rdzv::Store &root, const GroupConfig &jc, Admission *a) {
     return parse(text, a);
 }
 
+// A process joining a context's group (jc.name): *root becomes that group's key space in the
+// context's store, where its rank 0 said it lies when it was made.
+Status find_context_group(const GroupConfig &jc, std::shared_ptr<rdzv::Store> *root) {
+    std::string space;
+    Status s = (*root)->get(core::group_space_key(jc.name), &space, Millis(jc.timeout_ms));
+    if (!s.ok())
+        return SX_ERROR(s.code(), "no group named '%s' was made in a context on %s within %d ms (a joining process "
+                        "names a live group of the context whose rendezvous it gives): %s",
+                        jc.name.c_str(), jc.rendezvous.c_str(), jc.timeout_ms, s.message().c_str());
+    *root = rdzv::make_prefix_store(*root, space);
+    return Status::Ok();
+}
+
 // The config of the group a joining process enters: the one it was created to join
 // (`jc`, on the rendezvous `rv`), at the place and mesh its admission `a` says, on the
 // backend this process resolved.
@@ -613,6 +626,7 @@ Status Recovery::join(std::unique_ptr<RecoveryAccess> *out, RegroupInfo *info) {
     rv.joining = true;
     std::shared_ptr<rdzv::Store> root;
     SX_TRY(rdzv::open_store(rv, Millis(jc.timeout_ms), &root));
+    if (!jc.name.empty()) SX_TRY(find_context_group(jc, &root));
     Admission a;
     SX_TRY(wait_in_lobby(*root, jc, &a));
     const Clock::time_point deadline = Clock::now() + Millis(jc.timeout_ms);

@@ -4,7 +4,10 @@
 //    rank map), each
 //    run from a thread of its own at once on every rank, pass every collective check;
 //  - a channel whose call passes its timeout fails alone (SX_ERR_TIMEOUT), as does one
-//    aborted in a call: the other channels go on, and new ones open.
+//    aborted in a call: the other channels go on, and new ones open;
+//  - a broken transport ends every channel's waits at once, on the rank that found it
+//    broken as at its peers.
+#include <chrono>
 #include <memory>
 #include <thread>
 
@@ -113,12 +116,49 @@ void test_a_channels_failure_stays_in_it(void **) {
     if (!err.empty()) fail_msg("%s", err.c_str());
 }
 
+// A connection of the context broke (GlooChannels::fail, as a channel's call that Gloo
+// throws in calls it): every channel's waits end at once, not at their timeouts. Rank 0
+// waits in channel "here" for rank 1, which never comes, while another thread of it fails
+// the transport; rank 1 waits in channel "there" for rank 0, which never comes.
+void test_a_broken_transport_ends_every_wait(void **) {
+    const int world = 2;
+    const std::string err = sxtest::run_ranks(world, [&](int r) -> std::string {
+        std::shared_ptr<sx::rdzv::Store> store;
+        std::shared_ptr<sx::comm::GlooChannels> ch;
+        Status s = open_context("local://gloo-channels-broken", r, world, &store, &ch);
+        if (!s.ok()) return "context: " + s.message();
+        std::unique_ptr<Communicator> here, there;
+        if (!(s = channel(ch, store, "here", {0, 1}, Millis(30000), &here)).ok()) return s.message();
+        if (!(s = channel(ch, store, "there", {0, 1}, Millis(30000), &there)).ok()) return s.message();
+        const auto start = std::chrono::steady_clock::now();
+        if (r == 0) {
+            std::thread breaker([&] {
+                std::this_thread::sleep_for(Millis(300));
+                (ch->fail)(SX_ERROR(SX_ERR_COMM, "a connection broke (the test says so)"));  // cmocka has a fail()
+            });
+            s = here->barrier();
+            breaker.join();
+        } else {
+            s = there->barrier();
+        }
+        const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start).count();
+        if (s.ok() || took > 10000)
+            return "rank " + std::to_string(r) + "'s wait ended after " + std::to_string(took) + " ms: " +
+                   (s.ok() ? "ok" : s.message());
+        if (r == 0 && s.message().find("the test says so") == std::string::npos)
+            return "rank 0's error does not say why the transport failed: " + s.message();
+        return "";
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
 }  // namespace
 
 int main() {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_channels_at_once),
         cmocka_unit_test(test_a_channels_failure_stays_in_it),
+        cmocka_unit_test(test_a_broken_transport_ends_every_wait),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -9,7 +9,10 @@
 //  - Names: unique among live groups, reusable after one goes; a destroyed handle lets its
 //    groups live and refuses new ones; groups made in a context open channels, no socket.
 //  - Ranks as processes over tcp://: the same tenants; a peer's death fails them all, and
-//    each regroups on its own from its memory copies.
+//    each regroups on its own from its memory copies. On one host, on hosts of one rank
+//    each, and on two hosts of two ranks each (shared memory within each host and Gloo
+//    between: the tenants end on the bits of the same tenant made without a context,
+//    which is hierarchical too). A process outside the context joins a tenant by name.
 #include <signal.h>
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "free_port.h"
 #include "process_ranks.h"
 #include "rdzv/stores.h"
 #include "run_ranks.h"
@@ -310,11 +314,12 @@ void test_a_tenants_failure_stays_in_it_on_gloo_channels(void **) { a_tenants_fa
 // and rank 2 are. `timeout`: the context's timeout is 4 s; rank 2 comes 2.5 s after rank 0,
 // whose call times out, and fails about 1.5 s into its own (not 4 s); rank 1 calls later
 // and fails at once. Else (sx_abort): a timeout of 60 s; rank 0's call is aborted 0.5 s
-// into it, rank 2 fails at once, and rank 1, calling 2 s later, too. Each peer's error
+// into it, rank 2 fails at once, and rank 1, calling late_ms later, too. Each peer's error
 // names the group, rank 0 and why. returned (threads; null for processes): rank 1 calls
-// once ranks 0 and 2 have returned, rather than at a time. "" or what went wrong.
+// once ranks 0 and 2 have returned, rather than at a time. A rank 3 (two hosts of two)
+// does as rank 1. "" or what went wrong.
 std::string peers_fail_at_once(sx_context_t *ctx, int rank, bool timeout, std::vector<float> *b_params,
-                               std::atomic<int> *returned = nullptr) {
+                               std::atomic<int> *returned = nullptr, int late_ms = 2000) {
     using Ms = std::chrono::milliseconds;
     Tenant a, b;
     a.rank = b.rank = rank;
@@ -326,7 +331,7 @@ std::string peers_fail_at_once(sx_context_t *ctx, int rank, bool timeout, std::v
     if (e.empty() && (st = b.init()) != SX_OK) e = failed("init b", st);
     if (!e.empty()) return e;
     const auto start = std::chrono::steady_clock::now();
-    const int come_at = rank == 0 ? 0 : rank == 2 ? (timeout ? 2500 : 0) : (timeout ? 7000 : 2000);
+    const int come_at = rank == 0 ? 0 : rank == 2 ? (timeout ? 2500 : 0) : (timeout ? 7000 : late_ms);
     if (rank == 1 && returned) {
         while (returned->load() < 2 && std::chrono::steady_clock::now() < start + Ms(30000))
             std::this_thread::sleep_for(Ms(10));
@@ -572,14 +577,124 @@ int many_groups_no_socket(sx_context_t *ctx, int rank, const sx_context_stats_t 
     return 0;
 }
 
+// Tenant `id` made without a context on these processes' ranks (`rendezvous`: its own),
+// trained `steps` steps: "" or what failed; *params: its final params.
+std::string alone_in_processes(const sxtest::ChildArgs &a, const std::string &rendezvous, int id, int steps,
+                               std::vector<float> *params) {
+    Tenant x;
+    x.id = id;
+    x.rank = a.rank;
+    x.world = a.world;
+    sx_status_t st = x.create(nullptr, rendezvous, "");
+    std::string e = st == SX_OK ? x.train(steps) : failed("create alone", st);
+    if (e.empty() && (st = x.params(params)) != SX_OK) e = failed("params alone", st);
+    return e;
+}
+
+// Two hosts of two ranks each: the context shares memory within each host (stats 2), a
+// group's communicator is three channels (this host's shared memory, the Gloo mesh
+// between the host peers, and among every rank), and tenant 1 ends on the bits of the same
+// tenant made without a context (hierarchical too) on `ref` (a rendezvous of its own).
+int hosts_of_two(const sxtest::ChildArgs &a, const sx_context_stats_t &s, int sockets_before, Tenant *t) {
+    if (s.shared_memory != 2 || s.channels < 6 || sockets_open() != sockets_before)
+        return std::fprintf(stderr, "rank %d: shared memory %d, %lld channels, %d sockets before the groups, %d after\n",
+                            a.rank, s.shared_memory, static_cast<long long>(s.channels), sockets_before,
+                            sockets_open()), 3;
+    std::vector<float> got, want;
+    sx_status_t st = t->params(&got);
+    std::string e = st == SX_OK ? alone_in_processes(a, a.get("--ref", ""), t->id, 2, &want) : failed("params", st);
+    if (e.empty() && got != want) e = "tenant 1's params differ from the same tenant made without a context";
+    if (!e.empty()) return std::fprintf(stderr, "rank %d: %s\n", a.rank, e.c_str()), 3;
+    return 0;
+}
+
+// Whether every rank of g holds the same params (min and max of their weighted sum agree).
+std::string params_agree(Tenant &t) {
+    std::vector<float> v;
+    sx_status_t st = t.params(&v);
+    if (st != SX_OK) return failed("params", st);
+    double h = 0;
+    for (size_t i = 0; i < v.size(); ++i) h += static_cast<double>(v[i]) * static_cast<double>(i + 1);
+    double lo = h, hi = h;
+    if ((st = sx_all_reduce(t.g, &lo, 1, SX_REDUCE_MIN)) != SX_OK || (st = sx_all_reduce(t.g, &hi, 1, SX_REDUCE_MAX)) != SX_OK)
+        return failed("all_reduce", st);
+    return lo == h && hi == h ? "" : "the ranks' params differ after the join";
+}
+
+// Ranks 0 and 1 make a context of 2 with tenants p0 (memory copies) and p1; rank 2, not one
+// of the context's ranks, joins p0 by its name on the context's rendezvous. The members
+// admit it (sx_poll_joiners, sx_regroup), p0 steps on 3 ranks with the same params on each
+// (the joiner's shard came from the members' copies), and p1 steps on in the context.
+int join_main(const sxtest::ChildArgs &a) {
+    sx_status_t st;
+    Tenant t[2];
+    std::string e;
+    if (a.rank == 2) {
+        sx_group_config_t c;
+        sx_group_config_init(&c, sizeof c);
+        c.rendezvous = a.rendezvous.c_str();
+        c.flags = SX_GROUP_JOIN;
+        c.name = "p0";
+        c.timeout_ms = 30000;
+        c.num_threads = 1;
+        c.stage = t[0].stage;
+        if ((st = sx_create_shard_group(&c, &t[0].g)) != SX_OK || (st = t[0].add_params(0)) != SX_OK ||
+            (st = sx_finalize(t[0].g)) != SX_OK)
+            return std::fprintf(stderr, "joiner: %s\n", failed("create", st).c_str()), 3;
+        sx_regroup_options_t ro;
+        sx_regroup_options_init(&ro, sizeof ro);
+        sx_regroup_result_t rr;
+        sx_regroup_result_init(&rr, sizeof rr);
+        if ((st = sx_regroup(t[0].g, &ro, &rr)) != SX_OK || rr.rank != 2 || rr.world_size != 3 || rr.previous_rank != -1)
+            return std::fprintf(stderr, "joiner: %s (rank %d of %d)\n", failed("regroup", st).c_str(), rr.rank,
+                                rr.world_size), 3;
+        t[0].rank = 2;
+        e = (st = t[0].step(2)) == SX_OK ? params_agree(t[0]) : failed("step after the join", st);
+        if (!e.empty()) return std::fprintf(stderr, "joiner: %s\n", e.c_str()), 3;
+        return 0;
+    }
+    sx_context_t *ctx = make_context(a.rendezvous, a.rank, 2, 0, &st);
+    if (!ctx) return std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("context", st).c_str()), 3;
+    for (int k = 0; k < 2; ++k) {
+        t[k].id = k;
+        t[k].rank = a.rank;
+        t[k].memory_copies = 1;
+        e = (st = t[k].create(ctx, "", "p" + std::to_string(k))) == SX_OK ? t[k].train(2) : failed("create", st);
+        if (!e.empty()) return std::fprintf(stderr, "rank %d tenant %d: %s\n", a.rank, k, e.c_str()), 3;
+    }
+    int32_t waiting = 0;
+    for (int tries = 0; tries < 600 && waiting == 0; ++tries) {
+        if ((st = sx_poll_joiners(t[0].g, &waiting)) != SX_OK)
+            return std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("poll_joiners", st).c_str()), 3;
+        if (waiting == 0) ::usleep(50000);
+    }
+    sx_regroup_options_t ro;
+    sx_regroup_options_init(&ro, sizeof ro);
+    ro.admit = waiting;
+    sx_regroup_result_t rr;
+    sx_regroup_result_init(&rr, sizeof rr);
+    if (waiting != 1 || (st = sx_regroup(t[0].g, &ro, &rr)) != SX_OK || rr.world_size != 3 || rr.rank != a.rank)
+        return std::fprintf(stderr, "rank %d: %d waiting; %s (rank %d of %d)\n", a.rank, waiting,
+                            failed("regroup", st).c_str(), rr.rank, rr.world_size), 3;
+    e = (st = t[0].step(2)) == SX_OK ? params_agree(t[0]) : failed("p0's step after the join", st);
+    if (e.empty() && (st = t[1].step(2)) != SX_OK) e = failed("p1's step in the context", st);
+    if (!e.empty()) return std::fprintf(stderr, "rank %d: %s\n", a.rank, e.c_str()), 3;
+    sx_destroy_context(ctx);
+    return 0;
+}
+
 int child_main(int argc, char **argv) {
     sxtest::ChildArgs a;
     if (!sxtest::parse_child_args(argc, argv, &a)) return 2;
     const std::string mode = a.get("--mode", "train");
+    if (mode == "join") return join_main(a);
     // "apart": each rank says it runs on a host of its own (SX_HOST_ID), as ranks on several
-    // hosts do: the context's groups take channels on its one Gloo mesh.
-    const bool apart = a.get("--hosts", "one") == "apart";
+    // hosts do: the context's groups take channels on its one Gloo mesh. "pairs": ranks 2h
+    // and 2h + 1 say they run on host h: shared memory within each host, Gloo between.
+    const std::string hosts = a.get("--hosts", "one");
+    const bool apart = hosts == "apart";
     if (apart) ::setenv("SX_HOST_ID", ("ctx-test-host-" + std::to_string(a.rank)).c_str(), 1);
+    if (hosts == "pairs") ::setenv("SX_HOST_ID", ("ctx-test-host-" + std::to_string(a.rank / 2)).c_str(), 1);
     sx_status_t st;
     sx_context_t *ctx = make_context(a.rendezvous, a.rank, a.world, 0, &st, false, mode == "notice" ? 60000 : 20000);
     if (!ctx) return std::fprintf(stderr, "rank %d: %s\n", a.rank, failed("context", st).c_str()), 3;
@@ -615,8 +730,15 @@ int child_main(int argc, char **argv) {
         // Tenant a fails on rank 0 (sx_abort); tenant b steps on to the bits of the same
         // tenant trained alone (by threads of this process).
         std::vector<float> got;
-        std::string e = peers_fail_at_once(ctx, a.rank, false, &got);
-        if (e.empty() && a.rank == 0) {
+        // Two hosts of two: ranks 1 and 3 come late, and rank 2 (the other host's) must fail
+        // when rank 0 does, not when its own host peer comes.
+        std::string e = peers_fail_at_once(ctx, a.rank, false, &got, nullptr, hosts == "pairs" ? 7000 : 2000);
+        if (e.empty() && hosts == "pairs") {
+            // Alone in these processes: a hierarchy of the same hosts, as threads have none.
+            std::vector<float> want;
+            e = alone_in_processes(a, a.get("--ref", ""), 1, 3, &want);
+            if (e.empty() && a.rank == 0 && got != want) e = "tenant b's params differ from the same tenant trained alone";
+        } else if (e.empty() && a.rank == 0) {
             const std::vector<std::vector<float>> want = reference(a.world, 2, 3, "notice-child", apart);
             if (got != want[1]) e = "tenant b's params differ from the same tenant trained alone";
         }
@@ -638,6 +760,7 @@ int child_main(int argc, char **argv) {
     sx_context_stats_init(&s, sizeof s);
     sx_get_context_stats(ctx, &s);
     if (apart) return many_groups_no_socket(ctx, a.rank, s, sockets_before);
+    if (hosts == "pairs") return hosts_of_two(a, s, sockets_before, &t[1]);
     if (s.shared_memory != 1) return std::fprintf(stderr, "processes of one host: no shared memory\n"), 3;
     // Two live groups, trained: they opened channels, and no connection.
     if (sockets_open() != sockets_before || s.channels < 2)
@@ -656,20 +779,37 @@ void test_processes_on_hosts_apart(void **) {
     if (!err.empty()) fail_msg("%s", err.c_str());
 }
 
-void every_tenant_regroups(const char *hosts) {
-    std::vector<sxtest::ProcessResult> results;
-    sxtest::run_process_ranks(3, {"--mode", "regroup", "--hosts", hosts}, 120, &results);
-    assert_int_equal(results.size(), 3);
-    assert_int_equal(results[0].exit_code, 0);
-    assert_int_equal(results[1].exit_code, 0);
-    assert_int_equal(results[2].signal, SIGKILL);
-}
-
-// 3 processes: shared memory on one host, Gloo channels on hosts apart.
-void peers_fail_at_once_processes(const char *hosts) {
-    const std::string err = sxtest::run_process_ranks(3, {"--mode", "notice", "--hosts", hosts}, 120);
+// Two hosts of two ranks each, with a rendezvous for the tenant made without a context.
+void test_processes_on_hosts_of_two(void **) {
+    const std::string ref = "tcp://127.0.0.1:" + std::to_string(sxtest::free_port());
+    const std::string err = sxtest::run_process_ranks(4, {"--mode", "train", "--hosts", "pairs", "--ref", ref}, 120);
     if (!err.empty()) fail_msg("%s", err.c_str());
 }
+
+// A process that is not one of a context's ranks joins one of its groups by name.
+void test_a_process_joins_a_tenant(void **) {
+    const std::string err = sxtest::run_process_ranks(3, {"--mode", "join"}, 120);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
+void every_tenant_regroups(const char *hosts, int world = 3) {
+    std::vector<sxtest::ProcessResult> results;
+    sxtest::run_process_ranks(world, {"--mode", "regroup", "--hosts", hosts}, 120, &results);
+    assert_int_equal(results.size(), world);
+    for (int r = 0; r + 1 < world; ++r) assert_int_equal(results[static_cast<size_t>(r)].exit_code, 0);
+    assert_int_equal(results[static_cast<size_t>(world - 1)].signal, SIGKILL);
+}
+
+// 3 processes: shared memory on one host, Gloo channels on hosts apart; 4 on two hosts of
+// two (rank 3 calls when rank 1 does).
+void peers_fail_at_once_processes(const char *hosts, int world = 3) {
+    const std::string ref = "tcp://127.0.0.1:" + std::to_string(sxtest::free_port());
+    const std::string err =
+        sxtest::run_process_ranks(world, {"--mode", "notice", "--hosts", hosts, "--ref", ref}, 120);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+void test_peers_fail_at_once_processes_on_hosts_of_two(void **) { peers_fail_at_once_processes("pairs", 4); }
+void test_every_tenant_regroups_on_hosts_of_two(void **) { every_tenant_regroups("pairs", 4); }
 
 void test_peers_fail_at_once_processes(void **) { peers_fail_at_once_processes("one"); }
 void test_peers_fail_at_once_processes_on_hosts_apart(void **) { peers_fail_at_once_processes("apart"); }
@@ -677,13 +817,15 @@ void test_peers_fail_at_once_processes_on_hosts_apart(void **) { peers_fail_at_o
 void test_every_tenant_regroups(void **) { every_tenant_regroups("one"); }
 void test_every_tenant_regroups_on_hosts_apart(void **) { every_tenant_regroups("apart"); }
 
-void a_peers_death_fails_every_tenant(const char *hosts) {
+void a_peers_death_fails_every_tenant(const char *hosts, int world = 2) {
     std::vector<sxtest::ProcessResult> results;
-    sxtest::run_process_ranks(2, {"--mode", "die", "--hosts", hosts}, 120, &results);
-    assert_int_equal(results.size(), 2);
-    assert_int_equal(results[0].exit_code, 0);
+    sxtest::run_process_ranks(world, {"--mode", "die", "--hosts", hosts}, 120, &results);
+    assert_int_equal(results.size(), world);
+    for (int r = 0; r < world; ++r)
+        if (r != 1) assert_int_equal(results[static_cast<size_t>(r)].exit_code, 0);
     assert_int_equal(results[1].signal, SIGKILL);
 }
+void test_a_peers_death_fails_every_tenant_on_hosts_of_two(void **) { a_peers_death_fails_every_tenant("pairs", 4); }
 
 void test_a_peers_death_fails_every_tenant(void **) { a_peers_death_fails_every_tenant("one"); }
 void test_a_peers_death_fails_every_tenant_on_hosts_apart(void **) { a_peers_death_fails_every_tenant("apart"); }
@@ -715,6 +857,11 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_every_tenant_regroups_on_hosts_apart),
         cmocka_unit_test(test_peers_fail_at_once_processes),
         cmocka_unit_test(test_peers_fail_at_once_processes_on_hosts_apart),
+        cmocka_unit_test(test_processes_on_hosts_of_two),
+        cmocka_unit_test(test_a_process_joins_a_tenant),
+        cmocka_unit_test(test_a_peers_death_fails_every_tenant_on_hosts_of_two),
+        cmocka_unit_test(test_every_tenant_regroups_on_hosts_of_two),
+        cmocka_unit_test(test_peers_fail_at_once_processes_on_hosts_of_two),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -88,9 +88,10 @@ end
     context_stats(ctx)
 
 What the context holds on this rank now, as a NamedTuple: `groups` alive, `groups_created`
-since its creation, `channels` open on its transport (a group has 1-4), `memory_bytes` its
-groups hold as the budget counts them, `memory_budget_bytes` (0: none), and `shared_memory`
-(its transport is shared memory: every rank on this host). Any thread.
+since its creation, `channels` open on its transport (a group has 1 or more), `memory_bytes`
+its groups hold as the budget counts them, `memory_budget_bytes` (0: none), and
+`shared_memory` (its channels share memory: every rank on this host, or within each of
+several hosts of as many ranks). Any thread.
 """
 function context_stats(ctx::Context)
     s = _blank(ContextStats)

@@ -70,7 +70,8 @@ defaults (or equal the context's).
 `join=true`: this process joins a running group on `rendezvous` (SX_GROUP_JOIN): it
 connects to nobody (`rank` and `world_size` are ignored); register the params and param
 groups as the members have them, `finalize!`, then `regroup!` waits until the members admit
-it (their `poll_joiners`, then `regroup!(g; admit=n)`).
+it (their `poll_joiners`, then `regroup!(g; admit=n)`). With `name` (and no `context`): it
+joins the group of that name made in the context on `rendezvous`.
 """
 mutable struct ShardGroup
     handle::Ptr{Cvoid}

@@ -14,8 +14,9 @@ from .group import _BACKENDS, _TRANSPORTS, ShardGroup, _choice, _encode
 class ContextStats:
     """What a context holds on this rank now (sx_context_stats_t): its live groups, the
     groups made in it since its creation, the channels open on its transport (a group
-    has 1-4), the bytes its groups hold as the budget counts them, the budget (0: none),
-    and whether its transport is shared memory (every rank on this host)."""
+    has 1 or more), the bytes its groups hold as the budget counts them, the budget (0: none),
+    and whether its channels share memory (every rank on this host, or within each of
+    several hosts of as many ranks)."""
     groups: int
     groups_created: int
     channels: int

@@ -288,7 +288,8 @@ class ShardGroup(Handle):
     it connects to nobody (``rank`` and ``world_size`` are ignored); register the params
     and param groups as the members have them, :meth:`finalize`, then :meth:`regroup`
     waits until the members admit it (their :meth:`poll_joiners` and ``regroup(admit=)``)
-    and makes it a rank of their next group, with its state.
+    and makes it a rank of their next group, with its state. With ``name`` (and no
+    ``context``): it joins the group of that name made in the context on ``rendezvous``.
 
     ``openmp_threads=True``: in a process that runs an OpenMP runtime of its own (torch's
     libgomp), the optimizer work of this group's calls runs on the calling thread's OpenMP

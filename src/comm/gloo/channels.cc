@@ -166,9 +166,18 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
                                "channel fail with it (%s: %s)",
                                label_.c_str(), r, from, sx_status_string(code), why.c_str());
             noticed_.store(true);
+            if (listener_) listener_(notice_);
         }
         told_.store(true);  // the first failure is the peer's: nothing to tell
         in_flight_.stop_waits();
+    }
+
+    void transport_failed() override { in_flight_.stop_waits(); }
+
+    void listen(std::function<void(const Status &)> listener) {
+        std::lock_guard<std::mutex> lock(notice_mu_);
+        listener_ = std::move(listener);
+        if (listener_ && noticed_.load()) listener_(notice_);
     }
 
   private:
@@ -252,6 +261,8 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
         channels_->unwatch(this);
         if (!s.ok() && aborted_.load()) {
             s = SX_ERROR(SX_ERR_ABORTED, "%s was aborted (abort() was called)", what);
+        } else if (!s.ok() && !broken && !channels_->usable(what).ok()) {
+            s = channels_->usable(what);  // another channel found the transport broken
         } else if (!s.ok() && !broken && noticed_.load()) {
             s = notice_status(what);
         } else if (!s.ok() && !broken && timed_out_.load()) {
@@ -294,6 +305,7 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
     // A peer's notice (notice()): the channel's first failure, a peer's.
     std::mutex notice_mu_;
     Status notice_;  // under notice_mu_
+    std::function<void(const Status &)> listener_;  // under notice_mu_ (listen_for_notice)
     std::atomic<bool> noticed_{false}, told_{false};  // told_: this rank's failure was told, or needs not be
 };
 
@@ -427,9 +439,11 @@ void GlooChannels::fail(const Status &why) {
     if (!failure_.record(Status(why).prefix("the context's Gloo transport failed: "))) return;
     SigpipeBlock no_sigpipe;
     try {
-        context_->closeConnections();  // every channel's waits, here and at the peers, fail now
+        context_->closeConnections();  // every channel's waits at the peers fail now
     } catch (...) {
     }
+    std::lock_guard<std::mutex> lock(notice_mu_);
+    for (auto &c : enlisted_) c.second->transport_failed();  // and here
 }
 
 void GlooChannels::watch(Watched *w, Clock::time_point deadline) {
@@ -525,6 +539,12 @@ Status create_gloo_channel(const std::shared_ptr<GlooChannels> &channels, std::s
     c->enlist();
     *out = std::move(c);
     return Status::Ok();
+}
+
+bool listen_for_notice(Communicator *channel, std::function<void(const Status &)> listener) {
+    GlooChannel *c = dynamic_cast<GlooChannel *>(channel);
+    if (c) c->listen(std::move(listener));
+    return c != nullptr;
 }
 
 }  // namespace comm

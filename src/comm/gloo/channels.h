@@ -51,6 +51,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -66,6 +67,13 @@ namespace comm {
 // communicator and every context's GlooChannels makes.
 Status connect_gloo_mesh(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
                          std::shared_ptr<gloo::rendezvous::Context> *out);
+
+// Where `channel` is a channel on a context's Gloo mesh (create_gloo_channel): `listener`
+// is called, on the context's notice thread, when a peer's notice fails the channel (at
+// once, where one came already), with the channel's error, so that an owner combining
+// several channels ends its waits on the others too. nullptr: no more calls, and none is
+// running once this returns. False (nothing done) where it is not such a channel. Any thread.
+bool listen_for_notice(Communicator *channel, std::function<void(const Status &)> listener);
 
 // The communicator of a channel on `channels` over `world_size` of the context's ranks
 // (any of them, `rank` among them), agreed through `store` (the channel's own key space),
@@ -90,6 +98,9 @@ class GlooChannels {
         // Channel `id` failed first on context rank `from`, with code and why. On the
         // notice thread, under the registry's lock: the channel is alive.
         virtual void notice(int from, sx_status_t code, const std::string &why) = 0;
+        // The transport failed (fail()): the channel's waits end now, here too (closing the
+        // connections wakes only the peers' waits). Under the registry's lock.
+        virtual void transport_failed() = 0;
 
       protected:
         ~Noticed() = default;
@@ -107,7 +118,8 @@ class GlooChannels {
     int world_size() const { return context_->size; }
     rdzv::Store &store() { return *store_; }
 
-    // A comm failure of any channel: every connection of the context is closed, once.
+    // A comm failure of any channel: every connection of the context is closed, once, and
+    // every channel's waits on this rank end.
     void fail(const Status &why);
     Status usable(const char *what) const { return failure_.check(what); }
 

@@ -6,12 +6,70 @@
 
 #include "base/log.h"
 #include "comm/communicator.h"
+#include "comm/gloo/channels.h"
 #include "comm/shm/hierarchical.h"
 #include "comm/shm/segment.h"
 #include "rdzv/stores.h"
 
 namespace sx {
 namespace comm {
+
+Status exchange_host_identities(rdzv::Store &store, int rank, int world_size, const std::string &mine,
+                                Clock::time_point deadline, std::vector<std::string> *hosts) {
+    SX_TRY(store.set("host/" + std::to_string(rank), mine));
+    hosts->assign(static_cast<size_t>(world_size), std::string());
+    for (int q = 0; q < world_size; ++q) {
+        const Millis left = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
+        SX_TRY(store.get("host/" + std::to_string(q), &(*hosts)[static_cast<size_t>(q)], left));
+    }
+    return Status::Ok();
+}
+
+std::vector<std::string> rank_names_on_hosts(const std::vector<std::string> &hosts) {
+    std::vector<std::string> names;
+    for (size_t q = 0; q < hosts.size(); ++q)
+        names.push_back(format("rank %zu (host '%s')", q, host_name_of(hosts[q]).c_str()));
+    return names;
+}
+
+Status create_context_channel(std::shared_ptr<rdzv::Store> store, int rank, int world_size,
+                              const CommunicatorSpec &spec, std::unique_ptr<Communicator> *out) {
+    SX_CHECK_ARG(store != nullptr && out != nullptr && spec.channels && spec.gloo_channels,
+                 "create_context_channel: store, out, and the context's shared memory and Gloo mesh must not be NULL");
+    const Clock::time_point deadline =
+        spec.deadline == Clock::time_point() ? Clock::now() + spec.timeout : spec.deadline;
+    std::vector<std::string> hosts;
+    SX_TRY(exchange_host_identities(*store, rank, world_size, host_identity(), deadline, &hosts));
+    ShmOptions so;
+    so.timeout = spec.timeout;
+    so.deadline = deadline;
+    so.channels = spec.channels;
+    so.label = spec.label;
+    const std::string &mine = hosts[static_cast<size_t>(rank)];
+    if (std::all_of(hosts.begin(), hosts.end(), [&](const std::string &h) { return h == mine; }))
+        return create_shm_communicator(std::move(store), rank, world_size, so, out);
+    GlooOptions g;
+    g.timeout = spec.timeout;
+    g.deadline = deadline;
+    g.label = spec.label;
+    g.rank_names = rank_names_on_hosts(hosts);
+    HostPlacement p;
+    if (!place_hosts(hosts, &p) || !locate_rank(&p, rank))
+        return create_gloo_channel(spec.gloo_channels, std::move(store), rank, world_size, g, out);
+    std::unique_ptr<Communicator> local, peers, flat;
+    so.timeout = host_part_timeout(spec.timeout);
+    // Its errors count the host's ranks ("its rank 1" is the host's second).
+    so.label = format("%s, among host '%s''s ranks", spec.label.c_str(), p.names[static_cast<size_t>(p.host)].c_str());
+    SX_TRY(create_shm_communicator(rdzv::make_prefix_store(store, "host" + std::to_string(p.host) + "/"), p.local,
+                                   p.per_host, so, &local));
+    GlooOptions po = g;
+    po.rank_names = host_peer_names(p);
+    SX_TRY(create_gloo_channel(spec.gloo_channels, rdzv::make_prefix_store(store, "peers" + std::to_string(p.local) + "/"),
+                               p.host, p.hosts, po, &peers));
+    SX_TRY(create_gloo_channel(spec.gloo_channels, rdzv::make_prefix_store(store, "flat/"), rank, world_size, g, &flat));
+    *out = combine_hosts(p, rank, std::move(local), std::move(peers), std::move(flat), true);
+    return Status::Ok();
+}
 
 Status create_cpu_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
                                bool shared_memory, std::unique_ptr<Communicator> *out, CpuTransport *chosen,
@@ -25,12 +83,7 @@ Status create_cpu_communicator(std::shared_ptr<rdzv::Store> store, int rank, int
         const Clock::time_point deadline =
             options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
         const std::string mine = host.empty() ? host_identity() : "given:" + host;
-        SX_TRY(store->set("host/" + std::to_string(rank), mine));
-        hosts.resize(static_cast<size_t>(world_size));
-        for (int q = 0; q < world_size; ++q) {
-            const Millis left = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
-            SX_TRY(store->get("host/" + std::to_string(q), &hosts[static_cast<size_t>(q)], left));
-        }
+        SX_TRY(exchange_host_identities(*store, rank, world_size, mine, deadline, &hosts));
         if (std::all_of(hosts.begin(), hosts.end(), [&](const std::string &h) { return h == mine; }))
             transport = CpuTransport::kSharedMemory;
         else if (place_hosts(hosts, &placement))
@@ -39,10 +92,7 @@ Status create_cpu_communicator(std::shared_ptr<rdzv::Store> store, int rank, int
     if (chosen) *chosen = transport;
     if (transport == CpuTransport::kGloo) {
         GlooOptions named = options;  // where the ranks said their hosts, errors name them
-        if (!hosts.empty() && named.rank_names.empty())
-            for (int q = 0; q < world_size; ++q)
-                named.rank_names.push_back(
-                    format("rank %d (host '%s')", q, host_name_of(hosts[static_cast<size_t>(q)]).c_str()));
+        if (!hosts.empty() && named.rank_names.empty()) named.rank_names = rank_names_on_hosts(hosts);
         return create_gloo_communicator(std::move(store), rank, world_size, named, out);
     }
     if (transport == CpuTransport::kHierarchical) {

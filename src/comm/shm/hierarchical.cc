@@ -20,6 +20,7 @@
 #include "base/log.h"
 #include "base/memory.h"
 #include "comm/communicator.h"
+#include "comm/gloo/channels.h"
 #include "comm/shm/hierarchical.h"
 #include "rdzv/store.h"
 
@@ -30,8 +31,20 @@ namespace {
 class HierarchicalCommunicator final : public Communicator {
   public:
     HierarchicalCommunicator(const HostPlacement &placement, int rank, std::unique_ptr<Communicator> local,
-                             std::unique_ptr<Communicator> peers, std::unique_ptr<Communicator> flat)
-        : p_(placement), rank_(rank), local_(std::move(local)), peers_(std::move(peers)), flat_(std::move(flat)) {}
+                             std::unique_ptr<Communicator> peers, std::unique_ptr<Communicator> flat, bool channels)
+        : p_(placement), rank_(rank), local_(std::move(local)), peers_(std::move(peers)), flat_(std::move(flat)),
+          channels_(channels) {
+        if (!channels_) return;
+        // A peer's notice on a Gloo channel (every failure is told on the one among all
+        // ranks) ends this rank's waits on the other two at once, whichever it is in.
+        listen_for_notice(peers_.get(), [this](const Status &why) { noticed(why, peers_.get()); });
+        listen_for_notice(flat_.get(), [this](const Status &why) { noticed(why, flat_.get()); });
+    }
+    ~HierarchicalCommunicator() override {
+        if (!channels_) return;
+        listen_for_notice(peers_.get(), nullptr);  // no notice runs once these return
+        listen_for_notice(flat_.get(), nullptr);
+    }
 
     int rank() const override { return rank_; }
     int world_size() const override { return p_.hosts * p_.per_host; }
@@ -138,6 +151,13 @@ class HierarchicalCommunicator final : public Communicator {
         flat_->abort();
     }
 
+    // A context's channels: every peer, on this host and the others, is told (where this
+    // rank's is the first failure; else the waits end).
+    void fail_channel(const Status &why) override {
+        if (!channels_ || why.ok() || !first_failure(why, nullptr)) return abort();
+        tell(why);
+    }
+
     // This host's peers are watched through shared memory; the other hosts' are not.
     std::vector<int> exited_peers() const override {
         std::vector<int> out;
@@ -186,10 +206,17 @@ class HierarchicalCommunicator final : public Communicator {
     }
 
     // A failed part fails the whole: the other parts are aborted, so that every peer,
-    // whichever part it waits in, fails at once (this host's peers told why), and every
-    // later call fails fast.
+    // whichever part it waits in, fails at once (this host's peers told why; a context's
+    // channels tell every peer), and every later call fails fast.
     Status checked(Status s) {
         if (s.ok()) return s;
+        if (channels_) {
+            // Told already (this rank failed first, or a peer's notice aborted the part
+            // this call was in): the first failure says why.
+            Status kept;
+            if (first_failure(s, &kept)) tell(s);
+            return kept;
+        }
         failure_.record(s);
         local_->abort_because(s);
         peers_->abort();
@@ -199,11 +226,42 @@ class HierarchicalCommunicator final : public Communicator {
 
     Status usable(const char *what) { return failure_.check(what); }
 
+    // A peer's notice failed `on` (one of the Gloo channels): the other parts' waits end.
+    void noticed(const Status &why, Communicator *on) {
+        if (!first_failure(why, nullptr)) return;
+        local_->abort_because(why);
+        for (Communicator *c : {peers_.get(), flat_.get()})
+            if (c != on) c->abort();
+    }
+
+    // Keeps s as the communicator's failure unless one is kept already: true where s is
+    // the first; *kept (if not null): the first.
+    bool first_failure(const Status &s, Status *kept) {
+        failure_.record(s);
+        std::lock_guard<std::mutex> lock(first_mu_);
+        const bool first = first_.ok();
+        if (first) first_ = s;
+        if (kept) *kept = first_;
+        return first;
+    }
+
+    // The first failure is this rank's: every peer is told, on the channels among all ranks
+    // and among host peers first, then on this host's (whose abort ends this rank's own
+    // waits, which then find the failure kept).
+    void tell(const Status &why) {
+        flat_->fail_channel(why);
+        peers_->fail_channel(why);
+        local_->fail_channel(why);
+    }
+
     const HostPlacement p_;
     const int rank_;
     std::unique_ptr<Communicator> local_, peers_, flat_;
+    const bool channels_;  // the three are a context's channels
     HostBuffer scratch_[3];
     FailureLatch failure_;
+    std::mutex first_mu_;
+    Status first_;  // under first_mu_: a context's channels' first failure, this rank's or a peer's
 };
 
 }  // namespace
@@ -239,22 +297,43 @@ bool place_hosts(const std::vector<std::string> &hosts, HostPlacement *out) {
     return true;
 }
 
+bool locate_rank(HostPlacement *p, int rank) {
+    const size_t at = static_cast<size_t>(std::find(p->rank_of.begin(), p->rank_of.end(), rank) - p->rank_of.begin());
+    if (at >= p->rank_of.size() || p->per_host <= 0) return false;
+    p->host = static_cast<int>(at) / p->per_host;
+    p->local = static_cast<int>(at) % p->per_host;
+    return true;
+}
+
+std::unique_ptr<Communicator> combine_hosts(const HostPlacement &placement, int rank,
+                                            std::unique_ptr<Communicator> local, std::unique_ptr<Communicator> peers,
+                                            std::unique_ptr<Communicator> flat, bool channels) {
+    return std::unique_ptr<Communicator>(new HierarchicalCommunicator(placement, rank, std::move(local),
+                                                                      std::move(peers), std::move(flat), channels));
+}
+
+Millis host_part_timeout(Millis timeout) {
+    return timeout + std::min(std::max(timeout / 4, Millis(250)), Millis(5000));
+}
+
+std::vector<std::string> host_peer_names(const HostPlacement &p) {
+    std::vector<std::string> names;
+    for (int h = 0; h < p.hosts; ++h)
+        names.push_back(format("rank %d (host '%s')", p.rank_of[static_cast<size_t>(h * p.per_host + p.local)],
+                               p.names[static_cast<size_t>(h)].c_str()));
+    return names;
+}
+
 Status create_hierarchical_communicator(std::shared_ptr<rdzv::Store> store, int rank, const HostPlacement &placement,
                                         const GlooOptions &options, std::unique_ptr<Communicator> *out,
                                         bool *hierarchical) {
     HostPlacement p = placement;
-    const size_t at = static_cast<size_t>(std::find(p.rank_of.begin(), p.rank_of.end(), rank) - p.rank_of.begin());
-    SX_CHECK_ARG(at < p.rank_of.size(), "create_hierarchical_communicator: rank %d is on no host", rank);
-    p.host = static_cast<int>(at) / p.per_host;
-    p.local = static_cast<int>(at) % p.per_host;
+    SX_CHECK_ARG(locate_rank(&p, rank), "create_hierarchical_communicator: rank %d is on no host", rank);
     const int world = p.hosts * p.per_host;
     std::unique_ptr<Communicator> flat, local, peers;
     SX_TRY(create_gloo_communicator(rdzv::make_prefix_store(store, "flat/"), rank, world, options, &flat));
     ShmOptions so;
-    // A little longer than the exchange between hosts waits: where a host peer stalls,
-    // this host's rank that waits on it gives up first and tells its host's ranks why
-    // (which host peer it waited for), rather than they timing out at once on it.
-    so.timeout = options.timeout + std::min(std::max(options.timeout / 4, Millis(250)), Millis(5000));
+    so.timeout = host_part_timeout(options.timeout);
     so.deadline = options.deadline;
     Status s = create_shm_communicator(rdzv::make_prefix_store(store, "host" + std::to_string(p.host) + "/"),
                                        p.local, p.per_host, so, &local);
@@ -269,10 +348,7 @@ Status create_hierarchical_communicator(std::shared_ptr<rdzv::Store> store, int 
         return Status::Ok();
     }
     GlooOptions po = options;  // the host peers are named by their ranks in the world and their hosts
-    po.rank_names.clear();
-    for (int h = 0; h < p.hosts; ++h)
-        po.rank_names.push_back(format("rank %d (host '%s')", p.rank_of[static_cast<size_t>(h * p.per_host + p.local)],
-                                       p.names[static_cast<size_t>(h)].c_str()));
+    po.rank_names = host_peer_names(p);
     SX_TRY(create_gloo_communicator(rdzv::make_prefix_store(store, "peers" + std::to_string(p.local) + "/"), p.host,
                                     p.hosts, po, &peers));
     log(SX_LOG_DEBUG,
@@ -280,7 +356,7 @@ Status create_hierarchical_communicator(std::shared_ptr<rdzv::Store> store, int 
         "host and through TCP with its host peers",
         rank, world, p.host, p.hosts, p.local, p.per_host);
     *hierarchical = true;
-    out->reset(new HierarchicalCommunicator(p, rank, std::move(local), std::move(peers), std::move(flat)));
+    *out = combine_hosts(p, rank, std::move(local), std::move(peers), std::move(flat), false);
     return Status::Ok();
 }
 

@@ -115,13 +115,14 @@ pub struct ContextStats {
     pub groups: i64,
     /// Groups made in it since its creation.
     pub groups_created: i64,
-    /// Channels open on its transport (a group has 1-4).
+    /// Channels open on its transport (a group has 1 or more).
     pub channels: i64,
     /// What its groups hold on this rank, as the budget counts it.
     pub memory_bytes: u64,
     /// The budget (0: none).
     pub memory_budget_bytes: u64,
-    /// Its transport is shared memory (every rank on this host).
+    /// Its channels share memory: every rank on this host, or within each of several
+    /// hosts of as many ranks (with its Gloo mesh between them).
     pub shared_memory: bool,
 }
 

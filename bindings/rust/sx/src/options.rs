@@ -213,6 +213,8 @@ impl GroupConfig {
         self
     }
     /// The group's name in its context: at most 128 bytes of letters, digits and "-_.".
+    /// Without a context, only with [`GroupConfig::join`]: the context's group (on the
+    /// rendezvous) that this process joins.
     pub fn name(mut self, name: &str) -> Self {
         self.name = Some(name.to_string());
         self
