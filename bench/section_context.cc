@@ -8,7 +8,9 @@
 //           100th in-context creation's own time is printed beside it. "hosts apart":
 //           the processes say they run on hosts of their own (SX_HOST_ID), as ranks on
 //           two hosts: a fresh group connects Gloo's TCP mesh, a context's group takes
-//           channels on the context's one mesh.
+//           channels on the context's one mesh. "two hosts of two": 4 processes, ranks
+//           2h and 2h + 1 on host h: a fresh group is hierarchical (shared memory on each
+//           host, Gloo between), as is a context's group (three channels).
 //   tenants 8 small tenant groups (64 Ki AdamW params each) stepped at once, each on a
 //           thread of its own per rank, for 20 steps: in one context against as 8 groups of
 //           their own; steps per second of all tenants, and their ratio.
@@ -31,7 +33,7 @@ constexpr int kWorld = 2;
 
 // A small group: in ctx (named `name`), or on `rendezvous` of its own. Null on failure (printed).
 sx_shard_group_t *make_group(sx_context_t *ctx, const std::string &rendezvous, const std::string &name, int rank,
-                             int64_t elements) {
+                             int64_t elements, int world = kWorld) {
     sx_group_config_t c;
     sx_group_config_init(&c, sizeof c);
     if (ctx) {
@@ -40,7 +42,7 @@ sx_shard_group_t *make_group(sx_context_t *ctx, const std::string &rendezvous, c
     } else {
         c.rendezvous = rendezvous.c_str();
         c.rank = rank;
-        c.world_size = kWorld;
+        c.world_size = world;
         c.num_threads = 1;
         c.backend = SX_BACKEND_CPU;
     }
@@ -64,12 +66,12 @@ sx_shard_group_t *make_group(sx_context_t *ctx, const std::string &rendezvous, c
     return g;
 }
 
-sx_context_t *make_context(const std::string &rendezvous, int rank) {
+sx_context_t *make_context(const std::string &rendezvous, int rank, int world = kWorld) {
     sx_context_config_t c;
     sx_context_config_init(&c, sizeof c);
     c.rendezvous = rendezvous.c_str();
     c.rank = rank;
-    c.world_size = kWorld;
+    c.world_size = world;
     c.backend = SX_BACKEND_CPU;
     c.num_threads = 1;
     sx_context_t *ctx = nullptr;
@@ -143,14 +145,15 @@ double tenant_rate(bool in_context, int tenants, int steps, int64_t elements) {
 
 // The processes' variant of creation_times: this program again per rank (context_rank_main),
 // over tcp:// on free ports (each fresh group a rendezvous of its own); rank 0's times.
-std::vector<double> creation_times_processes(bool in_context, int n, bool apart = false) {
+// hosts: "one", "apart" (a host per rank) or "pairs" (ranks 2h and 2h + 1 on host h).
+std::vector<double> creation_times_processes(bool in_context, int n, const char *hosts = "one", int world = kWorld) {
     const int port = free_ports(in_context ? 1 : n);
     char path[] = "/tmp/sx-bench-context-XXXXXX";
     const int fd = ::mkstemp(path);
     if (fd >= 0) ::close(fd);
-    const bool ok = port != 0 && fd >= 0 && run_self(kWorld, [&](int r) {
+    const bool ok = port != 0 && fd >= 0 && run_self(world, [&](int r) {
         return std::vector<std::string>{"--context-rank", in_context ? "context" : "fresh", std::to_string(port),
-                                        std::to_string(r), std::to_string(n), path, apart ? "apart" : "one"};
+                                        std::to_string(r), std::to_string(n), path, hosts, std::to_string(world)};
     });
     std::vector<double> times;
     std::ifstream f(path);
@@ -159,7 +162,8 @@ std::vector<double> creation_times_processes(bool in_context, int n, bool apart 
     return times;
 }
 
-void print_create(const char *how, const std::vector<double> &fresh, const std::vector<double> &in_ctx) {
+void print_create(const char *how, const std::vector<double> &fresh, const std::vector<double> &in_ctx,
+                  int world = kWorld) {
     if (fresh.empty() || in_ctx.empty()) {
         std::printf("%-28s failed\n", how);
         return;
@@ -168,24 +172,26 @@ void print_create(const char *how, const std::vector<double> &fresh, const std::
     std::printf("%-28s %12.3f %12.3f %14.3f %8.1f\n", how, fresh_ms, ctx_ms, last_ms, fresh_ms / ctx_ms);
     std::printf("{\"bench\":\"context\",\"figure\":\"create\",\"ranks\":\"%s\",\"world\":%d,\"fresh_ms\":%.4f,"
                 "\"context_ms\":%.4f,\"context_last_ms\":%.4f,\"groups\":%zu,\"ratio\":%.3f}\n",
-                how, kWorld, fresh_ms, ctx_ms, last_ms, in_ctx.size(), fresh_ms / ctx_ms);
+                how, world, fresh_ms, ctx_ms, last_ms, in_ctx.size(), fresh_ms / ctx_ms);
 }
 
 }  // namespace
 
-// One rank of creation_times_processes: argv = --context-rank MODE PORT RANK N FILE HOSTS.
+// One rank of creation_times_processes: argv = --context-rank MODE PORT RANK N FILE HOSTS WORLD.
 int context_rank_main(int argc, char **argv) {
-    if (argc != 8) return 2;
-    if (std::string(argv[7]) == "apart") ::setenv("SX_HOST_ID", (std::string("bench-host-") + argv[4]).c_str(), 1);
+    if (argc != 9) return 2;
     const bool in_context = std::string(argv[2]) == "context";
-    const int port = std::atoi(argv[3]), rank = std::atoi(argv[4]), n = std::atoi(argv[5]);
+    const int port = std::atoi(argv[3]), rank = std::atoi(argv[4]), n = std::atoi(argv[5]), world = std::atoi(argv[8]);
+    const std::string hosts = argv[7];
+    if (hosts == "apart") ::setenv("SX_HOST_ID", ("bench-host-" + std::to_string(rank)).c_str(), 1);
+    if (hosts == "pairs") ::setenv("SX_HOST_ID", ("bench-host-" + std::to_string(rank / 2)).c_str(), 1);
     const std::string url = "tcp://127.0.0.1:";
-    sx_context_t *ctx = in_context ? make_context(url + std::to_string(port), rank) : nullptr;
+    sx_context_t *ctx = in_context ? make_context(url + std::to_string(port), rank, world) : nullptr;
     if (in_context && !ctx) return 3;
     std::vector<double> times;
     for (int i = 0; i < n; ++i) {
         const double t0 = now_seconds();
-        sx_shard_group_t *g = make_group(ctx, url + std::to_string(port + i), "g", rank, 4096);
+        sx_shard_group_t *g = make_group(ctx, url + std::to_string(port + i), "g", rank, 4096, world);
         if (!g) return 3;
         times.push_back(now_seconds() - t0);
         sx_destroy_shard_group(g);
@@ -199,12 +205,15 @@ int context_rank_main(int argc, char **argv) {
 
 int section_context(const Options &opt) {
     const int n = 100;
-    std::printf("context: %d ranks; groups made in one context vs groups of their own\n", kWorld);
+    std::printf("context: %d ranks (two hosts of two: 4); groups made in one context vs groups of their own\n",
+                kWorld);
     std::printf("%-28s %12s %12s %14s %8s\n", "create (median)", "fresh_ms", "context_ms", "last_ms", "ratio");
     print_create("threads over local://", creation_times(false, 20), creation_times(true, n));
     print_create("processes over tcp://", creation_times_processes(false, 20), creation_times_processes(true, n));
-    print_create("tcp://, hosts apart", creation_times_processes(false, 20, true),
-                 creation_times_processes(true, n, true));
+    print_create("tcp://, hosts apart", creation_times_processes(false, 20, "apart"),
+                 creation_times_processes(true, n, "apart"));
+    print_create("tcp://, two hosts of two", creation_times_processes(false, 20, "pairs", 4),
+                 creation_times_processes(true, n, "pairs", 4), 4);
     const int tenants = 8, steps = 20;
     std::vector<double> own, shared;
     for (int r = 0; r < std::max(3, opt.reps / 5); ++r) {

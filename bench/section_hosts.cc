@@ -5,6 +5,9 @@
 // step on this machine; the store on a third host), stage 2:
 //   two-level  sx's default: shared memory within each host, TCP between host peers
 //   flat       Gloo's TCP between every pair of ranks (SX_TRANSPORT_TCP)
+//   context two-level, context flat: the same group made in a context of the 4 ranks
+//              (sx_context.h): channels of each host's shared memory and of the context's
+//              Gloo mesh, or (SX_TRANSPORT_TCP) channels of the mesh alone
 // The median step (the slowest rank's) of --reps steps (at most 5) after 2 warm-up
 // steps, the bytes each host's link carried per timed step (what the wire moved between
 // rank 0's first and last timed step, halved: each packet crosses two links), and the
@@ -51,16 +54,35 @@ int hosts_rank_main(int argc, char **argv) {
     const std::string mode = argv[2], url = argv[4], dir = argv[7];
     const int rank = std::atoi(argv[3]), steps = std::atoi(argv[6]);
     int64_t n = std::strtoll(argv[5], nullptr, 10);
+    const bool flat = mode == "flat" || mode == "context flat", in_context = mode.compare(0, 8, "context ") == 0;
+    sx_context_t *ctx = nullptr;
+    if (in_context) {
+        sx_context_config_t cc;
+        sx_context_config_init(&cc, sizeof cc);
+        cc.backend = SX_BACKEND_CPU;
+        cc.rendezvous = url.c_str();
+        cc.rank = rank;
+        cc.world_size = 4;
+        cc.num_threads = 1;
+        cc.timeout_ms = 120000;
+        cc.transport = flat ? SX_TRANSPORT_TCP : SX_TRANSPORT_AUTO;
+        if (sx_create_context(&cc, &ctx) != SX_OK) fail("sx_create_context");
+    }
     sx_group_config_t c;
     sx_group_config_init(&c, sizeof c);
-    c.backend = SX_BACKEND_CPU;
-    c.rendezvous = url.c_str();
-    c.rank = rank;
-    c.world_size = 4;
     c.stage = 2;
-    c.num_threads = 1;
-    c.timeout_ms = 120000;
-    c.transport = mode == "flat" ? SX_TRANSPORT_TCP : SX_TRANSPORT_AUTO;
+    if (in_context) {
+        c.context = ctx;
+        c.name = "bench";
+    } else {
+        c.backend = SX_BACKEND_CPU;
+        c.rendezvous = url.c_str();
+        c.rank = rank;
+        c.world_size = 4;
+        c.num_threads = 1;
+        c.timeout_ms = 120000;
+        c.transport = flat ? SX_TRANSPORT_TCP : SX_TRANSPORT_AUTO;
+    }
     sx_shard_group_t *g = make_adamw_group(c, n);
     std::ofstream out(dir + "/step_s." + std::to_string(rank));
     for (int s = 0; s < steps + 2; ++s) {
@@ -75,12 +97,14 @@ int hosts_rank_main(int argc, char **argv) {
     }
     if (rank == 0) std::ofstream(dir + "/done") << "1\n";
     sx_destroy_shard_group(g);
+    sx_destroy_context(ctx);
     return out.good() ? 0 : 1;
 }
 
 namespace {
 
-const char *const kModes[2] = {"two-level", "flat"};
+constexpr int kNumModes = 4;
+const char *const kModes[kNumModes] = {"two-level", "flat", "context two-level", "context flat"};
 
 // One run of 4 ranks with transport kModes[m] (the link as set): its median step into
 // *step, and its line of the table and its JSON printed; false if a rank failed.
@@ -136,7 +160,7 @@ bool run_mode(netlab::Lab *lab, int m, int64_t n, int steps, const std::string &
     // sender's link and its receiver's).
     const double per_link = static_cast<double>(after.bytes - before.bytes) / 2.0 / steps;
     const double ceiling = per_link / rate;
-    std::printf("%-10s %10.3f %14.1f %14.3f %10.2f\n", kModes[m], *step, per_link / 1e6, ceiling, ceiling / *step);
+    std::printf("%-18s %10.3f %14.1f %14.3f %10.2f\n", kModes[m], *step, per_link / 1e6, ceiling, ceiling / *step);
     std::printf("{\"bench\":\"hosts\",\"transport\":\"%s\",\"elements\":%lld,\"hosts\":2,\"ranks_per_host\":2,"
                 "\"link_mbit\":%.0f,\"link_delay_ms\":%.2f,\"steps\":%d,\"step_s\":%.4f,\"mb_per_link_per_step\":%.2f,"
                 "\"ceiling_s\":%.4f,\"ceiling_over_step\":%.3f}\n",
@@ -167,14 +191,19 @@ int section_hosts(const Options &opt) {
         std::printf("hosts: 2 hosts x 2 ranks, AdamW on %lld fp32 elements (stage 2), each host's link %.0f Mbit/s "
                     "and %.2f ms each way (%.1f ms host to host); median step of %d\n",
                     static_cast<long long>(n), rate * 8 / 1e6, kLinkDelayMs, 2 * kLinkDelayMs, steps);
-        std::printf("%-10s %10s %14s %14s %10s\n", "transport", "step s", "MB/link/step", "ceiling s", "ceiling/s");
-        double step_of[2] = {0, 0};
-        for (int m = 0; m < 2; ++m) {
+        std::printf("%-18s %10s %14s %14s %10s\n", "transport", "step s", "MB/link/step", "ceiling s", "ceiling/s");
+        double step_of[kNumModes] = {0, 0, 0, 0};
+        for (int m = 0; m < kNumModes; ++m) {
             if (!run_mode(lab.get(), m, n, steps, dir, rate, &step_of[m])) return 1;
         }
-        std::printf("two-level is %.2fx faster than flat Gloo over every rank\n", step_of[1] / step_of[0]);
-        std::printf("{\"bench\":\"hosts\",\"figure\":\"flat_over_two_level\",\"link_mbit\":%.0f,\"ratio\":%.3f}\n",
-                    rate * 8 / 1e6, step_of[1] / step_of[0]);
+        for (int in_context = 0; in_context < 2; ++in_context) {
+            const double ratio = step_of[2 * in_context + 1] / step_of[2 * in_context];
+            std::printf("%stwo-level is %.2fx faster than flat Gloo over every rank\n", in_context ? "in a context, " : "",
+                        ratio);
+            std::printf("{\"bench\":\"hosts\",\"figure\":\"flat_over_two_level\",\"context\":%s,\"link_mbit\":%.0f,"
+                        "\"ratio\":%.3f}\n",
+                        in_context ? "true" : "false", rate * 8 / 1e6, ratio);
+        }
     }
     const std::string rm = "rm -rf '" + dir + "'";
     return std::system(rm.c_str()) == 0 ? 0 : 1;
