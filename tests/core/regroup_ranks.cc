@@ -38,15 +38,20 @@ float grad_value(int p, uint64_t i, int s, int r, int w) {
 std::string Child::create(const std::string &rendezvous, int shard_size) {
     sx_group_config_t c;
     sx_group_config_init(&c, sizeof c);
-    c.rendezvous = rendezvous.c_str();
-    c.rank = rank;
-    c.world_size = world;
-    c.backend = cuda || offload ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
+    if (context) {
+        c.context = context;
+        c.name = "child";
+    } else {
+        c.rendezvous = rendezvous.c_str();
+        c.rank = rank;
+        c.world_size = world;
+        c.backend = cuda || offload ? SX_BACKEND_CUDA : SX_BACKEND_CPU;
+        c.num_threads = 1;
+        c.timeout_ms = timeout_ms;
+    }
     c.offload = offload ? SX_OFFLOAD_STATE : SX_OFFLOAD_NONE;
     c.stage = stage;
-    c.num_threads = 1;
     c.shard_size = shard_size;
-    c.timeout_ms = timeout_ms;
     c.memory_copy_interval = memory_copies;
     c.flags = flags;
     sx_status_t st = sx_create_shard_group(&c, &g);

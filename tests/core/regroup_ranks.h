@@ -48,6 +48,9 @@ struct Child {
     // param "c" (kShapeC, fp32 state too) shares "a"'s unit.
     // kBf16StochasticRound: the params are bf16 without masters.
     int state_dtype = SX_STATE_FP32;
+    // Made in this context (named "child"; its rendezvous, ranks and transport are the
+    // context's), else on the rendezvous create() is given. Borrowed.
+    sx_context_t *context = nullptr;
     ~Child() { sx_destroy_shard_group(g); }
 
     bool stochastic_round() const { return state_dtype == kBf16StochasticRound; }

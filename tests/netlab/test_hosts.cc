@@ -4,7 +4,8 @@
 // two-level exchange: each rank's log must say its world combines on its host and then
 // across). Shown:
 // - the same bits as the same 4 ranks on one host told they are on two (SX_HOST_ID), at
-//   stages 1-3 and on a mesh whose shard groups are the hosts;
+//   stages 1-3 and on a mesh whose shard groups are the hosts, and with the group made in
+//   a context of the 4 ranks (each host's shared memory, the context's Gloo mesh);
 // - with 1% of the packets lost and 1 ms between the hosts: the run completes, exact;
 // - a partition (host 1's link down in the middle of a step): every rank fails within its
 //   timeout with an error naming the unreachable host or rank; once the link is back the
@@ -69,7 +70,9 @@ int child_main(int argc, char **argv) {
     if (!sxtest::parse_child_args(argc, argv, &a)) return 2;
     sx_set_log_callback(
         [](int32_t, const char *message, void *) {
-            if (std::strstr(message, "through TCP with its host peers")) ++g_two_level;
+            if (std::strstr(message, "through TCP with its host peers") ||
+                std::strstr(message, "shared memory on each host and on one Gloo mesh between"))
+                ++g_two_level;
         },
         nullptr, SX_LOG_DEBUG);
     const std::string scenario = arg(a, "--scenario"), dir = arg(a, "--dir");
@@ -83,7 +86,21 @@ int child_main(int argc, char **argv) {
     c.stage = std::stoi(arg(a, "--stage"));
     c.memory_copies = scenario == "plain" ? 0 : 1;
     c.timeout_ms = scenario == "partition" ? kTimeoutMs : 20000;
+    if (arg(a, "--context") == "1") {
+        // The group in a context of the 4 ranks (the handle goes at once: the group keeps it).
+        sx_context_config_t cc;
+        sx_context_config_init(&cc, sizeof cc);
+        cc.rendezvous = a.rendezvous.c_str();
+        cc.rank = a.rank;
+        cc.world_size = a.world;
+        cc.backend = SX_BACKEND_CPU;
+        cc.num_threads = 1;
+        cc.timeout_ms = c.timeout_ms;
+        sx_status_t made = sx_create_context(&cc, &c.context);
+        if (made != SX_OK) return fail_with(failed("context", made));
+    }
     std::string err = c.create(a.rendezvous, std::stoi(arg(a, "--shard-size")));
+    sx_destroy_context(c.context);
     if (!err.empty()) return fail_with(err);
     if (arg(a, "--hosts") == "2" && g_two_level < 1)
         return fail_with("its world does not combine on the host and then across (" + std::to_string(g_two_level) +
@@ -226,14 +243,15 @@ std::unique_ptr<netlab::Lab> lab_or_skip() {
 }
 
 // Plain training across the hosts, and the same 4 ranks on one host: the same bits.
-void same_bits(int stage, int shard_size, const netlab::Link &link, const char *what) {
+// in_context: across the hosts, the group is made in a context of the 4 ranks.
+void same_bits(int stage, int shard_size, const netlab::Link &link, const char *what, bool in_context = false) {
     std::unique_ptr<netlab::Lab> lab = lab_or_skip();
     if (!lab) return;
     const std::string dir = fresh_dir("hosts");
     const std::vector<std::string> args = {"--scenario", "plain", "--stage", std::to_string(stage), "--shard-size",
                                            std::to_string(shard_size)};
     std::vector<std::string> across = args, here = args;
-    across.insert(across.end(), {"--out", dir + "/across.bin"});
+    across.insert(across.end(), {"--out", dir + "/across.bin", "--context", in_context ? "1" : "0"});
     here.insert(here.end(), {"--out", dir + "/here.bin"});
     lab->set_links(link);
     const auto t0 = std::chrono::steady_clock::now();
@@ -254,6 +272,10 @@ void test_same_bits_stage1(void **) { same_bits(1, 0, {}, "stage 1"); }
 void test_same_bits_stage2(void **) { same_bits(2, 0, {}, "stage 2"); }
 void test_same_bits_stage3(void **) { same_bits(3, 0, {}, "stage 3"); }
 void test_same_bits_mesh(void **) { same_bits(2, 2, {}, "a 2 x 2 mesh whose shard groups are the hosts"); }
+void test_same_bits_context(void **) { same_bits(2, 0, {}, "stage 2, in a context of the 4 ranks", true); }
+void test_same_bits_context_mesh(void **) {
+    same_bits(2, 2, {}, "a 2 x 2 mesh in a context of the 4 ranks (its shard groups on their host's memory)", true);
+}
 
 void test_lossy_slow_link(void **) {
     netlab::Link link;
@@ -351,6 +373,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_bits_stage1),   cmocka_unit_test(test_same_bits_stage2),
         cmocka_unit_test(test_same_bits_stage3),   cmocka_unit_test(test_same_bits_mesh),
+        cmocka_unit_test(test_same_bits_context),  cmocka_unit_test(test_same_bits_context_mesh),
         cmocka_unit_test(test_lossy_slow_link),    cmocka_unit_test(test_partition),
         cmocka_unit_test(test_host_killed_flat),   cmocka_unit_test(test_host_killed_mesh),
     };

@@ -59,7 +59,8 @@ Status create_context_channel(std::shared_ptr<rdzv::Store> store, int rank, int 
     std::unique_ptr<Communicator> local, peers, flat;
     so.timeout = host_part_timeout(spec.timeout);
     // Its errors count the host's ranks ("its rank 1" is the host's second).
-    so.label = format("%s, among host '%s''s ranks", spec.label.c_str(), p.names[static_cast<size_t>(p.host)].c_str());
+    so.label = format("%s (its ranks on host '%s', counted from 0 there)", spec.label.c_str(),
+                      p.names[static_cast<size_t>(p.host)].c_str());
     SX_TRY(create_shm_communicator(rdzv::make_prefix_store(store, "host" + std::to_string(p.host) + "/"), p.local,
                                    p.per_host, so, &local));
     GlooOptions po = g;
