@@ -21,7 +21,6 @@ bool valid_group_name(const std::string &name) {
     });
 }
 
-
 // Ranks on several hosts of the same number each: the shared memory of this host's ranks,
 // under "shm/host<h>/" of the context's key space, which every rank of the context then
 // learns each host could make ("shm-made/<rank>"), so that all decide alike whether its
@@ -31,13 +30,18 @@ Status Context::open_hosts_memory(Context &c, const std::shared_ptr<rdzv::Store>
     const GroupConfig &b = c.base_;
     Status s = comm::SharedChannels::open(*rdzv::make_prefix_store(own, "shm/host" + std::to_string(p.host) + "/"),
                                           p.local, p.per_host, deadline, &c.channels_);
-    if (s.code() != SX_ERR_UNSUPPORTED) SX_TRY(s);
-    SX_TRY(own->set("shm-made/" + std::to_string(b.rank), s.ok() ? "1" : "0"));
+    // "1": made; "0": it cannot be (SX_ERR_UNSUPPORTED: Gloo then); "failed": the other
+    // hosts' ranks fail too, at once rather than at the timeout.
+    const bool failed = !s.ok() && s.code() != SX_ERR_UNSUPPORTED;
+    SX_TRY(own->set("shm-made/" + std::to_string(b.rank), s.ok() ? "1" : failed ? "failed" : "0"));
+    SX_TRY(s.code() == SX_ERR_UNSUPPORTED ? Status::Ok() : s);
     bool every = true;
     for (int q = 0; q < b.world_size; ++q) {
         std::string made;
         const Millis left = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
         SX_TRY(own->get("shm-made/" + std::to_string(q), &made, left));
+        SX_CHECK(made != "failed", SX_ERR_COMM,
+                 "the context's rank %d could not open its host's shared memory (its own error says why)", q);
         every = every && made == "1";
     }
     if (!every) {
