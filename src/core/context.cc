@@ -30,19 +30,18 @@ Status Context::open_hosts_memory(Context &c, const std::shared_ptr<rdzv::Store>
     const GroupConfig &b = c.base_;
     Status s = comm::SharedChannels::open(*rdzv::make_prefix_store(own, "shm/host" + std::to_string(p.host) + "/"),
                                           p.local, p.per_host, deadline, &c.channels_);
-    // "1": made; "0": it cannot be (SX_ERR_UNSUPPORTED: Gloo then); "failed": the other
-    // hosts' ranks fail too, at once rather than at the timeout.
-    const bool failed = !s.ok() && s.code() != SX_ERR_UNSUPPORTED;
-    SX_TRY(own->set("shm-made/" + std::to_string(b.rank), s.ok() ? "1" : failed ? "failed" : "0"));
-    SX_TRY(s.code() == SX_ERR_UNSUPPORTED ? Status::Ok() : s);
+    if (!s.ok() && s.code() != SX_ERR_UNSUPPORTED) {
+        own->set("shm-made/" + std::to_string(b.rank), "failed");  // the other hosts' ranks fail at once, too
+        return s;
+    }
+    // "1": made; "0": it cannot be (SX_ERR_UNSUPPORTED: Gloo then).
+    std::vector<std::string> made;
+    SX_TRY(rdzv::gather_values(*own, "shm-made/", b.rank, b.world_size, s.ok() ? "1" : "0", deadline, &made));
     bool every = true;
     for (int q = 0; q < b.world_size; ++q) {
-        std::string made;
-        const Millis left = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
-        SX_TRY(own->get("shm-made/" + std::to_string(q), &made, left));
-        SX_CHECK(made != "failed", SX_ERR_COMM,
+        SX_CHECK(made[static_cast<size_t>(q)] != "failed", SX_ERR_COMM,
                  "the context's rank %d could not open its host's shared memory (its own error says why)", q);
-        every = every && made == "1";
+        every = every && made[static_cast<size_t>(q)] == "1";
     }
     if (!every) {
         if (!s.ok()) log(SX_LOG_WARN, "sx: rank %d: %s; the context's groups take channels on Gloo", b.rank,

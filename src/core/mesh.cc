@@ -72,15 +72,10 @@ Status Mesh::share_a_device(rdzv::Store &store, int rank, int size, std::chrono:
                             bool *shared) const {
     const Clock::time_point until =
         deadline == Clock::time_point() ? Clock::now() + Millis(settings_.timeout_ms) : deadline;
-    SX_TRY(store.set("device/" + std::to_string(rank), comm::host_identity() + "|" + settings_.device->identity()));
-    std::set<std::string> seen;
-    *shared = false;
-    for (int q = 0; q < size; ++q) {
-        std::string id;
-        const Millis left = std::max(Millis(0), std::chrono::duration_cast<Millis>(until - Clock::now()));
-        SX_TRY(store.get("device/" + std::to_string(q), &id, left));
-        *shared = *shared || !seen.insert(id).second;
-    }
+    std::vector<std::string> ids;
+    SX_TRY(rdzv::gather_values(store, "device/", rank, size, comm::host_identity() + "|" + settings_.device->identity(),
+                               until, &ids));
+    *shared = std::set<std::string>(ids.begin(), ids.end()).size() < ids.size();
     return Status::Ok();
 }
 

@@ -97,6 +97,15 @@ Status leave_on_mismatch(Store &store, const std::string &text) {
 
 }  // namespace
 
+Status gather_values(Store &store, const std::string &prefix, int rank, int world_size, const std::string &mine,
+                     Clock::time_point deadline, std::vector<std::string> *all) {
+    SX_TRY(store.set(prefix + std::to_string(rank), mine));
+    all->assign(static_cast<size_t>(world_size), std::string());
+    for (int q = 0; q < world_size; ++q)
+        SX_TRY(store.get(prefix + std::to_string(q), &(*all)[static_cast<size_t>(q)], time_left(deadline)));
+    return Status::Ok();
+}
+
 Status await_ranks(Store &store, int rank, int world_size, Clock::time_point deadline) {
     if (world_size <= 1) return Status::Ok();
     const Clock::time_point start = Clock::now();

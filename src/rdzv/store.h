@@ -51,6 +51,12 @@ class Store {
 // requests and a wait. World size 1 returns at once.
 Status await_ranks(Store &store, int rank, int world_size, std::chrono::steady_clock::time_point deadline);
 
+// Every one of `world_size` ranks says `mine` (key `prefix` + its rank) and reads what each
+// rank said, by `deadline`: *all, per rank, the same on every rank that returns Ok. Costs
+// each rank one set and world_size gets.
+Status gather_values(Store &store, const std::string &prefix, int rank, int world_size, const std::string &mine,
+                     std::chrono::steady_clock::time_point deadline, std::vector<std::string> *all);
+
 // A view of `inner` whose keys all begin with `prefix` (groups and purposes sharing
 // one store keep apart this way).
 std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> inner, const std::string &prefix);

@@ -16,13 +16,7 @@ namespace comm {
 
 Status exchange_host_identities(rdzv::Store &store, int rank, int world_size, const std::string &mine,
                                 Clock::time_point deadline, std::vector<std::string> *hosts) {
-    SX_TRY(store.set("host/" + std::to_string(rank), mine));
-    hosts->assign(static_cast<size_t>(world_size), std::string());
-    for (int q = 0; q < world_size; ++q) {
-        const Millis left = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
-        SX_TRY(store.get("host/" + std::to_string(q), &(*hosts)[static_cast<size_t>(q)], left));
-    }
-    return Status::Ok();
+    return rdzv::gather_values(store, "host/", rank, world_size, mine, deadline, hosts);
 }
 
 std::vector<std::string> rank_names_on_hosts(const std::vector<std::string> &hosts) {
