@@ -1,9 +1,10 @@
 // Forming a group of W real processes on this machine: each rank a process of its own
 // (this program again, --form-rank), over tcp:// on rank 0's store, times its
 // sx_create_shard_group, sx_finalize (one param of 4096 fp32, AdamW) and first sx_step.
-// Two layouts: every rank on one host (one shared-memory communicator), and every rank
-// saying it runs on a host of its own (SX_HOST_ID: Gloo's full mesh, W - 1 connections
-// and W - 1 listening sockets per rank, all of them on this machine's one port range).
+// Three layouts: every rank on one host (one shared-memory communicator), and every rank
+// saying it runs on a host of its own (SX_HOST_ID), on Gloo's full mesh (SX_GLOO_MESH=full:
+// W - 1 connections and W - 1 listening sockets per rank, all of them on this machine's
+// one port range) and on its sparse mesh (SX_GLOO_MESH=sparse: 2 log2 W of each at most).
 // The figures are absolute: what they show is how each grows with W on 2 vCPUs.
 #include <fcntl.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "comm/gloo/full_mesh.h"
 #include "sx/sx.h"
 
 namespace sxbench {
@@ -28,7 +30,8 @@ struct Formed {
     std::vector<double> create, finalize, step;  // per rank, seconds
 };
 
-Formed form(int world, bool apart) {
+// hosts: "one", "full" or "sparse" (a host each, SX_GLOO_MESH).
+Formed form(int world, const std::string &hosts) {
     Formed out;
     const int port = free_ports(1);
     char path[] = "/tmp/sx-bench-form-XXXXXX";
@@ -37,7 +40,7 @@ Formed form(int world, bool apart) {
     const double t0 = now_seconds();
     out.ok = port != 0 && fd >= 0 && run_self(world, [&](int r) {
         return std::vector<std::string>{"--form-rank", std::to_string(port), std::to_string(r), std::to_string(world),
-                                        path, apart ? "apart" : "one"};
+                                        path, hosts};
     });
     out.wall = now_seconds() - t0;
     std::ifstream f(path);
@@ -70,7 +73,11 @@ long ephemeral_ports() {
 int form_rank_main(int argc, char **argv) {
     if (argc != 7) return 2;
     const int port = std::atoi(argv[2]), rank = std::atoi(argv[3]), world = std::atoi(argv[4]);
-    if (std::string(argv[6]) == "apart") ::setenv("SX_HOST_ID", (std::string("form-host-") + argv[3]).c_str(), 1);
+    const std::string hosts = argv[6];
+    if (hosts != "one") {
+        ::setenv("SX_HOST_ID", (std::string("form-host-") + argv[3]).c_str(), 1);
+        ::setenv("SX_GLOO_MESH", hosts.c_str(), 1);
+    }
     const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
     sx_group_config_t cfg;
     sx_group_config_init(&cfg, sizeof cfg);
@@ -116,29 +123,34 @@ int section_form(const Options &opt) {
                 "finalizes one param of 4096 fp32 (AdamW) and steps once\n");
     std::printf("%-26s %6s | %12s %12s | %12s %12s | %8s\n", "hosts", "ranks", "create med s", "create max s",
                 "finalize max", "1st step max", "wall s");
-    for (const bool apart : {false, true})
+    for (const std::string hosts : {"one", "full", "sparse"})
         for (int world : opt.form_worlds) {
-            const char *how = apart ? "a host each (Gloo mesh)" : "one host (shared memory)";
-            if (!apart && world > 512) continue;  // one host's shared memory takes 512 ranks
+            const char *how = hosts == "one"    ? "one host (shared memory)"
+                              : hosts == "full" ? "a host each (Gloo, full)"
+                                                : "a host each (Gloo, sparse)";
+            if (hosts == "one" && world > 512) continue;  // one host's shared memory takes 512 ranks
             // Every rank's Gloo pairs each listen on a port of their own, and half of them
-            // connect from another: W (W - 1) * 3 / 2 ports of this one machine's range.
-            const long ports = 3L * world * (world - 1) / 2;
-            if (apart && ports > ephemeral_ports()) {
+            // connect from another: 3/2 ports of this one machine's range per pair end.
+            long pair_ends = 0;
+            for (int r = 0; r < world && hosts != "one"; ++r)
+                pair_ends += hosts == "full" ? world - 1 : static_cast<long>(sx::comm::sparse_peers(r, world).size());
+            const long ports = 3 * pair_ends / 2;
+            if (ports > ephemeral_ports()) {
                 std::printf("%-26s %6d | skipped: %ld ports, the machine's ephemeral range has %ld\n", how, world,
                             ports, ephemeral_ports());
                 continue;
             }
-            const Formed f = form(world, apart);
+            const Formed f = form(world, hosts);
             if (!f.ok) {
                 std::printf("%-26s %6d | failed\n", how, world);
                 continue;
             }
             std::printf("%-26s %6d | %12.3f %12.3f | %12.3f %12.3f | %8.2f\n", how, world, median(f.create),
                         most(f.create), most(f.finalize), most(f.step), f.wall);
-            std::printf("{\"bench\":\"form\",\"hosts\":\"%s\",\"world\":%d,\"create_median_s\":%.4f,\"create_max_s\":"
-                        "%.4f,\"finalize_max_s\":%.4f,\"first_step_max_s\":%.4f,\"wall_s\":%.3f}\n",
-                        apart ? "apart" : "one", world, median(f.create), most(f.create), most(f.finalize),
-                        most(f.step), f.wall);
+            std::printf("{\"bench\":\"form\",\"hosts\":\"%s\",\"world\":%d,\"create_median_s\":%.4f,"
+                        "\"create_max_s\":%.4f,\"finalize_max_s\":%.4f,\"first_step_max_s\":%.4f,\"wall_s\":%.3f}\n",
+                        hosts.c_str(), world, median(f.create), most(f.create), most(f.finalize), most(f.step),
+                        f.wall);
         }
     return 0;
 }

@@ -36,9 +36,11 @@
 // during a run beyond those live before it (a counting global operator new,
 // bench/heap_counter.cc): what the rank holds for that step and nothing else.
 //
-// Then the store traffic of creating a Gloo communicator (the full mesh every group
-// connects, comm/gloo/full_mesh.h), measured at small world sizes through a counting
-// store around the in-process one, the ranks as threads.
+// Then the store traffic of creating a Gloo communicator (its mesh, full or sparse,
+// comm/gloo/full_mesh.h), measured at small world sizes through a counting store around
+// the in-process one, the ranks as threads; and the rate at which one of sx's TCP stores
+// serves requests from many clients, from which the time of a sparse mesh's rendezvous
+// at scale is estimated (every request through rank 0's one server thread, one at a time).
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -55,6 +57,8 @@
 #include "ckpt/shard_index.h"
 #include "ckpt/shard_plan.h"
 #include "comm/communicator.h"
+#include "comm/gloo/full_mesh.h"
+#include "rdzv/rendezvous.h"
 #include "rdzv/stores.h"
 #include "core/layout.h"
 #include "io/crc32c.h"
@@ -537,6 +541,8 @@ class CountingStore final : public rdzv::Store {
 
 struct RendezvousFigures {
     int world = 0;
+    bool sparse = false;
+    double pairs_mean = 0;  // pairs per rank
     double ms = 0;
     int64_t requests_max = 0, keys = 0, keys_held_most = 0;
     double requests_mean = 0, received_mean = 0, sent_mean = 0;
@@ -545,10 +551,12 @@ struct RendezvousFigures {
 // `world` threads connect a Gloo communicator over 127.0.0.1, each through its own
 // counting view of one in-process store. The in-process meeting (every rank a thread of
 // one process) is off: ranks in separate processes skip it after one or two keys.
-RendezvousFigures gloo_rendezvous(int world) {
+RendezvousFigures gloo_rendezvous(int world, bool sparse) {
     RendezvousFigures f;
     f.world = world;
-    std::shared_ptr<rdzv::Store> inner = rdzv::open_local_store("bench-scale-" + std::to_string(world));
+    f.sparse = sparse;
+    std::shared_ptr<rdzv::Store> inner =
+        rdzv::open_local_store("bench-scale-" + std::to_string(world) + (sparse ? "-sparse" : ""));
     auto held = std::make_shared<KeysHeld>();
     std::vector<std::shared_ptr<CountingStore>> views;
     for (int r = 0; r < world; ++r) views.push_back(std::make_shared<CountingStore>(inner, held));
@@ -558,6 +566,9 @@ RendezvousFigures gloo_rendezvous(int world) {
     o.bind_address = "127.0.0.1";
     o.timeout = Millis(120000);
     o.in_process = false;
+    o.mesh = sparse ? comm::GlooOptions::Mesh::kSparse : comm::GlooOptions::Mesh::kFull;
+    for (int r = 0; r < world; ++r)
+        f.pairs_mean += static_cast<double>(sparse ? comm::sparse_peers(r, world).size() : world - 1) / world;
     const double t0 = now_seconds();
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r)
@@ -579,6 +590,56 @@ RendezvousFigures gloo_rendezvous(int world) {
     for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { comms[r].reset(); });
     for (std::thread &t : threads) t.join();
     return f;
+}
+
+// Pairs per rank of a sparse mesh of `world`, the mean over its ranks.
+double sparse_pairs_mean(int world) {
+    double sum = 0;
+    for (int r = 0; r < world; ++r) sum += static_cast<double>(comm::sparse_peers(r, world).size());
+    return sum / world;
+}
+
+// Requests per second that one of sx's TCP stores (its rank 0's server, one thread)
+// serves to `clients` client threads, each SETting, GETting and ERASEing keys of its own
+// (the mesh's requests) for about `seconds`.
+double store_rate(int clients, double seconds) {
+    const std::string url = "tcp://127.0.0.1:" + std::to_string(free_ports(1));
+    std::vector<std::shared_ptr<rdzv::Store>> stores(static_cast<size_t>(clients) + 1);
+    std::vector<std::thread> threads;
+    std::vector<Status> opened(stores.size());
+    for (int r = 0; r <= clients; ++r)
+        threads.emplace_back([&, r] {
+            rdzv::Rendezvous rv;
+            opened[r] = rdzv::parse_rendezvous(url.c_str(), r, clients + 1, &rv);
+            if (opened[r].ok()) opened[r] = rdzv::open_store(rv, Millis(30000), &stores[r]);
+        });
+    for (std::thread &t : threads) t.join();
+    for (const Status &s : opened) check(s, "open_store");
+    threads.clear();
+    std::atomic<int64_t> served{0};
+    std::vector<Status> failed(stores.size());
+    const double t0 = now_seconds();
+    for (int r = 1; r <= clients; ++r)
+        threads.emplace_back([&, r] {
+            int64_t n = 0;
+            std::string value;
+            for (int i = 0; now_seconds() - t0 < seconds; ++i) {
+                const std::string key = "rate/" + std::to_string(r) + "/" + std::to_string(i);
+                Status s = stores[r]->set(key, std::string(16, 'a'));
+                if (s.ok()) s = stores[r]->get(key, &value, Millis(10000));
+                if (s.ok()) s = stores[r]->erase(key);
+                if (!s.ok()) {
+                    failed[r] = s;
+                    break;
+                }
+                n += 3;
+            }
+            served.fetch_add(n);
+        });
+    for (std::thread &t : threads) t.join();
+    const double took = now_seconds() - t0;
+    for (const Status &s : failed) check(s, "the store's rate");
+    return static_cast<double>(served.load()) / took;
 }
 
 // ---------------------------------------------------------------------- the report
@@ -658,39 +719,61 @@ void print_loads(const std::vector<LoadFigures> &loads, const Options &opt) {
     }
 }
 
-void print_rendezvous(const std::vector<RendezvousFigures> &rv, const std::vector<int> &opts_worlds) {
-    std::printf("\ngroup creation: the store traffic of connecting Gloo's full mesh (measured, ranks as threads, "
-                "127.0.0.1)\n");
-    std::printf("%6s | %9s %9s %8s %9s | %12s %12s %11s | %9s\n", "ranks", "req/rank", "req max", "keys",
-                "held most", "sent B/rank", "recv B/rank", "recv/(W-1)", "ms");
+void print_rendezvous(const std::vector<RendezvousFigures> &rv, const std::vector<int> &opts_worlds, double rate,
+                      int rate_clients) {
+    std::printf("\ngroup creation: the store traffic of connecting Gloo's mesh, full or sparse (measured, ranks as "
+                "threads, 127.0.0.1)\n");
+    std::printf("%-6s %6s | %7s %9s %9s %8s %9s | %12s %12s %11s | %9s\n", "mesh", "ranks", "pairs", "req/rank",
+                "req max", "keys", "held most", "sent B/rank", "recv B/rank", "recv/pair", "ms");
     for (const RendezvousFigures &f : rv) {
-        const double w1 = static_cast<double>(f.world - 1);
-        std::printf("%6d | %9.1f %9lld %8lld %9lld | %12.0f %12.0f %11.1f | %9.1f\n", f.world, f.requests_mean,
+        std::printf("%-6s %6d | %7.2f %9.1f %9lld %8lld %9lld | %12.0f %12.0f %11.1f | %9.1f\n",
+                    f.sparse ? "sparse" : "full", f.world, f.pairs_mean, f.requests_mean,
                     static_cast<long long>(f.requests_max), static_cast<long long>(f.keys),
-                    static_cast<long long>(f.keys_held_most), f.sent_mean, f.received_mean, f.received_mean / w1,
-                    f.ms);
+                    static_cast<long long>(f.keys_held_most), f.sent_mean, f.received_mean,
+                    f.received_mean / f.pairs_mean, f.ms);
     }
-    // Requests and bytes per rank grow linearly in W (the table shows both): the line
-    // through the last two rows' requests, and the last row's bytes per peer.
-    if (rv.size() >= 2) {
-        const RendezvousFigures &a = rv[rv.size() - 2], &b = rv.back();
-        const double slope = (b.requests_mean - a.requests_mean) / (b.world - a.world);
-        const double per_peer = b.received_mean / (b.world - 1.0);
-        std::printf("  at scale (requests/rank = %.2f + %.2f W, received = %.1f (W-1) B/rank):\n",
-                    b.requests_mean - slope * b.world, slope, per_peer);
+    // Requests and bytes per rank are a constant per pair (the table shows both): the
+    // last row of each kind's requests and bytes per pair, times the pairs at scale.
+    std::printf("  one of sx's TCP stores served %.0f requests/s to %d client threads (SET, GET, ERASE)\n", rate,
+                rate_clients);
+    for (bool sparse : {false, true}) {
+        const RendezvousFigures *b = nullptr;
+        for (const RendezvousFigures &f : rv)
+            if (f.sparse == sparse) b = &f;
+        if (b == nullptr) continue;
+        // Full: 3 requests and one address per pair. Sparse: a request per pair and two of
+        // its own key; each GET brings the peer's whole key, an address per pair of its:
+        // about P^2 addresses. Both from the last row of the kind.
+        const double P = b->pairs_mean;
+        const double per_pair = sparse ? 1.0 : b->requests_mean / P;
+        const double fixed = b->requests_mean - per_pair * P;
+        const double got_per = sparse ? b->received_mean / (P * P) : b->received_mean / P;
+        if (sparse)
+            std::printf("  sparse mesh at scale (requests/rank = P + %.2f, received = %.1f P^2 B/rank; P, the pairs "
+                        "per rank, from sparse_peers):\n",
+                        fixed, got_per);
+        else
+            std::printf("  full mesh at scale (requests/rank = %.2f P, received = %.1f P B/rank; P = W - 1):\n",
+                        per_pair, got_per);
         for (int w : opts_worlds) {
-            const double req = b.requests_mean + slope * (w - b.world);
-            const double got = per_peer * (w - 1.0);
-            std::printf("    %6d ranks: %8.0f requests and %8.1f KiB per rank; %12.0f requests and %9.1f MiB "
-                        "through rank 0's store\n",
-                        w, req, got / 1024, req * w, got * w / kMiB);
+            const double pairs = sparse ? sparse_pairs_mean(w) : w - 1.0;
+            const double req = fixed + per_pair * pairs, got = got_per * pairs * (sparse ? pairs : 1.0);
+            std::printf("    %6d ranks: %6.1f pairs, %8.0f requests and %8.1f KiB per rank; %12.0f requests and "
+                        "%9.1f MiB through rank 0's store: %8.1f s at the rate above\n",
+                        w, pairs, req, got / 1024, req * w, got * w / kMiB, req * w / rate);
+            std::printf("{\"bench\":\"scale\",\"figure\":\"gloo_rendezvous_at_scale\",\"mesh\":\"%s\","
+                        "\"ranks\":%d,\"pairs_per_rank\":%.2f,\"requests_per_rank\":%.0f,"
+                        "\"requests_through_rank0\":%.0f,\"store_rate\":%.0f,\"seconds\":%.2f}\n",
+                        sparse ? "sparse" : "full", w, pairs, req, req * w, rate, req * w / rate);
         }
     }
     for (const RendezvousFigures &f : rv) {
-        std::printf("{\"bench\":\"scale\",\"figure\":\"gloo_rendezvous\",\"ranks\":%d,\"requests_per_rank\":%.1f,"
+        std::printf("{\"bench\":\"scale\",\"figure\":\"gloo_rendezvous\",\"mesh\":\"%s\",\"ranks\":%d,"
+                    "\"pairs_per_rank\":%.2f,\"requests_per_rank\":%.1f,"
                     "\"requests_max\":%lld,\"keys\":%lld,\"keys_held_most\":%lld,\"sent_bytes_per_rank\":%.0f,"
                     "\"received_bytes_per_rank\":%.0f,\"ms\":%.1f}\n",
-                    f.world, f.requests_mean, static_cast<long long>(f.requests_max), static_cast<long long>(f.keys),
+                    f.sparse ? "sparse" : "full", f.world, f.pairs_mean, f.requests_mean,
+                    static_cast<long long>(f.requests_max), static_cast<long long>(f.keys),
                     static_cast<long long>(f.keys_held_most), f.sent_mean, f.received_mean, f.ms);
     }
 }
@@ -728,11 +811,14 @@ int section_scale(const Options &opt) {
     const double simulated = now_seconds() - t0;
 
     std::vector<RendezvousFigures> rv;
-    for (int world : {2, 4, 8, 16, 32}) rv.push_back(gloo_rendezvous(world));
+    for (int world : {2, 4, 8, 16, 32}) rv.push_back(gloo_rendezvous(world, false));
+    for (int world : {2, 4, 8, 16, 32, 64, 128}) rv.push_back(gloo_rendezvous(world, true));
+    constexpr int kRateClients = 64;
+    const double rate = store_rate(kRateClients, 2.0);
 
     print_saves(saves, model, opt);
     print_loads(loads, opt);
-    print_rendezvous(rv, opt.scale_worlds);
+    print_rendezvous(rv, opt.scale_worlds, rate, kRateClients);
     std::printf("  (saves and loads took %.1f s in all, including the writers' plans and the search for the "
                 "loading rank)\n",
                 simulated);

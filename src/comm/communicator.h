@@ -183,10 +183,19 @@ struct GlooOptions {
     std::vector<std::string> rank_names;
     // A context's channel: what its errors call the communicator's owner ("group 'a'").
     std::string label;
+    // Which pairs a communicator's mesh connects (create_gloo_communicator; a context's
+    // mesh is always full): kAuto is SX_GLOO_MESH's choice ("full" or "sparse"), else a
+    // full mesh up to kFullMeshMost ranks and a sparse one beyond (gloo/full_mesh.h).
+    enum class Mesh { kAuto, kFull, kSparse };
+    Mesh mesh = Mesh::kAuto;
+    static constexpr int kFullMeshMost = 64;
 };
 
-// Connects a full mesh of `world_size` ranks through `store` (keys under the store's
-// own key space) with Gloo's TCP transport.
+// Connects a mesh of `world_size` ranks through `store` (keys under the store's own key
+// space) with Gloo's TCP transport: full, or sparse (GlooOptions::mesh), where each rank
+// pairs with 2 log2 W others and the collectives go round a ring, up and down binomial
+// trees and along a chain (gloo/tree.h) with the same results. SX_ERR_INVALID_ARG where
+// SX_GLOO_MESH is set to anything but "full", "sparse" or "auto".
 Status create_gloo_communicator(std::shared_ptr<rdzv::Store> store, int rank, int world_size,
                                 const GlooOptions &options, std::unique_ptr<Communicator> *out);
 
@@ -218,6 +227,12 @@ struct ShmOptions {
     std::shared_ptr<SharedChannels> channels;
     // A context's channel: what its errors call the communicator's owner ("group 'a'").
     std::string label;
+    // Which pairs a communicator's mesh connects (create_gloo_communicator; a context's
+    // mesh is always full): kAuto is SX_GLOO_MESH's choice ("full" or "sparse"), else a
+    // full mesh up to kFullMeshMost ranks and a sparse one beyond (gloo/full_mesh.h).
+    enum class Mesh { kAuto, kFull, kSparse };
+    Mesh mesh = Mesh::kAuto;
+    static constexpr int kFullMeshMost = 64;
 };
 
 // Connects `world_size` ranks that run on this host (processes, or threads of one
@@ -277,6 +292,12 @@ struct CommunicatorSpec {
     std::shared_ptr<GlooChannels> gloo_channels;
     // A context's channel: what its errors call the communicator's owner ("group 'a'").
     std::string label;
+    // Which pairs a communicator's mesh connects (create_gloo_communicator; a context's
+    // mesh is always full): kAuto is SX_GLOO_MESH's choice ("full" or "sparse"), else a
+    // full mesh up to kFullMeshMost ranks and a sparse one beyond (gloo/full_mesh.h).
+    enum class Mesh { kAuto, kFull, kSparse };
+    Mesh mesh = Mesh::kAuto;
+    static constexpr int kFullMeshMost = 64;
 };
 
 // The one place a communicator is chosen: CUDA with one rank, the device's own (no NCCL);

@@ -46,6 +46,9 @@ class Placed {
 
 // This rank's input element i of a reduce-scatter.
 inline float rs_input(int rank, size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1)); }
+// The 16-bit reduce-scatter's: 1 or 2, so that every partial sum over up to 128 ranks is an
+// integer of at most 256, exact in bf16's 8 bits (and fp16's 11), whatever the order.
+inline float rs_input_16(int rank, size_t i) { return (static_cast<size_t>(rank) + i) % 3 == 0 ? 2.0f : 1.0f; }
 
 // Byte i of rank r's part in an all-gather or of a broadcast from r.
 inline uint8_t pattern_byte(int r, size_t i, int salt) {
@@ -81,13 +84,13 @@ inline std::string check_reduce_scatter(sx::comm::Communicator &c, size_t shard,
     return "";
 }
 
-// The 16-bit reduce-scatter: inputs are small integers (exact in fp16 and bf16, and so
-// are their sums over up to 5 ranks), the result widened and times 2.
+// The 16-bit reduce-scatter: inputs are 1 or 2 (rs_input_16: exact in fp16 and bf16, and
+// so are their sums over up to 128 ranks), the result widened and times 2.
 inline std::string check_reduce_scatter_16(sx::comm::Communicator &c, int32_t dtype, size_t shard, bool accumulate) {
     const int p = c.world_size(), r = c.rank();
     Placed<uint16_t> buf(shard * static_cast<size_t>(p));
     for (size_t i = 0; i < buf.size(); ++i) {
-        const float x = rs_input(r, i);
+        const float x = rs_input_16(r, i);
         buf[i] = dtype == SX_DTYPE_F16 ? sx::half::f32_to_f16(x) : sx::half::f32_to_bf16(x);
     }
     std::vector<float> out(shard, accumulate ? 5.0f : -1.0f);
@@ -95,7 +98,7 @@ inline std::string check_reduce_scatter_16(sx::comm::Communicator &c, int32_t dt
     if (!s.ok()) return "reduce_scatter_sum_16: " + s.message();
     for (size_t i = 0; i < shard; ++i) {
         float sum = 0.0f;
-        for (int q = 0; q < p; ++q) sum += rs_input(q, static_cast<size_t>(r) * shard + i);
+        for (int q = 0; q < p; ++q) sum += rs_input_16(q, static_cast<size_t>(r) * shard + i);
         const float want = (accumulate ? 5.0f : 0.0f) + 2.0f * sum;
         if (out[i] != want) {
             return "reduce_scatter_sum_16(dtype " + std::to_string(dtype) + ", shard " + std::to_string(shard) +

@@ -1,7 +1,8 @@
 // The Gloo communicator with ranks as processes over tcp:// on 127.0.0.1: every
 // collective, a rank killed with SIGKILL, and a rank stopped with SIGSTOP; the full
 // mesh's connection through the store (comm/gloo/full_mesh.h): what it asks of the
-// store, and a rank that never arrives.
+// store, and a rank that never arrives; and a sparse mesh of 9 (scenarios "sparse-..."):
+// its connection, every collective, and a rank killed.
 //
 // The test program is its own rank program: `test_comm_gloo_processes rank SCENARIO
 // RANK WORLD PORT` runs one rank (spawned from /proc/self/exe by the tests below)
@@ -16,6 +17,7 @@
 
 #include "collective_checks.h"
 #include "comm/communicator.h"
+#include "comm/gloo/full_mesh.h"
 #include "rdzv/rendezvous.h"
 #include "rdzv/store.h"
 #include "comm_test_util.h"
@@ -75,17 +77,26 @@ class CountingStore final : public sx::rdzv::Store {
     std::shared_ptr<sx::rdzv::Store> inner_;
 };
 
-// "mesh": the connection asked the store for one SET, one GET and one ERASE per peer,
-// got one socket address (at most 28 bytes) per GET, and left no key of the mesh behind.
-std::string check_mesh_traffic(const CountingStore &counted, sx::rdzv::Store &store, int r, int p) {
-    const int peers = p - 1;
-    if (counted.sets != peers || counted.gets != peers || counted.erases != peers || counted.others != 0)
+// "mesh": the connection asked the store for one SET, one GET and one ERASE per peer, got
+// one socket address (at most 28 bytes) per GET, and left no key of the mesh behind. On a
+// sparse mesh (its peers those of sparse_peers): one SET and one ERASE of its own key, one
+// GET of each peer's, each holding that peer's pairs (at most 33 bytes each).
+std::string check_mesh_traffic(const CountingStore &counted, sx::rdzv::Store &store, int r, int p, bool sparse) {
+    const int peers = sparse ? static_cast<int>(sx::comm::sparse_peers(r, p).size()) : p - 1;
+    const int sets = sparse ? 1 : peers, erases = sets;
+    if (counted.sets != sets || counted.gets != peers || counted.erases != erases || counted.others != 0)
         return sx::format("the connection made %d SETs, %d GETs, %d ERASEs and %d other requests; expected %d, %d, "
                           "%d and 0",
-                          counted.sets, counted.gets, counted.erases, counted.others, peers, peers, peers);
-    if (counted.largest > 28 || counted.received > 28u * static_cast<size_t>(peers))
+                          counted.sets, counted.gets, counted.erases, counted.others, sets, peers, erases);
+    const size_t most = sparse ? 33u * static_cast<size_t>(2 * 4) : 28;  // at 9 ranks a rank has 6 pairs at most
+    if (counted.largest > most || counted.received > most * static_cast<size_t>(peers))
         return sx::format("the connection received %zu bytes (the largest value %zu) for %d peers", counted.received,
                           counted.largest, peers);
+    for (int a = 0; a < p && r == 0 && sparse; ++a) {
+        bool present = true;
+        Status s = store.check({"gloo/" + std::to_string(a)}, &present);
+        if (!s.ok() || present) return sx::format("key gloo/%d is still in the store (%s)", a, s.message().c_str());
+    }
     for (int a = 0; a < p && r == 0; ++a) {
         for (int b = 0; b < p; ++b) {
             bool present = true;
@@ -121,7 +132,9 @@ int run_absent(std::unique_ptr<Communicator> *c, const std::shared_ptr<sx::rdzv:
 
 // --- the rank program ---
 
-int run_rank(const std::string &scenario, int r, int p, int port) {
+int run_rank(const std::string &named, int r, int p, int port) {
+    const bool sparse = named.rfind("sparse-", 0) == 0;
+    const std::string scenario = sparse ? named.substr(7) : named;
     const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
     sx::rdzv::Rendezvous rv;
     Status s = sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv);
@@ -140,6 +153,7 @@ int run_rank(const std::string &scenario, int r, int p, int port) {
     sx::comm::GlooOptions opts;
     opts.bind_address = "127.0.0.1";
     opts.timeout = Millis(connects ? 30000 : kFaultTimeoutMs);
+    opts.mesh = sparse ? sx::comm::GlooOptions::Mesh::kSparse : sx::comm::GlooOptions::Mesh::kAuto;
     std::unique_ptr<Communicator> c;
     if (scenario == "absent") return run_absent(&c, store, opts, r, p);
     opts.in_process = scenario != "mesh";  // "mesh" counts the connection's requests alone
@@ -151,7 +165,7 @@ int run_rank(const std::string &scenario, int r, int p, int port) {
         std::string e = sxtest::check_all_collectives(*c);
         if (e.empty()) s = c->barrier();  // every rank has connected, and read its keys
         if (e.empty() && !s.ok()) e = "barrier: " + s.message();
-        if (e.empty() && scenario == "mesh") e = check_mesh_traffic(*counted, *store, r, p);
+        if (e.empty() && scenario == "mesh") e = check_mesh_traffic(*counted, *store, r, p, sparse);
         return e.empty() ? 0 : rank_fails(r, e);
     }
 
@@ -216,11 +230,12 @@ int wait_rank(pid_t pid, sxtest::Clock::time_point deadline) {
 
 bool exited_cleanly(int status) { return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
-void run_world(const std::string &scenario, int p) {
+void run_world(const std::string &named, int p) {
+    const std::string scenario = named.rfind("sparse-", 0) == 0 ? named.substr(7) : named;
     const int port = sxtest::free_port();
     const bool absent = scenario == "absent";
     std::vector<pid_t> pids;
-    for (int r = 0; r < p; ++r) pids.push_back(absent && r == kAbsentRank ? 0 : spawn_rank(scenario, r, p, port));
+    for (int r = 0; r < p; ++r) pids.push_back(absent && r == kAbsentRank ? 0 : spawn_rank(named, r, p, port));
     const auto deadline = sxtest::Clock::now() + std::chrono::seconds(50);
     bool ok = true;
     // The last rank is the faulty one in the fault scenarios: wait for the others first.
@@ -254,6 +269,12 @@ void test_stalled_rank(void **) { run_world("stalled", 3); }
 void test_mesh_world_5(void **) { run_world("mesh", 5); }
 // Rank 2 of 5 never arrives: the four others fail at their timeout, naming it.
 void test_absent_rank_world_5(void **) { run_world("absent", 5); }
+// Nine processes connect a sparse mesh (each pairs with 6 ranks: its one key SET and
+// ERASEd, one GET per pair) and run every collective on it.
+void test_sparse_mesh_world_9(void **) { run_world("sparse-mesh", 9); }
+// On a sparse mesh of 9, rank 8 is killed (SIGKILL) before a reduce-scatter: every other
+// rank, paired with it or not, fails within the timeout and slack.
+void test_sparse_killed_rank_world_9(void **) { run_world("sparse-killed", 9); }
 
 }  // namespace
 
@@ -267,6 +288,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_stalled_rank),
         cmocka_unit_test(test_mesh_world_5),
         cmocka_unit_test(test_absent_rank_world_5),
+        cmocka_unit_test(test_sparse_mesh_world_9),
+        cmocka_unit_test(test_sparse_killed_rank_world_9),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -1,8 +1,10 @@
 // The Gloo communicator with ranks as threads over local://: every collective at
 // world sizes 1, 2, 3 and 5, with all_gather and broadcast met in-process (the default
-// for threads) and through TCP; a stalled rank; a destroyed peer; abort() from another
-// thread; argument and creation errors.
+// for threads) and through TCP, and on a sparse mesh at 2, 6 and 9 ranks; a stalled
+// rank (also one that a sparse mesh does not pair with the others); a destroyed peer;
+// abort() from another thread; argument and creation errors.
 #include <condition_variable>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -25,8 +27,11 @@ namespace {
 constexpr long long kSlackMs = 2500;
 
 // Opens rank r's store on `url` and connects its communicator.
+using Mesh = sx::comm::GlooOptions::Mesh;
+
 Status join(const std::string &url, int r, int p, Millis timeout, std::unique_ptr<Communicator> *out,
-            const char *bind = "127.0.0.1", size_t segment_bytes = 0, bool in_process = true) {
+            const char *bind = "127.0.0.1", size_t segment_bytes = 0, bool in_process = true,
+            Mesh mesh = Mesh::kAuto) {
     sx::rdzv::Rendezvous rv;
     SX_TRY(sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv));
     std::shared_ptr<sx::rdzv::Store> store;
@@ -36,6 +41,7 @@ Status join(const std::string &url, int r, int p, Millis timeout, std::unique_pt
     opts.timeout = timeout;
     opts.segment_bytes = segment_bytes;
     opts.in_process = in_process;
+    opts.mesh = mesh;
     return sx::comm::create_gloo_communicator(store, r, p, opts, out);
 }
 
@@ -60,12 +66,12 @@ class Event {
 
 // in_process: all_gather and broadcast copy from the peers' buffers (the default for
 // threads of one process); otherwise every collective goes through Gloo's TCP pairs.
-void check_world(int p, size_t segment_bytes = 0, bool in_process = true) {
+void check_world(int p, size_t segment_bytes = 0, bool in_process = true, Mesh mesh = Mesh::kAuto) {
     const std::string url = "local://" + sxtest::unique_name("collectives");
     std::atomic<int> arrived{0};
     sxtest::run_ranks(p, [&](int r) -> std::string {
         std::unique_ptr<Communicator> c;
-        Status s = join(url, r, p, Millis(30000), &c, "127.0.0.1", segment_bytes, in_process);
+        Status s = join(url, r, p, Millis(30000), &c, "127.0.0.1", segment_bytes, in_process, mesh);
         if (!s.ok()) return "join: " + s.message();
         if (c->rank() != r || c->world_size() != p) return "wrong rank or world size";
         // Gloo carries no riders: its callers exchange their words in calls of their own.
@@ -91,6 +97,43 @@ void test_world_3_tcp(void **) { check_world(3, 0, false); }
 // Segments of 4 KiB: hundreds per call, so the receive window wraps many times.
 void test_world_2_small_segments(void **) { check_world(2, 4096, false); }
 void test_world_3_small_segments(void **) { check_world(3, 4096, false); }
+// A sparse mesh: at 6 and 9 ranks some pairs are missing (rank 0 has none with 3, nor at 9
+// with 6), and every collective goes round the ring, through trees or along the chain.
+void test_world_2_sparse(void **) { check_world(2, 0, false, Mesh::kSparse); }
+void test_world_6_sparse(void **) { check_world(6, 0, true, Mesh::kSparse); }
+void test_world_9_sparse_small_segments(void **) { check_world(9, 4096, false, Mesh::kSparse); }
+
+// On a sparse mesh of 6, rank 3 (paired with 1, 2, 4 and 5, not with 0) never calls: every
+// other rank's all_reduce_sum (a tree through rank 0) and then broadcast fail within the
+// timeout and slack, none hangs, and each later call fails at once.
+void test_sparse_mesh_stalled_rank(void **) {
+    const std::string url = "local://" + sxtest::unique_name("sparse-stalled");
+    constexpr int kTimeoutMs = 1500;
+    Event survivors_done;
+    std::atomic<int> finished{0};
+    sxtest::run_ranks(6, [&](int r) -> std::string {
+        std::unique_ptr<Communicator> c;
+        Status s = join(url, r, 6, Millis(kTimeoutMs), &c, "127.0.0.1", 0, false, Mesh::kSparse);
+        if (!s.ok()) return "join: " + s.message();
+        if (r == 3) {
+            survivors_done.wait();
+            return "";
+        }
+        std::vector<double> d(4, 1.0);
+        auto start = sxtest::Clock::now();
+        s = c->all_reduce_sum(d.data(), d.size());
+        const long long took = ms_since(start);
+        std::string e;
+        if (s.ok() || (s.code() != SX_ERR_TIMEOUT && s.code() != SX_ERR_COMM) || took > kTimeoutMs + kSlackMs)
+            e = "expected a timeout or a broken connection within the timeout, got (" + std::to_string(took) +
+                " ms): " + s.message();
+        start = sxtest::Clock::now();
+        Status again = c->barrier();
+        if (e.empty() && (again.ok() || ms_since(start) > 100)) e = "later call: " + again.message();
+        if (finished.fetch_add(1) == 4) survivors_done.set();
+        return e;
+    });
+}
 
 // Rank 2 of 3 never calls: the others time out within the timeout, every later call
 // fails at once with the same error, and destruction returns.
@@ -380,6 +423,13 @@ void test_create_errors(void **) {
     ASSERT_CODE(sx::comm::create_gloo_communicator(store, 0, 1, opts, &c), SX_ERR_COMM);
     opts.bind_address = "192.0.2.1";  // resolves (TEST-NET-1) but is no address of this host
     ASSERT_CODE(sx::comm::create_gloo_communicator(store, 0, 1, opts, &c), SX_ERR_COMM);
+    // SX_GLOO_MESH names the kind of mesh, or is refused saying what it was.
+    opts.bind_address = "127.0.0.1";
+    ::setenv("SX_GLOO_MESH", "ring", 1);
+    Status bad = sx::comm::create_gloo_communicator(store, 0, 1, opts, &c);
+    ::unsetenv("SX_GLOO_MESH");
+    ASSERT_CODE(bad, SX_ERR_INVALID_ARGUMENT);
+    assert_true(contains(bad.message(), "SX_GLOO_MESH is 'ring'"));
 
     // A peer that never comes: creation ends with SX_ERR_TIMEOUT within the timeout.
     auto start = sxtest::Clock::now();
@@ -411,6 +461,10 @@ int main() {
         cmocka_unit_test(test_world_3_tcp),
         cmocka_unit_test(test_world_2_small_segments),
         cmocka_unit_test(test_world_3_small_segments),
+        cmocka_unit_test(test_world_2_sparse),
+        cmocka_unit_test(test_world_6_sparse),
+        cmocka_unit_test(test_world_9_sparse_small_segments),
+        cmocka_unit_test(test_sparse_mesh_stalled_rank),
         cmocka_unit_test(test_stalled_rank),
         cmocka_unit_test(test_stalled_rank_seen_through_a_peer),
         cmocka_unit_test(test_stalled_rank_in_process),

@@ -8,7 +8,9 @@
 // its slots whole; so do a context's Gloo channel and a Gloo communicator (over TCP,
 // between threads at 2, 3 and 4 ranks and between forked processes over tcp:// at 3),
 // each through its rank 0 and in parts (gloo/ordered_all_reduce.h), every width from 1 to
-// 9 (fewer values than ranks: parts of none) and past the default rooted size.
+// 9 (fewer values than ranks: parts of none) and past the default rooted size; and a Gloo
+// communicator on a sparse mesh (through a tree and along a chain, gloo/tree.h) at 3, 6
+// and 9 ranks.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -117,8 +119,10 @@ Status join_shm(const std::string &url, int r, int p, size_t slot_bytes, std::un
 // through rank 0).
 // *kept (where given) keeps the rendezvous store open (over tcp://, rank 0's serves it
 // until the others have connected).
+// mesh and segment_bytes: GlooOptions's.
 Status join_gloo(const std::string &url, int r, int p, std::unique_ptr<Communicator> *out,
-                 size_t rooted_sum_bytes = 0, std::shared_ptr<sx::rdzv::Store> *kept = nullptr) {
+                 size_t rooted_sum_bytes = 0, std::shared_ptr<sx::rdzv::Store> *kept = nullptr,
+                 sx::comm::GlooOptions::Mesh mesh = sx::comm::GlooOptions::Mesh::kAuto, size_t segment_bytes = 0) {
     sx::rdzv::Rendezvous rv;
     SX_TRY(sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv));
     std::shared_ptr<sx::rdzv::Store> store;
@@ -128,6 +132,8 @@ Status join_gloo(const std::string &url, int r, int p, std::unique_ptr<Communica
     opts.bind_address = "127.0.0.1";
     opts.timeout = Millis(20000);
     opts.rooted_sum_bytes = rooted_sum_bytes;
+    opts.mesh = mesh;
+    opts.segment_bytes = segment_bytes;
     return sx::comm::create_gloo_communicator(store, r, p, opts, out);
 }
 
@@ -193,6 +199,24 @@ void test_gloo_threads(void **) {
                 if (!c->sums_in_rank_order()) return "Gloo does not say it sums in rank order";
                 const std::string e = every_width(*c, true);
                 return e.empty() ? e : "rooted_sum_bytes " + std::to_string(rooted) + ": " + e;
+            });
+        }
+}
+
+// A sparse Gloo mesh (gloo/tree.h) between threads at 3, 6 and 9 ranks: its sums through a
+// tree to rank 0, and along the chain in segments of 512 doubles (widths 1025 to 5000 in
+// several), then down a tree from the last rank.
+void test_gloo_sparse_threads(void **) {
+    for (int p : {3, 6, 9})
+        for (size_t rooted : kRootedSizes) {
+            const std::string url = url_for("gloo-sparse", p, rooted == SIZE_MAX ? 2 : rooted);
+            sxtest::run_ranks(p, [&](int r) -> std::string {
+                std::unique_ptr<Communicator> c;
+                Status s = join_gloo(url, r, p, &c, rooted, nullptr, sx::comm::GlooOptions::Mesh::kSparse, 4096);
+                if (!s.ok()) return "join: " + s.message();
+                if (!c->sums_in_rank_order()) return "Gloo does not say it sums in rank order";
+                const std::string e = every_width(*c, true);
+                return e.empty() ? e : "sparse, rooted_sum_bytes " + std::to_string(rooted) + ": " + e;
             });
         }
 }
@@ -272,6 +296,7 @@ int main() {
         cmocka_unit_test(test_shared_memory_threads),
         cmocka_unit_test(test_shared_memory_processes),
         cmocka_unit_test(test_gloo_threads),
+        cmocka_unit_test(test_gloo_sparse_threads),
         cmocka_unit_test(test_gloo_processes),
         cmocka_unit_test(test_gloo_channel_reduces),
         cmocka_unit_test(test_one_rank),

@@ -485,8 +485,11 @@ void GlooChannels::run_timer() {
 
 Status open_gloo_channels(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
                           std::shared_ptr<GlooChannels> *out) {
-    std::shared_ptr<gloo::rendezvous::Context> context;
-    SX_TRY(connect_gloo_mesh(store, rank, world_size, options, &context));
+    // Channels over any of the context's ranks, and notices to every one: a full mesh.
+    GlooOptions full = options;
+    full.mesh = GlooOptions::Mesh::kFull;
+    std::shared_ptr<FullMeshContext> context;
+    SX_TRY(connect_gloo_mesh(store, rank, world_size, full, &context));
     // Its timer thread may not start (std::system_error): the context is not made.
     return catching([&] {
         *out = std::make_shared<GlooChannels>(std::move(context), std::move(store));

@@ -58,15 +58,18 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "comm/gloo/full_mesh.h"
 
 namespace sx {
 namespace comm {
 
-// Connects `world_size` ranks' Gloo full mesh through `store` (keys under "gloo/" of it)
-// by options.deadline (or options.timeout from now): the connection every Gloo
-// communicator and every context's GlooChannels makes.
+// Connects `world_size` ranks' Gloo mesh through `store` (keys under "gloo/" of it) by
+// options.deadline (or options.timeout from now): the connection every Gloo communicator
+// and every context's GlooChannels makes. Sparse where options.mesh says so, or where it
+// is kAuto and SX_GLOO_MESH is "sparse" or, unset or "auto", world_size is above
+// GlooOptions::kFullMeshMost.
 Status connect_gloo_mesh(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
-                         std::shared_ptr<gloo::rendezvous::Context> *out);
+                         std::shared_ptr<FullMeshContext> *out);
 
 // Where `channel` is a channel on a context's Gloo mesh (create_gloo_channel): `listener`
 // is called, on the context's notice thread, when a peer's notice fails the channel (at

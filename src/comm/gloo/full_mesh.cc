@@ -1,11 +1,13 @@
 #include "comm/gloo/full_mesh.h"
 
+#include <gloo/barrier.h>
 #include <gloo/transport/context.h>
 #include <gloo/transport/tcp/address.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -63,12 +65,13 @@ bool connects(const sockaddr_storage &self, const sockaddr_storage &peer) {
     return rv > 0;
 }
 
-// Publishes this rank's keys for the peers from *next up to `last` (ranks), in order.
-Status publish(rdzv::Store &store, gloo::transport::Context &transport, int last, int *next) {
+// Publishes this rank's keys for peers[*next] up to peers[last] (indexes), in order.
+Status publish(rdzv::Store &store, gloo::transport::Context &transport, const std::vector<int> &peers, size_t last,
+               size_t *next) {
     for (; *next <= last; ++*next) {
-        if (*next == transport.rank) continue;
-        const sockaddr_storage &ss = listening_address(*transport.getPair(*next));
-        SX_TRY(store.set(pair_key(transport.rank, *next),
+        const int p = peers[*next];
+        const sockaddr_storage &ss = listening_address(*transport.getPair(p));
+        SX_TRY(store.set(pair_key(transport.rank, p),
                          std::string(reinterpret_cast<const char *>(&ss), sockaddr_size(ss))));
     }
     return Status::Ok();
@@ -92,6 +95,53 @@ Status take_address(rdzv::Store &store, int rank, int peer, Clock::time_point de
     return Status::Ok();
 }
 
+// A sparse mesh's one key per rank, "<r>": for each of its pairs, the peer (4 bytes), the
+// length of the pair's listening address (1 byte) and the address's bytes.
+std::string sparse_key(int r) { return std::to_string(r); }
+
+std::string sparse_value(gloo::transport::Context &transport, const std::vector<int> &peers) {
+    std::string value;
+    for (int p : peers) {
+        const sockaddr_storage &ss = listening_address(*transport.getPair(p));
+        const int32_t peer = p;
+        const uint8_t bytes = static_cast<uint8_t>(sockaddr_size(ss));
+        value.append(reinterpret_cast<const char *>(&peer), sizeof peer);
+        value.append(reinterpret_cast<const char *>(&bytes), 1);
+        value.append(reinterpret_cast<const char *>(&ss), bytes);
+    }
+    return value;
+}
+
+// Reads `peer`'s key (waiting for it until the deadline) and finds in it where its pair
+// with `rank` listens.
+Status sparse_address(rdzv::Store &store, int rank, int peer, Clock::time_point deadline, sockaddr_storage *theirs) {
+    std::string value;
+    Status s = store.get(sparse_key(peer), &value, time_left(deadline));
+    if (!s.ok())
+        return s.prefix(format("no addresses came from rank %d (it has not arrived, it failed before publishing "
+                               "them, or it connects a full mesh: SX_GLOO_MESH must be the same on every rank): ",
+                               peer));
+    for (size_t at = 0; at + 5 <= value.size();) {
+        int32_t p = 0;
+        std::memcpy(&p, value.data() + at, sizeof p);
+        const size_t bytes = static_cast<uint8_t>(value[at + 4]);
+        SX_CHECK(at + 5 + bytes <= value.size() && bytes <= sizeof *theirs, SX_ERR_COMM,
+                 "rank %d published a list of addresses cut short", peer);
+        if (p == rank) {
+            std::memset(theirs, 0, sizeof *theirs);
+            std::memcpy(theirs, value.data() + at + 5, bytes);
+            SX_CHECK(bytes > 0 && bytes == sockaddr_size(*theirs), SX_ERR_COMM,
+                     "rank %d published %zu bytes that are no IPv4 or IPv6 socket address", peer, bytes);
+            return Status::Ok();
+        }
+        at += 5 + bytes;
+    }
+    return SX_ERROR(SX_ERR_MISMATCH,
+                    "rank %d's sparse mesh has no pair with rank %d: every rank must connect a mesh of the same "
+                    "ranks",
+                    peer, rank);
+}
+
 // Connects this rank's pair with `peer`, whose side listens at `theirs`.
 Status connect_pair(gloo::transport::Context &transport, int peer, const sockaddr_storage &theirs) {
     try {
@@ -107,22 +157,43 @@ Status connect_pair(gloo::transport::Context &transport, int peer, const sockadd
 
 }  // namespace
 
+std::vector<int> sparse_peers(int rank, int size) {
+    std::vector<int> peers;
+    for (int64_t d = 1; d < size; d <<= 1) {
+        peers.push_back(static_cast<int>((rank + d) % size));
+        peers.push_back(static_cast<int>((rank + size - d) % size));
+    }
+    std::sort(peers.begin(), peers.end());
+    peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+    peers.erase(std::remove(peers.begin(), peers.end(), rank), peers.end());
+    return peers;
+}
+
 Status FullMeshContext::connect(rdzv::Store &store, const std::shared_ptr<gloo::transport::Device> &device,
-                                Clock::time_point deadline) {
+                                Clock::time_point deadline, std::vector<int> peers) {
+    const bool sparse = !peers.empty();
+    if (peers.empty())
+        for (int p = 0; p < size; ++p)
+            if (p != rank) peers.push_back(p);
     try {
         std::shared_ptr<gloo::transport::Context> transport = device->createContext(rank, size);
         transport->setTimeout(getTimeout());
-        for (int p = 0; p < size; ++p)
-            if (p != rank) transport->createPair(p);
-        int next = 0, local_rank = 0;
+        for (int p : peers) transport->createPair(p);
+        size_t next = 0;
+        int local_rank = 0;
         // The pairs whose other side connects, and where each listens: connected last,
         // so that no rank waits on a peer's connection while the peer waits on a key.
         std::vector<std::pair<int, sockaddr_storage>> accepting;
-        for (int p = 0; p < size; ++p) {
-            if (p == rank) continue;
-            SX_TRY(publish(store, *transport, std::min(size - 1, p + kPublishAhead), &next));
+        if (sparse) SX_TRY(store.set(sparse_key(rank), sparse_value(*transport, peers)));
+        for (size_t i = 0; i < peers.size(); ++i) {
+            const int p = peers[i];
             sockaddr_storage theirs;
-            SX_TRY(take_address(store, rank, p, deadline, &theirs));
+            if (sparse) {
+                SX_TRY(sparse_address(store, rank, p, deadline, &theirs));
+            } else {
+                SX_TRY(publish(store, *transport, peers, std::min(peers.size() - 1, i + kPublishAhead), &next));
+                SX_TRY(take_address(store, rank, p, deadline, &theirs));
+            }
             const sockaddr_storage &mine = listening_address(*transport->getPair(p));
             if (p < rank && same_host(theirs, mine)) ++local_rank;
             if (connects(mine, theirs))
@@ -133,8 +204,9 @@ Status FullMeshContext::connect(rdzv::Store &store, const std::shared_ptr<gloo::
         for (const auto &a : accepting) SX_TRY(connect_pair(*transport, a.first, a.second));
         // Gloo counts the ranks below this one with its host name; here, with its host
         // address. Neither Gloo's TCP transport nor sx reads it.
-        for (int p = 0; p < size; ++p)
-            if (p != rank) transport->getPair(p)->setLocalRank(local_rank);
+        for (int p : peers) transport->getPair(p)->setLocalRank(local_rank);
+        peers_ = std::move(peers);
+        sparse_ = sparse;
         device_ = device;
         transportContext_ = std::move(transport);
         return Status::Ok();
@@ -143,6 +215,19 @@ Status FullMeshContext::connect(rdzv::Store &store, const std::shared_ptr<gloo::
     } catch (const std::exception &e) {
         return SX_ERROR(SX_ERR_COMM, "Gloo could not make its pairs: %s", e.what());
     }
+}
+
+Status FullMeshContext::forget_keys(rdzv::Store &store) {
+    if (!sparse_) return Status::Ok();
+    try {
+        gloo::BarrierOptions opts(shared_from_this());
+        opts.setTimeout(getTimeout());
+        gloo::barrier(opts);
+    } catch (const std::exception &e) {
+        return SX_ERROR(mentions_timeout(e.what()) ? SX_ERR_TIMEOUT : SX_ERR_COMM,
+                        "the ranks' barrier after connecting failed: gloo: %s", e.what());
+    }
+    return store.erase(sparse_key(rank));
 }
 
 }  // namespace comm

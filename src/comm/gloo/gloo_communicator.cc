@@ -29,6 +29,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -41,6 +42,7 @@
 #include "comm/gloo/op_scope.h"
 #include "comm/gloo/ordered_all_reduce.h"
 #include "comm/gloo/ring.h"
+#include "comm/gloo/tree.h"
 #include "base/sigpipe.h"
 
 namespace sx {
@@ -103,9 +105,10 @@ std::string default_bind_address() {
 
 class GlooCommunicator final : public Communicator {
   public:
-    GlooCommunicator(std::shared_ptr<gloo::rendezvous::Context> context, const GlooOptions &options,
+    GlooCommunicator(std::shared_ptr<FullMeshContext> context, const GlooOptions &options,
                      std::shared_ptr<Meeting> meeting)
         : context_(std::move(context)),
+          sparse_(context_->sparse()),
           meeting_(std::move(meeting)),
           timeout_(options.timeout),
           rs_segment_bytes_(std::max(options.segment_bytes ? options.segment_bytes : kReduceScatterSegmentBytes,
@@ -173,6 +176,8 @@ class GlooCommunicator final : public Communicator {
         SX_CHECK_ARG(data != nullptr, "all_reduce_sum: data must not be NULL");
         return run("all_reduce_sum", [&](const Call &call) {
             OpScope op = scope(call);
+            if (sparse_)
+                return sparse_ordered_sum(op, data, n, rooted_sum_bytes_, rs_segment_bytes_ / sizeof(double));
             return rank_ordered_sum(op, data, n, rooted_sum_bytes_);
         });
     }
@@ -213,6 +218,7 @@ class GlooCommunicator final : public Communicator {
         SX_TRY(check_pieces_args(*this, "gather_pieces", theirs, root));
         return run("gather_pieces", [&](const Call &call) {
             OpScope op = scope(call);
+            if (sparse_) return tree_exchange_pieces(op, root, mine, theirs, true);
             return exchange_pieces(op, root, mine, theirs, true);
         });
     }
@@ -222,6 +228,7 @@ class GlooCommunicator final : public Communicator {
         SX_TRY(check_pieces_args(*this, "scatter_pieces", theirs, root));
         return run("scatter_pieces", [&](const Call &call) {
             OpScope op = scope(call);
+            if (sparse_) return tree_exchange_pieces(op, root, mine, theirs, false);
             return exchange_pieces(op, root, mine, theirs, false);
         });
     }
@@ -361,8 +368,7 @@ class GlooCommunicator final : public Communicator {
     // which signals an exception to every pair of the context. A peer whose pair has
     // failed already refuses the receive; the next one is tried.
     void poison() {
-        for (int i = 1; i < world_size(); ++i) {
-            const int peer = (rank() + i) % world_size();
+        for (int peer : context_->peers()) {
             char byte = 0;
             bool waited = false;
             try {
@@ -377,7 +383,8 @@ class GlooCommunicator final : public Communicator {
         }
     }
 
-    std::shared_ptr<gloo::rendezvous::Context> context_;
+    std::shared_ptr<FullMeshContext> context_;
+    const bool sparse_;  // some ranks unpaired: the tree and chain collectives (gloo/tree.h)
     std::shared_ptr<Meeting> meeting_;  // when every rank is a thread of this process
     const Millis timeout_;
     const size_t rs_segment_bytes_, ag_segment_bytes_, rooted_sum_bytes_;
@@ -410,10 +417,25 @@ Status meet_in_process(const std::shared_ptr<rdzv::Store> &store, int rank, int 
     return Status::Ok();
 }
 
+// Whether the mesh of `world_size` ranks is sparse (connect_gloo_mesh).
+Status choose_sparse(const GlooOptions &options, int world_size, bool *sparse) {
+    GlooOptions::Mesh mesh = options.mesh;
+    const char *env = std::getenv("SX_GLOO_MESH");
+    if (mesh == GlooOptions::Mesh::kAuto && env != nullptr && *env != '\0') {
+        const std::string v(env);
+        SX_CHECK_ARG(v == "full" || v == "sparse" || v == "auto",
+                     "SX_GLOO_MESH is '%s': it must be 'full', 'sparse' or 'auto'", env);
+        if (v != "auto") mesh = v == "full" ? GlooOptions::Mesh::kFull : GlooOptions::Mesh::kSparse;
+    }
+    *sparse = mesh == GlooOptions::Mesh::kSparse ||
+              (mesh == GlooOptions::Mesh::kAuto && world_size > GlooOptions::kFullMeshMost);
+    return Status::Ok();
+}
+
 }  // namespace
 
 Status connect_gloo_mesh(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
-                         std::shared_ptr<gloo::rendezvous::Context> *out) {
+                         std::shared_ptr<FullMeshContext> *out) {
     SX_CHECK_ARG(store != nullptr, "store is NULL");
     SX_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size, "rank %d is not in [0, world_size %d)", rank,
                  world_size);
@@ -424,6 +446,8 @@ Status connect_gloo_mesh(std::shared_ptr<rdzv::Store> store, int rank, int world
     const std::string address = options.bind_address.empty() ? default_bind_address() : options.bind_address;
 
     SX_TRY(check_bind_address(address));
+    bool sparse = false;
+    SX_TRY(choose_sparse(options, world_size, &sparse));
 
     // Gloo's event-loop thread is created with the device and inherits this mask.
     SigpipeBlock no_sigpipe;
@@ -441,10 +465,14 @@ Status connect_gloo_mesh(std::shared_ptr<rdzv::Store> store, int rank, int world
     // it a fifth, so that creation stays within the timeout. The store waits (the long
     // part: ranks start at different times) use the full deadline.
     context->setTimeout(std::max(time_left(deadline) / 5, Millis(1)));
-    SX_TRY(context->connect(*make_prefix_store(store, "gloo/"), device, deadline)
+    std::shared_ptr<rdzv::Store> keys = make_prefix_store(store, "gloo/");
+    SX_TRY(context->connect(*keys, device, deadline, sparse ? sparse_peers(rank, world_size) : std::vector<int>())
                .prefix(format("rank %d of %d: Gloo rendezvous: ", rank, world_size)));
+    context->setTimeout(std::max(time_left(deadline), Millis(1)));
+    SX_TRY(context->forget_keys(*keys).prefix(format("rank %d of %d: Gloo rendezvous: ", rank, world_size)));
     context->setTimeout(options.timeout);
-    log(SX_LOG_DEBUG, "sx: rank %d of %d: Gloo connected on %s", rank, world_size, address.c_str());
+    log(SX_LOG_DEBUG, "sx: rank %d of %d: Gloo connected on %s (%s mesh, %zu pairs)", rank, world_size,
+        address.c_str(), sparse ? "sparse" : "full", context->peers().size());
     *out = std::move(context);
     return Status::Ok();
 }
@@ -455,7 +483,7 @@ Status create_gloo_communicator(std::shared_ptr<rdzv::Store> store, int rank, in
         options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
     GlooOptions o = options;
     o.deadline = deadline;
-    std::shared_ptr<gloo::rendezvous::Context> context;
+    std::shared_ptr<FullMeshContext> context;
     SX_TRY(connect_gloo_mesh(store, rank, world_size, o, &context));
     std::shared_ptr<Meeting> meeting;
     if (world_size > 1 && options.in_process)
