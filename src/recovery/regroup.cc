@@ -11,8 +11,11 @@
 // Who is in. Each survivor draws an arrival number from the counter
 // "regroup/E/arrived" and says under "regroup/E/member/<n>" who it is: its identity
 // (kept across regroups: its first rank, or its place in the lobby for a process that
-// joined), its rank and group (epoch, size, mesh), the identities of that group's ranks
-// and those of them it knows to have exited (a process watched through shared memory).
+// joined), its rank and group (epoch, size, mesh), the hash of the identities of that
+// group's ranks (themselves under "regroup/E/group/<hash>", once per group) and those of
+// them it knows to have exited (a process watched through shared memory); those it learns
+// of later go under "regroup/E/lost/<n>" (n from "regroup/E/lost-reports"). Each
+// survivor reads each of these keys once: its work grows as W, not W^2.
 // The group closes once this many have arrived where the caller said how many to expect
 // (options->expected_world_size), else once every rank of the arrived survivors' groups
 // has arrived or is known to have exited, and at the latest when the first survivor's
@@ -50,6 +53,7 @@
 
 #include "base/log.h"
 #include "rdzv/rendezvous.h"
+#include "recovery/agreement.h"
 #include "recovery/recovery.h"
 #include "recovery/restore.h"
 
@@ -63,41 +67,50 @@ namespace {
 // A process that joined has an identity above every first rank.
 constexpr uint64_t kJoinerIds = uint64_t(1) << 32;
 
-// What a survivor says of itself when it arrives.
-struct Arrival {
-    uint64_t id = 0;
-    int rank = 0, admit = 0;             // in its group; what it asks to admit
-    int epoch = 0, world = 0, shard_size = 0;  // its group's
-    std::vector<uint64_t> members, lost;  // identities: its group's ranks, those known to have exited
-};
-
 std::string join_ids(const std::vector<uint64_t> &ids) {
     std::string out;
     for (uint64_t id : ids) out += format(" %llu", static_cast<unsigned long long>(id));
     return out;
 }
 
+// FNV-1a of a group's ranks' identities, as written.
+uint64_t group_hash(const std::string &ids) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : ids) h = (h ^ c) * 1099511628211ull;
+    return h;
+}
+
+std::string group_key(int epoch, uint64_t hash) {
+    return format("regroup/%d/group/%016llx", epoch, static_cast<unsigned long long>(hash));
+}
+
+std::vector<uint64_t> parse_ids(const std::string &text) {
+    std::vector<uint64_t> ids;
+    std::istringstream in(text);
+    for (unsigned long long v; in >> v;) ids.push_back(v);
+    return ids;
+}
+
 std::string describe(const Arrival &a) {
-    return format("%llu %d %d %d %d %d;%s;%s", static_cast<unsigned long long>(a.id), a.rank, a.admit, a.epoch,
-                  a.world, a.shard_size, join_ids(a.members).c_str(), join_ids(a.lost).c_str());
+    return format("%llu %d %d %d %d %d;%016llx;%s", static_cast<unsigned long long>(a.id), a.rank, a.admit, a.epoch,
+                  a.world, a.shard_size, static_cast<unsigned long long>(a.group), join_ids(a.lost).c_str());
 }
 
 Status parse(const std::string &text, Arrival *a) {
     std::istringstream in(text);
-    std::string head, members, lost;
+    std::string head, group, lost;
     std::getline(in, head, ';');
-    std::getline(in, members, ';');
+    std::getline(in, group, ';');
     std::getline(in, lost, ';');
-    unsigned long long id = 0;
+    unsigned long long id = 0, hash = 0;
     SX_CHECK(std::sscanf(head.c_str(), "%llu %d %d %d %d %d", &id, &a->rank, &a->admit, &a->epoch, &a->world,
-                         &a->shard_size) == 6,
+                         &a->shard_size) == 6 &&
+                 std::sscanf(group.c_str(), "%llx", &hash) == 1,
              SX_ERR_CORRUPT, "the rendezvous store's entry of a survivor is unreadable: '%s'", text.c_str());
     a->id = id;
-    for (auto *list : {&a->members, &a->lost}) {
-        list->clear();
-        std::istringstream ids(list == &a->members ? members : lost);
-        for (unsigned long long v; ids >> v;) list->push_back(v);
-    }
+    a->group = hash;
+    a->members.clear();
+    a->lost = parse_ids(lost);
     return Status::Ok();
 }
 
@@ -108,33 +121,66 @@ std::string ranks_of(const std::vector<Arrival> &arrivals) {
     return out.empty() ? "none" : out;
 }
 
-// The entries of epoch `epoch`'s first `count` arrivals, in arrival order.
+// The entries of epoch `epoch`'s arrivals from out->size() + 1 to `count`, appended in
+// arrival order (an entry does not change once written).
 Status read_arrivals(rdzv::Store &store, int epoch, int64_t count, Clock::time_point deadline,
                      std::vector<Arrival> *out) {
-    out->assign(static_cast<size_t>(count), Arrival());
-    for (int64_t k = 1; k <= count; ++k) {
+    for (int64_t k = static_cast<int64_t>(out->size()) + 1; k <= count; ++k) {
         std::string value;
         SX_TRY(store.get(format("regroup/%d/member/%lld", epoch, static_cast<long long>(k)), &value,
                          time_left(deadline)));
-        SX_TRY(parse(value, &(*out)[static_cast<size_t>(k - 1)]));
+        out->emplace_back();
+        SX_TRY(parse(value, &out->back()));
     }
     return Status::Ok();
 }
 
-// The ranks of the arrived survivors' groups (identities) that have neither arrived nor
-// are known to have exited: the group is complete when there is none.
-std::vector<uint64_t> pending(const std::vector<Arrival> &arrivals) {
-    std::set<uint64_t> known, everyone;
-    for (const Arrival &a : arrivals) {
-        known.insert(a.id);
-        known.insert(a.lost.begin(), a.lost.end());
-        everyone.insert(a.members.begin(), a.members.end());
+// What a survivor has read of an epoch's agreement so far, each key once: the arrivals'
+// entries, their groups' ranks, and the reports of survivors lost since ("regroup/E/lost/<n>",
+// numbered by the counter "regroup/E/lost-reports").
+struct Arrived {
+    std::vector<Arrival> arrivals;                     // in arrival order
+    std::map<uint64_t, std::vector<uint64_t>> groups;  // each group's ranks, by their hash
+    std::set<uint64_t> lost;                           // identities known to have exited
+    int64_t reports = 0;                               // lost reports read
+
+    // Reads what came since the last call: the first `count` arrivals' entries in all.
+    Status update(rdzv::Store &store, int epoch, int64_t count, Clock::time_point deadline) {
+        const size_t before = arrivals.size();
+        SX_TRY(read_arrivals(store, epoch, count, deadline, &arrivals));
+        for (size_t k = before; k < arrivals.size(); ++k) {
+            lost.insert(arrivals[k].lost.begin(), arrivals[k].lost.end());
+            if (groups.count(arrivals[k].group)) continue;
+            std::string text;
+            SX_TRY(store.get(group_key(epoch, arrivals[k].group), &text, time_left(deadline)));
+            groups[arrivals[k].group] = parse_ids(text);
+        }
+        int64_t n = 0;
+        SX_TRY(store.add(format("regroup/%d/lost-reports", epoch), 0, &n));
+        for (; reports < n; ++reports) {
+            std::string text;
+            SX_TRY(store.get(format("regroup/%d/lost/%lld", epoch, static_cast<long long>(reports + 1)), &text,
+                             time_left(deadline)));
+            for (uint64_t id : parse_ids(text)) lost.insert(id);
+        }
+        return Status::Ok();
     }
-    std::vector<uint64_t> out;
-    for (uint64_t id : everyone)
-        if (!known.count(id)) out.push_back(id);
-    return out;
-}
+
+    // The ranks of the arrived survivors' groups (identities) that have neither arrived nor
+    // are known to have exited: the group is complete when there is none.
+    std::vector<uint64_t> pending() const {
+        std::set<uint64_t> known(lost), everyone;
+        for (const Arrival &a : arrivals) {
+            known.insert(a.id);
+            const std::vector<uint64_t> &ranks = groups.at(a.group);
+            everyone.insert(ranks.begin(), ranks.end());
+        }
+        std::vector<uint64_t> out;
+        for (uint64_t id : everyone)
+            if (!known.count(id)) out.push_back(id);
+        return out;
+    }
+};
 
 std::string beat_key(uint64_t id) { return format("regroup/beat/%llu", static_cast<unsigned long long>(id)); }
 
@@ -254,9 +300,11 @@ struct Disarm {
 
 // The members of epoch `epoch`'s group in identity order (the new ranks' order) and the
 // memory copies each holds: `count` arrivals.
+// (`members` may hold the first arrivals already, as read before.)
 Status read_members(rdzv::Store &store, int epoch, int64_t count, Clock::time_point deadline,
                     std::vector<Arrival> *members, std::vector<std::vector<CopyHolding>> *holdings) {
     SX_TRY(read_arrivals(store, epoch, count, deadline, members));
+    members->resize(static_cast<size_t>(count));
     std::sort(members->begin(), members->end(), [](const Arrival &a, const Arrival &b) { return a.id < b.id; });
     holdings->assign(members->size(), {});
     for (size_t m = 0; m < members->size(); ++m) {
@@ -268,28 +316,52 @@ Status read_members(rdzv::Store &store, int epoch, int64_t count, Clock::time_po
     return Status::Ok();
 }
 
-// Arrives at epoch `epoch`'s regroup as `me` (`mine`: the copies it holds; `lost`: asked
-// again while it waits, so that a survivor lost meanwhile completes the group at once)
-// and waits until the group closes: *members (this survivor among them, or
-// SX_ERR_INVALID_STATE if it came after the group closed) and their copies. The join
-// window ends early where every rank is accounted for, and is drawn out (to the deadline)
-// while a survivor not yet arrived still beats.
+// Draws this survivor's arrival number (*arrival) and writes its copies, its group's
+// ranks (unless a survivor of the same group put them there first) and its entry.
+Status arrive(rdzv::Store &store, int epoch, Arrival *me, const std::vector<CopyHolding> &mine, int64_t *arrival) {
+    const std::string base = format("regroup/%d/", epoch);
+    // The counter first: a store that is gone fails it at once, where a set is retried
+    // (the others read the keys below with waits, so their order does not matter).
+    SX_TRY(store.add(base + "arrived", 1, arrival));
+    SX_TRY(store.set(base + format("copies/%llu", static_cast<unsigned long long>(me->id)), describe_holdings(mine)));
+    const std::string ranks = join_ids(me->members);
+    me->group = group_hash(ranks);
+    bool listed = false;
+    SX_TRY(store.check({group_key(epoch, me->group)}, &listed));
+    if (!listed) SX_TRY(store.set(group_key(epoch, me->group), ranks));
+    return store.set(base + format("member/%lld", static_cast<long long>(*arrival)), describe(*me));
+}
+
+// Reports the identities of `now_lost` that `me` had not reported before, as a report of
+// their own ("regroup/E/lost/<n>"), and keeps them in me->lost.
+Status report_lost(rdzv::Store &store, int epoch, const std::vector<uint64_t> &now_lost, Arrival *me) {
+    std::vector<uint64_t> fresh;
+    for (uint64_t id : now_lost)
+        if (std::find(me->lost.begin(), me->lost.end(), id) == me->lost.end()) fresh.push_back(id);
+    me->lost = now_lost;
+    int64_t report = 0;
+    SX_TRY(store.add(format("regroup/%d/lost-reports", epoch), 1, &report));
+    return store.set(format("regroup/%d/lost/%lld", epoch, static_cast<long long>(report)), join_ids(fresh));
+}
+
+}  // namespace
+
 Status agree_members(rdzv::Store &store, int epoch, Arrival me, const RegroupSpec &spec,
                      const std::vector<CopyHolding> &mine, const std::function<std::vector<uint64_t>()> &lost,
                      Clock::time_point deadline, std::vector<Arrival> *members,
                      std::vector<std::vector<CopyHolding>> *holdings) {
     const std::string base = format("regroup/%d/", epoch);
-    // The counter first: a store that is gone fails it at once, where a set is retried
-    // (the others read the keys below with waits, so their order does not matter).
     int64_t arrival = 0;
-    SX_TRY(store.add(base + "arrived", 1, &arrival));
-    const std::string entry = base + format("member/%lld", static_cast<long long>(arrival));
-    SX_TRY(store.set(base + format("copies/%llu", static_cast<unsigned long long>(me.id)), describe_holdings(mine)));
-    SX_TRY(store.set(entry, describe(me)));
+    SX_TRY(arrive(store, epoch, &me, mine, &arrival));
     const Clock::time_point window_end = std::min(deadline, Clock::now() + spec.join_window);
     int64_t evaluated = 0;  // the arrivals counted when the group was last found incomplete
+    Arrived arrived;
     std::vector<uint64_t> waiting_for;
     Beats beats;
+    // The beats matter once the join window ends (a survivor counts as alive where its
+    // counter moved within 2 s): they are sampled from 2.5 s before it, not all along,
+    // so that a survivor does not read every missing survivor's counter every 100 ms.
+    const Clock::time_point beats_from = window_end - std::chrono::milliseconds(2500);
     for (bool close = false; !close;) {
         bool present = false;
         SX_TRY(store.check({base + "closed"}, &present));
@@ -298,17 +370,14 @@ Status agree_members(rdzv::Store &store, int epoch, Arrival me, const RegroupSpe
         SX_TRY(store.add(base + "arrived", 0, &count));
         std::vector<uint64_t> now_lost = lost();
         const bool more_lost = now_lost.size() > me.lost.size();
-        if (more_lost) {
-            me.lost = now_lost;
-            SX_TRY(store.set(entry, describe(me)));
-        }
-        if (count != evaluated || more_lost) {
-            std::vector<Arrival> arrived;
-            SX_TRY(read_arrivals(store, epoch, count, deadline, &arrived));
-            waiting_for = pending(arrived);
+        if (more_lost) SX_TRY(report_lost(store, epoch, now_lost, &me));
+        const int64_t reports_seen = arrived.reports;
+        SX_TRY(arrived.update(store, epoch, count, deadline));
+        if (count != evaluated || more_lost || arrived.reports != reports_seen) {
+            waiting_for = arrived.pending();
             evaluated = count;
         }
-        SX_TRY(beats.sample(store, waiting_for));
+        if (Clock::now() >= beats_from) SX_TRY(beats.sample(store, waiting_for));
         if (spec.expected_world_size > 0)
             close = count >= spec.expected_world_size;
         else
@@ -328,6 +397,7 @@ Status agree_members(rdzv::Store &store, int epoch, Arrival me, const RegroupSpe
     std::string closed;
     SX_TRY(store.get(base + "closed", &closed, time_left(deadline)));
     const int64_t count = std::stoll(closed);
+    *members = arrived.arrivals;
     SX_TRY(read_members(store, epoch, count, deadline, members, holdings));
     SX_CHECK(arrival <= count, SX_ERR_INVALID_STATE,
              "rank %d (of epoch %d's group) reached the regroup of epoch %d after it closed: the survivors that were "
@@ -341,6 +411,8 @@ Status agree_members(rdzv::Store &store, int epoch, Arrival me, const RegroupSpe
                  "on rank %d", m.admit, m.rank, spec.admit, me.rank);
     return Status::Ok();
 }
+
+namespace {
 
 // What a joining process reads in the lobby: where and as what it enters.
 struct Admission {

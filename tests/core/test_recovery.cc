@@ -3,7 +3,14 @@
 // on its own group: from its memory copies (the new group at the next epoch takes the
 // params, the optimizer state, the counters and the table bit for bit), and, with no
 // copy held, refused unless a checkpoint is to be loaded, each try an epoch of its own.
+// And the survivors' agreement on their own (recovery/agreement.h): 16 and 48 survivors
+// as threads on one store agree on the same members, and each one's requests and bytes
+// grow as the number of survivors, not its square.
 #include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include <cstring>
 #include <memory>
@@ -12,6 +19,8 @@
 
 #include "api/handles.h"
 #include "core/group.h"
+#include "rdzv/stores.h"
+#include "recovery/agreement.h"
 #include "recovery/recovery.h"
 #include "sx/sx.h"
 // Last: CMocka defines a fail() macro.
@@ -195,6 +204,111 @@ void test_no_state_is_refused_and_each_try_is_an_epoch(void **) {
     assert_int_equal(sx_destroy_shard_group(h), SX_OK);
 }
 
+// A survivor's view of the store that counts its requests and the bytes it receives.
+class CountingStore final : public sx::rdzv::Store {
+  public:
+    explicit CountingStore(std::shared_ptr<sx::rdzv::Store> inner) : inner_(std::move(inner)) {}
+    sx::Status set(const std::string &key, const std::string &value) override {
+        ++requests;
+        return inner_->set(key, value);
+    }
+    sx::Status get(const std::string &key, std::string *value, sx::Millis timeout) override {
+        ++requests;
+        sx::Status s = inner_->get(key, value, timeout);
+        if (s.ok()) received += value->size();
+        return s;
+    }
+    sx::Status wait(const std::vector<std::string> &keys, sx::Millis timeout) override {
+        ++requests;
+        return inner_->wait(keys, timeout);
+    }
+    sx::Status add(const std::string &key, int64_t delta, int64_t *result) override {
+        ++requests;
+        received += 8;
+        return inner_->add(key, delta, result);
+    }
+    sx::Status check(const std::vector<std::string> &keys, bool *present) override {
+        ++requests;
+        return inner_->check(keys, present);
+    }
+    sx::Status erase(const std::string &key) override {
+        ++requests;
+        return inner_->erase(key);
+    }
+    int64_t requests = 0, received = 0;
+
+  private:
+    std::shared_ptr<sx::rdzv::Store> inner_;
+};
+
+struct AgreementTraffic {
+    int64_t most_requests = 0, most_received = 0;
+};
+
+// W survivors of a group of W + 1 (identities 0..W; W never comes) agree as threads on one
+// store: survivor 0 learns of W's exit while it waits (a lost report), which completes the
+// group. Every survivor must see the same W members in identity order.
+AgreementTraffic agree(int W) {
+    std::shared_ptr<sx::rdzv::Store> store = sx::rdzv::open_local_store("agreement-" + std::to_string(W) + "-" +
+                                                                        std::to_string(::getpid()));
+    std::vector<std::shared_ptr<CountingStore>> views;
+    for (int r = 0; r < W; ++r) views.push_back(std::make_shared<CountingStore>(store));
+    std::vector<uint64_t> ids;
+    for (int r = 0; r <= W; ++r) ids.push_back(static_cast<uint64_t>(r));
+    std::vector<std::string> errors(static_cast<size_t>(W));
+    std::atomic<int> asked{0};
+    std::vector<std::thread> threads;
+    for (int r = 0; r < W; ++r)
+        threads.emplace_back([&, r] {
+            sx::recovery::Arrival me;
+            me.id = static_cast<uint64_t>(r);
+            me.rank = r;
+            me.epoch = 0;
+            me.world = W + 1;
+            me.members = ids;
+            RegroupSpec spec;
+            spec.join_window = sx::Millis(20000);
+            // Survivor 0 learns of the exit once it has asked a few times.
+            auto lost = [&, r]() -> std::vector<uint64_t> {
+                if (r != 0 || asked.fetch_add(1) < 3) return {};
+                return {static_cast<uint64_t>(W)};
+            };
+            std::vector<sx::recovery::Arrival> members;
+            std::vector<std::vector<sx::core::CopyHolding>> holdings;
+            sx::Status s = sx::recovery::agree_members(*views[static_cast<size_t>(r)], 1, me, spec, {}, lost,
+                                                       sx::Clock::now() + sx::Millis(60000), &members, &holdings);
+            if (!s.ok()) {
+                errors[static_cast<size_t>(r)] = s.message();
+                return;
+            }
+            if (members.size() != static_cast<size_t>(W)) errors[static_cast<size_t>(r)] = "wrong member count";
+            for (size_t m = 0; m < members.size() && errors[static_cast<size_t>(r)].empty(); ++m)
+                if (members[m].id != m || members[m].rank != static_cast<int>(m))
+                    errors[static_cast<size_t>(r)] = "members out of order";
+        });
+    for (std::thread &t : threads) t.join();
+    AgreementTraffic t;
+    for (int r = 0; r < W; ++r) {
+        if (!errors[static_cast<size_t>(r)].empty()) print_error("survivor %d: %s\n", r, errors[static_cast<size_t>(r)].c_str());
+        assert_true(errors[static_cast<size_t>(r)].empty());
+        t.most_requests = std::max(t.most_requests, views[static_cast<size_t>(r)]->requests);
+        t.most_received = std::max(t.most_received, views[static_cast<size_t>(r)]->received);
+    }
+    return t;
+}
+
+// 16 and then 48 survivors: each one's bytes grow at most 4x for 3x the survivors (they
+// grew as W^2, 9x, when every entry held its group's ranks), and its requests stay within
+// two per survivor plus its polls (three requests each, every 50 ms).
+void test_agreement_traffic_grows_as_the_survivors(void **) {
+    const AgreementTraffic small = agree(16), large = agree(48);
+    print_message("16 survivors: at most %lld requests, %lld bytes; 48: %lld requests, %lld bytes\n",
+                  static_cast<long long>(small.most_requests), static_cast<long long>(small.most_received),
+                  static_cast<long long>(large.most_requests), static_cast<long long>(large.most_received));
+    assert_true(large.most_received <= 4 * small.most_received);
+    assert_true(large.most_requests <= 2 * 48 + 3 * 100 + 20);
+}
+
 }  // namespace
 
 int main() {
@@ -202,6 +316,7 @@ int main() {
         cmocka_unit_test(test_refusals_and_soundness),
         cmocka_unit_test(test_regroup_from_memory),
         cmocka_unit_test(test_no_state_is_refused_and_each_try_is_an_epoch),
+        cmocka_unit_test(test_agreement_traffic_grows_as_the_survivors),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
