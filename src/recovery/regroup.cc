@@ -272,21 +272,33 @@ class Beats {
 // What the new group's forming waits watch (rdzv::make_watched_store): the members
 // (`ids`, new rank order; this one at `me`) are still there: none known to have exited
 // (`lost`: identities), none whose beat stood still. Disarmed when the regroup returns.
+// The beats read are those of the members a power of two away round the ring of new
+// ranks (every other member up to 5; 2 log2 W at most), not every member's every 100 ms
+// (W^2 reads in all): a member that stops is seen by those, whose forming then fails and
+// whose own beats stop with their regroup, so that the rest see it a hop or two later.
 std::shared_ptr<rdzv::StoreWatch> watch_members(std::shared_ptr<rdzv::Store> root, std::vector<uint64_t> ids, int me,
                                                 std::function<std::vector<uint64_t>()> lost) {
     std::shared_ptr<Beats> beats(new Beats());
+    const int W = static_cast<int>(ids.size());
+    std::set<int> near;
+    for (int64_t d = 1; d < W; d <<= 1) {
+        near.insert(static_cast<int>((me + d) % W));
+        near.insert(static_cast<int>((me + W - d) % W));
+    }
+    near.erase(me);
+    std::vector<int> ranks(near.begin(), near.end());
+    std::vector<uint64_t> watched;
+    for (int r : ranks) watched.push_back(ids[static_cast<size_t>(r)]);
     return std::make_shared<rdzv::StoreWatch>([=]() -> Status {
         for (uint64_t id : lost()) {
             const auto at = std::find(ids.begin(), ids.end(), id);
             SX_CHECK(at == ids.end(), SX_ERR_COMM, "rank %d of the group being formed has exited (it was lost after "
                      "it arrived)", static_cast<int>(at - ids.begin()));
         }
-        std::vector<uint64_t> others = ids;
-        others.erase(others.begin() + me);
-        SX_TRY(beats->sample(*root, others));
-        const int k = beats->stalled(others);
+        SX_TRY(beats->sample(*root, watched));
+        const int k = beats->stalled(watched);
         SX_CHECK(k < 0, SX_ERR_COMM, "rank %d of the group being formed stopped answering (its regroup has not "
-                 "said it is alive for 3 s)", k < me ? k : k + 1);
+                 "said it is alive for 3 s)", k < 0 ? -1 : ranks[static_cast<size_t>(k)]);
         return Status::Ok();
     });
 }
