@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -97,13 +101,76 @@ Status leave_on_mismatch(Store &store, const std::string &text) {
 
 }  // namespace
 
+namespace {
+
+void append_u32(std::string *out, uint32_t v) { out->append(reinterpret_cast<const char *>(&v), sizeof v); }
+
+bool read_u32(const std::string &in, size_t *at, uint32_t *v) {
+    if (*at + sizeof *v > in.size()) return false;
+    std::memcpy(v, in.data() + *at, sizeof *v);
+    *at += sizeof *v;
+    return true;
+}
+
+// gather_values's table: the number of distinct values, each (its length, its bytes), then
+// each rank's value's index.
+std::string encode_values(const std::vector<std::string> &all) {
+    std::map<std::string, uint32_t> index;
+    std::vector<const std::string *> distinct;
+    for (const std::string &v : all)
+        if (index.emplace(v, static_cast<uint32_t>(distinct.size())).second) distinct.push_back(&v);
+    std::string out;
+    append_u32(&out, static_cast<uint32_t>(distinct.size()));
+    for (const std::string *v : distinct) {
+        append_u32(&out, static_cast<uint32_t>(v->size()));
+        out += *v;
+    }
+    for (const std::string &v : all) append_u32(&out, index[v]);
+    return out;
+}
+
+Status decode_values(const std::string &table, int world_size, std::vector<std::string> *all) {
+    size_t at = 0;
+    uint32_t n = 0;
+    bool ok = read_u32(table, &at, &n) && n <= table.size();
+    std::vector<std::string> distinct;
+    for (uint32_t k = 0; ok && k < n; ++k) {
+        uint32_t len = 0;
+        ok = read_u32(table, &at, &len) && at + len <= table.size();
+        if (ok) distinct.emplace_back(table, at, len);
+        at += len;
+    }
+    all->assign(static_cast<size_t>(world_size), std::string());
+    for (int q = 0; ok && q < world_size; ++q) {
+        uint32_t k = 0;
+        ok = read_u32(table, &at, &k) && k < n;
+        if (ok) (*all)[static_cast<size_t>(q)] = distinct[k];
+    }
+    SX_CHECK(ok && at == table.size(), SX_ERR_CORRUPT,
+             "the ranks' values that rank 0 published (%zu bytes) are no table of %d ranks", table.size(), world_size);
+    return Status::Ok();
+}
+
+}  // namespace
+
 Status gather_values(Store &store, const std::string &prefix, int rank, int world_size, const std::string &mine,
                      Clock::time_point deadline, std::vector<std::string> *all) {
-    SX_TRY(store.set(prefix + std::to_string(rank), mine));
+    if (rank != 0) {
+        SX_TRY(store.set(prefix + std::to_string(rank), mine));
+        std::string table;
+        Status s = store.get(prefix + "all", &table, time_left(deadline));
+        if (!s.ok())
+            return s.prefix(format("rank 0 did not publish every rank's '%s' value (a rank has not said it, or rank 0 "
+                                   "failed): ",
+                                   prefix.c_str()));
+        return decode_values(table, world_size, all);
+    }
     all->assign(static_cast<size_t>(world_size), std::string());
-    for (int q = 0; q < world_size; ++q)
-        SX_TRY(store.get(prefix + std::to_string(q), &(*all)[static_cast<size_t>(q)], time_left(deadline)));
-    return Status::Ok();
+    (*all)[0] = mine;
+    for (int q = 1; q < world_size; ++q)
+        SX_TRY(store.get(prefix + std::to_string(q), &(*all)[static_cast<size_t>(q)], time_left(deadline))
+                   .prefix(format("rank %d did not say its '%s' value: ", q, prefix.c_str())));
+    return store.set(prefix + "all", encode_values(*all));
 }
 
 Status await_ranks(Store &store, int rank, int world_size, Clock::time_point deadline) {

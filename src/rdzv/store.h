@@ -51,9 +51,13 @@ class Store {
 // requests and a wait. World size 1 returns at once.
 Status await_ranks(Store &store, int rank, int world_size, std::chrono::steady_clock::time_point deadline);
 
-// Every one of `world_size` ranks says `mine` (key `prefix` + its rank) and reads what each
-// rank said, by `deadline`: *all, per rank, the same on every rank that returns Ok. Costs
-// each rank one set and world_size gets.
+// Every one of `world_size` ranks says `mine` (key `prefix` + its rank) and learns what each
+// rank said, by `deadline`: *all, per rank, the same on every rank that returns Ok. Rank 0
+// reads every rank's key and publishes them as one table (`prefix` + "all": each distinct
+// value once, then a 4-byte index per rank), which every other rank reads: one set and one
+// get per rank (world_size gets on rank 0), 4 bytes per rank plus the distinct values
+// received by each, not world_size requests per rank. SX_ERR_CORRUPT where the table is
+// not one.
 Status gather_values(Store &store, const std::string &prefix, int rank, int world_size, const std::string &mine,
                      std::chrono::steady_clock::time_point deadline, std::vector<std::string> *all);
 

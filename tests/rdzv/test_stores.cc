@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "rdzv/rendezvous.h"
+#include "rdzv/store.h"
 #include "rdzv/stores.h"
 #include "comm_test_util.h"
 #include "store_checks.h"
@@ -217,6 +218,32 @@ void test_tcp_ipv6(void **) {
     assert_string_equal(v.c_str(), "six");
 }
 
+// gather_values: 7 ranks as threads, values repeated (as hosts' identities are), empty and
+// binary; every rank gets every rank's value. A table that is none is refused, and a rank
+// that never says its value makes rank 0 name it at the deadline.
+void test_gather_values(void **) {
+    std::shared_ptr<sx::rdzv::Store> store = sx::rdzv::open_local_store(sxtest::unique_name("gather"));
+    constexpr int kRanks = 7;
+    auto value = [](int r) { return r == 3 ? std::string() : r == 5 ? std::string("\0\xff;x", 4) : "host-" + std::to_string(r % 2); };
+    sxtest::run_ranks(kRanks, [&](int r) -> std::string {
+        std::vector<std::string> all;
+        sx::Status s = sx::rdzv::gather_values(*store, "v/", r, kRanks, value(r), sx::Clock::now() + sx::Millis(20000),
+                                               &all);
+        if (!s.ok()) return s.message();
+        if (all.size() != static_cast<size_t>(kRanks)) return "wrong count";
+        for (int q = 0; q < kRanks; ++q)
+            if (all[static_cast<size_t>(q)] != value(q)) return "rank " + std::to_string(q) + "'s value differs";
+        return "";
+    });
+    std::vector<std::string> all;
+    assert_true(store->set("bad/all", "\x05\0\0\0abc").ok());
+    sx::Status s = sx::rdzv::gather_values(*store, "bad/", 1, 2, "x", sx::Clock::now() + sx::Millis(2000), &all);
+    assert_int_equal(s.code(), SX_ERR_CORRUPT);
+    s = sx::rdzv::gather_values(*store, "absent/", 0, 3, "x", sx::Clock::now() + sx::Millis(300), &all);
+    assert_int_equal(s.code(), SX_ERR_TIMEOUT);
+    assert_true(sxtest::contains(s.message(), "rank 1 did not say"));
+}
+
 void test_open_errors(void **) {
     std::shared_ptr<Store> s;
     sxtest::TempDir dir;
@@ -239,6 +266,7 @@ void test_open_errors(void **) {
 
 int main() {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gather_values),
         cmocka_unit_test(test_contract_local),
         cmocka_unit_test(test_contract_file),
         cmocka_unit_test(test_contract_tcp),
