@@ -79,11 +79,19 @@ Status Context::create(const GroupConfig &cfg, uint64_t budget, std::shared_ptr<
     const char *shm = std::getenv("SX_SHARED_MEMORY");
     const bool may_share = b.backend == SX_BACKEND_CPU && b.transport != SX_TRANSPORT_TCP &&
                            !(shm && std::strcmp(shm, "0") == 0);
+    // Every CPU rank says where it runs, or (empty) that it keeps off shared memory: where
+    // one does, none shares it.
     std::vector<std::string> hosts;
-    if (may_share) SX_TRY(comm::exchange_host_identities(*own, b.rank, b.world_size, comm::host_identity(), deadline,
-                                                         &hosts));
+    if (b.backend == SX_BACKEND_CPU)
+        SX_TRY(comm::exchange_host_identities(*own, b.rank, b.world_size, may_share ? comm::host_identity() : "",
+                                              deadline, &hosts));
+    const auto off = std::find(hosts.begin(), hosts.end(), std::string());
+    if (may_share && off != hosts.end())
+        log(SX_LOG_WARN, "sx: rank %d: rank %d of the context keeps off shared memory (SX_SHARED_MEMORY=0 or "
+            "SX_TRANSPORT_TCP), so its groups take channels on Gloo", b.rank, static_cast<int>(off - hosts.begin()));
+    const bool shares = may_share && off == hosts.end();
     const bool one_host =
-        may_share && std::all_of(hosts.begin(), hosts.end(), [&](const std::string &h) { return h == hosts[0]; });
+        shares && std::all_of(hosts.begin(), hosts.end(), [&](const std::string &h) { return h == hosts[0]; });
     comm::HostPlacement placement;
     if (one_host) {
         Status s = comm::SharedChannels::open(*rdzv::make_prefix_store(own, "shm/"), b.rank, b.world_size, deadline,
@@ -92,7 +100,7 @@ Status Context::create(const GroupConfig &cfg, uint64_t budget, std::shared_ptr<
         // Every rank learns it alike (rank 0 could not make the segment).
         if (!s.ok()) log(SX_LOG_WARN, "sx: rank %d: %s; the context's groups take channels on Gloo", b.rank,
                          s.message().c_str());
-    } else if (may_share && comm::place_hosts(hosts, &placement) && comm::locate_rank(&placement, b.rank)) {
+    } else if (shares && comm::place_hosts(hosts, &placement) && comm::locate_rank(&placement, b.rank)) {
         SX_TRY(open_hosts_memory(*c, own, placement, deadline));
     }
     // Several hosts, with shared memory within each or without: the Gloo mesh between them.

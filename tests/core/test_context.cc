@@ -237,6 +237,40 @@ void tenants_at_once(int world, bool tcp = false, int shard_size = 0) {
     }
 }
 
+// Rank 0 keeps off shared memory (SX_TRANSPORT_TCP) and rank 1 does not: the context, and a
+// group of the same two ranks without one, form at once on Gloo (none shares memory)
+// rather than at rank 1's timeout, and train.
+void test_a_rank_off_shared_memory(void **) {
+    const std::string tag = "ctx-off-shm-" + std::to_string(::getpid());
+    const std::string err = sxtest::run_ranks(2, [&](int rank) -> std::string {
+        const auto start = std::chrono::steady_clock::now();
+        sx_status_t st;
+        sx_context_t *ctx = make_context("local://" + tag, rank, 2, 0, &st, rank == 0, 20000);
+        if (!ctx) return failed("context", st);
+        sx_context_stats_t cs;
+        sx_context_stats_init(&cs, sizeof cs);
+        sx_get_context_stats(ctx, &cs);
+        std::string e;
+        if (cs.shared_memory != 0) e = "the context shares memory: " + std::to_string(cs.shared_memory);
+        Tenant x;
+        x.rank = rank;
+        x.world = 2;
+        if (e.empty() && (st = x.create(ctx, "", "tenant")) != SX_OK) e = failed("create in the context", st);
+        if (e.empty()) e = x.train(2);
+        sx_destroy_context(ctx);
+        Tenant y;
+        y.rank = rank;
+        y.world = 2;
+        y.tcp = rank == 0;
+        if (e.empty() && (st = y.create(nullptr, "local://" + tag + "-group", "")) != SX_OK) e = failed("create", st);
+        if (e.empty()) e = y.train(2);
+        const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+        if (e.empty() && took.count() > 10000) e = "took " + std::to_string(took.count()) + " ms";
+        return e;
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
 void test_tenants_at_once_2(void **) { tenants_at_once(2); }
 void test_tenants_at_once_3(void **) { tenants_at_once(3); }
 void test_tenants_at_once_on_gloo_channels_2(void **) { tenants_at_once(2, true); }
@@ -835,6 +869,7 @@ void test_a_peers_death_fails_every_tenant_on_hosts_apart(void **) { a_peers_dea
 int main(int argc, char **argv) {
     if (sxtest::is_child(argc, argv)) return child_main(argc, argv);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a_rank_off_shared_memory),
         cmocka_unit_test(test_tenants_at_once_2),
         cmocka_unit_test(test_tenants_at_once_3),
         cmocka_unit_test(test_tenants_at_once_on_gloo_channels_2),

@@ -73,16 +73,24 @@ Status create_cpu_communicator(std::shared_ptr<rdzv::Store> store, int rank, int
     CpuTransport transport = CpuTransport::kGloo;
     HostPlacement placement;
     std::vector<std::string> hosts;  // per rank, its host's identity (where they said it)
-    if (shared_memory && world_size > 1) {
-        // Every rank says where it runs and reads where the others do: they all decide alike.
+    if (world_size > 1) {
+        // Every rank says where it runs (or, empty, that it keeps off shared memory) and
+        // learns where the others do: they all decide alike.
         const Clock::time_point deadline =
             options.deadline == Clock::time_point() ? Clock::now() + options.timeout : options.deadline;
-        const std::string mine = host.empty() ? host_identity() : "given:" + host;
+        const std::string mine = !shared_memory ? std::string() : host.empty() ? host_identity() : "given:" + host;
         SX_TRY(exchange_host_identities(*store, rank, world_size, mine, deadline, &hosts));
-        if (std::all_of(hosts.begin(), hosts.end(), [&](const std::string &h) { return h == mine; }))
+        const auto off = std::find(hosts.begin(), hosts.end(), std::string());
+        if (off != hosts.end()) {
+            if (shared_memory)
+                log(SX_LOG_WARN, "sx: rank %d: rank %d keeps off shared memory (SX_SHARED_MEMORY=0 or "
+                    "SX_TRANSPORT_TCP), so every rank exchanges through TCP", rank, static_cast<int>(off - hosts.begin()));
+            hosts.clear();
+        } else if (std::all_of(hosts.begin(), hosts.end(), [&](const std::string &h) { return h == mine; })) {
             transport = CpuTransport::kSharedMemory;
-        else if (place_hosts(hosts, &placement))
+        } else if (place_hosts(hosts, &placement)) {
             transport = CpuTransport::kHierarchical;
+        }
     }
     if (chosen) *chosen = transport;
     if (transport == CpuTransport::kGloo) {
