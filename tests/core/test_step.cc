@@ -520,21 +520,37 @@ void test_processes_on_two_hosts(void **) {
     }
 }
 
+// Six processes, each on a host of its own (SX_HOST_ID), on Gloo's sparse mesh
+// (SX_GLOO_MESH=sparse: each rank paired with 4 of the 5 others, the collectives through
+// the ring, trees and the chain): stages 1 to 3, with clipping, match the reference.
+void test_processes_on_a_sparse_gloo_mesh(void **) {
+    for (int stage = 1; stage <= 3; ++stage) {
+        std::string err = sxtest::run_process_ranks(
+            6, {"--scenario", "adamw", "--stage", std::to_string(stage), "--mesh", "sparse"}, 90);
+        if (!err.empty()) fail_msg("stage %d: %s", stage, err.c_str());
+    }
+}
+
 // Child process role: one rank of a tcp:// run; exits 0 if its params match the reference
-// (and, with --hosts, if its group's communicator was the hierarchical one).
+// (and, with --hosts, if its group's communicator was the hierarchical one; with --mesh
+// sparse, if its Gloo mesh was sparse).
 int child_main(int argc, char **argv) {
     sxtest::ChildArgs args;
     if (!sxtest::parse_child_args(argc, argv, &args)) return 2;
-    const bool hosts = args.get("--hosts", "0") == "1";
-    static bool hierarchical = false;
-    if (hosts) {
-        ::setenv("SX_HOST_ID", ("host-" + std::to_string(args.rank % 2)).c_str(), 1);
+    const bool hosts = args.get("--hosts", "0") == "1", sparse = args.get("--mesh", "") == "sparse";
+    static bool hierarchical = false, sparse_mesh = false;
+    if (hosts) ::setenv("SX_HOST_ID", ("host-" + std::to_string(args.rank % 2)).c_str(), 1);
+    if (sparse) {
+        ::setenv("SX_HOST_ID", ("host-" + std::to_string(args.rank)).c_str(), 1);
+        ::setenv("SX_GLOO_MESH", "sparse", 1);
+    }
+    if (hosts || sparse)
         sx_set_log_callback(
             [](int32_t, const char *message, void *) {
                 if (std::strstr(message, "through TCP with its host peers")) hierarchical = true;
+                if (std::strstr(message, "(sparse mesh,")) sparse_mesh = true;
             },
             nullptr, SX_LOG_DEBUG);
-    }
     Scenario sc = sxtest::two_group_scenario(SX_OPTIM_ADAMW);
     sc.world = args.world;
     sc.stage = std::atoi(args.get("--stage", "2").c_str());
@@ -542,8 +558,9 @@ int child_main(int argc, char **argv) {
     std::string err = sxtest::rank_run(sc, args.rendezvous, args.rank, 30000, &got);
     if (err.empty()) err = sxtest::compare(got, sxtest::reference_run(sc), 1e-6);
     if (err.empty() && hosts && !hierarchical) err = "the group's communicator was not the hierarchical one";
+    if (err.empty() && sparse && !sparse_mesh) err = "the group's Gloo mesh was not sparse";
     // Processes of one host read each other's flat buffers where they lie.
-    if (err.empty() && !hosts && sx::comm::collectives_in_place() == 0)
+    if (err.empty() && !hosts && !sparse && sx::comm::collectives_in_place() == 0)
         err = "no collective read the peers' buffers in place";
     if (!err.empty()) {
         std::fprintf(stderr, "rank %d: %s\n", args.rank, err.c_str());
@@ -571,6 +588,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_checkpoints_around_an_added_param_group),
         cmocka_unit_test(test_processes_over_tcp),
         cmocka_unit_test(test_processes_on_two_hosts),
+        cmocka_unit_test(test_processes_on_a_sparse_gloo_mesh),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
