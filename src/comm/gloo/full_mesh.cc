@@ -84,8 +84,8 @@ Status take_address(rdzv::Store &store, int rank, int peer, Clock::time_point de
     std::string value;
     Status s = store.get(key, &value, time_left(deadline));
     if (!s.ok())
-        return s.prefix(format("no address came from rank %d (it has not arrived, or it failed before "
-                               "publishing it): ",
+        return s.prefix(format("no address came from rank %d (it has not arrived, it failed before publishing "
+                               "it, or it connects a sparse mesh: SX_GLOO_MESH must be the same on every rank): ",
                                peer));
     SX_TRY(store.erase(key));
     std::memset(theirs, 0, sizeof *theirs);
