@@ -310,20 +310,52 @@ struct Disarm {
     ~Disarm() { watch->disarm(); }
 };
 
+// The closer's table of epoch `epoch`'s `count` members ("regroup/E/table"): for each, in
+// arrival order, its entry and what it said it holds, each as its length and its bytes.
+// `arrived` holds the first arrivals already (as read before); the rest are read here.
+Status publish_table(rdzv::Store &store, int epoch, int64_t count, Clock::time_point deadline,
+                     std::vector<Arrival> arrived) {
+    SX_TRY(read_arrivals(store, epoch, count, deadline, &arrived));
+    std::string table;
+    for (int64_t k = 0; k < count; ++k) {
+        std::string copies;
+        SX_TRY(store.get(format("regroup/%d/copies/%llu", epoch,
+                                static_cast<unsigned long long>(arrived[static_cast<size_t>(k)].id)),
+                         &copies, time_left(deadline)));
+        for (const std::string &part : {describe(arrived[static_cast<size_t>(k)]), copies})
+            table += std::to_string(part.size()) + ":" + part;
+    }
+    return store.set(format("regroup/%d/table", epoch), table);
+}
+
 // The members of epoch `epoch`'s group in identity order (the new ranks' order) and the
-// memory copies each holds: `count` arrivals.
-// (`members` may hold the first arrivals already, as read before.)
-Status read_members(rdzv::Store &store, int epoch, int64_t count, Clock::time_point deadline,
-                    std::vector<Arrival> *members, std::vector<std::vector<CopyHolding>> *holdings) {
-    SX_TRY(read_arrivals(store, epoch, count, deadline, members));
-    members->resize(static_cast<size_t>(count));
-    std::sort(members->begin(), members->end(), [](const Arrival &a, const Arrival &b) { return a.id < b.id; });
-    holdings->assign(members->size(), {});
-    for (size_t m = 0; m < members->size(); ++m) {
-        std::string text;
-        SX_TRY(store.get(format("regroup/%d/copies/%llu", epoch, static_cast<unsigned long long>((*members)[m].id)),
-                         &text, time_left(deadline)));
-        SX_TRY(parse_holdings(text, &(*holdings)[m]));
+// memory copies each holds, from the closer's table: one request, whatever the size.
+Status read_members(rdzv::Store &store, int epoch, Clock::time_point deadline, std::vector<Arrival> *members,
+                    std::vector<std::vector<CopyHolding>> *holdings) {
+    std::string table;
+    SX_TRY(store.get(format("regroup/%d/table", epoch), &table, time_left(deadline)));
+    std::vector<std::pair<Arrival, std::vector<CopyHolding>>> rows;
+    for (size_t at = 0; at < table.size();) {
+        std::string parts[2];
+        for (std::string &part : parts) {
+            const size_t colon = table.find(':', at);
+            SX_CHECK(colon != std::string::npos, SX_ERR_CORRUPT, "epoch %d's table of members is cut short", epoch);
+            const size_t n = std::strtoull(table.c_str() + at, nullptr, 10);
+            SX_CHECK(colon + 1 + n <= table.size(), SX_ERR_CORRUPT, "epoch %d's table of members is cut short",
+                     epoch);
+            part = table.substr(colon + 1, n);
+            at = colon + 1 + n;
+        }
+        rows.emplace_back();
+        SX_TRY(parse(parts[0], &rows.back().first));
+        SX_TRY(parse_holdings(parts[1], &rows.back().second));
+    }
+    std::sort(rows.begin(), rows.end(), [](const auto &a, const auto &b) { return a.first.id < b.first.id; });
+    members->clear();
+    holdings->clear();
+    for (auto &row : rows) {
+        members->push_back(row.first);
+        holdings->push_back(std::move(row.second));
     }
     return Status::Ok();
 }
@@ -356,6 +388,80 @@ Status report_lost(rdzv::Store &store, int epoch, const std::vector<uint64_t> &n
     return store.set(format("regroup/%d/lost/%lld", epoch, static_cast<long long>(report)), join_ids(fresh));
 }
 
+// The evaluator's part (the first survivor to arrive, or one that took over from it):
+// reads the arrivals, the reports and the beats until the group is complete or the window
+// has ended, and closes it (the first to draw "regroup/E/closer" writes "closed" and the
+// table). Returns once "closed" is there.
+Status evaluate(rdzv::Store &store, int epoch, Arrival *me, const RegroupSpec &spec,
+                const std::function<std::vector<uint64_t>()> &lost, Clock::time_point window_end,
+                Clock::time_point deadline) {
+    const std::string base = format("regroup/%d/", epoch);
+    int64_t evaluated = 0;  // the arrivals counted when the group was last found incomplete
+    Arrived arrived;
+    std::vector<uint64_t> waiting_for;
+    Beats beats;
+    // The beats matter once the join window ends (a survivor counts as alive where its
+    // counter moved within 2 s): they are sampled from 2.5 s before it, not all along.
+    const Clock::time_point beats_from = window_end - std::chrono::milliseconds(2500);
+    for (;;) {
+        bool present = false;
+        SX_TRY(store.check({base + "closed"}, &present));
+        if (present) return Status::Ok();
+        int64_t count = 0;
+        SX_TRY(store.add(base + "arrived", 0, &count));
+        std::vector<uint64_t> now_lost = lost();
+        const bool more_lost = now_lost.size() > me->lost.size();
+        if (more_lost) SX_TRY(report_lost(store, epoch, now_lost, me));
+        const int64_t reports_seen = arrived.reports;
+        SX_TRY(arrived.update(store, epoch, count, deadline));
+        if (count != evaluated || more_lost || arrived.reports != reports_seen) {
+            waiting_for = arrived.pending();
+            evaluated = count;
+        }
+        if (Clock::now() >= beats_from) SX_TRY(beats.sample(store, waiting_for));
+        bool close = spec.expected_world_size > 0 ? count >= spec.expected_world_size : waiting_for.empty();
+        // The window ended: the group closes as it is, unless a survivor still beats.
+        close = close || Clock::now() >= deadline || (Clock::now() >= window_end && !beats.any_alive(waiting_for));
+        if (!close) {
+            std::this_thread::sleep_for(std::min(Millis(50), time_left(deadline)));
+            continue;
+        }
+        int64_t closer = 0;
+        SX_TRY(store.add(base + "closer", 1, &closer));
+        if (closer == 1) {
+            SX_TRY(store.add(base + "arrived", 0, &count));
+            SX_TRY(store.set(base + "closed", std::to_string(count)));
+            SX_TRY(publish_table(store, epoch, count, deadline, arrived.arrivals));
+        }
+    }
+}
+
+// Every other survivor's part: it reports the survivors it learns have exited, and waits
+// for "closed"; it takes the evaluator's part over where the first survivor (whose entry
+// is "regroup/E/member/1") stops beating for 3 s before the group closed.
+Status await_close(rdzv::Store &store, int epoch, Arrival *me, const RegroupSpec &spec,
+                   const std::function<std::vector<uint64_t>()> &lost, Clock::time_point window_end,
+                   Clock::time_point deadline) {
+    const std::string base = format("regroup/%d/", epoch);
+    std::vector<Arrival> first;
+    SX_TRY(read_arrivals(store, epoch, 1, deadline, &first));
+    Beats beats;
+    for (;;) {
+        bool present = false;
+        SX_TRY(store.check({base + "closed"}, &present));
+        if (present) return Status::Ok();
+        std::vector<uint64_t> now_lost = lost();
+        if (now_lost.size() > me->lost.size()) SX_TRY(report_lost(store, epoch, now_lost, me));
+        SX_TRY(beats.sample(store, {first[0].id}));
+        if (beats.stalled({first[0].id}) >= 0 || Clock::now() >= deadline) {
+            log(SX_LOG_WARN, "sx: rank %d: the first survivor at epoch %d's regroup (rank %d) stopped answering; "
+                "this one decides when the group closes", me->rank, epoch, first[0].rank);
+            return evaluate(store, epoch, me, spec, lost, window_end, deadline);
+        }
+        std::this_thread::sleep_for(std::min(Millis(50), time_left(deadline)));
+    }
+}
+
 }  // namespace
 
 Status agree_members(rdzv::Store &store, int epoch, Arrival me, const RegroupSpec &spec,
@@ -366,51 +472,16 @@ Status agree_members(rdzv::Store &store, int epoch, Arrival me, const RegroupSpe
     int64_t arrival = 0;
     SX_TRY(arrive(store, epoch, &me, mine, &arrival));
     const Clock::time_point window_end = std::min(deadline, Clock::now() + spec.join_window);
-    int64_t evaluated = 0;  // the arrivals counted when the group was last found incomplete
-    Arrived arrived;
-    std::vector<uint64_t> waiting_for;
-    Beats beats;
-    // The beats matter once the join window ends (a survivor counts as alive where its
-    // counter moved within 2 s): they are sampled from 2.5 s before it, not all along,
-    // so that a survivor does not read every missing survivor's counter every 100 ms.
-    const Clock::time_point beats_from = window_end - std::chrono::milliseconds(2500);
-    for (bool close = false; !close;) {
-        bool present = false;
-        SX_TRY(store.check({base + "closed"}, &present));
-        if (present) break;
-        int64_t count = 0;
-        SX_TRY(store.add(base + "arrived", 0, &count));
-        std::vector<uint64_t> now_lost = lost();
-        const bool more_lost = now_lost.size() > me.lost.size();
-        if (more_lost) SX_TRY(report_lost(store, epoch, now_lost, &me));
-        const int64_t reports_seen = arrived.reports;
-        SX_TRY(arrived.update(store, epoch, count, deadline));
-        if (count != evaluated || more_lost || arrived.reports != reports_seen) {
-            waiting_for = arrived.pending();
-            evaluated = count;
-        }
-        if (Clock::now() >= beats_from) SX_TRY(beats.sample(store, waiting_for));
-        if (spec.expected_world_size > 0)
-            close = count >= spec.expected_world_size;
-        else
-            close = waiting_for.empty();
-        // The window ended: the group closes as it is, unless a survivor still beats.
-        close = close || Clock::now() >= deadline || (Clock::now() >= window_end && !beats.any_alive(waiting_for));
-        if (!close) std::this_thread::sleep_for(std::min(Millis(50), time_left(deadline)));
-        if (close) {
-            int64_t closer = 0;
-            SX_TRY(store.add(base + "closer", 1, &closer));
-            if (closer == 1) {
-                SX_TRY(store.add(base + "arrived", 0, &count));
-                SX_TRY(store.set(base + "closed", std::to_string(count)));
-            }
-        }
-    }
+    if (arrival == 1)
+        SX_TRY(evaluate(store, epoch, &me, spec, lost, window_end, deadline));
+    else
+        SX_TRY(await_close(store, epoch, &me, spec, lost, window_end, deadline));
     std::string closed;
     SX_TRY(store.get(base + "closed", &closed, time_left(deadline)));
     const int64_t count = std::stoll(closed);
-    *members = arrived.arrivals;
-    SX_TRY(read_members(store, epoch, count, deadline, members, holdings));
+    SX_TRY(read_members(store, epoch, deadline, members, holdings));
+    SX_CHECK(static_cast<int64_t>(members->size()) == count, SX_ERR_CORRUPT,
+             "epoch %d's table names %zu members, its count %lld", epoch, members->size(), static_cast<long long>(count));
     SX_CHECK(arrival <= count, SX_ERR_INVALID_STATE,
              "rank %d (of epoch %d's group) reached the regroup of epoch %d after it closed: the survivors that were "
              "there (ranks %s) formed it without this rank, once every rank of their groups had arrived or was known "
@@ -719,7 +790,7 @@ Status Recovery::join(std::unique_ptr<RecoveryAccess> *out, RegroupInfo *info) {
     SX_TRY(root->get(format("regroup/%d/closed", a.epoch), &closed, time_left(deadline)));
     std::vector<Arrival> members;
     std::vector<std::vector<CopyHolding>> holdings;
-    SX_TRY(read_members(*root, a.epoch, std::stoll(closed), deadline, &members, &holdings));
+    SX_TRY(read_members(*root, a.epoch, deadline, &members, &holdings));
     std::vector<uint64_t> ids, admitted;
     for (const Arrival &m : members) ids.push_back(m.id);
     SX_TRY(read_admitted(*root, a.epoch, deadline, &admitted));

@@ -758,6 +758,9 @@ int child_main(int argc, char **argv) {
             if ((st = t[k].step(3)) != SX_OK)
                 return std::fprintf(stderr, "tenant %d: %s\n", k, failed("step after the regroup", st).c_str()), 3;
         }
+        // The broken context goes too: its threads (the failure notices' ended with its
+        // transport) are joined, not left to the process's exit.
+        sx_destroy_context(ctx);
         return 0;
     }
     if (mode == "notice") {
@@ -777,6 +780,7 @@ int child_main(int argc, char **argv) {
             if (got != want[1]) e = "tenant b's params differ from the same tenant trained alone";
         }
         if (!e.empty()) return std::fprintf(stderr, "rank %d: %s\n", a.rank, e.c_str()), 3;
+        sx_destroy_context(ctx);
         return 0;
     }
     if (mode == "die") {
@@ -788,6 +792,7 @@ int child_main(int argc, char **argv) {
             if (st != SX_ERR_COMM && st != SX_ERR_TIMEOUT)
                 return std::fprintf(stderr, "tenant %d after the peer's death: %s\n", k, failed("step", st).c_str()), 3;
         }
+        sx_destroy_context(ctx);
         return 0;
     }
     sx_context_stats_t s;

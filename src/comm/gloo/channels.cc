@@ -259,6 +259,7 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
             broken = true;
         }
         channels_->unwatch(this);
+        const Status thrown = s;  // what Gloo threw, for the transport (before the rewrites below)
         if (!s.ok() && aborted_.load()) {
             s = SX_ERROR(SX_ERR_ABORTED, "%s was aborted (abort() was called)", what);
         } else if (!s.ok() && !broken && !channels_->usable(what).ok()) {
@@ -272,7 +273,9 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
         }
         if (!s.ok()) {
             failure_.record(s);
-            if (broken) channels_->fail(s);
+            // The transport broke: every channel fails with what broke it, not with this
+            // channel's abort (an owner's abort that came while Gloo threw).
+            if (broken) channels_->fail(thrown);
         }
         return s;
     }
