@@ -798,14 +798,20 @@ int child_main(int argc, char **argv) {
     sx_context_stats_t s;
     sx_context_stats_init(&s, sizeof s);
     sx_get_context_stats(ctx, &s);
-    if (apart) return many_groups_no_socket(ctx, a.rank, s, sockets_before);
-    if (hosts == "pairs") return hosts_of_two(a, s, sockets_before, &t[1]);
-    if (s.shared_memory != 1) return std::fprintf(stderr, "processes of one host: no shared memory\n"), 3;
-    // Two live groups, trained: they opened channels, and no connection.
-    if (sockets_open() != sockets_before || s.channels < 2)
-        return std::fprintf(stderr, "rank %d: %d sockets before the groups, %d with them; %lld channels\n", a.rank,
-                            sockets_before, sockets_open(), static_cast<long long>(s.channels)), 3;
-    return 0;
+    int rc = 0;
+    if (apart) {
+        rc = many_groups_no_socket(ctx, a.rank, s, sockets_before);
+    } else if (hosts == "pairs") {
+        rc = hosts_of_two(a, s, sockets_before, &t[1]);
+    } else if (s.shared_memory != 1) {
+        rc = (std::fprintf(stderr, "processes of one host: no shared memory\n"), 3);
+    } else if (sockets_open() != sockets_before || s.channels < 2) {
+        // Two live groups, trained: they opened channels, and no connection.
+        rc = (std::fprintf(stderr, "rank %d: %d sockets before the groups, %d with them; %lld channels\n", a.rank,
+                           sockets_before, sockets_open(), static_cast<long long>(s.channels)), 3);
+    }
+    sx_destroy_context(ctx);
+    return rc;
 }
 
 void test_processes(void **) {
