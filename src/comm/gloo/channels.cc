@@ -358,6 +358,16 @@ GlooChannels::~GlooChannels() {
     inbox_buffer_->abortWaitRecv();
     timer_.join();
     if (listener_.joinable()) listener_.join();
+    // Every channel has gone, and the transport goes with this: its pairs are closed first
+    // (under each pair's lock, after which Gloo's event loop touches no buffer), so that a
+    // notice still being sent to a peer that stopped reading is not written from freed
+    // memory as the notices kept in sent_ go.
+    SigpipeBlock no_sigpipe;
+    try {
+        context_->closeConnections();
+    } catch (...) {
+        // A pair that cannot be closed has failed already.
+    }
 }
 
 // Waits for the peers' notices, one at a time (the receive is posted again before one is
