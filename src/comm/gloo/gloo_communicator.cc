@@ -108,7 +108,6 @@ class GlooCommunicator final : public Communicator {
     GlooCommunicator(std::shared_ptr<FullMeshContext> context, const GlooOptions &options,
                      std::shared_ptr<Meeting> meeting)
         : context_(std::move(context)),
-          sparse_(context_->sparse()),
           meeting_(std::move(meeting)),
           timeout_(options.timeout),
           rs_segment_bytes_(std::max(options.segment_bytes ? options.segment_bytes : kReduceScatterSegmentBytes,
@@ -176,7 +175,7 @@ class GlooCommunicator final : public Communicator {
         SX_CHECK_ARG(data != nullptr, "all_reduce_sum: data must not be NULL");
         return run("all_reduce_sum", [&](const Call &call) {
             OpScope op = scope(call);
-            if (sparse_)
+            if (context_->sparse())
                 return sparse_ordered_sum(op, data, n, rooted_sum_bytes_, rs_segment_bytes_ / sizeof(double));
             return rank_ordered_sum(op, data, n, rooted_sum_bytes_);
         });
@@ -218,7 +217,7 @@ class GlooCommunicator final : public Communicator {
         SX_TRY(check_pieces_args(*this, "gather_pieces", theirs, root));
         return run("gather_pieces", [&](const Call &call) {
             OpScope op = scope(call);
-            if (sparse_) return tree_exchange_pieces(op, root, mine, theirs, true);
+            if (context_->sparse()) return tree_exchange_pieces(op, root, mine, theirs, true);
             return exchange_pieces(op, root, mine, theirs, true);
         });
     }
@@ -228,7 +227,7 @@ class GlooCommunicator final : public Communicator {
         SX_TRY(check_pieces_args(*this, "scatter_pieces", theirs, root));
         return run("scatter_pieces", [&](const Call &call) {
             OpScope op = scope(call);
-            if (sparse_) return tree_exchange_pieces(op, root, mine, theirs, false);
+            if (context_->sparse()) return tree_exchange_pieces(op, root, mine, theirs, false);
             return exchange_pieces(op, root, mine, theirs, false);
         });
     }
@@ -384,7 +383,6 @@ class GlooCommunicator final : public Communicator {
     }
 
     std::shared_ptr<FullMeshContext> context_;
-    const bool sparse_;  // some ranks unpaired: the tree and chain collectives (gloo/tree.h)
     std::shared_ptr<Meeting> meeting_;  // when every rank is a thread of this process
     const Millis timeout_;
     const size_t rs_segment_bytes_, ag_segment_bytes_, rooted_sum_bytes_;

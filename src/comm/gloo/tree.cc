@@ -51,19 +51,29 @@ std::vector<size_t> offsets(const std::vector<size_t> &sizes) {
     return at;
 }
 
+// Receives each child's part of buf (at: the parts' offsets, as offsets() gives them) from
+// it, or sends it to it (`send`), and waits for them all; parts of no bytes are skipped.
+// False where abort() woke a wait.
+bool with_children(OpScope &op, const Tree &t, const std::vector<size_t> &at, UnboundBuffer *b, bool send) {
+    std::vector<std::pair<UnboundBuffer *, int>> posted;
+    for (size_t c : t.children()) {
+        const size_t from = at[c - t.v], bytes = at[c - t.v + t.span(c)] - from;
+        if (bytes == 0) continue;
+        if (send)
+            b->send(op.peer(t.actual(c)), op.slot(), from, bytes);
+        else
+            b->recv(op.peer(t.actual(c)), op.slot(), from, bytes);
+        posted.emplace_back(b, t.actual(c));
+    }
+    return wait_all(op, posted, !send);
+}
+
 // Up the tree: buf (this rank's subtree's bytes, sizes[u - v] for virtual rank u, own part
 // already at its offset 0) receives the children's parts, then goes to the parent.
 Status gather_up(OpScope &op, const Tree &t, const std::vector<size_t> &sizes, char *buf) {
     const std::vector<size_t> at = offsets(sizes);
     UnboundBuffer *b = at.back() ? op.buffer(buf, at.back()) : nullptr;
-    std::vector<std::pair<UnboundBuffer *, int>> posted;
-    for (size_t c : t.children()) {
-        const size_t from = at[c - t.v], bytes = at[c - t.v + t.span(c)] - from;
-        if (bytes == 0) continue;
-        b->recv(op.peer(t.actual(c)), op.slot(), from, bytes);
-        posted.emplace_back(b, t.actual(c));
-    }
-    if (!wait_all(op, posted, true)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+    if (!with_children(op, t, at, b, false)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
     if (t.v != 0 && at.back() > 0) {
         b->send(op.peer(t.parent()), op.slot(), 0, at.back());
         if (!op.wait_send(b, t.parent())) return SX_ERROR(SX_ERR_ABORTED, "aborted");
@@ -81,14 +91,7 @@ Status scatter_down(OpScope &op, const Tree &t, const std::vector<size_t> &sizes
         b->recv(op.peer(t.parent()), op.slot(), 0, at.back());
         if (!op.wait_recv(b, t.parent())) return SX_ERROR(SX_ERR_ABORTED, "aborted");
     }
-    std::vector<std::pair<UnboundBuffer *, int>> posted;
-    for (size_t c : t.children()) {
-        const size_t from = at[c - t.v], bytes = at[c - t.v + t.span(c)] - from;
-        if (bytes == 0) continue;
-        b->send(op.peer(t.actual(c)), op.slot(), from, bytes);
-        posted.emplace_back(b, t.actual(c));
-    }
-    return wait_all(op, posted, false) ? Status::Ok() : SX_ERROR(SX_ERR_ABORTED, "aborted");
+    return with_children(op, t, at, b, true) ? Status::Ok() : SX_ERROR(SX_ERR_ABORTED, "aborted");
 }
 
 // The same `bytes` from root to every rank, down the tree rooted at `root`.
