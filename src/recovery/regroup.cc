@@ -14,17 +14,19 @@
 // joined), its rank and group (epoch, size, mesh), the hash of the identities of that
 // group's ranks (themselves under "regroup/E/group/<hash>", once per group) and those of
 // them it knows to have exited (a process watched through shared memory); those it learns
-// of later go under "regroup/E/lost/<n>" (n from "regroup/E/lost-reports"). Each
-// survivor reads each of these keys once: its work grows as W, not W^2.
+// of later go under "regroup/E/lost/<n>" (n from "regroup/E/lost-reports"). The first
+// survivor to arrive (arrival 1) reads each of these keys once and decides when the group
+// closes; the others wait, and take its part over where its beat stands still for 3 s.
 // The group closes once this many have arrived where the caller said how many to expect
 // (options->expected_world_size), else once every rank of the arrived survivors' groups
 // has arrived or is known to have exited, and at the latest when the first survivor's
 // join window ends, unless a survivor not yet arrived still beats (a survivor inside
 // sx_regroup says so every 200 ms, so that one still failing out of an earlier try is
 // waited for, up to the timeout, instead of being left to form a group of its own): the
-// survivor that finds it complete (the first to draw
-// "regroup/E/closer") writes how many had arrived under "regroup/E/closed", and everyone
-// reads it. A survivor that arrives after the group closed is told who formed it and is
+// survivor that finds it complete (the first to draw "regroup/E/closer") writes how many
+// had arrived under "regroup/E/closed", then every member's entry and copies as one table
+// ("regroup/E/table"), which every survivor (and a joiner) reads once: each one's work
+// grows as W at most, and all of theirs together too, not as W^2. A survivor that arrives after the group closed is told who formed it and is
 // not in it. New ranks follow the identities' order, so the survivors keep their
 // relative places and the admitted joiners come after them.
 //
