@@ -110,6 +110,17 @@ class OpScope {
     uint64_t slot() const { return slot_; }
     Clock::time_point deadline() const { return deadline_; }
 
+    // `n` elements of T that this scope owns (zeroed unless `zeroed` is false), for the
+    // call's own receives: they outlive every buffer over them and, where the call ends
+    // early, the connections closed in the destructor, so that Gloo's event loop never
+    // writes into memory already freed. A call's scratch must come from here, not from
+    // a local of its own, which would go before the scope does.
+    template <class T>
+    T *scratch(size_t n, bool zeroed = true) {
+        scratch_.emplace_back(zeroed ? new char[n * sizeof(T)]() : new char[n * sizeof(T)]);
+        return reinterpret_cast<T *>(scratch_.back().get());
+    }
+
     // A buffer over [ptr, ptr + bytes) owned by this scope.
     UnboundBuffer *buffer(void *ptr, size_t bytes) {
         owned_.push_back(context_.createUnboundBuffer(ptr, bytes));
@@ -146,6 +157,7 @@ class OpScope {
     InFlight &in_flight_;
     const uint64_t slot_;
     const Clock::time_point deadline_;
+    std::vector<std::unique_ptr<char[]>> scratch_;       // destroyed after owned_'s buffers
     std::vector<std::unique_ptr<UnboundBuffer>> owned_;  // destroyed after the destructor body
     std::vector<UnboundBuffer *> registered_;
     bool done_ = false;

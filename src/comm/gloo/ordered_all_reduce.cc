@@ -15,21 +15,21 @@ Status rooted_all_reduce(OpScope &op, void *data, size_t n, size_t elem_bytes, R
     if (op.rank() != 0) {
         // The result's receive is posted before the send, into a buffer of its own, so that
         // rank 0's reply never waits for it.
-        std::vector<char> result(bytes);
-        UnboundBuffer *back = op.buffer(result.data(), bytes);
+        char *result = op.scratch<char>(bytes);
+        UnboundBuffer *back = op.buffer(result, bytes);
         back->recv(op.peer(0), op.slot(), 0, bytes);
         mine->send(op.peer(0), op.slot(), 0, bytes);
         if (!op.wait_send(mine, 0) || !op.wait_recv(back, 0)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
-        std::copy(result.begin(), result.end(), static_cast<char *>(data));
+        std::copy(result, result + bytes, static_cast<char *>(data));
         op.done();
         return Status::Ok();
     }
-    std::vector<char> theirs(others * bytes);
-    UnboundBuffer *in = op.buffer(theirs.data(), theirs.size());
+    char *theirs = op.scratch<char>(others * bytes);
+    UnboundBuffer *in = op.buffer(theirs, others * bytes);
     for (size_t q = 1; q <= others; ++q) in->recv(op.peer(static_cast<int>(q)), op.slot(), (q - 1) * bytes, bytes);
     for (size_t q = 1; q <= others; ++q)
         if (!op.wait_recv(in, -1)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
-    for (size_t q = 1; q <= others; ++q) reduce(data, data, theirs.data() + (q - 1) * bytes, n);
+    for (size_t q = 1; q <= others; ++q) reduce(data, data, theirs + (q - 1) * bytes, n);
     for (size_t q = 1; q <= others; ++q) mine->send(op.peer(static_cast<int>(q)), op.slot(), 0, bytes);
     for (size_t q = 1; q <= others; ++q)
         if (!op.wait_send(mine, static_cast<int>(q))) return SX_ERROR(SX_ERR_ABORTED, "aborted");
@@ -65,9 +65,9 @@ Status scattered_sum(OpScope &op, double *data, size_t n) {
     const size_t W = static_cast<size_t>(op.size()), r = static_cast<size_t>(op.rank());
     const Parts parts(n, W);
     const size_t mine = parts.size(r), at = parts.begin(r);
-    std::vector<double> theirs((W - 1) * mine);
+    double *theirs = op.scratch<double>((W - 1) * mine);
     UnboundBuffer *whole = op.buffer(data, n * sizeof(double));
-    UnboundBuffer *in = mine ? op.buffer(theirs.data(), theirs.size() * sizeof(double)) : nullptr;
+    UnboundBuffer *in = mine ? op.buffer(theirs, (W - 1) * mine * sizeof(double)) : nullptr;
     size_t sends = 0, recvs = 0;
     for (size_t q = 0; q < W; ++q) {
         if (q == r) continue;
@@ -89,7 +89,7 @@ Status scattered_sum(OpScope &op, double *data, size_t n) {
     // or theirs' block q - 1 (q > r).
     if (mine > 0) {
         auto part_of = [&](size_t q) -> const double * {
-            return q == r ? data + at : theirs.data() + (q < r ? q : q - 1) * mine;
+            return q == r ? data + at : theirs + (q < r ? q : q - 1) * mine;
         };
         std::vector<double> sum(part_of(0), part_of(0) + mine);
         for (size_t q = 1; q < W; ++q) gloo::sum<double>(sum.data(), sum.data(), part_of(q), mine);

@@ -91,10 +91,10 @@ Status ring_reduce_scatter_with(OpScope &op, const Sum &sum, typename Sum::T *bu
     const size_t steps = static_cast<size_t>(ring.size - 1);
     const size_t units = steps * nseg;
     const size_t depth = std::min(kRecvDepth, units);
-    std::unique_ptr<T[]> scratch(new T[depth * seg]);  // not zeroed: always written before read
+    T *scratch = op.scratch<T>(depth * seg, false);  // not zeroed: always written before read
 
     UnboundBuffer *send = op.buffer(buf, static_cast<size_t>(ring.size) * shard * sizeof(T));
-    UnboundBuffer *recv = op.buffer(scratch.get(), depth * seg * sizeof(T));
+    UnboundBuffer *recv = op.buffer(scratch, depth * seg * sizeof(T));
     auto seg_len = [&](size_t k) { return std::min(seg, shard - k * seg); };
     auto post_send = [&](size_t u) {
         const size_t s = u / nseg, k = u % nseg;
@@ -111,7 +111,7 @@ Status ring_reduce_scatter_with(OpScope &op, const Sum &sum, typename Sum::T *bu
     for (size_t u = 0; u < units; ++u) {
         if (!op.wait_recv(recv, ring.left)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
         const size_t s = u / nseg, k = u % nseg, n = seg_len(k);
-        const T *received = scratch.get() + (u % depth) * seg;
+        const T *received = scratch + (u % depth) * seg;
         T *partial = buf + ring.chunk_behind(s + 2) * shard + k * seg;
         if (s + 1 < steps) {
             sum.add_into(partial, received, n);

@@ -115,8 +115,8 @@ Status tree_broadcast(OpScope &op, int root, void *data, size_t bytes) {
 Status chain_sum(OpScope &op, double *data, size_t n, size_t segment_elems) {
     const int r = op.rank(), W = op.size();
     const size_t seg = std::max<size_t>(segment_elems, 1), segments = (n + seg - 1) / seg;
-    std::vector<double> acc(r > 0 ? n : 0);
-    UnboundBuffer *in = r > 0 ? op.buffer(acc.data(), n * sizeof(double)) : nullptr;
+    double *acc = r > 0 ? op.scratch<double>(n) : nullptr;
+    UnboundBuffer *in = r > 0 ? op.buffer(acc, n * sizeof(double)) : nullptr;
     UnboundBuffer *out = r > 0 ? in : op.buffer(data, n * sizeof(double));
     auto length = [&](size_t k) { return std::min(seg, n - k * seg); };
     if (in)
@@ -126,7 +126,7 @@ Status chain_sum(OpScope &op, double *data, size_t n, size_t segment_elems) {
     for (size_t k = 0; k < segments; ++k) {
         if (in) {
             if (!op.wait_recv(in, r - 1)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
-            double *a = acc.data() + k * seg;
+            double *a = acc + k * seg;
             gloo::sum<double>(a, a, data + k * seg, length(k));
         }
         if (r + 1 < W) {
@@ -136,7 +136,7 @@ Status chain_sum(OpScope &op, double *data, size_t n, size_t segment_elems) {
     }
     for (size_t i = 0; i < sends; ++i)
         if (!op.wait_send(out, r + 1)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
-    if (r + 1 == W) std::copy(acc.begin(), acc.end(), data);
+    if (r + 1 == W) std::copy(acc, acc + n, data);
     return Status::Ok();
 }
 
@@ -146,11 +146,11 @@ Status tree_all_reduce(OpScope &op, void *data, size_t n, size_t elem_bytes, Red
     const size_t bytes = n * elem_bytes;
     const Tree t(op, 0);
     const size_t span = t.span(t.v);
-    std::vector<char> all(span * bytes);
-    std::memcpy(all.data(), data, bytes);
-    SX_TRY(gather_up(op, t, std::vector<size_t>(span, bytes), all.data()));
+    char *all = op.scratch<char>(span * bytes);
+    std::memcpy(all, data, bytes);
+    SX_TRY(gather_up(op, t, std::vector<size_t>(span, bytes), all));
     if (t.v == 0)
-        for (size_t q = 1; q < t.W; ++q) reduce(data, data, all.data() + q * bytes, n);
+        for (size_t q = 1; q < t.W; ++q) reduce(data, data, all + q * bytes, n);
     SX_TRY(tree_broadcast(op, 0, data, bytes));
     op.done();
     return Status::Ok();
@@ -179,9 +179,9 @@ Status tree_exchange_pieces(OpScope &op, int root, const std::vector<Piece> &min
         return bytes;
     };
     // Each rank's byte count, up the tree: this rank learns its subtree's.
-    std::vector<uint64_t> counts(span, 0);
+    uint64_t *counts = op.scratch<uint64_t>(span);
     counts[0] = t.v == 0 ? 0 : total(mine);
-    SX_TRY(gather_up(op, t, std::vector<size_t>(span, sizeof(uint64_t)), reinterpret_cast<char *>(counts.data())));
+    SX_TRY(gather_up(op, t, std::vector<size_t>(span, sizeof(uint64_t)), reinterpret_cast<char *>(counts)));
     if (t.v == 0)
         for (size_t u = 1; u < t.W; ++u) {
             const int q = t.actual(u);
@@ -191,30 +191,30 @@ Status tree_exchange_pieces(OpScope &op, int root, const std::vector<Piece> &min
                          static_cast<unsigned long long>(total(theirs[static_cast<size_t>(q)])),
                          static_cast<unsigned long long>(counts[u]));
         }
-    const std::vector<size_t> sizes(counts.begin(), counts.end());
+    const std::vector<size_t> sizes(counts, counts + span);
     const std::vector<size_t> at = offsets(sizes);
-    std::vector<char> buf(at.back());
+    char *buf = op.scratch<char>(at.back());
     // Packs (or unpacks) one rank's pieces at its offset.
     auto copy = [&](const std::vector<Piece> &pieces, size_t u, bool pack) {
         size_t o = at[u];
         for (const Piece &p : pieces) {
             if (pack) {
-                if (p.bytes) std::memcpy(buf.data() + o, p.data, p.bytes);
+                if (p.bytes) std::memcpy(buf + o, p.data, p.bytes);
             } else if (p.bytes) {
-                std::memcpy(p.data, buf.data() + o, p.bytes);
+                std::memcpy(p.data, buf + o, p.bytes);
             }
             o += p.bytes;
         }
     };
     if (gather) {
         if (t.v != 0) copy(mine, 0, true);
-        SX_TRY(gather_up(op, t, sizes, buf.data()));
+        SX_TRY(gather_up(op, t, sizes, buf));
         if (t.v == 0)
             for (size_t u = 1; u < t.W; ++u) copy(theirs[static_cast<size_t>(t.actual(u))], u, false);
     } else {
         if (t.v == 0)
             for (size_t u = 1; u < t.W; ++u) copy(theirs[static_cast<size_t>(t.actual(u))], u, true);
-        SX_TRY(scatter_down(op, t, sizes, buf.data()));
+        SX_TRY(scatter_down(op, t, sizes, buf));
         if (t.v != 0) copy(mine, 0, false);
     }
     op.done();
