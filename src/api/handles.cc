@@ -1,5 +1,6 @@
 #include "api/handles.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <mutex>
@@ -17,9 +18,51 @@ struct Registry {
     std::unordered_set<const void *> live;
 };
 
+// What handles held in a fork of their owner, kept reachable (not leaked, to a leak
+// checker) and never released.
+struct Forgotten {
+    std::mutex mu;
+    std::vector<std::unique_ptr<core::ShardGroup>> groups;
+    std::vector<std::unique_ptr<ckpt::Checkpointer>> checkpointers;
+    std::vector<std::shared_ptr<ckpt::SaveFuture>> futures;
+    std::vector<std::shared_ptr<core::Context>> contexts;
+    std::vector<std::shared_ptr<core::NormDomain>> domains;
+};
+
+Registry *g_registry = nullptr;
+Forgotten *g_forgotten = nullptr;
+
+// A fork copies only the thread that calls it: a lock another thread of the trainer held
+// in an sx call at that moment would stay held in the child forever, and the child's
+// first call (destroying an inherited handle, which is allowed there) would wait on it.
+// So the forking thread takes both locks, always in this order, across the fork.
+void lock_before_fork() {
+    g_registry->mu.lock();
+    g_forgotten->mu.lock();
+}
+
+void unlock_after_fork() {
+    g_forgotten->mu.unlock();
+    g_registry->mu.unlock();
+}
+
+// Both made at once, never destroyed (usable from atexit handlers; nothing a fork
+// forgot may be released), the fork handlers registered with them.
+void make_tables() {
+    g_registry = new Registry();
+    g_forgotten = new Forgotten();
+    ::pthread_atfork(lock_before_fork, unlock_after_fork, unlock_after_fork);
+}
+
 Registry &registry() {
-    static Registry *r = new Registry();  // never destroyed: usable from atexit handlers
-    return *r;
+    static std::once_flag once;
+    std::call_once(once, make_tables);
+    return *g_registry;
+}
+
+Forgotten &forgotten() {
+    registry();
+    return *g_forgotten;
 }
 
 }  // namespace
@@ -42,22 +85,6 @@ bool handle_live(const void *h) {
 bool forked_from(pid_t owner) { return owner != ::getpid(); }
 
 namespace {
-
-// What handles held in a fork of their owner, kept reachable (not leaked, to a leak
-// checker) and never released.
-struct Forgotten {
-    std::mutex mu;
-    std::vector<std::unique_ptr<core::ShardGroup>> groups;
-    std::vector<std::unique_ptr<ckpt::Checkpointer>> checkpointers;
-    std::vector<std::shared_ptr<ckpt::SaveFuture>> futures;
-    std::vector<std::shared_ptr<core::Context>> contexts;
-    std::vector<std::shared_ptr<core::NormDomain>> domains;
-};
-
-Forgotten &forgotten() {
-    static Forgotten *f = new Forgotten();  // never destroyed: nothing in it may be released
-    return *f;
-}
 
 Status inert(const char *what, const void *h, pid_t owner) {
     return SX_ERROR(SX_ERR_INVALID_STATE,

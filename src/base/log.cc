@@ -2,6 +2,8 @@
 
 #include "base/vector_state.h"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cctype>
 #include <cstdarg>
@@ -56,7 +58,12 @@ void read_environment(LogSink &s) {
 LogSink &sink() {
     static LogSink s;
     static std::once_flag once;
-    std::call_once(once, [] { read_environment(s); });
+    std::call_once(once, [] {
+        read_environment(s);
+        // A fork copies only its caller's thread: the sink's lock, held by another thread
+        // at that moment, would never be released in the child (as handles.cc's).
+        ::pthread_atfork([] { s.mu.lock(); }, [] { s.mu.unlock(); }, [] { s.mu.unlock(); });
+    });
     return s;
 }
 
