@@ -183,4 +183,19 @@ double drop_cache(const std::string &path) {
 
 double max_of(const double *v, int n) { return *std::max_element(v, v + n); }
 
+sx_context_t *make_context(const std::string &rendezvous, int rank, int world, int32_t timeout_ms) {
+    sx_context_config_t c;
+    sx_context_config_init(&c, sizeof c);
+    c.rendezvous = rendezvous.c_str();
+    c.rank = rank;
+    c.world_size = world;
+    c.backend = SX_BACKEND_CPU;
+    c.num_threads = 1;
+    c.timeout_ms = timeout_ms;
+    sx_context_t *ctx = nullptr;
+    if (sx_create_context(&c, &ctx) != SX_OK)
+        std::fprintf(stderr, "bench_sx: rank %d: the context: %s\n", rank, sx_last_error_message());
+    return ctx;
+}
+
 }  // namespace sxbench

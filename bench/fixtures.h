@@ -56,4 +56,8 @@ double drop_cache(const std::string &path);
 
 double max_of(const double *v, int n);
 
+// A CPU context of `world` ranks on `rendezvous`, its pool of one thread; timeout_ms 0:
+// the default. Null (the error printed) where it could not be made.
+sx_context_t *make_context(const std::string &rendezvous, int rank, int world, int32_t timeout_ms = 0);
+
 }  // namespace sxbench

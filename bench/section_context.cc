@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "fixtures.h"
 #include "sx/sx.h"
 
 namespace sxbench {
@@ -66,20 +67,6 @@ sx_shard_group_t *make_group(sx_context_t *ctx, const std::string &rendezvous, c
     return g;
 }
 
-sx_context_t *make_context(const std::string &rendezvous, int rank, int world = kWorld) {
-    sx_context_config_t c;
-    sx_context_config_init(&c, sizeof c);
-    c.rendezvous = rendezvous.c_str();
-    c.rank = rank;
-    c.world_size = world;
-    c.backend = SX_BACKEND_CPU;
-    c.num_threads = 1;
-    sx_context_t *ctx = nullptr;
-    if (sx_create_context(&c, &ctx) != SX_OK)
-        std::fprintf(stderr, "bench_sx context: %s\n", sx_last_error_message());
-    return ctx;
-}
-
 // Seconds each of `n` groups took to make and finalize (and destroy), per rank 0.
 std::vector<double> creation_times(bool in_context, int n) {
     std::vector<double> times(static_cast<size_t>(n));
@@ -88,7 +75,7 @@ std::vector<double> creation_times(bool in_context, int n) {
     std::vector<std::thread> ranks;
     for (int r = 0; r < kWorld; ++r)
         ranks.emplace_back([&, r] {
-            sx_context_t *ctx = in_context ? make_context("local://bench-ctx-" + std::to_string(run), r) : nullptr;
+            sx_context_t *ctx = in_context ? make_context("local://bench-ctx-" + std::to_string(run), r, kWorld) : nullptr;
             for (int i = 0; i < n; ++i) {
                 const double t0 = now_seconds();
                 sx_shard_group_t *g = make_group(ctx, "local://bench-fresh-" + std::to_string(run) + "-" + std::to_string(i),
@@ -110,7 +97,7 @@ double tenant_rate(bool in_context, int tenants, int steps, int64_t elements) {
     std::vector<std::thread> ranks;
     for (int r = 0; r < kWorld; ++r)
         ranks.emplace_back([&, r] {
-            sx_context_t *ctx = in_context ? make_context("local://bench-tenants-" + std::to_string(run), r) : nullptr;
+            sx_context_t *ctx = in_context ? make_context("local://bench-tenants-" + std::to_string(run), r, kWorld) : nullptr;
             std::vector<sx_shard_group_t *> groups(static_cast<size_t>(tenants), nullptr);
             std::vector<std::thread> made;
             for (int t = 0; t < tenants; ++t)

@@ -6,9 +6,16 @@
 //  - a channel whose call passes its timeout fails alone (SX_ERR_TIMEOUT), as does one
 //    aborted in a call: the other channels go on, and new ones open;
 //  - a broken transport ends every channel's waits at once, on the rank that found it
-//    broken as at its peers.
+//    broken as at its peers;
+//  - on a sparse mesh (9 ranks), channels over all ranks and over subsets pass every
+//    collective check, each rank holding exactly the mesh's pairs and those its channels'
+//    rings and trees use; and a channel's failure on one rank reaches, relayed, the ranks
+//    it has no pair with, whose calls then fail at once.
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include "collective_checks.h"
@@ -26,13 +33,15 @@ namespace {
 
 // Rank r's store on `url`, and its context's channels.
 Status open_context(const std::string &url, int r, int p, std::shared_ptr<sx::rdzv::Store> *store,
-                    std::shared_ptr<sx::comm::GlooChannels> *out) {
+                    std::shared_ptr<sx::comm::GlooChannels> *out,
+                    sx::comm::GlooOptions::Mesh mesh = sx::comm::GlooOptions::Mesh::kAuto) {
     sx::rdzv::Rendezvous rv;
     SX_TRY(sx::rdzv::parse_rendezvous(url.c_str(), r, p, &rv));
     SX_TRY(sx::rdzv::open_store(rv, Millis(20000), store));
     sx::comm::GlooOptions o;
     o.bind_address = "127.0.0.1";
     o.timeout = Millis(20000);
+    o.mesh = mesh;
     return sx::comm::open_gloo_channels(sx::rdzv::make_prefix_store(*store, "context/"), r, p, o, out);
 }
 
@@ -52,6 +61,30 @@ Status channel(const std::shared_ptr<sx::comm::GlooChannels> &ch, const std::sha
                                          static_cast<int>(ranks.size()), o, out);
 }
 
+// Channel "c<g>" over groups[g] for each g (the second in segments of 64 KiB); null where
+// this rank is not in it.
+Status open_channels(const std::shared_ptr<sx::comm::GlooChannels> &ch, const std::shared_ptr<sx::rdzv::Store> &store,
+                     const std::vector<std::vector<int>> &groups, std::vector<std::unique_ptr<Communicator>> *comms) {
+    comms->resize(groups.size());
+    for (size_t g = 0; g < groups.size(); ++g)
+        SX_TRY(channel(ch, store, "c" + std::to_string(g), groups[g], Millis(30000), &(*comms)[g], g == 1 ? 65536 : 0)
+                   .prefix("channel " + std::to_string(g) + ": "));
+    return Status::Ok();
+}
+
+// Every collective check on each of this rank's channels, each from a thread of its own, at once.
+std::string check_at_once(const std::vector<std::vector<int>> &groups,
+                          const std::vector<std::unique_ptr<Communicator>> &comms) {
+    std::vector<std::string> errs(groups.size());
+    std::vector<std::thread> threads;
+    for (size_t g = 0; g < groups.size(); ++g)
+        if (comms[g]) threads.emplace_back([&, g] { errs[g] = sxtest::check_all_collectives(*comms[g]); });
+    for (auto &t : threads) t.join();
+    for (size_t g = 0; g < groups.size(); ++g)
+        if (!errs[g].empty()) return "channel " + std::to_string(g) + ": " + errs[g];
+    return "";
+}
+
 void test_channels_at_once(void **) {
     const int world = 5;
     const std::vector<std::vector<int>> groups = {{0, 1, 2, 3, 4}, {4, 3, 1}, {2, 0}};
@@ -60,18 +93,10 @@ void test_channels_at_once(void **) {
         std::shared_ptr<sx::comm::GlooChannels> ch;
         Status s = open_context("local://gloo-channels-at-once", r, world, &store, &ch);
         if (!s.ok()) return "context: " + s.message();
-        std::vector<std::unique_ptr<Communicator>> comms(groups.size());
-        for (size_t g = 0; g < groups.size(); ++g) {
-            s = channel(ch, store, "c" + std::to_string(g), groups[g], Millis(30000), &comms[g], g == 1 ? 65536 : 0);
-            if (!s.ok()) return "channel " + std::to_string(g) + ": " + s.message();
-        }
-        std::vector<std::string> errs(groups.size());
-        std::vector<std::thread> threads;
-        for (size_t g = 0; g < groups.size(); ++g)
-            if (comms[g]) threads.emplace_back([&, g] { errs[g] = sxtest::check_all_collectives(*comms[g]); });
-        for (auto &t : threads) t.join();
-        for (size_t g = 0; g < groups.size(); ++g)
-            if (!errs[g].empty()) return "channel " + std::to_string(g) + ": " + errs[g];
+        std::vector<std::unique_ptr<Communicator>> comms;
+        if (!(s = open_channels(ch, store, groups, &comms)).ok()) return s.message();
+        const std::string e = check_at_once(groups, comms);
+        if (!e.empty()) return e;
         if (sx::comm::gloo_channels_open(*ch) != 2)  // every rank is in 2 of the 3
             return "channels open: " + std::to_string(sx::comm::gloo_channels_open(*ch));
         return "";
@@ -152,6 +177,80 @@ void test_a_broken_transport_ends_every_wait(void **) {
     if (!err.empty()) fail_msg("%s", err.c_str());
 }
 
+constexpr sx::comm::GlooOptions::Mesh kSparse = sx::comm::GlooOptions::Mesh::kSparse;
+
+// The context ranks rank r of a sparse context of `world` is paired with once its channels
+// over `groups` are made: the mesh's, and each channel's ranks a power of two away in the
+// channel's order.
+size_t expected_pairs(int r, int world, const std::vector<std::vector<int>> &groups) {
+    std::set<int> pairs;
+    for (int q : sx::comm::sparse_peers(r, world)) pairs.insert(q);
+    for (const auto &g : groups) {
+        const auto at = std::find(g.begin(), g.end(), r);
+        if (at == g.end()) continue;
+        for (int q : sx::comm::sparse_peers(static_cast<int>(at - g.begin()), static_cast<int>(g.size())))
+            pairs.insert(g[static_cast<size_t>(q)]);
+    }
+    return pairs.size();
+}
+
+void test_sparse_channels_at_once(void **) {
+    const int world = 9;
+    const std::vector<std::vector<int>> groups = {{0, 1, 2, 3, 4, 5, 6, 7, 8}, {8, 3, 1, 6, 5}, {2, 0, 7}, {4}};
+    const std::string err = sxtest::run_ranks(world, [&](int r) -> std::string {
+        std::shared_ptr<sx::rdzv::Store> store;
+        std::shared_ptr<sx::comm::GlooChannels> ch;
+        Status s = open_context("local://gloo-channels-sparse", r, world, &store, &ch, kSparse);
+        if (!s.ok()) return "context: " + s.message();
+        if (!ch->sparse()) return "the context's mesh is not sparse";
+        std::vector<std::unique_ptr<Communicator>> comms;
+        if (!(s = open_channels(ch, store, groups, &comms)).ok()) return s.message();
+        const size_t want = expected_pairs(r, world, groups);
+        if (ch->pairs() != want)
+            return "rank " + std::to_string(r) + " holds " + std::to_string(ch->pairs()) + " pairs, not " +
+                   std::to_string(want);
+        const std::string e = check_at_once(groups, comms);
+        if (!e.empty()) return e;
+        return "";
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
+// Rank 0's call on channel "late" passes its 500 ms timeout (the others never call); then
+// every other rank's barrier on it fails at once, naming rank 0, those without a pair with
+// rank 0 (3 and 6 at 9 ranks) included, and channel "on" goes on.
+void test_a_sparse_channels_failure_is_relayed(void **) {
+    const int world = 9;
+    std::atomic<bool> failed{false};
+    const std::string err = sxtest::run_ranks(world, [&](int r) -> std::string {
+        std::shared_ptr<sx::rdzv::Store> store;
+        std::shared_ptr<sx::comm::GlooChannels> ch;
+        Status s = open_context("local://gloo-channels-relayed", r, world, &store, &ch, kSparse);
+        if (!s.ok()) return "context: " + s.message();
+        const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+        std::unique_ptr<Communicator> late, on;
+        if (!(s = channel(ch, store, "late", all, Millis(r == 0 ? 500 : 60000), &late)).ok()) return s.message();
+        if (!(s = channel(ch, store, "on", all, Millis(30000), &on)).ok()) return s.message();
+        if (r == 0) {
+            double v = 1;
+            s = late->all_reduce_sum(&v, 1);
+            failed.store(true);
+            if (s.code() != SX_ERR_TIMEOUT) return "rank 0's late call gave " + s.message();
+        } else {
+            while (!failed.load()) std::this_thread::sleep_for(Millis(5));
+            const auto start = std::chrono::steady_clock::now();
+            s = late->barrier();
+            const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start).count();
+            if (s.ok() || took > 10000 || s.message().find("(rank 0 of the context) failed first") == std::string::npos)
+                return "rank " + std::to_string(r) + "'s barrier ended after " + std::to_string(took) +
+                       " ms: " + (s.ok() ? "ok" : s.message());
+        }
+        const std::string e = sxtest::check_all_reduce(*on, 1000);
+        return e.empty() ? "" : "channel on: " + e;
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
 }  // namespace
 
 int main() {
@@ -159,6 +258,8 @@ int main() {
         cmocka_unit_test(test_channels_at_once),
         cmocka_unit_test(test_a_channels_failure_stays_in_it),
         cmocka_unit_test(test_a_broken_transport_ends_every_wait),
+        cmocka_unit_test(test_sparse_channels_at_once),
+        cmocka_unit_test(test_a_sparse_channels_failure_is_relayed),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

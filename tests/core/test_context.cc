@@ -277,6 +277,14 @@ void test_tenants_at_once_on_gloo_channels_2(void **) { tenants_at_once(2, true)
 void test_tenants_at_once_on_gloo_channels_3(void **) { tenants_at_once(3, true); }
 // 4 ranks, shard groups of 2 and 2 replicas: each tenant's 3 communicators are channels.
 void test_mesh_tenants_on_gloo_channels(void **) { tenants_at_once(4, true, 2); }
+// 6 ranks on a sparse mesh, each tenant a mesh of 2 shards of 3: every replica channel
+// ({0, 3}, {1, 4}, {2, 5}) needs a pair the mesh lacks (3 apart), which the 3 tenants'
+// threads ask for at once.
+void test_mesh_tenants_on_a_sparse_mesh(void **) {
+    ::setenv("SX_GLOO_MESH", "sparse", 1);
+    tenants_at_once(6, true, 3);
+}
+int unset_gloo_mesh(void **) { return ::unsetenv("SX_GLOO_MESH"); }
 
 // Tenant 1 fails three times (ranks in different calls; a load of no checkpoint; NaN
 // gradients under SX_NONFINITE_ERROR); tenants 0 and 2 step on around it and end on the
@@ -725,8 +733,11 @@ int child_main(int argc, char **argv) {
     // "apart": each rank says it runs on a host of its own (SX_HOST_ID), as ranks on several
     // hosts do: the context's groups take channels on its one Gloo mesh. "pairs": ranks 2h
     // and 2h + 1 say they run on host h: shared memory within each host, Gloo between.
+    // "sparse": as "apart", on a sparse Gloo mesh (SX_GLOO_MESH), whose channels make the
+    // pairs they need beyond the mesh's and relay failure notices.
     const std::string hosts = a.get("--hosts", "one");
-    const bool apart = hosts == "apart";
+    const bool apart = hosts == "apart" || hosts == "sparse";
+    if (hosts == "sparse") ::setenv("SX_GLOO_MESH", "sparse", 1);
     if (apart) ::setenv("SX_HOST_ID", ("ctx-test-host-" + std::to_string(a.rank)).c_str(), 1);
     if (hosts == "pairs") ::setenv("SX_HOST_ID", ("ctx-test-host-" + std::to_string(a.rank / 2)).c_str(), 1);
     sx_status_t st;
@@ -824,6 +835,13 @@ void test_processes_on_hosts_apart(void **) {
     if (!err.empty()) fail_msg("%s", err.c_str());
 }
 
+// 6 hosts of one rank on a sparse mesh: rank 3 has no pair with rank 0 (its peers are the
+// ranks 1 and 2 away).
+void test_processes_on_a_sparse_mesh(void **) {
+    const std::string err = sxtest::run_process_ranks(6, {"--mode", "train", "--hosts", "sparse"}, 120);
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
 // Two hosts of two ranks each, with a rendezvous for the tenant made without a context.
 void test_processes_on_hosts_of_two(void **) {
     const std::string ref = "tcp://127.0.0.1:" + std::to_string(sxtest::free_port());
@@ -858,6 +876,8 @@ void test_every_tenant_regroups_on_hosts_of_two(void **) { every_tenant_regroups
 
 void test_peers_fail_at_once_processes(void **) { peers_fail_at_once_processes("one"); }
 void test_peers_fail_at_once_processes_on_hosts_apart(void **) { peers_fail_at_once_processes("apart"); }
+// Rank 3 learns of rank 0's failure from the peers it relays through, and fails at once.
+void test_peers_fail_at_once_processes_on_a_sparse_mesh(void **) { peers_fail_at_once_processes("sparse", 6); }
 
 void test_every_tenant_regroups(void **) { every_tenant_regroups("one"); }
 void test_every_tenant_regroups_on_hosts_apart(void **) { every_tenant_regroups("apart"); }
@@ -874,6 +894,7 @@ void test_a_peers_death_fails_every_tenant_on_hosts_of_two(void **) { a_peers_de
 
 void test_a_peers_death_fails_every_tenant(void **) { a_peers_death_fails_every_tenant("one"); }
 void test_a_peers_death_fails_every_tenant_on_hosts_apart(void **) { a_peers_death_fails_every_tenant("apart"); }
+void test_a_peers_death_fails_every_tenant_on_a_sparse_mesh(void **) { a_peers_death_fails_every_tenant("sparse", 6); }
 
 }  // namespace
 
@@ -886,6 +907,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tenants_at_once_on_gloo_channels_2),
         cmocka_unit_test(test_tenants_at_once_on_gloo_channels_3),
         cmocka_unit_test(test_mesh_tenants_on_gloo_channels),
+        cmocka_unit_test_teardown(test_mesh_tenants_on_a_sparse_mesh, unset_gloo_mesh),
         cmocka_unit_test(test_a_tenants_failure_stays_in_it),
         cmocka_unit_test(test_a_tenants_failure_stays_in_it_on_gloo_channels),
         cmocka_unit_test(test_peers_fail_at_once_abort),
@@ -906,6 +928,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_processes_on_hosts_of_two),
         cmocka_unit_test(test_a_process_joins_a_tenant),
         cmocka_unit_test(test_a_peers_death_fails_every_tenant_on_hosts_of_two),
+        cmocka_unit_test(test_processes_on_a_sparse_mesh),
+        cmocka_unit_test(test_peers_fail_at_once_processes_on_a_sparse_mesh),
+        cmocka_unit_test(test_a_peers_death_fails_every_tenant_on_a_sparse_mesh),
         cmocka_unit_test(test_every_tenant_regroups_on_hosts_of_two),
         cmocka_unit_test(test_peers_fail_at_once_processes_on_hosts_of_two),
     };

@@ -14,6 +14,7 @@
 #include "comm/gloo/op_scope.h"
 #include "comm/gloo/ordered_all_reduce.h"
 #include "comm/gloo/ring.h"
+#include "comm/gloo/tree.h"
 #include "rdzv/stores.h"
 
 namespace sx {
@@ -49,7 +50,8 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
           rs_segment_bytes_(std::max(options.segment_bytes ? options.segment_bytes : kReduceScatterSegmentBytes,
                                      sizeof(float))),
           ag_segment_bytes_(options.segment_bytes ? options.segment_bytes : kAllGatherSegmentBytes),
-          rooted_sum_bytes_(options.rooted_sum_bytes) {
+          rooted_sum_bytes_(options.rooted_sum_bytes),
+          sparse_(channels_->sparse()) {
         channels_->open.fetch_add(1);
     }
     ~GlooChannel() override {
@@ -92,7 +94,10 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
     Status all_reduce_sum(double *data, size_t n) override {
         if (n == 0) return usable("all_reduce_sum");
         SX_CHECK_ARG(data != nullptr, "all_reduce_sum: data must not be NULL");
-        return run("all_reduce_sum", [&](OpScope &op) { return rank_ordered_sum(op, data, n, rooted_sum_bytes_); });
+        return run("all_reduce_sum", [&](OpScope &op) {
+            if (sparse_) return sparse_ordered_sum(op, data, n, rooted_sum_bytes_, rs_segment_bytes_ / sizeof(double));
+            return rank_ordered_sum(op, data, n, rooted_sum_bytes_);
+        });
     }
     bool sums_in_rank_order() const override { return true; }
     Status all_reduce_max(uint64_t *data, size_t n) override {
@@ -109,6 +114,11 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
         if (bytes == 0) return usable("broadcast");
         SX_CHECK_ARG(data != nullptr, "broadcast: data must not be NULL");
         return run("broadcast", [&](OpScope &op) {
+            if (sparse_) {
+                SX_TRY(tree_broadcast(op, root, data, bytes));
+                op.done();
+                return Status::Ok();
+            }
             UnboundBuffer *b = op.buffer(data, bytes);
             if (rank_ != root) {
                 b->recv(op.peer(root), op.slot(), 0, bytes);
@@ -127,13 +137,19 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
     Status gather_pieces(const std::vector<Piece> &mine, const std::vector<std::vector<Piece>> &theirs,
                          int root) override {
         SX_TRY(check_pieces_args(*this, "gather_pieces", theirs, root));
-        return run("gather_pieces", [&](OpScope &op) { return exchange_pieces(op, root, mine, theirs, true); });
+        return run("gather_pieces", [&](OpScope &op) {
+            if (sparse_) return tree_exchange_pieces(op, root, mine, theirs, true);
+            return exchange_pieces(op, root, mine, theirs, true);
+        });
     }
 
     Status scatter_pieces(const std::vector<std::vector<Piece>> &theirs, const std::vector<Piece> &mine,
                           int root) override {
         SX_TRY(check_pieces_args(*this, "scatter_pieces", theirs, root));
-        return run("scatter_pieces", [&](OpScope &op) { return exchange_pieces(op, root, mine, theirs, false); });
+        return run("scatter_pieces", [&](OpScope &op) {
+            if (sparse_) return tree_exchange_pieces(op, root, mine, theirs, false);
+            return exchange_pieces(op, root, mine, theirs, false);
+        });
     }
 
     Status barrier() override {
@@ -204,7 +220,10 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
     Status all_reduce(const char *what, T *data, size_t n, ReduceFn reduce) {
         if (n == 0) return usable(what);
         SX_CHECK_ARG(data != nullptr, "%s: data must not be NULL", what);
-        return run(what, [&](OpScope &op) { return rooted_all_reduce(op, data, n, sizeof(T), reduce); });
+        return run(what, [&](OpScope &op) {
+            if (sparse_) return tree_all_reduce(op, data, n, sizeof(T), reduce);
+            return rooted_all_reduce(op, data, n, sizeof(T), reduce);
+        });
     }
 
     // A large float all-reduce (a mesh's replica all-reduce of a unit's shard, a trainer's
@@ -300,6 +319,7 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
     const std::string label_;  // what errors call the channel's owner
     const Millis timeout_, grace_;
     const size_t rs_segment_bytes_, ag_segment_bytes_, rooted_sum_bytes_;
+    const bool sparse_;  // on a sparse mesh: gloo/tree.h's collectives, over pairs made for the channel
     InFlight in_flight_;
     uint64_t calls_ = 0;                // only the calling thread touches it
     std::atomic<int> waiting_for_{-1};  // the channel rank the call in flight waits on
@@ -322,10 +342,9 @@ struct GlooChannels::Notice {
     char why[496] = {0};
 };
 
-GlooChannels::GlooChannels(std::shared_ptr<gloo::rendezvous::Context> context, std::shared_ptr<rdzv::Store> store)
+GlooChannels::GlooChannels(std::shared_ptr<FullMeshContext> context, std::shared_ptr<rdzv::Store> store)
     : context_(std::move(context)), store_(std::move(store)), inbox_(new Notice()) {
-    for (int q = 0; q < context_->size; ++q)
-        if (q != context_->rank) peers_.push_back(q);
+    peers_ = context_->peers();
     inbox_buffer_ = context_->createUnboundBuffer(inbox_.get(), sizeof(Notice));
     if (!peers_.empty()) inbox_buffer_->recv(peers_, kNoticeSlot, 0, sizeof(Notice));
     // Nothing unwinds out of either thread (a wait or an abort that threw would end the process).
@@ -380,21 +399,32 @@ void GlooChannels::listen() {
             if (stop_) return;
         }
         Notice n;
+        int source = -1;
         try {
-            if (!inbox_buffer_->waitRecv(nullptr, kNoticeWait)) continue;  // woken: stop, or the timer's poke
+            if (!inbox_buffer_->waitRecv(&source, kNoticeWait)) continue;  // woken: stop, or the timer's poke
             n = *inbox_;
             inbox_buffer_->recv(peers_, kNoticeSlot, 0, sizeof(Notice));
         } catch (const std::exception &e) {
             log(SX_LOG_DEBUG, "sx: rank %d: the context's failure notices stop: gloo: %s", context_->rank, e.what());
             return;
         }
-        deliver(n);
+        deliver(n, source);
     }
 }
 
-void GlooChannels::deliver(const Notice &n) {
+void GlooChannels::deliver(const Notice &n, int source) {
     const std::string why(n.why, strnlen(n.why, sizeof n.why));
     const sx_status_t code = static_cast<sx_status_t>(n.code);
+    if (sparse()) {
+        {
+            std::lock_guard<std::mutex> lock(notice_mu_);
+            if (!relayed_.insert(n.channel).second) return;  // told or passed on already
+        }
+        std::vector<int> on;
+        for (int q : peers_)
+            if (q != source && q != n.from) on.push_back(q);
+        send(std::unique_ptr<Notice>(new Notice(n)), on);
+    }
     std::lock_guard<std::mutex> lock(notice_mu_);
     auto it = enlisted_.find(n.channel);
     if (it != enlisted_.end()) {
@@ -426,6 +456,16 @@ void GlooChannels::tell(uint64_t id, const std::vector<int> &to, const Status &w
     n->from = context_->rank;
     n->code = why.code();
     std::snprintf(n->why, sizeof n->why, "%s", why.message().c_str());
+    if (!sparse()) return send(std::move(n), to);
+    {
+        std::lock_guard<std::mutex> lock(notice_mu_);
+        if (!relayed_.insert(id).second) return;  // a peer's notice for it came first, and went on
+    }
+    send(std::move(n), peers_);
+}
+
+void GlooChannels::send(std::unique_ptr<Notice> n, const std::vector<int> &to) {
+    if (to.empty()) return;
     SigpipeBlock no_sigpipe;
     std::lock_guard<std::mutex> lock(sent_mu_);
     std::unique_ptr<gloo::transport::UnboundBuffer> b;
@@ -498,11 +538,10 @@ void GlooChannels::run_timer() {
 
 Status open_gloo_channels(std::shared_ptr<rdzv::Store> store, int rank, int world_size, const GlooOptions &options,
                           std::shared_ptr<GlooChannels> *out) {
-    // Channels over any of the context's ranks, and notices to every one: a full mesh.
-    GlooOptions full = options;
-    full.mesh = GlooOptions::Mesh::kFull;
+    // Full, or sparse where the options, SX_GLOO_MESH or the size say so: a channel then
+    // makes the pairs it needs beyond the mesh's as it is created (create_gloo_channel).
     std::shared_ptr<FullMeshContext> context;
-    SX_TRY(connect_gloo_mesh(store, rank, world_size, full, &context));
+    SX_TRY(connect_gloo_mesh(store, rank, world_size, options, &context));
     // Its timer thread may not start (std::system_error): the context is not made.
     return catching([&] {
         *out = std::make_shared<GlooChannels>(std::move(context), std::move(store));
@@ -551,6 +590,14 @@ Status create_gloo_channel(const std::shared_ptr<GlooChannels> &channels, std::s
     SX_CHECK(in && ranks[static_cast<size_t>(rank)] == channels->rank(), SX_ERR_INTERNAL,
              "the channel's ranks '%s' do not place this rank (%d of the context) at %d", named.c_str(),
              channels->rank(), rank);
+    if (channels->sparse()) {
+        // Its ring's and trees' pairs: its ranks a power of two away, in its own order.
+        std::vector<int> needed;
+        for (int q : sparse_peers(rank, world_size)) needed.push_back(ranks[static_cast<size_t>(q)]);
+        SX_TRY(channels->pair_with(needed, deadline)
+                   .prefix(format("channel rank %d of %d (rank %d of the context): ", rank, world_size,
+                                  channels->rank())));
+    }
     std::unique_ptr<GlooChannel> c(new GlooChannel(channels, id, std::move(ranks), rank, options));
     c->enlist();
     *out = std::move(c);

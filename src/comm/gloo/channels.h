@@ -1,4 +1,4 @@
-// Channels on a context's one Gloo full mesh (sx_context.h): where a context's ranks span
+// Channels on a context's one Gloo mesh (sx_context.h): where a context's ranks span
 // hosts (or may not share memory), it connects Gloo's TCP mesh once, and every
 // communicator of its groups is a channel on it. A channel connects nothing: its rank 0
 // takes an id from the context's counter in the store and names it, with the channel's
@@ -21,6 +21,14 @@
 // rank order in parts (gloo/ordered_all_reduce.h); broadcast sends from the root
 // to each rank; barrier is a one-word all-reduce. The ring reduce-scatter and all-gather
 // (ring.h) take the channel's ranks.
+//
+// A sparse mesh (full_mesh.h: more than 64 ranks, or SX_GLOO_MESH=sparse) pairs each rank
+// only with the ranks a power of two away. A channel over some of the ranks, in its own
+// order, needs others: as it is made, it connects the pairs its ring and binomial trees
+// use (its ranks a power of two apart in the channel's order) that the mesh lacks
+// (FullMeshContext::add_pairs, through the context's store), and its collectives are
+// gloo/tree.h's, over the channel's ranks, with the same results. Notices are relayed
+// (tell).
 //
 // Concurrency: Gloo's TCP context lets threads create unbound buffers and post sends and
 // receives on them at once (each pair serialises its operations under its own lock; a
@@ -55,6 +63,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "comm/communicator.h"
@@ -111,7 +120,7 @@ class GlooChannels {
 
     // Throws (gloo's exceptions, std::system_error) where its notice receive or its
     // threads cannot be started.
-    GlooChannels(std::shared_ptr<gloo::rendezvous::Context> context, std::shared_ptr<rdzv::Store> store);
+    GlooChannels(std::shared_ptr<FullMeshContext> context, std::shared_ptr<rdzv::Store> store);
     ~GlooChannels();  // stops the timer; the context, going, closes every pair
     GlooChannels(const GlooChannels &) = delete;
     GlooChannels &operator=(const GlooChannels &) = delete;
@@ -120,6 +129,15 @@ class GlooChannels {
     int rank() const { return context_->rank; }
     int world_size() const { return context_->size; }
     rdzv::Store &store() { return *store_; }
+    // Whether the context's mesh is sparse: its channels then run the collectives of
+    // gloo/tree.h over pairs made for them (pair_with), and notices are relayed.
+    bool sparse() const { return context_->sparse(); }
+    // On a sparse mesh: the context's pairs with `ranks` (the context's) that it lacks,
+    // made now (FullMeshContext::add_pairs, through the context's store).
+    Status pair_with(const std::vector<int> &ranks, Clock::time_point deadline) {
+        return context_->add_pairs(*store_, ranks, deadline);
+    }
+    size_t pairs() const { return context_->pairs(); }
 
     // A comm failure of any channel: every connection of the context is closed, once, and
     // every channel's waits on this rank end.
@@ -135,7 +153,10 @@ class GlooChannels {
     void enlist(uint64_t id, Noticed *c);
     void withdraw(uint64_t id);
     // Tells the context ranks `to` that channel `id` failed first on this rank, because
-    // of `why`. Any thread; sends without waiting.
+    // of `why`. Any thread; sends without waiting. On a sparse mesh the notice goes to
+    // this rank's paired peers instead, and every rank passes on the first notice it gets
+    // for a channel to its own (not back where it came from): it reaches every rank of
+    // the context, in log2 W hops, each rank sending one per failed channel.
     void tell(uint64_t id, const std::vector<int> &to, const Status &why);
 
     std::atomic<int64_t> open{0};
@@ -144,9 +165,11 @@ class GlooChannels {
     struct Notice;
     void run_timer();
     void listen();
-    void deliver(const Notice &n);
+    void deliver(const Notice &n, int source);
+    // Sends `n` to the context ranks `to`, keeping its memory until Gloo has sent it.
+    void send(std::unique_ptr<Notice> n, const std::vector<int> &to);
 
-    std::shared_ptr<gloo::rendezvous::Context> context_;
+    std::shared_ptr<FullMeshContext> context_;
     std::shared_ptr<rdzv::Store> store_;
     FailureLatch failure_;
     std::mutex mu_;
@@ -165,9 +188,10 @@ class GlooChannels {
         std::string why;
     };
     std::map<uint64_t, Early> early_;  // under notice_mu_
+    std::set<uint64_t> relayed_;       // a sparse mesh's channels told or passed on, under notice_mu_
     std::unique_ptr<Notice> inbox_;    // the posted receive's memory, and its buffer
     std::unique_ptr<gloo::transport::UnboundBuffer> inbox_buffer_;
-    std::vector<int> peers_;           // every context rank but this one
+    std::vector<int> peers_;           // the mesh's pairs (every context rank but this one, on a full mesh)
     std::mutex sent_mu_;               // the notices sent lately (Gloo sends from their memory)
     std::deque<std::pair<std::unique_ptr<Notice>, std::unique_ptr<gloo::transport::UnboundBuffer>>> sent_;
     std::thread listener_;

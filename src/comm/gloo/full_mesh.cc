@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/log.h"
 #include "comm/gloo/ring.h"
 
 namespace sx {
@@ -22,6 +23,8 @@ namespace comm {
 namespace {
 
 std::string pair_key(int from, int to) { return std::to_string(from) + "/" + std::to_string(to); }
+// add_pairs' keys: where rank `from`'s pair with rank `to`, made after connect(), listens.
+std::string added_key(int from, int to) { return "pair/" + pair_key(from, to); }
 
 // The bytes of a socket address of this family; 0 for a family Gloo's TCP transport
 // does not use.
@@ -79,8 +82,8 @@ Status publish(rdzv::Store &store, gloo::transport::Context &transport, const st
 
 // Takes `peer`'s key for rank `rank` from the store (and erases it): where the peer's pair
 // with this rank listens.
-Status take_address(rdzv::Store &store, int rank, int peer, Clock::time_point deadline, sockaddr_storage *theirs) {
-    const std::string key = pair_key(peer, rank);
+Status take_address(rdzv::Store &store, const std::string &key, int peer, Clock::time_point deadline,
+                    sockaddr_storage *theirs) {
     std::string value;
     Status s = store.get(key, &value, time_left(deadline));
     if (!s.ok())
@@ -192,7 +195,7 @@ Status FullMeshContext::connect(rdzv::Store &store, const std::shared_ptr<gloo::
                 SX_TRY(sparse_address(store, rank, p, deadline, &theirs));
             } else {
                 SX_TRY(publish(store, *transport, peers, std::min(peers.size() - 1, i + kPublishAhead), &next));
-                SX_TRY(take_address(store, rank, p, deadline, &theirs));
+                SX_TRY(take_address(store, pair_key(p, rank), p, deadline, &theirs));
             }
             const sockaddr_storage &mine = listening_address(*transport->getPair(p));
             if (p < rank && same_host(theirs, mine)) ++local_rank;
@@ -205,10 +208,83 @@ Status FullMeshContext::connect(rdzv::Store &store, const std::shared_ptr<gloo::
         // Gloo counts the ranks below this one with its host name; here, with its host
         // address. Neither Gloo's TCP transport nor sx reads it.
         for (int p : peers) transport->getPair(p)->setLocalRank(local_rank);
+        if (sparse) {
+            std::lock_guard<std::mutex> lock(pairs_mu_);
+            pair_state_.assign(static_cast<size_t>(size), PairState::kNone);
+            pair_state_[static_cast<size_t>(rank)] = PairState::kMade;  // never a pair
+            for (int p : peers) pair_state_[static_cast<size_t>(p)] = PairState::kMade;
+        }
         peers_ = std::move(peers);
         sparse_ = sparse;
         device_ = device;
         transportContext_ = std::move(transport);
+        return Status::Ok();
+    } catch (const std::bad_alloc &) {
+        return SX_ERROR(SX_ERR_OUT_OF_MEMORY, "no memory for Gloo's pairs");
+    } catch (const std::exception &e) {
+        return SX_ERROR(SX_ERR_COMM, "Gloo could not make its pairs: %s", e.what());
+    }
+}
+
+size_t FullMeshContext::pairs() const {
+    std::lock_guard<std::mutex> lock(pairs_mu_);
+    if (!sparse_) return peers_.size();
+    size_t n = 0;
+    for (size_t p = 0; p < pair_state_.size(); ++p) n += p != static_cast<size_t>(rank) && pair_state_[p] == PairState::kMade;
+    return n;
+}
+
+Status FullMeshContext::add_pairs(rdzv::Store &store, const std::vector<int> &ranks, Clock::time_point deadline) {
+    if (!sparse_) return Status::Ok();
+    std::vector<int> mine, others;  // the pairs this call makes; those another call is making
+    std::unique_lock<std::mutex> lock(pairs_mu_);
+    for (int p : ranks) {
+        SX_CHECK(p >= 0 && p < size, SX_ERR_INTERNAL, "add_pairs: rank %d is not in [0, %d)", p, size);
+        PairState &st = pair_state_[static_cast<size_t>(p)];
+        if (st == PairState::kFailed)
+            return SX_ERROR(SX_ERR_COMM, "the Gloo pair with rank %d could not be connected earlier", p);
+        if (st == PairState::kMaking) others.push_back(p);
+        if (st != PairState::kNone) continue;
+        st = PairState::kMaking;
+        mine.push_back(p);
+    }
+    lock.unlock();
+    Status made = connect_added(store, mine, deadline);
+    if (made.ok() && !mine.empty())
+        log(SX_LOG_DEBUG, "sx: rank %d of %d: %zu Gloo pairs made beyond the sparse mesh's, the first with rank %d", rank,
+            size, mine.size(), mine.front());
+    lock.lock();
+    for (int p : mine) pair_state_[static_cast<size_t>(p)] = made.ok() ? PairState::kMade : PairState::kFailed;
+    pairs_cv_.notify_all();
+    SX_TRY(made);
+    for (int p : others) {
+        const PairState &st = pair_state_[static_cast<size_t>(p)];
+        if (!pairs_cv_.wait_until(lock, deadline, [&] { return st != PairState::kMaking; }))
+            return SX_ERROR(SX_ERR_TIMEOUT, "the Gloo pair with rank %d, which another call makes, was not connected "
+                                            "by the deadline", p);
+        SX_CHECK(st == PairState::kMade, SX_ERR_COMM, "the Gloo pair with rank %d could not be connected", p);
+    }
+    return Status::Ok();
+}
+
+Status FullMeshContext::connect_added(rdzv::Store &store, const std::vector<int> &peers, Clock::time_point deadline) {
+    if (peers.empty()) return Status::Ok();
+    try {
+        for (int p : peers) {
+            transportContext_->createPair(p);
+            const sockaddr_storage &ss = listening_address(*transportContext_->getPair(p));
+            SX_TRY(store.set(added_key(rank, p), std::string(reinterpret_cast<const char *>(&ss), sockaddr_size(ss))));
+        }
+        std::vector<std::pair<int, sockaddr_storage>> accepting;
+        for (int p : peers) {
+            sockaddr_storage theirs;
+            SX_TRY(take_address(store, added_key(p, rank), p, deadline, &theirs));
+            if (connects(listening_address(*transportContext_->getPair(p)), theirs))
+                SX_TRY(connect_pair(*transportContext_, p, theirs));
+            else
+                accepting.emplace_back(p, theirs);
+        }
+        for (const auto &a : accepting) SX_TRY(connect_pair(*transportContext_, a.first, a.second));
         return Status::Ok();
     } catch (const std::bad_alloc &) {
         return SX_ERROR(SX_ERR_OUT_OF_MEMORY, "no memory for Gloo's pairs");

@@ -57,7 +57,9 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/device.h>
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "base/deadline.h"
@@ -99,15 +101,33 @@ class FullMeshContext final : public gloo::rendezvous::Context,
     // keys), then this rank's key erased. Errors as connect()'s. Nothing on a full mesh.
     Status forget_keys(rdzv::Store &store);
 
-    // The ranks this context is paired with, ascending (after connect()).
+    // The ranks connect() paired this context with, ascending.
     const std::vector<int> &peers() const { return peers_; }
     // Whether connect() was given its peers (a sparse mesh, even where, at a few ranks,
     // they are every other rank): the collectives of gloo/tree.h run on it.
     bool sparse() const { return sparse_; }
 
+    // On a sparse mesh, after connect(): pairs with those of `ranks` that have none yet,
+    // made now (a context's channel over some of its ranks needs pairs the mesh lacks).
+    // Each new pair's address goes through `store` under "pair/<this rank>/<peer>",
+    // which the peer reads and erases; so both sides of a pair must ask for it, by
+    // `deadline` (a pair another thread is making meanwhile is waited for, not made
+    // twice). Connecting sides connect before accepting sides wait, as in connect().
+    // Errors as connect()'s; a pair that failed stays failed (every later call that needs
+    // it fails). Any thread; nothing to do on a full mesh.
+    Status add_pairs(rdzv::Store &store, const std::vector<int> &ranks, Clock::time_point deadline);
+    // The pairs this rank holds: connect()'s and add_pairs'.
+    size_t pairs() const;
+
   private:
+    enum class PairState { kNone, kMaking, kMade, kFailed };
+    // add_pairs' work for the pairs with `peers`, which this call alone makes.
+    Status connect_added(rdzv::Store &store, const std::vector<int> &peers, Clock::time_point deadline);
     std::vector<int> peers_;
     bool sparse_ = false;
+    mutable std::mutex pairs_mu_;
+    std::condition_variable pairs_cv_;
+    std::vector<PairState> pair_state_;  // by peer rank, under pairs_mu_ (a sparse mesh's)
 };
 
 }  // namespace comm

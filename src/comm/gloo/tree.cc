@@ -94,22 +94,6 @@ Status scatter_down(OpScope &op, const Tree &t, const std::vector<size_t> &sizes
     return with_children(op, t, at, b, true) ? Status::Ok() : SX_ERROR(SX_ERR_ABORTED, "aborted");
 }
 
-// The same `bytes` from root to every rank, down the tree rooted at `root`.
-Status tree_broadcast(OpScope &op, int root, void *data, size_t bytes) {
-    const Tree t(op, root);
-    UnboundBuffer *b = op.buffer(data, bytes);
-    if (t.v != 0) {
-        b->recv(op.peer(t.parent()), op.slot(), 0, bytes);
-        if (!op.wait_recv(b, t.parent())) return SX_ERROR(SX_ERR_ABORTED, "aborted");
-    }
-    std::vector<std::pair<UnboundBuffer *, int>> posted;
-    for (size_t c : t.children()) {
-        b->send(op.peer(t.actual(c)), op.slot(), 0, bytes);
-        posted.emplace_back(b, t.actual(c));
-    }
-    return wait_all(op, posted, false) ? Status::Ok() : SX_ERROR(SX_ERR_ABORTED, "aborted");
-}
-
 // The chain: data[0, n) = x_0 + x_1 + ... + x_{W-1} (the left fold), on the call's last rank
 // only; the others' data is unchanged.
 Status chain_sum(OpScope &op, double *data, size_t n, size_t segment_elems) {
@@ -141,6 +125,21 @@ Status chain_sum(OpScope &op, double *data, size_t n, size_t segment_elems) {
 }
 
 }  // namespace
+
+Status tree_broadcast(OpScope &op, int root, void *data, size_t bytes) {
+    const Tree t(op, root);
+    UnboundBuffer *b = op.buffer(data, bytes);
+    if (t.v != 0) {
+        b->recv(op.peer(t.parent()), op.slot(), 0, bytes);
+        if (!op.wait_recv(b, t.parent())) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+    }
+    std::vector<std::pair<UnboundBuffer *, int>> posted;
+    for (size_t c : t.children()) {
+        b->send(op.peer(t.actual(c)), op.slot(), 0, bytes);
+        posted.emplace_back(b, t.actual(c));
+    }
+    return wait_all(op, posted, false) ? Status::Ok() : SX_ERROR(SX_ERR_ABORTED, "aborted");
+}
 
 Status tree_all_reduce(OpScope &op, void *data, size_t n, size_t elem_bytes, ReduceFn reduce) {
     const size_t bytes = n * elem_bytes;

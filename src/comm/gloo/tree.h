@@ -30,6 +30,10 @@ namespace comm {
 // sends the result down it. Errors as ring.h's.
 Status tree_all_reduce(OpScope &op, void *data, size_t n, size_t elem_bytes, ReduceFn reduce);
 
+// The same `bytes` from `root` to every rank of the call, down the binomial tree rooted
+// there. Errors as ring.h's.
+Status tree_broadcast(OpScope &op, int root, void *data, size_t bytes);
+
 // rank_ordered_sum (ordered_all_reduce.h) on a sparse mesh: up to `rooted_bytes` (0: the
 // default) tree_all_reduce; beyond, the chain in segments of `segment_elems`, whose last
 // rank broadcasts the sums down a tree.
