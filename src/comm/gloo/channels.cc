@@ -382,11 +382,7 @@ GlooChannels::~GlooChannels() {
     // notice still being sent to a peer that stopped reading is not written from freed
     // memory as the notices kept in sent_ go.
     SigpipeBlock no_sigpipe;
-    try {
-        context_->closeConnections();
-    } catch (...) {
-        // A pair that cannot be closed has failed already.
-    }
+    context_->close_pairs();
 }
 
 // Waits for the peers' notices, one at a time (the receive is posted again before one is
@@ -491,10 +487,7 @@ void GlooChannels::send(std::unique_ptr<Notice> n, const std::vector<int> &to) {
 void GlooChannels::fail(const Status &why) {
     if (!failure_.record(Status(why).prefix("the context's Gloo transport failed: "))) return;
     SigpipeBlock no_sigpipe;
-    try {
-        context_->closeConnections();  // every channel's waits at the peers fail now
-    } catch (...) {
-    }
+    context_->close_pairs();  // every channel's waits at the peers fail now
     std::lock_guard<std::mutex> lock(notice_mu_);
     for (auto &c : enlisted_) c.second->transport_failed();  // and here
 }
@@ -597,6 +590,7 @@ Status create_gloo_channel(const std::shared_ptr<GlooChannels> &channels, std::s
         SX_TRY(channels->pair_with(needed, deadline)
                    .prefix(format("channel rank %d of %d (rank %d of the context): ", rank, world_size,
                                   channels->rank())));
+        SX_TRY(channels->usable("a new channel"));  // the transport failed while its pairs were made
     }
     std::unique_ptr<GlooChannel> c(new GlooChannel(channels, id, std::move(ranks), rank, options));
     c->enlist();

@@ -49,8 +49,16 @@
 //    aborts the named channel's waits there (or waits for the channel, if it is not yet
 //    made there), so that its peers' calls, in flight or later, fail at once, naming the
 //    rank that failed first and why; the other channels go on.
-// A call ended early leaves the connections open: Gloo drops a destroyed buffer's
-// pending operations (it holds buffers by weak pointers) and never touches its memory.
+// A call ended early leaves the connections open. Gloo holds a call's buffers by weak
+// pointers and never touches a destroyed one's memory, but it does not drop its pending
+// operations either: where a peer still answers one (its payload for a receive posted
+// here, or its ready notice for a send posted here), Gloo's TCP pair (Debian's 2022 Gloo,
+// Pair::read and Pair::write) finds the buffer gone and stops there, and every later
+// message on that pair waits behind it, other channels' too, until their calls time out.
+// A notice makes that likely: it stops this rank's call while a peer, not yet told, goes
+// on with it. Known and not yet fixed: the remedy is a call whose buffers and memory are
+// all its own (sends copied in, receives copied out), kept after an early end for as long
+// as the pairs live.
 #pragma once
 
 #include <gloo/rendezvous/context.h>

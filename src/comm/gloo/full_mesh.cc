@@ -226,6 +226,15 @@ Status FullMeshContext::connect(rdzv::Store &store, const std::shared_ptr<gloo::
     }
 }
 
+void FullMeshContext::close_pairs() {
+    std::lock_guard<std::mutex> lock(pairs_mu_);
+    try {
+        closeConnections();
+    } catch (...) {
+        // A pair that cannot even be closed has already failed.
+    }
+}
+
 size_t FullMeshContext::pairs() const {
     std::lock_guard<std::mutex> lock(pairs_mu_);
     if (!sparse_) return peers_.size();
@@ -245,6 +254,15 @@ Status FullMeshContext::add_pairs(rdzv::Store &store, const std::vector<int> &ra
             return SX_ERROR(SX_ERR_COMM, "the Gloo pair with rank %d could not be connected earlier", p);
         if (st == PairState::kMaking) others.push_back(p);
         if (st != PairState::kNone) continue;
+        // Made under the lock, so that close_pairs() never meets a pair half made.
+        Status made = catching([&] {
+            transportContext_->createPair(p);
+            return Status::Ok();
+        });
+        if (!made.ok()) {
+            st = PairState::kFailed;
+            return made.prefix(format("the Gloo pair with rank %d: ", p));
+        }
         st = PairState::kMaking;
         mine.push_back(p);
     }
@@ -271,7 +289,6 @@ Status FullMeshContext::connect_added(rdzv::Store &store, const std::vector<int>
     if (peers.empty()) return Status::Ok();
     try {
         for (int p : peers) {
-            transportContext_->createPair(p);
             const sockaddr_storage &ss = listening_address(*transportContext_->getPair(p));
             SX_TRY(store.set(added_key(rank, p), std::string(reinterpret_cast<const char *>(&ss), sockaddr_size(ss))));
         }

@@ -118,6 +118,9 @@ class FullMeshContext final : public gloo::rendezvous::Context,
     Status add_pairs(rdzv::Store &store, const std::vector<int> &ranks, Clock::time_point deadline);
     // The pairs this rank holds: connect()'s and add_pairs'.
     size_t pairs() const;
+    // Closes every pair (closeConnections), none being made meanwhile by add_pairs. Any
+    // thread; never throws.
+    void close_pairs();
 
   private:
     enum class PairState { kNone, kMaking, kMade, kFailed };

@@ -79,9 +79,9 @@ class OpScope {
 
     // A call on a channel of a shared context (gloo/channels.h): its ranks are `ranks`
     // (channel rank -> the context's rank; borrowed for the scope's life), `rank` among
-    // them. If the call ends early, the connections stay: they are every channel's, and
-    // Gloo releases a destroyed buffer's pending operations (its weak pointers) without
-    // touching its memory. Waits get `grace` more than the deadline, so that the
+    // them. If the call ends early, the connections stay: they are every channel's (Gloo
+    // never touches a destroyed buffer's memory; what its pending operations then do to the
+    // pair is in channels.h). Waits get `grace` more than the deadline, so that the
     // channel's own timer (not Gloo's timeout, which fails every pair) ends a late call.
     OpScope(gloo::Context &context, InFlight &in_flight, uint64_t slot, Clock::time_point deadline,
             std::atomic<int> *waiting_for, const std::vector<int> &ranks, int rank, Millis grace)
