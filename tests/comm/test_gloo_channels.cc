@@ -7,6 +7,8 @@
 //    aborted in a call: the other channels go on, and new ones open;
 //  - a broken transport ends every channel's waits at once, on the rank that found it
 //    broken as at its peers;
+//  - a call that ended early on one rank (its receive or its send), and that its peer
+//    answers after, leaves the pair working for the other channels;
 //  - on a sparse mesh (9 ranks), channels over all ranks and over subsets pass every
 //    collective check, each rank holding exactly the mesh's pairs and those its channels'
 //    rings and trees use; and a channel's failure on one rank reaches, relayed, the ranks
@@ -177,6 +179,66 @@ void test_a_broken_transport_ends_every_wait(void **) {
     if (!err.empty()) fail_msg("%s", err.c_str());
 }
 
+// A call that ends early on one rank while its peer still answers it leaves the pair
+// between them working for every other channel. Channel "a": rank 1's broadcast receive
+// is aborted, then rank 0 sends it (Gloo then delivers a payload for a receive that ended
+// here). Channel "c": rank 1's broadcast send is aborted, then rank 0 posts its receive
+// (Gloo then asks for a send that ended here, and sends what the root's call had copied).
+// After each, channel "b"'s all-reduce must go through at once, not wait behind what the
+// pair could not deliver; and each rank keeps what its call ended early left.
+void test_a_call_ended_early_leaves_the_pairs_working(void **) {
+    const int world = 2;
+    std::atomic<int> phase{0};
+    auto await = [&](int p) {
+        while (phase.load() < p) std::this_thread::sleep_for(Millis(2));
+    };
+    const std::string err = sxtest::run_ranks(world, [&](int r) -> std::string {
+        std::shared_ptr<sx::rdzv::Store> store;
+        std::shared_ptr<sx::comm::GlooChannels> ch;
+        Status s = open_context("local://gloo-channels-ended-early", r, world, &store, &ch);
+        if (!s.ok()) return "context: " + s.message();
+        std::unique_ptr<Communicator> a, b, c;
+        if (!(s = channel(ch, store, "a", {0, 1}, Millis(30000), &a)).ok()) return s.message();
+        if (!(s = channel(ch, store, "b", {0, 1}, Millis(5000), &b)).ok()) return s.message();
+        if (!(s = channel(ch, store, "c", {0, 1}, Millis(30000), &c)).ok()) return s.message();
+        std::vector<char> data(4096, static_cast<char>(r + 1));
+        auto aborted_alone = [&](Communicator &comm, int root) -> std::string {
+            std::thread aborter([&] {
+                std::this_thread::sleep_for(Millis(300));
+                comm.abort();
+            });
+            Status t = comm.broadcast(data.data(), data.size(), root);
+            aborter.join();
+            return t.code() == SX_ERR_ABORTED ? "" : "the aborted broadcast gave " + (t.ok() ? "ok" : t.message());
+        };
+        std::string e;
+        if (r == 1) {
+            if (!(e = aborted_alone(*a, 0)).empty()) return e;
+            phase.store(1);
+        } else {
+            await(1);
+            if (!(s = a->broadcast(data.data(), data.size(), 0)).ok()) return "rank 0's broadcast: " + s.message();
+        }
+        if (!(e = sxtest::check_all_reduce(*b, 1000)).empty()) return "after a receive ended early: " + e;
+        if (r == 1) {
+            if (!(e = aborted_alone(*c, 1)).empty()) return e;
+            phase.store(2);
+        } else {
+            await(2);
+            // The root's copy of its data outlived its call: the receive gets it.
+            if (!(s = c->broadcast(data.data(), data.size(), 1)).ok())
+                return "rank 0's receive from the aborted root: " + s.message();
+            if (data != std::vector<char>(data.size(), 2)) return "rank 0 did not receive the aborted root's data";
+        }
+        if (!(e = sxtest::check_all_reduce(*b, 1000)).empty()) return "after a send ended early: " + e;
+        const size_t kept = ch->remains().bytes();
+        if (r == 1 ? kept < 2 * data.size() : kept != 0)
+            return "rank " + std::to_string(r) + " keeps " + std::to_string(kept) + " bytes of calls ended early";
+        return "";
+    });
+    if (!err.empty()) fail_msg("%s", err.c_str());
+}
+
 constexpr sx::comm::GlooOptions::Mesh kSparse = sx::comm::GlooOptions::Mesh::kSparse;
 
 // The context ranks rank r of a sparse context of `world` is paired with once its channels
@@ -266,6 +328,7 @@ int main() {
         cmocka_unit_test(test_channels_at_once),
         cmocka_unit_test(test_a_channels_failure_stays_in_it),
         cmocka_unit_test(test_a_broken_transport_ends_every_wait),
+        cmocka_unit_test(test_a_call_ended_early_leaves_the_pairs_working),
         cmocka_unit_test(test_sparse_channels_at_once),
         cmocka_unit_test(test_a_sparse_channels_failure_is_relayed),
     };

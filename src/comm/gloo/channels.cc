@@ -95,6 +95,7 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
         if (n == 0) return usable("all_reduce_sum");
         SX_CHECK_ARG(data != nullptr, "all_reduce_sum: data must not be NULL");
         return run("all_reduce_sum", [&](OpScope &op) {
+            data = op.own(data, n, OpScope::kReads | OpScope::kWrites);
             if (sparse_) return sparse_ordered_sum(op, data, n, rooted_sum_bytes_, rs_segment_bytes_ / sizeof(double));
             return rank_ordered_sum(op, data, n, rooted_sum_bytes_);
         });
@@ -114,6 +115,7 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
         if (bytes == 0) return usable("broadcast");
         SX_CHECK_ARG(data != nullptr, "broadcast: data must not be NULL");
         return run("broadcast", [&](OpScope &op) {
+            data = op.own(static_cast<char *>(data), bytes, rank_ == root ? OpScope::kReads : OpScope::kWrites);
             if (sparse_) {
                 SX_TRY(tree_broadcast(op, root, data, bytes));
                 op.done();
@@ -137,19 +139,13 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
     Status gather_pieces(const std::vector<Piece> &mine, const std::vector<std::vector<Piece>> &theirs,
                          int root) override {
         SX_TRY(check_pieces_args(*this, "gather_pieces", theirs, root));
-        return run("gather_pieces", [&](OpScope &op) {
-            if (sparse_) return tree_exchange_pieces(op, root, mine, theirs, true);
-            return exchange_pieces(op, root, mine, theirs, true);
-        });
+        return run("gather_pieces", [&](OpScope &op) { return exchange(op, root, mine, theirs, true); });
     }
 
     Status scatter_pieces(const std::vector<std::vector<Piece>> &theirs, const std::vector<Piece> &mine,
                           int root) override {
         SX_TRY(check_pieces_args(*this, "scatter_pieces", theirs, root));
-        return run("scatter_pieces", [&](OpScope &op) {
-            if (sparse_) return tree_exchange_pieces(op, root, mine, theirs, false);
-            return exchange_pieces(op, root, mine, theirs, false);
-        });
+        return run("scatter_pieces", [&](OpScope &op) { return exchange(op, root, mine, theirs, false); });
     }
 
     Status barrier() override {
@@ -221,6 +217,7 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
         if (n == 0) return usable(what);
         SX_CHECK_ARG(data != nullptr, "%s: data must not be NULL", what);
         return run(what, [&](OpScope &op) {
+            data = op.own(data, n, OpScope::kReads | OpScope::kWrites);
             if (sparse_) return tree_all_reduce(op, data, n, sizeof(T), reduce);
             return rooted_all_reduce(op, data, n, sizeof(T), reduce);
         });
@@ -234,20 +231,36 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
     Status ring_all_reduce(float *data, size_t n) {
         SX_CHECK_ARG(data != nullptr, "all_reduce_sum_f32: data must not be NULL");
         const size_t P = static_cast<size_t>(world_size()), shard = (n + P - 1) / P;
-        std::vector<float> padded;
-        float *whole = data;
-        if (shard * P != n) {
-            padded.assign(shard * P, 0.0f);
-            std::copy(data, data + n, padded.begin());
-            whole = padded.data();
-        }
-        SX_TRY(run("all_reduce_sum_f32", [&](OpScope &op) {
+        return run("all_reduce_sum_f32", [&](OpScope &op) {
+            float *whole = data;
+            if (shard * P != n) {  // zero-padded, in a block of the call's own
+                whole = op.scratch<float>(shard * P);
+                std::copy(data, data + n, whole);
+            }
             SX_TRY(ring_reduce_scatter(op, whole, shard, whole + static_cast<size_t>(rank_) * shard, false,
                                        rs_segment_bytes_ / sizeof(float)));
+            op.copy_back(data, whole, n * sizeof(float));  // at the all-gather's end (where padded)
             return ring_all_gather(op, reinterpret_cast<char *>(whole), shard * sizeof(float), ag_segment_bytes_);
-        }));
-        if (whole != data) std::copy(padded.begin(), padded.begin() + static_cast<std::ptrdiff_t>(n), data);
-        return Status::Ok();
+        });
+    }
+
+    // gather_pieces (`gather`) and scatter_pieces. On a sparse mesh the tree's pieces are
+    // packed in the call's own memory; on a full mesh they go straight between the root and
+    // each rank, from and into copies of the call's own (OpScope::own).
+    Status exchange(OpScope &op, int root, const std::vector<Piece> &mine,
+                    const std::vector<std::vector<Piece>> &theirs, bool gather) {
+        if (sparse_) return tree_exchange_pieces(op, root, mine, theirs, gather);
+        auto own = [&](const std::vector<Piece> &pieces, bool sent) {
+            std::vector<Piece> copies(pieces);
+            for (Piece &p : copies)
+                p.data = op.own(static_cast<char *>(p.data), p.bytes, sent ? OpScope::kReads : OpScope::kWrites);
+            return copies;
+        };
+        if (rank_ != root) return exchange_pieces(op, root, own(mine, gather), theirs, gather);
+        std::vector<std::vector<Piece>> copies(theirs.size());
+        for (size_t q = 0; q < theirs.size(); ++q)
+            if (static_cast<int>(q) != root) copies[q] = own(theirs[q], !gather);
+        return exchange_pieces(op, root, mine, copies, gather);
     }
 
     // Every collective: fail fast if unusable; the call's slot, deadline and timer; what
@@ -265,7 +278,8 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
         Status s;
         bool broken = false;
         try {
-            OpScope op(channels_->context(), in_flight_, slot, deadline, &waiting_for_, ranks_, rank_, grace_);
+            OpScope op(channels_->context(), in_flight_, slot, deadline, &waiting_for_, ranks_, rank_, grace_,
+                       channels_->remains(), spares_);
             s = body(op);
         } catch (const std::exception &e) {
             s = SX_ERROR(mentions_timeout(e.what()) ? SX_ERR_TIMEOUT : SX_ERR_COMM,
@@ -321,6 +335,7 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
     const size_t rs_segment_bytes_, ag_segment_bytes_, rooted_sum_bytes_;
     const bool sparse_;  // on a sparse mesh: gloo/tree.h's collectives, over pairs made for the channel
     InFlight in_flight_;
+    Spares spares_;                     // the memory of its calls, reused (one call at a time)
     uint64_t calls_ = 0;                // only the calling thread touches it
     std::atomic<int> waiting_for_{-1};  // the channel rank the call in flight waits on
     std::atomic<bool> timed_out_{false}, aborted_{false};

@@ -49,16 +49,15 @@
 //    aborts the named channel's waits there (or waits for the channel, if it is not yet
 //    made there), so that its peers' calls, in flight or later, fail at once, naming the
 //    rank that failed first and why; the other channels go on.
-// A call ended early leaves the connections open. Gloo holds a call's buffers by weak
-// pointers and never touches a destroyed one's memory, but it does not drop its pending
-// operations either: where a peer still answers one (its payload for a receive posted
-// here, or its ready notice for a send posted here), Gloo's TCP pair (Debian's 2022 Gloo,
-// Pair::read and Pair::write) finds the buffer gone and stops there, and every later
-// message on that pair waits behind it, other channels' too, until their calls time out.
-// A notice makes that likely: it stops this rank's call while a peer, not yet told, goes
-// on with it. Known and not yet fixed: the remedy is a call whose buffers and memory are
-// all its own (sends copied in, receives copied out), kept after an early end for as long
-// as the pairs live.
+// A call ended early leaves the connections open, and a peer may still answer it (its
+// payload for a receive posted here, or its readiness for a send posted here: a notice
+// stops this rank's call while a peer, not yet told, goes on with it). Gloo's TCP pair
+// (Debian's 2022 Gloo) stops at an operation whose buffer is gone, and every later
+// message on that pair, other channels' too, would wait behind it. So a channel's call
+// posts buffers only over memory of its own (OpScope::own: the caller's data copied in,
+// and the result copied back when the call completes), and one that ends early leaves
+// them, with that memory, to the context's Remains (op_scope.h) until the connections
+// close: Gloo completes what comes for them, and no other message waits.
 #pragma once
 
 #include <gloo/rendezvous/context.h>
@@ -76,6 +75,7 @@
 
 #include "comm/communicator.h"
 #include "comm/gloo/full_mesh.h"
+#include "comm/gloo/op_scope.h"
 
 namespace sx {
 namespace comm {
@@ -146,6 +146,8 @@ class GlooChannels {
         return context_->add_pairs(*store_, ranks, deadline);
     }
     size_t pairs() const { return context_->pairs(); }
+    // What channel calls that ended early left, kept until the connections close.
+    Remains &remains() { return remains_; }
 
     // A comm failure of any channel: every connection of the context is closed, once, and
     // every channel's waits on this rank end.
@@ -203,6 +205,7 @@ class GlooChannels {
     std::mutex sent_mu_;               // the notices sent lately (Gloo sends from their memory)
     std::deque<std::pair<std::unique_ptr<Notice>, std::unique_ptr<gloo::transport::UnboundBuffer>>> sent_;
     std::thread listener_;
+    Remains remains_;  // goes after the destructor has closed every pair
 };
 
 }  // namespace comm

@@ -9,8 +9,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <vector>
 
 #include "rdzv/stores.h"
@@ -60,6 +63,77 @@ class InFlight {
     std::vector<UnboundBuffer *> buffers_;
 };
 
+// A block of a call's own memory (OpScope::scratch), `size` bytes.
+struct Block {
+    std::unique_ptr<char[]> data;
+    size_t size = 0;
+};
+
+// The blocks a channel's calls reuse (they run one at a time), so that a call's copies do
+// not fault in fresh pages each time: a completed call's blocks come back here, and at
+// most kKept are kept, the largest. A channel thus holds about its largest call's payload
+// between calls.
+class Spares {
+  public:
+    // A block of at least `bytes`: the smallest kept one that fits, or a new one.
+    Block take(size_t bytes) {
+        auto best = blocks_.end();
+        for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
+            if (it->size >= bytes && (best == blocks_.end() || it->size < best->size)) best = it;
+        if (best == blocks_.end()) return Block{std::unique_ptr<char[]>(new char[bytes]), bytes};
+        Block b = std::move(*best);
+        blocks_.erase(best);
+        return b;
+    }
+    void give(std::vector<Block> blocks) {
+        for (Block &b : blocks) blocks_.push_back(std::move(b));
+        std::sort(blocks_.begin(), blocks_.end(), [](const Block &a, const Block &b) { return a.size > b.size; });
+        if (blocks_.size() > kKept) blocks_.resize(kKept);
+    }
+    size_t bytes() const {
+        size_t n = 0;
+        for (const Block &b : blocks_) n += b.size;
+        return n;
+    }
+
+  private:
+    static constexpr size_t kKept = 4;
+    std::vector<Block> blocks_;
+};
+
+// What the channel calls that ended early left (OpScope's destructor): their buffers, and
+// the memory those cover, which Gloo may still complete a posted operation on. A call is
+// ended early by its timeout, an abort or a peer's notice while a peer may still be in it:
+// the peer's payload for a receive posted here, or its readiness for a send posted here,
+// can come at any time after. Gloo's TCP pair (2022) stops at an operation whose buffer
+// is gone (Pair::prepareRead, Pair::write), and every later message on that pair, any
+// channel's, would wait behind it; kept here, the operation completes into memory no one
+// reads. Kept for as long as the connections: the owner closes every pair before this goes.
+// A channel fails at its first early end and posts nothing after, so this holds at most
+// one call's memory per failed channel.
+class Remains {
+  public:
+    void keep(std::vector<std::unique_ptr<UnboundBuffer>> buffers, std::vector<Block> memory) {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto &b : buffers) buffers_.push_back(std::move(b));
+        for (Block &m : memory) {
+            bytes_ += m.size;
+            memory_.push_back(std::move(m));
+        }
+    }
+    // The bytes of memory kept.
+    size_t bytes() const {
+        std::lock_guard<std::mutex> lock(mu_);
+        return bytes_;
+    }
+
+  private:
+    mutable std::mutex mu_;
+    std::vector<Block> memory_;                            // goes after buffers_
+    std::vector<std::unique_ptr<UnboundBuffer>> buffers_;  // under mu_, as the rest
+    size_t bytes_ = 0;
+};
+
 // One collective call. Buffers it creates are owned and registered; buffers owned by
 // Gloo's option objects are registered with adopt() (those objects must be declared
 // before the scope, so that they outlive it).
@@ -68,6 +142,11 @@ class InFlight {
 // closes every connection of the context before any buffer goes: Gloo's event loop may
 // still be reading into a posted receive, and once a pair is closed (under its lock) it
 // no longer touches any buffer. Only then are the buffers released.
+//
+// A call on a channel of a shared context leaves the connections open (they are every
+// channel's), so its buffers cover only memory of its own: scratch(), and own()'s copies
+// of the caller's data (buffer() refuses any other). Ended early, it hands its buffers and
+// that memory to the context's Remains, where what Gloo still does with them is harmless.
 class OpScope {
   public:
     // waiting_for (may be null): where each wait notes the peer it waits on, for the
@@ -81,22 +160,34 @@ class OpScope {
     // (channel rank -> the context's rank; borrowed for the scope's life), `rank` among
     // them. If the call ends early, the connections stay: they are every channel's (Gloo
     // never touches a destroyed buffer's memory; what its pending operations then do to the
-    // pair is in channels.h). Waits get `grace` more than the deadline, so that the
+    // pair is in the class comment). Waits get `grace` more than the deadline, so that the
     // channel's own timer (not Gloo's timeout, which fails every pair) ends a late call.
+    // `remains` (borrowed; it outlives the connections) keeps what a call ended early leaves;
+    // the call's memory comes from `spares` (the channel's, borrowed) and goes back to it.
     OpScope(gloo::Context &context, InFlight &in_flight, uint64_t slot, Clock::time_point deadline,
-            std::atomic<int> *waiting_for, const std::vector<int> &ranks, int rank, Millis grace)
+            std::atomic<int> *waiting_for, const std::vector<int> &ranks, int rank, Millis grace, Remains &remains,
+            Spares &spares)
         : context_(context), in_flight_(in_flight), slot_(slot), deadline_(deadline), waiting_for_(waiting_for),
-          rank_(rank), size_(static_cast<int>(ranks.size())), ranks_(&ranks), grace_(grace) {}
+          rank_(rank), size_(static_cast<int>(ranks.size())), ranks_(&ranks), grace_(grace), remains_(&remains),
+          spares_(&spares) {}
 
     ~OpScope() {
-        if (!done_ && ranks_ == nullptr) {
-            try {
-                context_.closeConnections();
-            } catch (...) {
-                // A pair that cannot even be closed has already failed; nothing more to do.
-            }
-        }
         for (UnboundBuffer *b : registered_) in_flight_.remove(b);
+        if (remains_ != nullptr) {
+            if (!done_ && !owned_.empty()) {
+                remains_->keep(std::move(owned_), std::move(scratch_));
+            } else {
+                owned_.clear();  // nothing is posted on them: the memory is free again
+                spares_->give(std::move(scratch_));
+            }
+            return;
+        }
+        if (done_) return;
+        try {
+            context_.closeConnections();
+        } catch (...) {
+            // A pair that cannot even be closed has already failed; nothing more to do.
+        }
     }
     OpScope(const OpScope &) = delete;
     OpScope &operator=(const OpScope &) = delete;
@@ -117,14 +208,46 @@ class OpScope {
     // a local of its own, which would go before the scope does.
     template <class T>
     T *scratch(size_t n, bool zeroed = true) {
-        scratch_.emplace_back(zeroed ? new char[n * sizeof(T)]() : new char[n * sizeof(T)]);
-        return reinterpret_cast<T *>(scratch_.back().get());
+        const size_t bytes = n * sizeof(T);
+        scratch_.push_back(spares_ ? spares_->take(bytes) : Block{std::unique_ptr<char[]>(new char[bytes]), bytes});
+        char *p = scratch_.back().data.get();
+        if (zeroed) std::memset(p, 0, bytes);
+        memory_.emplace(p, bytes);
+        return reinterpret_cast<T *>(p);
+    }
+    // Whether a buffer over [ptr, ptr + bytes) must go through memory of the call's own
+    // instead: on a channel, where it is not scratch().
+    bool stages(const void *ptr, size_t bytes) const { return remains_ != nullptr && !owns(ptr, bytes); }
+
+    // What the call does with the caller's data given to own().
+    enum Use : unsigned {
+        kReads = 1,   // its values are read (sent, or added to): copied in now
+        kWrites = 2,  // the result goes there: copied back at done()
+    };
+    // The memory the call works on in place of the caller's [ptr, ptr + n): on a channel, a
+    // copy of the scope's own (not zeroed unless read), copied in and back as `use` says;
+    // elsewhere ptr itself. Borrows ptr until done() or the scope's end.
+    template <class T>
+    T *own(T *ptr, size_t n, unsigned use) {
+        if (remains_ == nullptr || n == 0) return ptr;
+        T *copy = scratch<T>(n, false);
+        if (use & kReads) std::memcpy(copy, ptr, n * sizeof(T));
+        if (use & kWrites) copy_back(ptr, copy, n * sizeof(T));
+        return copy;
+    }
+    // At the next done(): [src, src + bytes) goes to dst (nothing where they are the same).
+    void copy_back(void *dst, const void *src, size_t bytes) {
+        if (dst != src && bytes > 0) copy_backs_.push_back({dst, src, bytes});
     }
 
-    // A buffer over [ptr, ptr + bytes) owned by this scope.
+    // A buffer over [ptr, ptr + bytes) owned by this scope. On a channel, the range must lie
+    // in memory the scope owns (scratch(), own()); std::logic_error otherwise.
     UnboundBuffer *buffer(void *ptr, size_t bytes) {
+        if (stages(ptr, bytes))
+            throw std::logic_error("a channel call's Gloo buffer must cover only memory of the call's own");
         owned_.push_back(context_.createUnboundBuffer(ptr, bytes));
         adopt(owned_.back().get());
+        done_ = false;  // an operation to come
         return owned_.back().get();
     }
     void adopt(UnboundBuffer *b) {
@@ -146,25 +269,48 @@ class OpScope {
     // waits, and -1 its "use the context default").
     std::chrono::milliseconds wait_time() const { return std::max(time_left(deadline_), Millis(1)); }
 
-    // The call completed: every posted operation finished.
-    void done() { done_ = true; }
+    // Every operation posted so far finished: the copies copy_back() asked for are made.
+    // A buffer made after it makes the call unfinished again.
+    void done() {
+        for (const CopyBack &c : copy_backs_) std::memcpy(c.dst, c.src, c.bytes);
+        copy_backs_.clear();
+        done_ = true;
+    }
+
   private:
     void note(int peer) {
         if (waiting_for_) waiting_for_->store(peer);
     }
+    // Whether [ptr, ptr + bytes) lies in one block of scratch().
+    bool owns(const void *ptr, size_t bytes) const {
+        const char *p = static_cast<const char *>(ptr);
+        auto it = memory_.upper_bound(p);
+        if (it == memory_.begin()) return bytes == 0;
+        --it;
+        return p >= it->first && static_cast<size_t>(p - it->first) + bytes <= it->second;
+    }
+    struct CopyBack {
+        void *dst;
+        const void *src;
+        size_t bytes;
+    };
 
     gloo::Context &context_;
     InFlight &in_flight_;
     const uint64_t slot_;
     const Clock::time_point deadline_;
-    std::vector<std::unique_ptr<char[]>> scratch_;       // destroyed after owned_'s buffers
+    std::vector<Block> scratch_;                         // destroyed after owned_'s buffers
+    std::map<const char *, size_t> memory_;              // scratch_'s blocks: start -> bytes used
     std::vector<std::unique_ptr<UnboundBuffer>> owned_;  // destroyed after the destructor body
+    std::vector<CopyBack> copy_backs_;
     std::vector<UnboundBuffer *> registered_;
     bool done_ = false;
     std::atomic<int> *waiting_for_;
     const int rank_, size_;
     const std::vector<int> *ranks_ = nullptr;  // a channel's ranks (null: the context's)
     const Millis grace_{0};
+    Remains *const remains_ = nullptr;  // a channel's (null: the context's own call)
+    Spares *const spares_ = nullptr;    // a channel's (null: scratch is allocated afresh)
 };
 
 }  // namespace comm

@@ -81,6 +81,12 @@ struct HalfSum {
 // s = P-2, the received chunk is r itself and the sum goes to out. A chunk is thus
 // first received into (step s-1), then sent (step s), and never written after it
 // was sent, so a posted send always reads final data.
+//
+// Where buf must be staged (OpScope::stages: a channel's call, whose buffers cover only
+// memory of its own), the sends go from a block of the call's own instead: this rank's
+// chunk is copied there segment by segment as each is sent, and each partial sum is made
+// there, so that buf is only read
+// (and out, where it is buf's own chunk, written in place).
 template <class Sum>
 Status ring_reduce_scatter_with(OpScope &op, const Sum &sum, typename Sum::T *buf, size_t shard, float *out,
                                 bool accumulate, size_t segment_elems) {
@@ -93,13 +99,16 @@ Status ring_reduce_scatter_with(OpScope &op, const Sum &sum, typename Sum::T *bu
     const size_t depth = std::min(kRecvDepth, units);
     T *scratch = op.scratch<T>(depth * seg, false);  // not zeroed: always written before read
 
-    UnboundBuffer *send = op.buffer(buf, static_cast<size_t>(ring.size) * shard * sizeof(T));
+    const size_t total = static_cast<size_t>(ring.size) * shard;
+    T *from = op.stages(buf, total * sizeof(T)) ? op.scratch<T>(total, false) : buf;
+    UnboundBuffer *send = op.buffer(from, total * sizeof(T));
     UnboundBuffer *recv = op.buffer(scratch, depth * seg * sizeof(T));
     auto seg_len = [&](size_t k) { return std::min(seg, shard - k * seg); };
     auto post_send = [&](size_t u) {
         const size_t s = u / nseg, k = u % nseg;
-        const size_t c = ring.chunk_behind(s + 1);
-        send->send(ring.to_right, op.slot(), (c * shard + k * seg) * sizeof(T), seg_len(k) * sizeof(T));
+        const size_t at = ring.chunk_behind(s + 1) * shard + k * seg;
+        if (s == 0 && from != buf) std::copy_n(buf + at, seg_len(k), from + at);  // own data, staged as it goes
+        send->send(ring.to_right, op.slot(), at * sizeof(T), seg_len(k) * sizeof(T));
     };
     auto post_recv = [&](size_t u) {
         recv->recv(ring.to_left, op.slot(), (u % depth) * seg * sizeof(T), seg_len(u % nseg) * sizeof(T));
@@ -112,9 +121,11 @@ Status ring_reduce_scatter_with(OpScope &op, const Sum &sum, typename Sum::T *bu
         if (!op.wait_recv(recv, ring.left)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
         const size_t s = u / nseg, k = u % nseg, n = seg_len(k);
         const T *received = scratch + (u % depth) * seg;
-        T *partial = buf + ring.chunk_behind(s + 2) * shard + k * seg;
+        const size_t at = ring.chunk_behind(s + 2) * shard + k * seg;
+        T *partial = buf + at;
         if (s + 1 < steps) {
-            sum.add_into(partial, received, n);
+            if (from != buf) std::copy(partial, partial + n, from + at);
+            sum.add_into(from + at, received, n);
             post_send(u + nseg);
             ++sends;
         } else if (sum.in_place(partial, out + k * seg)) {
@@ -162,7 +173,10 @@ Status ring_reduce_scatter_16(OpScope &op, int32_t dtype, uint16_t *buf, size_t 
 
 // At step s rank r sends chunk r-s (its own at s = 0, afterwards the one received at
 // step s-1) and receives chunk r-s-1 straight into place. Receives land in distinct
-// places, so all of them are posted at once and the sender never waits for one.
+// places, so all of them are posted at once and the sender never waits for one. Gloo
+// completes one pair's receives on a slot in the order they were posted: the u-th wait
+// is unit u's. Where buf must be staged (OpScope::stages), the ring runs in a block of the
+// call's own, and each segment goes on to buf as it arrives.
 Status ring_all_gather(OpScope &op, char *buf, size_t shard_bytes, size_t segment_bytes) {
     const Ring ring(op);
     if (ring.size == 1 || shard_bytes == 0) {
@@ -174,22 +188,24 @@ Status ring_all_gather(OpScope &op, char *buf, size_t shard_bytes, size_t segmen
     const size_t steps = static_cast<size_t>(ring.size - 1);
     const size_t units = steps * nseg;
 
-    UnboundBuffer *b = op.buffer(buf, static_cast<size_t>(ring.size) * shard_bytes);
+    const size_t total = static_cast<size_t>(ring.size) * shard_bytes;
+    char *ring_buf = op.stages(buf, total) ? op.scratch<char>(total, false) : buf;
+    UnboundBuffer *b = op.buffer(ring_buf, total);
     auto seg_len = [&](size_t k) { return std::min(seg, shard_bytes - k * seg); };
     auto post_send = [&](size_t u) {
-        const size_t s = u / nseg, k = u % nseg;
-        b->send(ring.to_right, op.slot(), ring.chunk_behind(s) * shard_bytes + k * seg, seg_len(k));
+        const size_t s = u / nseg, k = u % nseg, at = ring.chunk_behind(s) * shard_bytes + k * seg;
+        if (s == 0 && ring_buf != buf) std::copy_n(buf + at, seg_len(k), ring_buf + at);  // own data, as it goes
+        b->send(ring.to_right, op.slot(), at, seg_len(k));
     };
-    auto post_recv = [&](size_t u) {
-        const size_t s = u / nseg, k = u % nseg;
-        b->recv(ring.to_left, op.slot(), ring.chunk_behind(s + 1) * shard_bytes + k * seg, seg_len(k));
-    };
+    auto received_at = [&](size_t u) { return ring.chunk_behind(u / nseg + 1) * shard_bytes + (u % nseg) * seg; };
+    auto post_recv = [&](size_t u) { b->recv(ring.to_left, op.slot(), received_at(u), seg_len(u % nseg)); };
 
     size_t sends = 0;
     for (size_t k = 0; k < nseg; ++k, ++sends) post_send(k);
     for (size_t u = 0; u < units; ++u) post_recv(u);
     for (size_t u = 0; u < units; ++u) {
         if (!op.wait_recv(b, ring.left)) return SX_ERROR(SX_ERR_ABORTED, "aborted");
+        if (ring_buf != buf) std::copy_n(ring_buf + received_at(u), seg_len(u % nseg), buf + received_at(u));
         if (u / nseg + 1 < steps) {
             post_send(u + nseg);
             ++sends;
