@@ -43,6 +43,9 @@ type ContextStats struct {
 	MemoryBytes       uint64 // what its groups hold on this rank, as the budget counts
 	MemoryBudgetBytes uint64 // the budget (0 = none)
 	SharedMemory      bool   // its channels share memory: every rank on this host, or within each of several hosts of as many ranks
+	// TransportBytes is what its Gloo channels keep on this rank between their calls
+	// (blocks their calls reuse, and what calls that ended early left), beside MemoryBytes.
+	TransportBytes uint64
 }
 
 // Context is this rank's handle of a context: what the groups made in it on the same ranks
@@ -146,7 +149,7 @@ func (ctx *Context) Stats() (ContextStats, error) {
 	}
 	return ContextStats{Groups: int64(s.groups), GroupsCreated: int64(s.groups_created), Channels: int64(s.channels),
 		MemoryBytes: uint64(s.memory_bytes), MemoryBudgetBytes: uint64(s.memory_budget_bytes),
-		SharedMemory: s.shared_memory != 0}, nil
+		SharedMemory: s.shared_memory != 0, TransportBytes: uint64(s.transport_bytes)}, nil
 }
 
 // handle runs f with the raw handle, held against Close meanwhile; ErrInvalidHandle once

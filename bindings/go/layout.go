@@ -328,6 +328,7 @@ func cLayouts() []structLayout {
 			f("memory_budget_bytes", unsafe.Offsetof(cs.memory_budget_bytes), unsafe.Sizeof(cs.memory_budget_bytes)),
 			f("shared_memory", unsafe.Offsetof(cs.shared_memory), unsafe.Sizeof(cs.shared_memory)),
 			f("reserved0", unsafe.Offsetof(cs.reserved0), unsafe.Sizeof(cs.reserved0)),
+			f("transport_bytes", unsafe.Offsetof(cs.transport_bytes), unsafe.Sizeof(cs.transport_bytes)),
 		}},
 		{"sx_hf_export_options_t", unsafe.Sizeof(he), unsafe.Alignof(he), []fieldLayout{
 			f("struct_size", unsafe.Offsetof(he.struct_size), unsafe.Sizeof(he.struct_size)),

@@ -85,6 +85,12 @@ typedef struct sx_context_stats {
      * context do. */
     int32_t shared_memory;
     int32_t reserved0;
+    /* Memory its Gloo channels keep on this rank between their calls (1.7): each channel's
+     * calls send from and receive into blocks of their own, kept for its next calls (about
+     * its largest call's payload), and a call that ended early leaves its blocks until the
+     * context goes. Not counted in memory_bytes or the budget. 0 where the context has no
+     * Gloo channels. */
+    uint64_t transport_bytes;
 } sx_context_stats_t;
 
 /* Fills *config with defaults and sets struct_size = size. */

@@ -122,6 +122,7 @@ SX_API sx_status_t sx_get_context_stats(const sx_context_t *context, sx_context_
         m.memory_bytes = s.memory_bytes;
         m.memory_budget_bytes = s.memory_budget_bytes;
         m.shared_memory = s.shared_memory;
+        m.transport_bytes = s.transport_bytes;
         sx::api::write_output(out, m);
         return Status::Ok();
     });

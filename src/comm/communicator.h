@@ -212,6 +212,10 @@ Status open_gloo_channels(std::shared_ptr<rdzv::Store> store, int rank, int worl
                           std::shared_ptr<GlooChannels> *out);
 // The channels open on it now. Any thread.
 int64_t gloo_channels_open(const GlooChannels &channels);
+// The bytes its channels keep on this rank beyond their calls in flight: blocks kept for
+// their next calls, and what calls that ended early left until the connections close
+// (gloo/op_scope.h). Any thread.
+uint64_t gloo_channels_kept_bytes(GlooChannels &channels);
 
 struct ShmOptions {
     Millis timeout{300000};

@@ -181,6 +181,7 @@ Context::Stats Context::stats() const {
     s.memory_bytes = budget_->used();
     s.memory_budget_bytes = budget_->limit();
     s.shared_memory = !channels_ ? 0 : gloo_channels_ ? 2 : 1;
+    s.transport_bytes = gloo_channels_ ? comm::gloo_channels_kept_bytes(*gloo_channels_) : 0;
     return s;
 }
 

@@ -75,6 +75,7 @@ class Context {
         int64_t groups = 0, groups_created = 0, channels = 0;
         uint64_t memory_bytes = 0, memory_budget_bytes = 0;
         int shared_memory = 0;  // sx_context_stats_t's: 0, 1 (one host) or 2 (within each host)
+        uint64_t transport_bytes = 0;  // comm::gloo_channels_kept_bytes
     };
     Stats stats() const;  // any thread
 

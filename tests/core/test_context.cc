@@ -214,10 +214,13 @@ void tenants_at_once(int world, bool tcp = false, int shard_size = 0) {
                 sx_context_stats_t cs;
                 sx_context_stats_init(&cs, sizeof cs);
                 sx_get_context_stats(ctx, &cs);
-                // On Gloo, each tenant's communicators (3 for a mesh) are channels of the context.
+                // On Gloo, each tenant's communicators (3 for a mesh) are channels of the context,
+                // which keep the blocks of their calls (transport_bytes; none in shared memory).
                 if (e.empty() && tcp && (cs.shared_memory != 0 || cs.channels < (shard_size ? 3 : 1)))
                     e = "the context's channels: " + std::to_string(cs.channels) + ", shared memory " +
                         std::to_string(cs.shared_memory);
+                if (e.empty() && (tcp ? cs.transport_bytes == 0 : cs.transport_bytes != 0))
+                    e = "the context's transport keeps " + std::to_string(cs.transport_bytes) + " bytes";
                 if (e.empty() && rank == 0 && (s = x.params(&got[static_cast<size_t>(t)])) != SX_OK)
                     e = failed("params", s);
                 errs[static_cast<size_t>(t)] = e;

@@ -91,7 +91,9 @@ What the context holds on this rank now, as a NamedTuple: `groups` alive, `group
 since its creation, `channels` open on its transport (a group has 1 or more), `memory_bytes`
 its groups hold as the budget counts them, `memory_budget_bytes` (0: none), and
 `shared_memory` (its channels share memory: every rank on this host, or within each of
-several hosts of as many ranks). Any thread.
+several hosts of as many ranks), and `transport_bytes` (what its Gloo channels keep on this
+rank between their calls: blocks their calls reuse, and what calls that ended early left;
+not in `memory_bytes`). Any thread.
 """
 function context_stats(ctx::Context)
     s = _blank(ContextStats)
@@ -99,5 +101,5 @@ function context_stats(ctx::Context)
     check(@ccall libsx.sx_get_context_stats(_handle(ctx)::Ptr{Cvoid}, s::Ref{ContextStats})::Int32)
     (groups=Int(s.groups), groups_created=Int(s.groups_created), channels=Int(s.channels),
      memory_bytes=Int(s.memory_bytes), memory_budget_bytes=Int(s.memory_budget_bytes),
-     shared_memory=s.shared_memory != 0)
+     shared_memory=s.shared_memory != 0, transport_bytes=Int(s.transport_bytes))
 end

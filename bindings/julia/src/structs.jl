@@ -246,6 +246,7 @@ mutable struct ContextStats  # sx_context_stats_t
     memory_budget_bytes::UInt64
     shared_memory::Int32
     reserved0::Int32
+    transport_bytes::UInt64
 end
 
 # Filled by sx only, for a gather's or a scatter's callback (read with unsafe_load).

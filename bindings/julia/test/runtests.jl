@@ -182,7 +182,7 @@ end
         trained, with_two, duplicate, after, refused, kept_trained = fetch(t)
         @test trained == ((1, fill(-1.0f0, 16)), (1, fill(-1.0f0, 8)))
         @test with_two.groups == 2 && with_two.groups_created == 2
-        @test with_two.shared_memory && with_two.memory_bytes > 0
+        @test with_two.shared_memory && with_two.memory_bytes > 0 && with_two.transport_bytes == 0
         @test duplicate isa SXError && duplicate.status == SX.SX_ERR_INVALID_STATE
         @test after.groups == 0 && after.memory_bytes == 0 && after.groups_created == 2
         @test refused isa SXError && refused.status == SX.SX_ERR_INVALID_HANDLE

@@ -320,7 +320,8 @@ class sx_context_stats_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("groups", ctypes.c_int64),
                 ("groups_created", ctypes.c_int64), ("channels", ctypes.c_int64),
                 ("memory_bytes", ctypes.c_uint64), ("memory_budget_bytes", ctypes.c_uint64),
-                ("shared_memory", ctypes.c_int32), ("reserved0", ctypes.c_int32)]
+                ("shared_memory", ctypes.c_int32), ("reserved0", ctypes.c_int32),
+                ("transport_bytes", ctypes.c_uint64)]
 
 
 sx_log_fn = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_char_p, ctypes.c_void_p)

@@ -15,14 +15,17 @@ class ContextStats:
     """What a context holds on this rank now (sx_context_stats_t): its live groups, the
     groups made in it since its creation, the channels open on its transport (a group
     has 1 or more), the bytes its groups hold as the budget counts them, the budget (0: none),
-    and whether its channels share memory (every rank on this host, or within each of
-    several hosts of as many ranks)."""
+    whether its channels share memory (every rank on this host, or within each of
+    several hosts of as many ranks), and the bytes its Gloo channels keep on this rank
+    between their calls (blocks their calls reuse, and what calls that ended early left;
+    not in memory_bytes)."""
     groups: int
     groups_created: int
     channels: int
     memory_bytes: int
     memory_budget_bytes: int
     shared_memory: bool
+    transport_bytes: int
 
 
 class Context(Handle):
@@ -94,4 +97,4 @@ class Context(Handle):
         check(lib.sx_get_context_stats(self.handle, ctypes.byref(stats)))
         return ContextStats(groups=stats.groups, groups_created=stats.groups_created, channels=stats.channels,
                             memory_bytes=stats.memory_bytes, memory_budget_bytes=stats.memory_budget_bytes,
-                            shared_memory=bool(stats.shared_memory))
+                            shared_memory=bool(stats.shared_memory), transport_bytes=stats.transport_bytes)

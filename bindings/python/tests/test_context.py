@@ -36,6 +36,7 @@ class ContextTest(unittest.TestCase):
                 s = ctx.stats()
                 self.assertEqual((s.groups, s.groups_created), (2, 2))
                 self.assertTrue(s.shared_memory)
+                self.assertEqual(s.transport_bytes, 0)  # no Gloo channels in shared memory
                 self.assertGreater(s.memory_bytes, 0)
                 self.assertEqual(s.memory_budget_bytes, 0)
                 self.assertGreaterEqual(s.channels, 2)
@@ -51,6 +52,25 @@ class ContextTest(unittest.TestCase):
                 # A gone group's name may be used again.
                 with ctx.group("tenant-a") as again:
                     self.assertEqual(train_once(again, 4), (1, [-1.0] * 4))
+            return True
+
+        self.assertEqual(run_ranks(WORLD, rank_main), [True] * WORLD)
+
+    def test_a_gloo_contexts_channels_keep_their_blocks(self):
+        # Every channel of a context on Gloo's TCP mesh sends from and receives into blocks
+        # of its own, kept for its next calls: counted in transport_bytes, not memory_bytes.
+        def rank_main(rank, name):
+            with make_context(rank, name, transport="tcp") as ctx:
+                self.assertEqual(ctx.stats().transport_bytes, 0)
+                with ctx.group("tenant") as g:
+                    self.assertEqual(train_once(g, 1000), (1, [-1.0] * 1000))
+                    s = ctx.stats()
+                    self.assertFalse(s.shared_memory)
+                    self.assertGreaterEqual(s.transport_bytes, 1000 * 4 // WORLD)
+                    held = s.memory_bytes
+                # A gone group's channels give their blocks back.
+                self.assertEqual(ctx.stats().transport_bytes, 0)
+                self.assertGreater(held, 0)
             return True
 
         self.assertEqual(run_ranks(WORLD, rank_main), [True] * WORLD)

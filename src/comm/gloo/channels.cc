@@ -51,7 +51,8 @@ class GlooChannel final : public Communicator, private GlooChannels::Watched, pu
                                      sizeof(float))),
           ag_segment_bytes_(options.segment_bytes ? options.segment_bytes : kAllGatherSegmentBytes),
           rooted_sum_bytes_(options.rooted_sum_bytes),
-          sparse_(channels_->sparse()) {
+          sparse_(channels_->sparse()),
+          spares_(&channels_->spare_bytes) {
         channels_->open.fetch_add(1);
     }
     ~GlooChannel() override {
@@ -558,6 +559,10 @@ Status open_gloo_channels(std::shared_ptr<rdzv::Store> store, int rank, int worl
 }
 
 int64_t gloo_channels_open(const GlooChannels &channels) { return channels.open.load(); }
+
+uint64_t gloo_channels_kept_bytes(GlooChannels &channels) {
+    return static_cast<uint64_t>(channels.spare_bytes.load()) + channels.remains().bytes();
+}
 
 // The channel's rank 0 takes an id from the context's counter and names it with the
 // channel's ranks ("id r0 r1 ..."); the others read it.

@@ -170,6 +170,7 @@ class GlooChannels {
     void tell(uint64_t id, const std::vector<int> &to, const Status &why);
 
     std::atomic<int64_t> open{0};
+    std::atomic<int64_t> spare_bytes{0};  // the blocks its channels keep for their next calls
 
   private:
     struct Notice;

@@ -72,9 +72,14 @@ struct Block {
 // The blocks a channel's calls reuse (they run one at a time), so that a call's copies do
 // not fault in fresh pages each time: a completed call's blocks come back here, and at
 // most kKept are kept, the largest. A channel thus holds about its largest call's payload
-// between calls.
+// between calls. The bytes kept are added to `*kept` (shared by the context's channels).
 class Spares {
   public:
+    explicit Spares(std::atomic<int64_t> *kept) : kept_(kept) {}
+    ~Spares() { kept_->fetch_sub(static_cast<int64_t>(bytes_)); }
+    Spares(const Spares &) = delete;
+    Spares &operator=(const Spares &) = delete;
+
     // A block of at least `bytes`: the smallest kept one that fits, or a new one.
     Block take(size_t bytes) {
         auto best = blocks_.end();
@@ -83,22 +88,27 @@ class Spares {
         if (best == blocks_.end()) return Block{std::unique_ptr<char[]>(new char[bytes]), bytes};
         Block b = std::move(*best);
         blocks_.erase(best);
+        recount();
         return b;
     }
     void give(std::vector<Block> blocks) {
         for (Block &b : blocks) blocks_.push_back(std::move(b));
         std::sort(blocks_.begin(), blocks_.end(), [](const Block &a, const Block &b) { return a.size > b.size; });
         if (blocks_.size() > kKept) blocks_.resize(kKept);
-    }
-    size_t bytes() const {
-        size_t n = 0;
-        for (const Block &b : blocks_) n += b.size;
-        return n;
+        recount();
     }
 
   private:
+    void recount() {
+        size_t n = 0;
+        for (const Block &b : blocks_) n += b.size;
+        kept_->fetch_add(static_cast<int64_t>(n) - static_cast<int64_t>(bytes_));
+        bytes_ = n;
+    }
     static constexpr size_t kKept = 4;
     std::vector<Block> blocks_;
+    size_t bytes_ = 0;  // blocks_' sizes
+    std::atomic<int64_t> *const kept_;
 };
 
 // What the channel calls that ended early left (OpScope's destructor): their buffers, and

@@ -485,6 +485,7 @@ pub struct sx_context_stats_t {
     pub memory_budget_bytes: u64,
     pub shared_memory: i32,
     pub reserved0: i32,
+    pub transport_bytes: u64,
 }
 
 /// sx_interop.h (1.7): Hugging Face checkpoints and PEFT adapters.

@@ -124,6 +124,9 @@ pub struct ContextStats {
     /// Its channels share memory: every rank on this host, or within each of several
     /// hosts of as many ranks (with its Gloo mesh between them).
     pub shared_memory: bool,
+    /// What its Gloo channels keep on this rank between their calls (blocks their calls
+    /// reuse, and what calls that ended early left); not in `memory_bytes`.
+    pub transport_bytes: u64,
 }
 
 /// This rank's handle of a context: what the groups made in it on the same ranks share
@@ -192,6 +195,7 @@ impl Context {
             memory_bytes: s.memory_bytes,
             memory_budget_bytes: s.memory_budget_bytes,
             shared_memory: s.shared_memory != 0,
+            transport_bytes: s.transport_bytes,
         })
     }
 }

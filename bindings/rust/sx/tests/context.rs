@@ -60,6 +60,7 @@ fn two_groups_in_a_context() {
         let s = ctx.stats()?;
         assert_eq!((s.groups, s.groups_created), (2, 2), "{:?}", s);
         assert!(s.shared_memory, "{:?}", s);
+        assert_eq!(s.transport_bytes, 0, "no Gloo channels in shared memory: {:?}", s);
         assert!(s.memory_bytes > 0, "{:?}", s);
         assert!(s.channels >= 2, "{:?}", s);
         // A live group's name is refused on every rank, and nothing is made.

@@ -199,7 +199,7 @@ fn structs_match_the_c_layout() {
             timeout_ms, transport, bind_address, rendezvous_token, rendezvous_bind, device_ordinal, reserved0,
             memory_budget_bytes]),
         mirror!(sys::sx_context_stats_t, [struct_size, groups, groups_created, channels, memory_bytes,
-            memory_budget_bytes, shared_memory, reserved0]),
+            memory_budget_bytes, shared_memory, reserved0, transport_bytes]),
         mirror!(sys::sx_optimizer_desc_t, [struct_size, name, num_slots, slot_names, slot_initial_values,
             num_hyperparameters, hyperparameters, update, user_data, flags, reserved0]),
         mirror!(sys::sx_hf_export_options_t, [struct_size, root, dtype, max_shard_bytes, num_names, only_named,
