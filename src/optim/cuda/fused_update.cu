@@ -599,35 +599,7 @@ struct Workspace::Impl {
         if (stats) cudaFree(stats);
     }
 
-    Status init() {
-        int current = -1;
-        SX_CUDA_TRY(cudaGetDevice(&current), "finding the current CUDA device");
-        if (device >= 0) {
-            SX_CHECK(current == device, SX_ERR_INVALID_STATE,
-                     "this optimizer workspace belongs to CUDA device %d but device %d is current", device,
-                     current);
-            return Status::Ok();
-        }
-        int sms = 0, per_sm = 0;
-        SX_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current), "counting SMs");
-        SX_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                        &per_sm, internal::segments_kernel<Mode::kUpdate>, kThreadsInt(), 0),
-                    "sizing the optimizer grid");
-        if (per_sm < 1) per_sm = 1;
-        const unsigned grid = static_cast<unsigned>(sms) * static_cast<unsigned>(per_sm);
-        SX_CUDA_TRY(cudaMalloc(&partials, sizeof(double) * 2 * grid), "allocating the optimizer's partial sums");
-        SX_CUDA_TRY(cudaMalloc(&stats, sizeof(double) * 2), "allocating the optimizer's gradient statistics");
-        SX_TRY(tables.create_events());
-        // Every workspace of the device copies the same values: the maps never change.
-        SX_CUDA_TRY(cudaMemcpyToSymbol(internal::g_state_maps, kSignedMap, sizeof(float) * kQuantBlock, 0),
-                    "copying the 8-bit state's signed map to the device");
-        SX_CUDA_TRY(cudaMemcpyToSymbol(internal::g_state_maps, kUnsignedMap, sizeof(float) * kQuantBlock,
-                                       sizeof(float) * kQuantBlock),
-                    "copying the 8-bit state's unsigned map to the device");
-        max_grid = grid;
-        device = current;
-        return Status::Ok();
-    }
+    Status init();
     static int kThreadsInt() { return static_cast<int>(internal::kThreads); }
 
     // The plan's segment table and first-segment index into the slot and onto the device,
@@ -645,58 +617,94 @@ struct Workspace::Impl {
 
     // The segments kernel of `mode` over the plan.
     Status enqueue(Mode mode, const TableSegment *table, const uint32_t *first, bool want_stats,
-                   cudaStream_t stream) {
-        const int stats_flag = want_stats ? 1 : 0;
-        switch (mode) {
-        case Mode::kUpdate:
-            internal::segments_kernel<Mode::kUpdate><<<plan.grid, internal::kThreads, 0, stream>>>(
-                table, first, plan.total_chunks, stats_flag, partials);
-            break;
-        case Mode::kUpdatePacked:
-            internal::segments_kernel<Mode::kUpdatePacked><<<plan.grid, internal::kThreads, 0, stream>>>(
-                table, first, plan.total_chunks, stats_flag, partials);
-            break;
-        case Mode::kStats:
-            internal::segments_kernel<Mode::kStats><<<plan.grid, internal::kThreads, 0, stream>>>(
-                table, first, plan.total_chunks, stats_flag, partials);
-            break;
-        case Mode::kTrafficOnly:
-            internal::segments_kernel<Mode::kTrafficOnly><<<plan.grid, internal::kThreads, 0, stream>>>(
-                table, first, plan.total_chunks, 0, partials);
-            break;
-        }
-        SX_CUDA_TRY(cudaGetLastError(), "launching the optimizer kernel");
-        return Status::Ok();
-    }
+                   cudaStream_t stream);
 
     Status launch(Mode mode, const CudaSegment *segs, size_t num_segs, float grad_scale, void *stream_ptr,
-                  bool want_stats) {
-        SX_TRY(init());
-        // Everything is checked before anything is enqueued.
-        SX_TRY(internal::build_plan(segs, num_segs, grad_scale, mode, max_grid, &plan));
-        const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-        if (plan.grid == 0 && !want_stats) return Status::Ok();
-        const size_t table_bytes = plan.segments.size() * sizeof(TableSegment);
-        const size_t total = table_bytes + plan.first_segment.size() * sizeof(uint32_t);
-        Slot *slot = nullptr;
-        SX_TRY(tables.take(total, &slot));
-        if (plan.grid > 0) {
-            const TableSegment *table = nullptr;
-            const uint32_t *first = nullptr;
-            SX_TRY(upload(*slot, table_bytes, total, stream, &table, &first));
-            SX_TRY(enqueue(mode == Mode::kUpdate && plan.packed ? Mode::kUpdatePacked : mode, table, first, want_stats,
-                           stream));
-        }
-        if (want_stats) {
-            internal::finish_stats<<<1, internal::kThreads, 0, stream>>>(partials, plan.grid, stats);
-            SX_CUDA_TRY(cudaGetLastError(), "launching the gradient statistics reduction");
-            stats_written = true;
-        }
-        SX_TRY(tables.launched(stream));
-        last_grid = plan.grid;
+                  bool want_stats);
+};
+
+Status Workspace::Impl::init() {
+    int current = -1;
+    SX_CUDA_TRY(cudaGetDevice(&current), "finding the current CUDA device");
+    if (device >= 0) {
+        SX_CHECK(current == device, SX_ERR_INVALID_STATE,
+                 "this optimizer workspace belongs to CUDA device %d but device %d is current", device,
+                 current);
         return Status::Ok();
     }
-};
+    int sms = 0, per_sm = 0;
+    SX_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current), "counting SMs");
+    SX_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                    &per_sm, internal::segments_kernel<Mode::kUpdate>, kThreadsInt(), 0),
+                "sizing the optimizer grid");
+    if (per_sm < 1) per_sm = 1;
+    const unsigned grid = static_cast<unsigned>(sms) * static_cast<unsigned>(per_sm);
+    SX_CUDA_TRY(cudaMalloc(&partials, sizeof(double) * 2 * grid), "allocating the optimizer's partial sums");
+    SX_CUDA_TRY(cudaMalloc(&stats, sizeof(double) * 2), "allocating the optimizer's gradient statistics");
+    SX_TRY(tables.create_events());
+    // Every workspace of the device copies the same values: the maps never change.
+    SX_CUDA_TRY(cudaMemcpyToSymbol(internal::g_state_maps, kSignedMap, sizeof(float) * kQuantBlock, 0),
+                "copying the 8-bit state's signed map to the device");
+    SX_CUDA_TRY(cudaMemcpyToSymbol(internal::g_state_maps, kUnsignedMap, sizeof(float) * kQuantBlock,
+                                   sizeof(float) * kQuantBlock),
+                "copying the 8-bit state's unsigned map to the device");
+    max_grid = grid;
+    device = current;
+    return Status::Ok();
+}
+
+Status Workspace::Impl::enqueue(Mode mode, const TableSegment *table, const uint32_t *first, bool want_stats,
+               cudaStream_t stream) {
+    const int stats_flag = want_stats ? 1 : 0;
+    switch (mode) {
+    case Mode::kUpdate:
+        internal::segments_kernel<Mode::kUpdate><<<plan.grid, internal::kThreads, 0, stream>>>(
+            table, first, plan.total_chunks, stats_flag, partials);
+        break;
+    case Mode::kUpdatePacked:
+        internal::segments_kernel<Mode::kUpdatePacked><<<plan.grid, internal::kThreads, 0, stream>>>(
+            table, first, plan.total_chunks, stats_flag, partials);
+        break;
+    case Mode::kStats:
+        internal::segments_kernel<Mode::kStats><<<plan.grid, internal::kThreads, 0, stream>>>(
+            table, first, plan.total_chunks, stats_flag, partials);
+        break;
+    case Mode::kTrafficOnly:
+        internal::segments_kernel<Mode::kTrafficOnly><<<plan.grid, internal::kThreads, 0, stream>>>(
+            table, first, plan.total_chunks, 0, partials);
+        break;
+    }
+    SX_CUDA_TRY(cudaGetLastError(), "launching the optimizer kernel");
+    return Status::Ok();
+}
+
+Status Workspace::Impl::launch(Mode mode, const CudaSegment *segs, size_t num_segs, float grad_scale, void *stream_ptr,
+              bool want_stats) {
+    SX_TRY(init());
+    // Everything is checked before anything is enqueued.
+    SX_TRY(internal::build_plan(segs, num_segs, grad_scale, mode, max_grid, &plan));
+    const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+    if (plan.grid == 0 && !want_stats) return Status::Ok();
+    const size_t table_bytes = plan.segments.size() * sizeof(TableSegment);
+    const size_t total = table_bytes + plan.first_segment.size() * sizeof(uint32_t);
+    Slot *slot = nullptr;
+    SX_TRY(tables.take(total, &slot));
+    if (plan.grid > 0) {
+        const TableSegment *table = nullptr;
+        const uint32_t *first = nullptr;
+        SX_TRY(upload(*slot, table_bytes, total, stream, &table, &first));
+        SX_TRY(enqueue(mode == Mode::kUpdate && plan.packed ? Mode::kUpdatePacked : mode, table, first, want_stats,
+                       stream));
+    }
+    if (want_stats) {
+        internal::finish_stats<<<1, internal::kThreads, 0, stream>>>(partials, plan.grid, stats);
+        SX_CUDA_TRY(cudaGetLastError(), "launching the gradient statistics reduction");
+        stats_written = true;
+    }
+    SX_TRY(tables.launched(stream));
+    last_grid = plan.grid;
+    return Status::Ok();
+}
 
 Workspace::Workspace() : impl_(new Impl) {}
 Workspace::~Workspace() { delete impl_; }
